@@ -406,7 +406,7 @@ static PyMethodDef rules_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ct_py_rules_register(PyObject *m) {
+int ct_py_init_rules(PyObject *m) {
     if (PyType_Ready(&AxisRulesType) < 0) return -1;
     if (PyModule_AddFunctions(m, rules_methods) < 0) return -1;
     Py_INCREF(&AxisRulesType);

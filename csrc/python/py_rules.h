@@ -8,6 +8,6 @@
 
 #include <Python.h>
 
-int ct_py_rules_register(PyObject *module);
+int ct_py_init_rules(PyObject *module);
 
 #endif /* CT_PY_RULES_H */

@@ -13,13 +13,11 @@
  * The rules context lives in each thread's state dict under RULES_KEY and
  * holds the object exactly as set (no copy, no validation), default ().
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "ct_py.h"
+
 #include <structmember.h>
 
 #include "../core/ct_rules.h"
-#include "../core/ct_status.h"
-#include "py_rules.h"
 
 #define RULES_KEY "ctrainstate._C.axis_rules"
 
@@ -146,7 +144,13 @@ PyDoc_STRVAR(axis_rules_doc,
 "axis_rules(rules)\n--\n\n"
 "Context manager that installs `rules` as this thread's logical axis rules and\n"
 "restores the previous rules on exit (also when an exception escapes). Nesting\n"
-"replaces the rules; it does not merge them. `with axis_rules(r) as x` binds None.");
+"replaces the rules; it does not merge them. `with axis_rules(r) as x` binds None.\n\n"
+">>> from ctrainstate.partitioning import axis_rules, get_axis_rules\n"
+">>> with axis_rules((('embed', 'model'),)):\n"
+"...     get_axis_rules()\n"
+"(('embed', 'model'),)\n"
+">>> get_axis_rules()\n"
+"()");
 
 static PyTypeObject AxisRulesType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -230,13 +234,6 @@ static int push_leaves(atom_buf *b, PyObject *obj, int depth) {
     return atom_push(b, a);
 }
 
-static PyObject *raise_core(ct_status st) {
-    PyObject *exc = st == CT_ETYPE ? PyExc_TypeError
-                    : st == CT_EINVAL ? PyExc_ValueError : PyExc_RuntimeError;
-    PyErr_SetString(exc, ct_last_error());
-    return NULL;
-}
-
 /*
  * Resolve `names` under `rules` (NULL/None: the context rules). Returns a new
  * list, one entry per name: the matching rule's mesh value, the entry itself
@@ -286,7 +283,7 @@ static PyObject *resolve(PyObject *names, PyObject *rules, PyObject *unassigned)
     /* The duplicate check precedes the rules-type check. */
     ct_clear_error();
     ct_status st = ct_rules_check_duplicates(dims, (size_t)nd);
-    if (st != CT_OK) { raise_core(st); goto done; }
+    if (st != CT_OK) { ct_py_raise(st); goto done; }
     if (!PyTuple_Check(rules) && !PyList_Check(rules)) {
         PyErr_SetString(PyExc_ValueError, "Unknown axis rule specification type.");
         goto done;
@@ -342,7 +339,7 @@ static PyObject *resolve(PyObject *names, PyObject *rules, PyObject *unassigned)
 
     ct_clear_error();
     st = ct_rules_resolve(dims, (size_t)nd, crules, (size_t)nr, out);
-    if (st != CT_OK) { raise_core(st); goto done; }
+    if (st != CT_OK) { ct_py_raise(st); goto done; }
 
     if ((result = PyList_New(nd)) == NULL) goto done;
     for (Py_ssize_t i = 0; i < nd; i++) {

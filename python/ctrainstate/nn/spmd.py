@@ -51,21 +51,8 @@ _unassigned_axis = _UnassignedAxis()
 
 # --- rules context -----------------------------------------------------------
 
+# Context manager type implemented in C (csrc/python/py_rules.c); see its docstring.
 logical_axis_rules = _C.axis_rules
-logical_axis_rules.__doc__ = """\
-Context manager that installs logical axis rules for the current thread.
-
-The rules are stored exactly as given. Nesting replaces (does not merge) the
-rules; on exit, also on an exception, the previous rules come back.
-``with logical_axis_rules(r) as x`` binds ``None``.
-
->>> from ctrainstate.nn import logical_axis_rules, get_logical_axis_rules
->>> with logical_axis_rules((('embed', 'model'),)):
-...     get_logical_axis_rules()
-(('embed', 'model'),)
->>> get_logical_axis_rules()
-()
-"""
 
 
 def set_logical_axis_rules(rules: LogicalRules) -> None:
@@ -135,7 +122,7 @@ def logical_to_mesh(tree: Any, rules: LogicalRules | None = None) -> Any:
     >>> from ctrainstate.nn import logical_to_mesh
     >>> from ctrainstate.sharding import PartitionSpec as P
     >>> logical_to_mesh({'w': P('embed', 'mlp'), 'b': None}, (('mlp', 'model'),))
-    {'w': PartitionSpec(None, 'model'), 'b': None}
+    {'b': None, 'w': PartitionSpec(None, 'model')}
     """
     return tree_util.tree_map(lambda x: logical_to_mesh_axes(x, rules), tree,
                               is_leaf=_is_partition_spec)
@@ -246,11 +233,7 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
 
 def _tree_map_prefix(fn, prefix_tree, tree, is_leaf):
     """Map ``fn(prefix_leaf, subtree)`` where ``prefix_tree`` is a pytree prefix of ``tree``."""
-    leaves, treedef = tree_util.tree_flatten(prefix_tree, is_leaf=is_leaf)
-    if treedef.num_leaves == 1 and is_leaf(prefix_tree):
-        return fn(prefix_tree, tree)
-    subtrees = tree_util.flatten_up_to(treedef, tree)
-    return tree_util.tree_unflatten(treedef, [fn(l, s) for l, s in zip(leaves, subtrees)])
+    return tree_util.tree_map(fn, prefix_tree, tree, is_leaf=is_leaf)
 
 
 # --- logical boxes -----------------------------------------------------------------

@@ -180,12 +180,12 @@ class Partitioned(AxisMetadata):
     def unbox(self, apply_constraint=True):
         """Return the value, resharded to this box's spec when a mesh is in reach."""
         if apply_constraint and (self.mesh is not None or _global_mesh() is not None):
-            from .. import sharding as _sh
+            from ..array import Array, device_put
             mesh = self.mesh if self.mesh is not None else _global_mesh()
-            if isinstance(self.value, _sh.Array):
+            if isinstance(self.value, Array):
                 target = NamedSharding(mesh, self.get_partition_spec())
                 if self.value.sharding != target:
-                    return _sh.device_put(self.value, target)
+                    return device_put(self.value, target)
         return self.value
 
     def replace_boxed(self, val):

@@ -169,18 +169,37 @@ def _with_sharding_constraint(x, axis_resources, mesh=None):
     The mesh is ``mesh`` or the active ``with Mesh(...):`` context. Without a mesh,
     or for values that are not ctrainstate Arrays (numpy arrays, Python scalars),
     this is a documented no-op that returns ``x``. A ``None`` spec means fully
-    replicated. Kept as a separate function so tests can mock it.
+    replicated; an ``UNCONSTRAINED`` entry keeps that dimension's current split
+    (when ``x`` already lives on the same mesh) or leaves it unsplit. ``x`` may be
+    a pytree: every Array leaf is constrained. Kept as a separate function so
+    tests can mock it.
     """
-    from .. import sharding as _sh
+    from ..array import Array
+    from ..sharding import get_mesh
     if mesh is None:
-        mesh = _sh.get_mesh()
-    if mesh is None or not isinstance(x, _sh.Array):
+        mesh = get_mesh()
+    if mesh is None:
         return x
+    if isinstance(x, Array):
+        return _constrain_array(x, axis_resources, mesh)
+    return tree_util.tree_map(
+        lambda leaf: _constrain_array(leaf, axis_resources, mesh) if isinstance(leaf, Array) else leaf,
+        x)
+
+
+def _constrain_array(x, axis_resources, mesh):
+    from ..array import device_put
     spec = PartitionSpec() if axis_resources is None else axis_resources
+    if any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+        cur = x.sharding
+        cur_spec = tuple(cur.spec) if isinstance(cur, NamedSharding) and cur.mesh == mesh else ()
+        spec = PartitionSpec(*[
+            (cur_spec[i] if i < len(cur_spec) else None) if e is PartitionSpec.UNCONSTRAINED else e
+            for i, e in enumerate(spec)])
     target = NamedSharding(mesh, spec)
     if x.sharding == target:
         return x
-    return _sh.device_put(x, target)
+    return device_put(x, target)
 
 
 def _with_sharding_constraint_one_fallback(axis_resources, x, fallback=RulesFallback.AXIS_IS_UNSHARDED,
@@ -274,8 +293,8 @@ class LogicallyPartitioned(meta.Partitioned):
 
     def unbox(self, apply_constraint=True):
         """Return the value, constrained to the resolved spec when a mesh is in reach."""
-        from .. import sharding as _sh
-        if apply_constraint and (_sh.get_mesh() is not None or self.mesh is not None):
+        from ..sharding import get_mesh
+        if apply_constraint and (get_mesh() is not None or self.mesh is not None):
             return with_logical_constraint(self.value, self.get_partition_spec(), rules=self.rules,
                                            mesh=self.mesh)
         return self.value

@@ -7,6 +7,11 @@ import os
 import subprocess
 import sys
 
+if os.environ.get("CTRAINSTATE_SANITIZED") != "1":
+    # Import the package of this checkout (built in place), whatever other
+    # checkout an editable install points at.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
 os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", "8")
 _xla = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _xla:

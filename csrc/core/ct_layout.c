@@ -38,6 +38,7 @@ void ct_spec_format(const ct_spec *spec, char *buf, size_t n) {
         }
         if (spec->naxes[i] > 1) append(buf, n, &pos, ")");
     }
+    if (spec->len == 1) append(buf, n, &pos, ","); /* tuple repr, like PartitionSpec's */
     append(buf, n, &pos, ")");
 }
 

@@ -32,6 +32,8 @@ def canonicalize(dtype) -> np.dtype:
         dt = np.dtype(dtype)
     except TypeError as e:
         raise TypeError(f"{dtype!r} is not a dtype") from e
+    if not dt.isnative:
+        dt = dt.newbyteorder("=")
     dt = _NARROW.get(dt, dt)
     if dt not in _CODES:
         names = ", ".join(str(d) for d in SUPPORTED)

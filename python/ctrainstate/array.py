@@ -307,8 +307,9 @@ def _grid(a: Array):
             f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {a.ndim}")
     rows = {}
     for sh in a.addressable_shards:
-        r = sh.index[0]
-        c = sh.index[1] if a.ndim == 2 else slice(0, 1)
+        # 1-d arrays are drawn as one row of column blocks, like jax.
+        r = sh.index[0] if a.ndim == 2 else slice(0, 1)
+        c = sh.index[1] if a.ndim == 2 else sh.index[0]
         rows.setdefault((r.start, r.stop), {}).setdefault((c.start, c.stop), []).append(sh.device)
     return rows
 

@@ -90,7 +90,7 @@ class PartitionSpec(tuple):
         return super().__new__(cls, tuple(_check_entry(p) for p in partitions))
 
     def __repr__(self):
-        return "PartitionSpec(%s)" % ", ".join(repr(p) for p in self)
+        return "PartitionSpec" + tuple.__repr__(self)
 
     def __reduce__(self):
         return (PartitionSpec, tuple(self))

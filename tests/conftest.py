@@ -1,0 +1,68 @@
+"""Test configuration: 8 CPU virtual devices (and 8 XLA CPU devices for parity tests).
+
+Both variables are read at first use, so they are set here before anything
+imports ctrainstate or jax.
+"""
+import os
+import subprocess
+import sys
+
+if os.environ.get("CTRAINSTATE_SANITIZED") != "1":
+    # Import the package of this checkout (built in place), whatever other
+    # checkout an editable install points at.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", "8")
+_xla = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _xla:
+    os.environ["XLA_FLAGS"] = (_xla + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+if os.environ.get("CTRAINSTATE_SANITIZED") == "1":
+    # Under tools/sanitize.sh: jaxlib is not built for ASan, so parity tests
+    # (which only exercise jax's side) skip via pytest.importorskip.
+    for _mod in ("jax", "flax", "optax", "torch"):
+        sys.modules[_mod] = None
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import ctrainstate as cts  # noqa: E402
+
+
+def _has_gpu():
+    try:
+        return len(cts._C.device_ids("gpu")) > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def mem_baseline():
+    """Per-device bytes_in_use before the test; the test can assert a return to it."""
+    import gc
+    gc.collect()
+    return [d.memory_stats()["bytes_in_use"] for d in cts.devices()]
+
+
+def bytes_in_use():
+    return [d.memory_stats()["bytes_in_use"] for d in cts.devices()]
+
+
+def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter (for settings read at first use)."""
+    e = dict(os.environ)
+    for k in ("CTRAINSTATE_NUM_CPU_DEVICES", "CTRAINSTATE_CPU_DEVICE_MEMORY"):
+        e.pop(k, None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          timeout=120)

@@ -1,0 +1,243 @@
+"""Arrays: device_put, gather, resharding, shards, dtypes, memory, errors."""
+import gc
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import P, NamedSharding
+from conftest import bytes_in_use
+from test_sharding import MESHES, _random_specs, mesh_of
+
+
+def _all_shardings(rng, ndim=2, per_mesh=4):
+    out = []
+    for shape in MESHES:
+        m = mesh_of(shape)
+        out += [NamedSharding(m, s) for s in _random_specs(m, ndim, rng, per_mesh)]
+    return out
+
+
+@pytest.mark.parametrize("shape", list(MESHES))
+def test_round_trip_random_specs(shape):
+    rng = np.random.default_rng(42)
+    m = mesh_of(shape)
+    for spec in _random_specs(m, 3, rng, 10):
+        x = rng.standard_normal((8, 16, 8)).astype(np.float32)
+        s = NamedSharding(m, spec)
+        a = cts.device_put(x, s)
+        assert a.shape == x.shape and a.dtype == np.float32 and a.sharding is s
+        np.testing.assert_array_equal(np.asarray(a), x)
+        shards = a.addressable_shards
+        assert len(shards) == 8
+        for sh in shards:
+            np.testing.assert_array_equal(sh.data, x[sh.index])
+            assert sh.data.shape == s.shard_shape(x.shape)
+
+
+def test_resharding_between_all_pairs_is_exact(mem_baseline):
+    rng = np.random.default_rng(7)
+    shardings = _all_shardings(rng, ndim=2, per_mesh=3)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    placed = [cts.device_put(x, s) for s in shardings]
+    for a, s in itertools.product(placed, shardings):
+        b = cts.device_put(a, s)
+        assert b.sharding == s
+        np.testing.assert_array_equal(np.asarray(b), x)
+        for sh in b.addressable_shards:
+            np.testing.assert_array_equal(sh.data, x[sh.index])
+    del placed, a, b, sh
+    gc.collect()
+    assert bytes_in_use() == mem_baseline
+
+
+def test_each_device_holds_only_its_shard(mem_baseline):
+    m = mesh_of((8,))
+    x = np.zeros((2048, 8192), np.float32)  # 64 MiB
+    a = cts.device_put(x, NamedSharding(m, P("x", None)))
+    grown = [n - b for n, b in zip(bytes_in_use(), mem_baseline)]
+    assert grown == [8 << 20] * 8
+    del a
+    gc.collect()
+    assert bytes_in_use() == mem_baseline
+
+
+def test_replicas_are_separate_buffers():
+    m = mesh_of((2, 4))
+    x = np.arange(8, dtype=np.float32)
+    a = cts.device_put(x, NamedSharding(m, P("model")))
+    shards = a.addressable_shards
+    assert sorted(s.replica_id for s in shards) == [0, 0, 0, 0, 1, 1, 1, 1]
+    s0 = shards[0]
+    twin = [s for s in shards if s.index == s0.index and s is not s0][0]
+    s0.data[0] = 100.0  # write through one replica's view
+    assert twin.data[0] == x[s0.index][0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32, np.bool_])
+def test_dtypes_round_trip(dtype):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((8, 6)) * 50).astype(dtype)
+    s = NamedSharding(mesh_of((2, 4)), P(("data", "model")))
+    a = cts.device_put(x, s)
+    assert a.dtype == np.dtype(dtype)
+    y = np.asarray(a)
+    assert y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(y.view(np.uint8), x.view(np.uint8))
+    b = cts.device_put(a, NamedSharding(mesh_of((4, 2)), P(None, "model")))
+    np.testing.assert_array_equal(np.asarray(b).view(np.uint8), x.view(np.uint8))
+
+
+def test_64bit_inputs_are_narrowed_like_jax():
+    assert cts.device_put(np.zeros(3)).dtype == np.float32
+    assert cts.device_put(np.zeros(3, np.int64)).dtype == np.int32
+    assert cts.device_put(1.5).dtype == np.float32
+    assert cts.device_put(7).dtype == np.int32
+    assert cts.device_put(True).dtype == np.bool_
+    assert float(cts.device_put(2.5)) == 2.5
+
+
+def test_unsupported_dtype():
+    with pytest.raises(TypeError, match="complex64 is not supported"):
+        cts.device_put(np.zeros(3, np.complex64))
+
+
+def test_scalars_and_zero_size():
+    s = cts.device_put(np.float32(3.0))
+    assert s.shape == () and s.ndim == 0 and s.size == 1 and s.item() == 3.0
+    m = mesh_of((8,))
+    z = cts.device_put(np.zeros((0, 8), np.float32), NamedSharding(m, P(None, "x")))
+    assert z.shape == (0, 8) and np.asarray(z).shape == (0, 8)
+    r = cts.device_put(np.float32(2.0), NamedSharding(m, P()))
+    assert len(r.addressable_shards) == 8 and float(r) == 2.0
+
+
+def test_non_contiguous_and_byteswapped_inputs():
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((16, 24)).astype(np.float32)
+    x = base[::2, ::3].T  # non-contiguous, transposed view
+    s = NamedSharding(mesh_of((2, 4)), P("model", "data"))
+    np.testing.assert_array_equal(np.asarray(cts.device_put(x, s)), x)
+    big_endian = base.astype(">f4")
+    np.testing.assert_array_equal(np.asarray(cts.device_put(big_endian, s)), base)
+
+
+def test_default_placement():
+    a = cts.device_put(np.ones(4, np.float32))
+    assert [sh.device for sh in a.addressable_shards] == [cts.devices()[0]]
+    m = mesh_of((2, 4))
+    with m:
+        b = cts.device_put(np.ones(4, np.float32))
+    assert b.sharding == NamedSharding(m, P())
+    assert len(b.addressable_shards) == 8 and b.is_fully_replicated
+    c = cts.device_put(np.ones(4, np.float32), cts.devices()[6])
+    assert [sh.device.id for sh in c.addressable_shards] == [6]
+    assert cts.device_put(c) is c
+
+
+def test_pytrees_are_placed_leaf_by_leaf():
+    tree = {"w": np.ones((8, 2), np.float32), "b": [np.zeros(8, np.float32), None]}
+    s = NamedSharding(mesh_of((8,)), P("x"))
+    out = cts.device_put(tree, s)
+    assert isinstance(out["w"], cts.Array) and out["b"][1] is None
+    assert out["w"].sharding == s
+    cts.block_until_ready(out)
+
+
+def test_bad_inputs_raise_and_do_not_leak(mem_baseline):
+    m = mesh_of((2, 4))
+    x = np.zeros((10, 4), np.float32)
+    cases = [
+        (lambda: cts.device_put(x, NamedSharding(m, P("model"))), ValueError, "not divisible"),
+        (lambda: cts.device_put(x, NamedSharding(m, P("data", "model", None))), ValueError, "rank 2"),
+        (lambda: cts.device_put(x, "data"), TypeError, "expected a NamedSharding"),
+        (lambda: cts.device_put(np.zeros(3, np.complex128)), TypeError, "not supported"),
+    ]
+    a = cts.device_put(np.zeros((8, 8), np.float32), NamedSharding(m, P("data")))
+    cases.append((lambda: cts.device_put(a, NamedSharding(m, P(None, ("data", "model"), None))),
+                  ValueError, "rank 2"))
+    for fn, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            fn()
+    del a
+    gc.collect()
+    assert bytes_in_use() == mem_baseline
+
+
+def test_delete_and_donated_errors(mem_baseline):
+    a = cts.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh_of((8,)), P("x")))
+    a.delete()
+    assert a.is_deleted()
+    with pytest.raises(cts.DonatedBufferError, match="deleted"):
+        np.asarray(a)
+    gc.collect()
+    assert bytes_in_use() == mem_baseline
+    b = cts.device_put(np.ones(8, np.float32))
+    blocks = b._donate()
+    assert len(blocks) == 1
+    with pytest.raises(cts.DonatedBufferError, match="donated"):
+        np.asarray(b)
+    assert "donated" in repr(b)
+
+
+def test_delete_refused_while_a_view_lives():
+    a = cts.device_put(np.ones(8, np.float32))
+    view = a.addressable_shards[0].data
+    with pytest.raises(RuntimeError, match="live numpy view"):
+        a.delete()
+    del view
+    gc.collect()
+    a.delete()
+    assert a.is_deleted()
+
+
+def test_array_constructor_is_private():
+    with pytest.raises(TypeError, match="device_put"):
+        cts.Array()
+
+
+def test_repr_and_visualize(capsys):
+    m = mesh_of((2, 4))
+    a = cts.device_put(np.zeros((4, 8), np.float32), NamedSharding(m, P("data", "model")))
+    assert repr(a) == ("Array(shape=(4, 8), dtype=float32, sharding=NamedSharding(mesh=Mesh("
+                       "'data': 2, 'model': 4), spec=PartitionSpec('data', 'model')))")
+    text = cts.visualize_array_sharding(a)
+    assert capsys.readouterr().out.strip() == text.strip()
+    lines = text.splitlines()
+    assert len(lines) == 5  # top, row, separator, row, bottom
+    assert [c.strip() for c in lines[1].strip("│").split("│")] == ["CPU 0", "CPU 1", "CPU 2", "CPU 3"]
+    assert [c.strip() for c in lines[3].strip("│").split("│")] == ["CPU 4", "CPU 5", "CPU 6", "CPU 7"]
+    r = cts.device_put(np.zeros(8, np.float32), NamedSharding(m, P("model")))
+    t = cts.visualize_array_sharding(r)
+    assert [c.strip() for c in t.splitlines()[1].strip("│").split("│")] == ["CPU 0,4", "CPU 1,5", "CPU 2,6", "CPU 3,7"]
+    html = a._repr_html_()
+    assert html.count("<td") == 8 and "CPU 5" in html
+    with pytest.raises(ValueError, match="1-d and 2-d"):
+        cts.visualize_array_sharding(cts.device_put(np.zeros((2, 2, 2), np.float32)))
+
+
+def test_concurrent_device_put_from_threads():
+    import threading
+    m = mesh_of((2, 4))
+    s = NamedSharding(m, P("data", "model"))
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(20):
+                x = rng.standard_normal((16, 16)).astype(np.float32)
+                a = cts.device_put(x, s)
+                b = cts.device_put(a, NamedSharding(m, P("model")))
+                np.testing.assert_array_equal(np.asarray(b), x)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors

@@ -1,0 +1,125 @@
+"""Devices, per-device memory accounting and the environment settings."""
+import gc
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from conftest import bytes_in_use, run_python
+
+
+def test_eight_cpu_devices_from_env():
+    devs = cts.devices()
+    assert len(devs) == 8 == cts.device_count() == cts.local_device_count()
+    assert [d.id for d in devs] == list(range(8))
+    assert all(d.platform == "cpu" for d in devs)
+    assert repr(devs[3]) == "CpuDevice(id=3)"
+    assert cts.local_devices() == devs
+    assert cts.devices("cpu") == devs
+    assert cts.default_backend() == "cpu"
+
+
+def test_devices_are_unique_objects():
+    assert cts.devices()[2] is cts.devices()[2]
+    assert len({cts.devices()[i] for i in range(8)}) == 8
+
+
+def test_bad_backend_names():
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        cts.devices("tpu")
+    with pytest.raises(TypeError):
+        cts.devices(3)
+
+
+def test_no_gpu_is_a_clear_error_not_an_import_error():
+    if cts._C.device_ids("gpu"):
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="no gpu devices"):
+        cts.devices("gpu")
+
+
+def test_memory_stats_keys_and_accounting():
+    d = cts.devices()[5]
+    stats = d.memory_stats()
+    for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"):
+        assert isinstance(stats[k], int)
+    before = bytes_in_use()
+    x = cts.device_put(np.zeros(1000, np.float32), d)
+    after = bytes_in_use()
+    assert after[5] - before[5] == 4000
+    assert [a - b for i, (a, b) in enumerate(zip(after, before)) if i != 5] == [0] * 7
+    del x
+    gc.collect()
+    assert bytes_in_use() == before
+
+
+def test_peak_and_reset():
+    d = cts.devices()[1]
+    cts.reset_peak_memory_stats()
+    base = d.memory_stats()["bytes_in_use"]
+    assert d.memory_stats()["peak_bytes_in_use"] == base
+    x = cts.device_put(np.zeros((256, 1024), np.float32), d)
+    del x
+    gc.collect()
+    s = d.memory_stats()
+    assert s["bytes_in_use"] == base
+    assert s["peak_bytes_in_use"] == base + (1 << 20)
+    cts.reset_peak_memory_stats()
+    assert d.memory_stats()["peak_bytes_in_use"] == base
+
+
+def test_default_is_one_device():
+    r = run_python("import ctrainstate as c; print(c.device_count())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("value", ["zero", "0", "-3", "5000"])
+def test_bad_device_count_env(value):
+    r = run_python("import ctrainstate as c; c.devices()",
+                   {"CTRAINSTATE_NUM_CPU_DEVICES": value})
+    assert r.returncode != 0
+    assert "CTRAINSTATE_NUM_CPU_DEVICES" in r.stderr
+    assert "ValueError" in r.stderr
+
+
+def test_memory_limit_raises_resource_exhausted():
+    code = """
+import numpy as np, ctrainstate as c
+d = c.devices()[2]
+a = c.device_put(np.zeros(200, np.float32), d)       # 800 bytes
+try:
+    c.device_put(np.zeros(100, np.float32), d)       # +400 > 1000
+except c.ResourceExhaustedError as e:
+    print("MSG", e)
+    print("INUSE", d.memory_stats()["bytes_in_use"], d.memory_stats()["bytes_limit"])
+b = c.device_put(np.zeros(50, np.float32), d)        # 200 more fits exactly
+print("OK", d.memory_stats()["bytes_in_use"])
+"""
+    r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "4",
+                          "CTRAINSTATE_CPU_DEVICE_MEMORY": "1000"})
+    assert r.returncode == 0, r.stderr
+    msg = [l for l in r.stdout.splitlines() if l.startswith("MSG")][0]
+    assert "CpuDevice(id=2)" in msg and "400 bytes" in msg and "800 bytes in use" in msg
+    assert "INUSE 800 1000" in r.stdout
+    assert "OK 1000" in r.stdout
+
+
+def test_resource_exhausted_in_sharded_put_leaves_nothing_allocated():
+    code = """
+import numpy as np, ctrainstate as c
+m = c.make_mesh((4,), ('x',))
+s = c.NamedSharding(m, c.P('x'))
+a = c.device_put(np.zeros(100, np.float32), c.devices()[3])   # device 3: 400 of 1000 bytes
+try:
+    c.device_put(np.zeros(4 * 200, np.float32), s)             # 800 bytes per device
+except c.ResourceExhaustedError as e:
+    print("RAISED", "CpuDevice(id=3)" in str(e))
+import gc; gc.collect()
+print("INUSE", [d.memory_stats()["bytes_in_use"] for d in c.devices()])
+"""
+    r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "4",
+                          "CTRAINSTATE_CPU_DEVICE_MEMORY": "1000"})
+    assert r.returncode == 0, r.stderr
+    assert "RAISED True" in r.stdout
+    assert "INUSE [0, 0, 0, 400]" in r.stdout

@@ -1,0 +1,246 @@
+"""Mesh, PartitionSpec and NamedSharding: semantics, layout and validation."""
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import P, PartitionSpec, Mesh, NamedSharding, mesh_utils
+from ctrainstate.sharding import get_mesh
+
+MESHES = {
+    (8,): ("x",),
+    (2, 4): ("data", "model"),
+    (4, 2): ("data", "model"),
+    (1, 8): ("data", "model"),
+    (2, 2, 2): ("a", "b", "c"),
+}
+
+
+def mesh_of(shape):
+    return cts.make_mesh(shape, MESHES[shape])
+
+
+# --- PartitionSpec -------------------------------------------------------------------
+
+
+def test_partition_spec_is_a_tuple():
+    assert P("data", None) == ("data", None)
+    assert isinstance(P("a"), tuple)
+    assert P() != P(None)
+    assert P(("x", "y"), None) == (("x", "y"), None)
+    assert P(["x", "y"]) == (("x", "y"),)  # lists become tuples
+    assert hash(P("a", None)) == hash(("a", None))
+    assert repr(P("data", None)) == "PartitionSpec('data', None)"
+    assert repr(P(("x", "y"))) == "PartitionSpec(('x', 'y'),)"
+    assert repr(P()) == "PartitionSpec()"
+    assert PartitionSpec is cts.PartitionSpec is cts.P
+
+
+def test_partition_spec_unconstrained():
+    u = P.UNCONSTRAINED
+    assert str(u) == "UNCONSTRAINED" and repr(u) == "UNCONSTRAINED"
+    assert P("a", u)[1] is u
+    assert pickle.loads(pickle.dumps(P("a", u)))[1] is u
+    assert pickle.loads(pickle.dumps(P("a", ("b", "c")))) == P("a", ("b", "c"))
+
+
+@pytest.mark.parametrize("bad", [1, 2.0, ("a", 1), object()])
+def test_partition_spec_bad_entries(bad):
+    with pytest.raises(TypeError, match="PartitionSpec entry"):
+        P(bad)
+
+
+# --- Mesh ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", list(MESHES))
+def test_mesh_properties(shape):
+    names = MESHES[shape]
+    devs = mesh_utils.create_device_mesh(shape)
+    m = Mesh(devs, names)
+    assert m.axis_names == names
+    assert list(m.shape.items()) == list(zip(names, shape))
+    assert m.size == 8
+    assert m.devices.shape == shape
+    assert m.device_ids.tolist() == np.arange(8).reshape(shape).tolist()
+    assert m == Mesh(devs, names) and hash(m) == hash(Mesh(devs, names))
+    assert m != Mesh(devs[::-1] if len(shape) == 1 else devs, names) or len(shape) > 1
+
+
+def test_mesh_errors():
+    devs = cts.devices()
+    with pytest.raises(ValueError, match="device id 1 appears more than once"):
+        Mesh(np.array([devs[0], devs[1], devs[1], devs[2]]), ("x",))
+    with pytest.raises(ValueError, match="axis name 'x' appears more than once"):
+        Mesh(np.array(devs).reshape(2, 4), ("x", "x"))
+    with pytest.raises(ValueError, match="3 axis names"):
+        Mesh(np.array(devs).reshape(2, 4), ("a", "b", "c"))
+    with pytest.raises(ValueError, match="1 axis names"):
+        Mesh(np.array(devs).reshape(2, 4), ("a",))
+    with pytest.raises(TypeError, match="Device objects"):
+        Mesh(np.arange(8), ("x",))
+    with pytest.raises(TypeError, match="must be strings"):
+        Mesh(np.array(devs), (1,))
+    with pytest.raises(ValueError, match="need 16 devices but only 8 exist"):
+        cts.make_mesh((4, 4), ("a", "b"))
+    with pytest.raises(ValueError, match="needs 6 devices but 8"):
+        mesh_utils.create_device_mesh((2, 3))
+
+
+def test_mesh_context_is_thread_local_and_nests():
+    m1 = mesh_of((8,))
+    m2 = mesh_of((2, 4))
+    assert get_mesh() is None
+    seen = {}
+    with m1:
+        assert get_mesh() is m1
+        with m2 as inner:
+            assert inner is m2 and get_mesh() is m2
+
+            def other():
+                seen["thread"] = get_mesh()
+
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        assert get_mesh() is m1
+    assert get_mesh() is None
+    assert seen["thread"] is None
+
+
+def test_mesh_context_restored_on_exception():
+    m = mesh_of((8,))
+    with pytest.raises(KeyError):
+        with m:
+            raise KeyError("x")
+    assert get_mesh() is None
+
+
+# --- NamedSharding ---------------------------------------------------------------------
+
+
+def test_named_sharding_basics():
+    m = mesh_of((2, 4))
+    s = NamedSharding(m, P("data", "model"))
+    assert s.mesh is m and s.spec == P("data", "model")
+    assert s.shard_shape((8, 12)) == (4, 3)
+    assert not s.is_fully_replicated
+    assert NamedSharding(m, P()).is_fully_replicated
+    assert NamedSharding(m, P(None, None)).is_fully_replicated
+    assert NamedSharding(mesh_of((1, 8)), P("data")).is_fully_replicated
+    assert s == NamedSharding(m, P("data", "model"))
+    assert NamedSharding(m, P("data")) == NamedSharding(m, P("data", None))
+    assert hash(NamedSharding(m, P("data"))) == hash(NamedSharding(m, P("data", None)))
+    assert s != NamedSharding(m, P("model", "data"))
+    assert s.device_set == set(cts.devices())
+    assert "NamedSharding(mesh=Mesh('data': 2, 'model': 4), spec=PartitionSpec('data', 'model'))" == repr(s)
+
+
+def test_named_sharding_devices_indices_map_2x4():
+    m = mesh_of((2, 4))
+    d = cts.devices()
+    idx = NamedSharding(m, P("data", "model")).devices_indices_map((4, 8))
+    # device (i, j) of the mesh holds rows 2i:2i+2 and columns 2j:2j+2
+    for i in range(2):
+        for j in range(4):
+            assert idx[d[4 * i + j]] == (slice(2 * i, 2 * i + 2), slice(2 * j, 2 * j + 2))
+    idx = NamedSharding(m, P(("model", "data"))).devices_indices_map((16,))
+    # 'model' is major: device (i, j) -> block j * 2 + i
+    for i in range(2):
+        for j in range(4):
+            b = 2 * j + i
+            assert idx[d[4 * i + j]] == (slice(2 * b, 2 * b + 2),)
+
+
+@pytest.mark.parametrize("spec,shape,msg", [
+    (P("nope"), (8,), "Resource axis: 'nope' of PartitionSpec\\('nope',\\) is undefined"),
+    (P("model", "model"), (8, 8), "mesh axis 'model' for dimensions 0 and 1"),
+    (P(("model", "model")), (8,), "uses mesh axis 'model' twice in dimension 0"),
+])
+def test_named_sharding_bad_specs(spec, shape, msg):
+    m = mesh_of((2, 4))
+    with pytest.raises(ValueError, match=msg):
+        NamedSharding(m, spec)
+
+
+def test_named_sharding_shape_errors():
+    m = mesh_of((2, 4))
+    with pytest.raises(ValueError, match="dimension 0 of size 10 is not divisible by mesh axis 'model' of size 4"):
+        NamedSharding(m, P("model")).shard_shape((10,))
+    with pytest.raises(ValueError, match=r"dimension 1 of size 4 is not divisible by mesh axes \('data', 'model'\) of total size 8"):
+        NamedSharding(m, P(None, ("data", "model"))).shard_shape((3, 4))
+    with pytest.raises(ValueError, match="has 3 entries but the array has rank 2"):
+        NamedSharding(m, P("data", None, None)).shard_shape((4, 4))
+    with pytest.raises(ValueError, match="for scalars the PartitionSpec should be P()"):
+        NamedSharding(m, P("data")).shard_shape(())
+    with pytest.raises(ValueError, match="UNCONSTRAINED"):
+        NamedSharding(m, P(P.UNCONSTRAINED))
+    with pytest.raises(TypeError, match="needs a Mesh"):
+        NamedSharding("mesh", P())
+
+
+def _random_specs(mesh, ndim, rng, n):
+    """Random valid specs: each mesh axis goes to at most one dimension (or none)."""
+    out = []
+    names = list(mesh.axis_names)
+    for _ in range(n):
+        dims = [[] for _ in range(ndim)]
+        for a in rng.permutation(names):
+            k = rng.integers(-1, ndim)
+            if k >= 0:
+                dims[k].append(str(a))
+        entries = [None if not e else (e[0] if len(e) == 1 else tuple(e)) for e in dims]
+        cut = rng.integers(0, ndim + 1)  # sometimes drop trailing entries
+        if all(e is None for e in entries[cut:]):
+            entries = entries[:cut]
+        out.append(P(*entries))
+    return out
+
+
+@pytest.mark.parametrize("shape", list(MESHES))
+def test_layout_tiles_the_array_with_replica_ids(shape):
+    rng = np.random.default_rng(0)
+    m = mesh_of(shape)
+    for spec in _random_specs(m, 3, rng, 12):
+        s = NamedSharding(m, spec)
+        gshape = (8, 16, 8)
+        shard_shape, blocks, nrep = s._layout(gshape)
+        cover = np.zeros(gshape, np.int64)
+        rep0 = np.zeros(gshape, np.int64)
+        by_block = {}
+        for dev, start, rid in blocks:
+            sl = tuple(slice(a, a + n) for a, n in zip(start, shard_shape))
+            cover[sl] += 1
+            if rid == 0:
+                rep0[sl] += 1
+            by_block.setdefault(start, []).append(rid)
+        assert (rep0 == 1).all(), spec      # replica 0 blocks tile the array exactly once
+        assert (cover == nrep).all(), spec  # every element held nrep times
+        for rids in by_block.values():
+            assert sorted(rids) == list(range(nrep))
+        assert len(by_block) * nrep == 8
+
+
+def test_layout_matches_jax_when_installed():
+    jax = pytest.importorskip("jax")
+    if jax.device_count() < 8:
+        pytest.skip("jax has fewer than 8 CPU devices")
+    from jax.sharding import Mesh as JMesh, NamedSharding as JNS, PartitionSpec as JP
+    rng = np.random.default_rng(1)
+    for shape in MESHES:
+        names = MESHES[shape]
+        m = mesh_of(shape)
+        jm = JMesh(np.array(jax.devices()[:8]).reshape(shape), names)
+        for spec in _random_specs(m, 3, rng, 10):
+            ours = NamedSharding(m, spec)
+            theirs = JNS(jm, JP(*spec))
+            gshape = (8, 16, 8)
+            oi = {d.id: idx for d, idx in ours.devices_indices_map(gshape).items()}
+            ti = {d.id: idx for d, idx in theirs.devices_indices_map(gshape).items()}
+            norm = lambda idx: tuple((sl.start or 0, sl.stop if sl.stop is not None else n)
+                                     for sl, n in zip(idx, gshape))
+            assert {k: norm(v) for k, v in oi.items()} == {k: norm(v) for k, v in ti.items()}, spec
+            assert ours.shard_shape(gshape) == theirs.shard_shape(gshape)
+            assert ours.is_fully_replicated == theirs.is_fully_replicated

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Build ctrainstate._C with AddressSanitizer + UBSan into a scratch directory and
+# run the test suite against that build (jax/flax parity tests are skipped: they
+# do not need our C code and jaxlib is not built for ASan).
+#
+#   bash tools/sanitize.sh [pytest args...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/ctrainstate-asan.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cd "$root"
+mkdir -p "$work/python"
+cp -r python/ctrainstate "$work/python/"
+rm -f "$work"/python/ctrainstate/_C*.so
+CTRAINSTATE_SANITIZE=1 CTRAINSTATE_WERROR=1 python setup.py -q build_ext \
+    --build-lib "$work/python" --build-temp "$work/tmp" >"$work/build.log" 2>&1 \
+    || { cat "$work/build.log"; exit 1; }
+asan=$(gcc -print-file-name=libasan.so)
+ubsan=$(gcc -print-file-name=libubsan.so)
+export LD_PRELOAD="$asan:$ubsan"
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
+export CTRAINSTATE_SANITIZED=1
+python -c "import ctrainstate, sys; assert ctrainstate.__file__.startswith('$work'), ctrainstate.__file__; print('sanitized build:', ctrainstate._C.__file__)"
+python -m pytest -x -q -p no:cacheprovider "$@" tests

@@ -1,0 +1,222 @@
+"""A minimal variable scope: collections, RNG streams, mutability, ``param``/``variable``/``sow``.
+
+This is the smallest object that ``param_with_axes`` and ``variable_with_axes``
+need, and the base the Module system builds on. It follows Flax's scope rules:
+
+* variables live in ``{collection: {name: value}}`` dicts, nested by the scope path;
+* ``param(name, init_fn, *args)`` returns the existing value, or, when the
+  ``'params'`` collection is mutable, calls ``init_fn(make_rng('params'), *args)``
+  and stores the result (boxes are stored, the unboxed value is returned);
+* ``variable(col, name, init_fn, *args)`` does the same without an RNG;
+* ``sow(col, name, value, reduce_fn, init_fn)`` stores ``reduce_fn(old_or_init, value)``
+  only when the collection is mutable, and returns whether it did;
+* ``with scope:`` makes it the *current* scope, found by :func:`current_scope`.
+
+>>> import numpy as np
+>>> from ctrainstate.nn.scope import Scope
+>>> s = Scope(rngs={'params': lambda: 0}, mutable=True)
+>>> s.param('w', lambda key, shape: np.zeros(shape), (2, 3)).shape
+(2, 3)
+>>> s.push('Dense_0').param('b', lambda key: 1.0)
+1.0
+>>> sorted(s.variables()['params'])
+['Dense_0', 'w']
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable
+
+from . import meta
+
+__all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError']
+
+
+class ScopeVariableNotFoundError(KeyError):
+    """A variable is missing and its collection is immutable."""
+
+    def __init__(self, name, col, scope_path):
+        super().__init__(f'No Variable named "{name}" for collection "{col}" exists in "{scope_path}".')
+
+    def __str__(self):
+        return self.args[0]
+
+
+class NameInUseError(ValueError):
+    """A name was declared twice in one scope."""
+
+
+_stack = threading.local()
+
+
+def current_scope():
+    """The innermost scope entered with ``with scope:`` in this thread, or ``None``.
+
+    >>> from ctrainstate.nn.scope import Scope, current_scope
+    >>> s = Scope()
+    >>> with s:
+    ...     current_scope() is s
+    True
+    >>> current_scope() is None
+    True
+    """
+    st = getattr(_stack, 'scopes', None)
+    return st[-1] if st else None
+
+
+class Variable:
+    """Read/write handle to one variable of a scope (``.value``)."""
+
+    def __init__(self, scope: 'Scope', collection: str, name: str, unbox: bool = True):
+        self.scope = scope
+        self.collection = collection
+        self.name = name
+        self.unbox = unbox
+
+    @property
+    def value(self):
+        v = self.scope.get_variable(self.collection, self.name)
+        return meta.unbox(v) if self.unbox else v
+
+    @value.setter
+    def value(self, value):
+        old = self.scope.get_variable(self.collection, self.name)
+        if self.unbox and meta.is_axis_metadata(old):
+            value = meta.replace_boxed(old, value)
+        self.scope.put_variable(self.collection, self.name, value)
+
+    def is_mutable(self) -> bool:
+        return self.scope.is_mutable_collection(self.collection)
+
+
+class Scope:
+    """Variables of one position (``path``) in a model, with RNG streams and mutability.
+
+    Args:
+      variables: ``{collection: nested dict}`` to read (and write, where mutable).
+      rngs: ``{stream: callable}``; ``make_rng(stream)`` calls it and returns the key.
+      mutable: ``True``, ``False``, a collection name, or an iterable of names.
+      path: names of the enclosing scopes, outermost first.
+    """
+
+    def __init__(self, variables: dict | None = None, rngs: dict | None = None,
+                 mutable: bool | str | Iterable[str] = False, path: tuple = ()):
+        self._variables = variables if variables is not None else {}
+        self.rngs = dict(rngs or {})
+        self.mutable = mutable
+        self.path = tuple(path)
+        self._reserved: set = set()
+        self._children: dict = {}
+
+    # -- paths, mutability, reservations
+    @property
+    def path_text(self) -> str:
+        return '/' + '/'.join(self.path)
+
+    def is_mutable_collection(self, col: str) -> bool:
+        m = self.mutable
+        if isinstance(m, bool):
+            return m
+        if isinstance(m, str):
+            return col == m
+        return col in m
+
+    def reserve(self, name: str, col: str | None = None) -> None:
+        key = (col, name) if col is not None else name
+        if key in self._reserved or name in self._reserved:
+            raise NameInUseError(f'Name "{name}" is already in use in scope "{self.path_text}".')
+        self._reserved.add(key)
+
+    def push(self, name: str) -> 'Scope':
+        """Child scope ``name`` (shares variables, RNG streams and mutability)."""
+        if name not in self._children:
+            child = Scope(self._variables, self.rngs, self.mutable, self.path + (name,))
+            self._children[name] = child
+        return self._children[name]
+
+    # -- storage
+    def _collection(self, col: str, create: bool):
+        d = self._variables.get(col)
+        if d is None:
+            if not create:
+                return None
+            d = self._variables[col] = {}
+        for p in self.path:
+            nxt = d.get(p)
+            if nxt is None:
+                if not create:
+                    return None
+                nxt = d[p] = {}
+            d = nxt
+        return d
+
+    def variables(self) -> dict:
+        """The ``{collection: nested dict}`` variables of the whole model."""
+        return self._variables
+
+    def has_variable(self, col: str, name: str) -> bool:
+        d = self._collection(col, create=False)
+        return d is not None and name in d
+
+    def get_variable(self, col: str, name: str, default: Any = None) -> Any:
+        d = self._collection(col, create=False)
+        return default if d is None else d.get(name, default)
+
+    def put_variable(self, col: str, name: str, value: Any) -> None:
+        if not self.is_mutable_collection(col):
+            raise ValueError(f'Cannot update variable "{name}" in "{self.path_text}" because '
+                             f'collection "{col}" is immutable.')
+        self._collection(col, create=True)[name] = value
+
+    # -- RNG
+    def make_rng(self, name: str = 'params'):
+        if name not in self.rngs:
+            raise ValueError(f'No RNG stream "{name}" in scope "{self.path_text}"; pass '
+                             f'rngs={{"{name}": ...}}.')
+        return self.rngs[name]()
+
+    # -- declarations
+    def param(self, name: str, init_fn: Callable[..., Any], *init_args, unbox: bool = True,
+              **init_kwargs):
+        """Declare/fetch parameter ``name``; ``init_fn`` gets a ``'params'`` key first."""
+        self.reserve(name, 'params')
+        if self.has_variable('params', name):
+            value = self.get_variable('params', name)
+        else:
+            if not self.is_mutable_collection('params'):
+                raise ScopeVariableNotFoundError(name, 'params', self.path_text)
+            value = init_fn(self.make_rng('params'), *init_args, **init_kwargs)
+            self.put_variable('params', name, value)
+        return meta.unbox(value) if unbox else value
+
+    def variable(self, col: str, name: str, init_fn: Callable[..., Any] | None = None, *init_args,
+                 unbox: bool = True, **init_kwargs) -> Variable:
+        """Declare/fetch variable ``col/name``; ``init_fn(*args)`` gets no RNG."""
+        self.reserve(name, col)
+        if not self.has_variable(col, name):
+            if not self.is_mutable_collection(col) or init_fn is None:
+                raise ScopeVariableNotFoundError(name, col, self.path_text)
+            self.put_variable(col, name, init_fn(*init_args, **init_kwargs))
+        return Variable(self, col, name, unbox=unbox)
+
+    def sow(self, col: str, name: str, value: Any,
+            reduce_fn: Callable[[Any, Any], Any] = lambda xs, x: xs + (x,),
+            init_fn: Callable[[], Any] = lambda: ()) -> bool:
+        """Store ``reduce_fn(previous or init_fn(), value)`` if ``col`` is mutable."""
+        if not self.is_mutable_collection(col):
+            return False
+        prev = self.get_variable(col, name) if self.has_variable(col, name) else init_fn()
+        self.put_variable(col, name, reduce_fn(prev, value))
+        return True
+
+    # -- current-scope context
+    def __enter__(self):
+        st = getattr(_stack, 'scopes', None)
+        if st is None:
+            st = _stack.scopes = []
+        st.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _stack.scopes.pop()
+        return False

@@ -1,0 +1,325 @@
+"""Logical axis rules and logical sharding constraints (mirror of ``flax.linen.spmd``).
+
+Resolution and the thread-local rules context live in C (``ctrainstate._C``:
+``csrc/core/ct_rules.c`` and ``csrc/python/py_rules.c``); this module only
+wraps results in ``PartitionSpec`` and walks pytrees.
+
+Version profile: current Flax (0.12.3+). Rules are tried in order; a mesh axis
+serves one dimension per array; a tuple rule is all-or-nothing; ``(name, None)``
+claims a dimension; unmatched names resolve to ``None``; non-string entries
+(``None``, ``PartitionSpec.UNCONSTRAINED``, ...) are kept verbatim; ``None`` and
+``UNCONSTRAINED`` in a rule's value never count as used mesh axes.
+
+>>> from ctrainstate.nn import spmd
+>>> rules = (('batch', 'data'), ('embed', 'model'), ('mlp', 'model'))
+>>> spmd.logical_to_mesh_axes(('batch', 'embed', 'mlp'), rules)
+PartitionSpec('data', 'model', None)
+"""
+from __future__ import annotations
+
+import enum
+import functools
+from typing import Any, Callable, Sequence
+
+from .. import _C
+from .. import tree_util
+from ..sharding import NamedSharding, PartitionSpec
+from . import meta
+
+_C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)
+
+LogicalRules = Sequence[tuple]
+
+__all__ = [
+    'LogicalRules', 'logical_axis_rules', 'set_logical_axis_rules', 'get_logical_axis_rules',
+    'logical_to_mesh_axes', 'logical_to_mesh', 'logical_to_mesh_sharding', 'RulesFallback',
+    'with_logical_constraint', 'LogicallyPartitioned', 'with_logical_partitioning',
+]
+
+
+class _UnassignedAxis:
+    """Private sentinel for a dimension no rule assigned (falsy, compared by identity)."""
+
+    def __repr__(self):
+        return 'UnassignedAxis'
+
+    def __bool__(self):
+        return False
+
+
+_unassigned_axis = _UnassignedAxis()
+
+# --- rules context -----------------------------------------------------------
+
+# Context manager type implemented in C (csrc/python/py_rules.c); see its docstring.
+logical_axis_rules = _C.axis_rules
+
+
+def set_logical_axis_rules(rules: LogicalRules) -> None:
+    """Set this thread's logical axis rules (stored as given, no validation).
+
+    >>> from ctrainstate.nn import set_logical_axis_rules, get_logical_axis_rules
+    >>> set_logical_axis_rules((('batch', 'data'),))
+    >>> get_logical_axis_rules()
+    (('batch', 'data'),)
+    >>> set_logical_axis_rules(())
+    """
+    _C.set_axis_rules(rules)
+
+
+def get_logical_axis_rules() -> LogicalRules:
+    """Return this thread's logical axis rules; ``()`` in a thread that never set any.
+
+    >>> import threading
+    >>> from ctrainstate.nn import get_logical_axis_rules
+    >>> seen = []
+    >>> t = threading.Thread(target=lambda: seen.append(get_logical_axis_rules()))
+    >>> t.start(); t.join(); seen
+    [()]
+    """
+    return _C.get_axis_rules()
+
+
+# --- resolution --------------------------------------------------------------
+
+def _logical_to_mesh_axes(array_dim_names, rules=None):
+    """Raw resolution: a list with ``_unassigned_axis`` where no rule applied."""
+    return _C.resolve_logical_axes(array_dim_names, rules, _unassigned_axis)
+
+
+def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None,
+                         rules: LogicalRules | None = None) -> PartitionSpec | None:
+    """Resolve a tuple of logical axis names to a mesh ``PartitionSpec``.
+
+    ``rules`` defaults to the thread's context rules. ``None`` names give ``None``.
+    A logical name used twice raises ``ValueError``; so does a rules object that
+    is not a tuple or list.
+
+    >>> from ctrainstate.nn import logical_to_mesh_axes
+    >>> rules = (('batch', 'X'), ('features', 'X'), ('heads', 'Y'), ('batch', 'Z'))
+    >>> logical_to_mesh_axes(('batch', 'length', 'heads', 'features'), rules)
+    PartitionSpec('X', None, 'Y', None)
+    >>> logical_to_mesh_axes(('a', 'a'), rules)
+    Traceback (most recent call last):
+    ...
+    ValueError: Unsupported: Dimensions ('a',) occur more than once in array names.
+    """
+    result = _C.resolve_logical_axes(array_dim_names, rules, None)
+    if result is None:
+        return None
+    return PartitionSpec(*result)
+
+
+def _is_partition_spec(x):
+    return isinstance(x, PartitionSpec)
+
+
+def logical_to_mesh(tree: Any, rules: LogicalRules | None = None) -> Any:
+    """Apply :func:`logical_to_mesh_axes` to every ``PartitionSpec`` leaf of a pytree.
+
+    Plain tuples are containers, not specs: pass ``PartitionSpec`` leaves.
+
+    >>> from ctrainstate.nn import logical_to_mesh
+    >>> from ctrainstate.sharding import PartitionSpec as P
+    >>> logical_to_mesh({'w': P('embed', 'mlp'), 'b': None}, (('mlp', 'model'),))
+    {'b': None, 'w': PartitionSpec(None, 'model')}
+    """
+    return tree_util.tree_map(lambda x: logical_to_mesh_axes(x, rules), tree,
+                              is_leaf=_is_partition_spec)
+
+
+def logical_to_mesh_sharding(tree: Any, mesh, rules: LogicalRules | None = None) -> Any:
+    """Resolve a pytree of logical ``PartitionSpec``\\ s into ``NamedSharding``\\ s on ``mesh``.
+
+    >>> import numpy as np
+    >>> from ctrainstate.nn import logical_to_mesh_sharding
+    >>> from ctrainstate.sharding import Mesh, PartitionSpec as P
+    >>> from ctrainstate import devices
+    >>> mesh = Mesh(np.array(devices()[:1]).reshape(1, 1), ('data', 'model'))
+    >>> s = logical_to_mesh_sharding({'w': P('embed', 'mlp')}, mesh, (('mlp', 'model'),))
+    >>> s['w'].spec
+    PartitionSpec(None, 'model')
+    """
+    return tree_util.tree_map(lambda x: NamedSharding(mesh, x), logical_to_mesh(tree, rules),
+                              is_leaf=_is_partition_spec)
+
+
+class RulesFallback(enum.Enum):
+    """What a logical constraint does when some name matches no rule.
+
+    ``AXIS_IS_UNSHARDED`` (default): the dimension is replicated.
+    ``RAISE_ERROR``: ``ValueError('Axis names ... did not match a rule')``.
+    ``NO_CONSTRAINT``: the whole constraint is skipped.
+
+    >>> from ctrainstate.nn import RulesFallback
+    >>> RulesFallback('raise_error')
+    <RulesFallback.RAISE_ERROR: 'raise_error'>
+    """
+
+    AXIS_IS_UNSHARDED = 'axis_is_unsharded'
+    RAISE_ERROR = 'raise_error'
+    NO_CONSTRAINT = 'no_constraint'
+
+
+# --- constraints ---------------------------------------------------------------
+
+def _with_sharding_constraint(x, axis_resources, mesh=None):
+    """Apply a mesh-axis constraint: reshard an Array onto ``NamedSharding(mesh, spec)``.
+
+    The mesh is ``mesh`` or the active ``with Mesh(...):`` context. Without a mesh,
+    or for values that are not ctrainstate Arrays (numpy arrays, Python scalars),
+    this is a documented no-op that returns ``x``. A ``None`` spec means fully
+    replicated; an ``UNCONSTRAINED`` entry keeps that dimension's current split
+    (when ``x`` already lives on the same mesh) or leaves it unsplit. ``x`` may be
+    a pytree: every Array leaf is constrained. Kept as a separate function so
+    tests can mock it.
+    """
+    from ..array import Array
+    from ..sharding import get_mesh
+    if mesh is None:
+        mesh = get_mesh()
+    if mesh is None:
+        return x
+    if isinstance(x, Array):
+        return _constrain_array(x, axis_resources, mesh)
+    return tree_util.tree_map(
+        lambda leaf: _constrain_array(leaf, axis_resources, mesh) if isinstance(leaf, Array) else leaf,
+        x)
+
+
+def _constrain_array(x, axis_resources, mesh):
+    from ..array import device_put
+    spec = PartitionSpec() if axis_resources is None else axis_resources
+    if any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+        cur = x.sharding
+        cur_spec = tuple(cur.spec) if isinstance(cur, NamedSharding) and cur.mesh == mesh else ()
+        spec = PartitionSpec(*[
+            (cur_spec[i] if i < len(cur_spec) else None) if e is PartitionSpec.UNCONSTRAINED else e
+            for i, e in enumerate(spec)])
+    target = NamedSharding(mesh, spec)
+    if x.sharding == target:
+        return x
+    return device_put(x, target)
+
+
+def _with_sharding_constraint_one_fallback(axis_resources, x, fallback=RulesFallback.AXIS_IS_UNSHARDED,
+                                           rules=None, mesh=None):
+    mesh_axes = _logical_to_mesh_axes(axis_resources, rules)
+    if mesh_axes is None:
+        return _with_sharding_constraint(x, None, mesh=mesh)
+    if fallback == RulesFallback.AXIS_IS_UNSHARDED:
+        mesh_axes = [None if a is _unassigned_axis else a for a in mesh_axes]
+    elif any(a is _unassigned_axis for a in mesh_axes):
+        if fallback == RulesFallback.RAISE_ERROR:
+            raise ValueError(f'Axis names {axis_resources} did not match a rule')
+        return x
+    return _with_sharding_constraint(x, PartitionSpec(*mesh_axes), mesh=mesh)
+
+
+def _is_axis_spec(x):
+    return isinstance(x, str) or x is PartitionSpec.UNCONSTRAINED or x is None
+
+
+def _is_logical_spec(x):
+    return x is None or (isinstance(x, tuple) and all(_is_axis_spec(e) for e in x))
+
+
+def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalRules | None = None,
+                            mesh=None, fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED):
+    """Constrain ``x`` to the sharding its logical axis names resolve to.
+
+    A no-op (returning ``x`` unvalidated) when the rules are empty or the spec is
+    ``None``. Otherwise each logical spec leaf (a tuple of names, or ``None``) is
+    resolved, resolution errors raise, the fallback applies, and the matching
+    sub-tree of ``x`` goes through the mesh-axis constraint: with an active mesh
+    (or ``mesh=``) a ctrainstate ``Array`` is resharded; numpy arrays and the
+    no-mesh case are returned unchanged.
+
+    >>> import numpy as np
+    >>> from ctrainstate.nn import with_logical_constraint
+    >>> x = np.zeros((4, 2))
+    >>> with_logical_constraint(x, ('batch', 'embed'), rules=(('batch', 'data'),)) is x
+    True
+    """
+    if rules is None:
+        rules = get_logical_axis_rules()
+    if not rules or logical_axis_resources is None:
+        return x
+    fn = functools.partial(_with_sharding_constraint_one_fallback, fallback=fallback, rules=rules,
+                           mesh=mesh)
+    return _tree_map_prefix(fn, logical_axis_resources, x, _is_logical_spec)
+
+
+def _tree_map_prefix(fn, prefix_tree, tree, is_leaf):
+    """Map ``fn(prefix_leaf, subtree)`` where ``prefix_tree`` is a pytree prefix of ``tree``."""
+    return tree_util.tree_map(fn, prefix_tree, tree, is_leaf=is_leaf)
+
+
+# --- logical boxes -----------------------------------------------------------------
+
+class LogicallyPartitioned(meta.Partitioned):
+    """A ``Partitioned`` box whose ``names`` are logical axis names.
+
+    ``get_partition_spec()`` gives the logical spec; :func:`logical_to_mesh` or
+    :func:`logical_to_mesh_sharding` map it onto the mesh. ``unbox()`` applies a
+    logical constraint when a mesh is active or ``mesh`` is set.
+
+    >>> import numpy as np
+    >>> from ctrainstate.nn import LogicallyPartitioned
+    >>> box = LogicallyPartitioned(np.zeros((2, 3)), ('embed', 'mlp'), rules=(('mlp', 'model'),))
+    >>> box.get_partition_spec()
+    PartitionSpec('embed', 'mlp')
+    """
+
+    def __init__(self, value, names, mesh=None, rules=None):
+        super().__init__(value, names, mesh)
+        object.__setattr__(self, 'rules', rules)
+
+    def _fields(self):
+        return dict(value=self.value, names=self.names, mesh=self.mesh, rules=self.rules)
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if other.__class__ is self.__class__:
+            return (self.value,) == (other.value,)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f'LogicallyPartitioned(value={self.value!r}, names={self.names!r}, '
+                f'mesh={self.mesh!r}, rules={self.rules!r})')
+
+    def unbox(self, apply_constraint=True):
+        """Return the value, constrained to the resolved spec when a mesh is in reach."""
+        from ..sharding import get_mesh
+        if apply_constraint and (get_mesh() is not None or self.mesh is not None):
+            return with_logical_constraint(self.value, self.get_partition_spec(), rules=self.rules,
+                                           mesh=self.mesh)
+        return self.value
+
+
+tree_util.register_pytree_node(
+    LogicallyPartitioned,
+    lambda b: ((b.value,), (b.names, b.mesh, b.rules)),
+    lambda aux, children: LogicallyPartitioned(children[0], aux[0], mesh=aux[1], rules=aux[2]),
+)
+
+
+def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=None
+                              ) -> Callable[..., LogicallyPartitioned]:
+    """Wrap an initializer so its result is boxed in :class:`LogicallyPartitioned`.
+
+    >>> import numpy as np
+    >>> from ctrainstate.nn import with_logical_partitioning
+    >>> init = with_logical_partitioning(lambda key, shape: np.ones(shape), ('embed', 'mlp'))
+    >>> init(None, (2, 3)).names
+    ('embed', 'mlp')
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return LogicallyPartitioned(fn(*args, **kwargs), names, mesh=mesh, rules=rules)
+
+    return wrapper

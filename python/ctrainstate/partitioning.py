@@ -1,0 +1,291 @@
+"""Logical partitioning API (mirror of ``flax.linen.partitioning``).
+
+Ported t5x / HuggingFace scripts change only the import::
+
+    from ctrainstate import partitioning as nn_partitioning
+
+Version profile: current Flax (0.12.3+) resolution semantics, the ≥0.6.8
+``with_sharding_constraint(x, axes, rules=None, mesh=None, fallback=...)``
+signature, and ``variable_with_axes(axes=())`` recording empty metadata (≥0.6.2).
+One deliberate difference: ``param_with_axes`` / ``variable_with_axes`` raise a
+``ValueError`` naming the parameter path, its shape and the axes when a tuple of
+axes does not match the value's rank (Flax stays silent until JAX fails).
+
+>>> import numpy as np
+>>> from ctrainstate import partitioning as nn_partitioning
+>>> from ctrainstate.nn.scope import Scope
+>>> rules = (('embed', None), ('mlp', 'model'))
+>>> scope = Scope(rngs={'params': lambda: 0}, mutable=True)
+>>> with nn_partitioning.axis_rules(rules), scope:
+...     w = nn_partitioning.param_with_axes('wi', lambda k, s: np.zeros(s), (4, 8),
+...                                         axes=('embed', 'mlp'))
+>>> axes = nn_partitioning.get_axis_names(scope.variables()['params_axes'])
+>>> axes
+{'wi': PartitionSpec('embed', 'mlp')}
+>>> nn_partitioning.logical_to_mesh(axes, rules)
+{'wi': PartitionSpec(None, 'model')}
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from . import tree_util
+from .nn import spmd
+from .nn.scope import Scope, Variable, ScopeVariableNotFoundError, current_scope
+from .nn.spmd import (  # noqa: F401  (re-exports)
+    LogicalRules,
+    RulesFallback,
+    logical_to_mesh,
+    logical_to_mesh_axes,
+    logical_to_mesh_sharding,
+    _is_logical_spec,
+)
+from .sharding import PartitionSpec
+
+axis_rules = spmd.logical_axis_rules
+set_axis_rules = spmd.set_logical_axis_rules
+get_axis_rules = spmd.get_logical_axis_rules
+with_sharding_constraint = spmd.with_logical_constraint
+
+__all__ = [
+    'LogicalRules', 'axis_rules', 'set_axis_rules', 'get_axis_rules', 'logical_to_mesh_axes',
+    'logical_to_mesh', 'logical_to_mesh_sharding', 'RulesFallback', 'with_sharding_constraint',
+    'AxisMetadata', 'param_with_axes', 'variable_with_axes', 'get_axis_names',
+    'PartitionedVariable',
+]
+
+
+class AxisMetadata:
+    """Logical axis names of one variable, sown into ``<collection>_axes``.
+
+    Frozen; a pytree node with no leaves (``names`` is static), equal when the
+    names are equal. Distinct from :class:`ctrainstate.nn.meta.AxisMetadata`.
+
+    >>> from ctrainstate.partitioning import AxisMetadata
+    >>> AxisMetadata(names=('embed', 'mlp'))
+    AxisMetadata(names=('embed', 'mlp'))
+    >>> from ctrainstate import tree_util
+    >>> tree_util.tree_leaves({'w_axes': AxisMetadata(('a',))})
+    []
+    """
+
+    __slots__ = ('names',)
+
+    def __init__(self, names):
+        object.__setattr__(self, 'names', names)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"cannot assign to field '{name}'")
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.names == other.names
+
+    def __hash__(self):
+        return hash((AxisMetadata, self.names))
+
+    def __repr__(self):
+        return f'AxisMetadata(names={self.names!r})'
+
+    def replace(self, **updates):
+        return AxisMetadata(updates.get('names', self.names))
+
+
+tree_util.register_pytree_node(
+    AxisMetadata,
+    lambda m: ((), m.names),
+    lambda names, children: AxisMetadata(names),
+)
+
+
+def _param_with_axes_sow_reduce_fn(x, y):
+    """Sow reduction for axis metadata: first value wins; a second must be equal."""
+    if not isinstance(y, AxisMetadata):
+        raise TypeError('Expected newly sown value to be an AxisMetadata')
+    if isinstance(x, AxisMetadata):
+        if x != y:
+            raise ValueError('If axis names are sown twice, expected them to match. '
+                             f'Got {x} and {y}.')
+    elif x:
+        raise ValueError(f'Non-initial-or-AxisMetadata value encountered: {x}')
+    return y
+
+
+def _resolve_module(module):
+    if module is None:
+        module = current_scope()
+        if module is None:
+            raise ValueError('param_with_axes/variable_with_axes need a module or scope: call them '
+                             'inside a module method or a `with scope:` block, or pass module=.')
+    return module
+
+
+def _path_of(module) -> tuple:
+    path = getattr(module, 'path', None)
+    if path is None:
+        path = getattr(getattr(module, 'scope', None), 'path', ())
+    return tuple(path)
+
+
+def _check_rank(module, name, value, axes):
+    """Raise if a logical spec's length differs from the rank of the value it annotates."""
+    where = '/'.join(_path_of(module) + (name,))
+
+    def check(spec, sub):
+        if spec is None:
+            return sub
+        shape = getattr(sub, 'shape', None)
+        if shape is None:
+            shape = np.shape(sub)
+        if len(spec) != len(shape):
+            raise ValueError(f'Logical axes {tuple(spec)} of "{where}" do not match its rank: '
+                             f'shape {tuple(shape)} has {len(shape)} dimension(s), the axes name '
+                             f'{len(spec)}.')
+        return sub
+
+    try:
+        spmd._tree_map_prefix(check, axes, value, _is_logical_spec)
+    except ValueError:
+        raise
+    except Exception as e:  # structure mismatch between the axes pytree and the value
+        raise ValueError(f'Logical axes {axes!r} of "{where}" do not match the structure of '
+                         f'its value: {e}') from None
+
+
+def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=None, module=None,
+                    **init_kwargs):
+    """Declare a parameter and record its logical axes in ``params_axes``.
+
+    Calls ``module.param(name, init_fn, *init_args, **init_kwargs)`` (``module``
+    defaults to the current scope). With ``axes`` given, the value gets a logical
+    sharding constraint and ``AxisMetadata(names=axes)`` is sown into
+    ``'params_axes'`` under ``f'{name}_axes'``. A tuple ``axes`` whose length is
+    not the value's rank raises ``ValueError``.
+
+    >>> import numpy as np
+    >>> from ctrainstate.partitioning import param_with_axes
+    >>> from ctrainstate.nn.scope import Scope
+    >>> s = Scope(rngs={'params': lambda: 0}, mutable=True)
+    >>> _ = param_with_axes('w', lambda k, shape: np.ones(shape), (2, 3), axes=('a', 'b'), module=s)
+    >>> s.variables()['params_axes']
+    {'w_axes': AxisMetadata(names=('a', 'b'))}
+    """
+    module = _resolve_module(module)
+    value = module.param(name, init_fn, *init_args, **init_kwargs)
+    if axes is not None:
+        _check_rank(module, name, value, axes)
+        value = with_sharding_constraint(value, PartitionSpec(*axes))
+        module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
+                   reduce_fn=_param_with_axes_sow_reduce_fn)
+    return value
+
+
+class PartitionedVariable(Variable):
+    """A variable that re-applies its logical constraint on every read and write.
+
+    >>> import numpy as np
+    >>> from ctrainstate.partitioning import variable_with_axes
+    >>> from ctrainstate.nn.scope import Scope
+    >>> v = variable_with_axes('stats', 'mean', np.zeros, (3,), axes=('embed',), module=Scope(mutable=True))
+    >>> v.value = v.value + 1
+    >>> v.value
+    array([1., 1., 1.])
+    """
+
+    def __init__(self, scope, collection: str, name: str, axes=None,
+                 fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED):
+        super().__init__(scope, collection, name, unbox=False)
+        self.axes = axes
+        self.fallback = fallback
+
+    @property
+    def value(self):
+        value = self.scope.get_variable(self.collection, self.name)
+        if self.axes is not None:
+            value = with_sharding_constraint(value, self.axes, fallback=self.fallback)
+        return value
+
+    @value.setter
+    def value(self, value):
+        if self.axes is not None:
+            value = with_sharding_constraint(value, self.axes, fallback=self.fallback)
+        self.scope.put_variable(self.collection, self.name, value)
+
+
+def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], *init_args, axes=None,
+                       module=None, fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
+                       **init_kwargs) -> PartitionedVariable:
+    """Declare a variable of ``collection`` and record its axes in ``<collection>_axes``.
+
+    ``init_fn(*init_args, **init_kwargs)`` (no RNG) runs only when the variable is
+    missing and the collection is mutable; otherwise a missing variable raises
+    ``ScopeVariableNotFoundError``. With ``axes`` given, the value is constrained
+    (with ``fallback``) and ``AxisMetadata(axes)`` is sown under ``f'{name}_axes'``.
+
+    >>> import numpy as np
+    >>> from ctrainstate.partitioning import variable_with_axes, get_axis_names
+    >>> from ctrainstate.nn.scope import Scope
+    >>> s = Scope(mutable=True)
+    >>> _ = variable_with_axes('cache', 'k', np.zeros, (2, 4), axes=('batch', 'kv'), module=s)
+    >>> get_axis_names(s.variables()['cache_axes'])
+    {'k': PartitionSpec('batch', 'kv')}
+    """
+    module = _resolve_module(module)
+    scope = getattr(module, 'scope', module)
+    scope.reserve(name, collection)
+    if not scope.has_variable(collection, name):
+        if not scope.is_mutable_collection(collection):
+            raise ScopeVariableNotFoundError(name, collection, scope.path_text)
+        init_value = init_fn(*init_args, **init_kwargs)
+        if axes is not None:
+            _check_rank(module, name, init_value, axes)
+            init_value = with_sharding_constraint(init_value, axes, fallback=fallback)
+        scope.put_variable(collection, name, init_value)
+    if axes is not None:
+        module.sow(f'{collection}_axes', f'{name}_axes', AxisMetadata(axes),
+                   reduce_fn=_param_with_axes_sow_reduce_fn)
+    return PartitionedVariable(scope, collection, name, axes, fallback)
+
+
+def _flatten_dict(d, prefix=()):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and not isinstance(v, AxisMetadata):
+            out.update(_flatten_dict(v, prefix + (k,)))
+        elif isinstance(v, dict):
+            continue  # empty sub-dicts vanish, as in Flax
+        else:
+            out[prefix + (k,)] = v
+    return out
+
+
+def get_axis_names(axes_metadata) -> dict:
+    """Turn one ``*_axes`` collection into a tree of logical ``PartitionSpec``\\ s.
+
+    Paths are joined with ``'/'``, a trailing ``_axes`` is removed, and every
+    logical spec inside ``names`` becomes ``PartitionSpec(*names)`` (``None``
+    stays ``None``). Returns a plain nested dict.
+
+    >>> from ctrainstate.partitioning import AxisMetadata, get_axis_names
+    >>> get_axis_names({'mlp': {'wi_axes': AxisMetadata(('embed', 'mlp'))}, 'b_axes': AxisMetadata(())})
+    {'mlp': {'wi': PartitionSpec('embed', 'mlp')}, 'b': PartitionSpec()}
+    """
+
+    def rewrite(names):
+        return tree_util.tree_map(lambda x: None if x is None else PartitionSpec(*x), names,
+                                  is_leaf=_is_logical_spec)
+
+    flat = {re.sub(r'_axes$', '', '/'.join(k)): rewrite(v.names)
+            for k, v in _flatten_dict(dict(axes_metadata)).items()}
+    out: dict = {}
+    for path, v in flat.items():
+        keys = path.split('/')
+        d = out
+        for key in keys[:-1]:
+            d = d.setdefault(key, {})
+        d[keys[-1]] = v
+    return out

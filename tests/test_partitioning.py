@@ -1,0 +1,375 @@
+"""Logical constraints (W1-W11), param/variable metadata (P1-P8) through the minimal
+scope, and real resharding of Arrays under a mesh.
+
+Expected values: shared/reference/flax_partitioning.md §3.3 and §3.4.
+"""
+import os
+
+os.environ.setdefault('CTRAINSTATE_NUM_CPU_DEVICES', '4')
+
+from unittest import mock  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import ctrainstate as cts  # noqa: E402
+from ctrainstate import nn  # noqa: E402
+from ctrainstate import partitioning as nn_partitioning  # noqa: E402
+from ctrainstate.nn import spmd  # noqa: E402
+from ctrainstate.nn.scope import Scope, ScopeVariableNotFoundError  # noqa: E402
+from ctrainstate.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+UNC = P.UNCONSTRAINED
+R1 = (('foo', 'data'), ('bar', 'model'), ('baz', None))
+AXIS_RULES_P = (('foo', 'model'), ('bar', 'data'), ('baz', None))
+F = nn_partitioning.RulesFallback
+
+
+@pytest.fixture(autouse=True)
+def _clean_rules():
+    nn_partitioning.set_axis_rules(())
+    yield
+    nn_partitioning.set_axis_rules(())
+
+
+@pytest.fixture
+def wsc():
+    with mock.patch.object(spmd, '_with_sharding_constraint', side_effect=lambda x, *a, **k: x) as m:
+        yield m
+
+
+def _arr():
+    return np.zeros((2, 2))
+
+
+# --- W1-W11 ------------------------------------------------------------------------------
+
+def test_w1_no_rules_no_call(wsc):
+    arr = _arr()
+    assert nn_partitioning.with_sharding_constraint(arr, ('foo', 'bar')) is arr
+    wsc.assert_not_called()
+
+
+def test_w2_none_spec_no_call(wsc):
+    nn_partitioning.set_axis_rules(R1)
+    arr = _arr()
+    assert nn_partitioning.with_sharding_constraint(arr, None) is arr
+    wsc.assert_not_called()
+
+
+def test_w3_resolved_spec(wsc):
+    nn_partitioning.set_axis_rules(R1)
+    arr = _arr()
+    nn_partitioning.with_sharding_constraint(arr, ('foo', 'bar'))
+    wsc.assert_called_once_with(arr, P('data', 'model'), mesh=None)
+
+
+def test_w4_unconstrained_kept(wsc):
+    nn_partitioning.set_axis_rules(R1)
+    arr = _arr()
+    nn_partitioning.with_sharding_constraint(arr, ('foo', UNC))
+    wsc.assert_called_once_with(arr, P('data', UNC), mesh=None)
+
+
+@pytest.mark.parametrize('kw', [{}, {'fallback': F.AXIS_IS_UNSHARDED}], ids=['W5', 'W6'])
+def test_w5_w6_unsharded_fallback(wsc, kw):
+    nn_partitioning.set_axis_rules(R1)
+    arr = _arr()
+    nn_partitioning.with_sharding_constraint(arr, ('foo', 'not_recognized'), **kw)
+    wsc.assert_called_once_with(arr, P('data', None), mesh=None)
+
+
+def test_w7_raise_error(wsc):
+    nn_partitioning.set_axis_rules(R1)
+    with pytest.raises(ValueError) as e:
+        nn_partitioning.with_sharding_constraint(_arr(), ('foo', 'not_recognized'),
+                                                 fallback=F.RAISE_ERROR)
+    assert str(e.value) == "Axis names ('foo', 'not_recognized') did not match a rule"
+    wsc.assert_not_called()
+
+
+def test_w8_no_constraint(wsc):
+    nn_partitioning.set_axis_rules(R1)
+    arr = _arr()
+    out = nn_partitioning.with_sharding_constraint(arr, ('foo', 'not_recognized'),
+                                                   fallback=F.NO_CONSTRAINT)
+    assert out is arr
+    wsc.assert_not_called()
+
+
+def test_w9_duplicates_raise_without_mesh(wsc):
+    nn_partitioning.set_axis_rules(R1)
+    with pytest.raises(ValueError, match=r"Dimensions \('foo',\) occur more than once"):
+        nn_partitioning.with_sharding_constraint(_arr(), ('foo', 'foo'))
+    wsc.assert_not_called()
+
+
+def test_w10_empty_rules_short_circuit(wsc):
+    arr = _arr()
+    out = nn_partitioning.with_sharding_constraint(arr, ('foo', 'foo'), fallback=F.RAISE_ERROR)
+    assert out is arr
+    wsc.assert_not_called()
+
+
+def test_w11_real_helper_without_mesh_is_identity():
+    nn_partitioning.set_axis_rules(R1)
+    arr = _arr()
+    assert nn_partitioning.with_sharding_constraint(arr, ('foo', 'bar')) is arr
+    a = cts.device_put(np.ones((4, 4), np.float32))
+    assert nn_partitioning.with_sharding_constraint(a, ('foo', 'bar')) is a
+
+
+def test_rules_and_mesh_arguments_passed_through(wsc):
+    arr = _arr()
+    sentinel_mesh = object()
+    nn.with_logical_constraint(arr, ('foo', 'bar'), rules=R1, mesh=sentinel_mesh)
+    wsc.assert_called_once_with(arr, P('data', 'model'), mesh=sentinel_mesh)
+
+
+def test_spec_tree_is_prefix_of_value_tree(wsc):
+    x = {'a': _arr(), 'b': (_arr(), _arr())}
+    nn.with_logical_constraint(x, {'a': ('foo',), 'b': ('bar', None)}, rules=R1)
+    calls = {id(c.args[0]): c.args[1] for c in wsc.call_args_list}
+    assert calls[id(x['a'])] == P('data')
+    assert calls[id(x['b'])] == P('model', None)   # a leaf spec covers a whole sub-tree
+    assert wsc.call_count == 2
+
+
+def test_none_leaf_inside_tree_calls_helper_with_none(wsc):
+    x = {'a': _arr(), 'b': _arr()}
+    nn.with_logical_constraint(x, {'a': None, 'b': ('foo',)}, rules=R1)
+    calls = {id(c.args[0]): c.args[1] for c in wsc.call_args_list}
+    assert calls[id(x['a'])] is None and calls[id(x['b'])] == P('data')
+
+
+# --- real constraint with a mesh -----------------------------------------------------------
+
+def _mesh():
+    if cts.device_count() < 4:
+        pytest.skip('needs 4 CPU virtual devices (CTRAINSTATE_NUM_CPU_DEVICES=4)')
+    return cts.make_mesh((2, 2), ('data', 'model'))
+
+
+def test_constraint_reshards_array_under_mesh():
+    mesh = _mesh()
+    host = np.arange(16, dtype=np.float32).reshape(4, 4)
+    x = cts.device_put(host, NamedSharding(mesh, P()))
+    with mesh, nn_partitioning.axis_rules(R1):
+        y = nn_partitioning.with_sharding_constraint(x, ('foo', 'bar'))
+    assert y.sharding == NamedSharding(mesh, P('data', 'model'))
+    np.testing.assert_array_equal(np.asarray(y), host)
+    assert y.addressable_shards[0].data.shape == (2, 2)
+
+
+def test_constraint_with_mesh_argument_and_no_context():
+    mesh = _mesh()
+    host = np.arange(8, dtype=np.float32).reshape(4, 2)
+    x = cts.device_put(host, NamedSharding(mesh, P()))
+    y = nn.with_logical_constraint(x, ('bar', 'baz'), rules=R1, mesh=mesh)
+    assert y.sharding == NamedSharding(mesh, P('model', None))
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+def test_constraint_already_satisfied_returns_same_array():
+    mesh = _mesh()
+    x = cts.device_put(np.ones((4, 4), np.float32), NamedSharding(mesh, P('data', 'model')))
+    assert nn.with_logical_constraint(x, ('foo', 'bar'), rules=R1, mesh=mesh) is x
+
+
+def test_numpy_under_mesh_is_noop():
+    mesh = _mesh()
+    arr = _arr()
+    with mesh:
+        assert nn.with_logical_constraint(arr, ('foo', 'bar'), rules=R1) is arr
+
+
+def test_constraint_on_subtree_reshards_every_array():
+    mesh = _mesh()
+    x = {'a': cts.device_put(np.ones((4, 4), np.float32), NamedSharding(mesh, P())),
+         'b': (cts.device_put(np.ones((4, 2), np.float32), NamedSharding(mesh, P())), np.ones(3))}
+    y = nn.with_logical_constraint(x, {'a': ('foo', 'bar'), 'b': ('foo',)}, rules=R1, mesh=mesh)
+    assert y['a'].sharding == NamedSharding(mesh, P('data', 'model'))
+    assert y['b'][0].sharding == NamedSharding(mesh, P('data'))
+    assert y['b'][1] is x['b'][1]
+
+
+def test_unconstrained_keeps_current_split():
+    mesh = _mesh()
+    host = np.arange(16, dtype=np.float32).reshape(4, 4)
+    x = cts.device_put(host, NamedSharding(mesh, P(None, 'model')))
+    y = nn.with_logical_constraint(x, ('foo', UNC), rules=R1, mesh=mesh)
+    assert y.sharding == NamedSharding(mesh, P('data', 'model'))
+    np.testing.assert_array_equal(np.asarray(y), host)
+
+
+# --- P1-P8: param_with_axes / variable_with_axes / get_axis_names --------------------------
+
+def _zeros_init(key, shape, dtype=np.float32):
+    return np.zeros(shape, dtype)
+
+
+def _scope(mutable=True, variables=None):
+    return Scope(variables=variables, rngs={'params': lambda: 0}, mutable=mutable)
+
+
+def test_p1_axes_none():
+    s = _scope()
+    with s:
+        v = nn_partitioning.param_with_axes('foo', _zeros_init, (2, 2), np.float32, axes=None)
+    assert v.shape == (2, 2)
+    assert set(s.variables()) == {'params'}
+
+
+def test_p2_axes_empty_tuple_on_scalar_and_rank_error():
+    s = _scope()
+    with s:
+        nn_partitioning.param_with_axes('s', lambda k: np.float32(1.0), axes=())
+    assert s.variables()['params_axes'] == {'s_axes': nn_partitioning.AxisMetadata(names=())}
+    assert nn_partitioning.get_axis_names(s.variables()['params_axes']) == {'s': P()}
+
+
+def test_p3_param_axes_recorded():
+    s = _scope()
+    with nn_partitioning.axis_rules(AXIS_RULES_P), s:
+        nn_partitioning.param_with_axes('foo', _zeros_init, (2, 2), np.float32, axes=('foo', 'bar'))
+    variables = s.variables()
+    assert set(variables) == {'params', 'params_axes'}
+    assert variables['params_axes']['foo_axes'] == nn_partitioning.AxisMetadata(names=('foo', 'bar'))
+    assert nn_partitioning.get_axis_names(variables['params_axes']) == {'foo': P('foo', 'bar')}
+
+
+def test_p4_pytree_axes():
+    axes = {'a': ('foo', 'bar'), 'b': (('foo', 'bar'), ('bar', 'foo'))}
+    z = np.zeros((2, 2))
+    s = _scope()
+    with nn_partitioning.axis_rules(AXIS_RULES_P), s:
+        nn_partitioning.param_with_axes('foo', lambda k: {'a': z, 'b': (z, z)}, axes=axes)
+    pa = s.variables()['params_axes']
+    assert pa['foo_axes'] == nn_partitioning.AxisMetadata(names=axes)
+    assert nn_partitioning.get_axis_names(pa) == {
+        'foo': {'a': P('foo', 'bar'), 'b': (P('foo', 'bar'), P('bar', 'foo'))}}
+
+
+def test_p5_variable_axes_none():
+    s = _scope()
+    with s:
+        v = nn_partitioning.variable_with_axes('test', 'foo', np.zeros, (2, 2), np.float32, axes=None)
+    assert v.value.shape == (2, 2)
+    assert set(s.variables()) == {'test'}
+
+
+def test_p6_variable_axes_empty():
+    s = _scope()
+    with s:
+        nn_partitioning.variable_with_axes('test', 'foo', lambda: np.float32(0), axes=())
+    assert nn_partitioning.get_axis_names(s.variables()['test_axes']) == {'foo': P()}
+
+
+def test_p7_variable_axes_recorded():
+    s = _scope()
+    with nn_partitioning.axis_rules(AXIS_RULES_P), s:
+        nn_partitioning.variable_with_axes('test', 'foo', np.zeros, (2, 2), np.float32,
+                                           axes=('foo', 'bar'))
+    variables = s.variables()
+    assert set(variables) == {'test', 'test_axes'}
+    assert variables['test_axes']['foo_axes'] == nn_partitioning.AxisMetadata(names=('foo', 'bar'))
+    assert nn_partitioning.get_axis_names(variables['test_axes']) == {'foo': P('foo', 'bar')}
+
+
+def test_p8_no_constraint_fallback(wsc):
+    s = _scope()
+    with nn_partitioning.axis_rules((('bar', 'data'), ('baz', None))), s:
+        v = nn_partitioning.variable_with_axes('test', 'foo', np.zeros, (2, 2), np.float32,
+                                               axes=('foo', 'bar'), fallback=F.NO_CONSTRAINT)
+        _ = v.value
+    wsc.assert_not_called()
+    assert s.variables()['test_axes']['foo_axes'] == nn_partitioning.AxisMetadata(('foo', 'bar'))
+
+
+def test_param_with_axes_applies_constraint(wsc):
+    s = _scope()
+    with nn_partitioning.axis_rules(AXIS_RULES_P), s:
+        nn_partitioning.param_with_axes('w', _zeros_init, (2, 2), axes=('foo', 'bar'))
+    assert wsc.call_count == 1
+    assert wsc.call_args.args[1] == P('model', 'data')
+
+
+def test_rank_mismatch_names_path_shape_and_axes():
+    s = _scope().push('encoder')
+    with pytest.raises(ValueError) as e:
+        nn_partitioning.param_with_axes('kernel', _zeros_init, (2, 3, 4), axes=('embed', 'mlp'),
+                                        module=s)
+    msg = str(e.value)
+    assert 'encoder/kernel' in msg and '(2, 3, 4)' in msg and "('embed', 'mlp')" in msg
+    with pytest.raises(ValueError, match='cache/k'):
+        nn_partitioning.variable_with_axes('cache', 'k', np.zeros, (2,), axes=('a', 'b'),
+                                           module=Scope(mutable=True, path=('cache',)))
+
+
+def test_apply_with_immutable_axes_skips_sow_and_reuses_params():
+    s = _scope()
+    with s:
+        w = nn_partitioning.param_with_axes('w', _zeros_init, (2, 2), axes=('foo', 'bar'))
+    params = {'params': s.variables()['params']}
+    s2 = _scope(mutable=False, variables=params)
+    with s2:
+        w2 = nn_partitioning.param_with_axes('w', _zeros_init, (2, 2), axes=('foo', 'bar'))
+    assert w2 is w
+    assert 'params_axes' not in s2.variables()
+
+
+def test_sow_twice_must_match():
+    s = _scope()
+    nn_partitioning.param_with_axes('w', _zeros_init, (2, 2), axes=('a', 'b'), module=s)
+    s.sow('params_axes', 'w_axes', nn_partitioning.AxisMetadata(('a', 'b')),
+          reduce_fn=nn_partitioning._param_with_axes_sow_reduce_fn)
+    with pytest.raises(ValueError, match='If axis names are sown twice, expected them to match'):
+        s.sow('params_axes', 'w_axes', nn_partitioning.AxisMetadata(('a', 'c')),
+              reduce_fn=nn_partitioning._param_with_axes_sow_reduce_fn)
+    with pytest.raises(TypeError, match='Expected newly sown value to be an AxisMetadata'):
+        s.sow('params_axes', 'w_axes', ('a', 'b'),
+              reduce_fn=nn_partitioning._param_with_axes_sow_reduce_fn)
+
+
+def test_variable_missing_in_immutable_collection():
+    s = Scope(variables={}, mutable=False, path=('blk',))
+    with pytest.raises(ScopeVariableNotFoundError, match='No Variable named "foo" for collection "test"'):
+        nn_partitioning.variable_with_axes('test', 'foo', np.zeros, (2,), axes=('a',), module=s)
+
+
+def test_no_scope_is_a_clear_error():
+    with pytest.raises(ValueError, match='need a module or scope'):
+        nn_partitioning.param_with_axes('w', _zeros_init, (2,), axes=('a',))
+
+
+def test_partitioned_variable_write_applies_constraint(wsc):
+    s = _scope()
+    with nn_partitioning.axis_rules(R1), s:
+        v = nn_partitioning.variable_with_axes('stats', 'm', np.zeros, (2, 2), axes=('foo', 'bar'))
+        wsc.reset_mock()
+        v.value = np.ones((2, 2))
+        wsc.assert_called_once()
+        assert wsc.call_args.args[1] == P('data', 'model')
+    np.testing.assert_array_equal(s.variables()['stats']['m'], np.ones((2, 2)))
+
+
+def test_get_axis_names_quirks():
+    md = nn_partitioning.AxisMetadata
+    got = nn_partitioning.get_axis_names({
+        'enc': {'layer_axes': {'kernel_axes': md(('a', None))}, 'empty': {}},
+        'x_axes_axes': md(None),
+    })
+    assert got == {'enc': {'layer_axes': {'kernel': P('a', None)}}, 'x_axes': None}
+
+
+def test_param_with_axes_under_mesh_creates_sharded_param():
+    mesh = _mesh()
+
+    def init(key, shape):
+        return cts.device_put(np.arange(np.prod(shape), dtype=np.float32).reshape(shape))
+
+    s = _scope()
+    with mesh, nn_partitioning.axis_rules((('embed', 'data'), ('mlp', 'model'))), s:
+        w = nn_partitioning.param_with_axes('wi', init, (4, 8), axes=('embed', 'mlp'))
+    assert w.sharding == NamedSharding(mesh, P('data', 'model'))
+    np.testing.assert_array_equal(np.asarray(w), np.arange(32, dtype=np.float32).reshape(4, 8))

@@ -1,31 +1,55 @@
-"""Build script for ctrainstate's C extension, ctrainstate._C.
+"""Build script for ctrainstate's C extension, ctrainstate._C, and (when a CUDA
+toolkit is found) the CUDA backend library ctrainstate._cuda_backend.
 
 Every C file under csrc/core, csrc/backend/cpu and csrc/python is compiled as
-C11 against the NumPy C API, with OpenMP. Environment switches:
+C11 against the NumPy C API, with OpenMP. The CUDA backend (csrc/backend/cuda)
+is compiled by nvcc for sm_90 plus PTX and linked with cudart and cuBLAS into a
+separate shared library that the core loads with dlopen() only when GPUs are
+probed, so importing ctrainstate never needs CUDA. Environment switches:
 
   CTRAINSTATE_WERROR=1    add -Werror (CI and development builds)
   CTRAINSTATE_SANITIZE=1  build with -fsanitize=address,undefined (see README)
   CTRAINSTATE_DEBUG=1     -O0 -g
+  CTRAINSTATE_NO_CUDA=1   do not build the CUDA backend
+  CUDA_HOME               CUDA toolkit (else nvcc on PATH, else /usr/local/cuda)
+  CTRAINSTATE_CUDA_ARCH   gencode list, default "90" (sm_90 + compute_90 PTX)
 """
 import glob
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def _flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def _sources():
-    parts = ["csrc/core", "csrc/backend/cpu", "csrc/python"]
     files = []
-    for p in parts:
+    for p in ["csrc/core", "csrc/backend/cpu", "csrc/python"]:
         files += sorted(glob.glob(os.path.join(p, "*.c")))
     return files
 
 
-def _flag(name):
-    return os.environ.get(name, "") not in ("", "0")
+def find_cuda():
+    """(nvcc, cuda_home) or (None, None)."""
+    if _flag("CTRAINSTATE_NO_CUDA"):
+        return None, None
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
+    if nvcc is None and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        nvcc = "/usr/local/cuda/bin/nvcc"
+    if nvcc is None or not os.path.exists(nvcc):
+        return None, None
+    home = home or os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return nvcc, home
 
 
 cflags = ["-std=c11", "-Wall", "-Wextra", "-fopenmp", "-D_GNU_SOURCE"]
@@ -41,13 +65,61 @@ if _flag("CTRAINSTATE_SANITIZE"):
     cflags += san
     ldflags += san
 
+
+class BuildExt(build_ext):
+    """build_ext that also builds the CUDA backend library with nvcc."""
+
+    def run(self):
+        super().run()
+        nvcc, home = find_cuda()
+        if nvcc is None:
+            print("ctrainstate: no CUDA toolkit found; building without the CUDA backend")
+            return
+        self.build_cuda(nvcc, home)
+
+    def build_cuda(self, nvcc, home):
+        srcs = sorted(glob.glob(os.path.join(ROOT, "csrc", "backend", "cuda", "*.cu")))
+        if not srcs:
+            return
+        out = self.get_ext_fullpath("ctrainstate._cuda_backend")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = os.path.join(self.build_temp, "cuda")
+        os.makedirs(tmp, exist_ok=True)
+        archs = os.environ.get("CTRAINSTATE_CUDA_ARCH", "90").split(",")
+        gencode = []
+        for a in archs:
+            a = a.strip()
+            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        gencode += ["-gencode", f"arch=compute_{archs[-1].strip()},code=compute_{archs[-1].strip()}"]
+        common = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC,-Wall,-Wextra", "-I", os.path.join(ROOT, "csrc")]
+        if _flag("CTRAINSTATE_WERROR"):
+            common += ["-Werror", "all-warnings", "-Xcompiler", "-Werror"]
+        objs = []
+        for src in srcs:
+            obj = os.path.join(tmp, os.path.basename(src) + ".o")
+            if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
+                    os.path.getmtime(f) for f in [src] + glob.glob(os.path.join(ROOT, "csrc", "**", "*.h*"), recursive=True)):
+                cmd = [nvcc, "-c", src, "-o", obj] + common + gencode
+                print(" ".join(cmd))
+                subprocess.check_call(cmd)
+            objs.append(obj)
+        libdirs = [os.path.join(home, d) for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
+        link = [nvcc, "-shared", "-o", out] + objs + gencode
+        for d in libdirs:
+            if os.path.isdir(d):
+                link += ["-L", d]
+        link += ["-lcublas", "-Xlinker", "-rpath=" + ":".join(d for d in libdirs if os.path.isdir(d))]
+        print(" ".join(link))
+        subprocess.check_call(link)
+
+
 ext = Extension(
     "ctrainstate._C",
     sources=_sources(),
     include_dirs=[np.get_include(), "csrc"],
     extra_compile_args=cflags,
     extra_link_args=ldflags,
-    libraries=["m"],
+    libraries=["m", "dl"],
 )
 
-setup(ext_modules=[ext])
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})

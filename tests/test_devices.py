@@ -123,3 +123,34 @@ print("INUSE", [d.memory_stats()["bytes_in_use"] for d in c.devices()])
     assert r.returncode == 0, r.stderr
     assert "RAISED True" in r.stdout
     assert "INUSE [0, 0, 0, 400]" in r.stdout
+
+
+# --- the loadable CUDA backend -------------------------------------------------------
+
+
+def test_gpu_status_explains_missing_gpus():
+    status = cts.gpu_status()
+    assert isinstance(status, str) and status
+    if not cts._C.device_ids("gpu"):
+        with pytest.raises(RuntimeError) as e:
+            cts.devices("gpu")
+        assert status in str(e.value)
+
+
+def test_gpu_backend_library_missing_is_not_an_import_error():
+    r = run_python("import ctrainstate as c; print(c.device_count('cpu')); print(c.gpu_status())",
+                   {"CTRAINSTATE_CUDA_BACKEND": "/nonexistent/_cuda_backend.so"})
+    assert r.returncode == 0, r.stderr
+    assert "could not be loaded" in r.stdout and "/nonexistent/_cuda_backend.so" in r.stdout
+
+
+def test_gpus_can_be_disabled():
+    r = run_python("import ctrainstate as c; print(c.gpu_status()); print(len(c._C.device_ids('gpu')))",
+                   {"CTRAINSTATE_NO_GPU": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["GPUs disabled by CTRAINSTATE_NO_GPU=1", "0"]
+
+
+def test_bad_gpu_split():
+    r = run_python("import ctrainstate as c; c.devices('cpu')", {"CTRAINSTATE_GPU_SPLIT": "0"})
+    assert r.returncode != 0 and "CTRAINSTATE_GPU_SPLIT" in r.stderr

@@ -12,7 +12,7 @@ cd "$root"
 mkdir -p "$work/python"
 cp -r python/ctrainstate "$work/python/"
 rm -f "$work"/python/ctrainstate/_C*.so
-CTRAINSTATE_SANITIZE=1 CTRAINSTATE_WERROR=1 python setup.py -q build_ext \
+CTRAINSTATE_NO_CUDA=1 CTRAINSTATE_SANITIZE=1 CTRAINSTATE_WERROR=1 python setup.py -q build_ext \
     --build-lib "$work/python" --build-temp "$work/tmp" >"$work/build.log" 2>&1 \
     || { cat "$work/build.log"; exit 1; }
 asan=$(gcc -print-file-name=libasan.so)

@@ -26,16 +26,40 @@ typedef struct ct_backend {
      * itself has no memory; the per-device limit is enforced by ct_device. */
     ct_status (*alloc)(struct ct_device *dev, size_t nbytes, void **out);
     void (*free)(struct ct_device *dev, void *ptr, size_t nbytes);
-    /* Strided n-d block copy between two buffers the backend can address
-     * (host<->host for cpu; d2d/h2d/d2h for cuda). Strides are in bytes. */
-    ct_status (*copy_block)(int ndim, const int64_t *shape, size_t itemsize,
-                            void *dst, const int64_t *dst_strides,
-                            const void *src, const int64_t *src_strides);
+    /* Strided n-d block copy. `dst_dev`/`src_dev` name the device that owns
+     * each side, or NULL for host memory (so one entry covers h2d, d2h, d2d
+     * and host-to-host). Strides are in bytes. The copy is complete when the
+     * call returns. */
+    ct_status (*copy_block)(struct ct_device *dst_dev, struct ct_device *src_dev, int ndim,
+                            const int64_t *shape, size_t itemsize, void *dst,
+                            const int64_t *dst_strides, const void *src,
+                            const int64_t *src_strides);
     /* Wait for all work queued on the device. */
     ct_status (*synchronize)(struct ct_device *dev);
+    /* Set up a logical device (stream, limits) once, when the registry is
+     * created; may be NULL. */
+    ct_status (*init_device)(struct ct_device *dev);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */
 extern const ct_backend ct_cpu_backend;
+
+/* --- loadable backends ----------------------------------------------------
+ * The CUDA backend is a separate shared library (so that importing
+ * ctrainstate never needs CUDA libraries or a driver). The core dlopen()s it
+ * and calls its entry point with the services it may use. */
+
+typedef struct {
+    int abi_version; /* CT_BACKEND_ABI_VERSION */
+    ct_status (*set_error)(ct_status st, const char *fmt, ...);
+} ct_core_services;
+
+#define CT_BACKEND_ABI_VERSION 1
+#define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
+
+/* Entry point of a loadable backend: fills *backend and *num_physical (GPUs
+ * present, possibly 0) or returns an error with the reason set. */
+typedef ct_status (*ct_backend_open_fn)(const ct_core_services *services,
+                                        const ct_backend **backend, int *num_physical);
 
 #endif /* CT_BACKEND_H */

@@ -13,7 +13,8 @@ void ct_dense_strides(int ndim, const int64_t *shape, size_t itemsize, int64_t *
     }
 }
 
-ct_status ct_copy_overlap(const ct_backend *be, int ndim, size_t itemsize, void *dst,
+ct_status ct_copy_overlap(struct ct_device *dst_dev, struct ct_device *src_dev, int ndim,
+                          size_t itemsize, void *dst,
                           const int64_t *dst_start, const int64_t *dst_shape, const void *src,
                           const int64_t *src_start, const int64_t *src_shape, int64_t *copied) {
     int64_t lo[CT_MAX_NDIM], ext[CT_MAX_NDIM];
@@ -36,29 +37,33 @@ ct_status ct_copy_overlap(const ct_backend *be, int ndim, size_t itemsize, void 
         doff += (lo[d] - dst_start[d]) * ds[d];
         soff += (lo[d] - src_start[d]) * ss[d];
     }
-    CT_TRY(be->copy_block(ndim, ext, itemsize, (char *)dst + doff, ds, (const char *)src + soff, ss));
+    /* A GPU side decides: its backend knows how to reach host (CPU device) memory. */
+    const ct_backend *be =
+        dst_dev->platform != CT_PLATFORM_CPU ? dst_dev->backend : src_dev->backend;
+    CT_TRY(be->copy_block(dst_dev, src_dev, ndim, ext, itemsize, (char *)dst + doff,
+                                        ds, (const char *)src + soff, ss));
     *copied = n;
     return CT_OK;
 }
 
-ct_status ct_copy_from_global(const ct_backend *be, int ndim, size_t itemsize, void *block,
+ct_status ct_copy_from_global(struct ct_device *dev, int ndim, size_t itemsize, void *block,
                               const int64_t *start, const int64_t *block_shape, const void *global,
                               const int64_t *global_strides) {
     int64_t bs[CT_MAX_NDIM];
     int64_t off = 0;
     ct_dense_strides(ndim, block_shape, itemsize, bs);
     for (int d = 0; d < ndim; d++) off += start[d] * global_strides[d];
-    return be->copy_block(ndim, block_shape, itemsize, block, bs, (const char *)global + off,
-                          global_strides);
+    return dev->backend->copy_block(dev, NULL, ndim, block_shape, itemsize, block, bs,
+                                    (const char *)global + off, global_strides);
 }
 
-ct_status ct_copy_to_global(const ct_backend *be, int ndim, size_t itemsize, void *global,
+ct_status ct_copy_to_global(struct ct_device *dev, int ndim, size_t itemsize, void *global,
                             const int64_t *global_strides, const void *block, const int64_t *start,
                             const int64_t *block_shape) {
     int64_t bs[CT_MAX_NDIM];
     int64_t off = 0;
     ct_dense_strides(ndim, block_shape, itemsize, bs);
     for (int d = 0; d < ndim; d++) off += start[d] * global_strides[d];
-    return be->copy_block(ndim, block_shape, itemsize, (char *)global + off, global_strides, block,
-                          bs);
+    return dev->backend->copy_block(NULL, dev, ndim, block_shape, itemsize, (char *)global + off,
+                                    global_strides, block, bs);
 }

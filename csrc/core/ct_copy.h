@@ -13,20 +13,26 @@
 #include <stdint.h>
 
 #include "ct_backend.h"
+#include "ct_device.h"
+
+/* The copies run on the backend of the device(s) involved; a host array is
+ * plain host memory. Copies between devices of different backends are
+ * staged through the host by the caller. */
 
 /* Copy the elements that block `src` (start, shape) and block `dst` share.
  * Sets *copied to the number of elements copied (0 when they do not meet). */
-ct_status ct_copy_overlap(const ct_backend *be, int ndim, size_t itemsize, void *dst,
+ct_status ct_copy_overlap(struct ct_device *dst_dev, struct ct_device *src_dev, int ndim,
+                          size_t itemsize, void *dst,
                           const int64_t *dst_start, const int64_t *dst_shape, const void *src,
                           const int64_t *src_start, const int64_t *src_shape, int64_t *copied);
 
 /* Host array (any byte strides, pointing at global element 0) -> dense block. */
-ct_status ct_copy_from_global(const ct_backend *be, int ndim, size_t itemsize, void *block,
+ct_status ct_copy_from_global(struct ct_device *dev, int ndim, size_t itemsize, void *block,
                               const int64_t *start, const int64_t *block_shape, const void *global,
                               const int64_t *global_strides);
 
 /* Dense block -> host array (any byte strides, pointing at global element 0). */
-ct_status ct_copy_to_global(const ct_backend *be, int ndim, size_t itemsize, void *global,
+ct_status ct_copy_to_global(struct ct_device *dev, int ndim, size_t itemsize, void *global,
                             const int64_t *global_strides, const void *block, const int64_t *start,
                             const int64_t *block_shape);
 

@@ -3,6 +3,7 @@
  */
 #include "ct_device.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -17,6 +18,7 @@ static int g_platform_count[CT_NUM_PLATFORMS];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static ct_status g_init_status = CT_OK;
 static char g_init_error[CT_ERRMSG_MAX];
+static char g_gpu_status[CT_ERRMSG_MAX] = "GPU backend not probed yet";
 
 /* Parse a positive integer environment variable; returns 0 when unset. */
 static ct_status env_u64(const char *name, uint64_t min, uint64_t max, uint64_t *out) {
@@ -34,20 +36,83 @@ static ct_status env_u64(const char *name, uint64_t min, uint64_t max, uint64_t 
     return CT_OK;
 }
 
+/* --- the loadable CUDA backend ------------------------------------------- */
+
+static const ct_core_services g_services = {
+    .abi_version = CT_BACKEND_ABI_VERSION,
+    .set_error = ct_set_error,
+};
+
+/* Load the CUDA backend if one is configured; on any failure record why and
+ * report zero GPUs (never an error: a CPU-only machine is normal). */
+static void probe_gpu(const ct_backend **backend, int *num_physical) {
+    *backend = NULL;
+    *num_physical = 0;
+    const char *path = getenv("CTRAINSTATE_CUDA_BACKEND");
+    const char *off = getenv("CTRAINSTATE_NO_GPU");
+    if (off != NULL && *off != '\0' && strcmp(off, "0") != 0) {
+        snprintf(g_gpu_status, sizeof g_gpu_status, "GPUs disabled by CTRAINSTATE_NO_GPU=%s", off);
+        return;
+    }
+    if (path == NULL || *path == '\0') {
+        snprintf(g_gpu_status, sizeof g_gpu_status,
+                 "ctrainstate was built without the CUDA backend (no nvcc at build time, or "
+                 "CTRAINSTATE_NO_CUDA=1)");
+        return;
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *e = dlerror();
+        snprintf(g_gpu_status, sizeof g_gpu_status,
+                 "the CUDA backend could not be loaded (CUDA runtime libraries missing?): %s",
+                 e ? e : path);
+        return;
+    }
+    ct_backend_open_fn open_fn;
+    *(void **)(&open_fn) = dlsym(h, CT_CUDA_ENTRY_POINT);
+    if (open_fn == NULL) {
+        snprintf(g_gpu_status, sizeof g_gpu_status, "%s has no entry point %s", path,
+                 CT_CUDA_ENTRY_POINT);
+        dlclose(h);
+        return;
+    }
+    const ct_backend *be = NULL;
+    int n = 0;
+    if (open_fn(&g_services, &be, &n) != CT_OK) {
+        snprintf(g_gpu_status, sizeof g_gpu_status, "%s", ct_last_error());
+        ct_clear_error();
+        return; /* keep the library loaded: harmless, and dlclose of CUDA libs is fragile */
+    }
+    if (n == 0) {
+        snprintf(g_gpu_status, sizeof g_gpu_status, "the CUDA backend found no GPU");
+        return;
+    }
+    snprintf(g_gpu_status, sizeof g_gpu_status, "CUDA backend loaded: %d GPU(s)", n);
+    *backend = be;
+    *num_physical = n;
+}
+
 static void init_once(void) {
-    uint64_t ncpu = 0, limit = 0;
+    uint64_t ncpu = 0, limit = 0, split = 0;
     ct_status st = env_u64("CTRAINSTATE_NUM_CPU_DEVICES", 1, CT_MAX_DEVICES, &ncpu);
     if (st == CT_OK) st = env_u64("CTRAINSTATE_CPU_DEVICE_MEMORY", 1, UINT64_MAX, &limit);
+    if (st == CT_OK) st = env_u64("CTRAINSTATE_GPU_SPLIT", 1, 64, &split);
     if (st != CT_OK) {
         g_init_status = st;
         snprintf(g_init_error, sizeof g_init_error, "%s", ct_last_error());
         return;
     }
     if (ncpu == 0) ncpu = 1;
-    g_devices = calloc((size_t)ncpu, sizeof *g_devices);
+    if (split == 0) split = 1;
+    const ct_backend *gpu = NULL;
+    int nphys = 0;
+    probe_gpu(&gpu, &nphys);
+    int ngpu = nphys * (int)split;
+    if ((int)ncpu + ngpu > CT_MAX_DEVICES) ngpu = CT_MAX_DEVICES - (int)ncpu;
+    g_devices = calloc((size_t)ncpu + (size_t)ngpu, sizeof *g_devices);
     if (g_devices == NULL) {
         g_init_status = CT_EOOM;
-        snprintf(g_init_error, sizeof g_init_error, "out of host memory creating %d devices", (int)ncpu);
+        snprintf(g_init_error, sizeof g_init_error, "out of host memory creating devices");
         return;
     }
     for (int i = 0; i < (int)ncpu; i++) {
@@ -55,19 +120,42 @@ static void init_once(void) {
         d->id = i;
         d->platform = CT_PLATFORM_CPU;
         d->backend = &ct_cpu_backend;
+        d->ordinal = 0;
+        d->split_index = i;
         d->bytes_limit = (size_t)limit;
     }
-    g_num_devices = (int)ncpu;
+    int made = 0;
+    for (int i = 0; i < ngpu; i++) {
+        ct_device *d = &g_devices[ncpu + (size_t)made];
+        d->id = (int)ncpu + made;
+        d->platform = CT_PLATFORM_GPU;
+        d->backend = gpu;
+        d->ordinal = i / (int)split;
+        d->split_index = i % (int)split;
+        if (gpu->init_device != NULL && gpu->init_device(d) != CT_OK) {
+            snprintf(g_gpu_status, sizeof g_gpu_status, "GPU %d could not be set up: %s",
+                     d->ordinal, ct_last_error());
+            ct_clear_error();
+            break;
+        }
+        made++;
+    }
+    g_num_devices = (int)ncpu + made;
     g_platform_first[CT_PLATFORM_CPU] = 0;
     g_platform_count[CT_PLATFORM_CPU] = (int)ncpu;
     g_platform_first[CT_PLATFORM_GPU] = (int)ncpu;
-    g_platform_count[CT_PLATFORM_GPU] = 0;
+    g_platform_count[CT_PLATFORM_GPU] = made;
 }
 
 ct_status ct_devices_init(void) {
     pthread_once(&g_once, init_once);
     if (g_init_status != CT_OK) return ct_set_error(g_init_status, "%s", g_init_error);
     return CT_OK;
+}
+
+const char *ct_gpu_status(void) {
+    ct_devices_init();
+    return g_gpu_status;
 }
 
 int ct_device_count(ct_platform platform) {

@@ -5,6 +5,14 @@
  *   CTRAINSTATE_NUM_CPU_DEVICES  number of CPU virtual devices (default 1),
  *                                like XLA's --xla_force_host_platform_device_count
  *   CTRAINSTATE_CPU_DEVICE_MEMORY  optional per-device byte limit
+ *   CTRAINSTATE_CUDA_BACKEND     path of the CUDA backend library (set by the
+ *                                Python package when it was built); loaded with
+ *                                dlopen only here, so a machine without CUDA
+ *                                libraries or a driver simply has no GPU devices
+ *   CTRAINSTATE_NO_GPU=1         do not load it
+ *   CTRAINSTATE_GPU_SPLIT=k      k logical devices per GPU (own stream and
+ *                                accounting), to test model parallelism on one GPU
+ * Global ids: CPU devices first, then GPU devices.
  * Every allocation goes through ct_device_alloc so that bytes_in_use and the
  * peak are exact; an allocation past the limit fails with CT_EOOM and a
  * message naming the device, the bytes asked and the bytes in use.
@@ -12,7 +20,6 @@
 #ifndef CT_DEVICE_H
 #define CT_DEVICE_H
 
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,15 +28,28 @@
 
 #define CT_MAX_DEVICES 4096
 
+/* The counters are atomics; the CUDA backend (C++) sees the same layout. */
+#ifdef __cplusplus
+#include <atomic>
+typedef std::atomic<size_t> ct_atomic_size;
+using std::atomic_load;
+#else
+#include <stdatomic.h>
+typedef _Atomic size_t ct_atomic_size;
+#endif
+
 typedef struct ct_device {
     int id;                      /* global id, unique across platforms of this process */
     ct_platform platform;
     const ct_backend *backend;
+    int ordinal;                 /* physical device index within the backend (GPU number) */
+    int split_index;             /* index among the logical devices of that physical device */
+    void *stream;                /* backend-private handle (a cudaStream_t for CUDA) */
     size_t bytes_limit;          /* 0 = no limit */
-    _Atomic size_t bytes_in_use;
-    _Atomic size_t peak_bytes_in_use;
-    _Atomic size_t num_allocs;   /* live allocations */
-    _Atomic size_t largest_alloc_size;
+    ct_atomic_size bytes_in_use;
+    ct_atomic_size peak_bytes_in_use;
+    ct_atomic_size num_allocs;   /* live allocations */
+    ct_atomic_size largest_alloc_size;
 } ct_device;
 
 /* Create the registry if needed (thread-safe, idempotent). */
@@ -49,6 +69,9 @@ void ct_device_name(const ct_device *dev, char *buf, size_t n);
 
 ct_status ct_device_alloc(ct_device *dev, size_t nbytes, void **out);
 void ct_device_free(ct_device *dev, void *ptr, size_t nbytes);
+
+/* Why there are no GPU devices (or what was loaded): a human-readable line. */
+const char *ct_gpu_status(void);
 
 /* Reset peak_bytes_in_use to the current bytes_in_use on every device. */
 void ct_devices_reset_peaks(void);

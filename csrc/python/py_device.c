@@ -78,7 +78,15 @@ static PyObject *py_synchronize(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_gpu_status(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyUnicode_FromString(ct_gpu_status());
+}
+
 static PyMethodDef device_methods[] = {
+    {"gpu_status", py_gpu_status, METH_NOARGS,
+     "gpu_status($module, /)\n--\n\nOne line saying whether GPUs were found, or why not."},
     {"device_ids", py_device_ids, METH_O,
      "device_ids($module, platform, /)\n--\n\nGlobal ids of the devices of a platform ('cpu' or "
      "'gpu'), creating the registry on first use."},

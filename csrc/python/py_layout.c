@@ -253,15 +253,14 @@ static PyObject *py_copy_host(PyObject *args, int to_host) {
     if (a == NULL) return NULL;
     int64_t strides[CT_MAX_NDIM];
     for (int d = 0; d < buf->ndim; d++) strides[d] = (int64_t)PyArray_STRIDE(a, d);
-    const ct_backend *be = buf->dev->backend;
     size_t isz = ct_dtype_size(buf->dtype);
     ct_status st;
     Py_BEGIN_ALLOW_THREADS
     if (to_host)
-        st = ct_copy_to_global(be, buf->ndim, isz, PyArray_DATA(a), strides, buf->data, start,
+        st = ct_copy_to_global(buf->dev, buf->ndim, isz, PyArray_DATA(a), strides, buf->data, start,
                                buf->shape);
     else
-        st = ct_copy_from_global(be, buf->ndim, isz, buf->data, start, buf->shape, PyArray_DATA(a),
+        st = ct_copy_from_global(buf->dev, buf->ndim, isz, buf->data, start, buf->shape, PyArray_DATA(a),
                                  strides);
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);
@@ -296,14 +295,10 @@ static PyObject *py_copy_overlap(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "copy_overlap: rank or dtype mismatch between shards");
         return NULL;
     }
-    if (dst->dev->backend != src->dev->backend) {
-        PyErr_SetString(PyExc_NotImplementedError, "copies between backends are not supported yet");
-        return NULL;
-    }
     int64_t copied = 0;
     ct_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ct_copy_overlap(dst->dev->backend, dst->ndim, ct_dtype_size(dst->dtype), dst->data, ds,
+    st = ct_copy_overlap(dst->dev, src->dev, dst->ndim, ct_dtype_size(dst->dtype), dst->data, ds,
                          dst->shape, src->data, ss, src->shape, &copied);
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);

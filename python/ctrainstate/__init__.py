@@ -12,6 +12,7 @@ from ._devices import (
     default_backend,
     device_count,
     devices,
+    gpu_status,
     local_device_count,
     local_devices,
     process_count,
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Array", "Device", "DonatedBufferError", "Mesh", "NamedSharding", "P", "PartitionSpec",
     "ResourceExhaustedError", "Shard", "SingleDeviceSharding", "block_until_ready",
-    "default_backend", "device_count", "device_put", "devices", "get_mesh", "local_device_count",
+    "default_backend", "device_count", "device_put", "devices", "get_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
     "reset_peak_memory_stats", "sharding", "tree_util", "visualize_array_sharding",
 ]

@@ -7,9 +7,17 @@ in bytes comes from ``CTRAINSTATE_CPU_DEVICE_MEMORY``.
 """
 from __future__ import annotations
 
+import glob
+import os
 import threading
 
 from . import _C
+
+# The CUDA backend is a separate library that the core loads with dlopen() the
+# first time devices are used; tell it where the library is (if it was built).
+_cuda_libs = glob.glob(os.path.join(os.path.dirname(__file__), "_cuda_backend*.so"))
+if _cuda_libs and not os.environ.get("CTRAINSTATE_CUDA_BACKEND"):
+    os.environ["CTRAINSTATE_CUDA_BACKEND"] = _cuda_libs[0]
 
 _lock = threading.Lock()
 _by_id: dict[int, "Device"] = {}
@@ -102,8 +110,7 @@ def devices(backend: str | None = None) -> list[Device]:
     b = _normalize_backend(backend) or default_backend()
     ids = _ids(b)
     if not ids:
-        raise RuntimeError(
-            f"no {b} devices: ctrainstate was built without that backend or none is present")
+        raise RuntimeError(f"no {b} devices: {_C.gpu_status()}")
     return [_by_id[i] for i in ids]
 
 
@@ -129,6 +136,16 @@ def process_index() -> int:
 
 def process_count() -> int:
     return 1
+
+
+def gpu_status() -> str:
+    """One line saying whether the CUDA backend found GPUs, or why not.
+
+    >>> import ctrainstate
+    >>> isinstance(ctrainstate.gpu_status(), str)
+    True
+    """
+    return _C.gpu_status()
 
 
 def reset_peak_memory_stats() -> None:

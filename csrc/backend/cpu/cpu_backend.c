@@ -40,9 +40,12 @@ static void cpu_free(struct ct_device *dev, void *ptr, size_t nbytes) {
 
 /* Copy rows of the innermost dimension; the outer dimensions are flattened
  * into one row index so the parallel loop has enough iterations. */
-static ct_status cpu_copy_block(int ndim, const int64_t *shape, size_t itemsize, void *dst,
+static ct_status cpu_copy_block(struct ct_device *dst_dev, struct ct_device *src_dev, int ndim,
+                                const int64_t *shape, size_t itemsize, void *dst,
                                 const int64_t *dst_strides, const void *src,
                                 const int64_t *src_strides) {
+    (void)dst_dev; /* all CPU devices share the host address space */
+    (void)src_dev;
     int64_t total = 1;
     for (int d = 0; d < ndim; d++) total *= shape[d];
     if (total == 0) return CT_OK;

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One call on a GPU host: build with the CUDA backend, run the GPU tests (one
+# GPU, and split into 4 and 8 logical devices), run the GPU benchmarks, and
+# print a short table last. Full logs go to the directory given as $1
+# (default: $OUT, else ./gpu_check_logs).
+#
+#   bash benchmarks/gpu_check.sh "$OUT"
+#
+# The GPU host has no package index: it builds against the image's python with
+# --no-build-isolation (numpy, setuptools, pytest, ml_dtypes are installed there).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+logs=${1:-${OUT:-$root/gpu_check_logs}}
+mkdir -p "$logs"
+cd "$root"
+declare -a rows
+
+step() {  # step NAME LOGFILE CMD...
+    local name=$1 log=$2; shift 2
+    local t0=$(date +%s)
+    if "$@" >"$logs/$log" 2>&1; then st=ok; else st=FAIL; fi
+    local dt=$(( $(date +%s) - t0 ))
+    local tail_line=$(grep -E "passed|failed|error" "$logs/$log" | tail -1)
+    rows+=("$(printf '%-28s %-5s %4ss  %s' "$name" "$st" "$dt" "${tail_line:0:60}")")
+}
+
+nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
+step build build.log python -m pip install --no-build-isolation --no-deps -e .
+python -c "import ctrainstate as c; print(c.gpu_status()); print(c.devices('gpu'))" >"$logs/devices.txt" 2>&1
+step "tests gpu (1 device/GPU)" tests_gpu.log python -m pytest -q -m gpu tests
+CTRAINSTATE_GPU_SPLIT=4 step "tests gpu (split 4)" tests_gpu_split4.log python -m pytest -q -m gpu tests
+CTRAINSTATE_GPU_SPLIT=8 step "tests gpu (split 8)" tests_gpu_split8.log python -m pytest -q -m gpu tests
+step "tests cpu (full suite)" tests_cpu.log python -m pytest -x -q tests
+for b in benchmarks/bench_*.py; do
+    [ -f "$b" ] || continue
+    if grep -q -- "--gpu" "$b"; then
+        step "$(basename "$b" .py) --gpu" "$(basename "$b" .py)_gpu.log" python "$b" --gpu
+    fi
+done
+
+echo
+cat "$logs/devices.txt"
+for b in "$logs"/bench_*_gpu.log; do
+    [ -f "$b" ] && { echo "--- $(basename "$b")"; tail -n 15 "$b"; }
+done
+echo
+printf '%-28s %-5s %5s  %s\n' step status time summary
+printf '%s\n' "${rows[@]}"

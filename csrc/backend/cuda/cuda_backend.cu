@@ -1,0 +1,295 @@
+/*
+ * cuda_backend.cu — the CUDA backend: device memory, streams and copies.
+ *
+ * Built by setup.py into a separate shared library (ctrainstate/_cuda_backend.so)
+ * that the core dlopen()s at device-registry creation; importing ctrainstate
+ * therefore never needs CUDA libraries or a driver. Each logical device (a GPU,
+ * or a slice of one with CTRAINSTATE_GPU_SPLIT) has its own stream and memory
+ * accounting; memory comes from cudaMallocAsync's pool on that stream, so
+ * freeing is cheap and ordered with the work queued there.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+
+const ct_core_services *ct_cuda_core = NULL;
+
+// --- memory -------------------------------------------------------------------
+
+static ct_status cuda_alloc(ct_device *dev, size_t nbytes, void **out) {
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    void *p = NULL;
+    cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 256, ct_cuda_stream(dev));
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* clear the sticky-free error state */
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        return ct_cuda_core->set_error(
+            CT_EOOM,
+            "RESOURCE_EXHAUSTED: out of memory on CudaDevice(id=%d) while trying to allocate %zu "
+            "bytes: %zu bytes in use on this device, %zu bytes free on GPU %d",
+            dev->id, nbytes, (size_t)atomic_load(&dev->bytes_in_use) - nbytes, free_b,
+            dev->ordinal);
+    }
+    CT_CUDA_TRY(e);
+    *out = p;
+    return CT_OK;
+}
+
+static void cuda_free(ct_device *dev, void *ptr, size_t nbytes) {
+    (void)nbytes;
+    if (ptr == NULL) return;
+    cudaSetDevice(dev->ordinal);
+    cudaFreeAsync(ptr, ct_cuda_stream(dev));
+}
+
+static ct_status cuda_synchronize(ct_device *dev) {
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(dev)));
+    return CT_OK;
+}
+
+static ct_status cuda_init_device(ct_device *dev) {
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    cudaStream_t s;
+    CT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    dev->stream = (void *)s;
+    size_t free_b = 0, total_b = 0;
+    CT_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    /* Logical devices of one GPU share it evenly. */
+    int split = 1;
+    const char *e = getenv("CTRAINSTATE_GPU_SPLIT");
+    if (e != NULL && atoi(e) > 0) split = atoi(e);
+    dev->bytes_limit = total_b / (size_t)split;
+    /* Keep freed pool memory cached instead of returning it at every sync. */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, dev->ordinal) == cudaSuccess) {
+        uint64_t threshold = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    }
+    return CT_OK;
+}
+
+// --- copies ---------------------------------------------------------------------
+
+#define CT_CUDA_MAX_NDIM 16
+
+struct ct_strided_args {
+    int ndim;
+    long long shape[CT_CUDA_MAX_NDIM];
+    long long dst_strides[CT_CUDA_MAX_NDIM];
+    long long src_strides[CT_CUDA_MAX_NDIM];
+};
+
+/* One thread per element; offsets from the row-major element index. */
+template <typename T>
+__global__ void strided_copy_kernel(char *dst, const char *src, long long n, ct_strided_args a) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long rem = i, doff = 0, soff = 0;
+        for (int d = a.ndim - 1; d >= 0; d--) {
+            long long c = rem % a.shape[d];
+            rem /= a.shape[d];
+            doff += c * a.dst_strides[d];
+            soff += c * a.src_strides[d];
+        }
+        *(T *)(dst + doff) = *(const T *)(src + soff);
+    }
+}
+
+static int is_dense(int ndim, const int64_t *shape, size_t itemsize, const int64_t *strides) {
+    int64_t s = (int64_t)itemsize;
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] != 1 && strides[d] != s) return 0;
+        s *= shape[d];
+    }
+    return 1;
+}
+
+static void host_strided_copy(int ndim, const int64_t *shape, size_t itemsize, char *dst,
+                              const int64_t *ds, const char *src, const int64_t *ss) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = i, doff = 0, soff = 0;
+        for (int d = ndim - 1; d >= 0; d--) {
+            int64_t c = rem % shape[d];
+            rem /= shape[d];
+            doff += c * ds[d];
+            soff += c * ss[d];
+        }
+        memcpy(dst + doff, src + soff, itemsize);
+    }
+}
+
+static ct_status launch_strided(ct_device *dev, int ndim, const int64_t *shape, size_t itemsize,
+                                void *dst, const int64_t *ds, const void *src, const int64_t *ss,
+                                long long n) {
+    ct_strided_args a;
+    a.ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        a.shape[d] = shape[d];
+        a.dst_strides[d] = ds[d];
+        a.src_strides[d] = ss[d];
+    }
+    int threads = 256;
+    long long blocks = (n + threads - 1) / threads;
+    if (blocks > 65535LL * 16) blocks = 65535LL * 16;
+    cudaStream_t s = ct_cuda_stream(dev);
+    switch (itemsize) {
+    case 1: strided_copy_kernel<uint8_t><<<(unsigned)blocks, threads, 0, s>>>((char *)dst, (const char *)src, n, a); break;
+    case 2: strided_copy_kernel<uint16_t><<<(unsigned)blocks, threads, 0, s>>>((char *)dst, (const char *)src, n, a); break;
+    case 4: strided_copy_kernel<uint32_t><<<(unsigned)blocks, threads, 0, s>>>((char *)dst, (const char *)src, n, a); break;
+    case 8: strided_copy_kernel<uint64_t><<<(unsigned)blocks, threads, 0, s>>>((char *)dst, (const char *)src, n, a); break;
+    default:
+        return ct_cuda_core->set_error(CT_EINVAL, "unsupported item size %zu", itemsize);
+    }
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}
+
+/* A side is "host" when it is NULL or a device of another backend (CPU devices
+ * live in host memory). */
+static ct_device *as_gpu(ct_device *d);
+
+static const ct_backend *self_backend(void);
+
+static ct_device *as_gpu(ct_device *d) {
+    return (d != NULL && d->backend == self_backend()) ? d : NULL;
+}
+
+static ct_status cuda_copy_block(ct_device *dst_dev, ct_device *src_dev, int ndim,
+                                 const int64_t *shape, size_t itemsize, void *dst,
+                                 const int64_t *dst_strides, const void *src,
+                                 const int64_t *src_strides) {
+    if (ndim > CT_CUDA_MAX_NDIM)
+        return ct_cuda_core->set_error(CT_EINVAL, "copies of rank > %d", CT_CUDA_MAX_NDIM);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    if (n == 0) return CT_OK;
+    size_t bytes = (size_t)n * itemsize;
+    ct_device *gd = as_gpu(dst_dev), *gs = as_gpu(src_dev);
+    int dd = is_dense(ndim, shape, itemsize, dst_strides);
+    int sd = is_dense(ndim, shape, itemsize, src_strides);
+
+    if (gd == NULL && gs == NULL) {  // host -> host
+        host_strided_copy(ndim, shape, itemsize, (char *)dst, dst_strides, (const char *)src,
+                          src_strides);
+        return CT_OK;
+    }
+    if (gd != NULL && gs != NULL) {  // device -> device (same or peer GPU)
+        CT_CUDA_TRY(cudaSetDevice(gd->ordinal));
+        if (gs->stream != gd->stream) {
+            /* Order after the source's pending work. */
+            cudaEvent_t ev;
+            CT_CUDA_TRY(cudaSetDevice(gs->ordinal));
+            CT_CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+            CT_CUDA_TRY(cudaEventRecord(ev, ct_cuda_stream(gs)));
+            CT_CUDA_TRY(cudaSetDevice(gd->ordinal));
+            CT_CUDA_TRY(cudaStreamWaitEvent(ct_cuda_stream(gd), ev, 0));
+            CT_CUDA_TRY(cudaEventDestroy(ev));
+        }
+        if (dd && sd) {
+            if (gd->ordinal == gs->ordinal)
+                CT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                            ct_cuda_stream(gd)));
+            else
+                CT_CUDA_TRY(cudaMemcpyPeerAsync(dst, gd->ordinal, src, gs->ordinal, bytes,
+                                                ct_cuda_stream(gd)));
+        } else {
+            /* Strided: the kernel reads the peer directly (UVA + peer access). */
+            if (gd->ordinal != gs->ordinal) {
+                cudaError_t pe = cudaDeviceEnablePeerAccess(gs->ordinal, 0);
+                if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) CT_CUDA_TRY(pe);
+                cudaGetLastError();
+            }
+            CT_TRY(launch_strided(gd, ndim, shape, itemsize, dst, dst_strides, src, src_strides, n));
+        }
+        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(gd)));
+        return CT_OK;
+    }
+    ct_device *g = gd ? gd : gs;
+    CT_CUDA_TRY(cudaSetDevice(g->ordinal));
+    cudaStream_t s = ct_cuda_stream(g);
+    if (dd && sd) {
+        CT_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, gd ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s));
+        CT_CUDA_TRY(cudaStreamSynchronize(s));
+        return CT_OK;
+    }
+    /* Host side strided: stage through a dense host buffer. */
+    char *stage = (char *)malloc(bytes);
+    if (stage == NULL) return ct_cuda_core->set_error(CT_EOOM, "host out of memory staging %zu bytes", bytes);
+    int64_t dense[CT_CUDA_MAX_NDIM];
+    int64_t st = (int64_t)itemsize;
+    for (int d = ndim - 1; d >= 0; d--) {
+        dense[d] = st;
+        st *= shape[d];
+    }
+    ct_status rc = CT_OK;
+    if (gd) {  // host (strided) -> stage -> device
+        host_strided_copy(ndim, shape, itemsize, stage, dense, (const char *)src, src_strides);
+        if (dd) {
+            cudaError_t e = cudaMemcpyAsync(dst, stage, bytes, cudaMemcpyHostToDevice, s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+            if (e != cudaSuccess) rc = ct_cuda_core->set_error(CT_EDEVICE, "CUDA h2d copy: %s", cudaGetErrorString(e));
+        } else {
+            void *tmp = NULL;
+            cudaError_t e = cudaMallocAsync(&tmp, bytes, s);
+            if (e == cudaSuccess) e = cudaMemcpyAsync(tmp, stage, bytes, cudaMemcpyHostToDevice, s);
+            if (e == cudaSuccess) rc = launch_strided(gd, ndim, shape, itemsize, dst, dst_strides, tmp, dense, n);
+            if (tmp) cudaFreeAsync(tmp, s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+            if (e != cudaSuccess) rc = ct_cuda_core->set_error(CT_EDEVICE, "CUDA h2d copy: %s", cudaGetErrorString(e));
+        }
+    } else {  // device -> stage -> host (strided)
+        cudaError_t e = cudaSuccess;
+        if (sd) {
+            e = cudaMemcpyAsync(stage, src, bytes, cudaMemcpyDeviceToHost, s);
+        } else {
+            void *tmp = NULL;
+            e = cudaMallocAsync(&tmp, bytes, s);
+            if (e == cudaSuccess) rc = launch_strided(gs, ndim, shape, itemsize, tmp, dense, src, src_strides, n);
+            if (e == cudaSuccess && rc == CT_OK) e = cudaMemcpyAsync(stage, tmp, bytes, cudaMemcpyDeviceToHost, s);
+            if (tmp) cudaFreeAsync(tmp, s);
+        }
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess) rc = ct_cuda_core->set_error(CT_EDEVICE, "CUDA d2h copy: %s", cudaGetErrorString(e));
+        if (rc == CT_OK) host_strided_copy(ndim, shape, itemsize, (char *)dst, dst_strides, stage, dense);
+    }
+    free(stage);
+    return rc;
+}
+
+// --- the table and the entry point ------------------------------------------------
+
+static const ct_backend g_cuda_backend = {
+    /* name */ "cuda",
+    /* platform */ CT_PLATFORM_GPU,
+    /* alloc */ cuda_alloc,
+    /* free */ cuda_free,
+    /* copy_block */ cuda_copy_block,
+    /* synchronize */ cuda_synchronize,
+    /* init_device */ cuda_init_device,
+};
+
+static const ct_backend *self_backend(void) { return &g_cuda_backend; }
+
+extern "C" __attribute__((visibility("default"))) ct_status
+ct_cuda_backend_open(const ct_core_services *services, const ct_backend **backend,
+                     int *num_physical) {
+    *backend = NULL;
+    *num_physical = 0;
+    if (services == NULL || services->abi_version != CT_BACKEND_ABI_VERSION) return CT_EINVAL;
+    ct_cuda_core = services;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return services->set_error(CT_EDEVICE, "no usable GPU: cudaGetDeviceCount: %s",
+                                   cudaGetErrorString(e));
+    }
+    *backend = &g_cuda_backend;
+    *num_physical = n;
+    return CT_OK;
+}

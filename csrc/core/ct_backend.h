@@ -39,6 +39,19 @@ typedef struct ct_backend {
     /* Set up a logical device (stream, limits) once, when the registry is
      * created; may be NULL. */
     ct_status (*init_device)(struct ct_device *dev);
+
+    /* Array-op kernels (see ct_ops.h for the semantics); NULL = unsupported. */
+    ct_status (*unary)(struct ct_device *dev, int op, float alpha, float beta, int64_t n,
+                       const float *x, float *y);
+    ct_status (*binary)(struct ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
+                        const float *a, const int64_t *a_strides, const float *b,
+                        const int64_t *b_strides);
+    ct_status (*reduce_sum)(struct ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
+                            const float *x, float *out);
+    ct_status (*gemm)(struct ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
+                      int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                      int64_t ldb, float beta, float *c, int64_t ldc);
+    ct_status (*allreduce_sum)(struct ct_device **devs, float **bufs, int nbufs, int64_t count);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */

@@ -56,6 +56,7 @@ int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);
 int ct_py_init_layout(PyObject *m);
+int ct_py_init_ops(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
 
 #endif /* CT_PY_H */

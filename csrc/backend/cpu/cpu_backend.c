@@ -11,6 +11,7 @@
 
 #include "../../core/ct_backend.h"
 #include "../../core/ct_device.h"
+#include "cpu_ops.h"
 
 #define CT_CPU_ALIGN 64
 
@@ -94,4 +95,10 @@ const ct_backend ct_cpu_backend = {
     .free = cpu_free,
     .copy_block = cpu_copy_block,
     .synchronize = cpu_synchronize,
+    .init_device = NULL,
+    .unary = ct_cpu_unary,
+    .binary = ct_cpu_binary,
+    .reduce_sum = ct_cpu_reduce_sum,
+    .gemm = ct_cpu_gemm,
+    .allreduce_sum = ct_cpu_allreduce_sum,
 };

@@ -271,6 +271,11 @@ static const ct_backend g_cuda_backend = {
     /* copy_block */ cuda_copy_block,
     /* synchronize */ cuda_synchronize,
     /* init_device */ cuda_init_device,
+    /* unary */ NULL,
+    /* binary */ NULL,
+    /* reduce_sum */ NULL,
+    /* gemm */ NULL,
+    /* allreduce_sum */ NULL,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

@@ -1,0 +1,320 @@
+/*
+ * cpu_ops.c — OpenMP kernels of the array ops on CPU devices (ct_ops.h).
+ *
+ * Elementwise loops are written so gcc vectorises them (-O3); transcendental
+ * functions come from libm. GEMM goes to an optimized BLAS when one was
+ * registered (ct_set_blas_sgemm: the bindings hand over scipy's OpenBLAS
+ * sgemm when available) and otherwise to a cache-blocked OpenMP kernel here.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/ct_layout.h"
+#include "../../core/ct_ops.h"
+#include "cpu_ops.h"
+
+#define PAR_MIN 32768 /* below this many elements a parallel region costs more than it saves */
+
+// --- unary ------------------------------------------------------------------------
+
+static inline float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    float u = c * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+static inline float gelu_tanh_grad(float x) {
+    const float c = 0.7978845608028654f;
+    float x2 = x * x;
+    float u = c * (x + 0.044715f * x2 * x);
+    float t = tanhf(u);
+    float du = c * (1.0f + 3.0f * 0.044715f * x2);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
+                       float *y) {
+    (void)dev;
+#define LOOP(expr)                                                   \
+    do {                                                             \
+        _Pragma("omp parallel for simd schedule(static) if (n > PAR_MIN)") \
+        for (int64_t i = 0; i < n; i++) {                            \
+            float v = x[i];                                          \
+            y[i] = (expr);                                           \
+        }                                                            \
+    } while (0)
+    switch (op) {
+    case CT_UN_AFFINE: LOOP(alpha * v + beta); break;
+    case CT_UN_NEG: LOOP(-v); break;
+    case CT_UN_SIN: LOOP(sinf(v)); break;
+    case CT_UN_COS: LOOP(cosf(v)); break;
+    case CT_UN_TANH: LOOP(tanhf(v)); break;
+    case CT_UN_RELU: LOOP(v > 0.0f ? v : 0.0f); break;
+    case CT_UN_STEP: LOOP(v > 0.0f ? 1.0f : 0.0f); break;
+    case CT_UN_GELU: LOOP(gelu_tanh(v)); break;
+    case CT_UN_GELU_GRAD: LOOP(gelu_tanh_grad(v)); break;
+    case CT_UN_EXP: LOOP(expf(v)); break;
+    case CT_UN_LOG: LOOP(logf(v)); break;
+    case CT_UN_SQRT: LOOP(sqrtf(v)); break;
+    case CT_UN_RSQRT: LOOP(1.0f / sqrtf(v)); break;
+    case CT_UN_SQUARE: LOOP(v * v); break;
+    case CT_UN_SIGMOID: LOOP(1.0f / (1.0f + expf(-v))); break;
+    case CT_UN_ABS: LOOP(fabsf(v)); break;
+    case CT_UN_SIGN: LOOP(v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f)); break;
+    case CT_UN_POW: LOOP(powf(v, alpha)); break;
+    case CT_UN_RDIV: LOOP(alpha / v); break;
+    default: return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
+    }
+#undef LOOP
+    return CT_OK;
+}
+
+// --- binary with broadcasting ----------------------------------------------------------
+
+static inline float bin(int op, float a, float b) {
+    switch (op) {
+    case CT_BIN_ADD: return a + b;
+    case CT_BIN_SUB: return a - b;
+    case CT_BIN_MUL: return a * b;
+    case CT_BIN_DIV: return a / b;
+    case CT_BIN_MAX: return a > b ? a : b;
+    case CT_BIN_MIN: return a < b ? a : b;
+    default: return a > b ? 1.0f : 0.0f; /* CT_BIN_GT */
+    }
+}
+
+/* Inner row: n elements with element strides sa, sb (0 = broadcast, 1 = dense). */
+static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, const float *b,
+                    int64_t sb) {
+#define ROW(expr)                                                                  \
+    do {                                                                           \
+        if (sa == 1 && sb == 1) {                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                  \
+                float x = a[i], y = b[i];                                          \
+                o[i] = (expr);                                                     \
+            }                                                                      \
+        } else if (sa == 1 && sb == 0) {                                           \
+            const float y = b[0];                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                  \
+                float x = a[i];                                                    \
+                o[i] = (expr);                                                     \
+            }                                                                      \
+        } else if (sa == 0 && sb == 1) {                                           \
+            const float x = a[0];                                                  \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                  \
+                float y = b[i];                                                    \
+                o[i] = (expr);                                                     \
+            }                                                                      \
+        } else {                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                      \
+                float x = a[i * sa], y = b[i * sb];                                \
+                o[i] = (expr);                                                     \
+            }                                                                      \
+        }                                                                          \
+    } while (0)
+    switch (op) {
+    case CT_BIN_ADD: ROW(x + y); break;
+    case CT_BIN_SUB: ROW(x - y); break;
+    case CT_BIN_MUL: ROW(x * y); break;
+    case CT_BIN_DIV: ROW(x / y); break;
+    default: ROW(bin(op, x, y)); break;
+    }
+#undef ROW
+}
+
+ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
+                        const float *a, const int64_t *as, const float *b, const int64_t *bs) {
+    (void)dev;
+    if (ndim == 0) {
+        out[0] = bin(op, a[0], b[0]);
+        return CT_OK;
+    }
+    int64_t total = 1;
+    for (int d = 0; d < ndim; d++) total *= shape[d];
+    if (total == 0) return CT_OK;
+    const int64_t inner = shape[ndim - 1];
+    const int64_t rows = total / inner;
+    const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
+#pragma omp parallel for schedule(static) if (total > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t rem = r, ao = 0, bo = 0;
+        for (int d = ndim - 2; d >= 0; d--) {
+            int64_t c = rem % shape[d];
+            rem /= shape[d];
+            ao += c * as[d];
+            bo += c * bs[d];
+        }
+        bin_row(op, inner, out + r * inner, a + ao, sa, b + bo, sb);
+    }
+    return CT_OK;
+}
+
+// --- sum over axes ---------------------------------------------------------------
+
+ct_status ct_cpu_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
+                            const float *x, float *out) {
+    (void)dev;
+    /* Output index space: the kept dims in order. For each output element,
+     * sum the reduced dims; when the innermost dim is kept, accumulate whole
+     * rows so the inner loop stays contiguous. */
+    int64_t kept[CT_MAX_NDIM], kstride[CT_MAX_NDIM], red[CT_MAX_NDIM], rstride[CT_MAX_NDIM];
+    int nk = 0, nr = 0;
+    int64_t stride = 1, xs[CT_MAX_NDIM];
+    for (int d = ndim - 1; d >= 0; d--) {
+        xs[d] = stride;
+        stride *= shape[d];
+    }
+    int64_t nout = 1, nred = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (axes & (1u << d)) {
+            red[nr] = shape[d];
+            rstride[nr++] = xs[d];
+            nred *= shape[d];
+        } else {
+            kept[nk] = shape[d];
+            kstride[nk++] = xs[d];
+            nout *= shape[d];
+        }
+    }
+    if (nout == 0) return CT_OK;
+    int inner_kept = ndim > 0 && !(axes & (1u << (ndim - 1)));
+    if (inner_kept && nred > 0) {
+        /* rows of the innermost (kept) dim */
+        int64_t inner = shape[ndim - 1];
+        int64_t orows = nout / inner;
+#pragma omp parallel for schedule(static) if (nout * nred > PAR_MIN)
+        for (int64_t r = 0; r < orows; r++) {
+            float *o = out + r * inner;
+            int64_t rem = r, base = 0;
+            for (int j = nk - 2; j >= 0; j--) {
+                int64_t c = rem % kept[j];
+                rem /= kept[j];
+                base += c * kstride[j];
+            }
+            memset(o, 0, (size_t)inner * sizeof(float));
+            for (int64_t t = 0; t < nred; t++) {
+                int64_t trem = t, off = base;
+                for (int j = nr - 1; j >= 0; j--) {
+                    int64_t c = trem % red[j];
+                    trem /= red[j];
+                    off += c * rstride[j];
+                }
+                const float *src = x + off;
+#pragma omp simd
+                for (int64_t i = 0; i < inner; i++) o[i] += src[i];
+            }
+        }
+        return CT_OK;
+    }
+#pragma omp parallel for schedule(static) if (nout * nred > PAR_MIN)
+    for (int64_t q = 0; q < nout; q++) {
+        int64_t rem = q, base = 0;
+        for (int j = nk - 1; j >= 0; j--) {
+            int64_t c = rem % kept[j];
+            rem /= kept[j];
+            base += c * kstride[j];
+        }
+        double acc = 0.0;
+        if (nr >= 1 && rstride[nr - 1] == 1) {
+            /* innermost reduced dim is contiguous: sum rows */
+            int64_t inner = red[nr - 1];
+            int64_t outer = nred / inner;
+            for (int64_t t = 0; t < outer; t++) {
+                int64_t trem = t, off = base;
+                for (int j = nr - 2; j >= 0; j--) {
+                    int64_t c = trem % red[j];
+                    trem /= red[j];
+                    off += c * rstride[j];
+                }
+                float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                for (int64_t i = 0; i < inner; i++) s += x[off + i];
+                acc += s;
+            }
+        } else {
+            for (int64_t t = 0; t < nred; t++) {
+                int64_t trem = t, off = base;
+                for (int j = nr - 1; j >= 0; j--) {
+                    int64_t c = trem % red[j];
+                    trem /= red[j];
+                    off += c * rstride[j];
+                }
+                acc += x[off];
+            }
+        }
+        out[q] = (float)acc;
+    }
+    return CT_OK;
+}
+
+// --- GEMM ------------------------------------------------------------------------
+
+/* Built-in kernel: C = alpha*op(A)op(B) + beta*C, row-major, blocked over k
+ * and parallel over rows of C; the inner loop is a contiguous axpy. */
+static void gemm_builtin(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc) {
+    enum { KB = 256 };
+#pragma omp parallel for schedule(static) if (m * n * k > 1000000)
+    for (int64_t i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        if (beta == 0.0f) memset(ci, 0, (size_t)n * sizeof(float));
+        else if (beta != 1.0f)
+            for (int64_t j = 0; j < n; j++) ci[j] *= beta;
+        for (int64_t k0 = 0; k0 < k; k0 += KB) {
+            int64_t k1 = k0 + KB < k ? k0 + KB : k;
+            for (int64_t p = k0; p < k1; p++) {
+                float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
+                if (!tb) {
+                    const float *bp = b + p * ldb;
+#pragma omp simd
+                    for (int64_t j = 0; j < n; j++) ci[j] += av * bp[j];
+                } else {
+                    for (int64_t j = 0; j < n; j++) ci[j] += av * b[j * ldb + p];
+                }
+            }
+        }
+    }
+}
+
+ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                      float beta, float *c, int64_t ldc) {
+    (void)dev;
+    if (m == 0 || n == 0) return CT_OK;
+    ct_sgemm_fn blas = ct_get_blas_sgemm();
+    if (blas != NULL && m < INT32_MAX && n < INT32_MAX && k < INT32_MAX && lda < INT32_MAX &&
+        ldb < INT32_MAX && ldc < INT32_MAX && k > 0) {
+        /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
+        int im = (int)m, in = (int)n, ik = (int)k, ilda = (int)lda, ildb = (int)ldb,
+            ildc = (int)ldc;
+        const char *tra = tb ? "T" : "N", *trb = ta ? "T" : "N";
+        blas(tra, trb, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+        return CT_OK;
+    }
+    gemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return CT_OK;
+}
+
+// --- in-process all-reduce -----------------------------------------------------------
+
+ct_status ct_cpu_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+    (void)devs;
+    if (nbufs == 1) return CT_OK;
+    enum { CH = 4096 };
+    int64_t nch = (count + CH - 1) / CH;
+#pragma omp parallel for schedule(static) if (count * nbufs > PAR_MIN)
+    for (int64_t ch = 0; ch < nch; ch++) {
+        int64_t lo = ch * CH, hi = lo + CH < count ? lo + CH : count;
+        float acc[CH];
+        for (int64_t i = lo; i < hi; i++) acc[i - lo] = bufs[0][i];
+        for (int j = 1; j < nbufs; j++) {
+            const float *src = bufs[j];
+#pragma omp simd
+            for (int64_t i = lo; i < hi; i++) acc[i - lo] += src[i];
+        }
+        for (int j = 0; j < nbufs; j++) memcpy(bufs[j] + lo, acc, (size_t)(hi - lo) * sizeof(float));
+    }
+    return CT_OK;
+}

@@ -1,0 +1,124 @@
+/*
+ * ct_ops.c — validation and dispatch of per-shard array ops (see ct_ops.h).
+ */
+#include "ct_ops.h"
+
+#include <inttypes.h>
+#include <stdatomic.h>
+
+#include "ct_layout.h"
+
+static _Atomic(ct_sgemm_fn) g_sgemm = NULL;
+
+void ct_set_blas_sgemm(ct_sgemm_fn fn) { atomic_store(&g_sgemm, fn); }
+
+ct_sgemm_fn ct_get_blas_sgemm(void) { return atomic_load(&g_sgemm); }
+
+ct_status ct_broadcast_strides(int out_ndim, const int64_t *out, int in_ndim, const int64_t *in,
+                               int64_t *strides) {
+    if (in_ndim > out_ndim)
+        return ct_set_error(CT_EINVAL, "cannot broadcast rank %d to rank %d", in_ndim, out_ndim);
+    int64_t s = 1;
+    for (int d = out_ndim - 1; d >= 0; d--) {
+        int k = d - (out_ndim - in_ndim);
+        if (k < 0) {
+            strides[d] = 0;
+            continue;
+        }
+        if (in[k] == out[d] && in[k] != 1) {
+            strides[d] = s;
+        } else if (in[k] == 1) {
+            strides[d] = 0;
+        } else {
+            return ct_set_error(CT_EINVAL,
+                                "shapes do not broadcast: dimension %d has size %" PRId64
+                                " where %" PRId64 " is needed",
+                                k, in[k], out[d]);
+        }
+        s *= in[k];
+    }
+    return CT_OK;
+}
+
+static ct_status need(const ct_device *dev, const void *fn, const char *what) {
+    if (fn == NULL) {
+        char name[64];
+        ct_device_name(dev, name, sizeof name);
+        return ct_set_error(CT_EDEVICE, "%s is not implemented on %s", what, name);
+    }
+    return CT_OK;
+}
+
+ct_status ct_op_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
+                      float *y) {
+    if (op < 0 || op >= CT_UN_COUNT) return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
+    if (n < 0) return ct_set_error(CT_EINVAL, "negative element count");
+    CT_TRY(need(dev, (const void *)dev->backend->unary, "unary ops"));
+    return dev->backend->unary(dev, op, alpha, beta, n, x, y);
+}
+
+ct_status ct_op_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
+                       const float *a, const int64_t *a_strides, const float *b,
+                       const int64_t *b_strides) {
+    if (op < 0 || op >= CT_BIN_COUNT) return ct_set_error(CT_EINVAL, "unknown binary op %d", op);
+    if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);
+    CT_TRY(need(dev, (const void *)dev->backend->binary, "binary ops"));
+    return dev->backend->binary(dev, op, ndim, shape, out, a, a_strides, b, b_strides);
+}
+
+ct_status ct_op_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
+                           const float *x, float *out) {
+    if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);
+    if (ndim < 32 && (axes >> ndim) != 0)
+        return ct_set_error(CT_EINVAL, "reduction axes outside rank %d", ndim);
+    CT_TRY(need(dev, (const void *)dev->backend->reduce_sum, "reductions"));
+    return dev->backend->reduce_sum(dev, ndim, shape, axes, x, out);
+}
+
+ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                     float beta, float *c, int64_t ldc) {
+    if (m < 0 || n < 0 || k < 0) return ct_set_error(CT_EINVAL, "negative matmul size");
+    if (ldc < (n > 1 ? n : 1) || lda < ((trans_a ? m : k) > 1 ? (trans_a ? m : k) : 1) ||
+        ldb < ((trans_b ? k : n) > 1 ? (trans_b ? k : n) : 1))
+        return ct_set_error(CT_EINVAL, "matmul leading dimensions too small");
+    CT_TRY(need(dev, (const void *)dev->backend->gemm, "matmul"));
+    return dev->backend->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+ct_status ct_op_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+    if (nbufs < 1) return ct_set_error(CT_EINVAL, "all-reduce over no buffers");
+    for (int i = 1; i < nbufs; i++)
+        if (devs[i]->backend != devs[0]->backend)
+            return ct_set_error(CT_EINVAL, "all-reduce across different backends");
+    CT_TRY(need(devs[0], (const void *)devs[0]->backend->allreduce_sum, "all-reduce"));
+    return devs[0]->backend->allreduce_sum(devs, bufs, nbufs, count);
+}
+
+ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const int *perm,
+                          size_t itemsize, const void *x, void *y) {
+    if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);
+    int64_t xs[CT_MAX_NDIM], ys[CT_MAX_NDIM], yshape[CT_MAX_NDIM], src[CT_MAX_NDIM];
+    int seen[CT_MAX_NDIM] = {0};
+    for (int d = 0; d < ndim; d++) {
+        if (perm[d] < 0 || perm[d] >= ndim || seen[perm[d]])
+            return ct_set_error(CT_EINVAL, "transpose: axes are not a permutation of 0..%d",
+                                ndim - 1);
+        seen[perm[d]] = 1;
+    }
+    int64_t s = (int64_t)itemsize;
+    for (int d = ndim - 1; d >= 0; d--) {
+        xs[d] = s;
+        s *= shape[d];
+    }
+    for (int d = 0; d < ndim; d++) {
+        yshape[d] = shape[perm[d]];
+        src[d] = xs[perm[d]];
+    }
+    s = (int64_t)itemsize;
+    for (int d = ndim - 1; d >= 0; d--) {
+        ys[d] = s;
+        s *= yshape[d];
+    }
+    return dev->backend->copy_block(dev, dev, ndim, yshape, itemsize, y, ys, x, src);
+}

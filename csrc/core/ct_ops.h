@@ -1,0 +1,94 @@
+/*
+ * ct_ops.h — the array operations of ctrainstate.numpy, per shard.
+ *
+ * An op on a sharded Array is one call per device on that device's blocks;
+ * which blocks meet, and which collectives follow (the sharding propagation),
+ * is decided above this layer. Here each op is validated (shapes, broadcast)
+ * and dispatched to the device's backend kernels. Arithmetic is float32.
+ *
+ * Broadcasting: a binary op gets the output shape and, per input, strides in
+ * elements with 0 on broadcast dimensions (numpy semantics, computed by the
+ * caller from the block shapes with ct_broadcast_strides).
+ */
+#ifndef CT_OPS_H
+#define CT_OPS_H
+
+#include <stdint.h>
+
+#include "ct_device.h"
+#include "ct_status.h"
+
+typedef enum {
+    CT_UN_AFFINE = 0,   /* y = alpha*x + beta */
+    CT_UN_NEG,
+    CT_UN_SIN,
+    CT_UN_COS,
+    CT_UN_TANH,
+    CT_UN_RELU,
+    CT_UN_STEP,         /* y = x > 0 ? 1 : 0 (relu's derivative) */
+    CT_UN_GELU,         /* tanh approximation (jax.nn.gelu(approximate=True)) */
+    CT_UN_GELU_GRAD,    /* d gelu / dx, same approximation */
+    CT_UN_EXP,
+    CT_UN_LOG,
+    CT_UN_SQRT,
+    CT_UN_RSQRT,
+    CT_UN_SQUARE,
+    CT_UN_SIGMOID,
+    CT_UN_ABS,
+    CT_UN_SIGN,
+    CT_UN_POW,          /* y = x^alpha */
+    CT_UN_RDIV,         /* y = alpha / x */
+    CT_UN_COUNT
+} ct_unary_op;
+
+typedef enum {
+    CT_BIN_ADD = 0,
+    CT_BIN_SUB,
+    CT_BIN_MUL,
+    CT_BIN_DIV,
+    CT_BIN_MAX,
+    CT_BIN_MIN,
+    CT_BIN_GT,          /* 1.0 where a > b, else 0.0 */
+    CT_BIN_COUNT
+} ct_binary_op;
+
+/* Element strides (0 on broadcast dims) of an input of shape `in` (rank
+ * in_ndim, aligned right) broadcast to `out`; CT_EINVAL if incompatible. */
+ct_status ct_broadcast_strides(int out_ndim, const int64_t *out, int in_ndim, const int64_t *in,
+                               int64_t *strides);
+
+ct_status ct_op_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
+                      float *y);
+
+ct_status ct_op_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
+                       const float *a, const int64_t *a_strides, const float *b,
+                       const int64_t *b_strides);
+
+/* out = sum of x over the dimensions whose bit is set in `axes` (x dense). */
+ct_status ct_op_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
+                           const float *x, float *out);
+
+/* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set. */
+ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                     float beta, float *c, int64_t ldc);
+
+/* In-process all-reduce: every buffer becomes the elementwise sum of all of
+ * them (summed in buffer order, so the result is deterministic). */
+ct_status ct_op_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count);
+
+/* An optimized single-precision GEMM with the Fortran BLAS signature (column
+ * major), e.g. scipy's OpenBLAS; NULL restores the built-in kernel. */
+typedef void (*ct_sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,
+                            const int *k, const float *alpha, const float *a, const int *lda,
+                            const float *b, const int *ldb, const float *beta, float *c,
+                            const int *ldc);
+void ct_set_blas_sgemm(ct_sgemm_fn fn);
+ct_sgemm_fn ct_get_blas_sgemm(void);
+
+
+
+/* y = transpose(x, perm): x dense of `shape`, y dense of the permuted shape. */
+ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const int *perm,
+                          size_t itemsize, const void *x, void *y);
+#endif /* CT_OPS_H */

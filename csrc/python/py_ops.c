@@ -1,0 +1,290 @@
+/*
+ * py_ops.c — bindings of the per-shard array ops (ct_ops.h).
+ *
+ * Each function takes lists of Buffers, one entry per shard, and runs the op
+ * on every shard in one call with the GIL released. Which shards meet and
+ * which collectives follow is decided by the Python layer (ctrainstate.numpy).
+ */
+#include "ct_py.h"
+
+#include <string.h>
+
+#include "../core/ct_ops.h"
+
+#define MAX_SHARDS CT_MAX_DEVICES
+
+typedef struct {
+    Py_ssize_t n;
+    ct_py_buffer *b[MAX_SHARDS];
+} buf_list;
+
+static int get_buffers(PyObject *seq, buf_list *out, const char *what, int f32_only) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_SHARDS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: too many shards", what);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ct_py_buffer *b = ct_py_buffer_check(PySequence_Fast_GET_ITEM(fast, i), what);
+        if (b == NULL) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (f32_only && b->dtype != CT_F32) {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_TypeError, "%s: ops compute in float32, got %s", what,
+                         ct_dtype_name(b->dtype));
+            return -1;
+        }
+        out->b[i] = b;
+    }
+    out->n = n;
+    Py_DECREF(fast); /* the caller's list keeps the buffers alive */
+    return 0;
+}
+
+static int same_len(const buf_list *a, const buf_list *b, const char *what) {
+    if (a->n != b->n) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd vs %zd shards", what, a->n, b->n);
+        return -1;
+    }
+    return 0;
+}
+
+static int64_t nelem(const ct_py_buffer *b) { return (int64_t)(b->nbytes / ct_dtype_size(b->dtype)); }
+
+static PyObject *py_op_unary(PyObject *self, PyObject *args) {
+    (void)self;
+    int op;
+    float alpha, beta;
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "iffOO:op_unary", &op, &alpha, &beta, &xo, &yo)) return NULL;
+    buf_list xs, ys;
+    if (get_buffers(xo, &xs, "op_unary input", 1) < 0 || get_buffers(yo, &ys, "op_unary output", 1) < 0 ||
+        same_len(&xs, &ys, "op_unary") < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < xs.n; i++)
+        if (xs.b[i]->nbytes != ys.b[i]->nbytes || xs.b[i]->dev != ys.b[i]->dev) {
+            PyErr_SetString(PyExc_ValueError, "op_unary: input and output shards differ");
+            return NULL;
+        }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < xs.n && st == CT_OK; i++)
+        st = ct_op_unary(xs.b[i]->dev, op, alpha, beta, nelem(xs.b[i]), xs.b[i]->data,
+                         ys.b[i]->data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_op_binary(PyObject *self, PyObject *args) {
+    (void)self;
+    int op;
+    PyObject *oo, *ao, *bo;
+    if (!PyArg_ParseTuple(args, "iOOO:op_binary", &op, &oo, &ao, &bo)) return NULL;
+    buf_list os, as, bs;
+    if (get_buffers(oo, &os, "op_binary output", 1) < 0 || get_buffers(ao, &as, "op_binary lhs", 1) < 0 ||
+        get_buffers(bo, &bs, "op_binary rhs", 1) < 0 || same_len(&os, &as, "op_binary") < 0 ||
+        same_len(&os, &bs, "op_binary") < 0)
+        return NULL;
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < os.n && st == CT_OK; i++) {
+        ct_py_buffer *o = os.b[i], *a = as.b[i], *b = bs.b[i];
+        int64_t sa[CT_MAX_NDIM], sb[CT_MAX_NDIM];
+        if (a->dev != o->dev || b->dev != o->dev) {
+            st = ct_set_error(CT_EINVAL, "op_binary: operands of one shard live on different devices");
+            break;
+        }
+        st = ct_broadcast_strides(o->ndim, o->shape, a->ndim, a->shape, sa);
+        if (st == CT_OK) st = ct_broadcast_strides(o->ndim, o->shape, b->ndim, b->shape, sb);
+        if (st == CT_OK)
+            st = ct_op_binary(o->dev, op, o->ndim, o->shape, o->data, a->data, sa, b->data, sb);
+    }
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_op_reduce_sum(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *oo;
+    unsigned int axes;
+    if (!PyArg_ParseTuple(args, "OIO:op_reduce_sum", &xo, &axes, &oo)) return NULL;
+    buf_list xs, os;
+    if (get_buffers(xo, &xs, "op_reduce_sum input", 1) < 0 ||
+        get_buffers(oo, &os, "op_reduce_sum output", 1) < 0 || same_len(&xs, &os, "op_reduce_sum") < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < xs.n; i++) {
+        int64_t want = 1;
+        for (int d = 0; d < xs.b[i]->ndim; d++)
+            if (!(axes & (1u << d))) want *= xs.b[i]->shape[d];
+        if (nelem(os.b[i]) != want || os.b[i]->dev != xs.b[i]->dev) {
+            PyErr_SetString(PyExc_ValueError, "op_reduce_sum: output shard has the wrong size");
+            return NULL;
+        }
+    }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < xs.n && st == CT_OK; i++)
+        st = ct_op_reduce_sum(xs.b[i]->dev, xs.b[i]->ndim, xs.b[i]->shape, axes, xs.b[i]->data,
+                              os.b[i]->data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* Batched matmul over shards: for every shard, `batch` products
+ * C[b] (m x n) = alpha * op(A[b]) op(B[b]) + beta * C[b]; a zero batch stride
+ * broadcasts an operand over the batch. */
+static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ao, *bo, *co;
+    long long batch, m, n, k, sa, sb;
+    int ta, tb;
+    float alpha, beta;
+    if (!PyArg_ParseTuple(args, "OOOLLLLLLiiff:op_matmul", &ao, &bo, &co, &batch, &m, &n, &k,
+                          &sa, &sb, &ta, &tb, &alpha, &beta))
+        return NULL;
+    buf_list as, bs, cs;
+    if (get_buffers(ao, &as, "matmul lhs", 1) < 0 || get_buffers(bo, &bs, "matmul rhs", 1) < 0 ||
+        get_buffers(co, &cs, "matmul out", 1) < 0 || same_len(&as, &bs, "matmul") < 0 ||
+        same_len(&as, &cs, "matmul") < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < as.n; i++) {
+        if (nelem(cs.b[i]) < batch * m * n || nelem(as.b[i]) < (batch - 1) * sa + m * k ||
+            nelem(bs.b[i]) < (batch - 1) * sb + k * n || as.b[i]->dev != cs.b[i]->dev ||
+            bs.b[i]->dev != cs.b[i]->dev) {
+            PyErr_SetString(PyExc_ValueError, "matmul: shard sizes do not match the product");
+            return NULL;
+        }
+    }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < as.n && st == CT_OK; i++) {
+        const float *a = as.b[i]->data, *b = bs.b[i]->data;
+        float *c = cs.b[i]->data;
+        for (long long t = 0; t < batch && st == CT_OK; t++)
+            st = ct_op_gemm(cs.b[i]->dev, ta, tb, m, n, k, alpha, a + t * sa, ta ? m : k,
+                            b + t * sb, tb ? k : n, beta, c + t * m * n, n);
+    }
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_op_allreduce(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyObject *groups = PySequence_Fast(arg, "op_allreduce needs a list of groups");
+    if (groups == NULL) return NULL;
+    Py_ssize_t ng = PySequence_Fast_GET_SIZE(groups);
+    ct_status st = CT_OK;
+    for (Py_ssize_t g = 0; g < ng && st == CT_OK; g++) {
+        buf_list bl;
+        if (get_buffers(PySequence_Fast_GET_ITEM(groups, g), &bl, "all-reduce group", 1) < 0) {
+            Py_DECREF(groups);
+            return NULL;
+        }
+        ct_device *devs[MAX_SHARDS];
+        float *bufs[MAX_SHARDS];
+        for (Py_ssize_t i = 0; i < bl.n; i++) {
+            if (bl.b[i]->nbytes != bl.b[0]->nbytes) {
+                Py_DECREF(groups);
+                PyErr_SetString(PyExc_ValueError, "all-reduce: shards of a group differ in size");
+                return NULL;
+            }
+            devs[i] = bl.b[i]->dev;
+            bufs[i] = bl.b[i]->data;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        st = ct_op_allreduce_sum(devs, bufs, (int)bl.n, bl.n ? nelem(bl.b[0]) : 0);
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(groups);
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_op_transpose(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *yo, *po;
+    if (!PyArg_ParseTuple(args, "OOO:op_transpose", &xo, &po, &yo)) return NULL;
+    buf_list xs, ys;
+    if (get_buffers(xo, &xs, "transpose input", 0) < 0 || get_buffers(yo, &ys, "transpose output", 0) < 0 ||
+        same_len(&xs, &ys, "transpose") < 0)
+        return NULL;
+    int64_t perm64[CT_MAX_NDIM];
+    int np_ = ct_py_int64_seq(po, perm64, CT_MAX_NDIM, "perm");
+    if (np_ < 0) return NULL;
+    int perm[CT_MAX_NDIM];
+    for (int i = 0; i < np_; i++) perm[i] = (int)perm64[i];
+    for (Py_ssize_t i = 0; i < xs.n; i++)
+        if (xs.b[i]->ndim != np_ || xs.b[i]->nbytes != ys.b[i]->nbytes ||
+            xs.b[i]->dtype != ys.b[i]->dtype || xs.b[i]->dev != ys.b[i]->dev) {
+            PyErr_SetString(PyExc_ValueError, "transpose: shard shapes do not match");
+            return NULL;
+        }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < xs.n && st == CT_OK; i++)
+        st = ct_op_transpose(xs.b[i]->dev, np_, xs.b[i]->shape, perm, ct_dtype_size(xs.b[i]->dtype),
+                             xs.b[i]->data, ys.b[i]->data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_blas_sgemm(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (arg == Py_None) {
+        ct_set_blas_sgemm(NULL);
+        Py_RETURN_NONE;
+    }
+    if (!PyCapsule_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_blas_sgemm needs a PyCapsule holding sgemm or None");
+        return NULL;
+    }
+    void *p = PyCapsule_GetPointer(arg, PyCapsule_GetName(arg));
+    if (p == NULL) return NULL;
+    ct_sgemm_fn fn;
+    memcpy(&fn, &p, sizeof fn);
+    ct_set_blas_sgemm(fn);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_has_blas(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(ct_get_blas_sgemm() != NULL);
+}
+
+static PyMethodDef ops_methods[] = {
+    {"op_unary", py_op_unary, METH_VARARGS,
+     "op_unary($module, op, alpha, beta, xs, ys, /)\n--\n\nys[i] = op(xs[i]) for every shard."},
+    {"op_binary", py_op_binary, METH_VARARGS,
+     "op_binary($module, op, outs, lhs, rhs, /)\n--\n\nouts[i] = lhs[i] op rhs[i] with numpy "
+     "broadcasting of the shard shapes."},
+    {"op_reduce_sum", py_op_reduce_sum, METH_VARARGS,
+     "op_reduce_sum($module, xs, axes_mask, outs, /)\n--\n\nSum every shard over the axes in "
+     "the bit mask."},
+    {"op_matmul", py_op_matmul, METH_VARARGS,
+     "op_matmul($module, a, b, c, batch, m, n, k, a_batch_stride, b_batch_stride, trans_a, "
+     "trans_b, alpha, beta, /)\n--\n\nBatched GEMM on every shard."},
+    {"op_allreduce", py_op_allreduce, METH_O,
+     "op_allreduce($module, groups, /)\n--\n\nIn every group of shards, replace each shard by "
+     "the sum of the group."},
+    {"op_transpose", py_op_transpose, METH_VARARGS,
+     "op_transpose($module, xs, perm, ys, /)\n--\n\nTranspose every shard."},
+    {"set_blas_sgemm", py_set_blas_sgemm, METH_O,
+     "set_blas_sgemm($module, capsule, /)\n--\n\nUse this Fortran-ABI sgemm (e.g. scipy's) for "
+     "CPU matmuls; None restores the built-in kernel."},
+    {"has_blas", py_has_blas, METH_NOARGS,
+     "has_blas($module, /)\n--\n\nWhether an optimized BLAS sgemm is registered."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ct_py_init_ops(PyObject *m) { return PyModule_AddFunctions(m, ops_methods); }

@@ -1,0 +1,60 @@
+/*
+ * ct_py.h — shared declarations of the CPython bindings (ctrainstate._C).
+ *
+ * The bindings parse arguments, convert Python objects to core types once,
+ * release the GIL around copies and kernels, and turn a core ct_status into a
+ * Python exception. They do no math. Each csrc/python/py_*.c file exports one
+ * `int ct_py_init_<part>(PyObject *module)` that module.c calls in order.
+ */
+#ifndef CT_PY_H
+#define CT_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifndef CT_PY_NUMPY_IMPORT
+#define NO_IMPORT_ARRAY
+#endif
+#define PY_ARRAY_UNIQUE_SYMBOL ct_py_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "../core/ct_device.h"
+#include "../core/ct_dtype.h"
+#include "../core/ct_layout.h"
+#include "../core/ct_status.h"
+
+/* Exceptions (created in module.c). */
+extern PyObject *ct_py_ResourceExhaustedError;
+extern PyObject *ct_py_DonatedBufferError;
+
+/* Raise the Python exception for the core's last error on this thread; returns NULL. */
+PyObject *ct_py_raise(ct_status st);
+
+/* A block of device memory owned by one device (see py_buffer.c). */
+typedef struct {
+    PyObject_HEAD
+    ct_device *dev;
+    void *data;
+    size_t nbytes;
+    ct_dtype dtype;
+    int ndim;
+    int64_t shape[CT_MAX_NDIM];
+    Py_ssize_t exports; /* live buffer-protocol views */
+    int deleted;
+    PyObject *weakreflist;
+} ct_py_buffer;
+
+extern PyTypeObject ct_py_BufferType;
+
+/* The live buffer behind `obj`, or NULL with TypeError / DonatedBufferError set. */
+ct_py_buffer *ct_py_buffer_check(PyObject *obj, const char *what);
+
+/* Convert a Python sequence of ints into int64 values; returns ndim or -1 with an exception. */
+int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
+
+int ct_py_init_devices(PyObject *m);
+int ct_py_init_buffer(PyObject *m);
+int ct_py_init_layout(PyObject *m);
+
+#endif /* CT_PY_H */

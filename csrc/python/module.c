@@ -1,0 +1,95 @@
+/*
+ * module.c — the ctrainstate._C extension module: exceptions, error
+ * conversion and the registration of every binding file.
+ */
+#define CT_PY_NUMPY_IMPORT
+#include "ct_py.h"
+
+PyObject *ct_py_ResourceExhaustedError;
+PyObject *ct_py_DonatedBufferError;
+
+PyObject *ct_py_raise(ct_status st) {
+    const char *msg = ct_last_error();
+    PyObject *type;
+    switch (st) {
+    case CT_EINVAL: type = PyExc_ValueError; break;
+    case CT_ETYPE: type = PyExc_TypeError; break;
+    case CT_EOOM: type = ct_py_ResourceExhaustedError; break;
+    case CT_EDONATED: type = ct_py_DonatedBufferError; break;
+    default: type = PyExc_RuntimeError; break;
+    }
+    PyErr_SetString(type, msg && *msg ? msg : "ctrainstate: unknown error");
+    ct_clear_error();
+    return NULL;
+}
+
+int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > max) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries; at most %d are supported", what, n, max);
+        Py_DECREF(fast);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *idx = PyNumber_Index(item);
+        if (idx == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s must contain integers, got %R", what, item);
+            Py_DECREF(fast);
+            return -1;
+        }
+        long long v = PyLong_AsLongLong(idx);
+        Py_DECREF(idx);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[i] = (int64_t)v;
+    }
+    Py_DECREF(fast);
+    return (int)n;
+}
+
+static struct PyModuleDef ct_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ctrainstate._C",
+    .m_doc = "C core of ctrainstate: devices, buffers, shard layout and kernels.",
+    .m_size = -1,
+};
+
+typedef int (*ct_py_init_fn)(PyObject *);
+
+/* Binding parts, registered in order. */
+static const ct_py_init_fn ct_py_parts[] = {
+    ct_py_init_devices,
+    ct_py_init_buffer,
+    ct_py_init_layout,
+};
+
+PyMODINIT_FUNC PyInit__C(void) {
+    import_array();
+    PyObject *m = PyModule_Create(&ct_module);
+    if (m == NULL) return NULL;
+    ct_py_ResourceExhaustedError = PyErr_NewExceptionWithDoc(
+        "ctrainstate.ResourceExhaustedError",
+        "A device ran out of memory (its limit or the backend's). The message names the device, "
+        "the bytes asked and the bytes in use.",
+        PyExc_RuntimeError, NULL);
+    ct_py_DonatedBufferError = PyErr_NewExceptionWithDoc(
+        "ctrainstate.DonatedBufferError",
+        "An Array was used after its buffers were donated (e.g. to TrainState.apply_gradients) "
+        "or deleted.",
+        PyExc_RuntimeError, NULL);
+    if (ct_py_ResourceExhaustedError == NULL || ct_py_DonatedBufferError == NULL ||
+        PyModule_AddObjectRef(m, "ResourceExhaustedError", ct_py_ResourceExhaustedError) < 0 ||
+        PyModule_AddObjectRef(m, "DonatedBufferError", ct_py_DonatedBufferError) < 0)
+        goto fail;
+    for (size_t i = 0; i < sizeof ct_py_parts / sizeof ct_py_parts[0]; i++)
+        if (ct_py_parts[i](m) < 0) goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

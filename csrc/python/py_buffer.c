@@ -1,0 +1,191 @@
+/*
+ * py_buffer.c — ctrainstate._C.Buffer: one device allocation.
+ *
+ * A Buffer is the storage of one shard. It owns `nbytes` bytes on one device,
+ * accounted by ct_device_alloc. CPU buffers export the buffer protocol (raw
+ * bytes, writable) so numpy views need no copy; a buffer with live views
+ * cannot be deleted.
+ */
+#include "ct_py.h"
+
+#include <string.h>
+
+ct_py_buffer *ct_py_buffer_check(PyObject *obj, const char *what) {
+    if (!PyObject_TypeCheck(obj, &ct_py_BufferType)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a ctrainstate._C.Buffer, got %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    ct_py_buffer *b = (ct_py_buffer *)obj;
+    if (b->deleted) {
+        PyErr_Format(ct_py_DonatedBufferError, "%s: the buffer was deleted or donated", what);
+        return NULL;
+    }
+    return b;
+}
+
+static PyObject *buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"device_id", "shape", "dtype", NULL};
+    int device_id, dtype;
+    PyObject *shape_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOi:Buffer", kwlist, &device_id, &shape_obj,
+                                     &dtype))
+        return NULL;
+    if (dtype < 0 || dtype >= CT_NUM_DTYPES) {
+        PyErr_Format(PyExc_ValueError, "invalid dtype code %d", dtype);
+        return NULL;
+    }
+    int64_t shape[CT_MAX_NDIM];
+    int ndim = ct_py_int64_seq(shape_obj, shape, CT_MAX_NDIM, "shape");
+    if (ndim < 0) return NULL;
+    size_t n = ct_dtype_size((ct_dtype)dtype);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "shape has a negative dimension %lld",
+                         (long long)shape[i]);
+            return NULL;
+        }
+        if (shape[i] != 0 && n > SIZE_MAX / (size_t)shape[i]) {
+            PyErr_SetString(PyExc_ValueError, "buffer size overflows");
+            return NULL;
+        }
+        n *= (size_t)shape[i];
+    }
+    ct_device *dev = ct_device_by_id(device_id);
+    if (dev == NULL) return ct_py_raise(CT_EINVAL);
+    void *data = NULL;
+    ct_status st = ct_device_alloc(dev, n, &data);
+    if (st != CT_OK) return ct_py_raise(st);
+    ct_py_buffer *self = (ct_py_buffer *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        ct_device_free(dev, data, n);
+        return NULL;
+    }
+    self->dev = dev;
+    self->data = data;
+    self->nbytes = n;
+    self->dtype = (ct_dtype)dtype;
+    self->ndim = ndim;
+    memcpy(self->shape, shape, (size_t)ndim * sizeof shape[0]);
+    return (PyObject *)self;
+}
+
+static void buffer_release_memory(ct_py_buffer *self) {
+    if (!self->deleted && self->dev != NULL) {
+        ct_device_free(self->dev, self->data, self->nbytes);
+        self->data = NULL;
+        self->deleted = 1;
+    }
+}
+
+static void buffer_dealloc(ct_py_buffer *self) {
+    if (self->weakreflist != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+    buffer_release_memory(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *buffer_delete(ct_py_buffer *self, PyObject *noargs) {
+    (void)noargs;
+    if (self->exports > 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "cannot delete a buffer with %zd live numpy view(s); drop the views first",
+                     self->exports);
+        return NULL;
+    }
+    buffer_release_memory(self);
+    Py_RETURN_NONE;
+}
+
+static int buffer_getbuffer(ct_py_buffer *self, Py_buffer *view, int flags) {
+    if (self->deleted) {
+        PyErr_SetString(ct_py_DonatedBufferError, "the buffer was deleted or donated");
+        view->obj = NULL;
+        return -1;
+    }
+    if (self->dev->platform != CT_PLATFORM_CPU) {
+        PyErr_SetString(PyExc_BufferError, "only CPU buffers can be viewed from the host");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->data, (Py_ssize_t)self->nbytes, 0, flags) <
+        0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void buffer_releasebuffer(ct_py_buffer *self, Py_buffer *view) {
+    (void)view;
+    self->exports--;
+}
+
+static PyBufferProcs buffer_as_buffer = {
+    (getbufferproc)buffer_getbuffer,
+    (releasebufferproc)buffer_releasebuffer,
+};
+
+static PyObject *buffer_get_device_id(ct_py_buffer *self, void *c) {
+    (void)c;
+    return PyLong_FromLong(self->dev->id);
+}
+static PyObject *buffer_get_nbytes(ct_py_buffer *self, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(self->nbytes);
+}
+static PyObject *buffer_get_dtype(ct_py_buffer *self, void *c) {
+    (void)c;
+    return PyLong_FromLong((long)self->dtype);
+}
+static PyObject *buffer_get_deleted(ct_py_buffer *self, void *c) {
+    (void)c;
+    return PyBool_FromLong(self->deleted);
+}
+static PyObject *buffer_get_shape(ct_py_buffer *self, void *c) {
+    (void)c;
+    PyObject *t = PyTuple_New(self->ndim);
+    if (t == NULL) return NULL;
+    for (int i = 0; i < self->ndim; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)self->shape[i]);
+        if (v == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static PyGetSetDef buffer_getset[] = {
+    {"device_id", (getter)buffer_get_device_id, NULL, "Global id of the owning device.", NULL},
+    {"nbytes", (getter)buffer_get_nbytes, NULL, "Size in bytes.", NULL},
+    {"dtype", (getter)buffer_get_dtype, NULL, "Core dtype code.", NULL},
+    {"shape", (getter)buffer_get_shape, NULL, "Shape of the block this buffer stores.", NULL},
+    {"is_deleted", (getter)buffer_get_deleted, NULL, "True once the memory was released.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef buffer_methods[] = {
+    {"delete", (PyCFunction)buffer_delete, METH_NOARGS,
+     "delete($self, /)\n--\n\nRelease the memory now (fails while numpy views exist)."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject ct_py_BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ctrainstate._C.Buffer",
+    .tp_basicsize = sizeof(ct_py_buffer),
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_as_buffer = &buffer_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Buffer(device_id, shape, dtype)\n--\n\nUninitialised storage of one shard on one "
+              "device (dtype is a core dtype code).",
+    .tp_weaklistoffset = offsetof(ct_py_buffer, weakreflist),
+    .tp_methods = buffer_methods,
+    .tp_getset = buffer_getset,
+    .tp_new = buffer_new,
+};
+
+int ct_py_init_buffer(PyObject *m) {
+    if (PyType_Ready(&ct_py_BufferType) < 0) return -1;
+    return PyModule_AddObjectRef(m, "Buffer", (PyObject *)&ct_py_BufferType);
+}

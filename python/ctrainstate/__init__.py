@@ -1,0 +1,35 @@
+"""ctrainstate: Flax's partitioning model, sharded init and fused TrainState
+optimizers in a C extension, on CPU virtual devices and NVIDIA GPUs, without JAX.
+
+>>> import numpy as np, ctrainstate as cts
+>>> cts.device_count() >= 1
+True
+"""
+from . import _C
+from ._C import DonatedBufferError, ResourceExhaustedError
+from ._devices import (
+    Device,
+    default_backend,
+    device_count,
+    devices,
+    local_device_count,
+    local_devices,
+    process_count,
+    process_index,
+    reset_peak_memory_stats,
+)
+from . import tree_util, sharding, mesh_utils
+from .sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
+from .sharding import PartitionSpec as P
+from .mesh_utils import make_mesh
+from .array import Array, Shard, block_until_ready, device_put, visualize_array_sharding
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Array", "Device", "DonatedBufferError", "Mesh", "NamedSharding", "P", "PartitionSpec",
+    "ResourceExhaustedError", "Shard", "SingleDeviceSharding", "block_until_ready",
+    "default_backend", "device_count", "device_put", "devices", "get_mesh", "local_device_count",
+    "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
+    "reset_peak_memory_stats", "sharding", "tree_util", "visualize_array_sharding",
+]

@@ -1,0 +1,136 @@
+"""Devices: CPU virtual devices (and GPUs once the CUDA backend exists).
+
+The number of CPU devices is read from ``CTRAINSTATE_NUM_CPU_DEVICES`` the first
+time devices are used (default 1), like XLA's
+``--xla_force_host_platform_device_count``. An optional per-device memory limit
+in bytes comes from ``CTRAINSTATE_CPU_DEVICE_MEMORY``.
+"""
+from __future__ import annotations
+
+import threading
+
+from . import _C
+
+_lock = threading.Lock()
+_by_id: dict[int, "Device"] = {}
+_platform_ids: dict[str, list[int]] = {}
+
+
+class Device:
+    """One device. Instances are unique per id, so ``is`` and ``==`` agree.
+
+    >>> import ctrainstate
+    >>> d = ctrainstate.devices()[0]
+    >>> d.platform, d.id
+    ('cpu', 0)
+    """
+
+    __slots__ = ("id", "platform", "__weakref__")
+
+    def __init__(self, id: int, platform: str):  # noqa: A002 - jax's attribute name
+        self.id = id
+        self.platform = platform
+
+    @property
+    def device_kind(self) -> str:
+        return "cpu" if self.platform == "cpu" else "NVIDIA GPU"
+
+    def memory_stats(self) -> dict:
+        """Bytes in use, the peak since the last reset, and the limit of this device.
+
+        Keys: ``bytes_in_use``, ``peak_bytes_in_use``, ``bytes_limit`` (a very
+        large number when no limit is set), ``num_allocs``, ``largest_alloc_size``.
+        """
+        return _C.memory_stats(self.id)
+
+    def synchronize(self) -> None:
+        _C.synchronize(self.id)
+
+    def __repr__(self) -> str:
+        kind = "CpuDevice" if self.platform == "cpu" else "CudaDevice"
+        return f"{kind}(id={self.id})"
+
+    def __reduce__(self):
+        return (_device_by_id, (self.id,))
+
+
+def _ids(platform: str) -> list[int]:
+    with _lock:
+        ids = _platform_ids.get(platform)
+        if ids is None:
+            ids = list(_C.device_ids(platform))
+            _platform_ids[platform] = ids
+            for i in ids:
+                _by_id.setdefault(i, Device(i, platform))
+        return ids
+
+
+def _device_by_id(i: int) -> Device:
+    _ids("cpu")
+    _ids("gpu")
+    try:
+        return _by_id[i]
+    except KeyError:
+        raise ValueError(f"no device with id {i}") from None
+
+
+def _normalize_backend(backend):
+    if backend is None:
+        return None
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string like 'cpu' or 'gpu', got {backend!r}")
+    b = backend.lower()
+    if b == "cuda":
+        b = "gpu"
+    if b not in ("cpu", "gpu"):
+        raise ValueError(f"unknown backend {backend!r}; expected 'cpu' or 'gpu'")
+    return b
+
+
+def default_backend() -> str:
+    """'gpu' when GPU devices exist, else 'cpu'."""
+    return "gpu" if _ids("gpu") else "cpu"
+
+
+def devices(backend: str | None = None) -> list[Device]:
+    """All devices of ``backend`` ('cpu' or 'gpu'); by default the default backend's.
+
+    >>> import ctrainstate
+    >>> ctrainstate.devices('cpu')[0]
+    CpuDevice(id=0)
+    """
+    b = _normalize_backend(backend) or default_backend()
+    ids = _ids(b)
+    if not ids:
+        raise RuntimeError(
+            f"no {b} devices: ctrainstate was built without that backend or none is present")
+    return [_by_id[i] for i in ids]
+
+
+def local_devices(process_index: int | None = None, backend: str | None = None) -> list[Device]:
+    """Devices of this process (all of them: ctrainstate runs in one process)."""
+    if process_index not in (None, 0):
+        raise ValueError(f"process_index {process_index} does not exist; there is one process (0)")
+    return devices(backend)
+
+
+def device_count(backend: str | None = None) -> int:
+    """Number of devices of ``backend`` (default backend when None)."""
+    return len(devices(backend))
+
+
+def local_device_count(backend: str | None = None) -> int:
+    return device_count(backend)
+
+
+def process_index() -> int:
+    return 0
+
+
+def process_count() -> int:
+    return 1
+
+
+def reset_peak_memory_stats() -> None:
+    """Set every device's ``peak_bytes_in_use`` to its current ``bytes_in_use``."""
+    _C.reset_peak_memory_stats()

@@ -1,0 +1,363 @@
+"""Sharded arrays: :class:`Array`, :class:`Shard`, :func:`device_put`.
+
+An Array is a global shape and dtype, a sharding, and one buffer per device of
+the sharding holding that device's block (replicas are separate buffers). No
+device ever holds more than its block; ``np.asarray(array)`` is the one place a
+full copy is made, on the host, because the user asked for it.
+
+>>> import numpy as np, ctrainstate as cts
+>>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
+>>> x.shape, str(x.dtype)
+((2, 3), 'float32')
+>>> np.asarray(x)[1, 2]
+5.0
+"""
+from __future__ import annotations
+
+import html
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from . import _C, _dtypes
+from ._devices import Device
+from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
+from .tree_util import tree_leaves
+
+__all__ = ["Array", "Shard", "device_put", "block_until_ready", "visualize_array_sharding"]
+
+DonatedBufferError = _C.DonatedBufferError
+
+
+class Shard(NamedTuple):
+    """One device's block of an Array."""
+
+    device: Device
+    index: tuple          # tuple of slices into the global array
+    replica_id: int
+    data: Any             # numpy view of the block (CPU devices)
+
+
+def _buffer_view(buf, shape, dtype) -> np.ndarray:
+    """Zero-copy numpy view of a CPU buffer."""
+    return np.frombuffer(buf, dtype=np.uint8).view(dtype).reshape(shape)
+
+
+class Array:
+    """A global array stored as per-device shards.
+
+    Attributes mirror ``jax.Array``: ``shape``, ``dtype``, ``ndim``, ``size``,
+    ``nbytes`` (of the global array), ``sharding``, ``addressable_shards``,
+    ``is_fully_replicated``. ``np.asarray(a)`` gathers.
+    """
+
+    __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
+                 "__weakref__")
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Arrays are created with ctrainstate.device_put(...) or ctrainstate ops")
+
+    @classmethod
+    def _create(cls, shape, dtype, sharding, blocks):
+        """blocks: list of (device, buffer, start, replica_id), one per sharding device."""
+        self = object.__new__(cls)
+        self._shape = tuple(shape)
+        self._dtype = np.dtype(dtype)
+        self._sharding = sharding
+        self._blocks = blocks
+        self._shard_shape = sharding.shard_shape(shape)
+        self._donated = False
+        return self
+
+    # --- metadata ---------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def sharding(self) -> Sharding:
+        return self._sharding
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        return self._sharding.is_fully_replicated
+
+    def __len__(self):
+        if not self._shape:
+            raise TypeError("len() of a 0-d Array")
+        return self._shape[0]
+
+    # --- liveness -----------------------------------------------------------------
+    def _check_alive(self):
+        if self._donated:
+            raise DonatedBufferError(
+                "this Array was donated: its buffers now belong to the result of the call it "
+                "was passed to (e.g. TrainState.apply_gradients updates params and optimizer "
+                "state in place); use the returned value instead")
+        for _, buf, _, _ in self._blocks:
+            if buf.is_deleted:
+                raise DonatedBufferError("this Array has been deleted")
+
+    def is_deleted(self) -> bool:
+        return self._donated or any(b.is_deleted for _, b, _, _ in self._blocks)
+
+    def delete(self) -> None:
+        """Free the device memory now; later use raises ``DonatedBufferError``."""
+        for _, buf, _, _ in self._blocks:
+            buf.delete()
+
+    def _donate(self):
+        """Hand the buffers to a new owner; this Array becomes unusable."""
+        self._check_alive()
+        self._donated = True
+        return self._blocks
+
+    # --- data -----------------------------------------------------------------
+    @property
+    def addressable_shards(self) -> list:
+        self._check_alive()
+        out = []
+        for dev, buf, start, rid in self._blocks:
+            index = tuple(slice(s, s + n) for s, n in zip(start, self._shard_shape))
+            data = _buffer_view(buf, self._shard_shape, self._dtype) if dev.platform == "cpu" else None
+            out.append(Shard(dev, index, rid, data))
+        return out
+
+    @property
+    def global_shards(self) -> list:
+        return self.addressable_shards
+
+    def __array__(self, dtype=None, copy=None):
+        self._check_alive()
+        out = np.empty(self._shape, dtype=self._dtype)
+        for _, buf, start, rid in self._blocks:
+            if rid == 0:
+                _C.copy_to_host(buf, out, start)
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            out = out.astype(dtype)
+        return out
+
+    def block_until_ready(self) -> "Array":
+        self._check_alive()
+        for dev in {d for d, _, _, _ in self._blocks}:
+            dev.synchronize()
+        return self
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError("item() needs an Array of one element")
+        return np.asarray(self).item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __repr__(self):
+        if self._donated:
+            return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
+        return f"Array(shape={self._shape}, dtype={self._dtype}, sharding={self._sharding!r})"
+
+    def _repr_html_(self):
+        return _sharding_html(self)
+
+
+# --- device_put ------------------------------------------------------------------
+
+
+def _as_sharding(s) -> Sharding:
+    if s is None:
+        return default_sharding()
+    if isinstance(s, Sharding):
+        return s
+    if isinstance(s, Device):
+        return SingleDeviceSharding(s)
+    raise TypeError(
+        f"device_put: expected a NamedSharding, SingleDeviceSharding or Device, got "
+        f"{type(s).__name__}")
+
+
+def _alloc_blocks(shape, dtype, sharding):
+    shard_shape, layout, _ = sharding._layout(shape)
+    code = _dtypes.code(dtype)
+    return shard_shape, [
+        (dev, _C.Buffer(dev.id, shard_shape, code), start, rid) for dev, start, rid in layout
+    ]
+
+
+def _from_host(x: np.ndarray, sharding: Sharding) -> Array:
+    dtype = x.dtype
+    shard_shape, blocks = _alloc_blocks(x.shape, dtype, sharding)
+    if dtype == _dtypes.bool_:
+        x = x.view(np.uint8)
+    for _, buf, start, _ in blocks:
+        _C.copy_from_host(buf, x, start)
+    return Array._create(x.shape, dtype, sharding, blocks)
+
+
+def _reshard(a: Array, sharding: Sharding) -> Array:
+    a._check_alive()
+    shard_shape, blocks = _alloc_blocks(a.shape, a.dtype, sharding)
+    want = int(np.prod(shard_shape, dtype=np.int64))
+    sources = [(dev, buf, start) for dev, buf, start, rid in a._blocks if rid == 0]
+    for dev, buf, start, _ in blocks:
+        # Prefer a source block on the same device that covers ours: no cross-device traffic.
+        local = [s for s in a._blocks if s[0] is dev and all(
+            ss <= ds and ds + n <= ss + m
+            for ss, ds, n, m in zip(s[2], start, shard_shape, a._shard_shape))]
+        srcs = [(d, b, s) for d, b, s, _ in local[:1]] or sources
+        copied = 0
+        for _, sbuf, sstart in srcs:
+            copied += _C.copy_overlap(buf, start, sbuf, sstart)
+            if copied == want:
+                break
+        if copied != want:
+            raise RuntimeError(
+                f"internal error: resharding filled {copied} of {want} elements of a shard")
+    return Array._create(a.shape, a.dtype, sharding, blocks)
+
+
+def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool = False):
+    """Place ``x`` (numpy array, Python scalar, list, or Array) on devices.
+
+    ``sharding``: a :class:`NamedSharding`, a :class:`SingleDeviceSharding`, a
+    :class:`Device`, or None — replicated over the active mesh, else the first
+    device (an Array with ``sharding=None`` is returned as is). An Array with a
+    new sharding is resharded device to device; each device allocates only its
+    block. Pytrees are placed leaf by leaf.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> a = cts.device_put(np.ones((4, 2), np.float32))
+    >>> [s.index for s in a.addressable_shards]
+    [(slice(0, 4, None), slice(0, 2, None))]
+    """
+    if not isinstance(x, (Array, np.ndarray, np.generic, int, float, bool)) and not (
+            isinstance(x, (list, tuple, dict)) and _is_numeric_list(x)):
+        from .tree_util import tree_map  # pytrees of arrays
+        return tree_map(lambda leaf: device_put(leaf, sharding), x)
+    if isinstance(x, Array):
+        if sharding is None:
+            x._check_alive()
+            return x
+        s = _as_sharding(sharding)
+        if s == x.sharding:
+            x._check_alive()
+            return x
+        return _reshard(x, s)
+    s = _as_sharding(sharding)
+    arr = np.asarray(x)
+    dtype = _dtypes.canonicalize(arr.dtype)
+    if arr.dtype != dtype:
+        arr = arr.astype(dtype)
+    return _from_host(arr, s)
+
+
+def _is_numeric_list(x):
+    return isinstance(x, list) and all(isinstance(v, (int, float, bool, list)) for v in x)
+
+
+def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
+    """Create an Array whose shards are written in place by ``fill(buffer, start, shard_shape)``.
+
+    The building block for sharded initialisers: each device's buffer is
+    allocated on that device and filled with its own block only.
+    """
+    dtype = _dtypes.canonicalize(dtype)
+    sharding = _as_sharding(sharding)
+    shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
+    for _, buf, start, _ in blocks:
+        fill(buf, start, shard_shape)
+    return Array._create(tuple(shape), dtype, sharding, blocks)
+
+
+def block_until_ready(tree):
+    """Wait for every Array in a pytree; returns the tree."""
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, Array):
+            leaf.block_until_ready()
+    return tree
+
+
+# --- visualisation -------------------------------------------------------------------
+
+
+def _grid(a: Array):
+    if a.ndim not in (1, 2):
+        raise ValueError(
+            f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {a.ndim}")
+    rows = {}
+    for sh in a.addressable_shards:
+        r = sh.index[0]
+        c = sh.index[1] if a.ndim == 2 else slice(0, 1)
+        rows.setdefault((r.start, r.stop), {}).setdefault((c.start, c.stop), []).append(sh.device)
+    return rows
+
+
+def _label(devs):
+    plat = "CPU" if devs[0].platform == "cpu" else "GPU"
+    return f"{plat} " + ",".join(str(d.id) for d in sorted(devs, key=lambda d: d.id))
+
+
+def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: int = 80) -> str:
+    """Print (and return) a text grid of which devices hold which block of a 1-d or 2-d Array.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> _ = cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
+    ┌───────┐
+    │ CPU 0 │
+    └───────┘
+    """
+    if not isinstance(arr, Array):
+        raise TypeError(f"visualize_array_sharding needs an Array, got {type(arr).__name__}")
+    rows = _grid(arr)
+    row_keys = sorted(rows)
+    col_keys = sorted({c for r in rows.values() for c in r})
+    labels = [[_label(rows[r][c]) for c in col_keys] for r in row_keys]
+    width = max(len(lab) for line in labels for lab in line) + 2
+    ncol = len(col_keys)
+    top = "┌" + "┬".join("─" * width for _ in range(ncol)) + "┐"
+    mid = "├" + "┼".join("─" * width for _ in range(ncol)) + "┤"
+    bot = "└" + "┴".join("─" * width for _ in range(ncol)) + "┘"
+    lines = [top]
+    for i, line in enumerate(labels):
+        lines.append("│" + "│".join(lab.center(width) for lab in line) + "│")
+        lines.append(mid if i + 1 < len(labels) else bot)
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def _sharding_html(a: Array) -> str:
+    head = html.escape(repr(a))
+    if a._donated or a.ndim not in (1, 2):
+        return f"<pre>{head}</pre>"
+    rows = _grid(a)
+    col_keys = sorted({c for r in rows.values() for c in r})
+    body = []
+    for r in sorted(rows):
+        cells = "".join(
+            f"<td style='border:1px solid #888;padding:4px 10px;text-align:center'>"
+            f"{html.escape(_label(rows[r][c]))}</td>" for c in col_keys)
+        body.append(f"<tr>{cells}</tr>")
+    return (f"<div><pre>{head}</pre><table style='border-collapse:collapse'>"
+            f"{''.join(body)}</table></div>")

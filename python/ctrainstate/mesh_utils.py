@@ -1,0 +1,55 @@
+"""Helpers to build device meshes (mirror of ``jax.experimental.mesh_utils``)."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ._devices import devices as _devices
+from .sharding import Mesh
+
+
+def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs) -> np.ndarray:
+    """An ndarray of devices of shape ``mesh_shape``, in device-id order.
+
+    >>> import ctrainstate as cts
+    >>> from ctrainstate import mesh_utils
+    >>> mesh_utils.create_device_mesh((1,)).shape
+    (1,)
+    """
+    shape = tuple(int(s) for s in mesh_shape)
+    if any(s < 1 for s in shape):
+        raise ValueError(f"mesh_shape {shape} must have positive sizes")
+    devs = list(_devices() if devices is None else devices)
+    need = math.prod(shape)
+    if need != len(devs):
+        raise ValueError(
+            f"mesh_shape {shape} needs {need} devices but {len(devs)} were given; set "
+            f"CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices")
+    arr = np.empty(len(devs), dtype=object)
+    arr[:] = devs
+    return arr.reshape(shape)
+
+
+def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=None) -> Mesh:
+    """A :class:`Mesh` of the given axis sizes and names over the first devices.
+
+    >>> import ctrainstate as cts
+    >>> cts.make_mesh((1,), ('x',)).shape['x']
+    1
+    """
+    shape = tuple(int(s) for s in axis_shapes)
+    if isinstance(axis_names, str):
+        axis_names = (axis_names,)
+    if len(shape) != len(tuple(axis_names)):
+        raise ValueError(
+            f"make_mesh: {len(shape)} axis sizes {shape} but {len(tuple(axis_names))} names "
+            f"{tuple(axis_names)!r}")
+    devs = list(_devices() if devices is None else devices)
+    need = math.prod(shape)
+    if need > len(devs):
+        raise ValueError(
+            f"make_mesh: axis sizes {shape} need {need} devices but only {len(devs)} exist; set "
+            f"CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices")
+    return Mesh(create_device_mesh(shape, devs[:need]), tuple(axis_names))

@@ -1,0 +1,325 @@
+"""Pytrees: nested containers whose leaves are arrays (mirror of ``jax.tree_util``).
+
+Containers: dict (keys sorted, like JAX), OrderedDict and defaultdict (insertion
+order), list, tuple, namedtuple, ``None`` (a node with no children) and any
+class registered with :func:`register_pytree_node`. Everything else is a leaf.
+
+>>> from ctrainstate import tree_util
+>>> tree_util.tree_map(lambda x: x * 2, {'b': [1, 2], 'a': (3,)})
+{'a': (6,), 'b': [2, 4]}
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, NamedTuple
+
+__all__ = [
+    "PyTreeDef",
+    "register_pytree_node",
+    "register_pytree_node_class",
+    "tree_flatten",
+    "tree_unflatten",
+    "tree_leaves",
+    "tree_structure",
+    "tree_map",
+    "tree_flatten_with_path",
+    "tree_map_with_path",
+    "tree_leaves_with_path",
+    "keystr",
+    "DictKey",
+    "SequenceKey",
+    "GetAttrKey",
+    "all_leaves",
+]
+
+
+class DictKey(NamedTuple):
+    key: Any
+
+    def __str__(self):
+        return f"[{self.key!r}]"
+
+
+class SequenceKey(NamedTuple):
+    idx: int
+
+    def __str__(self):
+        return f"[{self.idx}]"
+
+
+class GetAttrKey(NamedTuple):
+    name: str
+
+    def __str__(self):
+        return f".{self.name}"
+
+
+def keystr(path) -> str:
+    """``"['params']['Dense_0']['kernel']"`` for a key path."""
+    return "".join(str(k) for k in path)
+
+
+# node type -> (flatten(x) -> (children, aux, keys), unflatten(aux, children))
+_registry: dict[type, tuple[Callable, Callable]] = {}
+
+
+def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func: Callable) -> None:
+    """Register ``nodetype``: ``flatten_func(x) -> (children, aux_data)`` and
+    ``unflatten_func(aux_data, children) -> x``."""
+    if nodetype in _registry:
+        raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
+
+    def flat(x):
+        children, aux = flatten_func(x)
+        children = list(children)
+        return children, aux, [SequenceKey(i) for i in range(len(children))]
+
+    _registry[nodetype] = (flat, unflatten_func)
+
+
+def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unflatten_func: Callable):
+    """Like :func:`register_pytree_node` but ``flatten_with_keys(x) -> ([(key, child)], aux)``."""
+    if nodetype in _registry:
+        raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
+
+    def flat(x):
+        kc, aux = flatten_with_keys(x)
+        kc = list(kc)
+        return [c for _, c in kc], aux, [k for k, _ in kc]
+
+    _registry[nodetype] = (flat, unflatten_func)
+
+
+def register_pytree_node_class(cls):
+    """Class decorator: uses ``cls.tree_flatten`` and ``cls.tree_unflatten``."""
+    register_pytree_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
+    return cls
+
+
+def _sorted_keys(d):
+    try:
+        return sorted(d)
+    except TypeError:
+        return list(d)
+
+
+def _flatten_node(x):
+    """(children, aux, keys, kind) for a container, or None for a leaf."""
+    t = type(x)
+    if t in _registry:
+        children, aux, keys = _registry[t][0](x)
+        return children, aux, keys, t
+    if x is None:
+        return [], None, [], type(None)
+    if t is dict:
+        ks = _sorted_keys(x)
+        return [x[k] for k in ks], tuple(ks), [DictKey(k) for k in ks], dict
+    if t is collections.OrderedDict:
+        ks = list(x)
+        return [x[k] for k in ks], tuple(ks), [DictKey(k) for k in ks], t
+    if t is collections.defaultdict:
+        ks = _sorted_keys(x)
+        return [x[k] for k in ks], (x.default_factory, tuple(ks)), [DictKey(k) for k in ks], t
+    if t is list:
+        return list(x), len(x), [SequenceKey(i) for i in range(len(x))], list
+    if t is tuple:
+        return list(x), len(x), [SequenceKey(i) for i in range(len(x))], tuple
+    if isinstance(x, tuple) and hasattr(t, "_fields"):
+        return list(x), t, [GetAttrKey(f) for f in t._fields], "namedtuple"
+    return None
+
+
+def _unflatten_node(kind, aux, children):
+    if kind in _registry:
+        return _registry[kind][1](aux, children)
+    if kind is type(None):
+        return None
+    if kind is dict:
+        return dict(zip(aux, children))
+    if kind is collections.OrderedDict:
+        return collections.OrderedDict(zip(aux, children))
+    if kind is collections.defaultdict:
+        factory, ks = aux
+        return collections.defaultdict(factory, zip(ks, children))
+    if kind is list:
+        return list(children)
+    if kind is tuple:
+        return tuple(children)
+    if kind == "namedtuple":
+        return aux(*children)
+    raise TypeError(f"unknown pytree node kind {kind!r}")
+
+
+class PyTreeDef:
+    """The structure of a pytree: node kinds, aux data and the leaf positions."""
+
+    __slots__ = ("kind", "aux", "children", "num_leaves", "num_nodes")
+
+    def __init__(self, kind, aux, children):
+        self.kind = kind  # "leaf", "none" handled via kind type(None)
+        self.aux = aux
+        self.children = tuple(children)
+        if kind == "leaf":
+            self.num_leaves = 1
+            self.num_nodes = 1
+        else:
+            self.num_leaves = sum(c.num_leaves for c in self.children)
+            self.num_nodes = 1 + sum(c.num_nodes for c in self.children)
+
+    def unflatten(self, leaves):
+        return tree_unflatten(self, leaves)
+
+    def _key(self):
+        aux = self.aux
+        return (self.kind, aux, self.children)
+
+    def __eq__(self, other):
+        if not isinstance(other, PyTreeDef):
+            return NotImplemented
+        if self.kind != other.kind or len(self.children) != len(other.children):
+            return False
+        try:
+            if self.aux != other.aux:
+                return False
+        except Exception:  # aux without a usable == (e.g. arrays): compare identity
+            if self.aux is not other.aux:
+                return False
+        return all(a == b for a, b in zip(self.children, other.children))
+
+    def __hash__(self):
+        try:
+            return hash((str(self.kind), self.aux, self.children))
+        except TypeError:
+            return hash((str(self.kind), self.children))
+
+    def __repr__(self):
+        if self.kind == "leaf":
+            return "*"
+        inner = ", ".join(repr(c) for c in self.children)
+        name = self.kind if isinstance(self.kind, str) else self.kind.__name__
+        if self.kind is dict:
+            return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.aux, self.children)) + "}"
+        if self.kind is list:
+            return f"[{inner}]"
+        if self.kind is tuple:
+            return f"({inner}{',' if len(self.children) == 1 else ''})"
+        if self.kind is type(None):
+            return "None"
+        return f"PyTreeDef({name}, [{inner}])"
+
+
+_LEAF = PyTreeDef("leaf", None, ())
+
+
+def _flatten(x, is_leaf, leaves, paths, path):
+    if is_leaf is not None and is_leaf(x):
+        leaves.append(x)
+        if paths is not None:
+            paths.append(path)
+        return _LEAF
+    node = _flatten_node(x)
+    if node is None:
+        leaves.append(x)
+        if paths is not None:
+            paths.append(path)
+        return _LEAF
+    children, aux, keys, kind = node
+    defs = [
+        _flatten(c, is_leaf, leaves, paths, path + (k,) if paths is not None else path)
+        for c, k in zip(children, keys)
+    ]
+    return PyTreeDef(kind, aux, defs)
+
+
+def tree_flatten(tree, is_leaf: Callable | None = None):
+    """``(leaves, treedef)`` of ``tree``, leaves in a deterministic order."""
+    leaves: list = []
+    td = _flatten(tree, is_leaf, leaves, None, ())
+    return leaves, td
+
+
+def tree_flatten_with_path(tree, is_leaf: Callable | None = None):
+    """``([(key_path, leaf)], treedef)``."""
+    leaves: list = []
+    paths: list = []
+    td = _flatten(tree, is_leaf, leaves, paths, ())
+    return list(zip(paths, leaves)), td
+
+
+def tree_leaves_with_path(tree, is_leaf: Callable | None = None):
+    return tree_flatten_with_path(tree, is_leaf)[0]
+
+
+def tree_unflatten(treedef: PyTreeDef, leaves):
+    """Rebuild a pytree of structure ``treedef`` from ``leaves``."""
+    leaves = list(leaves)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(
+            f"tree_unflatten: the structure has {treedef.num_leaves} leaves but "
+            f"{len(leaves)} were given")
+    it = iter(leaves)
+
+    def build(td):
+        if td.kind == "leaf":
+            return next(it)
+        return _unflatten_node(td.kind, td.aux, [build(c) for c in td.children])
+
+    return build(treedef)
+
+
+def tree_leaves(tree, is_leaf: Callable | None = None) -> list:
+    return tree_flatten(tree, is_leaf)[0]
+
+
+def tree_structure(tree, is_leaf: Callable | None = None) -> PyTreeDef:
+    return tree_flatten(tree, is_leaf)[1]
+
+
+def all_leaves(iterable) -> bool:
+    return all(tree_structure(x) == _LEAF for x in iterable)
+
+
+def _flatten_up_to(treedef, tree, path=()):
+    """Leaves of ``tree`` at the leaf positions of ``treedef`` (tree may be deeper)."""
+    if treedef.kind == "leaf":
+        return [tree]
+    node = _flatten_node(tree)
+    if node is None:
+        raise ValueError(
+            f"tree structure mismatch at {keystr(path) or 'the root'}: expected a "
+            f"{_kind_name(treedef.kind)}, got a leaf of type {type(tree).__name__}")
+    children, aux, keys, kind = node
+    if kind != treedef.kind or len(children) != len(treedef.children) or (
+            kind in (dict, collections.OrderedDict) and aux != treedef.aux):
+        raise ValueError(
+            f"tree structure mismatch at {keystr(path) or 'the root'}: expected "
+            f"{treedef!r}, got {_kind_name(kind)} with {len(children)} children"
+            + (f" (keys {list(aux)!r})" if kind in (dict, collections.OrderedDict) else ""))
+    out = []
+    for c, k, td in zip(children, keys, treedef.children):
+        out += _flatten_up_to(td, c, path + (k,))
+    return out
+
+
+def _kind_name(kind):
+    if isinstance(kind, str):
+        return kind
+    return kind.__name__
+
+
+def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
+    """Apply ``f`` to the leaves of ``tree`` (and the matching leaves of ``rest``).
+
+    >>> tree_map(lambda a, b: a + b, [1, (2,)], [10, (20,)])
+    [11, (22,)]
+    """
+    leaves, td = tree_flatten(tree, is_leaf)
+    others = [_flatten_up_to(td, r) for r in rest]
+    return tree_unflatten(td, [f(*xs) for xs in zip(leaves, *others)])
+
+
+def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None):
+    """Like :func:`tree_map`, with the key path as ``f``'s first argument."""
+    pl, td = tree_flatten_with_path(tree, is_leaf)
+    others = [_flatten_up_to(td, r) for r in rest]
+    return tree_unflatten(td, [f(p, x, *xs) for (p, x), *xs in zip(pl, *others)])

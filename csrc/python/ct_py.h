@@ -56,5 +56,6 @@ int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);
 int ct_py_init_layout(PyObject *m);
+int ct_py_init_random(PyObject *m);
 
 #endif /* CT_PY_H */

@@ -66,6 +66,7 @@ static const ct_py_init_fn ct_py_parts[] = {
     ct_py_init_devices,
     ct_py_init_buffer,
     ct_py_init_layout,
+    ct_py_init_random,
 };
 
 PyMODINIT_FUNC PyInit__C(void) {

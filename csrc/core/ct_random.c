@@ -234,11 +234,19 @@ static consts make_consts(const ct_sampler *s) {
         hi = 1.0f;
         break;
     case CT_DIST_TRUNCATED_NORMAL: {
-        /* XLA rewrites the float32 `x / sqrt(2)` as `x * (1 / sqrt(2))`; the
-         * 16-bit types keep the division (each verified against jax). */
+        /* XLA rewrites `x / sqrt(2)` as `x * (1 / sqrt(2))` for float32 and
+         * float16 (reciprocal rounded to the dtype); bfloat16 keeps the
+         * division (each verified against jax). */
         float l = cvt(dt, s->lower), u = cvt(dt, s->upper);
-        float ls = dt == CT_F32 ? l * 0.707106769f : rnd(dt, l / c.sqrt2);
-        float us = dt == CT_F32 ? u * 0.707106769f : rnd(dt, u / c.sqrt2);
+        float ls, us;
+        if (dt == CT_BF16) {
+            ls = rnd(dt, l / c.sqrt2);
+            us = rnd(dt, u / c.sqrt2);
+        } else {
+            const float rsqrt2 = rnd(dt, 0.707106769f);
+            ls = rnd(dt, l * rsqrt2);
+            us = rnd(dt, u * rsqrt2);
+        }
         lo = rnd(dt, xla_erf(ls));
         hi = rnd(dt, xla_erf(us));
         c.clip_lo = next_toward(dt, l, 1);

@@ -257,7 +257,7 @@ def bernoulli(k, p=0.5, shape=None, mode: str = "low", *, out_sharding=None):
     if mode == "high":
         raise NotImplementedError("bernoulli(mode='high') is not implemented in ctrainstate")
     pdt = np.asarray(p).dtype
-    if pdt.kind != "f":
+    if pdt.kind != "f" and pdt not in _FLOATS:
         raise TypeError(f"bernoulli probability `p` must have a floating dtype, got {pdt}")
     pdt = _float_dtype(pdt, "bernoulli")
     shape = () if shape is None else _shape(shape)

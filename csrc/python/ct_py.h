@@ -58,5 +58,6 @@ int ct_py_init_buffer(PyObject *m);
 int ct_py_init_layout(PyObject *m);
 int ct_py_init_ops(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
+int ct_py_init_random(PyObject *m);
 
 #endif /* CT_PY_H */

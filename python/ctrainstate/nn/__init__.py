@@ -29,13 +29,10 @@ from .spmd import (
     with_logical_partitioning,
 )
 
-try:  # written separately (issue: initializers); the guard goes once it is merged
-    from . import initializers  # noqa: F401
-except ImportError:
-    pass
+from . import initializers
 
 __all__ = [
-    'meta', 'scope', 'spmd', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'initializers', 'meta', 'scope', 'spmd', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

@@ -1,0 +1,409 @@
+/*
+ * ct_random.c — uniform / normal / truncated-normal / bernoulli block fills
+ * that reproduce jax.random on CPU bit for bit (see ct_random.h).
+ *
+ * Layout: XLA's float32 math (log, log1p, erf, erf_inv) first, then the
+ * per-dtype element transforms, then the tiled fast path (threefry tile ->
+ * transform tile, vectorised, OpenMP over the block), then the scalar
+ * reference used by the tests.
+ *
+ * Exactness depends on the order and fusion of every float operation, so this
+ * file is compiled with floating-point contraction off (the pragma below) and
+ * spells each fused multiply-add as fmaf(); no -ffast-math.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off", "no-math-errno")
+#endif
+
+#include "ct_random.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "ct_simd.h"
+
+#define CT_INLINE static inline __attribute__((always_inline))
+
+CT_INLINE uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+CT_INLINE float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* --- float16 --------------------------------------------------------------- */
+
+CT_INLINE uint16_t f32_to_f16(float f) {
+    /* Round to nearest even; after F. Giesen's float_to_half_fast3_rtne. */
+    uint32_t x = f2u(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    uint16_t o;
+    if (x >= 0x47800000u) {                 /* >= 65536, inf or nan */
+        o = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (x < 0x38800000u) {           /* subnormal half or zero */
+        o = (uint16_t)(f2u(u2f(x) + 0.5f) - 0x3f000000u);
+    } else {
+        uint32_t odd = (x >> 13) & 1u;
+        x += 0xc8000fffu + odd;             /* rebias exponent, round */
+        o = (uint16_t)(x >> 13);
+    }
+    return (uint16_t)(o | sign);
+}
+
+CT_INLINE float f16_to_f32(uint16_t h) {
+    uint32_t o = (uint32_t)(h & 0x7fffu) << 13;
+    uint32_t exp = o & 0x0f800000u;
+    o += (uint32_t)(127 - 15) << 23;
+    if (exp == 0x0f800000u) {
+        o += (uint32_t)(128 - 16) << 23;    /* inf / nan */
+    } else if (exp == 0) {
+        o += 1u << 23;                      /* subnormal: renormalise */
+        o = f2u(u2f(o) - u2f(113u << 23));
+    }
+    return u2f(o | ((uint32_t)(h & 0x8000u) << 16));
+}
+
+uint16_t ct_f32_to_f16(float f) { return f32_to_f16(f); }
+float ct_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
+
+/* Round a float32 to the storage dtype and back (identity for float32). */
+CT_INLINE float rnd(ct_dtype dt, float x) {
+    if (dt == CT_F16) return f16_to_f32(f32_to_f16(x));
+    if (dt == CT_BF16) return ct_bf16_to_f32(ct_f32_to_bf16(x));
+    return x;
+}
+
+/* double -> dtype, as convert_element_type of a Python float. */
+static float cvt(ct_dtype dt, double v) { return rnd(dt, (float)v); }
+
+CT_INLINE void store(ct_dtype dt, void *out, uint64_t i, float v) {
+    if (dt == CT_F32) ((float *)out)[i] = v;
+    else if (dt == CT_F16) ((uint16_t *)out)[i] = f32_to_f16(v);
+    else ((uint16_t *)out)[i] = ct_f32_to_bf16(v);
+}
+
+/* Largest float of dtype below / above x (x finite or inf; dtype-exact). */
+static float next_toward(ct_dtype dt, float x, int up) {
+    if (dt == CT_F32) return nextafterf(x, up ? INFINITY : -INFINITY);
+    /* 16-bit types: step the 16-bit pattern. */
+    uint16_t h = dt == CT_F16 ? f32_to_f16(x) : ct_f32_to_bf16(x);
+    uint16_t inf = dt == CT_F16 ? 0x7c00u : 0x7f80u;
+    int neg = (h & 0x8000u) != 0;
+    if ((h & 0x7fffu) == 0) h = up ? 1u : 0x8001u;
+    else if ((h & 0x7fffu) == inf && neg == up) h = (uint16_t)(h - 1u); /* -inf up / +inf down */
+    else if ((h & 0x7fffu) == inf) return x;
+    else if (neg == !up) h = (uint16_t)(h + 1u);  /* away from zero */
+    else h = (uint16_t)(h - 1u);                    /* toward zero */
+    return dt == CT_F16 ? f16_to_f32(h) : ct_bf16_to_f32(h);
+}
+
+/* --- XLA's float32 math ------------------------------------------------------
+ * Reimplemented from the LLVM IR XLA's CPU backend emits (Cephes/Eigen
+ * polynomials) and checked bit for bit against jax.lax on CPU. */
+
+CT_INLINE float xla_log(float x) {
+    const float p0 = 7.0376836292E-2f, p1 = -1.1514610310E-1f, p2 = 1.1676998740E-1f,
+                p3 = -1.2420140846E-1f, p4 = 1.4249322787E-1f, p5 = -1.6668057665E-1f,
+                p6 = 2.0000714765E-1f, p7 = -2.4999993993E-1f, p8 = 3.3333331174E-1f;
+    const float q1 = -2.12194440e-4f, q2 = 0.693359375f;
+    float xc = x > 1.17549435e-38f ? x : 1.17549435e-38f;   /* no denormals */
+    uint32_t xi = f2u(xc);
+    float e = (float)((int32_t)(xi >> 23) - 126);
+    float m = u2f((xi & 0x807fffffu) | 0x3f000000u);        /* in [0.5, 1) */
+    int lt = m < 0.707106781186547524f;
+    float tmp = lt ? m : 0.0f;
+    m = m - 1.0f;
+    e = e - (lt ? 1.0f : 0.0f);
+    m = m + tmp;
+    float x2 = m * m, x3 = x2 * m;
+    float y = fmaf(p0, m, p1), y1 = fmaf(p3, m, p4), y2 = fmaf(p6, m, p7);
+    y = fmaf(y, m, p2);
+    y1 = fmaf(y1, m, p5);
+    y2 = fmaf(y2, m, p8);
+    y = fmaf(y, x3, y1);
+    y = fmaf(y, x3, y2);
+    y = fmaf(y, x3, q1 * e);
+    float r = m - 0.5f * x2;
+    r = r + y;
+    r = r + q2 * e;
+    r = x == 0.0f ? -INFINITY : r;
+    r = x == INFINITY ? INFINITY : r;
+    return (x < 0.0f || x != x) ? NAN : r;
+}
+
+CT_INLINE float xla_log1p(float x) {
+    /* Cephes rational approximation for |x| < sqrt(2) - 1, log(1 + x) beyond. */
+    float large = xla_log(x + 1.0f);
+    float x2 = x * x;
+    float num = 4.5270000862445199635E-5f;
+    num = fmaf(num, x, 4.9854102823193375972E-1f);
+    num = fmaf(num, x, 6.5787325942061044846E0f);
+    num = fmaf(num, x, 2.9911919328553073277E1f);
+    num = fmaf(num, x, 6.0949667980987787057E1f);
+    num = fmaf(num, x, 5.7112963590585538103E1f);
+    num = fmaf(num, x, 2.0039553499201281259E1f);
+    float den = 1.0f;
+    den = fmaf(den, x, 1.5062909083469192198E1f);
+    den = fmaf(den, x, 8.3047565967967209469E1f);
+    den = fmaf(den, x, 2.2176239823732856465E2f);
+    den = fmaf(den, x, 3.0909872225312059774E2f);
+    den = fmaf(den, x, 2.1642788614495947685E2f);
+    den = fmaf(den, x, 6.0118660497603843919E1f);
+    float small = x + fmaf(-0.5f, x2, (x * x2) * (num / den));
+    return fabsf(x) < 0.41421356237309504880f ? small : large;
+}
+
+CT_INLINE float xla_erfinv(float x) {
+    /* M. Giles, "Approximating the erfinv function", single precision. */
+    float w = -xla_log1p(x * -x);
+    int lt = w < 5.0f;
+    float v = lt ? w - 2.5f : sqrtf(w) - 3.0f;
+    float p = lt ? 2.81022636e-08f : -0.000200214257f;
+    p = fmaf(p, v, lt ? 3.43273939e-07f : 0.000100950558f);
+    p = fmaf(p, v, lt ? -3.5233877e-06f : 0.00134934322f);
+    p = fmaf(p, v, lt ? -4.39150654e-06f : -0.00367342844f);
+    p = fmaf(p, v, lt ? 0.00021858087f : 0.00573950773f);
+    p = fmaf(p, v, lt ? -0.00125372503f : -0.0076224613f);
+    p = fmaf(p, v, lt ? -0.00417768164f : 0.00943887047f);
+    p = fmaf(p, v, lt ? 0.246640727f : 1.00167406f);
+    p = fmaf(p, v, lt ? 1.50140941f : 2.83297682f);
+    float r = p * x;
+    return fabsf(x) == 1.0f ? x * INFINITY : r;
+}
+
+CT_INLINE float xla_erf(float x) {
+    /* Eigen's rational interpolant, clamped to +-1 beyond erfinv(1 - ulp/2). */
+    float x2 = x * x;
+    float p = fmaf(x2, 0.00022905065861350646f, 0.0034082910107109506f);
+    p = fmaf(x2, p, 0.050955695062380861f);
+    p = fmaf(x2, p, 0.18520832239976145f);
+    p = fmaf(x2, p, 1.128379143519084f);
+    p = x * p;
+    float q = fmaf(x2, -1.1791602954361697e-7f, 0.000023547966471313185f);
+    q = fmaf(x2, q, 0.0010179625278914885f);
+    q = fmaf(x2, q, 0.014070470171167667f);
+    q = fmaf(x2, q, 0.11098505178285362f);
+    q = fmaf(x2, q, 0.49746925110067538f);
+    q = fmaf(x2, q, 1.0f);
+    return 3.832506856900711f <= fabsf(x) ? copysignf(1.0f, x) : p / q;
+}
+
+float ct_xla_logf(float x) { return xla_log(x); }
+float ct_xla_log1pf(float x) { return xla_log1p(x); }
+float ct_xla_erff(float x) { return xla_erf(x); }
+float ct_xla_erfinvf(float x) { return xla_erfinv(x); }
+
+/* --- element transforms ---------------------------------------------------- */
+
+/* Sampler constants, already converted to the dtype (held as float32). */
+typedef struct {
+    ct_dist dist;
+    ct_dtype dt;
+    float minval, range;      /* uniform stage: u = max(minval, f * range + minval) */
+    float sqrt2;              /* normal stages */
+    float clip_lo, clip_hi;   /* truncated normal */
+    float p;                  /* bernoulli */
+    int has_scale;
+    float scale;
+} consts;
+
+ct_status ct_sampler_check(const ct_sampler *s) {
+    if (!s) return ct_set_error(CT_EINVAL, "random: sampler is NULL");
+    if (s->dist < CT_DIST_UNIFORM || s->dist > CT_DIST_BERNOULLI)
+        return ct_set_error(CT_EINVAL, "random: unknown distribution %d", (int)s->dist);
+    if (s->dtype != CT_F32 && s->dtype != CT_F16 && s->dtype != CT_BF16)
+        return ct_set_error(CT_ETYPE, "random: dtype %s is not float32, float16 or bfloat16",
+                            ct_dtype_name(s->dtype));
+    if (s->dist == CT_DIST_BERNOULLI && s->has_scale)
+        return ct_set_error(CT_EINVAL, "random: bernoulli takes no scale");
+    return CT_OK;
+}
+
+static consts make_consts(const ct_sampler *s) {
+    consts c;
+    memset(&c, 0, sizeof c);
+    const ct_dtype dt = s->dtype;
+    c.dist = s->dist;
+    c.dt = dt;
+    c.sqrt2 = cvt(dt, 1.4142135623730951);
+    float lo = 0.0f, hi = 1.0f;
+    switch (s->dist) {
+    case CT_DIST_UNIFORM:
+        lo = cvt(dt, s->minval);
+        hi = cvt(dt, s->maxval);
+        break;
+    case CT_DIST_NORMAL:
+        lo = next_toward(dt, -1.0f, 1);
+        hi = 1.0f;
+        break;
+    case CT_DIST_TRUNCATED_NORMAL: {
+        /* XLA rewrites `x / sqrt(2)` as `x * (1 / sqrt(2))` for float32 and
+         * float16 (reciprocal rounded to the dtype); bfloat16 keeps the
+         * division (each verified against jax). */
+        float l = cvt(dt, s->lower), u = cvt(dt, s->upper);
+        float ls, us;
+        if (dt == CT_BF16) {
+            ls = rnd(dt, l / c.sqrt2);
+            us = rnd(dt, u / c.sqrt2);
+        } else {
+            const float rsqrt2 = rnd(dt, 0.707106769f);
+            ls = rnd(dt, l * rsqrt2);
+            us = rnd(dt, u * rsqrt2);
+        }
+        lo = rnd(dt, xla_erf(ls));
+        hi = rnd(dt, xla_erf(us));
+        c.clip_lo = next_toward(dt, l, 1);
+        c.clip_hi = next_toward(dt, u, 0);
+        break;
+    }
+    case CT_DIST_BERNOULLI:
+        c.p = cvt(dt, s->p);
+        break;
+    }
+    c.minval = lo;
+    c.range = rnd(dt, hi - lo);
+    c.has_scale = s->has_scale;
+    c.scale = cvt(dt, s->scale);
+    return c;
+}
+
+/* [0, 1) float from the random bits, as JAX's _uniform: mantissa bits under
+ * exponent 0, minus one (exact). 16-bit floats use the low 16 bits (float16)
+ * or low 8 bits (bfloat16) of the 32-bit word. */
+CT_INLINE float unit(ct_dtype dt, uint32_t b) {
+    if (dt == CT_F32) return u2f((b >> 9) | 0x3f800000u) - 1.0f;
+    if (dt == CT_F16) return f16_to_f32((uint16_t)(((b & 0xffffu) >> 6) | 0x3c00u)) - 1.0f;
+    return ct_bf16_to_f32((uint16_t)(((b & 0xffu) >> 1) | 0x3f80u)) - 1.0f;
+}
+
+CT_INLINE float uniform_of(const consts *c, ct_dtype dt, uint32_t b) {
+    float f = unit(dt, b), u;
+    if (dt == CT_F32) u = fmaf(f, c->range, c->minval);
+    else u = rnd(dt, rnd(dt, f * c->range) + c->minval);
+    return u > c->minval ? u : c->minval;
+}
+
+CT_INLINE float sample_of(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
+    float u = uniform_of(c, dt, b), v;
+    if (dist == CT_DIST_UNIFORM) {
+        v = u;
+    } else {
+        v = rnd(dt, c->sqrt2 * rnd(dt, xla_erfinv(u)));
+        if (dist == CT_DIST_TRUNCATED_NORMAL) {
+            v = v > c->clip_lo ? v : c->clip_lo;
+            v = v < c->clip_hi ? v : c->clip_hi;
+        }
+    }
+    if (c->has_scale) v = rnd(dt, v * c->scale);
+    return v;
+}
+
+/* One transform loop per (dist, dtype): the constant arguments let the
+ * compiler drop the dtype/dist switches and vectorise the body. */
+CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt, const uint32_t *b,
+                              size_t m, void *out) {
+    if (dist == CT_DIST_BERNOULLI) {
+        uint8_t *o = out;
+        for (size_t j = 0; j < m; j++) o[j] = uniform_of(c, dt, b[j]) < c->p;
+        return;
+    }
+    if (dt == CT_F32) {
+        float *o = out;
+        for (size_t j = 0; j < m; j++) o[j] = sample_of(c, dist, dt, b[j]);
+    } else {
+        uint16_t *o = out;
+        for (size_t j = 0; j < m; j++) {
+            float v = sample_of(c, dist, dt, b[j]);
+            o[j] = dt == CT_F16 ? f32_to_f16(v) : ct_f32_to_bf16(v);
+        }
+    }
+}
+
+#define CT_DISPATCH_DT(DIST)                                                  \
+    switch (c->dt) {                                                          \
+    case CT_F32: transform_tile(c, DIST, CT_F32, b, m, out); break;           \
+    case CT_F16: transform_tile(c, DIST, CT_F16, b, m, out); break;           \
+    default: transform_tile(c, DIST, CT_BF16, b, m, out); break;              \
+    }
+
+CT_MULTIVERSION
+static void transform(const consts *c, const uint32_t *b, size_t m, void *out) {
+    switch (c->dist) {
+    case CT_DIST_UNIFORM: CT_DISPATCH_DT(CT_DIST_UNIFORM); break;
+    case CT_DIST_NORMAL: CT_DISPATCH_DT(CT_DIST_NORMAL); break;
+    case CT_DIST_TRUNCATED_NORMAL: CT_DISPATCH_DT(CT_DIST_TRUNCATED_NORMAL); break;
+    default: CT_DISPATCH_DT(CT_DIST_BERNOULLI); break;
+    }
+}
+
+/* --- block fill ------------------------------------------------------------ */
+
+#define CT_TILE 512
+
+typedef struct {
+    const uint32_t *key;
+    consts c;
+    size_t esize;
+    char *out;
+} fill_ctx;
+
+static void fill_run(void *vctx, uint64_t g0, uint64_t off, uint64_t n) {
+    const fill_ctx *cx = vctx;
+    uint32_t b[CT_TILE];
+    for (uint64_t t = 0; t < n; t += CT_TILE) {
+        size_t m = (size_t)(n - t < CT_TILE ? n - t : CT_TILE);
+        ct_threefry_counters(cx->key, g0 + t, m, b, NULL, NULL);
+        transform(&cx->c, b, m, cx->out + (off + t) * cx->esize);
+    }
+}
+
+static ct_status fill_check(const uint32_t key[2], const ct_sampler *s, int ndim,
+                            const int64_t *global_shape, const int64_t *start,
+                            const int64_t *block_shape, const void *out) {
+    uint64_t count;
+    if (!key) return ct_set_error(CT_EINVAL, "random: key is NULL");
+    CT_TRY(ct_sampler_check(s));
+    CT_TRY(ct_block_check(ndim, global_shape, start, block_shape, &count));
+    if (count && !out) return ct_set_error(CT_EINVAL, "random: output buffer is NULL");
+    return CT_OK;
+}
+
+ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int ndim,
+                               const int64_t *global_shape, const int64_t *start,
+                               const int64_t *block_shape, void *out) {
+    CT_TRY(fill_check(key, s, ndim, global_shape, start, block_shape, out));
+    fill_ctx cx;
+    cx.key = key;
+    cx.c = make_consts(s);
+    cx.esize = s->dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s->dtype);
+    cx.out = out;
+    ct_block_for_each_run(ndim, global_shape, start, block_shape, fill_run, &cx);
+    return CT_OK;
+}
+
+/* --- scalar reference ------------------------------------------------------ */
+
+ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, int ndim,
+                                   const int64_t *global_shape, const int64_t *start,
+                                   const int64_t *block_shape, void *out) {
+    CT_TRY(fill_check(key, s, ndim, global_shape, start, block_shape, out));
+    const consts c = make_consts(s);
+    int64_t idx[CT_RANDOM_MAX_NDIM] = { 0 };
+    uint64_t count = 1;
+    for (int d = 0; d < ndim; d++) count *= (uint64_t)block_shape[d];
+    for (uint64_t e = 0; e < count; e++) {
+        uint64_t g = 0;
+        for (int d = 0; d < ndim; d++)
+            g = g * (uint64_t)global_shape[d] + (uint64_t)(start[d] + idx[d]);
+        uint32_t x[2] = { (uint32_t)(g >> 32), (uint32_t)g };
+        ct_threefry2x32(key, x);
+        uint32_t b = x[0] ^ x[1];
+        if (s->dist == CT_DIST_BERNOULLI) {
+            ((uint8_t *)out)[e] = uniform_of(&c, c.dt, b) < c.p;
+        } else {
+            store(c.dt, out, e, sample_of(&c, c.dist, c.dt, b));
+        }
+        for (int d = ndim - 1; d >= 0; d--) {
+            if (++idx[d] < block_shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return CT_OK;
+}

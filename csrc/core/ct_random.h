@@ -1,0 +1,76 @@
+/*
+ * ct_random.h — samplers of jax.random (uniform, normal, truncated_normal,
+ * bernoulli) as block fills: each call writes the values JAX gives the global
+ * elements [start, start + block_shape) of an array of global_shape, from the
+ * random bits of ct_threefry.h. A device fills its own shard; no full-size
+ * temporary exists (scratch is one tile per thread on the stack).
+ *
+ * Numerics follow what JAX's CPU backend (XLA) computes, op by op:
+ *   - float32: uniform = fma(bits_to_[0,1), maxval - minval, minval), then
+ *     max(minval, .); normal = sqrt(2) * erf_inv(uniform(nextafter(-1, 0), 1));
+ *     erf_inv, log1p, log and erf are XLA's float32 polynomial approximations,
+ *     evaluated with the same fused multiply-adds, so results are bit-identical
+ *     to jax.random on CPU (verified by tests/c/test_random.c and pytest).
+ *   - float16 / bfloat16: random bits of width 16 (float16) or 8 (bfloat16,
+ *     whose 7-bit mantissa is below JAX's 8-bit floor), every arithmetic op
+ *     rounded to the storage type, transcendental functions evaluated in
+ *     float32 and rounded, as XLA does.
+ * Scalars (minval, maxval, lower, upper, p, scale) are given as double and
+ * converted to the dtype first, as jax's convert_element_type does.
+ */
+#ifndef CT_RANDOM_H
+#define CT_RANDOM_H
+
+#include <stdint.h>
+
+#include "ct_dtype.h"
+#include "ct_status.h"
+#include "ct_threefry.h"
+
+typedef enum {
+    CT_DIST_UNIFORM = 0,          /* jax.random.uniform(key, shape, dtype, minval, maxval) */
+    CT_DIST_NORMAL = 1,           /* jax.random.normal(key, shape, dtype) */
+    CT_DIST_TRUNCATED_NORMAL = 2, /* jax.random.truncated_normal(key, lower, upper, shape, dtype) */
+    CT_DIST_BERNOULLI = 3         /* jax.random.bernoulli(key, p, shape), mode='low' */
+} ct_dist;
+
+typedef struct {
+    ct_dist dist;
+    /* Output dtype (CT_F32, CT_F16, CT_BF16); for bernoulli the dtype of p
+     * (the uniforms are drawn in it) and the output is CT_BOOL bytes 0/1. */
+    ct_dtype dtype;
+    double minval, maxval; /* uniform */
+    double lower, upper;   /* truncated normal; +-inf allowed */
+    double p;              /* bernoulli */
+    /* If has_scale, the result is then multiplied by scale (converted to
+     * dtype), as `sample * jnp.array(scale, dtype)` in jax initializers:
+     * two roundings, exactly like JAX's two ops. Not for bernoulli. */
+    int has_scale;
+    double scale;
+} ct_sampler;
+
+/* Check the sampler's fields (dist, dtype). CT_EINVAL / CT_ETYPE on error. */
+ct_status ct_sampler_check(const ct_sampler *s);
+
+/* Fill a dense row-major block (prod(block_shape) elements of the output
+ * dtype) with samples. Parallel (OpenMP) and vectorised. */
+ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int ndim,
+                               const int64_t *global_shape, const int64_t *start,
+                               const int64_t *block_shape, void *out);
+
+/* Plain one-element-at-a-time reference of ct_random_fill_block (tests). */
+ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, int ndim,
+                                   const int64_t *global_shape, const int64_t *start,
+                                   const int64_t *block_shape, void *out);
+
+/* XLA's float32 approximations, exposed for tests. */
+float ct_xla_logf(float x);
+float ct_xla_log1pf(float x);
+float ct_xla_erff(float x);
+float ct_xla_erfinvf(float x);
+
+/* IEEE binary16 <-> float32 (round to nearest even). */
+uint16_t ct_f32_to_f16(float f);
+float ct_f16_to_f32(uint16_t h);
+
+#endif /* CT_RANDOM_H */

@@ -1,0 +1,213 @@
+/*
+ * py_random.c — bindings of the PRNG core (csrc/core/ct_threefry.h,
+ * ct_random.h): key split / fold_in and block fills into a device Buffer or a
+ * C-contiguous numpy array. Argument parsing and buffer checks only; the GIL
+ * is released around every fill.
+ */
+#include "ct_py.h"
+
+#include "../core/ct_random.h"
+#include "../core/ct_threefry.h"
+
+/* --- output targets -------------------------------------------------------- */
+
+typedef struct {
+    void *data;
+    int ndim;
+    int64_t shape[CT_RANDOM_MAX_NDIM];
+    size_t itemsize;
+    PyObject *keep; /* reference held while filling */
+} out_target;
+
+/* A writable destination: a live _C.Buffer (CPU memory) or a C-contiguous,
+ * aligned, writeable, native-order numpy array. */
+static int get_target(PyObject *obj, out_target *t, const char *what) {
+    if (PyObject_TypeCheck(obj, &ct_py_BufferType)) {
+        ct_py_buffer *b = ct_py_buffer_check(obj, what);
+        if (b == NULL) return -1;
+        if (b->ndim > CT_RANDOM_MAX_NDIM) {
+            PyErr_Format(PyExc_ValueError, "%s: rank %d is too large", what, b->ndim);
+            return -1;
+        }
+        t->data = b->data;
+        t->ndim = b->ndim;
+        memcpy(t->shape, b->shape, sizeof(int64_t) * (size_t)b->ndim);
+        t->itemsize = ct_dtype_size(b->dtype);
+        t->keep = obj;
+        return 0;
+    }
+    if (PyArray_Check(obj)) {
+        PyArrayObject *a = (PyArrayObject *)obj;
+        if (!PyArray_ISCARRAY(a) || !PyArray_ISNOTSWAPPED(a)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s must be a C-contiguous, aligned, writeable, native-order array",
+                         what);
+            return -1;
+        }
+        if (PyArray_NDIM(a) > CT_RANDOM_MAX_NDIM) {
+            PyErr_Format(PyExc_ValueError, "%s: rank %d is too large", what, PyArray_NDIM(a));
+            return -1;
+        }
+        t->data = PyArray_DATA(a);
+        t->ndim = PyArray_NDIM(a);
+        for (int d = 0; d < t->ndim; d++) t->shape[d] = (int64_t)PyArray_DIM(a, d);
+        t->itemsize = (size_t)PyArray_ITEMSIZE(a);
+        t->keep = obj;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s must be a ctrainstate._C.Buffer or a numpy array, got %.100s",
+                 what, Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+/* Parse global shape and start, which must match the target's rank. */
+static int get_block(const out_target *t, PyObject *gshape_obj, PyObject *start_obj,
+                     int64_t *gshape, int64_t *start) {
+    int n1 = ct_py_int64_seq(gshape_obj, gshape, CT_RANDOM_MAX_NDIM, "global_shape");
+    if (n1 < 0) return -1;
+    int n2 = ct_py_int64_seq(start_obj, start, CT_RANDOM_MAX_NDIM, "start");
+    if (n2 < 0) return -1;
+    if (n1 != t->ndim || n2 != t->ndim) {
+        PyErr_Format(PyExc_ValueError,
+                     "global_shape has rank %d and start rank %d, but the output block has "
+                     "rank %d",
+                     n1, n2, t->ndim);
+        return -1;
+    }
+    return 0;
+}
+
+/* --- keys ------------------------------------------------------------------ */
+
+PyDoc_STRVAR(key_split_doc,
+             "key_split($module, k0, k1, num, /)\n--\n\n"
+             "jax.random.split of the raw key (k0, k1): a uint32 array of shape (num, 2).");
+
+static PyObject *py_key_split(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int k0, k1;
+    long long num;
+    if (!PyArg_ParseTuple(args, "IIL:key_split", &k0, &k1, &num)) return NULL;
+    if (num < 0) {
+        PyErr_Format(PyExc_ValueError, "split: num must be >= 0, got %lld", num);
+        return NULL;
+    }
+    npy_intp dims[2] = { (npy_intp)num, 2 };
+    PyObject *out = PyArray_SimpleNew(2, dims, NPY_UINT32);
+    if (out == NULL) return NULL;
+    uint32_t key[2] = { k0, k1 };
+    uint32_t *data = PyArray_DATA((PyArrayObject *)out);
+    Py_BEGIN_ALLOW_THREADS
+    ct_key_split(key, (uint64_t)num, data);
+    Py_END_ALLOW_THREADS
+    return out;
+}
+
+PyDoc_STRVAR(key_fold_in_doc,
+             "key_fold_in($module, k0, k1, data, /)\n--\n\n"
+             "jax.random.fold_in of the raw key (k0, k1) with a 32-bit integer: (k0', k1').");
+
+static PyObject *py_key_fold_in(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned int k0, k1, data;
+    if (!PyArg_ParseTuple(args, "III:key_fold_in", &k0, &k1, &data)) return NULL;
+    uint32_t key[2] = { k0, k1 }, out[2];
+    ct_key_fold_in(key, data, out);
+    return Py_BuildValue("(II)", (unsigned int)out[0], (unsigned int)out[1]);
+}
+
+/* --- fills ----------------------------------------------------------------- */
+
+PyDoc_STRVAR(random_bits_doc,
+             "random_bits($module, out, k0, k1, global_shape, start, bit_width, /)\n--\n\n"
+             "Write into `out` (Buffer or numpy array, the block) the random bits JAX gives the\n"
+             "global elements [start, start + out.shape) of an array of global_shape.");
+
+static PyObject *py_random_bits(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *out_obj, *gshape_obj, *start_obj;
+    unsigned int k0, k1;
+    int bit_width;
+    if (!PyArg_ParseTuple(args, "OIIOOi:random_bits", &out_obj, &k0, &k1, &gshape_obj,
+                          &start_obj, &bit_width))
+        return NULL;
+    out_target t;
+    int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
+    if (get_target(out_obj, &t, "out") < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
+        return NULL;
+    if (t.itemsize * 8 != (size_t)bit_width) {
+        PyErr_Format(PyExc_TypeError, "random_bits: %d-bit values into %zu-byte elements",
+                     bit_width, t.itemsize);
+        return NULL;
+    }
+    uint32_t key[2] = { k0, k1 };
+    ct_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ct_random_bits_block(key, t.ndim, gshape, start, t.shape, bit_width, t.data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(random_fill_doc,
+             "random_fill($module, out, k0, k1, global_shape, start, dist, dtype, minval, maxval,\n"
+             "            lower, upper, p, scale, /)\n--\n\n"
+             "Write samples of distribution `dist` (0 uniform, 1 normal, 2 truncated normal,\n"
+             "3 bernoulli) of core dtype `dtype` into the block `out`, as jax.random does for\n"
+             "the global elements [start, start + out.shape). `scale` is None or a float that\n"
+             "the samples are then multiplied by in `dtype`. Bernoulli writes bytes 0/1.");
+
+static PyObject *py_random_fill(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *out_obj, *gshape_obj, *start_obj, *scale_obj;
+    unsigned int k0, k1;
+    int dist, dtype;
+    double minval, maxval, lower, upper, p;
+    if (!PyArg_ParseTuple(args, "OIIOOiidddddO:random_fill", &out_obj, &k0, &k1, &gshape_obj,
+                          &start_obj, &dist, &dtype, &minval, &maxval, &lower, &upper, &p,
+                          &scale_obj))
+        return NULL;
+    out_target t;
+    int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
+    if (get_target(out_obj, &t, "out") < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
+        return NULL;
+    ct_sampler s = { 0 };
+    s.dist = (ct_dist)dist;
+    s.dtype = (ct_dtype)dtype;
+    s.minval = minval;
+    s.maxval = maxval;
+    s.lower = lower;
+    s.upper = upper;
+    s.p = p;
+    if (scale_obj != Py_None) {
+        s.has_scale = 1;
+        s.scale = PyFloat_AsDouble(scale_obj);
+        if (s.scale == -1.0 && PyErr_Occurred()) return NULL;
+    }
+    ct_status st = ct_sampler_check(&s);
+    if (st != CT_OK) return ct_py_raise(st);
+    size_t want = dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s.dtype);
+    if (t.itemsize != want) {
+        PyErr_Format(PyExc_TypeError, "random_fill: output elements are %zu bytes, expected %zu",
+                     t.itemsize, want);
+        return NULL;
+    }
+    uint32_t key[2] = { k0, k1 };
+    Py_BEGIN_ALLOW_THREADS
+    st = ct_random_fill_block(key, &s, t.ndim, gshape, start, t.shape, t.data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef random_methods[] = {
+    { "key_split", py_key_split, METH_VARARGS, key_split_doc },
+    { "key_fold_in", py_key_fold_in, METH_VARARGS, key_fold_in_doc },
+    { "random_bits", py_random_bits, METH_VARARGS, random_bits_doc },
+    { "random_fill", py_random_fill, METH_VARARGS, random_fill_doc },
+    { NULL, NULL, 0, NULL },
+};
+
+int ct_py_init_random(PyObject *m) {
+    return PyModule_AddFunctions(m, random_methods);
+}

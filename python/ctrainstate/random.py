@@ -1,0 +1,307 @@
+"""``ctrainstate.random``: jax.random's Threefry PRNG, sharded.
+
+Mirrors ``jax.random`` with ``jax_threefry_partitionable=True`` (JAX's default):
+for the same key and shape, :func:`bits`, :func:`uniform`, :func:`normal`,
+:func:`truncated_normal` and :func:`bernoulli` return the same values as JAX on
+CPU (bit-identical; the C core reproduces XLA's float32 ``erf_inv``/``log1p``
+polynomials). Keys are raw ``uint32[2]`` arrays (JAX's legacy layout), so a
+``jax.random.PRNGKey`` can be passed in and a ctrainstate key handed to JAX.
+
+Every element is a pure function of (key, global index). With
+``out_sharding=NamedSharding(...)`` each device computes only its own block,
+directly in its buffer, and the result is a sharded :class:`ctrainstate.Array`
+with the same bits on any mesh. Without ``out_sharding`` the result is a host
+``numpy.ndarray``.
+
+>>> import numpy as np
+>>> from ctrainstate import random
+>>> k = random.PRNGKey(0)
+>>> k1, k2 = random.split(k)
+>>> x = random.normal(k1, (2, 3))
+>>> x.shape, str(x.dtype)
+((2, 3), 'float32')
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from . import _C, _dtypes
+
+__all__ = [
+    "PRNGKey", "key", "key_data", "split", "fold_in", "bits", "uniform", "normal",
+    "truncated_normal", "bernoulli", "permutation",
+]
+
+_UNIFORM, _NORMAL, _TRUNCATED_NORMAL, _BERNOULLI = 0, 1, 2, 3
+_FLOATS = (_dtypes.float32, _dtypes.float16, _dtypes.bfloat16)
+
+
+# --- keys -----------------------------------------------------------------------
+
+def _key_words(k) -> tuple[int, int]:
+    """(k0, k1) of a raw key: anything array-like of shape (2,) with uint32 values."""
+    dt = getattr(k, "dtype", None)
+    if dt is not None and "key<" in str(dt):  # a typed jax key: unwrap its data
+        import jax  # only reachable when the caller already uses jax
+        k = jax.random.key_data(k)
+    a = np.asarray(k)
+    if a.shape != (2,):
+        raise TypeError(f"a PRNG key is a uint32 array of shape (2,); got shape {a.shape}"
+                        + (" (split returns a stack of keys: index one)" if a.ndim == 2 else ""))
+    if a.dtype != np.uint32:
+        if not np.issubdtype(a.dtype, np.integer) or (a < 0).any() or (a > 0xFFFFFFFF).any():
+            raise TypeError(f"a PRNG key holds uint32 values; got dtype {a.dtype}")
+    return int(a[0]), int(a[1])
+
+
+def PRNGKey(seed: int) -> np.ndarray:
+    """Raw key for an integer seed, equal to ``jax.random.PRNGKey(seed)``.
+
+    As in JAX with 64-bit mode off, the seed is taken modulo 2**32 (its low 32
+    bits), so the key is ``[0, seed & 0xFFFFFFFF]``.
+
+    >>> PRNGKey(42)
+    array([ 0, 42], dtype=uint32)
+    """
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        if isinstance(seed, np.ndarray) and seed.ndim == 0 and np.issubdtype(seed.dtype, np.integer):
+            seed = int(seed)
+        else:
+            raise TypeError(f"PRNGKey: the seed must be a scalar integer, got {seed!r}")
+    seed = int(seed)
+    if not -(2 ** 63) <= seed < 2 ** 64:
+        raise OverflowError(f"PRNGKey: seed {seed} does not fit in 64 bits")
+    return np.array([0, seed & 0xFFFFFFFF], dtype=np.uint32)
+
+
+def key(seed: int) -> np.ndarray:
+    """Same as :func:`PRNGKey`: ctrainstate keys are always raw ``uint32[2]`` data.
+
+    (``jax.random.key`` returns a typed key; ``jax.random.key_data`` of it equals
+    this value.)
+
+    >>> key(1)
+    array([0, 1], dtype=uint32)
+    """
+    return PRNGKey(seed)
+
+
+def key_data(k) -> np.ndarray:
+    """The raw ``uint32[2]`` data of a key (a copy). Accepts jax keys too.
+
+    >>> key_data(PRNGKey(3))
+    array([0, 3], dtype=uint32)
+    """
+    return np.array(_key_words(k), dtype=np.uint32)
+
+
+def split(k, num: int | Sequence[int] = 2) -> np.ndarray:
+    """Split a key into ``num`` new keys (``num`` an int or a shape), as jax.random.split.
+
+    Returns a uint32 array of shape ``(num, 2)`` (or ``(*num, 2)``).
+
+    >>> split(PRNGKey(0), 3).shape
+    (3, 2)
+    """
+    shape = tuple(num) if isinstance(num, (tuple, list)) else (int(num),)
+    if any(int(d) < 0 for d in shape):
+        raise ValueError(f"split: num must be non-negative, got {num!r}")
+    k0, k1 = _key_words(k)
+    out = _C.key_split(k0, k1, math.prod(shape))
+    return out.reshape(*shape, 2)
+
+
+def fold_in(k, data: int) -> np.ndarray:
+    """Fold a 32-bit integer into a key, as jax.random.fold_in.
+
+    >>> fold_in(PRNGKey(0), 1).dtype
+    dtype('uint32')
+    """
+    if np.ndim(data):
+        raise TypeError(f"fold_in accepts a scalar, got an array of shape {np.shape(data)}")
+    d = int(data)
+    if not 0 <= d <= 0xFFFFFFFF:
+        raise OverflowError(f"fold_in: data {d} is not a uint32 value")
+    k0, k1 = _key_words(k)
+    return np.array(_C.key_fold_in(k0, k1, d), dtype=np.uint32)
+
+
+# --- filling ------------------------------------------------------------------------
+
+def _shape(shape) -> tuple:
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape must have non-negative dimensions, got {shape}")
+    return shape
+
+
+def _float_dtype(dtype, name) -> np.dtype:
+    dt = _dtypes.float32 if dtype is None else np.dtype(dtype)
+    if dt == np.float64:
+        dt = _dtypes.float32  # as JAX with x64 off
+    if dt not in _FLOATS:
+        raise ValueError(f"dtype argument to `{name}` must be float32, float16 or bfloat16, "
+                         f"got {dt}")
+    return dt
+
+
+def _scalar(v, name) -> float:
+    if np.ndim(v):
+        raise ValueError(f"{name} must be a scalar in ctrainstate.random (got an array of shape "
+                         f"{np.shape(v)}); array-valued bounds are not supported")
+    return float(v)
+
+
+def _produce(shape, dtype, out_sharding, fill):
+    """Run ``fill(out, global_shape, start)`` on the host or on every device's block."""
+    if out_sharding is None:
+        out = np.empty(shape, dtype)
+        fill(out, shape, (0,) * len(shape))
+        return out
+    from .array import _fill_array
+    from .sharding import Sharding
+    if not isinstance(out_sharding, Sharding):
+        raise TypeError(f"out_sharding must be a NamedSharding, got {type(out_sharding).__name__}")
+    return _fill_array(shape, dtype, out_sharding,
+                       lambda buf, start, shard_shape: fill(buf, shape, tuple(start)))
+
+
+def _sample(k, shape, dtype, out_sharding, dist, *, minval=0.0, maxval=1.0, lower=0.0,
+            upper=0.0, p=0.0, scale=None, out_dtype=None):
+    """Fill with distribution ``dist`` (internal; also used by nn.initializers)."""
+    k0, k1 = _key_words(k)
+    code = _dtypes.code(dtype)
+    out_dtype = dtype if out_dtype is None else out_dtype
+
+    def fill(out, gshape, start):
+        _C.random_fill(out, k0, k1, gshape, start, dist, code, minval, maxval, lower, upper,
+                       p, scale)
+
+    return _produce(shape, out_dtype, out_sharding, fill)
+
+
+# --- samplers -------------------------------------------------------------------------
+
+def bits(k, shape=(), dtype=None, *, out_sharding=None):
+    """Uniform random bits as unsigned integers (default uint32), as jax.random.bits.
+
+    uint8 / uint16 / uint64 are supported on the host; sharded Arrays store uint32.
+
+    >>> bits(PRNGKey(0), (3,)).dtype
+    dtype('uint32')
+    """
+    dt = np.dtype(np.uint32 if dtype is None else dtype)
+    if dt.kind != "u":
+        raise ValueError(f"dtype argument to `bits` must be an unsigned int dtype, got {dt}")
+    if out_sharding is not None and dt != np.uint32:
+        raise TypeError(f"bits: sharded Arrays store uint32, not {dt}")
+    shape = _shape(shape)
+    k0, k1 = _key_words(k)
+    width = dt.itemsize * 8
+    return _produce(shape, dt, out_sharding,
+                    lambda out, g, s: _C.random_bits(out, k0, k1, g, s, width))
+
+
+def uniform(k, shape=(), dtype=None, minval=0.0, maxval=1.0, *, out_sharding=None):
+    """Uniform floats in ``[minval, maxval)``, as jax.random.uniform.
+
+    >>> x = uniform(PRNGKey(0), (1000,), minval=-1.0, maxval=1.0)
+    >>> bool(x.min() >= -1.0 and x.max() < 1.0)
+    True
+    """
+    dt = _float_dtype(dtype, "uniform")
+    return _sample(k, _shape(shape), dt, out_sharding, _UNIFORM,
+                   minval=_scalar(minval, "minval"), maxval=_scalar(maxval, "maxval"))
+
+
+def normal(k, shape=(), dtype=None, *, out_sharding=None):
+    """Standard normal floats, as jax.random.normal (sqrt(2) * erf_inv(uniform)).
+
+    >>> abs(float(normal(PRNGKey(0), (10000,)).mean())) < 0.05
+    True
+    """
+    dt = _float_dtype(dtype, "normal")
+    return _sample(k, _shape(shape), dt, out_sharding, _NORMAL)
+
+
+def truncated_normal(k, lower, upper, shape=None, dtype=None, *, out_sharding=None):
+    """Normal floats truncated to the open interval ``(lower, upper)``, as
+    jax.random.truncated_normal. ``lower``/``upper`` are scalars (+-inf allowed).
+
+    >>> x = truncated_normal(PRNGKey(0), -2.0, 2.0, (1000,))
+    >>> bool(x.min() > -2.0 and x.max() < 2.0)
+    True
+    """
+    dt = _float_dtype(dtype, "truncated_normal")
+    shape = () if shape is None else _shape(shape)
+    return _sample(k, shape, dt, out_sharding, _TRUNCATED_NORMAL,
+                   lower=_scalar(lower, "lower"), upper=_scalar(upper, "upper"))
+
+
+def bernoulli(k, p=0.5, shape=None, mode: str = "low", *, out_sharding=None):
+    """Booleans that are True with probability ``p``, as jax.random.bernoulli (mode='low').
+
+    The uniforms are drawn in p's dtype (float32 for a Python float; a float16 or
+    bfloat16 numpy scalar selects that dtype), as in JAX.
+
+    >>> bernoulli(PRNGKey(0), 0.3, (4,)).dtype
+    dtype('bool')
+    """
+    if mode not in ("low", "high"):
+        raise ValueError(f"got mode={mode!r}, expected 'high' or 'low'")
+    if mode == "high":
+        raise NotImplementedError("bernoulli(mode='high') is not implemented in ctrainstate")
+    pdt = np.asarray(p).dtype
+    if pdt.kind != "f" and pdt not in _FLOATS:
+        raise TypeError(f"bernoulli probability `p` must have a floating dtype, got {pdt}")
+    pdt = _float_dtype(pdt, "bernoulli")
+    shape = () if shape is None else _shape(shape)
+    return _sample(k, shape, pdt, out_sharding, _BERNOULLI, p=_scalar(p, "p"),
+                   out_dtype=_dtypes.bool_)
+
+
+def permutation(k, x, axis: int = 0, independent: bool = False, *, out_sharding=None):
+    """A random permutation of ``range(x)`` (int x) or of ``x`` along ``axis``, as
+    jax.random.permutation (repeated stable sorts by random 32-bit keys).
+
+    Computed on the host (a permutation is a global operation); with
+    ``out_sharding`` the result is then placed with ``device_put``.
+
+    >>> sorted(permutation(PRNGKey(0), 5).tolist())
+    [0, 1, 2, 3, 4]
+    """
+    if np.ndim(x) == 0:
+        if not np.issubdtype(np.asarray(x).dtype, np.integer):
+            raise TypeError("x must be an integer or at least 1-dimensional")
+        arr, axis = np.arange(int(x), dtype=np.int32), 0
+    else:
+        arr = np.asarray(x)
+        axis = axis + arr.ndim if axis < 0 else axis
+        if not 0 <= axis < arr.ndim:
+            raise ValueError(f"axis {axis} is out of bounds for an array of rank {arr.ndim}")
+    if independent or arr.ndim == 1:
+        out = _shuffle(k, arr, axis)
+    else:
+        idx = _shuffle(k, np.arange(arr.shape[axis], dtype=np.int32), 0)
+        out = np.take(arr, idx, axis=axis)
+    if out_sharding is None:
+        return out
+    from .array import device_put
+    return device_put(out, out_sharding)
+
+
+def _shuffle(k, x, axis):
+    exponent = 3  # JAX's heuristic number of sort rounds (see jax.random._shuffle)
+    uint32max = np.iinfo(np.uint32).max
+    num_rounds = int(np.ceil(exponent * np.log(max(1, x.size)) / np.log(uint32max)))
+    for _ in range(num_rounds):
+        k, sub = split(k)
+        sort_keys = bits(sub, x.shape)
+        order = np.argsort(sort_keys, axis=axis, kind="stable")
+        x = np.take_along_axis(x, order, axis=axis)
+    return x

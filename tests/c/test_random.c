@@ -1,0 +1,258 @@
+/*
+ * test_random.c — standalone test of the PRNG core against vectors recorded
+ * from jax.random (tests/data/random_vectors.txt, made by
+ * tests/data/make_random_vectors.py), plus block / reference / error checks.
+ *
+ *   gcc -std=c11 -O2 -fopenmp -Wall -Wextra -Werror -Icsrc/core tests/c/test_random.c \
+ *       csrc/core/ct_threefry.c csrc/core/ct_random.c csrc/core/ct_status.c -lm -o /tmp/t
+ *   /tmp/t tests/data/random_vectors.txt
+ * Add -fsanitize=address,undefined for the sanitizer run.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ct_random.h"
+#include "ct_threefry.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        checks++;                                                          \
+        if (!(cond)) {                                                     \
+            failures++;                                                    \
+            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);          \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fputc('\n', stderr);                                           \
+        }                                                                  \
+    } while (0)
+
+static ct_dtype parse_dtype(const char *s) {
+    if (!strcmp(s, "float16")) return CT_F16;
+    if (!strcmp(s, "bfloat16")) return CT_BF16;
+    return CT_F32;
+}
+
+/* Read hex words after ':' into a uint64 array; returns the count. */
+static size_t read_hex(char *p, uint64_t *out, size_t max) {
+    size_t n = 0;
+    char *end;
+    while (n < max) {
+        unsigned long long v = strtoull(p, &end, 16);
+        if (end == p) break;
+        out[n++] = v;
+        p = end;
+    }
+    return n;
+}
+
+/* Compare a filled buffer of elements of `esize` bytes with expected words. */
+static int equal_words(const void *buf, size_t esize, const uint64_t *want, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t got = esize == 1 ? ((const uint8_t *)buf)[i]
+                     : esize == 2 ? ((const uint16_t *)buf)[i]
+                     : esize == 4 ? ((const uint32_t *)buf)[i]
+                                  : ((const uint64_t *)buf)[i];
+        if (got != want[i]) {
+            fprintf(stderr, "  element %zu: got %llx want %llx\n", i, (unsigned long long)got,
+                    (unsigned long long)want[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+typedef struct {
+    int bits; /* 8/16/32 for bits, 0 for a sampler */
+    ct_sampler s;
+} job;
+
+static ct_status run(const job *j, const uint32_t key[2], int ndim, const int64_t *g,
+                     const int64_t *st, const int64_t *b, void *out, int ref) {
+    if (j->bits)
+        return ref ? ct_random_bits_block_ref(key, ndim, g, st, b, j->bits, out)
+                   : ct_random_bits_block(key, ndim, g, st, b, j->bits, out);
+    return ref ? ct_random_fill_block_ref(key, &j->s, ndim, g, st, b, out)
+               : ct_random_fill_block(key, &j->s, ndim, g, st, b, out);
+}
+
+static void sample_case(char *line, size_t lineno) {
+    char dist[32], dtype[16];
+    unsigned k0, k1;
+    double mn, mx, lo, hi, p, scale;
+    int has_scale, ndim, off = 0;
+    if (sscanf(line, "sample %31s %15s %u %u %lf %lf %lf %lf %lf %d %lf %d%n", dist, dtype, &k0,
+               &k1, &mn, &mx, &lo, &hi, &p, &has_scale, &scale, &ndim, &off) != 12) {
+        CHECK(0, "line %zu: cannot parse", lineno);
+        return;
+    }
+    int64_t g[CT_RANDOM_MAX_NDIM], zero[CT_RANDOM_MAX_NDIM] = { 0 };
+    char *q = line + off;
+    uint64_t count = 1;
+    for (int d = 0; d < ndim; d++) {
+        g[d] = strtoll(q, &q, 10);
+        count *= (uint64_t)g[d];
+    }
+    q = strchr(q, ':');
+    uint64_t *want = malloc(sizeof(uint64_t) * (count + 1));
+    size_t n = read_hex(q + 1, want, count + 1);
+    CHECK(n == count, "line %zu: %zu values for %llu elements", lineno, n,
+          (unsigned long long)count);
+    job j;
+    memset(&j, 0, sizeof j);
+    size_t esize;
+    if (!strncmp(dist, "bits", 4)) {
+        j.bits = atoi(dist + 4);
+        esize = (size_t)j.bits / 8;
+    } else {
+        j.s.dist = !strcmp(dist, "uniform") ? CT_DIST_UNIFORM
+                 : !strcmp(dist, "normal") ? CT_DIST_NORMAL
+                 : !strcmp(dist, "truncated_normal") ? CT_DIST_TRUNCATED_NORMAL
+                                                     : CT_DIST_BERNOULLI;
+        j.s.dtype = parse_dtype(dtype);
+        j.s.minval = mn; j.s.maxval = mx; j.s.lower = lo; j.s.upper = hi; j.s.p = p;
+        j.s.has_scale = has_scale; j.s.scale = scale;
+        esize = j.s.dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(j.s.dtype);
+    }
+    const uint32_t key[2] = { k0, k1 };
+    void *buf = malloc(esize * (count + 1));
+    for (int ref = 0; ref < 2; ref++) {
+        memset(buf, 0xAB, esize * (count + 1));
+        ct_status st = run(&j, key, ndim, g, zero, g, buf, ref);
+        CHECK(st == CT_OK, "line %zu: status %d (%s)", lineno, (int)st, ct_last_error());
+        CHECK(equal_words(buf, esize, want, count), "line %zu (%s %s, %s path) differs from jax",
+              lineno, dist, dtype, ref ? "reference" : "fast");
+    }
+    /* Every block of a 2-way split of the first dimension alone gives its slice. */
+    if (ndim >= 1 && g[0] >= 2) {
+        int64_t st0[CT_RANDOM_MAX_NDIM] = { 0 }, b[CT_RANDOM_MAX_NDIM];
+        memcpy(b, g, sizeof(int64_t) * (size_t)ndim);
+        uint64_t inner = count / (uint64_t)g[0];
+        st0[0] = g[0] / 2;
+        b[0] = g[0] - st0[0];
+        ct_status s2 = run(&j, key, ndim, g, st0, b, buf, 0);
+        CHECK(s2 == CT_OK && equal_words(buf, esize, want + (uint64_t)st0[0] * inner,
+                                         inner * (uint64_t)b[0]),
+              "line %zu: second-half block differs", lineno);
+    }
+    free(buf);
+    free(want);
+}
+
+static void key_case(char *line, size_t lineno) {
+    unsigned k0, k1;
+    unsigned long long a;
+    uint64_t want[64], got[64];
+    uint32_t out[64];
+    int split = !strncmp(line, "split", 5);
+    if (sscanf(line + (split ? 5 : 7), "%u %u %llu", &k0, &k1, &a) != 3) {
+        CHECK(0, "line %zu: cannot parse", lineno);
+        return;
+    }
+    size_t n = read_hex(strchr(line, ':') + 1, want, 64);
+    const uint32_t key[2] = { k0, k1 };
+    if (split) ct_key_split(key, a, out);
+    else ct_key_fold_in(key, (uint32_t)a, out);
+    for (size_t i = 0; i < n; i++) got[i] = out[i];
+    CHECK(n == (split ? 2 * a : 2) && !memcmp(got, want, n * sizeof(uint64_t)),
+          "line %zu: %s differs from jax", lineno, split ? "split" : "fold_in");
+}
+
+/* Blocks of a larger array, fast path against the scalar reference. */
+static void test_blocks_vs_reference(void) {
+    const uint32_t key[2] = { 0x12345678u, 0x9abcdef0u };
+    int64_t g[3] = { 9, 37, 1031 }, st[3] = { 2, 5, 100 }, b[3] = { 5, 20, 900 };
+    size_t n = 5 * 20 * 900;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    for (int dist = 0; dist < 4; dist++) {
+        for (int dt = 0; dt < 3; dt++) {
+            ct_sampler s = { (ct_dist)dist, (ct_dtype)dt, -0.5, 3.0, -1.0, 2.5, 0.25, 1, 0.5 };
+            if (dist == CT_DIST_BERNOULLI) s.has_scale = 0;
+            CHECK(ct_random_fill_block(key, &s, 3, g, st, b, x) == CT_OK, "fill");
+            CHECK(ct_random_fill_block_ref(key, &s, 3, g, st, b, y) == CT_OK, "ref");
+            size_t bytes = n * (dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size((ct_dtype)dt));
+            CHECK(!memcmp(x, y, bytes), "dist %d dtype %d: fast != reference", dist, dt);
+        }
+    }
+    CHECK(ct_random_bits_block(key, 3, g, st, b, 32, x) == CT_OK, "bits");
+    CHECK(ct_random_bits_block_ref(key, 3, g, st, b, 32, y) == CT_OK, "bits ref");
+    CHECK(!memcmp(x, y, n * 4), "bits: fast != reference");
+    free(x);
+    free(y);
+}
+
+/* Counters past 2^32 use the high word of the index (JAX's iota_2x32_shape). */
+static void test_high_counter(void) {
+    const uint32_t key[2] = { 0, 42 };
+    int64_t g[2] = { 3, (int64_t)1 << 31 }, st[2] = { 2, 5 }, b[2] = { 1, 4 };
+    uint32_t out[4];
+    CHECK(ct_random_bits_block(key, 2, g, st, b, 32, out) == CT_OK, "bits");
+    for (int i = 0; i < 4; i++) {
+        uint64_t gi = 2 * ((uint64_t)1 << 31) + 5 + (uint64_t)i;
+        uint32_t x[2] = { (uint32_t)(gi >> 32), (uint32_t)gi };
+        ct_threefry2x32(key, x);
+        CHECK(out[i] == (x[0] ^ x[1]), "high counter element %d", i);
+    }
+}
+
+static void test_errors(void) {
+    const uint32_t key[2] = { 0, 0 };
+    float out[4];
+    int64_t g[1] = { 4 }, st[1] = { 2 }, b[1] = { 3 };
+    ct_sampler s = { CT_DIST_NORMAL, CT_F32, 0, 1, 0, 0, 0, 0, 0 };
+    CHECK(ct_random_fill_block(key, &s, 1, g, st, b, out) == CT_EINVAL &&
+              strstr(ct_last_error(), "exceeds") != NULL,
+          "block past the end must fail with a message, got '%s'", ct_last_error());
+    ct_clear_error();
+    int64_t neg[1] = { -1 };
+    CHECK(ct_random_fill_block(key, &s, 1, g, neg, b, out) == CT_EINVAL, "negative start");
+    s.dtype = CT_I32;
+    CHECK(ct_random_fill_block(key, &s, 1, g, st, g, out) == CT_ETYPE, "int dtype");
+    s.dtype = CT_F32;
+    s.dist = (ct_dist)9;
+    CHECK(ct_random_fill_block(key, &s, 1, g, st, g, out) == CT_EINVAL, "bad dist");
+    CHECK(ct_random_bits_block(key, 1, g, st, b, 12, out) == CT_EINVAL, "bit width 12");
+    int64_t huge[3] = { (int64_t)1 << 40, (int64_t)1 << 40, 1 };
+    int64_t z3[3] = { 0, 0, 0 };
+    CHECK(ct_random_bits_block(key, 3, huge, z3, z3, 32, out) == CT_EINVAL, "size over 2^64");
+    CHECK(ct_random_bits_block(key, 33, g, st, b, 32, out) == CT_EINVAL, "rank 33");
+    ct_clear_error();
+}
+
+static void test_xla_math(void) {
+    CHECK(ct_xla_erfinvf(0.0f) == 0.0f, "erfinv(0)");
+    CHECK(isinf(ct_xla_erfinvf(1.0f)) && ct_xla_erfinvf(-1.0f) < 0, "erfinv(+-1)");
+    CHECK(fabsf(ct_xla_erfinvf(0.5f) - 0.4769362762f) < 1e-6f, "erfinv(0.5)");
+    CHECK(fabsf(ct_xla_logf(2.0f) - 0.6931471806f) < 1e-7f, "log(2)");
+    CHECK(ct_f16_to_f32(ct_f32_to_f16(65520.0f)) == INFINITY, "f16 overflow rounds to inf");
+    CHECK(ct_f16_to_f32(ct_f32_to_f16(5.9604645e-08f)) == 5.9604645e-08f, "f16 subnormal");
+}
+
+int main(int argc, char **argv) {
+    const char *path = argc > 1 ? argv[1] : "tests/data/random_vectors.txt";
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return 2;
+    }
+    size_t cap = 1 << 20, lineno = 0, cases = 0;
+    char *line = malloc(cap);
+    while (fgets(line, (int)cap, f)) {
+        lineno++;
+        if (line[0] == '#' || line[0] == '\n') continue;
+        if (!strncmp(line, "sample", 6)) sample_case(line, lineno);
+        else key_case(line, lineno);
+        cases++;
+    }
+    fclose(f);
+    free(line);
+    CHECK(cases > 100, "only %zu cases read from %s", cases, path);
+    test_blocks_vs_reference();
+    test_high_counter();
+    test_errors();
+    test_xla_math();
+    printf("test_random: %zu vector cases, %d checks, %d failures\n", cases, checks, failures);
+    return failures ? 1 : 0;
+}

@@ -19,7 +19,7 @@
 #include "ct_status.h"
 
 typedef enum {
-    CT_UN_AFFINE = 0,   /* y = alpha*x + beta */
+    CT_UN_AFFINE = 0,   /* y = alpha*x + beta; alpha == 0 fills with beta without reading x */
     CT_UN_NEG,
     CT_UN_SIN,
     CT_UN_COS,

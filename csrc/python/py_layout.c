@@ -305,7 +305,33 @@ static PyObject *py_copy_overlap(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong((long long)copied);
 }
 
+static PyObject *py_copy_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *dobj, *sobj;
+    if (!PyArg_ParseTuple(args, "OO:copy_bytes", &dobj, &sobj)) return NULL;
+    ct_py_buffer *dst = ct_py_buffer_check(dobj, "destination buffer");
+    if (dst == NULL) return NULL;
+    ct_py_buffer *src = ct_py_buffer_check(sobj, "source buffer");
+    if (src == NULL) return NULL;
+    if (dst->nbytes != src->nbytes) {
+        PyErr_Format(PyExc_ValueError, "copy_bytes: %zu bytes into %zu", src->nbytes, dst->nbytes);
+        return NULL;
+    }
+    int64_t n = (int64_t)dst->nbytes, one = 1;
+    const ct_backend *be =
+        dst->dev->platform != CT_PLATFORM_CPU ? dst->dev->backend : src->dev->backend;
+    ct_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = be->copy_block(dst->dev, src->dev, 1, &n, 1, dst->data, &one, src->data, &one);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef layout_methods[] = {
+    {"copy_bytes", py_copy_bytes, METH_VARARGS,
+     "copy_bytes($module, dst, src, /)\n--\n\nCopy a whole buffer into another of the same "
+     "size (any devices)."},
     {"mesh_check", py_mesh_check, METH_VARARGS,
      "mesh_check($module, device_shape, axis_names, device_ids, /)\n--\n\nValidate a mesh: one "
      "name per axis, unique names, unique devices."},

@@ -54,6 +54,10 @@ class Array:
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
                  "__weakref__")
 
+    # numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's matmul, so it is
+    # differentiated and sharded); ``np.asarray(array)`` still gathers.
+    __array_ufunc__ = None
+
     def __init__(self, *args, **kwargs):
         raise TypeError("Arrays are created with ctrainstate.device_put(...) or ctrainstate ops")
 
@@ -180,6 +184,74 @@ class Array:
 
     def _repr_html_(self):
         return _sharding_html(self)
+
+    # --- operators (ctrainstate.numpy) ---------------------------------------------
+    def __add__(self, o):
+        from . import _ops
+        return _ops.add(self, o)
+
+    def __radd__(self, o):
+        from . import _ops
+        return _ops.add(o, self)
+
+    def __sub__(self, o):
+        from . import _ops
+        return _ops.subtract(self, o)
+
+    def __rsub__(self, o):
+        from . import _ops
+        return _ops.subtract(o, self)
+
+    def __mul__(self, o):
+        from . import _ops
+        return _ops.multiply(self, o)
+
+    def __rmul__(self, o):
+        from . import _ops
+        return _ops.multiply(o, self)
+
+    def __truediv__(self, o):
+        from . import _ops
+        return _ops.divide(self, o)
+
+    def __rtruediv__(self, o):
+        from . import _ops
+        return _ops.divide(o, self)
+
+    def __matmul__(self, o):
+        from . import _ops
+        return _ops.matmul(self, o)
+
+    def __rmatmul__(self, o):
+        from . import _ops
+        return _ops.matmul(o, self)
+
+    def __neg__(self):
+        from . import _ops
+        return _ops.negative(self)
+
+    def __pow__(self, p):
+        from . import _ops
+        return _ops.square(self) if p == 2 else _ops.power(self, p)
+
+    @property
+    def T(self):
+        from . import _ops
+        return _ops.transpose(self)
+
+    def reshape(self, *shape):
+        from . import _ops
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        return _ops.reshape(self, shape)
+
+    def sum(self, axis=None, keepdims=False):
+        from . import _ops
+        return _ops.sum(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        from . import _ops
+        return _ops.mean(self, axis=axis, keepdims=keepdims)
 
 
 # --- device_put ------------------------------------------------------------------

@@ -45,7 +45,14 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
         }                                                            \
     } while (0)
     switch (op) {
-    case CT_UN_AFFINE: LOOP(alpha * v + beta); break;
+    case CT_UN_AFFINE:
+        if (alpha == 0.0f) { /* a fill: must not read x (it may be uninitialised) */
+            _Pragma("omp parallel for simd schedule(static) if (n > PAR_MIN)")
+            for (int64_t i = 0; i < n; i++) y[i] = beta;
+        } else {
+            LOOP(alpha * v + beta);
+        }
+        break;
     case CT_UN_NEG: LOOP(-v); break;
     case CT_UN_SIN: LOOP(sinf(v)); break;
     case CT_UN_COS: LOOP(cosf(v)); break;

@@ -1,0 +1,818 @@
+"""Array ops on sharded Arrays: sharding propagation, per-shard kernels, autodiff tape.
+
+Every op here
+  1. brings its operands onto one mesh and to shardings the op can use
+     without communication (resharding an operand when it must — never a
+     silently wrong result),
+  2. runs the C kernel on every device's blocks in one ``_C.op_*`` call
+     (GIL released), and
+  3. finishes with the collectives the shardings imply (an all-reduce over the
+     mesh axes of a contracted or summed dimension).
+The propagation rules are those of tensor and data parallelism:
+``x[batch:data, in] @ W[in, hidden:model]`` needs no communication,
+``y[.., hidden:model] @ W2[hidden:model, out]`` ends in an all-reduce over
+``model``, and a sum over a dimension sharded on ``data`` all-reduces over
+``data`` — which is how gradients of data-replicated parameters get summed.
+
+When a :func:`value_and_grad` trace is active, each op also records its
+vector-Jacobian product on the tape. Arithmetic is float32.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import _C, _dtypes
+from ._devices import Device
+from .array import Array, _as_sharding, device_put
+from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
+
+# unary op codes (csrc/core/ct_ops.h)
+(U_AFFINE, U_NEG, U_SIN, U_COS, U_TANH, U_RELU, U_STEP, U_GELU, U_GELU_GRAD, U_EXP, U_LOG,
+ U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV) = range(19)
+B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT = range(7)
+
+
+# --- the tape ------------------------------------------------------------------------
+
+class _Tape:
+    """Records (output, inputs, vjp) for ops whose inputs are tracked."""
+
+    def __init__(self):
+        self.nodes: list = []
+        self.tracked: set = set()
+        self.keep: list = []  # keeps tracked arrays alive so ids stay unique
+
+    def track(self, a: Array):
+        self.tracked.add(id(a))
+        self.keep.append(a)
+
+
+_tls = threading.local()
+
+
+def _tape() -> _Tape | None:
+    stack = getattr(_tls, "tapes", None)
+    return stack[-1] if stack else None
+
+
+def _record(out: Array, inputs: Sequence, vjp: Callable):
+    """Record ``vjp(g) -> tuple of cotangents (None for untracked inputs)``."""
+    t = _tape()
+    if t is None:
+        return out
+    if any(isinstance(x, Array) and id(x) in t.tracked for x in inputs):
+        t.track(out)
+        t.nodes.append((out, tuple(inputs), vjp))
+    return out
+
+
+# --- meshes and specs -------------------------------------------------------------------
+
+def _norm(sharding: Sharding, ndim: int) -> list:
+    """Per-dimension tuples of mesh axes, padded to ``ndim``."""
+    if isinstance(sharding, NamedSharding):
+        n = list(sharding._norm)
+    else:
+        n = []
+    return n + [()] * (ndim - len(n))
+
+
+def _spec_of(norm: Sequence[tuple]) -> PartitionSpec:
+    entries = [None if not e else (e[0] if len(e) == 1 else tuple(e)) for e in norm]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def _mesh_key(a: Array):
+    s = a.sharding
+    if isinstance(s, NamedSharding):
+        return ("mesh", s.mesh)
+    return ("device", s.device)
+
+
+def _common_placement(arrays: Sequence[Array]):
+    """The mesh all operands can live on (moving single-device operands onto it)."""
+    meshes = {_mesh_key(a) for a in arrays}
+    named = [k for k in meshes if k[0] == "mesh"]
+    if len(named) > 1:
+        raise ValueError(
+            "operands live on different meshes: "
+            + ", ".join(repr(k[1]) for k in named) + "; device_put them onto one mesh first")
+    if named:
+        return named[0][1]
+    devs = {k[1] for k in meshes}
+    if len(devs) > 1:
+        raise ValueError(
+            f"operands live on different devices {sorted(d.id for d in devs)}; device_put them "
+            f"onto one device or mesh first")
+    return next(iter(devs))
+
+
+def _sharding_for(place, norm) -> Sharding:
+    if isinstance(place, Device):
+        return SingleDeviceSharding(place)
+    return NamedSharding(place, _spec_of(norm))
+
+
+def _to(a: Array, place, norm) -> Array:
+    """``a`` with the given per-dimension mesh axes on ``place`` (resharding if needed)."""
+    if isinstance(place, Device):
+        if isinstance(a.sharding, SingleDeviceSharding) and a.sharding.device is place:
+            return a
+        return device_put(a, SingleDeviceSharding(place))
+    if isinstance(a.sharding, NamedSharding) and a.sharding.mesh == place and \
+            [tuple(e) for e in _norm(a.sharding, a.ndim)] == [tuple(e) for e in norm]:
+        return a
+    return device_put(a, NamedSharding(place, _spec_of(norm)))
+
+
+def _lift(x, place=None) -> Array:
+    """Arrays pass through; numpy arrays and scalars are placed (replicated) on ``place``."""
+    if isinstance(x, Array):
+        x._check_alive()
+        if x.dtype != np.float32:
+            raise TypeError(f"ctrainstate ops compute in float32; got an Array of {x.dtype}")
+        return x
+    arr = np.asarray(x, dtype=np.float32)
+    if place is None:
+        place = get_mesh()
+    if place is None:
+        from ._devices import devices
+        place = devices()[0]
+    if isinstance(place, Device):
+        return device_put(arr, SingleDeviceSharding(place))
+    return device_put(arr, NamedSharding(place, PartitionSpec()))
+
+
+def _new(shape, place, norm) -> Array:
+    """Allocate an output Array (uninitialised buffers)."""
+    sharding = _sharding_for(place, norm)
+    shard_shape, layout, _ = sharding._layout(tuple(shape))
+    blocks = [(dev, _C.Buffer(dev.id, shard_shape, 0), start, rid) for dev, start, rid in layout]
+    return Array._create(tuple(shape), np.float32, sharding, blocks)
+
+
+def _bufs(a: Array) -> list:
+    return [b for _, b, _, _ in a._blocks]
+
+
+def _place_of(a: Array):
+    s = a.sharding
+    return s.mesh if isinstance(s, NamedSharding) else s.device
+
+
+def _allreduce(a: Array, axes: Sequence[str]):
+    """Sum ``a``'s shards over the devices that differ only in mesh ``axes`` (in place)."""
+    axes = [x for x in axes]
+    if not axes or not isinstance(a.sharding, NamedSharding):
+        return
+    mesh = a.sharding.mesh
+    names = mesh.axis_names
+    idx = [names.index(x) for x in axes]
+    shape = mesh.devices.shape
+    groups: dict = {}
+    bufs = _bufs(a)
+    for pos in range(mesh.size):
+        coord = np.unravel_index(pos, shape)
+        key = tuple(c for i, c in enumerate(coord) if i not in idx)
+        groups.setdefault(key, []).append(bufs[pos])
+    _C.op_allreduce(list(groups.values()))
+
+
+def _axes_used(norm) -> set:
+    return {x for e in norm for x in e}
+
+
+# --- elementwise ---------------------------------------------------------------------------
+
+def _unary_raw(op, x: Array, alpha=0.0, beta=0.0) -> Array:
+    out = _new(x.shape, _place_of(x), _norm(x.sharding, x.ndim))
+    _C.op_unary(op, float(alpha), float(beta), _bufs(x), _bufs(out))
+    return out
+
+
+def _unary(op, x, alpha=0.0, beta=0.0, vjp=None) -> Array:
+    x = _lift(x)
+    out = _unary_raw(op, x, alpha, beta)
+    if vjp is not None:
+        _record(out, (x,), lambda g: (vjp(g, x, out),))
+    return out
+
+
+def _bcast_shape(a, b):
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        raise ValueError(f"shapes {tuple(a)} and {tuple(b)} do not broadcast") from None
+
+
+def _binary_raw(op, a: Array, b: Array) -> Array:
+    place = _common_placement([a, b])
+    shape = _bcast_shape(a.shape, b.shape)
+    nd = len(shape)
+    an = _norm(a.sharding, a.ndim) if _mesh_key(a)[0] == "mesh" else [()] * a.ndim
+    bn = _norm(b.sharding, b.ndim) if _mesh_key(b)[0] == "mesh" else [()] * b.ndim
+    # Output axes: the first operand's where its dimension is not broadcast, else the second's;
+    # an axis is used once.
+    out = [()] * nd
+    used: set = set()
+    for d in range(nd):
+        da, db = d - (nd - a.ndim), d - (nd - b.ndim)
+        cand = []
+        if da >= 0 and a.shape[da] == shape[d]:
+            cand.append(an[da])
+        if db >= 0 and b.shape[db] == shape[d]:
+            cand.append(bn[db])
+        for c in cand:
+            if c and not (set(c) & used):
+                out[d] = tuple(c)
+                used |= set(c)
+                break
+    if isinstance(place, Device):
+        out = [()] * nd
+
+    def need(x, xn):
+        off = nd - x.ndim
+        want = [out[d + off] if x.shape[d] == shape[d + off] else () for d in range(x.ndim)]
+        return _to(x, place, want)
+
+    a2, b2 = need(a, an), need(b, bn)
+    res = _new(shape, place, out)
+    _C.op_binary(op, _bufs(res), _bufs(a2), _bufs(b2))
+    return res
+
+
+def _unbroadcast(g: Array, shape: tuple) -> Array:
+    """Sum ``g`` down to ``shape`` (the vjp of broadcasting)."""
+    if g.shape == tuple(shape):
+        return g
+    nd = g.ndim
+    lead = nd - len(shape)
+    axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
+    r = sum(g, axis=tuple(axes), keepdims=False)
+    return reshape(r, shape)
+
+
+def _binary(op, a, b, vjp_a=None, vjp_b=None) -> Array:
+    place = None
+    for v in (a, b):
+        if isinstance(v, Array):
+            place = _place_of(v)
+    a = _lift(a, place)
+    b = _lift(b, place)
+    out = _binary_raw(op, a, b)
+    if vjp_a is not None or vjp_b is not None:
+        def vjp(g):
+            ga = _unbroadcast(vjp_a(g, a, b, out), a.shape) if vjp_a else None
+            gb = _unbroadcast(vjp_b(g, a, b, out), b.shape) if vjp_b else None
+            return ga, gb
+        _record(out, (a, b), vjp)
+    return out
+
+
+def _is_scalar(x):
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
+
+
+def add(a, b) -> Array:
+    """Elementwise ``a + b`` with numpy broadcasting."""
+    if _is_scalar(b) and isinstance(a, Array):
+        return _unary(U_AFFINE, a, 1.0, float(b), vjp=lambda g, x, y: g)
+    if _is_scalar(a) and isinstance(b, Array):
+        return add(b, a)
+    return _binary(B_ADD, a, b, lambda g, x, y, o: g, lambda g, x, y, o: g)
+
+
+def subtract(a, b) -> Array:
+    """Elementwise ``a - b``."""
+    if _is_scalar(b) and isinstance(a, Array):
+        return _unary(U_AFFINE, a, 1.0, -float(b), vjp=lambda g, x, y: g)
+    if _is_scalar(a) and isinstance(b, Array):
+        return _unary(U_AFFINE, b, -1.0, float(a), vjp=lambda g, x, y: negative(g))
+    return _binary(B_SUB, a, b, lambda g, x, y, o: g, lambda g, x, y, o: negative(g))
+
+
+def multiply(a, b) -> Array:
+    """Elementwise ``a * b``."""
+    if _is_scalar(b) and isinstance(a, Array):
+        s = float(b)
+        return _unary(U_AFFINE, a, s, 0.0, vjp=lambda g, x, y: multiply(g, s))
+    if _is_scalar(a) and isinstance(b, Array):
+        return multiply(b, a)
+    return _binary(B_MUL, a, b, lambda g, x, y, o: multiply(g, y), lambda g, x, y, o: multiply(g, x))
+
+
+def divide(a, b) -> Array:
+    """Elementwise ``a / b``."""
+    if _is_scalar(b) and isinstance(a, Array):
+        return multiply(a, 1.0 / float(b))
+    if _is_scalar(a) and isinstance(b, Array):
+        s = float(a)
+        return _unary(U_RDIV, b, s, 0.0,
+                      vjp=lambda g, x, y: multiply(g, multiply(y, divide(-1.0, x))))
+    return _binary(B_DIV, a, b, lambda g, x, y, o: divide(g, y),
+                   lambda g, x, y, o: negative(multiply(g, divide(o, y))))
+
+
+def maximum(a, b) -> Array:
+    """Elementwise maximum (the gradient goes to ``a`` where ``a > b``, else to ``b``)."""
+    def ga(g, x, y, o):
+        return multiply(g, _binary_raw(B_GT, x, y))
+
+    def gb(g, x, y, o):
+        return subtract(g, multiply(g, _binary_raw(B_GT, x, y)))
+    return _binary(B_MAX, a, b, ga, gb)
+
+
+def negative(x) -> Array:
+    return _unary(U_NEG, x, vjp=lambda g, x, y: negative(g))
+
+
+def sin(x) -> Array:
+    return _unary(U_SIN, x, vjp=lambda g, x, y: multiply(g, cos(x)))
+
+
+def cos(x) -> Array:
+    return _unary(U_COS, x, vjp=lambda g, x, y: negative(multiply(g, sin(x))))
+
+
+def tanh(x) -> Array:
+    return _unary(U_TANH, x, vjp=lambda g, x, y: multiply(g, subtract(1.0, square(y))))
+
+
+def relu(x) -> Array:
+    return _unary(U_RELU, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_STEP, x)))
+
+
+def gelu(x, approximate: bool = True) -> Array:
+    """GELU, tanh approximation (``jax.nn.gelu``'s default, ``flax.linen.gelu``)."""
+    if not approximate:
+        raise NotImplementedError("only the tanh approximation of gelu is implemented")
+    return _unary(U_GELU, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_GELU_GRAD, x)))
+
+
+def exp(x) -> Array:
+    return _unary(U_EXP, x, vjp=lambda g, x, y: multiply(g, y))
+
+
+def log(x) -> Array:
+    return _unary(U_LOG, x, vjp=lambda g, x, y: divide(g, x))
+
+
+def sqrt(x) -> Array:
+    return _unary(U_SQRT, x, vjp=lambda g, x, y: divide(multiply(g, 0.5), y))
+
+
+def rsqrt(x) -> Array:
+    return _unary(U_RSQRT, x, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, y, 3.0), -0.5)))
+
+
+def square(x) -> Array:
+    return _unary(U_SQUARE, x, vjp=lambda g, x, y: multiply(g, multiply(x, 2.0)))
+
+
+def sigmoid(x) -> Array:
+    return _unary(U_SIGMOID, x, vjp=lambda g, x, y: multiply(g, multiply(y, subtract(1.0, y))))
+
+
+def abs(x) -> Array:  # noqa: A001 - numpy's name
+    return _unary(U_ABS, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_SIGN, x)))
+
+
+def power(x, p) -> Array:
+    """``x ** p`` for a scalar exponent."""
+    if not _is_scalar(p):
+        raise TypeError("power: only scalar exponents are supported")
+    p = float(p)
+    return _unary(U_POW, x, p, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, x, p - 1.0), p)))
+
+
+# --- reductions ----------------------------------------------------------------------------
+
+def _axes(axis, ndim) -> tuple:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    out = []
+    for a in axis:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of bounds for an array of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """Sum over ``axis``; a dimension sharded over mesh axes ends in an all-reduce over them."""
+    x = _lift(x)
+    axes = _axes(axis, x.ndim)
+    xn = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
+    kept_shape = [s for d, s in enumerate(x.shape) if d not in axes]
+    kept_norm = [xn[d] for d in range(x.ndim) if d not in axes]
+    place = _place_of(x)
+    out = _new(kept_shape, place, kept_norm)
+    mask = 0
+    for d in axes:
+        mask |= 1 << d
+    if axes:
+        _C.op_reduce_sum(_bufs(x), mask, _bufs(out))
+    else:
+        _C.op_unary(U_AFFINE, 1.0, 0.0, _bufs(x), _bufs(out))
+    _allreduce(out, [m for d in axes for m in xn[d]])
+    in_shape = x.shape
+    keep_shape = [1 if d in axes else s for d, s in enumerate(in_shape)]
+    _record(out, (x,), lambda g: (broadcast_to(reshape(g, keep_shape), in_shape),))
+    return reshape(out, keep_shape) if keepdims else out
+
+
+def mean(x, axis=None, keepdims: bool = False) -> Array:
+    """Mean over ``axis``."""
+    x = _lift(x)
+    axes = _axes(axis, x.ndim)
+    n = 1
+    for d in axes:
+        n *= x.shape[d]
+    return multiply(sum(x, axis=axes, keepdims=keepdims), 1.0 / max(n, 1))
+
+
+def broadcast_to(x, shape) -> Array:
+    """Broadcast to ``shape`` (materialised)."""
+    x = _lift(x)
+    shape = tuple(int(s) for s in shape)
+    if x.shape == shape:
+        return x
+    zero = _new(shape, _place_of(x), [()] * len(shape))
+    # zeros + x: the output takes x's sharding where x is not broadcast
+    _C.op_unary(U_AFFINE, 0.0, 0.0, _bufs(zero), _bufs(zero))
+    res = _binary_raw(B_ADD, x, zero)
+    _record(res, (x,), lambda g: (_unbroadcast(g, x.shape),))
+    return res
+
+
+# --- layout ops -------------------------------------------------------------------------------
+
+def transpose(x, axes=None) -> Array:
+    """Permute dimensions; the spec entries move with them."""
+    x = _lift(x)
+    nd = x.ndim
+    axes = tuple(reversed(range(nd))) if axes is None else tuple(a % nd for a in axes)
+    if sorted(axes) != list(range(nd)):
+        raise ValueError(f"transpose: {axes} is not a permutation of the {nd} dimensions")
+    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    out = _new([x.shape[a] for a in axes], _place_of(x), [xn[a] for a in axes])
+    _C.op_transpose(_bufs(x), list(axes), _bufs(out))
+    inv = [0] * nd
+    for i, a in enumerate(axes):
+        inv[a] = i
+    return _record(out, (x,), lambda g: (transpose(g, inv),))
+
+
+def _groups(old, new):
+    """Pair dims of two shapes into groups with equal products: [(old_dims, new_dims)]."""
+    groups = []
+    i = j = 0
+    while i < len(old) or j < len(new):
+        oi, nj = [i], [j]
+        po = old[i] if i < len(old) else 1
+        pn = new[j] if j < len(new) else 1
+        i += 1
+        j += 1
+        while po != pn:
+            if po < pn:
+                if i >= len(old):
+                    raise ValueError(f"cannot reshape {tuple(old)} into {tuple(new)}")
+                po *= old[i]
+                oi.append(i)
+                i += 1
+            else:
+                if j >= len(new):
+                    raise ValueError(f"cannot reshape {tuple(old)} into {tuple(new)}")
+                pn *= new[j]
+                nj.append(j)
+                j += 1
+        groups.append(([d for d in oi if d < len(old)], [d for d in nj if d < len(new)]))
+    return groups
+
+
+def reshape(x, shape) -> Array:
+    """Reshape. Sharding is kept where it maps onto whole blocks (a sharded dimension leading
+    its merged/split group, with the new leading dimension divisible); otherwise that group is
+    gathered first."""
+    x = _lift(x)
+    shape = list(int(s) for s in shape)
+    if shape.count(-1) > 1:
+        raise ValueError("reshape: at most one -1")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = x.size // known if known else 0
+    if math.prod(shape) != x.size:
+        raise ValueError(f"cannot reshape {x.shape} ({x.size} elements) into {tuple(shape)}")
+    shape = tuple(shape)
+    if shape == x.shape:
+        return x
+    nd = x.ndim
+    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    place = _place_of(x)
+    if 0 in shape or 0 in x.shape:
+        out = _new(shape, place, [()] * len(shape))
+        return out
+    keep_old = list(xn)
+    new_norm = [()] * len(shape)
+    sizes = dict(zip(place.axis_names, place.devices.shape)) if not isinstance(place, Device) else {}
+    for od, ndims in _groups([s for s in x.shape], list(shape)):
+        sharded = [d for d in od if xn[d]]
+        ok = False
+        if not sharded:
+            ok = True
+        elif sharded == [od[0]] and ndims:
+            parts = math.prod(sizes[a] for a in xn[od[0]])
+            if shape[ndims[0]] % parts == 0:
+                new_norm[ndims[0]] = xn[od[0]]
+                ok = True
+        if not ok:
+            for d in od:
+                keep_old[d] = ()
+    src = _to(x, place, keep_old)
+    out = _new(shape, place, new_norm)
+    for (_, ob, _, _), (_, ib, _, _) in zip(out._blocks, src._blocks):
+        _C.copy_bytes(ob, ib)
+    in_shape = x.shape
+    return _record(out, (x,), lambda g: (reshape(g, in_shape),))
+
+
+def expand_dims(x, axis: int) -> Array:
+    x = _lift(x)
+    nd = x.ndim + 1
+    axis = axis % nd
+    shape = list(x.shape)
+    shape.insert(axis, 1)
+    return reshape(x, shape)
+
+
+def with_sharding(x, sharding) -> Array:
+    """Reshard (differentiable: the cotangent goes back to the input's sharding)."""
+    x = _lift(x)
+    out = device_put(x, _as_sharding(sharding))
+    if out is x:
+        return x
+    src = x.sharding
+    return _record(out, (x,), lambda g: (device_put(g, src),))
+
+
+# --- matmul ----------------------------------------------------------------------------------
+
+def matmul(a, b) -> Array:
+    """``a @ b`` for ``a`` of shape (..., M, K) and ``b`` of shape (K, N) or (..., K, N)
+    with the same batch dimensions.
+
+    Sharding: batch and M follow ``a``, N follows ``b``; a K sharded on the same mesh axes in
+    both needs no communication until the end, where the partial products are all-reduced over
+    those axes. Incompatible operand shardings are resharded (the operand whose sharding
+    would clash is gathered), never silently wrong.
+    """
+    place = None
+    for v in (a, b):
+        if isinstance(v, Array):
+            place = _place_of(v)
+    a = _lift(a, place)
+    b = _lift(b, place)
+    if a.ndim < 1 or b.ndim < 1:
+        raise ValueError("matmul needs arrays of rank >= 1")
+    if a.ndim == 1:
+        return reshape(matmul(reshape(a, (1, a.shape[0])), b), b.shape[:-2] + (b.shape[-1],))
+    if b.ndim == 1:
+        return reshape(matmul(a, reshape(b, (b.shape[0], 1))), a.shape[:-1])
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
+    if b.ndim > 2 and b.shape[:-2] != a.shape[:-2]:
+        raise ValueError(f"matmul: batch dimensions differ: {a.shape} @ {b.shape} "
+                         f"(b must be 2-d or have a's batch dimensions)")
+    place = _common_placement([a, b])
+    mesh = not isinstance(place, Device)
+    an = _norm(a.sharding, a.ndim) if mesh and _mesh_key(a)[0] == "mesh" else [()] * a.ndim
+    bn = _norm(b.sharding, b.ndim) if mesh and _mesh_key(b)[0] == "mesh" else [()] * b.ndim
+    an, bn = list(an), list(bn)
+    nb = a.ndim - 2
+    # batch dims of a batched b follow a
+    if b.ndim > 2:
+        bn[:-2] = an[:-2]
+        for d in range(nb):
+            if set(an[d]) & (set(bn[-1]) | set(bn[-2])):
+                bn[-1], bn[-2] = (), ()
+    aK, bK = tuple(an[-1]), tuple(bn[-2])
+    if aK != bK:
+        a_other = _axes_used(an[:-1])
+        b_other = _axes_used(bn[:-2] + [bn[-1]])
+        if aK and not (set(aK) & b_other):
+            bn[-2] = aK
+        elif bK and not (set(bK) & a_other):
+            an[-1] = bK
+        else:
+            an[-1], bn[-2] = (), ()
+    kax = tuple(an[-1])
+    # N must not reuse an axis of a's batch/M dims
+    if set(bn[-1]) & _axes_used(an[:-1]):
+        bn[-1] = ()
+    a2, b2 = _to(a, place, an), _to(b, place, bn)
+    out_shape = a.shape[:-1] + (b.shape[-1],)
+    out_norm = an[:-1] + [bn[-1]]
+    out = _new(out_shape, place, out_norm)
+    m_loc = a2.sharding.shard_shape(a2.shape)[-2]
+    k_loc = a2.sharding.shard_shape(a2.shape)[-1]
+    n_loc = b2.sharding.shard_shape(b2.shape)[-1]
+    batch = math.prod(a2.sharding.shard_shape(a2.shape)[:-2])
+    if b2.ndim == 2:  # fold a's batch into M: one GEMM per shard
+        _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0, 0, 0, 1.0, 0.0)
+    else:
+        _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), batch, m_loc, n_loc, k_loc,
+                     m_loc * k_loc, k_loc * n_loc, 0, 0, 1.0, 0.0)
+    _allreduce(out, kax)
+
+    def vjp(g):
+        ga = matmul(g, _swap_last(b))
+        if b.ndim == 2:
+            a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
+            g2d = reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
+            gb = matmul(_swap_last(a2d), g2d)
+        else:
+            gb = matmul(_swap_last(a), g)
+        return ga, gb
+    return _record(out, (a, b), vjp)
+
+
+def _swap_last(x: Array) -> Array:
+    axes = list(range(x.ndim))
+    axes[-1], axes[-2] = axes[-2], axes[-1]
+    return transpose(x, axes)
+
+
+dot = matmul
+
+
+def einsum(subscripts: str, a, b) -> Array:
+    """Two-operand einsum (batched-matmul patterns), e.g. ``'bi,ij->bj'``, ``'bqd,bkd->bqk'``.
+
+    Indices in both operands and the output are batch dims, in both but not the output are
+    contracted, the rest are free; the product runs as transpose/reshape + :func:`matmul`.
+    """
+    a = _lift(a)
+    b = _lift(b, _place_of(a))
+    try:
+        ins, out = subscripts.replace(" ", "").split("->")
+        sa, sb = ins.split(",")
+    except ValueError:
+        raise ValueError(f"einsum: expected 'ab,bc->ac' style subscripts, got {subscripts!r}") from None
+    if len(sa) != a.ndim or len(sb) != b.ndim:
+        raise ValueError(f"einsum: {subscripts!r} does not match ranks {a.ndim} and {b.ndim}")
+    for s in (sa, sb, out):
+        if len(set(s)) != len(s):
+            raise ValueError(f"einsum: repeated index within one operand in {subscripts!r}")
+    size = {}
+    for s, x in ((sa, a), (sb, b)):
+        for c, n in zip(s, x.shape):
+            if size.setdefault(c, n) != n:
+                raise ValueError(f"einsum: index {c!r} has sizes {size[c]} and {n}")
+    if set(out) - set(sa) - set(sb):
+        raise ValueError(f"einsum: output index not in the inputs: {subscripts!r}")
+    batch = [c for c in sa if c in sb and c in out]
+    contract = [c for c in sa if c in sb and c not in out]
+    fa = [c for c in sa if c not in sb]
+    fb = [c for c in sb if c not in sa]
+    for c in fa + fb:
+        if c not in out:
+            raise NotImplementedError(f"einsum: summing a free index ({c!r}) is not supported")
+    at = transpose(a, [sa.index(c) for c in batch + fa + contract])
+    bt = transpose(b, [sb.index(c) for c in batch + contract + fb])
+    B = [size[c] for c in batch]
+    M = math.prod(size[c] for c in fa)
+    K = math.prod(size[c] for c in contract)
+    N = math.prod(size[c] for c in fb)
+    a3 = reshape(at, B + [M, K])
+    b3 = reshape(bt, B + [K, N]) if batch else reshape(bt, [K, N])
+    r = matmul(a3, b3)
+    r = reshape(r, B + [size[c] for c in fa] + [size[c] for c in fb])
+    cur = batch + fa + fb
+    return transpose(r, [cur.index(c) for c in out])
+
+
+# --- autodiff --------------------------------------------------------------------------------
+
+def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
+    """Like ``jax.value_and_grad``: ``fun``'s value and the gradient with respect to the
+    positional arguments ``argnums`` (pytrees of Arrays or numpy arrays).
+
+    ``fun`` must return a scalar Array (or ``(scalar, aux)`` with ``has_aux``). Gradients
+    have the shardings of their inputs (numpy inputs are placed like ``device_put``).
+
+    >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
+    >>> f = lambda w: cnp.sum(cnp.square(w))
+    >>> v, g = cts.value_and_grad(f)(np.array([1.0, 2.0], np.float32))
+    >>> float(v), np.asarray(g).tolist()
+    (5.0, [2.0, 4.0])
+    """
+    from .tree_util import tree_flatten, tree_unflatten
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+
+    def wrapped(*args, **kwargs):
+        args = list(args)
+        tape = _Tape()
+        stack = getattr(_tls, "tapes", None)
+        if stack is None:
+            stack = _tls.tapes = []
+        flat_in = {}
+        for i in nums:
+            if i >= len(args):
+                raise TypeError(f"value_and_grad: argnums {i} but only {len(args)} positional arguments")
+            leaves, td = tree_flatten(args[i])
+            new = []
+            for leaf in leaves:
+                x = _lift(leaf) if not isinstance(leaf, Array) else leaf
+                x._check_alive()
+                if x.dtype != np.float32:
+                    raise TypeError(f"value_and_grad: differentiable inputs must be float32, got {x.dtype}")
+                x = _alias(x)  # a distinct object so one Array passed twice gets two slots
+                tape.track(x)
+                new.append(x)
+            flat_in[i] = (new, td)
+            args[i] = tree_unflatten(td, new)
+        stack.append(tape)
+        try:
+            res = fun(*args, **kwargs)
+        finally:
+            stack.pop()
+        val, aux = (res if has_aux else (res, None))
+        if not isinstance(val, Array) or val.shape != ():
+            raise TypeError(f"value_and_grad: the function must return a scalar Array, got "
+                            f"{type(val).__name__} {getattr(val, 'shape', '')}")
+        grads = _backward(tape, val)
+        outs = []
+        for i in nums:
+            leaves, td = flat_in[i]
+            gl = []
+            for x in leaves:
+                g = grads.get(id(x))
+                if g is None:
+                    g = zeros_like(x)
+                elif g.sharding != x.sharding:
+                    g = device_put(g, x.sharding)
+                gl.append(g)
+            outs.append(tree_unflatten(td, gl))
+        g = outs[0] if single else tuple(outs)
+        return ((val, aux), g) if has_aux else (val, g)
+    return wrapped
+
+
+def grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
+    """Like ``jax.grad``."""
+    vg = value_and_grad(fun, argnums, has_aux)
+
+    def wrapped(*args, **kwargs):
+        r, g = vg(*args, **kwargs)
+        return (g, r[1]) if has_aux else g
+    return wrapped
+
+
+def _alias(x: Array) -> Array:
+    """A new Array object sharing ``x``'s buffers (read-only use inside a trace)."""
+    return Array._create(x.shape, x.dtype, x.sharding, list(x._blocks))
+
+
+def _backward(tape: _Tape, out: Array) -> dict:
+    if id(out) not in tape.tracked:
+        return {}
+    cot = {id(out): _lift(np.ones((), np.float32), _place_of(out))}
+    if isinstance(out.sharding, NamedSharding):
+        cot[id(out)] = device_put(cot[id(out)], out.sharding)
+    for node_out, inputs, vjp in reversed(tape.nodes):
+        g = cot.pop(id(node_out), None)
+        if g is None:
+            continue
+        gs = vjp(g)
+        for x, gx in zip(inputs, gs):
+            if gx is None or not isinstance(x, Array) or id(x) not in tape.tracked:
+                continue
+            prev = cot.get(id(x))
+            cot[id(x)] = gx if prev is None else _binary_raw(B_ADD, prev, gx)
+    return cot
+
+
+# --- creation helpers -----------------------------------------------------------------------------
+
+def zeros_like(x: Array) -> Array:
+    out = _new(x.shape, _place_of(x), _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim)
+    _C.op_unary(U_AFFINE, 0.0, 0.0, _bufs(out), _bufs(out))
+    return out
+
+
+def ones_like(x: Array) -> Array:
+    out = zeros_like(x)
+    _C.op_unary(U_AFFINE, 0.0, 1.0, _bufs(out), _bufs(out))
+    return out

@@ -1,0 +1,175 @@
+"""Layers: Dense, DenseGeneral, Embed, LayerNorm (mirror of ``flax.linen``).
+
+Parameter names, shapes, default initializers and the order in which keys are
+drawn follow Flax, so the same key gives the same parameters.
+``DenseGeneral(kernel_axes=...)`` / ``Embed(embedding_axes=...)`` declare
+logical axes with ``param_with_axes`` (t5x style): under ``with mesh,
+axis_rules(rules):`` those parameters are born sharded.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import numpy as cnp
+from ..array import Array, device_put
+from . import initializers
+from .module import Module, compact
+
+default_kernel_init = initializers.lecun_normal()
+
+__all__ = ["Dense", "DenseGeneral", "Embed", "LayerNorm"]
+
+
+def _in_features(x) -> int:
+    return int(np.shape(x)[-1])
+
+
+class Dense(Module):
+    """``y = x @ kernel + bias`` with ``kernel`` of shape ``(in, features)``.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> v = nn.Dense(3).init(random.PRNGKey(0), np.ones((1, 2), np.float32))
+    >>> v['params']['kernel'].shape, v['params']['bias'].shape
+    ((2, 3), (3,))
+    """
+
+    features: int
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+
+    @compact
+    def __call__(self, inputs):
+        kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), self.features),
+                            self.param_dtype)
+        y = cnp.matmul(inputs, kernel)
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            y = y + bias
+        return y
+
+
+def _canon(axes, ndim):
+    if isinstance(axes, int):
+        axes = (axes,)
+    return tuple(a % ndim for a in axes)
+
+
+class DenseGeneral(Module):
+    """Dense over several input axes and/or producing several feature axes.
+
+    ``axis``: input axes contracted (default the last); ``features``: an int or a
+    tuple of output sizes. ``kernel_axes``: logical axis names of the kernel
+    (``len(axis) + len(features)`` names), recorded with ``param_with_axes`` as in
+    t5x's ``DenseGeneral``.
+    """
+
+    features: Any
+    axis: Any = -1
+    use_bias: bool = False
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+    kernel_axes: tuple = ()
+
+    @compact
+    def __call__(self, inputs):
+        from ..partitioning import param_with_axes
+        feats = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        nd = len(np.shape(inputs))
+        axes = _canon(self.axis, nd)
+        in_shape = tuple(np.shape(inputs)[a] for a in axes)
+        kshape = in_shape + feats
+        if self.kernel_axes:
+            kernel = param_with_axes("kernel", self.kernel_init, kshape, self.param_dtype,
+                                     axes=tuple(self.kernel_axes), module=self.scope)
+        else:
+            kernel = self.param("kernel", self.kernel_init, kshape, self.param_dtype)
+        x = inputs
+        keep = [d for d in range(nd) if d not in axes]
+        if axes != tuple(range(nd - len(axes), nd)):
+            x = cnp.transpose(x, keep + list(axes))
+        batch_shape = tuple(np.shape(inputs)[d] for d in keep)
+        x2 = cnp.reshape(x, batch_shape + (math.prod(in_shape),)) if len(axes) != 1 else x
+        k2 = cnp.reshape(kernel, (math.prod(in_shape), math.prod(feats))) if kshape != (math.prod(in_shape), math.prod(feats)) else kernel
+        y = cnp.matmul(x2, k2)
+        if len(feats) != 1:
+            y = cnp.reshape(y, batch_shape + feats)
+        if self.use_bias:
+            if self.kernel_axes:
+                bias = param_with_axes("bias", self.bias_init, feats, self.param_dtype,
+                                       axes=tuple(self.kernel_axes[len(axes):]), module=self.scope)
+            else:
+                bias = self.param("bias", self.bias_init, feats, self.param_dtype)
+            y = y + bias
+        return y
+
+
+class Embed(Module):
+    """Embedding lookup: ``embedding[inputs]`` with ``embedding`` of shape
+    ``(num_embeddings, features)``; ``attend(query)`` is ``query @ embedding.T``."""
+
+    num_embeddings: int
+    features: int
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    embedding_init: Callable = initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+    embedding_axes: tuple = ()
+
+    def setup(self):
+        shape = (self.num_embeddings, self.features)
+        if self.embedding_axes:
+            from ..partitioning import param_with_axes
+            with self.scope:
+                self.embedding = param_with_axes("embedding", self.embedding_init, shape,
+                                                 self.param_dtype, axes=tuple(self.embedding_axes),
+                                                 module=self.scope)
+        else:
+            self.embedding = self.param("embedding", self.embedding_init, shape, self.param_dtype)
+
+    def __call__(self, inputs):
+        idx = np.asarray(inputs)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"Embed expects integer inputs, got {idx.dtype}")
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
+            raise ValueError(f"Embed: indices must be in [0, {self.num_embeddings}), got "
+                             f"[{idx.min()}, {idx.max()}]")
+        onehot = np.zeros(idx.shape + (self.num_embeddings,), np.float32)
+        np.put_along_axis(onehot, idx[..., None], 1.0, axis=-1)
+        return cnp.matmul(onehot, self.embedding)
+
+    def attend(self, query):
+        return cnp.matmul(query, cnp.transpose(self.embedding))
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the last axis (Flax's defaults: ``epsilon=1e-6``, scale
+    and bias)."""
+
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: Callable = initializers.zeros_init()
+    scale_init: Callable = initializers.ones_init()
+
+    @compact
+    def __call__(self, x):
+        feat = _in_features(x)
+        mean = cnp.mean(x, axis=-1, keepdims=True)
+        mean2 = cnp.mean(cnp.square(x), axis=-1, keepdims=True)
+        var = cnp.maximum(mean2 - cnp.square(mean), 0.0)
+        y = (x - mean) * cnp.rsqrt(var + self.epsilon)
+        if self.use_scale:
+            y = y * self.param("scale", self.scale_init, (feat,), self.param_dtype)
+        if self.use_bias:
+            y = y + self.param("bias", self.bias_init, (feat,), self.param_dtype)
+        return y

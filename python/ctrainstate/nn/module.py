@@ -1,0 +1,438 @@
+"""A small Flax-style Module system (mirror of ``flax.linen.Module``).
+
+Modules are dataclasses: attributes are fields, ``name=`` is a keyword field.
+Submodules are created in ``setup()`` (named after the attribute) or inside an
+``@compact`` method (named ``ClassName_N`` in call order, or by ``name=``).
+``init(key, *args)`` returns the variables (``{'params': ..., 'params_axes':
+...}``); ``apply(variables, *args, rngs=None, mutable=False)`` runs the model.
+
+Parameter keys are derived exactly as Flax derives them: each scope keeps a
+counter per RNG stream, and ``make_rng`` folds the SHA-1 hash of ``(*scope_path,
+count)`` into the stream's root key — so ``Dense(3).init(key, x)`` gives the same
+kernel as ``flax.linen.Dense(3).init(key, x)``.
+
+Born sharded: inside ``with mesh, axis_rules(rules):``, parameters declared
+with ``param_with_axes`` (or boxed with ``with_logical_partitioning``) are
+created directly as sharded Arrays by the initializers of
+``ctrainstate.nn.initializers`` (each device generating only its block); other
+parameters are replicated over the mesh. Outside a mesh they live on the
+default device.
+
+>>> import numpy as np, ctrainstate as cts
+>>> from ctrainstate import nn, random
+>>> class MLP(nn.Module):
+...     hidden: int
+...     @nn.compact
+...     def __call__(self, x):
+...         x = nn.relu(nn.Dense(self.hidden)(x))
+...         return nn.Dense(1)(x)
+>>> variables = MLP(4).init(random.PRNGKey(0), np.ones((2, 3), np.float32))
+>>> sorted(variables['params'])
+['Dense_0', 'Dense_1']
+>>> MLP(4).apply(variables, np.ones((2, 3), np.float32)).shape
+(2, 1)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import threading
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .. import random as _random
+from ..array import Array, device_put
+from ..sharding import NamedSharding, get_mesh
+from . import meta
+from .scope import Scope
+
+__all__ = ["Module", "compact", "ModuleScope", "fold_in_static"]
+
+
+# --- RNG derivation (Flax's LazyRng / _fold_in_static) ------------------------------------
+
+def fold_in_static(key, data) -> np.ndarray:
+    """Fold static data (str / int items) into ``key`` via the first 4 bytes of their SHA-1.
+
+    >>> from ctrainstate import random
+    >>> fold_in_static(random.PRNGKey(0), ()).tolist()
+    [0, 0]
+    """
+    if not data:
+        return np.asarray(key, dtype=np.uint32)
+    m = hashlib.sha1()
+    for x in data:
+        if isinstance(x, str):
+            m.update(x.encode("utf-8"))
+        elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            x = int(x)
+            m.update(x.to_bytes((x.bit_length() + 7) // 8, byteorder="big"))
+        else:
+            raise ValueError(f"Expected int or string, got: {x!r}")
+    h = int.from_bytes(m.digest()[:4], byteorder="big")
+    return _random.fold_in(key, h)
+
+
+class ModuleScope(Scope):
+    """A :class:`Scope` whose ``make_rng`` derives keys like Flax: per-scope counters."""
+
+    def __init__(self, variables=None, root_rngs=None, mutable=False, path=()):
+        super().__init__(variables, rngs=None, mutable=mutable, path=path)
+        self.root_rngs = dict(root_rngs or {})
+        self.rng_counters: dict = {k: 0 for k in self.root_rngs}
+        self.rngs = {k: None for k in self.root_rngs}  # for has-stream checks
+
+    def push(self, name: str) -> "ModuleScope":
+        if name not in self._children:
+            self._children[name] = ModuleScope(self._variables, self.root_rngs, self.mutable,
+                                               self.path + (name,))
+        return self._children[name]
+
+    def has_rng(self, name: str) -> bool:
+        return name in self.root_rngs
+
+    def make_rng(self, name: str = "params"):
+        if name not in self.root_rngs:
+            if "params" in self.root_rngs:
+                name = "params"
+            else:
+                raise ValueError(
+                    f'No RNG stream "{name}" in scope "{self.path_text}"; pass rngs={{"{name}": key}}'
+                    f" to init/apply")
+        self.rng_counters[name] = self.rng_counters.get(name, 0) + 1
+        return fold_in_static(self.root_rngs[name], self.path + (self.rng_counters[name],))
+
+
+# --- binding state ----------------------------------------------------------------------------
+
+_ctx = threading.local()
+
+
+def _module_stack() -> list:
+    s = getattr(_ctx, "stack", None)
+    if s is None:
+        s = _ctx.stack = []
+    return s
+
+
+class _Frame:
+    """A module method being executed: where new submodules attach."""
+
+    def __init__(self, module: "Module", compact: bool):
+        self.module = module
+        self.compact = compact
+
+
+def compact(fn: Callable) -> Callable:
+    """Mark a method whose body may create submodules and params inline (``@nn.compact``)."""
+    fn._ct_compact = True
+    return fn
+
+
+def _wrap_method(fn: Callable) -> Callable:
+    """Run a user method with the module's frame active (so submodules attach to it)."""
+    if getattr(fn, "_ct_wrapped", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(self, *args, **kwargs):
+        if self._scope is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is unbound: call it through .init(...) or .apply(...) "
+                f"(or from another module's method)")
+        self._try_setup()
+        is_compact = getattr(fn, "_ct_compact", False)
+        stack = _module_stack()
+        if is_compact and not any(f.module is self for f in stack):
+            # A new call of this module: auto names restart and its names may be declared
+            # again (so a module called twice reuses its submodules and params, as in Flax).
+            object.__setattr__(self, "_auto_counts", {})
+            object.__setattr__(self, "_call_names", set())
+            self._scope._reserved.clear()
+        stack.append(_Frame(self, is_compact))
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            stack.pop()
+    wrapped._ct_wrapped = True
+    return wrapped
+
+
+_RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
+             "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path"}
+
+
+class Module:
+    """Base class of modules; subclasses are dataclasses (see the module docstring)."""
+
+    name: str | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        ann = cls.__dict__.get("__annotations__", {})
+        for f in ann:
+            if f in _RESERVED and f != "name":
+                raise TypeError(f"{cls.__name__}.{f}: '{f}' is a reserved Module attribute")
+        # wrap user methods so submodules created inside attach to this module
+        for k, v in list(cls.__dict__.items()):
+            if k in ann or (k.startswith("__") and k != "__call__"):
+                continue  # field defaults (e.g. kernel_init) are values, not methods
+            if inspect.isfunction(v) and k not in ("setup",) and not k.startswith("_"):
+                setattr(cls, k, _wrap_method(v))
+            elif k == "__call__" and inspect.isfunction(v):
+                setattr(cls, k, _wrap_method(v))
+        # `name` is keyword-only so positional fields work in subclasses of subclasses
+        if "name" in ann:
+            ann = {k: v for k, v in ann.items() if k != "name"}
+        cls.__annotations__ = {**ann, "name": "str | None"}
+        cls.name = dataclasses.field(default=None, kw_only=True)
+        dataclasses.dataclass(cls, eq=False, repr=False)
+        cls.__setattr__ = Module.__setattr__  # keep our setattr after dataclass
+
+    # dataclass calls __post_init__ after field assignment
+    def __post_init__(self):
+        object.__setattr__(self, "_scope", None)
+        object.__setattr__(self, "_parent", None)
+        object.__setattr__(self, "_setup_done", False)
+        object.__setattr__(self, "_in_setup", False)
+        object.__setattr__(self, "_auto_counts", {})
+        object.__setattr__(self, "_call_names", set())
+        object.__setattr__(self, "_children", {})
+        if self.name is not None and not isinstance(self.name, str):
+            raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
+        stack = _module_stack()
+        if stack:
+            frame = stack[-1]
+            parent = frame.module
+            if frame.compact:
+                parent._attach(self, self.name)
+            elif parent._in_setup:
+                object.__setattr__(self, "_parent", parent)  # named on attribute assignment
+            # modules created in non-compact methods outside setup stay unbound (like Flax errors)
+
+    def __setattr__(self, key, value):
+        if getattr(self, "_scope", None) is not None and not getattr(self, "_in_setup", False) \
+                and not key.startswith("_"):
+            raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
+        if isinstance(value, Module) and getattr(self, "_in_setup", False) and value._scope is None:
+            self._attach(value, value.name or key)
+        elif isinstance(value, (list, tuple)) and getattr(self, "_in_setup", False):
+            for i, v in enumerate(value):
+                if isinstance(v, Module) and v._scope is None:
+                    self._attach(v, v.name or f"{key}_{i}")
+        object.__setattr__(self, key, value)
+
+    # --- tree position -----------------------------------------------------------------------
+    def _attach(self, child: "Module", name: str | None):
+        if name is None:
+            cls = type(child).__name__
+            n = self._auto_counts.get(cls, 0)
+            self._auto_counts[cls] = n + 1
+            name = f"{cls}_{n}"
+        if name in self._call_names:
+            raise ValueError(
+                f'A submodule named "{name}" already exists in "{self._scope.path_text}"; '
+                f"give submodules distinct names")
+        self._call_names.add(name)
+        object.__setattr__(child, "name", name)
+        object.__setattr__(child, "_parent", self)
+        object.__setattr__(child, "_scope", self._scope.push(name))
+        self._children[name] = child
+
+    def _try_setup(self):
+        if self._setup_done:
+            return
+        object.__setattr__(self, "_setup_done", True)
+        object.__setattr__(self, "_in_setup", True)
+        stack = _module_stack()
+        stack.append(_Frame(self, False))
+        try:
+            self.setup()
+        finally:
+            stack.pop()
+            object.__setattr__(self, "_in_setup", False)
+
+    def setup(self):
+        """Override to define submodules and params lazily (called once, when first used)."""
+
+    def __getattr__(self, item):
+        # setup-defined attributes are created lazily on first access
+        if not item.startswith("_") and self.__dict__.get("_scope") is not None \
+                and not self.__dict__.get("_setup_done", True):
+            self._try_setup()
+            try:
+                return object.__getattribute__(self, item)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{item}'")
+
+    # --- variables ---------------------------------------------------------------------------
+    @property
+    def scope(self) -> ModuleScope:
+        return self._scope
+
+    @property
+    def path(self) -> tuple:
+        return self._scope.path if self._scope is not None else ()
+
+    def _need_scope(self, what):
+        if self._scope is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: the module is unbound; use "
+                               f".init(...) or .apply(...)")
+        return self._scope
+
+    def param(self, name: str, init_fn: Callable, *init_args, unbox: bool = True, **init_kwargs):
+        """Declare/fetch a parameter (``init_fn(key, *init_args)`` on init).
+
+        The value becomes an Array: a sharded one when ``init_fn`` returns a box
+        (``with_partitioning``/``with_logical_partitioning``) under an active mesh, else
+        replicated over the active mesh or on the default device.
+        """
+        scope = self._need_scope("param")
+        return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+
+    def variable(self, col: str, name: str, init_fn: Callable | None = None, *init_args,
+                 unbox: bool = True, **init_kwargs):
+        scope = self._need_scope("variable")
+        return scope.variable(col, name, init_fn, *init_args, unbox=unbox, **init_kwargs)
+
+    def has_variable(self, col: str, name: str) -> bool:
+        return self._need_scope("has_variable").has_variable(col, name)
+
+    def is_mutable_collection(self, col: str) -> bool:
+        return self._need_scope("is_mutable_collection").is_mutable_collection(col)
+
+    def sow(self, col: str, name: str, value, reduce_fn=lambda xs, x: xs + (x,), init_fn=lambda: ()):
+        return self._need_scope("sow").sow(col, name, value, reduce_fn, init_fn)
+
+    def make_rng(self, name: str = "params"):
+        return self._need_scope("make_rng").make_rng(name)
+
+    @property
+    def variables(self) -> dict:
+        return self._need_scope("variables").variables()
+
+    # --- entry points --------------------------------------------------------------------------
+    def _clone_bound(self, scope: ModuleScope) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        stack = _module_stack()
+        saved = list(stack)
+        stack.clear()  # the clone is a root: it must not attach to a caller's module
+        try:
+            m = type(self)(**fields)
+        finally:
+            stack.extend(saved)
+        object.__setattr__(m, "_scope", scope)
+        return m
+
+    def _run(self, variables, rngs, mutable, method, args, kwargs):
+        if rngs is not None and not isinstance(rngs, dict):
+            rngs = {"params": rngs}
+        root_rngs = {}
+        for k, v in (rngs or {}).items():
+            key = np.asarray(v)
+            if key.shape != (2,):
+                raise TypeError(f"rngs['{k}'] must be a PRNG key (uint32[2]); got shape {key.shape}")
+            root_rngs[k] = key.astype(np.uint32)
+        scope = ModuleScope(variables, root_rngs, mutable)
+        bound = self._clone_bound(scope)
+        fn = method if method is not None else type(bound).__call__
+        if isinstance(fn, str):
+            fn = getattr(type(bound), fn)
+        with scope:
+            out = fn(bound, *args, **kwargs)
+        return out, scope.variables()
+
+    def init_with_output(self, rngs, *args, method=None, mutable=True, **kwargs):
+        """``(output, variables)`` of running the model with fresh variables."""
+        out, variables = self._run({}, rngs, mutable, method, args, kwargs)
+        return out, variables
+
+    def init(self, rngs, *args, method=None, mutable=True, **kwargs) -> dict:
+        """Create the variables: ``{'params': ..., 'params_axes': ..., ...}``.
+
+        ``rngs`` is a key (the ``'params'`` stream) or ``{'params': key, 'dropout': key}``.
+        """
+        return self.init_with_output(rngs, *args, method=method, mutable=mutable, **kwargs)[1]
+
+    def apply(self, variables: dict, *args, rngs=None, method=None, mutable=False, **kwargs):
+        """Run the model with ``variables``; with ``mutable`` also return the updated ones."""
+        if not isinstance(variables, dict):
+            raise TypeError(f"apply: variables must be a dict of collections, got {type(variables).__name__}")
+        vs = {k: _copy_tree(v) for k, v in variables.items()}
+        out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs)
+        if mutable is False:
+            return out
+        keep = {k: v for k, v in new_vars.items() if _is_mutable(mutable, k)}
+        return out, keep
+
+    def __repr__(self):
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                           if f.name != "name")
+        return f"{type(self).__name__}({fields})"
+
+
+def _is_mutable(mutable, col):
+    if isinstance(mutable, bool):
+        return mutable
+    if isinstance(mutable, str):
+        return col == mutable
+    return col in mutable
+
+
+def _copy_tree(d):
+    if isinstance(d, dict):
+        return {k: _copy_tree(v) for k, v in d.items()}
+    return d
+
+
+# --- parameter placement ---------------------------------------------------------------------
+
+def _accepts_out_sharding(fn) -> bool:
+    if getattr(fn, "_ct_out_sharding", False):
+        return True
+    try:
+        return "out_sharding" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _placing(init_fn: Callable) -> Callable:
+    """Wrap an initializer so the parameter it makes is an Array placed as described above."""
+    def init(key, *args, **kwargs):
+        value = init_fn(key, *args, **kwargs)
+        return _place(value)
+    return init
+
+
+def _place(value):
+    if meta.is_axis_metadata(value):
+        return value  # boxes (with_partitioning...) place themselves when created
+    if isinstance(value, Array):
+        return value
+    if isinstance(value, (np.ndarray, np.generic, float, int)):
+        return device_put(np.asarray(value))
+    return value
+
+
+def sharded_initializer(init_fn: Callable, sharding) -> Callable:
+    """``init_fn`` producing its value directly with ``sharding``.
+
+    ctrainstate initializers generate each device's block in place
+    (``out_sharding=``); other callables run on the host and their result is
+    scattered with ``device_put`` (never gathered on one device).
+    """
+    if sharding is None:
+        return init_fn
+
+    def init(key, *args, **kwargs):
+        if _accepts_out_sharding(init_fn):
+            return init_fn(key, *args, out_sharding=sharding, **kwargs)
+        value = init_fn(key, *args, **kwargs)
+        if isinstance(value, Array):
+            return device_put(value, sharding)
+        return device_put(np.asarray(value), sharding)
+    return init

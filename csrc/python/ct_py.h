@@ -57,5 +57,6 @@ int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);
 int ct_py_init_layout(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
+int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
 
 #endif /* CT_PY_H */

@@ -6,16 +6,14 @@
  *   --- driver       chunk tables, reduction passes, the fused pass
  *   --- reference    a plain one-element-at-a-time version for the tests
  */
-#if defined(__GNUC__) && !defined(__clang__)
-/* sqrtf must vectorise: we never read errno. */
-#pragma GCC optimize("no-math-errno")
-#endif
-
 #include "ct_optim.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_SCALE] = 0, [CT_OPT_ADAM] = 2, [CT_OPT_DECAY] = 0, [CT_OPT_TRACE] = 1,
@@ -46,6 +44,18 @@ static int kind_needs_params(int kind) {
 
 #define CT_INLINE static inline __attribute__((always_inline))
 
+/* x = sqrt(x) over a chunk. A loop of sqrtf does not vectorise under the
+ * default -fmath-errno (GCC keeps the errno path), so the square roots of a
+ * stage are gathered into a scratch chunk and taken 4 at a time. sqrtps is
+ * correctly rounded, like sqrtf: results are bitwise those of the reference. */
+CT_INLINE void v_sqrt(float *restrict x, int64_t n) {
+    int64_t i = 0;
+#if defined(__SSE__)
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) x[i] = sqrtf(x[i]);
+}
+
 CT_INLINE void st_scale(float *restrict u, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) u[i] = s * u[i];
 }
@@ -59,24 +69,31 @@ CT_INLINE void st_adam(float *restrict u, float *restrict m, float *restrict v, 
     const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], eps_root = (float)s[3];
     const float bc1 = (float)s[4], bc2 = (float)s[5], bc1n = (float)s[7];
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    /* Bias corrections as multiplications by their reciprocals (divps is the
+     * bottleneck on SSE): within an ulp of optax's divisions. */
+    const float ibc1 = 1.0f / bc1, ibc2 = 1.0f / bc2, ibc1n = 1.0f / bc1n;
+    float d[CT_OPT_CHUNK] __attribute__((aligned(64)));
     if (s[6] != 0.0) { /* nesterov: b1*mu/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t) */
         for (int64_t i = 0; i < n; i++) {
             float g = u[i];
             float mi = c1 * g + b1 * m[i];
             float vi = c2 * (g * g) + b2 * v[i];
-            float mh = b1 * (mi / bc1n) + c1 * (g / bc1);
-            u[i] = mh / (sqrtf(vi / bc2 + eps_root) + eps);
+            u[i] = b1 * (mi * ibc1n) + c1 * (g * ibc1);
+            d[i] = vi * ibc2 + eps_root;
             if (W) { m[i] = mi; v[i] = vi; }
         }
-        return;
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            float g = u[i];
+            float mi = c1 * g + b1 * m[i];
+            float vi = c2 * (g * g) + b2 * v[i];
+            u[i] = mi * ibc1;
+            d[i] = vi * ibc2 + eps_root;
+            if (W) { m[i] = mi; v[i] = vi; }
+        }
     }
-    for (int64_t i = 0; i < n; i++) {
-        float g = u[i];
-        float mi = c1 * g + b1 * m[i];
-        float vi = c2 * (g * g) + b2 * v[i];
-        u[i] = (mi / bc1) / (sqrtf(vi / bc2 + eps_root) + eps);
-        if (W) { m[i] = mi; v[i] = vi; }
-    }
+    v_sqrt(d, n);
+    for (int64_t i = 0; i < n; i++) u[i] = u[i] / (d[i] + eps);
 }
 
 CT_INLINE void st_trace(float *restrict u, float *restrict t, int64_t n, const double *s,
@@ -104,28 +121,36 @@ CT_INLINE void st_lion(float *restrict u, float *restrict m, int64_t n, const do
 
 CT_INLINE void st_rms(float *restrict u, float *restrict v, int64_t n, const double *s,
                       const int W) {
-    const float d = (float)s[0], eps = (float)s[1], bc = (float)s[3];
+    const float dc = (float)s[0], eps = (float)s[1], bc = (float)s[3];
     const int in_sqrt = s[2] != 0.0;
+    float d[CT_OPT_CHUNK] __attribute__((aligned(64)));
     for (int64_t i = 0; i < n; i++) {
         float g = u[i];
-        float vi = (1.0f - d) * (g * g) + d * v[i];
-        float vh = vi / bc;
-        float sc = in_sqrt ? 1.0f / sqrtf(vh + eps) : 1.0f / (sqrtf(vh) + eps);
-        u[i] = sc * g;
+        float vi = (1.0f - dc) * (g * g) + dc * v[i];
+        d[i] = in_sqrt ? vi / bc + eps : vi / bc;
         if (W) v[i] = vi;
     }
+    v_sqrt(d, n);
+    if (in_sqrt)
+        for (int64_t i = 0; i < n; i++) u[i] = (1.0f / d[i]) * u[i];
+    else
+        for (int64_t i = 0; i < n; i++) u[i] = (1.0f / (d[i] + eps)) * u[i];
 }
 
 CT_INLINE void st_rss(float *restrict u, float *restrict a, int64_t n, const double *s,
                       const int W) {
     const float eps = (float)s[0];
+    float d[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    float e[CT_OPT_CHUNK] __attribute__((aligned(64)));
     for (int64_t i = 0; i < n; i++) {
         float g = u[i];
         float ai = g * g + a[i];
-        float inv = ai > 0.0f ? 1.0f / sqrtf(ai + eps) : 0.0f;
-        u[i] = inv * g;
+        e[i] = ai;
+        d[i] = ai + eps;
         if (W) a[i] = ai;
     }
+    v_sqrt(d, n);
+    for (int64_t i = 0; i < n; i++) u[i] = (e[i] > 0.0f ? 1.0f / d[i] : 0.0f) * u[i];
 }
 
 CT_INLINE void st_ema(float *restrict u, float *restrict e, int64_t n, const double *s,
@@ -257,7 +282,8 @@ static ct_status make_chunks(const ct_opt_group *grp, ct_opt_chunk **out, int64_
 
 static void run_group(const ct_opt_ctx *c, const ct_opt_group *grp, const ct_opt_chunk *ch,
                       int64_t nch, int64_t nelem, int upto, double *acc) {
-#pragma omp parallel for schedule(static) if (nelem >= CT_OPT_PAR_MIN)
+    /* dynamic: a core taken by another process must not hold up a static half */
+#pragma omp parallel for schedule(dynamic, 8) if (nelem >= CT_OPT_PAR_MIN)
     for (int64_t j = 0; j < nch; j++) {
         float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
         const ct_opt_block *b = &grp->blocks[ch[j].block];
@@ -441,9 +467,9 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 float b1 = (float)s[0], b2 = (float)s[1];
                 *a = (1.0f - b1) * g + b1 * *a;
                 *v = (1.0f - b2) * (g * g) + b2 * *v;
-                float mh = s[6] != 0.0 ? b1 * (*a / (float)s[7]) + (1.0f - b1) * (g / (float)s[4])
-                                       : *a / (float)s[4];
-                u = mh / (sqrtf(*v / (float)s[5] + (float)s[3]) + (float)s[2]);
+                float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
+                float mh = s[6] != 0.0 ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
+                u = mh / (sqrtf(*v * ib2 + (float)s[3]) + (float)s[2]);
                 break;
             }
             case CT_OPT_TRACE:

@@ -23,6 +23,7 @@ from .sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, 
 from .sharding import PartitionSpec as P
 from .mesh_utils import make_mesh
 from .array import Array, Shard, block_until_ready, device_put, visualize_array_sharding
+from . import optim, train_state  # noqa: E402  (issue #5: optimizers and TrainState)
 
 __version__ = "0.1.0"
 

@@ -59,5 +59,6 @@ int ct_py_init_layout(PyObject *m);
 int ct_py_init_ops(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
 int ct_py_init_random(PyObject *m);
+int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
 
 #endif /* CT_PY_H */

@@ -69,6 +69,7 @@ static const ct_py_init_fn ct_py_parts[] = {
     ct_py_init_ops,
     ct_py_init_rules,
     ct_py_init_random,
+    ct_py_init_optim,
 };
 
 PyMODINIT_FUNC PyInit__C(void) {

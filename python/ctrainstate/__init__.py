@@ -26,6 +26,7 @@ from .mesh_utils import make_mesh
 from .array import Array, Shard, block_until_ready, device_put, visualize_array_sharding
 from . import numpy
 from ._ops import grad, value_and_grad
+from . import optim, train_state
 
 __version__ = "0.1.0"
 

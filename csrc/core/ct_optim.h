@@ -1,0 +1,106 @@
+/*
+ * ct_optim.h — fused, multi-tensor optimizer steps (optax numerics).
+ *
+ * An optimizer (an optax-style chain of transforms) is compiled by the Python
+ * layer into a list of *stages*. Elementwise stages (scale, Adam, weight
+ * decay, trace/momentum, Lion, RMS, RSS/Adagrad, clip, EMA) run on a small
+ * chunk `u` of the update vector held in L1; the driver walks every leaf of a
+ * device in chunks, runs all stages of the chain on each chunk, then either
+ * applies `p += u` in place (apply mode) or writes `u` to an output buffer
+ * (emit mode, used by the functional tx.update). So each of p, g and every
+ * state slot is read once and written once per step: 28 bytes per parameter
+ * for fp32 AdamW, no temporaries, one OpenMP parallel loop per device over
+ * all leaves of that device.
+ *
+ * Reduction stages need a property of the update vector *entering* them
+ * before any element can be finished:
+ *   GLOBAL_NORM  (clip_by_global_norm)  sum of u^2 over all leaves,
+ *   TRUST_RATIO  (lamb)                 per-leaf |u| and |p|,
+ *   FINITE_GATE  (apply_if_finite)      any non-finite u.
+ * For each reduction stage k (in order) the driver runs one extra read-only
+ * pass over every device computing stages [0, k) without writing state, and
+ * only blocks with `counts` set (replica 0 of each global block) contribute,
+ * so every global element is counted once whatever the mesh. Partial sums are
+ * per chunk and added in chunk order: results do not depend on thread count.
+ * Cost: one extra read of g (and of the slots of earlier stateful stages) per
+ * reduction stage; with the reduction first in the chain (the usual
+ * clip_by_global_norm placement) that is one extra read of g.
+ *
+ * Numerics follow optax: fp32 arithmetic in the same operation order
+ * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step
+ * scalars (learning rate from a schedule, bias corrections) are computed once
+ * per step by the caller and passed in `ct_opt_stage.s`. Params, grads and
+ * slots are fp32.
+ */
+#ifndef CT_OPTIM_H
+#define CT_OPTIM_H
+
+#include <stdint.h>
+
+#include "ct_status.h"
+
+#define CT_OPT_MAX_STAGES 32
+#define CT_OPT_MAX_SLOTS 16   /* state arrays per leaf, all stages together */
+#define CT_OPT_NSCALARS 8
+#define CT_OPT_CHUNK 2048     /* elements per chunk: u lives in 8 KiB of stack */
+
+typedef enum {
+    CT_OPT_SCALE = 0,        /* u = s0*u                                    (0 slots) */
+    CT_OPT_ADAM = 1,         /* s: b1 b2 eps eps_root bc1 bc2 nesterov bc1_next  (mu, nu) */
+    CT_OPT_DECAY = 2,        /* u = u + s0*p                                (0 slots) */
+    CT_OPT_TRACE = 3,        /* s: decay nesterov                            (trace) */
+    CT_OPT_LION = 4,         /* s: b1 b2                                     (mu) */
+    CT_OPT_RMS = 5,          /* s: decay eps eps_in_sqrt bc (1 if none)      (nu) */
+    CT_OPT_RSS = 6,          /* s: eps                                       (sum_of_squares) */
+    CT_OPT_CLIP = 7,         /* s: max_delta                                (0 slots) */
+    CT_OPT_GLOBAL_NORM = 8,  /* s: max_norm; result: the global norm        (0 slots) */
+    CT_OPT_TRUST_RATIO = 9,  /* s: min_norm trust_coefficient eps           (0 slots) */
+    CT_OPT_FINITE_GATE = 10, /* s: ncovered force; result: 1 finite, 0 not   (0 slots) */
+    CT_OPT_EMA = 11,         /* s: decay bc (1 if no debias)                 (ema) */
+    CT_OPT_NUM_KINDS
+} ct_opt_kind;
+
+typedef struct {
+    int kind;                    /* ct_opt_kind */
+    double s[CT_OPT_NSCALARS];   /* per-step scalars, see ct_opt_kind */
+    double result;               /* out: reduction result (norm, finite flag) */
+} ct_opt_stage;
+
+/* One block (the part of one leaf on one device). */
+typedef struct {
+    int64_t n;                        /* elements */
+    float *p;                         /* params: read; updated in place in apply mode */
+    const float *g;                   /* gradients */
+    float *out;                       /* emit mode: updates written here (p untouched) */
+    float *slot[CT_OPT_MAX_SLOTS];    /* state arrays in stage order (NULL where inactive) */
+    uint32_t active;                  /* bit i set: stage i applies to this leaf */
+    int leaf;                         /* global leaf index, for per-leaf reductions */
+    int counts;                       /* 1 for replica 0 of its global block */
+} ct_opt_block;
+
+/* The blocks of one device. */
+typedef struct {
+    ct_opt_block *blocks;
+    int nblocks;
+} ct_opt_group;
+
+/* Number of state slots a stage kind owns per leaf. */
+int ct_opt_kind_nslots(int kind);
+
+/* Validate a stage list (kinds, slot budget, gate coverage). */
+ct_status ct_optim_check(const ct_opt_stage *stages, int nstages);
+
+/* Run one optimizer step over every group: the reduction passes, then the
+ * fused pass. Stage results are written to stages[i].result. `nleaves` is
+ * the number of distinct global leaves (blocks' `leaf` < nleaves). Each group
+ * is one parallel loop; the caller releases the GIL. Fails only on bad input
+ * or allocation failure, before writing anything. */
+ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                        int ngroups, int nleaves);
+
+/* Plain scalar reference of one fused step on one block (no chunking, no
+ * threads, double-free of clever tricks): for tests of the fast driver. Only
+ * elementwise stages (no reduction stages). */
+ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_block *b);
+
+#endif /* CT_OPTIM_H */

@@ -1,0 +1,252 @@
+/*
+ * py_optim.c — ctrainstate._C.optim_step / optim_reference: one fused
+ * optimizer step over the blocks of every device.
+ *
+ * The Python layer (ctrainstate.optim) compiles a transform chain into stage
+ * tuples and lists every device's blocks; this file converts them once per
+ * call into the core's ct_opt_stage / ct_opt_group arrays, pins the buffers
+ * (a pinned buffer refuses delete()), releases the GIL and runs
+ * ct_optim_step. No math here.
+ */
+#include "ct_py.h"
+
+#include <string.h>
+
+#include "../core/ct_optim.h"
+
+static int parse_stages(PyObject *seq, ct_opt_stage *st, int *nst) {
+    PyObject *fast = PySequence_Fast(seq, "stages must be a sequence");
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > CT_OPT_MAX_STAGES) {
+        PyErr_Format(PyExc_ValueError, "optimizer has %zd stages; at most %d are supported", n,
+                     CT_OPT_MAX_STAGES);
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, k), *scal;
+        int kind;
+        if (!PyArg_ParseTuple(item, "iO:stage", &kind, &scal)) goto fail;
+        memset(&st[k], 0, sizeof st[k]);
+        st[k].kind = kind;
+        PyObject *sf = PySequence_Fast(scal, "stage scalars must be a sequence");
+        if (sf == NULL) goto fail;
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(sf);
+        if (m > CT_OPT_NSCALARS) {
+            Py_DECREF(sf);
+            PyErr_Format(PyExc_ValueError, "stage %zd has %zd scalars; at most %d", k, m, CT_OPT_NSCALARS);
+            goto fail;
+        }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            st[k].s[j] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(sf, j));
+            if (st[k].s[j] == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(sf);
+                goto fail;
+            }
+        }
+        Py_DECREF(sf);
+    }
+    *nst = (int)n;
+    Py_DECREF(fast);
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
+/* Pinned buffers of one call. */
+typedef struct {
+    ct_py_buffer **v;
+    Py_ssize_t n, cap;
+} pin_list;
+
+static int pin(pin_list *pl, ct_py_buffer *b) {
+    if (pl->n == pl->cap) {
+        Py_ssize_t cap = pl->cap ? 2 * pl->cap : 64;
+        ct_py_buffer **v = PyMem_Realloc(pl->v, (size_t)cap * sizeof *v);
+        if (v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        pl->v = v;
+        pl->cap = cap;
+    }
+    pl->v[pl->n++] = b;
+    b->exports++;
+    return 0;
+}
+
+static void unpin_all(pin_list *pl) {
+    for (Py_ssize_t i = 0; i < pl->n; i++) pl->v[i]->exports--;
+    PyMem_Free(pl->v);
+}
+
+/* A float32 CPU buffer of n elements (n < 0: any, returned), or NULL with an exception. */
+static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *pl) {
+    ct_py_buffer *b = ct_py_buffer_check(obj, what);
+    if (b == NULL) return NULL;
+    if (b->dtype != CT_F32) {
+        PyErr_Format(PyExc_TypeError, "%s must be float32, got %s", what, ct_dtype_name(b->dtype));
+        return NULL;
+    }
+    if (b->dev->platform != CT_PLATFORM_CPU) {
+        PyErr_Format(PyExc_ValueError, "%s: only CPU devices run the fused optimizer yet", what);
+        return NULL;
+    }
+    int64_t m = (int64_t)(b->nbytes / 4);
+    if (*n >= 0 && m != *n) {
+        PyErr_Format(PyExc_ValueError, "%s has %lld elements, expected %lld", what, (long long)m,
+                     (long long)*n);
+        return NULL;
+    }
+    *n = m;
+    if (pin(pl, b) < 0) return NULL;
+    return (float *)b->data;
+}
+
+/* block tuple: (p, g, out, slots, active, leaf, counts) */
+static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
+    PyObject *p, *g, *out, *slots;
+    unsigned long active;
+    int leaf, counts;
+    if (!PyArg_ParseTuple(t, "OOOOkip:block", &p, &g, &out, &slots, &active, &leaf, &counts))
+        return -1;
+    memset(b, 0, sizeof *b);
+    int64_t n = -1;
+    if ((b->g = f32_buffer(g, &n, "grads block", pl)) == NULL) return -1;
+    if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl)) == NULL) return -1;
+    if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl)) == NULL) return -1;
+    PyObject *sf = PySequence_Fast(slots, "block slots must be a sequence");
+    if (sf == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(sf) != nslots) {
+        PyErr_Format(PyExc_ValueError, "block has %zd state arrays, the stages need %d",
+                     PySequence_Fast_GET_SIZE(sf), nslots);
+        Py_DECREF(sf);
+        return -1;
+    }
+    for (int q = 0; q < nslots; q++) {
+        PyObject *s = PySequence_Fast_GET_ITEM(sf, q);
+        if (s == Py_None) continue;
+        if ((b->slot[q] = f32_buffer(s, &n, "optimizer state block", pl)) == NULL) {
+            Py_DECREF(sf);
+            return -1;
+        }
+    }
+    Py_DECREF(sf);
+    b->n = n;
+    b->active = (uint32_t)active;
+    b->leaf = leaf;
+    b->counts = counts;
+    return 0;
+}
+
+static void free_groups(ct_opt_group *gr, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) PyMem_Free(gr[i].blocks);
+    PyMem_Free(gr);
+}
+
+static PyObject *py_optim_step(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *stages_obj, *groups_obj;
+    int nleaves;
+    if (!PyArg_ParseTuple(args, "OOi:optim_step", &stages_obj, &groups_obj, &nleaves)) return NULL;
+    ct_opt_stage st[CT_OPT_MAX_STAGES];
+    int nst = 0;
+    if (parse_stages(stages_obj, st, &nst) < 0) return NULL;
+    ct_status cs = ct_optim_check(st, nst);
+    if (cs != CT_OK) return ct_py_raise(cs);
+    int nslots = 0;
+    for (int k = 0; k < nst; k++) nslots += ct_opt_kind_nslots(st[k].kind);
+
+    PyObject *gf = PySequence_Fast(groups_obj, "groups must be a sequence");
+    if (gf == NULL) return NULL;
+    Py_ssize_t ng = PySequence_Fast_GET_SIZE(gf);
+    ct_opt_group *gr = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof *gr);
+    pin_list pl = {0};
+    PyObject *result = NULL;
+    if (gr == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        PyObject *bf = PySequence_Fast(PySequence_Fast_GET_ITEM(gf, i), "a group must be a sequence");
+        if (bf == NULL) goto done;
+        Py_ssize_t nb = PySequence_Fast_GET_SIZE(bf);
+        gr[i].blocks = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(ct_opt_block));
+        gr[i].nblocks = (int)nb;
+        if (gr[i].blocks == NULL) {
+            Py_DECREF(bf);
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < nb; j++) {
+            if (parse_block(PySequence_Fast_GET_ITEM(bf, j), &gr[i].blocks[j], nslots, &pl) < 0) {
+                Py_DECREF(bf);
+                goto done;
+            }
+        }
+        Py_DECREF(bf);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    cs = ct_optim_step(st, nst, gr, (int)ng, nleaves);
+    Py_END_ALLOW_THREADS
+    if (cs != CT_OK) {
+        ct_py_raise(cs);
+        goto done;
+    }
+    result = PyList_New(nst);
+    if (result == NULL) goto done;
+    for (int k = 0; k < nst; k++) {
+        PyObject *v = PyFloat_FromDouble(st[k].result);
+        if (v == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, k, v);
+    }
+done:
+    unpin_all(&pl);
+    if (gr != NULL) free_groups(gr, ng);
+    Py_DECREF(gf);
+    return result;
+}
+
+static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *stages_obj, *block_obj;
+    if (!PyArg_ParseTuple(args, "OO:optim_reference", &stages_obj, &block_obj)) return NULL;
+    ct_opt_stage st[CT_OPT_MAX_STAGES];
+    int nst = 0;
+    if (parse_stages(stages_obj, st, &nst) < 0) return NULL;
+    ct_status cs = ct_optim_check(st, nst);
+    if (cs != CT_OK) return ct_py_raise(cs);
+    int nslots = 0;
+    for (int k = 0; k < nst; k++) nslots += ct_opt_kind_nslots(st[k].kind);
+    pin_list pl = {0};
+    ct_opt_block b;
+    if (parse_block(block_obj, &b, nslots, &pl) < 0) {
+        unpin_all(&pl);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    cs = ct_optim_reference(st, nst, &b);
+    Py_END_ALLOW_THREADS
+    unpin_all(&pl);
+    if (cs != CT_OK) return ct_py_raise(cs);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef optim_methods[] = {
+    {"optim_step", py_optim_step, METH_VARARGS,
+     "optim_step(stages, groups, nleaves, /)\n--\n\n"
+     "Run one fused optimizer step (GIL released). stages: [(kind, scalars)]; groups: one list\n"
+     "per device of block tuples (p, g, out, slots, active, leaf, counts). p += u in place when\n"
+     "out is None, else u is written to out. State slots are updated in place. Returns the\n"
+     "per-stage results (global norm, finite flag)."},
+    {"optim_reference", py_optim_reference, METH_VARARGS,
+     "optim_reference(stages, block, /)\n--\n\n"
+     "The plain one-element-at-a-time reference of a step on one block (elementwise stages only)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ct_py_init_optim(PyObject *m) { return PyModule_AddFunctions(m, optim_methods); }

@@ -1,0 +1,26 @@
+"""ctrainstate.optim: optax's optimizers, transforms, combinators and schedules, with
+optax's names, arguments, state structures and numerics, run as fused multi-tensor
+C kernels on sharded params (see docs/optim.md).
+
+>>> import numpy as np, ctrainstate.optim as optim
+>>> tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(optim.cosine_decay_schedule(1e-3, 100)))
+>>> params = {'w': np.ones((2, 2), np.float32)}
+>>> state = tx.init(params)
+>>> updates, state = tx.update({'w': np.ones((2, 2), np.float32)}, state, params)
+>>> new_params = optim.apply_updates(params, updates)
+"""
+from .base import (EmptyState, GradientTransformation, MaskedNode, apply_updates, identity,
+                   safe_increment)
+from .transforms import *  # noqa: F401,F403
+from .transforms import __all__ as _t_all
+from .combine import ApplyIfFiniteState, MaskedState, apply_if_finite, chain, masked
+from .schedules import *  # noqa: F401,F403
+from .schedules import __all__ as _s_all
+from .alias import adafactor, adagrad, adam, adamw, lamb, lion, rmsprop, sgd
+
+GradientTransformationExtraArgs = GradientTransformation
+
+__all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState",
+            "MaskedNode", "MaskedState", "ApplyIfFiniteState", "apply_updates", "identity",
+            "safe_increment", "chain", "masked", "apply_if_finite", "adafactor", "adagrad",
+            "adam", "adamw", "lamb", "lion", "rmsprop", "sgd"] + list(_t_all) + list(_s_all))

@@ -1,0 +1,91 @@
+"""Optimizers with optax's names, arguments, defaults and state structure.
+
+>>> import numpy as np, ctrainstate.optim as optim
+>>> tx = optim.adamw(1e-3, weight_decay=0.01)
+>>> [type(s).__name__ for s in tx.init({'w': np.zeros(2, np.float32)})]
+['ScaleByAdamState', 'EmptyState', 'EmptyState']
+"""
+from __future__ import annotations
+
+from .base import identity
+from .combine import chain
+from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
+                         scale_by_adam, scale_by_factored_rms, scale_by_learning_rate,
+                         scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
+                         scale_by_trust_ratio, trace)
+
+__all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor"]
+
+
+def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
+    """SGD with optional (Nesterov) momentum: chain(trace | identity, scale_by_learning_rate)."""
+    opt = trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype) \
+        if momentum is not None else identity()
+    return chain(opt, scale_by_learning_rate(learning_rate))
+
+
+def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
+         nesterov=False):
+    """Adam: chain(scale_by_adam, scale_by_learning_rate)."""
+    return chain(scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov),
+                 scale_by_learning_rate(learning_rate))
+
+
+def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
+          weight_decay=1e-4, mask=None, *, nesterov=False):
+    """AdamW: chain(scale_by_adam, add_decayed_weights(weight_decay, mask), scale_by_learning_rate).
+    Fused: 28 bytes per fp32 parameter per step."""
+    return chain(scale_by_adam(b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov),
+                 add_decayed_weights(weight_decay, mask),
+                 scale_by_learning_rate(learning_rate))
+
+
+def lion(learning_rate, b1=0.9, b2=0.99, mu_dtype=None, weight_decay=1e-3, mask=None):
+    """Lion: chain(scale_by_lion, add_decayed_weights, scale_by_learning_rate)."""
+    return chain(scale_by_lion(b1, b2, mu_dtype), add_decayed_weights(weight_decay, mask),
+                 scale_by_learning_rate(learning_rate))
+
+
+def rmsprop(learning_rate, decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
+            centered=False, momentum=None, nesterov=False, bias_correction=False):
+    """RMSProp: chain(scale_by_rms, scale_by_learning_rate, trace | identity).
+    ``centered=True`` (optax's scale_by_stddev) is not implemented."""
+    if centered:
+        raise NotImplementedError("rmsprop(centered=True) is not implemented in ctrainstate yet")
+    return chain(scale_by_rms(decay, eps, initial_scale, eps_in_sqrt, bias_correction),
+                 scale_by_learning_rate(learning_rate),
+                 trace(decay=momentum, nesterov=nesterov) if momentum is not None else identity())
+
+
+def adagrad(learning_rate, initial_accumulator_value=0.1, eps=1e-7):
+    """Adagrad: chain(scale_by_rss, scale_by_learning_rate)."""
+    return chain(scale_by_rss(initial_accumulator_value, eps), scale_by_learning_rate(learning_rate))
+
+
+def lamb(learning_rate, b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0, weight_decay=0.0, mask=None):
+    """LAMB: chain(scale_by_adam, add_decayed_weights, scale_by_trust_ratio,
+    scale_by_learning_rate). Fused, with one extra read pass for the per-leaf norms."""
+    return chain(scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root),
+                 add_decayed_weights(weight_decay=weight_decay, mask=mask),
+                 scale_by_trust_ratio(), scale_by_learning_rate(learning_rate))
+
+
+def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
+              multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None,
+              dtype_momentum=None, weight_decay_rate=None, eps=1e-30, factored=True,
+              weight_decay_mask=None):
+    """Adafactor (optax.adafactor) with factored second moments. Not fused: its factored
+    moments and block-RMS steps gather each leaf on the host (see scale_by_factored_rms)."""
+    tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps)]
+    if clipping_threshold is not None:
+        tx.append(clip_by_block_rms(clipping_threshold))
+    if learning_rate is not None:
+        tx.append(scale_by_learning_rate(learning_rate, flip_sign=False))
+    if multiply_by_parameter_scale:
+        tx.append(scale_by_param_block_rms())
+    if momentum is not None:
+        tx.append(ema(momentum, debias=False, accumulator_dtype=dtype_momentum))
+    if weight_decay_rate is not None:
+        tx.append(add_decayed_weights(weight_decay_rate, mask=weight_decay_mask))
+    tx.append(scale(-1))
+    return chain(*tx)

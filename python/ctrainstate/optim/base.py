@@ -1,0 +1,374 @@
+"""GradientTransformation, optax-structured empty states, and the fused step.
+
+Every transform is a :class:`GradientTransformation` with optax's ``init`` and
+``update``. Elementwise transforms (and the reductions clip_by_global_norm,
+scale_by_trust_ratio, apply_if_finite) also know how to *fuse*: they describe
+themselves as stages of ``ctrainstate._C.optim_step`` (see
+csrc/core/ct_optim.h), so a whole chain runs as one pass per device over all
+leaves, in C, with the GIL released.
+
+Two entry points run the fused kernel:
+
+* ``tx.update(updates, state, params)`` — functional, like optax: the state
+  is copied first, updates are written to new Arrays, nothing is donated.
+* ``TrainState.apply_gradients`` — in place: params and optimizer state are
+  updated in their buffers and the old state's Arrays are marked donated.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from .. import _C, _dtypes
+from ..array import Array, _buffer_view, device_put
+from ..sharding import NamedSharding, PartitionSpec, default_sharding
+from ..tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
+                         tree_map, tree_structure, tree_unflatten)
+
+__all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "apply_updates",
+           "safe_increment"]
+
+# Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
+SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA = range(12)
+NSLOTS = {SCALE: 0, ADAM: 2, DECAY: 0, TRACE: 1, LION: 1, RMS: 1, RSS: 1, CLIP: 0,
+          GLOBAL_NORM: 0, TRUST_RATIO: 0, FINITE_GATE: 0, EMA: 1}
+_INT32_MAX = 2**31 - 1
+
+
+class EmptyState(NamedTuple):
+    """An empty state for stateless transforms (optax.EmptyState)."""
+
+
+class MaskedNode(NamedTuple):
+    """Stands in for a masked-out leaf of a state tree (optax.MaskedNode); has no leaves."""
+
+
+def safe_increment(count: int) -> int:
+    """count + 1, saturating at the int32 maximum (optax.safe_increment)."""
+    return min(int(count) + 1, _INT32_MAX)
+
+
+class GradientTransformation:
+    """A pair of pure functions ``init(params) -> state`` and
+    ``update(updates, state, params=None) -> (updates, state)`` (optax's
+    interface; unpacks as ``init, update = tx``).
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> tx = optim.sgd(0.1)
+    >>> p = {'w': np.ones(3, np.float32)}
+    >>> u, s = tx.update({'w': np.ones(3, np.float32)}, tx.init(p), p)
+    >>> np.asarray(u['w']).tolist()
+    [-0.10000000149011612, -0.10000000149011612, -0.10000000149011612]
+    """
+
+    __slots__ = ("init", "update", "_fuse")
+
+    def __init__(self, init: Callable, update: Callable | None = None,
+                 fuse: Callable | None = None):
+        self.init = init
+        self._fuse = fuse
+        if update is None:
+            if fuse is None:
+                raise TypeError("a GradientTransformation needs an update or a fuse function")
+            update = self._fused_update
+        self.update = update
+
+    def _fused_update(self, updates, state, params=None):
+        return run_fused(self, updates, state, params, inplace=False)
+
+    @property
+    def fusable(self) -> bool:
+        """True when the whole transformation runs as one fused kernel pass."""
+        return self._fuse is not None
+
+    def __iter__(self):
+        return iter((self.init, self.update))
+
+    def __repr__(self):
+        return f"GradientTransformation(fused={self.fusable})"
+
+
+def identity() -> GradientTransformation:
+    """The identity transformation (optax.identity)."""
+    return GradientTransformation(lambda params: EmptyState(),
+                                  fuse=lambda state, ctx: ([], lambda advance=True: ctx.keep(state)))
+
+
+# --- Arrays helpers ----------------------------------------------------------------------------
+
+
+def _scalar_sharding(ref):
+    """Where scalar counters live: replicated over the mesh of the first Array in ``ref``."""
+    for leaf in tree_leaves(ref):
+        if isinstance(leaf, Array):
+            s = leaf.sharding
+            if isinstance(s, NamedSharding):
+                return NamedSharding(s.mesh, PartitionSpec())
+            return s
+    return default_sharding()
+
+
+def scalar(value, dtype, ref=None, sharding=None) -> Array:
+    """A replicated scalar Array (counters, flags)."""
+    return device_put(np.asarray(value, dtype=dtype),
+                      sharding if sharding is not None else _scalar_sharding(ref))
+
+
+def full_like(x, value) -> Array:
+    """An Array of x's shape, dtype and sharding filled with ``value`` (numpy inputs are placed
+    like ``device_put``)."""
+    if not isinstance(x, Array):
+        x = np.asarray(x)
+        return device_put(np.full(x.shape, value, _dtypes.canonicalize(x.dtype)))
+    code = _dtypes.code(x.dtype)
+    blocks = []
+    for dev, _, start, rid in x._blocks:
+        buf = _C.Buffer(dev.id, x._shard_shape, code)
+        _buffer_view(buf, x._shard_shape, x.dtype)[...] = value
+        blocks.append((dev, buf, start, rid))
+    return Array._create(x.shape, x.dtype, x.sharding, blocks)
+
+
+def zeros_like(x) -> Array:
+    return full_like(x, 0)
+
+
+def copy_array(x: Array) -> Array:
+    """A new Array with x's sharding and a copy of every block."""
+    x._check_alive()
+    blocks = []
+    for dev, buf, start, rid in x._blocks:
+        nb = _C.Buffer(dev.id, x._shard_shape, _dtypes.code(x.dtype))
+        _buffer_view(nb, (buf.nbytes,), np.uint8)[...] = _buffer_view(buf, (buf.nbytes,), np.uint8)
+        blocks.append((dev, nb, start, rid))
+    return Array._create(x.shape, x.dtype, x.sharding, blocks)
+
+
+def rewrap(x: Array) -> Array:
+    """A new Array owning x's buffers; x is marked donated."""
+    return Array._create(x.shape, x.dtype, x.sharding, x._donate())
+
+
+def to_array(x, like=None) -> Array:
+    """``x`` as an Array; numpy inputs take ``like``'s sharding when given."""
+    if isinstance(x, Array):
+        if like is not None and isinstance(like, Array) and x.sharding != like.sharding:
+            return device_put(x, like.sharding)
+        x._check_alive()
+        return x
+    if like is not None and isinstance(like, Array):
+        return device_put(np.asarray(x), like.sharding)
+    return device_put(np.asarray(x))
+
+
+def read_scalar(x) -> Any:
+    return np.asarray(x).item()
+
+
+def _add(p, u):
+    p = to_array(p)
+    u = to_array(u, like=p)
+    blocks = []
+    for (dev, pb, start, rid), (_, ub, _, _) in zip(p._blocks, u._blocks):
+        nb = _C.Buffer(dev.id, p._shard_shape, _dtypes.code(p.dtype))
+        _buffer_view(nb, p._shard_shape, p.dtype)[...] = (
+            _buffer_view(pb, p._shard_shape, p.dtype).astype(np.float32)
+            + _buffer_view(ub, p._shard_shape, u.dtype).astype(np.float32)).astype(p.dtype)
+        blocks.append((dev, nb, start, rid))
+    return Array._create(p.shape, p.dtype, p.sharding, blocks)
+
+
+def apply_updates(params, updates):
+    """``params + updates`` leaf by leaf, in the params' dtype and sharding
+    (optax.apply_updates). ``None`` leaves of updates leave params unchanged.
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> np.asarray(optim.apply_updates({'w': np.ones(2, np.float32)},
+    ...                                {'w': np.full(2, 0.5, np.float32)})['w']).tolist()
+    [1.5, 1.5]
+    """
+    return tree_map(lambda p, u: p if u is None else _add(p, u), params, updates,
+                    is_leaf=lambda x: x is None)
+
+
+# --- the fused step -----------------------------------------------------------------------------
+
+
+class Stage:
+    """One stage of the fused kernel: a kind, its per-step scalars, its state arrays
+    (``slots[q][leaf]``: Array or None where masked out) and the leaves it is active on."""
+
+    __slots__ = ("kind", "scalars", "slots", "active", "result")
+
+    def __init__(self, kind, scalars=(), slots=(), active=None):
+        self.kind = kind
+        self.scalars = tuple(float(s) for s in scalars)
+        self.slots = list(slots)
+        self.active = active
+        self.result = None
+
+
+class FuseContext:
+    """What a transform's ``fuse(state, ctx)`` sees: the params' leaves, the
+    active-leaf mask of enclosing ``masked`` transforms, and helpers that read
+    counters and prepare state arrays (copies in functional mode, the arrays
+    themselves — donated afterwards — in place)."""
+
+    def __init__(self, params_leaves, params_tree, inplace):
+        self.leaves = params_leaves      # Arrays (or None when no params were given)
+        self.params = params_tree
+        self.nleaves = len(params_leaves)
+        self.inplace = inplace
+        self.active = [True] * self.nleaves
+        self._finish = []                # run after the kernel: donation of old arrays
+
+    # masks
+    def push_mask(self, mask_flat):
+        prev = self.active
+        self.active = [a and bool(m) for a, m in zip(prev, mask_flat)]
+        return prev
+
+    def pop_mask(self, prev):
+        self.active = prev
+
+    # state arrays
+    def slot(self, tree):
+        """Prepare a per-param state tree: returns (per-leaf list for the kernel, rebuild())."""
+        leaves, td = tree_flatten(tree)
+        if len(leaves) != sum(self.active):
+            raise ValueError(
+                f"optimizer state has {len(leaves)} arrays where the params have "
+                f"{sum(self.active)} (unmasked) leaves: was it built by this tx.init?")
+        if self.inplace:
+            arrs = [to_array(x) for x in leaves]
+        else:
+            arrs = [copy_array(to_array(x)) for x in leaves]
+        it = iter(arrs)
+        per_leaf = [next(it) if a else None for a in self.active]
+        for i, (a, p) in enumerate(zip(per_leaf, self.leaves)):
+            if a is not None and p is not None and (a.shape != p.shape):
+                raise ValueError(f"optimizer state array {i} has shape {a.shape}, its param "
+                                 f"{p.shape}")
+        if self.inplace:
+            news = []
+
+            def finish():
+                news[:] = [rewrap(a) for a in arrs]
+            self._finish.append(finish)
+            return per_leaf, lambda: tree_unflatten(td, news)
+        return per_leaf, lambda: tree_unflatten(td, arrs)
+
+    def snapshot(self):
+        """The active mask as a stage's ``active`` (None when every leaf is active)."""
+        return None if all(self.active) else list(self.active)
+
+    def count(self, x) -> int:
+        return int(read_scalar(x))
+
+    def new_scalar(self, old, value, dtype=np.int32):
+        """The next value of a scalar state entry (in place when donating)."""
+        if self.inplace and isinstance(old, Array) and not old.is_deleted():
+            for _, buf, _, _ in old._blocks:
+                _buffer_view(buf, (), old.dtype)[...] = value
+            return rewrap(old)
+        return scalar(value, dtype, self.params, sharding=old.sharding if isinstance(old, Array) else None)
+
+    def keep(self, tree):
+        """State left as it is (rewrapped when donating)."""
+        if not self.inplace:
+            return tree
+        leaves, td = tree_flatten(tree)
+        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) else x for x in leaves])
+
+
+def _first_mismatch(paths_a, paths_b):
+    for pa, pb in zip(paths_a, paths_b):
+        if pa != pb:
+            return pa
+    return paths_a[min(len(paths_a), len(paths_b))] if len(paths_a) > len(paths_b) else (
+        paths_b[len(paths_a)] if len(paths_b) > len(paths_a) else None)
+
+
+def check_grads(grads, params_paths, params_def, params_leaves):
+    """Flatten ``grads`` and check it against the params (structure, shapes, dtypes);
+    returns Arrays with the params' shardings. Errors name the first mismatching path."""
+    g_pl, g_def = tree_flatten_with_path(grads)
+    g_paths = [p for p, _ in g_pl]
+    if g_def != params_def:
+        where = _first_mismatch(list(params_paths), g_paths)
+        raise ValueError(
+            f"grads do not have the structure of params: first difference at "
+            f"{keystr(where) if where is not None else 'the root'} (params {params_def!r}, "
+            f"grads {g_def!r})")
+    out = []
+    for path, (_, g), p in zip(params_paths, g_pl, params_leaves):
+        gshape = tuple(np.shape(g))
+        if gshape != tuple(p.shape):
+            raise ValueError(f"grads{keystr(path)} has shape {gshape}, params{keystr(path)} has "
+                             f"{tuple(p.shape)}")
+        gdt = _dtypes.canonicalize(g.dtype if hasattr(g, "dtype") else np.asarray(g).dtype)
+        if gdt != p.dtype:
+            raise TypeError(f"grads{keystr(path)} has dtype {gdt}, params{keystr(path)} has "
+                            f"{p.dtype}")
+        out.append(to_array(g, like=p))
+    return out
+
+
+def run_fused(tx, updates, state, params, *, inplace):
+    """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state)."""
+    ref = params if params is not None else updates
+    pl, pdef = tree_flatten_with_path(ref)
+    paths = [p for p, _ in pl]
+    p_leaves = [to_array(x) for _, x in pl]
+    for path, p in zip(paths, p_leaves):
+        if p.dtype != _dtypes.float32:
+            raise TypeError(f"params{keystr(path)} is {p.dtype}: the fused optimizer needs "
+                            f"float32 params, grads and state")
+    g_leaves = check_grads(updates, paths, pdef, p_leaves)
+    ctx = FuseContext(p_leaves, params if params is not None else None, inplace)
+    stages, rebuild = tx._fuse(state, ctx)
+    kinds = [s.kind for s in stages]
+    nslots = [NSLOTS[k] for k in kinds]
+    nleaves = len(p_leaves)
+    outs = None if inplace else [
+        Array._create(p.shape, p.dtype, p.sharding,
+                      [(d, _C.Buffer(d.id, p._shard_shape, 0), st, r) for d, _, st, r in p._blocks])
+        for p in p_leaves]
+    # per leaf: active bits and the flat slot list
+    groups: dict[int, list] = {}
+    have_params = params is not None
+    for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+        bits = 0
+        slots_i = []
+        for k, s in enumerate(stages):
+            on = s.active is None or s.active[i]
+            if on:
+                bits |= 1 << k
+            for q in range(nslots[k]):
+                slots_i.append(s.slots[q][i] if on else None)
+        for b, (dev, pbuf, _, rid) in enumerate(p._blocks):
+            gb = g._blocks[b]
+            sb = []
+            for a in slots_i:
+                if a is None:
+                    sb.append(None)
+                else:
+                    blk = a._blocks[b]
+                    if blk[0] is not dev:
+                        raise ValueError(f"optimizer state of params{keystr(paths[i])} is not "
+                                         f"sharded like the param")
+                    sb.append(blk[1])
+            groups.setdefault(dev.id, []).append(
+                (pbuf if (inplace or have_params) else None, gb[1],
+                 None if inplace else outs[i]._blocks[b][1], sb, bits, i, rid == 0))
+    results = _C.optim_step([(s.kind, s.scalars) for s in stages], list(groups.values()),
+                            nleaves)
+    for s, r in zip(stages, results):
+        s.result = r
+    for f in ctx._finish:
+        f()
+    new_state = rebuild()
+    if inplace:
+        return tree_unflatten(pdef, [rewrap(p) for p in p_leaves]), new_state
+    return tree_unflatten(pdef, outs), new_state

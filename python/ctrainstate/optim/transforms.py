@@ -1,0 +1,431 @@
+"""optax's gradient transformations, with optax's names, arguments, states and numerics.
+
+Elementwise transforms and the reductions (clip_by_global_norm,
+scale_by_trust_ratio) are *fused*: in a chain they become stages of one C pass
+per device (see :mod:`ctrainstate.optim.base`). The adafactor pieces
+(scale_by_factored_rms, clip_by_block_rms, scale_by_param_block_rms) are not
+fused: they gather each leaf to the host, compute with numpy and scatter the
+result (a chain that contains one runs transform by transform).
+
+>>> import numpy as np, ctrainstate.optim as optim
+>>> tx = optim.scale_by_adam()
+>>> st = tx.init({'w': np.zeros(2, np.float32)})
+>>> type(st).__name__, st._fields
+('ScaleByAdamState', ('count', 'mu', 'nu'))
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .base import (ADAM, CLIP, DECAY, EMA, GLOBAL_NORM, LION, RMS, RSS, SCALE, TRACE,
+                   TRUST_RATIO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
+                   full_like, identity, safe_increment, scalar, to_array, zeros_like)
+
+__all__ = [
+    "ScaleByAdamState", "ScaleByLionState", "ScaleByRmsState", "ScaleByRmsWithCountState",
+    "ScaleByRssState", "ScaleByScheduleState", "TraceState", "EmaState", "WeightDecaySchedule",
+    "FactoredState", "scale", "scale_by_adam", "scale_by_lion", "scale_by_rms", "scale_by_rss",
+    "trace", "ema", "add_decayed_weights", "clip", "clip_by_global_norm", "scale_by_trust_ratio",
+    "scale_by_learning_rate", "scale_by_schedule", "scale_by_factored_rms", "clip_by_block_rms",
+    "scale_by_param_block_rms",
+]
+
+_f32 = np.float32
+
+
+class ScaleByAdamState(NamedTuple):
+    count: Any
+    mu: Any
+    nu: Any
+
+
+class ScaleByLionState(NamedTuple):
+    count: Any
+    mu: Any
+
+
+class ScaleByRmsState(NamedTuple):
+    nu: Any
+
+
+class ScaleByRmsWithCountState(NamedTuple):
+    count: Any
+    nu: Any
+
+
+class ScaleByRssState(NamedTuple):
+    sum_of_squares: Any
+
+
+class ScaleByScheduleState(NamedTuple):
+    count: Any
+
+
+class TraceState(NamedTuple):
+    trace: Any
+
+
+class EmaState(NamedTuple):
+    count: Any
+    ema: Any
+
+
+class WeightDecaySchedule(NamedTuple):
+    count: Any
+
+
+class FactoredState(NamedTuple):
+    count: Any
+    v_row: Any
+    v_col: Any
+    v: Any
+
+
+def _count0(params):
+    return scalar(0, np.int32, params)
+
+
+def _zeros_tree(params):
+    return tree_map(zeros_like, params)
+
+
+def _bc(decay, t) -> float:
+    """1 - decay**t in float32, like optax's bias correction."""
+    return float(_f32(1) - _f32(decay) ** _f32(t))
+
+
+def _stateless(kind, scalars_fn) -> GradientTransformation:
+    def fuse(state, ctx):
+        return [Stage(kind, scalars_fn(), active=ctx.snapshot())], lambda advance=True: state
+    return GradientTransformation(lambda params: EmptyState(), fuse=fuse)
+
+
+# --- elementwise, fused ---------------------------------------------------------------------------
+
+
+def scale(step_size) -> GradientTransformation:
+    """Multiply updates by a fixed scalar (optax.scale). State: EmptyState()."""
+    return _stateless(SCALE, lambda: [step_size])
+
+
+def clip(max_delta) -> GradientTransformation:
+    """Clip every update element to [-max_delta, max_delta] (optax.clip)."""
+    return _stateless(CLIP, lambda: [max_delta])
+
+
+def clip_by_global_norm(max_norm) -> GradientTransformation:
+    """Rescale updates to global norm ``max_norm`` when they exceed it (optax.clip_by_global_norm).
+
+    The norm runs over every global element once: only replica 0 of each block
+    counts, so a replicated or sharded tree gives the same norm. Fused: one
+    read-only pass over the updates entering it, then the main pass.
+    """
+    return _stateless(GLOBAL_NORM, lambda: [max_norm])
+
+
+def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0) -> GradientTransformation:
+    """Scale each leaf by ||param|| / ||update|| (1 where either is zero) — LAMB's trust ratio.
+
+    Fused with one extra read-only pass computing per-leaf norms (of params and
+    of the updates entering it) across all shards.
+    """
+    return _stateless(TRUST_RATIO, lambda: [min_norm, trust_coefficient, eps])
+
+
+def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
+                  nesterov=False) -> GradientTransformation:
+    """Adam's scaling (optax.scale_by_adam): state ScaleByAdamState(count, mu, nu).
+
+    ``mu_dtype`` other than float32 is not supported by the fused kernel.
+    """
+    _check_f32(mu_dtype, "mu_dtype")
+
+    def init(params):
+        return ScaleByAdamState(count=_count0(params), mu=_zeros_tree(params),
+                                nu=_zeros_tree(params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        t = safe_increment(c)
+        mu, mu_rb = ctx.slot(state.mu)
+        nu, nu_rb = ctx.slot(state.nu)
+        st = Stage(ADAM, [b1, b2, eps, eps_root, _bc(b1, t), _bc(b2, t), float(bool(nesterov)),
+                          _bc(b1, safe_increment(t))], [mu, nu], ctx.snapshot())
+
+        def rebuild(advance=True):
+            return ScaleByAdamState(ctx.new_scalar(state.count, t if advance else c), mu_rb(),
+                                    nu_rb())
+        return [st], rebuild
+    return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
+    """Lion's sign update (optax.scale_by_lion, mode='hard'): ScaleByLionState(count, mu)."""
+    _check_f32(mu_dtype, "mu_dtype")
+
+    def init(params):
+        return ScaleByLionState(count=_count0(params), mu=_zeros_tree(params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        mu, mu_rb = ctx.slot(state.mu)
+        st = Stage(LION, [b1, b2], [mu], ctx.snapshot())
+        return [st], lambda advance=True: ScaleByLionState(
+            ctx.new_scalar(state.count, safe_increment(c) if advance else c), mu_rb())
+    return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
+                 bias_correction=False) -> GradientTransformation:
+    """RMSProp's scaling (optax.scale_by_rms): ScaleByRmsState(nu), or
+    ScaleByRmsWithCountState(count, nu) with ``bias_correction``."""
+    def init(params):
+        nu = tree_map(lambda p: full_like(p, initial_scale), params)
+        if bias_correction:
+            return ScaleByRmsWithCountState(count=_count0(params), nu=nu)
+        return ScaleByRmsState(nu=nu)
+
+    def fuse(state, ctx):
+        nu, nu_rb = ctx.slot(state.nu)
+        if bias_correction:
+            c = ctx.count(state.count)
+            t = safe_increment(c)
+            bc = _bc(decay, t)
+        else:
+            bc = 1.0
+        st = Stage(RMS, [decay, eps, float(bool(eps_in_sqrt)), bc], [nu], ctx.snapshot())
+
+        def rebuild(advance=True):
+            if bias_correction:
+                return ScaleByRmsWithCountState(ctx.new_scalar(state.count, t if advance else c),
+                                                nu_rb())
+            return ScaleByRmsState(nu_rb())
+        return [st], rebuild
+    return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformation:
+    """Adagrad's scaling (optax.scale_by_rss): ScaleByRssState(sum_of_squares)."""
+    def init(params):
+        return ScaleByRssState(
+            tree_map(lambda p: full_like(p, initial_accumulator_value), params))
+
+    def fuse(state, ctx):
+        acc, rb = ctx.slot(state.sum_of_squares)
+        return [Stage(RSS, [eps], [acc], ctx.snapshot())], lambda advance=True: ScaleByRssState(rb())
+    return GradientTransformation(init, fuse=fuse)
+
+
+def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformation:
+    """Momentum (optax.trace): TraceState(trace)."""
+    _check_f32(accumulator_dtype, "accumulator_dtype")
+
+    def init(params):
+        return TraceState(_zeros_tree(params))
+
+    def fuse(state, ctx):
+        t, rb = ctx.slot(state.trace)
+        return ([Stage(TRACE, [decay, float(bool(nesterov))], [t], ctx.snapshot())],
+                lambda advance=True: TraceState(rb()))
+    return GradientTransformation(init, fuse=fuse)
+
+
+def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
+    """Exponential moving average of updates (optax.ema): EmaState(count, ema)."""
+    _check_f32(accumulator_dtype, "accumulator_dtype")
+
+    def init(params):
+        return EmaState(count=_count0(params), ema=_zeros_tree(params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        t = safe_increment(c)
+        e, rb = ctx.slot(state.ema)
+        st = Stage(EMA, [decay, _bc(decay, t) if debias else 1.0], [e], ctx.snapshot())
+        return [st], lambda advance=True: EmaState(
+            ctx.new_scalar(state.count, t if advance else c), rb())
+    return GradientTransformation(init, fuse=fuse)
+
+
+def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
+    """updates + weight_decay * params (optax.add_decayed_weights). ``weight_decay`` may be
+    a schedule (state WeightDecaySchedule(count)); ``mask`` wraps it in :func:`masked`."""
+    def init(params):
+        if callable(weight_decay):
+            return WeightDecaySchedule(count=_count0(params))
+        return EmptyState()
+
+    def fuse(state, ctx):
+        if callable(weight_decay):
+            c = ctx.count(state.count)
+            wd = float(_f32(weight_decay(c)))
+            return [Stage(DECAY, [wd], active=ctx.snapshot())], lambda advance=True: \
+                WeightDecaySchedule(ctx.new_scalar(state.count, safe_increment(c) if advance else c))
+        if isinstance(weight_decay, (int, float)) and weight_decay == 0.0:
+            return [], lambda advance=True: state
+        return [Stage(DECAY, [weight_decay], active=ctx.snapshot())], lambda advance=True: state
+    tx = GradientTransformation(init, fuse=fuse)
+    if mask is not None:
+        from .combine import masked
+        return masked(tx, mask)
+    return tx
+
+
+def scale_by_schedule(step_size_fn) -> GradientTransformation:
+    """Multiply updates by ``step_size_fn(count)`` (optax.scale_by_schedule):
+    ScaleByScheduleState(count). The schedule is evaluated once per step, on the host."""
+    def init(params):
+        return ScaleByScheduleState(count=_count0(params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        s = float(_f32(step_size_fn(c)))
+        return [Stage(SCALE, [s], active=ctx.snapshot())], lambda advance=True: \
+            ScaleByScheduleState(ctx.new_scalar(state.count, safe_increment(c) if advance else c))
+    return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_learning_rate(learning_rate=None, *, flip_sign=True) -> GradientTransformation:
+    """Scale by -learning_rate (a float or a schedule) (optax.scale_by_learning_rate)."""
+    if learning_rate is None:
+        return identity()
+    m = -1 if flip_sign else 1
+    if callable(learning_rate):
+        return scale_by_schedule(lambda count: m * learning_rate(count))
+    return scale(m * learning_rate)
+
+
+def _check_f32(dtype, what):
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        raise NotImplementedError(f"{what}={dtype}: the fused optimizer keeps float32 state")
+
+
+# --- adafactor pieces: not fused (host numpy, per leaf) -----------------------------------------
+
+
+def _host(x):
+    return np.asarray(x, dtype=np.float32)
+
+
+def _place_like(values, like_tree):
+    """numpy results placed with the shardings of the matching leaves of ``like_tree``."""
+    return tree_map(lambda v, ref: to_array(v, like=ref if hasattr(ref, "sharding") else None),
+                    values, like_tree)
+
+
+def _decay_rate_pow(i, exponent=0.8):
+    t = _f32(i + 1)
+    return _f32(1.0) - t ** _f32(-exponent)
+
+
+def _factored_dims(shape, factored, min_dim_size_to_factor):
+    if not factored or len(shape) < 2:
+        return None
+    sorted_dims = np.argsort(shape)
+    if shape[sorted_dims[-2]] < min_dim_size_to_factor:
+        return None
+    return int(sorted_dims[-2]), int(sorted_dims[-1])
+
+
+def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_size_to_factor=128,
+                          epsilon=1e-30, decay_rate_fn=_decay_rate_pow) -> GradientTransformation:
+    """Adafactor's factored second moments (optax.scale_by_factored_rms): FactoredState(count,
+    v_row, v_col, v).
+
+    Not fused: each step gathers every leaf to the host, computes the row/column
+    means with numpy and scatters the update back (v_row/v_col are replicated).
+    """
+    def init(params):
+        rep = _scalar_sharding(params)
+        from ..array import device_put
+
+        def _init(p):
+            shape = tuple(np.shape(p))
+            fd = _factored_dims(shape, factored, min_dim_size_to_factor)
+            z1 = device_put(np.zeros((1,), np.float32), rep)
+            if fd is not None:
+                d1, d0 = fd
+                vr = device_put(np.zeros(shape[:d0] + shape[d0 + 1:], np.float32), rep)
+                vc = device_put(np.zeros(shape[:d1] + shape[d1 + 1:], np.float32), rep)
+                return (vr, vc, z1)
+            return (z1, device_put(np.zeros((1,), np.float32), rep), zeros_like(p))
+        leaves, td = tree_flatten(params)
+        res = [_init(p) for p in leaves]
+        return FactoredState(count=_count0(params),
+                             v_row=tree_unflatten(td, [r[0] for r in res]),
+                             v_col=tree_unflatten(td, [r[1] for r in res]),
+                             v=tree_unflatten(td, [r[2] for r in res]))
+
+    def update(grads, state, params=None):
+        if params is None:
+            raise ValueError("scale_by_factored_rms needs params")
+        from ..array import device_put
+        rep = _scalar_sharding(params)
+        step = int(np.asarray(state.count))
+        g_l, td = tree_flatten(grads)
+        vr_l, vc_l, v_l = (tree_leaves(state.v_row), tree_leaves(state.v_col),
+                           tree_leaves(state.v))
+        p_l = tree_leaves(params)
+        ups, nvr, nvc, nv = [], [], [], []
+        drt = _f32(decay_rate_fn(step - step_offset, decay_rate))
+        for g, vr, vc, v, p in zip(g_l, vr_l, vc_l, v_l, p_l):
+            g = _host(g)
+            shape = g.shape
+            fd = _factored_dims(shape, factored, min_dim_size_to_factor)
+            z = np.zeros((1,), np.float32)
+            if fd is not None:
+                d1, d0 = fd
+                gs = g * g + _f32(epsilon)
+                r = drt * _host(vr) + (_f32(1) - drt) * gs.mean(axis=d0, dtype=np.float32)
+                c = drt * _host(vc) + (_f32(1) - drt) * gs.mean(axis=d1, dtype=np.float32)
+                reduced_d1 = d1 - 1 if d1 > d0 else d1
+                rcm = r.mean(axis=reduced_d1, keepdims=True, dtype=np.float32)
+                row_factor = (r / rcm) ** _f32(-0.5)
+                col_factor = c ** _f32(-0.5)
+                u = g * np.expand_dims(row_factor, d0) * np.expand_dims(col_factor, d1)
+                ups.append(to_array(u.astype(np.float32), like=p if hasattr(p, "sharding") else None))
+                nvr.append(device_put(r.astype(np.float32), rep))
+                nvc.append(device_put(c.astype(np.float32), rep))
+                nv.append(device_put(z, rep))
+            else:
+                gs = g * g + _f32(epsilon)
+                nvv = drt * _host(v) + (_f32(1) - drt) * gs
+                u = g * nvv ** _f32(-0.5)
+                ups.append(to_array(u.astype(np.float32), like=p if hasattr(p, "sharding") else None))
+                nvr.append(device_put(z, rep))
+                nvc.append(device_put(z.copy(), rep))
+                nv.append(to_array(nvv.astype(np.float32), like=p if hasattr(p, "sharding") else None))
+        new = FactoredState(count=scalar(safe_increment(step), np.int32, sharding=state.count.sharding),
+                            v_row=tree_unflatten(td, nvr), v_col=tree_unflatten(td, nvc),
+                            v=tree_unflatten(td, nv))
+        return tree_unflatten(td, ups), new
+    return GradientTransformation(init, update)
+
+
+def clip_by_block_rms(threshold) -> GradientTransformation:
+    """Divide each leaf by max(1, rms(leaf)/threshold) (optax.clip_by_block_rms). Not fused."""
+    def update(updates, state, params=None):
+        def f(u):
+            h = _host(u)
+            denom = max(_f32(1.0), _f32(np.sqrt(np.mean(h * h, dtype=np.float32))) / _f32(threshold))
+            return (h / _f32(denom)).astype(np.float32)
+        return _place_like(tree_map(f, updates), updates), state
+    return GradientTransformation(lambda params: EmptyState(), update)
+
+
+def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
+    """Multiply each leaf by max(rms(param), min_scale) (optax.scale_by_param_block_rms).
+    Not fused."""
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("scale_by_param_block_rms needs params")
+
+        def f(u, p):
+            hp = _host(p)
+            rms = _f32(np.sqrt(np.mean(hp * hp, dtype=np.float32)))
+            return (_host(u) * max(rms, _f32(min_scale))).astype(np.float32)
+        return _place_like(tree_map(f, updates, params), updates), state
+    return GradientTransformation(lambda params: EmptyState(), update)

@@ -1,0 +1,141 @@
+"""TrainState (mirror of ``flax.training.train_state.TrainState``) and a small ``struct``.
+
+``TrainState`` is a frozen dataclass registered as a pytree: children
+``step, params, opt_state`` (+ data fields of subclasses), static ``apply_fn``
+and ``tx``. ``apply_gradients`` runs the optimizer as one fused C pass per
+device over all leaves, with the GIL released, **in place**: params and
+optimizer-state buffers are updated where they are (what t5x gets from
+``donate_argnums``), the returned state owns them, and the Arrays of the old
+state are marked *donated* — using them afterwards raises
+``ctrainstate.DonatedBufferError``. Keep only the returned state::
+
+    state = state.apply_gradients(grads=grads)   # old `state` is now donated
+
+>>> import numpy as np, ctrainstate.optim as optim
+>>> from ctrainstate.train_state import TrainState
+>>> s = TrainState.create(apply_fn=None, params={'w': np.ones(2, np.float32)}, tx=optim.sgd(0.5))
+>>> s2 = s.apply_gradients(grads={'w': np.ones(2, np.float32)})
+>>> s2.step, np.asarray(s2.params['w']).tolist()
+(1, [0.5, 0.5])
+>>> try:
+...     np.asarray(s.params['w'])
+... except Exception as e:
+...     print(type(e).__name__)
+DonatedBufferError
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from .array import Array, device_put
+from .optim.base import apply_updates, run_fused
+from .tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
+
+__all__ = ["TrainState", "PyTreeNode", "field", "dataclass"]
+
+
+def field(pytree_node: bool = True, **kwargs):
+    """A dataclass field; ``pytree_node=False`` makes it static (aux data), like flax.struct."""
+    return dataclasses.field(metadata={"pytree_node": pytree_node, **kwargs.pop("metadata", {})},
+                             **kwargs)
+
+
+def dataclass(cls):
+    """Make ``cls`` a frozen dataclass registered as a pytree (flax.struct.dataclass)."""
+    if "_ct_struct" in cls.__dict__:
+        return cls
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    fields = dataclasses.fields(cls)
+    data = tuple(f.name for f in fields if f.metadata.get("pytree_node", True))
+    meta = tuple(f.name for f in fields if not f.metadata.get("pytree_node", True))
+
+    def flatten_with_keys(x):
+        return ([(GetAttrKey(n), getattr(x, n)) for n in data],
+                tuple(getattr(x, n) for n in meta))
+
+    def unflatten(aux, children):
+        obj = object.__new__(cls)
+        for n, v in zip(data, children):
+            object.__setattr__(obj, n, v)
+        for n, v in zip(meta, aux):
+            object.__setattr__(obj, n, v)
+        return obj
+
+    register_pytree_with_keys(cls, flatten_with_keys, unflatten)
+    cls._ct_struct = True
+    cls.replace = lambda self, **kw: dataclasses.replace(self, **kw)
+    return cls
+
+
+class PyTreeNode:
+    """Base class: subclasses become frozen, pytree-registered dataclasses (flax.struct.PyTreeNode)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        dataclass(cls)
+
+    def replace(self, **overrides):
+        """A copy with some fields replaced (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **overrides)
+
+
+_OWG = "_overwrite_with_gradient"
+
+
+def _place(params):
+    """numpy leaves -> Arrays on the default device (or replicated over the active mesh)."""
+    if all(isinstance(x, Array) for x in tree_leaves(params)):
+        return params
+    return device_put(params)
+
+
+class TrainState(PyTreeNode):
+    """Training state: step, params, optimizer and its state (flax's TrainState).
+
+    Subclass to add fields (e.g. ``dropout_rng: Any``, ``batch_stats: Any``);
+    mark static ones with ``field(pytree_node=False)``.
+    """
+
+    step: Any
+    apply_fn: Callable = field(pytree_node=False)
+    params: Any = field(pytree_node=True)
+    tx: Any = field(pytree_node=False)
+    opt_state: Any = field(pytree_node=True)
+
+    def apply_gradients(self, *, grads, **kwargs):
+        """One optimizer step; returns the new state with ``step + 1`` and ``kwargs`` replaced.
+
+        ``grads`` must have the params' structure, shapes and dtypes (else an
+        error names the first mismatching path); Arrays with the params'
+        shardings are used as they are, numpy arrays are scattered on the fly.
+        A fusable ``tx`` (every ctrainstate.optim transform except adafactor's
+        pieces) runs in place and **donates** this state's params and
+        optimizer-state Arrays to the result: reading them afterwards raises
+        ``DonatedBufferError``. A non-fusable ``tx`` runs ``tx.update`` +
+        ``apply_updates`` and donates nothing.
+        """
+        if _OWG in (grads if isinstance(grads, dict) else {}):
+            g, p = grads["params"], self.params["params"]
+        else:
+            g, p = grads, self.params
+        if getattr(self.tx, "fusable", False):
+            new_p, new_opt_state = run_fused(self.tx, g, self.opt_state, p, inplace=True)
+        else:
+            updates, new_opt_state = self.tx.update(g, self.opt_state, p)
+            new_p = apply_updates(p, updates)
+        if _OWG in (grads if isinstance(grads, dict) else {}):
+            new_params = {"params": new_p, _OWG: grads[_OWG]}
+        else:
+            new_params = new_p
+        return self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state,
+                            **kwargs)
+
+    @classmethod
+    def create(cls, *, apply_fn, params, tx, **kwargs):
+        """A state with ``step=0`` and ``opt_state = tx.init(params)``. numpy params are placed
+        on the default device (replicated over the active mesh); Arrays keep their shardings."""
+        params = _place(params)
+        params_for_opt = params["params"] if (isinstance(params, dict) and _OWG in params) else params
+        return cls(step=0, apply_fn=apply_fn, params=params, tx=tx,
+                   opt_state=tx.init(params_for_opt), **kwargs)

@@ -1,0 +1,116 @@
+"""Parity cases shared by tests/test_optim_parity.py and tests/data/gen_optax_vectors.py.
+
+Each case builds its optimizer from a module with optax's API (``optax`` or
+``ctrainstate.optim``), so the same line describes both sides. Grads are
+drawn from numpy's PCG64 with a fixed seed, identical on both sides.
+"""
+import numpy as np
+
+STEPS = 100
+SHAPES = {"a": (8, 16), "b": (16,), "c": {"d": (4, 8, 2), "e": (8,)}}
+
+
+def _map(f, t, path=()):
+    if isinstance(t, dict):
+        return {k: _map(f, v, path + (k,)) for k, v in t.items()}
+    return f(path, t)
+
+
+def init_params(seed=0):
+    rng = np.random.default_rng(seed)
+    return _map(lambda p, s: rng.standard_normal(s).astype(np.float32), SHAPES)
+
+
+def grads_for(step, scale=1.0, nan_steps=()):
+    rng = np.random.default_rng(1000 + step)
+    g = _map(lambda p, s: (scale * rng.standard_normal(s)).astype(np.float32), SHAPES)
+    if step in nan_steps:
+        g["b"][3] = np.nan
+    return g
+
+
+def flat(tree):
+    out = []
+    for k in sorted(tree):
+        v = tree[k]
+        out.append(flat(v) if isinstance(v, dict) else np.asarray(v, np.float32).ravel())
+    return np.concatenate(out)
+
+
+def _ndim_gt1(params):
+    return _map(lambda p, x: np.ndim(x) > 1, params)
+
+
+# name -> (make(lib) -> tx, grads kwargs)
+CASES = {
+    "sgd": (lambda o: o.sgd(0.1), {}),
+    "sgd_momentum": (lambda o: o.sgd(0.05, momentum=0.9), {}),
+    "sgd_nesterov": (lambda o: o.sgd(0.05, momentum=0.9, nesterov=True), {}),
+    "adam": (lambda o: o.adam(1e-2), {}),
+    "adam_nesterov_eps_root": (lambda o: o.adam(1e-2, eps_root=1e-8, nesterov=True), {}),
+    "adamw": (lambda o: o.adamw(1e-2, weight_decay=0.1), {}),
+    "adamw_mask": (lambda o: o.adamw(1e-2, weight_decay=0.1, mask=_ndim_gt1), {}),
+    "adamw_wd_schedule": (lambda o: o.adamw(1e-2, weight_decay=o.linear_schedule(0.1, 0.0, 50)), {}),
+    "adafactor": (lambda o: o.adafactor(1e-2, min_dim_size_to_factor=4), {}),
+    "adafactor_momentum_wd": (lambda o: o.adafactor(1e-2, min_dim_size_to_factor=4, momentum=0.9,
+                                                    weight_decay_rate=0.01), {}),
+    "lamb": (lambda o: o.lamb(1e-2, weight_decay=0.01), {}),
+    "lion": (lambda o: o.lion(1e-3, weight_decay=0.1), {}),
+    "rmsprop": (lambda o: o.rmsprop(1e-2), {}),
+    "rmsprop_momentum_bc": (lambda o: o.rmsprop(1e-2, momentum=0.9, bias_correction=True,
+                                                eps_in_sqrt=False, initial_scale=0.1), {}),
+    "adagrad": (lambda o: o.adagrad(0.1), {}),
+    "clip_by_global_norm_adam": (lambda o: o.chain(o.clip_by_global_norm(4.0), o.adam(1e-2)),
+                                 {"scale": 1.0}),
+    "clip_sgd": (lambda o: o.chain(o.clip(0.5), o.sgd(0.1)), {}),
+    "add_decayed_weights_mask_scale": (lambda o: o.chain(
+        o.add_decayed_weights(0.01, mask=_ndim_gt1), o.scale(-0.1)), {}),
+    "masked_adam": (lambda o: o.chain(o.masked(o.adam(1e-2), _ndim_gt1), o.scale(0.5)), {}),
+    "apply_if_finite_adam": (lambda o: o.apply_if_finite(o.adam(1e-2), 2),
+                             {"nan_steps": (3, 10, 11, 20, 21)}),
+    # the third non-finite step in a row is applied anyway (NaN reaches params['b'][3])
+    "apply_if_finite_forced": (lambda o: o.apply_if_finite(o.sgd(0.1, momentum=0.5), 1),
+                               {"nan_steps": (5, 30, 31)}),
+    "scale_by_schedule": (lambda o: o.chain(o.scale_by_adam(), o.scale_by_schedule(
+        lambda c: -0.01 * (0.99 ** c))), {}),
+    "lr_constant": (lambda o: o.sgd(o.constant_schedule(0.05)), {}),
+    "lr_linear": (lambda o: o.sgd(o.linear_schedule(0.1, 0.01, 60, 10)), {}),
+    "lr_cosine": (lambda o: o.adam(o.cosine_decay_schedule(1e-2, 80, alpha=0.1)), {}),
+    "lr_warmup_cosine": (lambda o: o.adamw(o.warmup_cosine_decay_schedule(0.0, 1e-2, 10, 90, 1e-4)), {}),
+    "lr_exponential": (lambda o: o.sgd(o.exponential_decay(0.1, 10, 0.8, transition_begin=5,
+                                                           staircase=True, end_value=0.02)), {}),
+    "lr_join": (lambda o: o.sgd(o.join_schedules([o.constant_schedule(0.1),
+                                                   o.linear_schedule(0.1, 0.0, 50)], [30])), {}),
+    "lr_piecewise": (lambda o: o.sgd(o.piecewise_constant_schedule(0.1, {20: 0.5, 60: 0.1})), {}),
+}
+
+SCHEDULES = {
+    "constant": lambda o: o.constant_schedule(0.3),
+    "linear": lambda o: o.linear_schedule(1.0, 0.1, 50, 7),
+    "cosine": lambda o: o.cosine_decay_schedule(2.0, 60, alpha=0.05, exponent=2.0),
+    "warmup_cosine": lambda o: o.warmup_cosine_decay_schedule(0.0, 1.0, 10, 100, 0.01),
+    "exponential": lambda o: o.exponential_decay(1.0, 7, 0.5, transition_begin=3),
+    "exponential_staircase": lambda o: o.exponential_decay(1.0, 7, 0.5, staircase=True, end_value=0.1),
+    "join": lambda o: o.join_schedules([o.constant_schedule(1.0), o.linear_schedule(1.0, 0.0, 20)], [15]),
+    "piecewise": lambda o: o.piecewise_constant_schedule(1.0, {10: 0.5, 40: 0.2, 80: 3.0}),
+}
+
+
+def run_optax(name):
+    """Final params after STEPS steps with optax (jax on CPU)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    make, gk = CASES[name]
+    tx = make(optax)
+    params = jax.tree.map(jnp.asarray, init_params())
+    state = tx.init(params)
+
+    @jax.jit
+    def step(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for i in range(STEPS):
+        params, state = step(params, state, jax.tree.map(jnp.asarray, grads_for(i, **gk)))
+    return flat(jax.tree.map(np.asarray, params))

@@ -1,0 +1,262 @@
+"""TrainState (flax semantics, table 3.6) and the in-place fused step: donation, errors, leaks."""
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.optim as optim
+from ctrainstate.train_state import TrainState, field
+
+from conftest import bytes_in_use
+
+
+def _params():
+    return {"w": np.ones((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+
+
+def _grads(v=1.0):
+    return {"w": np.full((4, 3), v, np.float32), "b": np.full(3, v, np.float32)}
+
+
+def test_create_T1():
+    tx = optim.adam(1e-3)
+    f = lambda x: x  # noqa: E731
+    p = cts.device_put(_params())
+    s = TrainState.create(apply_fn=f, params=p, tx=tx)
+    assert s.step == 0 and isinstance(s.step, int)
+    assert s.apply_fn is f and s.tx is tx and s.params is p
+    assert cts.tree_util.tree_structure(s.opt_state) == cts.tree_util.tree_structure(tx.init(p))
+    assert type(s.opt_state[0]).__name__ == "ScaleByAdamState"
+
+
+def test_apply_gradients_T2_and_kwargs():
+    class TS(TrainState):
+        extra: Any = None
+    s = TS.create(apply_fn=None, params=_params(), tx=optim.sgd(0.5), extra=1)
+    s2 = s.apply_gradients(grads=_grads(), extra=2)
+    assert s2.step == 1 and s2.extra == 2
+    np.testing.assert_array_equal(np.asarray(s2.params["w"]), np.full((4, 3), 0.5, np.float32))
+
+
+def test_subclass_dropout_rng_and_replace_T3():
+    class TS(TrainState):
+        dropout_rng: Any
+        batch_stats: Any = field(pytree_node=True, default=None)
+    s = TS.create(apply_fn=None, params=_params(), tx=optim.adamw(1e-2), dropout_rng=np.uint32(7),
+                  batch_stats={"m": 0})
+    losses = []
+    for i in range(10):
+        w = np.asarray(s.params["w"])
+        losses.append(float((w ** 2).sum()))
+        s = s.apply_gradients(grads={"w": 2 * w, "b": np.zeros(3, np.float32)})
+        s = s.replace(batch_stats={"m": i})
+    assert all(b < a for a, b in zip(losses, losses[1:]))
+    assert s.batch_stats == {"m": 9} and s.dropout_rng == 7
+
+
+def test_frozen_T7():
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.sgd(0.1))
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'step'"):
+        s.step = 1
+
+
+def test_leaves_order_T9():
+    class TS(TrainState):
+        rng: Any
+    s = TS.create(apply_fn=len, params=_params(), tx=optim.adam(1e-3), rng=5)
+    leaves = cts.tree_util.tree_leaves(s)
+    assert leaves[0] == 0 and leaves[-1] == 5
+    assert len(leaves) == 1 + 2 + (1 + 2 + 2) + 1   # step, params, adam(count, mu, nu), rng
+
+
+def test_overwrite_with_gradient_T8():
+    params = {"params": _params(), "_overwrite_with_gradient": {"s": np.zeros(2, np.float32)}}
+    s = TrainState.create(apply_fn=None, params=params, tx=optim.sgd(1.0))
+    owg = {"s": np.full(2, 3.0, np.float32)}
+    s2 = s.apply_gradients(grads={"params": _grads(), "_overwrite_with_gradient": owg})
+    assert s2.params["_overwrite_with_gradient"] is owg
+    np.testing.assert_array_equal(np.asarray(s2.params["params"]["b"]), -np.ones(3, np.float32))
+
+
+def test_python_int_params_T5():
+    s = TrainState.create(apply_fn=lambda x: x, params={"a": 1, "b": (2, 3), "c": [4, 5]},
+                          tx=optim.adam(1e-3))
+    assert s.step == 0
+
+
+def test_old_state_is_donated():
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adamw(1e-2))
+    s2 = s.apply_gradients(grads=_grads())
+    with pytest.raises(cts.DonatedBufferError, match="donated"):
+        np.asarray(s.params["w"])
+    with pytest.raises(cts.DonatedBufferError, match="donated"):
+        np.asarray(s.opt_state[0].mu["b"])
+    with pytest.raises(cts.DonatedBufferError):
+        s.apply_gradients(grads=_grads())
+    np.asarray(s2.params["w"])  # the new state owns the buffers
+
+
+def test_in_place_no_new_buffers(mem_baseline):
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adamw(1e-2))
+    g = cts.device_put(_grads())
+    before = bytes_in_use()
+    w_buf = s.params["w"]._blocks[0][1]
+    s = s.apply_gradients(grads=g)
+    assert s.params["w"]._blocks[0][1] is w_buf
+    assert bytes_in_use() == before
+
+
+def test_functional_update_keeps_state_valid():
+    tx = optim.adam(1e-2)
+    p = cts.device_put(_params())
+    st = tx.init(p)
+    u, st2 = tx.update(_grads(), st, p)
+    assert int(np.asarray(st[0].count)) == 0 and int(np.asarray(st2[0].count)) == 1
+    np.testing.assert_array_equal(np.asarray(st[0].mu["w"]), 0)
+    assert np.asarray(st2[0].mu["w"]).max() > 0
+    np.asarray(p["w"])  # not donated
+
+
+@pytest.mark.parametrize("bad, match, exc", [
+    ({"w": np.ones((4, 3), np.float32)}, r"first difference at \['b'\]|\['b'\]", ValueError),
+    ({"w": np.ones((4, 2), np.float32), "b": np.ones(3, np.float32)}, r"grads\['w'\] has shape", ValueError),
+    ({"w": np.ones((4, 3), np.int32), "b": np.ones(3, np.float32)}, r"grads\['w'\] has dtype int32", TypeError),
+    ({"w": np.ones((4, 3), np.float32), "c": np.ones(3, np.float32)}, r"\['b'\]|\['c'\]", ValueError),
+])
+def test_grads_mismatch_names_path(bad, match, exc):
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adam(1e-3))
+    with pytest.raises(exc, match=match):
+        s.apply_gradients(grads=bad)
+    s.apply_gradients(grads=_grads())  # failed call left the state usable
+
+
+def test_opt_state_sharded_like_params_and_counters_replicated():
+    mesh = cts.make_mesh((2, 4), ("i", "j"))
+    p = {"w": cts.device_put(np.ones((8, 4), np.float32), cts.NamedSharding(mesh, cts.P("i", "j")))}
+    s = TrainState.create(apply_fn=None, params=p, tx=optim.adamw(1e-3))
+    assert s.opt_state[0].mu["w"].sharding == p["w"].sharding
+    assert s.opt_state[0].nu["w"].sharding == p["w"].sharding
+    assert s.opt_state[0].count.sharding == cts.NamedSharding(mesh, cts.P())
+    # grads given as Arrays with another sharding are resharded
+    g = {"w": cts.device_put(np.ones((8, 4), np.float32), cts.NamedSharding(mesh, cts.P()))}
+    s2 = s.apply_gradients(grads=g)
+    assert s2.params["w"].sharding == p["w"].sharding
+
+
+def test_global_norm_counts_replicas_once():
+    """Fully replicated over 8 devices vs one device: the same clipped step."""
+    mesh = cts.make_mesh((8,), ("x",))
+    tx = optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(1.0))
+    g = {"w": np.full(4, 3.0, np.float32)}  # norm 6 -> scaled by 1/6
+    res = []
+    for sh in (None, cts.NamedSharding(mesh, cts.P()), cts.NamedSharding(mesh, cts.P("x"))):
+        p = {"w": cts.device_put(np.zeros(8, np.float32)[:4].copy() if sh is None or
+                                 sh.spec == cts.P() else np.zeros(8, np.float32)[:4], sh)} \
+            if sh is None or sh.spec == cts.P() else None
+        if p is None:
+            p = {"w": cts.device_put(np.zeros(8, np.float32), sh)}
+            gg = {"w": np.full(8, 3.0, np.float32) / np.sqrt(2)}  # same norm 6
+        else:
+            gg = g
+        s = TrainState.create(apply_fn=None, params=p, tx=tx).apply_gradients(grads=gg)
+        w = np.asarray(s.params["w"])
+        res.append(np.linalg.norm(w))
+    np.testing.assert_allclose(res, [1.0, 1.0, 1.0], rtol=1e-6)
+
+
+def test_non_fusable_tx_falls_back():
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adafactor(1e-2))
+    assert not s.tx.fusable
+    s2 = s.apply_gradients(grads=_grads())
+    np.asarray(s.params["w"])  # not donated on the fallback path
+    assert s2.step == 1
+
+
+def test_gil_released_during_step():
+    """Another Python thread makes progress while a large step runs."""
+    n = 1 << 22
+    s = TrainState.create(apply_fn=None, params={"w": np.zeros(n, np.float32)}, tx=optim.adamw(1e-3))
+    g = cts.device_put({"w": np.ones(n, np.float32)})
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        for _ in range(5):
+            s = s.apply_gradients(grads=g)
+    finally:
+        stop.set()
+        t.join()
+    assert len(ticks) > 0
+
+
+def test_no_leak_10000_steps(mem_baseline):
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.chain(
+        optim.clip_by_global_norm(1.0), optim.adamw(optim.warmup_cosine_decay_schedule(0, 1e-3, 10, 100))))
+    g = cts.device_put(_grads(0.1))
+    s = s.apply_gradients(grads=g)
+    after_first = bytes_in_use()
+    for _ in range(10_000):
+        s = s.apply_gradients(grads=g)
+    import gc
+    gc.collect()
+    assert bytes_in_use() == after_first
+    assert s.step == 10_001
+    del s, g
+    gc.collect()
+    assert bytes_in_use() == mem_baseline
+
+
+def test_fused_kernel_matches_scalar_reference():
+    """The chunked OpenMP driver against the plain one-element-at-a-time C reference."""
+    from ctrainstate import _C
+    from ctrainstate.optim import base
+    rng = np.random.default_rng(0)
+    n = 3 * 2048 + 77
+    stages = [(base.ADAM, (0.9, 0.999, 1e-8, 1e-9, 0.1, 0.001, 0.0, 0.19)),
+              (base.DECAY, (0.01,)), (base.TRACE, (0.5, 1.0)), (base.RMS, (0.9, 1e-8, 0.0, 1.0)),
+              (base.RSS, (1e-7,)), (base.LION, (0.9, 0.99)), (base.EMA, (0.9, 0.5)),
+              (base.CLIP, (0.7,)), (base.SCALE, (-0.1,))]
+    nslots = sum(base.NSLOTS[k] for k, _ in stages)
+
+    def bufs():
+        out = []
+        for _ in range(2 + nslots):
+            b = _C.Buffer(0, (n,), 0)
+            np.frombuffer(b, np.float32)[:] = rng.standard_normal(n).astype(np.float32) ** 2
+            out.append(b)
+        return out
+    a = bufs()
+    b = []
+    for x in a:
+        y = _C.Buffer(0, (n,), 0)
+        np.frombuffer(y, np.float32)[:] = np.frombuffer(x, np.float32)
+        b.append(y)
+    bits = (1 << len(stages)) - 1 - (1 << 5)   # lion off for this leaf
+    _C.optim_step(stages, [[(a[0], a[1], None, a[2:], bits, 0, True)]], 1)
+    _C.optim_reference(stages, (b[0], b[1], None, b[2:], bits, 0, True))
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.frombuffer(x, np.float32), np.frombuffer(y, np.float32))
+
+
+def test_step_rejects_bad_blocks():
+    from ctrainstate import _C
+    from ctrainstate.optim import base
+    g = _C.Buffer(0, (4,), 0)
+    p = _C.Buffer(0, (5,), 0)
+    with pytest.raises(ValueError, match="elements"):
+        _C.optim_step([(base.SCALE, (1.0,))], [[(p, g, None, [], 1, 0, True)]], 1)
+    with pytest.raises(ValueError, match="unknown kind"):
+        _C.optim_step([(99, ())], [[(g, g, None, [], 1, 0, True)]], 1)
+    with pytest.raises(ValueError, match="no state array"):
+        _C.optim_step([(base.ADAM, ())], [[(g, g, None, [None, None], 1, 0, True)]], 1)
+    i = _C.Buffer(0, (4,), 3)
+    with pytest.raises(TypeError, match="float32"):
+        _C.optim_step([(base.SCALE, (1.0,))], [[(i, g, None, [], 1, 0, True)]], 1)

@@ -816,3 +816,106 @@ def ones_like(x: Array) -> Array:
     out = zeros_like(x)
     _C.op_unary(U_AFFINE, 0.0, 1.0, _bufs(out), _bufs(out))
     return out
+
+
+# --- shape rules (abstract evaluation, see ctrainstate._abstract) -----------------------------
+
+def _shp(x):
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _rule_same(x, *a, **k):
+    return _shp(x)
+
+
+def _rule_bcast(a, b):
+    return _bcast_shape(_shp(a), _shp(b))
+
+
+def _rule_reduce(x, axis=None, keepdims=False):
+    sh = _shp(x)
+    axes = _axes(axis, len(sh))
+    return tuple(1 if d in axes else s for d, s in enumerate(sh)) if keepdims else \
+        tuple(s for d, s in enumerate(sh) if d not in axes)
+
+
+def _rule_transpose(x, axes=None):
+    sh = _shp(x)
+    axes = tuple(reversed(range(len(sh)))) if axes is None else tuple(a % len(sh) for a in axes)
+    return tuple(sh[a] for a in axes)
+
+
+def _rule_reshape(x, shape):
+    shape = [int(s) for s in shape]
+    n = math.prod(_shp(x))
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = n // known if known else 0
+    if math.prod(shape) != n:
+        raise ValueError(f"cannot reshape {_shp(x)} into {tuple(shape)}")
+    return tuple(shape)
+
+
+def _rule_expand(x, axis):
+    sh = list(_shp(x))
+    sh.insert(axis % (len(sh) + 1), 1)
+    return tuple(sh)
+
+
+def _rule_matmul(a, b):
+    sa, sb = _shp(a), _shp(b)
+    if len(sa) == 1 and len(sb) == 1:
+        return ()
+    if len(sa) == 1:
+        return sb[:-2] + (sb[-1],)
+    if len(sb) == 1:
+        return sa[:-1]
+    if sa[-1] != sb[-2]:
+        raise ValueError(f"matmul: contracting dimensions differ: {sa} @ {sb}")
+    return sa[:-1] + (sb[-1],)
+
+
+def _rule_einsum(sub, a, b):
+    ins, out = sub.replace(" ", "").split("->")
+    size = {}
+    for s, x in zip(ins.split(","), (a, b)):
+        for c, n in zip(s, _shp(x)):
+            size[c] = n
+    return tuple(size[c] for c in out)
+
+
+def _abstract_rules():
+    from ._abstract import ShapeDtypeStruct
+    rules = {
+        "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
+        "divide": _rule_bcast, "maximum": _rule_bcast,
+        "sum": _rule_reduce, "mean": _rule_reduce, "transpose": _rule_transpose,
+        "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
+        "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),
+        "with_sharding": _rule_same, "zeros_like": _rule_same, "ones_like": _rule_same,
+    }
+    for name in ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
+                 "square", "sigmoid", "abs", "power"):
+        rules[name] = _rule_same
+    g = globals()
+    for name, rule in rules.items():
+        g[name] = _with_rule(g[name], rule, ShapeDtypeStruct)
+    g["einsum"] = _with_rule(g["einsum"], _rule_einsum, ShapeDtypeStruct, first=1)
+    g["dot"] = g["matmul"]
+
+
+def _with_rule(fn, rule, SDS, first=0):
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if any(isinstance(a, SDS) for a in args[first:]):
+            sharding = None
+            if fn.__name__ == "with_sharding":
+                sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])
+            return SDS(rule(*args, **kwargs), np.float32, sharding)
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+_abstract_rules()

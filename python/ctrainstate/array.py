@@ -323,6 +323,15 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     >>> [s.index for s in a.addressable_shards]
     [(slice(0, 4, None), slice(0, 2, None))]
     """
+    from ._abstract import ShapeDtypeStruct, is_abstract
+    if isinstance(x, ShapeDtypeStruct) or (is_abstract() and isinstance(
+            x, (Array, np.ndarray, np.generic, int, float, bool))):
+        s = _as_sharding(sharding) if sharding is not None else getattr(x, "sharding", None)
+        if s is not None:
+            s.shard_shape(np.shape(x) if not isinstance(x, (ShapeDtypeStruct, Array)) else x.shape)
+        shape = x.shape if isinstance(x, (ShapeDtypeStruct, Array)) else np.shape(x)
+        dtype = x.dtype if isinstance(x, (ShapeDtypeStruct, Array)) else _dtypes.canonicalize(np.asarray(x).dtype)
+        return ShapeDtypeStruct(shape, dtype, s)
     if not isinstance(x, (Array, np.ndarray, np.generic, int, float, bool)) and not (
             isinstance(x, (list, tuple, dict)) and _is_numeric_list(x)):
         from .tree_util import tree_map  # pytrees of arrays
@@ -356,6 +365,10 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
     """
     dtype = _dtypes.canonicalize(dtype)
     sharding = _as_sharding(sharding)
+    from ._abstract import ShapeDtypeStruct, is_abstract
+    if is_abstract():
+        sharding.shard_shape(tuple(shape))  # validate
+        return ShapeDtypeStruct(shape, dtype, sharding)
     shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
     for _, buf, start, _ in blocks:
         fill(buf, start, shard_shape)

@@ -89,7 +89,7 @@ class DenseGeneral(Module):
         kshape = in_shape + feats
         if self.kernel_axes:
             kernel = param_with_axes("kernel", self.kernel_init, kshape, self.param_dtype,
-                                     axes=tuple(self.kernel_axes), module=self.scope)
+                                     axes=tuple(self.kernel_axes), module=self)
         else:
             kernel = self.param("kernel", self.kernel_init, kshape, self.param_dtype)
         x = inputs
@@ -105,7 +105,7 @@ class DenseGeneral(Module):
         if self.use_bias:
             if self.kernel_axes:
                 bias = param_with_axes("bias", self.bias_init, feats, self.param_dtype,
-                                       axes=tuple(self.kernel_axes[len(axes):]), module=self.scope)
+                                       axes=tuple(self.kernel_axes[len(axes):]), module=self)
             else:
                 bias = self.param("bias", self.bias_init, feats, self.param_dtype)
             y = y + bias
@@ -127,10 +127,9 @@ class Embed(Module):
         shape = (self.num_embeddings, self.features)
         if self.embedding_axes:
             from ..partitioning import param_with_axes
-            with self.scope:
-                self.embedding = param_with_axes("embedding", self.embedding_init, shape,
-                                                 self.param_dtype, axes=tuple(self.embedding_axes),
-                                                 module=self.scope)
+            self.embedding = param_with_axes("embedding", self.embedding_init, shape,
+                                             self.param_dtype, axes=tuple(self.embedding_axes),
+                                             module=self)
         else:
             self.embedding = self.param("embedding", self.embedding_init, shape, self.param_dtype)
 

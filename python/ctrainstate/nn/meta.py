@@ -241,7 +241,13 @@ def with_partitioning(fn: Callable[..., Any], names, mesh=None) -> Callable[...,
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return Partitioned(fn(*args, **kwargs), names, mesh=mesh)
+        from ..sharding import NamedSharding, PartitionSpec, get_mesh
+        m = mesh if mesh is not None else get_mesh()
+        init = fn
+        if m is not None and 'out_sharding' not in kwargs:  # born sharded
+            from .module import sharded_initializer
+            init = sharded_initializer(fn, NamedSharding(m, PartitionSpec(*names)))
+        return Partitioned(init(*args, **kwargs), names, mesh=mesh)
 
     return wrapper
 

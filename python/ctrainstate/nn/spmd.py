@@ -320,6 +320,14 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return LogicallyPartitioned(fn(*args, **kwargs), names, mesh=mesh, rules=rules)
+        from ..sharding import NamedSharding, get_mesh
+        m = mesh if mesh is not None else get_mesh()
+        init = fn
+        if m is not None and 'out_sharding' not in kwargs:  # born sharded
+            spec = logical_to_mesh_axes(tuple(names), rules)
+            if spec is not None and all(e is not PartitionSpec.UNCONSTRAINED for e in spec):
+                from .module import sharded_initializer
+                init = sharded_initializer(fn, NamedSharding(m, spec))
+        return LogicallyPartitioned(init(*args, **kwargs), names, mesh=mesh, rules=rules)
 
     return wrapper

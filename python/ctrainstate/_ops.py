@@ -36,6 +36,27 @@ from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Shardi
 B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT = range(7)
 
 
+# --- BLAS -----------------------------------------------------------------------------
+
+_blas_checked = False
+
+
+def _ensure_blas():
+    """Register scipy's OpenBLAS sgemm with the CPU backend once (built-in kernel otherwise)."""
+    global _blas_checked
+    if _blas_checked:
+        return
+    _blas_checked = True
+    import os
+    if os.environ.get("CTRAINSTATE_NO_BLAS"):
+        return
+    try:
+        from scipy.linalg import cython_blas
+        _C.set_blas_sgemm(cython_blas.__pyx_capi__["sgemm"])
+    except Exception:  # scipy absent or without the capsule: the built-in GEMM is used
+        pass
+
+
 # --- the tape ------------------------------------------------------------------------
 
 class _Tape:
@@ -594,18 +615,30 @@ def matmul(a, b) -> Array:
     if b.ndim > 2 and b.shape[:-2] != a.shape[:-2]:
         raise ValueError(f"matmul: batch dimensions differ: {a.shape} @ {b.shape} "
                          f"(b must be 2-d or have a's batch dimensions)")
+    return _matmul(a, b, False, False)
+
+
+def _tview(norm, shape, t):
+    """Spec/shape of the view of a stored 2-d operand (swapped when transposed)."""
+    if not t:
+        return list(norm), tuple(shape)
+    return [norm[1], norm[0]], (shape[1], shape[0])
+
+
+def _matmul(a: Array, b: Array, ta: bool, tb: bool) -> Array:
+    """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it."""
     place = _common_placement([a, b])
     mesh = not isinstance(place, Device)
     an = _norm(a.sharding, a.ndim) if mesh and _mesh_key(a)[0] == "mesh" else [()] * a.ndim
     bn = _norm(b.sharding, b.ndim) if mesh and _mesh_key(b)[0] == "mesh" else [()] * b.ndim
+    an, ashape = _tview(an, a.shape, ta)
+    bn, bshape = _tview(bn, b.shape, tb)
     an, bn = list(an), list(bn)
-    nb = a.ndim - 2
     # batch dims of a batched b follow a
-    if b.ndim > 2:
+    if len(bshape) > 2:
         bn[:-2] = an[:-2]
-        for d in range(nb):
-            if set(an[d]) & (set(bn[-1]) | set(bn[-2])):
-                bn[-1], bn[-2] = (), ()
+        if set(_axes_used(an[:-2])) & (set(bn[-1]) | set(bn[-2])):
+            bn[-1], bn[-2] = (), ()
     aK, bK = tuple(an[-1]), tuple(bn[-2])
     if aK != bK:
         a_other = _axes_used(an[:-1])
@@ -620,28 +653,37 @@ def matmul(a, b) -> Array:
     # N must not reuse an axis of a's batch/M dims
     if set(bn[-1]) & _axes_used(an[:-1]):
         bn[-1] = ()
-    a2, b2 = _to(a, place, an), _to(b, place, bn)
-    out_shape = a.shape[:-1] + (b.shape[-1],)
+    a2 = _to(a, place, _tview(an, ashape, ta)[0])
+    b2 = _to(b, place, _tview(bn, bshape, tb)[0])
+    out_shape = ashape[:-1] + (bshape[-1],)
     out_norm = an[:-1] + [bn[-1]]
     out = _new(out_shape, place, out_norm)
-    m_loc = a2.sharding.shard_shape(a2.shape)[-2]
-    k_loc = a2.sharding.shard_shape(a2.shape)[-1]
-    n_loc = b2.sharding.shard_shape(b2.shape)[-1]
-    batch = math.prod(a2.sharding.shard_shape(a2.shape)[:-2])
-    if b2.ndim == 2:  # fold a's batch into M: one GEMM per shard
-        _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0, 0, 0, 1.0, 0.0)
+    _ensure_blas()
+    a_loc = _tview([()] * a2.ndim, a2.sharding.shard_shape(a2.shape), ta)[1]
+    b_loc = _tview([()] * b2.ndim, b2.sharding.shard_shape(b2.shape), tb)[1]
+    m_loc, k_loc, n_loc = a_loc[-2], a_loc[-1], b_loc[-1]
+    batch = math.prod(a_loc[:-2])
+    if len(bshape) == 2:  # fold a's batch into M: one GEMM per shard
+        _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0,
+                     int(ta), int(tb), 1.0, 0.0)
     else:
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), batch, m_loc, n_loc, k_loc,
-                     m_loc * k_loc, k_loc * n_loc, 0, 0, 1.0, 0.0)
+                     m_loc * k_loc, k_loc * n_loc, int(ta), int(tb), 1.0, 0.0)
     _allreduce(out, kax)
 
     def vjp(g):
-        ga = matmul(g, _swap_last(b))
-        if b.ndim == 2:
-            a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
+        # d op(a) = g @ op(b)^T ; d op(b) = op(a)^T @ g, expressed on the stored operands.
+        if len(bshape) == 2:
+            # stored a is (K, M) when ta: its gradient is op(b) @ g^T
+            ga = _matmul(g, b, False, not tb) if not ta else _matmul(b, g, tb, True)
             g2d = reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
-            gb = matmul(_swap_last(a2d), g2d)
+            a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
+            if tb:  # stored b is (N, K): gradient g^T @ op(a)
+                gb = _matmul(g2d, a2d, True, ta)
+            else:
+                gb = _matmul(a2d, g2d, not ta, False)
         else:
+            ga = matmul(g, _swap_last(b))
             gb = matmul(_swap_last(a), g)
         return ga, gb
     return _record(out, (a, b), vjp)

@@ -21,6 +21,8 @@ import enum
 import functools
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from .. import _C
 from .. import tree_util
 from ..sharding import NamedSharding, PartitionSpec
@@ -199,6 +201,9 @@ def _constrain_array(x, axis_resources, mesh):
     target = NamedSharding(mesh, spec)
     if x.sharding == target:
         return x
+    from .._ops import with_sharding  # differentiable: the cotangent goes back to x's sharding
+    if x.dtype == np.float32:
+        return with_sharding(x, target)
     return device_put(x, target)
 
 

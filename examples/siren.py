@@ -26,7 +26,7 @@ import time
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    p.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
     p.add_argument("--mesh", default="2x4", help="DATAxMODEL mesh shape (default 2x4)")
     p.add_argument("--image", default=None, help="PNG (8-bit) or .npy image; default: a built-in test image")
     p.add_argument("--size", type=int, default=64, help="side of the (built-in or downsampled) image")

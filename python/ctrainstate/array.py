@@ -358,10 +358,12 @@ def _is_numeric_list(x):
 
 
 def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
-    """Create an Array whose shards are written in place by ``fill(buffer, start, shard_shape)``.
+    """Create an Array whose shards are written in place by ``fill(target, start, shard_shape)``.
 
     The building block for sharded initialisers: each device's buffer is
-    allocated on that device and filled with its own block only.
+    allocated on that device and filled with its own block only. ``target`` is
+    the device's ``_C.Buffer`` on CPU devices; on GPU devices it is a host numpy
+    block of the shard's shape that is copied to the device afterwards.
     """
     dtype = _dtypes.canonicalize(dtype)
     sharding = _as_sharding(sharding)
@@ -370,8 +372,14 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
         sharding.shard_shape(tuple(shape))  # validate
         return ShapeDtypeStruct(shape, dtype, sharding)
     shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
-    for _, buf, start, _ in blocks:
-        fill(buf, start, shard_shape)
+    for dev, buf, start, _ in blocks:
+        if dev.platform == "cpu":
+            fill(buf, start, shard_shape)
+        else:  # devices without host-addressable memory: fill a host block, then copy it over
+            host = np.empty(shard_shape, dtype)
+            fill(host, start, shard_shape)
+            _C.copy_from_host(buf, host.view(np.uint8) if dtype == _dtypes.bool_ else host,
+                              (0,) * len(shard_shape))
     return Array._create(tuple(shape), dtype, sharding, blocks)
 
 

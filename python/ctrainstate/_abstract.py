@@ -19,12 +19,14 @@ import threading
 
 import numpy as np
 
+from ._operators import OperatorsMixin
+
 __all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]
 
 _tls = threading.local()
 
 
-class ShapeDtypeStruct:
+class ShapeDtypeStruct(OperatorsMixin):
     """A shape, a dtype and (optionally) a sharding — an array without data."""
 
     __slots__ = ("shape", "dtype", "sharding")
@@ -58,43 +60,6 @@ class ShapeDtypeStruct:
         if not self.shape:
             raise TypeError("len() of a 0-d ShapeDtypeStruct")
         return self.shape[0]
-
-    # operators follow the ops' shape rules
-    def _op(name):
-        def f(self, *a):
-            from . import _ops
-            return getattr(_ops, name)(self, *a)
-        return f
-
-    def _rop(name):
-        def f(self, o):
-            from . import _ops
-            return getattr(_ops, name)(o, self)
-        return f
-
-    __add__ = _op("add")
-    __radd__ = _rop("add")
-    __sub__ = _op("subtract")
-    __rsub__ = _rop("subtract")
-    __mul__ = _op("multiply")
-    __rmul__ = _rop("multiply")
-    __truediv__ = _op("divide")
-    __rtruediv__ = _rop("divide")
-    __matmul__ = _op("matmul")
-    __rmatmul__ = _rop("matmul")
-    __neg__ = _op("negative")
-    del _op, _rop
-
-    @property
-    def T(self):
-        from . import _ops
-        return _ops.transpose(self)
-
-    def reshape(self, *shape):
-        from . import _ops
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = shape[0]
-        return _ops.reshape(self, shape)
 
 
 def is_abstract() -> bool:

@@ -279,13 +279,17 @@ def _unbroadcast(g: Array, shape: tuple) -> Array:
     return reshape(r, shape)
 
 
-def _binary(op, a, b, vjp_a=None, vjp_b=None) -> Array:
+def _lift_pair(a, b):
+    """Both operands as Arrays; non-Arrays go where the (last) Array operand lives."""
     place = None
     for v in (a, b):
         if isinstance(v, Array):
             place = _place_of(v)
-    a = _lift(a, place)
-    b = _lift(b, place)
+    return _lift(a, place), _lift(b, place)
+
+
+def _binary(op, a, b, vjp_a=None, vjp_b=None) -> Array:
+    a, b = _lift_pair(a, b)
     out = _binary_raw(op, a, b)
     if vjp_a is not None or vjp_b is not None:
         def vjp(g):
@@ -598,12 +602,7 @@ def matmul(a, b) -> Array:
     those axes. Incompatible operand shardings are resharded (the operand whose sharding
     would clash is gathered), never silently wrong.
     """
-    place = None
-    for v in (a, b):
-        if isinstance(v, Array):
-            place = _place_of(v)
-    a = _lift(a, place)
-    b = _lift(b, place)
+    a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
     if a.ndim == 1:

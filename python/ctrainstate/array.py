@@ -9,7 +9,7 @@ full copy is made, on the host, because the user asked for it.
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
 >>> x.shape, str(x.dtype)
 ((2, 3), 'float32')
->>> np.asarray(x)[1, 2]
+>>> float(np.asarray(x)[1, 2])
 5.0
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _C, _dtypes
 from ._devices import Device
+from ._operators import OperatorsMixin
 from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
 from .tree_util import tree_leaves
 
@@ -43,7 +44,7 @@ def _buffer_view(buf, shape, dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8).view(dtype).reshape(shape)
 
 
-class Array:
+class Array(OperatorsMixin):
     """A global array stored as per-device shards.
 
     Attributes mirror ``jax.Array``: ``shape``, ``dtype``, ``ndim``, ``size``,
@@ -184,74 +185,6 @@ class Array:
 
     def _repr_html_(self):
         return _sharding_html(self)
-
-    # --- operators (ctrainstate.numpy) ---------------------------------------------
-    def __add__(self, o):
-        from . import _ops
-        return _ops.add(self, o)
-
-    def __radd__(self, o):
-        from . import _ops
-        return _ops.add(o, self)
-
-    def __sub__(self, o):
-        from . import _ops
-        return _ops.subtract(self, o)
-
-    def __rsub__(self, o):
-        from . import _ops
-        return _ops.subtract(o, self)
-
-    def __mul__(self, o):
-        from . import _ops
-        return _ops.multiply(self, o)
-
-    def __rmul__(self, o):
-        from . import _ops
-        return _ops.multiply(o, self)
-
-    def __truediv__(self, o):
-        from . import _ops
-        return _ops.divide(self, o)
-
-    def __rtruediv__(self, o):
-        from . import _ops
-        return _ops.divide(o, self)
-
-    def __matmul__(self, o):
-        from . import _ops
-        return _ops.matmul(self, o)
-
-    def __rmatmul__(self, o):
-        from . import _ops
-        return _ops.matmul(o, self)
-
-    def __neg__(self):
-        from . import _ops
-        return _ops.negative(self)
-
-    def __pow__(self, p):
-        from . import _ops
-        return _ops.square(self) if p == 2 else _ops.power(self, p)
-
-    @property
-    def T(self):
-        from . import _ops
-        return _ops.transpose(self)
-
-    def reshape(self, *shape):
-        from . import _ops
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = shape[0]
-        return _ops.reshape(self, shape)
-
-    def sum(self, axis=None, keepdims=False):
-        from . import _ops
-        return _ops.sum(self, axis=axis, keepdims=keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        from . import _ops
-        return _ops.mean(self, axis=axis, keepdims=keepdims)
 
 
 # --- device_put ------------------------------------------------------------------

@@ -155,3 +155,18 @@ def test_sharded_init_on_gpu_is_bit_identical_to_cpu():
     np.testing.assert_array_equal(np.asarray(g), c)
     w = nn.initializers.lecun_normal()(k, (16, 64), out_sharding=s)
     np.testing.assert_array_equal(np.asarray(w), nn.initializers.lecun_normal()(k, (16, 64)))
+
+
+def test_dlpack_with_torch_cuda_when_installed():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    d = gpus()[0]
+    x = np.random.default_rng(5).standard_normal((7, 9)).astype(np.float32)
+    a = cts.device_put(x, d)
+    t = torch.from_dlpack(a.addressable_shards[0].data)  # zero copy
+    assert t.is_cuda and torch.equal(t.cpu(), torch.from_numpy(x))
+    g = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4) * 2
+    b = cts.from_dlpack(g)  # grads computed by another framework, device to device
+    assert b.addressable_shards[0].device.platform == "gpu"
+    np.testing.assert_array_equal(np.asarray(b), (np.arange(12).reshape(3, 4) * 2).astype(np.float32))

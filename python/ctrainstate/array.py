@@ -25,7 +25,8 @@ from ._operators import OperatorsMixin
 from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
 from .tree_util import tree_leaves
 
-__all__ = ["Array", "Shard", "device_put", "block_until_ready", "visualize_array_sharding"]
+__all__ = ["Array", "Shard", "device_put", "from_dlpack", "block_until_ready",
+           "visualize_array_sharding"]
 
 DonatedBufferError = _C.DonatedBufferError
 
@@ -36,7 +37,8 @@ class Shard(NamedTuple):
     device: Device
     index: tuple          # tuple of slices into the global array
     replica_id: int
-    data: Any             # numpy view of the block (CPU devices)
+    data: Any             # numpy view of the block (CPU devices); on GPUs the device buffer,
+                          # which exports __dlpack__ (torch/cupy/jax take it without a copy)
 
 
 def _buffer_view(buf, shape, dtype) -> np.ndarray:
@@ -140,7 +142,7 @@ class Array(OperatorsMixin):
         out = []
         for dev, buf, start, rid in self._blocks:
             index = tuple(slice(s, s + n) for s, n in zip(start, self._shard_shape))
-            data = _buffer_view(buf, self._shard_shape, self._dtype) if dev.platform == "cpu" else None
+            data = _buffer_view(buf, self._shard_shape, self._dtype) if dev.platform == "cpu" else buf
             out.append(Shard(dev, index, rid, data))
         return out
 
@@ -157,6 +159,24 @@ class Array(OperatorsMixin):
         if dtype is not None and np.dtype(dtype) != out.dtype:
             out = out.astype(dtype)
         return out
+
+    # --- DLPack -------------------------------------------------------------------------
+    def _single_buffer(self):
+        self._check_alive()
+        starts = {start for _, _, start, _ in self._blocks}
+        if len(starts) != 1:
+            raise BufferError(
+                "a sharded Array has no single buffer to export; export a shard instead: "
+                "array.addressable_shards[i].data")
+        return self._blocks[0][1]
+
+    def __dlpack__(self, stream=None, **kwargs):
+        """Export (no copy) when the Array is held whole by each device (one device, or
+        replicated): the first device's buffer."""
+        return self._single_buffer().__dlpack__(stream, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._single_buffer().__dlpack_device__()
 
     def block_until_ready(self) -> "Array":
         self._check_alive()
@@ -284,6 +304,37 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     if arr.dtype != dtype:
         arr = arr.astype(dtype)
     return _from_host(arr, s)
+
+
+def from_dlpack(x, device=None) -> Array:
+    """An Array holding a copy of a DLPack tensor (numpy, torch, cupy, jax, ...).
+
+    CPU tensors go to ``device`` (default: the first device, or replicated over the
+    active mesh); CUDA tensors go to a device of the same GPU (the first logical
+    device of that GPU unless ``device`` is given), copied device to device.
+    """
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
+    dev_type, dev_id = x.__dlpack_device__()
+    if int(dev_type) in (1, 3):  # kDLCPU, kDLCUDAHost
+        return device_put(np.from_dlpack(x), device)
+    if int(dev_type) not in (2, 13):
+        raise ValueError(f"DLPack device type {dev_type} is not supported")
+    from ._devices import devices as _devices
+    gpus = [d for d in _devices("gpu") if _C.device_ordinal(d.id) == int(dev_id)]
+    if device is None:
+        if not gpus:
+            raise ValueError(f"no ctrainstate device on GPU {dev_id}")
+        device = gpus[0]
+    if not isinstance(device, Device) or device.platform != "gpu":
+        raise ValueError("a CUDA tensor is imported onto a GPU device of the same GPU")
+    shape = tuple(int(s) for s in getattr(x, "shape"))
+    dtype = _dtypes.canonicalize(str(getattr(x, "dtype")).replace("torch.", ""))
+    buf = _C.Buffer(device.id, shape, _dtypes.code(dtype))
+    _C.dlpack_copy_into(buf, x.__dlpack__(stream=1))  # ordered after the producer's default stream
+    sharding = SingleDeviceSharding(device)
+    shard_shape, layout, _ = sharding._layout(shape)
+    return Array._create(shape, dtype, sharding, [(device, buf, layout[0][1], 0)])
 
 
 def _is_numeric_list(x):

@@ -66,8 +66,10 @@ static ct_status cuda_synchronize(ct_device *dev) {
 
 static ct_status cuda_init_device(ct_device *dev) {
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    /* A blocking stream: it is ordered after the legacy default stream, which is how
+     * DLPack producers hand us tensors (we pass stream=1 to __dlpack__). */
     cudaStream_t s;
-    CT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CT_CUDA_TRY(cudaStreamCreate(&s));
     dev->stream = (void *)s;
     size_t free_b = 0, total_b = 0;
     CT_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));

@@ -262,3 +262,20 @@ def test_move_params_to_devices():
     assert moved.params['w'].sharding.spec == P('model', None)
     assert moved.param_states[0].mu['w'].sharding.spec == P('model', None)
     assert np.asarray(moved.params['w']).sum() == 32
+
+
+def test_small_helpers():
+    assert partitioning.AxisNames('a', 'b') == ('a', 'b')
+    assert cts.tree_util.tree_leaves({'x': partitioning.AxisNames('a', 'b')}) == [('a', 'b')]
+    x = np.arange(8, dtype=np.float32)
+    assert partitioning.with_sharding_constraint(x, P('model')) is x  # no mesh: a no-op
+    assert not partitioning.global_mesh_defined()
+    p = partitioning.PjitPartitioner(num_partitions=2, use_cpu_pjit=True)  # legacy kwarg
+    with p.mesh:
+        assert partitioning.global_mesh_defined()
+        y = partitioning.with_sharding_constraint(cts.device_put(x), P('model'))
+        assert y.sharding.spec == P('model')
+    g = partitioning.host_local_array_to_global_array({'a': x, 'b': x}, p.mesh,
+                                                      {'a': P('model'), 'b': None})
+    assert g['a'].sharding.spec == P('model') and g['b'].sharding.spec == P()
+    assert p.get_local_chunk_info((8, 4), ['model', None]).slice == (slice(0, 8), slice(None))

@@ -205,6 +205,7 @@ class Adafactor(OptimizerDef):
         return fm[path] if fm else HEURISTIC_RULE
 
     def init_param_state(self, param, path):
+        """Zero state for one param: v_row/v_col (factored) or v, and m with momentum; unused entries ``zeros((1,))``."""
         shape = tuple(param.shape)
         _, fd = self._parse_rule(self._rule_for(path), shape, path)
         if fd is HEURISTIC_RULE:
@@ -221,12 +222,14 @@ class Adafactor(OptimizerDef):
         return _AdafactorParamState(**st)
 
     def init_state(self, params):
+        """OptimizerState(step 0, per-param states in the params' structure)."""
         flat = flatten_dict(params, sep='/')
         states = {k: self.init_param_state(v, k) for k, v in flat.items()}
         return OptimizerState(scalar(0, np.int32, params), unflatten_dict(states, sep='/'))
 
     # --- the step ---
     def apply_param_gradient(self, step, hp, param, state, grad, path):
+        """One Adafactor update of one param (host float32); returns ``(new_param, new_state)``."""
         if hp.learning_rate is None:
             raise ValueError('Adafactor: no learning rate provided (pass learning_rate= to '
                              'Adafactor or to apply_gradient)')
@@ -291,6 +294,7 @@ class Adafactor(OptimizerDef):
                 _AdafactorParamState(**out))
 
     def apply_gradient(self, hyper_params, params, state, grads):
+        """Update every param (optionally after global-norm clipping); step + 1."""
         flat_p = flatten_dict(params, sep='/')
         flat_s = flatten_dict(state.param_states, sep='/')
         flat_g = flatten_dict(grads, sep='/')

@@ -57,9 +57,11 @@ class OptimizerDef:
         self.hyper_params = hyper_params
 
     def apply_param_gradient(self, step, hyper_params, param, state, grad):
+        """Update one param: ``(new_param, new_param_state)`` (per-param optimizers)."""
         raise NotImplementedError()
 
     def init_param_state(self, param):
+        """The state of one param (per-param optimizers)."""
         raise NotImplementedError()
 
     def apply_gradient(self, hyper_params, params, state, grads):
@@ -74,6 +76,7 @@ class OptimizerDef:
         return new_params, OptimizerState(_next_step(state.step), new_states)
 
     def init_state(self, params):
+        """OptimizerState(step 0, one state per param leaf)."""
         leaves, td = tree_flatten(params)
         return OptimizerState(scalar(0, np.int32, params),
                               tree_unflatten(td, [self.init_param_state(p) for p in leaves]))
@@ -91,6 +94,7 @@ class OptimizerDef:
         return Optimizer(self, self.init_state(target), target)
 
     def state_dict(self, target, state) -> dict:
+        """``{'target': ..., 'state': {'step', 'param_states'}}`` as nested dicts."""
         return to_state_dict({'target': to_state_dict(target), 'state': to_state_dict(state)})
 
     def restore_state(self, opt_target, opt_state, state_dict):
@@ -134,9 +138,11 @@ class Optimizer(PyTreeNode):
         return self.replace(state=new_state, target=new_target)
 
     def state_dict(self) -> dict:
+        """The state dict of ``target`` and ``state``."""
         return self.optimizer_def.state_dict(self.target, self.state)
 
     def restore_state(self, state) -> 'Optimizer':
+        """Restore target and state from ``state``."""
         target, st = self.optimizer_def.restore_state(self.target, self.state, state)
         return self.replace(target=target, state=st)
 
@@ -233,6 +239,7 @@ class OptaxWrapper(OptimizerDef):
         super().__init__(_OptaxHyperParams())
 
     def init_state(self, params):
+        """OptimizerState(step 0, the transformation's ``init(params)``)."""
         return OptimizerState(scalar(0, np.int32, params), self.optax_optimizer.init(params))
 
     def apply_gradient(self, hyper_params, params, state, grads):
@@ -254,10 +261,12 @@ class OptaxWrapper(OptimizerDef):
         return Optimizer(self, OptimizerState(None, ps), param_logical_axes)
 
     def state_dict(self, target, state):
+        """The state dict without the empty dicts of stateless transforms."""
         sd = super().state_dict(target, state)
         return _drop_empty(sd)
 
     def restore_state(self, opt_target, opt_state, state_dict):
+        """Restore from a state dict (empty states come back from the target structure)."""
         return super().restore_state(opt_target, opt_state, state_dict)
 
 
@@ -306,6 +315,7 @@ class ModelParamTraversal:
         self.filter_fn = filter_fn
 
     def paths(self, params) -> list:
+        """The '/'-joined paths of the params the filter selects."""
         return [k for k, v in flatten_dict(params, sep='/').items() if self.filter_fn('/' + k, v)]
 
 
@@ -341,6 +351,7 @@ class MultiOptimizer(OptimizerDef):
         return unflatten_dict({k: v for k, v in flat.items() if owner.get(k) == i}, sep='/')
 
     def init_state(self, params):
+        """Sub-optimizer states for the params each selects; None elsewhere."""
         owner = self._assign(params)
         flat = {k: None for k in flatten_dict(params, sep='/')}
         for i, opt in enumerate(self.sub_optimizers):
@@ -352,6 +363,7 @@ class MultiOptimizer(OptimizerDef):
         return OptimizerState(scalar(0, np.int32, params), unflatten_dict(flat, sep='/'))
 
     def apply_gradient(self, hyper_params, params, state, grads):
+        """Each sub-optimizer updates its params; step + 1."""
         owner = self._assign(params)
         fp, fs, fg = (flatten_dict(t, sep='/') for t in (params, state.param_states, grads))
         new_p, new_s = dict(fp), dict(fs)
@@ -369,6 +381,7 @@ class MultiOptimizer(OptimizerDef):
                 OptimizerState(_next_step(state.step), unflatten_dict(new_s, sep='/')))
 
     def update_hyper_params(self, **overrides):
+        """Overrides applied to every sub-optimizer's hyper-params (``hyper_params=[...]`` replaces them)."""
         hps = overrides.pop('hyper_params', None)
         if hps is not None:
             return list(hps)
@@ -376,11 +389,13 @@ class MultiOptimizer(OptimizerDef):
                 for hp in (o.hyper_params for o in self.sub_optimizers)]
 
     def set_param_axes(self, param_logical_axes):
+        """Pass the logical axes to the sub-optimizers that take them."""
         for opt in self.sub_optimizers:
             if hasattr(opt, 'set_param_axes'):
                 opt.set_param_axes(param_logical_axes)
 
     def derive_logical_axes(self, optimizer, param_logical_axes):
+        """Axes of every sub-optimizer's state, None for params no traversal selects."""
         owner = self._assign(optimizer.target)
         flat_axes = flatten_dict(param_logical_axes, sep='/')
         flat = {k: None for k in flatten_dict(optimizer.target, sep='/')}

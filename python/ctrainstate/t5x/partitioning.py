@@ -398,6 +398,7 @@ class _Lowered:
         self._fn = fn
 
     def compile(self):
+        """A callable with the same arguments (execution is eager)."""
         return self._fn
 
 
@@ -413,7 +414,9 @@ class PjitPartitioner:
 
     def __init__(self, num_partitions: Optional[int] = None, model_parallel_submesh=None,
                  params_on_devices: bool = True, backend: Optional[str] = None,
-                 ici_mesh_shape=None, dcn_mesh_shape=None, logical_axis_rules=None):
+                 ici_mesh_shape=None, dcn_mesh_shape=None, logical_axis_rules=None, *,
+                 use_cpu_pjit: bool = False):
+        # use_cpu_pjit (t5x 2022-08..2023-03) is accepted and ignored: execution is eager.
         if not num_partitions and not model_parallel_submesh:
             raise ValueError('At least one of `num_partitions` or `model_parallel_submesh` must '
                              'be set.')
@@ -443,6 +446,7 @@ class PjitPartitioner:
     # properties
     @property
     def mesh(self) -> Mesh:
+        """The ``('data', 'model')`` mesh (built on first use)."""
         if self._mesh is None:
             self._mesh = default_mesh(self._num_partitions, self._model_parallel_submesh,
                                       self._backend, self._ici_mesh_shape, self._dcn_mesh_shape)
@@ -450,10 +454,12 @@ class PjitPartitioner:
 
     @property
     def logical_axis_rules(self) -> tuple:
+        """The logical axis rules, as a tuple of pairs."""
         return self._logical_axis_rules
 
     @property
     def params_on_devices(self) -> bool:
+        """A flag kept for t5x compatibility."""
         return self._params_on_devices
 
     @params_on_devices.setter

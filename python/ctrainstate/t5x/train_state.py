@@ -105,14 +105,17 @@ class FlaxOptimTrainState(PyTreeNode):
 
     @property
     def step(self):
+        """The optimizer step (a replicated int32 scalar)."""
         return self._optimizer.state.step
 
     @property
     def params(self):
+        """The model parameters (the optimizer target)."""
         return self._optimizer.target
 
     @property
     def param_states(self):
+        """The optimizer's per-param (or optax) state."""
         return self._optimizer.state.param_states
 
     def apply_gradient(self, grads, learning_rate, flax_mutables=EMPTY_DICT):
@@ -134,12 +137,15 @@ class FlaxOptimTrainState(PyTreeNode):
                             flax_mutables=dict(state_dict.get('flax_mutables', {})))
 
     def replace_params(self, params) -> 'FlaxOptimTrainState':
+        """The state with other params (optimizer state unchanged)."""
         return self.replace(_optimizer=self._optimizer.replace(target=params))
 
     def replace_flax_mutables(self, flax_mutables) -> 'FlaxOptimTrainState':
+        """The state with other flax mutables."""
         return self.replace(flax_mutables=flax_mutables)
 
     def replace_step(self, step) -> 'FlaxOptimTrainState':
+        """The state with another step (through state_dict/restore_state)."""
         sd = self.state_dict()
         sd['state']['step'] = step
         return self.restore_state(sd)
@@ -172,6 +178,7 @@ class InferenceState(PyTreeNode):
 
     @classmethod
     def create(cls, model_variables) -> 'InferenceState':
+        """An inference state from ``model.init`` variables (same splitting and axis checks)."""
         params, params_axes, flax_mutables, flax_mutables_axes = _split(model_variables)
         return cls(step=device_put(np.asarray(0, np.int32)), params=_place(params),
                    params_axes=params_axes, flax_mutables=flax_mutables or {},
@@ -179,32 +186,40 @@ class InferenceState(PyTreeNode):
 
     @property
     def param_states(self):
+        """Not available: an InferenceState has no optimizer."""
         raise NotImplementedError('InferenceState has no optimizer states.')
 
     def apply_gradient(self, *args, **kwargs):
+        """Not available: an InferenceState has no optimizer."""
         raise NotImplementedError('InferenceState does not support apply_gradient.')
 
     def state_dict(self) -> dict:
+        """``{'target', 'state': {'step'}}`` plus ``'flax_mutables'`` if any."""
         sd = {'target': to_state_dict(self.params), 'state': {'step': self.step}}
         if self.flax_mutables:
             sd['flax_mutables'] = to_state_dict(self.flax_mutables)
         return sd
 
     def restore_state(self, state_dict) -> 'InferenceState':
+        """The state with the params, step and mutables of ``state_dict``."""
         return self.replace(params=from_state_dict(self.params, state_dict['target'], 'target'),
                             step=state_dict['state']['step'],
                             flax_mutables=dict(state_dict.get('flax_mutables', {})))
 
     def replace_params(self, params) -> 'InferenceState':
+        """The state with other params."""
         return self.replace(params=params)
 
     def replace_flax_mutables(self, flax_mutables) -> 'InferenceState':
+        """The state with other flax mutables."""
         return self.replace(flax_mutables=flax_mutables)
 
     def replace_step(self, step) -> 'InferenceState':
+        """The state with another step."""
         return self.replace(step=step)
 
     def as_logical_axes(self) -> 'InferenceState':
+        """This state with logical ``PartitionSpec`` leaves (the step None)."""
         mutables_axes = self.flax_mutables_axes or None
         return InferenceState(
             step=None, params=_axis_names_or_none(self.params, self.params_axes),

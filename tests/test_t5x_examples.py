@@ -69,3 +69,14 @@ def test_bloom_logical_specs(rules):  # reference "BLOOM logical specs (derived)
     assert s["word_embeddings"]["embedding"] == P("model", d)
     assert s["ln_f"]["scale"] == P("model")
     assert s["lm_head"]["kernel"] == P(d, "model")
+
+
+@pytest.mark.gpu
+def test_examples_run_on_gpu():
+    """On a GPU machine the default backend is the GPU: the same commands train there."""
+    out = run(["examples/t5x_partitioner.py", "--steps", "6", "--layers", "1"])
+    assert " on gpu;" in out
+    out = run(["examples/hf_model_parallel.py", "--steps", "4", "--layers", "1"])
+    assert "eval loss" in out
+    out = run(["examples/bloom_sharding.py"])
+    assert "values exact: True" in out

@@ -26,11 +26,10 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from .._abstract import ShapeDtypeStruct, is_abstract
-from ..array import Array, device_put
+from ..array import device_put
 from ..optim.base import full_like
 from ..sharding import NamedSharding, PartitionSpec
 from ..train_state import PyTreeNode
-from ..tree_util import tree_map
 from .optimizers import OptimizerDef, OptimizerState, Optimizer, _next_step, scalar
 from .serialization import flatten_dict, unflatten_dict
 

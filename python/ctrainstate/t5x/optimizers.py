@@ -21,8 +21,7 @@ params and state (what t5x's ``donate_argnums=(0,)`` train step does).
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""docs/porting.md: every ctrainstate recipe runs; Flax/t5x originals differ only in imports;
+"""README.md, "Porting from Flax, t5x and HuggingFace": every ctrainstate recipe runs; Flax/t5x originals differ only in imports;
 with jax+flax installed, the Flax originals give the same parameters."""
 import os
 import re
@@ -9,8 +9,7 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import P
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                   "porting.md")
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
 def snippets():
@@ -54,7 +53,7 @@ def run_ct(*names):
     ns = module_ns("porting_snippet_ct")
     s = snippets()
     for n in names:
-        exec(compile(s[n], f"porting.md:{n}", "exec"), ns)
+        exec(compile(s[n], f"README.md:{n}", "exec"), ns)
     return ns
 
 
@@ -111,8 +110,8 @@ def test_flax_originals_give_the_same_params():
     s = snippets()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        exec(compile(s["colab/flax"], "porting.md:colab/flax", "exec"), ns)
-        exec(compile(s["pjit/flax"], "porting.md:pjit/flax", "exec"), ns)
+        exec(compile(s["colab/flax"], "README.md:colab/flax", "exec"), ns)
+        exec(compile(s["pjit/flax"], "README.md:pjit/flax", "exec"), ns)
     ct = run_ct("colab/ctrainstate", "pjit/ctrainstate")
     for k in ("w1", "w2"):
         np.testing.assert_array_equal(np.asarray(ns["state"].params[k]),

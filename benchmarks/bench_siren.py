@@ -2,6 +2,7 @@
 against the same model in Flax on jax-cpu (jit), in the same process.
 
     python benchmarks/bench_siren.py [--size 64] [--hidden 256] [--steps 20]
+    python benchmarks/bench_siren.py --gpu     # GPU devices vs Flax on jax-gpu
 
 Prints a table with ms/step and the ratio to Flax (>1 means ctrainstate is slower).
 """
@@ -12,8 +13,11 @@ import statistics
 import sys
 import time
 
+GPU = "--gpu" in sys.argv
 os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", "8")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+if not GPU:
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -29,7 +33,9 @@ import siren  # noqa: E402
 
 
 def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps):
-    devs = cts.devices("cpu")[: math.prod(mesh_shape)]
+    devs = cts.devices("gpu" if GPU else "cpu")[: math.prod(mesh_shape)]
+    if len(devs) < math.prod(mesh_shape):
+        raise RuntimeError(f"needs {math.prod(mesh_shape)} devices (CTRAINSTATE_GPU_SPLIT)")
     mesh = cts.Mesh(np.array(devs, dtype=object).reshape(mesh_shape), ("data", "model"))
     model = siren.Siren(hidden=hidden, layers=layers, out_features=target.shape[1])
     with mesh, nn_partitioning.axis_rules(siren.RULES):
@@ -108,6 +114,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--gpu", action="store_true", help="GPU devices, and Flax on jax-gpu")
     a = ap.parse_args()
     img = siren.test_image(a.size)
     h, w, c = img.shape
@@ -116,13 +123,19 @@ def main():
     target = (img.reshape(-1, c) * 2 - 1).astype(np.float32)
     print(f"SIREN {a.layers}x{a.hidden}, {h}x{w} image ({coords.shape[0]} pixels), "
           f"median of {a.steps} steps, load average {os.getloadavg()[0]:.2f}")
-    rows = [("ctrainstate, 1 CPU device", time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps)),
-            ("ctrainstate, 2x4 mesh (8 CPU devices)", time_ctrainstate((2, 4), coords, target, a.hidden, a.layers, a.steps))]
+    kind = "GPU" if GPU else "CPU"
+    rows = [(f"ctrainstate, 1 {kind} device", time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps))]
     try:
-        rows.append(("flax on jax-cpu (jit)", time_flax(coords, target, a.hidden, a.layers, a.steps)))
+        rows.append((f"ctrainstate, 2x4 mesh (8 {kind} devices)",
+                     time_ctrainstate((2, 4), coords, target, a.hidden, a.layers, a.steps)))
+    except RuntimeError as e:
+        print(f"2x4 mesh skipped: {e}")
+    try:
+        rows.append((f"flax on jax-{kind.lower()} (jit)", time_flax(coords, target, a.hidden, a.layers, a.steps)))
+        ref = rows[-1][1][0]
     except ImportError as e:
         print(f"flax/jax/optax not installed ({e}): peer skipped")
-    ref = rows[-1][1][0] if len(rows) == 3 else None
+        ref = None
     print(f"{'implementation':40s} {'ms/step':>9s} {'vs flax':>8s}")
     for name, (ms, _) in rows:
         ratio = f"{ms / ref:7.2f}x" if ref else "   n/a"

@@ -9,10 +9,17 @@
  *
  * Exactness depends on the order and fusion of every float operation, so this
  * file is compiled with floating-point contraction off (the pragma below) and
- * spells each fused multiply-add as fmaf(); no -ffast-math.
+ * spells each fused multiply-add as fmaf(); no -ffast-math. The fast path
+ * evaluates the very same operation sequence as the scalar reference, only
+ * written branch-free (selects, no calls) so that gcc vectorises it; the
+ * tests compare the two exhaustively over every possible input of each
+ * transform.
  */
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("fp-contract=off", "no-math-errno")
+/* no-trapping-math lets the if-converter evaluate both arms of a select
+ * (a vector blend); it changes no value, only which FP exception flags may be
+ * raised, and nothing here reads them. */
+#pragma GCC optimize("fp-contract=off", "no-math-errno", "no-trapping-math")
 #endif
 
 #include "ct_random.h"
@@ -280,7 +287,8 @@ CT_INLINE float uniform_of(const consts *c, ct_dtype dt, uint32_t b) {
     return u > c->minval ? u : c->minval;
 }
 
-CT_INLINE float sample_of(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
+/* The sample before the optional scale (the scalar definition). */
+CT_INLINE float sample_unscaled(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
     float u = uniform_of(c, dt, b), v;
     if (dist == CT_DIST_UNIFORM) {
         v = u;
@@ -291,28 +299,150 @@ CT_INLINE float sample_of(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b
             v = v < c->clip_hi ? v : c->clip_hi;
         }
     }
+    return v;
+}
+
+CT_INLINE float sample_of(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
+    float v = sample_unscaled(c, dist, dt, b);
     if (c->has_scale) v = rnd(dt, v * c->scale);
     return v;
 }
 
-/* One transform loop per (dist, dtype): the constant arguments let the
- * compiler drop the dtype/dist switches and vectorise the body. */
-CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt, const uint32_t *b,
-                              size_t m, void *out) {
-    if (dist == CT_DIST_BERNOULLI) {
-        uint8_t *o = out;
-        for (size_t j = 0; j < m; j++) o[j] = uniform_of(c, dt, b[j]) < c->p;
+/* --- vectorised tile transforms ---------------------------------------------
+ * A tile of random bits becomes a tile of samples in a few flat loops with no
+ * calls and no branches (selects only), which gcc vectorises in every
+ * CT_MULTIVERSION clone. Each element goes through exactly the operations of
+ * the scalar definition above; only their spelling differs:
+ *   - float16 / bfloat16 conversions compute every case and select;
+ *   - erf_inv takes its central branch (w < 5) for every lane, and the rare
+ *     lanes with w >= 5 or NaN (|u| > ~0.9966, about 1 in 300, and |u| == 1)
+ *     are recomputed afterwards with the scalar definition. This keeps the
+ *     sqrt, its errno call and nine blends out of the vector loop. */
+
+/* float -> float16 bits, as f32_to_f16 (round to nearest even). */
+CT_INLINE uint32_t v_f32_to_f16(float f) {
+    uint32_t x = f2u(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    x &= 0x7fffffffu;
+    uint32_t o_big = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    uint32_t o_sub = f2u(u2f(x) + 0.5f) - 0x3f000000u;
+    uint32_t o_nrm = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;
+    uint32_t o = x >= 0x47800000u ? o_big : x < 0x38800000u ? o_sub : o_nrm;
+    return (o | sign) & 0xffffu;
+}
+
+/* float16 bits -> float, as f16_to_f32. */
+CT_INLINE float v_f16_to_f32(uint32_t h) {
+    uint32_t o = (h & 0x7fffu) << 13;
+    uint32_t exp = o & 0x0f800000u;
+    o += (uint32_t)(127 - 15) << 23;
+    uint32_t o_inf = o + ((uint32_t)(128 - 16) << 23);
+    uint32_t o_sub = f2u(u2f(o + (1u << 23)) - u2f(113u << 23));
+    o = exp == 0x0f800000u ? o_inf : exp == 0 ? o_sub : o;
+    return u2f(o | ((h & 0x8000u) << 16));
+}
+
+/* float -> bfloat16 bits, as ct_f32_to_bf16. */
+CT_INLINE uint32_t v_f32_to_bf16(float f) {
+    uint32_t u = f2u(f);
+    uint32_t nan = (u >> 16) | 0x40u;
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return ((u & 0x7fffffffu) > 0x7f800000u ? nan : r) & 0xffffu;
+}
+
+CT_INLINE float v_rnd(ct_dtype dt, float x) {
+    if (dt == CT_F16) return v_f16_to_f32(v_f32_to_f16(x));
+    if (dt == CT_BF16) return u2f(v_f32_to_bf16(x) << 16);
+    return x;
+}
+
+/* uniform_of: unit() then the affine map, in the dtype. The unit value's
+ * 16-bit pattern is a normal number in [1, 2), so its widening is exact bit
+ * placement. */
+CT_INLINE float v_uniform(ct_dtype dt, float mn, float rg, uint32_t b) {
+    float f, u;
+    if (dt == CT_F32) {
+        f = u2f((b >> 9) | 0x3f800000u) - 1.0f;
+        u = fmaf(f, rg, mn);
+    } else {
+        if (dt == CT_F16) f = u2f(((b & 0xffc0u) << 7) | 0x3f800000u) - 1.0f;
+        else f = u2f(((b & 0xfeu) << 15) | 0x3f800000u) - 1.0f;
+        u = v_rnd(dt, v_rnd(dt, f * rg) + mn);
+    }
+    return u > mn ? u : mn;
+}
+
+/* xla_erfinv's w < 5 branch; *w_out = w tells the caller whether it applied. */
+CT_INLINE float erfinv_central(float x, float *w_out) {
+    float w = -xla_log1p(x * -x);
+    float v = w - 2.5f;
+    float p = 2.81022636e-08f;
+    p = fmaf(p, v, 3.43273939e-07f);
+    p = fmaf(p, v, -3.5233877e-06f);
+    p = fmaf(p, v, -4.39150654e-06f);
+    p = fmaf(p, v, 0.00021858087f);
+    p = fmaf(p, v, -0.00125372503f);
+    p = fmaf(p, v, -0.00417768164f);
+    p = fmaf(p, v, 0.246640727f);
+    p = fmaf(p, v, 1.50140941f);
+    *w_out = w;
+    return p * x;
+}
+
+/* Samples (before scale, as float32 values of the dtype) of a tile. */
+CT_INLINE void tile_samples(const consts *c, ct_dist dist, ct_dtype dt,
+                            const uint32_t *restrict b, size_t m, float *restrict v,
+                            float *restrict w) {
+    const float mn = c->minval, rg = c->range, s2 = c->sqrt2;
+    const float clo = c->clip_lo, chi = c->clip_hi;
+    if (dist == CT_DIST_UNIFORM) {
+        for (size_t j = 0; j < m; j++) v[j] = v_uniform(dt, mn, rg, b[j]);
         return;
     }
-    if (dt == CT_F32) {
-        float *o = out;
-        for (size_t j = 0; j < m; j++) o[j] = sample_of(c, dist, dt, b[j]);
-    } else {
-        uint16_t *o = out;
-        for (size_t j = 0; j < m; j++) {
-            float v = sample_of(c, dist, dt, b[j]);
-            o[j] = dt == CT_F16 ? f32_to_f16(v) : ct_f32_to_bf16(v);
+    for (size_t j = 0; j < m; j++) {
+        float u = v_uniform(dt, mn, rg, b[j]);
+        float x = v_rnd(dt, s2 * v_rnd(dt, erfinv_central(u, &w[j])));
+        if (dist == CT_DIST_TRUNCATED_NORMAL) {
+            x = x > clo ? x : clo;
+            x = x < chi ? x : chi;
         }
+        v[j] = x;
+    }
+    /* The lanes erfinv_central did not cover, found 64 at a time. */
+    for (size_t g = 0; g < m; g += 64) {
+        size_t e = m - g < 64 ? m : g + 64;
+        int any = 0;
+        for (size_t j = g; j < e; j++) any |= !(w[j] < 5.0f);
+        if (!any) continue;
+        for (size_t j = g; j < e; j++)
+            if (!(w[j] < 5.0f)) v[j] = sample_unscaled(c, dist, dt, b[j]);
+    }
+}
+
+#define CT_TILE 1024
+
+/* One tile: bits b[0..m) -> samples in `out` (m elements of the output). */
+CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt,
+                              const uint32_t *restrict b, size_t m, void *restrict out) {
+    float tmp[CT_TILE], w[CT_TILE];
+    if (dist == CT_DIST_BERNOULLI) {
+        uint8_t *restrict o = out;
+        const float mn = c->minval, rg = c->range, p = c->p;
+        for (size_t j = 0; j < m; j++) o[j] = v_uniform(dt, mn, rg, b[j]) < p;
+        return;
+    }
+    float *restrict v = dt == CT_F32 ? (float *)out : tmp;
+    tile_samples(c, dist, dt, b, m, v, w);
+    if (c->has_scale) {
+        const float sc = c->scale;
+        for (size_t j = 0; j < m; j++) v[j] = v_rnd(dt, v[j] * sc);
+    }
+    if (dt == CT_F16) {
+        uint16_t *restrict o = out;
+        for (size_t j = 0; j < m; j++) o[j] = (uint16_t)v_f32_to_f16(v[j]);
+    } else if (dt == CT_BF16) {
+        uint16_t *restrict o = out;
+        for (size_t j = 0; j < m; j++) o[j] = (uint16_t)v_f32_to_bf16(v[j]);
     }
 }
 
@@ -323,6 +453,7 @@ CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt, const 
     default: transform_tile(c, DIST, CT_BF16, b, m, out); break;              \
     }
 
+/* One specialised loop nest per (dist, dtype); m <= CT_TILE. */
 CT_MULTIVERSION
 static void transform(const consts *c, const uint32_t *b, size_t m, void *out) {
     switch (c->dist) {
@@ -334,8 +465,6 @@ static void transform(const consts *c, const uint32_t *b, size_t m, void *out) {
 }
 
 /* --- block fill ------------------------------------------------------------ */
-
-#define CT_TILE 512
 
 typedef struct {
     const uint32_t *key;

@@ -2,7 +2,11 @@
  * ct_simd.h — function multiversioning for vectorised CPU kernels.
  *
  * CT_MULTIVERSION before a function definition makes GCC compile it for
- * AVX-512, AVX2+FMA and the baseline ISA and pick one at load time (ifunc).
+ * x86-64-v4 (AVX-512 F/BW/DQ/VL), x86-64-v3 (AVX2, FMA, BMI2) and the
+ * baseline ISA and pick one at load time (ifunc) by CPU *features*.
+ * (Not "arch=skylake-avx512"/"arch=haswell": GCC resolves those with
+ * __builtin_cpu_is, an exact CPU-model match, so every AMD CPU and every
+ * newer Intel one silently got the baseline clone, with fmaf() as a libm call.)
  * Kernels marked with it must give bit-identical results on every clone:
  * they use integer arithmetic, correctly rounded IEEE operations and explicit
  * fmaf() only (the core is compiled with fp-contract off; fmaf is exact on
@@ -15,7 +19,7 @@
 #if !defined(CT_NO_MULTIVERSION) && defined(__GNUC__) && !defined(__clang__) && \
     defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
 #define CT_MULTIVERSION \
-    __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CT_MULTIVERSION
 #endif

@@ -135,9 +135,8 @@ CT_INLINE float xla_log(float x) {
     return (x < 0.0f || x != x) ? NAN : r;
 }
 
-CT_INLINE float xla_log1p(float x) {
-    /* Cephes rational approximation for |x| < sqrt(2) - 1, log(1 + x) beyond. */
-    float large = xla_log(x + 1.0f);
+/* log1p's Cephes rational approximation, used for |x| < sqrt(2) - 1. */
+CT_INLINE float log1p_small(float x) {
     float x2 = x * x;
     float num = 4.5270000862445199635E-5f;
     num = fmaf(num, x, 4.9854102823193375972E-1f);
@@ -153,8 +152,16 @@ CT_INLINE float xla_log1p(float x) {
     den = fmaf(den, x, 3.0909872225312059774E2f);
     den = fmaf(den, x, 2.1642788614495947685E2f);
     den = fmaf(den, x, 6.0118660497603843919E1f);
-    float small = x + fmaf(-0.5f, x2, (x * x2) * (num / den));
-    return fabsf(x) < 0.41421356237309504880f ? small : large;
+    return x + fmaf(-0.5f, x2, (x * x2) * (num / den));
+}
+
+#define CT_LOG1P_SMALL 0.41421356237309504880f
+
+CT_INLINE float xla_log1p(float x) {
+    /* Cephes rational approximation for |x| < sqrt(2) - 1, log(1 + x) beyond. */
+    float large = xla_log(x + 1.0f);
+    float small = log1p_small(x);
+    return fabsf(x) < CT_LOG1P_SMALL ? small : large;
 }
 
 CT_INLINE float xla_erfinv(float x) {
@@ -372,9 +379,8 @@ CT_INLINE float v_uniform(ct_dtype dt, float mn, float rg, uint32_t b) {
     return u > mn ? u : mn;
 }
 
-/* xla_erfinv's w < 5 branch; *w_out = w tells the caller whether it applied. */
-CT_INLINE float erfinv_central(float x, float *w_out) {
-    float w = -xla_log1p(x * -x);
+/* xla_erfinv's w < 5 branch for x, given w = -xla_log1p(x * -x). */
+CT_INLINE float erfinv_central(float x, float w) {
     float v = w - 2.5f;
     float p = 2.81022636e-08f;
     p = fmaf(p, v, 3.43273939e-07f);
@@ -385,23 +391,34 @@ CT_INLINE float erfinv_central(float x, float *w_out) {
     p = fmaf(p, v, -0.00417768164f);
     p = fmaf(p, v, 0.246640727f);
     p = fmaf(p, v, 1.50140941f);
-    *w_out = w;
     return p * x;
 }
 
-/* Samples (before scale, as float32 values of the dtype) of a tile. */
+/* Samples (before scale, as float32 values of the dtype) of a tile of m <=
+ * CT_TILE elements. The normal transform is a chain of ~100 dependent
+ * operations per element; as one loop, each vector's chain overflows the
+ * out-of-order scheduler and the loop runs at its latency. Split in four
+ * loops over L1-resident arrays, several iterations' chains overlap. */
 CT_INLINE void tile_samples(const consts *c, ct_dist dist, ct_dtype dt,
                             const uint32_t *restrict b, size_t m, float *restrict v,
-                            float *restrict w) {
+                            float *restrict t, float *restrict lg, float *restrict w) {
     const float mn = c->minval, rg = c->range, s2 = c->sqrt2;
     const float clo = c->clip_lo, chi = c->clip_hi;
     if (dist == CT_DIST_UNIFORM) {
         for (size_t j = 0; j < m; j++) v[j] = v_uniform(dt, mn, rg, b[j]);
         return;
     }
+    /* u, then w = -log1p(u * -u) as xla_log1p computes it. */
     for (size_t j = 0; j < m; j++) {
         float u = v_uniform(dt, mn, rg, b[j]);
-        float x = v_rnd(dt, s2 * v_rnd(dt, erfinv_central(u, &w[j])));
+        v[j] = u;
+        t[j] = u * -u;
+    }
+    for (size_t j = 0; j < m; j++) lg[j] = xla_log(t[j] + 1.0f);
+    for (size_t j = 0; j < m; j++)
+        w[j] = -(fabsf(t[j]) < CT_LOG1P_SMALL ? log1p_small(t[j]) : lg[j]);
+    for (size_t j = 0; j < m; j++) {
+        float x = v_rnd(dt, s2 * v_rnd(dt, erfinv_central(v[j], w[j])));
         if (dist == CT_DIST_TRUNCATED_NORMAL) {
             x = x > clo ? x : clo;
             x = x < chi ? x : chi;
@@ -424,7 +441,7 @@ CT_INLINE void tile_samples(const consts *c, ct_dist dist, ct_dtype dt,
 /* One tile: bits b[0..m) -> samples in `out` (m elements of the output). */
 CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt,
                               const uint32_t *restrict b, size_t m, void *restrict out) {
-    float tmp[CT_TILE], w[CT_TILE];
+    float tmp[CT_TILE], t[CT_TILE], lg[CT_TILE], w[CT_TILE];
     if (dist == CT_DIST_BERNOULLI) {
         uint8_t *restrict o = out;
         const float mn = c->minval, rg = c->range, p = c->p;
@@ -432,7 +449,7 @@ CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt,
         return;
     }
     float *restrict v = dt == CT_F32 ? (float *)out : tmp;
-    tile_samples(c, dist, dt, b, m, v, w);
+    tile_samples(c, dist, dt, b, m, v, t, lg, w);
     if (c->has_scale) {
         const float sc = c->scale;
         for (size_t j = 0; j < m; j++) v[j] = v_rnd(dt, v[j] * sc);
@@ -509,6 +526,11 @@ ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int n
 
 /* --- scalar reference ------------------------------------------------------ */
 
+static void ref_element(const consts *c, uint32_t b, void *out, uint64_t e) {
+    if (c->dist == CT_DIST_BERNOULLI) ((uint8_t *)out)[e] = uniform_of(c, c->dt, b) < c->p;
+    else store(c->dt, out, e, sample_of(c, c->dist, c->dt, b));
+}
+
 ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, int ndim,
                                    const int64_t *global_shape, const int64_t *start,
                                    const int64_t *block_shape, void *out) {
@@ -523,15 +545,27 @@ ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, i
             g = g * (uint64_t)global_shape[d] + (uint64_t)(start[d] + idx[d]);
         uint32_t x[2] = { (uint32_t)(g >> 32), (uint32_t)g };
         ct_threefry2x32(key, x);
-        uint32_t b = x[0] ^ x[1];
-        if (s->dist == CT_DIST_BERNOULLI) {
-            ((uint8_t *)out)[e] = uniform_of(&c, c.dt, b) < c.p;
-        } else {
-            store(c.dt, out, e, sample_of(&c, c.dist, c.dt, b));
-        }
+        ref_element(&c, x[0] ^ x[1], out, e);
         for (int d = ndim - 1; d >= 0; d--) {
             if (++idx[d] < block_shape[d]) break;
             idx[d] = 0;
+        }
+    }
+    return CT_OK;
+}
+
+ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, size_t n,
+                                    void *out, int ref) {
+    CT_TRY(ct_sampler_check(s));
+    if (n && (!words || !out)) return ct_set_error(CT_EINVAL, "random: NULL words or output");
+    const consts c = make_consts(s);
+    const size_t esize = s->dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s->dtype);
+    for (size_t t = 0; t < n; t += CT_TILE) {
+        size_t m = n - t < CT_TILE ? n - t : CT_TILE;
+        if (ref) {
+            for (size_t j = 0; j < m; j++) ref_element(&c, words[t + j], out, t + j);
+        } else {
+            transform(&c, words + t, m, (char *)out + t * esize);
         }
     }
     return CT_OK;

@@ -394,6 +394,33 @@ CT_INLINE float erfinv_central(float x, float w) {
     return p * x;
 }
 
+/* xla_erfinv's w >= 5 (or NaN) branch and its |x| == 1 case, given w. */
+CT_INLINE float erfinv_tail(float x, float w) {
+    float v = sqrtf(w) - 3.0f;
+    float p = -0.000200214257f;
+    p = fmaf(p, v, 0.000100950558f);
+    p = fmaf(p, v, 0.00134934322f);
+    p = fmaf(p, v, -0.00367342844f);
+    p = fmaf(p, v, 0.00573950773f);
+    p = fmaf(p, v, -0.0076224613f);
+    p = fmaf(p, v, 0.00943887047f);
+    p = fmaf(p, v, 1.00167406f);
+    p = fmaf(p, v, 2.83297682f);
+    float r = p * x;
+    return fabsf(x) == 1.0f ? x * INFINITY : r;
+}
+
+/* sample_unscaled for an element whose w = -xla_log1p(u * -u) is >= 5 or NaN. */
+static float tail_sample(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b, float w) {
+    float u = v_uniform(dt, c->minval, c->range, b);
+    float v = v_rnd(dt, c->sqrt2 * v_rnd(dt, erfinv_tail(u, w)));
+    if (dist == CT_DIST_TRUNCATED_NORMAL) {
+        v = v > c->clip_lo ? v : c->clip_lo;
+        v = v < c->clip_hi ? v : c->clip_hi;
+    }
+    return v;
+}
+
 /* Samples (before scale, as float32 values of the dtype) of a tile of m <=
  * CT_TILE elements. The normal transform is a chain of ~100 dependent
  * operations per element; as one loop, each vector's chain overflows the
@@ -425,14 +452,15 @@ CT_INLINE void tile_samples(const consts *c, ct_dist dist, ct_dtype dt,
         }
         v[j] = x;
     }
-    /* The lanes erfinv_central did not cover, found 64 at a time. */
+    /* The lanes erfinv_central did not cover (about 1 in 300), found 64 at a
+     * time; w is already known for them, the rest is short. */
     for (size_t g = 0; g < m; g += 64) {
         size_t e = m - g < 64 ? m : g + 64;
         int any = 0;
         for (size_t j = g; j < e; j++) any |= !(w[j] < 5.0f);
         if (!any) continue;
         for (size_t j = g; j < e; j++)
-            if (!(w[j] < 5.0f)) v[j] = sample_unscaled(c, dist, dt, b[j]);
+            if (!(w[j] < 5.0f)) v[j] = tail_sample(c, dist, dt, b[j], w[j]);
     }
 }
 

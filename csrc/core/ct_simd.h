@@ -12,6 +12,8 @@
  * fmaf() only (the core is compiled with fp-contract off; fmaf is exact on
  * every path, a library call on the baseline).
  * Define CT_NO_MULTIVERSION to compile a single baseline version.
+ * CT_CLONE_IS_V4() tells a multiversioned kernel, at run time, whether it is
+ * the x86-64-v4 clone (to pick a tuning such as a lane count; never results).
  */
 #ifndef CT_SIMD_H
 #define CT_SIMD_H
@@ -20,8 +22,15 @@
     defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
 #define CT_MULTIVERSION \
     __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+/* True inside the clone the resolver picks for x86-64-v4 (the CPU has it). */
+#define CT_CLONE_IS_V4() __builtin_cpu_supports("x86-64-v4")
 #else
 #define CT_MULTIVERSION
+#if defined(__AVX512F__)
+#define CT_CLONE_IS_V4() 1
+#else
+#define CT_CLONE_IS_V4() 0
+#endif
 #endif
 
 #endif /* CT_SIMD_H */

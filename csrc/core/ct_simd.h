@@ -18,8 +18,10 @@
 #ifndef CT_SIMD_H
 #define CT_SIMD_H
 
+/* GCC 12: first with ISA levels in both target_clones and __builtin_cpu_supports. */
 #if !defined(CT_NO_MULTIVERSION) && defined(__GNUC__) && !defined(__clang__) && \
-    defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
+    __GNUC__ >= 12 && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_ADDRESS__)
 #define CT_MULTIVERSION \
     __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 /* True inside the clone the resolver picks for x86-64-v4 (the CPU has it). */

@@ -114,10 +114,12 @@ CT_INLINE float xla_log(float x) {
     uint32_t xi = f2u(xc);
     float e = (float)((int32_t)(xi >> 23) - 126);
     float m = u2f((xi & 0x807fffffu) | 0x3f000000u);        /* in [0.5, 1) */
+    /* Selects spelled as bit operations, values as written in XLA: gcc
+     * would otherwise duplicate the rest of the function per case. */
     int lt = m < 0.707106781186547524f;
-    float tmp = lt ? m : 0.0f;
+    float tmp = u2f(f2u(m) & (0u - (uint32_t)lt)); /* lt ? m : 0.0f */
     m = m - 1.0f;
-    e = e - (lt ? 1.0f : 0.0f);
+    e = e - (float)lt;                             /* lt ? 1.0f : 0.0f */
     m = m + tmp;
     float x2 = m * m, x3 = x2 * m;
     float y = fmaf(p0, m, p1), y1 = fmaf(p3, m, p4), y2 = fmaf(p6, m, p7);

@@ -104,18 +104,65 @@ static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *
     return (float *)b->data;
 }
 
-/* block tuple: (p, g, out, slots, active, leaf, counts) */
+static int parse_dims(PyObject *seq, int64_t *out, int ndim, const char *what) {
+    PyObject *f = PySequence_Fast(seq, "factored geometry: shapes must be sequences");
+    if (f == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(f) != ndim) {
+        PyErr_Format(PyExc_ValueError, "factored geometry: %s has %zd dims, expected %d", what,
+                     PySequence_Fast_GET_SIZE(f), ndim);
+        Py_DECREF(f);
+        return -1;
+    }
+    for (int d = 0; d < ndim; d++) {
+        out[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(f, d));
+        if (out[d] == -1 && PyErr_Occurred()) {
+            Py_DECREF(f);
+            return -1;
+        }
+    }
+    Py_DECREF(f);
+    return 0;
+}
+
+/* geometry tuple: (d0, d1, shape, start, block_shape), or None */
+static int parse_geom(PyObject *t, ct_opt_geom *g) {
+    memset(g, 0, sizeof *g);
+    if (t == Py_None) return 0;
+    int d0, d1;
+    PyObject *shape, *start, *bshape;
+    if (!PyArg_ParseTuple(t, "iiOOO:factored geometry", &d0, &d1, &shape, &start, &bshape))
+        return -1;
+    Py_ssize_t nd = PyObject_Length(shape);
+    if (nd < 0) return -1;
+    if (nd < 2 || nd > CT_OPT_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "factored geometry: rank %zd (2 to %d supported)", nd,
+                     CT_OPT_MAX_DIMS);
+        return -1;
+    }
+    g->ndim = (int)nd;
+    g->d0 = d0;
+    g->d1 = d1;
+    if (parse_dims(shape, g->shape, g->ndim, "shape") < 0 ||
+        parse_dims(start, g->start, g->ndim, "start") < 0 ||
+        parse_dims(bshape, g->bshape, g->ndim, "block shape") < 0)
+        return -1;
+    return 0;
+}
+
+/* block tuple: (p, g, out, slots, active, leaf, counts[, geom]) */
 static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
-    PyObject *p, *g, *out, *slots;
+    PyObject *p, *g, *out, *slots, *geom = Py_None;
     unsigned long active;
     int leaf, counts;
-    if (!PyArg_ParseTuple(t, "OOOOkip:block", &p, &g, &out, &slots, &active, &leaf, &counts))
+    if (!PyArg_ParseTuple(t, "OOOOkip|O:block", &p, &g, &out, &slots, &active, &leaf, &counts,
+                          &geom))
         return -1;
     memset(b, 0, sizeof *b);
     int64_t n = -1;
     if ((b->g = f32_buffer(g, &n, "grads block", pl)) == NULL) return -1;
     if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl)) == NULL) return -1;
     if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl)) == NULL) return -1;
+    if (parse_geom(geom, &b->geom) < 0) return -1;
     PyObject *sf = PySequence_Fast(slots, "block slots must be a sequence");
     if (sf == NULL) return -1;
     if (PySequence_Fast_GET_SIZE(sf) != nslots) {
@@ -127,10 +174,12 @@ static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
     for (int q = 0; q < nslots; q++) {
         PyObject *s = PySequence_Fast_GET_ITEM(sf, q);
         if (s == Py_None) continue;
-        if ((b->slot[q] = f32_buffer(s, &n, "optimizer state block", pl)) == NULL) {
+        int64_t m = -1; /* sizes are checked by the core (factored statistics differ) */
+        if ((b->slot[q] = f32_buffer(s, &m, "optimizer state block", pl)) == NULL) {
             Py_DECREF(sf);
             return -1;
         }
+        b->slot_n[q] = m;
     }
     Py_DECREF(sf);
     b->n = n;
@@ -240,7 +289,8 @@ static PyMethodDef optim_methods[] = {
     {"optim_step", py_optim_step, METH_VARARGS,
      "optim_step(stages, groups, nleaves, /)\n--\n\n"
      "Run one fused optimizer step (GIL released). stages: [(kind, scalars)]; groups: one list\n"
-     "per device of block tuples (p, g, out, slots, active, leaf, counts). p += u in place when\n"
+     "per device of block tuples (p, g, out, slots, active, leaf, counts[, geom]); geom, for\n"
+     "factored (adafactor) leaves: (d0, d1, shape, start, block_shape). p += u in place when\n"
      "out is None, else u is written to out. State slots are updated in place. Returns the\n"
      "per-stage results (global norm, finite flag)."},
     {"optim_reference", py_optim_reference, METH_VARARGS,

@@ -168,11 +168,25 @@ def test_global_norm_counts_replicas_once():
 
 
 def test_non_fusable_tx_falls_back():
-    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adafactor(1e-2))
+    # a user transform with only init/update (no fuse) makes the chain non-fusable
+    half = optim.GradientTransformation(
+        lambda params: optim.EmptyState(),
+        lambda u, s, p=None: (cts.tree_util.tree_map(lambda x: np.asarray(x) * np.float32(0.5), u), s))
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.chain(half, optim.sgd(1.0)))
     assert not s.tx.fusable
     s2 = s.apply_gradients(grads=_grads())
     np.asarray(s.params["w"])  # not donated on the fallback path
     assert s2.step == 1
+    np.testing.assert_array_equal(np.asarray(s2.params["w"]), np.full((4, 3), 0.5, np.float32))
+
+
+def test_adafactor_is_fused_and_donates():
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adafactor(1e-2))
+    assert s.tx.fusable
+    s2 = s.apply_gradients(grads=_grads())
+    assert s2.step == 1
+    with pytest.raises(cts.DonatedBufferError):
+        np.asarray(s.params["w"])
 
 
 def test_gil_released_during_step():

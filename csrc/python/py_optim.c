@@ -150,7 +150,8 @@ static int parse_geom(PyObject *t, ct_opt_geom *g) {
 }
 
 /* block tuple: (p, g, out, slots, active, leaf, counts[, geom]) */
-static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
+static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int nslots,
+                       pin_list *pl) {
     PyObject *p, *g, *out, *slots, *geom = Py_None;
     unsigned long active;
     int leaf, counts;
@@ -159,6 +160,7 @@ static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
         return -1;
     memset(b, 0, sizeof *b);
     int64_t n = -1;
+    if (g_override != NULL) g = g_override;
     if ((b->g = f32_buffer(g, &n, "grads block", pl)) == NULL) return -1;
     if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl)) == NULL) return -1;
     if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl)) == NULL) return -1;
@@ -196,9 +198,10 @@ static void free_groups(ct_opt_group *gr, Py_ssize_t n) {
 
 static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *stages_obj, *groups_obj;
+    PyObject *stages_obj, *groups_obj, *grads_obj = Py_None;
     int nleaves;
-    if (!PyArg_ParseTuple(args, "OOi:optim_step", &stages_obj, &groups_obj, &nleaves)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOi|O:optim_step", &stages_obj, &groups_obj, &nleaves, &grads_obj))
+        return NULL;
     ct_opt_stage st[CT_OPT_MAX_STAGES];
     int nst = 0;
     if (parse_stages(stages_obj, st, &nst) < 0) return NULL;
@@ -212,28 +215,57 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     Py_ssize_t ng = PySequence_Fast_GET_SIZE(gf);
     ct_opt_group *gr = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof *gr);
     pin_list pl = {0};
-    PyObject *result = NULL;
+    PyObject *result = NULL, *gdf = NULL;
     if (gr == NULL) {
         PyErr_NoMemory();
         goto done;
+    }
+    if (grads_obj != Py_None) {
+        gdf = PySequence_Fast(grads_obj, "grads must be a sequence (one per group)");
+        if (gdf == NULL) goto done;
+        if (PySequence_Fast_GET_SIZE(gdf) != ng) {
+            PyErr_Format(PyExc_ValueError, "grads has %zd groups, expected %zd",
+                         PySequence_Fast_GET_SIZE(gdf), ng);
+            goto done;
+        }
     }
     for (Py_ssize_t i = 0; i < ng; i++) {
         PyObject *bf = PySequence_Fast(PySequence_Fast_GET_ITEM(gf, i), "a group must be a sequence");
         if (bf == NULL) goto done;
         Py_ssize_t nb = PySequence_Fast_GET_SIZE(bf);
+        PyObject *ggf = NULL; /* this group's grads, one per block */
+        if (gdf != NULL) {
+            ggf = PySequence_Fast(PySequence_Fast_GET_ITEM(gdf, i), "grads of a group must be a sequence");
+            if (ggf == NULL) {
+                Py_DECREF(bf);
+                goto done;
+            }
+            if (PySequence_Fast_GET_SIZE(ggf) != nb) {
+                PyErr_Format(PyExc_ValueError, "grads of group %zd has %zd blocks, expected %zd", i,
+                             PySequence_Fast_GET_SIZE(ggf), nb);
+                Py_DECREF(ggf);
+                Py_DECREF(bf);
+                goto done;
+            }
+        }
         gr[i].blocks = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(ct_opt_block));
         gr[i].nblocks = (int)nb;
         if (gr[i].blocks == NULL) {
+            Py_XDECREF(ggf);
             Py_DECREF(bf);
             PyErr_NoMemory();
             goto done;
         }
         for (Py_ssize_t j = 0; j < nb; j++) {
-            if (parse_block(PySequence_Fast_GET_ITEM(bf, j), &gr[i].blocks[j], nslots, &pl) < 0) {
+            if (parse_block(PySequence_Fast_GET_ITEM(bf, j),
+                            ggf != NULL ? PySequence_Fast_GET_ITEM(ggf, j) : NULL,
+                            &gr[i].blocks[j], nslots, &pl) < 0) {
+                Py_XDECREF(ggf);
                 Py_DECREF(bf);
                 goto done;
             }
         }
+        Py_XDECREF(ggf);
         Py_DECREF(bf);
     }
     Py_BEGIN_ALLOW_THREADS
@@ -256,6 +288,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
 done:
     unpin_all(&pl);
     if (gr != NULL) free_groups(gr, ng);
+    Py_XDECREF(gdf);
     Py_DECREF(gf);
     return result;
 }
@@ -273,7 +306,7 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
     for (int k = 0; k < nst; k++) nslots += ct_opt_kind_nslots(st[k].kind);
     pin_list pl = {0};
     ct_opt_block b;
-    if (parse_block(block_obj, &b, nslots, &pl) < 0) {
+    if (parse_block(block_obj, NULL, &b, nslots, &pl) < 0) {
         unpin_all(&pl);
         return NULL;
     }
@@ -287,10 +320,11 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
 
 static PyMethodDef optim_methods[] = {
     {"optim_step", py_optim_step, METH_VARARGS,
-     "optim_step(stages, groups, nleaves, /)\n--\n\n"
+     "optim_step(stages, groups, nleaves, grads=None, /)\n--\n\n"
      "Run one fused optimizer step (GIL released). stages: [(kind, scalars)]; groups: one list\n"
      "per device of block tuples (p, g, out, slots, active, leaf, counts[, geom]); geom, for\n"
-     "factored (adafactor) leaves: (d0, d1, shape, start, block_shape). p += u in place when\n"
+     "factored (adafactor) leaves: (d0, d1, shape, start, block_shape). grads: one list per\n"
+     "group of grads buffers, one per block, replacing the blocks' g (a cached plan). p += u in place when\n"
      "out is None, else u is written to out. State slots are updated in place. Returns the\n"
      "per-stage results (global norm, finite flag)."},
     {"optim_reference", py_optim_reference, METH_VARARGS,

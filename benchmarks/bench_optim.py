@@ -3,12 +3,17 @@
 Cases: one flat leaf of 2^24 fp32 params, and a 148-leaf GPT-2-small-shaped tree
 (124M params). Reports ms/step (median of --reps after a warm-up), GB/s at 28
 bytes/param (read p, g, m, v; write p, m, v), the ratio to the copy bandwidth
-measured in the same run (np.copyto, bytes read + written), and the ratio to a
-vectorised numpy AdamW, optax on jax-cpu (jit, donated buffers) and
-torch.optim.AdamW(foreach=True) when those are installed. Also prints the RSS
-before/after a run of steps (the optimizer must not grow it).
+measured in the same run, and the ratio to a vectorised numpy AdamW, optax on
+jax-cpu (jit, donated buffers) and torch.optim.AdamW(foreach=True) when those
+are installed. Also prints the RSS before/after a run of steps (the optimizer
+must not grow it), and adafactor (defaults) on the tree against optax's.
 
-    python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--scale 1.0]
+Copy bandwidth (bytes read + written, 256 MiB) is measured three ways: np.copyto
+on one thread, numpy copies of two halves on two threads, and ctrainstate's own
+OpenMP block copy (_C.copy_overlap of a (64, n/64) buffer). "x copy bw" is
+against the fastest of them, so it is not flattered by a one-thread peer.
+
+    python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor]
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import argparse
 import os
 import resource
 import sys
+import threading
 import time
 
 import numpy as np
@@ -71,10 +77,28 @@ def make_tree(shapes, rng):
 
 
 def copy_bandwidth(nbytes, reps):
-    src = np.ones(nbytes // 4, np.float32)
+    """GB/s (read + write) of three copies of nbytes: {label: GB/s}."""
+    from ctrainstate import _C
+    from ctrainstate.array import _buffer_view
+    n = nbytes // 4
+    src = np.ones(n, np.float32)
     dst = np.empty_like(src)
-    t = median_time(lambda: np.copyto(dst, src), reps)
-    return 2 * src.nbytes / t / 1e9
+    out = {}
+    out["np.copyto, 1 thread"] = 2 * nbytes / median_time(lambda: np.copyto(dst, src), reps) / 1e9
+    h = n // 2
+
+    def two():
+        t = threading.Thread(target=np.copyto, args=(dst[:h], src[:h]))
+        t.start()
+        np.copyto(dst[h:], src[h:])
+        t.join()
+    out["numpy, 2 threads (halves)"] = 2 * nbytes / median_time(two, reps) / 1e9
+    shape = (64, n // 64)
+    sb, db = _C.Buffer(0, shape, 0), _C.Buffer(0, shape, 0)
+    _buffer_view(sb, shape, np.float32)[...] = 1
+    out["ctrainstate _C copy (OpenMP)"] = 2 * nbytes / median_time(
+        lambda: _C.copy_overlap(db, (0, 0), sb, (0, 0)), reps) / 1e9
+    return out
 
 
 def bench_ctrainstate(params_np, grads_np, reps):
@@ -160,6 +184,38 @@ def bench_torch(params_np, grads_np, reps):
     return median_time(opt.step, reps)
 
 
+def bench_adafactor(params_np, grads_np, reps):
+    """(ctrainstate s/step, optax s/step or None): adafactor(1e-3) defaults, in place/donated."""
+    st = [TrainState.create(apply_fn=None, params=params_np, tx=optim.adafactor(1e-3))]
+    assert st[0].tx.fusable
+    g = cts.device_put(grads_np)
+
+    def step():
+        st[0] = st[0].apply_gradients(grads=g)
+    t_cts = median_time(step, reps)
+    del st
+    try:
+        import jax
+        import jax.numpy as jnp
+        import optax
+    except Exception:
+        return t_cts, None
+    tx = optax.adafactor(1e-3)
+    params = jax.tree.map(jnp.asarray, params_np)
+    grads = jax.tree.map(jnp.asarray, grads_np)
+
+    def _step(p, s, gr):
+        u, s = tx.update(gr, s, p)
+        return optax.apply_updates(p, u), s
+    step_j = jax.jit(_step, donate_argnums=(0, 1))
+    box = [params, tx.init(params)]
+
+    def ostep():
+        box[0], box[1] = step_j(box[0], box[1], grads)
+        jax.block_until_ready(box[0])
+    return t_cts, median_time(ostep, reps)
+
+
 def run_case(name, params_np, grads_np, n, copy_gbs, reps):
     rows = []
     t_cts, (r0, r1) = bench_ctrainstate(params_np, grads_np, reps)
@@ -186,12 +242,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-tree", action="store_true")
+    ap.add_argument("--skip-adafactor", action="store_true")
     args = ap.parse_args()
 
     print(f"ctrainstate AdamW benchmark; OMP threads={os.environ.get('OMP_NUM_THREADS', 'default')}, "
-          f"cpus={os.cpu_count()}, devices={cts.device_count()}")
-    copy_gbs = copy_bandwidth(1 << 28, args.reps)
-    print(f"copy bandwidth (np.copyto 256 MiB, read+write): {copy_gbs:.2f} GB/s")
+          f"cpus={os.cpu_count()}, devices={cts.device_count()}, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    copies = copy_bandwidth(1 << 28, args.reps)
+    for label, gbs in copies.items():
+        print(f"copy bandwidth ({label}, 256 MiB, read+write): {gbs:.2f} GB/s")
+    copy_gbs = max(copies.values())
+    print(f"copy bandwidth used for 'x copy bw': {copy_gbs:.2f} GB/s (the fastest)")
     rng = np.random.default_rng(0)
     n = 1 << 24
     flat_p = {"w": rng.standard_normal(n, dtype=np.float32)}
@@ -206,6 +267,18 @@ def main():
         per_flat = t_flat / n
         per_tree = t_tree / nt
         print(f"\ntree vs flat, time per param: {per_tree / per_flat:.2f}x (goal <= 1.30x)")
+        if not args.skip_adafactor:
+            t_af, t_oaf = bench_adafactor(tp, tg, max(3, args.reps // 2))
+            print(f"\n## adafactor(1e-3) defaults, GPT-2-small tree (fused: 3 read-only passes + "
+                  f"the fused pass, ~24 bytes/param)")
+            print(f"{'implementation':34s} {'ms/step':>9s} {'ctrainstate speedup':>20s}")
+            print(f"{'ctrainstate (fused, in place)':34s} {t_af * 1e3:9.2f} {1.0:19.2f}x")
+            if t_oaf is None:
+                print(f"{'optax on jax-cpu':34s} {'(not installed: skipped)':>30s}")
+            else:
+                print(f"{'optax on jax-cpu (jit, donated)':34s} {t_oaf * 1e3:9.2f} "
+                      f"{t_oaf / t_af:19.2f}x")
+        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,17 @@ static int kind_needs_params(int kind) {
 
 #define CT_INLINE static inline __attribute__((always_inline))
 
+/* Double sums over NL fixed lanes: vectorised with independent accumulators
+ * (the add latency does not bind), in an order that does not depend on the
+ * number of threads. lanes_sum folds them pairwise (and consumes s). */
+#define NL 16
+
+CT_INLINE double lanes_sum(double *s) {
+    for (int w = NL / 2; w >= 1; w /= 2)
+        for (int t = 0; t < w; t++) s[t] += s[t + w];
+    return s[0];
+}
+
 CT_INLINE void st_scale(float *restrict u, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) u[i] = s * u[i];
 }
@@ -262,17 +273,16 @@ CT_INLINE void st_factored(float *restrict u, int64_t off, int64_t n, const fgeo
 }
 
 /* Add (u^2 + eps) of a run of one line to the statistics: nohi (owned by the
- * line) and nolo (this segment's partial). 8 independent lanes keep the
- * double sums vectorisable and their order fixed. */
+ * line) and nolo (this segment's partial). */
 CT_INLINE void stats_run(const float *restrict u, int64_t n, int64_t line, int64_t j,
                          const fgeom *f, float eps, double *restrict nolo,
                          double *restrict nohi) {
     double *restrict lo = nolo + ((line / (f->Slo * f->M)) * f->M + line % f->M) * f->L + j;
     if (f->Q == 1) {
-        double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double s[NL] = {0};
         int64_t k = 0;
-        for (; k + 8 <= n; k += 8)
-            for (int t = 0; t < 8; t++) {
+        for (; k + NL <= n; k += NL)
+            for (int t = 0; t < NL; t++) {
                 float x = u[k + t] * u[k + t] + eps;
                 lo[k + t] += (double)x;
                 s[t] += (double)x;
@@ -280,9 +290,9 @@ CT_INLINE void stats_run(const float *restrict u, int64_t n, int64_t line, int64
         for (; k < n; k++) {
             float x = u[k] * u[k] + eps;
             lo[k] += (double)x;
-            s[0] += (double)x;
+            s[k % NL] += (double)x;
         }
-        nohi[line] += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+        nohi[line] += lanes_sum(s);
     } else {
         double *hi = nohi + line * f->Q;
         int64_t q = j % f->Q;
@@ -375,34 +385,31 @@ CT_OPT_CLONES static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b,
 }
 
 /* A read-only reduction pass on one task: sum u^2, sum p^2 (acc_p), count of
- * non-finite u, for the u entering stage `upto`. p_only: p^2 alone. Eight
- * fixed lanes: vectorisable, and the order does not depend on threads. */
+ * non-finite u, for the u entering stage `upto`. p_only: p^2 alone. */
+CT_INLINE void sumsq_lanes(const float *restrict x, int64_t m, double *restrict s) {
+    int64_t i = 0;
+    for (; i + NL <= m; i += NL)
+        for (int t = 0; t < NL; t++) s[t] += (double)x[i + t] * (double)x[i + t];
+    for (; i < m; i++) s[i % NL] += (double)x[i] * (double)x[i];
+}
+
 CT_OPT_CLONES static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                       int64_t off, int64_t n, int upto, int p_only,
                                       double *acc) {
     float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
-    double su[8] = {0}, sp[8] = {0};
+    double su[NL] = {0}, sp[NL] = {0};
     int64_t bad = 0;
     for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
         if (!p_only) {
             compute_u(c, b, bid, o, m, upto, u, 0);
-            int64_t i = 0;
-            for (; i + 8 <= m; i += 8)
-                for (int t = 0; t < 8; t++) su[t] += (double)u[i + t] * (double)u[i + t];
-            for (; i < m; i++) su[0] += (double)u[i] * (double)u[i];
-            for (i = 0; i < m; i++) bad += !isfinite(u[i]);
+            sumsq_lanes(u, m, su);
+            for (int64_t i = 0; i < m; i++) bad += !isfinite(u[i]);
         }
-        if (c->acc_p && b->p != NULL) {
-            const float *p = b->p + o;
-            int64_t i = 0;
-            for (; i + 8 <= m; i += 8)
-                for (int t = 0; t < 8; t++) sp[t] += (double)p[i + t] * (double)p[i + t];
-            for (; i < m; i++) sp[0] += (double)p[i] * (double)p[i];
-        }
+        if (c->acc_p && b->p != NULL) sumsq_lanes(b->p + o, m, sp);
     }
-    acc[0] = ((su[0] + su[1]) + (su[2] + su[3])) + ((su[4] + su[5]) + (su[6] + su[7]));
-    acc[1] = ((sp[0] + sp[1]) + (sp[2] + sp[3])) + ((sp[4] + sp[5]) + (sp[6] + sp[7]));
+    acc[0] = lanes_sum(su);
+    acc[1] = lanes_sum(sp);
     acc[2] = (double)bad;
 }
 

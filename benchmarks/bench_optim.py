@@ -187,7 +187,6 @@ def bench_torch(params_np, grads_np, reps):
 def bench_adafactor(params_np, grads_np, reps):
     """(ctrainstate s/step, optax s/step or None): adafactor(1e-3) defaults, in place/donated."""
     st = [TrainState.create(apply_fn=None, params=params_np, tx=optim.adafactor(1e-3))]
-    assert st[0].tx.fusable
     g = cts.device_put(grads_np)
 
     def step():
@@ -269,10 +268,12 @@ def main():
         print(f"\ntree vs flat, time per param: {per_tree / per_flat:.2f}x (goal <= 1.30x)")
         if not args.skip_adafactor:
             t_af, t_oaf = bench_adafactor(tp, tg, max(3, args.reps // 2))
-            print(f"\n## adafactor(1e-3) defaults, GPT-2-small tree (fused: 3 read-only passes + "
-                  f"the fused pass, ~24 bytes/param)")
+            fused = optim.adafactor(1e-3).fusable
+            print("\n## adafactor(1e-3) defaults, GPT-2-small tree" + (
+                " (fused: 3 read-only passes + the fused pass, ~24 bytes/param)" if fused else ""))
             print(f"{'implementation':34s} {'ms/step':>9s} {'ctrainstate speedup':>20s}")
-            print(f"{'ctrainstate (fused, in place)':34s} {t_af * 1e3:9.2f} {1.0:19.2f}x")
+            label = "ctrainstate (fused, in place)" if fused else "ctrainstate (not fused: host)"
+            print(f"{label:34s} {t_af * 1e3:9.2f} {1.0:19.2f}x")
             if t_oaf is None:
                 print(f"{'optax on jax-cpu':34s} {'(not installed: skipped)':>30s}")
             else:

@@ -12,6 +12,8 @@ Copy bandwidth (bytes read + written, 256 MiB) is measured three ways: np.copyto
 on one thread, numpy copies of two halves on two threads, and ctrainstate's own
 OpenMP block copy (_C.copy_overlap of a (64, n/64) buffer). "x copy bw" is
 against the fastest of them, so it is not flattered by a one-thread peer.
+Every implementation and copy runs once per rep, round-robin, so that on a
+shared machine they all see the same load; medians are reported.
 
     python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor]
 """
@@ -34,17 +36,6 @@ from ctrainstate.train_state import TrainState  # noqa: E402
 
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 BYTES_PER_PARAM = 28
-
-
-def median_time(fn, reps, warmup=2):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
 
 
 def rss_mb():
@@ -76,15 +67,13 @@ def make_tree(shapes, rng):
         is_leaf=lambda x: isinstance(x, tuple))
 
 
-def copy_bandwidth(nbytes, reps):
-    """GB/s (read + write) of three copies of nbytes: {label: GB/s}."""
+def copy_steps(nbytes):
+    """Three copies of nbytes (label -> step); GB/s = 2 * nbytes / time (read + write)."""
     from ctrainstate import _C
     from ctrainstate.array import _buffer_view
     n = nbytes // 4
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
-    out = {}
-    out["np.copyto, 1 thread"] = 2 * nbytes / median_time(lambda: np.copyto(dst, src), reps) / 1e9
     h = n // 2
 
     def two():
@@ -92,31 +81,40 @@ def copy_bandwidth(nbytes, reps):
         t.start()
         np.copyto(dst[h:], src[h:])
         t.join()
-    out["numpy, 2 threads (halves)"] = 2 * nbytes / median_time(two, reps) / 1e9
     shape = (64, n // 64)
     sb, db = _C.Buffer(0, shape, 0), _C.Buffer(0, shape, 0)
     _buffer_view(sb, shape, np.float32)[...] = 1
-    out["ctrainstate _C copy (OpenMP)"] = 2 * nbytes / median_time(
-        lambda: _C.copy_overlap(db, (0, 0), sb, (0, 0)), reps) / 1e9
-    return out
+    return {"copy: np.copyto, 1 thread": lambda: np.copyto(dst, src),
+            "copy: numpy, 2 threads (halves)": two,
+            "copy: ctrainstate _C (OpenMP)": lambda: _C.copy_overlap(db, (0, 0), sb, (0, 0))}
 
 
-def bench_ctrainstate(params_np, grads_np, reps):
+def interleaved(steps, reps, warmup=2):
+    """Run the steps round-robin (one of each per rep) so that all of them see the same load
+    on a shared machine; label -> median seconds."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    ts = {k: [] for k in steps}
+    for _ in range(reps):
+        for k, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in ts.items()}
+
+
+def make_ctrainstate(params_np, grads_np):
     tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD)
     st = [TrainState.create(apply_fn=None, params=params_np, tx=tx)]
     g = cts.device_put(grads_np)
 
     def step():
         st[0] = st[0].apply_gradients(grads=g)
-    r0 = rss_mb()
-    t = median_time(step, reps)
-    for _ in range(20):
-        step()
-    r1 = rss_mb()
-    return t, (r0, r1)
+    return step
 
 
-def bench_numpy(params_np, grads_np, reps):
+def make_numpy(params_np, grads_np):
     ps = [p.copy() for p in cts.tree_util.tree_leaves(params_np)]
     gs = cts.tree_util.tree_leaves(grads_np)
     ms = [np.zeros_like(p) for p in ps]
@@ -143,10 +141,10 @@ def bench_numpy(params_np, grads_np, reps):
             t += WD * p
             t *= -LR
             p += t
-    return median_time(step, reps)
+    return step
 
 
-def bench_optax(params_np, grads_np, reps):
+def make_optax(params_np, grads_np):
     try:
         import jax
         import jax.numpy as jnp
@@ -169,10 +167,10 @@ def bench_optax(params_np, grads_np, reps):
     def step():
         box[0], box[1] = step_j(box[0], box[1], grads)
         jax.block_until_ready(box[0])
-    return median_time(step, reps)
+    return step
 
 
-def bench_torch(params_np, grads_np, reps):
+def make_torch(params_np, grads_np):
     try:
         import torch
     except Exception:
@@ -181,24 +179,24 @@ def bench_torch(params_np, grads_np, reps):
     for p, g in zip(ps, cts.tree_util.tree_leaves(grads_np)):
         p.grad = torch.from_numpy(g)
     opt = torch.optim.AdamW(ps, lr=LR, betas=(B1, B2), eps=EPS, weight_decay=WD, foreach=True)
-    return median_time(opt.step, reps)
+    return opt.step
 
 
-def bench_adafactor(params_np, grads_np, reps):
-    """(ctrainstate s/step, optax s/step or None): adafactor(1e-3) defaults, in place/donated."""
+def run_adafactor(params_np, grads_np, reps):
+    """adafactor(1e-3) with optax's defaults: ctrainstate (in place) vs optax (jit, donated),
+    interleaved; label -> median seconds."""
     st = [TrainState.create(apply_fn=None, params=params_np, tx=optim.adafactor(1e-3))]
     g = cts.device_put(grads_np)
 
     def step():
         st[0] = st[0].apply_gradients(grads=g)
-    t_cts = median_time(step, reps)
-    del st
+    steps = {"ctrainstate": step}
     try:
         import jax
         import jax.numpy as jnp
         import optax
     except Exception:
-        return t_cts, None
+        return interleaved(steps, reps)
     tx = optax.adafactor(1e-3)
     params = jax.tree.map(jnp.asarray, params_np)
     grads = jax.tree.map(jnp.asarray, grads_np)
@@ -212,27 +210,44 @@ def bench_adafactor(params_np, grads_np, reps):
     def ostep():
         box[0], box[1] = step_j(box[0], box[1], grads)
         jax.block_until_ready(box[0])
-    return t_cts, median_time(ostep, reps)
+    steps["optax"] = ostep
+    return interleaved(steps, reps)
 
 
-def run_case(name, params_np, grads_np, n, copy_gbs, reps):
-    rows = []
-    t_cts, (r0, r1) = bench_ctrainstate(params_np, grads_np, reps)
-    rows.append(("ctrainstate (fused, in place)", t_cts))
-    t_np = bench_numpy(params_np, grads_np, reps)
-    rows.append(("numpy (vectorised, in place)", t_np))
-    t_ox = bench_optax(params_np, grads_np, reps)
-    rows.append(("optax on jax-cpu (jit, donated)", t_ox))
-    t_tc = bench_torch(params_np, grads_np, reps)
-    rows.append(("torch AdamW(foreach=True)", t_tc))
-    print(f"\n## {name}: {n:,} params, {len(cts.tree_util.tree_leaves(params_np))} leaves")
+def run_case(name, params_np, grads_np, n, copies, reps):
+    """All implementations and the copies interleaved rep by rep; prints the table."""
+    labels = {"ctrainstate": "ctrainstate (fused, in place)",
+              "numpy": "numpy (vectorised, in place)",
+              "optax": "optax on jax-cpu (jit, donated)",
+              "torch": "torch AdamW(foreach=True)"}
+    makers = {"ctrainstate": make_ctrainstate, "numpy": make_numpy, "optax": make_optax,
+              "torch": make_torch}
+    steps = {}
+    for k, make in makers.items():
+        fn = make(params_np, grads_np)
+        if fn is not None:
+            steps[k] = fn
+    steps.update(copies)
+    t = interleaved(steps, reps)
+    r0 = rss_mb()
+    for _ in range(20):
+        steps["ctrainstate"]()
+    r1 = rss_mb()
+    copy_gbs = {k: (2 << 28) / t[k] / 1e9 for k in copies}
+    best = max(copy_gbs.values())
+    print(f"\n## {name}: {n:,} params, {len(cts.tree_util.tree_leaves(params_np))} leaves, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    for k, v in copy_gbs.items():
+        print(f"{k + ' (256 MiB, read+write)':48s} {v:6.2f} GB/s")
     print(f"{'implementation':34s} {'ms/step':>9s} {'GB/s':>7s} {'x copy bw':>9s} {'ctrainstate speedup':>20s}")
-    for label, t in rows:
-        if t is None:
+    t_cts = t["ctrainstate"]
+    for k, label in labels.items():
+        if k not in t:
             print(f"{label:34s} {'(not installed: skipped)':>40s}")
             continue
-        gbs = n * BYTES_PER_PARAM / t / 1e9
-        print(f"{label:34s} {t * 1e3:9.2f} {gbs:7.2f} {gbs / copy_gbs:9.2f} {t / t_cts:19.2f}x")
+        gbs = n * BYTES_PER_PARAM / t[k] / 1e9
+        print(f"{label:34s} {t[k] * 1e3:9.2f} {gbs:7.2f} {gbs / best:9.2f} {t[k] / t_cts:19.2f}x")
+    print(f"('x copy bw': against the fastest copy above, {best:.2f} GB/s)")
     print(f"RSS around 20 extra ctrainstate steps: {r0:.0f} MB -> {r1:.0f} MB")
     return t_cts
 
@@ -247,39 +262,36 @@ def main():
     print(f"ctrainstate AdamW benchmark; OMP threads={os.environ.get('OMP_NUM_THREADS', 'default')}, "
           f"cpus={os.cpu_count()}, devices={cts.device_count()}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    copies = copy_bandwidth(1 << 28, args.reps)
-    for label, gbs in copies.items():
-        print(f"copy bandwidth ({label}, 256 MiB, read+write): {gbs:.2f} GB/s")
-    copy_gbs = max(copies.values())
-    print(f"copy bandwidth used for 'x copy bw': {copy_gbs:.2f} GB/s (the fastest)")
+    copies = copy_steps(1 << 28)
     rng = np.random.default_rng(0)
     n = 1 << 24
     flat_p = {"w": rng.standard_normal(n, dtype=np.float32)}
     flat_g = {"w": rng.standard_normal(n, dtype=np.float32)}
-    t_flat = run_case("flat 2^24", flat_p, flat_g, n, copy_gbs, args.reps)
+    t_flat = run_case("flat 2^24", flat_p, flat_g, n, copies, args.reps)
     if not args.skip_tree:
         shapes = gpt2_small_shapes()
         tp = make_tree(shapes, rng)
         tg = make_tree(shapes, rng)
         nt = sum(x.size for x in cts.tree_util.tree_leaves(tp))
-        t_tree = run_case("GPT-2-small tree", tp, tg, nt, copy_gbs, max(3, args.reps // 2))
+        t_tree = run_case("GPT-2-small tree", tp, tg, nt, copies, max(3, args.reps // 2))
         per_flat = t_flat / n
         per_tree = t_tree / nt
         print(f"\ntree vs flat, time per param: {per_tree / per_flat:.2f}x (goal <= 1.30x)")
         if not args.skip_adafactor:
-            t_af, t_oaf = bench_adafactor(tp, tg, max(3, args.reps // 2))
+            t = run_adafactor(tp, tg, max(3, args.reps // 2))
             fused = optim.adafactor(1e-3).fusable
             print("\n## adafactor(1e-3) defaults, GPT-2-small tree" + (
-                " (fused: 3 read-only passes + the fused pass, ~24 bytes/param)" if fused else ""))
+                " (fused: 3 read-only passes + the fused pass, ~24 bytes/param)" if fused else
+                " (not fused)") + f", load average {os.getloadavg()[0]:.2f}")
             print(f"{'implementation':34s} {'ms/step':>9s} {'ctrainstate speedup':>20s}")
             label = "ctrainstate (fused, in place)" if fused else "ctrainstate (not fused: host)"
-            print(f"{label:34s} {t_af * 1e3:9.2f} {1.0:19.2f}x")
-            if t_oaf is None:
+            print(f"{label:34s} {t['ctrainstate'] * 1e3:9.2f} {1.0:19.2f}x")
+            if "optax" not in t:
                 print(f"{'optax on jax-cpu':34s} {'(not installed: skipped)':>30s}")
             else:
-                print(f"{'optax on jax-cpu (jit, donated)':34s} {t_oaf * 1e3:9.2f} "
-                      f"{t_oaf / t_af:19.2f}x")
-        print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+                print(f"{'optax on jax-cpu (jit, donated)':34s} {t['optax'] * 1e3:9.2f} "
+                      f"{t['optax'] / t['ctrainstate']:19.2f}x")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

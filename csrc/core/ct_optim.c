@@ -482,6 +482,7 @@ typedef struct {
     double *t;     /* row statistic summed over d1 (P*M*Q) */
     float *rcm;    /* row_col_mean (P*M*Q) */
     int on;        /* active and factored */
+    int stat;      /* on and counts: computes statistics (a replica uses its peers') */
 } fblock;
 
 typedef struct {
@@ -522,6 +523,7 @@ static void reduce_pass(step_env *e, int k, int p_only) {
 #pragma omp parallel for schedule(dynamic, 1) if (tt->nelem >= CT_OPT_PAR_MIN)
         for (int64_t j = 0; j < tt->n; j++) {
             const ct_opt_task *t = &tt->t[j];
+            if (!grp->blocks[t->block].counts) continue; /* a replica: its sums are not used */
             task_reduce(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n, k,
                         p_only, acc[j].v);
         }
@@ -552,7 +554,7 @@ static void factored_pass(step_env *e, int k) {
         const int64_t base = e->tt[gi].base;
         int64_t ntask = 0, nelem = 0;
         for (int i = 0; i < grp->nblocks; i++)
-            if (fb[base + i].on) {
+            if (fb[base + i].stat) {
                 ntask += fb[base + i].nseg;
                 nelem += grp->blocks[i].n;
             }
@@ -561,7 +563,7 @@ static void factored_pass(step_env *e, int k) {
             int64_t r = j;
             int i = 0;
             for (;; i++) { /* few blocks per group: a walk is fine */
-                if (!fb[base + i].on) continue;
+                if (!fb[base + i].stat) continue;
                 if (r < fb[base + i].nseg) break;
                 r -= fb[base + i].nseg;
             }
@@ -573,7 +575,7 @@ static void factored_pass(step_env *e, int k) {
     }
     for (int64_t i = 0; i < e->nb; i++) { /* partials of the segments, in order */
         fblock *x = &fb[i];
-        if (!x->on) continue;
+        if (!x->stat) continue;
         for (int r = 1; r < x->nseg; r++)
             for (int64_t q = 0; q < x->f.n_nolo; q++) x->part[q] += x->part[r * x->f.n_nolo + q];
     }
@@ -589,7 +591,7 @@ static void factored_pass(step_env *e, int k) {
         int np_hi = 0;
         for (int j = e->leaf_head[b->leaf]; j >= 0; j = e->leaf_next[j]) {
             const ct_opt_block *bj = e->blk[j];
-            if (!fb[j].on || !bj->counts) continue;
+            if (!fb[j].stat) continue;
             if (same_start(g, &bj->geom, x->f.lo, -1) && np_lo < CT_OPT_MAX_PEERS) plo[np_lo++] = fb[j].part;
             if (same_start(g, &bj->geom, x->f.hi, -1) && np_hi < CT_OPT_MAX_PEERS) phi[np_hi++] = fb[j].nohi;
         }
@@ -836,6 +838,7 @@ static ct_status env_init(step_env *e) {
             fblock *x = &e->fb[k][i];
             if (b->n == 0 || !((b->active >> k) & 1u) || b->geom.ndim == 0) continue;
             x->on = 1;
+            x->stat = b->counts != 0;
             x->f = fgeom_of(&b->geom);
             int64_t nseg = x->f.nlines < CT_OPT_MAX_SEG ? x->f.nlines : CT_OPT_MAX_SEG;
             int64_t cap = x->f.Slo / 8 > 1 ? x->f.Slo / 8 : 1; /* partials <= n bytes */

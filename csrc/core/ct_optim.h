@@ -10,7 +10,10 @@
  * (emit mode, used by the functional tx.update). So each of p, g and every
  * state slot is read once and written once per step: 28 bytes per parameter
  * for fp32 AdamW, no temporaries, one OpenMP parallel loop per device over
- * all leaves of that device.
+ * all leaves of that device. The loop runs over *tasks* (at most
+ * 16 chunks of one block, scheduled dynamically) so leaves of very different
+ * sizes balance; the task functions are compiled per ISA (AVX-512, AVX2,
+ * baseline) and chosen at load time, with identical results.
  *
  * Reduction stages need a property of the update vector *entering* them
  * before any element can be finished:

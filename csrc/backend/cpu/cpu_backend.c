@@ -4,23 +4,33 @@
  * CPU virtual devices all live in this process's RAM; what makes them
  * separate devices is that each allocation belongs to one of them and is
  * accounted there (ct_device.c). Buffers are 64-byte aligned so kernels can
- * use full-width vector loads.
+ * use full-width vector loads. Large buffers (>= 4 MiB, numpy's threshold
+ * too) are 2 MiB aligned and advised as transparent huge pages: streaming
+ * kernels (the fused optimizer reads 4 and writes 3 arrays at once) then
+ * take far fewer TLB misses. Where THP is off the advice is a no-op.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../../core/ct_backend.h"
 #include "../../core/ct_device.h"
 #include "cpu_ops.h"
 
 #define CT_CPU_ALIGN 64
+#define CT_CPU_HUGE_MIN ((size_t)4 << 20)
+#define CT_CPU_HUGE_ALIGN ((size_t)2 << 20)
 
 static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
     /* Round up: aligned_alloc needs a multiple of the alignment, and a
      * zero-byte buffer still gets a unique pointer. */
-    size_t rounded = (nbytes + CT_CPU_ALIGN - 1) / CT_CPU_ALIGN * CT_CPU_ALIGN;
+    const size_t align = nbytes >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN : CT_CPU_ALIGN;
+    size_t rounded = (nbytes + align - 1) / align * align;
     if (rounded == 0) rounded = CT_CPU_ALIGN;
-    void *p = aligned_alloc(CT_CPU_ALIGN, rounded);
+    void *p = aligned_alloc(align, rounded);
+#if defined(MADV_HUGEPAGE)
+    if (p != NULL && align == CT_CPU_HUGE_ALIGN) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
     if (p == NULL) {
         char name[64];
         ct_device_name(dev, name, sizeof name);

@@ -368,6 +368,14 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
     }
 }
 
+/* Whether any of stages [0, upto) changes u on block b: if none, passes read g
+ * in place instead of copying it. */
+static inline int any_stage(const ct_opt_ctx *c, const ct_opt_block *b, int upto) {
+    for (int k = 0; k < upto; k++)
+        if (((b->active >> k) & 1u) && !((c->skip >> k) & 1u)) return 1;
+    return 0;
+}
+
 /* The fused pass on one task: every stage, then p += u (or out = u). */
 CT_OPT_CLONES static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t off, int64_t n) {
@@ -399,12 +407,17 @@ CT_OPT_CLONES static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b
     float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
     double su[NL] = {0}, sp[NL] = {0};
     int64_t bad = 0;
+    const int direct = !any_stage(c, b, upto);
     for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
         if (!p_only) {
-            compute_u(c, b, bid, o, m, upto, u, 0);
-            sumsq_lanes(u, m, su);
-            for (int64_t i = 0; i < m; i++) bad += !isfinite(u[i]);
+            const float *x = b->g + o;
+            if (direct == 0) {
+                compute_u(c, b, bid, o, m, upto, u, 0);
+                x = u;
+            }
+            sumsq_lanes(x, m, su);
+            for (int64_t i = 0; i < m; i++) bad += !isfinite(x[i]);
         }
         if (c->acc_p && b->p != NULL) sumsq_lanes(b->p + o, m, sp);
     }
@@ -420,11 +433,16 @@ CT_OPT_CLONES static void task_stats(const ct_opt_ctx *c, const ct_opt_block *b,
     float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
     const fgeom f = fgeom_of(&b->geom);
     const float eps = (float)c->st[k].s[1];
+    const int direct = !any_stage(c, b, k);
     for (int64_t line = l0; line < l1; line++)
         for (int64_t j = 0; j < f.L; j += CT_OPT_CHUNK) {
             const int64_t m = f.L - j < CT_OPT_CHUNK ? f.L - j : CT_OPT_CHUNK;
-            compute_u(c, b, bid, line * f.L + j, m, k, u, 0);
-            stats_run(u, m, line, j, &f, eps, nolo, nohi);
+            const float *x = b->g + line * f.L + j;
+            if (!direct) {
+                compute_u(c, b, bid, line * f.L + j, m, k, u, 0);
+                x = u;
+            }
+            stats_run(x, m, line, j, &f, eps, nolo, nohi);
         }
 }
 

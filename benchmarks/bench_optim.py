@@ -281,7 +281,7 @@ def main():
             t = run_adafactor(tp, tg, max(3, args.reps // 2))
             fused = optim.adafactor(1e-3).fusable
             print("\n## adafactor(1e-3) defaults, GPT-2-small tree" + (
-                " (fused: 3 read-only passes + the fused pass, ~24 bytes/param)" if fused else
+                " (fused: 2 read-only passes + the fused pass, ~24 bytes/param)" if fused else
                 " (not fused)") + f", load average {os.getloadavg()[0]:.2f}")
             print(f"{'implementation':34s} {'ms/step':>9s} {'ctrainstate speedup':>20s}")
             label = "ctrainstate (fused, in place)" if fused else "ctrainstate (not fused: host)"

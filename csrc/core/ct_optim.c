@@ -899,6 +899,13 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
         env_free(&e);
         return st;
     }
+    int want_p2 = 0, have_p2 = 0;
+    double *p2 = NULL; /* per-leaf sums of a reduce pass that also summed p^2 */
+    for (int k = 0; k < nstages; k++) want_p2 |= stages[k].kind == CT_OPT_PARAM_RMS;
+    if (want_p2 && (p2 = malloc((size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2)) == NULL) {
+        env_free(&e);
+        return OOM();
+    }
     for (int k = 0; k < nstages; k++) {
         const int kind = stages[k].kind;
         if (!kind_is_reduction(kind) || ((c->skip >> k) & 1u)) continue;
@@ -906,9 +913,22 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
             factored_pass(&e, k);
             continue;
         }
-        c->acc_p = kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_PARAM_RMS;
-        reduce_pass(&e, k, kind == CT_OPT_PARAM_RMS);
-        c->acc_p = 0;
+        /* p is not changed before the fused pass, so per-leaf sum p^2 (PARAM_RMS)
+         * rides along with the first reduce pass that reads p anyway or can:
+         * adafactor's block-RMS pass then streams g and p together and the
+         * param-RMS pass is not run. */
+        const int p_only = kind == CT_OPT_PARAM_RMS;
+        if (p_only && have_p2) {
+            memcpy(e.leaf_acc, p2, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
+        } else {
+            c->acc_p = kind == CT_OPT_TRUST_RATIO || p_only || (want_p2 && !have_p2);
+            reduce_pass(&e, k, p_only);
+            if (c->acc_p && want_p2 && !have_p2) {
+                memcpy(p2, e.leaf_acc, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
+                have_p2 = 1;
+            }
+            c->acc_p = 0;
+        }
         const double *la = e.leaf_acc;
         if (kind == CT_OPT_GLOBAL_NORM) {
             double ss = 0.0;
@@ -952,6 +972,7 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
         }
     }
     run_apply(&e);
+    free(p2);
     env_free(&e);
     return CT_OK;
 }

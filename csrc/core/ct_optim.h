@@ -38,10 +38,12 @@
  * v_row / v_col in place and turns them into row/column factors that the
  * fused pass multiplies in. Non-factored leaves take the elementwise path
  * (state v). BLOCK_RMS (clip_by_block_rms) needs per-leaf sum u^2, PARAM_RMS
- * (scale_by_param_block_rms) per-leaf sum p^2 (a read of p only). Cost of
- * adafactor (defaults): three read-only passes (g for the statistics; g and
- * p for the block RMS clip; p for the param RMS) before the fused pass —
- * about 24 bytes per fp32 parameter instead of the 12 a fused pass needs.
+ * (scale_by_param_block_rms) per-leaf sum p^2, which rides along with an
+ * earlier reduce pass when there is one (p does not change before the fused
+ * pass), else reads p alone. Cost of adafactor (defaults): two read-only
+ * passes (g for the statistics; g, p and the v of unfactored leaves for the
+ * block RMS clip and the param RMS) before the fused pass — about 24 bytes
+ * per fp32 parameter instead of the 12 a fused pass needs.
  *
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step

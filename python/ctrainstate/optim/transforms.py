@@ -393,7 +393,8 @@ def clip_by_block_rms(threshold) -> GradientTransformation:
 
 def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
     """Multiply each leaf by max(rms(param), min_scale) (optax.scale_by_param_block_rms).
-    Fused: one read-only pass over the params for their per-leaf RMS."""
+    Fused: the per-leaf RMS of the params is summed in an earlier read-only pass of the step
+    when there is one (adafactor's block-RMS clip), else in a pass over the params alone."""
     def fuse(state, ctx):
         if ctx.params is None:
             raise ValueError("scale_by_param_block_rms needs params")

@@ -121,8 +121,9 @@ class TrainState(PyTreeNode):
             g, p = grads, self.params
         plan = None
         if getattr(self.tx, "fusable", False):
-            new_p, new_opt_state, plan = run_fused(self.tx, g, self.opt_state, p, inplace=True,
-                                                   plan=getattr(self, "__dict__", {}).get("_ct_plan"))
+            new_p, new_opt_state, plan = run_fused(
+                self.tx, g, self.opt_state, p, inplace=True, want_plan=True,
+                plan=getattr(self, "__dict__", {}).get("_ct_plan"))
         else:
             updates, new_opt_state = self.tx.update(g, self.opt_state, p)
             new_p = apply_updates(p, updates)

@@ -77,7 +77,7 @@ class GradientTransformation:
         self.update = update
 
     def _fused_update(self, updates, state, params=None):
-        return run_fused(self, updates, state, params, inplace=False)[:2]
+        return run_fused(self, updates, state, params, inplace=False)
 
     @property
     def fusable(self) -> bool:
@@ -392,9 +392,10 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
     return list(groups.values()), list(order.values())
 
 
-def run_fused(tx, updates, state, params, *, inplace, plan=None):
-    """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state, plan):
-    ``plan`` (in place only) may be passed to the next step (see :class:`Plan`)."""
+def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False):
+    """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state), and the
+    step's :class:`Plan` third when ``want_plan`` (in place only; pass it as ``plan`` to the
+    next step to skip rebuilding the kernel's block list)."""
     ref = params if params is not None else updates
     leaves, pdef = tree_flatten(ref)
     p_leaves = [to_array(x) for x in leaves]
@@ -443,5 +444,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None):
         f()
     new_state = rebuild()
     if inplace:
-        return tree_unflatten(pdef, [rewrap(p) for p in p_leaves]), new_state, plan
-    return tree_unflatten(pdef, outs), new_state, None
+        out = tree_unflatten(pdef, [rewrap(p) for p in p_leaves]), new_state
+    else:
+        out = tree_unflatten(pdef, outs), new_state
+    return out + (plan,) if want_plan else out

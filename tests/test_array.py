@@ -185,7 +185,7 @@ def test_delete_and_donated_errors(mem_baseline):
 def test_delete_refused_while_a_view_lives():
     a = cts.device_put(np.ones(8, np.float32))
     view = a.addressable_shards[0].data
-    with pytest.raises(RuntimeError, match="live numpy view"):
+    with pytest.raises(RuntimeError, match="live view"):
         a.delete()
     del view
     gc.collect()
@@ -241,3 +241,42 @@ def test_concurrent_device_put_from_threads():
     for t in ts:
         t.join()
     assert not errors
+
+
+# --- DLPack ----------------------------------------------------------------------------------
+
+def test_dlpack_export_is_zero_copy_and_keeps_the_buffer_alive():
+    a = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
+    v = np.from_dlpack(a)
+    np.testing.assert_array_equal(v, np.arange(6).reshape(2, 3))
+    a.addressable_shards[0].data[0, 0] = 42.0   # same memory
+    assert v[0, 0] == 42.0
+    with pytest.raises(RuntimeError, match="live view"):
+        a.delete()
+    del v
+    gc.collect()
+    a.delete()
+
+
+def test_dlpack_of_sharded_array_needs_a_shard():
+    m = mesh_of((8,))
+    a = cts.device_put(np.arange(8, dtype=np.float32), NamedSharding(m, P("x")))
+    with pytest.raises(BufferError, match="addressable_shards"):
+        np.from_dlpack(a)
+    r = cts.device_put(np.arange(8, dtype=np.float32), NamedSharding(m, P()))
+    np.testing.assert_array_equal(np.from_dlpack(r), np.arange(8))  # replicated: whole on each device
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32, np.float16, np.bool_])
+def test_from_dlpack_copies_strided_host_tensors(dtype):
+    x = (np.arange(24).reshape(4, 6) % 5).astype(dtype)[:, ::2]
+    b = cts.from_dlpack(x)
+    assert b.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(np.asarray(b), x)
+
+
+def test_dlpack_with_jax_when_installed():
+    jnp = pytest.importorskip("jax.numpy")
+    a = cts.device_put(np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(np.asarray(jnp.from_dlpack(a)), np.arange(5))
+    np.testing.assert_array_equal(np.asarray(cts.from_dlpack(jnp.arange(3.0))), [0, 1, 2])

@@ -86,3 +86,87 @@ def test_gpu_oom_is_resource_exhausted():
     with pytest.raises(cts.ResourceExhaustedError, match=r"CudaDevice\(id=\d+\)"):
         cts._C.Buffer(d.id, (limit // 4 + 1024,), 0)
     assert d.memory_stats()["bytes_in_use"] == base
+
+
+# --- ops, gradients and init on GPU devices (compared with the CPU backend) ----------------
+
+import ctrainstate.numpy as cnp  # noqa: E402
+from ctrainstate import nn, random  # noqa: E402
+
+
+def _cpu_and_gpu(x, sharding_gpu):
+    return cts.device_put(x, cts.devices("cpu")[0]), cts.device_put(x, sharding_gpu)
+
+
+@pytest.mark.parametrize("op", [cnp.sin, cnp.cos, cnp.tanh, cnp.relu, cnp.gelu, cnp.exp,
+                                cnp.square, cnp.sigmoid, lambda v: v * 3.0 - 1.0])
+def test_unary_ops_match_cpu(op):
+    x = np.random.default_rng(0).standard_normal((64, 33)).astype(np.float32)
+    c, g = _cpu_and_gpu(x, gpus()[0])
+    np.testing.assert_allclose(np.asarray(op(g)), np.asarray(op(c)), rtol=2e-6, atol=2e-6)
+
+
+def test_binary_reduce_matmul_match_cpu():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, 16, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 8)).astype(np.float32)
+    bias = rng.standard_normal((8,)).astype(np.float32)
+    d = gpus()[0]
+    ga, gb, gbias = (cts.device_put(v, d) for v in (a, b, bias))
+    y = cnp.matmul(ga, gb) + gbias
+    ref = np.einsum("bij,jk->bik", a.astype(np.float64), b) + bias
+    np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-4)
+    for axis in (None, 0, (0, 2), -1):
+        np.testing.assert_allclose(np.asarray(cnp.sum(ga, axis=axis)), a.astype(np.float64).sum(axis=axis),
+                                   rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(cnp.transpose(ga, (2, 0, 1))), np.transpose(a, (2, 0, 1)))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (2, 2)])
+def test_tensor_parallel_gradients_equal_cpu(shape):
+    m = gpu_mesh(shape, ("data", "model"))
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    w1 = rng.standard_normal((16, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 4)).astype(np.float32)
+
+    def loss(p, x):
+        return cnp.mean(cnp.square(cnp.gelu(x @ p[0]) @ p[1]))
+
+    v_cpu, g_cpu = cts.value_and_grad(loss)((cts.device_put(w1, cts.devices("cpu")[0]),
+                                             cts.device_put(w2, cts.devices("cpu")[0])),
+                                            cts.device_put(x, cts.devices("cpu")[0]))
+    W1 = cts.device_put(w1, NamedSharding(m, P(None, "model")))
+    W2 = cts.device_put(w2, NamedSharding(m, P("model", None)))
+    X = cts.device_put(x, NamedSharding(m, P("data", None)))
+    v, (g1, g2) = cts.value_and_grad(loss)((W1, W2), X)
+    assert abs(float(v) - float(v_cpu)) <= 1e-5 * abs(float(v_cpu))
+    for got, ref in ((g1, g_cpu[0]), (g2, g_cpu[1])):
+        ref = np.asarray(ref)
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_sharded_init_on_gpu_is_bit_identical_to_cpu():
+    m = gpu_mesh((len(gpus()),), ("x",)) if len(gpus()) in (1, 2, 4, 8) else gpu_mesh((1,), ("x",))
+    k = random.PRNGKey(3)
+    s = NamedSharding(m, P(None, "x"))
+    g = random.normal(k, (16, 64), out_sharding=s)
+    c = random.normal(k, (16, 64))
+    np.testing.assert_array_equal(np.asarray(g), c)
+    w = nn.initializers.lecun_normal()(k, (16, 64), out_sharding=s)
+    np.testing.assert_array_equal(np.asarray(w), nn.initializers.lecun_normal()(k, (16, 64)))
+
+
+def test_dlpack_with_torch_cuda_when_installed():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    d = gpus()[0]
+    x = np.random.default_rng(5).standard_normal((7, 9)).astype(np.float32)
+    a = cts.device_put(x, d)
+    t = torch.from_dlpack(a.addressable_shards[0].data)  # zero copy
+    assert t.is_cuda and torch.equal(t.cpu(), torch.from_numpy(x))
+    g = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4) * 2
+    b = cts.from_dlpack(g)  # grads computed by another framework, device to device
+    assert b.addressable_shards[0].device.platform == "gpu"
+    np.testing.assert_array_equal(np.asarray(b), (np.arange(12).reshape(3, 4) * 2).astype(np.float32))

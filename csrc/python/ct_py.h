@@ -57,6 +57,7 @@ int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);
 int ct_py_init_layout(PyObject *m);
 int ct_py_init_ops(PyObject *m);
+int ct_py_init_dlpack(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
 int ct_py_init_random(PyObject *m);
 int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */

@@ -67,6 +67,7 @@ static const ct_py_init_fn ct_py_parts[] = {
     ct_py_init_buffer,
     ct_py_init_layout,
     ct_py_init_ops,
+    ct_py_init_dlpack,
     ct_py_init_rules,
     ct_py_init_random,
     ct_py_init_optim,

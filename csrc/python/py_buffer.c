@@ -88,7 +88,7 @@ static PyObject *buffer_delete(ct_py_buffer *self, PyObject *noargs) {
     (void)noargs;
     if (self->exports > 0) {
         PyErr_Format(PyExc_RuntimeError,
-                     "cannot delete a buffer with %zd live numpy view(s); drop the views first",
+                     "cannot delete a buffer with %zd live view(s) (numpy or DLPack); drop them first",
                      self->exports);
         return NULL;
     }

@@ -84,7 +84,16 @@ static PyObject *py_gpu_status(PyObject *self, PyObject *noargs) {
     return PyUnicode_FromString(ct_gpu_status());
 }
 
+static PyObject *py_device_ordinal(PyObject *self, PyObject *arg) {
+    (void)self;
+    ct_device *d = device_arg(arg);
+    if (d == NULL) return NULL;
+    return PyLong_FromLong(d->ordinal);
+}
+
 static PyMethodDef device_methods[] = {
+    {"device_ordinal", py_device_ordinal, METH_O,
+     "device_ordinal($module, device_id, /)\n--\n\nThe physical GPU (or 0) a device lives on."},
     {"gpu_status", py_gpu_status, METH_NOARGS,
      "gpu_status($module, /)\n--\n\nOne line saying whether GPUs were found, or why not."},
     {"device_ids", py_device_ids, METH_O,

@@ -25,6 +25,12 @@ static int get_target(PyObject *obj, out_target *t, const char *what) {
     if (PyObject_TypeCheck(obj, &ct_py_BufferType)) {
         ct_py_buffer *b = ct_py_buffer_check(obj, what);
         if (b == NULL) return -1;
+        if (b->dev->platform != CT_PLATFORM_CPU) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s: a GPU buffer cannot be filled from the host; fill a host block "
+                         "and copy it (ctrainstate.array._fill_array does)", what);
+            return -1;
+        }
         if (b->ndim > CT_RANDOM_MAX_NDIM) {
             PyErr_Format(PyExc_ValueError, "%s: rank %d is too large", what, b->ndim);
             return -1;

@@ -36,6 +36,27 @@ from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Shardi
 B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT = range(7)
 
 
+# --- BLAS -----------------------------------------------------------------------------
+
+_blas_checked = False
+
+
+def _ensure_blas():
+    """Register scipy's OpenBLAS sgemm with the CPU backend once (built-in kernel otherwise)."""
+    global _blas_checked
+    if _blas_checked:
+        return
+    _blas_checked = True
+    import os
+    if os.environ.get("CTRAINSTATE_NO_BLAS"):
+        return
+    try:
+        from scipy.linalg import cython_blas
+        _C.set_blas_sgemm(cython_blas.__pyx_capi__["sgemm"])
+    except Exception:  # scipy absent or without the capsule: the built-in GEMM is used
+        pass
+
+
 # --- the tape ------------------------------------------------------------------------
 
 class _Tape:
@@ -258,13 +279,17 @@ def _unbroadcast(g: Array, shape: tuple) -> Array:
     return reshape(r, shape)
 
 
-def _binary(op, a, b, vjp_a=None, vjp_b=None) -> Array:
+def _lift_pair(a, b):
+    """Both operands as Arrays; non-Arrays go where the (last) Array operand lives."""
     place = None
     for v in (a, b):
         if isinstance(v, Array):
             place = _place_of(v)
-    a = _lift(a, place)
-    b = _lift(b, place)
+    return _lift(a, place), _lift(b, place)
+
+
+def _binary(op, a, b, vjp_a=None, vjp_b=None) -> Array:
+    a, b = _lift_pair(a, b)
     out = _binary_raw(op, a, b)
     if vjp_a is not None or vjp_b is not None:
         def vjp(g):
@@ -577,12 +602,7 @@ def matmul(a, b) -> Array:
     those axes. Incompatible operand shardings are resharded (the operand whose sharding
     would clash is gathered), never silently wrong.
     """
-    place = None
-    for v in (a, b):
-        if isinstance(v, Array):
-            place = _place_of(v)
-    a = _lift(a, place)
-    b = _lift(b, place)
+    a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
     if a.ndim == 1:
@@ -594,18 +614,30 @@ def matmul(a, b) -> Array:
     if b.ndim > 2 and b.shape[:-2] != a.shape[:-2]:
         raise ValueError(f"matmul: batch dimensions differ: {a.shape} @ {b.shape} "
                          f"(b must be 2-d or have a's batch dimensions)")
+    return _matmul(a, b, False, False)
+
+
+def _tview(norm, shape, t):
+    """Spec/shape of the view of a stored 2-d operand (swapped when transposed)."""
+    if not t:
+        return list(norm), tuple(shape)
+    return [norm[1], norm[0]], (shape[1], shape[0])
+
+
+def _matmul(a: Array, b: Array, ta: bool, tb: bool) -> Array:
+    """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it."""
     place = _common_placement([a, b])
     mesh = not isinstance(place, Device)
     an = _norm(a.sharding, a.ndim) if mesh and _mesh_key(a)[0] == "mesh" else [()] * a.ndim
     bn = _norm(b.sharding, b.ndim) if mesh and _mesh_key(b)[0] == "mesh" else [()] * b.ndim
+    an, ashape = _tview(an, a.shape, ta)
+    bn, bshape = _tview(bn, b.shape, tb)
     an, bn = list(an), list(bn)
-    nb = a.ndim - 2
     # batch dims of a batched b follow a
-    if b.ndim > 2:
+    if len(bshape) > 2:
         bn[:-2] = an[:-2]
-        for d in range(nb):
-            if set(an[d]) & (set(bn[-1]) | set(bn[-2])):
-                bn[-1], bn[-2] = (), ()
+        if set(_axes_used(an[:-2])) & (set(bn[-1]) | set(bn[-2])):
+            bn[-1], bn[-2] = (), ()
     aK, bK = tuple(an[-1]), tuple(bn[-2])
     if aK != bK:
         a_other = _axes_used(an[:-1])
@@ -620,28 +652,37 @@ def matmul(a, b) -> Array:
     # N must not reuse an axis of a's batch/M dims
     if set(bn[-1]) & _axes_used(an[:-1]):
         bn[-1] = ()
-    a2, b2 = _to(a, place, an), _to(b, place, bn)
-    out_shape = a.shape[:-1] + (b.shape[-1],)
+    a2 = _to(a, place, _tview(an, ashape, ta)[0])
+    b2 = _to(b, place, _tview(bn, bshape, tb)[0])
+    out_shape = ashape[:-1] + (bshape[-1],)
     out_norm = an[:-1] + [bn[-1]]
     out = _new(out_shape, place, out_norm)
-    m_loc = a2.sharding.shard_shape(a2.shape)[-2]
-    k_loc = a2.sharding.shard_shape(a2.shape)[-1]
-    n_loc = b2.sharding.shard_shape(b2.shape)[-1]
-    batch = math.prod(a2.sharding.shard_shape(a2.shape)[:-2])
-    if b2.ndim == 2:  # fold a's batch into M: one GEMM per shard
-        _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0, 0, 0, 1.0, 0.0)
+    _ensure_blas()
+    a_loc = _tview([()] * a2.ndim, a2.sharding.shard_shape(a2.shape), ta)[1]
+    b_loc = _tview([()] * b2.ndim, b2.sharding.shard_shape(b2.shape), tb)[1]
+    m_loc, k_loc, n_loc = a_loc[-2], a_loc[-1], b_loc[-1]
+    batch = math.prod(a_loc[:-2])
+    if len(bshape) == 2:  # fold a's batch into M: one GEMM per shard
+        _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0,
+                     int(ta), int(tb), 1.0, 0.0)
     else:
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), batch, m_loc, n_loc, k_loc,
-                     m_loc * k_loc, k_loc * n_loc, 0, 0, 1.0, 0.0)
+                     m_loc * k_loc, k_loc * n_loc, int(ta), int(tb), 1.0, 0.0)
     _allreduce(out, kax)
 
     def vjp(g):
-        ga = matmul(g, _swap_last(b))
-        if b.ndim == 2:
-            a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
+        # d op(a) = g @ op(b)^T ; d op(b) = op(a)^T @ g, expressed on the stored operands.
+        if len(bshape) == 2:
+            # stored a is (K, M) when ta: its gradient is op(b) @ g^T
+            ga = _matmul(g, b, False, not tb) if not ta else _matmul(b, g, tb, True)
             g2d = reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
-            gb = matmul(_swap_last(a2d), g2d)
+            a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
+            if tb:  # stored b is (N, K): gradient g^T @ op(a)
+                gb = _matmul(g2d, a2d, True, ta)
+            else:
+                gb = _matmul(a2d, g2d, not ta, False)
         else:
+            ga = matmul(g, _swap_last(b))
             gb = matmul(_swap_last(a), g)
         return ga, gb
     return _record(out, (a, b), vjp)
@@ -816,3 +857,106 @@ def ones_like(x: Array) -> Array:
     out = zeros_like(x)
     _C.op_unary(U_AFFINE, 0.0, 1.0, _bufs(out), _bufs(out))
     return out
+
+
+# --- shape rules (abstract evaluation, see ctrainstate._abstract) -----------------------------
+
+def _shp(x):
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _rule_same(x, *a, **k):
+    return _shp(x)
+
+
+def _rule_bcast(a, b):
+    return _bcast_shape(_shp(a), _shp(b))
+
+
+def _rule_reduce(x, axis=None, keepdims=False):
+    sh = _shp(x)
+    axes = _axes(axis, len(sh))
+    return tuple(1 if d in axes else s for d, s in enumerate(sh)) if keepdims else \
+        tuple(s for d, s in enumerate(sh) if d not in axes)
+
+
+def _rule_transpose(x, axes=None):
+    sh = _shp(x)
+    axes = tuple(reversed(range(len(sh)))) if axes is None else tuple(a % len(sh) for a in axes)
+    return tuple(sh[a] for a in axes)
+
+
+def _rule_reshape(x, shape):
+    shape = [int(s) for s in shape]
+    n = math.prod(_shp(x))
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = n // known if known else 0
+    if math.prod(shape) != n:
+        raise ValueError(f"cannot reshape {_shp(x)} into {tuple(shape)}")
+    return tuple(shape)
+
+
+def _rule_expand(x, axis):
+    sh = list(_shp(x))
+    sh.insert(axis % (len(sh) + 1), 1)
+    return tuple(sh)
+
+
+def _rule_matmul(a, b):
+    sa, sb = _shp(a), _shp(b)
+    if len(sa) == 1 and len(sb) == 1:
+        return ()
+    if len(sa) == 1:
+        return sb[:-2] + (sb[-1],)
+    if len(sb) == 1:
+        return sa[:-1]
+    if sa[-1] != sb[-2]:
+        raise ValueError(f"matmul: contracting dimensions differ: {sa} @ {sb}")
+    return sa[:-1] + (sb[-1],)
+
+
+def _rule_einsum(sub, a, b):
+    ins, out = sub.replace(" ", "").split("->")
+    size = {}
+    for s, x in zip(ins.split(","), (a, b)):
+        for c, n in zip(s, _shp(x)):
+            size[c] = n
+    return tuple(size[c] for c in out)
+
+
+def _abstract_rules():
+    from ._abstract import ShapeDtypeStruct
+    rules = {
+        "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
+        "divide": _rule_bcast, "maximum": _rule_bcast,
+        "sum": _rule_reduce, "mean": _rule_reduce, "transpose": _rule_transpose,
+        "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
+        "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),
+        "with_sharding": _rule_same, "zeros_like": _rule_same, "ones_like": _rule_same,
+    }
+    for name in ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
+                 "square", "sigmoid", "abs", "power"):
+        rules[name] = _rule_same
+    g = globals()
+    for name, rule in rules.items():
+        g[name] = _with_rule(g[name], rule, ShapeDtypeStruct)
+    g["einsum"] = _with_rule(g["einsum"], _rule_einsum, ShapeDtypeStruct, first=1)
+    g["dot"] = g["matmul"]
+
+
+def _with_rule(fn, rule, SDS, first=0):
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if any(isinstance(a, SDS) for a in args[first:]):
+            sharding = None
+            if fn.__name__ == "with_sharding":
+                sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])
+            return SDS(rule(*args, **kwargs), np.float32, sharding)
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+_abstract_rules()

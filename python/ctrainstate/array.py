@@ -9,7 +9,7 @@ full copy is made, on the host, because the user asked for it.
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
 >>> x.shape, str(x.dtype)
 ((2, 3), 'float32')
->>> np.asarray(x)[1, 2]
+>>> float(np.asarray(x)[1, 2])
 5.0
 """
 from __future__ import annotations
@@ -21,10 +21,12 @@ import numpy as np
 
 from . import _C, _dtypes
 from ._devices import Device
+from ._operators import OperatorsMixin
 from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
 from .tree_util import tree_leaves
 
-__all__ = ["Array", "Shard", "device_put", "block_until_ready", "visualize_array_sharding"]
+__all__ = ["Array", "Shard", "device_put", "from_dlpack", "block_until_ready",
+           "visualize_array_sharding"]
 
 DonatedBufferError = _C.DonatedBufferError
 
@@ -35,7 +37,8 @@ class Shard(NamedTuple):
     device: Device
     index: tuple          # tuple of slices into the global array
     replica_id: int
-    data: Any             # numpy view of the block (CPU devices)
+    data: Any             # numpy view of the block (CPU devices); on GPUs the device buffer,
+                          # which exports __dlpack__ (torch/cupy/jax take it without a copy)
 
 
 def _buffer_view(buf, shape, dtype) -> np.ndarray:
@@ -43,7 +46,7 @@ def _buffer_view(buf, shape, dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8).view(dtype).reshape(shape)
 
 
-class Array:
+class Array(OperatorsMixin):
     """A global array stored as per-device shards.
 
     Attributes mirror ``jax.Array``: ``shape``, ``dtype``, ``ndim``, ``size``,
@@ -148,7 +151,7 @@ class Array:
         out = []
         for dev, buf, start, rid in self._blocks:
             index = tuple(slice(s, s + n) for s, n in zip(start, self._shard_shape))
-            data = _buffer_view(buf, self._shard_shape, self._dtype) if dev.platform == "cpu" else None
+            data = _buffer_view(buf, self._shard_shape, self._dtype) if dev.platform == "cpu" else buf
             out.append(Shard(dev, index, rid, data))
         return out
 
@@ -165,6 +168,24 @@ class Array:
         if dtype is not None and np.dtype(dtype) != out.dtype:
             out = out.astype(dtype)
         return out
+
+    # --- DLPack -------------------------------------------------------------------------
+    def _single_buffer(self):
+        self._check_alive()
+        starts = {start for _, _, start, _ in self._blocks}
+        if len(starts) != 1:
+            raise BufferError(
+                "a sharded Array has no single buffer to export; export a shard instead: "
+                "array.addressable_shards[i].data")
+        return self._blocks[0][1]
+
+    def __dlpack__(self, stream=None, **kwargs):
+        """Export (no copy) when the Array is held whole by each device (one device, or
+        replicated): the first device's buffer."""
+        return self._single_buffer().__dlpack__(stream, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._single_buffer().__dlpack_device__()
 
     def block_until_ready(self) -> "Array":
         self._check_alive()
@@ -193,74 +214,6 @@ class Array:
 
     def _repr_html_(self):
         return _sharding_html(self)
-
-    # --- operators (ctrainstate.numpy) ---------------------------------------------
-    def __add__(self, o):
-        from . import _ops
-        return _ops.add(self, o)
-
-    def __radd__(self, o):
-        from . import _ops
-        return _ops.add(o, self)
-
-    def __sub__(self, o):
-        from . import _ops
-        return _ops.subtract(self, o)
-
-    def __rsub__(self, o):
-        from . import _ops
-        return _ops.subtract(o, self)
-
-    def __mul__(self, o):
-        from . import _ops
-        return _ops.multiply(self, o)
-
-    def __rmul__(self, o):
-        from . import _ops
-        return _ops.multiply(o, self)
-
-    def __truediv__(self, o):
-        from . import _ops
-        return _ops.divide(self, o)
-
-    def __rtruediv__(self, o):
-        from . import _ops
-        return _ops.divide(o, self)
-
-    def __matmul__(self, o):
-        from . import _ops
-        return _ops.matmul(self, o)
-
-    def __rmatmul__(self, o):
-        from . import _ops
-        return _ops.matmul(o, self)
-
-    def __neg__(self):
-        from . import _ops
-        return _ops.negative(self)
-
-    def __pow__(self, p):
-        from . import _ops
-        return _ops.square(self) if p == 2 else _ops.power(self, p)
-
-    @property
-    def T(self):
-        from . import _ops
-        return _ops.transpose(self)
-
-    def reshape(self, *shape):
-        from . import _ops
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = shape[0]
-        return _ops.reshape(self, shape)
-
-    def sum(self, axis=None, keepdims=False):
-        from . import _ops
-        return _ops.sum(self, axis=axis, keepdims=keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        from . import _ops
-        return _ops.mean(self, axis=axis, keepdims=keepdims)
 
 
 # --- device_put ------------------------------------------------------------------
@@ -332,6 +285,15 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     >>> [s.index for s in a.addressable_shards]
     [(slice(0, 4, None), slice(0, 2, None))]
     """
+    from ._abstract import ShapeDtypeStruct, is_abstract
+    if isinstance(x, ShapeDtypeStruct) or (is_abstract() and isinstance(
+            x, (Array, np.ndarray, np.generic, int, float, bool))):
+        s = _as_sharding(sharding) if sharding is not None else getattr(x, "sharding", None)
+        if s is not None:
+            s.shard_shape(np.shape(x) if not isinstance(x, (ShapeDtypeStruct, Array)) else x.shape)
+        shape = x.shape if isinstance(x, (ShapeDtypeStruct, Array)) else np.shape(x)
+        dtype = x.dtype if isinstance(x, (ShapeDtypeStruct, Array)) else _dtypes.canonicalize(np.asarray(x).dtype)
+        return ShapeDtypeStruct(shape, dtype, s)
     if not isinstance(x, (Array, np.ndarray, np.generic, int, float, bool)) and not (
             isinstance(x, (list, tuple, dict)) and _is_numeric_list(x)):
         from .tree_util import tree_map  # pytrees of arrays
@@ -353,21 +315,64 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     return _from_host(arr, s)
 
 
+def from_dlpack(x, device=None) -> Array:
+    """An Array holding a copy of a DLPack tensor (numpy, torch, cupy, jax, ...).
+
+    CPU tensors go to ``device`` (default: the first device, or replicated over the
+    active mesh); CUDA tensors go to a device of the same GPU (the first logical
+    device of that GPU unless ``device`` is given), copied device to device.
+    """
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
+    dev_type, dev_id = x.__dlpack_device__()
+    if int(dev_type) in (1, 3):  # kDLCPU, kDLCUDAHost
+        return device_put(np.from_dlpack(x), device)
+    if int(dev_type) not in (2, 13):
+        raise ValueError(f"DLPack device type {dev_type} is not supported")
+    from ._devices import devices as _devices
+    gpus = [d for d in _devices("gpu") if _C.device_ordinal(d.id) == int(dev_id)]
+    if device is None:
+        if not gpus:
+            raise ValueError(f"no ctrainstate device on GPU {dev_id}")
+        device = gpus[0]
+    if not isinstance(device, Device) or device.platform != "gpu":
+        raise ValueError("a CUDA tensor is imported onto a GPU device of the same GPU")
+    shape = tuple(int(s) for s in getattr(x, "shape"))
+    dtype = _dtypes.canonicalize(str(getattr(x, "dtype")).replace("torch.", ""))
+    buf = _C.Buffer(device.id, shape, _dtypes.code(dtype))
+    _C.dlpack_copy_into(buf, x.__dlpack__(stream=1))  # ordered after the producer's default stream
+    sharding = SingleDeviceSharding(device)
+    shard_shape, layout, _ = sharding._layout(shape)
+    return Array._create(shape, dtype, sharding, [(device, buf, layout[0][1], 0)])
+
+
 def _is_numeric_list(x):
     return isinstance(x, list) and all(isinstance(v, (int, float, bool, list)) for v in x)
 
 
 def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
-    """Create an Array whose shards are written in place by ``fill(buffer, start, shard_shape)``.
+    """Create an Array whose shards are written in place by ``fill(target, start, shard_shape)``.
 
     The building block for sharded initialisers: each device's buffer is
-    allocated on that device and filled with its own block only.
+    allocated on that device and filled with its own block only. ``target`` is
+    the device's ``_C.Buffer`` on CPU devices; on GPU devices it is a host numpy
+    block of the shard's shape that is copied to the device afterwards.
     """
     dtype = _dtypes.canonicalize(dtype)
     sharding = _as_sharding(sharding)
+    from ._abstract import ShapeDtypeStruct, is_abstract
+    if is_abstract():
+        sharding.shard_shape(tuple(shape))  # validate
+        return ShapeDtypeStruct(shape, dtype, sharding)
     shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
-    for _, buf, start, _ in blocks:
-        fill(buf, start, shard_shape)
+    for dev, buf, start, _ in blocks:
+        if dev.platform == "cpu":
+            fill(buf, start, shard_shape)
+        else:  # devices without host-addressable memory: fill a host block, then copy it over
+            host = np.empty(shard_shape, dtype)
+            fill(host, start, shard_shape)
+            _C.copy_from_host(buf, host.view(np.uint8) if dtype == _dtypes.bool_ else host,
+                              (0,) * len(shard_shape))
     return Array._create(tuple(shape), dtype, sharding, blocks)
 
 

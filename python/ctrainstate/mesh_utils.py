@@ -15,7 +15,7 @@ def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs)
 
     >>> import ctrainstate as cts
     >>> from ctrainstate import mesh_utils
-    >>> mesh_utils.create_device_mesh((1,)).shape
+    >>> mesh_utils.create_device_mesh((1,), cts.devices()[:1]).shape
     (1,)
     """
     shape = tuple(int(s) for s in mesh_shape)

@@ -117,6 +117,9 @@ def _param_with_axes_sow_reduce_fn(x, y):
 
 def _resolve_module(module):
     if module is None:
+        from .nn.module import current_module
+        module = current_module()
+    if module is None:
         module = current_scope()
         if module is None:
             raise ValueError('param_with_axes/variable_with_axes need a module or scope: call them '
@@ -175,13 +178,40 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
     module = _resolve_module(module)
-    value = module.param(name, init_fn, *init_args, **init_kwargs)
+    sharding = _born_sharding(axes)
+    if sharding is not None:
+        from .nn.module import sharded_initializer
+        try:
+            value = module.param(name, sharded_initializer(init_fn, sharding), *init_args,
+                                 **init_kwargs)
+        except ValueError as e:
+            if "entries but the array has rank" not in str(e):
+                raise
+            # the axes do not fit the value: create it plainly so the check below names it
+            module.scope._reserved.discard(('params', name)) if hasattr(module, 'scope') else \
+                module._reserved.discard(('params', name))
+            value = module.param(name, init_fn, *init_args, **init_kwargs)
+    else:
+        value = module.param(name, init_fn, *init_args, **init_kwargs)
     if axes is not None:
         _check_rank(module, name, value, axes)
         value = with_sharding_constraint(value, PartitionSpec(*axes))
         module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
                    reduce_fn=_param_with_axes_sow_reduce_fn)
     return value
+
+
+def _born_sharding(axes):
+    """The NamedSharding a parameter with logical ``axes`` is created with: under an active
+    mesh, the axes resolved through the active rules; otherwise None (default placement)."""
+    from .sharding import NamedSharding, get_mesh
+    mesh = get_mesh()
+    if mesh is None or axes is None or not _is_logical_spec(axes):
+        return None
+    spec = logical_to_mesh_axes(tuple(axes))
+    if spec is None or any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+        return None
+    return NamedSharding(mesh, spec)
 
 
 class PartitionedVariable(Variable):

@@ -159,7 +159,10 @@ def _scalar(v, name) -> float:
 
 def _produce(shape, dtype, out_sharding, fill):
     """Run ``fill(out, global_shape, start)`` on the host or on every device's block."""
+    from ._abstract import ShapeDtypeStruct, is_abstract
     if out_sharding is None:
+        if is_abstract():
+            return ShapeDtypeStruct(shape, dtype)
         out = np.empty(shape, dtype)
         fill(out, shape, (0,) * len(shape))
         return out

@@ -9,6 +9,7 @@
  * kernels (the fused optimizer reads 4 and writes 3 arrays at once) then
  * take far fewer TLB misses. Where THP is off the advice is a no-op.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -21,16 +22,90 @@
 #define CT_CPU_HUGE_MIN ((size_t)4 << 20)
 #define CT_CPU_HUGE_ALIGN ((size_t)2 << 20)
 
+/* --- a small cache of freed blocks ------------------------------------------
+ * Training loops allocate the same shapes every step; handing a freed block
+ * back instead of returning it to the OS avoids a page fault per 4 KiB on every
+ * allocation (costly on VMs). Blocks are matched by exact (rounded) size; the
+ * cache is bounded in entries and bytes, and is shared by all CPU devices (they
+ * live in one address space). Device accounting (bytes_in_use) is unaffected:
+ * cached blocks belong to no device. */
+
+#define CACHE_ENTRIES 128
+#define CACHE_MAX_BYTES ((size_t)512 << 20)
+#define CACHE_MIN_BYTES ((size_t)64 << 10) /* small blocks come cheaply from malloc */
+
+static struct {
+    void *ptr[CACHE_ENTRIES];
+    size_t size[CACHE_ENTRIES];
+    int n;
+    size_t bytes;
+    pthread_mutex_t lock;
+} g_cache = {.n = 0, .bytes = 0, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t round_size(size_t nbytes) {
+    size_t unit = nbytes >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN
+                  : nbytes >= CACHE_MIN_BYTES ? 4096 : CT_CPU_ALIGN;
+    size_t r = (nbytes + unit - 1) / unit * unit;
+    return r == 0 ? CT_CPU_ALIGN : r;
+}
+
+static void *cache_take(size_t size) {
+    void *p = NULL;
+    if (size < CACHE_MIN_BYTES) return NULL;
+    pthread_mutex_lock(&g_cache.lock);
+    for (int i = g_cache.n - 1; i >= 0; i--) {
+        if (g_cache.size[i] == size) {
+            p = g_cache.ptr[i];
+            g_cache.bytes -= size;
+            g_cache.n--;
+            g_cache.ptr[i] = g_cache.ptr[g_cache.n];
+            g_cache.size[i] = g_cache.size[g_cache.n];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_cache.lock);
+    return p;
+}
+
+static int cache_put(void *p, size_t size) {
+    int kept = 0;
+    if (size < CACHE_MIN_BYTES) return 0;
+    pthread_mutex_lock(&g_cache.lock);
+    if (g_cache.n < CACHE_ENTRIES && g_cache.bytes + size <= CACHE_MAX_BYTES) {
+        g_cache.ptr[g_cache.n] = p;
+        g_cache.size[g_cache.n] = size;
+        g_cache.n++;
+        g_cache.bytes += size;
+        kept = 1;
+    }
+    pthread_mutex_unlock(&g_cache.lock);
+    return kept;
+}
+
+void ct_cpu_release_cached(void) {
+    pthread_mutex_lock(&g_cache.lock);
+    for (int i = 0; i < g_cache.n; i++) free(g_cache.ptr[i]);
+    g_cache.n = 0;
+    g_cache.bytes = 0;
+    pthread_mutex_unlock(&g_cache.lock);
+}
+
 static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
     /* Round up: aligned_alloc needs a multiple of the alignment, and a
      * zero-byte buffer still gets a unique pointer. */
-    const size_t align = nbytes >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN : CT_CPU_ALIGN;
-    size_t rounded = (nbytes + align - 1) / align * align;
-    if (rounded == 0) rounded = CT_CPU_ALIGN;
-    void *p = aligned_alloc(align, rounded);
+    size_t rounded = round_size(nbytes);
+    const size_t align = rounded >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN : CT_CPU_ALIGN;
+    void *p = cache_take(rounded); /* same size: allocated with the same alignment and advice */
+    if (p == NULL) {
+        p = aligned_alloc(align, rounded);
+        if (p == NULL) {
+            ct_cpu_release_cached();
+            p = aligned_alloc(align, rounded);
+        }
 #if defined(MADV_HUGEPAGE)
-    if (p != NULL && align == CT_CPU_HUGE_ALIGN) (void)madvise(p, rounded, MADV_HUGEPAGE);
+        if (p != NULL && align == CT_CPU_HUGE_ALIGN) (void)madvise(p, rounded, MADV_HUGEPAGE);
 #endif
+    }
     if (p == NULL) {
         char name[64];
         ct_device_name(dev, name, sizeof name);
@@ -45,8 +120,7 @@ static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
 
 static void cpu_free(struct ct_device *dev, void *ptr, size_t nbytes) {
     (void)dev;
-    (void)nbytes;
-    free(ptr);
+    if (ptr != NULL && !cache_put(ptr, round_size(nbytes))) free(ptr);
 }
 
 /* Copy rows of the innermost dimension; the outer dimensions are flattened

@@ -6,6 +6,9 @@
  * registered (ct_set_blas_sgemm: the bindings hand over scipy's OpenBLAS
  * sgemm when available) and otherwise to a cache-blocked OpenMP kernel here.
  */
+/* No errno from libm here: lets sqrtf/logf loops vectorise (ops report NaN/inf, not errno). */
+#pragma GCC optimize("no-math-errno")
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +16,7 @@
 #include "../../core/ct_layout.h"
 #include "../../core/ct_ops.h"
 #include "cpu_ops.h"
+#include "cpu_vmath.h"
 
 #define PAR_MIN 32768 /* below this many elements a parallel region costs more than it saves */
 
@@ -21,14 +25,14 @@
 static inline float gelu_tanh(float x) {
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */
     float u = c * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    return 0.5f * x * (1.0f + ct_vtanh(u));
 }
 
 static inline float gelu_tanh_grad(float x) {
     const float c = 0.7978845608028654f;
     float x2 = x * x;
     float u = c * (x + 0.044715f * x2 * x);
-    float t = tanhf(u);
+    float t = ct_vtanh(u);
     float du = c * (1.0f + 3.0f * 0.044715f * x2);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
@@ -54,19 +58,25 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
         }
         break;
     case CT_UN_NEG: LOOP(-v); break;
-    case CT_UN_SIN: LOOP(sinf(v)); break;
-    case CT_UN_COS: LOOP(cosf(v)); break;
-    case CT_UN_TANH: LOOP(tanhf(v)); break;
+    case CT_UN_SIN:
+    case CT_UN_COS:
+        if (op == CT_UN_SIN) LOOP(ct_vsincos(v, 0));
+        else LOOP(ct_vsincos(v, 1));
+        /* the rare huge arguments (and NaN/inf): libm's full range reduction */
+        for (int64_t i = 0; i < n; i++)
+            if (!(fabsf(x[i]) < CT_VSIN_MAX)) y[i] = op == CT_UN_COS ? cosf(x[i]) : sinf(x[i]);
+        break;
+    case CT_UN_TANH: LOOP(ct_vtanh(v)); break;
     case CT_UN_RELU: LOOP(v > 0.0f ? v : 0.0f); break;
     case CT_UN_STEP: LOOP(v > 0.0f ? 1.0f : 0.0f); break;
     case CT_UN_GELU: LOOP(gelu_tanh(v)); break;
     case CT_UN_GELU_GRAD: LOOP(gelu_tanh_grad(v)); break;
-    case CT_UN_EXP: LOOP(expf(v)); break;
+    case CT_UN_EXP: LOOP(ct_vexp(v)); break;
     case CT_UN_LOG: LOOP(logf(v)); break;
     case CT_UN_SQRT: LOOP(sqrtf(v)); break;
     case CT_UN_RSQRT: LOOP(1.0f / sqrtf(v)); break;
     case CT_UN_SQUARE: LOOP(v * v); break;
-    case CT_UN_SIGMOID: LOOP(1.0f / (1.0f + expf(-v))); break;
+    case CT_UN_SIGMOID: LOOP(1.0f / (1.0f + ct_vexp(-v))); break;
     case CT_UN_ABS: LOOP(fabsf(v)); break;
     case CT_UN_SIGN: LOOP(v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f)); break;
     case CT_UN_POW: LOOP(powf(v, alpha)); break;

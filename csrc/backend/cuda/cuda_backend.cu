@@ -15,6 +15,20 @@
 
 const ct_core_services *ct_cuda_core = NULL;
 
+/* cuda_ops.cu */
+extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float beta, int64_t n,
+                                   const float *x, float *y);
+extern "C" ct_status ct_cuda_binary(ct_device *dev, int op, int ndim, const int64_t *shape,
+                                    float *out, const float *a, const int64_t *as, const float *b,
+                                    const int64_t *bs);
+extern "C" ct_status ct_cuda_reduce_sum(ct_device *dev, int ndim, const int64_t *shape,
+                                        uint32_t axes, const float *x, float *out);
+extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc);
+extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs,
+                                           int64_t count);
+
 // --- memory -------------------------------------------------------------------
 
 static ct_status cuda_alloc(ct_device *dev, size_t nbytes, void **out) {
@@ -52,8 +66,10 @@ static ct_status cuda_synchronize(ct_device *dev) {
 
 static ct_status cuda_init_device(ct_device *dev) {
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    /* A blocking stream: it is ordered after the legacy default stream, which is how
+     * DLPack producers hand us tensors (we pass stream=1 to __dlpack__). */
     cudaStream_t s;
-    CT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CT_CUDA_TRY(cudaStreamCreate(&s));
     dev->stream = (void *)s;
     size_t free_b = 0, total_b = 0;
     CT_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
@@ -271,11 +287,11 @@ static const ct_backend g_cuda_backend = {
     /* copy_block */ cuda_copy_block,
     /* synchronize */ cuda_synchronize,
     /* init_device */ cuda_init_device,
-    /* unary */ NULL,
-    /* binary */ NULL,
-    /* reduce_sum */ NULL,
-    /* gemm */ NULL,
-    /* allreduce_sum */ NULL,
+    /* unary */ ct_cuda_unary,
+    /* binary */ ct_cuda_binary,
+    /* reduce_sum */ ct_cuda_reduce_sum,
+    /* gemm */ ct_cuda_gemm,
+    /* allreduce_sum */ ct_cuda_allreduce_sum,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

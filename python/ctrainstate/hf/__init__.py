@@ -1,9 +1,16 @@
-"""Helpers for ports of HuggingFace Flax examples (model-parallel regex partition rules).
+"""Helpers for ports of HuggingFace Flax examples: regex partition rules (``partitions``),
+the dropout-rng ``TrainState`` and pmap helpers (``train_state``), run_clm_mp-style specs
+(``model_parallel``) and block-wise dtype casts (``cast``).
 
 >>> from ctrainstate.hf import partitions
 >>> partitions.match(('ln_f', 'scale'), ('transformer', 'ln_f', 'scale'))
 True
 """
-from . import partitions
+from . import partitions, cast, model_parallel, train_state
+from .cast import to_bf16, to_fp16, to_fp32
+from .model_parallel import opt_state_spec, train_state_spec
+from .train_state import TrainState, replicate, shard, shard_prng_key, unreplicate
 
-__all__ = ['partitions']
+__all__ = ['partitions', 'cast', 'model_parallel', 'train_state', 'TrainState', 'replicate',
+           'unreplicate', 'shard', 'shard_prng_key', 'opt_state_spec', 'train_state_spec',
+           'to_bf16', 'to_fp16', 'to_fp32']

@@ -48,6 +48,9 @@ def _full(shape, dtype, value, out_sharding):
     shape = _random._shape(shape)
     dt = _dtypes.canonicalize(dtype)
     if out_sharding is None:
+        from .._abstract import ShapeDtypeStruct, is_abstract
+        if is_abstract():
+            return ShapeDtypeStruct(shape, dt)
         return np.full(shape, value, dt)
     from ..array import _fill_array
 
@@ -249,6 +252,9 @@ def orthogonal(scale=1.0, column_axis: int = -1, dtype=np.float32) -> Initialize
             raise ValueError("orthogonal initializer requires at least a 2D shape")
         if any(d == 0 for d in shape):
             return zeros(key, shape, dt, out_sharding)
+        from .._abstract import ShapeDtypeStruct, is_abstract
+        if is_abstract():
+            return ShapeDtypeStruct(shape, dt, out_sharding)
         n_rows, n_cols = math.prod(shape) // shape[column_axis], shape[column_axis]
         z = _random.normal(key, (max(n_rows, n_cols), min(n_rows, n_cols)), dt)
         q, r = np.linalg.qr(z.astype(np.float32))

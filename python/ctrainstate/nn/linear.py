@@ -62,17 +62,21 @@ def _canon(axes, ndim):
 
 
 class DenseGeneral(Module):
-    """Dense over several input axes and/or producing several feature axes.
+    """Dense over several input axes and/or producing several feature axes (Flax's
+    ``DenseGeneral`` without ``batch_dims``).
 
     ``axis``: input axes contracted (default the last); ``features``: an int or a
-    tuple of output sizes. ``kernel_axes``: logical axis names of the kernel
-    (``len(axis) + len(features)`` names), recorded with ``param_with_axes`` as in
-    t5x's ``DenseGeneral``.
+    tuple of output sizes. As in Flax, the kernel (and bias) initializer sees the
+    flattened 2-d shape ``(prod(in), prod(features))``. ``kernel_axes``: logical
+    axis names of the kernel (``len(axis) + len(features)`` names), declared with
+    ``param_with_axes`` as in t5x's ``DenseGeneral`` (the bias takes the feature
+    names). Multi-axis kernels are generated on the host and scattered; 2-d ones
+    are generated in place on each device.
     """
 
     features: Any
     axis: Any = -1
-    use_bias: bool = False
+    use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = np.float32
     kernel_init: Callable = default_kernel_init
@@ -81,35 +85,55 @@ class DenseGeneral(Module):
 
     @compact
     def __call__(self, inputs):
-        from ..partitioning import param_with_axes
         feats = (self.features,) if isinstance(self.features, int) else tuple(self.features)
         nd = len(np.shape(inputs))
         axes = _canon(self.axis, nd)
         in_shape = tuple(np.shape(inputs)[a] for a in axes)
         kshape = in_shape + feats
-        if self.kernel_axes:
-            kernel = param_with_axes("kernel", self.kernel_init, kshape, self.param_dtype,
-                                     axes=tuple(self.kernel_axes), module=self.scope)
-        else:
-            kernel = self.param("kernel", self.kernel_init, kshape, self.param_dtype)
+        flat = (math.prod(in_shape), math.prod(feats))
+        kernel = self._declare("kernel", _flat_init(self.kernel_init, flat), kshape,
+                               tuple(self.kernel_axes) or None)
         x = inputs
         keep = [d for d in range(nd) if d not in axes]
         if axes != tuple(range(nd - len(axes), nd)):
             x = cnp.transpose(x, keep + list(axes))
         batch_shape = tuple(np.shape(inputs)[d] for d in keep)
-        x2 = cnp.reshape(x, batch_shape + (math.prod(in_shape),)) if len(axes) != 1 else x
-        k2 = cnp.reshape(kernel, (math.prod(in_shape), math.prod(feats))) if kshape != (math.prod(in_shape), math.prod(feats)) else kernel
+        x2 = cnp.reshape(x, batch_shape + (flat[0],)) if len(axes) != 1 else x
+        k2 = cnp.reshape(kernel, flat) if kshape != flat else kernel
         y = cnp.matmul(x2, k2)
         if len(feats) != 1:
             y = cnp.reshape(y, batch_shape + feats)
         if self.use_bias:
-            if self.kernel_axes:
-                bias = param_with_axes("bias", self.bias_init, feats, self.param_dtype,
-                                       axes=tuple(self.kernel_axes[len(axes):]), module=self.scope)
-            else:
-                bias = self.param("bias", self.bias_init, feats, self.param_dtype)
+            bias = self._declare("bias", _flat_init(self.bias_init, (flat[1],)), feats,
+                                 tuple(self.kernel_axes[len(axes):]) or None)
             y = y + bias
         return y
+
+    def _declare(self, name, init, shape, axes):
+        if axes:
+            from ..partitioning import param_with_axes
+            return param_with_axes(name, init, shape, self.param_dtype, axes=axes, module=self)
+        return self.param(name, init, shape, self.param_dtype)
+
+
+def _flat_init(init_fn, flat_shape):
+    """Call ``init_fn`` on ``flat_shape`` and reshape to the requested shape (Flax's
+    ``kernel_init_wrap``); in place on devices when no reshape is needed."""
+    from .module import _accepts_out_sharding
+
+    def init(key, shape, dtype=np.float32, out_sharding=None):
+        shape = tuple(shape)
+        if shape == tuple(flat_shape):
+            if out_sharding is not None and _accepts_out_sharding(init_fn):
+                return init_fn(key, shape, dtype, out_sharding=out_sharding)
+            v = init_fn(key, shape, dtype)
+        else:
+            v = init_fn(key, tuple(flat_shape), dtype)
+            v = np.reshape(np.asarray(v), shape) if not hasattr(v, "reshape") or isinstance(v, np.ndarray) else v.reshape(shape)
+        if out_sharding is not None:
+            return device_put(v, out_sharding)
+        return v
+    return init
 
 
 class Embed(Module):
@@ -127,10 +151,9 @@ class Embed(Module):
         shape = (self.num_embeddings, self.features)
         if self.embedding_axes:
             from ..partitioning import param_with_axes
-            with self.scope:
-                self.embedding = param_with_axes("embedding", self.embedding_init, shape,
-                                                 self.param_dtype, axes=tuple(self.embedding_axes),
-                                                 module=self.scope)
+            self.embedding = param_with_axes("embedding", self.embedding_init, shape,
+                                             self.param_dtype, axes=tuple(self.embedding_axes),
+                                             module=self)
         else:
             self.embedding = self.param("embedding", self.embedding_init, shape, self.param_dtype)
 

@@ -185,7 +185,8 @@ class Partitioned(AxisMetadata):
             if isinstance(self.value, Array):
                 target = NamedSharding(mesh, self.get_partition_spec())
                 if self.value.sharding != target:
-                    return device_put(self.value, target)
+                    from .._ops import with_sharding  # differentiable reshard
+                    return with_sharding(self.value, target)
         return self.value
 
     def replace_boxed(self, val):
@@ -241,7 +242,13 @@ def with_partitioning(fn: Callable[..., Any], names, mesh=None) -> Callable[...,
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return Partitioned(fn(*args, **kwargs), names, mesh=mesh)
+        from ..sharding import NamedSharding, PartitionSpec, get_mesh
+        m = mesh if mesh is not None else get_mesh()
+        init = fn
+        if m is not None and 'out_sharding' not in kwargs:  # born sharded
+            from .module import sharded_initializer
+            init = sharded_initializer(fn, NamedSharding(m, PartitionSpec(*names)))
+        return Partitioned(init(*args, **kwargs), names, mesh=mesh)
 
     return wrapper
 

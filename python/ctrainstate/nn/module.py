@@ -49,7 +49,8 @@ from ..sharding import NamedSharding, get_mesh
 from . import meta
 from .scope import Scope
 
-__all__ = ["Module", "compact", "ModuleScope", "fold_in_static"]
+__all__ = ["Module", "compact", "ModuleScope", "current_module", "fold_in_static",
+           "sharded_initializer"]
 
 
 # --- RNG derivation (Flax's LazyRng / _fold_in_static) ------------------------------------
@@ -124,6 +125,12 @@ class _Frame:
     def __init__(self, module: "Module", compact: bool):
         self.module = module
         self.compact = compact
+
+
+def current_module() -> "Module | None":
+    """The module whose method is executing on this thread (innermost), or None."""
+    stack = _module_stack()
+    return stack[-1].module if stack else None
 
 
 def compact(fn: Callable) -> Callable:

@@ -21,6 +21,8 @@ import enum
 import functools
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from .. import _C
 from .. import tree_util
 from ..sharding import NamedSharding, PartitionSpec
@@ -199,6 +201,9 @@ def _constrain_array(x, axis_resources, mesh):
     target = NamedSharding(mesh, spec)
     if x.sharding == target:
         return x
+    from .._ops import with_sharding  # differentiable: the cotangent goes back to x's sharding
+    if x.dtype == np.float32:
+        return with_sharding(x, target)
     return device_put(x, target)
 
 
@@ -320,6 +325,14 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return LogicallyPartitioned(fn(*args, **kwargs), names, mesh=mesh, rules=rules)
+        from ..sharding import NamedSharding, get_mesh
+        m = mesh if mesh is not None else get_mesh()
+        init = fn
+        if m is not None and 'out_sharding' not in kwargs:  # born sharded
+            spec = logical_to_mesh_axes(tuple(names), rules)
+            if spec is not None and all(e is not PartitionSpec.UNCONSTRAINED for e in spec):
+                from .module import sharded_initializer
+                init = sharded_initializer(fn, NamedSharding(m, spec))
+        return LogicallyPartitioned(init(*args, **kwargs), names, mesh=mesh, rules=rules)
 
     return wrapper

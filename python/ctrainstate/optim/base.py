@@ -102,8 +102,9 @@ def identity() -> GradientTransformation:
 
 def _scalar_sharding(ref):
     """Where scalar counters live: replicated over the mesh of the first Array in ``ref``."""
+    from .._abstract import ShapeDtypeStruct
     for leaf in tree_leaves(ref):
-        if isinstance(leaf, Array):
+        if isinstance(leaf, (Array, ShapeDtypeStruct)) and leaf.sharding is not None:
             s = leaf.sharding
             if isinstance(s, NamedSharding):
                 return NamedSharding(s.mesh, PartitionSpec())
@@ -120,6 +121,9 @@ def scalar(value, dtype, ref=None, sharding=None) -> Array:
 def full_like(x, value) -> Array:
     """An Array of x's shape, dtype and sharding filled with ``value`` (numpy inputs are placed
     like ``device_put``)."""
+    from .._abstract import ShapeDtypeStruct
+    if isinstance(x, ShapeDtypeStruct):
+        return ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
     if not isinstance(x, Array):
         x = np.asarray(x)
         return device_put(np.full(x.shape, value, _dtypes.canonicalize(x.dtype)))

@@ -1,0 +1,146 @@
+"""Time per SIREN training step: ctrainstate (1 device and the 2x4 mesh of CPU devices)
+against the same model in Flax on jax-cpu (jit), in the same process.
+
+    python benchmarks/bench_siren.py [--size 64] [--hidden 256] [--steps 20]
+    python benchmarks/bench_siren.py --gpu     # GPU devices vs Flax on jax-gpu
+
+Prints a table with ms/step and the ratio to Flax (>1 means ctrainstate is slower).
+"""
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+GPU = "--gpu" in sys.argv
+os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", "8")
+if not GPU:
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import numpy as np  # noqa: E402
+
+import ctrainstate as cts  # noqa: E402
+import ctrainstate.numpy as cnp  # noqa: E402
+from ctrainstate import NamedSharding, P, optim, random  # noqa: E402
+from ctrainstate import partitioning as nn_partitioning  # noqa: E402
+from ctrainstate.train_state import TrainState  # noqa: E402
+import siren  # noqa: E402
+
+
+def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps):
+    devs = cts.devices("gpu" if GPU else "cpu")[: math.prod(mesh_shape)]
+    if len(devs) < math.prod(mesh_shape):
+        raise RuntimeError(f"needs {math.prod(mesh_shape)} devices (CTRAINSTATE_GPU_SPLIT)")
+    mesh = cts.Mesh(np.array(devs, dtype=object).reshape(mesh_shape), ("data", "model"))
+    model = siren.Siren(hidden=hidden, layers=layers, out_features=target.shape[1])
+    with mesh, nn_partitioning.axis_rules(siren.RULES):
+        c = cts.device_put(coords, NamedSharding(mesh, P("data", None)))
+        t = cts.device_put(target, NamedSharding(mesh, P("data", None)))
+        v = model.init(random.PRNGKey(0), c)
+        state = TrainState.create(apply_fn=model.apply, params=v["params"], tx=optim.adam(1e-4))
+
+        def loss_fn(p):
+            return cnp.mean(cnp.square(state.apply_fn({"params": p}, c) - t))
+        grad_fn = cts.value_and_grad(loss_fn)
+        times = []
+        for i in range(steps + 2):
+            t0 = time.perf_counter()
+            loss, g = grad_fn(state.params)
+            state = state.apply_gradients(grads=g)
+            float(loss)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3, float(loss)
+
+
+def time_flax(coords, target, hidden, layers, steps):
+    import jax
+    import jax.numpy as jnp
+    import flax.linen as fnn
+    import optax
+    from flax.training.train_state import TrainState as FState
+
+    class SineDense(fnn.Module):
+        features: int
+        first: bool = False
+        last: bool = False
+
+        @fnn.compact
+        def __call__(self, x):
+            fan = x.shape[-1]
+            b = 1.0 / fan if self.first else math.sqrt(6.0 / fan) / 30.0
+            u = lambda bound: (lambda k, s, d=jnp.float32: jax.random.uniform(k, s, d, -bound, bound))
+            k = self.param("kernel", u(b), (fan, self.features))
+            bias = self.param("bias", u(1.0 / math.sqrt(fan)), (self.features,))
+            y = x @ k + bias
+            return y if self.last else jnp.sin(30.0 * y)
+
+    class FSiren(fnn.Module):
+        @fnn.compact
+        def __call__(self, x):
+            x = SineDense(hidden, first=True)(x)
+            for _ in range(layers - 1):
+                x = SineDense(hidden)(x)
+            return SineDense(target.shape[1], last=True)(x)
+
+    m = FSiren()
+    st = FState.create(apply_fn=m.apply, params=m.init(jax.random.PRNGKey(0), coords)["params"],
+                       tx=optax.adam(1e-4))
+
+    @jax.jit
+    def step(st, c, t):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(jnp.square(st.apply_fn({"params": p}, c) - t)))(st.params)
+        return st.apply_gradients(grads=g), loss
+
+    c, t = jnp.asarray(coords), jnp.asarray(target)
+    times = []
+    for i in range(steps + 2):
+        t0 = time.perf_counter()
+        st, loss = step(st, c, t)
+        loss.block_until_ready()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3, float(loss)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--gpu", action="store_true", help="GPU devices, and Flax on jax-gpu")
+    a = ap.parse_args()
+    img = siren.test_image(a.size)
+    h, w, c = img.shape
+    ys, xs = np.meshgrid(np.linspace(-1, 1, h), np.linspace(-1, 1, w), indexing="ij")
+    coords = np.stack([ys, xs], -1).reshape(-1, 2).astype(np.float32)
+    target = (img.reshape(-1, c) * 2 - 1).astype(np.float32)
+    print(f"SIREN {a.layers}x{a.hidden}, {h}x{w} image ({coords.shape[0]} pixels), "
+          f"median of {a.steps} steps, load average {os.getloadavg()[0]:.2f}")
+    kind = "GPU" if GPU else "CPU"
+    rows = [(f"ctrainstate, 1 {kind} device", time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps))]
+    try:
+        rows.append((f"ctrainstate, 2x4 mesh (8 {kind} devices)",
+                     time_ctrainstate((2, 4), coords, target, a.hidden, a.layers, a.steps)))
+    except RuntimeError as e:
+        print(f"2x4 mesh skipped: {e}")
+    try:
+        rows.append((f"flax on jax-{kind.lower()} (jit)", time_flax(coords, target, a.hidden, a.layers, a.steps)))
+        ref = rows[-1][1][0]
+    except ImportError as e:
+        print(f"flax/jax/optax not installed ({e}): peer skipped")
+        ref = None
+    print(f"{'implementation':40s} {'ms/step':>9s} {'vs flax':>8s}")
+    for name, (ms, _) in rows:
+        ratio = f"{ms / ref:7.2f}x" if ref else "   n/a"
+        print(f"{name:40s} {ms:9.2f} {ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+/*
+ * cuda_ops.cu — the array-op kernels of the CUDA backend (semantics in core/ct_ops.h).
+ *
+ * Elementwise kernels use grid-stride loops; broadcasting binary ops compute
+ * operand offsets from the output index and per-operand element strides (0 on
+ * broadcast dimensions). GEMM goes to cuBLAS (one handle per logical device,
+ * bound to its stream). The all-reduce sums the buffers of logical devices
+ * with one kernel that reads every buffer directly (same GPU, or peers through
+ * unified addressing) — collectives between distinct GPUs through NCCL are a
+ * later step. Every launch is on the device's stream; work is ordered per
+ * device and synchronised where data leaves it (copies, all-reduce).
+ */
+#include <cublas_v2.h>
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+extern "C" {
+#include "../../core/ct_ops.h"
+}
+
+#define MAX_ND 16
+
+static unsigned grid_for(long long n, int threads) {
+    long long b = (n + threads - 1) / threads;
+    if (b > 65535LL * 8) b = 65535LL * 8;
+    if (b < 1) b = 1;
+    return (unsigned)b;
+}
+
+// --- unary ------------------------------------------------------------------------
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+    const float c = 0.7978845608028654f;
+    float x2 = x * x;
+    float t = tanhf(c * (x + 0.044715f * x2 * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x2);
+}
+
+__global__ void unary_kernel(int op, float alpha, float beta, long long n, const float *x, float *y) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = op == CT_UN_AFFINE && alpha == 0.0f ? 0.0f : x[i];
+        float r;
+        switch (op) {
+        case CT_UN_AFFINE: r = alpha == 0.0f ? beta : alpha * v + beta; break;
+        case CT_UN_NEG: r = -v; break;
+        case CT_UN_SIN: r = sinf(v); break;
+        case CT_UN_COS: r = cosf(v); break;
+        case CT_UN_TANH: r = tanhf(v); break;
+        case CT_UN_RELU: r = v > 0.0f ? v : 0.0f; break;
+        case CT_UN_STEP: r = v > 0.0f ? 1.0f : 0.0f; break;
+        case CT_UN_GELU: r = gelu_tanh(v); break;
+        case CT_UN_GELU_GRAD: r = gelu_tanh_grad(v); break;
+        case CT_UN_EXP: r = expf(v); break;
+        case CT_UN_LOG: r = logf(v); break;
+        case CT_UN_SQRT: r = sqrtf(v); break;
+        case CT_UN_RSQRT: r = rsqrtf(v); break;
+        case CT_UN_SQUARE: r = v * v; break;
+        case CT_UN_SIGMOID: r = 1.0f / (1.0f + expf(-v)); break;
+        case CT_UN_ABS: r = fabsf(v); break;
+        case CT_UN_SIGN: r = v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f); break;
+        case CT_UN_POW: r = powf(v, alpha); break;
+        default: r = alpha / v; break; /* CT_UN_RDIV */
+        }
+        y[i] = r;
+    }
+}
+
+extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float beta, int64_t n,
+                                   const float *x, float *y) {
+    if (n == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    unary_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, alpha, beta, n, x, y);
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}
+
+// --- binary with broadcasting ---------------------------------------------------------
+
+struct bin_args {
+    int ndim;
+    long long shape[MAX_ND];
+    long long as[MAX_ND];
+    long long bs[MAX_ND];
+};
+
+__device__ __forceinline__ float bin_apply(int op, float a, float b) {
+    switch (op) {
+    case CT_BIN_ADD: return a + b;
+    case CT_BIN_SUB: return a - b;
+    case CT_BIN_MUL: return a * b;
+    case CT_BIN_DIV: return a / b;
+    case CT_BIN_MAX: return a > b ? a : b;
+    case CT_BIN_MIN: return a < b ? a : b;
+    default: return a > b ? 1.0f : 0.0f;
+    }
+}
+
+__global__ void binary_kernel(int op, long long n, float *out, const float *a, const float *b,
+                              bin_args g) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long rem = i, ao = 0, bo = 0;
+        for (int d = g.ndim - 1; d >= 0; d--) {
+            long long c = rem % g.shape[d];
+            rem /= g.shape[d];
+            ao += c * g.as[d];
+            bo += c * g.bs[d];
+        }
+        out[i] = bin_apply(op, a[ao], b[bo]);
+    }
+}
+
+__global__ void binary_dense_kernel(int op, long long n, float *out, const float *a, const float *b) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = bin_apply(op, a[i], b[i]);
+}
+
+extern "C" ct_status ct_cuda_binary(ct_device *dev, int op, int ndim, const int64_t *shape,
+                                    float *out, const float *a, const int64_t *as,
+                                    const float *b, const int64_t *bs) {
+    if (ndim > MAX_ND) return ct_cuda_core->set_error(CT_EINVAL, "rank %d", ndim);
+    long long n = 1;
+    int dense = 1;
+    long long s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        n *= shape[d];
+        if (shape[d] != 1 && (as[d] != s || bs[d] != s)) dense = 0;
+        s *= shape[d];
+    }
+    if (n == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    if (dense) {
+        binary_dense_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, n, out, a, b);
+    } else {
+        bin_args g;
+        g.ndim = ndim;
+        for (int d = 0; d < ndim; d++) {
+            g.shape[d] = shape[d];
+            g.as[d] = as[d];
+            g.bs[d] = bs[d];
+        }
+        binary_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, n, out, a, b, g);
+    }
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}
+
+// --- sum over axes -------------------------------------------------------------------
+
+struct red_args {
+    int nk, nr;
+    long long kept[MAX_ND], kstride[MAX_ND];
+    long long red[MAX_ND], rstride[MAX_ND];
+    long long nred;
+};
+
+/* One thread per output element; the reduced elements are walked in order (so the
+ * sum does not depend on the launch shape). Coalesced when the innermost dim is kept. */
+__global__ void reduce_kernel(long long nout, const float *x, float *out, red_args g) {
+    for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < nout;
+         q += (long long)gridDim.x * blockDim.x) {
+        long long rem = q, base = 0;
+        for (int j = g.nk - 1; j >= 0; j--) {
+            long long c = rem % g.kept[j];
+            rem /= g.kept[j];
+            base += c * g.kstride[j];
+        }
+        float acc = 0.0f;
+        for (long long t = 0; t < g.nred; t++) {
+            long long trem = t, off = base;
+            for (int j = g.nr - 1; j >= 0; j--) {
+                long long c = trem % g.red[j];
+                trem /= g.red[j];
+                off += c * g.rstride[j];
+            }
+            acc += x[off];
+        }
+        out[q] = acc;
+    }
+}
+
+/* Innermost dims reduced and contiguous: one block per output, tree reduction. */
+__global__ void reduce_rows_kernel(long long inner, const float *x, float *out) {
+    __shared__ float buf[256];
+    const float *row = x + blockIdx.x * inner;
+    float acc = 0.0f;
+    for (long long i = threadIdx.x; i < inner; i += blockDim.x) acc += row[i];
+    buf[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = buf[0];
+}
+
+extern "C" ct_status ct_cuda_reduce_sum(ct_device *dev, int ndim, const int64_t *shape,
+                                        uint32_t axes, const float *x, float *out) {
+    red_args g;
+    g.nk = g.nr = 0;
+    long long xs[MAX_ND], st = 1, nout = 1;
+    g.nred = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        xs[d] = st;
+        st *= shape[d];
+    }
+    for (int d = 0; d < ndim; d++) {
+        if (axes & (1u << d)) {
+            g.red[g.nr] = shape[d];
+            g.rstride[g.nr++] = xs[d];
+            g.nred *= shape[d];
+        } else {
+            g.kept[g.nk] = shape[d];
+            g.kstride[g.nk++] = xs[d];
+            nout *= shape[d];
+        }
+    }
+    if (nout == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    cudaStream_t s = ct_cuda_stream(dev);
+    /* trailing dims all reduced (and leading kept): contiguous rows */
+    int trailing = 1, seen_kept = 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int r = (axes >> d) & 1u;
+        if (!r) seen_kept = 1;
+        else if (seen_kept) trailing = 0;
+    }
+    if (trailing && g.nr > 0 && g.nred >= 256 && nout < (1LL << 31)) {
+        reduce_rows_kernel<<<(unsigned)nout, 256, 0, s>>>(g.nred, x, out);
+    } else {
+        reduce_kernel<<<grid_for(nout, 256), 256, 0, s>>>(nout, x, out, g);
+    }
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}
+
+// --- GEMM through cuBLAS --------------------------------------------------------------------
+
+static cublasHandle_t g_handles[CT_MAX_DEVICES];
+
+static ct_status handle_for(ct_device *dev, cublasHandle_t *out) {
+    if (dev->id < 0 || dev->id >= CT_MAX_DEVICES)
+        return ct_cuda_core->set_error(CT_EINVAL, "device id %d out of range", dev->id);
+    if (g_handles[dev->id] == NULL) {
+        cublasHandle_t h;
+        if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+            return ct_cuda_core->set_error(CT_EDEVICE, "cublasCreate failed on CudaDevice(id=%d)",
+                                           dev->id);
+        cublasSetStream(h, ct_cuda_stream(dev));
+        g_handles[dev->id] = h;
+    }
+    *out = g_handles[dev->id];
+    return CT_OK;
+}
+
+extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (m == 0 || n == 0) return CT_OK;
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+        return ct_cuda_core->set_error(CT_EINVAL, "matmul dimensions exceed 2^31");
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    cublasHandle_t h = NULL;
+    CT_TRY(handle_for(dev, &h));
+    if (k == 0) {  /* C = beta*C */
+        return ct_cuda_unary(dev, CT_UN_AFFINE, beta, 0.0f, m * n, c, c);
+    }
+    /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
+    cublasStatus_t st = cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    (int)n, (int)m, (int)k, &alpha, b, (int)ldb, a, (int)lda, &beta,
+                                    c, (int)ldc);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return ct_cuda_core->set_error(CT_EDEVICE, "cublasSgemm failed (status %d) on CudaDevice(id=%d)",
+                                       (int)st, dev->id);
+    return CT_OK;
+}
+
+// --- all-reduce among logical devices ----------------------------------------------------------
+
+#define MAX_GROUP 64
+
+struct ar_args {
+    int n;
+    float *bufs[MAX_GROUP];
+};
+
+__global__ void allreduce_kernel(long long count, ar_args g) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
+         i += (long long)gridDim.x * blockDim.x) {
+        float acc = g.bufs[0][i];
+        for (int j = 1; j < g.n; j++) acc += g.bufs[j][i];
+        for (int j = 0; j < g.n; j++) g.bufs[j][i] = acc;
+    }
+}
+
+extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+    if (nbufs == 1 || count == 0) return CT_OK;
+    if (nbufs > MAX_GROUP)
+        return ct_cuda_core->set_error(CT_EINVAL, "all-reduce over more than %d devices", MAX_GROUP);
+    for (int j = 0; j < nbufs; j++) {
+        if (devs[j]->ordinal != devs[0]->ordinal) {
+            /* peers: let the kernel on GPU 0 of the group read them */
+            CT_CUDA_TRY(cudaSetDevice(devs[0]->ordinal));
+            cudaError_t e = cudaDeviceEnablePeerAccess(devs[j]->ordinal, 0);
+            if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CT_CUDA_TRY(e);
+            cudaGetLastError();
+        }
+        CT_CUDA_TRY(cudaSetDevice(devs[j]->ordinal));
+        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(devs[j])));
+    }
+    ar_args g;
+    g.n = nbufs;
+    for (int j = 0; j < nbufs; j++) g.bufs[j] = bufs[j];
+    CT_CUDA_TRY(cudaSetDevice(devs[0]->ordinal));
+    cudaStream_t s = ct_cuda_stream(devs[0]);
+    allreduce_kernel<<<grid_for(count, 256), 256, 0, s>>>(count, g);
+    CT_CUDA_TRY(cudaGetLastError());
+    CT_CUDA_TRY(cudaStreamSynchronize(s));
+    return CT_OK;
+}

@@ -1,0 +1,114 @@
+"""Abstract evaluation: :class:`ShapeDtypeStruct` and :func:`eval_shape`.
+
+``eval_shape(fn, *args)`` runs ``fn`` with every array replaced by a
+``ShapeDtypeStruct`` and every array *creation* (initializers, samplers,
+``device_put``, optimizer state) answered with one, so nothing is allocated on
+any device. Ops propagate shapes; parameters created under ``with mesh,
+axis_rules(...)`` carry the sharding they would be born with.
+
+>>> import numpy as np, ctrainstate as cts
+>>> from ctrainstate import nn, random
+>>> shapes = cts.eval_shape(nn.Dense(3).init, random.PRNGKey(0), np.ones((2, 5), np.float32))
+>>> shapes['params']['kernel']
+ShapeDtypeStruct(shape=(5, 3), dtype=float32)
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+
+from ._operators import OperatorsMixin
+
+__all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]
+
+_tls = threading.local()
+
+
+class ShapeDtypeStruct(OperatorsMixin):
+    """A shape, a dtype and (optionally) a sharding — an array without data."""
+
+    __slots__ = ("shape", "dtype", "sharding")
+    __array_ufunc__ = None
+
+    def __init__(self, shape, dtype, sharding=None):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __eq__(self, other):
+        return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape
+                and self.dtype == other.dtype and self.sharding == other.sharding)
+
+    def __hash__(self):
+        return hash((self.shape, self.dtype.str))
+
+    def __repr__(self):
+        s = f", sharding={self.sharding!r}" if self.sharding is not None else ""
+        return f"ShapeDtypeStruct(shape={self.shape}, dtype={self.dtype}{s})"
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d ShapeDtypeStruct")
+        return self.shape[0]
+
+
+def is_abstract() -> bool:
+    """True inside :func:`eval_shape`: array creation returns ShapeDtypeStructs."""
+    return getattr(_tls, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def abstract_mode():
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.depth -= 1
+
+
+def to_abstract(x):
+    """ShapeDtypeStruct of an array-like leaf (others unchanged)."""
+    from .array import Array
+    if isinstance(x, ShapeDtypeStruct):
+        return x
+    if isinstance(x, Array):
+        return ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
+    if isinstance(x, (np.ndarray, np.generic)):
+        from . import _dtypes
+        dt = x.dtype
+        try:
+            dt = _dtypes.canonicalize(dt)
+        except TypeError:
+            pass
+        return ShapeDtypeStruct(x.shape, dt)
+    return x
+
+
+def eval_shape(fn, *args, **kwargs):
+    """Shapes, dtypes (and shardings) of ``fn(*args, **kwargs)``'s outputs, allocating nothing.
+
+    Array arguments become ShapeDtypeStructs; PRNG keys (uint32[2]) stay concrete
+    so that code deriving keys runs unchanged.
+    """
+    from .tree_util import tree_map
+
+    def conv(x):
+        if isinstance(x, np.ndarray) and x.dtype == np.uint32 and x.shape == (2,):
+            return x  # a PRNG key
+        return to_abstract(x)
+
+    args = tree_map(conv, args)
+    kwargs = tree_map(conv, kwargs)
+    with abstract_mode():
+        out = fn(*args, **kwargs)
+    return tree_map(to_abstract, out)

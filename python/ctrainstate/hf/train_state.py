@@ -1,0 +1,86 @@
+"""HuggingFace Flax example helpers: the dropout-rng ``TrainState`` of run_clm_flax.py and
+flax's pmap-style helpers (``replicate``, ``unreplicate``, ``shard``, ``shard_prng_key``).
+
+``replicate(tree)`` puts one copy of every leaf on each local device, as a
+leading axis of size ``local_device_count`` sharded over a 1-D ``('batch',)``
+mesh (pmap's layout: each device holds exactly its copy). ``unreplicate`` takes
+copy 0 from device 0 without gathering the others.
+
+>>> import numpy as np, ctrainstate as cts
+>>> from ctrainstate.hf import train_state as hts
+>>> n = cts.local_device_count()
+>>> r = hts.replicate({'w': np.ones(3, np.float32)})
+>>> r['w'].shape == (n, 3), np.asarray(hts.unreplicate(r)['w']).tolist()
+(True, [1.0, 1.0, 1.0])
+>>> hts.shard(np.zeros((2 * n, 5))).shape == (n, 2, 5)
+True
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import random
+from .._devices import local_device_count, local_devices
+from ..array import Array, device_put
+from ..sharding import Mesh, NamedSharding, PartitionSpec
+from ..train_state import TrainState as _FlaxTrainState
+from ..tree_util import tree_map
+
+__all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key']
+
+
+def _host(x):
+    if isinstance(x, Array):
+        return np.asarray(x)
+    return np.asarray(x)
+
+
+def replicate(tree, devices=None):
+    """One copy of each leaf per device, stacked on a new leading axis (flax.jax_utils)."""
+    devs = list(devices) if devices is not None else local_devices()
+    sharding = NamedSharding(Mesh(np.array(devs, dtype=object), ('batch',)), PartitionSpec('batch'))
+
+    def rep(x):
+        h = _host(x)
+        return device_put(np.broadcast_to(h, (len(devs),) + h.shape).copy(), sharding)
+    return tree_map(rep, tree)
+
+
+def unreplicate(tree):
+    """Copy 0 of each replicated leaf (read from the first device's block only)."""
+    def first(x):
+        if isinstance(x, Array):
+            sh = x.addressable_shards
+            for s in sh:
+                if s.index and s.index[0].start in (0, None) and s.data is not None:
+                    blk = np.asarray(s.data)[0]
+                    return device_put(blk, s.device)
+            return device_put(np.asarray(x)[0])
+        return np.asarray(x)[0]
+    return tree_map(first, tree)
+
+
+def shard(xs):
+    """Reshape every leaf to ``(local_device_count, -1, *rest)`` (flax.training.common_utils)."""
+    n = local_device_count()
+    return tree_map(lambda x: np.asarray(x).reshape((n, -1) + np.shape(x)[1:]), xs)
+
+
+def shard_prng_key(prng_key):
+    """``random.split(key, local_device_count)``: one dropout key per device."""
+    return random.split(prng_key, local_device_count())
+
+
+class TrainState(_FlaxTrainState):
+    """run_clm_flax.py's ``TrainState``: flax's, plus ``dropout_rng`` and ``replicate()``.
+
+    ``apply_gradients(grads=g, dropout_rng=new_rng)`` replaces the rng with the step.
+    """
+
+    dropout_rng: Any = None
+
+    def replicate(self):
+        """The state on every local device, with a different dropout key per device."""
+        return replicate(self).replace(dropout_rng=shard_prng_key(self.dropout_rng))

@@ -1,0 +1,429 @@
+"""t5x's optimizer layer (mirror of ``t5x.optimizers``) over :mod:`ctrainstate.optim`.
+
+``OptimizerDef`` / ``Optimizer`` / ``OptimizerState`` are the legacy flax.optim
+interface t5x's ``FlaxOptimTrainState`` drives. ``OptaxWrapper(tx)`` adapts any
+ctrainstate.optim transformation; ``adam``, ``adamw``, ``sgd``, ... are the
+wrapped constructors. ``derive_logical_axes`` gives the optimizer state the
+logical axes of the params it tracks, so optimizer state is sharded exactly like
+the params (:func:`derive_optax_logical_axes`; no per-optimizer tree surgery).
+
+As in t5x, ``OptaxWrapper.apply_gradient`` ignores the ``learning_rate`` passed to
+it: the rate lives in the optax transformation (a schedule). A fusable
+transformation runs ctrainstate's fused kernel in place, donating the old
+params and state (what t5x's ``donate_argnums=(0,)`` train step does).
+
+>>> import numpy as np
+>>> from ctrainstate.t5x import optimizers
+>>> opt = optimizers.sgd(0.5).create({'w': np.ones(2, np.float32)})
+>>> opt = opt.apply_gradient({'w': np.ones(2, np.float32)}, learning_rate=123.0)
+>>> int(opt.state.step), np.asarray(opt.target['w']).tolist()
+(1, [0.5, 0.5])
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import optim
+from .._abstract import ShapeDtypeStruct
+from ..array import Array, device_put
+from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
+from ..sharding import PartitionSpec
+from ..train_state import PyTreeNode, field
+from ..tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
+from .serialization import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
+
+__all__ = [
+    'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',
+    'derive_optax_logical_axes', 'wrap_optax_optimizer', 'MultiOptimizer',
+    'ModelParamTraversal', 'chain', 'adam', 'adamw', 'sgd', 'lion', 'rmsprop', 'adagrad',
+    'lamb', 'adafactor',
+]
+
+
+class OptimizerState(PyTreeNode):
+    """``(step, param_states)`` (flax.optim.OptimizerState)."""
+    step: Any
+    param_states: Any
+
+
+class OptimizerDef:
+    """Base class of an optimizer definition: hyper-parameters plus the pure functions
+    ``init_state(params)`` and ``apply_gradient(hyper_params, params, state, grads)``."""
+
+    def __init__(self, hyper_params):
+        self.hyper_params = hyper_params
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+        """Update one param: ``(new_param, new_param_state)`` (per-param optimizers)."""
+        raise NotImplementedError()
+
+    def init_param_state(self, param):
+        """The state of one param (per-param optimizers)."""
+        raise NotImplementedError()
+
+    def apply_gradient(self, hyper_params, params, state, grads):
+        """Per-leaf ``apply_param_gradient`` over the tree; returns ``(new_params, new_state)``."""
+        p_leaves, td = tree_flatten(params)
+        s_leaves = _flatten_up_to(td, state.param_states)
+        g_leaves = tree_leaves(grads)
+        out = [self.apply_param_gradient(state.step, hyper_params, p, s, g)
+               for p, s, g in zip(p_leaves, s_leaves, g_leaves)]
+        new_params = tree_unflatten(td, [o[0] for o in out])
+        new_states = tree_unflatten(td, [o[1] for o in out])
+        return new_params, OptimizerState(_next_step(state.step), new_states)
+
+    def init_state(self, params):
+        """OptimizerState(step 0, one state per param leaf)."""
+        leaves, td = tree_flatten(params)
+        return OptimizerState(scalar(0, np.int32, params),
+                              tree_unflatten(td, [self.init_param_state(p) for p in leaves]))
+
+    def update_hyper_params(self, **hyper_param_overrides):
+        """The hyper-parameters with overrides (``hyper_params=`` replaces them all)."""
+        hp = hyper_param_overrides.pop('hyper_params', self.hyper_params)
+        if hyper_param_overrides:
+            hp = hp.replace(**hyper_param_overrides)
+        return hp
+
+    def create(self, target) -> 'Optimizer':
+        """An :class:`Optimizer` for ``target`` (numpy leaves are placed on devices)."""
+        target = _place(target)
+        return Optimizer(self, self.init_state(target), target)
+
+    def state_dict(self, target, state) -> dict:
+        """``{'target': ..., 'state': {'step', 'param_states'}}`` as nested dicts."""
+        return to_state_dict({'target': to_state_dict(target), 'state': to_state_dict(state)})
+
+    def restore_state(self, opt_target, opt_state, state_dict):
+        """``(target, state)`` rebuilt from ``state_dict`` in the structure of the given ones."""
+        opt_target = from_state_dict(opt_target, state_dict['target'], 'target')
+        opt_state = from_state_dict(opt_state, state_dict['state'], 'state')
+        return opt_target, opt_state
+
+
+def _flatten_up_to(td, tree):
+    from ..tree_util import _flatten_up_to as f
+    return f(td, tree)
+
+
+def _next_step(step):
+    if isinstance(step, (Array, ShapeDtypeStruct)):
+        if isinstance(step, ShapeDtypeStruct):
+            return step
+        return scalar(int(np.asarray(step)) + 1, np.int32, sharding=step.sharding)
+    return np.int32(int(step) + 1)
+
+
+def _place(tree):
+    leaves = tree_leaves(tree)
+    if all(isinstance(x, (Array, ShapeDtypeStruct)) for x in leaves):
+        return tree
+    return device_put(tree)
+
+
+class Optimizer(PyTreeNode):
+    """An optimizer definition (static) with its state and target (flax.optim.Optimizer)."""
+    optimizer_def: Any = field(pytree_node=False)
+    state: Any = None
+    target: Any = None
+
+    def apply_gradient(self, grads, **hyper_param_overrides) -> 'Optimizer':
+        """One step; hyper-parameter overrides (e.g. ``learning_rate=``) apply to this step."""
+        hp = self.optimizer_def.update_hyper_params(**hyper_param_overrides)
+        new_target, new_state = self.optimizer_def.apply_gradient(hp, self.target, self.state,
+                                                                  grads)
+        return self.replace(state=new_state, target=new_target)
+
+    def state_dict(self) -> dict:
+        """The state dict of ``target`` and ``state``."""
+        return self.optimizer_def.state_dict(self.target, self.state)
+
+    def restore_state(self, state) -> 'Optimizer':
+        """Restore target and state from ``state``."""
+        target, st = self.optimizer_def.restore_state(self.target, self.state, state)
+        return self.replace(target=target, state=st)
+
+
+# --- optax state axes ------------------------------------------------------------------------------
+
+def _spec_leaf(x):
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def _masked_leaf(x):
+    return isinstance(x, MaskedNode)
+
+
+def derive_optax_logical_axes(opt_state, params, params_axes, *, empty_as_none: bool = False):
+    """The axes tree of an optax-structured optimizer state.
+
+    Every subtree with the structure of ``params`` (mu, nu, trace, ema, accumulators,
+    possibly with ``MaskedNode`` holes) gets the params' axes leaf by leaf — ``None`` for a
+    leaf whose shape differs from its param's (factored moments); every other leaf
+    (counters, rng keys, hyper-parameters) gets ``None``. Containers keep their types, so
+    the result can serve as a pjit spec tree. ``empty_as_none`` turns ``EmptyState()`` into
+    ``None`` (HuggingFace's run_clm_mp convention).
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> from ctrainstate import P
+    >>> params = {'w': np.zeros((4, 2), np.float32)}
+    >>> tx = optim.adamw(1e-3)
+    >>> derive_optax_logical_axes(tx.init(params), params, {'w': P('embed', 'mlp')})
+    (ScaleByAdamState(count=None, mu={'w': PartitionSpec('embed', 'mlp')}, nu={'w': PartitionSpec('embed', 'mlp')}), EmptyState(), EmptyState())
+    """
+    p_leaves, p_def = tree_flatten(params)
+    a_leaves = _flatten_up_to(p_def, params_axes) if params_axes is not None else \
+        [None] * len(p_leaves)
+    p_shapes = [tuple(np.shape(p)) for p in p_leaves]
+
+    def rec(s):
+        if isinstance(s, MaskedNode):
+            return s
+        if isinstance(s, EmptyState) and empty_as_none:
+            return None
+        if s is None:
+            return None
+        leaves, sdef = tree_flatten(s, is_leaf=_masked_leaf)
+        if leaves and len(leaves) == len(p_leaves) and _same_structure(sdef, p_def, s, params):
+            out = []
+            for leaf, shape, ax in zip(leaves, p_shapes, a_leaves):
+                if isinstance(leaf, MaskedNode):
+                    out.append(leaf)
+                else:
+                    out.append(ax if tuple(np.shape(leaf)) == shape else None)
+            return tree_unflatten(sdef, out)
+        if isinstance(s, tuple) and hasattr(type(s), '_fields'):
+            return type(s)(*[rec(v) for v in s])
+        if isinstance(s, (tuple, list)):
+            return type(s)(rec(v) for v in s)
+        if isinstance(s, dict):
+            return type(s)((k, rec(v)) for k, v in s.items())
+        return None
+    return rec(opt_state)
+
+
+def _same_structure(sdef, pdef, s, params) -> bool:
+    if sdef == pdef:
+        return True
+    # a subtree whose masked leaves are MaskedNode: compare with MaskedNode as leaves
+    try:
+        return tree_structure(s, is_leaf=_masked_leaf) == tree_structure(
+            params, is_leaf=_masked_leaf)
+    except Exception:
+        return False
+
+
+class OptaxStatePartitionRules:
+    """t5x's name for the derivation (``derive_optax_logical_axes``)."""
+
+    @classmethod
+    def derive_optax_logical_axes(cls, optax_state, params_axes, params=None):
+        return derive_optax_logical_axes(optax_state, params, params_axes)
+
+
+class _OptaxHyperParams(PyTreeNode):
+    learning_rate: Any = None
+
+
+class OptaxWrapper(OptimizerDef):
+    """A ctrainstate.optim (optax) transformation as a t5x ``OptimizerDef``.
+
+    ``param_states`` is the transformation's own state (optax structure).
+    """
+
+    def __init__(self, optax_optimizer):
+        self.optax_optimizer = optax_optimizer
+        super().__init__(_OptaxHyperParams())
+
+    def init_state(self, params):
+        """OptimizerState(step 0, the transformation's ``init(params)``)."""
+        return OptimizerState(scalar(0, np.int32, params), self.optax_optimizer.init(params))
+
+    def apply_gradient(self, hyper_params, params, state, grads):
+        """One optax step; ``hyper_params`` (and so ``learning_rate``) are ignored."""
+        del hyper_params
+        tx = self.optax_optimizer
+        if getattr(tx, 'fusable', False) and not _abstract_tree(params):
+            new_params, new_ps = run_fused(tx, grads, state.param_states, params, inplace=True)
+        else:
+            updates, new_ps = tx.update(grads, state.param_states, params)
+            new_params = apply_updates(params, updates)
+        return new_params, OptimizerState(_next_step(state.step), new_ps)
+
+    def derive_logical_axes(self, optimizer, param_logical_axes):
+        """An :class:`Optimizer` whose target is ``param_logical_axes`` and whose state holds
+        the derived axes (step and counters None)."""
+        ps = derive_optax_logical_axes(optimizer.state.param_states, optimizer.target,
+                                       param_logical_axes)
+        return Optimizer(self, OptimizerState(None, ps), param_logical_axes)
+
+    def state_dict(self, target, state):
+        """The state dict without the empty dicts of stateless transforms."""
+        sd = super().state_dict(target, state)
+        return _drop_empty(sd)
+
+    def restore_state(self, opt_target, opt_state, state_dict):
+        """Restore from a state dict (empty states come back from the target structure)."""
+        return super().restore_state(opt_target, opt_state, state_dict)
+
+
+def _abstract_tree(t) -> bool:
+    return any(isinstance(x, ShapeDtypeStruct) for x in tree_leaves(t))
+
+
+def _drop_empty(d):
+    if isinstance(d, dict) and not isinstance(d, PartitionSpec):
+        out = {}
+        for k, v in d.items():
+            v = _drop_empty(v)
+            if isinstance(v, dict) and not v:
+                continue
+            out[k] = v
+        return out
+    return d
+
+
+def wrap_optax_optimizer(optax_optimizer: Callable) -> Callable:
+    """``ctor`` -> a function with the same arguments returning ``OptaxWrapper(ctor(...))``."""
+    def wrapped(*args, **kwargs):
+        return OptaxWrapper(optax_optimizer(*args, **kwargs))
+    wrapped.__name__ = getattr(optax_optimizer, '__name__', 'optimizer')
+    wrapped.__doc__ = f'OptaxWrapper over ctrainstate.optim.{wrapped.__name__}.'
+    return wrapped
+
+
+chain = wrap_optax_optimizer(optim.chain)
+adam = wrap_optax_optimizer(optim.adam)
+adamw = wrap_optax_optimizer(optim.adamw)
+sgd = wrap_optax_optimizer(optim.sgd)
+lion = wrap_optax_optimizer(optim.lion)
+rmsprop = wrap_optax_optimizer(optim.rmsprop)
+adagrad = wrap_optax_optimizer(optim.adagrad)
+lamb = wrap_optax_optimizer(optim.lamb)
+adafactor = wrap_optax_optimizer(optim.adafactor)
+
+
+# --- MultiOptimizer ----------------------------------------------------------------------------------
+
+class ModelParamTraversal:
+    """Selects params by ``filter_fn('/'-joined path, value)`` (flax.traverse_util)."""
+
+    def __init__(self, filter_fn: Callable[[str, Any], bool]):
+        self.filter_fn = filter_fn
+
+    def paths(self, params) -> list:
+        """The '/'-joined paths of the params the filter selects."""
+        return [k for k, v in flatten_dict(params, sep='/').items() if self.filter_fn('/' + k, v)]
+
+
+class MultiOptimizer(OptimizerDef):
+    """Different optimizer definitions for different parts of the params.
+
+    ``traversals_and_optimizers``: pairs ``(ModelParamTraversal, OptimizerDef)``. Each
+    sub-optimizer must keep one state per param (like :class:`~ctrainstate.t5x.adafactor.Adafactor`).
+    Params no traversal selects are not updated and get param state ``None``; a param
+    selected twice raises ``ValueError``.
+    """
+
+    def __init__(self, traversals_and_optimizers: Sequence):
+        traversals, optimizers = zip(*traversals_and_optimizers)
+        self.traversals = list(traversals)
+        self.sub_optimizers = list(optimizers)
+        super().__init__([o.hyper_params for o in self.sub_optimizers])
+
+    def _assign(self, params) -> dict:
+        owner: dict = {}
+        overlap = False
+        for i, tr in enumerate(self.traversals):
+            for p in tr.paths(params):
+                overlap |= p in owner
+                owner.setdefault(p, []).append(i)
+        if overlap:
+            raise ValueError('Multiple optimizers match the same leaves : ' + str(
+                {p: (ix if len(ix) > 1 else ix[0]) for p, ix in owner.items()}))
+        return {p: ix[0] for p, ix in owner.items()}
+
+    def _subtree(self, params, owner, i):
+        flat = flatten_dict(params, sep='/')
+        return unflatten_dict({k: v for k, v in flat.items() if owner.get(k) == i}, sep='/')
+
+    def init_state(self, params):
+        """Sub-optimizer states for the params each selects; None elsewhere."""
+        owner = self._assign(params)
+        flat = {k: None for k in flatten_dict(params, sep='/')}
+        for i, opt in enumerate(self.sub_optimizers):
+            sub = self._subtree(params, owner, i)
+            if not sub:
+                continue
+            st = opt.init_state(sub)
+            flat.update(_per_param(st.param_states, sub, opt))
+        return OptimizerState(scalar(0, np.int32, params), unflatten_dict(flat, sep='/'))
+
+    def apply_gradient(self, hyper_params, params, state, grads):
+        """Each sub-optimizer updates its params; step + 1."""
+        owner = self._assign(params)
+        fp, fs, fg = (flatten_dict(t, sep='/') for t in (params, state.param_states, grads))
+        new_p, new_s = dict(fp), dict(fs)
+        for i, (opt, hp) in enumerate(zip(self.sub_optimizers, hyper_params)):
+            keys = [k for k in fp if owner.get(k) == i]
+            if not keys:
+                continue
+            sp = unflatten_dict({k: fp[k] for k in keys}, sep='/')
+            sg = unflatten_dict({k: fg[k] for k in keys}, sep='/')
+            ss = unflatten_dict({k: fs[k] for k in keys}, sep='/')
+            p2, s2 = opt.apply_gradient(hp, sp, OptimizerState(state.step, ss), sg)
+            new_p.update(flatten_dict(p2, sep='/'))
+            new_s.update(_per_param(s2.param_states, sp, opt))
+        return (unflatten_dict(new_p, sep='/'),
+                OptimizerState(_next_step(state.step), unflatten_dict(new_s, sep='/')))
+
+    def update_hyper_params(self, **overrides):
+        """Overrides applied to every sub-optimizer's hyper-params (``hyper_params=[...]`` replaces them)."""
+        hps = overrides.pop('hyper_params', None)
+        if hps is not None:
+            return list(hps)
+        return [hp.replace(**overrides) if overrides else hp
+                for hp in (o.hyper_params for o in self.sub_optimizers)]
+
+    def set_param_axes(self, param_logical_axes):
+        """Pass the logical axes to the sub-optimizers that take them."""
+        for opt in self.sub_optimizers:
+            if hasattr(opt, 'set_param_axes'):
+                opt.set_param_axes(param_logical_axes)
+
+    def derive_logical_axes(self, optimizer, param_logical_axes):
+        """Axes of every sub-optimizer's state, None for params no traversal selects."""
+        owner = self._assign(optimizer.target)
+        flat_axes = flatten_dict(param_logical_axes, sep='/')
+        flat = {k: None for k in flatten_dict(optimizer.target, sep='/')}
+        fs = flatten_dict(optimizer.state.param_states, sep='/')
+        for i, opt in enumerate(self.sub_optimizers):
+            keys = [k for k in flat if owner.get(k) == i]
+            if not keys:
+                continue
+            sub_t = unflatten_dict({k: flatten_dict(optimizer.target, sep='/')[k] for k in keys},
+                                   sep='/')
+            sub_s = unflatten_dict({k: fs[k] for k in keys}, sep='/')
+            sub_a = unflatten_dict({k: flat_axes[k] for k in keys}, sep='/')
+            sub_opt = Optimizer(opt, OptimizerState(optimizer.state.step, sub_s), sub_t)
+            d = opt.derive_logical_axes(sub_opt, sub_a)
+            flat.update(_per_param(d.state.param_states, sub_t, opt))
+        return Optimizer(self, OptimizerState(None, unflatten_dict(flat, sep='/')),
+                         param_logical_axes)
+
+
+def _per_param(param_states, sub_params, opt) -> dict:
+    """Flatten per-param states to the params' '/' paths (each state stays whole)."""
+    out = {}
+    for path in flatten_dict(sub_params, sep='/'):
+        node = param_states
+        try:
+            for k in path.split('/'):
+                node = node[k]
+        except (KeyError, TypeError):
+            raise TypeError(f'MultiOptimizer needs sub-optimizers with one state per param; '
+                            f'{type(opt).__name__} has none at {path}') from None
+        out[path] = node
+    return out

@@ -1,0 +1,227 @@
+"""t5x's train states (mirror of ``t5x.train_state``): ``FlaxOptimTrainState``, ``InferenceState``.
+
+``FlaxOptimTrainState.create(optimizer_def, model_variables)`` splits the
+variables of ``model.init``: ``params``, their ``params_axes`` (checked: every
+param needs axis names), other ``<name>_axes`` collections, and the remaining
+collections (``flax_mutables``). ``apply_gradient(grads, learning_rate,
+flax_mutables=...)`` runs one optimizer step and — as in t5x — resets the
+mutables to empty when they are not passed. ``as_logical_axes()`` is the same
+state with logical ``PartitionSpec`` leaves, which ``PjitPartitioner.get_mesh_axes``
+resolves to mesh specs.
+
+>>> import numpy as np
+>>> from ctrainstate.t5x import optimizers
+>>> from ctrainstate.t5x.train_state import FlaxOptimTrainState
+>>> s = FlaxOptimTrainState.create(optimizers.sgd(0.1), {'params': {'w': np.ones(2, np.float32)}})
+>>> int(s.step), s.params_axes, s.flax_mutables
+(0, None, {})
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import partitioning as flax_partitioning
+from ..array import device_put
+from ..sharding import PartitionSpec
+from ..train_state import PyTreeNode, field
+from ..tree_util import tree_map
+from .optimizers import Optimizer, _place
+from .serialization import flatten_dict, from_state_dict, to_state_dict
+
+__all__ = ['TrainState', 'FlaxOptimTrainState', 'InferenceState', 'EMPTY_DICT']
+
+EMPTY_DICT: dict = {}  # compare with ==; states always hold their own dict
+
+
+def _validate_axes(axes, variables, collection='params'):
+    """Every leaf of ``variables`` needs an entry ``<name>_axes`` in ``axes``."""
+    have = {k[:-len('_axes')] if k.endswith('_axes') else k
+            for k in flatten_dict(dict(axes), sep='/')}
+    need = set(flatten_dict(dict(variables), sep='/'))
+    missing = need - have
+    if missing:
+        raise ValueError(f'Missing axis names for parameters: {missing}')
+
+
+def _split_variables_and_axes(variables):
+    mutables, axes = {}, {}
+    for k, v in variables.items():
+        if k.endswith('_axes'):
+            base = k[:-len('_axes')]
+            if base not in variables:
+                raise ValueError(f'Axes collection {k!r} has no collection {base!r}')
+            _validate_axes(v, variables[base], base)
+            axes[base] = v
+        else:
+            mutables[k] = v
+    return mutables, axes
+
+
+def _split(model_variables):
+    variables = dict(model_variables)
+    if 'params' not in variables:
+        raise ValueError("model_variables has no 'params' collection")
+    params = variables.pop('params')
+    params_axes = variables.pop('params_axes', None)
+    if params_axes is not None:
+        _validate_axes(params_axes, params)
+    flax_mutables, flax_mutables_axes = _split_variables_and_axes(variables)
+    return params, params_axes, flax_mutables, flax_mutables_axes or None
+
+
+def _axis_names_or_none(params, params_axes):
+    if params_axes is None:  # no axes: every param replicated
+        return tree_map(lambda x: None, params)
+    return flax_partitioning.get_axis_names(params_axes)
+
+
+class TrainState:
+    """The interface t5x's partitioner and trainer use (a Protocol in t5x)."""
+
+
+class FlaxOptimTrainState(PyTreeNode):
+    """A t5x optimizer (``Optimizer``) plus axes metadata and the model's other collections."""
+
+    _optimizer: Optimizer
+    params_axes: Any = None
+    flax_mutables: Any = field(default_factory=dict)
+    flax_mutables_axes: Any = None
+
+    @classmethod
+    def create(cls, optimizer_def, model_variables) -> 'FlaxOptimTrainState':
+        """Split ``model_variables`` and build the optimizer for its params."""
+        params, params_axes, flax_mutables, flax_mutables_axes = _split(model_variables)
+        if hasattr(optimizer_def, 'set_param_axes'):
+            if params_axes is None:
+                raise ValueError('The optimizer supports params_axes for model-based '
+                                 'partitioning, but the model is not emitting them.')
+            optimizer_def.set_param_axes(flax_partitioning.get_axis_names(params_axes))
+        optimizer = optimizer_def.create(params)
+        flax_mutables = _place(flax_mutables) if flax_mutables else {}
+        return cls(optimizer, params_axes=params_axes, flax_mutables=flax_mutables,
+                   flax_mutables_axes=flax_mutables_axes)
+
+    @property
+    def step(self):
+        """The optimizer step (a replicated int32 scalar)."""
+        return self._optimizer.state.step
+
+    @property
+    def params(self):
+        """The model parameters (the optimizer target)."""
+        return self._optimizer.target
+
+    @property
+    def param_states(self):
+        """The optimizer's per-param (or optax) state."""
+        return self._optimizer.state.param_states
+
+    def apply_gradient(self, grads, learning_rate, flax_mutables=EMPTY_DICT):
+        """One optimizer step; ``flax_mutables`` replaces the mutables (reset when omitted)."""
+        new_optimizer = self._optimizer.apply_gradient(grads, learning_rate=learning_rate)
+        return self.replace(_optimizer=new_optimizer, flax_mutables=dict(flax_mutables))
+
+    def state_dict(self) -> dict:
+        """``{'target', 'state': {'step', 'param_states'}}`` plus ``'flax_mutables'`` if any."""
+        sd = self._optimizer.state_dict()
+        if self.flax_mutables:
+            sd['flax_mutables'] = to_state_dict(self.flax_mutables)
+        return sd
+
+    def restore_state(self, state_dict) -> 'FlaxOptimTrainState':
+        """The state with the optimizer and mutables of ``state_dict``."""
+        new_optimizer = self._optimizer.restore_state(state_dict)
+        return self.replace(_optimizer=new_optimizer,
+                            flax_mutables=dict(state_dict.get('flax_mutables', {})))
+
+    def replace_params(self, params) -> 'FlaxOptimTrainState':
+        """The state with other params (optimizer state unchanged)."""
+        return self.replace(_optimizer=self._optimizer.replace(target=params))
+
+    def replace_flax_mutables(self, flax_mutables) -> 'FlaxOptimTrainState':
+        """The state with other flax mutables."""
+        return self.replace(flax_mutables=flax_mutables)
+
+    def replace_step(self, step) -> 'FlaxOptimTrainState':
+        """The state with another step (through state_dict/restore_state)."""
+        sd = self.state_dict()
+        sd['state']['step'] = step
+        return self.restore_state(sd)
+
+    def as_logical_axes(self) -> 'FlaxOptimTrainState':
+        """This state with logical ``PartitionSpec`` (or None) leaves."""
+        opt_def = self._optimizer.optimizer_def
+        if not hasattr(opt_def, 'derive_logical_axes'):
+            raise ValueError(f"Optimizer '{opt_def.__class__.__name__}' requires a "
+                             '`derive_logical_axes` method to be used with named axis '
+                             'partitioning.')
+        mutables_axes = self.flax_mutables_axes or None
+        return FlaxOptimTrainState(
+            opt_def.derive_logical_axes(self._optimizer,
+                                        _axis_names_or_none(self.params, self.params_axes)),
+            params_axes=None,
+            flax_mutables=(flax_partitioning.get_axis_names(mutables_axes)
+                           if mutables_axes else {}),
+            flax_mutables_axes=None)
+
+
+class InferenceState(PyTreeNode):
+    """Params and mutables without an optimizer (t5x.train_state.InferenceState)."""
+
+    step: Any
+    params: Any
+    params_axes: Any = None
+    flax_mutables: Any = field(default_factory=dict)
+    flax_mutables_axes: Any = None
+
+    @classmethod
+    def create(cls, model_variables) -> 'InferenceState':
+        """An inference state from ``model.init`` variables (same splitting and axis checks)."""
+        params, params_axes, flax_mutables, flax_mutables_axes = _split(model_variables)
+        return cls(step=device_put(np.asarray(0, np.int32)), params=_place(params),
+                   params_axes=params_axes, flax_mutables=flax_mutables or {},
+                   flax_mutables_axes=flax_mutables_axes)
+
+    @property
+    def param_states(self):
+        """Not available: an InferenceState has no optimizer."""
+        raise NotImplementedError('InferenceState has no optimizer states.')
+
+    def apply_gradient(self, *args, **kwargs):
+        """Not available: an InferenceState has no optimizer."""
+        raise NotImplementedError('InferenceState does not support apply_gradient.')
+
+    def state_dict(self) -> dict:
+        """``{'target', 'state': {'step'}}`` plus ``'flax_mutables'`` if any."""
+        sd = {'target': to_state_dict(self.params), 'state': {'step': self.step}}
+        if self.flax_mutables:
+            sd['flax_mutables'] = to_state_dict(self.flax_mutables)
+        return sd
+
+    def restore_state(self, state_dict) -> 'InferenceState':
+        """The state with the params, step and mutables of ``state_dict``."""
+        return self.replace(params=from_state_dict(self.params, state_dict['target'], 'target'),
+                            step=state_dict['state']['step'],
+                            flax_mutables=dict(state_dict.get('flax_mutables', {})))
+
+    def replace_params(self, params) -> 'InferenceState':
+        """The state with other params."""
+        return self.replace(params=params)
+
+    def replace_flax_mutables(self, flax_mutables) -> 'InferenceState':
+        """The state with other flax mutables."""
+        return self.replace(flax_mutables=flax_mutables)
+
+    def replace_step(self, step) -> 'InferenceState':
+        """The state with another step."""
+        return self.replace(step=step)
+
+    def as_logical_axes(self) -> 'InferenceState':
+        """This state with logical ``PartitionSpec`` leaves (the step None)."""
+        mutables_axes = self.flax_mutables_axes or None
+        return InferenceState(
+            step=None, params=_axis_names_or_none(self.params, self.params_axes),
+            flax_mutables=(flax_partitioning.get_axis_names(mutables_axes)
+                           if mutables_axes else {}))

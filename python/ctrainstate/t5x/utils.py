@@ -1,0 +1,50 @@
+"""t5x's ``TrainStateInitializer``: the abstract state, its mesh axes, and a state born sharded.
+
+>>> import numpy as np
+>>> from ctrainstate.t5x import optimizers, partitioning, utils
+>>> init_fn = lambda rng, input_shapes, input_types=None: {'params': {'w': np.ones(4, np.float32)}}
+>>> p = partitioning.PjitPartitioner(num_partitions=1)
+>>> i = utils.TrainStateInitializer(optimizers.sgd(0.1), init_fn, {}, p)
+>>> i.train_state_axes.params
+{'w': None}
+"""
+from __future__ import annotations
+
+from .._abstract import eval_shape
+from .train_state import FlaxOptimTrainState, InferenceState
+
+__all__ = ['TrainStateInitializer']
+
+
+class TrainStateInitializer:
+    """``init_fn(rng=, input_shapes=, input_types=)`` -> variables, wrapped in a train state.
+
+    ``global_train_state_shape`` is the abstract state (nothing allocated),
+    ``train_state_axes`` its mesh specs, and ``from_scratch(rng)`` runs the init
+    partitioned with ``out_axis_resources=train_state_axes``: parameters declared with
+    logical axes are born sharded.
+    """
+
+    def __init__(self, optimizer_def, init_fn, input_shapes, partitioner, input_types=None):
+        self._partitioner = partitioner
+
+        def initialize_train_state(rng):
+            variables = init_fn(rng=rng, input_shapes=input_shapes, input_types=input_types)
+            if optimizer_def is None:
+                return InferenceState.create(variables)
+            return FlaxOptimTrainState.create(optimizer_def, variables)
+
+        self._initialize_train_state = initialize_train_state
+        from .. import random
+        with partitioner.mesh:
+            from .. import partitioning as flax_partitioning
+            with flax_partitioning.axis_rules(partitioner.logical_axis_rules):
+                self.global_train_state_shape = eval_shape(initialize_train_state,
+                                                           random.PRNGKey(0))
+        self.train_state_axes = partitioner.get_mesh_axes(self.global_train_state_shape)
+
+    def from_scratch(self, init_rng):
+        """A fresh train state, placed by ``train_state_axes``."""
+        p = self._partitioner.partition(self._initialize_train_state, in_axis_resources=None,
+                                        out_axis_resources=self.train_state_axes)
+        return p(init_rng)

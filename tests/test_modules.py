@@ -1,0 +1,226 @@
+"""Modules: naming, Flax-identical init (recorded vectors + live Flax), apply, born-sharded
+init, eval_shape, and the seed recipe eval_shape -> get_axis_names -> logical_to_mesh -> pjit."""
+import gc
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import NamedSharding, P, nn, optim, random
+from ctrainstate import partitioning as nn_partitioning
+from ctrainstate.train_state import TrainState
+from conftest import bytes_in_use
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "data"))
+from make_flax_module_vectors import cases  # noqa: E402
+
+VECTORS = np.load(os.path.join(os.path.dirname(__file__), "data", "flax_module_vectors.npz"))
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+@pytest.mark.parametrize("name,build,seed,x", cases(), ids=[c[0] for c in cases()])
+def test_init_and_apply_match_recorded_flax(name, build, seed, x):
+    m = build(nn)
+    v = m.init(random.PRNGKey(seed), x)
+    got = _flat(v["params"])
+    want = {k[len(name) + 8:]: VECTORS[k] for k in VECTORS.files if k.startswith(name + "/params/")}
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=f"{name}: {k}")
+    np.testing.assert_allclose(np.asarray(m.apply(v, x)), VECTORS[f"{name}/output"], rtol=2e-5,
+                               atol=2e-6)
+
+
+@pytest.mark.parametrize("name,build,seed,x", cases(), ids=[c[0] for c in cases()])
+def test_init_matches_live_flax(name, build, seed, x):
+    jax = pytest.importorskip("jax")
+    fnn = pytest.importorskip("flax.linen")
+    key = np.asarray(random.fold_in(random.PRNGKey(seed), 77))  # a key not in the recordings
+    v = build(nn).init(key, x)
+    fv = build(fnn).init(jax.numpy.asarray(key), x)
+    from flax.traverse_util import flatten_dict
+    fl = {"/".join(k): np.asarray(a) for k, a in flatten_dict(fv["params"]).items()}
+    got = _flat(v["params"])
+    assert sorted(got) == sorted(fl)
+    for k in fl:
+        np.testing.assert_array_equal(np.asarray(got[k]), fl[k], err_msg=k)
+
+
+def test_names_auto_explicit_and_setup():
+    class Inner(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x) + nn.Dense(2, name="second")(x)
+
+    class Outer(nn.Module):
+        def setup(self):
+            self.blocks = [Inner(), Inner()]
+            self.head = nn.Dense(1)
+
+        def __call__(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+    v = Outer().init(random.PRNGKey(0), np.ones((1, 2), np.float32))
+    assert sorted(v["params"]) == ["blocks_0", "blocks_1", "head"]
+    assert sorted(v["params"]["blocks_0"]) == ["Dense_0", "second"]
+
+
+def test_module_called_twice_reuses_params():
+    class Twice(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            d = nn.Dense(3, name="shared")
+            return d(x) + d(x)
+
+    x = np.ones((2, 3), np.float32)
+    v = Twice().init(random.PRNGKey(0), x)
+    assert list(v["params"]) == ["shared"]
+    y = Twice().apply(v, x)
+    single = nn.Dense(3).apply({"params": v["params"]["shared"]}, x)
+    np.testing.assert_allclose(np.asarray(y), 2 * np.asarray(single), rtol=1e-6)
+
+
+def test_module_errors():
+    with pytest.raises(RuntimeError, match="unbound"):
+        nn.Dense(3)(np.ones((1, 2), np.float32))
+
+    class Dup(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2, name="a")(x) + nn.Dense(2, name="a")(x)
+
+    with pytest.raises(ValueError, match='named "a" already exists'):
+        Dup().init(random.PRNGKey(0), np.ones((1, 2), np.float32))
+    v = nn.Dense(3).init(random.PRNGKey(0), np.ones((1, 2), np.float32))
+    with pytest.raises(Exception, match='No Variable named "kernel"'):
+        nn.Dense(3).apply({"params": {}}, np.ones((1, 2), np.float32))
+    with pytest.raises(TypeError, match="PRNG key"):
+        nn.Dense(3).init(np.zeros(3, np.uint32), np.ones((1, 2), np.float32))
+    assert v["params"]["kernel"].shape == (2, 3)
+
+
+def test_eval_shape_allocates_nothing():
+    class Big(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4096)(nn.Dense(4096)(x))
+
+    gc.collect()
+    before = bytes_in_use()
+    cts.reset_peak_memory_stats()
+    shapes = cts.eval_shape(Big().init, random.PRNGKey(0), np.ones((8, 1024), np.float32))
+    # construction order names them: the outer Dense is Dense_0 (as in Flax)
+    assert shapes["params"]["Dense_0"]["kernel"].shape == (4096, 4096)
+    assert shapes["params"]["Dense_1"]["kernel"].shape == (1024, 4096)
+    assert isinstance(shapes["params"]["Dense_0"]["bias"], cts.ShapeDtypeStruct)
+    assert [d.memory_stats()["peak_bytes_in_use"] for d in cts.devices()] == before
+
+
+RULES = (("batch", "data"), ("embed", None), ("mlp", "model"))
+
+
+class MlpBlock(nn.Module):
+    hidden: int
+
+    @nn.compact
+    def __call__(self, x):
+        w1 = nn_partitioning.param_with_axes("wi", nn.initializers.lecun_normal(),
+                                             (x.shape[-1], self.hidden), axes=("embed", "mlp"))
+        w2 = nn_partitioning.param_with_axes("wo", nn.initializers.lecun_normal(),
+                                             (self.hidden, x.shape[-1]), axes=("mlp", "embed"))
+        h = nn.gelu(x @ w1)
+        h = nn_partitioning.with_sharding_constraint(h, ("batch", "mlp"))
+        return h @ w2
+
+
+def test_born_sharded_no_device_holds_more_than_its_shard(mem_baseline):
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    x = np.ones((8, 256), np.float32)
+    cts.reset_peak_memory_stats()
+    with mesh, nn_partitioning.axis_rules(RULES):
+        v = MlpBlock(4096).init(random.PRNGKey(0), x)
+    shard_bytes = 2 * 256 * 4096 * 4 // 4  # two 4 MiB kernels split over model=4
+    for d in cts.devices():
+        grew = d.memory_stats()["peak_bytes_in_use"] - mem_baseline[d.id]
+        # the kernels' shards plus the (small) activations of the init forward pass
+        assert shard_bytes <= grew <= shard_bytes + 8 * 4096 * 4 * 2, (d, grew)
+    assert v["params"]["wi"].sharding == NamedSharding(mesh, P(None, "model"))
+    assert v["params"]["wo"].sharding == NamedSharding(mesh, P("model", None))
+    # same values as an unsharded init
+    ref = MlpBlock(4096).init(random.PRNGKey(0), x)
+    for k in ("wi", "wo"):
+        np.testing.assert_array_equal(np.asarray(v["params"][k]), np.asarray(ref["params"][k]))
+
+
+def test_seed_recipe_step_by_step_and_one_call_agree():
+    """The Flax pjit recipe with ctrainstate names: eval_shape -> get_axis_names ->
+    logical_to_mesh -> pjit(init, out_axis_resources); and the one-call born-sharded init."""
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    model = MlpBlock(64)
+    x = np.ones((8, 32), np.float32)
+    key = random.PRNGKey(0)
+    with nn_partitioning.axis_rules(RULES):
+        abstract = cts.eval_shape(model.init, key, x)                      # 1. shapes only
+        logical = nn_partitioning.get_axis_names(abstract["params_axes"])  # 2. logical specs
+        mesh_specs = nn_partitioning.logical_to_mesh(logical)             # 3. mesh specs
+        assert mesh_specs == {"wi": P(None, "model"), "wo": P("model", None)}
+        with mesh:
+            p_init = cts.pjit(lambda k, x: model.init(k, x)["params"], in_axis_resources=None,
+                              out_axis_resources=mesh_specs)            # 4. partitioned init
+            params = p_init(key, x)
+            one_call = model.init(key, x)["params"]                     # the one-call version
+    for k in ("wi", "wo"):
+        assert params[k].sharding == NamedSharding(mesh, mesh_specs[k])
+        assert one_call[k].sharding == params[k].sharding
+        np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(one_call[k]))
+
+
+def test_colab_block_axis_rules_init_trainstate_train():
+    """The seed's Colab block: axis_rules + init + TrainState.create + a value_and_grad step."""
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    model = MlpBlock(32)
+    x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        xs = cts.device_put(x, NamedSharding(mesh, P("data", None)))
+        ys = cts.device_put(y, NamedSharding(mesh, P("data", None)))
+        variables = model.init(random.PRNGKey(0), xs)
+        state = TrainState.create(apply_fn=model.apply, params=variables["params"],
+                                  tx=optim.adam(1e-2))
+        losses = []
+        for _ in range(5):
+            def loss_fn(p):
+                return cnp.mean(cnp.square(state.apply_fn({"params": p}, xs) - ys))
+            loss, grads = cts.value_and_grad(loss_fn)(state.params)
+            assert grads["wi"].sharding == state.params["wi"].sharding
+            state = state.apply_gradients(grads=grads)
+            losses.append(float(loss))
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert state.opt_state[0].mu["wi"].sharding == state.params["wi"].sharding
+
+
+def test_param_with_axes_rank_mismatch_names_the_param_under_a_mesh():
+    class Bad(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn_partitioning.param_with_axes("w", nn.initializers.zeros, (2, 3),
+                                                   axes=("embed", "mlp", "extra"))
+
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    with mesh, nn_partitioning.axis_rules(RULES):
+        with pytest.raises(ValueError, match='"w"'):
+            Bad().init(random.PRNGKey(0), np.ones(1, np.float32))

@@ -1,0 +1,240 @@
+"""t5x optimizer facts (reference t5x_hf.md §1.3, F-O1..F-O6) and t5x Adafactor numerics."""
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import P, nn, optim, random
+from ctrainstate.optim import EmptyState, MaskedNode, ScaleByAdamState
+from ctrainstate.partitioning import AxisMetadata
+from ctrainstate.t5x import adafactor, optimizers, partitioning, utils
+from ctrainstate.t5x.train_state import FlaxOptimTrainState
+
+PARAMS = {'dense': {'bias': np.zeros(4, np.float32), 'kernel': np.ones((2, 4), np.float32)}}
+AX = {'dense': {'bias': P('embed'), 'kernel': P('vocab', 'embed')}}
+
+
+def test_adamw_derive_logical_axes():  # F-O1
+    w = optimizers.OptaxWrapper(optim.adamw(0.001, weight_decay=0.001))
+    opt = w.create(PARAMS)
+    got = w.derive_logical_axes(opt, AX)
+    assert got == optimizers.Optimizer(
+        w, optimizers.OptimizerState(step=None, param_states=(
+            ScaleByAdamState(count=None, mu=AX, nu=AX), EmptyState(), EmptyState())), target=AX)
+
+
+def test_adamw_state_dict_and_restore():  # F-O2
+    w = optimizers.adamw(0.001, weight_decay=0.001)
+    opt = w.create(PARAMS)
+    opt = opt.apply_gradient({'dense': {'bias': np.ones(4, np.float32),
+                                        'kernel': np.ones((2, 4), np.float32)}})
+    sd = opt.state_dict()
+    shapes = cts.tree_util.tree_map(np.shape, sd)
+    pshapes = {'dense': {'bias': (4,), 'kernel': (2, 4)}}
+    assert shapes == {'target': pshapes, 'state': {'step': (), 'param_states': {
+        '0': {'count': (), 'mu': pshapes, 'nu': pshapes}}}}
+    fresh = w.create(PARAMS)
+    back = fresh.restore_state(cts.tree_util.tree_map(np.asarray, sd))
+    assert isinstance(back.state.param_states[1], EmptyState)
+    assert int(back.state.step) == 1 and int(back.state.param_states[0].count) == 1
+    for a, b in zip(cts.tree_util.tree_leaves(back.state_dict()), cts.tree_util.tree_leaves(sd)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize('make', [
+    lambda: optimizers.sgd(0.1), lambda: optimizers.sgd(0.1, momentum=0.9),
+    lambda: optimizers.adam(0.1), lambda: optimizers.adamw(0.1), lambda: optimizers.lion(0.1),
+    lambda: optimizers.rmsprop(0.1), lambda: optimizers.rmsprop(0.1, momentum=0.9),
+    lambda: optimizers.adagrad(0.1), lambda: optimizers.lamb(0.1),
+    lambda: optimizers.adafactor(0.1, min_dim_size_to_factor=2),
+    lambda: optimizers.chain(optim.clip_by_global_norm(1.0), optim.adam(0.1)),
+    lambda: optimizers.OptaxWrapper(optim.masked(optim.adam(0.1), {'dense': {'bias': False,
+                                                                              'kernel': True}})),
+])
+def test_derive_logical_axes_for_each_optimizer(make):  # F-O3
+    w = make()
+    opt = w.create(PARAMS)
+    axes = w.derive_logical_axes(opt, AX)
+    # every state leaf with its own param's shape gets that param's axes; everything else None
+    pl, _ = cts.tree_util.tree_flatten_with_path(opt.state.param_states)
+    axes_leaves = cts.tree_util.tree_leaves(axes.state.param_states,
+                                            is_leaf=lambda x: x is None or isinstance(x, P))
+    assert len(pl) == len(axes_leaves)
+    n_param_like = 0
+    for (path, leaf), ax in zip(pl, axes_leaves):
+        keys = [getattr(k, 'key', None) for k in path]
+        name = keys[-1] if keys[-2:-1] == ['dense'] else None
+        if name is not None and tuple(leaf.shape) == PARAMS['dense'][name].shape:
+            assert ax == AX['dense'][name], (path, ax)
+            n_param_like += 1
+        else:
+            assert ax is None, (path, ax)
+
+
+def test_masked_state_keeps_masked_nodes():
+    w = optimizers.OptaxWrapper(optim.masked(optim.adam(0.1), {'dense': {'bias': False,
+                                                                          'kernel': True}}))
+    axes = w.derive_logical_axes(w.create(PARAMS), AX).state.param_states
+    mu = axes.inner_state[0].mu
+    assert isinstance(mu['dense']['bias'], MaskedNode) and mu['dense']['kernel'] == AX['dense']['kernel']
+
+
+def test_learning_rate_override_is_ignored():  # F-O5
+    g = {'dense': {'bias': np.ones(4, np.float32), 'kernel': np.ones((2, 4), np.float32)}}
+    outs = []
+    for lr in (None, 0.5, 100.0):
+        opt = optimizers.sgd(0.1).create(PARAMS)
+        opt = opt.apply_gradient(g, learning_rate=lr) if lr is not None else opt.apply_gradient(g)
+        outs.append(np.asarray(opt.target['dense']['kernel']))
+    np.testing.assert_allclose(outs[0], 0.9, rtol=1e-6)
+    assert all(np.array_equal(outs[0], o) for o in outs)
+
+
+def test_multi_optimizer():  # F-O6
+    kernels = optimizers.ModelParamTraversal(lambda path, _: 'kernel' in path)
+    everything = optimizers.ModelParamTraversal(lambda path, _: True)
+    F = adafactor.FactorDim
+    rules = {'vocab': F.COLUMN, 'embed': F.ROW}
+    with pytest.raises(ValueError, match='Multiple optimizers match the same leaves : '):
+        optimizers.MultiOptimizer([(kernels, adafactor.Adafactor(0.1)),
+                                   (everything, adafactor.Adafactor(0.1))]).init_state(PARAMS)
+    m = optimizers.MultiOptimizer([(kernels, adafactor.Adafactor(0.1, logical_factor_rules=rules))])
+    state = FlaxOptimTrainState.create(m, {'params': PARAMS, 'params_axes': {
+        'dense': {'bias_axes': AxisMetadata(('embed',)),
+                  'kernel_axes': AxisMetadata(('vocab', 'embed'))}}})
+    assert state.param_states['dense']['bias'] is None
+    assert int(state.step) == 0
+    g = {'dense': {'bias': np.ones(4, np.float32), 'kernel': np.ones((2, 4), np.float32)}}
+    s2 = state.apply_gradient(g, learning_rate=0.1)
+    np.testing.assert_array_equal(np.asarray(s2.params['dense']['bias']), 0)  # not optimized
+    assert np.all(np.asarray(s2.params['dense']['kernel']) < 1)
+    assert int(s2.step) == 1
+    la = state.as_logical_axes()
+    assert la.param_states['dense']['bias'] is None
+    assert la.param_states['dense']['kernel'].v == P('vocab', 'embed')
+    hp = m.update_hyper_params(learning_rate=0.3)
+    assert [h.learning_rate for h in hp] == [0.3]
+
+
+@pytest.mark.parametrize('shape,min_dim', [((6, 8), 4), ((6, 8), 128), ((5,), 2)])
+def test_t5x_adafactor_matches_optax_style_adafactor(shape, min_dim):
+    """Without momentum/decay, t5x's Adafactor and optax's adafactor compute the same step
+    (ctrainstate.optim.adafactor is tested against optax elsewhere)."""
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal(shape).astype(np.float32)
+    grads = [rng.standard_normal(shape).astype(np.float32) for _ in range(3)]
+    opt = adafactor.Adafactor(0.05, min_dim_size_to_factor=min_dim).create({'w': p0})
+    tx = optim.adafactor(0.05, min_dim_size_to_factor=min_dim)
+    p = {'w': cts.device_put(p0)}
+    st = tx.init(p)
+    for g in grads:
+        opt = opt.apply_gradient({'w': g})
+        u, st = tx.update({'w': g}, st, p)
+        p = optim.apply_updates(p, u)
+    np.testing.assert_allclose(np.asarray(opt.target['w']), np.asarray(p['w']), rtol=2e-5,
+                               atol=1e-6)
+    v = opt.state.param_states['w']
+    assert (v.v.shape == (1,)) == (len(shape) == 2 and min(shape) >= min_dim)
+
+
+def test_t5x_adafactor_momentum_and_decay_by_hand():
+    """One step on a (1,)-factor-free vector, checked against the formula written out."""
+    p0 = np.array([1.0, -2.0, 3.0], np.float32)
+    g = np.array([0.5, 0.5, -1.0], np.float32)
+    opt = adafactor.Adafactor(0.1, beta1=0.9, weight_decay_rate=0.01,
+                              multiply_by_parameter_scale=False, clipping_threshold=None
+                              ).create({'w': p0})
+    opt = opt.apply_gradient({'w': g})
+    decay = 1 - 1.0 ** -0.8  # step 0 -> t = 1 -> decay 0, mixing 1
+    v = decay * 0 + (1 - decay) * (g * g + 1e-30)
+    m = 0.9 * 0 + 0.1 * (0.1 * g / np.sqrt(v))
+    np.testing.assert_allclose(np.asarray(opt.target['w']), 0.99 * p0 - m, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(opt.state.param_states['w'].m), m, rtol=1e-6)
+
+
+def test_adafactor_incomplete_spec_and_rank_errors():
+    F = adafactor.FactorDim
+    a = adafactor.Adafactor(0.1, logical_factor_rules={'a': F.ROW, 'b': F.COLUMN, 'c': F.NONE})
+    with pytest.raises(ValueError, match='Incomplete adafactor spec'):
+        a.set_param_axes({'w': P('a', 'b', 'c')})
+    with pytest.raises(ValueError, match="no logical_factor_rules entry for axis 'zz'"):
+        a.set_param_axes({'w': P('a', 'zz')})
+    with pytest.raises(ValueError, match='rank strictly higher than 2'):
+        adafactor.Adafactor(0.1).create({'w': np.ones((2, 2, 2), np.float32)})
+
+
+class Block(nn.Module):
+    """A tiny T5-ish encoder/decoder of DenseGeneral layers with t5x logical axes."""
+
+    @nn.compact
+    def __call__(self, x):
+        emb = nn.Embed(32, 8, embedding_axes=('vocab', 'embed'), name='token_embedder')
+        h = emb(x)
+        for part in ('encoder', 'decoder'):
+            y = nn.DenseGeneral(16, kernel_axes=('embed', 'mlp'), use_bias=False,
+                                name=f'{part}_wi')(h)
+            y = nn.relu(y)
+            h = h + nn.DenseGeneral(8, kernel_axes=('mlp', 'embed'), use_bias=False,
+                                    name=f'{part}_wo')(y)
+        return emb.attend(h)
+
+
+DECODER = {'token_embedder': {'embedding': False}, 'encoder_wi': {'kernel': False},
+           'encoder_wo': {'kernel': False}, 'decoder_wi': {'kernel': True},
+           'decoder_wo': {'kernel': True}}
+ENCODER = {k: {n: not v for n, v in d.items()} for k, d in DECODER.items()}
+
+
+@pytest.mark.parametrize('name', ['sgd', 'adam', 'adamw', 'lion', 'adafactor_t5x',
+                                  'decoder_only'])
+def test_small_model_trains_under_partitioner(name):  # F-O4 (adapted)
+    model = Block()
+    x = np.arange(8).reshape(2, 4) % 32
+    opt_def = {
+        'sgd': lambda: optimizers.sgd(0.1), 'adam': lambda: optimizers.adam(0.01),
+        'adamw': lambda: optimizers.adamw(0.01), 'lion': lambda: optimizers.lion(0.001),
+        'adafactor_t5x': lambda: adafactor.Adafactor(
+            0.01, logical_factor_rules=adafactor.standard_logical_factor_rules()),
+        # optax.multi_transform({'train': adam, 'freeze': set_to_zero}) written as two masks
+        'decoder_only': lambda: optimizers.chain(
+            optim.masked(optim.adam(0.01), DECODER), optim.masked(optim.scale(0.0), ENCODER)),
+    }[name]()
+    p = partitioning.PjitPartitioner(num_partitions=2)
+
+    def init_fn(rng, input_shapes, input_types=None):
+        return model.init(rng, np.zeros(input_shapes['x'], np.int64))
+
+    init = utils.TrainStateInitializer(opt_def, init_fn, {'x': (2, 4)}, p)
+    axes = init.train_state_axes
+    assert axes.params['decoder_wi']['kernel'] == P(None, 'model')
+    state = init.from_scratch(random.PRNGKey(0))
+    assert state.params['decoder_wi']['kernel'].sharding.spec == P(None, 'model')
+    before = {k: np.asarray(v['kernel'] if 'kernel' in v else v['embedding'])
+              for k, v in state.params.items()}
+
+    def loss_fn(params, batch):
+        logits = model.apply({'params': params}, batch)
+        return cts.numpy.mean(cts.numpy.square(logits))
+
+    def train_step(st, batch):
+        loss, g = cts.value_and_grad(loss_fn)(st.params, batch)
+        return st.apply_gradient(g, learning_rate=0.01), loss
+
+    step = p.partition(train_step, (axes, p.data_partition_spec), (axes, None),
+                       donate_argnums=(0,))
+    losses = []
+    for _ in range(2):
+        state, loss = step(state, x)
+        losses.append(float(np.asarray(loss)))
+    assert int(state.step) == 2
+    for leaf in cts.tree_util.tree_leaves(state.params):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+    after = {k: np.asarray(v['kernel'] if 'kernel' in v else v['embedding'])
+             for k, v in state.params.items()}
+    changed = {k for k in after if not np.array_equal(after[k], before[k])}
+    if name == 'decoder_only':
+        assert changed == {'decoder_wi', 'decoder_wo'}
+    else:
+        assert changed == set(after)
+    sd = state.state_dict()
+    back = state.restore_state(sd)
+    assert cts.tree_util.tree_structure(back) == cts.tree_util.tree_structure(state)

@@ -1,0 +1,281 @@
+"""t5x partitioner facts (reference t5x_hf.md §1.1, §2.1-2.3, F-S*, F-P*, F-L13)."""
+import types
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import P
+from ctrainstate.partitioning import AxisMetadata
+from ctrainstate.t5x import adafactor, partitioning
+from ctrainstate.t5x.train_state import FlaxOptimTrainState
+
+SR = partitioning.standard_logical_axis_rules
+REPL = [('relpos_buckets', None), ('abspos_buckets', None), ('length', None), ('layers', None),
+        ('stack', None), ('mlp_activations', None)]
+# §2.1 written out independently of the implementation
+TABLES = {
+    (1, 1): [('batch', 'data'), ('vocab', 'model'), ('embed', None), ('mlp', 'model'),
+             ('heads', 'model'), ('kv', None), ('joined_kv', 'model')],
+    (2, 1): [('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
+             ('kv', None), ('joined_kv', 'model'), ('embed', 'model')],
+    (1, 2): [('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
+             ('kv', None), ('joined_kv', 'model'), ('embed', 'data')],
+    (2, 2): [('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
+             ('kv', None), ('joined_kv', 'model'), ('embed', 'model'), ('embed', 'data')],
+}
+
+
+@pytest.mark.parametrize('dims', list(TABLES))
+def test_standard_tables_and_additional_rules(dims):  # F-S1, F-S2
+    rules = SR(*dims)
+    assert type(rules) is list
+    assert rules == TABLES[dims] + REPL
+    assert len(rules) == {(1, 1): 13, (2, 1): 13, (1, 2): 13, (2, 2): 14}[dims]
+    extra = (('foo', 'model'), ('bar', None))
+    assert SR(*dims, additional_rules=extra) == rules + list(extra)
+
+
+@pytest.mark.parametrize('dims', [(3, 1), (1, 3), (0, 1), (2, 0)])
+def test_standard_rules_reject_other_dims(dims):  # F-S3
+    with pytest.raises(ValueError, match='is not supported'):
+        SR(*dims)
+
+
+# §2.2: resolved specs under the four tables
+RESOLVED = [
+    (('vocab', 'embed'), [('model', None), ('model', None), ('model', 'data'), ('model', 'data')]),
+    (('embed', 'vocab'), [(None, 'model'), (None, 'model'), ('data', 'model'), ('data', 'model')]),
+    (('embed', 'mlp'), [(None, 'model'), (None, 'model'), ('data', 'model'), ('data', 'model')]),
+    (('mlp', 'embed'), [('model', None), ('model', None), ('model', 'data'), ('model', 'data')]),
+    (('embed', 'joined_kv'), [(None, 'model'), (None, 'model'), ('data', 'model'), ('data', 'model')]),
+    (('embed', 'heads', 'kv'), [(None, 'model', None), (None, 'model', None),
+                                ('data', 'model', None), ('data', 'model', None)]),
+    (('embed',), [(None,), ('model',), ('data',), ('model',)]),
+    (('heads', 'relpos_buckets'), [('model', None)] * 4),
+    (('embed', 'layers', 'mlp'), [(None, None, 'model'), (None, None, 'model'),
+                                  ('data', None, 'model'), ('data', None, 'model')]),
+    (('batch', 'length', 'embed'), [('data', None, None), ('data', None, 'model'),
+                                    ('data', None, None), ('data', None, 'model')]),
+    (('batch', 'length', 'heads', 'kv'), [('data', None, 'model', None)] * 4),
+    (('foo', 'embed'), [(None, None), (None, 'model'), (None, 'data'), (None, 'model')]),
+]
+
+
+@pytest.mark.parametrize('names,expected', RESOLVED)
+def test_resolved_specs_under_standard_tables(names, expected):  # §2.2, F-L13
+    for dims, exp in zip([(1, 1), (2, 1), (1, 2), (2, 2)], expected):
+        p = partitioning.PjitPartitioner(num_partitions=1, logical_axis_rules=SR(*dims))
+        assert cts.partitioning.logical_to_mesh_axes(names, p.logical_axis_rules) == P(*exp), dims
+
+
+def test_partitioner_requires_partitions():  # F-P6
+    with pytest.raises(ValueError, match='At least one of `num_partitions` or '
+                                         '`model_parallel_submesh` must be set.'):
+        partitioning.PjitPartitioner()
+
+
+@pytest.mark.parametrize('k', [1, 2, 4, 8, 3])
+def test_cpu_mesh_ignores_num_partitions(k):  # F-P7
+    p = partitioning.PjitPartitioner(num_partitions=k)
+    assert dict(p.mesh.shape) == {'data': 1, 'model': 8}
+    assert [d.id for d in p.mesh.devices.ravel()] == list(range(8))
+    assert p.data_partition_spec == P('data')
+    assert p.get_data_layout() == partitioning.DataLayout(1, 0, 1, True)
+    assert p.get_data_layout(8).batch_size == 8
+    with pytest.raises(NotImplementedError):
+        p.get_data_layout(8, host_index=0)
+
+
+def test_submesh_pair_on_cpu(caplog):  # F-P8
+    p = partitioning.PjitPartitioner(model_parallel_submesh=(1, 2))
+    assert dict(p.mesh.shape) == {'data': 4, 'model': 2}
+    assert [[d.id for d in row] for row in p.mesh.devices] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert 'must be either None or a 4-tuple' in caplog.text
+    assert p.get_data_layout(8) == partitioning.DataLayout(8, 0, 1, True)
+    with pytest.raises(ValueError, match=r'Batch size \(6\) must be divisible by corresponding '
+                                         r'data mesh size \(4\)'):
+        p.get_data_layout(6)
+
+
+def test_multislice_rewrites_batch_rule():
+    p = partitioning.PjitPartitioner(num_partitions=1, ici_mesh_shape=(1, 2, 2),
+                                     dcn_mesh_shape=(2, 1, 1))
+    assert ('batch', ('replica', 'data')) in p.logical_axis_rules
+    assert p.data_partition_spec == P(('replica', 'data'))
+    assert tuple(p.mesh.axis_names) == ('replica', 'data', 'model')
+    assert p.data_mesh_size == 4
+
+
+def test_bounds_and_coords(monkeypatch):  # F-P1, F-P2
+    tpu = types.SimpleNamespace(coords=(3, 3, 3), core_on_chip=1)
+    assert partitioning.bounds_from_last_device(tpu) == (4, 4, 4, 2)
+    assert partitioning.get_coords(types.SimpleNamespace(coords=(1, 0, 1), core_on_chip=1)) == (1, 0, 1, 1)
+    monkeypatch.setattr(partitioning, 'process_count', lambda: 1)
+    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 4)
+    assert partitioning.bounds_from_last_device(types.SimpleNamespace(id=3)) == (1, 4)
+    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 8)
+    assert partitioning.get_coords(types.SimpleNamespace(process_index=1, id=9)) == (1, 1)
+
+
+def _mock_v3_32():
+    """TPU v3-32: 4x4x1 chips x 2 cores, 4 hosts each holding a 2x2 block of chips
+    (ids y*8 + x*2 + core, as in t5x's test_utils.make_devices)."""
+    devs = []
+    for y in range(4):
+        for x in range(4):
+            for c in range(2):
+                devs.append(types.SimpleNamespace(
+                    id=y * 8 + x * 2 + c, coords=(x, y, 0), core_on_chip=c,
+                    process_index=(y // 2) * 2 + x // 2, device_kind='TPU v3', platform='tpu'))
+    return sorted(devs, key=lambda d: d.id)
+
+
+def test_mock_tpu_v3_32_mesh_and_chunks():  # F-P3, F-P4
+    devs = _mock_v3_32()
+    sub = partitioning.default_submesh(4, devs[-1])
+    assert sub == (2, 1, 1, 2)
+    grid = partitioning._device_grid(sub, devs, [d for d in devs if d.process_index == 0])
+    assert grid.shape == (8, 4) and grid.size == 32
+    mesh = types.SimpleNamespace(devices=grid, axis_names=('data', 'model'))
+    # process 0's local mesh, as listed in t5x's test_default_mesh
+    mine = np.vectorize(lambda d: d.process_index == 0, otypes=[bool])(grid)
+    local = grid[np.ix_(mine.any(1), mine.any(0))]
+    assert [[d.id for d in r] for r in local] == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    order = []
+    for d in grid[:, 0]:
+        if d.process_index not in order:
+            order.append(d.process_index)
+    for k in range(4):
+        ch = partitioning.LocalChunker(mesh, process_index=k)
+        assert dict(ch.local_mesh_shape) == {'data': 2, 'model': 4}
+        assert dict(ch.num_chunks) == {'data': 4, 'model': 1}
+        c = order.index(k)
+        assert ch.chunk_ids == {'data': c, 'model': 0}
+        info = ch.get_local_chunk_info((128, 16), ['data', 'model'])
+        assert info.slice == (slice(32 * c, 32 * (c + 1)), slice(0, 16))
+        assert info.replica_id == 0
+        info = ch.get_local_chunk_info((128, 16), [None, 'model'])
+        assert info.slice == (slice(None), slice(0, 16))
+        assert info.replica_id == c
+
+
+def test_tpu_default_submesh_table():  # §2.3
+    v3 = types.SimpleNamespace(device_kind='TPU v3', coords=(3, 3, 0), core_on_chip=1)
+    assert [partitioning.default_submesh(n, v3) for n in (1, 2, 4, 8, 16, 32)] == [
+        (1, 1, 1, 1), (1, 1, 1, 2), (2, 1, 1, 2), (2, 2, 1, 2), (4, 2, 1, 2), None]
+    v4 = types.SimpleNamespace(device_kind='TPU v4', coords=(3, 3, 7), core_on_chip=0)
+    assert [partitioning.default_submesh(n, v4) for n in (1, 2, 4, 8, 16)] == [
+        (1, 1, 1, 1), (1, 2, 1, 1), (4, 1, 1, 1), (1, 1, 8, 1), (4, 4, 1, 1)]
+
+
+def test_gpu_mesh_rules(monkeypatch):  # F-P9 and the single-GPU notes of §4
+    fake = [types.SimpleNamespace(id=i, platform='gpu') for i in range(8)]
+    monkeypatch.setattr(partitioning, 'devices', lambda *a: fake)
+    monkeypatch.setattr(partitioning, 'Mesh', lambda grid, names: (grid, names))
+    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 8)
+    monkeypatch.setattr(partitioning, 'process_count', lambda: 1)
+    grid, names = partitioning.get_gpu_mesh(2)
+    assert grid.shape == (4, 2) and names == ('data', 'model')
+    assert [[d.id for d in r] for r in grid] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(AssertionError, match='factor or multiple of the number of local devices'):
+        partitioning.get_gpu_mesh(3)
+    monkeypatch.setattr(partitioning, 'devices', lambda *a: fake[:1])
+    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 1)
+    assert partitioning.get_gpu_mesh(1)[0].shape == (1, 1)
+    with pytest.raises(ValueError):
+        partitioning.get_gpu_mesh(2)
+
+
+def _f_p5_state(momentum, factored):
+    opt_def = adafactor.Adafactor(
+        0.1, factored=factored, min_dim_size_to_factor=8, beta1=0.1 if momentum else None,
+        logical_factor_rules={'batch': adafactor.FactorDim.NONE, 'embed': adafactor.FactorDim.ROW,
+                              'vocab': adafactor.FactorDim.COLUMN,
+                              'mlp': adafactor.FactorDim.COLUMN})
+    variables = {
+        'params': {'logits_dense': np.ones((16, 16), np.float32),
+                   'mlp': {'wo': {'kernel': np.ones((32, 16), np.float32)}}},
+        'params_axes': {'logits_dense_axes': AxisMetadata(('vocab', 'embed')),
+                        'mlp': {'wo': {'kernel_axes': AxisMetadata(('embed', 'mlp'))}}},
+    }
+    return FlaxOptimTrainState.create(opt_def, variables)
+
+
+@pytest.mark.parametrize('momentum', [False, True])
+@pytest.mark.parametrize('factored', [False, True])
+@pytest.mark.parametrize('abstract', [False, True])
+def test_get_mesh_axes_adafactor(momentum, factored, abstract):  # F-P5
+    p = partitioning.PjitPartitioner(
+        num_partitions=1, logical_axis_rules=(('batch', 'data'), ('embed', None),
+                                              ('vocab', 'model'), ('mlp', 'model')))
+    state = cts.eval_shape(lambda: _f_p5_state(momentum, factored)) if abstract else \
+        _f_p5_state(momentum, factored)
+    sd = p.get_mesh_axes(state).state_dict()
+    assert sd['target'] == {'logits_dense': P('model', None), 'mlp': {'wo': {'kernel': P(None, 'model')}}}
+    assert sd['state']['step'] is None
+    for path, spec in (('logits_dense', P('model', None)), ('mlp/wo/kernel', P(None, 'model'))):
+        node = sd['state']['param_states']
+        for k in path.split('/'):
+            node = node[k]
+        m = spec if momentum else None
+        v = None if factored else spec
+        assert node == {'m': m, 'v': v, 'v_col': None, 'v_row': None}, (path, node)
+
+
+def test_get_mesh_axes_names_failing_path():
+    p = partitioning.PjitPartitioner(num_partitions=1)
+    state = FlaxOptimTrainState.create(
+        cts.t5x.optimizers.sgd(0.1),
+        {'params': {'w': np.ones((2, 2), np.float32)},
+         'params_axes': {'w_axes': AxisMetadata(('embed', 'embed'))}})
+    with pytest.raises(ValueError, match='Failed to map logical axes for target/w'):
+        p.get_mesh_axes(state)
+
+
+def test_partition_runs_inside_mesh_and_rules():  # F-P10
+    p = partitioning.PjitPartitioner(num_partitions=4)
+    seen = {}
+
+    def fn(x):
+        seen['mesh'] = cts.get_mesh()
+        seen['rules'] = cts.partitioning.get_axis_rules()
+        return x * 2.0
+
+    pf = p.partition(fn, in_axis_resources=P('model'), out_axis_resources=P(None))
+    y = pf(np.arange(8, dtype=np.float32))
+    assert seen['mesh'] is p.mesh and tuple(seen['rules']) == p.logical_axis_rules
+    assert y.sharding.spec == P(None) and np.asarray(y).tolist() == list(range(0, 16, 2))
+    assert cts.get_mesh() is None  # contexts are left
+    compiled = p.compile(pf, np.ones(8, np.float32))
+    assert np.asarray(compiled(np.ones(8, np.float32))).tolist() == [2.0] * 8
+
+
+def test_move_params_to_devices():
+    p = partitioning.PjitPartitioner(num_partitions=1)
+    state = FlaxOptimTrainState.create(
+        cts.t5x.optimizers.adam(0.1),
+        {'params': {'w': np.ones((8, 4), np.float32)},
+         'params_axes': {'w_axes': AxisMetadata(('vocab', 'embed'))}})
+    axes = p.get_mesh_axes(state)
+    moved = p.move_params_to_devices(state, axes)
+    assert moved.params['w'].sharding.spec == P('model', None)
+    assert moved.param_states[0].mu['w'].sharding.spec == P('model', None)
+    assert np.asarray(moved.params['w']).sum() == 32
+
+
+def test_small_helpers():
+    assert partitioning.AxisNames('a', 'b') == ('a', 'b')
+    assert cts.tree_util.tree_leaves({'x': partitioning.AxisNames('a', 'b')}) == [('a', 'b')]
+    x = np.arange(8, dtype=np.float32)
+    assert partitioning.with_sharding_constraint(x, P('model')) is x  # no mesh: a no-op
+    assert not partitioning.global_mesh_defined()
+    p = partitioning.PjitPartitioner(num_partitions=2, use_cpu_pjit=True)  # legacy kwarg
+    with p.mesh:
+        assert partitioning.global_mesh_defined()
+        y = partitioning.with_sharding_constraint(cts.device_put(x), P('model'))
+        assert y.sharding.spec == P('model')
+    g = partitioning.host_local_array_to_global_array({'a': x, 'b': x}, p.mesh,
+                                                      {'a': P('model'), 'b': None})
+    assert g['a'].sharding.spec == P('model') and g['b'].sharding.spec == P()
+    assert p.get_local_chunk_info((8, 4), ['model', None]).slice == (slice(0, 8), slice(None))

@@ -15,7 +15,7 @@ against the fastest of them, so it is not flattered by a one-thread peer.
 Every implementation and copy runs once per rep, round-robin, so that on a
 shared machine they all see the same load; medians are reported.
 
-    python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor]
+    python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor] [--overhead-only]
 """
 from __future__ import annotations
 
@@ -214,6 +214,24 @@ def run_adafactor(params_np, grads_np, reps):
     return interleaved(steps, reps)
 
 
+def run_overhead(steps=200):
+    """Per-step Python cost: AdamW on 148 leaves of 16 elements (the kernel is negligible)."""
+    tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD)
+    small = {f"l{i}": np.ones(16, np.float32) for i in range(148)}
+    g = cts.device_put({f"l{i}": np.ones(16, np.float32) for i in range(148)})
+    st = [TrainState.create(apply_fn=None, params=small, tx=tx)]
+    for _ in range(20):
+        st[0] = st[0].apply_gradients(grads=g)
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        st[0] = st[0].apply_gradients(grads=g)
+        ts.append(time.perf_counter() - t0)
+    print(f"\n## per-step overhead: AdamW apply_gradients on 148 leaves x 16 elements: median "
+          f"{np.median(ts) * 1e3:.3f} ms, min {min(ts) * 1e3:.3f} ms over {steps} steps, "
+          f"load average {os.getloadavg()[0]:.2f}")
+
+
 def run_case(name, params_np, grads_np, n, copies, reps):
     """All implementations and the copies interleaved rep by rep; prints the table."""
     labels = {"ctrainstate": "ctrainstate (fused, in place)",
@@ -257,7 +275,12 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-tree", action="store_true")
     ap.add_argument("--skip-adafactor", action="store_true")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="only the per-step Python overhead case (148 tiny leaves)")
     args = ap.parse_args()
+    if args.overhead_only:
+        run_overhead()
+        return
 
     print(f"ctrainstate AdamW benchmark; OMP threads={os.environ.get('OMP_NUM_THREADS', 'default')}, "
           f"cpus={os.cpu_count()}, devices={cts.device_count()}, "
@@ -291,6 +314,7 @@ def main():
             else:
                 print(f"{'optax on jax-cpu (jit, donated)':34s} {t['optax'] * 1e3:9.2f} "
                       f"{t['optax'] / t['ctrainstate']:19.2f}x")
+    run_overhead()
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 

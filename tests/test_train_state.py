@@ -274,3 +274,29 @@ def test_step_rejects_bad_blocks():
     i = _C.Buffer(0, (4,), 3)
     with pytest.raises(TypeError, match="float32"):
         _C.optim_step([(base.SCALE, (1.0,))], [[(i, g, None, [], 1, 0, True)]], 1)
+
+
+def test_step_rejects_bad_state_sizes_and_factored_geometry():
+    from ctrainstate import _C
+    from ctrainstate.optim import base
+    g = _C.Buffer(0, (8,), 0)
+    short = _C.Buffer(0, (4,), 0)
+    adam = [(base.ADAM, (0.9, 0.999, 1e-8, 0.0, 0.1, 0.001, 0.0, 0.19))]
+    with pytest.raises(ValueError, match="4 elements, expected 8"):
+        _C.optim_step(adam, [[(g, g, None, [short, g], 1, 0, True)]], 1)
+    with pytest.raises(ValueError, match="not of 8 elements"):
+        _C.optim_reference(adam, (g, g, None, [short, g], 1, 0, True))
+    # a (4, 2) leaf factored over d0=0, d1=1: v_row has 2 elements, v_col 4
+    fac = [(base.FACTORED, (0.5, 1e-30))]
+    one = _C.Buffer(0, (1,), 0)
+    vr, vc = _C.Buffer(0, (2,), 0), _C.Buffer(0, (4,), 0)
+    geom = (0, 1, (4, 2), (0, 0), (4, 2))
+    _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, geom)]], 1)
+    with pytest.raises(ValueError, match="v_row/v_col"):
+        _C.optim_step(fac, [[(g, g, None, [vc, vr, one], 1, 0, True, geom)]], 1)
+    with pytest.raises(ValueError, match="outside"):
+        _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, (0, 1, (4, 2), (2, 0), (4, 2)))]], 1)
+    with pytest.raises(ValueError, match="factored dims"):
+        _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, (0, 0, (4, 2), (0, 0), (4, 2)))]], 1)
+    with pytest.raises(ValueError, match="state v"):   # not factored: v must be full size
+        _C.optim_step(fac, [[(g, g, None, [one, one, one], 1, 0, True)]], 1)

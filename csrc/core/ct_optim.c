@@ -989,6 +989,17 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
         off[k] = o;
         o += kind_nslots[stages[k].kind];
     }
+    if (b->n > 0 && (b->g == NULL || (b->out == NULL && b->p == NULL)))
+        return ct_set_error(CT_EINVAL, "optimizer reference: the block lacks grads or params");
+    for (int k = 0; k < nstages; k++) {
+        if (!((b->active >> k) & 1u)) continue;
+        if (kind_needs_params(stages[k].kind) && b->p == NULL)
+            return ct_set_error(CT_EINVAL, "optimizer reference: stage %d needs params", k);
+        for (int q = 0; q < kind_nslots[stages[k].kind]; q++)
+            if (b->slot[off[k] + q] == NULL || b->slot_n[off[k] + q] != b->n)
+                return ct_set_error(CT_EINVAL, "optimizer reference: stage %d: state array %d "
+                                    "missing or not of %lld elements", k, q, (long long)b->n);
+    }
     for (int64_t i = 0; i < b->n; i++) {
         float u = b->g[i];
         for (int k = 0; k < nstages; k++) {

@@ -3,12 +3,19 @@
 Cases: one flat leaf of 2^24 fp32 params, and a 148-leaf GPT-2-small-shaped tree
 (124M params). Reports ms/step (median of --reps after a warm-up), GB/s at 28
 bytes/param (read p, g, m, v; write p, m, v), the ratio to the copy bandwidth
-measured in the same run (np.copyto, bytes read + written), and the ratio to a
-vectorised numpy AdamW, optax on jax-cpu (jit, donated buffers) and
-torch.optim.AdamW(foreach=True) when those are installed. Also prints the RSS
-before/after a run of steps (the optimizer must not grow it).
+measured in the same run, and the ratio to a vectorised numpy AdamW, optax on
+jax-cpu (jit, donated buffers) and torch.optim.AdamW(foreach=True) when those
+are installed. Also prints the RSS before/after a run of steps (the optimizer
+must not grow it), and adafactor (defaults) on the tree against optax's.
 
-    python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--scale 1.0]
+Copy bandwidth (bytes read + written, 256 MiB) is measured three ways: np.copyto
+on one thread, numpy copies of two halves on two threads, and ctrainstate's own
+OpenMP block copy (_C.copy_overlap of a (64, n/64) buffer). "x copy bw" is
+against the fastest of them, so it is not flattered by a one-thread peer.
+Every implementation and copy runs once per rep, round-robin, so that on a
+shared machine they all see the same load; medians are reported.
+
+    python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor] [--overhead-only]
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import argparse
 import os
 import resource
 import sys
+import threading
 import time
 
 import numpy as np
@@ -28,17 +36,6 @@ from ctrainstate.train_state import TrainState  # noqa: E402
 
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 BYTES_PER_PARAM = 28
-
-
-def median_time(fn, reps, warmup=2):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
 
 
 def rss_mb():
@@ -70,29 +67,54 @@ def make_tree(shapes, rng):
         is_leaf=lambda x: isinstance(x, tuple))
 
 
-def copy_bandwidth(nbytes, reps):
-    src = np.ones(nbytes // 4, np.float32)
+def copy_steps(nbytes):
+    """Three copies of nbytes (label -> step); GB/s = 2 * nbytes / time (read + write)."""
+    from ctrainstate import _C
+    from ctrainstate.array import _buffer_view
+    n = nbytes // 4
+    src = np.ones(n, np.float32)
     dst = np.empty_like(src)
-    t = median_time(lambda: np.copyto(dst, src), reps)
-    return 2 * src.nbytes / t / 1e9
+    h = n // 2
+
+    def two():
+        t = threading.Thread(target=np.copyto, args=(dst[:h], src[:h]))
+        t.start()
+        np.copyto(dst[h:], src[h:])
+        t.join()
+    shape = (64, n // 64)
+    sb, db = _C.Buffer(0, shape, 0), _C.Buffer(0, shape, 0)
+    _buffer_view(sb, shape, np.float32)[...] = 1
+    return {"copy: np.copyto, 1 thread": lambda: np.copyto(dst, src),
+            "copy: numpy, 2 threads (halves)": two,
+            "copy: ctrainstate _C (OpenMP)": lambda: _C.copy_overlap(db, (0, 0), sb, (0, 0))}
 
 
-def bench_ctrainstate(params_np, grads_np, reps):
+def interleaved(steps, reps, warmup=2):
+    """Run the steps round-robin (one of each per rep) so that all of them see the same load
+    on a shared machine; label -> median seconds."""
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    ts = {k: [] for k in steps}
+    for _ in range(reps):
+        for k, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in ts.items()}
+
+
+def make_ctrainstate(params_np, grads_np):
     tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD)
     st = [TrainState.create(apply_fn=None, params=params_np, tx=tx)]
     g = cts.device_put(grads_np)
 
     def step():
         st[0] = st[0].apply_gradients(grads=g)
-    r0 = rss_mb()
-    t = median_time(step, reps)
-    for _ in range(20):
-        step()
-    r1 = rss_mb()
-    return t, (r0, r1)
+    return step
 
 
-def bench_numpy(params_np, grads_np, reps):
+def make_numpy(params_np, grads_np):
     ps = [p.copy() for p in cts.tree_util.tree_leaves(params_np)]
     gs = cts.tree_util.tree_leaves(grads_np)
     ms = [np.zeros_like(p) for p in ps]
@@ -119,10 +141,10 @@ def bench_numpy(params_np, grads_np, reps):
             t += WD * p
             t *= -LR
             p += t
-    return median_time(step, reps)
+    return step
 
 
-def bench_optax(params_np, grads_np, reps):
+def make_optax(params_np, grads_np):
     try:
         import jax
         import jax.numpy as jnp
@@ -145,10 +167,10 @@ def bench_optax(params_np, grads_np, reps):
     def step():
         box[0], box[1] = step_j(box[0], box[1], grads)
         jax.block_until_ready(box[0])
-    return median_time(step, reps)
+    return step
 
 
-def bench_torch(params_np, grads_np, reps):
+def make_torch(params_np, grads_np):
     try:
         import torch
     except Exception:
@@ -157,27 +179,93 @@ def bench_torch(params_np, grads_np, reps):
     for p, g in zip(ps, cts.tree_util.tree_leaves(grads_np)):
         p.grad = torch.from_numpy(g)
     opt = torch.optim.AdamW(ps, lr=LR, betas=(B1, B2), eps=EPS, weight_decay=WD, foreach=True)
-    return median_time(opt.step, reps)
+    return opt.step
 
 
-def run_case(name, params_np, grads_np, n, copy_gbs, reps):
-    rows = []
-    t_cts, (r0, r1) = bench_ctrainstate(params_np, grads_np, reps)
-    rows.append(("ctrainstate (fused, in place)", t_cts))
-    t_np = bench_numpy(params_np, grads_np, reps)
-    rows.append(("numpy (vectorised, in place)", t_np))
-    t_ox = bench_optax(params_np, grads_np, reps)
-    rows.append(("optax on jax-cpu (jit, donated)", t_ox))
-    t_tc = bench_torch(params_np, grads_np, reps)
-    rows.append(("torch AdamW(foreach=True)", t_tc))
-    print(f"\n## {name}: {n:,} params, {len(cts.tree_util.tree_leaves(params_np))} leaves")
+def run_adafactor(params_np, grads_np, reps):
+    """adafactor(1e-3) with optax's defaults: ctrainstate (in place) vs optax (jit, donated),
+    interleaved; label -> median seconds."""
+    st = [TrainState.create(apply_fn=None, params=params_np, tx=optim.adafactor(1e-3))]
+    g = cts.device_put(grads_np)
+
+    def step():
+        st[0] = st[0].apply_gradients(grads=g)
+    steps = {"ctrainstate": step}
+    try:
+        import jax
+        import jax.numpy as jnp
+        import optax
+    except Exception:
+        return interleaved(steps, reps)
+    tx = optax.adafactor(1e-3)
+    params = jax.tree.map(jnp.asarray, params_np)
+    grads = jax.tree.map(jnp.asarray, grads_np)
+
+    def _step(p, s, gr):
+        u, s = tx.update(gr, s, p)
+        return optax.apply_updates(p, u), s
+    step_j = jax.jit(_step, donate_argnums=(0, 1))
+    box = [params, tx.init(params)]
+
+    def ostep():
+        box[0], box[1] = step_j(box[0], box[1], grads)
+        jax.block_until_ready(box[0])
+    steps["optax"] = ostep
+    return interleaved(steps, reps)
+
+
+def run_overhead(steps=200):
+    """Per-step Python cost: AdamW on 148 leaves of 16 elements (the kernel is negligible)."""
+    tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD)
+    small = {f"l{i}": np.ones(16, np.float32) for i in range(148)}
+    g = cts.device_put({f"l{i}": np.ones(16, np.float32) for i in range(148)})
+    st = [TrainState.create(apply_fn=None, params=small, tx=tx)]
+    for _ in range(20):
+        st[0] = st[0].apply_gradients(grads=g)
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        st[0] = st[0].apply_gradients(grads=g)
+        ts.append(time.perf_counter() - t0)
+    print(f"\n## per-step overhead: AdamW apply_gradients on 148 leaves x 16 elements: median "
+          f"{np.median(ts) * 1e3:.3f} ms, min {min(ts) * 1e3:.3f} ms over {steps} steps, "
+          f"load average {os.getloadavg()[0]:.2f}")
+
+
+def run_case(name, params_np, grads_np, n, copies, reps):
+    """All implementations and the copies interleaved rep by rep; prints the table."""
+    labels = {"ctrainstate": "ctrainstate (fused, in place)",
+              "numpy": "numpy (vectorised, in place)",
+              "optax": "optax on jax-cpu (jit, donated)",
+              "torch": "torch AdamW(foreach=True)"}
+    makers = {"ctrainstate": make_ctrainstate, "numpy": make_numpy, "optax": make_optax,
+              "torch": make_torch}
+    steps = {}
+    for k, make in makers.items():
+        fn = make(params_np, grads_np)
+        if fn is not None:
+            steps[k] = fn
+    steps.update(copies)
+    t = interleaved(steps, reps)
+    r0 = rss_mb()
+    for _ in range(20):
+        steps["ctrainstate"]()
+    r1 = rss_mb()
+    copy_gbs = {k: (2 << 28) / t[k] / 1e9 for k in copies}
+    best = max(copy_gbs.values())
+    print(f"\n## {name}: {n:,} params, {len(cts.tree_util.tree_leaves(params_np))} leaves, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    for k, v in copy_gbs.items():
+        print(f"{k + ' (256 MiB, read+write)':48s} {v:6.2f} GB/s")
     print(f"{'implementation':34s} {'ms/step':>9s} {'GB/s':>7s} {'x copy bw':>9s} {'ctrainstate speedup':>20s}")
-    for label, t in rows:
-        if t is None:
+    t_cts = t["ctrainstate"]
+    for k, label in labels.items():
+        if k not in t:
             print(f"{label:34s} {'(not installed: skipped)':>40s}")
             continue
-        gbs = n * BYTES_PER_PARAM / t / 1e9
-        print(f"{label:34s} {t * 1e3:9.2f} {gbs:7.2f} {gbs / copy_gbs:9.2f} {t / t_cts:19.2f}x")
+        gbs = n * BYTES_PER_PARAM / t[k] / 1e9
+        print(f"{label:34s} {t[k] * 1e3:9.2f} {gbs:7.2f} {gbs / best:9.2f} {t[k] / t_cts:19.2f}x")
+    print(f"('x copy bw': against the fastest copy above, {best:.2f} GB/s)")
     print(f"RSS around 20 extra ctrainstate steps: {r0:.0f} MB -> {r1:.0f} MB")
     return t_cts
 
@@ -186,26 +274,48 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--skip-tree", action="store_true")
+    ap.add_argument("--skip-adafactor", action="store_true")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="only the per-step Python overhead case (148 tiny leaves)")
     args = ap.parse_args()
+    if args.overhead_only:
+        run_overhead()
+        return
 
     print(f"ctrainstate AdamW benchmark; OMP threads={os.environ.get('OMP_NUM_THREADS', 'default')}, "
-          f"cpus={os.cpu_count()}, devices={cts.device_count()}")
-    copy_gbs = copy_bandwidth(1 << 28, args.reps)
-    print(f"copy bandwidth (np.copyto 256 MiB, read+write): {copy_gbs:.2f} GB/s")
+          f"cpus={os.cpu_count()}, devices={cts.device_count()}, "
+          f"load average {os.getloadavg()[0]:.2f}")
+    copies = copy_steps(1 << 28)
     rng = np.random.default_rng(0)
     n = 1 << 24
     flat_p = {"w": rng.standard_normal(n, dtype=np.float32)}
     flat_g = {"w": rng.standard_normal(n, dtype=np.float32)}
-    t_flat = run_case("flat 2^24", flat_p, flat_g, n, copy_gbs, args.reps)
+    t_flat = run_case("flat 2^24", flat_p, flat_g, n, copies, args.reps)
     if not args.skip_tree:
         shapes = gpt2_small_shapes()
         tp = make_tree(shapes, rng)
         tg = make_tree(shapes, rng)
         nt = sum(x.size for x in cts.tree_util.tree_leaves(tp))
-        t_tree = run_case("GPT-2-small tree", tp, tg, nt, copy_gbs, max(3, args.reps // 2))
+        t_tree = run_case("GPT-2-small tree", tp, tg, nt, copies, max(3, args.reps // 2))
         per_flat = t_flat / n
         per_tree = t_tree / nt
         print(f"\ntree vs flat, time per param: {per_tree / per_flat:.2f}x (goal <= 1.30x)")
+        if not args.skip_adafactor:
+            t = run_adafactor(tp, tg, max(3, args.reps // 2))
+            fused = optim.adafactor(1e-3).fusable
+            print("\n## adafactor(1e-3) defaults, GPT-2-small tree" + (
+                " (fused: 2 read-only passes + the fused pass, ~24 bytes/param)" if fused else
+                " (not fused)") + f", load average {os.getloadavg()[0]:.2f}")
+            print(f"{'implementation':34s} {'ms/step':>9s} {'ctrainstate speedup':>20s}")
+            label = "ctrainstate (fused, in place)" if fused else "ctrainstate (not fused: host)"
+            print(f"{label:34s} {t['ctrainstate'] * 1e3:9.2f} {1.0:19.2f}x")
+            if "optax" not in t:
+                print(f"{'optax on jax-cpu':34s} {'(not installed: skipped)':>30s}")
+            else:
+                print(f"{'optax on jax-cpu (jit, donated)':34s} {t['optax'] * 1e3:9.2f} "
+                      f"{t['optax'] / t['ctrainstate']:19.2f}x")
+    run_overhead()
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

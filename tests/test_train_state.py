@@ -168,11 +168,25 @@ def test_global_norm_counts_replicas_once():
 
 
 def test_non_fusable_tx_falls_back():
-    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adafactor(1e-2))
+    # a user transform with only init/update (no fuse) makes the chain non-fusable
+    half = optim.GradientTransformation(
+        lambda params: optim.EmptyState(),
+        lambda u, s, p=None: (cts.tree_util.tree_map(lambda x: np.asarray(x) * np.float32(0.5), u), s))
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.chain(half, optim.sgd(1.0)))
     assert not s.tx.fusable
     s2 = s.apply_gradients(grads=_grads())
     np.asarray(s.params["w"])  # not donated on the fallback path
     assert s2.step == 1
+    np.testing.assert_array_equal(np.asarray(s2.params["w"]), np.full((4, 3), 0.5, np.float32))
+
+
+def test_adafactor_is_fused_and_donates():
+    s = TrainState.create(apply_fn=None, params=_params(), tx=optim.adafactor(1e-2))
+    assert s.tx.fusable
+    s2 = s.apply_gradients(grads=_grads())
+    assert s2.step == 1
+    with pytest.raises(cts.DonatedBufferError):
+        np.asarray(s.params["w"])
 
 
 def test_gil_released_during_step():
@@ -260,3 +274,29 @@ def test_step_rejects_bad_blocks():
     i = _C.Buffer(0, (4,), 3)
     with pytest.raises(TypeError, match="float32"):
         _C.optim_step([(base.SCALE, (1.0,))], [[(i, g, None, [], 1, 0, True)]], 1)
+
+
+def test_step_rejects_bad_state_sizes_and_factored_geometry():
+    from ctrainstate import _C
+    from ctrainstate.optim import base
+    g = _C.Buffer(0, (8,), 0)
+    short = _C.Buffer(0, (4,), 0)
+    adam = [(base.ADAM, (0.9, 0.999, 1e-8, 0.0, 0.1, 0.001, 0.0, 0.19))]
+    with pytest.raises(ValueError, match="4 elements, expected 8"):
+        _C.optim_step(adam, [[(g, g, None, [short, g], 1, 0, True)]], 1)
+    with pytest.raises(ValueError, match="not of 8 elements"):
+        _C.optim_reference(adam, (g, g, None, [short, g], 1, 0, True))
+    # a (4, 2) leaf factored over d0=0, d1=1: v_row has 2 elements, v_col 4
+    fac = [(base.FACTORED, (0.5, 1e-30))]
+    one = _C.Buffer(0, (1,), 0)
+    vr, vc = _C.Buffer(0, (2,), 0), _C.Buffer(0, (4,), 0)
+    geom = (0, 1, (4, 2), (0, 0), (4, 2))
+    _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, geom)]], 1)
+    with pytest.raises(ValueError, match="v_row/v_col"):
+        _C.optim_step(fac, [[(g, g, None, [vc, vr, one], 1, 0, True, geom)]], 1)
+    with pytest.raises(ValueError, match="outside"):
+        _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, (0, 1, (4, 2), (2, 0), (4, 2)))]], 1)
+    with pytest.raises(ValueError, match="factored dims"):
+        _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, (0, 0, (4, 2), (0, 0), (4, 2)))]], 1)
+    with pytest.raises(ValueError, match="state v"):   # not factored: v must be full size
+        _C.optim_step(fac, [[(g, g, None, [one, one, one], 1, 0, True)]], 1)

@@ -3,23 +3,46 @@
  *
  * See ct_optim.h for the model. Layout of this file:
  *   --- stages       one static inline function per elementwise stage, on a chunk
- *   --- driver       chunk tables, reduction passes, the fused pass
+ *   --- factored     adafactor's factored statistics: block geometry, the
+ *                    statistics of a chunk, cross-block sums, the factors
+ *   --- tasks        the per-task work of each pass, compiled once per ISA
+ *   --- driver       task tables, reduction passes, the fused pass
  *   --- reference    a plain one-element-at-a-time version for the tests
+ *
+ * Speed. The step is memory-bound once its arithmetic runs at vector width:
+ * every stage is a plain loop over a chunk held in L1 that GCC vectorises
+ * (this file is compiled with -fno-math-errno so sqrtf becomes vsqrtps; see
+ * setup.py), and the task functions are compiled for x86-64-v4 (AVX-512),
+ * x86-64-v3 (AVX2) and the baseline and picked at load time by CPU features.
+ * All clones give identical results: only correctly rounded IEEE operations
+ * (+, *, /, sqrt; fp-contract is off under -std=c11, so no FMA contraction).
+ * Work is split into tasks of at most CT_OPT_TASK elements of one block,
+ * handed out dynamically: a 38.6M-element embedding becomes ~600 tasks and a
+ * 768-element bias one, so leaves of very different sizes balance, and a core
+ * taken by another process does not hold up a static half.
  */
 #include "ct_optim.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <immintrin.h>
+
+/* CT_MULTIVERSION (ct_simd.h) names "arch=skylake-avx512"/"arch=haswell",
+ * which GCC resolves with __builtin_cpu_is — an exact CPU-model match — so
+ * AMD CPUs get the baseline clone. These clones are selected by features. */
+#if !defined(CT_NO_MULTIVERSION) && defined(__GNUC__) && !defined(__clang__) && \
+    defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
+#define CT_OPT_CLONES \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CT_OPT_CLONES
 #endif
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_SCALE] = 0, [CT_OPT_ADAM] = 2, [CT_OPT_DECAY] = 0, [CT_OPT_TRACE] = 1,
     [CT_OPT_LION] = 1,  [CT_OPT_RMS] = 1,  [CT_OPT_RSS] = 1,   [CT_OPT_CLIP] = 0,
     [CT_OPT_GLOBAL_NORM] = 0, [CT_OPT_TRUST_RATIO] = 0, [CT_OPT_FINITE_GATE] = 0,
-    [CT_OPT_EMA] = 1,
+    [CT_OPT_EMA] = 1, [CT_OPT_FACTORED] = 3, [CT_OPT_BLOCK_RMS] = 0, [CT_OPT_PARAM_RMS] = 0,
 };
 
 int ct_opt_kind_nslots(int kind) {
@@ -28,11 +51,12 @@ int ct_opt_kind_nslots(int kind) {
 
 static int kind_is_reduction(int kind) {
     return kind == CT_OPT_GLOBAL_NORM || kind == CT_OPT_TRUST_RATIO ||
-           kind == CT_OPT_FINITE_GATE;
+           kind == CT_OPT_FINITE_GATE || kind == CT_OPT_FACTORED || kind == CT_OPT_BLOCK_RMS ||
+           kind == CT_OPT_PARAM_RMS;
 }
 
 static int kind_needs_params(int kind) {
-    return kind == CT_OPT_DECAY || kind == CT_OPT_TRUST_RATIO;
+    return kind == CT_OPT_DECAY || kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_PARAM_RMS;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -44,42 +68,46 @@ static int kind_needs_params(int kind) {
 
 #define CT_INLINE static inline __attribute__((always_inline))
 
-/* x = sqrt(x) over a chunk. A loop of sqrtf does not vectorise under the
- * default -fmath-errno (GCC keeps the errno path), so the square roots of a
- * stage are gathered into a scratch chunk and taken 4 at a time. sqrtps is
- * correctly rounded, like sqrtf: results are bitwise those of the reference. */
-CT_INLINE void v_sqrt(float *restrict x, int64_t n) {
-    int64_t i = 0;
-#if defined(__SSE__)
-    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
-#endif
-    for (; i < n; i++) x[i] = sqrtf(x[i]);
+/* Double sums over NL fixed lanes: vectorised with independent accumulators
+ * (the add latency does not bind), in an order that does not depend on the
+ * number of threads. lanes_sum folds them pairwise (and consumes s). */
+#define NL 16
+
+CT_INLINE double lanes_sum(double *s) {
+    for (int w = NL / 2; w >= 1; w /= 2)
+        for (int t = 0; t < w; t++) s[t] += s[t + w];
+    return s[0];
 }
 
 CT_INLINE void st_scale(float *restrict u, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) u[i] = s * u[i];
 }
 
+CT_INLINE void st_div(float *restrict u, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) u[i] = u[i] / s;
+}
+
 CT_INLINE void st_decay(float *restrict u, const float *restrict p, int64_t n, float wd) {
     for (int64_t i = 0; i < n; i++) u[i] = u[i] + wd * p[i];
 }
 
+/* One loop, no scratch: with -fno-math-errno sqrtf and the division
+ * vectorise (vsqrtps / vdivps), bitwise equal to the scalar reference. */
 CT_INLINE void st_adam(float *restrict u, float *restrict m, float *restrict v, int64_t n,
                        const double *s, const int W) {
     const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], eps_root = (float)s[3];
     const float bc1 = (float)s[4], bc2 = (float)s[5], bc1n = (float)s[7];
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
-    /* Bias corrections as multiplications by their reciprocals (divps is the
-     * bottleneck on SSE): within an ulp of optax's divisions. */
+    /* Bias corrections as multiplications by their reciprocals: within an
+     * ulp of optax's divisions, one division per element fewer. */
     const float ibc1 = 1.0f / bc1, ibc2 = 1.0f / bc2, ibc1n = 1.0f / bc1n;
-    float d[CT_OPT_CHUNK] __attribute__((aligned(64)));
     if (s[6] != 0.0) { /* nesterov: b1*mu/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t) */
         for (int64_t i = 0; i < n; i++) {
             float g = u[i];
             float mi = c1 * g + b1 * m[i];
             float vi = c2 * (g * g) + b2 * v[i];
-            u[i] = b1 * (mi * ibc1n) + c1 * (g * ibc1);
-            d[i] = vi * ibc2 + eps_root;
+            float mh = b1 * (mi * ibc1n) + c1 * (g * ibc1);
+            u[i] = mh / (sqrtf(vi * ibc2 + eps_root) + eps);
             if (W) { m[i] = mi; v[i] = vi; }
         }
     } else {
@@ -87,13 +115,10 @@ CT_INLINE void st_adam(float *restrict u, float *restrict m, float *restrict v, 
             float g = u[i];
             float mi = c1 * g + b1 * m[i];
             float vi = c2 * (g * g) + b2 * v[i];
-            u[i] = mi * ibc1;
-            d[i] = vi * ibc2 + eps_root;
+            u[i] = (mi * ibc1) / (sqrtf(vi * ibc2 + eps_root) + eps);
             if (W) { m[i] = mi; v[i] = vi; }
         }
     }
-    v_sqrt(d, n);
-    for (int64_t i = 0; i < n; i++) u[i] = u[i] / (d[i] + eps);
 }
 
 CT_INLINE void st_trace(float *restrict u, float *restrict t, int64_t n, const double *s,
@@ -122,35 +147,33 @@ CT_INLINE void st_lion(float *restrict u, float *restrict m, int64_t n, const do
 CT_INLINE void st_rms(float *restrict u, float *restrict v, int64_t n, const double *s,
                       const int W) {
     const float dc = (float)s[0], eps = (float)s[1], bc = (float)s[3];
-    const int in_sqrt = s[2] != 0.0;
-    float d[CT_OPT_CHUNK] __attribute__((aligned(64)));
-    for (int64_t i = 0; i < n; i++) {
-        float g = u[i];
-        float vi = (1.0f - dc) * (g * g) + dc * v[i];
-        d[i] = in_sqrt ? vi / bc + eps : vi / bc;
-        if (W) v[i] = vi;
+    if (s[2] != 0.0) {
+        for (int64_t i = 0; i < n; i++) {
+            float g = u[i];
+            float vi = (1.0f - dc) * (g * g) + dc * v[i];
+            u[i] = (1.0f / sqrtf(vi / bc + eps)) * g;
+            if (W) v[i] = vi;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            float g = u[i];
+            float vi = (1.0f - dc) * (g * g) + dc * v[i];
+            u[i] = (1.0f / (sqrtf(vi / bc) + eps)) * g;
+            if (W) v[i] = vi;
+        }
     }
-    v_sqrt(d, n);
-    if (in_sqrt)
-        for (int64_t i = 0; i < n; i++) u[i] = (1.0f / d[i]) * u[i];
-    else
-        for (int64_t i = 0; i < n; i++) u[i] = (1.0f / (d[i] + eps)) * u[i];
 }
 
 CT_INLINE void st_rss(float *restrict u, float *restrict a, int64_t n, const double *s,
                       const int W) {
     const float eps = (float)s[0];
-    float d[CT_OPT_CHUNK] __attribute__((aligned(64)));
-    float e[CT_OPT_CHUNK] __attribute__((aligned(64)));
     for (int64_t i = 0; i < n; i++) {
         float g = u[i];
         float ai = g * g + a[i];
-        e[i] = ai;
-        d[i] = ai + eps;
+        float r = 1.0f / sqrtf(ai + eps);
+        u[i] = (ai > 0.0f ? r : 0.0f) * g;
         if (W) a[i] = ai;
     }
-    v_sqrt(d, n);
-    for (int64_t i = 0; i < n; i++) u[i] = (e[i] > 0.0f ? 1.0f / d[i] : 0.0f) * u[i];
 }
 
 CT_INLINE void st_ema(float *restrict u, float *restrict e, int64_t n, const double *s,
@@ -170,8 +193,120 @@ CT_INLINE void st_clip(float *restrict u, int64_t n, float mx) {
     }
 }
 
+/* Adafactor, a leaf that is not factored: v = drt v + (1-drt)(g^2 + eps), u = g v^-1/2. */
+CT_INLINE void st_unfactored(float *restrict u, float *restrict v, int64_t n, const double *s,
+                             const int W) {
+    const float drt = (float)s[0], eps = (float)s[1], c = 1.0f - drt;
+    for (int64_t i = 0; i < n; i++) {
+        float g = u[i];
+        float vi = drt * v[i] + c * (g * g + eps);
+        u[i] = g * (1.0f / sqrtf(vi));
+        if (W) v[i] = vi;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
-// driver
+// factored
+//
+// A factored block, row-major, is viewed as (P, Slo, M, Shi, Q): lo/hi are
+// the factored dims in axis order, P/M/Q the products of the dims before,
+// between and after them. A *line* is one (p, a, m): Shi*Q contiguous
+// elements, j = b*Q + q. The statistic without hi is indexed line*Q + q (a
+// line owns its entries); the one without lo (p*M + m)*Shi*Q + j.
+
+typedef struct {
+    int64_t P, Slo, M, Shi, Q, L, nlines, n_nolo, n_nohi;
+    int lo, hi, d0_is_lo;
+} fgeom;
+
+static fgeom fgeom_of(const ct_opt_geom *g) {
+    fgeom f;
+    f.lo = g->d0 < g->d1 ? g->d0 : g->d1;
+    f.hi = g->d0 < g->d1 ? g->d1 : g->d0;
+    f.d0_is_lo = g->d0 == f.lo;
+    f.P = f.M = f.Q = 1;
+    for (int d = 0; d < f.lo; d++) f.P *= g->bshape[d];
+    for (int d = f.lo + 1; d < f.hi; d++) f.M *= g->bshape[d];
+    for (int d = f.hi + 1; d < g->ndim; d++) f.Q *= g->bshape[d];
+    f.Slo = g->bshape[f.lo];
+    f.Shi = g->bshape[f.hi];
+    f.L = f.Shi * f.Q;
+    f.nlines = f.P * f.Slo * f.M;
+    f.n_nohi = f.nlines * f.Q;
+    f.n_nolo = f.P * f.M * f.L;
+    return f;
+}
+
+/* Per-block factors of a FACTORED stage: row (indexed without d0) and column
+ * (without d1) factors, as the nolo / nohi statistics they are. */
+typedef struct {
+    float *nolo, *nohi;
+} ffac;
+
+/* u[j0..j0+n) of line `line` *= row factor, then *= column factor (optax's order). */
+CT_INLINE void st_factored(float *restrict u, int64_t off, int64_t n, const fgeom *f,
+                           const ffac *x) {
+    int64_t line = off / f->L, j = off % f->L, i = 0;
+    while (i < n) {
+        int64_t len = f->L - j < n - i ? f->L - j : n - i;
+        int64_t p = line / (f->Slo * f->M), m = line % f->M;
+        const float *lo = x->nolo + (p * f->M + m) * f->L + j;
+        float *restrict w = u + i;
+        if (f->Q == 1) {
+            const float h = x->nohi[line];
+            if (f->d0_is_lo)
+                for (int64_t k = 0; k < len; k++) w[k] = (w[k] * lo[k]) * h;
+            else
+                for (int64_t k = 0; k < len; k++) w[k] = (w[k] * h) * lo[k];
+        } else {
+            const float *hi = x->nohi + line * f->Q;
+            int64_t q = j % f->Q;
+            for (int64_t k = 0; k < len; k++) {
+                w[k] = f->d0_is_lo ? (w[k] * lo[k]) * hi[q] : (w[k] * hi[q]) * lo[k];
+                if (++q == f->Q) q = 0;
+            }
+        }
+        i += len;
+        j = 0;
+        line++;
+    }
+}
+
+/* Add (u^2 + eps) of a run of one line to the statistics: nohi (owned by the
+ * line) and nolo (this segment's partial). */
+CT_INLINE void stats_run(const float *restrict u, int64_t n, int64_t line, int64_t j,
+                         const fgeom *f, float eps, double *restrict nolo,
+                         double *restrict nohi) {
+    double *restrict lo = nolo + ((line / (f->Slo * f->M)) * f->M + line % f->M) * f->L + j;
+    if (f->Q == 1) {
+        double s[NL] = {0};
+        int64_t k = 0;
+        for (; k + NL <= n; k += NL)
+            for (int t = 0; t < NL; t++) {
+                float x = u[k + t] * u[k + t] + eps;
+                lo[k + t] += (double)x;
+                s[t] += (double)x;
+            }
+        for (; k < n; k++) {
+            float x = u[k] * u[k] + eps;
+            lo[k] += (double)x;
+            s[k % NL] += (double)x;
+        }
+        nohi[line] += lanes_sum(s);
+    } else {
+        double *hi = nohi + line * f->Q;
+        int64_t q = j % f->Q;
+        for (int64_t k = 0; k < n; k++) {
+            float x = u[k] * u[k] + eps;
+            lo[k] += (double)x;
+            hi[q] += (double)x;
+            if (++q == f->Q) q = 0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tasks
 
 typedef struct {
     const ct_opt_stage *st;
@@ -181,50 +316,33 @@ typedef struct {
     uint32_t zero;                    /* rejecting gates: u = 0 there */
     float norm[CT_OPT_MAX_STAGES];    /* GLOBAL_NORM: the norm */
     int clip[CT_OPT_MAX_STAGES];      /* GLOBAL_NORM: 1 when u must be rescaled */
-    float *trust[CT_OPT_MAX_STAGES];  /* TRUST_RATIO: per-leaf factor */
-    int acc_p;                        /* reduction pass also sums p^2 (trust ratio) */
+    float *leaf_f[CT_OPT_MAX_STAGES]; /* TRUST_RATIO, PARAM_RMS: per-leaf factor; BLOCK_RMS: divisor */
+    ffac *fac[CT_OPT_MAX_STAGES];     /* FACTORED: factors per global block index */
+    int acc_p;                        /* reduction pass also sums p^2 */
 } ct_opt_ctx;
 
-typedef struct {
-    int32_t block;
-    int64_t off;
-} ct_opt_chunk;
-
-/* Run stages [0, upto) on chunk [off, off+n) of block b. acc != NULL: reduction
- * pass (accumulate, write nothing); else write state and p/out when `write`. */
-static void chunk_run(const ct_opt_ctx *c, const ct_opt_block *b, int64_t off, int64_t n,
-                      int upto, float *restrict u, double *acc) {
-    const int W = acc == NULL;
-    const float *g = b->g + off;
+/* u = the update after stages [0, upto) on chunk [off, off+n) of block b
+ * (global index bid); W: write the stages' state. */
+CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid, int64_t off,
+                         int64_t n, int upto, float *restrict u, const int W) {
     const float *p = b->p ? b->p + off : NULL;
-    for (int64_t i = 0; i < n; i++) u[i] = g[i];
+    memcpy(u, b->g + off, (size_t)n * sizeof *u);
     for (int k = 0; k < upto; k++) {
         if (!((b->active >> k) & 1u) || ((c->skip >> k) & 1u)) continue;
         const ct_opt_stage *s = &c->st[k];
-        float *s0 = kind_nslots[s->kind] > 0 ? b->slot[c->slot_off[k]] + off : NULL;
-        float *s1 = kind_nslots[s->kind] > 1 ? b->slot[c->slot_off[k] + 1] + off : NULL;
+        const int o = c->slot_off[k];
+        float *s0 = kind_nslots[s->kind] > 0 ? b->slot[o] + off : NULL;
+        float *s1 = kind_nslots[s->kind] > 1 ? b->slot[o + 1] + off : NULL;
         switch (s->kind) {
         case CT_OPT_SCALE: st_scale(u, n, (float)s->s[0]); break;
         case CT_OPT_DECAY: st_decay(u, p, n, (float)s->s[0]); break;
         case CT_OPT_CLIP: st_clip(u, n, (float)s->s[0]); break;
-        case CT_OPT_ADAM:
-            if (W) st_adam(u, s0, s1, n, s->s, 1); else st_adam(u, s0, s1, n, s->s, 0);
-            break;
-        case CT_OPT_TRACE:
-            if (W) st_trace(u, s0, n, s->s, 1); else st_trace(u, s0, n, s->s, 0);
-            break;
-        case CT_OPT_LION:
-            if (W) st_lion(u, s0, n, s->s, 1); else st_lion(u, s0, n, s->s, 0);
-            break;
-        case CT_OPT_RMS:
-            if (W) st_rms(u, s0, n, s->s, 1); else st_rms(u, s0, n, s->s, 0);
-            break;
-        case CT_OPT_RSS:
-            if (W) st_rss(u, s0, n, s->s, 1); else st_rss(u, s0, n, s->s, 0);
-            break;
-        case CT_OPT_EMA:
-            if (W) st_ema(u, s0, n, s->s, 1); else st_ema(u, s0, n, s->s, 0);
-            break;
+        case CT_OPT_ADAM: st_adam(u, s0, s1, n, s->s, W); break;
+        case CT_OPT_TRACE: st_trace(u, s0, n, s->s, W); break;
+        case CT_OPT_LION: st_lion(u, s0, n, s->s, W); break;
+        case CT_OPT_RMS: st_rms(u, s0, n, s->s, W); break;
+        case CT_OPT_RSS: st_rss(u, s0, n, s->s, W); break;
+        case CT_OPT_EMA: st_ema(u, s0, n, s->s, W); break;
         case CT_OPT_GLOBAL_NORM:
             if (c->clip[k]) {
                 const float nrm = c->norm[k], mx = (float)s->s[0];
@@ -232,63 +350,343 @@ static void chunk_run(const ct_opt_ctx *c, const ct_opt_block *b, int64_t off, i
             }
             break;
         case CT_OPT_TRUST_RATIO:
-            st_scale(u, n, c->trust[k][b->leaf]);
-            break;
+        case CT_OPT_PARAM_RMS: st_scale(u, n, c->leaf_f[k][b->leaf]); break;
+        case CT_OPT_BLOCK_RMS: st_div(u, n, c->leaf_f[k][b->leaf]); break;
         case CT_OPT_FINITE_GATE:
             if ((c->zero >> k) & 1u) memset(u, 0, (size_t)n * sizeof *u);
+            break;
+        case CT_OPT_FACTORED:
+            if (b->geom.ndim == 0) {
+                st_unfactored(u, b->slot[o + 2] + off, n, s->s, W);
+            } else {
+                const fgeom f = fgeom_of(&b->geom);
+                st_factored(u, off, n, &f, &c->fac[k][bid]);
+            }
             break;
         default: break;
         }
     }
-    if (acc != NULL) {
-        double su = 0.0, sp = 0.0, bad = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            su += (double)u[i] * (double)u[i];
-            bad += isfinite(u[i]) ? 0.0 : 1.0;
+}
+
+/* Whether any of stages [0, upto) changes u on block b: if none, passes read g
+ * in place instead of copying it. */
+static inline int any_stage(const ct_opt_ctx *c, const ct_opt_block *b, int upto) {
+    for (int k = 0; k < upto; k++)
+        if (((b->active >> k) & 1u) && !((c->skip >> k) & 1u)) return 1;
+    return 0;
+}
+
+/* The fused pass on one task: every stage, then p += u (or out = u). */
+CT_OPT_CLONES static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
+                                     int64_t off, int64_t n) {
+    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
+        const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
+        compute_u(c, b, bid, o, m, c->nstages, u, 1);
+        if (b->out != NULL) {
+            memcpy(b->out + o, u, (size_t)m * sizeof *u);
+        } else {
+            float *restrict pw = b->p + o;
+            for (int64_t i = 0; i < m; i++) pw[i] = pw[i] + u[i];
         }
-        if (p != NULL && c->acc_p)
-            for (int64_t i = 0; i < n; i++) sp += (double)p[i] * (double)p[i];
-        acc[0] = su;
-        acc[1] = sp;
-        acc[2] = bad;
-    } else if (b->out != NULL) {
-        memcpy(b->out + off, u, (size_t)n * sizeof *u);
-    } else {
-        float *pw = b->p + off;
-        for (int64_t i = 0; i < n; i++) pw[i] = pw[i] + u[i];
     }
 }
 
-/* Chunk table of a group (caller frees). */
-static ct_status make_chunks(const ct_opt_group *grp, ct_opt_chunk **out, int64_t *nout,
-                             int64_t *nelem) {
-    int64_t nch = 0, tot = 0;
+/* A read-only reduction pass on one task: sum u^2, sum p^2 (acc_p), count of
+ * non-finite u, for the u entering stage `upto`. p_only: p^2 alone. */
+CT_INLINE void sumsq_lanes(const float *restrict x, int64_t m, double *restrict s) {
+    int64_t i = 0;
+    for (; i + NL <= m; i += NL)
+        for (int t = 0; t < NL; t++) s[t] += (double)x[i + t] * (double)x[i + t];
+    for (; i < m; i++) s[i % NL] += (double)x[i] * (double)x[i];
+}
+
+CT_OPT_CLONES static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
+                                      int64_t off, int64_t n, int upto, int p_only,
+                                      double *acc) {
+    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    double su[NL] = {0}, sp[NL] = {0};
+    int64_t bad = 0;
+    const int direct = !any_stage(c, b, upto);
+    for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
+        const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
+        if (!p_only) {
+            const float *x = b->g + o;
+            if (direct == 0) {
+                compute_u(c, b, bid, o, m, upto, u, 0);
+                x = u;
+            }
+            sumsq_lanes(x, m, su);
+            for (int64_t i = 0; i < m; i++) bad += !isfinite(x[i]);
+        }
+        if (c->acc_p && b->p != NULL) sumsq_lanes(b->p + o, m, sp);
+    }
+    acc[0] = lanes_sum(su);
+    acc[1] = lanes_sum(sp);
+    acc[2] = (double)bad;
+}
+
+/* FACTORED statistics of lines [l0, l1) of a factored block, for the u
+ * entering stage k: nohi entries of these lines, nolo into this segment's partial. */
+CT_OPT_CLONES static void task_stats(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
+                                     int64_t l0, int64_t l1, int k, double *nolo, double *nohi) {
+    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    const fgeom f = fgeom_of(&b->geom);
+    const float eps = (float)c->st[k].s[1];
+    const int direct = !any_stage(c, b, k);
+    for (int64_t line = l0; line < l1; line++)
+        for (int64_t j = 0; j < f.L; j += CT_OPT_CHUNK) {
+            const int64_t m = f.L - j < CT_OPT_CHUNK ? f.L - j : CT_OPT_CHUNK;
+            const float *x = b->g + line * f.L + j;
+            if (!direct) {
+                compute_u(c, b, bid, line * f.L + j, m, k, u, 0);
+                x = u;
+            }
+            stats_run(x, m, line, j, &f, eps, nolo, nohi);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// driver
+
+typedef struct {
+    int32_t block;  /* index in its group */
+    int64_t off, n;
+} ct_opt_task;
+
+#define CT_OPT_TASK (16 * CT_OPT_CHUNK) /* elements per task: ~0.9 MB of AdamW traffic */
+#define CT_OPT_PAR_MIN 32768            /* below this many elements a group runs on one thread */
+#define CT_OPT_MAX_PEERS 1024 /* blocks per leaf (devices) */
+#define CT_OPT_MAX_SEG 16               /* FACTORED: line segments per block (partials) */
+
+/* Per-task reduction results, one cache line each: no false sharing. */
+typedef struct {
+    double v[8];
+} acc_line;
+
+/* Task table of one group. */
+typedef struct {
+    ct_opt_task *t;
+    int64_t n, nelem, base; /* base: global index of the group's first block */
+} task_table;
+
+static ct_status make_tasks(const ct_opt_group *grp, int64_t base, task_table *tt) {
+    int64_t nt = 0, tot = 0;
     for (int i = 0; i < grp->nblocks; i++) {
-        nch += (grp->blocks[i].n + CT_OPT_CHUNK - 1) / CT_OPT_CHUNK;
+        nt += (grp->blocks[i].n + CT_OPT_TASK - 1) / CT_OPT_TASK;
         tot += grp->blocks[i].n;
     }
-    ct_opt_chunk *ch = malloc((size_t)(nch > 0 ? nch : 1) * sizeof *ch);
-    if (ch == NULL) return ct_set_error(CT_EOOM, "optimizer step: out of host memory for %lld chunks", (long long)nch);
+    tt->t = malloc((size_t)(nt > 0 ? nt : 1) * sizeof *tt->t);
+    if (tt->t == NULL)
+        return ct_set_error(CT_EOOM, "optimizer step: out of host memory for %lld tasks", (long long)nt);
     int64_t j = 0;
     for (int i = 0; i < grp->nblocks; i++)
-        for (int64_t off = 0; off < grp->blocks[i].n; off += CT_OPT_CHUNK) ch[j++] = (ct_opt_chunk){i, off};
-    *out = ch;
-    *nout = nch;
-    *nelem = tot;
+        for (int64_t off = 0; off < grp->blocks[i].n; off += CT_OPT_TASK) {
+            int64_t m = grp->blocks[i].n - off < CT_OPT_TASK ? grp->blocks[i].n - off : CT_OPT_TASK;
+            tt->t[j++] = (ct_opt_task){i, off, m};
+        }
+    tt->n = nt;
+    tt->nelem = tot;
+    tt->base = base;
     return CT_OK;
 }
 
-#define CT_OPT_PAR_MIN 32768 /* below this many elements a group runs on one thread */
+/* FACTORED scratch of one block. */
+typedef struct {
+    fgeom f;
+    int nseg;
+    double *part;  /* nseg partials of the nolo statistic; part[0..n_nolo) ends as the sum */
+    double *nohi;  /* the nohi statistic */
+    double *t;     /* row statistic summed over d1 (P*M*Q) */
+    float *rcm;    /* row_col_mean (P*M*Q) */
+    int on;        /* active and factored */
+    int stat;      /* on and counts: computes statistics (a replica uses its peers') */
+} fblock;
 
-static void run_group(const ct_opt_ctx *c, const ct_opt_group *grp, const ct_opt_chunk *ch,
-                      int64_t nch, int64_t nelem, int upto, double *acc) {
-    /* dynamic: a core taken by another process must not hold up a static half */
-#pragma omp parallel for schedule(dynamic, 8) if (nelem >= CT_OPT_PAR_MIN)
-    for (int64_t j = 0; j < nch; j++) {
-        float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
-        const ct_opt_block *b = &grp->blocks[ch[j].block];
-        int64_t n = b->n - ch[j].off < CT_OPT_CHUNK ? b->n - ch[j].off : CT_OPT_CHUNK;
-        chunk_run(c, b, ch[j].off, n, upto, u, acc ? acc + 3 * j : NULL);
+typedef struct {
+    ct_opt_ctx c;
+    const ct_opt_group *groups;
+    int ngroups, nleaves;
+    int64_t nb;               /* blocks, all groups */
+    const ct_opt_block **blk; /* by global index */
+    int *leaf_next;           /* next block of the same leaf (-1) */
+    int *leaf_head;           /* first block of each leaf (-1) */
+    task_table *tt;           /* per group */
+    acc_line **acc;           /* per group: per task */
+    double *leaf_acc;         /* 3 per leaf */
+    double *leaf_n;           /* elements per leaf (counting blocks) */
+    fblock *fb[CT_OPT_MAX_STAGES];
+} step_env;
+
+static void run_apply(const step_env *e) {
+    for (int gi = 0; gi < e->ngroups; gi++) {
+        const task_table *tt = &e->tt[gi];
+        const ct_opt_group *grp = &e->groups[gi];
+#pragma omp parallel for schedule(dynamic, 1) if (tt->nelem >= CT_OPT_PAR_MIN)
+        for (int64_t j = 0; j < tt->n; j++) {
+            const ct_opt_task *t = &tt->t[j];
+            task_apply(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n);
+        }
+    }
+}
+
+/* One read-only pass: per-leaf sums of the u entering stage k (only blocks
+ * that count; in task order, so deterministic). */
+static void reduce_pass(step_env *e, int k, int p_only) {
+    memset(e->leaf_acc, 0, (size_t)(e->nleaves > 0 ? e->nleaves : 1) * 3 * sizeof(double));
+    for (int gi = 0; gi < e->ngroups; gi++) {
+        const task_table *tt = &e->tt[gi];
+        const ct_opt_group *grp = &e->groups[gi];
+        acc_line *acc = e->acc[gi];
+#pragma omp parallel for schedule(dynamic, 1) if (tt->nelem >= CT_OPT_PAR_MIN)
+        for (int64_t j = 0; j < tt->n; j++) {
+            const ct_opt_task *t = &tt->t[j];
+            if (!grp->blocks[t->block].counts) continue; /* a replica: its sums are not used */
+            task_reduce(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n, k,
+                        p_only, acc[j].v);
+        }
+        for (int64_t j = 0; j < tt->n; j++) {
+            const ct_opt_block *b = &grp->blocks[tt->t[j].block];
+            if (!b->counts) continue;
+            for (int q = 0; q < 3; q++) e->leaf_acc[3 * b->leaf + q] += acc[j].v[q];
+        }
+    }
+}
+
+static int same_start(const ct_opt_geom *a, const ct_opt_geom *b, int skip1, int skip2) {
+    for (int d = 0; d < a->ndim; d++)
+        if (d != skip1 && d != skip2 && a->start[d] != b->start[d]) return 0;
+    return 1;
+}
+
+/* FACTORED stage k: statistics pass, cross-block sums, new v_row / v_col
+ * (written to the state), factors for the fused pass. Cannot fail. */
+static void factored_pass(step_env *e, int k) {
+    fblock *fb = e->fb[k];
+    ffac *fac = e->c.fac[k];
+    const ct_opt_stage *s = &e->c.st[k];
+    const int o = e->c.slot_off[k];
+    const float drt = (float)s->s[0], cdrt = 1.0f - drt;
+    for (int gi = 0; gi < e->ngroups; gi++) { /* the statistics: (block, segment) tasks */
+        const ct_opt_group *grp = &e->groups[gi];
+        const int64_t base = e->tt[gi].base;
+        int64_t ntask = 0, nelem = 0;
+        for (int i = 0; i < grp->nblocks; i++)
+            if (fb[base + i].stat) {
+                ntask += fb[base + i].nseg;
+                nelem += grp->blocks[i].n;
+            }
+#pragma omp parallel for schedule(dynamic, 1) if (nelem >= CT_OPT_PAR_MIN)
+        for (int64_t j = 0; j < ntask; j++) {
+            int64_t r = j;
+            int i = 0;
+            for (;; i++) { /* few blocks per group: a walk is fine */
+                if (!fb[base + i].stat) continue;
+                if (r < fb[base + i].nseg) break;
+                r -= fb[base + i].nseg;
+            }
+            const fblock *x = &fb[base + i];
+            const int64_t l0 = x->f.nlines * r / x->nseg, l1 = x->f.nlines * (r + 1) / x->nseg;
+            task_stats(&e->c, &grp->blocks[i], base + i, l0, l1, k, x->part + r * x->f.n_nolo,
+                       x->nohi);
+        }
+    }
+    for (int64_t i = 0; i < e->nb; i++) { /* partials of the segments, in order */
+        fblock *x = &fb[i];
+        if (!x->stat) continue;
+        for (int r = 1; r < x->nseg; r++)
+            for (int64_t q = 0; q < x->f.n_nolo; q++) x->part[q] += x->part[r * x->f.n_nolo + q];
+    }
+    /* A: sums over the blocks that share a statistic (replica 0 of each, so
+     * every global element once), means, new v_row / v_col. */
+    for (int64_t i = 0; i < e->nb; i++) {
+        fblock *x = &fb[i];
+        if (!x->on) continue;
+        const ct_opt_block *b = e->blk[i];
+        const ct_opt_geom *g = &b->geom;
+        int np_lo = 0;
+        const double *plo[CT_OPT_MAX_PEERS], *phi[CT_OPT_MAX_PEERS];
+        int np_hi = 0;
+        for (int j = e->leaf_head[b->leaf]; j >= 0; j = e->leaf_next[j]) {
+            const ct_opt_block *bj = e->blk[j];
+            if (!fb[j].stat) continue;
+            if (same_start(g, &bj->geom, x->f.lo, -1) && np_lo < CT_OPT_MAX_PEERS) plo[np_lo++] = fb[j].part;
+            if (same_start(g, &bj->geom, x->f.hi, -1) && np_hi < CT_OPT_MAX_PEERS) phi[np_hi++] = fb[j].nohi;
+        }
+        const double nlo = (double)g->shape[x->f.lo], nhi = (double)g->shape[x->f.hi];
+        float *vr = b->slot[o], *vc = b->slot[o + 1];
+        float *rowbuf = x->f.d0_is_lo ? fac[i].nolo : fac[i].nohi;
+        float *colbuf = x->f.d0_is_lo ? fac[i].nohi : fac[i].nolo;
+        for (int64_t q = 0; q < x->f.n_nolo; q++) {
+            double sum = 0.0;
+            for (int pi = 0; pi < np_lo; pi++) sum += plo[pi][q];
+            fac[i].nolo[q] = (float)(sum / nlo); /* the mean, for now */
+        }
+        for (int64_t q = 0; q < x->f.n_nohi; q++) {
+            double sum = 0.0;
+            for (int pi = 0; pi < np_hi; pi++) sum += phi[pi][q];
+            fac[i].nohi[q] = (float)(sum / nhi);
+        }
+        const int64_t nrow = x->f.d0_is_lo ? x->f.n_nolo : x->f.n_nohi;
+        const int64_t ncol = x->f.d0_is_lo ? x->f.n_nohi : x->f.n_nolo;
+        for (int64_t q = 0; q < nrow; q++) rowbuf[q] = drt * vr[q] + cdrt * rowbuf[q];
+        for (int64_t q = 0; q < ncol; q++) colbuf[q] = drt * vc[q] + cdrt * colbuf[q];
+        memcpy(vr, rowbuf, (size_t)nrow * sizeof *vr);
+        memcpy(vc, colbuf, (size_t)ncol * sizeof *vc);
+    }
+    /* B: each block's new v_row summed over its part of d1. */
+    for (int64_t i = 0; i < e->nb; i++) {
+        fblock *x = &fb[i];
+        if (!x->on) continue;
+        const fgeom *f = &x->f;
+        const float *rowbuf = f->d0_is_lo ? fac[i].nolo : fac[i].nohi;
+        const int64_t S1 = f->d0_is_lo ? f->Shi : f->Slo;
+        memset(x->t, 0, (size_t)(f->P * f->M * f->Q) * sizeof *x->t);
+        for (int64_t p = 0; p < f->P; p++)
+            for (int64_t a = 0; a < S1; a++)
+                for (int64_t m = 0; m < f->M; m++)
+                    for (int64_t q = 0; q < f->Q; q++) {
+                        int64_t ei = f->d0_is_lo ? ((p * f->M + m) * f->Shi + a) * f->Q + q
+                                                 : ((p * f->Slo + a) * f->M + m) * f->Q + q;
+                        x->t[(p * f->M + m) * f->Q + q] += (double)rowbuf[ei];
+                    }
+    }
+    /* C: row_col_mean over the blocks along d1 (one per distinct v_row box),
+     * row factor (v_row / row_col_mean)^-1/2, column factor v_col^-1/2. */
+    for (int64_t i = 0; i < e->nb; i++) {
+        fblock *x = &fb[i];
+        if (!x->on) continue;
+        const ct_opt_block *b = e->blk[i];
+        const ct_opt_geom *g = &b->geom;
+        const fgeom *f = &x->f;
+        const int64_t nt = f->P * f->M * f->Q;
+        for (int64_t q = 0; q < nt; q++) x->rcm[q] = 0.0f;
+        const double *pt[CT_OPT_MAX_PEERS];
+        int npt = 0;
+        for (int j = e->leaf_head[b->leaf]; j >= 0; j = e->leaf_next[j]) {
+            const ct_opt_block *bj = e->blk[j];
+            if (!fb[j].on || !bj->counts || bj->geom.start[g->d0] != 0) continue;
+            if (same_start(g, &bj->geom, g->d0, g->d1) && npt < CT_OPT_MAX_PEERS) pt[npt++] = fb[j].t;
+        }
+        const double n1 = (double)g->shape[g->d1];
+        for (int64_t q = 0; q < nt; q++) {
+            double sum = 0.0;
+            for (int pi = 0; pi < npt; pi++) sum += pt[pi][q];
+            x->rcm[q] = (float)(sum / n1);
+        }
+        float *rowbuf = f->d0_is_lo ? fac[i].nolo : fac[i].nohi;
+        float *colbuf = f->d0_is_lo ? fac[i].nohi : fac[i].nolo;
+        const int64_t S1 = f->d0_is_lo ? f->Shi : f->Slo;
+        for (int64_t p = 0; p < f->P; p++)
+            for (int64_t a = 0; a < S1; a++)
+                for (int64_t m = 0; m < f->M; m++)
+                    for (int64_t q = 0; q < f->Q; q++) {
+                        int64_t ei = f->d0_is_lo ? ((p * f->M + m) * f->Shi + a) * f->Q + q
+                                                 : ((p * f->Slo + a) * f->M + m) * f->Q + q;
+                        rowbuf[ei] = 1.0f / sqrtf(rowbuf[ei] / x->rcm[(p * f->M + m) * f->Q + q]);
+                    }
+        const int64_t ncol = f->d0_is_lo ? f->n_nohi : f->n_nolo;
+        for (int64_t q = 0; q < ncol; q++) colbuf[q] = 1.0f / sqrtf(colbuf[q]);
     }
 }
 
@@ -315,6 +713,33 @@ ct_status ct_optim_check(const ct_opt_stage *stages, int nstages) {
     return CT_OK;
 }
 
+static ct_status check_geom(const ct_opt_block *b, int k, int o) {
+    const ct_opt_geom *g = &b->geom;
+    if (g->ndim == 0) {
+        if (b->slot_n[o + 2] != b->n)
+            return ct_set_error(CT_EINVAL, "optimizer: stage %d: state v of leaf %d has %lld elements, expected %lld",
+                                k, b->leaf, (long long)b->slot_n[o + 2], (long long)b->n);
+        return CT_OK;
+    }
+    if (g->ndim < 2 || g->ndim > CT_OPT_MAX_DIMS || g->d0 < 0 || g->d1 < 0 || g->d0 >= g->ndim ||
+        g->d1 >= g->ndim || g->d0 == g->d1)
+        return ct_set_error(CT_EINVAL, "optimizer: stage %d: bad factored dims for leaf %d", k, b->leaf);
+    int64_t n = 1;
+    for (int d = 0; d < g->ndim; d++) {
+        if (g->bshape[d] < 1 || g->start[d] < 0 || g->start[d] + g->bshape[d] > g->shape[d])
+            return ct_set_error(CT_EINVAL, "optimizer: stage %d: block of leaf %d lies outside it", k, b->leaf);
+        n *= g->bshape[d];
+    }
+    if (n != b->n)
+        return ct_set_error(CT_EINVAL, "optimizer: stage %d: block shape of leaf %d has %lld elements, the block %lld",
+                            k, b->leaf, (long long)n, (long long)b->n);
+    if (b->slot_n[o] != n / g->bshape[g->d0] || b->slot_n[o + 1] != n / g->bshape[g->d1])
+        return ct_set_error(CT_EINVAL, "optimizer: stage %d: v_row/v_col of leaf %d have %lld/%lld elements, expected %lld/%lld",
+                            k, b->leaf, (long long)b->slot_n[o], (long long)b->slot_n[o + 1],
+                            (long long)(n / g->bshape[g->d0]), (long long)(n / g->bshape[g->d1]));
+    return CT_OK;
+}
+
 static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, int ngroups,
                               int nleaves) {
     for (int gi = 0; gi < ngroups; gi++) {
@@ -333,33 +758,120 @@ static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, i
                 for (int q = 0; q < kind_nslots[kind]; q++)
                     if (b->slot[c->slot_off[k] + q] == NULL)
                         return ct_set_error(CT_EINVAL, "optimizer: stage %d has no state array for leaf %d", k, b->leaf);
+                if (kind == CT_OPT_FACTORED) {
+                    CT_TRY(check_geom(b, k, c->slot_off[k]));
+                } else {
+                    for (int q = 0; q < kind_nslots[kind]; q++)
+                        if (b->slot_n[c->slot_off[k] + q] != b->n)
+                            return ct_set_error(CT_EINVAL, "optimizer: stage %d: state array of leaf %d has %lld elements, expected %lld",
+                                                k, b->leaf, (long long)b->slot_n[c->slot_off[k] + q], (long long)b->n);
+                }
             }
         }
     }
     return CT_OK;
 }
 
-/* One read-only pass computing per-leaf sums of the u entering stage k. */
-static ct_status reduce_pass(const ct_opt_ctx *c, const ct_opt_group *groups, int ngroups, int k,
-                             double *leaf_acc, int nleaves) {
-    memset(leaf_acc, 0, (size_t)nleaves * 3 * sizeof *leaf_acc);
-    for (int gi = 0; gi < ngroups; gi++) {
-        ct_opt_chunk *ch;
-        int64_t nch, nelem;
-        CT_TRY(make_chunks(&groups[gi], &ch, &nch, &nelem));
-        double *acc = malloc((size_t)(nch > 0 ? nch : 1) * 3 * sizeof *acc);
-        if (acc == NULL) {
-            free(ch);
-            return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+static void env_free(step_env *e) {
+    if (e->tt != NULL)
+        for (int gi = 0; gi < e->ngroups; gi++) free(e->tt[gi].t);
+    if (e->acc != NULL)
+        for (int gi = 0; gi < e->ngroups; gi++) free(e->acc[gi]);
+    for (int k = 0; k < e->c.nstages; k++) {
+        free(e->c.leaf_f[k]);
+        if (e->fb[k] != NULL)
+            for (int64_t i = 0; i < e->nb; i++) {
+                free(e->fb[k][i].part);
+                free(e->fb[k][i].nohi);
+                free(e->fb[k][i].t);
+                free(e->fb[k][i].rcm);
+                if (e->c.fac[k] != NULL) {
+                    free(e->c.fac[k][i].nolo);
+                    free(e->c.fac[k][i].nohi);
+                }
+            }
+        free(e->fb[k]);
+        free(e->c.fac[k]);
+    }
+    free(e->tt);
+    free(e->acc);
+    free(e->blk);
+    free(e->leaf_next);
+    free(e->leaf_head);
+    free(e->leaf_acc);
+    free(e->leaf_n);
+}
+
+#define OOM() ct_set_error(CT_EOOM, "optimizer step: out of host memory")
+
+/* Everything a step needs, allocated before anything is written: a failed
+ * step leaves params and state as they were. */
+static ct_status env_init(step_env *e) {
+    const int ng = e->ngroups, nl = e->nleaves > 0 ? e->nleaves : 1;
+    e->tt = calloc((size_t)(ng > 0 ? ng : 1), sizeof *e->tt);
+    e->acc = calloc((size_t)(ng > 0 ? ng : 1), sizeof *e->acc);
+    e->leaf_acc = calloc((size_t)nl * 3, sizeof *e->leaf_acc);
+    e->leaf_n = calloc((size_t)nl, sizeof *e->leaf_n);
+    e->leaf_head = malloc((size_t)nl * sizeof *e->leaf_head);
+    if (!e->tt || !e->acc || !e->leaf_acc || !e->leaf_n || !e->leaf_head) return OOM();
+    e->nb = 0;
+    for (int gi = 0; gi < ng; gi++) {
+        CT_TRY(make_tasks(&e->groups[gi], e->nb, &e->tt[gi]));
+        e->acc[gi] = aligned_alloc(64, (size_t)(e->tt[gi].n > 0 ? e->tt[gi].n : 1) * sizeof(acc_line));
+        if (e->acc[gi] == NULL) return OOM();
+        e->nb += e->groups[gi].nblocks;
+    }
+    const int64_t nb = e->nb > 0 ? e->nb : 1;
+    e->blk = malloc((size_t)nb * sizeof *e->blk);
+    e->leaf_next = malloc((size_t)nb * sizeof *e->leaf_next);
+    if (!e->blk || !e->leaf_next) return OOM();
+    for (int l = 0; l < nl; l++) e->leaf_head[l] = -1;
+    for (int gi = ng - 1; gi >= 0; gi--) /* lists in global block order */
+        for (int i = e->groups[gi].nblocks - 1; i >= 0; i--) {
+            const int64_t id = e->tt[gi].base + i;
+            const ct_opt_block *b = &e->groups[gi].blocks[i];
+            e->blk[id] = b;
+            e->leaf_next[id] = e->leaf_head[b->leaf];
+            e->leaf_head[b->leaf] = (int)id;
+            if (b->counts) e->leaf_n[b->leaf] += (double)b->n;
         }
-        run_group(c, &groups[gi], ch, nch, nelem, k, acc);
-        for (int64_t j = 0; j < nch; j++) { /* in chunk order: deterministic */
-            const ct_opt_block *b = &groups[gi].blocks[ch[j].block];
-            if (!b->counts) continue;
-            for (int q = 0; q < 3; q++) leaf_acc[3 * b->leaf + q] += acc[3 * j + q];
+    for (int l = 0; l < e->nleaves; l++) { /* factored_pass keeps a leaf's peers on the stack */
+        int cnt = 0;
+        for (int j = e->leaf_head[l]; j >= 0; j = e->leaf_next[j]) cnt++;
+        if (cnt > CT_OPT_MAX_PEERS)
+            return ct_set_error(CT_EINVAL, "optimizer: leaf %d has %d blocks; at most %d are supported",
+                                l, cnt, CT_OPT_MAX_PEERS);
+    }
+    for (int k = 0; k < e->c.nstages; k++) {
+        const int kind = e->c.st[k].kind;
+        if (kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_BLOCK_RMS || kind == CT_OPT_PARAM_RMS) {
+            if ((e->c.leaf_f[k] = malloc((size_t)nl * sizeof(float))) == NULL) return OOM();
         }
-        free(acc);
-        free(ch);
+        if (kind != CT_OPT_FACTORED) continue;
+        e->fb[k] = calloc((size_t)nb, sizeof(fblock));
+        e->c.fac[k] = calloc((size_t)nb, sizeof(ffac));
+        if (!e->fb[k] || !e->c.fac[k]) return OOM();
+        for (int64_t i = 0; i < e->nb; i++) {
+            const ct_opt_block *b = e->blk[i];
+            fblock *x = &e->fb[k][i];
+            if (b->n == 0 || !((b->active >> k) & 1u) || b->geom.ndim == 0) continue;
+            x->on = 1;
+            x->stat = b->counts != 0;
+            x->f = fgeom_of(&b->geom);
+            int64_t nseg = x->f.nlines < CT_OPT_MAX_SEG ? x->f.nlines : CT_OPT_MAX_SEG;
+            int64_t cap = x->f.Slo / 8 > 1 ? x->f.Slo / 8 : 1; /* partials <= n bytes */
+            x->nseg = (int)(nseg < cap ? nseg : cap);
+            const int64_t nt = x->f.P * x->f.M * x->f.Q;
+            x->part = calloc((size_t)(x->nseg * x->f.n_nolo), sizeof(double));
+            x->nohi = calloc((size_t)x->f.n_nohi, sizeof(double));
+            x->t = malloc((size_t)nt * sizeof(double));
+            x->rcm = malloc((size_t)nt * sizeof(float));
+            e->c.fac[k][i].nolo = malloc((size_t)x->f.n_nolo * sizeof(float));
+            e->c.fac[k][i].nohi = malloc((size_t)x->f.n_nohi * sizeof(float));
+            if (!x->part || !x->nohi || !x->t || !x->rcm || !e->c.fac[k][i].nolo ||
+                !e->c.fac[k][i].nohi)
+                return OOM();
+        }
     }
     return CT_OK;
 }
@@ -367,76 +879,102 @@ static ct_status reduce_pass(const ct_opt_ctx *c, const ct_opt_group *groups, in
 ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                         int ngroups, int nleaves) {
     CT_TRY(ct_optim_check(stages, nstages));
-    ct_opt_ctx c;
-    memset(&c, 0, sizeof c);
-    c.st = stages;
-    c.nstages = nstages;
+    if (nleaves < 0) return ct_set_error(CT_EINVAL, "optimizer: negative leaf count");
+    if (ngroups < 0) return ct_set_error(CT_EINVAL, "optimizer: negative group count");
+    step_env e;
+    memset(&e, 0, sizeof e);
+    ct_opt_ctx *c = &e.c;
+    c->st = stages;
+    c->nstages = nstages;
     for (int k = 0, off = 0; k < nstages; k++) {
-        c.slot_off[k] = off;
+        c->slot_off[k] = off;
         off += kind_nslots[stages[k].kind];
     }
-    if (nleaves < 0) return ct_set_error(CT_EINVAL, "optimizer: negative leaf count");
-    CT_TRY(check_blocks(&c, groups, ngroups, nleaves));
-
-    ct_status st = CT_OK;
-    double *leaf_acc = NULL;
-    int nred = 0;
-    for (int k = 0; k < nstages; k++) nred += kind_is_reduction(stages[k].kind);
-    if (nred > 0) {
-        leaf_acc = malloc((size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *leaf_acc);
-        if (leaf_acc == NULL) return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+    CT_TRY(check_blocks(c, groups, ngroups, nleaves));
+    e.groups = groups;
+    e.ngroups = ngroups;
+    e.nleaves = nleaves;
+    ct_status st = env_init(&e);
+    if (st != CT_OK) {
+        env_free(&e);
+        return st;
     }
-    for (int k = 0; k < nstages && st == CT_OK; k++) {
-        int kind = stages[k].kind;
-        if (!kind_is_reduction(kind) || ((c.skip >> k) & 1u)) continue;
-        c.acc_p = kind == CT_OPT_TRUST_RATIO;
-        st = reduce_pass(&c, groups, ngroups, k, leaf_acc, nleaves);
-        if (st != CT_OK) break;
+    int want_p2 = 0, have_p2 = 0;
+    double *p2 = NULL; /* per-leaf sums of a reduce pass that also summed p^2 */
+    for (int k = 0; k < nstages; k++) want_p2 |= stages[k].kind == CT_OPT_PARAM_RMS;
+    if (want_p2 && (p2 = malloc((size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2)) == NULL) {
+        env_free(&e);
+        return OOM();
+    }
+    for (int k = 0; k < nstages; k++) {
+        const int kind = stages[k].kind;
+        if (!kind_is_reduction(kind) || ((c->skip >> k) & 1u)) continue;
+        if (kind == CT_OPT_FACTORED) {
+            factored_pass(&e, k);
+            continue;
+        }
+        /* p is not changed before the fused pass, so per-leaf sum p^2 (PARAM_RMS)
+         * rides along with the first reduce pass that reads p anyway or can:
+         * adafactor's block-RMS pass then streams g and p together and the
+         * param-RMS pass is not run. */
+        const int p_only = kind == CT_OPT_PARAM_RMS;
+        if (p_only && have_p2) {
+            memcpy(e.leaf_acc, p2, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
+        } else {
+            c->acc_p = kind == CT_OPT_TRUST_RATIO || p_only || (want_p2 && !have_p2);
+            reduce_pass(&e, k, p_only);
+            if (c->acc_p && want_p2 && !have_p2) {
+                memcpy(p2, e.leaf_acc, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
+                have_p2 = 1;
+            }
+            c->acc_p = 0;
+        }
+        const double *la = e.leaf_acc;
         if (kind == CT_OPT_GLOBAL_NORM) {
             double ss = 0.0;
-            for (int l = 0; l < nleaves; l++) ss += leaf_acc[3 * l];
+            for (int l = 0; l < nleaves; l++) ss += la[3 * l];
             float nrm = (float)sqrt(ss);
-            c.norm[k] = nrm;
-            c.clip[k] = !(nrm < (float)stages[k].s[0]);
+            c->norm[k] = nrm;
+            c->clip[k] = !(nrm < (float)stages[k].s[0]);
             stages[k].result = nrm;
         } else if (kind == CT_OPT_TRUST_RATIO) {
-            float *t = malloc((size_t)(nleaves > 0 ? nleaves : 1) * sizeof *t);
-            if (t == NULL) {
-                st = ct_set_error(CT_EOOM, "optimizer step: out of host memory");
-                break;
-            }
             const float min_norm = (float)stages[k].s[0], coef = (float)stages[k].s[1],
                         eps = (float)stages[k].s[2];
             for (int l = 0; l < nleaves; l++) {
-                float un = (float)sqrt(leaf_acc[3 * l]), pn = (float)sqrt(leaf_acc[3 * l + 1]);
+                float un = (float)sqrt(la[3 * l]), pn = (float)sqrt(la[3 * l + 1]);
                 un = un <= min_norm ? min_norm : un;
                 pn = pn <= min_norm ? min_norm : pn;
-                t[l] = (pn == 0.0f || un == 0.0f) ? 1.0f : coef * pn / (un + eps);
+                c->leaf_f[k][l] = (pn == 0.0f || un == 0.0f) ? 1.0f : coef * pn / (un + eps);
             }
-            c.trust[k] = t;
+        } else if (kind == CT_OPT_BLOCK_RMS) { /* u / max(1, sqrt(mean(u^2)) / threshold) */
+            const float thr = (float)stages[k].s[0];
+            for (int l = 0; l < nleaves; l++) {
+                float rms = sqrtf((float)(la[3 * l] / (e.leaf_n[l] > 0 ? e.leaf_n[l] : 1.0)));
+                float q = rms / thr;
+                c->leaf_f[k][l] = q > 1.0f ? q : 1.0f;
+            }
+        } else if (kind == CT_OPT_PARAM_RMS) { /* u * max(sqrt(mean(p^2)), min_scale) */
+            const float mn = (float)stages[k].s[0];
+            for (int l = 0; l < nleaves; l++) {
+                float rms = sqrtf((float)(la[3 * l + 1] / (e.leaf_n[l] > 0 ? e.leaf_n[l] : 1.0)));
+                c->leaf_f[k][l] = rms > mn ? rms : mn;
+            }
         } else { /* FINITE_GATE */
             double bad = 0.0;
-            for (int l = 0; l < nleaves; l++) bad += leaf_acc[3 * l + 2];
+            for (int l = 0; l < nleaves; l++) bad += la[3 * l + 2];
             int finite = bad == 0.0;
             stages[k].result = finite;
             if (!finite && stages[k].s[1] == 0.0) { /* reject: zero updates, inner untouched */
-                c.zero |= 1u << k;
+                c->zero |= 1u << k;
                 int cov = (int)stages[k].s[0];
-                for (int q = k + 1; q <= k + cov; q++) c.skip |= 1u << q;
+                for (int q = k + 1; q <= k + cov; q++) c->skip |= 1u << q;
             }
         }
     }
-    for (int gi = 0; gi < ngroups && st == CT_OK; gi++) {
-        ct_opt_chunk *ch;
-        int64_t nch, nelem;
-        st = make_chunks(&groups[gi], &ch, &nch, &nelem);
-        if (st != CT_OK) break;
-        run_group(&c, &groups[gi], ch, nch, nelem, nstages, NULL);
-        free(ch);
-    }
-    for (int k = 0; k < nstages; k++) free(c.trust[k]);
-    free(leaf_acc);
-    return st;
+    run_apply(&e);
+    free(p2);
+    env_free(&e);
+    return CT_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -450,6 +988,17 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
             return ct_set_error(CT_EINVAL, "optimizer reference: stage %d is a reduction", k);
         off[k] = o;
         o += kind_nslots[stages[k].kind];
+    }
+    if (b->n > 0 && (b->g == NULL || (b->out == NULL && b->p == NULL)))
+        return ct_set_error(CT_EINVAL, "optimizer reference: the block lacks grads or params");
+    for (int k = 0; k < nstages; k++) {
+        if (!((b->active >> k) & 1u)) continue;
+        if (kind_needs_params(stages[k].kind) && b->p == NULL)
+            return ct_set_error(CT_EINVAL, "optimizer reference: stage %d needs params", k);
+        for (int q = 0; q < kind_nslots[stages[k].kind]; q++)
+            if (b->slot[off[k] + q] == NULL || b->slot_n[off[k] + q] != b->n)
+                return ct_set_error(CT_EINVAL, "optimizer reference: stage %d: state array %d "
+                                    "missing or not of %lld elements", k, q, (long long)b->n);
     }
     for (int64_t i = 0; i < b->n; i++) {
         float u = b->g[i];

@@ -10,7 +10,10 @@
  * (emit mode, used by the functional tx.update). So each of p, g and every
  * state slot is read once and written once per step: 28 bytes per parameter
  * for fp32 AdamW, no temporaries, one OpenMP parallel loop per device over
- * all leaves of that device.
+ * all leaves of that device. The loop runs over *tasks* (at most
+ * 16 chunks of one block, scheduled dynamically) so leaves of very different
+ * sizes balance; the task functions are compiled per ISA (AVX-512, AVX2,
+ * baseline) and chosen at load time, with identical results.
  *
  * Reduction stages need a property of the update vector *entering* them
  * before any element can be finished:
@@ -25,6 +28,22 @@
  * Cost: one extra read of g (and of the slots of earlier stateful stages) per
  * reduction stage; with the reduction first in the chain (the usual
  * clip_by_global_norm placement) that is one extra read of g.
+ *
+ * Adafactor's factored second moments (FACTORED) are a reduction too: its
+ * pass sums (u^2 + eps) along the two factored dims of every factored block
+ * (a row statistic over d0, a column statistic over d1) into per-block
+ * partials; the driver adds the partials of the blocks that share a
+ * statistic (the devices along the mesh axis a factored dim is sharded over,
+ * replica 0 of each block only, so each global element counts once), updates
+ * v_row / v_col in place and turns them into row/column factors that the
+ * fused pass multiplies in. Non-factored leaves take the elementwise path
+ * (state v). BLOCK_RMS (clip_by_block_rms) needs per-leaf sum u^2, PARAM_RMS
+ * (scale_by_param_block_rms) per-leaf sum p^2, which rides along with an
+ * earlier reduce pass when there is one (p does not change before the fused
+ * pass), else reads p alone. Cost of adafactor (defaults): two read-only
+ * passes (g for the statistics; g, p and the v of unfactored leaves for the
+ * block RMS clip and the param RMS) before the fused pass — about 24 bytes
+ * per fp32 parameter instead of the 12 a fused pass needs.
  *
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step
@@ -43,6 +62,7 @@
 #define CT_OPT_MAX_SLOTS 16   /* state arrays per leaf, all stages together */
 #define CT_OPT_NSCALARS 8
 #define CT_OPT_CHUNK 2048     /* elements per chunk: u lives in 8 KiB of stack */
+#define CT_OPT_MAX_DIMS 8     /* rank of a factored (adafactor) leaf */
 
 typedef enum {
     CT_OPT_SCALE = 0,        /* u = s0*u                                    (0 slots) */
@@ -57,6 +77,9 @@ typedef enum {
     CT_OPT_TRUST_RATIO = 9,  /* s: min_norm trust_coefficient eps           (0 slots) */
     CT_OPT_FINITE_GATE = 10, /* s: ncovered force; result: 1 finite, 0 not   (0 slots) */
     CT_OPT_EMA = 11,         /* s: decay bc (1 if no debias)                 (ema) */
+    CT_OPT_FACTORED = 12,    /* s: decay_rate_t eps                 (v_row, v_col, v) */
+    CT_OPT_BLOCK_RMS = 13,   /* s: threshold: u / max(1, rms(u)/threshold)  (0 slots) */
+    CT_OPT_PARAM_RMS = 14,   /* s: min_scale: u * max(rms(p), min_scale)    (0 slots) */
     CT_OPT_NUM_KINDS
 } ct_opt_kind;
 
@@ -66,6 +89,18 @@ typedef struct {
     double result;               /* out: reduction result (norm, finite flag) */
 } ct_opt_stage;
 
+/* Where a block of a factored leaf (FACTORED stage) lies in its leaf. ndim
+ * 0: the leaf is not factored. d0 / d1 are optax's factored dims (d0 the
+ * largest, d1 the second largest). The block's v_row slot holds its box of
+ * the statistic without d0 (bshape with d0 removed), v_col without d1. */
+typedef struct {
+    int ndim;
+    int d0, d1;
+    int64_t shape[CT_OPT_MAX_DIMS];   /* global shape of the leaf */
+    int64_t start[CT_OPT_MAX_DIMS];   /* block start */
+    int64_t bshape[CT_OPT_MAX_DIMS];  /* block shape (product n) */
+} ct_opt_geom;
+
 /* One block (the part of one leaf on one device). */
 typedef struct {
     int64_t n;                        /* elements */
@@ -73,6 +108,8 @@ typedef struct {
     const float *g;                   /* gradients */
     float *out;                       /* emit mode: updates written here (p untouched) */
     float *slot[CT_OPT_MAX_SLOTS];    /* state arrays in stage order (NULL where inactive) */
+    int64_t slot_n[CT_OPT_MAX_SLOTS]; /* their elements (n, except FACTORED's) */
+    ct_opt_geom geom;                 /* FACTORED leaves only */
     uint32_t active;                  /* bit i set: stage i applies to this leaf */
     int leaf;                         /* global leaf index, for per-leaf reductions */
     int counts;                       /* 1 for replica 0 of its global block */

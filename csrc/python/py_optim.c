@@ -104,18 +104,67 @@ static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *
     return (float *)b->data;
 }
 
-/* block tuple: (p, g, out, slots, active, leaf, counts) */
-static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
-    PyObject *p, *g, *out, *slots;
+static int parse_dims(PyObject *seq, int64_t *out, int ndim, const char *what) {
+    PyObject *f = PySequence_Fast(seq, "factored geometry: shapes must be sequences");
+    if (f == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(f) != ndim) {
+        PyErr_Format(PyExc_ValueError, "factored geometry: %s has %zd dims, expected %d", what,
+                     PySequence_Fast_GET_SIZE(f), ndim);
+        Py_DECREF(f);
+        return -1;
+    }
+    for (int d = 0; d < ndim; d++) {
+        out[d] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(f, d));
+        if (out[d] == -1 && PyErr_Occurred()) {
+            Py_DECREF(f);
+            return -1;
+        }
+    }
+    Py_DECREF(f);
+    return 0;
+}
+
+/* geometry tuple: (d0, d1, shape, start, block_shape), or None */
+static int parse_geom(PyObject *t, ct_opt_geom *g) {
+    memset(g, 0, sizeof *g);
+    if (t == Py_None) return 0;
+    int d0, d1;
+    PyObject *shape, *start, *bshape;
+    if (!PyArg_ParseTuple(t, "iiOOO:factored geometry", &d0, &d1, &shape, &start, &bshape))
+        return -1;
+    Py_ssize_t nd = PyObject_Length(shape);
+    if (nd < 0) return -1;
+    if (nd < 2 || nd > CT_OPT_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "factored geometry: rank %zd (2 to %d supported)", nd,
+                     CT_OPT_MAX_DIMS);
+        return -1;
+    }
+    g->ndim = (int)nd;
+    g->d0 = d0;
+    g->d1 = d1;
+    if (parse_dims(shape, g->shape, g->ndim, "shape") < 0 ||
+        parse_dims(start, g->start, g->ndim, "start") < 0 ||
+        parse_dims(bshape, g->bshape, g->ndim, "block shape") < 0)
+        return -1;
+    return 0;
+}
+
+/* block tuple: (p, g, out, slots, active, leaf, counts[, geom]) */
+static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int nslots,
+                       pin_list *pl) {
+    PyObject *p, *g, *out, *slots, *geom = Py_None;
     unsigned long active;
     int leaf, counts;
-    if (!PyArg_ParseTuple(t, "OOOOkip:block", &p, &g, &out, &slots, &active, &leaf, &counts))
+    if (!PyArg_ParseTuple(t, "OOOOkip|O:block", &p, &g, &out, &slots, &active, &leaf, &counts,
+                          &geom))
         return -1;
     memset(b, 0, sizeof *b);
     int64_t n = -1;
+    if (g_override != NULL) g = g_override;
     if ((b->g = f32_buffer(g, &n, "grads block", pl)) == NULL) return -1;
     if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl)) == NULL) return -1;
     if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl)) == NULL) return -1;
+    if (parse_geom(geom, &b->geom) < 0) return -1;
     PyObject *sf = PySequence_Fast(slots, "block slots must be a sequence");
     if (sf == NULL) return -1;
     if (PySequence_Fast_GET_SIZE(sf) != nslots) {
@@ -127,10 +176,12 @@ static int parse_block(PyObject *t, ct_opt_block *b, int nslots, pin_list *pl) {
     for (int q = 0; q < nslots; q++) {
         PyObject *s = PySequence_Fast_GET_ITEM(sf, q);
         if (s == Py_None) continue;
-        if ((b->slot[q] = f32_buffer(s, &n, "optimizer state block", pl)) == NULL) {
+        int64_t m = -1; /* sizes are checked by the core (factored statistics differ) */
+        if ((b->slot[q] = f32_buffer(s, &m, "optimizer state block", pl)) == NULL) {
             Py_DECREF(sf);
             return -1;
         }
+        b->slot_n[q] = m;
     }
     Py_DECREF(sf);
     b->n = n;
@@ -147,9 +198,10 @@ static void free_groups(ct_opt_group *gr, Py_ssize_t n) {
 
 static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *stages_obj, *groups_obj;
+    PyObject *stages_obj, *groups_obj, *grads_obj = Py_None;
     int nleaves;
-    if (!PyArg_ParseTuple(args, "OOi:optim_step", &stages_obj, &groups_obj, &nleaves)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOi|O:optim_step", &stages_obj, &groups_obj, &nleaves, &grads_obj))
+        return NULL;
     ct_opt_stage st[CT_OPT_MAX_STAGES];
     int nst = 0;
     if (parse_stages(stages_obj, st, &nst) < 0) return NULL;
@@ -163,28 +215,57 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     Py_ssize_t ng = PySequence_Fast_GET_SIZE(gf);
     ct_opt_group *gr = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof *gr);
     pin_list pl = {0};
-    PyObject *result = NULL;
+    PyObject *result = NULL, *gdf = NULL;
     if (gr == NULL) {
         PyErr_NoMemory();
         goto done;
+    }
+    if (grads_obj != Py_None) {
+        gdf = PySequence_Fast(grads_obj, "grads must be a sequence (one per group)");
+        if (gdf == NULL) goto done;
+        if (PySequence_Fast_GET_SIZE(gdf) != ng) {
+            PyErr_Format(PyExc_ValueError, "grads has %zd groups, expected %zd",
+                         PySequence_Fast_GET_SIZE(gdf), ng);
+            goto done;
+        }
     }
     for (Py_ssize_t i = 0; i < ng; i++) {
         PyObject *bf = PySequence_Fast(PySequence_Fast_GET_ITEM(gf, i), "a group must be a sequence");
         if (bf == NULL) goto done;
         Py_ssize_t nb = PySequence_Fast_GET_SIZE(bf);
+        PyObject *ggf = NULL; /* this group's grads, one per block */
+        if (gdf != NULL) {
+            ggf = PySequence_Fast(PySequence_Fast_GET_ITEM(gdf, i), "grads of a group must be a sequence");
+            if (ggf == NULL) {
+                Py_DECREF(bf);
+                goto done;
+            }
+            if (PySequence_Fast_GET_SIZE(ggf) != nb) {
+                PyErr_Format(PyExc_ValueError, "grads of group %zd has %zd blocks, expected %zd", i,
+                             PySequence_Fast_GET_SIZE(ggf), nb);
+                Py_DECREF(ggf);
+                Py_DECREF(bf);
+                goto done;
+            }
+        }
         gr[i].blocks = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(ct_opt_block));
         gr[i].nblocks = (int)nb;
         if (gr[i].blocks == NULL) {
+            Py_XDECREF(ggf);
             Py_DECREF(bf);
             PyErr_NoMemory();
             goto done;
         }
         for (Py_ssize_t j = 0; j < nb; j++) {
-            if (parse_block(PySequence_Fast_GET_ITEM(bf, j), &gr[i].blocks[j], nslots, &pl) < 0) {
+            if (parse_block(PySequence_Fast_GET_ITEM(bf, j),
+                            ggf != NULL ? PySequence_Fast_GET_ITEM(ggf, j) : NULL,
+                            &gr[i].blocks[j], nslots, &pl) < 0) {
+                Py_XDECREF(ggf);
                 Py_DECREF(bf);
                 goto done;
             }
         }
+        Py_XDECREF(ggf);
         Py_DECREF(bf);
     }
     Py_BEGIN_ALLOW_THREADS
@@ -207,6 +288,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
 done:
     unpin_all(&pl);
     if (gr != NULL) free_groups(gr, ng);
+    Py_XDECREF(gdf);
     Py_DECREF(gf);
     return result;
 }
@@ -224,7 +306,7 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
     for (int k = 0; k < nst; k++) nslots += ct_opt_kind_nslots(st[k].kind);
     pin_list pl = {0};
     ct_opt_block b;
-    if (parse_block(block_obj, &b, nslots, &pl) < 0) {
+    if (parse_block(block_obj, NULL, &b, nslots, &pl) < 0) {
         unpin_all(&pl);
         return NULL;
     }
@@ -238,9 +320,11 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
 
 static PyMethodDef optim_methods[] = {
     {"optim_step", py_optim_step, METH_VARARGS,
-     "optim_step(stages, groups, nleaves, /)\n--\n\n"
+     "optim_step(stages, groups, nleaves, grads=None, /)\n--\n\n"
      "Run one fused optimizer step (GIL released). stages: [(kind, scalars)]; groups: one list\n"
-     "per device of block tuples (p, g, out, slots, active, leaf, counts). p += u in place when\n"
+     "per device of block tuples (p, g, out, slots, active, leaf, counts[, geom]); geom, for\n"
+     "factored (adafactor) leaves: (d0, d1, shape, start, block_shape). grads: one list per\n"
+     "group of grads buffers, one per block, replacing the blocks' g (a cached plan). p += u in place when\n"
      "out is None, else u is written to out. State slots are updated in place. Returns the\n"
      "per-stage results (global norm, finite flag)."},
     {"optim_reference", py_optim_reference, METH_VARARGS,

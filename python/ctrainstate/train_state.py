@@ -109,8 +109,8 @@ class TrainState(PyTreeNode):
         ``grads`` must have the params' structure, shapes and dtypes (else an
         error names the first mismatching path); Arrays with the params'
         shardings are used as they are, numpy arrays are scattered on the fly.
-        A fusable ``tx`` (every ctrainstate.optim transform except adafactor's
-        pieces) runs in place and **donates** this state's params and
+        A fusable ``tx`` (every ctrainstate.optim transform, adafactor's pieces
+        included) runs in place and **donates** this state's params and
         optimizer-state Arrays to the result: reading them afterwards raises
         ``DonatedBufferError``. A non-fusable ``tx`` runs ``tx.update`` +
         ``apply_updates`` and donates nothing.
@@ -119,8 +119,11 @@ class TrainState(PyTreeNode):
             g, p = grads["params"], self.params["params"]
         else:
             g, p = grads, self.params
+        plan = None
         if getattr(self.tx, "fusable", False):
-            new_p, new_opt_state = run_fused(self.tx, g, self.opt_state, p, inplace=True)
+            new_p, new_opt_state, plan = run_fused(
+                self.tx, g, self.opt_state, p, inplace=True, want_plan=True,
+                plan=getattr(self, "__dict__", {}).get("_ct_plan"))
         else:
             updates, new_opt_state = self.tx.update(g, self.opt_state, p)
             new_p = apply_updates(p, updates)
@@ -128,8 +131,12 @@ class TrainState(PyTreeNode):
             new_params = {"params": new_p, _OWG: grads[_OWG]}
         else:
             new_params = new_p
-        return self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state,
-                            **kwargs)
+        new = self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state,
+                           **kwargs)
+        if plan is not None and hasattr(new, "__dict__"):
+            # the kernel's block tuples, reused by the next step while the buffers are these
+            object.__setattr__(new, "_ct_plan", plan)
+        return new
 
     @classmethod
     def create(cls, *, apply_fn, params, tx, **kwargs):

@@ -4,17 +4,23 @@
  * CPU virtual devices all live in this process's RAM; what makes them
  * separate devices is that each allocation belongs to one of them and is
  * accounted there (ct_device.c). Buffers are 64-byte aligned so kernels can
- * use full-width vector loads.
+ * use full-width vector loads. Large buffers (>= 4 MiB, numpy's threshold
+ * too) are 2 MiB aligned and advised as transparent huge pages: streaming
+ * kernels (the fused optimizer reads 4 and writes 3 arrays at once) then
+ * take far fewer TLB misses. Where THP is off the advice is a no-op.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../../core/ct_backend.h"
 #include "../../core/ct_device.h"
 #include "cpu_ops.h"
 
 #define CT_CPU_ALIGN 64
+#define CT_CPU_HUGE_MIN ((size_t)4 << 20)
+#define CT_CPU_HUGE_ALIGN ((size_t)2 << 20)
 
 /* --- a small cache of freed blocks ------------------------------------------
  * Training loops allocate the same shapes every step; handing a freed block
@@ -37,7 +43,8 @@ static struct {
 } g_cache = {.n = 0, .bytes = 0, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static size_t round_size(size_t nbytes) {
-    size_t unit = nbytes >= CACHE_MIN_BYTES ? 4096 : CT_CPU_ALIGN;
+    size_t unit = nbytes >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN
+                  : nbytes >= CACHE_MIN_BYTES ? 4096 : CT_CPU_ALIGN;
     size_t r = (nbytes + unit - 1) / unit * unit;
     return r == 0 ? CT_CPU_ALIGN : r;
 }
@@ -87,11 +94,17 @@ static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
     /* Round up: aligned_alloc needs a multiple of the alignment, and a
      * zero-byte buffer still gets a unique pointer. */
     size_t rounded = round_size(nbytes);
-    void *p = cache_take(rounded);
-    if (p == NULL) p = aligned_alloc(CT_CPU_ALIGN, rounded);
+    const size_t align = rounded >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN : CT_CPU_ALIGN;
+    void *p = cache_take(rounded); /* same size: allocated with the same alignment and advice */
     if (p == NULL) {
-        ct_cpu_release_cached();
-        p = aligned_alloc(CT_CPU_ALIGN, rounded);
+        p = aligned_alloc(align, rounded);
+        if (p == NULL) {
+            ct_cpu_release_cached();
+            p = aligned_alloc(align, rounded);
+        }
+#if defined(MADV_HUGEPAGE)
+        if (p != NULL && align == CT_CPU_HUGE_ALIGN) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
     }
     if (p == NULL) {
         char name[64];

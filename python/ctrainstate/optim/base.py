@@ -30,9 +30,11 @@ __all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "ap
            "safe_increment"]
 
 # Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
-SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA = range(12)
+(SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
+ FACTORED, BLOCK_RMS, PARAM_RMS) = range(15)
 NSLOTS = {SCALE: 0, ADAM: 2, DECAY: 0, TRACE: 1, LION: 1, RMS: 1, RSS: 1, CLIP: 0,
-          GLOBAL_NORM: 0, TRUST_RATIO: 0, FINITE_GATE: 0, EMA: 1}
+          GLOBAL_NORM: 0, TRUST_RATIO: 0, FINITE_GATE: 0, EMA: 1, FACTORED: 3, BLOCK_RMS: 0,
+          PARAM_RMS: 0}
 _INT32_MAX = 2**31 - 1
 
 
@@ -151,7 +153,7 @@ def copy_array(x: Array) -> Array:
 
 def rewrap(x: Array) -> Array:
     """A new Array owning x's buffers; x is marked donated."""
-    return Array._create(x.shape, x.dtype, x.sharding, x._donate())
+    return x._moved()
 
 
 def to_array(x, like=None) -> Array:
@@ -203,9 +205,10 @@ class Stage:
     """One stage of the fused kernel: a kind, its per-step scalars, its state arrays
     (``slots[q][leaf]``: Array or None where masked out) and the leaves it is active on."""
 
-    __slots__ = ("kind", "scalars", "slots", "active", "result")
+    __slots__ = ("kind", "scalars", "slots", "active", "result", "geom")
 
     def __init__(self, kind, scalars=(), slots=(), active=None):
+        self.geom = None                 # FACTORED: per leaf (d0, d1) or None
         self.kind = kind
         self.scalars = tuple(float(s) for s in scalars)
         self.slots = list(slots)
@@ -237,8 +240,9 @@ class FuseContext:
         self.active = prev
 
     # state arrays
-    def slot(self, tree):
-        """Prepare a per-param state tree: returns (per-leaf list for the kernel, rebuild())."""
+    def slot(self, tree, same_shape=True):
+        """Prepare a per-param state tree: returns (per-leaf list for the kernel, rebuild()).
+        ``same_shape=False``: arrays of another shape (factored statistics; the core checks)."""
         leaves, td = tree_flatten(tree)
         if len(leaves) != sum(self.active):
             raise ValueError(
@@ -251,7 +255,7 @@ class FuseContext:
         it = iter(arrs)
         per_leaf = [next(it) if a else None for a in self.active]
         for i, (a, p) in enumerate(zip(per_leaf, self.leaves)):
-            if a is not None and p is not None and (a.shape != p.shape):
+            if same_shape and a is not None and p is not None and (a.shape != p.shape):
                 raise ValueError(f"optimizer state array {i} has shape {a.shape}, its param "
                                  f"{p.shape}")
         if self.inplace:
@@ -319,40 +323,59 @@ def check_grads(grads, params_paths, params_def, params_leaves):
     return out
 
 
-def run_fused(tx, updates, state, params, *, inplace):
-    """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state)."""
-    ref = params if params is not None else updates
-    pl, pdef = tree_flatten_with_path(ref)
-    paths = [p for p, _ in pl]
-    p_leaves = [to_array(x) for _, x in pl]
-    for path, p in zip(paths, p_leaves):
-        if p.dtype != _dtypes.float32:
-            raise TypeError(f"params{keystr(path)} is {p.dtype}: the fused optimizer needs "
-                            f"float32 params, grads and state")
-    g_leaves = check_grads(updates, paths, pdef, p_leaves)
-    ctx = FuseContext(p_leaves, params if params is not None else None, inplace)
-    stages, rebuild = tx._fuse(state, ctx)
-    kinds = [s.kind for s in stages]
-    nslots = [NSLOTS[k] for k in kinds]
-    nleaves = len(p_leaves)
-    outs = None if inplace else [
-        Array._create(p.shape, p.dtype, p.sharding,
-                      [(d, _C.Buffer(d.id, p._shard_shape, 0), st, r) for d, _, st, r in p._blocks])
-        for p in p_leaves]
-    # per leaf: active bits and the flat slot list
+def _fast_grads(grads, pdef, p_leaves):
+    """The grads' leaves when they are Arrays placed exactly like the params (the common
+    training-loop case: no checks with paths, no resharding), else None."""
+    g_leaves, gdef = tree_flatten(grads)
+    if gdef != pdef:
+        return None
+    for g, p in zip(g_leaves, p_leaves):
+        if not (isinstance(g, Array) and g._shape == p._shape and g._dtype == p._dtype
+                and not g._donated and (g._sharding is p._sharding or g._sharding == p._sharding)):
+            return None
+    return g_leaves
+
+
+class Plan:
+    """The kernel's block tuples of one in-place step, reused by the next step while the
+    tree structure, the stages (kinds, masks, factored dims) and the params and state
+    buffers are the same (identity of each Array's block list, which in-place steps hand on
+    to the returned Arrays). Grads are not part of it: their buffers are passed per step.
+    A plan lives on the TrainState that a step returns (``TrainState._ct_plan``), so it
+    keeps no buffer alive longer than the state that owns them."""
+
+    __slots__ = ("key", "ident", "groups", "order")
+
+    def __init__(self, key, ident, groups, order):
+        self.key, self.ident, self.groups, self.order = key, ident, groups, order
+
+    def matches(self, key, ident) -> bool:
+        return (self.key == key and len(self.ident) == len(ident)
+                and all(a is b for a, b in zip(self.ident, ident)))
+
+
+def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params):
+    """Per device: the block tuples of the kernel, and (leaf, block) of each."""
+    nslots = [NSLOTS[s.kind] for s in stages]
     groups: dict[int, list] = {}
-    have_params = params is not None
-    for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+    order: dict[int, list] = {}
+    for i, p in enumerate(p_leaves):
         bits = 0
         slots_i = []
+        dims = None
         for k, s in enumerate(stages):
             on = s.active is None or s.active[i]
             if on:
                 bits |= 1 << k
+                if s.geom is not None and s.geom[i] is not None:
+                    if dims is not None and dims != s.geom[i]:
+                        raise NotImplementedError(
+                            f"params{keystr(paths()[i])}: two factored stages factor different "
+                            f"dims")
+                    dims = s.geom[i]
             for q in range(nslots[k]):
                 slots_i.append(s.slots[q][i] if on else None)
-        for b, (dev, pbuf, _, rid) in enumerate(p._blocks):
-            gb = g._blocks[b]
+        for b, (dev, pbuf, start, rid) in enumerate(p._blocks):
             sb = []
             for a in slots_i:
                 if a is None:
@@ -360,19 +383,72 @@ def run_fused(tx, updates, state, params, *, inplace):
                 else:
                     blk = a._blocks[b]
                     if blk[0] is not dev:
-                        raise ValueError(f"optimizer state of params{keystr(paths[i])} is not "
+                        raise ValueError(f"optimizer state of params{keystr(paths()[i])} is not "
                                          f"sharded like the param")
                     sb.append(blk[1])
+            geom = None if dims is None else (dims[0], dims[1], tuple(p.shape), tuple(start),
+                                              tuple(p._shard_shape))
+            gbuf = None if g_leaves is None else g_leaves[i]._blocks[b][1]
             groups.setdefault(dev.id, []).append(
-                (pbuf if (inplace or have_params) else None, gb[1],
-                 None if inplace else outs[i]._blocks[b][1], sb, bits, i, rid == 0))
-    results = _C.optim_step([(s.kind, s.scalars) for s in stages], list(groups.values()),
-                            nleaves)
+                (pbuf if (inplace or have_params) else None, gbuf,
+                 None if inplace else outs[i]._blocks[b][1], sb, bits, i, rid == 0, geom))
+            order.setdefault(dev.id, []).append((i, b))
+    return list(groups.values()), list(order.values())
+
+
+def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False):
+    """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state), and the
+    step's :class:`Plan` third when ``want_plan`` (in place only; pass it as ``plan`` to the
+    next step to skip rebuilding the kernel's block list)."""
+    ref = params if params is not None else updates
+    leaves, pdef = tree_flatten(ref)
+    p_leaves = [to_array(x) for x in leaves]
+    _paths = []
+
+    def paths():
+        if not _paths:
+            _paths.extend(p for p, _ in tree_flatten_with_path(ref)[0])
+        return _paths
+    for i, p in enumerate(p_leaves):
+        if p.dtype != _dtypes.float32:
+            raise TypeError(f"params{keystr(paths()[i])} is {p.dtype}: the fused optimizer needs "
+                            f"float32 params, grads and state")
+    g_leaves = _fast_grads(updates, pdef, p_leaves)
+    if g_leaves is None:
+        g_leaves = check_grads(updates, paths(), pdef, p_leaves)
+    ctx = FuseContext(p_leaves, params if params is not None else None, inplace)
+    stages, rebuild = tx._fuse(state, ctx)
+    nleaves = len(p_leaves)
+    have_params = params is not None
+    stage_args = [(s.kind, s.scalars) for s in stages]
+    if inplace:
+        key = (pdef, have_params, tuple(
+            (s.kind, None if s.active is None else tuple(s.active),
+             None if s.geom is None else tuple(s.geom)) for s in stages))
+        ident = [p._blocks for p in p_leaves]
+        for s in stages:
+            for q in s.slots:
+                ident.extend(a._blocks for a in q if a is not None)
+        if plan is None or not plan.matches(key, ident):
+            groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)
+            plan = Plan(key, ident, groups, order)
+        grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in plan.order]
+        results = _C.optim_step(stage_args, plan.groups, nleaves, grads)
+    else:
+        plan = None
+        outs = [Array._create(p.shape, p.dtype, p.sharding,
+                              [(d, _C.Buffer(d.id, p._shard_shape, 0), st, r)
+                               for d, _, st, r in p._blocks])
+                for p in p_leaves]
+        groups, _ = _build_groups(stages, p_leaves, g_leaves, paths, outs, False, have_params)
+        results = _C.optim_step(stage_args, groups, nleaves)
     for s, r in zip(stages, results):
         s.result = r
     for f in ctx._finish:
         f()
     new_state = rebuild()
     if inplace:
-        return tree_unflatten(pdef, [rewrap(p) for p in p_leaves]), new_state
-    return tree_unflatten(pdef, outs), new_state
+        out = tree_unflatten(pdef, [rewrap(p) for p in p_leaves]), new_state
+    else:
+        out = tree_unflatten(pdef, outs), new_state
+    return out + (plan,) if want_plan else out

@@ -2,10 +2,9 @@
 
 Elementwise transforms and the reductions (clip_by_global_norm,
 scale_by_trust_ratio) are *fused*: in a chain they become stages of one C pass
-per device (see :mod:`ctrainstate.optim.base`). The adafactor pieces
-(scale_by_factored_rms, clip_by_block_rms, scale_by_param_block_rms) are not
-fused: they gather each leaf to the host, compute with numpy and scatter the
-result (a chain that contains one runs transform by transform).
+per device (see :mod:`ctrainstate.optim.base`). So are the adafactor pieces
+(scale_by_factored_rms, clip_by_block_rms, scale_by_param_block_rms): their
+statistics are read-only passes before the fused pass, sharded like the params.
 
 >>> import numpy as np, ctrainstate.optim as optim
 >>> tx = optim.scale_by_adam()
@@ -20,8 +19,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .base import (ADAM, CLIP, DECAY, EMA, GLOBAL_NORM, LION, RMS, RSS, SCALE, TRACE,
-                   TRUST_RATIO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
+from .base import (ADAM, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
+                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
                    full_like, identity, safe_increment, scalar, to_array, zeros_like)
 
 __all__ = [
@@ -303,17 +302,7 @@ def _check_f32(dtype, what):
         raise NotImplementedError(f"{what}={dtype}: the fused optimizer keeps float32 state")
 
 
-# --- adafactor pieces: not fused (host numpy, per leaf) -----------------------------------------
-
-
-def _host(x):
-    return np.asarray(x, dtype=np.float32)
-
-
-def _place_like(values, like_tree):
-    """numpy results placed with the shardings of the matching leaves of ``like_tree``."""
-    return tree_map(lambda v, ref: to_array(v, like=ref if hasattr(ref, "sharding") else None),
-                    values, like_tree)
+# --- adafactor pieces: fused ---------------------------------------------------------------------
 
 
 def _decay_rate_pow(i, exponent=0.8):
@@ -322,6 +311,7 @@ def _decay_rate_pow(i, exponent=0.8):
 
 
 def _factored_dims(shape, factored, min_dim_size_to_factor):
+    """optax's choice: (d1, d0), the second largest and the largest dim, or None."""
     if not factored or len(shape) < 2:
         return None
     sorted_dims = np.argsort(shape)
@@ -330,28 +320,44 @@ def _factored_dims(shape, factored, min_dim_size_to_factor):
     return int(sorted_dims[-2]), int(sorted_dims[-1])
 
 
+def _without_dim(sharding, ndim, d):
+    """The sharding of a statistic of an array (rank ``ndim``) reduced over dim ``d``: the
+    array's PartitionSpec without entry ``d``; the result is replicated over that mesh axis."""
+    from ..sharding import NamedSharding, PartitionSpec
+    if isinstance(sharding, NamedSharding):
+        spec = tuple(sharding.spec) + (None,) * (ndim - len(tuple(sharding.spec)))
+        return NamedSharding(sharding.mesh, PartitionSpec(*(spec[:d] + spec[d + 1:])))
+    return sharding
+
+
 def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_size_to_factor=128,
                           epsilon=1e-30, decay_rate_fn=_decay_rate_pow) -> GradientTransformation:
     """Adafactor's factored second moments (optax.scale_by_factored_rms): FactoredState(count,
     v_row, v_col, v).
 
-    Not fused: each step gathers every leaf to the host, computes the row/column
-    means with numpy and scatters the update back (v_row/v_col are replicated).
+    Fused. For a factored leaf (two dims >= ``min_dim_size_to_factor``), ``v_row`` (the leaf
+    without its largest dim d0) and ``v_col`` (without d1) are sharded like the param with
+    that dim dropped; a read-only pass sums g^2 + eps along d0 and d1 on every device and the
+    sums of the devices along a sharded dim are added (each global element once). Other
+    leaves keep a full ``v`` sharded like the param.
     """
     def init(params):
         rep = _scalar_sharding(params)
         from ..array import device_put
 
         def _init(p):
-            shape = tuple(np.shape(p))
+            p = to_array(p)
+            shape = tuple(p.shape)
             fd = _factored_dims(shape, factored, min_dim_size_to_factor)
-            z1 = device_put(np.zeros((1,), np.float32), rep)
+            z1 = lambda: device_put(np.zeros((1,), np.float32), rep)  # noqa: E731
             if fd is not None:
                 d1, d0 = fd
-                vr = device_put(np.zeros(shape[:d0] + shape[d0 + 1:], np.float32), rep)
-                vc = device_put(np.zeros(shape[:d1] + shape[d1 + 1:], np.float32), rep)
-                return (vr, vc, z1)
-            return (z1, device_put(np.zeros((1,), np.float32), rep), zeros_like(p))
+                vr = device_put(np.zeros(shape[:d0] + shape[d0 + 1:], np.float32),
+                                _without_dim(p.sharding, len(shape), d0))
+                vc = device_put(np.zeros(shape[:d1] + shape[d1 + 1:], np.float32),
+                                _without_dim(p.sharding, len(shape), d1))
+                return (vr, vc, z1())
+            return (z1(), z1(), zeros_like(p))
         leaves, td = tree_flatten(params)
         res = [_init(p) for p in leaves]
         return FactoredState(count=_count0(params),
@@ -359,73 +365,38 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
                              v_col=tree_unflatten(td, [r[1] for r in res]),
                              v=tree_unflatten(td, [r[2] for r in res]))
 
-    def update(grads, state, params=None):
-        if params is None:
-            raise ValueError("scale_by_factored_rms needs params")
-        from ..array import device_put
-        rep = _scalar_sharding(params)
-        step = int(np.asarray(state.count))
-        g_l, td = tree_flatten(grads)
-        vr_l, vc_l, v_l = (tree_leaves(state.v_row), tree_leaves(state.v_col),
-                           tree_leaves(state.v))
-        p_l = tree_leaves(params)
-        ups, nvr, nvc, nv = [], [], [], []
-        drt = _f32(decay_rate_fn(step - step_offset, decay_rate))
-        for g, vr, vc, v, p in zip(g_l, vr_l, vc_l, v_l, p_l):
-            g = _host(g)
-            shape = g.shape
-            fd = _factored_dims(shape, factored, min_dim_size_to_factor)
-            z = np.zeros((1,), np.float32)
-            if fd is not None:
-                d1, d0 = fd
-                gs = g * g + _f32(epsilon)
-                r = drt * _host(vr) + (_f32(1) - drt) * gs.mean(axis=d0, dtype=np.float32)
-                c = drt * _host(vc) + (_f32(1) - drt) * gs.mean(axis=d1, dtype=np.float32)
-                reduced_d1 = d1 - 1 if d1 > d0 else d1
-                rcm = r.mean(axis=reduced_d1, keepdims=True, dtype=np.float32)
-                row_factor = (r / rcm) ** _f32(-0.5)
-                col_factor = c ** _f32(-0.5)
-                u = g * np.expand_dims(row_factor, d0) * np.expand_dims(col_factor, d1)
-                ups.append(to_array(u.astype(np.float32), like=p if hasattr(p, "sharding") else None))
-                nvr.append(device_put(r.astype(np.float32), rep))
-                nvc.append(device_put(c.astype(np.float32), rep))
-                nv.append(device_put(z, rep))
-            else:
-                gs = g * g + _f32(epsilon)
-                nvv = drt * _host(v) + (_f32(1) - drt) * gs
-                u = g * nvv ** _f32(-0.5)
-                ups.append(to_array(u.astype(np.float32), like=p if hasattr(p, "sharding") else None))
-                nvr.append(device_put(z, rep))
-                nvc.append(device_put(z.copy(), rep))
-                nv.append(to_array(nvv.astype(np.float32), like=p if hasattr(p, "sharding") else None))
-        new = FactoredState(count=scalar(safe_increment(step), np.int32, sharding=state.count.sharding),
-                            v_row=tree_unflatten(td, nvr), v_col=tree_unflatten(td, nvc),
-                            v=tree_unflatten(td, nv))
-        return tree_unflatten(td, ups), new
-    return GradientTransformation(init, update)
+    def fuse(state, ctx):
+        if ctx.params is None:
+            raise ValueError("scale_by_factored_rms needs params (tx.update(updates, state, params))")
+        c = ctx.count(state.count)
+        drt = float(_f32(decay_rate_fn(c - step_offset, decay_rate)))
+        vr, vr_rb = ctx.slot(state.v_row, same_shape=False)
+        vc, vc_rb = ctx.slot(state.v_col, same_shape=False)
+        v, v_rb = ctx.slot(state.v, same_shape=False)
+        geom = []
+        for p in ctx.leaves:
+            fd = _factored_dims(tuple(p.shape), factored, min_dim_size_to_factor)
+            geom.append(None if fd is None else (fd[1], fd[0]))   # (d0, d1)
+        st = Stage(FACTORED, [drt, epsilon], [vr, vc, v], ctx.snapshot())
+        st.geom = geom
+        return [st], lambda advance=True: FactoredState(
+            ctx.new_scalar(state.count, safe_increment(c) if advance else c), vr_rb(), vc_rb(),
+            v_rb())
+    return GradientTransformation(init, fuse=fuse)
 
 
 def clip_by_block_rms(threshold) -> GradientTransformation:
-    """Divide each leaf by max(1, rms(leaf)/threshold) (optax.clip_by_block_rms). Not fused."""
-    def update(updates, state, params=None):
-        def f(u):
-            h = _host(u)
-            denom = max(_f32(1.0), _f32(np.sqrt(np.mean(h * h, dtype=np.float32))) / _f32(threshold))
-            return (h / _f32(denom)).astype(np.float32)
-        return _place_like(tree_map(f, updates), updates), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    """Divide each leaf by max(1, rms(leaf)/threshold) (optax.clip_by_block_rms). Fused: one
+    read-only pass for the per-leaf RMS over all shards."""
+    return _stateless(BLOCK_RMS, lambda: [threshold])
 
 
 def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
     """Multiply each leaf by max(rms(param), min_scale) (optax.scale_by_param_block_rms).
-    Not fused."""
-    def update(updates, state, params=None):
-        if params is None:
+    Fused: the per-leaf RMS of the params is summed in an earlier read-only pass of the step
+    when there is one (adafactor's block-RMS clip), else in a pass over the params alone."""
+    def fuse(state, ctx):
+        if ctx.params is None:
             raise ValueError("scale_by_param_block_rms needs params")
-
-        def f(u, p):
-            hp = _host(p)
-            rms = _f32(np.sqrt(np.mean(hp * hp, dtype=np.float32)))
-            return (_host(u) * max(rms, _f32(min_scale))).astype(np.float32)
-        return _place_like(tree_map(f, updates, params), updates), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+        return [Stage(PARAM_RMS, [min_scale], active=ctx.snapshot())], lambda advance=True: state
+    return GradientTransformation(lambda params: EmptyState(), fuse=fuse)

@@ -63,6 +63,13 @@ ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, i
                                    const int64_t *global_shape, const int64_t *start,
                                    const int64_t *block_shape, void *out);
 
+/* Tests: the samples the fill functions make from the given 32-bit random
+ * words (in place of threefry's), by the vectorised fast path (ref = 0) or the
+ * scalar reference (ref = 1); n elements of the output dtype into out. Lets a
+ * test feed every possible input of a transform to both. */
+ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, size_t n,
+                                    void *out, int ref);
+
 /* XLA's float32 approximations, exposed for tests. */
 float ct_xla_logf(float x);
 float ct_xla_log1pf(float x);

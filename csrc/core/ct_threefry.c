@@ -40,26 +40,72 @@ void ct_threefry2x32(const uint32_t key[2], uint32_t x[2]) {
     x[1] = b;
 }
 
+/* --- vectorised counters -----------------------------------------------------
+ * Threefry is one dependent chain of ~75 add/rotate/xor per counter: a plain
+ * loop over counters vectorises, but then each vector is a 75-deep chain and
+ * the out-of-order window cannot hold enough of them to hide the latency
+ * (measured: ~60 cycles per 16 counters on AVX-512, the chain length). So the
+ * cipher runs on L counters at once, each step a loop over the lanes: gcc
+ * turns every step into L/16 (AVX-512) or L/8 (AVX2) independent vector
+ * instructions, interleaved. L = 128 (8 zmm chains, 32 registers) where
+ * AVX-512 is present, else 64 (8 ymm chains in 16 registers); measured on
+ * Zen 4: 0.70 ns per counter and core (~2.5 cycles, ~90% of the vector ALUs'
+ * throughput for the 75 operations), 1.16 ns with AVX2. */
+#define CT_TF_LMAX 128
+#define CT_TF_V(stmt) for (int k = 0; k < L; k++) { stmt; }
+#define CT_TF_VROUND(r) CT_TF_V(a[k] += b[k]; b[k] = CT_ROTL32(b[k], r); b[k] ^= a[k])
+#define CT_TF_VROUNDS_0 do { CT_TF_VROUND(13); CT_TF_VROUND(15); CT_TF_VROUND(26); CT_TF_VROUND(6); } while (0)
+#define CT_TF_VROUNDS_1 do { CT_TF_VROUND(17); CT_TF_VROUND(29); CT_TF_VROUND(16); CT_TF_VROUND(24); } while (0)
+#define CT_TF_VINJ(x, y) CT_TF_V(a[k] += (x); b[k] += (y))
+
+/* L counters hi:lo0 .. hi:lo0+L-1 into a, b (L a constant after inlining). */
+static inline __attribute__((always_inline)) void
+tf_lanes(const int L, uint32_t k0, uint32_t k1, uint32_t k2, uint32_t hi, uint32_t lo0,
+         uint32_t *a, uint32_t *b) {
+    CT_TF_V(a[k] = hi + k0; b[k] = lo0 + (uint32_t)k + k1);
+    CT_TF_VROUNDS_0; CT_TF_VINJ(k1, k2 + 1u);
+    CT_TF_VROUNDS_1; CT_TF_VINJ(k2, k0 + 2u);
+    CT_TF_VROUNDS_0; CT_TF_VINJ(k0, k1 + 3u);
+    CT_TF_VROUNDS_1; CT_TF_VINJ(k1, k2 + 4u);
+    CT_TF_VROUNDS_0; CT_TF_VINJ(k2, k0 + 5u);
+}
+
+/* Counters hi:lo0 .. hi:lo0+n-1 with the high word fixed (the caller splits a
+ * run where the low word wraps). */
+static inline __attribute__((always_inline)) void
+tf_span(const int L, uint32_t k0, uint32_t k1, uint32_t k2, uint32_t hi, uint32_t lo0,
+        size_t n, uint32_t *restrict bits32, uint32_t *restrict ohi, uint32_t *restrict olo) {
+    uint32_t a[CT_TF_LMAX], b[CT_TF_LMAX];
+    size_t j = 0;
+    for (; j + (size_t)L <= n; j += (size_t)L) {
+        tf_lanes(L, k0, k1, k2, hi, lo0 + (uint32_t)j, a, b);
+        if (bits32) CT_TF_V(bits32[j + k] = a[k] ^ b[k]);
+        if (ohi) CT_TF_V(ohi[j + k] = a[k]; olo[j + k] = b[k]);
+    }
+    if (j < n) {
+        tf_lanes(L, k0, k1, k2, hi, lo0 + (uint32_t)j, a, b);
+        for (size_t k = 0; j + k < n; k++) {
+            if (bits32) bits32[j + k] = a[k] ^ b[k];
+            if (ohi) { ohi[j + k] = a[k]; olo[j + k] = b[k]; }
+        }
+    }
+}
+
 CT_MULTIVERSION
 void ct_threefry_counters(const uint32_t key[2], uint64_t g0, size_t n, uint32_t *bits32,
                           uint32_t *hi, uint32_t *lo) {
     const uint32_t k0 = key[0], k1 = key[1], k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-    if (hi == NULL) {
-        for (size_t j = 0; j < n; j++) {
-            uint64_t g = g0 + j;
-            uint32_t a = (uint32_t)(g >> 32), b = (uint32_t)g;
-            CT_TF_BODY(k0, k1, k2, a, b);
-            bits32[j] = a ^ b;
-        }
-    } else {
-        for (size_t j = 0; j < n; j++) {
-            uint64_t g = g0 + j;
-            uint32_t a = (uint32_t)(g >> 32), b = (uint32_t)g;
-            CT_TF_BODY(k0, k1, k2, a, b);
-            hi[j] = a;
-            lo[j] = b;
-            if (bits32) bits32[j] = a ^ b;
-        }
+    const int wide = CT_CLONE_IS_V4(); /* 32 vector registers */
+    while (n > 0) {
+        /* Largest span before the low word of the counter wraps. */
+        uint64_t room = ((uint64_t)1 << 32) - (g0 & 0xffffffffu);
+        size_t m = (uint64_t)n < room ? n : (size_t)room;
+        if (wide) tf_span(128, k0, k1, k2, (uint32_t)(g0 >> 32), (uint32_t)g0, m, bits32, hi, lo);
+        else tf_span(64, k0, k1, k2, (uint32_t)(g0 >> 32), (uint32_t)g0, m, bits32, hi, lo);
+        g0 += m;
+        n -= m;
+        if (bits32) bits32 += m;
+        if (hi) { hi += m; lo += m; }
     }
 }
 

@@ -52,9 +52,34 @@ def _ensure_blas():
         return
     try:
         from scipy.linalg import cython_blas
-        _C.set_blas_sgemm(cython_blas.__pyx_capi__["sgemm"])
+        capsule = cython_blas.__pyx_capi__["sgemm"]
     except Exception:  # scipy absent or without the capsule: the built-in GEMM is used
-        pass
+        return
+    if _single_thread_scipy_blas():
+        _C.set_blas_sgemm(capsule)
+
+
+def _single_thread_scipy_blas() -> bool:
+    """Ask scipy's own OpenBLAS copy for one thread: our OpenMP loop splits GEMMs across the
+    cores, and two thread pools spinning on the same cores slow each other down. numpy's
+    OpenBLAS (a separate library) is left alone. False if that library cannot be found."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "scipy.libs" in line and "openblas" in line}
+    except OSError:
+        return False
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(ctypes.c_int(1))
+                return True
+    return False
 
 
 # --- the tape ------------------------------------------------------------------------

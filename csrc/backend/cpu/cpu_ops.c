@@ -10,6 +10,7 @@
 #pragma GCC optimize("no-math-errno")
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -304,10 +305,22 @@ ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int6
     if (blas != NULL && m < INT32_MAX && n < INT32_MAX && k < INT32_MAX && lda < INT32_MAX &&
         ldb < INT32_MAX && ldc < INT32_MAX && k > 0) {
         /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
-        int im = (int)m, in = (int)n, ik = (int)k, ilda = (int)lda, ildb = (int)ldb,
-            ildc = (int)ldc;
+        int in = (int)n, ik = (int)k, ilda = (int)lda, ildb = (int)ldb, ildc = (int)ldc;
         const char *tra = tb ? "T" : "N", *trb = ta ? "T" : "N";
-        blas(tra, trb, &in, &im, &ik, &alpha, b, &ildb, a, &ilda, &beta, c, &ildc);
+        /* The BLAS runs single-threaded (the bindings ask it to): OpenMP splits the rows of C,
+         * so one threading runtime owns the cores (two pools spinning on two cores halve
+         * the speed of both). */
+        int nt = omp_get_max_threads();
+        int64_t flops = 2 * m * n * k;
+        int parts = (flops < (1 << 22) || m < 2 * nt) ? 1 : nt;
+#pragma omp parallel for schedule(static) num_threads(parts) if (parts > 1)
+        for (int t = 0; t < parts; t++) {
+            int64_t r0 = m * t / parts, r1 = m * (t + 1) / parts;
+            int im = (int)(r1 - r0);
+            if (im == 0) continue;
+            const float *ap = ta ? a + r0 : a + r0 * lda; /* op(A) rows r0.. */
+            blas(tra, trb, &in, &im, &ik, &alpha, b, &ildb, ap, &ilda, &beta, c + r0 * ldc, &ildc);
+        }
         return CT_OK;
     }
     gemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -27,16 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* CT_MULTIVERSION (ct_simd.h) names "arch=skylake-avx512"/"arch=haswell",
- * which GCC resolves with __builtin_cpu_is — an exact CPU-model match — so
- * AMD CPUs get the baseline clone. These clones are selected by features. */
-#if !defined(CT_NO_MULTIVERSION) && defined(__GNUC__) && !defined(__clang__) && \
-    defined(__x86_64__) && defined(__linux__) && !defined(__SANITIZE_ADDRESS__)
-#define CT_OPT_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CT_OPT_CLONES
-#endif
+#include "ct_simd.h"
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_SCALE] = 0, [CT_OPT_ADAM] = 2, [CT_OPT_DECAY] = 0, [CT_OPT_TRACE] = 1,
@@ -377,7 +368,7 @@ static inline int any_stage(const ct_opt_ctx *c, const ct_opt_block *b, int upto
 }
 
 /* The fused pass on one task: every stage, then p += u (or out = u). */
-CT_OPT_CLONES static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
+CT_MULTIVERSION static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t off, int64_t n) {
     float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
     for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
@@ -401,7 +392,7 @@ CT_INLINE void sumsq_lanes(const float *restrict x, int64_t m, double *restrict 
     for (; i < m; i++) s[i % NL] += (double)x[i] * (double)x[i];
 }
 
-CT_OPT_CLONES static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
+CT_MULTIVERSION static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                       int64_t off, int64_t n, int upto, int p_only,
                                       double *acc) {
     float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
@@ -428,7 +419,7 @@ CT_OPT_CLONES static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b
 
 /* FACTORED statistics of lines [l0, l1) of a factored block, for the u
  * entering stage k: nohi entries of these lines, nolo into this segment's partial. */
-CT_OPT_CLONES static void task_stats(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
+CT_MULTIVERSION static void task_stats(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t l0, int64_t l1, int k, double *nolo, double *nohi) {
     float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
     const fgeom f = fgeom_of(&b->geom);

@@ -9,6 +9,11 @@
  * state slot must agree BIT FOR BIT (no ulp tolerance). Inputs are finite: the
  * one documented difference (CLIP of a NaN) is not exercised here.
  *
+ * Second part: the GPU step sequencing (ct_optim_device.c: reduction passes,
+ * cross-device sums with replicas counted once, gate skipping, errors) through
+ * a host stand-in for the CUDA backend's optim_pass, against the CPU driver
+ * (within 1e-6 relative: the norm's double sum is added in another order).
+ *
  *   make -C tests/c test
  */
 #include <math.h>
@@ -17,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ct_device.h"
 #include "ct_optim.h"
 #include "ct_optim_math.h"
 #include "ct_status.h"
@@ -179,9 +185,176 @@ static void readonly_form(void) {
     CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, 1) == 2.0f, "gate pass");
 }
 
+// --- the GPU sequencing (ct_optim_device.c) through a host stand-in backend -------------------
+//
+// fake_pass does on the host what cuda_optim.cu does on a device (same
+// ct_om_stage calls, counting blocks only in reduce passes), so the device
+// driver's order of passes, cross-device sums, gate skipping and errors are
+// checked here, against the CPU driver, without a GPU.
+
+static int fake_calls = 0;
+static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, double *acc) {
+    (void)dev;
+    fake_calls++;
+    if (ps->reduce) acc[0] = acc[1] = 0.0;
+    for (int i = 0; i < ps->nblocks; i++) {
+        const ct_opt_block *b = &ps->blocks[i];
+        if (ps->reduce && !b->counts) continue;
+        for (int64_t e = 0; e < b->n; e++) {
+            float u = b->g[e], p = b->p ? b->p[e] : 0.0f;
+            for (int k = 0; k < ps->upto; k++) {
+                if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
+                const int ns = ct_om_nslots(ps->kind[k]);
+                float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
+                float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
+                u = ct_om_stage(ps->kind[k], ps->c[k], u, p, &a, &c, !ps->reduce);
+                if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
+                if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
+            }
+            if (ps->reduce) {
+                acc[0] += (double)u * (double)u;
+                acc[1] += isfinite(u) ? 0.0 : 1.0;
+            } else if (b->out) {
+                b->out[e] = u;
+            } else {
+                b->p[e] = p + u;
+            }
+        }
+    }
+    return CT_OK;
+}
+
+static int close_rel(const float *a, const float *b, int64_t n, float tol, int64_t *where) {
+    for (int64_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]), m = fmaxf(fabsf(a[i]), fabsf(b[i]));
+        if (!(d <= tol * m + 1e-30f) && !(isnan(a[i]) && isnan(b[i]))) {
+            *where = i;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* 2 devices x 2 leaves; leaf 1 replicated on both (counts only on device 0). */
+static void device_driver(int gate, int with_nan) {
+    static ct_backend fake;
+    memset(&fake, 0, sizeof fake);
+    fake.name = "fake-gpu";
+    fake.platform = CT_PLATFORM_GPU;
+    fake.optim_pass = fake_pass;
+    static ct_device dev[2];
+    memset(dev, 0, sizeof dev);
+    for (int d = 0; d < 2; d++) {
+        dev[d].id = 100 + d;
+        dev[d].platform = CT_PLATFORM_GPU;
+        dev[d].backend = &fake;
+    }
+    enum { NA = 301, NB = 45 };
+    ct_opt_stage st[4];
+    memset(st, 0, sizeof st);
+    int nst = 0;
+    if (gate) { st[nst].kind = CT_OPT_FINITE_GATE; st[nst].s[0] = 3; nst++; }
+    st[nst].kind = CT_OPT_GLOBAL_NORM; st[nst].s[0] = 1.0; nst++;
+    st[nst].kind = CT_OPT_ADAM;
+    double s[CT_OPT_NSCALARS];
+    random_scalars(CT_OPT_ADAM, s, 2);
+    memcpy(st[nst].s, s, sizeof s);
+    nst++;
+    st[nst].kind = CT_OPT_SCALE; st[nst].s[0] = -1e-2; nst++;
+    /* two copies of all data: [0] through the fake GPU driver, [1] through the CPU driver */
+    float *p[2][2][2], *g[2][2][2], *m[2][2][2], *v[2][2][2]; /* [copy][device][leaf] */
+    const int64_t n[2] = {NA, NB};
+    uint64_t seed = rng;
+    for (int cp = 0; cp < 2; cp++) {
+        rng = seed;
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 2; l++) {
+                p[cp][d][l] = malloc((size_t)n[l] * sizeof(float));
+                g[cp][d][l] = malloc((size_t)n[l] * sizeof(float));
+                m[cp][d][l] = calloc((size_t)n[l], sizeof(float));
+                v[cp][d][l] = calloc((size_t)n[l], sizeof(float));
+                for (int64_t i = 0; i < n[l]; i++) {
+                    p[cp][d][l][i] = gauss();
+                    g[cp][d][l][i] = gauss();
+                }
+            }
+        if (with_nan) g[cp][0][0][7] = NAN;
+        for (int64_t i = 0; i < NB; i++) { /* the replica holds the same data */
+            p[cp][1][1][i] = p[cp][0][1][i];
+            g[cp][1][1][i] = g[cp][0][1][i];
+        }
+    }
+    ct_opt_block blk[2][2][2];
+    ct_opt_group grp[2][2];
+    memset(blk, 0, sizeof blk);
+    for (int cp = 0; cp < 2; cp++) {
+        for (int d = 0; d < 2; d++) {
+            for (int l = 0; l < 2; l++) {
+                ct_opt_block *b = &blk[cp][d][l];
+                b->n = n[l];
+                b->p = p[cp][d][l];
+                b->g = g[cp][d][l];
+                b->active = (1u << nst) - 1;
+                b->leaf = l == 0 ? d : 2; /* leaf 0 split over devices (leaves 0,1), leaf 2 replicated */
+                b->counts = !(l == 1 && d == 1);
+                b->slot[0] = m[cp][d][l];
+                b->slot[1] = v[cp][d][l];
+                b->slot_n[0] = b->slot_n[1] = n[l];
+            }
+            grp[cp][d].blocks = blk[cp][d];
+            grp[cp][d].nblocks = 2;
+            grp[cp][d].dev = cp == 0 ? &dev[d] : NULL;
+        }
+    }
+    ct_opt_stage st_gpu[4], st_cpu[4];
+    memcpy(st_gpu, st, sizeof st);
+    memcpy(st_cpu, st, sizeof st);
+    fake_calls = 0;
+    ct_status a = ct_optim_step(st_gpu, nst, grp[0], 2, 3);
+    ct_status b = ct_optim_step(st_cpu, nst, grp[1], 2, 3);
+    CHECK(a == CT_OK && b == CT_OK, "device driver: step failed: %s", ct_last_error());
+    const int npass = 2 * (1 + 1 + (gate ? 1 : 0)) - (gate && with_nan ? 2 : 0);
+    CHECK(fake_calls == npass, "device driver: %d passes, expected %d", fake_calls, npass);
+    for (int k = 0; k < nst; k++)
+        CHECK(fabs(st_gpu[k].result - st_cpu[k].result) <= 1e-6 * fabs(st_cpu[k].result),
+              "device driver: stage %d result %.9g vs %.9g", k, st_gpu[k].result, st_cpu[k].result);
+    int64_t w = 0;
+    for (int d = 0; d < 2; d++)
+        for (int l = 0; l < 2; l++) {
+            CHECK(close_rel(p[0][d][l], p[1][d][l], n[l], 1e-6f, &w), "device driver: p[%d][%d] at %lld", d, l, (long long)w);
+            CHECK(close_rel(m[0][d][l], m[1][d][l], n[l], 1e-6f, &w), "device driver: m[%d][%d] at %lld", d, l, (long long)w);
+            CHECK(close_rel(v[0][d][l], v[1][d][l], n[l], 1e-6f, &w), "device driver: v[%d][%d] at %lld", d, l, (long long)w);
+        }
+    /* errors: a mixed step, an unsupported reduction */
+    grp[0][1].dev = NULL;
+    CHECK(ct_optim_step(st_gpu, nst, grp[0], 2, 3) == CT_EINVAL &&
+          strstr(ct_last_error(), "mixes CPU and GPU") != NULL, "device driver: mixed step accepted");
+    grp[0][1].dev = &dev[1];
+    ct_opt_stage tr[2];
+    memset(tr, 0, sizeof tr);
+    tr[0].kind = CT_OPT_TRUST_RATIO;
+    tr[1].kind = CT_OPT_SCALE;
+    for (int d = 0; d < 2; d++)
+        for (int l = 0; l < 2; l++) blk[0][d][l].active = 3u;
+    CHECK(ct_optim_step(tr, 2, grp[0], 2, 3) == CT_EINVAL &&
+          strstr(ct_last_error(), "not supported on GPU devices yet") != NULL,
+          "device driver: trust ratio accepted: %s", ct_last_error());
+    for (int cp = 0; cp < 2; cp++)
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 2; l++) {
+                free(p[cp][d][l]);
+                free(g[cp][d][l]);
+                free(m[cp][d][l]);
+                free(v[cp][d][l]);
+            }
+}
+
 int main(void) {
     for (int trial = 0; trial < 400; trial++) one_chain(trial);
     readonly_form();
+    device_driver(0, 0);
+    device_driver(1, 0);
+    device_driver(1, 1);
     printf("test_optim_math: %d checks, %d failures (bit-exact vs ct_optim_reference)\n", checks,
            failures);
     return failures != 0;

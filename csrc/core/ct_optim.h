@@ -45,6 +45,14 @@
  * block RMS clip and the param RMS) before the fused pass — about 24 bytes
  * per fp32 parameter instead of the 12 a fused pass needs.
  *
+ * GPU devices. A step whose groups all live on GPU devices goes to
+ * ct_optim_step_device (ct_optim_device.c): the backend's optim_pass runs one
+ * launch per device and pass (csrc/backend/cuda/cuda_optim.cu) with the
+ * per-element math of ct_optim_math.h; GLOBAL_NORM and FINITE_GATE reduce on
+ * the device and combine on the host (one round trip per reduction stage);
+ * the other reduction kinds are refused there for now. A step mixing CPU and
+ * GPU groups is refused.
+ *
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step
  * scalars (learning rate from a schedule, bias corrections) are computed once

@@ -268,3 +268,38 @@ def test_optim_gpu_state_creation_and_apply_updates():
     np.testing.assert_array_equal(np.asarray(c), np.full((5, 7), 2.0, np.float32))
     u = optim.apply_updates(p, {"w": cts.device_put(np.full((5, 7), 0.5, np.float32), gpus()[0])})
     np.testing.assert_array_equal(np.asarray(u["w"]), np.full((5, 7), 2.5, np.float32))
+
+
+def test_optim_gpu_apply_if_finite_matches_cpu():
+    rng = np.random.default_rng(9)
+    params = _opt_tree(rng)
+    grads_seq = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
+                 for _ in range(8)]
+    grads_seq[3]["w"][2, 5] = np.nan  # this step is rejected: zero update, inner state kept
+    make = lambda: optim.apply_if_finite(optim.chain(optim.clip_by_global_norm(1.0),  # noqa: E731
+                                                     optim.adamw(1e-2)), 3)
+    ref_p, ref_s = _run_steps(make(), params, grads_seq, cts.devices("cpu")[0])
+    got_p, got_s = _run_steps(make(), params, grads_seq, gpus()[0])
+    for k in params:
+        np.testing.assert_allclose(got_p[k], ref_p[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for a, b in zip(got_s, ref_s):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_optim_gpu_functional_update_matches_cpu():
+    # tx.update writes the updates to new buffers (emit mode) instead of p += u
+    rng = np.random.default_rng(11)
+    params = _opt_tree(rng)
+    grads = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
+    out = []
+    for dev in (cts.devices("cpu")[0], gpus()[0]):
+        tx = optim.chain(optim.clip_by_global_norm(0.5), optim.adamw(1e-2))
+        p = cts.device_put(params, dev)
+        st = tx.init(p)
+        u, st = tx.update(cts.device_put(grads, dev), st, p)
+        out.append(({k: np.asarray(v) for k, v in u.items()},
+                    [np.asarray(x) for x in cts.tree_util.tree_leaves(st)]))
+    for k in params:
+        np.testing.assert_allclose(out[1][0][k], out[0][0][k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for a, b in zip(out[1][1], out[0][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -73,6 +73,13 @@ PER_FILE_CFLAGS = {
 }
 
 
+# nvcc flags for single .cu files. cuda_optim.cu: no FMA contraction, so the
+# optimizer math is bit-identical to the CPU reference (ct_optim_math.h).
+PER_FILE_NVCCFLAGS = {
+    "cuda_optim.cu": ["-fmad=false"],
+}
+
+
 class BuildExt(build_ext):
     """build_ext that adds PER_FILE_CFLAGS and also builds the CUDA backend library with nvcc."""
 
@@ -116,7 +123,7 @@ class BuildExt(build_ext):
             obj = os.path.join(tmp, os.path.basename(src) + ".o")
             if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
                     os.path.getmtime(f) for f in [src] + glob.glob(os.path.join(ROOT, "csrc", "**", "*.h*"), recursive=True)):
-                cmd = [nvcc, "-c", src, "-o", obj] + common + gencode
+                cmd = [nvcc, "-c", src, "-o", obj] + common + gencode + PER_FILE_NVCCFLAGS.get(os.path.basename(src), [])
                 print(" ".join(cmd))
                 subprocess.check_call(cmd)
             objs.append(obj)

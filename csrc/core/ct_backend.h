@@ -18,6 +18,7 @@
 typedef enum { CT_PLATFORM_CPU = 0, CT_PLATFORM_GPU = 1, CT_NUM_PLATFORMS } ct_platform;
 
 struct ct_device;
+struct ct_opt_pass;
 
 typedef struct ct_backend {
     const char *name;       /* "cpu", "cuda" */
@@ -52,6 +53,11 @@ typedef struct ct_backend {
                       int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                       int64_t ldb, float beta, float *c, int64_t ldc);
     ct_status (*allreduce_sum)(struct ct_device **devs, float **bufs, int nbufs, int64_t count);
+    /* One fused optimizer pass over a device's blocks (see ct_opt_pass in
+     * ct_optim.h). The apply pass is queued on the device's stream; a reduce
+     * pass returns its sums in acc[2] (a host round trip). NULL: the core's
+     * CPU driver runs the step (host memory). */
+    ct_status (*optim_pass)(struct ct_device *dev, const struct ct_opt_pass *pass, double *acc);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ct_device.h"
 #include "ct_simd.h"
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
@@ -882,6 +883,13 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
         off += kind_nslots[stages[k].kind];
     }
     CT_TRY(check_blocks(c, groups, ngroups, nleaves));
+    int ngpu = 0;
+    for (int gi = 0; gi < ngroups; gi++)
+        ngpu += groups[gi].dev != NULL && groups[gi].dev->platform != CT_PLATFORM_CPU;
+    if (ngpu > 0 && ngpu < ngroups)
+        return ct_set_error(CT_EINVAL, "optimizer: a step mixes CPU and GPU devices (%d of %d "
+                            "device groups on GPUs); keep a train state on one platform", ngpu, ngroups);
+    if (ngpu > 0) return ct_optim_step_device(stages, nstages, groups, ngroups);
     e.groups = groups;
     e.ngroups = ngroups;
     e.nleaves = nleaves;

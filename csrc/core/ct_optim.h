@@ -45,6 +45,14 @@
  * block RMS clip and the param RMS) before the fused pass — about 24 bytes
  * per fp32 parameter instead of the 12 a fused pass needs.
  *
+ * GPU devices. A step whose groups all live on GPU devices goes to
+ * ct_optim_step_device (ct_optim_device.c): the backend's optim_pass runs one
+ * launch per device and pass (csrc/backend/cuda/cuda_optim.cu) with the
+ * per-element math of ct_optim_math.h; GLOBAL_NORM and FINITE_GATE reduce on
+ * the device and combine on the host (one round trip per reduction stage);
+ * the other reduction kinds are refused there for now. A step mixing CPU and
+ * GPU groups is refused.
+ *
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step
  * scalars (learning rate from a schedule, bias corrections) are computed once
@@ -115,11 +123,33 @@ typedef struct {
     int counts;                       /* 1 for replica 0 of its global block */
 } ct_opt_block;
 
+struct ct_device;
+
 /* The blocks of one device. */
 typedef struct {
     ct_opt_block *blocks;
     int nblocks;
+    struct ct_device *dev; /* owner of every buffer of the group; NULL or a CPU device: the
+                            * CPU driver; a GPU device: its backend's optim_pass */
 } ct_opt_group;
+
+/* One fused pass over one device's blocks, as a backend runs it (the
+ * ct_backend.optim_pass entry; ct_optim_device.c drives it). Stages [0, upto)
+ * that are active on a block and not in `skip` run on each element, with the
+ * fp32 constants of ct_optim_math.h (`c`, already holding the results of
+ * earlier reductions). reduce = 0: the apply pass (upto = nstages): state
+ * written, then p += u (or out = u). reduce = 1: read-only; over blocks with
+ * `counts` only, acc[0] = sum of u^2 (double), acc[1] = number of non-finite u,
+ * for the u entering stage upto. */
+typedef struct ct_opt_pass {
+    const ct_opt_block *blocks;
+    int nblocks;
+    int nstages, upto, reduce;
+    uint32_t skip;
+    int kind[CT_OPT_MAX_STAGES];
+    int slot_off[CT_OPT_MAX_STAGES];
+    float c[CT_OPT_MAX_STAGES][8]; /* CT_OM_NC */
+} ct_opt_pass;
 
 /* Number of state slots a stage kind owns per leaf. */
 int ct_opt_kind_nslots(int kind);
@@ -134,6 +164,12 @@ ct_status ct_optim_check(const ct_opt_stage *stages, int nstages);
  * or allocation failure, before writing anything. */
 ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                         int ngroups, int nleaves);
+
+/* ct_optim_step for groups on GPU devices (ct_optim_device.c): the stages
+ * and blocks were checked by ct_optim_step. Elementwise stages, GLOBAL_NORM
+ * and FINITE_GATE only. */
+ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                               int ngroups);
 
 /* Plain scalar reference of one fused step on one block (no chunking, no
  * threads, double-free of clever tricks): for tests of the fast driver. Only

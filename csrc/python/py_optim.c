@@ -81,8 +81,12 @@ static void unpin_all(pin_list *pl) {
     PyMem_Free(pl->v);
 }
 
-/* A float32 CPU buffer of n elements (n < 0: any, returned), or NULL with an exception. */
-static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *pl) {
+/* A float32 buffer of n elements (n < 0: any, returned), or NULL with an exception.
+ * *dev: the device of the group so far (NULL: none yet); a buffer on another
+ * GPU device than the group's is refused, and GPU buffers only where allowed
+ * (*dev is NULL for the reference, which reads host memory). */
+static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *pl,
+                         ct_device **dev) {
     ct_py_buffer *b = ct_py_buffer_check(obj, what);
     if (b == NULL) return NULL;
     if (b->dtype != CT_F32) {
@@ -90,8 +94,22 @@ static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *
         return NULL;
     }
     if (b->dev->platform != CT_PLATFORM_CPU) {
-        PyErr_Format(PyExc_ValueError, "%s: only CPU devices run the fused optimizer yet", what);
-        return NULL;
+        if (dev == NULL) {
+            PyErr_Format(PyExc_ValueError, "%s: the optimizer reference runs on CPU buffers only", what);
+            return NULL;
+        }
+    }
+    if (dev != NULL) {
+        if (*dev == NULL) {
+            *dev = b->dev;
+        } else if (*dev != b->dev && (b->dev->platform != CT_PLATFORM_CPU ||
+                                      (*dev)->platform != CT_PLATFORM_CPU)) {
+            char a[64], c[64];
+            ct_device_name(b->dev, a, sizeof a);
+            ct_device_name(*dev, c, sizeof c);
+            PyErr_Format(PyExc_ValueError, "%s is on %s, but its device group is on %s", what, a, c);
+            return NULL;
+        }
     }
     int64_t m = (int64_t)(b->nbytes / 4);
     if (*n >= 0 && m != *n) {
@@ -151,7 +169,7 @@ static int parse_geom(PyObject *t, ct_opt_geom *g) {
 
 /* block tuple: (p, g, out, slots, active, leaf, counts[, geom]) */
 static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int nslots,
-                       pin_list *pl) {
+                       pin_list *pl, ct_device **dev) {
     PyObject *p, *g, *out, *slots, *geom = Py_None;
     unsigned long active;
     int leaf, counts;
@@ -161,9 +179,9 @@ static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int n
     memset(b, 0, sizeof *b);
     int64_t n = -1;
     if (g_override != NULL) g = g_override;
-    if ((b->g = f32_buffer(g, &n, "grads block", pl)) == NULL) return -1;
-    if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl)) == NULL) return -1;
-    if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl)) == NULL) return -1;
+    if ((b->g = f32_buffer(g, &n, "grads block", pl, dev)) == NULL) return -1;
+    if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl, dev)) == NULL) return -1;
+    if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl, dev)) == NULL) return -1;
     if (parse_geom(geom, &b->geom) < 0) return -1;
     PyObject *sf = PySequence_Fast(slots, "block slots must be a sequence");
     if (sf == NULL) return -1;
@@ -177,7 +195,7 @@ static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int n
         PyObject *s = PySequence_Fast_GET_ITEM(sf, q);
         if (s == Py_None) continue;
         int64_t m = -1; /* sizes are checked by the core (factored statistics differ) */
-        if ((b->slot[q] = f32_buffer(s, &m, "optimizer state block", pl)) == NULL) {
+        if ((b->slot[q] = f32_buffer(s, &m, "optimizer state block", pl, dev)) == NULL) {
             Py_DECREF(sf);
             return -1;
         }
@@ -259,7 +277,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
         for (Py_ssize_t j = 0; j < nb; j++) {
             if (parse_block(PySequence_Fast_GET_ITEM(bf, j),
                             ggf != NULL ? PySequence_Fast_GET_ITEM(ggf, j) : NULL,
-                            &gr[i].blocks[j], nslots, &pl) < 0) {
+                            &gr[i].blocks[j], nslots, &pl, &gr[i].dev) < 0) {
                 Py_XDECREF(ggf);
                 Py_DECREF(bf);
                 goto done;
@@ -306,7 +324,7 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
     for (int k = 0; k < nst; k++) nslots += ct_opt_kind_nslots(st[k].kind);
     pin_list pl = {0};
     ct_opt_block b;
-    if (parse_block(block_obj, NULL, &b, nslots, &pl) < 0) {
+    if (parse_block(block_obj, NULL, &b, nslots, &pl, NULL) < 0) {
         unpin_all(&pl);
         return NULL;
     }
@@ -321,7 +339,8 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
 static PyMethodDef optim_methods[] = {
     {"optim_step", py_optim_step, METH_VARARGS,
      "optim_step(stages, groups, nleaves, grads=None, /)\n--\n\n"
-     "Run one fused optimizer step (GIL released). stages: [(kind, scalars)]; groups: one list\n"
+     "Run one fused optimizer step (GIL released); each group on one device, all groups on CPU\n"
+     "devices (the OpenMP driver) or all on GPU devices (the CUDA kernel). stages: [(kind, scalars)]; groups: one list\n"
      "per device of block tuples (p, g, out, slots, active, leaf, counts[, geom]); geom, for\n"
      "factored (adafactor) leaves: (d0, d1, shape, start, block_shape). grads: one list per\n"
      "group of grads buffers, one per block, replacing the blocks' g (a cached plan). p += u in place when\n"

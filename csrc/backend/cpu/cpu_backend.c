@@ -185,4 +185,5 @@ const ct_backend ct_cpu_backend = {
     .reduce_sum = ct_cpu_reduce_sum,
     .gemm = ct_cpu_gemm,
     .allreduce_sum = ct_cpu_allreduce_sum,
+    .optim_pass = NULL, /* the core's CPU driver (ct_optim.c) */
 };

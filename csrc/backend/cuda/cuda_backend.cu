@@ -28,6 +28,7 @@ extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int
                                   int64_t ldb, float beta, float *c, int64_t ldc);
 extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs,
                                            int64_t count);
+extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const struct ct_opt_pass *ps, double *acc);
 
 // --- memory -------------------------------------------------------------------
 
@@ -292,6 +293,7 @@ static const ct_backend g_cuda_backend = {
     /* reduce_sum */ ct_cuda_reduce_sum,
     /* gemm */ ct_cuda_gemm,
     /* allreduce_sum */ ct_cuda_allreduce_sum,
+    /* optim_pass */ ct_cuda_optim_pass,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

@@ -131,9 +131,24 @@ def full_like(x, value) -> Array:
     blocks = []
     for dev, _, start, rid in x._blocks:
         buf = _C.Buffer(dev.id, x._shard_shape, code)
-        _buffer_view(buf, x._shard_shape, x.dtype)[...] = value
+        _fill(buf, x._shard_shape, x.dtype, value)
         blocks.append((dev, buf, start, rid))
     return Array._create(x.shape, x.dtype, x.sharding, blocks)
+
+
+_B_ADD = 0  # ct_ops.h CT_BIN_ADD (ctrainstate._ops.B_ADD)
+_U_AFFINE = 0  # ct_ops.h CT_UN_AFFINE (ctrainstate._ops.U_AFFINE): alpha*x + beta, x unread at alpha 0
+
+
+def _fill(buf, shape, dtype, value) -> None:
+    """Fill one shard buffer with ``value`` on its own device (CPU or GPU): float32 by the
+    backend's affine kernel (0*x + value, which never reads x), other dtypes by one copy
+    of a shard-sized host array."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        _C.op_unary(_U_AFFINE, 0.0, float(value), [buf], [buf])
+    else:
+        _C.copy_from_host(buf, np.full(shape, value, dtype), [0] * len(shape))
 
 
 def zeros_like(x) -> Array:
@@ -146,7 +161,7 @@ def copy_array(x: Array) -> Array:
     blocks = []
     for dev, buf, start, rid in x._blocks:
         nb = _C.Buffer(dev.id, x._shard_shape, _dtypes.code(x.dtype))
-        _buffer_view(nb, (buf.nbytes,), np.uint8)[...] = _buffer_view(buf, (buf.nbytes,), np.uint8)
+        _C.copy_bytes(nb, buf)  # on the buffers' device (device-to-device on GPUs)
         blocks.append((dev, nb, start, rid))
     return Array._create(x.shape, x.dtype, x.sharding, blocks)
 
@@ -178,6 +193,10 @@ def _add(p, u):
     blocks = []
     for (dev, pb, start, rid), (_, ub, _, _) in zip(p._blocks, u._blocks):
         nb = _C.Buffer(dev.id, p._shard_shape, _dtypes.code(p.dtype))
+        if np.dtype(p.dtype) == np.float32 and np.dtype(u.dtype) == np.float32:
+            _C.op_binary(_B_ADD, [nb], [pb], [ub])  # on the shard's device (CPU or GPU)
+            blocks.append((dev, nb, start, rid))
+            continue
         _buffer_view(nb, p._shard_shape, p.dtype)[...] = (
             _buffer_view(pb, p._shard_shape, p.dtype).astype(np.float32)
             + _buffer_view(ub, p._shard_shape, u.dtype).astype(np.float32)).astype(p.dtype)
@@ -278,7 +297,7 @@ class FuseContext:
         """The next value of a scalar state entry (in place when donating)."""
         if self.inplace and isinstance(old, Array) and not old.is_deleted():
             for _, buf, _, _ in old._blocks:
-                _buffer_view(buf, (), old.dtype)[...] = value
+                _fill(buf, (), old.dtype, value)
             return rewrap(old)
         return scalar(value, dtype, self.params, sharding=old.sharding if isinstance(old, Array) else None)
 

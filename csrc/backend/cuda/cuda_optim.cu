@@ -1,0 +1,323 @@
+/*
+ * cuda_optim.cu — the fused multi-tensor optimizer pass on one GPU device
+ * (ct_backend.optim_pass; the sequencing of passes is core/ct_optim_device.c).
+ *
+ * One launch per device and pass covers every block (leaf shard) of the
+ * device. The host writes a table of block descriptors (pointers, n, active
+ * stage mask, slot pointers, first tile) and uploads it once per pass kind,
+ * only when it changed since the last step of that kind (params and state are
+ * updated in place, so the table of a cached plan stays the same). The step's
+ * stages and their fp32 constants are a __grid_constant__ kernel argument.
+ *
+ * Work: a block is cut into tiles of TILE elements; CTA i handles tile i
+ * (grid-stride past 2^31 tiles) and finds its block by binary search over the
+ * descriptors' first tiles, so tiny leaves and huge ones share one launch and
+ * no thread ever spans two blocks. A thread takes 4 consecutive elements: one
+ * float4 load/store per array when every pointer of the block is 16-byte
+ * aligned, else (and for the last < 4 elements of a block) scalar. Each
+ * element runs all stages of the chain in registers (ct_optim_math.h), each
+ * state slot is read once and written once, then p += u in place (or out = u).
+ * fp32 AdamW moves 28 bytes per parameter and nothing else: the kernel is
+ * memory-bound.
+ *
+ * Numerics: this file is compiled with -fmad=false (setup.py) and default
+ * IEEE division and sqrt, so each element is bit-identical to the CPU
+ * reference. Reductions sum u^2 in double per thread, then per CTA in a fixed
+ * tree; the CTA partials go to the host (the round trip documented in
+ * ct_optim_device.c) and are added there in CTA order: deterministic.
+ *
+ * The descriptor table, CTA partials and their pinned host mirrors are
+ * allocated with cudaMalloc / cudaMallocHost outside the per-device
+ * accounting (a few KB per device, kept for the process' life).
+ */
+#include <math.h>
+#include <string.h>
+
+#include <mutex>
+
+#include "cuda_common.cuh"
+
+extern "C" {
+#include "../../core/ct_optim.h"
+#include "../../core/ct_optim_math.h"
+}
+
+#define OPT_TPB 256
+#define OPT_TILE (OPT_TPB * 4 * 2) /* elements per CTA tile: two float4 per thread */
+#define OPT_RED_CTAS 1024          /* reduce passes: CTAs (grid-stride over the tiles) */
+
+// --- descriptors ------------------------------------------------------------------------
+
+struct opt_desc {
+    float *p;
+    const float *g;
+    float *out;
+    float *slot[CT_OPT_MAX_SLOTS];
+    long long n;
+    long long tile0;  /* first tile of this block in the launch */
+    unsigned active;
+    int vec;          /* every pointer used is 16-byte aligned: float4 path */
+    int need_p;       /* p is read (DECAY, or p += u) */
+    int pad;
+};
+
+struct opt_params {
+    int nstages, upto, nblocks;
+    unsigned skip;
+    long long ntiles;
+    int kind[CT_OPT_MAX_STAGES];
+    int slot_off[CT_OPT_MAX_STAGES];
+    float c[CT_OPT_MAX_STAGES][CT_OM_NC];
+};
+
+// --- kernel -----------------------------------------------------------------------------
+
+template <int L>
+__device__ __forceinline__ void ld(const float *x, float *v) {
+    if (L == 4) {
+        float4 t = *reinterpret_cast<const float4 *>(x);
+        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+    } else {
+        v[0] = x[0];
+    }
+}
+
+template <int L>
+__device__ __forceinline__ void st(float *x, const float *v) {
+    if (L == 4) {
+        *reinterpret_cast<float4 *>(x) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        x[0] = v[0];
+    }
+}
+
+/* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate. */
+template <int L, bool RED>
+__device__ __forceinline__ void run_elems(const opt_params &P, const opt_desc *d, long long e,
+                                          double &ss, double &bad) {
+    float u[L], p[L];
+    ld<L>(d->g + e, u);
+#pragma unroll
+    for (int j = 0; j < L; j++) p[j] = 0.0f;
+    if (d->need_p) ld<L>(d->p + e, p);
+    for (int k = 0; k < P.upto; k++) {
+        if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
+        const int kind = P.kind[k];
+        const int ns = ct_om_nslots(kind);
+        float a[L], b[L];
+#pragma unroll
+        for (int j = 0; j < L; j++) a[j] = b[j] = 0.0f;
+        float *sa = ns > 0 ? d->slot[P.slot_off[k]] + e : nullptr;
+        float *sb = ns > 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
+        if (ns > 0) ld<L>(sa, a);
+        if (ns > 1) ld<L>(sb, b);
+#pragma unroll
+        for (int j = 0; j < L; j++) u[j] = ct_om_stage(kind, P.c[k], u[j], p[j], &a[j], &b[j], !RED);
+        if (!RED) {
+            if (ns > 0) st<L>(sa, a);
+            if (ns > 1) st<L>(sb, b);
+        }
+    }
+    if (RED) {
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+            ss += (double)u[j] * (double)u[j];
+            bad += isfinite(u[j]) ? 0.0 : 1.0;
+        }
+    } else if (d->out != nullptr) {
+        st<L>(d->out + e, u);
+    } else {
+#pragma unroll
+        for (int j = 0; j < L; j++) p[j] = p[j] + u[j];
+        st<L>(d->p + e, p);
+    }
+}
+
+template <bool RED>
+__global__ void __launch_bounds__(OPT_TPB)
+opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
+    double ss = 0.0, bad = 0.0;
+    for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
+        int lo = 0, hi = P.nblocks - 1; /* the last block whose first tile is <= t */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (D[mid].tile0 <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        const opt_desc *d = &D[lo];
+        const long long base = (t - d->tile0) * OPT_TILE;
+        const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
+        for (long long e = base + 4LL * threadIdx.x; e < end; e += 4LL * OPT_TPB) {
+            if (d->vec && e + 4 <= end) {
+                run_elems<4, RED>(P, d, e, ss, bad);
+            } else {
+                for (long long i = e; i < end && i < e + 4; i++) run_elems<1, RED>(P, d, i, ss, bad);
+            }
+        }
+    }
+    if (RED) { /* fixed-order tree over the CTA: deterministic */
+        __shared__ double s_ss[OPT_TPB], s_bad[OPT_TPB];
+        s_ss[threadIdx.x] = ss;
+        s_bad[threadIdx.x] = bad;
+        __syncthreads();
+        for (int w = OPT_TPB / 2; w > 0; w >>= 1) {
+            if ((int)threadIdx.x < w) {
+                s_ss[threadIdx.x] += s_ss[threadIdx.x + w];
+                s_bad[threadIdx.x] += s_bad[threadIdx.x + w];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            part[2 * blockIdx.x] = s_ss[0];
+            part[2 * blockIdx.x + 1] = s_bad[0];
+        }
+    }
+}
+
+// --- per-device cache -----------------------------------------------------------------------
+
+/* Descriptor tables of one pass kind (0 apply, 1 reduce) on one device. */
+struct opt_table {
+    opt_desc *h = nullptr;  /* pinned host copy of what the device table holds */
+    opt_desc *d = nullptr;
+    int cap = 0, n = -1;
+    cudaEvent_t uploaded = nullptr; /* h is free to rewrite once this completed */
+};
+
+struct opt_cache {
+    std::mutex mu;
+    opt_table tab[2];
+    double *d_part = nullptr, *h_part = nullptr;
+};
+
+static opt_cache g_opt_cache[CT_MAX_DEVICES];
+
+static int is_aligned(const void *x) { return ((uintptr_t)x & 15u) == 0; }
+
+/* Build the descriptors of the pass into scratch (host), count tiles. */
+static int build_desc(const ct_opt_pass *ps, opt_desc *out, long long *ntiles) {
+    int m = 0;
+    long long tiles = 0;
+    for (int i = 0; i < ps->nblocks; i++) {
+        const ct_opt_block *b = &ps->blocks[i];
+        if (b->n == 0 || (ps->reduce && !b->counts)) continue;
+        opt_desc &d = out[m++];
+        memset(&d, 0, sizeof d);
+        d.p = b->p;
+        d.g = b->g;
+        d.out = ps->reduce ? nullptr : b->out;
+        d.n = b->n;
+        d.tile0 = tiles;
+        d.active = b->active;
+        int vec = is_aligned(b->g), need_p = !ps->reduce && b->out == nullptr;
+        if (!ps->reduce && b->out != nullptr) vec &= is_aligned(b->out);
+        for (int k = 0; k < ps->upto; k++) {
+            if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
+            need_p |= ps->kind[k] == CT_OPT_DECAY;
+            for (int q = 0; q < ct_om_nslots(ps->kind[k]); q++) {
+                d.slot[ps->slot_off[k] + q] = b->slot[ps->slot_off[k] + q];
+                vec &= is_aligned(b->slot[ps->slot_off[k] + q]);
+            }
+        }
+        if (need_p) vec &= is_aligned(b->p);
+        d.need_p = need_p;
+        d.vec = vec;
+        tiles += (b->n + OPT_TILE - 1) / OPT_TILE;
+    }
+    *ntiles = tiles;
+    return m;
+}
+
+static ct_status upload(ct_device *dev, opt_table *t, const opt_desc *scratch, int m) {
+    cudaStream_t s = ct_cuda_stream(dev);
+    if (m == t->n && memcmp(scratch, t->h, (size_t)m * sizeof *scratch) == 0) return CT_OK;
+    if (m > t->cap) {
+        int cap = m < 64 ? 64 : 2 * m;
+        if (t->uploaded != nullptr) CT_CUDA_TRY(cudaEventSynchronize(t->uploaded));
+        CT_CUDA_TRY(cudaStreamSynchronize(s)); /* the old device table may still be read */
+        if (t->h != nullptr) CT_CUDA_TRY(cudaFreeHost(t->h));
+        if (t->d != nullptr) CT_CUDA_TRY(cudaFree(t->d));
+        t->h = nullptr;
+        t->d = nullptr;
+        t->cap = 0;
+        t->n = -1;
+        CT_CUDA_TRY(cudaMallocHost((void **)&t->h, (size_t)cap * sizeof(opt_desc)));
+        CT_CUDA_TRY(cudaMalloc((void **)&t->d, (size_t)cap * sizeof(opt_desc)));
+        t->cap = cap;
+    }
+    if (t->uploaded == nullptr) CT_CUDA_TRY(cudaEventCreateWithFlags(&t->uploaded, cudaEventDisableTiming));
+    CT_CUDA_TRY(cudaEventSynchronize(t->uploaded)); /* the previous upload has read h */
+    memcpy(t->h, scratch, (size_t)m * sizeof *scratch);
+    t->n = -1; /* valid again once queued */
+    CT_CUDA_TRY(cudaMemcpyAsync(t->d, t->h, (size_t)m * sizeof(opt_desc), cudaMemcpyHostToDevice, s));
+    CT_CUDA_TRY(cudaEventRecord(t->uploaded, s));
+    t->n = m;
+    return CT_OK;
+}
+
+// --- entry --------------------------------------------------------------------------------
+
+static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps,
+                                   double *acc) {
+    opt_params P;
+    memset(&P, 0, sizeof P);
+    P.nstages = ps->nstages;
+    P.upto = ps->upto;
+    P.skip = ps->skip;
+    for (int k = 0; k < ps->nstages; k++) {
+        P.kind[k] = ps->kind[k];
+        P.slot_off[k] = ps->slot_off[k];
+        for (int j = 0; j < CT_OM_NC; j++) P.c[k][j] = ps->c[k][j];
+    }
+    opt_desc *scratch = (opt_desc *)malloc((size_t)(ps->nblocks > 0 ? ps->nblocks : 1) * sizeof(opt_desc));
+    if (scratch == nullptr)
+        return ct_cuda_core->set_error(CT_EOOM, "optimizer: out of host memory for %d block descriptors",
+                                       ps->nblocks);
+    long long ntiles = 0;
+    const int m = build_desc(ps, scratch, &ntiles);
+    P.nblocks = m;
+    P.ntiles = ntiles;
+    ct_status st = CT_OK;
+    if (m > 0) st = upload(dev, &cache->tab[ps->reduce ? 1 : 0], scratch, m);
+    free(scratch);
+    CT_TRY(st);
+    cudaStream_t s = ct_cuda_stream(dev);
+    if (!ps->reduce) {
+        if (ntiles == 0) return CT_OK;
+        unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
+        opt_kernel<false><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[0].d, nullptr);
+        CT_CUDA_TRY(cudaGetLastError());
+        return CT_OK;
+    }
+    acc[0] = acc[1] = 0.0;
+    if (ntiles == 0) return CT_OK;
+    if (cache->d_part == nullptr) {
+        CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
+        CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
+    }
+    const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
+    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_part);
+    CT_CUDA_TRY(cudaGetLastError());
+    CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
+                                cudaMemcpyDeviceToHost, s));
+    CT_CUDA_TRY(cudaStreamSynchronize(s)); /* the host round trip of a reduction */
+    for (unsigned i = 0; i < grid; i++) {
+        acc[0] += cache->h_part[2 * i];
+        acc[1] += cache->h_part[2 * i + 1];
+    }
+    return CT_OK;
+}
+
+extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const ct_opt_pass *ps, double *acc) {
+    if (dev->id < 0 || dev->id >= CT_MAX_DEVICES)
+        return ct_cuda_core->set_error(CT_EINVAL, "optimizer: bad device id %d", dev->id);
+    for (int k = 0; k < ps->upto; k++)
+        if (!ct_om_is_elementwise(ps->kind[k]) && ps->kind[k] != CT_OPT_GLOBAL_NORM &&
+            ps->kind[k] != CT_OPT_FINITE_GATE)
+            return ct_cuda_core->set_error(CT_EINVAL, "optimizer: stage %d (kind %d) is not "
+                                           "supported on GPU devices yet", k, ps->kind[k]);
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    opt_cache *cache = &g_opt_cache[dev->id];
+    std::lock_guard<std::mutex> lock(cache->mu);
+    return optim_pass_locked(dev, cache, ps, acc);
+}

@@ -1,0 +1,139 @@
+/*
+ * ct_optim_math.h — the per-element math of the elementwise optimizer stages,
+ * shared by C and CUDA.
+ *
+ * One element of the update u runs through a chain of stages (ct_optim.h).
+ * Here each stage is a pure function of (u, p, its state a/b, its fp32
+ * constants c[]): ct_om_prepare turns a stage's per-step double scalars into
+ * fp32 constants once per step (on the host), ct_om_stage applies one stage
+ * to one element. The CUDA kernel (csrc/backend/cuda/cuda_optim.cu) calls
+ * these in registers; tests/c/test_optim_math.c proves them against
+ * ct_optim_reference. The vectorised CPU driver (ct_optim.c) keeps its own
+ * chunk loops (same operations, same order) so GCC vectorises them.
+ *
+ * Numerics: only correctly rounded IEEE fp32 operations (+, *, /, sqrtf), in
+ * the reference's order; the CUDA file that includes this is compiled with
+ * -fmad=false (no FMA contraction) and IEEE div/sqrt, so GPU and CPU results
+ * are bit-identical. The one deliberate difference from the reference: CLIP
+ * uses comparisons (NaN passes through, as jnp.clip and the fast CPU driver)
+ * instead of fminf/fmaxf (NaN becomes -max_delta).
+ */
+#ifndef CT_OPTIM_MATH_H
+#define CT_OPTIM_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "ct_optim.h"
+
+#ifdef __CUDACC__
+#define CT_HD __host__ __device__
+#else
+#define CT_HD
+#endif
+
+#define CT_OM_NC 8 /* fp32 constants per stage */
+
+/* Slots a stage kind owns (same table as ct_opt_kind_nslots, usable on a device). */
+CT_HD static inline int ct_om_nslots(int kind) {
+    switch (kind) {
+    case CT_OPT_ADAM: return 2;
+    case CT_OPT_TRACE: case CT_OPT_LION: case CT_OPT_RMS: case CT_OPT_RSS: case CT_OPT_EMA:
+        return 1;
+    case CT_OPT_FACTORED: return 3;
+    default: return 0;
+    }
+}
+
+/* Whether ct_om_stage implements the kind (GLOBAL_NORM and FINITE_GATE only
+ * apply a factor the driver computed: see ct_om_set_norm / ct_om_set_gate). */
+CT_HD static inline int ct_om_is_elementwise(int kind) {
+    return kind == CT_OPT_SCALE || kind == CT_OPT_ADAM || kind == CT_OPT_DECAY ||
+           kind == CT_OPT_TRACE || kind == CT_OPT_LION || kind == CT_OPT_RMS ||
+           kind == CT_OPT_RSS || kind == CT_OPT_CLIP || kind == CT_OPT_EMA;
+}
+
+/* fp32 constants of one stage for one step, from its double scalars s[]. */
+static inline void ct_om_prepare(int kind, const double *s, float *c) {
+    for (int j = 0; j < CT_OM_NC; j++) c[j] = 0.0f;
+    switch (kind) {
+    case CT_OPT_SCALE: case CT_OPT_DECAY: case CT_OPT_CLIP: c[0] = (float)s[0]; break;
+    case CT_OPT_ADAM: /* b1 b2 eps eps_root 1/bc1 1/bc2 nesterov 1/bc1_next */
+        c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = (float)s[2]; c[3] = (float)s[3];
+        c[4] = 1.0f / (float)s[4]; c[5] = 1.0f / (float)s[5]; c[6] = s[6] != 0.0 ? 1.0f : 0.0f;
+        c[7] = 1.0f / (float)s[7];
+        break;
+    case CT_OPT_TRACE: c[0] = (float)s[0]; c[1] = s[1] != 0.0 ? 1.0f : 0.0f; break;
+    case CT_OPT_LION: c[0] = (float)s[0]; c[1] = (float)s[1]; break;
+    case CT_OPT_RMS:
+        c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = s[2] != 0.0 ? 1.0f : 0.0f; c[3] = (float)s[3];
+        break;
+    case CT_OPT_RSS: c[0] = (float)s[0]; break;
+    case CT_OPT_EMA: c[0] = (float)s[0]; c[1] = (float)s[1]; break;
+    default: break;
+    }
+}
+
+/* GLOBAL_NORM after its reduction: u = (u / norm) * max_norm when clipping. */
+static inline void ct_om_set_norm(float *c, int clip, float norm, float max_norm) {
+    c[0] = clip ? 1.0f : 0.0f;
+    c[1] = norm;
+    c[2] = max_norm;
+}
+
+/* FINITE_GATE after its reduction: zero = 1 sets u = 0 (a rejected step). */
+static inline void ct_om_set_gate(float *c, int zero) { c[0] = zero ? 1.0f : 0.0f; }
+
+/* One stage on one element: returns the new u. a, b: the stage's state
+ * (read; written only when w). p: the param (DECAY). */
+CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p, float *a,
+                                      float *b, int w) {
+    const float g = u;
+    switch (kind) {
+    case CT_OPT_SCALE: return c[0] * u;
+    case CT_OPT_DECAY: return u + c[0] * p;
+    case CT_OPT_CLIP: {
+        float x = u < -c[0] ? -c[0] : u;
+        return x > c[0] ? c[0] : x;
+    }
+    case CT_OPT_ADAM: {
+        const float b1 = c[0], b2 = c[1];
+        float mi = (1.0f - b1) * g + b1 * *a;
+        float vi = (1.0f - b2) * (g * g) + b2 * *b;
+        float mh = c[6] != 0.0f ? b1 * (mi * c[7]) + (1.0f - b1) * (g * c[4]) : mi * c[4];
+        if (w) { *a = mi; *b = vi; }
+        return mh / (sqrtf(vi * c[5] + c[3]) + c[2]);
+    }
+    case CT_OPT_TRACE: {
+        float ti = g + c[0] * *a;
+        if (w) *a = ti;
+        return c[1] != 0.0f ? g + c[0] * ti : ti;
+    }
+    case CT_OPT_LION: {
+        float x = (1.0f - c[0]) * g + c[0] * *a;
+        if (w) *a = (1.0f - c[1]) * g + c[1] * *a;
+        return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); /* sign; keeps 0 and NaN */
+    }
+    case CT_OPT_RMS: {
+        float vi = (1.0f - c[0]) * (g * g) + c[0] * *a;
+        float vh = vi / c[3];
+        if (w) *a = vi;
+        return (c[2] != 0.0f ? 1.0f / sqrtf(vh + c[1]) : 1.0f / (sqrtf(vh) + c[1])) * g;
+    }
+    case CT_OPT_RSS: {
+        float ai = g * g + *a;
+        if (w) *a = ai;
+        return (ai > 0.0f ? 1.0f / sqrtf(ai + c[0]) : 0.0f) * g;
+    }
+    case CT_OPT_EMA: {
+        float ei = (1.0f - c[0]) * g + c[0] * *a;
+        if (w) *a = ei;
+        return ei / c[1];
+    }
+    case CT_OPT_GLOBAL_NORM: return c[0] != 0.0f ? (u / c[1]) * c[2] : u;
+    case CT_OPT_FINITE_GATE: return c[0] != 0.0f ? 0.0f : u;
+    default: return u;
+    }
+}
+
+#endif /* CT_OPTIM_MATH_H */

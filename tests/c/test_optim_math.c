@@ -1,0 +1,361 @@
+/*
+ * test_optim_math.c — the per-element stage functions of ct_optim_math.h
+ * (what the CUDA kernel runs) against the scalar reference ct_optim_reference.
+ *
+ * Random chains of elementwise stages with random per-step scalars, run for a
+ * few steps on random data, once through ct_optim_reference and once element
+ * by element through ct_om_prepare / ct_om_stage. The header does the same
+ * IEEE fp32 operations in the same order as the reference, so params and every
+ * state slot must agree BIT FOR BIT (no ulp tolerance). Inputs are finite: the
+ * one documented difference (CLIP of a NaN) is not exercised here.
+ *
+ * Second part: the GPU step sequencing (ct_optim_device.c: reduction passes,
+ * cross-device sums with replicas counted once, gate skipping, errors) through
+ * a host stand-in for the CUDA backend's optim_pass, against the CPU driver
+ * (within 1e-6 relative: the norm's double sum is added in another order).
+ *
+ *   make -C tests/c test
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ct_device.h"
+#include "ct_optim.h"
+#include "ct_optim_math.h"
+#include "ct_status.h"
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        checks++;                                                          \
+        if (!(cond)) {                                                     \
+            failures++;                                                    \
+            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);          \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fputc('\n', stderr);                                           \
+        }                                                                  \
+    } while (0)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static double unif(void) { return (double)(next() >> 11) / 9007199254740992.0; }
+static float gauss(void) { /* sum of uniforms: cheap, roughly normal, finite */
+    double s = 0;
+    for (int i = 0; i < 4; i++) s += unif() - 0.5;
+    return (float)(s * 1.7);
+}
+
+static const int kinds[] = {CT_OPT_SCALE, CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_TRACE, CT_OPT_LION,
+                            CT_OPT_RMS,   CT_OPT_RSS,  CT_OPT_CLIP,  CT_OPT_EMA};
+
+static void random_scalars(int kind, double *s, int t) {
+    memset(s, 0, CT_OPT_NSCALARS * sizeof *s);
+    switch (kind) {
+    case CT_OPT_SCALE: s[0] = -(1e-4 + unif() * 1e-2); break;
+    case CT_OPT_DECAY: s[0] = unif() * 0.1; break;
+    case CT_OPT_CLIP: s[0] = 0.05 + unif(); break;
+    case CT_OPT_ADAM: {
+        double b1 = 0.8 + 0.19 * unif(), b2 = 0.9 + 0.0999 * unif();
+        s[0] = b1; s[1] = b2; s[2] = unif() < 0.5 ? 1e-8 : 1e-3 * unif(); s[3] = unif() < 0.5 ? 0 : 1e-8;
+        s[4] = 1 - pow(b1, t); s[5] = 1 - pow(b2, t); s[6] = unif() < 0.3; s[7] = 1 - pow(b1, t + 1);
+        break;
+    }
+    case CT_OPT_TRACE: s[0] = 0.5 + 0.49 * unif(); s[1] = unif() < 0.5; break;
+    case CT_OPT_LION: s[0] = 0.8 + 0.19 * unif(); s[1] = 0.9 + 0.099 * unif(); break;
+    case CT_OPT_RMS: {
+        double d = 0.8 + 0.19 * unif();
+        s[0] = d; s[1] = unif() < 0.5 ? 1e-8 : 1e-3; s[2] = unif() < 0.5;
+        s[3] = unif() < 0.5 ? 1.0 : 1 - pow(d, t);
+        break;
+    }
+    case CT_OPT_RSS: s[0] = unif() < 0.5 ? 1e-7 : 0.1 * unif(); break;
+    case CT_OPT_EMA: { double d = 0.5 + 0.49 * unif(); s[0] = d; s[1] = unif() < 0.5 ? 1.0 : 1 - pow(d, t); break; }
+    default: break;
+    }
+}
+
+static int bits_equal(const float *a, const float *b, int64_t n, int64_t *where) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof *a) != 0) {
+            *where = i;
+            return 0;
+        }
+    return 1;
+}
+
+static void one_chain(int trial) {
+    enum { N = 257 };
+    ct_opt_stage st[8];
+    const int nst = 1 + (int)(next() % 6);
+    int nslots = 0, off[8];
+    for (int k = 0; k < nst; k++) {
+        int kind = kinds[next() % (sizeof kinds / sizeof *kinds)];
+        if (nslots + ct_opt_kind_nslots(kind) > CT_OPT_MAX_SLOTS) kind = CT_OPT_SCALE;
+        memset(&st[k], 0, sizeof st[k]);
+        st[k].kind = kind;
+        off[k] = nslots;
+        nslots += ct_opt_kind_nslots(kind);
+    }
+    const uint32_t active = (uint32_t)(next() & ((1u << nst) - 1)) | 1u;
+    float *p = malloc(N * sizeof *p), *p2 = malloc(N * sizeof *p), *g = malloc(N * sizeof *g);
+    float *sl[CT_OPT_MAX_SLOTS], *sl2[CT_OPT_MAX_SLOTS];
+    for (int i = 0; i < N; i++) p[i] = p2[i] = gauss();
+    for (int q = 0; q < nslots; q++) {
+        sl[q] = calloc(N, sizeof(float));
+        sl2[q] = calloc(N, sizeof(float));
+    }
+    for (int t = 1; t <= 4; t++) {
+        for (int i = 0; i < N; i++) g[i] = gauss() * (float)(i % 7 == 0 ? 1e-3 : 1.0);
+        for (int k = 0; k < nst; k++) random_scalars(st[k].kind, st[k].s, t);
+        ct_opt_block b;
+        memset(&b, 0, sizeof b);
+        b.n = N;
+        b.p = p;
+        b.g = g;
+        b.active = active;
+        b.counts = 1;
+        for (int q = 0; q < nslots; q++) {
+            b.slot[q] = sl[q];
+            b.slot_n[q] = N;
+        }
+        ct_status cs = ct_optim_reference(st, nst, &b);
+        CHECK(cs == CT_OK, "trial %d: reference failed: %s", trial, ct_last_error());
+        float c[8][CT_OM_NC];
+        for (int k = 0; k < nst; k++) ct_om_prepare(st[k].kind, st[k].s, c[k]);
+        for (int i = 0; i < N; i++) {
+            float u = g[i];
+            for (int k = 0; k < nst; k++) {
+                if (!((active >> k) & 1u)) continue;
+                const int ns = ct_om_nslots(st[k].kind);
+                float *a = ns > 0 ? &sl2[off[k]][i] : NULL, *bb = ns > 1 ? &sl2[off[k] + 1][i] : NULL;
+                float da = a ? *a : 0.0f, db = bb ? *bb : 0.0f;
+                u = ct_om_stage(st[k].kind, c[k], u, p2[i], &da, &db, 1);
+                if (a) *a = da;
+                if (bb) *bb = db;
+            }
+            p2[i] = p2[i] + u;
+        }
+        int64_t w = 0;
+        CHECK(bits_equal(p, p2, N, &w), "trial %d step %d: params differ at %lld: %.9g vs %.9g",
+              trial, t, (long long)w, p[w], p2[w]);
+        for (int q = 0; q < nslots; q++)
+            CHECK(bits_equal(sl[q], sl2[q], N, &w), "trial %d step %d: slot %d differs at %lld: %.9g vs %.9g",
+                  trial, t, q, (long long)w, sl[q][w], sl2[q][w]);
+    }
+    for (int q = 0; q < nslots; q++) {
+        free(sl[q]);
+        free(sl2[q]);
+    }
+    free(p);
+    free(p2);
+    free(g);
+}
+
+/* The read-only form (w = 0) leaves state untouched and returns the same u. */
+static void readonly_form(void) {
+    double s[CT_OPT_NSCALARS];
+    for (size_t j = 0; j < sizeof kinds / sizeof *kinds; j++) {
+        random_scalars(kinds[j], s, 3);
+        float c[CT_OM_NC];
+        ct_om_prepare(kinds[j], s, c);
+        float a = 0.25f, b = 0.5f, a2 = 0.25f, b2 = 0.5f;
+        float u0 = ct_om_stage(kinds[j], c, 0.3f, 1.5f, &a, &b, 0);
+        float u1 = ct_om_stage(kinds[j], c, 0.3f, 1.5f, &a2, &b2, 1);
+        CHECK(a == 0.25f && b == 0.5f, "kind %d: w=0 wrote state", kinds[j]);
+        CHECK(memcmp(&u0, &u1, sizeof u0) == 0, "kind %d: w=0 and w=1 disagree", kinds[j]);
+        CHECK(ct_om_nslots(kinds[j]) == ct_opt_kind_nslots(kinds[j]), "kind %d: slot count", kinds[j]);
+    }
+    float c[CT_OM_NC];
+    ct_om_set_norm(c, 1, 4.0f, 1.0f);
+    CHECK(ct_om_stage(CT_OPT_GLOBAL_NORM, c, 2.0f, 0, NULL, NULL, 1) == 0.5f, "global norm clip");
+    ct_om_set_norm(c, 0, 4.0f, 1.0f);
+    CHECK(ct_om_stage(CT_OPT_GLOBAL_NORM, c, 2.0f, 0, NULL, NULL, 1) == 2.0f, "global norm no clip");
+    ct_om_set_gate(c, 1);
+    CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, 1) == 0.0f, "gate zero");
+    ct_om_set_gate(c, 0);
+    CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, 1) == 2.0f, "gate pass");
+}
+
+// --- the GPU sequencing (ct_optim_device.c) through a host stand-in backend -------------------
+//
+// fake_pass does on the host what cuda_optim.cu does on a device (same
+// ct_om_stage calls, counting blocks only in reduce passes), so the device
+// driver's order of passes, cross-device sums, gate skipping and errors are
+// checked here, against the CPU driver, without a GPU.
+
+static int fake_calls = 0;
+static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, double *acc) {
+    (void)dev;
+    fake_calls++;
+    if (ps->reduce) acc[0] = acc[1] = 0.0;
+    for (int i = 0; i < ps->nblocks; i++) {
+        const ct_opt_block *b = &ps->blocks[i];
+        if (ps->reduce && !b->counts) continue;
+        for (int64_t e = 0; e < b->n; e++) {
+            float u = b->g[e], p = b->p ? b->p[e] : 0.0f;
+            for (int k = 0; k < ps->upto; k++) {
+                if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
+                const int ns = ct_om_nslots(ps->kind[k]);
+                float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
+                float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
+                u = ct_om_stage(ps->kind[k], ps->c[k], u, p, &a, &c, !ps->reduce);
+                if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
+                if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
+            }
+            if (ps->reduce) {
+                acc[0] += (double)u * (double)u;
+                acc[1] += isfinite(u) ? 0.0 : 1.0;
+            } else if (b->out) {
+                b->out[e] = u;
+            } else {
+                b->p[e] = p + u;
+            }
+        }
+    }
+    return CT_OK;
+}
+
+static int close_rel(const float *a, const float *b, int64_t n, float tol, int64_t *where) {
+    for (int64_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]), m = fmaxf(fabsf(a[i]), fabsf(b[i]));
+        if (!(d <= tol * m + 1e-30f) && !(isnan(a[i]) && isnan(b[i]))) {
+            *where = i;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* 2 devices x 2 leaves; leaf 1 replicated on both (counts only on device 0). */
+static void device_driver(int gate, int with_nan) {
+    static ct_backend fake;
+    memset(&fake, 0, sizeof fake);
+    fake.name = "fake-gpu";
+    fake.platform = CT_PLATFORM_GPU;
+    fake.optim_pass = fake_pass;
+    static ct_device dev[2];
+    memset(dev, 0, sizeof dev);
+    for (int d = 0; d < 2; d++) {
+        dev[d].id = 100 + d;
+        dev[d].platform = CT_PLATFORM_GPU;
+        dev[d].backend = &fake;
+    }
+    enum { NA = 301, NB = 45 };
+    ct_opt_stage st[4];
+    memset(st, 0, sizeof st);
+    int nst = 0;
+    if (gate) { st[nst].kind = CT_OPT_FINITE_GATE; st[nst].s[0] = 3; nst++; }
+    st[nst].kind = CT_OPT_GLOBAL_NORM; st[nst].s[0] = 1.0; nst++;
+    st[nst].kind = CT_OPT_ADAM;
+    double s[CT_OPT_NSCALARS];
+    random_scalars(CT_OPT_ADAM, s, 2);
+    memcpy(st[nst].s, s, sizeof s);
+    nst++;
+    st[nst].kind = CT_OPT_SCALE; st[nst].s[0] = -1e-2; nst++;
+    /* two copies of all data: [0] through the fake GPU driver, [1] through the CPU driver */
+    float *p[2][2][2], *g[2][2][2], *m[2][2][2], *v[2][2][2]; /* [copy][device][leaf] */
+    const int64_t n[2] = {NA, NB};
+    uint64_t seed = rng;
+    for (int cp = 0; cp < 2; cp++) {
+        rng = seed;
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 2; l++) {
+                p[cp][d][l] = malloc((size_t)n[l] * sizeof(float));
+                g[cp][d][l] = malloc((size_t)n[l] * sizeof(float));
+                m[cp][d][l] = calloc((size_t)n[l], sizeof(float));
+                v[cp][d][l] = calloc((size_t)n[l], sizeof(float));
+                for (int64_t i = 0; i < n[l]; i++) {
+                    p[cp][d][l][i] = gauss();
+                    g[cp][d][l][i] = gauss();
+                }
+            }
+        if (with_nan) g[cp][0][0][7] = NAN;
+        for (int64_t i = 0; i < NB; i++) { /* the replica holds the same data */
+            p[cp][1][1][i] = p[cp][0][1][i];
+            g[cp][1][1][i] = g[cp][0][1][i];
+        }
+    }
+    ct_opt_block blk[2][2][2];
+    ct_opt_group grp[2][2];
+    memset(blk, 0, sizeof blk);
+    for (int cp = 0; cp < 2; cp++) {
+        for (int d = 0; d < 2; d++) {
+            for (int l = 0; l < 2; l++) {
+                ct_opt_block *b = &blk[cp][d][l];
+                b->n = n[l];
+                b->p = p[cp][d][l];
+                b->g = g[cp][d][l];
+                b->active = (1u << nst) - 1;
+                b->leaf = l == 0 ? d : 2; /* leaf 0 split over devices (leaves 0,1), leaf 2 replicated */
+                b->counts = !(l == 1 && d == 1);
+                b->slot[0] = m[cp][d][l];
+                b->slot[1] = v[cp][d][l];
+                b->slot_n[0] = b->slot_n[1] = n[l];
+            }
+            grp[cp][d].blocks = blk[cp][d];
+            grp[cp][d].nblocks = 2;
+            grp[cp][d].dev = cp == 0 ? &dev[d] : NULL;
+        }
+    }
+    ct_opt_stage st_gpu[4], st_cpu[4];
+    memcpy(st_gpu, st, sizeof st);
+    memcpy(st_cpu, st, sizeof st);
+    fake_calls = 0;
+    ct_status a = ct_optim_step(st_gpu, nst, grp[0], 2, 3);
+    ct_status b = ct_optim_step(st_cpu, nst, grp[1], 2, 3);
+    CHECK(a == CT_OK && b == CT_OK, "device driver: step failed: %s", ct_last_error());
+    const int npass = 2 * (1 + 1 + (gate ? 1 : 0)) - (gate && with_nan ? 2 : 0);
+    CHECK(fake_calls == npass, "device driver: %d passes, expected %d", fake_calls, npass);
+    for (int k = 0; k < nst; k++)
+        CHECK(fabs(st_gpu[k].result - st_cpu[k].result) <= 1e-6 * fabs(st_cpu[k].result),
+              "device driver: stage %d result %.9g vs %.9g", k, st_gpu[k].result, st_cpu[k].result);
+    int64_t w = 0;
+    for (int d = 0; d < 2; d++)
+        for (int l = 0; l < 2; l++) {
+            CHECK(close_rel(p[0][d][l], p[1][d][l], n[l], 1e-6f, &w), "device driver: p[%d][%d] at %lld", d, l, (long long)w);
+            CHECK(close_rel(m[0][d][l], m[1][d][l], n[l], 1e-6f, &w), "device driver: m[%d][%d] at %lld", d, l, (long long)w);
+            CHECK(close_rel(v[0][d][l], v[1][d][l], n[l], 1e-6f, &w), "device driver: v[%d][%d] at %lld", d, l, (long long)w);
+        }
+    /* errors: a mixed step, an unsupported reduction */
+    grp[0][1].dev = NULL;
+    CHECK(ct_optim_step(st_gpu, nst, grp[0], 2, 3) == CT_EINVAL &&
+          strstr(ct_last_error(), "mixes CPU and GPU") != NULL, "device driver: mixed step accepted");
+    grp[0][1].dev = &dev[1];
+    ct_opt_stage tr[2];
+    memset(tr, 0, sizeof tr);
+    tr[0].kind = CT_OPT_TRUST_RATIO;
+    tr[1].kind = CT_OPT_SCALE;
+    for (int d = 0; d < 2; d++)
+        for (int l = 0; l < 2; l++) blk[0][d][l].active = 3u;
+    CHECK(ct_optim_step(tr, 2, grp[0], 2, 3) == CT_EINVAL &&
+          strstr(ct_last_error(), "not supported on GPU devices yet") != NULL,
+          "device driver: trust ratio accepted: %s", ct_last_error());
+    for (int cp = 0; cp < 2; cp++)
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 2; l++) {
+                free(p[cp][d][l]);
+                free(g[cp][d][l]);
+                free(m[cp][d][l]);
+                free(v[cp][d][l]);
+            }
+}
+
+int main(void) {
+    for (int trial = 0; trial < 400; trial++) one_chain(trial);
+    readonly_form();
+    device_driver(0, 0);
+    device_driver(1, 0);
+    device_driver(1, 1);
+    printf("test_optim_math: %d checks, %d failures (bit-exact vs ct_optim_reference)\n", checks,
+           failures);
+    return failures != 0;
+}

@@ -72,6 +72,14 @@ PER_FILE_CFLAGS = {
     "csrc/core/ct_optim.c": ["-fno-math-errno"],
 }
 
+# nvcc flags for single .cu files, after the common ones. cuda_random.cu must
+# evaluate exactly the float operations of the CPU PRNG (csrc/core/
+# ct_random_math.h): no contraction of a * b + c into fma, IEEE division,
+# sqrt and denormals (the last three are nvcc's defaults; stated to stay so).
+PER_FILE_NVCCFLAGS = {
+    "cuda_random.cu": ["--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
+}
+
 
 class BuildExt(build_ext):
     """build_ext that adds PER_FILE_CFLAGS and also builds the CUDA backend library with nvcc."""
@@ -117,6 +125,7 @@ class BuildExt(build_ext):
             if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
                     os.path.getmtime(f) for f in [src] + glob.glob(os.path.join(ROOT, "csrc", "**", "*.h*"), recursive=True)):
                 cmd = [nvcc, "-c", src, "-o", obj] + common + gencode
+                cmd += PER_FILE_NVCCFLAGS.get(os.path.basename(src), [])
                 print(" ".join(cmd))
                 subprocess.check_call(cmd)
             objs.append(obj)

@@ -29,6 +29,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ct_device.h"
 #include "ct_simd.h"
 
 #define CT_INLINE static inline __attribute__((always_inline))
@@ -389,6 +390,27 @@ ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int n
     cx.out = out;
     ct_block_for_each_run(ndim, global_shape, start, block_shape, fill_run, &cx);
     return CT_OK;
+}
+
+/* --- device fill ----------------------------------------------------------- */
+
+int ct_random_device_supported(const struct ct_device *dev) {
+    return dev && dev->backend && dev->backend->random_fill;
+}
+
+ct_status ct_random_fill_block_device(struct ct_device *dev, const uint32_t key[2],
+                                      const ct_sampler *s, int ndim,
+                                      const int64_t *global_shape, const int64_t *start,
+                                      const int64_t *block_shape, void *out) {
+    if (!ct_random_device_supported(dev))
+        return ct_set_error(CT_EINVAL, "random: device %d's backend has no random fill kernel",
+                            dev ? dev->id : -1);
+    CT_TRY(fill_check(key, s, ndim, global_shape, start, block_shape, out));
+    ct_random_consts c = make_consts(s);
+    ct_rm_block blk;
+    ct_rm_block_make(ndim, global_shape, start, block_shape, &blk);
+    if (blk.count == 0) return CT_OK;
+    return dev->backend->random_fill(dev, key[0], key[1], &c, &blk, out);
 }
 
 /* --- scalar reference ------------------------------------------------------ */

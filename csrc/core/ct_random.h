@@ -59,6 +59,20 @@ ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int n
                                const int64_t *global_shape, const int64_t *start,
                                const int64_t *block_shape, void *out);
 
+struct ct_device;
+
+/* 1 if dev's backend fills random blocks in its own memory (a kernel), 0 if
+ * the caller must fill a host block and copy it. */
+int ct_random_device_supported(const struct ct_device *dev);
+
+/* ct_random_fill_block into `out`, memory of `dev`, by the backend's kernel
+ * (queued on the device's stream; complete before any later work there).
+ * CT_EINVAL if the backend has none (see ct_random_device_supported). */
+ct_status ct_random_fill_block_device(struct ct_device *dev, const uint32_t key[2],
+                                      const ct_sampler *s, int ndim,
+                                      const int64_t *global_shape, const int64_t *start,
+                                      const int64_t *block_shape, void *out);
+
 /* Plain one-element-at-a-time reference of ct_random_fill_block (tests). */
 ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, int ndim,
                                    const int64_t *global_shape, const int64_t *start,

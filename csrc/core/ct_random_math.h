@@ -19,7 +19,9 @@
 #ifndef CT_RANDOM_MATH_H
 #define CT_RANDOM_MATH_H
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ct_dtype.h"
 
@@ -27,8 +29,6 @@
 #define CT_HD __host__ __device__
 #define CT_RM static __forceinline__ __host__ __device__
 #else
-#include <math.h>
-#include <string.h>
 #define CT_HD
 #define CT_RM static inline __attribute__((always_inline))
 #endif
@@ -44,7 +44,7 @@ typedef enum {
 /* A sampler's constants, already converted to its dtype (held as float32);
  * made on the host by ct_random_consts_make (ct_random.h) and passed by value
  * to kernels. */
-typedef struct {
+typedef struct ct_random_consts {
     ct_dist dist;
     ct_dtype dt;
     float minval, range;      /* uniform stage: u = max(minval, f * range + minval) */
@@ -330,7 +330,7 @@ CT_RM uint32_t ct_rm_element(const ct_random_consts *c, ct_dist dist, ct_dtype d
 
 #define CT_RM_MAX_GROUPS 32
 
-typedef struct {
+typedef struct ct_rm_block {
     int ngroups;                      /* 0 for a single element */
     uint64_t base;                    /* global index of block element 0 */
     uint64_t count;                   /* elements in the block */

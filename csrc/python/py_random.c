@@ -1,7 +1,8 @@
 /*
  * py_random.c — bindings of the PRNG core (csrc/core/ct_threefry.h,
  * ct_random.h): key split / fold_in and block fills into a device Buffer or a
- * C-contiguous numpy array. Argument parsing and buffer checks only; the GIL
+ * C-contiguous numpy array. GPU Buffers are filled by their backend's kernel
+ * (ct_random_fill_block_device), bit-identical to the host fill. Argument parsing and buffer checks only; the GIL
  * is released around every fill.
  */
 #include "ct_py.h"

@@ -72,11 +72,14 @@ PER_FILE_CFLAGS = {
     "csrc/core/ct_optim.c": ["-fno-math-errno"],
 }
 
-
-# nvcc flags for single .cu files. cuda_optim.cu: no FMA contraction, so the
-# optimizer math is bit-identical to the CPU reference (ct_optim_math.h).
+# nvcc flags for single .cu files, after the common ones. cuda_random.cu and
+# cuda_optim.cu must evaluate exactly the float operations of their CPU
+# counterparts (csrc/core/ct_random_math.h, ct_optim_math.h): no contraction
+# of a * b + c into fma; IEEE division, sqrt and denormals (nvcc's defaults,
+# stated so they stay).
 PER_FILE_NVCCFLAGS = {
-    "cuda_optim.cu": ["-fmad=false"],
+    "cuda_random.cu": ["--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
+    "cuda_optim.cu": ["--fmad=false"],
 }
 
 
@@ -123,7 +126,8 @@ class BuildExt(build_ext):
             obj = os.path.join(tmp, os.path.basename(src) + ".o")
             if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
                     os.path.getmtime(f) for f in [src] + glob.glob(os.path.join(ROOT, "csrc", "**", "*.h*"), recursive=True)):
-                cmd = [nvcc, "-c", src, "-o", obj] + common + gencode + PER_FILE_NVCCFLAGS.get(os.path.basename(src), [])
+                cmd = [nvcc, "-c", src, "-o", obj] + common + gencode
+                cmd += PER_FILE_NVCCFLAGS.get(os.path.basename(src), [])
                 print(" ".join(cmd))
                 subprocess.check_call(cmd)
             objs.append(obj)

@@ -303,3 +303,92 @@ def test_optim_gpu_functional_update_matches_cpu():
         np.testing.assert_allclose(out[1][0][k], out[0][0][k], rtol=1e-6, atol=1e-7, err_msg=k)
     for a, b in zip(out[1][1], out[0][1]):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+# --- random numbers generated on the GPU (csrc/backend/cuda/cuda_random.cu) ----------------
+
+_RAND_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+
+
+def _sampler(name, dt):
+    """(k, shape, out_sharding) -> sample, for every jax.random sampler the kernel has."""
+    return {
+        "normal": lambda k, sh, s: random.normal(k, sh, dt, out_sharding=s),
+        "uniform": lambda k, sh, s: random.uniform(k, sh, dt, -2.5, 3.0, out_sharding=s),
+        "truncated_normal": lambda k, sh, s: random.truncated_normal(k, -1.5, 2.0, sh, dt,
+                                                                      out_sharding=s),
+        "bernoulli": lambda k, sh, s: random.bernoulli(k, np.dtype(dt).type(0.3), sh,
+                                                       out_sharding=s),
+    }[name]
+
+
+def _gpu_shardings():
+    """(mesh shape, axis names, spec) for the GPU devices present (split ones included)."""
+    n = len(gpus())
+    out = [((1,), ("x",), P()), ((1,), ("x",), P("x"))]
+    for k in (2, 4, 8):
+        if n >= k:
+            out += [((k,), ("x",), P("x")), ((k,), ("x",), P(None, "x")),
+                    ((2, k // 2), ("a", "b"), P("a", "b")), ((2, k // 2), ("a", "b"), P("b", "a"))]
+    return out
+
+
+def test_gpu_buffers_are_filled_on_the_device():
+    buf = cts._C.Buffer(gpus()[0].id, (8,), cts._dtypes.code(np.float32))
+    assert cts._C.random_on_device(buf)
+
+
+@pytest.mark.parametrize("name", ["normal", "uniform", "truncated_normal", "bernoulli"])
+@pytest.mark.parametrize("dt", _RAND_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(64, 48), (16, 40, 24), (8, 1027), (8216,)])
+def test_random_on_gpu_is_bit_identical_to_cpu(name, dt, shape):
+    k = random.PRNGKey(11)
+    f = _sampler(name, dt)
+    want = np.asarray(f(k, shape, None))
+    for mshape, names, spec in _gpu_shardings():
+        spec = P(*tuple(spec)[:len(shape)])
+        try:
+            s = NamedSharding(gpu_mesh(mshape, names), spec)
+            s.shard_shape(shape)
+        except ValueError:
+            continue  # this shape does not divide over this mesh
+        got = np.asarray(f(k, shape, s))
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+                                      err_msg=f"{name} {mshape} {spec}")
+
+
+@pytest.mark.parametrize("dist", [0, 1, 2, 3])
+@pytest.mark.parametrize("dt", _RAND_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_random_fill_gpu_blocks_past_2_32_and_odd_offsets(dist, dt):
+    """Counters past 2^32 (JAX's high word), a strided (column) block, odd sizes."""
+    code = cts._dtypes.code(np.dtype(dt))
+    out_dt = np.uint8 if dist == 3 else np.dtype(dt)
+    out_code = cts._dtypes.code(np.bool_) if dist == 3 else code
+    cases = [((3, 2 ** 31 + 5), (1, 2 ** 31 - 35), (2, 40)),
+             ((5, 77, 13), (1, 3, 2), (3, 70, 11)),
+             ((1001,), (0,), (1001,)),
+             ((9, 1000), (4, 1), (5, 999))]
+    for gshape, start, block in cases:
+        args = (0x1234, 0xabcd, gshape, start, dist, code, -1.0, 2.0, -0.5, 1.7, 0.4, None)
+        want = np.empty(block, out_dt)
+        cts._C.random_fill(want, *args)
+        buf = cts._C.Buffer(gpus()[0].id, block, out_code)
+        cts._C.random_fill(buf, *args)
+        got = np.empty(block, out_dt)
+        cts._C.copy_to_host(buf, got, (0,) * len(block))
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+                                      err_msg=f"{gshape} {start} {block}")
+
+
+def test_initializers_on_gpu_are_bit_identical_to_cpu():
+    n = len(gpus())
+    m = gpu_mesh((2, n // 2), ("a", "b")) if n >= 2 and n % 2 == 0 else gpu_mesh((1,), ("a",))
+    spec = P("a", "b") if len(m.axis_names) == 2 else P("a")
+    k = random.PRNGKey(5)
+    for init in (nn.initializers.lecun_normal(), nn.initializers.xavier_uniform(),
+                 nn.initializers.truncated_normal(0.02), nn.initializers.normal(0.1)):
+        for dt in _RAND_DTYPES:
+            got = init(k, (64, 96), dt, out_sharding=NamedSharding(m, spec))
+            np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                          np.asarray(init(k, (64, 96), dt)).view(np.uint8))

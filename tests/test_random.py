@@ -191,3 +191,12 @@ def test_memory_bound_for_sharded_normal():
         # the 4 MiB shard; generation scratch is per-thread stack tiles, not device memory
         assert shard_bytes <= grew <= shard_bytes + (64 << 10), (d, st)
     del a
+
+
+def test_random_on_device_is_false_for_cpu_buffers():
+    """CPU buffers are filled by the core on the host; only GPU backends have a kernel."""
+    from ctrainstate import _C, _dtypes
+    buf = _C.Buffer(cts.devices("cpu")[0].id, (4,), _dtypes.code(np.float32))
+    assert _C.random_on_device(buf) is False
+    with pytest.raises(TypeError):
+        _C.random_on_device(np.zeros(4, np.float32))

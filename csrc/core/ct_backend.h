@@ -19,6 +19,8 @@ typedef enum { CT_PLATFORM_CPU = 0, CT_PLATFORM_GPU = 1, CT_NUM_PLATFORMS } ct_p
 
 struct ct_device;
 struct ct_opt_pass;
+struct ct_random_consts; /* ct_random_math.h */
+struct ct_rm_block;
 
 typedef struct ct_backend {
     const char *name;       /* "cpu", "cuda" */
@@ -58,6 +60,14 @@ typedef struct ct_backend {
      * pass returns its sums in acc[2] (a host round trip). NULL: the core's
      * CPU driver runs the step (host memory). */
     ct_status (*optim_pass)(struct ct_device *dev, const struct ct_opt_pass *pass, double *acc);
+
+    /* PRNG block fill on the device (ct_random_math.h): write the samples of
+     * sampler constants `c` under key (k0, k1) for the block `blk` of a global
+     * array into `out` (device memory, blk->count dense elements), queued on
+     * the device's stream. NULL: the core fills on the host instead. */
+    ct_status (*random_fill)(struct ct_device *dev, uint32_t k0, uint32_t k1,
+                             const struct ct_random_consts *c, const struct ct_rm_block *blk,
+                             void *out);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */

@@ -2,8 +2,10 @@
  * ct_random.c — uniform / normal / truncated-normal / bernoulli block fills
  * that reproduce jax.random on CPU bit for bit (see ct_random.h).
  *
- * Layout: XLA's float32 math (log, log1p, erf, erf_inv) first, then the
- * per-dtype element transforms, then the tiled fast path (threefry tile ->
+ * The scalar definitions (XLA's float32 log, log1p, erf, erf_inv, the
+ * float16/bfloat16 roundings and each element transform) are in
+ * ct_random_math.h, shared with the CUDA kernels. Layout here: sampler
+ * constants, then the tiled fast path (threefry tile ->
  * transform tile, vectorised, OpenMP over the block), then the scalar
  * reference used by the tests.
  *
@@ -27,55 +29,28 @@
 #include <math.h>
 #include <string.h>
 
+#include "ct_device.h"
 #include "ct_simd.h"
 
 #define CT_INLINE static inline __attribute__((always_inline))
 
-CT_INLINE uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-CT_INLINE float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+/* The scalar definitions live in ct_random_math.h (shared with CUDA). */
+#define f2u ct_rm_f2u
+#define u2f ct_rm_u2f
+#define f32_to_f16 ct_rm_f32_to_f16
+#define f16_to_f32 ct_rm_f16_to_f32
+#define rnd ct_rm_rnd
+#define xla_log ct_rm_log
+#define log1p_small ct_rm_log1p_small
+#define xla_log1p ct_rm_log1p
+#define xla_erfinv ct_rm_erfinv
+#define xla_erf ct_rm_erf
+typedef ct_random_consts consts;
 
 /* --- float16 --------------------------------------------------------------- */
 
-CT_INLINE uint16_t f32_to_f16(float f) {
-    /* Round to nearest even; after F. Giesen's float_to_half_fast3_rtne. */
-    uint32_t x = f2u(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    x &= 0x7fffffffu;
-    uint16_t o;
-    if (x >= 0x47800000u) {                 /* >= 65536, inf or nan */
-        o = x > 0x7f800000u ? 0x7e00u : 0x7c00u;
-    } else if (x < 0x38800000u) {           /* subnormal half or zero */
-        o = (uint16_t)(f2u(u2f(x) + 0.5f) - 0x3f000000u);
-    } else {
-        uint32_t odd = (x >> 13) & 1u;
-        x += 0xc8000fffu + odd;             /* rebias exponent, round */
-        o = (uint16_t)(x >> 13);
-    }
-    return (uint16_t)(o | sign);
-}
-
-CT_INLINE float f16_to_f32(uint16_t h) {
-    uint32_t o = (uint32_t)(h & 0x7fffu) << 13;
-    uint32_t exp = o & 0x0f800000u;
-    o += (uint32_t)(127 - 15) << 23;
-    if (exp == 0x0f800000u) {
-        o += (uint32_t)(128 - 16) << 23;    /* inf / nan */
-    } else if (exp == 0) {
-        o += 1u << 23;                      /* subnormal: renormalise */
-        o = f2u(u2f(o) - u2f(113u << 23));
-    }
-    return u2f(o | ((uint32_t)(h & 0x8000u) << 16));
-}
-
 uint16_t ct_f32_to_f16(float f) { return f32_to_f16(f); }
 float ct_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
-
-/* Round a float32 to the storage dtype and back (identity for float32). */
-CT_INLINE float rnd(ct_dtype dt, float x) {
-    if (dt == CT_F16) return f16_to_f32(f32_to_f16(x));
-    if (dt == CT_BF16) return ct_bf16_to_f32(ct_f32_to_bf16(x));
-    return x;
-}
 
 /* double -> dtype, as convert_element_type of a Python float. */
 static float cvt(ct_dtype dt, double v) { return rnd(dt, (float)v); }
@@ -101,124 +76,12 @@ static float next_toward(ct_dtype dt, float x, int up) {
     return dt == CT_F16 ? f16_to_f32(h) : ct_bf16_to_f32(h);
 }
 
-/* --- XLA's float32 math ------------------------------------------------------
- * Reimplemented from the LLVM IR XLA's CPU backend emits (Cephes/Eigen
- * polynomials) and checked bit for bit against jax.lax on CPU. */
-
-CT_INLINE float xla_log(float x) {
-    const float p0 = 7.0376836292E-2f, p1 = -1.1514610310E-1f, p2 = 1.1676998740E-1f,
-                p3 = -1.2420140846E-1f, p4 = 1.4249322787E-1f, p5 = -1.6668057665E-1f,
-                p6 = 2.0000714765E-1f, p7 = -2.4999993993E-1f, p8 = 3.3333331174E-1f;
-    const float q1 = -2.12194440e-4f, q2 = 0.693359375f;
-    float xc = x > 1.17549435e-38f ? x : 1.17549435e-38f;   /* no denormals */
-    uint32_t xi = f2u(xc);
-    float e = (float)((int32_t)(xi >> 23) - 126);
-    float m = u2f((xi & 0x807fffffu) | 0x3f000000u);        /* in [0.5, 1) */
-    /* Selects spelled as bit operations, values as written in XLA: gcc
-     * would otherwise duplicate the rest of the function per case. */
-    int lt = m < 0.707106781186547524f;
-    float tmp = u2f(f2u(m) & (0u - (uint32_t)lt)); /* lt ? m : 0.0f */
-    m = m - 1.0f;
-    e = e - (float)lt;                             /* lt ? 1.0f : 0.0f */
-    m = m + tmp;
-    float x2 = m * m, x3 = x2 * m;
-    float y = fmaf(p0, m, p1), y1 = fmaf(p3, m, p4), y2 = fmaf(p6, m, p7);
-    y = fmaf(y, m, p2);
-    y1 = fmaf(y1, m, p5);
-    y2 = fmaf(y2, m, p8);
-    y = fmaf(y, x3, y1);
-    y = fmaf(y, x3, y2);
-    y = fmaf(y, x3, q1 * e);
-    float r = m - 0.5f * x2;
-    r = r + y;
-    r = r + q2 * e;
-    r = x == 0.0f ? -INFINITY : r;
-    r = x == INFINITY ? INFINITY : r;
-    return (x < 0.0f || x != x) ? NAN : r;
-}
-
-/* log1p's Cephes rational approximation, used for |x| < sqrt(2) - 1. */
-CT_INLINE float log1p_small(float x) {
-    float x2 = x * x;
-    float num = 4.5270000862445199635E-5f;
-    num = fmaf(num, x, 4.9854102823193375972E-1f);
-    num = fmaf(num, x, 6.5787325942061044846E0f);
-    num = fmaf(num, x, 2.9911919328553073277E1f);
-    num = fmaf(num, x, 6.0949667980987787057E1f);
-    num = fmaf(num, x, 5.7112963590585538103E1f);
-    num = fmaf(num, x, 2.0039553499201281259E1f);
-    float den = 1.0f;
-    den = fmaf(den, x, 1.5062909083469192198E1f);
-    den = fmaf(den, x, 8.3047565967967209469E1f);
-    den = fmaf(den, x, 2.2176239823732856465E2f);
-    den = fmaf(den, x, 3.0909872225312059774E2f);
-    den = fmaf(den, x, 2.1642788614495947685E2f);
-    den = fmaf(den, x, 6.0118660497603843919E1f);
-    return x + fmaf(-0.5f, x2, (x * x2) * (num / den));
-}
-
-#define CT_LOG1P_SMALL 0.41421356237309504880f
-
-CT_INLINE float xla_log1p(float x) {
-    /* Cephes rational approximation for |x| < sqrt(2) - 1, log(1 + x) beyond. */
-    float large = xla_log(x + 1.0f);
-    float small = log1p_small(x);
-    return fabsf(x) < CT_LOG1P_SMALL ? small : large;
-}
-
-CT_INLINE float xla_erfinv(float x) {
-    /* M. Giles, "Approximating the erfinv function", single precision. */
-    float w = -xla_log1p(x * -x);
-    int lt = w < 5.0f;
-    float v = lt ? w - 2.5f : sqrtf(w) - 3.0f;
-    float p = lt ? 2.81022636e-08f : -0.000200214257f;
-    p = fmaf(p, v, lt ? 3.43273939e-07f : 0.000100950558f);
-    p = fmaf(p, v, lt ? -3.5233877e-06f : 0.00134934322f);
-    p = fmaf(p, v, lt ? -4.39150654e-06f : -0.00367342844f);
-    p = fmaf(p, v, lt ? 0.00021858087f : 0.00573950773f);
-    p = fmaf(p, v, lt ? -0.00125372503f : -0.0076224613f);
-    p = fmaf(p, v, lt ? -0.00417768164f : 0.00943887047f);
-    p = fmaf(p, v, lt ? 0.246640727f : 1.00167406f);
-    p = fmaf(p, v, lt ? 1.50140941f : 2.83297682f);
-    float r = p * x;
-    return fabsf(x) == 1.0f ? x * INFINITY : r;
-}
-
-CT_INLINE float xla_erf(float x) {
-    /* Eigen's rational interpolant, clamped to +-1 beyond erfinv(1 - ulp/2). */
-    float x2 = x * x;
-    float p = fmaf(x2, 0.00022905065861350646f, 0.0034082910107109506f);
-    p = fmaf(x2, p, 0.050955695062380861f);
-    p = fmaf(x2, p, 0.18520832239976145f);
-    p = fmaf(x2, p, 1.128379143519084f);
-    p = x * p;
-    float q = fmaf(x2, -1.1791602954361697e-7f, 0.000023547966471313185f);
-    q = fmaf(x2, q, 0.0010179625278914885f);
-    q = fmaf(x2, q, 0.014070470171167667f);
-    q = fmaf(x2, q, 0.11098505178285362f);
-    q = fmaf(x2, q, 0.49746925110067538f);
-    q = fmaf(x2, q, 1.0f);
-    return 3.832506856900711f <= fabsf(x) ? copysignf(1.0f, x) : p / q;
-}
-
 float ct_xla_logf(float x) { return xla_log(x); }
 float ct_xla_log1pf(float x) { return xla_log1p(x); }
 float ct_xla_erff(float x) { return xla_erf(x); }
 float ct_xla_erfinvf(float x) { return xla_erfinv(x); }
 
 /* --- element transforms ---------------------------------------------------- */
-
-/* Sampler constants, already converted to the dtype (held as float32). */
-typedef struct {
-    ct_dist dist;
-    ct_dtype dt;
-    float minval, range;      /* uniform stage: u = max(minval, f * range + minval) */
-    float sqrt2;              /* normal stages */
-    float clip_lo, clip_hi;   /* truncated normal */
-    float p;                  /* bernoulli */
-    int has_scale;
-    float scale;
-} consts;
 
 ct_status ct_sampler_check(const ct_sampler *s) {
     if (!s) return ct_set_error(CT_EINVAL, "random: sampler is NULL");
@@ -280,41 +143,14 @@ static consts make_consts(const ct_sampler *s) {
     return c;
 }
 
-/* [0, 1) float from the random bits, as JAX's _uniform: mantissa bits under
- * exponent 0, minus one (exact). 16-bit floats use the low 16 bits (float16)
- * or low 8 bits (bfloat16) of the 32-bit word. */
-CT_INLINE float unit(ct_dtype dt, uint32_t b) {
-    if (dt == CT_F32) return u2f((b >> 9) | 0x3f800000u) - 1.0f;
-    if (dt == CT_F16) return f16_to_f32((uint16_t)(((b & 0xffffu) >> 6) | 0x3c00u)) - 1.0f;
-    return ct_bf16_to_f32((uint16_t)(((b & 0xffu) >> 1) | 0x3f80u)) - 1.0f;
-}
+#define uniform_of ct_rm_uniform
+#define sample_of ct_rm_sample
 
-CT_INLINE float uniform_of(const consts *c, ct_dtype dt, uint32_t b) {
-    float f = unit(dt, b), u;
-    if (dt == CT_F32) u = fmaf(f, c->range, c->minval);
-    else u = rnd(dt, rnd(dt, f * c->range) + c->minval);
-    return u > c->minval ? u : c->minval;
-}
-
-/* The sample before the optional scale (the scalar definition). */
-CT_INLINE float sample_unscaled(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
-    float u = uniform_of(c, dt, b), v;
-    if (dist == CT_DIST_UNIFORM) {
-        v = u;
-    } else {
-        v = rnd(dt, c->sqrt2 * rnd(dt, xla_erfinv(u)));
-        if (dist == CT_DIST_TRUNCATED_NORMAL) {
-            v = v > c->clip_lo ? v : c->clip_lo;
-            v = v < c->clip_hi ? v : c->clip_hi;
-        }
-    }
-    return v;
-}
-
-CT_INLINE float sample_of(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
-    float v = sample_unscaled(c, dist, dt, b);
-    if (c->has_scale) v = rnd(dt, v * c->scale);
-    return v;
+ct_status ct_random_consts_make(const ct_sampler *s, ct_random_consts *out) {
+    CT_TRY(ct_sampler_check(s));
+    if (!out) return ct_set_error(CT_EINVAL, "random: constants output is NULL");
+    *out = make_consts(s);
+    return CT_OK;
 }
 
 /* --- vectorised tile transforms ---------------------------------------------
@@ -554,6 +390,27 @@ ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int n
     cx.out = out;
     ct_block_for_each_run(ndim, global_shape, start, block_shape, fill_run, &cx);
     return CT_OK;
+}
+
+/* --- device fill ----------------------------------------------------------- */
+
+int ct_random_device_supported(const struct ct_device *dev) {
+    return dev && dev->backend && dev->backend->random_fill;
+}
+
+ct_status ct_random_fill_block_device(struct ct_device *dev, const uint32_t key[2],
+                                      const ct_sampler *s, int ndim,
+                                      const int64_t *global_shape, const int64_t *start,
+                                      const int64_t *block_shape, void *out) {
+    if (!ct_random_device_supported(dev))
+        return ct_set_error(CT_EINVAL, "random: device %d's backend has no random fill kernel",
+                            dev ? dev->id : -1);
+    CT_TRY(fill_check(key, s, ndim, global_shape, start, block_shape, out));
+    ct_random_consts c = make_consts(s);
+    ct_rm_block blk;
+    ct_rm_block_make(ndim, global_shape, start, block_shape, &blk);
+    if (blk.count == 0) return CT_OK;
+    return dev->backend->random_fill(dev, key[0], key[1], &c, &blk, out);
 }
 
 /* --- scalar reference ------------------------------------------------------ */

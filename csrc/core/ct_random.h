@@ -24,15 +24,12 @@
 #include <stdint.h>
 
 #include "ct_dtype.h"
+#include "ct_random_math.h"
 #include "ct_status.h"
 #include "ct_threefry.h"
 
-typedef enum {
-    CT_DIST_UNIFORM = 0,          /* jax.random.uniform(key, shape, dtype, minval, maxval) */
-    CT_DIST_NORMAL = 1,           /* jax.random.normal(key, shape, dtype) */
-    CT_DIST_TRUNCATED_NORMAL = 2, /* jax.random.truncated_normal(key, lower, upper, shape, dtype) */
-    CT_DIST_BERNOULLI = 3         /* jax.random.bernoulli(key, p, shape), mode='low' */
-} ct_dist;
+/* ct_dist and ct_random_consts are defined in ct_random_math.h (shared with
+ * the CUDA kernels). */
 
 typedef struct {
     ct_dist dist;
@@ -52,11 +49,29 @@ typedef struct {
 /* Check the sampler's fields (dist, dtype). CT_EINVAL / CT_ETYPE on error. */
 ct_status ct_sampler_check(const ct_sampler *s);
 
+/* Check s and convert its scalars to the dtype: the constants every element
+ * transform of ct_random_math.h reads (what a device kernel is given). */
+ct_status ct_random_consts_make(const ct_sampler *s, ct_random_consts *out);
+
 /* Fill a dense row-major block (prod(block_shape) elements of the output
  * dtype) with samples. Parallel (OpenMP) and vectorised. */
 ct_status ct_random_fill_block(const uint32_t key[2], const ct_sampler *s, int ndim,
                                const int64_t *global_shape, const int64_t *start,
                                const int64_t *block_shape, void *out);
+
+struct ct_device;
+
+/* 1 if dev's backend fills random blocks in its own memory (a kernel), 0 if
+ * the caller must fill a host block and copy it. */
+int ct_random_device_supported(const struct ct_device *dev);
+
+/* ct_random_fill_block into `out`, memory of `dev`, by the backend's kernel
+ * (queued on the device's stream; complete before any later work there).
+ * CT_EINVAL if the backend has none (see ct_random_device_supported). */
+ct_status ct_random_fill_block_device(struct ct_device *dev, const uint32_t key[2],
+                                      const ct_sampler *s, int ndim,
+                                      const int64_t *global_shape, const int64_t *start,
+                                      const int64_t *block_shape, void *out);
 
 /* Plain one-element-at-a-time reference of ct_random_fill_block (tests). */
 ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, int ndim,

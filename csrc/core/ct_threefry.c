@@ -11,33 +11,15 @@
 
 #include <string.h>
 
+#include "ct_random_math.h"
 #include "ct_simd.h"
 
 /* --- Threefry-2x32 -------------------------------------------------------- */
 
 #define CT_ROTL32(x, r) (((x) << (r)) | ((x) >> (32 - (r))))
-#define CT_TF_ROUND(a, b, r) do { (a) += (b); (b) = CT_ROTL32((b), (r)); (b) ^= (a); } while (0)
-#define CT_TF_ROUNDS_0(a, b) do { CT_TF_ROUND(a, b, 13); CT_TF_ROUND(a, b, 15); \
-                                  CT_TF_ROUND(a, b, 26); CT_TF_ROUND(a, b, 6); } while (0)
-#define CT_TF_ROUNDS_1(a, b) do { CT_TF_ROUND(a, b, 17); CT_TF_ROUND(a, b, 29); \
-                                  CT_TF_ROUND(a, b, 16); CT_TF_ROUND(a, b, 24); } while (0)
-
-/* 20 rounds with a key injection every 4, as in Salmon et al. 2011 and JAX. */
-#define CT_TF_BODY(k0, k1, k2, a, b) do {                     \
-        (a) += (k0); (b) += (k1);                               \
-        CT_TF_ROUNDS_0(a, b); (a) += (k1); (b) += (k2) + 1u;    \
-        CT_TF_ROUNDS_1(a, b); (a) += (k2); (b) += (k0) + 2u;    \
-        CT_TF_ROUNDS_0(a, b); (a) += (k0); (b) += (k1) + 3u;    \
-        CT_TF_ROUNDS_1(a, b); (a) += (k1); (b) += (k2) + 4u;    \
-        CT_TF_ROUNDS_0(a, b); (a) += (k2); (b) += (k0) + 5u;    \
-    } while (0)
-
+/* The scalar cipher is ct_random_math.h's (shared with the CUDA kernels). */
 void ct_threefry2x32(const uint32_t key[2], uint32_t x[2]) {
-    const uint32_t k0 = key[0], k1 = key[1], k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-    uint32_t a = x[0], b = x[1];
-    CT_TF_BODY(k0, k1, k2, a, b);
-    x[0] = a;
-    x[1] = b;
+    ct_rm_threefry(key[0], key[1], &x[0], &x[1]);
 }
 
 /* --- vectorised counters -----------------------------------------------------

@@ -1,7 +1,8 @@
 /*
  * py_random.c — bindings of the PRNG core (csrc/core/ct_threefry.h,
  * ct_random.h): key split / fold_in and block fills into a device Buffer or a
- * C-contiguous numpy array. Argument parsing and buffer checks only; the GIL
+ * C-contiguous numpy array. GPU Buffers are filled by their backend's kernel
+ * (ct_random_fill_block_device), bit-identical to the host fill. Argument parsing and buffer checks only; the GIL
  * is released around every fill.
  */
 #include "ct_py.h"
@@ -13,19 +14,25 @@
 
 typedef struct {
     void *data;
+    ct_device *dev; /* the device owning a Buffer target with a random kernel; else NULL */
     int ndim;
     int64_t shape[CT_RANDOM_MAX_NDIM];
     size_t itemsize;
     PyObject *keep; /* reference held while filling */
 } out_target;
 
-/* A writable destination: a live _C.Buffer (CPU memory) or a C-contiguous,
+/* A writable destination: a live _C.Buffer (CPU memory, or GPU memory when
+ * `device_ok` and its backend has a random kernel) or a C-contiguous,
  * aligned, writeable, native-order numpy array. */
-static int get_target(PyObject *obj, out_target *t, const char *what) {
+static int get_target(PyObject *obj, out_target *t, const char *what, int device_ok) {
+    t->dev = NULL;
     if (PyObject_TypeCheck(obj, &ct_py_BufferType)) {
         ct_py_buffer *b = ct_py_buffer_check(obj, what);
         if (b == NULL) return -1;
-        if (b->dev->platform != CT_PLATFORM_CPU) {
+        if (b->dev->platform != CT_PLATFORM_CPU && device_ok &&
+            ct_random_device_supported(b->dev)) {
+            t->dev = b->dev;
+        } else if (b->dev->platform != CT_PLATFORM_CPU) {
             PyErr_Format(PyExc_TypeError,
                          "%s: a GPU buffer cannot be filled from the host; fill a host block "
                          "and copy it (ctrainstate.array._fill_array does)", what);
@@ -139,7 +146,7 @@ static PyObject *py_random_bits(PyObject *self, PyObject *args) {
         return NULL;
     out_target t;
     int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
-    if (get_target(out_obj, &t, "out") < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
+    if (get_target(out_obj, &t, "out", 0) < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
         return NULL;
     if (t.itemsize * 8 != (size_t)bit_width) {
         PyErr_Format(PyExc_TypeError, "random_bits: %d-bit values into %zu-byte elements",
@@ -161,7 +168,22 @@ PyDoc_STRVAR(random_fill_doc,
              "Write samples of distribution `dist` (0 uniform, 1 normal, 2 truncated normal,\n"
              "3 bernoulli) of core dtype `dtype` into the block `out`, as jax.random does for\n"
              "the global elements [start, start + out.shape). `scale` is None or a float that\n"
-             "the samples are then multiplied by in `dtype`. Bernoulli writes bytes 0/1.");
+             "the samples are then multiplied by in `dtype`. Bernoulli writes bytes 0/1.\n"
+             "`out` may be a GPU Buffer when random_on_device(out) is true: the device's\n"
+             "kernel fills it, bit-identical to the CPU fill.");
+
+PyDoc_STRVAR(random_on_device_doc,
+             "random_on_device($module, buf, /)\n--\n\n"
+             "True if random_fill can write the GPU Buffer `buf` directly (its backend has a\n"
+             "random kernel); False for CPU buffers and backends without one.");
+
+static PyObject *py_random_on_device(PyObject *self, PyObject *obj) {
+    (void)self;
+    ct_py_buffer *b = ct_py_buffer_check(obj, "buf");
+    if (b == NULL) return NULL;
+    return PyBool_FromLong(b->dev->platform != CT_PLATFORM_CPU &&
+                           ct_random_device_supported(b->dev));
+}
 
 static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     (void)self;
@@ -175,7 +197,7 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
         return NULL;
     out_target t;
     int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
-    if (get_target(out_obj, &t, "out") < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
+    if (get_target(out_obj, &t, "out", 1) < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
         return NULL;
     ct_sampler s = { 0 };
     s.dist = (ct_dist)dist;
@@ -200,7 +222,10 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     }
     uint32_t key[2] = { k0, k1 };
     Py_BEGIN_ALLOW_THREADS
-    st = ct_random_fill_block(key, &s, t.ndim, gshape, start, t.shape, t.data);
+    if (t.dev) /* a GPU buffer: the backend's kernel, queued on the device's stream */
+        st = ct_random_fill_block_device(t.dev, key, &s, t.ndim, gshape, start, t.shape, t.data);
+    else
+        st = ct_random_fill_block(key, &s, t.ndim, gshape, start, t.shape, t.data);
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
@@ -211,6 +236,7 @@ static PyMethodDef random_methods[] = {
     { "key_fold_in", py_key_fold_in, METH_VARARGS, key_fold_in_doc },
     { "random_bits", py_random_bits, METH_VARARGS, random_bits_doc },
     { "random_fill", py_random_fill, METH_VARARGS, random_fill_doc },
+    { "random_on_device", py_random_on_device, METH_O, random_on_device_doc },
     { NULL, NULL, 0, NULL },
 };
 

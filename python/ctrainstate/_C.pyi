@@ -80,6 +80,7 @@ def random_bits(out: Any, k0: int, k1: int, global_shape: tuple[int, ...],
 def random_fill(out: Any, k0: int, k1: int, global_shape: tuple[int, ...],
                 start: tuple[int, ...], dist: int, dtype: int, minval: float, maxval: float,
                 lower: float, upper: float, p: float, scale: float | None, /) -> None: ...
+def random_on_device(buf: Buffer, /) -> bool: ...
 
 # fused optimizer steps (csrc/python/py_optim.c)
 # block: (params or None, grads (None when passed in `grads`), updates-out or None, state slots,

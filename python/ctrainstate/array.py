@@ -350,13 +350,16 @@ def _is_numeric_list(x):
     return isinstance(x, list) and all(isinstance(v, (int, float, bool, list)) for v in x)
 
 
-def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
+def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
+                device_fill: bool = False) -> Array:
     """Create an Array whose shards are written in place by ``fill(target, start, shard_shape)``.
 
     The building block for sharded initialisers: each device's buffer is
     allocated on that device and filled with its own block only. ``target`` is
-    the device's ``_C.Buffer`` on CPU devices; on GPU devices it is a host numpy
-    block of the shard's shape that is copied to the device afterwards.
+    the device's ``_C.Buffer`` on CPU devices, and on GPU devices too when
+    ``device_fill`` (``fill`` is a ``_C.random_fill``) and the device's backend
+    has a random kernel (``_C.random_on_device``); otherwise, on GPU devices, a
+    host numpy block of the shard's shape that is copied to the device afterwards.
     """
     dtype = _dtypes.canonicalize(dtype)
     sharding = _as_sharding(sharding)
@@ -366,7 +369,7 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable) -> Array:
         return ShapeDtypeStruct(shape, dtype, sharding)
     shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
     for dev, buf, start, _ in blocks:
-        if dev.platform == "cpu":
+        if dev.platform == "cpu" or (device_fill and _C.random_on_device(buf)):
             fill(buf, start, shard_shape)
         else:  # devices without host-addressable memory: fill a host block, then copy it over
             host = np.empty(shard_shape, dtype)

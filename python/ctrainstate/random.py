@@ -157,8 +157,12 @@ def _scalar(v, name) -> float:
     return float(v)
 
 
-def _produce(shape, dtype, out_sharding, fill):
-    """Run ``fill(out, global_shape, start)`` on the host or on every device's block."""
+def _produce(shape, dtype, out_sharding, fill, device_fill=False):
+    """Run ``fill(out, global_shape, start)`` on the host or on every device's block.
+
+    ``device_fill``: ``fill`` is a ``_C.random_fill`` that may write GPU buffers
+    directly (with the device's kernel), bit-identical to the host fill.
+    """
     from ._abstract import ShapeDtypeStruct, is_abstract
     if out_sharding is None:
         if is_abstract():
@@ -171,7 +175,8 @@ def _produce(shape, dtype, out_sharding, fill):
     if not isinstance(out_sharding, Sharding):
         raise TypeError(f"out_sharding must be a NamedSharding, got {type(out_sharding).__name__}")
     return _fill_array(shape, dtype, out_sharding,
-                       lambda buf, start, shard_shape: fill(buf, shape, tuple(start)))
+                       lambda buf, start, shard_shape: fill(buf, shape, tuple(start)),
+                       device_fill=device_fill)
 
 
 def _sample(k, shape, dtype, out_sharding, dist, *, minval=0.0, maxval=1.0, lower=0.0,
@@ -185,7 +190,7 @@ def _sample(k, shape, dtype, out_sharding, dist, *, minval=0.0, maxval=1.0, lowe
         _C.random_fill(out, k0, k1, gshape, start, dist, code, minval, maxval, lower, upper,
                        p, scale)
 
-    return _produce(shape, out_dtype, out_sharding, fill)
+    return _produce(shape, out_dtype, out_sharding, fill, device_fill=True)
 
 
 # --- samplers -------------------------------------------------------------------------

@@ -7,13 +7,24 @@
  *       csrc/core/ct_threefry.c csrc/core/ct_random.c csrc/core/ct_status.c -lm -o /tmp/t
  *   /tmp/t tests/data/random_vectors.txt
  * Add -fsanitize=address,undefined for the sanitizer run.
+ *
+ * It also proves the GPU kernel's math on the host: ct_random_math.h's
+ * per-element functions (what csrc/backend/cuda/cuda_random.cu runs) are
+ * compared with the vectorised CPU fill for every possible input word, and
+ * the kernel's block indexing is emulated element by element.
  */
+#if defined(__GNUC__) && !defined(__clang__)
+/* ct_random_math.h's functions are compiled here too: no contraction, as in
+ * ct_random.c and (with --fmad=false) in the CUDA kernel. */
+#pragma GCC optimize("fp-contract=off")
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ct_random.h"
+#include "ct_random_math.h"
 #include "ct_threefry.h"
 
 static int failures = 0, checks = 0;
@@ -229,6 +240,112 @@ static void test_transforms_exhaustive(void) {
     free(y);
 }
 
+
+/* The dtype-sized stored value of element k of a transform output. */
+static uint32_t out_word(const void *buf, size_t esize, size_t k) {
+    return esize == 1 ? ((const uint8_t *)buf)[k]
+         : esize == 2 ? ((const uint16_t *)buf)[k]
+                      : ((const uint32_t *)buf)[k];
+}
+
+static const struct { int dist; double mn, mx, lo, hi, p; int has_scale; double scale; } g_cfg[] = {
+    { CT_DIST_UNIFORM, 0.0, 1.0, 0, 0, 0, 0, 0 },
+    { CT_DIST_UNIFORM, -3.7, 2.3, 0, 0, 0, 1, 0.02 },
+    { CT_DIST_UNIFORM, 1e-3, 7e4, 0, 0, 0, 0, 0 },
+    { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 0, 0 },
+    { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 1, 0.0625 },
+    { CT_DIST_TRUNCATED_NORMAL, 0, 0, -2.0, 2.0, 0, 1, 0.3 },
+    { CT_DIST_TRUNCATED_NORMAL, 0, 0, -INFINITY, 1.5, 0, 0, 0 },
+    { CT_DIST_TRUNCATED_NORMAL, 0, 0, 3.0, 4.0, 0, 0, 0 },
+    { CT_DIST_BERNOULLI, 0, 0, 0, 0, 0.3, 0, 0 },
+};
+#define N_CFG (sizeof g_cfg / sizeof g_cfg[0])
+
+static ct_sampler cfg_sampler(size_t i, int dt) {
+    ct_sampler s = { (ct_dist)g_cfg[i].dist, (ct_dtype)dt, g_cfg[i].mn, g_cfg[i].mx,
+                     g_cfg[i].lo, g_cfg[i].hi, g_cfg[i].p, g_cfg[i].has_scale, g_cfg[i].scale };
+    return s;
+}
+
+/* ct_rm_element (the kernel's transform) == the vectorised CPU transform for
+ * every input the dtype distinguishes: all 2^23 float32 mantissas (with the
+ * discarded low 9 bits both 0 and 1), all 2^16 float16 words, all 2^8 for
+ * bfloat16. */
+static void test_math_header_exhaustive(void) {
+    const size_t n32 = (size_t)1 << 23;
+    uint32_t *words = malloc(n32 * 4);
+    uint8_t *x = malloc(n32 * 4);
+    for (size_t i = 0; i < N_CFG; i++) {
+        for (int dt = 0; dt < 3; dt++) {
+            ct_sampler s = cfg_sampler(i, dt);
+            ct_random_consts c;
+            CHECK(ct_random_consts_make(&s, &c) == CT_OK, "consts");
+            size_t n = dt == CT_F32 ? n32 : dt == CT_F16 ? 65536 : 256;
+            for (int low = 0; low < 2; low++) {
+                for (size_t k = 0; k < n; k++)
+                    words[k] = dt == CT_F32 ? (uint32_t)k << 9 | 0x1ffu * (uint32_t)low
+                                            : (uint32_t)k | (low ? 0xabcd0000u : 0u);
+                size_t esize = s.dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s.dtype);
+                CHECK(ct_random_transform_words(&s, words, n, x, 0) == CT_OK, "fast");
+                size_t bad = n;
+                for (size_t k = 0; k < n && bad == n; k++)
+                    if (ct_rm_element(&c, c.dist, c.dt, words[k]) != out_word(x, esize, k)) bad = k;
+                CHECK(bad == n, "config %zu dtype %d: ct_rm_element != CPU fill at word 0x%08x",
+                      i, dt, bad < n ? words[bad] : 0u);
+            }
+        }
+    }
+    free(words);
+    free(x);
+}
+
+/* The kernel's indexing (ct_rm_block_make / ct_rm_block_index) and threefry
+ * (ct_rm_bits32), run element by element on the host, == the CPU fill, for
+ * blocks that merge to one group, two groups, three, a single element, and
+ * counters past 2^32. */
+static void test_kernel_emulation(void) {
+    static const struct { int nd; int64_t g[3], st[3], b[3]; } blocks[] = {
+        { 1, { 1000 }, { 0 }, { 1000 } },
+        { 2, { 64, 48 }, { 16, 0 }, { 16, 48 } },
+        { 2, { 64, 48 }, { 0, 12 }, { 64, 12 } },
+        { 3, { 6, 10, 14 }, { 2, 3, 5 }, { 3, 4, 7 } },
+        { 3, { 4, 5, 6 }, { 1, 0, 0 }, { 2, 1, 6 } },
+        { 0, { 0 }, { 0 }, { 0 } },
+        { 2, { 3, (int64_t)1 << 31 }, { 1, ((int64_t)1 << 31) - 40 }, { 2, 40 } },
+    };
+    const uint32_t k0 = 0x1234abcdu, k1 = 0x0badf00du;
+    const uint32_t key[2] = { k0, k1 };
+    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
+        const int nd = blocks[bi].nd;
+        ct_rm_block blk;
+        ct_rm_block_make(nd, blocks[bi].g, blocks[bi].st, blocks[bi].b, &blk);
+        uint64_t count;
+        CHECK(ct_block_check(nd, blocks[bi].g, blocks[bi].st, blocks[bi].b, &count) == CT_OK,
+              "block %zu", bi);
+        CHECK(count == blk.count, "block %zu count", bi);
+        if (bi == 0 || bi == 1) CHECK(blk.ngroups == 1 && blk.stride[0] == 1, "contiguous %zu", bi);
+        uint8_t *x = malloc(count * 4 + 1);
+        for (size_t i = 0; i < N_CFG; i++) {
+            for (int dt = 0; dt < 3; dt++) {
+                ct_sampler s = cfg_sampler(i, dt);
+                ct_random_consts c;
+                CHECK(ct_random_consts_make(&s, &c) == CT_OK, "consts");
+                size_t esize = s.dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s.dtype);
+                CHECK(ct_random_fill_block(key, &s, nd, blocks[bi].g, blocks[bi].st,
+                                           blocks[bi].b, x) == CT_OK, "fill");
+                uint64_t bad = count;
+                for (uint64_t e = 0; e < count && bad == count; e++) {
+                    uint32_t w = ct_rm_bits32(k0, k1, ct_rm_block_index(&blk, e));
+                    if (ct_rm_element(&c, c.dist, c.dt, w) != out_word(x, esize, e)) bad = e;
+                }
+                CHECK(bad == count, "block %zu config %zu dtype %d: emulated kernel != CPU fill "
+                      "at element %llu", bi, i, dt, (unsigned long long)bad);
+            }
+        }
+        free(x);
+    }
+}
+
 /* Counters past 2^32 use the high word of the index (JAX's iota_2x32_shape). */
 static void test_high_counter(void) {
     const uint32_t key[2] = { 0, 42 };
@@ -297,6 +414,8 @@ int main(int argc, char **argv) {
     CHECK(cases > 100, "only %zu cases read from %s", cases, path);
     test_blocks_vs_reference();
     test_transforms_exhaustive();
+    test_math_header_exhaustive();
+    test_kernel_emulation();
     test_high_counter();
     test_errors();
     test_xla_math();

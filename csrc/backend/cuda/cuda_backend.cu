@@ -29,6 +29,10 @@ extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int
 extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs,
                                            int64_t count);
 extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const struct ct_opt_pass *ps, double *acc);
+/* cuda_random.cu */
+extern "C" ct_status ct_cuda_random_fill(ct_device *dev, uint32_t k0, uint32_t k1,
+                                         const struct ct_random_consts *c,
+                                         const struct ct_rm_block *blk, void *out);
 
 // --- memory -------------------------------------------------------------------
 
@@ -294,6 +298,7 @@ static const ct_backend g_cuda_backend = {
     /* gemm */ ct_cuda_gemm,
     /* allreduce_sum */ ct_cuda_allreduce_sum,
     /* optim_pass */ ct_cuda_optim_pass,
+    /* random_fill */ ct_cuda_random_fill,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

@@ -116,6 +116,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--gpu", action="store_true", help="GPU devices, and Flax on jax-gpu")
     a = ap.parse_args()
+    if GPU and not cts._C.device_ids("gpu"):
+        print(f"--gpu: skipped, no GPU devices ({cts.gpu_status()})")
+        return
     img = siren.test_image(a.size)
     h, w, c = img.shape
     ys, xs = np.meshgrid(np.linspace(-1, 1, h), np.linspace(-1, 1, w), indexing="ij")

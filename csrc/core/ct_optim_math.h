@@ -26,11 +26,7 @@
 
 #include "ct_optim.h"
 
-#ifdef __CUDACC__
-#define CT_HD __host__ __device__
-#else
-#define CT_HD
-#endif
+#include "ct_hd.h"
 
 #define CT_OM_NC 8 /* fp32 constants per stage */
 

@@ -25,11 +25,11 @@
 
 #include "ct_dtype.h"
 
+#include "ct_hd.h"
+
 #ifdef __CUDACC__
-#define CT_HD __host__ __device__
 #define CT_RM static __forceinline__ __host__ __device__
 #else
-#define CT_HD
 #define CT_RM static inline __attribute__((always_inline))
 #endif
 

@@ -16,6 +16,7 @@
 
 #include "../../core/ct_backend.h"
 #include "../../core/ct_device.h"
+#include "../../core/ct_ops_math.h"
 #include "cpu_ops.h"
 
 #define CT_CPU_ALIGN 64
@@ -148,13 +149,8 @@ static ct_status cpu_copy_block(struct ct_device *dst_dev, struct ct_device *src
 #pragma omp parallel for schedule(static) if (bytes > (1u << 20))
     for (int64_t r = 0; r < rows; r++) {
         /* Decompose r into outer coordinates (row-major). */
-        int64_t rem = r, doff = 0, soff = 0;
-        for (int d = ndim - 2; d >= 0; d--) {
-            int64_t c = rem % shape[d];
-            rem /= shape[d];
-            doff += c * dst_strides[d];
-            soff += c * src_strides[d];
-        }
+        int64_t doff, soff; /* outer coordinates of row r */
+        ct_offsets2(r, ndim - 1, shape, dst_strides, src_strides, &doff, &soff);
         char *drow = d0 + doff;
         const char *srow = s0 + soff;
         if (contiguous_rows) {

@@ -16,6 +16,7 @@
 
 #include "../../core/ct_layout.h"
 #include "../../core/ct_ops.h"
+#include "../../core/ct_ops_math.h"
 #include "cpu_ops.h"
 #include "cpu_vmath.h"
 
@@ -23,19 +24,10 @@
 
 // --- unary ------------------------------------------------------------------------
 
-static inline float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    float u = c * (x + 0.044715f * x * x * x);
-    return 0.5f * x * (1.0f + ct_vtanh(u));
-}
+static inline float gelu_tanh(float x) { return ct_gelu_from_tanh(x, ct_vtanh(ct_gelu_inner(x))); }
 
 static inline float gelu_tanh_grad(float x) {
-    const float c = 0.7978845608028654f;
-    float x2 = x * x;
-    float u = c * (x + 0.044715f * x2 * x);
-    float t = ct_vtanh(u);
-    float du = c * (1.0f + 3.0f * 0.044715f * x2);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    return ct_gelu_grad_from_tanh(x, ct_vtanh(ct_gelu_inner(x)));
 }
 
 ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
@@ -90,18 +82,6 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
 
 // --- binary with broadcasting ----------------------------------------------------------
 
-static inline float bin(int op, float a, float b) {
-    switch (op) {
-    case CT_BIN_ADD: return a + b;
-    case CT_BIN_SUB: return a - b;
-    case CT_BIN_MUL: return a * b;
-    case CT_BIN_DIV: return a / b;
-    case CT_BIN_MAX: return a > b ? a : b;
-    case CT_BIN_MIN: return a < b ? a : b;
-    default: return a > b ? 1.0f : 0.0f; /* CT_BIN_GT */
-    }
-}
-
 /* Inner row: n elements with element strides sa, sb (0 = broadcast, 1 = dense). */
 static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, const float *b,
                     int64_t sb) {
@@ -136,7 +116,7 @@ static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, con
     case CT_BIN_SUB: ROW(x - y); break;
     case CT_BIN_MUL: ROW(x * y); break;
     case CT_BIN_DIV: ROW(x / y); break;
-    default: ROW(bin(op, x, y)); break;
+    default: ROW(ct_binary_apply(op, x, y)); break;
     }
 #undef ROW
 }
@@ -145,7 +125,7 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
                         const float *a, const int64_t *as, const float *b, const int64_t *bs) {
     (void)dev;
     if (ndim == 0) {
-        out[0] = bin(op, a[0], b[0]);
+        out[0] = ct_binary_apply(op, a[0], b[0]);
         return CT_OK;
     }
     int64_t total = 1;
@@ -156,13 +136,8 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
     const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
 #pragma omp parallel for schedule(static) if (total > PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t rem = r, ao = 0, bo = 0;
-        for (int d = ndim - 2; d >= 0; d--) {
-            int64_t c = rem % shape[d];
-            rem /= shape[d];
-            ao += c * as[d];
-            bo += c * bs[d];
-        }
+        int64_t ao, bo; /* outer coordinates of row r */
+        ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
         bin_row(op, inner, out + r * inner, a + ao, sa, b + bo, sb);
     }
     return CT_OK;

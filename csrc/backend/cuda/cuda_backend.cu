@@ -13,6 +13,10 @@
 
 #include "cuda_common.cuh"
 
+extern "C" {
+#include "../../core/ct_ops_math.h"
+}
+
 const ct_core_services *ct_cuda_core = NULL;
 
 /* cuda_ops.cu */
@@ -98,9 +102,9 @@ static ct_status cuda_init_device(ct_device *dev) {
 
 struct ct_strided_args {
     int ndim;
-    long long shape[CT_CUDA_MAX_NDIM];
-    long long dst_strides[CT_CUDA_MAX_NDIM];
-    long long src_strides[CT_CUDA_MAX_NDIM];
+    int64_t shape[CT_CUDA_MAX_NDIM];
+    int64_t dst_strides[CT_CUDA_MAX_NDIM];
+    int64_t src_strides[CT_CUDA_MAX_NDIM];
 };
 
 /* One thread per element; offsets from the row-major element index. */
@@ -108,13 +112,8 @@ template <typename T>
 __global__ void strided_copy_kernel(char *dst, const char *src, long long n, ct_strided_args a) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        long long rem = i, doff = 0, soff = 0;
-        for (int d = a.ndim - 1; d >= 0; d--) {
-            long long c = rem % a.shape[d];
-            rem /= a.shape[d];
-            doff += c * a.dst_strides[d];
-            soff += c * a.src_strides[d];
-        }
+        int64_t doff, soff;
+        ct_offsets2(i, a.ndim, a.shape, a.dst_strides, a.src_strides, &doff, &soff);
         *(T *)(dst + doff) = *(const T *)(src + soff);
     }
 }
@@ -133,13 +132,8 @@ static void host_strided_copy(int ndim, const int64_t *shape, size_t itemsize, c
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     for (int64_t i = 0; i < n; i++) {
-        int64_t rem = i, doff = 0, soff = 0;
-        for (int d = ndim - 1; d >= 0; d--) {
-            int64_t c = rem % shape[d];
-            rem /= shape[d];
-            doff += c * ds[d];
-            soff += c * ss[d];
-        }
+        int64_t doff, soff;
+        ct_offsets2(i, ndim, shape, ds, ss, &doff, &soff);
         memcpy(dst + doff, src + soff, itemsize);
     }
 }

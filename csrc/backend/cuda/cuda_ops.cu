@@ -17,6 +17,7 @@
 
 extern "C" {
 #include "../../core/ct_ops.h"
+#include "../../core/ct_ops_math.h"
 }
 
 #define MAX_ND 16
@@ -31,15 +32,11 @@ static unsigned grid_for(long long n, int threads) {
 // --- unary ------------------------------------------------------------------------
 
 __device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f;
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    return ct_gelu_from_tanh(x, tanhf(ct_gelu_inner(x)));
 }
 
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
-    const float c = 0.7978845608028654f;
-    float x2 = x * x;
-    float t = tanhf(c * (x + 0.044715f * x2 * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x2);
+    return ct_gelu_grad_from_tanh(x, tanhf(ct_gelu_inner(x)));
 }
 
 __global__ void unary_kernel(int op, float alpha, float beta, long long n, const float *x, float *y) {
@@ -85,42 +82,25 @@ extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float be
 
 struct bin_args {
     int ndim;
-    long long shape[MAX_ND];
-    long long as[MAX_ND];
-    long long bs[MAX_ND];
+    int64_t shape[MAX_ND];
+    int64_t as[MAX_ND];
+    int64_t bs[MAX_ND];
 };
-
-__device__ __forceinline__ float bin_apply(int op, float a, float b) {
-    switch (op) {
-    case CT_BIN_ADD: return a + b;
-    case CT_BIN_SUB: return a - b;
-    case CT_BIN_MUL: return a * b;
-    case CT_BIN_DIV: return a / b;
-    case CT_BIN_MAX: return a > b ? a : b;
-    case CT_BIN_MIN: return a < b ? a : b;
-    default: return a > b ? 1.0f : 0.0f;
-    }
-}
 
 __global__ void binary_kernel(int op, long long n, float *out, const float *a, const float *b,
                               bin_args g) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        long long rem = i, ao = 0, bo = 0;
-        for (int d = g.ndim - 1; d >= 0; d--) {
-            long long c = rem % g.shape[d];
-            rem /= g.shape[d];
-            ao += c * g.as[d];
-            bo += c * g.bs[d];
-        }
-        out[i] = bin_apply(op, a[ao], b[bo]);
+        int64_t ao, bo;
+        ct_offsets2(i, g.ndim, g.shape, g.as, g.bs, &ao, &bo);
+        out[i] = ct_binary_apply(op, a[ao], b[bo]);
     }
 }
 
 __global__ void binary_dense_kernel(int op, long long n, float *out, const float *a, const float *b) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
-        out[i] = bin_apply(op, a[i], b[i]);
+        out[i] = ct_binary_apply(op, a[i], b[i]);
 }
 
 extern "C" ct_status ct_cuda_binary(ct_device *dev, int op, int ndim, const int64_t *shape,

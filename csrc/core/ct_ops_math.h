@@ -1,0 +1,56 @@
+/*
+ * ct_ops_math.h — per-element pieces of the array ops shared by the CPU and
+ * CUDA kernels (csrc/backend/cpu/cpu_ops.c, csrc/backend/cuda/cuda_ops.cu):
+ * the binary operators, the tanh-approximated GELU given tanh of its inner
+ * argument (each backend brings its own tanh), and the offsets of a
+ * row-major element index in two strided layouts.
+ */
+#ifndef CT_OPS_MATH_H
+#define CT_OPS_MATH_H
+
+#include <stdint.h>
+
+#include "ct_hd.h"
+#include "ct_ops.h"
+
+CT_HD static inline float ct_binary_apply(int op, float a, float b) {
+    switch (op) {
+    case CT_BIN_ADD: return a + b;
+    case CT_BIN_SUB: return a - b;
+    case CT_BIN_MUL: return a * b;
+    case CT_BIN_DIV: return a / b;
+    case CT_BIN_MAX: return a > b ? a : b;
+    case CT_BIN_MIN: return a < b ? a : b;
+    default: return a > b ? 1.0f : 0.0f; /* CT_BIN_GT */
+    }
+}
+
+/* GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(u)), u = ct_gelu_inner(x). */
+CT_HD static inline float ct_gelu_inner(float x) {
+    return 0.7978845608028654f * (x + 0.044715f * x * x * x); /* sqrt(2/pi) (x + c x^3) */
+}
+
+CT_HD static inline float ct_gelu_from_tanh(float x, float t) { return 0.5f * x * (1.0f + t); }
+
+/* d gelu / dx given t = tanh(ct_gelu_inner(x)). */
+CT_HD static inline float ct_gelu_grad_from_tanh(float x, float t) {
+    float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+/* Offsets (in the strides' unit) of row-major element `i` of `shape` in two layouts. */
+CT_HD static inline void ct_offsets2(int64_t i, int ndim, const int64_t *shape,
+                                     const int64_t *s1, const int64_t *s2, int64_t *o1,
+                                     int64_t *o2) {
+    int64_t rem = i, a = 0, b = 0;
+    for (int d = ndim - 1; d >= 0; d--) {
+        int64_t c = rem % shape[d];
+        rem /= shape[d];
+        a += c * s1[d];
+        b += c * s2[d];
+    }
+    *o1 = a;
+    *o2 = b;
+}
+
+#endif /* CT_OPS_MATH_H */

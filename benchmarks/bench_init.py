@@ -155,7 +155,8 @@ def main():
         ("ctrainstate uniform (generation only)", fill(0)),
     ]
     print(f"n = {n} float32 elements ({n * 4 / 2**20:.0f} MiB); copy bandwidth "
-          f"(np.copyto, bytes written) {copy_gbs:.2f} GB/s")
+          f"(np.copyto, bytes written) {copy_gbs:.2f} GB/s; normal fill path: "
+          f"{_C.random_cpu_path()}")
     print(f"{'kernel':38s} {'Melem/s':>9s} {'GB/s':>7s} {'vs copy':>8s} {'vs numpy':>9s}")
     times = {}
     for name, f in rows:

@@ -27,9 +27,11 @@
 #include "ct_random.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ct_device.h"
+#include "ct_random_x86.h"
 #include "ct_simd.h"
 
 #define CT_INLINE static inline __attribute__((always_inline))
@@ -304,7 +306,7 @@ CT_INLINE void tile_samples(const consts *c, ct_dist dist, ct_dtype dt,
     }
 }
 
-#define CT_TILE 1024
+#define CT_TILE CT_RANDOM_X86_TILE
 
 /* One tile: bits b[0..m) -> samples in `out` (m elements of the output). */
 CT_INLINE void transform_tile(const consts *c, ct_dist dist, ct_dtype dt,
@@ -349,6 +351,31 @@ static void transform(const consts *c, const uint32_t *b, size_t m, void *out) {
     }
 }
 
+/* 1 when float32 normal / truncated-normal tiles take the AVX-512 path
+ * (ct_random_x86.c): the CPU has it and CTRAINSTATE_NO_AVX512 is unset. */
+static int use_avx512(void) {
+#if CT_RANDOM_HAVE_X86
+    static int avx512 = -1; /* benign race: every thread computes the same value */
+    if (avx512 < 0) {
+        const char *off = getenv("CTRAINSTATE_NO_AVX512");
+        avx512 = ct_random_avx512_available() && !(off && *off && strcmp(off, "0") != 0);
+    }
+    return avx512;
+#else
+    return 0;
+#endif
+}
+
+const char *ct_random_cpu_path(void) { return use_avx512() ? "avx512" : "portable"; }
+
+/* transform(), or the AVX-512 float32 normal path where it applies. */
+static void transform_any(const consts *c, const uint32_t *b, size_t m, void *out) {
+#if CT_RANDOM_HAVE_X86
+    if (use_avx512() && ct_random_tile_normal_f32_avx512(c, b, m, out)) return;
+#endif
+    transform(c, b, m, out);
+}
+
 /* --- block fill ------------------------------------------------------------ */
 
 typedef struct {
@@ -364,7 +391,7 @@ static void fill_run(void *vctx, uint64_t g0, uint64_t off, uint64_t n) {
     for (uint64_t t = 0; t < n; t += CT_TILE) {
         size_t m = (size_t)(n - t < CT_TILE ? n - t : CT_TILE);
         ct_threefry_counters(cx->key, g0 + t, m, b, NULL, NULL);
-        transform(&cx->c, b, m, cx->out + (off + t) * cx->esize);
+        transform_any(&cx->c, b, m, cx->out + (off + t) * cx->esize);
     }
 }
 
@@ -454,7 +481,7 @@ ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, 
         if (ref) {
             for (size_t j = 0; j < m; j++) ref_element(&c, words[t + j], out, t + j);
         } else {
-            transform(&c, words + t, m, (char *)out + t * esize);
+            transform_any(&c, words + t, m, (char *)out + t * esize);
         }
     }
     return CT_OK;

@@ -86,6 +86,11 @@ ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, 
                                     void *out, int ref);
 
 /* XLA's float32 approximations, exposed for tests. */
+/* Which CPU fill path float32 normal / truncated-normal samples take:
+ * "avx512" (ct_random_x86.c, CPUs with AVX-512, unless CTRAINSTATE_NO_AVX512
+ * is set) or "portable" (the compiler-vectorised loops). Same bits either way. */
+const char *ct_random_cpu_path(void);
+
 float ct_xla_logf(float x);
 float ct_xla_log1pf(float x);
 float ct_xla_erff(float x);

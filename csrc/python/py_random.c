@@ -231,7 +231,20 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(random_cpu_path_doc,
+             "random_cpu_path($module, /)\n--\n\n"
+             "The CPU fill path float32 normal / truncated-normal samples take: 'avx512'\n"
+             "(CPUs with AVX-512, unless CTRAINSTATE_NO_AVX512 is set) or 'portable'.\n"
+             "Both give the same bits.");
+
+static PyObject *py_random_cpu_path(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(ct_random_cpu_path());
+}
+
 static PyMethodDef random_methods[] = {
+    { "random_cpu_path", py_random_cpu_path, METH_NOARGS, random_cpu_path_doc },
     { "key_split", py_key_split, METH_VARARGS, key_split_doc },
     { "key_fold_in", py_key_fold_in, METH_VARARGS, key_fold_in_doc },
     { "random_bits", py_random_bits, METH_VARARGS, random_bits_doc },

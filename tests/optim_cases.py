@@ -41,6 +41,10 @@ def _ndim_gt1(params):
     return _map(lambda p, x: np.ndim(x) > 1, params)
 
 
+def _rank_labels(params):
+    return _map(lambda p, x: "matrix" if np.ndim(x) > 1 else "vector", params)
+
+
 # name -> (make(lib) -> tx, grads kwargs)
 CASES = {
     "sgd": (lambda o: o.sgd(0.1), {}),
@@ -57,6 +61,23 @@ CASES = {
     "lamb": (lambda o: o.lamb(1e-2, weight_decay=0.01), {}),
     "lion": (lambda o: o.lion(1e-3, weight_decay=0.1), {}),
     "rmsprop": (lambda o: o.rmsprop(1e-2), {}),
+    "adabelief": (lambda o: o.adabelief(1e-2), {}),
+    "adabelief_nesterov_eps": (lambda o: o.adabelief(1e-2, eps=1e-8, eps_root=1e-10,
+                                                     nesterov=True), {}),
+    "yogi": (lambda o: o.yogi(1e-2), {}),
+    "yogi_transform": (lambda o: o.chain(o.scale_by_yogi(b1=0.8, eps_root=1e-8,
+                                                         initial_accumulator_value=0.1),
+                                         o.scale(-0.01)), {}),
+    # rho_t crosses the threshold at step 6 (5.0 default): both branches run
+    "radam": (lambda o: o.radam(1e-2), {}),
+    "radam_nesterov_threshold": (lambda o: o.radam(1e-2, b2=0.99, threshold=10.0,
+                                                   nesterov=True), {}),
+    "fromage": (lambda o: o.fromage(1e-2), {}),
+    "fromage_schedule": (lambda o: o.fromage(o.linear_schedule(1e-2, 1e-3, 80)), {}),
+    "lars": (lambda o: o.lars(1e-1, weight_decay=1e-3), {}),
+    "lars_masks_nesterov": (lambda o: o.lars(1e-1, weight_decay=1e-3,
+                                             weight_decay_mask=_ndim_gt1,
+                                             trust_ratio_mask=_ndim_gt1, nesterov=True), {}),
     "rmsprop_momentum_bc": (lambda o: o.rmsprop(1e-2, momentum=0.9, bias_correction=True,
                                                 eps_in_sqrt=False, initial_scale=0.1), {}),
     "adagrad": (lambda o: o.adagrad(0.1), {}),
@@ -66,6 +87,18 @@ CASES = {
     "add_decayed_weights_mask_scale": (lambda o: o.chain(
         o.add_decayed_weights(0.01, mask=_ndim_gt1), o.scale(-0.1)), {}),
     "masked_adam": (lambda o: o.chain(o.masked(o.adam(1e-2), _ndim_gt1), o.scale(0.5)), {}),
+    # a mask that is a prefix of the params tree: {'c': True} covers the whole subtree
+    "masked_prefix_adam": (lambda o: o.chain(o.masked(o.adam(1e-2), {"a": True, "b": False,
+                                                                   "c": True}), o.scale(0.5)), {}),
+    # params['b'] frozen: its NaN grads must not reach it (set_to_zero gives +0, not NaN * 0)
+    "freeze_prefix_adam": (lambda o: o.chain(o.freeze({"a": False, "b": True, "c": False}),
+                                             o.adam(1e-2)), {"nan_steps": (4, 9)}),
+    "partition_labels_fn": (lambda o: o.partition(
+        {"matrix": o.adamw(1e-2, weight_decay=0.1), "vector": o.sgd(0.05, momentum=0.9)},
+        _rank_labels), {}),
+    "multi_transform_prefix_frozen": (lambda o: o.multi_transform(
+        {"x": o.lion(1e-3), "frozen": o.set_to_zero(), "y": o.chain(o.clip(0.5), o.adam(1e-2))},
+        {"a": "x", "b": "frozen", "c": "y"}), {"nan_steps": (2, 7)}),
     "apply_if_finite_adam": (lambda o: o.apply_if_finite(o.adam(1e-2), 2),
                              {"nan_steps": (3, 10, 11, 20, 21)}),
     # the third non-finite step in a row is applied anyway (NaN reaches params['b'][3])

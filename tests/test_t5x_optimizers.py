@@ -45,6 +45,11 @@ def test_adamw_state_dict_and_restore():  # F-O2
     lambda: optimizers.adam(0.1), lambda: optimizers.adamw(0.1), lambda: optimizers.lion(0.1),
     lambda: optimizers.rmsprop(0.1), lambda: optimizers.rmsprop(0.1, momentum=0.9),
     lambda: optimizers.adagrad(0.1), lambda: optimizers.lamb(0.1),
+    lambda: optimizers.fromage(0.1), lambda: optimizers.adabelief(0.1),
+    lambda: optimizers.radam(0.1), lambda: optimizers.yogi(0.1),
+    lambda: optimizers.lars(0.1, weight_decay=1e-3),
+    lambda: optimizers.multi_transform({'a': optim.adam(0.1), 'b': optim.set_to_zero()},
+                                       {'dense': {'bias': 'b', 'kernel': 'a'}}),
     lambda: optimizers.adafactor(0.1, min_dim_size_to_factor=2),
     lambda: optimizers.chain(optim.clip_by_global_norm(1.0), optim.adam(0.1)),
     lambda: optimizers.OptaxWrapper(optim.masked(optim.adam(0.1), {'dense': {'bias': False,
@@ -184,19 +189,21 @@ DECODER = {'token_embedder': {'embedding': False}, 'encoder_wi': {'kernel': Fals
 ENCODER = {k: {n: not v for n, v in d.items()} for k, d in DECODER.items()}
 
 
-@pytest.mark.parametrize('name', ['sgd', 'adam', 'adamw', 'lion', 'adafactor_t5x',
-                                  'decoder_only'])
+@pytest.mark.parametrize('name', ['sgd', 'adam', 'adamw', 'lion', 'adabelief', 'yogi',
+                                  'adafactor_t5x', 'decoder_only'])
 def test_small_model_trains_under_partitioner(name):  # F-O4 (adapted)
     model = Block()
     x = np.arange(8).reshape(2, 4) % 32
     opt_def = {
         'sgd': lambda: optimizers.sgd(0.1), 'adam': lambda: optimizers.adam(0.01),
         'adamw': lambda: optimizers.adamw(0.01), 'lion': lambda: optimizers.lion(0.001),
+        'adabelief': lambda: optimizers.adabelief(0.01), 'yogi': lambda: optimizers.yogi(0.01),
         'adafactor_t5x': lambda: adafactor.Adafactor(
             0.01, logical_factor_rules=adafactor.standard_logical_factor_rules()),
-        # optax.multi_transform({'train': adam, 'freeze': set_to_zero}) written as two masks
-        'decoder_only': lambda: optimizers.chain(
-            optim.masked(optim.adam(0.01), DECODER), optim.masked(optim.scale(0.0), ENCODER)),
+        'decoder_only': lambda: optimizers.multi_transform(
+            {'train': optim.adam(0.01), 'freeze': optim.set_to_zero()},
+            {k: {n: 'train' if v else 'freeze' for n, v in d.items()}
+             for k, d in DECODER.items()}),
     }[name]()
     p = partitioning.PjitPartitioner(num_partitions=2)
 

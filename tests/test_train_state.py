@@ -228,16 +228,32 @@ def test_no_leak_10000_steps(mem_baseline):
     assert bytes_in_use() == mem_baseline
 
 
-def test_fused_kernel_matches_scalar_reference():
+def _reference_chains():
+    from ctrainstate.optim import base
+    adam = (0.9, 0.999, 1e-8, 1e-9, 0.1, 0.001)
+    return {
+        "elementwise": [(base.ADAM, adam + (0.0, 0.19)),
+                        (base.DECAY, (0.01,)), (base.TRACE, (0.5, 1.0)),
+                        (base.RMS, (0.9, 1e-8, 0.0, 1.0)), (base.RSS, (1e-7,)),
+                        (base.LION, (0.9, 0.99)), (base.EMA, (0.9, 0.5)),
+                        (base.CLIP, (0.7,)), (base.SCALE, (-0.1,))],
+        # adabelief / yogi / radam's moment-only adam (mode 2, and 3 with nesterov)
+        "belief_yogi_radam": [(base.BELIEF, adam + (1.0, 0.19)), (base.YOGI, adam + (0.0, 0.0)),
+                              (base.ADAM, adam + (2.0, 0.19)), (base.ADAM, adam + (3.0, 0.19)),
+                              (base.DECAY, (0.01,)), (base.SCALE, (-0.1,))],
+        "zero": [(base.ADAM, adam + (0.0, 0.19)), (base.ZERO, ()), (base.DECAY, (0.01,)),
+                 (base.LION, (0.9, 0.99)), (base.SCALE, (-0.1,))],
+    }
+
+
+@pytest.mark.parametrize("chain", ["elementwise", "belief_yogi_radam", "zero"])
+def test_fused_kernel_matches_scalar_reference(chain):
     """The chunked OpenMP driver against the plain one-element-at-a-time C reference."""
     from ctrainstate import _C
     from ctrainstate.optim import base
     rng = np.random.default_rng(0)
     n = 3 * 2048 + 77
-    stages = [(base.ADAM, (0.9, 0.999, 1e-8, 1e-9, 0.1, 0.001, 0.0, 0.19)),
-              (base.DECAY, (0.01,)), (base.TRACE, (0.5, 1.0)), (base.RMS, (0.9, 1e-8, 0.0, 1.0)),
-              (base.RSS, (1e-7,)), (base.LION, (0.9, 0.99)), (base.EMA, (0.9, 0.5)),
-              (base.CLIP, (0.7,)), (base.SCALE, (-0.1,))]
+    stages = _reference_chains()[chain]
     nslots = sum(base.NSLOTS[k] for k, _ in stages)
 
     def bufs():
@@ -253,7 +269,7 @@ def test_fused_kernel_matches_scalar_reference():
         y = _C.Buffer(0, (n,), 0)
         np.frombuffer(y, np.float32)[:] = np.frombuffer(x, np.float32)
         b.append(y)
-    bits = (1 << len(stages)) - 1 - (1 << 5)   # lion off for this leaf
+    bits = (1 << len(stages)) - 1 - (1 << 4)   # stage 4 off for this leaf
     _C.optim_step(stages, [[(a[0], a[1], None, a[2:], bits, 0, True)]], 1)
     _C.optim_reference(stages, (b[0], b[1], None, b[2:], bits, 0, True))
     for x, y in zip(a, b):

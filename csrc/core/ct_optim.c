@@ -35,6 +35,7 @@ static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_LION] = 1,  [CT_OPT_RMS] = 1,  [CT_OPT_RSS] = 1,   [CT_OPT_CLIP] = 0,
     [CT_OPT_GLOBAL_NORM] = 0, [CT_OPT_TRUST_RATIO] = 0, [CT_OPT_FINITE_GATE] = 0,
     [CT_OPT_EMA] = 1, [CT_OPT_FACTORED] = 3, [CT_OPT_BLOCK_RMS] = 0, [CT_OPT_PARAM_RMS] = 0,
+    [CT_OPT_ZERO] = 0, [CT_OPT_BELIEF] = 2, [CT_OPT_YOGI] = 2,
 };
 
 int ct_opt_kind_nslots(int kind) {
@@ -93,7 +94,16 @@ CT_INLINE void st_adam(float *restrict u, float *restrict m, float *restrict v, 
     /* Bias corrections as multiplications by their reciprocals: within an
      * ulp of optax's divisions, one division per element fewer. */
     const float ibc1 = 1.0f / bc1, ibc2 = 1.0f / bc2, ibc1n = 1.0f / bc1n;
-    if (s[6] != 0.0) { /* nesterov: b1*mu/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t) */
+    const int mode = (int)s[6];
+    if (mode & 2) { /* moment only (radam before rectification): u = mu_hat */
+        for (int64_t i = 0; i < n; i++) {
+            float g = u[i];
+            float mi = c1 * g + b1 * m[i];
+            float vi = c2 * (g * g) + b2 * v[i];
+            u[i] = (mode & 1) ? b1 * (mi * ibc1n) + c1 * (g * ibc1) : mi * ibc1;
+            if (W) { m[i] = mi; v[i] = vi; }
+        }
+    } else if (mode & 1) { /* nesterov: b1*mu/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t) */
         for (int64_t i = 0; i < n; i++) {
             float g = u[i];
             float mi = c1 * g + b1 * m[i];
@@ -110,6 +120,41 @@ CT_INLINE void st_adam(float *restrict u, float *restrict m, float *restrict v, 
             u[i] = (mi * ibc1) / (sqrtf(vi * ibc2 + eps_root) + eps);
             if (W) { m[i] = mi; v[i] = vi; }
         }
+    }
+}
+
+/* AdaBelief: nu follows the squared prediction error (g - mu)^2, plus eps_root. */
+CT_INLINE void st_belief(float *restrict u, float *restrict m, float *restrict v, int64_t n,
+                         const double *s, const int W) {
+    const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], eps_root = (float)s[3];
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    const float ibc1 = 1.0f / (float)s[4], ibc2 = 1.0f / (float)s[5], ibc1n = 1.0f / (float)s[7];
+    const int nesterov = ((int)s[6]) & 1;
+    for (int64_t i = 0; i < n; i++) {
+        float g = u[i];
+        float mi = c1 * g + b1 * m[i];
+        float e = g - mi;
+        float vi = (c2 * (e * e) + b2 * v[i]) + eps_root;
+        float mh = nesterov ? b1 * (mi * ibc1n) + c1 * (g * ibc1) : mi * ibc1;
+        u[i] = mh / (sqrtf(vi * ibc2) + eps);
+        if (W) { m[i] = mi; v[i] = vi; }
+    }
+}
+
+/* Yogi: nu moves toward g^2 by (1-b2) g^2 in the direction of sign(g^2 - nu). */
+CT_INLINE void st_yogi(float *restrict u, float *restrict m, float *restrict v, int64_t n,
+                       const double *s, const int W) {
+    const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], eps_root = (float)s[3];
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    const float ibc1 = 1.0f / (float)s[4], ibc2 = 1.0f / (float)s[5];
+    for (int64_t i = 0; i < n; i++) {
+        float g = u[i];
+        float mi = c1 * g + b1 * m[i];
+        float g2 = g * g, d = v[i] - g2;
+        float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : d); /* sign; keeps 0 and NaN */
+        float vi = v[i] - (c2 * sg) * g2;
+        u[i] = (mi * ibc1) / (sqrtf(vi * ibc2 + eps_root) + eps);
+        if (W) { m[i] = mi; v[i] = vi; }
     }
 }
 
@@ -327,9 +372,12 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
         float *s1 = kind_nslots[s->kind] > 1 ? b->slot[o + 1] + off : NULL;
         switch (s->kind) {
         case CT_OPT_SCALE: st_scale(u, n, (float)s->s[0]); break;
+        case CT_OPT_ZERO: memset(u, 0, (size_t)n * sizeof *u); break;
         case CT_OPT_DECAY: st_decay(u, p, n, (float)s->s[0]); break;
         case CT_OPT_CLIP: st_clip(u, n, (float)s->s[0]); break;
         case CT_OPT_ADAM: st_adam(u, s0, s1, n, s->s, W); break;
+        case CT_OPT_BELIEF: st_belief(u, s0, s1, n, s->s, W); break;
+        case CT_OPT_YOGI: st_yogi(u, s0, s1, n, s->s, W); break;
         case CT_OPT_TRACE: st_trace(u, s0, n, s->s, W); break;
         case CT_OPT_LION: st_lion(u, s0, n, s->s, W); break;
         case CT_OPT_RMS: st_rms(u, s0, n, s->s, W); break;
@@ -1009,6 +1057,7 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
             float g = u;
             switch (stages[k].kind) {
             case CT_OPT_SCALE: u = (float)s[0] * u; break;
+            case CT_OPT_ZERO: u = 0.0f; break;
             case CT_OPT_DECAY: u = u + (float)s[0] * b->p[i]; break;
             case CT_OPT_CLIP: u = fminf(fmaxf(u, -(float)s[0]), (float)s[0]); break;
             case CT_OPT_ADAM: {
@@ -1016,8 +1065,29 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 *a = (1.0f - b1) * g + b1 * *a;
                 *v = (1.0f - b2) * (g * g) + b2 * *v;
                 float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
-                float mh = s[6] != 0.0 ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
-                u = mh / (sqrtf(*v * ib2 + (float)s[3]) + (float)s[2]);
+                const int mode = (int)s[6];
+                float mh = (mode & 1) ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
+                u = (mode & 2) ? mh : mh / (sqrtf(*v * ib2 + (float)s[3]) + (float)s[2]);
+                break;
+            }
+            case CT_OPT_BELIEF: {
+                float b1 = (float)s[0], b2 = (float)s[1];
+                *a = (1.0f - b1) * g + b1 * *a;
+                float e = g - *a;
+                *v = ((1.0f - b2) * (e * e) + b2 * *v) + (float)s[3];
+                float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
+                float mh = ((int)s[6] & 1) ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
+                u = mh / (sqrtf(*v * ib2) + (float)s[2]);
+                break;
+            }
+            case CT_OPT_YOGI: {
+                float b1 = (float)s[0], b2 = (float)s[1];
+                *a = (1.0f - b1) * g + b1 * *a;
+                float g2 = g * g, d = *v - g2;
+                float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : d);
+                *v = *v - ((1.0f - b2) * sg) * g2;
+                u = (*a * (1.0f / (float)s[4])) / (sqrtf(*v * (1.0f / (float)s[5]) + (float)s[3]) +
+                                                   (float)s[2]);
                 break;
             }
             case CT_OPT_TRACE:

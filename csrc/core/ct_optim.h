@@ -74,7 +74,9 @@
 
 typedef enum {
     CT_OPT_SCALE = 0,        /* u = s0*u                                    (0 slots) */
-    CT_OPT_ADAM = 1,         /* s: b1 b2 eps eps_root bc1 bc2 nesterov bc1_next  (mu, nu) */
+    CT_OPT_ADAM = 1,         /* s: b1 b2 eps eps_root bc1 bc2 mode bc1_next      (mu, nu)
+                                mode bits: 1 nesterov, 2 moment only (u = mu_hat:
+                                radam's unrectified steps) */
     CT_OPT_DECAY = 2,        /* u = u + s0*p                                (0 slots) */
     CT_OPT_TRACE = 3,        /* s: decay nesterov                            (trace) */
     CT_OPT_LION = 4,         /* s: b1 b2                                     (mu) */
@@ -88,6 +90,11 @@ typedef enum {
     CT_OPT_FACTORED = 12,    /* s: decay_rate_t eps                 (v_row, v_col, v) */
     CT_OPT_BLOCK_RMS = 13,   /* s: threshold: u / max(1, rms(u)/threshold)  (0 slots) */
     CT_OPT_PARAM_RMS = 14,   /* s: min_scale: u * max(rms(p), min_scale)    (0 slots) */
+    CT_OPT_ZERO = 15,        /* u = +0, whatever u was (also NaN / inf)      (0 slots) */
+    CT_OPT_BELIEF = 16,      /* s: as ADAM (mode: nesterov bit only); nu tracks
+                                (g - mu)^2 + eps_root (adabelief)          (mu, nu) */
+    CT_OPT_YOGI = 17,        /* s: b1 b2 eps eps_root bc1 bc2;
+                                nu -= (1-b2) sign(nu - g^2) g^2            (mu, nu) */
     CT_OPT_NUM_KINDS
 } ct_opt_kind;
 

@@ -33,7 +33,7 @@
 /* Slots a stage kind owns (same table as ct_opt_kind_nslots, usable on a device). */
 CT_HD static inline int ct_om_nslots(int kind) {
     switch (kind) {
-    case CT_OPT_ADAM: return 2;
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: return 2;
     case CT_OPT_TRACE: case CT_OPT_LION: case CT_OPT_RMS: case CT_OPT_RSS: case CT_OPT_EMA:
         return 1;
     case CT_OPT_FACTORED: return 3;
@@ -46,7 +46,8 @@ CT_HD static inline int ct_om_nslots(int kind) {
 CT_HD static inline int ct_om_is_elementwise(int kind) {
     return kind == CT_OPT_SCALE || kind == CT_OPT_ADAM || kind == CT_OPT_DECAY ||
            kind == CT_OPT_TRACE || kind == CT_OPT_LION || kind == CT_OPT_RMS ||
-           kind == CT_OPT_RSS || kind == CT_OPT_CLIP || kind == CT_OPT_EMA;
+           kind == CT_OPT_RSS || kind == CT_OPT_CLIP || kind == CT_OPT_EMA || kind == CT_OPT_ZERO ||
+           kind == CT_OPT_BELIEF || kind == CT_OPT_YOGI;
 }
 
 /* fp32 constants of one stage for one step, from its double scalars s[]. */
@@ -54,10 +55,11 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
     for (int j = 0; j < CT_OM_NC; j++) c[j] = 0.0f;
     switch (kind) {
     case CT_OPT_SCALE: case CT_OPT_DECAY: case CT_OPT_CLIP: c[0] = (float)s[0]; break;
-    case CT_OPT_ADAM: /* b1 b2 eps eps_root 1/bc1 1/bc2 nesterov 1/bc1_next */
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI:
+        /* b1 b2 eps eps_root 1/bc1 1/bc2 mode 1/bc1_next (yogi: the first six) */
         c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = (float)s[2]; c[3] = (float)s[3];
-        c[4] = 1.0f / (float)s[4]; c[5] = 1.0f / (float)s[5]; c[6] = s[6] != 0.0 ? 1.0f : 0.0f;
-        c[7] = 1.0f / (float)s[7];
+        c[4] = 1.0f / (float)s[4]; c[5] = 1.0f / (float)s[5]; c[6] = (float)((int)s[6] & 3);
+        c[7] = kind == CT_OPT_YOGI ? 0.0f : 1.0f / (float)s[7];
         break;
     case CT_OPT_TRACE: c[0] = (float)s[0]; c[1] = s[1] != 0.0 ? 1.0f : 0.0f; break;
     case CT_OPT_LION: c[0] = (float)s[0]; c[1] = (float)s[1]; break;
@@ -87,6 +89,7 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
     const float g = u;
     switch (kind) {
     case CT_OPT_SCALE: return c[0] * u;
+    case CT_OPT_ZERO: return 0.0f;
     case CT_OPT_DECAY: return u + c[0] * p;
     case CT_OPT_CLIP: {
         float x = u < -c[0] ? -c[0] : u;
@@ -96,9 +99,28 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
         const float b1 = c[0], b2 = c[1];
         float mi = (1.0f - b1) * g + b1 * *a;
         float vi = (1.0f - b2) * (g * g) + b2 * *b;
-        float mh = c[6] != 0.0f ? b1 * (mi * c[7]) + (1.0f - b1) * (g * c[4]) : mi * c[4];
+        const int mode = (int)c[6];
+        float mh = (mode & 1) ? b1 * (mi * c[7]) + (1.0f - b1) * (g * c[4]) : mi * c[4];
         if (w) { *a = mi; *b = vi; }
-        return mh / (sqrtf(vi * c[5] + c[3]) + c[2]);
+        return (mode & 2) ? mh : mh / (sqrtf(vi * c[5] + c[3]) + c[2]);
+    }
+    case CT_OPT_BELIEF: {
+        const float b1 = c[0], b2 = c[1];
+        float mi = (1.0f - b1) * g + b1 * *a;
+        float e = g - mi;
+        float vi = ((1.0f - b2) * (e * e) + b2 * *b) + c[3];
+        float mh = ((int)c[6] & 1) ? b1 * (mi * c[7]) + (1.0f - b1) * (g * c[4]) : mi * c[4];
+        if (w) { *a = mi; *b = vi; }
+        return mh / (sqrtf(vi * c[5]) + c[2]);
+    }
+    case CT_OPT_YOGI: {
+        const float b1 = c[0], b2 = c[1];
+        float mi = (1.0f - b1) * g + b1 * *a;
+        float g2 = g * g, d = *b - g2;
+        float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : d); /* sign; keeps 0 and NaN */
+        float vi = *b - ((1.0f - b2) * sg) * g2;
+        if (w) { *a = mi; *b = vi; }
+        return (mi * c[4]) / (sqrtf(vi * c[5] + c[3]) + c[2]);
     }
     case CT_OPT_TRACE: {
         float ti = g + c[0] * *a;

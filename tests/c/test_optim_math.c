@@ -55,7 +55,8 @@ static float gauss(void) { /* sum of uniforms: cheap, roughly normal, finite */
 }
 
 static const int kinds[] = {CT_OPT_SCALE, CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_TRACE, CT_OPT_LION,
-                            CT_OPT_RMS,   CT_OPT_RSS,  CT_OPT_CLIP,  CT_OPT_EMA};
+                            CT_OPT_RMS,   CT_OPT_RSS,  CT_OPT_CLIP,  CT_OPT_EMA, CT_OPT_ZERO,
+                            CT_OPT_BELIEF, CT_OPT_YOGI};
 
 static void random_scalars(int kind, double *s, int t) {
     memset(s, 0, CT_OPT_NSCALARS * sizeof *s);
@@ -63,10 +64,12 @@ static void random_scalars(int kind, double *s, int t) {
     case CT_OPT_SCALE: s[0] = -(1e-4 + unif() * 1e-2); break;
     case CT_OPT_DECAY: s[0] = unif() * 0.1; break;
     case CT_OPT_CLIP: s[0] = 0.05 + unif(); break;
-    case CT_OPT_ADAM: {
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: {
         double b1 = 0.8 + 0.19 * unif(), b2 = 0.9 + 0.0999 * unif();
         s[0] = b1; s[1] = b2; s[2] = unif() < 0.5 ? 1e-8 : 1e-3 * unif(); s[3] = unif() < 0.5 ? 0 : 1e-8;
-        s[4] = 1 - pow(b1, t); s[5] = 1 - pow(b2, t); s[6] = unif() < 0.3; s[7] = 1 - pow(b1, t + 1);
+        s[4] = 1 - pow(b1, t); s[5] = 1 - pow(b2, t); s[7] = 1 - pow(b1, t + 1);
+        /* mode: nesterov bit, and for ADAM the moment-only bit (radam) */
+        s[6] = kind == CT_OPT_YOGI ? 0 : (double)((unif() < 0.3) | (kind == CT_OPT_ADAM && unif() < 0.3 ? 2 : 0));
         break;
     }
     case CT_OPT_TRACE: s[0] = 0.5 + 0.49 * unif(); s[1] = unif() < 0.5; break;

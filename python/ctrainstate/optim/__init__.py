@@ -1,6 +1,6 @@
 """ctrainstate.optim: optax's optimizers, transforms, combinators and schedules, with
 optax's names, arguments, state structures and numerics, run as fused multi-tensor
-C kernels on sharded params (see docs/optim.md).
+C kernels on sharded params (see the README's "Optimizers and TrainState" section).
 
 >>> import numpy as np, ctrainstate.optim as optim
 >>> tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adamw(optim.cosine_decay_schedule(1e-3, 100)))
@@ -13,14 +13,18 @@ from .base import (EmptyState, GradientTransformation, MaskedNode, apply_updates
                    safe_increment)
 from .transforms import *  # noqa: F401,F403
 from .transforms import __all__ as _t_all
-from .combine import ApplyIfFiniteState, MaskedState, apply_if_finite, chain, masked
+from .combine import (ApplyIfFiniteState, MaskedState, MultiTransformState, PartitionState,
+                      apply_if_finite, chain, freeze, masked, multi_transform, partition)
 from .schedules import *  # noqa: F401,F403
 from .schedules import __all__ as _s_all
-from .alias import adafactor, adagrad, adam, adamw, lamb, lion, rmsprop, sgd
+from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
+                    radam, rmsprop, sgd, yogi)
 
 GradientTransformationExtraArgs = GradientTransformation
 
 __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState",
             "MaskedNode", "MaskedState", "ApplyIfFiniteState", "apply_updates", "identity",
-            "safe_increment", "chain", "masked", "apply_if_finite", "adafactor", "adagrad",
-            "adam", "adamw", "lamb", "lion", "rmsprop", "sgd"] + list(_t_all) + list(_s_all))
+            "safe_increment", "chain", "masked", "partition", "multi_transform", "freeze",
+            "PartitionState", "MultiTransformState", "apply_if_finite", "adafactor", "adagrad",
+            "adam", "adamw", "lamb", "lion", "rmsprop", "sgd", "adabelief", "yogi", "radam",
+            "fromage", "lars"] + list(_t_all) + list(_s_all))

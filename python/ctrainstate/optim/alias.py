@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from .base import identity
 from .combine import chain
+from .combine import masked
 from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
-                         scale_by_adam, scale_by_factored_rms, scale_by_learning_rate,
+                         scale_by_adam, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
                          scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
                          scale_by_trust_ratio, trace)
 
-__all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor"]
+__all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor",
+           "adabelief", "yogi", "radam", "fromage", "lars"]
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
@@ -89,3 +91,50 @@ def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, de
         tx.append(add_decayed_weights(weight_decay_rate, mask=weight_decay_mask))
     tx.append(scale(-1))
     return chain(*tx)
+
+
+def adabelief(learning_rate, b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16, *, nesterov=False):
+    """AdaBelief: chain(scale_by_belief, scale_by_learning_rate). Fused."""
+    return chain(scale_by_belief(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov),
+                 scale_by_learning_rate(learning_rate))
+
+
+def yogi(learning_rate, b1=0.9, b2=0.999, eps=1e-3):
+    """Yogi: chain(scale_by_yogi, scale_by_learning_rate). Fused."""
+    return chain(scale_by_yogi(b1=b1, b2=b2, eps=eps), scale_by_learning_rate(learning_rate))
+
+
+def radam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
+          nesterov=False):
+    """Rectified Adam: chain(scale_by_radam, scale_by_learning_rate). Fused."""
+    return chain(scale_by_radam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold,
+                                nesterov=nesterov),
+                 scale_by_learning_rate(learning_rate))
+
+
+def fromage(learning_rate, min_norm=1e-6):
+    """Fromage: chain(scale_by_trust_ratio(min_norm), scale_by_learning_rate(lr * m),
+    add_decayed_weights(m - 1)) with m = 1 / sqrt(1 + lr^2) (a schedule gives per-step m).
+    Fused, with the trust ratio's read-only norm pass."""
+    if not callable(learning_rate):
+        mult = 1 / (1 + learning_rate ** 2) ** 0.5
+        return chain(scale_by_trust_ratio(min_norm),
+                     scale_by_learning_rate(learning_rate * mult),
+                     add_decayed_weights(mult - 1))
+
+    def mult_lr(count):
+        return 1 / (1 + learning_rate(count) ** 2) ** 0.5
+    return chain(scale_by_trust_ratio(min_norm),
+                 scale_by_learning_rate(lambda c: mult_lr(c) * learning_rate(c)),
+                 add_decayed_weights(lambda c: mult_lr(c) - 1))
+
+
+def lars(learning_rate, weight_decay=0.0, weight_decay_mask=True, trust_coefficient=0.001,
+         eps=0.0, trust_ratio_mask=True, momentum=0.9, nesterov=False):
+    """LARS: chain(add_decayed_weights(mask), masked(scale_by_trust_ratio), scale_by_learning_rate,
+    trace). Fused."""
+    return chain(add_decayed_weights(weight_decay, mask=weight_decay_mask),
+                 masked(scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps),
+                        trust_ratio_mask),
+                 scale_by_learning_rate(learning_rate),
+                 trace(decay=momentum, nesterov=nesterov))

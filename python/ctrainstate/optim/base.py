@@ -31,10 +31,10 @@ __all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "ap
 
 # Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
 (SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
- FACTORED, BLOCK_RMS, PARAM_RMS) = range(15)
+ FACTORED, BLOCK_RMS, PARAM_RMS, ZERO, BELIEF, YOGI) = range(18)
 NSLOTS = {SCALE: 0, ADAM: 2, DECAY: 0, TRACE: 1, LION: 1, RMS: 1, RSS: 1, CLIP: 0,
           GLOBAL_NORM: 0, TRUST_RATIO: 0, FINITE_GATE: 0, EMA: 1, FACTORED: 3, BLOCK_RMS: 0,
-          PARAM_RMS: 0}
+          PARAM_RMS: 0, ZERO: 0, BELIEF: 2, YOGI: 2}
 _INT32_MAX = 2**31 - 1
 
 
@@ -241,9 +241,10 @@ class FuseContext:
     counters and prepare state arrays (copies in functional mode, the arrays
     themselves — donated afterwards — in place)."""
 
-    def __init__(self, params_leaves, params_tree, inplace):
+    def __init__(self, params_leaves, params_tree, inplace, tree=None):
         self.leaves = params_leaves      # Arrays (or None when no params were given)
         self.params = params_tree
+        self.tree = tree if tree is not None else params_tree  # params, else the updates
         self.nleaves = len(params_leaves)
         self.inplace = inplace
         self.active = [True] * self.nleaves
@@ -435,7 +436,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     g_leaves = _fast_grads(updates, pdef, p_leaves)
     if g_leaves is None:
         g_leaves = check_grads(updates, paths(), pdef, p_leaves)
-    ctx = FuseContext(p_leaves, params if params is not None else None, inplace)
+    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref)
     stages, rebuild = tx._fuse(state, ctx)
     nleaves = len(p_leaves)
     have_params = params is not None

@@ -1,7 +1,10 @@
-"""Combinators: chain, masked, apply_if_finite (optax names, states and semantics).
+"""Combinators: chain, masked, partition (multi_transform), freeze, apply_if_finite
+(optax names, states and semantics).
 
 A combinator of fusable transforms is itself fusable: ``chain`` concatenates
-stages, ``masked`` restricts its inner stages to the unmasked leaves, and
+stages, ``masked`` restricts its inner stages to the unmasked leaves (and
+``partition`` is one ``masked`` per label, ``freeze`` a masked
+``set_to_zero``), and
 ``apply_if_finite`` puts a gate stage before its inner stages (one read-only
 pass counts non-finite updates; when rejected the inner stages are skipped,
 their state is left untouched and the updates are zero).
@@ -12,15 +15,24 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..tree_util import _flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .base import (FINITE_GATE, GradientTransformation, MaskedNode, Stage, safe_increment,
                    scalar, to_array, zeros_like)
+from .transforms import set_to_zero
 
-__all__ = ["chain", "masked", "apply_if_finite", "MaskedState", "ApplyIfFiniteState"]
+__all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
+           "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState"]
 
 
 class MaskedState(NamedTuple):
     inner_state: Any
+
+
+class PartitionState(NamedTuple):
+    inner_states: Any
+
+
+MultiTransformState = PartitionState
 
 
 class ApplyIfFiniteState(NamedTuple):
@@ -62,12 +74,21 @@ def chain(*args: GradientTransformation) -> GradientTransformation:
 
 
 def _mask_flat(mask, params):
+    """(one bool per leaf of params, the mask tree). The mask may be a bool, a tree like
+    params, or a prefix of it (a leaf of the mask then covers a whole subtree, as optax)."""
     m = mask(params) if callable(mask) else mask
     leaves, _ = tree_flatten(params)
-    if isinstance(m, bool):
-        return [m] * len(leaves), m
-    flat = tree_map(lambda mk, p: bool(mk), m, params)
-    return tree_leaves(flat), m
+    if isinstance(m, (bool, np.bool_)):
+        return [bool(m)] * len(leaves), m
+    m_leaves, m_def = tree_flatten(m)
+    try:
+        subtrees = _flatten_up_to(m_def, params)
+    except ValueError as e:
+        raise ValueError(f"the mask is neither the params' tree nor a prefix of it: {e}") from None
+    flat = []
+    for mk, sub in zip(m_leaves, subtrees):
+        flat += [bool(mk)] * len(tree_leaves(sub))
+    return flat, m
 
 
 def masked(inner: GradientTransformation, mask) -> GradientTransformation:
@@ -83,7 +104,7 @@ def masked(inner: GradientTransformation, mask) -> GradientTransformation:
 
     if inner.fusable:
         def fuse(state, ctx):
-            flat, _ = _mask_flat(mask, ctx.params if ctx.params is not None else ctx.leaves)
+            flat, _ = _mask_flat(mask, ctx.params if ctx.params is not None else ctx.tree)
             prev = ctx.push_mask(flat)
             try:
                 stages, rb = inner._fuse(state.inner_state, ctx)
@@ -102,6 +123,100 @@ def masked(inner: GradientTransformation, mask) -> GradientTransformation:
         return tree_unflatten(td, [next(it) if f else u for f, u in zip(flat, u_leaves)]), \
             MaskedState(new_s)
     return GradientTransformation(init, update)
+
+
+def freeze(mask) -> GradientTransformation:
+    """Zero the updates where ``mask`` is True (optax.freeze): ``masked(set_to_zero(), mask)``.
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> p = {'frozen': np.ones(2, np.float32), 'w': np.ones(2, np.float32)}
+    >>> tx = optim.chain(optim.freeze({'frozen': True, 'w': False}), optim.sgd(0.5))
+    >>> u, _ = tx.update(p, tx.init(p), p)
+    >>> np.asarray(u['frozen']).tolist(), np.asarray(u['w']).tolist()  # 0 * -0.5, as optax
+    ([-0.0, -0.0], [-0.5, -0.5])
+    """
+    return masked(set_to_zero(), mask)
+
+
+def partition(transforms, param_labels, *, mask_compatible_extra_args: bool = False
+              ) -> GradientTransformation:
+    """Apply a different transformation to each labelled subset of the params
+    (optax.partition, also named multi_transform).
+
+    ``transforms`` maps labels to transformations; ``param_labels`` is a tree of labels
+    like the params (or a prefix of it), or a function params -> such a tree. Every label
+    must have a transformation. State: ``PartitionState(inner_states={label:
+    MaskedState(...)})``. Fused when every transformation is: each runs as a masked group
+    of stages of the same kernel pass.
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> p = {'b': np.ones(2, np.float32), 'w': np.ones(2, np.float32)}
+    >>> tx = optim.partition({'w': optim.adam(0.1), 'b': optim.sgd(0.5)}, {'b': 'b', 'w': 'w'})
+    >>> u, st = tx.update(p, tx.init(p), p)
+    >>> np.asarray(u['b']).tolist(), sorted(st.inner_states)
+    ([-0.5, -0.5], ['b', 'w'])
+    """
+    del mask_compatible_extra_args  # no extra args reach ctrainstate's update functions
+    if not hasattr(transforms, "items"):
+        raise TypeError(f"partition: transforms must be a mapping from labels to "
+                        f"GradientTransformations, got {type(transforms).__name__}")
+    transforms = dict(transforms)
+    for label, tx in transforms.items():
+        if not isinstance(tx, GradientTransformation):
+            raise TypeError(f"partition: transforms[{label!r}] is a {type(tx).__name__}, not a "
+                            f"GradientTransformation")
+
+    def labels_of(tree):
+        return param_labels(tree) if callable(param_labels) else param_labels
+
+    def check(tree):
+        found = set(tree_leaves(labels_of(tree)))
+        missing = found - set(transforms)
+        if missing:
+            raise ValueError(
+                "Some parameters have no corresponding transformation.\n"
+                f"Parameter labels: {sorted(found, key=repr)} \n"
+                f"Transforms keys: {sorted(transforms, key=repr)} \n"
+                f"(no transformation for {sorted(missing, key=repr)})")
+
+    def group_mask(label):
+        return lambda tree: tree_map(lambda lb: lb == label, labels_of(tree))
+
+    inner = {label: masked(tx, group_mask(label)) for label, tx in transforms.items()}
+
+    def init(params):
+        check(params)
+        return PartitionState({label: t.init(params) for label, t in inner.items()})
+
+    def _state_of(state, label):
+        try:
+            return state.inner_states[label]
+        except (AttributeError, KeyError, TypeError):
+            raise ValueError(f"partition: the state has no entry for label {label!r}: was it "
+                             f"built by this transformation's init?") from None
+
+    if all(t.fusable for t in transforms.values()):
+        def fuse(state, ctx):
+            check(ctx.params if ctx.params is not None else ctx.tree)
+            stages, rbs = [], {}
+            for label, t in inner.items():
+                st, rb = t._fuse(_state_of(state, label), ctx)
+                stages += st
+                rbs[label] = rb
+            return stages, lambda advance=True: PartitionState(
+                {label: rb(advance) for label, rb in rbs.items()})
+        return GradientTransformation(init, fuse=fuse)
+
+    def update(updates, state, params=None):
+        check(updates)
+        new = {}
+        for label, t in inner.items():
+            updates, new[label] = t.update(updates, _state_of(state, label), params)
+        return updates, PartitionState(new)
+    return GradientTransformation(init, update)
+
+
+multi_transform = partition
 
 
 def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int

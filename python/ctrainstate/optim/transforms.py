@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .base import (ADAM, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
-                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
+from .base import (ADAM, BELIEF, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
+                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
                    full_like, identity, safe_increment, scalar, to_array, zeros_like)
 
 __all__ = [
@@ -29,13 +29,20 @@ __all__ = [
     "FactoredState", "scale", "scale_by_adam", "scale_by_lion", "scale_by_rms", "scale_by_rss",
     "trace", "ema", "add_decayed_weights", "clip", "clip_by_global_norm", "scale_by_trust_ratio",
     "scale_by_learning_rate", "scale_by_schedule", "scale_by_factored_rms", "clip_by_block_rms",
-    "scale_by_param_block_rms",
+    "scale_by_param_block_rms", "set_to_zero", "ScaleByBeliefState", "scale_by_belief",
+    "scale_by_yogi", "scale_by_radam",
 ]
 
 _f32 = np.float32
 
 
 class ScaleByAdamState(NamedTuple):
+    count: Any
+    mu: Any
+    nu: Any
+
+
+class ScaleByBeliefState(NamedTuple):
     count: Any
     mu: Any
     nu: Any
@@ -110,6 +117,12 @@ def scale(step_size) -> GradientTransformation:
     return _stateless(SCALE, lambda: [step_size])
 
 
+def set_to_zero() -> GradientTransformation:
+    """Map every update to +0.0, whatever it was, NaN and inf included (optax.set_to_zero).
+    State: EmptyState(). Usually inside ``masked`` / ``freeze`` / ``partition``."""
+    return _stateless(ZERO, lambda: [])
+
+
 def clip(max_delta) -> GradientTransformation:
     """Clip every update element to [-max_delta, max_delta] (optax.clip)."""
     return _stateless(CLIP, lambda: [max_delta])
@@ -159,6 +172,76 @@ def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
                                     nu_rb())
         return [st], rebuild
     return GradientTransformation(init, fuse=fuse)
+
+
+def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, extra=None):
+    """A fused two-moment transform (ADAM / BELIEF / YOGI stages) with optax's
+    ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
+    ``extra(t)`` optional stages after it (radam's rectification factor)."""
+    def init(params):
+        if initial == 0.0:
+            return state_cls(count=_count0(params), mu=_zeros_tree(params),
+                             nu=_zeros_tree(params))
+        return state_cls(count=_count0(params), mu=tree_map(lambda p: full_like(p, initial), params),
+                         nu=tree_map(lambda p: full_like(p, initial), params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        t = safe_increment(c)
+        mu, mu_rb = ctx.slot(state.mu)
+        nu, nu_rb = ctx.slot(state.nu)
+        active = ctx.snapshot()
+        stages = [Stage(kind, [b1, b2, eps, eps_root, _bc(b1, t), _bc(b2, t), mode_fn(t),
+                               _bc(b1, safe_increment(t))], [mu, nu], active)]
+        if extra is not None:
+            stages += [Stage(k, sc, active=active) for k, sc in extra(t)]
+
+        def rebuild(advance=True):
+            return state_cls(ctx.new_scalar(state.count, t if advance else c), mu_rb(), nu_rb())
+        return stages, rebuild
+    return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_belief(b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16, *,
+                    nesterov=False) -> GradientTransformation:
+    """AdaBelief's scaling (optax.scale_by_belief): the second moment tracks the squared
+    prediction error (g - mu)^2 (+ eps_root). State: ScaleByBeliefState(count, mu, nu)."""
+    return _adam_like(BELIEF, ScaleByBeliefState, b1, b2, eps, eps_root,
+                      lambda t: float(bool(nesterov)))
+
+
+def scale_by_yogi(b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0,
+                  initial_accumulator_value=1e-6) -> GradientTransformation:
+    """Yogi's scaling (optax.scale_by_yogi): nu -= (1 - b2) sign(nu - g^2) g^2, both moments
+    start at ``initial_accumulator_value``. State: ScaleByAdamState(count, mu, nu)."""
+    return _adam_like(YOGI, ScaleByAdamState, b1, b2, eps, eps_root, lambda t: 0.0,
+                      initial=initial_accumulator_value)
+
+
+def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
+                   nesterov=False) -> GradientTransformation:
+    """Rectified Adam's scaling (optax.scale_by_radam). While the variance estimate's
+    length rho_t is below ``threshold`` the update is the bias-corrected first moment;
+    after, Adam's update times the rectification factor r_t (both evaluated per step in
+    float32 on the host, as optax does). State: ScaleByAdamState(count, mu, nu)."""
+    f = np.float32
+    ro_inf = 2.0 / (1.0 - b2) - 1.0          # a Python float in optax too
+
+    def rho(t):
+        b2t = f(b2) ** f(t)
+        return f(ro_inf) - (f(2 * t) * b2t) / (f(1) - b2t)
+
+    def mode(t):
+        return float(bool(nesterov)) + (0.0 if rho(t) >= f(threshold) else 2.0)
+
+    def rect(t):
+        ro = rho(t)
+        if not ro >= f(threshold):
+            return [(SCALE, [1.0])]
+        r = np.sqrt((ro - f(4.0)) * (ro - f(2.0)) * f(ro_inf)
+                    / (f((ro_inf - 4.0) * (ro_inf - 2.0)) * ro))
+        return [(SCALE, [float(r)])]
+    return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root, mode, extra=rect)
 
 
 def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:

@@ -38,7 +38,7 @@ __all__ = [
     'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',
     'derive_optax_logical_axes', 'wrap_optax_optimizer', 'MultiOptimizer',
     'ModelParamTraversal', 'chain', 'adam', 'adamw', 'sgd', 'lion', 'rmsprop', 'adagrad',
-    'lamb', 'adafactor',
+    'lamb', 'adafactor', 'adabelief', 'yogi', 'radam', 'fromage', 'lars', 'multi_transform',
 ]
 
 
@@ -303,6 +303,12 @@ rmsprop = wrap_optax_optimizer(optim.rmsprop)
 adagrad = wrap_optax_optimizer(optim.adagrad)
 lamb = wrap_optax_optimizer(optim.lamb)
 adafactor = wrap_optax_optimizer(optim.adafactor)
+adabelief = wrap_optax_optimizer(optim.adabelief)
+yogi = wrap_optax_optimizer(optim.yogi)
+radam = wrap_optax_optimizer(optim.radam)
+fromage = wrap_optax_optimizer(optim.fromage)
+lars = wrap_optax_optimizer(optim.lars)
+multi_transform = wrap_optax_optimizer(optim.multi_transform)
 
 
 # --- MultiOptimizer ----------------------------------------------------------------------------------

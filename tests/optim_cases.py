@@ -72,6 +72,9 @@ CASES = {
     "radam": (lambda o: o.radam(1e-2), {}),
     "radam_nesterov_threshold": (lambda o: o.radam(1e-2, b2=0.99, threshold=10.0,
                                                    nesterov=True), {}),
+    # noise drawn per leaf in its sharding, equal to jax.random's bits
+    "noisy_sgd": (lambda o: o.noisy_sgd(1e-2, eta=0.1, key=7), {}),
+    "noisy_sgd_momentum": (lambda o: o.chain(o.add_noise(0.05, 0.3, 11), o.sgd(1e-2, 0.9)), {}),
     "fromage": (lambda o: o.fromage(1e-2), {}),
     "fromage_schedule": (lambda o: o.fromage(o.linear_schedule(1e-2, 1e-3, 80)), {}),
     "lars": (lambda o: o.lars(1e-1, weight_decay=1e-3), {}),

@@ -18,7 +18,7 @@ from .combine import (ApplyIfFiniteState, MaskedState, MultiTransformState, Part
 from .schedules import *  # noqa: F401,F403
 from .schedules import __all__ as _s_all
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
-                    radam, rmsprop, sgd, yogi)
+                    noisy_sgd, radam, rmsprop, sgd, yogi)
 
 GradientTransformationExtraArgs = GradientTransformation
 
@@ -27,4 +27,4 @@ __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyS
             "safe_increment", "chain", "masked", "partition", "multi_transform", "freeze",
             "PartitionState", "MultiTransformState", "apply_if_finite", "adafactor", "adagrad",
             "adam", "adamw", "lamb", "lion", "rmsprop", "sgd", "adabelief", "yogi", "radam",
-            "fromage", "lars"] + list(_t_all) + list(_s_all))
+            "fromage", "lars", "noisy_sgd"] + list(_t_all) + list(_s_all))

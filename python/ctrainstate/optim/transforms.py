@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..array import Array
 from .base import (ADAM, BELIEF, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
                    full_like, identity, safe_increment, scalar, to_array, zeros_like)
@@ -30,7 +31,7 @@ __all__ = [
     "trace", "ema", "add_decayed_weights", "clip", "clip_by_global_norm", "scale_by_trust_ratio",
     "scale_by_learning_rate", "scale_by_schedule", "scale_by_factored_rms", "clip_by_block_rms",
     "scale_by_param_block_rms", "set_to_zero", "ScaleByBeliefState", "scale_by_belief",
-    "scale_by_yogi", "scale_by_radam",
+    "scale_by_yogi", "scale_by_radam", "AddNoiseState", "add_noise",
 ]
 
 _f32 = np.float32
@@ -46,6 +47,11 @@ class ScaleByBeliefState(NamedTuple):
     count: Any
     mu: Any
     nu: Any
+
+
+class AddNoiseState(NamedTuple):
+    count: Any
+    rng_key: Any
 
 
 class ScaleByLionState(NamedTuple):
@@ -483,3 +489,54 @@ def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
             raise ValueError("scale_by_param_block_rms needs params")
         return [Stage(PARAM_RMS, [min_scale], active=ctx.snapshot())], lambda advance=True: state
     return GradientTransformation(lambda params: EmptyState(), fuse=fuse)
+
+
+# --- noise (not fused) ----------------------------------------------------------------------------
+
+
+def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
+    """Add Gaussian noise of variance ``eta / t**gamma`` at step t (optax.add_noise).
+
+    State: ``AddNoiseState(count, rng_key)``; the key is a raw uint32[2] key (a seed is
+    turned into ``random.key(seed)``, a typed jax key is accepted). Each step splits the
+    key like optax (``rng_key, sample_key = split(rng_key)``, one key per leaf from
+    ``split(sample_key, num_leaves)``) and draws each leaf's noise with
+    :func:`ctrainstate.random.normal` in the leaf's own sharding, so every device
+    generates only its shard and the noise equals optax's bit for bit. Not fused: the
+    noise is generated, then added by a separate elementwise op per leaf.
+    """
+    from .. import random as _random
+    if seed is not None:
+        if key is not None:
+            raise ValueError("add_noise: give only one of seed or key")
+        key = seed
+    if key is None:
+        key = 0
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        key0 = _random.key(int(key))
+    else:
+        key0 = np.array(_random._key_words(key), dtype=np.uint32)
+
+    def init(params):
+        return AddNoiseState(count=_count0(params), rng_key=key0.copy())
+
+    def update(updates, state, params=None):
+        del params
+        t = safe_increment(int(np.asarray(state.count)))
+        std = np.sqrt(_f32(eta) / (_f32(t) ** _f32(gamma)))
+        rng_key, sample_key = _random.split(state.rng_key)
+        leaves, td = tree_flatten(updates)
+        keys = _random.split(sample_key, len(leaves)) if leaves else []
+        out = []
+        for leaf, k in zip(leaves, keys):
+            if isinstance(leaf, Array):
+                noise = _random.normal(k, leaf.shape, leaf.dtype, out_sharding=leaf.sharding)
+                out.append(leaf + noise * std)
+            else:
+                x = np.asarray(leaf)
+                noise = _random.normal(k, x.shape, x.dtype)
+                out.append(x + np.asarray(std, x.dtype) * noise)
+        return tree_unflatten(td, out), AddNoiseState(
+            count=scalar(t, np.int32, sharding=getattr(state.count, "sharding", None)),
+            rng_key=np.asarray(rng_key, np.uint32))
+    return GradientTransformation(init, update)

@@ -61,6 +61,10 @@ CASES = {
     "lamb": (lambda o: o.lamb(1e-2, weight_decay=0.01), {}),
     "lion": (lambda o: o.lion(1e-3, weight_decay=0.1), {}),
     "rmsprop": (lambda o: o.rmsprop(1e-2), {}),
+    "rmsprop_centered": (lambda o: o.rmsprop(1e-2, centered=True, initial_scale=0.1), {}),
+    "rmsprop_centered_bc_momentum": (lambda o: o.rmsprop(1e-3, centered=True, eps_in_sqrt=False,
+                                                         bias_correction=True, momentum=0.9,
+                                                         initial_scale=0.5), {}),
     "adabelief": (lambda o: o.adabelief(1e-2), {}),
     "adabelief_nesterov_eps": (lambda o: o.adabelief(1e-2, eps=1e-8, eps_root=1e-10,
                                                      nesterov=True), {}),
@@ -75,6 +79,10 @@ CASES = {
     # noise drawn per leaf in its sharding, equal to jax.random's bits
     "noisy_sgd": (lambda o: o.noisy_sgd(1e-2, eta=0.1, key=7), {}),
     "noisy_sgd_momentum": (lambda o: o.chain(o.add_noise(0.05, 0.3, 11), o.sgd(1e-2, 0.9)), {}),
+    "inject_adamw_schedule": (lambda o: o.inject_hyperparams(o.adamw)(
+        learning_rate=o.cosine_decay_schedule(1e-2, 80), weight_decay=0.05), {}),
+    "inject_static_sgd": (lambda o: o.chain(o.clip_by_global_norm(3.0), o.inject_hyperparams(
+        o.sgd, static_args=("momentum",))(learning_rate=0.05, momentum=0.9, nesterov=True)), {}),
     "fromage": (lambda o: o.fromage(1e-2), {}),
     "fromage_schedule": (lambda o: o.fromage(o.linear_schedule(1e-2, 1e-3, 80)), {}),
     "lars": (lambda o: o.lars(1e-1, weight_decay=1e-3), {}),

@@ -148,3 +148,67 @@ def test_partition_on_a_mesh_keeps_state_sharded_like_params():
     np.testing.assert_array_equal(np.asarray(ts.params["head"]), head0)
     assert ts.params["head"].sharding.spec == P("model", None)
     assert tree_structure(ts.opt_state) == tree_structure(tx.init(p))
+
+
+# --- inject_hyperparams -----------------------------------------------------------------------
+
+
+def _steps(tx_state_update, grads):
+    for g in grads:
+        tx_state_update(g)
+
+
+def test_inject_hyperparams_change_between_steps_matches_optax():
+    optax = pytest.importorskip("optax")
+    jax = pytest.importorskip("jax")
+    p = _params()
+    rng = np.random.default_rng(5)
+    grads = [tree_map(lambda x: rng.standard_normal(x.shape).astype(np.float32), p)
+             for _ in range(6)]
+
+    def make(o):
+        return o.inject_hyperparams(o.adamw)(learning_rate=o.linear_schedule(0.1, 0.01, 5),
+                                             weight_decay=0.05, b1=0.8)
+    ref_tx = make(optax)
+    ref_p = jax.tree.map(jax.numpy.asarray, p)
+    ref_st = ref_tx.init(ref_p)
+    ts = TrainState.create(apply_fn=None, params=p, tx=make(optim))
+    for i, g in enumerate(grads):
+        if i == 3:   # change a numeric hyper-parameter mid-run, in both
+            ref_st.hyperparams["b1"] = jax.numpy.asarray(0.5, jax.numpy.float32)
+            ts.opt_state.hyperparams["b1"] = 0.5
+        u, ref_st = ref_tx.update(jax.tree.map(jax.numpy.asarray, g), ref_st, ref_p)
+        ref_p = optax.apply_updates(ref_p, u)
+        ts = ts.apply_gradients(grads=g)
+    for a, b in zip(tree_leaves(_np(ts.params)), jax.tree.leaves(ref_p)):
+        np.testing.assert_allclose(a, np.asarray(b), rtol=1e-6, atol=1e-7)
+    got = {k: float(np.asarray(v)) for k, v in ts.opt_state.hyperparams.items()}
+    want = {k: float(v) for k, v in ref_st.hyperparams.items()}
+    assert got == want
+    assert int(np.asarray(ts.opt_state.count)) == int(ref_st.count) == 6
+    assert int(np.asarray(ts.opt_state.hyperparams_states["learning_rate"].count)) == 6
+
+
+def test_inject_hyperparams_state_and_fusion():
+    tx = optim.inject_hyperparams(optim.adam)(learning_rate=0.1, nesterov=True)
+    assert tx.fusable
+    st = tx.init(_params())
+    assert type(st) is optim.InjectStatefulHyperparamsState
+    # booleans and None stay fixed arguments, numbers become float32 state
+    assert sorted(st.hyperparams) == ["b1", "b2", "eps", "eps_root", "learning_rate"]
+    assert st.hyperparams_states == {}
+    assert np.asarray(st.hyperparams["learning_rate"]).dtype == np.float32
+    noisy = optim.inject_hyperparams(optim.noisy_sgd)(learning_rate=0.1, key=0)
+    assert not noisy.fusable
+    p = _params()
+    u, s2 = noisy.update(tree_map(np.ones_like, p), noisy.init(p), p)
+    assert int(np.asarray(s2.count)) == 1
+
+
+def test_inject_hyperparams_errors():
+    with pytest.raises(ValueError, match="static_args"):
+        optim.inject_hyperparams(optim.sgd, static_args=("nope",))
+    tx = optim.inject_hyperparams(optim.sgd)(learning_rate=0.1)
+    p = _params()
+    with pytest.raises(TypeError, match="InjectStatefulHyperparamsState"):
+        tx.update(p, optim.sgd(0.1).init(p), p)

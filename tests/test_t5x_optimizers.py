@@ -48,6 +48,9 @@ def test_adamw_state_dict_and_restore():  # F-O2
     lambda: optimizers.fromage(0.1), lambda: optimizers.adabelief(0.1),
     lambda: optimizers.radam(0.1), lambda: optimizers.yogi(0.1),
     lambda: optimizers.lars(0.1, weight_decay=1e-3), lambda: optimizers.noisy_sgd(0.1, key=1),
+    lambda: optimizers.OptaxWrapper(optim.inject_hyperparams(optim.adamw)(
+        learning_rate=optim.linear_schedule(0.1, 0.0, 10))),
+    lambda: optimizers.rmsprop(0.1, centered=True),
     lambda: optimizers.multi_transform({'a': optim.adam(0.1), 'b': optim.set_to_zero()},
                                        {'dense': {'bias': 'b', 'kernel': 'a'}}),
     lambda: optimizers.adafactor(0.1, min_dim_size_to_factor=2),

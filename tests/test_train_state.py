@@ -240,6 +240,8 @@ def _reference_chains():
         # adabelief / yogi / radam's moment-only adam (mode 2, and 3 with nesterov)
         "belief_yogi_radam": [(base.BELIEF, adam + (1.0, 0.19)), (base.YOGI, adam + (0.0, 0.0)),
                               (base.ADAM, adam + (2.0, 0.19)), (base.ADAM, adam + (3.0, 0.19)),
+                              (base.STDDEV, (0.9, 1e-8, 1.0, 0.5)),
+                              (base.STDDEV, (0.8, 1e-3, 0.0, 1.0)),
                               (base.DECAY, (0.01,)), (base.SCALE, (-0.1,))],
         "zero": [(base.ADAM, adam + (0.0, 0.19)), (base.ZERO, ()), (base.DECAY, (0.01,)),
                  (base.LION, (0.9, 0.99)), (base.SCALE, (-0.1,))],

@@ -36,6 +36,7 @@ static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_GLOBAL_NORM] = 0, [CT_OPT_TRUST_RATIO] = 0, [CT_OPT_FINITE_GATE] = 0,
     [CT_OPT_EMA] = 1, [CT_OPT_FACTORED] = 3, [CT_OPT_BLOCK_RMS] = 0, [CT_OPT_PARAM_RMS] = 0,
     [CT_OPT_ZERO] = 0, [CT_OPT_BELIEF] = 2, [CT_OPT_YOGI] = 2,
+    [CT_OPT_STDDEV] = 2,
 };
 
 int ct_opt_kind_nslots(int kind) {
@@ -198,6 +199,21 @@ CT_INLINE void st_rms(float *restrict u, float *restrict v, int64_t n, const dou
             u[i] = (1.0f / (sqrtf(vi / bc) + eps)) * g;
             if (W) v[i] = vi;
         }
+    }
+}
+
+/* Centered RMSProp: the variance estimate nu^ - mu^^2 (both bias-corrected by bc). */
+CT_INLINE void st_stddev(float *restrict u, float *restrict m, float *restrict v, int64_t n,
+                         const double *s, const int W) {
+    const float dc = (float)s[0], eps = (float)s[1], bc = (float)s[3], c = 1.0f - dc;
+    const int in_sqrt = s[2] != 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float g = u[i];
+        float mi = c * g + dc * m[i];
+        float vi = c * (g * g) + dc * v[i];
+        float mh = mi / bc, var = vi / bc - mh * mh;
+        u[i] = (in_sqrt ? 1.0f / sqrtf(var + eps) : 1.0f / (sqrtf(var) + eps)) * g;
+        if (W) { m[i] = mi; v[i] = vi; }
     }
 }
 
@@ -378,6 +394,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
         case CT_OPT_ADAM: st_adam(u, s0, s1, n, s->s, W); break;
         case CT_OPT_BELIEF: st_belief(u, s0, s1, n, s->s, W); break;
         case CT_OPT_YOGI: st_yogi(u, s0, s1, n, s->s, W); break;
+        case CT_OPT_STDDEV: st_stddev(u, s0, s1, n, s->s, W); break;
         case CT_OPT_TRACE: st_trace(u, s0, n, s->s, W); break;
         case CT_OPT_LION: st_lion(u, s0, n, s->s, W); break;
         case CT_OPT_RMS: st_rms(u, s0, n, s->s, W); break;
@@ -1078,6 +1095,15 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
                 float mh = ((int)s[6] & 1) ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
                 u = mh / (sqrtf(*v * ib2) + (float)s[2]);
+                break;
+            }
+            case CT_OPT_STDDEV: {
+                float dc = (float)s[0];
+                *a = (1.0f - dc) * g + dc * *a;
+                *v = (1.0f - dc) * (g * g) + dc * *v;
+                float mh = *a / (float)s[3], var = *v / (float)s[3] - mh * mh;
+                u = (s[2] != 0.0 ? 1.0f / sqrtf(var + (float)s[1])
+                                 : 1.0f / (sqrtf(var) + (float)s[1])) * g;
                 break;
             }
             case CT_OPT_YOGI: {

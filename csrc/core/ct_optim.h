@@ -95,6 +95,8 @@ typedef enum {
                                 (g - mu)^2 + eps_root (adabelief)          (mu, nu) */
     CT_OPT_YOGI = 17,        /* s: b1 b2 eps eps_root bc1 bc2;
                                 nu -= (1-b2) sign(nu - g^2) g^2            (mu, nu) */
+    CT_OPT_STDDEV = 18,      /* s: as RMS; u = g / sqrt(nu^ - mu^^2 (+eps))
+                                (centered rmsprop)                         (mu, nu) */
     CT_OPT_NUM_KINDS
 } ct_opt_kind;
 

@@ -16,6 +16,8 @@ from .transforms import __all__ as _t_all
 from .combine import (ApplyIfFiniteState, MaskedState, MultiTransformState, PartitionState,
                       apply_if_finite, chain, freeze, masked, multi_transform, partition)
 from .schedules import *  # noqa: F401,F403
+from .inject import (InjectHyperparamsState, InjectStatefulHyperparamsState,
+                     WrappedScheduleState, inject_hyperparams)
 from .schedules import __all__ as _s_all
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
                     noisy_sgd, radam, rmsprop, sgd, yogi)
@@ -27,4 +29,5 @@ __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyS
             "safe_increment", "chain", "masked", "partition", "multi_transform", "freeze",
             "PartitionState", "MultiTransformState", "apply_if_finite", "adafactor", "adagrad",
             "adam", "adamw", "lamb", "lion", "rmsprop", "sgd", "adabelief", "yogi", "radam",
-            "fromage", "lars", "noisy_sgd"] + list(_t_all) + list(_s_all))
+            "fromage", "lars", "noisy_sgd", "inject_hyperparams", "InjectHyperparamsState",
+            "InjectStatefulHyperparamsState", "WrappedScheduleState"] + list(_t_all) + list(_s_all))

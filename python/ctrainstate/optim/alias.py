@@ -11,7 +11,7 @@ from .base import identity
 from .combine import chain
 from .combine import masked
 from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
-                         add_noise, scale_by_adam, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
+                         add_noise, scale_by_adam, scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
                          scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
                          scale_by_trust_ratio, trace)
 
@@ -50,11 +50,10 @@ def lion(learning_rate, b1=0.9, b2=0.99, mu_dtype=None, weight_decay=1e-3, mask=
 
 def rmsprop(learning_rate, decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
             centered=False, momentum=None, nesterov=False, bias_correction=False):
-    """RMSProp: chain(scale_by_rms, scale_by_learning_rate, trace | identity).
-    ``centered=True`` (optax's scale_by_stddev) is not implemented."""
-    if centered:
-        raise NotImplementedError("rmsprop(centered=True) is not implemented in ctrainstate yet")
-    return chain(scale_by_rms(decay, eps, initial_scale, eps_in_sqrt, bias_correction),
+    """RMSProp: chain(scale_by_rms | scale_by_stddev (centered), scale_by_learning_rate,
+    trace | identity). Fused."""
+    scaling = scale_by_stddev if centered else scale_by_rms
+    return chain(scaling(decay, eps, initial_scale, eps_in_sqrt, bias_correction),
                  scale_by_learning_rate(learning_rate),
                  trace(decay=momentum, nesterov=nesterov) if momentum is not None else identity())
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..array import Array
-from .base import (ADAM, BELIEF, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
+from .base import (ADAM, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
                    full_like, identity, safe_increment, scalar, to_array, zeros_like)
 
@@ -31,7 +31,8 @@ __all__ = [
     "trace", "ema", "add_decayed_weights", "clip", "clip_by_global_norm", "scale_by_trust_ratio",
     "scale_by_learning_rate", "scale_by_schedule", "scale_by_factored_rms", "clip_by_block_rms",
     "scale_by_param_block_rms", "set_to_zero", "ScaleByBeliefState", "scale_by_belief",
-    "scale_by_yogi", "scale_by_radam", "AddNoiseState", "add_noise",
+    "scale_by_yogi", "scale_by_radam", "AddNoiseState", "add_noise", "ScaleByRStdDevState",
+    "ScaleByRStdDevWithCountState", "scale_by_stddev",
 ]
 
 _f32 = np.float32
@@ -65,6 +66,17 @@ class ScaleByRmsState(NamedTuple):
 
 class ScaleByRmsWithCountState(NamedTuple):
     count: Any
+    nu: Any
+
+
+class ScaleByRStdDevState(NamedTuple):
+    mu: Any
+    nu: Any
+
+
+class ScaleByRStdDevWithCountState(NamedTuple):
+    count: Any
+    mu: Any
     nu: Any
 
 
@@ -291,6 +303,38 @@ def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
                 return ScaleByRmsWithCountState(ctx.new_scalar(state.count, t if advance else c),
                                                 nu_rb())
             return ScaleByRmsState(nu_rb())
+        return [st], rebuild
+    return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
+                    bias_correction=False) -> GradientTransformation:
+    """Centered RMSProp's scaling (optax.scale_by_stddev): g / sqrt(nu - mu^2 + eps), with
+    mu and nu the first and second moments. State: ScaleByRStdDevState(mu, nu), or
+    ScaleByRStdDevWithCountState(count, mu, nu) with ``bias_correction``."""
+    def init(params):
+        mu = _zeros_tree(params)
+        nu = tree_map(lambda p: full_like(p, initial_scale), params)
+        if bias_correction:
+            return ScaleByRStdDevWithCountState(count=_count0(params), mu=mu, nu=nu)
+        return ScaleByRStdDevState(mu=mu, nu=nu)
+
+    def fuse(state, ctx):
+        mu, mu_rb = ctx.slot(state.mu)
+        nu, nu_rb = ctx.slot(state.nu)
+        if bias_correction:
+            c = ctx.count(state.count)
+            t = safe_increment(c)
+            bc = _bc(decay, t)
+        else:
+            bc = 1.0
+        st = Stage(STDDEV, [decay, eps, float(bool(eps_in_sqrt)), bc], [mu, nu], ctx.snapshot())
+
+        def rebuild(advance=True):
+            if bias_correction:
+                return ScaleByRStdDevWithCountState(
+                    ctx.new_scalar(state.count, t if advance else c), mu_rb(), nu_rb())
+            return ScaleByRStdDevState(mu_rb(), nu_rb())
         return [st], rebuild
     return GradientTransformation(init, fuse=fuse)
 

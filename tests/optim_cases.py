@@ -83,6 +83,15 @@ CASES = {
         learning_rate=o.cosine_decay_schedule(1e-2, 80), weight_decay=0.05), {}),
     "inject_static_sgd": (lambda o: o.chain(o.clip_by_global_norm(3.0), o.inject_hyperparams(
         o.sgd, static_args=("momentum",))(learning_rate=0.05, momentum=0.9, nesterov=True)), {}),
+    "multisteps_adamw_k3": (lambda o: o.MultiSteps(o.adamw(1e-2, weight_decay=0.1),
+                                                   3).gradient_transformation(), {}),
+    "multisteps_sum_k_schedule": (lambda o: o.MultiSteps(
+        o.chain(o.clip_by_global_norm(2.0), o.sgd(0.05, momentum=0.9)), lambda s: 1 + s % 3,
+        use_grad_mean=False).gradient_transformation(), {}),
+    # mini-steps with a NaN are dropped (not accumulated); unfused path
+    "multisteps_skip_not_finite": (lambda o: o.MultiSteps(
+        o.adam(1e-2), 2, should_skip_update_fn=o.skip_not_finite).gradient_transformation(),
+        {"nan_steps": (3, 10, 11)}),
     "fromage": (lambda o: o.fromage(1e-2), {}),
     "fromage_schedule": (lambda o: o.fromage(o.linear_schedule(1e-2, 1e-3, 80)), {}),
     "lars": (lambda o: o.lars(1e-1, weight_decay=1e-3), {}),

@@ -212,3 +212,79 @@ def test_inject_hyperparams_errors():
     p = _params()
     with pytest.raises(TypeError, match="InjectStatefulHyperparamsState"):
         tx.update(p, optim.sgd(0.1).init(p), p)
+
+
+# --- MultiSteps ------------------------------------------------------------------------------
+
+
+def test_multisteps_object_in_trainstate_is_fused_and_in_place():
+    p = _params()
+    ms = optim.MultiSteps(optim.adam(0.1), every_k_schedule=3)
+    assert ms.fusable and ms.gradient_transformation().fusable
+    ts = TrainState.create(apply_fn=None, params=p, tx=ms)
+    g = tree_map(lambda x: np.full(x.shape, 0.5, np.float32), p)
+    before = _np(ts.params)
+    for i in range(1, 7):
+        old = ts
+        ts = ts.apply_gradients(grads=g)
+        with pytest.raises(cts.DonatedBufferError):   # the old state was donated
+            np.asarray(old.opt_state.acc_grads["head"])
+        changed = not np.array_equal(np.asarray(ts.params["head"]), before["head"])
+        assert changed == (i >= 3), i          # params move only from the 3rd mini-step on
+        assert bool(ms.has_updated(ts.opt_state)) == (i % 3 == 0)
+    assert int(np.asarray(ts.opt_state.gradient_step)) == 2
+    assert int(np.asarray(ts.opt_state.inner_opt_state[0].count)) == 2
+
+
+def test_multisteps_accumulates_the_mean_like_plain_adam_on_the_mean():
+    p = _params()
+    rng = np.random.default_rng(2)
+    grads = [tree_map(lambda x: rng.standard_normal(x.shape).astype(np.float32), p)
+             for _ in range(4)]
+    ms = optim.MultiSteps(optim.adam(0.1), 4)
+    ts = TrainState.create(apply_fn=None, params=p, tx=ms)
+    for g in grads:
+        ts = ts.apply_gradients(grads=g)
+    # Welford's running mean, as optax: acc + (g - acc) / (n + 1), in float32
+    acc = tree_map(lambda x: np.zeros_like(x), p)
+    for n, g in enumerate(grads):
+        acc = tree_map(lambda a, x: a + (x - a) / np.float32(n + 1), acc, g)
+    plain = TrainState.create(apply_fn=None, params=p, tx=optim.adam(0.1)).apply_gradients(
+        grads=acc)
+    for a, b in zip(tree_leaves(_np(ts.params)), tree_leaves(_np(plain.params))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_multisteps_errors():
+    with pytest.raises(ValueError, match=">= 1"):
+        optim.MultiSteps(optim.sgd(0.1), 0)
+    with pytest.raises(TypeError, match="every_k_schedule"):
+        optim.MultiSteps(optim.sgd(0.1), 2.5)
+    with pytest.raises(TypeError, match="GradientTransformation"):
+        optim.MultiSteps(0.1, 2)
+    with pytest.raises(NotImplementedError, match="float32"):
+        optim.MultiSteps(optim.sgd(0.1), 2, accumulator_dtype=np.float16)
+    p = _params()
+    ms = optim.MultiSteps(optim.sgd(0.1), lambda s: 0)
+    with pytest.raises(ValueError, match=r"every_k_schedule\(0\) = 0"):
+        ms.update(p, ms.init(p), p)
+    bad = optim.MultiSteps(optim.sgd(0.1), 2,
+                           should_skip_update_fn=lambda u, s, p: (np.float32(0), ()))
+    with pytest.raises(ValueError, match="boolean scalar"):
+        bad.update(p, bad.init(p), p)
+    with pytest.raises(TypeError, match="MultiStepsState"):
+        optim.MultiSteps(optim.sgd(0.1), 2).update(p, optim.sgd(0.1).init(p), p)
+
+
+def test_skip_large_updates_drops_the_mini_step():
+    import functools
+    p = {"w": np.zeros(3, np.float32)}
+    ms = optim.MultiSteps(optim.sgd(1.0), 2, should_skip_update_fn=functools.partial(
+        optim.skip_large_updates, max_squared_norm=100.0))
+    st = ms.init(p)
+    assert set(st.skip_state) == {"should_skip", "norm_squared"}
+    u, st = ms.update({"w": np.full(3, 100.0, np.float32)}, st, p)   # norm^2 3e4: skipped
+    assert bool(st.skip_state["should_skip"]) and int(np.asarray(st.mini_step)) == 0
+    u, st = ms.update({"w": np.ones(3, np.float32)}, st, p)
+    u, st = ms.update({"w": np.full(3, 3.0, np.float32)}, st, p)
+    assert np.asarray(u["w"]).tolist() == [-2.0, -2.0, -2.0]

@@ -51,6 +51,7 @@ def test_adamw_state_dict_and_restore():  # F-O2
     lambda: optimizers.OptaxWrapper(optim.inject_hyperparams(optim.adamw)(
         learning_rate=optim.linear_schedule(0.1, 0.0, 10))),
     lambda: optimizers.rmsprop(0.1, centered=True),
+    lambda: optimizers.OptaxWrapper(optim.MultiSteps(optim.adam(0.1), 2).gradient_transformation()),
     lambda: optimizers.multi_transform({'a': optim.adam(0.1), 'b': optim.set_to_zero()},
                                        {'dense': {'bias': 'b', 'kernel': 'a'}}),
     lambda: optimizers.adafactor(0.1, min_dim_size_to_factor=2),

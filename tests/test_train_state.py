@@ -243,12 +243,15 @@ def _reference_chains():
                               (base.STDDEV, (0.9, 1e-8, 1.0, 0.5)),
                               (base.STDDEV, (0.8, 1e-3, 0.0, 1.0)),
                               (base.DECAY, (0.01,)), (base.SCALE, (-0.1,))],
+        "accum": [(base.ACCUM, (3.0, 0.0, 0.0)), (base.DECAY, (0.01,)),
+                  (base.ACCUM, (2.0, 1.0, 0.0)), (base.ACCUM, (1.0, 1.0, 1.0)),
+                  (base.ADAM, adam + (0.0, 0.19)), (base.SCALE, (-0.1,))],
         "zero": [(base.ADAM, adam + (0.0, 0.19)), (base.ZERO, ()), (base.DECAY, (0.01,)),
                  (base.LION, (0.9, 0.99)), (base.SCALE, (-0.1,))],
     }
 
 
-@pytest.mark.parametrize("chain", ["elementwise", "belief_yogi_radam", "zero"])
+@pytest.mark.parametrize("chain", ["elementwise", "belief_yogi_radam", "accum", "zero"])
 def test_fused_kernel_matches_scalar_reference(chain):
     """The chunked OpenMP driver against the plain one-element-at-a-time C reference."""
     from ctrainstate import _C

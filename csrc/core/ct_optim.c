@@ -36,7 +36,7 @@ static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_GLOBAL_NORM] = 0, [CT_OPT_TRUST_RATIO] = 0, [CT_OPT_FINITE_GATE] = 0,
     [CT_OPT_EMA] = 1, [CT_OPT_FACTORED] = 3, [CT_OPT_BLOCK_RMS] = 0, [CT_OPT_PARAM_RMS] = 0,
     [CT_OPT_ZERO] = 0, [CT_OPT_BELIEF] = 2, [CT_OPT_YOGI] = 2,
-    [CT_OPT_STDDEV] = 2,
+    [CT_OPT_STDDEV] = 2, [CT_OPT_ACCUM] = 1,
 };
 
 int ct_opt_kind_nslots(int kind) {
@@ -214,6 +214,19 @@ CT_INLINE void st_stddev(float *restrict u, float *restrict m, float *restrict v
         float mh = mi / bc, var = vi / bc - mh * mh;
         u[i] = (in_sqrt ? 1.0f / sqrtf(var + eps) : 1.0f / (sqrtf(var) + eps)) * g;
         if (W) { m[i] = mi; v[i] = vi; }
+    }
+}
+
+/* Gradient accumulation (MultiSteps, Welford mean): the running mean of the mini-step
+ * grads; on the emitting mini-step it becomes the update and the accumulator resets. */
+CT_INLINE void st_accum(float *restrict u, float *restrict a, int64_t n, const double *s,
+                        const int W) {
+    const float n1 = (float)s[0];
+    const int emit = s[1] != 0.0, sum = s[2] != 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float ai = sum ? u[i] + a[i] : a[i] + (u[i] - a[i]) / n1;
+        u[i] = emit ? ai : 0.0f;
+        if (W) a[i] = emit ? 0.0f : ai;
     }
 }
 
@@ -395,6 +408,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
         case CT_OPT_BELIEF: st_belief(u, s0, s1, n, s->s, W); break;
         case CT_OPT_YOGI: st_yogi(u, s0, s1, n, s->s, W); break;
         case CT_OPT_STDDEV: st_stddev(u, s0, s1, n, s->s, W); break;
+        case CT_OPT_ACCUM: st_accum(u, s0, n, s->s, W); break;
         case CT_OPT_TRACE: st_trace(u, s0, n, s->s, W); break;
         case CT_OPT_LION: st_lion(u, s0, n, s->s, W); break;
         case CT_OPT_RMS: st_rms(u, s0, n, s->s, W); break;
@@ -1095,6 +1109,11 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
                 float mh = ((int)s[6] & 1) ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
                 u = mh / (sqrtf(*v * ib2) + (float)s[2]);
+                break;
+            }
+            case CT_OPT_ACCUM: {
+                float ai = s[2] != 0.0 ? g + *a : *a + (g - *a) / (float)s[0];
+                if (s[1] != 0.0) { u = ai; *a = 0.0f; } else { u = 0.0f; *a = ai; }
                 break;
             }
             case CT_OPT_STDDEV: {

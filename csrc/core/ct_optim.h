@@ -97,6 +97,8 @@ typedef enum {
                                 nu -= (1-b2) sign(nu - g^2) g^2            (mu, nu) */
     CT_OPT_STDDEV = 18,      /* s: as RMS; u = g / sqrt(nu^ - mu^^2 (+eps))
                                 (centered rmsprop)                         (mu, nu) */
+    CT_OPT_ACCUM = 19,       /* s: n+1 emit sum: acc += (u - acc)/(n+1) (sum: acc = u +
+                                acc); emit: u = acc, acc = 0; else u = 0 (MultiSteps) (acc) */
     CT_OPT_NUM_KINDS
 } ct_opt_kind;
 

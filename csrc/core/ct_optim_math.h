@@ -35,6 +35,7 @@ CT_HD static inline int ct_om_nslots(int kind) {
     switch (kind) {
     case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_STDDEV: return 2;
     case CT_OPT_TRACE: case CT_OPT_LION: case CT_OPT_RMS: case CT_OPT_RSS: case CT_OPT_EMA:
+    case CT_OPT_ACCUM:
         return 1;
     case CT_OPT_FACTORED: return 3;
     default: return 0;
@@ -47,7 +48,8 @@ CT_HD static inline int ct_om_is_elementwise(int kind) {
     return kind == CT_OPT_SCALE || kind == CT_OPT_ADAM || kind == CT_OPT_DECAY ||
            kind == CT_OPT_TRACE || kind == CT_OPT_LION || kind == CT_OPT_RMS ||
            kind == CT_OPT_RSS || kind == CT_OPT_CLIP || kind == CT_OPT_EMA || kind == CT_OPT_ZERO ||
-           kind == CT_OPT_BELIEF || kind == CT_OPT_YOGI || kind == CT_OPT_STDDEV;
+           kind == CT_OPT_BELIEF || kind == CT_OPT_YOGI || kind == CT_OPT_STDDEV ||
+           kind == CT_OPT_ACCUM;
 }
 
 /* fp32 constants of one stage for one step, from its double scalars s[]. */
@@ -67,6 +69,9 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
         c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = s[2] != 0.0 ? 1.0f : 0.0f; c[3] = (float)s[3];
         break;
     case CT_OPT_RSS: c[0] = (float)s[0]; break;
+    case CT_OPT_ACCUM:
+        c[0] = (float)s[0]; c[1] = s[1] != 0.0 ? 1.0f : 0.0f; c[2] = s[2] != 0.0 ? 1.0f : 0.0f;
+        break;
     case CT_OPT_EMA: c[0] = (float)s[0]; c[1] = (float)s[1]; break;
     default: break;
     }
@@ -137,6 +142,11 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
         float vh = vi / c[3];
         if (w) *a = vi;
         return (c[2] != 0.0f ? 1.0f / sqrtf(vh + c[1]) : 1.0f / (sqrtf(vh) + c[1])) * g;
+    }
+    case CT_OPT_ACCUM: {
+        float ai = c[2] != 0.0f ? g + *a : *a + (g - *a) / c[0];
+        if (w) *a = c[1] != 0.0f ? 0.0f : ai;
+        return c[1] != 0.0f ? ai : 0.0f;
     }
     case CT_OPT_STDDEV: {
         float mi = (1.0f - c[0]) * g + c[0] * *a;

@@ -16,6 +16,8 @@ from .transforms import __all__ as _t_all
 from .combine import (ApplyIfFiniteState, MaskedState, MultiTransformState, PartitionState,
                       apply_if_finite, chain, freeze, masked, multi_transform, partition)
 from .schedules import *  # noqa: F401,F403
+from .wrappers import (MultiSteps, MultiStepsState, skip_large_updates,
+                       skip_not_finite)
 from .inject import (InjectHyperparamsState, InjectStatefulHyperparamsState,
                      WrappedScheduleState, inject_hyperparams)
 from .schedules import __all__ as _s_all
@@ -30,4 +32,5 @@ __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyS
             "PartitionState", "MultiTransformState", "apply_if_finite", "adafactor", "adagrad",
             "adam", "adamw", "lamb", "lion", "rmsprop", "sgd", "adabelief", "yogi", "radam",
             "fromage", "lars", "noisy_sgd", "inject_hyperparams", "InjectHyperparamsState",
-            "InjectStatefulHyperparamsState", "WrappedScheduleState"] + list(_t_all) + list(_s_all))
+            "InjectStatefulHyperparamsState", "WrappedScheduleState", "MultiSteps",
+            "MultiStepsState", "skip_not_finite", "skip_large_updates"] + list(_t_all) + list(_s_all))

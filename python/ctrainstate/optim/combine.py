@@ -52,7 +52,7 @@ def chain(*args: GradientTransformation) -> GradientTransformation:
     def init(params):
         return tuple(t.init(params) for t in args)
 
-    if all(t.fusable for t in args):
+    if all(getattr(t, "fusable", False) for t in args):
         def fuse(state, ctx):
             stages, rbs = [], []
             for t, s in zip(args, state):
@@ -102,7 +102,7 @@ def masked(inner: GradientTransformation, mask) -> GradientTransformation:
         _, m = _mask_flat(mask, params)
         return MaskedState(inner_state=inner.init(mask_tree(params, m)))
 
-    if inner.fusable:
+    if getattr(inner, "fusable", False):
         def fuse(state, ctx):
             flat, _ = _mask_flat(mask, ctx.params if ctx.params is not None else ctx.tree)
             prev = ctx.push_mask(flat)
@@ -162,7 +162,7 @@ def partition(transforms, param_labels, *, mask_compatible_extra_args: bool = Fa
                         f"GradientTransformations, got {type(transforms).__name__}")
     transforms = dict(transforms)
     for label, tx in transforms.items():
-        if not isinstance(tx, GradientTransformation):
+        if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
             raise TypeError(f"partition: transforms[{label!r}] is a {type(tx).__name__}, not a "
                             f"GradientTransformation")
 
@@ -195,7 +195,7 @@ def partition(transforms, param_labels, *, mask_compatible_extra_args: bool = Fa
             raise ValueError(f"partition: the state has no entry for label {label!r}: was it "
                              f"built by this transformation's init?") from None
 
-    if all(t.fusable for t in transforms.values()):
+    if all(getattr(t, "fusable", False) for t in transforms.values()):
         def fuse(state, ctx):
             check(ctx.params if ctx.params is not None else ctx.tree)
             stages, rbs = [], {}
@@ -238,7 +238,7 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
         return new_nfc, (tot if finite else safe_increment(tot)), \
             finite or new_nfc > max_consecutive_errors
 
-    if inner.fusable:
+    if getattr(inner, "fusable", False):
         def fuse(state, ctx):
             nfc = int(np.asarray(state.notfinite_count))
             tot = int(np.asarray(state.total_notfinite))

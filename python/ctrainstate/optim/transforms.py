@@ -278,33 +278,48 @@ def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
     return GradientTransformation(init, fuse=fuse)
 
 
-def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
-                 bias_correction=False) -> GradientTransformation:
-    """RMSProp's scaling (optax.scale_by_rms): ScaleByRmsState(nu), or
-    ScaleByRmsWithCountState(count, nu) with ``bias_correction``."""
+def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction):
+    """scale_by_rms (RMS stage, state nu) or, ``centered``, scale_by_stddev (STDDEV stage,
+    state mu and nu); optax's states, with a count when ``bias_correction``."""
+    if centered:
+        plain, counted, kind = ScaleByRStdDevState, ScaleByRStdDevWithCountState, STDDEV
+    else:
+        plain, counted, kind = ScaleByRmsState, ScaleByRmsWithCountState, RMS
+    moments = plain._fields                    # ('mu', 'nu') or ('nu',)
+
     def init(params):
-        nu = tree_map(lambda p: full_like(p, initial_scale), params)
+        m = {"nu": tree_map(lambda p: full_like(p, initial_scale), params)}
+        if centered:
+            m["mu"] = _zeros_tree(params)
         if bias_correction:
-            return ScaleByRmsWithCountState(count=_count0(params), nu=nu)
-        return ScaleByRmsState(nu=nu)
+            return counted(count=_count0(params), **m)
+        return plain(**m)
 
     def fuse(state, ctx):
-        nu, nu_rb = ctx.slot(state.nu)
+        slots = [ctx.slot(getattr(state, f)) for f in moments]
         if bias_correction:
             c = ctx.count(state.count)
             t = safe_increment(c)
             bc = _bc(decay, t)
         else:
             bc = 1.0
-        st = Stage(RMS, [decay, eps, float(bool(eps_in_sqrt)), bc], [nu], ctx.snapshot())
+        st = Stage(kind, [decay, eps, float(bool(eps_in_sqrt)), bc], [a for a, _ in slots],
+                   ctx.snapshot())
 
         def rebuild(advance=True):
+            m = [rb() for _, rb in slots]
             if bias_correction:
-                return ScaleByRmsWithCountState(ctx.new_scalar(state.count, t if advance else c),
-                                                nu_rb())
-            return ScaleByRmsState(nu_rb())
+                return counted(ctx.new_scalar(state.count, t if advance else c), *m)
+            return plain(*m)
         return [st], rebuild
     return GradientTransformation(init, fuse=fuse)
+
+
+def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
+                 bias_correction=False) -> GradientTransformation:
+    """RMSProp's scaling (optax.scale_by_rms): ScaleByRmsState(nu), or
+    ScaleByRmsWithCountState(count, nu) with ``bias_correction``."""
+    return _rms_like(False, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
 
 
 def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
@@ -312,31 +327,7 @@ def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
     """Centered RMSProp's scaling (optax.scale_by_stddev): g / sqrt(nu - mu^2 + eps), with
     mu and nu the first and second moments. State: ScaleByRStdDevState(mu, nu), or
     ScaleByRStdDevWithCountState(count, mu, nu) with ``bias_correction``."""
-    def init(params):
-        mu = _zeros_tree(params)
-        nu = tree_map(lambda p: full_like(p, initial_scale), params)
-        if bias_correction:
-            return ScaleByRStdDevWithCountState(count=_count0(params), mu=mu, nu=nu)
-        return ScaleByRStdDevState(mu=mu, nu=nu)
-
-    def fuse(state, ctx):
-        mu, mu_rb = ctx.slot(state.mu)
-        nu, nu_rb = ctx.slot(state.nu)
-        if bias_correction:
-            c = ctx.count(state.count)
-            t = safe_increment(c)
-            bc = _bc(decay, t)
-        else:
-            bc = 1.0
-        st = Stage(STDDEV, [decay, eps, float(bool(eps_in_sqrt)), bc], [mu, nu], ctx.snapshot())
-
-        def rebuild(advance=True):
-            if bias_correction:
-                return ScaleByRStdDevWithCountState(
-                    ctx.new_scalar(state.count, t if advance else c), mu_rb(), nu_rb())
-            return ScaleByRStdDevState(mu_rb(), nu_rb())
-        return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return _rms_like(True, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
 
 
 def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformation:

@@ -14,6 +14,9 @@ logs=${1:-${OUT:-$root/gpu_check_logs}}
 mkdir -p "$logs"
 cd "$root"
 declare -a rows
+PY=${PYTHON:-python3}  # the GPU image's python3 is the one with torch/jax; 'python' may not exist
+export PYTHONUNBUFFERED=1  # a step cut off by timeout still leaves its log
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"  # bench_init/bench_siren import the checkout
 
 step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device time is scarce)
     local name=$1 log=$2 limit=$3; shift 3
@@ -25,18 +28,21 @@ step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device t
 }
 
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
-step build build.log 400 python -m pip install --no-build-isolation --no-deps -e .
-python -c "import ctrainstate as c; print(c.gpu_status()); print(c.devices('gpu'))" >"$logs/devices.txt" 2>&1
+step build build.log 400 "$PY" -m pip install --no-build-isolation --no-deps --no-index \
+    --disable-pip-version-check -e .
+# Without GPU devices every GPU test skips and pytest still exits 0: fail here, visibly.
+step "gpu devices" devices.txt 120 "$PY" -c "import ctrainstate as c; print(c.gpu_status()); \
+print(c.devices('gpu')); assert c._C.device_ids('gpu'), 'no GPU devices'"
 # The CPU suite runs in CI; here only what needs the GPU. Most valuable first.
-step "tests gpu (1 device/GPU)" tests_gpu.log 240 python -m pytest -q -rf -m gpu tests
+step "tests gpu (1 device/GPU)" tests_gpu.log 240 "$PY" -m pytest -q -rf -m gpu tests
 for b in benchmarks/bench_*.py; do
     [ -f "$b" ] || continue
     if grep -q -- "--gpu" "$b"; then
-        step "$(basename "$b" .py) --gpu" "$(basename "$b" .py)_gpu.log" 150 python "$b" --gpu
+        step "$(basename "$b" .py) --gpu" "$(basename "$b" .py)_gpu.log" 150 "$PY" "$b" --gpu
     fi
 done
-CTRAINSTATE_GPU_SPLIT=4 step "tests gpu (split 4)" tests_gpu_split4.log 200 python -m pytest -q -rf -m gpu tests
-CTRAINSTATE_GPU_SPLIT=8 step "tests gpu (split 8)" tests_gpu_split8.log 200 python -m pytest -q -rf -m gpu tests
+CTRAINSTATE_GPU_SPLIT=4 step "tests gpu (split 4)" tests_gpu_split4.log 200 "$PY" -m pytest -q -rf -m gpu tests
+CTRAINSTATE_GPU_SPLIT=8 step "tests gpu (split 8)" tests_gpu_split8.log 200 "$PY" -m pytest -q -rf -m gpu tests
 
 echo
 cat "$logs/devices.txt"

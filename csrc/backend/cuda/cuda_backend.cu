@@ -164,6 +164,32 @@ static ct_status launch_strided(ct_device *dev, int ndim, const int64_t *shape, 
     return CT_OK;
 }
 
+/* Buffers come from each GPU's default memory pool (cudaMallocAsync), and pool
+ * allocations do not follow cudaDeviceEnablePeerAccess: the peer's pool must
+ * grant access to `gpu` itself (cudaMemPoolSetAccess). Done once per pair. */
+#define CT_CUDA_PEER_CACHE 64
+static std::atomic<uint64_t> g_peer_ok[CT_CUDA_PEER_CACHE];
+
+ct_status ct_cuda_enable_peer(int gpu, int peer) {
+    CT_CUDA_TRY(cudaSetDevice(gpu));
+    if (gpu == peer) return CT_OK;
+    const bool cached = gpu < CT_CUDA_PEER_CACHE && peer < CT_CUDA_PEER_CACHE;
+    if (cached && ((g_peer_ok[gpu].load() >> peer) & 1u)) return CT_OK;
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    else CT_CUDA_TRY(e);
+    cudaMemPool_t pool;
+    CT_CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, peer));
+    cudaMemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = cudaMemLocationTypeDevice;
+    acc.location.id = gpu;
+    acc.flags = cudaMemAccessFlagsProtReadWrite;
+    CT_CUDA_TRY(cudaMemPoolSetAccess(pool, &acc, 1));
+    if (cached) g_peer_ok[gpu].fetch_or(1ull << peer);
+    return CT_OK;
+}
+
 /* A side is "host" when it is NULL or a device of another backend (CPU devices
  * live in host memory). */
 static ct_device *as_gpu(ct_device *d);
@@ -214,11 +240,7 @@ static ct_status cuda_copy_block(ct_device *dst_dev, ct_device *src_dev, int ndi
                                                 ct_cuda_stream(gd)));
         } else {
             /* Strided: the kernel reads the peer directly (UVA + peer access). */
-            if (gd->ordinal != gs->ordinal) {
-                cudaError_t pe = cudaDeviceEnablePeerAccess(gs->ordinal, 0);
-                if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) CT_CUDA_TRY(pe);
-                cudaGetLastError();
-            }
+            if (gd->ordinal != gs->ordinal) CT_TRY(ct_cuda_enable_peer(gd->ordinal, gs->ordinal));
             CT_TRY(launch_strided(gd, ndim, shape, itemsize, dst, dst_strides, src, src_strides, n));
         }
         CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(gd)));

@@ -33,4 +33,8 @@ static inline cudaStream_t ct_cuda_stream(const ct_device *dev) {
     return (cudaStream_t)dev->stream;
 }
 
+/* Let kernels running on GPU `gpu` read and write buffers of GPU `peer`
+ * (cuda_backend.cu); leaves `gpu` the current device. */
+ct_status ct_cuda_enable_peer(int gpu, int peer);
+
 #endif /* CT_CUDA_COMMON_CUH */

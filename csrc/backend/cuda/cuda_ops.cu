@@ -286,13 +286,9 @@ extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int n
     if (nbufs > MAX_GROUP)
         return ct_cuda_core->set_error(CT_EINVAL, "all-reduce over more than %d devices", MAX_GROUP);
     for (int j = 0; j < nbufs; j++) {
-        if (devs[j]->ordinal != devs[0]->ordinal) {
-            /* peers: let the kernel on GPU 0 of the group read them */
-            CT_CUDA_TRY(cudaSetDevice(devs[0]->ordinal));
-            cudaError_t e = cudaDeviceEnablePeerAccess(devs[j]->ordinal, 0);
-            if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CT_CUDA_TRY(e);
-            cudaGetLastError();
-        }
+        /* peers: let the kernel on GPU 0 of the group read and write them */
+        if (devs[j]->ordinal != devs[0]->ordinal)
+            CT_TRY(ct_cuda_enable_peer(devs[0]->ordinal, devs[j]->ordinal));
         CT_CUDA_TRY(cudaSetDevice(devs[j]->ordinal));
         CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(devs[j])));
     }

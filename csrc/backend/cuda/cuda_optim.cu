@@ -291,10 +291,10 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     }
     acc[0] = acc[1] = 0.0;
     if (ntiles == 0) return CT_OK;
-    if (cache->d_part == nullptr) {
+    if (cache->d_part == nullptr)
         CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
+    if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */
         CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
-    }
     const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
     opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_part);
     CT_CUDA_TRY(cudaGetLastError());

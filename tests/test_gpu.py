@@ -194,6 +194,17 @@ _OPT_CASES = {
     "adagrad": lambda: optim.adagrad(1e-2),
     "clip_adamw": lambda: _chain_clip(optim.adamw(1e-2)),
     "clip_sgd": lambda: _chain_clip(optim.sgd(1e-2, momentum=0.9)),
+    "adabelief": lambda: optim.adabelief(1e-2, nesterov=True),
+    "yogi": lambda: optim.yogi(1e-2),
+    "radam": lambda: optim.radam(1e-2),           # crosses its threshold at step 6
+    "rmsprop_centered": lambda: optim.rmsprop(1e-3, centered=True, bias_correction=True,
+                                              initial_scale=0.1),
+    "multisteps_adamw": lambda: optim.MultiSteps(optim.adamw(1e-2), 3).gradient_transformation(),
+    "partition_frozen": lambda: optim.partition(
+        {"train": optim.adam(1e-2), "frozen": optim.set_to_zero()},
+        {"w": "train", "b": "frozen", "e": "train"}),
+    "inject_adamw": lambda: optim.inject_hyperparams(optim.adamw)(
+        learning_rate=optim.linear_schedule(1e-2, 1e-3, 20)),
 }
 
 

@@ -81,6 +81,37 @@ static PyObject *py_op_unary(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Every 4-byte element of each buffer set to the 32-bit pattern `bits`, on the buffer's own
+ * device: the backend's affine kernel with alpha 0 stores beta without reading x or doing
+ * arithmetic, so the pattern is written unchanged whatever float it spells. On GPUs this
+ * is a kernel launch on the device's stream (no host synchronisation, unlike a copy from
+ * host memory); optimizer step counters use it. */
+static PyObject *py_fill_bits32(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *bo;
+    unsigned int bits;
+    if (!PyArg_ParseTuple(args, "OI:fill_bits32", &bo, &bits)) return NULL;
+    buf_list bs;
+    if (get_buffers(bo, &bs, "fill_bits32", 0) < 0) return NULL;
+    for (Py_ssize_t i = 0; i < bs.n; i++)
+        if (ct_dtype_size(bs.b[i]->dtype) != 4) {
+            PyErr_Format(PyExc_TypeError, "fill_bits32: needs 4-byte elements, got %s",
+                         ct_dtype_name(bs.b[i]->dtype));
+            return NULL;
+        }
+    float beta;
+    uint32_t u = (uint32_t)bits;
+    memcpy(&beta, &u, sizeof beta);
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < bs.n && st == CT_OK; i++)
+        st = ct_op_unary(bs.b[i]->dev, CT_UN_AFFINE, 0.0f, beta, (int64_t)(bs.b[i]->nbytes / 4),
+                         bs.b[i]->data, bs.b[i]->data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_op_binary(PyObject *self, PyObject *args) {
     (void)self;
     int op;
@@ -265,6 +296,9 @@ static PyObject *py_has_blas(PyObject *self, PyObject *noargs) {
 static PyMethodDef ops_methods[] = {
     {"op_unary", py_op_unary, METH_VARARGS,
      "op_unary($module, op, alpha, beta, xs, ys, /)\n--\n\nys[i] = op(xs[i]) for every shard."},
+    {"fill_bits32", py_fill_bits32, METH_VARARGS,
+     "fill_bits32($module, buffers, bits, /)\n--\n\nSet every 4-byte element of each buffer "
+     "to the 32-bit pattern `bits` (a kernel on the buffer's device)."},
     {"op_binary", py_op_binary, METH_VARARGS,
      "op_binary($module, op, outs, lhs, rhs, /)\n--\n\nouts[i] = lhs[i] op rhs[i] with numpy "
      "broadcasting of the shard shapes."},

@@ -20,6 +20,7 @@ import threading
 import numpy as np
 
 from ._operators import OperatorsMixin
+from .tree_util import register_leaf_type
 
 __all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]
 
@@ -60,6 +61,9 @@ class ShapeDtypeStruct(OperatorsMixin):
         if not self.shape:
             raise TypeError("len() of a 0-d ShapeDtypeStruct")
         return self.shape[0]
+
+
+register_leaf_type(ShapeDtypeStruct)
 
 
 def is_abstract() -> bool:

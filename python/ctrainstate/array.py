@@ -23,7 +23,7 @@ from . import _C, _dtypes
 from ._devices import Device
 from ._operators import OperatorsMixin
 from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
-from .tree_util import tree_leaves
+from .tree_util import register_leaf_type, tree_leaves
 
 __all__ = ["Array", "Shard", "device_put", "from_dlpack", "block_until_ready",
            "visualize_array_sharding"]
@@ -55,7 +55,7 @@ class Array(OperatorsMixin):
     """
 
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
-                 "__weakref__")
+                 "__weakref__", "_host_scalar")
 
     # numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's matmul, so it is
     # differentiated and sharded); ``np.asarray(array)`` still gathers.
@@ -74,6 +74,10 @@ class Array(OperatorsMixin):
         self._blocks = blocks
         self._shard_shape = sharding.shard_shape(shape)
         self._donated = False
+        # The value of a 0-d Array whose every write went through ctrainstate.optim's
+        # counter helpers (optim.base.scalar / FuseContext.new_scalar), so reading it needs
+        # no device read (a GPU synchronisation); None: unknown, read the device.
+        self._host_scalar = None
         return self
 
     # --- metadata ---------------------------------------------------------------
@@ -137,11 +141,17 @@ class Array(OperatorsMixin):
 
     def _moved(self) -> "Array":
         """A new Array owning this one's buffers (same blocks list); this one is donated.
-        Cheaper than _create: the layout is not recomputed."""
-        blocks = self._donate()
+        Cheaper than _create: the layout is not recomputed, and only donation is checked
+        (callers validated the buffers earlier in the same step; a deleted buffer still
+        raises when the new Array is used)."""
+        if self._donated:
+            self._check_alive()
+        self._donated = True
+        blocks = self._blocks
         new = object.__new__(Array)
         new._shape, new._dtype, new._sharding = self._shape, self._dtype, self._sharding
         new._blocks, new._shard_shape, new._donated = blocks, self._shard_shape, False
+        new._host_scalar = self._host_scalar   # same buffers, same value
         return new
 
     # --- data -----------------------------------------------------------------
@@ -214,6 +224,9 @@ class Array(OperatorsMixin):
 
     def _repr_html_(self):
         return _sharding_html(self)
+
+
+register_leaf_type(Array)
 
 
 # --- device_put ------------------------------------------------------------------

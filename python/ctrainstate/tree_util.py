@@ -11,6 +11,8 @@ class registered with :func:`register_pytree_node`. Everything else is a leaf.
 from __future__ import annotations
 
 import collections
+
+import numpy as np
 from typing import Any, Callable, NamedTuple
 
 __all__ = [
@@ -75,6 +77,7 @@ def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func:
         return children, aux, [SequenceKey(i) for i in range(len(children))]
 
     _registry[nodetype] = (flat, unflatten_func)
+    _LEAF_TYPES.discard(nodetype)
 
 
 def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unflatten_func: Callable):
@@ -88,6 +91,7 @@ def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unfla
         return [c for _, c in kc], aux, [k for k, _ in kc]
 
     _registry[nodetype] = (flat, unflatten_func)
+    _LEAF_TYPES.discard(nodetype)
 
 
 def register_pytree_node_class(cls):
@@ -153,18 +157,22 @@ def _unflatten_node(kind, aux, children):
 class PyTreeDef:
     """The structure of a pytree: node kinds, aux data and the leaf positions."""
 
-    __slots__ = ("kind", "aux", "children", "num_leaves", "num_nodes")
+    __slots__ = ("kind", "aux", "children", "num_leaves")
 
-    def __init__(self, kind, aux, children):
+    def __init__(self, kind, aux, children, num_leaves=None):
         self.kind = kind  # "leaf", "none" handled via kind type(None)
         self.aux = aux
         self.children = tuple(children)
         if kind == "leaf":
             self.num_leaves = 1
-            self.num_nodes = 1
+        elif num_leaves is not None:   # known to the caller (flatten counts as it goes)
+            self.num_leaves = num_leaves
         else:
-            self.num_leaves = sum(c.num_leaves for c in self.children)
-            self.num_nodes = 1 + sum(c.num_nodes for c in self.children)
+            self.num_leaves = sum([c.num_leaves for c in self.children])
+
+    @property
+    def num_nodes(self) -> int:
+        return 1 if self.kind == "leaf" else 1 + sum(c.num_nodes for c in self.children)
 
     def unflatten(self, leaves):
         return tree_unflatten(self, leaves)
@@ -174,9 +182,12 @@ class PyTreeDef:
         return (self.kind, aux, self.children)
 
     def __eq__(self, other):
+        if self is other:
+            return True
         if not isinstance(other, PyTreeDef):
             return NotImplemented
-        if self.kind != other.kind or len(self.children) != len(other.children):
+        if (self.kind != other.kind or self.num_leaves != other.num_leaves
+                or len(self.children) != len(other.children)):
             return False
         try:
             if self.aux != other.aux:
@@ -184,7 +195,8 @@ class PyTreeDef:
         except Exception:  # aux without a usable == (e.g. arrays): compare identity
             if self.aux is not other.aux:
                 return False
-        return all(a == b for a, b in zip(self.children, other.children))
+        # tuple equality compares identical items (the shared leaf node) without a call
+        return self.children == other.children
 
     def __hash__(self):
         try:
@@ -210,8 +222,45 @@ class PyTreeDef:
 
 _LEAF = PyTreeDef("leaf", None, ())
 
+# Types that are always leaves (checked first by the flatten fast path); Array and
+# ShapeDtypeStruct are added when their modules load (register_leaf_type).
+_LEAF_TYPES = {np.ndarray, int, float, bool, complex, str, bytes, np.float32, np.float64,
+               np.int32, np.int64, np.bool_}
+
+
+def register_leaf_type(t: type) -> None:
+    """Declare ``t`` a leaf type for the flatten fast path (it must not be a registered node)."""
+    if t in _registry:
+        raise ValueError(f"{t.__name__} is a registered pytree node, not a leaf type")
+    _LEAF_TYPES.add(t)
+
+
+def _flatten_plain(x, is_leaf, leaves):
+    """_flatten without key paths (the common case: no key objects are built)."""
+    t = type(x)
+    if t in _LEAF_TYPES or (is_leaf is not None and is_leaf(x)):
+        leaves.append(x)
+        return _LEAF
+    n0 = len(leaves)
+    if t is dict:
+        ks = _sorted_keys(x)
+        defs = [_flatten_plain(x[k], is_leaf, leaves) for k in ks]
+        return PyTreeDef(dict, tuple(ks), defs, len(leaves) - n0)
+    if t is tuple or t is list:
+        defs = [_flatten_plain(c, is_leaf, leaves) for c in x]
+        return PyTreeDef(t, len(x), defs, len(leaves) - n0)
+    node = _flatten_node(x)
+    if node is None:
+        leaves.append(x)
+        return _LEAF
+    children, aux, _, kind = node
+    defs = [_flatten_plain(c, is_leaf, leaves) for c in children]
+    return PyTreeDef(kind, aux, defs, len(leaves) - n0)
+
 
 def _flatten(x, is_leaf, leaves, paths, path):
+    if paths is None:
+        return _flatten_plain(x, is_leaf, leaves)
     if is_leaf is not None and is_leaf(x):
         leaves.append(x)
         if paths is not None:

@@ -27,6 +27,15 @@ template <typename T> static const T *R(const T *p) { return p ? (const T *)((ui
 
 static ct_device *as_gpu(ct_device *d) { return (d && d->backend == self_backend()) ? d : NULL; }
 
+// What would make a real GPU step wait for the device: stream synchronisations and copies
+// between host and device memory. Tests read them through mock_gpu_stats (ctypes).
+static std::atomic<long long> n_sync{0}, n_h2d{0}, n_d2h{0};
+extern "C" __attribute__((visibility("default"))) void mock_gpu_stats(long long *out) {
+    out[0] = n_sync.load();
+    out[1] = n_h2d.load();
+    out[2] = n_d2h.load();
+}
+
 static ct_status m_alloc(ct_device *dev, size_t nbytes, void **out) {
     (void)dev;
     size_t n = nbytes ? nbytes : 256;
@@ -40,7 +49,7 @@ static void m_free(ct_device *dev, void *ptr, size_t nbytes) {
     (void)dev; (void)nbytes;
     if (ptr) free(R((char *)ptr));
 }
-static ct_status m_sync(ct_device *dev) { (void)dev; return CT_OK; }
+static ct_status m_sync(ct_device *dev) { (void)dev; n_sync++; return CT_OK; }
 static ct_status m_init(ct_device *dev) {
     dev->stream = (void *)(uintptr_t)(0x1000 + dev->id);
     int split = 1;
@@ -56,6 +65,8 @@ static ct_status m_copy(ct_device *dd, ct_device *sd, int ndim, const int64_t *s
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (n == 0) return CT_OK;
+    if (as_gpu(dd) && !as_gpu(sd)) n_h2d++;
+    if (!as_gpu(dd) && as_gpu(sd)) n_d2h++;
     char *D = as_gpu(dd) ? R((char *)dst) : (char *)dst;
     const char *S = as_gpu(sd) ? R((const char *)src) : (const char *)src;
     for (int64_t i = 0; i < n; i++) {

@@ -113,9 +113,12 @@ def _scalar_sharding(ref):
 
 
 def scalar(value, dtype, ref=None, sharding=None) -> Array:
-    """A replicated scalar Array (counters, flags)."""
-    return device_put(np.asarray(value, dtype=dtype),
-                      sharding if sharding is not None else _scalar_sharding(ref))
+    """A replicated scalar Array (counters, flags) that remembers its value on the host."""
+    v = np.asarray(value, dtype=dtype)
+    out = device_put(v, sharding if sharding is not None else _scalar_sharding(ref))
+    if isinstance(out, Array):   # (under eval_shape device_put gives a ShapeDtypeStruct)
+        out._host_scalar = v[()]
+    return out
 
 
 def full_like(x, value) -> Array:
@@ -184,6 +187,10 @@ def to_array(x, like=None) -> Array:
 
 
 def read_scalar(x) -> Any:
+    """The value of a 0-d state entry: from the host copy a counter Array keeps (no device
+    read, so no GPU synchronisation), else read from the device."""
+    if isinstance(x, Array) and x._host_scalar is not None and not x._donated:
+        return x._host_scalar.item()
     return np.asarray(x).item()
 
 
@@ -297,9 +304,15 @@ class FuseContext:
     def new_scalar(self, old, value, dtype=np.int32):
         """The next value of a scalar state entry (in place when donating)."""
         if self.inplace and isinstance(old, Array) and not old.is_deleted():
-            for _, buf, _, _ in old._blocks:
-                _fill(buf, (), old.dtype, value)
-            return rewrap(old)
+            v = np.asarray(value, dtype=old.dtype)
+            if v.dtype.itemsize == 4:   # a kernel on the device's stream: no GPU sync
+                _C.fill_bits32([buf for _, buf, _, _ in old._blocks], int(v.view(np.uint32)))
+            else:
+                for _, buf, _, _ in old._blocks:
+                    _fill(buf, (), old.dtype, value)
+            new = rewrap(old)
+            new._host_scalar = v[()]
+            return new
         return scalar(value, dtype, self.params, sharding=old.sharding if isinstance(old, Array) else None)
 
     def keep(self, tree):

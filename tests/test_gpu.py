@@ -422,11 +422,12 @@ def _mock_stats():
     return tuple(out)
 
 
-@pytest.mark.parametrize("name", ["adamw", "multisteps_adamw", "inject_adamw"])
+@pytest.mark.parametrize("name", ["adamw", "multisteps_adamw", "inject_adamw", "clip_adamw"])
 def test_optim_step_needs_no_host_sync(name):
     """A steady-state GPU step reads its counters from their host copies and writes them with
-    a kernel: no stream synchronisation and no host<->device copy (checked on the emulated
-    backend, which counts them; a real GPU has no such counters)."""
+    a kernel, and clip_by_global_norm's norm stays on the devices: no stream synchronisation
+    and no host<->device copy (checked on the emulated backend, which counts them; a real GPU
+    has no such counters)."""
     from ctrainstate.train_state import TrainState
     if _mock_stats() is None:
         pytest.skip("counts host synchronisations only on the emulated backend")
@@ -443,3 +444,20 @@ def test_optim_step_needs_no_host_sync(name):
     # the counters are right on the device too
     counts = [x for x in cts.tree_util.tree_leaves(s.opt_state) if np.ndim(x) == 0]
     assert counts and all(int(np.asarray(c)) in (0, 1, 2, 6) for c in counts)
+
+
+@pytest.mark.parametrize("name", ["clip_adamw", "clip_sgd"])
+def test_device_norm_equals_host_norm(name, monkeypatch):
+    """clip_by_global_norm with the norm kept on the devices (default) and with the host round
+    trip (CTRAINSTATE_HOST_NORM=1) give the same bits (the same sums in the same order)."""
+    rng = np.random.default_rng(11)
+    params = _opt_tree(rng)
+    grads_seq = [{k: (rng.standard_normal(v.shape) * 3).astype(np.float32) for k, v in params.items()}
+                 for _ in range(6)]
+    dev_p, dev_s = _run_steps(_OPT_CASES[name](), params, grads_seq, gpus()[0])
+    monkeypatch.setenv("CTRAINSTATE_HOST_NORM", "1")
+    host_p, host_s = _run_steps(_OPT_CASES[name](), params, grads_seq, gpus()[0])
+    for k in params:
+        np.testing.assert_array_equal(dev_p[k], host_p[k])
+    for a, b in zip(dev_s, host_s):
+        np.testing.assert_array_equal(a, b)

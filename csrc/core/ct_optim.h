@@ -151,7 +151,17 @@ typedef struct {
  * earlier reductions). reduce = 0: the apply pass (upto = nstages): state
  * written, then p += u (or out = u). reduce = 1: read-only; over blocks with
  * `counts` only, acc[0] = sum of u^2 (double), acc[1] = number of non-finite u,
- * for the u entering stage upto. */
+ * for the u entering stage upto.
+ *
+ * Device-resident global norms: reduce = 2 is the read-only pass of the
+ * GLOBAL_NORM stage `upto` whose sum stays on the device: the backend leaves
+ * this device's sum of u^2 (the same double as reduce = 1's acc[0]) in its
+ * board at (stage upto, position igroup) and returns nothing (acc unused).
+ * A later pass (reduce 0 or 1) with bit k of dev_norm set first waits for the
+ * reduce = 2 passes of every device in group_dev[0, ngroup), then takes stage
+ * k's norm as (float)sqrt of the ngroup sums added in group order (what the
+ * host would compute) and c[k] = {!(norm < c[k][2]), norm, c[k][2]}: no host
+ * round trip. */
 typedef struct ct_opt_pass {
     const ct_opt_block *blocks;
     int nblocks;
@@ -160,6 +170,9 @@ typedef struct ct_opt_pass {
     int kind[CT_OPT_MAX_STAGES];
     int slot_off[CT_OPT_MAX_STAGES];
     float c[CT_OPT_MAX_STAGES][8]; /* CT_OM_NC */
+    uint32_t dev_norm;             /* GLOBAL_NORM stages whose norm stays on the devices */
+    int igroup, ngroup;            /* this device's position among the step's devices */
+    const int *group_dev;          /* the step's device ids, in group order */
 } ct_opt_pass;
 
 /* Number of state slots a stage kind owns per leaf. */

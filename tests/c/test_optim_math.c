@@ -203,10 +203,25 @@ static void readonly_form(void) {
 // driver's order of passes, cross-device sums, gate skipping and errors are
 // checked here, against the CPU driver, without a GPU.
 
-static int fake_calls = 0;
+static int fake_calls = 0, fake_board_writes = 0;
+static double fake_board[CT_OPT_MAX_STAGES][64]; /* cuda_optim.cu's norm board */
 static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, double *acc) {
     (void)dev;
     fake_calls++;
+    float cst[CT_OPT_MAX_STAGES][CT_OM_NC];
+    memcpy(cst, ps->c, sizeof cst);
+    /* device-resident norms this pass reads (cuda_optim.cu's fetch_norms) */
+    const uint32_t reads = ps->dev_norm & (ps->upto >= 32 ? 0xffffffffu : ((1u << ps->upto) - 1u));
+    for (int k = 0; k < ps->nstages; k++) {
+        if (!((reads >> k) & 1u)) continue;
+        double sum = 0.0;
+        for (int j = 0; j < ps->ngroup; j++) sum += fake_board[k][j];
+        const float nrm = (float)sqrt(sum);
+        cst[k][0] = !(nrm < cst[k][2]) ? 1.0f : 0.0f;
+        cst[k][1] = nrm;
+    }
+    double tmp[2];
+    if (ps->reduce == 2) acc = tmp;
     if (ps->reduce) acc[0] = acc[1] = 0.0;
     for (int i = 0; i < ps->nblocks; i++) {
         const ct_opt_block *b = &ps->blocks[i];
@@ -218,7 +233,7 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                 const int ns = ct_om_nslots(ps->kind[k]);
                 float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
                 float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
-                u = ct_om_stage(ps->kind[k], ps->c[k], u, p, &a, &c, !ps->reduce);
+                u = ct_om_stage(ps->kind[k], cst[k], u, p, &a, &c, !ps->reduce);
                 if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
                 if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
             }
@@ -231,6 +246,11 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                 b->p[e] = p + u;
             }
         }
+    }
+    if (ps->reduce == 2) {
+        CHECK(ps->igroup >= 0 && ps->igroup < 64 && ps->upto < CT_OPT_MAX_STAGES, "board slot");
+        fake_board[ps->upto][ps->igroup] = acc[0];
+        fake_board_writes++;
     }
     return CT_OK;
 }
@@ -246,8 +266,11 @@ static int close_rel(const float *a, const float *b, int64_t n, float tol, int64
     return 1;
 }
 
-/* 2 devices x 2 leaves; leaf 1 replicated on both (counts only on device 0). */
-static void device_driver(int gate, int with_nan) {
+/* 2 devices x 2 leaves; leaf 1 replicated on both (counts only on device 0). gate: a
+ * FINITE_GATE before the GLOBAL_NORM (2: after it, so its reduce pass reads the norm);
+ * host_norm: CTRAINSTATE_HOST_NORM=1 (norms through the host, not the devices' board). */
+static void device_driver(int gate, int with_nan, int host_norm) {
+    setenv("CTRAINSTATE_HOST_NORM", host_norm ? "1" : "0", 1);
     static ct_backend fake;
     memset(&fake, 0, sizeof fake);
     fake.name = "fake-gpu";
@@ -264,8 +287,9 @@ static void device_driver(int gate, int with_nan) {
     ct_opt_stage st[4];
     memset(st, 0, sizeof st);
     int nst = 0;
-    if (gate) { st[nst].kind = CT_OPT_FINITE_GATE; st[nst].s[0] = 3; nst++; }
+    if (gate == 1) { st[nst].kind = CT_OPT_FINITE_GATE; st[nst].s[0] = 3; nst++; }
     st[nst].kind = CT_OPT_GLOBAL_NORM; st[nst].s[0] = 1.0; nst++;
+    if (gate == 2) { st[nst].kind = CT_OPT_FINITE_GATE; st[nst].s[0] = 2; nst++; }
     st[nst].kind = CT_OPT_ADAM;
     double s[CT_OPT_NSCALARS];
     random_scalars(CT_OPT_ADAM, s, 2);
@@ -321,14 +345,25 @@ static void device_driver(int gate, int with_nan) {
     memcpy(st_gpu, st, sizeof st);
     memcpy(st_cpu, st, sizeof st);
     fake_calls = 0;
+    fake_board_writes = 0;
     ct_status a = ct_optim_step(st_gpu, nst, grp[0], 2, 3);
     ct_status b = ct_optim_step(st_cpu, nst, grp[1], 2, 3);
     CHECK(a == CT_OK && b == CT_OK, "device driver: step failed: %s", ct_last_error());
-    const int npass = 2 * (1 + 1 + (gate ? 1 : 0)) - (gate && with_nan ? 2 : 0);
+    /* a rejecting gate before the norm skips the norm's pass */
+    const int norm_runs = !(gate == 1 && with_nan);
+    const int npass = 2 * (1 + norm_runs + (gate ? 1 : 0));
     CHECK(fake_calls == npass, "device driver: %d passes, expected %d", fake_calls, npass);
-    for (int k = 0; k < nst; k++)
-        CHECK(fabs(st_gpu[k].result - st_cpu[k].result) <= 1e-6 * fabs(st_cpu[k].result),
+    CHECK(fake_board_writes == (host_norm ? 0 : 2 * norm_runs), "device driver: %d board writes",
+          fake_board_writes);
+    for (int k = 0; k < nst; k++) {
+        if (st[k].kind == CT_OPT_GLOBAL_NORM && !host_norm && norm_runs) {
+            CHECK(isnan(st_gpu[k].result), "device driver: a device norm was read back");
+            continue;
+        }
+        CHECK((isnan(st_gpu[k].result) && isnan(st_cpu[k].result)) ||
+                  fabs(st_gpu[k].result - st_cpu[k].result) <= 1e-6 * fabs(st_cpu[k].result),
               "device driver: stage %d result %.9g vs %.9g", k, st_gpu[k].result, st_cpu[k].result);
+    }
     int64_t w = 0;
     for (int d = 0; d < 2; d++)
         for (int l = 0; l < 2; l++) {
@@ -363,9 +398,13 @@ static void device_driver(int gate, int with_nan) {
 int main(void) {
     for (int trial = 0; trial < 400; trial++) one_chain(trial);
     readonly_form();
-    device_driver(0, 0);
-    device_driver(1, 0);
-    device_driver(1, 1);
+    for (int host = 0; host < 2; host++) {
+        device_driver(0, 0, host);
+        device_driver(1, 0, host);
+        device_driver(1, 1, host);
+        device_driver(2, 0, host);
+        device_driver(2, 1, host);
+    }
     printf("test_optim_math: %d checks, %d failures (bit-exact vs ct_optim_reference)\n", checks,
            failures);
     return failures != 0;

@@ -246,8 +246,13 @@ static void opt_kernel(unsigned grid, const opt_params &P, const opt_desc *D, do
     }
 }
 static int is_aligned(const void *x) { return ((uintptr_t)x & 15u) == 0; }
+// The device-resident norms (ct_opt_pass reduce = 2, dev_norm): the board of cuda_optim.cu.
+static double g_board[CT_OPT_MAX_STAGES][CT_MAX_DEVICES];
 static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
     (void)dev;
+    if (ps->reduce == 2 && (ps->igroup < 0 || ps->igroup >= CT_MAX_DEVICES || ps->upto < 0 ||
+                            ps->upto >= CT_OPT_MAX_STAGES))
+        return core->set_error(CT_EINVAL, "bad device-norm pass");
     for (int k = 0; k < ps->upto; k++)
         if (!ct_om_is_elementwise(ps->kind[k]) && ps->kind[k] != CT_OPT_GLOBAL_NORM && ps->kind[k] != CT_OPT_FINITE_GATE)
             return core->set_error(CT_EINVAL, "optimizer: stage %d (kind %d) is not supported on GPU devices yet", k, ps->kind[k]);
@@ -256,6 +261,15 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
     for (int k = 0; k < ps->nstages; k++) {
         P.kind[k] = ps->kind[k]; P.slot_off[k] = ps->slot_off[k];
         for (int j = 0; j < CT_OM_NC; j++) P.c[k][j] = ps->c[k][j];
+    }
+    const unsigned reads = ps->dev_norm & (ps->upto >= 32 ? 0xffffffffu : ((1u << ps->upto) - 1u));
+    for (int k = 0; k < ps->nstages; k++) {   // cuda_optim.cu's fetch_norms
+        if (!((reads >> k) & 1u)) continue;
+        double sum = 0.0;
+        for (int j = 0; j < ps->ngroup; j++) sum += g_board[k][j];
+        const float nrm = (float)sqrt(sum), mx = ps->c[k][2];
+        P.c[k][0] = !(nrm < mx) ? 1.0f : 0.0f;
+        P.c[k][1] = nrm;
     }
     std::vector<opt_desc> D(ps->nblocks > 0 ? ps->nblocks : 1);
     int m = 0; long long tiles = 0;
@@ -286,12 +300,14 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
         opt_kernel<false>(grid, P, D.data(), nullptr);
         return CT_OK;
     }
+    double tmp[2];
+    if (ps->reduce == 2) acc = tmp;
     acc[0] = acc[1] = 0.0;
-    if (tiles == 0) return CT_OK;
     const unsigned grid = tiles < OPT_RED_CTAS ? (unsigned)tiles : OPT_RED_CTAS;
-    std::vector<double> part(2 * grid);
-    opt_kernel<true>(grid, P, D.data(), part.data());
+    std::vector<double> part(2 * (grid > 0 ? grid : 1));
+    if (grid > 0) opt_kernel<true>(grid, P, D.data(), part.data());
     for (unsigned i = 0; i < grid; i++) { acc[0] += part[2 * i]; acc[1] += part[2 * i + 1]; }
+    if (ps->reduce == 2) g_board[ps->upto][ps->igroup] = acc[0];   // cuda_optim.cu's norm_to_board
     return CT_OK;
 }
 

@@ -23,8 +23,17 @@
  * Numerics: this file is compiled with -fmad=false (setup.py) and default
  * IEEE division and sqrt, so each element is bit-identical to the CPU
  * reference. Reductions sum u^2 in double per thread, then per CTA in a fixed
- * tree; the CTA partials go to the host (the round trip documented in
- * ct_optim_device.c) and are added there in CTA order: deterministic.
+ * tree; the CTA partials are added in CTA order: deterministic. A host
+ * reduction (reduce = 1) copies them to the host (the round trip documented
+ * in ct_optim_device.c). A device-resident global norm (reduce = 2) adds them
+ * on the device (one thread, CTA order) into the norm board: pinned, mapped
+ * host memory every GPU can read, one double per (stage, device position).
+ * Later passes wait for every device's board write (cudaStreamWaitEvent on
+ * the other devices' `reduced` events); a one-thread kernel per device
+ * (fetch_norms) then adds the devices' sums in group order, as the host
+ * would, into the device's own memory, where each CTA's prologue reads them. A board write first waits for every device's previous pass (its
+ * `last` event), so no pass still reading the board of the previous step
+ * sees it change.
  *
  * The descriptor table, CTA partials and their pinned host mirrors are
  * allocated with cudaMalloc / cudaMallocHost outside the per-device
@@ -68,6 +77,9 @@ struct opt_params {
     int kind[CT_OPT_MAX_STAGES];
     int slot_off[CT_OPT_MAX_STAGES];
     float c[CT_OPT_MAX_STAGES][CT_OM_NC];
+    unsigned dev_norm;       /* GLOBAL_NORM stages whose (clip, norm) come from normc */
+    const float *normc;      /* normc[2k], normc[2k+1]: stage k's clip flag and norm, on
+                              * this device (fetch_norms wrote them from the board) */
 };
 
 // --- kernel -----------------------------------------------------------------------------
@@ -91,10 +103,12 @@ __device__ __forceinline__ void st(float *x, const float *v) {
     }
 }
 
-/* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate. */
+/* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate; C: the
+ * stages' fp32 constants (P.c with the device-resident norms filled in). */
 template <int L, bool RED>
-__device__ __forceinline__ void run_elems(const opt_params &P, const opt_desc *d, long long e,
-                                          double &ss, double &bad) {
+__device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[CT_OM_NC],
+                                          const opt_desc *d, long long e, double &ss,
+                                          double &bad) {
     float u[L], p[L];
     ld<L>(d->g + e, u);
 #pragma unroll
@@ -112,7 +126,7 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const opt_desc *d
         if (ns > 0) ld<L>(sa, a);
         if (ns > 1) ld<L>(sb, b);
 #pragma unroll
-        for (int j = 0; j < L; j++) u[j] = ct_om_stage(kind, P.c[k], u[j], p[j], &a[j], &b[j], !RED);
+        for (int j = 0; j < L; j++) u[j] = ct_om_stage(kind, C[k], u[j], p[j], &a[j], &b[j], !RED);
         if (!RED) {
             if (ns > 0) st<L>(sa, a);
             if (ns > 1) st<L>(sb, b);
@@ -136,6 +150,18 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const opt_desc *d
 template <bool RED>
 __global__ void __launch_bounds__(OPT_TPB)
 opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
+    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+    for (int i = threadIdx.x; i < CT_OPT_MAX_STAGES * CT_OM_NC; i += blockDim.x)
+        C[i / CT_OM_NC][i % CT_OM_NC] = P.c[i / CT_OM_NC][i % CT_OM_NC];
+    __syncthreads();
+    if (P.dev_norm != 0u && threadIdx.x == 0) {
+        for (int k = 0; k < P.nstages; k++) {
+            if (!((P.dev_norm >> k) & 1u)) continue;
+            C[k][0] = P.normc[2 * k];
+            C[k][1] = P.normc[2 * k + 1];
+        }
+    }
+    __syncthreads();
     double ss = 0.0, bad = 0.0;
     for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
         int lo = 0, hi = P.nblocks - 1; /* the last block whose first tile is <= t */
@@ -149,9 +175,9 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
         const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
         for (long long e = base + 4LL * threadIdx.x; e < end; e += 4LL * OPT_TPB) {
             if (d->vec && e + 4 <= end) {
-                run_elems<4, RED>(P, d, e, ss, bad);
+                run_elems<4, RED>(P, C, d, e, ss, bad);
             } else {
-                for (long long i = e; i < end && i < e + 4; i++) run_elems<1, RED>(P, d, i, ss, bad);
+                for (long long i = e; i < end && i < e + 4; i++) run_elems<1, RED>(P, C, d, i, ss, bad);
             }
         }
     }
@@ -174,6 +200,35 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
     }
 }
 
+/* A device-resident norm: this device's sum, CTA partials added in CTA order, onto the
+ * board (system memory: fenced so that other GPUs see it once the event completes). */
+__global__ void norm_to_board(const double *part, unsigned nparts, double *slot) {
+    double sum = 0.0;
+    for (unsigned i = 0; i < nparts; i++) sum += part[2 * i];
+    *slot = sum;
+    __threadfence_system();
+}
+
+/* The norms a pass reads, from the board into this device's memory (one read of system
+ * memory per device and stage, not one per CTA): ct_optim_device.c's host formula, the
+ * devices' sums added in group order. */
+struct fetch_norms_args {
+    float maxn[CT_OPT_MAX_STAGES]; /* max_norm of each GLOBAL_NORM stage */
+};
+
+__global__ void fetch_norms(const double *board, int ngroup, unsigned mask,
+                           const __grid_constant__ fetch_norms_args a, float *normc) {
+    for (int k = 0; k < CT_OPT_MAX_STAGES; k++) {
+        if (!((mask >> k) & 1u)) continue;
+        const volatile double *b = board + (size_t)k * CT_MAX_DEVICES;
+        double sum = 0.0;
+        for (int j = 0; j < ngroup; j++) sum += b[j];
+        const float nrm = (float)sqrt(sum), mx = a.maxn[k];
+        normc[2 * k] = !(nrm < mx) ? 1.0f : 0.0f;
+        normc[2 * k + 1] = nrm;
+    }
+}
+
 // --- per-device cache -----------------------------------------------------------------------
 
 /* Descriptor tables of one pass kind (0 apply, 1 reduce) on one device. */
@@ -188,9 +243,50 @@ struct opt_cache {
     std::mutex mu;
     opt_table tab[2];
     double *d_part = nullptr, *h_part = nullptr;
+    cudaEvent_t reduced = nullptr; /* after this device's last board write */
+    cudaEvent_t last = nullptr;    /* after this device's last pass */
+    float *d_normc = nullptr;      /* fetch_norms' output: 2 floats per stage */
 };
 
 static opt_cache g_opt_cache[CT_MAX_DEVICES];
+
+/* The norm board (see the top of the file), allocated once. */
+static std::mutex g_board_mu;
+static double *g_board = nullptr;
+
+static ct_status board(double **out) {
+    std::lock_guard<std::mutex> lock(g_board_mu);
+    if (g_board == nullptr) {
+        double *h = nullptr;
+        CT_CUDA_TRY(cudaHostAlloc((void **)&h,
+                                  (size_t)CT_OPT_MAX_STAGES * CT_MAX_DEVICES * sizeof(double),
+                                  cudaHostAllocMapped | cudaHostAllocPortable));
+        memset(h, 0, (size_t)CT_OPT_MAX_STAGES * CT_MAX_DEVICES * sizeof(double));
+        g_board = h;
+    }
+    void *d = nullptr;
+    CT_CUDA_TRY(cudaHostGetDevicePointer(&d, g_board, 0));
+    *out = (double *)d;
+    return CT_OK;
+}
+
+static ct_status ensure_event(cudaEvent_t *ev) {
+    if (*ev == nullptr) CT_CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+    return CT_OK;
+}
+
+/* Make stream s wait for event `which` (0 reduced, 1 last) of every other device of the
+ * step (events not yet created: that device has not run such a pass, nothing to wait for). */
+static ct_status wait_group(const ct_device *dev, const ct_opt_pass *ps, int which) {
+    cudaStream_t s = ct_cuda_stream(dev);
+    for (int j = 0; j < ps->ngroup; j++) {
+        const int id = ps->group_dev[j];
+        if (id == dev->id || id < 0 || id >= CT_MAX_DEVICES) continue;
+        cudaEvent_t ev = which == 0 ? g_opt_cache[id].reduced : g_opt_cache[id].last;
+        if (ev != nullptr) CT_CUDA_TRY(cudaStreamWaitEvent(s, ev, 0));
+    }
+    return CT_OK;
+}
 
 static int is_aligned(const void *x) { return ((uintptr_t)x & 15u) == 0; }
 
@@ -264,6 +360,18 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     P.nstages = ps->nstages;
     P.upto = ps->upto;
     P.skip = ps->skip;
+    const int to_board = ps->reduce == 2;
+    if (to_board && (ps->igroup < 0 || ps->igroup >= CT_MAX_DEVICES || ps->upto < 0 ||
+                     ps->upto >= CT_OPT_MAX_STAGES))
+        return ct_cuda_core->set_error(CT_EINVAL, "optimizer: bad device-norm pass (group %d, "
+                                       "stage %d)", ps->igroup, ps->upto);
+    /* the norms this pass reads: only those of stages it runs */
+    const unsigned reads = ps->dev_norm & (ps->upto >= 32 ? 0xffffffffu : ((1u << ps->upto) - 1u));
+    double *board_d = nullptr; /* the board, as a device pointer */
+    if (reads != 0u || to_board) {
+        CT_TRY(board(&board_d));
+        P.dev_norm = reads;
+    }
     for (int k = 0; k < ps->nstages; k++) {
         P.kind[k] = ps->kind[k];
         P.slot_off[k] = ps->slot_off[k];
@@ -282,11 +390,44 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     free(scratch);
     CT_TRY(st);
     cudaStream_t s = ct_cuda_stream(dev);
-    if (!ps->reduce) {
-        if (ntiles == 0) return CT_OK;
-        unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
-        opt_kernel<false><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[0].d, nullptr);
+    CT_TRY(ensure_event(&cache->last));
+    if (reads != 0u) {
+        CT_TRY(wait_group(dev, ps, 0)); /* every device's board write */
+        if (cache->d_normc == nullptr)
+            CT_CUDA_TRY(cudaMalloc((void **)&cache->d_normc, 2 * CT_OPT_MAX_STAGES * sizeof(float)));
+        float maxn[CT_OPT_MAX_STAGES];
+        for (int k = 0; k < CT_OPT_MAX_STAGES; k++) maxn[k] = k < ps->nstages ? ps->c[k][2] : 0.0f;
+        /* the constants travel as a kernel argument, not a host copy (no stream sync) */
+        fetch_norms_args fa;
+        memcpy(fa.maxn, maxn, sizeof maxn);
+        fetch_norms<<<1, 1, 0, s>>>(board_d, ps->ngroup, reads, fa, cache->d_normc);
         CT_CUDA_TRY(cudaGetLastError());
+        P.normc = cache->d_normc;
+    }
+    if (!ps->reduce) {
+        if (ntiles > 0) {
+            unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
+            opt_kernel<false><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[0].d, nullptr);
+            CT_CUDA_TRY(cudaGetLastError());
+        }
+        CT_CUDA_TRY(cudaEventRecord(cache->last, s));
+        return CT_OK;
+    }
+    if (to_board) {
+        CT_TRY(ensure_event(&cache->reduced));
+        if (cache->d_part == nullptr)
+            CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
+        const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
+        if (grid > 0) {
+            opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_part);
+            CT_CUDA_TRY(cudaGetLastError());
+        }
+        CT_TRY(wait_group(dev, ps, 1)); /* no pass of the previous step still reads the board */
+        norm_to_board<<<1, 1, 0, s>>>(cache->d_part, grid,
+                                      board_d + (size_t)ps->upto * CT_MAX_DEVICES + ps->igroup);
+        CT_CUDA_TRY(cudaGetLastError());
+        CT_CUDA_TRY(cudaEventRecord(cache->reduced, s));
+        CT_CUDA_TRY(cudaEventRecord(cache->last, s));
         return CT_OK;
     }
     acc[0] = acc[1] = 0.0;
@@ -301,6 +442,7 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
                                 cudaMemcpyDeviceToHost, s));
     CT_CUDA_TRY(cudaStreamSynchronize(s)); /* the host round trip of a reduction */
+    CT_CUDA_TRY(cudaEventRecord(cache->last, s));
     for (unsigned i = 0; i < grid; i++) {
         acc[0] += cache->h_part[2 * i];
         acc[1] += cache->h_part[2 * i + 1];

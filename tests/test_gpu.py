@@ -203,6 +203,13 @@ _OPT_CASES = {
     "partition_frozen": lambda: optim.partition(
         {"train": optim.adam(1e-2), "frozen": optim.set_to_zero()},
         {"w": "train", "b": "frozen", "e": "train"}),
+    "lamb": lambda: optim.lamb(1e-2, weight_decay=0.01),
+    "lars": lambda: optim.lars(0.1, weight_decay=1e-3),
+    "fromage": lambda: optim.fromage(1e-2),
+    "clip_lamb": lambda: _chain_clip(optim.lamb(1e-2)),
+    "block_param_rms": lambda: optim.chain(optim.clip_by_block_rms(0.5),
+                                           optim.scale_by_param_block_rms(1e-3),
+                                           optim.scale(-1e-2)),
     "inject_adamw": lambda: optim.inject_hyperparams(optim.adamw)(
         learning_rate=optim.linear_schedule(1e-2, 1e-3, 20)),
 }
@@ -241,7 +248,7 @@ def test_optim_single_gpu_matches_cpu(name):
     _cpu_vs_gpu(name, gpus()[0], cts.devices("cpu")[0])
 
 
-@pytest.mark.parametrize("name", ["adamw", "clip_adamw", "lion", "clip_sgd"])
+@pytest.mark.parametrize("name", ["adamw", "clip_adamw", "lion", "clip_sgd", "lamb", "clip_lamb"])
 def test_optim_split_mesh_matches_cpu(name):
     m = gpu_mesh((2, 2), ("data", "model"))
     cpu = cts.devices("cpu")
@@ -266,7 +273,8 @@ def test_optim_split_mesh_matches_cpu(name):
 def test_optim_gpu_unsupported_reduction_is_an_error():
     from ctrainstate.train_state import TrainState
     p = cts.device_put({"w": np.ones((8, 8), np.float32)}, gpus()[0])
-    s = TrainState.create(apply_fn=None, params=p, tx=optim.lamb(1e-3))
+    s = TrainState.create(apply_fn=None, params=p,
+                          tx=optim.adafactor(1e-3, min_dim_size_to_factor=4))
     with pytest.raises(ValueError, match="not supported on GPU devices yet"):
         s.apply_gradients(grads=cts.device_put({"w": np.ones((8, 8), np.float32)}, gpus()[0]))
 

@@ -947,6 +947,30 @@ static ct_status env_init(step_env *e) {
     return CT_OK;
 }
 
+float ct_opt_leaf_factor(int kind, const double *s, double sum_u2, double sum_p2, double n) {
+    switch (kind) {
+    case CT_OPT_TRUST_RATIO: { /* coef * ||p|| / (||u|| + eps), 1 where either norm is 0 */
+        const float min_norm = (float)s[0], coef = (float)s[1], eps = (float)s[2];
+        float un = (float)sqrt(sum_u2), pn = (float)sqrt(sum_p2);
+        un = un <= min_norm ? min_norm : un;
+        pn = pn <= min_norm ? min_norm : pn;
+        return (pn == 0.0f || un == 0.0f) ? 1.0f : coef * pn / (un + eps);
+    }
+    case CT_OPT_BLOCK_RMS: { /* the divisor max(1, sqrt(mean(u^2)) / threshold) */
+        const float thr = (float)s[0];
+        float rms = sqrtf((float)(sum_u2 / (n > 0 ? n : 1.0)));
+        float q = rms / thr;
+        return q > 1.0f ? q : 1.0f;
+    }
+    case CT_OPT_PARAM_RMS: { /* max(sqrt(mean(p^2)), min_scale) */
+        const float mn = (float)s[0];
+        float rms = sqrtf((float)(sum_p2 / (n > 0 ? n : 1.0)));
+        return rms > mn ? rms : mn;
+    }
+    default: return 1.0f;
+    }
+}
+
 ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                         int ngroups, int nleaves) {
     CT_TRY(ct_optim_check(stages, nstages));
@@ -1008,35 +1032,17 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
             c->acc_p = 0;
         }
         const double *la = e.leaf_acc;
-        if (kind == CT_OPT_GLOBAL_NORM) {
+        if (kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_BLOCK_RMS || kind == CT_OPT_PARAM_RMS) {
+            for (int l = 0; l < nleaves; l++)
+                c->leaf_f[k][l] = ct_opt_leaf_factor(kind, stages[k].s, la[3 * l], la[3 * l + 1],
+                                                     e.leaf_n[l]);
+        } else if (kind == CT_OPT_GLOBAL_NORM) {
             double ss = 0.0;
             for (int l = 0; l < nleaves; l++) ss += la[3 * l];
             float nrm = (float)sqrt(ss);
             c->norm[k] = nrm;
             c->clip[k] = !(nrm < (float)stages[k].s[0]);
             stages[k].result = nrm;
-        } else if (kind == CT_OPT_TRUST_RATIO) {
-            const float min_norm = (float)stages[k].s[0], coef = (float)stages[k].s[1],
-                        eps = (float)stages[k].s[2];
-            for (int l = 0; l < nleaves; l++) {
-                float un = (float)sqrt(la[3 * l]), pn = (float)sqrt(la[3 * l + 1]);
-                un = un <= min_norm ? min_norm : un;
-                pn = pn <= min_norm ? min_norm : pn;
-                c->leaf_f[k][l] = (pn == 0.0f || un == 0.0f) ? 1.0f : coef * pn / (un + eps);
-            }
-        } else if (kind == CT_OPT_BLOCK_RMS) { /* u / max(1, sqrt(mean(u^2)) / threshold) */
-            const float thr = (float)stages[k].s[0];
-            for (int l = 0; l < nleaves; l++) {
-                float rms = sqrtf((float)(la[3 * l] / (e.leaf_n[l] > 0 ? e.leaf_n[l] : 1.0)));
-                float q = rms / thr;
-                c->leaf_f[k][l] = q > 1.0f ? q : 1.0f;
-            }
-        } else if (kind == CT_OPT_PARAM_RMS) { /* u * max(sqrt(mean(p^2)), min_scale) */
-            const float mn = (float)stages[k].s[0];
-            for (int l = 0; l < nleaves; l++) {
-                float rms = sqrtf((float)(la[3 * l + 1] / (e.leaf_n[l] > 0 ? e.leaf_n[l] : 1.0)));
-                c->leaf_f[k][l] = rms > mn ? rms : mn;
-            }
         } else { /* FINITE_GATE */
             double bad = 0.0;
             for (int l = 0; l < nleaves; l++) bad += la[3 * l + 2];

@@ -161,7 +161,16 @@ typedef struct {
  * reduce = 2 passes of every device in group_dev[0, ngroup), then takes stage
  * k's norm as (float)sqrt of the ngroup sums added in group order (what the
  * host would compute) and c[k] = {!(norm < c[k][2]), norm, c[k][2]}: no host
- * round trip. */
+ * round trip.
+ *
+ * Per-leaf reductions (TRUST_RATIO, BLOCK_RMS, PARAM_RMS): reduce = 3 is the
+ * read-only pass of such a stage `upto`: for each block i of the pass, over
+ * its elements if it `counts` (zeros otherwise), blk_acc[3i] = sum of u^2 for
+ * the u entering the stage, blk_acc[3i+1] = sum of p^2, blk_acc[3i+2] = the
+ * number of non-finite u (doubles, written on the host: the pass waits). The
+ * driver turns them into one factor per leaf (ct_opt_leaf_factor) and, in
+ * later passes, blk_f[i * CT_OPT_MAX_STAGES + k] is block i's factor for such
+ * a stage k (ct_om_leaf_apply). */
 typedef struct ct_opt_pass {
     const ct_opt_block *blocks;
     int nblocks;
@@ -173,7 +182,14 @@ typedef struct ct_opt_pass {
     uint32_t dev_norm;             /* GLOBAL_NORM stages whose norm stays on the devices */
     int igroup, ngroup;            /* this device's position among the step's devices */
     const int *group_dev;          /* the step's device ids, in group order */
+    double *blk_acc;               /* reduce = 3: per-block sums (out) */
+    const float *blk_f;            /* per-block factors of per-leaf stages (NULL: none yet) */
 } ct_opt_pass;
+
+/* The factor of a per-leaf stage (TRUST_RATIO, BLOCK_RMS: the divisor, PARAM_RMS) for a leaf
+ * of n counted elements with sum_u2 = sum of u^2 entering the stage and sum_p2 = sum of p^2
+ * (s: the stage's scalars). The CPU and GPU drivers both use it. */
+float ct_opt_leaf_factor(int kind, const double *s, double sum_u2, double sum_p2, double n);
 
 /* Number of state slots a stage kind owns per leaf. */
 int ct_opt_kind_nslots(int kind);

@@ -23,6 +23,12 @@
  *       decides, on the host, which stages the step skips);
  *   every device: the fused apply pass, queued on its stream (no host wait).
  *
+ *   per-leaf stages k (TRUST_RATIO: lamb / lars / fromage, BLOCK_RMS,
+ *       PARAM_RMS): a read-only pass per device returns, per block, the sums of
+ *       u^2 and p^2 (reduce = 3, a host round trip); they are added per leaf
+ *       over the devices (group order, block order), the leaf's factor is
+ *       ct_opt_leaf_factor's (as on CPU), and later passes get one factor per
+ *       block (blk_f);
  * So a chain without reductions costs one launch per device and no sync; a
  * clip_by_global_norm chain one extra read of g per device and no sync either;
  * apply_if_finite one sync. A device-resident norm is not read back:
@@ -41,22 +47,41 @@
 
 static const char *kind_name(int kind) {
     switch (kind) {
-    case CT_OPT_TRUST_RATIO: return "trust ratio (lamb/lars)";
     case CT_OPT_FACTORED: return "factored second moments (adafactor)";
-    case CT_OPT_BLOCK_RMS: return "clip_by_block_rms";
-    case CT_OPT_PARAM_RMS: return "scale_by_param_block_rms";
     default: return "reduction";
     }
 }
 
+static int gpu_kind(int kind) {
+    return ct_om_is_elementwise(kind) || ct_om_is_leafwise(kind) || kind == CT_OPT_GLOBAL_NORM ||
+           kind == CT_OPT_FINITE_GATE;
+}
+
+/* Host buffers of the per-leaf reductions of one step. */
+typedef struct {
+    double *acc;   /* per block (all groups, group order): sum u^2, sum p^2, non-finite */
+    float *f;      /* per block: CT_OPT_MAX_STAGES factors */
+    double *leaf;  /* per leaf: sum u^2, sum p^2, counted elements */
+    float *leaf_f; /* per leaf: the factor of the stage being reduced */
+} leaf_bufs;
+
+static void free_leaf_bufs(leaf_bufs *lb) {
+    free(lb->acc);
+    free(lb->f);
+    free(lb->leaf);
+    free(lb->leaf_f);
+}
+
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                             int ngroups);
+                             int ngroups, int nleaves, leaf_bufs *lb);
+static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *groups,
+                             int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps);
 
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                                int ngroups) {
     for (int k = 0; k < nstages; k++) {
         const int kind = stages[k].kind;
-        if (!ct_om_is_elementwise(kind) && kind != CT_OPT_GLOBAL_NORM && kind != CT_OPT_FINITE_GATE)
+        if (!gpu_kind(kind))
             return ct_set_error(CT_EINVAL, "optimizer: stage %d (%s) is not supported on GPU devices "
                                 "yet; run this optimizer on CPU devices", k, kind_name(kind));
     }
@@ -71,10 +96,74 @@ ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_g
                             CT_MAX_DEVICES);
     /* Device-resident norms write the backends' boards: one GPU step at a time. */
     static pthread_mutex_t step_mu = PTHREAD_MUTEX_INITIALIZER;
+    /* per-leaf stages: per-block sums in, per-block factors out; allocated before any pass */
+    int leafwise = 0, nleaves = 0;
+    for (int k = 0; k < nstages; k++) leafwise |= ct_om_is_leafwise(stages[k].kind);
+    int64_t nblk = 0;
+    for (int gi = 0; gi < ngroups; gi++) {
+        nblk += groups[gi].nblocks;
+        for (int i = 0; i < groups[gi].nblocks; i++)
+            if (groups[gi].blocks[i].leaf >= nleaves) nleaves = groups[gi].blocks[i].leaf + 1;
+    }
+    leaf_bufs lb = {NULL, NULL, NULL, NULL};
+    if (leafwise) {
+        const size_t nb = (size_t)(nblk > 0 ? nblk : 1), nl = (size_t)(nleaves > 0 ? nleaves : 1);
+        lb.acc = calloc(nb * 3, sizeof(double));
+        lb.f = calloc(nb * CT_OPT_MAX_STAGES, sizeof(float));
+        lb.leaf = calloc(nl * 3, sizeof(double));
+        lb.leaf_f = calloc(nl, sizeof(float));
+        if (!lb.acc || !lb.f || !lb.leaf || !lb.leaf_f) {
+            free_leaf_bufs(&lb);
+            return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+        }
+    }
     pthread_mutex_lock(&step_mu);
-    ct_status st = step_locked(stages, nstages, groups, ngroups);
+    ct_status st = step_locked(stages, nstages, groups, ngroups, nleaves, &lb);
     pthread_mutex_unlock(&step_mu);
+    free_leaf_bufs(&lb);
     return st;
+}
+
+/* The per-leaf reduction of stage k: per-block sums from every device (reduce = 3), per-leaf
+ * sums and factors, then every block's factor for later passes. */
+static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *groups,
+                             int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps) {
+    ps->upto = k;
+    ps->reduce = 3;
+    int64_t base = 0;
+    for (int gi = 0; gi < ngroups; gi++) {
+        ps->blocks = groups[gi].blocks;
+        ps->nblocks = groups[gi].nblocks;
+        ps->igroup = gi;
+        ps->blk_acc = lb->acc + 3 * base;
+        ps->blk_f = lb->f + CT_OPT_MAX_STAGES * base;
+        CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, NULL));
+        base += groups[gi].nblocks;
+    }
+    ps->blk_acc = NULL;
+    memset(lb->leaf, 0, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof(double));
+    base = 0;
+    for (int gi = 0; gi < ngroups; gi++) {
+        for (int i = 0; i < groups[gi].nblocks; i++) {
+            const ct_opt_block *b = &groups[gi].blocks[i];
+            if (b->counts && b->n > 0) {
+                lb->leaf[3 * b->leaf] += lb->acc[3 * (base + i)];
+                lb->leaf[3 * b->leaf + 1] += lb->acc[3 * (base + i) + 1];
+                lb->leaf[3 * b->leaf + 2] += (double)b->n;
+            }
+        }
+        base += groups[gi].nblocks;
+    }
+    for (int l = 0; l < nleaves; l++)
+        lb->leaf_f[l] = ct_opt_leaf_factor(stages[k].kind, stages[k].s, lb->leaf[3 * l],
+                                           lb->leaf[3 * l + 1], lb->leaf[3 * l + 2]);
+    base = 0;
+    for (int gi = 0; gi < ngroups; gi++) {
+        for (int i = 0; i < groups[gi].nblocks; i++)
+            lb->f[CT_OPT_MAX_STAGES * (base + i) + k] = lb->leaf_f[groups[gi].blocks[i].leaf];
+        base += groups[gi].nblocks;
+    }
+    return CT_OK;
 }
 
 static int host_norm(void) {
@@ -82,8 +171,16 @@ static int host_norm(void) {
     return e != NULL && *e != '\0' && strcmp(e, "0") != 0;
 }
 
+/* Group gi's per-block factors (NULL when the step has no per-leaf stage). */
+static const float *group_f(const leaf_bufs *lb, const ct_opt_group *groups, int gi) {
+    if (lb->f == NULL) return NULL;
+    int64_t base = 0;
+    for (int j = 0; j < gi; j++) base += groups[j].nblocks;
+    return lb->f + (size_t)CT_OPT_MAX_STAGES * (size_t)base;
+}
+
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                             int ngroups) {
+                             int ngroups, int nleaves, leaf_bufs *lb) {
     int group_dev[CT_MAX_DEVICES];
     for (int gi = 0; gi < ngroups; gi++) group_dev[gi] = groups[gi].dev->id;
     const int device_norms = !host_norm();
@@ -101,8 +198,12 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
     }
     for (int k = 0; k < nstages; k++) {
         const int kind = stages[k].kind;
-        if ((kind != CT_OPT_GLOBAL_NORM && kind != CT_OPT_FINITE_GATE) || ((ps.skip >> k) & 1u))
+        if ((ps.skip >> k) & 1u) continue;
+        if (ct_om_is_leafwise(kind)) {
+            CT_TRY(leaf_reduce(stages, k, groups, ngroups, nleaves, lb, &ps));
             continue;
+        }
+        if (kind != CT_OPT_GLOBAL_NORM && kind != CT_OPT_FINITE_GATE) continue;
         ps.upto = k;
         if (kind == CT_OPT_GLOBAL_NORM && device_norms) {
             ps.reduce = 2;
@@ -110,6 +211,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
                 ps.blocks = groups[gi].blocks;
                 ps.nblocks = groups[gi].nblocks;
                 ps.igroup = gi;
+                ps.blk_f = group_f(lb, groups, gi);
                 CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, &ps, NULL));
             }
             ps.c[k][0] = 0.0f; /* filled in by each later pass from the devices' sums */
@@ -126,6 +228,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
             ps.blocks = groups[gi].blocks;
             ps.nblocks = groups[gi].nblocks;
             ps.igroup = gi;
+            ps.blk_f = group_f(lb, groups, gi);
             CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, &ps, acc));
             ss += acc[0];
             bad += acc[1];
@@ -149,6 +252,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
         ps.blocks = groups[gi].blocks;
         ps.nblocks = groups[gi].nblocks;
         ps.igroup = gi;
+        ps.blk_f = group_f(lb, groups, gi);
         CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, &ps, NULL));
     }
     return CT_OK;

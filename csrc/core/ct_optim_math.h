@@ -52,6 +52,17 @@ CT_HD static inline int ct_om_is_elementwise(int kind) {
            kind == CT_OPT_ACCUM;
 }
 
+/* Per-leaf stages: their u is scaled by one factor per leaf (ct_opt_leaf_factor), which a
+ * GPU pass gets per block (ct_opt_pass.blk_f) and applies with ct_om_leaf_apply. */
+CT_HD static inline int ct_om_is_leafwise(int kind) {
+    return kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_BLOCK_RMS || kind == CT_OPT_PARAM_RMS;
+}
+
+/* As the CPU driver's st_scale (f * u) and st_div (u / f, BLOCK_RMS). */
+CT_HD static inline float ct_om_leaf_apply(int kind, float f, float u) {
+    return kind == CT_OPT_BLOCK_RMS ? u / f : f * u;
+}
+
 /* fp32 constants of one stage for one step, from its double scalars s[]. */
 static inline void ct_om_prepare(int kind, const double *s, float *c) {
     for (int j = 0; j < CT_OM_NC; j++) c[j] = 0.0f;

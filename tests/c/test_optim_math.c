@@ -221,15 +221,23 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
         cst[k][1] = nrm;
     }
     double tmp[2];
-    if (ps->reduce == 2) acc = tmp;
+    if (ps->reduce == 2 || ps->reduce == 3) acc = tmp;
     if (ps->reduce) acc[0] = acc[1] = 0.0;
     for (int i = 0; i < ps->nblocks; i++) {
         const ct_opt_block *b = &ps->blocks[i];
+        if (ps->reduce == 3) {
+            ps->blk_acc[3 * i] = ps->blk_acc[3 * i + 1] = ps->blk_acc[3 * i + 2] = 0.0;
+        }
         if (ps->reduce && !b->counts) continue;
         for (int64_t e = 0; e < b->n; e++) {
             float u = b->g[e], p = b->p ? b->p[e] : 0.0f;
             for (int k = 0; k < ps->upto; k++) {
                 if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
+                if (ct_om_is_leafwise(ps->kind[k])) {
+                    CHECK(ps->blk_f != NULL, "per-leaf stage %d without factors", k);
+                    u = ct_om_leaf_apply(ps->kind[k], ps->blk_f[i * CT_OPT_MAX_STAGES + k], u);
+                    continue;
+                }
                 const int ns = ct_om_nslots(ps->kind[k]);
                 float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
                 float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
@@ -237,7 +245,11 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                 if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
                 if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
             }
-            if (ps->reduce) {
+            if (ps->reduce == 3) {
+                ps->blk_acc[3 * i] += (double)u * (double)u;
+                ps->blk_acc[3 * i + 1] += (double)p * (double)p;
+                ps->blk_acc[3 * i + 2] += isfinite(u) ? 0.0 : 1.0;
+            } else if (ps->reduce) {
                 acc[0] += (double)u * (double)u;
                 acc[1] += isfinite(u) ? 0.0 : 1.0;
             } else if (b->out) {
@@ -269,7 +281,7 @@ static int close_rel(const float *a, const float *b, int64_t n, float tol, int64
 /* 2 devices x 2 leaves; leaf 1 replicated on both (counts only on device 0). gate: a
  * FINITE_GATE before the GLOBAL_NORM (2: after it, so its reduce pass reads the norm);
  * host_norm: CTRAINSTATE_HOST_NORM=1 (norms through the host, not the devices' board). */
-static void device_driver(int gate, int with_nan, int host_norm) {
+static void device_driver(int gate, int with_nan, int host_norm, int leafwise) {
     setenv("CTRAINSTATE_HOST_NORM", host_norm ? "1" : "0", 1);
     static ct_backend fake;
     memset(&fake, 0, sizeof fake);
@@ -284,7 +296,7 @@ static void device_driver(int gate, int with_nan, int host_norm) {
         dev[d].backend = &fake;
     }
     enum { NA = 301, NB = 45 };
-    ct_opt_stage st[4];
+    ct_opt_stage st[8];
     memset(st, 0, sizeof st);
     int nst = 0;
     if (gate == 1) { st[nst].kind = CT_OPT_FINITE_GATE; st[nst].s[0] = 3; nst++; }
@@ -295,6 +307,11 @@ static void device_driver(int gate, int with_nan, int host_norm) {
     random_scalars(CT_OPT_ADAM, s, 2);
     memcpy(st[nst].s, s, sizeof s);
     nst++;
+    if (leafwise) { /* lamb's trust ratio, then adafactor's block and param RMS */
+        st[nst].kind = CT_OPT_TRUST_RATIO; st[nst].s[0] = 0.0; st[nst].s[1] = 1.0; nst++;
+        st[nst].kind = CT_OPT_BLOCK_RMS; st[nst].s[0] = 0.5; nst++;
+        st[nst].kind = CT_OPT_PARAM_RMS; st[nst].s[0] = 1e-3; nst++;
+    }
     st[nst].kind = CT_OPT_SCALE; st[nst].s[0] = -1e-2; nst++;
     /* two copies of all data: [0] through the fake GPU driver, [1] through the CPU driver */
     float *p[2][2][2], *g[2][2][2], *m[2][2][2], *v[2][2][2]; /* [copy][device][leaf] */
@@ -341,7 +358,7 @@ static void device_driver(int gate, int with_nan, int host_norm) {
             grp[cp][d].dev = cp == 0 ? &dev[d] : NULL;
         }
     }
-    ct_opt_stage st_gpu[4], st_cpu[4];
+    ct_opt_stage st_gpu[8], st_cpu[8];
     memcpy(st_gpu, st, sizeof st);
     memcpy(st_cpu, st, sizeof st);
     fake_calls = 0;
@@ -351,7 +368,9 @@ static void device_driver(int gate, int with_nan, int host_norm) {
     CHECK(a == CT_OK && b == CT_OK, "device driver: step failed: %s", ct_last_error());
     /* a rejecting gate before the norm skips the norm's pass */
     const int norm_runs = !(gate == 1 && with_nan);
-    const int npass = 2 * (1 + norm_runs + (gate ? 1 : 0));
+    /* a rejecting gate covers the trust ratio (not the block / param RMS after it) */
+    const int leaf_runs = leafwise ? 3 - (gate && with_nan ? 1 : 0) : 0;
+    const int npass = 2 * (1 + norm_runs + (gate ? 1 : 0) + leaf_runs);
     CHECK(fake_calls == npass, "device driver: %d passes, expected %d", fake_calls, npass);
     CHECK(fake_board_writes == (host_norm ? 0 : 2 * norm_runs), "device driver: %d board writes",
           fake_board_writes);
@@ -378,13 +397,13 @@ static void device_driver(int gate, int with_nan, int host_norm) {
     grp[0][1].dev = &dev[1];
     ct_opt_stage tr[2];
     memset(tr, 0, sizeof tr);
-    tr[0].kind = CT_OPT_TRUST_RATIO;
+    tr[0].kind = CT_OPT_FACTORED; /* adafactor's factored moments: not on GPUs yet */
     tr[1].kind = CT_OPT_SCALE;
     for (int d = 0; d < 2; d++)
-        for (int l = 0; l < 2; l++) blk[0][d][l].active = 3u;
+        for (int l = 0; l < 2; l++) blk[0][d][l].active = 2u;
     CHECK(ct_optim_step(tr, 2, grp[0], 2, 3) == CT_EINVAL &&
           strstr(ct_last_error(), "not supported on GPU devices yet") != NULL,
-          "device driver: trust ratio accepted: %s", ct_last_error());
+          "device driver: factored stage accepted: %s", ct_last_error());
     for (int cp = 0; cp < 2; cp++)
         for (int d = 0; d < 2; d++)
             for (int l = 0; l < 2; l++) {
@@ -399,11 +418,13 @@ int main(void) {
     for (int trial = 0; trial < 400; trial++) one_chain(trial);
     readonly_form();
     for (int host = 0; host < 2; host++) {
-        device_driver(0, 0, host);
-        device_driver(1, 0, host);
-        device_driver(1, 1, host);
-        device_driver(2, 0, host);
-        device_driver(2, 1, host);
+        for (int leafwise = 0; leafwise < 2; leafwise++) {
+            device_driver(0, 0, host, leafwise);
+            device_driver(1, 0, host, leafwise);
+            device_driver(1, 1, host, leafwise);
+            device_driver(2, 0, host, leafwise);
+            device_driver(2, 1, host, leafwise);
+        }
     }
     printf("test_optim_math: %d checks, %d failures (bit-exact vs ct_optim_reference)\n", checks,
            failures);

@@ -184,6 +184,7 @@ static ct_status m_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t 
 struct opt_desc {
     float *p; const float *g; float *out; float *slot[CT_OPT_MAX_SLOTS];
     long long n, tile0; unsigned active; int vec, need_p, pad;
+    float f[CT_OPT_MAX_STAGES];   // per-leaf stages: the block's factor
 };
 struct opt_params {
     int nstages, upto, nblocks; unsigned skip; long long ntiles;
@@ -200,6 +201,10 @@ static void run_elems(const opt_params &P, const opt_desc *d, long long e, doubl
     for (int k = 0; k < P.upto; k++) {
         if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
         const int kind = P.kind[k];
+        if (ct_om_is_leafwise(kind)) {
+            for (int j = 0; j < L; j++) u[j] = ct_om_leaf_apply(kind, d->f[k], u[j]);
+            continue;
+        }
         const int ns = ct_om_nslots(kind);
         float a[L], b[L];
         for (int j = 0; j < L; j++) a[j] = b[j] = 0.0f;
@@ -254,7 +259,8 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
                             ps->upto >= CT_OPT_MAX_STAGES))
         return core->set_error(CT_EINVAL, "bad device-norm pass");
     for (int k = 0; k < ps->upto; k++)
-        if (!ct_om_is_elementwise(ps->kind[k]) && ps->kind[k] != CT_OPT_GLOBAL_NORM && ps->kind[k] != CT_OPT_FINITE_GATE)
+        if (!ct_om_is_elementwise(ps->kind[k]) && !ct_om_is_leafwise(ps->kind[k]) &&
+            ps->kind[k] != CT_OPT_GLOBAL_NORM && ps->kind[k] != CT_OPT_FINITE_GATE)
             return core->set_error(CT_EINVAL, "optimizer: stage %d (kind %d) is not supported on GPU devices yet", k, ps->kind[k]);
     opt_params P; memset(&P, 0, sizeof P);
     P.nstages = ps->nstages; P.upto = ps->upto; P.skip = ps->skip;
@@ -278,6 +284,8 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
         if (b->n == 0 || (ps->reduce && !b->counts)) continue;
         opt_desc &d = D[m++];
         memset(&d, 0, sizeof d);
+        if (ps->blk_f != nullptr)
+            for (int k = 0; k < CT_OPT_MAX_STAGES; k++) d.f[k] = ps->blk_f[(size_t)i * CT_OPT_MAX_STAGES + k];
         d.p = b->p; d.g = b->g; d.out = ps->reduce ? nullptr : b->out; d.n = b->n; d.tile0 = tiles; d.active = b->active;
         int vec = is_aligned(b->g), need_p = !ps->reduce && b->out == nullptr;
         if (!ps->reduce && b->out != nullptr) vec &= is_aligned(b->out);
@@ -294,6 +302,25 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
         tiles += (b->n + OPT_TILE - 1) / OPT_TILE;
     }
     P.nblocks = m; P.ntiles = tiles;
+    if (ps->reduce == 3) {   // per-leaf sums of each counting block (cuda_optim.cu's leaf_pass)
+        if (ps->blk_acc == nullptr) return core->set_error(CT_EINVAL, "per-leaf pass without output");
+        for (int i = 0; i < 3 * ps->nblocks; i++) ps->blk_acc[i] = 0.0;
+        const int sum_p = ps->kind[ps->upto] == CT_OPT_TRUST_RATIO || ps->kind[ps->upto] == CT_OPT_PARAM_RMS;
+        for (int j = 0, i = 0; i < ps->nblocks; i++) {
+            const ct_opt_block *b = &ps->blocks[i];
+            if (b->n == 0 || !b->counts) continue;
+            opt_desc d1 = D[j++];
+            d1.need_p = sum_p || d1.need_p;
+            for (long long e = 0; e < d1.n; e++) {
+                double ss = 0, bad = 0;
+                run_elems<1, true>(P, &d1, e, ss, bad);
+                ps->blk_acc[3 * i] += ss;
+                ps->blk_acc[3 * i + 2] += bad;
+                if (sum_p) { float pv = R(d1.p)[e]; ps->blk_acc[3 * i + 1] += (double)pv * pv; }
+            }
+        }
+        return CT_OK;
+    }
     if (!ps->reduce) {
         if (tiles == 0) return CT_OK;
         unsigned grid = tiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)tiles;

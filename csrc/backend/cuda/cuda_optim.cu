@@ -66,8 +66,9 @@ struct opt_desc {
     long long tile0;  /* first tile of this block in the launch */
     unsigned active;
     int vec;          /* every pointer used is 16-byte aligned: float4 path */
-    int need_p;       /* p is read (DECAY, or p += u) */
+    int need_p;       /* p is read (DECAY, or p += u, or a per-leaf sum of p^2) */
     int pad;
+    float f[CT_OPT_MAX_STAGES]; /* per-leaf stages: this block's factor (ct_om_leaf_apply) */
 };
 
 struct opt_params {
@@ -80,7 +81,32 @@ struct opt_params {
     unsigned dev_norm;       /* GLOBAL_NORM stages whose (clip, norm) come from normc */
     const float *normc;      /* normc[2k], normc[2k+1]: stage k's clip flag and norm, on
                               * this device (fetch_norms wrote them from the board) */
+    int per_tile;            /* reduce passes: sums per tile (3 doubles: u^2, non-finite,
+                              * p^2) instead of per CTA (2 doubles) */
 };
+
+/* The CTA's three sums in a fixed-order tree (deterministic), written by thread 0. */
+__device__ __forceinline__ void cta_sum3(double ss, double bad, double pp, double *out) {
+    __shared__ double s3[3][OPT_TPB];
+    s3[0][threadIdx.x] = ss;
+    s3[1][threadIdx.x] = bad;
+    s3[2][threadIdx.x] = pp;
+    __syncthreads();
+    for (int w = OPT_TPB / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) {
+            s3[0][threadIdx.x] += s3[0][threadIdx.x + w];
+            s3[1][threadIdx.x] += s3[1][threadIdx.x + w];
+            s3[2][threadIdx.x] += s3[2][threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[0] = s3[0][0];
+        out[1] = s3[1][0];
+        out[2] = s3[2][0];
+    }
+    __syncthreads(); /* s3 is reused by the next tile */
+}
 
 // --- kernel -----------------------------------------------------------------------------
 
@@ -108,7 +134,7 @@ __device__ __forceinline__ void st(float *x, const float *v) {
 template <int L, bool RED>
 __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[CT_OM_NC],
                                           const opt_desc *d, long long e, double &ss,
-                                          double &bad) {
+                                          double &bad, double &pp) {
     float u[L], p[L];
     ld<L>(d->g + e, u);
 #pragma unroll
@@ -117,6 +143,11 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[
     for (int k = 0; k < P.upto; k++) {
         if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
         const int kind = P.kind[k];
+        if (ct_om_is_leafwise(kind)) {
+#pragma unroll
+            for (int j = 0; j < L; j++) u[j] = ct_om_leaf_apply(kind, d->f[k], u[j]);
+            continue;
+        }
         const int ns = ct_om_nslots(kind);
         float a[L], b[L];
 #pragma unroll
@@ -137,6 +168,7 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[
         for (int j = 0; j < L; j++) {
             ss += (double)u[j] * (double)u[j];
             bad += isfinite(u[j]) ? 0.0 : 1.0;
+            pp += (double)p[j] * (double)p[j]; /* 0 unless p was loaded (need_p) */
         }
     } else if (d->out != nullptr) {
         st<L>(d->out + e, u);
@@ -162,7 +194,7 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
         }
     }
     __syncthreads();
-    double ss = 0.0, bad = 0.0;
+    double ss = 0.0, bad = 0.0, pp = 0.0;
     for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
         int lo = 0, hi = P.nblocks - 1; /* the last block whose first tile is <= t */
         while (lo < hi) {
@@ -175,13 +207,18 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
         const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
         for (long long e = base + 4LL * threadIdx.x; e < end; e += 4LL * OPT_TPB) {
             if (d->vec && e + 4 <= end) {
-                run_elems<4, RED>(P, C, d, e, ss, bad);
+                run_elems<4, RED>(P, C, d, e, ss, bad, pp);
             } else {
-                for (long long i = e; i < end && i < e + 4; i++) run_elems<1, RED>(P, C, d, i, ss, bad);
+                for (long long i = e; i < end && i < e + 4; i++)
+                    run_elems<1, RED>(P, C, d, i, ss, bad, pp);
             }
         }
+        if (RED && P.per_tile) { /* per-leaf reductions: every tile on its own */
+            cta_sum3(ss, bad, pp, part + 3 * t);
+            ss = bad = pp = 0.0;
+        }
     }
-    if (RED) { /* fixed-order tree over the CTA: deterministic */
+    if (RED && !P.per_tile) { /* fixed-order tree over the CTA: deterministic */
         __shared__ double s_ss[OPT_TPB], s_bad[OPT_TPB];
         s_ss[threadIdx.x] = ss;
         s_bad[threadIdx.x] = bad;
@@ -207,6 +244,24 @@ __global__ void norm_to_board(const double *part, unsigned nparts, double *slot)
     for (unsigned i = 0; i < nparts; i++) sum += part[2 * i];
     *slot = sum;
     __threadfence_system();
+}
+
+/* Per-leaf reductions: each descriptor's tile sums, in tile order, into out[3i..3i+2]
+ * (sum u^2, sum p^2, non-finite: ct_opt_pass.blk_acc's order). */
+__global__ void sum_tiles(const opt_desc *__restrict__ D, int m, const double *part,
+                          double *out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m) return;
+    const long long t0 = D[i].tile0, nt = (D[i].n + OPT_TILE - 1) / OPT_TILE;
+    double ss = 0.0, bad = 0.0, pp = 0.0;
+    for (long long t = t0; t < t0 + nt; t++) {
+        ss += part[3 * t];
+        bad += part[3 * t + 1];
+        pp += part[3 * t + 2];
+    }
+    out[3 * i] = ss;
+    out[3 * i + 1] = pp;
+    out[3 * i + 2] = bad;
 }
 
 /* The norms a pass reads, from the board into this device's memory (one read of system
@@ -246,6 +301,10 @@ struct opt_cache {
     cudaEvent_t reduced = nullptr; /* after this device's last board write */
     cudaEvent_t last = nullptr;    /* after this device's last pass */
     float *d_normc = nullptr;      /* fetch_norms' output: 2 floats per stage */
+    double *d_tiles = nullptr;     /* per-leaf reductions: 3 sums per tile */
+    long long tiles_cap = 0;
+    double *d_blk = nullptr, *h_blk = nullptr; /* and per descriptor (device, pinned host) */
+    int blk_cap = 0;
 };
 
 static opt_cache g_opt_cache[CT_MAX_DEVICES];
@@ -290,22 +349,30 @@ static ct_status wait_group(const ct_device *dev, const ct_opt_pass *ps, int whi
 
 static int is_aligned(const void *x) { return ((uintptr_t)x & 15u) == 0; }
 
-/* Build the descriptors of the pass into scratch (host), count tiles. */
-static int build_desc(const ct_opt_pass *ps, opt_desc *out, long long *ntiles) {
+/* Build the descriptors of the pass into scratch (host), count tiles; src[j]: the index in
+ * ps->blocks of descriptor j. */
+static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long *ntiles) {
     int m = 0;
     long long tiles = 0;
+    /* a per-leaf reduction of TRUST_RATIO or PARAM_RMS also sums p^2 */
+    const int sum_p = ps->reduce == 3 && (ps->kind[ps->upto] == CT_OPT_TRUST_RATIO ||
+                                          ps->kind[ps->upto] == CT_OPT_PARAM_RMS);
     for (int i = 0; i < ps->nblocks; i++) {
         const ct_opt_block *b = &ps->blocks[i];
         if (b->n == 0 || (ps->reduce && !b->counts)) continue;
+        src[m] = i;
         opt_desc &d = out[m++];
         memset(&d, 0, sizeof d);
+        if (ps->blk_f != nullptr)
+            for (int k = 0; k < CT_OPT_MAX_STAGES; k++)
+                d.f[k] = ps->blk_f[(size_t)i * CT_OPT_MAX_STAGES + k];
         d.p = b->p;
         d.g = b->g;
         d.out = ps->reduce ? nullptr : b->out;
         d.n = b->n;
         d.tile0 = tiles;
         d.active = b->active;
-        int vec = is_aligned(b->g), need_p = !ps->reduce && b->out == nullptr;
+        int vec = is_aligned(b->g), need_p = (!ps->reduce && b->out == nullptr) || sum_p;
         if (!ps->reduce && b->out != nullptr) vec &= is_aligned(b->out);
         for (int k = 0; k < ps->upto; k++) {
             if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
@@ -351,6 +418,57 @@ static ct_status upload(ct_device *dev, opt_table *t, const opt_desc *scratch, i
     return CT_OK;
 }
 
+static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
+                             int m, const int *src, unsigned reads, double *board_d, double *acc);
+
+/* The per-leaf reduction pass (reduce = 3): per-tile sums, per-descriptor sums in tile order,
+ * one copy to the host (the pass waits), then ps->blk_acc in ps->blocks order. */
+static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
+                           int m, const int *src) {
+    cudaStream_t s = ct_cuda_stream(dev);
+    for (int i = 0; i < 3 * ps->nblocks; i++) ps->blk_acc[i] = 0.0;
+    if (m == 0 || P.ntiles == 0) return CT_OK;
+    if (P.ntiles > cache->tiles_cap) {
+        if (cache->d_tiles != nullptr) {
+            CT_CUDA_TRY(cudaStreamSynchronize(s)); /* an earlier pass may still use it */
+            CT_CUDA_TRY(cudaFree(cache->d_tiles));
+            cache->d_tiles = nullptr;
+            cache->tiles_cap = 0;
+        }
+        CT_CUDA_TRY(cudaMalloc((void **)&cache->d_tiles, 3 * (size_t)P.ntiles * sizeof(double)));
+        cache->tiles_cap = P.ntiles;
+    }
+    if (m > cache->blk_cap) {
+        if (cache->d_blk != nullptr) {
+            CT_CUDA_TRY(cudaStreamSynchronize(s));
+            CT_CUDA_TRY(cudaFree(cache->d_blk));
+            cache->d_blk = nullptr;
+        }
+        if (cache->h_blk != nullptr) {
+            CT_CUDA_TRY(cudaFreeHost(cache->h_blk));
+            cache->h_blk = nullptr;
+        }
+        cache->blk_cap = 0;
+        CT_CUDA_TRY(cudaMalloc((void **)&cache->d_blk, 3 * (size_t)m * sizeof(double)));
+        CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_blk, 3 * (size_t)m * sizeof(double)));
+        cache->blk_cap = m;
+    }
+    P.per_tile = 1;
+    const unsigned grid = P.ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)P.ntiles;
+    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_tiles);
+    CT_CUDA_TRY(cudaGetLastError());
+    sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(cache->tab[1].d, m, cache->d_tiles,
+                                                          cache->d_blk);
+    CT_CUDA_TRY(cudaGetLastError());
+    CT_CUDA_TRY(cudaMemcpyAsync(cache->h_blk, cache->d_blk, 3 * (size_t)m * sizeof(double),
+                                cudaMemcpyDeviceToHost, s));
+    CT_CUDA_TRY(cudaStreamSynchronize(s)); /* the host round trip of a per-leaf reduction */
+    CT_CUDA_TRY(cudaEventRecord(cache->last, s));
+    for (int j = 0; j < m; j++)
+        for (int q = 0; q < 3; q++) ps->blk_acc[3 * src[j] + q] = cache->h_blk[3 * j + q];
+    return CT_OK;
+}
+
 // --- entry --------------------------------------------------------------------------------
 
 static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps,
@@ -377,18 +495,34 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
         P.slot_off[k] = ps->slot_off[k];
         for (int j = 0; j < CT_OM_NC; j++) P.c[k][j] = ps->c[k][j];
     }
-    opt_desc *scratch = (opt_desc *)malloc((size_t)(ps->nblocks > 0 ? ps->nblocks : 1) * sizeof(opt_desc));
-    if (scratch == nullptr)
+    if (ps->reduce == 3 && (ps->blk_acc == nullptr || ps->upto < 0 || ps->upto >= ps->nstages))
+        return ct_cuda_core->set_error(CT_EINVAL, "optimizer: bad per-leaf reduction pass");
+    const size_t nb = (size_t)(ps->nblocks > 0 ? ps->nblocks : 1);
+    opt_desc *scratch = (opt_desc *)malloc(nb * sizeof(opt_desc));
+    int *src = (int *)malloc(nb * sizeof(int));
+    if (scratch == nullptr || src == nullptr) {
+        free(scratch);
+        free(src);
         return ct_cuda_core->set_error(CT_EOOM, "optimizer: out of host memory for %d block descriptors",
                                        ps->nblocks);
+    }
     long long ntiles = 0;
-    const int m = build_desc(ps, scratch, &ntiles);
+    const int m = build_desc(ps, scratch, src, &ntiles);
     P.nblocks = m;
     P.ntiles = ntiles;
     ct_status st = CT_OK;
     if (m > 0) st = upload(dev, &cache->tab[ps->reduce ? 1 : 0], scratch, m);
     free(scratch);
-    CT_TRY(st);
+    if (st == CT_OK) st = pass_launch(dev, cache, ps, P, m, src, reads, board_d, acc);
+    free(src);
+    return st;
+}
+
+/* Launch the pass (descriptors uploaded): norms first, then the kernel(s) of its kind. */
+static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
+                             int m, const int *src, unsigned reads, double *board_d, double *acc) {
+    const long long ntiles = P.ntiles;
+    const int to_board = ps->reduce == 2;
     cudaStream_t s = ct_cuda_stream(dev);
     CT_TRY(ensure_event(&cache->last));
     if (reads != 0u) {
@@ -404,6 +538,7 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
         CT_CUDA_TRY(cudaGetLastError());
         P.normc = cache->d_normc;
     }
+    if (ps->reduce == 3) return leaf_pass(dev, cache, ps, P, m, src);
     if (!ps->reduce) {
         if (ntiles > 0) {
             unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
@@ -454,8 +589,8 @@ extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const ct_opt_pass *ps, d
     if (dev->id < 0 || dev->id >= CT_MAX_DEVICES)
         return ct_cuda_core->set_error(CT_EINVAL, "optimizer: bad device id %d", dev->id);
     for (int k = 0; k < ps->upto; k++)
-        if (!ct_om_is_elementwise(ps->kind[k]) && ps->kind[k] != CT_OPT_GLOBAL_NORM &&
-            ps->kind[k] != CT_OPT_FINITE_GATE)
+        if (!ct_om_is_elementwise(ps->kind[k]) && !ct_om_is_leafwise(ps->kind[k]) &&
+            ps->kind[k] != CT_OPT_GLOBAL_NORM && ps->kind[k] != CT_OPT_FINITE_GATE)
             return ct_cuda_core->set_error(CT_EINVAL, "optimizer: stage %d (kind %d) is not "
                                            "supported on GPU devices yet", k, ps->kind[k]);
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));

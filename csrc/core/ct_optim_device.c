@@ -29,6 +29,11 @@
  *       over the devices (group order, block order), the leaf's factor is
  *       ct_opt_leaf_factor's (as on CPU), and later passes get one factor per
  *       block (blk_f);
+ * Kinds with no GPU pass (adafactor's FACTORED second moments) run the whole
+ * step through host staging instead: every array of every block is copied to
+ * host memory, the CPU driver runs the step there, and what it wrote (params
+ * or updates, state) is copied back. Correct (the CPU driver's results) but
+ * bound by the copies; allocated before anything is written.
  * So a chain without reductions costs one launch per device and no sync; a
  * clip_by_global_norm chain one extra read of g per device and no sync either;
  * apply_if_finite one sync. A device-resident norm is not read back:
@@ -45,11 +50,92 @@
 #include "ct_optim.h"
 #include "ct_optim_math.h"
 
-static const char *kind_name(int kind) {
-    switch (kind) {
-    case CT_OPT_FACTORED: return "factored second moments (adafactor)";
-    default: return "reduction";
+/* The arrays of one block (host staging). */
+typedef struct {
+    float *p, *g, *out, *slot[CT_OPT_MAX_SLOTS];
+} staged_block;
+
+static ct_status stage_copy(struct ct_device *dst_dev, struct ct_device *src_dev, void *dst,
+                            const void *src, int64_t n, struct ct_device *dev) {
+    if (n <= 0 || dst == NULL || src == NULL) return CT_OK;
+    const int64_t stride = (int64_t)sizeof(float);
+    return dev->backend->copy_block(dst_dev, src_dev, 1, &n, sizeof(float), dst, &stride, src,
+                                    &stride);
+}
+
+/* A step with a stage the GPU passes do not implement: through host memory and the CPU
+ * driver (see the top of the file). */
+static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                                  int ngroups) {
+    int64_t nblk = 0;
+    int nleaves = 0;
+    for (int gi = 0; gi < ngroups; gi++) {
+        nblk += groups[gi].nblocks;
+        for (int i = 0; i < groups[gi].nblocks; i++)
+            if (groups[gi].blocks[i].leaf >= nleaves) nleaves = groups[gi].blocks[i].leaf + 1;
     }
+    const size_t nb = (size_t)(nblk > 0 ? nblk : 1);
+    ct_opt_group *hg = calloc((size_t)(ngroups > 0 ? ngroups : 1), sizeof *hg);
+    ct_opt_block *hb = calloc(nb, sizeof *hb);
+    staged_block *sb = calloc(nb, sizeof *sb);
+    ct_status st = (hg && hb && sb) ? CT_OK : ct_set_error(CT_EOOM, "optimizer: out of host memory");
+    int64_t j = 0;
+    for (int gi = 0; gi < ngroups && st == CT_OK; gi++) {
+        hg[gi].blocks = hb + j;
+        hg[gi].nblocks = groups[gi].nblocks;
+        hg[gi].dev = NULL; /* the CPU driver */
+        for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
+            const ct_opt_block *b = &groups[gi].blocks[i];
+            hb[j] = *b;
+            size_t n = (size_t)(b->n > 0 ? b->n : 1);
+            if (b->p) st = (sb[j].p = malloc(n * sizeof(float))) ? st : CT_EOOM;
+            if (b->g) st = (sb[j].g = malloc(n * sizeof(float))) ? st : CT_EOOM;
+            if (b->out) st = (sb[j].out = malloc(n * sizeof(float))) ? st : CT_EOOM;
+            for (int q = 0; q < CT_OPT_MAX_SLOTS && st == CT_OK; q++)
+                if (b->slot[q]) {
+                    size_t sn = (size_t)(b->slot_n[q] > 0 ? b->slot_n[q] : 1);
+                    st = (sb[j].slot[q] = malloc(sn * sizeof(float))) ? st : CT_EOOM;
+                }
+            hb[j].p = sb[j].p;
+            hb[j].g = sb[j].g;
+            hb[j].out = sb[j].out;
+            for (int q = 0; q < CT_OPT_MAX_SLOTS; q++) hb[j].slot[q] = sb[j].slot[q];
+        }
+    }
+    if (st == CT_EOOM) st = ct_set_error(CT_EOOM, "optimizer: out of host memory staging a step");
+    /* down: everything the CPU driver reads */
+    j = 0;
+    for (int gi = 0; gi < ngroups && st == CT_OK; gi++)
+        for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
+            const ct_opt_block *b = &groups[gi].blocks[i];
+            ct_device *dev = groups[gi].dev;
+            st = stage_copy(NULL, dev, sb[j].p, b->p, b->n, dev);
+            if (st == CT_OK) st = stage_copy(NULL, dev, sb[j].g, b->g, b->n, dev);
+            for (int q = 0; q < CT_OPT_MAX_SLOTS && st == CT_OK; q++)
+                st = stage_copy(NULL, dev, sb[j].slot[q], b->slot[q], b->slot_n[q], dev);
+        }
+    if (st == CT_OK) st = ct_optim_step(stages, nstages, hg, ngroups, nleaves);
+    /* up: what it wrote (params or updates, and the state) */
+    j = 0;
+    for (int gi = 0; gi < ngroups && st == CT_OK; gi++)
+        for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
+            const ct_opt_block *b = &groups[gi].blocks[i];
+            ct_device *dev = groups[gi].dev;
+            if (b->out) st = stage_copy(dev, NULL, b->out, sb[j].out, b->n, dev);
+            else st = stage_copy(dev, NULL, b->p, sb[j].p, b->n, dev);
+            for (int q = 0; q < CT_OPT_MAX_SLOTS && st == CT_OK; q++)
+                st = stage_copy(dev, NULL, b->slot[q], sb[j].slot[q], b->slot_n[q], dev);
+        }
+    for (int64_t k = 0; sb != NULL && k < nblk; k++) {
+        free(sb[k].p);
+        free(sb[k].g);
+        free(sb[k].out);
+        for (int q = 0; q < CT_OPT_MAX_SLOTS; q++) free(sb[k].slot[q]);
+    }
+    free(sb);
+    free(hb);
+    free(hg);
+    return st;
 }
 
 static int gpu_kind(int kind) {
@@ -79,18 +165,17 @@ static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *gr
 
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                                int ngroups) {
-    for (int k = 0; k < nstages; k++) {
-        const int kind = stages[k].kind;
-        if (!gpu_kind(kind))
-            return ct_set_error(CT_EINVAL, "optimizer: stage %d (%s) is not supported on GPU devices "
-                                "yet; run this optimizer on CPU devices", k, kind_name(kind));
-    }
+    int staged = 0;
+    for (int k = 0; k < nstages; k++) staged |= !gpu_kind(stages[k].kind);
     for (int gi = 0; gi < ngroups; gi++) {
         const ct_device *d = groups[gi].dev;
-        if (d == NULL || d->backend == NULL || d->backend->optim_pass == NULL)
-            return ct_set_error(CT_EINVAL, "optimizer: the backend of device group %d has no fused "
-                                "optimizer kernel", gi);
+        if (d == NULL || d->backend == NULL ||
+            (staged ? d->backend->copy_block == NULL : d->backend->optim_pass == NULL))
+            return ct_set_error(CT_EINVAL, "optimizer: the backend of device group %d has no %s", gi,
+                                staged ? "copies (host staging of a factored step)"
+                                       : "fused optimizer kernel");
     }
+    if (staged) return host_staged_step(stages, nstages, groups, ngroups);
     if (ngroups > CT_MAX_DEVICES)
         return ct_set_error(CT_EINVAL, "optimizer: %d device groups (at most %d)", ngroups,
                             CT_MAX_DEVICES);

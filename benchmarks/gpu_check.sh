@@ -43,6 +43,10 @@ for b in benchmarks/bench_*.py; do
 done
 CTRAINSTATE_GPU_SPLIT=4 step "tests gpu (split 4)" tests_gpu_split4.log 200 "$PY" -m pytest -q -rf -m gpu tests
 CTRAINSTATE_GPU_SPLIT=8 step "tests gpu (split 8)" tests_gpu_split8.log 200 "$PY" -m pytest -q -rf -m gpu tests
+# clip_by_global_norm through the host instead of the devices' norm board: tells a failure of
+# the device-resident norm (events, mapped pinned memory) from one of the kernels
+CTRAINSTATE_GPU_SPLIT=4 CTRAINSTATE_HOST_NORM=1 step "tests gpu (host norm)" tests_gpu_hostnorm.log 90 \
+    "$PY" -m pytest -q -rf -m gpu tests -k "clip or norm"
 
 echo
 cat "$logs/devices.txt"

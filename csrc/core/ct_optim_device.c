@@ -264,6 +264,16 @@ static const float *group_f(const leaf_bufs *lb, const ct_opt_group *groups, int
     return lb->f + (size_t)CT_OPT_MAX_STAGES * (size_t)base;
 }
 
+/* Pass *ps (its mode set by the caller) over group gi's blocks. */
+static ct_status run_pass(ct_opt_pass *ps, const ct_opt_group *groups, int gi,
+                          const leaf_bufs *lb, double *acc) {
+    ps->blocks = groups[gi].blocks;
+    ps->nblocks = groups[gi].nblocks;
+    ps->igroup = gi;
+    ps->blk_f = group_f(lb, groups, gi);
+    return groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, acc);
+}
+
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                              int ngroups, int nleaves, leaf_bufs *lb) {
     int group_dev[CT_MAX_DEVICES];
@@ -292,13 +302,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
         ps.upto = k;
         if (kind == CT_OPT_GLOBAL_NORM && device_norms) {
             ps.reduce = 2;
-            for (int gi = 0; gi < ngroups; gi++) {
-                ps.blocks = groups[gi].blocks;
-                ps.nblocks = groups[gi].nblocks;
-                ps.igroup = gi;
-                ps.blk_f = group_f(lb, groups, gi);
-                CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, &ps, NULL));
-            }
+            for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, NULL));
             ps.c[k][0] = 0.0f; /* filled in by each later pass from the devices' sums */
             ps.c[k][1] = 0.0f;
             ps.c[k][2] = (float)stages[k].s[0];
@@ -310,11 +314,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
         double ss = 0.0, bad = 0.0;
         for (int gi = 0; gi < ngroups; gi++) {
             double acc[2] = {0.0, 0.0};
-            ps.blocks = groups[gi].blocks;
-            ps.nblocks = groups[gi].nblocks;
-            ps.igroup = gi;
-            ps.blk_f = group_f(lb, groups, gi);
-            CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, &ps, acc));
+            CT_TRY(run_pass(&ps, groups, gi, lb, acc));
             ss += acc[0];
             bad += acc[1];
         }
@@ -333,12 +333,6 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
     }
     ps.upto = nstages;
     ps.reduce = 0;
-    for (int gi = 0; gi < ngroups; gi++) {
-        ps.blocks = groups[gi].blocks;
-        ps.nblocks = groups[gi].nblocks;
-        ps.igroup = gi;
-        ps.blk_f = group_f(lb, groups, gi);
-        CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, &ps, NULL));
-    }
+    for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, NULL));
     return CT_OK;
 }

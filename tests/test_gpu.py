@@ -477,3 +477,56 @@ def test_device_norm_equals_host_norm(name, monkeypatch):
         np.testing.assert_array_equal(dev_p[k], host_p[k])
     for a, b in zip(dev_s, host_s):
         np.testing.assert_array_equal(a, b)
+
+
+# --- the examples on GPU devices (issue #8: "and on GPUs") -------------------------------------
+
+_ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+
+# (args, GPU devices needed, a line the output must contain)
+_EXAMPLES = {
+    "siren": (["examples/siren.py", "--backend", "gpu", "--mesh", "1x1", "--steps", "40",
+               "--size", "16", "--hidden", "32"], 1, "PSNR:"),
+    "siren_2x2": (["examples/siren.py", "--backend", "gpu", "--mesh", "2x2", "--steps", "40",
+                   "--size", "16", "--hidden", "32"], 4, "PSNR:"),
+    "t5x_partitioner": (["examples/t5x_partitioner.py", "--steps", "6", "--layers", "1"], 4,
+                        "final loss"),
+    "hf_model_parallel": (["examples/hf_model_parallel.py", "--steps", "4", "--layers", "1"], 2,
+                          "eval loss"),
+    "bloom_sharding": (["examples/bloom_sharding.py"], 4, "values exact: True"),
+    "flax_guide_mlp": (["examples/flax_guide_mlp.py", "--depth", "128", "--layers", "2",
+                        "--steps", "2"], 8, "shards exactly like the mesh-axis variant: OK"),
+    "demo_mesh": (["examples/demo_mesh.py"], 8, "exact: True"),
+}
+
+
+def _run_example(args, backend_env):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env.update(backend_env)
+    env["PYTHONPATH"] = os.path.join(_ROOT, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable] + args, cwd=_ROOT, capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize("name", sorted(_EXAMPLES))
+def test_example_runs_on_gpu_devices(name, tmp_path):
+    args, need, expect = _EXAMPLES[name]
+    if len(gpus()) < need:
+        pytest.skip(f"needs {need} GPU devices (set CTRAINSTATE_GPU_SPLIT)")
+    if name.startswith("siren"):
+        args = args + ["--out", str(tmp_path / "out.png")]
+    out = _run_example(args, {})
+    assert expect in out
+    assert " on gpu" in out or name != "siren", out[-500:]
+    if name.startswith("siren"):
+        # the same run on CPU devices reaches the same PSNR (to rounding)
+        cpu_args = [a if a != "gpu" else "cpu" for a in args]
+        cpu = _run_example(cpu_args, {"CTRAINSTATE_NUM_CPU_DEVICES": "4"})
+        psnr = [float(o.strip().split("PSNR:")[1].split()[0]) for o in (out, cpu)
+                for o in [o.strip().splitlines()[-1]]]
+        assert abs(psnr[0] - psnr[1]) < 0.05, psnr

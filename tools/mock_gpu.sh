@@ -26,5 +26,7 @@ for split in 1 4; do
     echo "-- tests/test_gpu.py on the emulated backend, CTRAINSTATE_GPU_SPLIT=$split"
     CTRAINSTATE_GPU_SPLIT=$split python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 done
+echo "-- the examples on 8 emulated logical devices (CTRAINSTATE_GPU_SPLIT=8)"
+CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
 echo "-- two emulated physical GPUs (MOCK_NGPU=2)"
 MOCK_NGPU=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"

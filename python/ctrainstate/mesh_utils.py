@@ -10,6 +10,14 @@ from ._devices import devices as _devices
 from .sharding import Mesh
 
 
+def _more_devices_hint(need, devs) -> str:
+    """How to get ``need`` devices of the platform of ``devs``."""
+    if devs and getattr(devs[0], "platform", "cpu") == "gpu":
+        return (f"set CTRAINSTATE_GPU_SPLIT=k before first use to split each GPU into k "
+                f"logical devices (k * number of GPUs >= {need})")
+    return f"set CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices"
+
+
 def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs) -> np.ndarray:
     """An ndarray of devices of shape ``mesh_shape``, in device-id order.
 
@@ -25,8 +33,8 @@ def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs)
     need = math.prod(shape)
     if need != len(devs):
         raise ValueError(
-            f"mesh_shape {shape} needs {need} devices but {len(devs)} were given; set "
-            f"CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices")
+            f"mesh_shape {shape} needs {need} devices but {len(devs)} were given; "
+            f"{_more_devices_hint(need, devs)}")
     arr = np.empty(len(devs), dtype=object)
     arr[:] = devs
     return arr.reshape(shape)
@@ -50,6 +58,6 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
     need = math.prod(shape)
     if need > len(devs):
         raise ValueError(
-            f"make_mesh: axis sizes {shape} need {need} devices but only {len(devs)} exist; set "
-            f"CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices")
+            f"make_mesh: axis sizes {shape} need {need} devices but only {len(devs)} exist; "
+            f"{_more_devices_hint(need, devs)}")
     return Mesh(create_device_mesh(shape, devs[:need]), tuple(axis_names))

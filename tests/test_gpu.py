@@ -196,6 +196,7 @@ _OPT_CASES = {
     "clip_sgd": lambda: _chain_clip(optim.sgd(1e-2, momentum=0.9)),
     "adabelief": lambda: optim.adabelief(1e-2, nesterov=True),
     "yogi": lambda: optim.yogi(1e-2),
+    "adamax": lambda: optim.adamax(1e-2),
     "radam": lambda: optim.radam(1e-2),           # crosses its threshold at step 6
     "rmsprop_centered": lambda: optim.rmsprop(1e-3, centered=True, bias_correction=True,
                                               initial_scale=0.1),

@@ -36,7 +36,7 @@ static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_GLOBAL_NORM] = 0, [CT_OPT_TRUST_RATIO] = 0, [CT_OPT_FINITE_GATE] = 0,
     [CT_OPT_EMA] = 1, [CT_OPT_FACTORED] = 3, [CT_OPT_BLOCK_RMS] = 0, [CT_OPT_PARAM_RMS] = 0,
     [CT_OPT_ZERO] = 0, [CT_OPT_BELIEF] = 2, [CT_OPT_YOGI] = 2,
-    [CT_OPT_STDDEV] = 2, [CT_OPT_ACCUM] = 1,
+    [CT_OPT_STDDEV] = 2, [CT_OPT_ACCUM] = 1, [CT_OPT_ADAMAX] = 2,
 };
 
 int ct_opt_kind_nslots(int kind) {
@@ -213,6 +213,21 @@ CT_INLINE void st_stddev(float *restrict u, float *restrict m, float *restrict v
         float vi = c * (g * g) + dc * v[i];
         float mh = mi / bc, var = vi / bc - mh * mh;
         u[i] = (in_sqrt ? 1.0f / sqrtf(var + eps) : 1.0f / (sqrtf(var) + eps)) * g;
+        if (W) { m[i] = mi; v[i] = vi; }
+    }
+}
+
+/* Adamax: the infinity-norm moment max(|g| + eps, b2 nu), NaN-propagating like jnp.maximum. */
+CT_INLINE void st_adamax(float *restrict u, float *restrict m, float *restrict v, int64_t n,
+                         const double *s, const int W) {
+    const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], c1 = 1.0f - b1;
+    const float ibc1 = 1.0f / (float)s[3];
+    for (int64_t i = 0; i < n; i++) {
+        float g = u[i];
+        float mi = c1 * g + b1 * m[i];
+        float x = fabsf(g) + eps, y = b2 * v[i];
+        float vi = (x > y || x != x) ? x : y;
+        u[i] = (mi * ibc1) / vi;
         if (W) { m[i] = mi; v[i] = vi; }
     }
 }
@@ -409,6 +424,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
         case CT_OPT_YOGI: st_yogi(u, s0, s1, n, s->s, W); break;
         case CT_OPT_STDDEV: st_stddev(u, s0, s1, n, s->s, W); break;
         case CT_OPT_ACCUM: st_accum(u, s0, n, s->s, W); break;
+        case CT_OPT_ADAMAX: st_adamax(u, s0, s1, n, s->s, W); break;
         case CT_OPT_TRACE: st_trace(u, s0, n, s->s, W); break;
         case CT_OPT_LION: st_lion(u, s0, n, s->s, W); break;
         case CT_OPT_RMS: st_rms(u, s0, n, s->s, W); break;
@@ -1115,6 +1131,14 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
                 float mh = ((int)s[6] & 1) ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
                 u = mh / (sqrtf(*v * ib2) + (float)s[2]);
+                break;
+            }
+            case CT_OPT_ADAMAX: {
+                float b1 = (float)s[0];
+                *a = (1.0f - b1) * g + b1 * *a;
+                float x = fabsf(g) + (float)s[2], y = (float)s[1] * *v;
+                *v = (x > y || x != x) ? x : y;
+                u = (*a * (1.0f / (float)s[3])) / *v;
                 break;
             }
             case CT_OPT_ACCUM: {

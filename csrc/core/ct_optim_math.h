@@ -33,7 +33,9 @@
 /* Slots a stage kind owns (same table as ct_opt_kind_nslots, usable on a device). */
 CT_HD static inline int ct_om_nslots(int kind) {
     switch (kind) {
-    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_STDDEV: return 2;
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_STDDEV:
+    case CT_OPT_ADAMAX:
+        return 2;
     case CT_OPT_TRACE: case CT_OPT_LION: case CT_OPT_RMS: case CT_OPT_RSS: case CT_OPT_EMA:
     case CT_OPT_ACCUM:
         return 1;
@@ -49,7 +51,7 @@ CT_HD static inline int ct_om_is_elementwise(int kind) {
            kind == CT_OPT_TRACE || kind == CT_OPT_LION || kind == CT_OPT_RMS ||
            kind == CT_OPT_RSS || kind == CT_OPT_CLIP || kind == CT_OPT_EMA || kind == CT_OPT_ZERO ||
            kind == CT_OPT_BELIEF || kind == CT_OPT_YOGI || kind == CT_OPT_STDDEV ||
-           kind == CT_OPT_ACCUM;
+           kind == CT_OPT_ACCUM || kind == CT_OPT_ADAMAX;
 }
 
 /* Per-leaf stages: their u is scaled by one factor per leaf (ct_opt_leaf_factor), which a
@@ -80,6 +82,9 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
         c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = s[2] != 0.0 ? 1.0f : 0.0f; c[3] = (float)s[3];
         break;
     case CT_OPT_RSS: c[0] = (float)s[0]; break;
+    case CT_OPT_ADAMAX: /* b1 b2 eps 1/bc1 */
+        c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = (float)s[2]; c[3] = 1.0f / (float)s[3];
+        break;
     case CT_OPT_ACCUM:
         c[0] = (float)s[0]; c[1] = s[1] != 0.0 ? 1.0f : 0.0f; c[2] = s[2] != 0.0 ? 1.0f : 0.0f;
         break;
@@ -153,6 +158,13 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
         float vh = vi / c[3];
         if (w) *a = vi;
         return (c[2] != 0.0f ? 1.0f / sqrtf(vh + c[1]) : 1.0f / (sqrtf(vh) + c[1])) * g;
+    }
+    case CT_OPT_ADAMAX: {
+        float mi = (1.0f - c[0]) * g + c[0] * *a;
+        float x = fabsf(g) + c[2], y = c[1] * *b;
+        float vi = (x > y || x != x) ? x : y; /* jnp.maximum: NaN kept */
+        if (w) { *a = mi; *b = vi; }
+        return (mi * c[3]) / vi;
     }
     case CT_OPT_ACCUM: {
         float ai = c[2] != 0.0f ? g + *a : *a + (g - *a) / c[0];

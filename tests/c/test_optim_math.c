@@ -56,7 +56,8 @@ static float gauss(void) { /* sum of uniforms: cheap, roughly normal, finite */
 
 static const int kinds[] = {CT_OPT_SCALE, CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_TRACE, CT_OPT_LION,
                             CT_OPT_RMS,   CT_OPT_RSS,  CT_OPT_CLIP,  CT_OPT_EMA, CT_OPT_ZERO,
-                            CT_OPT_BELIEF, CT_OPT_YOGI, CT_OPT_STDDEV, CT_OPT_ACCUM};
+                            CT_OPT_BELIEF, CT_OPT_YOGI, CT_OPT_STDDEV, CT_OPT_ACCUM,
+                            CT_OPT_ADAMAX};
 
 static void random_scalars(int kind, double *s, int t) {
     memset(s, 0, CT_OPT_NSCALARS * sizeof *s);
@@ -74,6 +75,11 @@ static void random_scalars(int kind, double *s, int t) {
     }
     case CT_OPT_TRACE: s[0] = 0.5 + 0.49 * unif(); s[1] = unif() < 0.5; break;
     case CT_OPT_LION: s[0] = 0.8 + 0.19 * unif(); s[1] = 0.9 + 0.099 * unif(); break;
+    case CT_OPT_ADAMAX: {
+        double b1 = 0.8 + 0.19 * unif();
+        s[0] = b1; s[1] = 0.9 + 0.0999 * unif(); s[2] = unif() < 0.5 ? 1e-8 : 1e-3; s[3] = 1 - pow(b1, t);
+        break;
+    }
     case CT_OPT_ACCUM: s[0] = (double)(1 + next() % 5); s[1] = unif() < 0.4; s[2] = unif() < 0.3; break;
     case CT_OPT_STDDEV:
         /* A fixed decay and no bias correction keep nu - mu^2 >= d^t nu > 0 (Cauchy-Schwarz on

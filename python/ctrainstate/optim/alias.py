@@ -11,12 +11,12 @@ from .base import identity
 from .combine import chain
 from .combine import masked
 from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
-                         add_noise, scale_by_adam, scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
+                         add_noise, scale_by_adam, scale_by_adamax, scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
                          scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
                          scale_by_trust_ratio, trace)
 
 __all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor",
-           "adabelief", "yogi", "radam", "fromage", "lars", "noisy_sgd"]
+           "adabelief", "yogi", "radam", "fromage", "lars", "noisy_sgd", "adamax"]
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
@@ -143,3 +143,8 @@ def noisy_sgd(learning_rate, eta=0.01, gamma=0.55, key=None, *, seed=None):
     """Noisy SGD: chain(add_noise(eta, gamma, key), scale_by_learning_rate). The noise is
     jax.random's, bit for bit, drawn shard by shard (see add_noise); the step is not fused."""
     return chain(add_noise(eta, gamma, key, seed=seed), scale_by_learning_rate(learning_rate))
+
+
+def adamax(learning_rate, b1=0.9, b2=0.999, eps=1e-8):
+    """Adamax: chain(scale_by_adamax, scale_by_learning_rate). Fused."""
+    return chain(scale_by_adamax(b1=b1, b2=b2, eps=eps), scale_by_learning_rate(learning_rate))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..array import Array
-from .base import (ADAM, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
+from .base import (ADAM, ADAMAX, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
                    full_like, identity, safe_increment, scalar, to_array, zeros_like)
 
@@ -32,7 +32,7 @@ __all__ = [
     "scale_by_learning_rate", "scale_by_schedule", "scale_by_factored_rms", "clip_by_block_rms",
     "scale_by_param_block_rms", "set_to_zero", "ScaleByBeliefState", "scale_by_belief",
     "scale_by_yogi", "scale_by_radam", "AddNoiseState", "add_noise", "ScaleByRStdDevState",
-    "ScaleByRStdDevWithCountState", "scale_by_stddev",
+    "ScaleByRStdDevWithCountState", "scale_by_stddev", "scale_by_adamax",
 ]
 
 _f32 = np.float32
@@ -234,6 +234,27 @@ def scale_by_yogi(b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0,
     start at ``initial_accumulator_value``. State: ScaleByAdamState(count, mu, nu)."""
     return _adam_like(YOGI, ScaleByAdamState, b1, b2, eps, eps_root, lambda t: 0.0,
                       initial=initial_accumulator_value)
+
+
+def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8) -> GradientTransformation:
+    """Adamax's scaling (optax.scale_by_adamax): the bias-corrected first moment over the
+    infinity-norm moment max(|g| + eps, b2 nu). State: ScaleByAdamState(count, mu, nu)."""
+    def init(params):
+        return ScaleByAdamState(count=_count0(params), mu=_zeros_tree(params),
+                                nu=_zeros_tree(params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        t = safe_increment(c)
+        mu, mu_rb = ctx.slot(state.mu)
+        nu, nu_rb = ctx.slot(state.nu)
+        st = Stage(ADAMAX, [b1, b2, eps, _bc(b1, t)], [mu, nu], ctx.snapshot())
+
+        def rebuild(advance=True):
+            return ScaleByAdamState(ctx.new_scalar(state.count, t if advance else c), mu_rb(),
+                                    nu_rb())
+        return [st], rebuild
+    return GradientTransformation(init, fuse=fuse)
 
 
 def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,

@@ -480,6 +480,47 @@ def test_device_norm_equals_host_norm(name, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+def test_device_norms_of_train_states_on_other_devices_do_not_mix():
+    """Two train states with clip_by_global_norm on other GPU devices (a 2-device mesh, and a
+    third device) write the same slots of the norm board (their positions in their groups):
+    a step of the second must not overwrite a slot that passes of the first, still queued,
+    have to read. Device 1 is kept busy (matmuls queued before each step of the first) so the
+    first state's passes lag behind the second's. The emulated backend runs serially; a GPU
+    split into logical devices (CTRAINSTATE_GPU_SPLIT) checks it for real."""
+    from ctrainstate.train_state import TrainState
+    m = gpu_mesh((2,), ("data",))
+    g = gpus()
+    if len(g) < 3:
+        pytest.skip("needs 3 GPU devices (set CTRAINSTATE_GPU_SPLIT)")
+    cpu = cts.devices("cpu")[0]
+    rng = np.random.default_rng(12)
+    pa = {"w": rng.standard_normal((64, 32)).astype(np.float32)}
+    pb = {"w": rng.standard_normal((16,)).astype(np.float32)}
+    ga = [{"w": (rng.standard_normal((64, 32)) * 3).astype(np.float32)} for _ in range(6)]
+    gb = [{"w": (rng.standard_normal((16,)) * 30).astype(np.float32)} for _ in range(6)]
+
+    def tx():
+        return optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(0.1))
+    ref_a, _ = _run_steps(tx(), pa, ga, cpu)
+    ref_b, _ = _run_steps(tx(), pb, gb, cpu)
+    sh_a = NamedSharding(m, P("data"))
+    sa = TrainState.create(apply_fn=None, params=cts.device_put(pa, sh_a), tx=tx())
+    sb = TrainState.create(apply_fn=None, params=cts.device_put(pb, g[2]), tx=tx())
+    # placed up front: a copy from the host waits for its device's stream
+    ga_d = [cts.device_put(x, sh_a) for x in ga]
+    gb_d = [cts.device_put(x, g[2]) for x in gb]
+    real_gpu = _mock_stats() is None
+    busy = cts.device_put(np.full((4096, 4096) if real_gpu else (4, 4), 1e-4, np.float32), g[1])
+    for a, b in zip(ga_d, gb_d):
+        for _ in range(4):
+            busy = busy @ busy
+        sa = sa.apply_gradients(grads=a)
+        sb = sb.apply_gradients(grads=b)
+    np.testing.assert_allclose(np.asarray(sa.params["w"]), ref_a["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(sb.params["w"]), ref_b["w"], rtol=1e-5, atol=1e-6)
+    assert np.isfinite(np.asarray(busy)).all()
+
+
 # --- the examples on GPU devices (issue #8: "and on GPUs") -------------------------------------
 
 _ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))

@@ -288,3 +288,16 @@ def test_skip_large_updates_drops_the_mini_step():
     u, st = ms.update({"w": np.ones(3, np.float32)}, st, p)
     u, st = ms.update({"w": np.full(3, 3.0, np.float32)}, st, p)
     assert np.asarray(u["w"]).tolist() == [-2.0, -2.0, -2.0]
+
+
+def test_counter_host_copy_is_the_value_the_device_holds():
+    # optim.base.scalar keeps a host copy of a counter so reading it needs no device read;
+    # device_put narrows int64 / float64, and the copy must be what the device holds.
+    from ctrainstate.optim.base import read_scalar, scalar
+    for value, dtype in [(0.1, np.float64), (2**31 + 5, np.int64), (7, np.int64),
+                         (-3, np.int32), (1.5, np.float32), (True, np.bool_)]:
+        a = scalar(value, dtype)
+        want = np.asarray(a).item()
+        got = read_scalar(a)
+        assert a._host_scalar is not None
+        assert type(got) is type(want) and got == want, (value, dtype, got, want)

@@ -31,9 +31,11 @@
  * Later passes wait for every device's board write (cudaStreamWaitEvent on
  * the other devices' `reduced` events); a one-thread kernel per device
  * (fetch_norms) then adds the devices' sums in group order, as the host
- * would, into the device's own memory, where each CTA's prologue reads them. A board write first waits for every device's previous pass (its
- * `last` event), so no pass still reading the board of the previous step
- * sees it change.
+ * would, into the device's own memory, where each CTA's prologue reads them. A board write first waits for the previous pass (its
+ * `last` event) of every device that has run one, in this step's group or
+ * not (the board's slots are group positions, which another train state's
+ * steps reuse), so no pass still reading the board of an earlier step sees it
+ * change.
  *
  * The descriptor table, CTA partials and their pinned host mirrors are
  * allocated with cudaMalloc / cudaMallocHost outside the per-device
@@ -42,6 +44,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "cuda_common.cuh"
@@ -334,14 +337,32 @@ static ct_status ensure_event(cudaEvent_t *ev) {
     return CT_OK;
 }
 
-/* Make stream s wait for event `which` (0 reduced, 1 last) of every other device of the
- * step (events not yet created: that device has not run such a pass, nothing to wait for). */
-static ct_status wait_group(const ct_device *dev, const ct_opt_pass *ps, int which) {
+/* One more than the highest device id that has a `last` event (wait_board's range). */
+static std::atomic<int> g_last_hi{0};
+
+/* Make stream s wait for the `reduced` event of every other device of the step (events not
+ * yet created: that device has not run such a pass, nothing to wait for). */
+static ct_status wait_group(const ct_device *dev, const ct_opt_pass *ps) {
     cudaStream_t s = ct_cuda_stream(dev);
     for (int j = 0; j < ps->ngroup; j++) {
         const int id = ps->group_dev[j];
         if (id == dev->id || id < 0 || id >= CT_MAX_DEVICES) continue;
-        cudaEvent_t ev = which == 0 ? g_opt_cache[id].reduced : g_opt_cache[id].last;
+        cudaEvent_t ev = g_opt_cache[id].reduced;
+        if (ev != nullptr) CT_CUDA_TRY(cudaStreamWaitEvent(s, ev, 0));
+    }
+    return CT_OK;
+}
+
+/* Before a board write: make stream s wait for the `last` event of every other device that
+ * has run an optimizer pass, not only those of this step. The board's slots are positions
+ * in a step's group, so a step of another group (another train state, on other devices or
+ * in another order) reads the same slots, and its passes may not have run yet. */
+static ct_status wait_board(const ct_device *dev) {
+    cudaStream_t s = ct_cuda_stream(dev);
+    const int hi = g_last_hi.load();
+    for (int id = 0; id < hi; id++) {
+        if (id == dev->id) continue;
+        cudaEvent_t ev = g_opt_cache[id].last;
         if (ev != nullptr) CT_CUDA_TRY(cudaStreamWaitEvent(s, ev, 0));
     }
     return CT_OK;
@@ -525,8 +546,11 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     const int to_board = ps->reduce == 2;
     cudaStream_t s = ct_cuda_stream(dev);
     CT_TRY(ensure_event(&cache->last));
+    int hi = g_last_hi.load();
+    while (hi <= dev->id && !g_last_hi.compare_exchange_weak(hi, dev->id + 1)) {
+    }
     if (reads != 0u) {
-        CT_TRY(wait_group(dev, ps, 0)); /* every device's board write */
+        CT_TRY(wait_group(dev, ps)); /* every device's board write */
         if (cache->d_normc == nullptr)
             CT_CUDA_TRY(cudaMalloc((void **)&cache->d_normc, 2 * CT_OPT_MAX_STAGES * sizeof(float)));
         float maxn[CT_OPT_MAX_STAGES];
@@ -557,7 +581,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_part);
             CT_CUDA_TRY(cudaGetLastError());
         }
-        CT_TRY(wait_group(dev, ps, 1)); /* no pass of the previous step still reads the board */
+        CT_TRY(wait_board(dev)); /* no pass of an earlier step still reads the board */
         norm_to_board<<<1, 1, 0, s>>>(cache->d_part, grid,
                                       board_d + (size_t)ps->upto * CT_MAX_DEVICES + ps->igroup);
         CT_CUDA_TRY(cudaGetLastError());

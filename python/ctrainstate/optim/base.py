@@ -117,7 +117,8 @@ def scalar(value, dtype, ref=None, sharding=None) -> Array:
     v = np.asarray(value, dtype=dtype)
     out = device_put(v, sharding if sharding is not None else _scalar_sharding(ref))
     if isinstance(out, Array):   # (under eval_shape device_put gives a ShapeDtypeStruct)
-        out._host_scalar = v[()]
+        # the value the device holds: device_put narrows (int64 -> int32, float64 -> float32)
+        out._host_scalar = v.astype(out.dtype)[()]
     return out
 
 

@@ -48,10 +48,11 @@
  * GPU devices. A step whose groups all live on GPU devices goes to
  * ct_optim_step_device (ct_optim_device.c): the backend's optim_pass runs one
  * launch per device and pass (csrc/backend/cuda/cuda_optim.cu) with the
- * per-element math of ct_optim_math.h; GLOBAL_NORM and FINITE_GATE reduce on
- * the device and combine on the host (one round trip per reduction stage);
- * the other reduction kinds are refused there for now. A step mixing CPU and
- * GPU groups is refused.
+ * per-element math of ct_optim_math.h; GLOBAL_NORM's norm stays on the
+ * devices, FINITE_GATE and the per-leaf reductions (TRUST_RATIO, BLOCK_RMS,
+ * PARAM_RMS) combine on the host (one round trip each), and a step with
+ * FACTORED runs through host staging and this file's CPU driver (see
+ * ct_optim_device.c). A step mixing CPU and GPU groups is refused.
  *
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step

@@ -38,8 +38,6 @@
  * clip_by_global_norm chain one extra read of g per device and no sync either;
  * apply_if_finite one sync. A device-resident norm is not read back:
  * stages[k].result is NaN for it.
- * Other reductions (TRUST_RATIO, FACTORED, BLOCK_RMS, PARAM_RMS) are not
- * supported on GPU devices yet and fail before anything is written.
  */
 #include <math.h>
 #include <pthread.h>

@@ -448,7 +448,10 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
                            int m, const int *src) {
     cudaStream_t s = ct_cuda_stream(dev);
     for (int i = 0; i < 3 * ps->nblocks; i++) ps->blk_acc[i] = 0.0;
-    if (m == 0 || P.ntiles == 0) return CT_OK;
+    if (m == 0 || P.ntiles == 0) { /* nothing to sum; later board writes still order after it */
+        CT_CUDA_TRY(cudaEventRecord(cache->last, s));
+        return CT_OK;
+    }
     if (P.ntiles > cache->tiles_cap) {
         if (cache->d_tiles != nullptr) {
             CT_CUDA_TRY(cudaStreamSynchronize(s)); /* an earlier pass may still use it */
@@ -590,7 +593,10 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
         return CT_OK;
     }
     acc[0] = acc[1] = 0.0;
-    if (ntiles == 0) return CT_OK;
+    if (ntiles == 0) {
+        CT_CUDA_TRY(cudaEventRecord(cache->last, s));
+        return CT_OK;
+    }
     if (cache->d_part == nullptr)
         CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
     if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */

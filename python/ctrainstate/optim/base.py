@@ -190,7 +190,7 @@ def to_array(x, like=None) -> Array:
 def read_scalar(x) -> Any:
     """The value of a 0-d state entry: from the host copy a counter Array keeps (no device
     read, so no GPU synchronisation), else read from the device."""
-    if isinstance(x, Array) and x._host_scalar is not None and not x._donated:
+    if isinstance(x, Array) and x._host_scalar is not None and not x.is_deleted():
         return x._host_scalar.item()
     return np.asarray(x).item()
 

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import _flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .base import (FINITE_GATE, GradientTransformation, MaskedNode, Stage, safe_increment,
-                   scalar, to_array, zeros_like)
+from .base import (FINITE_GATE, GradientTransformation, MaskedNode, Stage, read_scalar,
+                   safe_increment, scalar, to_array, zeros_like)
 from .transforms import set_to_zero
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
@@ -232,17 +232,17 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
             inner_state=inner.init(params))
 
     def counters(state, finite):
-        nfc = int(np.asarray(state.notfinite_count))
-        tot = int(np.asarray(state.total_notfinite))
+        nfc = int(read_scalar(state.notfinite_count))
+        tot = int(read_scalar(state.total_notfinite))
         new_nfc = 0 if finite else safe_increment(nfc)
         return new_nfc, (tot if finite else safe_increment(tot)), \
             finite or new_nfc > max_consecutive_errors
 
     if getattr(inner, "fusable", False):
         def fuse(state, ctx):
-            nfc = int(np.asarray(state.notfinite_count))
-            tot = int(np.asarray(state.total_notfinite))
-            last = bool(np.asarray(state.last_finite))
+            nfc = int(read_scalar(state.notfinite_count))
+            tot = int(read_scalar(state.total_notfinite))
+            last = bool(read_scalar(state.last_finite))
             force = safe_increment(nfc) > max_consecutive_errors
             stages, rb = inner._fuse(state.inner_state, ctx)
             gate = Stage(FINITE_GATE, [len(stages), float(force)])

@@ -242,7 +242,7 @@ def _reference_chains():
                               (base.ADAM, adam + (2.0, 0.19)), (base.ADAM, adam + (3.0, 0.19)),
                               (base.STDDEV, (0.9, 1e-8, 1.0, 0.5)),
                               (base.STDDEV, (0.8, 1e-3, 0.0, 1.0)),
-                              (base.ADAMAX, (0.9, 0.99, 1e-3, 0.19)),
+                              (base.ADAMAX, (0.9, 0.99, 1e-3, 0.0, 0.19, 1.0, 0.0, 1.0)),
                               (base.DECAY, (0.01,)), (base.SCALE, (-0.1,))],
         "accum": [(base.ACCUM, (3.0, 0.0, 0.0)), (base.DECAY, (0.01,)),
                   (base.ACCUM, (2.0, 1.0, 0.0)), (base.ACCUM, (1.0, 1.0, 1.0)),

@@ -221,7 +221,7 @@ CT_INLINE void st_stddev(float *restrict u, float *restrict m, float *restrict v
 CT_INLINE void st_adamax(float *restrict u, float *restrict m, float *restrict v, int64_t n,
                          const double *s, const int W) {
     const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], c1 = 1.0f - b1;
-    const float ibc1 = 1.0f / (float)s[3];
+    const float ibc1 = 1.0f / (float)s[4];
     for (int64_t i = 0; i < n; i++) {
         float g = u[i];
         float mi = c1 * g + b1 * m[i];
@@ -1138,7 +1138,7 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 *a = (1.0f - b1) * g + b1 * *a;
                 float x = fabsf(g) + (float)s[2], y = (float)s[1] * *v;
                 *v = (x > y || x != x) ? x : y;
-                u = (*a * (1.0f / (float)s[3])) / *v;
+                u = (*a * (1.0f / (float)s[4])) / *v;
                 break;
             }
             case CT_OPT_ACCUM: {

@@ -100,8 +100,8 @@ typedef enum {
                                 (centered rmsprop)                         (mu, nu) */
     CT_OPT_ACCUM = 19,       /* s: n+1 emit sum: acc += (u - acc)/(n+1) (sum: acc = u +
                                 acc); emit: u = acc, acc = 0; else u = 0 (MultiSteps) (acc) */
-    CT_OPT_ADAMAX = 20,      /* s: b1 b2 eps bc1; nu = max(|g| + eps, b2 nu) (NaN kept),
-                                u = mu^ / nu                                (mu, nu) */
+    CT_OPT_ADAMAX = 20,      /* s: as ADAM (eps_root, bc2, mode, bc1_next unused);
+                                nu = max(|g| + eps, b2 nu) (NaN kept), u = mu^ / nu (mu, nu) */
     CT_OPT_NUM_KINDS
 } ct_opt_kind;
 

@@ -70,7 +70,7 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
     for (int j = 0; j < CT_OM_NC; j++) c[j] = 0.0f;
     switch (kind) {
     case CT_OPT_SCALE: case CT_OPT_DECAY: case CT_OPT_CLIP: c[0] = (float)s[0]; break;
-    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI:
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_ADAMAX:
         /* b1 b2 eps eps_root 1/bc1 1/bc2 mode 1/bc1_next (yogi: the first six) */
         c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = (float)s[2]; c[3] = (float)s[3];
         c[4] = 1.0f / (float)s[4]; c[5] = 1.0f / (float)s[5]; c[6] = (float)((int)s[6] & 3);
@@ -82,9 +82,6 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
         c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = s[2] != 0.0 ? 1.0f : 0.0f; c[3] = (float)s[3];
         break;
     case CT_OPT_RSS: c[0] = (float)s[0]; break;
-    case CT_OPT_ADAMAX: /* b1 b2 eps 1/bc1 */
-        c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = (float)s[2]; c[3] = 1.0f / (float)s[3];
-        break;
     case CT_OPT_ACCUM:
         c[0] = (float)s[0]; c[1] = s[1] != 0.0 ? 1.0f : 0.0f; c[2] = s[2] != 0.0 ? 1.0f : 0.0f;
         break;
@@ -164,7 +161,7 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
         float x = fabsf(g) + c[2], y = c[1] * *b;
         float vi = (x > y || x != x) ? x : y; /* jnp.maximum: NaN kept */
         if (w) { *a = mi; *b = vi; }
-        return (mi * c[3]) / vi;
+        return (mi * c[4]) / vi;
     }
     case CT_OPT_ACCUM: {
         float ai = c[2] != 0.0f ? g + *a : *a + (g - *a) / c[0];

@@ -65,21 +65,16 @@ static void random_scalars(int kind, double *s, int t) {
     case CT_OPT_SCALE: s[0] = -(1e-4 + unif() * 1e-2); break;
     case CT_OPT_DECAY: s[0] = unif() * 0.1; break;
     case CT_OPT_CLIP: s[0] = 0.05 + unif(); break;
-    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: {
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_ADAMAX: {
         double b1 = 0.8 + 0.19 * unif(), b2 = 0.9 + 0.0999 * unif();
         s[0] = b1; s[1] = b2; s[2] = unif() < 0.5 ? 1e-8 : 1e-3 * unif(); s[3] = unif() < 0.5 ? 0 : 1e-8;
         s[4] = 1 - pow(b1, t); s[5] = 1 - pow(b2, t); s[7] = 1 - pow(b1, t + 1);
         /* mode: nesterov bit, and for ADAM the moment-only bit (radam) */
-        s[6] = kind == CT_OPT_YOGI ? 0 : (double)((unif() < 0.3) | (kind == CT_OPT_ADAM && unif() < 0.3 ? 2 : 0));
+        s[6] = kind == CT_OPT_YOGI || kind == CT_OPT_ADAMAX ? 0 : (double)((unif() < 0.3) | (kind == CT_OPT_ADAM && unif() < 0.3 ? 2 : 0));
         break;
     }
     case CT_OPT_TRACE: s[0] = 0.5 + 0.49 * unif(); s[1] = unif() < 0.5; break;
     case CT_OPT_LION: s[0] = 0.8 + 0.19 * unif(); s[1] = 0.9 + 0.099 * unif(); break;
-    case CT_OPT_ADAMAX: {
-        double b1 = 0.8 + 0.19 * unif();
-        s[0] = b1; s[1] = 0.9 + 0.0999 * unif(); s[2] = unif() < 0.5 ? 1e-8 : 1e-3; s[3] = 1 - pow(b1, t);
-        break;
-    }
     case CT_OPT_ACCUM: s[0] = (double)(1 + next() % 5); s[1] = unif() < 0.4; s[2] = unif() < 0.3; break;
     case CT_OPT_STDDEV:
         /* A fixed decay and no bias correction keep nu - mu^2 >= d^t nu > 0 (Cauchy-Schwarz on

@@ -172,28 +172,12 @@ def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
     ``mu_dtype`` other than float32 is not supported by the fused kernel.
     """
     _check_f32(mu_dtype, "mu_dtype")
-
-    def init(params):
-        return ScaleByAdamState(count=_count0(params), mu=_zeros_tree(params),
-                                nu=_zeros_tree(params))
-
-    def fuse(state, ctx):
-        c = ctx.count(state.count)
-        t = safe_increment(c)
-        mu, mu_rb = ctx.slot(state.mu)
-        nu, nu_rb = ctx.slot(state.nu)
-        st = Stage(ADAM, [b1, b2, eps, eps_root, _bc(b1, t), _bc(b2, t), float(bool(nesterov)),
-                          _bc(b1, safe_increment(t))], [mu, nu], ctx.snapshot())
-
-        def rebuild(advance=True):
-            return ScaleByAdamState(ctx.new_scalar(state.count, t if advance else c), mu_rb(),
-                                    nu_rb())
-        return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root,
+                      lambda t: float(bool(nesterov)))
 
 
 def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, extra=None):
-    """A fused two-moment transform (ADAM / BELIEF / YOGI stages) with optax's
+    """A fused two-moment transform (ADAM / BELIEF / YOGI / ADAMAX stages) with optax's
     ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
     ``extra(t)`` optional stages after it (radam's rectification factor)."""
     def init(params):
@@ -239,22 +223,7 @@ def scale_by_yogi(b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0,
 def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8) -> GradientTransformation:
     """Adamax's scaling (optax.scale_by_adamax): the bias-corrected first moment over the
     infinity-norm moment max(|g| + eps, b2 nu). State: ScaleByAdamState(count, mu, nu)."""
-    def init(params):
-        return ScaleByAdamState(count=_count0(params), mu=_zeros_tree(params),
-                                nu=_zeros_tree(params))
-
-    def fuse(state, ctx):
-        c = ctx.count(state.count)
-        t = safe_increment(c)
-        mu, mu_rb = ctx.slot(state.mu)
-        nu, nu_rb = ctx.slot(state.nu)
-        st = Stage(ADAMAX, [b1, b2, eps, _bc(b1, t)], [mu, nu], ctx.snapshot())
-
-        def rebuild(advance=True):
-            return ScaleByAdamState(ctx.new_scalar(state.count, t if advance else c), mu_rb(),
-                                    nu_rb())
-        return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return _adam_like(ADAMAX, ScaleByAdamState, b1, b2, eps, 0.0, lambda t: 0.0)
 
 
 def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,

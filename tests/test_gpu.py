@@ -197,6 +197,7 @@ _OPT_CASES = {
     "adabelief": lambda: optim.adabelief(1e-2, nesterov=True),
     "yogi": lambda: optim.yogi(1e-2),
     "adamax": lambda: optim.adamax(1e-2),
+    "amsgrad": lambda: optim.amsgrad(1e-2),
     "radam": lambda: optim.radam(1e-2),           # crosses its threshold at step 6
     "rmsprop_centered": lambda: optim.rmsprop(1e-3, centered=True, bias_correction=True,
                                               initial_scale=0.1),

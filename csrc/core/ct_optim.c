@@ -36,7 +36,7 @@ static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_GLOBAL_NORM] = 0, [CT_OPT_TRUST_RATIO] = 0, [CT_OPT_FINITE_GATE] = 0,
     [CT_OPT_EMA] = 1, [CT_OPT_FACTORED] = 3, [CT_OPT_BLOCK_RMS] = 0, [CT_OPT_PARAM_RMS] = 0,
     [CT_OPT_ZERO] = 0, [CT_OPT_BELIEF] = 2, [CT_OPT_YOGI] = 2,
-    [CT_OPT_STDDEV] = 2, [CT_OPT_ACCUM] = 1, [CT_OPT_ADAMAX] = 2,
+    [CT_OPT_STDDEV] = 2, [CT_OPT_ACCUM] = 1, [CT_OPT_ADAMAX] = 2, [CT_OPT_AMSGRAD] = 3,
 };
 
 int ct_opt_kind_nslots(int kind) {
@@ -214,6 +214,23 @@ CT_INLINE void st_stddev(float *restrict u, float *restrict m, float *restrict v
         float mh = mi / bc, var = vi / bc - mh * mh;
         u[i] = (in_sqrt ? 1.0f / sqrtf(var + eps) : 1.0f / (sqrtf(var) + eps)) * g;
         if (W) { m[i] = mi; v[i] = vi; }
+    }
+}
+
+/* AMSGrad: Adam's moments plus the running maximum of the bias-corrected second moment. */
+CT_INLINE void st_amsgrad(float *restrict u, float *restrict m, float *restrict v,
+                          float *restrict vmax, int64_t n, const double *s, const int W) {
+    const float b1 = (float)s[0], b2 = (float)s[1], eps = (float)s[2], eps_root = (float)s[3];
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    const float ibc1 = 1.0f / (float)s[4], ibc2 = 1.0f / (float)s[5];
+    for (int64_t i = 0; i < n; i++) {
+        float g = u[i];
+        float mi = c1 * g + b1 * m[i];
+        float vi = c2 * (g * g) + b2 * v[i];
+        float ve = vi * ibc2, x = vmax[i];
+        float mx = (x > ve || x != x) ? x : ve; /* jnp.maximum: NaN kept */
+        u[i] = (mi * ibc1) / (sqrtf(mx + eps_root) + eps);
+        if (W) { m[i] = mi; v[i] = vi; vmax[i] = mx; }
     }
 }
 
@@ -414,6 +431,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
         const int o = c->slot_off[k];
         float *s0 = kind_nslots[s->kind] > 0 ? b->slot[o] + off : NULL;
         float *s1 = kind_nslots[s->kind] > 1 ? b->slot[o + 1] + off : NULL;
+        float *s2 = kind_nslots[s->kind] > 2 && s->kind != CT_OPT_FACTORED ? b->slot[o + 2] + off : NULL;
         switch (s->kind) {
         case CT_OPT_SCALE: st_scale(u, n, (float)s->s[0]); break;
         case CT_OPT_ZERO: memset(u, 0, (size_t)n * sizeof *u); break;
@@ -425,6 +443,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
         case CT_OPT_STDDEV: st_stddev(u, s0, s1, n, s->s, W); break;
         case CT_OPT_ACCUM: st_accum(u, s0, n, s->s, W); break;
         case CT_OPT_ADAMAX: st_adamax(u, s0, s1, n, s->s, W); break;
+        case CT_OPT_AMSGRAD: st_amsgrad(u, s0, s1, s2, n, s->s, W); break;
         case CT_OPT_TRACE: st_trace(u, s0, n, s->s, W); break;
         case CT_OPT_LION: st_lion(u, s0, n, s->s, W); break;
         case CT_OPT_RMS: st_rms(u, s0, n, s->s, W); break;
@@ -1107,6 +1126,7 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
             const double *s = stages[k].s;
             float *a = kind_nslots[stages[k].kind] > 0 ? &b->slot[off[k]][i] : NULL;
             float *v = kind_nslots[stages[k].kind] > 1 ? &b->slot[off[k] + 1][i] : NULL;
+            float *x3 = kind_nslots[stages[k].kind] > 2 ? &b->slot[off[k] + 2][i] : NULL;
             float g = u;
             switch (stages[k].kind) {
             case CT_OPT_SCALE: u = (float)s[0] * u; break;
@@ -1131,6 +1151,15 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 float ib1 = 1.0f / (float)s[4], ib2 = 1.0f / (float)s[5], ib1n = 1.0f / (float)s[7];
                 float mh = ((int)s[6] & 1) ? b1 * (*a * ib1n) + (1.0f - b1) * (g * ib1) : *a * ib1;
                 u = mh / (sqrtf(*v * ib2) + (float)s[2]);
+                break;
+            }
+            case CT_OPT_AMSGRAD: {
+                float b1 = (float)s[0], b2 = (float)s[1];
+                *a = (1.0f - b1) * g + b1 * *a;
+                *v = (1.0f - b2) * (g * g) + b2 * *v;
+                float ve = *v * (1.0f / (float)s[5]), x = *x3;
+                *x3 = (x > ve || x != x) ? x : ve;
+                u = (*a * (1.0f / (float)s[4])) / (sqrtf(*x3 + (float)s[3]) + (float)s[2]);
                 break;
             }
             case CT_OPT_ADAMAX: {

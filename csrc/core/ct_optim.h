@@ -102,6 +102,8 @@ typedef enum {
                                 acc); emit: u = acc, acc = 0; else u = 0 (MultiSteps) (acc) */
     CT_OPT_ADAMAX = 20,      /* s: as ADAM (eps_root, bc2, mode, bc1_next unused);
                                 nu = max(|g| + eps, b2 nu) (NaN kept), u = mu^ / nu (mu, nu) */
+    CT_OPT_AMSGRAD = 21,     /* s: as ADAM (mode: 0); nu_max = max(nu_max, nu^) (NaN
+                                kept), u = mu^ / (sqrt(nu_max + eps_root) + eps) (mu, nu, nu_max) */
     CT_OPT_NUM_KINDS
 } ct_opt_kind;
 

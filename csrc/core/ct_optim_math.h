@@ -39,7 +39,7 @@ CT_HD static inline int ct_om_nslots(int kind) {
     case CT_OPT_TRACE: case CT_OPT_LION: case CT_OPT_RMS: case CT_OPT_RSS: case CT_OPT_EMA:
     case CT_OPT_ACCUM:
         return 1;
-    case CT_OPT_FACTORED: return 3;
+    case CT_OPT_FACTORED: case CT_OPT_AMSGRAD: return 3;
     default: return 0;
     }
 }
@@ -51,7 +51,8 @@ CT_HD static inline int ct_om_is_elementwise(int kind) {
            kind == CT_OPT_TRACE || kind == CT_OPT_LION || kind == CT_OPT_RMS ||
            kind == CT_OPT_RSS || kind == CT_OPT_CLIP || kind == CT_OPT_EMA || kind == CT_OPT_ZERO ||
            kind == CT_OPT_BELIEF || kind == CT_OPT_YOGI || kind == CT_OPT_STDDEV ||
-           kind == CT_OPT_ACCUM || kind == CT_OPT_ADAMAX;
+           kind == CT_OPT_ACCUM || kind == CT_OPT_ADAMAX ||
+           kind == CT_OPT_AMSGRAD;
 }
 
 /* Per-leaf stages: their u is scaled by one factor per leaf (ct_opt_leaf_factor), which a
@@ -71,6 +72,7 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
     switch (kind) {
     case CT_OPT_SCALE: case CT_OPT_DECAY: case CT_OPT_CLIP: c[0] = (float)s[0]; break;
     case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_ADAMAX:
+    case CT_OPT_AMSGRAD:
         /* b1 b2 eps eps_root 1/bc1 1/bc2 mode 1/bc1_next (yogi: the first six) */
         c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = (float)s[2]; c[3] = (float)s[3];
         c[4] = 1.0f / (float)s[4]; c[5] = 1.0f / (float)s[5]; c[6] = (float)((int)s[6] & 3);
@@ -100,10 +102,10 @@ static inline void ct_om_set_norm(float *c, int clip, float norm, float max_norm
 /* FINITE_GATE after its reduction: zero = 1 sets u = 0 (a rejected step). */
 static inline void ct_om_set_gate(float *c, int zero) { c[0] = zero ? 1.0f : 0.0f; }
 
-/* One stage on one element: returns the new u. a, b: the stage's state
- * (read; written only when w). p: the param (DECAY). */
+/* One stage on one element: returns the new u. a, b, d: the stage's state slots
+ * (read; written only when w; d only for 3-slot kinds). p: the param (DECAY). */
 CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p, float *a,
-                                      float *b, int w) {
+                                      float *b, float *d, int w) {
     const float g = u;
     switch (kind) {
     case CT_OPT_SCALE: return c[0] * u;
@@ -155,6 +157,15 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
         float vh = vi / c[3];
         if (w) *a = vi;
         return (c[2] != 0.0f ? 1.0f / sqrtf(vh + c[1]) : 1.0f / (sqrtf(vh) + c[1])) * g;
+    }
+    case CT_OPT_AMSGRAD: {
+        const float b1 = c[0], b2 = c[1];
+        float mi = (1.0f - b1) * g + b1 * *a;
+        float vi = (1.0f - b2) * (g * g) + b2 * *b;
+        float ve = vi * c[5], x = *d;
+        float mx = (x > ve || x != x) ? x : ve; /* jnp.maximum: NaN kept */
+        if (w) { *a = mi; *b = vi; *d = mx; }
+        return (mi * c[4]) / (sqrtf(mx + c[3]) + c[2]);
     }
     case CT_OPT_ADAMAX: {
         float mi = (1.0f - c[0]) * g + c[0] * *a;

@@ -57,7 +57,7 @@ static float gauss(void) { /* sum of uniforms: cheap, roughly normal, finite */
 static const int kinds[] = {CT_OPT_SCALE, CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_TRACE, CT_OPT_LION,
                             CT_OPT_RMS,   CT_OPT_RSS,  CT_OPT_CLIP,  CT_OPT_EMA, CT_OPT_ZERO,
                             CT_OPT_BELIEF, CT_OPT_YOGI, CT_OPT_STDDEV, CT_OPT_ACCUM,
-                            CT_OPT_ADAMAX};
+                            CT_OPT_ADAMAX, CT_OPT_AMSGRAD};
 
 static void random_scalars(int kind, double *s, int t) {
     memset(s, 0, CT_OPT_NSCALARS * sizeof *s);
@@ -65,12 +65,13 @@ static void random_scalars(int kind, double *s, int t) {
     case CT_OPT_SCALE: s[0] = -(1e-4 + unif() * 1e-2); break;
     case CT_OPT_DECAY: s[0] = unif() * 0.1; break;
     case CT_OPT_CLIP: s[0] = 0.05 + unif(); break;
-    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_ADAMAX: {
+    case CT_OPT_ADAM: case CT_OPT_BELIEF: case CT_OPT_YOGI: case CT_OPT_ADAMAX:
+    case CT_OPT_AMSGRAD: {
         double b1 = 0.8 + 0.19 * unif(), b2 = 0.9 + 0.0999 * unif();
         s[0] = b1; s[1] = b2; s[2] = unif() < 0.5 ? 1e-8 : 1e-3 * unif(); s[3] = unif() < 0.5 ? 0 : 1e-8;
         s[4] = 1 - pow(b1, t); s[5] = 1 - pow(b2, t); s[7] = 1 - pow(b1, t + 1);
         /* mode: nesterov bit, and for ADAM the moment-only bit (radam) */
-        s[6] = kind == CT_OPT_YOGI || kind == CT_OPT_ADAMAX ? 0 : (double)((unif() < 0.3) | (kind == CT_OPT_ADAM && unif() < 0.3 ? 2 : 0));
+        s[6] = kind == CT_OPT_YOGI || kind == CT_OPT_ADAMAX || kind == CT_OPT_AMSGRAD ? 0 : (double)((unif() < 0.3) | (kind == CT_OPT_ADAM && unif() < 0.3 ? 2 : 0));
         break;
     }
     case CT_OPT_TRACE: s[0] = 0.5 + 0.49 * unif(); s[1] = unif() < 0.5; break;
@@ -149,10 +150,12 @@ static void one_chain(int trial) {
                 if (!((active >> k) & 1u)) continue;
                 const int ns = ct_om_nslots(st[k].kind);
                 float *a = ns > 0 ? &sl2[off[k]][i] : NULL, *bb = ns > 1 ? &sl2[off[k] + 1][i] : NULL;
-                float da = a ? *a : 0.0f, db = bb ? *bb : 0.0f;
-                u = ct_om_stage(st[k].kind, c[k], u, p2[i], &da, &db, 1);
+                float *xx = ns > 2 ? &sl2[off[k] + 2][i] : NULL;
+                float da = a ? *a : 0.0f, db = bb ? *bb : 0.0f, dx = xx ? *xx : 0.0f;
+                u = ct_om_stage(st[k].kind, c[k], u, p2[i], &da, &db, &dx, 1);
                 if (a) *a = da;
                 if (bb) *bb = db;
+                if (xx) *xx = dx;
             }
             p2[i] = p2[i] + u;
         }
@@ -179,22 +182,22 @@ static void readonly_form(void) {
         random_scalars(kinds[j], s, 3);
         float c[CT_OM_NC];
         ct_om_prepare(kinds[j], s, c);
-        float a = 0.25f, b = 0.5f, a2 = 0.25f, b2 = 0.5f;
-        float u0 = ct_om_stage(kinds[j], c, 0.3f, 1.5f, &a, &b, 0);
-        float u1 = ct_om_stage(kinds[j], c, 0.3f, 1.5f, &a2, &b2, 1);
-        CHECK(a == 0.25f && b == 0.5f, "kind %d: w=0 wrote state", kinds[j]);
+        float a = 0.25f, b = 0.5f, x = 0.125f, a2 = 0.25f, b2 = 0.5f, x2 = 0.125f;
+        float u0 = ct_om_stage(kinds[j], c, 0.3f, 1.5f, &a, &b, &x, 0);
+        float u1 = ct_om_stage(kinds[j], c, 0.3f, 1.5f, &a2, &b2, &x2, 1);
+        CHECK(a == 0.25f && b == 0.5f && x == 0.125f, "kind %d: w=0 wrote state", kinds[j]);
         CHECK(memcmp(&u0, &u1, sizeof u0) == 0, "kind %d: w=0 and w=1 disagree", kinds[j]);
         CHECK(ct_om_nslots(kinds[j]) == ct_opt_kind_nslots(kinds[j]), "kind %d: slot count", kinds[j]);
     }
     float c[CT_OM_NC];
     ct_om_set_norm(c, 1, 4.0f, 1.0f);
-    CHECK(ct_om_stage(CT_OPT_GLOBAL_NORM, c, 2.0f, 0, NULL, NULL, 1) == 0.5f, "global norm clip");
+    CHECK(ct_om_stage(CT_OPT_GLOBAL_NORM, c, 2.0f, 0, NULL, NULL, NULL, 1) == 0.5f, "global norm clip");
     ct_om_set_norm(c, 0, 4.0f, 1.0f);
-    CHECK(ct_om_stage(CT_OPT_GLOBAL_NORM, c, 2.0f, 0, NULL, NULL, 1) == 2.0f, "global norm no clip");
+    CHECK(ct_om_stage(CT_OPT_GLOBAL_NORM, c, 2.0f, 0, NULL, NULL, NULL, 1) == 2.0f, "global norm no clip");
     ct_om_set_gate(c, 1);
-    CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, 1) == 0.0f, "gate zero");
+    CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, NULL, 1) == 0.0f, "gate zero");
     ct_om_set_gate(c, 0);
-    CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, 1) == 2.0f, "gate pass");
+    CHECK(ct_om_stage(CT_OPT_FINITE_GATE, c, 2.0f, 0, NULL, NULL, NULL, 1) == 2.0f, "gate pass");
 }
 
 // --- the GPU sequencing (ct_optim_device.c) through a host stand-in backend -------------------
@@ -242,9 +245,11 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                 const int ns = ct_om_nslots(ps->kind[k]);
                 float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
                 float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
-                u = ct_om_stage(ps->kind[k], cst[k], u, p, &a, &c, !ps->reduce);
+                float x = ns > 2 ? b->slot[ps->slot_off[k] + 2][e] : 0.0f;
+                u = ct_om_stage(ps->kind[k], cst[k], u, p, &a, &c, &x, !ps->reduce);
                 if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
                 if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
+                if (!ps->reduce && ns > 2) b->slot[ps->slot_off[k] + 2][e] = x;
             }
             if (ps->reduce == 3) {
                 ps->blk_acc[3 * i] += (double)u * (double)u;

@@ -206,14 +206,16 @@ static void run_elems(const opt_params &P, const opt_desc *d, long long e, doubl
             continue;
         }
         const int ns = ct_om_nslots(kind);
-        float a[L], b[L];
-        for (int j = 0; j < L; j++) a[j] = b[j] = 0.0f;
+        float a[L], b[L], x[L];
+        for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
         float *sa = ns > 0 ? d->slot[P.slot_off[k]] + e : nullptr;
         float *sb = ns > 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
+        float *sx = ns > 2 ? d->slot[P.slot_off[k] + 2] + e : nullptr;
         if (ns > 0) ld<L>(sa, a);
         if (ns > 1) ld<L>(sb, b);
-        for (int j = 0; j < L; j++) u[j] = ct_om_stage(kind, P.c[k], u[j], p[j], &a[j], &b[j], !RED);
-        if (!RED) { if (ns > 0) st<L>(sa, a); if (ns > 1) st<L>(sb, b); }
+        if (ns > 2) ld<L>(sx, x);
+        for (int j = 0; j < L; j++) u[j] = ct_om_stage(kind, P.c[k], u[j], p[j], &a[j], &b[j], &x[j], !RED);
+        if (!RED) { if (ns > 0) st<L>(sa, a); if (ns > 1) st<L>(sb, b); if (ns > 2) st<L>(sx, x); }
     }
     if (RED) {
         for (int j = 0; j < L; j++) { ss += (double)u[j] * (double)u[j]; bad += isfinite(u[j]) ? 0.0 : 1.0; }

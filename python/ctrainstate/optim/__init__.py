@@ -22,7 +22,7 @@ from .inject import (InjectHyperparamsState, InjectStatefulHyperparamsState,
                      WrappedScheduleState, inject_hyperparams)
 from .schedules import __all__ as _s_all
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
-                    noisy_sgd, radam, rmsprop, sgd, yogi, adamax)
+                    noisy_sgd, radam, rmsprop, sgd, yogi, adamax, amsgrad)
 
 GradientTransformationExtraArgs = GradientTransformation
 
@@ -31,6 +31,6 @@ __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyS
             "safe_increment", "chain", "masked", "partition", "multi_transform", "freeze",
             "PartitionState", "MultiTransformState", "apply_if_finite", "adafactor", "adagrad",
             "adam", "adamw", "lamb", "lion", "rmsprop", "sgd", "adabelief", "yogi", "radam",
-            "fromage", "lars", "noisy_sgd", "adamax", "inject_hyperparams", "InjectHyperparamsState",
+            "fromage", "lars", "noisy_sgd", "adamax", "amsgrad", "inject_hyperparams", "InjectHyperparamsState",
             "InjectStatefulHyperparamsState", "WrappedScheduleState", "MultiSteps",
             "MultiStepsState", "skip_not_finite", "skip_large_updates"] + list(_t_all) + list(_s_all))

@@ -11,12 +11,14 @@ from .base import identity
 from .combine import chain
 from .combine import masked
 from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
-                         add_noise, scale_by_adam, scale_by_adamax, scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
+                         add_noise, scale_by_adam, scale_by_adamax, scale_by_amsgrad,
+                         scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
                          scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
                          scale_by_trust_ratio, trace)
 
 __all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor",
-           "adabelief", "yogi", "radam", "fromage", "lars", "noisy_sgd", "adamax"]
+           "adabelief", "yogi", "radam", "fromage", "lars", "noisy_sgd", "adamax",
+           "amsgrad"]
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
@@ -148,3 +150,12 @@ def noisy_sgd(learning_rate, eta=0.01, gamma=0.55, key=None, *, seed=None):
 def adamax(learning_rate, b1=0.9, b2=0.999, eps=1e-8):
     """Adamax: chain(scale_by_adamax, scale_by_learning_rate). Fused."""
     return chain(scale_by_adamax(b1=b1, b2=b2, eps=eps), scale_by_learning_rate(learning_rate))
+
+
+def amsgrad(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
+            bias_correction_mu=True, bias_correction_nu=True):
+    """AMSGrad: chain(scale_by_amsgrad, scale_by_learning_rate). Fused."""
+    return chain(scale_by_amsgrad(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                                  bias_correction_mu=bias_correction_mu,
+                                  bias_correction_nu=bias_correction_nu),
+                 scale_by_learning_rate(learning_rate))

@@ -31,10 +31,12 @@ __all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "ap
 
 # Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
 (SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
- FACTORED, BLOCK_RMS, PARAM_RMS, ZERO, BELIEF, YOGI, STDDEV, ACCUM, ADAMAX) = range(21)
+ FACTORED, BLOCK_RMS, PARAM_RMS, ZERO, BELIEF, YOGI, STDDEV, ACCUM, ADAMAX,
+ AMSGRAD) = range(22)
 NSLOTS = {SCALE: 0, ADAM: 2, DECAY: 0, TRACE: 1, LION: 1, RMS: 1, RSS: 1, CLIP: 0,
           GLOBAL_NORM: 0, TRUST_RATIO: 0, FINITE_GATE: 0, EMA: 1, FACTORED: 3, BLOCK_RMS: 0,
-          PARAM_RMS: 0, ZERO: 0, BELIEF: 2, YOGI: 2, STDDEV: 2, ACCUM: 1, ADAMAX: 2}
+          PARAM_RMS: 0, ZERO: 0, BELIEF: 2, YOGI: 2, STDDEV: 2, ACCUM: 1, ADAMAX: 2,
+          AMSGRAD: 3}
 _INT32_MAX = 2**31 - 1
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..array import Array
-from .base import (ADAM, ADAMAX, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
+from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
                    full_like, identity, safe_increment, scalar, to_array, zeros_like)
 
@@ -32,7 +32,8 @@ __all__ = [
     "scale_by_learning_rate", "scale_by_schedule", "scale_by_factored_rms", "clip_by_block_rms",
     "scale_by_param_block_rms", "set_to_zero", "ScaleByBeliefState", "scale_by_belief",
     "scale_by_yogi", "scale_by_radam", "AddNoiseState", "add_noise", "ScaleByRStdDevState",
-    "ScaleByRStdDevWithCountState", "scale_by_stddev", "scale_by_adamax",
+    "ScaleByRStdDevWithCountState", "scale_by_stddev", "scale_by_adamax", "ScaleByAmsgradState",
+    "scale_by_amsgrad",
 ]
 
 _f32 = np.float32
@@ -42,6 +43,13 @@ class ScaleByAdamState(NamedTuple):
     count: Any
     mu: Any
     nu: Any
+
+
+class ScaleByAmsgradState(NamedTuple):
+    count: Any
+    mu: Any
+    nu: Any
+    nu_max: Any
 
 
 class ScaleByBeliefState(NamedTuple):
@@ -224,6 +232,32 @@ def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8) -> GradientTransformation:
     """Adamax's scaling (optax.scale_by_adamax): the bias-corrected first moment over the
     infinity-norm moment max(|g| + eps, b2 nu). State: ScaleByAdamState(count, mu, nu)."""
     return _adam_like(ADAMAX, ScaleByAdamState, b1, b2, eps, 0.0, lambda t: 0.0)
+
+
+def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
+                     bias_correction_mu=True, bias_correction_nu=True) -> GradientTransformation:
+    """AMSGrad's scaling (optax.scale_by_amsgrad): Adam with the running maximum of the
+    (bias-corrected) second moment. State: ScaleByAmsgradState(count, mu, nu, nu_max)."""
+    _check_f32(mu_dtype, "mu_dtype")
+
+    def init(params):
+        return ScaleByAmsgradState(count=_count0(params), mu=_zeros_tree(params),
+                                   nu=_zeros_tree(params), nu_max=_zeros_tree(params))
+
+    def fuse(state, ctx):
+        c = ctx.count(state.count)
+        t = safe_increment(c)
+        slots = [ctx.slot(state.mu), ctx.slot(state.nu), ctx.slot(state.nu_max)]
+        bc1 = _bc(b1, t) if bias_correction_mu else 1.0
+        bc2 = _bc(b2, t) if bias_correction_nu else 1.0
+        st = Stage(AMSGRAD, [b1, b2, eps, eps_root, bc1, bc2, 0.0, 1.0], [a for a, _ in slots],
+                   ctx.snapshot())
+
+        def rebuild(advance=True):
+            return ScaleByAmsgradState(ctx.new_scalar(state.count, t if advance else c),
+                                       *[rb() for _, rb in slots])
+        return [st], rebuild
+    return GradientTransformation(init, fuse=fuse)
 
 
 def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,

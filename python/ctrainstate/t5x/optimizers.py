@@ -38,7 +38,7 @@ __all__ = [
     'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',
     'derive_optax_logical_axes', 'wrap_optax_optimizer', 'MultiOptimizer',
     'ModelParamTraversal', 'chain', 'adam', 'adamw', 'sgd', 'lion', 'rmsprop', 'adagrad',
-    'lamb', 'adafactor', 'adabelief', 'yogi', 'radam', 'fromage', 'lars', 'noisy_sgd', 'adamax', 'multi_transform',
+    'lamb', 'adafactor', 'adabelief', 'yogi', 'radam', 'fromage', 'lars', 'noisy_sgd', 'adamax', 'amsgrad', 'multi_transform',
 ]
 
 
@@ -310,6 +310,7 @@ fromage = wrap_optax_optimizer(optim.fromage)
 lars = wrap_optax_optimizer(optim.lars)
 noisy_sgd = wrap_optax_optimizer(optim.noisy_sgd)
 adamax = wrap_optax_optimizer(optim.adamax)
+amsgrad = wrap_optax_optimizer(optim.amsgrad)
 multi_transform = wrap_optax_optimizer(optim.multi_transform)
 
 

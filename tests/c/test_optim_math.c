@@ -27,18 +27,7 @@
 #include "ct_optim_math.h"
 #include "ct_status.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        checks++;                                                          \
-        if (!(cond)) {                                                     \
-            failures++;                                                    \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);          \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next(void) {

@@ -27,18 +27,7 @@
 #include "ct_random_math.h"
 #include "ct_threefry.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        checks++;                                                          \
-        if (!(cond)) {                                                     \
-            failures++;                                                    \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);          \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
+#include "check.h"
 
 static ct_dtype parse_dtype(const char *s) {
     if (!strcmp(s, "float16")) return CT_F16;
@@ -194,32 +183,39 @@ static void test_blocks_vs_reference(void) {
     free(y);
 }
 
+/* The sampler configurations both exhaustive tests run: dist, minval, maxval, lower,
+ * upper, p, has_scale, scale. */
+static const struct { int dist; double mn, mx, lo, hi, p; int has_scale; double scale; } g_cfg[] = {
+    { CT_DIST_UNIFORM, 0.0, 1.0, 0, 0, 0, 0, 0 },
+    { CT_DIST_UNIFORM, -3.7, 2.3, 0, 0, 0, 1, 0.02 },
+    { CT_DIST_UNIFORM, 1e-3, 7e4, 0, 0, 0, 0, 0 },
+    { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 0, 0 },
+    { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 1, 0.0625 },
+    { CT_DIST_TRUNCATED_NORMAL, 0, 0, -2.0, 2.0, 0, 1, 0.3 },
+    { CT_DIST_TRUNCATED_NORMAL, 0, 0, -INFINITY, 1.5, 0, 0, 0 },
+    { CT_DIST_TRUNCATED_NORMAL, 0, 0, 3.0, 4.0, 0, 0, 0 },
+    { CT_DIST_BERNOULLI, 0, 0, 0, 0, 0.3, 0, 0 },
+};
+#define N_CFG (sizeof g_cfg / sizeof g_cfg[0])
+
+static ct_sampler cfg_sampler(size_t i, int dt) {
+    ct_sampler s = { (ct_dist)g_cfg[i].dist, (ct_dtype)dt, g_cfg[i].mn, g_cfg[i].mx,
+                     g_cfg[i].lo, g_cfg[i].hi, g_cfg[i].p, g_cfg[i].has_scale, g_cfg[i].scale };
+    return s;
+}
+
 /* Every possible input of each transform through the fast path and the scalar
  * reference: the float32 samplers read the top 23 bits of the random word
  * (all 2^23 are fed), float16 the low 16 and bfloat16 the low 8. Covers the
  * rare erf_inv tail (|u| near 1), both log1p branches and the 16-bit rounding
  * cases that a random block hits seldom or never. */
 static void test_transforms_exhaustive(void) {
-    const double inf = INFINITY;
-    /* dist, minval, maxval, lower, upper, p, has_scale, scale */
-    static const struct { int dist; double mn, mx, lo, hi, p; int has_scale; double scale; } cfg[] = {
-        { CT_DIST_UNIFORM, 0.0, 1.0, 0, 0, 0, 0, 0 },
-        { CT_DIST_UNIFORM, -3.7, 2.3, 0, 0, 0, 1, 0.02 },
-        { CT_DIST_UNIFORM, 1e-3, 7e4, 0, 0, 0, 0, 0 },
-        { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 0, 0 },
-        { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 1, 0.0625 },
-        { CT_DIST_TRUNCATED_NORMAL, 0, 0, -2.0, 2.0, 0, 1, 0.3 },
-        { CT_DIST_TRUNCATED_NORMAL, 0, 0, -inf, 1.5, 0, 0, 0 },
-        { CT_DIST_TRUNCATED_NORMAL, 0, 0, 3.0, 4.0, 0, 0, 0 },
-        { CT_DIST_BERNOULLI, 0, 0, 0, 0, 0.3, 0, 0 },
-    };
     const size_t n32 = (size_t)1 << 23;
     uint32_t *words = malloc(n32 * 4);
     uint8_t *x = malloc(n32 * 4), *y = malloc(n32 * 4);
-    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+    for (size_t i = 0; i < N_CFG; i++) {
         for (int dt = 0; dt < 3; dt++) {
-            ct_sampler s = { (ct_dist)cfg[i].dist, (ct_dtype)dt, cfg[i].mn, cfg[i].mx,
-                             cfg[i].lo, cfg[i].hi, cfg[i].p, cfg[i].has_scale, cfg[i].scale };
+            ct_sampler s = cfg_sampler(i, dt);
             size_t n = dt == CT_F32 ? n32 : dt == CT_F16 ? 65536 : 256;
             /* In order (neighbouring lanes take the same branches), then
              * shuffled by an odd multiplier, a bijection of the 23 bits
@@ -256,24 +252,6 @@ static uint32_t out_word(const void *buf, size_t esize, size_t k) {
                       : ((const uint32_t *)buf)[k];
 }
 
-static const struct { int dist; double mn, mx, lo, hi, p; int has_scale; double scale; } g_cfg[] = {
-    { CT_DIST_UNIFORM, 0.0, 1.0, 0, 0, 0, 0, 0 },
-    { CT_DIST_UNIFORM, -3.7, 2.3, 0, 0, 0, 1, 0.02 },
-    { CT_DIST_UNIFORM, 1e-3, 7e4, 0, 0, 0, 0, 0 },
-    { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 0, 0 },
-    { CT_DIST_NORMAL, 0, 0, 0, 0, 0, 1, 0.0625 },
-    { CT_DIST_TRUNCATED_NORMAL, 0, 0, -2.0, 2.0, 0, 1, 0.3 },
-    { CT_DIST_TRUNCATED_NORMAL, 0, 0, -INFINITY, 1.5, 0, 0, 0 },
-    { CT_DIST_TRUNCATED_NORMAL, 0, 0, 3.0, 4.0, 0, 0, 0 },
-    { CT_DIST_BERNOULLI, 0, 0, 0, 0, 0.3, 0, 0 },
-};
-#define N_CFG (sizeof g_cfg / sizeof g_cfg[0])
-
-static ct_sampler cfg_sampler(size_t i, int dt) {
-    ct_sampler s = { (ct_dist)g_cfg[i].dist, (ct_dtype)dt, g_cfg[i].mn, g_cfg[i].mx,
-                     g_cfg[i].lo, g_cfg[i].hi, g_cfg[i].p, g_cfg[i].has_scale, g_cfg[i].scale };
-    return s;
-}
 
 /* ct_rm_element (the kernel's transform) == the vectorised CPU transform for
  * every input the dtype distinguishes: all 2^23 float32 mantissas (with the

@@ -293,17 +293,22 @@ __global__ void fetch_norms(const double *board, int ngroup, unsigned mask,
 
 // --- per-device cache -----------------------------------------------------------------------
 
-/* Descriptor tables of one pass kind (0 apply, 1 reduce) on one device. */
+/* A descriptor table on one device. Each pass kind (0 apply, 1 reduce) keeps OPT_TABLES of
+ * them, so plans that alternate (MultiSteps' accumulate and update steps, two train states
+ * on one device) each find their table already on the device: no upload, no wait. */
+#define OPT_TABLES 4
 struct opt_table {
     opt_desc *h = nullptr;  /* pinned host copy of what the device table holds */
     opt_desc *d = nullptr;
     int cap = 0, n = -1;
+    unsigned long long used = 0;    /* LRU stamp */
     cudaEvent_t uploaded = nullptr; /* h is free to rewrite once this completed */
 };
 
 struct opt_cache {
     std::mutex mu;
-    opt_table tab[2];
+    opt_table tab[2][OPT_TABLES];
+    unsigned long long clock = 0;
     double *d_part = nullptr, *h_part = nullptr;
     cudaEvent_t reduced = nullptr; /* after this device's last board write */
     cudaEvent_t last = nullptr;    /* after this device's last pass */
@@ -416,9 +421,23 @@ static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long 
     return m;
 }
 
-static ct_status upload(ct_device *dev, opt_table *t, const opt_desc *scratch, int m) {
+/* Make the table `scratch` (m descriptors) resident among the kind's tables ts; *out: its
+ * device copy. A table seen recently is reused as it is. Otherwise the least recently used
+ * one is overwritten: its pinned copy once the previous upload from it has completed (a
+ * host wait only if it has not), its device copy in stream order after the passes that
+ * read it. */
+static ct_status upload(ct_device *dev, opt_table *ts, unsigned long long *clock,
+                        const opt_desc *scratch, int m, const opt_desc **out) {
     cudaStream_t s = ct_cuda_stream(dev);
-    if (m == t->n && memcmp(scratch, t->h, (size_t)m * sizeof *scratch) == 0) return CT_OK;
+    opt_table *t = &ts[0];
+    for (int i = 0; i < OPT_TABLES; i++) {
+        if (ts[i].n == m && memcmp(scratch, ts[i].h, (size_t)m * sizeof *scratch) == 0) {
+            ts[i].used = ++*clock;
+            *out = ts[i].d;
+            return CT_OK;
+        }
+        if (ts[i].used < t->used) t = &ts[i];
+    }
     if (m > t->cap) {
         int cap = m < 64 ? 64 : 2 * m;
         if (t->uploaded != nullptr) CT_CUDA_TRY(cudaEventSynchronize(t->uploaded));
@@ -434,22 +453,27 @@ static ct_status upload(ct_device *dev, opt_table *t, const opt_desc *scratch, i
         t->cap = cap;
     }
     if (t->uploaded == nullptr) CT_CUDA_TRY(cudaEventCreateWithFlags(&t->uploaded, cudaEventDisableTiming));
-    CT_CUDA_TRY(cudaEventSynchronize(t->uploaded)); /* the previous upload has read h */
-    memcpy(t->h, scratch, (size_t)m * sizeof *scratch);
+    const cudaError_t q = cudaEventQuery(t->uploaded);
+    if (q == cudaErrorNotReady) CT_CUDA_TRY(cudaEventSynchronize(t->uploaded)); /* h still read */
+    else CT_CUDA_TRY(q);
     t->n = -1; /* valid again once queued */
+    memcpy(t->h, scratch, (size_t)m * sizeof *scratch);
     CT_CUDA_TRY(cudaMemcpyAsync(t->d, t->h, (size_t)m * sizeof(opt_desc), cudaMemcpyHostToDevice, s));
     CT_CUDA_TRY(cudaEventRecord(t->uploaded, s));
     t->n = m;
+    t->used = ++*clock;
+    *out = t->d;
     return CT_OK;
 }
 
 static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
-                             int m, const int *src, unsigned reads, double *board_d, double *acc);
+                             const opt_desc *table, int m, const int *src, unsigned reads,
+                             double *board_d, double *acc);
 
 /* The per-leaf reduction pass (reduce = 3): per-tile sums, per-descriptor sums in tile order,
  * one copy to the host (the pass waits), then ps->blk_acc in ps->blocks order. */
 static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
-                           int m, const int *src) {
+                           const opt_desc *table, int m, const int *src) {
     cudaStream_t s = ct_cuda_stream(dev);
     for (int i = 0; i < 3 * ps->nblocks; i++) ps->blk_acc[i] = 0.0;
     if (m == 0 || P.ntiles == 0) { /* nothing to sum; later board writes still order after it */
@@ -483,9 +507,9 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     }
     P.per_tile = 1;
     const unsigned grid = P.ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)P.ntiles;
-    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_tiles);
+    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
     CT_CUDA_TRY(cudaGetLastError());
-    sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(cache->tab[1].d, m, cache->d_tiles,
+    sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(table, m, cache->d_tiles,
                                                           cache->d_blk);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_blk, cache->d_blk, 3 * (size_t)m * sizeof(double),
@@ -539,16 +563,18 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     P.nblocks = m;
     P.ntiles = ntiles;
     ct_status st = CT_OK;
-    if (m > 0) st = upload(dev, &cache->tab[ps->reduce ? 1 : 0], scratch, m);
+    const opt_desc *table = nullptr;
+    if (m > 0) st = upload(dev, cache->tab[ps->reduce ? 1 : 0], &cache->clock, scratch, m, &table);
     free(scratch);
-    if (st == CT_OK) st = pass_launch(dev, cache, ps, P, m, src, reads, board_d, acc);
+    if (st == CT_OK) st = pass_launch(dev, cache, ps, P, table, m, src, reads, board_d, acc);
     free(src);
     return st;
 }
 
 /* Launch the pass (descriptors uploaded): norms first, then the kernel(s) of its kind. */
 static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
-                             int m, const int *src, unsigned reads, double *board_d, double *acc) {
+                             const opt_desc *table, int m, const int *src, unsigned reads,
+                             double *board_d, double *acc) {
     const long long ntiles = P.ntiles;
     const int to_board = ps->reduce == 2;
     cudaStream_t s = ct_cuda_stream(dev);
@@ -569,11 +595,11 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
         CT_CUDA_TRY(cudaGetLastError());
         P.normc = cache->d_normc;
     }
-    if (ps->reduce == 3) return leaf_pass(dev, cache, ps, P, m, src);
+    if (ps->reduce == 3) return leaf_pass(dev, cache, ps, P, table, m, src);
     if (!ps->reduce) {
         if (ntiles > 0) {
             unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
-            opt_kernel<false><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[0].d, nullptr);
+            opt_kernel<false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_CUDA_TRY(cudaEventRecord(cache->last, s));
@@ -585,7 +611,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
         const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
         if (grid > 0) {
-            opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_part);
+            opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_TRY(wait_board(dev)); /* no pass of an earlier step still reads the board */
@@ -606,7 +632,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */
         CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
     const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
-    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, cache->tab[1].d, cache->d_part);
+    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
                                 cudaMemcpyDeviceToHost, s));

@@ -1,0 +1,719 @@
+/*
+ * cuda_emu.cpp — the host implementation of tests/cuda_emu/cuda_runtime.h and
+ * cublas_v2.h (see cuda_runtime.h for the model). Linked with the backend's
+ * rewritten .cu sources into an emulated ctrainstate/_cuda_backend.so by
+ * tools/cuda_emu.sh.
+ *
+ * Environment: CT_EMU_NGPU (emulated GPUs, default 1), CT_EMU_GPU_MB (memory
+ * per GPU, default 4096), CT_EMU_SMS (multiprocessors reported, default 4),
+ * CT_EMU_FIBERS=1 (run every launch with fibers, not only launch sites whose
+ * kernel reached __syncthreads before).
+ *
+ * A call that breaks a rule of the CUDA runtime returns the error a GPU would
+ * give and prints why on stderr ("cuda_emu: ..."), so the backend's own error
+ * path is what a test sees.
+ */
+#include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+thread_local uint3 ct_emu_threadIdx, ct_emu_blockIdx;
+thread_local dim3 ct_emu_blockDim, ct_emu_gridDim;
+
+namespace {
+
+enum { KIND_DEVICE = 0, KIND_PINNED = 1 };
+struct Alloc {
+    size_t n;
+    int dev;   /* owning GPU (device memory) */
+    int kind;
+    unsigned flags;
+};
+
+std::mutex g_mu;                       /* all state below except the per-thread values */
+std::map<uintptr_t, Alloc> g_allocs;   /* start address -> allocation */
+int g_ngpu = -1;
+size_t g_total = 0;
+std::vector<size_t> g_used;
+std::vector<std::set<int>> g_peer;     /* g_peer[gpu]: peers gpu's kernels may access */
+int g_sms = 4;
+bool g_always_fibers = false;
+
+thread_local int t_dev = 0;
+thread_local cudaError_t t_err = cudaSuccess;
+
+std::atomic<long long> n_sync{0}, n_h2d{0}, n_d2h{0};
+
+struct Pool { int dev; };
+Pool g_pools[64];
+
+void init_locked() {
+    if (g_ngpu >= 0) return;
+    const char *e = getenv("CT_EMU_NGPU");
+    g_ngpu = e ? atoi(e) : 1;
+    if (g_ngpu < 0) g_ngpu = 0;
+    if (g_ngpu > 64) g_ngpu = 64;
+    e = getenv("CT_EMU_GPU_MB");
+    g_total = (size_t)(e ? atoll(e) : 4096) << 20;
+    e = getenv("CT_EMU_SMS");
+    g_sms = e && atoi(e) > 0 ? atoi(e) : 4;
+    e = getenv("CT_EMU_FIBERS");
+    g_always_fibers = e && atoi(e) == 1;
+    g_used.assign((size_t)g_ngpu, 0);
+    g_peer.assign((size_t)g_ngpu, std::set<int>());
+    for (int i = 0; i < 64; i++) g_pools[i].dev = i;
+}
+
+struct Locked {
+    std::lock_guard<std::mutex> lock{g_mu};
+    Locked() { init_locked(); }
+};
+
+cudaError_t set_err(cudaError_t e) {
+    if (e != cudaSuccess) t_err = e;
+    return e;
+}
+
+/* A rule violation: say why, and fail the call as the runtime would. */
+__attribute__((format(printf, 2, 3))) cudaError_t violation(cudaError_t e, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda_emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return set_err(e);
+}
+
+/* The allocation holding [p, p+n), or nullptr. Caller holds g_mu. */
+const Alloc *find_locked(const void *p, size_t n, uintptr_t *base = nullptr) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_allocs.upper_bound(a);
+    if (it == g_allocs.begin()) return nullptr;
+    --it;
+    if (a < it->first || a + n > it->first + it->second.n) return nullptr;
+    if (base) *base = it->first;
+    return &it->second;
+}
+
+/* Does [p, p+n) overlap device memory at all (even partly)? Caller holds g_mu. */
+bool touches_device_locked(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p, b = a + (n ? n : 1);
+    auto it = g_allocs.upper_bound(a);
+    if (it != g_allocs.begin()) {
+        auto pr = std::prev(it);
+        if (pr->second.kind == KIND_DEVICE && pr->first + pr->second.n > a) return true;
+    }
+    for (; it != g_allocs.end() && it->first < b; ++it)
+        if (it->second.kind == KIND_DEVICE) return true;
+    return false;
+}
+
+}  // namespace
+
+/* --- streams and events ---------------------------------------------------------------- */
+
+struct CUstream_st { int dev; };
+struct CUevent_st { int dev; bool recorded; };
+
+namespace {
+int stream_dev(cudaStream_t s) { return s ? s->dev : t_dev; }
+}
+
+/* --- errors and devices ---------------------------------------------------------------------- */
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
+    case cudaErrorPeerAccessNotEnabled: return "peer access has not been enabled";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = t_err;
+    t_err = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return t_err; }
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    Locked l;
+    *n = g_ngpu;
+    return g_ngpu > 0 ? cudaSuccess : set_err(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int dev) {
+    Locked l;
+    if (dev < 0 || dev >= g_ngpu)
+        return violation(cudaErrorInvalidDevice, "cudaSetDevice(%d) with %d GPUs", dev, g_ngpu);
+    t_dev = dev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *dev) {
+    *dev = t_dev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int dev) {
+    Locked l;
+    if (dev < 0 || dev >= g_ngpu) return set_err(cudaErrorInvalidDevice);
+    if (attr != cudaDevAttrMultiProcessorCount) return set_err(cudaErrorInvalidValue);
+    *value = g_sms;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
+    Locked l;
+    if (flags != 0) return violation(cudaErrorInvalidValue, "cudaDeviceEnablePeerAccess flags %u", flags);
+    if (peer < 0 || peer >= g_ngpu || peer == t_dev)
+        return violation(cudaErrorInvalidDevice, "cudaDeviceEnablePeerAccess(%d) on GPU %d", peer, t_dev);
+    if (!g_peer[(size_t)t_dev].insert(peer).second) return set_err(cudaErrorPeerAccessAlreadyEnabled);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    n_sync++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    Locked l;
+    *total_bytes = g_total;
+    *free_bytes = g_total - g_used[(size_t)t_dev];
+    return cudaSuccess;
+}
+
+/* --- memory ---------------------------------------------------------------------------------- */
+
+namespace {
+cudaError_t alloc_device_locked(void **p, size_t n, int dev) {
+    if (p == nullptr) return violation(cudaErrorInvalidValue, "cudaMalloc: null result pointer");
+    *p = nullptr;
+    if (n == 0) return cudaSuccess;
+    if (g_used[(size_t)dev] + n > g_total) return set_err(cudaErrorMemoryAllocation);
+    size_t rounded = (n + 255) / 256 * 256;
+    void *m = aligned_alloc(256, rounded);
+    if (m == nullptr) return set_err(cudaErrorMemoryAllocation);
+    memset(m, 0xAB, rounded); /* fresh device memory holds garbage */
+    g_allocs[(uintptr_t)m] = Alloc{n, dev, KIND_DEVICE, 0};
+    g_used[(size_t)dev] += n;
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t free_locked(void *p, int kind, const char *what) {
+    if (p == nullptr) return cudaSuccess;
+    auto it = g_allocs.find((uintptr_t)p);
+    if (it == g_allocs.end() || it->second.kind != kind)
+        return violation(cudaErrorInvalidValue, "%s(%p): not the start of a live %s allocation", what,
+                         p, kind == KIND_DEVICE ? "device" : "pinned host");
+    if (kind == KIND_DEVICE) g_used[(size_t)it->second.dev] -= it->second.n;
+    memset(p, 0xCD, it->second.n); /* a use after free reads garbage */
+    g_allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+    Locked l;
+    return alloc_device_locked(p, n, t_dev);
+}
+
+cudaError_t cudaFree(void *p) {
+    Locked l;
+    return free_locked(p, KIND_DEVICE, "cudaFree");
+}
+
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
+    Locked l; /* from the pool of the stream's device */
+    return alloc_device_locked(p, n, stream_dev(s));
+}
+
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+    Locked l;
+    (void)s;
+    return free_locked(p, KIND_DEVICE, "cudaFreeAsync");
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+    Locked l;
+    size_t rounded = ((n ? n : 1) + 255) / 256 * 256;
+    void *m = aligned_alloc(256, rounded);
+    if (m == nullptr) return set_err(cudaErrorMemoryAllocation);
+    memset(m, 0xAB, rounded);
+    g_allocs[(uintptr_t)m] = Alloc{n ? n : 1, -1, KIND_PINNED, flags};
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocDefault); }
+
+cudaError_t cudaFreeHost(void *p) {
+    Locked l;
+    return free_locked(p, KIND_PINNED, "cudaFreeHost");
+}
+
+cudaError_t cudaHostGetDevicePointer(void **dev_ptr, void *host_ptr, unsigned flags) {
+    Locked l;
+    const Alloc *a = find_locked(host_ptr, 1);
+    if (flags != 0) return violation(cudaErrorInvalidValue, "cudaHostGetDevicePointer flags %u", flags);
+    if (a == nullptr || a->kind != KIND_PINNED || !(a->flags & cudaHostAllocMapped))
+        return violation(cudaErrorInvalidValue,
+                         "cudaHostGetDevicePointer(%p): not memory from cudaHostAlloc(..., "
+                         "cudaHostAllocMapped)", host_ptr);
+    *dev_ptr = host_ptr; /* unified addressing: the same address */
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int dev) {
+    Locked l;
+    if (dev < 0 || dev >= g_ngpu) return set_err(cudaErrorInvalidDevice);
+    *pool = (cudaMemPool_t)&g_pools[dev];
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *value) {
+    if (pool == nullptr || value == nullptr || attr != cudaMemPoolAttrReleaseThreshold)
+        return set_err(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t pool, const cudaMemAccessDesc *desc, size_t n) {
+    Locked l;
+    if (pool == nullptr || desc == nullptr) return set_err(cudaErrorInvalidValue);
+    const int owner = ((Pool *)pool)->dev;
+    for (size_t i = 0; i < n; i++) {
+        if (desc[i].location.type != cudaMemLocationTypeDevice || desc[i].location.id < 0 ||
+            desc[i].location.id >= g_ngpu)
+            return violation(cudaErrorInvalidValue, "cudaMemPoolSetAccess: bad location");
+        const int who = desc[i].location.id;
+        if (who != owner && !g_peer[(size_t)who].count(owner))
+            return violation(cudaErrorInvalidDevice,
+                             "cudaMemPoolSetAccess: GPU %d to GPU %d's pool without peer access",
+                             who, owner);
+    }
+    return cudaSuccess;
+}
+
+/* --- copies ------------------------------------------------------------------------------------ */
+
+namespace {
+/* Check that [p, p+n) is device memory (dev_must >= 0: on that GPU). */
+cudaError_t need_device_locked(const void *p, size_t n, int dev_must, const char *what,
+                               const char *side) {
+    const Alloc *a = find_locked(p, n);
+    if (a == nullptr || a->kind != KIND_DEVICE)
+        return violation(cudaErrorInvalidValue, "%s: %s [%p, +%zu) is not inside one device allocation",
+                         what, side, p, n);
+    if (dev_must >= 0 && a->dev != dev_must)
+        return violation(cudaErrorInvalidValue, "%s: %s is on GPU %d, not GPU %d", what, side, a->dev,
+                         dev_must);
+    return cudaSuccess;
+}
+
+cudaError_t need_host_locked(const void *p, size_t n, const char *what, const char *side) {
+    if (touches_device_locked(p, n))
+        return violation(cudaErrorInvalidValue, "%s: %s [%p, +%zu) overlaps device memory", what,
+                         side, p, n);
+    return cudaSuccess;
+}
+
+bool pageable_locked(const void *p, size_t n) {
+    const Alloc *a = find_locked(p, n);
+    return a == nullptr || a->kind != KIND_PINNED;
+}
+
+cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *what) {
+    if (n == 0) return cudaSuccess;
+    {
+        Locked l;
+        cudaError_t e = cudaSuccess;
+        if (kind == cudaMemcpyDefault) {
+            const bool dd = touches_device_locked(dst, n), sd = touches_device_locked(src, n);
+            kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                      : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+        }
+        switch (kind) {
+        case cudaMemcpyHostToDevice:
+            if ((e = need_device_locked(dst, n, -1, what, "destination")) ||
+                (e = need_host_locked(src, n, what, "source")))
+                return e;
+            if (pageable_locked(src, n)) n_h2d++;
+            break;
+        case cudaMemcpyDeviceToHost:
+            if ((e = need_device_locked(src, n, -1, what, "source")) ||
+                (e = need_host_locked(dst, n, what, "destination")))
+                return e;
+            if (pageable_locked(dst, n)) n_d2h++;
+            break;
+        case cudaMemcpyDeviceToDevice:
+            if ((e = need_device_locked(dst, n, -1, what, "destination")) ||
+                (e = need_device_locked(src, n, -1, what, "source")))
+                return e;
+            break;
+        case cudaMemcpyHostToHost:
+            if ((e = need_host_locked(dst, n, what, "destination")) ||
+                (e = need_host_locked(src, n, what, "source")))
+                return e;
+            break;
+        default:
+            return violation(cudaErrorInvalidMemcpyDirection, "%s: kind %d", what, (int)kind);
+        }
+    }
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    n_sync++;
+    return memcpy_impl(dst, src, n, kind, "cudaMemcpy");
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s) {
+    (void)s; /* a copy may be issued to a stream of another device */
+    return memcpy_impl(dst, src, n, kind, "cudaMemcpyAsync");
+}
+
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+                                cudaStream_t s) {
+    (void)s;
+    if (n == 0) return cudaSuccess;
+    {
+        Locked l;
+        cudaError_t e;
+        if ((e = need_device_locked(dst, n, dst_dev, "cudaMemcpyPeerAsync", "destination")) ||
+            (e = need_device_locked(src, n, src_dev, "cudaMemcpyPeerAsync", "source")))
+            return e;
+    }
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
+    (void)s;
+    if (n == 0) return cudaSuccess;
+    {
+        Locked l;
+        cudaError_t e = need_device_locked(p, n, -1, "cudaMemsetAsync", "destination");
+        if (e) return e;
+    }
+    memset(p, value, n);
+    return cudaSuccess;
+}
+
+/* --- streams and events ------------------------------------------------------------------------ */
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = new CUstream_st{t_dev};
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    (void)s;
+    n_sync++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
+    (void)s;
+    if (ev == nullptr || flags != 0)
+        return violation(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event or flags");
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *ev) { return cudaEventCreateWithFlags(ev, cudaEventDefault); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags) {
+    (void)flags;
+    *ev = new CUevent_st{t_dev, false};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+    if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventDestroy(null)");
+    delete ev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+    if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventRecord(null)");
+    if (ev->dev != stream_dev(s))
+        return violation(cudaErrorInvalidResourceHandle,
+                         "cudaEventRecord: event of GPU %d recorded on a stream of GPU %d", ev->dev,
+                         stream_dev(s));
+    ev->recorded = true;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+    if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(null)");
+    n_sync++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t ev) {
+    if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventQuery(null)");
+    return cudaSuccess;
+}
+
+/* --- kernels ----------------------------------------------------------------------------------- */
+
+namespace {
+enum { F_RUN = 0, F_BARRIER = 1, F_DONE = 2 };
+struct Fiber {
+    ucontext_t ctx;
+    int state;
+    uint3 tid;
+};
+const size_t kStack = 256 << 10;
+std::mutex g_launch_mu; /* one kernel runs at a time: __shared__ arrays are static */
+std::vector<char *> g_stacks;
+std::vector<Fiber> g_fibers;
+thread_local ucontext_t t_sched;
+thread_local Fiber *t_cur = nullptr;
+thread_local bool t_in_fibers = false;
+thread_local unsigned t_block_threads = 0;
+thread_local const char *t_site = nullptr;
+ct_emu_thunk g_thunk;
+void *g_closure;
+
+void trampoline() {
+    g_thunk(g_closure);
+    t_cur->state = F_DONE; /* returns to t_sched through uc_link */
+}
+
+uint3 thread_index(unsigned t, dim3 b) {
+    return uint3{t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
+}
+
+/* Run one block with its threads as fibers; returns whether any reached __syncthreads. */
+bool run_block_fibers(dim3 block, const char *site) {
+    const unsigned T = block.x * block.y * block.z;
+    while (g_stacks.size() < T) {
+        void *m = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            fprintf(stderr, "cuda_emu: cannot map a fiber stack\n");
+            abort();
+        }
+        g_stacks.push_back((char *)m);
+    }
+    if (g_fibers.size() < T) g_fibers.resize(T);
+    for (unsigned t = 0; t < T; t++) {
+        Fiber &f = g_fibers[t];
+        f.state = F_RUN;
+        f.tid = thread_index(t, block);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = g_stacks[t];
+        f.ctx.uc_stack.ss_size = kStack;
+        f.ctx.uc_link = &t_sched;
+        makecontext(&f.ctx, trampoline, 0);
+    }
+    bool barrier = false;
+    for (;;) {
+        for (unsigned t = 0; t < T; t++) {
+            Fiber &f = g_fibers[t];
+            if (f.state != F_RUN) continue;
+            t_cur = &f;
+            ct_emu_threadIdx = f.tid;
+            swapcontext(&t_sched, &f.ctx);
+        }
+        unsigned done = 0, waiting = 0;
+        for (unsigned t = 0; t < T; t++) {
+            done += g_fibers[t].state == F_DONE;
+            waiting += g_fibers[t].state == F_BARRIER;
+        }
+        if (done == T) break;
+        if (done != 0) {
+            fprintf(stderr,
+                    "cuda_emu: kernel launched at %s: in block (%u,%u,%u), %u threads wait at "
+                    "__syncthreads while %u have exited (divergent barrier)\n",
+                    site, ct_emu_blockIdx.x, ct_emu_blockIdx.y, ct_emu_blockIdx.z, waiting, done);
+            abort();
+        }
+        barrier = true;
+        for (unsigned t = 0; t < T; t++) g_fibers[t].state = F_RUN;
+    }
+    t_cur = nullptr;
+    return barrier;
+}
+}  // namespace
+
+void ct_emu_syncthreads(void) {
+    if (t_in_fibers) {
+        t_cur->state = F_BARRIER;
+        swapcontext(&t_cur->ctx, &t_sched);
+        return;
+    }
+    if (t_block_threads <= 1) return;
+    fprintf(stderr,
+            "cuda_emu: the kernel launched at %s reached __syncthreads, but an earlier launch "
+            "from there did not, so it ran without fibers; rerun with CT_EMU_FIBERS=1\n",
+            t_site ? t_site : "?");
+    abort();
+}
+
+void ct_emu_run_kernel(ct_emu_thunk thunk, void *closure, int *site_mode, const char *site,
+                       dim3 grid, dim3 block, size_t shmem, cudaStream_t s) {
+    bool fibers_always;
+    {
+        Locked l;
+        fibers_always = g_always_fibers;
+        const unsigned long long T = (unsigned long long)block.x * block.y * block.z;
+        if (block.x == 0 || block.y == 0 || block.z == 0 || T > 1024 || block.z > 64 ||
+            grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
+            grid.y > 65535 || grid.z > 65535 || shmem > 48 * 1024) {
+            violation(cudaErrorInvalidConfiguration,
+                      "launch at %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of dynamic "
+                      "shared memory", site, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                      shmem);
+            return;
+        }
+        if (s != nullptr && s->dev != t_dev) {
+            violation(cudaErrorInvalidResourceHandle,
+                      "launch at %s into a stream of GPU %d while GPU %d is current", site,
+                      s->dev, t_dev);
+            return;
+        }
+    }
+    std::lock_guard<std::mutex> lock(g_launch_mu);
+    const unsigned T = block.x * block.y * block.z;
+    ct_emu_gridDim = grid;
+    ct_emu_blockDim = block;
+    t_site = site;
+    t_block_threads = T;
+    const bool fibers = fibers_always || *site_mode != 1;
+    bool barrier = false;
+    g_thunk = thunk;
+    g_closure = closure;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                ct_emu_blockIdx = uint3{bx, by, bz};
+                if (fibers) {
+                    t_in_fibers = true;
+                    barrier |= run_block_fibers(block, site);
+                    t_in_fibers = false;
+                } else {
+                    for (unsigned t = 0; t < T; t++) {
+                        ct_emu_threadIdx = thread_index(t, block);
+                        thunk(closure);
+                    }
+                }
+            }
+    if (fibers && *site_mode != 2) *site_mode = barrier ? 2 : 1;
+}
+
+/* --- cuBLAS ------------------------------------------------------------------------------------- */
+
+struct cublasContext {
+    int dev;
+    cudaStream_t stream;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t *h) {
+    *h = new cublasContext{t_dev, nullptr};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (s != nullptr && s->dev != h->dev) {
+        violation(cudaErrorInvalidResourceHandle,
+                  "cublasSetStream: a stream of GPU %d for a handle of GPU %d", s->dev, h->dev);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* C (m x n, ldc) = alpha op(A) op(B) + beta C, column-major; op(A) is m x k, op(B) k x n. */
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const float *alpha, const float *a, int lda,
+                           const float *b, int ldb, const float *beta, float *c, int ldc) {
+    if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (h->dev != t_dev) {
+        violation(cudaErrorInvalidResourceHandle,
+                  "cublasSgemm with a handle of GPU %d while GPU %d is current", h->dev, t_dev);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    const int arows = ta == CUBLAS_OP_N ? m : k, acols = ta == CUBLAS_OP_N ? k : m;
+    const int brows = tb == CUBLAS_OP_N ? k : n, bcols = tb == CUBLAS_OP_N ? n : k;
+    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) ||
+        ldb < (brows > 1 ? brows : 1) || ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    {
+        Locked l;
+        const size_t fa = k ? (size_t)lda * (acols - 1) + arows : 0;
+        const size_t fb = k ? (size_t)ldb * (bcols - 1) + brows : 0;
+        const size_t fc = (size_t)ldc * (n - 1) + m;
+        if ((fa && need_device_locked(a, fa * 4, -1, "cublasSgemm", "A")) ||
+            (fb && need_device_locked(b, fb * 4, -1, "cublasSgemm", "B")) ||
+            need_device_locked(c, fc * 4, -1, "cublasSgemm", "C"))
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    std::vector<float> out((size_t)m * n);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double acc = 0.0;
+            for (int p = 0; p < k; p++) {
+                const float av = ta == CUBLAS_OP_N ? a[i + (size_t)p * lda] : a[p + (size_t)i * lda];
+                const float bv = tb == CUBLAS_OP_N ? b[p + (size_t)j * ldb] : b[j + (size_t)p * ldb];
+                acc += (double)av * bv;
+            }
+            float r = *alpha * (float)acc;
+            if (*beta != 0.0f) r += *beta * c[i + (size_t)j * ldc];
+            out[(size_t)j * m + i] = r;
+        }
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) c[i + (size_t)j * ldc] = out[(size_t)j * m + i];
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* --- what a test may ask ------------------------------------------------------------------------ */
+
+/* (host synchronisations, host->device copies from pageable memory, device->host copies to
+ * pageable memory), read by tests/test_gpu.py through ctypes, like the mock backend's. */
+extern "C" __attribute__((visibility("default"))) void mock_gpu_stats(long long *out) {
+    out[0] = n_sync.load();
+    out[1] = n_h2d.load();
+    out[2] = n_d2h.load();
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Run the CUDA backend's own sources (csrc/backend/cuda/*.cu: kernels, launch
+# configurations, streams, events, the optimizer's device-resident norms) on a
+# machine without a GPU, against a host emulation of the CUDA runtime and cuBLAS
+# (tests/cuda_emu), and run tests/test_gpu.py against the result.
+#
+# How: tests/cuda_emu/rewrite_launches.py turns each `kernel<<<...>>>(...)` into a
+# call of the emulator's launcher; the sources then compile with g++ against
+# tests/cuda_emu/cuda_runtime.h and cublas_v2.h (not the toolkit's), with
+# -ffp-contract=off (nvcc's --fmad=false) and UBSan (misaligned float4/uint4
+# accesses, out-of-range shifts, overflow abort the run). The library is loaded
+# in place of ctrainstate/_cuda_backend*.so through CTRAINSTATE_CUDA_BACKEND.
+#
+# What this checks that tools/mock_gpu.sh cannot: the kernels' indexing and
+# reductions, __syncthreads reached by every thread of a block, launch limits,
+# the rules of the runtime API (a kernel launched into a stream of the current
+# device, events recorded on their own device's stream, copy kinds that match
+# where pointers live, frees of live allocations, cuBLAS handles used on their
+# device, leading dimensions). What it cannot check: streams running
+# concurrently (every operation completes when issued), the device's own float
+# rounding of libm calls, performance, NCCL.
+#
+#   bash tools/cuda_emu.sh [pytest args...]      CT_EMU_KEEP=DIR keeps the build in DIR
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ -n "${CT_EMU_KEEP:-}" ]; then
+    work=$CT_EMU_KEEP
+    mkdir -p "$work"
+else
+    work=$(mktemp -d /tmp/ctrainstate-cudaemu.XXXXXX)
+    trap 'rm -rf "$work"' EXIT
+fi
+cd "$root"
+objs=()
+for src in csrc/backend/cuda/*.cu; do
+    base=$(basename "$src" .cu)
+    python3 tests/cuda_emu/rewrite_launches.py "$src" "$work/$base.cpp"
+done
+flags=(-std=c++17 -O1 -g -fPIC -ffp-contract=off -fno-omit-frame-pointer
+       -fsanitize=undefined -fno-sanitize-recover=undefined
+       -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas
+       -I tests/cuda_emu -iquote csrc/backend/cuda -I csrc)
+pids=()
+for cpp in "$work"/*.cpp tests/cuda_emu/cuda_emu.cpp; do
+    obj="$work/$(basename "$cpp" .cpp).o"
+    ${CXX:-g++} "${flags[@]}" -c "$cpp" -o "$obj" &
+    pids+=($!)
+    objs+=("$obj")
+done
+for p in "${pids[@]}"; do wait "$p"; done
+${CXX:-g++} -shared -fsanitize=undefined -o "$work/cuda_backend_emu.so" "${objs[@]}"
+export CTRAINSTATE_CUDA_BACKEND="$work/cuda_backend_emu.so"
+for split in 1 4; do
+    echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=$split"
+    CTRAINSTATE_GPU_SPLIT=$split python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
+done
+echo "-- two emulated GPUs (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=2)"
+CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"

@@ -31,28 +31,39 @@ else
     trap 'rm -rf "$work"' EXIT
 fi
 cd "$root"
-objs=()
+mkdir -p "$work/backend"
 for src in csrc/backend/cuda/*.cu; do
-    base=$(basename "$src" .cu)
-    python3 tests/cuda_emu/rewrite_launches.py "$src" "$work/$base.cpp"
+    python3 tests/cuda_emu/rewrite_launches.py "$src" "$work/backend/$(basename "$src" .cu).cpp"
 done
+python3 tests/cuda_emu/rewrite_launches.py tests/cuda_emu/selftest.cu "$work/selftest.cpp"
 flags=(-std=c++17 -O1 -g -fPIC -ffp-contract=off -fno-omit-frame-pointer
        -fsanitize=undefined -fno-sanitize-recover=undefined
        -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas
        -I tests/cuda_emu -iquote csrc/backend/cuda -I csrc)
+objs=()
 pids=()
-for cpp in "$work"/*.cpp tests/cuda_emu/cuda_emu.cpp; do
+for cpp in "$work"/backend/*.cpp tests/cuda_emu/cuda_emu.cpp "$work/selftest.cpp"; do
     obj="$work/$(basename "$cpp" .cpp).o"
     ${CXX:-g++} "${flags[@]}" -c "$cpp" -o "$obj" &
     pids+=($!)
     objs+=("$obj")
 done
 for p in "${pids[@]}"; do wait "$p"; done
-${CXX:-g++} -shared -fsanitize=undefined -o "$work/cuda_backend_emu.so" "${objs[@]}"
+${CXX:-g++} -fsanitize=undefined -o "$work/selftest" "$work/selftest.o" "$work/cuda_emu.o"
+echo "-- the emulation's own checks (tests/cuda_emu/selftest.cu)"
+if ! CT_EMU_NGPU=2 "$work/selftest" 2> "$work/selftest.log"; then
+    cat "$work/selftest.log" >&2  # the expected rule violations, then the failed checks
+    exit 1
+fi
+backend_objs=()
+for o in "${objs[@]}"; do [ "$(basename "$o")" = selftest.o ] || backend_objs+=("$o"); done
+${CXX:-g++} -shared -fsanitize=undefined -o "$work/cuda_backend_emu.so" "${backend_objs[@]}"
 export CTRAINSTATE_CUDA_BACKEND="$work/cuda_backend_emu.so"
 for split in 1 4; do
     echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=$split"
     CTRAINSTATE_GPU_SPLIT=$split python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 done
+echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
+CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
 echo "-- two emulated GPUs (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=2)"
 CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"

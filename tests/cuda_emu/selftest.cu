@@ -1,0 +1,203 @@
+// selftest.cu — checks of the CUDA emulation itself (tests/cuda_emu), written in CUDA
+// syntax and built by tools/cuda_emu.sh through the same launch rewrite as the backend.
+// Each check fails the run with its name; run with CT_EMU_NGPU=2.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures = 0;
+#define EXPECT(cond)                                                            \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "selftest.cu:%d: FAILED: %s\n", __LINE__, #cond);   \
+            failures++;                                                         \
+        }                                                                       \
+    } while (0)
+
+// A block's sum through shared memory: every thread takes part in every barrier.
+__global__ void block_sum(const float *x, float *out) {
+    __shared__ float buf[256];
+    buf[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) buf[threadIdx.x] += buf[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = buf[0];
+}
+
+// Every (block, thread) coordinate of a 3-d launch, written once.
+__global__ void coords(int *out) {
+    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    out[b * blockDim.x * blockDim.y * blockDim.z + t] += 1 + b * 1000 + t;
+}
+
+// Thread 0 leaves before the barrier the others wait at: undefined on a GPU.
+__global__ void divergent(float *x) {
+    if (threadIdx.x == 0) return;
+    __syncthreads();
+    x[threadIdx.x] = 1.0f;
+}
+
+// Reaches __syncthreads only when asked (the second launch from one site).
+__global__ void maybe_barrier(int use, float *x) {
+    if (use) __syncthreads();
+    x[threadIdx.x] = 2.0f;
+}
+
+static void launch_maybe(int use, float *x) { maybe_barrier<<<1, 32>>>(use, x); }
+
+// Run fn in a child process; true if it died of SIGABRT (the emulator's verdict).
+template <typename F>
+static bool aborts(F fn) {
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        fn();
+        cudaDeviceSynchronize();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+}
+
+int main() {
+    int n = 0;
+    EXPECT(cudaGetDeviceCount(&n) == cudaSuccess && n == 2);
+    EXPECT(cudaSetDevice(0) == cudaSuccess);
+
+    // shared memory and barriers: 3 blocks of 256
+    float hx[768], hs[3], *dx = nullptr, *ds = nullptr;
+    for (int i = 0; i < 768; i++) hx[i] = (float)(i % 17);
+    EXPECT(cudaMalloc((void **)&dx, sizeof hx) == cudaSuccess);
+    EXPECT(cudaMalloc((void **)&ds, sizeof hs) == cudaSuccess);
+    EXPECT(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) == cudaSuccess);
+    block_sum<<<3, 256>>>(dx, ds);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    EXPECT(cudaMemcpy(hs, ds, sizeof hs, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int b = 0; b < 3; b++) {
+        float want = 0.0f;
+        for (int i = 0; i < 256; i++) want += hx[b * 256 + i];
+        EXPECT(hs[b] == want);
+    }
+
+    // 3-d grid and block coordinates
+    const int nb = 4 * 2 * 3, nt = 8 * 4 * 2;
+    int *dc = nullptr, hc[nb * nt];
+    EXPECT(cudaMalloc((void **)&dc, sizeof hc) == cudaSuccess);
+    EXPECT(cudaMemsetAsync(dc, 0, sizeof hc) == cudaSuccess);
+    coords<<<dim3(4, 2, 3), dim3(8, 4, 2)>>>(dc);
+    EXPECT(cudaMemcpy(hc, dc, sizeof hc, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int bad = 0;
+    for (int b = 0; b < nb; b++)
+        for (int t = 0; t < nt; t++) bad += hc[b * nt + t] != 1 + b * 1000 + t;
+    EXPECT(bad == 0);
+
+    // launch limits: the kernel does not run, the error is the launch's
+    hs[0] = -1.0f;
+    EXPECT(cudaMemcpy(ds, hs, 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    block_sum<<<1, 2048>>>(dx, ds);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    EXPECT(cudaGetLastError() == cudaSuccess);
+    block_sum<<<0, 256>>>(dx, ds);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    EXPECT(cudaMemcpy(hs, ds, 4, cudaMemcpyDeviceToHost) == cudaSuccess && hs[0] == -1.0f);
+
+    // streams, events and devices
+    cudaStream_t s1;
+    cudaEvent_t e0;
+    EXPECT(cudaEventCreate(&e0) == cudaSuccess);
+    EXPECT(cudaSetDevice(1) == cudaSuccess);
+    EXPECT(cudaStreamCreate(&s1) == cudaSuccess);
+    EXPECT(cudaSetDevice(0) == cudaSuccess);
+    block_sum<<<1, 256, 0, s1>>>(dx, ds); // a stream of GPU 1 while GPU 0 is current
+    EXPECT(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    EXPECT(cudaEventRecord(e0, s1) == cudaErrorInvalidResourceHandle);
+    EXPECT(cudaStreamWaitEvent(s1, e0, 0) == cudaSuccess); // allowed across devices
+    EXPECT(cudaSetDevice(2) == cudaErrorInvalidDevice);
+    EXPECT(cudaDeviceEnablePeerAccess(1, 0) == cudaSuccess);
+    EXPECT(cudaDeviceEnablePeerAccess(1, 0) == cudaErrorPeerAccessAlreadyEnabled);
+    cudaGetLastError();
+
+    // copies must match where the pointers live, and stay inside allocations
+    EXPECT(cudaMemcpy(hx, hs, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+    EXPECT(cudaMemcpy(hx, dx, sizeof hx + 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+    EXPECT(cudaMemcpy(dx, ds, 4, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    EXPECT(cudaMemcpyPeerAsync(dx, 1, ds, 0, 4) == cudaErrorInvalidValue); // dx is on GPU 0
+    EXPECT(cudaFree(hx) == cudaErrorInvalidValue);
+    EXPECT(cudaFree(dx + 1) == cudaErrorInvalidValue);
+    cudaGetLastError();
+
+    // memory accounting and out of memory
+    size_t free0 = 0, total = 0, free1 = 0;
+    EXPECT(cudaMemGetInfo(&free0, &total) == cudaSuccess && free0 < total);
+    void *big = nullptr;
+    EXPECT(cudaMalloc(&big, total) == cudaErrorMemoryAllocation && big == nullptr);
+    EXPECT(cudaGetLastError() == cudaErrorMemoryAllocation);
+    EXPECT(cudaMalloc(&big, 1 << 20) == cudaSuccess);
+    EXPECT(cudaMemGetInfo(&free1, &total) == cudaSuccess && free1 == free0 - (1 << 20));
+    EXPECT(cudaFree(big) == cudaSuccess);
+    EXPECT(cudaMemGetInfo(&free1, &total) == cudaSuccess && free1 == free0);
+
+    // mapped pinned memory
+    double *h = nullptr, *hd = nullptr, *hp = nullptr;
+    EXPECT(cudaHostAlloc((void **)&h, 64, cudaHostAllocMapped) == cudaSuccess);
+    EXPECT(cudaHostGetDevicePointer((void **)&hd, h, 0) == cudaSuccess && hd == h);
+    EXPECT(cudaMallocHost((void **)&hp, 64) == cudaSuccess);
+    EXPECT(cudaHostGetDevicePointer((void **)&hd, hp, 0) == cudaErrorInvalidValue);
+    cudaGetLastError();
+
+    // cuBLAS: C(2x3) = A(2x4) B(4x3), column-major, B given transposed; handle on its device
+    float ha[8], hb[12], hcm[6], *da, *db, *dcm;
+    for (int i = 0; i < 8; i++) ha[i] = (float)(i + 1);
+    for (int i = 0; i < 12; i++) hb[i] = (float)(i % 5) - 2.0f;
+    EXPECT(cudaMalloc((void **)&da, sizeof ha) == cudaSuccess);
+    EXPECT(cudaMalloc((void **)&db, sizeof hb) == cudaSuccess);
+    EXPECT(cudaMalloc((void **)&dcm, sizeof hcm) == cudaSuccess);
+    cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice);
+    cublasHandle_t hb0;
+    EXPECT(cublasCreate(&hb0) == CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f, zero = 0.0f;
+    // A: lda 2 (2x4); B^T stored as 3x4 (ldb 3), op T gives 4x3
+    EXPECT(cublasSgemm(hb0, CUBLAS_OP_N, CUBLAS_OP_T, 2, 3, 4, &one, da, 2, db, 3, &zero, dcm, 2) ==
+           CUBLAS_STATUS_SUCCESS);
+    cudaMemcpy(hcm, dcm, sizeof hcm, cudaMemcpyDeviceToHost);
+    bad = 0;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++) {
+            float want = 0.0f;
+            for (int p = 0; p < 4; p++) want += ha[i + 2 * p] * hb[j + 3 * p];
+            bad += hcm[i + 2 * j] != want;
+        }
+    EXPECT(bad == 0);
+    EXPECT(cublasSgemm(hb0, CUBLAS_OP_N, CUBLAS_OP_T, 2, 3, 4, &one, da, 1, db, 3, &zero, dcm, 2) ==
+           CUBLAS_STATUS_INVALID_VALUE); // lda < rows
+    EXPECT(cublasSgemm(hb0, CUBLAS_OP_N, CUBLAS_OP_N, 2, 3, 4, &one, da, 2, db, 5, &zero, dcm, 2) ==
+           CUBLAS_STATUS_EXECUTION_FAILED); // B read past its allocation
+    EXPECT(cublasSetStream(hb0, s1) == CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT(cudaSetDevice(1) == cudaSuccess);
+    EXPECT(cublasSgemm(hb0, CUBLAS_OP_N, CUBLAS_OP_T, 2, 3, 4, &one, da, 2, db, 3, &zero, dcm, 2) ==
+           CUBLAS_STATUS_EXECUTION_FAILED); // a handle of GPU 0 while GPU 1 is current
+    EXPECT(cudaSetDevice(0) == cudaSuccess);
+    cudaGetLastError();
+
+    // a barrier some threads never reach, and a site that reaches one only later
+    EXPECT(aborts([&] { divergent<<<1, 64>>>(dx); }));
+    EXPECT(!aborts([&] { launch_maybe(0, dx); }));
+    EXPECT(aborts([&] { launch_maybe(0, dx); launch_maybe(1, dx); }));
+
+    if (failures) {
+        fprintf(stderr, "cuda emulation self-test: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("cuda emulation self-test: all checks passed\n");
+    return 0;
+}

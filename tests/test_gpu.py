@@ -124,6 +124,25 @@ def test_binary_reduce_matmul_match_cpu():
     np.testing.assert_allclose(np.asarray(cnp.transpose(ga, (2, 0, 1))), np.transpose(a, (2, 0, 1)))
 
 
+@pytest.mark.parametrize("strided", [False, True])
+def test_copy_between_devices_waits_for_the_source(strided):
+    """A device-to-device copy is queued on the destination's stream and must wait for the
+    work still queued on the source's (the emulated runtime of tools/cuda_emu.sh runs queued
+    work as late as it may, so a missing wait reads the fresh buffer's garbage)."""
+    g = gpus()
+    if len(g) < 2:
+        pytest.skip("needs 2 GPU devices (set CTRAINSTATE_GPU_SPLIT)")
+    x = np.random.default_rng(7).standard_normal((48, 40)).astype(np.float32)
+    y = cnp.tanh(cts.device_put(x, g[0])) * 3.0 - 1.0   # queued on device 0
+    if strided:
+        y = cnp.transpose(y, (1, 0))
+    z = cts.device_put(y, g[1])                           # read first: device 1's stream
+    got = np.asarray(z)
+    np.testing.assert_array_equal(got, np.asarray(y))
+    want = np.tanh(x.astype(np.float64)) * 3.0 - 1.0
+    np.testing.assert_allclose(got, want.T if strided else want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2), (2, 2)])
 def test_tensor_parallel_gradients_equal_cpu(shape):
     m = gpu_mesh(shape, ("data", "model"))

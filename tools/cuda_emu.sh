@@ -11,14 +11,19 @@
 # accesses, out-of-range shifts, overflow abort the run). The library is loaded
 # in place of ctrainstate/_cuda_backend*.so through CTRAINSTATE_CUDA_BACKEND.
 #
+# Streams are queues. By default queued work runs as late as the program allows
+# (when the host or another stream waits for it), so a missing event wait or
+# stream synchronisation reads stale memory and fails a test; one run uses the
+# opposite schedule (CT_EMU_SCHEDULE=eager: everything runs when issued).
+#
 # What this checks that tools/mock_gpu.sh cannot: the kernels' indexing and
 # reductions, __syncthreads reached by every thread of a block, launch limits,
 # the rules of the runtime API (a kernel launched into a stream of the current
 # device, events recorded on their own device's stream, copy kinds that match
 # where pointers live, frees of live allocations, cuBLAS handles used on their
-# device, leading dimensions). What it cannot check: streams running
-# concurrently (every operation completes when issued), the device's own float
-# rounding of libm calls, performance, NCCL.
+# device, leading dimensions), and the ordering between streams and the host.
+# What it cannot check: two streams truly running at once (one schedule at a
+# time), the device's own float rounding of libm calls, performance, NCCL.
 #
 #   bash tools/cuda_emu.sh [pytest args...]      CT_EMU_KEEP=DIR keeps the build in DIR
 set -euo pipefail
@@ -63,6 +68,8 @@ for split in 1 4; do
     echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=$split"
     CTRAINSTATE_GPU_SPLIT=$split python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 done
+echo "-- the same, every queued operation run when issued (CT_EMU_SCHEDULE=eager)"
+CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
 echo "-- two emulated GPUs (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=2)"

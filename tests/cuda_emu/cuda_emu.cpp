@@ -6,8 +6,9 @@
  *
  * Environment: CT_EMU_NGPU (emulated GPUs, default 1), CT_EMU_GPU_MB (memory
  * per GPU, default 4096), CT_EMU_SMS (multiprocessors reported, default 4),
- * CT_EMU_FIBERS=1 (run every launch with fibers, not only launch sites whose
- * kernel reached __syncthreads before).
+ * CT_EMU_SCHEDULE=lazy|eager (when queued operations run, see cuda_runtime.h;
+ * default lazy), CT_EMU_FIBERS=1 (run every launch with fibers, not only launch
+ * sites whose kernel reached __syncthreads before).
  *
  * A call that breaks a rule of the CUDA runtime returns the error a GPU would
  * give and prints why on stderr ("cuda_emu: ..."), so the backend's own error
@@ -23,7 +24,9 @@
 #include <ucontext.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -39,9 +42,12 @@ struct Alloc {
     int dev;   /* owning GPU (device memory) */
     int kind;
     unsigned flags;
+    bool freeing; /* a cudaFreeAsync is queued */
 };
 
-std::mutex g_mu;                       /* all state below except the per-thread values */
+/* All state below except the per-thread values; recursive: running a queued operation may
+ * run other streams' operations it waits for. */
+std::recursive_mutex g_mu;
 std::map<uintptr_t, Alloc> g_allocs;   /* start address -> allocation */
 int g_ngpu = -1;
 size_t g_total = 0;
@@ -49,6 +55,7 @@ std::vector<size_t> g_used;
 std::vector<std::set<int>> g_peer;     /* g_peer[gpu]: peers gpu's kernels may access */
 int g_sms = 4;
 bool g_always_fibers = false;
+bool g_eager = false;
 
 thread_local int t_dev = 0;
 thread_local cudaError_t t_err = cudaSuccess;
@@ -70,13 +77,15 @@ void init_locked() {
     g_sms = e && atoi(e) > 0 ? atoi(e) : 4;
     e = getenv("CT_EMU_FIBERS");
     g_always_fibers = e && atoi(e) == 1;
+    e = getenv("CT_EMU_SCHEDULE");
+    g_eager = e && strcmp(e, "eager") == 0;
     g_used.assign((size_t)g_ngpu, 0);
     g_peer.assign((size_t)g_ngpu, std::set<int>());
     for (int i = 0; i < 64; i++) g_pools[i].dev = i;
 }
 
 struct Locked {
-    std::lock_guard<std::mutex> lock{g_mu};
+    std::lock_guard<std::recursive_mutex> lock{g_mu};
     Locked() { init_locked(); }
 };
 
@@ -124,12 +133,59 @@ bool touches_device_locked(const void *p, size_t n) {
 
 /* --- streams and events ---------------------------------------------------------------- */
 
-struct CUstream_st { int dev; };
-struct CUevent_st { int dev; bool recorded; };
+struct Op {
+    std::function<void()> fn;
+    unsigned long long seq;
+};
+struct CUstream_st {
+    int dev;
+    std::deque<Op> q;
+    unsigned long long issued = 0, done = 0; /* sequence numbers of operations */
+};
+struct CUevent_st {
+    int dev;
+    CUstream_st *stream; /* where it was last recorded (nullptr: never, or the legacy stream) */
+    unsigned long long seq;
+};
 
 namespace {
+std::vector<CUstream_st *> g_streams;
+
 int stream_dev(cudaStream_t s) { return s ? s->dev : t_dev; }
+
+/* Run s's operations up to and including sequence number upto. Caller holds g_mu. */
+void run_until(CUstream_st *s, unsigned long long upto) {
+    while (s->done < upto && !s->q.empty()) {
+        Op op = std::move(s->q.front());
+        s->q.pop_front();
+        if (op.fn) op.fn();
+        s->done = op.seq;
+    }
 }
+
+void flush(CUstream_st *s) { run_until(s, s->issued); }
+
+/* Everything queued on GPU dev (dev < 0: on every GPU). */
+void flush_device(int dev) {
+    for (size_t i = 0; i < g_streams.size(); i++)
+        if (dev < 0 || g_streams[i]->dev == dev) flush(g_streams[i]);
+}
+
+/* Queue fn on s. The legacy default stream (s == nullptr) is ordered after all work on the
+ * current device's streams (they are blocking streams) and runs at once. Caller holds g_mu. */
+void enqueue(cudaStream_t s, std::function<void()> fn) {
+    if (s == nullptr) {
+        flush_device(t_dev);
+        if (fn) fn();
+        return;
+    }
+    const unsigned long long seq = ++s->issued;
+    s->q.push_back(Op{std::move(fn), seq});
+    if (g_eager) flush(s);
+}
+
+bool event_done(const CUevent_st *ev) { return ev->stream == nullptr || ev->stream->done >= ev->seq; }
+}  // namespace
 
 /* --- errors and devices ---------------------------------------------------------------------- */
 
@@ -197,7 +253,9 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    Locked l;
     n_sync++;
+    flush_device(t_dev);
     return cudaSuccess;
 }
 
@@ -220,22 +278,37 @@ cudaError_t alloc_device_locked(void **p, size_t n, int dev) {
     void *m = aligned_alloc(256, rounded);
     if (m == nullptr) return set_err(cudaErrorMemoryAllocation);
     memset(m, 0xAB, rounded); /* fresh device memory holds garbage */
-    g_allocs[(uintptr_t)m] = Alloc{n, dev, KIND_DEVICE, 0};
+    g_allocs[(uintptr_t)m] = Alloc{n, dev, KIND_DEVICE, 0, false};
     g_used[(size_t)dev] += n;
     *p = m;
     return cudaSuccess;
 }
 
-cudaError_t free_locked(void *p, int kind, const char *what) {
-    if (p == nullptr) return cudaSuccess;
+/* Check that p is the start of a live allocation of this kind (and mark it as being freed). */
+cudaError_t check_free_locked(void *p, int kind, const char *what) {
     auto it = g_allocs.find((uintptr_t)p);
-    if (it == g_allocs.end() || it->second.kind != kind)
+    if (it == g_allocs.end() || it->second.kind != kind || it->second.freeing)
         return violation(cudaErrorInvalidValue, "%s(%p): not the start of a live %s allocation", what,
                          p, kind == KIND_DEVICE ? "device" : "pinned host");
-    if (kind == KIND_DEVICE) g_used[(size_t)it->second.dev] -= it->second.n;
+    it->second.freeing = true;
+    return cudaSuccess;
+}
+
+void release_locked(void *p) {
+    auto it = g_allocs.find((uintptr_t)p);
+    if (it->second.kind == KIND_DEVICE) g_used[(size_t)it->second.dev] -= it->second.n;
     memset(p, 0xCD, it->second.n); /* a use after free reads garbage */
     g_allocs.erase(it);
     free(p);
+}
+
+/* cudaFree and cudaFreeHost wait for all work on the GPUs first. */
+cudaError_t free_locked(void *p, int kind, const char *what) {
+    if (p == nullptr) return cudaSuccess;
+    cudaError_t e = check_free_locked(p, kind, what);
+    if (e) return e;
+    flush_device(-1);
+    release_locked(p);
     return cudaSuccess;
 }
 }  // namespace
@@ -257,8 +330,11 @@ cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     Locked l;
-    (void)s;
-    return free_locked(p, KIND_DEVICE, "cudaFreeAsync");
+    if (p == nullptr) return cudaSuccess;
+    cudaError_t e = check_free_locked(p, KIND_DEVICE, "cudaFreeAsync");
+    if (e) return e;
+    enqueue(s, [p] { release_locked(p); }); /* after the work queued before it */
+    return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
@@ -267,7 +343,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
     void *m = aligned_alloc(256, rounded);
     if (m == nullptr) return set_err(cudaErrorMemoryAllocation);
     memset(m, 0xAB, rounded);
-    g_allocs[(uintptr_t)m] = Alloc{n ? n : 1, -1, KIND_PINNED, flags};
+    g_allocs[(uintptr_t)m] = Alloc{n ? n : 1, -1, KIND_PINNED, flags, false};
     *p = m;
     return cudaSuccess;
 }
@@ -349,108 +425,130 @@ bool pageable_locked(const void *p, size_t n) {
     return a == nullptr || a->kind != KIND_PINNED;
 }
 
-cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *what) {
+/* A copy on stream s (nullptr: the legacy stream, synchronous). What a GPU reads when: a
+ * source in pageable host memory is read at the call (staged); a destination in pageable
+ * host memory is written before the call returns (the stream is drained); pinned and
+ * device memory are read and written when the copy runs. */
+cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s,
+                        const char *what) {
     if (n == 0) return cudaSuccess;
-    {
-        Locked l;
-        cudaError_t e = cudaSuccess;
-        if (kind == cudaMemcpyDefault) {
-            const bool dd = touches_device_locked(dst, n), sd = touches_device_locked(src, n);
-            kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                      : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-        }
-        switch (kind) {
-        case cudaMemcpyHostToDevice:
-            if ((e = need_device_locked(dst, n, -1, what, "destination")) ||
-                (e = need_host_locked(src, n, what, "source")))
-                return e;
-            if (pageable_locked(src, n)) n_h2d++;
-            break;
-        case cudaMemcpyDeviceToHost:
-            if ((e = need_device_locked(src, n, -1, what, "source")) ||
-                (e = need_host_locked(dst, n, what, "destination")))
-                return e;
-            if (pageable_locked(dst, n)) n_d2h++;
-            break;
-        case cudaMemcpyDeviceToDevice:
-            if ((e = need_device_locked(dst, n, -1, what, "destination")) ||
-                (e = need_device_locked(src, n, -1, what, "source")))
-                return e;
-            break;
-        case cudaMemcpyHostToHost:
-            if ((e = need_host_locked(dst, n, what, "destination")) ||
-                (e = need_host_locked(src, n, what, "source")))
-                return e;
-            break;
-        default:
-            return violation(cudaErrorInvalidMemcpyDirection, "%s: kind %d", what, (int)kind);
-        }
+    Locked l;
+    cudaError_t e = cudaSuccess;
+    if (kind == cudaMemcpyDefault) {
+        const bool dd = touches_device_locked(dst, n), sd = touches_device_locked(src, n);
+        kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                  : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
     }
-    memmove(dst, src, n);
+    bool stage_src = false, sync_dst = false;
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        if ((e = need_device_locked(dst, n, -1, what, "destination")) ||
+            (e = need_host_locked(src, n, what, "source")))
+            return e;
+        stage_src = pageable_locked(src, n);
+        if (stage_src) n_h2d++;
+        break;
+    case cudaMemcpyDeviceToHost:
+        if ((e = need_device_locked(src, n, -1, what, "source")) ||
+            (e = need_host_locked(dst, n, what, "destination")))
+            return e;
+        sync_dst = pageable_locked(dst, n);
+        if (sync_dst) n_d2h++;
+        break;
+    case cudaMemcpyDeviceToDevice:
+        if ((e = need_device_locked(dst, n, -1, what, "destination")) ||
+            (e = need_device_locked(src, n, -1, what, "source")))
+            return e;
+        break;
+    case cudaMemcpyHostToHost:
+        if ((e = need_host_locked(dst, n, what, "destination")) ||
+            (e = need_host_locked(src, n, what, "source")))
+            return e;
+        stage_src = sync_dst = true;
+        break;
+    default:
+        return violation(cudaErrorInvalidMemcpyDirection, "%s: kind %d", what, (int)kind);
+    }
+    if (stage_src) {
+        auto copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+        enqueue(s, [dst, copy] { memcpy(dst, copy->data(), copy->size()); });
+    } else {
+        enqueue(s, [dst, src, n] { memmove(dst, src, n); });
+    }
+    if (sync_dst && s != nullptr) flush(s);
     return cudaSuccess;
 }
 }  // namespace
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     n_sync++;
-    return memcpy_impl(dst, src, n, kind, "cudaMemcpy");
+    return memcpy_impl(dst, src, n, kind, nullptr, "cudaMemcpy");
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t s) {
-    (void)s; /* a copy may be issued to a stream of another device */
-    return memcpy_impl(dst, src, n, kind, "cudaMemcpyAsync");
+    /* a copy may be issued to a stream of another device */
+    return memcpy_impl(dst, src, n, kind, s, "cudaMemcpyAsync");
 }
 
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
                                 cudaStream_t s) {
-    (void)s;
     if (n == 0) return cudaSuccess;
-    {
-        Locked l;
-        cudaError_t e;
-        if ((e = need_device_locked(dst, n, dst_dev, "cudaMemcpyPeerAsync", "destination")) ||
-            (e = need_device_locked(src, n, src_dev, "cudaMemcpyPeerAsync", "source")))
-            return e;
-    }
-    memmove(dst, src, n);
+    Locked l;
+    cudaError_t e;
+    if ((e = need_device_locked(dst, n, dst_dev, "cudaMemcpyPeerAsync", "destination")) ||
+        (e = need_device_locked(src, n, src_dev, "cudaMemcpyPeerAsync", "source")))
+        return e;
+    enqueue(s, [dst, src, n] { memmove(dst, src, n); });
     return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
-    (void)s;
     if (n == 0) return cudaSuccess;
-    {
-        Locked l;
-        cudaError_t e = need_device_locked(p, n, -1, "cudaMemsetAsync", "destination");
-        if (e) return e;
-    }
-    memset(p, value, n);
+    Locked l;
+    cudaError_t e = need_device_locked(p, n, -1, "cudaMemsetAsync", "destination");
+    if (e) return e;
+    enqueue(s, [p, value, n] { memset(p, value, n); });
     return cudaSuccess;
 }
 
-/* --- streams and events ------------------------------------------------------------------------ */
+/* --- stream and event calls ------------------------------------------------------------------- */
 
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
-    *s = new CUstream_st{t_dev};
+    Locked l;
+    *s = new CUstream_st();
+    (*s)->dev = t_dev;
+    g_streams.push_back(*s);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    Locked l;
+    if (s == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(null)");
+    flush(s); /* queued work still completes */
+    for (size_t i = 0; i < g_streams.size(); i++)
+        if (g_streams[i] == s) g_streams.erase(g_streams.begin() + (long)i);
     delete s;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
+    Locked l;
     n_sync++;
+    if (s == nullptr) flush_device(t_dev);
+    else flush(s);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
-    (void)s;
+    Locked l;
     if (ev == nullptr || flags != 0)
         return violation(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event or flags");
+    /* waits for the event's most recent record at the time of this call */
+    CUstream_st *from = ev->stream;
+    const unsigned long long seq = ev->seq;
+    if (from == nullptr || from == s) return cudaSuccess;
+    enqueue(s, [from, seq] { run_until(from, seq); });
     return cudaSuccess;
 }
 
@@ -458,35 +556,46 @@ cudaError_t cudaEventCreate(cudaEvent_t *ev) { return cudaEventCreateWithFlags(e
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags) {
     (void)flags;
-    *ev = new CUevent_st{t_dev, false};
+    *ev = new CUevent_st{t_dev, nullptr, 0};
     return cudaSuccess;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
     if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventDestroy(null)");
-    delete ev;
+    delete ev; /* a wait queued on it keeps its own (stream, sequence) */
     return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+    Locked l;
     if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventRecord(null)");
     if (ev->dev != stream_dev(s))
         return violation(cudaErrorInvalidResourceHandle,
                          "cudaEventRecord: event of GPU %d recorded on a stream of GPU %d", ev->dev,
                          stream_dev(s));
-    ev->recorded = true;
+    if (s == nullptr) {
+        flush_device(t_dev);
+        ev->stream = nullptr;
+        return cudaSuccess;
+    }
+    enqueue(s, std::function<void()>()); /* a marker */
+    ev->stream = s;
+    ev->seq = s->issued;
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+    Locked l;
     if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(null)");
     n_sync++;
+    if (ev->stream != nullptr) run_until(ev->stream, ev->seq);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
+    Locked l;
     if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventQuery(null)");
-    return cudaSuccess;
+    return event_done(ev) ? cudaSuccess : cudaErrorNotReady;
 }
 
 /* --- kernels ----------------------------------------------------------------------------------- */
@@ -499,7 +608,6 @@ struct Fiber {
     uint3 tid;
 };
 const size_t kStack = 256 << 10;
-std::mutex g_launch_mu; /* one kernel runs at a time: __shared__ arrays are static */
 std::vector<char *> g_stacks;
 std::vector<Fiber> g_fibers;
 thread_local ucontext_t t_sched;
@@ -507,11 +615,10 @@ thread_local Fiber *t_cur = nullptr;
 thread_local bool t_in_fibers = false;
 thread_local unsigned t_block_threads = 0;
 thread_local const char *t_site = nullptr;
-ct_emu_thunk g_thunk;
-void *g_closure;
+const std::function<void()> *g_body; /* the running kernel */
 
 void trampoline() {
-    g_thunk(g_closure);
+    (*g_body)();
     t_cur->state = F_DONE; /* returns to t_sched through uc_link */
 }
 
@@ -585,39 +692,18 @@ void ct_emu_syncthreads(void) {
     abort();
 }
 
-void ct_emu_run_kernel(ct_emu_thunk thunk, void *closure, int *site_mode, const char *site,
-                       dim3 grid, dim3 block, size_t shmem, cudaStream_t s) {
-    bool fibers_always;
-    {
-        Locked l;
-        fibers_always = g_always_fibers;
-        const unsigned long long T = (unsigned long long)block.x * block.y * block.z;
-        if (block.x == 0 || block.y == 0 || block.z == 0 || T > 1024 || block.z > 64 ||
-            grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu ||
-            grid.y > 65535 || grid.z > 65535 || shmem > 48 * 1024) {
-            violation(cudaErrorInvalidConfiguration,
-                      "launch at %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of dynamic "
-                      "shared memory", site, grid.x, grid.y, grid.z, block.x, block.y, block.z,
-                      shmem);
-            return;
-        }
-        if (s != nullptr && s->dev != t_dev) {
-            violation(cudaErrorInvalidResourceHandle,
-                      "launch at %s into a stream of GPU %d while GPU %d is current", site,
-                      s->dev, t_dev);
-            return;
-        }
-    }
-    std::lock_guard<std::mutex> lock(g_launch_mu);
+namespace {
+/* Run a kernel (under g_mu: one at a time, so the static __shared__ arrays are its own). */
+void run_kernel(const std::function<void()> &body, int *site_mode, const char *site, dim3 grid,
+                dim3 block) {
     const unsigned T = block.x * block.y * block.z;
     ct_emu_gridDim = grid;
     ct_emu_blockDim = block;
     t_site = site;
     t_block_threads = T;
-    const bool fibers = fibers_always || *site_mode != 1;
+    const bool fibers = g_always_fibers || *site_mode != 1;
     bool barrier = false;
-    g_thunk = thunk;
-    g_closure = closure;
+    g_body = &body;
     for (unsigned bz = 0; bz < grid.z; bz++)
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
@@ -629,11 +715,35 @@ void ct_emu_run_kernel(ct_emu_thunk thunk, void *closure, int *site_mode, const 
                 } else {
                     for (unsigned t = 0; t < T; t++) {
                         ct_emu_threadIdx = thread_index(t, block);
-                        thunk(closure);
+                        body();
                     }
                 }
             }
+    g_body = nullptr;
     if (fibers && *site_mode != 2) *site_mode = barrier ? 2 : 1;
+}
+}  // namespace
+
+void ct_emu_enqueue_kernel(std::function<void()> body, int *site_mode, const char *site,
+                           dim3 grid, dim3 block, size_t shmem, cudaStream_t s) {
+    Locked l;
+    const unsigned long long T = (unsigned long long)block.x * block.y * block.z;
+    if (block.x == 0 || block.y == 0 || block.z == 0 || T > 1024 || block.z > 64 ||
+        grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+        grid.z > 65535 || shmem > 48 * 1024) {
+        violation(cudaErrorInvalidConfiguration,
+                  "launch at %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of dynamic "
+                  "shared memory", site, grid.x, grid.y, grid.z, block.x, block.y, block.z, shmem);
+        return;
+    }
+    if (s != nullptr && s->dev != t_dev) {
+        violation(cudaErrorInvalidResourceHandle,
+                  "launch at %s into a stream of GPU %d while GPU %d is current", site, s->dev,
+                  t_dev);
+        return;
+    }
+    auto b = std::make_shared<std::function<void()>>(std::move(body));
+    enqueue(s, [b, site_mode, site, grid, block] { run_kernel(*b, site_mode, site, grid, block); });
 }
 
 /* --- cuBLAS ------------------------------------------------------------------------------------- */
@@ -690,21 +800,25 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
             need_device_locked(c, fc * 4, -1, "cublasSgemm", "C"))
             return CUBLAS_STATUS_EXECUTION_FAILED;
     }
-    std::vector<float> out((size_t)m * n);
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            double acc = 0.0;
-            for (int p = 0; p < k; p++) {
-                const float av = ta == CUBLAS_OP_N ? a[i + (size_t)p * lda] : a[p + (size_t)i * lda];
-                const float bv = tb == CUBLAS_OP_N ? b[p + (size_t)j * ldb] : b[j + (size_t)p * ldb];
-                acc += (double)av * bv;
+    const float al = *alpha, be = *beta; /* host scalars: read at the call */
+    Locked l;
+    enqueue(h->stream, [=] {
+        std::vector<float> out((size_t)m * n);
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double acc = 0.0;
+                for (int p = 0; p < k; p++) {
+                    const float av = ta == CUBLAS_OP_N ? a[i + (size_t)p * lda] : a[p + (size_t)i * lda];
+                    const float bv = tb == CUBLAS_OP_N ? b[p + (size_t)j * ldb] : b[j + (size_t)p * ldb];
+                    acc += (double)av * bv;
+                }
+                float r = al * (float)acc;
+                if (be != 0.0f) r += be * c[i + (size_t)j * ldc];
+                out[(size_t)j * m + i] = r;
             }
-            float r = *alpha * (float)acc;
-            if (*beta != 0.0f) r += *beta * c[i + (size_t)j * ldc];
-            out[(size_t)j * m + i] = r;
-        }
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) c[i + (size_t)j * ldc] = out[(size_t)j * m + i];
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) c[i + (size_t)j * ldc] = out[(size_t)j * m + i];
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

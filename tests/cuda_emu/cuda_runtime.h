@@ -9,11 +9,16 @@
  * pointers live, frees of live allocations, __syncthreads reached by every
  * thread of a block).
  *
- * Execution model: every stream operation runs to completion when it is issued
- * (a legal schedule of a CUDA program; it cannot show races between streams).
- * A kernel's blocks run one after another; a block's threads run as fibers on
- * the launching host thread and switch at __syncthreads, so __shared__ arrays
- * (static storage here) are shared by the threads of the running block.
+ * Execution model: each stream is a queue. By default (CT_EMU_SCHEDULE=lazy)
+ * an operation runs only when something needs it: a host synchronisation, a
+ * blocking copy, a stream waiting on an event recorded after it. That is the
+ * latest schedule a GPU may legally choose, so a missing wait (the host reading
+ * pinned memory a kernel has not written yet, one stream reading another's
+ * buffer before its event) reads stale data and fails the test.
+ * CT_EMU_SCHEDULE=eager runs every operation when it is issued (the earliest).
+ * A kernel's blocks run one after another; a block's threads run as fibers
+ * and switch at __syncthreads, so __shared__ arrays (static storage here) are
+ * shared by the threads of the running block.
  */
 #ifndef CT_CUDA_EMU_RUNTIME_H
 #define CT_CUDA_EMU_RUNTIME_H
@@ -24,6 +29,9 @@
 #include <string.h>
 
 #include <cmath>
+#include <functional>
+#include <tuple>
+#include <utility>
 
 /* --- qualifiers ------------------------------------------------------------------- */
 #define __global__
@@ -161,18 +169,25 @@ cudaError_t cudaEventQuery(cudaEvent_t ev);
 
 /* --- kernel launch ---------------------------------------------------------------------------
  * tests/cuda_emu/rewrite_launches.py turns `kern<<<g, b, shmem, stream>>>(args);` into
- * `{ auto ct_emu_k_ = [=]() { kern(args); }; ct_emu_launch(ct_emu_k_, g, b, shmem, stream); }`. */
-typedef void (*ct_emu_thunk)(void *closure);
-void ct_emu_run_kernel(ct_emu_thunk thunk, void *closure, int *site_mode, const char *site,
-                       dim3 grid, dim3 block, size_t shmem, cudaStream_t s);
+ *   { auto ct_emu_k_ = ct_emu_bind([](auto... a) { kern(a...); }, args);
+ *     ct_emu_launch(ct_emu_k_, g, b, shmem, stream); }
+ * The arguments are evaluated and copied at the launch, as CUDA does; the kernel runs when
+ * its stream gets to it. */
+void ct_emu_enqueue_kernel(std::function<void()> body, int *site_mode, const char *site,
+                           dim3 grid, dim3 block, size_t shmem, cudaStream_t s);
+
+template <typename G, typename... A>
+static inline auto ct_emu_bind(G g, A... a) {
+    return [g, t = std::make_tuple(a...)]() { std::apply(g, t); };
+}
 
 template <typename F>
 static inline void ct_emu_launch_at(const char *site, int *site_mode, F f, dim3 grid, dim3 block,
                                     size_t shmem = 0, cudaStream_t s = 0) {
-    ct_emu_run_kernel([](void *c) { (*(F *)c)(); }, (void *)&f, site_mode, site, grid, block,
-                      shmem, s);
+    ct_emu_enqueue_kernel(std::function<void()>(std::move(f)), site_mode, site, grid, block,
+                          shmem, s);
 }
-/* One mode flag per launch site (lambda type): whether its kernel reaches __syncthreads. */
+/* One mode flag per launch site: whether its kernel reached __syncthreads. */
 #define ct_emu_launch(f, ...)                                                             \
     do {                                                                                  \
         static int ct_emu_site_mode_ = 0;                                                 \

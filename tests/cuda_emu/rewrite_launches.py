@@ -4,7 +4,8 @@
     python3 tests/cuda_emu/rewrite_launches.py IN.cu OUT.cpp
 
 Every ``name<targs><<<config>>>(args);`` becomes
-``{ auto ct_emu_k_ = [=]() { name<targs>(args); }; ct_emu_launch(ct_emu_k_, config); }``
+``{ auto ct_emu_k_ = ct_emu_bind([](auto... a) { name<targs>(a...); }, args);
+ct_emu_launch(ct_emu_k_, config); }``: the arguments are evaluated at the launch
 (see tests/cuda_emu/cuda_runtime.h). The output keeps the input's line numbers
 (``#line`` and padded newlines), so diagnostics and ``__FILE__`` name the .cu
 source. Anything between ``<<<`` and ``;`` that is not a launch is an error.
@@ -79,8 +80,10 @@ def rewrite(src, path):
         args = src[a + 1:b]
         span = src[start:c + 1]
         out.append(src[pos:start])
-        out.append("{ auto ct_emu_k_ = [=]() { %s(%s); }; ct_emu_launch(ct_emu_k_, %s); }"
-                   % (name, " ".join(args.split()), " ".join(config.split())))
+        args = " ".join(args.split())
+        out.append("{ auto ct_emu_k_ = ct_emu_bind([](auto... ct_emu_a_) { %s(ct_emu_a_...); }%s); "
+                   "ct_emu_launch(ct_emu_k_, %s); }"
+                   % (name, ", " + args if args else "", " ".join(config.split())))
         out.append("\n" * span.count("\n"))
         pos = c + 1
         count += 1

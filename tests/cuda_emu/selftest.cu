@@ -37,6 +37,10 @@ __global__ void coords(int *out) {
     out[b * blockDim.x * blockDim.y * blockDim.z + t] += 1 + b * 1000 + t;
 }
 
+__global__ void fill(float *x, int n, float v) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = v;
+}
+
 // Thread 0 leaves before the barrier the others wait at: undefined on a GPU.
 __global__ void divergent(float *x) {
     if (threadIdx.x == 0) return;
@@ -188,6 +192,42 @@ int main() {
            CUBLAS_STATUS_EXECUTION_FAILED); // a handle of GPU 0 while GPU 1 is current
     EXPECT(cudaSetDevice(0) == cudaSuccess);
     cudaGetLastError();
+
+    // the lazy schedule: queued work runs only when something waits for it
+    {
+        cudaStream_t a, b;
+        cudaEvent_t ev;
+        float *buf = nullptr, *dst = nullptr, *pin = nullptr;
+        EXPECT(cudaStreamCreate(&a) == cudaSuccess && cudaStreamCreate(&b) == cudaSuccess);
+        EXPECT(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess);
+        EXPECT(cudaMalloc((void **)&buf, 64 * 4) == cudaSuccess);
+        EXPECT(cudaMalloc((void **)&dst, 64 * 4) == cudaSuccess);
+        EXPECT(cudaMallocHost((void **)&pin, 64 * 4) == cudaSuccess);
+        pin[0] = -1.0f;
+        fill<<<2, 32, 0, a>>>(buf, 64, 3.0f);
+        EXPECT(cudaMemcpyAsync(pin, buf, 64 * 4, cudaMemcpyDeviceToHost, a) == cudaSuccess);
+        EXPECT(cudaEventRecord(ev, a) == cudaSuccess);
+        EXPECT(cudaEventQuery(ev) == cudaErrorNotReady);
+        EXPECT(pin[0] == -1.0f); // the host has not waited: nothing ran yet
+        EXPECT(cudaStreamSynchronize(a) == cudaSuccess);
+        EXPECT(cudaEventQuery(ev) == cudaSuccess && pin[0] == 3.0f && pin[63] == 3.0f);
+        // stream b reads a's buffer: right after waiting on a's event, stale without the wait
+        fill<<<2, 32, 0, a>>>(buf, 64, 5.0f);
+        EXPECT(cudaMemcpyAsync(dst, buf, 64 * 4, cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+        EXPECT(cudaMemcpyAsync(pin, dst, 64 * 4, cudaMemcpyDeviceToHost, b) == cudaSuccess);
+        EXPECT(cudaStreamSynchronize(b) == cudaSuccess && pin[0] == 3.0f);
+        EXPECT(cudaEventRecord(ev, a) == cudaSuccess);
+        EXPECT(cudaStreamWaitEvent(b, ev, 0) == cudaSuccess);
+        EXPECT(cudaMemcpyAsync(dst, buf, 64 * 4, cudaMemcpyDeviceToDevice, b) == cudaSuccess);
+        EXPECT(cudaMemcpyAsync(pin, dst, 64 * 4, cudaMemcpyDeviceToHost, b) == cudaSuccess);
+        EXPECT(cudaStreamSynchronize(b) == cudaSuccess && pin[0] == 5.0f && pin[63] == 5.0f);
+        // a queued free happens after the work queued before it
+        fill<<<1, 32, 0, a>>>(buf, 64, 7.0f);
+        EXPECT(cudaFreeAsync(buf, a) == cudaSuccess);
+        EXPECT(cudaFreeAsync(buf, a) == cudaErrorInvalidValue); // twice
+        cudaGetLastError();
+        EXPECT(cudaStreamSynchronize(a) == cudaSuccess);
+    }
 
     // a barrier some threads never reach, and a site that reaches one only later
     EXPECT(aborts([&] { divergent<<<1, 64>>>(dx); }));

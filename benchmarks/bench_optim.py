@@ -346,14 +346,15 @@ def run_gpu(args):
     src, dst = _C.Buffer(dev.id, (nb // 4,), 0), _C.Buffer(dev.id, (nb // 4,), 0)
     t_copy = _gpu_time(lambda: _C.copy_bytes(dst, src), sync, args.reps, 10)
     copy_gbs = 2 * nb / t_copy / 1e9
-    print(f"copy: _C.copy_bytes GPU->GPU (1 GiB, read+write)   {copy_gbs:8.1f} GB/s")
+    print(f"copy: _C.copy_bytes GPU->GPU ({nb / 2**20:g} MiB, read+write)   {copy_gbs:8.1f} GB/s")
     del src, dst
     rng = np.random.default_rng(0)
     nf = 1 << args.gpu_flat_log2
     cases = [(f"flat 2^{args.gpu_flat_log2}", {"w": rng.standard_normal(nf, dtype=np.float32)},
               {"w": rng.standard_normal(nf, dtype=np.float32)}, 1.90, 1.80)]
-    shapes = gpt2_small_shapes()
-    cases.append(("GPT-2-small tree", make_tree(shapes, rng), make_tree(shapes, rng), 0.95, 0.83))
+    if not args.skip_tree:
+        shapes = gpt2_small_shapes()
+        cases.append(("GPT-2-small tree", make_tree(shapes, rng), make_tree(shapes, rng), 0.95, 0.83))
     for name, p_np, g_np, goal, floor in cases:
         n = sum(x.size for x in cts.tree_util.tree_leaves(p_np))
         tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD)

@@ -134,7 +134,11 @@ def main():
     except RuntimeError as e:
         print(f"2x4 mesh skipped: {e}")
     try:
-        rows.append((f"flax on jax-{kind.lower()} (jit)", time_flax(coords, target, a.hidden, a.layers, a.steps)))
+        import jax
+        backend = jax.default_backend()  # the label says where the peer really ran
+        if GPU and backend != "gpu":
+            print(f"jax has no GPU here (default backend {backend!r}): the peer runs on jax-{backend}")
+        rows.append((f"flax on jax-{backend} (jit)", time_flax(coords, target, a.hidden, a.layers, a.steps)))
         ref = rows[-1][1][0]
     except ImportError as e:
         print(f"flax/jax/optax not installed ({e}): peer skipped")

@@ -74,3 +74,10 @@ echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
 echo "-- two emulated GPUs (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=2)"
 CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
+echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+python benchmarks/bench_optim.py --gpu --reps 1 --gpu-steps 1 --gpu-flat-log2 12 --gpu-copy-log2 14 \
+    --skip-tree | tail -n 3
+python benchmarks/bench_init.py --gpu --n 2**14 --reps 1 | tail -n 2
+CTRAINSTATE_GPU_SPLIT=8 python benchmarks/bench_siren.py --gpu --size 8 --hidden 16 --layers 2 \
+    --steps 3 | tail -n 4

@@ -136,7 +136,7 @@ class BuildExt(build_ext):
         for d in libdirs:
             if os.path.isdir(d):
                 link += ["-L", d]
-        link += ["-lcublas", "-Xlinker", "-rpath=" + ":".join(d for d in libdirs if os.path.isdir(d))]
+        link += ["-lcublas", "-ldl", "-Xlinker", "-rpath=" + ":".join(d for d in libdirs if os.path.isdir(d))]
         print(" ".join(link))
         subprocess.check_call(link)
 

@@ -154,3 +154,51 @@ def test_gpus_can_be_disabled():
 def test_bad_gpu_split():
     r = run_python("import ctrainstate as c; c.devices('cpu')", {"CTRAINSTATE_GPU_SPLIT": "0"})
     assert r.returncode != 0 and "CTRAINSTATE_GPU_SPLIT" in r.stderr
+
+
+def _nccl_version_in_subprocess(env):
+    """ct_cuda_nccl_version() of the built CUDA backend (no GPU needed), in a fresh process."""
+    code = ("import ctypes, glob, os, ctrainstate\n"
+            "lib = ctypes.CDLL(os.environ['CTRAINSTATE_CUDA_BACKEND'])\n"
+            "why = ctypes.create_string_buffer(1024)\n"
+            "print(lib.ct_cuda_nccl_version(why, 1024)); print(why.value.decode())\n")
+    return run_python(code, env)
+
+
+def test_cuda_backend_loads_nccl_at_run_time():
+    """NCCL is dlopen-ed by the CUDA backend only for collectives across GPUs: found on the
+    loader's path / $NCCL_HOME / the toolkit / the nvidia-nccl wheel, or a clear reason."""
+    import ctypes
+    import glob
+    import os
+    libs = glob.glob(os.path.join(os.path.dirname(cts.__file__), "_cuda_backend*.so"))
+    if not libs:
+        pytest.skip("built without the CUDA backend")
+    try:
+        ctypes.CDLL(libs[0])
+    except OSError as e:
+        pytest.skip(f"CUDA backend not loadable here ({e})")
+    env = {"CTRAINSTATE_CUDA_BACKEND": libs[0]}
+    try:
+        ctypes.CDLL(os.environ.get("CTRAINSTATE_NCCL_LIB") or "libnccl.so.2")
+        findable = True
+    except OSError:
+        findable = False
+    r = _nccl_version_in_subprocess(env)
+    assert r.returncode == 0, r.stderr
+    version, why = (r.stdout.splitlines() + [""])[:2]
+    if findable:
+        assert int(version) >= 20000, r.stdout
+    else:
+        assert int(version) == 0 and "NCCL not found" in why, r.stdout
+    # a wrong explicit library falls back to the search; no library at all is a reason, not a crash
+    r = _nccl_version_in_subprocess({**env, "CTRAINSTATE_NCCL_LIB": "/nonexistent/libnccl.so.2",
+                                     "LD_LIBRARY_PATH": "", "NCCL_HOME": "/nonexistent",
+                                     "CUDA_HOME": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    v, why = (r.stdout.splitlines() + [""])[:2]
+    try:
+        ctypes.CDLL("libnccl.so.2")  # what the search tries next (ldconfig's cache)
+        assert int(v) >= 20000, r.stdout
+    except OSError:
+        assert int(v) == 0 and "/nonexistent/libnccl.so.2" in why, r.stdout

@@ -124,6 +124,57 @@ def test_binary_reduce_matmul_match_cpu():
     np.testing.assert_allclose(np.asarray(cnp.transpose(ga, (2, 0, 1))), np.transpose(a, (2, 0, 1)))
 
 
+def _emu_nccl_stats():
+    """(communicators created, collectives run) of the emulated NCCL (tools/cuda_emu.sh), or
+    None elsewhere."""
+    import ctypes
+    import os
+    path = os.environ.get("CTRAINSTATE_CUDA_BACKEND")
+    lib = ctypes.CDLL(path) if path else None
+    if lib is None or not hasattr(lib, "cuda_emu_nccl_stats"):
+        return None
+    out = (ctypes.c_longlong * 2)()
+    lib.cuda_emu_nccl_stats(out)
+    return tuple(out)
+
+
+def test_allreduce_over_every_group_shape():
+    """The all-reduce of a mesh axis: within one GPU by the device-copy kernel, across GPUs
+    through NCCL (one rank per GPU, the logical devices of each GPU summed first, then given
+    their rank's result), for groups of every size, on every split."""
+    g = gpus()
+    if len(g) < 2:
+        pytest.skip("needs 2 GPU devices (set CTRAINSTATE_GPU_SPLIT)")
+    rng = np.random.default_rng(11)
+    code = cts._dtypes.code(np.dtype(np.float32))
+    shape = (37, 5)
+    # all devices; the first two; every other one (a strided mesh axis); the last three
+    groups = [list(range(len(g))), [0, 1], list(range(0, len(g), 2)), list(range(len(g)))[-3:]]
+    before = _emu_nccl_stats()
+    for idx in groups:
+        if len(idx) < 2:
+            continue
+        xs = [rng.standard_normal(shape).astype(np.float32) for _ in idx]
+        bufs = []
+        for i, x in zip(idx, xs):
+            b = cts._C.Buffer(g[i].id, shape, code)
+            cts._C.copy_from_host(b, x, (0, 0))
+            bufs.append(b)
+        cts._C.op_allreduce([bufs])
+        want = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        for i, b in zip(idx, bufs):
+            got = np.empty(shape, np.float32)
+            cts._C.copy_to_host(b, got, (0, 0))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"group {idx}, device {i}")
+    after = _emu_nccl_stats()
+    if before is not None:  # the emulated runtime: NCCL ran exactly for the groups spanning GPUs
+        import os
+        ngpu = int(os.environ.get("CT_EMU_NGPU", "1"))
+        split = len(g) // ngpu
+        spans = sum(1 for idx in groups if len(idx) >= 2 and len({i // split for i in idx}) > 1)
+        assert after[1] - before[1] == spans, (before, after, spans)
+
+
 @pytest.mark.parametrize("strided", [False, True])
 def test_copy_between_devices_waits_for_the_source(strided):
     """A device-to-device copy is queued on the destination's stream and must wait for the

@@ -23,7 +23,9 @@
 # where pointers live, frees of live allocations, cuBLAS handles used on their
 # device, leading dimensions), and the ordering between streams and the host.
 # What it cannot check: two streams truly running at once (one schedule at a
-# time), the device's own float rounding of libm calls, performance, NCCL.
+# time), the device's own float rounding of libm calls, performance, a real
+# NCCL (its calls are emulated, with NCCL's rules: one rank per GPU, calls
+# grouped, every rank in every collective).
 #
 #   bash tools/cuda_emu.sh [pytest args...]      CT_EMU_KEEP=DIR keeps the build in DIR
 set -euo pipefail
@@ -64,6 +66,7 @@ backend_objs=()
 for o in "${objs[@]}"; do [ "$(basename "$o")" = selftest.o ] || backend_objs+=("$o"); done
 ${CXX:-g++} -shared -fsanitize=undefined -o "$work/cuda_backend_emu.so" "${backend_objs[@]}"
 export CTRAINSTATE_CUDA_BACKEND="$work/cuda_backend_emu.so"
+export CTRAINSTATE_NCCL_LIB="$work/cuda_backend_emu.so"  # it also emulates the NCCL calls
 for split in 1 4; do
     echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=$split"
     CTRAINSTATE_GPU_SPLIT=$split python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
@@ -72,7 +75,8 @@ echo "-- the same, every queued operation run when issued (CT_EMU_SCHEDULE=eager
 CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
-echo "-- two emulated GPUs (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=2)"
+echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=1 and 2)"
+CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=1 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"

@@ -19,6 +19,29 @@ _cuda_libs = glob.glob(os.path.join(os.path.dirname(__file__), "_cuda_backend*.s
 if _cuda_libs and not os.environ.get("CTRAINSTATE_CUDA_BACKEND"):
     os.environ["CTRAINSTATE_CUDA_BACKEND"] = _cuda_libs[0]
 
+
+def _nccl_from_wheel() -> str | None:
+    """libnccl.so.2 of the nvidia-nccl-cu13 (or -cu12) wheel, if one is installed."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(d, "lib", "libnccl.so.2")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+# NCCL (all-reduce across distinct GPUs) is loaded by the CUDA backend only when a
+# collective spans GPUs; point it at the wheel's library unless told otherwise (it
+# also looks on the loader's path, $NCCL_HOME and the CUDA toolkit).
+if _cuda_libs and not os.environ.get("CTRAINSTATE_NCCL_LIB"):
+    _wheel_nccl = _nccl_from_wheel()
+    if _wheel_nccl:
+        os.environ["CTRAINSTATE_NCCL_LIB"] = _wheel_nccl
+
 _lock = threading.Lock()
 _by_id: dict[int, "Device"] = {}
 _platform_ids: dict[str, list[int]] = {}

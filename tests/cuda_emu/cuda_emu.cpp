@@ -141,6 +141,7 @@ struct CUstream_st {
     int dev;
     std::deque<Op> q;
     unsigned long long issued = 0, done = 0; /* sequence numbers of operations */
+    unsigned long long executing = 0;        /* the operation running now, or 0 */
 };
 struct CUevent_st {
     int dev;
@@ -155,10 +156,18 @@ int stream_dev(cudaStream_t s) { return s ? s->dev : t_dev; }
 
 /* Run s's operations up to and including sequence number upto. Caller holds g_mu. */
 void run_until(CUstream_st *s, unsigned long long upto) {
+    if (s->executing != 0 && upto >= s->executing) {
+        /* an operation of s waits, through other streams, for itself or later work of s */
+        fprintf(stderr, "cuda_emu: deadlock: work queued on a stream of GPU %d waits for that "
+                "stream's operation %llu (running) or later ones\n", s->dev, s->executing);
+        abort();
+    }
     while (s->done < upto && !s->q.empty()) {
         Op op = std::move(s->q.front());
         s->q.pop_front();
+        s->executing = op.seq;
         if (op.fn) op.fn();
+        s->executing = 0;
         s->done = op.seq;
     }
 }
@@ -173,7 +182,7 @@ void flush_device(int dev) {
 
 /* Queue fn on s. The legacy default stream (s == nullptr) is ordered after all work on the
  * current device's streams (they are blocking streams) and runs at once. Caller holds g_mu. */
-void enqueue(cudaStream_t s, std::function<void()> fn) {
+void enqueue(cudaStream_t s, std::function<void()> fn, bool may_run = true) {
     if (s == nullptr) {
         flush_device(t_dev);
         if (fn) fn();
@@ -181,7 +190,7 @@ void enqueue(cudaStream_t s, std::function<void()> fn) {
     }
     const unsigned long long seq = ++s->issued;
     s->q.push_back(Op{std::move(fn), seq});
-    if (g_eager) flush(s);
+    if (g_eager && may_run) flush(s);
 }
 
 bool event_done(const CUevent_st *ev) { return ev->stream == nullptr || ev->stream->done >= ev->seq; }
@@ -820,6 +829,190 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
             for (int i = 0; i < m; i++) c[i + (size_t)j * ldc] = out[(size_t)j * m + i];
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* --- NCCL (the calls csrc/backend/cuda/cuda_nccl.cu makes, found with dlsym) -------------------
+ * Rules checked: one rank per GPU in a communicator (NCCL: "Duplicate GPU detected"), ranks
+ * driven from one thread grouped between ncclGroupStart/End, every rank of the communicator
+ * taking part in each collective with the same count, type and operation, the stream and the
+ * buffers on the rank's GPU. A collective runs when the first of its ranks' streams reaches
+ * it, after everything queued before it on every rank's stream. */
+
+typedef int ncclResult_t;
+enum { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
+
+namespace {
+struct Coll {
+    size_t count;
+    int dtype, op;
+    std::vector<const void *> send;
+    std::vector<void *> recv;
+    std::vector<CUstream_st *> streams;
+    std::vector<unsigned long long> seqs;
+    int posted = 0;
+    bool done = false;
+};
+struct CommGroup {
+    std::vector<int> devs;
+    std::vector<unsigned long long> issued; /* collectives posted per rank */
+    std::map<unsigned long long, std::shared_ptr<Coll>> open;
+};
+thread_local int t_nccl_depth = 0;
+thread_local std::vector<std::shared_ptr<Coll>> t_nccl_pending;
+std::atomic<long long> n_comm_init{0}, n_collectives{0};
+
+ncclResult_t nccl_violation(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+ncclResult_t nccl_violation(ncclResult_t r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda_emu: NCCL: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return r;
+}
+
+void perform(Coll *c) {
+    if (c->done) return;
+    for (size_t r = 0; r < c->streams.size(); r++) run_until(c->streams[r], c->seqs[r] - 1);
+    std::vector<float> sum(c->count);
+    for (size_t i = 0; i < c->count; i++) {
+        float acc = ((const float *)c->send[0])[i];
+        for (size_t r = 1; r < c->send.size(); r++) acc += ((const float *)c->send[r])[i];
+        sum[i] = acc;
+    }
+    for (size_t r = 0; r < c->recv.size(); r++) memcpy(c->recv[r], sum.data(), c->count * 4);
+    c->done = true;
+    n_collectives++;
+}
+
+/* Queue the ranks' parts of complete collectives (at ncclGroupEnd). */
+ncclResult_t launch_pending() {
+    std::vector<std::shared_ptr<Coll>> colls;
+    colls.swap(t_nccl_pending);
+    for (auto &c : colls)
+        if (c->posted != (int)c->streams.size())
+            return nccl_violation(ncclInvalidUsage,
+                                  "a collective with %d of its %zu ranks posted at ncclGroupEnd: "
+                                  "NCCL would hang", c->posted, c->streams.size());
+    for (auto &c : colls)
+        for (size_t r = 0; r < c->streams.size(); r++) {
+            Coll *raw = c.get();
+            enqueue(c->streams[r], [c, raw] { perform(raw); }, false);
+            c->seqs[r] = c->streams[r]->issued;
+        }
+    if (g_eager)
+        for (auto &c : colls)
+            for (CUstream_st *st : c->streams) flush(st);
+    return ncclSuccess;
+}
+}  // namespace
+
+struct ncclComm {
+    int rank, dev;
+    std::shared_ptr<CommGroup> group;
+};
+
+extern "C" __attribute__((visibility("default"))) const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    }
+    return "unknown result code";
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclGetVersion(int *version) {
+    *version = 22800; /* reports itself as 2.28.0 */
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t
+ncclCommInitAll(ncclComm **comms, int ndev, const int *devlist) {
+    Locked l;
+    if (comms == nullptr || ndev < 1) return nccl_violation(ncclInvalidArgument, "ncclCommInitAll: %d devices", ndev);
+    auto g = std::make_shared<CommGroup>();
+    for (int i = 0; i < ndev; i++) {
+        const int d = devlist ? devlist[i] : i;
+        if (d < 0 || d >= g_ngpu)
+            return nccl_violation(ncclInvalidArgument, "ncclCommInitAll: no GPU %d", d);
+        for (int p : g->devs)
+            if (p == d)
+                return nccl_violation(ncclInvalidUsage, "ncclCommInitAll: Duplicate GPU detected: "
+                                      "two ranks on GPU %d", d);
+        g->devs.push_back(d);
+    }
+    g->issued.assign((size_t)ndev, 0);
+    for (int i = 0; i < ndev; i++) comms[i] = new ncclComm{i, g->devs[(size_t)i], g};
+    n_comm_init++;
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclCommDestroy(ncclComm *comm) {
+    delete comm;
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclGroupStart(void) {
+    t_nccl_depth++;
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclGroupEnd(void) {
+    Locked l;
+    if (t_nccl_depth == 0) return nccl_violation(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--t_nccl_depth > 0) return ncclSuccess;
+    return launch_pending();
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t
+ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, ncclComm *comm,
+              cudaStream_t stream) {
+    Locked l;
+    if (comm == nullptr) return nccl_violation(ncclInvalidArgument, "ncclAllReduce: null communicator");
+    const size_t nranks = comm->group->devs.size();
+    if (dtype != 7 || op != 0)
+        return nccl_violation(ncclInvalidArgument, "ncclAllReduce: only float32 sums are emulated");
+    if (stream == nullptr || stream->dev != comm->dev)
+        return nccl_violation(ncclInvalidArgument, "ncclAllReduce: rank %d (GPU %d) given a stream "
+                              "of GPU %d", comm->rank, comm->dev, stream ? stream->dev : t_dev);
+    if (count > 0 && (need_device_locked(send, count * 4, comm->dev, "ncclAllReduce", "send buffer") ||
+                      need_device_locked(recv, count * 4, comm->dev, "ncclAllReduce", "receive buffer"))) {
+        t_err = cudaSuccess;
+        return ncclInvalidArgument;
+    }
+    if (t_nccl_depth == 0 && nranks > 1)
+        return nccl_violation(ncclInvalidUsage, "ncclAllReduce outside ncclGroupStart/End for a "
+                              "communicator of %zu ranks driven from one thread: NCCL would hang",
+                              nranks);
+    const unsigned long long k = comm->group->issued[(size_t)comm->rank]++;
+    std::shared_ptr<Coll> &c = comm->group->open[k];
+    if (!c) {
+        c = std::make_shared<Coll>();
+        c->count = count;
+        c->dtype = dtype;
+        c->op = op;
+        c->send.assign(nranks, nullptr);
+        c->recv.assign(nranks, nullptr);
+        c->streams.assign(nranks, nullptr);
+        c->seqs.assign(nranks, 0);
+        t_nccl_pending.push_back(c);
+    } else if (c->count != count || c->dtype != dtype || c->op != op) {
+        return nccl_violation(ncclInvalidUsage, "ncclAllReduce: rank %d posts count %zu where rank "
+                              "0 posted %zu", comm->rank, count, c->count);
+    }
+    c->send[(size_t)comm->rank] = send;
+    c->recv[(size_t)comm->rank] = recv;
+    c->streams[(size_t)comm->rank] = stream;
+    if (++c->posted == (int)nranks) comm->group->open.erase(k);
+    if (t_nccl_depth == 0) return launch_pending();
+    return ncclSuccess;
+}
+
+/* (communicators created, collectives run) */
+extern "C" __attribute__((visibility("default"))) void cuda_emu_nccl_stats(long long *out) {
+    out[0] = n_comm_init.load();
+    out[1] = n_collectives.load();
 }
 
 /* --- what a test may ask ------------------------------------------------------------------------ */

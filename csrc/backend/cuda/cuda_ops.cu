@@ -6,12 +6,13 @@
  * broadcast dimensions). GEMM goes to cuBLAS (one handle per logical device,
  * bound to its stream). The all-reduce sums the buffers of logical devices
  * with one kernel that reads every buffer directly (same GPU, or peers through
- * unified addressing) — collectives between distinct GPUs through NCCL are a
- * later step. Every launch is on the device's stream; work is ordered per
+ * unified addressing); a group spanning GPUs goes through NCCL (cuda_nccl.cu).
+ * Every launch is on the device's stream; work is ordered per
  * device and synchronised where data leaves it (copies, all-reduce).
  */
 #include <cublas_v2.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "cuda_common.cuh"
 
@@ -281,7 +282,9 @@ __global__ void allreduce_kernel(long long count, ar_args g) {
     }
 }
 
-extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+/* Sum into every buffer with one kernel on the group's first GPU that reads and writes all of
+ * them: logical devices of one GPU, or (CTRAINSTATE_NO_NCCL=1) peers through peer access. */
+extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs, int64_t count) {
     if (nbufs == 1 || count == 0) return CT_OK;
     if (nbufs > MAX_GROUP)
         return ct_cuda_core->set_error(CT_EINVAL, "all-reduce over more than %d devices", MAX_GROUP);
@@ -301,4 +304,16 @@ extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int n
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaStreamSynchronize(s));
     return CT_OK;
+}
+
+/* cuda_nccl.cu */
+extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs, int64_t count);
+
+extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+    if (nbufs <= 1 || count == 0) return CT_OK;
+    int one_gpu = 1;
+    for (int j = 1; j < nbufs; j++) one_gpu &= devs[j]->ordinal == devs[0]->ordinal;
+    const char *e = getenv("CTRAINSTATE_NO_NCCL");
+    if (one_gpu || (e != NULL && atoi(e) == 1)) return ct_cuda_allreduce_local(devs, bufs, nbufs, count);
+    return ct_cuda_allreduce_nccl(devs, bufs, nbufs, count);
 }

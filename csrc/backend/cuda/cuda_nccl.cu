@@ -1,0 +1,231 @@
+/*
+ * cuda_nccl.cu — all-reduce across distinct GPUs through NCCL.
+ *
+ * NCCL is loaded with dlopen the first time a collective spans two GPUs, so
+ * neither building nor loading the CUDA backend needs it. Search order: the
+ * file named by CTRAINSTATE_NCCL_LIB (the Python layer sets it to the
+ * nvidia-nccl-cu13 wheel's library when that is installed and the variable is
+ * not), then libnccl.so.2 on the loader's path, under $NCCL_HOME/lib, and in
+ * the CUDA toolkit ($CUDA_HOME/lib64, $CUDA_HOME/lib, /usr/local/cuda/lib64).
+ * Only the ABI below is used (stable across NCCL 2.x), so no nccl.h is needed.
+ *
+ * A group of logical devices (one mesh-axis group) is reduced in three steps:
+ * the logical devices of each GPU are summed by the device-copy kernel into all
+ * of them (cuda_ops.cu); one rank per GPU — the group's first logical device on
+ * it — then all-reduces in place through NCCL, one communicator per distinct
+ * ordered set of GPUs, created once with ncclCommInitAll and cached (NCCL
+ * refuses two ranks on one GPU, hence the first step); each GPU's other logical
+ * devices then copy their rank's result. The host waits for the group's streams
+ * before and after, like the single-GPU path.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mutex>
+#include <vector>
+
+#include "cuda_common.cuh"
+
+/* --- the NCCL ABI used here ------------------------------------------------------------------ */
+typedef struct ncclComm *ncclComm_t;
+typedef int ncclResult_t; /* ncclSuccess = 0 */
+enum { CT_NCCL_FLOAT32 = 7, CT_NCCL_SUM = 0 };
+
+struct nccl_api {
+    ncclResult_t (*CommInitAll)(ncclComm_t *comms, int ndev, const int *devlist);
+    ncclResult_t (*AllReduce)(const void *send, void *recv, size_t count, int dtype, int op,
+                              ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*GroupStart)(void);
+    ncclResult_t (*GroupEnd)(void);
+    const char *(*GetErrorString)(ncclResult_t r);
+    ncclResult_t (*GetVersion)(int *version);
+};
+
+static std::mutex g_nccl_mu;
+static nccl_api g_nccl;
+static int g_nccl_state = 0; /* 0 not tried, 1 loaded, -1 failed (g_nccl_why says why) */
+static char g_nccl_why[1024];
+
+static void *try_open(const char *path, char *tried, size_t cap) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        size_t len = strlen(tried);
+        snprintf(tried + len, cap - len, "%s%s", len ? ", " : "", path);
+    }
+    return h;
+}
+
+/* Load NCCL once; false with g_nccl_why set when it cannot be. */
+static bool nccl_try_load(const nccl_api **out) {
+    std::lock_guard<std::mutex> lock(g_nccl_mu);
+    if (g_nccl_state == 0) {
+        char tried[768] = "";
+        char path[512];
+        void *h = NULL;
+        const char *e = getenv("CTRAINSTATE_NCCL_LIB");
+        if (e != NULL && *e) h = try_open(e, tried, sizeof tried);
+        if (h == NULL) h = try_open("libnccl.so.2", tried, sizeof tried);
+        const char *homes[] = {getenv("NCCL_HOME"), getenv("CUDA_HOME"), "/usr/local/cuda"};
+        const char *subs[] = {"lib", "lib64"};
+        for (int i = 0; h == NULL && i < 3; i++)
+            for (int j = 0; h == NULL && j < 2 && homes[i] != NULL; j++) {
+                snprintf(path, sizeof path, "%s/%s/libnccl.so.2", homes[i], subs[j]);
+                h = try_open(path, tried, sizeof tried);
+            }
+        if (h == NULL) {
+            snprintf(g_nccl_why, sizeof g_nccl_why, "NCCL not found (tried %s); install "
+                     "nvidia-nccl-cu13 or set CTRAINSTATE_NCCL_LIB to libnccl.so.2", tried);
+            g_nccl_state = -1;
+        } else {
+            nccl_api a;
+            *(void **)&a.CommInitAll = dlsym(h, "ncclCommInitAll");
+            *(void **)&a.AllReduce = dlsym(h, "ncclAllReduce");
+            *(void **)&a.GroupStart = dlsym(h, "ncclGroupStart");
+            *(void **)&a.GroupEnd = dlsym(h, "ncclGroupEnd");
+            *(void **)&a.GetErrorString = dlsym(h, "ncclGetErrorString");
+            *(void **)&a.GetVersion = dlsym(h, "ncclGetVersion");
+            if (!a.CommInitAll || !a.AllReduce || !a.GroupStart || !a.GroupEnd ||
+                !a.GetErrorString || !a.GetVersion) {
+                snprintf(g_nccl_why, sizeof g_nccl_why,
+                         "the NCCL library found lacks ncclCommInitAll/ncclAllReduce/ncclGroup*");
+                g_nccl_state = -1;
+            } else {
+                g_nccl = a;
+                g_nccl_state = 1;
+            }
+        }
+    }
+    if (g_nccl_state < 0) return false;
+    *out = &g_nccl;
+    return true;
+}
+
+static ct_status nccl_load(const nccl_api **out) {
+    if (!nccl_try_load(out))
+        return ct_cuda_core->set_error(CT_EDEVICE, "all-reduce across GPUs: %s", g_nccl_why);
+    return CT_OK;
+}
+
+#define CT_NCCL_TRY(api, call)                                                             \
+    do {                                                                                   \
+        ncclResult_t ct_nccl_r_ = (call);                                                  \
+        if (ct_nccl_r_ != 0)                                                               \
+            return ct_cuda_core->set_error(CT_EDEVICE, "NCCL error in %s at %s:%d: %s",    \
+                                           #call, __FILE__, __LINE__,                      \
+                                           (api)->GetErrorString(ct_nccl_r_));             \
+    } while (0)
+
+/* --- communicators: one per ordered set of GPUs ------------------------------------------------ */
+
+struct comm_entry {
+    std::vector<int> gpus;
+    std::vector<ncclComm_t> comms;
+};
+static std::mutex g_comm_mu;
+static std::vector<comm_entry> g_comms;
+
+static ct_status comms_for(const nccl_api *api, const std::vector<int> &gpus,
+                           const ncclComm_t **out) {
+    std::lock_guard<std::mutex> lock(g_comm_mu);
+    for (const comm_entry &c : g_comms)
+        if (c.gpus == gpus) {
+            *out = c.comms.data();
+            return CT_OK;
+        }
+    comm_entry c;
+    c.gpus = gpus;
+    c.comms.assign(gpus.size(), nullptr);
+    CT_NCCL_TRY(api, api->CommInitAll(c.comms.data(), (int)gpus.size(), gpus.data()));
+    g_comms.push_back(c);
+    *out = g_comms.back().comms.data();
+    return CT_OK;
+}
+
+/* cuda_ops.cu: the single-GPU all-reduce (a device-copy kernel). */
+extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs,
+                                            int64_t count);
+
+extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs,
+                                           int64_t count) {
+    const nccl_api *api = NULL;
+    CT_TRY(nccl_load(&api));
+    /* GPUs in order of first appearance; rank r's leader is the first device on gpus[r] */
+    std::vector<int> gpus, leader;
+    std::vector<std::vector<int>> members;
+    for (int j = 0; j < nbufs; j++) {
+        size_t r = 0;
+        while (r < gpus.size() && gpus[r] != devs[j]->ordinal) r++;
+        if (r == gpus.size()) {
+            gpus.push_back(devs[j]->ordinal);
+            leader.push_back(j);
+            members.emplace_back();
+        }
+        members[r].push_back(j);
+    }
+    /* 1. within each GPU (this waits for every member's stream) */
+    for (size_t r = 0; r < gpus.size(); r++) {
+        std::vector<ct_device *> d;
+        std::vector<float *> b;
+        for (int j : members[r]) {
+            d.push_back(devs[j]);
+            b.push_back(bufs[j]);
+        }
+        if (d.size() > 1) CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count));
+        else {
+            CT_CUDA_TRY(cudaSetDevice(d[0]->ordinal));
+            CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d[0])));
+        }
+    }
+    /* 2. across GPUs: one rank per GPU, in place */
+    const ncclComm_t *comms = NULL;
+    CT_TRY(comms_for(api, gpus, &comms));
+    CT_NCCL_TRY(api, api->GroupStart());
+    ct_status st = CT_OK;
+    for (size_t r = 0; r < gpus.size() && st == CT_OK; r++) {
+        ct_device *d = devs[leader[r]];
+        cudaError_t e = cudaSetDevice(d->ordinal);
+        if (e != cudaSuccess) {
+            st = ct_cuda_core->set_error(CT_EDEVICE, "cudaSetDevice(%d): %s", d->ordinal,
+                                         cudaGetErrorString(e));
+            break;
+        }
+        ncclResult_t nr = api->AllReduce(bufs[leader[r]], bufs[leader[r]], (size_t)count,
+                                         CT_NCCL_FLOAT32, CT_NCCL_SUM, comms[r], ct_cuda_stream(d));
+        if (nr != 0)
+            st = ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce on GPU %d: %s", d->ordinal,
+                                         api->GetErrorString(nr));
+    }
+    ncclResult_t ge = api->GroupEnd(); /* always close the group */
+    if (st != CT_OK) return st;
+    if (ge != 0)
+        return ct_cuda_core->set_error(CT_EDEVICE, "ncclGroupEnd: %s", api->GetErrorString(ge));
+    /* 3. each GPU's other logical devices take their rank's result */
+    for (size_t r = 0; r < gpus.size(); r++) {
+        ct_device *d = devs[leader[r]];
+        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
+        for (int j : members[r])
+            if (j != leader[r])
+                CT_CUDA_TRY(cudaMemcpyAsync(bufs[j], bufs[leader[r]], (size_t)count * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, ct_cuda_stream(d)));
+    }
+    for (size_t r = 0; r < gpus.size(); r++) {
+        ct_device *d = devs[leader[r]];
+        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
+        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d)));
+    }
+    return CT_OK;
+}
+
+/* NCCL's version code (22809 for 2.28.9), or 0 with the reason in why; needs no GPU (tests). */
+extern "C" __attribute__((visibility("default"))) int ct_cuda_nccl_version(char *why, int cap) {
+    const nccl_api *api = NULL;
+    if (!nccl_try_load(&api)) {
+        if (why != NULL && cap > 0) snprintf(why, (size_t)cap, "%s", g_nccl_why);
+        return 0;
+    }
+    int v = 0;
+    api->GetVersion(&v);
+    return v;
+}

@@ -127,6 +127,9 @@ def test_live_parity_random_keys_and_shapes():
                     raw(jax.random.truncated_normal(kk, lo, hi, shape, jdt))).all(), (lo, hi)
             p = dt.type(rng.uniform())
             assert (R.bernoulli(key, p, shape) == np.asarray(jax.random.bernoulli(kk, p, shape))).all()
+            small = dt.type(10.0 ** rng.uniform(-7, 0))
+            assert (R.bernoulli(key, small, shape, mode="high") ==
+                    np.asarray(jax.random.bernoulli(kk, small, shape, mode="high"))).all(), (name, small)
         assert (R.bits(key, shape) == np.asarray(jax.random.bits(kk, shape))).all()
         assert (R.split(key, 3) == np.asarray(jax.random.split(kk, 3))).all()
         assert (R.permutation(key, 50) == np.asarray(jax.random.permutation(kk, 50))).all()
@@ -164,6 +167,7 @@ def test_mesh_invariance(mesh_shape, names):
         lambda s: R.normal(key, shape, np.float16, out_sharding=s),
         lambda s: R.truncated_normal(key, -1.0, 2.0, shape, out_sharding=s),
         lambda s: R.bernoulli(key, 0.4, shape, out_sharding=s),
+        lambda s: R.bernoulli(key, np.float16(0.3), shape, mode="high", out_sharding=s),
     ]
     for spec in _specs(names):
         sharding = cts.NamedSharding(mesh, spec)
@@ -200,3 +204,34 @@ def test_random_on_device_is_false_for_cpu_buffers():
     assert _C.random_on_device(buf) is False
     with pytest.raises(TypeError):
         _C.random_on_device(np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, DTYPES["bfloat16"]], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5, 2)])
+def test_bernoulli_high_is_jaxs_two_uniform_construction(dt, shape):
+    """mode='high' from this library's own uniform (bit-exact with JAX's, tested above):
+    u1, u2 = uniform(key, (2, *shape)); u2 * 2**-nmant < p - u1, in p's dtype."""
+    import ml_dtypes
+    dt = np.dtype(dt).type
+    key = R.PRNGKey(9)
+    for p in (0.5, 1e-3, 3e-6):
+        pt = dt(p)
+        u = R.uniform(key, (2,) + shape, dt)
+        want = (u[1] * dt(2.0 ** -ml_dtypes.finfo(dt).nmant)) < (pt - u[0])
+        got = R.bernoulli(key, pt, shape, mode="high")
+        assert got.dtype == np.bool_ and got.shape == shape
+        assert (got == want).all(), p
+
+
+def test_bernoulli_high_resolves_small_probabilities():
+    """In float16 a uniform is a multiple of 2^-10, so mode='low' fires with probability
+    2^-10 for any 0 < p <= 2^-10; mode='high' gets p = 1e-4 right (5-sigma bands)."""
+    key = R.PRNGKey(4)
+    n = 400_000
+    p = np.float16(1e-4)
+    low = int(R.bernoulli(key, p, (n,)).sum())
+    high = int(R.bernoulli(key, p, (n,), mode="high").sum())
+    assert abs(low - n * 2.0 ** -10) < 5 * np.sqrt(n * 2.0 ** -10), low
+    assert abs(high - n * float(p)) < 5 * np.sqrt(n * float(p)), high
+    with pytest.raises(ValueError, match="mode"):
+        R.bernoulli(key, 0.5, (3,), mode="medium")

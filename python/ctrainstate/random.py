@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from . import _C, _dtypes
@@ -252,25 +253,53 @@ def truncated_normal(k, lower, upper, shape=None, dtype=None, *, out_sharding=No
 
 
 def bernoulli(k, p=0.5, shape=None, mode: str = "low", *, out_sharding=None):
-    """Booleans that are True with probability ``p``, as jax.random.bernoulli (mode='low').
+    """Booleans that are True with probability ``p``, as jax.random.bernoulli.
+
+    ``mode='low'`` (JAX's default): ``uniform(k, shape) < p``, one random word per
+    element; in float32 it cannot produce probabilities below about 1e-7.
+    ``mode='high'``: JAX's two-uniform construction, ``u2 * 2**-nmant < p - u1``
+    with ``u1, u2 = uniform(k, (2, *shape))``, correct for small ``p`` at twice the
+    cost. Each device (with ``out_sharding``) draws only the two words of each of
+    its own elements (global indices i and size + i of the doubled shape).
 
     The uniforms are drawn in p's dtype (float32 for a Python float; a float16 or
     bfloat16 numpy scalar selects that dtype), as in JAX.
 
     >>> bernoulli(PRNGKey(0), 0.3, (4,)).dtype
     dtype('bool')
+    >>> int(bernoulli(PRNGKey(0), 1e-9, (10 ** 6,), mode="high").sum()) <= 1
+    True
     """
     if mode not in ("low", "high"):
         raise ValueError(f"got mode={mode!r}, expected 'high' or 'low'")
-    if mode == "high":
-        raise NotImplementedError("bernoulli(mode='high') is not implemented in ctrainstate")
     pdt = np.asarray(p).dtype
     if pdt.kind != "f" and pdt not in _FLOATS:
         raise TypeError(f"bernoulli probability `p` must have a floating dtype, got {pdt}")
     pdt = _float_dtype(pdt, "bernoulli")
     shape = () if shape is None else _shape(shape)
-    return _sample(k, shape, pdt, out_sharding, _BERNOULLI, p=_scalar(p, "p"),
-                   out_dtype=_dtypes.bool_)
+    pv = _scalar(p, "p")
+    if mode == "low":
+        return _sample(k, shape, pdt, out_sharding, _BERNOULLI, p=pv, out_dtype=_dtypes.bool_)
+    k0, k1 = _key_words(k)
+    code = _dtypes.code(pdt)
+    p_t = np.asarray(pv).astype(pdt)  # p in the sampling dtype, as JAX converts it
+    scale = pdt.type(2.0 ** -int(ml_dtypes.finfo(pdt).nmant))  # also knows bfloat16
+
+    def fill(out, gshape, start):
+        # this block's elements of u1 = u[0] and u2 = u[1], u = uniform(k, (2, *gshape)),
+        # computed on the host; out: a host array, or a CPU device's buffer
+        blk = tuple(out.shape)
+        u = np.empty((2,) + blk, pdt)
+        for half in (0, 1):
+            _C.random_fill(u[half:half + 1], k0, k1, (2,) + tuple(gshape), (half,) + tuple(start),
+                           _UNIFORM, code, 0.0, 1.0, 0.0, 0.0, 0.0, None)
+        res = np.less(u[1] * scale, p_t - u[0])
+        if isinstance(out, np.ndarray):
+            out[...] = res
+        else:
+            _C.copy_from_host(out, res.view(np.uint8), (0,) * len(blk))
+
+    return _produce(shape, _dtypes.bool_, out_sharding, fill)
 
 
 def permutation(k, x, axis: int = 0, independent: bool = False, *, out_sharding=None):

@@ -419,6 +419,9 @@ def _sampler(name, dt):
                                                                       out_sharding=s),
         "bernoulli": lambda k, sh, s: random.bernoulli(k, np.dtype(dt).type(0.3), sh,
                                                        out_sharding=s),
+        # a host fill per device block, copied over (no kernel)
+        "bernoulli_high": lambda k, sh, s: random.bernoulli(k, np.dtype(dt).type(1e-3), sh,
+                                                            mode="high", out_sharding=s),
     }[name]
 
 
@@ -438,7 +441,8 @@ def test_gpu_buffers_are_filled_on_the_device():
     assert cts._C.random_on_device(buf)
 
 
-@pytest.mark.parametrize("name", ["normal", "uniform", "truncated_normal", "bernoulli"])
+@pytest.mark.parametrize("name", ["normal", "uniform", "truncated_normal", "bernoulli",
+                                  "bernoulli_high"])
 @pytest.mark.parametrize("dt", _RAND_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(64, 48), (16, 40, 24), (8, 1027), (8216,)])
 def test_random_on_gpu_is_bit_identical_to_cpu(name, dt, shape):

@@ -342,20 +342,63 @@ def test_optim_split_mesh_matches_cpu(name):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_adafactor_runs_through_host_staging():
-    """Adafactor's factored moments have no GPU pass: the step is staged through host memory
-    and the CPU driver, so its results are the CPU's exactly."""
+_ADA_SHAPES = {"w2": (8, 12), "w2t": (6, 20), "w4": (3, 16, 5, 12), "wq": (10, 6, 4, 2),
+               "b": (5,), "s": (3, 3)}
+
+
+def _ada_layouts():
+    """(mesh shape, axis names, spec per leaf): factored dims sharded or not, replicas."""
+    return [((1,), ("x",), {}),
+            ((2,), ("x",), {"w2": P("x"), "w2t": P(None, "x"), "w4": P(None, "x"), "wq": P("x")}),
+            ((2, 2), ("x", "y"), {"w2": P("x", "y"), "w2t": P("y"), "w4": P(None, "x", None, "y"),
+                                  "wq": P("y", "x")})]
+
+
+def _ada_chains():
+    return {
+        "adafactor": lambda: optim.adafactor(1e-2, min_dim_size_to_factor=4),
+        "clip_adafactor": lambda: optim.chain(optim.clip_by_global_norm(0.5),
+                                              optim.adafactor(1e-2, min_dim_size_to_factor=4)),
+        "adafactor_momentum": lambda: optim.adafactor(1e-2, min_dim_size_to_factor=4,
+                                                      momentum=0.9, decay_rate=0.7),
+    }
+
+
+@pytest.mark.parametrize("chain", sorted(_ada_chains()))
+@pytest.mark.parametrize("layout", [0, 1, 2])
+def test_adafactor_on_gpu_matches_cpu(chain, layout, monkeypatch):
+    """Adafactor's factored second moments on GPU devices: a statistics pass per device, the
+    CPU driver's combine step on the host, the factors multiplied in by the fused pass.
+    Factored leaves of rank 2 and 4 (dims between, before and after the factored ones, row
+    dim first or second), sharded along either factored dim or replicated, plus leaves that
+    are not factored; against the CPU devices of the same layout. With
+    CTRAINSTATE_STAGE_FACTORED=1 the step goes through host staging (the CPU driver): equal
+    bit for bit."""
+    mshape, names, specs = _ada_layouts()[layout]
+    gmesh = gpu_mesh(mshape, names)
+    ndev = int(np.prod(mshape))
+    if cts.device_count("cpu") < ndev:
+        pytest.skip(f"needs {ndev} CPU devices")
+    cmesh = Mesh(np.array(cts.devices("cpu")[:ndev], dtype=object).reshape(mshape), names)
     rng = np.random.default_rng(4)
-    params = {"w": rng.standard_normal((8, 12)).astype(np.float32),
-              "b": rng.standard_normal((5,)).astype(np.float32)}
-    grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
-             for _ in range(4)]
-    tx = optim.adafactor(1e-2, min_dim_size_to_factor=4)
-    ref_p, ref_s = _run_steps(tx, params, grads, cts.devices("cpu")[0])
-    got_p, got_s = _run_steps(tx, params, grads, gpus()[0])
+    params = {k: rng.standard_normal(v).astype(np.float32) for k, v in _ADA_SHAPES.items()}
+    grads = [{k: (rng.standard_normal(v.shape) * (1 + i)).astype(np.float32) for k, v in params.items()}
+             for i in range(4)]
+    tx = _ada_chains()[chain]
+    gsh = {k: NamedSharding(gmesh, specs.get(k, P())) for k in params}
+    csh = {k: NamedSharding(cmesh, specs.get(k, P())) for k in params}
+    ref_p, ref_s = _run_steps(tx(), params, grads, csh)
+    got_p, got_s = _run_steps(tx(), params, grads, gsh)
     for k in params:
-        np.testing.assert_array_equal(got_p[k], ref_p[k])
+        np.testing.assert_allclose(got_p[k], ref_p[k], rtol=1e-6, atol=1e-7, err_msg=f"{chain}: {k}")
+    assert len(got_s) == len(ref_s)
     for a, b in zip(got_s, ref_s):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"{chain}: state")
+    monkeypatch.setenv("CTRAINSTATE_STAGE_FACTORED", "1")
+    st_p, st_s = _run_steps(tx(), params, grads, gsh)
+    for k in params:
+        np.testing.assert_array_equal(st_p[k], ref_p[k])
+    for a, b in zip(st_s, ref_s):
         np.testing.assert_array_equal(a, b)
 
 

@@ -68,6 +68,9 @@ typedef struct ct_backend {
     ct_status (*random_fill)(struct ct_device *dev, uint32_t k0, uint32_t k1,
                              const struct ct_random_consts *c, const struct ct_rm_block *blk,
                              void *out);
+    /* optim_pass implements adafactor's FACTORED stage (statistics pass reduce = 4 and the
+     * factors in later passes, see ct_opt_pass); 0: such steps are staged through the host. */
+    int optim_factored;
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */

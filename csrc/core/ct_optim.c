@@ -667,12 +667,10 @@ static int same_start(const ct_opt_geom *a, const ct_opt_geom *b, int skip1, int
 
 /* FACTORED stage k: statistics pass, cross-block sums, new v_row / v_col
  * (written to the state), factors for the fused pass. Cannot fail. */
+static void factored_combine(step_env *e, int k);
+
 static void factored_pass(step_env *e, int k) {
     fblock *fb = e->fb[k];
-    ffac *fac = e->c.fac[k];
-    const ct_opt_stage *s = &e->c.st[k];
-    const int o = e->c.slot_off[k];
-    const float drt = (float)s->s[0], cdrt = 1.0f - drt;
     for (int gi = 0; gi < e->ngroups; gi++) { /* the statistics: (block, segment) tasks */
         const ct_opt_group *grp = &e->groups[gi];
         const int64_t base = e->tt[gi].base;
@@ -703,6 +701,17 @@ static void factored_pass(step_env *e, int k) {
         for (int r = 1; r < x->nseg; r++)
             for (int64_t q = 0; q < x->f.n_nolo; q++) x->part[q] += x->part[r * x->f.n_nolo + q];
     }
+    factored_combine(e, k);
+}
+
+/* FACTORED stage k from its statistics (fb[k][i].part[0, n_nolo) and .nohi of the blocks
+ * that count): new v_row / v_col (written to the state), factors for the fused pass. */
+static void factored_combine(step_env *e, int k) {
+    fblock *fb = e->fb[k];
+    ffac *fac = e->c.fac[k];
+    const ct_opt_stage *s = &e->c.st[k];
+    const int o = e->c.slot_off[k];
+    const float drt = (float)s->s[0], cdrt = 1.0f - drt;
     /* A: sums over the blocks that share a statistic (replica 0 of each, so
      * every global element once), means, new v_row / v_col. */
     for (int64_t i = 0; i < e->nb; i++) {
@@ -1094,6 +1103,88 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
     free(p2);
     env_free(&e);
     return CT_OK;
+}
+
+ct_status ct_opt_factored_combine(const ct_opt_stage *stages, int nstages, int k,
+                                  const ct_opt_block *blocks, int64_t nb, int nleaves,
+                                  double *const *stat, float *const *fac) {
+    if (k < 0 || k >= nstages || stages[k].kind != CT_OPT_FACTORED || nb < 0 || nleaves < 0)
+        return ct_set_error(CT_EINVAL, "optimizer: bad factored combine (stage %d)", k);
+    step_env e;
+    memset(&e, 0, sizeof e);
+    e.c.st = stages;
+    e.c.nstages = nstages;
+    for (int q = 0, off = 0; q < nstages; q++) {
+        e.c.slot_off[q] = off;
+        off += kind_nslots[stages[q].kind];
+    }
+    e.nb = nb;
+    e.nleaves = nleaves;
+    const size_t nbs = (size_t)(nb > 0 ? nb : 1), nl = (size_t)(nleaves > 0 ? nleaves : 1);
+    e.blk = malloc(nbs * sizeof *e.blk);
+    e.leaf_next = malloc(nbs * sizeof *e.leaf_next);
+    e.leaf_head = malloc(nl * sizeof *e.leaf_head);
+    fblock *fb = calloc(nbs, sizeof *fb);
+    ffac *ff = calloc(nbs, sizeof *ff);
+    ct_status st = (e.blk && e.leaf_next && e.leaf_head && fb && ff) ? CT_OK : OOM();
+    for (int64_t l = 0; st == CT_OK && l < (int64_t)nl; l++) e.leaf_head[l] = -1;
+    for (int64_t i = nb - 1; st == CT_OK && i >= 0; i--) { /* lists in global block order */
+        const ct_opt_block *b = &blocks[i];
+        if (b->leaf < 0 || b->leaf >= nleaves) {
+            st = ct_set_error(CT_EINVAL, "optimizer: block %lld has leaf %d of %d", (long long)i,
+                              b->leaf, nleaves);
+            break;
+        }
+        e.blk[i] = b;
+        e.leaf_next[i] = e.leaf_head[b->leaf];
+        e.leaf_head[b->leaf] = (int)i;
+    }
+    for (int l = 0; st == CT_OK && l < nleaves; l++) {
+        int cnt = 0;
+        for (int j = e.leaf_head[l]; j >= 0; j = e.leaf_next[j]) cnt++;
+        if (cnt > CT_OPT_MAX_PEERS)
+            st = ct_set_error(CT_EINVAL, "optimizer: leaf %d has %d blocks; at most %d are supported",
+                              l, cnt, CT_OPT_MAX_PEERS);
+    }
+    for (int64_t i = 0; st == CT_OK && i < nb; i++) {
+        const ct_opt_block *b = &blocks[i];
+        fblock *x = &fb[i];
+        if (b->n == 0 || !((b->active >> k) & 1u) || b->geom.ndim == 0) continue;
+        x->on = 1;
+        x->stat = b->counts != 0;
+        x->f = fgeom_of(&b->geom);
+        x->nseg = 1;
+        if (x->stat && stat[i] == NULL) {
+            st = ct_set_error(CT_EINVAL, "optimizer: factored block %lld has no statistics",
+                              (long long)i);
+            break;
+        }
+        x->part = x->stat ? stat[i] : NULL;             /* borrowed */
+        x->nohi = x->stat ? stat[i] + x->f.n_nolo : NULL;
+        const int64_t nt = x->f.P * x->f.M * x->f.Q;
+        x->t = malloc((size_t)nt * sizeof(double));
+        x->rcm = malloc((size_t)nt * sizeof(float));
+        ff[i].nolo = fac[i];
+        ff[i].nohi = fac[i] != NULL ? fac[i] + x->f.n_nolo : NULL;
+        if (!x->t || !x->rcm || !fac[i]) st = fac[i] ? OOM() : ct_set_error(CT_EINVAL,
+                                                 "optimizer: factored block %lld has no factor buffer",
+                                                 (long long)i);
+    }
+    if (st == CT_OK) {
+        e.fb[k] = fb;
+        e.c.fac[k] = ff;
+        factored_combine(&e, k);
+    }
+    for (int64_t i = 0; fb != NULL && i < nb; i++) {
+        free(fb[i].t);
+        free(fb[i].rcm);
+    }
+    free(fb);
+    free(ff);
+    free(e.blk);
+    free(e.leaf_next);
+    free(e.leaf_head);
+    return st;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -50,9 +50,10 @@
  * launch per device and pass (csrc/backend/cuda/cuda_optim.cu) with the
  * per-element math of ct_optim_math.h; GLOBAL_NORM's norm stays on the
  * devices, FINITE_GATE and the per-leaf reductions (TRUST_RATIO, BLOCK_RMS,
- * PARAM_RMS) combine on the host (one round trip each), and a step with
- * FACTORED runs through host staging and this file's CPU driver (see
- * ct_optim_device.c). A step mixing CPU and GPU groups is refused.
+ * PARAM_RMS) combine on the host (one round trip each), and FACTORED's
+ * statistics come to the host, where the CPU driver's combine step makes the
+ * factors the later passes multiply in (see ct_optim_device.c). A step mixing
+ * CPU and GPU groups is refused.
  *
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step
@@ -189,6 +190,17 @@ typedef struct ct_opt_pass {
     const int *group_dev;          /* the step's device ids, in group order */
     double *blk_acc;               /* reduce = 3: per-block sums (out) */
     const float *blk_f;            /* per-block factors of per-leaf stages (NULL: none yet) */
+    /* Adafactor (FACTORED stage fstage, at most one per step; -1: none). reduce = 4 is its
+     * statistics pass (upto = fstage): for each block i with fstat[i] != NULL (factored,
+     * active, counting), fstat[i] (host, n_nolo + n_nohi doubles) receives the sums of
+     * (u^2 + eps) for the u entering the stage, over the lower factored dim then over the
+     * higher (ct_om_fg's layouts); the pass waits. Later passes multiply element i of block
+     * i's u by its factors ffac[i] (device memory, n_nolo + n_nohi floats,
+     * ct_om_factored_apply); blocks with ffac[i] == NULL (leaves that are not factored)
+     * take the elementwise update (state slot 3, ct_om_stage). */
+    int fstage;
+    double *const *fstat;
+    const float *const *ffac;
 } ct_opt_pass;
 
 /* The factor of a per-leaf stage (TRUST_RATIO, BLOCK_RMS: the divisor, PARAM_RMS) for a leaf
@@ -211,10 +223,21 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
                         int ngroups, int nleaves);
 
 /* ct_optim_step for groups on GPU devices (ct_optim_device.c): the stages
- * and blocks were checked by ct_optim_step. Elementwise stages, GLOBAL_NORM
- * and FINITE_GATE only. */
+ * and blocks were checked by ct_optim_step. */
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                                int ngroups);
+
+/* For GPU drivers: FACTORED stage k of a step from statistics computed elsewhere (the CPU
+ * driver's own combine step). blocks: the step's nb blocks in global order (group after group)
+ * as host views: geom, n, active, counts and leaf as in the step, slot[o] and slot[o + 1]
+ * (o: stage k's first slot) host copies of v_row and v_col, updated in place. stat[i], for
+ * each block that counts and is factored and active: its statistics of (u^2 + eps) for the u
+ * entering stage k, n_nolo sums over the lower factored dim followed by n_nohi sums over the
+ * higher one (ct_om_fgeom's sizes). fac[i], for each factored active block: n_nolo + n_nohi
+ * floats out, the factors in the same two layouts (ct_om_factored_apply reads them). */
+ct_status ct_opt_factored_combine(const ct_opt_stage *stages, int nstages, int k,
+                                  const ct_opt_block *blocks, int64_t nb, int nleaves,
+                                  double *const *stat, float *const *fac);
 
 /* Plain scalar reference of one fused step on one block (no chunking, no
  * threads, double-free of clever tricks): for tests of the fast driver. Only

@@ -29,14 +29,26 @@
  *       over the devices (group order, block order), the leaf's factor is
  *       ct_opt_leaf_factor's (as on CPU), and later passes get one factor per
  *       block (blk_f);
- * Kinds with no GPU pass (adafactor's FACTORED second moments) run the whole
- * step through host staging instead: every array of every block is copied to
- * host memory, the CPU driver runs the step there, and what it wrote (params
- * or updates, state) is copied back. Correct (the CPU driver's results) but
- * bound by the copies; allocated before anything is written.
+ *   adafactor's FACTORED stage k (one per step): a read-only pass per device
+ *       (reduce = 4) returns each counting factored block's statistics of
+ *       (u^2 + eps), summed over each factored dim (a host round trip); v_row
+ *       and v_col of every factored block come to the host (small: one row or
+ *       column per block), the CPU driver's own combine step
+ *       (ct_opt_factored_combine: sums over the blocks sharing a statistic, new
+ *       v_row / v_col, row and column factors) runs there, and v_row / v_col
+ *       and the factors go back to the devices; later passes multiply each
+ *       element by its factors (ct_opt_pass.ffac). Factor buffers are allocated
+ *       on the devices before any pass.
+ * A step with two FACTORED stages, or on a backend without these passes
+ * (optim_factored = 0), or with CTRAINSTATE_STAGE_FACTORED=1, runs whole
+ * through host staging instead: every array of every block is copied to host
+ * memory, the CPU driver runs the step there, and what it wrote (params or
+ * updates, state) is copied back. Correct (the CPU driver's results) but bound
+ * by the copies; allocated before anything is written.
  * So a chain without reductions costs one launch per device and no sync; a
  * clip_by_global_norm chain one extra read of g per device and no sync either;
- * apply_if_finite one sync. A device-resident norm is not read back:
+ * apply_if_finite one sync; adafactor (defaults) three: its statistics, the
+ * block RMS clip and the parameter scale (per-leaf sums). A device-resident norm is not read back:
  * stages[k].result is NaN for it.
  */
 #include <math.h>
@@ -141,6 +153,88 @@ static int gpu_kind(int kind) {
            kind == CT_OPT_FINITE_GATE;
 }
 
+/* Buffers of adafactor's FACTORED stage on GPU devices (one stage per step), per block in
+ * global order; allocated before any pass, so a failed allocation changes nothing. */
+typedef struct {
+    int k;                 /* the stage, -1: none */
+    int64_t nb;
+    ct_opt_block *hb;      /* host views of the blocks: slot[o], slot[o+1] -> vrow, vcol */
+    const ct_opt_block **db; /* the blocks themselves */
+    ct_device **dev;       /* each block's device */
+    double **stat;         /* statistics (blocks that count), host */
+    float **fac;           /* factors, host */
+    float **vrow, **vcol;  /* host copies of v_row / v_col */
+    float **dfac;          /* factors on the block's device */
+    size_t *dfac_bytes;
+} fact_bufs;
+
+static void free_fact_bufs(fact_bufs *fb) {
+    for (int64_t i = 0; i < fb->nb; i++) {
+        if (fb->stat) free(fb->stat[i]);
+        if (fb->fac) free(fb->fac[i]);
+        if (fb->vrow) free(fb->vrow[i]);
+        if (fb->vcol) free(fb->vcol[i]);
+        if (fb->dfac && fb->dfac[i]) ct_device_free(fb->dev[i], fb->dfac[i], fb->dfac_bytes[i]);
+    }
+    free(fb->hb);
+    free(fb->db);
+    free(fb->dev);
+    free(fb->stat);
+    free(fb->fac);
+    free(fb->vrow);
+    free(fb->vcol);
+    free(fb->dfac);
+    free(fb->dfac_bytes);
+    memset(fb, 0, sizeof *fb);
+    fb->k = -1;
+}
+
+static ct_status init_fact_bufs(fact_bufs *fb, int k, int slot_off, const ct_opt_group *groups,
+                                int ngroups) {
+    int64_t nb = 0;
+    for (int gi = 0; gi < ngroups; gi++) nb += groups[gi].nblocks;
+    const size_t n = (size_t)(nb > 0 ? nb : 1);
+    fb->k = k;
+    fb->nb = nb;
+    fb->hb = calloc(n, sizeof *fb->hb);
+    fb->db = calloc(n, sizeof *fb->db);
+    fb->dev = calloc(n, sizeof *fb->dev);
+    fb->stat = calloc(n, sizeof *fb->stat);
+    fb->fac = calloc(n, sizeof *fb->fac);
+    fb->vrow = calloc(n, sizeof *fb->vrow);
+    fb->vcol = calloc(n, sizeof *fb->vcol);
+    fb->dfac = calloc(n, sizeof *fb->dfac);
+    fb->dfac_bytes = calloc(n, sizeof *fb->dfac_bytes);
+    if (!fb->hb || !fb->db || !fb->dev || !fb->stat || !fb->fac || !fb->vrow || !fb->vcol ||
+        !fb->dfac || !fb->dfac_bytes)
+        return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+    int64_t i = 0;
+    for (int gi = 0; gi < ngroups; gi++)
+        for (int j = 0; j < groups[gi].nblocks; j++, i++) {
+            const ct_opt_block *b = &groups[gi].blocks[j];
+            fb->db[i] = b;
+            fb->hb[i] = *b;
+            fb->dev[i] = groups[gi].dev;
+            if (b->n == 0 || !((b->active >> k) & 1u) || b->geom.ndim == 0) continue;
+            const ct_om_fg f = ct_om_fgeom(&b->geom);
+            const size_t ns = (size_t)(f.n_nolo + f.n_nohi);
+            if (b->counts && (fb->stat[i] = calloc(ns, sizeof(double))) == NULL)
+                return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+            fb->fac[i] = malloc(ns * sizeof(float));
+            fb->vrow[i] = malloc((size_t)(b->slot_n[slot_off] > 0 ? b->slot_n[slot_off] : 1) * sizeof(float));
+            fb->vcol[i] = malloc((size_t)(b->slot_n[slot_off + 1] > 0 ? b->slot_n[slot_off + 1] : 1) * sizeof(float));
+            if (!fb->fac[i] || !fb->vrow[i] || !fb->vcol[i])
+                return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+            fb->hb[i].slot[slot_off] = fb->vrow[i];
+            fb->hb[i].slot[slot_off + 1] = fb->vcol[i];
+            fb->dfac_bytes[i] = ns * sizeof(float);
+            void *d = NULL;
+            CT_TRY(ct_device_alloc(groups[gi].dev, fb->dfac_bytes[i], &d));
+            fb->dfac[i] = d;
+        }
+    return CT_OK;
+}
+
 /* Host buffers of the per-leaf reductions of one step. */
 typedef struct {
     double *acc;   /* per block (all groups, group order): sum u^2, sum p^2, non-finite */
@@ -157,14 +251,30 @@ static void free_leaf_bufs(leaf_bufs *lb) {
 }
 
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                             int ngroups, int nleaves, leaf_bufs *lb);
+                             int ngroups, int nleaves, leaf_bufs *lb, fact_bufs *fb);
 static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *groups,
-                             int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps);
+                             int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps,
+                             float *const *ffac);
 
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                                int ngroups) {
-    int staged = 0;
-    for (int k = 0; k < nstages; k++) staged |= !gpu_kind(stages[k].kind);
+    /* FACTORED runs on the devices when every backend has the passes and the step has one
+     * such stage; otherwise (and for kinds with no GPU pass at all) the step is staged */
+    int staged = 0, nfact = 0, kfact = -1, fact_ok = 1;
+    const char *force = getenv("CTRAINSTATE_STAGE_FACTORED"); /* debugging: the host path */
+    if (force != NULL && *force != '\0' && strcmp(force, "0") != 0) fact_ok = 0;
+    for (int gi = 0; gi < ngroups; gi++)
+        fact_ok &= groups[gi].dev != NULL && groups[gi].dev->backend != NULL &&
+                   groups[gi].dev->backend->optim_factored;
+    for (int k = 0; k < nstages; k++) {
+        if (stages[k].kind == CT_OPT_FACTORED) {
+            nfact++;
+            kfact = k;
+            continue;
+        }
+        staged |= !gpu_kind(stages[k].kind);
+    }
+    staged |= nfact > 1 || (nfact == 1 && !fact_ok);
     for (int gi = 0; gi < ngroups; gi++) {
         const ct_device *d = groups[gi].dev;
         if (d == NULL || d->backend == NULL ||
@@ -200,26 +310,48 @@ ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_g
             return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
         }
     }
+    fact_bufs fb;
+    memset(&fb, 0, sizeof fb);
+    fb.k = -1;
+    if (kfact >= 0) {
+        int off = 0;
+        for (int k = 0; k < kfact; k++) off += ct_opt_kind_nslots(stages[k].kind);
+        ct_status st = init_fact_bufs(&fb, kfact, off, groups, ngroups);
+        if (st != CT_OK) {
+            free_fact_bufs(&fb);
+            free_leaf_bufs(&lb);
+            return st;
+        }
+    }
     pthread_mutex_lock(&step_mu);
-    ct_status st = step_locked(stages, nstages, groups, ngroups, nleaves, &lb);
+    ct_status st = step_locked(stages, nstages, groups, ngroups, nleaves, &lb, &fb);
     pthread_mutex_unlock(&step_mu);
+    free_fact_bufs(&fb); /* device buffers: freed in stream order after the passes */
     free_leaf_bufs(&lb);
     return st;
 }
 
+/* Adafactor's FACTORED stage k: every device's statistics (reduce = 4, a host round trip),
+ * v_row / v_col through the host, the CPU driver's combine step, then v_row / v_col and the
+ * factors back onto the devices; later passes multiply by the factors (ps->ffac). */
+static ct_status factored_device(ct_opt_stage *stages, int nstages, int k,
+                                 const ct_opt_group *groups, int ngroups, int nleaves,
+                                 const leaf_bufs *lb, fact_bufs *fb, ct_opt_pass *ps);
+
+static void set_group(ct_opt_pass *ps, const ct_opt_group *groups, int gi, const leaf_bufs *lb,
+                      float *const *ffac, double *const *fstat);
+
 /* The per-leaf reduction of stage k: per-block sums from every device (reduce = 3), per-leaf
  * sums and factors, then every block's factor for later passes. */
 static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *groups,
-                             int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps) {
+                             int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps,
+                             float *const *ffac) {
     ps->upto = k;
     ps->reduce = 3;
     int64_t base = 0;
     for (int gi = 0; gi < ngroups; gi++) {
-        ps->blocks = groups[gi].blocks;
-        ps->nblocks = groups[gi].nblocks;
-        ps->igroup = gi;
+        set_group(ps, groups, gi, lb, ffac, NULL);
         ps->blk_acc = lb->acc + 3 * base;
-        ps->blk_f = lb->f + CT_OPT_MAX_STAGES * base;
         CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, NULL));
         base += groups[gi].nblocks;
     }
@@ -262,18 +394,68 @@ static const float *group_f(const leaf_bufs *lb, const ct_opt_group *groups, int
     return lb->f + (size_t)CT_OPT_MAX_STAGES * (size_t)base;
 }
 
-/* Pass *ps (its mode set by the caller) over group gi's blocks. */
-static ct_status run_pass(ct_opt_pass *ps, const ct_opt_group *groups, int gi,
-                          const leaf_bufs *lb, double *acc) {
+/* Point *ps at group gi's blocks (and their slices of the step's per-block arrays: per-leaf
+ * factors, adafactor factors `ffac` once computed, statistics `fstat` for its reduce pass). */
+static void set_group(ct_opt_pass *ps, const ct_opt_group *groups, int gi, const leaf_bufs *lb,
+                      float *const *ffac, double *const *fstat) {
+    int64_t base = 0;
+    for (int j = 0; j < gi; j++) base += groups[j].nblocks;
     ps->blocks = groups[gi].blocks;
     ps->nblocks = groups[gi].nblocks;
     ps->igroup = gi;
     ps->blk_f = group_f(lb, groups, gi);
+    ps->ffac = ffac ? (const float *const *)(ffac + base) : NULL;
+    ps->fstat = fstat ? fstat + base : NULL;
+}
+
+/* Pass *ps (its mode set by the caller) over group gi's blocks. */
+static ct_status run_pass(ct_opt_pass *ps, const ct_opt_group *groups, int gi,
+                          const leaf_bufs *lb, float *const *ffac, double *acc) {
+    set_group(ps, groups, gi, lb, ffac, NULL);
     return groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, acc);
 }
 
+static ct_status factored_device(ct_opt_stage *stages, int nstages, int k,
+                                 const ct_opt_group *groups, int ngroups, int nleaves,
+                                 const leaf_bufs *lb, fact_bufs *fb, ct_opt_pass *ps) {
+    const int o = ps->slot_off[k];
+    ps->upto = k;
+    ps->reduce = 4;
+    for (int gi = 0; gi < ngroups; gi++) {
+        set_group(ps, groups, gi, lb, NULL, fb->stat);
+        CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, NULL));
+    }
+    ps->fstat = NULL;
+    const int64_t stride = (int64_t)sizeof(float);
+    for (int64_t i = 0; i < fb->nb; i++) { /* v_row, v_col to the host */
+        if (fb->fac[i] == NULL) continue;
+        const ct_opt_block *b = fb->db[i];
+        ct_device *d = fb->dev[i];
+        int64_t nr = b->slot_n[o], nc = b->slot_n[o + 1];
+        CT_TRY(d->backend->copy_block(NULL, d, 1, &nr, sizeof(float), fb->vrow[i], &stride,
+                                      b->slot[o], &stride));
+        CT_TRY(d->backend->copy_block(NULL, d, 1, &nc, sizeof(float), fb->vcol[i], &stride,
+                                      b->slot[o + 1], &stride));
+    }
+    CT_TRY(ct_opt_factored_combine(stages, nstages, k, fb->hb, fb->nb, nleaves, fb->stat, fb->fac));
+    for (int64_t i = 0; i < fb->nb; i++) { /* new v_row, v_col and the factors back */
+        if (fb->fac[i] == NULL) continue;
+        const ct_opt_block *b = fb->db[i];
+        ct_device *d = fb->dev[i];
+        int64_t nr = b->slot_n[o], nc = b->slot_n[o + 1];
+        int64_t nf = (int64_t)(fb->dfac_bytes[i] / sizeof(float));
+        CT_TRY(d->backend->copy_block(d, NULL, 1, &nr, sizeof(float), b->slot[o], &stride,
+                                      fb->vrow[i], &stride));
+        CT_TRY(d->backend->copy_block(d, NULL, 1, &nc, sizeof(float), b->slot[o + 1], &stride,
+                                      fb->vcol[i], &stride));
+        CT_TRY(d->backend->copy_block(d, NULL, 1, &nf, sizeof(float), fb->dfac[i], &stride,
+                                      fb->fac[i], &stride));
+    }
+    return CT_OK;
+}
+
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                             int ngroups, int nleaves, leaf_bufs *lb) {
+                             int ngroups, int nleaves, leaf_bufs *lb, fact_bufs *fb) {
     int group_dev[CT_MAX_DEVICES];
     for (int gi = 0; gi < ngroups; gi++) group_dev[gi] = groups[gi].dev->id;
     const int device_norms = !host_norm();
@@ -282,6 +464,8 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
     ps.nstages = nstages;
     ps.ngroup = ngroups;
     ps.group_dev = group_dev;
+    ps.fstage = fb->k;
+    float *const *ffac = NULL; /* the factored stage's factors, once computed */
     for (int k = 0, off = 0; k < nstages; k++) {
         ps.kind[k] = stages[k].kind;
         ps.slot_off[k] = off;
@@ -293,14 +477,19 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
         const int kind = stages[k].kind;
         if ((ps.skip >> k) & 1u) continue;
         if (ct_om_is_leafwise(kind)) {
-            CT_TRY(leaf_reduce(stages, k, groups, ngroups, nleaves, lb, &ps));
+            CT_TRY(leaf_reduce(stages, k, groups, ngroups, nleaves, lb, &ps, ffac));
+            continue;
+        }
+        if (kind == CT_OPT_FACTORED) {
+            CT_TRY(factored_device(stages, nstages, k, groups, ngroups, nleaves, lb, fb, &ps));
+            ffac = fb->dfac;
             continue;
         }
         if (kind != CT_OPT_GLOBAL_NORM && kind != CT_OPT_FINITE_GATE) continue;
         ps.upto = k;
         if (kind == CT_OPT_GLOBAL_NORM && device_norms) {
             ps.reduce = 2;
-            for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, NULL));
+            for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, ffac, NULL));
             ps.c[k][0] = 0.0f; /* filled in by each later pass from the devices' sums */
             ps.c[k][1] = 0.0f;
             ps.c[k][2] = (float)stages[k].s[0];
@@ -312,7 +501,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
         double ss = 0.0, bad = 0.0;
         for (int gi = 0; gi < ngroups; gi++) {
             double acc[2] = {0.0, 0.0};
-            CT_TRY(run_pass(&ps, groups, gi, lb, acc));
+            CT_TRY(run_pass(&ps, groups, gi, lb, ffac, acc));
             ss += acc[0];
             bad += acc[1];
         }
@@ -331,6 +520,6 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
     }
     ps.upto = nstages;
     ps.reduce = 0;
-    for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, NULL));
+    for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, ffac, NULL));
     return CT_OK;
 }

@@ -88,8 +88,50 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
         c[0] = (float)s[0]; c[1] = s[1] != 0.0 ? 1.0f : 0.0f; c[2] = s[2] != 0.0 ? 1.0f : 0.0f;
         break;
     case CT_OPT_EMA: c[0] = (float)s[0]; c[1] = (float)s[1]; break;
+    case CT_OPT_FACTORED: /* decay_rate_t eps 1-decay_rate_t (unfactored leaves) */
+        c[0] = (float)s[0]; c[1] = (float)s[1]; c[2] = 1.0f - c[0];
+        break;
     default: break;
     }
+}
+
+/* Adafactor's factored blocks (FACTORED), row-major, viewed as (P, Slo, M, Shi, Q): lo/hi
+ * are the two factored dims in axis order. A line is one (p, a, m): L = Shi*Q contiguous
+ * elements. The statistic summed over lo has n_nolo = P*M*L entries, the one summed over hi
+ * n_nohi = P*Slo*M*Q; the factors use the same two layouts. d0lo: optax's d0 (the row
+ * factor's dim) is lo. */
+typedef struct {
+    int64_t L, Q, Slo, Shi, M, n_nolo, n_nohi;
+    int d0lo;
+} ct_om_fg;
+
+CT_HD static inline ct_om_fg ct_om_fgeom(const ct_opt_geom *g) {
+    ct_om_fg f;
+    const int lo = g->d0 < g->d1 ? g->d0 : g->d1, hi = g->d0 < g->d1 ? g->d1 : g->d0;
+    int64_t P = 1, M = 1, Q = 1;
+    for (int d = 0; d < lo; d++) P *= g->bshape[d];
+    for (int d = lo + 1; d < hi; d++) M *= g->bshape[d];
+    for (int d = hi + 1; d < g->ndim; d++) Q *= g->bshape[d];
+    f.Slo = g->bshape[lo];
+    f.Shi = g->bshape[hi];
+    f.M = M;
+    f.Q = Q;
+    f.L = f.Shi * Q;
+    f.n_nolo = P * M * f.L;
+    f.n_nohi = P * f.Slo * M * Q;
+    f.d0lo = g->d0 == lo;
+    return f;
+}
+
+/* Element i of a factored block times its row and column factors, in optax's order (as the
+ * CPU driver's st_factored). */
+CT_HD static inline float ct_om_factored_apply(const ct_om_fg *f, const float *flo,
+                                               const float *fhi, int64_t i, float u) {
+    const int64_t line = i / f->L, j = i % f->L;
+    const int64_t p = line / (f->Slo * f->M), m = line % f->M;
+    const float lo = flo[(p * f->M + m) * f->L + j];
+    const float hi = f->Q == 1 ? fhi[line] : fhi[line * f->Q + j % f->Q];
+    return f->d0lo ? (u * lo) * hi : (u * hi) * lo;
 }
 
 /* GLOBAL_NORM after its reduction: u = (u / norm) * max_norm when clipping. */
@@ -195,6 +237,11 @@ CT_HD static inline float ct_om_stage(int kind, const float *c, float u, float p
         float ei = (1.0f - c[0]) * g + c[0] * *a;
         if (w) *a = ei;
         return ei / c[1];
+    }
+    case CT_OPT_FACTORED: { /* a leaf that is not factored (as the CPU's st_unfactored) */
+        float vi = c[0] * *d + c[2] * (g * g + c[1]);
+        if (w) *d = vi;
+        return g * (1.0f / sqrtf(vi));
     }
     case CT_OPT_GLOBAL_NORM: return c[0] != 0.0f ? (u / c[1]) * c[2] : u;
     case CT_OPT_FINITE_GATE: return c[0] != 0.0f ? 0.0f : u;

@@ -197,6 +197,10 @@ class Array(OperatorsMixin):
     def __dlpack_device__(self):
         return self._single_buffer().__dlpack_device__()
 
+    def devices(self) -> set:
+        """The devices holding a shard (``jax.Array.devices()``)."""
+        return {d for d, _, _, _ in self._blocks}
+
     def block_until_ready(self) -> "Array":
         self._check_alive()
         for dev in {d for d, _, _, _ in self._blocks}:
@@ -291,13 +295,33 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     :class:`Device`, or None — replicated over the active mesh, else the first
     device (an Array with ``sharding=None`` is returned as is). An Array with a
     new sharding is resharded device to device; each device allocates only its
-    block. Pytrees are placed leaf by leaf.
+    block. Pytrees are placed leaf by leaf; as in ``jax.device_put``, ``sharding``
+    may also be a pytree of shardings that is a prefix of ``x``'s (one sharding per
+    leaf, or per subtree).
 
     >>> import numpy as np, ctrainstate as cts
     >>> a = cts.device_put(np.ones((4, 2), np.float32))
     >>> [s.index for s in a.addressable_shards]
     [(slice(0, 4, None), slice(0, 2, None))]
+    >>> d = cts.devices()[0]
+    >>> t = cts.device_put({"a": np.zeros(2), "b": [np.ones(3), 1.0]}, {"a": d, "b": d})
+    >>> t["b"][0].shape, t["a"].devices() == {d}
+    ((3,), True)
     """
+    if sharding is not None and not isinstance(sharding, (Sharding, Device)):
+        from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
+        if not isinstance(sharding, (list, tuple, dict)) and not hasattr(sharding, "__dict__"):
+            raise TypeError(f"device_put: expected a NamedSharding, SingleDeviceSharding, Device "
+                            f"or a pytree of them, got {type(sharding).__name__}")
+        s_leaves, s_td = tree_flatten(
+            sharding, is_leaf=lambda v: v is None or isinstance(v, (Sharding, Device)))
+        for v in s_leaves:
+            if v is not None and not isinstance(v, (Sharding, Device)):
+                raise TypeError(f"device_put: a sharding tree holds a {type(v).__name__}, "
+                                f"not a sharding or device")
+        subtrees = _flatten_up_to(s_td, x)  # x's subtrees at the sharding tree's leaves
+        return tree_unflatten(s_td, [device_put(xs, sv, may_alias=may_alias, donate=donate)
+                                     for xs, sv in zip(subtrees, s_leaves)])
     from ._abstract import ShapeDtypeStruct, is_abstract
     if isinstance(x, ShapeDtypeStruct) or (is_abstract() and isinstance(
             x, (Array, np.ndarray, np.generic, int, float, bool))):

@@ -196,6 +196,20 @@ static void readonly_form(void) {
 // driver's order of passes, cross-device sums, gate skipping and errors are
 // checked here, against the CPU driver, without a GPU.
 
+/* ct_optim_device.c allocates adafactor's factor buffers with ct_device_alloc (ct_device.c is
+ * not linked here); the fake backend has no factored passes (optim_factored = 0: adafactor is
+ * staged), so these only satisfy the linker. */
+ct_status ct_device_alloc(ct_device *dev, size_t nbytes, void **out) {
+    (void)dev;
+    *out = malloc(nbytes ? nbytes : 1);
+    return *out != NULL ? CT_OK : CT_EOOM;
+}
+void ct_device_free(ct_device *dev, void *ptr, size_t nbytes) {
+    (void)dev;
+    (void)nbytes;
+    free(ptr);
+}
+
 static int fake_calls = 0, fake_board_writes = 0;
 static double fake_board[CT_OPT_MAX_STAGES][64]; /* cuda_optim.cu's norm board */
 static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, double *acc) {

@@ -363,6 +363,7 @@ static ct_status m_random(ct_device *dev, uint32_t k0, uint32_t k1, const ct_ran
 static const ct_backend g_mock = {
     "cuda", CT_PLATFORM_GPU, m_alloc, m_free, m_copy, m_sync, m_init,
     m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_optim, m_random,
+    0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }
 

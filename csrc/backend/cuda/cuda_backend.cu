@@ -315,6 +315,7 @@ static const ct_backend g_cuda_backend = {
     /* allreduce_sum */ ct_cuda_allreduce_sum,
     /* optim_pass */ ct_cuda_optim_pass,
     /* random_fill */ ct_cuda_random_fill,
+    /* optim_factored */ 1,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

@@ -37,6 +37,13 @@
  * steps reuse), so no pass still reading the board of an earlier step sees it
  * change.
  *
+ * Adafactor (FACTORED): its statistics pass (reduce = 4) runs two kernels per
+ * factored block, one thread per statistic entry summing (u^2 + eps) along one
+ * factored dim in order (in double), and copies them to the host (the pass
+ * waits); later passes multiply each element of a factored block by its row
+ * and column factors (ct_om_factored_apply: device buffers the core filled),
+ * and leaves that are not factored take the elementwise update of their v.
+ *
  * The descriptor table, CTA partials and their pinned host mirrors are
  * allocated with cudaMalloc / cudaMallocHost outside the per-device
  * accounting (a few KB per device, kept for the process' life).
@@ -72,6 +79,10 @@ struct opt_desc {
     int need_p;       /* p is read (DECAY, or p += u, or a per-leaf sum of p^2) */
     int pad;
     float f[CT_OPT_MAX_STAGES]; /* per-leaf stages: this block's factor (ct_om_leaf_apply) */
+    /* adafactor (the step's FACTORED stage): the block's geometry if it is factored, and
+     * once computed its row / column factors (device memory; NULL: not factored, or not yet) */
+    const float *flo, *fhi;
+    ct_om_fg fg;
 };
 
 struct opt_params {
@@ -134,11 +145,10 @@ __device__ __forceinline__ void st(float *x, const float *v) {
 
 /* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate; C: the
  * stages' fp32 constants (P.c with the device-resident norms filled in). */
+/* u (and p) of elements [e, e+L) of block d after stages [0, upto); state written unless RED. */
 template <int L, bool RED>
-__device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[CT_OM_NC],
-                                          const opt_desc *d, long long e, double &ss,
-                                          double &bad, double &pp) {
-    float u[L], p[L];
+__device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[CT_OM_NC],
+                                          const opt_desc *d, long long e, float *u, float *p) {
     ld<L>(d->g + e, u);
 #pragma unroll
     for (int j = 0; j < L; j++) p[j] = 0.0f;
@@ -151,25 +161,40 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[
             for (int j = 0; j < L; j++) u[j] = ct_om_leaf_apply(kind, d->f[k], u[j]);
             continue;
         }
-        const int ns = ct_om_nslots(kind);
+        if (kind == CT_OPT_FACTORED && d->flo != nullptr) { /* a factored block */
+#pragma unroll
+            for (int j = 0; j < L; j++) u[j] = ct_om_factored_apply(&d->fg, d->flo, d->fhi, e + j, u[j]);
+            continue;
+        }
+        /* FACTORED on a leaf that is not factored: only its third slot (v) is per element */
+        const int ns = ct_om_nslots(kind), s0 = kind == CT_OPT_FACTORED ? 2 : 0;
         float a[L], b[L], x[L];
 #pragma unroll
         for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
-        float *sa = ns > 0 ? d->slot[P.slot_off[k]] + e : nullptr;
-        float *sb = ns > 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
+        float *sa = ns > 0 && s0 <= 0 ? d->slot[P.slot_off[k]] + e : nullptr;
+        float *sb = ns > 1 && s0 <= 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
         float *sx = ns > 2 ? d->slot[P.slot_off[k] + 2] + e : nullptr;
-        if (ns > 0) ld<L>(sa, a);
-        if (ns > 1) ld<L>(sb, b);
-        if (ns > 2) ld<L>(sx, x);
+        if (sa) ld<L>(sa, a);
+        if (sb) ld<L>(sb, b);
+        if (sx) ld<L>(sx, x);
 #pragma unroll
         for (int j = 0; j < L; j++)
             u[j] = ct_om_stage(kind, C[k], u[j], p[j], &a[j], &b[j], &x[j], !RED);
         if (!RED) {
-            if (ns > 0) st<L>(sa, a);
-            if (ns > 1) st<L>(sb, b);
-            if (ns > 2) st<L>(sx, x);
+            if (sa) st<L>(sa, a);
+            if (sb) st<L>(sb, b);
+            if (sx) st<L>(sx, x);
         }
     }
+}
+
+/* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate. */
+template <int L, bool RED>
+__device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[CT_OM_NC],
+                                          const opt_desc *d, long long e, double &ss,
+                                          double &bad, double &pp) {
+    float u[L], p[L];
+    compute_u<L, RED>(P, C, d, e, u, p);
     if (RED) {
 #pragma unroll
         for (int j = 0; j < L; j++) {
@@ -186,10 +211,9 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[
     }
 }
 
-template <bool RED>
-__global__ void __launch_bounds__(OPT_TPB)
-opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
-    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+/* The stages' constants into shared memory C, device-resident norms filled in (every thread
+ * of the CTA calls it). */
+__device__ __forceinline__ void load_consts(const opt_params &P, float (*C)[CT_OM_NC]) {
     for (int i = threadIdx.x; i < CT_OPT_MAX_STAGES * CT_OM_NC; i += blockDim.x)
         C[i / CT_OM_NC][i % CT_OM_NC] = P.c[i / CT_OM_NC][i % CT_OM_NC];
     __syncthreads();
@@ -201,6 +225,13 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
         }
     }
     __syncthreads();
+}
+
+template <bool RED>
+__global__ void __launch_bounds__(OPT_TPB)
+opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
+    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+    load_consts(P, C);
     double ss = 0.0, bad = 0.0, pp = 0.0;
     for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
         int lo = 0, hi = P.nblocks - 1; /* the last block whose first tile is <= t */
@@ -251,6 +282,43 @@ __global__ void norm_to_board(const double *part, unsigned nparts, double *slot)
     for (unsigned i = 0; i < nparts; i++) sum += part[2 * i];
     *slot = sum;
     __threadfence_system();
+}
+
+/* Adafactor's statistics of descriptor j (reduce = 4), x = u^2 + eps for the u entering
+ * stage P.upto, summed in double: over the lower factored dim (what == 0: entry t of n_nolo,
+ * t = (p*M + m)*L + jj) or over the higher one (what == 1: entry t of n_nohi, t = line*Q + q).
+ * One thread per entry, the reduced dim in order. */
+__global__ void __launch_bounds__(OPT_TPB)
+fstat_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, int j,
+             int what, float eps, double *out) {
+    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+    load_consts(P, C);
+    const opt_desc *d = &D[j];
+    const ct_om_fg f = d->fg;
+    const long long n = what == 0 ? f.n_nolo : f.n_nohi;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n;
+         t += (long long)gridDim.x * blockDim.x) {
+        double sum = 0.0;
+        long long idx, step, cnt;
+        if (what == 0) { /* t = (p*M + m)*L + jj: elements ((p*Slo + a)*M + m)*L + jj */
+            const long long pm = t / f.L, jj = t % f.L, pp = pm / f.M, m = pm % f.M;
+            idx = ((pp * f.Slo) * f.M + m) * f.L + jj;
+            step = f.M * f.L;
+            cnt = f.Slo;
+        } else { /* t = line*Q + q: elements line*L + b*Q + q */
+            const long long line = t / f.Q, q = t % f.Q;
+            idx = line * f.L + q;
+            step = f.Q;
+            cnt = f.Shi;
+        }
+        for (long long a = 0; a < cnt; a++, idx += step) {
+            float u, p;
+            compute_u<1, true>(P, C, d, idx, &u, &p);
+            const float x = u * u + eps;
+            sum += (double)x;
+        }
+        out[t] = sum;
+    }
 }
 
 /* Per-leaf reductions: each descriptor's tile sums, in tile order, into out[3i..3i+2]
@@ -317,6 +385,8 @@ struct opt_cache {
     long long tiles_cap = 0;
     double *d_blk = nullptr, *h_blk = nullptr; /* and per descriptor (device, pinned host) */
     int blk_cap = 0;
+    double *d_fstat = nullptr;  /* adafactor statistics of one pass (device) */
+    long long fstat_cap = 0;
 };
 
 static opt_cache g_opt_cache[CT_MAX_DEVICES];
@@ -390,9 +460,15 @@ static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long 
     for (int i = 0; i < ps->nblocks; i++) {
         const ct_opt_block *b = &ps->blocks[i];
         if (b->n == 0 || (ps->reduce && !b->counts)) continue;
+        if (ps->reduce == 4 && (ps->fstat == nullptr || ps->fstat[i] == nullptr)) continue;
         src[m] = i;
         opt_desc &d = out[m++];
         memset(&d, 0, sizeof d);
+        if (b->geom.ndim > 0) d.fg = ct_om_fgeom(&b->geom);
+        if (ps->ffac != nullptr && ps->ffac[i] != nullptr) {
+            d.flo = ps->ffac[i];
+            d.fhi = ps->ffac[i] + d.fg.n_nolo;
+        }
         if (ps->blk_f != nullptr)
             for (int k = 0; k < CT_OPT_MAX_STAGES; k++)
                 d.f[k] = ps->blk_f[(size_t)i * CT_OPT_MAX_STAGES + k];
@@ -407,7 +483,9 @@ static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long 
         for (int k = 0; k < ps->upto; k++) {
             if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
             need_p |= ps->kind[k] == CT_OPT_DECAY;
-            for (int q = 0; q < ct_om_nslots(ps->kind[k]); q++) {
+            /* FACTORED: v_row / v_col are not per element; v only on leaves not factored */
+            const int q0 = ps->kind[k] == CT_OPT_FACTORED ? (b->geom.ndim > 0 ? 3 : 2) : 0;
+            for (int q = q0; q < ct_om_nslots(ps->kind[k]); q++) {
                 d.slot[ps->slot_off[k] + q] = b->slot[ps->slot_off[k] + q];
                 vec &= is_aligned(b->slot[ps->slot_off[k] + q]);
             }
@@ -521,6 +599,70 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     return CT_OK;
 }
 
+/* Adafactor's statistics pass (reduce = 4): two kernels per factored block (sums over each
+ * factored dim), one copy to the host (the pass waits), then ps->fstat[block]. */
+static ct_status fstat_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
+                            const opt_desc *table, int m, const int *src) {
+    cudaStream_t s = ct_cuda_stream(dev);
+    long long total = 0;
+    for (int j = 0; j < m; j++) {
+        const ct_om_fg f = ct_om_fgeom(&ps->blocks[src[j]].geom);
+        total += f.n_nolo + f.n_nohi;
+    }
+    if (m == 0 || total == 0) {
+        CT_CUDA_TRY(cudaEventRecord(cache->last, s));
+        return CT_OK;
+    }
+    if (total > cache->fstat_cap) {
+        if (cache->d_fstat != nullptr) {
+            CT_CUDA_TRY(cudaStreamSynchronize(s)); /* an earlier pass may still use it */
+            CT_CUDA_TRY(cudaFree(cache->d_fstat));
+            cache->d_fstat = nullptr;
+            cache->fstat_cap = 0;
+        }
+        CT_CUDA_TRY(cudaMalloc((void **)&cache->d_fstat, (size_t)total * sizeof(double)));
+        cache->fstat_cap = total;
+    }
+    double *host = (double *)malloc((size_t)total * sizeof(double));
+    if (host == nullptr)
+        return ct_cuda_core->set_error(CT_EOOM, "optimizer: out of host memory for %lld statistics",
+                                       total);
+    const float eps = P.c[ps->upto][1];
+    long long off = 0;
+    cudaError_t e = cudaSuccess;
+    for (int j = 0; j < m && e == cudaSuccess; j++) {
+        const ct_om_fg f = ct_om_fgeom(&ps->blocks[src[j]].geom);
+        for (int what = 0; what < 2 && e == cudaSuccess; what++) {
+            const long long n = what == 0 ? f.n_nolo : f.n_nohi;
+            long long grid = (n + OPT_TPB - 1) / OPT_TPB;
+            if (grid > 65535) grid = 65535;
+            if (grid < 1) grid = 1;
+            fstat_kernel<<<(unsigned)grid, OPT_TPB, 0, s>>>(P, table, j, what, eps,
+                                                            cache->d_fstat + off);
+            e = cudaGetLastError();
+            off += n;
+        }
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(host, cache->d_fstat, (size_t)total * sizeof(double),
+                            cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s); /* the host round trip of the statistics */
+    if (e == cudaSuccess) e = cudaEventRecord(cache->last, s);
+    if (e != cudaSuccess) {
+        free(host);
+        return ct_cuda_core->set_error(CT_EDEVICE, "CUDA error in the adafactor statistics: %s",
+                                       cudaGetErrorString(e));
+    }
+    off = 0;
+    for (int j = 0; j < m; j++) {
+        const ct_om_fg f = ct_om_fgeom(&ps->blocks[src[j]].geom);
+        memcpy(ps->fstat[src[j]], host + off, (size_t)(f.n_nolo + f.n_nohi) * sizeof(double));
+        off += f.n_nolo + f.n_nohi;
+    }
+    free(host);
+    return CT_OK;
+}
+
 // --- entry --------------------------------------------------------------------------------
 
 static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps,
@@ -596,6 +738,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
         P.normc = cache->d_normc;
     }
     if (ps->reduce == 3) return leaf_pass(dev, cache, ps, P, table, m, src);
+    if (ps->reduce == 4) return fstat_pass(dev, cache, ps, P, table, m, src);
     if (!ps->reduce) {
         if (ntiles > 0) {
             unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
@@ -650,7 +793,8 @@ extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const ct_opt_pass *ps, d
         return ct_cuda_core->set_error(CT_EINVAL, "optimizer: bad device id %d", dev->id);
     for (int k = 0; k < ps->upto; k++)
         if (!ct_om_is_elementwise(ps->kind[k]) && !ct_om_is_leafwise(ps->kind[k]) &&
-            ps->kind[k] != CT_OPT_GLOBAL_NORM && ps->kind[k] != CT_OPT_FINITE_GATE)
+            ps->kind[k] != CT_OPT_GLOBAL_NORM && ps->kind[k] != CT_OPT_FINITE_GATE &&
+            ps->kind[k] != CT_OPT_FACTORED)
             return ct_cuda_core->set_error(CT_EINVAL, "optimizer: stage %d (kind %d) is not "
                                            "supported on GPU devices yet", k, ps->kind[k]);
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));

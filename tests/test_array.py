@@ -280,3 +280,26 @@ def test_dlpack_with_jax_when_installed():
     a = cts.device_put(np.arange(5, dtype=np.float32))
     np.testing.assert_array_equal(np.asarray(jnp.from_dlpack(a)), np.arange(5))
     np.testing.assert_array_equal(np.asarray(cts.from_dlpack(jnp.arange(3.0))), [0, 1, 2])
+
+
+def test_device_put_with_a_pytree_of_shardings():
+    """As jax.device_put: the sharding argument may be a pytree prefix of x's."""
+    if cts.device_count() < 4:
+        pytest.skip("needs 4 CPU devices")
+    mesh = cts.make_mesh((2, 2), ("x", "y"))
+    rng = np.random.default_rng(0)
+    x = {"w": rng.standard_normal((4, 6)).astype(np.float32),
+         "sub": {"a": np.arange(8, dtype=np.float32), "b": np.ones((2, 2), np.float32)}}
+    sh = {"w": NamedSharding(mesh, P("x", "y")), "sub": NamedSharding(mesh, P())}
+    t = cts.device_put(x, sh)
+    assert t["w"].sharding == sh["w"] and t["sub"]["a"].sharding == sh["sub"]
+    assert t["sub"]["b"].sharding == sh["sub"]          # one sharding for a whole subtree
+    np.testing.assert_array_equal(np.asarray(t["w"]), x["w"])
+    assert [s.data.shape for s in t["w"].addressable_shards] == [(2, 3)] * 4
+    dev = cts.devices()[1]
+    t2 = cts.device_put(x, {"w": dev, "sub": {"a": None, "b": dev}})
+    assert t2["w"].devices() == {dev} and t2["sub"]["b"].devices() == {dev}
+    with pytest.raises(ValueError, match="tree structure mismatch"):
+        cts.device_put(x, {"w": dev, "other": dev})
+    with pytest.raises(TypeError, match="not a sharding or device"):
+        cts.device_put(x, {"w": dev, "sub": "x"})

@@ -581,6 +581,50 @@ def test_optim_step_needs_no_host_sync(name):
     assert counts and all(int(np.asarray(c)) in (0, 1, 2, 6) for c in counts)
 
 
+def _emu_launches(part):
+    """Kernel launches so far from launch sites in files matching `part`, on the emulated CUDA
+    runtime of tools/cuda_emu.sh; None elsewhere."""
+    import ctypes
+    import os
+    path = os.environ.get("CTRAINSTATE_CUDA_BACKEND")
+    lib = ctypes.CDLL(path) if path else None
+    if lib is None or not hasattr(lib, "cuda_emu_launches"):
+        return None
+    lib.cuda_emu_launches.restype = ctypes.c_longlong
+    return lib.cuda_emu_launches(part.encode())
+
+
+# optimizer launches (cuda_optim.cu) per device and step: the fused pass, and for a
+# device-resident global norm its reduce pass, the sum onto the board and the fetch of the
+# norms before the fused pass
+_LAUNCHES_PER_DEVICE = {"adamw": 1, "multisteps_adamw": 1, "inject_adamw": 1, "clip_adamw": 4}
+
+
+@pytest.mark.parametrize("name", sorted(_LAUNCHES_PER_DEVICE))
+def test_optim_step_is_one_fused_launch_per_device(name):
+    """A steady-state step of an elementwise chain is one kernel launch per device over all
+    its leaves (counted by the emulated CUDA runtime, which runs the real launch code)."""
+    from ctrainstate.train_state import TrainState
+    if _emu_launches("cuda_optim.cu") is None:
+        pytest.skip("counts kernel launches only on the emulated CUDA runtime")
+    n = min(4, len(gpus()))
+    m = gpu_mesh((n,), ("x",))
+    rng = np.random.default_rng(0)
+    tree = _opt_tree(rng)
+    sh = {k: NamedSharding(m, P("x") if v.ndim and v.shape[0] % n == 0 else P())
+          for k, v in tree.items()}
+    params = cts.device_put(tree, sh)
+    g = cts.device_put({k: np.ones(v.shape, np.float32) for k, v in tree.items()}, sh)
+    s = TrainState.create(apply_fn=None, params=params, tx=_OPT_CASES[name]())
+    s = s.apply_gradients(grads=g)
+    before = _emu_launches("cuda_optim.cu")
+    steps = 3
+    for _ in range(steps):
+        s = s.apply_gradients(grads=g)
+    assert _emu_launches("cuda_optim.cu") - before == steps * n * _LAUNCHES_PER_DEVICE[name]
+    assert len(tree) > 1  # many leaves, still one launch
+
+
 @pytest.mark.parametrize("name", ["clip_adamw", "clip_sgd"])
 def test_device_norm_equals_host_norm(name, monkeypatch):
     """clip_by_global_norm with the norm kept on the devices (default) and with the host round

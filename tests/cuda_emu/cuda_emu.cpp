@@ -702,6 +702,8 @@ void ct_emu_syncthreads(void) {
 }
 
 namespace {
+std::map<const char *, long long> g_site_launches; /* launches per site (string literal) */
+
 /* Run a kernel (under g_mu: one at a time, so the static __shared__ arrays are its own). */
 void run_kernel(const std::function<void()> &body, int *site_mode, const char *site, dim3 grid,
                 dim3 block) {
@@ -752,7 +754,18 @@ void ct_emu_enqueue_kernel(std::function<void()> body, int *site_mode, const cha
         return;
     }
     auto b = std::make_shared<std::function<void()>>(std::move(body));
+    g_site_launches[site]++;
     enqueue(s, [b, site_mode, site, grid, block] { run_kernel(*b, site_mode, site, grid, block); });
+}
+
+/* Kernel launches so far from launch sites whose "file:line" contains `part` (tests: "one
+ * launch per device and step"). */
+extern "C" __attribute__((visibility("default"))) long long cuda_emu_launches(const char *part) {
+    Locked l;
+    long long n = 0;
+    for (const auto &kv : g_site_launches)
+        if (part == nullptr || strstr(kv.first, part) != nullptr) n += kv.second;
+    return n;
 }
 
 /* --- cuBLAS ------------------------------------------------------------------------------------- */

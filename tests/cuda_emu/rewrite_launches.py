@@ -15,31 +15,20 @@ import sys
 IDENT = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:")
 
 
-def _match_back(s, i, open_ch, close_ch):
-    """s[i] == close_ch: index of the matching open_ch, scanning backwards."""
+def _match(s, i, open_ch, close_ch, step):
+    """Index of the bracket matching s[i], scanning forwards (step 1, s[i] == open_ch) or
+    backwards (step -1, s[i] == close_ch)."""
     depth = 0
-    while i >= 0:
-        if s[i] == close_ch:
+    first, last = (open_ch, close_ch) if step == 1 else (close_ch, open_ch)
+    while 0 <= i < len(s):
+        if s[i] == first:
             depth += 1
-        elif s[i] == open_ch:
+        elif s[i] == last:
             depth -= 1
             if depth == 0:
                 return i
-        i -= 1
-    raise ValueError(f"unbalanced {close_ch!r}")
-
-
-def _match_fwd(s, i, open_ch, close_ch):
-    depth = 0
-    while i < len(s):
-        if s[i] == open_ch:
-            depth += 1
-        elif s[i] == close_ch:
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    raise ValueError(f"unbalanced {open_ch!r}")
+        i += step
+    raise ValueError(f"unbalanced {first!r}")
 
 
 def rewrite(src, path):
@@ -54,7 +43,7 @@ def rewrite(src, path):
         while j >= 0 and src[j].isspace():
             j -= 1
         if src[j] == ">":
-            j = _match_back(src, j, "<", ">") - 1
+            j = _match(src, j, "<", ">", -1) - 1
         start = j
         while start >= 0 and src[start] in IDENT:
             start -= 1
@@ -71,7 +60,7 @@ def rewrite(src, path):
             a += 1
         if src[a] != "(":
             raise SystemExit(f"{path}:{line}: expected ( after >>>")
-        b = _match_fwd(src, a, "(", ")")
+        b = _match(src, a, "(", ")", 1)
         c = b + 1
         while src[c].isspace():
             c += 1

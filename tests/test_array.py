@@ -299,6 +299,7 @@ def test_device_put_with_a_pytree_of_shardings():
     dev = cts.devices()[1]
     t2 = cts.device_put(x, {"w": dev, "sub": {"a": None, "b": dev}})
     assert t2["w"].devices() == {dev} and t2["sub"]["b"].devices() == {dev}
+    del t, t2
     with pytest.raises(ValueError, match="tree structure mismatch"):
         cts.device_put(x, {"w": dev, "other": dev})
     with pytest.raises(TypeError, match="not a sharding or device"):

@@ -43,6 +43,7 @@ def test_memory_stats_keys_and_accounting():
     stats = d.memory_stats()
     for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit"):
         assert isinstance(stats[k], int)
+    gc.collect()  # arrays other tests left in reference cycles must not be freed mid-test
     before = bytes_in_use()
     x = cts.device_put(np.zeros(1000, np.float32), d)
     after = bytes_in_use()

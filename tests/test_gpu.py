@@ -343,15 +343,16 @@ def test_optim_split_mesh_matches_cpu(name):
 
 
 _ADA_SHAPES = {"w2": (8, 12), "w2t": (6, 20), "w4": (3, 16, 5, 12), "wq": (10, 6, 4, 2),
-               "b": (5,), "s": (3, 3)}
+               "wl": (4, 520), "wt": (300, 6), "b": (5,), "s": (3, 3)}
 
 
 def _ada_layouts():
     """(mesh shape, axis names, spec per leaf): factored dims sharded or not, replicas."""
     return [((1,), ("x",), {}),
-            ((2,), ("x",), {"w2": P("x"), "w2t": P(None, "x"), "w4": P(None, "x"), "wq": P("x")}),
+            ((2,), ("x",), {"w2": P("x"), "w2t": P(None, "x"), "w4": P(None, "x"), "wq": P("x"),
+                            "wl": P(None, "x"), "wt": P("x")}),
             ((2, 2), ("x", "y"), {"w2": P("x", "y"), "w2t": P("y"), "w4": P(None, "x", None, "y"),
-                                  "wq": P("y", "x")})]
+                                  "wq": P("y", "x"), "wt": P(("x", "y"))})]
 
 
 def _ada_chains():

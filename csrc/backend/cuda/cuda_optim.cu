@@ -37,10 +37,10 @@
  * steps reuse), so no pass still reading the board of an earlier step sees it
  * change.
  *
- * Adafactor (FACTORED): its statistics pass (reduce = 4) runs two kernels per
- * factored block, one thread per statistic entry summing (u^2 + eps) along one
- * factored dim in order (in double), and copies them to the host (the pass
- * waits); later passes multiply each element of a factored block by its row
+ * Adafactor (FACTORED): its statistics pass (reduce = 4) sums (u^2 + eps) of
+ * each factored block along each factored dim in double, in a fixed order (the
+ * lower dim in segments added in order, a matrix's rows by one CTA each with a
+ * fixed tree), and copies them to the host (the pass waits); later passes multiply each element of a factored block by its row
  * and column factors (ct_om_factored_apply: device buffers the core filled),
  * and leaves that are not factored take the elementwise update of their v.
  *
@@ -284,39 +284,84 @@ __global__ void norm_to_board(const double *part, unsigned nparts, double *slot)
     __threadfence_system();
 }
 
-/* Adafactor's statistics of descriptor j (reduce = 4), x = u^2 + eps for the u entering
- * stage P.upto, summed in double: over the lower factored dim (what == 0: entry t of n_nolo,
- * t = (p*M + m)*L + jj) or over the higher one (what == 1: entry t of n_nohi, t = line*Q + q).
- * One thread per entry, the reduced dim in order. */
+/* Adafactor's statistics of descriptor j (reduce = 4): x = u^2 + eps for the u entering stage
+ * P.upto, summed in double along one factored dim, in a fixed order (run to run identical).
+ *
+ * Over the lower dim (entry t of n_nolo, t = (p*M + m)*L + jj; elements ((p*Slo + a)*M + m)*L
+ * + jj): the a range is cut into nseg segments so that there are enough threads; thread
+ * (seg, t), consecutive t in a warp (coalesced), sums its segment into part[seg*n_nolo + t];
+ * fstat_sum_segments then adds the segments in order. */
+__device__ __forceinline__ double fstat_x(const opt_params &P, const float (*C)[CT_OM_NC],
+                                          const opt_desc *d, long long idx, float eps) {
+    float u, p;
+    compute_u<1, true>(P, C, d, idx, &u, &p);
+    const float x = u * u + eps;
+    return (double)x;
+}
+
 __global__ void __launch_bounds__(OPT_TPB)
-fstat_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, int j,
-             int what, float eps, double *out) {
+fstat_lo_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, int j,
+                float eps, long long nseg, double *part) {
     __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
     load_consts(P, C);
     const opt_desc *d = &D[j];
     const ct_om_fg f = d->fg;
-    const long long n = what == 0 ? f.n_nolo : f.n_nohi;
+    const long long n = f.n_nolo;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n * nseg;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long seg = i / n, t = i % n;
+        const long long a0 = f.Slo * seg / nseg, a1 = f.Slo * (seg + 1) / nseg;
+        const long long pm = t / f.L, jj = t % f.L, pp = pm / f.M, m = pm % f.M;
+        long long idx = ((pp * f.Slo + a0) * f.M + m) * f.L + jj;
+        double sum = 0.0;
+        for (long long a = a0; a < a1; a++, idx += f.M * f.L) sum += fstat_x(P, C, d, idx, eps);
+        part[i] = sum;
+    }
+}
+
+/* out[t] = sum over seg of part[seg*n + t], segments in order. */
+__global__ void fstat_sum_segments(const double *part, long long n, long long nseg, double *out) {
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n;
          t += (long long)gridDim.x * blockDim.x) {
         double sum = 0.0;
-        long long idx, step, cnt;
-        if (what == 0) { /* t = (p*M + m)*L + jj: elements ((p*Slo + a)*M + m)*L + jj */
-            const long long pm = t / f.L, jj = t % f.L, pp = pm / f.M, m = pm % f.M;
-            idx = ((pp * f.Slo) * f.M + m) * f.L + jj;
-            step = f.M * f.L;
-            cnt = f.Slo;
-        } else { /* t = line*Q + q: elements line*L + b*Q + q */
-            const long long line = t / f.Q, q = t % f.Q;
-            idx = line * f.L + q;
-            step = f.Q;
-            cnt = f.Shi;
+        for (long long s = 0; s < nseg; s++) sum += part[s * n + t];
+        out[t] = sum;
+    }
+}
+
+/* Over the higher dim (entry t of n_nohi, t = line*Q + q; elements line*L + b*Q + q). Q == 1
+ * (a matrix's rows): one CTA per line, thread k sums b = k, k + OPT_TPB, ... (coalesced), then
+ * a fixed-order tree over the CTA. Q > 1: one thread per entry. */
+__global__ void __launch_bounds__(OPT_TPB)
+fstat_hi_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, int j,
+                float eps, double *out) {
+    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+    __shared__ double red[OPT_TPB];
+    load_consts(P, C);
+    const opt_desc *d = &D[j];
+    const ct_om_fg f = d->fg;
+    if (f.Q == 1) {
+        for (long long line = blockIdx.x; line < f.n_nohi; line += gridDim.x) {
+            double sum = 0.0;
+            for (long long b = threadIdx.x; b < f.Shi; b += OPT_TPB)
+                sum += fstat_x(P, C, d, line * f.L + b, eps);
+            red[threadIdx.x] = sum;
+            __syncthreads();
+            for (int w = OPT_TPB / 2; w > 0; w >>= 1) {
+                if ((int)threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+                __syncthreads();
+            }
+            if (threadIdx.x == 0) out[line] = red[0];
+            __syncthreads(); /* red is reused by the next line */
         }
-        for (long long a = 0; a < cnt; a++, idx += step) {
-            float u, p;
-            compute_u<1, true>(P, C, d, idx, &u, &p);
-            const float x = u * u + eps;
-            sum += (double)x;
-        }
+        return;
+    }
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < f.n_nohi;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long line = t / f.Q, q = t % f.Q;
+        double sum = 0.0;
+        long long idx = line * f.L + q;
+        for (long long b = 0; b < f.Shi; b++, idx += f.Q) sum += fstat_x(P, C, d, idx, eps);
         out[t] = sum;
     }
 }
@@ -599,30 +644,47 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     return CT_OK;
 }
 
-/* Adafactor's statistics pass (reduce = 4): two kernels per factored block (sums over each
- * factored dim), one copy to the host (the pass waits), then ps->fstat[block]. */
+/* Segments of the lower-dim statistic: enough threads to fill a GPU (2^16), at most Slo. */
+static long long fstat_segments(const ct_om_fg *f) {
+    long long nseg = f->n_nolo > 0 ? ((1LL << 16) + f->n_nolo - 1) / f->n_nolo : 1;
+    if (nseg > f->Slo) nseg = f->Slo;
+    return nseg < 1 ? 1 : nseg;
+}
+
+/* CTAs of OPT_TPB threads for n items, at least 1, at most cap (grid-stride beyond). */
+static unsigned fstat_grid(long long n, long long cap) {
+    long long g = (n + OPT_TPB - 1) / OPT_TPB;
+    return (unsigned)(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+/* Adafactor's statistics pass (reduce = 4): per factored block, the lower-dim sums in segments
+ * and their sum, then the higher-dim sums; one copy to the host (the pass waits), then
+ * ps->fstat[block]. */
 static ct_status fstat_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
                             const opt_desc *table, int m, const int *src) {
     cudaStream_t s = ct_cuda_stream(dev);
-    long long total = 0;
+    long long total = 0, part_max = 0;
     for (int j = 0; j < m; j++) {
         const ct_om_fg f = ct_om_fgeom(&ps->blocks[src[j]].geom);
         total += f.n_nolo + f.n_nohi;
+        const long long nseg = fstat_segments(&f);
+        if (nseg * f.n_nolo > part_max) part_max = nseg * f.n_nolo;
     }
     if (m == 0 || total == 0) {
         CT_CUDA_TRY(cudaEventRecord(cache->last, s));
         return CT_OK;
     }
-    if (total > cache->fstat_cap) {
+    if (total + part_max > cache->fstat_cap) {
         if (cache->d_fstat != nullptr) {
             CT_CUDA_TRY(cudaStreamSynchronize(s)); /* an earlier pass may still use it */
             CT_CUDA_TRY(cudaFree(cache->d_fstat));
             cache->d_fstat = nullptr;
             cache->fstat_cap = 0;
         }
-        CT_CUDA_TRY(cudaMalloc((void **)&cache->d_fstat, (size_t)total * sizeof(double)));
-        cache->fstat_cap = total;
+        CT_CUDA_TRY(cudaMalloc((void **)&cache->d_fstat, (size_t)(total + part_max) * sizeof(double)));
+        cache->fstat_cap = total + part_max;
     }
+    double *part = cache->d_fstat + total; /* segment partials, reused block after block */
     double *host = (double *)malloc((size_t)total * sizeof(double));
     if (host == nullptr)
         return ct_cuda_core->set_error(CT_EOOM, "optimizer: out of host memory for %lld statistics",
@@ -632,16 +694,23 @@ static ct_status fstat_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass 
     cudaError_t e = cudaSuccess;
     for (int j = 0; j < m && e == cudaSuccess; j++) {
         const ct_om_fg f = ct_om_fgeom(&ps->blocks[src[j]].geom);
-        for (int what = 0; what < 2 && e == cudaSuccess; what++) {
-            const long long n = what == 0 ? f.n_nolo : f.n_nohi;
-            long long grid = (n + OPT_TPB - 1) / OPT_TPB;
-            if (grid > 65535) grid = 65535;
-            if (grid < 1) grid = 1;
-            fstat_kernel<<<(unsigned)grid, OPT_TPB, 0, s>>>(P, table, j, what, eps,
-                                                            cache->d_fstat + off);
-            e = cudaGetLastError();
-            off += n;
-        }
+        const long long nseg = fstat_segments(&f);
+        fstat_lo_kernel<<<fstat_grid(nseg * f.n_nolo, 65535), OPT_TPB, 0, s>>>(P, table, j, eps,
+                                                                              nseg, part);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) break;
+        fstat_sum_segments<<<fstat_grid(f.n_nolo, 65535), OPT_TPB, 0, s>>>(part, f.n_nolo, nseg,
+                                                                         cache->d_fstat + off);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) break;
+        off += f.n_nolo;
+        /* Q == 1: a CTA per line; else a thread per entry */
+        const unsigned g3 = f.Q == 1 ? (unsigned)(f.n_nohi < 0x7fffffffLL ? (f.n_nohi > 0 ? f.n_nohi : 1)
+                                                                       : 0x7fffffffLL)
+                                     : fstat_grid(f.n_nohi, 65535);
+        fstat_hi_kernel<<<g3, OPT_TPB, 0, s>>>(P, table, j, eps, cache->d_fstat + off);
+        e = cudaGetLastError();
+        off += f.n_nohi;
     }
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(host, cache->d_fstat, (size_t)total * sizeof(double),

@@ -37,8 +37,9 @@ class Shard(NamedTuple):
     device: Device
     index: tuple          # tuple of slices into the global array
     replica_id: int
-    data: Any             # numpy view of the block (CPU devices); on GPUs the device buffer,
-                          # which exports __dlpack__ (torch/cupy/jax take it without a copy)
+    data: Any             # numpy view of the block (CPU devices); on GPUs a single-device
+                          # Array sharing the device buffer (np.asarray copies it to the host;
+                          # __dlpack__ hands it to torch/cupy/jax without a copy)
 
 
 def _buffer_view(buf, shape, dtype) -> np.ndarray:
@@ -161,7 +162,11 @@ class Array(OperatorsMixin):
         out = []
         for dev, buf, start, rid in self._blocks:
             index = tuple(slice(s, s + n) for s, n in zip(start, self._shard_shape))
-            data = _buffer_view(buf, self._shard_shape, self._dtype) if dev.platform == "cpu" else buf
+            if dev.platform == "cpu":
+                data = _buffer_view(buf, self._shard_shape, self._dtype)
+            else:  # the same buffer, as an Array of its own (as jax's Shard.data)
+                data = Array._create(self._shard_shape, self._dtype, SingleDeviceSharding(dev),
+                                     [(dev, buf, (0,) * len(self._shard_shape), 0)])
             out.append(Shard(dev, index, rid, data))
         return out
 

@@ -48,6 +48,15 @@ CTRAINSTATE_GPU_SPLIT=8 step "tests gpu (split 8)" tests_gpu_split8.log 200 "$PY
 CTRAINSTATE_GPU_SPLIT=4 CTRAINSTATE_HOST_NORM=1 step "tests gpu (host norm)" tests_gpu_hostnorm.log 90 \
     "$PY" -m pytest -q -rf -m gpu tests -k "clip or norm"
 
+# The CPU suites that do not depend on the platform, re-run with GPU devices as the default
+# backend (they build meshes of up to 8 devices): ops and gradients, modules, optimizers
+# against optax's recorded vectors, train states, initializers, the PRNG, the HF/t5x layers.
+CTRAINSTATE_GPU_SPLIT=8 step "cpu suites on gpu (split 8)" tests_cpu_suites_on_gpu.log 150 \
+    "$PY" -m pytest -q -rf tests/test_ops.py tests/test_modules.py tests/test_optim_parity.py \
+    tests/test_optim_combine.py tests/test_train_state.py tests/test_initializers.py \
+    tests/test_random.py tests/test_hf_model_parallel.py tests/test_t5x_train_state.py \
+    tests/test_partitioning.py
+
 echo
 cat "$logs/devices.txt"
 for b in "$logs"/bench_*_gpu.log; do

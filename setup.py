@@ -121,16 +121,23 @@ class BuildExt(build_ext):
         common = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC,-Wall,-Wextra", "-I", os.path.join(ROOT, "csrc")]
         if _flag("CTRAINSTATE_WERROR"):
             common += ["-Werror", "all-warnings", "-Xcompiler", "-Werror"]
-        objs = []
+        objs, cmds = [], []
+        headers = glob.glob(os.path.join(ROOT, "csrc", "**", "*.h*"), recursive=True)
         for src in srcs:
             obj = os.path.join(tmp, os.path.basename(src) + ".o")
             if self.force or not os.path.exists(obj) or os.path.getmtime(obj) < max(
-                    os.path.getmtime(f) for f in [src] + glob.glob(os.path.join(ROOT, "csrc", "**", "*.h*"), recursive=True)):
+                    os.path.getmtime(f) for f in [src] + headers):
                 cmd = [nvcc, "-c", src, "-o", obj] + common + gencode
                 cmd += PER_FILE_NVCCFLAGS.get(os.path.basename(src), [])
-                print(" ".join(cmd))
-                subprocess.check_call(cmd)
+                cmds.append(cmd)
             objs.append(obj)
+        # the .cu files compile independently: in parallel (nvcc is slow, and a GPU host has cores)
+        from concurrent.futures import ThreadPoolExecutor
+        for cmd in cmds:
+            print(" ".join(cmd))
+        with ThreadPoolExecutor(max_workers=max(1, min(len(cmds), os.cpu_count() or 1))) as ex:
+            for f in [ex.submit(subprocess.check_call, cmd) for cmd in cmds]:
+                f.result()
         libdirs = [os.path.join(home, d) for d in ("lib64", "lib", "targets/x86_64-linux/lib")]
         link = [nvcc, "-shared", "-o", out] + objs + gencode
         for d in libdirs:

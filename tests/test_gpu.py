@@ -175,6 +175,26 @@ def test_allreduce_over_every_group_shape():
         assert after[1] - before[1] == spans, (before, after, spans)
 
 
+def test_gpu_shard_data_is_a_view_that_cannot_be_donated():
+    """A GPU Shard.data is a single-device Array over the shard's own buffer (np.asarray and
+    DLPack work on it, as on jax's); it cannot be donated (updated in place), and deleting it
+    leaves the parent intact."""
+    from ctrainstate.train_state import TrainState
+    g = gpus()
+    m = gpu_mesh((min(2, len(g)),), ("x",))
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    a = cts.device_put(x, NamedSharding(m, P("x")))
+    sh = a.addressable_shards[-1]
+    np.testing.assert_array_equal(np.asarray(sh.data), x[sh.index])
+    assert sh.data.devices() == {sh.device}
+    v = sh.data
+    with pytest.raises(ValueError, match="view of another Array"):
+        TrainState.create(apply_fn=None, params={"w": v}, tx=optim.sgd(0.1)).apply_gradients(
+            grads={"w": cts.device_put(np.ones(v.shape, np.float32), sh.device)})
+    v.delete()
+    np.testing.assert_array_equal(np.asarray(a), x)   # the parent still has its buffer
+
+
 @pytest.mark.parametrize("strided", [False, True])
 def test_copy_between_devices_waits_for_the_source(strided):
     """A device-to-device copy is queued on the destination's stream and must wait for the

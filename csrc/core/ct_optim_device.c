@@ -47,8 +47,12 @@
  * by the copies; allocated before anything is written.
  * So a chain without reductions costs one launch per device and no sync; a
  * clip_by_global_norm chain one extra read of g per device and no sync either;
- * apply_if_finite one sync; adafactor (defaults) three: its statistics, the
- * block RMS clip and the parameter scale (per-leaf sums). A device-resident norm is not read back:
+ * apply_if_finite one sync; adafactor (defaults) three passes that wait (its
+ * statistics, the block RMS clip and the parameter scale) plus, per factored
+ * block, blocking copies of v_row / v_col to the host and of v_row / v_col and
+ * the factors back (small, but one round trip each: a place to batch per
+ * device). A device error after FACTORED wrote v_row / v_col leaves them one
+ * step ahead of the params (the CPU driver writes them at the same point). A device-resident norm is not read back:
  * stages[k].result is NaN for it.
  */
 #include <math.h>

@@ -103,6 +103,7 @@ static inline void ct_om_prepare(int kind, const double *s, float *c) {
 typedef struct {
     int64_t L, Q, Slo, Shi, M, n_nolo, n_nohi;
     int d0lo;
+    int pad; /* explicit: descriptors holding this are compared with memcmp */
 } ct_om_fg;
 
 CT_HD static inline ct_om_fg ct_om_fgeom(const ct_opt_geom *g) {
@@ -120,6 +121,7 @@ CT_HD static inline ct_om_fg ct_om_fgeom(const ct_opt_geom *g) {
     f.n_nolo = P * M * f.L;
     f.n_nohi = P * f.Slo * M * Q;
     f.d0lo = g->d0 == lo;
+    f.pad = 0;
     return f;
 }
 

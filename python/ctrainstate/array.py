@@ -56,7 +56,7 @@ class Array(OperatorsMixin):
     """
 
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
-                 "__weakref__", "_host_scalar")
+                 "__weakref__", "_host_scalar", "_base")
 
     # numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's matmul, so it is
     # differentiated and sharded); ``np.asarray(array)`` still gathers.
@@ -75,6 +75,7 @@ class Array(OperatorsMixin):
         self._blocks = blocks
         self._shard_shape = sharding.shard_shape(shape)
         self._donated = False
+        self._base = None  # the Array whose buffer this one views (a GPU Shard.data), or None
         # The value of a 0-d Array whose every write went through ctrainstate.optim's
         # counter helpers (optim.base.scalar / FuseContext.new_scalar), so reading it needs
         # no device read (a GPU synchronisation); None: unknown, read the device.
@@ -130,13 +131,25 @@ class Array(OperatorsMixin):
         return self._donated or any(b.is_deleted for _, b, _, _ in self._blocks)
 
     def delete(self) -> None:
-        """Free the device memory now; later use raises ``DonatedBufferError``."""
+        """Free the device memory now; later use raises ``DonatedBufferError``. A view of
+        another Array's shard (a GPU ``Shard.data``) only becomes unusable itself."""
+        if self._base is not None:
+            self._donated = True
+            return
         for _, buf, _, _ in self._blocks:
             buf.delete()
+
+    def _check_not_view(self):
+        if self._base is not None:
+            raise ValueError(
+                "this Array is a view of another Array's shard (Shard.data): it cannot be "
+                "donated or updated in place (e.g. as TrainState params); pass a copy, "
+                "cts.device_put(np.asarray(x), x.sharding)")
 
     def _donate(self):
         """Hand the buffers to a new owner; this Array becomes unusable."""
         self._check_alive()
+        self._check_not_view()
         self._donated = True
         return self._blocks
 
@@ -147,9 +160,11 @@ class Array(OperatorsMixin):
         raises when the new Array is used)."""
         if self._donated:
             self._check_alive()
+        self._check_not_view()
         self._donated = True
         blocks = self._blocks
         new = object.__new__(Array)
+        new._base = None
         new._shape, new._dtype, new._sharding = self._shape, self._dtype, self._sharding
         new._blocks, new._shard_shape, new._donated = blocks, self._shard_shape, False
         new._host_scalar = self._host_scalar   # same buffers, same value
@@ -164,9 +179,10 @@ class Array(OperatorsMixin):
             index = tuple(slice(s, s + n) for s, n in zip(start, self._shard_shape))
             if dev.platform == "cpu":
                 data = _buffer_view(buf, self._shard_shape, self._dtype)
-            else:  # the same buffer, as an Array of its own (as jax's Shard.data)
+            else:  # the same buffer, as an Array of its own (as jax's Shard.data): a view
                 data = Array._create(self._shard_shape, self._dtype, SingleDeviceSharding(dev),
                                      [(dev, buf, (0,) * len(self._shard_shape), 0)])
+                data._base = self
             out.append(Shard(dev, index, rid, data))
         return out
 

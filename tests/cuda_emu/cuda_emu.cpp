@@ -416,6 +416,9 @@ cudaError_t need_device_locked(const void *p, size_t n, int dev_must, const char
     if (a == nullptr || a->kind != KIND_DEVICE)
         return violation(cudaErrorInvalidValue, "%s: %s [%p, +%zu) is not inside one device allocation",
                          what, side, p, n);
+    if (a->freeing)
+        return violation(cudaErrorInvalidValue, "%s: %s [%p, +%zu) was freed (cudaFreeAsync)", what,
+                         side, p, n);
     if (dev_must >= 0 && a->dev != dev_must)
         return violation(cudaErrorInvalidValue, "%s: %s is on GPU %d, not GPU %d", what, side, a->dev,
                          dev_must);
@@ -534,10 +537,9 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     Locked l;
     if (s == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(null)");
-    flush(s); /* queued work still completes */
+    flush(s); /* queued work still completes; the object stays (events and waits may name it) */
     for (size_t i = 0; i < g_streams.size(); i++)
         if (g_streams[i] == s) g_streams.erase(g_streams.begin() + (long)i);
-    delete s;
     return cudaSuccess;
 }
 
@@ -962,6 +964,11 @@ ncclCommInitAll(ncclComm **comms, int ndev, const int *devlist) {
 }
 
 extern "C" __attribute__((visibility("default"))) ncclResult_t ncclCommDestroy(ncclComm *comm) {
+    delete comm;
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclCommAbort(ncclComm *comm) {
     delete comm;
     return ncclSuccess;
 }

@@ -41,6 +41,7 @@ struct nccl_api {
     ncclResult_t (*GroupEnd)(void);
     const char *(*GetErrorString)(ncclResult_t r);
     ncclResult_t (*GetVersion)(int *version);
+    ncclResult_t (*CommAbort)(ncclComm_t comm); /* optional */
 };
 
 static std::mutex g_nccl_mu;
@@ -86,6 +87,7 @@ static bool nccl_try_load(const nccl_api **out) {
             *(void **)&a.GroupEnd = dlsym(h, "ncclGroupEnd");
             *(void **)&a.GetErrorString = dlsym(h, "ncclGetErrorString");
             *(void **)&a.GetVersion = dlsym(h, "ncclGetVersion");
+            *(void **)&a.CommAbort = dlsym(h, "ncclCommAbort");
             if (!a.CommInitAll || !a.AllReduce || !a.GroupStart || !a.GroupEnd ||
                 !a.GetErrorString || !a.GetVersion) {
                 snprintf(g_nccl_why, sizeof g_nccl_why,
@@ -143,6 +145,23 @@ static ct_status comms_for(const nccl_api *api, const std::vector<int> &gpus,
     return CT_OK;
 }
 
+/* After a collective failed half-posted, its communicators may wait for ranks that never
+ * came: abort them and forget them (the next collective on these GPUs creates new ones). */
+static void drop_comms(const nccl_api *api, const std::vector<int> &gpus) {
+    std::lock_guard<std::mutex> lock(g_comm_mu);
+    for (size_t i = 0; i < g_comms.size(); i++)
+        if (g_comms[i].gpus == gpus) {
+            if (api->CommAbort != NULL)
+                for (ncclComm_t c : g_comms[i].comms) api->CommAbort(c);
+            g_comms.erase(g_comms.begin() + (long)i);
+            return;
+        }
+}
+
+/* Collectives are posted one at a time: NCCL communicators are not safe to use from two
+ * threads at once, and every rank must see the collectives in the same order. */
+static std::mutex g_post_mu;
+
 /* cuda_ops.cu: the single-GPU all-reduce (a device-copy kernel). */
 extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs,
                                             int64_t count);
@@ -179,10 +198,14 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
         }
     }
     /* 2. across GPUs: one rank per GPU, in place */
+    std::lock_guard<std::mutex> post(g_post_mu);
     const ncclComm_t *comms = NULL;
     CT_TRY(comms_for(api, gpus, &comms));
+    for (size_t r = 0; r < gpus.size(); r++) /* fail before anything is posted */
+        CT_CUDA_TRY(cudaSetDevice(gpus[r]));
     CT_NCCL_TRY(api, api->GroupStart());
     ct_status st = CT_OK;
+    size_t posted = 0;
     for (size_t r = 0; r < gpus.size() && st == CT_OK; r++) {
         ct_device *d = devs[leader[r]];
         cudaError_t e = cudaSetDevice(d->ordinal);
@@ -196,11 +219,15 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
         if (nr != 0)
             st = ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce on GPU %d: %s", d->ordinal,
                                          api->GetErrorString(nr));
+        else
+            posted++;
     }
     ncclResult_t ge = api->GroupEnd(); /* always close the group */
-    if (st != CT_OK) return st;
-    if (ge != 0)
+    if (st != CT_OK || ge != 0) {
+        if (posted > 0) drop_comms(api, gpus); /* some ranks wait for the others: abort them */
+        if (st != CT_OK) return st;
         return ct_cuda_core->set_error(CT_EDEVICE, "ncclGroupEnd: %s", api->GetErrorString(ge));
+    }
     /* 3. each GPU's other logical devices take their rank's result */
     for (size_t r = 0; r < gpus.size(); r++) {
         ct_device *d = devs[leader[r]];

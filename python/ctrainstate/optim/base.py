@@ -259,6 +259,10 @@ class FuseContext:
         self.inplace = inplace
         self.active = [True] * self.nleaves
         self._finish = []                # run after the kernel: donation of old arrays
+        if inplace:  # before any kernel writes: a view (GPU Shard.data) is not ours to update
+            for p in params_leaves:
+                if isinstance(p, Array):
+                    p._check_not_view()
 
     # masks
     def push_mask(self, mask_flat):

@@ -697,8 +697,9 @@ void ct_emu_syncthreads(void) {
     }
     if (t_block_threads <= 1) return;
     fprintf(stderr,
-            "cuda_emu: the kernel launched at %s reached __syncthreads, but an earlier launch "
-            "from there did not, so it ran without fibers; rerun with CT_EMU_FIBERS=1\n",
+            "cuda_emu: the kernel launched at %s reached __syncthreads, but "
+            "tests/cuda_emu/rewrite_launches.py found no path from it to a barrier (a call it "
+            "cannot follow), so its threads ran without fibers; rerun with CT_EMU_FIBERS=1\n",
             t_site ? t_site : "?");
     abort();
 }

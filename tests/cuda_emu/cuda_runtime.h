@@ -170,7 +170,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev);
 /* --- kernel launch ---------------------------------------------------------------------------
  * tests/cuda_emu/rewrite_launches.py turns `kern<<<g, b, shmem, stream>>>(args);` into
  *   { auto ct_emu_k_ = ct_emu_bind([](auto... a) { kern(a...); }, args);
- *     ct_emu_launch(ct_emu_k_, g, b, shmem, stream); }
+ *     ct_emu_launch_fibers(ct_emu_k_, g, b, shmem, stream); }   (or _plain, see below)
  * The arguments are evaluated and copied at the launch, as CUDA does; the kernel runs when
  * its stream gets to it. */
 void ct_emu_enqueue_kernel(std::function<void()> body, int *site_mode, const char *site,
@@ -187,13 +187,17 @@ static inline void ct_emu_launch_at(const char *site, int *site_mode, F f, dim3 
     ct_emu_enqueue_kernel(std::function<void()>(std::move(f)), site_mode, site, grid, block,
                           shmem, s);
 }
-/* One mode flag per launch site: whether its kernel reached __syncthreads. */
-#define ct_emu_launch(f, ...)                                                             \
+/* A launch site's mode: 2, its threads run as fibers (the kernel may reach __syncthreads:
+ * rewrite_launches.py decides from the source); 1, one after another (a barrier reached then
+ * aborts the run: the source analysis missed it). */
+#define ct_emu_launch_mode(mode, f, ...)                                                  \
     do {                                                                                  \
-        static int ct_emu_site_mode_ = 0;                                                 \
+        static int ct_emu_site_mode_ = (mode);                                            \
         ct_emu_launch_at(__FILE__ ":" CT_EMU_STR(__LINE__), &ct_emu_site_mode_, f,        \
                          __VA_ARGS__);                                                    \
     } while (0)
+#define ct_emu_launch_fibers(f, ...) ct_emu_launch_mode(2, f, __VA_ARGS__)
+#define ct_emu_launch_plain(f, ...) ct_emu_launch_mode(1, f, __VA_ARGS__)
 #define CT_EMU_STR2(x) #x
 #define CT_EMU_STR(x) CT_EMU_STR2(x)
 

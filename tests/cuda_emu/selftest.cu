@@ -48,13 +48,25 @@ __global__ void divergent(float *x) {
     x[threadIdx.x] = 1.0f;
 }
 
-// Reaches __syncthreads only when asked (the second launch from one site).
+// Reaches __syncthreads only when asked: the launch site still runs its threads as fibers
+// (rewrite_launches.py sees the barrier in the source), whatever the first launch did.
 __global__ void maybe_barrier(int use, float *x) {
     if (use) __syncthreads();
     x[threadIdx.x] = 2.0f;
 }
 
 static void launch_maybe(int use, float *x) { maybe_barrier<<<1, 32>>>(use, x); }
+
+// A barrier two calls down: found through the call graph.
+__device__ void sync_inner() { __syncthreads(); }
+__device__ void sync_outer(float *x) {
+    x[threadIdx.x] = (float)threadIdx.x;
+    sync_inner();
+}
+__global__ void reverse_through_helpers(float *x, float *y) {
+    sync_outer(x);
+    y[threadIdx.x] = x[blockDim.x - 1 - threadIdx.x]; // another thread's write: needs the barrier
+}
 
 // Run fn in a child process; true if it died of SIGABRT (the emulator's verdict).
 template <typename F>
@@ -231,8 +243,17 @@ int main() {
 
     // a barrier some threads never reach, and a site that reaches one only later
     EXPECT(aborts([&] { divergent<<<1, 64>>>(dx); }));
-    EXPECT(!aborts([&] { launch_maybe(0, dx); }));
-    EXPECT(aborts([&] { launch_maybe(0, dx); launch_maybe(1, dx); }));
+    EXPECT(!aborts([&] { launch_maybe(0, dx); launch_maybe(1, dx); }));
+    {
+        float *rx = nullptr, *ry = nullptr, hy[64];
+        EXPECT(cudaMalloc((void **)&rx, sizeof hy) == cudaSuccess);
+        EXPECT(cudaMalloc((void **)&ry, sizeof hy) == cudaSuccess);
+        reverse_through_helpers<<<1, 64>>>(rx, ry);
+        EXPECT(cudaMemcpy(hy, ry, sizeof hy, cudaMemcpyDeviceToHost) == cudaSuccess);
+        bad = 0;
+        for (int i = 0; i < 64; i++) bad += hy[i] != (float)(63 - i);
+        EXPECT(bad == 0);
+    }
 
     if (failures) {
         fprintf(stderr, "cuda emulation self-test: %d check(s) failed\n", failures);

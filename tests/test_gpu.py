@@ -646,6 +646,61 @@ def test_optim_step_is_one_fused_launch_per_device(name):
     assert len(tree) > 1  # many leaves, still one launch
 
 
+def _adafactor_waits(nleaves, ndev, steps=3, warmup=4):
+    """(host waits, copies host->device from and device->host to pageable memory) of `steps`
+    steady-state adafactor steps on `ndev` GPU devices, for a tree of `nleaves` factored 2-d
+    leaves (rows sharded) and one leaf that is not factored; and the final params, on the GPU
+    devices and on the CPU devices. The first steps fill the backend's caches (descriptor
+    tables, statistics and staging buffers), which may wait."""
+    from ctrainstate.train_state import TrainState
+    m = gpu_mesh((ndev,), ("x",))
+    cm = Mesh(np.array(cts.devices("cpu")[:ndev], dtype=object).reshape(ndev), ("x",))
+    rng = np.random.default_rng(13)
+    tree = {f"w{i:02d}": rng.standard_normal((8, 12 + i)).astype(np.float32)
+            for i in range(nleaves)}
+    tree["b"] = rng.standard_normal((5,)).astype(np.float32)
+    grads = [{k: (rng.standard_normal(v.shape) * (1 + i)).astype(np.float32)
+              for k, v in tree.items()} for i in range(warmup + steps)]
+
+    def run(mesh, count):
+        sh = {k: NamedSharding(mesh, P("x") if v.ndim == 2 else P()) for k, v in tree.items()}
+        tx = optim.adafactor(1e-2, min_dim_size_to_factor=4)
+        s = TrainState.create(apply_fn=None, params=cts.device_put(tree, sh), tx=tx)
+        gs = [cts.device_put(g, sh) for g in grads]  # placed up front: not counted
+        for g in gs[:warmup]:
+            s = s.apply_gradients(grads=g)
+        before = _mock_stats() if count else None
+        for g in gs[warmup:]:
+            s = s.apply_gradients(grads=g)
+        after = _mock_stats() if count else None
+        return s.params, (tuple(a - b for a, b in zip(after, before)) if count else None)
+
+    got, counts = run(m, True)
+    ref, _ = run(cm, False)
+    return counts, {k: np.asarray(v) for k, v in got.items()}, {k: np.asarray(v) for k, v in ref.items()}
+
+
+def test_adafactor_step_waits_do_not_grow_with_leaves():
+    """Adafactor's FACTORED stage on GPU devices copies v_row / v_col of every factored block
+    to the host and the new ones and the factors back in one batch per device and direction
+    (ct_backend.copy_segments): a steady-state step waits for each device a fixed number of
+    times (the statistics, block RMS and parameter scale passes, and the batch to the host),
+    however many leaves it has; no copy from pageable memory, one to it (the statistics).
+    Counted on the emulated CUDA runtime (cudaStreamSynchronize, cudaEventSynchronize, copies
+    to or from pageable memory); the results equal the CPU devices'."""
+    if _emu_launches("cuda_optim.cu") is None:
+        pytest.skip("counts the CUDA backend's host waits only on the emulated CUDA runtime")
+    ndev = min(4, len(gpus()))
+    steps = 3
+    few, _, _ = _adafactor_waits(4, ndev, steps)
+    many, got, ref = _adafactor_waits(16, ndev, steps)
+    assert many == few, (few, many)
+    waits, h2d, d2h = many
+    assert waits <= steps * ndev * 4 and h2d == 0 and d2h <= steps * ndev, many
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
 @pytest.mark.parametrize("name", ["clip_adamw", "clip_sgd"])
 def test_device_norm_equals_host_norm(name, monkeypatch):
     """clip_by_global_norm with the norm kept on the devices (default) and with the host round

@@ -37,6 +37,16 @@ typedef struct ct_backend {
                             const int64_t *shape, size_t itemsize, void *dst,
                             const int64_t *dst_strides, const void *src,
                             const int64_t *src_strides);
+    /* Many dense byte ranges between host memory and one device in a single
+     * round trip: segment i copies nbytes[i] bytes from src[i] to dst[i];
+     * exactly one of dst_dev / src_dev is a device of this backend, the other
+     * NULL (host). Device -> host: the copies are complete when the call
+     * returns. Host -> device: the sources have been read when it returns (the
+     * caller may free them) and the copies are queued on the device's stream,
+     * ordered before anything queued there later, as a kernel launch is.
+     * NULL: the core calls copy_block once per segment instead. */
+    ct_status (*copy_segments)(struct ct_device *dst_dev, struct ct_device *src_dev, int nseg,
+                               void *const *dst, const void *const *src, const size_t *nbytes);
     /* Wait for all work queued on the device. */
     ct_status (*synchronize)(struct ct_device *dev);
     /* Set up a logical device (stream, limits) once, when the registry is
@@ -86,7 +96,7 @@ typedef struct {
     ct_status (*set_error)(ct_status st, const char *fmt, ...);
 } ct_core_services;
 
-#define CT_BACKEND_ABI_VERSION 1
+#define CT_BACKEND_ABI_VERSION 2 /* 2: copy_segments */
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

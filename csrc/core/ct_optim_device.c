@@ -33,12 +33,14 @@
  *       (reduce = 4) returns each counting factored block's statistics of
  *       (u^2 + eps), summed over each factored dim (a host round trip); v_row
  *       and v_col of every factored block come to the host (small: one row or
- *       column per block), the CPU driver's own combine step
+ *       column per block; one batch per device, ct_backend.copy_segments: a
+ *       host round trip), the CPU driver's own combine step
  *       (ct_opt_factored_combine: sums over the blocks sharing a statistic, new
  *       v_row / v_col, row and column factors) runs there, and v_row / v_col
- *       and the factors go back to the devices; later passes multiply each
- *       element by its factors (ct_opt_pass.ffac). Factor buffers are allocated
- *       on the devices before any pass.
+ *       and the factors go back to the devices (one batch per device, queued
+ *       on its stream: no host wait); later passes multiply each element by
+ *       its factors (ct_opt_pass.ffac). Factor buffers are allocated on the
+ *       devices before any pass.
  * A step with two FACTORED stages, or on a backend without these passes
  * (optim_factored = 0), or with CTRAINSTATE_STAGE_FACTORED=1, runs whole
  * through host staging instead: every array of every block is copied to host
@@ -47,14 +49,17 @@
  * by the copies; allocated before anything is written.
  * So a chain without reductions costs one launch per device and no sync; a
  * clip_by_global_norm chain one extra read of g per device and no sync either;
- * apply_if_finite one sync; adafactor (defaults) three passes that wait (its
- * statistics, the block RMS clip and the parameter scale) plus, per factored
- * block, blocking copies of v_row / v_col to the host and of v_row / v_col and
- * the factors back (small, but one round trip each: a place to batch per
- * device). A device error after FACTORED wrote v_row / v_col leaves them one
- * step ahead of the params (the CPU driver writes them at the same point). A device-resident norm is not read back:
- * stages[k].result is NaN for it.
+ * apply_if_finite one sync; adafactor (defaults) four waits per device,
+ * however many leaves it has: three passes (its statistics, the block RMS clip
+ * and the parameter scale) and the batch of v_row / v_col copies to the host
+ * (the batch back does not wait). On a backend without copy_segments each of
+ * those copies is a copy_block of its own, a round trip each. A device error
+ * after FACTORED wrote v_row / v_col leaves them one step ahead of the params
+ * (the CPU driver writes them at the same point); an error while they are
+ * written back leaves the devices already written one step ahead, the others
+ * not. A device-resident norm is not read back: stages[k].result is NaN for it.
  */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -170,6 +175,9 @@ typedef struct {
     float **vrow, **vcol;  /* host copies of v_row / v_col */
     float **dfac;          /* factors on the block's device */
     size_t *dfac_bytes;
+    void **seg_dst;        /* one device's batch of copies (copy_segments): 3 per block */
+    const void **seg_src;
+    size_t *seg_bytes;
 } fact_bufs;
 
 static void free_fact_bufs(fact_bufs *fb) {
@@ -189,6 +197,9 @@ static void free_fact_bufs(fact_bufs *fb) {
     free(fb->vcol);
     free(fb->dfac);
     free(fb->dfac_bytes);
+    free(fb->seg_dst);
+    free(fb->seg_src);
+    free(fb->seg_bytes);
     memset(fb, 0, sizeof *fb);
     fb->k = -1;
 }
@@ -209,8 +220,11 @@ static ct_status init_fact_bufs(fact_bufs *fb, int k, int slot_off, const ct_opt
     fb->vcol = calloc(n, sizeof *fb->vcol);
     fb->dfac = calloc(n, sizeof *fb->dfac);
     fb->dfac_bytes = calloc(n, sizeof *fb->dfac_bytes);
+    fb->seg_dst = calloc(3 * n, sizeof *fb->seg_dst);
+    fb->seg_src = calloc(3 * n, sizeof *fb->seg_src);
+    fb->seg_bytes = calloc(3 * n, sizeof *fb->seg_bytes);
     if (!fb->hb || !fb->db || !fb->dev || !fb->stat || !fb->fac || !fb->vrow || !fb->vcol ||
-        !fb->dfac || !fb->dfac_bytes)
+        !fb->dfac || !fb->dfac_bytes || !fb->seg_dst || !fb->seg_src || !fb->seg_bytes)
         return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
     int64_t i = 0;
     for (int gi = 0; gi < ngroups; gi++)
@@ -419,6 +433,63 @@ static ct_status run_pass(ct_opt_pass *ps, const ct_opt_group *groups, int gi,
     return groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, acc);
 }
 
+/* Send the batch fb->seg_*[0, *ns) between the host and device d (up: to the device) and
+ * empty it: one backend call when the backend batches (copy_segments), else one copy_block
+ * per segment. */
+static ct_status fact_flush(fact_bufs *fb, ct_device *d, int up, int *ns) {
+    const int n = *ns;
+    *ns = 0;
+    if (n == 0) return CT_OK;
+    if (d->backend->copy_segments != NULL)
+        return d->backend->copy_segments(up ? d : NULL, up ? NULL : d, n, fb->seg_dst,
+                                         fb->seg_src, fb->seg_bytes);
+    const int64_t one = 1;
+    for (int i = 0; i < n; i++) {
+        const int64_t nb = (int64_t)fb->seg_bytes[i];
+        CT_TRY(d->backend->copy_block(up ? d : NULL, up ? NULL : d, 1, &nb, 1, fb->seg_dst[i],
+                                      &one, fb->seg_src[i], &one));
+    }
+    return CT_OK;
+}
+
+/* The FACTORED stage's copies, one batch per device (the factored blocks of its groups):
+ * up = 0, v_row and v_col (slots o, o + 1) to the host; up = 1, the new v_row, v_col and the
+ * factors back. A device that fails stops the step: the devices before it hold the new
+ * values (one step ahead of the params, as after any error past FACTORED), the rest the old. */
+static ct_status fact_copies(fact_bufs *fb, int o, const ct_opt_group *groups, int ngroups,
+                             int up) {
+    int64_t base = 0;
+    for (int gi = 0; gi < ngroups; base += groups[gi].nblocks, gi++) {
+        ct_device *d = groups[gi].dev;
+        int seen = 0; /* d's blocks went with an earlier group's batch */
+        for (int gj = 0; gj < gi && !seen; gj++) seen = groups[gj].dev == d;
+        if (seen) continue;
+        int ns = 0;
+        int64_t bj = base;
+        for (int gj = gi; gj < ngroups; bj += groups[gj].nblocks, gj++) {
+            if (groups[gj].dev != d) continue;
+            for (int64_t i = bj; i < bj + groups[gj].nblocks; i++) {
+                if (fb->fac[i] == NULL) continue;
+                const ct_opt_block *b = fb->db[i];
+                void *host[3] = {fb->vrow[i], fb->vcol[i], fb->fac[i]};
+                void *dev[3] = {b->slot[o], b->slot[o + 1], fb->dfac[i]};
+                const size_t bytes[3] = {(size_t)b->slot_n[o] * sizeof(float),
+                                         (size_t)b->slot_n[o + 1] * sizeof(float),
+                                         fb->dfac_bytes[i]};
+                for (int q = 0; q < (up ? 3 : 2); q++) {
+                    if (bytes[q] == 0) continue;
+                    if (ns == INT_MAX) CT_TRY(fact_flush(fb, d, up, &ns)); /* an int counts them */
+                    fb->seg_dst[ns] = up ? dev[q] : host[q];
+                    fb->seg_src[ns] = up ? host[q] : dev[q];
+                    fb->seg_bytes[ns++] = bytes[q];
+                }
+            }
+        }
+        CT_TRY(fact_flush(fb, d, up, &ns));
+    }
+    return CT_OK;
+}
+
 static ct_status factored_device(ct_opt_stage *stages, int nstages, int k,
                                  const ct_opt_group *groups, int ngroups, int nleaves,
                                  const leaf_bufs *lb, fact_bufs *fb, ct_opt_pass *ps) {
@@ -430,32 +501,9 @@ static ct_status factored_device(ct_opt_stage *stages, int nstages, int k,
         CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, NULL));
     }
     ps->fstat = NULL;
-    const int64_t stride = (int64_t)sizeof(float);
-    for (int64_t i = 0; i < fb->nb; i++) { /* v_row, v_col to the host */
-        if (fb->fac[i] == NULL) continue;
-        const ct_opt_block *b = fb->db[i];
-        ct_device *d = fb->dev[i];
-        int64_t nr = b->slot_n[o], nc = b->slot_n[o + 1];
-        CT_TRY(d->backend->copy_block(NULL, d, 1, &nr, sizeof(float), fb->vrow[i], &stride,
-                                      b->slot[o], &stride));
-        CT_TRY(d->backend->copy_block(NULL, d, 1, &nc, sizeof(float), fb->vcol[i], &stride,
-                                      b->slot[o + 1], &stride));
-    }
+    CT_TRY(fact_copies(fb, o, groups, ngroups, 0)); /* v_row, v_col to the host */
     CT_TRY(ct_opt_factored_combine(stages, nstages, k, fb->hb, fb->nb, nleaves, fb->stat, fb->fac));
-    for (int64_t i = 0; i < fb->nb; i++) { /* new v_row, v_col and the factors back */
-        if (fb->fac[i] == NULL) continue;
-        const ct_opt_block *b = fb->db[i];
-        ct_device *d = fb->dev[i];
-        int64_t nr = b->slot_n[o], nc = b->slot_n[o + 1];
-        int64_t nf = (int64_t)(fb->dfac_bytes[i] / sizeof(float));
-        CT_TRY(d->backend->copy_block(d, NULL, 1, &nr, sizeof(float), b->slot[o], &stride,
-                                      fb->vrow[i], &stride));
-        CT_TRY(d->backend->copy_block(d, NULL, 1, &nc, sizeof(float), b->slot[o + 1], &stride,
-                                      fb->vcol[i], &stride));
-        CT_TRY(d->backend->copy_block(d, NULL, 1, &nf, sizeof(float), fb->dfac[i], &stride,
-                                      fb->fac[i], &stride));
-    }
-    return CT_OK;
+    return fact_copies(fb, o, groups, ngroups, 1); /* new v_row, v_col and the factors back */
 }
 
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,

@@ -361,7 +361,9 @@ static ct_status m_random(ct_device *dev, uint32_t k0, uint32_t k1, const ct_ran
 }
 
 static const ct_backend g_mock = {
-    "cuda", CT_PLATFORM_GPU, m_alloc, m_free, m_copy, m_sync, m_init,
+    "cuda", CT_PLATFORM_GPU, m_alloc, m_free, m_copy,
+    NULL, /* copy_segments: the core falls back to copy_block (nothing asks: optim_factored 0) */
+    m_sync, m_init,
     m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_optim, m_random,
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
 };

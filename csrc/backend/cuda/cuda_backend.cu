@@ -6,10 +6,14 @@
  * therefore never needs CUDA libraries or a driver. Each logical device (a GPU,
  * or a slice of one with CTRAINSTATE_GPU_SPLIT) has its own stream and memory
  * accounting; memory comes from cudaMallocAsync's pool on that stream, so
- * freeing is cheap and ordered with the work queued there.
+ * freeing is cheap and ordered with the work queued there. Many small copies
+ * between a device and the host go as one batch (copy_segments) through a
+ * pinned staging buffer of the device.
  */
 #include <stdlib.h>
 #include <string.h>
+
+#include <mutex>
 
 #include "cuda_common.cuh"
 
@@ -298,6 +302,126 @@ static ct_status cuda_copy_block(ct_device *dst_dev, ct_device *src_dev, int ndi
     return rc;
 }
 
+// --- batched copies ---------------------------------------------------------------------------
+
+/* copy_segments stages through one pinned host buffer per logical device: device -> host, every
+ * segment is queued into it, the host waits once and copies out; host -> device, the host packs
+ * every segment into it and queues the copies (no wait). `idle` is recorded after the last
+ * copies queued from or into the buffer: before the host writes the buffer again (or frees it
+ * to grow it) it waits for that event, which has normally completed by then (a later pass of
+ * the step waits for the stream). Copies into the buffer need no wait: they are queued on the
+ * same stream, after the copies out of it. Kept for the process' life (outside the per-device
+ * accounting), like cuda_optim.cu's caches. */
+struct seg_stage {
+    std::mutex mu;
+    char *h = nullptr;
+    size_t cap = 0;
+    cudaEvent_t idle = nullptr;
+};
+static seg_stage g_seg_stage[CT_MAX_DEVICES];
+
+#define CT_SEG_ALIGN 256 /* each segment's offset in the staging buffer */
+
+static ct_status seg_wait_idle(seg_stage *st) {
+    if (st->idle == nullptr) return CT_OK;
+    const cudaError_t q = cudaEventQuery(st->idle);
+    if (q == cudaErrorNotReady) CT_CUDA_TRY(cudaEventSynchronize(st->idle));
+    else CT_CUDA_TRY(q);
+    return CT_OK;
+}
+
+/* The staging buffer holds at least `bytes`; false (and no error) when pinned memory could
+ * not be had: the caller copies without it. */
+static ct_status seg_reserve(seg_stage *st, size_t bytes, bool *ok) {
+    *ok = true;
+    if (bytes <= st->cap) return CT_OK;
+    CT_TRY(seg_wait_idle(st)); /* copies still queued may read or write the old buffer */
+    if (st->h != nullptr) CT_CUDA_TRY(cudaFreeHost(st->h));
+    st->h = nullptr;
+    st->cap = 0;
+    size_t cap = bytes < ((size_t)1 << 16) ? ((size_t)1 << 16) : bytes + bytes / 2;
+    if (cudaMallocHost((void **)&st->h, cap) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the copies go without staging */
+        st->h = nullptr;
+        *ok = false;
+        return CT_OK;
+    }
+    st->cap = cap;
+    return CT_OK;
+}
+
+static ct_status cuda_copy_segments(ct_device *dst_dev, ct_device *src_dev, int nseg,
+                                    void *const *dst, const void *const *src,
+                                    const size_t *nbytes) {
+    ct_device *gd = as_gpu(dst_dev), *gs = as_gpu(src_dev);
+    if ((gd == NULL) == (gs == NULL)) { /* host -> host, device -> device: nothing to batch */
+        const int64_t one = 1;
+        for (int i = 0; i < nseg; i++) {
+            const int64_t n = (int64_t)nbytes[i];
+            CT_TRY(cuda_copy_block(dst_dev, src_dev, 1, &n, 1, dst[i], &one, src[i], &one));
+        }
+        return CT_OK;
+    }
+    ct_device *g = gd ? gd : gs;
+    if (g->id < 0 || g->id >= CT_MAX_DEVICES)
+        return ct_cuda_core->set_error(CT_EINVAL, "copy_segments: device id %d", g->id);
+    size_t total = 0;
+    for (int i = 0; i < nseg; i++)
+        total += (nbytes[i] + CT_SEG_ALIGN - 1) / CT_SEG_ALIGN * CT_SEG_ALIGN;
+    if (total == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(g->ordinal));
+    cudaStream_t s = ct_cuda_stream(g);
+    seg_stage *st = &g_seg_stage[g->id];
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->idle == nullptr) CT_CUDA_TRY(cudaEventCreateWithFlags(&st->idle, cudaEventDisableTiming));
+    bool staged = false;
+    CT_TRY(seg_reserve(st, total, &staged));
+    cudaError_t e = cudaSuccess;
+    if (!staged) { /* pageable memory: each d2h copy waits, each h2d one is staged by CUDA */
+        for (int i = 0; i < nseg && e == cudaSuccess; i++)
+            if (nbytes[i] > 0)
+                e = cudaMemcpyAsync(dst[i], src[i], nbytes[i],
+                                    gd ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, s);
+        if (e == cudaSuccess && gs) e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess)
+            return ct_cuda_core->set_error(CT_EDEVICE, "CUDA error in a batch of %d copies: %s",
+                                           nseg, cudaGetErrorString(e));
+        return CT_OK;
+    }
+    if (gd) CT_TRY(seg_wait_idle(st)); /* the host writes the buffer */
+    size_t off = 0;
+    int queued = 0;
+    for (int i = 0; i < nseg && e == cudaSuccess; i++) {
+        if (nbytes[i] == 0) continue;
+        if (gd) {
+            memcpy(st->h + off, src[i], nbytes[i]);
+            e = cudaMemcpyAsync(dst[i], st->h + off, nbytes[i], cudaMemcpyHostToDevice, s);
+        } else {
+            e = cudaMemcpyAsync(st->h + off, src[i], nbytes[i], cudaMemcpyDeviceToHost, s);
+        }
+        queued += e == cudaSuccess;
+        off += (nbytes[i] + CT_SEG_ALIGN - 1) / CT_SEG_ALIGN * CT_SEG_ALIGN;
+    }
+    /* after what was queued, even on an error: the next writer of the buffer waits for it */
+    if (queued > 0) {
+        const cudaError_t r = cudaEventRecord(st->idle, s);
+        if (e == cudaSuccess) e = r;
+    }
+    if (e == cudaSuccess && gs) e = cudaEventSynchronize(st->idle); /* the one host wait */
+    if (e != cudaSuccess)
+        return ct_cuda_core->set_error(CT_EDEVICE, "CUDA error in a batch of %d copies: %s",
+                                       nseg, cudaGetErrorString(e));
+    if (gs) {
+        off = 0;
+        for (int i = 0; i < nseg; i++) {
+            if (nbytes[i] == 0) continue;
+            memcpy(dst[i], st->h + off, nbytes[i]);
+            off += (nbytes[i] + CT_SEG_ALIGN - 1) / CT_SEG_ALIGN * CT_SEG_ALIGN;
+        }
+    }
+    return CT_OK;
+}
+
 // --- the table and the entry point ------------------------------------------------
 
 static const ct_backend g_cuda_backend = {
@@ -306,6 +430,7 @@ static const ct_backend g_cuda_backend = {
     /* alloc */ cuda_alloc,
     /* free */ cuda_free,
     /* copy_block */ cuda_copy_block,
+    /* copy_segments */ cuda_copy_segments,
     /* synchronize */ cuda_synchronize,
     /* init_device */ cuda_init_device,
     /* unary */ ct_cuda_unary,

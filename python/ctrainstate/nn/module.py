@@ -47,7 +47,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
-from .scope import Scope
+from .scope import DenyList, Scope, in_filter
 
 __all__ = ["Module", "compact", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
@@ -85,11 +85,15 @@ class ModuleScope(Scope):
         self.root_rngs = dict(root_rngs or {})
         self.rng_counters: dict = {k: 0 for k in self.root_rngs}
         self.rngs = {k: None for k in self.root_rngs}  # for has-stream checks
+        self.initializing = False
+
 
     def push(self, name: str) -> "ModuleScope":
         if name not in self._children:
-            self._children[name] = ModuleScope(self._variables, self.root_rngs, self.mutable,
-                                               self.path + (name,))
+            child = ModuleScope(self._variables, self.root_rngs, self.mutable,
+                                self.path + (name,))
+            child.initializing = self.initializing
+            self._children[name] = child
         return self._children[name]
 
     def has_rng(self, name: str) -> bool:
@@ -169,7 +173,8 @@ def _wrap_method(fn: Callable) -> Callable:
 
 
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
-             "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path"}
+             "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
+             "is_initializing"}
 
 
 class Module:
@@ -318,6 +323,11 @@ class Module:
     def make_rng(self, name: str = "params"):
         return self._need_scope("make_rng").make_rng(name)
 
+    def is_initializing(self) -> bool:
+        """True while the module runs under ``init``/``init_with_output`` (flax's
+        ``Module.is_initializing``)."""
+        return bool(getattr(self._need_scope("is_initializing"), "initializing", False))
+
     @property
     def variables(self) -> dict:
         return self._need_scope("variables").variables()
@@ -335,7 +345,7 @@ class Module:
         object.__setattr__(m, "_scope", scope)
         return m
 
-    def _run(self, variables, rngs, mutable, method, args, kwargs):
+    def _run(self, variables, rngs, mutable, method, args, kwargs, initializing=False):
         if rngs is not None and not isinstance(rngs, dict):
             rngs = {"params": rngs}
         root_rngs = {}
@@ -345,6 +355,7 @@ class Module:
                 raise TypeError(f"rngs['{k}'] must be a PRNG key (uint32[2]); got shape {key.shape}")
             root_rngs[k] = key.astype(np.uint32)
         scope = ModuleScope(variables, root_rngs, mutable)
+        scope.initializing = initializing
         bound = self._clone_bound(scope)
         fn = method if method is not None else type(bound).__call__
         if isinstance(fn, str):
@@ -353,15 +364,18 @@ class Module:
             out = fn(bound, *args, **kwargs)
         return out, scope.variables()
 
-    def init_with_output(self, rngs, *args, method=None, mutable=True, **kwargs):
+    def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
+                         **kwargs):
         """``(output, variables)`` of running the model with fresh variables."""
-        out, variables = self._run({}, rngs, mutable, method, args, kwargs)
-        return out, variables
+        out, variables = self._run({}, rngs, mutable, method, args, kwargs, initializing=True)
+        return out, {k: v for k, v in variables.items() if in_filter(mutable, k)}
 
-    def init(self, rngs, *args, method=None, mutable=True, **kwargs) -> dict:
+    def init(self, rngs, *args, method=None, mutable=DenyList("intermediates"), **kwargs) -> dict:
         """Create the variables: ``{'params': ..., 'params_axes': ..., ...}``.
 
         ``rngs`` is a key (the ``'params'`` stream) or ``{'params': key, 'dropout': key}``.
+        As in Flax, every collection is mutable except ``'intermediates'`` (values sown
+        there during init are dropped; pass ``mutable=True`` to keep them).
         """
         return self.init_with_output(rngs, *args, method=method, mutable=mutable, **kwargs)[1]
 
@@ -373,21 +387,13 @@ class Module:
         out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs)
         if mutable is False:
             return out
-        keep = {k: v for k, v in new_vars.items() if _is_mutable(mutable, k)}
+        keep = {k: v for k, v in new_vars.items() if in_filter(mutable, k)}
         return out, keep
 
     def __repr__(self):
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                            if f.name != "name")
         return f"{type(self).__name__}({fields})"
-
-
-def _is_mutable(mutable, col):
-    if isinstance(mutable, bool):
-        return mutable
-    if isinstance(mutable, str):
-        return col == mutable
-    return col in mutable
 
 
 def _copy_tree(d):

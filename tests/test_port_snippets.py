@@ -63,3 +63,69 @@ def test_init_intermediates_match_flax():
     assert len(fm["intermediates"]["h"]) == len(cm["intermediates"]["h"])
     np.testing.assert_allclose(np.asarray(cm["intermediates"]["h"][0]),
                                np.asarray(fm["intermediates"]["h"][0]), rtol=1e-6)
+
+
+# --- Arrays in a training loop: printing, formatting, comparing a loss -----------------------
+
+def _loss_array(value=1.8136346):
+    return cts.device_put(np.float32(value))
+
+
+def test_scalar_array_prints_and_formats_like_its_value():
+    loss = _loss_array(2.5)
+    # jax: f"{loss:.4f}" -> '2.5000', str(loss) -> '2.5'
+    assert f"{loss:.4f}" == "2.5000"
+    assert f"{loss}" == "2.5" and str(loss) == "2.5"
+    assert repr(loss).startswith("Array(2.5, dtype=float32")
+    step = cts.device_put(np.int32(7))
+    assert f"{step:03d}" == "007" and str(step) == "7"
+    from ctrainstate.hf.cast import cast
+    assert f"{cast(loss, 'bfloat16'):.1f}" == "2.5"          # 0-d bfloat16 casts and formats
+    x = cts.device_put(np.ones((2, 3), np.float32))
+    assert f"{x}" == repr(x)
+    with pytest.raises(TypeError, match="np.asarray"):
+        f"{x:.2f}"
+
+
+def test_scalar_array_comparisons():
+    loss, best = _loss_array(0.5), _loss_array(0.75)
+    assert loss < best and best > loss and loss <= 0.5 and loss >= 0.5
+    assert loss == 0.5 and loss != 0.25 and 1.0 > loss
+    assert (loss == _loss_array(0.5)) and not (loss == best)
+    assert (loss == "0.5") is False                  # not a number: identity, like Python
+    x = cts.device_put(np.arange(4, dtype=np.float32))
+    # there is no elementwise comparison op: an error, never a silent False
+    for cmp in (lambda: x == 3, lambda: x > 3, lambda: loss < x):
+        with pytest.raises(TypeError, match="scalars"):
+            cmp()
+
+
+def test_scalar_array_comparisons_match_jax():
+    jax = _jax()
+    import operator
+    for op in (operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne):
+        for a, b in ((0.5, 0.75), (0.75, 0.5), (0.5, 0.5)):
+            want = bool(op(jax.numpy.float32(a), jax.numpy.float32(b)))
+            assert bool(op(_loss_array(a), _loss_array(b))) == want
+            assert bool(op(_loss_array(a), b)) == want
+    assert f"{jax.numpy.float32(2.5):.3f}" == f"{_loss_array(2.5):.3f}"
+
+
+def test_array_host_conversions():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = cts.device_put(a, cts.NamedSharding(cts.make_mesh((2,), ("d",)), cts.P("d")))
+    assert x.tolist() == a.tolist()
+    assert float(np.mean(x)) == 2.5 and float(np.sum(x)) == 15.0   # numpy calls x.mean(dtype=, out=)
+    h = x.astype(np.float16)
+    assert h.dtype == np.float16 and h.sharding == x.sharding
+    np.testing.assert_array_equal(np.asarray(h), a.astype(np.float16))
+    assert x.astype(np.float32) is x
+    c = x.copy()
+    assert c is not x and c.sharding == x.sharding
+    np.testing.assert_array_equal(np.asarray(c), a)
+    with pytest.raises(TypeError, match="np.asarray"):
+        x[0]
+    with pytest.raises(TypeError, match="np.asarray"):
+        list(x)
+    with pytest.raises(TypeError, match="out="):
+        np.sum(x, out=np.zeros(()))

@@ -245,13 +245,115 @@ class Array(OperatorsMixin):
     def __repr__(self):
         if self._donated:
             return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
+        if not self._shape and not self.is_deleted():
+            # a scalar (a loss, a step): show its value, as jax does
+            return (f"Array({_py_scalar(self._scalar_value())!r}, dtype={self._dtype}, "
+                    f"sharding={self._sharding!r})")
         return f"Array(shape={self._shape}, dtype={self._dtype}, sharding={self._sharding!r})"
+
+    def __str__(self):
+        if not self._shape and not self._donated and not self.is_deleted():
+            return str(_py_scalar(self._scalar_value()))
+        return repr(self)
+
+    def _scalar_value(self):
+        """The value of a 0-d Array as a numpy scalar (from the host copy a counter keeps,
+        else read from the device)."""
+        if self._host_scalar is not None:
+            return np.asarray(self._host_scalar, self._dtype)[()]
+        return np.asarray(self)[()]
+
+    def __format__(self, spec):
+        # f"{loss:.4f}": a scalar formats like its value (jax.Array does the same)
+        if not self._shape:
+            v = self._scalar_value()
+            return format(_py_scalar(v), spec)
+        if not spec:
+            return str(self)
+        raise TypeError(f"format spec {spec!r} applies to scalars; this Array has shape "
+                        f"{self._shape}: format np.asarray(x) (gathers to the host) instead")
+
+    # --- comparisons: scalars only (there is no elementwise comparison op) ----------------
+    def _compare(self, other, op):
+        if isinstance(other, Array):
+            if other._shape:
+                raise TypeError(self._cmp_msg(other._shape))
+            other = other._scalar_value()
+        elif not isinstance(other, (int, float, bool, np.generic, np.ndarray)):
+            return NotImplemented
+        if self._shape:
+            raise TypeError(self._cmp_msg(self._shape))
+        return op(self._scalar_value(), other)
+
+    @staticmethod
+    def _cmp_msg(shape):
+        return (f"comparing an Array of shape {shape}: ctrainstate compares scalars (0-d "
+                f"Arrays, e.g. a loss) only; for elementwise comparisons gather to the host "
+                f"first, np.asarray(x) > 0")
+
+    def __eq__(self, other):
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other):
+        return self._compare(other, lambda a, b: a != b)
+
+    def __lt__(self, other):
+        return self._compare(other, lambda a, b: a < b)
+
+    def __le__(self, other):
+        return self._compare(other, lambda a, b: a <= b)
+
+    def __gt__(self, other):
+        return self._compare(other, lambda a, b: a > b)
+
+    def __ge__(self, other):
+        return self._compare(other, lambda a, b: a >= b)
+
+    __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
+
+    # --- no indexing -----------------------------------------------------------------------
+    def __getitem__(self, idx):
+        raise TypeError(
+            f"Array indexing (x[{idx!r}]) is not supported: ctrainstate has no gather/slice "
+            f"ops. Index on the host, np.asarray(x)[...] (gathers the whole array), read one "
+            f"device's block from x.addressable_shards[i].data, or reshape/transpose/sum with "
+            f"ctrainstate.numpy")
+
+    def __iter__(self):
+        if not self._shape:
+            raise TypeError("iteration over a 0-d Array")
+        raise TypeError("iterating over an Array is not supported (no slice ops): iterate "
+                        "over np.asarray(x) (gathers to the host)")
+
+    # --- host conversions and copies ---------------------------------------------------------
+    def tolist(self):
+        """The values as nested Python lists (gathers to the host, like ``jax.Array.tolist``)."""
+        return np.asarray(self).tolist()
+
+    def astype(self, dtype) -> "Array":
+        """A copy converted to ``dtype`` with the same sharding, block by block (no device
+        holds more than its block). Not differentiable: ops compute in float32, and an
+        Array that is already ``dtype`` is returned as it is."""
+        from .hf.cast import cast
+        return cast(self, dtype)
+
+    def copy(self) -> "Array":
+        """A new Array with the same sharding and a copy of every block."""
+        from .optim.base import copy_array
+        return copy_array(self)
 
     def _repr_html_(self):
         return _sharding_html(self)
 
 
 register_leaf_type(Array)
+
+
+def _py_scalar(v):
+    """A numpy scalar as a Python bool/int/float (bfloat16 included) for printing."""
+    if isinstance(v, (np.bool_, np.integer)):
+        return v.item()
+    return float(v)
 
 
 # --- device_put ------------------------------------------------------------------

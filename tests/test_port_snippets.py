@@ -129,3 +129,45 @@ def test_array_host_conversions():
         list(x)
     with pytest.raises(TypeError, match="out="):
         np.sum(x, out=np.zeros(()))
+
+
+# --- shardings -----------------------------------------------------------------------------
+
+def _equiv_cases(Mesh, NS, P, SDS, devs):
+    m24 = Mesh(np.array(devs[:8]).reshape(2, 4), ("data", "model"))
+    m42 = Mesh(np.array(devs[:8]).reshape(4, 2), ("a", "b"))
+    m8 = Mesh(np.array(devs[:8]), ("x",))
+    m1 = Mesh(np.array(devs[:1]), ("x",))
+    return [
+        (NS(m24, P("data")), NS(m24, P("data", None)), 2),          # trailing None
+        (NS(m24, P("data")), NS(m24, P("data", "model")), 2),
+        (NS(m24, P(("data", "model"))), NS(m8, P("x")), 1),         # same devices, same order
+        (NS(m24, P()), NS(m42, P()), 2),                            # replicated on 8 either way
+        (NS(m24, P("model")), NS(m24, P(None, "model")), 2),
+        (NS(m1, P("x")), SDS(devs[0]), 2),                          # one device
+        (NS(m1, P()), SDS(devs[1]), 1),
+    ]
+
+
+def test_is_equivalent_to():
+    got = [a.is_equivalent_to(b, nd) for a, b, nd in _equiv_cases(
+        cts.Mesh, cts.NamedSharding, cts.P, cts.SingleDeviceSharding, cts.devices())]
+    # derived: which cases put every element on the same devices
+    assert got == [True, False, True, True, False, True, False]
+
+
+def test_is_equivalent_to_matches_jax():
+    jax = _jax()
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 XLA CPU devices")
+    want = [a.is_equivalent_to(b, nd) for a, b, nd in _equiv_cases(
+        Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, jax.devices())]
+    got = [a.is_equivalent_to(b, nd) for a, b, nd in _equiv_cases(
+        cts.Mesh, cts.NamedSharding, cts.P, cts.SingleDeviceSharding, cts.devices())]
+    assert got == want
+
+
+def test_device_process_index():
+    # t5x's get_coords / bounds_from_last_device read device.process_index
+    assert [d.process_index for d in cts.devices()] == [0] * cts.device_count()

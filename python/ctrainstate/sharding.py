@@ -13,6 +13,8 @@ computed in C (csrc/core/ct_layout.c); this module only holds the objects.
 """
 from __future__ import annotations
 
+import math
+
 import collections
 import threading
 from typing import Any, Mapping
@@ -277,9 +279,12 @@ class Sharding:
         return len(self._mesh_devices)
 
     def is_equivalent_to(self, other: "Sharding", ndim: int) -> bool:
+        """True when both place every element of an ``ndim``-d array on the same devices
+        (``P('x')`` and ``P('x', None)``, or one device as a mesh and as a single device)."""
         if not isinstance(other, Sharding):
             return False
-        shape = (1,) * ndim
+        # a dimension of the product of both device counts splits evenly over any mesh axes
+        shape = (math.lcm(self.num_devices, other.num_devices),) * ndim
         try:
             a = self.devices_indices_map(shape)
             b = other.devices_indices_map(shape)

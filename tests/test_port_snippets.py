@@ -171,3 +171,38 @@ def test_is_equivalent_to_matches_jax():
 def test_device_process_index():
     # t5x's get_coords / bounds_from_last_device read device.process_index
     assert [d.process_index for d in cts.devices()] == [0] * cts.device_count()
+
+
+# --- tree utilities ------------------------------------------------------------------------
+
+_TREE = {"b": [1, (2, None)], "a": {"z": 4, "y": 5}}
+
+
+def test_tree_namespace_and_reduce():
+    from ctrainstate import tree, tree_util
+    assert tree.map(lambda x: x * 10, _TREE) == {"b": [10, (20, None)], "a": {"z": 40, "y": 50}}
+    assert tree.leaves(_TREE) == [5, 4, 1, 2]                 # dict keys sorted, None no leaf
+    assert tree.reduce(lambda a, b: a + b, _TREE) == 12
+    assert tree_util.tree_reduce(lambda a, b: a + b, _TREE, 100) == 112
+    assert tree.all(tree.map(lambda x: x > 0, _TREE)) and not tree.all({"a": 0, "b": 1})
+    assert tree.all({}) is True
+    paths = [tree_util.keystr(p, simple=True, separator="/")
+             for p, _ in tree.flatten_with_path(_TREE)[0]]
+    assert paths == ["a/y", "a/z", "b/0", "b/1/0"]
+    assert tree_util.keystr(tree.flatten_with_path({"a": [7]})[0][0][0]) == "['a'][0]"
+    assert tree_util.keystr(tree.flatten_with_path({"a": [7]})[0][0][0], separator="/") == "['a']/[0]"
+
+
+def test_tree_namespace_matches_jax():
+    jax = _jax()
+    from ctrainstate import tree, tree_util
+    assert tree.leaves(_TREE) == jax.tree.leaves(_TREE)
+    assert tree.reduce(lambda a, b: a * b, _TREE, 3) == jax.tree.reduce(lambda a, b: a * b, _TREE, 3)
+    assert tree.all(_TREE) == jax.tree.all(_TREE)
+    for simple in (False, True):
+        for sep in ("", "/"):
+            want = [jax.tree_util.keystr(p, simple=simple, separator=sep)
+                    for p, _ in jax.tree_util.tree_flatten_with_path(_TREE)[0]]
+            got = [tree_util.keystr(p, simple=simple, separator=sep)
+                   for p, _ in tree_util.tree_flatten_with_path(_TREE)[0]]
+            assert got == want

@@ -19,7 +19,7 @@ from ._devices import (
     process_index,
     reset_peak_memory_stats,
 )
-from . import tree_util, sharding, mesh_utils
+from . import tree_util, tree, sharding, mesh_utils
 from .sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
 from .sharding import PartitionSpec as P
 from .mesh_utils import make_mesh
@@ -38,6 +38,6 @@ __all__ = [
     "ResourceExhaustedError", "Shard", "SingleDeviceSharding", "block_until_ready",
     "default_backend", "device_count", "device_put", "devices", "get_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
-    "reset_peak_memory_stats", "sharding", "tree_util", "visualize_array_sharding",
+    "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
     "numpy", "grad", "value_and_grad", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit",
 ]

@@ -206,3 +206,65 @@ def test_tree_namespace_matches_jax():
             got = [tree_util.keystr(p, simple=simple, separator=sep)
                    for p, _ in tree_util.tree_flatten_with_path(_TREE)[0]]
             assert got == want
+
+
+# --- jnp creation functions, minimum / clip / squeeze / std --------------------------------
+
+def _creations(jnp):
+    return {
+        "ones": jnp.ones((1, 2)), "zeros_i": jnp.zeros(3, jnp.int32),
+        "array_i": jnp.array([1, 2, 3]), "array_f": jnp.array([1.0, 2.0]),
+        "asarray_f64": jnp.asarray(np.ones(2)), "arange": jnp.arange(5),
+        "arange3": jnp.arange(1, 7, 2), "arange_f": jnp.arange(0.0, 1.0, 0.25),
+        "linspace": jnp.linspace(0, 1, 5), "full_i": jnp.full((2,), 3),
+        "full_f": jnp.full((2, 2), 0.5), "full_dt": jnp.full((2,), 1, jnp.float32),
+    }
+
+
+def test_jnp_creation_functions():
+    got = _creations(cnp)
+    # derived: JAX without x64 — float32 by default, int32 for integers
+    want = {"ones": ([[1.0, 1.0]], "float32"), "zeros_i": ([0, 0, 0], "int32"),
+            "array_i": ([1, 2, 3], "int32"), "array_f": ([1.0, 2.0], "float32"),
+            "asarray_f64": ([1.0, 1.0], "float32"), "arange": ([0, 1, 2, 3, 4], "int32"),
+            "arange3": ([1, 3, 5], "int32"), "arange_f": ([0.0, 0.25, 0.5, 0.75], "float32"),
+            "linspace": ([0.0, 0.25, 0.5, 0.75, 1.0], "float32"), "full_i": ([3, 3], "int32"),
+            "full_f": ([[0.5, 0.5], [0.5, 0.5]], "float32"), "full_dt": ([1.0, 1.0], "float32")}
+    for k, (vals, dt) in want.items():
+        assert isinstance(got[k], cts.Array), k
+        assert got[k].tolist() == vals and str(got[k].dtype) == dt, k
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    with mesh:                                            # replicated over the active mesh
+        assert cnp.zeros((8, 4)).sharding == cts.NamedSharding(mesh, cts.P())
+    s = cts.NamedSharding(mesh, cts.P("data"))
+    assert cnp.ones((8, 4), device=s).sharding == s
+    a = cnp.ones(3)
+    assert cnp.asarray(a) is a and cnp.array(a) is not a
+    assert cnp.float32(2.0) == 2.0 and str(np.dtype(cnp.bfloat16)) == "bfloat16"
+
+
+def test_jnp_creation_matches_jax():
+    jax = _jax()
+    got, want = _creations(cnp), _creations(jax.numpy)
+    for k in want:
+        assert str(got[k].dtype) == str(want[k].dtype), k
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
+
+
+def test_minimum_clip_squeeze_std_and_grads():
+    x = cnp.array([-2.0, 0.5, 3.0, 1.0])
+    assert cnp.minimum(x, 1.0).tolist() == [-2.0, 0.5, 1.0, 1.0]
+    assert cnp.clip(x, -1.0, 1.0).tolist() == [-1.0, 0.5, 1.0, 1.0]
+    assert cnp.clip(x, a_max=0.0).tolist() == [-2.0, 0.0, 0.0, 0.0]
+    assert cnp.squeeze(cnp.ones((1, 3, 1))).shape == (3,)
+    assert cnp.squeeze(cnp.ones((1, 3, 1)), axis=-1).shape == (1, 3)
+    with pytest.raises(ValueError, match="not 1"):
+        cnp.squeeze(cnp.ones((2, 3)), axis=0)
+    np.testing.assert_allclose(float(cnp.std(x)), np.std([-2.0, 0.5, 3.0, 1.0]), rtol=1e-6)
+    # d/dx sum(clip(x, -1, 1)) = 1 strictly inside, 0 outside; d/dy min(x, y) where y < x
+    g = cts.grad(lambda v: cnp.sum(cnp.clip(v, -1.0, 1.0)))(cnp.array([-2.0, 0.5, 3.0]))
+    assert g.tolist() == [0.0, 1.0, 0.0]
+    ga, gb = cts.grad(lambda a, b: cnp.sum(cnp.minimum(a, b)), argnums=(0, 1))(
+        cnp.array([1.0, 5.0]), cnp.array([2.0, 3.0]))
+    assert ga.tolist() == [1.0, 0.0] and gb.tolist() == [0.0, 1.0]
+    assert cts.eval_shape(lambda a: cnp.minimum(a, 0.0), cts.ShapeDtypeStruct((2, 3), np.float32)).shape == (2, 3)

@@ -379,6 +379,16 @@ def maximum(a, b) -> Array:
     return _binary(B_MAX, a, b, ga, gb)
 
 
+def minimum(a, b) -> Array:
+    """Elementwise minimum (the gradient goes to ``a`` where ``a < b``, else to ``b``)."""
+    def ga(g, x, y, o):
+        return multiply(g, _binary_raw(B_GT, y, x))
+
+    def gb(g, x, y, o):
+        return subtract(g, multiply(g, _binary_raw(B_GT, y, x)))
+    return _binary(B_MIN, a, b, ga, gb)
+
+
 def negative(x) -> Array:
     return _unary(U_NEG, x, vjp=lambda g, x, y: negative(g))
 
@@ -954,7 +964,7 @@ def _abstract_rules():
     from ._abstract import ShapeDtypeStruct
     rules = {
         "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
-        "divide": _rule_bcast, "maximum": _rule_bcast,
+        "divide": _rule_bcast, "maximum": _rule_bcast, "minimum": _rule_bcast,
         "sum": _rule_reduce, "mean": _rule_reduce, "transpose": _rule_transpose,
         "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
         "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),

@@ -268,3 +268,110 @@ def test_minimum_clip_squeeze_std_and_grads():
         cnp.array([1.0, 5.0]), cnp.array([2.0, 3.0]))
     assert ga.tolist() == [1.0, 0.0] and gb.tolist() == [0.0, 1.0]
     assert cts.eval_shape(lambda a: cnp.minimum(a, 0.0), cts.ShapeDtypeStruct((2, 3), np.float32)).shape == (2, 3)
+
+
+# --- optax: losses, global_norm, schedules, stateless transforms ---------------------------
+
+def _schedules(o):
+    return {
+        "pwi_lin": o.piecewise_interpolate_schedule("linear", 1.0, {4: 0.1, 8: 0.01}),
+        "pwi_cos": o.piecewise_interpolate_schedule("cosine", 2.0, {3: 0.5, 5: 0.0, 9: 3.0}),
+        "pwi_none": o.piecewise_interpolate_schedule("linear", 0.3),
+        "lin1c": o.linear_onecycle_schedule(20, 0.1),
+        "cos1c": o.cosine_onecycle_schedule(17, 0.05, pct_start=0.2),
+        "wconst": o.warmup_constant_schedule(0.0, 1.0, 4),
+        "wexp": o.warmup_exponential_decay_schedule(0.0, 1.0, 3, 2, 0.5, transition_begin=1,
+                                                    staircase=True, end_value=0.1),
+        "sgdr": o.sgdr_schedule([
+            dict(init_value=0.0, peak_value=1.0, warmup_steps=2, decay_steps=6),
+            dict(init_value=0.1, peak_value=0.5, warmup_steps=1, decay_steps=5, end_value=0.05)]),
+    }
+
+
+def test_more_schedules_derived_values():
+    from ctrainstate import optim
+    s = _schedules(optim)
+    # optax's docstring: linear interpolation between the accumulated values 1, 0.1, 0.001
+    assert [round(s["pwi_lin"](i), 6) for i in range(0, 11, 2)] == [1.0, 0.55, 0.1, 0.0505,
+                                                                    0.001, 0.001]
+    assert s["pwi_none"](0) == pytest.approx(0.3) and s["pwi_none"](100) == pytest.approx(0.3)
+    # onecycle: peak/25 at 0, peak at int(0.3 * 20) = 6, peak/25 at 17, peak/25/1e4 at 20
+    assert s["lin1c"](0) == pytest.approx(0.004) and s["lin1c"](6) == pytest.approx(0.1)
+    assert s["lin1c"](17) == pytest.approx(0.004) and s["lin1c"](20) == pytest.approx(4e-7)
+    assert s["cos1c"](3) == pytest.approx(0.05) and s["cos1c"](17) == pytest.approx(0.05 / 25 / 1e4)
+    assert s["wconst"](2) == pytest.approx(0.5) and s["wconst"](50) == 1.0
+    # sgdr: the second cycle starts at step 6 with its own warmup from 0.1
+    assert s["sgdr"](6) == pytest.approx(0.1) and s["sgdr"](7) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="interpolate_type"):
+        optim.piecewise_interpolate_schedule("quadratic", 1.0)
+
+
+def test_more_schedules_match_optax():
+    optax = pytest.importorskip("optax")
+    from ctrainstate import optim
+    want, got = _schedules(optax), _schedules(optim)
+    for k in want:
+        a = np.array([float(want[k](i)) for i in range(25)])
+        b = np.array([float(got[k](i)) for i in range(25)])
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-12, err_msg=k)
+
+
+def _loss_inputs():
+    r = np.random.RandomState(0)
+    return r.randn(4, 3).astype(np.float32), r.randn(4, 3).astype(np.float32)
+
+
+def test_losses_global_norm_and_updates():
+    from ctrainstate import optim
+    p, t = _loss_inputs()
+    np.testing.assert_allclose(np.asarray(optim.l2_loss(p, t)), 0.5 * (p - t) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(optim.squared_error(p)), p ** 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(optim.losses.l2_loss(p)), 0.5 * p ** 2, rtol=1e-6)
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    tree = {"a": cts.device_put(np.tile(p, (2, 4)), cts.NamedSharding(mesh, cts.P("data", "model"))),
+            "b": t, "c": None}
+    want = np.sqrt(np.sum(np.tile(p, (2, 4)).astype(np.float64) ** 2) + np.sum(t.astype(np.float64) ** 2))
+    assert float(optim.global_norm(tree)) == pytest.approx(want, rel=1e-6)
+    # differentiable: d/dw mean(l2_loss(w, 1)) = (w - 1) / n
+    w = cts.device_put(p)
+    loss, g = cts.value_and_grad(lambda v: cnp.mean(optim.l2_loss(v, np.ones_like(p))))(w)
+    np.testing.assert_allclose(np.asarray(g), (p - 1) / p.size, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(optim.incremental_update({"x": p}, {"x": t}, 0.1)["x"]),
+                               0.1 * p + 0.9 * t, rtol=1e-6)
+    assert optim.periodic_update("new", "old", 4, 2) == "new"
+    assert optim.periodic_update("new", "old", cts.device_put(np.int32(3)), 2) == "old"
+    assert optim.safe_int32_increment(2**31 - 1) == 2**31 - 1
+
+
+def test_losses_and_global_norm_match_optax():
+    optax = pytest.importorskip("optax")
+    from ctrainstate import optim
+    p, t = _loss_inputs()
+    np.testing.assert_allclose(np.asarray(optim.l2_loss(p, t)), np.asarray(optax.l2_loss(p, t)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(optim.squared_error(p, t)),
+                               np.asarray(optax.squared_error(p, t)), rtol=1e-6)
+    assert float(optim.global_norm({"p": p, "t": [t]})) == pytest.approx(
+        float(optax.global_norm({"p": p, "t": [t]})), rel=1e-6)
+
+
+def _stateless_chain(o, tmap):
+    return o.chain(o.stateless_with_tree_map(lambda g, p: g + 0.01 * p),
+                   o.stateless(lambda u, p: tmap(lambda x: x * 0.5, u)),
+                   o.sgd(0.1, momentum=0.9))
+
+
+def test_stateless_transforms_in_train_state():
+    from ctrainstate import optim, tree_util
+    from ctrainstate.train_state import TrainState
+    p, g = _loss_inputs()
+    s = TrainState.create(apply_fn=None, params={"w": p}, tx=_stateless_chain(optim, tree_util.tree_map))
+    s = s.apply_gradients(grads={"w": g})
+    # derived: u = 0.5 * (g + 0.01 p); momentum trace starts at 0, so the first update is -0.1 u
+    np.testing.assert_allclose(np.asarray(s.params["w"]), p - 0.1 * 0.5 * (g + 0.01 * p), rtol=1e-6)
+    optax = pytest.importorskip("optax")
+    jax = _jax()
+    tx = _stateless_chain(optax, jax.tree_util.tree_map)
+    st = tx.init({"w": p})
+    u, st = tx.update({"w": g}, st, {"w": p})
+    np.testing.assert_allclose(np.asarray(s.params["w"]), p + np.asarray(u["w"]), rtol=1e-6)

@@ -375,3 +375,33 @@ def test_stateless_transforms_in_train_state():
     st = tx.init({"w": p})
     u, st = tx.update({"w": g}, st, {"w": p})
     np.testing.assert_allclose(np.asarray(s.params["w"]), p + np.asarray(u["w"]), rtol=1e-6)
+
+
+# --- jax.lax.with_sharding_constraint, jax.device_get ----------------------------------------
+
+def test_lax_with_sharding_constraint():
+    from ctrainstate import lax
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    s = cts.NamedSharding(mesh, cts.P("data", "model"))
+    a = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = cts.device_put(a)
+    y = lax.with_sharding_constraint(x, s)
+    assert y.sharding == s and y.addressable_shards[5].index == (slice(4, 8), slice(1, 2))
+    np.testing.assert_array_equal(np.asarray(y), a)
+    with mesh:                                             # a PartitionSpec uses the active mesh
+        t = cts.with_sharding_constraint({"a": x, "b": [x]}, {"a": cts.P("model"), "b": cts.P()})
+    assert t["a"].sharding == cts.NamedSharding(mesh, cts.P("model"))
+    assert t["b"][0].sharding == cts.NamedSharding(mesh, cts.P())
+    with pytest.raises(ValueError, match="with mesh"):
+        lax.with_sharding_constraint(x, cts.P("data"))
+    # differentiable: the gradient comes back with the input's sharding
+    g = cts.grad(lambda v: cnp.sum(cnp.square(lax.with_sharding_constraint(v, s))))(x)
+    assert g.sharding == x.sharding
+    np.testing.assert_allclose(np.asarray(g), 2 * a)
+
+
+def test_device_get():
+    x = cts.device_put(np.arange(3, dtype=np.float32))
+    out = cts.device_get({"x": x, "n": 3, "h": np.ones(2)})
+    assert isinstance(out["x"], np.ndarray) and out["x"].tolist() == [0.0, 1.0, 2.0]
+    assert out["n"] == 3 and out["h"].tolist() == [1.0, 1.0]

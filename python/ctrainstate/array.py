@@ -23,9 +23,9 @@ from . import _C, _dtypes
 from ._devices import Device
 from ._operators import OperatorsMixin
 from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
-from .tree_util import register_leaf_type, tree_leaves
+from .tree_util import register_leaf_type, tree_leaves, tree_map
 
-__all__ = ["Array", "Shard", "device_put", "from_dlpack", "block_until_ready",
+__all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
            "visualize_array_sharding"]
 
 DonatedBufferError = _C.DonatedBufferError
@@ -537,6 +537,17 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
             _C.copy_from_host(buf, host.view(np.uint8) if dtype == _dtypes.bool_ else host,
                               (0,) * len(shard_shape))
     return Array._create(tuple(shape), dtype, sharding, blocks)
+
+
+def device_get(tree):
+    """Every Array of ``tree`` gathered to a host ``numpy.ndarray`` (jax.device_get); other
+    leaves are returned as they are.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> cts.device_get({'w': cts.device_put(np.ones(2, np.float32)), 'step': 3})
+    {'step': 3, 'w': array([1., 1.], dtype=float32)}
+    """
+    return tree_map(lambda x: np.asarray(x) if isinstance(x, Array) else x, tree)
 
 
 def block_until_ready(tree):

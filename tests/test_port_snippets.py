@@ -452,3 +452,78 @@ def test_randint_matches_jax():
             got = random.randint(random.PRNGKey(seed), shape, lo, hi, dt)
             assert got.dtype == want.dtype, (shape, lo, hi, dt)
             np.testing.assert_array_equal(got, want, err_msg=str((shape, lo, hi, dt, seed)))
+
+
+# --- nn.Dropout ------------------------------------------------------------------------------
+
+def _dropout_model(nn_mod):
+    class M(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x, train: bool):
+            x = nn_mod.Dense(16)(x)
+            x = nn_mod.Dropout(0.3, deterministic=not train)(x)
+            x = nn_mod.relu(x)
+            x = nn_mod.Dropout(rate=0.5, broadcast_dims=(0,))(x, deterministic=not train)
+            return nn_mod.Dense(2)(x)
+    return M()
+
+
+def test_dropout_mask_and_scaling():
+    x = np.arange(1, 41, dtype=np.float32).reshape(8, 5)
+    k = random.PRNGKey(3)
+    d = nn.Dropout(0.25)
+    y = np.asarray(d.apply({}, x, deterministic=False, rng=k))
+    # derived: Flax keeps element i iff uniform(rng, shape)[i] < 1 - rate, and scales by 1/keep
+    keep = random.uniform(k, x.shape) < 0.75
+    np.testing.assert_allclose(y, np.where(keep, x / 0.75, 0.0), rtol=1e-6)
+    assert np.asarray(d.apply({}, x, deterministic=True)).tolist() == x.tolist()
+    assert np.asarray(nn.Dropout(1.0).apply({}, x, deterministic=False)).max() == 0.0
+    yb = np.asarray(nn.Dropout(0.5, broadcast_dims=(0,)).apply(
+        {}, x, deterministic=False, rngs={"dropout": k}))
+    assert ((yb == 0).all(axis=0) | (yb != 0).all(axis=0)).all()    # one mask value per column
+    with pytest.raises(ValueError, match="deterministic"):
+        nn.Dropout(0.1).apply({}, x)
+    with pytest.raises(ValueError, match="dropout"):
+        nn.Dropout(0.1).apply({}, x, deterministic=False)
+
+
+def test_dropout_sharded_grads_and_train_step():
+    from ctrainstate import optim
+    from ctrainstate.train_state import TrainState
+    x = np.random.RandomState(0).randn(8, 4).astype(np.float32)
+    m = _dropout_model(nn)
+    v = m.init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)}, x, train=True)
+    y1 = np.asarray(m.apply(v, x, train=True, rngs={"dropout": random.PRNGKey(5)}))
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    xs = cts.device_put(x, cts.NamedSharding(mesh, cts.P("data", None)))
+    with mesh:
+        ys = m.apply(v, xs, train=True, rngs={"dropout": random.PRNGKey(5)})
+    np.testing.assert_allclose(np.asarray(ys), y1, rtol=1e-5, atol=1e-6)  # same mask on any mesh
+    state = TrainState.create(apply_fn=m.apply, params=v["params"], tx=optim.sgd(0.1))
+    loss_fn = lambda p: cnp.mean(cnp.square(state.apply_fn(
+        {"params": p}, x, train=True, rngs={"dropout": random.PRNGKey(5)})))
+    loss, g = cts.value_and_grad(loss_fn)(state.params)
+    np.testing.assert_allclose(float(loss), np.mean(y1 ** 2), rtol=1e-5)
+    state = state.apply_gradients(grads=g)
+    assert state.step == 1
+
+
+def test_dropout_matches_flax():
+    fnn, jax = _flax(), _jax()
+    x = np.random.RandomState(0).randn(8, 4).astype(np.float32)
+    fv = _dropout_model(fnn).init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)},
+                                  x, train=True)
+    cv = _dropout_model(nn).init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)},
+                                 x, train=True)
+    for a, b in zip(jax.tree_util.tree_leaves(fv["params"]), cts.tree_util.tree_leaves(cv["params"])):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    fo = _dropout_model(fnn).apply(fv, x, train=True, rngs={"dropout": jax.random.PRNGKey(5)})
+    co = _dropout_model(nn).apply(cv, x, train=True, rngs={"dropout": random.PRNGKey(5)})
+    np.testing.assert_allclose(np.asarray(co), np.asarray(fo), rtol=1e-5, atol=1e-6)
+    loss = lambda apply, p, k, jnp: jnp.mean(jnp.square(apply({"params": p}, x, train=True,
+                                                               rngs={"dropout": k})))
+    gf = jax.grad(lambda p: loss(_dropout_model(fnn).apply, p, jax.random.PRNGKey(5), jax.numpy))(
+        fv["params"])
+    gc = cts.grad(lambda p: loss(_dropout_model(nn).apply, p, random.PRNGKey(5), cnp))(cv["params"])
+    for a, b in zip(jax.tree_util.tree_leaves(gf), cts.tree_util.tree_leaves(gc)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)

@@ -527,3 +527,80 @@ def test_dropout_matches_flax():
     gc = cts.grad(lambda p: loss(_dropout_model(nn).apply, p, random.PRNGKey(5), cnp))(cv["params"])
     for a, b in zip(jax.tree_util.tree_leaves(gf), cts.tree_util.tree_leaves(gc)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+# --- flax.struct, flax.traverse_util -------------------------------------------------------
+
+def test_struct_dataclass():
+    from typing import Any, Callable
+    from ctrainstate import struct, tree_util
+
+    @struct.dataclass
+    class Model:
+        params: Any
+        apply_fn: Callable = struct.field(pytree_node=False)
+
+    @struct.dataclass(kw_only=True)
+    class Cfg:
+        lr: float
+        name: str = struct.field(pytree_node=False, default="x")
+
+    class Node(struct.PyTreeNode):
+        a: Any
+        b: int = struct.field(pytree_node=False, default=3)
+
+    m = Model({"w": 1.0}, print)
+    assert tree_util.tree_leaves(m) == [1.0]
+    m2 = tree_util.tree_map(lambda v: v * 2, m)
+    assert m2.params == {"w": 2.0} and m2.apply_fn is print
+    assert m.replace(params=0).params == 0
+    with pytest.raises(Exception):
+        m.params = 3                                     # frozen
+    assert tree_util.tree_leaves(Cfg(lr=0.1)) == [0.1]
+    with pytest.raises(TypeError):
+        Cfg(0.1)                                         # kw_only
+    assert tree_util.tree_leaves(Node([1, 2])) == [1, 2] and Node(1).b == 3
+
+
+def _hf_decay_mask(traverse_util):
+    def decay_mask_fn(params):
+        flat = traverse_util.flatten_dict(params)
+        ln = {p[-2:] for name in ("layernorm", "layer_norm", "ln") for p in flat
+              if name in "".join(p).lower()}
+        return traverse_util.unflatten_dict(
+            {p: (p[-1] != "bias" and p[-2:] not in ln) for p in flat})
+    return decay_mask_fn
+
+
+_TU_PARAMS = {"dense": {"kernel": 1, "bias": 2}, "ln_f": {"scale": 3, "bias": 4},
+              "h": {"0": {"mlp": {"kernel": 5}}}, "empty": {}}
+
+
+def test_traverse_util():
+    from ctrainstate import traverse_util as tu
+    flat = tu.flatten_dict(_TU_PARAMS)
+    assert flat == {("dense", "kernel"): 1, ("dense", "bias"): 2, ("ln_f", "scale"): 3,
+                    ("ln_f", "bias"): 4, ("h", "0", "mlp", "kernel"): 5}
+    assert tu.flatten_dict(_TU_PARAMS, sep="/")["h/0/mlp/kernel"] == 5
+    kept = tu.flatten_dict(_TU_PARAMS, keep_empty_nodes=True)
+    assert kept[("empty",)] is tu.empty_node and tu.unflatten_dict(kept) == _TU_PARAMS
+    assert tu.unflatten_dict({"a/b": 1, "c": 2}, sep="/") == {"a": {"b": 1}, "c": 2}
+    assert tu.flatten_dict({"a": {"b": 1}}, is_leaf=lambda p, x: p == ("a",)) == {("a",): {"b": 1}}
+    assert tu.path_aware_map(lambda p, x: "/".join(p), {"a": {"b": 1}, "c": 2}) == \
+        {"a": {"b": "a/b"}, "c": "c"}
+    assert _hf_decay_mask(tu)(_TU_PARAMS) == {
+        "dense": {"kernel": True, "bias": False}, "ln_f": {"scale": False, "bias": False},
+        "h": {"0": {"mlp": {"kernel": True}}}}
+
+
+def test_traverse_util_matches_flax():
+    ftu = pytest.importorskip("flax.traverse_util")
+    from ctrainstate import traverse_util as tu
+    for kw in ({}, {"sep": "/"}, {"keep_empty_nodes": True}):
+        want = ftu.flatten_dict(_TU_PARAMS, **kw)
+        got = tu.flatten_dict(_TU_PARAMS, **kw)
+        assert list(got) == list(want)
+        assert [type(v).__name__ for v in got.values()] == [type(v).__name__ for v in want.values()]
+    assert _hf_decay_mask(tu)(_TU_PARAMS) == _hf_decay_mask(ftu)(_TU_PARAMS)
+    f = lambda p, x: len(p) * 10 + (x if isinstance(x, int) else 0)
+    assert tu.path_aware_map(f, _TU_PARAMS) == ftu.path_aware_map(f, _TU_PARAMS)

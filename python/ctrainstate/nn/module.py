@@ -174,7 +174,7 @@ def _wrap_method(fn: Callable) -> Callable:
 
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
              "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
-             "is_initializing"}
+             "is_initializing", "bind"}
 
 
 class Module:
@@ -360,6 +360,8 @@ class Module:
         fn = method if method is not None else type(bound).__call__
         if isinstance(fn, str):
             fn = getattr(type(bound), fn)
+        elif inspect.ismethod(fn) and isinstance(fn.__self__, Module):
+            fn = fn.__func__   # method=model.encode: run it on the bound clone, as Flax does
         with scope:
             out = fn(bound, *args, **kwargs)
         return out, scope.variables()
@@ -389,6 +391,18 @@ class Module:
             return out
         keep = {k: v for k, v in new_vars.items() if in_filter(mutable, k)}
         return out, keep
+
+    def bind(self, variables: dict, *args, rngs=None, mutable=False) -> "Module":
+        """A copy of this module bound to ``variables`` (flax's ``Module.bind``): its
+        methods can be called directly, e.g. ``model.bind({'params': p}).encode(x)``."""
+        if not isinstance(variables, dict):
+            raise TypeError(f"bind: variables must be a dict of collections, got "
+                            f"{type(variables).__name__}")
+        if rngs is not None and not isinstance(rngs, dict):
+            rngs = {"params": rngs}
+        root_rngs = {k: np.asarray(v).astype(np.uint32) for k, v in (rngs or {}).items()}
+        scope = ModuleScope({k: _copy_tree(v) for k, v in variables.items()}, root_rngs, mutable)
+        return self._clone_bound(scope)
 
     def __repr__(self):
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)

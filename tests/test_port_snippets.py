@@ -653,3 +653,48 @@ def test_apply_with_bound_method_matches_flax():
                                np.asarray(fm.apply(fv, x, method=fm.encode)), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(cm.bind(cv).encode(x)),
                                np.asarray(fm.bind(fv).encode(x)), rtol=1e-5)
+
+
+# --- jax.set_mesh ------------------------------------------------------------------------------
+
+def test_set_mesh_context_and_setter():
+    from ctrainstate import partitioning as nn_partitioning
+    m = cts.make_mesh((2, 4), ("data", "model"))
+    m2 = cts.make_mesh((8,), ("x",))
+    assert cts.get_mesh() is None
+    with cts.set_mesh(m) as entered:
+        assert entered is m and cts.get_mesh() is m
+        x = cts.device_put(np.ones((8, 4), np.float32), cts.P("data"))   # a spec on the set mesh
+        assert x.sharding == cts.NamedSharding(m, cts.P("data"))
+        with nn_partitioning.axis_rules((("batch", "data"),)):
+            y = nn_partitioning.with_sharding_constraint(cts.device_put(np.ones((8, 2), np.float32)),
+                                                         ("batch", None))
+        assert y.sharding == cts.NamedSharding(m, cts.P("data", None))
+        with cts.set_mesh(m2):
+            assert cts.get_mesh() is m2
+        assert cts.get_mesh() is m
+        with cts.set_mesh(None):
+            assert cts.get_mesh() is None
+    assert cts.get_mesh() is None
+    cts.set_mesh(m)                      # the setter form stays until replaced
+    try:
+        assert cts.get_mesh() is m
+    finally:
+        cts.set_mesh(None)
+    assert cts.get_mesh() is None
+    with pytest.raises(TypeError):
+        cts.set_mesh("data")
+
+
+def test_device_put_partition_spec_on_active_mesh():
+    m = cts.make_mesh((2, 4), ("data", "model"))
+    a = np.arange(32, dtype=np.float32).reshape(8, 4)
+    with pytest.raises(ValueError, match="no active mesh"):
+        cts.device_put(a, cts.P("data"))
+    with m:
+        x = cts.device_put(a, cts.P("data", "model"))
+        t = cts.device_put({"a": a, "b": a}, {"a": cts.P(), "b": cts.P("model")})
+    assert x.sharding == cts.NamedSharding(m, cts.P("data", "model"))
+    assert t["a"].sharding == cts.NamedSharding(m, cts.P())
+    assert t["b"].sharding == cts.NamedSharding(m, cts.P("model"))
+    np.testing.assert_array_equal(np.asarray(t["b"]), a)

@@ -20,7 +20,8 @@ from ._devices import (
     reset_peak_memory_stats,
 )
 from . import tree_util, tree, sharding, mesh_utils
-from .sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
+from .sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh,
+                       set_mesh)
 from .sharding import PartitionSpec as P
 from .mesh_utils import make_mesh
 from .array import (Array, Shard, block_until_ready, device_get, device_put, from_dlpack,
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Array", "Device", "DonatedBufferError", "Mesh", "NamedSharding", "P", "PartitionSpec",
     "ResourceExhaustedError", "Shard", "SingleDeviceSharding", "block_until_ready",
-    "default_backend", "device_count", "device_put", "devices", "get_mesh", "gpu_status", "local_device_count",
+    "default_backend", "device_count", "device_put", "devices", "get_mesh", "set_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
     "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
     "numpy", "grad", "value_and_grad", "lax", "with_sharding_constraint", "device_get", "struct", "traverse_util", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit",

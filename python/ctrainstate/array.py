@@ -22,7 +22,8 @@ import numpy as np
 from . import _C, _dtypes
 from ._devices import Device
 from ._operators import OperatorsMixin
-from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
+from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
+                       default_sharding)
 from .tree_util import register_leaf_type, tree_leaves, tree_map
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
@@ -411,11 +412,21 @@ def _reshard(a: Array, sharding: Sharding) -> Array:
     return Array._create(a.shape, a.dtype, sharding, blocks)
 
 
+def _spec_on_active_mesh(spec) -> NamedSharding:
+    from .sharding import get_mesh
+    mesh = get_mesh()
+    if mesh is None:
+        raise ValueError(f"device_put got {spec!r} with no active mesh: use it inside "
+                         f"`with set_mesh(mesh):` / `with mesh:`, or pass NamedSharding(mesh, spec)")
+    return NamedSharding(mesh, spec)
+
+
 def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool = False):
     """Place ``x`` (numpy array, Python scalar, list, or Array) on devices.
 
     ``sharding``: a :class:`NamedSharding`, a :class:`SingleDeviceSharding`, a
-    :class:`Device`, or None — replicated over the active mesh, else the first
+    :class:`Device`, a :class:`PartitionSpec` (on the active mesh, ``with mesh:`` or
+    ``set_mesh``), or None — replicated over the active mesh, else the first
     device (an Array with ``sharding=None`` is returned as is). An Array with a
     new sharding is resharded device to device; each device allocates only its
     block. Pytrees are placed leaf by leaf; as in ``jax.device_put``, ``sharding``
@@ -431,13 +442,18 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     >>> t["b"][0].shape, t["a"].devices() == {d}
     ((3,), True)
     """
+    if isinstance(sharding, PartitionSpec):
+        sharding = _spec_on_active_mesh(sharding)
     if sharding is not None and not isinstance(sharding, (Sharding, Device)):
         from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
         if not isinstance(sharding, (list, tuple, dict)) and not hasattr(sharding, "__dict__"):
             raise TypeError(f"device_put: expected a NamedSharding, SingleDeviceSharding, Device "
                             f"or a pytree of them, got {type(sharding).__name__}")
         s_leaves, s_td = tree_flatten(
-            sharding, is_leaf=lambda v: v is None or isinstance(v, (Sharding, Device)))
+            sharding, is_leaf=lambda v: v is None or isinstance(v, (Sharding, Device,
+                                                                   PartitionSpec)))
+        s_leaves = [_spec_on_active_mesh(v) if isinstance(v, PartitionSpec) else v
+                    for v in s_leaves]
         for v in s_leaves:
             if v is not None and not isinstance(v, (Sharding, Device)):
                 raise TypeError(f"device_put: a sharding tree holds a {type(v).__name__}, "

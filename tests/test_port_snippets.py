@@ -698,3 +698,22 @@ def test_device_put_partition_spec_on_active_mesh():
     assert t["a"].sharding == cts.NamedSharding(m, cts.P())
     assert t["b"].sharding == cts.NamedSharding(m, cts.P("model"))
     np.testing.assert_array_equal(np.asarray(t["b"]), a)
+
+
+# --- mixed-precision dtype= is refused, not silently computed in float32 -------------------
+
+@pytest.mark.parametrize("make", [
+    lambda dt: nn.Dense(4, dtype=dt), lambda dt: nn.DenseGeneral((2, 2), dtype=dt),
+    lambda dt: nn.LayerNorm(dtype=dt)])
+def test_layers_refuse_low_precision_compute_dtype(make):
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(NotImplementedError, match="float32 only"):
+        make(cnp.bfloat16).init(random.PRNGKey(0), x)
+    v = make(np.float32).init(random.PRNGKey(0), x)       # float32 (and None) work
+    assert make(None).apply(v, x).dtype == np.float32
+
+
+def test_embed_refuses_low_precision_compute_dtype():
+    ids = np.array([[1, 2]], np.int32)
+    with pytest.raises(NotImplementedError, match="float32 only"):
+        nn.Embed(5, 3, dtype=np.float16).init(random.PRNGKey(0), ids)

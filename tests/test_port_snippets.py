@@ -343,6 +343,7 @@ def test_losses_global_norm_and_updates():
     assert optim.safe_int32_increment(2**31 - 1) == 2**31 - 1
 
 
+@pytest.mark.filterwarnings("ignore:optax.global_norm is deprecated:DeprecationWarning")
 def test_losses_and_global_norm_match_optax():
     optax = pytest.importorskip("optax")
     from ctrainstate import optim
@@ -823,3 +824,70 @@ def test_serialization_interoperates_with_flax(monkeypatch):
     back = fser.msgpack_restore(serialization.msgpack_serialize(vals))
     assert back["f"] == np.float32(1.5) and back["s"] == "x" and back["n"] == 2
     assert str(back["b"].dtype) == "bfloat16" and back["i"].tolist() == [0, 1, 2]
+
+
+# --- submodules passed as attributes; nn.Sequential ------------------------------------------
+
+def _wrapper_model(nn_mod):
+    from typing import Any
+
+    class W(nn_mod.Module):
+        inner: Any
+        blocks: Any = ()
+        table: Any = None
+
+        @nn_mod.compact
+        def __call__(self, x):
+            y = self.inner(x)
+            for b in self.blocks:
+                y = b(y)
+            if self.table:
+                y = self.table["a"](y)
+            return nn_mod.Dense(2)(y)
+    return W(nn_mod.Dense(3, name="foo"), (nn_mod.Dense(3), nn_mod.Dense(3)),
+             {"a": nn_mod.Dense(3)})
+
+
+def _seq_model(nn_mod):
+    return nn_mod.Sequential([nn_mod.Dense(4), nn_mod.relu, nn_mod.Dense(2)])
+
+
+def test_module_attributes_are_adopted():
+    x = np.ones((2, 3), np.float32)
+    m = _wrapper_model(nn)
+    v = m.init(random.PRNGKey(0), x)
+    # Flax names them after the attribute (the module's own name= does not count)
+    assert sorted(v["params"]) == ["Dense_0", "blocks_0", "blocks_1", "inner", "table_a"]
+    y = m.apply(v, x)
+    p = cts.tree_util.tree_map(np.asarray, v["params"])
+    h = x @ p["inner"]["kernel"] + p["inner"]["bias"]
+    for name in ("blocks_0", "blocks_1", "table_a"):
+        h = h @ p[name]["kernel"] + p[name]["bias"]
+    np.testing.assert_allclose(np.asarray(y), h @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"],
+                               rtol=1e-5)
+    assert m.inner.scope is None                # the user's instance stays unbound
+    assert sorted(m.init(random.PRNGKey(1), x)["params"]) == sorted(v["params"])   # reusable
+    s = _seq_model(nn)
+    sv = s.init(random.PRNGKey(0), x)
+    assert sorted(sv["params"]) == ["layers_0", "layers_2"]
+    sp = cts.tree_util.tree_map(np.asarray, sv["params"])
+    want = np.maximum(x @ sp["layers_0"]["kernel"] + sp["layers_0"]["bias"], 0)
+    want = want @ sp["layers_2"]["kernel"] + sp["layers_2"]["bias"]
+    np.testing.assert_allclose(np.asarray(s.apply(sv, x)), want, rtol=1e-5)
+    with pytest.raises(ValueError, match="Empty Sequential"):
+        nn.Sequential([]).init(random.PRNGKey(0), x)
+
+
+def test_module_attributes_match_flax():
+    fnn, jax = _flax(), _jax()
+    x = np.random.RandomState(0).randn(2, 3).astype(np.float32)
+    for make in (_wrapper_model, _seq_model):
+        fv = make(fnn).init(jax.random.PRNGKey(0), x)
+        cv = make(nn).init(random.PRNGKey(0), x)
+        fl = jax.tree_util.tree_flatten_with_path(fv["params"])[0]
+        cl = cts.tree_util.tree_flatten_with_path(cv["params"])[0]
+        assert [jax.tree_util.keystr(k) for k, _ in fl] == [cts.tree_util.keystr(k) for k, _ in cl]
+        for (_, a), (_, b) in zip(fl, cl):
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+        np.testing.assert_allclose(np.asarray(make(nn).apply(cv, x)),
+                                   np.asarray(make(fnn).apply(fv, x)), rtol=1e-5, atol=1e-6)

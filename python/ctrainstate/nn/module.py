@@ -161,7 +161,7 @@ def _wrap_method(fn: Callable) -> Callable:
             # A new call of this module: auto names restart and its names may be declared
             # again (so a module called twice reuses its submodules and params, as in Flax).
             object.__setattr__(self, "_auto_counts", {})
-            object.__setattr__(self, "_call_names", set())
+            object.__setattr__(self, "_call_names", set(self._field_names))
             self._scope._reserved.clear()
         stack.append(_Frame(self, is_compact))
         try:
@@ -212,6 +212,7 @@ class Module:
         object.__setattr__(self, "_in_setup", False)
         object.__setattr__(self, "_auto_counts", {})
         object.__setattr__(self, "_call_names", set())
+        object.__setattr__(self, "_field_names", ())
         object.__setattr__(self, "_children", {})
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
@@ -254,9 +255,52 @@ class Module:
         object.__setattr__(child, "_scope", self._scope.push(name))
         self._children[name] = child
 
+    # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
+    def _adopt_fields(self):
+        """Bind unbound modules held by dataclass fields as children named after the field
+        (``inner``; ``layers_0``, ``layers_2`` for entries of a list or tuple; ``table_a`` for
+        a dict), as Flax does. The user's instances stay unbound: a clone is adopted, so the
+        same module object can be passed to several parents or calls."""
+        adopted = []
+
+        def one(m, name):
+            clone = m._unbound_clone()
+            self._attach(clone, name)
+            adopted.append(name)
+            return clone
+
+        def free(v):
+            return isinstance(v, Module) and v._scope is None
+
+        for f in dataclasses.fields(self):
+            if f.name == "name":
+                continue
+            v = getattr(self, f.name)
+            if free(v):
+                nv = one(v, f.name)
+            elif isinstance(v, (list, tuple)) and not hasattr(v, "_fields") and any(map(free, v)):
+                nv = type(v)(one(x, f"{f.name}_{i}") if free(x) else x for i, x in enumerate(v))
+            elif isinstance(v, dict) and any(map(free, v.values())):
+                nv = {k: one(x, f"{f.name}_{k}") if free(x) else x for k, x in v.items()}
+            else:
+                continue
+            object.__setattr__(self, f.name, nv)
+        object.__setattr__(self, "_field_names", tuple(adopted))
+
+    def _unbound_clone(self) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        stack = _module_stack()
+        saved = list(stack)
+        stack.clear()  # a free clone: it must not attach to the module being set up
+        try:
+            return type(self)(**fields)
+        finally:
+            stack.extend(saved)
+
     def _try_setup(self):
         if self._setup_done:
             return
+        self._adopt_fields()
         object.__setattr__(self, "_setup_done", True)
         object.__setattr__(self, "_in_setup", True)
         stack = _module_stack()

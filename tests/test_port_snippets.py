@@ -891,3 +891,36 @@ def test_module_attributes_match_flax():
             np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
         np.testing.assert_allclose(np.asarray(make(nn).apply(cv, x)),
                                    np.asarray(make(fnn).apply(fv, x)), rtol=1e-5, atol=1e-6)
+
+
+# --- activations: silu/swish, leaky_relu, one_hot -----------------------------------------------
+
+_ACT_X = np.array([-3.0, -0.5, 0.25, 2.0], np.float32)
+
+
+def test_activations_derived():
+    x = _ACT_X.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(nn.silu(_ACT_X)), x / (1 + np.exp(-x)), rtol=1e-6)
+    assert nn.swish is nn.silu
+    np.testing.assert_allclose(np.asarray(nn.leaky_relu(_ACT_X)), np.where(x >= 0, x, 0.01 * x),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(nn.leaky_relu(_ACT_X, negative_slope=0.2)),
+                               np.where(x >= 0, x, 0.2 * x), rtol=1e-6)
+    assert nn.one_hot(np.array([0, 2, 5, -1]), 3).tolist() == [
+        [1, 0, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0]]
+    assert nn.one_hot(np.array([[1]]), 2, axis=0).shape == (2, 1, 1)
+    # d silu / dx = s + x s (1 - s)
+    g = cts.grad(lambda v: cnp.sum(nn.silu(v)))(cts.device_put(_ACT_X))
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(np.asarray(g), s + x * s * (1 - s), rtol=1e-5)
+
+
+def test_activations_match_jax():
+    jax = _jax()
+    np.testing.assert_allclose(np.asarray(nn.silu(_ACT_X)), np.asarray(jax.nn.silu(_ACT_X)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(nn.leaky_relu(_ACT_X, 0.1)),
+                               np.asarray(jax.nn.leaky_relu(_ACT_X, 0.1)), rtol=1e-6)
+    labels = np.array([[0, 3], [2, 7]])
+    for axis in (-1, 0, 1):
+        np.testing.assert_array_equal(np.asarray(nn.one_hot(labels, 4, axis=axis)),
+                                      np.asarray(jax.nn.one_hot(labels, 4, axis=axis)))

@@ -924,3 +924,60 @@ def test_activations_match_jax():
     for axis in (-1, 0, 1):
         np.testing.assert_array_equal(np.asarray(nn.one_hot(labels, 4, axis=axis)),
                                       np.asarray(jax.nn.one_hot(labels, 4, axis=axis)))
+
+
+# --- flax.core FrozenDict / freeze / unfreeze ---------------------------------------------------
+
+def test_frozen_dict_basics():
+    from ctrainstate.core import FrozenDict, copy, freeze, pop, pretty_repr, unfreeze
+    f = freeze({"b": {"x": 1}, "a": 2})
+    assert isinstance(f["b"], FrozenDict) and f == {"b": {"x": 1}, "a": 2}
+    with pytest.raises(TypeError, match="immutable"):
+        f["a"] = 3
+    with pytest.raises(TypeError, match="immutable"):
+        f["b"]["x"] = 3
+    rest, a = f.pop("a")
+    assert a == 2 and isinstance(rest, FrozenDict) and dict(rest) == {"b": {"x": 1}}
+    u = unfreeze(f)
+    assert type(u) is dict and type(u["b"]) is dict and u == f
+    u["b"]["x"] = 5                                      # a copy: f is untouched
+    assert f["b"]["x"] == 1
+    assert copy(f, {"c": 3})["c"] == 3 and isinstance(copy(f, {"c": 3}), FrozenDict)
+    assert pop({"a": 1, "b": 2}, "a") == ({"b": 2}, 1)
+    assert hash(freeze({"a": 1})) == hash(freeze({"a": 1}))
+    # a pytree node with sorted keys, rebuilt as a FrozenDict
+    leaves, td = cts.tree_util.tree_flatten(f)
+    assert leaves == [2, 1]
+    assert isinstance(cts.tree_util.tree_map(lambda v: v * 10, f), FrozenDict)
+    assert [cts.tree_util.keystr(p) for p, _ in cts.tree_util.tree_flatten_with_path(f)[0]] == \
+        ["['a']", "['b']['x']"]
+    assert pretty_repr({"a": {"b": 1}}) == "{\n    a: {\n        b: 1,\n    },\n}"
+
+
+def test_frozen_params_train():
+    from ctrainstate import optim
+    from ctrainstate.core import FrozenDict, freeze
+    from ctrainstate.train_state import TrainState
+    p = freeze({"w": np.ones((2, 2), np.float32), "b": np.zeros(2, np.float32)})
+    tx = optim.adamw(0.1, weight_decay=0.1, mask=freeze({"w": True, "b": False}))
+    s = TrainState.create(apply_fn=None, params=p, tx=tx)
+    assert isinstance(s.params, FrozenDict)
+    s = s.apply_gradients(grads=freeze({"w": np.ones((2, 2), np.float32),
+                                        "b": np.ones(2, np.float32)}))
+    assert isinstance(s.params, FrozenDict) and s.step == 1
+    # adam's first step is -lr * sign(g) (up to eps); the decay applies to w only
+    np.testing.assert_allclose(np.asarray(s.params["b"]), [-0.1, -0.1], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(s.params["w"]), 1 - 0.1 * (1 + 0.1), rtol=1e-5)
+
+
+def test_frozen_dict_matches_flax():
+    fcore = pytest.importorskip("flax.core")
+    jax = _jax()
+    from ctrainstate import core
+    d = {"b": {"x": 1, "y": {}}, "a": 2}
+    assert repr(core.freeze(d)) == repr(fcore.freeze(d))
+    assert core.unfreeze(core.freeze(d)) == fcore.unfreeze(fcore.freeze(d))
+    assert core.freeze(d).pop("a")[1] == fcore.freeze(d).pop("a")[1]
+    fl = jax.tree_util.tree_flatten_with_path(fcore.freeze(d))[0]
+    cl = cts.tree_util.tree_flatten_with_path(core.freeze(d))[0]
+    assert [jax.tree_util.keystr(k) for k, _ in fl] == [cts.tree_util.keystr(k) for k, _ in cl]

@@ -81,6 +81,8 @@ def test_scalar_array_prints_and_formats_like_its_value():
     assert f"{step:03d}" == "007" and str(step) == "7"
     from ctrainstate.hf.cast import cast
     assert f"{cast(loss, 'bfloat16'):.1f}" == "2.5"          # 0-d bfloat16 casts and formats
+    lr = cts.device_put(np.float32(0.9))                     # numpy's shortest digits, as jax
+    assert str(lr) == f"{lr}" == "0.9" and repr(lr).startswith("Array(0.9, dtype=float32")
     x = cts.device_put(np.ones((2, 3), np.float32))
     assert f"{x}" == repr(x)
     with pytest.raises(TypeError, match="np.asarray"):

@@ -248,13 +248,13 @@ class Array(OperatorsMixin):
             return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
         if not self._shape and not self.is_deleted():
             # a scalar (a loss, a step): show its value, as jax does
-            return (f"Array({_py_scalar(self._scalar_value())!r}, dtype={self._dtype}, "
+            return (f"Array({_scalar_text(self._scalar_value())}, dtype={self._dtype}, "
                     f"sharding={self._sharding!r})")
         return f"Array(shape={self._shape}, dtype={self._dtype}, sharding={self._sharding!r})"
 
     def __str__(self):
         if not self._shape and not self._donated and not self.is_deleted():
-            return str(_py_scalar(self._scalar_value()))
+            return _scalar_text(self._scalar_value())
         return repr(self)
 
     def _scalar_value(self):
@@ -268,7 +268,7 @@ class Array(OperatorsMixin):
         # f"{loss:.4f}": a scalar formats like its value (jax.Array does the same)
         if not self._shape:
             v = self._scalar_value()
-            return format(_py_scalar(v), spec)
+            return format(_py_scalar(v), spec) if spec else _scalar_text(v)
         if not spec:
             return str(self)
         raise TypeError(f"format spec {spec!r} applies to scalars; this Array has shape "
@@ -348,6 +348,13 @@ class Array(OperatorsMixin):
 
 
 register_leaf_type(Array)
+
+
+def _scalar_text(v) -> str:
+    """A scalar as numpy prints it (shortest round-trip digits: 0.9 for float32(0.9))."""
+    if isinstance(v, (np.bool_, np.integer)):
+        return str(v.item())
+    return str(np.float32(v)) if v.dtype != np.float16 else str(v)
 
 
 def _py_scalar(v):

@@ -983,3 +983,15 @@ def test_frozen_dict_matches_flax():
     fl = jax.tree_util.tree_flatten_with_path(fcore.freeze(d))[0]
     cl = cts.tree_util.tree_flatten_with_path(core.freeze(d))[0]
     assert [jax.tree_util.keystr(k) for k, _ in fl] == [cts.tree_util.keystr(k) for k, _ in cl]
+
+
+def test_permutation_of_an_array_narrows_like_jax():
+    x = np.arange(10) * 2                        # int64 on the host
+    out = random.permutation(random.PRNGKey(42), x)
+    assert out.dtype == np.int32                  # JAX without x64
+    assert sorted(out.tolist()) == sorted(x.tolist())
+    assert random.permutation(random.PRNGKey(0), np.ones(3)).dtype == np.float32
+    jax = pytest.importorskip("jax")
+    want = np.asarray(jax.random.permutation(jax.random.PRNGKey(42), x))
+    assert want.dtype == out.dtype
+    np.testing.assert_array_equal(out, want)

@@ -329,6 +329,8 @@ def permutation(k, x, axis: int = 0, independent: bool = False, *, out_sharding=
         arr, axis = np.arange(int(x), dtype=np.int32), 0
     else:
         arr = np.asarray(x)
+        if arr.dtype in _dtypes._NARROW:       # int64 -> int32, float64 -> float32 (as JAX)
+            arr = arr.astype(_dtypes._NARROW[arr.dtype])
         axis = axis + arr.ndim if axis < 0 else axis
         if not 0 <= axis < arr.ndim:
             raise ValueError(f"axis {axis} is out of bounds for an array of rank {arr.ndim}")

@@ -995,3 +995,17 @@ def test_permutation_of_an_array_narrows_like_jax():
     want = np.asarray(jax.random.permutation(jax.random.PRNGKey(42), x))
     assert want.dtype == out.dtype
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "add_decayed_weights"])
+def test_update_without_params_says_to_pass_them(name):
+    from ctrainstate import optim
+    tx = {"adamw": lambda: optim.adamw(1e-3), "lamb": lambda: optim.lamb(1e-3),
+          "add_decayed_weights": lambda: optim.add_decayed_weights(1e-4)}[name]()
+    p = {"w": np.ones(3, np.float32)}
+    st = tx.init(p)
+    # optax raises a ValueError too ("...requires the current value of parameters...")
+    with pytest.raises(ValueError, match=r"tx.update\(updates, state, params\)"):
+        tx.update({"w": np.ones(3, np.float32)}, st)
+    u, _ = tx.update({"w": np.ones(3, np.float32)}, st, p)      # with params it runs
+    assert np.isfinite(np.asarray(u["w"])).all()

@@ -1009,3 +1009,46 @@ def test_update_without_params_says_to_pass_them(name):
         tx.update({"w": np.ones(3, np.float32)}, st)
     u, _ = tx.update({"w": np.ones(3, np.float32)}, st, p)      # with params it runs
     assert np.isfinite(np.asarray(u["w"])).all()
+
+
+# --- jnp.zeros_like & co over params trees; 1-d dot; einsum arity ------------------------------
+
+def test_zeros_like_over_param_trees():
+    mesh = cts.make_mesh((2, 4), ("a", "b"))
+    s = cts.NamedSharding(mesh, cts.P("a", "b"))
+    tree = {"np": np.ones((4, 3), np.float32), "sharded": cts.device_put(np.ones((8, 4), np.float32), s),
+            "int": cts.device_put(np.arange(3, dtype=np.int32)), "py": 3}
+    z = cts.tree_util.tree_map(cnp.zeros_like, tree)        # e.g. a gradient accumulator
+    assert z["np"].shape == (4, 3) and z["np"].dtype == np.float32 and z["np"].tolist() == [[0.0] * 3] * 4
+    assert z["sharded"].sharding == s and float(np.asarray(z["sharded"]).sum()) == 0.0
+    assert z["int"].dtype == np.int32 and z["int"].tolist() == [0, 0, 0]      # dtype kept
+    assert int(z["py"]) == 0
+    o = cnp.ones_like(tree["int"], dtype=np.float32)
+    assert o.dtype == np.float32 and o.tolist() == [1.0, 1.0, 1.0]
+    f = cnp.full_like(tree["sharded"], 2.5, dtype=cnp.bfloat16)
+    assert f.sharding == s and str(f.dtype) == "bfloat16"
+    assert np.asarray(f).astype(np.float32).tolist() == [[2.5] * 4] * 8
+    assert cnp.zeros_like(tree["np"], shape=(2,)).tolist() == [0.0, 0.0]
+    assert cts.eval_shape(cnp.zeros_like, cts.ShapeDtypeStruct((2, 3), np.float32)).shape == (2, 3)
+
+
+def test_zeros_like_matches_jax():
+    jax = _jax()
+    for a in (np.ones((2, 3), np.float32), np.arange(4, dtype=np.int32), np.ones(2)):
+        for fn in ("zeros_like", "ones_like"):
+            want = getattr(jax.numpy, fn)(a)
+            got = getattr(cnp, fn)(a)
+            assert str(got.dtype) == str(want.dtype)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_dot_of_vectors_and_einsum_arity():
+    a = cnp.array([1.0, 2.0, 3.0])
+    d = cnp.dot(a, a)
+    assert d.shape == () and float(d) == 14.0
+    assert cts.grad(lambda v: cnp.dot(v, v))(a).tolist() == [2.0, 4.0, 6.0]
+    with pytest.raises(ValueError, match="contracting"):
+        cnp.dot(a, cnp.ones(2))
+    with pytest.raises(NotImplementedError, match="two operands"):
+        cnp.einsum("ij,jk,kl->il", np.ones((2, 3), np.float32), np.ones((3, 4), np.float32),
+                   np.ones((4, 5), np.float32))

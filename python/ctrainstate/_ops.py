@@ -640,6 +640,10 @@ def matmul(a, b) -> Array:
     a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
+    if a.ndim == 1 and b.ndim == 1:    # an inner product: a scalar
+        if a.shape != b.shape:
+            raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
+        return reshape(matmul(reshape(a, (1, a.shape[0])), reshape(b, (b.shape[0], 1))), ())
     if a.ndim == 1:
         return reshape(matmul(reshape(a, (1, a.shape[0])), b), b.shape[:-2] + (b.shape[-1],))
     if b.ndim == 1:
@@ -732,12 +736,17 @@ def _swap_last(x: Array) -> Array:
 dot = matmul
 
 
-def einsum(subscripts: str, a, b) -> Array:
+def einsum(subscripts: str, *operands) -> Array:
     """Two-operand einsum (batched-matmul patterns), e.g. ``'bi,ij->bj'``, ``'bqd,bkd->bqk'``.
 
     Indices in both operands and the output are batch dims, in both but not the output are
     contracted, the rest are free; the product runs as transpose/reshape + :func:`matmul`.
     """
+    if len(operands) != 2:
+        raise NotImplementedError(
+            f"einsum takes exactly two operands here, got {len(operands)}: write the "
+            f"contraction as a chain of two-operand einsums")
+    a, b = operands
     a = _lift(a)
     b = _lift(b, _place_of(a))
     try:
@@ -951,7 +960,10 @@ def _rule_matmul(a, b):
     return sa[:-1] + (sb[-1],)
 
 
-def _rule_einsum(sub, a, b):
+def _rule_einsum(sub, *operands):
+    if len(operands) != 2:
+        raise NotImplementedError(f"einsum takes exactly two operands here, got {len(operands)}")
+    a, b = operands
     ins, out = sub.replace(" ", "").split("->")
     size = {}
     for s, x in zip(ins.split(","), (a, b)):

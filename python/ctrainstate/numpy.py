@@ -30,7 +30,6 @@ from ._ops import (  # noqa: F401
     minimum,
     multiply,
     negative,
-    ones_like,
     power,
     relu,
     reshape,
@@ -44,8 +43,8 @@ from ._ops import (  # noqa: F401
     tanh,
     transpose,
     with_sharding,
-    zeros_like,
 )
+from . import _ops as _o
 
 
 def var(x, axis=None, keepdims: bool = False):
@@ -167,6 +166,42 @@ def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None, *, d
     return _place(host.astype(_default_dtype(dtype)), device)
 
 
+def _full_like(x, value, dtype, shape):
+    from ._abstract import ShapeDtypeStruct
+    from .array import Array, _buffer_view, _fill_array
+    src = x.dtype if hasattr(x, "dtype") else _np.asarray(x).dtype
+    dt = _dt.canonicalize(dtype if dtype is not None else src)
+    if shape is not None:
+        return _place(_np.full(_shape(shape), value, dt), None)
+    if isinstance(x, ShapeDtypeStruct):
+        return ShapeDtypeStruct(x.shape, dt, x.sharding)
+    if not isinstance(x, Array):
+        return _place(_np.full(_np.shape(x), value, dt), None)
+    if dt == _dt.float32 and x.dtype == _dt.float32 and value in (0, 1):
+        return (_o.zeros_like if value == 0 else _o.ones_like)(x)   # the op kernel, per shard
+
+    def fill(target, start, shard_shape):
+        view = target if isinstance(target, _np.ndarray) else _buffer_view(target, shard_shape, dt)
+        view[...] = value
+    return _fill_array(x.shape, dt, x.sharding, fill)
+
+
+def zeros_like(a, dtype=None, shape=None):
+    """Zeros with ``a``'s shape, dtype and sharding (``jnp.zeros_like``; each device fills
+    its own block). ``a`` may be an Array, a numpy array or a ``ShapeDtypeStruct``."""
+    return _full_like(a, 0, dtype, shape)
+
+
+def ones_like(a, dtype=None, shape=None):
+    """Ones with ``a``'s shape, dtype and sharding (``jnp.ones_like``)."""
+    return _full_like(a, 1, dtype, shape)
+
+
+def full_like(a, fill_value, dtype=None, shape=None):
+    """``fill_value`` with ``a``'s shape, dtype and sharding (``jnp.full_like``)."""
+    return _full_like(a, fill_value, dtype, shape)
+
+
 def _shape(shape):
     return (int(shape),) if isinstance(shape, (int, _np.integer)) else tuple(int(s) for s in shape)
 
@@ -174,8 +209,8 @@ def _shape(shape):
 __all__ = [
     "abs", "add", "arange", "array", "asarray", "bfloat16", "bool_", "clip", "e", "float16",
     "float32", "full", "inf", "int32", "linspace", "minimum", "nan", "ones", "pi", "squeeze",
-    "std", "uint32", "zeros", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
-    "log", "matmul", "maximum", "mean", "multiply", "negative", "ones_like", "power", "relu",
+    "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
+    "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
-    "transpose", "var", "with_sharding", "zeros_like",
+    "transpose", "var", "with_sharding",
 ]

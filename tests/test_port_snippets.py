@@ -397,6 +397,11 @@ def test_lax_with_sharding_constraint():
     assert t["b"][0].sharding == cts.NamedSharding(mesh, cts.P())
     with pytest.raises(ValueError, match="with mesh"):
         lax.with_sharding_constraint(x, cts.P("data"))
+    ids = lax.with_sharding_constraint({"ids": np.arange(8, dtype=np.int32), "n": 3},
+                                       {"ids": cts.NamedSharding(mesh, cts.P("data")),
+                                        "n": cts.NamedSharding(mesh, cts.P())})
+    assert ids["ids"].dtype == np.int32 and ids["ids"].sharding.spec == cts.P("data")
+    assert ids["ids"].tolist() == list(range(8)) and int(ids["n"]) == 3
     # differentiable: the gradient comes back with the input's sharding
     g = cts.grad(lambda v: cnp.sum(cnp.square(lax.with_sharding_constraint(v, s))))(x)
     assert g.sharding == x.sharding

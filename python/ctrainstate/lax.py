@@ -19,7 +19,7 @@ import numpy as np
 
 from . import tree_util
 from ._abstract import ShapeDtypeStruct
-from .array import Array
+from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
 __all__ = ["with_sharding_constraint"]
@@ -48,10 +48,13 @@ def with_sharding_constraint(x, shardings):
         s = _as_sharding(spec)
 
         def one(leaf):
-            if isinstance(leaf, (Array, ShapeDtypeStruct, np.ndarray, np.generic, float, int)) \
-                    and not isinstance(leaf, bool):
-                return with_sharding(leaf, s)
-            return leaf
+            if not isinstance(leaf, (Array, ShapeDtypeStruct, np.ndarray, np.generic, float, int)):
+                return leaf
+            dt = getattr(leaf, "dtype", None)
+            if isinstance(leaf, float) or (dt is not None and np.dtype(dt) in (np.float32,
+                                                                               np.float64)):
+                return with_sharding(leaf, s)          # float32: differentiable
+            return device_put(leaf, s)                 # ints, bools, 16-bit floats: placed
         return tree_util.tree_map(one, sub)
 
     try:

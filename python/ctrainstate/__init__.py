@@ -19,25 +19,27 @@ from ._devices import (
     process_index,
     reset_peak_memory_stats,
 )
-from . import tree_util, sharding, mesh_utils
-from .sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
+from . import tree_util, tree, sharding, mesh_utils
+from .sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh,
+                       set_mesh)
 from .sharding import PartitionSpec as P
 from .mesh_utils import make_mesh
-from .array import (Array, Shard, block_until_ready, device_put, from_dlpack,
+from .array import (Array, Shard, block_until_ready, device_get, device_put, from_dlpack,
                     visualize_array_sharding)
 from . import numpy
 from ._ops import grad, value_and_grad
 from ._abstract import ShapeDtypeStruct, eval_shape
 from ._jit import jit, pjit
-from . import optim, train_state
+from . import optim, train_state, lax, serialization, struct, traverse_util, core
+from .lax import with_sharding_constraint
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Array", "Device", "DonatedBufferError", "Mesh", "NamedSharding", "P", "PartitionSpec",
     "ResourceExhaustedError", "Shard", "SingleDeviceSharding", "block_until_ready",
-    "default_backend", "device_count", "device_put", "devices", "get_mesh", "gpu_status", "local_device_count",
+    "default_backend", "device_count", "device_put", "devices", "get_mesh", "set_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
-    "reset_peak_memory_stats", "sharding", "tree_util", "visualize_array_sharding",
-    "numpy", "grad", "value_and_grad", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit",
+    "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
+    "numpy", "grad", "value_and_grad", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit",
 ]

@@ -66,6 +66,15 @@ class Device:
     def device_kind(self) -> str:
         return "cpu" if self.platform == "cpu" else "NVIDIA GPU"
 
+    @property
+    def process_index(self) -> int:
+        """The process that owns the device: always 0 (ctrainstate runs in one process)."""
+        return 0
+
+    @property
+    def host_id(self) -> int:
+        return 0
+
     def memory_stats(self) -> dict:
         """Bytes in use, the peak since the last reset, and the limit of this device.
 

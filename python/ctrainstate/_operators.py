@@ -57,8 +57,20 @@ class OperatorsMixin:
             shape = shape[0]
         return _ops().reshape(self, shape)
 
-    def sum(self, axis=None, keepdims=False):
+    # dtype/out: what np.sum(x) / np.mean(x) pass to the method
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+        _check_reduce_args("sum", dtype, out)
         return _ops().sum(self, axis=axis, keepdims=keepdims)
 
-    def mean(self, axis=None, keepdims=False):
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        _check_reduce_args("mean", dtype, out)
         return _ops().mean(self, axis=axis, keepdims=keepdims)
+
+
+def _check_reduce_args(name, dtype, out):
+    import numpy as np
+    if out is not None:
+        raise TypeError(f"{name}: out= is not supported (Arrays are immutable)")
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        raise NotImplementedError(f"{name}: ctrainstate reductions compute in float32; "
+                                  f"got dtype={np.dtype(dtype)}")

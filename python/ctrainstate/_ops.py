@@ -379,6 +379,16 @@ def maximum(a, b) -> Array:
     return _binary(B_MAX, a, b, ga, gb)
 
 
+def minimum(a, b) -> Array:
+    """Elementwise minimum (the gradient goes to ``a`` where ``a < b``, else to ``b``)."""
+    def ga(g, x, y, o):
+        return multiply(g, _binary_raw(B_GT, y, x))
+
+    def gb(g, x, y, o):
+        return subtract(g, multiply(g, _binary_raw(B_GT, y, x)))
+    return _binary(B_MIN, a, b, ga, gb)
+
+
 def negative(x) -> Array:
     return _unary(U_NEG, x, vjp=lambda g, x, y: negative(g))
 
@@ -630,6 +640,10 @@ def matmul(a, b) -> Array:
     a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
+    if a.ndim == 1 and b.ndim == 1:    # an inner product: a scalar
+        if a.shape != b.shape:
+            raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
+        return reshape(matmul(reshape(a, (1, a.shape[0])), reshape(b, (b.shape[0], 1))), ())
     if a.ndim == 1:
         return reshape(matmul(reshape(a, (1, a.shape[0])), b), b.shape[:-2] + (b.shape[-1],))
     if b.ndim == 1:
@@ -722,12 +736,17 @@ def _swap_last(x: Array) -> Array:
 dot = matmul
 
 
-def einsum(subscripts: str, a, b) -> Array:
+def einsum(subscripts: str, *operands) -> Array:
     """Two-operand einsum (batched-matmul patterns), e.g. ``'bi,ij->bj'``, ``'bqd,bkd->bqk'``.
 
     Indices in both operands and the output are batch dims, in both but not the output are
     contracted, the rest are free; the product runs as transpose/reshape + :func:`matmul`.
     """
+    if len(operands) != 2:
+        raise NotImplementedError(
+            f"einsum takes exactly two operands here, got {len(operands)}: write the "
+            f"contraction as a chain of two-operand einsums")
+    a, b = operands
     a = _lift(a)
     b = _lift(b, _place_of(a))
     try:
@@ -941,7 +960,10 @@ def _rule_matmul(a, b):
     return sa[:-1] + (sb[-1],)
 
 
-def _rule_einsum(sub, a, b):
+def _rule_einsum(sub, *operands):
+    if len(operands) != 2:
+        raise NotImplementedError(f"einsum takes exactly two operands here, got {len(operands)}")
+    a, b = operands
     ins, out = sub.replace(" ", "").split("->")
     size = {}
     for s, x in zip(ins.split(","), (a, b)):
@@ -954,7 +976,7 @@ def _abstract_rules():
     from ._abstract import ShapeDtypeStruct
     rules = {
         "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
-        "divide": _rule_bcast, "maximum": _rule_bcast,
+        "divide": _rule_bcast, "maximum": _rule_bcast, "minimum": _rule_bcast,
         "sum": _rule_reduce, "mean": _rule_reduce, "transpose": _rule_transpose,
         "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
         "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),

@@ -22,10 +22,11 @@ import numpy as np
 from . import _C, _dtypes
 from ._devices import Device
 from ._operators import OperatorsMixin
-from .sharding import NamedSharding, Sharding, SingleDeviceSharding, default_sharding
-from .tree_util import register_leaf_type, tree_leaves
+from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
+                       default_sharding)
+from .tree_util import register_leaf_type, tree_leaves, tree_map
 
-__all__ = ["Array", "Shard", "device_put", "from_dlpack", "block_until_ready",
+__all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
            "visualize_array_sharding"]
 
 DonatedBufferError = _C.DonatedBufferError
@@ -245,13 +246,122 @@ class Array(OperatorsMixin):
     def __repr__(self):
         if self._donated:
             return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
+        if not self._shape and not self.is_deleted():
+            # a scalar (a loss, a step): show its value, as jax does
+            return (f"Array({_scalar_text(self._scalar_value())}, dtype={self._dtype}, "
+                    f"sharding={self._sharding!r})")
         return f"Array(shape={self._shape}, dtype={self._dtype}, sharding={self._sharding!r})"
+
+    def __str__(self):
+        if not self._shape and not self._donated and not self.is_deleted():
+            return _scalar_text(self._scalar_value())
+        return repr(self)
+
+    def _scalar_value(self):
+        """The value of a 0-d Array as a numpy scalar (from the host copy a counter keeps,
+        else read from the device)."""
+        if self._host_scalar is not None:
+            return np.asarray(self._host_scalar, self._dtype)[()]
+        return np.asarray(self)[()]
+
+    def __format__(self, spec):
+        # f"{loss:.4f}": a scalar formats like its value (jax.Array does the same)
+        if not self._shape:
+            v = self._scalar_value()
+            return format(_py_scalar(v), spec) if spec else _scalar_text(v)
+        if not spec:
+            return str(self)
+        raise TypeError(f"format spec {spec!r} applies to scalars; this Array has shape "
+                        f"{self._shape}: format np.asarray(x) (gathers to the host) instead")
+
+    # --- comparisons: scalars only (there is no elementwise comparison op) ----------------
+    def _compare(self, other, op):
+        if isinstance(other, Array):
+            if other._shape:
+                raise TypeError(self._cmp_msg(other._shape))
+            other = other._scalar_value()
+        elif not isinstance(other, (int, float, bool, np.generic, np.ndarray)):
+            return NotImplemented
+        if self._shape:
+            raise TypeError(self._cmp_msg(self._shape))
+        return op(self._scalar_value(), other)
+
+    @staticmethod
+    def _cmp_msg(shape):
+        return (f"comparing an Array of shape {shape}: ctrainstate compares scalars (0-d "
+                f"Arrays, e.g. a loss) only; for elementwise comparisons gather to the host "
+                f"first, np.asarray(x) > 0")
+
+    def __eq__(self, other):
+        return self._compare(other, lambda a, b: a == b)
+
+    def __ne__(self, other):
+        return self._compare(other, lambda a, b: a != b)
+
+    def __lt__(self, other):
+        return self._compare(other, lambda a, b: a < b)
+
+    def __le__(self, other):
+        return self._compare(other, lambda a, b: a <= b)
+
+    def __gt__(self, other):
+        return self._compare(other, lambda a, b: a > b)
+
+    def __ge__(self, other):
+        return self._compare(other, lambda a, b: a >= b)
+
+    __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
+
+    # --- no indexing -----------------------------------------------------------------------
+    def __getitem__(self, idx):
+        raise TypeError(
+            f"Array indexing (x[{idx!r}]) is not supported: ctrainstate has no gather/slice "
+            f"ops. Index on the host, np.asarray(x)[...] (gathers the whole array), read one "
+            f"device's block from x.addressable_shards[i].data, or reshape/transpose/sum with "
+            f"ctrainstate.numpy")
+
+    def __iter__(self):
+        if not self._shape:
+            raise TypeError("iteration over a 0-d Array")
+        raise TypeError("iterating over an Array is not supported (no slice ops): iterate "
+                        "over np.asarray(x) (gathers to the host)")
+
+    # --- host conversions and copies ---------------------------------------------------------
+    def tolist(self):
+        """The values as nested Python lists (gathers to the host, like ``jax.Array.tolist``)."""
+        return np.asarray(self).tolist()
+
+    def astype(self, dtype) -> "Array":
+        """A copy converted to ``dtype`` with the same sharding, block by block (no device
+        holds more than its block). Not differentiable: ops compute in float32, and an
+        Array that is already ``dtype`` is returned as it is."""
+        from .hf.cast import cast
+        return cast(self, dtype)
+
+    def copy(self) -> "Array":
+        """A new Array with the same sharding and a copy of every block."""
+        from .optim.base import copy_array
+        return copy_array(self)
 
     def _repr_html_(self):
         return _sharding_html(self)
 
 
 register_leaf_type(Array)
+
+
+def _scalar_text(v) -> str:
+    """A scalar as numpy prints it (shortest round-trip digits: 0.9 for float32(0.9))."""
+    if isinstance(v, (np.bool_, np.integer)):
+        return str(v.item())
+    return str(np.float32(v)) if v.dtype != np.float16 else str(v)
+
+
+def _py_scalar(v):
+    """A numpy scalar as a Python bool/int/float (bfloat16 included) for printing."""
+    if isinstance(v, (np.bool_, np.integer)):
+        return v.item()
+    return float(v)
 
 
 # --- device_put ------------------------------------------------------------------
@@ -309,11 +419,21 @@ def _reshard(a: Array, sharding: Sharding) -> Array:
     return Array._create(a.shape, a.dtype, sharding, blocks)
 
 
+def _spec_on_active_mesh(spec) -> NamedSharding:
+    from .sharding import get_mesh
+    mesh = get_mesh()
+    if mesh is None:
+        raise ValueError(f"device_put got {spec!r} with no active mesh: use it inside "
+                         f"`with set_mesh(mesh):` / `with mesh:`, or pass NamedSharding(mesh, spec)")
+    return NamedSharding(mesh, spec)
+
+
 def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool = False):
     """Place ``x`` (numpy array, Python scalar, list, or Array) on devices.
 
     ``sharding``: a :class:`NamedSharding`, a :class:`SingleDeviceSharding`, a
-    :class:`Device`, or None — replicated over the active mesh, else the first
+    :class:`Device`, a :class:`PartitionSpec` (on the active mesh, ``with mesh:`` or
+    ``set_mesh``), or None — replicated over the active mesh, else the first
     device (an Array with ``sharding=None`` is returned as is). An Array with a
     new sharding is resharded device to device; each device allocates only its
     block. Pytrees are placed leaf by leaf; as in ``jax.device_put``, ``sharding``
@@ -329,13 +449,18 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     >>> t["b"][0].shape, t["a"].devices() == {d}
     ((3,), True)
     """
+    if isinstance(sharding, PartitionSpec):
+        sharding = _spec_on_active_mesh(sharding)
     if sharding is not None and not isinstance(sharding, (Sharding, Device)):
         from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
         if not isinstance(sharding, (list, tuple, dict)) and not hasattr(sharding, "__dict__"):
             raise TypeError(f"device_put: expected a NamedSharding, SingleDeviceSharding, Device "
                             f"or a pytree of them, got {type(sharding).__name__}")
         s_leaves, s_td = tree_flatten(
-            sharding, is_leaf=lambda v: v is None or isinstance(v, (Sharding, Device)))
+            sharding, is_leaf=lambda v: v is None or isinstance(v, (Sharding, Device,
+                                                                   PartitionSpec)))
+        s_leaves = [_spec_on_active_mesh(v) if isinstance(v, PartitionSpec) else v
+                    for v in s_leaves]
         for v in s_leaves:
             if v is not None and not isinstance(v, (Sharding, Device)):
                 raise TypeError(f"device_put: a sharding tree holds a {type(v).__name__}, "
@@ -435,6 +560,17 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
             _C.copy_from_host(buf, host.view(np.uint8) if dtype == _dtypes.bool_ else host,
                               (0,) * len(shard_shape))
     return Array._create(tuple(shape), dtype, sharding, blocks)
+
+
+def device_get(tree):
+    """Every Array of ``tree`` gathered to a host ``numpy.ndarray`` (jax.device_get); other
+    leaves are returned as they are.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> cts.device_get({'w': cts.device_put(np.ones(2, np.float32)), 'step': 3})
+    {'step': 3, 'w': array([1., 1.], dtype=float32)}
+    """
+    return tree_map(lambda x: np.asarray(x) if isinstance(x, Array) else x, tree)
 
 
 def block_until_ready(tree):

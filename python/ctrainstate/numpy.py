@@ -10,6 +10,8 @@ collectives it implies and the autodiff rules are described in
 >>> np.asarray(cnp.sum(x * 2.0, axis=0)).tolist()
 [6.0, 10.0, 14.0]
 """
+import numpy as _np
+
 from ._ops import (  # noqa: F401
     abs,
     add,
@@ -25,9 +27,9 @@ from ._ops import (  # noqa: F401
     matmul,
     maximum,
     mean,
+    minimum,
     multiply,
     negative,
-    ones_like,
     power,
     relu,
     reshape,
@@ -41,8 +43,8 @@ from ._ops import (  # noqa: F401
     tanh,
     transpose,
     with_sharding,
-    zeros_like,
 )
+from . import _ops as _o
 
 
 def var(x, axis=None, keepdims: bool = False):
@@ -51,9 +53,164 @@ def var(x, axis=None, keepdims: bool = False):
     return mean(square(subtract(x, m)), axis=axis, keepdims=keepdims)
 
 
+def std(x, axis=None, keepdims: bool = False):
+    """Standard deviation (population, like ``jnp.std``)."""
+    return sqrt(var(x, axis=axis, keepdims=keepdims))
+
+
+def clip(x, min=None, max=None, *, a_min=None, a_max=None):  # noqa: A002 - jnp's names
+    """``minimum(maximum(x, min), max)`` (``jnp.clip``; ``a_min``/``a_max`` are the old names)."""
+    lo = min if min is not None else a_min
+    hi = max if max is not None else a_max
+    if lo is not None:
+        x = maximum(x, lo)
+    if hi is not None:
+        x = minimum(x, hi)
+    return x
+
+
+def squeeze(x, axis=None):
+    """Drop size-1 dimensions (all of them, or those in ``axis``)."""
+    shape = tuple(x.shape)
+    if axis is None:
+        drop = {d for d, n in enumerate(shape) if n == 1}
+    else:
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        drop = {a % len(shape) for a in axes}
+        for d in drop:
+            if shape[d] != 1:
+                raise ValueError(f"squeeze: dimension {d} of shape {shape} has size {shape[d]}, not 1")
+    return reshape(x, tuple(n for d, n in enumerate(shape) if d not in drop))
+
+
+# --- dtypes and array creation (jnp.zeros, jnp.array, ...) ---------------------------------------
+# The result is an Array placed like ``device_put`` places it: on ``device`` (a Device or a
+# Sharding) when given, else replicated over the active mesh, else on the default device.
+# Without ``dtype``, floats are float32 and integers int32 (JAX without x64).
+
+from . import _dtypes as _dt  # noqa: E402
+
+float32 = _np.float32
+float16 = _np.float16
+bfloat16 = _dt.bfloat16.type
+int32 = _np.int32
+uint32 = _np.uint32
+bool_ = _np.bool_
+pi = _np.pi
+e = _np.e
+inf = _np.inf
+nan = _np.nan
+
+
+def _place(host, device):
+    from .array import device_put
+    return device_put(host, device)
+
+
+def _default_dtype(dtype, like_float=True):
+    if dtype is not None:
+        return _dt.canonicalize(dtype)
+    return _dt.float32 if like_float else None
+
+
+def asarray(a, dtype=None, *, device=None):
+    """``a`` as an Array (an Array of that dtype and placement is returned as it is)."""
+    from .array import Array
+    if isinstance(a, Array):
+        if dtype is not None and _dt.canonicalize(dtype) != a.dtype:
+            a = a.astype(dtype)
+        return a if device is None else _place(a, device)
+    host = _np.asarray(a, dtype=_dt.canonicalize(dtype) if dtype is not None else None)
+    return _place(host, device)
+
+
+def array(a, dtype=None, copy: bool = True, *, device=None):
+    """A new Array holding ``a`` (``jnp.array``: an Array argument is copied)."""
+    from .array import Array
+    if isinstance(a, Array):
+        out = asarray(a, dtype, device=device)
+        return out.copy() if (out is a and copy) else out
+    return asarray(a, dtype, device=device)
+
+
+def full(shape, fill_value, dtype=None, *, device=None):
+    """An Array of ``shape`` filled with ``fill_value``."""
+    if dtype is None:
+        dtype = _np.asarray(fill_value).dtype
+        dtype = _dt.float32 if dtype.kind == "f" else dtype
+    return _place(_np.full(_shape(shape), fill_value, _dt.canonicalize(dtype)), device)
+
+
+def zeros(shape, dtype=None, *, device=None):
+    """An Array of zeros (float32 by default)."""
+    return _place(_np.zeros(_shape(shape), _default_dtype(dtype)), device)
+
+
+def ones(shape, dtype=None, *, device=None):
+    """An Array of ones (float32 by default)."""
+    return _place(_np.ones(_shape(shape), _default_dtype(dtype)), device)
+
+
+def arange(start, stop=None, step=None, dtype=None, *, device=None):
+    """``jnp.arange``: int32 for integer arguments, float32 otherwise."""
+    if stop is None:
+        start, stop = 0, start
+    host = _np.arange(start, stop, step) if step is not None else _np.arange(start, stop)
+    return _place(host.astype(_dt.canonicalize(dtype if dtype is not None else host.dtype)),
+                  device)
+
+
+def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None, *, device=None):
+    """``num`` evenly spaced float32 values from ``start`` to ``stop``."""
+    host = _np.linspace(start, stop, num, endpoint=endpoint)
+    return _place(host.astype(_default_dtype(dtype)), device)
+
+
+def _full_like(x, value, dtype, shape):
+    from ._abstract import ShapeDtypeStruct
+    from .array import Array, _buffer_view, _fill_array
+    src = x.dtype if hasattr(x, "dtype") else _np.asarray(x).dtype
+    dt = _dt.canonicalize(dtype if dtype is not None else src)
+    if shape is not None:
+        return _place(_np.full(_shape(shape), value, dt), None)
+    if isinstance(x, ShapeDtypeStruct):
+        return ShapeDtypeStruct(x.shape, dt, x.sharding)
+    if not isinstance(x, Array):
+        return _place(_np.full(_np.shape(x), value, dt), None)
+    if dt == _dt.float32 and x.dtype == _dt.float32 and value in (0, 1):
+        return (_o.zeros_like if value == 0 else _o.ones_like)(x)   # the op kernel, per shard
+
+    def fill(target, start, shard_shape):
+        view = target if isinstance(target, _np.ndarray) else _buffer_view(target, shard_shape, dt)
+        view[...] = value
+    return _fill_array(x.shape, dt, x.sharding, fill)
+
+
+def zeros_like(a, dtype=None, shape=None):
+    """Zeros with ``a``'s shape, dtype and sharding (``jnp.zeros_like``; each device fills
+    its own block). ``a`` may be an Array, a numpy array or a ``ShapeDtypeStruct``."""
+    return _full_like(a, 0, dtype, shape)
+
+
+def ones_like(a, dtype=None, shape=None):
+    """Ones with ``a``'s shape, dtype and sharding (``jnp.ones_like``)."""
+    return _full_like(a, 1, dtype, shape)
+
+
+def full_like(a, fill_value, dtype=None, shape=None):
+    """``fill_value`` with ``a``'s shape, dtype and sharding (``jnp.full_like``)."""
+    return _full_like(a, fill_value, dtype, shape)
+
+
+def _shape(shape):
+    return (int(shape),) if isinstance(shape, (int, _np.integer)) else tuple(int(s) for s in shape)
+
+
 __all__ = [
-    "abs", "add", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
-    "log", "matmul", "maximum", "mean", "multiply", "negative", "ones_like", "power", "relu",
+    "abs", "add", "arange", "array", "asarray", "bfloat16", "bool_", "clip", "e", "float16",
+    "float32", "full", "inf", "int32", "linspace", "minimum", "nan", "ones", "pi", "squeeze",
+    "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
+    "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
-    "transpose", "var", "with_sharding", "zeros_like",
+    "transpose", "var", "with_sharding",
 ]

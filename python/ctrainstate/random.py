@@ -32,8 +32,8 @@ import numpy as np
 from . import _C, _dtypes
 
 __all__ = [
-    "PRNGKey", "key", "key_data", "split", "fold_in", "bits", "uniform", "normal",
-    "truncated_normal", "bernoulli", "permutation",
+    "PRNGKey", "key", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform",
+    "normal", "truncated_normal", "bernoulli", "permutation", "randint",
 ]
 
 _UNIFORM, _NORMAL, _TRUNCATED_NORMAL, _BERNOULLI = 0, 1, 2, 3
@@ -97,6 +97,17 @@ def key_data(k) -> np.ndarray:
     array([0, 3], dtype=uint32)
     """
     return np.array(_key_words(k), dtype=np.uint32)
+
+
+def wrap_key_data(key_bits, *, impl=None) -> np.ndarray:
+    """A key from its raw ``uint32[2]`` data (keys are raw data here already).
+
+    >>> wrap_key_data(key_data(PRNGKey(7))).tolist()
+    [0, 7]
+    """
+    if impl not in (None, "threefry2x32"):
+        raise ValueError(f"wrap_key_data: only the threefry2x32 PRNG is implemented, got {impl!r}")
+    return np.array(_key_words(key_bits), dtype=np.uint32)
 
 
 def split(k, num: int | Sequence[int] = 2) -> np.ndarray:
@@ -318,6 +329,8 @@ def permutation(k, x, axis: int = 0, independent: bool = False, *, out_sharding=
         arr, axis = np.arange(int(x), dtype=np.int32), 0
     else:
         arr = np.asarray(x)
+        if arr.dtype in _dtypes._NARROW:       # int64 -> int32, float64 -> float32 (as JAX)
+            arr = arr.astype(_dtypes._NARROW[arr.dtype])
         axis = axis + arr.ndim if axis < 0 else axis
         if not 0 <= axis < arr.ndim:
             raise ValueError(f"axis {axis} is out of bounds for an array of rank {arr.ndim}")
@@ -342,3 +355,71 @@ def _shuffle(k, x, axis):
         order = np.argsort(sort_keys, axis=axis, kind="stable")
         x = np.take_along_axis(x, order, axis=axis)
     return x
+
+
+def _rem(a: np.ndarray, n) -> np.ndarray:
+    """Unsigned remainder with XLA's convention that ``x % 0 == x``."""
+    n = np.asarray(n, dtype=a.dtype)
+    return np.where(n == 0, a, a % np.where(n == 0, 1, n)).astype(a.dtype)
+
+
+def randint(k, shape, minval, maxval, dtype=None, *, out_sharding=None):
+    """Uniform integers in ``[minval, maxval)``, as jax.random.randint (same values).
+
+    As in JAX, two 32-bit words are drawn per element (from the two halves of
+    ``split(k)``) and reduced modulo the span; bounds are clipped to the dtype's range
+    (``maxval`` one past its maximum is allowed) and ``maxval <= minval`` gives ``minval``.
+    ``minval``/``maxval`` are scalars; the values are computed on the host and placed by
+    ``out_sharding`` when given.
+
+    >>> x = randint(PRNGKey(0), (1000,), 0, 10)
+    >>> str(x.dtype), int(x.min()), int(x.max())
+    ('int32', 0, 9)
+    """
+    dt = np.dtype(np.int32 if dtype is None else dtype)
+    if dt == np.int64:
+        dt = np.dtype(np.int32)      # as JAX with x64 off
+    if dt.kind not in "iu":
+        raise TypeError(f"randint only accepts integer dtypes, got {dt}")
+    if dt.itemsize > 4:
+        raise TypeError(f"randint: 64-bit dtypes need x64, which ctrainstate does not have; "
+                        f"got {dt}")
+    lo_v, hi_v = (_int_scalar(v, n) for v, n in ((minval, "minval"), (maxval, "maxval")))
+    info = np.iinfo(dt)
+    sample_dt = np.dtype(np.int32) if dt.itemsize < 4 else dt   # small ints: sample in 32 bits
+    if dt.itemsize < 4:
+        lo_v = min(max(lo_v, int(info.min)), int(info.max))
+        hi_v = min(max(hi_v, int(info.min)), int(info.max) + 1)
+    sinfo = np.iinfo(sample_dt)
+    out_of_range = hi_v > int(sinfo.max)
+    lo_v = min(max(lo_v, int(sinfo.min)), int(sinfo.max))
+    hi_v = min(max(hi_v, int(sinfo.min)), int(sinfo.max))
+    shape = _shape(shape)
+    k1, k2 = split(k)
+    high = bits(k1, shape)
+    low = bits(k2, shape)
+    u32 = np.uint32
+    span = (hi_v - lo_v) & 0xFFFFFFFF if hi_v > lo_v else 1
+    if out_of_range and hi_v > lo_v:
+        span = (span + 1) & 0xFFFFFFFF          # 2**32 wraps to 0: the remainders are no-ops
+    span = u32(span)
+    with np.errstate(over="ignore"):
+        mult = _rem(np.asarray(u32(1 << 16)), span)
+        mult = _rem(np.asarray(mult * mult, u32), span)
+        off = _rem((_rem(high, span) * mult + _rem(low, span)).astype(u32), span)
+        vals = (np.asarray(lo_v).astype(sample_dt) + off.astype(sample_dt)).astype(sample_dt)
+    vals = vals.astype(dt)
+    if out_sharding is not None:
+        from .array import device_put
+        return device_put(vals, out_sharding)
+    return vals
+
+
+def _int_scalar(v, name) -> int:
+    if np.ndim(v):
+        raise ValueError(f"{name} must be a scalar in ctrainstate.random.randint (got an array "
+                         f"of shape {np.shape(v)}); array-valued bounds are not supported")
+    a = np.asarray(v)
+    if not np.issubdtype(a.dtype, np.integer):
+        a = a.astype(np.int64)   # JAX truncates float bounds to integers
+    return int(a)

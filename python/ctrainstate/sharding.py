@@ -13,6 +13,8 @@ computed in C (csrc/core/ct_layout.c); this module only holds the objects.
 """
 from __future__ import annotations
 
+import math
+
 import collections
 import threading
 from typing import Any, Mapping
@@ -24,6 +26,7 @@ from ._devices import Device, devices as _all_devices
 
 __all__ = [
     "Mesh",
+    "set_mesh",
     "PartitionSpec",
     "NamedSharding",
     "SingleDeviceSharding",
@@ -215,9 +218,46 @@ class Mesh:
 
 
 def get_mesh() -> Mesh | None:
-    """The innermost active ``with mesh:`` on this thread, or None."""
+    """The innermost active ``with mesh:`` (or ``set_mesh``) on this thread, or None."""
     s = _mesh_stack()
     return s[-1] if s else None
+
+
+class _SetMesh:
+    """What ``set_mesh`` returns: leaving it as a ``with`` block restores the previous mesh."""
+
+    def __init__(self, mesh, saved):
+        self._mesh, self._saved = mesh, saved
+
+    def __enter__(self):
+        return self._mesh
+
+    def __exit__(self, *exc):
+        _mesh_stack()[:] = self._saved
+        return False
+
+
+def set_mesh(mesh: Mesh | None) -> _SetMesh:
+    """Make ``mesh`` the active mesh of this thread (``jax.set_mesh``): at once, as a
+    setter, or for a block, ``with set_mesh(mesh):``, after which the previous mesh is
+    back. ``set_mesh(None)`` deactivates any mesh. Equivalent to ``with mesh:`` for
+    everything that reads the active mesh (PartitionSpecs in jit/device_put, axis rules,
+    constraints, born-sharded params).
+
+    >>> import ctrainstate as cts
+    >>> m = cts.make_mesh((1,), ('x',))
+    >>> with cts.set_mesh(m):
+    ...     cts.get_mesh() is m
+    True
+    >>> cts.get_mesh() is None
+    True
+    """
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(f"set_mesh needs a Mesh (or None), got {type(mesh).__name__}")
+    stack = _mesh_stack()
+    saved = list(stack)
+    stack.append(mesh)
+    return _SetMesh(mesh, saved)
 
 
 # --- Shardings -------------------------------------------------------------------
@@ -277,9 +317,12 @@ class Sharding:
         return len(self._mesh_devices)
 
     def is_equivalent_to(self, other: "Sharding", ndim: int) -> bool:
+        """True when both place every element of an ``ndim``-d array on the same devices
+        (``P('x')`` and ``P('x', None)``, or one device as a mesh and as a single device)."""
         if not isinstance(other, Sharding):
             return False
-        shape = (1,) * ndim
+        # a dimension of the product of both device counts splits evenly over any mesh axes
+        shape = (math.lcm(self.num_devices, other.num_devices),) * ndim
         try:
             a = self.devices_indices_map(shape)
             b = other.devices_indices_map(shape)

@@ -41,11 +41,17 @@ def field(pytree_node: bool = True, **kwargs):
                              **kwargs)
 
 
-def dataclass(cls):
-    """Make ``cls`` a frozen dataclass registered as a pytree (flax.struct.dataclass)."""
+def dataclass(cls=None, **kwargs):
+    """Make ``cls`` a frozen dataclass registered as a pytree (flax.struct.dataclass).
+
+    Keyword arguments (``kw_only=True``, ...) go to ``dataclasses.dataclass``; used with
+    them, ``@dataclass(kw_only=True)`` decorates."""
+    if cls is None:
+        return lambda c: dataclass(c, **kwargs)
     if "_ct_struct" in cls.__dict__:
         return cls
-    cls = dataclasses.dataclass(frozen=True)(cls)
+    kwargs.pop("frozen", None)
+    cls = dataclasses.dataclass(frozen=True, **kwargs)(cls)
     fields = dataclasses.fields(cls)
     data = tuple(f.name for f in fields if f.metadata.get("pytree_node", True))
     meta = tuple(f.name for f in fields if not f.metadata.get("pytree_node", True))

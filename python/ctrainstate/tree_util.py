@@ -28,6 +28,8 @@ __all__ = [
     "tree_map_with_path",
     "tree_leaves_with_path",
     "keystr",
+    "tree_reduce",
+    "tree_all",
     "DictKey",
     "SequenceKey",
     "GetAttrKey",
@@ -56,9 +58,24 @@ class GetAttrKey(NamedTuple):
         return f".{self.name}"
 
 
-def keystr(path) -> str:
-    """``"['params']['Dense_0']['kernel']"`` for a key path."""
-    return "".join(str(k) for k in path)
+def _simple_key(k) -> str:
+    if isinstance(k, DictKey):
+        return str(k.key)
+    if isinstance(k, SequenceKey):
+        return str(k.idx)
+    if isinstance(k, GetAttrKey):
+        return k.name
+    return str(k)
+
+
+def keystr(path, *, simple: bool = False, separator: str = "") -> str:
+    """``"['params']['Dense_0']['kernel']"`` for a key path; ``simple=True, separator='/'``
+    gives ``'params/Dense_0/kernel'`` (jax.tree_util.keystr).
+
+    >>> keystr((DictKey('a'), SequenceKey(0)), simple=True, separator='/')
+    'a/0'
+    """
+    return separator.join(_simple_key(k) if simple else str(k) for k in path)
 
 
 # node type -> (flatten(x) -> (children, aux, keys), unflatten(aux, children))
@@ -372,3 +389,29 @@ def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None
     pl, td = tree_flatten_with_path(tree, is_leaf)
     others = [_flatten_up_to(td, r) for r in rest]
     return tree_unflatten(td, [f(p, x, *xs) for (p, x), *xs in zip(pl, *others)])
+
+
+class _Unspecified:
+    pass
+
+
+_UNSPECIFIED = _Unspecified()
+
+
+def tree_reduce(function: Callable, tree, initializer: Any = _UNSPECIFIED,
+                is_leaf: Callable | None = None):
+    """``functools.reduce(function, tree_leaves(tree)[, initializer])`` (jax.tree_util.tree_reduce).
+
+    >>> tree_reduce(lambda a, b: a + b, {'x': 1, 'y': [2, 3]}, 10)
+    16
+    """
+    import functools
+    leaves = tree_leaves(tree, is_leaf=is_leaf)
+    if initializer is _UNSPECIFIED:
+        return functools.reduce(function, leaves)
+    return functools.reduce(function, leaves, initializer)
+
+
+def tree_all(tree, *, is_leaf: Callable | None = None) -> bool:
+    """``all(tree_leaves(tree))`` (jax.tree_util.tree_all)."""
+    return all(tree_leaves(tree, is_leaf=is_leaf))

@@ -41,7 +41,7 @@ def cast(x, dtype):
         host = np.empty(x._shard_shape, x.dtype)
         _C.copy_to_host(buf, host, zero)
         nb = _C.Buffer(dev.id, x._shard_shape, code)
-        _C.copy_from_host(nb, np.ascontiguousarray(host.astype(dtype)), zero)
+        _C.copy_from_host(nb, host.astype(dtype, order="C"), zero)  # (0-d stays 0-d)
         blocks.append((dev, nb, start, rid))
     return Array._create(x.shape, dtype, x.sharding, blocks)
 

@@ -31,13 +31,17 @@ from .spmd import (
 
 from . import initializers
 from .module import Module, compact
+from .scope import DenyList
 from .linear import Dense, DenseGeneral, Embed, LayerNorm
+from .stochastic import Dropout, merge_param
+from .combinators import Sequential
 from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
+from .activation import leaky_relu, one_hot, silu, swish
 
 __all__ = [
-    'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'Dense', 'DenseGeneral',
-    'Embed', 'LayerNorm', 'gelu', 'relu', 'sigmoid', 'tanh', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'DenyList', 'Dense', 'DenseGeneral',
+    'Embed', 'LayerNorm', 'Dropout', 'merge_param', 'Sequential', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'one_hot', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

@@ -27,6 +27,17 @@ def _in_features(x) -> int:
     return int(np.shape(x)[-1])
 
 
+def _check_dtype(module) -> None:
+    """Layers compute in float32: a lower-precision computation ``dtype`` (Flax's mixed
+    precision, e.g. ``dtype=jnp.bfloat16``) is refused rather than silently run in float32."""
+    dt = getattr(module, "dtype", None)
+    if dt is not None and np.dtype(dt) != np.float32:
+        raise NotImplementedError(
+            f"{type(module).__name__}(dtype={np.dtype(dt)}): ctrainstate layers compute in "
+            f"float32 only; drop dtype= (or pass float32) and the outputs are float32 (Flax "
+            f"would compute and return {np.dtype(dt)})")
+
+
 class Dense(Module):
     """``y = x @ kernel + bias`` with ``kernel`` of shape ``(in, features)``.
 
@@ -46,6 +57,7 @@ class Dense(Module):
 
     @compact
     def __call__(self, inputs):
+        _check_dtype(self)
         kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), self.features),
                             self.param_dtype)
         y = cnp.matmul(inputs, kernel)
@@ -85,6 +97,7 @@ class DenseGeneral(Module):
 
     @compact
     def __call__(self, inputs):
+        _check_dtype(self)
         feats = (self.features,) if isinstance(self.features, int) else tuple(self.features)
         nd = len(np.shape(inputs))
         axes = _canon(self.axis, nd)
@@ -158,6 +171,7 @@ class Embed(Module):
             self.embedding = self.param("embedding", self.embedding_init, shape, self.param_dtype)
 
     def __call__(self, inputs):
+        _check_dtype(self)
         idx = np.asarray(inputs)
         if not np.issubdtype(idx.dtype, np.integer):
             raise TypeError(f"Embed expects integer inputs, got {idx.dtype}")
@@ -169,6 +183,7 @@ class Embed(Module):
         return cnp.matmul(onehot, self.embedding)
 
     def attend(self, query):
+        _check_dtype(self)
         return cnp.matmul(query, cnp.transpose(self.embedding))
 
 
@@ -186,6 +201,7 @@ class LayerNorm(Module):
 
     @compact
     def __call__(self, x):
+        _check_dtype(self)
         feat = _in_features(x)
         mean = cnp.mean(x, axis=-1, keepdims=True)
         mean2 = cnp.mean(cnp.square(x), axis=-1, keepdims=True)

@@ -47,7 +47,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
-from .scope import Scope
+from .scope import DenyList, Scope, in_filter
 
 __all__ = ["Module", "compact", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
@@ -85,11 +85,15 @@ class ModuleScope(Scope):
         self.root_rngs = dict(root_rngs or {})
         self.rng_counters: dict = {k: 0 for k in self.root_rngs}
         self.rngs = {k: None for k in self.root_rngs}  # for has-stream checks
+        self.initializing = False
+
 
     def push(self, name: str) -> "ModuleScope":
         if name not in self._children:
-            self._children[name] = ModuleScope(self._variables, self.root_rngs, self.mutable,
-                                               self.path + (name,))
+            child = ModuleScope(self._variables, self.root_rngs, self.mutable,
+                                self.path + (name,))
+            child.initializing = self.initializing
+            self._children[name] = child
         return self._children[name]
 
     def has_rng(self, name: str) -> bool:
@@ -157,7 +161,7 @@ def _wrap_method(fn: Callable) -> Callable:
             # A new call of this module: auto names restart and its names may be declared
             # again (so a module called twice reuses its submodules and params, as in Flax).
             object.__setattr__(self, "_auto_counts", {})
-            object.__setattr__(self, "_call_names", set())
+            object.__setattr__(self, "_call_names", set(self._field_names))
             self._scope._reserved.clear()
         stack.append(_Frame(self, is_compact))
         try:
@@ -169,7 +173,8 @@ def _wrap_method(fn: Callable) -> Callable:
 
 
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
-             "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path"}
+             "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
+             "is_initializing", "bind"}
 
 
 class Module:
@@ -207,6 +212,7 @@ class Module:
         object.__setattr__(self, "_in_setup", False)
         object.__setattr__(self, "_auto_counts", {})
         object.__setattr__(self, "_call_names", set())
+        object.__setattr__(self, "_field_names", ())
         object.__setattr__(self, "_children", {})
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
@@ -249,9 +255,52 @@ class Module:
         object.__setattr__(child, "_scope", self._scope.push(name))
         self._children[name] = child
 
+    # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
+    def _adopt_fields(self):
+        """Bind unbound modules held by dataclass fields as children named after the field
+        (``inner``; ``layers_0``, ``layers_2`` for entries of a list or tuple; ``table_a`` for
+        a dict), as Flax does. The user's instances stay unbound: a clone is adopted, so the
+        same module object can be passed to several parents or calls."""
+        adopted = []
+
+        def one(m, name):
+            clone = m._unbound_clone()
+            self._attach(clone, name)
+            adopted.append(name)
+            return clone
+
+        def free(v):
+            return isinstance(v, Module) and v._scope is None
+
+        for f in dataclasses.fields(self):
+            if f.name == "name":
+                continue
+            v = getattr(self, f.name)
+            if free(v):
+                nv = one(v, f.name)
+            elif isinstance(v, (list, tuple)) and not hasattr(v, "_fields") and any(map(free, v)):
+                nv = type(v)(one(x, f"{f.name}_{i}") if free(x) else x for i, x in enumerate(v))
+            elif isinstance(v, dict) and any(map(free, v.values())):
+                nv = {k: one(x, f"{f.name}_{k}") if free(x) else x for k, x in v.items()}
+            else:
+                continue
+            object.__setattr__(self, f.name, nv)
+        object.__setattr__(self, "_field_names", tuple(adopted))
+
+    def _unbound_clone(self) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        stack = _module_stack()
+        saved = list(stack)
+        stack.clear()  # a free clone: it must not attach to the module being set up
+        try:
+            return type(self)(**fields)
+        finally:
+            stack.extend(saved)
+
     def _try_setup(self):
         if self._setup_done:
             return
+        self._adopt_fields()
         object.__setattr__(self, "_setup_done", True)
         object.__setattr__(self, "_in_setup", True)
         stack = _module_stack()
@@ -318,6 +367,11 @@ class Module:
     def make_rng(self, name: str = "params"):
         return self._need_scope("make_rng").make_rng(name)
 
+    def is_initializing(self) -> bool:
+        """True while the module runs under ``init``/``init_with_output`` (flax's
+        ``Module.is_initializing``)."""
+        return bool(getattr(self._need_scope("is_initializing"), "initializing", False))
+
     @property
     def variables(self) -> dict:
         return self._need_scope("variables").variables()
@@ -335,7 +389,7 @@ class Module:
         object.__setattr__(m, "_scope", scope)
         return m
 
-    def _run(self, variables, rngs, mutable, method, args, kwargs):
+    def _run(self, variables, rngs, mutable, method, args, kwargs, initializing=False):
         if rngs is not None and not isinstance(rngs, dict):
             rngs = {"params": rngs}
         root_rngs = {}
@@ -345,23 +399,29 @@ class Module:
                 raise TypeError(f"rngs['{k}'] must be a PRNG key (uint32[2]); got shape {key.shape}")
             root_rngs[k] = key.astype(np.uint32)
         scope = ModuleScope(variables, root_rngs, mutable)
+        scope.initializing = initializing
         bound = self._clone_bound(scope)
         fn = method if method is not None else type(bound).__call__
         if isinstance(fn, str):
             fn = getattr(type(bound), fn)
+        elif inspect.ismethod(fn) and isinstance(fn.__self__, Module):
+            fn = fn.__func__   # method=model.encode: run it on the bound clone, as Flax does
         with scope:
             out = fn(bound, *args, **kwargs)
         return out, scope.variables()
 
-    def init_with_output(self, rngs, *args, method=None, mutable=True, **kwargs):
+    def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
+                         **kwargs):
         """``(output, variables)`` of running the model with fresh variables."""
-        out, variables = self._run({}, rngs, mutable, method, args, kwargs)
-        return out, variables
+        out, variables = self._run({}, rngs, mutable, method, args, kwargs, initializing=True)
+        return out, {k: v for k, v in variables.items() if in_filter(mutable, k)}
 
-    def init(self, rngs, *args, method=None, mutable=True, **kwargs) -> dict:
+    def init(self, rngs, *args, method=None, mutable=DenyList("intermediates"), **kwargs) -> dict:
         """Create the variables: ``{'params': ..., 'params_axes': ..., ...}``.
 
         ``rngs`` is a key (the ``'params'`` stream) or ``{'params': key, 'dropout': key}``.
+        As in Flax, every collection is mutable except ``'intermediates'`` (values sown
+        there during init are dropped; pass ``mutable=True`` to keep them).
         """
         return self.init_with_output(rngs, *args, method=method, mutable=mutable, **kwargs)[1]
 
@@ -373,21 +433,25 @@ class Module:
         out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs)
         if mutable is False:
             return out
-        keep = {k: v for k, v in new_vars.items() if _is_mutable(mutable, k)}
+        keep = {k: v for k, v in new_vars.items() if in_filter(mutable, k)}
         return out, keep
+
+    def bind(self, variables: dict, *args, rngs=None, mutable=False) -> "Module":
+        """A copy of this module bound to ``variables`` (flax's ``Module.bind``): its
+        methods can be called directly, e.g. ``model.bind({'params': p}).encode(x)``."""
+        if not isinstance(variables, dict):
+            raise TypeError(f"bind: variables must be a dict of collections, got "
+                            f"{type(variables).__name__}")
+        if rngs is not None and not isinstance(rngs, dict):
+            rngs = {"params": rngs}
+        root_rngs = {k: np.asarray(v).astype(np.uint32) for k, v in (rngs or {}).items()}
+        scope = ModuleScope({k: _copy_tree(v) for k, v in variables.items()}, root_rngs, mutable)
+        return self._clone_bound(scope)
 
     def __repr__(self):
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                            if f.name != "name")
         return f"{type(self).__name__}({fields})"
-
-
-def _is_mutable(mutable, col):
-    if isinstance(mutable, bool):
-        return mutable
-    if isinstance(mutable, str):
-        return col == mutable
-    return col in mutable
 
 
 def _copy_tree(d):

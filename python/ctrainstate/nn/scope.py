@@ -29,7 +29,46 @@ from typing import Any, Callable, Iterable
 
 from . import meta
 
-__all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError']
+__all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
+           'DenyList', 'in_filter']
+
+
+class DenyList:
+    """Every collection except ``deny`` (a name, an iterable of names, or ``True`` for
+    none at all): flax.core.DenyList. ``Module.init`` uses ``DenyList('intermediates')``
+    by default, so values ``sow``-n into ``'intermediates'`` during init are not kept.
+
+    >>> from ctrainstate.nn.scope import DenyList, in_filter
+    >>> in_filter(DenyList('intermediates'), 'params'), in_filter(DenyList('intermediates'), 'intermediates')
+    (True, False)
+    """
+
+    __slots__ = ('deny',)
+
+    def __init__(self, deny):
+        self.deny = deny
+
+    def __eq__(self, other):
+        return isinstance(other, DenyList) and self.deny == other.deny
+
+    def __hash__(self):
+        return hash(('DenyList', self.deny if isinstance(self.deny, (str, bool)) else
+                     tuple(self.deny)))
+
+    def __repr__(self):
+        return f'DenyList(deny={self.deny!r})'
+
+
+def in_filter(filter_, col: str) -> bool:
+    """Whether collection ``col`` passes a mutability filter: ``True``/``False``, a name,
+    an iterable of names, or a :class:`DenyList` (flax.core.scope.in_filter)."""
+    if isinstance(filter_, bool):
+        return filter_
+    if isinstance(filter_, str):
+        return col == filter_
+    if isinstance(filter_, DenyList):
+        return not in_filter(filter_.deny, col)
+    return col in filter_
 
 
 class ScopeVariableNotFoundError(KeyError):
@@ -95,7 +134,8 @@ class Scope:
     Args:
       variables: ``{collection: nested dict}`` to read (and write, where mutable).
       rngs: ``{stream: callable}``; ``make_rng(stream)`` calls it and returns the key.
-      mutable: ``True``, ``False``, a collection name, or an iterable of names.
+      mutable: ``True``, ``False``, a collection name, an iterable of names, or a
+        :class:`DenyList`.
       path: names of the enclosing scopes, outermost first.
     """
 
@@ -114,12 +154,7 @@ class Scope:
         return '/' + '/'.join(self.path)
 
     def is_mutable_collection(self, col: str) -> bool:
-        m = self.mutable
-        if isinstance(m, bool):
-            return m
-        if isinstance(m, str):
-            return col == m
-        return col in m
+        return in_filter(self.mutable, col)
 
     def reserve(self, name: str, col: str | None = None) -> None:
         key = (col, name) if col is not None else name

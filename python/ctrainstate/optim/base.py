@@ -38,6 +38,7 @@ NSLOTS = {SCALE: 0, ADAM: 2, DECAY: 0, TRACE: 1, LION: 1, RMS: 1, RSS: 1, CLIP: 
           PARAM_RMS: 0, ZERO: 0, BELIEF: 2, YOGI: 2, STDDEV: 2, ACCUM: 1, ADAMAX: 2,
           AMSGRAD: 3}
 _INT32_MAX = 2**31 - 1
+_NEEDS_PARAMS = (DECAY, TRUST_RATIO, PARAM_RMS)   # kind_needs_params in csrc/core/ct_optim.c
 
 
 class EmptyState(NamedTuple):
@@ -460,6 +461,11 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     stages, rebuild = tx._fuse(state, ctx)
     nleaves = len(p_leaves)
     have_params = params is not None
+    if not have_params and any(s.kind in _NEEDS_PARAMS for s in stages):
+        raise ValueError(
+            "this optimizer reads the current params (weight decay: adamw, "
+            "add_decayed_weights; trust ratios: lamb, lars, fromage; adafactor's param scale) "
+            "but tx.update(updates, state) got none: call tx.update(updates, state, params)")
     stage_args = [(s.kind, s.scalars) for s in stages]
     if inplace:
         key = (pdef, have_params, tuple(

@@ -16,7 +16,9 @@ import numpy as np
 
 __all__ = ["constant_schedule", "linear_schedule", "polynomial_schedule",
            "cosine_decay_schedule", "warmup_cosine_decay_schedule", "exponential_decay",
-           "join_schedules", "piecewise_constant_schedule"]
+           "join_schedules", "piecewise_constant_schedule", "piecewise_interpolate_schedule",
+           "linear_onecycle_schedule", "cosine_onecycle_schedule", "warmup_constant_schedule",
+           "warmup_exponential_decay_schedule", "sgdr_schedule"]
 
 _f32 = np.float32
 
@@ -117,3 +119,87 @@ def warmup_cosine_decay_schedule(init_value, peak_value, warmup_steps, decay_ste
         [linear_schedule(init_value, peak_value, warmup_steps),
          cosine_decay_schedule(peak_value, decay_steps - warmup_steps, alpha, exponent)],
         [warmup_steps])
+
+
+def warmup_constant_schedule(init_value, peak_value, warmup_steps):
+    """Linear warmup to ``peak_value``, then constant."""
+    return linear_schedule(init_value, peak_value, warmup_steps)
+
+
+def warmup_exponential_decay_schedule(init_value, peak_value, warmup_steps, transition_steps,
+                                      decay_rate, transition_begin=0, staircase=False,
+                                      end_value=None):
+    """Linear warmup to ``peak_value``, then :func:`exponential_decay` from there."""
+    return join_schedules(
+        [linear_schedule(init_value, peak_value, warmup_steps),
+         exponential_decay(peak_value, transition_steps, decay_rate, transition_begin,
+                           staircase, end_value)],
+        [warmup_steps])
+
+
+def sgdr_schedule(cosine_kwargs):
+    """Warm restarts: one :func:`warmup_cosine_decay_schedule` per dict of ``cosine_kwargs``,
+    each starting where the previous one's ``decay_steps`` end."""
+    schedules, ends, step = [], [], 0
+    for kw in cosine_kwargs:
+        schedules.append(warmup_cosine_decay_schedule(**kw))
+        step += kw["decay_steps"]
+        ends.append(step)
+    return join_schedules(schedules, ends[:-1])
+
+
+def piecewise_interpolate_schedule(interpolate_type, init_value, boundaries_and_scales=None):
+    """Values ``init_value * scale_1 * ... * scale_i`` reached at the boundaries, linearly
+    (``'linear'``) or by a half cosine (``'cosine'``) interpolated in between; after the
+    last boundary, its value."""
+    if interpolate_type not in ("linear", "cosine"):
+        raise ValueError("`interpolate_type` must be either 'cosine' or 'linear'")
+    items = sorted((boundaries_and_scales or {}).items())
+    if any(not sc >= 0.0 for _, sc in items):
+        raise ValueError("`piecewise_interpolate_schedule` expects non-negative scale factors")
+    bounds = [0] + [int(b) for b, _ in items]
+    values = [_f32(init_value)]
+    for _, sc in items:
+        values.append(values[-1] * _f32(sc))
+
+    def schedule(count):
+        c = _c(count)
+        if c >= bounds[-1]:
+            return float(values[-1])
+        for i in range(len(bounds) - 1):
+            lo, hi = bounds[i], bounds[i + 1]
+            if lo <= c < hi:
+                pct = _f32(c - lo) / _f32(max(hi - lo, 1))
+                a, b = values[i], values[i + 1]
+                if interpolate_type == "linear":
+                    return float((b - a) * pct + a)
+                return float(b + (a - b) / _f32(2) * (_f32(math.cos(_f32(math.pi) * pct)) + _f32(1)))
+        return 0.0   # a count below 0 lies in no interval
+    return schedule
+
+
+def linear_onecycle_schedule(transition_steps, peak_value, pct_start=0.3, pct_final=0.85,
+                             div_factor=25.0, final_div_factor=1e4):
+    """One cycle: linear from ``peak/div_factor`` up to ``peak`` (at ``pct_start``), back down
+    (at ``pct_final``), then to ``peak/div_factor/final_div_factor`` at ``transition_steps``."""
+    if transition_steps <= 0:
+        raise ValueError("A linear onecycle schedule was set with a non-positive "
+                         "`transition_steps`")
+    return piecewise_interpolate_schedule(
+        "linear", peak_value / div_factor,
+        {int(pct_start * transition_steps): div_factor,
+         int(pct_final * transition_steps): 1.0 / div_factor,
+         transition_steps: 1.0 / final_div_factor})
+
+
+def cosine_onecycle_schedule(transition_steps, peak_value, pct_start=0.3, div_factor=25.0,
+                             final_div_factor=1e4):
+    """One cycle with cosine ramps: up to ``peak_value`` at ``pct_start``, then down to
+    ``peak/div_factor/final_div_factor`` at ``transition_steps``."""
+    if transition_steps <= 0:
+        raise ValueError("A cosine onecycle schedule was set with a non-positive "
+                         "`transition_steps`")
+    return piecewise_interpolate_schedule(
+        "cosine", peak_value / div_factor,
+        {int(pct_start * transition_steps): div_factor,
+         int(transition_steps): 1.0 / (div_factor * final_div_factor)})

@@ -1,0 +1,128 @@
+"""``flax.core``'s dict helpers: ``FrozenDict``, ``freeze``, ``unfreeze``, ``copy``, ``pop``,
+``pretty_repr`` (and ``DenyList``).
+
+``FrozenDict`` is an immutable dict (a ``dict`` subclass, so code that checks for dicts
+accepts it; nested dicts are frozen too) and a pytree node with sorted keys, as in Flax.
+``unfreeze`` returns plain nested dicts (a copy of the structure; leaves are shared).
+ctrainstate's ``init`` returns plain dicts, as current Flax does, so ``freeze``/``unfreeze``
+calls in a ported script are only needed where the script relies on them.
+
+>>> from ctrainstate.core import freeze, unfreeze
+>>> f = freeze({'a': {'b': 1}, 'c': 2})
+>>> type(f['a']).__name__, f == {'a': {'b': 1}, 'c': 2}
+('FrozenDict', True)
+>>> rest, c = f.pop('c')
+>>> c, unfreeze(rest)
+(2, {'a': {'b': 1}})
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .nn.scope import DenyList
+from .tree_util import DictKey, register_pytree_with_keys
+
+__all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]
+
+
+def _frozen(v):
+    return FrozenDict(v) if isinstance(v, dict) and not isinstance(v, FrozenDict) else v
+
+
+class FrozenDict(dict):
+    """An immutable mapping (flax.core.FrozenDict)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        for k, v in dict(*args, **kwargs).items():
+            dict.__setitem__(self, k, _frozen(v))
+        self._hash = None
+
+    def _immutable(self, *args, **kwargs):
+        raise TypeError("FrozenDict is immutable: use .copy({...}) or unfreeze(...)")
+
+    __setitem__ = __delitem__ = _immutable
+    clear = popitem = setdefault = update = __ior__ = _immutable
+
+    def __hash__(self):
+        if self._hash is None:
+            self._hash = hash(tuple((k, self[k]) for k in sorted(self, key=repr)))
+        return self._hash
+
+    def __repr__(self):
+        return pretty_repr(self)
+
+    def __reduce__(self):
+        return FrozenDict, (unfreeze(self),)
+
+    def copy(self, add_or_replace: Mapping = None) -> "FrozenDict":
+        """A new FrozenDict with ``add_or_replace``'s entries added or replaced."""
+        return FrozenDict({**self, **(add_or_replace or {})})
+
+    def pop(self, key):
+        """``(FrozenDict without key, its value)``."""
+        value = self[key]
+        return FrozenDict({k: v for k, v in self.items() if k != key}), value
+
+    def unfreeze(self) -> dict:
+        return unfreeze(self)
+
+    def pretty_repr(self, num_spaces: int = 4) -> str:
+        return pretty_repr(self, num_spaces)
+
+
+def _flatten(d):
+    keys = sorted(d)
+    return [(DictKey(k), dict.__getitem__(d, k)) for k in keys], tuple(keys)
+
+
+def _unflatten(keys, children):
+    out = FrozenDict.__new__(FrozenDict)
+    dict.__init__(out, zip(keys, children))
+    out._hash = None
+    return out
+
+
+register_pytree_with_keys(FrozenDict, _flatten, _unflatten)
+
+
+def freeze(xs: Mapping) -> FrozenDict:
+    """``xs`` as a FrozenDict (nested dicts frozen too)."""
+    return FrozenDict(xs)
+
+
+def unfreeze(x) -> Any:
+    """Plain nested dicts for a FrozenDict or dict (a copy of the dict structure)."""
+    if isinstance(x, dict):
+        return {k: unfreeze(v) for k, v in x.items()}
+    return x
+
+
+def copy(x: Mapping, add_or_replace: Mapping = None):
+    """``x`` with entries added or replaced: a FrozenDict stays frozen, a dict stays a dict."""
+    if isinstance(x, FrozenDict):
+        return x.copy(add_or_replace)
+    return {**unfreeze(x), **(add_or_replace or {})}
+
+
+def pop(x: Mapping, key):
+    """``(x without key, x[key])``, keeping x's kind (FrozenDict or dict)."""
+    if isinstance(x, FrozenDict):
+        return x.pop(key)
+    d = unfreeze(x)
+    value = d.pop(key)
+    return d, value
+
+
+def pretty_repr(x: Any, num_spaces: int = 4) -> str:
+    """An indented multi-line repr of nested mappings (Flax's format)."""
+    def rec(v, depth):
+        if not isinstance(v, Mapping):
+            return repr(v)
+        if not v:
+            return "{}"
+        pad = " " * (num_spaces * (depth + 1))
+        lines = [f"{pad}{k}: {rec(val, depth + 1)}," for k, val in v.items()]
+        return "{\n" + "\n".join(lines) + "\n" + " " * (num_spaces * depth) + "}"
+    body = rec(x, 0)
+    return f"FrozenDict({body})" if isinstance(x, FrozenDict) else body

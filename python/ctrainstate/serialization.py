@@ -1,0 +1,144 @@
+"""State dicts and msgpack bytes (mirror of ``flax.serialization``).
+
+``to_state_dict`` / ``from_state_dict`` turn a TrainState (or any pytree of dicts,
+tuples, NamedTuples and structs) into nested dicts with string keys and back.
+``to_bytes`` / ``from_bytes`` write and read them in Flax's msgpack format — the same
+bytes Flax reads and writes (arrays as ``(shape, dtype name, C-order buffer)``, numpy
+scalars likewise, arrays over 1 GiB split into chunks) — so a checkpoint passes between
+Flax and ctrainstate. Writing gathers each Array to the host (it is a full copy by
+nature). Reading places every leaf whose target is an Array (or a ``ShapeDtypeStruct``
+from ``eval_shape``) with the target's sharding, one block per device (Flax returns host
+numpy arrays); other leaves come back as read.
+The bytes functions need the ``msgpack`` package.
+
+>>> import numpy as np, ctrainstate as cts, ctrainstate.optim as optim
+>>> from ctrainstate import serialization
+>>> from ctrainstate.train_state import TrainState
+>>> s = TrainState.create(apply_fn=None, params={'w': np.ones(2, np.float32)}, tx=optim.adam(0.1))
+>>> sorted(serialization.to_state_dict(s))
+['opt_state', 'params', 'step']
+>>> r = serialization.from_bytes(s, serialization.to_bytes(s))
+>>> r.step, np.asarray(r.params['w']).tolist(), r.params['w'].sharding == s.params['w'].sharding
+(0, [1.0, 1.0], True)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._abstract import ShapeDtypeStruct
+from ._dtypes import bfloat16
+from .array import Array, device_put
+from .t5x.serialization import from_state_dict, to_state_dict
+from .tree_util import tree_map
+
+__all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
+           "msgpack_restore"]
+
+MAX_CHUNK_SIZE = 2**30
+_EXT_NDARRAY, _EXT_COMPLEX, _EXT_NPSCALAR = 1, 2, 3
+_CHUNKED = "__msgpack_chunked_array__"
+
+
+def _msgpack():
+    try:
+        import msgpack
+    except ImportError:
+        raise ImportError("ctrainstate.serialization's bytes format needs the msgpack package "
+                          "(pip install msgpack)") from None
+    return msgpack
+
+
+def _array_bytes(a: np.ndarray) -> bytes:
+    if a.dtype.hasobject or a.dtype.isalignedstruct:
+        raise ValueError("object and structured dtypes cannot be serialized")
+    return _msgpack().packb((a.shape, a.dtype.name, a.tobytes("C")), use_bin_type=True)
+
+
+def _array_from_bytes(data: bytes) -> np.ndarray:
+    shape, name, buf = _msgpack().unpackb(data, raw=True)
+    dt = bfloat16 if name == b"bfloat16" else np.dtype(name.decode())
+    return np.frombuffer(buf, dtype=dt).reshape(shape, order="C")
+
+
+def _pack_ext(x):
+    msgpack = _msgpack()
+    if isinstance(x, np.ndarray):
+        return msgpack.ExtType(_EXT_NDARRAY, _array_bytes(x))
+    if isinstance(x, np.generic):
+        return msgpack.ExtType(_EXT_NPSCALAR, _array_bytes(np.asarray(x)))
+    if isinstance(x, complex):
+        return msgpack.ExtType(_EXT_COMPLEX, msgpack.packb((x.real, x.imag)))
+    raise TypeError(f"cannot serialize a {type(x).__name__}: a state dict holds dicts, "
+                    f"arrays, numbers and strings")
+
+
+def _unpack_ext(code, data):
+    msgpack = _msgpack()
+    if code == _EXT_NDARRAY:
+        return _array_from_bytes(data)
+    if code == _EXT_NPSCALAR:
+        return _array_from_bytes(data)[()]
+    if code == _EXT_COMPLEX:
+        re, im = msgpack.unpackb(data)
+        return complex(re, im)
+    return msgpack.ExtType(code, data)
+
+
+def _to_host(d):
+    """A copy of the state dict with Arrays gathered and big arrays chunked."""
+    if isinstance(d, dict):
+        return {k: _to_host(v) for k, v in d.items()}
+    if isinstance(d, Array):
+        d = np.asarray(d)
+    if isinstance(d, np.ndarray) and d.nbytes > MAX_CHUNK_SIZE:
+        per = max(1, MAX_CHUNK_SIZE // d.dtype.itemsize)
+        flat = d.reshape(-1)
+        return {_CHUNKED: True,
+                "shape": {str(i): n for i, n in enumerate(d.shape)},
+                "chunks": {str(i): flat[j:j + per]
+                           for i, j in enumerate(range(0, flat.size, per))}}
+    return d
+
+
+def _unchunk(d):
+    if isinstance(d, dict):
+        if _CHUNKED in d:
+            shape = tuple(d["shape"][str(i)] for i in range(len(d["shape"])))
+            chunks = [d["chunks"][str(i)] for i in range(len(d["chunks"]))]
+            return np.concatenate(chunks).reshape(shape)
+        return {k: _unchunk(v) for k, v in d.items()}
+    return d
+
+
+def msgpack_serialize(pytree) -> bytes:
+    """Bytes of a tree of dicts with array / number / string leaves (Flax's format)."""
+    return _msgpack().packb(_to_host(pytree), default=_pack_ext, strict_types=True)
+
+
+def msgpack_restore(encoded: bytes):
+    """The tree of :func:`msgpack_serialize` (arrays as read-only host numpy arrays)."""
+    tree = _msgpack().unpackb(encoded, ext_hook=_unpack_ext, raw=False, strict_map_key=False)
+    return _unchunk(tree)
+
+
+def to_bytes(target) -> bytes:
+    """``msgpack_serialize(to_state_dict(target))``."""
+    return msgpack_serialize(to_state_dict(target))
+
+
+def from_bytes(target, encoded: bytes) -> Any:
+    """``target``'s structure with the values of ``encoded``; leaves whose target is an Array
+    are placed with that Array's sharding."""
+    restored = from_state_dict(target, msgpack_restore(encoded))
+
+    def place(t, v):
+        if isinstance(t, (Array, ShapeDtypeStruct)) and not isinstance(v, Array):
+            v = np.asarray(v)
+            if v.shape != tuple(t.shape):
+                raise ValueError(f"from_bytes: a saved array has shape {v.shape}, its target "
+                                 f"{tuple(t.shape)}")
+            return device_put(v, t.sharding) if t.sharding is not None else device_put(v)
+        return v
+    return tree_map(place, target, restored, is_leaf=lambda x: x is None)

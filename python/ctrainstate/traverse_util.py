@@ -1,0 +1,77 @@
+"""Nested-dict helpers (mirror of ``flax.traverse_util``): ``flatten_dict``,
+``unflatten_dict``, ``path_aware_map`` and the ``empty_node`` marker.
+
+HuggingFace's ``decay_mask_fn`` (no weight decay on biases and LayerNorm scales) ports
+unchanged:
+
+>>> from ctrainstate import traverse_util
+>>> params = {'dense': {'kernel': 1, 'bias': 2}, 'ln': {'scale': 3}}
+>>> flat = traverse_util.flatten_dict(params)
+>>> mask = {p: p[-1] not in ('bias', 'scale') for p in flat}
+>>> traverse_util.unflatten_dict(mask)
+{'dense': {'kernel': True, 'bias': False}, 'ln': {'scale': False}}
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+__all__ = ["flatten_dict", "unflatten_dict", "path_aware_map", "empty_node"]
+
+
+class _EmptyNode:
+    """Stands for an empty sub-dict in ``flatten_dict(..., keep_empty_nodes=True)``."""
+
+    def __repr__(self):
+        return "empty_node"
+
+
+empty_node = _EmptyNode()
+
+
+def flatten_dict(xs: Mapping, keep_empty_nodes: bool = False,
+                 is_leaf: Callable[[tuple, Any], bool] | None = None, sep: str | None = None):
+    """``{path: leaf}`` of a nested dict, with tuple paths or ``sep``-joined ones.
+
+    An empty sub-dict vanishes, or becomes ``empty_node`` with ``keep_empty_nodes``;
+    ``is_leaf(path, value)`` stops the descent at a sub-dict.
+    """
+    if not isinstance(xs, Mapping):
+        raise TypeError(f"expected a (nested) dict, got {type(xs).__name__}")
+    out: dict = {}
+
+    def key(path):
+        return sep.join(path) if sep is not None else path
+
+    def rec(x, path):
+        leaf = not isinstance(x, Mapping) or (is_leaf is not None and is_leaf(path, x))
+        if leaf:
+            out[key(path)] = x
+            return
+        if not x:
+            if keep_empty_nodes and path:
+                out[key(path)] = empty_node
+            return
+        for k, v in x.items():
+            rec(v, path + (k,))
+    rec(xs, ())
+    return out
+
+
+def unflatten_dict(xs: Mapping, sep: str | None = None) -> dict:
+    """The nested dict of a ``flatten_dict`` result (``empty_node`` becomes ``{}``)."""
+    out: dict = {}
+    for path, v in xs.items():
+        if sep is not None:
+            path = tuple(path.split(sep))
+        d = out
+        for p in path[:-1]:
+            d = d.setdefault(p, {})
+        d[path[-1]] = {} if v is empty_node else v
+    return out
+
+
+def path_aware_map(f: Callable[[tuple, Any], Any], nested_dict: Mapping) -> dict:
+    """``f(path, leaf)`` for every leaf of a nested dict, same structure (e.g. an optax label
+    tree from parameter paths)."""
+    flat = flatten_dict(nested_dict, keep_empty_nodes=True)
+    return unflatten_dict({k: f(k, v) if v is not empty_node else v for k, v in flat.items()})

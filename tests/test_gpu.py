@@ -122,6 +122,39 @@ def test_binary_reduce_matmul_match_cpu():
         np.testing.assert_allclose(np.asarray(cnp.sum(ga, axis=axis)), a.astype(np.float64).sum(axis=axis),
                                    rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(cnp.transpose(ga, (2, 0, 1))), np.transpose(a, (2, 0, 1)))
+    # max: exact; (0, 2) and -1 walk the general kernel, a long trailing row the CTA-per-row one
+    a[1, 3, 5] = np.nan
+    ga = cts.device_put(a, d)
+    for axis in (None, 0, (0, 2), -1):
+        np.testing.assert_array_equal(np.asarray(cnp.max(ga, axis=axis)), np.max(a, axis=axis))
+        np.testing.assert_array_equal(np.asarray(cnp.min(ga, axis=axis)), np.min(a, axis=axis))
+    long = rng.standard_normal((5, 1000)).astype(np.float32)
+    long[2, 999] = np.inf
+    long[3, 17] = np.nan
+    np.testing.assert_array_equal(np.asarray(cnp.max(cts.device_put(long, d), axis=1)), long.max(axis=1))
+
+
+def test_softmax_cross_entropy_on_a_split_vocab_match_cpu():
+    """log_softmax and the integer-label cross-entropy with the class axis sharded over GPU
+    devices (the max and the sum end in all-reduces), values and gradients against the CPU."""
+    from ctrainstate import optim
+    g = gpus()
+    n = min(4, len(g))
+    m = gpu_mesh((n,), ("model",))
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, 8 * n)) * 30).astype(np.float32)
+    lab = rng.integers(0, 8 * n, 6)
+    xs = cts.device_put(x, cts.NamedSharding(m, cts.P(None, "model")))
+    xc = cts.device_put(x, cts.devices("cpu")[0])
+
+    def loss(v):
+        return cnp.mean(optim.softmax_cross_entropy_with_integer_labels(v, lab))
+    lg, gg = cts.value_and_grad(loss)(xs)
+    lc, gc_ = cts.value_and_grad(loss)(xc)
+    np.testing.assert_allclose(float(np.asarray(lg)), float(np.asarray(lc)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(gg), np.asarray(gc_), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(nn.log_softmax(xs)), np.asarray(nn.log_softmax(xc)),
+                               rtol=1e-5, atol=1e-5)
 
 
 def _emu_nccl_stats():
@@ -138,10 +171,11 @@ def _emu_nccl_stats():
     return tuple(out)
 
 
-def test_allreduce_over_every_group_shape():
-    """The all-reduce of a mesh axis: within one GPU by the device-copy kernel, across GPUs
-    through NCCL (one rank per GPU, the logical devices of each GPU summed first, then given
-    their rank's result), for groups of every size, on every split."""
+@pytest.mark.parametrize("op", [0, 1], ids=["sum", "max"])
+def test_allreduce_over_every_group_shape(op):
+    """The all-reduce (sum, and max) of a mesh axis: within one GPU by the device-copy kernel,
+    across GPUs through NCCL (one rank per GPU, the logical devices of each GPU combined
+    first, then given their rank's result), for groups of every size, on every split."""
     g = gpus()
     if len(g) < 2:
         pytest.skip("needs 2 GPU devices (set CTRAINSTATE_GPU_SPLIT)")
@@ -160,8 +194,8 @@ def test_allreduce_over_every_group_shape():
             b = cts._C.Buffer(g[i].id, shape, code)
             cts._C.copy_from_host(b, x, (0, 0))
             bufs.append(b)
-        cts._C.op_allreduce([bufs])
-        want = np.sum(np.stack(xs).astype(np.float64), axis=0)
+        cts._C.op_allreduce([bufs], op)
+        want = np.sum(np.stack(xs).astype(np.float64), axis=0) if op == 0 else np.max(np.stack(xs), axis=0)
         for i, b in zip(idx, bufs):
             got = np.empty(shape, np.float32)
             cts._C.copy_to_host(b, got, (0, 0))

@@ -59,12 +59,13 @@ typedef struct ct_backend {
     ct_status (*binary)(struct ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
                         const float *a, const int64_t *a_strides, const float *b,
                         const int64_t *b_strides);
-    ct_status (*reduce_sum)(struct ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
-                            const float *x, float *out);
+    ct_status (*reduce)(struct ct_device *dev, int op, int ndim, const int64_t *shape,
+                        uint32_t axes, const float *x, float *out);
     ct_status (*gemm)(struct ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                       int64_t k, float alpha, const float *a, int64_t lda, const float *b,
                       int64_t ldb, float beta, float *c, int64_t ldc);
-    ct_status (*allreduce_sum)(struct ct_device **devs, float **bufs, int nbufs, int64_t count);
+    ct_status (*allreduce)(struct ct_device **devs, float **bufs, int nbufs, int64_t count,
+                           int op);
     /* One fused optimizer pass over a device's blocks (see ct_opt_pass in
      * ct_optim.h). The apply pass is queued on the device's stream; a reduce
      * pass returns its sums in acc[2] (a host round trip). NULL: the core's
@@ -96,7 +97,7 @@ typedef struct {
     ct_status (*set_error)(ct_status st, const char *fmt, ...);
 } ct_core_services;
 
-#define CT_BACKEND_ABI_VERSION 2 /* 2: copy_segments */
+#define CT_BACKEND_ABI_VERSION 3 /* 2: copy_segments; 3: reduce and allreduce take an op */
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

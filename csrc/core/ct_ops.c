@@ -66,13 +66,14 @@ ct_status ct_op_binary(ct_device *dev, int op, int ndim, const int64_t *shape, f
     return dev->backend->binary(dev, op, ndim, shape, out, a, a_strides, b, b_strides);
 }
 
-ct_status ct_op_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
-                           const float *x, float *out) {
+ct_status ct_op_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
+                       const float *x, float *out) {
+    if (op < 0 || op >= CT_RED_COUNT) return ct_set_error(CT_EINVAL, "unknown reduction %d", op);
     if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);
     if (ndim < 32 && (axes >> ndim) != 0)
         return ct_set_error(CT_EINVAL, "reduction axes outside rank %d", ndim);
-    CT_TRY(need(dev, (const void *)dev->backend->reduce_sum, "reductions"));
-    return dev->backend->reduce_sum(dev, ndim, shape, axes, x, out);
+    CT_TRY(need(dev, (const void *)dev->backend->reduce, "reductions"));
+    return dev->backend->reduce(dev, op, ndim, shape, axes, x, out);
 }
 
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
@@ -86,13 +87,14 @@ ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_
     return dev->backend->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-ct_status ct_op_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+ct_status ct_op_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op) {
+    if (op < 0 || op >= CT_RED_COUNT) return ct_set_error(CT_EINVAL, "unknown reduction %d", op);
     if (nbufs < 1) return ct_set_error(CT_EINVAL, "all-reduce over no buffers");
     for (int i = 1; i < nbufs; i++)
         if (devs[i]->backend != devs[0]->backend)
             return ct_set_error(CT_EINVAL, "all-reduce across different backends");
-    CT_TRY(need(devs[0], (const void *)devs[0]->backend->allreduce_sum, "all-reduce"));
-    return devs[0]->backend->allreduce_sum(devs, bufs, nbufs, count);
+    CT_TRY(need(devs[0], (const void *)devs[0]->backend->allreduce, "all-reduce"));
+    return devs[0]->backend->allreduce(devs, bufs, nbufs, count, op);
 }
 
 ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const int *perm,

@@ -64,18 +64,21 @@ ct_status ct_op_binary(ct_device *dev, int op, int ndim, const int64_t *shape, f
                        const float *a, const int64_t *a_strides, const float *b,
                        const int64_t *b_strides);
 
-/* out = sum of x over the dimensions whose bit is set in `axes` (x dense). */
-ct_status ct_op_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
-                           const float *x, float *out);
+/* Reductions of ct_op_reduce and ct_op_allreduce. MAX propagates NaN (jnp.max). */
+enum { CT_RED_SUM = 0, CT_RED_MAX = 1, CT_RED_COUNT };
+
+/* out = the sum (or max) of x over the dimensions whose bit is set in `axes` (x dense). */
+ct_status ct_op_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
+                       const float *x, float *out);
 
 /* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set. */
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float beta, float *c, int64_t ldc);
 
-/* In-process all-reduce: every buffer becomes the elementwise sum of all of
- * them (summed in buffer order, so the result is deterministic). */
-ct_status ct_op_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count);
+/* In-process all-reduce: every buffer becomes the elementwise sum (or max) of
+ * all of them (combined in buffer order, so the result is deterministic). */
+ct_status ct_op_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op);
 
 /* An optimized single-precision GEMM with the Fortran BLAS signature (column
  * major), e.g. scipy's OpenBLAS; NULL restores the built-in kernel. */

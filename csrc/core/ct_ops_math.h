@@ -25,6 +25,16 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     }
 }
 
+/* The reductions' combine (CT_RED_*): a running value and the next element. The max keeps
+ * a NaN from either side, as jnp.max does. */
+CT_HD static inline float ct_red_combine(int op, float acc, float x) {
+    if (op == CT_RED_SUM) return acc + x;
+    return (acc > x || acc != acc) ? acc : x;
+}
+
+/* The reductions' identity: 0 for the sum, -inf for the max. */
+CT_HD static inline float ct_red_identity(int op) { return op == CT_RED_SUM ? 0.0f : -__builtin_inff(); }
+
 /* GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(u)), u = ct_gelu_inner(x). */
 CT_HD static inline float ct_gelu_inner(float x) {
     return 0.7978845608028654f * (x + 0.044715f * x * x * x); /* sqrt(2/pi) (x + c x^3) */

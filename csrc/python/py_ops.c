@@ -141,29 +141,34 @@ static PyObject *py_op_binary(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_op_reduce_sum(PyObject *self, PyObject *args) {
+static PyObject *py_op_reduce(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *oo;
     unsigned int axes;
-    if (!PyArg_ParseTuple(args, "OIO:op_reduce_sum", &xo, &axes, &oo)) return NULL;
+    int op;
+    if (!PyArg_ParseTuple(args, "OiIO:op_reduce", &xo, &op, &axes, &oo)) return NULL;
+    if (op < 0 || op >= CT_RED_COUNT) {
+        PyErr_Format(PyExc_ValueError, "op_reduce: unknown reduction %d", op);
+        return NULL;
+    }
     buf_list xs, os;
-    if (get_buffers(xo, &xs, "op_reduce_sum input", 1) < 0 ||
-        get_buffers(oo, &os, "op_reduce_sum output", 1) < 0 || same_len(&xs, &os, "op_reduce_sum") < 0)
+    if (get_buffers(xo, &xs, "op_reduce input", 1) < 0 ||
+        get_buffers(oo, &os, "op_reduce output", 1) < 0 || same_len(&xs, &os, "op_reduce") < 0)
         return NULL;
     for (Py_ssize_t i = 0; i < xs.n; i++) {
         int64_t want = 1;
         for (int d = 0; d < xs.b[i]->ndim; d++)
             if (!(axes & (1u << d))) want *= xs.b[i]->shape[d];
         if (nelem(os.b[i]) != want || os.b[i]->dev != xs.b[i]->dev) {
-            PyErr_SetString(PyExc_ValueError, "op_reduce_sum: output shard has the wrong size");
+            PyErr_SetString(PyExc_ValueError, "op_reduce: output shard has the wrong size");
             return NULL;
         }
     }
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < xs.n && st == CT_OK; i++)
-        st = ct_op_reduce_sum(xs.b[i]->dev, xs.b[i]->ndim, xs.b[i]->shape, axes, xs.b[i]->data,
-                              os.b[i]->data);
+        st = ct_op_reduce(xs.b[i]->dev, op, xs.b[i]->ndim, xs.b[i]->shape, axes, xs.b[i]->data,
+                          os.b[i]->data);
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
@@ -208,8 +213,15 @@ static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_op_allreduce(PyObject *self, PyObject *arg) {
+static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
     (void)self;
+    PyObject *arg;
+    int op = CT_RED_SUM;
+    if (!PyArg_ParseTuple(args, "O|i:op_allreduce", &arg, &op)) return NULL;
+    if (op < 0 || op >= CT_RED_COUNT) {
+        PyErr_Format(PyExc_ValueError, "op_allreduce: unknown reduction %d", op);
+        return NULL;
+    }
     PyObject *groups = PySequence_Fast(arg, "op_allreduce needs a list of groups");
     if (groups == NULL) return NULL;
     Py_ssize_t ng = PySequence_Fast_GET_SIZE(groups);
@@ -232,7 +244,7 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *arg) {
             bufs[i] = bl.b[i]->data;
         }
         Py_BEGIN_ALLOW_THREADS
-        st = ct_op_allreduce_sum(devs, bufs, (int)bl.n, bl.n ? nelem(bl.b[0]) : 0);
+        st = ct_op_allreduce(devs, bufs, (int)bl.n, bl.n ? nelem(bl.b[0]) : 0, op);
         Py_END_ALLOW_THREADS
     }
     Py_DECREF(groups);
@@ -302,15 +314,15 @@ static PyMethodDef ops_methods[] = {
     {"op_binary", py_op_binary, METH_VARARGS,
      "op_binary($module, op, outs, lhs, rhs, /)\n--\n\nouts[i] = lhs[i] op rhs[i] with numpy "
      "broadcasting of the shard shapes."},
-    {"op_reduce_sum", py_op_reduce_sum, METH_VARARGS,
-     "op_reduce_sum($module, xs, axes_mask, outs, /)\n--\n\nSum every shard over the axes in "
-     "the bit mask."},
+    {"op_reduce", py_op_reduce, METH_VARARGS,
+     "op_reduce($module, xs, op, axes_mask, outs, /)\n--\n\nReduce every shard over the axes in "
+     "the bit mask: op 0 sums, 1 takes the maximum (NaN wins)."},
     {"op_matmul", py_op_matmul, METH_VARARGS,
      "op_matmul($module, a, b, c, batch, m, n, k, a_batch_stride, b_batch_stride, trans_a, "
      "trans_b, alpha, beta, /)\n--\n\nBatched GEMM on every shard."},
-    {"op_allreduce", py_op_allreduce, METH_O,
-     "op_allreduce($module, groups, /)\n--\n\nIn every group of shards, replace each shard by "
-     "the sum of the group."},
+    {"op_allreduce", py_op_allreduce, METH_VARARGS,
+     "op_allreduce($module, groups, op=0, /)\n--\n\nIn every group of shards, replace each shard "
+     "by the sum (op 0) or the maximum (op 1) of the group."},
     {"op_transpose", py_op_transpose, METH_VARARGS,
      "op_transpose($module, xs, perm, ys, /)\n--\n\nTranspose every shard."},
     {"set_blas_sgemm", py_set_blas_sgemm, METH_O,

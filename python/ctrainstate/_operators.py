@@ -66,6 +66,14 @@ class OperatorsMixin:
         _check_reduce_args("mean", dtype, out)
         return _ops().mean(self, axis=axis, keepdims=keepdims)
 
+    def max(self, axis=None, out=None, keepdims=False):
+        _check_reduce_args("max", None, out)
+        return _ops().max(self, axis=axis, keepdims=keepdims)
+
+    def min(self, axis=None, out=None, keepdims=False):
+        _check_reduce_args("min", None, out)
+        return _ops().min(self, axis=axis, keepdims=keepdims)
+
 
 def _check_reduce_args(name, dtype, out):
     import numpy as np

@@ -19,6 +19,7 @@ vector-Jacobian product on the tape. Arithmetic is float32.
 """
 from __future__ import annotations
 
+import builtins
 import math
 import threading
 from typing import Any, Callable, Sequence
@@ -34,6 +35,7 @@ from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Shardi
 (U_AFFINE, U_NEG, U_SIN, U_COS, U_TANH, U_RELU, U_STEP, U_GELU, U_GELU_GRAD, U_EXP, U_LOG,
  U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV) = range(19)
 B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT = range(7)
+_RED_SUM, _RED_MAX = range(2)  # reductions (CT_RED_*)
 
 
 # --- BLAS -----------------------------------------------------------------------------
@@ -212,8 +214,8 @@ def _place_of(a: Array):
     return s.mesh if isinstance(s, NamedSharding) else s.device
 
 
-def _allreduce(a: Array, axes: Sequence[str]):
-    """Sum ``a``'s shards over the devices that differ only in mesh ``axes`` (in place)."""
+def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
+    """Sum (or max) ``a``'s shards over the devices that differ only in mesh ``axes`` (in place)."""
     axes = [x for x in axes]
     if not axes or not isinstance(a.sharding, NamedSharding):
         return
@@ -227,7 +229,7 @@ def _allreduce(a: Array, axes: Sequence[str]):
         coord = np.unravel_index(pos, shape)
         key = tuple(c for i, c in enumerate(coord) if i not in idx)
         groups.setdefault(key, []).append(bufs[pos])
-    _C.op_allreduce(list(groups.values()))
+    _C.op_allreduce(list(groups.values()), op)
 
 
 def _axes_used(norm) -> set:
@@ -482,7 +484,7 @@ def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     for d in axes:
         mask |= 1 << d
     if axes:
-        _C.op_reduce_sum(_bufs(x), mask, _bufs(out))
+        _C.op_reduce(_bufs(x), _RED_SUM, mask, _bufs(out))
     else:
         _C.op_unary(U_AFFINE, 1.0, 0.0, _bufs(x), _bufs(out))
     _allreduce(out, [m for d in axes for m in xn[d]])
@@ -492,6 +494,69 @@ def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     return reshape(out, keep_shape) if keepdims else out
 
 
+def _reduce_max_raw(x: Array, axes: tuple) -> Array:
+    """The maximum of ``x`` over ``axes`` (kept dims only), not recorded on the tape: each
+    device reduces its block, then an all-reduce (max) over the mesh axes of the reduced
+    dims."""
+    for d in axes:
+        if x.shape[d] == 0:
+            raise ValueError(f"max: zero-size dimension {d} of an array of shape {x.shape} has "
+                             f"no maximum (the reduction has no identity)")
+    xn = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
+    kept_shape = [s for d, s in enumerate(x.shape) if d not in axes]
+    kept_norm = [xn[d] for d in range(x.ndim) if d not in axes]
+    out = _new(kept_shape, _place_of(x), kept_norm)
+    mask = 0
+    for d in axes:
+        mask |= 1 << d
+    if axes:
+        _C.op_reduce(_bufs(x), _RED_MAX, mask, _bufs(out))
+    else:
+        _C.op_unary(U_AFFINE, 1.0, 0.0, _bufs(x), _bufs(out))
+    _allreduce(out, [m for d in axes for m in xn[d]], _RED_MAX)
+    return out
+
+
+def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """Maximum over ``axis`` (``jnp.max``; a NaN anywhere makes the result NaN). A dimension
+    sharded over mesh axes ends in an all-reduce (max) over them. The gradient is ``jax``'s:
+    split equally among the elements equal to the maximum.
+
+    >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
+    >>> np.asarray(cnp.max(cts.device_put(np.array([[1., 5.], [7., 2.]], np.float32)), axis=1)).tolist()
+    [5.0, 7.0]
+    """
+    x = _lift(x)
+    axes = _axes(axis, x.ndim)
+    out = _reduce_max_raw(x, axes)
+    keep_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
+
+    def vjp(g):
+        m = broadcast_to(reshape(out, keep_shape), x.shape)
+        # 1 where x equals the maximum (neither is greater), split among the ties
+        hit = subtract(1.0, add(_binary_raw(B_GT, m, x), _binary_raw(B_GT, x, m)))
+        count = sum(hit, axis=axes, keepdims=True)
+        return (multiply(broadcast_to(reshape(g, keep_shape), x.shape), divide(hit, count)),)
+    _record(out, (x,), vjp)
+    return reshape(out, keep_shape) if keepdims else out
+
+
+def min(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """Minimum over ``axis`` (``jnp.min``): ``-max(-x)``, same sharding and gradient rules."""
+    return negative(max(negative(x), axis=axis, keepdims=keepdims))
+
+
+def stop_gradient(x):
+    """``jax.lax.stop_gradient``: the same values, with no gradient flowing back (a pytree of
+    Arrays works leaf by leaf; numpy leaves pass through)."""
+    from .tree_util import tree_map
+    if _tape() is None:  # nothing is being differentiated: the values themselves
+        return x
+    # inside value_and_grad: an untracked copy (not an alias: it must not see later in-place
+    # updates of x's buffers, e.g. by a donating apply_gradients)
+    return tree_map(lambda a: _unary_raw(U_AFFINE, a, 1.0, 0.0) if isinstance(a, Array) else a, x)
+
+
 def mean(x, axis=None, keepdims: bool = False) -> Array:
     """Mean over ``axis``."""
     x = _lift(x)
@@ -499,7 +564,7 @@ def mean(x, axis=None, keepdims: bool = False) -> Array:
     n = 1
     for d in axes:
         n *= x.shape[d]
-    return multiply(sum(x, axis=axes, keepdims=keepdims), 1.0 / max(n, 1))
+    return multiply(sum(x, axis=axes, keepdims=keepdims), 1.0 / builtins.max(n, 1))
 
 
 def broadcast_to(x, shape) -> Array:
@@ -977,7 +1042,8 @@ def _abstract_rules():
     rules = {
         "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
         "divide": _rule_bcast, "maximum": _rule_bcast, "minimum": _rule_bcast,
-        "sum": _rule_reduce, "mean": _rule_reduce, "transpose": _rule_transpose,
+        "sum": _rule_reduce, "mean": _rule_reduce, "max": _rule_reduce, "min": _rule_reduce,
+        "transpose": _rule_transpose,
         "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
         "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),
         "with_sharding": _rule_same, "zeros_like": _rule_same, "ones_like": _rule_same,

@@ -22,7 +22,9 @@ from ._abstract import ShapeDtypeStruct
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
-__all__ = ["with_sharding_constraint"]
+from ._ops import stop_gradient  # noqa: E402,F401
+
+__all__ = ["with_sharding_constraint", "stop_gradient"]
 
 
 def _is_spec_leaf(x) -> bool:

@@ -25,8 +25,10 @@ from ._ops import (  # noqa: F401
     gelu,
     log,
     matmul,
+    max,
     maximum,
     mean,
+    min,
     minimum,
     multiply,
     negative,
@@ -45,6 +47,8 @@ from ._ops import (  # noqa: F401
     with_sharding,
 )
 from . import _ops as _o
+
+amax, amin = max, min
 
 
 def var(x, axis=None, keepdims: bool = False):
@@ -212,5 +216,5 @@ __all__ = [
     "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
-    "transpose", "var", "with_sharding",
+    "transpose", "var", "with_sharding", "max", "min", "amax", "amin",
 ]

@@ -894,7 +894,10 @@ void perform(Coll *c) {
     std::vector<float> sum(c->count);
     for (size_t i = 0; i < c->count; i++) {
         float acc = ((const float *)c->send[0])[i];
-        for (size_t r = 1; r < c->send.size(); r++) acc += ((const float *)c->send[r])[i];
+        for (size_t r = 1; r < c->send.size(); r++) {
+            const float x = ((const float *)c->send[r])[i];
+            acc = c->op == 0 ? acc + x : ((acc > x || acc != acc) ? acc : x); /* ncclSum, ncclMax */
+        }
         sum[i] = acc;
     }
     for (size_t r = 0; r < c->recv.size(); r++) memcpy(c->recv[r], sum.data(), c->count * 4);
@@ -992,8 +995,9 @@ ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, ncc
     Locked l;
     if (comm == nullptr) return nccl_violation(ncclInvalidArgument, "ncclAllReduce: null communicator");
     const size_t nranks = comm->group->devs.size();
-    if (dtype != 7 || op != 0)
-        return nccl_violation(ncclInvalidArgument, "ncclAllReduce: only float32 sums are emulated");
+    if (dtype != 7 || (op != 0 && op != 2))
+        return nccl_violation(ncclInvalidArgument, "ncclAllReduce: only float32 sums and maxima "
+                              "are emulated");
     if (stream == nullptr || stream->dev != comm->dev)
         return nccl_violation(ncclInvalidArgument, "ncclAllReduce: rank %d (GPU %d) given a stream "
                               "of GPU %d", comm->rank, comm->dev, stream ? stream->dev : t_dev);

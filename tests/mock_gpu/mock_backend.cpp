@@ -122,7 +122,8 @@ static ct_status m_binary(ct_device *dev, int op, int ndim, const int64_t *shape
     return CT_OK;
 }
 
-static ct_status m_reduce(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes, const float *x, float *out) {
+static ct_status m_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
+                          const float *x, float *out) {
     (void)dev;
     x = R(x); out = R(out);
     int64_t xs[16], st = 1, nout = 1, nred = 1;
@@ -136,11 +137,11 @@ static ct_status m_reduce(ct_device *dev, int ndim, const int64_t *shape, uint32
     for (int64_t q = 0; q < nout; q++) {
         int64_t rem = q, base = 0;
         for (int j = nk - 1; j >= 0; j--) { base += (rem % kept[j]) * ks[j]; rem /= kept[j]; }
-        float acc = 0;
+        float acc = ct_red_identity(op);
         for (int64_t t = 0; t < nred; t++) {
             int64_t tr = t, off = base;
             for (int j = nr - 1; j >= 0; j--) { off += (tr % red[j]) * rs[j]; tr /= red[j]; }
-            acc += x[off];
+            acc = ct_red_combine(op, acc, x[off]);
         }
         out[q] = acc;
     }
@@ -166,12 +167,12 @@ static ct_status m_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, in
     return CT_OK;
 }
 
-static ct_status m_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+static ct_status m_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op) {
     (void)devs;
     if (nbufs == 1 || count == 0) return CT_OK;
     for (int64_t i = 0; i < count; i++) {
         float acc = R(bufs[0])[i];
-        for (int j = 1; j < nbufs; j++) acc += R(bufs[j])[i];
+        for (int j = 1; j < nbufs; j++) acc = ct_red_combine(op, acc, R(bufs[j])[i]);
         for (int j = 0; j < nbufs; j++) R(bufs[j])[i] = acc;
     }
     return CT_OK;

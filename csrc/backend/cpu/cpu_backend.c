@@ -178,8 +178,8 @@ const ct_backend ct_cpu_backend = {
     .init_device = NULL,
     .unary = ct_cpu_unary,
     .binary = ct_cpu_binary,
-    .reduce_sum = ct_cpu_reduce_sum,
+    .reduce = ct_cpu_reduce,
     .gemm = ct_cpu_gemm,
-    .allreduce_sum = ct_cpu_allreduce_sum,
+    .allreduce = ct_cpu_allreduce,
     .optim_pass = NULL, /* the core's CPU driver (ct_optim.c) */
 };

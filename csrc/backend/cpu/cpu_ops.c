@@ -145,12 +145,13 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
 
 // --- sum over axes ---------------------------------------------------------------
 
-ct_status ct_cpu_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint32_t axes,
-                            const float *x, float *out) {
+ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
+                        const float *x, float *out) {
     (void)dev;
     /* Output index space: the kept dims in order. For each output element,
-     * sum the reduced dims; when the innermost dim is kept, accumulate whole
-     * rows so the inner loop stays contiguous. */
+     * combine the reduced dims (sums in double past the innermost run); when the
+     * innermost dim is kept, accumulate whole rows so the inner loop stays contiguous. */
+    const int max = op == CT_RED_MAX;
     int64_t kept[CT_MAX_NDIM], kstride[CT_MAX_NDIM], red[CT_MAX_NDIM], rstride[CT_MAX_NDIM];
     int nk = 0, nr = 0;
     int64_t stride = 1, xs[CT_MAX_NDIM];
@@ -185,7 +186,7 @@ ct_status ct_cpu_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint
                 rem /= kept[j];
                 base += c * kstride[j];
             }
-            memset(o, 0, (size_t)inner * sizeof(float));
+            for (int64_t i = 0; i < inner; i++) o[i] = ct_red_identity(op);
             for (int64_t t = 0; t < nred; t++) {
                 int64_t trem = t, off = base;
                 for (int j = nr - 1; j >= 0; j--) {
@@ -194,8 +195,13 @@ ct_status ct_cpu_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint
                     off += c * rstride[j];
                 }
                 const float *src = x + off;
+                if (max) {
 #pragma omp simd
-                for (int64_t i = 0; i < inner; i++) o[i] += src[i];
+                    for (int64_t i = 0; i < inner; i++) o[i] = ct_red_combine(CT_RED_MAX, o[i], src[i]);
+                } else {
+#pragma omp simd
+                    for (int64_t i = 0; i < inner; i++) o[i] += src[i];
+                }
             }
         }
         return CT_OK;
@@ -207,6 +213,20 @@ ct_status ct_cpu_reduce_sum(ct_device *dev, int ndim, const int64_t *shape, uint
             int64_t c = rem % kept[j];
             rem /= kept[j];
             base += c * kstride[j];
+        }
+        if (max) { /* exact in float: no wider accumulator, any order */
+            float m = ct_red_identity(CT_RED_MAX);
+            for (int64_t t = 0; t < nred; t++) {
+                int64_t trem = t, off = base;
+                for (int j = nr - 1; j >= 0; j--) {
+                    int64_t c = trem % red[j];
+                    trem /= red[j];
+                    off += c * rstride[j];
+                }
+                m = ct_red_combine(CT_RED_MAX, m, x[off]);
+            }
+            out[q] = m;
+            continue;
         }
         double acc = 0.0;
         if (nr >= 1 && rstride[nr - 1] == 1) {
@@ -304,7 +324,7 @@ ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int6
 
 // --- in-process all-reduce -----------------------------------------------------------
 
-ct_status ct_cpu_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op) {
     (void)devs;
     if (nbufs == 1) return CT_OK;
     enum { CH = 4096 };
@@ -316,8 +336,14 @@ ct_status ct_cpu_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_
         for (int64_t i = lo; i < hi; i++) acc[i - lo] = bufs[0][i];
         for (int j = 1; j < nbufs; j++) {
             const float *src = bufs[j];
+            if (op == CT_RED_MAX) {
 #pragma omp simd
-            for (int64_t i = lo; i < hi; i++) acc[i - lo] += src[i];
+                for (int64_t i = lo; i < hi; i++)
+                    acc[i - lo] = ct_red_combine(CT_RED_MAX, acc[i - lo], src[i]);
+            } else {
+#pragma omp simd
+                for (int64_t i = lo; i < hi; i++) acc[i - lo] += src[i];
+            }
         }
         for (int j = 0; j < nbufs; j++) memcpy(bufs[j] + lo, acc, (size_t)(hi - lo) * sizeof(float));
     }

@@ -29,13 +29,13 @@ extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float be
 extern "C" ct_status ct_cuda_binary(ct_device *dev, int op, int ndim, const int64_t *shape,
                                     float *out, const float *a, const int64_t *as, const float *b,
                                     const int64_t *bs);
-extern "C" ct_status ct_cuda_reduce_sum(ct_device *dev, int ndim, const int64_t *shape,
-                                        uint32_t axes, const float *x, float *out);
+extern "C" ct_status ct_cuda_reduce(ct_device *dev, int op, int ndim, const int64_t *shape,
+                                    uint32_t axes, const float *x, float *out);
 extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc);
-extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs,
-                                           int64_t count);
+extern "C" ct_status ct_cuda_allreduce(ct_device **devs, float **bufs, int nbufs,
+                                       int64_t count, int op);
 extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const struct ct_opt_pass *ps, double *acc);
 /* cuda_random.cu */
 extern "C" ct_status ct_cuda_random_fill(ct_device *dev, uint32_t k0, uint32_t k1,
@@ -435,9 +435,9 @@ static const ct_backend g_cuda_backend = {
     /* init_device */ cuda_init_device,
     /* unary */ ct_cuda_unary,
     /* binary */ ct_cuda_binary,
-    /* reduce_sum */ ct_cuda_reduce_sum,
+    /* reduce */ ct_cuda_reduce,
     /* gemm */ ct_cuda_gemm,
-    /* allreduce_sum */ ct_cuda_allreduce_sum,
+    /* allreduce */ ct_cuda_allreduce,
     /* optim_pass */ ct_cuda_optim_pass,
     /* random_fill */ ct_cuda_random_fill,
     /* optim_factored */ 1,

@@ -28,10 +28,14 @@
 
 #include "cuda_common.cuh"
 
+extern "C" {
+#include "../../core/ct_ops.h" /* CT_RED_* */
+}
+
 /* --- the NCCL ABI used here ------------------------------------------------------------------ */
 typedef struct ncclComm *ncclComm_t;
 typedef int ncclResult_t; /* ncclSuccess = 0 */
-enum { CT_NCCL_FLOAT32 = 7, CT_NCCL_SUM = 0 };
+enum { CT_NCCL_FLOAT32 = 7, CT_NCCL_SUM = 0, CT_NCCL_MAX = 2 }; /* nccl.h: ncclFloat32, ncclSum, ncclMax */
 
 struct nccl_api {
     ncclResult_t (*CommInitAll)(ncclComm_t *comms, int ndev, const int *devlist);
@@ -164,10 +168,10 @@ static std::mutex g_post_mu;
 
 /* cuda_ops.cu: the single-GPU all-reduce (a device-copy kernel). */
 extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs,
-                                            int64_t count);
+                                            int64_t count, int op);
 
 extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs,
-                                           int64_t count) {
+                                           int64_t count, int op) {
     const nccl_api *api = NULL;
     CT_TRY(nccl_load(&api));
     /* GPUs in order of first appearance; rank r's leader is the first device on gpus[r] */
@@ -191,7 +195,8 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
             d.push_back(devs[j]);
             b.push_back(bufs[j]);
         }
-        if (d.size() > 1) CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count));
+        if (d.size() > 1)
+            CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count, op));
         else {
             CT_CUDA_TRY(cudaSetDevice(d[0]->ordinal));
             CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d[0])));
@@ -215,7 +220,8 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
             break;
         }
         ncclResult_t nr = api->AllReduce(bufs[leader[r]], bufs[leader[r]], (size_t)count,
-                                         CT_NCCL_FLOAT32, CT_NCCL_SUM, comms[r], ct_cuda_stream(d));
+                                         CT_NCCL_FLOAT32, op == CT_RED_MAX ? CT_NCCL_MAX : CT_NCCL_SUM,
+                                         comms[r], ct_cuda_stream(d));
         if (nr != 0)
             st = ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce on GPU %d: %s", d->ordinal,
                                          api->GetErrorString(nr));

@@ -145,7 +145,7 @@ struct red_args {
 
 /* One thread per output element; the reduced elements are walked in order (so the
  * sum does not depend on the launch shape). Coalesced when the innermost dim is kept. */
-__global__ void reduce_kernel(long long nout, const float *x, float *out, red_args g) {
+__global__ void reduce_kernel(int op, long long nout, const float *x, float *out, red_args g) {
     for (long long q = blockIdx.x * (long long)blockDim.x + threadIdx.x; q < nout;
          q += (long long)gridDim.x * blockDim.x) {
         long long rem = q, base = 0;
@@ -154,7 +154,7 @@ __global__ void reduce_kernel(long long nout, const float *x, float *out, red_ar
             rem /= g.kept[j];
             base += c * g.kstride[j];
         }
-        float acc = 0.0f;
+        float acc = ct_red_identity(op);
         for (long long t = 0; t < g.nred; t++) {
             long long trem = t, off = base;
             for (int j = g.nr - 1; j >= 0; j--) {
@@ -162,29 +162,29 @@ __global__ void reduce_kernel(long long nout, const float *x, float *out, red_ar
                 trem /= g.red[j];
                 off += c * g.rstride[j];
             }
-            acc += x[off];
+            acc = ct_red_combine(op, acc, x[off]);
         }
         out[q] = acc;
     }
 }
 
 /* Innermost dims reduced and contiguous: one block per output, tree reduction. */
-__global__ void reduce_rows_kernel(long long inner, const float *x, float *out) {
+__global__ void reduce_rows_kernel(int op, long long inner, const float *x, float *out) {
     __shared__ float buf[256];
     const float *row = x + blockIdx.x * inner;
-    float acc = 0.0f;
-    for (long long i = threadIdx.x; i < inner; i += blockDim.x) acc += row[i];
+    float acc = ct_red_identity(op);
+    for (long long i = threadIdx.x; i < inner; i += blockDim.x) acc = ct_red_combine(op, acc, row[i]);
     buf[threadIdx.x] = acc;
     __syncthreads();
     for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+        if ((int)threadIdx.x < s) buf[threadIdx.x] = ct_red_combine(op, buf[threadIdx.x], buf[threadIdx.x + s]);
         __syncthreads();
     }
     if (threadIdx.x == 0) out[blockIdx.x] = buf[0];
 }
 
-extern "C" ct_status ct_cuda_reduce_sum(ct_device *dev, int ndim, const int64_t *shape,
-                                        uint32_t axes, const float *x, float *out) {
+extern "C" ct_status ct_cuda_reduce(ct_device *dev, int op, int ndim, const int64_t *shape,
+                                    uint32_t axes, const float *x, float *out) {
     red_args g;
     g.nk = g.nr = 0;
     long long xs[MAX_ND], st = 1, nout = 1;
@@ -215,9 +215,9 @@ extern "C" ct_status ct_cuda_reduce_sum(ct_device *dev, int ndim, const int64_t 
         else if (seen_kept) trailing = 0;
     }
     if (trailing && g.nr > 0 && g.nred >= 256 && nout < (1LL << 31)) {
-        reduce_rows_kernel<<<(unsigned)nout, 256, 0, s>>>(g.nred, x, out);
+        reduce_rows_kernel<<<(unsigned)nout, 256, 0, s>>>(op, g.nred, x, out);
     } else {
-        reduce_kernel<<<grid_for(nout, 256), 256, 0, s>>>(nout, x, out, g);
+        reduce_kernel<<<grid_for(nout, 256), 256, 0, s>>>(op, nout, x, out, g);
     }
     CT_CUDA_TRY(cudaGetLastError());
     return CT_OK;
@@ -273,18 +273,19 @@ struct ar_args {
     float *bufs[MAX_GROUP];
 };
 
-__global__ void allreduce_kernel(long long count, ar_args g) {
+__global__ void allreduce_kernel(int op, long long count, ar_args g) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
          i += (long long)gridDim.x * blockDim.x) {
         float acc = g.bufs[0][i];
-        for (int j = 1; j < g.n; j++) acc += g.bufs[j][i];
+        for (int j = 1; j < g.n; j++) acc = ct_red_combine(op, acc, g.bufs[j][i]);
         for (int j = 0; j < g.n; j++) g.bufs[j][i] = acc;
     }
 }
 
 /* Sum into every buffer with one kernel on the group's first GPU that reads and writes all of
  * them: logical devices of one GPU, or (CTRAINSTATE_NO_NCCL=1) peers through peer access. */
-extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs, int64_t count,
+                                            int op) {
     if (nbufs == 1 || count == 0) return CT_OK;
     if (nbufs > MAX_GROUP)
         return ct_cuda_core->set_error(CT_EINVAL, "all-reduce over more than %d devices", MAX_GROUP);
@@ -300,20 +301,23 @@ extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int
     for (int j = 0; j < nbufs; j++) g.bufs[j] = bufs[j];
     CT_CUDA_TRY(cudaSetDevice(devs[0]->ordinal));
     cudaStream_t s = ct_cuda_stream(devs[0]);
-    allreduce_kernel<<<grid_for(count, 256), 256, 0, s>>>(count, g);
+    allreduce_kernel<<<grid_for(count, 256), 256, 0, s>>>(op, count, g);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaStreamSynchronize(s));
     return CT_OK;
 }
 
 /* cuda_nccl.cu */
-extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs, int64_t count);
+extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs, int64_t count,
+                                           int op);
 
-extern "C" ct_status ct_cuda_allreduce_sum(ct_device **devs, float **bufs, int nbufs, int64_t count) {
+extern "C" ct_status ct_cuda_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count,
+                                       int op) {
     if (nbufs <= 1 || count == 0) return CT_OK;
     int one_gpu = 1;
     for (int j = 1; j < nbufs; j++) one_gpu &= devs[j]->ordinal == devs[0]->ordinal;
     const char *e = getenv("CTRAINSTATE_NO_NCCL");
-    if (one_gpu || (e != NULL && atoi(e) == 1)) return ct_cuda_allreduce_local(devs, bufs, nbufs, count);
-    return ct_cuda_allreduce_nccl(devs, bufs, nbufs, count);
+    if (one_gpu || (e != NULL && atoi(e) == 1))
+        return ct_cuda_allreduce_local(devs, bufs, nbufs, count, op);
+    return ct_cuda_allreduce_nccl(devs, bufs, nbufs, count, op);
 }

@@ -37,11 +37,11 @@ from .stochastic import Dropout, merge_param
 from .combinators import Sequential
 from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
-from .activation import leaky_relu, one_hot, silu, swish
+from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
 
 __all__ = [
     'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'DenyList', 'Dense', 'DenseGeneral',
-    'Embed', 'LayerNorm', 'Dropout', 'merge_param', 'Sequential', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'one_hot', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'Embed', 'LayerNorm', 'Dropout', 'merge_param', 'Sequential', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

@@ -1,5 +1,8 @@
 """Activation helpers of ``flax.linen`` / ``jax.nn`` built from ctrainstate.numpy ops
-(differentiable, sharded): ``silu``/``swish``, ``leaky_relu``, and ``one_hot``.
+(differentiable, sharded): ``silu``/``swish``, ``leaky_relu``, ``one_hot``, and the
+numerically stable ``softmax``, ``log_softmax`` and ``logsumexp`` (shifted by the maximum,
+which stops the gradient, as jax.nn does; over a dimension sharded on mesh axes the maximum
+and the sum end in all-reduces over them).
 
 >>> import numpy as np
 >>> from ctrainstate import nn
@@ -13,7 +16,58 @@ import numpy as np
 from .. import _dtypes, _ops
 from ..array import device_put
 
-__all__ = ["silu", "swish", "leaky_relu", "one_hot"]
+__all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp"]
+
+_FMAX = float(np.finfo(np.float32).max)
+
+
+def _no_where(name, where, initial=None):
+    if where is not None or initial is not None:
+        raise NotImplementedError(f"{name}: where= / initial= are not supported; mask the "
+                                  f"input instead (e.g. add -1e9 to masked logits)")
+
+
+def softmax(x, axis=-1, where=None, initial=None):
+    """``exp(x - max) / sum(exp(x - max))`` over ``axis`` (jax.nn.softmax's formula; the
+    maximum is a constant for the gradient).
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn
+    >>> np.round(np.asarray(nn.softmax(np.array([1000., 1001.], np.float32))), 4).tolist()
+    [0.2689, 0.7311]
+    """
+    _no_where("softmax", where, initial)
+    x = _ops._lift(x)
+    shift = _ops.stop_gradient(_ops.max(x, axis=axis, keepdims=True))
+    e = _ops.exp(_ops.subtract(x, shift))
+    return _ops.divide(e, _ops.sum(e, axis=axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1, where=None, initial=None):
+    """``x - max - log(sum(exp(x - max)))`` over ``axis`` (jax.nn.log_softmax's formula)."""
+    _no_where("log_softmax", where, initial)
+    x = _ops._lift(x)
+    shifted = _ops.subtract(x, _ops.stop_gradient(_ops.max(x, axis=axis, keepdims=True)))
+    lse = _ops.log(_ops.sum(_ops.exp(shifted), axis=axis, keepdims=True))
+    return _ops.subtract(shifted, lse)
+
+
+def logsumexp(a, axis=None, b=None, keepdims: bool = False, return_sign: bool = False,
+              where=None):
+    """``log(sum(exp(a)))`` over ``axis``, stable (jax.nn.logsumexp). The shift is the
+    maximum clamped to the finite floats, so rows of ``-inf`` give ``-inf`` and rows with
+    ``+inf`` give ``inf``, as in jax."""
+    if b is not None or return_sign:
+        raise NotImplementedError("logsumexp: b= and return_sign= are not supported")
+    _no_where("logsumexp", where)
+    a = _ops._lift(a)
+    m = _ops.max(a, axis=axis, keepdims=True)
+    m = _ops.stop_gradient(_ops.minimum(_ops.maximum(m, -_FMAX), _FMAX))
+    out = _ops.add(_ops.log(_ops.sum(_ops.exp(_ops.subtract(a, m)), axis=axis, keepdims=True)), m)
+    if keepdims:
+        return out
+    axes = _ops._axes(axis, a.ndim)
+    return _ops.reshape(out, [s for d, s in enumerate(out.shape) if d not in axes])
 
 
 def silu(x):

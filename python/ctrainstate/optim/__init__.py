@@ -22,7 +22,8 @@ from .inject import (InjectHyperparamsState, InjectStatefulHyperparamsState,
                      WrappedScheduleState, inject_hyperparams)
 from .schedules import __all__ as _s_all
 from .utils import (OptState, Params, ScalarOrSchedule, Schedule, Updates, global_norm,
-                    incremental_update, l2_loss, periodic_update, squared_error, stateless,
+                    incremental_update, l2_loss, periodic_update, softmax_cross_entropy,
+                    softmax_cross_entropy_with_integer_labels, squared_error, stateless,
                     stateless_with_tree_map)
 from . import utils as losses  # optax.losses.l2_loss, ...
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
@@ -39,6 +40,7 @@ __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyS
             "fromage", "lars", "noisy_sgd", "adamax", "amsgrad", "inject_hyperparams", "InjectHyperparamsState",
             "InjectStatefulHyperparamsState", "WrappedScheduleState", "MultiSteps",
             "MultiStepsState", "skip_not_finite", "skip_large_updates", "safe_int32_increment",
-            "l2_loss", "squared_error", "global_norm", "incremental_update", "periodic_update",
+            "l2_loss", "squared_error", "softmax_cross_entropy",
+            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
             "stateless", "stateless_with_tree_map", "Params", "Updates", "OptState", "Schedule",
             "ScalarOrSchedule"] + list(_t_all) + list(_s_all))

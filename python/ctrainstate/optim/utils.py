@@ -1,4 +1,5 @@
-"""optax's helpers outside the transforms: losses (``l2_loss``, ``squared_error``),
+"""optax's helpers outside the transforms: losses (``l2_loss``, ``squared_error``,
+``softmax_cross_entropy``, ``softmax_cross_entropy_with_integer_labels``),
 ``global_norm``, target-network updates (``incremental_update``, ``periodic_update``),
 user transforms from plain functions (``stateless``, ``stateless_with_tree_map``) and the
 type aliases scripts annotate with (``Params``, ``Updates``, ``OptState``, ``Schedule``).
@@ -20,7 +21,8 @@ from .. import _ops
 from ..tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation
 
-__all__ = ["l2_loss", "squared_error", "global_norm", "incremental_update", "periodic_update",
+__all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
+           "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
            "stateless", "stateless_with_tree_map", "Params", "Updates", "OptState", "Schedule",
            "ScalarOrSchedule"]
 
@@ -40,6 +42,51 @@ def squared_error(predictions, targets=None):
 def l2_loss(predictions, targets=None):
     """Elementwise ``0.5 * (predictions - targets) ** 2``, optax's convention (no mean)."""
     return _ops.multiply(squared_error(predictions, targets), 0.5)
+
+
+def softmax_cross_entropy(logits, labels, axis=-1, where=None):
+    """``-sum(labels * log_softmax(logits), axis)`` (optax's, stable: the log-softmax is
+    shifted by the maximum). ``labels`` are probabilities of ``logits``' shape; over a class
+    dimension sharded on mesh axes the reductions end in all-reduces over them."""
+    from ..nn.activation import log_softmax
+    if where is not None:
+        raise NotImplementedError("softmax_cross_entropy: where= is not supported; weight the "
+                                  "per-example losses instead")
+    return _ops.negative(_ops.sum(_ops.multiply(labels, log_softmax(logits, axis=axis)), axis=axis))
+
+
+def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=None):
+    """optax's: ``log(sum(exp(z))) - z[label]`` with ``z = logits - max(logits)`` (the maximum
+    a constant for the gradient). ``labels`` are integers of ``logits``' shape without
+    ``axis``, each in ``[0, num_classes)`` (a label outside it raises ValueError: optax would
+    silently return a meaningless loss). The label's logit is picked with a one-hot built on
+    the host, so this works on any sharding of ``logits``."""
+    import numpy as np
+
+    from ..nn.activation import one_hot
+    if where is not None:
+        raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
+                                  "supported; weight the per-example losses instead")
+    logits = _ops._lift(logits)
+    if logits.ndim == 0:
+        raise ValueError("softmax_cross_entropy_with_integer_labels: logits need a class axis")
+    ax = _ops._axes(axis, logits.ndim)[0]
+    lab = np.asarray(labels)
+    if not np.issubdtype(lab.dtype, np.integer):
+        raise TypeError(f"softmax_cross_entropy_with_integer_labels: labels must be integers, "
+                        f"got {lab.dtype}")
+    want = tuple(s for d, s in enumerate(logits.shape) if d != ax)
+    if lab.shape != want:
+        raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels of shape "
+                         f"{lab.shape} for logits of shape {logits.shape} (axis {axis}); "
+                         f"expected {want}")
+    n = logits.shape[ax]
+    if lab.size and (lab.min() < 0 or lab.max() >= n):
+        raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels must be in "
+                         f"[0, {n}); got values in [{lab.min()}, {lab.max()}]")
+    z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=ax, keepdims=True)))
+    picked = _ops.sum(_ops.multiply(z, one_hot(lab, n, axis=ax)), axis=ax)
+    return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=ax)), picked)
 
 
 def global_norm(updates):

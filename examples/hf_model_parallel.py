@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 import ctrainstate.numpy as cnp  # noqa: E402
 from ctrainstate import hf, nn, optim, random  # noqa: E402
+from ctrainstate.lax import stop_gradient  # noqa: E402
 from ctrainstate.hf.partitions import gpt_neo_rules, set_partitions  # noqa: E402
 
 
@@ -154,16 +155,17 @@ class GPTNeoForCausalLM(nn.Module):
 
 
 def loss_fn(logits, labels, vocab, z_loss=0.0):
-    """run_clm_mp's loss: shifted cross-entropy plus ``z_loss * 1e-4 * log_z**2``."""
+    """run_clm_mp's loss: shifted cross-entropy plus ``z_loss * 1e-4 * log_z**2``, with the
+    logits shifted by their (gradient-stopped) maximum as there, so large logits stay finite."""
     labels = np.asarray(labels)
     b, l = labels.shape
     onehot = np.zeros((b, l, vocab), np.float32)
     np.put_along_axis(onehot, labels[..., None], 1.0, axis=-1)
-    onehot[:, -1, :] = 0.0  # the last position has no next token
-    shifted = np.zeros_like(onehot)
+    shifted = np.zeros_like(onehot)  # position i predicts token i + 1; the last predicts none
     shifted[:, :-1] = onehot[:, 1:]
     weight = np.zeros((b, l), np.float32)
     weight[:, :-1] = 1.0 / (b * (l - 1))
+    logits = logits - stop_gradient(cnp.max(logits, axis=-1, keepdims=True))
     log_z = cnp.log(cnp.sum(cnp.exp(logits), axis=-1))
     nll = log_z - cnp.sum(logits * shifted, axis=-1)
     loss = cnp.sum((nll + (z_loss * 1e-4) * cnp.square(log_z)) * weight)

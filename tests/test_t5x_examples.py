@@ -80,3 +80,34 @@ def test_examples_run_on_gpu():
     assert "eval loss" in out
     out = run(["examples/bloom_sharding.py"])
     assert "values exact: True" in out
+
+
+def test_hf_example_loss_is_run_clm_mp_loss():
+    """examples/hf_model_parallel.py's loss_fn is run_clm_mp's: position i predicts token
+    i + 1 (the last position predicts nothing), mean over the b * (l - 1) predictions of
+    logsumexp(logits) - logits[next token], plus z_loss * 1e-4 * log_z**2 with log_z taken of
+    the max-shifted logits; checked against that formula in float64 here, with logits large
+    enough that an unshifted exp would overflow."""
+    import importlib.util
+
+    import numpy as np
+    spec = importlib.util.spec_from_file_location("hf_example", os.path.join(ROOT, "examples",
+                                                                             "hf_model_parallel.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass modules look themselves up there
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.modules.pop(spec.name, None)
+    rng = np.random.default_rng(0)
+    b, l, v = 2, 5, 7
+    logits = (rng.standard_normal((b, l, v)) * 30 + 200).astype(np.float32)
+    labels = rng.integers(0, v, (b, l))
+    x = logits.astype(np.float64)[:, :-1]
+    m = x.max(axis=-1, keepdims=True)
+    log_z = np.log(np.exp(x - m).sum(axis=-1))  # of the shifted logits, as run_clm_mp
+    nll = log_z + m[..., 0] - np.take_along_axis(x, labels[:, 1:, None], axis=-1)[..., 0]
+    for z in (0.0, 1.0):
+        want = np.mean(nll + z * 1e-4 * log_z ** 2)
+        got = float(np.asarray(mod.loss_fn(logits, labels, v, z_loss=z)))
+        np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -60,10 +60,8 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     a constant for the gradient). ``labels`` are integers of ``logits``' shape without
     ``axis``, each in ``[0, num_classes)`` (a label outside it raises ValueError: optax would
     silently return a meaningless loss). The label's logit is picked with a one-hot built on
-    the host, so this works on any sharding of ``logits``."""
+    the host and placed like ``logits``, so this works on any device and sharding."""
     import numpy as np
-
-    from ..nn.activation import one_hot
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
                                   "supported; weight the per-example losses instead")
@@ -85,7 +83,9 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels must be in "
                          f"[0, {n}); got values in [{lab.min()}, {lab.max()}]")
     z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=ax, keepdims=True)))
-    picked = _ops.sum(_ops.multiply(z, one_hot(lab, n, axis=ax)), axis=ax)
+    # a host one-hot: placed on the logits' own device or mesh by the multiply
+    onehot = np.moveaxis((lab[..., None] == np.arange(n)).astype(np.float32), -1, ax)
+    picked = _ops.sum(_ops.multiply(z, onehot), axis=ax)
     return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=ax)), picked)
 
 

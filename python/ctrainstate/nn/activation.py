@@ -33,7 +33,7 @@ def softmax(x, axis=-1, where=None, initial=None):
 
     >>> import numpy as np
     >>> from ctrainstate import nn
-    >>> np.round(np.asarray(nn.softmax(np.array([1000., 1001.], np.float32))), 4).tolist()
+    >>> [round(float(v), 4) for v in np.asarray(nn.softmax(np.array([1000., 1001.], np.float32)))]
     [0.2689, 0.7311]
     """
     _no_where("softmax", where, initial)

@@ -612,6 +612,16 @@ def _mock_stats():
     return tuple(out)
 
 
+def _skip_if_host_norm(name):
+    """CTRAINSTATE_HOST_NORM=1 (gpu_check.sh's debugging step) sends clip_by_global_norm's norm
+    through the host on purpose: one sync and a reduce pass per step, not the device norm's
+    counts these tests pin down."""
+    import os
+    e = os.environ.get("CTRAINSTATE_HOST_NORM", "")
+    if name.startswith("clip") and e not in ("", "0"):
+        pytest.skip("CTRAINSTATE_HOST_NORM=1 routes the global norm through the host")
+
+
 @pytest.mark.parametrize("name", ["adamw", "multisteps_adamw", "inject_adamw", "clip_adamw"])
 def test_optim_step_needs_no_host_sync(name):
     """A steady-state GPU step reads its counters from their host copies and writes them with
@@ -621,6 +631,7 @@ def test_optim_step_needs_no_host_sync(name):
     from ctrainstate.train_state import TrainState
     if _mock_stats() is None:
         pytest.skip("counts host synchronisations only on the emulated backend")
+    _skip_if_host_norm(name)
     dev = gpus()[0]
     rng = np.random.default_rng(0)
     params = cts.device_put(_opt_tree(rng), dev)
@@ -662,6 +673,7 @@ def test_optim_step_is_one_fused_launch_per_device(name):
     from ctrainstate.train_state import TrainState
     if _emu_launches("cuda_optim.cu") is None:
         pytest.skip("counts kernel launches only on the emulated CUDA runtime")
+    _skip_if_host_norm(name)
     n = min(4, len(gpus()))
     m = gpu_mesh((n,), ("x",))
     rng = np.random.default_rng(0)

@@ -371,24 +371,25 @@ def divide(a, b) -> Array:
                    lambda g, x, y, o: negative(multiply(g, divide(o, y))))
 
 
-def maximum(a, b) -> Array:
-    """Elementwise maximum (the gradient goes to ``a`` where ``a > b``, else to ``b``)."""
-    def ga(g, x, y, o):
-        return multiply(g, _binary_raw(B_GT, x, y))
+def _share(x: Array, y: Array) -> Array:
+    """1 where ``x > y``, 0.5 where they are equal, 0 where ``x < y``: jax's split of the
+    gradient of maximum/minimum at ties (raw, not recorded)."""
+    d = _binary_raw(B_SUB, _binary_raw(B_GT, x, y), _binary_raw(B_GT, y, x))
+    return _unary_raw(U_AFFINE, d, 0.5, 0.5)
 
-    def gb(g, x, y, o):
-        return subtract(g, multiply(g, _binary_raw(B_GT, x, y)))
-    return _binary(B_MAX, a, b, ga, gb)
+
+def maximum(a, b) -> Array:
+    """Elementwise maximum, a NaN on either side giving NaN (``jnp.maximum``); the gradient
+    goes to the larger operand, split 0.5 / 0.5 at ties as in jax."""
+    return _binary(B_MAX, a, b, lambda g, x, y, o: multiply(g, _share(x, y)),
+                   lambda g, x, y, o: multiply(g, _share(y, x)))
 
 
 def minimum(a, b) -> Array:
-    """Elementwise minimum (the gradient goes to ``a`` where ``a < b``, else to ``b``)."""
-    def ga(g, x, y, o):
-        return multiply(g, _binary_raw(B_GT, y, x))
-
-    def gb(g, x, y, o):
-        return subtract(g, multiply(g, _binary_raw(B_GT, y, x)))
-    return _binary(B_MIN, a, b, ga, gb)
+    """Elementwise minimum, a NaN on either side giving NaN (``jnp.minimum``); the gradient
+    goes to the smaller operand, split 0.5 / 0.5 at ties as in jax."""
+    return _binary(B_MIN, a, b, lambda g, x, y, o: multiply(g, _share(y, x)),
+                   lambda g, x, y, o: multiply(g, _share(x, y)))
 
 
 def negative(x) -> Array:

@@ -88,7 +88,7 @@ static ct_status m_unary(ct_device *dev, int op, float alpha, float beta, int64_
         case CT_UN_SIN: r = sinf(v); break;
         case CT_UN_COS: r = cosf(v); break;
         case CT_UN_TANH: r = tanhf(v); break;
-        case CT_UN_RELU: r = v > 0.0f ? v : 0.0f; break;
+        case CT_UN_RELU: r = (v > 0.0f || v != v) ? v : 0.0f; break;
         case CT_UN_STEP: r = v > 0.0f ? 1.0f : 0.0f; break;
         case CT_UN_GELU: r = ct_gelu_from_tanh(v, tanhf(ct_gelu_inner(v))); break;
         case CT_UN_GELU_GRAD: r = ct_gelu_grad_from_tanh(v, tanhf(ct_gelu_inner(v))); break;

@@ -60,7 +60,7 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
             if (!(fabsf(x[i]) < CT_VSIN_MAX)) y[i] = op == CT_UN_COS ? cosf(x[i]) : sinf(x[i]);
         break;
     case CT_UN_TANH: LOOP(ct_vtanh(v)); break;
-    case CT_UN_RELU: LOOP(v > 0.0f ? v : 0.0f); break;
+    case CT_UN_RELU: LOOP((v > 0.0f || v != v) ? v : 0.0f); break; /* NaN stays NaN (jnp) */
     case CT_UN_STEP: LOOP(v > 0.0f ? 1.0f : 0.0f); break;
     case CT_UN_GELU: LOOP(gelu_tanh(v)); break;
     case CT_UN_GELU_GRAD: LOOP(gelu_tanh_grad(v)); break;

@@ -51,7 +51,7 @@ __global__ void unary_kernel(int op, float alpha, float beta, long long n, const
         case CT_UN_SIN: r = sinf(v); break;
         case CT_UN_COS: r = cosf(v); break;
         case CT_UN_TANH: r = tanhf(v); break;
-        case CT_UN_RELU: r = v > 0.0f ? v : 0.0f; break;
+        case CT_UN_RELU: r = (v > 0.0f || v != v) ? v : 0.0f; break;
         case CT_UN_STEP: r = v > 0.0f ? 1.0f : 0.0f; break;
         case CT_UN_GELU: r = gelu_tanh(v); break;
         case CT_UN_GELU_GRAD: r = gelu_tanh_grad(v); break;

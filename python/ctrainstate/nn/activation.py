@@ -79,9 +79,21 @@ swish = silu
 
 
 def leaky_relu(x, negative_slope: float = 1e-2):
-    """``x`` where ``x >= 0``, else ``negative_slope * x``."""
-    r = _ops.relu(x)
-    return _ops.add(r, _ops.multiply(_ops.subtract(x, r), float(negative_slope)))
+    """``x`` where ``x >= 0``, else ``negative_slope * x`` (jax.nn.leaky_relu: infinities stay
+    infinite, and the gradient at 0 is 1)."""
+    s = float(negative_slope)
+    x = _ops._lift(x)
+    neg = _ops._unary_raw(_ops.U_NEG, x)
+    # relu(x) - s * relu(-x): one side is 0 wherever the other is not, so no inf - inf
+    out = _ops._binary_raw(_ops.B_SUB, _ops._unary_raw(_ops.U_RELU, x),
+                           _ops._unary_raw(_ops.U_AFFINE, _ops._unary_raw(_ops.U_RELU, neg), s, 0.0))
+
+    def vjp(g):  # 1 where x >= 0, s where x < 0: (1 - below) + s * below, each term exact
+        below = _ops._unary_raw(_ops.U_STEP, neg)
+        w = _ops._binary_raw(_ops.B_ADD, _ops._unary_raw(_ops.U_AFFINE, below, -1.0, 1.0),
+                             _ops._unary_raw(_ops.U_AFFINE, below, s, 0.0))
+        return (_ops.multiply(g, w),)
+    return _ops._record(out, (x,), vjp)
 
 
 def one_hot(x, num_classes: int, *, dtype=np.float32, axis: int = -1):

@@ -1,0 +1,117 @@
+"""NaN, infinities and ties in maximum / minimum / clip / relu / leaky_relu, as jax.numpy
+treats them: a NaN operand gives NaN, infinities stay infinite, and the gradient of
+maximum/minimum is split 0.5 / 0.5 where the operands are equal. Expected values are written
+out by hand here; where jax is installed the same cases are also compared with it live."""
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import nn
+
+NAN, INF = np.nan, np.inf
+
+
+def _jax():
+    try:
+        import jax
+        import jax.numpy as jnp
+        return jax, jnp
+    except Exception:  # noqa: BLE001 - absent, or unusable under the sanitizer run
+        return None, None
+
+
+def test_maximum_minimum_propagate_nan():
+    a = np.array([NAN, 1.0, 2.0, 3.0, -INF], np.float32)
+    b = np.array([1.0, NAN, 2.0, 1.0, 0.0], np.float32)
+    np.testing.assert_array_equal(np.asarray(cnp.maximum(a, b)), [NAN, NAN, 2.0, 3.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(cnp.minimum(a, b)), [NAN, NAN, 2.0, 1.0, -INF])
+    # a scalar operand on either side
+    np.testing.assert_array_equal(np.asarray(cnp.maximum(a, 1.5)), [NAN, 1.5, 2.0, 3.0, 1.5])
+    np.testing.assert_array_equal(np.asarray(cnp.clip(np.array([NAN, 5.0, -3.0, 0.5], np.float32), -1, 1)),
+                                  [NAN, 1.0, -1.0, 0.5])
+
+
+def test_maximum_minimum_split_the_gradient_at_ties():
+    p = cts.device_put(np.array([1.0, 2.0, 3.0], np.float32))
+    q = cts.device_put(np.array([1.0, 1.0, 4.0], np.float32))
+    w = np.array([1.0, 2.0, 3.0], np.float32)
+    gp, gq = cts.grad(lambda u, v: cnp.sum(cnp.maximum(u, v) * w), argnums=(0, 1))(p, q)
+    np.testing.assert_array_equal(np.asarray(gp), [0.5, 2.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(gq), [0.5, 0.0, 3.0])
+    gp, gq = cts.grad(lambda u, v: cnp.sum(cnp.minimum(u, v) * w), argnums=(0, 1))(p, q)
+    np.testing.assert_array_equal(np.asarray(gp), [0.5, 0.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(gq), [0.5, 2.0, 0.0])
+    # clip at its bounds: half the gradient passes (jnp.clip is minimum(maximum(x, lo), hi))
+    g = cts.grad(lambda v: cnp.sum(cnp.clip(v, -1.0, 1.0)))(
+        cts.device_put(np.array([1.0, -1.0, 0.5, 2.0], np.float32)))
+    np.testing.assert_array_equal(np.asarray(g), [0.5, 0.5, 1.0, 0.0])
+
+
+def test_maximum_gradient_with_a_broadcast_operand():
+    x = cts.device_put(np.array([[0.0, 2.0], [1.0, -1.0]], np.float32))
+    gx, gb = cts.grad(lambda u, b: cnp.sum(cnp.maximum(u, b)), argnums=(0, 1))(
+        x, cts.device_put(np.float32(1.0)))
+    np.testing.assert_array_equal(np.asarray(gx), [[0.0, 1.0], [0.5, 0.0]])
+    assert float(np.asarray(gb)) == 2.5
+
+
+def test_relu_and_leaky_relu_keep_nan_and_infinities():
+    x = np.array([INF, -INF, NAN, 0.0, -2.0, 3.0], np.float32)
+    np.testing.assert_array_equal(np.asarray(cnp.relu(x)), [INF, 0.0, NAN, 0.0, 0.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(nn.leaky_relu(x)),
+                                  np.array([INF, -INF, NAN, 0.0, np.float32(-2.0) * np.float32(0.01), 3.0],
+                                           np.float32))
+    np.testing.assert_array_equal(np.asarray(nn.leaky_relu(x, 0.2)),
+                                  np.array([INF, -INF, NAN, 0.0, np.float32(-2.0) * np.float32(0.2), 3.0],
+                                           np.float32))
+    # gradient: 1 at x >= 0 (0 included), the slope below
+    g = cts.grad(lambda v: cnp.sum(nn.leaky_relu(v, 0.2) * 2.0))(
+        cts.device_put(np.array([0.0, -2.0, 3.0, -0.5], np.float32)))
+    np.testing.assert_allclose(np.asarray(g), [2.0, 0.4, 2.0, 0.4], rtol=1e-7)
+
+
+@pytest.mark.parametrize("mesh_shape", [(8,), (2, 4)])
+def test_maximum_on_meshes_equals_one_device(mesh_shape):
+    names = ("x",) if len(mesh_shape) == 1 else ("data", "model")
+    mesh = cts.make_mesh(mesh_shape, names)
+    rng = np.random.default_rng(0)
+    a = np.round(rng.standard_normal((8, 8)), 0).astype(np.float32)  # rounding makes ties
+    b = np.round(rng.standard_normal((8, 8)), 0).astype(np.float32)
+    a[2, 3] = NAN
+    sh = cts.NamedSharding(mesh, cts.P(*names))
+    f = lambda u, v: cnp.sum(cnp.maximum(u, v) * 3.0)  # noqa: E731
+    want = cts.grad(f, argnums=(0, 1))(cts.device_put(a), cts.device_put(b))
+    got = cts.grad(f, argnums=(0, 1))(cts.device_put(a, sh), cts.device_put(b, sh))
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(cnp.maximum(cts.device_put(a, sh), b)), np.maximum(a, b))
+
+
+def test_against_jax():
+    jax, jnp = _jax()
+    if jax is None:
+        pytest.skip("jax not installed")
+    rng = np.random.default_rng(1)
+    a = np.round(rng.standard_normal(40), 0).astype(np.float32)
+    b = np.round(rng.standard_normal(40), 0).astype(np.float32)
+    a[[3, 7]] = [NAN, INF]
+    b[[5, 7]] = [NAN, -INF]
+    for ours, theirs in ((cnp.maximum, jnp.maximum), (cnp.minimum, jnp.minimum)):
+        np.testing.assert_array_equal(np.asarray(ours(a, b)), np.asarray(theirs(a, b)))
+    fin = np.isfinite(a) & np.isfinite(b)
+    a2, b2 = a[fin], b[fin]
+    for ours, theirs in ((cnp.maximum, jnp.maximum), (cnp.minimum, jnp.minimum)):
+        g = cts.grad(lambda u, v: cnp.sum(ours(u, v) * 2.0), argnums=(0, 1))(cts.device_put(a2),
+                                                                           cts.device_put(b2))
+        gj = jax.grad(lambda u, v: jnp.sum(theirs(u, v) * 2.0), argnums=(0, 1))(a2, b2)
+        for x, y in zip(g, gj):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    x = np.concatenate([a, [0.0, -0.0]]).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(nn.leaky_relu(x)), np.asarray(jax.nn.leaky_relu(x)))
+    np.testing.assert_array_equal(np.asarray(cnp.relu(x)), np.asarray(jax.nn.relu(x)))
+    xf = x[np.isfinite(x)]
+    np.testing.assert_allclose(
+        np.asarray(cts.grad(lambda v: cnp.sum(nn.leaky_relu(v)))(cts.device_put(xf))),
+        np.asarray(jax.grad(lambda v: jnp.sum(jax.nn.leaky_relu(v)))(xf)), rtol=1e-7)
+    np.testing.assert_array_equal(np.asarray(cnp.clip(a, -0.5, 0.5)), np.asarray(jnp.clip(a, -0.5, 0.5)))

@@ -66,6 +66,13 @@ typedef struct ct_backend {
                       int64_t ldb, float beta, float *c, int64_t ldc);
     ct_status (*allreduce)(struct ct_device **devs, float **bufs, int nbufs, int64_t count,
                            int op);
+    /* Embedding rows (ct_ops.h: ct_op_gather_rows / ct_op_scatter_add_rows). */
+    ct_status (*gather_rows)(struct ct_device *dev, const float *table, int64_t nrows,
+                             int64_t ncols, int64_t row0, const int32_t *ids, int64_t nids,
+                             float *out);
+    ct_status (*scatter_add_rows)(struct ct_device *dev, float *table, int64_t nrows,
+                                  int64_t ncols, int64_t row0, const int32_t *ids, int64_t nids,
+                                  const float *g);
     /* One fused optimizer pass over a device's blocks (see ct_opt_pass in
      * ct_optim.h). The apply pass is queued on the device's stream; a reduce
      * pass returns its sums in acc[2] (a host round trip). NULL: the core's
@@ -97,7 +104,7 @@ typedef struct {
     ct_status (*set_error)(ct_status st, const char *fmt, ...);
 } ct_core_services;
 
-#define CT_BACKEND_ABI_VERSION 3 /* 2: copy_segments; 3: reduce and allreduce take an op */
+#define CT_BACKEND_ABI_VERSION 3 /* 2: copy_segments; 3: reduce/allreduce take an op, row gathers */
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

@@ -76,6 +76,20 @@ ct_status ct_op_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, u
     return dev->backend->reduce(dev, op, ndim, shape, axes, x, out);
 }
 
+ct_status ct_op_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
+                            int64_t row0, const int32_t *ids, int64_t nids, float *out) {
+    if (nrows < 0 || ncols < 0 || nids < 0) return ct_set_error(CT_EINVAL, "negative row-gather size");
+    CT_TRY(need(dev, (const void *)dev->backend->gather_rows, "row gathers (embedding lookups)"));
+    return dev->backend->gather_rows(dev, table, nrows, ncols, row0, ids, nids, out);
+}
+
+ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
+                                 int64_t row0, const int32_t *ids, int64_t nids, const float *g) {
+    if (nrows < 0 || ncols < 0 || nids < 0) return ct_set_error(CT_EINVAL, "negative row-scatter size");
+    CT_TRY(need(dev, (const void *)dev->backend->scatter_add_rows, "row scatters (embedding gradients)"));
+    return dev->backend->scatter_add_rows(dev, table, nrows, ncols, row0, ids, nids, g);
+}
+
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                      float beta, float *c, int64_t ldc) {

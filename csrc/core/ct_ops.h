@@ -71,6 +71,16 @@ enum { CT_RED_SUM = 0, CT_RED_MAX = 1, CT_RED_COUNT };
 ct_status ct_op_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
                        const float *x, float *out);
 
+/* Embedding rows. `table` is a block of `nrows` rows of `ncols` floats holding global rows
+ * [row0, row0 + nrows); `ids` are `nids` global row indices (int32, on the device).
+ * gather: out[i, :] = table[ids[i] - row0, :] where that row is in the block, else 0.
+ * scatter_add: table[ids[i] - row0, :] += g[i, :] for the ids in the block, in id order
+ * on the CPU (deterministic). */
+ct_status ct_op_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
+                            int64_t row0, const int32_t *ids, int64_t nids, float *out);
+ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
+                                 int64_t row0, const int32_t *ids, int64_t nids, const float *g);
+
 /* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set. */
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,

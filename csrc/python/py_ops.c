@@ -252,6 +252,68 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Row gathers / scatter-adds over shards: tables[i] (2-d float32 block of global rows
+ * row0s[i] ..), ids[i] (int32, on the same device), rows[i] (float32, len(ids) x ncols). */
+static PyObject *rows_op(PyObject *args, int scatter) {
+    const char *what = scatter ? "op_scatter_add_rows" : "op_gather_rows";
+    PyObject *to, *io, *ro, *oo;
+    if (!PyArg_ParseTuple(args, "OOOO", &to, &io, &ro, &oo)) return NULL;
+    buf_list ts, is, rs;
+    if (get_buffers(to, &ts, what, 1) < 0 || get_buffers(io, &is, what, 0) < 0 ||
+        get_buffers(ro, &rs, what, 1) < 0 || same_len(&ts, &is, what) < 0 ||
+        same_len(&ts, &rs, what) < 0)
+        return NULL;
+    PyObject *offs = PySequence_Fast(oo, "row offsets must be a sequence of ints");
+    if (offs == NULL) return NULL;
+    if (PySequence_Fast_GET_SIZE(offs) != ts.n) {
+        Py_DECREF(offs);
+        PyErr_Format(PyExc_ValueError, "%s: %zd row offsets for %zd shards", what,
+                     PySequence_Fast_GET_SIZE(offs), ts.n);
+        return NULL;
+    }
+    int64_t row0[MAX_SHARDS];
+    for (Py_ssize_t i = 0; i < ts.n; i++) {
+        row0[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(offs, i));
+        if (row0[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(offs);
+            return NULL;
+        }
+        const ct_py_buffer *t = ts.b[i], *id = is.b[i], *r = rs.b[i];
+        if (t->ndim != 2 || id->dtype != CT_I32 || t->dev != id->dev || t->dev != r->dev ||
+            nelem(r) != nelem(id) * t->shape[1]) {
+            Py_DECREF(offs);
+            PyErr_Format(PyExc_ValueError, "%s: shard %zd: need a 2-d table, int32 ids and rows "
+                         "of len(ids) x columns on one device", what, i);
+            return NULL;
+        }
+    }
+    Py_DECREF(offs);
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < ts.n && st == CT_OK; i++) {
+        const ct_py_buffer *t = ts.b[i];
+        if (scatter)
+            st = ct_op_scatter_add_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i],
+                                        is.b[i]->data, nelem(is.b[i]), rs.b[i]->data);
+        else
+            st = ct_op_gather_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i],
+                                   is.b[i]->data, nelem(is.b[i]), rs.b[i]->data);
+    }
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_op_gather_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    return rows_op(args, 0);
+}
+
+static PyObject *py_op_scatter_add_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    return rows_op(args, 1);
+}
+
 static PyObject *py_op_transpose(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *yo, *po;
@@ -323,6 +385,12 @@ static PyMethodDef ops_methods[] = {
     {"op_allreduce", py_op_allreduce, METH_VARARGS,
      "op_allreduce($module, groups, op=0, /)\n--\n\nIn every group of shards, replace each shard "
      "by the sum (op 0) or the maximum (op 1) of the group."},
+    {"op_gather_rows", py_op_gather_rows, METH_VARARGS,
+     "op_gather_rows($module, tables, ids, outs, row0s, /)\n--\n\nFor every shard: out[i] = "
+     "table[ids[i] - row0] when that row is in the shard's block, else 0."},
+    {"op_scatter_add_rows", py_op_scatter_add_rows, METH_VARARGS,
+     "op_scatter_add_rows($module, tables, ids, gs, row0s, /)\n--\n\nFor every shard: "
+     "table[ids[i] - row0] += g[i] for the ids in the shard's block, in id order."},
     {"op_transpose", py_op_transpose, METH_VARARGS,
      "op_transpose($module, xs, perm, ys, /)\n--\n\nTranspose every shard."},
     {"set_blas_sgemm", py_set_blas_sgemm, METH_O,

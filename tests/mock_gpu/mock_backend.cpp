@@ -178,6 +178,30 @@ static ct_status m_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t 
     return CT_OK;
 }
 
+static ct_status m_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
+                               int64_t row0, const int32_t *ids, int64_t nids, float *out) {
+    (void)dev;
+    table = R(table); ids = R(ids); out = R(out);
+    for (int64_t i = 0; i < nids; i++) {
+        const int64_t r = (int64_t)ids[i] - row0;
+        for (int64_t c = 0; c < ncols; c++)
+            out[i * ncols + c] = (r >= 0 && r < nrows) ? table[r * ncols + c] : 0.0f;
+    }
+    return CT_OK;
+}
+
+static ct_status m_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
+                                    int64_t row0, const int32_t *ids, int64_t nids, const float *g) {
+    (void)dev;
+    table = R(table); ids = R(ids); g = R(g);
+    for (int64_t i = 0; i < nids; i++) {
+        const int64_t r = (int64_t)ids[i] - row0;
+        if (r < 0 || r >= nrows) continue;
+        for (int64_t c = 0; c < ncols; c++) table[r * ncols + c] += g[i * ncols + c];
+    }
+    return CT_OK;
+}
+
 // --- optimizer: the CUDA kernel's structure, run serially ----------------------------------
 #define OPT_TPB 256
 #define OPT_TILE (OPT_TPB * 4 * 2)
@@ -365,7 +389,7 @@ static const ct_backend g_mock = {
     "cuda", CT_PLATFORM_GPU, m_alloc, m_free, m_copy,
     NULL, /* copy_segments: the core falls back to copy_block (nothing asks: optim_factored 0) */
     m_sync, m_init,
-    m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_optim, m_random,
+    m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_gather_rows, m_scatter_add_rows, m_optim, m_random,
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }

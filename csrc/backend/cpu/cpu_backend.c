@@ -181,5 +181,7 @@ const ct_backend ct_cpu_backend = {
     .reduce = ct_cpu_reduce,
     .gemm = ct_cpu_gemm,
     .allreduce = ct_cpu_allreduce,
+    .gather_rows = ct_cpu_gather_rows,
+    .scatter_add_rows = ct_cpu_scatter_add_rows,
     .optim_pass = NULL, /* the core's CPU driver (ct_optim.c) */
 };

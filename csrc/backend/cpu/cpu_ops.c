@@ -349,3 +349,38 @@ ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t co
     }
     return CT_OK;
 }
+
+// --- embedding rows --------------------------------------------------------------------
+
+ct_status ct_cpu_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
+                             int64_t row0, const int32_t *ids, int64_t nids, float *out) {
+    (void)dev;
+#pragma omp parallel for schedule(static) if (nids * ncols > PAR_MIN)
+    for (int64_t i = 0; i < nids; i++) {
+        const int64_t r = (int64_t)ids[i] - row0;
+        float *o = out + i * ncols;
+        if (r >= 0 && r < nrows) memcpy(o, table + r * ncols, (size_t)ncols * sizeof(float));
+        else memset(o, 0, (size_t)ncols * sizeof(float));
+    }
+    return CT_OK;
+}
+
+ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
+                                  int64_t row0, const int32_t *ids, int64_t nids, const float *g) {
+    (void)dev;
+    /* threads own column ranges; each walks the ids in order: no races, a fixed order */
+    enum { CB = 64 };
+    const int64_t nb = (ncols + CB - 1) / CB;
+#pragma omp parallel for schedule(static) if (nids * ncols > PAR_MIN)
+    for (int64_t cb = 0; cb < nb; cb++) {
+        const int64_t c0 = cb * CB, c1 = c0 + CB < ncols ? c0 + CB : ncols;
+        for (int64_t i = 0; i < nids; i++) {
+            const int64_t r = (int64_t)ids[i] - row0;
+            if (r < 0 || r >= nrows) continue;
+            float *t = table + r * ncols;
+            const float *s = g + i * ncols;
+            for (int64_t c = c0; c < c1; c++) t[c] += s[c];
+        }
+    }
+    return CT_OK;
+}

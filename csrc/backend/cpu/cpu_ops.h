@@ -19,5 +19,9 @@ ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int6
 /* Return the CPU backend's cached free blocks to the system (cpu_backend.c). */
 void ct_cpu_release_cached(void);
 ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op);
+ct_status ct_cpu_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
+                             int64_t row0, const int32_t *ids, int64_t nids, float *out);
+ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
+                                  int64_t row0, const int32_t *ids, int64_t nids, const float *g);
 
 #endif /* CT_CPU_OPS_H */

@@ -36,6 +36,12 @@ extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int
                                   int64_t ldb, float beta, float *c, int64_t ldc);
 extern "C" ct_status ct_cuda_allreduce(ct_device **devs, float **bufs, int nbufs,
                                        int64_t count, int op);
+extern "C" ct_status ct_cuda_gather_rows(ct_device *dev, const float *table, int64_t nrows,
+                                         int64_t ncols, int64_t row0, const int32_t *ids,
+                                         int64_t nids, float *out);
+extern "C" ct_status ct_cuda_scatter_add_rows(ct_device *dev, float *table, int64_t nrows,
+                                              int64_t ncols, int64_t row0, const int32_t *ids,
+                                              int64_t nids, const float *g);
 extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const struct ct_opt_pass *ps, double *acc);
 /* cuda_random.cu */
 extern "C" ct_status ct_cuda_random_fill(ct_device *dev, uint32_t k0, uint32_t k1,
@@ -438,6 +444,8 @@ static const ct_backend g_cuda_backend = {
     /* reduce */ ct_cuda_reduce,
     /* gemm */ ct_cuda_gemm,
     /* allreduce */ ct_cuda_allreduce,
+    /* gather_rows */ ct_cuda_gather_rows,
+    /* scatter_add_rows */ ct_cuda_scatter_add_rows,
     /* optim_pass */ ct_cuda_optim_pass,
     /* random_fill */ ct_cuda_random_fill,
     /* optim_factored */ 1,

@@ -321,3 +321,52 @@ extern "C" ct_status ct_cuda_allreduce(ct_device **devs, float **bufs, int nbufs
         return ct_cuda_allreduce_local(devs, bufs, nbufs, count, op);
     return ct_cuda_allreduce_nccl(devs, bufs, nbufs, count, op);
 }
+
+// --- embedding rows ----------------------------------------------------------------------------
+
+/* out[i, :] = table[ids[i] - row0, :] or 0: one thread per output element. */
+__global__ void gather_rows_kernel(const float *table, long long nrows, long long ncols,
+                                   long long row0, const int32_t *ids, long long nids, float *out) {
+    const long long n = nids * ncols;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long i = e / ncols, c = e % ncols, r = (long long)ids[i] - row0;
+        out[e] = (r >= 0 && r < nrows) ? table[r * ncols + c] : 0.0f;
+    }
+}
+
+/* table[ids[i] - row0, c] += g[i, c]: one thread per column, the ids in order (no atomics:
+ * the same sums in the same order as the CPU backend, bit for bit). */
+__global__ void scatter_add_rows_kernel(float *table, long long nrows, long long ncols,
+                                        long long row0, const int32_t *ids, long long nids,
+                                        const float *g) {
+    for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < ncols;
+         c += (long long)gridDim.x * blockDim.x) {
+        for (long long i = 0; i < nids; i++) {
+            const long long r = (long long)ids[i] - row0;
+            if (r >= 0 && r < nrows) table[r * ncols + c] += g[i * ncols + c];
+        }
+    }
+}
+
+extern "C" ct_status ct_cuda_gather_rows(ct_device *dev, const float *table, int64_t nrows,
+                                         int64_t ncols, int64_t row0, const int32_t *ids,
+                                         int64_t nids, float *out) {
+    if (nids == 0 || ncols == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    gather_rows_kernel<<<grid_for(nids * ncols, 256), 256, 0, ct_cuda_stream(dev)>>>(
+        table, nrows, ncols, row0, ids, nids, out);
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}
+
+extern "C" ct_status ct_cuda_scatter_add_rows(ct_device *dev, float *table, int64_t nrows,
+                                              int64_t ncols, int64_t row0, const int32_t *ids,
+                                              int64_t nids, const float *g) {
+    if (nids == 0 || ncols == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    scatter_add_rows_kernel<<<grid_for(ncols, 128), 128, 0, ct_cuda_stream(dev)>>>(
+        table, nrows, ncols, row0, ids, nids, g);
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}

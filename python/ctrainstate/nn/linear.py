@@ -178,9 +178,7 @@ class Embed(Module):
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             raise ValueError(f"Embed: indices must be in [0, {self.num_embeddings}), got "
                              f"[{idx.min()}, {idx.max()}]")
-        onehot = np.zeros(idx.shape + (self.num_embeddings,), np.float32)
-        np.put_along_axis(onehot, idx[..., None], 1.0, axis=-1)
-        return cnp.matmul(onehot, self.embedding)
+        return cnp.take_rows(self.embedding, idx)
 
     def attend(self, query):
         _check_dtype(self)

@@ -472,37 +472,10 @@ def _axes(axis, ndim) -> tuple:
     return tuple(sorted(out))
 
 
-def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
-    """Sum over ``axis``; a dimension sharded over mesh axes ends in an all-reduce over them."""
-    x = _lift(x)
-    axes = _axes(axis, x.ndim)
-    xn = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
-    kept_shape = [s for d, s in enumerate(x.shape) if d not in axes]
-    kept_norm = [xn[d] for d in range(x.ndim) if d not in axes]
-    place = _place_of(x)
-    out = _new(kept_shape, place, kept_norm)
-    mask = 0
-    for d in axes:
-        mask |= 1 << d
-    if axes:
-        _C.op_reduce(_bufs(x), _RED_SUM, mask, _bufs(out))
-    else:
-        _C.op_unary(U_AFFINE, 1.0, 0.0, _bufs(x), _bufs(out))
-    _allreduce(out, [m for d in axes for m in xn[d]])
-    in_shape = x.shape
-    keep_shape = [1 if d in axes else s for d, s in enumerate(in_shape)]
-    _record(out, (x,), lambda g: (broadcast_to(reshape(g, keep_shape), in_shape),))
-    return reshape(out, keep_shape) if keepdims else out
-
-
-def _reduce_max_raw(x: Array, axes: tuple) -> Array:
-    """The maximum of ``x`` over ``axes`` (kept dims only), not recorded on the tape: each
-    device reduces its block, then an all-reduce (max) over the mesh axes of the reduced
-    dims."""
-    for d in axes:
-        if x.shape[d] == 0:
-            raise ValueError(f"max: zero-size dimension {d} of an array of shape {x.shape} has "
-                             f"no maximum (the reduction has no identity)")
+def _reduce_raw(op: int, x: Array, axes: tuple) -> Array:
+    """Reduction ``op`` (_RED_SUM / _RED_MAX) of ``x`` over ``axes`` (kept dims only), not
+    recorded on the tape: each device reduces its block, then an all-reduce with the same op
+    over the mesh axes of the reduced dims."""
     xn = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
     kept_shape = [s for d, s in enumerate(x.shape) if d not in axes]
     kept_norm = [xn[d] for d in range(x.ndim) if d not in axes]
@@ -511,11 +484,22 @@ def _reduce_max_raw(x: Array, axes: tuple) -> Array:
     for d in axes:
         mask |= 1 << d
     if axes:
-        _C.op_reduce(_bufs(x), _RED_MAX, mask, _bufs(out))
+        _C.op_reduce(_bufs(x), op, mask, _bufs(out))
     else:
         _C.op_unary(U_AFFINE, 1.0, 0.0, _bufs(x), _bufs(out))
-    _allreduce(out, [m for d in axes for m in xn[d]], _RED_MAX)
+    _allreduce(out, [m for d in axes for m in xn[d]], op)
     return out
+
+
+def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """Sum over ``axis``; a dimension sharded over mesh axes ends in an all-reduce over them."""
+    x = _lift(x)
+    axes = _axes(axis, x.ndim)
+    out = _reduce_raw(_RED_SUM, x, axes)
+    in_shape = x.shape
+    keep_shape = [1 if d in axes else s for d, s in enumerate(in_shape)]
+    _record(out, (x,), lambda g: (broadcast_to(reshape(g, keep_shape), in_shape),))
+    return reshape(out, keep_shape) if keepdims else out
 
 
 def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
@@ -529,7 +513,11 @@ def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     """
     x = _lift(x)
     axes = _axes(axis, x.ndim)
-    out = _reduce_max_raw(x, axes)
+    for d in axes:
+        if x.shape[d] == 0:
+            raise ValueError(f"max: zero-size dimension {d} of an array of shape {x.shape} has "
+                             f"no maximum (the reduction has no identity)")
+    out = _reduce_raw(_RED_MAX, x, axes)
     keep_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
 
     def vjp(g):

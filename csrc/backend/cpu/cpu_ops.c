@@ -145,6 +145,16 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
 
 // --- sum over axes ---------------------------------------------------------------
 
+/* base + the offset (in elements) of row-major index t over dims[0..n) with strides. */
+static inline int64_t unravel_offset(int64_t t, int n, const int64_t *dims, const int64_t *strides,
+                                     int64_t base) {
+    for (int j = n - 1; j >= 0; j--) {
+        base += (t % dims[j]) * strides[j];
+        t /= dims[j];
+    }
+    return base;
+}
+
 ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
                         const float *x, float *out) {
     (void)dev;
@@ -180,21 +190,10 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
 #pragma omp parallel for schedule(static) if (nout * nred > PAR_MIN)
         for (int64_t r = 0; r < orows; r++) {
             float *o = out + r * inner;
-            int64_t rem = r, base = 0;
-            for (int j = nk - 2; j >= 0; j--) {
-                int64_t c = rem % kept[j];
-                rem /= kept[j];
-                base += c * kstride[j];
-            }
+            const int64_t base = unravel_offset(r, nk - 1, kept, kstride, 0);
             for (int64_t i = 0; i < inner; i++) o[i] = ct_red_identity(op);
             for (int64_t t = 0; t < nred; t++) {
-                int64_t trem = t, off = base;
-                for (int j = nr - 1; j >= 0; j--) {
-                    int64_t c = trem % red[j];
-                    trem /= red[j];
-                    off += c * rstride[j];
-                }
-                const float *src = x + off;
+                const float *src = x + unravel_offset(t, nr, red, rstride, base);
                 if (max) {
 #pragma omp simd
                     for (int64_t i = 0; i < inner; i++) o[i] = ct_red_combine(CT_RED_MAX, o[i], src[i]);
@@ -208,23 +207,11 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
     }
 #pragma omp parallel for schedule(static) if (nout * nred > PAR_MIN)
     for (int64_t q = 0; q < nout; q++) {
-        int64_t rem = q, base = 0;
-        for (int j = nk - 1; j >= 0; j--) {
-            int64_t c = rem % kept[j];
-            rem /= kept[j];
-            base += c * kstride[j];
-        }
+        const int64_t base = unravel_offset(q, nk, kept, kstride, 0);
         if (max) { /* exact in float: no wider accumulator, any order */
             float m = ct_red_identity(CT_RED_MAX);
-            for (int64_t t = 0; t < nred; t++) {
-                int64_t trem = t, off = base;
-                for (int j = nr - 1; j >= 0; j--) {
-                    int64_t c = trem % red[j];
-                    trem /= red[j];
-                    off += c * rstride[j];
-                }
-                m = ct_red_combine(CT_RED_MAX, m, x[off]);
-            }
+            for (int64_t t = 0; t < nred; t++)
+                m = ct_red_combine(CT_RED_MAX, m, x[unravel_offset(t, nr, red, rstride, base)]);
             out[q] = m;
             continue;
         }
@@ -234,27 +221,14 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
             int64_t inner = red[nr - 1];
             int64_t outer = nred / inner;
             for (int64_t t = 0; t < outer; t++) {
-                int64_t trem = t, off = base;
-                for (int j = nr - 2; j >= 0; j--) {
-                    int64_t c = trem % red[j];
-                    trem /= red[j];
-                    off += c * rstride[j];
-                }
+                const int64_t off = unravel_offset(t, nr - 1, red, rstride, base);
                 float s = 0.0f;
 #pragma omp simd reduction(+ : s)
                 for (int64_t i = 0; i < inner; i++) s += x[off + i];
                 acc += s;
             }
         } else {
-            for (int64_t t = 0; t < nred; t++) {
-                int64_t trem = t, off = base;
-                for (int j = nr - 1; j >= 0; j--) {
-                    int64_t c = trem % red[j];
-                    trem /= red[j];
-                    off += c * rstride[j];
-                }
-                acc += x[off];
-            }
+            for (int64_t t = 0; t < nred; t++) acc += x[unravel_offset(t, nr, red, rstride, base)];
         }
         out[q] = (float)acc;
     }

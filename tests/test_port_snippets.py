@@ -900,6 +900,120 @@ def test_module_attributes_match_flax():
                                    np.asarray(make(fnn).apply(fv, x)), rtol=1e-5, atol=1e-6)
 
 
+def _shared_models(nn_mod):
+    """Models where one module instance appears twice (Flax: one submodule, one parameter set,
+    named at its first place)."""
+    from typing import Any
+
+    class W(nn_mod.Module):
+        a: Any
+        b: Any
+
+        @nn_mod.compact
+        def __call__(self, x):
+            return self.b(self.a(x))
+
+    class L(nn_mod.Module):
+        blocks: Any
+
+        @nn_mod.compact
+        def __call__(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    d, e, f = nn_mod.Dense(3), nn_mod.Dense(3), nn_mod.Dense(3)
+    # list entries are adopted in the order of their keys as strings: '10' < '2'
+    many = [nn_mod.Dense(3) for _ in range(2)] + [f] + [nn_mod.Dense(3) for _ in range(7)] + [f]
+    return {"seq": nn_mod.Sequential([d, d]), "fields": W(e, e), "list": L(many)}
+
+
+def test_shared_module_instance_is_one_submodule():
+    x = np.random.RandomState(0).randn(2, 3).astype(np.float32)
+    models = _shared_models(nn)
+    v = models["seq"].init(random.PRNGKey(0), x)
+    assert sorted(v["params"]) == ["layers_0"]                 # not layers_1: the weights are tied
+    p = cts.tree_util.tree_map(np.asarray, v["params"]["layers_0"])
+    h = x @ p["kernel"] + p["bias"]
+    np.testing.assert_allclose(np.asarray(models["seq"].apply(v, x)), h @ p["kernel"] + p["bias"],
+                               rtol=1e-5, atol=1e-6)
+    v = models["fields"].init(random.PRNGKey(0), x)
+    assert sorted(v["params"]) == ["a"]
+    assert sorted(models["list"].init(random.PRNGKey(0), x)["params"]) == \
+        ["blocks_0", "blocks_1", "blocks_10", "blocks_3", "blocks_4", "blocks_5", "blocks_6",
+         "blocks_7", "blocks_8", "blocks_9"]
+
+
+def test_shared_module_instance_matches_flax():
+    fnn, jax = _flax(), _jax()
+    x = np.random.RandomState(0).randn(2, 3).astype(np.float32)
+    fm, cm = _shared_models(fnn), _shared_models(nn)
+    for k in fm:
+        fv = fm[k].init(jax.random.PRNGKey(0), x)
+        cv = cm[k].init(random.PRNGKey(0), x)
+        fl = jax.tree_util.tree_flatten_with_path(fv["params"])[0]
+        cl = cts.tree_util.tree_flatten_with_path(cv["params"])[0]
+        assert [jax.tree_util.keystr(p) for p, _ in fl] == [cts.tree_util.keystr(p) for p, _ in cl], k
+        for (_, a), (_, b) in zip(fl, cl):
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+        np.testing.assert_allclose(np.asarray(cm[k].apply(cv, x)), np.asarray(fm[k].apply(fv, x)),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def _nested_container_models(nn_mod):
+    from typing import Any
+
+    class N(nn_mod.Module):
+        blocks: Any
+
+        @nn_mod.compact
+        def __call__(self, x):
+            for grp in self.blocks:
+                for b in grp:
+                    x = b(x)
+            return x
+
+    class S(nn_mod.Module):
+        def setup(self):
+            self.d = {"a": nn_mod.Dense(3), "b": [nn_mod.Dense(3), {"c": nn_mod.Dense(2)}]}
+
+        def __call__(self, x):
+            return self.d["b"][1]["c"](self.d["b"][0](self.d["a"](x)))
+
+    return {"nested": N(((nn_mod.Dense(2),), (nn_mod.Dense(3),))), "setup_dict": S()}
+
+
+def test_nested_module_containers_are_adopted():
+    x = np.random.RandomState(1).randn(2, 3).astype(np.float32)
+    models = _nested_container_models(nn)
+    v = models["nested"].init(random.PRNGKey(0), x)
+    assert sorted(v["params"]) == ["blocks_0_0", "blocks_1_0"]
+    p = cts.tree_util.tree_map(np.asarray, v["params"])
+    assert p["blocks_0_0"]["kernel"].shape == (3, 2) and p["blocks_1_0"]["kernel"].shape == (2, 3)
+    h = x @ p["blocks_0_0"]["kernel"] + p["blocks_0_0"]["bias"]
+    np.testing.assert_allclose(np.asarray(models["nested"].apply(v, x)),
+                               h @ p["blocks_1_0"]["kernel"] + p["blocks_1_0"]["bias"], rtol=1e-5)
+    v = models["setup_dict"].init(random.PRNGKey(0), x)
+    assert sorted(v["params"]) == ["d_a", "d_b_0", "d_b_1_c"]
+    assert models["setup_dict"].apply(v, x).shape == (2, 2)
+
+
+def test_nested_module_containers_match_flax():
+    fnn, jax = _flax(), _jax()
+    x = np.random.RandomState(1).randn(2, 3).astype(np.float32)
+    fm, cm = _nested_container_models(fnn), _nested_container_models(nn)
+    for k in fm:
+        fv = fm[k].init(jax.random.PRNGKey(0), x)
+        cv = cm[k].init(random.PRNGKey(0), x)
+        fl = jax.tree_util.tree_flatten_with_path(fv["params"])[0]
+        cl = cts.tree_util.tree_flatten_with_path(cv["params"])[0]
+        assert [jax.tree_util.keystr(p) for p, _ in fl] == [cts.tree_util.keystr(p) for p, _ in cl], k
+        for (_, a), (_, b) in zip(fl, cl):
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+        np.testing.assert_allclose(np.asarray(cm[k].apply(cv, x)), np.asarray(fm[k].apply(fv, x)),
+                                   rtol=1e-5, atol=1e-6)
+
+
 # --- activations: silu/swish, leaky_relu, one_hot -----------------------------------------------
 
 _ACT_X = np.array([-3.0, -0.5, 0.25, 2.0], np.float32)

@@ -86,6 +86,10 @@ class ModuleScope(Scope):
         self.rng_counters: dict = {k: 0 for k in self.root_rngs}
         self.rngs = {k: None for k in self.root_rngs}  # for has-stream checks
         self.initializing = False
+        # unbound modules adopted in this run, shared by the whole tree (Flax's per-root cache):
+        # id(user's instance) -> (instance, its bound clone), so one instance used twice is one
+        # submodule with one parameter set
+        self.adopted: dict = {}
 
 
     def push(self, name: str) -> "ModuleScope":
@@ -93,6 +97,7 @@ class ModuleScope(Scope):
             child = ModuleScope(self._variables, self.root_rngs, self.mutable,
                                 self.path + (name,))
             child.initializing = self.initializing
+            child.adopted = self.adopted
             self._children[name] = child
         return self._children[name]
 
@@ -213,6 +218,7 @@ class Module:
         object.__setattr__(self, "_auto_counts", {})
         object.__setattr__(self, "_call_names", set())
         object.__setattr__(self, "_field_names", ())
+        object.__setattr__(self, "_fields_adopted", False)
         object.__setattr__(self, "_children", {})
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
@@ -230,12 +236,8 @@ class Module:
         if getattr(self, "_scope", None) is not None and not getattr(self, "_in_setup", False) \
                 and not key.startswith("_"):
             raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
-        if isinstance(value, Module) and getattr(self, "_in_setup", False) and value._scope is None:
-            self._attach(value, value.name or key)
-        elif isinstance(value, (list, tuple)) and getattr(self, "_in_setup", False):
-            for i, v in enumerate(value):
-                if isinstance(v, Module) and v._scope is None:
-                    self._attach(v, v.name or f"{key}_{i}")
+        if getattr(self, "_in_setup", False) and not key.startswith("_"):
+            value = self._adopt(key, value)
         object.__setattr__(self, key, value)
 
     # --- tree position -----------------------------------------------------------------------
@@ -254,38 +256,92 @@ class Module:
         object.__setattr__(child, "_parent", self)
         object.__setattr__(child, "_scope", self._scope.push(name))
         self._children[name] = child
+        child._adopt_fields()  # eagerly, as Flax registers a bound module's field submodules
 
     # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
+    def _adopt(self, name: str, value):
+        """Bind the unbound modules in ``value`` (a module, or lists, tuples and dicts of them,
+        nested) as children of this module, named as Flax names them: ``name`` for a module,
+        ``name_<key>_<key>...`` for one inside containers (``layers_0``, ``blocks_1_0``,
+        ``table_a``), adopted in the order of those keys sorted as strings. Returns ``value``
+        with each adopted module replaced by its bound child.
+
+        A module created by this module's ``setup()`` is bound itself; any other (passed from
+        outside) is cloned, so the user's instance stays unbound and can be passed to several
+        parents or calls. One instance met twice in one ``init``/``apply`` (``Sequential([d,
+        d])``, ``W(a=d, b=d)``) is adopted once, at its first place, and shared: one submodule,
+        one parameter set, as in Flax."""
+        leaves = []
+
+        def walk(v, path):
+            if isinstance(v, Module):
+                leaves.append((path, v))
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    walk(x, path + (str(k),))
+            elif isinstance(v, (list, tuple)):
+                keys = v._fields if hasattr(v, "_fields") else range(len(v))
+                for k, x in zip(keys, v):
+                    walk(x, path + (str(k),))
+
+        walk(value, ())
+        if not any(m._scope is None for _, m in leaves):
+            return value
+        cache = getattr(self._scope, "adopted", None)
+        if cache is None:
+            cache = {}
+        new = {}
+        for path, m in sorted(leaves, key=lambda t: t[0]):
+            if m._scope is not None:
+                continue
+            if m._parent is self and self._in_setup:
+                child = m             # created by this setup(): bind it, as Flax does
+                if m.name is not None:
+                    self._attach(child, m.name)
+                    cache[id(m)] = (m, child)
+                    new[id(m)] = child
+                    continue
+            elif id(m) in cache:
+                new[id(m)] = cache[id(m)][1]
+                continue
+            else:
+                child = m._unbound_clone()
+            self._attach(child, "_".join((name,) + path))
+            cache[id(m)] = (m, child)
+            new[id(m)] = child
+
+        def rebuild(v):
+            if isinstance(v, Module):
+                return new.get(id(v), v)
+            if isinstance(v, dict):
+                d = {k: rebuild(x) for k, x in v.items()}
+                try:
+                    return d if type(v) is dict else type(v)(d)
+                except TypeError:
+                    return d
+            if isinstance(v, (list, tuple)):
+                items = [rebuild(x) for x in v]
+                return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+            return v
+
+        return rebuild(value)
+
     def _adopt_fields(self):
-        """Bind unbound modules held by dataclass fields as children named after the field
-        (``inner``; ``layers_0``, ``layers_2`` for entries of a list or tuple; ``table_a`` for
-        a dict), as Flax does. The user's instances stay unbound: a clone is adopted, so the
-        same module object can be passed to several parents or calls."""
-        adopted = []
-
-        def one(m, name):
-            clone = m._unbound_clone()
-            self._attach(clone, name)
-            adopted.append(name)
-            return clone
-
-        def free(v):
-            return isinstance(v, Module) and v._scope is None
-
+        """Adopt the unbound modules held by dataclass fields (see :meth:`_adopt`: ``inner``,
+        ``layers_0``, ``blocks_1_0``, ``table_a``), once, when the module is bound."""
+        if self._fields_adopted:
+            return
+        object.__setattr__(self, "_fields_adopted", True)
+        before = set(self._children)
         for f in dataclasses.fields(self):
             if f.name == "name":
                 continue
             v = getattr(self, f.name)
-            if free(v):
-                nv = one(v, f.name)
-            elif isinstance(v, (list, tuple)) and not hasattr(v, "_fields") and any(map(free, v)):
-                nv = type(v)(one(x, f"{f.name}_{i}") if free(x) else x for i, x in enumerate(v))
-            elif isinstance(v, dict) and any(map(free, v.values())):
-                nv = {k: one(x, f"{f.name}_{k}") if free(x) else x for k, x in v.items()}
-            else:
-                continue
-            object.__setattr__(self, f.name, nv)
-        object.__setattr__(self, "_field_names", tuple(adopted))
+            nv = self._adopt(f.name, v)
+            if nv is not v:
+                object.__setattr__(self, f.name, nv)
+        object.__setattr__(self, "_field_names",
+                           tuple(n for n in self._children if n not in before))
 
     def _unbound_clone(self) -> "Module":
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

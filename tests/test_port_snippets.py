@@ -537,6 +537,60 @@ def test_dropout_matches_flax():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
 
 
+_NONFINITE = np.tile(np.array([np.inf, -np.inf, np.nan, -2.0, 0.0, 3.0, -0.0, 1e30], np.float32),
+                     16).reshape(8, 16)
+
+
+@pytest.mark.parametrize("bd", [(), (0,)])
+def test_dropout_selects_dropped_are_zero_even_for_inf_nan(bd):
+    x, k = _NONFINITE, random.PRNGKey(15)
+    # derived: Flax's lax.select(mask, x / keep, 0): dropped elements are exactly 0, kept ones
+    # x / keep (inf and NaN included)
+    shape = (1, 16) if bd == (0,) else (8, 16)
+    keep = np.broadcast_to(np.asarray(random.uniform(k, shape)) < 0.5, x.shape)
+    want = np.where(keep, x / np.float32(0.5), np.float32(0.0))
+    for f in (np.isnan, np.isposinf, np.isneginf):       # each kept somewhere and dropped somewhere
+        assert (keep & f(x)).any() and (~keep & f(x)).any()
+    d = nn.Dropout(0.5, broadcast_dims=bd, deterministic=False)
+    np.testing.assert_array_equal(np.asarray(d.apply({}, x, rng=k)), want)
+    mesh = cts.make_mesh((2, 4), ("d", "m"))
+    xs = cts.device_put(x, cts.NamedSharding(mesh, cts.P("d", "m")))
+    ys = d.apply({}, xs, rng=k)
+    assert ys.sharding.spec == cts.P("d", "m")
+    np.testing.assert_array_equal(np.asarray(ys), want)
+    # the gradient is the same selection of g / keep
+    w = cts.device_put(np.random.RandomState(0).randn(8, 16).astype(np.float32),
+                       cts.NamedSharding(mesh, cts.P("d", "m")))
+    g = cts.grad(lambda v: cnp.sum(cnp.square(d.apply({}, v, rng=k))))(w)
+    assert g.sharding == w.sharding
+    np.testing.assert_allclose(np.asarray(g), np.where(keep, 2 * np.asarray(w) / 0.25, 0.0),
+                               rtol=1e-6)
+    # rate 1: zeros_like, whatever the input
+    z = nn.Dropout(1.0, deterministic=False).apply({}, x)
+    assert np.asarray(z).tolist() == [[0.0] * 16] * 8
+
+
+@pytest.mark.parametrize("bd", [(), (0,)])
+def test_dropout_inf_nan_matches_flax(bd):
+    fnn, jax = _flax(), _jax()
+    x = _NONFINITE
+    fo = fnn.Dropout(0.5, broadcast_dims=bd, deterministic=False).apply(
+        {}, x, rngs={"dropout": jax.random.PRNGKey(15)})
+    co = nn.Dropout(0.5, broadcast_dims=bd, deterministic=False).apply(
+        {}, x, rngs={"dropout": random.PRNGKey(15)})
+    np.testing.assert_array_equal(np.asarray(co), np.asarray(fo))
+    np.testing.assert_array_equal(
+        np.asarray(nn.Dropout(1.0, deterministic=False).apply({}, x)),
+        np.asarray(fnn.Dropout(1.0, deterministic=False).apply({}, x)))
+    w = np.random.RandomState(0).randn(8, 16).astype(np.float32)
+    gf = jax.grad(lambda v: jax.numpy.sum(jax.numpy.square(fnn.Dropout(
+        0.5, broadcast_dims=bd, deterministic=False).apply({}, v, rngs={"dropout": jax.random.PRNGKey(15)}))))(w)
+    gc = cts.grad(lambda v: cnp.sum(cnp.square(nn.Dropout(
+        0.5, broadcast_dims=bd, deterministic=False).apply({}, v, rngs={"dropout": random.PRNGKey(15)}))))(
+        cts.device_put(w))
+    np.testing.assert_allclose(np.asarray(gc), np.asarray(gf), rtol=1e-6)
+
+
 # --- flax.struct, flax.traverse_util -------------------------------------------------------
 
 def test_struct_dataclass():

@@ -2,7 +2,8 @@
 
 The mask is Flax's: ``bernoulli(make_rng('dropout'), 1 - rate, shape)``, i.e. a uniform
 draw below the keep probability, so the same key drops the same elements as Flax. Kept
-elements are scaled by ``1 / (1 - rate)``. On a sharded Array each device draws only its
+elements are scaled by ``1 / (1 - rate)``; dropped ones are exactly 0, as Flax's
+``lax.select`` makes them, even where the input is inf or NaN. On a sharded Array each device draws only its
 own block of the mask (every element is a function of (key, global index), so the mask
 is the same on any mesh); the mask is a constant for autodiff.
 
@@ -62,7 +63,9 @@ class Dropout(Module):
         if self.rate == 0.0 or deterministic:
             return inputs
         if self.rate == 1.0:
-            return _ops.multiply(inputs, 0.0)
+            # Flax: jnp.zeros_like(inputs) (zeros even where inputs are inf/NaN; no gradient)
+            x = inputs if isinstance(inputs, Array) else _ops._lift(inputs)
+            return _ops.zeros_like(x)
         keep = 1.0 - float(self.rate)
         if rng is None:
             rng = self.make_rng(self.rng_collection)
@@ -82,4 +85,30 @@ class Dropout(Module):
             u = _ops._lift(u, _ops._place_of(x))
         keep_arr = _ops._lift(keep, _ops._place_of(u))
         mask = _ops._binary_raw(_ops.B_GT, keep_arr, u)       # 1.0 where u < keep, else 0.0
-        return _ops.multiply(_ops.divide(x, keep), mask)
+        # Flax: lax.select(mask, inputs / keep, zeros): a dropped element is 0 even where the
+        # input is inf or NaN (a product with the mask would give NaN there)
+        off = _ops._binary_raw(_ops.B_DIV, _ops._unary_raw(_ops.U_AFFINE, mask, -1.0, 1.0), mask)
+        out = _select_kept(_ops.divide(x, keep), off)
+        # d out / d x: the same selection of g / keep
+        return _ops._record(out, (x,), lambda g: (_select_kept(_ops.divide(g, keep), off),))
+
+
+def _select_kept(v: Array, off: Array) -> Array:
+    """``lax.select(off == 0, v, 0)`` for ``off`` 0 (keep) or +inf (drop), broadcastable to
+    ``v``, with no tape: exactly ``v`` where kept (inf and NaN included) and exactly 0 where
+    dropped, whatever ``v`` is there, built from the elementwise kernels on each device's block.
+
+    ``relu(v - off) - relu(-v - off)`` is ``v`` where ``off`` is 0 (one of the two terms is 0)
+    and 0 where it is +inf: ``v - inf`` is -inf or NaN, and the relu kernel (``v > 0 ? v : 0``)
+    maps both to 0. That also zeroes a kept NaN, so ``sqrt(-1)`` (NaN) is added back where
+    ``v`` is NaN and kept: ``(v > -inf) + (inf > v) + off`` is 0 exactly there."""
+    R, U = _ops._binary_raw, _ops._unary_raw
+    place = _ops._place_of(v)
+    lift = lambda c: _ops._lift(np.float32(c), place)
+    pos = U(_ops.U_RELU, R(_ops.B_SUB, v, off))
+    neg = U(_ops.U_RELU, R(_ops.B_SUB, U(_ops.U_NEG, v), off))
+    out = R(_ops.B_SUB, pos, neg)
+    finite_or_inf = R(_ops.B_ADD, R(_ops.B_GT, v, lift(-np.inf)), R(_ops.B_GT, lift(np.inf), v))
+    nan_kept = R(_ops.B_GT, lift(1.0), R(_ops.B_ADD, finite_or_inf, off))   # 1.0 or 0.0
+    # sqrt(-1) = NaN where a kept element is NaN; sqrt(-0) = -0 (adds nothing) elsewhere
+    return R(_ops.B_ADD, out, U(_ops.U_SQRT, U(_ops.U_NEG, nan_kept)))

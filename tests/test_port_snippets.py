@@ -748,6 +748,62 @@ def test_set_mesh_context_and_setter():
         cts.set_mesh("data")
 
 
+def _set_mesh_sequence(make_mesh, set_mesh, current):
+    """Mesh axis names seen along a sequence of setter / with-block uses (ctrainstate or JAX)."""
+    a, b = make_mesh((8,), ("x",)), make_mesh((2, 4), ("d", "m"))
+    seen = []
+    for _ in range(1000):
+        set_mesh(a)                     # the setter replaces; it does not stack
+    seen.append(current())
+    set_mesh(None)
+    seen.append(current())
+    with a:
+        set_mesh(b)                     # inside a `with mesh:` block: no error at its exit
+        seen.append(current())
+    seen.append(current())              # the setter's mesh stays after the block
+    set_mesh(a)
+    with set_mesh(b):
+        seen.append(current())
+        set_mesh(None)
+        seen.append(current())
+    seen.append(current())              # the value before `with set_mesh(b)` is back
+    set_mesh(None)
+    seen.append(current())
+    return seen
+
+
+_SET_MESH_SEEN = [("x",), (), ("d", "m"), ("d", "m"), ("d", "m"), (), ("x",), ()]
+
+
+def test_set_mesh_setter_replaces_and_nests_with_mesh_blocks():
+    from ctrainstate import sharding
+    names = lambda: tuple(cts.get_mesh().axis_names) if cts.get_mesh() is not None else ()
+    try:
+        assert _set_mesh_sequence(cts.make_mesh, cts.set_mesh, names) == _SET_MESH_SEEN
+        assert sharding._mesh_stack() == []          # 1000 setter calls left nothing behind
+        m = cts.make_mesh((2, 4), ("d", "m"))
+        with cts.make_mesh((8,), ("x",)):
+            cts.set_mesh(m)
+            x = cts.device_put(np.ones((8, 4), np.float32), cts.P("d"))   # on the set mesh
+        assert x.sharding == cts.NamedSharding(m, cts.P("d"))
+    finally:
+        cts.set_mesh(None)
+
+
+def test_set_mesh_sequence_matches_jax():
+    jax = _jax()
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 JAX CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    import warnings
+    names = lambda: tuple(jax.sharding.get_abstract_mesh().axis_names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)       # jax's `with mesh:`
+        try:
+            assert _set_mesh_sequence(jax.make_mesh, jax.set_mesh, names) == _SET_MESH_SEEN
+        finally:
+            jax.set_mesh(None)
+
+
 def test_device_put_partition_spec_on_active_mesh():
     m = cts.make_mesh((2, 4), ("data", "model"))
     a = np.arange(32, dtype=np.float32).reshape(8, 4)

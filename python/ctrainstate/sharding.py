@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import collections
+import itertools
 import threading
 from typing import Any, Mapping
 
@@ -110,11 +111,21 @@ P = PartitionSpec
 _mesh_tls = threading.local()
 
 
+_UNSET = object()
+_mesh_tick = itertools.count()   # orders ``with mesh:`` entries and set_mesh calls
+
+
 def _mesh_stack() -> list:
+    """This thread's ``with mesh:`` blocks, innermost last, as ``(mesh, tick)``."""
     s = getattr(_mesh_tls, "stack", None)
     if s is None:
         s = _mesh_tls.stack = []
     return s
+
+
+def _set_slot() -> tuple:
+    """This thread's ``set_mesh`` value and its tick (``(_UNSET, -1)`` before any)."""
+    return getattr(_mesh_tls, "set", (_UNSET, -1))
 
 
 class Mesh:
@@ -194,12 +205,12 @@ class Mesh:
         return self.size == 0
 
     def __enter__(self):
-        _mesh_stack().append(self)
+        _mesh_stack().append((self, next(_mesh_tick)))
         return self
 
     def __exit__(self, *exc):
         stack = _mesh_stack()
-        if not stack or stack[-1] is not self:
+        if not stack or stack[-1][0] is not self:
             raise RuntimeError("Mesh contexts exited out of order")
         stack.pop()
         return False
@@ -218,13 +229,18 @@ class Mesh:
 
 
 def get_mesh() -> Mesh | None:
-    """The innermost active ``with mesh:`` (or ``set_mesh``) on this thread, or None."""
-    s = _mesh_stack()
-    return s[-1] if s else None
+    """The active mesh of this thread, or None: the innermost ``with mesh:`` block or the
+    last :func:`set_mesh`, whichever came later."""
+    stack = _mesh_stack()
+    mesh, tick = _set_slot()
+    if stack and stack[-1][1] > tick:
+        return stack[-1][0]
+    return None if mesh is _UNSET else mesh
 
 
 class _SetMesh:
-    """What ``set_mesh`` returns: leaving it as a ``with`` block restores the previous mesh."""
+    """What ``set_mesh`` returns: leaving it as a ``with`` block restores the previous
+    ``set_mesh`` value (``with mesh:`` blocks are not touched)."""
 
     def __init__(self, mesh, saved):
         self._mesh, self._saved = mesh, saved
@@ -233,16 +249,21 @@ class _SetMesh:
         return self._mesh
 
     def __exit__(self, *exc):
-        _mesh_stack()[:] = self._saved
+        _mesh_tls.set = self._saved
         return False
 
 
 def set_mesh(mesh: Mesh | None) -> _SetMesh:
     """Make ``mesh`` the active mesh of this thread (``jax.set_mesh``): at once, as a
-    setter, or for a block, ``with set_mesh(mesh):``, after which the previous mesh is
-    back. ``set_mesh(None)`` deactivates any mesh. Equivalent to ``with mesh:`` for
+    setter, or for a block, ``with set_mesh(mesh):``, after which the previous ``set_mesh``
+    value is back. ``set_mesh(None)`` deactivates any mesh. Equivalent to ``with mesh:`` for
     everything that reads the active mesh (PartitionSpecs in jit/device_put, axis rules,
     constraints, born-sharded params).
+
+    As in JAX, the value lives in one thread-local slot, apart from the ``with mesh:``
+    blocks: the setter replaces it (calling it in a loop keeps nothing else), and calling
+    it inside ``with a:`` makes its mesh active there and after the block. Whichever of
+    the slot and the innermost ``with mesh:`` was set later is the active mesh.
 
     >>> import ctrainstate as cts
     >>> m = cts.make_mesh((1,), ('x',))
@@ -254,9 +275,8 @@ def set_mesh(mesh: Mesh | None) -> _SetMesh:
     """
     if mesh is not None and not isinstance(mesh, Mesh):
         raise TypeError(f"set_mesh needs a Mesh (or None), got {type(mesh).__name__}")
-    stack = _mesh_stack()
-    saved = list(stack)
-    stack.append(mesh)
+    saved = _set_slot()
+    _mesh_tls.set = (mesh, next(_mesh_tick))
     return _SetMesh(mesh, saved)
 
 

@@ -272,6 +272,29 @@ def test_minimum_clip_squeeze_std_and_grads():
     assert cts.eval_shape(lambda a: cnp.minimum(a, 0.0), cts.ShapeDtypeStruct((2, 3), np.float32)).shape == (2, 3)
 
 
+def test_squeeze_axis_errors_like_jnp():
+    assert cnp.squeeze(cnp.ones((1, 3, 1)), axis=(0, -1)).shape == (3,)
+    assert cnp.squeeze(cnp.ones(()), axis=()).shape == ()
+    for shape, axis in (((1, 3), 2), ((1, 3), -3), ((), 0), ((), -1)):
+        with pytest.raises(ValueError, match="out of bounds"):
+            cnp.squeeze(cnp.ones(shape), axis=axis)
+    with pytest.raises(ValueError, match="repeated"):
+        cnp.squeeze(cnp.ones((1, 1)), axis=(0, -2))
+
+
+def test_squeeze_axis_errors_match_jnp():
+    jnp = _jax().numpy
+    for shape, axis in (((1, 3), 2), ((1, 3), -3), ((), 0), ((), -1), ((1, 1), (0, -2)),
+                        ((2, 3), 0)):
+        with pytest.raises(ValueError):
+            jnp.squeeze(jnp.ones(shape), axis=axis)
+        with pytest.raises(ValueError):
+            cnp.squeeze(cnp.ones(shape), axis=axis)
+    for shape, axis in (((1, 3, 1), (0, -1)), ((), ()), ((1, 3), -2), ((1, 1), None)):
+        assert cnp.squeeze(cnp.ones(shape), axis=axis).shape == \
+            jnp.squeeze(jnp.ones(shape), axis=axis).shape
+
+
 # --- optax: losses, global_norm, schedules, stateless transforms ---------------------------
 
 def _schedules(o):

@@ -75,14 +75,26 @@ def clip(x, min=None, max=None, *, a_min=None, a_max=None):  # noqa: A002 - jnp'
 
 
 def squeeze(x, axis=None):
-    """Drop size-1 dimensions (all of them, or those in ``axis``)."""
+    """Drop size-1 dimensions (all of them, or those in ``axis``; ``jnp.squeeze``: an axis
+    out of range, repeated, or of size other than 1 raises ``ValueError``)."""
     shape = tuple(x.shape)
+    nd = len(shape)
     if axis is None:
         drop = {d for d, n in enumerate(shape) if n == 1}
     else:
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
-        drop = {a % len(shape) for a in axes}
-        for d in drop:
+        axes = (axis,) if isinstance(axis, (int, _np.integer)) else tuple(axis)
+        norm = []
+        for a in axes:
+            if not isinstance(a, (int, _np.integer)) or isinstance(a, bool):
+                raise TypeError(f"squeeze: axis must be an int or a tuple of ints, got {axis!r}")
+            if not -nd <= a < nd:
+                raise ValueError(f"squeeze: axis {a} is out of bounds for an array of dimension "
+                                 f"{nd} (shape {shape})")
+            norm.append(int(a) % nd)
+        if len(set(norm)) != len(norm):
+            raise ValueError(f"squeeze: repeated axis in {axis!r} (dimensions {tuple(norm)})")
+        drop = set(norm)
+        for d in sorted(drop):
             if shape[d] != 1:
                 raise ValueError(f"squeeze: dimension {d} of shape {shape} has size {shape[d]}, not 1")
     return reshape(x, tuple(n for d, n in enumerate(shape) if d not in drop))

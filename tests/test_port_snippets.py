@@ -220,6 +220,11 @@ def _creations(jnp):
         "arange3": jnp.arange(1, 7, 2), "arange_f": jnp.arange(0.0, 1.0, 0.25),
         "linspace": jnp.linspace(0, 1, 5), "full_i": jnp.full((2,), 3),
         "full_f": jnp.full((2, 2), 0.5), "full_dt": jnp.full((2,), 1, jnp.float32),
+        # a numpy scalar or array fill value keeps its dtype (64-bit narrowed to 32)
+        "full_f16": jnp.full((2,), np.float16(1.5)), "full_u32": jnp.full((2,), np.uint32(3)),
+        "full_f64": jnp.full((2,), np.float64(0.5)), "full_i64": jnp.full((2,), np.int64(3)),
+        "full_b": jnp.full((2,), True), "full_bf16": jnp.full((1,), jnp.bfloat16(7)),
+        "full_arr": jnp.full((2, 2), np.array([1.0, 2.0], np.float16)),
     }
 
 
@@ -231,7 +236,11 @@ def test_jnp_creation_functions():
             "asarray_f64": ([1.0, 1.0], "float32"), "arange": ([0, 1, 2, 3, 4], "int32"),
             "arange3": ([1, 3, 5], "int32"), "arange_f": ([0.0, 0.25, 0.5, 0.75], "float32"),
             "linspace": ([0.0, 0.25, 0.5, 0.75, 1.0], "float32"), "full_i": ([3, 3], "int32"),
-            "full_f": ([[0.5, 0.5], [0.5, 0.5]], "float32"), "full_dt": ([1.0, 1.0], "float32")}
+            "full_f": ([[0.5, 0.5], [0.5, 0.5]], "float32"), "full_dt": ([1.0, 1.0], "float32"),
+            "full_f16": ([1.5, 1.5], "float16"), "full_u32": ([3, 3], "uint32"),
+            "full_f64": ([0.5, 0.5], "float32"), "full_i64": ([3, 3], "int32"),
+            "full_b": ([True, True], "bool"), "full_bf16": ([7.0], "bfloat16"),
+            "full_arr": ([[1.0, 2.0], [1.0, 2.0]], "float16")}
     for k, (vals, dt) in want.items():
         assert isinstance(got[k], cts.Array), k
         assert got[k].tolist() == vals and str(got[k].dtype) == dt, k

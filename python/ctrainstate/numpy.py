@@ -150,12 +150,20 @@ def array(a, dtype=None, copy: bool = True, *, device=None):
     return asarray(a, dtype, device=device)
 
 
+def _value_dtype(value) -> _np.dtype:
+    """``jnp``'s dtype of a fill value without x64: a Python bool, int or float gives bool,
+    int32 or float32; a numpy (or ctrainstate) scalar or array keeps its dtype, with 64-bit
+    types narrowed to 32 bits (float16 stays float16, bfloat16 stays bfloat16)."""
+    dt = getattr(value, "dtype", None)
+    return _dt.canonicalize(dt if dt is not None else _np.asarray(value).dtype)
+
+
 def full(shape, fill_value, dtype=None, *, device=None):
-    """An Array of ``shape`` filled with ``fill_value``."""
-    if dtype is None:
-        dtype = _np.asarray(fill_value).dtype
-        dtype = _dt.float32 if dtype.kind == "f" else dtype
-    return _place(_np.full(_shape(shape), fill_value, _dt.canonicalize(dtype)), device)
+    """An Array of ``shape`` filled with ``fill_value`` (broadcast to ``shape``); without
+    ``dtype``, of ``fill_value``'s dtype as ``jnp.full`` infers it (``full((2,),
+    np.float16(1))`` is float16, ``full((2,), 1.0)`` float32)."""
+    dt = _dt.canonicalize(dtype) if dtype is not None else _value_dtype(fill_value)
+    return _place(_np.full(_shape(shape), _np.asarray(fill_value), dt), device)
 
 
 def zeros(shape, dtype=None, *, device=None):

@@ -1293,14 +1293,75 @@ def test_zeros_like_over_param_trees():
     assert cts.eval_shape(cnp.zeros_like, cts.ShapeDtypeStruct((2, 3), np.float32)).shape == (2, 3)
 
 
+def test_zeros_like_of_shape_dtype_struct_and_array_fill():
+    mesh = cts.make_mesh((2, 4), ("a", "b"))
+    s = cts.NamedSharding(mesh, cts.P("a", "b"))
+    # a ShapeDtypeStruct gives an Array (jnp does), placed by its sharding when it has one
+    z = cnp.zeros_like(cts.ShapeDtypeStruct((8, 4), np.int32, s))
+    assert isinstance(z, cts.Array) and z.sharding == s and z.dtype == np.int32
+    assert np.asarray(z).tolist() == [[0] * 4] * 8
+    o = cnp.ones_like(cts.ShapeDtypeStruct((2, 3), np.float32))
+    assert isinstance(o, cts.Array) and o.tolist() == [[1.0] * 3] * 2
+    f = cnp.full_like(cts.ShapeDtypeStruct((2,), cnp.bfloat16), 2.5)
+    assert isinstance(f, cts.Array) and str(f.dtype) == "bfloat16"
+    # inside eval_shape it stays abstract
+    sd = cts.eval_shape(cnp.zeros_like, cts.ShapeDtypeStruct((8, 4), np.float32, s))
+    assert isinstance(sd, cts.ShapeDtypeStruct) and sd.shape == (8, 4) and sd.sharding == s
+    # an array fill value broadcasts to the shape, on every device's block
+    x = cts.device_put(np.ones((8, 4), np.float32), s)
+    g = cnp.full_like(x, np.array([1.0, 2.0, 3.0, 4.0]))
+    assert g.sharding == s and np.asarray(g).tolist() == [[1.0, 2.0, 3.0, 4.0]] * 8
+    col = np.arange(8, dtype=np.float32).reshape(8, 1)
+    assert np.asarray(cnp.full_like(x, col)).tolist() == np.broadcast_to(col, (8, 4)).tolist()
+    assert cnp.full_like(cnp.ones((2, 2)), np.array([1.0, 2.0])).tolist() == [[1.0, 2.0]] * 2
+    assert cnp.full_like(np.ones((2, 2), np.int32), 2.7).tolist() == [[2, 2]] * 2
+    with pytest.raises(ValueError):
+        cnp.full_like(x, np.array([1.0, 2.0, 3.0]))      # does not broadcast to (8, 4)
+
+
 def test_zeros_like_matches_jax():
     jax = _jax()
-    for a in (np.ones((2, 3), np.float32), np.arange(4, dtype=np.int32), np.ones(2)):
-        for fn in ("zeros_like", "ones_like"):
-            want = getattr(jax.numpy, fn)(a)
-            got = getattr(cnp, fn)(a)
+    jnp = jax.numpy
+    from jax.sharding import NamedSharding as JNS, PartitionSpec as JP
+    mesh = cts.make_mesh((2, 4), ("a", "b"))
+    jmesh = jax.make_mesh((2, 4), ("a", "b"))
+    host = {"f32": np.ones((8, 4), np.float32), "i32": np.arange(32, dtype=np.int32).reshape(8, 4),
+            "u32": np.arange(8, dtype=np.uint32), "bool": np.ones(8, bool),
+            "f16": np.ones((8, 2), np.float16), "f64": np.ones(2), "i64": np.arange(3)}
+    specs = {"f32": ("a", "b"), "i32": ("a",), "u32": ("b",), "bool": ("a",), "f16": (None, "a")}
+    cases = []
+    for k, a in host.items():
+        cases.append((a, a))                                         # numpy inputs
+        cases.append((cts.device_put(a), jnp.asarray(a)))            # single-device Arrays
+        if k in specs:                                               # sharded Arrays
+            cases.append((cts.device_put(a, cts.NamedSharding(mesh, cts.P(*specs[k]))),
+                          jax.device_put(a, JNS(jmesh, JP(*specs[k])))))
+    for ours, theirs in cases:
+        for fn, args in (("zeros_like", ()), ("ones_like", ()), ("full_like", (3,)),
+                         ("full_like", (np.float32(2.5),))):
+            want = getattr(jnp, fn)(theirs, *args)
+            got = getattr(cnp, fn)(ours, *args)
+            assert isinstance(got, cts.Array), (fn, ours)
+            assert str(got.dtype) == str(want.dtype), (fn, ours, got.dtype, want.dtype)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            if isinstance(want.sharding, JNS):
+                assert tuple(got.sharding.spec) == tuple(want.sharding.spec), (fn, ours)
+        for dt in (jnp.float32, jnp.int32, jnp.bool_):
+            want = jnp.zeros_like(theirs, dtype=dt)
+            got = cnp.zeros_like(ours, dtype=dt)
             assert str(got.dtype) == str(want.dtype)
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # ShapeDtypeStructs: an Array, with the struct's sharding
+    sds = jax.ShapeDtypeStruct((8, 4), jnp.int32, sharding=JNS(jmesh, JP("a")))
+    want = jnp.zeros_like(sds)
+    got = cnp.zeros_like(cts.ShapeDtypeStruct((8, 4), np.int32, cts.NamedSharding(mesh, cts.P("a"))))
+    assert type(want).__name__ == "ArrayImpl" and isinstance(got, cts.Array)
+    assert str(got.dtype) == str(want.dtype) and tuple(got.sharding.spec) == tuple(want.sharding.spec)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # an array fill value broadcasts
+    fill = np.array([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(np.asarray(cnp.full_like(cts.device_put(host["f32"]), fill)),
+                                  np.asarray(jnp.full_like(host["f32"], fill)))
 
 
 def test_dot_of_vectors_and_einsum_arity():

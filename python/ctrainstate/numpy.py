@@ -192,28 +192,37 @@ def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None, *, d
 
 
 def _full_like(x, value, dtype, shape):
-    from ._abstract import ShapeDtypeStruct
+    from ._abstract import ShapeDtypeStruct, is_abstract
     from .array import Array, _buffer_view, _fill_array
     src = x.dtype if hasattr(x, "dtype") else _np.asarray(x).dtype
     dt = _dt.canonicalize(dtype if dtype is not None else src)
+    value = _np.asarray(value)
     if shape is not None:
         return _place(_np.full(_shape(shape), value, dt), None)
-    if isinstance(x, ShapeDtypeStruct):
-        return ShapeDtypeStruct(x.shape, dt, x.sharding)
-    if not isinstance(x, Array):
+    if isinstance(x, ShapeDtypeStruct) and (is_abstract() or x.sharding is None):
+        if is_abstract():                       # eval_shape: stay abstract
+            _np.broadcast_shapes(value.shape, tuple(x.shape))
+            return ShapeDtypeStruct(x.shape, dt, x.sharding)
+        return _place(_np.full(tuple(x.shape), value, dt), None)    # jnp: an Array
+    if not isinstance(x, (Array, ShapeDtypeStruct)):
         return _place(_np.full(_np.shape(x), value, dt), None)
-    if dt == _dt.float32 and x.dtype == _dt.float32 and value in (0, 1):
+    if isinstance(x, Array) and value.ndim == 0 and dt == _dt.float32 \
+            and x.dtype == _dt.float32 and value in (0, 1):
         return (_o.zeros_like if value == 0 else _o.ones_like)(x)   # the op kernel, per shard
+    # each device writes its own block of the (broadcast) value
+    full_value = _np.broadcast_to(value.astype(dt) if value.dtype != dt else value, tuple(x.shape))
 
     def fill(target, start, shard_shape):
         view = target if isinstance(target, _np.ndarray) else _buffer_view(target, shard_shape, dt)
-        view[...] = value
-    return _fill_array(x.shape, dt, x.sharding, fill)
+        view[...] = full_value[tuple(slice(b, b + n) for b, n in zip(start, shard_shape))]
+    return _fill_array(tuple(x.shape), dt, x.sharding, fill)
 
 
 def zeros_like(a, dtype=None, shape=None):
     """Zeros with ``a``'s shape, dtype and sharding (``jnp.zeros_like``; each device fills
-    its own block). ``a`` may be an Array, a numpy array or a ``ShapeDtypeStruct``."""
+    its own block). ``a`` may be an Array, a numpy array or a ``ShapeDtypeStruct`` (an Array
+    is returned, as jnp does, placed by the struct's sharding when it has one; inside
+    ``eval_shape`` a ``ShapeDtypeStruct``)."""
     return _full_like(a, 0, dtype, shape)
 
 
@@ -223,7 +232,8 @@ def ones_like(a, dtype=None, shape=None):
 
 
 def full_like(a, fill_value, dtype=None, shape=None):
-    """``fill_value`` with ``a``'s shape, dtype and sharding (``jnp.full_like``)."""
+    """``fill_value`` (broadcast to ``a``'s shape) with ``a``'s shape, dtype and sharding
+    (``jnp.full_like``)."""
     return _full_like(a, fill_value, dtype, shape)
 
 

@@ -89,6 +89,33 @@ def test_scalar_array_prints_and_formats_like_its_value():
         f"{x:.2f}"
 
 
+_BF16_VALUES = (0.1, 1.0, 12345.0, 1e10, 2.5e-8, -0.0, 1 / 3)
+
+
+def test_scalar_bfloat16_prints_like_jax():
+    from ctrainstate.hf.cast import cast
+    # derived: jax prints a bfloat16 scalar as ml_dtypes does, with 6 significant digits
+    # (%g): bfloat16(0.1) = 0.10009765625 -> 0.100098; 12345 rounds to 12352
+    want = ["0.100098", "1", "12352", "9.99922e+09", "2.50293e-08", "-0", "0.333984"]
+    got = [str(cast(cts.device_put(np.float32(v)), "bfloat16")) for v in _BF16_VALUES]
+    assert got == want
+    b = cast(cts.device_put(np.float32(0.1)), "bfloat16")
+    assert repr(b).startswith("Array(0.100098, dtype=bfloat16, sharding=")
+    assert f"{b}" == "0.100098" and f"{b:.3f}" == "0.100"
+    assert str(cast(cts.device_put(np.float32(0.1)), "float16")) == "0.1"
+
+
+def test_scalar_bfloat16_prints_match_jax():
+    jnp = _jax().numpy
+    from ctrainstate.hf.cast import cast
+    for v in _BF16_VALUES:
+        ours = cast(cts.device_put(np.float32(v)), "bfloat16")
+        theirs = jnp.asarray(v, jnp.bfloat16)
+        assert str(ours) == str(theirs)
+        assert repr(ours).split(", sharding=")[0] + ")" == repr(theirs)
+        assert f"{ours:.4g}" == f"{theirs:.4g}"
+
+
 def test_scalar_array_comparisons():
     loss, best = _loss_array(0.5), _loss_array(0.75)
     assert loss < best and best > loss and loss <= 0.5 and loss >= 0.5

@@ -351,10 +351,12 @@ register_leaf_type(Array)
 
 
 def _scalar_text(v) -> str:
-    """A scalar as numpy prints it (shortest round-trip digits: 0.9 for float32(0.9))."""
+    """A scalar as jax prints it, which is numpy's ``str`` of the scalar: float32 and float16
+    in shortest round-trip digits (0.9 for float32(0.9)), bfloat16 as ml_dtypes prints it
+    (6 significant digits: 0.100098 for bfloat16(0.1), 1 for 1.0)."""
     if isinstance(v, (np.bool_, np.integer)):
         return str(v.item())
-    return str(np.float32(v)) if v.dtype != np.float16 else str(v)
+    return str(np.float32(v)) if v.dtype == np.float32 else str(v)
 
 
 def _py_scalar(v):

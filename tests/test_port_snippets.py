@@ -467,6 +467,38 @@ def test_lax_with_sharding_constraint():
     np.testing.assert_allclose(np.asarray(g), 2 * a)
 
 
+def test_with_sharding_constraint_device_and_single_device_sharding():
+    from ctrainstate import lax
+    from ctrainstate.sharding import SingleDeviceSharding
+    mesh = cts.make_mesh((8,), ("x",))
+    a = np.arange(8, dtype=np.float32)
+    x = cts.device_put(a, cts.NamedSharding(mesh, cts.P("x")))
+    # a SingleDeviceSharding places on that device (as in JAX); differentiable
+    s3 = SingleDeviceSharding(cts.devices()[3])
+    y = lax.with_sharding_constraint(x, s3)
+    assert y.sharding == s3 and [sh.device.id for sh in y.addressable_shards] == [3]
+    np.testing.assert_array_equal(np.asarray(y), a)
+    g = cts.grad(lambda v: cnp.sum(cnp.square(lax.with_sharding_constraint(v, s3))))(x)
+    assert g.sharding == x.sharding and np.asarray(g).tolist() == (2 * a).tolist()
+    # a bare Device (or a string) is a TypeError naming it, as in JAX; not "outside a mesh"
+    with mesh:
+        with pytest.raises(TypeError, match=r"got Device CpuDevice.*SingleDeviceSharding\("):
+            lax.with_sharding_constraint(x, cts.devices()[3])
+    with pytest.raises(TypeError, match="got Device CpuDevice"):
+        lax.with_sharding_constraint(x, cts.devices()[3])
+    with pytest.raises(TypeError, match="got str"):
+        lax.with_sharding_constraint(x, "x")
+
+
+def test_with_sharding_constraint_device_matches_jax():
+    jax = _jax()
+    from jax.sharding import SingleDeviceSharding as JSDS
+    y = jax.lax.with_sharding_constraint(jax.numpy.ones(8), JSDS(jax.devices()[3]))
+    assert [d.id for d in y.devices()] == [3]
+    with pytest.raises(TypeError):
+        jax.lax.with_sharding_constraint(jax.numpy.ones(8), jax.devices()[3])
+
+
 def test_device_get():
     x = cts.device_put(np.arange(3, dtype=np.float32))
     out = cts.device_get({"x": x, "n": 3, "h": np.ones(2)})

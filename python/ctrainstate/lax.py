@@ -2,8 +2,9 @@
 
 ``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
 sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
-``NamedSharding``, a ``PartitionSpec`` (resolved against the active ``with mesh:``), or a
-pytree of them that is a prefix of ``x``. The reshard is differentiable: the cotangent goes
+``NamedSharding``, a ``SingleDeviceSharding``, a ``PartitionSpec`` (resolved against the
+active ``with mesh:``), or a pytree of them that is a prefix of ``x``; anything else (a
+bare ``Device``, a string) is a ``TypeError``, as in JAX. The reshard is differentiable: the cotangent goes
 back to the input's sharding. numpy leaves are placed like Arrays.
 
 >>> import numpy as np, ctrainstate as cts
@@ -19,6 +20,7 @@ import numpy as np
 
 from . import tree_util
 from ._abstract import ShapeDtypeStruct
+from ._devices import Device
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
@@ -34,6 +36,13 @@ def _is_spec_leaf(x) -> bool:
 def _as_sharding(spec) -> Sharding:
     if isinstance(spec, Sharding):
         return spec
+    if spec is not None and not isinstance(spec, PartitionSpec):
+        hint = ""
+        if isinstance(spec, Device):
+            hint = f"; to place on one device, pass SingleDeviceSharding({spec!r})"
+        # jax.lax.with_sharding_constraint raises a TypeError too
+        raise TypeError(f"with_sharding_constraint: shardings must be Shardings, PartitionSpecs "
+                        f"or None (or a pytree of them), got {type(spec).__name__} {spec!r}{hint}")
     mesh = get_mesh()
     if mesh is None:
         raise ValueError(

@@ -198,8 +198,30 @@ def test_is_equivalent_to_matches_jax():
 
 
 def test_device_process_index():
-    # t5x's get_coords / bounds_from_last_device read device.process_index
-    assert [d.process_index for d in cts.devices()] == [0] * cts.device_count()
+    # t5x's get_coords / bounds_from_last_device read device.process_index: every device
+    # belongs to the one process, whose devices are exactly local_devices()
+    devs = cts.devices()
+    assert cts.process_count() == 1 and cts.process_index() == 0
+    assert [d.process_index for d in devs] == [cts.process_index()] * cts.device_count()
+    assert [d.host_id for d in devs] == [d.process_index for d in devs]
+    assert [d for d in devs if d.process_index == cts.process_index()] == cts.local_devices()
+    assert cts.local_devices(process_index=0) == cts.local_devices()
+    with pytest.raises(ValueError, match="process_index 1"):
+        cts.local_devices(process_index=1)
+    assert len({d.id for d in devs}) == len(devs)
+    from ctrainstate.t5x import partitioning as t5p
+    coords = [t5p.get_coords(d) for d in devs]
+    assert len(set(coords)) == len(devs) and {c[0] for c in coords} == {0}
+
+
+def test_device_attributes_match_jax():
+    jax = _jax()
+    attrs = lambda d: (d.id, d.process_index, d.host_id, d.platform, d.device_kind)
+    theirs, ours = jax.devices("cpu"), cts.devices("cpu")
+    n = min(len(theirs), len(ours))
+    assert n >= 1
+    assert [attrs(d) for d in ours[:n]] == [attrs(d) for d in theirs[:n]]
+    assert (cts.process_index(), cts.process_count()) == (jax.process_index(), jax.process_count())
 
 
 # --- tree utilities ------------------------------------------------------------------------
@@ -1299,7 +1321,19 @@ def test_frozen_dict_matches_flax():
     d = {"b": {"x": 1, "y": {}}, "a": 2}
     assert repr(core.freeze(d)) == repr(fcore.freeze(d))
     assert core.unfreeze(core.freeze(d)) == fcore.unfreeze(fcore.freeze(d))
-    assert core.freeze(d).pop("a")[1] == fcore.freeze(d).pop("a")[1]
+    for key in ("a", "b"):
+        rest, val = core.freeze(d).pop(key)
+        frest, fval = fcore.freeze(d).pop(key)
+        assert repr(val) == repr(fval)
+        assert type(rest).__name__ == type(frest).__name__ == "FrozenDict"
+        assert repr(rest) == repr(frest) and list(rest) == list(frest)
+        assert core.unfreeze(rest) == fcore.unfreeze(frest)
+        assert rest == core.freeze({k: v for k, v in d.items() if k != key})   # hand-derived
+    with pytest.raises(KeyError):
+        fcore.freeze(d).pop("zz")
+    with pytest.raises(KeyError):
+        core.freeze(d).pop("zz")
+    assert repr(core.copy(core.freeze(d), {"c": 3})) == repr(fcore.copy(fcore.freeze(d), {"c": 3}))
     fl = jax.tree_util.tree_flatten_with_path(fcore.freeze(d))[0]
     cl = cts.tree_util.tree_flatten_with_path(core.freeze(d))[0]
     assert [jax.tree_util.keystr(k) for k, _ in fl] == [cts.tree_util.keystr(k) for k, _ in cl]

@@ -23,9 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import _ops
+from .. import _C, _ops
 from .. import random as _random
-from ..array import Array
+from ..array import Array, _buffer_view
 from ..sharding import NamedSharding, PartitionSpec
 from .module import Module, compact
 
@@ -87,28 +87,48 @@ class Dropout(Module):
         mask = _ops._binary_raw(_ops.B_GT, keep_arr, u)       # 1.0 where u < keep, else 0.0
         # Flax: lax.select(mask, inputs / keep, zeros): a dropped element is 0 even where the
         # input is inf or NaN (a product with the mask would give NaN there)
-        off = _ops._binary_raw(_ops.B_DIV, _ops._unary_raw(_ops.U_AFFINE, mask, -1.0, 1.0), mask)
-        out = _select_kept(_ops.divide(x, keep), off)
+        out = _select_kept(_ops.divide(x, keep), mask)
         # d out / d x: the same selection of g / keep
-        return _ops._record(out, (x,), lambda g: (_select_kept(_ops.divide(g, keep), off),))
+        return _ops._record(out, (x,), lambda g: (_select_kept(_ops.divide(g, keep), mask),))
 
 
-def _select_kept(v: Array, off: Array) -> Array:
-    """``lax.select(off == 0, v, 0)`` for ``off`` 0 (keep) or +inf (drop), broadcastable to
-    ``v``, with no tape: exactly ``v`` where kept (inf and NaN included) and exactly 0 where
-    dropped, whatever ``v`` is there, built from the elementwise kernels on each device's block.
+def _select_kept(v: Array, mask: Array) -> Array:
+    """``lax.select(mask, v, 0)`` for a 0/1 ``mask`` broadcastable to ``v``, with no tape:
+    exactly ``v`` where kept (inf and NaN included) and exactly 0 where dropped, whatever
+    ``v`` is there; sharded like ``v``.
 
-    ``relu(v - off) - relu(-v - off)`` is ``v`` where ``off`` is 0 (one of the two terms is 0)
-    and 0 where it is +inf: ``v - inf`` is -inf or NaN, and the relu kernel (``v > 0 ? v : 0``)
-    maps both to 0. That also zeroes a kept NaN, so ``sqrt(-1)`` (NaN) is added back where
-    ``v`` is NaN and kept: ``(v > -inf) + (inf > v) + off`` is 0 exactly there."""
-    R, U = _ops._binary_raw, _ops._unary_raw
+    The product ``v * mask`` (one kernel pass per device) is that wherever ``v`` is finite;
+    only an inf or NaN dropped gives NaN (``inf * 0``). So one scalar, ``sum(v * 0)`` (NaN
+    iff some element of ``v`` is not finite), decides: in the common case the product is the
+    answer; otherwise each device's block is selected exactly on the host (a view of the
+    buffer on CPU devices, a copy of the block on GPUs). No elementwise kernel can do it
+    alone: they all keep a NaN (relu, maximum and minimum as jnp's) or keep only a bit (>)."""
+    R = _ops._binary_raw
     place = _ops._place_of(v)
-    lift = lambda c: _ops._lift(np.float32(c), place)
-    pos = U(_ops.U_RELU, R(_ops.B_SUB, v, off))
-    neg = U(_ops.U_RELU, R(_ops.B_SUB, U(_ops.U_NEG, v), off))
-    out = R(_ops.B_SUB, pos, neg)
-    finite_or_inf = R(_ops.B_ADD, R(_ops.B_GT, v, lift(-np.inf)), R(_ops.B_GT, lift(np.inf), v))
-    nan_kept = R(_ops.B_GT, lift(1.0), R(_ops.B_ADD, finite_or_inf, off))   # 1.0 or 0.0
-    # sqrt(-1) = NaN where a kept element is NaN; sqrt(-0) = -0 (adds nothing) elsewhere
-    return R(_ops.B_ADD, out, U(_ops.U_SQRT, U(_ops.U_NEG, nan_kept)))
+    out = R(_ops.B_MUL, v, mask)
+    probe = _ops._reduce_raw(_ops._RED_SUM, R(_ops.B_MUL, v, _ops._lift(np.float32(0.0), place)),
+                             tuple(range(v.ndim)))
+    if np.isfinite(np.asarray(probe)).all():
+        return out
+    # the rare path: exact selection, block by block, on each device's own block
+    norm = _ops._norm(v.sharding, v.ndim) if isinstance(v.sharding, NamedSharding) \
+        else [()] * v.ndim
+    keep_full = _ops._to(R(_ops.B_ADD, _ops.zeros_like(v), mask), place, norm)
+    out = _ops._to(out, place, norm)
+    shape = out._shard_shape
+    zero = (0,) * len(shape)
+    for (dev, ob, start, _), (vd, vb, vs, _), (kd, kb, ks, _) in zip(
+            out._blocks, v._blocks, keep_full._blocks):
+        if not (dev is vd is kd and start == vs == ks):
+            raise RuntimeError("Dropout: internal error: the blocks of the input, the mask and "
+                               "the output are not laid out alike")
+        if dev.platform == "cpu":
+            ov, vv, kv = (_buffer_view(b, shape, np.float32) for b in (ob, vb, kb))
+            ov[...] = np.where(kv != 0, vv, np.float32(0.0))
+        else:
+            hv, hk = np.empty(shape, np.float32), np.empty(shape, np.float32)
+            _C.copy_to_host(vb, hv, zero)
+            _C.copy_to_host(kb, hk, zero)
+            _C.copy_from_host(ob, np.ascontiguousarray(np.where(hk != 0, hv, np.float32(0.0))),
+                              zero)
+    return out

@@ -115,3 +115,45 @@ def test_against_jax():
         np.asarray(cts.grad(lambda v: cnp.sum(nn.leaky_relu(v)))(cts.device_put(xf))),
         np.asarray(jax.grad(lambda v: jnp.sum(jax.nn.leaky_relu(v)))(xf)), rtol=1e-7)
     np.testing.assert_array_equal(np.asarray(cnp.clip(a, -0.5, 0.5)), np.asarray(jnp.clip(a, -0.5, 0.5)))
+
+
+def test_where_selects_exactly():
+    c = np.array([[True, False, True], [False, False, True]])
+    x = np.array([[1.0, INF, NAN], [2.0, 3.0, 4.0]], np.float32)
+    y = np.array([5.0, NAN, -INF], np.float32)
+    # the branch not taken never leaks (a product with a 0/1 mask would give NaN for inf * 0)
+    np.testing.assert_array_equal(np.asarray(cnp.where(c, x, y)),
+                                  [[1.0, NAN, NAN], [5.0, NAN, 4.0]])
+    np.testing.assert_array_equal(np.asarray(cnp.where(c, x, 0.0)), [[1.0, 0.0, NAN], [0.0, 0.0, 4.0]])
+    # an Array condition: nonzero (NaN included) is true
+    ca = cts.device_put(np.array([0.0, 2.0, NAN], np.float32))
+    np.testing.assert_array_equal(np.asarray(cnp.where(ca, 1.0, -1.0)), [-1.0, 1.0, 1.0])
+    gx, gy = cts.grad(lambda a, b: cnp.sum(cnp.where(c, a, b) * 2.0), argnums=(0, 1))(
+        cts.device_put(np.ones((2, 3), np.float32)), cts.device_put(np.ones(3, np.float32)))
+    np.testing.assert_array_equal(np.asarray(gx), [[2.0, 0.0, 2.0], [0.0, 0.0, 2.0]])
+    np.testing.assert_array_equal(np.asarray(gy), [2.0, 4.0, 0.0])
+    with pytest.raises(NotImplementedError):
+        cnp.where(c)
+    s = cts.eval_shape(lambda a: cnp.where(c, a, 0.0), cts.ShapeDtypeStruct((2, 3), np.float32))
+    assert s.shape == (2, 3)
+
+
+def test_where_sharded_and_against_jax():
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    x[1, 2] = INF
+    c = rng.random((4, 8)) > 0.5
+    xs = cts.device_put(x, cts.NamedSharding(mesh, cts.P("data", "model")))
+    got = cnp.where(c, xs, -x)
+    np.testing.assert_array_equal(np.asarray(got), np.where(c, x, -x))
+    jax, jnp = _jax()
+    if jax is None:
+        return
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.where(c, x, -x)))
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    xf = np.where(np.isfinite(x), x, 0.0).astype(np.float32)
+    g = cts.grad(lambda a: cnp.sum(cnp.where(c, a * 3.0, a) * w))(
+        cts.device_put(xf, cts.NamedSharding(mesh, cts.P("data", "model"))))
+    gj = jax.grad(lambda a: jnp.sum(jnp.where(c, a * 3.0, a) * w))(xf)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(gj), rtol=1e-6)

@@ -49,6 +49,7 @@ typedef enum {
     CT_BIN_MAX,
     CT_BIN_MIN,
     CT_BIN_GT,          /* 1.0 where a > b, else 0.0 */
+    CT_BIN_KEEP,        /* a where b != 0, else exactly 0 (even for an inf or NaN a): a select */
     CT_BIN_COUNT
 } ct_binary_op;
 

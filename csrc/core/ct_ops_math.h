@@ -21,7 +21,8 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     case CT_BIN_DIV: return a / b;
     case CT_BIN_MAX: return (a > b || a != a) ? a : b; /* a NaN on either side wins (jnp) */
     case CT_BIN_MIN: return (a < b || a != a) ? a : b;
-    default: return a > b ? 1.0f : 0.0f; /* CT_BIN_GT */
+    case CT_BIN_GT: return a > b ? 1.0f : 0.0f;
+    default: return b != 0.0f ? a : 0.0f; /* CT_BIN_KEEP: a where the mask b is set, else 0 */
     }
 }
 

@@ -34,7 +34,7 @@ from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Shardi
 # unary op codes (csrc/core/ct_ops.h)
 (U_AFFINE, U_NEG, U_SIN, U_COS, U_TANH, U_RELU, U_STEP, U_GELU, U_GELU_GRAD, U_EXP, U_LOG,
  U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV) = range(19)
-B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT = range(7)
+B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT, B_KEEP = range(8)
 _RED_SUM, _RED_MAX = range(2)  # reductions (CT_RED_*)
 
 
@@ -390,6 +390,35 @@ def minimum(a, b) -> Array:
     goes to the smaller operand, split 0.5 / 0.5 at ties as in jax."""
     return _binary(B_MIN, a, b, lambda g, x, y, o: multiply(g, _share(y, x)),
                    lambda g, x, y, o: multiply(g, _share(x, y)))
+
+
+def _keep(a, mask) -> Array:
+    """``a`` where ``mask`` (broadcastable, nonzero = set) is set, else exactly 0 — also where
+    ``a`` is inf or NaN: ``lax.select(mask, a, 0)``. Differentiable in ``a`` only."""
+    return _binary(B_KEEP, a, mask, lambda g, x, m, o: _binary_raw(B_KEEP, g, m))
+
+
+def where(condition, x=None, y=None) -> Array:
+    """``jnp.where(condition, x, y)``: ``x`` where ``condition`` is true (nonzero), else ``y``,
+    exactly (an inf or NaN in the branch not taken does not leak into the result, as with a
+    select), all three broadcast together. The gradient goes to ``x`` where the condition
+    holds and to ``y`` elsewhere.
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> np.asarray(cnp.where(np.array([True, False]), np.array([1., np.inf], np.float32), 0.0)).tolist()
+    [1.0, 0.0]
+    """
+    if x is None or y is None:
+        raise NotImplementedError("where(condition) without x and y returns indices; use "
+                                  "numpy.nonzero on a host array")
+    if isinstance(condition, Array):
+        c = _binary_raw(B_KEEP, _lift(1.0, _place_of(condition)), condition)  # 1 where set
+    else:
+        c = np.asarray(condition).astype(bool).astype(np.float32)
+        place = next((_place_of(v) for v in (x, y) if isinstance(v, Array)), None)
+        c = _lift(c, place) if place is not None else _lift(c)
+    not_c = _unary_raw(U_AFFINE, c, -1.0, 1.0)
+    return add(_keep(x, c), _keep(y, not_c))
 
 
 def negative(x) -> Array:
@@ -1082,6 +1111,7 @@ def _abstract_rules():
         "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
         "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),
         "take_rows": lambda table, ids: tuple(np.shape(ids)) + (_shp(table)[1],),
+        "where": lambda c, x, y: _bcast_shape(_bcast_shape(_shp(c), _shp(x)), _shp(y)),
         "with_sharding": _rule_same, "zeros_like": _rule_same, "ones_like": _rule_same,
     }
     for name in ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",

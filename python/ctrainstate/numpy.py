@@ -44,6 +44,7 @@ from ._ops import (  # noqa: F401
     sum,
     take_rows,
     tanh,
+    where,
     transpose,
     with_sharding,
 )
@@ -247,5 +248,5 @@ __all__ = [
     "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
-    "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows",
+    "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where",
 ]

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
-from .. import _C, _ops
+from .. import _ops
 from .. import random as _random
-from ..array import Array, _buffer_view
+from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
 from .module import Module, compact
 
@@ -85,50 +83,9 @@ class Dropout(Module):
             u = _ops._lift(u, _ops._place_of(x))
         keep_arr = _ops._lift(keep, _ops._place_of(u))
         mask = _ops._binary_raw(_ops.B_GT, keep_arr, u)       # 1.0 where u < keep, else 0.0
-        # Flax: lax.select(mask, inputs / keep, zeros): a dropped element is 0 even where the
-        # input is inf or NaN (a product with the mask would give NaN there)
-        out = _select_kept(_ops.divide(x, keep), mask)
-        # d out / d x: the same selection of g / keep
-        return _ops._record(out, (x,), lambda g: (_select_kept(_ops.divide(g, keep), mask),))
+        # Flax: lax.select(mask, inputs / keep, zeros): a dropped element is exactly 0, even
+        # where the input is inf or NaN (a select kernel, not a product with the mask); the
+        # gradient is the same selection of g / keep
+        return _ops._keep(_ops.divide(x, keep), mask)
 
 
-def _select_kept(v: Array, mask: Array) -> Array:
-    """``lax.select(mask, v, 0)`` for a 0/1 ``mask`` broadcastable to ``v``, with no tape:
-    exactly ``v`` where kept (inf and NaN included) and exactly 0 where dropped, whatever
-    ``v`` is there; sharded like ``v``.
-
-    The product ``v * mask`` (one kernel pass per device) is that wherever ``v`` is finite;
-    only an inf or NaN dropped gives NaN (``inf * 0``). So one scalar, ``sum(v * 0)`` (NaN
-    iff some element of ``v`` is not finite), decides: in the common case the product is the
-    answer; otherwise each device's block is selected exactly on the host (a view of the
-    buffer on CPU devices, a copy of the block on GPUs). No elementwise kernel can do it
-    alone: they all keep a NaN (relu, maximum and minimum as jnp's) or keep only a bit (>)."""
-    R = _ops._binary_raw
-    place = _ops._place_of(v)
-    out = R(_ops.B_MUL, v, mask)
-    probe = _ops._reduce_raw(_ops._RED_SUM, R(_ops.B_MUL, v, _ops._lift(np.float32(0.0), place)),
-                             tuple(range(v.ndim)))
-    if np.isfinite(np.asarray(probe)).all():
-        return out
-    # the rare path: exact selection, block by block, on each device's own block
-    norm = _ops._norm(v.sharding, v.ndim) if isinstance(v.sharding, NamedSharding) \
-        else [()] * v.ndim
-    keep_full = _ops._to(R(_ops.B_ADD, _ops.zeros_like(v), mask), place, norm)
-    out = _ops._to(out, place, norm)
-    shape = out._shard_shape
-    zero = (0,) * len(shape)
-    for (dev, ob, start, _), (vd, vb, vs, _), (kd, kb, ks, _) in zip(
-            out._blocks, v._blocks, keep_full._blocks):
-        if not (dev is vd is kd and start == vs == ks):
-            raise RuntimeError("Dropout: internal error: the blocks of the input, the mask and "
-                               "the output are not laid out alike")
-        if dev.platform == "cpu":
-            ov, vv, kv = (_buffer_view(b, shape, np.float32) for b in (ob, vb, kb))
-            ov[...] = np.where(kv != 0, vv, np.float32(0.0))
-        else:
-            hv, hk = np.empty(shape, np.float32), np.empty(shape, np.float32)
-            _C.copy_to_host(vb, hv, zero)
-            _C.copy_to_host(kb, hk, zero)
-            _C.copy_from_host(ob, np.ascontiguousarray(np.where(hk != 0, hv, np.float32(0.0))),
-                              zero)
-    return out

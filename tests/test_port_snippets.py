@@ -1167,10 +1167,9 @@ def test_shared_module_instance_is_one_submodule():
          "blocks_7", "blocks_8", "blocks_9"]
 
 
-def test_shared_module_instance_matches_flax():
-    fnn, jax = _flax(), _jax()
-    x = np.random.RandomState(0).randn(2, 3).astype(np.float32)
-    fm, cm = _shared_models(fnn), _shared_models(nn)
+def _assert_models_match_flax(fm, cm, x, jax):
+    """Each pair of models (Flax's fm[k], ours cm[k]): the same parameter paths and values from
+    the same key, and the same outputs."""
     for k in fm:
         fv = fm[k].init(jax.random.PRNGKey(0), x)
         cv = cm[k].init(random.PRNGKey(0), x)
@@ -1181,6 +1180,13 @@ def test_shared_module_instance_matches_flax():
             np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
         np.testing.assert_allclose(np.asarray(cm[k].apply(cv, x)), np.asarray(fm[k].apply(fv, x)),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_shared_module_instance_matches_flax():
+    fnn, jax = _flax(), _jax()
+    x = np.random.RandomState(0).randn(2, 3).astype(np.float32)
+    fm, cm = _shared_models(fnn), _shared_models(nn)
+    _assert_models_match_flax(fm, cm, x, jax)
 
 
 def _nested_container_models(nn_mod):
@@ -1225,16 +1231,7 @@ def test_nested_module_containers_match_flax():
     fnn, jax = _flax(), _jax()
     x = np.random.RandomState(1).randn(2, 3).astype(np.float32)
     fm, cm = _nested_container_models(fnn), _nested_container_models(nn)
-    for k in fm:
-        fv = fm[k].init(jax.random.PRNGKey(0), x)
-        cv = cm[k].init(random.PRNGKey(0), x)
-        fl = jax.tree_util.tree_flatten_with_path(fv["params"])[0]
-        cl = cts.tree_util.tree_flatten_with_path(cv["params"])[0]
-        assert [jax.tree_util.keystr(p) for p, _ in fl] == [cts.tree_util.keystr(p) for p, _ in cl], k
-        for (_, a), (_, b) in zip(fl, cl):
-            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
-        np.testing.assert_allclose(np.asarray(cm[k].apply(cv, x)), np.asarray(fm[k].apply(fv, x)),
-                                   rtol=1e-5, atol=1e-6)
+    _assert_models_match_flax(fm, cm, x, jax)
 
 
 # --- activations: silu/swish, leaky_relu, one_hot -----------------------------------------------

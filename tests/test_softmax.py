@@ -67,6 +67,14 @@ def test_max_special_values_and_shapes():
                                   np.zeros((0,), np.float32))
 
 
+def test_sums_over_empty_dimensions_are_zero():
+    # a zero-length reduced dimension (the innermost one included) sums to 0, as numpy
+    for shape, axis in (((2, 0), None), ((2, 0), 1), ((0, 3), 0), ((2, 0, 3), (1, 2)), ((3, 0), -1)):
+        x = np.zeros(shape, np.float32)
+        np.testing.assert_array_equal(np.asarray(cnp.sum(x, axis=axis)), np.sum(x, axis=axis),
+                                      err_msg=f"{shape} {axis}")
+
+
 @pytest.mark.parametrize("mesh_shape,names", MESHES)
 def test_max_on_meshes_equals_one_device(mesh_shape, names):
     x = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32) * 10

@@ -51,6 +51,11 @@ def test_shapes_and_errors():
         cnp.take_rows(table, np.array([1.0]))
     with pytest.raises(ValueError, match="2-d"):
         cnp.take_rows(np.zeros(4, np.float32), np.array([1]))
+    # gradients with no ids, and of a table without columns
+    g = cts.grad(lambda t: cnp.sum(cnp.take_rows(t, np.zeros((0,), np.int32))))(cts.device_put(table))
+    np.testing.assert_array_equal(np.asarray(g), np.zeros((4, 3), np.float32))
+    g = cts.grad(lambda t: cnp.sum(cnp.take_rows(t, np.array([1, 1]))))(cts.device_put(np.zeros((4, 0), np.float32)))
+    assert np.asarray(g).shape == (4, 0)
     s = cts.eval_shape(lambda t: cnp.take_rows(t, np.zeros((2, 7), np.int32)),
                        cts.ShapeDtypeStruct((5, 3), np.float32))
     assert s.shape == (2, 7, 3)

@@ -71,7 +71,8 @@ typedef struct ct_backend {
                              int64_t ncols, int64_t row0, const int32_t *ids, int64_t nids,
                              float *out);
     ct_status (*scatter_add_rows)(struct ct_device *dev, float *table, int64_t nrows,
-                                  int64_t ncols, int64_t row0, const int32_t *ids, int64_t nids,
+                                  int64_t ncols, int64_t row0, const int32_t *hit,
+                                  const int32_t *start, int64_t nhit, const int32_t *pos,
                                   const float *g);
     /* One fused optimizer pass over a device's blocks (see ct_opt_pass in
      * ct_optim.h). The apply pass is queued on the device's stream; a reduce

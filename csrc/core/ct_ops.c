@@ -84,10 +84,11 @@ ct_status ct_op_gather_rows(ct_device *dev, const float *table, int64_t nrows, i
 }
 
 ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
-                                 int64_t row0, const int32_t *ids, int64_t nids, const float *g) {
-    if (nrows < 0 || ncols < 0 || nids < 0) return ct_set_error(CT_EINVAL, "negative row-scatter size");
+                                 int64_t row0, const int32_t *hit, const int32_t *start,
+                                 int64_t nhit, const int32_t *pos, const float *g) {
+    if (nrows < 0 || ncols < 0 || nhit < 0) return ct_set_error(CT_EINVAL, "negative row-scatter size");
     CT_TRY(need(dev, (const void *)dev->backend->scatter_add_rows, "row scatters (embedding gradients)"));
-    return dev->backend->scatter_add_rows(dev, table, nrows, ncols, row0, ids, nids, g);
+    return dev->backend->scatter_add_rows(dev, table, nrows, ncols, row0, hit, start, nhit, pos, g);
 }
 
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,

@@ -73,14 +73,18 @@ ct_status ct_op_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, u
                        const float *x, float *out);
 
 /* Embedding rows. `table` is a block of `nrows` rows of `ncols` floats holding global rows
- * [row0, row0 + nrows); `ids` are `nids` global row indices (int32, on the device).
+ * [row0, row0 + nrows); indices are global row numbers (int32, on the device).
  * gather: out[i, :] = table[ids[i] - row0, :] where that row is in the block, else 0.
- * scatter_add: table[ids[i] - row0, :] += g[i, :] for the ids in the block, in id order
- * on the CPU (deterministic). */
+ * scatter_add, given the ids grouped by row (the caller sorts them): for each of the `nhit`
+ * distinct rows hit[u] in the block, table[hit[u] - row0, :] += g[pos[k], :] for k in
+ * [start[u], start[u + 1]), in that order (pos ascending: the order the ids came in). Rows
+ * are independent, so every backend can spread them over threads and still add each row's
+ * terms in the same order: the same bits everywhere. */
 ct_status ct_op_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
                             int64_t row0, const int32_t *ids, int64_t nids, float *out);
 ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
-                                 int64_t row0, const int32_t *ids, int64_t nids, const float *g);
+                                 int64_t row0, const int32_t *hit, const int32_t *start,
+                                 int64_t nhit, const int32_t *pos, const float *g);
 
 /* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set. */
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,

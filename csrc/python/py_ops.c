@@ -253,11 +253,20 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
 }
 
 /* Row gathers / scatter-adds over shards: tables[i] (2-d float32 block of global rows
- * row0s[i] ..), ids[i] (int32, on the same device), rows[i] (float32, len(ids) x ncols). */
+ * row0s[i] ..), rows[i] (float32, n x ncols), and on the same device int32 indices: for a
+ * gather the n ids; for a scatter-add the ids grouped by row, one buffer
+ * [hit (nhit) | start (nhit + 1) | pos (n)] (ct_op_scatter_add_rows). */
 static PyObject *rows_op(PyObject *args, int scatter) {
     const char *what = scatter ? "op_scatter_add_rows" : "op_gather_rows";
     PyObject *to, *io, *ro, *oo;
-    if (!PyArg_ParseTuple(args, "OOOO", &to, &io, &ro, &oo)) return NULL;
+    Py_ssize_t nhit = 0;
+    if (scatter ? !PyArg_ParseTuple(args, "OOOOn", &to, &io, &ro, &oo, &nhit)
+                : !PyArg_ParseTuple(args, "OOOO", &to, &io, &ro, &oo))
+        return NULL;
+    if (nhit < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: negative row count", what);
+        return NULL;
+    }
     buf_list ts, is, rs;
     if (get_buffers(to, &ts, what, 1) < 0 || get_buffers(io, &is, what, 0) < 0 ||
         get_buffers(ro, &rs, what, 1) < 0 || same_len(&ts, &is, what) < 0 ||
@@ -279,8 +288,11 @@ static PyObject *rows_op(PyObject *args, int scatter) {
             return NULL;
         }
         const ct_py_buffer *t = ts.b[i], *id = is.b[i], *r = rs.b[i];
+        const int64_t nc = t->ndim == 2 ? t->shape[1] : 0;
+        const int64_t n = scatter ? (nc > 0 ? nelem(r) / nc : 0) : nelem(id);
+        const int64_t nidx = scatter ? 2 * (int64_t)nhit + 1 + n : n;
         if (t->ndim != 2 || id->dtype != CT_I32 || t->dev != id->dev || t->dev != r->dev ||
-            nelem(r) != nelem(id) * t->shape[1]) {
+            nelem(r) != n * nc || nelem(id) != nidx) {
             Py_DECREF(offs);
             PyErr_Format(PyExc_ValueError, "%s: shard %zd: need a 2-d table, int32 ids and rows "
                          "of len(ids) x columns on one device", what, i);
@@ -292,9 +304,11 @@ static PyObject *rows_op(PyObject *args, int scatter) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < ts.n && st == CT_OK; i++) {
         const ct_py_buffer *t = ts.b[i];
+        const int32_t *idx = is.b[i]->data;
         if (scatter)
-            st = ct_op_scatter_add_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i],
-                                        is.b[i]->data, nelem(is.b[i]), rs.b[i]->data);
+            st = ct_op_scatter_add_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i], idx,
+                                        idx + nhit, (int64_t)nhit, idx + 2 * nhit + 1,
+                                        rs.b[i]->data);
         else
             st = ct_op_gather_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i],
                                    is.b[i]->data, nelem(is.b[i]), rs.b[i]->data);
@@ -389,8 +403,9 @@ static PyMethodDef ops_methods[] = {
      "op_gather_rows($module, tables, ids, outs, row0s, /)\n--\n\nFor every shard: out[i] = "
      "table[ids[i] - row0] when that row is in the shard's block, else 0."},
     {"op_scatter_add_rows", py_op_scatter_add_rows, METH_VARARGS,
-     "op_scatter_add_rows($module, tables, ids, gs, row0s, /)\n--\n\nFor every shard: "
-     "table[ids[i] - row0] += g[i] for the ids in the shard's block, in id order."},
+     "op_scatter_add_rows($module, tables, plans, gs, row0s, nhit, /)\n--\n\nFor every shard: "
+     "table[hit[u] - row0] += g[pos[k]] for k in [start[u], start[u + 1]), rows in the shard's "
+     "block only; plan = int32 [hit (nhit) | start (nhit + 1) | pos]."},
     {"op_transpose", py_op_transpose, METH_VARARGS,
      "op_transpose($module, xs, perm, ys, /)\n--\n\nTranspose every shard."},
     {"set_blas_sgemm", py_set_blas_sgemm, METH_O,

@@ -847,10 +847,18 @@ def take_rows(table, ids) -> Array:
     _allreduce(out, vax)
 
     def vjp(g):
+        # the ids grouped by row (a stable sort keeps each row's terms in id order), so the
+        # devices add a row's cotangents in that order, rows in parallel: the same bits anywhere
+        pos = np.argsort(flat, kind="stable").astype(np.int32)
+        hit, first = np.unique(flat[pos], return_index=True)
+        plan = np.concatenate([hit.astype(np.int32), first.astype(np.int32),
+                               np.array([flat.size], np.int32), pos])
+        plan_arr = device_put(plan, _sharding_for(place, [()]))
         g = _to(g, place, [(), eax])
         gt = _new((nrows, ncols), place, [vax, eax])
         _C.op_unary(U_AFFINE, 0.0, 0.0, _bufs(gt), _bufs(gt))  # zeros (alpha 0 ignores x)
-        _C.op_scatter_add_rows(_bufs(gt), _bufs(ids_arr), _bufs(g), row0s)
+        if flat.size and ncols:
+            _C.op_scatter_add_rows(_bufs(gt), _bufs(plan_arr), _bufs(g), row0s, int(hit.size))
         return (gt,)
     _record(out, (table,), vjp)
     return reshape(out, idx.shape + (ncols,))

@@ -191,13 +191,15 @@ static ct_status m_gather_rows(ct_device *dev, const float *table, int64_t nrows
 }
 
 static ct_status m_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
-                                    int64_t row0, const int32_t *ids, int64_t nids, const float *g) {
+                                    int64_t row0, const int32_t *hit, const int32_t *start,
+                                    int64_t nhit, const int32_t *pos, const float *g) {
     (void)dev;
-    table = R(table); ids = R(ids); g = R(g);
-    for (int64_t i = 0; i < nids; i++) {
-        const int64_t r = (int64_t)ids[i] - row0;
+    table = R(table); hit = R(hit); start = R(start); pos = R(pos); g = R(g);
+    for (int64_t u = 0; u < nhit; u++) {
+        const int64_t r = (int64_t)hit[u] - row0;
         if (r < 0 || r >= nrows) continue;
-        for (int64_t c = 0; c < ncols; c++) table[r * ncols + c] += g[i * ncols + c];
+        for (int32_t k = start[u]; k < start[u + 1]; k++)
+            for (int64_t c = 0; c < ncols; c++) table[r * ncols + c] += g[(int64_t)pos[k] * ncols + c];
     }
     return CT_OK;
 }

@@ -216,8 +216,8 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
             continue;
         }
         double acc = 0.0;
-        if (nr >= 1 && rstride[nr - 1] == 1) {
-            /* innermost reduced dim is contiguous: sum rows */
+        if (nr >= 1 && rstride[nr - 1] == 1 && red[nr - 1] > 0) {
+            /* innermost reduced dim is contiguous (and not empty): sum rows */
             int64_t inner = red[nr - 1];
             int64_t outer = nred / inner;
             for (int64_t t = 0; t < outer; t++) {
@@ -340,20 +340,18 @@ ct_status ct_cpu_gather_rows(ct_device *dev, const float *table, int64_t nrows, 
 }
 
 ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
-                                  int64_t row0, const int32_t *ids, int64_t nids, const float *g) {
+                                  int64_t row0, const int32_t *hit, const int32_t *start,
+                                  int64_t nhit, const int32_t *pos, const float *g) {
     (void)dev;
-    /* threads own column ranges; each walks the ids in order: no races, a fixed order */
-    enum { CB = 64 };
-    const int64_t nb = (ncols + CB - 1) / CB;
-#pragma omp parallel for schedule(static) if (nids * ncols > PAR_MIN)
-    for (int64_t cb = 0; cb < nb; cb++) {
-        const int64_t c0 = cb * CB, c1 = c0 + CB < ncols ? c0 + CB : ncols;
-        for (int64_t i = 0; i < nids; i++) {
-            const int64_t r = (int64_t)ids[i] - row0;
-            if (r < 0 || r >= nrows) continue;
-            float *t = table + r * ncols;
-            const float *s = g + i * ncols;
-            for (int64_t c = c0; c < c1; c++) t[c] += s[c];
+    /* threads own distinct rows; each adds its row's terms in order */
+#pragma omp parallel for schedule(dynamic, 16) if (nhit * ncols > PAR_MIN)
+    for (int64_t u = 0; u < nhit; u++) {
+        const int64_t r = (int64_t)hit[u] - row0;
+        if (r < 0 || r >= nrows) continue;
+        float *t = table + r * ncols;
+        for (int32_t k = start[u]; k < start[u + 1]; k++) {
+            const float *s = g + (int64_t)pos[k] * ncols;
+            for (int64_t c = 0; c < ncols; c++) t[c] += s[c];
         }
     }
     return CT_OK;

@@ -22,6 +22,7 @@ ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t co
 ct_status ct_cpu_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
                              int64_t row0, const int32_t *ids, int64_t nids, float *out);
 ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
-                                  int64_t row0, const int32_t *ids, int64_t nids, const float *g);
+                                  int64_t row0, const int32_t *hit, const int32_t *start,
+                                  int64_t nhit, const int32_t *pos, const float *g);
 
 #endif /* CT_CPU_OPS_H */

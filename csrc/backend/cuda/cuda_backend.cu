@@ -40,8 +40,9 @@ extern "C" ct_status ct_cuda_gather_rows(ct_device *dev, const float *table, int
                                          int64_t ncols, int64_t row0, const int32_t *ids,
                                          int64_t nids, float *out);
 extern "C" ct_status ct_cuda_scatter_add_rows(ct_device *dev, float *table, int64_t nrows,
-                                              int64_t ncols, int64_t row0, const int32_t *ids,
-                                              int64_t nids, const float *g);
+                                              int64_t ncols, int64_t row0, const int32_t *hit,
+                                              const int32_t *start, int64_t nhit,
+                                              const int32_t *pos, const float *g);
 extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const struct ct_opt_pass *ps, double *acc);
 /* cuda_random.cu */
 extern "C" ct_status ct_cuda_random_fill(ct_device *dev, uint32_t k0, uint32_t k1,

@@ -335,17 +335,19 @@ __global__ void gather_rows_kernel(const float *table, long long nrows, long lon
     }
 }
 
-/* table[ids[i] - row0, c] += g[i, c]: one thread per column, the ids in order (no atomics:
- * the same sums in the same order as the CPU backend, bit for bit). */
+/* table[hit[u] - row0, c] += g[pos[k], c] for k in [start[u], start[u + 1]): one thread per
+ * (distinct row, column), adding that row's terms in order (no atomics: the CPU's bits). */
 __global__ void scatter_add_rows_kernel(float *table, long long nrows, long long ncols,
-                                        long long row0, const int32_t *ids, long long nids,
-                                        const float *g) {
-    for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < ncols;
-         c += (long long)gridDim.x * blockDim.x) {
-        for (long long i = 0; i < nids; i++) {
-            const long long r = (long long)ids[i] - row0;
-            if (r >= 0 && r < nrows) table[r * ncols + c] += g[i * ncols + c];
-        }
+                                        long long row0, const int32_t *hit, const int32_t *start,
+                                        long long nhit, const int32_t *pos, const float *g) {
+    const long long n = nhit * ncols;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long u = e / ncols, c = e % ncols, r = (long long)hit[u] - row0;
+        if (r < 0 || r >= nrows) continue;
+        float acc = table[r * ncols + c];
+        for (int32_t k = start[u]; k < start[u + 1]; k++) acc += g[(long long)pos[k] * ncols + c];
+        table[r * ncols + c] = acc;
     }
 }
 
@@ -361,12 +363,13 @@ extern "C" ct_status ct_cuda_gather_rows(ct_device *dev, const float *table, int
 }
 
 extern "C" ct_status ct_cuda_scatter_add_rows(ct_device *dev, float *table, int64_t nrows,
-                                              int64_t ncols, int64_t row0, const int32_t *ids,
-                                              int64_t nids, const float *g) {
-    if (nids == 0 || ncols == 0) return CT_OK;
+                                              int64_t ncols, int64_t row0, const int32_t *hit,
+                                              const int32_t *start, int64_t nhit,
+                                              const int32_t *pos, const float *g) {
+    if (nhit == 0 || ncols == 0) return CT_OK;
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
-    scatter_add_rows_kernel<<<grid_for(ncols, 128), 128, 0, ct_cuda_stream(dev)>>>(
-        table, nrows, ncols, row0, ids, nids, g);
+    scatter_add_rows_kernel<<<grid_for(nhit * ncols, 256), 256, 0, ct_cuda_stream(dev)>>>(
+        table, nrows, ncols, row0, hit, start, nhit, pos, g);
     CT_CUDA_TRY(cudaGetLastError());
     return CT_OK;
 }

@@ -4,7 +4,18 @@
 # print a short table last. Full logs go to the directory given as $1
 # (default: $OUT, else ./gpu_check_logs).
 #
-#   bash benchmarks/gpu_check.sh "$OUT"
+#   bash benchmarks/gpu_check.sh "$OUT"            # logs as separate files
+#   GPU_CHECK_PACK="$OUT/gpu_check_logs.tgz" bash benchmarks/gpu_check.sh /tmp/gpu_check_logs
+#
+# The device tool brings back at most 8 files from $OUT and this script writes
+# more logs than that, so on the lent machine use the second form: every log
+# (and summary.txt, the table) is packed into one archive, refreshed after each
+# step so that a run cut off early still brings back what it did.
+#
+# GPU_CHECK_BUDGET (seconds, default 510) bounds the whole run: each step's own
+# limit is cut to what is left of it, and a step that would start with under 20 s
+# left is skipped (SKIP in the table), so the table is always printed within the
+# device call's time limit.
 #
 # The GPU host has no package index: it builds against the image's python with
 # --no-build-isolation (numpy, setuptools, pytest, ml_dtypes are installed there).
@@ -18,13 +29,36 @@ PY=${PYTHON:-python3}  # the GPU image's python3 is the one with torch/jax; 'pyt
 export PYTHONUNBUFFERED=1  # a step cut off by timeout still leaves its log
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"  # bench_init/bench_siren import the checkout
 
+budget=${GPU_CHECK_BUDGET:-510}
+start=$(date +%s)
+pack=${GPU_CHECK_PACK:-}
+
+table() {
+    printf '%-28s %-9s %5s  %s\n' step status time summary
+    printf '%s\n' "${rows[@]}"
+}
+
+save() {  # the table so far into the logs, and the logs into the archive, if one is asked for
+    table >"$logs/summary.txt"
+    if [ -n "$pack" ]; then
+        tar czf "$pack.tmp" -C "$logs" . 2>/dev/null && mv -f "$pack.tmp" "$pack"
+    fi
+}
+
 step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device time is scarce)
     local name=$1 log=$2 limit=$3; shift 3
+    local left=$(( budget - ($(date +%s) - start) ))
+    if [ "$left" -lt 20 ]; then
+        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "budget spent (GPU_CHECK_BUDGET=$budget)")")
+        save; return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     local t0=$(date +%s)
     if timeout "$limit" "$@" >"$logs/$log" 2>&1; then st=ok; else st="FAIL($?)"; fi
     local dt=$(( $(date +%s) - t0 ))
     local tail_line=$(grep -E "passed|failed|error|ms/step|GB/s" "$logs/$log" | tail -1)
     rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" "$st" "$dt" "${tail_line:0:70}")")
+    save
 }
 
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
@@ -68,5 +102,5 @@ for b in "$logs"/bench_*_gpu.log "$logs"/bench_init_cpu.log; do
     [ -f "$b" ] && { echo "--- $(basename "$b")"; tail -n 15 "$b"; }
 done
 echo
-printf '%-28s %-9s %5s  %s\n' step status time summary
-printf '%s\n' "${rows[@]}"
+save
+table

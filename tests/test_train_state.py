@@ -323,3 +323,24 @@ def test_step_rejects_bad_state_sizes_and_factored_geometry():
         _C.optim_step(fac, [[(g, g, None, [vr, vc, one], 1, 0, True, (0, 0, (4, 2), (0, 0), (4, 2)))]], 1)
     with pytest.raises(ValueError, match="state v"):   # not factored: v must be full size
         _C.optim_step(fac, [[(g, g, None, [one, one, one], 1, 0, True)]], 1)
+
+
+def test_eval_shape_step_is_a_0d_struct_with_spec_P():
+    """jax traces TrainState.create's ``step=0``: under eval_shape it is a 0-d int32
+    struct and Flax's get_partition_spec gives it P(); Python scalars of any output
+    likewise (int -> int32, float -> float32, bool -> bool)."""
+    import ctrainstate.nn as cnn
+    from ctrainstate import random as cr
+
+    def create(key):
+        v = cnn.Dense(4).init(key, np.ones((2, 3), np.float32))
+        return TrainState.create(apply_fn=None, params=v["params"], tx=optim.adam(1e-3))
+
+    ab = cts.eval_shape(create, cr.PRNGKey(0))
+    assert isinstance(ab.step, cts.ShapeDtypeStruct)
+    assert (ab.step.shape, ab.step.dtype) == ((), np.dtype(np.int32))
+    assert cnn.get_partition_spec(ab).step == cts.sharding.PartitionSpec()
+    out = cts.eval_shape(lambda: {"a": 1, "b": 2.0, "c": False, "s": "name"})
+    assert [(out[k].shape, out[k].dtype) for k in "abc"] == [
+        ((), np.dtype(np.int32)), ((), np.dtype(np.float32)), ((), np.dtype(np.bool_))]
+    assert out["s"] == "name"  # not a number: left alone

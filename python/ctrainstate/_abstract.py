@@ -102,7 +102,9 @@ def eval_shape(fn, *args, **kwargs):
     """Shapes, dtypes (and shardings) of ``fn(*args, **kwargs)``'s outputs, allocating nothing.
 
     Array arguments become ShapeDtypeStructs; PRNG keys (uint32[2]) stay concrete
-    so that code deriving keys runs unchanged.
+    so that code deriving keys runs unchanged. Python scalars returned by ``fn`` become
+    0-d ShapeDtypeStructs as jax's tracers do (int -> int32, float -> float32,
+    bool -> bool), e.g. ``TrainState.create``'s ``step=0``.
     """
     from .tree_util import tree_map
 
@@ -111,8 +113,21 @@ def eval_shape(fn, *args, **kwargs):
             return x  # a PRNG key
         return to_abstract(x)
 
+    def out_leaf(x):
+        # Python scalars in the output are traced values in jax: 0-d structs with jax's
+        # default dtypes (so TrainState.step, the int 0, gets a spec P() as in Flax)
+        if isinstance(x, bool):
+            return ShapeDtypeStruct((), np.dtype(np.bool_))
+        if isinstance(x, int):
+            return ShapeDtypeStruct((), np.dtype(np.int32))
+        if isinstance(x, float):
+            return ShapeDtypeStruct((), np.dtype(np.float32))
+        if isinstance(x, complex):
+            return ShapeDtypeStruct((), np.dtype(np.complex64))
+        return to_abstract(x)
+
     args = tree_map(conv, args)
     kwargs = tree_map(conv, kwargs)
     with abstract_mode():
         out = fn(*args, **kwargs)
-    return tree_map(to_abstract, out)
+    return tree_map(out_leaf, out)

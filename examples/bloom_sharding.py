@@ -89,7 +89,7 @@ def per_device_bytes(tree):
     out = {}
     for leaf in cts.tree_util.tree_leaves(tree):
         for s in leaf.addressable_shards:
-            n = int(np.prod([sl.stop - sl.start for sl in s.index])) * leaf.dtype.itemsize
+            n = int(np.prod(s.data.shape)) * leaf.dtype.itemsize
             out[s.device.id] = out.get(s.device.id, 0) + n
     return out
 

@@ -154,6 +154,23 @@ def test_named_sharding_devices_indices_map_2x4():
             assert idx[d[4 * i + j]] == (slice(2 * b, 2 * b + 2),)
 
 
+def test_unsplit_dimensions_index_as_slice_none():
+    """jax's convention: a dimension a shard spans whole is slice(None), split ones are
+    slice(start, stop) -- also when split over a mesh axis of size 1 (one piece)."""
+    m = mesh_of((2, 4))
+    d = cts.devices()
+    idx = NamedSharding(m, P(None, "model")).devices_indices_map((4, 8))
+    assert idx[d[6]] == (slice(None), slice(4, 6))
+    assert NamedSharding(m, P()).devices_indices_map((4, 8))[d[3]] == (slice(None),) * 2
+    one = Mesh(np.array(d[:1]), ("x",))
+    assert NamedSharding(one, P("x")).devices_indices_map((4,))[d[0]] == (slice(None),)
+    a = cts.device_put(np.ones((4, 2), np.float32))
+    assert [s.index for s in a.addressable_shards] == [(slice(None), slice(None))]
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for s in cts.device_put(x, NamedSharding(m, P(None, "model"))).addressable_shards:
+        np.testing.assert_array_equal(np.asarray(s.data), x[s.index])
+
+
 @pytest.mark.parametrize("spec,shape,msg", [
     (P("nope"), (8,), "Resource axis: 'nope' of PartitionSpec\\('nope',\\) is undefined"),
     (P("model", "model"), (8, 8), "mesh axis 'model' for dimensions 0 and 1"),
@@ -239,8 +256,12 @@ def test_layout_matches_jax_when_installed():
             gshape = (8, 16, 8)
             oi = {d.id: idx for d, idx in ours.devices_indices_map(gshape).items()}
             ti = {d.id: idx for d, idx in theirs.devices_indices_map(gshape).items()}
-            norm = lambda idx: tuple((sl.start or 0, sl.stop if sl.stop is not None else n)
-                                     for sl, n in zip(idx, gshape))
-            assert {k: norm(v) for k, v in oi.items()} == {k: norm(v) for k, v in ti.items()}, spec
+            assert oi == ti, spec  # the same slices, slice(None) for unsplit dimensions
+            # Array.addressable_shards spells them as jax's Shard.index does
+            x = np.arange(np.prod(gshape), dtype=np.float32).reshape(gshape)
+            ja = jax.device_put(x, theirs)
+            ca = cts.device_put(x, ours)
+            assert {s.device.id: s.index for s in ca.addressable_shards} == \
+                {s.device.id: s.index for s in ja.addressable_shards}, spec
             assert ours.shard_shape(gshape) == theirs.shard_shape(gshape)
             assert ours.is_fully_replicated == theirs.is_fully_replicated

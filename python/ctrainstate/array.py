@@ -23,7 +23,7 @@ from . import _C, _dtypes
 from ._devices import Device
 from ._operators import OperatorsMixin
 from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
-                       default_sharding)
+                       default_sharding, shard_index)
 from .tree_util import register_leaf_type, tree_leaves, tree_map
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
@@ -177,7 +177,7 @@ class Array(OperatorsMixin):
         self._check_alive()
         out = []
         for dev, buf, start, rid in self._blocks:
-            index = tuple(slice(s, s + n) for s, n in zip(start, self._shard_shape))
+            index = shard_index(start, self._shard_shape, self._shape)
             if dev.platform == "cpu":
                 data = _buffer_view(buf, self._shard_shape, self._dtype)
             else:  # the same buffer, as an Array of its own (as jax's Shard.data): a view
@@ -445,7 +445,7 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     >>> import numpy as np, ctrainstate as cts
     >>> a = cts.device_put(np.ones((4, 2), np.float32))
     >>> [s.index for s in a.addressable_shards]
-    [(slice(0, 4, None), slice(0, 2, None))]
+    [(slice(None, None, None), slice(None, None, None))]
     >>> d = cts.devices()[0]
     >>> t = cts.device_put({"a": np.zeros(2), "b": [np.ones(3), 1.0]}, {"a": d, "b": d})
     >>> t["b"][0].shape, t["a"].devices() == {d}
@@ -592,10 +592,11 @@ def _grid(a: Array):
             f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {a.ndim}")
     rows = {}
     for sh in a.addressable_shards:
-        # 1-d arrays are drawn as one row of column blocks, like jax.
-        r = sh.index[0] if a.ndim == 2 else slice(0, 1)
-        c = sh.index[1] if a.ndim == 2 else sh.index[0]
-        rows.setdefault((r.start, r.stop), {}).setdefault((c.start, c.stop), []).append(sh.device)
+        # 1-d arrays are drawn as one row of column blocks, like jax; an unsplit dimension
+        # (slice(None)) is one block spanning it
+        r = sh.index[0].indices(a.shape[0])[:2] if a.ndim == 2 else (0, 1)
+        c = sh.index[-1].indices(a.shape[-1])[:2]
+        rows.setdefault(r, {}).setdefault(c, []).append(sh.device)
     return rows
 
 

@@ -39,6 +39,13 @@ __all__ = [
 # --- PartitionSpec ------------------------------------------------------------
 
 
+
+def shard_index(start, shard_shape, global_shape) -> tuple:
+    """The global slices of a shard starting at ``start``: ``slice(None)`` for a dimension
+    the shard spans whole (not split), ``slice(a, b)`` otherwise (jax's Shard.index)."""
+    return tuple(slice(None) if n == g else slice(s, s + n)
+                 for s, n, g in zip(start, shard_shape, global_shape))
+
 class _UnconstrainedPartitionSingleton:
     """Marker for a dimension whose sharding a constraint leaves free."""
 
@@ -317,12 +324,10 @@ class Sharding:
         return self._layout(global_shape)[0]
 
     def devices_indices_map(self, global_shape) -> dict:
-        """Device -> tuple of slices of the global array that device holds."""
+        """Device -> tuple of slices of the global array that device holds; as in jax, a
+        dimension that is not split is ``slice(None)``."""
         shard_shape, blocks, _ = self._layout(global_shape)
-        return {
-            d: tuple(slice(s, s + n) for s, n in zip(start, shard_shape))
-            for d, start, _ in blocks
-        }
+        return {d: shard_index(start, shard_shape, global_shape) for d, start, _ in blocks}
 
     @property
     def device_set(self) -> set:

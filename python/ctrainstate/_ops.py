@@ -1007,13 +1007,41 @@ def _alias(x: Array) -> Array:
     return Array._create(x.shape, x.dtype, x.sharding, list(x._blocks))
 
 
-def _backward(tape: _Tape, out: Array) -> dict:
-    if id(out) not in tape.tracked:
-        return {}
-    cot = {id(out): _lift(np.ones((), np.float32), _place_of(out))}
-    if isinstance(out.sharding, NamedSharding):
-        cot[id(out)] = device_put(cot[id(out)], out.sharding)
-    for node_out, inputs, vjp in reversed(tape.nodes):
+class _Group:
+    """A tape node with several outputs whose vjp continues the accumulation of its inputs'
+    cotangents itself: ``vjp(output cotangents, inputs' cotangents so far)`` returns the
+    inputs' new cotangents (a checkpointed call: see _remat.py)."""
+    __slots__ = ("outs", "inputs", "vjp")
+
+    def __init__(self, outs, inputs, vjp):
+        self.outs, self.inputs, self.vjp = tuple(outs), tuple(inputs), vjp
+
+
+def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
+              seeds: dict | None = None) -> dict:
+    """Cotangents (id -> Array) of the tape's arrays: from 1 flowing into the scalar
+    ``out``, or from the cotangents ``seeds`` (id -> Array) already there."""
+    if seeds is not None:
+        cot = dict(seeds)
+    else:
+        if id(out) not in tape.tracked:
+            return {}
+        if g is None:
+            g = _lift(np.ones((), np.float32), _place_of(out))
+            if isinstance(out.sharding, NamedSharding):
+                g = device_put(g, out.sharding)
+        cot = {id(out): g}
+    for node in reversed(tape.nodes):
+        if type(node) is _Group:
+            gs = [cot.pop(id(o), None) for o in node.outs]
+            if all(x is None for x in gs):
+                continue
+            new = node.vjp(gs, [cot.get(id(x)) for x in node.inputs])
+            for x, gx in zip(node.inputs, new):
+                if gx is not None:
+                    cot[id(x)] = gx
+            continue
+        node_out, inputs, vjp = node
         g = cot.pop(id(node_out), None)
         if g is None:
             continue

@@ -202,6 +202,7 @@ class Scope:
             raise ValueError(f'Cannot update variable "{name}" in "{self.path_text}" because '
                              f'collection "{col}" is immutable.')
         self._collection(col, create=True)[name] = value
+        _stack.writes = getattr(_stack, 'writes', 0) + 1  # seen by nn.remat (state it cannot replay)
 
     # -- RNG
     def make_rng(self, name: str = 'params'):

@@ -1,0 +1,133 @@
+"""Lifted transforms (mirror of ``flax.linen.remat`` / ``flax.linen.checkpoint``).
+
+``nn.remat(Block)`` is a Module class like ``Block`` (named ``CheckpointBlock``, so its
+auto names are ``CheckpointBlock_0``, ... as in Flax) whose methods run under
+:func:`ctrainstate.checkpoint`: inside ``value_and_grad`` none of the block's
+activations are kept for the backward pass; they are recomputed there from the block's
+inputs and parameters. Parameters, names and values are those of ``Block``.
+
+>>> import numpy as np, ctrainstate as cts
+>>> from ctrainstate import nn, random
+>>> class MLP(nn.Module):
+...     @nn.compact
+...     def __call__(self, x):
+...         h = nn.tanh(nn.remat(nn.Dense)(4)(x))
+...         return nn.remat(nn.Dense)(2)(h)
+>>> x = np.ones((3, 5), np.float32)
+>>> v = MLP().init(random.PRNGKey(0), x)
+>>> sorted(v['params'])
+['CheckpointDense_0', 'CheckpointDense_1']
+>>> g = cts.grad(lambda p: cts.numpy.sum(MLP().apply({'params': p}, x)))(v['params'])
+>>> g['CheckpointDense_0']['kernel'].shape
+(5, 4)
+"""
+from __future__ import annotations
+
+import functools
+
+from .. import _remat
+from . import module as _module
+from . import scope as _scope
+from .module import Module
+
+__all__ = ["remat", "checkpoint"]
+
+
+def _scopes(scope):
+    yield scope
+    for child in list(scope._children.values()):
+        yield from _scopes(child)
+
+
+def _rng_counters(scope) -> dict:
+    return {id(s): (s, dict(getattr(s, "rng_counters", {}))) for s in _scopes(scope)}
+
+
+def _set_counters(scope, saved: dict):
+    """Put every scope under ``scope`` back to its counters in ``saved``; scopes created
+    since (not in ``saved``) start from zero again, as they did."""
+    for s in _scopes(scope):
+        if not hasattr(s, "rng_counters"):
+            continue
+        hit = saved.get(id(s))
+        s.rng_counters = dict(hit[1]) if hit is not None and hit[0] is s else \
+            {k: 0 for k in s.rng_counters}
+
+
+def _checkpointed(method, name: str, static_argnums):
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        from .. import _ops
+        if self._scope is None or _ops._tape() is None or _remat.in_rerun():
+            return method(self, *args, **kwargs)  # nothing to save (init, plain apply)
+        frames = list(_module._module_stack())
+        scopes = list(getattr(_scope._stack, "scopes", None) or [])
+        before = _rng_counters(self._scope)
+        writes = getattr(_scope._stack, "writes", 0)
+
+        def call(*a, **k):
+            return method(self, *a, **k)
+
+        def before_rerun():
+            # the module tree and RNG counters as at the first run: the same names, the
+            # same dropout keys
+            mstack, sstack = _module._module_stack(), _scope._stack.__dict__.setdefault("scopes", [])
+            token = (list(mstack), list(sstack), _rng_counters(self._scope))
+            mstack[:] = frames
+            sstack[:] = scopes
+            _set_counters(self._scope, before)
+            return token
+
+        def after_rerun(token):
+            mstack, sstack = _module._module_stack(), _scope._stack.scopes
+            mstack[:], sstack[:] = token[0], token[1]
+            _set_counters(self._scope, token[2])
+
+        out = _remat.remat_call(call, args, kwargs, before_rerun, after_rerun)
+        if getattr(_scope._stack, "writes", 0) != writes:
+            raise NotImplementedError(
+                f"nn.remat: {type(self).__name__}.{name} at {self._scope.path_text} wrote to a "
+                f"mutable collection (batch statistics, sow, a cache) while being "
+                f"differentiated; ctrainstate's remat runs the module again in the backward "
+                f"pass and cannot replay such updates. Apply it with those collections "
+                f"immutable, or without nn.remat.")
+        return out
+    wrapped._ct_wrapped = True  # Module.__init_subclass__ must not wrap it again
+    return wrapped
+
+
+def remat(target, variables=True, rngs=True, concrete: bool = False, prevent_cse: bool = True,
+          static_argnums=(), policy=None, methods=None):
+    """Like ``flax.linen.remat`` (alias ``checkpoint``): a subclass of the Module class
+    ``target`` named ``Checkpoint<Name>`` whose ``methods`` (default ``__call__``) are
+    rematerialised (see the module docstring).
+
+    ``variables``, ``rngs``, ``concrete``, ``prevent_cse`` and ``static_argnums`` are
+    accepted for Flax's signature: all collections and RNG streams are visible to the
+    module as without remat, and nothing is traced, so nothing is static. ``policy``: as
+    :func:`ctrainstate.checkpoint`. A module that writes a mutable collection while being
+    differentiated (batch statistics, ``sow``) raises ``NotImplementedError``.
+    """
+    if not (isinstance(target, type) and issubclass(target, Module)):
+        raise TypeError(
+            f"nn.remat: expected a Module class (e.g. nn.remat(nn.Dense)), got {target!r}; "
+            f"for a function of arrays use ctrainstate.checkpoint")
+    if concrete:
+        raise NotImplementedError("nn.remat(concrete=True) is deprecated in Flax and not supported")
+    saves_all = _remat._check_policy(policy)
+    static = _remat._check_static(static_argnums, "nn.remat")
+    if methods is None:
+        methods = ("__call__",)
+    elif isinstance(methods, str):
+        methods = (methods,)
+    body = {"__module__": target.__module__, "__doc__": target.__doc__}
+    for m in methods:
+        fn = getattr(target, m, None)
+        if fn is None or not callable(fn):
+            raise AttributeError(f"nn.remat: {target.__name__} has no method {m!r}")
+        if not saves_all:
+            body[m] = _checkpointed(fn, m, static)
+    return type(f"Checkpoint{target.__name__}", (target,), body)
+
+
+checkpoint = remat

@@ -62,11 +62,11 @@ step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device t
 }
 
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
-build() {  # editable install; if pip cannot (an old setuptools), an in-place build: PYTHONPATH
-    "$PY" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check -e . \
-        || { echo "== pip install -e failed: building in place instead"; "$PY" setup.py build_ext --inplace; }
-}
-step build build.log 400 build
+# editable install; if pip cannot (an old setuptools), an in-place build (python/ is on PYTHONPATH)
+export PY
+step build build.log 400 bash -c '"$PY" -m pip install --no-build-isolation --no-deps --no-index \
+    --disable-pip-version-check -e . || { echo "== pip install -e failed: building in place"; \
+    "$PY" setup.py build_ext --inplace; }'
 # Without GPU devices every GPU test skips and pytest still exits 0: fail here, visibly.
 step "gpu devices" devices.txt 120 "$PY" -c "import ctrainstate as c; print(c.gpu_status()); \
 print(c.devices('gpu')); assert c._C.device_ids('gpu'), 'no GPU devices'"

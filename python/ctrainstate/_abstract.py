@@ -62,6 +62,10 @@ class ShapeDtypeStruct(OperatorsMixin):
             raise TypeError("len() of a 0-d ShapeDtypeStruct")
         return self.shape[0]
 
+    def __getitem__(self, idx):
+        from ._slicing import getitem
+        return getitem(self, idx)
+
 
 register_leaf_type(ShapeDtypeStruct)
 

@@ -312,13 +312,10 @@ class Array(OperatorsMixin):
 
     __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
 
-    # --- no indexing -----------------------------------------------------------------------
+    # --- basic indexing (ints, slices, None, ...): ctrainstate._slicing -------------------
     def __getitem__(self, idx):
-        raise TypeError(
-            f"Array indexing (x[{idx!r}]) is not supported: ctrainstate has no gather/slice "
-            f"ops. Index on the host, np.asarray(x)[...] (gathers the whole array), read one "
-            f"device's block from x.addressable_shards[i].data, or reshape/transpose/sum with "
-            f"ctrainstate.numpy")
+        from ._slicing import getitem
+        return getitem(self, idx)
 
     def __iter__(self):
         if not self._shape:

@@ -49,6 +49,7 @@ from ._ops import (  # noqa: F401
     with_sharding,
 )
 from . import _ops as _o
+from ._slicing import array_split, concatenate, split, stack  # noqa: F401
 
 amax, amin = max, min
 
@@ -248,5 +249,5 @@ __all__ = [
     "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
-    "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where",
+    "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where", "concatenate", "stack", "split", "array_split",
 ]

@@ -155,21 +155,16 @@ class GPTNeoForCausalLM(nn.Module):
 
 
 def loss_fn(logits, labels, vocab, z_loss=0.0):
-    """run_clm_mp's loss: shifted cross-entropy plus ``z_loss * 1e-4 * log_z**2``, with the
-    logits shifted by their (gradient-stopped) maximum as there, so large logits stay finite."""
-    labels = np.asarray(labels)
-    b, l = labels.shape
-    onehot = np.zeros((b, l, vocab), np.float32)
-    np.put_along_axis(onehot, labels[..., None], 1.0, axis=-1)
-    shifted = np.zeros_like(onehot)  # position i predicts token i + 1; the last predicts none
-    shifted[:, :-1] = onehot[:, 1:]
-    weight = np.zeros((b, l), np.float32)
-    weight[:, :-1] = 1.0 / (b * (l - 1))
-    logits = logits - stop_gradient(cnp.max(logits, axis=-1, keepdims=True))
-    log_z = cnp.log(cnp.sum(cnp.exp(logits), axis=-1))
-    nll = log_z - cnp.sum(logits * shifted, axis=-1)
-    loss = cnp.sum((nll + (z_loss * 1e-4) * cnp.square(log_z)) * weight)
-    return loss
+    """run_clm_mp's loss: position i predicts token i + 1 (``logits[..., :-1, :]`` against
+    ``labels[..., 1:]``), cross-entropy plus ``z_loss * 1e-4 * log_z**2``, with the logits
+    shifted by their (gradient-stopped) maximum as there, so large logits stay finite."""
+    shift_logits = logits[..., :-1, :]
+    shift_labels = np.asarray(labels)[..., 1:]
+    onehot = np.asarray(nn.one_hot(shift_labels, vocab))
+    shifted = shift_logits - stop_gradient(cnp.max(shift_logits, axis=-1, keepdims=True))
+    log_z = cnp.log(cnp.sum(cnp.exp(shifted), axis=-1))
+    nll = log_z - cnp.sum(shifted * onehot, axis=-1)
+    return cnp.mean(nll + (z_loss * 1e-4) * cnp.square(log_z))
 
 
 def synthetic_corpus(vocab, n_tokens, seed=0):

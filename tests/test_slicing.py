@@ -179,3 +179,64 @@ def test_errors():
         cnp.stack([x, x[1:]])
     with pytest.raises(TypeError, match="different dtypes"):
         cnp.concatenate([x, cts.device_put(np.zeros((4, 5), np.int32))])
+
+
+def _sum_to(g, shape):
+    """numpy: the cotangent of a value broadcast from ``shape`` to ``g.shape``."""
+    g = g.sum(axis=tuple(range(g.ndim - len(shape))))
+    return g.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
+
+
+AT_CASES = [((1, slice(2, 6)), (4,)), ((slice(None), 3), ()), ((Ellipsis, slice(1, 3)), (1, 2)),
+            ((slice(2, 4), None, slice(0, 8)), (8,)), ((-1,), (8,)), ((slice(5, 5),), ())]
+
+
+@pytest.mark.parametrize("mesh_shape,names", MESHES)
+def test_at_set_add_multiply_divide_values_and_gradients(mesh_shape, names):
+    rng = np.random.default_rng(7)
+    h = rng.standard_normal((8, 8)).astype(np.float32)
+    mesh = cts.make_mesh(mesh_shape, names)
+    spec = cts.P(names[0], names[-1]) if len(names) == 2 else cts.P(None, "x")
+    x = cts.device_put(h, cts.NamedSharding(mesh, spec))
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    for idx, vshape in AT_CASES:
+        v = (rng.standard_normal(vshape) + 2.0).astype(np.float32)
+        for kind in ("set", "add", "multiply", "divide"):
+            want = h.copy()
+            if kind == "set":
+                want[idx] = v
+            elif kind == "add":
+                want[idx] += v
+            elif kind == "multiply":
+                want[idx] *= v
+            else:
+                want[idx] /= v
+            got = getattr(x.at[idx], kind)(v)
+            assert got.sharding == x.sharding
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=f"{kind} {idx}")
+        assert np.array_equal(np.asarray(x), h)  # x itself is unchanged
+        np.testing.assert_array_equal(np.asarray(x.at[idx].get()), h[idx])
+        # gradients, derived with numpy: d/dx and d/dv of sum(w * x.at[idx].set(v))
+        gx, gv = cts.grad(lambda a, b: cnp.sum(a.at[idx].set(b) * w), argnums=(0, 1))(x, v)
+        mask = np.ones_like(h)
+        mask[idx] = 0
+        np.testing.assert_array_equal(np.asarray(gx), w * mask)
+        np.testing.assert_allclose(np.asarray(gv), _sum_to(w[idx], vshape), rtol=1e-5, atol=1e-6)
+        gx, gv = cts.grad(lambda a, b: cnp.sum(a.at[idx].multiply(b) * w), argnums=(0, 1))(x, v)
+        m = np.ones_like(h)
+        m[idx] = v
+        np.testing.assert_allclose(np.asarray(gx), w * m, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(gv), _sum_to((w * h)[idx], vshape), rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_at_errors_and_eval_shape():
+    x = cts.device_put(np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError, match="does not broadcast to the indexed shape"):
+        x.at[1:3].set(np.ones(4, np.float32))
+    with pytest.raises(NotImplementedError, match="x.at\\[...\\].max is not supported"):
+        x.at[0].max(1.0)
+    with pytest.raises(NotImplementedError, match="slice steps"):
+        x.at[::2].set(1.0)
+    s = cts.eval_shape(lambda a: a.at[0, 1:].add(1.0), cts.ShapeDtypeStruct((4, 5), np.float32))
+    assert s.shape == (4, 5)

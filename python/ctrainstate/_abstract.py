@@ -66,6 +66,11 @@ class ShapeDtypeStruct(OperatorsMixin):
         from ._slicing import getitem
         return getitem(self, idx)
 
+    @property
+    def at(self):
+        from ._slicing import _IndexUpdateHelper
+        return _IndexUpdateHelper(self)
+
 
 register_leaf_type(ShapeDtypeStruct)
 

@@ -63,9 +63,11 @@ def _by_device(a: Array) -> dict:
     return {dev.id: (buf, start) for dev, buf, start, _ in a._blocks}
 
 
-def _fill_zero(a: Array):
-    assert a.dtype.itemsize == 4
-    _C.fill_bits32([buf for _, buf, _, _ in a._blocks if buf.nbytes], 0)
+def _fill(a: Array, value: float):
+    """Every element of the float32 Array ``a`` set to ``value`` (a kernel per device)."""
+    o = _o()
+    bufs = [buf for _, buf, _, _ in a._blocks if buf.nbytes]
+    _C.op_unary(o.U_AFFINE, 0.0, float(value), bufs, bufs)
 
 
 def _copy_region(dst: Array, src: Array, offset, dst_is_big: bool) -> dict:
@@ -112,25 +114,34 @@ def _slice(x: Array, starts, sizes) -> Array:
     """``x[starts : starts + sizes]`` (every dimension kept)."""
     if tuple(sizes) == x.shape:
         return x
-    place, norm = _layout_of(x)
-    norm = [() if n != s else e for e, n, s in zip(norm, sizes, x.shape)]
+    place, big = _layout_of(x)
+    norm = _region_norm(big, sizes, x.shape)
     src = _to(x, place, norm)
     out = _alloc(sizes, x.dtype, place, norm)
     _check_filled(out, _copy_region(out, src, starts, dst_is_big=False), "slice")
     if x.dtype == np.float32:
         shape = x.shape
-        _o()._record(out, (x,), lambda g: (_pad(g, shape, starts, place, norm),))
+        _o()._record(out, (x,), lambda g: (_embed(g, shape, starts, 0.0, place, big),))
     return out
 
 
-def _pad(g: Array, shape, starts, place, norm) -> Array:
-    """Zeros of ``shape`` with ``g`` at ``starts`` (the gradient of a slice)."""
-    g = _to(g, place, norm)
-    out = _alloc(shape, g.dtype, place, norm)
-    _fill_zero(out)
-    _copy_region(out, g, starts, dst_is_big=True)
-    sizes = g.shape
-    _o()._record(out, (g,), lambda h: (_slice(h, starts, sizes),))
+def _region_norm(big_norm, sizes, shape):
+    """A region's layout inside an array laid out as ``big_norm``: the dimensions it takes
+    whole keep their mesh axes, the others are unsharded."""
+    return [() if n != s else e for e, n, s in zip(big_norm, sizes, shape)]
+
+
+def _embed(v: Array, shape, starts, fill: float, place, big_norm) -> Array:
+    """An array of ``shape`` laid out as ``big_norm`` on ``place``, equal to ``fill``
+    except for ``v`` at ``starts`` (the gradient of a slice, with fill 0). Every device's
+    block takes its part of ``v`` from ``v``'s block on that device, ``v`` being laid out
+    as the region (so it holds all of it)."""
+    src = _to(v, place, _region_norm(big_norm, v.shape, shape))
+    out = _alloc(shape, v.dtype, place, big_norm)
+    _fill(out, fill)
+    _copy_region(out, src, starts, dst_is_big=True)
+    sizes = v.shape
+    _o()._record(out, (v,), lambda h: (_slice(h, starts, sizes),))  # v: the tracked one
     return out
 
 
@@ -147,8 +158,10 @@ def _index_int(i, n, d):
     return i + n if i < 0 else i
 
 
-def getitem(x, idx):
-    """``x[idx]`` for basic indices: ints, slices with step 1, ``None`` and ``...``."""
+def _parse(shape, idx):
+    """Basic index -> (starts, sizes, keep, out_shape): the region ``x[starts : starts +
+    sizes]`` (rank kept) and how the result's dimensions map onto it (``keep[j]``: the
+    region dimension of result dimension j, None for a new axis)."""
     from ._abstract import ShapeDtypeStruct
     if not isinstance(idx, tuple):
         idx = (idx,)
@@ -161,14 +174,15 @@ def getitem(x, idx):
     nell = sum(1 for i in idx if i is Ellipsis)
     if nell > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
+    ndim = len(shape)
     used = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if used > x.ndim:
-        raise IndexError(f"too many indices for an array of rank {x.ndim}: {used} were given")
+    if used > ndim:
+        raise IndexError(f"too many indices for an array of rank {ndim}: {used} were given")
     if nell:
         k = idx.index(Ellipsis)
-        idx = idx[:k] + (slice(None),) * (x.ndim - used) + idx[k + 1:]
+        idx = idx[:k] + (slice(None),) * (ndim - used) + idx[k + 1:]
     else:
-        idx = idx + (slice(None),) * (x.ndim - used)
+        idx = idx + (slice(None),) * (ndim - used)
     starts, sizes, keep, out_shape = [], [], [], []
     d = 0
     for i in idx:
@@ -176,7 +190,7 @@ def getitem(x, idx):
             out_shape.append(1)
             keep.append(None)
             continue
-        n = x.shape[d]
+        n = shape[d]
         if isinstance(i, slice):
             a, b, step = i.indices(n)
             if step != 1:
@@ -192,14 +206,106 @@ def getitem(x, idx):
             starts.append(_index_int(i, n, d))
             sizes.append(1)
         d += 1
+    return starts, sizes, keep, tuple(out_shape)
+
+
+def getitem(x, idx):
+    """``x[idx]`` for basic indices: ints, slices with step 1, ``None`` and ``...``."""
+    from ._abstract import ShapeDtypeStruct
+    starts, sizes, keep, out_shape = _parse(tuple(x.shape), idx)
     if isinstance(x, ShapeDtypeStruct):
-        return ShapeDtypeStruct(tuple(out_shape), x.dtype)
+        return ShapeDtypeStruct(out_shape, x.dtype)
     x._check_alive()
     y = _slice(x, starts, sizes)
-    if tuple(out_shape) == y.shape:
+    if out_shape == y.shape:
         return y
     _, norm = _layout_of(y)
     return _relabel(y, out_shape, [() if k is None else norm[k] for k in keep])
+
+
+# --- functional updates: x.at[idx].set / add / multiply / get ------------------------------
+
+class _IndexUpdateHelper:
+    """``x.at``: ``x.at[idx].set(v)`` and friends (jax's functional updates), for basic
+    indices."""
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __getitem__(self, idx):
+        return _IndexUpdateRef(self.array, idx)
+
+    def __repr__(self):
+        return f"_IndexUpdateHelper({self.array!r})"
+
+
+class _IndexUpdateRef:
+    """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``multiply(v)``/``mul(v)``,
+    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged); ``v`` broadcasts to
+    ``x[idx]``'s shape. Gradients flow to ``x`` and ``v``."""
+    __slots__ = ("array", "index")
+
+    def __init__(self, array, index):
+        self.array, self.index = array, index
+
+    def get(self, **_kwargs):
+        return getitem(self.array, self.index)
+
+    def _update(self, v, kind):
+        from ._abstract import ShapeDtypeStruct
+        x = self.array
+        starts, sizes, keep, out_shape = _parse(tuple(x.shape), self.index)
+        if isinstance(x, ShapeDtypeStruct):
+            np.broadcast_shapes(np.shape(v), out_shape)
+            return ShapeDtypeStruct(x.shape, x.dtype)
+        o = _o()
+        x = o._lift(x)
+        place, big = _layout_of(x)
+        try:
+            np.broadcast_shapes(tuple(np.shape(v)), out_shape)
+        except ValueError:
+            raise ValueError(f"x.at[...].{kind}: a value of shape {tuple(np.shape(v))} does not "
+                             f"broadcast to the indexed shape {out_shape}") from None
+        v = o._lift(v, place)
+        v = o.broadcast_to(v, out_shape)
+        # the value as the region (rank kept): drop new axes, put back indexed ones as size 1
+        region = o.reshape(v, tuple(sizes)) if tuple(sizes) != out_shape else v
+        if kind == "set":
+            zeros = _alloc(sizes, np.float32, place, _region_norm(big, sizes, x.shape))
+            _fill(zeros, 0.0)
+            keep_mask = _embed(zeros, x.shape, starts, 1.0, place, big)  # 0 on the region
+            return o.add(o.multiply(x, keep_mask),
+                         _embed(region, x.shape, starts, 0.0, place, big))
+        if kind == "add":
+            return o.add(x, _embed(region, x.shape, starts, 0.0, place, big))
+        if kind == "multiply":
+            return o.multiply(x, _embed(region, x.shape, starts, 1.0, place, big))
+        if kind == "divide":
+            return o.divide(x, _embed(region, x.shape, starts, 1.0, place, big))
+        raise AssertionError(kind)
+
+    def set(self, values, **_kwargs):
+        return self._update(values, "set")
+
+    def add(self, values, **_kwargs):
+        return self._update(values, "add")
+
+    def multiply(self, values, **_kwargs):
+        return self._update(values, "multiply")
+
+    mul = multiply
+
+    def divide(self, values, **_kwargs):
+        return self._update(values, "divide")
+
+    div = divide
+
+    def __getattr__(self, name):
+        if name in ("min", "max", "power", "apply"):
+            raise NotImplementedError(
+                f"x.at[...].{name} is not supported; set, add, multiply, divide and get are")
+        raise AttributeError(name)
 
 
 # --- joins ----------------------------------------------------------------------------------

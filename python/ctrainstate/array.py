@@ -317,6 +317,13 @@ class Array(OperatorsMixin):
         from ._slicing import getitem
         return getitem(self, idx)
 
+    @property
+    def at(self):
+        """Functional updates, as in jax: ``x.at[idx].set(v)``, ``.add(v)``,
+        ``.multiply(v)``, ``.divide(v)``, ``.get()`` (basic indices; float32 Arrays)."""
+        from ._slicing import _IndexUpdateHelper
+        return _IndexUpdateHelper(self)
+
     def __iter__(self):
         if not self._shape:
             raise TypeError("iteration over a 0-d Array")

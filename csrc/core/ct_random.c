@@ -83,6 +83,17 @@ float ct_xla_log1pf(float x) { return xla_log1p(x); }
 float ct_xla_erff(float x) { return xla_erf(x); }
 float ct_xla_erfinvf(float x) { return xla_erfinv(x); }
 
+ct_status ct_xla_math_n(int fn, float *x, size_t n) {
+    if (fn != CT_XLA_LOG && fn != CT_XLA_LOG1P)
+        return ct_set_error(CT_EINVAL, "xla_math: unknown function %d", fn);
+    if (n && !x) return ct_set_error(CT_EINVAL, "xla_math: NULL array");
+    if (fn == CT_XLA_LOG)
+        for (size_t i = 0; i < n; i++) x[i] = xla_log(x[i]);
+    else
+        for (size_t i = 0; i < n; i++) x[i] = xla_log1p(x[i]);
+    return CT_OK;
+}
+
 /* --- element transforms ---------------------------------------------------- */
 
 ct_status ct_sampler_check(const ct_sampler *s) {

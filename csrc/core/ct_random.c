@@ -87,10 +87,13 @@ ct_status ct_xla_math_n(int fn, float *x, size_t n) {
     if (fn != CT_XLA_LOG && fn != CT_XLA_LOG1P)
         return ct_set_error(CT_EINVAL, "xla_math: unknown function %d", fn);
     if (n && !x) return ct_set_error(CT_EINVAL, "xla_math: NULL array");
-    if (fn == CT_XLA_LOG)
-        for (size_t i = 0; i < n; i++) x[i] = xla_log(x[i]);
-    else
-        for (size_t i = 0; i < n; i++) x[i] = xla_log1p(x[i]);
+    for (size_t i = 0; i < n; i++) {
+        /* XLA's CPU code runs with denormals as zero, and its NaNs are all-ones bits */
+        uint32_t b = f2u(x[i]);
+        float v = (b & 0x7f800000u) == 0 ? u2f(b & 0x80000000u) : x[i];
+        float r = fn == CT_XLA_LOG ? xla_log(v) : xla_log1p(v);
+        x[i] = r != r ? u2f(0xffffffffu) : r;
+    }
     return CT_OK;
 }
 

@@ -593,7 +593,7 @@ def categorical(k, logits, axis: int = -1, shape=None, replace: bool = True, mod
         gshape = tuple(prefix) + tuple(gshape)
         if not on_device:
             z = (gumbel(k, gshape, dt, mode) + logits).astype(np.float32)
-            return np.argmax(z, axis=ax).astype(np.int32)
+            return np.asarray(np.argmax(z, axis=ax), dtype=np.int32)
         from . import _ops
         place = _ops._place_of(logits)
         ln = _ops._norm(logits.sharding, nd) if _ops._mesh_key(logits)[0] == "mesh" else [()] * nd

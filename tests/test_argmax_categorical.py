@@ -344,6 +344,13 @@ def test_categorical_matches_jax():
             assert isinstance(got, np.ndarray) and got.shape == want.shape and got.dtype == want.dtype
             draws += want.size
             mismatches += int((got != want).sum())
+    for dt in (np.float16, ml_dtypes.bfloat16):            # noise and sum in the logits' dtype
+        for seed in range(3):
+            logits = (rng.standard_normal((6, 20)) * 2).astype(dt)
+            got = R.categorical(R.PRNGKey(seed), logits, -1, (10, 6))
+            want = np.asarray(jax.random.categorical(jax.random.PRNGKey(seed), logits, -1, (10, 6)))
+            draws += want.size
+            mismatches += int((got != want).sum())
     assert draws > 4000 and mismatches == 0, f"{mismatches} of {draws} draws differ from jax"
 
 

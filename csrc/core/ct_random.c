@@ -83,6 +83,20 @@ float ct_xla_log1pf(float x) { return xla_log1p(x); }
 float ct_xla_erff(float x) { return xla_erf(x); }
 float ct_xla_erfinvf(float x) { return xla_erfinv(x); }
 
+ct_status ct_xla_math_n(int fn, float *x, size_t n) {
+    if (fn != CT_XLA_LOG && fn != CT_XLA_LOG1P)
+        return ct_set_error(CT_EINVAL, "xla_math: unknown function %d", fn);
+    if (n && !x) return ct_set_error(CT_EINVAL, "xla_math: NULL array");
+    for (size_t i = 0; i < n; i++) {
+        /* XLA's CPU code runs with denormals as zero, and its NaNs are all-ones bits */
+        uint32_t b = f2u(x[i]);
+        float v = (b & 0x7f800000u) == 0 ? u2f(b & 0x80000000u) : x[i];
+        float r = fn == CT_XLA_LOG ? xla_log(v) : xla_log1p(v);
+        x[i] = r != r ? u2f(0xffffffffu) : r;
+    }
+    return CT_OK;
+}
+
 /* --- element transforms ---------------------------------------------------- */
 
 ct_status ct_sampler_check(const ct_sampler *s) {

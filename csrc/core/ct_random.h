@@ -96,6 +96,13 @@ float ct_xla_log1pf(float x);
 float ct_xla_erff(float x);
 float ct_xla_erfinvf(float x);
 
+/* x[i] = XLA's float32 log (fn CT_XLA_LOG) or log1p (fn CT_XLA_LOG1P) of x[i], in place,
+ * for the samplers finished on the host (gumbel, and the log of choice's p): the same
+ * bits as jnp.log / jnp.log1p on CPU, denormal inputs read as zero and every NaN result
+ * all-ones, as XLA's CPU code gives them. */
+enum { CT_XLA_LOG = 0, CT_XLA_LOG1P = 1 };
+ct_status ct_xla_math_n(int fn, float *x, size_t n);
+
 /* IEEE binary16 <-> float32 (round to nearest even). */
 uint16_t ct_f32_to_f16(float f);
 float ct_f16_to_f32(uint16_t h);

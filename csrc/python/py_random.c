@@ -231,6 +231,35 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(xla_math_doc,
+             "xla_math($module, fn, x, /)\n--\n\n"
+             "Replace every element of the C-contiguous float32 numpy array `x` by XLA's\n"
+             "float32 log (fn 0) or log1p (fn 1) of it: the bits jnp.log / jnp.log1p give on\n"
+             "CPU (numpy's log differs in the last place). For samplers finished on the host.");
+
+static PyObject *py_xla_math(PyObject *self, PyObject *args) {
+    (void)self;
+    int fn;
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "iO:xla_math", &fn, &obj)) return NULL;
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_FLOAT32 ||
+        !PyArray_ISCARRAY((PyArrayObject *)obj) || !PyArray_ISNOTSWAPPED((PyArrayObject *)obj)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "xla_math: x must be a C-contiguous, aligned, writeable, native-order "
+                        "float32 numpy array");
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    float *data = (float *)PyArray_DATA(a);
+    size_t n = (size_t)PyArray_SIZE(a);
+    ct_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ct_xla_math_n(fn, data, n);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(random_cpu_path_doc,
              "random_cpu_path($module, /)\n--\n\n"
              "The CPU fill path float32 normal / truncated-normal samples take: 'avx512'\n"
@@ -250,6 +279,7 @@ static PyMethodDef random_methods[] = {
     { "random_bits", py_random_bits, METH_VARARGS, random_bits_doc },
     { "random_fill", py_random_fill, METH_VARARGS, random_fill_doc },
     { "random_on_device", py_random_on_device, METH_O, random_on_device_doc },
+    { "xla_math", py_xla_math, METH_VARARGS, xla_math_doc },
     { NULL, NULL, 0, NULL },
 };
 

@@ -1,4 +1,5 @@
-"""Array operators (``+ - * / @ ** -``, ``.T``, ``.reshape``, ``.sum``, ``.mean``) mapped to
+"""Array operators (``+ - * / @ ** -``, ``.T``, ``.reshape``, ``.sum``, ``.mean``, ``.max``,
+``.min``, ``.argmax``, ``.argmin``) mapped to
 ``ctrainstate.numpy``, shared by :class:`~ctrainstate.Array` and
 :class:`~ctrainstate.ShapeDtypeStruct` (whose ops follow the shape rules)."""
 from __future__ import annotations
@@ -73,6 +74,15 @@ class OperatorsMixin:
     def min(self, axis=None, out=None, keepdims=False):
         _check_reduce_args("min", None, out)
         return _ops().min(self, axis=axis, keepdims=keepdims)
+
+    # out/keepdims: what np.argmax(x) / np.argmin(x) pass to the method
+    def argmax(self, axis=None, out=None, keepdims=False):
+        _check_reduce_args("argmax", None, out)
+        return _ops().argmax(self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis=None, out=None, keepdims=False):
+        _check_reduce_args("argmin", None, out)
+        return _ops().argmin(self, axis=axis, keepdims=keepdims)
 
 
 def _check_reduce_args(name, dtype, out):

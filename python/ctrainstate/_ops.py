@@ -501,13 +501,17 @@ def _axes(axis, ndim) -> tuple:
     return tuple(sorted(out))
 
 
-def _reduce_raw(op: int, x: Array, axes: tuple) -> Array:
-    """Reduction ``op`` (_RED_SUM / _RED_MAX) of ``x`` over ``axes`` (kept dims only), not
-    recorded on the tape: each device reduces its block, then an all-reduce with the same op
-    over the mesh axes of the reduced dims."""
+def _reduce_raw(op: int, x: Array, axes: tuple, keepdims: bool = False) -> Array:
+    """Reduction ``op`` (_RED_SUM / _RED_MAX) of ``x`` over ``axes`` (kept dims only, or with
+    ``keepdims`` size-1 dims in their place), not recorded on the tape: each device reduces
+    its block, then an all-reduce with the same op over the mesh axes of the reduced dims."""
     xn = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
-    kept_shape = [s for d, s in enumerate(x.shape) if d not in axes]
-    kept_norm = [xn[d] for d in range(x.ndim) if d not in axes]
+    if keepdims:  # the same elements per device: the reduced dims become 1, unsharded
+        kept_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
+        kept_norm = [() if d in axes else xn[d] for d in range(x.ndim)]
+    else:
+        kept_shape = [s for d, s in enumerate(x.shape) if d not in axes]
+        kept_norm = [xn[d] for d in range(x.ndim) if d not in axes]
     out = _new(kept_shape, _place_of(x), kept_norm)
     mask = 0
     for d in axes:
@@ -562,6 +566,206 @@ def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
 def min(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
     """Minimum over ``axis`` (``jnp.min``): ``-max(-x)``, same sharding and gradient rules."""
     return negative(max(negative(x), axis=axis, keepdims=keepdims))
+
+
+# --- argmax / argmin ---------------------------------------------------------------------------
+# Built from the float32 kernels every backend has (max reduction, compare, the KEEP select),
+# so it runs on CPU and CUDA devices alike, sharded or not. The first index of the maximum is
+# a lexicographic search: the positions equal to the maximum form a mask, and for each digit
+# of the position (one per reduced dimension, most significant first) the largest
+# ``radix - digit`` among the masked positions gives that digit of the first one, and narrows
+# the mask to it. Every value compared is an integer in [1, 2**24]: exact in float32. A
+# dimension longer than 2**24 is split into two digits (position // 4096, position % 4096).
+
+_ARG_EXACT = 1 << 24   # float32 holds every integer up to 2**24 exactly: the largest radix
+_ARG_BASE = 1 << 12    # the low digit's radix when a dimension is longer than that
+
+
+def argmax(a, axis=None, keepdims: bool = False) -> Array:
+    """Index of the first maximum along ``axis`` (``jnp.argmax``): an int32 Array.
+
+    ``axis=None`` searches the flattened array (a flat index). A NaN counts as the maximum:
+    the first NaN's index wins, as in jax and numpy. An empty reduced dimension raises
+    ``ValueError``; an out-of-range axis ``numpy.exceptions.AxisError`` (a ``ValueError`` and an
+    ``IndexError``). float16/bfloat16/bool/int32/uint32 Arrays and numpy arrays are accepted
+    (32-bit integers are compared exactly, as a (high, low) pair of 16-bit halves).
+
+    Sharding: the result has ``a``'s sharding on the kept dimensions; a reduced dimension
+    sharded over mesh axes ends in all-reduces (max) over them, and gives the same index as
+    on one device. Not differentiable: inside :func:`value_and_grad` the result carries no
+    gradient (like jax's integer outputs) and the trace goes on. The int32 result is
+    assembled on the host, block by block (no kernel writes int32), so it synchronises with
+    the devices.
+
+    >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
+    >>> x = cts.device_put(np.array([[1., 7., 7.], [np.nan, 2., np.nan]], np.float32))
+    >>> np.asarray(cnp.argmax(x, axis=1)).tolist(), int(cnp.argmax(x))
+    ([1, 0], 3)
+    """
+    return _arg_reduce(a, axis, keepdims, "argmax")
+
+
+def argmin(a, axis=None, keepdims: bool = False) -> Array:
+    """Index of the first minimum along ``axis`` (``jnp.argmin``), by :func:`argmax`'s rules
+    (a NaN counts as the minimum: the first NaN wins).
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> np.asarray(cnp.argmin(np.array([[3., -1., -1.], [0., 5., -2.]], np.float32), axis=1)).tolist()
+    [1, 2]
+    """
+    return _arg_reduce(a, axis, keepdims, "argmin")
+
+
+def _arg_operand(a, name) -> Array:
+    """``a`` as an Array: Arrays as they are, host arrays placed like :func:`_lift` places
+    them (narrow integers widened to int32, 64-bit types narrowed as jax does without x64)."""
+    if isinstance(a, Array):
+        a._check_alive()
+        return a
+    from ._abstract import ShapeDtypeStruct
+    if isinstance(a, ShapeDtypeStruct):
+        raise TypeError(f"{name} of a ShapeDtypeStruct outside eval_shape")
+    host = np.asarray(a)
+    if host.dtype.kind in "iu" and host.dtype.itemsize < 4:
+        host = host.astype(np.int32)
+    if host.dtype.kind not in "biuf" and host.dtype != _dtypes.bfloat16:
+        raise TypeError(f"{name}: expected a real or boolean array, got dtype {host.dtype}")
+    host = host.astype(_dtypes.canonicalize(host.dtype), copy=False)
+    place = get_mesh()
+    if place is None:
+        from ._devices import devices
+        place = devices()[0]
+    return device_put(host, _sharding_for(place, [()] * host.ndim))
+
+
+def _arg_axes(axis, ndim: int, name: str) -> tuple:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(int(axis), ndim)
+    return (int(axis) % ndim,)
+
+
+def _map_blocks(x: Array, fn) -> Array:
+    """A float32 Array with ``x``'s sharding whose every block is ``fn(x's block)``, computed
+    on the host one block at a time (dtype conversions the kernels do not have)."""
+    zero = (0,) * x.ndim
+    blocks = []
+    for dev, buf, start, rid in x._blocks:
+        host = np.empty(x._shard_shape, x.dtype)
+        _C.copy_to_host(buf, host.view(np.uint8) if x.dtype == _dtypes.bool_ else host, zero)
+        nb = _C.Buffer(dev.id, x._shard_shape, 0)
+        _C.copy_from_host(nb, np.ascontiguousarray(fn(host), np.float32), zero)
+        blocks.append((dev, nb, start, rid))
+    return Array._create(x.shape, np.float32, x.sharding, blocks)
+
+
+def _arg_keys(x: Array, negate: bool) -> tuple:
+    """float32 Arrays whose lexicographic maximum is ``x``'s maximum (its minimum when
+    ``negate``), and whether the first may hold NaNs. After the first, every key is >= 1."""
+    dt = x.dtype
+    if dt == _dtypes.float32:
+        return [_unary_raw(U_NEG, x) if negate else x], True
+    sign = -1.0 if negate else 1.0
+    if dt in (_dtypes.float16, _dtypes.bfloat16, _dtypes.bool_):
+        return [_map_blocks(x, lambda b: b.astype(np.float32) * np.float32(sign))], dt != _dtypes.bool_
+    if dt in (_dtypes.int32, _dtypes.uint32):
+        # v = hi * 65536 + lo with lo in [0, 65535]: both halves are exact in float32
+        hi = _map_blocks(x, lambda b: (b.astype(np.int64) >> 16).astype(np.float32) * np.float32(sign))
+        lo = _map_blocks(x, lambda b: (65536.0 - (b.astype(np.int64) & 0xFFFF) if negate
+                                       else (b.astype(np.int64) & 0xFFFF) + 1.0))
+        return [hi, lo], False
+    raise TypeError(f"argmax/argmin: unsupported dtype {dt}")
+
+
+def _arg_reduce(a, axis, keepdims: bool, name: str) -> Array:
+    x = _arg_operand(a, name)
+    nd = x.ndim
+    axes = _arg_axes(axis, nd, name)
+    for d in axes:
+        if x.shape[d] == 0:
+            raise ValueError(f"attempt to get {name} of an empty sequence (dimension {d} of an "
+                             f"array of shape {x.shape} has size 0)")
+    total = math.prod(x.shape[d] for d in axes)
+    if total > np.iinfo(np.int32).max:
+        raise ValueError(f"{name}: {total} positions do not fit the int32 result")
+    place = _place_of(x)
+    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    out_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape)) if keepdims else \
+        tuple(s for d, s in enumerate(x.shape) if d not in axes)
+    out_norm = [() if d in axes else xn[d] for d in range(nd)] if keepdims else \
+        [xn[d] for d in range(nd) if d not in axes]
+    # the digits of a position, least significant first: (dim, radix - digit per index along
+    # dim, radix, weight of the digit in the flat index over the reduced dims)
+    digits = []
+    weight = 1
+    for d in reversed(axes):
+        n = x.shape[d]
+        if n > 1:
+            i = np.arange(n, dtype=np.int64)
+            if n <= _ARG_EXACT:
+                digits.append((d, n - i, n, weight))
+            else:
+                q = -(-n // _ARG_BASE)
+                digits.append((d, _ARG_BASE - i % _ARG_BASE, _ARG_BASE, weight))
+                digits.append((d, q - i // _ARG_BASE, q, weight * _ARG_BASE))
+        weight *= n
+    digits.reverse()
+    found = []  # (max of radix - digit, radix, weight) per digit, with size-1 reduced dims
+    if digits and math.prod(out_shape):
+        keys, may_nan = _arg_keys(x, name == "argmin")
+        stages = [("key", k) for k in keys] + [("digit", dg) for dg in digits]
+        mask = None
+        for si, (kind, item) in enumerate(stages):
+            if kind == "key":
+                v = item
+            else:
+                d, vals, radix, w = item
+                vshape = [1] * nd
+                vshape[d] = x.shape[d]
+                vnorm = [()] * nd
+                vnorm[d] = xn[d]
+                v = device_put(vals.astype(np.float32).reshape(vshape), _sharding_for(place, vnorm))
+            if mask is not None:
+                v = _binary_raw(B_KEEP, v, mask)  # radix - digit >= 1 where set, 0 elsewhere
+            m = _reduce_raw(_RED_MAX, v, axes, keepdims=True)
+            if kind == "digit":
+                found.append((m, radix, w))
+            if si == len(stages) - 1:
+                break
+            eq = _unary_raw(U_AFFINE, _binary_raw(B_GT, m, v), -1.0, 1.0)  # 1 where v == max
+            if si == 0 and may_nan and np.isnan(np.asarray(m)).any():
+                # slices holding a NaN: max is NaN, and only the NaNs are candidates
+                inf, zero = _lift(np.float32(np.inf), place), _lift(np.float32(0.0), place)
+                not_nan = _binary_raw(B_GT, inf, _binary_raw(B_MIN, v, zero))
+                nan_slice = _unary_raw(U_AFFINE, _binary_raw(B_GT, inf, _binary_raw(B_MIN, m, zero)),
+                                       -1.0, 1.0)
+                eq = _binary_raw(B_SUB, eq, _binary_raw(B_MUL, not_nan, nan_slice))
+            mask = eq
+    return _arg_assemble(out_shape, _sharding_for(place, out_norm), found)
+
+
+def _arg_assemble(shape, sharding, found) -> Array:
+    """The int32 Array sum(weight * (radix - max)) over ``found``, one block per device (on
+    the host: the kernels write float32 only). ``found``'s Arrays have the same blocks."""
+    shard_shape, layout, _ = sharding._layout(tuple(shape))
+    code = _dtypes.code(_dtypes.int32)
+    blocks = []
+    for bi, (dev, start, rid) in enumerate(layout):
+        acc = np.zeros(shard_shape, np.int64)
+        for m, radix, w in found:
+            mdev, mbuf, _, _ = m._blocks[bi]
+            if mdev is not dev:
+                raise RuntimeError("internal error: argmax blocks are out of order")
+            h = np.empty(m._shard_shape, np.float32)
+            _C.copy_to_host(mbuf, h, (0,) * h.ndim)
+            acc += (radix - h.astype(np.int64)).reshape(shard_shape) * w
+        buf = _C.Buffer(dev.id, shard_shape, code)
+        _C.copy_from_host(buf, acc.astype(np.int32), (0,) * len(shard_shape))
+        blocks.append((dev, buf, start, rid))
+    return Array._create(tuple(shape), _dtypes.int32, sharding, blocks)
 
 
 def stop_gradient(x):
@@ -1137,6 +1341,16 @@ def _rule_einsum(sub, *operands):
     return tuple(size[c] for c in out)
 
 
+def _rule_arg(x, axis=None, keepdims=False):
+    sh = _shp(x)
+    axes = _arg_axes(axis, len(sh), "argmax")
+    for d in axes:
+        if sh[d] == 0:
+            raise ValueError(f"attempt to get argmax of an empty sequence (dimension {d} of "
+                             f"shape {sh} has size 0)")
+    return _rule_reduce(x, axes, keepdims)
+
+
 def _abstract_rules():
     from ._abstract import ShapeDtypeStruct
     rules = {
@@ -1156,11 +1370,13 @@ def _abstract_rules():
     g = globals()
     for name, rule in rules.items():
         g[name] = _with_rule(g[name], rule, ShapeDtypeStruct)
+    for name in ("argmax", "argmin"):  # int32 results
+        g[name] = _with_rule(g[name], _rule_arg, ShapeDtypeStruct, dtype=_dtypes.int32)
     g["einsum"] = _with_rule(g["einsum"], _rule_einsum, ShapeDtypeStruct, first=1)
     g["dot"] = g["matmul"]
 
 
-def _with_rule(fn, rule, SDS, first=0):
+def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
     import functools
 
     @functools.wraps(fn)
@@ -1169,7 +1385,7 @@ def _with_rule(fn, rule, SDS, first=0):
             sharding = None
             if fn.__name__ == "with_sharding":
                 sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])
-            return SDS(rule(*args, **kwargs), np.float32, sharding)
+            return SDS(rule(*args, **kwargs), dtype, sharding)
         return fn(*args, **kwargs)
     return wrapped
 

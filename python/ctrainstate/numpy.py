@@ -15,6 +15,8 @@ import numpy as _np
 from ._ops import (  # noqa: F401
     abs,
     add,
+    argmax,
+    argmin,
     broadcast_to,
     cos,
     divide,
@@ -244,7 +246,7 @@ def _shape(shape):
 
 
 __all__ = [
-    "abs", "add", "arange", "array", "asarray", "bfloat16", "bool_", "clip", "e", "float16",
+    "abs", "add", "arange", "argmax", "argmin", "array", "asarray", "bfloat16", "bool_", "clip", "e", "float16",
     "float32", "full", "inf", "int32", "linspace", "minimum", "nan", "ones", "pi", "squeeze",
     "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",

@@ -7,6 +7,10 @@ CPU (bit-identical; the C core reproduces XLA's float32 ``erf_inv``/``log1p``
 polynomials). Keys are raw ``uint32[2]`` arrays (JAX's legacy layout), so a
 ``jax.random.PRNGKey`` can be passed in and a ctrainstate key handed to JAX.
 
+:func:`gumbel` (whose logs are XLA's float32 log, reproduced in the C core), and the
+:func:`categorical` and :func:`choice` built on it, :func:`randint` and :func:`permutation`,
+return JAX's values too.
+
 Every element is a pure function of (key, global index). With
 ``out_sharding=NamedSharding(...)`` each device computes only its own block,
 directly in its buffer, and the result is a sharded :class:`ctrainstate.Array`
@@ -33,7 +37,8 @@ from . import _C, _dtypes
 
 __all__ = [
     "PRNGKey", "key", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform",
-    "normal", "truncated_normal", "bernoulli", "permutation", "randint",
+    "normal", "truncated_normal", "bernoulli", "permutation", "randint", "gumbel",
+    "categorical", "choice",
 ]
 
 _UNIFORM, _NORMAL, _TRUNCATED_NORMAL, _BERNOULLI = 0, 1, 2, 3
@@ -423,3 +428,302 @@ def _int_scalar(v, name) -> int:
     if not np.issubdtype(a.dtype, np.integer):
         a = a.astype(np.int64)   # JAX truncates float bounds to integers
     return int(a)
+
+
+# --- gumbel, categorical, choice ---------------------------------------------------------
+
+def _xla_log(x: np.ndarray, fn: int = 0) -> np.ndarray:
+    """XLA's float32 log (fn 0) or log1p (fn 1) of a float32 array, as jnp.log on CPU."""
+    out = np.array(x, dtype=np.float32, order="C")
+    _C.xla_math(fn, out)
+    return out
+
+
+def gumbel(k, shape=(), dtype=None, mode=None, *, out_sharding=None):
+    """Standard Gumbel floats, as jax.random.gumbel (same bits).
+
+    ``mode='low'`` (JAX's default): ``-log(-log(u))`` with ``u = max(uniform(k, shape),
+    tiny)`` — JAX's ``uniform(minval=tiny, maxval=1)`` as XLA simplifies it. ``mode='high'``:
+    JAX's two-uniform construction (``u = uniform(k, (2, *shape))``, ``-log(-log1p(-x))``),
+    larger samples reachable at twice the cost. The logs are XLA's float32 log / log1p (the C
+    core's copy), computed in float32 and rounded to ``dtype`` after each, as XLA does.
+    Samples are finished on the host, block by block; with ``out_sharding`` each device's
+    block is computed from its own elements' words only.
+
+    >>> x = gumbel(PRNGKey(0), (10000,))
+    >>> abs(float(x.mean()) - 0.5772) < 0.05   # Euler's constant
+    True
+    """
+    dt = _float_dtype(dtype, "gumbel")
+    mode = "low" if mode is None else mode
+    if mode not in ("highest", "high", "low"):
+        raise ValueError(f"Must provide valid mode for gumbel got: {mode}")
+    if mode == "highest":
+        raise NotImplementedError("gumbel: mode='highest' is not implemented; use 'low' or 'high'")
+    shape = _shape(shape)
+    k0, k1 = _key_words(k)
+    code = _dtypes.code(dt)
+    info = ml_dtypes.finfo(dt)
+    tiny = np.asarray(info.tiny, dt)
+
+    def rnd(v):  # float32 -> dtype -> float32: XLA rounds each op's result to dtype
+        return np.asarray(v, np.float32).astype(dt).astype(np.float32)
+
+    def fill(out, gshape, start):
+        blk = tuple(out.shape)
+        if mode == "low":
+            u = np.empty(blk, dt)
+            _C.random_fill(u, k0, k1, tuple(gshape), tuple(start), _UNIFORM, code, 0.0, 1.0,
+                           0.0, 0.0, 0.0, None)
+            u = np.maximum(u, tiny).astype(np.float32)
+            res = -rnd(_xla_log(-rnd(_xla_log(u))))
+        else:
+            u = np.empty((2,) + blk, dt)
+            for half in (0, 1):
+                _C.random_fill(u[half:half + 1], k0, k1, (2,) + tuple(gshape),
+                               (half,) + tuple(start), _UNIFORM, code, 0.0, 1.0, 0.0, 0.0, 0.0,
+                               None)
+            high, low = u[0], u[1]
+            lo = (low * np.asarray(2.0 ** -int(info.nmant), dt)).astype(dt)
+            x = np.where(high >= 0.5, high, ((high + lo).astype(dt) + tiny).astype(dt))
+            res = -rnd(_xla_log(-rnd(_xla_log(-x.astype(np.float32), 1))))
+        res = res.astype(dt)
+        if isinstance(out, np.ndarray):
+            out[...] = res
+        else:
+            _C.copy_from_host(out, res, (0,) * len(blk))
+
+    return _produce(shape, dt, out_sharding, fill)
+
+
+def _logits_dtype(dt) -> np.dtype:
+    dt = np.dtype(dt)
+    dt = _dtypes._NARROW.get(dt, dt)
+    if dt not in _FLOATS:
+        raise ValueError(f"dtype argument to `gumbel` must be a float dtype, got {dt}")
+    return dt
+
+
+def _check_axis(axis, ndim):
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(int(axis), ndim)
+    return int(axis)
+
+
+def _top_k_indices(z: np.ndarray, kk: int) -> np.ndarray:
+    """lax.top_k's indices along the last axis: largest first in the float total order
+    (-NaN < -inf < -0.0 < 0.0 < inf < NaN), equal values by position."""
+    b = np.ascontiguousarray(z, np.float32).view(np.int32).astype(np.int64)
+    order_key = np.where(b < 0, -(b & 0x7FFFFFFF) - 1, b)
+    return np.argsort(-order_key, axis=-1, kind="stable")[..., :kk].astype(np.int32)
+
+
+def categorical(k, logits, axis: int = -1, shape=None, replace: bool = True, mode=None):
+    """Samples from categorical distributions, as jax.random.categorical (the same indices).
+
+    ``replace=True``: ``argmax(gumbel(k, (*prefix, *logits_shape)) + logits, axis)``, JAX's
+    Gumbel-max recipe, where ``shape`` (default: ``logits.shape`` without ``axis``) must end
+    with a shape the batch dimensions broadcast to and ``prefix`` is the rest.
+    ``replace=False``: the Gumbel top-k trick, ``prod(prefix)`` distinct categories per batch
+    element, the draws leading the result.
+
+    ``logits`` may be a numpy array (the result is a host int32 array, as the other samplers
+    without ``out_sharding``) or a float32 :class:`ctrainstate.Array`: then the Gumbel noise
+    is drawn with the logits' sharding (each device its own block), added on the devices,
+    and :func:`ctrainstate.numpy.argmax` gives an int32 Array sharded like the batch
+    dimensions — a sharded category axis included. (Without replacement the top-k runs on
+    the host and the result is replicated on the logits' devices.)
+
+    >>> logits = np.log(np.array([0.1, 0.6, 0.3], np.float32))
+    >>> s = categorical(PRNGKey(0), logits, shape=(10000,))
+    >>> np.round(np.bincount(s, minlength=3) / 10000, 1).tolist()
+    [0.1, 0.6, 0.3]
+    """
+    from ._abstract import ShapeDtypeStruct, is_abstract
+    from .array import Array
+    _key_words(k)
+    on_device = isinstance(logits, Array)
+    if on_device:
+        logits._check_alive()
+        if logits.dtype != _dtypes.float32:
+            raise TypeError(f"categorical: Array logits are float32 (ctrainstate ops compute "
+                            f"in float32); got {logits.dtype}: cast them, or pass a numpy array")
+        dt = _dtypes.float32
+    elif isinstance(logits, ShapeDtypeStruct):
+        dt = _logits_dtype(logits.dtype)
+    else:
+        logits = np.asarray(logits)
+        dt = _logits_dtype(logits.dtype)
+        logits = logits.astype(dt, copy=False)
+    lshape = tuple(logits.shape)
+    nd = len(lshape)
+    axis = _check_axis(axis, nd)
+    batch_shape = tuple(int(s) for s in np.delete(np.array(lshape, dtype=np.int64), axis))
+    if shape is None:
+        shape = batch_shape
+    else:
+        shape = _shape(shape)
+        try:
+            res = tuple(np.broadcast_shapes(shape, batch_shape))
+        except ValueError:
+            raise ValueError(f"Incompatible shapes for broadcasting: shapes={[shape, batch_shape]}") from None
+        if res != shape:
+            raise ValueError(
+                f"categorical parameter shapes must be broadcast-compatible with shape "
+                f"argument, and the result of broadcasting the shapes must equal the shape "
+                f"argument, but got result {res} for shape argument {shape}.")
+    prefix = shape[:len(shape) - len(batch_shape)]
+    n = lshape[axis]
+    if not replace:
+        kk = math.prod(prefix)
+        if kk > n:
+            raise ValueError(f"Number of samples without replacement ({kk}) cannot exceed "
+                             f"number of categories ({n}).")
+        if shape != prefix + batch_shape:
+            raise ValueError(f"categorical without replacement: shape {shape} must be the "
+                             f"draws followed by the batch shape {batch_shape}")
+    if isinstance(logits, ShapeDtypeStruct) or is_abstract():
+        return ShapeDtypeStruct(shape, _dtypes.int32)
+    if replace:
+        ax = axis - nd if axis >= 0 else axis
+        gshape = list(shape[len(shape) - len(batch_shape):])
+        gshape.insert(ax % nd, n)
+        gshape = tuple(prefix) + tuple(gshape)
+        if not on_device:
+            z = (gumbel(k, gshape, dt, mode) + logits).astype(np.float32)
+            return np.asarray(np.argmax(z, axis=ax), dtype=np.int32)
+        from . import _ops
+        place = _ops._place_of(logits)
+        ln = _ops._norm(logits.sharding, nd) if _ops._mesh_key(logits)[0] == "mesh" else [()] * nd
+        off = len(gshape) - nd
+        gnorm = [()] * off + [ln[j] if lshape[j] == gshape[off + j] else () for j in range(nd)]
+        g = gumbel(k, gshape, dt, mode, out_sharding=_ops._sharding_for(place, gnorm))
+        return _ops.argmax(_ops._binary_raw(_ops.B_ADD, g, logits), axis=ax)
+    if on_device:
+        from . import _ops
+        g = gumbel(k, lshape, dt, mode, out_sharding=logits.sharding)
+        z = np.asarray(_ops._binary_raw(_ops.B_ADD, logits, g))
+    else:
+        z = (logits + gumbel(k, lshape, dt, mode)).astype(np.float32)
+    idx = _top_k_indices(np.moveaxis(z, axis, -1), kk)          # (*batch, k)
+    out = np.moveaxis(idx, -1, 0).reshape(shape)
+    if on_device:
+        from . import _ops
+        from .array import device_put
+        return device_put(out, _ops._sharding_for(_ops._place_of(logits), [()] * len(shape)))
+    return out
+
+
+def _xla_cumsum(x: np.ndarray) -> np.ndarray:
+    """jnp.cumsum of a float32 vector on CPU, bit for bit: XLA rewrites the scan into rows of
+    16 summed in order, plus the (recursively scanned) totals of the rows before."""
+    n = x.shape[0]
+    if n <= 16:
+        return np.add.accumulate(x.astype(np.float32))
+    rows = -(-n // 16)
+    padded = np.zeros(rows * 16, np.float32)
+    padded[:n] = x
+    inner = np.add.accumulate(padded.reshape(rows, 16), axis=1)
+    before = np.concatenate([np.zeros(1, np.float32), _xla_cumsum(inner[:, -1])[:-1]])
+    return (inner + before[:, None]).reshape(-1)[:n]
+
+
+def _sort_key(v: np.ndarray) -> np.ndarray:
+    """jax's sort order of float32 values as int64: -0.0 == 0.0, every NaN above inf."""
+    v = np.where(v == 0, np.float32(0), v).astype(np.float32)
+    b = np.where(np.isnan(v), np.int64(0x7FC00000),
+                 np.ascontiguousarray(v).view(np.int32).astype(np.int64))
+    return np.where(b < 0, -(b & 0x7FFFFFFF) - 1, b)
+
+
+def _searchsorted_left(a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """jnp.searchsorted(a, v) (side='left', method='scan'): the same fixed number of
+    bisection steps and jax's sort comparator, so unsorted or NaN inputs agree too."""
+    n = a.shape[0]
+    ka, kv = _sort_key(a), _sort_key(v)
+    low = np.zeros(v.shape, np.int64)
+    high = np.full(v.shape, n, np.int64)
+    for _ in range(int(np.ceil(np.log2(n + 1)))):
+        mid = low + (high - low) // 2
+        go_left = kv <= ka[np.minimum(mid, n - 1)]
+        low, high = np.where(go_left, low, mid), np.where(go_left, mid, high)
+    return high.astype(np.int32)
+
+
+def choice(k, a, shape=(), replace: bool = True, p=None, axis: int = 0, mode=None, *,
+           out_sharding=None):
+    """A random sample of ``a`` (an array, or ``range(a)`` for an int) along ``axis``, as
+    jax.random.choice (the same values).
+
+    ``p=None``: with replacement ``randint`` indices, without it the first draws of
+    :func:`permutation`. With ``p`` (a 1-d vector of ``a.shape[axis]`` weights, float32):
+    with replacement, the first ``i`` whose cumulative weight reaches
+    ``total * (1 - uniform)`` (jnp.cumsum's exact summation order and searchsorted);
+    without it, the Gumbel top-k of ``gumbel + log(p)`` (XLA's log). The result has
+    shape ``a.shape[:axis] + shape + a.shape[axis + 1:]`` and is computed on the host (a
+    numpy array; placed with ``device_put`` when ``out_sharding`` is given). As in JAX,
+    ``p`` is not checked for negative entries, and without replacement ``p`` needs at least
+    as many nonzero entries as draws.
+
+    >>> sorted(choice(PRNGKey(0), 5, (5,), replace=False).tolist())
+    [0, 1, 2, 3, 4]
+    >>> choice(PRNGKey(1), np.array([10, 20, 30]), (4,), p=np.array([0., 1., 0.])).tolist()
+    [20, 20, 20, 20]
+    """
+    from collections.abc import Sequence as _Seq
+    _key_words(k)
+    if not isinstance(shape, _Seq):
+        raise TypeError(f"shape argument of jax.random.choice must be a sequence, got {shape}")
+    shape = _shape(shape)
+    arr = np.asarray(a)
+    if arr.dtype in _dtypes._NARROW:
+        arr = arr.astype(_dtypes._NARROW[arr.dtype])
+    if arr.ndim == 0:
+        n_inputs = int(arr)
+    else:
+        axis = _check_axis(axis, arr.ndim) % arr.ndim
+        n_inputs = arr.shape[axis]
+    n_draws = math.prod(shape)
+    if n_draws == 0:
+        return _placed(np.zeros(shape, dtype=arr.dtype), out_sharding)
+    if n_inputs <= 0:
+        raise ValueError("a must be greater than 0 unless no samples are taken")
+    if not replace and n_draws > n_inputs:
+        raise ValueError(f"Cannot take a larger sample (size {n_draws}) than population "
+                         f"(size {n_inputs}) when 'replace=False'")
+    if p is None:
+        if replace:
+            ind = randint(k, shape, 0, n_inputs)
+            result = ind if arr.ndim == 0 else np.take(arr, ind, axis)
+        else:
+            perm = permutation(k, n_inputs if arr.ndim == 0 else arr, axis)
+            result = np.take(perm, np.arange(n_draws), axis=0 if arr.ndim == 0 else axis)
+    else:
+        p_arr = np.asarray(p)
+        if p_arr.dtype.kind not in "biuf" and p_arr.dtype not in _FLOATS:
+            raise TypeError(f"choice: p must be real, got dtype {p_arr.dtype}")
+        p_arr = p_arr.astype(np.float32)
+        if p_arr.shape != (n_inputs,):
+            raise ValueError(
+                "p must be None or a 1D vector with the same size as a.shape[axis]. "
+                f"p has shape {p_arr.shape} and a.shape[axis] is {n_inputs}.")
+        if replace:
+            p_cuml = _xla_cumsum(p_arr)
+            r = p_cuml[-1] * (np.float32(1) - uniform(k, shape, np.float32))
+            ind = _searchsorted_left(p_cuml, r.astype(np.float32))
+        else:
+            g = gumbel(k, (n_inputs,), np.float32, mode) + _xla_log(p_arr)
+            ind = _top_k_indices(g, n_draws)
+        result = ind if arr.ndim == 0 else np.take(arr, ind, axis)
+    out = result.reshape(shape if arr.ndim == 0 else
+                         arr.shape[0:axis] + tuple(shape) + arr.shape[axis + 1:])
+    return _placed(out, out_sharding)
+
+
+def _placed(x: np.ndarray, out_sharding):
+    if out_sharding is None:
+        return x
+    from .array import device_put
+    return device_put(x, out_sharding)

@@ -401,7 +401,8 @@ def _keep(a, mask) -> Array:
 def where(condition, x=None, y=None) -> Array:
     """``jnp.where(condition, x, y)``: ``x`` where ``condition`` is true (nonzero), else ``y``,
     exactly (an inf or NaN in the branch not taken does not leak into the result, as with a
-    select), all three broadcast together. The gradient goes to ``x`` where the condition
+    select), all three broadcast together. ``condition`` may be a host array or an Array of
+    any dtype (a bool Array is converted block by block). The gradient goes to ``x`` where the condition
     holds and to ``y`` elsewhere.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
@@ -412,6 +413,8 @@ def where(condition, x=None, y=None) -> Array:
         raise NotImplementedError("where(condition) without x and y returns indices; use "
                                   "numpy.nonzero on a host array")
     if isinstance(condition, Array):
+        if condition.dtype != np.float32:   # a bool/int mask Array: its nonzeros, as float32
+            condition = condition.astype(np.float32)
         c = _binary_raw(B_KEEP, _lift(1.0, _place_of(condition)), condition)  # 1 where set
     else:
         c = np.asarray(condition).astype(bool).astype(np.float32)

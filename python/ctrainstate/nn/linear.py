@@ -1,4 +1,5 @@
-"""Layers: Dense, DenseGeneral, Embed, LayerNorm (mirror of ``flax.linen``).
+"""Layers: Dense, DenseGeneral, Embed (mirror of ``flax.linen``; LayerNorm and RMSNorm are in
+:mod:`ctrainstate.nn.normalization`).
 
 Parameter names, shapes, default initializers and the order in which keys are
 drawn follow Flax, so the same key gives the same parameters.
@@ -131,22 +132,77 @@ class DenseGeneral(Module):
 
 def _flat_init(init_fn, flat_shape):
     """Call ``init_fn`` on ``flat_shape`` and reshape to the requested shape (Flax's
-    ``kernel_init_wrap``); in place on devices when no reshape is needed."""
-    from .module import _accepts_out_sharding
+    ``kernel_init_wrap``); in place on devices when no reshape is needed.
+
+    A multi-axis parameter with a sharding is generated flat in the sharding that maps block
+    for block onto the requested one (a sharded dimension leading its flattened group), so
+    no device holds more than its block; otherwise on the host and scattered. An
+    initializer boxed by ``with_partitioning`` / ``with_logical_partitioning`` gets its
+    names applied to the requested (not the flat) shape, as Flax's ``replace_boxed`` does:
+    under a mesh the parameter is born sharded as those names say."""
+    from .module import _accepts_out_sharding, sharded_initializer
+    boxing = getattr(init_fn, "_ct_boxing", None)
 
     def init(key, shape, dtype=np.float32, out_sharding=None):
         shape = tuple(shape)
+        if boxing is not None:
+            inner, box, born = boxing
+            target = out_sharding if out_sharding is not None else born()
+            return box(_flat_init(inner, flat_shape)(key, shape, dtype, out_sharding=target))
         if shape == tuple(flat_shape):
             if out_sharding is not None and _accepts_out_sharding(init_fn):
                 return init_fn(key, shape, dtype, out_sharding=out_sharding)
             v = init_fn(key, shape, dtype)
+            return device_put(v, out_sharding) if out_sharding is not None else v
+        flat_sharding = _flat_sharding(out_sharding, shape, tuple(flat_shape))
+        if flat_sharding is not None:
+            v = sharded_initializer(init_fn, flat_sharding)(key, tuple(flat_shape), dtype)
         else:
             v = init_fn(key, tuple(flat_shape), dtype)
-            v = np.reshape(np.asarray(v), shape) if not hasattr(v, "reshape") or isinstance(v, np.ndarray) else v.reshape(shape)
+        from .._abstract import ShapeDtypeStruct
+        if isinstance(v, ShapeDtypeStruct):
+            return ShapeDtypeStruct(shape, v.dtype, out_sharding)
+        if isinstance(v, Array) and v.dtype == np.float32:
+            v = cnp.reshape(v, shape)          # keeps a block-aligned sharding, no copy to one device
+        else:
+            v = np.reshape(np.asarray(v), shape)
         if out_sharding is not None:
-            return device_put(v, out_sharding)
+            if getattr(v, "sharding", None) != out_sharding:
+                return device_put(v, out_sharding)
+            if v.sharding.spec != out_sharding.spec:   # same blocks, the spec as asked
+                v = Array._create(v.shape, v.dtype, out_sharding, list(v._blocks))
         return v
     return init
+
+
+def _flat_sharding(sharding, shape, flat_shape):
+    """The sharding of the flat (2-d) initializer output whose blocks, reshaped, are the
+    blocks of ``sharding`` on ``shape``; None when there is none (a sharded dimension not
+    leading its flattened group, or not divisible) or no sharding is asked."""
+    from ..sharding import NamedSharding, PartitionSpec
+    if not isinstance(sharding, NamedSharding):
+        return None
+    spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+    sizes = dict(zip(sharding.mesh.axis_names, sharding.mesh.devices.shape))
+    dims = list(range(len(shape)))
+    if len(flat_shape) == 1:
+        groups = [dims]
+    else:   # (prod(shape[:k]), prod(shape[k:])): the first such k
+        ks = [k for k in range(len(shape) + 1) if math.prod(shape[:k]) == flat_shape[0]]
+        if len(flat_shape) != 2 or not ks:
+            return None
+        groups = [dims[:ks[0]], dims[ks[0]:]]
+    out = []
+    for group in groups:
+        if any(spec[d] is not None for d in group[1:]):
+            return None
+        entry = spec[group[0]] if group else None
+        if entry is not None:
+            axes = (entry,) if isinstance(entry, str) else tuple(entry)
+            if shape[group[0]] % math.prod(sizes[a] for a in axes):
+                return None
+        out.append(entry)
+    return NamedSharding(sharding.mesh, PartitionSpec(*out))
 
 
 class Embed(Module):
@@ -185,28 +241,5 @@ class Embed(Module):
         return cnp.matmul(query, cnp.transpose(self.embedding))
 
 
-class LayerNorm(Module):
-    """Layer normalisation over the last axis (Flax's defaults: ``epsilon=1e-6``, scale
-    and bias)."""
-
-    epsilon: float = 1e-6
-    dtype: Any = None
-    param_dtype: Any = np.float32
-    use_bias: bool = True
-    use_scale: bool = True
-    bias_init: Callable = initializers.zeros_init()
-    scale_init: Callable = initializers.ones_init()
-
-    @compact
-    def __call__(self, x):
-        _check_dtype(self)
-        feat = _in_features(x)
-        mean = cnp.mean(x, axis=-1, keepdims=True)
-        mean2 = cnp.mean(cnp.square(x), axis=-1, keepdims=True)
-        var = cnp.maximum(mean2 - cnp.square(mean), 0.0)
-        y = (x - mean) * cnp.rsqrt(var + self.epsilon)
-        if self.use_scale:
-            y = y * self.param("scale", self.scale_init, (feat,), self.param_dtype)
-        if self.use_bias:
-            y = y + self.param("bias", self.bias_init, (feat,), self.param_dtype)
-        return y
+# LayerNorm lives with RMSNorm in normalization.py; still importable from here
+from .normalization import LayerNorm  # noqa: E402,F401

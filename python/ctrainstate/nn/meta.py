@@ -250,6 +250,14 @@ def with_partitioning(fn: Callable[..., Any], names, mesh=None) -> Callable[...,
             init = sharded_initializer(fn, NamedSharding(m, PartitionSpec(*names)))
         return Partitioned(init(*args, **kwargs), names, mesh=mesh)
 
+    def born():
+        from ..sharding import NamedSharding, PartitionSpec, get_mesh
+        m = mesh if mesh is not None else get_mesh()
+        return NamedSharding(m, PartitionSpec(*names)) if m is not None else None
+
+    # (unboxed init, boxing, born sharding): lets a layer that reshapes the value (DenseGeneral's
+    # flat kernel init) box and shard the reshaped value instead
+    wrapper._ct_boxing = (fn, lambda v: Partitioned(v, names, mesh=mesh), born)
     return wrapper
 
 

@@ -335,4 +335,17 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
                 init = sharded_initializer(fn, NamedSharding(m, spec))
         return LogicallyPartitioned(init(*args, **kwargs), names, mesh=mesh, rules=rules)
 
+    def born():
+        from ..sharding import NamedSharding, get_mesh
+        m = mesh if mesh is not None else get_mesh()
+        if m is None:
+            return None
+        spec = logical_to_mesh_axes(tuple(names), rules)
+        if spec is None or any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+            return None
+        return NamedSharding(m, spec)
+
+    # (unboxed init, boxing, born sharding): see meta.with_partitioning
+    wrapper._ct_boxing = (fn, lambda v: LogicallyPartitioned(v, names, mesh=mesh, rules=rules),
+                          born)
     return wrapper

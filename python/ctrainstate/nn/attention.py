@@ -318,6 +318,16 @@ class MultiHeadDotProductAttention(Module):
     NotImplementedError: run the full sequence with a causal mask instead); ``dtype`` other
     than float32 (refused, as Dense refuses it); ``precision`` unless the build's einsum
     and DenseGeneral take it; the ``*_dot_general`` / ``*_einsum_cls`` hooks.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> q, kv = np.ones((4, 3, 5), np.float32), np.ones((4, 7, 6), np.float32)
+    >>> layer = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, dropout_rate=0.1)
+    >>> v = layer.init(random.PRNGKey(0), q, kv, deterministic=True)
+    >>> v['params']['key']['kernel'].shape                     # (in, heads, head_dim)
+    (6, 2, 4)
+    >>> layer.apply(v, q, kv, deterministic=False, rngs={'dropout': random.PRNGKey(1)}).shape
+    (4, 3, 5)
     """
 
     num_heads: int

@@ -36,13 +36,14 @@ from .linear import Dense, DenseGeneral, Embed, LayerNorm
 from .stochastic import Dropout, merge_param
 from .combinators import Sequential
 from .transforms import checkpoint, remat
+from .lifted import broadcast, scan, vmap
 from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
 from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
 
 __all__ = [
     'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'DenyList', 'Dense', 'DenseGeneral',
-    'Embed', 'LayerNorm', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'Embed', 'LayerNorm', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import functools
 import warnings
+import weakref
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -427,9 +428,10 @@ def _clone_on(self, target: type, scope) -> Module:
 class _Step:
     """What one lifted step needs: the module, the target method, the lifted scope."""
 
-    def __init__(self, module, target, method, who):
+    def __init__(self, module, target, method, who, memo: dict):
         self.module, self.target, self.method, self.who = module, target, method, who
         self.scope = module._scope
+        self.memo = memo  # per lifted method: whether its first trace can run abstractly
 
     def run(self, variables: dict, rngs: dict, mutable, store: dict, args: tuple):
         """Run the target method on a clone bound to a step scope; returns (output, scope)."""
@@ -718,10 +720,13 @@ def _first_pass(step, cfg, init, xs_s, scan_s, bcast_in, carry_vars, keys, lifte
 
     if _abstract.is_abstract():
         return once(False)  # under eval_shape everything is abstract already
-    try:
-        bc = once(True)
-    except Exception:  # an op without a shape rule, data-dependent Python: run it for real
-        bc = None
+    bc = None
+    if not step.memo.get("concrete"):
+        try:
+            bc = once(True)
+        except Exception:  # an op without a shape rule, data-dependent Python: run it for
+            step.memo["concrete"] = True  # real, now and in later calls
+            bc = None
     if bc is None:
         _restore(store, before)
         bc = once(False)
@@ -837,8 +842,14 @@ def _no_adopt(self):
     object.__setattr__(self, "_fields_adopted", True)
 
 
+# target class -> method name -> {'concrete': True} once its first trace failed abstractly
+# (lifted classes are often made anew in every call of a compact method; the target is not)
+_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _lifted_method(kind: str, target: type, name: str, cfg, call):
     method = getattr(target, name)
+    memo = _MEMO.setdefault(target, {}).setdefault(name, {})
 
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
@@ -847,7 +858,7 @@ def _lifted_method(kind: str, target: type, name: str, cfg, call):
                 f"{type(self).__name__} is unbound: call it through .init(...) or .apply(...) "
                 f"(or from another module's method)")
         _check_fields(self, f"nn.{kind}")
-        return call(_Step(self, target, method, f"nn.{kind}"), cfg, args, kwargs)
+        return call(_Step(self, target, method, f"nn.{kind}", memo), cfg, args, kwargs)
     wrapped._ct_wrapped = True  # Module.__init_subclass__ must not wrap it again
     return wrapped
 

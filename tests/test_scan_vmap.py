@@ -594,6 +594,8 @@ def test_scan_over_remat_t5x_pattern():
 
 
 def test_scan_over_remat_matches_flax():
+    """t5x's scalable_t5 pattern: remat(BlockLayer) scanned with the params' layer axis at
+    position 1, lifted as ScanIn(1) (input only) once the params exist."""
     jax = pytest.importorskip("jax")
     fnn = pytest.importorskip("flax.linen")
     from flax.linen import partitioning as fP
@@ -603,15 +605,17 @@ def test_scan_over_remat_matches_flax():
         class BlockLayer(N.Module):
             @N.compact
             def __call__(self, x, deterministic):
-                h = N.Dense(12)(x)
-                h = N.Dropout(0.2)(h, deterministic=deterministic)
+                wi = P_.param_with_axes('wi', N.initializers.lecun_normal(), (x.shape[-1], 12),
+                                        axes=('embed', 'mlp'))
+                h = N.Dropout(0.2)(np_.dot(x, wi), deterministic=deterministic)
                 return x + N.Dense(x.shape[-1])(N.gelu(h)), None
 
         class Stack(N.Module):
             @N.compact
             def __call__(self, x, deterministic=False):
+                spec = 1 if self.is_mutable_collection('params') else P_.ScanIn(1)
                 S = P_.scan_with_axes(P_.remat(BlockLayer, static_argnums=(1,)),
-                                      variable_axes={'params': 0},
+                                      variable_axes={'params': spec},
                                       split_rngs={'params': True, 'dropout': True},
                                       in_axes=(N.broadcast,), length=3)
                 return S(name='layers')(x, deterministic)[0]
@@ -621,13 +625,44 @@ def test_scan_over_remat_matches_flax():
     FS, CS = model(fnn, fP, jnp), model(nn, nn_partitioning, cnp)
     fv = FS().init({'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, x)
     v = CS().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, x)
+    assert v['params']['layers']['wi'].shape == (5, 3, 12)
+    assert v['params_axes']['layers']['wi_axes'] == AxisMetadata(('embed', 'layers', 'mlp'))
     _assert_trees_close(v['params'], fv['params'])
+    axes = v['params_axes']
     fl, fg = jax.value_and_grad(lambda p: jnp.sum(FS().apply(
-        {'params': p}, x, rngs={'dropout': jax.random.PRNGKey(2)}) ** 2))(fv['params'])
+        {'params': p, 'params_axes': fv['params_axes']}, x,
+        rngs={'dropout': jax.random.PRNGKey(2)}) ** 2))(fv['params'])
     cl, cg = cts.value_and_grad(lambda p: cnp.sum(cnp.square(CS().apply(
-        {'params': p}, x, rngs={'dropout': random.PRNGKey(2)}))))(v['params'])
+        {'params': p, 'params_axes': axes}, x, rngs={'dropout': random.PRNGKey(2)}))))(v['params'])
     np.testing.assert_allclose(float(cl), float(fl), rtol=1e-5)
     _assert_trees_close(cg, fg, rtol=1e-4, atol=1e-5)
+
+
+def test_data_transform_sees_flax_groups():
+    seen = []
+
+    def double_params(variable_groups, rng_groups):
+        seen.append((len(variable_groups), [sorted(g) for g in rng_groups]))
+        bcast, carry, scanned = variable_groups
+        if 'params' in scanned:  # not at init: the params are made inside
+            scanned = {'params': cts.tree_util.tree_map(lambda w: w * 2.0, scanned['params'])}
+        return (bcast, carry, scanned), rng_groups
+
+    kw = dict(variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': False},
+              length=3, in_axes=())
+    Plain = nn.scan(_plain_layer(nn), **kw)
+    Doubled = nn.scan(_plain_layer(nn), data_transform=double_params, **kw)
+    x = np.ones((2, 4), np.float32)
+    v = Plain(6).init(random.PRNGKey(0), x)
+    v2 = Doubled(6).init(random.PRNGKey(0), x)
+    for a, b in zip(cts.tree_util.tree_leaves(v), cts.tree_util.tree_leaves(v2)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # init: nothing to double
+    seen.clear()
+    out, _ = Doubled(6).apply(v, x, rngs={'dropout': random.PRNGKey(1)})
+    twice = cts.tree_util.tree_map(lambda w: np.asarray(w) * 2.0, v)
+    ref, _ = Plain(6).apply(twice, x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-6)
+    assert seen == [(3, [[], ['dropout']])] * 4  # the first trace and 3 steps; no 'params' key
 
 
 # --- errors and small semantics --------------------------------------------------------------------

@@ -608,11 +608,19 @@ def _scan_call(step: _Step, cfg: _ScanConfig, args: tuple, kwargs: dict):
     mutable = _Intersection(S.mutable, _Union(*out_filters))
     store = _seed_store(S)
 
+    rng_names = _group(list(lifted), list(cfg.split_rngs))
+
     def transform(variable_groups, rngs):
         if cfg.data_transform is None:
             return variable_groups, rngs
-        vg, rg = cfg.data_transform(tuple(variable_groups), (rngs,))
-        return list(vg), dict(rg[0]) if isinstance(rg, (tuple, list)) else dict(rg)
+        # Flax's groups: (broadcast, carry, *scanned) collection dicts, and one dict of
+        # streams per split_rngs entry (here raw keys, not Flax's LazyRng wrappers)
+        vg, rg = cfg.data_transform(tuple(variable_groups),
+                                    tuple({k: rngs[k] for k in names} for names in rng_names))
+        out = {}
+        for g in rg:
+            out.update(g)
+        return list(vg), out
 
     def variables_of(vgroups):
         out = {}
@@ -924,8 +932,9 @@ def scan(target, variable_axes: Mapping = {}, variable_broadcast=False, variable
       unroll, _split_transpose, check_constancy_invariants: accepted for Flax's signature;
         nothing is traced or compiled. The constancy trace always runs, as Flax's default.
       data_transform: ``f(variable_groups, rng_groups) -> (variable_groups, rng_groups)``,
-        called in every step on ``(broadcast, carry, *scanned)`` collection dicts and
-        ``({stream: key},)``.
+        called in every step (and the first trace) on the ``(broadcast, carry, *scanned)``
+        collection dicts and one ``{stream: key}`` dict per ``split_rngs`` entry (raw keys
+        where Flax passes its ``LazyRng`` wrappers).
       metadata_params: passed to the boxes' ``add_axis`` / ``remove_axis``
         (``{nn.PARTITION_NAME: 'layers'}``).
       methods: the methods to scan (a list, or ``{name: {scan kwargs}}``).

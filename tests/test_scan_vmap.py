@@ -593,6 +593,52 @@ def test_scan_over_remat_t5x_pattern():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_remat_around_scan_same_bits():
+    """nn.remat of a module holding a scan, called twice through one instance: the backward
+    pass runs the scan again with the RNG counters it had (dropout keys replayed)."""
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, c, x):
+            h = nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(c) + x)
+            return nn.tanh(h), h
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, c, xs):
+            c, ys = nn.scan(Block, variable_axes={'params': 0},
+                            split_rngs={'params': True, 'dropout': True})()(c, xs)
+            return cnp.sum(ys) + cnp.sum(nn.Dropout(0.5, deterministic=False)(c))
+
+    class CheckpointStack(Stack):  # nn.remat(Stack)'s name, without remat
+        pass
+
+    def net(remat):
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, c, xs):
+                S = nn.remat(Stack) if remat else CheckpointStack
+                s = S()
+                return S()(c, xs) + s(c, xs) + s(c, xs)
+        return Net
+
+    c = np.ones((2, 4), np.float32)
+    xs = np.linspace(0, 1, 24, dtype=np.float32).reshape(3, 2, 4)
+    rngs = {'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}
+    v0, v1 = net(False)().init(rngs, c, xs), net(True)().init(rngs, c, xs)
+    assert sorted(v1['params']) == ['CheckpointStack_0', 'CheckpointStack_1']
+    for a, b in zip(cts.tree_util.tree_leaves(v0), cts.tree_util.tree_leaves(v1)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    def vg(N, v):
+        return cts.value_and_grad(lambda p: N().apply({'params': p}, c, xs,
+                                                      rngs={'dropout': random.PRNGKey(5)}))(v)
+    l0, g0 = vg(net(False), v0['params'])
+    l1, g1 = vg(net(True), v1['params'])
+    assert float(l0) == float(l1)
+    for a, b in zip(cts.tree_util.tree_leaves(g0), cts.tree_util.tree_leaves(g1)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_scan_over_remat_matches_flax():
     """t5x's scalable_t5 pattern: remat(BlockLayer) scanned with the params' layer axis at
     position 1, lifted as ScanIn(1) (input only) once the params exist."""

@@ -8,7 +8,9 @@ collections right: the ``<col>_axes`` collections (sown by ``param_with_axes`` /
 is inserted into every names tuple at the collection's scan axis; on the way in it is checked
 and removed. Under ``with mesh, axis_rules(rules)`` the stacked values are then constrained to
 the sharding their full names resolve to, so a scanned model's parameters are born sharded
-with the layer axis (a rule such as ``('layers', None)`` keeps that axis whole).
+with the layer axis (a rule such as ``('layers', None)`` keeps that axis whole). Each layer's
+parameters are made sharded by their own axes, then stacked; a layer axis mapped onto a mesh
+axis is resharded after stacking, so for that moment a device holds every layer of its block.
 
 >>> import numpy as np
 >>> from ctrainstate import nn, random

@@ -603,6 +603,8 @@ def _scan_call(step: _Step, cfg: _ScanConfig, args: tuple, kwargs: dict):
     scan_in = [meta.remove_axis(g, ax, dict(cfg.metadata_params))
                for g, ax in zip(groups[2:], vin.values())]
     n = _scan_length(cfg, xs)
+    if n < 1:
+        raise ValueError(f"{who}: a scan of length {n} is not supported (nothing to run)")
     lifted = _rng_groups(S, cfg.split_rngs)
     keys = _split_keys(S, lifted, n)
     mutable = _Intersection(S.mutable, _Union(*out_filters))
@@ -794,6 +796,8 @@ def _vmap_call(step: _Step, cfg: _VmapConfig, args: tuple, kwargs: dict):
         if sizes and n not in sizes:
             raise ValueError(f"vmap: axis_size={n} disagrees with the mapped inputs' size "
                              f"{next(iter(sizes))}")
+    if n < 1:
+        raise ValueError(f"{who}: a vmap over an axis of size {n} is not supported")
     lifted = _rng_groups(S, cfg.split_rngs)
     keys = _split_keys(S, lifted, n)
     mutable = _Intersection(S.mutable, _Union(*tuple(vout)))
@@ -953,8 +957,9 @@ def scan(target, variable_axes: Mapping = {}, variable_broadcast=False, variable
                variable_carry=variable_carry, split_rngs=dict(split_rngs), in_axes=in_axes,
                out_axes=out_axes, length=length, reverse=reverse, unroll=unroll,
                data_transform=data_transform, metadata_params=dict(metadata_params))
-    for ax in _split_in_out_axes(cfg.variable_axes)[0].values():
-        if not isinstance(ax, int):
+    ins, outs = _split_in_out_axes(cfg.variable_axes)
+    for ax in list(ins.values()) + list(outs.values()):
+        if not isinstance(ax, int) or isinstance(ax, bool):
             raise TypeError(f"nn.scan: variable_axes values must be ints (or In/Out of ints), "
                             f"got {ax!r}")
     return _lift_class("scan", "Scan", target, _method_configs(methods, cfg, make), _scan_call)

@@ -3,9 +3,7 @@ remat: Flax's variable layout, names and metadata (reference table rows P9, P11,
 same parameter values as flax.linen for the same key (split RNG streams included), the same
 outputs and gradients, the same results on meshes, scan over remat, and clear errors."""
 import doctest
-import functools
 import importlib
-import warnings
 
 import numpy as np
 import pytest
@@ -74,7 +72,8 @@ def test_p9_scan_with_axes_sindot():
     with nn_partitioning.axis_rules(P9_RULES):
         v = Scanned(L, D).init(random.PRNGKey(0), x)
     assert set(v) == {'params', 'params_axes', 'stats', 'stats_axes'}
-    assert v['params_axes']['scanned_layer']['W1_axes'] == AxisMetadata(names=('layer', 'emb', 'mlp'))
+    assert v['params_axes']['scanned_layer']['W1_axes'] == \
+        AxisMetadata(names=('layer', 'emb', 'mlp'))
     assert nn_partitioning.get_axis_names(v['params_axes']) == {
         'scanned_layer': {'W1': P('layer', 'emb', 'mlp'), 'W2': P('layer', 'mlp', 'emb')},
         'scanned_layer2': {'W1': P('layer', 'emb', 'mlp'), 'W2': P('layer', 'mlp', 'emb')}}
@@ -454,6 +453,39 @@ def test_nested_scan_with_scan_out_matches_flax():
     np.testing.assert_allclose(np.asarray(o), np.asarray(fo), rtol=1e-6, atol=1e-6)
 
 
+def test_scan_without_constancy_trace_matches_flax():
+    """check_constancy_invariants=False: Flax traces the body once, so its counters (and the
+    keys) differ from the default's; ctrainstate follows."""
+    jax = pytest.importorskip("jax")
+    fnn = pytest.importorskip("flax.linen")
+
+    def scanned(N, **kw):
+        class Block(N.Module):
+            @N.compact
+            def __call__(self, c, x):
+                h = N.Dropout(0.5, deterministic=False)(N.Dense(3)(c) + x)
+                return N.tanh(h), h
+        return N.scan(Block, variable_axes={'params': 0},
+                      split_rngs={'params': True, 'dropout': True}, **kw)
+
+    c = np.ones((2, 3), np.float32)
+    xs = np.linspace(0, 1, 18, dtype=np.float32).reshape(3, 2, 3)
+    fo, fv = scanned(fnn, check_constancy_invariants=False)().init_with_output(
+        {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, c, xs)
+    o, v = scanned(nn, check_constancy_invariants=False)().init_with_output(
+        {'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, c, xs)
+    _assert_trees_close(v, fv)
+    np.testing.assert_allclose(np.asarray(o[1]), np.asarray(fo[1]), rtol=1e-6, atol=1e-6)
+    v_default = scanned(nn)().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)},
+                                   c, xs)
+    assert not np.array_equal(np.asarray(v['params']['Dense_0']['kernel']),
+                              np.asarray(v_default['params']['Dense_0']['kernel']))
+    with pytest.raises(ValueError, match="does not support broadcast non-carry function "
+                                         "outputs"):
+        scanned(nn, check_constancy_invariants=False, out_axes=nn.broadcast)().init(
+            random.PRNGKey(0), c, xs)
+
+
 # --- live parity with flax.linen: vmap ------------------------------------------------------------
 
 def _vmap_model(N, np_, shared: bool):
@@ -507,7 +539,7 @@ def test_vmap_matches_flax_init_apply_and_grads(shared):
     np.testing.assert_allclose(np.asarray(cg[1]), np.asarray(fg[1]), rtol=1e-4, atol=1e-5)
 
 
-# --- meshes ----------------------------------------------------------------------------------------
+# --- meshes ---------------------------------------------------------------------------------------
 
 def _t5x_stack(remat: bool, counter=None):
     class BlockLayer(nn.Module):
@@ -564,7 +596,8 @@ def test_sharded_scan_equals_single_device(mesh_shape, names, layer_rule):
         assert wi.sharding.is_equivalent_to(cts.NamedSharding(mesh, want), 3)
         l, g = cts.value_and_grad(_loss_fn(Stack, x))(v['params'])
     assert v['params_axes']['layers']['wi_axes'] == AxisMetadata(('layers', 'embed', 'mlp'))
-    for a, b in zip(cts.tree_util.tree_leaves(v['params']), cts.tree_util.tree_leaves(ref['params'])):
+    for a, b in zip(cts.tree_util.tree_leaves(v['params']),
+                    cts.tree_util.tree_leaves(ref['params'])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same bits on any mesh
     np.testing.assert_allclose(float(l), float(ref_l), rtol=1e-6)
     for a, b in zip(cts.tree_util.tree_leaves(g), cts.tree_util.tree_leaves(ref_g)):
@@ -711,7 +744,7 @@ def test_data_transform_sees_flax_groups():
     assert seen == [(3, [[], ['dropout']])] * 4  # the first trace and 3 steps; no 'params' key
 
 
-# --- errors and small semantics --------------------------------------------------------------------
+# --- errors and small semantics -------------------------------------------------------------------
 
 class _Add(nn.Module):
     @nn.compact
@@ -728,7 +761,8 @@ def test_scan_length_errors():
         _call(nn.scan(_AddTwo, in_axes=(nn.broadcast, nn.broadcast)), c, c, c)
     with pytest.raises(ValueError, match="length=5 disagrees"):
         _call(nn.scan(_Add, length=5), c, np.zeros((3, 2), np.float32))
-    with pytest.raises(ValueError, match="has size 2 along axis 0, but the transform's length is 3"):
+    with pytest.raises(ValueError, match="has size 2 along axis 0, but the transform's length "
+                                         "is 3"):
         _call(nn.scan(_AddTwo, in_axes=0), c, np.zeros((3, 2), np.float32),
               (np.zeros((3, 2), np.float32), np.zeros((2, 2), np.float32)))
     # the carry must keep its shape

@@ -204,7 +204,7 @@ def _write_back(scope, store: dict):
                 s._store[s._rel] = d
 
 
-# --- the tape ----------------------------------------------------------------------------------------
+# --- the tape -------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def _no_tape():
@@ -333,7 +333,7 @@ def _stack_trees(trees: list, axis: int, who: str):
     return tree_unflatten(td, out)
 
 
-# --- boxes: born sharded with the new axis ----------------------------------------------------------
+# --- boxes: born sharded with the new axis --------------------------------------------------------
 
 def _reshard_boxes(tree):
     """Each box's value resharded to the box's spec (a ``LogicallyPartitioned`` through the
@@ -523,6 +523,8 @@ class _ScanConfig:
     unroll: int = 1
     data_transform: Callable | None = None
     metadata_params: Mapping = dataclasses.field(default_factory=dict)
+    check_constancy_invariants: bool = True
+    _split_transpose: bool = False
 
 
 def _scan_length(cfg: _ScanConfig, xs: tuple) -> int:
@@ -602,6 +604,11 @@ def _scan_call(step: _Step, cfg: _ScanConfig, args: tuple, kwargs: dict):
     bcast_in, carry_vars = groups[0], groups[1]
     scan_in = [meta.remove_axis(g, ax, dict(cfg.metadata_params))
                for g, ax in zip(groups[2:], vin.values())]
+    if not cfg.check_constancy_invariants and any(
+            a is broadcast for a in tree_leaves(cfg.out_axes)):
+        raise ValueError(f"nn.scan run with check_constancy_invariants=False does not support "
+                         f"broadcast non-carry function outputs.  out_axes was given as "
+                         f"{cfg.out_axes}")
     n = _scan_length(cfg, xs)
     if n < 1:
         raise ValueError(f"{who}: a scan of length {n} is not supported (nothing to run)")
@@ -638,9 +645,12 @@ def _scan_call(step: _Step, cfg: _ScanConfig, args: tuple, kwargs: dict):
 
     # 1. Flax's first trace (finds the broadcast variables and advances the RNG counters):
     #    abstract when that suffices, else on step 0's values without recording
-    before = _snapshot(store)
-    bcast = _first_pass(step, cfg, init, xs_s, scan_s, bcast_in, carry_vars, keys, lifted,
-                        mutable, store, transform, variables_of, out_filters, before, who)
+    if cfg.check_constancy_invariants:
+        before = _snapshot(store)
+        bcast = _first_pass(step, cfg, init, xs_s, scan_s, bcast_in, carry_vars, keys, lifted,
+                            mutable, store, transform, variables_of, out_filters, before, who)
+    else:  # Flax's simple scan: one trace, broadcast variables are not made
+        bcast = bcast_in
 
     # 2. the loop: every step is the same second trace
     snap = _snapshot(store)
@@ -846,7 +856,7 @@ def _vmap_call(step: _Step, cfg: _VmapConfig, args: tuple, kwargs: dict):
     return ys_out
 
 
-# --- the lifted Module classes ----------------------------------------------------------------------
+# --- the lifted Module classes --------------------------------------------------------------------
 
 def _no_adopt(self):
     # the lifted module's field submodules are adopted by each step's clone, in the step's
@@ -933,8 +943,10 @@ def scan(target, variable_axes: Mapping = {}, variable_broadcast=False, variable
         step's value).
       length: the number of steps, needed when no scanned input gives it.
       reverse: run from the last step to the first (``ys`` keep their positions).
-      unroll, _split_transpose, check_constancy_invariants: accepted for Flax's signature;
-        nothing is traced or compiled. The constancy trace always runs, as Flax's default.
+      unroll, _split_transpose: accepted for Flax's signature; nothing is traced or compiled.
+      check_constancy_invariants: with ``False``, as in Flax, the first trace is skipped (the
+        RNG counters advance once, broadcast variables are not created and a broadcast
+        ``out_axes`` is refused).
       data_transform: ``f(variable_groups, rng_groups) -> (variable_groups, rng_groups)``,
         called in every step (and the first trace) on the ``(broadcast, carry, *scanned)``
         collection dicts and one ``{stream: key}`` dict per ``split_rngs`` entry (raw keys
@@ -956,7 +968,9 @@ def scan(target, variable_axes: Mapping = {}, variable_broadcast=False, variable
     cfg = make(variable_axes=dict(variable_axes), variable_broadcast=variable_broadcast,
                variable_carry=variable_carry, split_rngs=dict(split_rngs), in_axes=in_axes,
                out_axes=out_axes, length=length, reverse=reverse, unroll=unroll,
-               data_transform=data_transform, metadata_params=dict(metadata_params))
+               data_transform=data_transform, metadata_params=dict(metadata_params),
+               check_constancy_invariants=check_constancy_invariants,
+               _split_transpose=_split_transpose)
     ins, outs = _split_in_out_axes(cfg.variable_axes)
     for ax in list(ins.values()) + list(outs.values()):
         if not isinstance(ax, int) or isinstance(ax, bool):

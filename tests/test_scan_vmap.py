@@ -230,6 +230,30 @@ def test_m5_scan_metadata_params_partition_name():
         S2().init(random.PRNGKey(0), np.zeros((8, 3), np.float32), None)
 
 
+def test_m1_vmap_metadata_params():
+    class Bar(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            k = self.param('kernel', nn.with_partitioning(nn.initializers.ones, ('in', 'out')),
+                           (x.shape[-1], 2))
+            stored = self.scope.get_variable('params', 'kernel')
+            assert isinstance(stored, nn.Partitioned) and stored.names == ('in', 'out')
+            return cnp.dot(x, k)
+
+    class Foo(nn.Module):
+        @nn.compact
+        def __call__(self, xs):
+            return nn.vmap(Bar, variable_axes={'params': 0}, split_rngs={'params': True},
+                           metadata_params={nn.PARTITION_NAME: 'batch'})(name='bar')(xs)
+
+    v = Foo().init(random.PRNGKey(0), np.zeros((8, 3), np.float32))
+    k = v['params']['bar']['kernel']
+    assert isinstance(k, nn.Partitioned) and k.names == ('batch', 'in', 'out')
+    assert k.value.shape == (8, 3, 2)
+    y = Foo().apply(v, np.ones((8, 3), np.float32))
+    np.testing.assert_array_equal(np.asarray(y), np.full((8, 2), 3.0))
+
+
 def test_m9_dot_relu_dot_scan_specs_and_sharded_apply():
     class DotReluDot(nn.Module):
         depth: int

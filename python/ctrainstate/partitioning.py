@@ -54,7 +54,8 @@ __all__ = [
     'LogicalRules', 'axis_rules', 'set_axis_rules', 'get_axis_rules', 'logical_to_mesh_axes',
     'logical_to_mesh', 'logical_to_mesh_sharding', 'RulesFallback', 'with_sharding_constraint',
     'AxisMetadata', 'param_with_axes', 'variable_with_axes', 'get_axis_names',
-    'PartitionedVariable',
+    'PartitionedVariable', 'scan_with_axes', 'vmap_with_axes', 'remat', 'core_remat_static',
+    'ScanIn', 'ScanOut',
 ]
 
 
@@ -319,3 +320,13 @@ def get_axis_names(axes_metadata) -> dict:
             d = d.setdefault(key, {})
         d[keys[-1]] = v
     return out
+
+
+from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)
+    ScanIn,
+    ScanOut,
+    core_remat_static,
+    remat,
+    scan_with_axes,
+    vmap_with_axes,
+)

@@ -60,6 +60,11 @@ class Dropout(Module):
         deterministic = merge_param("deterministic", self.deterministic, deterministic)
         if self.rate == 0.0 or deterministic:
             return inputs
+        from .._abstract import ShapeDtypeStruct
+        if isinstance(inputs, ShapeDtypeStruct):  # eval_shape / a scan's first trace
+            if self.rate != 1.0 and rng is None:
+                self.make_rng(self.rng_collection)  # the key is drawn, as in Flax's trace
+            return inputs
         if self.rate == 1.0:
             # Flax: jnp.zeros_like(inputs) (zeros even where inputs are inf/NaN; no gradient)
             x = inputs if isinstance(inputs, Array) else _ops._lift(inputs)

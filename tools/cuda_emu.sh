@@ -87,7 +87,7 @@ echo "-- CPU suites that are device-generic, on 8 emulated GPU devices (the defa
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_ops.py \
     tests/test_modules.py tests/test_optim_combine.py tests/test_train_state.py \
     tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
-    tests/test_argmax_categorical.py
+    tests/test_argmax_categorical.py tests/test_matmul_precision.py
 echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
 echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=1 and 2)"

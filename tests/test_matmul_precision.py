@@ -202,10 +202,11 @@ def test_each_element_is_rounded(mode, side, cpu_kernel):
 
 
 @pytest.mark.parametrize("mode", ["tensorfloat32", "bfloat16"])
-@pytest.mark.parametrize("mkn", [(37, 300, 29), (130, 300, 2100)], ids=["small", "tiles"])
+@pytest.mark.parametrize("mkn", [(37, 300, 29), (130, 600, 2100)], ids=["small", "tiles"])
 def test_random_products_match_the_reference(mode, mkn, cpu_kernel):
     """Random normal operands, then operands whose rounding errors add up (where skipping the
-    rounding breaks the bound); (130, 300, 2100) crosses the BLAS path's K, N and row tiles."""
+    rounding breaks the bound); (130, 600, 2100) crosses the BLAS path's K (512), N (2048) and
+    row (m / threads) tiles."""
     m, k, n = mkn
     rng = np.random.default_rng(sum(mkn))
     normal = (rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32))
@@ -215,7 +216,7 @@ def test_random_products_match_the_reference(mode, mkn, cpu_kernel):
         ref, bound = product_ref(a, b, mode), accumulation_bound(a, b, mode)
         assert np.all(np.abs(got - ref) <= bound), np.max(np.abs(got - ref) / bound)
     exact = a.astype(np.float64) @ b.astype(np.float64)   # the biased data, unrounded
-    assert np.all(np.abs(exact - ref) > 4 * bound)
+    assert np.all(np.abs(exact - ref) > 2 * bound)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -452,7 +453,7 @@ def test_sharded_random_products_within_the_bound(mode):
         got = np.asarray(cnp.matmul(A, B, precision=mode)).astype(np.float64)
         ref, bound = product_ref(a, b, mode), accumulation_bound(a, b, mode)
         assert np.all(np.abs(got - ref) <= bound)
-    assert np.all(np.abs(a.astype(np.float64) @ b - ref) > 4 * bound)
+    assert np.all(np.abs(a.astype(np.float64) @ b - ref) > 2 * bound)
 
 
 # --- gradients ------------------------------------------------------------------------------------
@@ -581,7 +582,7 @@ def test_against_jax_on_cpu():
         else:  # a jax that honours precision on CPU: compare with it directly
             want = np.asarray(jnp.matmul(a, b, precision=mode))
         assert np.all(np.abs(ours - want) <= 2 * bound(mode)), mode
-        assert np.all(np.abs(highest - want) > 4 * bound(mode))
+        assert np.all(np.abs(highest - want) > 4 * bound(mode))  # so skipping the rounding fails the line above
         # einsum and the gradient (whose product rounds the cotangent and b), the same way
         g = cts.grad(lambda a: cnp.sum(cnp.einsum("ij,jk->ik", a, b, precision=mode)))(cts.device_put(a))
         ones = np.ones((24, 16), np.float32)

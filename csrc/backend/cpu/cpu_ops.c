@@ -288,9 +288,9 @@ static void gemm_builtin(int ta, int tb, int64_t m, int64_t n, int64_t k, float 
  * over tiles of TILE_K columns of op(A) by TILE_N columns of op(B). Each tile of op(B) is
  * rounded into a shared scratch, each thread rounds TILE_M-row slices of the matching
  * tile of op(A) into its own, and the BLAS adds their product into C (beta on the first
- * K tile, 1 after). Scratch: TILE_K * TILE_N + threads * TILE_M * TILE_K floats (2 MiB +
- * 128 KiB a thread at most), never a rounded copy of a whole operand. */
-enum { TILE_K = 256, TILE_N = 2048, TILE_M = 128 };
+ * K tile, 1 after). Scratch: TILE_K * TILE_N + threads * TILE_M * TILE_K floats (4 MiB +
+ * 1 MiB a thread at most), never a rounded copy of a whole operand. */
+enum { TILE_K = 512, TILE_N = 2048, TILE_M = 512 };
 
 static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, int64_t n,
                                    int64_t k, float alpha, const float *a, int64_t lda,
@@ -298,7 +298,10 @@ static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, 
                                    int64_t ldc, int drop) {
     const int nt = omp_get_max_threads();
     const int64_t kt = k < TILE_K ? k : TILE_K, ntl = n < TILE_N ? n : TILE_N;
-    const int64_t mt = m < TILE_M ? m : TILE_M, mchunks = (m + mt - 1) / mt;
+    /* row slices: at most TILE_M rows, and no more slices than it takes to keep every thread
+     * busy (each slice makes the BLAS pack the tile of op(B) again) */
+    const int64_t per_thread = (m + nt - 1) / nt;
+    const int64_t mt = per_thread < TILE_M ? per_thread : TILE_M, mchunks = (m + mt - 1) / mt;
     size_t bbytes = (size_t)(kt * ntl) * sizeof(float), abytes = (size_t)(nt * mt * kt) * sizeof(float);
     float *bs = malloc(bbytes), *as = malloc(abytes);
     if (bs == NULL || as == NULL) {

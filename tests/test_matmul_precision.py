@@ -501,6 +501,30 @@ def test_gradient_precision_is_fixed_when_the_forward_runs(mode):
 
 
 @pytest.mark.parametrize("mode", ["tensorfloat32", "bfloat16"])
+def test_checkpoint_reruns_with_the_forward_precision(mode):
+    """A checkpointed block runs again during the backward pass, after the
+    default_matmul_precision block around its first run has closed: the second run uses the
+    first run's default, so the gradients are those without checkpoint, bit for bit."""
+    x, w1, w2 = exact_data((6, 10), 30), exact_data((10, 8), 31), exact_data((8, 4), 32)
+    block = lambda x, w1, w2: cnp.matmul(cnp.matmul(x, w1), w2)  # noqa: E731
+
+    def loss(ws, remat):
+        f = cts.checkpoint(block) if remat else block
+        with cts.default_matmul_precision(mode):
+            y = f(x, *ws)
+        return cnp.sum(y * 0.5)
+
+    ws = (cts.device_put(w1), cts.device_put(w2))
+    plain = cts.grad(lambda ws: loss(ws, False))(ws)
+    remat = cts.grad(lambda ws: loss(ws, True))(ws)
+    for a, b in zip(plain, remat):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+    # and they are the rounded ones: d/dw2 = round(x @ w1 rounded)^T @ round(0.5)
+    h = product_ref(x, w1, mode).astype(np.float32)
+    check_product(remat[1], h.T, np.full((6, 4), 0.5, np.float32), mode)
+
+
+@pytest.mark.parametrize("mode", ["tensorfloat32", "bfloat16"])
 def test_batched_einsum_and_its_gradients(mode):
     """'bqd,bkd->bqk' (a batched product with a 3-d rhs) and its gradients."""
     q, k, c = exact_data((3, 5, 8), 13), exact_data((3, 7, 8), 14), exact_data((3, 5, 7), 15)

@@ -152,7 +152,7 @@ def resolve_precision(precision, what: str = "precision") -> int:
     (1, 0)
     """
     if precision is None:
-        return getattr(_tls, "default", F32)
+        return current_default()
     if isinstance(precision, (tuple, list)):
         if len(precision) != 2:
             raise ValueError(f"{what}: a precision pair has two entries (lhs, rhs), got "
@@ -173,6 +173,23 @@ def mode_name(code: int) -> str:
     return _MODE_NAMES[code]
 
 
+def current_default() -> int:
+    """The calling thread's default mode code (what ``precision=None`` resolves to now)."""
+    return getattr(_tls, "default", F32)
+
+
+@contextlib.contextmanager
+def default_mode(code: int):
+    """Internal: run a block with the thread's default mode set to ``code`` (a checkpointed
+    function run again for the backward pass gets the default its first run had)."""
+    prev = getattr(_tls, "default", F32)
+    _tls.default = code
+    try:
+        yield
+    finally:
+        _tls.default = prev
+
+
 @contextlib.contextmanager
 def default_matmul_precision(name):
     """``jax.default_matmul_precision``: inside the block, matrix products of this thread
@@ -181,7 +198,8 @@ def default_matmul_precision(name):
     ``'tensorfloat32'`` / ``'high'``, ``'bfloat16'``, ``'default'`` (float32 here), or a
     matching ``DotAlgorithmPreset`` name; ``None`` restores float32. Thread-local; blocks nest.
     A product's gradient uses the precision its forward pass was called with, wherever the
-    backward pass runs.
+    backward pass runs, and a ``checkpoint``-ed function run again for the backward pass
+    gets the default its first run had.
 
     >>> import numpy as np, ctrainstate as cts
     >>> x = np.array([[1 + 2.0 ** -9]], np.float32)

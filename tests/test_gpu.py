@@ -157,6 +157,96 @@ def test_softmax_cross_entropy_on_a_split_vocab_match_cpu():
                                rtol=1e-5, atol=1e-5)
 
 
+# --- matmul precisions (cublasGemmEx, FAST_TF32 / FAST_16BF) ---------------------------------
+
+_MANTISSA = {"tensorfloat32": 10, "bfloat16": 7}
+
+
+def _emulated_cublas():
+    """Under tools/mock_gpu.sh or tools/cuda_emu.sh (CTRAINSTATE_CUDA_BACKEND): both round the
+    inputs exactly as the CPU backend does (core/ct_prec_math.h). A real GPU's tensor cores
+    convert float32 inputs in a way cuBLAS does not document (nearest or truncation; and
+    FAST_16BF allows TF32 instead of bfloat16), so there only bounds are checked."""
+    import os
+    return bool(os.environ.get("CTRAINSTATE_CUDA_BACKEND"))
+
+
+def _int_plus_tiny(shape, seed):
+    """Integers 1..8 (either sign) plus 2^-13, which TF32 and bfloat16 round away (nearest):
+    rounded products are small integers, the same float32 bits in any summation order."""
+    rng = np.random.default_rng(seed)
+    n = rng.integers(1, 9, shape) * rng.choice([-1, 1], shape)
+    return (n + rng.choice([-1, 1], shape) * 2.0 ** -13).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["tensorfloat32", "bfloat16"])
+def test_matmul_precision_on_gpu(mode):
+    mb = _MANTISSA[mode]
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((64, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 48)).astype(np.float32)
+    d = gpus()[0]
+    ga, gb = cts.device_put(a, d), cts.device_put(b, d)
+    got = np.asarray(cnp.matmul(ga, gb, precision=mode)).astype(np.float64)
+    f32 = np.asarray(cnp.matmul(ga, gb)).astype(np.float64)
+    exact = a.astype(np.float64) @ b
+    mag = np.abs(a).astype(np.float64) @ np.abs(b)
+    acc = 2 * 256 * 2.0 ** -24 * mag
+    # each input off by at most one ulp of the format relative (truncation included)
+    assert np.all(np.abs(got - exact) <= (2 * 2.0 ** -mb + 2.0 ** (-2 * mb)) * mag + acc)
+    assert np.all(np.abs(f32 - exact) <= acc)
+    # and a reduced precision is in effect: float32 is far closer
+    assert np.median(np.abs(got - exact)) > 20 * np.median(np.abs(f32 - exact)), \
+        f"precision={mode!r} on GPU gave float32-like results"
+    cpu = cts.devices("cpu")[0]
+    on_cpu = np.asarray(cnp.matmul(cts.device_put(a, cpu), cts.device_put(b, cpu), precision=mode))
+    if _emulated_cublas():  # the same rounded inputs: the CPU's result up to summation order
+        assert np.all(np.abs(got - on_cpu) <= acc)
+    # one product per element: the rounded elements themselves
+    x = np.concatenate([rng.standard_normal(500).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 500),
+                        np.array([np.nan, np.inf, -np.inf, 0.0, 1 + 2.0 ** -(mb + 1), 2.0 ** -140,
+                                  np.finfo(np.float32).max], np.float32)])
+    one = np.ones((1, 1), np.float32)
+    col = np.asarray(cnp.matmul(cts.device_put(x[:, None], d), one, precision=mode))[:, 0]
+    want = np.asarray(cnp.matmul(cts.device_put(x[:, None], cpu), one, precision=mode))[:, 0]
+    if _emulated_cublas():
+        np.testing.assert_array_equal(col, want)
+    else:
+        np.testing.assert_array_equal(np.isnan(col), np.isnan(x))
+        assert col[x == np.inf] == np.inf and col[x == -np.inf] == -np.inf
+        normal = np.isfinite(x) & (np.abs(x) >= 2.0 ** -126) & (np.abs(x) < 2.0 ** 127)
+        assert np.all(np.abs(col[normal].astype(np.float64) - x[normal]) <= 2.0 ** -mb * np.abs(x[normal]))
+
+
+@pytest.mark.parametrize("shape", [(1,), (2,), (4,)])
+@pytest.mark.parametrize("mode", ["float32", "tensorfloat32", "bfloat16"])
+def test_sharded_matmul_precision_and_gradients_on_gpu(mode, shape):
+    """K sharded over the mesh (partial products all-reduced) and the gradients' products, with
+    a precision, compared with CPU devices: bit-equal on the emulations (the rounded inputs are
+    small integers), within the format's bound on a GPU."""
+    m = gpu_mesh(shape, ("model",))
+    x, w, c = _int_plus_tiny((8, 32), 1), _int_plus_tiny((32, 12), 2), _int_plus_tiny((8, 12), 3)
+
+    def loss(x, w):
+        return cnp.sum(cnp.matmul(x, w, precision=mode) * c)
+
+    cpu = cts.devices("cpu")[0]
+    X = cts.device_put(x, NamedSharding(m, P(None, "model")))
+    W = cts.device_put(w, NamedSharding(m, P("model", None)))
+    y = np.asarray(cnp.matmul(X, W, precision=mode))
+    gx, gw = cts.grad(loss, argnums=(0, 1))(X, W)
+    y_c = np.asarray(cnp.matmul(cts.device_put(x, cpu), cts.device_put(w, cpu), precision=mode))
+    gx_c, gw_c = cts.grad(loss, argnums=(0, 1))(cts.device_put(x, cpu), cts.device_put(w, cpu))
+    mb = _MANTISSA.get(mode, 23)
+    for got, want, (p, q) in ((y, y_c, (x, w)), (gx, gx_c, (c, w.T)), (gw, gw_c, (x.T, c))):
+        got, want = np.asarray(got), np.asarray(want)
+        mag = np.abs(p).astype(np.float64) @ np.abs(q)
+        if _emulated_cublas() and mode != "float32":
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert np.all(np.abs(got - want) <= (4 * 2.0 ** -mb + 64 * 2.0 ** -24) * mag)
+
+
 def _emu_nccl_stats():
     """(communicators created, collectives run) of the emulated NCCL (tools/cuda_emu.sh), or
     None elsewhere."""

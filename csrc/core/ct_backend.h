@@ -61,9 +61,11 @@ typedef struct ct_backend {
                         const int64_t *b_strides);
     ct_status (*reduce)(struct ct_device *dev, int op, int ndim, const int64_t *shape,
                         uint32_t axes, const float *x, float *out);
+    /* gemm's `prec` is a CT_PREC_* code (validated by the core): the operands are rounded
+     * to TF32 / bfloat16 as ct_prec_math.h defines before a float32-accumulated product. */
     ct_status (*gemm)(struct ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n,
                       int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                      int64_t ldb, float beta, float *c, int64_t ldc);
+                      int64_t ldb, float beta, float *c, int64_t ldc, int prec);
     ct_status (*allreduce)(struct ct_device **devs, float **bufs, int nbufs, int64_t count,
                            int op);
     /* Embedding rows (ct_ops.h: ct_op_gather_rows / ct_op_scatter_add_rows). */
@@ -105,7 +107,9 @@ typedef struct {
     ct_status (*set_error)(ct_status st, const char *fmt, ...);
 } ct_core_services;
 
-#define CT_BACKEND_ABI_VERSION 3 /* 2: copy_segments; 3: reduce/allreduce take an op, row gathers */
+/* 2: copy_segments; 3: reduce/allreduce take an op, row gathers; 4: gemm takes a precision
+ * (CT_PREC_*: float32, TF32 or bfloat16 inputs) */
+#define CT_BACKEND_ABI_VERSION 4
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

@@ -93,13 +93,16 @@ ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, in
 
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                     float beta, float *c, int64_t ldc) {
+                     float beta, float *c, int64_t ldc, int prec) {
     if (m < 0 || n < 0 || k < 0) return ct_set_error(CT_EINVAL, "negative matmul size");
+    if (prec < 0 || prec >= CT_PREC_COUNT)
+        return ct_set_error(CT_EINVAL, "unknown matmul precision %d", prec);
     if (ldc < (n > 1 ? n : 1) || lda < ((trans_a ? m : k) > 1 ? (trans_a ? m : k) : 1) ||
         ldb < ((trans_b ? k : n) > 1 ? (trans_b ? k : n) : 1))
         return ct_set_error(CT_EINVAL, "matmul leading dimensions too small");
     CT_TRY(need(dev, (const void *)dev->backend->gemm, "matmul"));
-    return dev->backend->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return dev->backend->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                              prec);
 }
 
 ct_status ct_op_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op) {

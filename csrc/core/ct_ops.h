@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "ct_device.h"
+#include "ct_prec_math.h" /* CT_PREC_*: matmul precisions */
 #include "ct_status.h"
 
 typedef enum {
@@ -86,10 +87,14 @@ ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, in
                                  int64_t row0, const int32_t *hit, const int32_t *start,
                                  int64_t nhit, const int32_t *pos, const float *g);
 
-/* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set. */
+/* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set.
+ * `prec` (CT_PREC_*, ct_prec_math.h): CT_PREC_F32 multiplies the float32 operands as they
+ * are; CT_PREC_TF32 / CT_PREC_BF16 round every element of A and B to TF32 / bfloat16
+ * first (ct_prec_round) and accumulate in float32 (cuBLAS: the FAST_TF32 / FAST_16BF
+ * compute types). alpha, beta and C are not rounded. */
 ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                      float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                     float beta, float *c, int64_t ldc);
+                     float beta, float *c, int64_t ldc, int prec);
 
 /* In-process all-reduce: every buffer becomes the elementwise sum (or max) of
  * all of them (combined in buffer order, so the result is deterministic). */

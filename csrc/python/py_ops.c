@@ -176,16 +176,20 @@ static PyObject *py_op_reduce(PyObject *self, PyObject *args) {
 
 /* Batched matmul over shards: for every shard, `batch` products
  * C[b] (m x n) = alpha * op(A[b]) op(B[b]) + beta * C[b]; a zero batch stride
- * broadcasts an operand over the batch. */
+ * broadcasts an operand over the batch. `prec`: CT_PREC_* (ct_prec_math.h). */
 static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *ao, *bo, *co;
     long long batch, m, n, k, sa, sb;
-    int ta, tb;
+    int ta, tb, prec = CT_PREC_F32;
     float alpha, beta;
-    if (!PyArg_ParseTuple(args, "OOOLLLLLLiiff:op_matmul", &ao, &bo, &co, &batch, &m, &n, &k,
-                          &sa, &sb, &ta, &tb, &alpha, &beta))
+    if (!PyArg_ParseTuple(args, "OOOLLLLLLiiff|i:op_matmul", &ao, &bo, &co, &batch, &m, &n, &k,
+                          &sa, &sb, &ta, &tb, &alpha, &beta, &prec))
         return NULL;
+    if (prec < 0 || prec >= CT_PREC_COUNT) {
+        PyErr_Format(PyExc_ValueError, "op_matmul: unknown precision code %d", prec);
+        return NULL;
+    }
     buf_list as, bs, cs;
     if (get_buffers(ao, &as, "matmul lhs", 1) < 0 || get_buffers(bo, &bs, "matmul rhs", 1) < 0 ||
         get_buffers(co, &cs, "matmul out", 1) < 0 || same_len(&as, &bs, "matmul") < 0 ||
@@ -206,7 +210,7 @@ static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
         float *c = cs.b[i]->data;
         for (long long t = 0; t < batch && st == CT_OK; t++)
             st = ct_op_gemm(cs.b[i]->dev, ta, tb, m, n, k, alpha, a + t * sa, ta ? m : k,
-                            b + t * sb, tb ? k : n, beta, c + t * m * n, n);
+                            b + t * sb, tb ? k : n, beta, c + t * m * n, n, prec);
     }
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);
@@ -395,7 +399,8 @@ static PyMethodDef ops_methods[] = {
      "the bit mask: op 0 sums, 1 takes the maximum (NaN wins)."},
     {"op_matmul", py_op_matmul, METH_VARARGS,
      "op_matmul($module, a, b, c, batch, m, n, k, a_batch_stride, b_batch_stride, trans_a, "
-     "trans_b, alpha, beta, /)\n--\n\nBatched GEMM on every shard."},
+     "trans_b, alpha, beta, precision=0, /)\n--\n\nBatched GEMM on every shard; precision: 0 "
+     "float32, 1 TF32 inputs, 2 bfloat16 inputs (float32 accumulation)."},
     {"op_allreduce", py_op_allreduce, METH_VARARGS,
      "op_allreduce($module, groups, op=0, /)\n--\n\nIn every group of shards, replace each shard "
      "by the sum (op 0) or the maximum (op 1) of the group."},

@@ -29,6 +29,7 @@ from .array import (Array, Shard, block_until_ready, device_get, device_put, fro
 from . import numpy
 from ._ops import grad, value_and_grad
 from ._remat import checkpoint, checkpoint_policies, remat
+from ._precision import default_matmul_precision
 from ._abstract import ShapeDtypeStruct, eval_shape
 from ._jit import jit, pjit
 from . import optim, train_state, lax, serialization, struct, traverse_util, core
@@ -43,4 +44,5 @@ __all__ = [
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
     "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
     "numpy", "grad", "value_and_grad", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit",
+    "default_matmul_precision",
 ]

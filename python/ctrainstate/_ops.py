@@ -15,7 +15,8 @@ The propagation rules are those of tensor and data parallelism:
 ``data`` — which is how gradients of data-replicated parameters get summed.
 
 When a :func:`value_and_grad` trace is active, each op also records its
-vector-Jacobian product on the tape. Arithmetic is float32.
+vector-Jacobian product on the tape. Arithmetic is float32; matrix products take a
+``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._precision`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from . import _C, _dtypes
 from ._devices import Device
+from ._precision import resolve_precision as _resolve_precision
 from .array import Array, _as_sharding, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
 
@@ -918,7 +920,7 @@ def with_sharding(x, sharding) -> Array:
 
 # --- matmul ----------------------------------------------------------------------------------
 
-def matmul(a, b) -> Array:
+def matmul(a, b, *, precision=None) -> Array:
     """``a @ b`` for ``a`` of shape (..., M, K) and ``b`` of shape (K, N) or (..., K, N)
     with the same batch dimensions.
 
@@ -926,24 +928,43 @@ def matmul(a, b) -> Array:
     both needs no communication until the end, where the partial products are all-reduced over
     those axes. Incompatible operand shardings are resharded (the operand whose sharding
     would clash is gathered), never silently wrong.
+
+    ``precision`` (``jnp.matmul``'s): ``None`` (the thread's default, float32 unless
+    :func:`ctrainstate.default_matmul_precision` says otherwise), a
+    :class:`ctrainstate.lax.Precision`, ``'float32'`` / ``'highest'``, ``'tensorfloat32'`` /
+    ``'high'`` (operands rounded to TF32, float32 accumulation), ``'bfloat16'`` (rounded to
+    bfloat16), ... — the table is in :mod:`ctrainstate._precision`. ``Precision.DEFAULT`` is
+    full float32 here on every backend, unlike jax on GPUs (TF32). The gradient's products
+    use the same precision; each shard's partial product is rounded the same way, so a
+    sharded product equals the single-device one up to float32 summation order.
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> x = np.array([[1 + 2.0 ** -12, 1.0]], np.float32)
+    >>> np.asarray(cnp.matmul(x, np.eye(2, dtype=np.float32), precision='tensorfloat32')).tolist()
+    [[1.0, 1.0]]
     """
+    return _matmul_nd(a, b, _resolve_precision(precision, "matmul"))
+
+
+def _matmul_nd(a, b, prec: int) -> Array:
+    """:func:`matmul` with a resolved precision code (0 float32, 1 TF32, 2 bfloat16)."""
     a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
     if a.ndim == 1 and b.ndim == 1:    # an inner product: a scalar
         if a.shape != b.shape:
             raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
-        return reshape(matmul(reshape(a, (1, a.shape[0])), reshape(b, (b.shape[0], 1))), ())
+        return reshape(_matmul_nd(reshape(a, (1, a.shape[0])), reshape(b, (b.shape[0], 1)), prec), ())
     if a.ndim == 1:
-        return reshape(matmul(reshape(a, (1, a.shape[0])), b), b.shape[:-2] + (b.shape[-1],))
+        return reshape(_matmul_nd(reshape(a, (1, a.shape[0])), b, prec), b.shape[:-2] + (b.shape[-1],))
     if b.ndim == 1:
-        return reshape(matmul(a, reshape(b, (b.shape[0], 1))), a.shape[:-1])
+        return reshape(_matmul_nd(a, reshape(b, (b.shape[0], 1)), prec), a.shape[:-1])
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
     if b.ndim > 2 and b.shape[:-2] != a.shape[:-2]:
         raise ValueError(f"matmul: batch dimensions differ: {a.shape} @ {b.shape} "
                          f"(b must be 2-d or have a's batch dimensions)")
-    return _matmul(a, b, False, False)
+    return _matmul(a, b, False, False, prec)
 
 
 def _tview(norm, shape, t):
@@ -953,8 +974,9 @@ def _tview(norm, shape, t):
     return [norm[1], norm[0]], (shape[1], shape[0])
 
 
-def _matmul(a: Array, b: Array, ta: bool, tb: bool) -> Array:
-    """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it."""
+def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
+    """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it;
+    ``prec``: the precision code every shard's GEMM (and the gradient's) runs with."""
     place = _common_placement([a, b])
     mesh = not isinstance(place, Device)
     an = _norm(a.sharding, a.ndim) if mesh and _mesh_key(a)[0] == "mesh" else [()] * a.ndim
@@ -993,26 +1015,26 @@ def _matmul(a: Array, b: Array, ta: bool, tb: bool) -> Array:
     batch = math.prod(a_loc[:-2])
     if len(bshape) == 2:  # fold a's batch into M: one GEMM per shard
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0,
-                     int(ta), int(tb), 1.0, 0.0)
+                     int(ta), int(tb), 1.0, 0.0, prec)
     else:
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), batch, m_loc, n_loc, k_loc,
-                     m_loc * k_loc, k_loc * n_loc, int(ta), int(tb), 1.0, 0.0)
+                     m_loc * k_loc, k_loc * n_loc, int(ta), int(tb), 1.0, 0.0, prec)
     _allreduce(out, kax)
 
     def vjp(g):
         # d op(a) = g @ op(b)^T ; d op(b) = op(a)^T @ g, expressed on the stored operands.
         if len(bshape) == 2:
             # stored a is (K, M) when ta: its gradient is op(b) @ g^T
-            ga = _matmul(g, b, False, not tb) if not ta else _matmul(b, g, tb, True)
+            ga = _matmul(g, b, False, not tb, prec) if not ta else _matmul(b, g, tb, True, prec)
             g2d = reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
             a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
             if tb:  # stored b is (N, K): gradient g^T @ op(a)
-                gb = _matmul(g2d, a2d, True, ta)
+                gb = _matmul(g2d, a2d, True, ta, prec)
             else:
-                gb = _matmul(a2d, g2d, not ta, False)
+                gb = _matmul(a2d, g2d, not ta, False, prec)
         else:
-            ga = matmul(g, _swap_last(b))
-            gb = matmul(_swap_last(a), g)
+            ga = _matmul_nd(g, _swap_last(b), prec)
+            gb = _matmul_nd(_swap_last(a), g, prec)
         return ga, gb
     return _record(out, (a, b), vjp)
 
@@ -1080,12 +1102,14 @@ def _swap_last(x: Array) -> Array:
 dot = matmul
 
 
-def einsum(subscripts: str, *operands) -> Array:
+def einsum(subscripts: str, *operands, precision=None) -> Array:
     """Two-operand einsum (batched-matmul patterns), e.g. ``'bi,ij->bj'``, ``'bqd,bkd->bqk'``.
 
     Indices in both operands and the output are batch dims, in both but not the output are
-    contracted, the rest are free; the product runs as transpose/reshape + :func:`matmul`.
+    contracted, the rest are free; the product runs as transpose/reshape + :func:`matmul`
+    with ``precision`` (as :func:`matmul`'s).
     """
+    prec = _resolve_precision(precision, "einsum")
     if len(operands) != 2:
         raise NotImplementedError(
             f"einsum takes exactly two operands here, got {len(operands)}: write the "
@@ -1125,7 +1149,7 @@ def einsum(subscripts: str, *operands) -> Array:
     N = math.prod(size[c] for c in fb)
     a3 = reshape(at, B + [M, K])
     b3 = reshape(bt, B + [K, N]) if batch else reshape(bt, [K, N])
-    r = matmul(a3, b3)
+    r = _matmul_nd(a3, b3, prec)
     r = reshape(r, B + [size[c] for c in fa] + [size[c] for c in fb])
     cur = batch + fa + fb
     return transpose(r, [cur.index(c) for c in out])
@@ -1319,7 +1343,8 @@ def _rule_expand(x, axis):
     return tuple(sh)
 
 
-def _rule_matmul(a, b):
+def _rule_matmul(a, b, precision=None):
+    _resolve_precision(precision, "matmul")
     sa, sb = _shp(a), _shp(b)
     if len(sa) == 1 and len(sb) == 1:
         return ()
@@ -1332,7 +1357,8 @@ def _rule_matmul(a, b):
     return sa[:-1] + (sb[-1],)
 
 
-def _rule_einsum(sub, *operands):
+def _rule_einsum(sub, *operands, precision=None):
+    _resolve_precision(precision, "einsum")
     if len(operands) != 2:
         raise NotImplementedError(f"einsum takes exactly two operands here, got {len(operands)}")
     a, b = operands

@@ -112,10 +112,14 @@ def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after
     ``after_rerun(token)``: hooks that put caller state (e.g. a module's RNG counters) back
     as it was at the first run while the second one runs."""
     from . import _ops
+    from ._precision import current_default, default_mode
 
     outer = _ops._tape()
     if outer is None:
         return fn(*args, **kwargs)
+    # the second run multiplies as the first did, also where the backward pass runs outside
+    # the default_matmul_precision block the forward ran in (jax fixes it when tracing)
+    matmul_default = current_default()
     # 1. forward: a probe tape that sees the outer tape's tracked arrays, so every op that
     #    depends on them is noticed (and their identities collected), then dropped
     probe = _ops._Tape()
@@ -151,7 +155,8 @@ def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after
         stack.append(tape)
         _rerun.depth = getattr(_rerun, "depth", 0) + 1
         try:
-            res2 = fn(*args, **kwargs)
+            with default_mode(matmul_default):
+                res2 = fn(*args, **kwargs)
         finally:
             _rerun.depth -= 1
             stack.pop()

@@ -1,4 +1,6 @@
-"""The ``jax.lax`` names a sharded training script uses: ``with_sharding_constraint``.
+"""The ``jax.lax`` names a sharded training script uses: ``with_sharding_constraint``,
+``stop_gradient`` and ``Precision`` (the ``precision=`` of matrix products: DEFAULT and HIGHEST
+are float32 here, HIGH is TF32; see :mod:`ctrainstate._precision`).
 
 ``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
 sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
@@ -25,8 +27,9 @@ from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
 from ._ops import stop_gradient  # noqa: E402,F401
+from ._precision import Precision  # noqa: E402,F401
 
-__all__ = ["with_sharding_constraint", "stop_gradient"]
+__all__ = ["with_sharding_constraint", "stop_gradient", "Precision"]
 
 
 def _is_spec_leaf(x) -> bool:

@@ -17,6 +17,8 @@
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 
+#include "core/ct_prec_math.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -799,14 +801,16 @@ cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* C (m x n, ldc) = alpha op(A) op(B) + beta C, column-major; op(A) is m x k, op(B) k x n. */
-cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                           int n, int k, const float *alpha, const float *a, int lda,
-                           const float *b, int ldb, const float *beta, float *c, int ldc) {
+/* C (m x n, ldc) = alpha op(A) op(B) + beta C, column-major; op(A) is m x k, op(B) k x n;
+ * every element of A and B rounded by ct_prec_round(x, drop) first (drop 0: float32). */
+static cublasStatus_t gemm_emu(const char *fn, cublasHandle_t h, cublasOperation_t ta,
+                               cublasOperation_t tb, int m, int n, int k, const float *alpha,
+                               const float *a, int lda, const float *b, int ldb,
+                               const float *beta, float *c, int ldc, int drop) {
     if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (h->dev != t_dev) {
         violation(cudaErrorInvalidResourceHandle,
-                  "cublasSgemm with a handle of GPU %d while GPU %d is current", h->dev, t_dev);
+                  "%s with a handle of GPU %d while GPU %d is current", fn, h->dev, t_dev);
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
     const int arows = ta == CUBLAS_OP_N ? m : k, acols = ta == CUBLAS_OP_N ? k : m;
@@ -820,9 +824,9 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
         const size_t fa = k ? (size_t)lda * (acols - 1) + arows : 0;
         const size_t fb = k ? (size_t)ldb * (bcols - 1) + brows : 0;
         const size_t fc = (size_t)ldc * (n - 1) + m;
-        if ((fa && need_device_locked(a, fa * 4, -1, "cublasSgemm", "A")) ||
-            (fb && need_device_locked(b, fb * 4, -1, "cublasSgemm", "B")) ||
-            need_device_locked(c, fc * 4, -1, "cublasSgemm", "C"))
+        if ((fa && need_device_locked(a, fa * 4, -1, fn, "A")) ||
+            (fb && need_device_locked(b, fb * 4, -1, fn, "B")) ||
+            need_device_locked(c, fc * 4, -1, fn, "C"))
             return CUBLAS_STATUS_EXECUTION_FAILED;
     }
     const float al = *alpha, be = *beta; /* host scalars: read at the call */
@@ -835,7 +839,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                 for (int p = 0; p < k; p++) {
                     const float av = ta == CUBLAS_OP_N ? a[i + (size_t)p * lda] : a[p + (size_t)i * lda];
                     const float bv = tb == CUBLAS_OP_N ? b[p + (size_t)j * ldb] : b[j + (size_t)p * ldb];
-                    acc += (double)av * bv;
+                    acc += (double)ct_prec_round(av, drop) * ct_prec_round(bv, drop);
                 }
                 float r = al * (float)acc;
                 if (be != 0.0f) r += be * c[i + (size_t)j * ldc];
@@ -845,6 +849,40 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
             for (int i = 0; i < m; i++) c[i + (size_t)j * ldc] = out[(size_t)j * m + i];
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const float *alpha, const float *a, int lda,
+                           const float *b, int ldb, const float *beta, float *c, int ldc) {
+    return gemm_emu("cublasSgemm", h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 0);
+}
+
+/* Only what the backend asks for: float32 A, B, C and scalars, compute type 32F (exact
+ * float32 inputs) or 32F_FAST_TF32 / 32F_FAST_16BF (inputs rounded, ct_prec_math.h). Any
+ * other combination is refused (cuBLAS supports more; the backend must not need it here). */
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *a, cudaDataType_t atype,
+                            int lda, const void *b, cudaDataType_t btype, int ldb,
+                            const void *beta, void *c, cudaDataType_t ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    if (atype != CUDA_R_32F || btype != CUDA_R_32F || ctype != CUDA_R_32F) {
+        fprintf(stderr, "cuda_emu: cublasGemmEx: only CUDA_R_32F operands are emulated (got %d %d %d)\n",
+                (int)atype, (int)btype, (int)ctype);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (algo != CUBLAS_GEMM_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
+    int drop;
+    switch (compute) {
+    case CUBLAS_COMPUTE_32F:
+    case CUBLAS_COMPUTE_32F_PEDANTIC: drop = 0; break;
+    case CUBLAS_COMPUTE_32F_FAST_TF32: drop = ct_prec_drop_bits(CT_PREC_TF32); break;
+    case CUBLAS_COMPUTE_32F_FAST_16BF: drop = ct_prec_drop_bits(CT_PREC_BF16); break;
+    default:
+        fprintf(stderr, "cuda_emu: cublasGemmEx: compute type %d is not emulated\n", (int)compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return gemm_emu("cublasGemmEx", h, ta, tb, m, n, k, (const float *)alpha, (const float *)a,
+                    lda, (const float *)b, ldb, (const float *)beta, (float *)c, ldc, drop);
 }
 
 /* --- NCCL (the calls csrc/backend/cuda/cuda_nccl.cu makes, found with dlsym) -------------------

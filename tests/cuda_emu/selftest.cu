@@ -205,6 +205,35 @@ int main() {
     EXPECT(cudaSetDevice(0) == cudaSuccess);
     cudaGetLastError();
 
+    // cublasGemmEx: the fast compute types round the float32 inputs (1 + 2^-12 is 1 in TF32,
+    // 1 + 2^-9 is 1 in bfloat16), 32F keeps them; other operand types are refused
+    {
+        const float hx[2] = {1.0f + 0x1p-12f, 1.0f + 0x1p-9f}, hy = 1.0f;
+        float *dx, *dy, *dz, hz[2];
+        EXPECT(cudaMalloc((void **)&dx, sizeof hx) == cudaSuccess);
+        EXPECT(cudaMalloc((void **)&dy, sizeof hy) == cudaSuccess);
+        EXPECT(cudaMalloc((void **)&dz, sizeof hz) == cudaSuccess);
+        cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice);
+        cudaMemcpy(dy, &hy, sizeof hy, cudaMemcpyHostToDevice);
+        const cublasComputeType_t cts[3] = {CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32,
+                                            CUBLAS_COMPUTE_32F_FAST_16BF};
+        const float want[3][2] = {{hx[0], hx[1]}, {1.0f, hx[1]}, {1.0f, 1.0f}};
+        for (int t = 0; t < 3; t++) {
+            // z (2x1) = x (2x1) y (1x1), column-major
+            EXPECT(cublasGemmEx(hb0, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &one, dx, CUDA_R_32F, 2, dy,
+                                CUDA_R_32F, 1, &zero, dz, CUDA_R_32F, 2, cts[t],
+                                CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+            cudaMemcpy(hz, dz, sizeof hz, cudaMemcpyDeviceToHost);
+            EXPECT(hz[0] == want[t][0] && hz[1] == want[t][1]);
+        }
+        EXPECT(cublasGemmEx(hb0, CUBLAS_OP_N, CUBLAS_OP_N, 2, 1, 1, &one, dx, CUDA_R_16F, 2, dy,
+                            CUDA_R_32F, 1, &zero, dz, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);
+        cudaFree(dx);
+        cudaFree(dy);
+        cudaFree(dz);
+    }
+
     // the lazy schedule: queued work runs only when something waits for it
     {
         cudaStream_t a, b;

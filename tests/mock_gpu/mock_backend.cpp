@@ -13,6 +13,7 @@ extern "C" {
 #include "core/ct_device.h"
 #include "core/ct_ops.h"
 #include "core/ct_ops_math.h"
+#include "core/ct_prec_math.h"
 #include "core/ct_optim.h"
 #include "core/ct_optim_math.h"
 }
@@ -150,15 +151,16 @@ static ct_status m_reduce(ct_device *dev, int op, int ndim, const int64_t *shape
 
 static ct_status m_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                        int64_t ldc) {
+                        int64_t ldc, int prec) {
     (void)dev;
     a = R(a); b = R(b); c = R(c);
+    const int drop = ct_prec_drop_bits(prec); /* TF32 / bfloat16 inputs: ct_prec_math.h */
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double acc = 0;
             for (int64_t l = 0; l < k; l++) {
-                float av = ta ? a[l * lda + i] : a[i * lda + l];
-                float bv = tb ? b[j * ldb + l] : b[l * ldb + j];
+                float av = ct_prec_round(ta ? a[l * lda + i] : a[i * lda + l], drop);
+                float bv = ct_prec_round(tb ? b[j * ldb + l] : b[l * ldb + j], drop);
                 acc += (double)av * bv;
             }
             float prev = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];

@@ -4,7 +4,10 @@
  * Elementwise loops are written so gcc vectorises them (-O3); transcendental
  * functions come from libm. GEMM goes to an optimized BLAS when one was
  * registered (ct_set_blas_sgemm: the bindings hand over scipy's OpenBLAS
- * sgemm when available) and otherwise to a cache-blocked OpenMP kernel here.
+ * sgemm when available) and otherwise to a cache-blocked OpenMP kernel here;
+ * TF32 / bfloat16 precisions round the operands as ct_prec_math.h defines (as
+ * they are read in the built-in kernel, tile by tile into a bounded scratch for
+ * the BLAS) and accumulate in float32.
  */
 /* No errno from libm here: lets sqrtf/logf loops vectorise (ops report NaN/inf, not errno). */
 #pragma GCC optimize("no-math-errno")
@@ -17,6 +20,7 @@
 #include "../../core/ct_layout.h"
 #include "../../core/ct_ops.h"
 #include "../../core/ct_ops_math.h"
+#include "../../core/ct_prec_math.h"
 #include "cpu_ops.h"
 #include "cpu_vmath.h"
 
@@ -238,10 +242,15 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
 // --- GEMM ------------------------------------------------------------------------
 
 /* Built-in kernel: C = alpha*op(A)op(B) + beta*C, row-major, blocked over k
- * and parallel over rows of C; the inner loop is a contiguous axpy. */
-static void gemm_builtin(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                         float *c, int64_t ldc) {
+ * and parallel over rows of C; the inner loop is a contiguous axpy. `drop`
+ * (ct_prec_drop_bits) rounds every operand element as it is read, so a reduced
+ * precision needs no rounded copy; the kernel is inlined with a constant
+ * `drop`, and with 0 it is the plain float32 loop. */
+static inline __attribute__((always_inline)) void gemm_kernel(int ta, int tb, int64_t m, int64_t n,
+                                                              int64_t k, float alpha, const float *a,
+                                                              int64_t lda, const float *b,
+                                                              int64_t ldb, float beta, float *c,
+                                                              int64_t ldc, int drop) {
     enum { KB = 256 };
 #pragma omp parallel for schedule(static) if (m * n * k > 1000000)
     for (int64_t i = 0; i < m; i++) {
@@ -252,27 +261,111 @@ static void gemm_builtin(int ta, int tb, int64_t m, int64_t n, int64_t k, float 
         for (int64_t k0 = 0; k0 < k; k0 += KB) {
             int64_t k1 = k0 + KB < k ? k0 + KB : k;
             for (int64_t p = k0; p < k1; p++) {
-                float av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
+                float av = alpha * ct_prec_round(ta ? a[p * lda + i] : a[i * lda + p], drop);
                 if (!tb) {
                     const float *bp = b + p * ldb;
 #pragma omp simd
-                    for (int64_t j = 0; j < n; j++) ci[j] += av * bp[j];
+                    for (int64_t j = 0; j < n; j++) ci[j] += av * ct_prec_round(bp[j], drop);
                 } else {
-                    for (int64_t j = 0; j < n; j++) ci[j] += av * b[j * ldb + p];
+                    for (int64_t j = 0; j < n; j++) ci[j] += av * ct_prec_round(b[j * ldb + p], drop);
                 }
             }
         }
     }
 }
 
+static void gemm_builtin(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc, int prec) {
+    switch (ct_prec_drop_bits(prec)) {
+    case 13: gemm_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 13); break;
+    case 16: gemm_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 16); break;
+    default: gemm_kernel(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 0); break;
+    }
+}
+
+/* A reduced precision through the BLAS, which cannot round its inputs: the product runs
+ * over tiles of TILE_K columns of op(A) by TILE_N columns of op(B). Each tile of op(B) is
+ * rounded into a shared scratch, each thread rounds TILE_M-row slices of the matching
+ * tile of op(A) into its own, and the BLAS adds their product into C (beta on the first
+ * K tile, 1 after). Scratch: TILE_K * TILE_N + threads * TILE_M * TILE_K floats (4 MiB +
+ * 1 MiB a thread at most), never a rounded copy of a whole operand. */
+enum { TILE_K = 512, TILE_N = 2048, TILE_M = 512 };
+
+static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, int64_t n,
+                                   int64_t k, float alpha, const float *a, int64_t lda,
+                                   const float *b, int64_t ldb, float beta, float *c,
+                                   int64_t ldc, int drop) {
+    const int nt = omp_get_max_threads();
+    const int64_t kt = k < TILE_K ? k : TILE_K, ntl = n < TILE_N ? n : TILE_N;
+    /* row slices: at most TILE_M rows, and no more slices than it takes to keep every thread
+     * busy (each slice makes the BLAS pack the tile of op(B) again) */
+    const int64_t per_thread = (m + nt - 1) / nt;
+    const int64_t mt = per_thread < TILE_M ? per_thread : TILE_M, mchunks = (m + mt - 1) / mt;
+    size_t bbytes = (size_t)(kt * ntl) * sizeof(float), abytes = (size_t)(nt * mt * kt) * sizeof(float);
+    float *bs = malloc(bbytes), *as = malloc(abytes);
+    if (bs == NULL || as == NULL) {
+        free(bs);
+        free(as);
+        return ct_set_error(CT_EOOM, "RESOURCE_EXHAUSTED: host out of memory for %zu bytes of "
+                                     "matmul rounding scratch", bbytes + abytes);
+    }
+    const int ildc = (int)ldc;
+    for (int64_t k0 = 0; k0 < k; k0 += kt) {
+        const int64_t kb = k - k0 < kt ? k - k0 : kt;
+        const float bet = k0 == 0 ? beta : 1.0f;
+        for (int64_t n0 = 0; n0 < n; n0 += ntl) {
+            const int64_t nb = n - n0 < ntl ? n - n0 : ntl;
+            const int par = mchunks > 1 && 2 * m * nb * kb >= (1 << 22);
+#pragma omp parallel num_threads(nt) if (par)
+            {
+                /* op(B)[k0 + p, n0 + j] -> bs[p * nb + j] */
+                if (!tb) {
+#pragma omp for schedule(static)
+                    for (int64_t p = 0; p < kb; p++)
+                        for (int64_t j = 0; j < nb; j++)
+                            bs[p * nb + j] = ct_prec_round(b[(k0 + p) * ldb + n0 + j], drop);
+                } else {
+#pragma omp for schedule(static)
+                    for (int64_t j = 0; j < nb; j++)
+                        for (int64_t p = 0; p < kb; p++)
+                            bs[p * nb + j] = ct_prec_round(b[(n0 + j) * ldb + k0 + p], drop);
+                }
+                float *my = as + (size_t)omp_get_thread_num() * (size_t)(mt * kt);
+#pragma omp for schedule(static)
+                for (int64_t ch = 0; ch < mchunks; ch++) {
+                    const int64_t r0 = ch * mt, mb = m - r0 < mt ? m - r0 : mt;
+                    /* op(A)[r0 + i, k0 + p] -> my[i * kb + p] */
+                    for (int64_t i = 0; i < mb; i++)
+                        for (int64_t p = 0; p < kb; p++)
+                            my[i * kb + p] = ct_prec_round(
+                                ta ? a[(k0 + p) * lda + r0 + i] : a[(r0 + i) * lda + k0 + p], drop);
+                    /* row-major C[r0:, n0:] (mb x nb) = my (mb x kb) @ bs (kb x nb), i.e.
+                     * column-major C^T = bs^T my^T */
+                    int inb = (int)nb, imb = (int)mb, ikb = (int)kb;
+                    blas("N", "N", &inb, &imb, &ikb, &alpha, bs, &inb, my, &ikb, &bet,
+                         c + r0 * ldc + n0, &ildc);
+                }
+            }
+        }
+    }
+    free(bs);
+    free(as);
+    return CT_OK;
+}
+
 ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                      float beta, float *c, int64_t ldc) {
+                      float beta, float *c, int64_t ldc, int prec) {
     (void)dev;
     if (m == 0 || n == 0) return CT_OK;
     ct_sgemm_fn blas = ct_get_blas_sgemm();
     if (blas != NULL && m < INT32_MAX && n < INT32_MAX && k < INT32_MAX && lda < INT32_MAX &&
         ldb < INT32_MAX && ldc < INT32_MAX && k > 0) {
+        int drop = ct_prec_drop_bits(prec);
+        if (drop != 0)
+            return gemm_blas_rounded(blas, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                                     drop);
         /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
         int in = (int)n, ik = (int)k, ilda = (int)lda, ildb = (int)ldb, ildc = (int)ldc;
         const char *tra = tb ? "T" : "N", *trb = ta ? "T" : "N";
@@ -292,7 +385,7 @@ ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int6
         }
         return CT_OK;
     }
-    gemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_builtin(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, prec);
     return CT_OK;
 }
 

@@ -33,7 +33,7 @@ extern "C" ct_status ct_cuda_reduce(ct_device *dev, int op, int ndim, const int6
                                     uint32_t axes, const float *x, float *out);
 extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda, const float *b,
-                                  int64_t ldb, float beta, float *c, int64_t ldc);
+                                  int64_t ldb, float beta, float *c, int64_t ldc, int prec);
 extern "C" ct_status ct_cuda_allreduce(ct_device **devs, float **bufs, int nbufs,
                                        int64_t count, int op);
 extern "C" ct_status ct_cuda_gather_rows(ct_device *dev, const float *table, int64_t nrows,

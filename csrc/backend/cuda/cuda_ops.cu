@@ -242,9 +242,14 @@ static ct_status handle_for(ct_device *dev, cublasHandle_t *out) {
     return CT_OK;
 }
 
+/* The precisions map onto cuBLAS compute types on float32 operands: CT_PREC_F32 is plain
+ * cublasSgemm (the handle keeps CUBLAS_DEFAULT_MATH: no TF32), CT_PREC_TF32 and CT_PREC_BF16
+ * are cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF (tensor cores with the
+ * inputs converted to TF32 / bfloat16, float32 accumulation). The compute type is a
+ * per-call argument, so nothing on the shared handle has to be set and restored. */
 extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda, const float *b,
-                                  int64_t ldb, float beta, float *c, int64_t ldc) {
+                                  int64_t ldb, float beta, float *c, int64_t ldc, int prec) {
     if (m == 0 || n == 0) return CT_OK;
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
         return ct_cuda_core->set_error(CT_EINVAL, "matmul dimensions exceed 2^31");
@@ -255,12 +260,23 @@ extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int
         return ct_cuda_unary(dev, CT_UN_AFFINE, beta, 0.0f, m * n, c, c);
     }
     /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
-    cublasStatus_t st = cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                    (int)n, (int)m, (int)k, &alpha, b, (int)ldb, a, (int)lda, &beta,
-                                    c, (int)ldc);
+    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t st;
+    const char *what = "cublasSgemm";
+    if (prec == CT_PREC_F32) {
+        st = cublasSgemm(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, (int)ldb, a, (int)lda,
+                         &beta, c, (int)ldc);
+    } else {
+        const cublasComputeType_t ct =
+            prec == CT_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F_FAST_16BF;
+        what = prec == CT_PREC_TF32 ? "cublasGemmEx (TF32)" : "cublasGemmEx (bfloat16)";
+        st = cublasGemmEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha, b, CUDA_R_32F, (int)ldb, a,
+                          CUDA_R_32F, (int)lda, &beta, c, CUDA_R_32F, (int)ldc, ct,
+                          CUBLAS_GEMM_DEFAULT);
+    }
     if (st != CUBLAS_STATUS_SUCCESS)
-        return ct_cuda_core->set_error(CT_EDEVICE, "cublasSgemm failed (status %d) on CudaDevice(id=%d)",
-                                       (int)st, dev->id);
+        return ct_cuda_core->set_error(CT_EDEVICE, "%s failed (status %d) on CudaDevice(id=%d)",
+                                       what, (int)st, dev->id);
     return CT_OK;
 }
 

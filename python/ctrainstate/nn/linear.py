@@ -39,8 +39,21 @@ def _check_dtype(module) -> None:
             f"would compute and return {np.dtype(dt)})")
 
 
+def _precision(module):
+    """``module.precision``, checked now so a bad value names the module (the product
+    resolves it again: ``None`` is the thread's default, see :mod:`ctrainstate._precision`)."""
+    from .._precision import resolve_precision
+    resolve_precision(module.precision, f"{type(module).__name__}(precision=...)")
+    return module.precision
+
+
 class Dense(Module):
     """``y = x @ kernel + bias`` with ``kernel`` of shape ``(in, features)``.
+
+    ``precision`` is the product's (``jnp.matmul``'s ``precision=``, Flax's field): ``None``
+    (the thread's default: float32 unless ``default_matmul_precision`` says otherwise),
+    ``'tensorfloat32'`` / ``Precision.HIGH``, ``'bfloat16'``, ``'float32'`` / ``HIGHEST``...;
+    the gradient's products use it too.
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random
@@ -53,15 +66,17 @@ class Dense(Module):
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = np.float32
+    precision: Any = None
     kernel_init: Callable = default_kernel_init
     bias_init: Callable = initializers.zeros_init()
 
     @compact
     def __call__(self, inputs):
         _check_dtype(self)
+        precision = _precision(self)
         kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), self.features),
                             self.param_dtype)
-        y = cnp.matmul(inputs, kernel)
+        y = cnp.matmul(inputs, kernel, precision=precision)
         if self.use_bias:
             bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
             y = y + bias
@@ -84,7 +99,8 @@ class DenseGeneral(Module):
     axis names of the kernel (``len(axis) + len(features)`` names), declared with
     ``param_with_axes`` as in t5x's ``DenseGeneral`` (the bias takes the feature
     names). Multi-axis kernels are generated on the host and scattered; 2-d ones
-    are generated in place on each device.
+    are generated in place on each device. ``precision``: the product's, as
+    :class:`Dense`'s.
     """
 
     features: Any
@@ -94,11 +110,13 @@ class DenseGeneral(Module):
     param_dtype: Any = np.float32
     kernel_init: Callable = default_kernel_init
     bias_init: Callable = initializers.zeros_init()
+    precision: Any = None
     kernel_axes: tuple = ()
 
     @compact
     def __call__(self, inputs):
         _check_dtype(self)
+        precision = _precision(self)
         feats = (self.features,) if isinstance(self.features, int) else tuple(self.features)
         nd = len(np.shape(inputs))
         axes = _canon(self.axis, nd)
@@ -114,7 +132,7 @@ class DenseGeneral(Module):
         batch_shape = tuple(np.shape(inputs)[d] for d in keep)
         x2 = cnp.reshape(x, batch_shape + (flat[0],)) if len(axes) != 1 else x
         k2 = cnp.reshape(kernel, flat) if kshape != flat else kernel
-        y = cnp.matmul(x2, k2)
+        y = cnp.matmul(x2, k2, precision=precision)
         if len(feats) != 1:
             y = cnp.reshape(y, batch_shape + feats)
         if self.use_bias:

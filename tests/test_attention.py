@@ -520,3 +520,27 @@ def test_attention_fn_and_custom_einsum():
     np.testing.assert_allclose(np.asarray(nn.dot_product_attention_weights(q, k, einsum=my_einsum)),
                                np.asarray(nn.dot_product_attention_weights(q, k)), rtol=1e-6)
     assert calls == ["...qhd,...khd->...hqk"]
+
+
+def test_precision_reaches_every_product():
+    """precision= of the layer goes to its projections and both attention einsums: 'highest'
+    is float32 bit for bit, 'bfloat16' and 'tensorfloat32' change the output (by about the
+    inputs' rounding) and stay within that format's error of the float32 reference."""
+    m32 = nn.MultiHeadDotProductAttention(3)
+    v = m32.init(random.PRNGKey(1), X)
+    base = np.asarray(m32.apply(v, X))
+    hi = np.asarray(nn.MultiHeadDotProductAttention(3, precision="highest").apply(v, X))
+    assert hi.tobytes() == base.tobytes()
+    for prec, eps in (("bfloat16", 2.0 ** -8), ("tensorfloat32", 2.0 ** -11)):
+        mp = nn.MultiHeadDotProductAttention(3, precision=prec)
+        got = np.asarray(mp.apply(v, X))
+        diff = np.abs(got - base).max()
+        assert diff > eps * 1e-2, (prec, diff)          # the rounding happened
+        assert diff < 50 * eps * np.abs(base).max(), (prec, diff)  # and only the rounding
+        g = cts.grad(lambda p: cnp.sum(mp.apply({"params": p}, X) * W))(v["params"])
+        assert np.isfinite(np.asarray(g["query"]["kernel"])).all()
+    # the bare functions too
+    q, k, vv = _qkv()
+    a = np.asarray(nn.dot_product_attention(q, k, vv))
+    b = np.asarray(nn.dot_product_attention(q, k, vv, precision="bfloat16"))
+    assert 0 < np.abs(a - b).max() < 0.1

@@ -37,7 +37,6 @@ jax arrays): they are small, and every op accepts them.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import warnings
@@ -74,25 +73,12 @@ def _check_compute_dtype(what: str, dtype) -> None:
             f"and return {np.dtype(dtype)})")
 
 
-def _einsum_precision_ok() -> bool:
-    try:
-        return "precision" in inspect.signature(_ops.einsum).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _einsum(sub: str, a, b, precision):
     """Two-operand einsum with Flax's ``...`` batch dims spelled out (ctrainstate's einsum
     takes explicit indices)."""
     nb = a.ndim - (len(sub.split(",")[0]) - 3)
     batch = "ABCDEFGHIJKLMNOP"[:nb]
     sub = sub.replace("...", batch)
-    if precision is None:
-        return cnp.einsum(sub, a, b)
-    if not _einsum_precision_ok():
-        raise NotImplementedError(
-            f"dot_product_attention(precision={precision!r}): this build's einsum has no "
-            f"precision=; drop precision (products are float32)")
     return cnp.einsum(sub, a, b, precision=precision)
 
 
@@ -290,10 +276,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     return _einsum(sub, attn, value, precision)
 
 
-def _dense_takes_precision() -> bool:
-    return any(f.name == "precision" for f in dataclasses.fields(DenseGeneral))
-
-
 class MultiHeadDotProductAttention(Module):
     """Multi-head dot-product attention (``flax.linen.MultiHeadDotProductAttention``).
 
@@ -403,17 +385,10 @@ class MultiHeadDotProductAttention(Module):
                              f"number of heads ({self.num_heads}).")
         head_dim = qkv_features // self.num_heads
 
-        extra = {}
-        if self.precision is not None:
-            if not _dense_takes_precision():
-                raise NotImplementedError(
-                    f"{name}(precision={self.precision!r}): this build's DenseGeneral has no "
-                    f"precision=; drop precision (products are float32)")
-            extra["precision"] = self.precision
         dense = functools.partial(
             DenseGeneral, axis=-1, dtype=self.dtype, param_dtype=self.param_dtype,
             features=(self.num_heads, head_dim), kernel_init=self.kernel_init,
-            bias_init=self.bias_init, use_bias=self.use_bias, **extra)
+            bias_init=self.bias_init, use_bias=self.use_bias, precision=self.precision)
         # [batch..., length, num_heads, head_dim]
         query = dense(name="query")(inputs_q)
         key = dense(name="key")(inputs_k)
@@ -449,7 +424,7 @@ class MultiHeadDotProductAttention(Module):
         return DenseGeneral(
             features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
             bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
-            dtype=self.dtype, param_dtype=self.param_dtype, name="out", **extra)(x)
+            dtype=self.dtype, param_dtype=self.param_dtype, name="out", precision=self.precision)(x)
 
 
 class MultiHeadAttention(MultiHeadDotProductAttention):

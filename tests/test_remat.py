@@ -321,3 +321,24 @@ def test_nn_remat_refuses_state_it_cannot_replay_and_bad_targets():
         nn.remat(lambda x: x)
     with pytest.raises(AttributeError, match="has no method 'encode'"):
         nn.remat(Block, methods=["encode"])
+
+
+def test_rerun_sees_the_mesh_and_rules_the_forward_ran_under():
+    """A loss that enters ``with mesh, axis_rules`` itself: the backward pass runs after it
+    left them, and the recomputation must still see them (same layouts, same bits)."""
+    x, w1, w2 = _data(6)
+    mesh = cts.make_mesh((2, 4), ("a", "b"))
+
+    def block(x, w1, w2):
+        h = cts.lax.with_sharding_constraint(cnp.tanh(x @ w1), cts.P(None, "b"))
+        h = nn.with_logical_constraint(cnp.sin(h), ("batch", "hidden"))
+        return cnp.tanh(h @ w2)
+
+    def loss(w1, w2, b):
+        with mesh, nn.logical_axis_rules((("batch", "a"), ("hidden", "b"))):
+            return cnp.sum(b(x, w1, w2))
+
+    g0 = cts.grad(lambda a, c: loss(a, c, block), argnums=(0, 1))(w1, w2)
+    g1 = cts.grad(lambda a, c: loss(a, c, cts.checkpoint(block)), argnums=(0, 1))(w1, w2)
+    assert _bits(g0) == _bits(g1)
+    assert cts.sharding.get_mesh() is None and nn.get_logical_axis_rules() == ()

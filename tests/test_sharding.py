@@ -265,3 +265,17 @@ def test_layout_matches_jax_when_installed():
                 {s.device.id: s.index for s in ja.addressable_shards}, spec
             assert ours.shard_shape(gshape) == theirs.shard_shape(gshape)
             assert ours.is_fully_replicated == theirs.is_fully_replicated
+
+
+def test_zero_size_split_dimension_index_is_a_slice_as_in_jax():
+    """A size-0 dimension split over mesh axes of more than one device is slice(0, 0), not
+    slice(None): splitting is read from the mesh, not from the sizes (jax's rule)."""
+    m = mesh_of((2, 4))
+    s = NamedSharding(m, P("data", "model"))
+    idx = s.devices_indices_map((0, 4))
+    d = cts.devices()
+    assert idx[d[5]] == (slice(0, 0), slice(1, 2))
+    a = cts.device_put(np.zeros((0, 4), np.float32), s)
+    assert {sh.device.id: sh.index for sh in a.addressable_shards}[5] == (slice(0, 0), slice(1, 2))
+    one = Mesh(np.array(d[:1]), ("x",))
+    assert NamedSharding(one, P("x")).devices_indices_map((0,))[d[0]] == (slice(None),)

@@ -177,8 +177,14 @@ def test_errors():
         cnp.split(x, 3, axis=1)
     with pytest.raises(ValueError, match="same shape"):
         cnp.stack([x, x[1:]])
-    with pytest.raises(TypeError, match="different dtypes"):
+    with pytest.raises(TypeError, match="promote to float32 but Arrays of int32"):
         cnp.concatenate([x, cts.device_put(np.zeros((4, 5), np.int32))])
+    ints = cts.device_put(np.array([1, 2], np.int32))
+    with pytest.raises(TypeError, match="promote to float32"):  # not truncated to ints
+        cnp.concatenate([ints, np.array([1.5, 2.7], np.float32)])
+    joined = cnp.concatenate([ints, np.array([3, 4])])  # int64 host values: int32, as jax
+    assert joined.dtype == np.int32 and np.asarray(joined).tolist() == [1, 2, 3, 4]
+    assert cnp.concatenate([np.array([1.0]), np.array([2])]).dtype == np.float32
 
 
 def _sum_to(g, shape):
@@ -240,3 +246,44 @@ def test_at_errors_and_eval_shape():
         x.at[::2].set(1.0)
     s = cts.eval_shape(lambda a: a.at[0, 1:].add(1.0), cts.ShapeDtypeStruct((4, 5), np.float32))
     assert s.shape == (4, 5)
+
+
+def test_at_overwrites_inf_nan_and_keeps_other_bits():
+    """Updates are copies: an inf/NaN being overwritten does not leak, and elements outside
+    the region keep their exact bits (-0.0 too), as numpy's (and jax's) updates."""
+    h = np.array([[-0.0, 1.0, np.inf, -np.inf], [np.nan, -0.0, 2.0, 3.0]], np.float32)
+    x = cts.device_put(h)
+    for idx, v, kind in [((slice(None), slice(2, None)), 0.0, "set"), ((1, 0), 5.0, "set"),
+                         ((0, slice(1, 3)), 1.0, "add"), ((slice(None), 3), 2.0, "multiply"),
+                         ((1,), -1.0, "divide")]:
+        want = h.copy()
+        if kind == "set":
+            want[idx] = v
+        elif kind == "add":
+            want[idx] += v
+        elif kind == "multiply":
+            want[idx] *= v
+        else:
+            want[idx] /= v
+        got = np.asarray(getattr(x.at[idx], kind)(v))
+        assert got.tobytes() == want.tobytes(), (idx, kind, got, want)
+    # an inf cotangent inside the overwritten region does not reach x's gradient as NaN
+    w = np.array([[1.0, 1.0, np.inf, 1.0], [1.0, 1.0, 1.0, 1.0]], np.float32)
+    g = cts.grad(lambda a: cnp.sum(a.at[0, 2].set(3.0) * w))(np.ones((2, 4), np.float32))
+    want = w.copy()
+    want[0, 2] = 0.0
+    np.testing.assert_array_equal(np.asarray(g), want)
+
+
+def test_whole_slices_are_new_arrays():
+    """x[:], x[...], split(x, 1) and concatenate([x]) are new Arrays with their own buffers,
+    as in jax: deleting (or donating) x leaves them intact; gradients still flow."""
+    h = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = cts.device_put(h)
+    outs = [x[:], x[...], x[:, :], cnp.split(x, 1)[0], cnp.concatenate([x])]
+    assert all(o is not x for o in outs)
+    x.delete()
+    for o in outs:
+        np.testing.assert_array_equal(np.asarray(o), h)
+    g = cts.grad(lambda v: cnp.sum(v[...] * 2.0) + cnp.sum(cnp.concatenate([v])))(h)
+    np.testing.assert_array_equal(np.asarray(g), np.full((2, 3), 3.0, np.float32))

@@ -91,7 +91,7 @@ CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_ops.p
 # scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
 # the cases left compare meshes with one device, scan over remat, the reference's P9/P11)
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_scan_vmap.py \
-    -k "not matches_flax"
+    -k "not match"
 echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
 CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
 echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=1 and 2)"

@@ -20,6 +20,7 @@ True
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import types
@@ -106,6 +107,41 @@ def in_rerun() -> bool:
     return getattr(_rerun, "depth", 0) > 0
 
 
+def _capture_context():
+    """The thread's mesh context (``with mesh:`` stack and ``set_mesh``) and logical axis
+    rules: what a checkpointed function may read, which the backward pass must give back to
+    its second run (the forward may have entered them inside the differentiated function)."""
+    from . import sharding
+    from .nn import spmd
+    return (list(sharding._mesh_stack()), sharding._mesh_tls.__dict__.get("set"),
+            spmd.get_logical_axis_rules())
+
+
+@contextlib.contextmanager
+def _entered(context):
+    from . import sharding
+    from .nn import spmd
+    saved = _capture_context()
+    stack, mset, rules = context
+    sharding._mesh_stack()[:] = stack
+    _put_mesh_set(sharding, mset)
+    spmd.set_logical_axis_rules(rules)
+    try:
+        yield
+    finally:
+        stack, mset, rules = saved
+        sharding._mesh_stack()[:] = stack
+        _put_mesh_set(sharding, mset)
+        spmd.set_logical_axis_rules(rules)
+
+
+def _put_mesh_set(sharding, mset):
+    if mset is None:
+        sharding._mesh_tls.__dict__.pop("set", None)
+    else:
+        sharding._mesh_tls.set = mset
+
+
 def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after_rerun=None):
     """Run ``fn(*args, **kwargs)`` on the active tape without keeping its intermediates
     (see the module docstring). ``before_rerun()`` returns a token passed to
@@ -120,6 +156,7 @@ def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after
     # the second run multiplies as the first did, also where the backward pass runs outside
     # the default_matmul_precision block the forward ran in (jax fixes it when tracing)
     matmul_default = current_default()
+    context = _capture_context()  # likewise the mesh and the logical axis rules
     # 1. forward: a probe tape that sees the outer tape's tracked arrays, so every op that
     #    depends on them is noticed (and their identities collected), then dropped
     probe = _ops._Tape()
@@ -155,7 +192,7 @@ def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after
         stack.append(tape)
         _rerun.depth = getattr(_rerun, "depth", 0) + 1
         try:
-            with default_mode(matmul_default):
+            with default_mode(matmul_default), _entered(context):
                 res2 = fn(*args, **kwargs)
         finally:
             _rerun.depth -= 1

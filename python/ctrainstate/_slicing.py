@@ -145,6 +145,41 @@ def _embed(v: Array, shape, starts, fill: float, place, big_norm) -> Array:
     return out
 
 
+def _overwrite(base: Array, starts, r: Array, place, big_norm) -> Array:
+    """A copy of ``base`` (laid out as ``big_norm``) with the region at ``starts`` replaced by
+    ``r``'s elements: copies only, so every other element keeps its bits (-0.0, inf, NaN)."""
+    out = _alloc(base.shape, base.dtype, place, big_norm)
+    for (_, ob, _, _), (_, ib, _, _) in zip(out._blocks, base._blocks):
+        if ob.nbytes:
+            _C.copy_bytes(ob, ib)
+    src = _to(r, place, _region_norm(big_norm, r.shape, base.shape))
+    _copy_region(out, src, starts, dst_is_big=True)
+    return out
+
+
+def _set_region(x: Array, starts, r: Array, place, big_norm) -> Array:
+    """``x`` with ``r`` at ``starts`` (``x.at[...].set``), in ``x``'s layout. Gradients: the
+    cotangent with the region zeroed for ``x``, its region for ``r``."""
+    out = _overwrite(x, starts, r, place, big_norm)
+    sizes = r.shape
+
+    def vjp(g):
+        g = _to(g, place, big_norm)
+        zeros = _alloc(sizes, g.dtype, place, _region_norm(big_norm, sizes, g.shape))
+        _fill(zeros, 0.0)
+        return _overwrite(g, starts, zeros, place, big_norm), _slice(g, starts, sizes)
+    _o()._record(out, (x, r), vjp)
+    return out
+
+
+def _fresh(x: Array) -> Array:
+    """A copy of ``x`` with its own buffers (recorded as the identity for float32)."""
+    y = x.copy()
+    if x.dtype == np.float32:
+        _o()._record(y, (x,), lambda g: (g,))
+    return y
+
+
 def _index_int(i, n, d):
     try:
         i = operator.index(i)
@@ -217,6 +252,8 @@ def getitem(x, idx):
         return ShapeDtypeStruct(out_shape, x.dtype)
     x._check_alive()
     y = _slice(x, starts, sizes)
+    if y is x:
+        y = _fresh(x)  # x[:], x[...]: a new Array, as in jax (deleting x leaves it intact)
     if out_shape == y.shape:
         return y
     _, norm = _layout_of(y)
@@ -271,19 +308,10 @@ class _IndexUpdateRef:
         v = o.broadcast_to(v, out_shape)
         # the value as the region (rank kept): drop new axes, put back indexed ones as size 1
         region = o.reshape(v, tuple(sizes)) if tuple(sizes) != out_shape else v
-        if kind == "set":
-            zeros = _alloc(sizes, np.float32, place, _region_norm(big, sizes, x.shape))
-            _fill(zeros, 0.0)
-            keep_mask = _embed(zeros, x.shape, starts, 1.0, place, big)  # 0 on the region
-            return o.add(o.multiply(x, keep_mask),
-                         _embed(region, x.shape, starts, 0.0, place, big))
-        if kind == "add":
-            return o.add(x, _embed(region, x.shape, starts, 0.0, place, big))
-        if kind == "multiply":
-            return o.multiply(x, _embed(region, x.shape, starts, 1.0, place, big))
-        if kind == "divide":
-            return o.divide(x, _embed(region, x.shape, starts, 1.0, place, big))
-        raise AssertionError(kind)
+        if kind != "set":  # x[idx] op v, elementwise on the region only (as jax)
+            op = {"add": o.add, "multiply": o.multiply, "divide": o.divide}[kind]
+            region = op(_slice(x, starts, sizes), region)
+        return _set_region(x, starts, region, place, big)
 
     def set(self, values, **_kwargs):
         return self._update(values, "set")
@@ -318,12 +346,19 @@ def _operands(arrays, who):
     if any(isinstance(a, ShapeDtypeStruct) for a in arrays):
         return arrays, True
     o = _o()
-    dts = {a.dtype for a in arrays if isinstance(a, Array)}
-    if len(dts) > 1:
-        raise TypeError(f"{who}: the Arrays have different dtypes {sorted(map(str, dts))}")
+    from . import _dtypes
+    hosts = {k: np.asarray(a) for k, a in enumerate(arrays) if not isinstance(a, Array)}
+    # numpy's promotion over every operand, narrowed as jax does without x64 (float64 ->
+    # float32, int64 -> int32); an Array is never converted: one of another dtype raises
+    dt = _dtypes.canonicalize(np.result_type(*[a.dtype if isinstance(a, Array) else hosts[k].dtype
+                                               for k, a in enumerate(arrays)]))
+    odd = sorted({str(a.dtype) for a in arrays if isinstance(a, Array) and a.dtype != dt})
+    if odd:
+        raise TypeError(
+            f"{who}: the operands promote to {dt} but Arrays of {', '.join(odd)} are among them; "
+            f"convert them first (x.astype({dt}))")
     places = [a for a in arrays if isinstance(a, Array)]
     place = o._common_placement(places) if places else None
-    dt = dts.pop() if dts else np.dtype(np.float32)
     out = []
     for a in arrays:
         if isinstance(a, Array):
@@ -331,7 +366,7 @@ def _operands(arrays, who):
             out.append(a)
         else:
             from .array import device_put
-            h = np.asarray(a, dtype=dt)
+            h = hosts[len(out)].astype(dt)
             out.append(o._lift(h, place) if dt == np.float32 else device_put(
                 h, o._sharding_for(place if place is not None else o._place_of(o._lift(0.0)), [()] * h.ndim)))
     return out, False
@@ -360,7 +395,7 @@ def concatenate(arrays, axis: int = 0):
         from ._abstract import ShapeDtypeStruct
         return ShapeDtypeStruct(shape, arrays[0].dtype)
     if len(arrays) == 1:
-        return arrays[0]
+        return _fresh(arrays[0])
     o = _o()
     lead = next((a for a in arrays if o._mesh_key(a)[0] == "mesh"), arrays[0])
     place, norm = _layout_of(lead)

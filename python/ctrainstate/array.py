@@ -176,8 +176,9 @@ class Array(OperatorsMixin):
     def addressable_shards(self) -> list:
         self._check_alive()
         out = []
+        parts = self._sharding._dim_parts(len(self._shape))
         for dev, buf, start, rid in self._blocks:
-            index = shard_index(start, self._shard_shape, self._shape)
+            index = shard_index(start, self._shard_shape, parts)
             if dev.platform == "cpu":
                 data = _buffer_view(buf, self._shard_shape, self._dtype)
             else:  # the same buffer, as an Array of its own (as jax's Shard.data): a view

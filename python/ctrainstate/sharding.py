@@ -40,11 +40,13 @@ __all__ = [
 
 
 
-def shard_index(start, shard_shape, global_shape) -> tuple:
+def shard_index(start, shard_shape, parts) -> tuple:
     """The global slices of a shard starting at ``start``: ``slice(None)`` for a dimension
-    the shard spans whole (not split), ``slice(a, b)`` otherwise (jax's Shard.index)."""
-    return tuple(slice(None) if n == g else slice(s, s + n)
-                 for s, n, g in zip(start, shard_shape, global_shape))
+    split into one piece (not split, or over mesh axes of size 1), ``slice(a, b)`` otherwise
+    -- also when the dimension has size 0 (jax's Shard.index). ``parts``: the number of
+    pieces of each dimension (:meth:`Sharding._dim_parts`)."""
+    return tuple(slice(None) if p == 1 else slice(s, s + n)
+                 for s, n, p in zip(start, shard_shape, parts))
 
 class _UnconstrainedPartitionSingleton:
     """Marker for a dimension whose sharding a constraint leaves free."""
@@ -327,7 +329,17 @@ class Sharding:
         """Device -> tuple of slices of the global array that device holds; as in jax, a
         dimension that is not split is ``slice(None)``."""
         shard_shape, blocks, _ = self._layout(global_shape)
-        return {d: shard_index(start, shard_shape, global_shape) for d, start, _ in blocks}
+        parts = self._dim_parts(len(tuple(global_shape)))
+        return {d: shard_index(start, shard_shape, parts) for d, start, _ in blocks}
+
+    def _dim_parts(self, ndim: int) -> tuple:
+        """How many pieces each of ``ndim`` dimensions is split into (the product of the
+        sizes of its mesh axes; 1 for an unsharded dimension)."""
+        mshape, names, _ = self._mesh_args()
+        sizes = dict(zip(names, mshape))
+        norm = tuple(self._norm_spec())
+        return tuple(math.prod(sizes[a] for a in (norm[d] if d < len(norm) else ()))
+                     for d in range(ndim))
 
     @property
     def device_set(self) -> set:

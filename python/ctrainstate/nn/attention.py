@@ -298,8 +298,8 @@ class MultiHeadDotProductAttention(Module):
 
     Not supported: ``decode=True`` (the autoregressive key/value cache raises
     NotImplementedError: run the full sequence with a causal mask instead); ``dtype`` other
-    than float32 (refused, as Dense refuses it); ``precision`` unless the build's einsum
-    and DenseGeneral take it; the ``*_dot_general`` / ``*_einsum_cls`` hooks.
+    than float32 (refused, as Dense refuses it); the ``*_dot_general`` / ``*_einsum_cls``
+    hooks. ``precision`` goes to the projections and both attention products.
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random

@@ -187,6 +187,17 @@ def test_errors():
     assert cnp.concatenate([np.array([1.0]), np.array([2])]).dtype == np.float32
 
 
+def _np_update(h, idx, v, kind):
+    """numpy's in-place update on a copy of ``h``: the reference for ``x.at[idx].<kind>(v)``."""
+    want = h.copy()
+    if kind == "set":
+        want[idx] = v
+    else:
+        ufunc = {"add": np.add, "multiply": np.multiply, "divide": np.divide}[kind]
+        want[idx] = ufunc(want[idx], v)
+    return want
+
+
 def _sum_to(g, shape):
     """numpy: the cotangent of a value broadcast from ``shape`` to ``g.shape``."""
     g = g.sum(axis=tuple(range(g.ndim - len(shape))))
@@ -208,15 +219,7 @@ def test_at_set_add_multiply_divide_values_and_gradients(mesh_shape, names):
     for idx, vshape in AT_CASES:
         v = (rng.standard_normal(vshape) + 2.0).astype(np.float32)
         for kind in ("set", "add", "multiply", "divide"):
-            want = h.copy()
-            if kind == "set":
-                want[idx] = v
-            elif kind == "add":
-                want[idx] += v
-            elif kind == "multiply":
-                want[idx] *= v
-            else:
-                want[idx] /= v
+            want = _np_update(h, idx, v, kind)
             got = getattr(x.at[idx], kind)(v)
             assert got.sharding == x.sharding
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=f"{kind} {idx}")
@@ -256,15 +259,7 @@ def test_at_overwrites_inf_nan_and_keeps_other_bits():
     for idx, v, kind in [((slice(None), slice(2, None)), 0.0, "set"), ((1, 0), 5.0, "set"),
                          ((0, slice(1, 3)), 1.0, "add"), ((slice(None), 3), 2.0, "multiply"),
                          ((1,), -1.0, "divide")]:
-        want = h.copy()
-        if kind == "set":
-            want[idx] = v
-        elif kind == "add":
-            want[idx] += v
-        elif kind == "multiply":
-            want[idx] *= v
-        else:
-            want[idx] /= v
+        want = _np_update(h, idx, v, kind)
         got = np.asarray(getattr(x.at[idx], kind)(v))
         assert got.tobytes() == want.tobytes(), (idx, kind, got, want)
     # an inf cotangent inside the overwritten region does not reach x's gradient as NaN

@@ -98,6 +98,17 @@ def _normalize(mdl: Module, x, mean, var, feature_axes, epsilon, use_bias, use_s
     return y
 
 
+
+def _checked_axes(module, x):
+    """The norm layers' shared checks (float32 only, no ``axis_name``) and their reduction
+    and feature axes, canonical for ``x``'s rank."""
+    _check_dtype(module)
+    _no_axis_name(module)
+    nd = len(np.shape(x))
+    name = type(module).__name__
+    return (_canon_axes(module.reduction_axes, nd, f"{name}.reduction_axes"),
+            _canon_axes(module.feature_axes, nd, f"{name}.feature_axes"))
+
 class LayerNorm(Module):
     """Layer normalization (``flax.linen.LayerNorm``): normalise over ``reduction_axes``
     (default the last) to zero mean and unit variance, then ``* scale + bias`` (shape of
@@ -132,11 +143,7 @@ class LayerNorm(Module):
 
     @compact
     def __call__(self, x, *, mask=None):
-        _check_dtype(self)
-        _no_axis_name(self)
-        nd = len(np.shape(x))
-        red = _canon_axes(self.reduction_axes, nd, f"{type(self).__name__}.reduction_axes")
-        feat = _canon_axes(self.feature_axes, nd, f"{type(self).__name__}.feature_axes")
+        red, feat = _checked_axes(self, x)
         mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask)
         return _normalize(self, x, mean, var, feat, self.epsilon, self.use_bias, self.use_scale,
                           self.bias_init, self.scale_init)
@@ -173,11 +180,7 @@ class RMSNorm(Module):
 
     @compact
     def __call__(self, x, *, mask=None):
-        _check_dtype(self)
-        _no_axis_name(self)
-        nd = len(np.shape(x))
-        red = _canon_axes(self.reduction_axes, nd, f"{type(self).__name__}.reduction_axes")
-        feat = _canon_axes(self.feature_axes, nd, f"{type(self).__name__}.feature_axes")
+        red, feat = _checked_axes(self, x)
         _, var = _compute_stats(x, red, False, self.use_fast_variance, mask)
         return _normalize(self, x, None, var, feat, self.epsilon, False, self.use_scale,
                           initializers.zeros_init(), self.scale_init)

@@ -66,3 +66,14 @@ def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProces
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
                           timeout=120)
+
+
+def flat_tree(tree, prefix=""):
+    """A nested dict as {'a/b/c': leaf} (params and gradients in tests)."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flat_tree(v, f"{prefix}{k}/"))
+        else:
+            out[prefix + k] = v
+    return out

@@ -10,16 +10,9 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, random
+from conftest import flat_tree as _flat
 
 
-def _flat(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}/"))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def _host(tree):

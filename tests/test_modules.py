@@ -12,7 +12,7 @@ import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, optim, random
 from ctrainstate import partitioning as nn_partitioning
 from ctrainstate.train_state import TrainState
-from conftest import bytes_in_use
+from conftest import bytes_in_use, flat_tree as _flat
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "data"))
 from make_flax_module_vectors import cases  # noqa: E402
@@ -20,14 +20,6 @@ from make_flax_module_vectors import cases  # noqa: E402
 VECTORS = np.load(os.path.join(os.path.dirname(__file__), "data", "flax_module_vectors.npz"))
 
 
-def _flat(tree, prefix=""):
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}/"))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 @pytest.mark.parametrize("name,build,seed,x", cases(), ids=[c[0] for c in cases()])

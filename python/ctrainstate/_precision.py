@@ -214,9 +214,5 @@ def default_matmul_precision(name):
     else:
         raise ValueError(f"default_matmul_precision: expected None or a precision name, got "
                          f"{name!r}; accepted: {_ACCEPTED}")
-    prev = getattr(_tls, "default", F32)
-    _tls.default = mode
-    try:
+    with default_mode(mode):
         yield
-    finally:
-        _tls.default = prev

@@ -89,6 +89,10 @@ typedef struct ct_backend {
     ct_status (*random_fill)(struct ct_device *dev, uint32_t k0, uint32_t k1,
                              const struct ct_random_consts *c, const struct ct_rm_block *blk,
                              void *out);
+    /* Elementwise dtype conversion of n dense elements (ct_op_convert, ct_convert_math.h),
+     * queued on the device's stream. NULL: unsupported (the core says so). */
+    ct_status (*convert)(struct ct_device *dev, int64_t n, int src_dtype, const void *x,
+                         int dst_dtype, void *y);
     /* optim_pass implements adafactor's FACTORED stage (statistics pass reduce = 4 and the
      * factors in later passes, see ct_opt_pass); 0: such steps are staged through the host. */
     int optim_factored;
@@ -108,8 +112,8 @@ typedef struct {
 } ct_core_services;
 
 /* 2: copy_segments; 3: reduce/allreduce take an op, row gathers; 4: gemm takes a precision
- * (CT_PREC_*: float32, TF32 or bfloat16 inputs) */
-#define CT_BACKEND_ABI_VERSION 4
+ * (CT_PREC_*: float32, TF32 or bfloat16 inputs); 5: convert (dtype conversions) */
+#define CT_BACKEND_ABI_VERSION 5
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

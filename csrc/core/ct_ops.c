@@ -115,6 +115,16 @@ ct_status ct_op_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t cou
     return devs[0]->backend->allreduce(devs, bufs, nbufs, count, op);
 }
 
+ct_status ct_op_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
+                        void *y) {
+    if (src_dtype < 0 || src_dtype >= CT_NUM_DTYPES || dst_dtype < 0 || dst_dtype >= CT_NUM_DTYPES)
+        return ct_set_error(CT_EINVAL, "convert: unknown dtype code %d -> %d", src_dtype, dst_dtype);
+    if (n < 0) return ct_set_error(CT_EINVAL, "negative element count");
+    if (n == 0) return CT_OK;
+    CT_TRY(need(dev, (const void *)dev->backend->convert, "dtype conversions"));
+    return dev->backend->convert(dev, n, src_dtype, x, dst_dtype, y);
+}
+
 ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const int *perm,
                           size_t itemsize, const void *x, void *y) {
     if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "ct_device.h"
+#include "ct_dtype.h"
 #include "ct_prec_math.h" /* CT_PREC_*: matmul precisions */
 #include "ct_status.h"
 
@@ -110,6 +111,12 @@ void ct_set_blas_sgemm(ct_sgemm_fn fn);
 ct_sgemm_fn ct_get_blas_sgemm(void);
 
 
+
+/* y[i] = x[i] converted from dtype src_dtype to dst_dtype (ct_dtype codes), n dense elements:
+ * jax's convert_element_type, as ct_convert_math.h defines it (floats round to nearest even;
+ * floats to ints truncate and saturate, NaN -> 0; ints wrap; bool is x != 0). */
+ct_status ct_op_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
+                        void *y);
 
 /* y = transpose(x, perm): x dense of `shape`, y dense of the permuted shape. */
 ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const int *perm,

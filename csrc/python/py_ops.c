@@ -81,6 +81,32 @@ static PyObject *py_op_unary(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ys[i] = xs[i] converted to ys[i]'s dtype (ct_op_convert), shard by shard on each shard's
+ * device: the buffers carry their dtypes; each pair must hold as many elements on one device. */
+static PyObject *py_op_convert(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:op_convert", &xo, &yo)) return NULL;
+    buf_list xs, ys;
+    if (get_buffers(xo, &xs, "op_convert input", 0) < 0 ||
+        get_buffers(yo, &ys, "op_convert output", 0) < 0 || same_len(&xs, &ys, "op_convert") < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < xs.n; i++)
+        if (nelem(xs.b[i]) != nelem(ys.b[i]) || xs.b[i]->dev != ys.b[i]->dev) {
+            PyErr_SetString(PyExc_ValueError,
+                            "op_convert: input and output shards differ in size or device");
+            return NULL;
+        }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < xs.n && st == CT_OK; i++)
+        st = ct_op_convert(xs.b[i]->dev, nelem(xs.b[i]), (int)xs.b[i]->dtype, xs.b[i]->data,
+                           (int)ys.b[i]->dtype, ys.b[i]->data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 /* Every 4-byte element of each buffer set to the 32-bit pattern `bits`, on the buffer's own
  * device: the backend's affine kernel with alpha 0 stores beta without reading x or doing
  * arithmetic, so the pattern is written unchanged whatever float it spells. On GPUs this
@@ -386,6 +412,9 @@ static PyObject *py_has_blas(PyObject *self, PyObject *noargs) {
 }
 
 static PyMethodDef ops_methods[] = {
+    {"op_convert", py_op_convert, METH_VARARGS,
+     "op_convert($module, xs, ys, /)\n--\n\nys[i] = xs[i] converted to ys[i]'s dtype (jax's "
+     "convert_element_type), for every shard."},
     {"op_unary", py_op_unary, METH_VARARGS,
      "op_unary($module, op, alpha, beta, xs, ys, /)\n--\n\nys[i] = op(xs[i]) for every shard."},
     {"fill_bits32", py_fill_bits32, METH_VARARGS,

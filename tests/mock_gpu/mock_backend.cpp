@@ -18,6 +18,7 @@ extern "C" {
 #include "core/ct_optim_math.h"
 }
 #include "core/ct_random_math.h"
+#include "core/ct_convert_math.h"
 
 static const ct_core_services *core;
 static const ct_backend *self_backend(void);
@@ -389,11 +390,19 @@ static ct_status m_random(ct_device *dev, uint32_t k0, uint32_t k1, const ct_ran
     return CT_OK;
 }
 
+static ct_status m_convert(ct_device *dev, int64_t n, int sdt, const void *x, int ddt, void *y) {
+    (void)dev;
+    x = R(x); y = R(y);
+    for (int64_t i = 0; i < n; i++) ct_cv_elem(sdt, x, ddt, y, i);
+    return CT_OK;
+}
+
 static const ct_backend g_mock = {
     "cuda", CT_PLATFORM_GPU, m_alloc, m_free, m_copy,
     NULL, /* copy_segments: the core falls back to copy_block (nothing asks: optim_factored 0) */
     m_sync, m_init,
     m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_gather_rows, m_scatter_add_rows, m_optim, m_random,
+    m_convert,
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }

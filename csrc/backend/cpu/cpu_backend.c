@@ -183,5 +183,6 @@ const ct_backend ct_cpu_backend = {
     .allreduce = ct_cpu_allreduce,
     .gather_rows = ct_cpu_gather_rows,
     .scatter_add_rows = ct_cpu_scatter_add_rows,
+    .convert = ct_cpu_convert,
     .optim_pass = NULL, /* the core's CPU driver (ct_optim.c) */
 };

@@ -453,10 +453,10 @@ def test_errors():
         mha.apply(v, x, mask=np.ones((2, 1, 5, 4), bool))
     with pytest.raises(NotImplementedError, match="decode=True"):
         nn.MultiHeadDotProductAttention(3, decode=True).init(random.PRNGKey(0), x)
-    with pytest.raises(NotImplementedError, match="float32 only"):
-        nn.MultiHeadDotProductAttention(3, dtype=cnp.bfloat16).init(random.PRNGKey(0), x)
-    with pytest.raises(NotImplementedError, match="float32 only"):
-        nn.dot_product_attention(*_qkv(), dtype=np.float16)
+    with pytest.raises(TypeError, match=r"dtype=.*int32.*expected float32, bfloat16"):
+        nn.MultiHeadDotProductAttention(3, dtype=np.int32).init(random.PRNGKey(0), x)
+    with pytest.raises(TypeError, match="dot_product_attention.*must be inexact"):
+        nn.dot_product_attention(*_qkv(), dtype=np.int32)
     with pytest.raises(ValueError, match='"deterministic"'):   # dropout needs deterministic
         nn.MultiHeadDotProductAttention(3, dropout_rate=0.1).apply(v, x)
     with pytest.raises(ValueError, match="dropout"):            # ... and a dropout key
@@ -485,8 +485,8 @@ def test_errors():
         nn.RMSNorm(axis_name="batch").init(random.PRNGKey(0), x)
     with pytest.raises(ValueError, match="reduction_axes: axis 3 is out of bounds"):
         nn.RMSNorm(reduction_axes=3).init(random.PRNGKey(0), x)
-    with pytest.raises(NotImplementedError, match="float32 only"):
-        nn.RMSNorm(dtype=cnp.bfloat16).init(random.PRNGKey(0), x)
+    with pytest.raises(TypeError, match=r"RMSNorm\(dtype=.*uint32.*expected float32"):
+        nn.RMSNorm(dtype=np.uint32).init(random.PRNGKey(0), x)
 
 
 def test_attention_fn_and_custom_einsum():

@@ -965,3 +965,54 @@ def test_take_rows_on_a_split_vocab_matches_cpu():
     np.testing.assert_array_equal(np.asarray(cnp.take_rows(tg, ids)), table[ids])
     f = lambda t: cnp.sum(cnp.take_rows(t, ids) * w)  # noqa: E731
     np.testing.assert_array_equal(np.asarray(cts.grad(f)(tg)), np.asarray(cts.grad(f)(tc)))
+
+
+# --- dtype conversions and 16-bit float ops (test_mixed_precision.py on GPU devices) --------
+
+_CONVERT_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32, np.bool_]
+
+
+@pytest.mark.parametrize("src", _CONVERT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_astype_on_gpu_matches_cpu(src):
+    """The CUDA convert kernel gives the CPU kernel's bits for every dtype pair (edges:
+    ties, float16 overflow and subnormals, saturation, NaN -> 0, integer wrap)."""
+    r = np.random.default_rng(4)
+    f = np.concatenate([np.array([0.0, -0.0, 0.5, 1.5, 2.5, -2.7, 6e-8, 65519.9, 65520.0,
+                                  3e9, -3e9, 2.0 ** 24 + 1, np.inf, -np.inf, np.nan], np.float32),
+                        (r.standard_normal(4000) * 10.0 ** r.integers(-6, 10, 4000)).astype(np.float32)])
+    ints = np.concatenate([[0, -1, 2 ** 31 - 1, -(2 ** 31), 2 ** 24 + 3], r.integers(-(2 ** 31), 2 ** 31, 4000)])
+    if np.dtype(src) == np.bool_:
+        x = r.integers(0, 2, 4005).astype(bool)
+    elif np.dtype(src).kind in "iu":
+        x = ints.astype(np.int64).astype(src)
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = f.astype(src)
+    on_gpu = cts.device_put(x, gpus()[0])
+    on_cpu = cts.device_put(x, cts.devices("cpu")[0])
+    for dst in _CONVERT_DTYPES:
+        a, b = np.asarray(on_gpu.astype(dst)), np.asarray(on_cpu.astype(dst))
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_bfloat16_ops_on_a_gpu_mesh_match_cpu():
+    """bfloat16 compute (converted, float32 kernels, rounded back) on a GPU mesh gives what a
+    CPU mesh of the same shape gives; a gradient through it too."""
+    import ctrainstate.numpy as cnp
+    m = gpu_mesh((2,), ("x",))
+    x = np.random.default_rng(5).standard_normal((8, 16)).astype(ml_dtypes.bfloat16)
+    w = np.random.default_rng(6).standard_normal((16, 4)).astype(np.float32)
+
+    def f(xa, wa):
+        return cnp.sum(cnp.tanh(cnp.matmul(xa, wa.astype(ml_dtypes.bfloat16)))).astype(np.float32)
+    xg = cts.device_put(x, NamedSharding(m, P("x", None)))
+    wg = cts.device_put(w, NamedSharding(m, P()))
+    vg, gg = cts.value_and_grad(f, argnums=1)(xg, wg)
+    cm = Mesh(np.array(cts.devices("cpu")[:2], dtype=object), ("x",))
+    vc, gc_ = cts.value_and_grad(f, argnums=1)(cts.device_put(x, NamedSharding(cm, P("x", None))),
+                                               cts.device_put(w, NamedSharding(cm, P())))
+    assert vg.dtype == vc.dtype == np.float32 and gg.dtype == np.float32
+    # float32 sums in the collectives' order: equal up to that order (one bfloat16 ulp)
+    np.testing.assert_allclose(float(vg), float(vc), rtol=2 ** -7)
+    np.testing.assert_allclose(np.asarray(gg), np.asarray(gc_), rtol=2 ** -7, atol=1e-6)

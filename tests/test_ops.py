@@ -149,8 +149,12 @@ def test_errors():
         a + cts.device_put(np.ones((4,), np.float32))
     with pytest.raises(ValueError, match="contracting dimensions differ"):
         a @ cts.device_put(np.ones((2, 2), np.float32))
-    with pytest.raises(TypeError, match="float32"):
-        a + cts.device_put(np.ones((2, 3), np.int32))
+    ints = cts.device_put(np.arange(6, dtype=np.int32).reshape(2, 3))
+    with pytest.raises(TypeError, match="integer arithmetic is not supported"):
+        ints + ints
+    mixed = a + ints      # jax's promotion: int32 with float32 is float32
+    assert mixed.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(mixed), np.asarray(a) + np.arange(6).reshape(2, 3))
     with pytest.raises(TypeError, match="scalar Array"):
         cts.grad(lambda x: x * 2.0)(a)
     with pytest.raises(ValueError, match="cannot reshape"):

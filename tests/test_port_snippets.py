@@ -7,6 +7,7 @@ every case.
 """
 import numpy as np
 import pytest
+from conftest import flat_tree
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
@@ -930,23 +931,32 @@ def test_device_put_partition_spec_on_active_mesh():
     np.testing.assert_array_equal(np.asarray(t["b"]), a)
 
 
-# --- mixed-precision dtype= is refused, not silently computed in float32 -------------------
+# --- mixed precision: dtype= is the computation's dtype (values: test_mixed_precision.py) ----
 
 @pytest.mark.parametrize("make", [
     lambda dt: nn.Dense(4, dtype=dt), lambda dt: nn.DenseGeneral((2, 2), dtype=dt),
     lambda dt: nn.LayerNorm(dtype=dt)])
-def test_layers_refuse_low_precision_compute_dtype(make):
+def test_layers_compute_in_their_dtype_and_refuse_non_float_dtypes(make):
     x = np.ones((2, 3), np.float32)
-    with pytest.raises(NotImplementedError, match="float32 only"):
-        make(cnp.bfloat16).init(random.PRNGKey(0), x)
-    v = make(np.float32).init(random.PRNGKey(0), x)       # float32 (and None) work
+    v = make(cnp.bfloat16).init(random.PRNGKey(0), x)
+    assert {str(p.dtype) for p in flat_tree(v["params"]).values()} == {"float32"}   # param_dtype
+    assert make(cnp.bfloat16).apply(v, x).dtype == cnp.bfloat16
+    assert make(np.float16).apply(v, x).dtype == np.float16
     assert make(None).apply(v, x).dtype == np.float32
+    with pytest.raises(TypeError, match=r"dtype=.*int32.*expected float32, bfloat16 or float16"):
+        make(np.int32).init(random.PRNGKey(0), x)
 
 
-def test_embed_refuses_low_precision_compute_dtype():
+def test_embed_dtype():
     ids = np.array([[1, 2]], np.int32)
-    with pytest.raises(NotImplementedError, match="float32 only"):
-        nn.Embed(5, 3, dtype=np.float16).init(random.PRNGKey(0), ids)
+    e = nn.Embed(5, 3, dtype=np.float16)
+    v = e.init(random.PRNGKey(0), ids)
+    out = e.apply(v, ids)
+    assert out.dtype == np.float16 and v["params"]["embedding"].dtype == np.float32
+    want = np.asarray(v["params"]["embedding"]).astype(np.float16)[[1, 2]]
+    np.testing.assert_array_equal(np.asarray(out)[0], want)
+    with pytest.raises(TypeError, match="param_dtype=.*expected float32"):
+        nn.Embed(5, 3, param_dtype=np.int32).init(random.PRNGKey(0), ids)
 
 
 # --- flax.serialization: state dicts and msgpack bytes --------------------------------------

@@ -15,8 +15,9 @@ The propagation rules are those of tensor and data parallelism:
 ``data`` — which is how gradients of data-replicated parameters get summed.
 
 When a :func:`value_and_grad` trace is active, each op also records its
-vector-Jacobian product on the tape. Arithmetic is float32; matrix products take a
-``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._precision`).
+vector-Jacobian product on the tape. Arithmetic is float32 (bfloat16 / float16 operands are
+converted, computed in float32 and rounded back per op: see "dtypes" below); matrix products
+take a ``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._precision`).
 """
 from __future__ import annotations
 
@@ -199,12 +200,13 @@ def _lift(x, place=None) -> Array:
     return device_put(arr, NamedSharding(place, PartitionSpec()))
 
 
-def _new(shape, place, norm) -> Array:
+def _new(shape, place, norm, dtype=_dtypes.float32) -> Array:
     """Allocate an output Array (uninitialised buffers)."""
     sharding = _sharding_for(place, norm)
     shard_shape, layout, _ = sharding._layout(tuple(shape))
-    blocks = [(dev, _C.Buffer(dev.id, shard_shape, 0), start, rid) for dev, start, rid in layout]
-    return Array._create(tuple(shape), np.float32, sharding, blocks)
+    code = _dtypes.code(dtype)
+    blocks = [(dev, _C.Buffer(dev.id, shard_shape, code), start, rid) for dev, start, rid in layout]
+    return Array._create(tuple(shape), np.dtype(dtype), sharding, blocks)
 
 
 def _bufs(a: Array) -> list:
@@ -396,7 +398,10 @@ def minimum(a, b) -> Array:
 
 def _keep(a, mask) -> Array:
     """``a`` where ``mask`` (broadcastable, nonzero = set) is set, else exactly 0 — also where
-    ``a`` is inf or NaN: ``lax.select(mask, a, 0)``. Differentiable in ``a`` only."""
+    ``a`` is inf or NaN: ``lax.select(mask, a, 0)``. Differentiable in ``a`` only; a 16-bit
+    float ``a`` keeps its dtype (the selection is exact)."""
+    if isinstance(a, Array) and a.dtype in _LOWP:
+        return astype(_keep(astype(a, _dtypes.float32), mask), a.dtype)
     return _binary(B_KEEP, a, mask, lambda g, x, m, o: _binary_raw(B_KEEP, g, m))
 
 
@@ -781,7 +786,7 @@ def stop_gradient(x):
         return x
     # inside value_and_grad: an untracked copy (not an alias: it must not see later in-place
     # updates of x's buffers, e.g. by a donating apply_gradients)
-    return tree_map(lambda a: _unary_raw(U_AFFINE, a, 1.0, 0.0) if isinstance(a, Array) else a, x)
+    return tree_map(lambda a: _copy(a) if isinstance(a, Array) else a, x)
 
 
 def mean(x, axis=None, keepdims: bool = False) -> Array:
@@ -909,8 +914,10 @@ def expand_dims(x, axis: int) -> Array:
 
 
 def with_sharding(x, sharding) -> Array:
-    """Reshard (differentiable: the cotangent goes back to the input's sharding)."""
-    x = _lift(x)
+    """Reshard (differentiable: the cotangent goes back to the input's sharding); any dtype."""
+    if not isinstance(x, Array):
+        x = _lift(x)
+    x._check_alive()
     out = device_put(x, _as_sharding(sharding))
     if out is x:
         return x
@@ -1189,8 +1196,9 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
             for leaf in leaves:
                 x = _lift(leaf) if not isinstance(leaf, Array) else leaf
                 x._check_alive()
-                if x.dtype != np.float32:
-                    raise TypeError(f"value_and_grad: differentiable inputs must be float32, got {x.dtype}")
+                if x.dtype not in _FLOATS:
+                    raise TypeError(f"value_and_grad: differentiable inputs must be float32, "
+                                    f"bfloat16 or float16, got {x.dtype}")
                 x = _alias(x)  # a distinct object so one Array passed twice gets two slots
                 tape.track(x)
                 new.append(x)
@@ -1261,6 +1269,8 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
             g = _lift(np.ones((), np.float32), _place_of(out))
             if isinstance(out.sharding, NamedSharding):
                 g = device_put(g, out.sharding)
+            if out.dtype != np.float32:
+                g = _convert(g, out.dtype)
         cot = {id(out): g}
     for node in reversed(tape.nodes):
         if type(node) is _Group:
@@ -1281,22 +1291,32 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
             if gx is None or not isinstance(x, Array) or id(x) not in tape.tracked:
                 continue
             prev = cot.get(id(x))
-            cot[id(x)] = gx if prev is None else _binary_raw(B_ADD, prev, gx)
+            if prev is None:
+                cot[id(x)] = gx
+            elif prev.dtype == np.float32 and gx.dtype == np.float32:
+                cot[id(x)] = _binary_raw(B_ADD, prev, gx)
+            else:  # 16-bit float cotangents accumulate in their dtype, as in jax
+                cot[id(x)] = add(prev, gx)
     return cot
 
 
 # --- creation helpers -----------------------------------------------------------------------------
 
+def _filled_like(x: Array, value: float) -> Array:
+    norm = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
+    out = _new(x.shape, _place_of(x), norm)
+    _C.op_unary(U_AFFINE, 0.0, float(value), _bufs(out), _bufs(out))
+    return out if x.dtype == np.float32 else _convert(out, x.dtype)
+
+
 def zeros_like(x: Array) -> Array:
-    out = _new(x.shape, _place_of(x), _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim)
-    _C.op_unary(U_AFFINE, 0.0, 0.0, _bufs(out), _bufs(out))
-    return out
+    """Zeros of ``x``'s shape, dtype and sharding."""
+    return _filled_like(x, 0.0)
 
 
 def ones_like(x: Array) -> Array:
-    out = zeros_like(x)
-    _C.op_unary(U_AFFINE, 0.0, 1.0, _bufs(out), _bufs(out))
-    return out
+    """Ones of ``x``'s shape, dtype and sharding."""
+    return _filled_like(x, 1.0)
 
 
 # --- shape rules (abstract evaluation, see ctrainstate._abstract) -----------------------------
@@ -1380,6 +1400,190 @@ def _rule_arg(x, axis=None, keepdims=False):
     return _rule_reduce(x, axes, keepdims)
 
 
+# --- dtypes: conversions and 16-bit floats -------------------------------------------------
+# Ops compute in float32 (the kernels' type). A float16 / bfloat16 operand is converted to
+# float32 on its devices, the op runs, and the result is rounded back to the operands'
+# dtype: jax's dtype rules (bfloat16 op bfloat16 -> bfloat16; with a float32 Array -> float32;
+# Python scalars are weak and keep the Array's dtype), with one rounding per op -- what XLA
+# does for 16-bit floats on CPUs. Reductions and means accumulate in float32 and round once
+# (jnp.sum / jnp.mean upcast 16-bit floats for the computation). The conversions are tape
+# nodes, so gradients flow through them and a 16-bit float input gets a cotangent of its
+# own dtype, as in jax.
+
+_FLOATS = (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
+_LOWP = (_dtypes.bfloat16, _dtypes.float16)
+
+
+def _convert(x: Array, dtype) -> Array:
+    """``x`` converted to ``dtype`` on its own devices (same sharding), not recorded."""
+    from .array import _alloc_blocks
+    _, blocks = _alloc_blocks(x.shape, dtype, x.sharding)
+    out = Array._create(x.shape, np.dtype(dtype), x.sharding, blocks)
+    _C.op_convert(_bufs(x), _bufs(out))
+    return out
+
+
+def _copy(x: Array) -> Array:
+    """A fresh copy of ``x`` (any dtype), on the same devices."""
+    return _convert(x, x.dtype)
+
+
+def astype(x, dtype) -> Array:
+    """``x`` converted to ``dtype`` (``jnp.astype`` / ``lax.convert_element_type``), on each
+    device's own block (nothing is gathered; the sharding is kept). An Array already of
+    ``dtype`` is returned as it is; numpy inputs are placed first (as ``device_put``).
+
+    Semantics (jax's): floats round to nearest even (float32 -> bfloat16 / float16; float16
+    overflows to inf); floats -> int32 / uint32 truncate toward zero and saturate, NaN -> 0;
+    int32 <-> uint32 wrap; ``bool`` is ``x != 0``. Differentiable between float dtypes (the
+    cotangent is converted back to ``x``'s dtype); other conversions pass no gradient.
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> y = cnp.astype(np.array([1.00390625, -2.5, 3e9], np.float32), cnp.bfloat16)
+    >>> str(y.dtype), np.asarray(y).astype(np.float32).tolist()
+    ('bfloat16', [1.0, -2.5, 3003121664.0])
+    >>> np.asarray(cnp.astype(np.array([3e9, -1.7, np.nan], np.float32), cnp.int32)).tolist()
+    [2147483647, -1, 0]
+    """
+    from ._abstract import ShapeDtypeStruct
+    dtype = _dtypes.canonicalize(dtype)
+    if isinstance(x, ShapeDtypeStruct):
+        return ShapeDtypeStruct(x.shape, dtype, x.sharding)
+    if not isinstance(x, Array):
+        place = get_mesh()
+        if place is None:
+            from ._devices import devices
+            x = device_put(np.asarray(x, dtype=_dtypes.canonicalize(np.asarray(x).dtype)),
+                           devices()[0])
+        else:
+            x = device_put(np.asarray(x), NamedSharding(place, PartitionSpec()))
+    x._check_alive()
+    if x.dtype == dtype:
+        return x
+    out = _convert(x, dtype)
+    if x.dtype in _FLOATS and dtype in _FLOATS:
+        src = x.dtype
+        _record(out, (x,), lambda g: (g if g.dtype == src else astype(g, src),))
+    return out
+
+
+def _operand_dtype(v):
+    """(dtype, weak) of an op operand for dtype promotion: Python scalars are weak (None
+    for ints and bools, float32 for floats); numpy values are narrowed as device_put does."""
+    from ._abstract import ShapeDtypeStruct
+    if isinstance(v, (Array, ShapeDtypeStruct)):
+        return np.dtype(v.dtype), False
+    if isinstance(v, (bool, int)):
+        return None, True
+    if isinstance(v, float):
+        return _dtypes.float32, True
+    try:
+        return _dtypes.canonicalize(np.asarray(v).dtype), False
+    except TypeError:
+        return None, True
+
+
+def _result_dtype(vals, who: str):
+    """The float dtype an op on ``vals`` returns (jax's promotion on the dtypes stored here):
+    one 16-bit float dtype among the strongly typed floats -> that dtype; float32, or both
+    16-bit types (jax: bfloat16 + float16 -> float32) -> float32."""
+    strong, weak_float, int_array = set(), False, None
+    for v in vals:
+        dt, weak = _operand_dtype(v)
+        if dt is None:
+            continue
+        if dt in _FLOATS:
+            if weak:
+                weak_float = True
+            else:
+                strong.add(dt)
+        elif isinstance(v, Array):
+            int_array = dt
+    if not strong and not weak_float and int_array is not None:
+        raise TypeError(
+            f"{who}: ctrainstate ops compute in floats; got an Array of {int_array} with no "
+            f"float operand (integer arithmetic is not supported: convert with "
+            f".astype(float32) first)")
+    if len(strong) == 1:
+        return next(iter(strong))
+    return _dtypes.float32
+
+
+def _needs_policy(v) -> bool:
+    if isinstance(v, Array):
+        return v.dtype != np.float32
+    if isinstance(v, np.ndarray) or isinstance(v, np.generic):
+        return v.dtype in _LOWP
+    return False
+
+
+def _as_f32(v):
+    if isinstance(v, Array):
+        return v if v.dtype == np.float32 else astype(v, _dtypes.float32)
+    if isinstance(v, (np.ndarray, np.generic)) and v.dtype in _LOWP:
+        return np.asarray(v, np.float32)
+    return v
+
+
+def _data_args(fn, args, kwargs, pos, rest_from):
+    """The positions (ints) and keyword names of ``fn``'s data operands in this call."""
+    idx = [i for i in pos if i < len(args)]
+    if rest_from is not None:
+        idx += list(range(rest_from, len(args)))
+    names = [k for k in kwargs if k in _POLICY_NAMES.get(fn.__name__, ())]
+    return idx, names
+
+
+_POLICY_NAMES = {"where": ("x", "y"), "matmul": ("a", "b"), "take_rows": ("table",)}
+
+
+def _with_dtype_policy(fn, pos=(0,), rest_from=None):
+    """Wrap op ``fn`` with the 16-bit float policy above (``pos``: the positions of its data
+    operands; ``rest_from``: all positions from there on, einsum's operands)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if not (any(_needs_policy(a) for a in args) or
+                any(_needs_policy(v) for v in kwargs.values())):
+            return fn(*args, **kwargs)
+        idx, names = _data_args(fn, args, kwargs, pos, rest_from)
+        vals = [args[i] for i in idx] + [kwargs[k] for k in names]
+        rdt = _result_dtype(vals, fn.__name__)
+        args = list(args)
+        for i in idx:
+            args[i] = _as_f32(args[i])
+        for k in names:
+            kwargs[k] = _as_f32(kwargs[k])
+        out = fn(*args, **kwargs)
+        return out if rdt == np.float32 or not isinstance(out, Array) else astype(out, rdt)
+    wrapped._policy = (pos, rest_from)
+    return wrapped
+
+
+def _dtype_policies():
+    g = globals()
+    binary = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul")
+    unary = ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
+             "square", "sigmoid", "abs", "power", "sum", "max", "min", "mean", "broadcast_to",
+             "transpose", "reshape", "expand_dims", "take_rows")
+    for name in binary:
+        g[name] = _with_dtype_policy(g[name], (0, 1))
+    for name in unary:
+        g[name] = _with_dtype_policy(g[name], (0,))
+    g["where"] = _with_dtype_policy(g["where"], (1, 2))
+    g["einsum"] = _with_dtype_policy(g["einsum"], (), rest_from=1)
+
+
+def _abstract_dtype(fn, args, kwargs):
+    """The result dtype of a policy-wrapped op called on ShapeDtypeStructs."""
+    pol = getattr(fn, "_policy", None)
+    if pol is None:
+        return None
+    idx, names = _data_args(fn, args, kwargs, pol[0], pol[1])
+    return _result_dtype([args[i] for i in idx] + [kwargs[k] for k in names], fn.__name__)
+
+
 def _abstract_rules():
     from ._abstract import ShapeDtypeStruct
     rules = {
@@ -1412,11 +1616,15 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
     def wrapped(*args, **kwargs):
         if any(isinstance(a, SDS) for a in args[first:]):
             sharding = None
+            dt = _abstract_dtype(fn, args, kwargs) or dtype
+            if fn.__name__ in ("with_sharding", "zeros_like", "ones_like"):
+                dt = args[0].dtype
             if fn.__name__ == "with_sharding":
                 sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])
-            return SDS(rule(*args, **kwargs), dtype, sharding)
+            return SDS(rule(*args, **kwargs), dt, sharding)
         return fn(*args, **kwargs)
     return wrapped
 
 
+_dtype_policies()
 _abstract_rules()

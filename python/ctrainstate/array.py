@@ -337,11 +337,12 @@ class Array(OperatorsMixin):
         return np.asarray(self).tolist()
 
     def astype(self, dtype) -> "Array":
-        """A copy converted to ``dtype`` with the same sharding, block by block (no device
-        holds more than its block). Not differentiable: ops compute in float32, and an
-        Array that is already ``dtype`` is returned as it is."""
-        from .hf.cast import cast
-        return cast(self, dtype)
+        """A copy converted to ``dtype`` with the same sharding, on each device's own block
+        (nothing is gathered): :func:`ctrainstate.numpy.astype` (jax's conversion rules;
+        differentiable between float dtypes). An Array already of ``dtype`` is returned as
+        it is."""
+        from ._ops import astype
+        return astype(self, dtype)
 
     def copy(self) -> "Array":
         """A new Array with the same sharding and a copy of every block."""

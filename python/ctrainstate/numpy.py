@@ -3,7 +3,9 @@
 The names follow ``jax.numpy``. Operands may be Arrays, numpy arrays or Python
 scalars (placed replicated on the Arrays' mesh). Sharding propagation, the
 collectives it implies and the autodiff rules are described in
-:mod:`ctrainstate._ops`. Arithmetic is float32.
+:mod:`ctrainstate._ops`. Arithmetic is float32; bfloat16 / float16 Arrays follow jax's
+dtype promotion and are computed in float32 and rounded once per op (``astype`` converts
+on the devices).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -17,6 +19,7 @@ from ._ops import (  # noqa: F401
     add,
     argmax,
     argmin,
+    astype,
     broadcast_to,
     cos,
     divide,

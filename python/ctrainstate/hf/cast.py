@@ -1,9 +1,9 @@
 """dtype casts of sharded params, block by block (HF ``model.to_bf16(params)``/``to_fp32``).
 
-Each device's block is copied to the host, converted and copied back into a new
-buffer on the same device, so no device ever holds more than its own block (the
-full array is never gathered). Arrays keep their shardings; numpy leaves are cast
-on the host.
+Each device converts its own block into a new buffer on the same device (the core's
+convert kernel, :func:`ctrainstate.numpy.astype`), so no device ever holds more than its
+own block and nothing goes through the host. Arrays keep their shardings; numpy leaves
+are cast on the host.
 
 >>> import numpy as np, ctrainstate as cts
 >>> from ctrainstate.hf.cast import to_bf16
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _C, _dtypes
+from .. import _dtypes
 from .._abstract import ShapeDtypeStruct
 from ..array import Array
 from ..tree_util import tree_map
@@ -31,19 +31,8 @@ def cast(x, dtype):
         return ShapeDtypeStruct(x.shape, dtype, x.sharding)
     if not isinstance(x, Array):
         return np.asarray(x).astype(dtype)
-    x._check_alive()
-    if x.dtype == dtype:
-        return x
-    code = _dtypes.code(dtype)
-    zero = (0,) * len(x.shape)
-    blocks = []
-    for dev, buf, start, rid in x._blocks:
-        host = np.empty(x._shard_shape, x.dtype)
-        _C.copy_to_host(buf, host, zero)
-        nb = _C.Buffer(dev.id, x._shard_shape, code)
-        _C.copy_from_host(nb, host.astype(dtype, order="C"), zero)  # (0-d stays 0-d)
-        blocks.append((dev, nb, start, rid))
-    return Array._create(x.shape, dtype, x.sharding, blocks)
+    from .._ops import astype
+    return astype(x, dtype)
 
 
 def _floats_to(params, src, dst):

@@ -107,3 +107,11 @@ def one_hot(x, num_classes: int, *, dtype=np.float32, axis: int = -1):
     if axis != -1:
         out = np.moveaxis(out, -1, axis)
     return device_put(out)
+
+
+# 16-bit float inputs: computed in float32, the result rounded once to the input's dtype
+# (ctrainstate._ops's dtype policy)
+softmax = _ops._with_dtype_policy(softmax)
+log_softmax = _ops._with_dtype_policy(log_softmax)
+logsumexp = _ops._with_dtype_policy(logsumexp)
+leaky_relu = _ops._with_dtype_policy(leaky_relu)

@@ -4,7 +4,7 @@
 ``combine_masks``.
 
 The arithmetic is Flax's, op for op: the query divided by ``sqrt(depth)``, logits
-``einsum('...qhd,...khd->...hqk')``, ``+ bias``, ``where(mask, logits, finfo(float32).min)``,
+``einsum('...qhd,...khd->...hqk')``, ``+ bias``, ``where(mask, logits, finfo(dtype).min)``,
 softmax over the keys, dropout (keep ``uniform(rng, shape) < 1 - rate`` — jax's bernoulli,
 so the same key drops the same weights as Flax — times ``1 / (1 - rate)``; with
 ``broadcast_dropout`` one mask of shape ``(1, ..., 1, q, k)`` shared by the batch and head
@@ -52,7 +52,8 @@ from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
 from . import initializers
 from .activation import softmax
-from .linear import DenseGeneral, default_kernel_init
+from .dtypes import canonicalize_dtype
+from .linear import DenseGeneral, _check_dtype, default_kernel_init
 from .module import Module, compact
 from .normalization import LayerNorm
 from .stochastic import merge_param
@@ -61,16 +62,19 @@ __all__ = ["dot_product_attention_weights", "dot_product_attention",
            "MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention",
            "make_attention_mask", "make_causal_mask", "combine_masks"]
 
-_BIG_NEG = float(np.finfo(np.float32).min)   # Flax's big_neg: jnp.finfo(dtype).min
+def _big_neg(dtype) -> float:
+    """Flax's ``big_neg``: ``jnp.finfo(dtype).min`` of the compute dtype."""
+    import ml_dtypes
+    return float(ml_dtypes.finfo(dtype).min)
 
 
-def _check_compute_dtype(what: str, dtype) -> None:
-    """As the layers (linear._check_dtype): a lower-precision compute dtype is refused."""
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        raise NotImplementedError(
-            f"{what}(dtype={np.dtype(dtype)}): ctrainstate attention computes in float32 only; "
-            f"drop dtype= (or pass float32) and the outputs are float32 (Flax would compute "
-            f"and return {np.dtype(dtype)})")
+def _compute_dtype(what: str, dtype, *xs):
+    """Flax's ``promote_dtype(*xs, dtype=dtype)``'s dtype, checked (a float ctrainstate
+    stores)."""
+    try:
+        return canonicalize_dtype(*xs, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}(dtype={dtype!r}): {e}") from None
 
 
 def _einsum(sub: str, a, b, precision):
@@ -86,11 +90,11 @@ def _is_abstract(*xs) -> bool:
     return any(isinstance(x, ShapeDtypeStruct) for x in xs)
 
 
-def _float_operand(x, place=None):
-    """An attention operand (query/key/value/bias) as a float32 Array."""
-    if isinstance(x, Array) and x.dtype != np.float32:
-        x = x.astype(np.float32)
-    return _ops._lift(x, place)
+def _float_operand(x, place=None, dtype=_dtypes.float32):
+    """An attention operand (query/key/value) as an Array of the compute ``dtype``."""
+    if not isinstance(x, Array):
+        x = _ops._lift(x, place)
+    return x if x.dtype == dtype else _ops.astype(x, dtype)
 
 
 def _mask_operand(mask):
@@ -143,7 +147,9 @@ def dot_product_attention_weights(query, key, bias=None, mask=None, broadcast_dr
     ``finfo(float32).min``. ``mask``/``bias`` may be host arrays (the common case: numpy
     bool masks) or Arrays (a bool mask Array is converted). Dropout (when ``deterministic``
     is False and ``dropout_rate > 0``) needs ``dropout_rng``. ``module``: sow the weights
-    into its ``'intermediates'``. ``dtype`` other than float32 is refused (float32 compute);
+    into its ``'intermediates'``. ``dtype``: the compute dtype (Flax's ``promote_dtype`` of
+    query and key; 16-bit floats run per op in float32 and round back, see
+    :mod:`ctrainstate._ops`); ``force_fp32_for_softmax`` keeps float32 weights;
     ``einsum``: a callable used instead of the einsum (called with Flax's ``...``
     subscripts); ``einsum_dot_general`` is not supported.
 
@@ -161,30 +167,38 @@ def dot_product_attention_weights(query, key, bias=None, mask=None, broadcast_dr
     if einsum_dot_general is not None:
         raise NotImplementedError(f"{what}: einsum_dot_general= is not supported (ctrainstate "
                                   f"has no dot_general); pass einsum= instead")
-    _check_compute_dtype(what, dtype)
+    dtype = _compute_dtype(what, dtype, query, key)
     abstract = _is_abstract(query, key)
     if not abstract:
-        query = _float_operand(query)
-        key = _float_operand(key, _ops._place_of(query))
+        query = _float_operand(query, None, dtype)
+        key = _float_operand(key, _ops._place_of(query), dtype)
     _check_qk(query, key, what)
     wshape = query.shape[:-3] + (query.shape[-2], query.shape[-3], key.shape[-3])
     if bias is not None:
         _broadcast_check("bias", np.shape(bias), wshape, what)
     if mask is not None:
         _broadcast_check("mask", np.shape(mask), wshape, what)
+    soft32 = force_fp32_for_softmax and dtype != _dtypes.float32
     if abstract:    # eval_shape: the weights' shape only
-        return ShapeDtypeStruct(wshape, np.float32)
+        return ShapeDtypeStruct(wshape, _dtypes.float32 if soft32 else dtype)
 
     depth = query.shape[-1]
-    # Flax: query / jnp.sqrt(depth).astype(dtype) -- a true division by the float32 root
-    query = cnp.divide(query, np.asarray(np.sqrt(np.float32(depth)), np.float32))
+    # Flax: query / jnp.sqrt(depth).astype(dtype) -- a true division by the root in dtype
+    query = cnp.divide(query, np.asarray(np.sqrt(np.float32(depth)), np.float32).astype(dtype))
     sub = "...qhd,...khd->...hqk"
     attn = einsum(sub, query, key) if einsum else _einsum(sub, query, key, precision)
     if bias is not None:
-        attn = cnp.add(attn, _float_operand(bias, _ops._place_of(attn)))
+        if not isinstance(bias, Array):
+            bias = _ops._lift(bias, _ops._place_of(attn))
+        attn = cnp.add(attn, bias)
     if mask is not None:
-        attn = cnp.where(_mask_operand(mask), attn, _BIG_NEG)
-    attn = softmax(attn)
+        attn = cnp.where(_mask_operand(mask), attn, _big_neg(dtype))
+    if soft32:     # Flax: softmax of the float32 logits, the weights stay float32
+        attn = softmax(_ops.astype(attn, _dtypes.float32))
+    else:
+        attn = softmax(attn)
+        if attn.dtype != dtype:
+            attn = _ops.astype(attn, dtype)
     if module is not None:
         module.sow("intermediates", "attention_weights", attn)
     if not deterministic and dropout_rate > 0.0:
@@ -215,8 +229,10 @@ def _attention_dropout(attn: Array, key_ndim: int, rate: float, broadcast: bool,
     if not isinstance(u, Array):
         u = _ops._lift(u, _ops._place_of(attn))
     keep = _ops._binary_raw(_ops.B_GT, _ops._lift(keep_prob, _ops._place_of(u)), u)  # u < p
-    # keep.astype(f32) / f32(keep_prob): the kept weights times that float32 quotient
-    scale = float(np.float32(1.0) / np.float32(keep_prob))
+    # keep.astype(dtype) / asarray(keep_prob, dtype): the kept weights times that quotient,
+    # computed (and rounded) in the weights' dtype
+    dt = attn.dtype
+    scale = float(np.asarray(1.0, dt) / np.asarray(keep_prob, dt))
     return _ops._keep(cnp.multiply(attn, scale), keep)
 
 
@@ -246,12 +262,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
         raise ValueError("precision/einsum_dot_general and qk_attn_weights_einsum/"
                          "attn_weights_value_einsum are mutually exclusive. Please specify only "
                          "one of them.")
-    _check_compute_dtype(what, dtype)
+    dtype = _compute_dtype(what, dtype, query, key, value)
     abstract = _is_abstract(query, key, value)
     if not abstract:
-        query = _float_operand(query)
+        query = _float_operand(query, None, dtype)
         place = _ops._place_of(query)
-        key, value = _float_operand(key, place), _float_operand(value, place)
+        key, value = _float_operand(key, place, dtype), _float_operand(value, place, dtype)
     if not key.ndim == query.ndim == value.ndim:
         raise ValueError(f"{what}: q, k, v must have same rank; got query {query.shape}, key "
                          f"{key.shape}, value {value.shape}")
@@ -269,7 +285,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
         dtype, precision, module, force_fp32_for_softmax, einsum_dot_general=einsum_dot_general,
         einsum=qk_attn_weights_einsum)
     if abstract:    # eval_shape: [batch..., q_length, num_heads, v_depth]
-        return ShapeDtypeStruct(query.shape[:-1] + (value.shape[-1],), np.float32)
+        out_dt = canonicalize_dtype(attn, value)
+        return ShapeDtypeStruct(query.shape[:-1] + (value.shape[-1],), out_dt)
     sub = "...hqk,...khd->...qhd"
     if attn_weights_value_einsum:
         return attn_weights_value_einsum(sub, attn, value)
@@ -297,9 +314,10 @@ class MultiHeadDotProductAttention(Module):
     sharded as the active ``nn.logical_axis_rules`` say.
 
     Not supported: ``decode=True`` (the autoregressive key/value cache raises
-    NotImplementedError: run the full sequence with a causal mask instead); ``dtype`` other
-    than float32 (refused, as Dense refuses it); the ``*_dot_general`` / ``*_einsum_cls``
-    hooks. ``precision`` goes to the projections and both attention products.
+    NotImplementedError: run the full sequence with a causal mask instead); the
+    ``*_dot_general`` / ``*_einsum_cls`` hooks. ``precision`` goes to the projections and both
+    attention products; ``dtype`` (Flax's mixed precision) to the projections and the
+    attention (``param_dtype`` is the parameters').
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random
@@ -335,7 +353,7 @@ class MultiHeadDotProductAttention(Module):
     def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
                  deterministic=None, dropout_rng=None, sow_weights: bool = False):
         name = type(self).__name__
-        _check_compute_dtype(name, self.dtype)
+        _check_dtype(self)
         if self.decode:
             raise NotImplementedError(
                 f"{name}(decode=True): the autoregressive cache (cached_key/cached_value/"

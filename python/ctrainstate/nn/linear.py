@@ -14,9 +14,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import _dtypes
 from .. import numpy as cnp
 from ..array import Array, device_put
 from . import initializers
+from .dtypes import promote_dtype
 from .module import Module, compact
 
 default_kernel_init = initializers.lecun_normal()
@@ -29,14 +31,19 @@ def _in_features(x) -> int:
 
 
 def _check_dtype(module) -> None:
-    """Layers compute in float32: a lower-precision computation ``dtype`` (Flax's mixed
-    precision, e.g. ``dtype=jnp.bfloat16``) is refused rather than silently run in float32."""
-    dt = getattr(module, "dtype", None)
-    if dt is not None and np.dtype(dt) != np.float32:
-        raise NotImplementedError(
-            f"{type(module).__name__}(dtype={np.dtype(dt)}): ctrainstate layers compute in "
-            f"float32 only; drop dtype= (or pass float32) and the outputs are float32 (Flax "
-            f"would compute and return {np.dtype(dt)})")
+    """A layer's ``dtype`` / ``param_dtype`` fields checked now, so a bad value names the
+    layer: a float dtype ctrainstate stores (float32, bfloat16, float16) or ``None``."""
+    for field in ("dtype", "param_dtype"):
+        dt = getattr(module, field, None)
+        if dt is None:
+            continue
+        try:
+            ok = _dtypes.canonicalize(dt) in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{type(module).__name__}({field}={dt!r}): expected float32, "
+                            f"bfloat16 or float16 (or None)")
 
 
 def _precision(module):
@@ -49,6 +56,12 @@ def _precision(module):
 
 class Dense(Module):
     """``y = x @ kernel + bias`` with ``kernel`` of shape ``(in, features)``.
+
+    ``dtype`` (Flax's): the computation's dtype -- inputs, kernel and bias are cast to it
+    (``promote_dtype``) and the output has it, e.g. ``dtype=jnp.bfloat16`` for mixed
+    precision with float32 parameters (``param_dtype``); ``None`` promotes the operands'
+    dtypes. 16-bit products accumulate in float32 and round once (see
+    :mod:`ctrainstate._ops`).
 
     ``precision`` is the product's (``jnp.matmul``'s ``precision=``, Flax's field): ``None``
     (the thread's default: float32 unless ``default_matmul_precision`` says otherwise),
@@ -76,9 +89,11 @@ class Dense(Module):
         precision = _precision(self)
         kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), self.features),
                             self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                if self.use_bias else None)
+        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = cnp.matmul(inputs, kernel, precision=precision)
-        if self.use_bias:
-            bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        if bias is not None:
             y = y + bias
         return y
 
@@ -99,7 +114,7 @@ class DenseGeneral(Module):
     axis names of the kernel (``len(axis) + len(features)`` names), declared with
     ``param_with_axes`` as in t5x's ``DenseGeneral`` (the bias takes the feature
     names). Multi-axis kernels are generated on the host and scattered; 2-d ones
-    are generated in place on each device. ``precision``: the product's, as
+    are generated in place on each device. ``precision`` and ``dtype``: as
     :class:`Dense`'s.
     """
 
@@ -125,6 +140,11 @@ class DenseGeneral(Module):
         flat = (math.prod(in_shape), math.prod(feats))
         kernel = self._declare("kernel", _flat_init(self.kernel_init, flat), kshape,
                                tuple(self.kernel_axes) or None)
+        bias = None
+        if self.use_bias:
+            bias = self._declare("bias", _flat_init(self.bias_init, (flat[1],)), feats,
+                                 tuple(self.kernel_axes[len(axes):]) or None)
+        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         x = inputs
         keep = [d for d in range(nd) if d not in axes]
         if axes != tuple(range(nd - len(axes), nd)):
@@ -135,9 +155,7 @@ class DenseGeneral(Module):
         y = cnp.matmul(x2, k2, precision=precision)
         if len(feats) != 1:
             y = cnp.reshape(y, batch_shape + feats)
-        if self.use_bias:
-            bias = self._declare("bias", _flat_init(self.bias_init, (flat[1],)), feats,
-                                 tuple(self.kernel_axes[len(axes):]) or None)
+        if bias is not None:
             y = y + bias
         return y
 
@@ -225,7 +243,10 @@ def _flat_sharding(sharding, shape, flat_shape):
 
 class Embed(Module):
     """Embedding lookup: ``embedding[inputs]`` with ``embedding`` of shape
-    ``(num_embeddings, features)``; ``attend(query)`` is ``query @ embedding.T``."""
+    ``(num_embeddings, features)``; ``attend(query)`` is ``query @ embedding.T``.
+    ``dtype`` (Flax's): the table is cast to it before the lookup (and, with the query, in
+    ``attend``); ``None`` keeps ``param_dtype``. A 16-bit table is converted to float32 for
+    the row gather on each device (one float32 copy of each device's block per call)."""
 
     num_embeddings: int
     features: int
@@ -235,6 +256,7 @@ class Embed(Module):
     embedding_axes: tuple = ()
 
     def setup(self):
+        _check_dtype(self)
         shape = (self.num_embeddings, self.features)
         if self.embedding_axes:
             from ..partitioning import param_with_axes
@@ -246,17 +268,25 @@ class Embed(Module):
 
     def __call__(self, inputs):
         _check_dtype(self)
+        from .._abstract import ShapeDtypeStruct
+        if isinstance(inputs, ShapeDtypeStruct):     # eval_shape: ids without values
+            if not np.issubdtype(np.dtype(inputs.dtype), np.integer):
+                raise TypeError(f"Embed expects integer inputs, got {inputs.dtype}")
+            embedding, = promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
+            return ShapeDtypeStruct(tuple(inputs.shape) + (self.features,), embedding.dtype)
         idx = np.asarray(inputs)
         if not np.issubdtype(idx.dtype, np.integer):
             raise TypeError(f"Embed expects integer inputs, got {idx.dtype}")
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
             raise ValueError(f"Embed: indices must be in [0, {self.num_embeddings}), got "
                              f"[{idx.min()}, {idx.max()}]")
-        return cnp.take_rows(self.embedding, idx)
+        embedding, = promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
+        return cnp.take_rows(embedding, idx)
 
     def attend(self, query):
         _check_dtype(self)
-        return cnp.matmul(query, cnp.transpose(self.embedding))
+        query, embedding = promote_dtype(query, self.embedding, dtype=self.dtype)
+        return cnp.matmul(query, cnp.transpose(embedding))
 
 
 # LayerNorm lives with RMSNorm in normalization.py; still importable from here

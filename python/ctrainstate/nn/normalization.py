@@ -26,6 +26,7 @@ import numpy as np
 from .. import numpy as cnp
 from ..array import Array
 from . import initializers
+from .dtypes import canonicalize_dtype, promote_dtype
 from .linear import _check_dtype
 from .module import Module, compact
 
@@ -67,7 +68,9 @@ def _masked_mean(x, axes, mask):
 
 
 def _compute_stats(x, axes, use_mean: bool, use_fast_variance: bool, mask):
-    """``(mean, var)`` over ``axes`` (kept as size-1 dims); mean is None without use_mean."""
+    """``(mean, var)`` over ``axes`` (kept as size-1 dims); mean is None without use_mean.
+    Always float32, as Flax's ``force_float32_reductions`` (a 16-bit ``x`` is converted)."""
+    x, = promote_dtype(x, dtype=np.float32)
     if not use_mean:
         return None, _masked_mean(cnp.square(x), axes, mask)
     mu = _masked_mean(x, axes, mask)
@@ -92,15 +95,19 @@ def _normalize(mdl: Module, x, mean, var, feature_axes, epsilon, use_bias, use_s
         scale = mdl.param("scale", scale_init, tuple(reduced), mdl.param_dtype)
         mul = cnp.multiply(mul, cnp.reshape(scale, feature_shape))
     y = cnp.multiply(y, mul)
+    args = [x, scale if use_scale else None]
     if use_bias:
         bias = mdl.param("bias", bias_init, tuple(reduced), mdl.param_dtype)
         y = cnp.add(y, cnp.reshape(bias, feature_shape))
-    return y
+        args.append(bias)
+    # the output dtype: the layer's dtype, else the promotion of x and the parameters (Flax)
+    dt = canonicalize_dtype(*args, dtype=mdl.dtype)
+    return y if getattr(y, "dtype", None) == dt else promote_dtype(y, dtype=dt)[0]
 
 
 
 def _checked_axes(module, x):
-    """The norm layers' shared checks (float32 only, no ``axis_name``) and their reduction
+    """The norm layers' shared checks (dtypes, no ``axis_name``) and their reduction
     and feature axes, canonical for ``x``'s rank."""
     _check_dtype(module)
     _no_axis_name(module)
@@ -115,9 +122,11 @@ class LayerNorm(Module):
     ``feature_axes``, default the last).
 
     ``epsilon=1e-6``, ``use_bias``, ``use_scale``, ``bias_init`` (zeros), ``scale_init``
-    (ones), ``use_fast_variance`` and ``__call__(x, *, mask=None)`` are Flax's. ``dtype``
-    other than float32 is refused (layers compute in float32); ``axis_name`` is refused (see
-    the module docstring); ``force_float32_reductions`` is accepted (always float32).
+    (ones), ``use_fast_variance`` and ``__call__(x, *, mask=None)`` are Flax's. ``dtype``:
+    the output's (as Flax: statistics and normalisation in float32, the result cast to
+    ``dtype``, or to the promotion of ``x`` and the parameters when ``None``);
+    ``axis_name`` is refused (see the module docstring); ``force_float32_reductions`` is
+    accepted (always float32).
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random
@@ -155,8 +164,8 @@ class RMSNorm(Module):
     the last), ``scale`` (param ``'scale'``, ones) of the shape of ``feature_axes``.
 
     Fields and ``__call__(x, *, mask=None)`` as Flax's (``epsilon=1e-6``, ``use_scale``,
-    ``scale_init``, ``reduction_axes``, ``feature_axes``); ``dtype`` other than float32 and
-    ``axis_name`` are refused as in :class:`LayerNorm`.
+    ``scale_init``, ``reduction_axes``, ``feature_axes``); ``dtype`` as :class:`LayerNorm`'s;
+    ``axis_name`` is refused as there.
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random

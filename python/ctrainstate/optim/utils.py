@@ -131,3 +131,10 @@ def stateless_with_tree_map(f: Callable) -> GradientTransformation:
             return tree_map(lambda g: f(g, None), updates)
         return tree_map(f, updates, params)
     return stateless(apply)
+
+
+# 16-bit float logits: computed in float32, the loss rounded once to their dtype
+# (ctrainstate._ops's dtype policy)
+softmax_cross_entropy = _ops._with_dtype_policy(softmax_cross_entropy, (0, 1))
+softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
+    softmax_cross_entropy_with_integer_labels, (0,))

@@ -1,0 +1,88 @@
+"""Dtype helpers of the layers (mirror of ``flax.linen.dtypes``): ``canonicalize_dtype`` and
+``promote_dtype``, with which a layer's ``dtype=`` field (Flax's mixed precision, e.g.
+``nn.Dense(..., dtype=jnp.bfloat16)``) casts its inputs and parameters before computing.
+
+The dtypes are those ctrainstate stores: float32, bfloat16, float16 for floats (int32,
+uint32 and bool for the rest). jax's promotion among them: a 16-bit float with float32 is
+float32, bfloat16 with float16 is float32, an integer with a float is the float, and Python
+scalars are weak (they take the other operand's dtype).
+
+>>> import numpy as np
+>>> from ctrainstate.nn import dtypes
+>>> x, w = np.ones((2, 3), np.float32), np.ones((3,), dtypes.bfloat16)
+>>> dtypes.canonicalize_dtype(x, w), dtypes.canonicalize_dtype(w), dtypes.canonicalize_dtype(w, dtype=np.float16)
+(dtype('float32'), dtype(bfloat16), dtype('float16'))
+>>> [str(a.dtype) for a in dtypes.promote_dtype(x, w, dtype=dtypes.bfloat16)]
+['bfloat16', 'bfloat16']
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dtypes, _ops
+from .._abstract import ShapeDtypeStruct
+from ..array import Array
+
+bfloat16 = _dtypes.bfloat16
+float16 = _dtypes.float16
+float32 = _dtypes.float32
+
+__all__ = ["canonicalize_dtype", "promote_dtype"]
+
+
+def _dtype_of(x):
+    if isinstance(x, (Array, ShapeDtypeStruct)):
+        return np.dtype(x.dtype), False
+    return _ops._operand_dtype(x)
+
+
+def canonicalize_dtype(*args, dtype=None, inexact: bool = True) -> np.dtype:
+    """``dtype`` when given (checked: a dtype ctrainstate stores; with ``inexact`` a float),
+    else the promoted dtype of ``args`` (``None`` entries skipped), made a float with
+    ``inexact`` (an integer-only result becomes float32, as in Flax)."""
+    if dtype is not None:
+        dt = _dtypes.canonicalize(dtype)
+        if inexact and dt not in _ops._FLOATS:
+            raise ValueError(f"dtype must be inexact (a float dtype): {dt}")
+        return dt
+    strong, weak_float, others = set(), False, set()
+    for x in args:
+        if x is None:
+            continue
+        dt, weak = _dtype_of(x)
+        if dt is None:
+            continue
+        if dt in _ops._FLOATS:
+            if weak:
+                weak_float = True
+            else:
+                strong.add(dt)
+        else:
+            others.add(dt)
+    if len(strong) == 1:
+        return next(iter(strong))
+    if strong or weak_float or inexact:
+        return float32
+    if not others:
+        return _dtypes.int32
+    if len(others) == 1:
+        return next(iter(others))
+    raise TypeError(f"canonicalize_dtype: no common integer dtype for {sorted(map(str, others))} "
+                    f"(pass dtype=)")
+
+
+def _cast(x, dtype):
+    if x is None:
+        return None
+    if isinstance(x, ShapeDtypeStruct):
+        return ShapeDtypeStruct(x.shape, dtype, x.sharding)
+    if isinstance(x, Array):
+        return x if x.dtype == dtype else _ops.astype(x, dtype)
+    return np.asarray(x, dtype=dtype)
+
+
+def promote_dtype(*args, dtype=None, inexact: bool = True) -> list:
+    """``args`` cast to one dtype (:func:`canonicalize_dtype`'s), ``None`` entries kept:
+    Arrays on their devices (differentiable, nothing gathered), host values on the host."""
+    dt = canonicalize_dtype(*args, dtype=dtype, inexact=inexact)
+    return [_cast(x, dt) for x in args]

@@ -1,0 +1,399 @@
+"""Mixed precision: dtype conversions on devices (the core's convert kernel), ops on
+bfloat16 / float16 Arrays (jax's promotion, float32 compute, one rounding per op), their
+gradients, and the layers' ``dtype=`` (Flax's mixed precision) against live Flax."""
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import flat_tree
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import nn, random
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+DTYPES = [F32, F16, BF16, np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.bool_)]
+FLOATS = (F32, F16, BF16)
+
+
+@pytest.fixture
+def mesh24():
+    return cts.make_mesh((2, 4), ("data", "model"))
+
+
+def _host(x):
+    return np.asarray(x)
+
+
+def _f32(a):
+    return np.asarray(a).astype(np.float32)
+
+
+# --- the convert kernel -------------------------------------------------------------------
+
+def _sources(dt):
+    """Values of dtype ``dt`` covering the conversion rules' edges, plus random ones."""
+    r = np.random.default_rng(7)
+    if dt in FLOATS:
+        edges = np.array([0.0, -0.0, 0.5, 1.5, 2.5, -1.5, -2.7, 1e-8, 6e-8, 65504.0, 65519.9,
+                          65520.0, 70000.0, 2.0 ** 24 + 1, 2.0 ** 31, -(2.0 ** 31), 3e9, -3e9,
+                          4.3e9, 1e30, np.inf, -np.inf, np.nan, -np.nan], np.float32)
+        rand = (r.standard_normal(500) * 10.0 ** r.integers(-6, 10, 500)).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.concatenate([edges, rand]).astype(dt)
+    if dt == np.bool_:
+        return np.array([True, False, True, True])
+    ints = [0, 1, -1, 7, 2 ** 24 + 1, 2 ** 24 + 3, 33554435, 123456789, 2 ** 31 - 1, -(2 ** 31),
+            65504, 65520, 70000]
+    rand = r.integers(-(2 ** 31), 2 ** 31, 300)
+    return np.array(ints + list(rand), np.int64).astype(dt)
+
+
+def _reference(src, dst):
+    """jax's convert_element_type, spelled independently with numpy / ml_dtypes."""
+    s = src.dtype
+    if dst == np.bool_:
+        return src.astype(np.float64) != 0 if s in FLOATS else src != 0
+    if s == np.bool_:
+        return src.astype(np.int64).astype(dst)
+    if s in FLOATS and dst in FLOATS:
+        with np.errstate(over="ignore"):
+            return src.astype(np.float32).astype(dst)        # widening exact, narrowing RNE
+    if s in FLOATS:                                          # truncate, saturate, NaN -> 0
+        v = src.astype(np.float64)
+        info = np.iinfo(dst)
+        out = np.trunc(np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min))
+        return np.clip(out, info.min, info.max).astype(np.int64).astype(dst)
+    v = src.astype(np.int64)
+    if dst in FLOATS:                        # one rounding from the exact integer
+        with np.errstate(over="ignore"):
+            return v.astype(np.float64).astype(dst) if dst != BF16 else \
+                v.astype(np.float64).astype(BF16)
+    return (v % 2 ** 32).astype(np.uint32).view(np.int32).astype(dst) if dst == np.int32 \
+        else (v % 2 ** 32).astype(np.uint32)
+
+
+def _same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    if a.dtype in FLOATS:
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        np.testing.assert_array_equal(np.isnan(a32), np.isnan(b32))
+        ok = ~np.isnan(a32)
+        np.testing.assert_array_equal(a32[ok].view(np.uint32), b32[ok].view(np.uint32))
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("src", DTYPES, ids=str)
+def test_astype_every_dtype_pair_matches_the_reference(src):
+    x = _sources(src)
+    a = cts.device_put(x)
+    for dst in DTYPES:
+        y = a.astype(dst)
+        assert y.dtype == dst and y.sharding == a.sharding
+        _same(_host(y), _reference(x, dst))
+
+
+def test_astype_matches_jax_live():
+    jnp = pytest.importorskip("jax.numpy")
+    for src in DTYPES:
+        x = _sources(src)
+        for dst in DTYPES:
+            _same(_host(cts.device_put(x).astype(dst)), np.asarray(jnp.asarray(x).astype(dst)))
+
+
+@pytest.mark.parametrize("half", [F16, BF16], ids=str)
+def test_every_16_bit_pattern_widens_and_narrows_back_exactly(half):
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    h = bits.view(half)
+    wide = cts.device_put(h).astype(np.float32)
+    _same(_host(wide), h.astype(np.float32))
+    back = _host(wide.astype(half)).view(np.uint16)
+    nan = np.isnan(h.astype(np.float32))
+    np.testing.assert_array_equal(back[~nan], bits[~nan])
+    assert np.isnan(_host(wide.astype(half))[nan].astype(np.float32)).all()
+
+
+def test_float32_rounding_ties_and_boundaries():
+    """Nearest-even ties, overflow to inf, subnormals, on 2^20 float32 patterns around the
+    16-bit formats' rounding points (the last kept bit 0/1 and the dropped bits 0x7fff..)."""
+    r = np.random.default_rng(3)
+    hi = r.integers(0, 1 << 16, 1 << 14, dtype=np.uint32) << 16
+    low = np.array([0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1000, 0x0fff, 0x2000, 0x1fff,
+                    0x3000, 0x0001, 0x4000, 0x5fff, 0x6000, 0x7000], np.uint32)
+    bits = (hi[:, None] | low[None, :]).ravel()
+    x = bits.view(np.float32)
+    a = cts.device_put(x)
+    for half in (F16, BF16):
+        with np.errstate(over="ignore", invalid="ignore"):
+            _same(_host(a.astype(half)), x.astype(half))
+
+
+def test_astype_on_a_mesh_converts_each_block_in_place(mesh24):
+    x = np.random.default_rng(0).standard_normal((8, 12)).astype(np.float32)
+    a = cts.device_put(x, cts.NamedSharding(mesh24, cts.P("data", "model")))
+    b = a.astype(BF16)
+    assert b.sharding == a.sharding
+    for s in b.addressable_shards:
+        assert s.data.shape == (4, 3)
+        _same(np.asarray(s.data), x[s.index].astype(BF16))
+    _same(_host(b.astype(np.float32)), x.astype(BF16).astype(np.float32))
+
+
+def test_astype_errors_and_identity():
+    a = cts.device_put(np.ones(3, np.float32))
+    assert a.astype(np.float32) is a
+    with pytest.raises(TypeError, match="not supported"):
+        a.astype(np.complex64)
+    s = cts.ShapeDtypeStruct((2, 3), np.float32)
+    assert cnp.astype(s, BF16) == cts.ShapeDtypeStruct((2, 3), BF16)
+
+
+# --- ops on 16-bit floats -----------------------------------------------------------------
+
+def _rand(shape, dt, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32).astype(dt)
+
+
+UNARY = ["negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "sqrt", "rsqrt", "square",
+         "sigmoid", "abs", "log"]
+
+
+@pytest.mark.parametrize("dt", [BF16, F16], ids=str)
+def test_ops_round_the_float32_result_once(dt):
+    """Each op on 16-bit Arrays equals the float32 op on the widened values, rounded once to
+    the dtype (XLA's CPU semantics for 16-bit floats), and returns that dtype."""
+    x = _rand((6, 5), dt, 1)
+    y = _rand((6, 5), dt, 2)
+    pos = np.abs(x.astype(np.float32)).astype(dt) + dt.type(0.5)
+    ax, ay, ap = cts.device_put(x), cts.device_put(y), cts.device_put(pos)
+    wx, wy, wp = (cts.device_put(v.astype(np.float32)) for v in (x, y, pos))
+    for name in UNARY:
+        f = getattr(cnp, name)
+        arg, warg = (ap, wp) if name in ("sqrt", "rsqrt", "log") else (ax, wx)
+        out = f(arg)
+        assert out.dtype == dt, name
+        _same(_host(out), _host(f(warg)).astype(dt))
+    for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"):
+        f = getattr(cnp, name)
+        out = f(ax, ay)
+        assert out.dtype == dt, name
+        _same(_host(out), _host(f(wx, wy)).astype(dt))
+    for f in (cnp.sum, cnp.mean, cnp.max, cnp.min):
+        out = f(ax, axis=1)
+        assert out.dtype == dt
+        _same(_host(out), _host(f(wx, axis=1)).astype(dt))
+    m = cnp.matmul(ax, cnp.transpose(ay))
+    assert m.dtype == dt
+    _same(_host(m), _host(cnp.matmul(wx, cnp.transpose(wy))).astype(dt))
+    e = cnp.einsum("ij,kj->ik", ax, ay)
+    _same(_host(e), _host(m))
+    sm = nn.softmax(ax)
+    assert sm.dtype == dt
+    _same(_host(sm), _host(nn.softmax(wx)).astype(dt))
+    for f, args in ((cnp.reshape, ((30,),)), (cnp.transpose, ()), (cnp.broadcast_to, ((2, 6, 5),)),
+                    (cnp.expand_dims, (0,))):
+        out = f(ax, *args)
+        assert out.dtype == dt
+        _same(_host(out), np.asarray(getattr(np, f.__name__)(x, *args)))
+
+
+def test_promotion_follows_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    vals = {
+        "bf16": np.ones(3, BF16), "f16": np.ones(3, F16), "f32": np.ones(3, np.float32),
+        "i32": np.ones(3, np.int32), "pyfloat": 2.0, "pyint": 3, "npf32": np.float32(2.0),
+    }
+    arrays = ("bf16", "f16", "f32", "i32")
+    for a in arrays:
+        for b, v in vals.items():
+            if a == "i32" and b in ("i32", "pyint"):
+                continue   # integer arithmetic: refused (below)
+            ours = cnp.add(cts.device_put(vals[a]), cts.device_put(v) if b in arrays else v)
+            want = jnp.add(jnp.asarray(vals[a]), jnp.asarray(v) if b in arrays else v)
+            assert ours.dtype == want.dtype, (a, b, ours.dtype, want.dtype)
+            np.testing.assert_array_equal(_f32(ours), _f32(want))
+    with pytest.raises(TypeError, match="integer arithmetic is not supported"):
+        cnp.multiply(cts.device_put(vals["i32"]), 2)
+
+
+def test_ops_match_jax_within_a_few_ulp():
+    jnp = pytest.importorskip("jax.numpy")
+    jax = pytest.importorskip("jax")
+    for dt in (BF16, F16):
+        x, w = _rand((4, 16), dt, 3), _rand((16, 8), dt, 4, 0.25)
+
+        def f(mod, nnmod, x, w):
+            h = mod.tanh(mod.matmul(x, w) * 2.0 + 1.0)
+            return nnmod.softmax(h) * mod.exp(mod.sin(h))
+        ours = f(cnp, nn, cts.device_put(x), cts.device_put(w))
+        want = f(jnp, jax.nn, jnp.asarray(x), jnp.asarray(w))
+        assert ours.dtype == want.dtype == dt
+        ulp = 2.0 ** -7 if dt == BF16 else 2.0 ** -10
+        np.testing.assert_allclose(_f32(ours), _f32(want), rtol=4 * ulp, atol=4 * ulp)
+
+
+# --- gradients ----------------------------------------------------------------------------
+
+def test_gradients_through_bfloat16_compute_match_jax():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    x = _rand((8, 16), np.float32, 5)
+    w1, w2 = _rand((16, 32), np.float32, 6, 0.3), _rand((32, 4), np.float32, 7, 0.3)
+
+    def loss(mod, act, params, x):
+        h = act(mod.matmul(x.astype(BF16), params["w1"].astype(BF16)))
+        y = mod.matmul(h, params["w2"].astype(BF16))
+        return mod.mean(mod.square(y.astype(np.float32)))
+    p = {"w1": cts.device_put(w1), "w2": cts.device_put(w2)}
+    v, g = cts.value_and_grad(lambda p: loss(cnp, cnp.tanh, p, cts.device_put(x)))(p)
+    jv, jg = jax.value_and_grad(lambda p: loss(jnp, jnp.tanh, p, jnp.asarray(x)))(
+        {"w1": jnp.asarray(w1), "w2": jnp.asarray(w2)})
+    assert g["w1"].dtype == np.float32          # the params' dtype, as in jax
+    np.testing.assert_allclose(float(v), float(jv), rtol=2 ** -6)
+    for k in ("w1", "w2"):
+        scale = np.abs(np.asarray(jg[k])).max()
+        np.testing.assert_allclose(_host(g[k]), np.asarray(jg[k]), atol=scale * 2 ** -5)
+
+
+def test_bfloat16_inputs_get_bfloat16_cotangents():
+    jax = pytest.importorskip("jax")
+    x = _rand((5, 3), BF16, 8)
+
+    def f(mod, x):
+        return mod.sum(mod.sin(x) * x).astype(np.float32)
+    g = cts.grad(lambda a: f(cnp, a))(cts.device_put(x))
+    jg = jax.grad(lambda a: f(jax.numpy, a))(jax.numpy.asarray(x))
+    assert g.dtype == jg.dtype == BF16
+    np.testing.assert_allclose(_f32(g), _f32(jg), rtol=2 ** -6, atol=2 ** -6)
+    # a bfloat16 input used twice: its cotangents add in bfloat16
+    g2 = cts.grad(lambda a: cnp.sum(a * 3.0 + a).astype(np.float32))(cts.device_put(x))
+    assert g2.dtype == BF16 and np.all(_f32(g2) == 4.0)
+
+
+def test_astype_between_floats_is_differentiable_and_ints_stop_the_gradient():
+    x = cts.device_put(np.array([1.0, 2.0 + 2 ** -10, -3.0], np.float32))
+    g = cts.grad(lambda a: cnp.sum(a.astype(BF16).astype(np.float32) * 2.0))(x)
+    assert g.dtype == np.float32 and _host(g).tolist() == [2.0, 2.0, 2.0]
+    g = cts.grad(lambda a: cnp.sum(a * a.astype(np.int32)))(x)   # int32 branch: no gradient
+    assert _host(g).tolist() == [1.0, 2.0, -3.0]
+
+
+# --- layers: Flax's dtype= ------------------------------------------------------------------
+
+def _flax_apply(flax_layer, variables, *args, **kw):
+    jax = pytest.importorskip("jax")
+    fv = jax.tree_util.tree_map(lambda a: np.asarray(a), variables)
+    return flax_layer.apply(fv, *args, **kw)
+
+
+def _close(ours, want, dt):
+    assert ours.dtype == want.dtype, (ours.dtype, want.dtype)
+    o, w = _f32(ours), _f32(want)
+    ulp = {BF16: 2.0 ** -7, F16: 2.0 ** -10}.get(np.dtype(dt), 2.0 ** -20)
+    scale = max(1.0, float(np.abs(w).max()))
+    np.testing.assert_allclose(o, w, rtol=4 * ulp, atol=4 * ulp * scale)
+
+
+@pytest.mark.parametrize("dt", [BF16, F16], ids=str)
+@pytest.mark.parametrize("param_dt", [F32, BF16], ids=str)
+def test_layers_with_dtype_match_flax(dt, param_dt):
+    fnn = pytest.importorskip("flax.linen")
+    x = _rand((2, 5, 8), np.float32, 9)
+    ids = np.array([[1, 4, 0], [3, 3, 2]], np.int32)
+    cases = [
+        (nn.Dense(6, dtype=dt, param_dtype=param_dt),
+         fnn.Dense(6, dtype=dt, param_dtype=param_dt), x),
+        (nn.DenseGeneral((2, 3), axis=(-2, -1), dtype=dt, param_dtype=param_dt),
+         fnn.DenseGeneral((2, 3), axis=(-2, -1), dtype=dt, param_dtype=param_dt), x),
+        (nn.LayerNorm(dtype=dt, param_dtype=param_dt),
+         fnn.LayerNorm(dtype=dt, param_dtype=param_dt), x),
+        (nn.RMSNorm(dtype=dt, param_dtype=param_dt), fnn.RMSNorm(dtype=dt, param_dtype=param_dt), x),
+        (nn.Embed(5, 4, dtype=dt, param_dtype=param_dt),
+         fnn.Embed(5, 4, dtype=dt, param_dtype=param_dt), ids),
+        (nn.MultiHeadDotProductAttention(2, qkv_features=8, dtype=dt, param_dtype=param_dt),
+         fnn.MultiHeadDotProductAttention(2, qkv_features=8, dtype=dt, param_dtype=param_dt), x),
+    ]
+    for ours, theirs, inp in cases:
+        v = ours.init(random.PRNGKey(0), inp)
+        assert {a.dtype for a in flat_tree(v["params"]).values()} == {param_dt}
+        out = ours.apply(v, inp)
+        want = _flax_apply(theirs, v, inp)
+        _close(out, want, dt)
+        assert cts.eval_shape(ours.apply, v, inp).dtype == want.dtype
+
+
+def test_layers_without_dtype_promote_inputs_and_params():
+    fnn = pytest.importorskip("flax.linen")
+    xb = _rand((3, 8), BF16, 10)
+    for ours, theirs in ((nn.Dense(4), fnn.Dense(4)), (nn.LayerNorm(), fnn.LayerNorm()),
+                         (nn.Dense(4, param_dtype=BF16), fnn.Dense(4, param_dtype=BF16))):
+        v = ours.init(random.PRNGKey(1), xb)
+        out, want = ours.apply(v, xb), _flax_apply(theirs, v, xb)
+        _close(out, want, want.dtype)
+
+
+def test_attention_dropout_and_fp32_softmax_in_bfloat16():
+    fnn = pytest.importorskip("flax.linen")
+    jax = pytest.importorskip("jax")
+    q = _rand((2, 4, 2, 8), BF16, 11)
+    k = _rand((2, 6, 2, 8), BF16, 12)
+    mask = np.tril(np.ones((4, 6), bool))[None, None]
+    w = nn.dot_product_attention_weights(q, k, mask=mask)
+    jw = fnn.dot_product_attention_weights(q, k, mask=mask)
+    _close(w, jw, BF16)
+    w32 = nn.dot_product_attention_weights(q, k, mask=mask, force_fp32_for_softmax=True)
+    jw32 = fnn.dot_product_attention_weights(q, k, mask=mask, force_fp32_for_softmax=True)
+    assert w32.dtype == jw32.dtype == np.float32
+    np.testing.assert_allclose(_host(w32), np.asarray(jw32), rtol=1e-5, atol=1e-6)
+    key = random.PRNGKey(5)
+    d = nn.dot_product_attention_weights(q, k, dropout_rng=key, dropout_rate=0.25)
+    jd = fnn.dot_product_attention_weights(q, k, dropout_rng=jax.numpy.asarray(np.asarray(key)),
+                                           dropout_rate=0.25)
+    np.testing.assert_array_equal(_f32(d) == 0, np.asarray(jd).astype(np.float32) == 0)
+    _close(d, jd, BF16)
+
+
+def test_bfloat16_compute_on_a_mesh_equals_one_device(mesh24):
+    """x[batch:data] @ W[:, hidden:model] in bfloat16: the same bits as on one device (no
+    contraction is split, so each element's float32 sum is the same before rounding)."""
+    x = _rand((8, 16), BF16, 13)
+    w = _rand((16, 12), np.float32, 14)
+    with mesh24:
+        xs = cts.device_put(x, cts.P("data", None))
+        ws = cts.device_put(w, cts.P(None, "model"))
+        y = cnp.matmul(xs, ws.astype(BF16))
+    assert y.dtype == BF16 and y.sharding.spec == cts.P("data", "model")
+    _same(_host(y), _host(cnp.matmul(cts.device_put(x), cts.device_put(w).astype(BF16))))
+
+
+def test_train_step_with_bfloat16_activations_and_float32_params():
+    """The t5x setup: float32 params and optimizer state, bfloat16 compute; the loss falls."""
+    from ctrainstate import optim
+    from ctrainstate.train_state import TrainState
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.relu(nn.Dense(32, dtype=BF16)(x))
+            return nn.Dense(1, dtype=BF16)(h)
+    x = _rand((64, 4), np.float32, 15)
+    t = np.sin(x.sum(axis=1, keepdims=True))
+    model = MLP()
+    st = TrainState.create(apply_fn=model.apply, params=model.init(random.PRNGKey(0), x)["params"],
+                           tx=optim.adam(1e-2))
+
+    def loss(p):
+        y = st.apply_fn({"params": p}, x)
+        return cnp.mean(cnp.square(y.astype(np.float32) - t))
+    losses = []
+    for _ in range(30):
+        v, g = cts.value_and_grad(loss)(st.params)
+        assert {a.dtype for a in flat_tree(g).values()} == {F32}
+        st = st.apply_gradients(grads=g)
+        losses.append(float(v))
+    assert math.isfinite(losses[-1]) and losses[-1] < 0.5 * losses[0]

@@ -16,7 +16,11 @@ t5x's trainer (reference §3.1):
 As in t5x, on CPU the mesh is ``data=1, model=<all devices>`` whatever
 ``num_partitions`` is; on GPUs ``model=num_partitions`` (capped to the GPUs present).
 
-    python examples/t5x_partitioner.py [--steps 30] [--layers 2] [--embed 32]
+``--dtype bfloat16`` is t5x's usual activation dtype (``T5Config.dtype``): float32
+parameters and Adafactor state, the layers computing in bfloat16 (``dtype=`` on Embed and
+DenseGeneral; the RMS norm in float32, cast back), the logits cast to float32 for the loss.
+
+    python examples/t5x_partitioner.py [--steps 30] [--layers 2] [--embed 32] [--dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -36,15 +40,19 @@ from ctrainstate.t5x import adafactor, partitioning, utils  # noqa: E402
 
 
 class T5LayerNorm(nn.Module):
-    """t5x's RMS layer norm: a ``scale`` with logical axes ``('embed',)``."""
+    """t5x's RMS layer norm: a ``scale`` with logical axes ``('embed',)``; statistics in
+    float32, the result and the scale cast to ``dtype``."""
     epsilon: float = 1e-6
+    dtype: object = np.float32
 
     @nn.compact
     def __call__(self, x):
         scale = nn_partitioning.param_with_axes(
             "scale", nn.initializers.ones_init(), (x.shape[-1],), np.float32, axes=("embed",))
+        x = cnp.astype(x, np.float32)
         var = cnp.mean(cnp.square(x), axis=-1, keepdims=True)
-        return x * cnp.rsqrt(var + self.epsilon) * scale
+        y = cnp.astype(x * cnp.rsqrt(var + self.epsilon), self.dtype)
+        return y * cnp.astype(scale, self.dtype)
 
 
 class EncoderBlock(nn.Module):
@@ -52,20 +60,23 @@ class EncoderBlock(nn.Module):
     heads: int
     kv: int
     mlp: int
+    dtype: object = np.float32
 
     @nn.compact
     def __call__(self, x):
-        y = T5LayerNorm(name="pre_mix_layer_norm")(x)
+        dt = self.dtype
+        y = T5LayerNorm(name="pre_mix_layer_norm", dtype=dt)(x)
         y = nn.DenseGeneral((self.heads, self.kv), kernel_axes=("embed", "heads", "kv"),
-                            use_bias=False, name="value")(y)
+                            use_bias=False, dtype=dt, name="value")(y)
         y = nn_partitioning.with_sharding_constraint(y, ("batch", "length", "heads", "kv"))
         y = nn.DenseGeneral(x.shape[-1], axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
-                            use_bias=False, name="out")(nn.gelu(y))
+                            use_bias=False, dtype=dt, name="out")(nn.gelu(y))
         x = x + y
-        y = T5LayerNorm(name="pre_mlp_layer_norm")(x)
-        y = nn.DenseGeneral(self.mlp, kernel_axes=("embed", "mlp"), use_bias=False, name="wi")(y)
+        y = T5LayerNorm(name="pre_mlp_layer_norm", dtype=dt)(x)
+        y = nn.DenseGeneral(self.mlp, kernel_axes=("embed", "mlp"), use_bias=False, dtype=dt,
+                            name="wi")(y)
         y = nn_partitioning.with_sharding_constraint(nn.relu(y), ("batch", "length", "mlp"))
-        y = nn.DenseGeneral(x.shape[-1], kernel_axes=("mlp", "embed"), use_bias=False,
+        y = nn.DenseGeneral(x.shape[-1], kernel_axes=("mlp", "embed"), use_bias=False, dtype=dt,
                             name="wo")(y)
         return x + y
 
@@ -77,17 +88,20 @@ class Encoder(nn.Module):
     kv: int
     mlp: int
     layers: int
+    dtype: object = np.float32
 
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(self.vocab, self.embed, embedding_axes=("vocab", "embed"),
+        dt = self.dtype
+        x = nn.Embed(self.vocab, self.embed, embedding_axes=("vocab", "embed"), dtype=dt,
                      embedding_init=nn.initializers.normal(1.0), name="token_embedder")(tokens)
         x = nn_partitioning.with_sharding_constraint(x, ("batch", "length", "embed"))
         for i in range(self.layers):
-            x = EncoderBlock(self.heads, self.kv, self.mlp, name=f"layers_{i}")(x)
-        x = T5LayerNorm(name="encoder_norm")(x)
-        return nn.DenseGeneral(self.vocab, kernel_axes=("embed", "vocab"), use_bias=False,
-                               name="logits_dense")(x)
+            x = EncoderBlock(self.heads, self.kv, self.mlp, dtype=dt, name=f"layers_{i}")(x)
+        x = T5LayerNorm(name="encoder_norm", dtype=dt)(x)
+        logits = nn.DenseGeneral(self.vocab, kernel_axes=("embed", "vocab"), use_bias=False,
+                                 dtype=dt, name="logits_dense")(x)
+        return cnp.astype(logits, np.float32)     # t5x: the loss in float32
 
 
 def cross_entropy(logits, targets, vocab):
@@ -120,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--num-partitions", type=int, default=4)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="activation (compute) dtype; params and optimizer state stay float32")
     a = ap.parse_args(argv)
 
     nparts = a.num_partitions
@@ -129,10 +145,11 @@ def main(argv=None):
         nparts = cts.local_device_count()
     partitioner = partitioning.PjitPartitioner(
         num_partitions=nparts, logical_axis_rules=partitioning.standard_logical_axis_rules())
-    print(f"mesh {dict(partitioner.mesh.shape)} on {cts.default_backend()}; "
+    print(f"mesh {dict(partitioner.mesh.shape)} on {cts.default_backend()}; compute {a.dtype}; "
           f"data spec {partitioner.data_partition_spec}")
 
-    model = Encoder(a.vocab, a.embed, a.heads, a.kv, a.mlp, a.layers)
+    dtype = {"float32": cnp.float32, "bfloat16": cnp.bfloat16}[a.dtype]
+    model = Encoder(a.vocab, a.embed, a.heads, a.kv, a.mlp, a.layers, dtype=dtype)
     opt_def = adafactor.Adafactor(learning_rate=a.lr, beta1=0.9, min_dim_size_to_factor=32,
                                   logical_factor_rules=adafactor.standard_logical_factor_rules())
 

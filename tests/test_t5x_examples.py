@@ -29,6 +29,14 @@ def test_t5x_partitioner_example():
     assert "layers_0/wi/kernel: v=None m=PartitionSpec(None, 'model')" in out
     curve = [float(v) for v in out.split("loss curve: ")[1].splitlines()[0].split()]
     assert len(curve) == 12 and curve[-1] < 0.5 * curve[0], curve
+    # t5x's bfloat16 activations (float32 params and Adafactor state): it trains too, and the
+    # bfloat16 rounding changes the curve (so the compute did run in bfloat16)
+    out16 = run(["examples/t5x_partitioner.py", "--steps", "12", "--layers", "1",
+                 "--dtype", "bfloat16"])
+    assert "compute bfloat16" in out16
+    assert "layers_0/wi/kernel: v=None m=PartitionSpec(None, 'model')" in out16
+    curve16 = [float(v) for v in out16.split("loss curve: ")[1].splitlines()[0].split()]
+    assert curve16[-1] < 0.6 * curve16[0] and curve16 != curve, (curve16, curve)
 
 
 def test_hf_model_parallel_example():

@@ -202,6 +202,24 @@ def test_ops_round_the_float32_result_once(dt):
         _same(_host(out), np.asarray(getattr(np, f.__name__)(x, *args)))
 
 
+@pytest.mark.parametrize("dt", [np.int32, np.uint32, np.bool_, BF16], ids=str)
+def test_layout_ops_move_any_dtype_natively(dt, mesh24):
+    """reshape / transpose / expand_dims copy bytes: integers keep every bit (no float32 trip),
+    sharded or not, and eval_shape keeps the dtype."""
+    x = (np.arange(48, dtype=np.int64) * 2654435761 % (1 << 32)).astype(np.uint32).astype(dt)
+    x = x.reshape(8, 6)
+    a = cts.device_put(x, cts.NamedSharding(mesh24, cts.P("data", None)))
+    for out, want in ((cnp.reshape(a, (4, 12)), x.reshape(4, 12)), (cnp.transpose(a), x.T),
+                      (cnp.expand_dims(a, 1), x[:, None]), (a.reshape(2, 24), x.reshape(2, 24))):
+        assert out.dtype == dt
+        np.testing.assert_array_equal(np.asarray(out).view(np.uint8),
+                                      np.ascontiguousarray(want).view(np.uint8))
+    assert cnp.reshape(a, (4, 12)).sharding.spec == cts.P("data")
+    s = cts.ShapeDtypeStruct((8, 6), dt)
+    assert cts.eval_shape(lambda v: cnp.transpose(cnp.reshape(v, (6, 8))), s) == \
+        cts.ShapeDtypeStruct((8, 6), dt)
+
+
 def test_promotion_follows_jax():
     jnp = pytest.importorskip("jax.numpy")
     vals = {

@@ -200,6 +200,27 @@ def _lift(x, place=None) -> Array:
     return device_put(arr, NamedSharding(place, PartitionSpec()))
 
 
+def _lift_any(x, place=None) -> Array:
+    """As :func:`_lift`, for ops that move bytes (layout ops): an Array of any dtype passes
+    through, a host value is placed with its own (canonical) dtype."""
+    if isinstance(x, Array):
+        x._check_alive()
+        return x
+    arr = np.asarray(x)
+    if arr.dtype not in _dtypes.SUPPORTED:
+        arr = arr.astype(_dtypes.canonicalize(arr.dtype))
+    if arr.dtype == np.float32:
+        return _lift(arr, place)
+    if place is None:
+        place = get_mesh()
+    if place is None:
+        from ._devices import devices
+        return device_put(arr, SingleDeviceSharding(devices()[0]))
+    if isinstance(place, Device):
+        return device_put(arr, SingleDeviceSharding(place))
+    return device_put(arr, NamedSharding(place, PartitionSpec()))
+
+
 def _new(shape, place, norm, dtype=_dtypes.float32) -> Array:
     """Allocate an output Array (uninitialised buffers)."""
     sharding = _sharding_for(place, norm)
@@ -816,14 +837,14 @@ def broadcast_to(x, shape) -> Array:
 # --- layout ops -------------------------------------------------------------------------------
 
 def transpose(x, axes=None) -> Array:
-    """Permute dimensions; the spec entries move with them."""
-    x = _lift(x)
+    """Permute dimensions; the spec entries move with them. Any dtype (bytes are moved)."""
+    x = _lift_any(x)
     nd = x.ndim
     axes = tuple(reversed(range(nd))) if axes is None else tuple(a % nd for a in axes)
     if sorted(axes) != list(range(nd)):
         raise ValueError(f"transpose: {axes} is not a permutation of the {nd} dimensions")
     xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
-    out = _new([x.shape[a] for a in axes], _place_of(x), [xn[a] for a in axes])
+    out = _new([x.shape[a] for a in axes], _place_of(x), [xn[a] for a in axes], x.dtype)
     _C.op_transpose(_bufs(x), list(axes), _bufs(out))
     inv = [0] * nd
     for i, a in enumerate(axes):
@@ -861,8 +882,8 @@ def _groups(old, new):
 def reshape(x, shape) -> Array:
     """Reshape. Sharding is kept where it maps onto whole blocks (a sharded dimension leading
     its merged/split group, with the new leading dimension divisible); otherwise that group is
-    gathered first."""
-    x = _lift(x)
+    gathered first. Any dtype (bytes are moved)."""
+    x = _lift_any(x)
     shape = list(int(s) for s in shape)
     if shape.count(-1) > 1:
         raise ValueError("reshape: at most one -1")
@@ -878,7 +899,7 @@ def reshape(x, shape) -> Array:
     xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
     place = _place_of(x)
     if 0 in shape or 0 in x.shape:
-        out = _new(shape, place, [()] * len(shape))
+        out = _new(shape, place, [()] * len(shape), x.dtype)
         return out
     keep_old = list(xn)
     new_norm = [()] * len(shape)
@@ -897,7 +918,7 @@ def reshape(x, shape) -> Array:
             for d in od:
                 keep_old[d] = ()
     src = _to(x, place, keep_old)
-    out = _new(shape, place, new_norm)
+    out = _new(shape, place, new_norm, x.dtype)
     for (_, ob, _, _), (_, ib, _, _) in zip(out._blocks, src._blocks):
         _C.copy_bytes(ob, ib)
     in_shape = x.shape
@@ -905,7 +926,8 @@ def reshape(x, shape) -> Array:
 
 
 def expand_dims(x, axis: int) -> Array:
-    x = _lift(x)
+    """Insert a size-1 dimension at ``axis`` (any dtype)."""
+    x = _lift_any(x)
     nd = x.ndim + 1
     axis = axis % nd
     shape = list(x.shape)
@@ -1566,7 +1588,7 @@ def _dtype_policies():
     binary = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul")
     unary = ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
              "square", "sigmoid", "abs", "power", "sum", "max", "min", "mean", "broadcast_to",
-             "transpose", "reshape", "expand_dims", "take_rows")
+             "take_rows")   # (transpose, reshape, expand_dims move bytes: any dtype, natively)
     for name in binary:
         g[name] = _with_dtype_policy(g[name], (0, 1))
     for name in unary:
@@ -1617,7 +1639,8 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
         if any(isinstance(a, SDS) for a in args[first:]):
             sharding = None
             dt = _abstract_dtype(fn, args, kwargs) or dtype
-            if fn.__name__ in ("with_sharding", "zeros_like", "ones_like"):
+            if fn.__name__ in ("with_sharding", "zeros_like", "ones_like", "reshape",
+                               "transpose", "expand_dims"):
                 dt = args[0].dtype
             if fn.__name__ == "with_sharding":
                 sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])

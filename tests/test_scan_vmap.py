@@ -3,6 +3,7 @@ remat: Flax's variable layout, names and metadata (reference table rows P9, P11,
 same parameter values as flax.linen for the same key (split RNG streams included), the same
 outputs and gradients, the same results on meshes, scan over remat, and clear errors."""
 import doctest
+import functools
 import importlib
 
 import numpy as np
@@ -886,3 +887,101 @@ def test_scan_under_eval_shape():
 def test_doctests(name):
     res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert res.attempted > 0 and res.failed == 0
+
+
+# --- the function (decorator) form: nn.scan(body)(module, ...), @partial(nn.scan, ...) ----------
+
+def _fn_models(N):
+    class Cell(N.Module):
+        @N.compact
+        def __call__(self, c, x):
+            h = N.tanh(N.Dense(3, name="hh")(c) + N.Dense(3, name="xh")(x))
+            return h, h * 2.0
+
+    def body(cell, c, x):
+        return cell(c, x)
+
+    class FnRNN(N.Module):      # the lifted function scans over the cell's own variables
+        @N.compact
+        def __call__(self, c, xs):
+            scan = N.scan(body, variable_broadcast="params", split_rngs={"params": False},
+                          in_axes=1, out_axes=1)
+            return scan(Cell(), c, xs)
+
+    class ClassRNN(N.Module):   # the same model through the class form
+        @N.compact
+        def __call__(self, c, xs):
+            return N.scan(Cell, variable_broadcast="params", split_rngs={"params": False},
+                          in_axes=1, out_axes=1)(name="Cell_0")(c, xs)
+
+    class Deco(N.Module):       # a method decorated with functools.partial(nn.scan, ...)
+        @functools.partial(N.scan, variable_axes={"params": 0}, split_rngs={"params": True},
+                           in_axes=0, length=4)
+        @N.compact
+        def __call__(self, c, x):
+            h = N.tanh(N.Dense(3)(c) + x)
+            return h, h
+
+    class DecoOuter(N.Module):
+        @N.compact
+        def __call__(self, c, xs):
+            return Deco()(c, xs)
+
+    class VmapFn(N.Module):
+        @N.compact
+        def __call__(self, xs):
+            vm = N.vmap(lambda mdl, x: mdl(x), variable_axes={"params": 0},
+                        split_rngs={"params": True}, in_axes=0)
+            return vm(N.Dense(2), xs)
+    return FnRNN, ClassRNN, DecoOuter, VmapFn
+
+
+def _fn_inputs():
+    r = np.random.default_rng(0)
+    c = np.ones((2, 3), np.float32)
+    return {"FnRNN": (c, r.standard_normal((2, 5, 4)).astype(np.float32)),
+            "DecoOuter": (c, r.standard_normal((4, 2, 3)).astype(np.float32)),
+            "VmapFn": (r.standard_normal((3, 2, 4)).astype(np.float32),)}
+
+
+def test_function_form_equals_the_class_form():
+    FnRNN, ClassRNN, _, _ = _fn_models(nn)
+    args = _fn_inputs()["FnRNN"]
+    v = FnRNN().init(random.PRNGKey(0), *args)
+    vc = ClassRNN().init(random.PRNGKey(0), *args)
+    assert [p for p, _ in _leaves_with_paths(v)] == [p for p, _ in _leaves_with_paths(vc)]
+    for (p, a), (_, b) in zip(_leaves_with_paths(v), _leaves_with_paths(vc)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=p)
+    (c1, y1), (c2, y2) = FnRNN().apply(v, *args), ClassRNN().apply(v, *args)
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
+    assert y1.shape == (2, 5, 3)
+    g1 = cts.grad(lambda p: cnp.sum(FnRNN().apply({"params": p}, *args)[1]))(v["params"])
+    g2 = cts.grad(lambda p: cnp.sum(ClassRNN().apply({"params": p}, *args)[1]))(v["params"])
+    for (p, a), (_, b) in zip(_leaves_with_paths(g1), _leaves_with_paths(g2)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=p)
+
+
+def test_function_and_decorator_forms_match_flax():
+    jax = pytest.importorskip("jax")
+    fnn = pytest.importorskip("flax.linen")
+    ours = dict(zip(("FnRNN", "ClassRNN", "DecoOuter", "VmapFn"), _fn_models(nn)))
+    theirs = dict(zip(("FnRNN", "ClassRNN", "DecoOuter", "VmapFn"), _fn_models(fnn)))
+    for name, args in _fn_inputs().items():
+        v = ours[name]().init(random.PRNGKey(0), *args)
+        fv = theirs[name]().init(jax.random.PRNGKey(0), *args)
+        _assert_trees_close(v, fv)
+        _assert_trees_close(ours[name]().apply(v, *args), theirs[name]().apply(fv, *args),
+                            rtol=1e-5, atol=1e-6)
+
+
+def test_function_form_errors():
+    body = nn.scan(lambda m, c, x: m(c, x), variable_broadcast="params",
+                   split_rngs={"params": False})
+    with pytest.raises(TypeError, match="first argument must be a Module"):
+        body(np.ones(3), np.ones(3), np.ones((2, 3)))
+    with pytest.raises(RuntimeError, match="unbound"):
+        body(nn.Dense(3), np.ones(3), np.ones((2, 3)))
+    with pytest.raises(ValueError, match="methods= applies to a Module class"):
+        nn.scan(lambda m, c, x: m(c, x), methods=["encode"])
+    with pytest.raises(TypeError, match="Module class .* or a function"):
+        nn.vmap(3)

@@ -897,14 +897,46 @@ def _method_configs(methods, cfg, make):
     raise ValueError("transform methods argument must be None, tuple, list, or dict.")
 
 
+def _lift_function(kind: str, fn, cfg, call):
+    """The function (decorator) form of a lifted transform: ``nn.scan(body, ...)`` for
+    ``body(module, *args)``, called as ``lifted(module, *args)`` -- or used as a method
+    decorator (``@functools.partial(nn.scan, ...)`` over ``@nn.compact def __call__``), where
+    ``module`` is ``self``. The lifted variables are ``module``'s own (its scope), as in
+    Flax's ``decorator_lift_transform``; each step runs ``body`` on a clone of ``module``."""
+    body = _module._wrap_method(fn)   # frames, setup and @compact naming, as a method
+    memo: dict = {}
+
+    @functools.wraps(fn)
+    def lifted(module, *args, **kwargs):
+        if not isinstance(module, Module):
+            raise TypeError(f"nn.{kind}({getattr(fn, '__name__', fn)!r}): the first argument "
+                            f"must be a Module (the one whose variables are lifted), got "
+                            f"{type(module).__name__}")
+        if module._scope is None:
+            raise RuntimeError(
+                f"{type(module).__name__} is unbound: a function lifted by nn.{kind} needs a "
+                f"module bound to a parent (create it inside a compact method or setup, and "
+                f"call the lifted function from a method running under init/apply)")
+        module._try_setup()
+        _check_fields(module, f"nn.{kind}")
+        return call(_Step(module, type(module), body, f"nn.{kind}", memo), cfg, args, kwargs)
+    lifted._ct_wrapped = True   # as a method: Module.__init_subclass__ must not wrap it again
+    return lifted
+
+
 def _lift_class(kind: str, prefix: str, target, cfgs: dict, call):
     partial = None
     if isinstance(target, functools.partial):
         partial, target = target, target.func
     if not (isinstance(target, type) and issubclass(target, Module)):
+        if callable(target) and not isinstance(target, (type, Module)):
+            if len(cfgs) != 1 or "__call__" not in cfgs:
+                raise ValueError(f"nn.{kind}: methods= applies to a Module class, not to a "
+                                 f"function")
+            return _lift_function(kind, target, cfgs["__call__"], call)
         raise TypeError(
-            f"nn.{kind}: expected a Module class (e.g. nn.{kind}(Block, ...)), got {target!r}; "
-            f"ctrainstate lifts Module classes only, not functions of a module")
+            f"nn.{kind}: expected a Module class (e.g. nn.{kind}(Block, ...)) or a function "
+            f"of a module (body(module, *args)), got {target!r}")
     body = {"__module__": target.__module__, "__doc__": target.__doc__,
             "_adopt_fields": _no_adopt}
     for m, cfg in cfgs.items():
@@ -925,10 +957,13 @@ def scan(target, variable_axes: Mapping = {}, variable_broadcast=False, variable
          check_constancy_invariants: bool = True):
     """Like ``flax.linen.scan``: a Module class ``Scan<Name>`` (a subclass of ``target``)
     whose ``methods`` (default ``__call__``) take ``(carry, *xs)`` and return ``(carry, ys)``,
-    run once per step of the scanned axis (see the module docstring).
+    run once per step of the scanned axis (see the module docstring). With a function
+    ``target(module, carry, *xs) -> (carry, ys)`` (Flax's function form, also usable as a
+    method decorator), the result is that function lifted over ``module``'s variables:
+    ``nn.scan(body, variable_broadcast='params', split_rngs={'params': False})(cell, c, xs)``.
 
     Args:
-      target: a Module class (or a ``functools.partial`` of one).
+      target: a Module class (or a ``functools.partial`` of one), or a function of a module.
       variable_axes: ``{collection filter: axis}``: collections stacked along ``axis``
         (``In(axis)`` / ``Out(axis)`` lift one way only).
       variable_broadcast: collections shared by every step (e.g. shared ``'params'``, created
@@ -985,10 +1020,11 @@ def vmap(target, variable_axes: Mapping = {}, split_rngs: Mapping = {}, in_axes=
     """Like ``flax.linen.vmap``: a Module class ``Vmap<Name>`` (a subclass of ``target``)
     whose ``methods`` (default ``__call__``) map over an axis of their arguments: each
     element runs the module (a Python loop) and the outputs are stacked (see the module
-    docstring).
+    docstring). A function ``target(module, *args)`` is lifted over ``module``'s variables
+    (Flax's function form), as in :func:`scan`.
 
     Args:
-      target: a Module class (or a ``functools.partial`` of one).
+      target: a Module class (or a ``functools.partial`` of one), or a function of a module.
       variable_axes: ``{collection filter: axis or None}``: ``axis`` stacks the collection
         (per-element variables), ``None`` shares it.
       split_rngs: ``{stream filter: bool}`` as in :func:`scan`.

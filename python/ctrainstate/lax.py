@@ -122,8 +122,10 @@ def _starts(operand_shape, start_indices, sizes, allow_negative, who: str, abstr
     index is abstract)."""
     if isinstance(start_indices, (Array, ShapeDtypeStruct, np.ndarray)):
         if len(start_indices.shape) != 1:
-            raise ValueError(f"Slice indices must be a 1D sequence, got {tuple(start_indices.shape)}")
-        if isinstance(start_indices, ShapeDtypeStruct) or (abstract and isinstance(start_indices, Array)):
+            raise ValueError(f"Slice indices must be a 1D sequence, got "
+                             f"{tuple(start_indices.shape)}")
+        if isinstance(start_indices, ShapeDtypeStruct) or (
+                abstract and isinstance(start_indices, Array)):
             start_indices = [ShapeDtypeStruct((), start_indices.dtype)] * start_indices.shape[0]
         else:
             start_indices = list(np.asarray(start_indices))    # one read of the whole vector
@@ -180,7 +182,7 @@ def dynamic_slice(operand, start_indices, slice_sizes, *, allow_negative_indices
     """``operand[start : start + slice_sizes]`` with start indices known at run time
     (``jax.lax.dynamic_slice``): the starts are clamped so that the slice fits (see the
     section comment above), so ``dynamic_slice(x, (5,), (3,))`` of a length-6 ``x`` is
-    ``x[3:6]``.
+    ``x[3:6]``; likewise ``dynamic_update_slice(x, ones(3), (5,))`` writes at 3.
 
     Any dtype. Sharding as basic indexing: a dimension sliced to less than its size comes out
     unsharded, the others keep their mesh axes; each device copies from its own block.
@@ -198,7 +200,8 @@ def dynamic_slice(operand, start_indices, slice_sizes, *, allow_negative_indices
     from . import _ops, _slicing
     from ._abstract import is_abstract
     who = "dynamic_slice"
-    shape = tuple(operand.shape) if isinstance(operand, (Array, ShapeDtypeStruct)) else np.shape(operand)
+    shape = (tuple(operand.shape) if isinstance(operand, (Array, ShapeDtypeStruct))
+             else np.shape(operand))
     try:
         sizes = tuple(int(s) for s in slice_sizes)
     except TypeError:
@@ -245,7 +248,7 @@ def dynamic_update_slice(operand, update, start_indices, *, allow_negative_indic
     >>> x = cts.device_put(np.zeros(6, np.float32))
     >>> np.asarray(lax.dynamic_update_slice(x, np.ones(3, np.float32), (2,))).tolist()
     [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
-    >>> np.asarray(lax.dynamic_update_slice(x, np.ones(3, np.float32), (5,))).tolist()  # clamped to 3
+    >>> np.asarray(lax.dynamic_update_slice(x, np.ones(3, np.float32), (5,))).tolist()
     [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     """
     from . import _dtypes, _ops, _slicing

@@ -451,8 +451,6 @@ def test_errors():
         mha.apply(v, x, x, inputs_kv=x)
     with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 5, 4\) does not broadcast"):
         mha.apply(v, x, mask=np.ones((2, 1, 5, 4), bool))
-    with pytest.raises(NotImplementedError, match="decode=True"):
-        nn.MultiHeadDotProductAttention(3, decode=True).init(random.PRNGKey(0), x)
     with pytest.raises(TypeError, match=r"dtype=.*int32.*expected float32, bfloat16"):
         nn.MultiHeadDotProductAttention(3, dtype=np.int32).init(random.PRNGKey(0), x)
     with pytest.raises(TypeError, match="dot_product_attention.*must be inexact"):

@@ -1,6 +1,8 @@
 """The ``jax.lax`` names a sharded training script uses: ``with_sharding_constraint``,
-``stop_gradient`` and ``Precision`` (the ``precision=`` of matrix products: DEFAULT and HIGHEST
-are float32 here, HIGH is TF32; see :mod:`ctrainstate._precision`).
+``stop_gradient``, ``Precision`` (the ``precision=`` of matrix products: DEFAULT and HIGHEST
+are float32 here, HIGH is TF32; see :mod:`ctrainstate._precision`), and ``dynamic_slice`` /
+``dynamic_update_slice`` (a region at start indices known at run time, e.g. a decoding
+cache's position; see :func:`dynamic_update_slice`).
 
 ``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
 sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
@@ -29,7 +31,8 @@ from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 from ._ops import stop_gradient  # noqa: E402,F401
 from ._precision import Precision  # noqa: E402,F401
 
-__all__ = ["with_sharding_constraint", "stop_gradient", "Precision"]
+__all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
+           "dynamic_update_slice"]
 
 
 def _is_spec_leaf(x) -> bool:
@@ -78,3 +81,213 @@ def with_sharding_constraint(x, shardings):
             raise
         raise ValueError(f"with_sharding_constraint: the shardings tree is not a prefix of the "
                          f"values: {e}") from None
+
+
+# --- dynamic_slice / dynamic_update_slice ---------------------------------------------------
+# jax's semantics: one scalar start index per dimension (ints, integer numpy scalars, 0-d
+# integer Arrays, or one 1-D integer array of them); a negative index counts from the end
+# once (``i + n``; with ``allow_negative_indices=False`` a negative Python/numpy int is a
+# ValueError and a negative Array index clamps to 0), then every start is clamped to
+# ``[0, n - size]`` so the region always fits (XLA's DynamicSlice / DynamicUpdateSlice).
+# ctrainstate runs eagerly, so an Array index is read back to the host (one scalar per index)
+# before the copies; inside ``eval_shape`` it is not read (the shapes do not depend on it).
+
+def _index_value(i, who: str, abstract: bool):
+    """A start index as a Python int (None inside eval_shape for an abstract index)."""
+    if isinstance(i, ShapeDtypeStruct):
+        dt = np.dtype(i.dtype)
+        val = None
+    elif isinstance(i, Array):
+        dt = np.dtype(i.dtype)
+        val = None if abstract else np.asarray(i)
+    else:
+        if isinstance(i, bool):
+            dt, val = np.dtype(np.bool_), np.asarray(i)
+        elif isinstance(i, int):
+            dt, val = np.dtype(np.int32), np.asarray(i)
+        else:
+            val = np.asarray(i)
+            dt = val.dtype
+    shape = tuple(i.shape) if isinstance(i, (Array, ShapeDtypeStruct)) else np.shape(val)
+    if shape != ():
+        raise TypeError(f"start_indices arguments to {who} must be scalars, got an index of "
+                        f"shape {shape}")
+    if dt == np.bool_ or not np.issubdtype(dt, np.integer):
+        raise TypeError(f"index arguments to {who} must be integers, got {dt.name}")
+    return None if val is None else int(val)
+
+
+def _starts(operand_shape, start_indices, sizes, allow_negative, who: str, abstract: bool):
+    """The clamped start of the region in every dimension (None inside eval_shape when an
+    index is abstract)."""
+    if isinstance(start_indices, (Array, ShapeDtypeStruct, np.ndarray)):
+        if len(start_indices.shape) != 1:
+            raise ValueError(f"Slice indices must be a 1D sequence, got "
+                             f"{tuple(start_indices.shape)}")
+        if isinstance(start_indices, ShapeDtypeStruct) or (
+                abstract and isinstance(start_indices, Array)):
+            start_indices = [ShapeDtypeStruct((), start_indices.dtype)] * start_indices.shape[0]
+        else:
+            start_indices = list(np.asarray(start_indices))    # one read of the whole vector
+    else:
+        try:
+            start_indices = list(start_indices)
+        except TypeError:
+            raise TypeError(f"{who}: start_indices must be a sequence of scalar indices, one per "
+                            f"dimension, got {type(start_indices).__name__}") from None
+    nd = len(operand_shape)
+    if len(start_indices) != nd:
+        raise ValueError(f"Length of slice indices must match number of operand dimensions "
+                         f"({len(start_indices)} vs {tuple(operand_shape)})")
+    allow = ([bool(allow_negative)] * nd if isinstance(allow_negative, (bool, np.bool_))
+             else [bool(a) for a in allow_negative])
+    if len(allow) != nd:
+        raise ValueError(f"{who}: allow_negative_indices must be a bool or one bool per "
+                         f"dimension ({nd}), got {allow_negative!r}")
+    out = []
+    for i, n, m, ok in zip(start_indices, operand_shape, sizes, allow):
+        v = _index_value(i, who, abstract)
+        if v is None:
+            return None
+        if v < 0:
+            if ok:
+                v += n
+            elif not isinstance(i, (Array, ShapeDtypeStruct)):
+                raise ValueError(f"Index {v} is out of bounds for dimension {n} if "
+                                 f"allow_negative_indices=False")
+        out.append(min(max(v, 0), n - m))
+    return out
+
+
+def _lowp_on_tape(*xs) -> bool:
+    """16-bit floats under a gradient trace: the copies run on float32 views (exact for
+    these dtypes) so that the cotangents flow through recorded conversions."""
+    from . import _ops
+    return _ops._tape() is not None and any(
+        isinstance(x, Array) and x.dtype in _ops._LOWP for x in xs)
+
+
+def _place_host(x, like: Array | None, dtype=None):
+    """A host operand (numpy or Python scalar) as an Array: replicated where ``like`` lives,
+    else as ``device_put`` places it. 64-bit types narrow as jax's (float64 -> float32)."""
+    from . import _dtypes, _ops
+    h = np.asarray(x)
+    h = h.astype(dtype if dtype is not None else _dtypes.canonicalize(h.dtype))
+    if like is None:
+        return device_put(h)
+    return device_put(h, _ops._sharding_for(_ops._place_of(like), [()] * h.ndim))
+
+
+def dynamic_slice(operand, start_indices, slice_sizes, *, allow_negative_indices=True):
+    """``operand[start : start + slice_sizes]`` with start indices known at run time
+    (``jax.lax.dynamic_slice``): the starts are clamped so that the slice fits (see the
+    section comment above), so ``dynamic_slice(x, (5,), (3,))`` of a length-6 ``x`` is
+    ``x[3:6]``; likewise ``dynamic_update_slice(x, ones(3), (5,))`` writes at 3.
+
+    Any dtype. Sharding as basic indexing: a dimension sliced to less than its size comes out
+    unsharded, the others keep their mesh axes; each device copies from its own block.
+    Differentiable (float32, and 16-bit floats through float32): the gradient is the cotangent
+    placed into zeros of ``operand``'s shape at the clamped starts.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import lax
+    >>> x = cts.device_put(np.arange(12, dtype=np.float32).reshape(3, 4))
+    >>> np.asarray(lax.dynamic_slice(x, (1, 1), (2, 3))).tolist()
+    [[5.0, 6.0, 7.0], [9.0, 10.0, 11.0]]
+    >>> np.asarray(lax.dynamic_slice(x, (1, 1), (2, 4))).tolist()    # start clamped to (1, 0)
+    [[4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]
+    """
+    from . import _ops, _slicing
+    from ._abstract import is_abstract
+    who = "dynamic_slice"
+    shape = (tuple(operand.shape) if isinstance(operand, (Array, ShapeDtypeStruct))
+             else np.shape(operand))
+    try:
+        sizes = tuple(int(s) for s in slice_sizes)
+    except TypeError:
+        raise TypeError(f"{who}: slice_sizes must be a sequence of ints, got "
+                        f"{slice_sizes!r}") from None
+    if len(sizes) != len(shape):
+        raise ValueError(f"{who}: slice_sizes {sizes} must have one size per dimension of the "
+                         f"operand of shape {shape}")
+    if any(s < 0 for s in sizes):
+        raise TypeError(f"slice slice_sizes must be greater than or equal to zero, got "
+                        f"slice_sizes of {sizes}.")
+    if any(s > n for s, n in zip(sizes, shape)):
+        raise TypeError(f"slice slice_sizes must be less than or equal to operand shape, got "
+                        f"slice_sizes {sizes} for operand shape {shape}.")
+    abstract = isinstance(operand, ShapeDtypeStruct) or is_abstract()
+    starts = _starts(shape, start_indices, sizes, allow_negative_indices, who, abstract)
+    if abstract:
+        return ShapeDtypeStruct(sizes, getattr(operand, "dtype", None) or np.float32)
+    x = operand if isinstance(operand, Array) else _place_host(operand, None)
+    x._check_alive()
+    if _lowp_on_tape(x):
+        return _ops.astype(dynamic_slice(_ops.astype(x, np.float32), starts, sizes), x.dtype)
+    y = _slicing._slice(x, starts, sizes)
+    return _slicing._fresh(x) if y is x else y
+
+
+def dynamic_update_slice(operand, update, start_indices, *, allow_negative_indices=True):
+    """A copy of ``operand`` with ``update`` written at ``start_indices``
+    (``jax.lax.dynamic_update_slice``): the starts are clamped so that ``update`` fits (see
+    the section comment above). ``update`` has ``operand``'s rank and dtype (a ``TypeError``
+    otherwise, as in jax; host values are narrowed first, float64 -> float32) and no
+    dimension larger than ``operand``'s.
+
+    Any dtype. The result has ``operand``'s sharding; ``update`` is laid out as the region
+    (the dimensions it covers whole keep their mesh axes, the others are unsharded) and each
+    device copies the part that falls into its own block, so no device gathers ``operand``
+    -- a decoding cache sharded over batch and heads takes a one-position update with one
+    copy of its own block per device. Every other element keeps its bits. Differentiable
+    (float32, and 16-bit floats through float32): ``operand`` gets the cotangent with the
+    region zeroed, ``update`` the cotangent's region.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import lax
+    >>> x = cts.device_put(np.zeros(6, np.float32))
+    >>> np.asarray(lax.dynamic_update_slice(x, np.ones(3, np.float32), (2,))).tolist()
+    [0.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    >>> np.asarray(lax.dynamic_update_slice(x, np.ones(3, np.float32), (5,))).tolist()
+    [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    """
+    from . import _dtypes, _ops, _slicing
+    from ._abstract import is_abstract
+    who = "dynamic_update_slice"
+
+    def meta(v):
+        if isinstance(v, (Array, ShapeDtypeStruct)):
+            return tuple(v.shape), np.dtype(v.dtype), False
+        if isinstance(v, (bool, int, float)):       # weakly typed: takes the other's dtype
+            return (), None, True
+        h = np.asarray(v)
+        return h.shape, _dtypes.canonicalize(h.dtype), False
+
+    oshape, odt, oweak = meta(operand)
+    ushape, udt, uweak = meta(update)
+    if len(ushape) != len(oshape):
+        raise TypeError(f"dynamic_update_slice update must have the same rank as operand, got "
+                        f"update shape {ushape} for operand shape {oshape}.")
+    if any(u > n for u, n in zip(ushape, oshape)):
+        raise TypeError(f"dynamic_update_slice update shape must be smaller than operand shape, "
+                        f"got update shape {ushape} for operand shape {oshape}.")
+    dt = odt if odt is not None else (udt if udt is not None else np.dtype(np.float32))
+    if odt is not None and udt is not None and odt != udt:
+        raise TypeError(f"lax.dynamic_update_slice requires arguments to have the same dtypes, "
+                        f"got {odt.name}, {udt.name}.")
+    abstract = is_abstract() or any(isinstance(v, ShapeDtypeStruct) for v in (operand, update))
+    starts = _starts(oshape, start_indices, ushape, allow_negative_indices, who, abstract)
+    if abstract:
+        return ShapeDtypeStruct(oshape, dt, getattr(operand, "sharding", None))
+    x = operand if isinstance(operand, Array) else _place_host(
+        operand, update if isinstance(update, Array) else None, dt)
+    x._check_alive()
+    place, big = _slicing._layout_of(x)
+    region = _ops._sharding_for(place, _slicing._region_norm(big, ushape, oshape))
+    u = update if isinstance(update, Array) else device_put(np.asarray(update, dt), region)
+    u._check_alive()
+    if _lowp_on_tape(x, u):
+        f32 = np.float32
+        out = dynamic_update_slice(_ops.astype(x, f32), _ops.astype(u, f32), starts)
+        return _ops.astype(out, dt)
+    return _slicing._set_region(x, starts, u, place, big)

@@ -22,6 +22,10 @@ all-reduces over ``model``. Every op is differentiable.
 Masks built from host arrays (token ids, lengths) stay host numpy arrays here (Flax returns
 jax arrays): they are small, and every op accepts them.
 
+``MultiHeadDotProductAttention(decode=True)`` keeps Flax's autoregressive key/value cache (the
+``'cache'`` collection, updated with :func:`ctrainstate.lax.dynamic_update_slice`, sharded
+like the projected keys); see the class.
+
 >>> import numpy as np
 >>> from ctrainstate import nn, random
 >>> x = np.ones((2, 5, 8), np.float32)
@@ -45,6 +49,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import _dtypes, _ops
+from .. import lax as _lax
 from .. import numpy as cnp
 from .. import random as _random
 from .._abstract import ShapeDtypeStruct
@@ -56,6 +61,7 @@ from .dtypes import canonicalize_dtype
 from .linear import DenseGeneral, _check_dtype, default_kernel_init
 from .module import Module, compact
 from .normalization import LayerNorm
+from .scope import ScopeVariableNotFoundError
 from .stochastic import merge_param
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention",
@@ -313,11 +319,31 @@ class MultiHeadDotProductAttention(Module):
     'kv'))`` (and ``out_kernel_init`` with ``('heads', 'kv', 'embed')``) gives kernels born
     sharded as the active ``nn.logical_axis_rules`` say.
 
-    Not supported: ``decode=True`` (the autoregressive key/value cache raises
-    NotImplementedError: run the full sequence with a causal mask instead); the
-    ``*_dot_general`` / ``*_einsum_cls`` hooks. ``precision`` goes to the projections and both
-    attention products; ``dtype`` (Flax's mixed precision) to the projections and the
-    attention (``param_dtype`` is the parameters').
+    ``decode=True`` is Flax's autoregressive cache, in the ``'cache'`` collection:
+    ``cached_key``/``cached_value`` (zeros of the projected keys'/values' shape and dtype,
+    ``[batch..., max_length, num_heads, head_dim]``) and ``cache_index`` (an int32 scalar)
+    are created when the cache is absent and mutable -- ``init`` on full-length inputs (or
+    ``apply(..., mutable=['cache'])``), which otherwise runs the layer as without ``decode``.
+    Then each ``apply({'params': ..., 'cache': ...}, x, mutable=['cache'])`` takes one
+    position (``inputs_q`` of length 1, else ``ValueError('Autoregressive cache shape error,
+    expected query shape ... instead got ...')``): its key and value are written at
+    ``cache_index`` (``lax.dynamic_update_slice``, whose clamping makes a call past
+    ``max_length`` overwrite the last position, as in Flax), the index advances by one, and
+    the query attends to positions ``<= cache_index`` (``combine_masks`` with ``mask``). A
+    cache that is absent and immutable raises Flax's ``'Tried to access "cached_key" from
+    collection "cache" ... but the collection is empty.'`` (a ``ScopeVariableNotFoundError``);
+    one that is present but immutable, ``'Cannot update variable "cached_key" ... because
+    collection "cache" is immutable.'`` (``ValueError``). Parameters and RNG streams are
+    those of ``decode=False``. The cache is born with the projected key's sharding (batch
+    over ``data`` and heads over ``model`` when the inputs and kernels are so sharded; the
+    index is replicated), and a step copies the new position into each device's own block of
+    it: no device gathers the cache. ``cache_index`` is read back to the host once a step
+    (ctrainstate runs eagerly; it also builds the host mask).
+
+    Not supported: the ``*_dot_general`` / ``*_einsum_cls`` hooks. ``precision`` goes to the
+    projections and both attention products; ``dtype`` (Flax's mixed precision) to the
+    projections and the attention (``param_dtype`` is the parameters'); the cache holds the
+    projected keys and values in that dtype.
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random
@@ -328,6 +354,18 @@ class MultiHeadDotProductAttention(Module):
     (6, 2, 4)
     >>> layer.apply(v, q, kv, deterministic=False, rngs={'dropout': random.PRNGKey(1)}).shape
     (4, 3, 5)
+
+    Decoding one position at a time:
+
+    >>> dec = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, decode=True)
+    >>> x = np.ones((4, 6, 5), np.float32)                   # max_length 6
+    >>> v = dec.init(random.PRNGKey(0), x)
+    >>> v['cache']['cached_key'].shape, int(v['cache']['cache_index'])
+    ((4, 6, 2, 4), 0)
+    >>> y, upd = dec.apply({'params': v['params'], 'cache': v['cache']}, x[:, :1],
+    ...                    mutable=['cache'])
+    >>> y.shape, int(upd['cache']['cache_index'])
+    ((4, 1, 5), 1)
     """
 
     num_heads: int
@@ -354,11 +392,6 @@ class MultiHeadDotProductAttention(Module):
                  deterministic=None, dropout_rng=None, sow_weights: bool = False):
         name = type(self).__name__
         _check_dtype(self)
-        if self.decode:
-            raise NotImplementedError(
-                f"{name}(decode=True): the autoregressive cache (cached_key/cached_value/"
-                f"cache_index) is not implemented in ctrainstate; run the whole sequence with "
-                f"mask=nn.make_causal_mask(tokens) instead")
         if inputs_kv is not None:
             if inputs_k is not None or inputs_v is not None:
                 raise ValueError(
@@ -418,6 +451,9 @@ class MultiHeadDotProductAttention(Module):
             key = LayerNorm(name="key_ln", use_bias=False, dtype=self.dtype,
                             param_dtype=self.param_dtype)(key)
 
+        if self.decode:   # fast autoregressive decoding: one position a call, keys/values cached
+            key, value, mask = self._decode_step(query, key, value, mask)
+
         if self.dropout_rate > 0.0:   # `deterministic` is required only with dropout
             m_deterministic = merge_param("deterministic", self.deterministic, deterministic)
             if not m_deterministic and dropout_rng is None:
@@ -443,6 +479,100 @@ class MultiHeadDotProductAttention(Module):
             features=features, axis=(-2, -1), kernel_init=self.out_kernel_init or self.kernel_init,
             bias_init=self.out_bias_init or self.bias_init, use_bias=self.use_bias,
             dtype=self.dtype, param_dtype=self.param_dtype, name="out", precision=self.precision)(x)
+
+    def _decode_step(self, query, key, value, mask):
+        """Flax's ``decode=True`` block: create the ``'cache'`` variables (zeros of the
+        projected key's/value's shape and dtype, and ``cache_index``), or, when they exist,
+        write this call's key/value at ``cache_index``, advance it and mask the positions
+        not yet written. Returns the key, value and mask the attention uses."""
+        name = type(self).__name__
+        # Flax detects initialisation by the absence of the cache
+        is_initialized = self.has_variable("cache", "cached_key")
+        if not is_initialized and not self.is_mutable_collection("cache"):
+            scope = self._need_scope("variable")
+            if not scope.variables().get("cache"):   # Flax: ScopeCollectionNotFound
+                raise _CacheCollectionNotFound("cache", "cached_key", scope.path_text, name)
+        cached_key = self.variable("cache", "cached_key", _cache_zeros, key)
+        cached_value = self.variable("cache", "cached_value", _cache_zeros, value)
+        cache_index = self.variable("cache", "cache_index", _cache_index0, key)
+        if not is_initialized:
+            return key, value, mask
+        *batch_dims, max_length, num_heads, depth_per_head = cached_key.value.shape
+        # shape check of the cached keys against the query
+        expected_shape = tuple(batch_dims) + (1, num_heads, depth_per_head)
+        if expected_shape != tuple(query.shape):
+            raise ValueError(f"Autoregressive cache shape error, expected query shape "
+                             f"{expected_shape} instead got {tuple(query.shape)}.")
+        # the new one-position keys/values go in at cache_index (read once to the host:
+        # ctrainstate runs eagerly, and the index also builds the host mask below)
+        old_index = cache_index.value
+        abstract = _is_abstract(query, key, value, old_index, cached_key.value)
+        cur_index = None if abstract else int(np.asarray(old_index))
+        indices = (0,) * len(batch_dims) + (cur_index if cur_index is not None else old_index,
+                                           0, 0)
+        key = _lax.dynamic_update_slice(cached_key.value, key, indices)
+        value = _lax.dynamic_update_slice(cached_value.value, value, indices)
+        cached_key.value = key
+        cached_value.value = value
+        cache_index.value = _cache_index_next(old_index, cur_index, key)
+        # causal mask for cached decoder self-attention: the single query position attends
+        # to the positions generated and cached so far, not the remaining zeros
+        cshape = tuple(batch_dims) + (1, 1, max_length)
+        if abstract:
+            causal = ShapeDtypeStruct(cshape, _dtypes.float32)
+            if mask is None:
+                return key, value, causal
+            mshape = tuple(np.shape(mask))
+            if len(mshape) != len(cshape):
+                raise ValueError(f"combine_masks: masks must have same rank: "
+                                 f"{(len(mshape), len(cshape))}")
+            return key, value, ShapeDtypeStruct(np.broadcast_shapes(mshape, cshape),
+                                                _dtypes.float32)
+        causal = np.broadcast_to(np.arange(max_length) <= cur_index, cshape)
+        return key, value, combine_masks(mask, causal)
+
+
+class _CacheCollectionNotFound(ScopeVariableNotFoundError):
+    """``flax.errors.ScopeCollectionNotFound`` for the decoding cache: ``decode=True`` was
+    applied without a ``'cache'`` collection and without ``mutable=['cache']``."""
+
+    def __init__(self, col, name, scope_path, layer):
+        KeyError.__init__(
+            self, f'Tried to access "{name}" from collection "{col}" in "{scope_path}" but the '
+                  f'collection is empty. ({layer}(decode=True) needs the cache: create it with '
+                  f'variables = model.init(key, inputs) on full-length inputs, or '
+                  f'model.apply(variables, inputs, mutable=["cache"]), then decode one position '
+                  f'a call with model.apply({{"params": ..., "cache": ...}}, inputs, '
+                  f'mutable=["cache"]).)')
+
+
+def _cache_zeros(x):
+    """Flax's ``jnp.zeros(x.shape, x.dtype)`` for ``cached_key``/``cached_value``, born with
+    ``x``'s sharding (each device writes zeros into its own block; a ShapeDtypeStruct
+    inside ``eval_shape``)."""
+    return cnp.zeros_like(x)
+
+
+def _index_sharding(like):
+    """Replicated where ``like`` (the projected key) lives: over its mesh, or its device."""
+    s = getattr(like, "sharding", None)
+    if isinstance(s, NamedSharding):
+        return NamedSharding(s.mesh, PartitionSpec())
+    return s   # a SingleDeviceSharding, or None (device_put's default placement)
+
+
+def _cache_index0(like):
+    """Flax's ``jnp.array(0, dtype=jnp.int32)``, placed replicated with the key."""
+    return cnp.array(0, dtype=_dtypes.int32, device=_index_sharding(like))
+
+
+def _cache_index_next(old, cur, like):
+    """``cache_index + 1`` (int32, in ``old``'s placement): computed on the host from the
+    value already read (ctrainstate ops compute in floats only)."""
+    if cur is None:      # eval_shape
+        return ShapeDtypeStruct((), _dtypes.int32, getattr(old, "sharding", None))
+    sharding = old.sharding if isinstance(old, Array) else _index_sharding(like)
+    return cnp.array(np.int32(cur + 1), dtype=_dtypes.int32, device=sharding)
 
 
 class MultiHeadAttention(MultiHeadDotProductAttention):

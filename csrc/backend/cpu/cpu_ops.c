@@ -453,36 +453,36 @@ ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, i
 
 // --- dtype conversion ---------------------------------------------------------------
 
+/* One conversion loop over typed pointers; `pragma` picks simd or plain OpenMP. */
+#define CONVERT_LOOP(pragma, in_t, out_t, fn)                                  \
+    do {                                                                       \
+        const in_t *xs_ = (const in_t *)x;                                     \
+        out_t *ys_ = (out_t *)y;                                               \
+        _Pragma(pragma) for (int64_t i = 0; i < n; i++) ys_[i] = fn(xs_[i]);  \
+    } while (0)
+#define PAR_SIMD "omp parallel for simd schedule(static) if (n > PAR_MIN)"
+#define PAR_PLAIN "omp parallel for schedule(static) if (n > PAR_MIN)"
+
 ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
                          void *y) {
     (void)dev;
-    /* The float32 <-> 16-bit float pairs (mixed precision's casts) get loops of their own,
-     * which gcc vectorises; every other pair goes through the generic element function. */
-    if (src_dtype == CT_F32 && (dst_dtype == CT_BF16 || dst_dtype == CT_F16)) {
-        const float *xs = (const float *)x;
-        uint16_t *ys = (uint16_t *)y;
-        if (dst_dtype == CT_BF16) {
-            _Pragma("omp parallel for simd schedule(static) if (n > PAR_MIN)")
-            for (int64_t i = 0; i < n; i++) ys[i] = ct_rm_f32_to_bf16(xs[i]);
-        } else {
-            _Pragma("omp parallel for schedule(static) if (n > PAR_MIN)")
-            for (int64_t i = 0; i < n; i++) ys[i] = ct_rm_f32_to_f16(xs[i]);
-        }
-        return CT_OK;
+    /* The float32 <-> 16-bit float pairs (mixed precision's casts) get loops of their own
+     * (bfloat16's vectorise; float16's branch per element); every other pair goes through
+     * the generic element function. */
+    if (src_dtype == CT_F32 && dst_dtype == CT_BF16)
+        CONVERT_LOOP(PAR_SIMD, float, uint16_t, ct_rm_f32_to_bf16);
+    else if (src_dtype == CT_F32 && dst_dtype == CT_F16)
+        CONVERT_LOOP(PAR_PLAIN, float, uint16_t, ct_rm_f32_to_f16);
+    else if (src_dtype == CT_BF16 && dst_dtype == CT_F32)
+        CONVERT_LOOP(PAR_SIMD, uint16_t, float, ct_rm_bf16_to_f32);
+    else if (src_dtype == CT_F16 && dst_dtype == CT_F32)
+        CONVERT_LOOP(PAR_PLAIN, uint16_t, float, ct_rm_f16_to_f32);
+    else {
+        _Pragma(PAR_PLAIN)
+        for (int64_t i = 0; i < n; i++) ct_cv_elem(src_dtype, x, dst_dtype, y, i);
     }
-    if (dst_dtype == CT_F32 && (src_dtype == CT_BF16 || src_dtype == CT_F16)) {
-        const uint16_t *xs = (const uint16_t *)x;
-        float *ys = (float *)y;
-        if (src_dtype == CT_BF16) {
-            _Pragma("omp parallel for simd schedule(static) if (n > PAR_MIN)")
-            for (int64_t i = 0; i < n; i++) ys[i] = ct_rm_bf16_to_f32(xs[i]);
-        } else {
-            _Pragma("omp parallel for schedule(static) if (n > PAR_MIN)")
-            for (int64_t i = 0; i < n; i++) ys[i] = ct_rm_f16_to_f32(xs[i]);
-        }
-        return CT_OK;
-    }
-    _Pragma("omp parallel for schedule(static) if (n > PAR_MIN)")
-    for (int64_t i = 0; i < n; i++) ct_cv_elem(src_dtype, x, dst_dtype, y, i);
     return CT_OK;
 }
+#undef CONVERT_LOOP
+#undef PAR_SIMD
+#undef PAR_PLAIN

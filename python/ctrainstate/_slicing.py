@@ -481,16 +481,19 @@ class _Advanced:
         self.out_shape = tuple(self.bshape[j] if t == "B" else _item_len(items[j], shape)
                                for t, j in self.dims)
 
-    def region(self):
+    def region(self, whole=()):
         """(starts, sizes, items relative to the region): the bounding box of the index in
-        every dimension; a slice with step 1 becomes "all" of the region."""
+        every dimension but those in ``whole`` (kept whole: sharded ones that each device
+        indexes in its own block); a slice with step 1 becomes "all" of the region."""
         starts, sizes = [0] * len(self.shape), list(self.shape)
         rel = []
         for it in self.items:
             if it.src is None or it.kind == "all":
                 rel.append(it)
                 continue
-            if it.kind == "int":
+            if it.src in whole:
+                lo, hi = 0, self.shape[it.src]
+            elif it.kind == "int":
                 lo, hi = it.val, it.val + 1
             elif it.kind == "slice":
                 a, s, m = it.val
@@ -499,56 +502,72 @@ class _Advanced:
                 lo, hi = (int(it.val.min()), int(it.val.max()) + 1) if it.val.size else (0, 0)
             starts[it.src], sizes[it.src] = lo, hi - lo
             if it.kind == "int":
-                rel.append(_Item(it.pos, it.src, "int", 0))
+                rel.append(_Item(it.pos, it.src, "int", it.val - lo))
             elif it.kind == "slice":
                 a, s, m = it.val
-                rel.append(_Item(it.pos, it.src, "all") if s == 1 else
+                rel.append(_Item(it.pos, it.src, "all") if s == 1 and lo == a and hi - lo == m else
                            _Item(it.pos, it.src, "slice", (a - lo, s, m)))
             else:
                 rel.append(_Item(it.pos, it.src, "arr", it.val - lo, it.ok))
         return starts, sizes, rel
 
-    def plan(self, rel, region_shape, shard_shape):
-        """(sel, Q, rows, in_bounds): with every block of the region (``shard_shape``, the
-        indexed dimensions whole) seen as (rows, Q), the rows of the result's block in order,
-        and which of them no out-of-range index entry touched (None: all)."""
+    def plan(self, rel, shard_shape, block_starts, owned):
+        """(sels, Q, rows, in_bounds): every block of the region (``shard_shape``, starting
+        at ``block_starts``) seen as (rows, Q), the rows of the result's block in order
+        (-1 where the row lies in another device's block: the indexed dimensions in
+        ``owned`` are sharded, the others whole), one array per block; ``in_bounds``: the
+        result rows no out-of-range index entry touched (None: all)."""
         last = max(k for k, it in enumerate(rel) if it.kind != "all")
         lead = rel[:last + 1]
-        local = [1 if it.src is None else (region_shape[it.src] if it.kind != "all"
-                                          else shard_shape[it.src]) for it in lead]
-        trail = [1 if it.src is None else shard_shape[it.src] for it in rel[last + 1:]]
-        q = math.prod(trail)
+        local = [1 if it.src is None else shard_shape[it.src] for it in lead]
+        q = math.prod(1 if it.src is None else shard_shape[it.src] for it in rel[last + 1:])
         rows = math.prod(local)
         strides = [math.prod(local[k + 1:]) for k in range(len(local))]
         dims = self.dims[:len(self.dims) - (len(rel) - last - 1)]
-        oshape = [self.bshape[j] if t == "B" else (local[j] if rel[j].kind == "all" else rel[j].val[2])
-                  for t, j in dims]
-        sel = np.zeros(oshape, np.int64)
+        oshape = tuple(self.bshape[j] if t == "B" else (local[j] if rel[j].kind == "all" else rel[j].val[2])
+                       for t, j in dims)
         nd = len(oshape)
         nb = next((p for p, (t, _) in enumerate(dims) if t == "B"), 0)
+
+        def at_b(a):  # an array of the broadcast shape, placed at the result's B dims
+            return a.reshape((1,) * nb + self.bshape + (1,) * (nd - nb - len(self.bshape)))
+
+        coords = []  # per lead item: (region coordinate broadcastable to oshape, item)
         for k, it in enumerate(lead):
             if it.kind == "int":
-                continue  # 0 in a region of size 1
-            if it.kind == "arr":
-                b = np.broadcast_to(it.val, self.bshape)
-                sel += b.reshape((1,) * nb + self.bshape + (1,) * (nd - nb - len(self.bshape))) * strides[k]
-                continue
-            p = dims.index(("item", k))
-            c = np.arange(local[k], dtype=np.int64) if it.kind == "all" else \
-                it.val[0] + it.val[1] * np.arange(it.val[2], dtype=np.int64)
-            sel += c.reshape((1,) * p + (-1,) + (1,) * (nd - p - 1)) * strides[k]
-        if rows + sel.size >= 2 ** 31:
-            raise ValueError(f"indexing: {rows} rows and {sel.size} selected rows per block do "
-                             f"not fit the int32 row numbers of the gather")
+                c = np.int64(it.val)
+            elif it.kind == "arr":
+                c = at_b(np.broadcast_to(it.val, self.bshape))
+            else:
+                p = dims.index(("item", k))
+                c = np.arange(local[k], dtype=np.int64) if it.kind == "all" else \
+                    it.val[0] + it.val[1] * np.arange(it.val[2], dtype=np.int64)
+                c = c.reshape((1,) * p + (-1,) + (1,) * (nd - p - 1))
+            coords.append((c, it, strides[k]))
+        cache, sels = {}, []
+        for st in block_starts:
+            key = tuple(st[d] for d in sorted(owned))
+            if key not in cache:
+                sel = np.zeros(oshape, np.int64)
+                own = np.ones(oshape, bool)
+                for c, it, stride in coords:
+                    if it.src in owned:
+                        c = c - st[it.src]
+                        own &= (c >= 0) & (c < shard_shape[it.src])
+                    sel += c * stride
+                cache[key] = np.where(own, sel, -1).reshape(-1) if owned else sel.reshape(-1)
+            sels.append(cache[key])
+        if rows + math.prod(oshape) >= 2 ** 31:
+            raise ValueError(f"indexing: {rows} rows and {math.prod(oshape)} selected rows per "
+                             f"block do not fit the int32 row numbers of the gather")
         oks = [it.ok for it in lead if it.kind == "arr" and it.ok is not None]
         ok = None
         if oks:
             b = np.ones(self.bshape, bool)
             for o_ in oks:
                 b &= o_
-            ok = np.broadcast_to(b.reshape((1,) * nb + self.bshape + (1,) * (nd - nb - len(self.bshape))),
-                                 sel.shape).reshape(-1)
-        return sel.reshape(-1), q, rows, ok
+            ok = np.broadcast_to(at_b(b), oshape).reshape(-1)
+        return sels, q, rows, ok
 
     def layout(self, rel, region_norm):
         """The result's per-dimension mesh axes: those of the region's dimensions it takes
@@ -556,24 +575,40 @@ class _Advanced:
         return [() if t == "B" or rel[j].kind != "all" or rel[j].src is None
                 else tuple(region_norm[rel[j].src]) for t, j in self.dims]
 
-    def prepare(self, x):
-        """(region, its layout with the indexed dimensions whole, place, starts, sel, Q,
-        rows, in_bounds, result layout) for the concrete Array ``x``."""
+    def prepare(self, x, owner: bool):
+        """The plan for the concrete Array ``x``: (region, its layout, place, starts, sels,
+        Q, rows, in_bounds, result layout, owner axes). With ``owner``, an indexed
+        dimension sharded in ``x`` stays sharded: each device takes the rows in its own
+        block (the others' rows are left to them: -1 in ``sels``) and the owner axes are
+        the mesh axes those dimensions are sharded over. Without, every indexed dimension
+        is gathered whole onto every device first (the slicing rule)."""
         place, big = _layout_of(x)
-        starts, sizes, rel = self.region()
+        indexed = {it.src for it in self.items if it.kind != "all" and it.src is not None}
+        owned = {d for d in indexed if big[d]} if owner else set()
+        starts, sizes, rel = self.region(whole=owned)
         y = _slice(x, starts, sizes)
         _, ynorm = _layout_of(y)
-        indexed = {it.src for it in rel if it.kind != "all" and it.src is not None}
-        gnorm = [() if d in indexed else e for d, e in enumerate(ynorm)]
-        shard = _o()._sharding_for(place, gnorm)._layout(tuple(y.shape))[0]
-        sel, q, rows, ok = self.plan(rel, tuple(y.shape), shard)
-        return y, gnorm, place, starts, sel, q, rows, ok, self.layout(rel, gnorm)
+        gnorm = [() if d in indexed and d not in owned else e for d, e in enumerate(ynorm)]
+        shard, blocks, _ = _o()._sharding_for(place, gnorm)._layout(tuple(y.shape))
+        sels, q, rows, ok = self.plan(rel, shard, [st for _, st, _ in blocks], owned)
+        axes = tuple(a for d in sorted(owned) for a in gnorm[d])
+        return y, gnorm, place, starts, sels, q, rows, ok, self.layout(rel, gnorm), axes
 
     def gather(self, x):
-        y, gnorm, place, _, sel, q, _, ok, onorm = self.prepare(x)
+        """``x[idx]``. A float32 ``x`` keeps its sharded indexed dimensions: every device
+        gathers the selected rows its block holds, -0.0 for the others, and an all-reduce
+        over the owner axes completes the rows (exact: each element has one owner, and
+        -0.0 + v is v); the gradient scatter-adds each device's rows into its own block.
+        Other dtypes gather those dimensions whole first."""
+        y, gnorm, place, _, sels, q, rows, ok, onorm, axes = self.prepare(
+            x, owner=x.dtype == np.float32)
         # out-of-range entries read the clamped element, and their cotangents are dropped:
         # jax's default (mode "promise_in_bounds": XLA's gather clamps, its scatter drops)
-        return _rows([(y, gnorm)], sel, q, self.out_shape, onorm, place, x.dtype, grad_keep=ok)
+        if axes:
+            sels = [np.where(s < 0, rows, s) for s in sels]  # row `rows`: the -0.0 row
+            return _rows([(y, gnorm), -0.0], sels, q, self.out_shape, onorm, place, x.dtype,
+                         grad_keep=ok, axes=axes)
+        return _rows([(y, gnorm)], sels, q, self.out_shape, onorm, place, x.dtype, grad_keep=ok)
 
 
 def _item_len(it, shape):
@@ -634,21 +669,30 @@ def _host_block(buf, dtype):
     return h
 
 
-def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None) -> Array:
+def _per_block(sel, a: Array) -> list:
+    """One row plan per block of ``a`` (a single plan serves them all)."""
+    return list(sel) if isinstance(sel, list) else [sel] * len(a._blocks)
+
+
+def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> Array:
     """An Array of ``shape`` laid out as ``norm`` whose every block, seen as (rows, q), is the
-    rows ``sel`` of the sources' blocks stacked: each source is (Array, layout), its block
-    seen as (rows_s, q), or a float, one row of that value. A copy of whole rows (any dtype:
-    rows of a multiple of 4 bytes go through the float32 row gather as bits, others through
-    the host, block by block). Float32: the gradient scatter-adds back into the sources
-    (only the rows ``grad_keep`` marks, when given)."""
+    rows ``sel`` (one int array, or a list of one per block) of the sources' blocks stacked:
+    each source is (Array, layout), its block seen as (rows_s, q), or a float, one row of
+    that value. A copy of whole rows (any dtype: rows of a multiple of 4 bytes go through
+    the float32 row gather as bits, others through the host, block by block). Float32: the
+    gradient scatter-adds back into the sources (only the rows ``grad_keep`` marks, when
+    given).
+
+    The plans may differ only along the mesh ``axes`` (each device taking the rows its
+    block owns, a zero row for the others'); an output replicated along some of them holds
+    partial rows there, completed by an all-reduce over them (float32)."""
     dtype = np.dtype(dtype)
     out = _alloc(shape, dtype, place, norm)
     pairs = [s for s in srcs if not isinstance(s, float)]
     blocks = _paired(pairs, out, place)
-    sel32 = np.ascontiguousarray(sel, np.int32)
-    n = len(sel32)
-    obuf0 = out._blocks[0][1]
-    size = math.prod(obuf0.shape)
+    sels = _per_block(sel, out)
+    n = len(sels[0])
+    size = math.prod(out._blocks[0][1].shape)
     if size and (q == 0 or size != n * q):
         raise RuntimeError(f"internal error: indexing plans {n} rows of {q} for a block of {size}")
     # the sources' row counts and where each starts in the stack
@@ -678,7 +722,7 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None) -> Array:
                         if t is not None and t.nbytes:
                             _C.copy_overlap(tab, [0, 0], t, [off, 0])
                 ids = _C.Buffer(dev.id, (n,), _dtypes.code(_dtypes.int32))
-                _C.copy_from_host(ids, sel32, (0,))
+                _C.copy_from_host(ids, np.ascontiguousarray(sels[bi], np.int32), (0,))
                 tabs.append(tab)
                 idss.append(ids)
                 direct = dtype == np.float32 and tuple(obuf.shape) == (n, w)
@@ -692,18 +736,30 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None) -> Array:
                 parts = [np.full((1, q), s, dtype) if isinstance(s, float) else
                          _host_block(b, dtype).reshape(c, q)
                          for s, b, c in zip(srcs, _block_iter(srcs, blocks, bi), counts)]
-                o = np.ascontiguousarray(np.concatenate(parts)[sel32].reshape(obuf.shape))
+                o = np.ascontiguousarray(np.concatenate(parts)[sels[bi]].reshape(obuf.shape))
                 _C.copy_from_host(obuf, o.view(np.uint8) if dtype == np.bool_ else o, (0,) * o.ndim)
     if dtype == np.float32 and pairs:
         spans = [(c, off) for s, c, off in zip(srcs, counts, offs) if not isinstance(s, float)]
-        back = sel if grad_keep is None else np.where(grad_keep, sel, -1)
+        backs = sels if grad_keep is None else [np.where(grad_keep, s_, -1) for s_ in sels]
 
         def vjp(g):
-            return tuple(_scatter_rows(g, norm, np.where((back >= off) & (back < off + c), back - off, -1),
-                                       q, a.shape, anorm, place, 0.0)
+            return tuple(_scatter_rows(g, norm, [np.where((b >= off) & (b < off + c), b - off, -1)
+                                                 for b in backs],
+                                       q, a.shape, anorm, place, 0.0, axes)
                          for (a, anorm), (c, off) in zip(pairs, spans))
         _o()._record(out, tuple(a for a, _ in pairs), vjp)
+    _complete(out, norm, axes)
     return out
+
+
+def _complete(out: Array, norm, axes):
+    """Sum the partial rows of an output replicated along some of the plans' ``axes``."""
+    used = {a for e in norm for a in e}
+    red = [a for a in axes if a not in used]
+    if red:
+        if out.dtype != np.float32:
+            raise RuntimeError("internal error: a partial row gather of a non-float32 array")
+        _o()._allreduce(out, red)
 
 
 def _block_iter(srcs, blocks, bi):
@@ -712,42 +768,43 @@ def _block_iter(srcs, blocks, bi):
     return [None if isinstance(s, float) else next(it)._blocks[bi][1] for s in srcs]
 
 
-def _scatter_rows(g: Array, gnorm, targets, q, shape, norm, place, init: float) -> Array:
+def _scatter_rows(g: Array, gnorm, targets, q, shape, norm, place, init: float, axes=()) -> Array:
     """The float32 Array of ``shape`` laid out as ``norm``, every element ``init``, with the
     rows of ``g``'s blocks (seen as (len(targets), q), ``g`` laid out as ``gnorm``) added into
-    the rows ``targets`` of its blocks (-1: dropped), a target's terms in order (the same bits
-    on any mesh). The transpose of _rows; ``init`` -0.0 makes a single term exact."""
+    the rows ``targets`` (one int array, or a list of one per block; -1: dropped) of its
+    blocks, a target's terms in order (the same bits on any mesh). The transpose of _rows
+    (``axes`` as there); ``init`` -0.0 makes a single term exact."""
     out = _alloc(shape, np.float32, place, norm)
     (gb,) = _paired([(g, gnorm)], out, place)
-    targets = np.asarray(targets, np.int64)
-    valid = np.nonzero(targets >= 0)[0]
-    pos = valid[np.argsort(targets[valid], kind="stable")]
-    hit, first = np.unique(targets[pos], return_index=True)
-    # [hit | start (nhit + 1) | every g row]: the dropped rows go after start[nhit], unread
-    plan = np.concatenate([hit, first, [len(pos)], pos, np.nonzero(targets < 0)[0]]).astype(np.int32)
+    tlist = [np.asarray(t, np.int64) for t in _per_block(targets, out)]
     size = math.prod(out._blocks[0][1].shape)
+    rows = size // q if q else 0
     if size:
-        rows = size // q
-        tabs, plans, gs = [], [], []
-        for (dev, obuf, _, _), (_, gbuf, _, _) in zip(out._blocks, gb._blocks):
+        plans = {}
+        for (dev, obuf, _, _), (_, gbuf, _, _), t in zip(out._blocks, gb._blocks, tlist):
+            key = id(t)
+            if key not in plans:
+                valid = np.nonzero(t >= 0)[0]
+                pos = valid[np.argsort(t[valid], kind="stable")]
+                hit, first = np.unique(t[pos], return_index=True)
+                # [hit | start (nhit + 1) | every g row]: dropped rows follow start[nhit], unread
+                plans[key] = (np.concatenate([hit, first, [len(pos)], pos, np.nonzero(t < 0)[0]])
+                              .astype(np.int32), int(hit.size))
+            plan, nhit = plans[key]
             tab = obuf if tuple(obuf.shape) == (rows, q) else _C.Buffer(dev.id, (rows, q), 0)
             _C.fill_bits32([tab], _bits32(init))
-            p = _C.Buffer(dev.id, (len(plan),), _dtypes.code(_dtypes.int32))
-            _C.copy_from_host(p, plan, (0,))
-            tabs.append(tab)
-            plans.append(p)
-            gs.append(_view2d(dev, gbuf, len(targets), q, 0))
-        if len(pos):
-            _C.op_scatter_add_rows(tabs, plans, gs, [0] * len(tabs), int(hit.size))
-        for (_, obuf, _, _), tab in zip(out._blocks, tabs):
+            if nhit:
+                p = _C.Buffer(dev.id, (len(plan),), _dtypes.code(_dtypes.int32))
+                _C.copy_from_host(p, plan, (0,))
+                _C.op_scatter_add_rows([tab], [p], [_view2d(dev, gbuf, len(t), q, 0)], [0], nhit)
             if tab is not obuf:
                 _C.copy_bytes(obuf, tab)
-    rows_out = size // q if q else 0
 
     def vjp(h):
-        back = np.where(targets >= 0, targets, rows_out)  # rows_out: the zero row
-        return (_rows([(h, norm), 0.0], back, q, g.shape, gnorm, place, np.float32),)
+        back = [np.where(t >= 0, t, rows) for t in tlist]  # row `rows`: the zero row
+        return (_rows([(h, norm), 0.0], back, q, g.shape, gnorm, place, np.float32, axes=axes),)
     _o()._record(out, (g,), vjp)
+    _complete(out, norm, axes)
     return out
 
 
@@ -845,30 +902,55 @@ def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) 
     over a 1.0 background, as jax's ``scatter_mul`` (divide is ``x / ones.at[idx].multiply(v)``
     there too)."""
     o = _o()
-    y, gnorm, _, starts, sel, q, rows, ok, onorm = adv.prepare(x)
-    keep = np.arange(len(sel)) if ok is None else np.nonzero(ok)[0]  # the v rows written
-    ks = sel[keep]
+    y, gnorm, _, starts, sels, q, rows, ok, onorm, axes = adv.prepare(x, owner=True)
+    memo = {}
+
+    def written(sel):
+        """(the v rows this block writes, their rows in the block): in bounds and its own."""
+        if id(sel) not in memo:
+            w = sel >= 0 if ok is None else (sel >= 0) & ok
+            keep = np.nonzero(w)[0]
+            memo[id(sel)] = keep, sel[keep]
+        return memo[id(sel)]
+
     if kind == "set":
-        hit, ridx = np.unique(ks[::-1], return_index=True)
-        pick = np.arange(rows, dtype=np.int64)
-        pick[hit] = rows + keep[len(ks) - 1 - ridx]  # the last occurrence of each index
-        new = _rows([(y, gnorm), (v, onorm)], pick, q, y.shape, gnorm, place, np.float32)
+        picks = []
+        for sel in sels:
+            keep, ks = written(sel)
+            hit, ridx = np.unique(ks[::-1], return_index=True)
+            pick = np.arange(rows, dtype=np.int64)
+            pick[hit] = rows + keep[len(ks) - 1 - ridx]  # the last occurrence of each index
+            picks.append(pick)
+        new = _rows([(y, gnorm), (v, onorm)], picks, q, y.shape, gnorm, place, np.float32,
+                    axes=axes)
     elif kind == "add":
-        targets = sel if ok is None else np.where(ok, sel, -1)
-        new = o.add(y, _scatter_rows(v, onorm, targets, q, y.shape, gnorm, place, -0.0))
+        targets = []
+        for sel in sels:
+            keep, ks = written(sel)
+            t = np.full(len(sel), -1, np.int64)
+            t[keep] = ks
+            targets.append(t)
+        new = o.add(y, _scatter_rows(v, onorm, targets, q, y.shape, gnorm, place, -0.0, axes))
     else:
-        order = np.argsort(ks, kind="stable")
-        srt = ks[order]
-        n = len(ks)
-        first = np.r_[0, np.nonzero(np.diff(srt))[0] + 1] if n else np.zeros(0, np.int64)
-        rank = np.empty(n, np.int64)
-        rank[order] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+        ranks = []
+        for sel in sels:
+            keep, ks = written(sel)
+            order = np.argsort(ks, kind="stable")
+            n = len(ks)
+            first = np.r_[0, np.nonzero(np.diff(ks[order]))[0] + 1] if n else np.zeros(0, np.int64)
+            rank = np.empty(n, np.int64)
+            rank[order] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+            ranks.append((keep, ks, rank))
         factors = []
-        for r in range(int(rank.max()) + 1 if n else 0):
-            pick = np.zeros(rows, np.int64)  # row 0: the 1.0 background
-            mine = keep[rank == r]
-            pick[sel[mine]] = 1 + mine
-            factors.append(_rows([1.0, (v, onorm)], pick, q, y.shape, gnorm, place, np.float32))
+        for r in range(max((int(rk.max()) + 1 for _, _, rk in ranks if len(rk)), default=0)):
+            picks = []
+            for keep, ks, rank in ranks:
+                pick = np.zeros(rows, np.int64)  # row 0: the 1.0 background
+                mine = rank == r
+                pick[ks[mine]] = 1 + keep[mine]
+                picks.append(pick)
+            factors.append(_rows([1.0, (v, onorm)], picks, q, y.shape, gnorm, place, np.float32,
+                                 axes=axes))
         new = y
         if kind == "multiply":
             for f in factors:

@@ -1,6 +1,7 @@
 """Basic indexing (x[ints, slices, None, ...]) and concatenate/stack/split on sharded Arrays:
 values equal numpy's on every mesh and spec, the unsliced dimensions keep their mesh axes,
-gradients equal numpy scatters of the cotangent, any dtype, clear errors."""
+gradients equal numpy scatters of the cotangent, any dtype, clear errors. Slice steps,
+integer arrays and masks: tests/test_slicing_advanced.py."""
 import numpy as np
 import pytest
 

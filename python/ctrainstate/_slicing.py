@@ -1,20 +1,63 @@
-"""Basic indexing and joining: ``x[...]`` with ints, slices, ``None`` and ``...``;
-``concatenate``, ``stack`` and ``split`` -- on sharded Arrays, with gradients.
+"""Indexing and joining on sharded Arrays, with gradients: ``x[idx]`` and jax's functional
+updates ``x.at[idx]`` with numpy's indexing; ``concatenate``, ``stack`` and ``split``.
 
-Every one is a copy of whole sub-blocks between shards (the core's ``copy_overlap``, on
-the shards' own device), so they run on every backend and any dtype. Sharding: a dimension
-that is sliced (or joined along) comes out unsharded -- each device first gathers that
-dimension of its operand if it was sharded (as ``reshape`` does for what it cannot keep) --
-and every other dimension keeps its mesh axes, so ``logits[:, :-1, :]`` on a
-``('batch', None, 'vocab')`` layout stays sharded over batch and vocab.
+Basic indices (ints, slices with step 1, ``None``, ``...``) are copies of whole sub-blocks
+between shards (the core's ``copy_overlap``, on the shards' own device), so they run on every
+backend and any dtype. Sharding: a dimension that is sliced (or joined along) comes out
+unsharded -- each device first gathers that dimension of its operand if it was sharded (as
+``reshape`` does for what it cannot keep) -- and every other dimension keeps its mesh axes, so
+``logits[:, :-1, :]`` on a ``('batch', None, 'vocab')`` layout stays sharded over batch and
+vocab. The gradient of a slice is the cotangent copied into a zero array of the operand's
+shape; that of a join, the slices of the cotangent.
 
-The gradient of a slice is the cotangent copied into a zero array of the operand's shape;
-that of a join, the slices of the cotangent.
+Advanced indices -- slices with any step (``x[::2]``, ``x[::-1]``, ``x[5:1:-2]``), integer
+arrays (numpy arrays, lists, int32/uint32 Arrays) and boolean masks (numpy or bool Arrays) --
+follow numpy's rules, as jax does: index arrays broadcast together; their dimensions replace
+the indexed ones in place when the array indices are adjacent in the index and go first
+otherwise (an int among arrays counts as an array, ``None``, a slice or a ``...`` between
+them separates); a k-d mask stands for its ``nonzero()`` (k integer arrays; ``x[True]`` adds
+a dimension of 1, ``x[False]`` one of 0). They run as a row gather: the index's bounding box
+is cut out first (a basic slice), then every device copies the selected rows of its block
+(rows: the trailing dimensions taken whole), on its own device -- float32 through the core's
+row gather, other dtypes too when a row is whole 4-byte words (the bits are moved, never
+converted), else through the host block by block. Dimensions taken whole keep their mesh
+axes; indexed ones come out unsharded. An indexed dimension that is sharded is gathered onto
+every device first for dtypes other than float32; a float32 array keeps it sharded instead:
+every device gathers the rows its block owns and an all-reduce over that dimension's mesh axes
+completes the result (exact: -0.0 stands in for the rows of other blocks), so an embedding
+lookup ``table[ids]`` never gathers the table.
+
+jax's conventions, checked against jax 0.10.2:
+
+- out-of-range entries of an index array are clamped in reads (``x[idx]``, ``x.at[idx].get()``)
+  and dropped in updates (``set``/``add``/...) and in the gradient of a read (jax's default
+  mode "promise_in_bounds": XLA's gather clamps, its scatter drops). Negative entries wrap as
+  in numpy. A Python int out of range raises ``IndexError`` (jax clamps it).
+- ``x.at[idx].add`` accumulates duplicate indices; ``multiply`` multiplies them in;
+  ``divide`` is ``x / ones.at[idx].multiply(v)`` as in jax; for ``set`` jax leaves the winner
+  among duplicates unspecified: here the last value in index order wins, as numpy's
+  assignment. Elements not indexed keep their bits (-0.0, inf, NaN).
+- a boolean mask needs concrete values: inside ``eval_shape`` an abstract mask (a
+  ShapeDtypeStruct argument) raises ``IndexError`` as jax's NonConcreteBooleanIndexError; a
+  numpy or Array mask closed over works, as in jax.
+- a bare list is an index array (numpy >= 1.23; jax refuses it, ``x[np.array(seq)]`` works
+  in both).
+
+Index values are read to the host (an Array index is copied there) to plan the copies.
+Gradients (float32): the cotangent of a read is scatter-added back (duplicates accumulate, in
+index order: the same bits on any mesh); the transpose of a row gather is a row scatter-add
+and back, so updates differentiate in ``x`` and ``v``.
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(12, dtype=np.float32).reshape(3, 4))
 >>> np.asarray(x[1:, ::1][..., 2]).tolist()
 [6.0, 10.0]
+>>> np.asarray(x[::-2, [0, 3]]).tolist()
+[[8.0, 11.0], [0.0, 3.0]]
+>>> np.asarray(x[np.array([True, False, True])][:, 1]).tolist()
+[1.0, 9.0]
+>>> np.asarray(x.at[0, [1, 1]].add(1.0)[0]).tolist()
+[0.0, 3.0, 2.0, 3.0]
 >>> np.asarray(cnp.concatenate([x[:1], x[2:]], axis=0)).tolist()
 [[0.0, 1.0, 2.0, 3.0], [8.0, 9.0, 10.0, 11.0]]
 """
@@ -811,8 +854,8 @@ def _scatter_rows(g: Array, gnorm, targets, q, shape, norm, place, init: float, 
 # --- functional updates: x.at[idx].set / add / multiply / get ------------------------------
 
 class _IndexUpdateHelper:
-    """``x.at``: ``x.at[idx].set(v)`` and friends (jax's functional updates), for basic
-    indices."""
+    """``x.at``: ``x.at[idx].set(v)`` and friends (jax's functional updates), for any index
+    ``x[idx]`` takes."""
     __slots__ = ("array",)
 
     def __init__(self, array):
@@ -827,8 +870,10 @@ class _IndexUpdateHelper:
 
 class _IndexUpdateRef:
     """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``multiply(v)``/``mul(v)``,
-    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged); ``v`` broadcasts to
-    ``x[idx]``'s shape. Gradients flow to ``x`` and ``v``."""
+    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged, float32); ``v``
+    broadcasts to ``x[idx]``'s shape. Duplicate indices: ``add`` and ``multiply``
+    accumulate, ``set`` keeps the last value; out-of-range index entries are dropped (the
+    module's docstring). Gradients flow to ``x`` and ``v``."""
     __slots__ = ("array", "index")
 
     def __init__(self, array, index):
@@ -856,6 +901,8 @@ class _IndexUpdateRef:
         o = _o()
         x = o._lift(x)
         place, big = _layout_of(x)
+        if not isinstance(v, Array):  # broadcast on the host: exact (-0.0 too)
+            v = np.broadcast_to(np.asarray(v, np.float32), out_shape)
         v = o._lift(v, place)
         v = o.broadcast_to(v, out_shape)
         if adv is not None:

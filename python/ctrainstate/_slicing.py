@@ -567,8 +567,8 @@ class _Advanced:
         rows = math.prod(local)
         strides = [math.prod(local[k + 1:]) for k in range(len(local))]
         dims = self.dims[:len(self.dims) - (len(rel) - last - 1)]
-        oshape = tuple(self.bshape[j] if t == "B" else (local[j] if rel[j].kind == "all" else rel[j].val[2])
-                       for t, j in dims)
+        oshape = tuple(self.bshape[j] if t == "B" else
+                       (local[j] if rel[j].kind == "all" else rel[j].val[2]) for t, j in dims)
         nd = len(oshape)
         nb = next((p for p, (t, _) in enumerate(dims) if t == "B"), 0)
 
@@ -741,7 +741,10 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> A
     # the sources' row counts and where each starts in the stack
     counts, it = [], iter(blocks)
     for s in srcs:
-        counts.append(1 if isinstance(s, float) else (math.prod(next(it)._blocks[0][1].shape) // q if q else 0))
+        if isinstance(s, float):
+            counts.append(1)
+        else:
+            counts.append(math.prod(next(it)._blocks[0][1].shape) // q if q else 0)
     offs = [sum(counts[:i]) for i in range(len(counts))]
     if size:
         item = dtype.itemsize

@@ -527,7 +527,9 @@ class _Advanced:
     def region(self, whole=()):
         """(starts, sizes, items relative to the region): the bounding box of the index in
         every dimension but those in ``whole`` (kept whole: sharded ones that each device
-        indexes in its own block); a slice with step 1 becomes "all" of the region."""
+        indexes in its own block) and those where an array or a stepped slice spans more
+        than half the dimension (cutting would copy more than it saves: the gather reads
+        only the selected rows); a slice with step 1 becomes "all" of the region."""
         starts, sizes = [0] * len(self.shape), list(self.shape)
         rel = []
         for it in self.items:
@@ -543,6 +545,9 @@ class _Advanced:
                 lo, hi = (min(a, a + (m - 1) * s), max(a, a + (m - 1) * s) + 1) if m else (0, 0)
             else:
                 lo, hi = (int(it.val.min()), int(it.val.max()) + 1) if it.val.size else (0, 0)
+            if (it.kind == "arr" or (it.kind == "slice" and it.val[1] != 1)) and \
+                    2 * (hi - lo) > self.shape[it.src]:
+                lo, hi = 0, self.shape[it.src]
             starts[it.src], sizes[it.src] = lo, hi - lo
             if it.kind == "int":
                 rel.append(_Item(it.pos, it.src, "int", it.val - lo))
@@ -750,7 +755,7 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> A
         item = dtype.itemsize
         if (q * item) % 4 == 0:
             w = q * item // 4
-            tabs, idss, outs2 = [], [], []
+            tabs, idss, outs2, ids32 = [], [], [], {}
             for bi, (dev, obuf, _, _) in enumerate(out._blocks):
                 parts = []
                 for s, b, c in zip(srcs, _block_iter(srcs, blocks, bi), counts):
@@ -768,7 +773,9 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> A
                         if t is not None and t.nbytes:
                             _C.copy_overlap(tab, [0, 0], t, [off, 0])
                 ids = _C.Buffer(dev.id, (n,), _dtypes.code(_dtypes.int32))
-                _C.copy_from_host(ids, np.ascontiguousarray(sels[bi], np.int32), (0,))
+                if id(sels[bi]) not in ids32:  # blocks with one plan share its int32 copy
+                    ids32[id(sels[bi])] = np.ascontiguousarray(sels[bi], np.int32)
+                _C.copy_from_host(ids, ids32[id(sels[bi])], (0,))
                 tabs.append(tab)
                 idss.append(ids)
                 direct = dtype == np.float32 and tuple(obuf.shape) == (n, w)

@@ -357,7 +357,6 @@ def _parse(shape, idx):
     """Basic index (normalized) -> (starts, sizes, keep, out_shape): the region ``x[starts :
     starts + sizes]`` (rank kept) and how the result's dimensions map onto it (``keep[j]``:
     the region dimension of result dimension j, None for a new axis)."""
-    ndim = len(shape)
     fill = _check_count(shape, idx)
     k = next((j for j, i in enumerate(idx) if i is Ellipsis), None)
     if k is not None:
@@ -413,13 +412,15 @@ def getitem(x, idx):
 
 # --- advanced indexing: a row gather -------------------------------------------------------
 #
-# After the basic part is cut out as a region (the bounding box of every index, a _slice),
-# the result is a gather of rows: seen as (rows, Q), where Q is the product of the trailing
-# dimensions taken whole after the last indexed one, every output row is one row of the
-# region. The indexed dimensions are made whole on every device first (the slicing rule:
-# gathered where they were sharded); every other dimension keeps its mesh axes, and each
-# device gathers its own block's rows -- no other communication. All blocks have one shape
-# (shardings divide evenly), so one host plan of row numbers (`sel`) serves every device.
+# The index's region is cut out first (its bounding box, a _slice, where that at least halves
+# a dimension); then the result is a gather of rows: with every block seen as (rows, Q), Q the
+# product of the trailing dimensions taken whole after the last indexed one, every result row
+# is one row of a block. Every other dimension keeps its mesh axes, so each device gathers from
+# its own block. An indexed dimension is either whole on every device (gathered first where it
+# was sharded: the slicing rule) or, for float32, left sharded: each device takes the rows its
+# block owns and an all-reduce over the owner axes completes them. All blocks have one shape
+# (shardings divide evenly), so the host plans (`sel`: the rows, -1 for another block's) are
+# one per distinct block position along the owner axes.
 #
 # _rows (gather rows of stacked sources) and _scatter_rows (scatter-add rows) are each
 # other's transpose, which gives the gradients; x.at[...] updates are built from them.
@@ -520,7 +521,7 @@ class _Advanced:
         else:
             self.bshape = None
         self.items = items
-        self.dims = _result_dims(items, self.bshape, by_pos=True)
+        self.dims = _result_dims(items, self.bshape)
         self.out_shape = tuple(self.bshape[j] if t == "B" else _item_len(items[j], shape)
                                for t, j in self.dims)
 
@@ -665,19 +666,18 @@ def _item_len(it, shape):
     return 1 if it.src is None else shape[it.src]
 
 
-def _result_dims(items, bshape, by_pos):
+def _result_dims(items, bshape):
     """numpy's placement of the result's dimensions: ("item", k) for a dimension taken by a
     slice (or a new axis), ("B", j) for the index arrays' broadcast dimensions, which replace
-    the indexed dimensions when the array indices are adjacent in the index (``by_pos``:
-    positions in the index tuple, so ``x[:, [0], ..., [1]]`` counts as separated even when
-    ``...`` stands for nothing) and go first otherwise; an int without arrays drops its
-    dimension."""
+    the indexed dimensions when the array indices are adjacent in the index (positions in the
+    index tuple: ``x[:, [0], ..., [1]]`` counts as separated even when ``...`` stands for
+    nothing) and go first otherwise; an int without arrays drops its dimension."""
     adv = [k for k, it in enumerate(items) if it.kind == "arr"]
     rest = [("item", k) for k, it in enumerate(items) if it.kind in ("all", "slice")]
     if not adv:
         return rest
     bdims = [("B", j) for j in range(len(bshape))]
-    keys = sorted({items[k].pos for k in adv}) if by_pos else adv
+    keys = sorted({items[k].pos for k in adv})
     if keys[-1] - keys[0] + 1 == len(keys):
         return [r for r in rest if r[1] < adv[0]] + bdims + [r for r in rest if r[1] > adv[0]]
     return bdims + rest
@@ -949,7 +949,9 @@ class _IndexUpdateRef:
 
 def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) -> Array:
     """``x.at[idx].<kind>(v)`` for an advanced index (``v`` already of the indexed shape):
-    on the index's region, as copies of rows, so elements not indexed keep their bits.
+    on the index's region, as copies of rows, so elements not indexed keep their bits; each
+    device updates its own block (a sharded indexed dimension stays sharded), and entries of
+    an index array that are out of range write nothing (jax drops them).
 
     set: each indexed element takes its last value in index order (jax leaves the winner
     among duplicates unspecified; numpy's assignment keeps the last). add: the duplicates'

@@ -1,6 +1,7 @@
 """Basic indexing (x[ints, slices, None, ...]) and concatenate/stack/split on sharded Arrays:
 values equal numpy's on every mesh and spec, the unsliced dimensions keep their mesh axes,
-gradients equal numpy scatters of the cotangent, any dtype, clear errors."""
+gradients equal numpy scatters of the cotangent, any dtype, clear errors. Slice steps,
+integer arrays and masks: tests/test_slicing_advanced.py."""
 import numpy as np
 import pytest
 
@@ -149,14 +150,7 @@ def test_eval_shape():
 
 def test_errors():
     x = cts.device_put(np.zeros((4, 5), np.float32))
-    with pytest.raises(NotImplementedError, match="slice steps other than 1"):
-        x[::2]
-    with pytest.raises(TypeError, match="take_rows"):
-        x[np.array([0, 1])]
-    with pytest.raises(TypeError, match="take_rows"):
-        x[[0, 1]]
-    with pytest.raises(TypeError, match="boolean"):
-        x[True]
+    # slice steps, integer arrays and boolean masks work now: tests/test_slicing_advanced.py
     with pytest.raises(IndexError, match="index 4 is out of bounds for axis 0 with size 4"):
         x[4]
     with pytest.raises(IndexError, match="index -6 is out of bounds for axis 1 with size 5"):
@@ -245,8 +239,6 @@ def test_at_errors_and_eval_shape():
         x.at[1:3].set(np.ones(4, np.float32))
     with pytest.raises(NotImplementedError, match="x.at\\[...\\].max is not supported"):
         x.at[0].max(1.0)
-    with pytest.raises(NotImplementedError, match="slice steps"):
-        x.at[::2].set(1.0)
     s = cts.eval_shape(lambda a: a.at[0, 1:].add(1.0), cts.ShapeDtypeStruct((4, 5), np.float32))
     assert s.shape == (4, 5)
 

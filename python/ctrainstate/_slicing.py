@@ -1,20 +1,63 @@
-"""Basic indexing and joining: ``x[...]`` with ints, slices, ``None`` and ``...``;
-``concatenate``, ``stack`` and ``split`` -- on sharded Arrays, with gradients.
+"""Indexing and joining on sharded Arrays, with gradients: ``x[idx]`` and jax's functional
+updates ``x.at[idx]`` with numpy's indexing; ``concatenate``, ``stack`` and ``split``.
 
-Every one is a copy of whole sub-blocks between shards (the core's ``copy_overlap``, on
-the shards' own device), so they run on every backend and any dtype. Sharding: a dimension
-that is sliced (or joined along) comes out unsharded -- each device first gathers that
-dimension of its operand if it was sharded (as ``reshape`` does for what it cannot keep) --
-and every other dimension keeps its mesh axes, so ``logits[:, :-1, :]`` on a
-``('batch', None, 'vocab')`` layout stays sharded over batch and vocab.
+Basic indices (ints, slices with step 1, ``None``, ``...``) are copies of whole sub-blocks
+between shards (the core's ``copy_overlap``, on the shards' own device), so they run on every
+backend and any dtype. Sharding: a dimension that is sliced (or joined along) comes out
+unsharded -- each device first gathers that dimension of its operand if it was sharded (as
+``reshape`` does for what it cannot keep) -- and every other dimension keeps its mesh axes, so
+``logits[:, :-1, :]`` on a ``('batch', None, 'vocab')`` layout stays sharded over batch and
+vocab. The gradient of a slice is the cotangent copied into a zero array of the operand's
+shape; that of a join, the slices of the cotangent.
 
-The gradient of a slice is the cotangent copied into a zero array of the operand's shape;
-that of a join, the slices of the cotangent.
+Advanced indices -- slices with any step (``x[::2]``, ``x[::-1]``, ``x[5:1:-2]``), integer
+arrays (numpy arrays, lists, int32/uint32 Arrays) and boolean masks (numpy or bool Arrays) --
+follow numpy's rules, as jax does: index arrays broadcast together; their dimensions replace
+the indexed ones in place when the array indices are adjacent in the index and go first
+otherwise (an int among arrays counts as an array, ``None``, a slice or a ``...`` between
+them separates); a k-d mask stands for its ``nonzero()`` (k integer arrays; ``x[True]`` adds
+a dimension of 1, ``x[False]`` one of 0). They run as a row gather: the index's bounding box
+is cut out first (a basic slice), then every device copies the selected rows of its block
+(rows: the trailing dimensions taken whole), on its own device -- float32 through the core's
+row gather, other dtypes too when a row is whole 4-byte words (the bits are moved, never
+converted), else through the host block by block. Dimensions taken whole keep their mesh
+axes; indexed ones come out unsharded. An indexed dimension that is sharded is gathered onto
+every device first for dtypes other than float32; a float32 array keeps it sharded instead:
+every device gathers the rows its block owns and an all-reduce over that dimension's mesh axes
+completes the result (exact: -0.0 stands in for the rows of other blocks), so an embedding
+lookup ``table[ids]`` never gathers the table.
+
+jax's conventions, checked against jax 0.10.2:
+
+- out-of-range entries of an index array are clamped in reads (``x[idx]``, ``x.at[idx].get()``)
+  and dropped in updates (``set``/``add``/...) and in the gradient of a read (jax's default
+  mode "promise_in_bounds": XLA's gather clamps, its scatter drops). Negative entries wrap as
+  in numpy. A Python int out of range raises ``IndexError`` (jax clamps it).
+- ``x.at[idx].add`` accumulates duplicate indices; ``multiply`` multiplies them in;
+  ``divide`` is ``x / ones.at[idx].multiply(v)`` as in jax; for ``set`` jax leaves the winner
+  among duplicates unspecified: here the last value in index order wins, as numpy's
+  assignment. Elements not indexed keep their bits (-0.0, inf, NaN).
+- a boolean mask needs concrete values: inside ``eval_shape`` an abstract mask (a
+  ShapeDtypeStruct argument) raises ``IndexError`` as jax's NonConcreteBooleanIndexError; a
+  numpy or Array mask closed over works, as in jax.
+- a bare list is an index array (numpy >= 1.23; jax refuses it, ``x[np.array(seq)]`` works
+  in both).
+
+Index values are read to the host (an Array index is copied there) to plan the copies.
+Gradients (float32): the cotangent of a read is scatter-added back (duplicates accumulate, in
+index order: the same bits on any mesh); the transpose of a row gather is a row scatter-add
+and back, so updates differentiate in ``x`` and ``v``.
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(12, dtype=np.float32).reshape(3, 4))
 >>> np.asarray(x[1:, ::1][..., 2]).tolist()
 [6.0, 10.0]
+>>> np.asarray(x[::-2, [0, 3]]).tolist()
+[[8.0, 11.0], [0.0, 3.0]]
+>>> np.asarray(x[np.array([True, False, True])][:, 1]).tolist()
+[1.0, 9.0]
+>>> np.asarray(x.at[0, [1, 1]].add(1.0)[0]).tolist()
+[0.0, 3.0, 2.0, 3.0]
 >>> np.asarray(cnp.concatenate([x[:1], x[2:]], axis=0)).tolist()
 [[0.0, 1.0, 2.0, 3.0], [8.0, 9.0, 10.0, 11.0]]
 """
@@ -25,7 +68,7 @@ import operator
 
 import numpy as np
 
-from . import _C
+from . import _C, _dtypes
 from .array import Array, _alloc_blocks
 
 __all__ = ["getitem", "concatenate", "stack", "split", "array_split"]
@@ -181,43 +224,145 @@ def _fresh(x: Array) -> Array:
 
 
 def _index_int(i, n, d):
-    try:
-        i = operator.index(i)
-    except TypeError:
-        raise TypeError(
-            f"Array indices must be ints, slices, None or ...; got {type(i).__name__} {i!r} for "
-            f"dimension {d} (integer-array and boolean indexing are not supported: use "
-            f"ctrainstate.numpy.take_rows or where)") from None
+    i = operator.index(i)
     if not -n <= i < n:
         raise IndexError(f"index {i} is out of bounds for axis {d} with size {n}")
     return i + n if i < 0 else i
 
 
-def _parse(shape, idx):
-    """Basic index -> (starts, sizes, keep, out_shape): the region ``x[starts : starts +
-    sizes]`` (rank kept) and how the result's dimensions map onto it (``keep[j]``: the
-    region dimension of result dimension j, None for a new axis)."""
+# --- index normalisation ----------------------------------------------------------------------
+
+class _IntArray:
+    """An integer index array (host, int64, as given: not yet wrapped or clamped)."""
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+
+class _Mask:
+    """A boolean index array (host), ``ndim`` >= 0."""
+    __slots__ = ("a",)
+
+    def __init__(self, a):
+        self.a = a
+
+
+class _Abstract:
+    """An index that is a ShapeDtypeStruct (inside eval_shape): its shape only."""
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+
+def _bad_index(i, where=""):
+    return TypeError(
+        f"Array indices must be ints, slices, None, ..., or integer or boolean arrays (numpy "
+        f"arrays, lists, Arrays); got {type(i).__name__} {i!r}{where}")
+
+
+def _from_host(a, i):
+    """A host array used as an index: an int (0-d integer), an _IntArray or a _Mask."""
+    if a.dtype == np.bool_:
+        return _Mask(a)
+    if a.dtype.kind not in "iu":
+        if a.size == 0 and a.dtype == np.float64 and isinstance(i, list):
+            a = a.astype(np.int64)  # x[[]]: an empty integer index, as numpy
+        else:
+            raise TypeError(f"Array indices must have an integer or boolean dtype, got an "
+                            f"indexer of dtype {a.dtype} ({type(i).__name__})")
+    if a.ndim == 0:
+        return int(a)
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        a = np.minimum(a, np.iinfo(np.int64).max)  # clamped below anyway
+    return _IntArray(a.astype(np.int64))
+
+
+def _normalize(idx) -> tuple:
+    """``idx`` as a tuple of ints, slices, None, ..., _IntArray, _Mask and _Abstract. Lists,
+    numpy arrays and Arrays are read to the host (an index's values plan the copies)."""
     from ._abstract import ShapeDtypeStruct
-    if not isinstance(idx, tuple):
+    if isinstance(idx, list):
+        idx = (idx,)  # a list is one index array, as in numpy >= 1.23 (jax refuses it)
+    elif not isinstance(idx, tuple):
         idx = (idx,)
+    out = []
     for i in idx:
-        if isinstance(i, (list, np.ndarray, Array, ShapeDtypeStruct)) or isinstance(i, bool):
-            raise TypeError(
-                f"Array indexing with {type(i).__name__} (integer-array or boolean indexing) is "
-                f"not supported: use ctrainstate.numpy.take_rows (rows of a table) or "
-                f"ctrainstate.numpy.where (masks)")
-    nell = sum(1 for i in idx if i is Ellipsis)
-    if nell > 1:
+        if i is None or i is Ellipsis or isinstance(i, slice):
+            out.append(i)
+        elif isinstance(i, (bool, np.bool_)):
+            out.append(_Mask(np.asarray(i, np.bool_)))
+        elif isinstance(i, (int, np.integer)):
+            out.append(int(i))
+        elif isinstance(i, ShapeDtypeStruct):
+            if i.dtype != np.bool_ and np.dtype(i.dtype).kind not in "iu":
+                raise TypeError(f"Array indices must have an integer or boolean dtype, got an "
+                                f"indexer of dtype {i.dtype}")
+            out.append(_Abstract(i.shape, i.dtype))
+        elif isinstance(i, Array):
+            i._check_alive()
+            out.append(_from_host(np.asarray(i), i))
+        elif isinstance(i, (list, np.ndarray)):
+            try:
+                a = np.asarray(i)
+            except ValueError:
+                raise _bad_index(i, " (a ragged list)") from None
+            out.append(_from_host(a, i))
+        else:
+            try:
+                out.append(operator.index(i))
+            except TypeError:
+                raise _bad_index(i) from None
+    return tuple(out)
+
+
+def _is_basic(nidx) -> bool:
+    """Only ints, slices with step 1 (or None), None and ...: the region copies of _parse."""
+    for i in nidx:
+        if isinstance(i, (_IntArray, _Mask, _Abstract)):
+            return False
+        if isinstance(i, slice) and i.step is not None:
+            try:
+                if operator.index(i.step) != 1:
+                    return False
+            except TypeError:
+                pass  # slice.indices raises the error
+    return True
+
+
+def _consumed(i) -> int:
+    """How many dimensions of the array index ``i`` consumes."""
+    if i is None or i is Ellipsis:
+        return 0
+    if isinstance(i, _Mask):
+        return i.a.ndim
+    if isinstance(i, _Abstract) and i.dtype == np.bool_:
+        return len(i.shape)
+    return 1
+
+
+def _check_count(shape, nidx):
+    """The index's ellipsis and its number of indexed dimensions, checked against ``shape``;
+    returns how many dimensions ``...`` stands for."""
+    if sum(1 for i in nidx if i is Ellipsis) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
-    ndim = len(shape)
-    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if used > ndim:
-        raise IndexError(f"too many indices for an array of rank {ndim}: {used} were given")
-    if nell:
-        k = idx.index(Ellipsis)
-        idx = idx[:k] + (slice(None),) * (ndim - used) + idx[k + 1:]
+    used = sum(_consumed(i) for i in nidx)
+    if used > len(shape):
+        raise IndexError(f"too many indices for an array of rank {len(shape)}: {used} were given")
+    return len(shape) - used
+
+
+def _parse(shape, idx):
+    """Basic index (normalized) -> (starts, sizes, keep, out_shape): the region ``x[starts :
+    starts + sizes]`` (rank kept) and how the result's dimensions map onto it (``keep[j]``:
+    the region dimension of result dimension j, None for a new axis)."""
+    fill = _check_count(shape, idx)
+    k = next((j for j, i in enumerate(idx) if i is Ellipsis), None)
+    if k is not None:
+        idx = idx[:k] + (slice(None),) * fill + idx[k + 1:]
     else:
-        idx = idx + (slice(None),) * (ndim - used)
+        idx = idx + (slice(None),) * fill
     starts, sizes, keep, out_shape = [], [], [], []
     d = 0
     for i in idx:
@@ -227,11 +372,7 @@ def _parse(shape, idx):
             continue
         n = shape[d]
         if isinstance(i, slice):
-            a, b, step = i.indices(n)
-            if step != 1:
-                raise NotImplementedError(
-                    f"slice steps other than 1 are not supported (dimension {d}: {i}); reshape "
-                    f"and slice instead, e.g. x.reshape(n // k, k)[:, 0] for x[::k]")
+            a, b, _ = i.indices(n)
             m = max(0, b - a)
             starts.append(a)
             sizes.append(m)
@@ -245,9 +386,18 @@ def _parse(shape, idx):
 
 
 def getitem(x, idx):
-    """``x[idx]`` for basic indices: ints, slices with step 1, ``None`` and ``...``."""
+    """``x[idx]``: numpy indexing -- basic (ints, slices of any step, ``None``, ``...``) and
+    advanced (integer arrays, boolean masks) -- with jax's conventions (see the module's
+    docstring); differentiable for float32."""
     from ._abstract import ShapeDtypeStruct
-    starts, sizes, keep, out_shape = _parse(tuple(x.shape), idx)
+    nidx = _normalize(idx)
+    if not _is_basic(nidx):
+        adv = _Advanced(tuple(x.shape), nidx)
+        if isinstance(x, ShapeDtypeStruct) or adv.abstract:
+            return ShapeDtypeStruct(adv.out_shape, x.dtype)
+        x._check_alive()
+        return adv.gather(x)
+    starts, sizes, keep, out_shape = _parse(tuple(x.shape), nidx)
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(out_shape, x.dtype)
     x._check_alive()
@@ -260,11 +410,462 @@ def getitem(x, idx):
     return _relabel(y, out_shape, [() if k is None else norm[k] for k in keep])
 
 
+# --- advanced indexing: a row gather -------------------------------------------------------
+#
+# The index's region is cut out first (its bounding box, a _slice, where that at least halves
+# a dimension); then the result is a gather of rows: with every block seen as (rows, Q), Q the
+# product of the trailing dimensions taken whole after the last indexed one, every result row
+# is one row of a block. Every other dimension keeps its mesh axes, so each device gathers from
+# its own block. An indexed dimension is either whole on every device (gathered first where it
+# was sharded: the slicing rule) or, for float32, left sharded: each device takes the rows its
+# block owns and an all-reduce over the owner axes completes them. All blocks have one shape
+# (shardings divide evenly), so the host plans (`sel`: the rows, -1 for another block's) are
+# one per distinct block position along the owner axes.
+#
+# _rows (gather rows of stacked sources) and _scatter_rows (scatter-add rows) are each
+# other's transpose, which gives the gradients; x.at[...] updates are built from them.
+
+class _Item:
+    """One dimension of the indexed array, extended with the new axes of ``None`` (and of
+    0-d boolean indices): ``pos`` the index position it came from, ``src`` the array's
+    dimension (None for a new axis), ``kind`` "all" | "int" | "slice" | "arr", ``val``
+    None | int | (first, step, length) | int64 array (wrapped and clamped) and ``ok`` the
+    in-bounds entries of an array that had some out of range (else None)."""
+    __slots__ = ("pos", "src", "kind", "val", "ok")
+
+    def __init__(self, pos, src, kind, val=None, ok=None):
+        self.pos, self.src, self.kind, self.val, self.ok = pos, src, kind, val, ok
+
+
+def _int_array(a, n, d, abstract=False):
+    """(index, in_bounds) for an integer index array into a dimension of size ``n``:
+    negative entries wrap (numpy) and out-of-range ones are clamped to [0, n - 1], as jax's
+    gathers do by default; ``in_bounds`` (None when all are) marks the entries a scatter
+    keeps (jax's updates drop out-of-range ones)."""
+    if abstract:
+        return np.zeros(a.shape, np.int64), None
+    if n == 0 and a.size:
+        raise IndexError(f"index array of shape {a.shape} into dimension {d} of size 0")
+    a = np.where(a < 0, a + n, a)
+    ok = (a >= 0) & (a < n)
+    return np.clip(a, 0, max(n - 1, 0)), (None if ok.all() else ok)
+
+
+class _Advanced:
+    """A parsed index with slice steps other than 1, integer arrays or boolean masks: the
+    extended dimensions (``items``), the broadcast shape of the index arrays (``bshape``),
+    the result's dimensions (``dims``: ("B", j) or ("item", k)) and ``out_shape``."""
+
+    def __init__(self, shape, nidx):
+        self.shape = shape
+        fill = _check_count(shape, nidx)
+        self.abstract = False
+        items = []
+        d = 0
+        for pos, i in enumerate(nidx):
+            if i is Ellipsis:
+                for _ in range(fill):
+                    items.append(_Item(pos, d, "all"))
+                    d += 1
+            elif i is None:
+                items.append(_Item(pos, None, "all"))
+            elif isinstance(i, slice):
+                n = shape[d]
+                a, b, s = i.indices(n)
+                m = len(range(a, b, s))
+                items.append(_Item(pos, d, "all") if s == 1 and m == n else
+                             _Item(pos, d, "slice", (a, s, m)))
+                d += 1
+            elif isinstance(i, int):
+                items.append(_Item(pos, d, "int", _index_int(i, shape[d], d)))
+                d += 1
+            elif isinstance(i, _IntArray):
+                items.append(_Item(pos, d, "arr", *_int_array(i.a, shape[d], d)))
+                d += 1
+            elif isinstance(i, _Mask):
+                k = i.a.ndim
+                if k == 0:  # x[True] / x[False]: a new axis of length 1 / 0
+                    items.append(_Item(pos, None, "arr", np.zeros(int(bool(i.a)), np.int64)))
+                    continue
+                if i.a.shape != shape[d:d + k]:
+                    raise IndexError(
+                        f"boolean index did not match shape of indexed array in index {pos}: "
+                        f"got {i.a.shape}, expected {shape[d:d + k]}")
+                for j, nz in enumerate(np.nonzero(i.a)):
+                    items.append(_Item(pos, d + j, "arr", nz.astype(np.int64)))
+                d += k
+            else:  # _Abstract
+                if i.dtype == np.bool_:
+                    raise IndexError(
+                        f"boolean mask indexing needs a concrete mask: the result's shape "
+                        f"depends on the mask's values, and inside eval_shape this mask (shape "
+                        f"{i.shape}) is abstract, as a traced mask in jax "
+                        f"(NonConcreteBooleanIndexError); use where(mask, x, 0) or pass the "
+                        f"mask as a numpy array")
+                self.abstract = True
+                items.append(_Item(pos, d, "arr", *_int_array(np.zeros(i.shape, np.int64),
+                                                              shape[d], d, abstract=True)))
+                d += 1
+        for dd in range(d, len(shape)):
+            items.append(_Item(len(nidx), dd, "all"))
+        if any(it.kind == "arr" for it in items):
+            for it in items:  # with index arrays present, an int is a 0-d index array
+                if it.kind == "int":
+                    it.kind, it.val = "arr", np.array(it.val, np.int64)
+            shapes = [it.val.shape for it in items if it.kind == "arr"]
+            try:
+                self.bshape = tuple(np.broadcast_shapes(*shapes))
+            except ValueError:
+                raise IndexError("shape mismatch: indexing arrays could not be broadcast "
+                                 "together with shapes " + " ".join(str(s) for s in shapes)) from None
+        else:
+            self.bshape = None
+        self.items = items
+        self.dims = _result_dims(items, self.bshape)
+        self.out_shape = tuple(self.bshape[j] if t == "B" else _item_len(items[j], shape)
+                               for t, j in self.dims)
+
+    def region(self, whole=()):
+        """(starts, sizes, items relative to the region): the bounding box of the index in
+        every dimension but those in ``whole`` (kept whole: sharded ones that each device
+        indexes in its own block) and those where an array or a stepped slice spans more
+        than half the dimension (cutting would copy more than it saves: the gather reads
+        only the selected rows); a slice with step 1 becomes "all" of the region."""
+        starts, sizes = [0] * len(self.shape), list(self.shape)
+        rel = []
+        for it in self.items:
+            if it.src is None or it.kind == "all":
+                rel.append(it)
+                continue
+            if it.src in whole:
+                lo, hi = 0, self.shape[it.src]
+            elif it.kind == "int":
+                lo, hi = it.val, it.val + 1
+            elif it.kind == "slice":
+                a, s, m = it.val
+                lo, hi = (min(a, a + (m - 1) * s), max(a, a + (m - 1) * s) + 1) if m else (0, 0)
+            else:
+                lo, hi = (int(it.val.min()), int(it.val.max()) + 1) if it.val.size else (0, 0)
+            if (it.kind == "arr" or (it.kind == "slice" and it.val[1] != 1)) and \
+                    2 * (hi - lo) > self.shape[it.src]:
+                lo, hi = 0, self.shape[it.src]
+            starts[it.src], sizes[it.src] = lo, hi - lo
+            if it.kind == "int":
+                rel.append(_Item(it.pos, it.src, "int", it.val - lo))
+            elif it.kind == "slice":
+                a, s, m = it.val
+                rel.append(_Item(it.pos, it.src, "all") if s == 1 and lo == a and hi - lo == m else
+                           _Item(it.pos, it.src, "slice", (a - lo, s, m)))
+            else:
+                rel.append(_Item(it.pos, it.src, "arr", it.val - lo, it.ok))
+        return starts, sizes, rel
+
+    def plan(self, rel, shard_shape, block_starts, owned):
+        """(sels, Q, rows, in_bounds): every block of the region (``shard_shape``, starting
+        at ``block_starts``) seen as (rows, Q), the rows of the result's block in order
+        (-1 where the row lies in another device's block: the indexed dimensions in
+        ``owned`` are sharded, the others whole), one array per block; ``in_bounds``: the
+        result rows no out-of-range index entry touched (None: all)."""
+        last = max(k for k, it in enumerate(rel) if it.kind != "all")
+        lead = rel[:last + 1]
+        local = [1 if it.src is None else shard_shape[it.src] for it in lead]
+        q = math.prod(1 if it.src is None else shard_shape[it.src] for it in rel[last + 1:])
+        rows = math.prod(local)
+        strides = [math.prod(local[k + 1:]) for k in range(len(local))]
+        dims = self.dims[:len(self.dims) - (len(rel) - last - 1)]
+        oshape = tuple(self.bshape[j] if t == "B" else
+                       (local[j] if rel[j].kind == "all" else rel[j].val[2]) for t, j in dims)
+        nd = len(oshape)
+        nb = next((p for p, (t, _) in enumerate(dims) if t == "B"), 0)
+
+        def at_b(a):  # an array of the broadcast shape, placed at the result's B dims
+            return a.reshape((1,) * nb + self.bshape + (1,) * (nd - nb - len(self.bshape)))
+
+        coords = []  # per lead item: (region coordinate broadcastable to oshape, item)
+        for k, it in enumerate(lead):
+            if it.kind == "int":
+                c = np.int64(it.val)
+            elif it.kind == "arr":
+                c = at_b(np.broadcast_to(it.val, self.bshape))
+            else:
+                p = dims.index(("item", k))
+                c = np.arange(local[k], dtype=np.int64) if it.kind == "all" else \
+                    it.val[0] + it.val[1] * np.arange(it.val[2], dtype=np.int64)
+                c = c.reshape((1,) * p + (-1,) + (1,) * (nd - p - 1))
+            coords.append((c, it, strides[k]))
+        cache, sels = {}, []
+        for st in block_starts:
+            key = tuple(st[d] for d in sorted(owned))
+            if key not in cache:
+                sel = np.zeros(oshape, np.int64)
+                own = np.ones(oshape, bool)
+                for c, it, stride in coords:
+                    if it.src in owned:
+                        c = c - st[it.src]
+                        own &= (c >= 0) & (c < shard_shape[it.src])
+                    sel += c * stride
+                cache[key] = np.where(own, sel, -1).reshape(-1) if owned else sel.reshape(-1)
+            sels.append(cache[key])
+        if rows + math.prod(oshape) >= 2 ** 31:
+            raise ValueError(f"indexing: {rows} rows and {math.prod(oshape)} selected rows per "
+                             f"block do not fit the int32 row numbers of the gather")
+        oks = [it.ok for it in lead if it.kind == "arr" and it.ok is not None]
+        ok = None
+        if oks:
+            b = np.ones(self.bshape, bool)
+            for o_ in oks:
+                b &= o_
+            ok = np.broadcast_to(at_b(b), oshape).reshape(-1)
+        return sels, q, rows, ok
+
+    def layout(self, rel, region_norm):
+        """The result's per-dimension mesh axes: those of the region's dimensions it takes
+        whole; none for indexed dimensions and new axes."""
+        return [() if t == "B" or rel[j].kind != "all" or rel[j].src is None
+                else tuple(region_norm[rel[j].src]) for t, j in self.dims]
+
+    def prepare(self, x, owner: bool):
+        """The plan for the concrete Array ``x``: (region, its layout, place, starts, sels,
+        Q, rows, in_bounds, result layout, owner axes). With ``owner``, an indexed
+        dimension sharded in ``x`` stays sharded: each device takes the rows in its own
+        block (the others' rows are left to them: -1 in ``sels``) and the owner axes are
+        the mesh axes those dimensions are sharded over. Without, every indexed dimension
+        is gathered whole onto every device first (the slicing rule)."""
+        place, big = _layout_of(x)
+        indexed = {it.src for it in self.items if it.kind != "all" and it.src is not None}
+        owned = {d for d in indexed if big[d]} if owner else set()
+        starts, sizes, rel = self.region(whole=owned)
+        y = _slice(x, starts, sizes)
+        _, ynorm = _layout_of(y)
+        gnorm = [() if d in indexed and d not in owned else e for d, e in enumerate(ynorm)]
+        shard, blocks, _ = _o()._sharding_for(place, gnorm)._layout(tuple(y.shape))
+        sels, q, rows, ok = self.plan(rel, shard, [st for _, st, _ in blocks], owned)
+        axes = tuple(a for d in sorted(owned) for a in gnorm[d])
+        return y, gnorm, place, starts, sels, q, rows, ok, self.layout(rel, gnorm), axes
+
+    def gather(self, x):
+        """``x[idx]``. A float32 ``x`` keeps its sharded indexed dimensions: every device
+        gathers the selected rows its block holds, -0.0 for the others, and an all-reduce
+        over the owner axes completes the rows (exact: each element has one owner, and
+        -0.0 + v is v); the gradient scatter-adds each device's rows into its own block.
+        Other dtypes gather those dimensions whole first."""
+        y, gnorm, place, _, sels, q, rows, ok, onorm, axes = self.prepare(
+            x, owner=x.dtype == np.float32)
+        # out-of-range entries read the clamped element, and their cotangents are dropped:
+        # jax's default (mode "promise_in_bounds": XLA's gather clamps, its scatter drops)
+        if axes:
+            sels = [np.where(s < 0, rows, s) for s in sels]  # row `rows`: the -0.0 row
+            return _rows([(y, gnorm), -0.0], sels, q, self.out_shape, onorm, place, x.dtype,
+                         grad_keep=ok, axes=axes)
+        return _rows([(y, gnorm)], sels, q, self.out_shape, onorm, place, x.dtype, grad_keep=ok)
+
+
+def _item_len(it, shape):
+    if it.kind == "slice":
+        return it.val[2]
+    return 1 if it.src is None else shape[it.src]
+
+
+def _result_dims(items, bshape):
+    """numpy's placement of the result's dimensions: ("item", k) for a dimension taken by a
+    slice (or a new axis), ("B", j) for the index arrays' broadcast dimensions, which replace
+    the indexed dimensions when the array indices are adjacent in the index (positions in the
+    index tuple: ``x[:, [0], ..., [1]]`` counts as separated even when ``...`` stands for
+    nothing) and go first otherwise; an int without arrays drops its dimension."""
+    adv = [k for k, it in enumerate(items) if it.kind == "arr"]
+    rest = [("item", k) for k, it in enumerate(items) if it.kind in ("all", "slice")]
+    if not adv:
+        return rest
+    bdims = [("B", j) for j in range(len(bshape))]
+    keys = sorted({items[k].pos for k in adv})
+    if keys[-1] - keys[0] + 1 == len(keys):
+        return [r for r in rest if r[1] < adv[0]] + bdims + [r for r in rest if r[1] > adv[0]]
+    return bdims + rest
+
+
+# --- the two row primitives ------------------------------------------------------------------
+
+def _paired(arrays_norms, out: Array, place):
+    """Each source laid out as asked, its blocks in the output's device order."""
+    res = []
+    for a, norm in arrays_norms:
+        b = _to(a, place, norm)
+        if [d.id for d, _, _, _ in b._blocks] != [d.id for d, _, _, _ in out._blocks]:
+            raise RuntimeError("internal error: indexing blocks are out of device order")
+        res.append(b)
+    return res
+
+
+def _view2d(dev, buf, rows, width, code):
+    """``buf``'s bytes as a dense (rows, width) buffer of dtype ``code`` (itself when it is one)."""
+    if buf.dtype == code and tuple(buf.shape) == (rows, width):
+        return buf
+    b = _C.Buffer(dev.id, (rows, width), code)
+    if b.nbytes:
+        _C.copy_bytes(b, buf)
+    return b
+
+
+def _bits32(value) -> int:
+    return int(np.asarray(value, np.float32).view(np.uint32))
+
+
+def _host_block(buf, dtype):
+    h = np.empty(tuple(buf.shape), dtype)
+    if h.size:
+        _C.copy_to_host(buf, h.view(np.uint8) if dtype == np.bool_ else h, (0,) * h.ndim)
+    return h
+
+
+def _per_block(sel, a: Array) -> list:
+    """One row plan per block of ``a`` (a single plan serves them all)."""
+    return list(sel) if isinstance(sel, list) else [sel] * len(a._blocks)
+
+
+def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> Array:
+    """An Array of ``shape`` laid out as ``norm`` whose every block, seen as (rows, q), is the
+    rows ``sel`` (one int array, or a list of one per block) of the sources' blocks stacked:
+    each source is (Array, layout), its block seen as (rows_s, q), or a float, one row of
+    that value. A copy of whole rows (any dtype: rows of a multiple of 4 bytes go through
+    the float32 row gather as bits, others through the host, block by block). Float32: the
+    gradient scatter-adds back into the sources (only the rows ``grad_keep`` marks, when
+    given).
+
+    The plans may differ only along the mesh ``axes`` (each device taking the rows its
+    block owns, a zero row for the others'); an output replicated along some of them holds
+    partial rows there, completed by an all-reduce over them (float32)."""
+    dtype = np.dtype(dtype)
+    out = _alloc(shape, dtype, place, norm)
+    pairs = [s for s in srcs if not isinstance(s, float)]
+    blocks = _paired(pairs, out, place)
+    sels = _per_block(sel, out)
+    n = len(sels[0])
+    size = math.prod(out._blocks[0][1].shape)
+    if size and (q == 0 or size != n * q):
+        raise RuntimeError(f"internal error: indexing plans {n} rows of {q} for a block of {size}")
+    # the sources' row counts and where each starts in the stack
+    counts, it = [], iter(blocks)
+    for s in srcs:
+        if isinstance(s, float):
+            counts.append(1)
+        else:
+            counts.append(math.prod(next(it)._blocks[0][1].shape) // q if q else 0)
+    offs = [sum(counts[:i]) for i in range(len(counts))]
+    if size:
+        item = dtype.itemsize
+        if (q * item) % 4 == 0:
+            w = q * item // 4
+            tabs, idss, outs2, ids32 = [], [], [], {}
+            for bi, (dev, obuf, _, _) in enumerate(out._blocks):
+                parts = []
+                for s, b, c in zip(srcs, _block_iter(srcs, blocks, bi), counts):
+                    if isinstance(s, float):
+                        t = _C.Buffer(dev.id, (1, w), 0)
+                        _C.fill_bits32([t], _bits32(s))
+                    else:
+                        t = _view2d(dev, b, c, w, 0) if c else None
+                    parts.append(t)
+                if len(parts) == 1:
+                    tab = parts[0]
+                else:
+                    tab = _C.Buffer(dev.id, (sum(counts), w), 0)
+                    for t, off in zip(parts, offs):
+                        if t is not None and t.nbytes:
+                            _C.copy_overlap(tab, [0, 0], t, [off, 0])
+                ids = _C.Buffer(dev.id, (n,), _dtypes.code(_dtypes.int32))
+                if id(sels[bi]) not in ids32:  # blocks with one plan share its int32 copy
+                    ids32[id(sels[bi])] = np.ascontiguousarray(sels[bi], np.int32)
+                _C.copy_from_host(ids, ids32[id(sels[bi])], (0,))
+                tabs.append(tab)
+                idss.append(ids)
+                direct = dtype == np.float32 and tuple(obuf.shape) == (n, w)
+                outs2.append(obuf if direct else _C.Buffer(dev.id, (n, w), 0))
+            _C.op_gather_rows(tabs, idss, outs2, [0] * len(tabs))
+            for (dev, obuf, _, _), o2 in zip(out._blocks, outs2):
+                if o2 is not obuf:
+                    _C.copy_bytes(obuf, o2)
+        else:  # rows of 2-byte or 1-byte elements that are not whole 4-byte words
+            for bi, (dev, obuf, _, _) in enumerate(out._blocks):
+                parts = [np.full((1, q), s, dtype) if isinstance(s, float) else
+                         _host_block(b, dtype).reshape(c, q)
+                         for s, b, c in zip(srcs, _block_iter(srcs, blocks, bi), counts)]
+                o = np.ascontiguousarray(np.concatenate(parts)[sels[bi]].reshape(obuf.shape))
+                _C.copy_from_host(obuf, o.view(np.uint8) if dtype == np.bool_ else o, (0,) * o.ndim)
+    if dtype == np.float32 and pairs:
+        spans = [(c, off) for s, c, off in zip(srcs, counts, offs) if not isinstance(s, float)]
+        backs = sels if grad_keep is None else [np.where(grad_keep, s_, -1) for s_ in sels]
+
+        def vjp(g):
+            return tuple(_scatter_rows(g, norm, [np.where((b >= off) & (b < off + c), b - off, -1)
+                                                 for b in backs],
+                                       q, a.shape, anorm, place, 0.0, axes)
+                         for (a, anorm), (c, off) in zip(pairs, spans))
+        _o()._record(out, tuple(a for a, _ in pairs), vjp)
+    _complete(out, norm, axes)
+    return out
+
+
+def _complete(out: Array, norm, axes):
+    """Sum the partial rows of an output replicated along some of the plans' ``axes``."""
+    used = {a for e in norm for a in e}
+    red = [a for a in axes if a not in used]
+    if red:
+        if out.dtype != np.float32:
+            raise RuntimeError("internal error: a partial row gather of a non-float32 array")
+        _o()._allreduce(out, red)
+
+
+def _block_iter(srcs, blocks, bi):
+    """Per source: its block ``bi``'s buffer (None for a float source)."""
+    it = iter(blocks)
+    return [None if isinstance(s, float) else next(it)._blocks[bi][1] for s in srcs]
+
+
+def _scatter_rows(g: Array, gnorm, targets, q, shape, norm, place, init: float, axes=()) -> Array:
+    """The float32 Array of ``shape`` laid out as ``norm``, every element ``init``, with the
+    rows of ``g``'s blocks (seen as (len(targets), q), ``g`` laid out as ``gnorm``) added into
+    the rows ``targets`` (one int array, or a list of one per block; -1: dropped) of its
+    blocks, a target's terms in order (the same bits on any mesh). The transpose of _rows
+    (``axes`` as there); ``init`` -0.0 makes a single term exact."""
+    out = _alloc(shape, np.float32, place, norm)
+    (gb,) = _paired([(g, gnorm)], out, place)
+    tlist = [np.asarray(t, np.int64) for t in _per_block(targets, out)]
+    size = math.prod(out._blocks[0][1].shape)
+    rows = size // q if q else 0
+    if size:
+        plans = {}
+        for (dev, obuf, _, _), (_, gbuf, _, _), t in zip(out._blocks, gb._blocks, tlist):
+            key = id(t)
+            if key not in plans:
+                valid = np.nonzero(t >= 0)[0]
+                pos = valid[np.argsort(t[valid], kind="stable")]
+                hit, first = np.unique(t[pos], return_index=True)
+                # [hit | start (nhit + 1) | every g row]: dropped rows follow start[nhit], unread
+                plans[key] = (np.concatenate([hit, first, [len(pos)], pos, np.nonzero(t < 0)[0]])
+                              .astype(np.int32), int(hit.size))
+            plan, nhit = plans[key]
+            tab = obuf if tuple(obuf.shape) == (rows, q) else _C.Buffer(dev.id, (rows, q), 0)
+            _C.fill_bits32([tab], _bits32(init))
+            if nhit:
+                p = _C.Buffer(dev.id, (len(plan),), _dtypes.code(_dtypes.int32))
+                _C.copy_from_host(p, plan, (0,))
+                _C.op_scatter_add_rows([tab], [p], [_view2d(dev, gbuf, len(t), q, 0)], [0], nhit)
+            if tab is not obuf:
+                _C.copy_bytes(obuf, tab)
+
+    def vjp(h):
+        back = [np.where(t >= 0, t, rows) for t in tlist]  # row `rows`: the zero row
+        return (_rows([(h, norm), 0.0], back, q, g.shape, gnorm, place, np.float32, axes=axes),)
+    _o()._record(out, (g,), vjp)
+    _complete(out, norm, axes)
+    return out
+
+
 # --- functional updates: x.at[idx].set / add / multiply / get ------------------------------
 
 class _IndexUpdateHelper:
-    """``x.at``: ``x.at[idx].set(v)`` and friends (jax's functional updates), for basic
-    indices."""
+    """``x.at``: ``x.at[idx].set(v)`` and friends (jax's functional updates), for any index
+    ``x[idx]`` takes."""
     __slots__ = ("array",)
 
     def __init__(self, array):
@@ -279,8 +880,10 @@ class _IndexUpdateHelper:
 
 class _IndexUpdateRef:
     """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``multiply(v)``/``mul(v)``,
-    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged); ``v`` broadcasts to
-    ``x[idx]``'s shape. Gradients flow to ``x`` and ``v``."""
+    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged, float32); ``v``
+    broadcasts to ``x[idx]``'s shape. Duplicate indices: ``add`` and ``multiply``
+    accumulate, ``set`` keeps the last value; out-of-range index entries are dropped (the
+    module's docstring). Gradients flow to ``x`` and ``v``."""
     __slots__ = ("array", "index")
 
     def __init__(self, array, index):
@@ -292,20 +895,28 @@ class _IndexUpdateRef:
     def _update(self, v, kind):
         from ._abstract import ShapeDtypeStruct
         x = self.array
-        starts, sizes, keep, out_shape = _parse(tuple(x.shape), self.index)
-        if isinstance(x, ShapeDtypeStruct):
-            np.broadcast_shapes(np.shape(v), out_shape)
-            return ShapeDtypeStruct(x.shape, x.dtype)
-        o = _o()
-        x = o._lift(x)
-        place, big = _layout_of(x)
+        nidx = _normalize(self.index)
+        adv = None if _is_basic(nidx) else _Advanced(tuple(x.shape), nidx)
+        if adv is None:
+            starts, sizes, keep, out_shape = _parse(tuple(x.shape), nidx)
+        else:
+            out_shape = adv.out_shape
         try:
             np.broadcast_shapes(tuple(np.shape(v)), out_shape)
         except ValueError:
             raise ValueError(f"x.at[...].{kind}: a value of shape {tuple(np.shape(v))} does not "
                              f"broadcast to the indexed shape {out_shape}") from None
+        if isinstance(x, ShapeDtypeStruct) or (adv is not None and adv.abstract):
+            return ShapeDtypeStruct(x.shape, x.dtype)
+        o = _o()
+        x = o._lift(x)
+        place, big = _layout_of(x)
+        if not isinstance(v, Array):  # broadcast on the host: exact (-0.0 too)
+            v = np.broadcast_to(np.asarray(v, np.float32), out_shape)
         v = o._lift(v, place)
         v = o.broadcast_to(v, out_shape)
+        if adv is not None:
+            return _update_advanced(x, adv, v, kind, place, big)
         # the value as the region (rank kept): drop new axes, put back indexed ones as size 1
         region = o.reshape(v, tuple(sizes)) if tuple(sizes) != out_shape else v
         if kind != "set":  # x[idx] op v, elementwise on the region only (as jax)
@@ -334,6 +945,81 @@ class _IndexUpdateRef:
             raise NotImplementedError(
                 f"x.at[...].{name} is not supported; set, add, multiply, divide and get are")
         raise AttributeError(name)
+
+
+def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) -> Array:
+    """``x.at[idx].<kind>(v)`` for an advanced index (``v`` already of the indexed shape):
+    on the index's region, as copies of rows, so elements not indexed keep their bits; each
+    device updates its own block (a sharded indexed dimension stays sharded), and entries of
+    an index array that are out of range write nothing (jax drops them).
+
+    set: each indexed element takes its last value in index order (jax leaves the winner
+    among duplicates unspecified; numpy's assignment keeps the last). add: the duplicates'
+    values are summed (in index order) and added once, ``x + scatter_add(v)`` over a -0.0
+    background (exact where nothing is added). multiply / divide: ``x * P`` / ``x / P``
+    with P the product of the duplicates' values (one round of distinct indices at a time)
+    over a 1.0 background, as jax's ``scatter_mul`` (divide is ``x / ones.at[idx].multiply(v)``
+    there too)."""
+    o = _o()
+    y, gnorm, _, starts, sels, q, rows, ok, onorm, axes = adv.prepare(x, owner=True)
+    memo = {}
+
+    def written(sel):
+        """(the v rows this block writes, their rows in the block): in bounds and its own."""
+        if id(sel) not in memo:
+            w = sel >= 0 if ok is None else (sel >= 0) & ok
+            keep = np.nonzero(w)[0]
+            memo[id(sel)] = keep, sel[keep]
+        return memo[id(sel)]
+
+    if kind == "set":
+        picks = []
+        for sel in sels:
+            keep, ks = written(sel)
+            hit, ridx = np.unique(ks[::-1], return_index=True)
+            pick = np.arange(rows, dtype=np.int64)
+            pick[hit] = rows + keep[len(ks) - 1 - ridx]  # the last occurrence of each index
+            picks.append(pick)
+        new = _rows([(y, gnorm), (v, onorm)], picks, q, y.shape, gnorm, place, np.float32,
+                    axes=axes)
+    elif kind == "add":
+        targets = []
+        for sel in sels:
+            keep, ks = written(sel)
+            t = np.full(len(sel), -1, np.int64)
+            t[keep] = ks
+            targets.append(t)
+        new = o.add(y, _scatter_rows(v, onorm, targets, q, y.shape, gnorm, place, -0.0, axes))
+    else:
+        ranks = []
+        for sel in sels:
+            keep, ks = written(sel)
+            order = np.argsort(ks, kind="stable")
+            n = len(ks)
+            first = np.r_[0, np.nonzero(np.diff(ks[order]))[0] + 1] if n else np.zeros(0, np.int64)
+            rank = np.empty(n, np.int64)
+            rank[order] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+            ranks.append((keep, ks, rank))
+        factors = []
+        for r in range(max((int(rk.max()) + 1 for _, _, rk in ranks if len(rk)), default=0)):
+            picks = []
+            for keep, ks, rank in ranks:
+                pick = np.zeros(rows, np.int64)  # row 0: the 1.0 background
+                mine = rank == r
+                pick[ks[mine]] = 1 + keep[mine]
+                picks.append(pick)
+            factors.append(_rows([1.0, (v, onorm)], picks, q, y.shape, gnorm, place, np.float32,
+                                 axes=axes))
+        new = y
+        if kind == "multiply":
+            for f in factors:
+                new = o.multiply(new, f)
+        elif factors:
+            p = factors[0]
+            for f in factors[1:]:
+                p = o.multiply(p, f)
+            new = o.divide(y, p)
+    return _set_region(x, starts, new, place, big)
 
 
 # --- joins ----------------------------------------------------------------------------------

@@ -313,15 +313,24 @@ class Array(OperatorsMixin):
 
     __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
 
-    # --- basic indexing (ints, slices, None, ...): ctrainstate._slicing -------------------
+    # --- indexing (numpy's basic and advanced indices): ctrainstate._slicing ------------------
     def __getitem__(self, idx):
+        """``x[idx]`` with numpy's indexing, as ``jax.Array`` (any dtype; differentiable for
+        float32): ints, slices of any step, ``None``, ``...``, integer arrays (numpy arrays,
+        lists, int32/uint32 Arrays; broadcast together and placed as numpy places them) and
+        boolean masks with concrete values. Out-of-range entries of an index array are
+        clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
+        Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see
+        :mod:`ctrainstate._slicing`)."""
         from ._slicing import getitem
         return getitem(self, idx)
 
     @property
     def at(self):
         """Functional updates, as in jax: ``x.at[idx].set(v)``, ``.add(v)``,
-        ``.multiply(v)``, ``.divide(v)``, ``.get()`` (basic indices; float32 Arrays)."""
+        ``.multiply(v)``, ``.divide(v)``, ``.get()`` for any index ``x[idx]`` takes (float32
+        Arrays; duplicate indices accumulate in add/multiply, the last value wins in set;
+        out-of-range index entries are dropped, as in jax)."""
         from ._slicing import _IndexUpdateHelper
         return _IndexUpdateHelper(self)
 

@@ -798,7 +798,7 @@ def test_scan_length_errors():
     with pytest.raises(TypeError, match="carry must keep its shapes"):
         _call(nn.scan(Grow), c, np.zeros((3, 1), np.float32))
     with pytest.raises(TypeError, match="expected a Module class"):
-        nn.scan(lambda m, c, x: (c, x))
+        nn.scan("Block")        # (a function of a module is Flax's function form: lifted)
 
 
 class _AddTwo(nn.Module):

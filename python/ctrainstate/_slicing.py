@@ -44,9 +44,11 @@ jax's conventions, checked against jax 0.10.2:
   in both).
 
 Index values are read to the host (an Array index is copied there) to plan the copies.
-Gradients (float32): the cotangent of a read is scatter-added back (duplicates accumulate, in
-index order: the same bits on any mesh); the transpose of a row gather is a row scatter-add
-and back, so updates differentiate in ``x`` and ``v``.
+Gradients (float dtypes): the cotangent of a read is scatter-added back (duplicates
+accumulate, in index order: the same bits on any mesh); the transpose of a row gather is a
+row scatter-add and back, so updates differentiate in ``x`` and ``v``. Basic slices and joins
+of 16-bit floats are recorded as they are (copies); their advanced gathers and ``.at``
+updates run on the float32 widening and round back (exact for gathers and sets).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(12, dtype=np.float32).reshape(3, 4))
@@ -107,10 +109,29 @@ def _by_device(a: Array) -> dict:
 
 
 def _fill(a: Array, value: float):
-    """Every element of the float32 Array ``a`` set to ``value`` (a kernel per device)."""
+    """Every element of the float Array ``a`` set to ``value`` (a kernel per device; a 16-bit
+    float array is filled through a float32 block converted in place)."""
     o = _o()
+    if a.dtype != np.float32:
+        tmp = _alloc(a.shape, np.float32, *_layout_of(a))
+        _fill(tmp, value)
+        _C.op_convert([b for _, b, _, _ in tmp._blocks], [b for _, b, _, _ in a._blocks])
+        return
     bufs = [buf for _, buf, _, _ in a._blocks if buf.nbytes]
     _C.op_unary(o.U_AFFINE, 0.0, float(value), bufs, bufs)
+
+
+def _differentiable(dtype) -> bool:
+    """Whether copies of this dtype are recorded for autodiff (the float dtypes)."""
+    return np.dtype(dtype) in _o()._FLOATS
+
+
+def _lowp_tracked(x) -> bool:
+    """A 16-bit float Array being differentiated (its gathers and updates run on float32)."""
+    o = _o()
+    t = o._tape()
+    return (isinstance(x, Array) and x.dtype in o._LOWP and t is not None
+            and id(x) in t.tracked)
 
 
 def _copy_region(dst: Array, src: Array, offset, dst_is_big: bool) -> dict:
@@ -147,7 +168,7 @@ def _relabel(x: Array, shape, norm) -> Array:
     for (_, ob, _, _), (_, ib, _, _) in zip(out._blocks, x._blocks):
         if ob.nbytes:
             _C.copy_bytes(ob, ib)
-    if x.dtype == np.float32:
+    if _differentiable(x.dtype):
         in_shape, (_, in_norm) = x.shape, _layout_of(x)
         _o()._record(out, (x,), lambda g: (_relabel(_to(g, place, norm), in_shape, in_norm),))
     return out
@@ -162,7 +183,7 @@ def _slice(x: Array, starts, sizes) -> Array:
     src = _to(x, place, norm)
     out = _alloc(sizes, x.dtype, place, norm)
     _check_filled(out, _copy_region(out, src, starts, dst_is_big=False), "slice")
-    if x.dtype == np.float32:
+    if _differentiable(x.dtype):
         shape = x.shape
         _o()._record(out, (x,), lambda g: (_embed(g, shape, starts, 0.0, place, big),))
     return out
@@ -216,9 +237,9 @@ def _set_region(x: Array, starts, r: Array, place, big_norm) -> Array:
 
 
 def _fresh(x: Array) -> Array:
-    """A copy of ``x`` with its own buffers (recorded as the identity for float32)."""
+    """A copy of ``x`` with its own buffers (recorded as the identity for floats)."""
     y = x.copy()
-    if x.dtype == np.float32:
+    if _differentiable(x.dtype):
         _o()._record(y, (x,), lambda g: (g,))
     return y
 
@@ -388,7 +409,7 @@ def _parse(shape, idx):
 def getitem(x, idx):
     """``x[idx]``: numpy indexing -- basic (ints, slices of any step, ``None``, ``...``) and
     advanced (integer arrays, boolean masks) -- with jax's conventions (see the module's
-    docstring); differentiable for float32."""
+    docstring); differentiable for the float dtypes."""
     from ._abstract import ShapeDtypeStruct
     nidx = _normalize(idx)
     if not _is_basic(nidx):
@@ -396,6 +417,9 @@ def getitem(x, idx):
         if isinstance(x, ShapeDtypeStruct) or adv.abstract:
             return ShapeDtypeStruct(adv.out_shape, x.dtype)
         x._check_alive()
+        if _lowp_tracked(x):   # the gather's gradient is float32's: run it on float32
+            o = _o()
+            return o.astype(getitem(o.astype(x, np.float32), idx), x.dtype)
         return adv.gather(x)
     starts, sizes, keep, out_shape = _parse(tuple(x.shape), nidx)
     if isinstance(x, ShapeDtypeStruct):
@@ -880,8 +904,9 @@ class _IndexUpdateHelper:
 
 class _IndexUpdateRef:
     """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``multiply(v)``/``mul(v)``,
-    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged, float32); ``v``
-    broadcasts to ``x[idx]``'s shape. Duplicate indices: ``add`` and ``multiply``
+    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged; float32, or a 16-bit
+    float ``x``: ``v`` cast to its dtype, the update computed on the float32 widening and
+    rounded once); ``v`` broadcasts to ``x[idx]``'s shape. Duplicate indices: ``add`` and ``multiply``
     accumulate, ``set`` keeps the last value; out-of-range index entries are dropped (the
     module's docstring). Gradients flow to ``x`` and ``v``."""
     __slots__ = ("array", "index")
@@ -909,6 +934,14 @@ class _IndexUpdateRef:
         if isinstance(x, ShapeDtypeStruct) or (adv is not None and adv.abstract):
             return ShapeDtypeStruct(x.shape, x.dtype)
         o = _o()
+        if isinstance(x, Array) and x.dtype in o._LOWP:
+            # jax casts the values to x's dtype; the update runs on the float32 widening
+            # (exact) and is rounded once back: a 16-bit add / multiply / divide as jax's
+            dt = x.dtype
+            v = o.astype(v, dt) if isinstance(v, Array) else np.asarray(v, dtype=dt)
+            v = o.astype(v, np.float32) if isinstance(v, Array) else v.astype(np.float32)
+            out = _IndexUpdateRef(o.astype(x, np.float32), self.index)._update(v, kind)
+            return o.astype(out, dt)
         x = o._lift(x)
         place, big = _layout_of(x)
         if not isinstance(v, Array):  # broadcast on the host: exact (-0.0 too)
@@ -1097,7 +1130,7 @@ def concatenate(arrays, axis: int = 0):
             copied[k] = copied.get(k, 0) + v
         off += p.shape[axis]
     _check_filled(out, copied, "concatenate")
-    if out.dtype == np.float32:
+    if _differentiable(out.dtype):
         def vjp(g):
             return tuple(_slice(_to(g, place, norm), [o_ if j == axis else 0 for j in range(nd)],
                                 [p.shape[j] for j in range(nd)]) for o_, p in zip(offs, parts))

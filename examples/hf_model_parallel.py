@@ -13,12 +13,18 @@ a few steps with AdamW (warmup + linear decay) and a dropout-rng ``TrainState``
 * the state is created from params already placed by their specs, so the AdamW
   moments are born sharded.
 
-    python examples/hf_model_parallel.py [--steps 30] [--layers 2] [--embed 32]
+``--dtype bfloat16`` (or ``float16``) is run_clm_mp's ``--dtype``: the modules compute in that
+dtype (``dtype=`` on every Dense, Embed and LayerNorm, the causal bias and the dropout
+multiplier in it too, as FlaxGPTNeo does) while params and AdamW state stay float32; the
+loss is taken on the logits cast to float32.
+
+    python examples/hf_model_parallel.py [--steps 30] [--layers 2] [--embed 32] [--dtype bfloat16]
 """
 from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 import os
 import time
 
@@ -37,13 +43,14 @@ def dropout(module, x, rate, deterministic):
     if deterministic or rate == 0.0:
         return x
     keep = random.bernoulli(module.make_rng("dropout"), 1.0 - rate, tuple(x.shape))
-    return x * (np.asarray(keep).astype(np.float32) / (1.0 - rate))
+    return x * (np.asarray(keep).astype(x.dtype) / np.asarray(1.0 - rate, x.dtype))
 
 
 class GPTNeoSelfAttention(nn.Module):
     embed: int
     heads: int
     dropout: float
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, x, deterministic):
@@ -54,18 +61,21 @@ class GPTNeoSelfAttention(nn.Module):
         def heads(y):  # (b, l, d) -> (b, h, l, hd)
             return cnp.transpose(cnp.reshape(y, (b, l, self.heads, hd)), (0, 2, 1, 3))
 
-        q = heads(nn.Dense(d, use_bias=False, kernel_init=init, name="q_proj")(x))
-        k = heads(nn.Dense(d, use_bias=False, kernel_init=init, name="k_proj")(x))
-        v = heads(nn.Dense(d, use_bias=False, kernel_init=init, name="v_proj")(x))
+        q = heads(nn.Dense(d, use_bias=False, kernel_init=init, dtype=self.dtype,
+                             name="q_proj")(x))
+        k = heads(nn.Dense(d, use_bias=False, kernel_init=init, dtype=self.dtype,
+                             name="k_proj")(x))
+        v = heads(nn.Dense(d, use_bias=False, kernel_init=init, dtype=self.dtype,
+                             name="v_proj")(x))
         # GPT-Neo does not scale the scores; causal mask as a large negative bias
-        mask = np.triu(np.full((l, l), -1e9, np.float32), 1)
+        mask = np.triu(np.full((l, l), -1e9, np.float32), 1).astype(self.dtype)
         s = cnp.einsum("bhqd,bhkd->bhqk", q, k) + mask
         e = cnp.exp(s)
         p = e / cnp.sum(e, axis=-1, keepdims=True)
         p = dropout(self, p, self.dropout, deterministic)
         o = cnp.einsum("bhqk,bhkd->bhqd", p, v)
         o = cnp.reshape(cnp.transpose(o, (0, 2, 1, 3)), (b, l, d))
-        o = nn.Dense(d, kernel_init=init, name="out_proj")(o)
+        o = nn.Dense(d, kernel_init=init, dtype=self.dtype, name="out_proj")(o)
         return dropout(self, o, self.dropout, deterministic)
 
 
@@ -73,22 +83,24 @@ class GPTNeoAttention(nn.Module):
     embed: int
     heads: int
     dropout: float
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, x, deterministic):
-        return GPTNeoSelfAttention(self.embed, self.heads, self.dropout,
+        return GPTNeoSelfAttention(self.embed, self.heads, self.dropout, self.dtype,
                                    name="attention")(x, deterministic)
 
 
 class GPTNeoMLP(nn.Module):
     inner: int
     dropout: float
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, x, deterministic):
         init = nn.initializers.normal(0.02)
-        h = nn.gelu(nn.Dense(self.inner, kernel_init=init, name="c_fc")(x))
-        h = nn.Dense(x.shape[-1], kernel_init=init, name="c_proj")(h)
+        h = nn.gelu(nn.Dense(self.inner, kernel_init=init, dtype=self.dtype, name="c_fc")(x))
+        h = nn.Dense(x.shape[-1], kernel_init=init, dtype=self.dtype, name="c_proj")(h)
         return dropout(self, h, self.dropout, deterministic)
 
 
@@ -96,13 +108,15 @@ class GPTNeoBlock(nn.Module):
     embed: int
     heads: int
     dropout: float
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, x, deterministic):
-        x = x + GPTNeoAttention(self.embed, self.heads, self.dropout, name="attn")(
-            nn.LayerNorm(epsilon=1e-5, name="ln_1")(x), deterministic)
-        return x + GPTNeoMLP(4 * self.embed, self.dropout, name="mlp")(
-            nn.LayerNorm(epsilon=1e-5, name="ln_2")(x), deterministic)
+        dt = self.dtype
+        x = x + GPTNeoAttention(self.embed, self.heads, self.dropout, dt, name="attn")(
+            nn.LayerNorm(epsilon=1e-5, dtype=dt, name="ln_1")(x), deterministic)
+        return x + GPTNeoMLP(4 * self.embed, self.dropout, dt, name="mlp")(
+            nn.LayerNorm(epsilon=1e-5, dtype=dt, name="ln_2")(x), deterministic)
 
 
 class GPTNeoBlockCollection(nn.Module):
@@ -110,11 +124,13 @@ class GPTNeoBlockCollection(nn.Module):
     embed: int
     heads: int
     dropout: float
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, x, deterministic):
         for i in range(self.layers):
-            x = GPTNeoBlock(self.embed, self.heads, self.dropout, name=str(i))(x, deterministic)
+            x = GPTNeoBlock(self.embed, self.heads, self.dropout, self.dtype, name=str(i))(
+                x, deterministic)
         return x
 
 
@@ -125,18 +141,20 @@ class GPTNeoModule(nn.Module):
     embed: int
     heads: int
     dropout: float
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, input_ids, deterministic):
         init = nn.initializers.normal(0.02)
-        wte = nn.Embed(self.vocab, self.embed, embedding_init=init, name="wte")
-        wpe = nn.Embed(self.positions, self.embed, embedding_init=init, name="wpe")
+        wte = nn.Embed(self.vocab, self.embed, embedding_init=init, dtype=self.dtype, name="wte")
+        wpe = nn.Embed(self.positions, self.embed, embedding_init=init, dtype=self.dtype,
+                       name="wpe")
         ids = np.asarray(input_ids)
         pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
         x = dropout(self, wte(ids) + wpe(pos), self.dropout, deterministic)
-        x = GPTNeoBlockCollection(self.layers, self.embed, self.heads, self.dropout,
+        x = GPTNeoBlockCollection(self.layers, self.embed, self.heads, self.dropout, self.dtype,
                                   name="h")(x, deterministic)
-        x = nn.LayerNorm(epsilon=1e-5, name="ln_f")(x)
+        x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="ln_f")(x)
         return wte.attend(x)  # tied embeddings: no lm_head
 
 
@@ -147,11 +165,12 @@ class GPTNeoForCausalLM(nn.Module):
     embed: int
     heads: int
     dropout: float = 0.1
+    dtype: Any = np.float32
 
     @nn.compact
     def __call__(self, input_ids, deterministic=True):
         return GPTNeoModule(self.vocab, self.positions, self.layers, self.embed, self.heads,
-                            self.dropout, name="transformer")(input_ids, deterministic)
+                            self.dropout, self.dtype, name="transformer")(input_ids, deterministic)
 
 
 def loss_fn(logits, labels, vocab, z_loss=0.0):
@@ -190,6 +209,8 @@ def main(argv=None):
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="run_clm_mp's --dtype: the computation dtype (params stay float32)")
     a = ap.parse_args(argv)
 
     n = cts.local_device_count()
@@ -197,7 +218,8 @@ def main(argv=None):
     batch = a.per_device_batch * cts.device_count()
     rng, dropout_rng = random.split(random.PRNGKey(a.seed))
 
-    model = GPTNeoForCausalLM(vocab, a.block_size, a.layers, a.embed, a.heads)
+    dtype = {"float32": cnp.float32, "bfloat16": cnp.bfloat16, "float16": cnp.float16}[a.dtype]
+    model = GPTNeoForCausalLM(vocab, a.block_size, a.layers, a.embed, a.heads, dtype=dtype)
     params = model.init(rng, np.zeros((1, a.block_size), np.int32))["params"]
     params = cts.tree_util.tree_map(np.asarray, params)  # host params, like from_pretrained
     param_spec = set_partitions(params, gpt_neo_rules())
@@ -215,7 +237,7 @@ def main(argv=None):
         state = hf.TrainState.create(apply_fn=model.apply, params=params, tx=tx,
                                      dropout_rng=dropout_rng)
         state_spec = hf.train_state_spec(state, param_spec)
-        print(f"mesh {dict(mesh.shape)}, vocab {vocab}, global batch {batch}")
+        print(f"mesh {dict(mesh.shape)}, vocab {vocab}, global batch {batch}, compute {a.dtype}")
         print("c_fc kernel spec", param_spec["transformer"]["h"]["0"]["mlp"]["c_fc"]["kernel"],
               "| opt-state mu spec", state_spec.opt_state[0].mu["transformer"]["h"]["0"]["mlp"]["c_fc"]["kernel"],
               "| count", state_spec.opt_state[0].count, "| schedule", state_spec.opt_state[2])
@@ -226,7 +248,7 @@ def main(argv=None):
             def compute_loss(p):
                 logits = state.apply_fn({"params": p}, batch["input_ids"], deterministic=False,
                                         rngs={"dropout": dropout_rng})
-                return loss_fn(logits, batch["labels"], vocab, z_loss=1.0)
+                return loss_fn(logits.astype(np.float32), batch["labels"], vocab, z_loss=1.0)
 
             loss, grads = cts.value_and_grad(compute_loss)(state.params)
             new_state = state.apply_gradients(grads=grads, dropout_rng=new_dropout_rng)
@@ -234,7 +256,7 @@ def main(argv=None):
 
         def eval_step(params, batch):
             logits = model.apply({"params": params}, batch["input_ids"])
-            return loss_fn(logits, batch["labels"], vocab)
+            return loss_fn(logits.astype(np.float32), batch["labels"], vocab)
 
         p_train_step = cts.pjit(train_step, in_axis_resources=(state_spec, None),
                                 out_axis_resources=(state_spec, None), donate_argnums=(0,))

@@ -47,6 +47,18 @@ def test_hf_model_parallel_example():
     last = out.strip().splitlines()[-1]
     before, after = (float(x) for x in last.split("eval loss ")[1].split(",")[0].split(" -> "))
     assert after < before - 0.1, last
+    # run_clm_mp's --dtype bfloat16: bf16 compute, float32 params and AdamW state; it trains,
+    # and the losses differ from the float32 run's (the compute did round to bfloat16)
+    out16 = run(["examples/hf_model_parallel.py", "--steps", "12", "--layers", "1",
+                 "--dtype", "bfloat16"])
+    assert "compute bfloat16" in out16
+    last16 = out16.strip().splitlines()[-1]
+    b16, a16 = (float(x) for x in last16.split("eval loss ")[1].split(",")[0].split(" -> "))
+    assert a16 < b16 - 0.1, last16
+    losses = [ln.split("loss ")[1].split()[0] for ln in out.splitlines() if ln.startswith("step ")]
+    losses16 = [ln.split("loss ")[1].split()[0] for ln in out16.splitlines()
+                if ln.startswith("step ")]
+    assert len(losses16) == 12 and losses16 != losses
 
 
 @pytest.mark.parametrize("rules", ["full", "optimus"])

@@ -80,6 +80,7 @@ PER_FILE_CFLAGS = {
 PER_FILE_NVCCFLAGS = {
     "cuda_random.cu": ["--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
     "cuda_optim.cu": ["--fmad=false"],
+    "cuda_convert.cu": ["-ftz=false"],
 }
 
 

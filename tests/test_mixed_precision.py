@@ -456,3 +456,70 @@ def test_indexing_of_16_bit_floats_matches_jax():
         assert g.dtype == jg.dtype, name
         assert float(v) == float(jv), name
         np.testing.assert_allclose(_f32(g), _f32(jg), rtol=2 ** -7, atol=2 ** -7, err_msg=name)
+
+
+# --- review fixes: composite reductions, dropout multiplier, .at values, keywords --------------
+
+def test_var_and_std_of_16_bit_floats_round_once():
+    """jnp.var/std upcast 16-bit floats: var of values near 200 (where bfloat16's spacing is 1)
+    is that of the float32 widening, rounded once -- not a chain of bfloat16 roundings."""
+    y = (np.random.default_rng(16).standard_normal(4096) + 200.4).astype(BF16)
+    wide = y.astype(np.float64)
+    for f, ref in ((cnp.var, wide.var()), (cnp.std, wide.std())):
+        out = f(cts.device_put(y))
+        assert out.dtype == BF16
+        assert abs(float(out) - ref) <= 2 ** -7 * ref, (f.__name__, float(out), ref)
+    jnp = pytest.importorskip("jax.numpy")
+    assert float(cnp.var(cts.device_put(y))) == float(jnp.var(jnp.asarray(y)))
+
+
+def test_attention_dropout_multiplier_is_in_the_compute_dtype():
+    """Flax: multiplier = keep.astype(dtype) / asarray(keep_prob, dtype), in the compute dtype
+    even when force_fp32_for_softmax leaves the weights float32: kept weights are the undropped
+    ones times bf16(1) / bf16(0.9), exactly."""
+    q = _rand((1, 4, 2, 8), BF16, 17)
+    k = _rand((1, 6, 2, 8), BF16, 18)
+    key = random.PRNGKey(3)
+    full = _host(nn.dot_product_attention_weights(q, k, force_fp32_for_softmax=True))
+    d = _host(nn.dot_product_attention_weights(q, k, dropout_rng=key, dropout_rate=0.1,
+                                               force_fp32_for_softmax=True))
+    assert d.dtype == np.float32
+    mult = np.float32(np.asarray(1.0, BF16) / np.asarray(0.9, BF16))
+    kept = d != 0
+    assert kept.any() and (~kept).any()
+    np.testing.assert_array_equal(d[kept], full[kept] * mult)
+    fnn = pytest.importorskip("flax.linen")
+    jax = pytest.importorskip("jax")
+    jd = fnn.dot_product_attention_weights(q, k, dropout_rng=jax.numpy.asarray(np.asarray(key)),
+                                           dropout_rate=0.1, force_fp32_for_softmax=True)
+    np.testing.assert_allclose(d, np.asarray(jd), rtol=1e-6, atol=1e-7)
+
+
+def test_at_on_float32_casts_16_bit_array_values():
+    x = cts.device_put(np.zeros(4, np.float32))
+    v = cts.device_put(np.array([1.5, 2.5], BF16))
+    np.testing.assert_array_equal(_host(x.at[np.array([1, 2])].set(v)), [0, 1.5, 2.5, 0])
+    np.testing.assert_array_equal(_host(x.at[1:3].add(v)), [0, 1.5, 2.5, 0])
+
+
+def test_policy_applies_to_operands_passed_by_keyword():
+    a = cts.device_put(np.array([1.5, 2.0], BF16))
+    out = cnp.add(a=a, b=1.0)
+    assert out.dtype == BF16 and _f32(out).tolist() == [2.5, 3.0]
+    m = cnp.matmul(a=cnp.reshape(a, (1, 2)), b=np.ones((2, 1), np.float32))
+    assert m.dtype == np.float32 and _host(m).tolist() == [[3.5]]
+
+
+def test_stop_gradient_keeps_every_bit():
+    """Inside a trace stop_gradient copies its input: a byte copy (NaN payloads, -0.0, inf)."""
+    bits = np.array([0x7d01, 0x7e00, 0xfc00, 0x8000, 0x3c00], np.uint16)
+    for dt in (F16, BF16):
+        x = cts.device_put(bits.view(dt))
+        seen = []
+
+        def f(a):
+            seen.append(cts.lax.stop_gradient(a))
+            return cnp.sum(cnp.astype(a, np.float32))
+        cts.grad(f)(x)
+        assert seen[0] is not x
+        np.testing.assert_array_equal(np.asarray(seen[0]).view(np.uint16), bits)

@@ -1446,8 +1446,8 @@ def _convert(x: Array, dtype) -> Array:
 
 
 def _copy(x: Array) -> Array:
-    """A fresh copy of ``x`` (any dtype), on the same devices."""
-    return _convert(x, x.dtype)
+    """A fresh copy of ``x`` (any dtype, every bit kept), on the same devices."""
+    return x.copy()
 
 
 def astype(x, dtype) -> Array:
@@ -1548,15 +1548,20 @@ def _as_f32(v):
 
 
 def _data_args(fn, args, kwargs, pos, rest_from):
-    """The positions (ints) and keyword names of ``fn``'s data operands in this call."""
+    """The positions (ints) and keyword names of ``fn``'s data operands in this call (a
+    data operand passed by keyword counts by its parameter's name)."""
+    import inspect
     idx = [i for i in pos if i < len(args)]
     if rest_from is not None:
         idx += list(range(rest_from, len(args)))
-    names = [k for k in kwargs if k in _POLICY_NAMES.get(fn.__name__, ())]
-    return idx, names
-
-
-_POLICY_NAMES = {"where": ("x", "y"), "matmul": ("a", "b"), "take_rows": ("table",)}
+    if not kwargs:
+        return idx, []
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return idx, []
+    data = {params[i] for i in pos if i < len(params)}
+    return idx, [k for k in kwargs if k in data]
 
 
 def _with_dtype_policy(fn, pos=(0,), rest_from=None):

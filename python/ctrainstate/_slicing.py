@@ -33,7 +33,9 @@ jax's conventions, checked against jax 0.10.2:
   and dropped in updates (``set``/``add``/...) and in the gradient of a read (jax's default
   mode "promise_in_bounds": XLA's gather clamps, its scatter drops). Negative entries wrap as
   in numpy. A Python int out of range raises ``IndexError`` (jax clamps it).
-- ``x.at[idx].add`` accumulates duplicate indices; ``multiply`` multiplies them in;
+- ``x.at[idx].add`` sums the values of duplicate indices (in index order) and adds the sum
+  once; ``multiply`` multiplies by their product once (jax's CPU scatter applies duplicates
+  one at a time: with rounding the results can differ; values exact in the dtype agree);
   ``divide`` is ``x / ones.at[idx].multiply(v)`` as in jax; for ``set`` jax leaves the winner
   among duplicates unspecified: here the last value in index order wins, as numpy's
   assignment. Elements not indexed keep their bits (-0.0, inf, NaN).
@@ -943,6 +945,8 @@ class _IndexUpdateRef:
             out = _IndexUpdateRef(o.astype(x, np.float32), self.index)._update(v, kind)
             return o.astype(out, dt)
         x = o._lift(x)
+        if isinstance(v, Array) and v.dtype != np.float32:
+            v = o.astype(v, np.float32)       # jax casts the values to x's dtype
         place, big = _layout_of(x)
         if not isinstance(v, Array):  # broadcast on the host: exact (-0.0 too)
             v = np.broadcast_to(np.asarray(v, np.float32), out_shape)

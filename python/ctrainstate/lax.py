@@ -29,6 +29,14 @@ from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
 from ._ops import stop_gradient  # noqa: E402,F401
+
+
+def _abstract_dtype(operand):
+    """The dtype an operand has once placed (host values narrowed as device_put does)."""
+    from . import _dtypes
+    if isinstance(operand, (Array, ShapeDtypeStruct)):
+        return operand.dtype
+    return _dtypes.canonicalize(np.asarray(operand).dtype)
 from ._precision import Precision  # noqa: E402,F401
 
 __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
@@ -219,7 +227,7 @@ def dynamic_slice(operand, start_indices, slice_sizes, *, allow_negative_indices
     abstract = isinstance(operand, ShapeDtypeStruct) or is_abstract()
     starts = _starts(shape, start_indices, sizes, allow_negative_indices, who, abstract)
     if abstract:
-        return ShapeDtypeStruct(sizes, getattr(operand, "dtype", None) or np.float32)
+        return ShapeDtypeStruct(sizes, _abstract_dtype(operand))
     x = operand if isinstance(operand, Array) else _place_host(operand, None)
     x._check_alive()
     if _lowp_on_tape(x):

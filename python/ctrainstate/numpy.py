@@ -70,6 +70,11 @@ def std(x, axis=None, keepdims: bool = False):
     return sqrt(var(x, axis=axis, keepdims=keepdims))
 
 
+# 16-bit floats: computed in float32 and rounded once, as jnp.var / jnp.std upcast them
+var = _o._with_dtype_policy(var)
+std = _o._with_dtype_policy(std)
+
+
 def clip(x, min=None, max=None, *, a_min=None, a_max=None):  # noqa: A002 - jnp's names
     """``minimum(maximum(x, min), max)`` (``jnp.clip``; ``a_min``/``a_max`` are the old names)."""
     lo = min if min is not None else a_min

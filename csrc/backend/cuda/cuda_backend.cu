@@ -48,6 +48,7 @@ extern "C" ct_status ct_cuda_optim_pass(ct_device *dev, const struct ct_opt_pass
 extern "C" ct_status ct_cuda_random_fill(ct_device *dev, uint32_t k0, uint32_t k1,
                                          const struct ct_random_consts *c,
                                          const struct ct_rm_block *blk, void *out);
+/* cuda_convert.cu */
 extern "C" ct_status ct_cuda_convert(ct_device *dev, int64_t n, int sdt, const void *x, int ddt,
                                      void *y);
 

@@ -209,11 +209,12 @@ def dot_product_attention_weights(query, key, bias=None, mask=None, broadcast_dr
         module.sow("intermediates", "attention_weights", attn)
     if not deterministic and dropout_rate > 0.0:
         attn = _attention_dropout(attn, key.ndim, float(dropout_rate), broadcast_dropout,
-                                  dropout_rng, what)
+                                  dropout_rng, what, dtype)
     return attn
 
 
-def _attention_dropout(attn: Array, key_ndim: int, rate: float, broadcast: bool, rng, what):
+def _attention_dropout(attn: Array, key_ndim: int, rate: float, broadcast: bool, rng, what,
+                       dtype=None):
     """Flax's dropout of the weights: ``attn * (keep / keep_prob)`` with ``keep =
     bernoulli(rng, keep_prob, shape)`` (``uniform < keep_prob``), one mask over the batch
     and head dims when ``broadcast``. Each device draws only its block of the mask."""
@@ -236,8 +237,9 @@ def _attention_dropout(attn: Array, key_ndim: int, rate: float, broadcast: bool,
         u = _ops._lift(u, _ops._place_of(attn))
     keep = _ops._binary_raw(_ops.B_GT, _ops._lift(keep_prob, _ops._place_of(u)), u)  # u < p
     # keep.astype(dtype) / asarray(keep_prob, dtype): the kept weights times that quotient,
-    # computed (and rounded) in the weights' dtype
-    dt = attn.dtype
+    # computed (and rounded) in the compute dtype (also when force_fp32_for_softmax left the
+    # weights float32, as in Flax)
+    dt = np.dtype(dtype) if dtype is not None else attn.dtype
     scale = float(np.asarray(1.0, dt) / np.asarray(keep_prob, dt))
     return _ops._keep(cnp.multiply(attn, scale), keep)
 

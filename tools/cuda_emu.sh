@@ -27,7 +27,14 @@
 # NCCL (its calls are emulated, with NCCL's rules: one rank per GPU, calls
 # grouped, every rank in every collective).
 #
-#   bash tools/cuda_emu.sh [pytest args...]      CT_EMU_KEEP=DIR keeps the build in DIR
+#   bash tools/cuda_emu.sh [pytest args...]      build, self-test, then every run below
+#
+#   CT_EMU_KEEP=DIR   keep the build in DIR; a later call reuses it (no rebuild, no self-test)
+#                     while no file under csrc/, tests/cuda_emu/ or this script is newer
+#   CT_EMU_RUNS=...   only these runs, in this order (default: all, the order below):
+#                     split1 split4 eager cpu8 scan8 examples8 ngpu2_split1 ngpu2_split2 bench;
+#                     "none" builds and self-tests only. .ci/run builds once (CT_EMU_KEEP, "none")
+#                     and then runs each run as its own stage, two at a time on its two cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ -n "${CT_EMU_KEEP:-}" ]; then
@@ -38,40 +45,42 @@ else
     trap 'rm -rf "$work"' EXIT
 fi
 cd "$root"
-mkdir -p "$work/backend"
-for src in csrc/backend/cuda/*.cu; do
-    python3 tests/cuda_emu/rewrite_launches.py "$src" "$work/backend/$(basename "$src" .cu).cpp"
-done
-python3 tests/cuda_emu/rewrite_launches.py tests/cuda_emu/selftest.cu "$work/selftest.cpp"
-flags=(-std=c++17 -O1 -g -fPIC -ffp-contract=off -fno-omit-frame-pointer
-       -fsanitize=undefined -fno-sanitize-recover=undefined
-       -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas
-       -I tests/cuda_emu -iquote csrc/backend/cuda -I csrc)
-objs=()
-pids=()
-for cpp in "$work"/backend/*.cpp tests/cuda_emu/cuda_emu.cpp "$work/selftest.cpp"; do
-    obj="$work/$(basename "$cpp" .cpp).o"
-    ${CXX:-g++} "${flags[@]}" -c "$cpp" -o "$obj" &
-    pids+=($!)
-    objs+=("$obj")
-done
-for p in "${pids[@]}"; do wait "$p"; done
-${CXX:-g++} -fsanitize=undefined -o "$work/selftest" "$work/selftest.o" "$work/cuda_emu.o"
-echo "-- the emulation's own checks (tests/cuda_emu/selftest.cu)"
-if ! CT_EMU_NGPU=2 "$work/selftest" 2> "$work/selftest.log"; then
-    cat "$work/selftest.log" >&2  # the expected rule violations, then the failed checks
-    exit 1
+lib="$work/cuda_backend_emu.so"
+if [ -f "$lib" ] && [ -z "$(find csrc tests/cuda_emu tools/cuda_emu.sh -newer "$lib" -print -quit)" ]; then
+    echo "-- reusing the emulated build in $work (built and self-tested from these sources)"
+else
+    rm -f "$lib"  # linked last, after the self-test passed: its presence means a good build
+    mkdir -p "$work/backend"
+    for src in csrc/backend/cuda/*.cu; do
+        python3 tests/cuda_emu/rewrite_launches.py "$src" "$work/backend/$(basename "$src" .cu).cpp"
+    done
+    python3 tests/cuda_emu/rewrite_launches.py tests/cuda_emu/selftest.cu "$work/selftest.cpp"
+    flags=(-std=c++17 -O1 -g -fPIC -ffp-contract=off -fno-omit-frame-pointer
+           -fsanitize=undefined -fno-sanitize-recover=undefined
+           -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas
+           -I tests/cuda_emu -iquote csrc/backend/cuda -I csrc)
+    objs=()
+    pids=()
+    for cpp in "$work"/backend/*.cpp tests/cuda_emu/cuda_emu.cpp "$work/selftest.cpp"; do
+        obj="$work/$(basename "$cpp" .cpp).o"
+        ${CXX:-g++} "${flags[@]}" -c "$cpp" -o "$obj" &
+        pids+=($!)
+        objs+=("$obj")
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    ${CXX:-g++} -fsanitize=undefined -o "$work/selftest" "$work/selftest.o" "$work/cuda_emu.o"
+    echo "-- the emulation's own checks (tests/cuda_emu/selftest.cu)"
+    if ! CT_EMU_NGPU=2 "$work/selftest" 2> "$work/selftest.log"; then
+        cat "$work/selftest.log" >&2  # the expected rule violations, then the failed checks
+        exit 1
+    fi
+    backend_objs=()
+    for o in "${objs[@]}"; do [ "$(basename "$o")" = selftest.o ] || backend_objs+=("$o"); done
+    ${CXX:-g++} -shared -fsanitize=undefined -o "$work/cuda_backend_emu.so" "${backend_objs[@]}"
 fi
-backend_objs=()
-for o in "${objs[@]}"; do [ "$(basename "$o")" = selftest.o ] || backend_objs+=("$o"); done
-${CXX:-g++} -shared -fsanitize=undefined -o "$work/cuda_backend_emu.so" "${backend_objs[@]}"
 export CTRAINSTATE_CUDA_BACKEND="$work/cuda_backend_emu.so"
 export CTRAINSTATE_NCCL_LIB="$work/cuda_backend_emu.so"  # it also emulates the NCCL calls
-for split in 1 4; do
-    echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=$split"
-    CTRAINSTATE_GPU_SPLIT=$split python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
-done
-# The repeat runs below (eager schedule, two GPUs) leave out the slowest repeats of the split-4
+# The repeat runs (eager schedule, two GPUs) leave out the slowest repeats of the split-4
 # run: adafactor's clip and momentum chains on two of its three layouts (the third layout and
 # plain adafactor on all three still run), to keep CI under its time budget.
 repeat_skip=()
@@ -80,29 +89,55 @@ for lay in 0 1; do
         repeat_skip+=(--deselect "tests/test_gpu.py::test_adafactor_on_gpu_matches_cpu[$lay-$chain]")
     done
 done
-echo "-- the same, every queued operation run when issued (CT_EMU_SCHEDULE=eager)"
-CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-    "${repeat_skip[@]}" "$@"
-echo "-- CPU suites that are device-generic, on 8 emulated GPU devices (the default backend)"
-CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_ops.py \
-    tests/test_modules.py tests/test_optim_combine.py tests/test_train_state.py \
-    tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
-    tests/test_argmax_categorical.py tests/test_attention.py tests/test_matmul_precision.py
-# scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
-# the cases left compare meshes with one device, scan over remat, the reference's P9/P11)
-CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_scan_vmap.py \
-    -k "not match"
-echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
-CTRAINSTATE_GPU_SPLIT=8 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -k example "$@"
-echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=1 and 2)"
-CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=1 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-    "${repeat_skip[@]}" "$@"
-CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-    "${repeat_skip[@]}" "$@"
-echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
-export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
-python benchmarks/bench_optim.py --gpu --reps 1 --gpu-steps 1 --gpu-flat-log2 12 --gpu-copy-log2 14 \
-    --skip-tree | tail -n 3
-python benchmarks/bench_init.py --gpu --n 2**14 --reps 1 | tail -n 2
-CTRAINSTATE_GPU_SPLIT=8 python benchmarks/bench_siren.py --gpu --size 8 --hidden 16 --layers 2 \
-    --steps 3 | tail -n 4
+pt=(python -m pytest -q -p no:cacheprovider)
+
+run() {  # run NAME [pytest args...]
+    local name=$1
+    shift
+    case $name in
+    split1|split4)
+        echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=${name#split}"
+        CTRAINSTATE_GPU_SPLIT=${name#split} "${pt[@]}" tests/test_gpu.py "$@" ;;
+    eager)
+        echo "-- the same, every queued operation run when issued (CT_EMU_SCHEDULE=eager)"
+        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py \
+            "${repeat_skip[@]}" "$@" ;;
+    cpu8)
+        echo "-- CPU suites that are device-generic, on 8 emulated GPU devices (the default backend)"
+        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_ops.py \
+            tests/test_modules.py tests/test_optim_combine.py tests/test_train_state.py \
+            tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
+            tests/test_argmax_categorical.py tests/test_attention.py tests/test_matmul_precision.py ;;
+    scan8)
+        # scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
+        # the cases left compare meshes with one device, scan over remat, the reference's P9/P11)
+        echo "-- tests/test_scan_vmap.py on 8 emulated GPU devices, without its live-flax cases"
+        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_scan_vmap.py -k "not match" ;;
+    examples8)
+        echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
+        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_gpu.py -k example "$@" ;;
+    ngpu2_split1|ngpu2_split2)
+        echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split})"
+        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/test_gpu.py \
+            "${repeat_skip[@]}" "$@" ;;
+    bench)
+        echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
+        PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" bench ;;
+    none) ;;
+    *)
+        echo "cuda_emu.sh: unknown run '$name' (CT_EMU_RUNS)" >&2
+        return 2 ;;
+    esac
+}
+
+bench() {
+    python benchmarks/bench_optim.py --gpu --reps 1 --gpu-steps 1 --gpu-flat-log2 12 --gpu-copy-log2 14 \
+        --skip-tree | tail -n 3
+    python benchmarks/bench_init.py --gpu --n 2**14 --reps 1 | tail -n 2
+    CTRAINSTATE_GPU_SPLIT=8 python benchmarks/bench_siren.py --gpu --size 8 --hidden 16 --layers 2 \
+        --steps 3 | tail -n 4
+}
+
+for name in ${CT_EMU_RUNS:-split1 split4 eager cpu8 scan8 examples8 ngpu2_split1 ngpu2_split2 bench}; do
+    run "$name" "$@"
+done

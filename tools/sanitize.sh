@@ -10,7 +10,8 @@ work=$(mktemp -d /tmp/ctrainstate-asan.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
 mkdir -p "$work/python"
-cp -r python/ctrainstate "$work/python/"
+# the package without __pycache__: another stage of .ci/run may be writing .pyc files there
+tar -C python --exclude=__pycache__ -cf - ctrainstate | tar -C "$work/python" -xf -
 rm -f "$work"/python/ctrainstate/_C*.so
 CTRAINSTATE_NO_CUDA=1 CTRAINSTATE_SANITIZE=1 CTRAINSTATE_WERROR=1 python setup.py -q build_ext \
     --build-lib "$work/python" --build-temp "$work/tmp" >"$work/build.log" 2>&1 \

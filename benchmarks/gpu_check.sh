@@ -98,7 +98,8 @@ CTRAINSTATE_GPU_SPLIT=8 step "cpu suites on gpu (split 8)" tests_cpu_suites_on_g
     tests/test_optim_combine.py tests/test_train_state.py tests/test_initializers.py \
     tests/test_random.py tests/test_hf_model_parallel.py tests/test_t5x_train_state.py \
     tests/test_partitioning.py tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
-    tests/test_argmax_categorical.py tests/test_attention.py tests/test_mixed_precision.py
+    tests/test_argmax_categorical.py tests/test_attention.py tests/test_mixed_precision.py \
+    tests/test_slicing_advanced.py
 # nn.scan / nn.vmap on GPU devices, less the live-flax parity cases (jax compiles, no GPU use)
 CTRAINSTATE_GPU_SPLIT=8 step "scan/vmap on gpu (split 8)" tests_scan_vmap_on_gpu.log 60 \
     "$PY" -m pytest -q -rf tests/test_scan_vmap.py -k "not match"

@@ -523,3 +523,22 @@ def test_stop_gradient_keeps_every_bit():
         cts.grad(f)(x)
         assert seen[0] is not x
         np.testing.assert_array_equal(np.asarray(seen[0]).view(np.uint16), bits)
+
+
+def test_joins_promote_16_bit_floats_as_jax():
+    b = cts.device_put(np.array([1.5, -2.0], BF16))
+    f = cts.device_put(np.array([0.1], np.float32))
+    h = cts.device_put(np.array([3.0], F16))
+    i = cts.device_put(np.array([7], np.int32))
+    for parts, dt in (([b, f], F32), ([b, h], F32), ([b, i], BF16), ([b, b], BF16),
+                      ([b, np.array([2.5], np.float32)], F32)):
+        out = cnp.concatenate(parts)
+        assert out.dtype == dt, (parts, out.dtype)
+        want = np.concatenate([np.asarray(p).astype(np.float32) for p in parts]).astype(dt)
+        _same(_host(out), want)
+    g = cts.grad(lambda a: cnp.sum(cnp.concatenate([a, f]) * 2.0))(b)   # through the cast
+    assert g.dtype == BF16 and _f32(g).tolist() == [2.0, 2.0]
+    jnp = pytest.importorskip("jax.numpy")
+    for parts in ([b, f], [b, h], [b, i]):
+        assert cnp.concatenate(parts).dtype == jnp.concatenate(
+            [jnp.asarray(np.asarray(p)) for p in parts]).dtype

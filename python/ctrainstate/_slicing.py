@@ -1071,22 +1071,24 @@ def _operands(arrays, who):
     o = _o()
     from . import _dtypes
     hosts = {k: np.asarray(a) for k, a in enumerate(arrays) if not isinstance(a, Array)}
-    # numpy's promotion over every operand, narrowed as jax does without x64 (float64 ->
-    # float32, int64 -> int32); an Array is never converted: one of another dtype raises
-    dt = _dtypes.canonicalize(np.result_type(*[a.dtype if isinstance(a, Array) else hosts[k].dtype
-                                               for k, a in enumerate(arrays)]))
-    odd = sorted({str(a.dtype) for a in arrays if isinstance(a, Array) and a.dtype != dt})
-    if odd:
-        raise TypeError(
-            f"{who}: the operands promote to {dt} but Arrays of {', '.join(odd)} are among them; "
-            f"convert them first (x.astype({dt}))")
+    # the operands' promoted dtype, as jax: with a float among them jax's float promotion
+    # (bfloat16 with float16 or float32 -> float32, an integer with a float -> the float);
+    # otherwise numpy's, narrowed as jax does without x64 (int64 -> int32). Operands of
+    # another dtype are converted up to it (Arrays on their devices, differentiably).
+    dts = [_dtypes.canonicalize(a.dtype if isinstance(a, Array) else hosts[k].dtype)
+           for k, a in enumerate(arrays)]
+    if any(d in o._FLOATS for d in dts):
+        dt = o._result_dtype([a if isinstance(a, Array) else hosts[k]
+                              for k, a in enumerate(arrays)], who)
+    else:
+        dt = _dtypes.canonicalize(np.result_type(*dts))
     places = [a for a in arrays if isinstance(a, Array)]
     place = o._common_placement(places) if places else None
     out = []
     for a in arrays:
         if isinstance(a, Array):
             a._check_alive()
-            out.append(a)
+            out.append(a if a.dtype == dt else o.astype(a, dt))
         else:
             from .array import device_put
             h = hosts[len(out)].astype(dt)

@@ -487,3 +487,34 @@ class _JaxOps:
         self.dynamic_slice = jax.lax.dynamic_slice
         self.sum = jax.numpy.sum
 
+
+
+def test_lax_in_dim_forms_match_numpy_and_jax():
+    """dynamic_slice_in_dim / dynamic_index_in_dim / dynamic_update_slice_in_dim /
+    dynamic_update_index_in_dim: the one-axis forms, jax's clamping, any axis (negative too),
+    on a sharded operand; against numpy, then live jax."""
+    x = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    a = cts.device_put(x, NamedSharding(mesh, P(None, "data")))
+    cases = [
+        (lambda m, v: m.dynamic_slice_in_dim(v, 3, 2, axis=1), x[:, 2:4]),      # clamped 3 -> 2
+        (lambda m, v: m.dynamic_slice_in_dim(v, -2, 2, axis=-1), x[..., 3:5]),
+        (lambda m, v: m.dynamic_index_in_dim(v, 1, axis=2), x[..., 1:2]),
+        (lambda m, v: m.dynamic_index_in_dim(v, 9, axis=0, keepdims=False), x[2]),
+        (lambda m, v: m.dynamic_update_slice_in_dim(v, np.ones((3, 2, 5), np.float32), 3, 1),
+         np.concatenate([x[:, :2], np.ones((3, 2, 5), np.float32)], axis=1)),
+        (lambda m, v: m.dynamic_update_index_in_dim(v, np.full((3, 4), -1.0, np.float32), 4, 2),
+         np.concatenate([x[..., :4], np.full((3, 4, 1), -1.0, np.float32)], axis=2)),
+    ]
+    for f, want in cases:
+        np.testing.assert_array_equal(np.asarray(f(lax, a)), want)
+    with pytest.raises(ValueError, match="axis 3 is out of bounds"):
+        lax.dynamic_slice_in_dim(a, 0, 1, axis=3)
+    assert cts.eval_shape(lambda v: lax.dynamic_index_in_dim(v, 0, 1, False),
+                          cts.ShapeDtypeStruct((3, 4, 5), np.float32)).shape == (3, 5)
+    jax = pytest.importorskip("jax")
+    for f, _ in cases:
+        np.testing.assert_array_equal(np.asarray(f(lax, a)), np.asarray(f(jax.lax, x)))
+    g = cts.grad(lambda v: cnp.sum(lax.dynamic_slice_in_dim(v, 1, 2, axis=0) * 3.0))(a)
+    jg = jax.grad(lambda v: jax.numpy.sum(jax.lax.dynamic_slice_in_dim(v, 1, 2, axis=0) * 3.0))(x)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(jg))

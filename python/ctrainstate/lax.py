@@ -40,7 +40,8 @@ def _abstract_dtype(operand):
 from ._precision import Precision  # noqa: E402,F401
 
 __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
-           "dynamic_update_slice"]
+           "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
+           "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim"]
 
 
 def _is_spec_leaf(x) -> bool:
@@ -299,3 +300,88 @@ def dynamic_update_slice(operand, update, start_indices, *, allow_negative_indic
         out = dynamic_update_slice(_ops.astype(x, f32), _ops.astype(u, f32), starts)
         return _ops.astype(out, dt)
     return _slicing._set_region(x, starts, u, place, big)
+
+
+# --- the one-dimension forms (jax.lax.dynamic_*_in_dim) -------------------------------------
+
+def _axis(axis, ndim: int, who: str) -> int:
+    import operator
+    try:
+        a = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{who}: axis must be an int, got {axis!r}") from None
+    if not -ndim <= a < ndim:
+        raise ValueError(f"{who}: axis {a} is out of bounds for an array of rank {ndim}")
+    return a % ndim
+
+
+def _shape_of(x):
+    return tuple(np.shape(x)) if not isinstance(x, (Array, ShapeDtypeStruct)) else tuple(x.shape)
+
+
+def dynamic_slice_in_dim(operand, start_index, slice_size: int = 1, axis: int = 0, *,
+                         allow_negative_indices=True):
+    """``jax.lax.dynamic_slice_in_dim``: :func:`dynamic_slice` along ``axis`` only (the other
+    dimensions whole), with jax's clamping of ``start_index``.
+
+    >>> import numpy as np
+    >>> from ctrainstate import lax
+    >>> np.asarray(lax.dynamic_slice_in_dim(np.arange(10.0, dtype=np.float32), 8, 3)).tolist()
+    [7.0, 8.0, 9.0]
+    """
+    shape = _shape_of(operand)
+    ax = _axis(axis, len(shape), "dynamic_slice_in_dim")
+    starts = [0] * len(shape)
+    starts[ax] = start_index
+    sizes = list(shape)
+    sizes[ax] = int(slice_size)
+    return dynamic_slice(operand, starts, sizes, allow_negative_indices=allow_negative_indices)
+
+
+def dynamic_index_in_dim(operand, index, axis: int = 0, keepdims: bool = True, *,
+                         allow_negative_indices=True):
+    """``jax.lax.dynamic_index_in_dim``: the slice of size 1 at ``index`` along ``axis``,
+    that dimension dropped unless ``keepdims``."""
+    shape = _shape_of(operand)
+    ax = _axis(axis, len(shape), "dynamic_index_in_dim")
+    out = dynamic_slice_in_dim(operand, index, 1, ax,
+                               allow_negative_indices=allow_negative_indices)
+    if keepdims:
+        return out
+    from . import _ops
+    new = tuple(n for d, n in enumerate(out.shape) if d != ax)
+    if isinstance(out, ShapeDtypeStruct):
+        return ShapeDtypeStruct(new, out.dtype)
+    return _ops.reshape(out, new)
+
+
+def dynamic_update_slice_in_dim(operand, update, start_index, axis: int, *,
+                                allow_negative_indices=True):
+    """``jax.lax.dynamic_update_slice_in_dim``: :func:`dynamic_update_slice` with the start
+    ``start_index`` along ``axis`` and 0 elsewhere."""
+    shape = _shape_of(operand)
+    ax = _axis(axis, len(shape), "dynamic_update_slice_in_dim")
+    starts = [0] * len(shape)
+    starts[ax] = start_index
+    return dynamic_update_slice(operand, update, starts,
+                                allow_negative_indices=allow_negative_indices)
+
+
+def dynamic_update_index_in_dim(operand, update, index, axis: int, *,
+                                allow_negative_indices=True):
+    """``jax.lax.dynamic_update_index_in_dim``: write ``update`` (of ``operand``'s rank, or one
+    less: the dimension ``axis`` is then inserted) at ``index`` along ``axis``."""
+    shape = _shape_of(operand)
+    ax = _axis(axis, len(shape), "dynamic_update_index_in_dim")
+    ushape = _shape_of(update)
+    if len(ushape) == len(shape) - 1:
+        from . import _ops
+        new = ushape[:ax] + (1,) + ushape[ax:]
+        if isinstance(update, ShapeDtypeStruct):
+            update = ShapeDtypeStruct(new, update.dtype)
+        elif isinstance(update, Array):
+            update = _ops.reshape(update, new)
+        else:
+            update = np.reshape(np.asarray(update), new)
+    return dynamic_update_slice_in_dim(operand, update, index, ax,
+                                       allow_negative_indices=allow_negative_indices)

@@ -875,10 +875,7 @@ def _lifted_method(kind: str, target: type, name: str, cfg, call):
 
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
-        if self._scope is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is unbound: call it through .init(...) or .apply(...) "
-                f"(or from another module's method)")
+        _module._require_bound(self)
         _check_fields(self, f"nn.{kind}")
         return call(_Step(self, target, method, f"nn.{kind}", memo), cfg, args, kwargs)
     wrapped._ct_wrapped = True  # Module.__init_subclass__ must not wrap it again
@@ -912,11 +909,10 @@ def _lift_function(kind: str, fn, cfg, call):
             raise TypeError(f"nn.{kind}({getattr(fn, '__name__', fn)!r}): the first argument "
                             f"must be a Module (the one whose variables are lifted), got "
                             f"{type(module).__name__}")
-        if module._scope is None:
-            raise RuntimeError(
-                f"{type(module).__name__} is unbound: a function lifted by nn.{kind} needs a "
-                f"module bound to a parent (create it inside a compact method or setup, and "
-                f"call the lifted function from a method running under init/apply)")
+        _module._require_bound(
+            module, f"a function lifted by nn.{kind} needs a module bound to a parent (create "
+                    f"it inside a compact method or setup, and call the lifted function from a "
+                    f"method running under init/apply)")
         module._try_setup()
         _check_fields(module, f"nn.{kind}")
         return call(_Step(module, type(module), body, f"nn.{kind}", memo), cfg, args, kwargs)

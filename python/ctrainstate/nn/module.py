@@ -148,6 +148,14 @@ def compact(fn: Callable) -> Callable:
     return fn
 
 
+def _require_bound(module, hint: str = "call it through .init(...) or .apply(...) (or from "
+                                        "another module's method)") -> None:
+    """Raise the unbound-module error (``hint``: what the user should do) if ``module`` has
+    no scope."""
+    if module._scope is None:
+        raise RuntimeError(f"{type(module).__name__} is unbound: {hint}")
+
+
 def _wrap_method(fn: Callable) -> Callable:
     """Run a user method with the module's frame active (so submodules attach to it)."""
     if getattr(fn, "_ct_wrapped", False):
@@ -155,10 +163,7 @@ def _wrap_method(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(self, *args, **kwargs):
-        if self._scope is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is unbound: call it through .init(...) or .apply(...) "
-                f"(or from another module's method)")
+        _require_bound(self)
         self._try_setup()
         is_compact = getattr(fn, "_ct_compact", False)
         stack = _module_stack()

@@ -1016,3 +1016,27 @@ def test_bfloat16_ops_on_a_gpu_mesh_match_cpu():
     # float32 sums in the collectives' order: equal up to that order (one bfloat16 ulp)
     np.testing.assert_allclose(float(vg), float(vc), rtol=2 ** -7)
     np.testing.assert_allclose(np.asarray(gg), np.asarray(gc_), rtol=2 ** -7, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,dtype,mu_dtype", [
+    ("adamw", ml_dtypes.bfloat16, None), ("clip_adamw", ml_dtypes.bfloat16, None),
+    ("lion", np.float16, None), ("adamw", np.float32, ml_dtypes.bfloat16)])
+def test_optim_16bit_on_gpu_is_bit_identical_to_cpu(name, dtype, mu_dtype):
+    """16-bit params / moments: the float32 working copies, the kernel and the rounding back
+    run on the GPU (the convert kernel) and give the CPU devices' bits."""
+    make = {"adamw": lambda: optim.adamw(1e-2, weight_decay=0.1, mu_dtype=mu_dtype),
+            "clip_adamw": lambda: _chain_clip(optim.adamw(1e-2, mu_dtype=mu_dtype)),
+            "lion": lambda: optim.lion(1e-3, mu_dtype=mu_dtype)}[name]
+    rng = np.random.default_rng(9)
+    params = {k: v.astype(dtype) for k, v in _opt_tree(rng).items()}
+    grads_seq = [{k: (rng.standard_normal(v.shape) * 3).astype(dtype) for k, v in params.items()}
+                 for _ in range(6)]
+    ref_p, ref_s = _run_steps(make(), params, grads_seq, cts.devices("cpu")[0])
+    got_p, got_s = _run_steps(make(), params, grads_seq, gpus()[0])
+    for k in params:
+        assert got_p[k].dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got_p[k].view(np.uint8), ref_p[k].view(np.uint8),
+                                      err_msg=f"{name}: {k}")
+    assert [a.dtype for a in got_s] == [b.dtype for b in ref_s]
+    for a, b in zip(got_s, ref_s):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{name}: state")

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .base import identity
 from .combine import chain
 from .combine import masked
@@ -75,10 +77,12 @@ def lamb(learning_rate, b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0, weight_decay=0
 
 def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
               multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None,
-              dtype_momentum=None, weight_decay_rate=None, eps=1e-30, factored=True,
+              dtype_momentum=np.float32, weight_decay_rate=None, eps=1e-30, factored=True,
               weight_decay_mask=None):
-    """Adafactor (optax.adafactor) with factored second moments. Not fused: its factored
-    moments and block-RMS steps gather each leaf on the host (see scale_by_factored_rms)."""
+    """Adafactor (optax.adafactor) with factored second moments. Fused: the statistics are
+    read-only passes on the devices (see scale_by_factored_rms). As optax, the momentum (when
+    ``momentum`` is set) is kept in ``dtype_momentum`` (float32 by default, whatever the
+    params' dtype) and the factored statistics in the params' dtype."""
     tx = [scale_by_factored_rms(factored, decay_rate, decay_offset, min_dim_size_to_factor, eps)]
     if clipping_threshold is not None:
         tx.append(clip_by_block_rms(clipping_threshold))

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .. import _dtypes
 from ..array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
@@ -120,8 +121,9 @@ def _count0(params):
     return scalar(0, np.int32, params)
 
 
-def _zeros_tree(params):
-    return tree_map(zeros_like, params)
+def _zeros_tree(params, dtype=None):
+    """Zeros like each param, in ``dtype`` (None: the param's dtype, as optax)."""
+    return tree_map(lambda p: zeros_like(p, dtype), params)
 
 
 def _bc(decay, t) -> float:
@@ -177,20 +179,23 @@ def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
                   nesterov=False) -> GradientTransformation:
     """Adam's scaling (optax.scale_by_adam): state ScaleByAdamState(count, mu, nu).
 
-    ``mu_dtype`` other than float32 is not supported by the fused kernel.
+    ``mu_dtype`` (optax's): the dtype mu is stored in (None: the params'); bfloat16 /
+    float16 moments are rounded once when stored, the step's update uses their float32
+    value (as optax).
     """
-    _check_f32(mu_dtype, "mu_dtype")
+    mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
     return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root,
-                      lambda t: float(bool(nesterov)))
+                      lambda t: float(bool(nesterov)), mu_dtype=mu_dtype)
 
 
-def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, extra=None):
+def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, extra=None,
+               mu_dtype=None):
     """A fused two-moment transform (ADAM / BELIEF / YOGI / ADAMAX stages) with optax's
     ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
     ``extra(t)`` optional stages after it (radam's rectification factor)."""
     def init(params):
         if initial == 0.0:
-            return state_cls(count=_count0(params), mu=_zeros_tree(params),
+            return state_cls(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
                              nu=_zeros_tree(params))
         return state_cls(count=_count0(params), mu=tree_map(lambda p: full_like(p, initial), params),
                          nu=tree_map(lambda p: full_like(p, initial), params))
@@ -238,10 +243,10 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
                      bias_correction_mu=True, bias_correction_nu=True) -> GradientTransformation:
     """AMSGrad's scaling (optax.scale_by_amsgrad): Adam with the running maximum of the
     (bias-corrected) second moment. State: ScaleByAmsgradState(count, mu, nu, nu_max)."""
-    _check_f32(mu_dtype, "mu_dtype")
+    mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
 
     def init(params):
-        return ScaleByAmsgradState(count=_count0(params), mu=_zeros_tree(params),
+        return ScaleByAmsgradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
                                    nu=_zeros_tree(params), nu_max=_zeros_tree(params))
 
     def fuse(state, ctx):
@@ -288,10 +293,10 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
 
 def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
     """Lion's sign update (optax.scale_by_lion, mode='hard'): ScaleByLionState(count, mu)."""
-    _check_f32(mu_dtype, "mu_dtype")
+    mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
 
     def init(params):
-        return ScaleByLionState(count=_count0(params), mu=_zeros_tree(params))
+        return ScaleByLionState(count=_count0(params), mu=_zeros_tree(params, mu_dtype))
 
     def fuse(state, ctx):
         c = ctx.count(state.count)
@@ -368,10 +373,10 @@ def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformat
 
 def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformation:
     """Momentum (optax.trace): TraceState(trace)."""
-    _check_f32(accumulator_dtype, "accumulator_dtype")
+    accumulator_dtype = _state_dtype(accumulator_dtype, "accumulator_dtype")
 
     def init(params):
-        return TraceState(_zeros_tree(params))
+        return TraceState(_zeros_tree(params, accumulator_dtype))
 
     def fuse(state, ctx):
         t, rb = ctx.slot(state.trace)
@@ -382,10 +387,10 @@ def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformati
 
 def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
     """Exponential moving average of updates (optax.ema): EmaState(count, ema)."""
-    _check_f32(accumulator_dtype, "accumulator_dtype")
+    accumulator_dtype = _state_dtype(accumulator_dtype, "accumulator_dtype")
 
     def init(params):
-        return EmaState(count=_count0(params), ema=_zeros_tree(params))
+        return EmaState(count=_count0(params), ema=_zeros_tree(params, accumulator_dtype))
 
     def fuse(state, ctx):
         c = ctx.count(state.count)
@@ -445,9 +450,20 @@ def scale_by_learning_rate(learning_rate=None, *, flip_sign=True) -> GradientTra
     return scale(m * learning_rate)
 
 
-def _check_f32(dtype, what):
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        raise NotImplementedError(f"{what}={dtype}: the fused optimizer keeps float32 state")
+def _state_dtype(dtype, what):
+    """A state dtype argument (optax's ``mu_dtype`` / ``accumulator_dtype``): None (the
+    params' dtype) or a float dtype the kernels keep state in (float32, bfloat16, float16;
+    16-bit state is computed in float32 and rounded once when stored, as optax casts it)."""
+    if dtype is None:
+        return None
+    try:
+        dt = _dtypes.canonicalize(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16):
+        raise ValueError(f"{what}={dtype!r}: optimizer state is kept in float32, bfloat16 or "
+                         f"float16 (None: the params' dtype)")
+    return dt
 
 
 # --- adafactor pieces: fused ---------------------------------------------------------------------
@@ -497,12 +513,13 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
             p = to_array(p)
             shape = tuple(p.shape)
             fd = _factored_dims(shape, factored, min_dim_size_to_factor)
-            z1 = lambda: device_put(np.zeros((1,), np.float32), rep)  # noqa: E731
+            dt = p.dtype   # optax keeps the statistics in the param's dtype
+            z1 = lambda: device_put(np.zeros((1,), dt), rep)  # noqa: E731
             if fd is not None:
                 d1, d0 = fd
-                vr = device_put(np.zeros(shape[:d0] + shape[d0 + 1:], np.float32),
+                vr = device_put(np.zeros(shape[:d0] + shape[d0 + 1:], dt),
                                 _without_dim(p.sharding, len(shape), d0))
-                vc = device_put(np.zeros(shape[:d1] + shape[d1 + 1:], np.float32),
+                vc = device_put(np.zeros(shape[:d1] + shape[d1 + 1:], dt),
                                 _without_dim(p.sharding, len(shape), d1))
                 return (vr, vc, z1())
             return (z1(), z1(), zeros_like(p))
@@ -590,7 +607,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
         for leaf, k in zip(leaves, keys):
             if isinstance(leaf, Array):
                 noise = _random.normal(k, leaf.shape, leaf.dtype, out_sharding=leaf.sharding)
-                out.append(leaf + noise * std)
+                out.append(leaf + noise * float(std))   # a weak scalar: keeps leaf's dtype
             else:
                 x = np.asarray(leaf)
                 noise = _random.normal(k, x.shape, x.dtype)

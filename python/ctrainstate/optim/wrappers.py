@@ -74,7 +74,9 @@ class MultiSteps:
     continues with ``opt``'s stages on the mean, in place under ``TrainState.apply_gradients``.
     With ``should_skip_update_fn`` (``skip_not_finite``, ``skip_large_updates`` or your own
     ``(updates, gradient_step, params) -> (bool scalar, skip_state)``) the step runs unfused.
-    ``accumulator_dtype``: float32 only.
+    ``accumulator_dtype`` (optax's, default float32 whatever the params' dtype; bfloat16 /
+    float16 accumulators are computed in float32 and rounded once when stored; None: the
+    params' dtype).
     """
 
     def __init__(self, opt: GradientTransformation, every_k_schedule, use_grad_mean: bool = True,
@@ -82,9 +84,8 @@ class MultiSteps:
         if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))):
             raise TypeError(f"MultiSteps: opt must be a GradientTransformation, got "
                             f"{type(opt).__name__}")
-        if np.dtype(accumulator_dtype) != np.float32:
-            raise NotImplementedError(f"MultiSteps: accumulator_dtype={np.dtype(accumulator_dtype)}; "
-                                      f"ctrainstate accumulates in float32")
+        from .transforms import _state_dtype
+        self._acc_dtype = _state_dtype(accumulator_dtype, "MultiSteps: accumulator_dtype")
         if isinstance(every_k_schedule, (int, np.integer)) and not isinstance(every_k_schedule, bool):
             if every_k_schedule < 1:
                 raise ValueError(f"MultiSteps: every_k_schedule={every_k_schedule}; need >= 1")
@@ -158,7 +159,8 @@ class MultiSteps:
                 _, skip_state = skip_fn(tree_map(zeros_like, params), gstep, params)
             return MultiStepsState(mini_step=scalar(0, np.int32, params), gradient_step=gstep,
                                    inner_opt_state=opt.init(params),
-                                   acc_grads=tree_map(zeros_like, params), skip_state=skip_state)
+                                   acc_grads=tree_map(lambda p: zeros_like(p, self._acc_dtype),
+                                                      params), skip_state=skip_state)
 
         def _check(state):
             if not isinstance(state, MultiStepsState):
@@ -215,7 +217,8 @@ class MultiSteps:
                 if not isinstance(g, Array):
                     g = np.asarray(g, np.float32)
                     a = np.asarray(a)
-                acc.append(g + a if not self._use_grad_mean else a + (g - a) / n1)
+                new = g + a if not self._use_grad_mean else a + (g - a) / n1
+                acc.append(new.astype(a.dtype) if new.dtype != a.dtype else new)
             acc = tree_unflatten(td, acc)
             if emit:
                 out, inner_state = opt.update(acc, state.inner_opt_state, params)

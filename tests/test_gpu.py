@@ -1039,4 +1039,5 @@ def test_optim_16bit_on_gpu_is_bit_identical_to_cpu(name, dtype, mu_dtype):
                                       err_msg=f"{name}: {k}")
     assert [a.dtype for a in got_s] == [b.dtype for b in ref_s]
     for a, b in zip(got_s, ref_s):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{name}: state")
+        np.testing.assert_array_equal(np.atleast_1d(a).view(np.uint8),
+                                      np.atleast_1d(b).view(np.uint8), err_msg=f"{name}: state")

@@ -16,6 +16,7 @@ Every implementation and copy runs once per rep, round-robin, so that on a
 shared machine they all see the same load; medians are reported.
 
     python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor] [--overhead-only]
+    python benchmarks/bench_optim.py --lowp [--reps 7]   # bfloat16 params / state vs float32
     python benchmarks/bench_optim.py --gpu [--reps 7]
 
 --gpu: AdamW on one GPU device (csrc/backend/cuda/cuda_optim.cu): a flat 2^28 fp32 leaf and
@@ -382,6 +383,63 @@ def run_gpu(args):
         del st, g
 
 
+def run_lowp(reps):
+    """AdamW on a flat 2^24 leaf with 16-bit params / state (float32 working copies inside the
+    step, rounded once when stored) against the same step in float32, and optax with the same
+    dtypes on jax-cpu when installed."""
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    n = 1 << 24
+    rng = np.random.default_rng(0)
+    p32 = rng.standard_normal(n, dtype=np.float32)
+    g32 = rng.standard_normal(n, dtype=np.float32)
+    cases = {"float32 (params, grads, m, v)": (np.float32, None, 28),
+             "bfloat16 params, grads, m, v": (bf, None, 14),
+             "float32 params, bfloat16 mu": (np.float32, bf, 26)}
+    steps, peers = {}, {}
+    for label, (dt, mu, _) in cases.items():
+        tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD, mu_dtype=mu)
+        st = [TrainState.create(apply_fn=None, params={"w": p32.astype(dt)}, tx=tx)]
+        g = cts.device_put({"w": g32.astype(dt)})
+
+        def step(st=st, g=g):
+            st[0] = st[0].apply_gradients(grads=g)
+        steps[label] = step
+        try:
+            import jax
+            import jax.numpy as jnp
+            import optax
+            jdt = jnp.bfloat16 if dt is bf else jnp.float32
+            otx = optax.adamw(LR, B1, B2, EPS, weight_decay=WD,
+                              mu_dtype=None if mu is None else jnp.bfloat16)
+            op = [{"w": jnp.asarray(p32).astype(jdt)}]
+            os_ = [otx.init(op[0])]
+            og = {"w": jnp.asarray(g32).astype(jdt)}
+
+            @jax.jit
+            def ostep(p, s, g, otx=otx):
+                u, s = otx.update(g, s, p)
+                return optax.apply_updates(p, u), s
+
+            def peer(op=op, os_=os_, og=og, ostep=ostep):
+                op[0], os_[0] = ostep(op[0], os_[0], og)
+                jax.block_until_ready(op[0])
+            peers[label] = peer
+        except ImportError:
+            pass
+    t = interleaved({**{("ct", k): v for k, v in steps.items()},
+                     **{("optax", k): v for k, v in peers.items()}}, reps)
+    t0 = t[("ct", "float32 (params, grads, m, v)")]
+    print(f"\n## AdamW, flat 2^24, 16-bit params / state (load average {os.getloadavg()[0]:.2f})")
+    print(f"{'dtypes':34s} {'B/param':>7s} {'ms/step':>9s} {'vs f32':>7s} {'optax ms':>9s} "
+          f"{'optax/ours':>10s}")
+    for label, (_, _, nb) in cases.items():
+        tc = t[("ct", label)]
+        to = t.get(("optax", label))
+        ot = f"{to * 1e3:9.2f} {to / tc:9.2f}x" if to is not None else f"{'-':>9s} {'-':>10s}"
+        print(f"{label:34s} {nb:7d} {tc * 1e3:9.2f} {tc / t0:6.2f}x {ot}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
@@ -389,6 +447,8 @@ def main():
     ap.add_argument("--skip-adafactor", action="store_true")
     ap.add_argument("--overhead-only", action="store_true",
                     help="only the per-step Python overhead case (148 tiny leaves)")
+    ap.add_argument("--lowp", action="store_true",
+                    help="only AdamW with bfloat16 params / state against float32 (flat 2^24)")
     ap.add_argument("--gpu", action="store_true", help="AdamW on one GPU device (see the module doc)")
     ap.add_argument("--gpu-steps", type=int, default=20, help="--gpu: steps per timed rep")
     ap.add_argument("--gpu-flat-log2", type=int, default=28, help="--gpu: log2 params of the flat case")
@@ -400,6 +460,9 @@ def main():
         return
     if args.overhead_only:
         run_overhead()
+        return
+    if args.lowp:
+        run_lowp(args.reps)
         return
 
     print(f"ctrainstate AdamW benchmark; OMP threads={os.environ.get('OMP_NUM_THREADS', 'default')}, "

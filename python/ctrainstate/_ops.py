@@ -512,7 +512,12 @@ def sigmoid(x) -> Array:
 
 
 def abs(x) -> Array:  # noqa: A001 - numpy's name
-    return _unary(U_ABS, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_SIGN, x)))
+    """``|x|``. Gradient as jax's: ``g`` where ``x >= 0`` (so 1 at 0 and -0.0, not 0), ``-g``
+    where ``x < 0``."""
+    def vjp(g, x, y):
+        neg = _binary_raw(B_GT, _lift(0.0, _place_of(x)), x)       # 1 where x < 0
+        return multiply(g, _unary_raw(U_AFFINE, neg, -2.0, 1.0))   # 1 - 2 [x < 0]
+    return _unary(U_ABS, x, vjp=vjp)
 
 
 def power(x, p) -> Array:

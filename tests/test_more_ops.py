@@ -421,6 +421,25 @@ def test_16_bit_inputs_round_once(dt):
     assert g.dtype == dt
 
 
+def test_eval_shape_gives_shapes_and_dtypes():
+    for dt in (np.float32, BF16):
+        s = cts.ShapeDtypeStruct((4, 6), dt)
+        for f, shape in [(nn.softplus, (4, 6)), (nn.selu, (4, 6)), (nn.relu6, (4, 6)),
+                         (nn.hard_swish, (4, 6)), (nn.glu, (4, 3)), (nn.standardize, (4, 6)),
+                         (cnp.log1p, (4, 6)), (cnp.round, (4, 6)), (special.erf, (4, 6)),
+                         (cnp.ravel, (24,)), (lambda v: cnp.outer(v, v), (24, 24)),
+                         (lambda v: cnp.tensordot(v, v, ([1], [1])), (4, 4)),
+                         (lambda v: cnp.inner(v, v), (4, 4)), (lambda v: cnp.vdot(v, v), ()),
+                         (lambda v: cnp.linalg.norm(v, axis=0, keepdims=True), (1, 6)),
+                         (lambda v: cnp.power(v, v), (4, 6))]:
+            r = cts.eval_shape(f, s)
+            assert isinstance(r, cts.ShapeDtypeStruct), f
+            assert (tuple(r.shape), np.dtype(r.dtype)) == (shape, np.dtype(dt)), (f, r)
+            # and the shape is what running it gives
+            real = f(cts.device_put(np.ones((4, 6), dt)))
+            assert (tuple(real.shape), real.dtype) == (shape, np.dtype(dt)), f
+
+
 # --- sharded operands ---------------------------------------------------------------------------
 
 _ELEMENTWISE = [cnp.log1p, cnp.expm1, special.erf, special.erfc, cnp.floor, cnp.ceil, cnp.round,

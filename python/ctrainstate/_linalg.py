@@ -133,6 +133,24 @@ def matrix_norm(x, /, *, keepdims: bool = False, ord="fro"):  # noqa: A002 - jnp
     return _matrix(x, ord, (x.ndim - 2, x.ndim - 1), keepdims)
 
 
-norm = _ops._with_dtype_policy(norm)
+def _norm_rule(x, ord=None, axis=None, keepdims: bool = False):  # noqa: A002
+    shape = _ops._shp(x)
+    if axis is None:
+        axes = tuple(range(len(shape)))
+    elif isinstance(axis, tuple):
+        axes = tuple(_canon_axis(a, len(shape)) for a in axis)
+    else:
+        axes = (_canon_axis(axis, len(shape)),)
+    if keepdims:
+        return tuple(1 if d in axes else n for d, n in enumerate(shape))
+    return tuple(n for d, n in enumerate(shape) if d not in axes)
+
+
+def _with_abstract(fn, rule):
+    from ._abstract import ShapeDtypeStruct
+    return _ops._with_rule(fn, rule, ShapeDtypeStruct)
+
+
+norm = _with_abstract(_ops._with_dtype_policy(norm), _norm_rule)
 vector_norm = _ops._with_dtype_policy(vector_norm)
 matrix_norm = _ops._with_dtype_policy(matrix_norm)

@@ -1776,7 +1776,7 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
             sharding = None
             dt = _abstract_dtype(fn, args, kwargs) or dtype
             if fn.__name__ in ("with_sharding", "zeros_like", "ones_like", "reshape",
-                               "transpose", "expand_dims"):
+                               "transpose", "expand_dims", "ravel"):
                 dt = args[0].dtype
             if fn.__name__ == "with_sharding":
                 sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])

@@ -187,10 +187,48 @@ def vdot(a, b, *, precision=None):
     return matmul(ravel(a), ravel(b), precision=precision)
 
 
-# 16-bit floats: computed in float32 and rounded once (outer is a single multiply already)
+# 16-bit floats: computed in float32 and rounded once
+outer = _o._with_dtype_policy(outer, (0, 1))
 tensordot = _o._with_dtype_policy(tensordot, (0, 1))
 inner = _o._with_dtype_policy(inner, (0, 1))
 vdot = _o._with_dtype_policy(vdot, (0, 1))
+
+
+def _products_abstract_rules():
+    """Inside ``eval_shape`` these return ShapeDtypeStructs of jnp's result shapes."""
+    import math as _math
+    from ._abstract import ShapeDtypeStruct as _SDS
+
+    def size(x):
+        return _math.prod(_o._shp(x))
+
+    def td_rule(a, b, axes=2, **_k):
+        sa, sb = _o._shp(a), _o._shp(b)
+        if isinstance(axes, (int, _np.integer)):
+            aa, bb = list(range(len(sa) - int(axes), len(sa))), list(range(int(axes)))
+        else:
+            aa, bb = axes
+            aa = [aa] if isinstance(aa, (int, _np.integer)) else list(aa)
+            bb = [bb] if isinstance(bb, (int, _np.integer)) else list(bb)
+            aa, bb = [d % len(sa) for d in aa], [d % len(sb) for d in bb]
+        return tuple(n for d, n in enumerate(sa) if d not in aa) + \
+            tuple(n for d, n in enumerate(sb) if d not in bb)
+
+    def inner_rule(a, b, **_k):
+        sa, sb = _o._shp(a), _o._shp(b)
+        if not sa or not sb:
+            return _o._bcast_shape(sa, sb)
+        return tuple(sa[:-1]) + tuple(sb[:-1])
+
+    g = globals()
+    g["ravel"] = _o._with_rule(g["ravel"], lambda a, order="C": (size(a),), _SDS)
+    g["outer"] = _o._with_rule(g["outer"], lambda a, b: (size(a), size(b)), _SDS)
+    g["tensordot"] = _o._with_rule(g["tensordot"], td_rule, _SDS)
+    g["inner"] = _o._with_rule(g["inner"], inner_rule, _SDS)
+    g["vdot"] = _o._with_rule(g["vdot"], lambda a, b, **_k: (), _SDS)
+
+
+_products_abstract_rules()
 
 
 def squeeze(x, axis=None):

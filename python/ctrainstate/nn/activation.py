@@ -273,6 +273,25 @@ hard_swish = hard_silu
 glu = _ops._with_dtype_policy(glu)
 standardize = _ops._with_dtype_policy(standardize, (0, 2, 3))
 softmax = _ops._with_dtype_policy(softmax)
+
+
+def _abstract_rules():
+    """Inside ``eval_shape`` (ShapeDtypeStruct arguments) these return ShapeDtypeStructs."""
+    from .._abstract import ShapeDtypeStruct
+    g = globals()
+    for name in ("silu", "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
+                 "hard_sigmoid", "hard_silu", "standardize"):
+        g[name] = _ops._with_rule(g[name], _ops._rule_same, ShapeDtypeStruct)
+
+    def glu_rule(x, axis=-1):
+        shape = list(_ops._shp(x))
+        shape[axis] //= 2
+        return tuple(shape)
+    g["glu"] = _ops._with_rule(g["glu"], glu_rule, ShapeDtypeStruct)
+    g["swish"], g["hard_swish"] = g["silu"], g["hard_silu"]
+
+
+_abstract_rules()
 log_softmax = _ops._with_dtype_policy(log_softmax)
 logsumexp = _ops._with_dtype_policy(logsumexp)
 leaky_relu = _ops._with_dtype_policy(leaky_relu)

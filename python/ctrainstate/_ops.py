@@ -614,7 +614,7 @@ def round(x, decimals: int = 0) -> Array:  # noqa: A001 - numpy's name
     """``x`` rounded to ``decimals`` decimal places, halves to even (``jnp.round``: with
     ``decimals`` != 0, ``round(x * 10**decimals) / 10**decimals`` in float32, as jax
     computes it). Zero gradient."""
-    d = operator_index(decimals, "round: decimals")
+    d = _int_arg(decimals, "round: decimals")
     if d == 0:
         return _zero_grad(U_ROUND, x)
     x = _lift(x)
@@ -627,7 +627,7 @@ def round(x, decimals: int = 0) -> Array:  # noqa: A001 - numpy's name
 around = round
 
 
-def operator_index(v, who: str) -> int:
+def _int_arg(v, who: str) -> int:
     import operator
     if isinstance(v, bool):
         raise TypeError(f"{who} must be an int, got {v!r}")

@@ -240,8 +240,10 @@ def test_at_errors_and_eval_shape():
     x = cts.device_put(np.zeros((4, 5), np.float32))
     with pytest.raises(ValueError, match="does not broadcast to the indexed shape"):
         x.at[1:3].set(np.ones(4, np.float32))
-    with pytest.raises(NotImplementedError, match="x.at\\[...\\].max is not supported"):
-        x.at[0].max(1.0)
+    with pytest.raises(AttributeError):
+        x.at[0].scatter_xor(1.0)
+    with pytest.raises(TypeError, match="func must be callable"):
+        x.at[0].apply(1.0)
     s = cts.eval_shape(lambda a: a.at[0, 1:].add(1.0), cts.ShapeDtypeStruct((4, 5), np.float32))
     assert s.shape == (4, 5)
 

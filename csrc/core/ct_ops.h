@@ -40,6 +40,17 @@ typedef enum {
     CT_UN_SIGN,
     CT_UN_POW,          /* y = x^alpha */
     CT_UN_RDIV,         /* y = alpha / x */
+    /* ABI 6. Transcendental ones come from each backend's libm (log1pf, expm1f, erff, erfcf: glibc
+     * and CUDA are within 2 ulp of the correctly rounded value, so CPU and GPU bits may
+     * differ by an ulp or two); the roundings are exact, the same bits everywhere. */
+    CT_UN_LOG1P,        /* y = log(1 + x), accurate near 0 */
+    CT_UN_EXPM1,        /* y = exp(x) - 1, accurate near 0 */
+    CT_UN_ERF,          /* the error function */
+    CT_UN_FLOOR,
+    CT_UN_CEIL,
+    CT_UN_ROUND,        /* to the nearest integer, halves to even (jnp.round, rintf) */
+    CT_UN_TRUNC,        /* toward zero */
+    CT_UN_ERFC,         /* 1 - erf(x), accurate where erf(x) is near 1 */
     CT_UN_COUNT
 } ct_unary_op;
 
@@ -52,6 +63,7 @@ typedef enum {
     CT_BIN_MIN,
     CT_BIN_GT,          /* 1.0 where a > b, else 0.0 */
     CT_BIN_KEEP,        /* a where b != 0, else exactly 0 (even for an inf or NaN a): a select */
+    CT_BIN_POW,         /* a ** b, elementwise (each backend's powf; ABI 6) */
     CT_BIN_COUNT
 } ct_binary_op;
 

@@ -1,13 +1,20 @@
 /*
  * ct_ops_math.h — per-element pieces of the array ops shared by the CPU and
  * CUDA kernels (csrc/backend/cpu/cpu_ops.c, csrc/backend/cuda/cuda_ops.cu):
- * the binary operators, the tanh-approximated GELU given tanh of its inner
+ * the binary operators, the sign and the unary ops of ABI 6 (log1p, expm1, erf
+ * and the roundings), the tanh-approximated GELU given tanh of its inner
  * argument (each backend brings its own tanh), and the offsets of a
  * row-major element index in two strided layouts.
+ *
+ * The libm calls here (powf, log1pf, expm1f, erff, erfcf) resolve to each backend's
+ * own: glibc on CPUs, CUDA's device math on GPUs. Both are within 2 ulp of the
+ * correctly rounded result, not bit-identical to each other; floorf, ceilf,
+ * rintf and truncf are exact everywhere.
  */
 #ifndef CT_OPS_MATH_H
 #define CT_OPS_MATH_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "ct_hd.h"
@@ -22,6 +29,7 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     case CT_BIN_MAX: return (a > b || a != a) ? a : b; /* a NaN on either side wins (jnp) */
     case CT_BIN_MIN: return (a < b || a != a) ? a : b;
     case CT_BIN_GT: return a > b ? 1.0f : 0.0f;
+    case CT_BIN_POW: return powf(a, b);
     default: return b != 0.0f ? a : 0.0f; /* CT_BIN_KEEP: a where the mask b is set, else 0 */
     }
 }
@@ -35,6 +43,26 @@ CT_HD static inline float ct_red_combine(int op, float acc, float x) {
 
 /* The reductions' identity: 0 for the sum, -inf for the max. */
 CT_HD static inline float ct_red_identity(int op) { return op == CT_RED_SUM ? 0.0f : -__builtin_inff(); }
+
+/* jnp.sign: -1, 0 or 1, keeping the sign of a zero (sign(-0.0) = -0.0) and NaN. */
+CT_HD static inline float ct_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); }
+
+/* The unary ops appended in ABI 6 (CT_UN_LOG1P .. CT_UN_ERFC); any other op gives NaN
+ * (the core has rejected unknown codes before a kernel runs). rintf rounds halves to
+ * even in the default rounding mode, which nothing here changes. */
+CT_HD static inline float ct_unary_ext(int op, float v) {
+    switch (op) {
+    case CT_UN_LOG1P: return log1pf(v);
+    case CT_UN_EXPM1: return expm1f(v);
+    case CT_UN_ERF: return erff(v);
+    case CT_UN_ERFC: return erfcf(v);
+    case CT_UN_FLOOR: return floorf(v);
+    case CT_UN_CEIL: return ceilf(v);
+    case CT_UN_ROUND: return rintf(v);
+    case CT_UN_TRUNC: return truncf(v);
+    default: return __builtin_nanf("");
+    }
+}
 
 /* GELU, tanh approximation: gelu(x) = 0.5 x (1 + tanh(u)), u = ct_gelu_inner(x). */
 CT_HD static inline float ct_gelu_inner(float x) {

@@ -36,8 +36,9 @@ from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Shardi
 
 # unary op codes (csrc/core/ct_ops.h)
 (U_AFFINE, U_NEG, U_SIN, U_COS, U_TANH, U_RELU, U_STEP, U_GELU, U_GELU_GRAD, U_EXP, U_LOG,
- U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV) = range(19)
-B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT, B_KEEP = range(8)
+ U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV,
+ U_LOG1P, U_EXPM1, U_ERF, U_FLOOR, U_CEIL, U_ROUND, U_TRUNC, U_ERFC) = range(27)
+B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT, B_KEEP, B_POW = range(9)
 _RED_SUM, _RED_MAX = range(2)  # reductions (CT_RED_*)
 
 
@@ -473,10 +474,17 @@ def relu(x) -> Array:
 
 
 def gelu(x, approximate: bool = True) -> Array:
-    """GELU, tanh approximation (``jax.nn.gelu``'s default, ``flax.linen.gelu``)."""
-    if not approximate:
-        raise NotImplementedError("only the tanh approximation of gelu is implemented")
-    return _unary(U_GELU, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_GELU_GRAD, x)))
+    """GELU (``jax.nn.gelu``, ``flax.linen.gelu``). ``approximate=True`` (their default): the
+    tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))``, one kernel;
+    ``approximate=False``: the exact ``0.5 x erfc(-x / sqrt(2))``, jax's formula (erfc keeps
+    the relative accuracy for large negative x), composed from differentiable ops."""
+    if approximate:
+        return _unary(U_GELU, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_GELU_GRAD, x)))
+    x = _lift(x)
+    place = _place_of(x)
+    half = _lift(np.float32(0.5), place)
+    sqrt_half = _lift(np.float32(np.sqrt(0.5)), place)
+    return multiply(multiply(half, x), erfc(multiply(negative(x), sqrt_half)))
 
 
 def exp(x) -> Array:
@@ -504,15 +512,134 @@ def sigmoid(x) -> Array:
 
 
 def abs(x) -> Array:  # noqa: A001 - numpy's name
-    return _unary(U_ABS, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_SIGN, x)))
+    """``|x|``. Gradient as jax's: ``g`` where ``x >= 0`` (so 1 at 0 and -0.0, not 0), ``-g``
+    where ``x < 0``."""
+    def vjp(g, x, y):
+        neg = _binary_raw(B_GT, _lift(0.0, _place_of(x)), x)       # 1 where x < 0
+        return multiply(g, _unary_raw(U_AFFINE, neg, -2.0, 1.0))   # 1 - 2 [x < 0]
+    return _unary(U_ABS, x, vjp=vjp)
 
 
 def power(x, p) -> Array:
-    """``x ** p`` for a scalar exponent."""
-    if not _is_scalar(p):
-        raise TypeError("power: only scalar exponents are supported")
-    p = float(p)
-    return _unary(U_POW, x, p, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, x, p - 1.0), p)))
+    """``x ** p`` (``jnp.power``), elementwise with broadcasting; ``p`` a scalar or an array.
+    Gradients as jax's: ``p * x ** (p - 1)`` for ``x`` (0 where ``p == 0``) and
+    ``log(x) * x ** p`` for an array ``p`` (0 where ``x == 0``)."""
+    if _is_scalar(p):
+        p = float(p)
+        return _unary(U_POW, x, p, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, x, p - 1.0), p)))
+    if isinstance(p, bool) or (not isinstance(p, Array) and np.asarray(p).dtype == np.bool_):
+        raise TypeError("power: a boolean exponent is not supported")
+
+    def vjp_x(g, x, y, o):
+        jac = multiply(y, _binary_raw(B_POW, x, _binary_raw(B_SUB, y, _lift(1.0, _place_of(y)))))
+        return multiply(g, _keep(jac, _nonzero(y)))
+
+    def vjp_y(g, x, y, o):
+        safe = _binary_raw(B_ADD, x, _is_zero(x))          # 1 where x == 0, else x exactly
+        return multiply(g, multiply(o, _unary_raw(U_LOG, safe)))
+    return _binary(B_POW, x, p, vjp_x, vjp_y)
+
+
+def _is_zero(x: Array) -> Array:
+    """1.0 where ``x == 0`` (either sign; NaN is not 0 but the sum stays NaN), else 0.0."""
+    z = _lift(0.0, _place_of(x))
+    nz = _binary_raw(B_ADD, _binary_raw(B_GT, x, z), _binary_raw(B_GT, z, x))
+    return _unary_raw(U_AFFINE, nz, -1.0, 1.0)
+
+
+def _nonzero(x: Array) -> Array:
+    """1.0 where ``x != 0`` (NaN included), else 0.0: a mask for :func:`_keep`."""
+    return _unary_raw(U_AFFINE, _is_zero(x), -1.0, 1.0)
+
+
+# --- float functions of jax.numpy / jax.lax (ABI 6 kernels) --------------------------------
+# log1p, expm1, erf and erfc run each backend's libm (glibc on CPUs, CUDA's device math on
+# GPUs: within 2 ulp of the correctly rounded value each, so CPU and GPU bits may differ by
+# an ulp or two); floor, ceil, round, trunc and sign are exact and give the same bits on
+# every backend. The roundings and sign have a zero gradient, as in jax.
+
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+
+
+def log1p(x) -> Array:
+    """``log(1 + x)``, accurate for ``|x|`` near 0 (``jnp.log1p``)."""
+    return _unary(U_LOG1P, x, vjp=lambda g, x, y: divide(g, add(x, 1.0)))
+
+
+def expm1(x) -> Array:
+    """``exp(x) - 1``, accurate for ``|x|`` near 0 (``jnp.expm1``); gradient ``exp(x)``."""
+    return _unary(U_EXPM1, x, vjp=lambda g, x, y: multiply(g, add(y, 1.0)))
+
+
+def erf(x) -> Array:
+    """The error function (``jax.scipy.special.erf`` / ``jax.lax.erf``); gradient
+    ``2 / sqrt(pi) * exp(-x**2)``."""
+    return _unary(U_ERF, x, vjp=lambda g, x, y: multiply(
+        g, multiply(exp(negative(square(x))), _TWO_OVER_SQRT_PI)))
+
+
+def erfc(x) -> Array:
+    """``1 - erf(x)``, accurate where erf is near 1 (``jax.scipy.special.erfc`` /
+    ``jax.lax.erfc``)."""
+    return _unary(U_ERFC, x, vjp=lambda g, x, y: multiply(
+        g, multiply(exp(negative(square(x))), -_TWO_OVER_SQRT_PI)))
+
+
+def _zero_grad(op, x) -> Array:
+    return _unary(op, x, vjp=lambda g, x, y: _unary_raw(U_AFFINE, g, 0.0, 0.0))
+
+
+def floor(x) -> Array:
+    """The largest integer not above ``x`` (``jnp.floor``; exact; zero gradient)."""
+    return _zero_grad(U_FLOOR, x)
+
+
+def ceil(x) -> Array:
+    """The smallest integer not below ``x`` (``jnp.ceil``; exact; zero gradient)."""
+    return _zero_grad(U_CEIL, x)
+
+
+def trunc(x) -> Array:
+    """``x`` rounded toward zero (``jnp.trunc``; exact; zero gradient)."""
+    return _zero_grad(U_TRUNC, x)
+
+
+def sign(x) -> Array:
+    """-1, 0 or 1 by the sign of ``x`` (``jnp.sign``: ``sign(-0.0)`` is -0.0, NaN stays NaN;
+    zero gradient)."""
+    return _zero_grad(U_SIGN, x)
+
+
+def round(x, decimals: int = 0) -> Array:  # noqa: A001 - numpy's name
+    """``x`` rounded to ``decimals`` decimal places, halves to even (``jnp.round``: with
+    ``decimals`` != 0, ``round(x * 10**decimals) / 10**decimals`` in float32, as jax
+    computes it). Zero gradient."""
+    d = _int_arg(decimals, "round: decimals")
+    if d == 0:
+        return _zero_grad(U_ROUND, x)
+    x = _lift(x)
+    factor = _lift(np.float32(10.0 ** d), _place_of(x))
+    r = _unary_raw(U_ROUND, _binary_raw(B_MUL, x, factor))
+    out = _binary_raw(B_DIV, r, factor)
+    return _record(out, (x,), lambda g: (_unary_raw(U_AFFINE, g, 0.0, 0.0),))
+
+
+around = round
+
+
+def _int_arg(v, who: str) -> int:
+    import operator
+    if isinstance(v, bool):
+        raise TypeError(f"{who} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{who} must be an int, got {v!r}") from None
+
+
+def reciprocal(x) -> Array:
+    """``1 / x`` (``jnp.reciprocal``); gradient ``-1 / x**2``."""
+    return _unary(U_RDIV, x, 1.0, vjp=lambda g, x, y: negative(multiply(g, square(y))))
 
 
 # --- reductions ----------------------------------------------------------------------------
@@ -1590,10 +1717,11 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
 
 def _dtype_policies():
     g = globals()
-    binary = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul")
+    binary = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul", "power")
     unary = ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
-             "square", "sigmoid", "abs", "power", "sum", "max", "min", "mean", "broadcast_to",
-             "take_rows")   # (transpose, reshape, expand_dims move bytes: any dtype, natively)
+             "square", "sigmoid", "abs", "sum", "max", "min", "mean", "broadcast_to",
+             "take_rows", "log1p", "expm1", "erf", "erfc", "floor", "ceil", "trunc", "sign",
+             "round", "reciprocal")   # (transpose, reshape, expand_dims move bytes: any dtype, natively)
     for name in binary:
         g[name] = _with_dtype_policy(g[name], (0, 1))
     for name in unary:
@@ -1616,6 +1744,7 @@ def _abstract_rules():
     rules = {
         "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
         "divide": _rule_bcast, "maximum": _rule_bcast, "minimum": _rule_bcast,
+        "power": lambda x, p: _bcast_shape(_shp(x), _shp(p)),
         "sum": _rule_reduce, "mean": _rule_reduce, "max": _rule_reduce, "min": _rule_reduce,
         "transpose": _rule_transpose,
         "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
@@ -1625,7 +1754,8 @@ def _abstract_rules():
         "with_sharding": _rule_same, "zeros_like": _rule_same, "ones_like": _rule_same,
     }
     for name in ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
-                 "square", "sigmoid", "abs", "power"):
+                 "square", "sigmoid", "abs", "log1p", "expm1", "erf", "erfc", "floor", "ceil",
+                 "trunc", "sign", "round", "reciprocal"):
         rules[name] = _rule_same
     g = globals()
     for name, rule in rules.items():
@@ -1634,6 +1764,7 @@ def _abstract_rules():
         g[name] = _with_rule(g[name], _rule_arg, ShapeDtypeStruct, dtype=_dtypes.int32)
     g["einsum"] = _with_rule(g["einsum"], _rule_einsum, ShapeDtypeStruct, first=1)
     g["dot"] = g["matmul"]
+    g["around"] = g["round"]
 
 
 def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
@@ -1645,7 +1776,7 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
             sharding = None
             dt = _abstract_dtype(fn, args, kwargs) or dtype
             if fn.__name__ in ("with_sharding", "zeros_like", "ones_like", "reshape",
-                               "transpose", "expand_dims"):
+                               "transpose", "expand_dims", "ravel"):
                 dt = args[0].dtype
             if fn.__name__ == "with_sharding":
                 sharding = _as_sharding(args[1] if len(args) > 1 else kwargs["sharding"])

@@ -905,12 +905,19 @@ class _IndexUpdateHelper:
 
 
 class _IndexUpdateRef:
-    """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``multiply(v)``/``mul(v)``,
-    ``divide(v)``/``div(v)`` return new arrays (``x`` is unchanged; float32, or a 16-bit
-    float ``x``: ``v`` cast to its dtype, the update computed on the float32 widening and
-    rounded once); ``v`` broadcasts to ``x[idx]``'s shape. Duplicate indices: ``add`` and ``multiply``
-    accumulate, ``set`` keeps the last value; out-of-range index entries are dropped (the
-    module's docstring). Gradients flow to ``x`` and ``v``."""
+    """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``subtract(v)``,
+    ``multiply(v)``/``mul(v)``, ``divide(v)``/``div(v)``, ``min(v)``, ``max(v)``,
+    ``power(v)`` and ``apply(fn)`` return new arrays (``x`` is unchanged; float32, or a
+    16-bit float ``x``: ``v`` cast to its dtype, the update computed on the float32 widening
+    and rounded once); ``v`` broadcasts to ``x[idx]``'s shape. Duplicate indices (jax 0.10's
+    results, measured): ``add``/``subtract`` accumulate (the values summed, then added once),
+    ``multiply``/``divide``/``power``/``apply`` apply once per occurrence in index order
+    (``x.at[[1, 1]].apply(f)`` is ``f(f(x[1]))``), ``min``/``max`` take the extreme of all
+    (order free), ``set`` keeps the last value; out-of-range index entries are dropped (the
+    module's docstring). Gradients flow to ``x`` and ``v`` (``apply``: to ``x``, through
+    ``fn``); ``min``/``max`` split the cotangent evenly at a tie between ``x`` and one value,
+    as jax, but a tie among three or more (``x`` and duplicates of one index) is split
+    pairwise, one occurrence at a time (jax: evenly among all)."""
     __slots__ = ("array", "index")
 
     def __init__(self, array, index):
@@ -919,7 +926,7 @@ class _IndexUpdateRef:
     def get(self, **_kwargs):
         return getitem(self.array, self.index)
 
-    def _update(self, v, kind):
+    def _update(self, v, kind, fn=None):
         from ._abstract import ShapeDtypeStruct
         x = self.array
         nidx = _normalize(self.index)
@@ -942,7 +949,11 @@ class _IndexUpdateRef:
             dt = x.dtype
             v = o.astype(v, dt) if isinstance(v, Array) else np.asarray(v, dtype=dt)
             v = o.astype(v, np.float32) if isinstance(v, Array) else v.astype(np.float32)
-            out = _IndexUpdateRef(o.astype(x, np.float32), self.index)._update(v, kind)
+            fn16 = None
+            if fn is not None:  # fn sees x's dtype, its result is cast to it (as jax's)
+                def fn16(t):
+                    return o.astype(o.astype(_apply_fn(fn, o.astype(t, dt)), dt), np.float32)
+            out = _IndexUpdateRef(o.astype(x, np.float32), self.index)._update(v, kind, fn16)
             return o.astype(out, dt)
         x = o._lift(x)
         if isinstance(v, Array) and v.dtype != np.float32:
@@ -953,11 +964,18 @@ class _IndexUpdateRef:
         v = o._lift(v, place)
         v = o.broadcast_to(v, out_shape)
         if adv is not None:
-            return _update_advanced(x, adv, v, kind, place, big)
+            if kind == "subtract":   # x + scatter_add(-v): duplicates accumulate as add's
+                v, kind = o.negative(v), "add"
+            return _update_advanced(x, adv, v, kind, place, big, fn)
         # the value as the region (rank kept): drop new axes, put back indexed ones as size 1
         region = o.reshape(v, tuple(sizes)) if tuple(sizes) != out_shape else v
-        if kind != "set":  # x[idx] op v, elementwise on the region only (as jax)
-            op = {"add": o.add, "multiply": o.multiply, "divide": o.divide}[kind]
+        if kind == "apply":
+            cur = _slice(x, starts, sizes)
+            region = _apply_fn(fn, cur)
+        elif kind != "set":  # x[idx] op v, elementwise on the region only (as jax)
+            op = {"add": o.add, "subtract": o.subtract, "multiply": o.multiply,
+                  "divide": o.divide, "min": o.minimum, "max": o.maximum,
+                  "power": o.power}[kind]
             region = op(_slice(x, starts, sizes), region)
         return _set_region(x, starts, region, place, big)
 
@@ -966,6 +984,9 @@ class _IndexUpdateRef:
 
     def add(self, values, **_kwargs):
         return self._update(values, "add")
+
+    def subtract(self, values, **_kwargs):
+        return self._update(values, "subtract")
 
     def multiply(self, values, **_kwargs):
         return self._update(values, "multiply")
@@ -977,14 +998,36 @@ class _IndexUpdateRef:
 
     div = divide
 
-    def __getattr__(self, name):
-        if name in ("min", "max", "power", "apply"):
-            raise NotImplementedError(
-                f"x.at[...].{name} is not supported; set, add, multiply, divide and get are")
-        raise AttributeError(name)
+    def min(self, values, **_kwargs):  # noqa: A003 - jax's name
+        return self._update(values, "min")
+
+    def max(self, values, **_kwargs):  # noqa: A003 - jax's name
+        return self._update(values, "max")
+
+    def power(self, values, **_kwargs):
+        return self._update(values, "power")
+
+    def apply(self, func, **_kwargs):
+        """``func`` (an elementwise function of Arrays, e.g. ``cnp.sin``) applied to the
+        indexed elements, once per occurrence of each index (jax's ``.at[].apply``)."""
+        if not callable(func):
+            raise TypeError(f"x.at[...].apply: func must be callable, got {func!r}")
+        return self._update(0.0, "apply", func)
 
 
-def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) -> Array:
+def _apply_fn(fn, t: Array) -> Array:
+    """``fn(t)`` as a float32 Array of ``t``'s shape (``.at[].apply``'s function)."""
+    o = _o()
+    r = fn(t)
+    if not isinstance(r, Array):
+        r = o._lift(np.asarray(r, np.float32), o._place_of(t))
+    if tuple(r.shape) != tuple(t.shape):
+        raise ValueError(f"x.at[...].apply: func must be elementwise; it returned shape "
+                         f"{tuple(r.shape)} for an input of shape {tuple(t.shape)}")
+    return r if r.dtype == t.dtype else o.astype(r, t.dtype)
+
+
+def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big, fn=None) -> Array:
     """``x.at[idx].<kind>(v)`` for an advanced index (``v`` already of the indexed shape):
     on the index's region, as copies of rows, so elements not indexed keep their bits; each
     device updates its own block (a sharded indexed dimension stays sharded), and entries of
@@ -996,7 +1039,10 @@ def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) 
     background (exact where nothing is added). multiply / divide: ``x * P`` / ``x / P``
     with P the product of the duplicates' values (one round of distinct indices at a time)
     over a 1.0 background, as jax's ``scatter_mul`` (divide is ``x / ones.at[idx].multiply(v)``
-    there too)."""
+    there too). min / max / power / apply: one round per occurrence rank (the k-th
+    occurrence of every index in round k), each ``where(hit_k, op(cur, v_k), cur)`` with
+    ``hit_k`` a 0/1 mask of the rows round k writes (apply: ``op`` is ``fn`` of the gathered
+    current values); rows not hit keep their bits and their whole cotangent."""
     o = _o()
     y, gnorm, _, starts, sels, q, rows, ok, onorm, axes = adv.prepare(x, owner=True)
     memo = {}
@@ -1027,6 +1073,38 @@ def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) 
             t[keep] = ks
             targets.append(t)
         new = o.add(y, _scatter_rows(v, onorm, targets, q, y.shape, gnorm, place, -0.0, axes))
+    elif kind in ("min", "max", "power", "apply"):
+        ranks = _occurrence_ranks(sels, written)
+        new = y
+        for r in range(max((int(rk.max()) + 1 for _, _, rk in ranks if len(rk)), default=0)):
+            mpicks, vpicks = [], []
+            for keep, ks, rank in ranks:
+                mine = rank == r
+                mp = np.zeros(rows, np.int64)   # row 0: 0.0 (not hit), row 1: 1.0 (hit)
+                mp[ks[mine]] = 1
+                vp = np.zeros(rows, np.int64)   # row 0: the background, then v's rows
+                vp[ks[mine]] = 1 + keep[mine]
+                mpicks.append(mp)
+                vpicks.append(vp)
+            hit = _rows([0.0, 1.0], mpicks, q, y.shape, gnorm, place, np.float32, axes=axes)
+            if kind == "apply":
+                if axes:
+                    gs = [np.where(s_ < 0, rows, s_) for s_ in sels]
+                    cur = _rows([(new, gnorm), -0.0], gs, q, adv.out_shape, onorm, place,
+                                np.float32, grad_keep=ok, axes=axes)
+                else:
+                    cur = _rows([(new, gnorm)], sels, q, adv.out_shape, onorm, place,
+                                np.float32, grad_keep=ok)
+                fv = _apply_fn(fn, cur)
+                upd = _rows([0.0, (fv, onorm)], vpicks, q, y.shape, gnorm, place, np.float32,
+                            axes=axes)
+            else:
+                bg = 1.0 if kind == "power" else 0.0   # (rows not hit are not selected)
+                f = _rows([bg, (v, onorm)], vpicks, q, y.shape, gnorm, place, np.float32,
+                          axes=axes)
+                op = {"min": o.minimum, "max": o.maximum, "power": o.power}[kind]
+                upd = op(new, f)
+            new = o.where(hit, upd, new)
     else:
         ranks = []
         for sel in sels:
@@ -1057,6 +1135,21 @@ def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big) 
                 p = o.multiply(p, f)
             new = o.divide(y, p)
     return _set_region(x, starts, new, place, big)
+
+
+def _occurrence_ranks(sels, written) -> list:
+    """Per block plan: (the v rows it writes, their region rows, each one's occurrence rank:
+    0 for the first time its row is written in index order, 1 for the second, ...)."""
+    out = []
+    for sel in sels:
+        keep, ks = written(sel)
+        order = np.argsort(ks, kind="stable")
+        n = len(ks)
+        first = np.r_[0, np.nonzero(np.diff(ks[order]))[0] + 1] if n else np.zeros(0, np.int64)
+        rank = np.empty(n, np.int64)
+        rank[order] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+        out.append((keep, ks, rank))
+    return out
 
 
 # --- joins ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 ``stop_gradient``, ``Precision`` (the ``precision=`` of matrix products: DEFAULT and HIGHEST
 are float32 here, HIGH is TF32; see :mod:`ctrainstate._precision`), and ``dynamic_slice`` /
 ``dynamic_update_slice`` (a region at start indices known at run time, e.g. a decoding
-cache's position; see :func:`dynamic_update_slice`).
+cache's position; see :func:`dynamic_update_slice`), and the elementwise ``erf``, ``erfc``,
+``log1p``, ``expm1``, ``floor``, ``ceil`` and ``sign`` (those of :mod:`ctrainstate.numpy`).
 
 ``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
 sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
@@ -29,6 +30,9 @@ from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
 from ._ops import stop_gradient  # noqa: E402,F401
+# jax.lax's elementwise functions that ctrainstate.numpy also has (the same kernels; lax.round,
+# whose default rounds halves away from zero unlike jnp.round, is not among them)
+from ._ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
 
 
 def _abstract_dtype(operand):
@@ -41,7 +45,8 @@ from ._precision import Precision  # noqa: E402,F401
 
 __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
            "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
-           "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim"]
+           "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim",
+           "ceil", "erf", "erfc", "expm1", "floor", "log1p", "sign"]
 
 
 def _is_spec_leaf(x) -> bool:

@@ -17,6 +17,15 @@ import numpy as _np
 from ._ops import (  # noqa: F401
     abs,
     add,
+    around,
+    ceil,
+    expm1,
+    floor,
+    log1p,
+    reciprocal,
+    round,
+    sign,
+    trunc,
     argmax,
     argmin,
     astype,
@@ -54,6 +63,7 @@ from ._ops import (  # noqa: F401
     with_sharding,
 )
 from . import _ops as _o
+from . import _linalg as linalg  # noqa: F401
 from ._slicing import array_split, concatenate, split, stack  # noqa: F401
 
 amax, amin = max, min
@@ -84,6 +94,141 @@ def clip(x, min=None, max=None, *, a_min=None, a_max=None):  # noqa: A002 - jnp'
     if hi is not None:
         x = minimum(x, hi)
     return x
+
+
+def ravel(a, order: str = "C"):
+    """``a`` flattened to one dimension in row-major order (``jnp.ravel``; ``order='C'`` only).
+    A reshape: any dtype, no arithmetic."""
+    if order != "C":
+        raise NotImplementedError(f"ravel: only order='C' is supported, got {order!r}")
+    a = _o._lift_any(a)
+    return reshape(a, (a.size,))
+
+
+def outer(a, b):
+    """``ravel(a)[:, None] * ravel(b)[None, :]`` (``jnp.outer``)."""
+    a, b = _o._lift_pair(a, b)
+    return multiply(reshape(ravel(a), (a.size, 1)), reshape(ravel(b), (1, b.size)))
+
+
+def _axis_list(axes, ndim, who):
+    out = []
+    for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, _np.integer)):
+            raise TypeError(f"{who}: axes must be ints, got {a!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{who}: axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{who}: repeated axis in {tuple(axes)}")
+    return out
+
+
+def tensordot(a, b, axes=2, *, precision=None):
+    """Sum of products over the axes ``axes`` of ``a`` and ``b`` (``jnp.tensordot``):
+    ``axes`` an int n (the last n of ``a`` with the first n of ``b``) or a pair of
+    sequences (or ints). Runs as one matrix product (``precision`` as :func:`matmul`'s):
+    ``a`` with its contracted axes moved last and ``b`` with them first, each reshaped to
+    2-d; the result has ``a``'s free axes then ``b``'s."""
+    a, b = _o._lift_pair(a, b)
+    if isinstance(axes, (int, _np.integer)) and not isinstance(axes, bool):
+        n = int(axes)
+        if n < 0 or n > a.ndim or n > b.ndim:
+            raise ValueError(f"tensordot: axes={n} out of range for shapes {a.shape} and {b.shape}")
+        ax_a, ax_b = list(range(a.ndim - n, a.ndim)), list(range(n))
+    else:
+        try:
+            ax_a, ax_b = axes
+        except (TypeError, ValueError):
+            raise TypeError("tensordot: axes must be an int or a pair of sequences of ints, "
+                            f"got {axes!r}") from None
+        ax_a = [ax_a] if isinstance(ax_a, (int, _np.integer)) else list(ax_a)
+        ax_b = [ax_b] if isinstance(ax_b, (int, _np.integer)) else list(ax_b)
+        ax_a = _axis_list(ax_a, a.ndim, "tensordot")
+        ax_b = _axis_list(ax_b, b.ndim, "tensordot")
+        if len(ax_a) != len(ax_b):
+            raise ValueError(f"tensordot: {len(ax_a)} axes of a but {len(ax_b)} of b")
+    for i, j in zip(ax_a, ax_b):
+        if a.shape[i] != b.shape[j]:
+            raise ValueError(f"tensordot: contracted dimensions differ: axis {i} of {a.shape} "
+                             f"and axis {j} of {b.shape}")
+    free_a = [d for d in range(a.ndim) if d not in ax_a]
+    free_b = [d for d in range(b.ndim) if d not in ax_b]
+    k = 1
+    for d in ax_a:
+        k *= a.shape[d]
+    m = 1
+    for d in free_a:
+        m *= a.shape[d]
+    n_ = 1
+    for d in free_b:
+        n_ *= b.shape[d]
+    a2 = reshape(transpose(a, free_a + ax_a) if free_a + ax_a != list(range(a.ndim)) else a, (m, k))
+    b2 = reshape(transpose(b, ax_b + free_b) if ax_b + free_b != list(range(b.ndim)) else b, (k, n_))
+    out = matmul(a2, b2, precision=precision)
+    return reshape(out, tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b))
+
+
+def inner(a, b, *, precision=None):
+    """``jnp.inner``: the sum of products over the last axes of ``a`` and ``b`` (a scalar
+    operand multiplies), shape ``a.shape[:-1] + b.shape[:-1]``."""
+    a, b = _o._lift_pair(a, b)
+    if a.ndim == 0 or b.ndim == 0:
+        return multiply(a, b)
+    return tensordot(a, b, ([a.ndim - 1], [b.ndim - 1]), precision=precision)
+
+
+def vdot(a, b, *, precision=None):
+    """``jnp.vdot``: the dot product of the flattened operands (real: no conjugation), a
+    scalar."""
+    a, b = _o._lift_pair(a, b)
+    if a.size != b.size:
+        raise ValueError(f"vdot: operands of {a.size} and {b.size} elements")
+    return matmul(ravel(a), ravel(b), precision=precision)
+
+
+# 16-bit floats: computed in float32 and rounded once
+outer = _o._with_dtype_policy(outer, (0, 1))
+tensordot = _o._with_dtype_policy(tensordot, (0, 1))
+inner = _o._with_dtype_policy(inner, (0, 1))
+vdot = _o._with_dtype_policy(vdot, (0, 1))
+
+
+def _products_abstract_rules():
+    """Inside ``eval_shape`` these return ShapeDtypeStructs of jnp's result shapes."""
+    import math as _math
+    from ._abstract import ShapeDtypeStruct as _SDS
+
+    def size(x):
+        return _math.prod(_o._shp(x))
+
+    def td_rule(a, b, axes=2, **_k):
+        sa, sb = _o._shp(a), _o._shp(b)
+        if isinstance(axes, (int, _np.integer)):
+            aa, bb = list(range(len(sa) - int(axes), len(sa))), list(range(int(axes)))
+        else:
+            aa, bb = axes
+            aa = [aa] if isinstance(aa, (int, _np.integer)) else list(aa)
+            bb = [bb] if isinstance(bb, (int, _np.integer)) else list(bb)
+            aa, bb = [d % len(sa) for d in aa], [d % len(sb) for d in bb]
+        return tuple(n for d, n in enumerate(sa) if d not in aa) + \
+            tuple(n for d, n in enumerate(sb) if d not in bb)
+
+    def inner_rule(a, b, **_k):
+        sa, sb = _o._shp(a), _o._shp(b)
+        if not sa or not sb:
+            return _o._bcast_shape(sa, sb)
+        return tuple(sa[:-1]) + tuple(sb[:-1])
+
+    g = globals()
+    g["ravel"] = _o._with_rule(g["ravel"], lambda a, order="C": (size(a),), _SDS)
+    g["outer"] = _o._with_rule(g["outer"], lambda a, b: (size(a), size(b)), _SDS)
+    g["tensordot"] = _o._with_rule(g["tensordot"], td_rule, _SDS)
+    g["inner"] = _o._with_rule(g["inner"], inner_rule, _SDS)
+    g["vdot"] = _o._with_rule(g["vdot"], lambda a, b, **_k: (), _SDS)
+
+
+_products_abstract_rules()
 
 
 def squeeze(x, axis=None):
@@ -260,4 +405,6 @@ __all__ = [
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
     "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where", "concatenate", "stack", "split", "array_split",
+    "around", "ceil", "expm1", "floor", "log1p", "reciprocal", "round", "sign", "trunc", "ravel",
+    "outer", "inner", "vdot", "tensordot", "linalg",
 ]

@@ -41,6 +41,8 @@ from .lifted import broadcast, scan, vmap
 from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
 from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
+from .activation import (celu, elu, glu, hard_sigmoid, hard_silu, hard_swish, hard_tanh,
+                         log_sigmoid, relu6, selu, softplus, standardize)
 from .attention import (
     MultiHeadAttention,
     MultiHeadDotProductAttention,
@@ -56,7 +58,7 @@ __all__ = [
     'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'DenyList', 'Dense', 'DenseGeneral',
     'Embed', 'LayerNorm', 'RMSNorm', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',
-    'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

@@ -1,8 +1,18 @@
 """Activation helpers of ``flax.linen`` / ``jax.nn`` built from ctrainstate.numpy ops
-(differentiable, sharded): ``silu``/``swish``, ``leaky_relu``, ``one_hot``, and the
-numerically stable ``softmax``, ``log_softmax`` and ``logsumexp`` (shifted by the maximum,
-which stops the gradient, as jax.nn does; over a dimension sharded on mesh axes the maximum
-and the sum end in all-reduces over them).
+(differentiable, sharded): ``silu``/``swish``, ``leaky_relu``, ``softplus``, ``log_sigmoid``,
+``elu``, ``celu``, ``selu``, ``relu6``, ``hard_tanh``, ``hard_sigmoid``,
+``hard_silu``/``hard_swish``, ``glu``, ``standardize``, ``one_hot``, and the numerically stable
+``softmax``, ``log_softmax`` and ``logsumexp`` (shifted by the maximum, which stops the
+gradient, as jax.nn does; over a dimension sharded on mesh axes the maximum and the sum end in
+all-reduces over them).
+
+The formulas are jax.nn's (jax 0.10): ``softplus(x) = logaddexp(x, 0)`` computed as
+``max(x, 0) + log1p(exp(-|x|))``, ``log_sigmoid(x) = -softplus(-x)``, elu / celu / selu with
+``expm1``; so are the gradients, including jax's choices at the kinks: ``relu6`` has gradient
+0 at both 0 and 6 and ``hard_tanh`` gradient 1 at both -1 and 1 (jax's custom jvp and
+``where`` rule), ``hard_sigmoid`` / ``hard_silu`` follow relu6, ``celu`` and ``elu`` take 1
+(for alpha = 1) at 0. Every function takes bfloat16 / float16 Arrays: computed in float32
+and rounded once to the input's dtype.
 
 >>> import numpy as np
 >>> from ctrainstate import nn
@@ -16,7 +26,9 @@ import numpy as np
 from .. import _dtypes, _ops
 from ..array import device_put
 
-__all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp"]
+__all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp",
+           "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
+           "hard_sigmoid", "hard_silu", "hard_swish", "glu", "standardize"]
 
 _FMAX = float(np.finfo(np.float32).max)
 
@@ -109,9 +121,177 @@ def one_hot(x, num_classes: int, *, dtype=np.float32, axis: int = -1):
     return device_put(out)
 
 
+def _const(v, like):
+    """The float32 scalar ``v`` as an Array where ``like`` lives (so products and quotients
+    with it run as the binary kernels, bit for bit as jax's ``x * c`` and ``x / c``)."""
+    return _ops._lift(np.float32(v), _ops._place_of(like))
+
+
+def softplus(x):
+    """``log(1 + exp(x))``, stable: ``max(x, 0) + log1p(exp(-|x|))`` (jax.nn.softplus's
+    ``logaddexp(x, 0)``); gradient ``sigmoid(x)``."""
+    x = _ops._lift(x)
+    ax = _ops._unary_raw(_ops.U_ABS, x)
+    tail = _ops._unary_raw(_ops.U_LOG1P, _ops._unary_raw(_ops.U_EXP, _ops._unary_raw(_ops.U_NEG, ax)))
+    out = _ops._binary_raw(_ops.B_ADD, _ops._unary_raw(_ops.U_RELU, x), tail)
+    return _ops._record(out, (x,), lambda g: (_ops.multiply(g, _ops.sigmoid(x)),))
+
+
+def log_sigmoid(x):
+    """``log(sigmoid(x)) = -softplus(-x)`` (jax.nn.log_sigmoid); gradient ``sigmoid(-x)``."""
+    return _ops.negative(softplus(_ops.negative(x)))
+
+
+def elu(x, alpha: float = 1.0):
+    """``x`` where ``x > 0``, else ``alpha * expm1(x)`` (jax.nn.elu; the gradient at 0 is
+    ``alpha``, that of the expm1 branch, as jax's ``where``)."""
+    x = _ops._lift(x)
+    pos = _ops._binary_raw(_ops.B_GT, x, _const(0.0, x))
+    neg_part = _ops.where(pos, _const(0.0, x), x)
+    return _ops.where(pos, x, _ops.multiply(_const(alpha, x), _ops.expm1(neg_part)))
+
+
+def celu(x, alpha: float = 1.0):
+    """``max(x, 0) + alpha * expm1(min(x, 0) / alpha)`` (jax.nn.celu)."""
+    x = _ops._lift(x)
+    a = _const(alpha, x)
+    return _ops.add(_ops.maximum(x, 0.0),
+                    _ops.multiply(a, _ops.expm1(_ops.divide(_ops.minimum(x, 0.0), a))))
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(x):
+    """``scale * elu(x, alpha)`` with jax.nn.selu's constants (alpha 1.67326..., scale
+    1.05070...)."""
+    x = _ops._lift(x)
+    return _ops.multiply(_const(_SELU_SCALE, x), elu(x, _SELU_ALPHA))
+
+
+def _between(x, lo, hi, closed: bool):
+    """1.0 where ``lo < x < hi`` (``closed``: ``lo <= x <= hi``; NaN counts as inside when
+    closed, outside when open, as jax's masks), else 0.0; not recorded."""
+    if closed:   # 1 - (x > hi) - (lo > x)
+        out = _ops._binary_raw(_ops.B_SUB, _ops._binary_raw(_ops.B_GT, x, _const(hi, x)),
+                               _ops._unary_raw(_ops.U_AFFINE, _ops._binary_raw(
+                                   _ops.B_GT, _const(lo, x), x), -1.0, 0.0))
+        return _ops._unary_raw(_ops.U_AFFINE, out, -1.0, 1.0)
+    return _ops._binary_raw(_ops.B_MUL, _ops._binary_raw(_ops.B_GT, x, _const(lo, x)),
+                            _ops._binary_raw(_ops.B_GT, _const(hi, x), x))
+
+
+def relu6(x):
+    """``min(max(x, 0), 6)`` (jax.nn.relu6: NaN stays NaN; the gradient is 1 strictly
+    between 0 and 6 and 0 elsewhere, at 0 and 6 too, jax's custom jvp)."""
+    x = _ops._lift(x)
+    out = _ops._binary_raw(_ops.B_MIN, _ops._binary_raw(_ops.B_MAX, x, _const(0.0, x)),
+                           _const(6.0, x))
+    return _ops._record(out, (x,), lambda g: (_ops.multiply(g, _between(x, 0.0, 6.0, False)),))
+
+
+def hard_tanh(x):
+    """``x`` clipped to [-1, 1] (jax.nn.hard_tanh; gradient 1 on the closed interval,
+    0 outside)."""
+    x = _ops._lift(x)
+    out = _ops._binary_raw(_ops.B_MIN, _ops._binary_raw(_ops.B_MAX, x, _const(-1.0, x)),
+                           _const(1.0, x))
+    return _ops._record(out, (x,), lambda g: (_ops.multiply(g, _between(x, -1.0, 1.0, True)),))
+
+
+def hard_sigmoid(x):
+    """``relu6(x + 3) / 6`` (jax.nn.hard_sigmoid)."""
+    x = _ops._lift(x)
+    return _ops.divide(relu6(_ops.add(x, 3.0)), _const(6.0, x))
+
+
+def hard_silu(x):
+    """``x * hard_sigmoid(x)`` (jax.nn.hard_silu, also called hard_swish)."""
+    x = _ops._lift(x)
+    return _ops.multiply(x, hard_sigmoid(x))
+
+
+hard_swish = hard_silu
+
+
+def glu(x, axis: int = -1):
+    """Gated linear unit: ``x1 * sigmoid(x2)`` with ``x1, x2`` the two halves of ``x`` along
+    ``axis`` (jax.nn.glu); that dimension must be even."""
+    from .._slicing import split
+    x = _ops._lift(x)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"glu: axis must be an int, got {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"glu: axis {axis} is out of bounds for an array of shape {x.shape}")
+    n = x.shape[axis]
+    if n % 2:
+        raise ValueError(f"glu: dimension {axis % x.ndim} of shape {x.shape} has odd size {n}; "
+                         f"it must split in two halves")
+    x1, x2 = split(x, 2, axis=int(axis))
+    return _ops.multiply(x1, _ops.sigmoid(x2))
+
+
+def standardize(x, axis=-1, mean=None, variance=None, epsilon: float = 1e-5, where=None, *,
+                algorithm: str = "fast"):
+    """``(x - mean) * rsqrt(variance + epsilon)`` over ``axis`` (jax.nn.standardize): without
+    ``mean``, the mean over ``axis``; without ``variance``, ``algorithm='fast'`` (jax's
+    default) takes ``mean(x**2) - mean**2`` clipped at 0, ``'stable'`` the two-pass
+    ``mean((x - mean)**2)``. ``where=`` is not supported."""
+    if where is not None:
+        raise NotImplementedError("standardize: where= is not supported")
+    x = _ops._lift(x)
+    if mean is None:
+        mean = _ops.mean(x, axis, keepdims=True)
+    if variance is None:
+        if algorithm == "stable":
+            variance = _ops.mean(_ops.square(_ops.subtract(x, mean)), axis, keepdims=True)
+        elif algorithm == "fast":
+            variance = _ops.subtract(_ops.mean(_ops.square(x), axis, keepdims=True),
+                                     _ops.square(mean))
+            variance = _ops.maximum(variance, 0.0)
+        else:
+            raise ValueError(f"standardize: unknown algorithm {algorithm!r}; expected 'fast' "
+                             f"or 'stable'")
+    return _ops.multiply(_ops.subtract(x, mean), _ops.rsqrt(_ops.add(variance, float(epsilon))))
+
+
 # 16-bit float inputs: computed in float32, the result rounded once to the input's dtype
 # (ctrainstate._ops's dtype policy)
+silu = _ops._with_dtype_policy(silu)
+swish = silu
+softplus = _ops._with_dtype_policy(softplus)
+log_sigmoid = _ops._with_dtype_policy(log_sigmoid)
+elu = _ops._with_dtype_policy(elu)
+celu = _ops._with_dtype_policy(celu)
+selu = _ops._with_dtype_policy(selu)
+relu6 = _ops._with_dtype_policy(relu6)
+hard_tanh = _ops._with_dtype_policy(hard_tanh)
+hard_sigmoid = _ops._with_dtype_policy(hard_sigmoid)
+hard_silu = _ops._with_dtype_policy(hard_silu)
+hard_swish = hard_silu
+glu = _ops._with_dtype_policy(glu)
+standardize = _ops._with_dtype_policy(standardize, (0, 2, 3))
 softmax = _ops._with_dtype_policy(softmax)
+
+
+def _abstract_rules():
+    """Inside ``eval_shape`` (ShapeDtypeStruct arguments) these return ShapeDtypeStructs."""
+    from .._abstract import ShapeDtypeStruct
+    g = globals()
+    for name in ("silu", "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
+                 "hard_sigmoid", "hard_silu", "standardize"):
+        g[name] = _ops._with_rule(g[name], _ops._rule_same, ShapeDtypeStruct)
+
+    def glu_rule(x, axis=-1):
+        shape = list(_ops._shp(x))
+        shape[axis] //= 2
+        return tuple(shape)
+    g["glu"] = _ops._with_rule(g["glu"], glu_rule, ShapeDtypeStruct)
+    g["swish"], g["hard_swish"] = g["silu"], g["hard_silu"]
+
+
+_abstract_rules()
 log_softmax = _ops._with_dtype_policy(log_softmax)
 logsumexp = _ops._with_dtype_policy(logsumexp)
 leaky_relu = _ops._with_dtype_policy(leaky_relu)

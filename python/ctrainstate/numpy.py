@@ -55,6 +55,28 @@ from ._ops import (  # noqa: F401
 )
 from . import _ops as _o
 from ._slicing import array_split, concatenate, split, stack  # noqa: F401
+from ._move import (  # noqa: F401
+    atleast_1d,
+    atleast_2d,
+    atleast_3d,
+    diag,
+    diagonal,
+    eye,
+    flip,
+    fliplr,
+    flipud,
+    moveaxis,
+    pad,
+    prod,
+    repeat,
+    roll,
+    swapaxes,
+    take,
+    take_along_axis,
+    tile,
+    tril,
+    triu,
+)
 
 amax, amin = max, min
 
@@ -260,4 +282,9 @@ __all__ = [
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
     "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where", "concatenate", "stack", "split", "array_split",
+]
+__all__ += [
+    "atleast_1d", "atleast_2d", "atleast_3d", "diag", "diagonal", "eye", "flip", "fliplr",
+    "flipud", "moveaxis", "pad", "prod", "repeat", "roll", "swapaxes", "take",
+    "take_along_axis", "tile", "tril", "triu",
 ]

@@ -155,6 +155,11 @@ def test_values_equal_numpy_every_dtype(name, shape, call, dtype):
 def test_host_operands_and_eye():
     h = _data(O3, np.float32)
     _assert_same(cnp.flip(h, 1), np.flip(h, 1), "host operand")
+    idx = I([[4, 0], [-1, 2]])
+    _assert_same(cnp.take(h, cts.device_put(idx.astype(np.int32)), axis=2), np.take(h, idx, axis=2),
+                 "Array indices")
+    _assert_same(cnp.repeat(h, cts.device_put(I([1, 0, 2], np.int32)), axis=0),
+                 np.repeat(h, [1, 0, 2], axis=0), "Array repeats")
     for args, dt in [((3,), None), ((3, 5, 1), None), ((4, 2, -1), np.int32), ((2, 2, 5), np.bool_),
                      ((0,), None), ((3, None, 0), BF16)]:
         want = np.eye(*args, dtype=dt if dt is not None else np.float32)

@@ -65,6 +65,28 @@ from ._ops import (  # noqa: F401
 from . import _ops as _o
 from . import _linalg as linalg  # noqa: F401
 from ._slicing import array_split, concatenate, split, stack  # noqa: F401
+from ._move import (  # noqa: F401
+    atleast_1d,
+    atleast_2d,
+    atleast_3d,
+    diag,
+    diagonal,
+    eye,
+    flip,
+    fliplr,
+    flipud,
+    moveaxis,
+    pad,
+    prod,
+    repeat,
+    roll,
+    swapaxes,
+    take,
+    take_along_axis,
+    tile,
+    tril,
+    triu,
+)
 
 amax, amin = max, min
 
@@ -407,4 +429,9 @@ __all__ = [
     "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where", "concatenate", "stack", "split", "array_split",
     "around", "ceil", "expm1", "floor", "log1p", "reciprocal", "round", "sign", "trunc", "ravel",
     "outer", "inner", "vdot", "tensordot", "linalg",
+]
+__all__ += [
+    "atleast_1d", "atleast_2d", "atleast_3d", "diag", "diagonal", "eye", "flip", "fliplr",
+    "flipud", "moveaxis", "pad", "prod", "repeat", "roll", "swapaxes", "take",
+    "take_along_axis", "tile", "tril", "triu",
 ]

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "../../core/ct_convert_math.h"
+#include "../../core/ct_ewise_math.h"
 #include "../../core/ct_layout.h"
 #include "../../core/ct_ops.h"
 #include "../../core/ct_ops_math.h"
@@ -486,3 +487,43 @@ ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x
 #undef CONVERT_LOOP
 #undef PAR_SIMD
 #undef PAR_PLAIN
+
+// --- typed elementwise ops and integer reductions -----------------------------------------
+
+/* The element function (ct_ewise_math.h) per element: rows of the innermost dimension in
+ * parallel, as the float binary op. */
+ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                       void *out, const void *a, const int64_t *as, const void *b,
+                       const int64_t *bs) {
+    (void)dev;
+    if (ndim == 0) {
+        ct_ew_elem(op, dtype, out, 0, a, 0, b, 0);
+        return CT_OK;
+    }
+    int64_t total = 1;
+    for (int d = 0; d < ndim; d++) total *= shape[d];
+    if (total == 0) return CT_OK;
+    const int64_t inner = shape[ndim - 1];
+    const int64_t rows = total / inner;
+    const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
+#pragma omp parallel for schedule(static) if (total > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t ao, bo;
+        ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
+        for (int64_t i = 0; i < inner; i++)
+            ct_ew_elem(op, dtype, out, r * inner + i, a, ao + i * sa, b, bo + i * sb);
+    }
+    return CT_OK;
+}
+
+ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                              uint32_t axes, const void *x, void *out) {
+    (void)dev;
+    ct_ew_red_plan p;
+    ct_ew_red_plan_init(&p, ndim, shape, axes);
+    int64_t nout = 1;
+    for (int j = 0; j < p.nk; j++) nout *= p.kdim[j];
+#pragma omp parallel for schedule(static) if (nout * p.nred > PAR_MIN)
+    for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dtype, &p, x, out, q);
+    return CT_OK;
+}

@@ -4,7 +4,9 @@
  * An op on a sharded Array is one call per device on that device's blocks;
  * which blocks meet, and which collectives follow (the sharding propagation),
  * is decided above this layer. Here each op is validated (shapes, broadcast)
- * and dispatched to the device's backend kernels. Arithmetic is float32.
+ * and dispatched to the device's backend kernels. The float ops compute in
+ * float32; the typed ops (ct_op_ewise: comparisons, booleans, integer arithmetic)
+ * and ct_op_reduce_typed compute in their operands' own dtype.
  *
  * Broadcasting: a binary op gets the output shape and, per input, strides in
  * elements with 0 on broadcast dimensions (numpy semantics, computed by the

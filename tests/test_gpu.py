@@ -1097,6 +1097,12 @@ def test_int_reductions_and_cumsum_on_a_gpu_mesh_match_cpu(dt):
            lambda v: cnp.min(v, axis=1), lambda v: ew.any(v, axis=0), lambda v: ew.all(v),
            lambda v: ew.cumsum(v, axis=0), lambda v: ew.cumsum(v, axis=1),
            lambda v: cnp.where(ew.greater(v, 0), v, v)]
+    # few outputs of many elements: the block-per-output kernel (a shared-memory tree)
+    big = _ew_values(dt, (3, 5000), 6)
+    bg, bc = cts.device_put(big, gpus()[0]), cts.device_put(big, cts.devices("cpu")[0])
+    for f in (lambda v: cnp.sum(v), lambda v: cnp.sum(v, axis=1), lambda v: cnp.max(v, axis=1),
+              lambda v: cnp.min(v)):
+        np.testing.assert_array_equal(np.asarray(f(bg)), np.asarray(f(bc)))
     for i, f in enumerate(fns):
         got, want = np.asarray(f(g)), np.asarray(f(c))
         assert got.dtype == want.dtype, i

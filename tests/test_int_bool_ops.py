@@ -467,6 +467,18 @@ def test_int_reductions(dt, axis):
     np.testing.assert_array_equal(host(cnp.all(put(x), axis=axis)), np.all(x, axis=axis))
 
 
+@pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
+def test_large_int_reductions_split_across_threads(dt):
+    """A full reduction of many elements (the threads split one output's elements)."""
+    x = values(dt, (2, 50001), 33)
+    X = x.astype(np.int64)
+    want_dt = np.int32 if dt == BOOL else dt
+    np.testing.assert_array_equal(host(cnp.sum(put(x))), _wrap(X.sum(), want_dt))
+    np.testing.assert_array_equal(host(cnp.sum(put(x), axis=1)), _wrap(X.sum(axis=1), want_dt))
+    np.testing.assert_array_equal(host(cnp.max(put(x), axis=1)), x.max(axis=1))
+    np.testing.assert_array_equal(host(cnp.min(put(x))), x.min())
+
+
 def test_int_sum_wraps_and_matches_jax():
     x = np.array([INT_MAX, 1, 5], np.int32)
     assert int(cnp.sum(put(x))) == INT_MIN + 5

@@ -232,25 +232,32 @@ CT_RM int64_t ct_ew_unravel(int64_t t, int n, const int64_t *dims, const int64_t
     return off;
 }
 
+/* The reduced element t of output q (base: ct_ew_unravel of q over the kept dims). */
+CT_RM int64_t ct_ew_red_load(int dt, const ct_ew_red_plan *p, const void *x, int64_t base,
+                             int64_t t) {
+    return ct_cv_load_i(dt, x, base + ct_ew_unravel(t, p->nr, p->rdim, p->rstr));
+}
+
+/* The reduction's combine and identity: a wrapping uint64 sum, or the maximum. */
+CT_RM int64_t ct_ew_red_identity(int op, int dt) {
+    return op == CT_RED_SUM ? 0 : (dt == CT_I32 ? -2147483647 - 1 : 0);
+}
+
+CT_RM int64_t ct_ew_red_combine(int op, int64_t acc, int64_t v) {
+    if (op == CT_RED_SUM) return (int64_t)((uint64_t)acc + (uint64_t)v);
+    return v > acc ? v : acc;
+}
+
 /* out[q] = the sum (wrapping) or the maximum of x over the reduced elements of output q;
  * x and out have dtype `dt` (int32, uint32 or bool). An empty sum is 0; an empty maximum
  * is the dtype's minimum (the caller refuses empty maxima, as jnp.max does). */
 CT_RM void ct_ew_reduce_one(int op, int dt, const ct_ew_red_plan *p, const void *x, void *out,
                             int64_t q) {
     int64_t base = ct_ew_unravel(q, p->nk, p->kdim, p->kstr);
-    if (op == CT_RED_SUM) {
-        uint64_t acc = 0;
-        for (int64_t t = 0; t < p->nred; t++)
-            acc += (uint64_t)ct_cv_load_i(dt, x, base + ct_ew_unravel(t, p->nr, p->rdim, p->rstr));
-        ct_cv_store_i(dt, out, q, (int64_t)acc);
-    } else {
-        int64_t m = dt == CT_I32 ? -2147483647 - 1 : 0;
-        for (int64_t t = 0; t < p->nred; t++) {
-            int64_t v = ct_cv_load_i(dt, x, base + ct_ew_unravel(t, p->nr, p->rdim, p->rstr));
-            m = v > m ? v : m;
-        }
-        ct_cv_store_i(dt, out, q, m);
-    }
+    int64_t acc = ct_ew_red_identity(op, dt);
+    for (int64_t t = 0; t < p->nred; t++)
+        acc = ct_ew_red_combine(op, acc, ct_ew_red_load(dt, p, x, base, t));
+    ct_cv_store_i(dt, out, q, acc);
 }
 
 #endif /* CT_EWISE_MATH_H */

@@ -523,7 +523,26 @@ ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const
     ct_ew_red_plan_init(&p, ndim, shape, axes);
     int64_t nout = 1;
     for (int j = 0; j < p.nk; j++) nout *= p.kdim[j];
+    if (nout >= omp_get_max_threads() || nout * p.nred <= PAR_MIN) {
 #pragma omp parallel for schedule(static) if (nout * p.nred > PAR_MIN)
-    for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dtype, &p, x, out, q);
+        for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dtype, &p, x, out, q);
+        return CT_OK;
+    }
+    /* few outputs, many elements each (a full reduction): the threads split each output's
+     * elements; wrapping sums and maxima are exact in any grouping */
+    for (int64_t q = 0; q < nout; q++) {
+        const int64_t base = ct_ew_unravel(q, p.nk, p.kdim, p.kstr);
+        int64_t acc = ct_ew_red_identity(op, dtype);
+#pragma omp parallel
+        {
+            int64_t mine = ct_ew_red_identity(op, dtype);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < p.nred; t++)
+                mine = ct_ew_red_combine(op, mine, ct_ew_red_load(dtype, &p, x, base, t));
+#pragma omp critical
+            acc = ct_ew_red_combine(op, acc, mine);
+        }
+        ct_cv_store_i(dtype, out, q, acc);
+    }
     return CT_OK;
 }

@@ -6,7 +6,8 @@
  * operands' dtype is a template argument, the op a kernel argument. Grid-stride loops; the
  * broadcasting kernel computes operand offsets from the output index and per-operand
  * element strides (0 on broadcast dimensions). An integer reduction gives each output
- * element to one thread (exact in any order: wrapping sums and maxima are associative).
+ * element to one thread, or, for few outputs of many elements, to a block of threads and a
+ * shared-memory tree (exact in any order: wrapping sums and maxima are associative).
  * setup.py builds this file with -ftz=false (a denormal float compares as itself) and
  * --fmad=false (float floor_divide / remainder round as on the CPU).
  */
@@ -101,6 +102,40 @@ __global__ void reduce_typed_kernel(int op, long long nout, ct_ew_red_plan p, co
         ct_ew_reduce_one(op, DT, &p, x, out, q);
 }
 
+/* Few outputs with many elements each: a block per output, its threads striding over the
+ * elements, then a tree in shared memory (exact: wrapping sums and maxima). */
+template <int DT>
+__global__ void reduce_typed_block_kernel(int op, long long nout, ct_ew_red_plan p,
+                                          const void *x, void *out) {
+    __shared__ long long part[256];
+    for (long long q = blockIdx.x; q < nout; q += gridDim.x) {
+        const int64_t base = ct_ew_unravel(q, p.nk, p.kdim, p.kstr);
+        int64_t acc = ct_ew_red_identity(op, DT);
+        for (long long t = threadIdx.x; t < p.nred; t += blockDim.x)
+            acc = ct_ew_red_combine(op, acc, ct_ew_red_load(DT, &p, x, base, t));
+        part[threadIdx.x] = acc;
+        __syncthreads();
+        for (unsigned h = blockDim.x / 2; h > 0; h /= 2) {
+            if (threadIdx.x < h)
+                part[threadIdx.x] = ct_ew_red_combine(op, part[threadIdx.x], part[threadIdx.x + h]);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) ct_cv_store_i(DT, out, q, part[0]);
+        __syncthreads(); /* part[] is reused by the next output */
+    }
+}
+
+template <int DT>
+static void reduce_typed_launch(cudaStream_t s, int op, long long nout, const ct_ew_red_plan &p,
+                                const void *x, void *out) {
+    if (p.nred >= 1024 && nout < 4096) {
+        unsigned g = (unsigned)(nout < 65535 ? nout : 65535);
+        reduce_typed_block_kernel<DT><<<g, 256, 0, s>>>(op, nout, p, x, out);
+    } else {
+        reduce_typed_kernel<DT><<<ew_grid(nout), 256, 0, s>>>(op, nout, p, x, out);
+    }
+}
+
 extern "C" ct_status ct_cuda_reduce_typed(ct_device *dev, int op, int dtype, int ndim,
                                           const int64_t *shape, uint32_t axes, const void *x,
                                           void *out) {
@@ -111,9 +146,9 @@ extern "C" ct_status ct_cuda_reduce_typed(ct_device *dev, int op, int dtype, int
     if (nout == 0) return CT_OK;
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
     cudaStream_t s = ct_cuda_stream(dev);
-    if (dtype == CT_I32) reduce_typed_kernel<CT_I32><<<ew_grid(nout), 256, 0, s>>>(op, nout, p, x, out);
-    else if (dtype == CT_U32) reduce_typed_kernel<CT_U32><<<ew_grid(nout), 256, 0, s>>>(op, nout, p, x, out);
-    else reduce_typed_kernel<CT_BOOL><<<ew_grid(nout), 256, 0, s>>>(op, nout, p, x, out);
+    if (dtype == CT_I32) reduce_typed_launch<CT_I32>(s, op, nout, p, x, out);
+    else if (dtype == CT_U32) reduce_typed_launch<CT_U32>(s, op, nout, p, x, out);
+    else reduce_typed_launch<CT_BOOL>(s, op, nout, p, x, out);
     CT_CUDA_TRY(cudaGetLastError());
     return CT_OK;
 }

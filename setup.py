@@ -81,6 +81,7 @@ PER_FILE_NVCCFLAGS = {
     "cuda_random.cu": ["--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
     "cuda_optim.cu": ["--fmad=false"],
     "cuda_convert.cu": ["-ftz=false"],
+    "cuda_ewise.cu": ["-ftz=false", "--fmad=false", "-prec-div=true"],
 }
 
 

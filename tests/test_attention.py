@@ -185,8 +185,13 @@ def test_mask_helpers_on_arrays():
     assert isinstance(comb, cts.Array)
     np.testing.assert_array_equal(np.asarray(comb),
                                   np.logical_and(np.asarray(got2[0]) != 0, causal).astype(np.float32))
-    with pytest.raises(TypeError, match="only multiply"):
-        nn.make_attention_mask(cts.device_put(a), a, pairwise_fn=np.greater_equal)
+    # comparisons run on the devices too (segment ids, positions), as on the host
+    dev_ge = nn.make_attention_mask(cts.device_put(a), a, pairwise_fn=np.greater_equal)
+    assert isinstance(dev_ge, cts.Array) and dev_ge.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(dev_ge),
+                                  nn.make_attention_mask(a, a, pairwise_fn=np.greater_equal))
+    with pytest.raises(TypeError, match="cannot run on devices"):
+        nn.make_attention_mask(cts.device_put(a), a, pairwise_fn=np.add)
 
 
 # --- sharded: meshes (8,), (2, 4), (4, 2) ------------------------------------------------------

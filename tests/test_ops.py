@@ -150,8 +150,11 @@ def test_errors():
     with pytest.raises(ValueError, match="contracting dimensions differ"):
         a @ cts.device_put(np.ones((2, 2), np.float32))
     ints = cts.device_put(np.arange(6, dtype=np.int32).reshape(2, 3))
-    with pytest.raises(TypeError, match="integer arithmetic is not supported"):
-        ints + ints
+    summed = ints + ints  # integer arithmetic stays int32 (jax)
+    assert summed.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(summed), 2 * np.arange(6).reshape(2, 3))
+    with pytest.raises(TypeError, match="bitwise_and does not accept dtype float32"):
+        a & ints
     mixed = a + ints      # jax's promotion: int32 with float32 is float32
     assert mixed.dtype == np.float32
     np.testing.assert_array_equal(np.asarray(mixed), np.asarray(a) + np.arange(6).reshape(2, 3))

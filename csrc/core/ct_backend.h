@@ -93,6 +93,14 @@ typedef struct ct_backend {
      * queued on the device's stream. NULL: unsupported (the core says so). */
     ct_status (*convert)(struct ct_device *dev, int64_t n, int src_dtype, const void *x,
                          int dst_dtype, void *y);
+    /* Typed elementwise op (ct_op_ewise, ct_ewise_math.h) with broadcasting strides, and the
+     * integer reduction (ct_op_reduce_typed), queued on the device's stream. The core has
+     * validated op and dtype; a unary op gets b == a. NULL: unsupported. */
+    ct_status (*ewise)(struct ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                       void *out, const void *a, const int64_t *a_strides, const void *b,
+                       const int64_t *b_strides);
+    ct_status (*reduce_typed)(struct ct_device *dev, int op, int dtype, int ndim,
+                              const int64_t *shape, uint32_t axes, const void *x, void *out);
     /* optim_pass implements adafactor's FACTORED stage (statistics pass reduce = 4 and the
      * factors in later passes, see ct_opt_pass); 0: such steps are staged through the host. */
     int optim_factored;
@@ -113,7 +121,8 @@ typedef struct {
 
 /* 2: copy_segments; 3: reduce/allreduce take an op, row gathers; 4: gemm takes a precision
  * (CT_PREC_*: float32, TF32 or bfloat16 inputs); 5: convert (dtype conversions); 6: unary
- * CT_UN_LOG1P .. CT_UN_ERFC, binary CT_BIN_POW, CT_UN_SIGN keeps -0.0 and NaN */
+ * CT_UN_LOG1P .. CT_UN_ERFC, binary CT_BIN_POW, CT_UN_SIGN keeps -0.0 and NaN; ewise and
+ * reduce_typed (comparisons, booleans, integer arithmetic and reductions) */
 #define CT_BACKEND_ABI_VERSION 6
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 

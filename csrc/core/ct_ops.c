@@ -152,3 +152,59 @@ ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const 
     }
     return dev->backend->copy_block(dev, dev, ndim, yshape, itemsize, y, ys, x, src);
 }
+
+// --- typed elementwise ops and integer reductions -------------------------------------
+
+static int is_float_dt(int dt) { return dt == CT_F32 || dt == CT_F16 || dt == CT_BF16; }
+
+int ct_ewise_supported(int op, int dtype) {
+    if (op < 0 || op >= CT_EW_COUNT || dtype < 0 || dtype >= CT_NUM_DTYPES) return 0;
+    const int fl = is_float_dt(dtype), bl = dtype == CT_BOOL;
+    switch (op) {
+    case CT_EW_FLOORDIV: case CT_EW_REM: case CT_EW_NEG: return !bl;
+    case CT_EW_AND: case CT_EW_OR: case CT_EW_XOR: case CT_EW_NOT: return !fl;
+    case CT_EW_SHL: case CT_EW_SHR: return !fl && !bl;
+    case CT_EW_ISNAN: case CT_EW_ISINF: case CT_EW_ISFINITE: return fl;
+    default: return 1; /* comparisons, add/sub/mul/max/min, abs */
+    }
+}
+
+int ct_ewise_out_dtype(int op, int dtype) {
+    return (op <= CT_EW_GE || op == CT_EW_ISNAN || op == CT_EW_ISINF || op == CT_EW_ISFINITE)
+               ? CT_BOOL : dtype;
+}
+
+ct_status ct_op_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape, void *out,
+                      const void *a, const int64_t *a_strides, const void *b,
+                      const int64_t *b_strides) {
+    if (op < 0 || op >= CT_EW_COUNT) return ct_set_error(CT_EINVAL, "unknown elementwise op %d", op);
+    if (dtype < 0 || dtype >= CT_NUM_DTYPES)
+        return ct_set_error(CT_EINVAL, "elementwise op: unknown dtype code %d", dtype);
+    if (!ct_ewise_supported(op, dtype))
+        return ct_set_error(CT_EINVAL, "elementwise op %d does not accept dtype %s", op,
+                            ct_dtype_name((ct_dtype)dtype));
+    if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);
+    if (op >= CT_EW_NOT) { /* unary: the backend reads a twice rather than a NULL b */
+        b = a;
+        b_strides = a_strides;
+    }
+    if (a == NULL || b == NULL || out == NULL || a_strides == NULL || b_strides == NULL)
+        return ct_set_error(CT_EINVAL, "elementwise op: missing operand");
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0) return ct_set_error(CT_EINVAL, "negative dimension");
+    CT_TRY(need(dev, (const void *)dev->backend->ewise, "comparisons and integer ops"));
+    return dev->backend->ewise(dev, op, dtype, ndim, shape, out, a, a_strides, b, b_strides);
+}
+
+ct_status ct_op_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                             uint32_t axes, const void *x, void *out) {
+    if (op < 0 || op >= CT_RED_COUNT) return ct_set_error(CT_EINVAL, "unknown reduction %d", op);
+    if (dtype != CT_I32 && dtype != CT_U32 && dtype != CT_BOOL)
+        return ct_set_error(CT_EINVAL, "integer reduction of dtype %s",
+                            ct_dtype_name((ct_dtype)dtype));
+    if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);
+    if (ndim < 32 && (axes >> ndim) != 0)
+        return ct_set_error(CT_EINVAL, "reduction axes outside rank %d", ndim);
+    CT_TRY(need(dev, (const void *)dev->backend->reduce_typed, "integer reductions"));
+    return dev->backend->reduce_typed(dev, op, dtype, ndim, shape, axes, x, out);
+}

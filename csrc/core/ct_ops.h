@@ -4,7 +4,9 @@
  * An op on a sharded Array is one call per device on that device's blocks;
  * which blocks meet, and which collectives follow (the sharding propagation),
  * is decided above this layer. Here each op is validated (shapes, broadcast)
- * and dispatched to the device's backend kernels. Arithmetic is float32.
+ * and dispatched to the device's backend kernels. The float ops compute in
+ * float32; the typed ops (ct_op_ewise: comparisons, booleans, integer arithmetic)
+ * and ct_op_reduce_typed compute in their operands' own dtype.
  *
  * Broadcasting: a binary op gets the output shape and, per input, strides in
  * elements with 0 on broadcast dimensions (numpy semantics, computed by the
@@ -66,6 +68,37 @@ typedef enum {
     CT_BIN_POW,         /* a ** b, elementwise (each backend's powf; ABI 6) */
     CT_BIN_COUNT
 } ct_binary_op;
+
+/* Typed elementwise ops (ct_op_ewise): both operands have one dtype (the caller converts
+ * them to jax's promoted type first); the result is bool for the comparisons and the is*
+ * tests, else of that dtype. Element semantics: ct_ewise_math.h. */
+typedef enum {
+    CT_EW_EQ = 0,       /* comparisons: any dtype -> bool */
+    CT_EW_NE,
+    CT_EW_LT,
+    CT_EW_LE,
+    CT_EW_GT,
+    CT_EW_GE,
+    CT_EW_ADD,          /* arithmetic: any dtype (floats computed in float32, rounded once) */
+    CT_EW_SUB,
+    CT_EW_MUL,
+    CT_EW_MAX,
+    CT_EW_MIN,
+    CT_EW_FLOORDIV,     /* floats and ints (not bool) */
+    CT_EW_REM,
+    CT_EW_AND,          /* bitwise: ints and bool */
+    CT_EW_OR,
+    CT_EW_XOR,
+    CT_EW_SHL,          /* shifts: ints only */
+    CT_EW_SHR,          /* arithmetic for int32, logical for uint32 */
+    CT_EW_NOT,          /* unary from here on (the second operand is not read): ints, bool */
+    CT_EW_NEG,          /* floats and ints */
+    CT_EW_ABS,          /* floats and ints */
+    CT_EW_ISNAN,        /* floats -> bool */
+    CT_EW_ISINF,
+    CT_EW_ISFINITE,
+    CT_EW_COUNT
+} ct_ewise_op;
 
 /* Element strides (0 on broadcast dims) of an input of shape `in` (rank
  * in_ndim, aligned right) broadcast to `out`; CT_EINVAL if incompatible. */
@@ -129,6 +162,23 @@ ct_sgemm_fn ct_get_blas_sgemm(void);
  * floats to ints truncate and saturate, NaN -> 0; ints wrap; bool is x != 0). */
 ct_status ct_op_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
                         void *y);
+
+/* out = op(a, b) elementwise with broadcasting (strides as ct_op_binary's, in elements),
+ * a and b of dtype `dtype`, out of dtype bool for comparisons and is* tests and `dtype`
+ * otherwise (ct_ewise_math.h). A unary op reads a only (b and b_strides may be NULL).
+ * CT_EINVAL names an op the dtype does not have (a shift of floats, isnan of ints). */
+ct_status ct_op_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape, void *out,
+                      const void *a, const int64_t *a_strides, const void *b,
+                      const int64_t *b_strides);
+
+/* Whether ct_op_ewise has op for operands of dtype (1) or not (0); the result's dtype. */
+int ct_ewise_supported(int op, int dtype);
+int ct_ewise_out_dtype(int op, int dtype);
+
+/* out = the sum (wrapping) or maximum (CT_RED_SUM / CT_RED_MAX) of an int32, uint32 or bool
+ * block x (dense) over the dims in `axes`, in x's dtype. */
+ct_status ct_op_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                             uint32_t axes, const void *x, void *out);
 
 /* y = transpose(x, perm): x dense of `shape`, y dense of the permuted shape. */
 ct_status ct_op_transpose(ct_device *dev, int ndim, const int64_t *shape, const int *perm,

@@ -167,6 +167,109 @@ static PyObject *py_op_binary(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* outs[i] = op(lhs[i], rhs[i]) (ct_op_ewise) with numpy broadcasting of the shard shapes;
+ * rhs None for a unary op. The operands' buffers share one dtype; the outputs have the
+ * op's result dtype (bool for comparisons and is* tests). */
+static PyObject *py_op_ewise(PyObject *self, PyObject *args) {
+    (void)self;
+    int op;
+    PyObject *oo, *ao, *bo;
+    if (!PyArg_ParseTuple(args, "iOOO:op_ewise", &op, &oo, &ao, &bo)) return NULL;
+    if (op < 0 || op >= CT_EW_COUNT) {
+        PyErr_Format(PyExc_ValueError, "op_ewise: unknown op %d", op);
+        return NULL;
+    }
+    const int unary = op >= CT_EW_NOT;
+    if (unary != (bo == Py_None)) {
+        PyErr_Format(PyExc_TypeError, "op_ewise: op %d %s", op,
+                     unary ? "is unary: rhs must be None" : "needs a rhs");
+        return NULL;
+    }
+    buf_list os, as, bs;
+    if (get_buffers(oo, &os, "op_ewise output", 0) < 0 || get_buffers(ao, &as, "op_ewise lhs", 0) < 0 ||
+        same_len(&os, &as, "op_ewise") < 0)
+        return NULL;
+    if (!unary && (get_buffers(bo, &bs, "op_ewise rhs", 0) < 0 || same_len(&os, &bs, "op_ewise") < 0))
+        return NULL;
+    for (Py_ssize_t i = 0; i < os.n; i++) {
+        int dt = (int)as.b[i]->dtype;
+        if (!unary && (int)bs.b[i]->dtype != dt) {
+            PyErr_Format(PyExc_TypeError, "op_ewise: operands of dtypes %s and %s (convert first)",
+                         ct_dtype_name(as.b[i]->dtype), ct_dtype_name(bs.b[i]->dtype));
+            return NULL;
+        }
+        if (!ct_ewise_supported(op, dt)) {
+            PyErr_Format(PyExc_TypeError, "op_ewise: op %d does not accept dtype %s", op,
+                         ct_dtype_name((ct_dtype)dt));
+            return NULL;
+        }
+        if ((int)os.b[i]->dtype != ct_ewise_out_dtype(op, dt)) {
+            PyErr_Format(PyExc_TypeError, "op_ewise: output of dtype %s where %s is needed",
+                         ct_dtype_name(os.b[i]->dtype),
+                         ct_dtype_name((ct_dtype)ct_ewise_out_dtype(op, dt)));
+            return NULL;
+        }
+    }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < os.n && st == CT_OK; i++) {
+        ct_py_buffer *o = os.b[i], *a = as.b[i], *b = unary ? as.b[i] : bs.b[i];
+        int64_t sa[CT_MAX_NDIM], sb[CT_MAX_NDIM];
+        if (a->dev != o->dev || b->dev != o->dev) {
+            st = ct_set_error(CT_EINVAL, "op_ewise: operands of one shard live on different devices");
+            break;
+        }
+        st = ct_broadcast_strides(o->ndim, o->shape, a->ndim, a->shape, sa);
+        if (st == CT_OK) st = ct_broadcast_strides(o->ndim, o->shape, b->ndim, b->shape, sb);
+        if (st == CT_OK)
+            st = ct_op_ewise(o->dev, op, (int)a->dtype, o->ndim, o->shape, o->data, a->data, sa,
+                             b->data, sb);
+    }
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* outs[i] = the wrapping sum (op 0) or maximum (op 1) of the int32 / uint32 / bool shard
+ * xs[i] over the dims in the bit mask, in its dtype. */
+static PyObject *py_op_reduce_typed(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *oo;
+    unsigned int axes;
+    int op;
+    if (!PyArg_ParseTuple(args, "OiIO:op_reduce_typed", &xo, &op, &axes, &oo)) return NULL;
+    if (op < 0 || op >= CT_RED_COUNT) {
+        PyErr_Format(PyExc_ValueError, "op_reduce_typed: unknown reduction %d", op);
+        return NULL;
+    }
+    buf_list xs, os;
+    if (get_buffers(xo, &xs, "op_reduce_typed input", 0) < 0 ||
+        get_buffers(oo, &os, "op_reduce_typed output", 0) < 0 ||
+        same_len(&xs, &os, "op_reduce_typed") < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < xs.n; i++) {
+        int64_t want = 1;
+        for (int d = 0; d < xs.b[i]->ndim; d++)
+            if (!(axes & (1u << d))) want *= xs.b[i]->shape[d];
+        if (os.b[i]->dtype != xs.b[i]->dtype) {
+            PyErr_SetString(PyExc_TypeError, "op_reduce_typed: output dtype differs from the input's");
+            return NULL;
+        }
+        if (nelem(os.b[i]) != want || os.b[i]->dev != xs.b[i]->dev) {
+            PyErr_SetString(PyExc_ValueError, "op_reduce_typed: output shard has the wrong size");
+            return NULL;
+        }
+    }
+    ct_status st = CT_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < xs.n && st == CT_OK; i++)
+        st = ct_op_reduce_typed(xs.b[i]->dev, op, (int)xs.b[i]->dtype, xs.b[i]->ndim,
+                                xs.b[i]->shape, axes, xs.b[i]->data, os.b[i]->data);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_op_reduce(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *oo;
@@ -423,6 +526,15 @@ static PyMethodDef ops_methods[] = {
     {"op_binary", py_op_binary, METH_VARARGS,
      "op_binary($module, op, outs, lhs, rhs, /)\n--\n\nouts[i] = lhs[i] op rhs[i] with numpy "
      "broadcasting of the shard shapes."},
+    {"op_ewise", py_op_ewise, METH_VARARGS,
+     "op_ewise($module, op, outs, lhs, rhs, /)\n--\n\nouts[i] = op(lhs[i], rhs[i]) (comparisons, "
+     "booleans, integer arithmetic: ct_ewise_math.h) with numpy broadcasting of the shard "
+     "shapes; rhs None for a unary op. Operands share one dtype; outputs are bool for "
+     "comparisons and is* tests, else of that dtype."},
+    {"op_reduce_typed", py_op_reduce_typed, METH_VARARGS,
+     "op_reduce_typed($module, xs, op, axes_mask, outs, /)\n--\n\nReduce every int32 / uint32 "
+     "/ bool shard over the axes in the bit mask, in its dtype: op 0 sums (wrapping), 1 takes "
+     "the maximum."},
     {"op_reduce", py_op_reduce, METH_VARARGS,
      "op_reduce($module, xs, op, axes_mask, outs, /)\n--\n\nReduce every shard over the axes in "
      "the bit mask: op 0 sums, 1 takes the maximum (NaN wins)."},

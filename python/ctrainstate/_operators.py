@@ -1,4 +1,4 @@
-"""Array operators (``+ - * / @ ** -``, ``.T``, ``.reshape``, ``.sum``, ``.mean``, ``.max``,
+"""Array operators (``+ - * / // % @ ** -``, ``& | ^ ~ << >>``, ``abs()``, ``.T``, ``.reshape``, ``.sum``, ``.mean``, ``.max``,
 ``.min``, ``.argmax``, ``.argmin``) mapped to
 ``ctrainstate.numpy``, shared by :class:`~ctrainstate.Array` and
 :class:`~ctrainstate.ShapeDtypeStruct` (whose ops follow the shape rules)."""
@@ -8,6 +8,11 @@ from __future__ import annotations
 def _ops():
     from . import _ops
     return _ops
+
+
+def _ew():
+    from . import _elementwise
+    return _elementwise
 
 
 class OperatorsMixin:
@@ -46,6 +51,54 @@ class OperatorsMixin:
     def __neg__(self):
         return _ops().negative(self)
 
+    def __abs__(self):
+        return _ops().abs(self)
+
+    def __floordiv__(self, o):
+        return _ew().floor_divide(self, o)
+
+    def __rfloordiv__(self, o):
+        return _ew().floor_divide(o, self)
+
+    def __mod__(self, o):
+        return _ew().remainder(self, o)
+
+    def __rmod__(self, o):
+        return _ew().remainder(o, self)
+
+    def __and__(self, o):
+        return _ew().bitwise_and(self, o)
+
+    def __rand__(self, o):
+        return _ew().bitwise_and(o, self)
+
+    def __or__(self, o):
+        return _ew().bitwise_or(self, o)
+
+    def __ror__(self, o):
+        return _ew().bitwise_or(o, self)
+
+    def __xor__(self, o):
+        return _ew().bitwise_xor(self, o)
+
+    def __rxor__(self, o):
+        return _ew().bitwise_xor(o, self)
+
+    def __invert__(self):
+        return _ew().invert(self)
+
+    def __lshift__(self, o):
+        return _ew().left_shift(self, o)
+
+    def __rlshift__(self, o):
+        return _ew().left_shift(o, self)
+
+    def __rshift__(self, o):
+        return _ew().right_shift(self, o)
+
+    def __rrshift__(self, o):
+        return _ew().right_shift(o, self)
+
     def __pow__(self, p):
         return _ops().square(self) if p == 2 else _ops().power(self, p)
 
@@ -83,6 +136,14 @@ class OperatorsMixin:
     def argmin(self, axis=None, out=None, keepdims=False):
         _check_reduce_args("argmin", None, out)
         return _ops().argmin(self, axis=axis, keepdims=keepdims)
+
+    def any(self, axis=None, out=None, keepdims=False):
+        _check_reduce_args("any", None, out)
+        return _ew().any(self, axis=axis, keepdims=keepdims)
+
+    def all(self, axis=None, out=None, keepdims=False):
+        _check_reduce_args("all", None, out)
+        return _ew().all(self, axis=axis, keepdims=keepdims)
 
 
 def _check_reduce_args(name, dtype, out):

@@ -18,6 +18,9 @@ When a :func:`value_and_grad` trace is active, each op also records its
 vector-Jacobian product on the tape. Arithmetic is float32 (bfloat16 / float16 operands are
 converted, computed in float32 and rounded back per op: see "dtypes" below); matrix products
 take a ``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._precision`).
+Integer and bool operands (``add``, ``sum``, ``where``, ... when jax's promotion is not a
+float) go to the typed kernels of :mod:`ctrainstate._elementwise`, which also holds the
+comparisons and boolean ops.
 """
 from __future__ import annotations
 
@@ -286,6 +289,15 @@ def _bcast_shape(a, b):
 
 
 def _binary_raw(op, a: Array, b: Array) -> Array:
+    place, shape, out, a2, b2 = _binary_layout(a, b)
+    res = _new(shape, place, out)
+    _C.op_binary(op, _bufs(res), _bufs(a2), _bufs(b2))
+    return res
+
+
+def _binary_layout(a: Array, b: Array):
+    """Where an elementwise op on ``a`` and ``b`` runs: (placement, broadcast shape, the
+    output's per-dimension mesh axes, a and b resharded to match them where needed)."""
     place = _common_placement([a, b])
     shape = _bcast_shape(a.shape, b.shape)
     nd = len(shape)
@@ -315,10 +327,7 @@ def _binary_raw(op, a: Array, b: Array) -> Array:
         want = [out[d + off] if x.shape[d] == shape[d + off] else () for d in range(x.ndim)]
         return _to(x, place, want)
 
-    a2, b2 = need(a, an), need(b, bn)
-    res = _new(shape, place, out)
-    _C.op_binary(op, _bufs(res), _bufs(a2), _bufs(b2))
-    return res
+    return place, shape, out, need(a, an), need(b, bn)
 
 
 def _unbroadcast(g: Array, shape: tuple) -> Array:
@@ -1345,9 +1354,12 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
             for leaf in leaves:
                 x = _lift(leaf) if not isinstance(leaf, Array) else leaf
                 x._check_alive()
-                if x.dtype not in _FLOATS:
-                    raise TypeError(f"value_and_grad: differentiable inputs must be float32, "
-                                    f"bfloat16 or float16, got {x.dtype}")
+                if x.dtype not in _FLOATS:   # jax's words
+                    raise TypeError(f"grad requires real- or complex-valued inputs (input "
+                                    f"dtype that is a sub-dtype of np.inexact), but got "
+                                    f"{x.dtype}: value_and_grad differentiates float32, "
+                                    f"bfloat16 and float16 inputs (pass integer inputs as "
+                                    f"arguments not in argnums)")
                 x = _alias(x)  # a distinct object so one Array passed twice gets two slots
                 tape.track(x)
                 new.append(x)
@@ -1646,13 +1658,11 @@ def _result_dtype(vals, who: str):
                 weak_float = True
             else:
                 strong.add(dt)
-        elif isinstance(v, Array):
+        elif isinstance(v, Array) or type(v).__name__ == "ShapeDtypeStruct":
             int_array = dt
     if not strong and not weak_float and int_array is not None:
-        raise TypeError(
-            f"{who}: ctrainstate ops compute in floats; got an Array of {int_array} with no "
-            f"float operand (integer arithmetic is not supported: convert with "
-            f".astype(float32) first)")
+        from ._elementwise import result_type   # integer / bool operands: jax's own dtype
+        return result_type(*vals, who=who)
     if len(strong) == 1:
         return next(iter(strong))
     return _dtypes.float32
@@ -1704,6 +1714,14 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
         idx, names = _data_args(fn, args, kwargs, pos, rest_from)
         vals = [args[i] for i in idx] + [kwargs[k] for k in names]
         rdt = _result_dtype(vals, fn.__name__)
+        if rdt not in _FLOATS:     # integer / bool operands that no integer kernel takes
+            if fn.__name__ not in _INT_TO_FLOAT:
+                raise TypeError(
+                    f"{fn.__name__}: got {rdt} operands; this op computes in floats here "
+                    f"(integer arithmetic covers add, subtract, multiply, maximum, minimum, "
+                    f"negative, abs, sum, max, min, where, //, %, bitwise ops): convert with "
+                    f".astype(float32) first")
+            rdt = _dtypes.float32  # jnp.sin / exp / ... of ints: float32
         args = list(args)
         for i in idx:
             args[i] = _as_f32(args[i])
@@ -1713,6 +1731,10 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
         return out if rdt == np.float32 or not isinstance(out, Array) else astype(out, rdt)
     wrapped._policy = (pos, rest_from)
     return wrapped
+
+
+# float functions jnp applies to integer / bool operands by promoting them to float32
+_INT_TO_FLOAT = ("sin", "cos", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu")
 
 
 def _dtype_policies():
@@ -1728,6 +1750,59 @@ def _dtype_policies():
         g[name] = _with_dtype_policy(g[name], (0,))
     g["where"] = _with_dtype_policy(g["where"], (1, 2))
     g["einsum"] = _with_dtype_policy(g["einsum"], (), rest_from=1)
+    for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"):
+        g[name] = _int_dispatch(g[name], name, (0, 1))
+    for name in ("negative", "abs", "sum", "max", "min", "mean"):
+        g[name] = _int_dispatch(g[name], name, (0,))
+    g["where"] = _int_dispatch(g["where"], "where", (1, 2))
+
+
+def _intlike(v) -> bool:
+    """An Array or numpy operand of an integer or bool dtype."""
+    if isinstance(v, Array):
+        return v.dtype not in _FLOATS
+    if isinstance(v, (np.ndarray, np.generic)):
+        return v.dtype.kind in "biu"
+    return False
+
+
+def _int_dispatch(fn, name, pos):
+    """Route op ``fn`` to the integer / bool kernels (:mod:`ctrainstate._elementwise`) when an
+    operand is an integer or bool Array (or numpy value) and jax's promotion of the data
+    operands is not a float dtype; float results keep the float path."""
+    import functools
+    from . import _elementwise as ew
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        names = ("x", "y") if name == "where" else ("a", "b") if len(pos) == 2 else ("x",)
+        vals = [args[i] if i < len(args) else kwargs.get(nm) for i, nm in zip(pos, names)]
+        if name == "where" and builtins.all(
+                isinstance(v, (int, np.integer, np.bool_)) for v in vals):
+            pass    # where(mask, 1, 0): int32, as jax (weak ints)
+        elif not builtins.any(_intlike(v) for v in vals):
+            return fn(*args, **kwargs)
+        if builtins.any(v is None for v in vals):
+            return fn(*args, **kwargs)
+        dt = ew.result_type(*vals, who=name)
+        if dt in _FLOATS:
+            return fn(*args, **kwargs)
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        if name in ("add", "subtract", "multiply", "maximum", "minimum"):
+            return ew.int_binary(name, vals[0], vals[1])
+        if name == "divide":        # jnp.true_divide of ints: float32
+            return fn(astype(vals[0], _dtypes.float32), astype(vals[1], _dtypes.float32))
+        if name == "negative":
+            return ew.int_negative(vals[0])
+        if name == "abs":
+            return ew.int_abs(vals[0])
+        if name == "mean":          # jnp.mean of ints and bools: float32
+            return fn(astype(vals[0], _dtypes.float32), *args[1:], **rest)
+        if name == "where":
+            cond = args[0] if args else kwargs["condition"]
+            return ew.int_where(cond, vals[0], vals[1])
+        return ew.int_reduce(name, vals[0], *args[1:], **rest)
+    return wrapped
 
 
 def _abstract_dtype(fn, args, kwargs):
@@ -1736,7 +1811,13 @@ def _abstract_dtype(fn, args, kwargs):
     if pol is None:
         return None
     idx, names = _data_args(fn, args, kwargs, pol[0], pol[1])
-    return _result_dtype([args[i] for i in idx] + [kwargs[k] for k in names], fn.__name__)
+    dt = _result_dtype([args[i] for i in idx] + [kwargs[k] for k in names], fn.__name__)
+    if dt not in _FLOATS:   # integer / bool operands (jnp's result dtypes)
+        if fn.__name__ in ("mean", "divide"):
+            return _dtypes.float32
+        if fn.__name__ == "sum" and dt == _dtypes.bool_:
+            return _dtypes.int32
+    return dt
 
 
 def _abstract_rules():

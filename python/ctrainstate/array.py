@@ -242,6 +242,10 @@ class Array(OperatorsMixin):
         return int(self.item())
 
     def __bool__(self):
+        # `if loss < 1.0:` reads the one element; a larger Array has no single truth value
+        if self.size != 1:
+            raise ValueError("The truth value of an array with more than one element is "
+                             "ambiguous. Use a.any() or a.all()")
         return bool(self.item())
 
     def __repr__(self):
@@ -275,41 +279,30 @@ class Array(OperatorsMixin):
         raise TypeError(f"format spec {spec!r} applies to scalars; this Array has shape "
                         f"{self._shape}: format np.asarray(x) (gathers to the host) instead")
 
-    # --- comparisons: scalars only (there is no elementwise comparison op) ----------------
-    def _compare(self, other, op):
-        if isinstance(other, Array):
-            if other._shape:
-                raise TypeError(self._cmp_msg(other._shape))
-            other = other._scalar_value()
-        elif not isinstance(other, (int, float, bool, np.generic, np.ndarray)):
+    # --- comparisons: elementwise, bool Arrays (ctrainstate.numpy.equal, ...) -------------
+    def _compare(self, other, name):
+        if not isinstance(other, (Array, int, float, bool, np.generic, np.ndarray)):
             return NotImplemented
-        if self._shape:
-            raise TypeError(self._cmp_msg(self._shape))
-        return op(self._scalar_value(), other)
-
-    @staticmethod
-    def _cmp_msg(shape):
-        return (f"comparing an Array of shape {shape}: ctrainstate compares scalars (0-d "
-                f"Arrays, e.g. a loss) only; for elementwise comparisons gather to the host "
-                f"first, np.asarray(x) > 0")
+        from . import _elementwise
+        return getattr(_elementwise, name)(self, other)
 
     def __eq__(self, other):
-        return self._compare(other, lambda a, b: a == b)
+        return self._compare(other, "equal")
 
     def __ne__(self, other):
-        return self._compare(other, lambda a, b: a != b)
+        return self._compare(other, "not_equal")
 
     def __lt__(self, other):
-        return self._compare(other, lambda a, b: a < b)
+        return self._compare(other, "less")
 
     def __le__(self, other):
-        return self._compare(other, lambda a, b: a <= b)
+        return self._compare(other, "less_equal")
 
     def __gt__(self, other):
-        return self._compare(other, lambda a, b: a > b)
+        return self._compare(other, "greater")
 
     def __ge__(self, other):
-        return self._compare(other, lambda a, b: a >= b)
+        return self._compare(other, "greater_equal")
 
     __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
 

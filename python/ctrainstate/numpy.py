@@ -5,7 +5,13 @@ scalars (placed replicated on the Arrays' mesh). Sharding propagation, the
 collectives it implies and the autodiff rules are described in
 :mod:`ctrainstate._ops`. Arithmetic is float32; bfloat16 / float16 Arrays follow jax's
 dtype promotion and are computed in float32 and rounded once per op (``astype`` converts
-on the devices).
+on the devices). Comparisons (``equal``, ``greater``, ... and ``== < >`` on Arrays) return bool
+Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / ``remainder``
+(``// %``), ``isnan`` / ``isinf`` / ``isfinite``, ``any`` / ``all``, ``cumsum`` (any dtype), and
+``add`` / ``subtract`` / ``multiply`` / ``maximum`` / ``minimum`` / ``negative`` / ``abs`` /
+``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / bool Arrays compute in the
+operands' own (jax-promoted) dtype on each device's blocks, with jax's results
+(:mod:`ctrainstate._elementwise`).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -64,6 +70,35 @@ from ._ops import (  # noqa: F401
 )
 from . import _ops as _o
 from . import _linalg as linalg  # noqa: F401
+from ._elementwise import (  # noqa: F401
+    all,
+    any,
+    bitwise_and,
+    bitwise_not,
+    bitwise_or,
+    bitwise_xor,
+    cumsum,
+    equal,
+    floor_divide,
+    greater,
+    greater_equal,
+    invert,
+    isfinite,
+    isinf,
+    isnan,
+    left_shift,
+    less,
+    less_equal,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    mod,
+    not_equal,
+    remainder,
+    result_type,
+    right_shift,
+)
 from ._slicing import array_split, concatenate, split, stack  # noqa: F401
 from ._move import (  # noqa: F401
     atleast_1d,
@@ -434,4 +469,8 @@ __all__ += [
     "atleast_1d", "atleast_2d", "atleast_3d", "diag", "diagonal", "eye", "flip", "fliplr",
     "flipud", "moveaxis", "pad", "prod", "repeat", "roll", "swapaxes", "take",
     "take_along_axis", "tile", "tril", "triu",
+    "all", "any", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cumsum", "equal",
+    "floor_divide", "greater", "greater_equal", "invert", "isfinite", "isinf", "isnan",
+    "left_shift", "less", "less_equal", "logical_and", "logical_not", "logical_or",
+    "logical_xor", "mod", "not_equal", "remainder", "result_type", "right_shift",
 ]

@@ -19,6 +19,7 @@ extern "C" {
 }
 #include "core/ct_random_math.h"
 #include "core/ct_convert_math.h"
+#include "core/ct_ewise_math.h"
 
 static const ct_core_services *core;
 static const ct_backend *self_backend(void);
@@ -398,12 +399,38 @@ static ct_status m_convert(ct_device *dev, int64_t n, int sdt, const void *x, in
     return CT_OK;
 }
 
+static ct_status m_ewise(ct_device *dev, int op, int dt, int ndim, const int64_t *shape, void *out,
+                         const void *a, const int64_t *as, const void *b, const int64_t *bs) {
+    (void)dev;
+    out = R(out); a = R(a); b = R(b);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t ao, bo;
+        ct_offsets2(i, ndim, shape, as, bs, &ao, &bo);
+        ct_ew_elem(op, dt, out, i, a, ao, b, bo);
+    }
+    return CT_OK;
+}
+
+static ct_status m_reduce_typed(ct_device *dev, int op, int dt, int ndim, const int64_t *shape,
+                                uint32_t axes, const void *x, void *out) {
+    (void)dev;
+    x = R(x); out = R(out);
+    ct_ew_red_plan p;
+    ct_ew_red_plan_init(&p, ndim, shape, axes);
+    int64_t nout = 1;
+    for (int j = 0; j < p.nk; j++) nout *= p.kdim[j];
+    for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dt, &p, x, out, q);
+    return CT_OK;
+}
+
 static const ct_backend g_mock = {
     "cuda", CT_PLATFORM_GPU, m_alloc, m_free, m_copy,
     NULL, /* copy_segments: the core falls back to copy_block (nothing asks: optim_factored 0) */
     m_sync, m_init,
     m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_gather_rows, m_scatter_add_rows, m_optim, m_random,
-    m_convert,
+    m_convert, m_ewise, m_reduce_typed,
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }

@@ -184,5 +184,7 @@ const ct_backend ct_cpu_backend = {
     .gather_rows = ct_cpu_gather_rows,
     .scatter_add_rows = ct_cpu_scatter_add_rows,
     .convert = ct_cpu_convert,
+    .ewise = ct_cpu_ewise,
+    .reduce_typed = ct_cpu_reduce_typed,
     .optim_pass = NULL, /* the core's CPU driver (ct_optim.c) */
 };

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "../../core/ct_convert_math.h"
+#include "../../core/ct_ewise_math.h"
 #include "../../core/ct_layout.h"
 #include "../../core/ct_ops.h"
 #include "../../core/ct_ops_math.h"
@@ -494,3 +495,107 @@ ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x
 #undef CONVERT_LOOP
 #undef PAR_SIMD
 #undef PAR_PLAIN
+
+// --- typed elementwise ops and integer reductions -----------------------------------------
+
+/* One row of n elements with element strides sa, sb. op and dt are compile-time constants
+ * in every instantiation below (ew_row's switches), so the element function folds to the
+ * one operation and the dense loop can vectorise. */
+static inline __attribute__((always_inline)) void ew_row_t(int op, int dt, int64_t n, void *out,
+                                                           int64_t o0, const void *a, int64_t a0,
+                                                           int64_t sa, const void *b, int64_t b0,
+                                                           int64_t sb) {
+    if (sa == 1 && sb == 1) {
+        for (int64_t i = 0; i < n; i++) ct_ew_elem(op, dt, out, o0 + i, a, a0 + i, b, b0 + i);
+    } else if (sa == 1 && sb == 0) {
+        for (int64_t i = 0; i < n; i++) ct_ew_elem(op, dt, out, o0 + i, a, a0 + i, b, b0);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            ct_ew_elem(op, dt, out, o0 + i, a, a0 + i * sa, b, b0 + i * sb);
+    }
+}
+
+#define EW_ARGS n, out, o0, a, a0, sa, b, b0, sb
+#define EW_CASE(OP, DT) case OP: ew_row_t(OP, DT, EW_ARGS); break
+#define EW_OPS(DT)                                                                          \
+    switch (op) {                                                                           \
+        EW_CASE(CT_EW_EQ, DT); EW_CASE(CT_EW_NE, DT); EW_CASE(CT_EW_LT, DT);                \
+        EW_CASE(CT_EW_LE, DT); EW_CASE(CT_EW_GT, DT); EW_CASE(CT_EW_GE, DT);                \
+        EW_CASE(CT_EW_ADD, DT); EW_CASE(CT_EW_SUB, DT); EW_CASE(CT_EW_MUL, DT);             \
+        EW_CASE(CT_EW_MAX, DT); EW_CASE(CT_EW_MIN, DT); EW_CASE(CT_EW_FLOORDIV, DT);        \
+        EW_CASE(CT_EW_REM, DT); EW_CASE(CT_EW_AND, DT); EW_CASE(CT_EW_OR, DT);              \
+        EW_CASE(CT_EW_XOR, DT); EW_CASE(CT_EW_SHL, DT); EW_CASE(CT_EW_SHR, DT);             \
+        EW_CASE(CT_EW_NOT, DT); EW_CASE(CT_EW_NEG, DT); EW_CASE(CT_EW_ABS, DT);             \
+        EW_CASE(CT_EW_ISNAN, DT); EW_CASE(CT_EW_ISINF, DT); EW_CASE(CT_EW_ISFINITE, DT);    \
+        default: break;                                                                     \
+    }
+
+static void ew_row(int op, int dt, int64_t n, void *out, int64_t o0, const void *a, int64_t a0,
+                   int64_t sa, const void *b, int64_t b0, int64_t sb) {
+    switch (dt) {
+    case CT_F32: EW_OPS(CT_F32); break;
+    case CT_F16: EW_OPS(CT_F16); break;
+    case CT_BF16: EW_OPS(CT_BF16); break;
+    case CT_I32: EW_OPS(CT_I32); break;
+    case CT_U32: EW_OPS(CT_U32); break;
+    default: EW_OPS(CT_BOOL); break;
+    }
+}
+#undef EW_OPS
+#undef EW_CASE
+#undef EW_ARGS
+
+/* Rows of the innermost dimension in parallel, as the float binary op. */
+ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                       void *out, const void *a, const int64_t *as, const void *b,
+                       const int64_t *bs) {
+    (void)dev;
+    if (ndim == 0) {
+        ct_ew_elem(op, dtype, out, 0, a, 0, b, 0);
+        return CT_OK;
+    }
+    int64_t total = 1;
+    for (int d = 0; d < ndim; d++) total *= shape[d];
+    if (total == 0) return CT_OK;
+    const int64_t inner = shape[ndim - 1];
+    const int64_t rows = total / inner;
+    const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
+#pragma omp parallel for schedule(static) if (total > PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t ao, bo;
+        ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
+        ew_row(op, dtype, inner, out, r * inner, a, ao, sa, b, bo, sb);
+    }
+    return CT_OK;
+}
+
+ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                              uint32_t axes, const void *x, void *out) {
+    (void)dev;
+    ct_ew_red_plan p;
+    ct_ew_red_plan_init(&p, ndim, shape, axes);
+    int64_t nout = 1;
+    for (int j = 0; j < p.nk; j++) nout *= p.kdim[j];
+    if (nout >= omp_get_max_threads() || nout * p.nred <= PAR_MIN) {
+#pragma omp parallel for schedule(static) if (nout * p.nred > PAR_MIN)
+        for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dtype, &p, x, out, q);
+        return CT_OK;
+    }
+    /* few outputs, many elements each (a full reduction): the threads split each output's
+     * elements; wrapping sums and maxima are exact in any grouping */
+    for (int64_t q = 0; q < nout; q++) {
+        const int64_t base = ct_ew_unravel(q, p.nk, p.kdim, p.kstr);
+        int64_t acc = ct_ew_red_identity(op, dtype);
+#pragma omp parallel
+        {
+            int64_t mine = ct_ew_red_identity(op, dtype);
+#pragma omp for schedule(static) nowait
+            for (int64_t t = 0; t < p.nred; t++)
+                mine = ct_ew_red_combine(op, mine, ct_ew_red_load(dtype, &p, x, base, t));
+#pragma omp critical
+            acc = ct_ew_red_combine(op, acc, mine);
+        }
+        ct_cv_store_i(dtype, out, q, acc);
+    }
+    return CT_OK;
+}

@@ -16,6 +16,11 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
 ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc, int prec);
+ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                       void *out, const void *a, const int64_t *as, const void *b,
+                       const int64_t *bs);
+ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
+                              uint32_t axes, const void *x, void *out);
 ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
                          void *y);
 /* Return the CPU backend's cached free blocks to the system (cpu_backend.c). */

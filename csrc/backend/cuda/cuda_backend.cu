@@ -51,6 +51,13 @@ extern "C" ct_status ct_cuda_random_fill(ct_device *dev, uint32_t k0, uint32_t k
 /* cuda_convert.cu */
 extern "C" ct_status ct_cuda_convert(ct_device *dev, int64_t n, int sdt, const void *x, int ddt,
                                      void *y);
+/* cuda_ewise.cu */
+extern "C" ct_status ct_cuda_ewise(ct_device *dev, int op, int dtype, int ndim,
+                                   const int64_t *shape, void *out, const void *a,
+                                   const int64_t *as, const void *b, const int64_t *bs);
+extern "C" ct_status ct_cuda_reduce_typed(ct_device *dev, int op, int dtype, int ndim,
+                                          const int64_t *shape, uint32_t axes, const void *x,
+                                          void *out);
 
 // --- memory -------------------------------------------------------------------
 
@@ -453,6 +460,8 @@ static const ct_backend g_cuda_backend = {
     /* optim_pass */ ct_cuda_optim_pass,
     /* random_fill */ ct_cuda_random_fill,
     /* convert */ ct_cuda_convert,
+    /* ewise */ ct_cuda_ewise,
+    /* reduce_typed */ ct_cuda_reduce_typed,
     /* optim_factored */ 1,
 };
 

@@ -599,6 +599,11 @@ class SelfAttention(MultiHeadDotProductAttention):
 
 # --- masks ---------------------------------------------------------------------------------
 
+# pairwise functions make_attention_mask runs on devices besides multiply (by jnp's names)
+_PAIRWISE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
+             "logical_and", "logical_or"}
+
+
 def _is_multiply(fn) -> bool:
     return fn is np.multiply or fn is cnp.multiply or fn is _ops.multiply or \
         getattr(fn, "__name__", None) == "multiply"
@@ -613,8 +618,9 @@ def make_attention_mask(query_input, key_input, pairwise_fn: Callable = np.multi
 
     Host inputs (numpy arrays, the usual padding masks ``tokens > 0``) give a numpy array
     (``dtype`` as jax canonicalises it: float64 -> float32). Arrays run on their devices
-    with ``pairwise_fn`` multiply only (ctrainstate has no elementwise comparisons) and give
-    a float32 Array (or ``dtype``, converted block by block).
+    with ``pairwise_fn`` multiply, a comparison (``equal``, ``greater_equal``, ...: jnp's or
+    ctrainstate.numpy's, e.g. segment ids compared) or ``logical_and`` / ``logical_or``, and
+    give a float32 Array (or ``dtype``, converted block by block).
 
     >>> import numpy as np
     >>> from ctrainstate import nn
@@ -624,12 +630,22 @@ def make_attention_mask(query_input, key_input, pairwise_fn: Callable = np.multi
     """
     dt = _dtypes.canonicalize(dtype)
     if isinstance(query_input, Array) or isinstance(key_input, Array):
-        if not _is_multiply(pairwise_fn):
+        name = getattr(pairwise_fn, "__name__", None)
+        if not _is_multiply(pairwise_fn) and name not in _PAIRWISE:
             raise TypeError(
-                f"make_attention_mask on ctrainstate Arrays: pairwise_fn "
-                f"{getattr(pairwise_fn, '__name__', pairwise_fn)!r} cannot run on devices (only "
-                f"multiply; ctrainstate has no elementwise comparison ops); build the mask from "
-                f"host arrays, e.g. make_attention_mask(np.asarray(q), np.asarray(k), ...)")
+                f"make_attention_mask on ctrainstate Arrays: pairwise_fn {name or pairwise_fn!r} "
+                f"cannot run on devices (multiply, the comparisons and logical_and / logical_or "
+                f"can: {sorted(_PAIRWISE)}); build the mask from host arrays, e.g. "
+                f"make_attention_mask(np.asarray(q), np.asarray(k), ...)")
+        if not _is_multiply(pairwise_fn):   # a comparison (segment ids, positions): any dtypes
+            from .. import _elementwise
+            place = next(_ops._place_of(v) for v in (query_input, key_input) if isinstance(v, Array))
+            q, k = (v if isinstance(v, Array) else _ops._lift_any(v, place)
+                    for v in (query_input, key_input))
+            mask = getattr(_elementwise, name)(cnp.expand_dims(q, -1), cnp.expand_dims(k, -2))
+            mask = cnp.expand_dims(mask.astype(np.float32), -3)
+            mask = cnp.reshape(mask, (1,) * int(extra_batch_dims) + mask.shape)
+            return mask if dt == np.float32 else mask.astype(dt)
         q = _float_operand(query_input) if isinstance(query_input, Array) else None
         place = _ops._place_of(q) if q is not None else None
         k = _float_operand(key_input, place)

@@ -1,0 +1,629 @@
+"""Comparisons, boolean logic and integer arithmetic on Arrays (ctrainstate._elementwise).
+
+Expected values come from numpy (on values cast as jax's promotion says, the promotion table
+written out below), from a table of what jax 0.10 returns where numpy differs or has no
+answer (division by zero, shift counts past the width), and from live jax when it is
+installed (those tests skip otherwise). Sharded runs must give the single-device bits.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import NamedSharding, P
+
+BF16 = ml_dtypes.bfloat16
+F32, F16, I32, U32, BOOL = np.float32, np.float16, np.int32, np.uint32, np.bool_
+DTYPES = [F32, BF16, F16, I32, U32, BOOL]
+NAMES = {F32: "f32", BF16: "bf16", F16: "f16", I32: "i32", U32: "u32", BOOL: "bool"}
+INT_MIN, INT_MAX = -(2 ** 31), 2 ** 31 - 1
+# edge values cast to narrower types on purpose (inf from float32 -> float16, wraps)
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+
+
+def _jnp():
+    return pytest.importorskip("jax.numpy")
+
+
+# jax's promotion (x64 off) among the stored dtypes, written out: floats beat ints beat bool;
+# two different floats give float32; int32 with uint32 gives int32.
+def ref_promote(a, b):
+    a, b = np.dtype(a), np.dtype(b)
+    if a == b:
+        return a
+    fl = [d for d in (a, b) if d in (np.dtype(F32), np.dtype(BF16), np.dtype(F16))]
+    if len(fl) == 2:
+        return np.dtype(F32)
+    if len(fl) == 1:
+        return fl[0]
+    ints = [d for d in (a, b) if d in (np.dtype(I32), np.dtype(U32))]
+    if len(ints) == 2:
+        return np.dtype(I32)
+    return ints[0]
+
+
+def values(dt, shape, seed=0):
+    """Edge values first (NaN, inf, -0, subnormals, int extremes), then random ones."""
+    r = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    if dt == BOOL:
+        return r.integers(0, 2, n).astype(bool).reshape(shape)
+    if dt in (I32, U32):
+        edge = np.array([0, 1, -1, 7, -7, 2, -2, INT_MAX, INT_MIN, 2 ** 24 + 1, 3, -3], np.int64)
+        rest = r.integers(-50, 50, n) if seed % 2 else r.integers(INT_MIN, INT_MAX, n)
+        v = np.concatenate([edge, rest])[:n]
+        return v.astype(dt).reshape(shape)     # int64 -> 32 bits wraps
+    edge = np.array([0.0, -0.0, 1.0, -1.0, 0.5, 2.5, -2.5, 1e-40, 3e38, np.inf, -np.inf, np.nan,
+                     7.0, -7.0, 0.1], np.float32)
+    rest = (r.standard_normal(n) * 4).round(1).astype(np.float32)
+    v = np.concatenate([edge, rest])[:n]
+    with np.errstate(over="ignore"):
+        return v.astype(dt).reshape(shape)
+
+
+def put(x, sharding=None):
+    return cts.device_put(x, sharding) if sharding is not None else cts.device_put(x)
+
+
+def host(a):
+    return np.asarray(a)
+
+
+def same_bits(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8))
+
+
+# --- comparisons ---------------------------------------------------------------------------------
+
+CMPS = {"equal": np.equal, "not_equal": np.not_equal, "less": np.less,
+        "less_equal": np.less_equal, "greater": np.greater, "greater_equal": np.greater_equal}
+
+
+def daz(v, dt):
+    """jax on CPU compares float32 / bfloat16 subnormals as zeros (XLA flushes denormals;
+    measured: 1e-40 == 0.0 is True); float16 subnormals are normal float32 numbers."""
+    if np.dtype(dt) in (np.dtype(F32), np.dtype(BF16)):
+        return np.where(np.abs(v) < np.finfo(np.float32).tiny, np.float32(0), v).astype(np.float32)
+    return v
+
+
+def _ref_cmp(name, a, b):
+    dt = ref_promote(a.dtype, b.dtype)
+    ca, cb = a.astype(dt), b.astype(dt)
+    if dt in (np.dtype(BF16), np.dtype(F16)):
+        ca, cb = ca.astype(np.float32), cb.astype(np.float32)   # exact
+    ca, cb = daz(ca, dt), daz(cb, dt)
+    with np.errstate(invalid="ignore"):
+        return CMPS[name](ca, cb)
+
+
+@pytest.mark.parametrize("da", DTYPES, ids=lambda d: NAMES[d])
+@pytest.mark.parametrize("db", DTYPES, ids=lambda d: NAMES[d])
+def test_comparisons_every_dtype_pair(da, db):
+    a = values(da, (5, 7), 0)
+    b = values(db, (7,), 1)              # broadcast against a's rows
+    b2 = values(db, (5, 7), 2)
+    b2[0, :] = a[0, :].astype(db) if da != BOOL or db == BOOL else b2[0, :]   # some equal pairs
+    for name in CMPS:
+        fn = getattr(cnp, name)
+        for x, y in ((a, b), (a, b2)):
+            got = fn(put(x), put(y))
+            assert got.dtype == np.bool_ and got.shape == np.broadcast_shapes(x.shape, y.shape)
+            np.testing.assert_array_equal(host(got), _ref_cmp(name, x, y), err_msg=f"{name} {da} {db}")
+
+
+def test_comparisons_match_jax_every_dtype_pair():
+    jnp = _jnp()
+    for da in DTYPES:
+        for db in DTYPES:
+            a, b = values(da, (3, 6), 3), values(db, (6,), 4)
+            for name in CMPS:
+                got = getattr(cnp, name)(put(a), put(b))
+                want = np.asarray(getattr(jnp, name)(jnp.asarray(a), jnp.asarray(b)))
+                same_bits(got, want)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=lambda d: NAMES[d])
+def test_comparisons_with_weak_python_scalars(dt):
+    """Python scalars are weak: an int32 Array against 0.5 compares as float32; a bfloat16
+    Array against 0.1 compares with 0.1 rounded to bfloat16 (jax)."""
+    a = values(dt, (4, 5), 5)
+    for s in (0, 1, -1, 0.5, 0.1, 2.5, True):
+        if dt == U32 and isinstance(s, int) and s < 0:
+            want_s = np.uint32(2 ** 32 - 1)          # -1 wraps to uint32, as in jax
+        else:
+            want_s = s
+        if isinstance(s, float) and dt in (I32, U32, BOOL):
+            ref_dt = np.float32
+        elif isinstance(s, int) and not isinstance(s, bool) and dt == BOOL:
+            ref_dt = np.int32
+        else:
+            ref_dt = dt
+        ca = a.astype(ref_dt).astype(np.float32) if ref_dt in (BF16, F16) else a.astype(ref_dt)
+        cs = np.asarray(want_s).astype(ref_dt)
+        cs = cs.astype(np.float32) if ref_dt in (BF16, F16) else cs
+        ca = daz(ca, ref_dt)
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(host(put(a) > s), ca > cs)
+            np.testing.assert_array_equal(host(s >= put(a)), cs >= ca)   # reflected
+            np.testing.assert_array_equal(host(put(a) == s), ca == cs)
+            np.testing.assert_array_equal(host(put(a) != s), ca != cs)
+
+
+def test_weak_scalars_match_jax():
+    jnp = _jnp()
+    for dt in DTYPES:
+        a = values(dt, (11,), 6)
+        for s in (0, -1, 0.5, 0.1, 3, True):
+            for op in (np.greater, np.equal, np.less_equal):
+                name = op.__name__
+                same_bits(getattr(cnp, name)(put(a), s), np.asarray(getattr(jnp, name)(jnp.asarray(a), s)))
+
+
+def test_nan_and_inf_comparisons():
+    x = put(np.array([np.nan, np.inf, -np.inf, 1.0, -0.0], np.float32))
+    assert host(x == x).tolist() == [False, True, True, True, True]
+    assert host(x != x).tolist() == [True, False, False, False, False]
+    assert host(x < np.inf).tolist() == [False, False, True, True, True]
+    assert host(x >= 0.0).tolist() == [False, True, False, True, True]   # -0.0 >= 0
+    assert host(cnp.isnan(x)).tolist() == [True, False, False, False, False]
+    assert host(cnp.isinf(x)).tolist() == [False, True, True, False, False]
+    assert host(cnp.isfinite(x)).tolist() == [False, False, False, True, True]
+    for dt in (BF16, F16):
+        y = put(np.array([np.nan, np.inf, 1.0], np.float32).astype(dt))
+        assert host(cnp.isnan(y)).tolist() == [True, False, False]
+        assert host(cnp.isfinite(y)).tolist() == [False, False, True]
+    i = put(np.array([1, -5], np.int32))
+    assert host(cnp.isnan(i)).tolist() == [False, False]
+    assert host(cnp.isfinite(i)).tolist() == [True, True]
+    assert host(cnp.isinf(put(np.array([True])))).tolist() == [False]
+
+
+def test_zero_d_comparisons_and_truth_values():
+    loss = put(np.float32(0.25))
+    c = loss < 1.0
+    assert c.shape == () and c.dtype == np.bool_
+    assert bool(c) is True and bool(loss > 1.0) is False
+    if loss < 1.0:
+        pass
+    else:
+        raise AssertionError("0-d comparison")
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(put(np.arange(3, dtype=np.float32)) > 0)
+    x = put(np.ones(3, np.float32))
+    assert (x == "text") is False and (x != None) is True   # noqa: E711 - identity fallback
+
+
+def test_bool_of_non_scalar_matches_jax_error_kind():
+    jnp = _jnp()
+    with pytest.raises(ValueError) as theirs:
+        bool(jnp.arange(3) > 0)
+    with pytest.raises(ValueError) as ours:
+        bool(put(np.arange(3, dtype=np.int32)) > 0)
+    assert str(ours.value) == str(theirs.value)
+
+
+# --- booleans and bits -------------------------------------------------------------------------------
+
+def test_logical_ops_any_dtype():
+    a = np.array([[0.0, 1.0, np.nan, -0.0], [2.0, 0.0, 0.0, 3.0]], np.float32)
+    b = np.array([1, 0, 5, 0], np.int32)
+    ab, bb = a != 0, b != 0            # NaN is true
+    np.testing.assert_array_equal(host(cnp.logical_and(put(a), put(b))), ab & bb)
+    np.testing.assert_array_equal(host(cnp.logical_or(put(a), put(b))), ab | bb)
+    np.testing.assert_array_equal(host(cnp.logical_xor(put(a), put(b))), ab ^ bb)
+    np.testing.assert_array_equal(host(cnp.logical_not(put(a))), ~ab)
+    m, n = put(ab), put(bb)
+    np.testing.assert_array_equal(host(m & n), ab & bb)
+    np.testing.assert_array_equal(host(m | n), ab | bb)
+    np.testing.assert_array_equal(host(m ^ n), ab ^ bb)
+    np.testing.assert_array_equal(host(~m), ~ab)
+    assert (m & n).dtype == np.bool_ and (~m).dtype == np.bool_
+    assert (m & 3).dtype == np.int32          # bool with a weak int: int32 (jax)
+    np.testing.assert_array_equal(host(m & 3), ab.astype(np.int32) & 3)
+
+
+@pytest.mark.parametrize("dt", [I32, U32], ids=lambda d: NAMES[d])
+def test_bitwise_ints(dt):
+    a, b = values(dt, (6, 5), 7), values(dt, (5,), 8)
+    np.testing.assert_array_equal(host(put(a) & put(b)), a & b)
+    np.testing.assert_array_equal(host(put(a) | put(b)), a | b)
+    np.testing.assert_array_equal(host(put(a) ^ put(b)), a ^ b)
+    np.testing.assert_array_equal(host(~put(a)), ~a)
+    np.testing.assert_array_equal(host(cnp.bitwise_not(put(a))), ~a)
+
+
+SHIFT_COUNTS = np.array([0, 1, 5, 31, 32, 33, 100, -1, -32], np.int64)
+
+
+@pytest.mark.parametrize("dt", [I32, U32], ids=lambda d: NAMES[d])
+def test_shifts(dt):
+    x = values(dt, (SHIFT_COUNTS.size, 12), 9)
+    s = SHIFT_COUNTS.astype(dt)[:, None]
+    sc = SHIFT_COUNTS[:, None]
+    inr = (sc >= 0) & (sc < 32)
+    safe = np.where(inr, s, 0).astype(dt)
+    # in range: numpy (wrapping left shift via 64 bits; >> arithmetic for int32, logical for
+    # uint32); out of range (jax 0.10, measured): << gives 0, >> gives the sign fill / 0
+    left = ((x.astype(np.int64) << safe.astype(np.int64)) & 0xFFFFFFFF).astype(np.uint32).astype(dt)
+    right = x >> safe
+    fill = np.where(x < 0, -1, 0).astype(dt) if dt == I32 else np.zeros_like(x)
+    np.testing.assert_array_equal(host(put(x) << put(s)), np.where(inr, left, 0).astype(dt))
+    np.testing.assert_array_equal(host(put(x) >> put(s)), np.where(inr, right, fill).astype(dt))
+
+
+def test_shifts_and_bits_match_jax():
+    jnp = _jnp()
+    for dt in (I32, U32):
+        x = values(dt, (SHIFT_COUNTS.size, 10), 10)
+        s = SHIFT_COUNTS.astype(dt)[:, None]
+        for name in ("left_shift", "right_shift", "bitwise_and", "bitwise_or", "bitwise_xor"):
+            same_bits(getattr(cnp, name)(put(x), put(s)),
+                      np.asarray(getattr(jnp, name)(jnp.asarray(x), jnp.asarray(s))))
+        same_bits(cnp.invert(put(x)), np.asarray(jnp.invert(jnp.asarray(x))))
+    bx = np.array([True, False, True])
+    same_bits(cnp.left_shift(put(bx), put(bx)), np.asarray(jnp.left_shift(bx, bx)))   # int32
+    same_bits(cnp.invert(put(bx)), np.asarray(jnp.invert(bx)))
+
+
+# --- integer arithmetic ------------------------------------------------------------------------------
+
+def _wrap(v, dt):
+    return np.asarray(v, np.int64).astype(dt)      # two's complement wrap
+
+
+@pytest.mark.parametrize("dt", [I32, U32], ids=lambda d: NAMES[d])
+def test_int_arithmetic_wraps(dt):
+    a, b = values(dt, (7, 9), 11), values(dt, (9,), 12)
+    A, B = a.astype(np.int64), b.astype(np.int64)
+    pa, pb = put(a), put(b)
+    for got, want in ((pa + pb, A + B), (pa - pb, A - B), (pa * pb, A * B), (-pa, -A),
+                      (cnp.maximum(pa, pb), np.maximum(A, B)), (cnp.minimum(pa, pb), np.minimum(A, B)),
+                      (abs(pa), np.abs(A)), (cnp.abs(pa), np.abs(A)), (cnp.negative(pa), -A),
+                      (pa + 1, A + 1), (1 - pa, 1 - A), (pa * 3, A * 3)):
+        assert got.dtype == dt
+        np.testing.assert_array_equal(host(got), _wrap(want, dt))
+    big = put(np.array([INT_MAX, INT_MIN], np.int32))
+    assert host(big + 1).tolist() == [INT_MIN, INT_MIN + 1]
+    assert host(abs(big)).tolist() == [INT_MAX, INT_MIN]          # abs(INT_MIN) wraps
+    assert host(-big).tolist() == [-INT_MAX, INT_MIN]
+    assert host(put(np.array([1, 0], np.uint32)) - 2).tolist() == [2 ** 32 - 1, 2 ** 32 - 2]
+
+
+def test_bool_arithmetic():
+    a, b = np.array([True, True, False, False]), np.array([True, False, True, False])
+    pa, pb = put(a), put(b)
+    assert (pa + pb).dtype == np.bool_ and host(pa + pb).tolist() == (a | b).tolist()
+    assert host(pa * pb).tolist() == (a & b).tolist()
+    assert host(cnp.maximum(pa, pb)).tolist() == (a | b).tolist()
+    assert host(cnp.minimum(pa, pb)).tolist() == (a & b).tolist()
+    assert (pa + 1).dtype == np.int32 and host(pa + 1).tolist() == [2, 2, 1, 1]
+    assert host(abs(pa)).tolist() == a.tolist()
+    with pytest.raises(TypeError, match="subtract does not accept dtype bool"):
+        pa - pb
+    with pytest.raises(TypeError, match="negative does not accept dtype bool"):
+        -pa
+
+
+def test_int_arithmetic_matches_jax():
+    jnp = _jnp()
+    for da in (I32, U32, BOOL):
+        for db in (I32, U32, BOOL):
+            a, b = values(da, (4, 6), 13), values(db, (6,), 14)
+            ja, jb = jnp.asarray(a), jnp.asarray(b)
+            for name in ("add", "multiply", "maximum", "minimum"):
+                same_bits(getattr(cnp, name)(put(a), put(b)), np.asarray(getattr(jnp, name)(ja, jb)))
+            if not (da == BOOL and db == BOOL):
+                same_bits(cnp.subtract(put(a), put(b)), np.asarray(jnp.subtract(ja, jb)))
+        a = values(da, (9,), 15)
+        for s in (1, -1, 7, 2 ** 31 - 1):
+            same_bits(put(a) + s, np.asarray(jnp.asarray(a) + s))
+            same_bits(put(a) * s, np.asarray(jnp.asarray(a) * s))
+        if da != BOOL:
+            same_bits(-put(a), np.asarray(-jnp.asarray(a)))
+        same_bits(abs(put(a)), np.asarray(jnp.abs(jnp.asarray(a))))
+
+
+def test_int_with_float_is_float_and_true_divide():
+    a = np.array([1, -2, 7], np.int32)
+    r = put(a) * 0.5
+    assert r.dtype == np.float32 and host(r).tolist() == [0.5, -1.0, 3.5]
+    r = put(a) + put(np.ones(3, BF16))
+    assert r.dtype == BF16
+    q = put(a) / put(np.array([2, 2, 2], np.int32))
+    assert q.dtype == np.float32 and host(q).tolist() == [0.5, -1.0, 3.5]
+    assert cnp.mean(put(a)).dtype == np.float32 and float(cnp.mean(put(a))) == 2.0
+
+
+def test_weak_int_overflow_raises_as_jax():
+    with pytest.raises(OverflowError, match="does not fit int32"):
+        put(np.array([1], np.int32)) + 2 ** 40
+    with pytest.raises(OverflowError):
+        put(np.array([1], np.uint32)) + 2 ** 32 - 1
+    assert host(put(np.array([1], np.uint32)) + (-1)).tolist() == [0]   # wraps, as jax
+
+
+# --- floor_divide and remainder ---------------------------------------------------------------------------
+
+# jax 0.10 on CPU, measured: int x // 0 is -1 for x == 0 and -2 otherwise (XLA gives -1, then
+# jnp's floor correction applies where rem(x, 0) = x is nonzero); int x % 0 is 0 (jnp divides
+# by 1 instead); uint32 x // 0 is 2**32 - 1 and x % 0 is 0.
+def _ref_int_floordiv(a, b, dt):
+    A, B = a.astype(np.int64), b.astype(np.int64)
+    A, B = np.broadcast_arrays(A, B)
+    safe = np.where(B == 0, 1, B)
+    q, r = A // safe, A % safe          # Python's floor semantics in int64
+    if dt == U32:
+        q = np.where(B == 0, 2 ** 32 - 1, q)
+    else:
+        q = np.where(B == 0, np.where(A == 0, -1, -2), q)
+    r = np.where(B == 0, 0, r)
+    return _wrap(q, dt), _wrap(r, dt)
+
+
+@pytest.mark.parametrize("dt", [I32, U32], ids=lambda d: NAMES[d])
+def test_int_floor_divide_and_remainder(dt):
+    a = values(dt, (12, 8), 16)
+    b = values(dt, (8,), 17)
+    b[:3] = np.array([0, 2, -1]).astype(dt)             # zero divisor and INT_MIN // -1
+    a[0, :] = np.array([INT_MIN] * 8).astype(dt)
+    q, r = _ref_int_floordiv(a, b, dt)
+    np.testing.assert_array_equal(host(put(a) // put(b)), q)
+    np.testing.assert_array_equal(host(put(a) % put(b)), r)
+    np.testing.assert_array_equal(host(cnp.floor_divide(put(a), put(b))), q)
+    np.testing.assert_array_equal(host(cnp.mod(put(a), put(b))), r)
+    for s in (1, 2, 3, 7):
+        qs, rs = _ref_int_floordiv(a, np.array(s, np.int64).astype(dt), dt)
+        np.testing.assert_array_equal(host(put(a) // s), qs)
+        np.testing.assert_array_equal(host(put(a) % s), rs)
+    i = put(np.array([7, -7, 0, 5, -5, INT_MIN, INT_MIN, INT_MAX], np.int32))
+    d = put(np.array([2, 2, 0, 0, 0, -1, 0, -1], np.int32))
+    assert host(i // d).tolist() == [3, -4, -1, -2, -2, INT_MIN, -2, -INT_MAX]
+    assert host(i % d).tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert host(17 // put(np.array([5, -5], np.int32))).tolist() == [3, -4]   # reflected
+    assert host(17 % put(np.array([5, -5], np.int32))).tolist() == [2, -3]
+
+
+def test_float_floor_divide_and_remainder():
+    a = np.array([7, -7, 7, -7, 0, 1, np.inf, 5.5, 3, -1, np.nan, 1e-40], np.float32)
+    b = np.array([2, 2, -2, -2, 0, 0, 2, np.inf, -np.inf, 0.3, 1, 3], np.float32)
+    fa, fb = daz(a, F32), daz(b, F32)     # 1e-40 counts as 0, as in jax on CPU
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(host(put(a) // put(b)), fa // fb)
+        np.testing.assert_array_equal(host(put(a) % put(b)), fa % fb)
+    # where numpy and jax differ: the sign of a zero (jax, measured)
+    z = put(np.array([-0.0, -4.0], np.float32)) % put(np.array([3.0, 2.0], np.float32))
+    assert np.signbit(host(z)).tolist() == [True, True]
+    assert (put(np.array([7], np.int32)) // 2.0).dtype == np.float32
+
+
+def test_floor_divide_and_remainder_match_jax():
+    jnp = _jnp()
+    for dt in (I32, U32, F32):
+        a, b = values(dt, (10, 8), 18), values(dt, (8,), 19)
+        b[:2] = 0
+        same_bits(cnp.floor_divide(put(a), put(b)), np.asarray(jnp.floor_divide(jnp.asarray(a), jnp.asarray(b))))
+        same_bits(cnp.remainder(put(a), put(b)), np.asarray(jnp.remainder(jnp.asarray(a), jnp.asarray(b))))
+    bx = np.array([True, False, True])
+    same_bits(cnp.floor_divide(put(bx), put(bx | True)), np.asarray(jnp.floor_divide(bx, bx | True)))
+
+
+# --- where, reductions, cumsum ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", [I32, U32, BOOL, F32, BF16], ids=lambda d: NAMES[d])
+def test_where_with_a_bool_array_condition(dt):
+    c = values(BOOL, (5, 6), 20)
+    x, y = values(dt, (5, 6), 21), values(dt, (6,), 22)
+    got = cnp.where(put(c), put(x), put(y))
+    assert got.dtype == dt
+    if dt in (F32, BF16):
+        # float where is keep(x, c) + keep(y, ~c): a selected -0.0 comes out +0.0 (jax keeps
+        # the sign: a known divergence of the float select); values otherwise exact
+        np.testing.assert_array_equal(host(got), np.where(c, x, y))
+    else:
+        same_bits(got, np.where(c, x, y))
+    ids = put(np.array([[3, -100, 5]], np.int32))
+    got = cnp.where(ids != -100, ids, 0)
+    assert got.dtype == np.int32 and host(got).tolist() == [[3, 0, 5]]
+    got = cnp.where(ids > 0, 1, 0)                     # weak ints: int32, as jax
+    assert got.dtype == np.int32 and host(got).tolist() == [[1, 0, 1]]
+    got = cnp.where(ids > 0, 1.0, 0)
+    assert got.dtype == np.float32 and host(got).tolist() == [[1.0, 0.0, 1.0]]
+
+
+def test_eval_shape_of_the_new_ops():
+    from ctrainstate import ShapeDtypeStruct as SDS
+    out = cts.eval_shape(lambda a, b: (cnp.greater(a, b), a // 2, cnp.any(cnp.less(a, 0), axis=1),
+                                       cnp.sum(a, axis=0)),
+                         SDS((4, 3), np.int32), SDS((3,), np.int32))
+    assert [(o.shape, o.dtype) for o in out] == [((4, 3), np.bool_), ((4, 3), np.int32),
+                                                ((4,), np.bool_), ((3,), np.int32)]
+
+
+@pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
+@pytest.mark.parametrize("axis", [None, 0, 1, (0, 2)])
+def test_int_reductions(dt, axis):
+    x = values(dt, (4, 5, 3), 23)
+    X = x.astype(np.int64)
+    want_dt = np.int32 if dt == BOOL else dt
+    s = cnp.sum(put(x), axis=axis)
+    assert s.dtype == want_dt
+    np.testing.assert_array_equal(host(s), _wrap(X.sum(axis=axis), want_dt))
+    for name, ref in (("max", np.max), ("min", np.min)):
+        got = getattr(cnp, name)(put(x), axis=axis)
+        assert got.dtype == dt
+        np.testing.assert_array_equal(host(got), ref(x, axis=axis))
+    k = cnp.sum(put(x), axis=axis, keepdims=True)
+    assert k.shape == np.sum(x, axis=axis, keepdims=True).shape
+    m = cnp.mean(put(x), axis=axis)
+    assert m.dtype == np.float32
+    # float32 accumulation of values up to 2**31 (jnp.mean of ints sums in float32 too)
+    np.testing.assert_allclose(host(m), X.mean(axis=axis), rtol=1e-6, atol=1e-6 * np.abs(X).max())
+    np.testing.assert_array_equal(host(cnp.any(put(x), axis=axis)), np.any(x, axis=axis))
+    np.testing.assert_array_equal(host(cnp.all(put(x), axis=axis)), np.all(x, axis=axis))
+
+
+@pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
+def test_large_int_reductions_split_across_threads(dt):
+    """A full reduction of many elements (the threads split one output's elements)."""
+    x = values(dt, (2, 50001), 33)
+    X = x.astype(np.int64)
+    want_dt = np.int32 if dt == BOOL else dt
+    np.testing.assert_array_equal(host(cnp.sum(put(x))), _wrap(X.sum(), want_dt))
+    np.testing.assert_array_equal(host(cnp.sum(put(x), axis=1)), _wrap(X.sum(axis=1), want_dt))
+    np.testing.assert_array_equal(host(cnp.max(put(x), axis=1)), x.max(axis=1))
+    np.testing.assert_array_equal(host(cnp.min(put(x))), x.min())
+
+
+def test_int_sum_wraps_and_matches_jax():
+    x = np.array([INT_MAX, 1, 5], np.int32)
+    assert int(cnp.sum(put(x))) == INT_MIN + 5
+    assert put(x).sum().dtype == np.int32
+    jnp = _jnp()
+    for dt in (I32, U32, BOOL):
+        v = values(dt, (6, 7), 24)
+        for name in ("sum", "max", "min"):
+            for axis in (None, 1):
+                same_bits(getattr(cnp, name)(put(v), axis=axis),
+                          np.asarray(getattr(jnp, name)(jnp.asarray(v), axis=axis)))
+
+
+@pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
+def test_cumsum(dt):
+    x = values(dt, (5, 7), 25)
+    want_dt = np.int32 if dt == BOOL else dt
+    for axis in (0, 1, -1, None):
+        got = cnp.cumsum(put(x), axis=axis)
+        assert got.dtype == want_dt
+        np.testing.assert_array_equal(host(got), _wrap(np.cumsum(x.astype(np.int64), axis=axis), want_dt))
+    mask = put(np.array([[1, 1, 0, 1]], np.int32)) != 0
+    assert host(cnp.cumsum(mask, -1) - 1).tolist() == [[0, 1, 1, 2]]   # positions from a mask
+
+
+def test_float_cumsum_values_and_gradient():
+    x = np.random.default_rng(31).standard_normal((6, 11)).astype(np.float32)
+    for axis in (0, 1, None):
+        np.testing.assert_allclose(host(cnp.cumsum(put(x), axis=axis)),
+                                   np.cumsum(x.astype(np.float64), axis=axis), rtol=1e-5, atol=1e-5)
+    w = np.random.default_rng(32).standard_normal((6, 11)).astype(np.float32)
+    g = cts.grad(lambda v: cnp.sum(cnp.cumsum(v, axis=1) * w))(put(x))
+    # d/dx[j] of sum_i w[i] cumsum(x)[i] = sum over i >= j of w[i]: a reversed cumsum
+    np.testing.assert_allclose(host(g), np.cumsum(w[:, ::-1], axis=1)[:, ::-1], rtol=1e-5, atol=1e-5)
+    jax, jnp = pytest.importorskip("jax"), _jnp()
+    jg = jax.grad(lambda v: jnp.sum(jnp.cumsum(v, axis=1) * w))(jnp.asarray(x))
+    np.testing.assert_allclose(host(g), np.asarray(jg), rtol=1e-5, atol=1e-5)
+    b = put(x.astype(BF16))
+    assert cnp.cumsum(b, axis=1).dtype == BF16
+
+
+# --- meshes: sharded results are the single-device bits ---------------------------------------------------------
+
+MESHES = [((8,), ("x",), [P("x"), P(None, "x"), P()]),
+          ((2, 4), ("a", "b"), [P("a", "b"), P("b", "a"), P(None, ("a", "b")), P("a")]),
+          ((4, 2), ("a", "b"), [P("a", "b"), P(("a", "b")), P(None, "a")])]
+
+
+@pytest.mark.parametrize("shape,names,specs", MESHES, ids=["8", "2x4", "4x2"])
+def test_sharded_results_equal_single_device(shape, names, specs):
+    mesh = cts.make_mesh(shape, names)
+    a = values(I32, (8, 16), 26)
+    b = values(I32, (16,), 27)
+    b[:2] = 0
+    f = values(F32, (8, 16), 28)
+    m = values(BOOL, (8, 16), 29)
+    ops = [
+        lambda x, y, g, k: x > y, lambda x, y, g, k: x == 3, lambda x, y, g, k: x + y,
+        lambda x, y, g, k: x * y - 1, lambda x, y, g, k: x // y, lambda x, y, g, k: x % y,
+        lambda x, y, g, k: (x & y) ^ ~x, lambda x, y, g, k: x >> 3, lambda x, y, g, k: g < 0.5,
+        lambda x, y, g, k: cnp.isnan(g) | k, lambda x, y, g, k: cnp.where(k, x, y),
+        lambda x, y, g, k: cnp.where(g > 0, g, 0.1 * g), lambda x, y, g, k: cnp.sum(x, axis=0),
+        lambda x, y, g, k: cnp.sum(x), lambda x, y, g, k: cnp.max(x, axis=1),
+        lambda x, y, g, k: cnp.min(x), lambda x, y, g, k: cnp.sum(k, axis=1),
+        lambda x, y, g, k: cnp.any(k, axis=0), lambda x, y, g, k: cnp.all(g == g),
+        lambda x, y, g, k: cnp.cumsum(k, axis=1), lambda x, y, g, k: cnp.cumsum(x, axis=0),
+        lambda x, y, g, k: cnp.cumsum(cnp.where(g > 0, g, 1.0), axis=1),
+        lambda x, y, g, k: x == g,
+    ]
+    single = [op(put(a), put(b), put(f), put(m)) for op in ops]
+    for spec in specs:
+        s2 = NamedSharding(mesh, spec)
+        s1 = NamedSharding(mesh, P(*spec[1:2])) if len(spec) > 1 else NamedSharding(mesh, P())
+        xa, xb = put(a, s2), put(b, s1)
+        xf, xm = put(f, NamedSharding(mesh, P())), put(m, s2)      # a replicated operand
+        for i, op in enumerate(ops):
+            got = op(xa, xb, xf, xm)
+            same_bits(got, single[i])
+
+
+# --- the tape ------------------------------------------------------------------------------------------------
+
+def _leaky_loss(mod):
+    def f(x, ids):
+        y = mod.where(x > 0, x, 0.1 * x)
+        keep = ids != -100
+        z = mod.where(keep[:, None], y * y, 0.0)
+        return mod.sum(z) + mod.sum(mod.where(x >= 1.0, x, 0.0))
+    return f
+
+
+def test_masks_inside_value_and_grad():
+    x = values(F32, (6, 5), 30)
+    x = np.nan_to_num(x, nan=0.3, posinf=2.0, neginf=-2.0).clip(-3, 3).astype(np.float32)
+    ids = np.array([1, -100, 4, 7, -100, 2], np.int32)
+    v, g = cts.value_and_grad(_leaky_loss(cnp))(put(x), put(ids))
+    # by hand: d/dx of y^2 is 2 y dy/dx, y = x (x > 0) or 0.1 x; rows with id -100 drop out
+    keep = (ids != -100)[:, None]
+    y = np.where(x > 0, x, 0.1 * x)
+    want_g = np.where(keep, 2 * y * np.where(x > 0, 1.0, 0.1), 0.0) + (x >= 1.0)
+    np.testing.assert_allclose(host(g), want_g, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(float(v), np.sum(np.where(keep, y * y, 0)) + np.sum(np.where(x >= 1, x, 0)),
+                               rtol=1e-5)
+    jax, jnp = pytest.importorskip("jax"), _jnp()
+    jv, jg = jax.value_and_grad(_leaky_loss(jnp))(jnp.asarray(x), jnp.asarray(ids))
+    np.testing.assert_allclose(float(v), float(jv), rtol=1e-6)
+    np.testing.assert_allclose(host(g), np.asarray(jg), rtol=1e-6, atol=1e-7)
+
+
+def test_int_ops_inside_a_float_computation_keep_the_tape():
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], np.float32)
+    ids = put(np.array([[0, 5, 9, 2]], np.int32))
+
+    def f(w):
+        pos = cnp.cumsum(ids >= 2, -1) - 1                 # int32, no gradient
+        scale = (pos % 2 + 1).astype(np.float32)           # 1 or 2
+        return cnp.sum(w * scale)
+    g = cts.grad(f)(put(x))
+    pos = np.cumsum(np.array([[0, 5, 9, 2]]) >= 2, -1) - 1
+    np.testing.assert_array_equal(host(g), (pos % 2 + 1).astype(np.float32))
+
+
+def test_grad_of_an_int_input_raises_as_jax():
+    with pytest.raises(TypeError, match="grad requires real- or complex-valued inputs"):
+        cts.grad(lambda i: cnp.sum(i * 2.0))(put(np.array([1, 2], np.int32)))
+
+
+# --- errors ---------------------------------------------------------------------------------------------------
+
+def test_errors_name_the_op_and_dtypes():
+    f = put(np.ones(3, np.float32))
+    i = put(np.ones(3, np.int32))
+    with pytest.raises(TypeError, match="bitwise_and does not accept dtype float32"):
+        f & i
+    with pytest.raises(TypeError, match="left_shift does not accept dtype float32"):
+        f << 1
+    with pytest.raises(TypeError, match="invert does not accept dtype float32"):
+        ~f
+    with pytest.raises(ValueError, match=r"shapes \(3,\) and \(4,\) do not broadcast"):
+        i > put(np.ones(4, np.int32))
+    with pytest.raises(TypeError, match="expected an Array"):
+        cnp.equal(i, object())
+    with pytest.raises(ValueError, match="zero-size"):
+        cnp.max(put(np.zeros((0, 2), np.int32)), axis=0)
+    with pytest.raises(TypeError, match="matmul: got int32 operands"):   # never silently rounded
+        put(np.ones((2, 2), np.int32)) @ put(np.ones((2, 2), np.int32))
+    r = cnp.exp(put(np.array([0, 1], np.int32)))                          # jnp: float32
+    assert r.dtype == np.float32 and np.allclose(host(r), np.exp([0.0, 1.0]))

@@ -732,3 +732,20 @@ def test_at_apply_gradient_against_finite_differences():
     np.testing.assert_allclose(g, want, rtol=1e-6)
     fd = _fd_tree(lambda a: cnp.sum(cts.device_put(a).at[idx].apply(cnp.sin)), x, 1e-3)
     np.testing.assert_allclose(g, fd, rtol=1e-2, atol=1e-3)
+
+
+def test_pow_operator_with_array_exponents_and_scalar_base():
+    """x ** y with an Array exponent and b ** x with a scalar base are cnp.power (values and
+    gradients against numpy's float64 formulas)."""
+    xv = np.array([1.5, 2.0, 3.0, 0.5], np.float32)
+    yv = np.array([2.0, 3.0, 1.0, -1.5], np.float32)
+    x, y = cts.device_put(xv), cts.device_put(yv)
+    np.testing.assert_allclose(np.asarray(x ** y), xv.astype(np.float64) ** yv, rtol=2e-7)
+    np.testing.assert_allclose(np.asarray(2.0 ** x), 2.0 ** xv.astype(np.float64), rtol=2e-7)
+    np.testing.assert_array_equal(np.asarray(x ** 2), xv * xv)
+    gx, gy = cts.grad(lambda a, b: (a ** b).sum(), argnums=(0, 1))(x, y)
+    x64, y64 = xv.astype(np.float64), yv.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(gx), y64 * x64 ** (y64 - 1), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gy), np.log(x64) * x64 ** y64, rtol=1e-6)
+    g = cts.grad(lambda a: (3.0 ** a).sum())(x)
+    np.testing.assert_allclose(np.asarray(g), np.log(3.0) * 3.0 ** x64, rtol=1e-6)

@@ -601,3 +601,28 @@ def test_exported_and_documented():
         assert doc and ">>>" in doc, name
     res = doctest.testmod(_move, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0 and res.attempted > 20
+
+
+def test_edge_cases_as_jax():
+    """Cases where jax raises or answers and an earlier version did the opposite."""
+    with pytest.raises(IndexError, match="take: cannot take a non-empty selection"):
+        cnp.take(np.zeros((0, 3), np.float32), [0], axis=0)
+    assert np.asarray(cnp.take(np.zeros((0, 3), np.float32), np.zeros(0, np.int32),
+                               axis=0)).shape == (0, 3)
+    with pytest.raises(ValueError, match="indices must be 1-d when axis is None"):
+        cnp.take_along_axis(np.float32(2.5), np.int32(0), axis=None)
+    with pytest.raises(ValueError, match="indices must be 1-d when axis is None"):
+        cnp.take_along_axis(np.arange(3, dtype=np.float32), np.array([[0]]), axis=None)
+    for w in (1.0, [(1.0, 2.0)]):
+        with pytest.raises(TypeError, match="pad_width must hold ints"):
+            cnp.pad(np.ones(3, np.float32), w)
+    # a 0-d array repeats as a 1-d one, whatever the axis (numpy's np.repeat agrees on axis 0)
+    for axis in (None, 0, 1):
+        got = np.asarray(cnp.repeat(np.float32(2.5), 3, axis=axis))
+        np.testing.assert_array_equal(got, np.repeat(np.float32(2.5), 3))
+    # products over an empty contracted dimension are zeros (numpy's answer)
+    a, b = np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)
+    np.testing.assert_array_equal(np.asarray(cnp.tensordot(a, b, axes=1)), np.tensordot(a, b, 1))
+    np.testing.assert_array_equal(np.asarray(cnp.matmul(cts.device_put(a), cts.device_put(b))),
+                                  a @ b)
+    assert float(np.asarray(cnp.vdot(np.ones(0, np.float32), np.ones(0, np.float32)))) == 0.0

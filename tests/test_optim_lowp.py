@@ -316,3 +316,23 @@ def test_errors():
     # nothing was written: the state is as created
     assert np.asarray(ts.params["w"]).astype(np.float32).tolist() == [1.0] * 4
     assert int(ts.step) == 0
+
+
+@pytest.mark.parametrize("pdt,gdt", [(BF16, np.float32), (np.float32, BF16), (BF16, F16)])
+def test_grads_of_another_float_dtype(pdt, gdt):
+    """Grads need not have the params' dtype: the step converts them to float32. The
+    functional updates are float32 when the dtypes differ (optax's promotion), and the
+    in-place step gives the same params as tx.update + apply_updates computed in float32."""
+    p0 = oc.init_params()
+    tx = optim.sgd(0.1, momentum=0.9)
+    params = tree_map(lambda x: cts.device_put(x.astype(pdt)), p0)
+    g = tree_map(lambda x: x.astype(gdt), oc.grads_for(0))
+    u, _ = tx.update(tree_map(cts.device_put, g), tx.init(params), params)
+    assert {np.dtype(x.dtype) for x in tree_leaves(u)} == {np.dtype(np.float32)}
+    want_u = tree_map(lambda x: -0.1 * x.astype(np.float32), g)   # first momentum step
+    for a, b in zip(tree_leaves(_host(u)), tree_leaves(want_u)):
+        np.testing.assert_array_equal(a, b)
+    ts = TrainState.create(apply_fn=None, params=params, tx=tx).apply_gradients(grads=g)
+    want_p = tree_map(lambda p, d: (p.astype(pdt).astype(np.float32) + d).astype(pdt), p0,
+                      want_u)
+    _assert_same_bits(ts.params, want_p, "params")

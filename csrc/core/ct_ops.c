@@ -97,8 +97,15 @@ ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_
     if (m < 0 || n < 0 || k < 0) return ct_set_error(CT_EINVAL, "negative matmul size");
     if (prec < 0 || prec >= CT_PREC_COUNT)
         return ct_set_error(CT_EINVAL, "unknown matmul precision %d", prec);
-    if (ldc < (n > 1 ? n : 1) || lda < ((trans_a ? m : k) > 1 ? (trans_a ? m : k) : 1) ||
-        ldb < ((trans_b ? k : n) > 1 ? (trans_b ? k : n) : 1))
+    if (m == 0 || n == 0) return CT_OK; /* an empty C: nothing to write */
+    const int64_t need_a = (trans_a ? m : k) > 1 ? (trans_a ? m : k) : 1;
+    const int64_t need_b = (trans_b ? k : n) > 1 ? (trans_b ? k : n) : 1;
+    if (k == 0) { /* C = beta C: A and B are not read, any leading dimension will do (BLAS
+                   * and cuBLAS still want valid ones) */
+        if (lda < need_a) lda = need_a;
+        if (ldb < need_b) ldb = need_b;
+    }
+    if (ldc < (n > 1 ? n : 1) || lda < need_a || ldb < need_b)
         return ct_set_error(CT_EINVAL, "matmul leading dimensions too small");
     CT_TRY(need(dev, (const void *)dev->backend->gemm, "matmul"));
     return dev->backend->gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,

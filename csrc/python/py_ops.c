@@ -388,21 +388,25 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
 /* Row gathers / scatter-adds over shards: tables[i] (2-d float32 block of global rows
  * row0s[i] ..), rows[i] (float32, n x ncols), and on the same device int32 indices: for a
  * gather the n ids; for a scatter-add the ids grouped by row, one buffer
- * [hit (nhit) | start (nhit + 1) | pos (n)] (ct_op_scatter_add_rows). */
+ * [hit (nhit) | start (nhit + 1) | pos (n)] (ct_op_scatter_add_rows).
+ * A gather given `words` >= 1 moves rows of that many 32-bit words whatever the buffers'
+ * dtypes and shapes: a table is then any dense buffer of a whole number of such rows and
+ * rows[i] holds n of them (bytes are copied, so any dtype moves bit for bit). */
 static PyObject *rows_op(PyObject *args, int scatter) {
     const char *what = scatter ? "op_scatter_add_rows" : "op_gather_rows";
     PyObject *to, *io, *ro, *oo;
-    Py_ssize_t nhit = 0;
+    Py_ssize_t nhit = 0, words = 0;
     if (scatter ? !PyArg_ParseTuple(args, "OOOOn", &to, &io, &ro, &oo, &nhit)
-                : !PyArg_ParseTuple(args, "OOOO", &to, &io, &ro, &oo))
+                : !PyArg_ParseTuple(args, "OOOO|n", &to, &io, &ro, &oo, &words))
         return NULL;
-    if (nhit < 0) {
-        PyErr_Format(PyExc_ValueError, "%s: negative row count", what);
+    if (nhit < 0 || words < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: negative %s", what, nhit < 0 ? "row count" : "row width");
         return NULL;
     }
     buf_list ts, is, rs;
-    if (get_buffers(to, &ts, what, 1) < 0 || get_buffers(io, &is, what, 0) < 0 ||
-        get_buffers(ro, &rs, what, 1) < 0 || same_len(&ts, &is, what) < 0 ||
+    const int f32 = words == 0; /* rows of words: any dtype */
+    if (get_buffers(to, &ts, what, f32) < 0 || get_buffers(io, &is, what, 0) < 0 ||
+        get_buffers(ro, &rs, what, f32) < 0 || same_len(&ts, &is, what) < 0 ||
         same_len(&ts, &rs, what) < 0)
         return NULL;
     PyObject *offs = PySequence_Fast(oo, "row offsets must be a sequence of ints");
@@ -421,6 +425,18 @@ static PyObject *rows_op(PyObject *args, int scatter) {
             return NULL;
         }
         const ct_py_buffer *t = ts.b[i], *id = is.b[i], *r = rs.b[i];
+        if (words > 0) { /* rows of `words` 32-bit words: sizes in bytes */
+            const int64_t n = nelem(id), rb = 4 * (int64_t)words;
+            if (id->dtype != CT_I32 || t->dev != id->dev || t->dev != r->dev ||
+                t->nbytes % (size_t)rb != 0 || r->nbytes != (size_t)(n * rb)) {
+                Py_DECREF(offs);
+                PyErr_Format(PyExc_ValueError, "%s: shard %zd: need a table of whole rows of "
+                             "%zd words, int32 ids and len(ids) rows out, on one device", what,
+                             i, words);
+                return NULL;
+            }
+            continue;
+        }
         const int64_t nc = t->ndim == 2 ? t->shape[1] : 0;
         const int64_t n = scatter ? (nc > 0 ? nelem(r) / nc : 0) : nelem(id);
         const int64_t nidx = scatter ? 2 * (int64_t)nhit + 1 + n : n;
@@ -442,6 +458,10 @@ static PyObject *rows_op(PyObject *args, int scatter) {
             st = ct_op_scatter_add_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i], idx,
                                         idx + nhit, (int64_t)nhit, idx + 2 * nhit + 1,
                                         rs.b[i]->data);
+        else if (words > 0)
+            st = ct_op_gather_rows(t->dev, t->data, (int64_t)(t->nbytes / (4 * (size_t)words)),
+                                   (int64_t)words, row0[i], is.b[i]->data, nelem(is.b[i]),
+                                   rs.b[i]->data);
         else
             st = ct_op_gather_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i],
                                    is.b[i]->data, nelem(is.b[i]), rs.b[i]->data);
@@ -546,8 +566,9 @@ static PyMethodDef ops_methods[] = {
      "op_allreduce($module, groups, op=0, /)\n--\n\nIn every group of shards, replace each shard "
      "by the sum (op 0) or the maximum (op 1) of the group."},
     {"op_gather_rows", py_op_gather_rows, METH_VARARGS,
-     "op_gather_rows($module, tables, ids, outs, row0s, /)\n--\n\nFor every shard: out[i] = "
-     "table[ids[i] - row0] when that row is in the shard's block, else 0."},
+     "op_gather_rows($module, tables, ids, outs, row0s, words=0, /)\n--\n\nFor every shard: out[i] = "
+     "table[ids[i] - row0] when that row is in the shard's block, else 0. words >= 1: rows "
+     "of that many 32-bit words, the buffers of any dtype and shape (bytes are moved)."},
     {"op_scatter_add_rows", py_op_scatter_add_rows, METH_VARARGS,
      "op_scatter_add_rows($module, tables, plans, gs, row0s, nhit, /)\n--\n\nFor every shard: "
      "table[hit[u] - row0] += g[pos[k]] for k in [start[u], start[u + 1]), rows in the shard's "

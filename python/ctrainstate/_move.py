@@ -234,6 +234,10 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     else:
         axis = _axis(axis, len(a.shape), who, a.shape)
     out_shape = tuple(a.shape[:axis]) + tuple(ishape) + tuple(a.shape[axis + 1:])
+    if a.shape[axis] == 0 and math.prod(ishape) > 0:
+        raise IndexError(f"{who}: cannot take a non-empty selection (indices of shape "
+                         f"{tuple(ishape)}) from the empty axis {axis} of an array of shape "
+                         f"{tuple(a.shape)}")
     if _is_abstract(a) or idx is None:
         return _sds()(out_shape, a.dtype)
     return _read_with_mode(a, idx, axis, mode, fill_value, who, clip_wraps=False)
@@ -267,10 +271,10 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
     arr = _operand(arr, who, "arr")
     idx, ishape = _index_host(indices, who)
     if axis is None:
+        if len(ishape) != 1:
+            raise ValueError(f"{who}: indices must be 1-d when axis is None (arr is "
+                             f"flattened), got shape {tuple(ishape)}")
         arr = _reshape(arr, (math.prod(arr.shape),))
-        if idx is not None:
-            idx = idx.reshape(-1)
-        ishape = (math.prod(ishape),)
         axis = 0
     nd = len(arr.shape)
     if len(ishape) != nd:
@@ -350,7 +354,7 @@ def repeat(a, repeats, axis=None, *, total_repeat_length=None):
         elif total_repeat_length is None:
             raise ValueError(f"{who}: the repeats (shape {repeats.shape}) are abstract; pass "
                              f"total_repeat_length to fix the result's shape, as in jax")
-    if axis is None:
+    if axis is None or len(a.shape) == 0:   # (a 0-d a repeats as a 1-d one, any axis: jax)
         a = _reshape(a, (math.prod(a.shape),))
         axis = 0
     else:
@@ -538,10 +542,9 @@ def _pad_pairs(pad_width, nd, who, shape):
         pw = np.asarray(pad_width)
     except ValueError:
         raise ValueError(f"{who}: pad_width {pad_width!r} is ragged") from None
-    if pw.dtype.kind not in "iu" and not (pw.dtype.kind == "f" and pw.size and
-                                           np.all(pw == np.floor(pw))):
-        if pw.size or pw.dtype.kind not in "f":
-            raise TypeError(f"{who}: pad_width must hold ints, got {pad_width!r}")
+    if pw.dtype.kind not in "iu" and (pw.size or pw.dtype.kind != "f"):
+        # (jax refuses float widths, even integral ones; an empty list is float64 in numpy)
+        raise TypeError(f"{who}: pad_width must hold ints, got {pad_width!r}")
     pw = pw.astype(np.int64)
     if pw.shape not in ((nd, 2), (1, 2), (2,), (1,), ()):
         raise ValueError(f"{who}: pad_width of shape {pw.shape} for an array of dimension {nd} "

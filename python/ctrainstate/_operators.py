@@ -4,6 +4,8 @@
 :class:`~ctrainstate.ShapeDtypeStruct` (whose ops follow the shape rules)."""
 from __future__ import annotations
 
+import numpy as np
+
 
 def _ops():
     from . import _ops
@@ -100,7 +102,15 @@ class OperatorsMixin:
         return _ew().right_shift(o, self)
 
     def __pow__(self, p):
-        return _ops().square(self) if p == 2 else _ops().power(self, p)
+        # x ** 2 with a Python (or numpy) scalar 2 is x * x, as jax's integer_pow; any other
+        # exponent, Arrays included, is cnp.power
+        if isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, bool) \
+                and p == 2:
+            return _ops().square(self)
+        return _ops().power(self, p)
+
+    def __rpow__(self, b):
+        return _ops().power(b, self)
 
     @property
     def T(self):

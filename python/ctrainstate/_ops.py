@@ -531,8 +531,9 @@ def abs(x) -> Array:  # noqa: A001 - numpy's name
 
 def power(x, p) -> Array:
     """``x ** p`` (``jnp.power``), elementwise with broadcasting; ``p`` a scalar or an array.
-    Gradients as jax's: ``p * x ** (p - 1)`` for ``x`` (0 where ``p == 0``) and
-    ``log(x) * x ** p`` for an array ``p`` (0 where ``x == 0``)."""
+    Gradients: ``p * x ** (p - 1)`` for ``x`` and ``log(x) * x ** p`` for an array ``p``,
+    as jax's, except at the points where jax's formula gives NaN: the ``x`` gradient is 0
+    where ``p == 0`` (jax: NaN at ``x == 0``) and the ``p`` gradient 0 where ``x == 0``."""
     if _is_scalar(p):
         p = float(p)
         return _unary(U_POW, x, p, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, x, p - 1.0), p)))

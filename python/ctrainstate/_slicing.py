@@ -753,7 +753,8 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> A
     rows ``sel`` (one int array, or a list of one per block) of the sources' blocks stacked:
     each source is (Array, layout), its block seen as (rows_s, q), or a float, one row of
     that value. A copy of whole rows (any dtype: rows of a multiple of 4 bytes go through
-    the float32 row gather as bits, others through the host, block by block). Float32: the
+    the row gather as 32-bit words, reading a single source's blocks and writing the output's
+    in place; others through the host, block by block). Float32: the
     gradient scatter-adds back into the sources (only the rows ``grad_keep`` marks, when
     given).
 
@@ -784,10 +785,13 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> A
             tabs, idss, outs2, ids32 = [], [], [], {}
             for bi, (dev, obuf, _, _) in enumerate(out._blocks):
                 parts = []
+                one = len(srcs) == 1 and not isinstance(srcs[0], float)
                 for s, b, c in zip(srcs, _block_iter(srcs, blocks, bi), counts):
                     if isinstance(s, float):
                         t = _C.Buffer(dev.id, (1, w), 0)
                         _C.fill_bits32([t], _bits32(s))
+                    elif one:   # the gather reads the block's bytes as rows of w words
+                        t = b
                     else:
                         t = _view2d(dev, b, c, w, 0) if c else None
                     parts.append(t)
@@ -804,12 +808,8 @@ def _rows(srcs, sel, q, shape, norm, place, dtype, grad_keep=None, axes=()) -> A
                 _C.copy_from_host(ids, ids32[id(sels[bi])], (0,))
                 tabs.append(tab)
                 idss.append(ids)
-                direct = dtype == np.float32 and tuple(obuf.shape) == (n, w)
-                outs2.append(obuf if direct else _C.Buffer(dev.id, (n, w), 0))
-            _C.op_gather_rows(tabs, idss, outs2, [0] * len(tabs))
-            for (dev, obuf, _, _), o2 in zip(out._blocks, outs2):
-                if o2 is not obuf:
-                    _C.copy_bytes(obuf, o2)
+                outs2.append(obuf)    # written as rows of w words: any dtype, any shape
+            _C.op_gather_rows(tabs, idss, outs2, [0] * len(tabs), w)
         else:  # rows of 2-byte or 1-byte elements that are not whole 4-byte words
             for bi, (dev, obuf, _, _) in enumerate(out._blocks):
                 parts = [np.full((1, q), s, dtype) if isinstance(s, float) else

@@ -112,9 +112,11 @@ class TrainState(PyTreeNode):
     def apply_gradients(self, *, grads, **kwargs):
         """One optimizer step; returns the new state with ``step + 1`` and ``kwargs`` replaced.
 
-        ``grads`` must have the params' structure, shapes and dtypes (else an
-        error names the first mismatching path); Arrays with the params'
-        shardings are used as they are, numpy arrays are scattered on the fly.
+        ``grads`` must have the params' structure and shapes (else an error names
+        the first mismatching path) and float dtypes (float32, bfloat16, float16:
+        the step computes in float32, see ctrainstate.optim "Precision"); Arrays
+        with the params' shardings are used as they are, numpy arrays are
+        scattered on the fly.
         A fusable ``tx`` (every ctrainstate.optim transform, adafactor's pieces
         included) runs in place and **donates** this state's params and
         optimizer-state Arrays to the result: reading them afterwards raises

@@ -524,6 +524,10 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         # 16-bit float params, grads or state: the kernel runs on float32 working copies,
         # which are converted back (rounded once) only after it succeeded
         final_p, p_leaves = p_leaves, [wide(p, back=inplace) for p in p_leaves]
+        # updates (functional mode): the params' dtype when the grads have it, else float32
+        # (optax promotes 16-bit with float32 to float32; bfloat16 with float16 too)
+        out_dt = [p.dtype if p.dtype == g.dtype else _dtypes.float32
+                  for p, g in zip(final_p, g_leaves)]
         g_leaves = [wide(g) for g in g_leaves]
         for s in stages:
             s.slots = [[wide(a, back=True) for a in q] for q in s.slots]
@@ -566,7 +570,8 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     if wide.any:
         wide.write_back()
         if not inplace:
-            outs = [_narrow(o, p.dtype) for o, p in zip(outs, final_p)]
+            outs = [o if dt == _dtypes.float32 else _narrow(o, dt)
+                    for o, dt in zip(outs, out_dt)]
         p_leaves = final_p
     for f in ctx._finish:
         f()

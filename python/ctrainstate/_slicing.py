@@ -1106,15 +1106,7 @@ def _update_advanced(x: Array, adv: _Advanced, v: Array, kind: str, place, big, 
                 upd = op(new, f)
             new = o.where(hit, upd, new)
     else:
-        ranks = []
-        for sel in sels:
-            keep, ks = written(sel)
-            order = np.argsort(ks, kind="stable")
-            n = len(ks)
-            first = np.r_[0, np.nonzero(np.diff(ks[order]))[0] + 1] if n else np.zeros(0, np.int64)
-            rank = np.empty(n, np.int64)
-            rank[order] = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
-            ranks.append((keep, ks, rank))
+        ranks = _occurrence_ranks(sels, written)
         factors = []
         for r in range(max((int(rk.max()) + 1 for _, _, rk in ranks if len(rk)), default=0)):
             picks = []

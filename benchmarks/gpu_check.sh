@@ -103,6 +103,12 @@ CTRAINSTATE_GPU_SPLIT=8 step "cpu suites on gpu (split 8)" tests_cpu_suites_on_g
 # nn.scan / nn.vmap on GPU devices, less the live-flax parity cases (jax compiles, no GPU use)
 CTRAINSTATE_GPU_SPLIT=8 step "scan/vmap on gpu (split 8)" tests_scan_vmap_on_gpu.log 60 \
     "$PY" -m pytest -q -rf tests/test_scan_vmap.py -k "not match"
+# comparisons / integer ops, the float functions of ABI 6, data movement and 16-bit optimizer
+# steps on GPU devices, jax (their parity reference) on its CPU as in CI (last: the budget
+# drops it first)
+JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 step "new ops on gpu (split 8)" tests_new_ops_on_gpu.log 120 \
+    "$PY" -m pytest -q -rf tests/test_int_bool_ops.py tests/test_more_ops.py tests/test_move_ops.py \
+    tests/test_optim_lowp.py
 
 echo
 cat "$logs/devices.txt"

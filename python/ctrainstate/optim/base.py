@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .. import _C, _dtypes
-from ..array import Array, _buffer_view, device_put
+from ..array import Array, device_put
 from ..sharding import NamedSharding, PartitionSpec, default_sharding
 from ..tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
                          tree_map, tree_structure, tree_unflatten)
@@ -209,16 +209,25 @@ def _add(p, u):
     u = to_array(u, like=p)
     blocks = []
     for (dev, pb, start, rid), (_, ub, _, _) in zip(p._blocks, u._blocks):
-        nb = _C.Buffer(dev.id, p._shard_shape, _dtypes.code(p.dtype))
-        if np.dtype(p.dtype) == np.float32 and np.dtype(u.dtype) == np.float32:
-            _C.op_binary(_B_ADD, [nb], [pb], [ub])  # on the shard's device (CPU or GPU)
-            blocks.append((dev, nb, start, rid))
-            continue
-        _buffer_view(nb, p._shard_shape, p.dtype)[...] = (
-            _buffer_view(pb, p._shard_shape, p.dtype).astype(np.float32)
-            + _buffer_view(ub, p._shard_shape, u.dtype).astype(np.float32)).astype(p.dtype)
+        # on the shard's device (CPU or GPU): 16-bit operands are converted to float32, added
+        # and the sum rounded once to p's dtype (optax's (p + u).astype(p.dtype))
+        f32 = [b if np.dtype(a.dtype) == np.float32 else _widened_buffer(dev, a, b)
+               for a, b in ((p, pb), (u, ub))]
+        nb = _C.Buffer(dev.id, p._shard_shape, 0)
+        _C.op_binary(_B_ADD, [nb], [f32[0]], [f32[1]])
+        if np.dtype(p.dtype) != np.float32:
+            rounded = _C.Buffer(dev.id, p._shard_shape, _dtypes.code(p.dtype))
+            _C.op_convert([nb], [rounded])
+            nb = rounded
         blocks.append((dev, nb, start, rid))
     return Array._create(p.shape, p.dtype, p.sharding, blocks)
+
+
+def _widened_buffer(dev, a, buf):
+    """A float32 copy of one block ``buf`` of ``a`` (converted on its device)."""
+    w = _C.Buffer(dev.id, a._shard_shape, 0)
+    _C.op_convert([buf], [w])
+    return w
 
 
 def apply_updates(params, updates):

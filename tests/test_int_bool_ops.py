@@ -627,3 +627,86 @@ def test_errors_name_the_op_and_dtypes():
         put(np.ones((2, 2), np.int32)) @ put(np.ones((2, 2), np.int32))
     r = cnp.exp(put(np.array([0, 1], np.int32)))                          # jnp: float32
     assert r.dtype == np.float32 and np.allclose(host(r), np.exp([0.0, 1.0]))
+
+
+# --- review fixes ---------------------------------------------------------------------------
+
+
+def test_float_remainder_is_differentiable_as_jax():
+    """d(x % y)/dx = 1, d/dy = -floor(x / y): against the formula (numpy) and jax.grad."""
+    xv = np.array([0.5, 2.5, -1.2, 3.3, -4.1], np.float32)
+    yv = np.array([0.7, -0.7, 0.7, 2.0, -1.5], np.float32)
+    x, y = cts.device_put(xv), cts.device_put(yv)
+    gx, gy = cts.grad(lambda a, b: cnp.sum((a % b) * a), argnums=(0, 1))(x, y)
+    r = np.asarray(cnp.remainder(x, y))
+    np.testing.assert_allclose(np.asarray(gx), r + xv, rtol=1e-6)      # d/dx (r * x)
+    np.testing.assert_allclose(np.asarray(gy), -np.floor(xv / yv) * xv, rtol=1e-6)
+    g = cts.grad(lambda b: cnp.sum(3.0 % b))(y)
+    np.testing.assert_array_equal(np.asarray(g), -np.floor(3.0 / yv))
+    np.testing.assert_array_equal(np.asarray(cts.grad(lambda a: cnp.sum(a % 2.0))(x)),
+                                  np.ones(5, np.float32))
+    jax, jnp = pytest.importorskip("jax"), _jnp()
+    jx, jy = jax.grad(lambda a, b: jnp.sum((a % b) * a), argnums=(0, 1))(xv, yv)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(jx), rtol=1e-6)
+    np.testing.assert_allclose(np.abs(np.asarray(gy)), np.abs(np.asarray(jy)), rtol=1e-6)
+
+
+def test_comparisons_and_cumsum_under_eval_shape():
+    S = cts.ShapeDtypeStruct
+    a = S((3,), np.int32)
+    for f in (lambda v: v == 0, lambda v: v != 1, lambda v: v < 2, lambda v: v <= 2,
+              lambda v: v > 0, lambda v: v >= 0, lambda v: 0 < v):
+        out = cts.eval_shape(f, a)
+        assert (out.shape, out.dtype) == ((3,), np.dtype(np.bool_))
+    assert a == S((3,), np.int32) and a != S((4,), np.int32)   # two structs: descriptions
+    out = cts.eval_shape(lambda v: cnp.cumsum(v), S((3, 4), np.bool_))
+    assert (out.shape, out.dtype) == ((12,), np.dtype(np.int32))
+    out = cts.eval_shape(lambda v: cnp.cumsum(v, -1), S((3, 4), np.float32))
+    assert (out.shape, out.dtype) == ((3, 4), np.dtype(np.float32))
+    import ctrainstate.nn as nn
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, v):
+            y = nn.Dense(4)(v)
+            return cnp.where(y > 0, y, 0.1 * y)
+    shapes = cts.eval_shape(M().init, cts.random.PRNGKey(0), S((2, 3), np.float32))
+    assert shapes["params"]["Dense_0"]["kernel"].shape == (3, 4)
+
+
+def test_sum_and_mean_take_dtype():
+    m = cts.device_put(np.array([True, True, False]))
+    big = cts.device_put(np.full(3, 2 ** 30, np.int32))
+    assert m.sum(dtype=np.float32).dtype == np.float32 and float(m.sum(dtype=np.float32)) == 2.0
+    assert int(cnp.sum(big)) == np.sum(np.full(3, 2 ** 30, np.int32), dtype=np.int32)  # wraps
+    assert float(cnp.sum(big, dtype=np.float32)) == 3 * 2.0 ** 30                     # does not
+    assert float(big.mean(dtype=np.float32)) == 2.0 ** 30
+    with pytest.raises(TypeError, match="out= is not supported"):
+        m.sum(out=np.zeros(()))
+
+
+def test_cumsum_of_a_sharded_array_keeps_device_memory_bounded():
+    """The zero blocks the scan shifts in are created in the operand's layout (each device
+    its block), so no device holds a replicated (k, ...) block: peak below 5 shards."""
+    from ctrainstate import _C
+    import gc
+    mesh = cts.make_mesh((8,), ("x",))
+    h = (np.arange(256 * 1024) % 7).reshape(256, 1024).astype(np.int32)
+    x = cts.device_put(h, NamedSharding(mesh, P(None, "x")))
+    gc.collect()
+    base = [d.memory_stats()["bytes_in_use"] for d in cts.devices()]
+    _C.reset_peak_memory_stats()
+    y = cnp.cumsum(x, axis=0)
+    peak = max(d.memory_stats()["peak_bytes_in_use"] - b for d, b in zip(cts.devices(), base))
+    np.testing.assert_array_equal(np.asarray(y), np.cumsum(h, axis=0, dtype=np.int32))
+    assert tuple(y.sharding.spec) == (None, "x")
+    assert peak <= 5 * h.nbytes // 8, peak / (h.nbytes / 8)
+
+
+def test_division_by_a_zero_scalar_is_inf_or_nan():
+    h = np.array([1.0, -1.0, 0.0, np.inf, np.nan], np.float32)
+    x = cts.device_put(h)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(np.asarray(x / 0.0), h / np.float32(0.0))
+        np.testing.assert_array_equal(np.asarray(x / -0.0), h / np.float32(-0.0))
+        np.testing.assert_array_equal(np.asarray(cnp.divide(x, 0.0)), h / np.float32(0.0))

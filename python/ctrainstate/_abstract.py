@@ -47,8 +47,35 @@ class ShapeDtypeStruct(OperatorsMixin):
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __eq__(self, other):
-        return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape
-                and self.dtype == other.dtype and self.sharding == other.sharding)
+        # two structs compare as descriptions (jax's ShapeDtypeStruct equality); against a
+        # number or an array, as the array op it stands for under eval_shape (a bool struct)
+        if isinstance(other, ShapeDtypeStruct) or other is None or isinstance(other, str):
+            return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape
+                    and self.dtype == other.dtype and self.sharding == other.sharding)
+        from . import _elementwise
+        return _elementwise.equal(self, other)
+
+    def __ne__(self, other):
+        if isinstance(other, ShapeDtypeStruct) or other is None or isinstance(other, str):
+            return not self.__eq__(other)
+        from . import _elementwise
+        return _elementwise.not_equal(self, other)
+
+    def __lt__(self, other):
+        from . import _elementwise
+        return _elementwise.less(self, other)
+
+    def __le__(self, other):
+        from . import _elementwise
+        return _elementwise.less_equal(self, other)
+
+    def __gt__(self, other):
+        from . import _elementwise
+        return _elementwise.greater(self, other)
+
+    def __ge__(self, other):
+        from . import _elementwise
+        return _elementwise.greater_equal(self, other)
 
     def __hash__(self):
         return hash((self.shape, self.dtype.str))

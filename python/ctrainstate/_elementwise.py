@@ -410,8 +410,26 @@ def floor_divide(x, y) -> Array:
 @_abstract(lambda x, y: _I32 if result_type(x, y) == _BOOL else result_type(x, y))
 def remainder(x, y) -> Array:
     """``x % y`` (``jnp.remainder`` / ``jnp.mod``): the sign of the divisor; int ``x % 0`` is
-    0, float ``x % 0`` NaN."""
-    return _binary(REM, x, y, "remainder", bool_as_int=True)
+    0, float ``x % 0`` NaN. Float results are differentiable as jax's: ``d/dx = 1`` and
+    ``d/dy = -floor(x / y)``."""
+    out = _binary(REM, x, y, "remainder", bool_as_int=True)
+    if out.dtype in _FLOATS:
+        _o()._record(out, (x, y), lambda g: _remainder_vjp(g, x, y))
+    return out
+
+
+def _remainder_vjp(g, x, y):
+    o = _o()
+
+    def back(c, v):
+        c = o._unbroadcast(c, tuple(v.shape))
+        return c if c.dtype == v.dtype else o.astype(c, v.dtype)
+    gx = back(g, x) if isinstance(x, Array) else None
+    gy = None
+    if isinstance(y, Array):
+        q = floor_divide(x, y)   # (not recorded: a step function)
+        gy = back(o.negative(o.multiply(g, q)), y)
+    return gx, gy
 
 
 mod = remainder
@@ -563,6 +581,13 @@ def cumsum(x, axis=None) -> Array:
     [[0, 1, 1, 2]]
     """
     o = _o()
+    from ._abstract import ShapeDtypeStruct
+    if isinstance(x, ShapeDtypeStruct):   # eval_shape
+        dt = _I32 if x.dtype == _BOOL else x.dtype
+        if axis is None:
+            return ShapeDtypeStruct((x.size,), dt, None)
+        o._axes(axis, x.ndim)   # (a bad axis raises as on Arrays)
+        return ShapeDtypeStruct(x.shape, dt, None)
     x = _int_operand(x, "cumsum")
     if x.dtype == _BOOL:
         x = o._convert(x, _I32)
@@ -590,11 +615,13 @@ def cumsum(x, axis=None) -> Array:
 
 
 def _zeros_like_block(x: Array, shape):
+    """Zeros of ``shape`` laid out as ``x`` in the dimensions it shares with ``x`` (each device
+    receives only its block: no replicated copy first)."""
     o = _o()
     xn = o._norm(x.sharding, x.ndim) if o._mesh_key(x)[0] == "mesh" else [()] * x.ndim
     place = o._place_of(x)
-    z = _as(np.zeros(shape, x.dtype), x.dtype, place)
-    return o._to(z, place, [xn[d] if shape[d] == x.shape[d] else () for d in range(x.ndim)])
+    norm = [xn[d] if shape[d] == x.shape[d] else () for d in range(x.ndim)]
+    return device_put(np.zeros(shape, x.dtype), o._sharding_for(place, norm))
 
 
 

@@ -123,12 +123,11 @@ class OperatorsMixin:
 
     # dtype/out: what np.sum(x) / np.mean(x) pass to the method
     def sum(self, axis=None, dtype=None, out=None, keepdims=False):
-        _check_reduce_args("sum", dtype, out)
-        return _ops().sum(self, axis=axis, keepdims=keepdims)
+        return _ops().sum(reduce_operand("sum", self, dtype, out), axis=axis, keepdims=keepdims)
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False):
-        _check_reduce_args("mean", dtype, out)
-        return _ops().mean(self, axis=axis, keepdims=keepdims)
+        return _ops().mean(reduce_operand("mean", self, dtype, out), axis=axis,
+                           keepdims=keepdims)
 
     def max(self, axis=None, out=None, keepdims=False):
         _check_reduce_args("max", None, out)
@@ -157,9 +156,21 @@ class OperatorsMixin:
 
 
 def _check_reduce_args(name, dtype, out):
-    import numpy as np
     if out is not None:
         raise TypeError(f"{name}: out= is not supported (Arrays are immutable)")
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        raise NotImplementedError(f"{name}: ctrainstate reductions compute in float32; "
-                                  f"got dtype={np.dtype(dtype)}")
+
+
+def reduce_operand(name, x, dtype, out):
+    """The operand of ``sum`` / ``mean`` with jnp's ``dtype=``: ``x`` converted to ``dtype``
+    first (the reduction accumulates in it, as jnp's does), on its devices."""
+    _check_reduce_args(name, dtype, out)
+    if dtype is None:
+        return x
+    from . import _dtypes
+    dt = _dtypes.canonicalize(dtype)
+    if np.dtype(getattr(x, "dtype", np.asarray(x).dtype)) == dt:
+        return x
+    from ._abstract import ShapeDtypeStruct
+    if isinstance(x, ShapeDtypeStruct):
+        return ShapeDtypeStruct(x.shape, dt, x.sharding)
+    return _ops().astype(x, dt)

@@ -397,7 +397,8 @@ def multiply(a, b) -> Array:
 def divide(a, b) -> Array:
     """Elementwise ``a / b``."""
     if _is_scalar(b) and isinstance(a, Array):
-        return multiply(a, 1.0 / float(b))
+        s = float(b)   # (x / ±0.0 is x * ±inf: ±inf, or NaN for 0 and NaN, as jax)
+        return multiply(a, 1.0 / s if s != 0.0 else math.copysign(math.inf, s))
     if _is_scalar(a) and isinstance(b, Array):
         s = float(a)
         return _unary(U_RDIV, b, s, 0.0,

@@ -47,7 +47,6 @@ from ._ops import (  # noqa: F401
     matmul,
     max,
     maximum,
-    mean,
     min,
     minimum,
     multiply,
@@ -61,7 +60,6 @@ from ._ops import (  # noqa: F401
     sqrt,
     square,
     subtract,
-    sum,
     take_rows,
     tanh,
     where,
@@ -69,6 +67,25 @@ from ._ops import (  # noqa: F401
     with_sharding,
 )
 from . import _ops as _o
+from ._operators import reduce_operand as _reduce_operand
+
+
+def sum(a, axis=None, dtype=None, out=None, keepdims=False):  # noqa: A001 - numpy's name
+    """``jnp.sum``: the sum over ``axis`` (a dimension sharded over mesh axes ends in an
+    all-reduce over them); ``dtype=`` converts ``a`` first and accumulates in it (jnp's);
+    int32 sums wrap, bools sum as int32. See :func:`ctrainstate._ops.sum`.
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> np.asarray(cnp.sum(np.array([True, True, False]), dtype=cnp.float32)).item()
+    2.0
+    """
+    return _o.sum(_reduce_operand("sum", a, dtype, out), axis=axis, keepdims=keepdims)
+
+
+def mean(a, axis=None, dtype=None, out=None, keepdims=False):
+    """``jnp.mean`` over ``axis`` (ints and bools give float32); ``dtype=`` converts ``a``
+    first. See :func:`ctrainstate._ops.mean`."""
+    return _o.mean(_reduce_operand("mean", a, dtype, out), axis=axis, keepdims=keepdims)
 from . import _linalg as linalg  # noqa: F401
 from ._elementwise import (  # noqa: F401
     all,

@@ -74,27 +74,6 @@ CT_RM int ct_ew_cmp_i(int op, int64_t a, int64_t b) {
 
 CT_RM float ct_ew_sign_f(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); }
 
-/* jnp.floor_divide / jnp.remainder of floats (jax's _float_divmod and remainder). */
-CT_RM float ct_ew_floordiv_f(float a, float b) {
-    float mod = CT_EW_FMOD(a, b);
-    float div = (b == 0.0f ? a : a - mod) / b;
-    float sb = ct_ew_sign_f(b), sm = ct_ew_sign_f(mod);
-    if (mod != 0.0f && sb != sm) div = div - 1.0f; /* NaN signs differ from everything */
-    return CT_EW_ROUND(div);                        /* lax.round: half away from zero */
-}
-
-CT_RM float ct_ew_rem_f(float a, float b) {
-    float t = CT_EW_FMOD(a, b);
-    return (t != 0.0f && ((t < 0.0f) != (b < 0.0f))) ? t + b : t;
-}
-
-CT_RM float ct_ew_flip_sign(float v, int clear) {
-    union { float f; uint32_t u; } w;
-    w.f = v;
-    w.u = clear ? (w.u & 0x7fffffffu) : (w.u ^ 0x80000000u);
-    return w.f;
-}
-
 /* XLA's CPU backend runs with denormals-are-zero and flush-to-zero: jax compares a float32
  * (or bfloat16) subnormal as a zero of its sign (1e-40 == 0.0 is true), and a subnormal
  * result is a zero. Applied to the float operands and results here, so every backend
@@ -106,6 +85,43 @@ CT_RM float ct_ew_daz(float v) {
     return w.f;
 }
 
+/* v rounded to dtype dt (nearest even) and back: how jax's 16-bit float ops round each
+ * step of a composite (float32 values pass unchanged). */
+CT_RM float ct_ew_in(int dt, float v) {
+    if (dt == CT_F32) return v;
+    uint16_t h;
+    ct_cv_store_f(dt, &h, 0, v);
+    return ct_cv_load_f(dt, &h, 0);
+}
+
+/* jnp.floor_divide of floats (jax's _float_divmod): mod = rem(a, b) (exact), then
+ * (a - mod) / b, the -1 where the signs of mod and b differ and the rounding, each step
+ * in the operands' dtype `dt` as jax computes a 16-bit floor_divide. */
+CT_RM float ct_ew_floordiv_f(int dt, float a, float b) {
+    float mod = CT_EW_FMOD(a, b);
+    float div = ct_ew_in(dt, ct_ew_in(dt, b == 0.0f ? a : a - mod) / b);
+    float sb = ct_ew_sign_f(b), sm = ct_ew_sign_f(mod);
+    if (mod != 0.0f && sb != sm) div = ct_ew_in(dt, div - 1.0f); /* NaN signs differ */
+    return CT_EW_ROUND(div);                        /* lax.round: half away from zero */
+}
+
+/* jnp.remainder of floats, as XLA's CPU computes it: the truncated remainder of the
+ * dividend as it is (a subnormal one kept: 1e-40 % 3 is 1e-40) by the divisor with
+ * subnormals flushed (3 % 1e-40 is NaN), then the divisor added where the flushed
+ * remainder and the divisor have different signs. */
+CT_RM float ct_ew_rem_f(float a, float b) {
+    float t = CT_EW_FMOD(a, b), tz = ct_ew_daz(t);
+    return (tz != 0.0f && ((tz < 0.0f) != (b < 0.0f))) ? t + b : t;
+}
+
+CT_RM float ct_ew_flip_sign(float v, int clear) {
+    union { float f; uint32_t u; } w;
+    w.f = v;
+    w.u = clear ? (w.u & 0x7fffffffu) : (w.u ^ 0x80000000u);
+    return w.f;
+}
+
+
 /* A float op on float32 values (compute type of the three float dtypes). */
 CT_RM float ct_ew_arith_f(int op, float a, float b) {
     switch (op) {
@@ -114,7 +130,7 @@ CT_RM float ct_ew_arith_f(int op, float a, float b) {
     case CT_EW_MUL: return a * b;
     case CT_EW_MAX: return (a > b || a != a) ? a : b;
     case CT_EW_MIN: return (a < b || a != a) ? a : b;
-    case CT_EW_FLOORDIV: return ct_ew_floordiv_f(a, b);
+    case CT_EW_FLOORDIV: return ct_ew_floordiv_f(CT_F32, a, b);
     case CT_EW_REM: return ct_ew_rem_f(a, b);
     case CT_EW_NEG: return ct_ew_flip_sign(a, 0);
     default: return ct_ew_flip_sign(a, 1); /* CT_EW_ABS */
@@ -176,9 +192,15 @@ CT_RM void ct_ew_elem(int op, int dt, void *out, int64_t o, const void *a, int64
             ((uint8_t *)out)[o] = (uint8_t)r;
             return;
         }
-        x = ct_ew_daz(x);
         float y = ct_ew_is_unary(op) ? x : ct_ew_daz(ct_cv_load_f(dt, b, ib));
+        if (op == CT_EW_REM) { /* the dividend and the result keep their subnormals */
+            ct_cv_store_f(dt, out, o, ct_ew_rem_f(x, y));
+            return;
+        }
+        x = ct_ew_daz(x);
+        if (ct_ew_is_unary(op)) y = x;
         if (ct_ew_bool_out(op)) ((uint8_t *)out)[o] = (uint8_t)ct_ew_cmp_f(op, x, y);
+        else if (op == CT_EW_FLOORDIV) ct_cv_store_f(dt, out, o, ct_ew_daz(ct_ew_floordiv_f(dt, x, y)));
         else ct_cv_store_f(dt, out, o, ct_ew_daz(ct_ew_arith_f(op, x, y)));
         return;
     }

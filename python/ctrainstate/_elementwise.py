@@ -288,7 +288,16 @@ def greater_equal(x, y) -> Array:
 # --- booleans and bits -------------------------------------------------------------------------
 
 def _as_bool(v, place):
-    return _as(v, _BOOL, place)
+    """``v`` as a bool Array: nonzero is true (NaN too). A float is compared with zero as
+    jax does (``v != 0``, which on XLA's CPU counts a float32/bfloat16 subnormal as zero),
+    not converted (a conversion would call 1e-40 true)."""
+    if isinstance(v, Array):
+        return not_equal(v, 0) if v.dtype in _FLOATS else _as(v, _BOOL, place)
+    h = np.asarray(v)
+    if h.dtype.kind == "f":
+        h32 = h.astype(np.float32)
+        h = (h32 != 0) & ~(np.abs(h32) < np.finfo(np.float32).tiny)
+    return _as(h, _BOOL, place)
 
 
 @_to_bool

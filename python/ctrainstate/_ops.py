@@ -452,11 +452,19 @@ def where(condition, x=None, y=None) -> Array:
         raise NotImplementedError("where(condition) without x and y returns indices; use "
                                   "numpy.nonzero on a host array")
     if isinstance(condition, Array):
+        if condition.dtype in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16):
+            # a float condition is `condition != 0` as jax's (a subnormal counts as zero)
+            from . import _elementwise
+            condition = _elementwise.not_equal(condition, 0)
         if condition.dtype != np.float32:   # a bool/int mask Array: its nonzeros, as float32
             condition = condition.astype(np.float32)
         c = _binary_raw(B_KEEP, _lift(1.0, _place_of(condition)), condition)  # 1 where set
     else:
-        c = np.asarray(condition).astype(bool).astype(np.float32)
+        c = np.asarray(condition)
+        if c.dtype.kind == "f":   # != 0 with float32 subnormals as zero, as jax's
+            c32 = c.astype(np.float32)
+            c = (c32 != 0) & ~(np.abs(c32) < np.finfo(np.float32).tiny)
+        c = c.astype(bool).astype(np.float32)
         place = next((_place_of(v) for v in (x, y) if isinstance(v, Array)), None)
         c = _lift(c, place) if place is not None else _lift(c)
     not_c = _unary_raw(U_AFFINE, c, -1.0, 1.0)

@@ -726,3 +726,16 @@ def test_division_by_a_zero_scalar_is_inf_or_nan():
         np.testing.assert_array_equal(np.asarray(x / 0.0), h / np.float32(0.0))
         np.testing.assert_array_equal(np.asarray(x / -0.0), h / np.float32(-0.0))
         np.testing.assert_array_equal(np.asarray(cnp.divide(x, 0.0)), h / np.float32(0.0))
+
+
+def test_result_type_takes_dtypes_as_jax():
+    cases = [(np.int32, np.float32), (np.dtype("int32"), np.dtype("uint32")), ("float32", 1),
+             (BF16, np.float16), ("bfloat16", 2.0), (np.bool_, 1), (np.uint32, True)]
+    want = [F32, I32, F32, F32, BF16, I32, U32]   # jnp.result_type, jax 0.10.2 (measured)
+    for args, w in zip(cases, want):
+        assert cnp.result_type(*args) == np.dtype(w), args
+    with pytest.raises(TypeError, match="not a dtype ctrainstate stores"):
+        cnp.result_type(np.complex64)
+    jnp = pytest.importorskip("jax.numpy")
+    for args in cases:
+        assert cnp.result_type(*args) == jnp.result_type(*args), args

@@ -77,6 +77,11 @@ def _strong_dtype(v):
         return _BOOL
     if isinstance(v, (int, float)):
         return None
+    if isinstance(v, (np.dtype, type, str)):   # a dtype (result_type(np.int32, 'float32'))
+        try:
+            return _dtypes.canonicalize(v)
+        except TypeError:
+            raise TypeError(f"{v!r} is not a dtype ctrainstate stores") from None
     try:
         arr = np.asarray(v)
     except Exception:  # noqa: BLE001 - reported below with the operand's type
@@ -88,8 +93,8 @@ def _strong_dtype(v):
 
 
 def result_type(*vals, who: str = "op"):
-    """jax's result dtype (``jnp.result_type``, x64 disabled) of operands among the stored
-    dtypes, Python scalars weak. A Python int that does not fit the int32 weak type with an
+    """jax's result dtype (``jnp.result_type``, x64 disabled) of operands (Arrays, arrays,
+    dtypes) among the stored dtypes, Python scalars weak. A Python int that does not fit the int32 weak type with an
     integer result raises ``OverflowError``, as jax does."""
     strong = []
     weak_int = weak_float = False

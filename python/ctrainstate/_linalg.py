@@ -18,7 +18,6 @@ rank is the 2-norm of the flattened array (numpy's and jax's rule).
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 
@@ -28,15 +27,8 @@ __all__ = ["norm", "vector_norm", "matrix_norm"]
 
 
 def _canon_axis(a, ndim: int) -> int:
-    if isinstance(a, bool):
-        raise TypeError(f"norm: axis must be an int, got {a!r}")
-    try:
-        a = operator.index(a)
-    except TypeError:
-        raise TypeError(f"norm: axis must be an int or a tuple of ints, got {a!r}") from None
-    if not -ndim <= a < ndim:
-        raise ValueError(f"norm: axis {a} is out of bounds for an array of dimension {ndim}")
-    return a % ndim
+    from ._move import _axis
+    return _axis(a, ndim, "norm")
 
 
 def _euclid(x, axis, keepdims):

@@ -92,11 +92,15 @@ def _int(v, who: str, name: str) -> int:
         raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__} {v!r}") from None
 
 
-def _axis(axis, nd: int, who: str, shape, name: str = "axis") -> int:
+def _axis(axis, nd: int, who: str, shape=None, name: str = "axis") -> int:
+    """One axis as a non-negative int (negative ones count from the end); the errors name
+    ``who``, the argument and the array's dimension (and shape, when given). Shared by the
+    ops that take an axis (lax's *_in_dim forms, linalg.norm)."""
     a = _int(axis, who, name)
     if not -nd <= a < nd:
-        raise ValueError(f"{who}: {name} {a} is out of bounds for an array of dimension {nd} "
-                         f"(shape {tuple(shape)})")
+        where = f" (shape {tuple(shape)})" if shape is not None else ""
+        raise ValueError(f"{who}: {name} {a} is out of bounds for an array of dimension {nd}"
+                         f"{where}")
     return a % nd
 
 

@@ -310,14 +310,8 @@ def dynamic_update_slice(operand, update, start_indices, *, allow_negative_indic
 # --- the one-dimension forms (jax.lax.dynamic_*_in_dim) -------------------------------------
 
 def _axis(axis, ndim: int, who: str) -> int:
-    import operator
-    try:
-        a = operator.index(axis)
-    except TypeError:
-        raise TypeError(f"{who}: axis must be an int, got {axis!r}") from None
-    if not -ndim <= a < ndim:
-        raise ValueError(f"{who}: axis {a} is out of bounds for an array of rank {ndim}")
-    return a % ndim
+    from ._move import _axis as one_axis
+    return one_axis(axis, ndim, who)
 
 
 def _shape_of(x):

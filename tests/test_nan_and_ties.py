@@ -157,3 +157,18 @@ def test_where_sharded_and_against_jax():
         cts.device_put(xf, cts.NamedSharding(mesh, cts.P("data", "model"))))
     gj = jax.grad(lambda a: jnp.sum(jnp.where(c, a * 3.0, a) * w))(xf)
     np.testing.assert_allclose(np.asarray(g), np.asarray(gj), rtol=1e-6)
+
+
+def test_scalar_multiply_keeps_nan_inf_and_signed_zeros_as_jax():
+    """x * 0.0 is NaN for inf and NaN (not a fill with zeros) and a -0.0 product stays -0.0,
+    bit for bit as IEEE float32 (what jax computes)."""
+    h = np.array([-0.0, 0.0, -2.0, 3.0, np.inf, -np.inf, np.nan], np.float32)
+    x = cts.device_put(h)
+    for s in (0.0, -0.0, 2.0, -2.0, 0.5):
+        got = np.asarray(x * s)
+        with np.errstate(invalid="ignore"):
+            want = h * np.float32(s)
+        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), (s, got, want)
+    g = cts.grad(lambda v: cnp.sum(v * 0.0 + v * 3.0))(cts.device_put(np.ones(2, np.float32)))
+    np.testing.assert_array_equal(np.asarray(g), [3.0, 3.0])

@@ -388,7 +388,11 @@ def multiply(a, b) -> Array:
     """Elementwise ``a * b``."""
     if _is_scalar(b) and isinstance(a, Array):
         s = float(b)
-        return _unary(U_AFFINE, a, s, 0.0, vjp=lambda g, x, y: multiply(g, s))
+        if s == 0.0:   # x * ±0 keeps NaN and inf * 0 = NaN: the multiply kernel, not a fill
+            return _binary(B_MUL, a, _lift(s, _place_of(a)),
+                           lambda g, x, y, o: multiply(g, s), None)
+        # s*x + (-0.0) is s*x exactly, a -0.0 product included (+0.0 would turn it positive)
+        return _unary(U_AFFINE, a, s, -0.0, vjp=lambda g, x, y: multiply(g, s))
     if _is_scalar(a) and isinstance(b, Array):
         return multiply(b, a)
     return _binary(B_MUL, a, b, lambda g, x, y, o: multiply(g, y), lambda g, x, y, o: multiply(g, x))

@@ -32,6 +32,7 @@
 #include "ct_convert_math.h" /* ct_cv_load_* / ct_cv_store_* and CT_RM */
 #include "ct_layout.h"       /* CT_MAX_NDIM */
 #include "ct_ops.h"          /* CT_EW_*, CT_RED_* */
+#include "ct_ops_math.h"     /* ct_sign (jnp.sign) */
 
 #ifdef __CUDACC__
 #define CT_EW_FMOD fmodf
@@ -50,29 +51,15 @@ CT_RM int ct_ew_bool_out(int op) {
 /* Whether op reads only its first operand. */
 CT_RM int ct_ew_is_unary(int op) { return op >= CT_EW_NOT; }
 
-CT_RM int ct_ew_cmp_f(int op, float a, float b) {
-    switch (op) {
-    case CT_EW_EQ: return a == b;
-    case CT_EW_NE: return a != b;
-    case CT_EW_LT: return a < b;
-    case CT_EW_LE: return a <= b;
-    case CT_EW_GT: return a > b;
-    default: return a >= b;
-    }
-}
+/* The six comparisons on two values of one C type (float for the float dtypes, int64_t
+ * for the integer ones and bool): one table for both. */
+#define CT_EW_CMP(op, a, b)                                                                  \
+    ((op) == CT_EW_EQ ? (a) == (b) : (op) == CT_EW_NE ? (a) != (b) : (op) == CT_EW_LT ? (a) < (b) \
+     : (op) == CT_EW_LE ? (a) <= (b) : (op) == CT_EW_GT ? (a) > (b) : (a) >= (b))
 
-CT_RM int ct_ew_cmp_i(int op, int64_t a, int64_t b) {
-    switch (op) {
-    case CT_EW_EQ: return a == b;
-    case CT_EW_NE: return a != b;
-    case CT_EW_LT: return a < b;
-    case CT_EW_LE: return a <= b;
-    case CT_EW_GT: return a > b;
-    default: return a >= b;
-    }
-}
+CT_RM int ct_ew_cmp_f(int op, float a, float b) { return CT_EW_CMP(op, a, b); }
 
-CT_RM float ct_ew_sign_f(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); }
+CT_RM int ct_ew_cmp_i(int op, int64_t a, int64_t b) { return CT_EW_CMP(op, a, b); }
 
 /* XLA's CPU backend runs with denormals-are-zero and flush-to-zero: jax compares a float32
  * (or bfloat16) subnormal as a zero of its sign (1e-40 == 0.0 is true), and a subnormal
@@ -100,7 +87,7 @@ CT_RM float ct_ew_in(int dt, float v) {
 CT_RM float ct_ew_floordiv_f(int dt, float a, float b) {
     float mod = CT_EW_FMOD(a, b);
     float div = ct_ew_in(dt, ct_ew_in(dt, b == 0.0f ? a : a - mod) / b);
-    float sb = ct_ew_sign_f(b), sm = ct_ew_sign_f(mod);
+    float sb = ct_sign(b), sm = ct_sign(mod);
     if (mod != 0.0f && sb != sm) div = ct_ew_in(dt, div - 1.0f); /* NaN signs differ */
     return CT_EW_ROUND(div);                        /* lax.round: half away from zero */
 }

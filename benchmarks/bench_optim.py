@@ -281,20 +281,56 @@ def run_case(name, params_np, grads_np, n, copies, reps):
 
 # --- GPU ----------------------------------------------------------------------------------------
 
-def _gpu_time(step, sync, reps, steps):
-    """Median seconds per step: `steps` steps between synchronisations, `reps` times."""
+def _gpu_time(step, sync, reps, steps, host=False):
+    """Median seconds per step: `steps` steps between synchronisations, `reps` times. With
+    host=True also the median host time per step to enqueue them (before the closing sync):
+    when it is close to the step time, the host, not the GPU, sets the pace."""
     for _ in range(2):
         step()
     sync()
-    ts = []
+    ts, hs = [], []
     for _ in range(reps):
         sync()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
+        t1 = time.perf_counter()
         sync()
         ts.append((time.perf_counter() - t0) / steps)
+        hs.append((t1 - t0) / steps)
+    if host:
+        return float(np.median(ts)), float(np.median(hs))
     return float(np.median(ts))
+
+
+class _env:
+    """Environment variables set for a block (the CUDA backend reads its launch settings at
+    each launch)."""
+
+    def __init__(self, **kv):
+        self.kv, self.old = kv, {}
+
+    def __enter__(self):
+        for k, v in self.kv.items():
+            self.old[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# The fused kernel's launch settings compared in one run (cuda_optim.cu, main_grid /
+# launch_prefetch): every one computes the same bits.
+_GPU_VARIANTS = [("ctrainstate (fused, one launch)", {}),
+                 ("  same, CTA per tile", {"CTRAINSTATE_OPT_WAVES": "0"}),
+                 ("  same, 2 waves of CTAs", {"CTRAINSTATE_OPT_WAVES": "2"}),
+                 ("  same, no slot prefetch", {"CTRAINSTATE_OPT_PREFETCH": "0"}),
+                 ("  same, neither (before)", {"CTRAINSTATE_OPT_PREFETCH": "0",
+                                               "CTRAINSTATE_OPT_WAVES": "0"})]
 
 
 def _gpu_torch(params_np, grads_np):
@@ -364,22 +400,29 @@ def run_gpu(args):
 
         def step():
             st[0] = st[0].apply_gradients(grads=g)
-        rows = {"ctrainstate (fused, one launch)": (step, sync)}
+        rows = {label: (step, sync, env) for label, env in _GPU_VARIANTS}
         for label, make in (("torch AdamW(fused=True)", _gpu_torch), ("optax on jax-gpu (jit, donated)", _gpu_optax)):
             r = make(p_np, g_np)
-            rows[label] = r
+            rows[label] = None if r is None else (r[0], r[1], None)
         print(f"\n## {name}: {n:,} params, {len(cts.tree_util.tree_leaves(p_np))} leaves "
               f"(issue #6 goal {goal:.2f} ms, floor {floor:.2f} ms)")
-        print(f"{'implementation':34s} {'ms/step':>9s} {'GB/s':>8s} {'x copy bw':>9s} {'vs ctrainstate':>15s}")
+        print(f"{'implementation':34s} {'ms/step':>9s} {'GB/s':>8s} {'x copy bw':>9s} "
+              f"{'vs ctrainstate':>15s} {'host ms/step':>13s}")
         t0 = None
         for label, r in rows.items():
             if r is None:
                 print(f"{label:34s} {'(not importable: skipped)':>40s}")
                 continue
-            t = _gpu_time(r[0], r[1], args.reps, args.gpu_steps)
+            host = ""
+            if r[2] is not None:  # ctrainstate: its launch settings, and the host's share
+                with _env(**r[2]):
+                    t, h = _gpu_time(r[0], r[1], args.reps, args.gpu_steps, host=True)
+                host = f"{h * 1e3:13.3f}"
+            else:
+                t = _gpu_time(r[0], r[1], args.reps, args.gpu_steps)
             t0 = t if t0 is None else t0
             gbs = n * BYTES_PER_PARAM / t / 1e9
-            print(f"{label:34s} {t * 1e3:9.3f} {gbs:8.1f} {gbs / copy_gbs:9.2f} {t / t0:14.2f}x")
+            print(f"{label:34s} {t * 1e3:9.3f} {gbs:8.1f} {gbs / copy_gbs:9.2f} {t / t0:14.2f}x {host}")
         del st, g
 
 

@@ -167,6 +167,17 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t ev);
 cudaError_t cudaEventQuery(cudaEvent_t ev);
 
+/* CTAs of a kernel resident per SM: the emulation says 2 (CT_EMU_SMS SMs, default 4), so a
+ * launch sized to "what the GPU holds" has few CTAs, each looping over many work items. */
+template <typename F>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, F, int block,
+                                                                        size_t shmem) {
+    (void)shmem;
+    if (n == nullptr || block <= 0 || block > 1024) return cudaErrorInvalidValue;
+    *n = 2;
+    return cudaSuccess;
+}
+
 /* --- kernel launch ---------------------------------------------------------------------------
  * tests/cuda_emu/rewrite_launches.py turns `kern<<<g, b, shmem, stream>>>(args);` into
  *   { auto ct_emu_k_ = ct_emu_bind([](auto... a) { kern(a...); }, args);

@@ -143,16 +143,49 @@ __device__ __forceinline__ void st(float *x, const float *v) {
     }
 }
 
-/* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate; C: the
- * stages' fp32 constants (P.c with the device-resident norms filled in). */
-/* u (and p) of elements [e, e+L) of block d after stages [0, upto); state written unless RED. */
+/* The first stage of [0, upto) that reads state slots per element in block d (-1: none).
+ * compute_u issues that stage's slot loads together with the loads of g and p, so the
+ * common chains (one stateful stage: adam, adamw, lion, momentum, rmsprop...) wait for
+ * memory once per element group instead of twice. */
+__device__ __forceinline__ int first_slot_stage(const opt_params &P, const opt_desc *d) {
+    for (int k = 0; k < P.upto; k++) {
+        if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
+        const int kind = P.kind[k];
+        if (ct_om_is_leafwise(kind) || (kind == CT_OPT_FACTORED && d->flo != nullptr)) continue;
+        if (ct_om_nslots(kind) > (kind == CT_OPT_FACTORED ? 2 : 0)) return k;
+    }
+    return -1;
+}
+
+/* Slot pointers of stage k at element e of block d (NULL: that slot is not per element). */
+__device__ __forceinline__ void slot_ptrs(const opt_params &P, const opt_desc *d, int k,
+                                          long long e, float **sa, float **sb, float **sx) {
+    const int kind = P.kind[k];
+    const int ns = ct_om_nslots(kind), s0 = kind == CT_OPT_FACTORED ? 2 : 0;
+    *sa = ns > 0 && s0 <= 0 ? d->slot[P.slot_off[k]] + e : nullptr;
+    *sb = ns > 1 && s0 <= 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
+    *sx = ns > 2 ? d->slot[P.slot_off[k] + 2] + e : nullptr;
+}
+
+/* u (and p) of elements [e, e+L) of block d after stages [0, upto); state written unless
+ * RED. C: the stages' fp32 constants (P.c with the device-resident norms filled in); k0:
+ * first_slot_stage(P, d). */
 template <int L, bool RED>
 __device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[CT_OM_NC],
-                                          const opt_desc *d, long long e, float *u, float *p) {
-    ld<L>(d->g + e, u);
+                                          const opt_desc *d, int k0, long long e, float *u,
+                                          float *p) {
+    /* every load the first stateful stage needs is issued before any is used */
+    float a0[L], b0[L];
+    float *sa0 = nullptr, *sb0 = nullptr, *sx0 = nullptr;
 #pragma unroll
-    for (int j = 0; j < L; j++) p[j] = 0.0f;
+    for (int j = 0; j < L; j++) p[j] = a0[j] = b0[j] = 0.0f;
+    ld<L>(d->g + e, u);
     if (d->need_p) ld<L>(d->p + e, p);
+    if (k0 >= 0) {
+        slot_ptrs(P, d, k0, e, &sa0, &sb0, &sx0);
+        if (sa0) ld<L>(sa0, a0);
+        if (sb0) ld<L>(sb0, b0); /* a third slot (rare) is loaded in the stage loop */
+    }
     for (int k = 0; k < P.upto; k++) {
         if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
         const int kind = P.kind[k];
@@ -167,16 +200,27 @@ __device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[
             continue;
         }
         /* FACTORED on a leaf that is not factored: only its third slot (v) is per element */
-        const int ns = ct_om_nslots(kind), s0 = kind == CT_OPT_FACTORED ? 2 : 0;
         float a[L], b[L], x[L];
+        float *sa, *sb, *sx;
+        if (k == k0) {
+            sa = sa0;
+            sb = sb0;
+            sx = sx0;
 #pragma unroll
-        for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
-        float *sa = ns > 0 && s0 <= 0 ? d->slot[P.slot_off[k]] + e : nullptr;
-        float *sb = ns > 1 && s0 <= 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
-        float *sx = ns > 2 ? d->slot[P.slot_off[k] + 2] + e : nullptr;
-        if (sa) ld<L>(sa, a);
-        if (sb) ld<L>(sb, b);
-        if (sx) ld<L>(sx, x);
+            for (int j = 0; j < L; j++) {
+                a[j] = a0[j];
+                b[j] = b0[j];
+                x[j] = 0.0f;
+            }
+            if (sx) ld<L>(sx, x);
+        } else {
+            slot_ptrs(P, d, k, e, &sa, &sb, &sx);
+#pragma unroll
+            for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
+            if (sa) ld<L>(sa, a);
+            if (sb) ld<L>(sb, b);
+            if (sx) ld<L>(sx, x);
+        }
 #pragma unroll
         for (int j = 0; j < L; j++)
             u[j] = ct_om_stage(kind, C[k], u[j], p[j], &a[j], &b[j], &x[j], !RED);
@@ -191,10 +235,10 @@ __device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[
 /* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate. */
 template <int L, bool RED>
 __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[CT_OM_NC],
-                                          const opt_desc *d, long long e, double &ss,
+                                          const opt_desc *d, int k0, long long e, double &ss,
                                           double &bad, double &pp) {
     float u[L], p[L];
-    compute_u<L, RED>(P, C, d, e, u, p);
+    compute_u<L, RED>(P, C, d, k0, e, u, p);
     if (RED) {
 #pragma unroll
         for (int j = 0; j < L; j++) {
@@ -227,28 +271,35 @@ __device__ __forceinline__ void load_consts(const opt_params &P, float (*C)[CT_O
     __syncthreads();
 }
 
-template <bool RED>
+template <bool RED, bool PRE>
 __global__ void __launch_bounds__(OPT_TPB)
 opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
     __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
     load_consts(P, C);
     double ss = 0.0, bad = 0.0, pp = 0.0;
+    int cur = -1, k0 = -1; /* the block of the previous tile, and its first_slot_stage */
     for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
-        int lo = 0, hi = P.nblocks - 1; /* the last block whose first tile is <= t */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (D[mid].tile0 <= t) lo = mid;
-            else hi = mid - 1;
+        /* the last block whose first tile is <= t: tiles come in increasing order, so the
+         * search starts after the previous tile's block (none when t is still in it) */
+        if (cur < 0 || (cur + 1 < P.nblocks && D[cur + 1].tile0 <= t)) {
+            int lo = cur + 1 > 0 ? cur + 1 : 0, hi = P.nblocks - 1;
+            while (lo < hi) {
+                int mid = (lo + hi + 1) >> 1;
+                if (D[mid].tile0 <= t) lo = mid;
+                else hi = mid - 1;
+            }
+            cur = lo;
+            k0 = PRE ? first_slot_stage(P, &D[cur]) : -1;
         }
-        const opt_desc *d = &D[lo];
+        const opt_desc *d = &D[cur];
         const long long base = (t - d->tile0) * OPT_TILE;
         const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
         for (long long e = base + 4LL * threadIdx.x; e < end; e += 4LL * OPT_TPB) {
             if (d->vec && e + 4 <= end) {
-                run_elems<4, RED>(P, C, d, e, ss, bad, pp);
+                run_elems<4, RED>(P, C, d, k0, e, ss, bad, pp);
             } else {
                 for (long long i = e; i < end && i < e + 4; i++)
-                    run_elems<1, RED>(P, C, d, i, ss, bad, pp);
+                    run_elems<1, RED>(P, C, d, k0, i, ss, bad, pp);
             }
         }
         if (RED && P.per_tile) { /* per-leaf reductions: every tile on its own */
@@ -294,7 +345,7 @@ __global__ void norm_to_board(const double *part, unsigned nparts, double *slot)
 __device__ __forceinline__ double fstat_x(const opt_params &P, const float (*C)[CT_OM_NC],
                                           const opt_desc *d, long long idx, float eps) {
     float u, p;
-    compute_u<1, true>(P, C, d, idx, &u, &p);
+    compute_u<1, true>(P, C, d, first_slot_stage(P, d), idx, &u, &p);
     const float x = u * u + eps;
     return (double)x;
 }
@@ -630,7 +681,7 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     }
     P.per_tile = 1;
     const unsigned grid = P.ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)P.ntiles;
-    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
+    opt_kernel<true, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
     CT_CUDA_TRY(cudaGetLastError());
     sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(table, m, cache->d_tiles,
                                                           cache->d_blk);
@@ -782,6 +833,51 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     return st;
 }
 
+/* Launch geometry of the update pass, settable for measurements (benchmarks/bench_optim.py
+ * --gpu compares them in one run; read at each launch, a getenv beside a kernel launch):
+ *   CTRAINSTATE_OPT_PREFETCH=0   the first stateful stage's slots are loaded in the stage
+ *                                loop, after g and p have arrived (fewer registers)
+ *   CTRAINSTATE_OPT_WAVES=w      CTAs: w times what the GPU holds at once, each looping over
+ *                                tiles (default 1); 0: one CTA per tile
+ * Every setting computes the same bits (each element's operations do not change). */
+static bool launch_prefetch() {
+    const char *e = getenv("CTRAINSTATE_OPT_PREFETCH");
+    return !(e && e[0] == '0' && e[1] == 0);
+}
+
+static unsigned main_grid(const ct_device *dev, bool pre, long long ntiles) {
+    long long waves = 1;
+    if (const char *e = getenv("CTRAINSTATE_OPT_WAVES")) {
+        char *end = nullptr;
+        const long long w = strtoll(e, &end, 10);
+        if (end != e && *end == 0 && w >= 0 && w <= 1024) waves = w;
+    }
+    long long grid = ntiles;
+    if (waves > 0) {
+        static int per_sm[2] = {0, 0}; /* CTAs of each variant resident per SM */
+        int &r = per_sm[pre ? 1 : 0];
+        if (r == 0) {
+            int n = 0;
+            cudaError_t e = pre ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true>, OPT_TPB, 0)
+                                : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false>, OPT_TPB, 0);
+            if (e != cudaSuccess || n <= 0) {
+                cudaGetLastError();
+                n = 2;
+            }
+            r = n;
+        }
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev->ordinal) != cudaSuccess ||
+            sms <= 0) {
+            cudaGetLastError();
+            sms = 132;
+        }
+        const long long cap = waves * r * (long long)sms;
+        if (grid > cap) grid = cap;
+    }
+    return grid > 0x7fffffffLL ? 0x7fffffffu : (unsigned)grid;
+}
+
 /* Launch the pass (descriptors uploaded): norms first, then the kernel(s) of its kind. */
 static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
                              const opt_desc *table, int m, const int *src, unsigned reads,
@@ -810,8 +906,10 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (ps->reduce == 4) return fstat_pass(dev, cache, ps, P, table, m, src);
     if (!ps->reduce) {
         if (ntiles > 0) {
-            unsigned grid = ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)ntiles;
-            opt_kernel<false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr);
+            const bool pre = launch_prefetch();
+            const unsigned grid = main_grid(dev, pre, ntiles);
+            if (pre) opt_kernel<false, true><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr);
+            else opt_kernel<false, false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_CUDA_TRY(cudaEventRecord(cache->last, s));
@@ -823,7 +921,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
         const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
         if (grid > 0) {
-            opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+            opt_kernel<true, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_TRY(wait_board(dev)); /* no pass of an earlier step still reads the board */
@@ -844,7 +942,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */
         CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
     const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
-    opt_kernel<true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+    opt_kernel<true, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
                                 cudaMemcpyDeviceToHost, s));

@@ -329,8 +329,13 @@ _GPU_VARIANTS = [("ctrainstate (fused, one launch)", {}),
                  ("  same, CTA per tile", {"CTRAINSTATE_OPT_WAVES": "0"}),
                  ("  same, 2 waves of CTAs", {"CTRAINSTATE_OPT_WAVES": "2"}),
                  ("  same, no slot prefetch", {"CTRAINSTATE_OPT_PREFETCH": "0"}),
-                 ("  same, neither (before)", {"CTRAINSTATE_OPT_PREFETCH": "0",
-                                               "CTRAINSTATE_OPT_WAVES": "0"})]
+                 ("  same, unroll 2", {"CTRAINSTATE_OPT_UNROLL": "2"}),
+                 ("  same, unroll 2, no prefetch", {"CTRAINSTATE_OPT_UNROLL": "2",
+                                                    "CTRAINSTATE_OPT_PREFETCH": "0"}),
+                 ("  same, unroll 2, CTA per tile", {"CTRAINSTATE_OPT_UNROLL": "2",
+                                                     "CTRAINSTATE_OPT_WAVES": "0"}),
+                 ("  before (CTA per tile, no prefetch)", {"CTRAINSTATE_OPT_PREFETCH": "0",
+                                                          "CTRAINSTATE_OPT_WAVES": "0"})]
 
 
 def _gpu_torch(params_np, grads_np):

@@ -1218,7 +1218,8 @@ def test_leaky_mask_gradient_on_gpu_matches_cpu():
 def test_fused_launch_settings_give_the_same_bits(monkeypatch):
     """The fused optimizer pass's launch settings (CTRAINSTATE_OPT_WAVES: CTAs looping over
     tiles, or one CTA per tile; CTRAINSTATE_OPT_PREFETCH: the stateful stage's slots loaded
-    with g and p, or in the stage loop) change only the schedule: params and state after two
+    with g and p, or in the stage loop; CTRAINSTATE_OPT_UNROLL: one or two quads per thread
+    through the stages at once) change only the schedule: params and state after two
     steps of adamw and of a two-stateful-stage chain are the same bits under each, on a tree
     whose leaves span many tiles, partial tiles and unaligned tails."""
     from ctrainstate import optim
@@ -1236,14 +1237,17 @@ def test_fused_launch_settings_give_the_same_bits(monkeypatch):
         results = {}
         for waves in ("0", "1", "2", "64"):
             for pre in ("0", "1"):
-                monkeypatch.setenv("CTRAINSTATE_OPT_WAVES", waves)
-                monkeypatch.setenv("CTRAINSTATE_OPT_PREFETCH", pre)
-                s = TrainState.create(apply_fn=None, params=cts.device_put(params, dev), tx=make())
-                for g in grads:
-                    s = s.apply_gradients(grads=cts.device_put(g, dev))
-                leaves = cts.tree_util.tree_leaves((s.params, s.opt_state))
-                results[(waves, pre)] = [np.asarray(x).tobytes() for x in leaves]
-        first = results[("1", "1")]
+                for unroll in ("1", "2"):
+                    monkeypatch.setenv("CTRAINSTATE_OPT_WAVES", waves)
+                    monkeypatch.setenv("CTRAINSTATE_OPT_PREFETCH", pre)
+                    monkeypatch.setenv("CTRAINSTATE_OPT_UNROLL", unroll)
+                    s = TrainState.create(apply_fn=None, params=cts.device_put(params, dev),
+                                          tx=make())
+                    for g in grads:
+                        s = s.apply_gradients(grads=cts.device_put(g, dev))
+                    leaves = cts.tree_util.tree_leaves((s.params, s.opt_state))
+                    results[(waves, pre, unroll)] = [np.asarray(x).tobytes() for x in leaves]
+        first = results[("1", "1", "1")]
         for key, got in results.items():
             assert got == first, (cname, key)
         # and the step did something: the params moved

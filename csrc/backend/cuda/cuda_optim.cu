@@ -124,22 +124,38 @@ __device__ __forceinline__ void cta_sum3(double ss, double bad, double pp, doubl
 
 // --- kernel -----------------------------------------------------------------------------
 
+/* Element groups of a thread: L = 1 (one element), 4 (four consecutive elements, one float4
+ * per array) or 8 (two such quads, the second OPT_GS elements after the first: each of the two
+ * loads of a warp reads 512 consecutive bytes). Element j of the group is at offset goff(j). */
+#define OPT_GS (4 * OPT_TPB)
+
+template <int L>
+__device__ __forceinline__ long long goff(int j) {
+    return L == 8 ? (long long)(j & 3) + (long long)(j >> 2) * OPT_GS : (long long)j;
+}
+
 template <int L>
 __device__ __forceinline__ void ld(const float *x, float *v) {
-    if (L == 4) {
-        float4 t = *reinterpret_cast<const float4 *>(x);
-        v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
-    } else {
+    if (L == 1) {
         v[0] = x[0];
+    } else {
+#pragma unroll
+        for (int q = 0; q < L / 4; q++) {
+            float4 t = *reinterpret_cast<const float4 *>(x + q * OPT_GS);
+            v[4 * q] = t.x; v[4 * q + 1] = t.y; v[4 * q + 2] = t.z; v[4 * q + 3] = t.w;
+        }
     }
 }
 
 template <int L>
 __device__ __forceinline__ void st(float *x, const float *v) {
-    if (L == 4) {
-        *reinterpret_cast<float4 *>(x) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
+    if (L == 1) {
         x[0] = v[0];
+    } else {
+#pragma unroll
+        for (int q = 0; q < L / 4; q++)
+            *reinterpret_cast<float4 *>(x + q * OPT_GS) =
+                make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
     }
 }
 
@@ -196,7 +212,7 @@ __device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[
         }
         if (kind == CT_OPT_FACTORED && d->flo != nullptr) { /* a factored block */
 #pragma unroll
-            for (int j = 0; j < L; j++) u[j] = ct_om_factored_apply(&d->fg, d->flo, d->fhi, e + j, u[j]);
+            for (int j = 0; j < L; j++) u[j] = ct_om_factored_apply(&d->fg, d->flo, d->fhi, e + goff<L>(j), u[j]);
             continue;
         }
         /* FACTORED on a leaf that is not factored: only its third slot (v) is per element */
@@ -271,7 +287,7 @@ __device__ __forceinline__ void load_consts(const opt_params &P, float (*C)[CT_O
     __syncthreads();
 }
 
-template <bool RED, bool PRE>
+template <bool RED, bool PRE, int U>
 __global__ void __launch_bounds__(OPT_TPB)
 opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
     __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
@@ -294,12 +310,22 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
         const opt_desc *d = &D[cur];
         const long long base = (t - d->tile0) * OPT_TILE;
         const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
-        for (long long e = base + 4LL * threadIdx.x; e < end; e += 4LL * OPT_TPB) {
-            if (d->vec && e + 4 <= end) {
-                run_elems<4, RED>(P, C, d, k0, e, ss, bad, pp);
-            } else {
-                for (long long i = e; i < end && i < e + 4; i++)
-                    run_elems<1, RED>(P, C, d, k0, i, ss, bad, pp);
+        /* U = 2: a thread's two quads of a full stretch go through the stages together (twice
+         * the loads in flight per thread); elsewhere quad by quad */
+        for (long long e0 = base + 4LL * threadIdx.x; e0 < end; e0 += (long long)U * OPT_GS) {
+            if (U == 2 && d->vec && e0 + OPT_GS + 4 <= end) {
+                run_elems<U == 2 ? 8 : 4, RED>(P, C, d, k0, e0, ss, bad, pp);
+                continue;
+            }
+            for (int q = 0; q < U; q++) {
+                const long long e = e0 + (long long)q * OPT_GS;
+                if (e >= end) break;
+                if (d->vec && e + 4 <= end) {
+                    run_elems<4, RED>(P, C, d, k0, e, ss, bad, pp);
+                } else {
+                    for (long long i = e; i < end && i < e + 4; i++)
+                        run_elems<1, RED>(P, C, d, k0, i, ss, bad, pp);
+                }
             }
         }
         if (RED && P.per_tile) { /* per-leaf reductions: every tile on its own */
@@ -681,7 +707,7 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     }
     P.per_tile = 1;
     const unsigned grid = P.ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)P.ntiles;
-    opt_kernel<true, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
+    opt_kernel<true, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
     CT_CUDA_TRY(cudaGetLastError());
     sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(table, m, cache->d_tiles,
                                                           cache->d_blk);
@@ -833,19 +859,28 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
     return st;
 }
 
-/* Launch geometry of the update pass, settable for measurements (benchmarks/bench_optim.py
- * --gpu compares them in one run; read at each launch, a getenv beside a kernel launch):
+/* Launch settings of the update pass, settable for measurements (benchmarks/bench_optim.py
+ * --gpu compares them in one run; read at each launch: a getenv beside a kernel launch):
  *   CTRAINSTATE_OPT_PREFETCH=0   the first stateful stage's slots are loaded in the stage
  *                                loop, after g and p have arrived (fewer registers)
+ *   CTRAINSTATE_OPT_UNROLL=2     a thread takes its two quads of a tile through the stages
+ *                                together (twice the loads in flight, more registers)
  *   CTRAINSTATE_OPT_WAVES=w      CTAs: w times what the GPU holds at once, each looping over
  *                                tiles (default 1); 0: one CTA per tile
  * Every setting computes the same bits (each element's operations do not change). */
-static bool launch_prefetch() {
-    const char *e = getenv("CTRAINSTATE_OPT_PREFETCH");
-    return !(e && e[0] == '0' && e[1] == 0);
+static int env_flag(const char *name, int dflt) {
+    const char *e = getenv(name);
+    if (e == nullptr || e[0] == 0 || e[1] != 0) return dflt;
+    return e[0] == '0' ? 0 : (e[0] == '1' ? 1 : (e[0] == '2' ? 2 : dflt));
 }
 
-static unsigned main_grid(const ct_device *dev, bool pre, long long ntiles) {
+/* 0..3: bit 0 the prefetch, bit 1 the unroll by two */
+static int launch_variant() {
+    return (env_flag("CTRAINSTATE_OPT_PREFETCH", 1) ? 1 : 0) |
+           (env_flag("CTRAINSTATE_OPT_UNROLL", 1) == 2 ? 2 : 0);
+}
+
+static unsigned main_grid(const ct_device *dev, int variant, long long ntiles) {
     long long waves = 1;
     if (const char *e = getenv("CTRAINSTATE_OPT_WAVES")) {
         char *end = nullptr;
@@ -854,12 +889,17 @@ static unsigned main_grid(const ct_device *dev, bool pre, long long ntiles) {
     }
     long long grid = ntiles;
     if (waves > 0) {
-        static int per_sm[2] = {0, 0}; /* CTAs of each variant resident per SM */
-        int &r = per_sm[pre ? 1 : 0];
+        static int per_sm[4] = {0, 0, 0, 0}; /* CTAs of each variant resident per SM */
+        int &r = per_sm[variant & 3];
         if (r == 0) {
             int n = 0;
-            cudaError_t e = pre ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true>, OPT_TPB, 0)
-                                : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false>, OPT_TPB, 0);
+            cudaError_t e;
+            switch (variant & 3) {
+            case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 1>, OPT_TPB, 0); break;
+            case 1: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 1>, OPT_TPB, 0); break;
+            case 2: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 2>, OPT_TPB, 0); break;
+            default: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 2>, OPT_TPB, 0); break;
+            }
             if (e != cudaSuccess || n <= 0) {
                 cudaGetLastError();
                 n = 2;
@@ -906,10 +946,14 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (ps->reduce == 4) return fstat_pass(dev, cache, ps, P, table, m, src);
     if (!ps->reduce) {
         if (ntiles > 0) {
-            const bool pre = launch_prefetch();
-            const unsigned grid = main_grid(dev, pre, ntiles);
-            if (pre) opt_kernel<false, true><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr);
-            else opt_kernel<false, false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr);
+            const int v = launch_variant();
+            const unsigned grid = main_grid(dev, v, ntiles);
+            switch (v) {
+            case 0: opt_kernel<false, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 1: opt_kernel<false, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 2: opt_kernel<false, false, 2><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            default: opt_kernel<false, true, 2><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            }
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_CUDA_TRY(cudaEventRecord(cache->last, s));
@@ -921,7 +965,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
         const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
         if (grid > 0) {
-            opt_kernel<true, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+            opt_kernel<true, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_TRY(wait_board(dev)); /* no pass of an earlier step still reads the board */
@@ -942,7 +986,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */
         CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
     const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
-    opt_kernel<true, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+    opt_kernel<true, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
                                 cudaMemcpyDeviceToHost, s));

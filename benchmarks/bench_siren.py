@@ -3,6 +3,7 @@ against the same model in Flax on jax-cpu (jit), in the same process.
 
     python benchmarks/bench_siren.py [--size 64] [--hidden 256] [--steps 20]
     python benchmarks/bench_siren.py --gpu     # GPU devices vs Flax on jax-gpu
+    python benchmarks/bench_siren.py --gpu --profile   # and where the host time per step goes
 
 Prints a table with ms/step and the ratio to Flax (>1 means ctrainstate is slower).
 """
@@ -32,7 +33,7 @@ from ctrainstate.train_state import TrainState  # noqa: E402
 import siren  # noqa: E402
 
 
-def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps):
+def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps, profile=False):
     devs = cts.devices("gpu" if GPU else "cpu")[: math.prod(mesh_shape)]
     if len(devs) < math.prod(mesh_shape):
         raise RuntimeError(f"needs {math.prod(mesh_shape)} devices (CTRAINSTATE_GPU_SPLIT)")
@@ -48,14 +49,37 @@ def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps):
             return cnp.mean(cnp.square(state.apply_fn({"params": p}, c) - t))
         grad_fn = cts.value_and_grad(loss_fn)
         times = []
+        prof = None
         for i in range(steps + 2):
+            if profile and i == 2:
+                import cProfile
+                prof = cProfile.Profile()
+                prof.enable()
             t0 = time.perf_counter()
             loss, g = grad_fn(state.params)
             state = state.apply_gradients(grads=g)
             float(loss)
             if i >= 2:
                 times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.disable()
+            _print_profile(prof, steps, mesh_shape)
     return statistics.median(times) * 1e3, float(loss)
+
+
+def _print_profile(prof, steps, mesh_shape):
+    """Where a step's host time goes (--profile): the calls with the most own time per step,
+    C entry points (kernel launches, copies, synchronisations) among them."""
+    import pstats
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:15]
+    total = sum(v[2] for v in st.stats.values())
+    print(f"profile, mesh {mesh_shape}: {total / steps * 1e3:.2f} ms/step of host time "
+          f"(under cProfile); the 15 largest by own time:")
+    print(f"  {'ms/step':>8s} {'calls/step':>10s}  function")
+    for (fn, line, name), (cc, nc, tt, ct, _) in rows:
+        where = name if fn == "~" else f"{os.path.basename(fn)}:{line}({name})"
+        print(f"  {tt / steps * 1e3:8.3f} {nc / steps:10.1f}  {where}")
 
 
 def time_flax(coords, target, hidden, layers, steps):
@@ -115,6 +139,8 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--gpu", action="store_true", help="GPU devices, and Flax on jax-gpu")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print where ctrainstate's host time per step goes (cProfile)")
     a = ap.parse_args()
     if GPU and not cts._C.device_ids("gpu"):
         print(f"--gpu: skipped, no GPU devices ({cts.gpu_status()})")
@@ -128,6 +154,8 @@ def main():
           f"median of {a.steps} steps, load average {os.getloadavg()[0]:.2f}")
     kind = "GPU" if GPU else "CPU"
     rows = [(f"ctrainstate, 1 {kind} device", time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps))]
+    if a.profile:
+        time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps, profile=True)
     try:
         rows.append((f"ctrainstate, 2x4 mesh (8 {kind} devices)",
                      time_ctrainstate((2, 4), coords, target, a.hidden, a.layers, a.steps)))

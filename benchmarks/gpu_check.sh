@@ -81,7 +81,8 @@ step "tests gpu (1 device/GPU)" tests_gpu.log 240 "$PY" -m pytest -q -rf -m gpu 
 for b in benchmarks/bench_*.py; do
     [ -f "$b" ] || continue
     if grep -q -- "--gpu" "$b"; then
-        step "$(basename "$b" .py) --gpu" "$(basename "$b" .py)_gpu.log" 150 "$PY" "$b" --gpu
+        extra=""; [ "$(basename "$b")" = bench_siren.py ] && extra="--profile"  # host time per step
+        step "$(basename "$b" .py) --gpu" "$(basename "$b" .py)_gpu.log" 150 "$PY" "$b" --gpu $extra
     fi
 done
 # the README's main job on the GPU (8 logical devices: its default (2, 4) mesh), last line PSNR

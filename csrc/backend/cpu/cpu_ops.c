@@ -83,10 +83,10 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     case CT_UN_LOG1P: LOOP(log1pf(v)); break;
     case CT_UN_EXPM1: LOOP(expm1f(v)); break;
     case CT_UN_ERF: LOOP(erff(v)); break;
-    case CT_UN_FLOOR: LOOP(floorf(v)); break;
-    case CT_UN_CEIL: LOOP(ceilf(v)); break;
-    case CT_UN_ROUND: LOOP(rintf(v)); break;
-    case CT_UN_TRUNC: LOOP(truncf(v)); break;
+    case CT_UN_FLOOR: LOOP(ct_unary_ext(CT_UN_FLOOR, v)); break; /* a NaN quietened: ct_ops_math.h */
+    case CT_UN_CEIL: LOOP(ct_unary_ext(CT_UN_CEIL, v)); break;
+    case CT_UN_ROUND: LOOP(ct_unary_ext(CT_UN_ROUND, v)); break;
+    case CT_UN_TRUNC: LOOP(ct_unary_ext(CT_UN_TRUNC, v)); break;
     case CT_UN_ERFC: LOOP(erfcf(v)); break;
     default: return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
     }

@@ -233,6 +233,30 @@ def test_power_with_array_exponents():
     _assert_ulps(got, np.asarray(jax.numpy.power(x, p)), 2)
 
 
+def test_power_by_0_1_2_and_minus_1_is_exact():
+    """x ** 2 is x * x, x ** -1 is 1 / x, x ** 1 is x and x ** 0 is 1 (NaN ** 0 too) bit for
+    bit, for a scalar and an array exponent: jax under jit rewrites a constant exponent so
+    (XLA's algebraic simplifier), and CUDA's powf (4 ulp) would not give x * x."""
+    x = np.r_[_RNG.standard_normal(2000).astype(np.float32) * 30,
+              np.float32([0.0, -0.0, 1.5, -3.0, 3e38, np.inf, -np.inf, np.nan])].astype(np.float32)
+    X = cts.device_put(x)
+    with np.errstate(all="ignore"):
+        refs = {2.0: x * x, -1.0: np.float32(1.0) / x, 1.0: x, 0.0: np.ones_like(x)}
+    for p, want in refs.items():
+        for got in (cnp.power(X, p), cnp.power(X, cnp.full(x.shape, p)), X ** p):
+            assert np.asarray(got).tobytes() == want.tobytes(), p
+    assert np.asarray(cnp.power(np.float32(np.nan), 0.0)).tolist() == 1.0
+    try:
+        jax = _jax()
+    except pytest.skip.Exception:
+        return
+    for p, want in refs.items():   # jax's values for a constant exponent under jit
+        j = np.asarray(jax.jit(lambda v: v ** p)(x))
+        normal = ~(np.abs(want) < np.finfo(np.float32).tiny) | (want == 0)   # XLA's CPU flushes
+        assert j[normal].tobytes() == want[normal].tobytes(), p              # 1 / 3e38 to 0
+    assert float(jax.numpy.power(np.float32(np.nan), np.float32(0.0))) == 1.0
+
+
 # --- activations -----------------------------------------------------------------------------
 
 _SA, _SS = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946

@@ -10,7 +10,7 @@
  * own: glibc on CPUs, CUDA's device math on GPUs, not bit-identical to each other.
  * CUDA documents log1pf and expm1f within 1 ulp, erff 2, erfcf and powf 4 (glibc's
  * are within 2 ulp on the tests' points), so CPU and GPU may differ by the two bounds
- * added.
+ * added. ct_pow gives jax's exact results for the exponents 0, 1, 2 and -1 on both.
  * floorf, ceilf, rintf and truncf are exact everywhere, and ct_unary_ext returns a
  * NaN input to them quietened (not the backend's own NaN: CUDA's is 0x7fffffff), so
  * the roundings give the same bits on every backend.
@@ -34,6 +34,21 @@ CT_HD static inline float ct_quiet_nan(float v) {
     return w.f;
 }
 
+/* x ** p (jnp.power of float32s: CT_BIN_POW and CT_UN_POW). For a constant exponent under
+ * jit, XLA's algebraic simplifier rewrites pow(x, 0) to 1 (NaN ** 0 = 1), pow(x, 1) to x,
+ * pow(x, 2) to x * x and pow(x, -1) to 1 / x; those exponents give these exact results
+ * here on every backend (CUDA's powf, documented within 4 ulp, is not always x * x;
+ * glibc's, correctly rounded, already gave them). Other exponents go to the backend's
+ * powf. (Eager jax, and jit with an array exponent, run XLA's own pow, which can be an
+ * ulp off even for p = 2.) */
+CT_HD static inline float ct_pow(float x, float p) {
+    if (p == 0.0f) return 1.0f;
+    if (p == 1.0f) return x;
+    if (p == 2.0f) return x * x;
+    if (p == -1.0f) return 1.0f / x;
+    return powf(x, p);
+}
+
 CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     switch (op) {
     case CT_BIN_ADD: return a + b;
@@ -43,7 +58,7 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     case CT_BIN_MAX: return (a > b || a != a) ? a : b; /* a NaN on either side wins (jnp) */
     case CT_BIN_MIN: return (a < b || a != a) ? a : b;
     case CT_BIN_GT: return a > b ? 1.0f : 0.0f;
-    case CT_BIN_POW: return powf(a, b);
+    case CT_BIN_POW: return ct_pow(a, b);
     default: return b != 0.0f ? a : 0.0f; /* CT_BIN_KEEP: a where the mask b is set, else 0 */
     }
 }

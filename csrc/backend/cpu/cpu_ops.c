@@ -78,7 +78,7 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     case CT_UN_SIGMOID: LOOP(1.0f / (1.0f + ct_vexp(-v))); break;
     case CT_UN_ABS: LOOP(fabsf(v)); break;
     case CT_UN_SIGN: LOOP(ct_sign(v)); break;
-    case CT_UN_POW: LOOP(powf(v, alpha)); break;
+    case CT_UN_POW: LOOP(ct_pow(v, alpha)); break;
     case CT_UN_RDIV: LOOP(alpha / v); break;
     case CT_UN_LOG1P: LOOP(log1pf(v)); break;
     case CT_UN_EXPM1: LOOP(expm1f(v)); break;

@@ -124,7 +124,8 @@ _LIBM_GPU = ["log1p", "expm1", "erf", "erfc"]
 def test_abi6_unary_ops_match_cpu(name):
     """The ABI 6 kernels on the GPU against the CPU backend: the roundings and sign give the
     same bits (signs of zeros, NaN, halves to even); log1p / expm1 / erf / erfc are each
-    backend's libm, within 4 ulp of each other (2 ulp of the true value each)."""
+    backend's libm: CUDA documents log1pf and expm1f within 1 ulp, erff 2 and erfcf 4 of the
+    true value, glibc's are within 2 here, so they differ by at most 4 ulp (erfc: 6)."""
     from ctrainstate import _ops
     rng = np.random.default_rng(3)
     x = np.r_[rng.uniform(-6, 6, 4000), [0.5, 1.5, 2.5, -0.5, -2.5, 0.0, -0.0, np.nan, np.inf,
@@ -140,11 +141,14 @@ def test_abi6_unary_ops_match_cpu(name):
     else:
         nan = np.isnan(want)
         assert np.array_equal(np.isnan(got), nan)
-        assert _ulps32(got[~nan], want[~nan]).max() <= 4, name
-    # gradients run on the device too
+        assert _ulps32(got[~nan], want[~nan]).max() <= (6 if name == "erfc" else 4), name
+    # gradients run on the device too. expm1's is jax's g * (expm1(x) + 1): where x << 0,
+    # expm1(x) is near -1 (ulp 2^-24) and the + 1 cancels, so the backends' expm1 ulps
+    # (CUDA 1, glibc 2) become an absolute difference of up to 3 * 2^-24 in a gradient near 0,
+    # which no relative tolerance covers: atol 3 * 2^-23 (3 ulp of 1.0) for expm1 only.
     gg = np.asarray(cts.grad(lambda v: cnp.sum(f(v)))(g))
     gc = np.asarray(cts.grad(lambda v: cnp.sum(f(v)))(c))
-    np.testing.assert_allclose(gg, gc, rtol=4e-6, atol=1e-30)
+    np.testing.assert_allclose(gg, gc, rtol=4e-6, atol=3 * 2.0 ** -23 if name == "expm1" else 1e-30)
 
 
 def test_abi6_power_activations_and_at_updates_on_a_split_mesh_match_cpu():

@@ -232,12 +232,22 @@ _MANTISSA = {"tensorfloat32": 10, "bfloat16": 7}
 
 
 def _emulated_cublas():
-    """Under tools/mock_gpu.sh or tools/cuda_emu.sh (CTRAINSTATE_CUDA_BACKEND): both round the
-    inputs exactly as the CPU backend does (core/ct_prec_math.h). A real GPU's tensor cores
-    convert float32 inputs in a way cuBLAS does not document (nearest or truncation; and
-    FAST_16BF allows TF32 instead of bfloat16), so there only bounds are checked."""
+    """Under tools/mock_gpu.sh or tools/cuda_emu.sh (CTRAINSTATE_CUDA_BACKEND names their
+    mock_backend.so / cuda_backend_emu.so): both round the inputs exactly as the CPU backend
+    does (core/ct_prec_math.h). A real GPU's tensor cores convert float32 inputs in a way
+    cuBLAS does not document (nearest or truncation; and FAST_16BF allows TF32 instead of
+    bfloat16), so there only bounds are checked. ctrainstate._devices sets
+    CTRAINSTATE_CUDA_BACKEND itself to the package's own _cuda_backend*.so: that one is the
+    real backend, not an emulation."""
+    import glob
     import os
-    return bool(os.environ.get("CTRAINSTATE_CUDA_BACKEND"))
+    path = os.environ.get("CTRAINSTATE_CUDA_BACKEND")
+    if not path:
+        return False
+    own = glob.glob(os.path.join(os.path.dirname(cts.__file__), "_cuda_backend*.so"))
+    real = os.path.basename(path).startswith("_cuda_backend") or any(
+        os.path.realpath(path) == os.path.realpath(o) for o in own)
+    return not real
 
 
 def _int_plus_tiny(shape, seed):

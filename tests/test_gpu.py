@@ -173,8 +173,20 @@ def test_abi6_power_activations_and_at_updates_on_a_split_mesh_match_cpu():
     pa = np.asarray(cnp.abs(g).at[idx].power(v))
     pb = np.asarray(cnp.abs(c).at[idx].power(v))
     np.testing.assert_allclose(pa, pb, rtol=4e-6)
-    np.testing.assert_allclose(np.asarray(g.at[idx].apply(cnp.expm1)),
-                               np.asarray(c.at[idx].apply(cnp.expm1)), rtol=4e-6, atol=1e-30)
+    # .apply runs the function once per occurrence of an index: row 1 (twice in idx) becomes
+    # expm1(expm1(x)). Rows never indexed keep their bits; rows indexed once differ by the
+    # backends' expm1 (a few ulp); on row 1 a relative difference d of y = expm1(x) becomes
+    # |y e^y / expm1(y)| d <= (1 + |y|) d in expm1(y) (y is up to ~e^9 here), so its tolerance
+    # grows with that amplification.
+    ga, ca = np.asarray(g.at[idx].apply(cnp.expm1)), np.asarray(c.at[idx].apply(cnp.expm1))
+    once = [3, x.shape[0] - 1]                      # -1; 9 is out of range: dropped
+    hit = np.isin(np.arange(x.shape[0]), [1] + once)
+    assert ga[~hit].tobytes() == ca[~hit].tobytes()
+    np.testing.assert_allclose(ga[once], ca[once], rtol=4e-6, atol=1e-30)
+    amp = 1.0 + np.abs(np.expm1(x[1].astype(np.float64)))
+    with np.errstate(invalid="ignore"):
+        close = np.abs(ga[1].astype(np.float64) - ca[1]) <= 4e-6 * amp * np.abs(ca[1])
+    assert np.all(close | (ga[1] == ca[1])), (ga[1], ca[1])
 
 
 def test_binary_reduce_matmul_match_cpu():

@@ -77,3 +77,27 @@ def flat_tree(tree, prefix=""):
         else:
             out[prefix + k] = v
     return out
+
+
+def on_gpu(*arrays) -> bool:
+    """Whether any of these ctrainstate Arrays has a shard on a GPU device."""
+    return any(d.platform != "cpu" for a in arrays for d in a.devices())
+
+
+def assert_same_bits(got, want, gpu: bool, err_msg: str = "") -> None:
+    """got and want (numpy arrays of one dtype and shape) hold the same bits. With ``gpu``
+    (got was computed on GPU devices: see :func:`on_gpu`), a NaN matches any NaN: CUDA's
+    arithmetic returns the canonical NaN 0x7fffffff (float16 0x7fff, bfloat16 0x7fff),
+    keeping neither the sign nor the payload, where x86 and XLA's CPU return 0xffc00000 for
+    an invalid operation and keep an input NaN's bits; jax on GPU does the same as CUDA.
+    Every other element, and every element on CPUs (the jax-parity claim), must match
+    bit for bit."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype, err_msg)
+    assert got.shape == want.shape, (got.shape, want.shape, err_msg)
+    got, want = got.reshape(-1), want.reshape(-1)
+    if gpu and (got.dtype.kind == "f" or got.dtype.name == "bfloat16"):
+        gn, wn = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
+        np.testing.assert_array_equal(gn, wn, err_msg=f"{err_msg} (NaN positions)")
+        got, want = got[~gn], want[~wn]
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=err_msg)

@@ -12,6 +12,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.optim as optim
 from ctrainstate import Mesh, NamedSharding, P
+from conftest import assert_same_bits
 
 pytestmark = pytest.mark.gpu
 
@@ -123,7 +124,8 @@ _LIBM_GPU = ["log1p", "expm1", "erf", "erfc"]
 def test_abi6_unary_ops_match_cpu(name):
     """The ABI 6 kernels on the GPU against the CPU backend: the roundings and sign give the
     same bits (signs of zeros, NaN, halves to even); log1p / expm1 / erf / erfc are each
-    backend's libm, within 4 ulp of each other (2 ulp of the true value each)."""
+    backend's libm: CUDA documents log1pf and expm1f within 1 ulp, erff 2 and erfcf 4 of the
+    true value, glibc's are within 2 here, so they differ by at most 4 ulp (erfc: 6)."""
     from ctrainstate import _ops
     rng = np.random.default_rng(3)
     x = np.r_[rng.uniform(-6, 6, 4000), [0.5, 1.5, 2.5, -0.5, -2.5, 0.0, -0.0, np.nan, np.inf,
@@ -139,11 +141,14 @@ def test_abi6_unary_ops_match_cpu(name):
     else:
         nan = np.isnan(want)
         assert np.array_equal(np.isnan(got), nan)
-        assert _ulps32(got[~nan], want[~nan]).max() <= 4, name
-    # gradients run on the device too
+        assert _ulps32(got[~nan], want[~nan]).max() <= (6 if name == "erfc" else 4), name
+    # gradients run on the device too. expm1's is jax's g * (expm1(x) + 1): where x << 0,
+    # expm1(x) is near -1 (ulp 2^-24) and the + 1 cancels, so the backends' expm1 ulps
+    # (CUDA 1, glibc 2) become an absolute difference of up to 3 * 2^-24 in a gradient near 0,
+    # which no relative tolerance covers: atol 3 * 2^-23 (3 ulp of 1.0) for expm1 only.
     gg = np.asarray(cts.grad(lambda v: cnp.sum(f(v)))(g))
     gc = np.asarray(cts.grad(lambda v: cnp.sum(f(v)))(c))
-    np.testing.assert_allclose(gg, gc, rtol=4e-6, atol=1e-30)
+    np.testing.assert_allclose(gg, gc, rtol=4e-6, atol=3 * 2.0 ** -23 if name == "expm1" else 1e-30)
 
 
 def test_abi6_power_activations_and_at_updates_on_a_split_mesh_match_cpu():
@@ -168,8 +173,20 @@ def test_abi6_power_activations_and_at_updates_on_a_split_mesh_match_cpu():
     pa = np.asarray(cnp.abs(g).at[idx].power(v))
     pb = np.asarray(cnp.abs(c).at[idx].power(v))
     np.testing.assert_allclose(pa, pb, rtol=4e-6)
-    np.testing.assert_allclose(np.asarray(g.at[idx].apply(cnp.expm1)),
-                               np.asarray(c.at[idx].apply(cnp.expm1)), rtol=4e-6, atol=1e-30)
+    # .apply runs the function once per occurrence of an index: row 1 (twice in idx) becomes
+    # expm1(expm1(x)). Rows never indexed keep their bits; rows indexed once differ by the
+    # backends' expm1 (a few ulp); on row 1 a relative difference d of y = expm1(x) becomes
+    # |y e^y / expm1(y)| d <= (1 + |y|) d in expm1(y) (y is up to ~e^9 here), so its tolerance
+    # grows with that amplification.
+    ga, ca = np.asarray(g.at[idx].apply(cnp.expm1)), np.asarray(c.at[idx].apply(cnp.expm1))
+    once = [3, x.shape[0] - 1]                      # -1; 9 is out of range: dropped
+    hit = np.isin(np.arange(x.shape[0]), [1] + once)
+    assert ga[~hit].tobytes() == ca[~hit].tobytes()
+    np.testing.assert_allclose(ga[once], ca[once], rtol=4e-6, atol=1e-30)
+    amp = 1.0 + np.abs(np.expm1(x[1].astype(np.float64)))
+    with np.errstate(invalid="ignore"):
+        close = np.abs(ga[1].astype(np.float64) - ca[1]) <= 4e-6 * amp * np.abs(ca[1])
+    assert np.all(close | (ga[1] == ca[1])), (ga[1], ca[1])
 
 
 def test_binary_reduce_matmul_match_cpu():
@@ -227,12 +244,22 @@ _MANTISSA = {"tensorfloat32": 10, "bfloat16": 7}
 
 
 def _emulated_cublas():
-    """Under tools/mock_gpu.sh or tools/cuda_emu.sh (CTRAINSTATE_CUDA_BACKEND): both round the
-    inputs exactly as the CPU backend does (core/ct_prec_math.h). A real GPU's tensor cores
-    convert float32 inputs in a way cuBLAS does not document (nearest or truncation; and
-    FAST_16BF allows TF32 instead of bfloat16), so there only bounds are checked."""
+    """Under tools/mock_gpu.sh or tools/cuda_emu.sh (CTRAINSTATE_CUDA_BACKEND names their
+    mock_backend.so / cuda_backend_emu.so): both round the inputs exactly as the CPU backend
+    does (core/ct_prec_math.h). A real GPU's tensor cores convert float32 inputs in a way
+    cuBLAS does not document (nearest or truncation; and FAST_16BF allows TF32 instead of
+    bfloat16), so there only bounds are checked. ctrainstate._devices sets
+    CTRAINSTATE_CUDA_BACKEND itself to the package's own _cuda_backend*.so: that one is the
+    real backend, not an emulation."""
+    import glob
     import os
-    return bool(os.environ.get("CTRAINSTATE_CUDA_BACKEND"))
+    path = os.environ.get("CTRAINSTATE_CUDA_BACKEND")
+    if not path:
+        return False
+    own = glob.glob(os.path.join(os.path.dirname(cts.__file__), "_cuda_backend*.so"))
+    real = os.path.basename(path).startswith("_cuda_backend") or any(
+        os.path.realpath(path) == os.path.realpath(o) for o in own)
+    return not real
 
 
 def _int_plus_tiny(shape, seed):
@@ -1149,7 +1176,8 @@ def _ew_cases(dt):
 @pytest.mark.parametrize("dt", _EW_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_typed_elementwise_on_gpu_matches_cpu(dt):
     """The CUDA ewise kernel gives the CPU kernel's bits for every op and dtype, dense and
-    broadcast (zero divisors, shifts past the width, NaN, subnormals, wraparound)."""
+    broadcast (zero divisors, shifts past the width, NaN, subnormals, wraparound), except
+    a NaN result's sign and payload (CUDA's canonical NaN: conftest.assert_same_bits)."""
     import ctrainstate._elementwise as ew
     a, b = _ew_values(dt, (37, 19), 1), _ew_values(dt, (19,), 2)
     b2 = _ew_values(dt, (37, 19), 3)
@@ -1158,9 +1186,9 @@ def test_typed_elementwise_on_gpu_matches_cpu(dt):
         for x, y in ((a, b), (a, b2)):
             got = np.asarray(fn(cts.device_put(x, gpus()[0]), cts.device_put(y, gpus()[0])))
             want = np.asarray(fn(cts.device_put(x, cpu), cts.device_put(y, cpu)))
-            assert got.dtype == want.dtype, name
-            np.testing.assert_array_equal(got.reshape(-1).view(np.uint8),
-                                          want.reshape(-1).view(np.uint8), err_msg=name)
+            # NaN results carry CUDA's canonical NaN on the GPU (floor_divide's and
+            # remainder's NaN from inf or a zero divisor), x86's on the CPU: both NaN is equal
+            assert_same_bits(got, want, gpu=True, err_msg=name)
     unary = [("logical_not", ew.logical_not), ("isnan", ew.isnan), ("isfinite", ew.isfinite)]
     if np.dtype(dt).kind in "iub":
         unary.append(("invert", ew.invert))

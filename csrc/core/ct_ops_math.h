@@ -7,9 +7,13 @@
  * row-major element index in two strided layouts.
  *
  * The libm calls here (powf, log1pf, expm1f, erff, erfcf) resolve to each backend's
- * own: glibc on CPUs, CUDA's device math on GPUs. Both are within 2 ulp of the
- * correctly rounded result, not bit-identical to each other; floorf, ceilf,
- * rintf and truncf are exact everywhere.
+ * own: glibc on CPUs, CUDA's device math on GPUs, not bit-identical to each other.
+ * CUDA documents log1pf and expm1f within 1 ulp, erff 2, erfcf and powf 4 (glibc's
+ * are within 2 ulp on the tests' points), so CPU and GPU may differ by the two bounds
+ * added. ct_pow gives jax's exact results for the exponents 0, 1, 2 and -1 on both.
+ * floorf, ceilf, rintf and truncf are exact everywhere, and ct_unary_ext returns a
+ * NaN input to them quietened (not the backend's own NaN: CUDA's is 0x7fffffff), so
+ * the roundings give the same bits on every backend.
  */
 #ifndef CT_OPS_MATH_H
 #define CT_OPS_MATH_H
@@ -20,6 +24,31 @@
 #include "ct_hd.h"
 #include "ct_ops.h"
 
+/* A NaN input quietened, its sign and payload kept (what x86's floorf returns for a NaN);
+ * where an op returns this instead of the backend's NaN, CPU and GPU give the same bits.
+ * The bit cast goes through a union, valid in C and in CUDA device code. */
+CT_HD static inline float ct_quiet_nan(float v) {
+    union { float f; uint32_t u; } w;
+    w.f = v;
+    w.u |= 0x00400000u;
+    return w.f;
+}
+
+/* x ** p (jnp.power of float32s: CT_BIN_POW and CT_UN_POW). For a constant exponent under
+ * jit, XLA's algebraic simplifier rewrites pow(x, 0) to 1 (NaN ** 0 = 1), pow(x, 1) to x,
+ * pow(x, 2) to x * x and pow(x, -1) to 1 / x; those exponents give these exact results
+ * here on every backend (CUDA's powf, documented within 4 ulp, is not always x * x;
+ * glibc's, correctly rounded, already gave them). Other exponents go to the backend's
+ * powf. (Eager jax, and jit with an array exponent, run XLA's own pow, which can be an
+ * ulp off even for p = 2.) */
+CT_HD static inline float ct_pow(float x, float p) {
+    if (p == 0.0f) return 1.0f;
+    if (p == 1.0f) return x;
+    if (p == 2.0f) return x * x;
+    if (p == -1.0f) return 1.0f / x;
+    return powf(x, p);
+}
+
 CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     switch (op) {
     case CT_BIN_ADD: return a + b;
@@ -29,7 +58,7 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     case CT_BIN_MAX: return (a > b || a != a) ? a : b; /* a NaN on either side wins (jnp) */
     case CT_BIN_MIN: return (a < b || a != a) ? a : b;
     case CT_BIN_GT: return a > b ? 1.0f : 0.0f;
-    case CT_BIN_POW: return powf(a, b);
+    case CT_BIN_POW: return ct_pow(a, b);
     default: return b != 0.0f ? a : 0.0f; /* CT_BIN_KEEP: a where the mask b is set, else 0 */
     }
 }
@@ -49,8 +78,10 @@ CT_HD static inline float ct_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f 
 
 /* The unary ops appended in ABI 6 (CT_UN_LOG1P .. CT_UN_ERFC); any other op gives NaN
  * (the core has rejected unknown codes before a kernel runs). rintf rounds halves to
- * even in the default rounding mode, which nothing here changes. */
+ * even in the default rounding mode, which nothing here changes. The roundings return a
+ * NaN input quietened (ct_quiet_nan), the same bits on every backend. */
 CT_HD static inline float ct_unary_ext(int op, float v) {
+    if (v != v && op >= CT_UN_FLOOR && op <= CT_UN_TRUNC) return ct_quiet_nan(v);
     switch (op) {
     case CT_UN_LOG1P: return log1pf(v);
     case CT_UN_EXPM1: return expm1f(v);

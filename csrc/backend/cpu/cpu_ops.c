@@ -78,15 +78,15 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     case CT_UN_SIGMOID: LOOP(1.0f / (1.0f + ct_vexp(-v))); break;
     case CT_UN_ABS: LOOP(fabsf(v)); break;
     case CT_UN_SIGN: LOOP(ct_sign(v)); break;
-    case CT_UN_POW: LOOP(powf(v, alpha)); break;
+    case CT_UN_POW: LOOP(ct_pow(v, alpha)); break;
     case CT_UN_RDIV: LOOP(alpha / v); break;
     case CT_UN_LOG1P: LOOP(log1pf(v)); break;
     case CT_UN_EXPM1: LOOP(expm1f(v)); break;
     case CT_UN_ERF: LOOP(erff(v)); break;
-    case CT_UN_FLOOR: LOOP(floorf(v)); break;
-    case CT_UN_CEIL: LOOP(ceilf(v)); break;
-    case CT_UN_ROUND: LOOP(rintf(v)); break;
-    case CT_UN_TRUNC: LOOP(truncf(v)); break;
+    case CT_UN_FLOOR: LOOP(ct_unary_ext(CT_UN_FLOOR, v)); break; /* a NaN quietened: ct_ops_math.h */
+    case CT_UN_CEIL: LOOP(ct_unary_ext(CT_UN_CEIL, v)); break;
+    case CT_UN_ROUND: LOOP(ct_unary_ext(CT_UN_ROUND, v)); break;
+    case CT_UN_TRUNC: LOOP(ct_unary_ext(CT_UN_TRUNC, v)); break;
     case CT_UN_ERFC: LOOP(erfcf(v)); break;
     default: return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
     }

@@ -229,8 +229,10 @@ def test_at_keeps_other_bits_and_overwrites_inf_nan():
         # on GPU devices any NaN matches any NaN: CUDA's arithmetic gives its canonical NaN,
         # and the update runs over the whole array (a NaN outside the region included)
         assert_same_bits(got, want, on_gpu(got), err_msg=f"{idx} {kind}")
-    np.testing.assert_array_equal(np.asarray(x[::-1, ::3]).view(np.uint32),
-                                  h[::-1, ::3].view(np.uint32))
+    # a strided read across shards: on GPU devices the gather's collective sums zero-padded
+    # blocks, and a NaN + 0 there is CUDA's canonical NaN (README: NaN bits are the backend's)
+    r = x[::-1, ::3]
+    assert_same_bits(r, h[::-1, ::3], on_gpu(r))
 
 
 def test_sharded_float32_lookups_never_gather_the_table():

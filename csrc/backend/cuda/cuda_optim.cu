@@ -861,13 +861,18 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
 
 /* Launch settings of the update pass, settable for measurements (benchmarks/bench_optim.py
  * --gpu compares them in one run; read at each launch: a getenv beside a kernel launch):
- *   CTRAINSTATE_OPT_PREFETCH=0   the first stateful stage's slots are loaded in the stage
- *                                loop, after g and p have arrived (fewer registers)
- *   CTRAINSTATE_OPT_UNROLL=2     a thread takes its two quads of a tile through the stages
- *                                together (twice the loads in flight, more registers)
- *   CTRAINSTATE_OPT_WAVES=w      CTAs: w times what the GPU holds at once, each looping over
- *                                tiles (default 1); 0: one CTA per tile
- * Every setting computes the same bits (each element's operations do not change). */
+ *   CTRAINSTATE_OPT_UNROLL=1|2     a thread takes its two quads of a tile through the stages
+ *                                  one after the other, or together (default 2: twice the
+ *                                  loads in flight per thread)
+ *   CTRAINSTATE_OPT_PREFETCH=0|1   1: the first stateful stage's slots are loaded together
+ *                                  with g and p (default 0: in the stage loop; fewer registers,
+ *                                  more CTAs per SM)
+ *   CTRAINSTATE_OPT_WAVES=w        CTAs: w times what the GPU holds at once, each looping over
+ *                                  tiles (default 1); 0: one CTA per tile
+ * Every setting computes the same bits (each element's operations do not change). The
+ * defaults are the fastest measured on an H200 (benchmarks/RESULTS.md, 2026-11-30, stop 16):
+ * AdamW on 2^28 params 2.36 ms, against 2.56 ms for one CTA per tile, no prefetch, unroll 1
+ * and 2.82 ms with the prefetch (80 registers: 3 CTAs per SM instead of 4). */
 static int env_flag(const char *name, int dflt) {
     const char *e = getenv(name);
     if (e == nullptr || e[0] == 0 || e[1] != 0) return dflt;
@@ -876,8 +881,8 @@ static int env_flag(const char *name, int dflt) {
 
 /* 0..3: bit 0 the prefetch, bit 1 the unroll by two */
 static int launch_variant() {
-    return (env_flag("CTRAINSTATE_OPT_PREFETCH", 1) ? 1 : 0) |
-           (env_flag("CTRAINSTATE_OPT_UNROLL", 1) == 2 ? 2 : 0);
+    return (env_flag("CTRAINSTATE_OPT_PREFETCH", 0) ? 1 : 0) |
+           (env_flag("CTRAINSTATE_OPT_UNROLL", 2) == 2 ? 2 : 0);
 }
 
 static unsigned main_grid(const ct_device *dev, int variant, long long ntiles) {

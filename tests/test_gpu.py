@@ -1280,3 +1280,42 @@ def test_fused_launch_settings_give_the_same_bits(monkeypatch):
             assert got == first, (cname, key)
         # and the step did something: the params moved
         assert np.asarray(cts.tree_util.tree_leaves(s.params)[0]).tobytes() != params["l00"].tobytes()
+
+
+def _sequential_sum(a, axes):
+    """float32 sums over `axes`, each output adding its elements one by one in row-major
+    order of the reduced dims (the order reduce_kernel documents)."""
+    kept = [d for d in range(a.ndim) if d not in axes]
+    t = np.transpose(a, kept + list(axes)).reshape([a.shape[d] for d in kept] + [-1])
+    acc = np.zeros(t.shape[:-1], np.float32)
+    for i in range(t.shape[-1]):
+        acc = (acc + t[..., i]).astype(np.float32)
+    return acc
+
+
+def test_reductions_and_broadcasts_walk_in_order_on_gpu():
+    """Sums over every subset of axes that the one-thread-per-output kernel handles (one,
+    two, or more reduced dims: strided and nested walks, and the general index walk) give the
+    bits of a sequential float32 sum in row-major order; broadcasting binary ops (32-bit and
+    64-bit index paths) give numpy's float32 bits."""
+    import itertools
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((3, 5, 4, 6)).astype(np.float32) * 100
+    ga = cts.device_put(a, gpus()[0])
+    checked = 0
+    for r in range(1, 5):
+        for axes in itertools.combinations(range(4), r):
+            trailing = axes == tuple(range(4 - r, 4))
+            nred = int(np.prod([a.shape[d] for d in axes]))
+            if trailing and nred >= 256:
+                continue  # the CTA-per-row tree kernel: another order
+            got = np.asarray(cnp.sum(ga, axis=axes))
+            assert got.tobytes() == _sequential_sum(a, axes).tobytes(), axes
+            checked += 1
+    assert checked == 14
+    for xs, ys in [((4, 1, 6), (5, 1)), ((3, 5, 4, 6), (4, 1)), ((1, 7), (6, 1)), ((2, 3, 1, 5), (3, 4, 1))]:
+        x = rng.standard_normal(xs).astype(np.float32)
+        y = rng.standard_normal(ys).astype(np.float32)
+        gx, gy = cts.device_put(x, gpus()[0]), cts.device_put(y, gpus()[0])
+        for op, ref in ((cnp.add, np.add), (cnp.multiply, np.multiply), (cnp.maximum, np.maximum)):
+            assert np.asarray(op(gx, gy)).tobytes() == ref(x, y).astype(np.float32).tobytes(), (xs, ys)

@@ -99,6 +99,37 @@ __global__ void binary_kernel(int op, long long n, float *out, const float *a, c
     }
 }
 
+/* The same with 32-bit index arithmetic (a 64-bit division is several times the cost of a
+ * 32-bit one on a GPU), for launches whose elements and operand offsets all stay below 2^31:
+ * the same elements, the same results. */
+__global__ void binary_kernel32(int op, unsigned n, float *out, const float *a, const float *b,
+                                bin_args g) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        unsigned rem = i, ao = 0, bo = 0;
+        for (int d = g.ndim - 1; d >= 0; d--) {
+            const unsigned sh = (unsigned)g.shape[d], c = rem % sh;
+            rem /= sh;
+            ao += c * (unsigned)g.as[d];
+            bo += c * (unsigned)g.bs[d];
+        }
+        out[i] = ct_binary_apply(op, a[ao], b[bo]);
+    }
+}
+
+/* Whether every element index and operand offset of a broadcast launch fits 31 bits. */
+static bool fits32(int ndim, const int64_t *shape, const int64_t *as, const int64_t *bs,
+                   long long n) {
+    if (n >= (1LL << 31)) return false;
+    long long amax = 0, bmax = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (as[d] < 0 || bs[d] < 0 || as[d] >= (1LL << 31) || bs[d] >= (1LL << 31)) return false;
+        amax += (shape[d] - 1) * as[d];
+        bmax += (shape[d] - 1) * bs[d];
+        if (amax >= (1LL << 31) || bmax >= (1LL << 31)) return false;
+    }
+    return true;
+}
+
 __global__ void binary_dense_kernel(int op, long long n, float *out, const float *a, const float *b) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
@@ -129,7 +160,11 @@ extern "C" ct_status ct_cuda_binary(ct_device *dev, int op, int ndim, const int6
             g.as[d] = as[d];
             g.bs[d] = bs[d];
         }
-        binary_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, n, out, a, b, g);
+        if (fits32(ndim, shape, as, bs, n))
+            binary_kernel32<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, (unsigned)n, out,
+                                                                              a, b, g);
+        else
+            binary_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, n, out, a, b, g);
     }
     CT_CUDA_TRY(cudaGetLastError());
     return CT_OK;
@@ -156,14 +191,24 @@ __global__ void reduce_kernel(int op, long long nout, const float *x, float *out
             base += c * g.kstride[j];
         }
         float acc = ct_red_identity(op);
-        for (long long t = 0; t < g.nred; t++) {
-            long long trem = t, off = base;
-            for (int j = g.nr - 1; j >= 0; j--) {
-                long long c = trem % g.red[j];
-                trem /= g.red[j];
-                off += c * g.rstride[j];
+        if (g.nr == 1) { /* one reduced dim (a bias gradient, a mean over rows): a strided walk */
+            const long long n0 = g.red[0], s0 = g.rstride[0];
+            for (long long t = 0; t < n0; t++) acc = ct_red_combine(op, acc, x[base + t * s0]);
+        } else if (g.nr == 2) { /* two: nested walks, the same order as the general case */
+            const long long n0 = g.red[0], s0 = g.rstride[0], n1 = g.red[1], s1 = g.rstride[1];
+            for (long long t0 = 0; t0 < n0; t0++)
+                for (long long t1 = 0; t1 < n1; t1++)
+                    acc = ct_red_combine(op, acc, x[base + t0 * s0 + t1 * s1]);
+        } else {
+            for (long long t = 0; t < g.nred; t++) {
+                long long trem = t, off = base;
+                for (int j = g.nr - 1; j >= 0; j--) {
+                    long long c = trem % g.red[j];
+                    trem /= g.red[j];
+                    off += c * g.rstride[j];
+                }
+                acc = ct_red_combine(op, acc, x[off]);
             }
-            acc = ct_red_combine(op, acc, x[off]);
         }
         out[q] = acc;
     }

@@ -68,6 +68,11 @@ step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device t
 }
 
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
+# the host: CPU model and topology (issue #4's per-core figures), and the peers' versions
+{ lscpu; echo; "${PYTHON:-python3}" -c "import importlib.metadata as m
+for p in ('jax', 'jaxlib', 'flax', 'optax', 'torch', 'numpy'):
+    try: print(p, m.version(p))
+    except Exception as e: print(p, 'not installed')"; } >"$logs/host.txt" 2>&1 || true
 # editable install; if pip cannot (an old setuptools), an in-place build (python/ is on PYTHONPATH)
 export PY
 step build build.log 400 bash -c '"$PY" -m pip install --no-build-isolation --no-deps --no-index \

@@ -303,17 +303,24 @@ def _gpu_time(step, sync, reps, steps, host=False):
     return float(np.median(ts))
 
 
+_OPT_KEYS = ("CTRAINSTATE_OPT_UNROLL", "CTRAINSTATE_OPT_PREFETCH", "CTRAINSTATE_OPT_WAVES")
+
+
 class _env:
-    """Environment variables set for a block (the CUDA backend reads its launch settings at
-    each launch)."""
+    """The fused kernel's launch settings for a block: the given ones set, the others unset
+    (the defaults; an outer setting would mislabel the rows). The CUDA backend reads them at
+    each launch."""
 
     def __init__(self, **kv):
         self.kv, self.old = kv, {}
 
     def __enter__(self):
-        for k, v in self.kv.items():
+        for k in set(_OPT_KEYS) | set(self.kv):
             self.old[k] = os.environ.get(k)
-            os.environ[k] = v
+            if k in self.kv:
+                os.environ[k] = self.kv[k]
+            else:
+                os.environ.pop(k, None)
 
     def __exit__(self, *exc):
         for k, v in self.old.items():

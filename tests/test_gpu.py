@@ -1296,8 +1296,9 @@ def _sequential_sum(a, axes):
 def test_reductions_and_broadcasts_walk_in_order_on_gpu():
     """Sums over every subset of axes that the one-thread-per-output kernel handles (one,
     two, or more reduced dims: strided and nested walks, and the general index walk) give the
-    bits of a sequential float32 sum in row-major order; broadcasting binary ops (32-bit and
-    64-bit index paths) give numpy's float32 bits."""
+    bits of a sequential float32 sum in row-major order; broadcasting binary ops give numpy's
+    float32 bits (these shapes take the 32-bit index path; the 64-bit kernel, for launches past
+    2^31 elements or offsets, is the unchanged earlier one)."""
     import itertools
     rng = np.random.default_rng(21)
     a = rng.standard_normal((3, 5, 4, 6)).astype(np.float32) * 100

@@ -782,3 +782,34 @@ def test_pow_operator_with_array_exponents_and_scalar_base():
     np.testing.assert_allclose(np.asarray(gy), np.log(x64) * x64 ** y64, rtol=1e-6)
     g = cts.grad(lambda a: (3.0 ** a).sum())(x)
     np.testing.assert_allclose(np.asarray(g), np.log(3.0) * 3.0 ** x64, rtol=1e-6)
+
+
+def _is_subnormal(v):
+    v = np.abs(np.asarray(v, np.float32))
+    return (v > 0) & (v < np.finfo(np.float32).tiny)
+
+
+def test_integer_exponent_is_jaxs_integer_pow():
+    """``x ** n`` / ``power(x, n)`` for a Python or numpy integer n is jax's lax.integer_pow:
+    repeated squaring, 1 / that for n < 0, ones for n == 0 (NaN ** 0 too), and its gradient
+    ``g * (n * x ** (n - 1))``: jax's bits (elements where XLA's CPU flushes a subnormal
+    result to zero excepted)."""
+    jax = _jax()
+    jnp = jax.numpy
+    x = np.r_[_RNG.standard_normal(3000).astype(np.float32) * 3,
+              np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-20, 3e10, -1.5])].astype(np.float32)
+    X = cts.device_put(x)
+    for n in range(-5, 8):
+        want = np.asarray(jnp.power(jnp.asarray(x), n))
+        for got in (cnp.power(X, n), X ** n, cnp.power(X, np.int32(n))):
+            g = np.asarray(got)
+            keep = ~_is_subnormal(want) & ~_is_subnormal(g)   # XLA's CPU: subnormal -> 0
+            assert_same_bits(g[keep], want[keep], on_gpu(got), err_msg=str(n))
+            assert np.all(want[~keep] == 0) or np.all(_is_subnormal(want[~keep])), n
+        gw = np.asarray(jax.grad(lambda v: jnp.sum(jnp.power(v, n)))(jnp.asarray(x)))
+        gg = cts.grad(lambda v: cnp.sum(cnp.power(v, n)))(X)
+        keep = ~_is_subnormal(gw) & ~_is_subnormal(np.asarray(gg))
+        assert_same_bits(np.asarray(gg)[keep], gw[keep], on_gpu(gg), err_msg=f"grad {n}")
+    # not the float path: x ** 3 is x * x * x here, where powf may round differently
+    third = np.asarray(X ** 3)
+    assert np.array_equal(third[:3000], (x[:3000] * x[:3000]) * x[:3000])

@@ -547,6 +547,8 @@ def power(x, p) -> Array:
     Gradients: ``p * x ** (p - 1)`` for ``x`` and ``log(x) * x ** p`` for an array ``p``,
     as jax's, except at the points where jax's formula gives NaN: the ``x`` gradient is 0
     where ``p == 0`` (jax: NaN at ``x == 0``) and the ``p`` gradient 0 where ``x == 0``."""
+    if isinstance(p, (int, np.integer)) and not isinstance(p, (bool, np.bool_)):
+        return _integer_pow(x, int(p))
     if _is_scalar(p):
         p = float(p)
         return _unary(U_POW, x, p, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, x, p - 1.0), p)))
@@ -561,6 +563,40 @@ def power(x, p) -> Array:
         safe = _binary_raw(B_ADD, x, _is_zero(x))          # 1 where x == 0, else x exactly
         return multiply(g, multiply(o, _unary_raw(U_LOG, safe)))
     return _binary(B_POW, x, p, vjp_x, vjp_y)
+
+
+def _integer_pow_raw(x: Array, n: int) -> Array:
+    """``x ** n`` for an integer n as ``jax.lax.integer_pow`` computes it: 1 for n == 0,
+    else products by repeated squaring (the low bits of |n| first), then 1 / that for n < 0.
+    No tape entry."""
+    if n == 0:
+        return _unary_raw(U_AFFINE, x, 0.0, 1.0)          # ones, NaN included (jax: full_like)
+    if n == 1:
+        return _unary_raw(U_POW, x, 1.0)                  # x itself, a new Array
+    m, acc, base = (n if n > 0 else -n), None, x  # (this module defines its own abs)
+    while m > 0:
+        if m & 1:
+            acc = base if acc is None else _binary_raw(B_MUL, acc, base)
+        m >>= 1
+        if m > 0:
+            base = _binary_raw(B_MUL, base, base)
+    if acc is x:
+        acc = _unary_raw(U_POW, x, 1.0)
+    return _unary_raw(U_RDIV, acc, 1.0) if n < 0 else acc
+
+
+def _integer_pow(x, n: int) -> Array:
+    """``jnp.power(x, n)`` with a Python / numpy integer n: ``lax.integer_pow``'s values and
+    gradient ``g * (n * x ** (n - 1))`` (zero for n == 0)."""
+    x = _lift(x)
+    out = _integer_pow_raw(x, n)
+
+    def vjp(g):
+        if n == 0:
+            return (_unary_raw(U_AFFINE, g, 0.0, 0.0),)
+        return (multiply(g, multiply(float(n), _integer_pow_raw(x, n - 1))),)
+    _record(out, (x,), vjp)
+    return out
 
 
 def _is_zero(x: Array) -> Array:

@@ -371,7 +371,7 @@ __global__ void norm_to_board(const double *part, unsigned nparts, double *slot)
 __device__ __forceinline__ double fstat_x(const opt_params &P, const float (*C)[CT_OM_NC],
                                           const opt_desc *d, long long idx, float eps) {
     float u, p;
-    compute_u<1, true>(P, C, d, first_slot_stage(P, d), idx, &u, &p);
+    compute_u<1, true>(P, C, d, -1, idx, &u, &p); /* no prefetch: the slots in the stage loop */
     const float x = u * u + eps;
     return (double)x;
 }
@@ -509,6 +509,8 @@ struct opt_cache {
     int blk_cap = 0;
     double *d_fstat = nullptr;  /* adafactor statistics of one pass (device) */
     long long fstat_cap = 0;
+    int per_sm[4] = {0, 0, 0, 0}; /* main_grid: CTAs of each update-pass variant per SM */
+    int sms = 0;                  /* and the device's SMs (0: not asked yet) */
 };
 
 static opt_cache g_opt_cache[CT_MAX_DEVICES];
@@ -707,7 +709,7 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     }
     P.per_tile = 1;
     const unsigned grid = P.ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)P.ntiles;
-    opt_kernel<true, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
+    opt_kernel<true, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
     CT_CUDA_TRY(cudaGetLastError());
     sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(table, m, cache->d_tiles,
                                                           cache->d_blk);
@@ -881,11 +883,11 @@ static int env_flag(const char *name, int dflt) {
 
 /* 0..3: bit 0 the prefetch, bit 1 the unroll by two */
 static int launch_variant() {
-    return (env_flag("CTRAINSTATE_OPT_PREFETCH", 0) ? 1 : 0) |
-           (env_flag("CTRAINSTATE_OPT_UNROLL", 2) == 2 ? 2 : 0);
+    const int pre = env_flag("CTRAINSTATE_OPT_PREFETCH", 0), un = env_flag("CTRAINSTATE_OPT_UNROLL", 2);
+    return (pre == 1 ? 1 : 0) | (un == 1 ? 0 : 2); /* other values: the defaults */
 }
 
-static unsigned main_grid(const ct_device *dev, int variant, long long ntiles) {
+static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, long long ntiles) {
     long long waves = 1;
     if (const char *e = getenv("CTRAINSTATE_OPT_WAVES")) {
         char *end = nullptr;
@@ -894,8 +896,7 @@ static unsigned main_grid(const ct_device *dev, int variant, long long ntiles) {
     }
     long long grid = ntiles;
     if (waves > 0) {
-        static int per_sm[4] = {0, 0, 0, 0}; /* CTAs of each variant resident per SM */
-        int &r = per_sm[variant & 3];
+        int &r = cache->per_sm[variant & 3]; /* the caller holds cache->mu */
         if (r == 0) {
             int n = 0;
             cudaError_t e;
@@ -911,13 +912,17 @@ static unsigned main_grid(const ct_device *dev, int variant, long long ntiles) {
             }
             r = n;
         }
-        int sms = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev->ordinal) != cudaSuccess ||
-            sms <= 0) {
-            cudaGetLastError();
-            sms = 132;
+        if (cache->sms <= 0) {
+            int sms = 0;
+            if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev->ordinal) !=
+                    cudaSuccess ||
+                sms <= 0) {
+                cudaGetLastError();
+                sms = 132;
+            }
+            cache->sms = sms;
         }
-        const long long cap = waves * r * (long long)sms;
+        const long long cap = waves * r * (long long)cache->sms;
         if (grid > cap) grid = cap;
     }
     return grid > 0x7fffffffLL ? 0x7fffffffu : (unsigned)grid;
@@ -952,7 +957,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (!ps->reduce) {
         if (ntiles > 0) {
             const int v = launch_variant();
-            const unsigned grid = main_grid(dev, v, ntiles);
+            const unsigned grid = main_grid(dev, cache, v, ntiles);
             switch (v) {
             case 0: opt_kernel<false, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
             case 1: opt_kernel<false, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
@@ -970,7 +975,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
         const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
         if (grid > 0) {
-            opt_kernel<true, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+            opt_kernel<true, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_TRY(wait_board(dev)); /* no pass of an earlier step still reads the board */
@@ -991,7 +996,7 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */
         CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
     const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
-    opt_kernel<true, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+    opt_kernel<true, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
                                 cudaMemcpyDeviceToHost, s));

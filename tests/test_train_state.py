@@ -3,6 +3,7 @@ import dataclasses
 import threading
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -349,3 +350,60 @@ def test_eval_shape_step_is_a_0d_struct_with_spec_P():
     assert [(out[k].shape, out[k].dtype) for k in "abc"] == [
         ((), np.dtype(np.int32)), ((), np.dtype(np.float32)), ((), np.dtype(np.bool_))]
     assert out["s"] == "name"  # not a number: left alone
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+@pytest.mark.parametrize("where", ["params", "state"])
+def test_shared_buffer_is_refused_before_any_update(where, dtype):
+    # an in-place step writes each buffer once: one Array in two places would be updated
+    # twice (and one result lost). Refused before the kernel; nothing donated or changed.
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    w = cts.device_put(np.ones((4, 3), dt))
+    tx = optim.adam(0.1)
+    if where == "params":
+        s = TrainState.create(apply_fn=None, params={"a": w, "b": w}, tx=tx)
+        match = r"params\['a'\] and params\['b'\] share a buffer"
+    else:
+        s = TrainState.create(apply_fn=None, params={"a": w}, tx=tx)
+        adam = s.opt_state[0]
+        s = s.replace(opt_state=(adam._replace(mu={"a": w}),) + tuple(s.opt_state[1:]))
+        match = r"params\['a'\] and an optimizer-state array of params\['a'\] share a buffer"
+    g = {k: np.ones((4, 3), dt) for k in s.params}
+    with pytest.raises(ValueError, match=match):
+        s.apply_gradients(grads=g)
+    np.testing.assert_array_equal(np.asarray(w).astype(np.float32), 1.0)
+    for leaf in cts.tree_util.tree_leaves((s.params, s.opt_state)):
+        if isinstance(leaf, cts.Array):
+            assert not leaf.is_deleted()
+    nu = s.opt_state[0].nu["a"]
+    np.testing.assert_array_equal(np.asarray(nu).astype(np.float32), 0.0)
+
+
+def test_deleted_buffer_in_a_reused_plan_raises_before_any_update():
+    # after the first step the kernel's block list is reused (TrainState._ct_plan); a buffer
+    # deleted since must still be refused before the kernel, leaving the state usable
+    tx = optim.adamw(1e-2)
+    s = TrainState.create(apply_fn=None, params=_params(), tx=tx)
+    g = cts.device_put(_grads())
+    s = s.apply_gradients(grads=g)
+    s = s.apply_gradients(grads=g)
+    w_before = np.asarray(s.params["w"]).copy()
+    mu_before = np.asarray(s.opt_state[0].mu["w"]).copy()
+    s.opt_state[0].nu["b"].delete()
+    with pytest.raises(cts.DonatedBufferError):
+        s.apply_gradients(grads=g)
+    np.testing.assert_array_equal(np.asarray(s.params["w"]), w_before)
+    np.testing.assert_array_equal(np.asarray(s.opt_state[0].mu["w"]), mu_before)
+    assert not s.params["w"].is_deleted()
+
+
+def test_moved_all_refuses_before_moving_any():
+    a, b = cts.device_put(np.ones(3, np.float32)), cts.device_put(np.zeros(3, np.float32))
+    b._moved()   # b is now donated
+    with pytest.raises(cts.DonatedBufferError):
+        cts.Array._moved_all([a, b])
+    assert not a.is_deleted()   # a was not moved
+    new = cts.Array._moved_all([a])
+    np.testing.assert_array_equal(np.asarray(new[0]), 1.0)
+    with pytest.raises(cts.DonatedBufferError):
+        np.asarray(a)

@@ -60,3 +60,51 @@ def test_unflatten_wrong_count():
     _, td = tu.tree_flatten([1, 2])
     with pytest.raises(ValueError, match="2 leaves but 3"):
         tu.tree_unflatten(td, [1, 2, 3])
+
+
+class _Keyed:
+    """A node registered with keys (its plain flatten drops them)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+tu.register_pytree_with_keys(
+    _Keyed, lambda n: (((tu.GetAttrKey("a"), n.a), (tu.GetAttrKey("b"), n.b)), "aux"),
+    lambda aux, ch: _Keyed(*ch))
+
+_TREES = [
+    {},
+    None,
+    [None, (), {}],
+    {"w": np.zeros(2), "b": 1.5, "n": None, "s": "str"},
+    {f"l{i}": np.full(1, i) for i in range(12)},
+    [1, (2, [3, {"z": 4, "a": (5,)}]), Point(6, [7, None])],
+    collections.OrderedDict([("z", 1), ("a", [2, 3])]),
+    collections.defaultdict(list, {"q": 1, "b": (2,)}),
+    {"k": _Keyed([1, 2], {"y": 3, "x": None}), "m": _Keyed(4, Point(5, 6))},
+    (object(), [object()]),   # unknown objects are leaves
+]
+
+
+@pytest.mark.parametrize("tree", _TREES, ids=range(len(_TREES)))
+def test_plain_flatten_agrees_with_the_path_flatten(tree):
+    # tree_flatten takes a fast path (no keys, leaf children appended in the node's loop);
+    # tree_flatten_with_path walks the nodes through the general code: both must agree
+    leaves, td = tu.tree_flatten(tree)
+    pl, td_p = tu.tree_flatten_with_path(tree)
+    assert td == td_p and td.num_leaves == len(leaves) == len(pl)
+    assert all(a is b for a, (_, b) in zip(leaves, pl))
+    back = tu.tree_unflatten(td, leaves)
+    assert tu.tree_structure(back) == td
+    assert all(a is b for a, b in zip(tu.tree_leaves(back), leaves))
+    assert type(back) is type(tree)
+    # is_leaf goes through the per-child calls: a leaf predicate that never fires changes nothing
+    assert tu.tree_flatten(tree, is_leaf=lambda x: False) == (leaves, td)
+
+
+def test_is_leaf_stops_at_containers_on_the_fast_path():
+    tree = {"a": [1, 2], "b": {"c": (3, 4)}}
+    leaves, td = tu.tree_flatten(tree, is_leaf=lambda x: isinstance(x, (list, tuple)))
+    assert leaves == [[1, 2], (3, 4)] and td.num_leaves == 2
+    assert tu.tree_unflatten(td, ["x", "y"]) == {"a": "x", "b": {"c": "y"}}

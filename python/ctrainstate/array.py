@@ -171,6 +171,27 @@ class Array(OperatorsMixin):
         new._host_scalar = self._host_scalar   # same buffers, same value
         return new
 
+    @staticmethod
+    def _moved_all(arrays) -> list:
+        """``[a._moved() for a in arrays]`` in one loop (the optimizer step moves every param
+        and state Array): Arrays that are views or already donated go through ``_moved``,
+        which raises before any of them is moved."""
+        for a in arrays:
+            if a._donated or a._base is not None:
+                a._moved()   # raises DonatedBufferError / ValueError
+        out = []
+        append = out.append
+        alloc = object.__new__
+        for a in arrays:
+            a._donated = True
+            new = alloc(Array)
+            new._base = None
+            new._shape, new._dtype, new._sharding = a._shape, a._dtype, a._sharding
+            new._blocks, new._shard_shape, new._donated = a._blocks, a._shard_shape, False
+            new._host_scalar = a._host_scalar
+            append(new)
+        return out
+
     # --- data -----------------------------------------------------------------
     @property
     def addressable_shards(self) -> list:

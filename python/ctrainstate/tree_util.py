@@ -79,7 +79,8 @@ def keystr(path, *, simple: bool = False, separator: str = "") -> str:
 
 
 # node type -> (flatten(x) -> (children, aux, keys), unflatten(aux, children))
-_registry: dict[type, tuple[Callable, Callable]] = {}
+# type -> (flatten with keys, unflatten, flatten without keys)
+_registry: dict[type, tuple[Callable, Callable, Callable]] = {}
 
 
 def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func: Callable) -> None:
@@ -93,7 +94,11 @@ def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func:
         children = list(children)
         return children, aux, [SequenceKey(i) for i in range(len(children))]
 
-    _registry[nodetype] = (flat, unflatten_func)
+    def plain(x):  # without key paths (tree_flatten)
+        children, aux = flatten_func(x)
+        return children, aux
+
+    _registry[nodetype] = (flat, unflatten_func, plain)
     _LEAF_TYPES.discard(nodetype)
 
 
@@ -107,7 +112,11 @@ def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unfla
         kc = list(kc)
         return [c for _, c in kc], aux, [k for k, _ in kc]
 
-    _registry[nodetype] = (flat, unflatten_func)
+    def plain(x):
+        kc, aux = flatten_with_keys(x)
+        return [c for _, c in kc], aux
+
+    _registry[nodetype] = (flat, unflatten_func, plain)
     _LEAF_TYPES.discard(nodetype)
 
 
@@ -238,6 +247,7 @@ class PyTreeDef:
 
 
 _LEAF = PyTreeDef("leaf", None, ())
+_NONE = PyTreeDef(type(None), None, (), 0)
 
 # Types that are always leaves (checked first by the flatten fast path); Array and
 # ShapeDtypeStruct are added when their modules load (register_leaf_type).
@@ -253,25 +263,44 @@ def register_leaf_type(t: type) -> None:
 
 
 def _flatten_plain(x, is_leaf, leaves):
-    """_flatten without key paths (the common case: no key objects are built)."""
+    """_flatten without key paths (the common case: no key objects are built). Children
+    of a known leaf type are appended in the node's own loop, without a call each."""
     t = type(x)
     if t in _LEAF_TYPES or (is_leaf is not None and is_leaf(x)):
         leaves.append(x)
         return _LEAF
-    n0 = len(leaves)
     if t is dict:
         ks = _sorted_keys(x)
-        defs = [_flatten_plain(x[k], is_leaf, leaves) for k in ks]
-        return PyTreeDef(dict, tuple(ks), defs, len(leaves) - n0)
-    if t is tuple or t is list:
-        defs = [_flatten_plain(c, is_leaf, leaves) for c in x]
-        return PyTreeDef(t, len(x), defs, len(leaves) - n0)
-    node = _flatten_node(x)
-    if node is None:
-        leaves.append(x)
-        return _LEAF
-    children, aux, _, kind = node
-    defs = [_flatten_plain(c, is_leaf, leaves) for c in children]
+        children, aux, kind = [x[k] for k in ks], tuple(ks), dict
+    elif t is tuple or t is list:
+        children, aux, kind = x, len(x), t
+    else:
+        reg = _registry.get(t)
+        if reg is not None:
+            children, aux = reg[2](x)
+            kind = t
+        elif x is None:
+            return _NONE
+        elif isinstance(x, tuple) and hasattr(t, "_fields"):
+            children, aux, kind = x, t, "namedtuple"
+        else:
+            node = _flatten_node(x)   # dict subclasses
+            if node is None:
+                leaves.append(x)
+                return _LEAF
+            children, aux, _, kind = node
+    n0 = len(leaves)
+    if is_leaf is None:
+        lt, append = _LEAF_TYPES, leaves.append
+        defs = []
+        for c in children:
+            if type(c) in lt:
+                append(c)
+                defs.append(_LEAF)
+            else:
+                defs.append(_flatten_plain(c, None, leaves))
+    else:
+        defs = [_flatten_plain(c, is_leaf, leaves) for c in children]
     return PyTreeDef(kind, aux, defs, len(leaves) - n0)
 
 
@@ -328,7 +357,10 @@ def tree_unflatten(treedef: PyTreeDef, leaves):
     def build(td):
         if td.kind == "leaf":
             return next(it)
-        return _unflatten_node(td.kind, td.aux, [build(c) for c in td.children])
+        kids = []
+        for c in td.children:
+            kids.append(next(it) if c is _LEAF or c.kind == "leaf" else build(c))
+        return _unflatten_node(td.kind, td.aux, kids)
 
     return build(treedef)
 

@@ -184,6 +184,13 @@ def rewrap(x: Array) -> Array:
     return x._moved()
 
 
+def _live_arrays(xs) -> list:
+    """``[to_array(x) for x in xs]`` for a step's own leaves: Arrays not donated pass as
+    they are (whether their buffers were deleted is checked by ``_C.optim_step``, which
+    raises before any kernel runs), anything else goes through ``to_array``."""
+    return [x if type(x) is Array and not x._donated else to_array(x) for x in xs]
+
+
 def to_array(x, like=None) -> Array:
     """``x`` as an Array; numpy inputs take ``like``'s sharding when given."""
     if isinstance(x, Array):
@@ -299,20 +306,24 @@ class FuseContext:
                 f"optimizer state has {len(leaves)} arrays where the params have "
                 f"{sum(self.active)} (unmasked) leaves: was it built by this tx.init?")
         if self.inplace:
-            arrs = [to_array(x) for x in leaves]
+            arrs = _live_arrays(leaves)
         else:
             arrs = [copy_array(to_array(x)) for x in leaves]
-        it = iter(arrs)
-        per_leaf = [next(it) if a else None for a in self.active]
-        for i, (a, p) in enumerate(zip(per_leaf, self.leaves)):
-            if same_shape and a is not None and p is not None and (a.shape != p.shape):
-                raise ValueError(f"optimizer state array {i} has shape {a.shape}, its param "
-                                 f"{p.shape}")
+        if all(self.active):
+            per_leaf = arrs
+        else:
+            it = iter(arrs)
+            per_leaf = [next(it) if a else None for a in self.active]
+        if same_shape:
+            for i, (a, p) in enumerate(zip(per_leaf, self.leaves)):
+                if a is not None and p is not None and a._shape != p._shape:
+                    raise ValueError(f"optimizer state array {i} has shape {a.shape}, its "
+                                     f"param {p.shape}")
         if self.inplace:
             news = []
 
             def finish():
-                news[:] = [rewrap(a) for a in arrs]
+                news[:] = Array._moved_all(arrs)
             self._finish.append(finish)
             return per_leaf, lambda: tree_unflatten(td, news)
         return per_leaf, lambda: tree_unflatten(td, arrs)
@@ -386,7 +397,8 @@ def _fast_grads(grads, pdef, p_leaves):
     if gdef != pdef:
         return None
     for g, p in zip(g_leaves, p_leaves):
-        if not (isinstance(g, Array) and g._shape == p._shape and g._dtype == p._dtype
+        if not (type(g) is Array and g._shape == p._shape
+                and (g._dtype is p._dtype or g._dtype == p._dtype)
                 and not g._donated and (g._sharding is p._sharding or g._sharding == p._sharding)):
             return None
     return g_leaves
@@ -408,6 +420,42 @@ class Plan:
     def matches(self, key, ident) -> bool:
         return (self.key == key and len(self.ident) == len(ident)
                 and all(a is b for a, b in zip(self.ident, ident)))
+
+
+def _check_no_shared_buffers(p_leaves, stages, paths):
+    """An in-place step writes every param and state buffer once. Two leaves holding one
+    buffer (the same Array twice in the params or the state, or a param that is also
+    state) would be updated twice, and one of the two results lost: refuse before any
+    kernel runs."""
+    seen = {}
+    names = []   # (None for a param / a state slot number, leaf): formatted for the error
+
+    def visit(a, what):
+        for _, buf, _, _ in a._blocks:
+            prev = seen.setdefault(id(buf), what)
+            if prev != what:
+                raise ValueError(
+                    f"{_where(prev)} and {_where(what)} share a buffer (the same Array in two "
+                    f"places of the train state?): an in-place step would update it twice. "
+                    f"Give each leaf its own Array (a copy: cts.device_put(np.asarray(x), "
+                    f"x.sharding)), or tie the weights in the model instead of the params tree")
+
+    def _where(what):
+        kind, i = names[what]
+        return f"params{keystr(paths()[i])}" if kind is None else (
+            f"an optimizer-state array of params{keystr(paths()[i])}")
+
+    for i, p in enumerate(p_leaves):
+        names.append((None, i))
+        visit(p, len(names) - 1)
+    n = 0
+    for s in stages:
+        for q in s.slots:
+            for i, a in enumerate(q):
+                if a is not None:
+                    names.append((n, i))
+                    visit(a, len(names) - 1)
+            n += 1
 
 
 def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params):
@@ -475,10 +523,15 @@ class _Widen:
 
     @staticmethod
     def needed(p_leaves, g_leaves, stages) -> bool:
-        return (any(p.dtype != _dtypes.float32 for p in p_leaves)
-                or any(g.dtype != _dtypes.float32 for g in g_leaves)
-                or any(a is not None and a.dtype != _dtypes.float32
-                       for s in stages for q in s.slots for a in q))
+        f32 = _dtypes.float32
+
+        def other(arrays):   # (dtype objects of builtin types are singletons: `is` first)
+            for a in arrays:
+                if a is not None and a._dtype is not f32 and a._dtype != f32:
+                    return True
+            return False
+        return (other(p_leaves) or other(g_leaves)
+                or any(other(q) for s in stages for q in s.slots))
 
     def __call__(self, a, back=False):
         if a is None or a.dtype == _dtypes.float32:
@@ -512,7 +565,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     next step to skip rebuilding the kernel's block list)."""
     ref = params if params is not None else updates
     leaves, pdef = tree_flatten(ref)
-    p_leaves = [to_array(x) for x in leaves]
+    p_leaves = _live_arrays(leaves)
     _paths = []
 
     def paths():
@@ -529,7 +582,21 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref)
     stages, rebuild = tx._fuse(state, ctx)
     wide = _Widen()
-    if wide.needed(p_leaves, g_leaves, stages):
+    needs_wide = wide.needed(p_leaves, g_leaves, stages)
+    have_params = params is not None
+    reuse = False
+    if inplace and not needs_wide:
+        key = (pdef, have_params, tuple(
+            (s.kind, None if s.active is None else tuple(s.active),
+             None if s.geom is None else tuple(s.geom)) for s in stages))
+        ident = [p._blocks for p in p_leaves]
+        for s in stages:
+            for q in s.slots:
+                ident.extend(a._blocks for a in q if a is not None)
+        reuse = plan is not None and plan.matches(key, ident)
+    if inplace and not reuse:   # (a reused plan was checked when it was built)
+        _check_no_shared_buffers(p_leaves, stages, paths)
+    if needs_wide:
         # 16-bit float params, grads or state: the kernel runs on float32 working copies,
         # which are converted back (rounded once) only after it succeeded
         final_p, p_leaves = p_leaves, [wide(p, back=inplace) for p in p_leaves]
@@ -542,7 +609,6 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
             s.slots = [[wide(a, back=True) for a in q] for q in s.slots]
         plan = None
     nleaves = len(p_leaves)
-    have_params = params is not None
     if not have_params and any(s.kind in _NEEDS_PARAMS for s in stages):
         raise ValueError(
             "this optimizer reads the current params (weight decay: adamw, "
@@ -550,14 +616,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
             "but tx.update(updates, state) got none: call tx.update(updates, state, params)")
     stage_args = [(s.kind, s.scalars) for s in stages]
     if inplace and not wide.any:
-        key = (pdef, have_params, tuple(
-            (s.kind, None if s.active is None else tuple(s.active),
-             None if s.geom is None else tuple(s.geom)) for s in stages))
-        ident = [p._blocks for p in p_leaves]
-        for s in stages:
-            for q in s.slots:
-                ident.extend(a._blocks for a in q if a is not None)
-        if plan is None or not plan.matches(key, ident):
+        if not reuse:
             groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)
             plan = Plan(key, ident, groups, order)
         grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in plan.order]
@@ -586,7 +645,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         f()
     new_state = rebuild()
     if inplace:
-        out = tree_unflatten(pdef, [rewrap(p) for p in p_leaves]), new_state
+        out = tree_unflatten(pdef, Array._moved_all(p_leaves)), new_state
     else:
         out = tree_unflatten(pdef, outs), new_state
     return out + (plan,) if want_plan else out

@@ -19,6 +19,7 @@ through float32 working copies and rounded once when written back (:class:`_Wide
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -390,16 +391,20 @@ def check_grads(grads, params_paths, params_def, params_leaves):
     return out
 
 
-def _fast_grads(grads, pdef, p_leaves):
+def _fast_grads(grads, pdef, p_leaves, seen=None):
     """The grads' leaves when they are Arrays placed exactly like the params (the common
-    training-loop case: no checks with paths, no resharding), else None."""
+    training-loop case: no checks with paths, no resharding), else None. ``seen``: a Plan's
+    (grads' shardings, params' shardings) of its last step, pairs found equal then."""
     g_leaves, gdef = tree_flatten(grads)
     if gdef != pdef:
         return None
-    for g, p in zip(g_leaves, p_leaves):
+    seen_g, seen_p = seen if seen is not None and len(seen[0]) == len(g_leaves) else ((), ())
+    for i, (g, p) in enumerate(zip(g_leaves, p_leaves)):
         if not (type(g) is Array and g._shape == p._shape
-                and (g._dtype is p._dtype or g._dtype == p._dtype)
-                and not g._donated and (g._sharding is p._sharding or g._sharding == p._sharding)):
+                and (g._dtype is p._dtype or g._dtype == p._dtype) and not g._donated):
+            return None
+        gs, ps = g._sharding, p._sharding
+        if not (gs is ps or (seen_g and seen_g[i] is gs and seen_p[i] is ps) or gs == ps):
             return None
     return g_leaves
 
@@ -412,14 +417,15 @@ class Plan:
     A plan lives on the TrainState that a step returns (``TrainState._ct_plan``), so it
     keeps no buffer alive longer than the state that owns them."""
 
-    __slots__ = ("key", "ident", "groups", "order")
+    __slots__ = ("key", "ident", "groups", "order", "gshard")
 
     def __init__(self, key, ident, groups, order):
         self.key, self.ident, self.groups, self.order = key, ident, groups, order
+        self.gshard = None   # the last step's (grads' shardings, params' shardings): equal
 
     def matches(self, key, ident) -> bool:
         return (self.key == key and len(self.ident) == len(ident)
-                and all(a is b for a, b in zip(self.ident, ident)))
+                and all(map(operator.is_, self.ident, ident)))
 
 
 def _check_no_shared_buffers(p_leaves, stages, paths):
@@ -572,11 +578,12 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         if not _paths:
             _paths.extend(p for p, _ in tree_flatten_with_path(ref)[0])
         return _paths
+    f32 = _dtypes.float32
     for i, p in enumerate(p_leaves):
-        if p.dtype not in _FLOATS:
+        if p._dtype is not f32 and p._dtype not in _FLOATS:
             raise TypeError(f"params{keystr(paths()[i])} is {p.dtype}: optimizers update float "
                             f"params (float32, bfloat16 or float16)")
-    g_leaves = _fast_grads(updates, pdef, p_leaves)
+    g_leaves = _fast_grads(updates, pdef, p_leaves, plan.gshard if plan is not None else None)
     if g_leaves is None:
         g_leaves = check_grads(updates, paths(), pdef, p_leaves)
     ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref)
@@ -592,7 +599,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         ident = [p._blocks for p in p_leaves]
         for s in stages:
             for q in s.slots:
-                ident.extend(a._blocks for a in q if a is not None)
+                ident.extend([a._blocks for a in q if a is not None])
         reuse = plan is not None and plan.matches(key, ident)
     if inplace and not reuse:   # (a reused plan was checked when it was built)
         _check_no_shared_buffers(p_leaves, stages, paths)
@@ -621,6 +628,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
             plan = Plan(key, ident, groups, order)
         grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in plan.order]
         results = _C.optim_step(stage_args, plan.groups, nleaves, grads)
+        plan.gshard = ([g._sharding for g in g_leaves], [p._sharding for p in p_leaves])
     elif inplace:   # float32 working copies: a plan of them would keep them alive
         groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)
         grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in order]

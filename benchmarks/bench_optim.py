@@ -303,7 +303,8 @@ def _gpu_time(step, sync, reps, steps, host=False):
     return float(np.median(ts))
 
 
-_OPT_KEYS = ("CTRAINSTATE_OPT_UNROLL", "CTRAINSTATE_OPT_PREFETCH", "CTRAINSTATE_OPT_WAVES")
+_OPT_KEYS = ("CTRAINSTATE_OPT_UNROLL", "CTRAINSTATE_OPT_PREFETCH", "CTRAINSTATE_OPT_WAVES",
+             "CTRAINSTATE_OPT_CHAIN")
 
 
 class _env:
@@ -331,15 +332,36 @@ class _env:
 
 
 # The fused kernel's launch settings compared in one run (cuda_optim.cu, launch_variant /
-# main_grid): every one computes the same bits. The default (first row) is unroll 2, no slot
-# prefetch, one wave of CTAs looping over tiles: the fastest of these on an H200 (RESULTS.md).
+# main_grid / chain_id): every one computes the same bits. The default (first row): AdamW's
+# own chain kernel, unroll 2, one wave of CTAs looping over tiles (not timed on a GPU before
+# stop 17). "generic": the kernel that reads the stage kinds at run time; its row with unroll
+# 2, no slot prefetch and one wave was the fastest setting on the H200 at stop 16 (RESULTS.md).
 _GPU_VARIANTS = [("ctrainstate (fused, one launch)", {}),
-                 ("  same, unroll 1", {"CTRAINSTATE_OPT_UNROLL": "1"}),
-                 ("  same, slot prefetch", {"CTRAINSTATE_OPT_PREFETCH": "1"}),
-                 ("  same, 2 waves of CTAs", {"CTRAINSTATE_OPT_WAVES": "2"}),
-                 ("  same, CTA per tile", {"CTRAINSTATE_OPT_WAVES": "0"}),
-                 ("  stop 15 (CTA per tile, unroll 1)", {"CTRAINSTATE_OPT_UNROLL": "1",
+                 ("  chain kernel, unroll 1", {"CTRAINSTATE_OPT_UNROLL": "1"}),
+                 ("  chain kernel, 2 waves of CTAs", {"CTRAINSTATE_OPT_WAVES": "2"}),
+                 ("  chain kernel, CTA per tile", {"CTRAINSTATE_OPT_WAVES": "0"}),
+                 ("  generic (stop 16 default)", {"CTRAINSTATE_OPT_CHAIN": "0"}),
+                 ("  generic, unroll 1", {"CTRAINSTATE_OPT_CHAIN": "0",
+                                          "CTRAINSTATE_OPT_UNROLL": "1"}),
+                 ("  generic, slot prefetch", {"CTRAINSTATE_OPT_CHAIN": "0",
+                                               "CTRAINSTATE_OPT_PREFETCH": "1"}),
+                 ("  generic, CTA per tile, unroll 1", {"CTRAINSTATE_OPT_CHAIN": "0",
+                                                        "CTRAINSTATE_OPT_UNROLL": "1",
                                                         "CTRAINSTATE_OPT_WAVES": "0"})]
+
+
+def _chain_launches():
+    """Update passes that ran a chain kernel so far (the CUDA backend's counter), or None."""
+    import ctypes
+    path = os.environ.get("CTRAINSTATE_CUDA_BACKEND")
+    try:
+        lib = ctypes.CDLL(path) if path else None
+    except OSError:
+        return None
+    if lib is None or not hasattr(lib, "ct_cuda_optim_chain_launches"):
+        return None
+    lib.ct_cuda_optim_chain_launches.restype = ctypes.c_longlong
+    return lib.ct_cuda_optim_chain_launches()
 
 
 def _gpu_torch(params_np, grads_np):
@@ -416,7 +438,7 @@ def run_gpu(args):
         print(f"\n## {name}: {n:,} params, {len(cts.tree_util.tree_leaves(p_np))} leaves "
               f"(issue #6 goal {goal:.2f} ms, floor {floor:.2f} ms)")
         print(f"{'implementation':34s} {'ms/step':>9s} {'GB/s':>8s} {'x copy bw':>9s} "
-              f"{'vs ctrainstate':>15s} {'host ms/step':>13s}")
+              f"{'vs ctrainstate':>15s} {'host ms/step':>13s} {'kernel':>8s}")
         t0 = None
         for label, r in rows.items():
             if r is None:
@@ -424,9 +446,12 @@ def run_gpu(args):
                 continue
             host = ""
             if r[2] is not None:  # ctrainstate: its launch settings, and the host's share
+                c0 = _chain_launches()
                 with _env(**r[2]):
                     t, h = _gpu_time(r[0], r[1], args.reps, args.gpu_steps, host=True)
-                host = f"{h * 1e3:13.3f}"
+                c1 = _chain_launches()
+                kern = "?" if c0 is None or c1 is None else ("chain" if c1 > c0 else "generic")
+                host = f"{h * 1e3:13.3f} {kern:>8s}"
             else:
                 t = _gpu_time(r[0], r[1], args.reps, args.gpu_steps)
             t0 = t if t0 is None else t0

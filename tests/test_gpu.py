@@ -1243,13 +1243,27 @@ def test_leaky_mask_gradient_on_gpu_matches_cpu():
     np.testing.assert_array_equal(np.asarray(gg), np.asarray(gc_))  # elementwise: exact
 
 
+def _chain_launches():
+    """Update passes that ran a chain kernel (cuda_optim.cu) so far, from the loaded CUDA
+    backend (real or emulated); None when it does not count them."""
+    import ctypes
+    import os
+    path = os.environ.get("CTRAINSTATE_CUDA_BACKEND")
+    lib = ctypes.CDLL(path) if path else None
+    if lib is None or not hasattr(lib, "ct_cuda_optim_chain_launches"):
+        return None
+    lib.ct_cuda_optim_chain_launches.restype = ctypes.c_longlong
+    return lib.ct_cuda_optim_chain_launches()
+
+
 def test_fused_launch_settings_give_the_same_bits(monkeypatch):
     """The fused optimizer pass's launch settings (CTRAINSTATE_OPT_WAVES: CTAs looping over
     tiles, or one CTA per tile; CTRAINSTATE_OPT_PREFETCH: the stateful stage's slots loaded
     with g and p, or in the stage loop; CTRAINSTATE_OPT_UNROLL: one or two quads per thread
-    through the stages at once) change only the schedule: params and state after two
-    steps of adamw and of a two-stateful-stage chain are the same bits under each, on a tree
-    whose leaves span many tiles, partial tiles and unaligned tails."""
+    through the stages at once; CTRAINSTATE_OPT_CHAIN: the common chains' own kernels, or
+    the generic one) change only the schedule: params and state after two steps are the same
+    bits under each, on a tree whose leaves span many tiles, partial tiles and unaligned
+    tails. The chains with a kernel of their own take it (counted), the others do not."""
     from ctrainstate import optim
     from ctrainstate.train_state import TrainState
     dev = gpus()[0]
@@ -1258,24 +1272,40 @@ def test_fused_launch_settings_give_the_same_bits(monkeypatch):
     params = {f"l{i:02d}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
     grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
              for _ in range(2)]
-    chains = {"adamw": lambda: optim.adamw(1e-2, weight_decay=0.1),
-              "momentum+rmsprop": lambda: optim.chain(optim.trace(0.9), optim.scale_by_rms(),
-                                                      optim.scale(-1e-2))}
-    for cname, make in chains.items():
+    odd = {k: i % 2 == 1 for i, k in enumerate(params)}
+    # name: (transformation, has a chain kernel)
+    chains = {
+        "adamw": (lambda: optim.adamw(1e-2, weight_decay=0.1), True),
+        "adamw, decay masked": (lambda: optim.adamw(1e-2, weight_decay=0.1, mask=odd), True),
+        "clip+adamw": (lambda: optim.chain(optim.clip_by_global_norm(0.5),
+                                           optim.adamw(1e-2, weight_decay=0.1)), True),
+        "clip+adam": (lambda: optim.chain(optim.clip_by_global_norm(0.5), optim.adam(1e-2)), True),
+        "adam, nesterov": (lambda: optim.adam(1e-2, nesterov=True), True),
+        "sgd momentum": (lambda: optim.sgd(1e-2, momentum=0.9), True),
+        "sgd": (lambda: optim.sgd(1e-2), True),
+        "momentum+rmsprop": (lambda: optim.chain(optim.trace(0.9), optim.scale_by_rms(),
+                                                 optim.scale(-1e-2)), False),
+    }
+    settings = [(w, pre, un, "0") for w in ("0", "1", "2", "64") for pre in ("0", "1")
+                for un in ("1", "2")]
+    settings += [(w, "0", un, "1") for w in ("0", "1", "64") for un in ("1", "2")]
+    for cname, (make, has_kernel) in chains.items():
         results = {}
-        for waves in ("0", "1", "2", "64"):
-            for pre in ("0", "1"):
-                for unroll in ("1", "2"):
-                    monkeypatch.setenv("CTRAINSTATE_OPT_WAVES", waves)
-                    monkeypatch.setenv("CTRAINSTATE_OPT_PREFETCH", pre)
-                    monkeypatch.setenv("CTRAINSTATE_OPT_UNROLL", unroll)
-                    s = TrainState.create(apply_fn=None, params=cts.device_put(params, dev),
-                                          tx=make())
-                    for g in grads:
-                        s = s.apply_gradients(grads=cts.device_put(g, dev))
-                    leaves = cts.tree_util.tree_leaves((s.params, s.opt_state))
-                    results[(waves, pre, unroll)] = [np.asarray(x).tobytes() for x in leaves]
-        first = results[("1", "0", "2")]  # the defaults
+        for waves, pre, unroll, chain in settings:
+            monkeypatch.setenv("CTRAINSTATE_OPT_WAVES", waves)
+            monkeypatch.setenv("CTRAINSTATE_OPT_PREFETCH", pre)
+            monkeypatch.setenv("CTRAINSTATE_OPT_UNROLL", unroll)
+            monkeypatch.setenv("CTRAINSTATE_OPT_CHAIN", chain)
+            s = TrainState.create(apply_fn=None, params=cts.device_put(params, dev), tx=make())
+            before = _chain_launches()
+            for g in grads:
+                s = s.apply_gradients(grads=cts.device_put(g, dev))
+            if before is not None:
+                took = _chain_launches() - before
+                assert took == (len(grads) if has_kernel and chain == "1" else 0), (cname, chain, took)
+            leaves = cts.tree_util.tree_leaves((s.params, s.opt_state))
+            results[(waves, pre, unroll, chain)] = [np.asarray(x).tobytes() for x in leaves]
+        first = results[("1", "0", "2", "0")]  # the generic kernel's defaults
         for key, got in results.items():
             assert got == first, (cname, key)
         # and the step did something: the params moved

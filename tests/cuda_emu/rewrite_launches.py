@@ -57,7 +57,10 @@ def barrier_functions(src):
             hdr = re.sub(r"__launch_bounds__\s*\([^)]*\)|__attribute__\s*\(\(.*?\)\)", " ", header)
             names = [m.group(1) for m in re.finditer(r"([A-Za-z_]\w*)\s*\(", hdr)
                      if m.group(1) not in _KEYWORDS]
-            if names and ")" in hdr and not re.search(r"\b(struct|class|union|enum|namespace)\b", hdr.split("(")[0]):
+            # a type's header names struct/class/...; a template's parameter list may too
+            # (`template <class T>`), so that list is left out of the test
+            decl = re.sub(r"\btemplate\s*<[^;{}()]*>", " ", hdr.split("(")[0])
+            if names and ")" in hdr and not re.search(r"\b(struct|class|union|enum|namespace)\b", decl):
                 end = _match(src, i, "{", "}", 1)
                 bodies.setdefault(names[0], []).append(src[i:end + 1])
                 i = end + 1

@@ -68,6 +68,18 @@ __global__ void reverse_through_helpers(float *x, float *y) {
     y[threadIdx.x] = x[blockDim.x - 1 - threadIdx.x]; // another thread's write: needs the barrier
 }
 
+// The same through templates whose parameter lists name `class` (not a type's header).
+template <class T>
+__device__ void sync_outer_t(T *x) {
+    x[threadIdx.x] = (T)threadIdx.x;
+    sync_inner();
+}
+template <class T, int N>
+__global__ void reverse_templated(T *x, T *y) {
+    sync_outer_t<T>(x);
+    y[threadIdx.x] = x[N - 1 - threadIdx.x];
+}
+
 // Run fn in a child process; true if it died of SIGABRT (the emulator's verdict).
 template <typename F>
 static bool aborts(F fn) {
@@ -278,6 +290,13 @@ int main() {
         EXPECT(cudaMalloc((void **)&rx, sizeof hy) == cudaSuccess);
         EXPECT(cudaMalloc((void **)&ry, sizeof hy) == cudaSuccess);
         reverse_through_helpers<<<1, 64>>>(rx, ry);
+        EXPECT(cudaMemcpy(hy, ry, sizeof hy, cudaMemcpyDeviceToHost) == cudaSuccess);
+        bad = 0;
+        for (int i = 0; i < 64; i++) bad += hy[i] != (float)(63 - i);
+        EXPECT(bad == 0);
+        for (int i = 0; i < 64; i++) hy[i] = -1.0f;
+        EXPECT(cudaMemcpy(ry, hy, sizeof hy, cudaMemcpyHostToDevice) == cudaSuccess);
+        reverse_templated<float, 64><<<1, 64>>>(rx, ry);
         EXPECT(cudaMemcpy(hy, ry, sizeof hy, cudaMemcpyDeviceToHost) == cudaSuccess);
         bad = 0;
         for (int i = 0; i < 64; i++) bad += hy[i] != (float)(63 - i);

@@ -287,6 +287,21 @@ __device__ __forceinline__ void load_consts(const opt_params &P, float (*C)[CT_O
     __syncthreads();
 }
 
+/* The block of tile t: the last whose first tile is <= t. Tiles come in increasing order, so
+ * the search starts after the previous tile's block `cur` (-1: none yet), which is returned
+ * as it is while t is still in it. */
+__device__ __forceinline__ int opt_tile_block(const opt_params &P, const opt_desc *D, long long t,
+                                              int cur) {
+    if (cur >= 0 && !(cur + 1 < P.nblocks && D[cur + 1].tile0 <= t)) return cur;
+    int lo = cur + 1 > 0 ? cur + 1 : 0, hi = P.nblocks - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (D[mid].tile0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 template <bool RED, bool PRE, int U>
 __global__ void __launch_bounds__(OPT_TPB)
 opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
@@ -295,16 +310,8 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
     double ss = 0.0, bad = 0.0, pp = 0.0;
     int cur = -1, k0 = -1; /* the block of the previous tile, and its first_slot_stage */
     for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
-        /* the last block whose first tile is <= t: tiles come in increasing order, so the
-         * search starts after the previous tile's block (none when t is still in it) */
         if (cur < 0 || (cur + 1 < P.nblocks && D[cur + 1].tile0 <= t)) {
-            int lo = cur + 1 > 0 ? cur + 1 : 0, hi = P.nblocks - 1;
-            while (lo < hi) {
-                int mid = (lo + hi + 1) >> 1;
-                if (D[mid].tile0 <= t) lo = mid;
-                else hi = mid - 1;
-            }
-            cur = lo;
+            cur = opt_tile_block(P, D, t, cur);
             k0 = PRE ? first_slot_stage(P, &D[cur]) : -1;
         }
         const opt_desc *d = &D[cur];
@@ -349,6 +356,173 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
             part[2 * blockIdx.x] = s_ss[0];
             part[2 * blockIdx.x + 1] = s_bad[0];
         }
+    }
+}
+
+// --- chain kernels ----------------------------------------------------------------------
+
+/* The update pass of common optimizer chains, with the chain's stage kinds fixed at
+ * compile time.
+ *
+ * The generic kernel (opt_kernel) reads each stage's kind at run time, so every stage of
+ * the loop is compiled for every kind ct_om_stage knows, and the registers of the largest
+ * one are held throughout: 62 per thread unrolled once, 80 with a spill unrolled twice
+ * (nvcc --resource-usage, sm_90), which caps it at 4 or 3 CTAs of 256 threads per SM. Here a
+ * chain of up to four known kinds compiles to straight-line code for those kinds only.
+ *
+ * Same bits: each element runs the same ct_om_stage calls in the same order as the generic
+ * kernel's compute_u for the same constants, masks and skip bits; tiles, element groups and
+ * the block walk are the generic kernel's (opt_tile_block). Only the update pass (no
+ * reductions, no adafactor factors, no per-leaf stages) takes this path; anything else, or
+ * CTRAINSTATE_OPT_CHAIN=0, runs opt_kernel. tests/test_gpu.py compares the two bit for bit
+ * and counts these launches (ct_cuda_optim_chain_launches).
+ */
+
+/* A chain: up to four stage kinds, -1 past the end. */
+template <int K0, int K1 = -1, int K2 = -1, int K3 = -1>
+struct opt_chain {
+    static constexpr int n = (K0 >= 0) + (K1 >= 0) + (K2 >= 0) + (K3 >= 0);
+    static constexpr int k0 = K0, k1 = K1, k2 = K2, k3 = K3;
+};
+
+/* The chains with a kernel of their own (optax's names). Order: their ids. */
+using chain_adamw = opt_chain<CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_SCALE>;
+using chain_adam = opt_chain<CT_OPT_ADAM, CT_OPT_SCALE>;
+using chain_clip_adamw = opt_chain<CT_OPT_GLOBAL_NORM, CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_SCALE>;
+using chain_clip_adam = opt_chain<CT_OPT_GLOBAL_NORM, CT_OPT_ADAM, CT_OPT_SCALE>;
+using chain_momentum = opt_chain<CT_OPT_TRACE, CT_OPT_SCALE>;
+using chain_sgd = opt_chain<CT_OPT_SCALE>;
+#define OPT_NCHAINS 6
+
+/* Stage k (of kind KIND, not per-leaf, not FACTORED) on elements [e, e+L) of block d: as
+ * compute_u's stage loop body. */
+template <int KIND, int L>
+__device__ __forceinline__ void chain_stage(int k, const opt_params &P,
+                                            const float (*C)[CT_OM_NC], const opt_desc *d,
+                                            long long e, float *u, const float *p) {
+    if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) return;
+    constexpr int ns = KIND == CT_OPT_ADAM ? 2 : (KIND == CT_OPT_TRACE ? 1 : 0);
+    static_assert(KIND == CT_OPT_ADAM || KIND == CT_OPT_TRACE || KIND == CT_OPT_SCALE ||
+                      KIND == CT_OPT_DECAY || KIND == CT_OPT_GLOBAL_NORM,
+                  "chain kernels take elementwise kinds whose slot count is listed here");
+    float a[L], b[L], x[L];
+#pragma unroll
+    for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
+    float *sa = ns > 0 ? d->slot[P.slot_off[k]] + e : nullptr;
+    float *sb = ns > 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
+    if (ns > 0) ld<L>(sa, a);
+    if (ns > 1) ld<L>(sb, b);
+#pragma unroll
+    for (int j = 0; j < L; j++) u[j] = ct_om_stage(KIND, C[k], u[j], p[j], &a[j], &b[j], &x[j], 1);
+    if (ns > 0) st<L>(sa, a);
+    if (ns > 1) st<L>(sb, b);
+}
+
+/* Elements [e, e+L) of block d through the chain, then p += u in place (or out = u): as
+ * run_elems<L, false>. */
+template <class CH, int L>
+__device__ __forceinline__ void chain_elems(const opt_params &P, const float (*C)[CT_OM_NC],
+                                            const opt_desc *d, long long e) {
+    float u[L], p[L];
+#pragma unroll
+    for (int j = 0; j < L; j++) p[j] = 0.0f;
+    ld<L>(d->g + e, u);
+    if (d->need_p) ld<L>(d->p + e, p);
+    chain_stage<CH::k0, L>(0, P, C, d, e, u, p);
+    if constexpr (CH::k1 >= 0) chain_stage<CH::k1, L>(1, P, C, d, e, u, p);
+    if constexpr (CH::k2 >= 0) chain_stage<CH::k2, L>(2, P, C, d, e, u, p);
+    if constexpr (CH::k3 >= 0) chain_stage<CH::k3, L>(3, P, C, d, e, u, p);
+    if (d->out != nullptr) {
+        st<L>(d->out + e, u);
+    } else {
+#pragma unroll
+        for (int j = 0; j < L; j++) p[j] = p[j] + u[j];
+        st<L>(d->p + e, p);
+    }
+}
+
+template <class CH, int U>
+__global__ void __launch_bounds__(OPT_TPB)
+opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
+    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+    load_consts(P, C);
+    int cur = -1;
+    for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
+        cur = opt_tile_block(P, D, t, cur);
+        const opt_desc *d = &D[cur];
+        const long long base = (t - d->tile0) * OPT_TILE;
+        const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
+        for (long long e0 = base + 4LL * threadIdx.x; e0 < end; e0 += (long long)U * OPT_GS) {
+            if (U == 2 && d->vec && e0 + OPT_GS + 4 <= end) {
+                chain_elems<CH, U == 2 ? 8 : 4>(P, C, d, e0);
+                continue;
+            }
+            for (int q = 0; q < U; q++) {
+                const long long e = e0 + (long long)q * OPT_GS;
+                if (e >= end) break;
+                if (d->vec && e + 4 <= end) {
+                    chain_elems<CH, 4>(P, C, d, e);
+                } else {
+                    for (long long i = e; i < end && i < e + 4; i++) chain_elems<CH, 1>(P, C, d, i);
+                }
+            }
+        }
+    }
+}
+
+template <class CH>
+static bool chain_is(const opt_params &P) {
+    const int k[4] = {CH::k0, CH::k1, CH::k2, CH::k3};
+    if (P.nstages != CH::n || P.upto != CH::n) return false;
+    for (int i = 0; i < CH::n; i++)
+        if (P.kind[i] != k[i]) return false;
+    return true;
+}
+
+/* The id of P's chain among the chains above, or -1 (the generic kernel). Per-leaf stages
+ * (ct_om_is_leafwise) and FACTORED are not in any chain, so a match needs neither. */
+static int chain_id(const opt_params &P) {
+    if (chain_is<chain_adamw>(P)) return 0;
+    if (chain_is<chain_adam>(P)) return 1;
+    if (chain_is<chain_clip_adamw>(P)) return 2;
+    if (chain_is<chain_clip_adam>(P)) return 3;
+    if (chain_is<chain_momentum>(P)) return 4;
+    if (chain_is<chain_sgd>(P)) return 5;
+    return -1;
+}
+
+/* CTAs of chain `id`'s kernel (unrolled 1 or 2 times) resident per SM. */
+template <int U>
+static cudaError_t chain_occupancy(int id, int *n) {
+    switch (id) {
+    case 0: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adamw, U>, OPT_TPB, 0);
+    case 1: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adam, U>, OPT_TPB, 0);
+    case 2: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_clip_adamw, U>, OPT_TPB, 0);
+    case 3: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_clip_adam, U>, OPT_TPB, 0);
+    case 4: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_momentum, U>, OPT_TPB, 0);
+    default: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_sgd, U>, OPT_TPB, 0);
+    }
+}
+
+/* Update passes that took a chain kernel, since the process started (tests check that the
+ * common chains do; benchmarks/bench_optim.py --gpu reports it). */
+static std::atomic<long long> g_chain_launches{0};
+
+extern "C" __attribute__((visibility("default"))) long long ct_cuda_optim_chain_launches(void) {
+    return g_chain_launches.load();
+}
+
+/* Launch chain `id`'s kernel (0 <= id < OPT_NCHAINS), unrolled 1 or 2 times. */
+template <int U>
+static void chain_launch(int id, unsigned grid, cudaStream_t s, const opt_params &P,
+                         const opt_desc *table) {
+    switch (id) {
+    case 0: opt_chain_kernel<chain_adamw, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 1: opt_chain_kernel<chain_adam, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 2: opt_chain_kernel<chain_clip_adamw, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 3: opt_chain_kernel<chain_clip_adam, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 4: opt_chain_kernel<chain_momentum, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    default: opt_chain_kernel<chain_sgd, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
     }
 }
 
@@ -509,7 +683,9 @@ struct opt_cache {
     int blk_cap = 0;
     double *d_fstat = nullptr;  /* adafactor statistics of one pass (device) */
     long long fstat_cap = 0;
-    int per_sm[4] = {0, 0, 0, 0}; /* main_grid: CTAs of each update-pass variant per SM */
+    /* main_grid: CTAs per SM of each update-pass kernel: the generic kernel's four variants,
+     * then each chain kernel unrolled once and twice (0: not asked yet) */
+    int per_sm[4 + 2 * OPT_NCHAINS] = {};
     int sms = 0;                  /* and the device's SMs (0: not asked yet) */
 };
 
@@ -871,10 +1047,16 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
  *                                  more CTAs per SM)
  *   CTRAINSTATE_OPT_WAVES=w        CTAs: w times what the GPU holds at once, each looping over
  *                                  tiles (default 1); 0: one CTA per tile
+ *   CTRAINSTATE_OPT_CHAIN=0|1      1: the chains of the chain kernels (adamw, adam, both after
+ *                                  clip_by_global_norm, sgd with and without momentum) run
+ *                                  their own kernel (default 1; PREFETCH does not apply to
+ *                                  them); 0: every chain runs the generic kernel
  * Every setting computes the same bits (each element's operations do not change). The
- * defaults are the fastest measured on an H200 (benchmarks/RESULTS.md, 2026-11-30, stop 16):
- * AdamW on 2^28 params 2.36 ms, against 2.56 ms for one CTA per tile, no prefetch, unroll 1
- * and 2.82 ms with the prefetch (80 registers: 3 CTAs per SM instead of 4). */
+ * defaults of the generic kernel are the fastest measured on an H200 (benchmarks/RESULTS.md,
+ * 2026-11-30, stop 16): AdamW on 2^28 params 2.36 ms, against 2.56 ms for one CTA per tile,
+ * no prefetch, unroll 1 and 2.82 ms with the prefetch (80 registers: 3 CTAs per SM instead of
+ * 4). The chain kernels came after that run and have not been timed on a GPU yet; their
+ * registers (nvcc --resource-usage) are in benchmarks/RESULTS.md, stop 17. */
 static int env_flag(const char *name, int dflt) {
     const char *e = getenv(name);
     if (e == nullptr || e[0] == 0 || e[1] != 0) return dflt;
@@ -887,7 +1069,9 @@ static int launch_variant() {
     return (pre == 1 ? 1 : 0) | (un == 1 ? 0 : 2); /* other values: the defaults */
 }
 
-static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, long long ntiles) {
+/* chain: chain_id's id (-1: the generic kernel, in `variant`) */
+static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, int chain,
+                          long long ntiles) {
     long long waves = 1;
     if (const char *e = getenv("CTRAINSTATE_OPT_WAVES")) {
         char *end = nullptr;
@@ -896,11 +1080,13 @@ static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, l
     }
     long long grid = ntiles;
     if (waves > 0) {
-        int &r = cache->per_sm[variant & 3]; /* the caller holds cache->mu */
+        const int two = (variant & 2) != 0;
+        int &r = cache->per_sm[chain >= 0 ? 4 + 2 * chain + two : (variant & 3)]; /* under cache->mu */
         if (r == 0) {
             int n = 0;
             cudaError_t e;
-            switch (variant & 3) {
+            if (chain >= 0) e = two ? chain_occupancy<2>(chain, &n) : chain_occupancy<1>(chain, &n);
+            else switch (variant & 3) {
             case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 1>, OPT_TPB, 0); break;
             case 1: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 1>, OPT_TPB, 0); break;
             case 2: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 2>, OPT_TPB, 0); break;
@@ -957,8 +1143,14 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (!ps->reduce) {
         if (ntiles > 0) {
             const int v = launch_variant();
-            const unsigned grid = main_grid(dev, cache, v, ntiles);
-            switch (v) {
+            const int ch = env_flag("CTRAINSTATE_OPT_CHAIN", 1) == 0 ? -1 : chain_id(P);
+            const unsigned grid = main_grid(dev, cache, v, ch, ntiles);
+            if (ch >= 0) {
+                if (v & 2) chain_launch<2>(ch, grid, s, P, table);
+                else chain_launch<1>(ch, grid, s, P, table);
+                CT_CUDA_TRY(cudaGetLastError());
+                g_chain_launches++;
+            } else switch (v) {
             case 0: opt_kernel<false, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
             case 1: opt_kernel<false, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
             case 2: opt_kernel<false, false, 2><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import numpy as np
 from setuptools import Extension, setup
@@ -85,6 +86,26 @@ PER_FILE_NVCCFLAGS = {
 }
 
 
+def _parallel_compile(self, sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                      extra_preargs=None, extra_postargs=None, depends=None):
+    """CCompiler.compile with the sources compiled in parallel (one job per CPU): the same
+    steps as distutils' own compile (_setup_compile, _get_cc_args, then _compile per object,
+    skipping objects that are up to date), on a thread pool."""
+    macros, objects, extra_postargs, pp_opts, build = self._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs)
+    cc_args = self._get_cc_args(pp_opts, debug, extra_preargs)
+    todo = [obj for obj in objects if obj in build]
+
+    def one(obj):
+        src, ext = build[obj]
+        self._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1))) as ex:
+        for f in [ex.submit(one, obj) for obj in todo]:
+            f.result()
+    return objects
+
+
 class BuildExt(build_ext):
     """build_ext that adds PER_FILE_CFLAGS and also builds the CUDA backend library with nvcc."""
 
@@ -96,15 +117,23 @@ class BuildExt(build_ext):
             return compile_one(obj, src, ext, cc_args,
                                list(extra_postargs) + PER_FILE_CFLAGS.get(rel, []), pp_opts)
         self.compiler._compile = _compile
+        self.compiler.compile = types.MethodType(_parallel_compile, self.compiler)
         super().build_extensions()
 
     def run(self):
-        super().run()
+        # the CUDA backend (nvcc) builds in a thread while the C extension compiles
         nvcc, home = find_cuda()
         if nvcc is None:
             print("ctrainstate: no CUDA toolkit found; building without the CUDA backend")
+            super().run()
             return
-        self.build_cuda(nvcc, home)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=1) as ex:
+            cuda = ex.submit(self.build_cuda, nvcc, home)
+            try:
+                super().run()
+            finally:
+                cuda.result()   # its error first if both failed: the C one was printed
 
     def build_cuda(self, nvcc, home):
         srcs = sorted(glob.glob(os.path.join(ROOT, "csrc", "backend", "cuda", "*.cu")))

@@ -15,6 +15,9 @@
 # GPU_CHECK_SKIP: step names to skip, comma-separated (e.g. "bench_init --gpu,bench_siren --gpu"
 # on a rerun that changed neither): SKIP in the table.
 #
+# The test runs after the benchmarks run at once (bstep/bwait): they share the GPU and the
+# host's cores, and the benchmarks have had the machine to themselves.
+#
 # GPU_CHECK_BUDGET (seconds, default 510) bounds the whole run: each step's own
 # limit is cut to what is left of it, and a step that would start with under 20 s
 # left is skipped (SKIP in the table), so the table is always printed within the
@@ -30,6 +33,7 @@ cd "$root"
 declare -a rows
 PY=${PYTHON:-python3}  # the GPU image's python3 is the one with torch/jax; 'python' may not exist
 export PYTHONUNBUFFERED=1  # a step cut off by timeout still leaves its log
+export PYTEST_ADDOPTS="-p no:cacheprovider${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"  # pytest runs at once
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"  # bench_init/bench_siren import the checkout
 
 budget=${GPU_CHECK_BUDGET:-510}
@@ -67,6 +71,41 @@ step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device t
     save
 }
 
+# Background steps: the test runs after the benchmarks share the GPU (and the host's cores)
+# with each other, so they run at once; their rows join the table, in order, at bwait.
+declare -a bg_names bg_logs bg_pids bg_t0
+
+bstep() {  # bstep NAME LOGFILE SECONDS CMD...   (as step, in the background)
+    local name=$1 log=$2 limit=$3; shift 3
+    case ",${GPU_CHECK_SKIP:-}," in *",$name,"*)
+        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "GPU_CHECK_SKIP")"); save; return;;
+    esac
+    local left=$(( budget - ($(date +%s) - start) ))
+    if [ "$left" -lt 20 ]; then
+        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "budget spent (GPU_CHECK_BUDGET=$budget)")")
+        save; return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    ( if timeout -k 15 "$limit" "$@" >"$logs/$log" 2>&1; then echo ok; else echo "FAIL($?)"; fi \
+        >"$logs/$log.status"; date +%s >>"$logs/$log.status" ) &
+    bg_names+=("$name"); bg_logs+=("$log"); bg_pids+=($!); bg_t0+=("$(date +%s)")
+}
+
+bwait() {  # wait for the background steps; their rows in the order they were started
+    local i
+    for i in "${!bg_pids[@]}"; do
+        wait "${bg_pids[$i]}"
+        local log=${bg_logs[$i]} st dt
+        st=$(head -n 1 "$logs/$log.status" 2>/dev/null); st=${st:-"FAIL(?)"}
+        dt=$(( $(tail -n 1 "$logs/$log.status" 2>/dev/null || date +%s) - ${bg_t0[$i]} ))
+        rm -f "$logs/$log.status"
+        local tail_line=$(grep -E "passed|failed|error|ms/step|GB/s|PSNR" "$logs/$log" | tail -1)
+        rows+=("$(printf '%-28s %-9s %4ss  %s' "${bg_names[$i]}" "$st" "$dt" "${tail_line:0:70}")")
+        save
+    done
+    bg_names=(); bg_logs=(); bg_pids=(); bg_t0=()
+}
+
 nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
 # the host: CPU model and topology (issue #4's per-core figures), and the peers' versions
 { lscpu; echo; "${PYTHON:-python3}" -c "import importlib.metadata as m
@@ -96,13 +135,13 @@ CTRAINSTATE_GPU_SPLIT=8 step "main job on gpu (split 8)" main_job_gpu.log 90 \
 # issue #4's CPU goal on a many-core host (the development VM has 2 cores): the CPU
 # generators against the fastest copy (one thread and OpenMP) measured in the same run
 CTRAINSTATE_NUM_CPU_DEVICES=8 step "bench_init (cpu)" bench_init_cpu.log 60 "$PY" benchmarks/bench_init.py
-CTRAINSTATE_GPU_SPLIT=4 step "tests gpu (split 4)" tests_gpu_split4.log 200 "$PY" -m pytest -q -rf -m gpu tests
+CTRAINSTATE_GPU_SPLIT=4 bstep "tests gpu (split 4)" tests_gpu_split4.log 200 "$PY" -m pytest -q -rf -m gpu tests
 # split 8: what needs 8 devices (the examples' 2x4 meshes, groups of 8); the rest ran at split 4
-CTRAINSTATE_GPU_SPLIT=8 step "tests gpu (split 8)" tests_gpu_split8.log 150 "$PY" -m pytest -q -rf -m gpu tests \
+CTRAINSTATE_GPU_SPLIT=8 bstep "tests gpu (split 8)" tests_gpu_split8.log 150 "$PY" -m pytest -q -rf -m gpu tests \
     -k "example or allreduce or split_mesh or adafactor or fused_launch"
 # clip_by_global_norm through the host instead of the devices' norm board: tells a failure of
 # the device-resident norm (events, mapped pinned memory) from one of the kernels
-CTRAINSTATE_GPU_SPLIT=4 CTRAINSTATE_HOST_NORM=1 step "tests gpu (host norm)" tests_gpu_hostnorm.log 90 \
+CTRAINSTATE_GPU_SPLIT=4 CTRAINSTATE_HOST_NORM=1 bstep "tests gpu (host norm)" tests_gpu_hostnorm.log 90 \
     "$PY" -m pytest -q -rf -m gpu tests -k "clip or norm"
 
 # The CPU suites that do not depend on the platform, re-run with GPU devices as the default
@@ -110,7 +149,7 @@ CTRAINSTATE_GPU_SPLIT=4 CTRAINSTATE_HOST_NORM=1 step "tests gpu (host norm)" tes
 # against optax's recorded vectors, train states, initializers, the PRNG, the HF/t5x layers.
 # jax, their live parity reference, runs on its CPU as in CI (jax on the GPU computes float16
 # erf_inv / truncated_normal to other bits than the recorded jax-cpu ones).
-JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 step "cpu suites on gpu (split 8)" tests_cpu_suites_on_gpu.log 180 \
+JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 bstep "cpu suites on gpu (split 8)" tests_cpu_suites_on_gpu.log 180 \
     "$PY" -m pytest -q -rf tests/test_ops.py tests/test_modules.py tests/test_optim_parity.py \
     tests/test_optim_combine.py tests/test_train_state.py tests/test_initializers.py \
     tests/test_random.py tests/test_hf_model_parallel.py tests/test_t5x_train_state.py \
@@ -118,14 +157,14 @@ JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 step "cpu suites on gpu (split 8)" tes
     tests/test_argmax_categorical.py tests/test_attention.py tests/test_mixed_precision.py \
     tests/test_slicing_advanced.py
 # nn.scan / nn.vmap on GPU devices, less the live-flax parity cases (jax compiles, no GPU use)
-CTRAINSTATE_GPU_SPLIT=8 step "scan/vmap on gpu (split 8)" tests_scan_vmap_on_gpu.log 60 \
+CTRAINSTATE_GPU_SPLIT=8 bstep "scan/vmap on gpu (split 8)" tests_scan_vmap_on_gpu.log 60 \
     "$PY" -m pytest -q -rf tests/test_scan_vmap.py -k "not match"
 # comparisons / integer ops, the float functions of ABI 6, data movement and 16-bit optimizer
-# steps on GPU devices, jax (their parity reference) on its CPU as in CI (last: the budget
-# drops it first)
-JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 step "new ops on gpu (split 8)" tests_new_ops_on_gpu.log 120 \
+# steps on GPU devices, jax (their parity reference) on its CPU as in CI
+JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 bstep "new ops on gpu (split 8)" tests_new_ops_on_gpu.log 120 \
     "$PY" -m pytest -q -rf tests/test_int_bool_ops.py tests/test_more_ops.py tests/test_move_ops.py \
     tests/test_optim_lowp.py
+bwait
 
 echo
 cat "$logs/devices.txt"

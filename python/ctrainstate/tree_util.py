@@ -11,6 +11,7 @@ class registered with :func:`register_pytree_node`. Everything else is a leaf.
 from __future__ import annotations
 
 import collections
+from itertools import islice
 
 import numpy as np
 from typing import Any, Callable, NamedTuple
@@ -183,12 +184,13 @@ def _unflatten_node(kind, aux, children):
 class PyTreeDef:
     """The structure of a pytree: node kinds, aux data and the leaf positions."""
 
-    __slots__ = ("kind", "aux", "children", "num_leaves")
+    __slots__ = ("kind", "aux", "children", "num_leaves", "leafy")
 
-    def __init__(self, kind, aux, children, num_leaves=None):
+    def __init__(self, kind, aux, children, num_leaves=None, leafy=None):
         self.kind = kind  # "leaf", "none" handled via kind type(None)
         self.aux = aux
         self.children = tuple(children)
+        self.leafy = leafy   # every child the shared leaf node (None: not known yet)
         if kind == "leaf":
             self.num_leaves = 1
         elif num_leaves is not None:   # known to the caller (flatten counts as it goes)
@@ -291,7 +293,11 @@ def _flatten_plain(x, is_leaf, leaves):
             children, aux, _, kind = node
     n0 = len(leaves)
     if is_leaf is None:
-        lt, append = _LEAF_TYPES, leaves.append
+        lt = _LEAF_TYPES
+        if set(map(type, children)) <= lt:   # only leaves below (a params dict, a layer)
+            leaves.extend(children)
+            return PyTreeDef(kind, aux, (_LEAF,) * len(children), len(children), True)
+        append = leaves.append
         defs = []
         for c in children:
             if type(c) in lt:
@@ -357,9 +363,13 @@ def tree_unflatten(treedef: PyTreeDef, leaves):
     def build(td):
         if td.kind == "leaf":
             return next(it)
-        kids = []
-        for c in td.children:
-            kids.append(next(it) if c is _LEAF or c.kind == "leaf" else build(c))
+        leafy = td.leafy
+        if leafy is None:
+            leafy = td.leafy = all(c is _LEAF for c in td.children)
+        if leafy:
+            kids = list(islice(it, len(td.children)))
+        else:
+            kids = [next(it) if c is _LEAF or c.kind == "leaf" else build(c) for c in td.children]
         return _unflatten_node(td.kind, td.aux, kids)
 
     return build(treedef)

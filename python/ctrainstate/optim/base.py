@@ -317,7 +317,8 @@ class FuseContext:
             per_leaf = [next(it) if a else None for a in self.active]
         if same_shape:
             for i, (a, p) in enumerate(zip(per_leaf, self.leaves)):
-                if a is not None and p is not None and a._shape != p._shape:
+                if (a is not None and p is not None and a._shape is not p._shape
+                        and a._shape != p._shape):
                     raise ValueError(f"optimizer state array {i} has shape {a.shape}, its "
                                      f"param {p.shape}")
         if self.inplace:
@@ -400,7 +401,7 @@ def _fast_grads(grads, pdef, p_leaves, seen=None):
         return None
     seen_g, seen_p = seen if seen is not None and len(seen[0]) == len(g_leaves) else ((), ())
     for i, (g, p) in enumerate(zip(g_leaves, p_leaves)):
-        if not (type(g) is Array and g._shape == p._shape
+        if not (type(g) is Array and (g._shape is p._shape or g._shape == p._shape)
                 and (g._dtype is p._dtype or g._dtype == p._dtype) and not g._donated):
             return None
         gs, ps = g._sharding, p._sharding

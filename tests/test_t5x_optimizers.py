@@ -249,3 +249,27 @@ def test_small_model_trains_under_partitioner(name):  # F-O4 (adapted)
     sd = state.state_dict()
     back = state.restore_state(sd)
     assert cts.tree_util.tree_structure(back) == cts.tree_util.tree_structure(state)
+
+
+def test_optax_wrapper_reuses_the_kernel_plan_and_matches_a_rebuilt_one():
+    # OptaxWrapper's fused step hands its kernel plan to the OptimizerState it returns, as
+    # TrainState does; the next step reuses it while the buffers are the same. Reusing or
+    # rebuilding it gives the same bits.
+    rng = np.random.default_rng(5)
+    params = {f"l{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate([3, 64, 7])}
+    grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in params.items()}
+             for _ in range(3)]
+    runs = {}
+    for reuse in (True, False):
+        opt = optimizers.OptaxWrapper(optim.adamw(1e-2, weight_decay=0.1)).create(params)
+        plans = []
+        for g in grads:
+            if not reuse:
+                opt.state.__dict__.pop("_ct_plan", None)
+            opt = opt.apply_gradient(cts.device_put(g))
+            plans.append(opt.state.__dict__.get("_ct_plan"))
+        if reuse:
+            assert plans[0] is not None and plans[1] is plans[0] and plans[2] is plans[0]
+        runs[reuse] = [np.asarray(x).tobytes() for x in
+                       cts.tree_util.tree_leaves((opt.target, opt.state.param_states))]
+    assert runs[True] == runs[False]

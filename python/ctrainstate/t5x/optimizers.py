@@ -245,12 +245,20 @@ class OptaxWrapper(OptimizerDef):
         """One optax step; ``hyper_params`` (and so ``learning_rate``) are ignored."""
         del hyper_params
         tx = self.optax_optimizer
+        plan = None
         if getattr(tx, 'fusable', False) and not _abstract_tree(params):
-            new_params, new_ps = run_fused(tx, grads, state.param_states, params, inplace=True)
+            # the kernel's block list of the last step, reused while the buffers are the same
+            # (see ctrainstate.optim.base.Plan); it lives on the state this step returns
+            new_params, new_ps, plan = run_fused(
+                tx, grads, state.param_states, params, inplace=True, want_plan=True,
+                plan=getattr(state, '__dict__', {}).get('_ct_plan'))
         else:
             updates, new_ps = tx.update(grads, state.param_states, params)
             new_params = apply_updates(params, updates)
-        return new_params, OptimizerState(_next_step(state.step), new_ps)
+        new_state = OptimizerState(_next_step(state.step), new_ps)
+        if plan is not None and hasattr(new_state, '__dict__'):
+            object.__setattr__(new_state, '_ct_plan', plan)
+        return new_params, new_state
 
     def derive_logical_axes(self, optimizer, param_logical_axes):
         """An :class:`Optimizer` whose target is ``param_logical_axes`` and whose state holds

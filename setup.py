@@ -129,17 +129,19 @@ class BuildExt(build_ext):
             return
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=1) as ex:
-            cuda = ex.submit(self.build_cuda, nvcc, home)
+            # the library's path now: build_ext.run clears self.inplace while it runs (and
+            # copies only the extensions it built back into the source tree)
+            out = self.get_ext_fullpath("ctrainstate._cuda_backend")
+            cuda = ex.submit(self.build_cuda, nvcc, home, out)
             try:
                 super().run()
             finally:
                 cuda.result()   # its error first if both failed: the C one was printed
 
-    def build_cuda(self, nvcc, home):
+    def build_cuda(self, nvcc, home, out):
         srcs = sorted(glob.glob(os.path.join(ROOT, "csrc", "backend", "cuda", "*.cu")))
         if not srcs:
             return
-        out = self.get_ext_fullpath("ctrainstate._cuda_backend")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         tmp = os.path.join(self.build_temp, "cuda")
         os.makedirs(tmp, exist_ok=True)

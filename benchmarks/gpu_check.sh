@@ -48,7 +48,9 @@ table() {
 save() {  # the table so far into the logs, and the logs into the archive, if one is asked for
     table >"$logs/summary.txt"
     if [ -n "$pack" ]; then
-        tar czf "$pack.tmp" -C "$logs" . 2>/dev/null && mv -f "$pack.tmp" "$pack"
+        # status 1: a background step's log changed while it was read (still a good archive)
+        tar czf "$pack.tmp" -C "$logs" . 2>/dev/null
+        [ $? -le 1 ] && mv -f "$pack.tmp" "$pack"
     fi
 }
 

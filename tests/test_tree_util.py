@@ -108,3 +108,25 @@ def test_is_leaf_stops_at_containers_on_the_fast_path():
     leaves, td = tu.tree_flatten(tree, is_leaf=lambda x: isinstance(x, (list, tuple)))
     assert leaves == [[1, 2], (3, 4)] and td.num_leaves == 2
     assert tu.tree_unflatten(td, ["x", "y"]) == {"a": "x", "b": {"c": "y"}}
+
+
+class _GenNode:
+    """A node whose registered flatten returns its children as a generator."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+tu.register_pytree_node(_GenNode, lambda n: ((c for c in (n.a, n.b)), None),
+                        lambda aux, ch: _GenNode(*ch))
+
+
+@pytest.mark.parametrize("tree", [_GenNode(1, 2), _GenNode({"k": 1}, [2, 3]),
+                                  {"x": _GenNode(1, (2, None))}], ids=["leaves", "nested", "in-dict"])
+def test_registered_flatten_may_return_an_iterator(tree):
+    # the fast path reads a node's children more than once: an iterator is materialised first
+    leaves, td = tu.tree_flatten(tree)
+    pl, td_p = tu.tree_flatten_with_path(tree)
+    assert leaves == [x for _, x in pl] and leaves and td == td_p
+    back = tu.tree_unflatten(td, leaves)
+    assert tu.tree_leaves(back) == leaves

@@ -95,9 +95,10 @@ def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func:
         children = list(children)
         return children, aux, [SequenceKey(i) for i in range(len(children))]
 
-    def plain(x):  # without key paths (tree_flatten)
+    def plain(x):  # without key paths (tree_flatten); children read more than once
         children, aux = flatten_func(x)
-        return children, aux
+        return (children if type(children) is tuple or type(children) is list
+                else list(children)), aux
 
     _registry[nodetype] = (flat, unflatten_func, plain)
     _LEAF_TYPES.discard(nodetype)

@@ -54,23 +54,34 @@ save() {  # the table so far into the logs, and the logs into the archive, if on
     fi
 }
 
-step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device time is scarce)
-    local name=$1 log=$2 limit=$3; shift 3
+admit() {  # admit NAME SECONDS: runs the step? ($limit: its time limit) else its SKIP row
+    local name=$1
+    limit=$2   # the caller's local
     case ",${GPU_CHECK_SKIP:-}," in *",$name,"*)
-        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "GPU_CHECK_SKIP")"); save; return;;
+        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "GPU_CHECK_SKIP")"); save; return 1;;
     esac
     local left=$(( budget - ($(date +%s) - start) ))
     if [ "$left" -lt 20 ]; then
         rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "budget spent (GPU_CHECK_BUDGET=$budget)")")
-        save; return
+        save; return 1
     fi
     [ "$limit" -gt "$left" ] && limit=$left
+    return 0
+}
+
+result() {  # result NAME STATUS SECONDS LOGFILE: the step's row, its log's last summary line
+    local tail_line=$(grep -E "passed|failed|error|ms/step|GB/s|PSNR|^best:" "$logs/$4" | tail -1)
+    rows+=("$(printf '%-28s %-9s %4ss  %s' "$1" "$2" "$3" "${tail_line:0:70}")")
+    save
+}
+
+step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device time is scarce)
+    local name=$1 log=$2 limit
+    admit "$name" "$3" || return 0
+    shift 3
     local t0=$(date +%s)
     if timeout -k 15 "$limit" "$@" >"$logs/$log" 2>&1; then st=ok; else st="FAIL($?)"; fi
-    local dt=$(( $(date +%s) - t0 ))
-    local tail_line=$(grep -E "passed|failed|error|ms/step|GB/s|PSNR|^best:" "$logs/$log" | tail -1)
-    rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" "$st" "$dt" "${tail_line:0:70}")")
-    save
+    result "$name" "$st" "$(( $(date +%s) - t0 ))" "$log"
 }
 
 # Background steps: the test runs after the benchmarks share the GPU (and the host's cores)
@@ -78,16 +89,9 @@ step() {  # step NAME LOGFILE SECONDS CMD...   (a hung step is cut off: device t
 declare -a bg_names bg_logs bg_pids bg_t0
 
 bstep() {  # bstep NAME LOGFILE SECONDS CMD...   (as step, in the background)
-    local name=$1 log=$2 limit=$3; shift 3
-    case ",${GPU_CHECK_SKIP:-}," in *",$name,"*)
-        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "GPU_CHECK_SKIP")"); save; return;;
-    esac
-    local left=$(( budget - ($(date +%s) - start) ))
-    if [ "$left" -lt 20 ]; then
-        rows+=("$(printf '%-28s %-9s %4ss  %s' "$name" SKIP 0 "budget spent (GPU_CHECK_BUDGET=$budget)")")
-        save; return
-    fi
-    [ "$limit" -gt "$left" ] && limit=$left
+    local name=$1 log=$2 limit
+    admit "$name" "$3" || return 0
+    shift 3
     ( if timeout -k 15 "$limit" "$@" >"$logs/$log" 2>&1; then echo ok; else echo "FAIL($?)"; fi \
         >"$logs/$log.status"; date +%s >>"$logs/$log.status" ) &
     bg_names+=("$name"); bg_logs+=("$log"); bg_pids+=($!); bg_t0+=("$(date +%s)")
@@ -101,9 +105,7 @@ bwait() {  # wait for the background steps; their rows in the order they were st
         st=$(head -n 1 "$logs/$log.status" 2>/dev/null); st=${st:-"FAIL(?)"}
         dt=$(( $(tail -n 1 "$logs/$log.status" 2>/dev/null || date +%s) - ${bg_t0[$i]} ))
         rm -f "$logs/$log.status"
-        local tail_line=$(grep -E "passed|failed|error|ms/step|GB/s|PSNR|^best:" "$logs/$log" | tail -1)
-        rows+=("$(printf '%-28s %-9s %4ss  %s' "${bg_names[$i]}" "$st" "$dt" "${tail_line:0:70}")")
-        save
+        result "${bg_names[$i]}" "$st" "$dt" "$log"
     done
     bg_names=(); bg_logs=(); bg_pids=(); bg_t0=()
 }

@@ -168,10 +168,26 @@ def _common_placement(arrays: Sequence[Array]):
     return next(iter(devs))
 
 
+# The output shardings of ops, one object per (place, per-dimension axes): each keeps its
+# own layout cache (Sharding._layout), so an op's output layout is computed once per shape,
+# not once per op call. Shardings are immutable; the entry holds its place, so the id in
+# the key stays that object's.
+_SHARDINGS: dict = {}
+
+
 def _sharding_for(place, norm) -> Sharding:
+    key = (id(place), tuple(tuple(e) for e in norm))
+    hit = _SHARDINGS.get(key)
+    if hit is not None and hit[0] is place:
+        return hit[1]
     if isinstance(place, Device):
-        return SingleDeviceSharding(place)
-    return NamedSharding(place, _spec_of(norm))
+        s = SingleDeviceSharding(place)
+    else:
+        s = NamedSharding(place, _spec_of(norm))
+    if len(_SHARDINGS) > 4096:
+        _SHARDINGS.clear()
+    _SHARDINGS[key] = (place, s)
+    return s
 
 
 def _to(a: Array, place, norm) -> Array:

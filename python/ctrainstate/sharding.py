@@ -309,9 +309,11 @@ class Sharding:
 
     def _layout(self, shape: tuple):
         """(shard_shape, [(device, start, replica_id)], num_replicas) for ``shape``; validated in C."""
-        shape = tuple(int(s) for s in shape)
-        hit = self._cache.get(shape)
+        if type(shape) is not tuple:
+            shape = tuple(shape)
+        hit = self._cache.get(shape)   # (ints and numpy ints hash and compare alike)
         if hit is None:
+            shape = tuple(int(s) for s in shape)
             mshape, names, ids = self._mesh_args()
             shard_shape, blocks, nrep = _C.layout(mshape, names, ids, self._norm_spec(), shape)
             devs = self._mesh_devices

@@ -279,3 +279,26 @@ def test_zero_size_split_dimension_index_is_a_slice_as_in_jax():
     assert {sh.device.id: sh.index for sh in a.addressable_shards}[5] == (slice(0, 0), slice(1, 2))
     one = Mesh(np.array(d[:1]), ("x",))
     assert NamedSharding(one, P("x")).devices_indices_map((0,))[d[0]] == (slice(None),)
+
+
+def test_op_outputs_take_their_own_meshs_sharding():
+    # ops take output shardings from a table keyed by the place: equal placements share one
+    # object (its layout cache), and two meshes over other device orders never share one
+    devs = cts.devices()[:8]
+    m1 = Mesh(np.array(devs).reshape(2, 4), ("x", "y"))
+    m2 = Mesh(np.array(devs[::-1]).reshape(2, 4), ("x", "y"))
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+    outs = []
+    for m in (m1, m2, m1):
+        a = cts.device_put(x, NamedSharding(m, P("x", "y")))
+        s1, s2 = (a + a).sharding, (a * 2.0).sharding
+        assert s1 is s2 and s1.mesh is m and s1.spec == P("x", "y")
+        shard_shape, blocks, _ = s1._layout((8, 4))
+        fresh = NamedSharding(m, P("x", "y"))._layout((8, 4))
+        assert (shard_shape, [(d.id, st, r) for d, st, r in blocks]) == \
+            (fresh[0], [(d.id, st, r) for d, st, r in fresh[1]])
+        np.testing.assert_array_equal(np.asarray(a + a), 2 * x)
+        outs.append(s1)
+    assert outs[0] is outs[2] and outs[0] is not outs[1]
+    # a list shape is accepted by the layout cache too
+    assert outs[0].shard_shape([8, 4]) == outs[0].shard_shape((8, 4)) == (4, 1)

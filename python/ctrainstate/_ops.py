@@ -190,15 +190,20 @@ def _sharding_for(place, norm) -> Sharding:
     return s
 
 
+def _stays(a: Array, place, norm) -> bool:
+    """Whether ``a`` already has the per-dimension mesh axes ``norm`` on ``place``."""
+    if isinstance(place, Device):
+        return isinstance(a.sharding, SingleDeviceSharding) and a.sharding.device is place
+    return (isinstance(a.sharding, NamedSharding) and a.sharding.mesh == place and
+            [tuple(e) for e in _norm(a.sharding, a.ndim)] == [tuple(e) for e in norm])
+
+
 def _to(a: Array, place, norm) -> Array:
     """``a`` with the given per-dimension mesh axes on ``place`` (resharding if needed)."""
-    if isinstance(place, Device):
-        if isinstance(a.sharding, SingleDeviceSharding) and a.sharding.device is place:
-            return a
-        return device_put(a, SingleDeviceSharding(place))
-    if isinstance(a.sharding, NamedSharding) and a.sharding.mesh == place and \
-            [tuple(e) for e in _norm(a.sharding, a.ndim)] == [tuple(e) for e in norm]:
+    if _stays(a, place, norm):
         return a
+    if isinstance(place, Device):
+        return device_put(a, SingleDeviceSharding(place))
     return device_put(a, NamedSharding(place, _spec_of(norm)))
 
 
@@ -311,9 +316,30 @@ def _binary_raw(op, a: Array, b: Array) -> Array:
     return res
 
 
+# _binary_layout's plans by (shapes, sharding objects); each entry holds its two shardings,
+# so the ids in its key stay theirs (shardings are immutable).
+_BIN_LAYOUTS: dict = {}
+
+
 def _binary_layout(a: Array, b: Array):
     """Where an elementwise op on ``a`` and ``b`` runs: (placement, broadcast shape, the
     output's per-dimension mesh axes, a and b resharded to match them where needed)."""
+    sa, sb = a._sharding, b._sharding
+    key = (a._shape, b._shape, id(sa), id(sb))
+    hit = _BIN_LAYOUTS.get(key)
+    if hit is None or hit[0] is not sa or hit[1] is not sb:
+        hit = (sa, sb) + _binary_plan(a, b)
+        if len(_BIN_LAYOUTS) > 4096:
+            _BIN_LAYOUTS.clear()
+        _BIN_LAYOUTS[key] = hit
+    _, _, place, shape, out, want_a, want_b, stay_a, stay_b = hit
+    return (place, shape, out, a if stay_a else _to(a, place, want_a),
+            b if stay_b else _to(b, place, want_b))
+
+
+def _binary_plan(a: Array, b: Array):
+    """_binary_layout's part that depends only on the shapes and shardings: (placement,
+    broadcast shape, output axes, the axes a and b must have, whether each has them)."""
     place = _common_placement([a, b])
     shape = _bcast_shape(a.shape, b.shape)
     nd = len(shape)
@@ -338,12 +364,12 @@ def _binary_layout(a: Array, b: Array):
     if isinstance(place, Device):
         out = [()] * nd
 
-    def need(x, xn):
+    def want(x):
         off = nd - x.ndim
-        want = [out[d + off] if x.shape[d] == shape[d + off] else () for d in range(x.ndim)]
-        return _to(x, place, want)
+        return tuple(out[d + off] if x.shape[d] == shape[d + off] else () for d in range(x.ndim))
 
-    return place, shape, out, need(a, an), need(b, bn)
+    wa, wb = want(a), want(b)
+    return place, tuple(shape), tuple(out), wa, wb, _stays(a, place, wa), _stays(b, place, wb)
 
 
 def _unbroadcast(g: Array, shape: tuple) -> Array:
@@ -1736,9 +1762,12 @@ def _result_dtype(vals, who: str):
     return _dtypes.float32
 
 
+_DT_F32 = np.dtype(np.float32)   # (builtin dtypes are singletons: `is` before `!=`)
+
+
 def _needs_policy(v) -> bool:
     if isinstance(v, Array):
-        return v.dtype != np.float32
+        return v._dtype is not _DT_F32 and v._dtype != _DT_F32
     if isinstance(v, np.ndarray) or isinstance(v, np.generic):
         return v.dtype in _LOWP
     return False
@@ -1828,7 +1857,7 @@ def _dtype_policies():
 def _intlike(v) -> bool:
     """An Array or numpy operand of an integer or bool dtype."""
     if isinstance(v, Array):
-        return v.dtype not in _FLOATS
+        return v._dtype is not _DT_F32 and v._dtype not in _FLOATS
     if isinstance(v, (np.ndarray, np.generic)):
         return v.dtype.kind in "biu"
     return False

@@ -304,7 +304,7 @@ def _gpu_time(step, sync, reps, steps, host=False):
 
 
 _OPT_KEYS = ("CTRAINSTATE_OPT_UNROLL", "CTRAINSTATE_OPT_PREFETCH", "CTRAINSTATE_OPT_WAVES",
-             "CTRAINSTATE_OPT_CHAIN")
+             "CTRAINSTATE_OPT_CHAIN", "CTRAINSTATE_OPT_VSTORE")
 
 
 class _env:
@@ -334,10 +334,15 @@ class _env:
 # The fused kernel's launch settings compared in one run (cuda_optim.cu, launch_variant /
 # main_grid / chain_id): every one computes the same bits. The default (first row): AdamW's
 # own chain kernel, unroll 2, one wave of CTAs looping over tiles (not timed on a GPU before
-# stop 17). "generic": the kernel that reads the stage kinds at run time; its row with unroll
-# 2, no slot prefetch and one wave was the fastest setting on the H200 at stop 16 (RESULTS.md).
+# stop 17). "16-byte ld/st": the chain kernel's form with explicit 16-byte global loads and
+# stores, quad by quad (CTRAINSTATE_OPT_VSTORE=1, stop 18; more registers, see cuda_optim.cu's
+# st). "generic": the kernel that reads the stage kinds at run time; its row with unroll 2, no
+# slot prefetch and one wave was the fastest setting on the H200 at stop 16 (RESULTS.md).
 _GPU_VARIANTS = [("ctrainstate (fused, one launch)", {}),
                  ("  chain kernel, unroll 1", {"CTRAINSTATE_OPT_UNROLL": "1"}),
+                 ("  chain kernel, 16-byte ld/st", {"CTRAINSTATE_OPT_VSTORE": "1"}),
+                 ("  chain, 16-byte ld/st, unroll 1", {"CTRAINSTATE_OPT_VSTORE": "1",
+                                                       "CTRAINSTATE_OPT_UNROLL": "1"}),
                  ("  chain kernel, 2 waves of CTAs", {"CTRAINSTATE_OPT_WAVES": "2"}),
                  ("  chain kernel, CTA per tile", {"CTRAINSTATE_OPT_WAVES": "0"}),
                  ("  generic (stop 16 default)", {"CTRAINSTATE_OPT_CHAIN": "0"}),

@@ -1261,7 +1261,8 @@ def test_fused_launch_settings_give_the_same_bits(monkeypatch):
     tiles, or one CTA per tile; CTRAINSTATE_OPT_PREFETCH: the stateful stage's slots loaded
     with g and p, or in the stage loop; CTRAINSTATE_OPT_UNROLL: one or two quads per thread
     through the stages at once; CTRAINSTATE_OPT_CHAIN: the common chains' own kernels, or
-    the generic one) change only the schedule: params and state after two steps are the same
+    the generic one; CTRAINSTATE_OPT_VSTORE: the chain kernels' 16-byte loads and stores, quad
+    by quad) change only the schedule: params and state after two steps are the same
     bits under each, on a tree whose leaves span many tiles, partial tiles and unaligned
     tails. The chains with a kernel of their own take it (counted), the others do not."""
     from ctrainstate import optim
@@ -1286,16 +1287,18 @@ def test_fused_launch_settings_give_the_same_bits(monkeypatch):
         "momentum+rmsprop": (lambda: optim.chain(optim.trace(0.9), optim.scale_by_rms(),
                                                  optim.scale(-1e-2)), False),
     }
-    settings = [(w, pre, un, "0") for w in ("0", "1", "2", "64") for pre in ("0", "1")
+    settings = [(w, pre, un, "0", "0") for w in ("0", "1", "2", "64") for pre in ("0", "1")
                 for un in ("1", "2")]
-    settings += [(w, "0", un, "1") for w in ("0", "1", "64") for un in ("1", "2")]
+    settings += [(w, "0", un, "1", vs) for w in ("0", "1", "64") for un in ("1", "2")
+                 for vs in ("0", "1")]
     for cname, (make, has_kernel) in chains.items():
         results = {}
-        for waves, pre, unroll, chain in settings:
+        for waves, pre, unroll, chain, vstore in settings:
             monkeypatch.setenv("CTRAINSTATE_OPT_WAVES", waves)
             monkeypatch.setenv("CTRAINSTATE_OPT_PREFETCH", pre)
             monkeypatch.setenv("CTRAINSTATE_OPT_UNROLL", unroll)
             monkeypatch.setenv("CTRAINSTATE_OPT_CHAIN", chain)
+            monkeypatch.setenv("CTRAINSTATE_OPT_VSTORE", vstore)
             s = TrainState.create(apply_fn=None, params=cts.device_put(params, dev), tx=make())
             before = _chain_launches()
             for g in grads:
@@ -1304,8 +1307,8 @@ def test_fused_launch_settings_give_the_same_bits(monkeypatch):
                 took = _chain_launches() - before
                 assert took == (len(grads) if has_kernel and chain == "1" else 0), (cname, chain, took)
             leaves = cts.tree_util.tree_leaves((s.params, s.opt_state))
-            results[(waves, pre, unroll, chain)] = [np.asarray(x).tobytes() for x in leaves]
-        first = results[("1", "0", "2", "0")]  # the generic kernel's defaults
+            results[(waves, pre, unroll, chain, vstore)] = [np.asarray(x).tobytes() for x in leaves]
+        first = results[("1", "0", "2", "0", "0")]  # the generic kernel's defaults
         for key, got in results.items():
             assert got == first, (cname, key)
         # and the step did something: the params moved

@@ -134,28 +134,67 @@ __device__ __forceinline__ long long goff(int j) {
     return L == 8 ? (long long)(j & 3) + (long long)(j >> 2) * OPT_GS : (long long)j;
 }
 
-template <int L>
+/* One 16-byte load from global memory (ld.global.v4.f32). Written out for the kernels that
+ * store with st_v4: with those inline stores in a kernel, nvcc 13 no longer proves that the
+ * descriptors' pointers are global and emits generic loads (ld.v4.f32) for a plain float4
+ * read. Not volatile and no "memory" clobber, like st_v4: the compiler may move them past
+ * other memory accesses, which is safe because no thread of a pass reads an address after
+ * writing it (each element is loaded once and stored once, by one thread). */
+__device__ __forceinline__ float4 ld_v4(const float *x) {
+#ifdef CT_CUDA_EMU_RUNTIME_H
+    return *reinterpret_cast<const float4 *>(x);
+#else
+    float4 t;
+    asm("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(t.x), "=f"(t.y), "=f"(t.z), "=f"(t.w)
+        : "l"(x));
+    return t;
+#endif
+}
+
+/* VS: each quad through ld_v4 (see st) */
+template <int L, bool VS = false>
 __device__ __forceinline__ void ld(const float *x, float *v) {
     if (L == 1) {
         v[0] = x[0];
     } else {
 #pragma unroll
         for (int q = 0; q < L / 4; q++) {
-            float4 t = *reinterpret_cast<const float4 *>(x + q * OPT_GS);
+            const float4 t = VS ? ld_v4(x + q * OPT_GS) : *reinterpret_cast<const float4 *>(x + q * OPT_GS);
             v[4 * q] = t.x; v[4 * q + 1] = t.y; v[4 * q + 2] = t.z; v[4 * q + 3] = t.w;
         }
     }
 }
 
-template <int L>
+/* VS: each quad through __stwb (st.global.wb.v4.f32: one 16-byte store, the default cache
+ * policy). Else a float4 assignment, which nvcc 13's front end splits into four 32-bit
+ * st.global.f32; ptxas merges them back into one 16-byte store only where it saw a 16-byte
+ * load from the same address register (the state slots), not for p or out, whose pointers
+ * it reloads from the descriptor: four store instructions and 4x the L2 write requests for
+ * p. The 16-byte stores tie each quad to four aligned registers until the quad is done,
+ * which costs registers (nvcc --resource-usage, sm_90, adamw's chain kernel unrolled twice:
+ * 76 against 62, 3 CTAs per SM instead of 4), so both are built and
+ * CTRAINSTATE_OPT_VSTORE picks (tests/test_build.py checks the PTX of both). */
+__device__ __forceinline__ void st_v4(float *x, float4 t) {
+#ifdef CT_CUDA_EMU_RUNTIME_H
+    *reinterpret_cast<float4 *>(x) = t;
+#else
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(x), "f"(t.x), "f"(t.y),
+                 "f"(t.z), "f"(t.w));
+#endif
+}
+
+template <int L, bool VS = false>
 __device__ __forceinline__ void st(float *x, const float *v) {
     if (L == 1) {
         x[0] = v[0];
     } else {
 #pragma unroll
-        for (int q = 0; q < L / 4; q++)
-            *reinterpret_cast<float4 *>(x + q * OPT_GS) =
-                make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+        for (int q = 0; q < L / 4; q++) {
+            const float4 t = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+            if (VS) st_v4(x + q * OPT_GS, t);
+            else *reinterpret_cast<float4 *>(x + q * OPT_GS) = t;
+        }
     }
 }
 
@@ -394,6 +433,15 @@ using chain_momentum = opt_chain<CT_OPT_TRACE, CT_OPT_SCALE>;
 using chain_sgd = opt_chain<CT_OPT_SCALE>;
 #define OPT_NCHAINS 6
 
+/* Slots per element of the kinds a chain may hold. */
+template <int KIND>
+__device__ constexpr int chain_nslots() {
+    static_assert(KIND == CT_OPT_ADAM || KIND == CT_OPT_TRACE || KIND == CT_OPT_SCALE ||
+                      KIND == CT_OPT_DECAY || KIND == CT_OPT_GLOBAL_NORM,
+                  "chain kernels take elementwise kinds whose slot count is listed here");
+    return KIND == CT_OPT_ADAM ? 2 : (KIND == CT_OPT_TRACE ? 1 : 0);
+}
+
 /* Stage k (of kind KIND, not per-leaf, not FACTORED) on elements [e, e+L) of block d: as
  * compute_u's stage loop body. */
 template <int KIND, int L>
@@ -401,10 +449,7 @@ __device__ __forceinline__ void chain_stage(int k, const opt_params &P,
                                             const float (*C)[CT_OM_NC], const opt_desc *d,
                                             long long e, float *u, const float *p) {
     if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) return;
-    constexpr int ns = KIND == CT_OPT_ADAM ? 2 : (KIND == CT_OPT_TRACE ? 1 : 0);
-    static_assert(KIND == CT_OPT_ADAM || KIND == CT_OPT_TRACE || KIND == CT_OPT_SCALE ||
-                      KIND == CT_OPT_DECAY || KIND == CT_OPT_GLOBAL_NORM,
-                  "chain kernels take elementwise kinds whose slot count is listed here");
+    constexpr int ns = chain_nslots<KIND>();
     float a[L], b[L], x[L];
 #pragma unroll
     for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
@@ -419,7 +464,8 @@ __device__ __forceinline__ void chain_stage(int k, const opt_params &P,
 }
 
 /* Elements [e, e+L) of block d through the chain, then p += u in place (or out = u): as
- * run_elems<L, false>. */
+ * run_elems<L, false>. The stages run over all L elements in turn, and everything is stored
+ * at the end: the stores are as nvcc compiles a float4 assignment (st, VS false). */
 template <class CH, int L>
 __device__ __forceinline__ void chain_elems(const opt_params &P, const float (*C)[CT_OM_NC],
                                             const opt_desc *d, long long e) {
@@ -441,7 +487,88 @@ __device__ __forceinline__ void chain_elems(const opt_params &P, const float (*C
     }
 }
 
-template <class CH, int U>
+/* The 16-byte-store form of chain_elems (CTRAINSTATE_OPT_VSTORE=1): every load of the group
+ * (g, p, each running stage's slots) is issued first through ld_v4; then each quad goes
+ * through the whole chain and is stored through st_v4 before the next quad starts, so its
+ * registers are free again while the next one computes. Element by element the same
+ * operations as chain_elems. Registers (nvcc --resource-usage, sm_90), adamw: 71 unrolled
+ * twice, 48 once; the stages over all eight elements before any store, with 16-byte stores,
+ * took 76 and 53. */
+template <int KIND, int L>
+__device__ __forceinline__ bool chain_load_q(int k, const opt_params &P, const opt_desc *d,
+                                             long long e, float *a, float *b) {
+    constexpr int ns = chain_nslots<KIND>();
+#pragma unroll
+    for (int j = 0; j < L; j++) a[j] = b[j] = 0.0f;
+    if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) return false;
+    if (ns > 0) ld<L, true>(d->slot[P.slot_off[k]] + e, a);
+    if (ns > 1) ld<L, true>(d->slot[P.slot_off[k] + 1] + e, b);
+    return true;
+}
+
+/* Stage k of kind KIND (`on`: chain_load_q's answer) on the W elements (one quad, or one
+ * element) at e, its slots stored. */
+template <int KIND, int W>
+__device__ __forceinline__ void chain_apply_q(int k, bool on, const opt_params &P,
+                                              const float (*C)[CT_OM_NC], const opt_desc *d,
+                                              long long e, float *u, const float *p, float *a,
+                                              float *b) {
+    constexpr int ns = chain_nslots<KIND>();
+    if (!on) return;
+    float x[W];
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+        x[j] = 0.0f;
+        u[j] = ct_om_stage(KIND, C[k], u[j], p[j], &a[j], &b[j], &x[j], 1);
+    }
+    if (ns > 0) st<W, true>(d->slot[P.slot_off[k]] + e, a);
+    if (ns > 1) st<W, true>(d->slot[P.slot_off[k] + 1] + e, b);
+}
+
+template <class CH, int L>
+__device__ __forceinline__ void chain_elems_q(const opt_params &P, const float (*C)[CT_OM_NC],
+                                              const opt_desc *d, long long e) {
+    constexpr int W = L == 1 ? 1 : 4, Q = L / W;
+    float u[L], p[L], a[4][L], b[4][L];
+    bool on[4] = {false, false, false, false};
+#pragma unroll
+    for (int j = 0; j < L; j++) p[j] = 0.0f;
+    ld<L, true>(d->g + e, u);
+    if (d->need_p) ld<L, true>(d->p + e, p);
+    on[0] = chain_load_q<CH::k0, L>(0, P, d, e, a[0], b[0]);
+    if constexpr (CH::k1 >= 0) on[1] = chain_load_q<CH::k1, L>(1, P, d, e, a[1], b[1]);
+    if constexpr (CH::k2 >= 0) on[2] = chain_load_q<CH::k2, L>(2, P, d, e, a[2], b[2]);
+    if constexpr (CH::k3 >= 0) on[3] = chain_load_q<CH::k3, L>(3, P, d, e, a[3], b[3]);
+#pragma unroll
+    for (int q = 0; q < Q; q++) {
+        const long long eq = e + (long long)q * OPT_GS; /* e + goff<L>(q * W) */
+        float *uq = u + q * W, *pq = p + q * W;
+        chain_apply_q<CH::k0, W>(0, on[0], P, C, d, eq, uq, pq, a[0] + q * W, b[0] + q * W);
+        if constexpr (CH::k1 >= 0)
+            chain_apply_q<CH::k1, W>(1, on[1], P, C, d, eq, uq, pq, a[1] + q * W, b[1] + q * W);
+        if constexpr (CH::k2 >= 0)
+            chain_apply_q<CH::k2, W>(2, on[2], P, C, d, eq, uq, pq, a[2] + q * W, b[2] + q * W);
+        if constexpr (CH::k3 >= 0)
+            chain_apply_q<CH::k3, W>(3, on[3], P, C, d, eq, uq, pq, a[3] + q * W, b[3] + q * W);
+        if (d->out != nullptr) {
+            st<W, true>(d->out + eq, uq);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; j++) pq[j] = pq[j] + uq[j];
+            st<W, true>(d->p + eq, pq);
+        }
+    }
+}
+
+template <class CH, int L, bool VS>
+__device__ __forceinline__ void chain_group(const opt_params &P, const float (*C)[CT_OM_NC],
+                                            const opt_desc *d, long long e) {
+    if (VS) chain_elems_q<CH, L>(P, C, d, e);
+    else chain_elems<CH, L>(P, C, d, e);
+}
+
+/* VS: 16-byte stores (st) */
+template <class CH, int U, bool VS>
 __global__ void __launch_bounds__(OPT_TPB)
 opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
     __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
@@ -454,16 +581,16 @@ opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restric
         const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
         for (long long e0 = base + 4LL * threadIdx.x; e0 < end; e0 += (long long)U * OPT_GS) {
             if (U == 2 && d->vec && e0 + OPT_GS + 4 <= end) {
-                chain_elems<CH, U == 2 ? 8 : 4>(P, C, d, e0);
+                chain_group<CH, U == 2 ? 8 : 4, VS>(P, C, d, e0);
                 continue;
             }
             for (int q = 0; q < U; q++) {
                 const long long e = e0 + (long long)q * OPT_GS;
                 if (e >= end) break;
                 if (d->vec && e + 4 <= end) {
-                    chain_elems<CH, 4>(P, C, d, e);
+                    chain_group<CH, 4, VS>(P, C, d, e);
                 } else {
-                    for (long long i = e; i < end && i < e + 4; i++) chain_elems<CH, 1>(P, C, d, i);
+                    for (long long i = e; i < end && i < e + 4; i++) chain_group<CH, 1, VS>(P, C, d, i);
                 }
             }
         }
@@ -491,16 +618,16 @@ static int chain_id(const opt_params &P) {
     return -1;
 }
 
-/* CTAs of chain `id`'s kernel (unrolled 1 or 2 times) resident per SM. */
-template <int U>
+/* CTAs of chain `id`'s kernel (unrolled 1 or 2 times, VS: 16-byte stores) resident per SM. */
+template <int U, bool VS>
 static cudaError_t chain_occupancy(int id, int *n) {
     switch (id) {
-    case 0: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adamw, U>, OPT_TPB, 0);
-    case 1: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adam, U>, OPT_TPB, 0);
-    case 2: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_clip_adamw, U>, OPT_TPB, 0);
-    case 3: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_clip_adam, U>, OPT_TPB, 0);
-    case 4: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_momentum, U>, OPT_TPB, 0);
-    default: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_sgd, U>, OPT_TPB, 0);
+    case 0: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adamw, U, VS>, OPT_TPB, 0);
+    case 1: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adam, U, VS>, OPT_TPB, 0);
+    case 2: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_clip_adamw, U, VS>, OPT_TPB, 0);
+    case 3: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_clip_adam, U, VS>, OPT_TPB, 0);
+    case 4: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_momentum, U, VS>, OPT_TPB, 0);
+    default: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_sgd, U, VS>, OPT_TPB, 0);
     }
 }
 
@@ -512,17 +639,18 @@ extern "C" __attribute__((visibility("default"))) long long ct_cuda_optim_chain_
     return g_chain_launches.load();
 }
 
-/* Launch chain `id`'s kernel (0 <= id < OPT_NCHAINS), unrolled 1 or 2 times. */
-template <int U>
+/* Launch chain `id`'s kernel (0 <= id < OPT_NCHAINS), unrolled 1 or 2 times, VS: 16-byte
+ * stores. */
+template <int U, bool VS>
 static void chain_launch(int id, unsigned grid, cudaStream_t s, const opt_params &P,
                          const opt_desc *table) {
     switch (id) {
-    case 0: opt_chain_kernel<chain_adamw, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
-    case 1: opt_chain_kernel<chain_adam, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
-    case 2: opt_chain_kernel<chain_clip_adamw, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
-    case 3: opt_chain_kernel<chain_clip_adam, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
-    case 4: opt_chain_kernel<chain_momentum, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
-    default: opt_chain_kernel<chain_sgd, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 0: opt_chain_kernel<chain_adamw, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 1: opt_chain_kernel<chain_adam, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 2: opt_chain_kernel<chain_clip_adamw, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 3: opt_chain_kernel<chain_clip_adam, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    case 4: opt_chain_kernel<chain_momentum, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+    default: opt_chain_kernel<chain_sgd, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
     }
 }
 
@@ -685,7 +813,7 @@ struct opt_cache {
     long long fstat_cap = 0;
     /* main_grid: CTAs per SM of each update-pass kernel: the generic kernel's four variants,
      * then each chain kernel unrolled once and twice (0: not asked yet) */
-    int per_sm[4 + 2 * OPT_NCHAINS] = {};
+    int per_sm[4 + 4 * OPT_NCHAINS] = {};
     int sms = 0;                  /* and the device's SMs (0: not asked yet) */
 };
 
@@ -1051,6 +1179,9 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
  *                                  clip_by_global_norm, sgd with and without momentum) run
  *                                  their own kernel (default 1; PREFETCH does not apply to
  *                                  them); 0: every chain runs the generic kernel
+ *   CTRAINSTATE_OPT_VSTORE=0|1     chain kernels: 1 stores each quad with one 16-byte store
+ *                                  (more registers); 0 (default) as nvcc compiles a float4
+ *                                  assignment (see st)
  * Every setting computes the same bits (each element's operations do not change). The
  * defaults of the generic kernel are the fastest measured on an H200 (benchmarks/RESULTS.md,
  * 2026-11-30, stop 16): AdamW on 2^28 params 2.36 ms, against 2.56 ms for one CTA per tile,
@@ -1063,10 +1194,11 @@ static int env_flag(const char *name, int dflt) {
     return e[0] == '0' ? 0 : (e[0] == '1' ? 1 : (e[0] == '2' ? 2 : dflt));
 }
 
-/* 0..3: bit 0 the prefetch, bit 1 the unroll by two */
+/* 0..7: bit 0 the prefetch, bit 1 the unroll by two, bit 2 16-byte stores (chain kernels) */
 static int launch_variant() {
     const int pre = env_flag("CTRAINSTATE_OPT_PREFETCH", 0), un = env_flag("CTRAINSTATE_OPT_UNROLL", 2);
-    return (pre == 1 ? 1 : 0) | (un == 1 ? 0 : 2); /* other values: the defaults */
+    const int vs = env_flag("CTRAINSTATE_OPT_VSTORE", 0);
+    return (pre == 1 ? 1 : 0) | (un == 1 ? 0 : 2) | (vs == 1 ? 4 : 0); /* other values: the defaults */
 }
 
 /* chain: chain_id's id (-1: the generic kernel, in `variant`) */
@@ -1080,12 +1212,14 @@ static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, i
     }
     long long grid = ntiles;
     if (waves > 0) {
-        const int two = (variant & 2) != 0;
-        int &r = cache->per_sm[chain >= 0 ? 4 + 2 * chain + two : (variant & 3)]; /* under cache->mu */
+        const int two = (variant & 2) != 0, vs = (variant & 4) != 0;
+        int &r = cache->per_sm[chain >= 0 ? 4 + 4 * chain + 2 * vs + two : (variant & 3)]; /* under cache->mu */
         if (r == 0) {
             int n = 0;
             cudaError_t e;
-            if (chain >= 0) e = two ? chain_occupancy<2>(chain, &n) : chain_occupancy<1>(chain, &n);
+            if (chain >= 0)
+                e = vs ? (two ? chain_occupancy<2, true>(chain, &n) : chain_occupancy<1, true>(chain, &n))
+                       : (two ? chain_occupancy<2, false>(chain, &n) : chain_occupancy<1, false>(chain, &n));
             else switch (variant & 3) {
             case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 1>, OPT_TPB, 0); break;
             case 1: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 1>, OPT_TPB, 0); break;
@@ -1146,11 +1280,15 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             const int ch = env_flag("CTRAINSTATE_OPT_CHAIN", 1) == 0 ? -1 : chain_id(P);
             const unsigned grid = main_grid(dev, cache, v, ch, ntiles);
             if (ch >= 0) {
-                if (v & 2) chain_launch<2>(ch, grid, s, P, table);
-                else chain_launch<1>(ch, grid, s, P, table);
+                switch (v & 6) {
+                case 0: chain_launch<1, false>(ch, grid, s, P, table); break;
+                case 2: chain_launch<2, false>(ch, grid, s, P, table); break;
+                case 4: chain_launch<1, true>(ch, grid, s, P, table); break;
+                default: chain_launch<2, true>(ch, grid, s, P, table); break;
+                }
                 CT_CUDA_TRY(cudaGetLastError());
                 g_chain_launches++;
-            } else switch (v) {
+            } else switch (v & 3) {
             case 0: opt_kernel<false, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
             case 1: opt_kernel<false, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
             case 2: opt_kernel<false, false, 2><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;

@@ -407,3 +407,51 @@ def test_moved_all_refuses_before_moving_any():
     np.testing.assert_array_equal(np.asarray(new[0]), 1.0)
     with pytest.raises(cts.DonatedBufferError):
         np.asarray(a)
+
+
+def test_moved_all_copies_every_slot_and_donates_only_after():
+    """Array._moved_all's C loop (_C.move_arrays): each new Array has its old one's shape,
+    dtype, sharding, shard shape, host scalar and the very same block list; it is live, not a
+    view, and weak-referenceable; the old ones are donated; a view in the list (a GPU
+    Shard.data, here faked with _base) is refused with nothing moved; a non-Array is a
+    TypeError with nothing moved."""
+    import gc
+    import weakref
+    mesh = cts.Mesh(np.array(cts.devices()[:4]).reshape(2, 2), ("x", "y"))
+    sh = cts.NamedSharding(mesh, cts.PartitionSpec("x", None))
+    a = cts.device_put(np.arange(12, dtype=np.float32).reshape(4, 3), sh)
+    c = cts.device_put(np.float32(2.5))
+    c._host_scalar = 2.5
+    olds = [a, c]
+    blocks = [x._blocks for x in olds]
+    new = cts.Array._moved_all(olds)
+    assert [type(x) for x in new] == [cts.Array, cts.Array]
+    for o, n, bl in zip(olds, new, blocks):
+        assert o.is_deleted() and not n.is_deleted()
+        assert n._blocks is bl
+        assert (n.shape, n.dtype, n.sharding, n._shard_shape) == (o._shape, o._dtype, o._sharding,
+                                                                    o._shard_shape)
+        assert n._base is None and n._donated is False
+        with pytest.raises(cts.DonatedBufferError):
+            np.asarray(o)
+    assert new[1]._host_scalar == 2.5 and new[0]._host_scalar is None
+    np.testing.assert_array_equal(np.asarray(new[0]), np.arange(12, dtype=np.float32).reshape(4, 3))
+    r = weakref.ref(new[0])
+    assert r() is new[0]
+    # a view anywhere in the list: refused, nothing moved
+    live = cts.device_put(np.ones(2, np.float32))
+    view = cts.device_put(np.zeros(2, np.float32))
+    view._base = live
+    with pytest.raises(ValueError, match="view"):
+        cts.Array._moved_all([live, view])
+    assert not live.is_deleted() and not view._donated
+    # not an Array: a TypeError, nothing moved
+    with pytest.raises(TypeError, match="not an Array"):
+        cts.Array._moved_all([live, np.ones(2)])
+    assert not live.is_deleted()
+    # the moved Arrays are freed like any other (no reference leaked by the C loop)
+    moved = cts.Array._moved_all([live])
+    r2 = weakref.ref(moved[0])
+    del moved, live
+    gc.collect()
+    assert r2() is None

@@ -61,5 +61,6 @@ int ct_py_init_dlpack(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
 int ct_py_init_random(PyObject *m);
 int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
+int ct_py_init_array(PyObject *m);  /* py_array.c: moving Arrays' buffers (in-place steps) */
 
 #endif /* CT_PY_H */

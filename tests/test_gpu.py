@@ -406,6 +406,18 @@ def test_gpu_shard_data_is_a_view_that_cannot_be_donated():
     with pytest.raises(ValueError, match="view of another Array"):
         TrainState.create(apply_fn=None, params={"w": v}, tx=optim.sgd(0.1)).apply_gradients(
             grads={"w": cts.device_put(np.ones(v.shape, np.float32), sh.device)})
+    # a view as optimizer state: refused before the kernel runs, params and state unchanged
+    params = {"w": cts.device_put(np.ones(v.shape, np.float32), sh.device)}
+    s = TrainState.create(apply_fn=None, params=params, tx=optim.sgd(0.1, momentum=0.9))
+    tr = cts.device_put(np.full(v.shape, 5.0, np.float32), sh.device)   # parent of the view
+    view = tr.addressable_shards[0].data
+    s = s.replace(opt_state=(optim.TraceState(trace={"w": view}),) + tuple(s.opt_state[1:]))
+    gw = cts.device_put(np.ones(v.shape, np.float32), sh.device)
+    with pytest.raises(ValueError, match="view of another Array"):
+        s.apply_gradients(grads={"w": gw})
+    np.testing.assert_array_equal(np.asarray(s.params["w"]), 1.0)
+    np.testing.assert_array_equal(np.asarray(tr), 5.0)
+    assert not s.params["w"].is_deleted() and not view.is_deleted()
     v.delete()
     np.testing.assert_array_equal(np.asarray(a), x)   # the parent still has its buffer
 

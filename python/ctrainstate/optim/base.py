@@ -192,6 +192,20 @@ def _live_arrays(xs) -> list:
     return [x if type(x) is Array and not x._donated else to_array(x) for x in xs]
 
 
+def _own(x) -> Array:
+    a = to_array(x)
+    a._check_not_view()
+    return a
+
+
+def _own_arrays(xs) -> list:
+    """``_live_arrays`` for the leaves an in-place step updates (params, state slots): a view
+    of another Array's shard (a GPU ``Shard.data``) is refused here, before any kernel runs,
+    as it cannot be donated."""
+    return [x if type(x) is Array and not x._donated and x._base is None else _own(x)
+            for x in xs]
+
+
 def to_array(x, like=None) -> Array:
     """``x`` as an Array; numpy inputs take ``like``'s sharding when given."""
     if isinstance(x, Array):
@@ -283,10 +297,8 @@ class FuseContext:
         self.inplace = inplace
         self.active = [True] * self.nleaves
         self._finish = []                # run after the kernel: donation of old arrays
-        if inplace:  # before any kernel writes: a view (GPU Shard.data) is not ours to update
-            for p in params_leaves:
-                if isinstance(p, Array):
-                    p._check_not_view()
+        # (in place, run_fused took params_leaves through _own_arrays, and slot() takes the
+        # state's arrays through it: views were refused before any kernel writes)
 
     # masks
     def push_mask(self, mask_flat):
@@ -307,7 +319,7 @@ class FuseContext:
                 f"optimizer state has {len(leaves)} arrays where the params have "
                 f"{sum(self.active)} (unmasked) leaves: was it built by this tx.init?")
         if self.inplace:
-            arrs = _live_arrays(leaves)
+            arrs = _own_arrays(leaves)
         else:
             arrs = [copy_array(to_array(x)) for x in leaves]
         if all(self.active):
@@ -572,7 +584,7 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     next step to skip rebuilding the kernel's block list)."""
     ref = params if params is not None else updates
     leaves, pdef = tree_flatten(ref)
-    p_leaves = _live_arrays(leaves)
+    p_leaves = _own_arrays(leaves) if inplace else _live_arrays(leaves)
     _paths = []
 
     def paths():

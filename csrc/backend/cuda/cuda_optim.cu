@@ -137,9 +137,10 @@ __device__ __forceinline__ long long goff(int j) {
 /* One 16-byte load from global memory (ld.global.v4.f32). Written out for the kernels that
  * store with st_v4: with those inline stores in a kernel, nvcc 13 no longer proves that the
  * descriptors' pointers are global and emits generic loads (ld.v4.f32) for a plain float4
- * read. Not volatile and no "memory" clobber, like st_v4: the compiler may move them past
- * other memory accesses, which is safe because no thread of a pass reads an address after
- * writing it (each element is loaded once and stored once, by one thread). */
+ * read. Neither asm has a "memory" clobber, so the compiler may move these loads past the
+ * stores and other memory accesses: safe because in a pass no thread reads an address it
+ * (or any thread) writes in the same pass except the element it owns, which it loads once
+ * before computing the value it stores there (the store depends on the load's result). */
 __device__ __forceinline__ float4 ld_v4(const float *x) {
 #ifdef CT_CUDA_EMU_RUNTIME_H
     return *reinterpret_cast<const float4 *>(x);
@@ -152,7 +153,7 @@ __device__ __forceinline__ float4 ld_v4(const float *x) {
 #endif
 }
 
-/* VS: each quad through ld_v4 (see st) */
+/* VS: each quad through ld_v4; else a float4 read */
 template <int L, bool VS = false>
 __device__ __forceinline__ void ld(const float *x, float *v) {
     if (L == 1) {
@@ -166,15 +167,13 @@ __device__ __forceinline__ void ld(const float *x, float *v) {
     }
 }
 
-/* VS: each quad through __stwb (st.global.wb.v4.f32: one 16-byte store, the default cache
- * policy). Else a float4 assignment, which nvcc 13's front end splits into four 32-bit
+/* One 16-byte store to global memory (st.global.v4.f32, the default cache policy), for
+ * st's VS form. A float4 assignment is split by nvcc 13's front end into four 32-bit
  * st.global.f32; ptxas merges them back into one 16-byte store only where it saw a 16-byte
- * load from the same address register (the state slots), not for p or out, whose pointers
- * it reloads from the descriptor: four store instructions and 4x the L2 write requests for
- * p. The 16-byte stores tie each quad to four aligned registers until the quad is done,
- * which costs registers (nvcc --resource-usage, sm_90, adamw's chain kernel unrolled twice:
- * 76 against 62, 3 CTAs per SM instead of 4), so both are built and
- * CTRAINSTATE_OPT_VSTORE picks (tests/test_build.py checks the PTX of both). */
+ * load through the same address register (the state slots), not for p or out, whose
+ * pointers it reloads from the descriptor: four store instructions, and four partial-sector
+ * L2 writes, where one would do. Both forms are built (CTRAINSTATE_OPT_VSTORE picks;
+ * tests/test_cuda_codegen.py checks the PTX). Volatile, no "memory" clobber: see ld_v4. */
 __device__ __forceinline__ void st_v4(float *x, float4 t) {
 #ifdef CT_CUDA_EMU_RUNTIME_H
     *reinterpret_cast<float4 *>(x) = t;
@@ -491,9 +490,7 @@ __device__ __forceinline__ void chain_elems(const opt_params &P, const float (*C
  * (g, p, each running stage's slots) is issued first through ld_v4; then each quad goes
  * through the whole chain and is stored through st_v4 before the next quad starts, so its
  * registers are free again while the next one computes. Element by element the same
- * operations as chain_elems. Registers (nvcc --resource-usage, sm_90), adamw: 71 unrolled
- * twice, 48 once; the stages over all eight elements before any store, with 16-byte stores,
- * took 76 and 53. */
+ * operations as chain_elems. Registers: see opt_chain_kernel. */
 template <int KIND, int L>
 __device__ __forceinline__ bool chain_load_q(int k, const opt_params &P, const opt_desc *d,
                                              long long e, float *a, float *b) {
@@ -567,12 +564,11 @@ __device__ __forceinline__ void chain_group(const opt_params &P, const float (*C
     else chain_elems<CH, L>(P, C, d, e);
 }
 
-/* VS: 16-byte stores (st) */
+/* The tiles of CTA blockIdx.x (as opt_kernel's loop), each element group through chain_group;
+ * C: the stages' constants. */
 template <class CH, int U, bool VS>
-__global__ void __launch_bounds__(OPT_TPB)
-opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
-    __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
-    load_consts(P, C);
+__device__ __forceinline__ void chain_tiles(const opt_params &P, const float (*C)[CT_OM_NC],
+                                            const opt_desc *__restrict__ D) {
     int cur = -1;
     for (long long t = blockIdx.x; t < P.ntiles; t += gridDim.x) {
         cur = opt_tile_block(P, D, t, cur);
@@ -594,6 +590,31 @@ opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restric
                 }
             }
         }
+    }
+}
+
+/* VS: 16-byte loads and stores (chain_elems_q). A chain with a GLOBAL_NORM stage copies the
+ * constants into shared memory first (load_consts: the device-resident norm is filled in
+ * from global memory, behind two barriers); the others read them straight from the kernel
+ * argument (the constant bank), so a CTA starts on its first tile at once, which matters
+ * most with one CTA per tile (CTRAINSTATE_OPT_WAVES=0).
+ *
+ * Registers: the bounds ask for 4 CTAs of 256 threads per SM unrolled twice, 5 once, the
+ * occupancy of the smallest forms, so that ptxas does not trade one form's occupancy for a
+ * few registers. nvcc 13, sm_90, --resource-usage, adamw: 64 and 48 registers (the default
+ * form; one 4-byte spill per tile unrolled once), 60 and 47 with 16-byte loads and stores;
+ * without the bounds ptxas took 62 and 46, and 71 (3 CTAs per SM) and 48, or spilled 60
+ * bytes with the constants in the constant bank. */
+template <class CH, int U, bool VS>
+__global__ void __launch_bounds__(OPT_TPB, U == 2 ? 4 : 5)
+opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
+    if constexpr (CH::k0 == CT_OPT_GLOBAL_NORM || CH::k1 == CT_OPT_GLOBAL_NORM ||
+                  CH::k2 == CT_OPT_GLOBAL_NORM || CH::k3 == CT_OPT_GLOBAL_NORM) {
+        __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
+        load_consts(P, C);
+        chain_tiles<CH, U, VS>(P, C, D);
+    } else {
+        chain_tiles<CH, U, VS>(P, P.c, D);
     }
 }
 
@@ -1179,9 +1200,10 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
  *                                  clip_by_global_norm, sgd with and without momentum) run
  *                                  their own kernel (default 1; PREFETCH does not apply to
  *                                  them); 0: every chain runs the generic kernel
- *   CTRAINSTATE_OPT_VSTORE=0|1     chain kernels: 1 stores each quad with one 16-byte store
- *                                  (more registers); 0 (default) as nvcc compiles a float4
- *                                  assignment (see st)
+ *   CTRAINSTATE_OPT_VSTORE=0|1     chain kernels: 1 loads and stores each quad with one
+ *                                  16-byte access, quad by quad (chain_elems_q); 0 (default)
+ *                                  as nvcc compiles float4 accesses: p and out are stored 32
+ *                                  bits at a time (see st_v4)
  * Every setting computes the same bits (each element's operations do not change). The
  * defaults of the generic kernel are the fastest measured on an H200 (benchmarks/RESULTS.md,
  * 2026-11-30, stop 16): AdamW on 2^28 params 2.36 ms, against 2.56 ms for one CTA per tile,

@@ -335,8 +335,9 @@ class _env:
 # main_grid / chain_id): every one computes the same bits. The default (first row): AdamW's
 # own chain kernel, unroll 2, one wave of CTAs looping over tiles (not timed on a GPU before
 # stop 17). "16-byte ld/st": the chain kernel's form with explicit 16-byte global loads and
-# stores, quad by quad (CTRAINSTATE_OPT_VSTORE=1, stop 18; more registers, see cuda_optim.cu's
-# st). "generic": the kernel that reads the stage kinds at run time; its row with unroll 2, no
+# stores, quad by quad (CTRAINSTATE_OPT_VSTORE=1, stop 18; the default form stores p 32 bits
+# at a time, see cuda_optim.cu's st_v4); with one CTA per tile it is the shape of XLA's fused
+# elementwise kernel. "generic": the kernel that reads the stage kinds at run time; its row with unroll 2, no
 # slot prefetch and one wave was the fastest setting on the H200 at stop 16 (RESULTS.md).
 _GPU_VARIANTS = [("ctrainstate (fused, one launch)", {}),
                  ("  chain kernel, unroll 1", {"CTRAINSTATE_OPT_UNROLL": "1"}),
@@ -345,6 +346,8 @@ _GPU_VARIANTS = [("ctrainstate (fused, one launch)", {}),
                                                        "CTRAINSTATE_OPT_UNROLL": "1"}),
                  ("  chain kernel, 2 waves of CTAs", {"CTRAINSTATE_OPT_WAVES": "2"}),
                  ("  chain kernel, CTA per tile", {"CTRAINSTATE_OPT_WAVES": "0"}),
+                 ("  chain, 16-byte, CTA per tile", {"CTRAINSTATE_OPT_VSTORE": "1",
+                                                     "CTRAINSTATE_OPT_WAVES": "0"}),
                  ("  generic (stop 16 default)", {"CTRAINSTATE_OPT_CHAIN": "0"}),
                  ("  generic, unroll 1", {"CTRAINSTATE_OPT_CHAIN": "0",
                                           "CTRAINSTATE_OPT_UNROLL": "1"}),

@@ -418,6 +418,21 @@ def test_gpu_shard_data_is_a_view_that_cannot_be_donated():
     np.testing.assert_array_equal(np.asarray(s.params["w"]), 1.0)
     np.testing.assert_array_equal(np.asarray(tr), 5.0)
     assert not s.params["w"].is_deleted() and not view.is_deleted()
+    # a view as a counter (written after the kernel): not written in place, so nothing is
+    # left half done; the step goes through with the new count in a new Array
+    s = TrainState.create(apply_fn=None, params=params, tx=optim.adam(0.1))
+    s = s.apply_gradients(grads={"w": gw})
+    cpar = cts.device_put(np.int32(7), NamedSharding(m, P()))   # replicated 0-d
+    cview = cpar.addressable_shards[0].data                      # a view of replica 0
+    assert cview._base is cpar and cview.shape == ()
+    s = s.replace(opt_state=(s.opt_state[0]._replace(count=cview),) + tuple(s.opt_state[1:]))
+    w0 = np.asarray(s.params["w"]).copy()
+    s2 = s.apply_gradients(grads={"w": gw})
+    assert int(np.asarray(s2.opt_state[0].count)) == 8
+    for shard in cpar.addressable_shards:                     # the parent was not written
+        assert int(np.asarray(shard.data)) == 7
+    assert not cview.is_deleted() and s.params["w"].is_deleted()
+    assert not np.array_equal(np.asarray(s2.params["w"]), w0)
     v.delete()
     np.testing.assert_array_equal(np.asarray(a), x)   # the parent still has its buffer
 

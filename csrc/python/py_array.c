@@ -14,9 +14,10 @@
  *   move_arrays(arrays)        a list of new Arrays, each with its old one's slots
  *                              (shape, dtype, sharding, blocks, shard shape, host
  *                              scalar), _base None and _donated False; every old one
- *                              marked _donated. If any Array is already donated or is
- *                              a view (_base set), nothing is changed and its index is
- *                              returned instead (the caller raises the error).
+ *                              marked _donated. If any Array is not exactly _donated
+ *                              False and _base None (donated, or a view), nothing is
+ *                              changed and its index is returned instead (the caller
+ *                              raises the error).
  */
 #include "ct_py.h"
 
@@ -46,7 +47,8 @@ static PyObject *py_array_type_register(PyObject *self, PyObject *cls) {
         PyObject *d = PyObject_GetAttrString(cls, slot_names[s]);
         if (d == NULL) return NULL;
         const int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                       ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+                       ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+                       PyType_IsSubtype(t, ((PyDescrObject *)d)->d_type);
         if (ok) off[s] = ((PyMemberDescrObject *)d)->d_member->offset;
         Py_DECREF(d);
         if (!ok)
@@ -67,10 +69,15 @@ static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
     (void)self;
     if (array_type == NULL)
         return PyErr_Format(PyExc_RuntimeError, "move_arrays: array_type_register was not called");
-    PyObject *seq = PySequence_Fast(arg, "move_arrays: expected a list of Arrays");
+    if (!PyList_Check(arg) && !PyTuple_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "move_arrays: expected a list of Arrays, got %s",
+                            Py_TYPE(arg)->tp_name);
+    /* a tuple of our own: the items stay alive and in place whatever code runs below (a
+     * garbage collection during tp_alloc may run finalizers) */
+    PyObject *seq = PySequence_Tuple(arg);
     if (seq == NULL) return NULL;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    const Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
     /* every check before any change */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = items[i];
@@ -79,13 +86,10 @@ static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
             return PyErr_Format(PyExc_TypeError, "move_arrays: item %zd is a %s, not an Array", i,
                                 Py_TYPE(a)->tp_name);
         }
+        /* identity tests only (no __bool__ runs): anything but False / None (unset
+         * included) is left to the caller's Array._moved, which raises for it */
         PyObject *don = *slot_at(a, S_DONATED), *base = *slot_at(a, S_BASE);
-        int donated = don == NULL ? 1 : PyObject_IsTrue(don); /* unset: let the caller raise */
-        if (donated < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        if (donated || base == NULL || base != Py_None) {
+        if (don != Py_False || base != Py_None) {
             Py_DECREF(seq);
             return PyLong_FromSsize_t(i);
         }
@@ -108,8 +112,12 @@ static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
         *slot_at(nw, S_DONATED) = Py_NewRef(Py_False);
         PyList_SET_ITEM(out, i, nw);
     }
-    for (Py_ssize_t i = 0; i < n; i++) /* the new Arrays exist: now donate the old ones */
-        Py_SETREF(*slot_at(items[i], S_DONATED), Py_NewRef(Py_True));
+    for (Py_ssize_t i = 0; i < n; i++) { /* the new Arrays exist: now donate the old ones */
+        PyObject **d = slot_at(items[i], S_DONATED);
+        PyObject *was = *d;
+        *d = Py_NewRef(Py_True);
+        Py_XDECREF(was);
+    }
     Py_DECREF(seq);
     return out;
 }

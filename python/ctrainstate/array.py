@@ -177,6 +177,7 @@ class Array(OperatorsMixin):
         step moves every param and state Array, 444 of them for a 148-leaf AdamW state).
         If an Array is a view or already donated, none is moved and ``_moved`` raises for
         it."""
+        arrays = arrays if type(arrays) is list else list(arrays)
         out = _C.move_arrays(arrays)
         if type(out) is int:
             arrays[out]._moved()   # raises DonatedBufferError / ValueError

@@ -833,7 +833,8 @@ struct opt_cache {
     double *d_fstat = nullptr;  /* adafactor statistics of one pass (device) */
     long long fstat_cap = 0;
     /* main_grid: CTAs per SM of each update-pass kernel: the generic kernel's four variants,
-     * then each chain kernel unrolled once and twice (0: not asked yet) */
+     * then per chain its four forms (default, 16-byte) x (unrolled once, twice) (0: not
+     * asked yet) */
     int per_sm[4 + 4 * OPT_NCHAINS] = {};
     int sms = 0;                  /* and the device's SMs (0: not asked yet) */
 };

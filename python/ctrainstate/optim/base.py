@@ -350,8 +350,12 @@ class FuseContext:
         return int(read_scalar(x))
 
     def new_scalar(self, old, value, dtype=np.int32):
-        """The next value of a scalar state entry (in place when donating)."""
-        if self.inplace and isinstance(old, Array) and not old.is_deleted():
+        """The next value of a scalar state entry (in place when donating). A view of another
+        Array's shard (a GPU ``Shard.data``) is not written: it cannot be donated, and this
+        runs after the kernel, where raising would leave the step half done; the new value
+        goes to a new Array instead, and the view and its parent are left as they were."""
+        if (self.inplace and isinstance(old, Array) and old._base is None
+                and not old.is_deleted()):
             v = np.asarray(value, dtype=old.dtype)
             if v.dtype.itemsize == 4:   # a kernel on the device's stream: no GPU sync
                 _C.fill_bits32([buf for _, buf, _, _ in old._blocks], int(v.view(np.uint32)))
@@ -364,11 +368,13 @@ class FuseContext:
         return scalar(value, dtype, self.params, sharding=old.sharding if isinstance(old, Array) else None)
 
     def keep(self, tree):
-        """State left as it is (rewrapped when donating)."""
+        """State left as it is (rewrapped when donating; a view, which cannot be donated, is
+        kept as it is: see new_scalar)."""
         if not self.inplace:
             return tree
         leaves, td = tree_flatten(tree)
-        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) else x for x in leaves])
+        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) and x._base is None else x
+                                   for x in leaves])
 
 
 def _first_mismatch(paths_a, paths_b):

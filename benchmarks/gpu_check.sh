@@ -71,7 +71,7 @@ admit() {  # admit NAME SECONDS: runs the step? ($limit: its time limit) else it
 
 result() {  # result NAME STATUS SECONDS LOGFILE: the step's row, its log's last summary line
     local tail_line=$(grep -E "passed|failed|error|ms/step|GB/s|PSNR|^best:" "$logs/$4" | tail -1)
-    rows+=("$(printf '%-28s %-9s %4ss  %s' "$1" "$2" "$3" "${tail_line:0:70}")")
+    rows+=("$(printf '%-28s %-9s %4ss  %s' "$1" "$2" "$3" "${tail_line:0:90}")")
     save
 }
 
@@ -176,7 +176,7 @@ bwait
 echo
 cat "$logs/devices.txt"
 for b in "$logs"/bench_*_gpu.log "$logs"/bench_init_cpu.log; do
-    [ -f "$b" ] && { echo "--- $(basename "$b")"; tail -n 15 "$b"; }
+    [ -f "$b" ] && { echo "--- $(basename "$b")"; tail -n 40 "$b"; }
 done
 echo
 save

@@ -7,14 +7,23 @@ from __future__ import annotations
 import numpy as np
 
 
+_MODS: dict = {}   # the op modules, imported on first use (they import this one)
+
+
 def _ops():
-    from . import _ops
-    return _ops
+    m = _MODS.get("ops")
+    if m is None:
+        from . import _ops as m
+        _MODS["ops"] = m
+    return m
 
 
 def _ew():
-    from . import _elementwise
-    return _elementwise
+    m = _MODS.get("ew")
+    if m is None:
+        from . import _elementwise as m
+        _MODS["ew"] = m
+    return m
 
 
 class OperatorsMixin:

@@ -1834,13 +1834,20 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
 _INT_TO_FLOAT = ("sin", "cos", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu")
 
 
+_POLICY_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul", "power")
+_POLICY_UNARY = ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
+                 "square", "sigmoid", "abs", "sum", "max", "min", "mean", "broadcast_to",
+                 "take_rows", "log1p", "expm1", "erf", "erfc", "floor", "ceil", "trunc", "sign",
+                 "round", "reciprocal")   # (transpose, reshape, expand_dims move bytes: any dtype, natively)
+# the float32 implementations of the ops above, before their wrappers (_fast_f32_paths)
+_F32_IMPL: dict = {}
+
+
 def _dtype_policies():
     g = globals()
-    binary = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul", "power")
-    unary = ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log", "sqrt", "rsqrt",
-             "square", "sigmoid", "abs", "sum", "max", "min", "mean", "broadcast_to",
-             "take_rows", "log1p", "expm1", "erf", "erfc", "floor", "ceil", "trunc", "sign",
-             "round", "reciprocal")   # (transpose, reshape, expand_dims move bytes: any dtype, natively)
+    binary, unary = _POLICY_BINARY, _POLICY_UNARY
+    for name in binary + unary:
+        _F32_IMPL[name] = g[name]
     for name in binary:
         g[name] = _with_dtype_policy(g[name], (0, 1))
     for name in unary:
@@ -1963,5 +1970,39 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
     return wrapped
 
 
+def _fast_f32(outer, inner):
+    """``outer`` (an op under its abstract-shape, integer-dispatch and 16-bit policy wrappers),
+    calling ``inner`` (the float32 implementation) straight away when every operand is a
+    float32 Array or a Python float / int and there are no keyword arguments: each wrapper
+    would pass such a call through unchanged (no ShapeDtypeStruct, no integer or bool
+    operand, no 16-bit one), so its result is the same; it saves their three argument scans
+    (about 2 us of a 10 us ``a + b``)."""
+    import functools
+    f32 = _DT_F32
+
+    @functools.wraps(outer)
+    def wrapped(*args, **kwargs):
+        if not kwargs:
+            for a in args:
+                t = type(a)
+                if t is Array:
+                    if a._dtype is not f32:
+                        break
+                elif t is not float and t is not int:
+                    break
+            else:
+                return inner(*args)
+        return outer(*args, **kwargs)
+    wrapped._policy = getattr(outer, "_policy", None)
+    return wrapped
+
+
+def _fast_f32_paths():
+    g = globals()
+    for name, inner in _F32_IMPL.items():
+        g[name] = _fast_f32(g[name], inner)
+
+
 _dtype_policies()
 _abstract_rules()
+_fast_f32_paths()

@@ -176,8 +176,12 @@ _SHARDINGS: dict = {}
 
 
 def _sharding_for(place, norm) -> Sharding:
-    key = (id(place), tuple(tuple(e) for e in norm))
-    hit = _SHARDINGS.get(key)
+    try:   # a tuple of tuples (binary ops' plans, shardings' own axes) is the key as it is
+        key = (id(place), norm if type(norm) is tuple else tuple(tuple(e) for e in norm))
+        hit = _SHARDINGS.get(key)
+    except TypeError:   # a tuple holding lists
+        key = (id(place), tuple(tuple(e) for e in norm))
+        hit = _SHARDINGS.get(key)
     if hit is not None and hit[0] is place:
         return hit[1]
     if isinstance(place, Device):
@@ -211,7 +215,7 @@ def _lift(x, place=None) -> Array:
     """Arrays pass through; numpy arrays and scalars are placed (replicated) on ``place``."""
     if isinstance(x, Array):
         x._check_alive()
-        if x.dtype != np.float32:
+        if x._dtype is not _DT_F32 and x._dtype != np.float32:
             raise TypeError(f"ctrainstate ops compute in float32; got an Array of {x.dtype}")
         return x
     arr = np.asarray(x, dtype=np.float32)

@@ -268,22 +268,37 @@ def _place_of(a: Array):
     return s.mesh if isinstance(s, NamedSharding) else s.device
 
 
+# _allreduce's device groups by (mesh, axes): lists of positions in the mesh's device order,
+# only groups of more than one device ([] when every group has one: nothing to reduce). Each
+# entry holds its mesh, so the id in its key stays that mesh's.
+_AR_GROUPS: dict = {}
+
+
 def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
     """Sum (or max) ``a``'s shards over the devices that differ only in mesh ``axes`` (in place)."""
-    axes = [x for x in axes]
     if not axes or not isinstance(a.sharding, NamedSharding):
         return
     mesh = a.sharding.mesh
-    names = mesh.axis_names
-    idx = [names.index(x) for x in axes]
-    shape = mesh.devices.shape
-    groups: dict = {}
+    key = (id(mesh), tuple(axes))
+    hit = _AR_GROUPS.get(key)
+    if hit is None or hit[0] is not mesh:
+        names = mesh.axis_names
+        idx = [names.index(x) for x in axes]
+        shape = mesh.devices.shape
+        groups: dict = {}
+        for pos in range(mesh.size):
+            coord = np.unravel_index(pos, shape)
+            gkey = tuple(c for i, c in enumerate(coord) if i not in idx)
+            groups.setdefault(gkey, []).append(pos)
+        pos_groups = [g for g in groups.values() if len(g) > 1]
+        hit = (mesh, pos_groups if len(pos_groups) == len(groups) else [])
+        if len(_AR_GROUPS) > 4096:
+            _AR_GROUPS.clear()
+        _AR_GROUPS[key] = hit
+    if not hit[1]:
+        return
     bufs = _bufs(a)
-    for pos in range(mesh.size):
-        coord = np.unravel_index(pos, shape)
-        key = tuple(c for i, c in enumerate(coord) if i not in idx)
-        groups.setdefault(key, []).append(bufs[pos])
-    _C.op_allreduce(list(groups.values()), op)
+    _C.op_allreduce([[bufs[p] for p in g] for g in hit[1]], op)
 
 
 def _axes_used(norm) -> set:

@@ -276,10 +276,11 @@ _AR_GROUPS: dict = {}
 
 def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
     """Sum (or max) ``a``'s shards over the devices that differ only in mesh ``axes`` (in place)."""
+    axes = tuple(axes)
     if not axes or not isinstance(a.sharding, NamedSharding):
         return
     mesh = a.sharding.mesh
-    key = (id(mesh), tuple(axes))
+    key = (id(mesh), axes)
     hit = _AR_GROUPS.get(key)
     if hit is None or hit[0] is not mesh:
         names = mesh.axis_names

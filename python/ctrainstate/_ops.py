@@ -1253,9 +1253,15 @@ def _tview(norm, shape, t):
     return [norm[1], norm[0]], (shape[1], shape[0])
 
 
-def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
-    """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it;
-    ``prec``: the precision code every shard's GEMM (and the gradient's) runs with."""
+# _matmul's plans by (shapes, sharding objects, transposes): each entry holds its two
+# shardings, so the ids in its key stay theirs (shardings are immutable).
+_MM_PLANS: dict = {}
+
+
+def _matmul_plan(a: Array, b: Array, ta: bool, tb: bool):
+    """_matmul's part that depends only on the shapes, shardings and transposes: (placement,
+    the axes a and b must have, whether each has them, the output's shape and axes, the
+    contracted mesh axes, the GEMM's batch, M, N, K on a shard, whether b is 2-d)."""
     place = _common_placement([a, b])
     mesh = not isinstance(place, Device)
     an = _norm(a.sharding, a.ndim) if mesh and _mesh_key(a)[0] == "mesh" else [()] * a.ndim
@@ -1282,23 +1288,47 @@ def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
     # N must not reuse an axis of a's batch/M dims
     if set(bn[-1]) & _axes_used(an[:-1]):
         bn[-1] = ()
-    a2 = _to(a, place, _tview(an, ashape, ta)[0])
-    b2 = _to(b, place, _tview(bn, bshape, tb)[0])
-    out_shape = ashape[:-1] + (bshape[-1],)
-    out_norm = an[:-1] + [bn[-1]]
-    out = _new(out_shape, place, out_norm)
-    _ensure_blas()
-    a_loc = _tview([()] * a2.ndim, a2.sharding.shard_shape(a2.shape), ta)[1]
-    b_loc = _tview([()] * b2.ndim, b2.sharding.shard_shape(b2.shape), tb)[1]
+    wa = tuple(tuple(e) for e in _tview(an, ashape, ta)[0])
+    wb = tuple(tuple(e) for e in _tview(bn, bshape, tb)[0])
+    stay_a, stay_b = _stays(a, place, wa), _stays(b, place, wb)
+    out_shape = tuple(ashape[:-1]) + (bshape[-1],)
+    out_norm = tuple(tuple(e) for e in an[:-1] + [bn[-1]])
+    # the operands' shard shapes once they have wa / wb (as _to places them)
+    sa = a.sharding if stay_a else _sharding_for(place, wa)
+    sb = b.sharding if stay_b else _sharding_for(place, wb)
+    a_loc = _tview([()] * a.ndim, sa.shard_shape(a.shape), ta)[1]
+    b_loc = _tview([()] * b.ndim, sb.shard_shape(b.shape), tb)[1]
     m_loc, k_loc, n_loc = a_loc[-2], a_loc[-1], b_loc[-1]
     batch = math.prod(a_loc[:-2])
-    if len(bshape) == 2:  # fold a's batch into M: one GEMM per shard
+    return (place, wa, wb, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
+            len(bshape) == 2)
+
+
+def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
+    """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it;
+    ``prec``: the precision code every shard's GEMM (and the gradient's) runs with."""
+    sa_, sb_ = a._sharding, b._sharding
+    key = (a._shape, b._shape, id(sa_), id(sb_), ta, tb)
+    hit = _MM_PLANS.get(key)
+    if hit is None or hit[0] is not sa_ or hit[1] is not sb_:
+        hit = (sa_, sb_) + _matmul_plan(a, b, ta, tb)
+        if len(_MM_PLANS) > 4096:
+            _MM_PLANS.clear()
+        _MM_PLANS[key] = hit
+    (_, _, place, wa, wb, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
+     b2d) = hit
+    a2 = a if stay_a else _to(a, place, wa)
+    b2 = b if stay_b else _to(b, place, wb)
+    out = _new(out_shape, place, out_norm)
+    _ensure_blas()
+    if b2d:  # fold a's batch into M: one GEMM per shard
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0,
                      int(ta), int(tb), 1.0, 0.0, prec)
     else:
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), batch, m_loc, n_loc, k_loc,
                      m_loc * k_loc, k_loc * n_loc, int(ta), int(tb), 1.0, 0.0, prec)
     _allreduce(out, kax)
+    bshape = _tview([()] * b.ndim, b.shape, tb)[1]
 
     def vjp(g):
         # d op(a) = g @ op(b)^T ; d op(b) = op(a)^T @ g, expressed on the stored operands.

@@ -168,30 +168,40 @@ def _common_placement(arrays: Sequence[Array]):
     return next(iter(devs))
 
 
+def _id_cached(table: dict, key, a, b, build, *args):
+    """``build(*args)``, kept in ``table`` under ``key``: the dispatch caches of the ops, whose
+    keys hold the ids of immutable objects (places, meshes, shardings) ``a`` and ``b`` (None:
+    unused) besides plain values. Each entry keeps its ``a`` and ``b``, so an id in a live key
+    is still theirs, and a key whose id was reused by a new object misses. At most 4096
+    entries (then the table starts over)."""
+    hit = table.get(key)
+    if hit is None or hit[0] is not a or hit[1] is not b:
+        hit = (a, b, build(*args))
+        if len(table) > 4096:
+            table.clear()
+        table[key] = hit
+    return hit[2]
+
+
 # The output shardings of ops, one object per (place, per-dimension axes): each keeps its
 # own layout cache (Sharding._layout), so an op's output layout is computed once per shape,
-# not once per op call. Shardings are immutable; the entry holds its place, so the id in
-# the key stays that object's.
+# not once per op call.
 _SHARDINGS: dict = {}
 
 
+def _new_sharding(place, norm) -> Sharding:
+    if isinstance(place, Device):
+        return SingleDeviceSharding(place)
+    return NamedSharding(place, _spec_of(norm))
+
+
 def _sharding_for(place, norm) -> Sharding:
+    key = (id(place), norm if type(norm) is tuple else tuple(tuple(e) for e in norm))
     try:   # a tuple of tuples (binary ops' plans, shardings' own axes) is the key as it is
-        key = (id(place), norm if type(norm) is tuple else tuple(tuple(e) for e in norm))
-        hit = _SHARDINGS.get(key)
+        return _id_cached(_SHARDINGS, key, place, None, _new_sharding, place, norm)
     except TypeError:   # a tuple holding lists
         key = (id(place), tuple(tuple(e) for e in norm))
-        hit = _SHARDINGS.get(key)
-    if hit is not None and hit[0] is place:
-        return hit[1]
-    if isinstance(place, Device):
-        s = SingleDeviceSharding(place)
-    else:
-        s = NamedSharding(place, _spec_of(norm))
-    if len(_SHARDINGS) > 4096:
-        _SHARDINGS.clear()
-    _SHARDINGS[key] = (place, s)
-    return s
+        return _id_cached(_SHARDINGS, key, place, None, _new_sharding, place, norm)
 
 
 def _stays(a: Array, place, norm) -> bool:
@@ -268,10 +278,22 @@ def _place_of(a: Array):
     return s.mesh if isinstance(s, NamedSharding) else s.device
 
 
-# _allreduce's device groups by (mesh, axes): lists of positions in the mesh's device order,
-# only groups of more than one device ([] when every group has one: nothing to reduce). Each
-# entry holds its mesh, so the id in its key stays that mesh's.
+# _allreduce's device groups by (mesh, axes) (_id_cached)
 _AR_GROUPS: dict = {}
+
+
+def _allreduce_groups(mesh, axes) -> list:
+    """The positions (in the mesh's device order) of each group of devices that differ only
+    in mesh ``axes``; [] when every group is one device (nothing to reduce)."""
+    names = mesh.axis_names
+    idx = [names.index(x) for x in axes]
+    shape = mesh.devices.shape
+    groups: dict = {}
+    for pos in range(mesh.size):
+        coord = np.unravel_index(pos, shape)
+        gkey = tuple(c for i, c in enumerate(coord) if i not in idx)
+        groups.setdefault(gkey, []).append(pos)
+    return [] if all(len(g) == 1 for g in groups.values()) else list(groups.values())
 
 
 def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
@@ -280,26 +302,11 @@ def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
     if not axes or not isinstance(a.sharding, NamedSharding):
         return
     mesh = a.sharding.mesh
-    key = (id(mesh), axes)
-    hit = _AR_GROUPS.get(key)
-    if hit is None or hit[0] is not mesh:
-        names = mesh.axis_names
-        idx = [names.index(x) for x in axes]
-        shape = mesh.devices.shape
-        groups: dict = {}
-        for pos in range(mesh.size):
-            coord = np.unravel_index(pos, shape)
-            gkey = tuple(c for i, c in enumerate(coord) if i not in idx)
-            groups.setdefault(gkey, []).append(pos)
-        pos_groups = [g for g in groups.values() if len(g) > 1]
-        hit = (mesh, pos_groups if len(pos_groups) == len(groups) else [])
-        if len(_AR_GROUPS) > 4096:
-            _AR_GROUPS.clear()
-        _AR_GROUPS[key] = hit
-    if not hit[1]:
+    groups = _id_cached(_AR_GROUPS, (id(mesh), axes), mesh, None, _allreduce_groups, mesh, axes)
+    if not groups:
         return
     bufs = _bufs(a)
-    _C.op_allreduce([[bufs[p] for p in g] for g in hit[1]], op)
+    _C.op_allreduce([[bufs[p] for p in g] for g in groups], op)
 
 
 def _axes_used(norm) -> set:
@@ -336,8 +343,7 @@ def _binary_raw(op, a: Array, b: Array) -> Array:
     return res
 
 
-# _binary_layout's plans by (shapes, sharding objects); each entry holds its two shardings,
-# so the ids in its key stay theirs (shardings are immutable).
+# _binary_layout's plans by (shapes, sharding objects) (_id_cached)
 _BIN_LAYOUTS: dict = {}
 
 
@@ -345,14 +351,8 @@ def _binary_layout(a: Array, b: Array):
     """Where an elementwise op on ``a`` and ``b`` runs: (placement, broadcast shape, the
     output's per-dimension mesh axes, a and b resharded to match them where needed)."""
     sa, sb = a._sharding, b._sharding
-    key = (a._shape, b._shape, id(sa), id(sb))
-    hit = _BIN_LAYOUTS.get(key)
-    if hit is None or hit[0] is not sa or hit[1] is not sb:
-        hit = (sa, sb) + _binary_plan(a, b)
-        if len(_BIN_LAYOUTS) > 4096:
-            _BIN_LAYOUTS.clear()
-        _BIN_LAYOUTS[key] = hit
-    _, _, place, shape, out, want_a, want_b, stay_a, stay_b = hit
+    place, shape, out, want_a, want_b, stay_a, stay_b = _id_cached(
+        _BIN_LAYOUTS, (a._shape, b._shape, id(sa), id(sb)), sa, sb, _binary_plan, a, b)
     return (place, shape, out, a if stay_a else _to(a, place, want_a),
             b if stay_b else _to(b, place, want_b))
 
@@ -1253,8 +1253,7 @@ def _tview(norm, shape, t):
     return [norm[1], norm[0]], (shape[1], shape[0])
 
 
-# _matmul's plans by (shapes, sharding objects, transposes): each entry holds its two
-# shardings, so the ids in its key stay theirs (shardings are immutable).
+# _matmul's plans by (shapes, sharding objects, transposes) (_id_cached)
 _MM_PLANS: dict = {}
 
 
@@ -1307,16 +1306,10 @@ def _matmul_plan(a: Array, b: Array, ta: bool, tb: bool):
 def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
     """op(a) @ op(b) where op transposes a stored 2-d operand without materialising it;
     ``prec``: the precision code every shard's GEMM (and the gradient's) runs with."""
-    sa_, sb_ = a._sharding, b._sharding
-    key = (a._shape, b._shape, id(sa_), id(sb_), ta, tb)
-    hit = _MM_PLANS.get(key)
-    if hit is None or hit[0] is not sa_ or hit[1] is not sb_:
-        hit = (sa_, sb_) + _matmul_plan(a, b, ta, tb)
-        if len(_MM_PLANS) > 4096:
-            _MM_PLANS.clear()
-        _MM_PLANS[key] = hit
-    (_, _, place, wa, wb, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
-     b2d) = hit
+    sa, sb = a._sharding, b._sharding
+    (place, wa, wb, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
+     b2d) = _id_cached(_MM_PLANS, (a._shape, b._shape, id(sa), id(sb), ta, tb), sa, sb,
+                       _matmul_plan, a, b, ta, tb)
     a2 = a if stay_a else _to(a, place, wa)
     b2 = b if stay_b else _to(b, place, wb)
     out = _new(out_shape, place, out_norm)

@@ -235,41 +235,10 @@ CT_INLINE float v_uniform(ct_dtype dt, float mn, float rg, uint32_t b) {
     return u > mn ? u : mn;
 }
 
-/* xla_erfinv's w < 5 branch for x, given w = -xla_log1p(x * -x). */
-CT_INLINE float erfinv_central(float x, float w) {
-    float v = w - 2.5f;
-    float p = 2.81022636e-08f;
-    p = fmaf(p, v, 3.43273939e-07f);
-    p = fmaf(p, v, -3.5233877e-06f);
-    p = fmaf(p, v, -4.39150654e-06f);
-    p = fmaf(p, v, 0.00021858087f);
-    p = fmaf(p, v, -0.00125372503f);
-    p = fmaf(p, v, -0.00417768164f);
-    p = fmaf(p, v, 0.246640727f);
-    p = fmaf(p, v, 1.50140941f);
-    return p * x;
-}
-
-/* xla_erfinv's w >= 5 (or NaN) branch and its |x| == 1 case, given w. */
-CT_INLINE float erfinv_tail(float x, float w) {
-    float v = sqrtf(w) - 3.0f;
-    float p = -0.000200214257f;
-    p = fmaf(p, v, 0.000100950558f);
-    p = fmaf(p, v, 0.00134934322f);
-    p = fmaf(p, v, -0.00367342844f);
-    p = fmaf(p, v, 0.00573950773f);
-    p = fmaf(p, v, -0.0076224613f);
-    p = fmaf(p, v, 0.00943887047f);
-    p = fmaf(p, v, 1.00167406f);
-    p = fmaf(p, v, 2.83297682f);
-    float r = p * x;
-    return fabsf(x) == 1.0f ? x * INFINITY : r;
-}
-
 /* sample_unscaled for an element whose w = -xla_log1p(u * -u) is >= 5 or NaN. */
 static float tail_sample(const consts *c, ct_dist dist, ct_dtype dt, uint32_t b, float w) {
     float u = v_uniform(dt, c->minval, c->range, b);
-    float v = v_rnd(dt, c->sqrt2 * v_rnd(dt, erfinv_tail(u, w)));
+    float v = v_rnd(dt, c->sqrt2 * v_rnd(dt, ct_rm_erfinv_tail(u, w)));
     if (dist == CT_DIST_TRUNCATED_NORMAL) {
         v = v > c->clip_lo ? v : c->clip_lo;
         v = v < c->clip_hi ? v : c->clip_hi;
@@ -301,14 +270,14 @@ CT_INLINE void tile_samples(const consts *c, ct_dist dist, ct_dtype dt,
     for (size_t j = 0; j < m; j++)
         w[j] = -(fabsf(t[j]) < CT_LOG1P_SMALL ? log1p_small(t[j]) : lg[j]);
     for (size_t j = 0; j < m; j++) {
-        float x = v_rnd(dt, s2 * v_rnd(dt, erfinv_central(v[j], w[j])));
+        float x = v_rnd(dt, s2 * v_rnd(dt, ct_rm_erfinv_central(v[j], w[j])));
         if (dist == CT_DIST_TRUNCATED_NORMAL) {
             x = x > clo ? x : clo;
             x = x < chi ? x : chi;
         }
         v[j] = x;
     }
-    /* The lanes erfinv_central did not cover (about 1 in 300), found 64 at a
+    /* The lanes ct_rm_erfinv_central did not cover (about 1 in 300), found 64 at a
      * time; w is already known for them, the rest is short. */
     for (size_t g = 0; g < m; g += 64) {
         size_t e = m - g < 64 ? m : g + 64;

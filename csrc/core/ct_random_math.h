@@ -224,22 +224,46 @@ CT_RM float ct_rm_log1p(float x) {
     return fabsf(x) < CT_LOG1P_SMALL ? ct_rm_log1p_small(x) : ct_rm_log(x + 1.0f);
 }
 
-CT_RM float ct_rm_erfinv(float x) {
-    /* M. Giles, "Approximating the erfinv function", single precision. */
-    float w = -ct_rm_log1p(x * -x);
-    int lt = w < 5.0f;
-    float v = lt ? w - 2.5f : sqrtf(w) - 3.0f;
-    float p = lt ? 2.81022636e-08f : -0.000200214257f;
-    p = fmaf(p, v, lt ? 3.43273939e-07f : 0.000100950558f);
-    p = fmaf(p, v, lt ? -3.5233877e-06f : 0.00134934322f);
-    p = fmaf(p, v, lt ? -4.39150654e-06f : -0.00367342844f);
-    p = fmaf(p, v, lt ? 0.00021858087f : 0.00573950773f);
-    p = fmaf(p, v, lt ? -0.00125372503f : -0.0076224613f);
-    p = fmaf(p, v, lt ? -0.00417768164f : 0.00943887047f);
-    p = fmaf(p, v, lt ? 0.246640727f : 1.00167406f);
-    p = fmaf(p, v, lt ? 1.50140941f : 2.83297682f);
+/* erf_inv from w = -log1p(x * -x) (M. Giles, "Approximating the erfinv
+ * function", single precision): two polynomials, split at w = 5. Written as
+ * a branch, not as one polynomial with selected coefficients: the tail
+ * (about 1 element in 300) then costs a GPU warp only when one of its lanes
+ * needs it. The CPU's tiled path (ct_random.c) calls the branches itself. */
+
+/* w < 5, so |x| < 1 (|x| == 1 gives w = inf): the polynomial in w - 2.5, times x. */
+CT_RM float ct_rm_erfinv_central(float x, float w) {
+    float v = w - 2.5f;
+    float p = 2.81022636e-08f;
+    p = fmaf(p, v, 3.43273939e-07f);
+    p = fmaf(p, v, -3.5233877e-06f);
+    p = fmaf(p, v, -4.39150654e-06f);
+    p = fmaf(p, v, 0.00021858087f);
+    p = fmaf(p, v, -0.00125372503f);
+    p = fmaf(p, v, -0.00417768164f);
+    p = fmaf(p, v, 0.246640727f);
+    p = fmaf(p, v, 1.50140941f);
+    return p * x;
+}
+
+/* w >= 5 or NaN: the polynomial in sqrt(w) - 3, times x; erf_inv(+-1) = +-inf. */
+CT_RM float ct_rm_erfinv_tail(float x, float w) {
+    float v = sqrtf(w) - 3.0f;
+    float p = -0.000200214257f;
+    p = fmaf(p, v, 0.000100950558f);
+    p = fmaf(p, v, 0.00134934322f);
+    p = fmaf(p, v, -0.00367342844f);
+    p = fmaf(p, v, 0.00573950773f);
+    p = fmaf(p, v, -0.0076224613f);
+    p = fmaf(p, v, 0.00943887047f);
+    p = fmaf(p, v, 1.00167406f);
+    p = fmaf(p, v, 2.83297682f);
     float r = p * x;
     return fabsf(x) == 1.0f ? x * CT_RM_INF : r;
+}
+
+CT_RM float ct_rm_erfinv(float x) {
+    float w = -ct_rm_log1p(x * -x);
+    return w < 5.0f ? ct_rm_erfinv_central(x, w) : ct_rm_erfinv_tail(x, w);
 }
 
 CT_RM float ct_rm_erf(float x) {
@@ -277,6 +301,22 @@ CT_RM float ct_rm_uniform(const ct_random_consts *c, ct_dtype dt, uint32_t b) {
     return u > c->minval ? u : c->minval;
 }
 
+/* normal's (or truncated_normal's) value from r = erf_inv(u), before the scale:
+ * sqrt(2) * r in the dtype, and truncated_normal's clip (`v > lo ? v : lo`). */
+CT_RM float ct_rm_normal_value(const ct_random_consts *c, ct_dist dist, ct_dtype dt, float r) {
+    float v = ct_rm_rnd(dt, c->sqrt2 * ct_rm_rnd(dt, r));
+    if (dist == CT_DIST_TRUNCATED_NORMAL) {
+        v = v > c->clip_lo ? v : c->clip_lo;
+        v = v < c->clip_hi ? v : c->clip_hi;
+    }
+    return v;
+}
+
+/* A sample value times the sampler's scale, if it has one (one rounding in the dtype). */
+CT_RM float ct_rm_scaled(const ct_random_consts *c, ct_dtype dt, float v) {
+    return c->has_scale ? ct_rm_rnd(dt, v * c->scale) : v;
+}
+
 /* The sample (a float32 value of the dtype) of word b, before the scale. */
 CT_RM float ct_rm_sample_unscaled(const ct_random_consts *c, ct_dist dist, ct_dtype dt,
                                   uint32_t b) {
@@ -284,20 +324,14 @@ CT_RM float ct_rm_sample_unscaled(const ct_random_consts *c, ct_dist dist, ct_dt
     if (dist == CT_DIST_UNIFORM) {
         v = u;
     } else {
-        v = ct_rm_rnd(dt, c->sqrt2 * ct_rm_rnd(dt, ct_rm_erfinv(u)));
-        if (dist == CT_DIST_TRUNCATED_NORMAL) {
-            v = v > c->clip_lo ? v : c->clip_lo;
-            v = v < c->clip_hi ? v : c->clip_hi;
-        }
+        v = ct_rm_normal_value(c, dist, dt, ct_rm_erfinv(u));
     }
     return v;
 }
 
 /* The sample of word b, scaled (not for bernoulli). */
 CT_RM float ct_rm_sample(const ct_random_consts *c, ct_dist dist, ct_dtype dt, uint32_t b) {
-    float v = ct_rm_sample_unscaled(c, dist, dt, b);
-    if (c->has_scale) v = ct_rm_rnd(dt, v * c->scale);
-    return v;
+    return ct_rm_scaled(c, dt, ct_rm_sample_unscaled(c, dist, dt, b));
 }
 
 /* Bernoulli's byte (0 or 1) of word b; dt is the dtype of p. */

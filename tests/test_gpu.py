@@ -546,6 +546,13 @@ _OPT_CASES = {
                                            optim.scale(-1e-2)),
     "inject_adamw": lambda: optim.inject_hyperparams(optim.adamw)(
         learning_rate=optim.linear_schedule(1e-2, 1e-3, 20)),
+    # a global norm and a finite gate inside masks: they cover their own leaves only
+    "partition_clip": lambda: optim.partition(
+        {"train": _chain_clip(optim.sgd(1e-2)), "frozen": optim.set_to_zero()},
+        lambda t: {k: "frozen" if k == "e" else "train" for k in t}),
+    "masked_finite_clip": lambda: optim.masked(
+        optim.apply_if_finite(_chain_clip(optim.adamw(1e-2)), 3),
+        lambda t: {k: k != "b" for k in t}),
 }
 
 

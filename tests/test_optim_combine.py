@@ -301,3 +301,142 @@ def test_counter_host_copy_is_the_value_the_device_holds():
         got = read_scalar(a)
         assert a._host_scalar is not None
         assert type(got) is type(want) and got == want, (value, dtype, got, want)
+
+
+# --- reductions inside masks: a global norm or finite gate covers its own leaves only -------
+
+
+def _clip_partition(max_norm):
+    return optim.partition({"train": optim.chain(optim.clip_by_global_norm(max_norm),
+                                                 optim.sgd(1.0)),
+                            "frozen": optim.set_to_zero()},
+                           {"embed": "frozen", "body": "train"})
+
+
+@pytest.mark.parametrize("body_g, want", [
+    ([0.6, 0.0], [-0.6, 0.0]),        # norm 0.6 <= 1: not clipped
+    ([3.0, 4.0], [-0.6, -0.8]),       # norm 5: scaled to norm 1
+])
+@pytest.mark.parametrize("embed_g", [[100.0, 0.0], [np.nan, np.inf]])
+def test_global_norm_in_a_partition_ignores_the_other_partitions(body_g, want, embed_g):
+    """optax computes clip_by_global_norm's norm over the updates its partition sees: a large
+    or non-finite gradient of a frozen leaf must not shrink (or poison) the trained ones."""
+    p = {"embed": np.zeros(2, np.float32), "body": np.zeros(2, np.float32)}
+    g = {"embed": np.array(embed_g, np.float32), "body": np.array(body_g, np.float32)}
+    for tx in (_clip_partition(1.0),
+               optim.masked(optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(1.0)),
+                            {"embed": False, "body": True})):
+        s = TrainState.create(apply_fn=None, params=p, tx=tx)
+        s = s.apply_gradients(grads=g)
+        np.testing.assert_allclose(np.asarray(s.params["body"]), want, rtol=1e-6)
+        u, _ = tx.update(g, tx.init(p), p)   # the functional path too
+        np.testing.assert_allclose(np.asarray(u["body"]), want, rtol=1e-6)
+
+
+def test_global_norm_in_a_partition_on_a_mesh():
+    """The same with sharded and replicated leaves: each global element of the partition's
+    leaves counts once, the other partition's not at all."""
+    cpu = cts.devices("cpu")
+    if len(cpu) < 4:
+        pytest.skip("needs 4 CPU devices")
+    mesh = cts.Mesh(np.array(cpu[:4], dtype=object).reshape(2, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    p = {"embed": np.zeros((8, 6), np.float32), "body": np.zeros((4, 8), np.float32),
+         "head": np.zeros(8, np.float32)}
+    g = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in p.items()}
+    g["embed"] *= 1e3
+    specs = {"embed": cts.P("data", None), "body": cts.P(None, "model"), "head": cts.P()}
+    tx = optim.partition({"train": optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(1.0)),
+                          "frozen": optim.set_to_zero()},
+                         {"embed": "frozen", "body": "train", "head": "train"})
+    ps = {k: cts.device_put(v, cts.NamedSharding(mesh, specs[k])) for k, v in p.items()}
+    s = TrainState.create(apply_fn=None, params=ps, tx=tx)
+    s = s.apply_gradients(grads=g)
+    norm = np.sqrt(sum(float(np.sum(g[k].astype(np.float64) ** 2)) for k in ("body", "head")))
+    assert norm > 1.0
+    for k in ("body", "head"):
+        np.testing.assert_allclose(np.asarray(s.params[k]), -g[k] / norm, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(np.asarray(s.params["embed"]), p["embed"])
+
+
+def test_apply_if_finite_in_a_partition_checks_its_own_leaves():
+    """A NaN in a frozen leaf's gradient does not reject the trained partition's step."""
+    p = {"embed": np.zeros(2, np.float32), "body": np.zeros(2, np.float32)}
+    g = {"embed": np.array([np.nan, 1.0], np.float32), "body": np.array([1.0, 2.0], np.float32)}
+    tx = optim.partition({"train": optim.apply_if_finite(optim.sgd(0.1), 3),
+                          "frozen": optim.set_to_zero()},
+                         {"embed": "frozen", "body": "train"})
+    s = TrainState.create(apply_fn=None, params=p, tx=tx)
+    s = s.apply_gradients(grads=g)
+    np.testing.assert_allclose(np.asarray(s.params["body"]), [-0.1, -0.2], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(s.params["embed"]), [0.0, 0.0])
+    gate = s.opt_state.inner_states["train"].inner_state
+    assert int(gate.notfinite_count) == 0 and bool(gate.last_finite)
+
+
+def test_apply_if_finite_in_a_mask_passes_the_other_leaves_through():
+    """masked(apply_if_finite(...)): a NaN outside the mask is not counted; when the gate
+    rejects (a NaN inside), only the leaves inside get zero updates, the others pass through
+    unchanged (optax.masked)."""
+    p = {"w": np.zeros(2, np.float32), "v": np.zeros(2, np.float32)}
+    tx = optim.masked(optim.apply_if_finite(optim.sgd(0.1), 3), {"w": True, "v": False})
+    g = {"w": np.array([1.0, 2.0], np.float32), "v": np.array([np.nan, 3.0], np.float32)}
+    u, st = tx.update(g, tx.init(p), p)
+    np.testing.assert_allclose(np.asarray(u["w"]), [-0.1, -0.2], rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(u["v"]), g["v"])
+    assert int(st.inner_state.notfinite_count) == 0
+    g = {"w": np.array([np.inf, 2.0], np.float32), "v": np.array([5.0, 3.0], np.float32)}
+    u, st = tx.update(g, tx.init(p), p)
+    np.testing.assert_array_equal(np.asarray(u["w"]), [0.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(u["v"]), g["v"])
+    assert int(st.inner_state.notfinite_count) == 1
+
+
+def test_reductions_in_masks_match_optax():
+    optax = pytest.importorskip("optax")
+    import jax.numpy as jnp
+    rng = np.random.default_rng(4)
+    p = {"embed": rng.standard_normal((3, 5)).astype(np.float32),
+         "body": rng.standard_normal((4,)).astype(np.float32)}
+    labels = {"embed": "frozen", "body": "train"}
+
+    def make(o):
+        return o.multi_transform(
+            {"train": o.chain(o.clip_by_global_norm(0.5), o.apply_if_finite(o.adam(0.1), 2)),
+             "frozen": o.set_to_zero()}, labels)
+    ours, ref = make(optim), make(optax)
+    s_ours, s_ref = ours.init(p), ref.init({k: jnp.asarray(v) for k, v in p.items()})
+    for step in range(4):
+        g = {k: (rng.standard_normal(v.shape) * 3).astype(np.float32) for k, v in p.items()}
+        if step == 1:
+            g["embed"][0, 0] = np.nan      # outside the gate's partition
+        u1, s_ours = ours.update(g, s_ours, p)
+        u2, s_ref = ref.update({k: jnp.asarray(v) for k, v in g.items()}, s_ref,
+                               {k: jnp.asarray(v) for k, v in p.items()})
+        for k in p:
+            np.testing.assert_allclose(np.asarray(u1[k]), np.asarray(u2[k]), rtol=1e-5,
+                                       atol=1e-7, err_msg=f"step {step} {k}")
+
+
+@pytest.mark.parametrize("bad", ["0.1", b"1", [0.1], (0.1,), np.array([0.1, 0.2])])
+def test_a_learning_rate_that_is_not_a_number_is_refused_when_built(bad):
+    """A string used to pass (-1 * '0.1' is '') and fail at the first step with "could not
+    convert string to float: ''"."""
+    with pytest.raises(TypeError, match="learning_rate must be a number or a schedule"):
+        optim.adam(bad)
+    with pytest.raises(TypeError, match="step_size must be a number"):
+        optim.scale(bad)
+
+
+def test_learning_rates_given_as_numpy_or_array_scalars_still_work():
+    p = {"w": np.ones(2, np.float32)}
+    for lr in (np.float32(0.5), np.array(0.5), cts.device_put(np.float32(0.5)), 0.5):
+        tx = optim.sgd(lr)
+        u, _ = tx.update(p, tx.init(p), p)
+        np.testing.assert_array_equal(np.asarray(u["w"]), [-0.5, -0.5])
+
+
+def test_scale_refuses_none_and_containers():
+    for bad in (None, {}, {"a": 1.0}):
+        with pytest.raises(TypeError, match="step_size must be a number"):
+            optim.scale(bad)

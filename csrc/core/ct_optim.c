@@ -659,6 +659,12 @@ static void reduce_pass(step_env *e, int k, int p_only) {
     }
 }
 
+/* Whether stage k is active on leaf l (every block of a leaf has the leaf's mask). */
+static int leaf_on(const step_env *e, int l, int k) {
+    const int j = e->leaf_head[l];
+    return j >= 0 && ((e->blk[j]->active >> k) & 1u);
+}
+
 static int same_start(const ct_opt_geom *a, const ct_opt_geom *b, int skip1, int skip2) {
     for (int d = 0; d < a->ndim; d++)
         if (d != skip1 && d != skip2 && a->start[d] != b->start[d]) return 0;
@@ -1081,15 +1087,15 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
                 c->leaf_f[k][l] = ct_opt_leaf_factor(kind, stages[k].s, la[3 * l], la[3 * l + 1],
                                                      e.leaf_n[l]);
         } else if (kind == CT_OPT_GLOBAL_NORM) {
-            double ss = 0.0;
-            for (int l = 0; l < nleaves; l++) ss += la[3 * l];
+            double ss = 0.0; /* over the leaves the stage is active on (masked / partition) */
+            for (int l = 0; l < nleaves; l++) ss += leaf_on(&e, l, k) ? la[3 * l] : 0.0;
             float nrm = (float)sqrt(ss);
             c->norm[k] = nrm;
             c->clip[k] = !(nrm < (float)stages[k].s[0]);
             stages[k].result = nrm;
         } else { /* FINITE_GATE */
             double bad = 0.0;
-            for (int l = 0; l < nleaves; l++) bad += la[3 * l + 2];
+            for (int l = 0; l < nleaves; l++) bad += leaf_on(&e, l, k) ? la[3 * l + 2] : 0.0;
             int finite = bad == 0.0;
             stages[k].result = finite;
             if (!finite && stages[k].s[1] == 0.0) { /* reject: zero updates, inner untouched */

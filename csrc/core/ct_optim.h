@@ -156,12 +156,14 @@ typedef struct {
  * fp32 constants of ct_optim_math.h (`c`, already holding the results of
  * earlier reductions). reduce = 0: the apply pass (upto = nstages): state
  * written, then p += u (or out = u). reduce = 1: read-only; over blocks with
- * `counts` only, acc[0] = sum of u^2 (double), acc[1] = number of non-finite u,
- * for the u entering stage upto.
+ * `counts` on which stage upto is active (a GLOBAL_NORM or FINITE_GATE inside
+ * masked / partition covers its own leaves only), acc[0] = sum of u^2 (double),
+ * acc[1] = number of non-finite u, for the u entering stage upto.
  *
  * Device-resident global norms: reduce = 2 is the read-only pass of the
  * GLOBAL_NORM stage `upto` whose sum stays on the device: the backend leaves
- * this device's sum of u^2 (the same double as reduce = 1's acc[0]) in its
+ * this device's sum of u^2 (the same double as reduce = 1's acc[0], over the same
+ * blocks) in its
  * board at (stage upto, position igroup) and returns nothing (acc unused).
  * A later pass (reduce 0 or 1) with bit k of dev_norm set first waits for the
  * reduce = 2 passes of every device in group_dev[0, ngroup), then takes stage

@@ -316,6 +316,7 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
     for (int i = 0; i < ps->nblocks; i++) {
         const ct_opt_block *b = &ps->blocks[i];
         if (b->n == 0 || (ps->reduce && !b->counts)) continue;
+        if ((ps->reduce == 1 || ps->reduce == 2) && !((b->active >> ps->upto) & 1u)) continue;
         opt_desc &d = D[m++];
         memset(&d, 0, sizeof d);
         if (ps->blk_f != nullptr)

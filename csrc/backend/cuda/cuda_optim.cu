@@ -910,6 +910,8 @@ static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long 
     for (int i = 0; i < ps->nblocks; i++) {
         const ct_opt_block *b = &ps->blocks[i];
         if (b->n == 0 || (ps->reduce && !b->counts)) continue;
+        /* a global norm or finite gate counts only the leaves it is active on */
+        if ((ps->reduce == 1 || ps->reduce == 2) && !((b->active >> ps->upto) & 1u)) continue;
         if (ps->reduce == 4 && (ps->fstat == nullptr || ps->fstat[i] == nullptr)) continue;
         src[m] = i;
         opt_desc &d = out[m++];

@@ -245,7 +245,9 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
             last = bool(read_scalar(state.last_finite))
             force = safe_increment(nfc) > max_consecutive_errors
             stages, rb = inner._fuse(state.inner_state, ctx)
-            gate = Stage(FINITE_GATE, [len(stages), float(force)])
+            # the gate checks, and when it rejects zeroes, only the leaves the enclosing
+            # masks leave to it (optax: apply_if_finite inside masked sees those only)
+            gate = Stage(FINITE_GATE, [len(stages), float(force)], active=ctx.snapshot())
 
             def rebuild(advance=True):
                 if not advance:

@@ -14,6 +14,7 @@ statistics are read-only passes before the fused pass, sharded like the params.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -140,8 +141,20 @@ def _stateless(kind, scalars_fn) -> GradientTransformation:
 # --- elementwise, fused ---------------------------------------------------------------------------
 
 
+def _check_scalar(x, what):
+    """A hyper-parameter given as a number (a Python or numpy real, or a 0-d array), not a
+    string or a sequence (which would fail only at the first step, far from the cause)."""
+    if isinstance(x, (str, bytes)) or not (
+            isinstance(x, (numbers.Real, np.number))
+            or (hasattr(x, "shape") and tuple(x.shape) == ())):   # 0-d arrays
+        raise TypeError(f"{what} must be a number or a schedule (a function of the step "
+                        f"count), got {x!r}")
+    return x
+
+
 def scale(step_size) -> GradientTransformation:
     """Multiply updates by a fixed scalar (optax.scale). State: EmptyState()."""
+    _check_scalar(step_size, "scale: step_size")
     return _stateless(SCALE, lambda: [step_size])
 
 
@@ -447,7 +460,7 @@ def scale_by_learning_rate(learning_rate=None, *, flip_sign=True) -> GradientTra
     m = -1 if flip_sign else 1
     if callable(learning_rate):
         return scale_by_schedule(lambda count: m * learning_rate(count))
-    return scale(m * learning_rate)
+    return scale(m * _check_scalar(learning_rate, "learning_rate"))
 
 
 def _state_dtype(dtype, what):

@@ -126,3 +126,16 @@ def test_bf16_cast_keeps_shards(mem_baseline):
         assert sb.data.nbytes == sa.data.nbytes // 2
     back = hf.to_fp32(b)['k']
     assert back.dtype == np.float32 and back.sharding == a.sharding
+
+
+def test_unreplicate_is_row_zero_for_any_sharding():
+    """flax's unreplicate is x[0]; for an array also sharded beyond dim 0 it returned part
+    of the row (the first shard's)."""
+    from ctrainstate.hf.train_state import unreplicate
+    x = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    for spec in (cts.P("data", "model"), cts.P(None, "model"), cts.P("data"), cts.P(),
+                 cts.P(("data", "model"))):
+        r = unreplicate({"w": cts.device_put(x, cts.NamedSharding(mesh, spec))})["w"]
+        np.testing.assert_array_equal(np.asarray(r), x[0], err_msg=str(spec))
+    np.testing.assert_array_equal(unreplicate(x), x[0])

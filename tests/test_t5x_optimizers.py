@@ -273,3 +273,32 @@ def test_optax_wrapper_reuses_the_kernel_plan_and_matches_a_rebuilt_one():
         runs[reuse] = [np.asarray(x).tobytes() for x in
                        cts.tree_util.tree_leaves((opt.target, opt.state.param_states))]
     assert runs[True] == runs[False]
+
+
+def test_apply_gradient_with_grads_unlike_the_params_names_the_param():
+    """A missing or wrongly shaped grad used to surface as a KeyError or a numpy broadcasting
+    error from deep inside the optimizer; now the param is named, before any update."""
+    from ctrainstate.t5x import adafactor as t5x_adafactor
+    from ctrainstate.t5x import optimizers as topt
+    params = {"dense": {"kernel": np.ones((4, 4), np.float32), "bias": np.ones(4, np.float32)}}
+    kernels = topt.ModelParamTraversal(lambda path, _: "kernel" in path)
+    biases = topt.ModelParamTraversal(lambda path, _: "bias" in path)
+    for opt_def in (topt.MultiOptimizer([(kernels, t5x_adafactor.Adafactor(0.1)),
+                                         (biases, t5x_adafactor.Adafactor(0.2))]),
+                    t5x_adafactor.Adafactor(0.1), topt.adam(0.1)):
+        opt = opt_def.create(params)
+        # (an OptaxWrapper's fused step checks the grads itself, naming the path its way)
+        with pytest.raises(ValueError, match=r"grads have no entry for param 'dense/bias'|"
+                                             r"first difference at \['dense'\]\['bias'\]"):
+            opt.apply_gradient({"dense": {"kernel": np.ones((4, 4), np.float32)}})
+        with pytest.raises(ValueError, match=r"grads\['dense/bias'\] has shape \(5,\), the "
+                                             r"param \(4,\)|grads\['dense'\]\['bias'\] has "
+                                             r"shape \(5,\)"):
+            opt.apply_gradient({"dense": {"kernel": np.ones((4, 4), np.float32),
+                                          "bias": np.ones(5, np.float32)}})
+        with pytest.raises(ValueError, match=r"grads have an entry 'dense/extra'|"
+                                             r"first difference at \['dense'\]\['extra'\]"):
+            opt.apply_gradient({"dense": {"kernel": np.ones((4, 4), np.float32),
+                                          "bias": np.ones(4, np.float32),
+                                          "extra": np.ones(1, np.float32)}})
+        np.testing.assert_array_equal(np.asarray(opt.target["dense"]["bias"]), 1.0)

@@ -114,6 +114,19 @@ def test_apply_gradient_calls_optimizer_once_and_resets_mutables():  # F-T9
     assert s.apply_gradient(grads=1, learning_rate=2).flax_mutables == EMPTY_DICT
 
 
+def test_apply_gradient_stores_non_mapping_mutables_as_given():
+    """t5x stores flax_mutables as passed (None included). It is converted before the
+    in-place step, so nothing can fail once the old state's arrays are donated."""
+    d = _RecordingDef()
+    s = FlaxOptimTrainState(optimizers.Optimizer(d, d.init_state(None), 'params'))
+    assert s.apply_gradient(grads=1, learning_rate=2, flax_mutables=None).flax_mutables is None
+    opt = optimizers.adam(0.1).create({'w': np.ones(4, np.float32)})
+    s = FlaxOptimTrainState(opt).apply_gradient({'w': np.ones(4, np.float32)},
+                                                learning_rate=0.1, flax_mutables=None)
+    assert s.flax_mutables is None and int(s.step) == 1
+    np.testing.assert_allclose(np.asarray(s.params['w']), 0.9, rtol=1e-6)
+
+
 def test_as_logical_axes():  # F-T10
     grads_axes = {'dense': {'output_grad_axes': AxisMetadata(('embed',))}}
     s = FlaxOptimTrainState.create(optimizers.adam(0.1), dict(

@@ -455,3 +455,89 @@ def test_moved_all_copies_every_slot_and_donates_only_after():
     del moved, live
     gc.collect()
     assert r2() is None
+
+
+def test_state_sharded_unlike_resharded_params_is_refused_and_nothing_changes():
+    """Params resharded after the state was made, with shards of the same size on the same
+    devices (P('data', 'model') -> P('model', 'data')): pairing the blocks by position would
+    update each mu/nu block with another block's gradient. The step refuses before the kernel
+    (the state is intact), and once the state is put on the params' shardings the step is
+    Adam's."""
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    g = np.arange(64, dtype=np.float32).reshape(8, 8)
+    p0 = cts.device_put(np.zeros((8, 8), np.float32),
+                        cts.NamedSharding(mesh, cts.P("data", "model")))
+    s = TrainState.create(apply_fn=None, params={"w": p0}, tx=optim.adam(0.1))
+    resharded = cts.NamedSharding(mesh, cts.P("model", "data"))
+    s = s.replace(params={"w": cts.device_put(s.params["w"], resharded)})
+    with pytest.raises(ValueError, match=r"optimizer state of params\['w'\] is not sharded like"):
+        s.apply_gradients(grads={"w": g})
+    np.testing.assert_array_equal(np.asarray(s.params["w"]), 0.0)
+    np.testing.assert_array_equal(np.asarray(s.opt_state[0].mu["w"]), 0.0)
+    assert int(s.step) == 0
+    st = cts.tree_util.tree_map(lambda fresh, old: cts.device_put(old, fresh.sharding),
+                                s.tx.init(s.params), s.opt_state)   # the error's remedy
+    s = s.replace(opt_state=st).apply_gradients(grads={"w": g})
+    np.testing.assert_allclose(np.asarray(s.opt_state[0].mu["w"]), 0.1 * g, rtol=1e-6)
+    one_minus_b2 = np.float32(1.0) - np.float32(0.999)   # optax's (1 - b2), in float32
+    np.testing.assert_allclose(np.asarray(s.opt_state[0].nu["w"]), one_minus_b2 * g * g,
+                               rtol=1e-6)
+    # Adam's first step: -lr * sign(g) (g / |g|, up to eps), 0 where g == 0
+    want = -0.1 * g / (np.abs(g) + 1e-8)
+    np.testing.assert_allclose(np.asarray(s.params["w"]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_apply_gradients_with_a_bad_keyword_changes_nothing():
+    """flax's apply_gradients(grads=..., **kwargs) replaces fields after the step; here the
+    step runs in place, so a keyword that is not a field (or is one the step sets) must be
+    refused before it: the state stays readable and usable."""
+    p = {"w": np.ones(4, np.float32)}
+    s = TrainState.create(apply_fn=None, params=p, tx=optim.adam(0.1))
+    g = {"w": np.ones(4, np.float32)}
+    with pytest.raises(TypeError, match=r"\['bogus'\] that are not fields of TrainState"):
+        s.apply_gradients(grads=g, bogus=1)
+    with pytest.raises(TypeError, match=r"sets \['params'\] itself"):
+        s.apply_gradients(grads=g, params=p)
+    np.testing.assert_array_equal(np.asarray(s.params["w"]), 1.0)
+    assert int(s.step) == 0
+    s2 = s.apply_gradients(grads=g)
+    np.testing.assert_allclose(np.asarray(s2.params["w"]), 0.9, rtol=1e-6)
+
+
+def test_apply_gradients_replaces_subclass_fields():
+    class State(TrainState):
+        batch_stats: Any = None
+
+    s = State.create(apply_fn=None, params={"w": np.ones(2, np.float32)}, tx=optim.sgd(0.5),
+                     batch_stats={"m": 0})
+    s = s.apply_gradients(grads={"w": np.ones(2, np.float32)}, batch_stats={"m": 1})
+    assert s.batch_stats == {"m": 1} and int(s.step) == 1
+    np.testing.assert_allclose(np.asarray(s.params["w"]), 0.5)
+
+
+def test_factored_state_of_resharded_params_is_refused_and_the_remedy_works():
+    """adafactor's v_row / v_col are the param less one dim: after a reshard with shards of
+    the same sizes their blocks were paired with the wrong rows (silently wrong steps)."""
+    mesh = cts.make_mesh((2, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    p0 = rng.standard_normal((8, 8)).astype(np.float32)
+    gs = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
+    tx = optim.adafactor(0.1, min_dim_size_to_factor=2)
+
+    def run(spec1, spec2):
+        s = TrainState.create(apply_fn=None, tx=tx, params={
+            "w": cts.device_put(p0, cts.NamedSharding(mesh, spec1))})
+        s = s.apply_gradients(grads={"w": gs[0]})
+        s = s.replace(params={"w": cts.device_put(s.params["w"],
+                                                  cts.NamedSharding(mesh, spec2))})
+        if spec1 != spec2:
+            with pytest.raises(ValueError, match=r"params\['w'\] is not sharded like the param"):
+                s.apply_gradients(grads={"w": gs[1]})
+            s = s.replace(opt_state=cts.tree_util.tree_map(
+                lambda fresh, old: cts.device_put(old, fresh.sharding), tx.init(s.params),
+                s.opt_state))
+        for g in gs[1:]:
+            s = s.apply_gradients(grads={"w": g})
+        return np.asarray(s.params["w"])
+    ref = run(cts.P(), cts.P())
+    np.testing.assert_array_equal(run(cts.P("data", "model"), cts.P("model", "data")), ref)

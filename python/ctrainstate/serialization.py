@@ -86,12 +86,20 @@ def _unpack_ext(code, data):
     return msgpack.ExtType(code, data)
 
 
+def _foreign(d) -> bool:
+    """An array of another library: has __array__ and is not numpy data, a list or a str."""
+    return (hasattr(d, "__array__") and not isinstance(d, (np.ndarray, np.generic, list, tuple,
+                                                             str, bytes, dict)))
+
+
 def _to_host(d):
     """A copy of the state dict with Arrays gathered and big arrays chunked."""
     if isinstance(d, dict):
         return {k: _to_host(v) for k, v in d.items()}
     if isinstance(d, Array):
         d = np.asarray(d)
+    elif _foreign(d):   # a jax / torch array in the tree (Flax serializes jax Arrays)
+        d = np.asarray(d)   # 0-d too: Flax packs a jax Array as an ndarray whatever its rank
     if isinstance(d, np.ndarray) and d.nbytes > MAX_CHUNK_SIZE:
         per = max(1, MAX_CHUNK_SIZE // d.dtype.itemsize)
         flat = d.reshape(-1)

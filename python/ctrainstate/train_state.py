@@ -96,6 +96,20 @@ def _place(params):
     return device_put(params)
 
 
+def _check_replace(state, kwargs):
+    """The fields apply_gradients(**kwargs) would replace exist and are not its own."""
+    own = {"step", "params", "opt_state"} & set(kwargs)
+    if own:
+        raise TypeError(f"{type(state).__name__}.apply_gradients sets {sorted(own)} itself; "
+                        f"pass only other fields as keyword arguments")
+    names = {f.name for f in dataclasses.fields(state) if f.init}
+    unknown = sorted(set(kwargs) - names)
+    if unknown:
+        raise TypeError(f"{type(state).__name__}.apply_gradients got keyword arguments "
+                        f"{unknown} that are not fields of {type(state).__name__} (its fields: "
+                        f"{sorted(names)})")
+
+
 class TrainState(PyTreeNode):
     """Training state: step, params, optimizer and its state (flax's TrainState).
 
@@ -123,6 +137,9 @@ class TrainState(PyTreeNode):
         ``DonatedBufferError``. A non-fusable ``tx`` runs ``tx.update`` +
         ``apply_updates`` and donates nothing.
         """
+        if kwargs:   # checked before the in-place kernel: a failing replace after it would
+            _check_replace(self, kwargs)   # leave this state donated and no new one
+        new_step = self.step + 1
         if _OWG in (grads if isinstance(grads, dict) else {}):
             g, p = grads["params"], self.params["params"]
         else:
@@ -139,8 +156,7 @@ class TrainState(PyTreeNode):
             new_params = {"params": new_p, _OWG: grads[_OWG]}
         else:
             new_params = new_p
-        new = self.replace(step=self.step + 1, params=new_params, opt_state=new_opt_state,
-                           **kwargs)
+        new = self.replace(step=new_step, params=new_params, opt_state=new_opt_state, **kwargs)
         if plan is not None and hasattr(new, "__dict__"):
             # the kernel's block tuples, reused by the next step while the buffers are these
             object.__setattr__(new, "_ct_plan", plan)

@@ -49,15 +49,18 @@ def replicate(tree, devices=None):
 
 
 def unreplicate(tree):
-    """Copy 0 of each replicated leaf (read from the first device's block only)."""
+    """Copy 0 of each replicated leaf: ``x[0]`` (flax.jax_utils.unreplicate). A shard that
+    holds all of row 0 is read alone (copy 0 on its device); otherwise the row is gathered
+    from the shards that hold it."""
     def first(x):
         if isinstance(x, Array):
-            sh = x.addressable_shards
-            for s in sh:
-                if s.index and s.index[0].start in (0, None) and s.data is not None:
-                    blk = np.asarray(s.data)[0]
-                    return device_put(blk, s.device)
-            return device_put(np.asarray(x)[0])
+            for s in x.addressable_shards:
+                idx = s.index
+                whole = all(sl.start in (0, None) and sl.stop in (None, n)
+                            for sl, n in zip(idx[1:], x.shape[1:]))
+                if idx and idx[0].start in (0, None) and whole and s.data is not None:
+                    return device_put(np.asarray(s.data)[0], s.device)
+            return x[0]
         return np.asarray(x)[0]
     return tree_map(first, tree)
 

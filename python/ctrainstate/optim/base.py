@@ -378,6 +378,16 @@ class FuseContext:
 
 
 def _first_mismatch(paths_a, paths_b):
+    try:   # a path one side lacks (a missing or an extra leaf) names it best
+        sb, sa = set(paths_b), set(paths_a)
+        missing = next((p for p in paths_a if p not in sb), None)
+        if missing is not None:
+            return missing
+        extra = next((p for p in paths_b if p not in sa), None)
+        if extra is not None:
+            return extra
+    except TypeError:   # an unhashable key
+        pass
     for pa, pb in zip(paths_a, paths_b):
         if pa != pb:
             return pa
@@ -490,7 +500,7 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
     order: dict[int, list] = {}
     for i, p in enumerate(p_leaves):
         bits = 0
-        slots_i = []
+        slots_i, drops_i = [], []
         dims = None
         for k, s in enumerate(stages):
             on = s.active is None or s.active[i]
@@ -504,16 +514,28 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
                     dims = s.geom[i]
             for q in range(nslots[k]):
                 slots_i.append(s.slots[q][i] if on else None)
+                # a factored statistic (v_row q=0, v_col q=1) is the param less dim d0 / d1
+                g = s.geom[i] if (on and s.geom is not None and q < 2) else None
+                drops_i.append(None if g is None else g[q])
         for b, (dev, pbuf, start, rid) in enumerate(p._blocks):
             sb = []
-            for a in slots_i:
+            for a, drop in zip(slots_i, drops_i):
                 if a is None:
                     sb.append(None)
                 else:
                     blk = a._blocks[b]
-                    if blk[0] is not dev:
-                        raise ValueError(f"optimizer state of params{keystr(paths()[i])} is not "
-                                         f"sharded like the param")
+                    # the kernel pairs the param's and the state's blocks one by one: same
+                    # device and the same elements (of the param, or of its factored slice)
+                    want = (start if drop is None else
+                            tuple(start[:drop]) + tuple(start[drop + 1:]))
+                    if blk[0] is not dev or (tuple(blk[2]) != tuple(want) and (
+                            drop is not None or a._shape == p._shape)):
+                        raise ValueError(
+                            f"optimizer state of params{keystr(paths()[i])} is not sharded like "
+                            f"the param (state {a.sharding}, param {p.sharding}); were the "
+                            f"params resharded after the state was made? Put the state on the "
+                            f"new layout: tree_util.tree_map(lambda fresh, old: "
+                            f"device_put(old, fresh.sharding), tx.init(params), opt_state)")
                     sb.append(blk[1])
             geom = None if dims is None else (dims[0], dims[1], tuple(p.shape), tuple(start),
                                               tuple(p._shard_shape))

@@ -123,6 +123,30 @@ def _place(tree):
     return device_put(tree)
 
 
+def _check_grads_like(params, grads) -> None:
+    """Grads (a dict tree like the params) have the same param paths and shapes."""
+    if not (isinstance(params, dict) and isinstance(grads, dict)):
+        return
+    pl, pdef = tree_flatten(params)
+    gl, gdef = tree_flatten(grads)
+    if pdef == gdef and all(
+            (g.shape if hasattr(g, 'shape') else np.shape(g)) ==
+            (p.shape if hasattr(p, 'shape') else np.shape(p)) for p, g in zip(pl, gl)):
+        return   # the common case, per step: no dict flattening
+    fp, fg = flatten_dict(params, sep='/'), flatten_dict(grads, sep='/')
+    missing = [k for k in fp if k not in fg]
+    if missing:
+        raise ValueError(f"apply_gradient: grads have no entry for param {missing[0]!r} "
+                         f"({len(missing)} missing)")
+    extra = [k for k in fg if k not in fp]
+    if extra:
+        raise ValueError(f"apply_gradient: grads have an entry {extra[0]!r} that is not a param")
+    for k, p in fp.items():
+        ps, gs = tuple(np.shape(p)), tuple(np.shape(fg[k]))
+        if ps != gs:
+            raise ValueError(f"apply_gradient: grads[{k!r}] has shape {gs}, the param {ps}")
+
+
 class Optimizer(PyTreeNode):
     """An optimizer definition (static) with its state and target (flax.optim.Optimizer)."""
     optimizer_def: Any = field(pytree_node=False)
@@ -130,7 +154,11 @@ class Optimizer(PyTreeNode):
     target: Any = None
 
     def apply_gradient(self, grads, **hyper_param_overrides) -> 'Optimizer':
-        """One step; hyper-parameter overrides (e.g. ``learning_rate=``) apply to this step."""
+        """One step; hyper-parameter overrides (e.g. ``learning_rate=``) apply to this step.
+        Grads must have the target's params, with their shapes (else a ValueError names the
+        first param that differs)."""
+        if not getattr(self.optimizer_def, '_validates_grads', False):
+            _check_grads_like(self.target, grads)
         hp = self.optimizer_def.update_hyper_params(**hyper_param_overrides)
         new_target, new_state = self.optimizer_def.apply_gradient(hp, self.target, self.state,
                                                                   grads)
@@ -240,6 +268,12 @@ class OptaxWrapper(OptimizerDef):
     def init_state(self, params):
         """OptimizerState(step 0, the transformation's ``init(params)``)."""
         return OptimizerState(scalar(0, np.int32, params), self.optax_optimizer.init(params))
+
+    @property
+    def _validates_grads(self) -> bool:
+        """A fused step checks the grads itself (path, shape and dtype errors, before any
+        update), so Optimizer.apply_gradient skips its own check on this hot path."""
+        return bool(getattr(self.optax_optimizer, 'fusable', False))
 
     def apply_gradient(self, hyper_params, params, state, grads):
         """One optax step; ``hyper_params`` (and so ``learning_rate``) are ignored."""

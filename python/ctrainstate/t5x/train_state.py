@@ -18,6 +18,7 @@ resolves to mesh specs.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -119,9 +120,12 @@ class FlaxOptimTrainState(PyTreeNode):
         return self._optimizer.state.param_states
 
     def apply_gradient(self, grads, learning_rate, flax_mutables=EMPTY_DICT):
-        """One optimizer step; ``flax_mutables`` replaces the mutables (reset when omitted)."""
+        """One optimizer step; ``flax_mutables`` replaces the mutables (reset when omitted;
+        a mapping is stored as a dict, anything else as given, as t5x does)."""
+        # before the step, which donates this state's arrays: nothing may fail after it
+        mutables = dict(flax_mutables) if isinstance(flax_mutables, Mapping) else flax_mutables
         new_optimizer = self._optimizer.apply_gradient(grads, learning_rate=learning_rate)
-        return self.replace(_optimizer=new_optimizer, flax_mutables=dict(flax_mutables))
+        return self.replace(_optimizer=new_optimizer, flax_mutables=mutables)
 
     def state_dict(self) -> dict:
         """``{'target', 'state': {'step', 'param_states'}}`` plus ``'flax_mutables'`` if any."""

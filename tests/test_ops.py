@@ -303,3 +303,80 @@ def test_ops_match_jax_when_installed():
     jv, jg = jax.value_and_grad(f_jax)(w, x)
     np.testing.assert_allclose(float(v), float(jv), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-4, atol=1e-6)
+
+
+def test_mean_var_std_of_an_empty_axis_are_nan_as_in_jax():
+    e = cnp.zeros((0, 4))
+    assert np.isnan(float(cnp.mean(e))) and np.isnan(float(cnp.var(e)))
+    assert np.isnan(np.asarray(cnp.mean(e, axis=0))).all()
+    assert np.isnan(np.asarray(cnp.std(e, axis=0))).all()
+    assert np.asarray(cnp.mean(e, axis=1)).shape == (0,)
+    assert float(cnp.sum(e)) == 0.0
+
+
+def test_min_of_an_empty_axis_names_min():
+    with pytest.raises(ValueError, match="min: zero-size dimension 0 .* has no minimum"):
+        cnp.min(cnp.zeros((0, 4)), axis=0)
+    with pytest.raises(ValueError, match="max: zero-size dimension 1 .* has no maximum"):
+        cnp.max(cnp.zeros((3, 0)))
+
+
+def test_nested_grad_of_outer_values_is_refused_not_silently_wrong():
+    """The inner backward pass is not differentiated: grad(grad(f)) gave 0.0 (jax: f'') and a
+    MAML-style inner step lost its second-order term. Such nesting now raises; an inner
+    gradient that does not depend on the outer values (or on their stop_gradient) works."""
+    x = np.array([1.0, 2.0], np.float32)
+    cube = lambda w: cnp.sum(w ** 3)   # noqa: E731
+    with pytest.raises(NotImplementedError, match="higher-order derivatives"):
+        cts.grad(cts.grad(lambda a: a ** 3))(cts.device_put(np.float32(2.0)))
+    with pytest.raises(NotImplementedError, match="higher-order derivatives"):
+        cts.grad(lambda w: cube(w - 0.1 * cts.grad(cube)(w)))(cts.device_put(x))
+    with pytest.raises(NotImplementedError, match="higher-order derivatives"):   # closes over w
+        cts.grad(lambda w: cnp.sum(cts.grad(lambda a: cnp.sum(a * w))(cts.device_put(x))))(
+            cts.device_put(x))
+    # independent inner gradients: d/dw [sum(w * w) + sum(grad_a sum(a * sg(w)))] = 2 w
+    g = cts.grad(lambda w: cnp.sum(w * w) + cnp.sum(
+        cts.grad(lambda a: cnp.sum(a * cts.lax.stop_gradient(w)))(cts.device_put(x))))(
+        cts.device_put(x))
+    np.testing.assert_allclose(np.asarray(g), 2 * x)
+    g = cts.grad(lambda w: cnp.sum(w) + cnp.sum(cts.grad(lambda a: cnp.sum(a * a))(
+        cts.device_put(x))))(cts.device_put(x))
+    np.testing.assert_allclose(np.asarray(g), [1.0, 1.0])
+
+
+def test_axis_and_shape_arguments_in_the_forms_jax_takes():
+    """numpy-integer axes, int shapes, tuple axes for expand_dims, concatenate(axis=None) and
+    a numpy array as a shape: each raised an internal TypeError."""
+    from ctrainstate import nn
+    x = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    a = cts.device_put(x)
+    ax = np.int64(1)
+    np.testing.assert_allclose(np.asarray(cnp.sum(a, axis=ax)), x.sum(axis=1))
+    np.testing.assert_allclose(np.asarray(cnp.mean(a, axis=(np.int32(0), 2))), x.mean(axis=(0, 2)))
+    np.testing.assert_allclose(np.asarray(a.max(axis=ax)), x.max(axis=1))
+    np.testing.assert_allclose(np.asarray(nn.softmax(a, axis=ax)).sum(axis=1), 1.0, rtol=1e-6)
+    with pytest.raises(TypeError, match="axis must be None, an int or a tuple of ints"):
+        cnp.sum(a, axis=1.5)
+    assert cnp.expand_dims(a, (0, -1)).shape == (1, 2, 3, 4, 1)
+    assert cnp.expand_dims(a, [0, 2]).shape == (1, 2, 1, 3, 4)
+    with pytest.raises(ValueError, match="repeated axis"):
+        cnp.expand_dims(a, (0, 0))
+    assert cnp.reshape(a, 24).shape == (24,)
+    assert a.reshape(np.array([4, 6])).shape == (4, 6)
+    assert cnp.broadcast_to(cts.device_put(np.float32(2.0)), 3).shape == (3,)
+    np.testing.assert_array_equal(np.asarray(cnp.concatenate([a, a], axis=None)),
+                                  np.concatenate([x, x], axis=None))
+
+
+def test_nested_grad_guard_also_covers_checkpointed_inner_functions():
+    """cts.checkpoint runs the inner function on a probe tape of its own; the guard applies
+    there too (it gave a silently wrong gradient penalty)."""
+    w = np.array([1.5, -2.0], np.float32)
+    x = np.array([0.5, 3.0], np.float32)
+    f = lambda x, w: cnp.sum(cnp.sin(w * x) * w)   # noqa: E731
+    pen = lambda w: cnp.sum(cts.grad(cts.checkpoint(f))(x, w) ** 2)   # noqa: E731
+    with pytest.raises(NotImplementedError, match="higher-order derivatives"):
+        cts.grad(pen)(cts.device_put(w))
+    # a checkpointed function inside a plain (first-order) grad still works
+    g = cts.grad(lambda w: cts.checkpoint(f)(x, w))(cts.device_put(w))
+    np.testing.assert_allclose(np.asarray(g), np.sin(w * x) + w * x * np.cos(w * x), rtol=1e-5)

@@ -62,10 +62,18 @@ def _place(spec_tree, tree, *, none_means_replicated: bool, what: str):
             lambda leaf: device_put(leaf, s) if isinstance(leaf, (Array, ShapeDtypeStruct)) or
             _is_array_like(leaf) else leaf, sub)
 
-    try:
-        return tree_util.tree_map(put, spec_tree, tree, is_leaf=_is_spec_leaf)
+    s_leaves, s_td = tree_util.tree_flatten(spec_tree, is_leaf=_is_spec_leaf)
+    try:   # only a structure mismatch is reported as one (a placement error is its own)
+        subtrees = tree_util._flatten_up_to(s_td, tree)
     except ValueError as e:
         raise ValueError(f"{what}: the sharding tree does not match the values: {e}") from None
+    out = []
+    for sp, sub in zip(s_leaves, subtrees):
+        try:
+            out.append(put(sp, sub))
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    return tree_util.tree_unflatten(s_td, out)
 
 
 def _is_array_like(x) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator
 import threading
 from typing import Any, Callable, Sequence
 
@@ -96,6 +97,11 @@ def _single_thread_scipy_blas() -> bool:
 class _Tape:
     """Records (output, inputs, vjp) for ops whose inputs are tracked."""
 
+    # the tapes of enclosing value_and_grad calls (set on a nested value_and_grad's tape):
+    # an op of the inner function that reads an array one of them tracks is refused, since
+    # the inner backward pass is not itself differentiated (no higher-order derivatives)
+    outer: tuple = ()
+
     def __init__(self):
         self.nodes: list = []
         self.tracked: set = set()
@@ -119,10 +125,26 @@ def _record(out: Array, inputs: Sequence, vjp: Callable):
     t = _tape()
     if t is None:
         return out
+    if t.outer:
+        _check_not_nested(t, inputs)
     if any(isinstance(x, Array) and id(x) in t.tracked for x in inputs):
         t.track(out)
         t.nodes.append((out, tuple(inputs), vjp))
     return out
+
+
+_NESTED = ("value_and_grad/grad inside another value_and_grad/grad, of values the outer one "
+           "differentiates: higher-order derivatives (Hessians, gradient penalties, MAML's "
+           "inner step) are not supported, and the result would silently miss the second-order "
+           "terms. Compute the inner gradient outside the outer function, or on "
+           "lax.stop_gradient(...) of the outer values if the inner gradient is meant as a "
+           "constant")
+
+
+def _check_not_nested(t: _Tape, inputs: Sequence) -> None:
+    for x in inputs:
+        if isinstance(x, Array) and any(id(x) in o.tracked for o in t.outer):
+            raise NotImplementedError(_NESTED)
 
 
 # --- meshes and specs -------------------------------------------------------------------
@@ -770,10 +792,18 @@ def reciprocal(x) -> Array:
 def _axes(axis, ndim) -> tuple:
     if axis is None:
         return tuple(range(ndim))
-    if isinstance(axis, int):
-        axis = (axis,)
+    if not isinstance(axis, (tuple, list)):
+        try:
+            axis = (operator.index(axis),)   # an int, a numpy integer, a 0-d int array
+        except TypeError:
+            raise TypeError(f"axis must be None, an int or a tuple of ints, got "
+                            f"{axis!r}") from None
     out = []
     for a in axis:
+        try:
+            a = operator.index(a)
+        except TypeError:
+            raise TypeError(f"axis entries must be ints, got {a!r} in {axis!r}") from None
         if not -ndim <= a < ndim:
             raise ValueError(f"axis {a} is out of bounds for an array of rank {ndim}")
         out.append(a % ndim)
@@ -816,6 +846,13 @@ def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     return reshape(out, keep_shape) if keepdims else out
 
 
+def _check_nonempty(name, what, x, axes):
+    for d in axes:
+        if x.shape[d] == 0:
+            raise ValueError(f"{name}: zero-size dimension {d} of an array of shape {x.shape} "
+                             f"has no {what} (the reduction has no identity)")
+
+
 def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
     """Maximum over ``axis`` (``jnp.max``; a NaN anywhere makes the result NaN). A dimension
     sharded over mesh axes ends in an all-reduce (max) over them. The gradient is ``jax``'s:
@@ -827,10 +864,7 @@ def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     """
     x = _lift(x)
     axes = _axes(axis, x.ndim)
-    for d in axes:
-        if x.shape[d] == 0:
-            raise ValueError(f"max: zero-size dimension {d} of an array of shape {x.shape} has "
-                             f"no maximum (the reduction has no identity)")
+    _check_nonempty("max", "maximum", x, axes)
     out = _reduce_raw(_RED_MAX, x, axes)
     keep_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
 
@@ -846,6 +880,8 @@ def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
 
 def min(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
     """Minimum over ``axis`` (``jnp.min``): ``-max(-x)``, same sharding and gradient rules."""
+    x = _lift(x)
+    _check_nonempty("min", "minimum", x, _axes(axis, x.ndim))
     return negative(max(negative(x), axis=axis, keepdims=keepdims))
 
 
@@ -1061,19 +1097,33 @@ def stop_gradient(x):
 
 
 def mean(x, axis=None, keepdims: bool = False) -> Array:
-    """Mean over ``axis``."""
+    """Mean over ``axis`` (NaN over an empty axis: 0 / 0, as ``jnp.mean``)."""
     x = _lift(x)
     axes = _axes(axis, x.ndim)
     n = 1
     for d in axes:
         n *= x.shape[d]
-    return multiply(sum(x, axis=axes, keepdims=keepdims), 1.0 / builtins.max(n, 1))
+    return multiply(sum(x, axis=axes, keepdims=keepdims), 1.0 / n if n else float("nan"))
+
+
+def _shape_arg(shape, who: str) -> tuple:
+    """A shape argument as a tuple of ints: an int (a 1-D shape), a sequence or a 1-D integer
+    array of them (numpy integers included), as jax takes it."""
+    if isinstance(shape, np.ndarray) and shape.ndim == 1:
+        shape = shape.tolist()
+    if not isinstance(shape, (tuple, list)):
+        shape = (shape,)
+    try:
+        return tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"{who}: a shape is an int or a sequence of ints, got "
+                        f"{shape!r}") from None
 
 
 def broadcast_to(x, shape) -> Array:
     """Broadcast to ``shape`` (materialised)."""
     x = _lift(x)
-    shape = tuple(int(s) for s in shape)
+    shape = _shape_arg(shape, "broadcast_to")
     if x.shape == shape:
         return x
     zero = _new(shape, _place_of(x), [()] * len(shape))
@@ -1134,7 +1184,7 @@ def reshape(x, shape) -> Array:
     its merged/split group, with the new leading dimension divisible); otherwise that group is
     gathered first. Any dtype (bytes are moved)."""
     x = _lift_any(x)
-    shape = list(int(s) for s in shape)
+    shape = list(_shape_arg(shape, "reshape"))
     if shape.count(-1) > 1:
         raise ValueError("reshape: at most one -1")
     if -1 in shape:
@@ -1175,13 +1225,16 @@ def reshape(x, shape) -> Array:
     return _record(out, (x,), lambda g: (reshape(g, in_shape),))
 
 
-def expand_dims(x, axis: int) -> Array:
-    """Insert a size-1 dimension at ``axis`` (any dtype)."""
+def expand_dims(x, axis) -> Array:
+    """Insert size-1 dimensions at ``axis`` (an int or a sequence of ints: positions in the
+    result, as ``jnp.expand_dims``); any dtype."""
     x = _lift_any(x)
-    nd = x.ndim + 1
-    axis = axis % nd
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    nd = x.ndim + len(axes)
+    pos = _axes(tuple(axes), nd)   # normalised, sorted; repeats and out of range refused
     shape = list(x.shape)
-    shape.insert(axis, 1)
+    for a in pos:
+        shape.insert(a, 1)
     return reshape(x, shape)
 
 
@@ -1482,6 +1535,9 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         stack = getattr(_tls, "tapes", None)
         if stack is None:
             stack = _tls.tapes = []
+        enclosing = tuple(t for t in stack if t is not None)
+        if enclosing:
+            tape.outer = enclosing
         flat_in = {}
         for i in nums:
             if i >= len(args):
@@ -1491,6 +1547,8 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
             for leaf in leaves:
                 x = _lift(leaf) if not isinstance(leaf, Array) else leaf
                 x._check_alive()
+                if enclosing:
+                    _check_not_nested(tape, (x,))
                 if x.dtype not in _FLOATS:   # jax's words
                     raise TypeError(f"grad requires real- or complex-valued inputs (input "
                                     f"dtype that is a sub-dtype of np.inexact), but got "
@@ -1824,6 +1882,14 @@ def _as_f32(v):
     return v
 
 
+def _weak_in(v, rdt):
+    """A Python scalar operand (weakly typed) takes a 16-bit result dtype first, as in jax:
+    ``float16_array / 1e5`` divides by float16(1e5) = inf."""
+    if rdt in _LOWP and type(v) in (float, int):
+        return float(np.asarray(v, dtype=rdt))
+    return v
+
+
 def _data_args(fn, args, kwargs, pos, rest_from):
     """The positions (ints) and keyword names of ``fn``'s data operands in this call (a
     data operand passed by keyword counts by its parameter's name)."""
@@ -1864,9 +1930,9 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
             rdt = _dtypes.float32  # jnp.sin / exp / ... of ints: float32
         args = list(args)
         for i in idx:
-            args[i] = _as_f32(args[i])
+            args[i] = _as_f32(_weak_in(args[i], rdt))
         for k in names:
-            kwargs[k] = _as_f32(kwargs[k])
+            kwargs[k] = _as_f32(_weak_in(kwargs[k], rdt))
         out = fn(*args, **kwargs)
         return out if rdt == np.float32 or not isinstance(out, Array) else astype(out, rdt)
     wrapped._policy = (pos, rest_from)

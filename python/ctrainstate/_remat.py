@@ -161,6 +161,7 @@ def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after
     #    depends on them is noticed (and their identities collected), then dropped
     probe = _ops._Tape()
     probe.tracked = _Chain(outer.tracked)
+    probe.outer = outer.outer   # inside a nested value_and_grad: its guard applies here too
     stack = _ops._tls.tapes
     stack.append(probe)
     try:

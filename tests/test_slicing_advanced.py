@@ -359,3 +359,52 @@ def test_row_gathers_of_other_dtypes_copy_no_more_than_the_gathered_block(dt):
     assert tuple(y.sharding.spec) in ((None, "b"),)
     np.testing.assert_array_equal(np.asarray(y), h[::-1])
     assert peak <= full // 4 + full // 4 + (64 << 10), (peak, full)
+
+
+def test_at_modes_match_jax():
+    """.at[...] took mode= / fill_value= and ignored them. Expected values are jax 0.10's
+    (the same calls, run on its CPU)."""
+    a = cts.device_put(np.arange(5, dtype=np.float32))
+    A = np.array
+    g = lambda r: np.asarray(r).tolist()   # noqa: E731
+    assert g(a.at[A([1, 7])].get(mode="fill", fill_value=-1.0)) == [1.0, -1.0]
+    r = g(a.at[A([1, 7, -7, -2])].get(mode="fill"))
+    assert r[0] == 1.0 and np.isnan(r[1]) and np.isnan(r[2]) and r[3] == 3.0
+    assert g(a.at[7].get(mode="fill", fill_value=3.0)) == 3.0
+    assert g(a.at[A([1, 7])].get(mode="clip")) == [1.0, 4.0]
+    assert g(a.at[A([1, 7])].get(fill_value=2.0)) == [1.0, 4.0]     # default mode clamps
+    assert g(a.at[A([1, 7])].set(9.0, mode="clip")) == [0, 9, 2, 3, 9]
+    assert g(a.at[A([1, -7])].set(9.0, mode="clip")) == [9, 9, 2, 3, 4]
+    assert g(a.at[7].set(9.0, mode="clip")) == [0, 1, 2, 3, 9]
+    assert g(a.at[A([1, 7])].add(1.0, mode="drop")) == [0, 2, 2, 3, 4]
+    assert g(a.at[A([1, 7])].add(1.0)) == [0, 2, 2, 3, 4]
+    b = cts.device_put(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert g(b.at[A([0, 5]), 1].get(mode="fill", fill_value=0)) == [1.0, 0.0]
+    assert g(b.at[1, A([0, 9])].set(-1.0, mode="clip")) == [[0, 1, 2, 3], [-1, 5, 6, -1],
+                                                            [8, 9, 10, 11]]
+    i = cts.device_put(np.arange(5, dtype=np.int32))
+    assert g(i.at[A([1, 7])].get(mode="fill")) == [1, -2 ** 31]
+    with pytest.raises(ValueError, match='Unknown gather mode "foo"'):
+        a.at[1].get(mode="foo")
+    with pytest.raises(ValueError, match='Unknown scatter mode "bar"'):
+        a.at[1].set(2.0, mode="bar")
+    with pytest.raises(TypeError):
+        a.at[1].get(foo=1)
+
+
+def test_at_modes_with_python_int_indices_and_clip_gradient():
+    """Explicit modes apply to Python-int indices too (jax: clip clamps, drop writes
+    nothing), and get(mode='clip')'s gradient goes to the clamped positions (jax's values:
+    [2, 0, 0, 3] for indices [0, 7, 3, -9, 3]); the default x[idx] keeps jax's [1, 0, 0, 2]."""
+    x = cnp.asarray(np.arange(12.0, dtype=np.float32).reshape(3, 4))
+    np.testing.assert_array_equal(np.asarray(x.at[5].get(mode="clip")), [8, 9, 10, 11])
+    np.testing.assert_array_equal(np.asarray(x.at[3, 9].set(100.0, mode="drop")), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(x.at[3, 9].set(100.0, mode="clip"))[2, 3], 100.0)
+    with pytest.raises(IndexError):
+        x.at[3, 9].set(100.0)   # the default: a static index out of range is an error here
+    i = np.array([0, 7, 3, -9, 3])
+    v = cnp.asarray(np.arange(4.0, dtype=np.float32))
+    g = cts.grad(lambda t: cnp.sum(t.at[i].get(mode="clip")))(v)
+    np.testing.assert_array_equal(np.asarray(g), [2, 0, 0, 3])
+    g = cts.grad(lambda t: cnp.sum(t[i]))(v)
+    np.testing.assert_array_equal(np.asarray(g), [1, 0, 0, 2])

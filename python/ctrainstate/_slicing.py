@@ -904,6 +904,27 @@ class _IndexUpdateHelper:
         return f"_IndexUpdateHelper({self.array!r})"
 
 
+class _Dropped:
+    """An update whose index lies outside the array (mode "drop"): nothing is written."""
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def _update(self, values, kind, fn=None):
+        return self.array
+
+
+def _scatter_method(kind):
+    """The ``x.at[idx].<kind>(values, ...)`` method (jax's signature; ``mode``: see
+    ``_IndexUpdateRef._moded``; the sortedness / uniqueness hints change nothing here)."""
+    def method(self, values, *, indices_are_sorted=False, unique_indices=False, mode=None):
+        return self._moded(mode)._update(values, kind)
+    method.__name__ = kind
+    method.__qualname__ = f"_IndexUpdateRef.{kind}"
+    return method
+
+
 class _IndexUpdateRef:
     """``x.at[idx]``: ``get()``, ``set(v)``, ``add(v)``, ``subtract(v)``,
     ``multiply(v)``/``mul(v)``, ``divide(v)``/``div(v)``, ``min(v)``, ``max(v)``,
@@ -923,8 +944,45 @@ class _IndexUpdateRef:
     def __init__(self, array, index):
         self.array, self.index = array, index
 
-    def get(self, **_kwargs):
-        return getitem(self.array, self.index)
+    def get(self, *, indices_are_sorted=False, unique_indices=False, mode=None,
+            fill_value=None):
+        """``x[idx]``. ``mode``: None, ``"promise_in_bounds"`` or ``"clip"`` clamp
+        out-of-range index entries (jax's default for gathers); ``"fill"`` / ``"drop"`` give
+        ``fill_value`` there (default NaN for floats, the most negative int for signed
+        ints, the largest for unsigned, True for bool; other modes ignore it, as jax)."""
+        m = _mode_name(mode, "gather")
+        if m == "clip":   # Python ints too (x[5] on 3 rows raises; clip asks for row 2)
+            return getitem(self.array, _remap_index(tuple(np.shape(self.array)), self.index,
+                                                    "clip")[0])
+        if m in ("fill", "drop"):
+            x = self.array
+            idx, pads = _remap_index(tuple(x.shape), self.index, "fill")
+            if pads:
+                fv = _default_fill(x.dtype) if fill_value is None else fill_value
+                widths = [(0, 1) if d in pads else (0, 0) for d in range(len(x.shape))]
+                x = _o_move().pad(x, widths, constant_values=fv)
+                return getitem(x, idx)
+        return getitem(self.array, self.index)   # fill_value unused, as in jax
+
+    def _moded(self, mode):
+        """This reference with its index clipped into range for ``mode="clip"`` (jax's
+        scatter modes: None / "drop" / "fill" / "promise_in_bounds" drop out-of-range
+        entries, "clip" clamps them)."""
+        m = _mode_name(mode, "scatter")
+        if m == "clip":
+            idx, _ = _remap_index(tuple(np.shape(self.array)), self.index, "clip")
+            return _IndexUpdateRef(self.array, idx)
+        if m in ("drop", "fill"):   # an out-of-range Python int: the update writes nothing
+            outside = []
+
+            def probe(i, d, n):
+                if isinstance(i, int) and not 0 <= int(_wrapped(i, n)) < n:
+                    outside.append(d)
+                return i
+            _walk_ints(tuple(np.shape(self.array)), _normalize(self.index), probe)
+            if outside:
+                return _Dropped(self.array)
+        return self
 
     def _update(self, v, kind, fn=None):
         from ._abstract import ShapeDtypeStruct
@@ -979,40 +1037,98 @@ class _IndexUpdateRef:
             region = op(_slice(x, starts, sizes), region)
         return _set_region(x, starts, region, place, big)
 
-    def set(self, values, **_kwargs):
-        return self._update(values, "set")
+    set = _scatter_method("set")
+    add = _scatter_method("add")
+    subtract = _scatter_method("subtract")
+    multiply = mul = _scatter_method("multiply")
+    divide = div = _scatter_method("divide")
+    min = _scatter_method("min")  # noqa: A003 - jax's names
+    max = _scatter_method("max")  # noqa: A003
+    power = _scatter_method("power")
 
-    def add(self, values, **_kwargs):
-        return self._update(values, "add")
-
-    def subtract(self, values, **_kwargs):
-        return self._update(values, "subtract")
-
-    def multiply(self, values, **_kwargs):
-        return self._update(values, "multiply")
-
-    mul = multiply
-
-    def divide(self, values, **_kwargs):
-        return self._update(values, "divide")
-
-    div = divide
-
-    def min(self, values, **_kwargs):  # noqa: A003 - jax's name
-        return self._update(values, "min")
-
-    def max(self, values, **_kwargs):  # noqa: A003 - jax's name
-        return self._update(values, "max")
-
-    def power(self, values, **_kwargs):
-        return self._update(values, "power")
-
-    def apply(self, func, **_kwargs):
+    def apply(self, func, *, indices_are_sorted=False, unique_indices=False, mode=None):
         """``func`` (an elementwise function of Arrays, e.g. ``cnp.sin``) applied to the
         indexed elements, once per occurrence of each index (jax's ``.at[].apply``)."""
         if not callable(func):
             raise TypeError(f"x.at[...].apply: func must be callable, got {func!r}")
-        return self._update(0.0, "apply", func)
+        return self._moded(mode)._update(0.0, "apply", func)
+
+
+_MODES = ("promise_in_bounds", "clip", "drop", "fill")
+
+
+def _mode_name(mode, what: str):
+    """jax's GatherScatterMode as a string (None: the default), or ValueError."""
+    if mode is None:
+        return None
+    name = getattr(mode, "name", mode)   # lax.GatherScatterMode members too
+    name = name.lower() if isinstance(name, str) else name
+    if name == "fill_or_drop":
+        name = "fill"
+    if name not in _MODES:
+        raise ValueError(f'Unknown {what} mode "{mode}"')
+    return name
+
+
+def _default_fill(dtype):
+    dt = np.dtype(dtype)
+    if dt == np.bool_:
+        return True
+    if dt.kind == "i":
+        return np.iinfo(dt).min
+    if dt.kind == "u":
+        return np.iinfo(dt).max
+    return float("nan")
+
+
+def _o_move():
+    from . import _move
+    return _move
+
+
+def _walk_ints(shape, nidx, fn):
+    """``nidx`` (normalized) with ``...`` expanded and each int / _IntArray entry replaced by
+    ``fn(entry, dimension, its size)``; None if it holds an abstract index (eval_shape)."""
+    fill = _check_count(shape, nidx)
+    k = next((j for j, i in enumerate(nidx) if i is Ellipsis), None)
+    if k is not None:
+        nidx = nidx[:k] + (slice(None),) * fill + nidx[k + 1:]
+    out, d = [], 0
+    for i in nidx:
+        if isinstance(i, _Abstract):
+            return None
+        out.append(fn(i, d, shape[d]) if isinstance(i, (int, _IntArray)) else i)
+        d += _consumed(i)
+    return tuple(out)
+
+
+def _wrapped(i, n):
+    a = np.asarray(i.a if isinstance(i, _IntArray) else i, np.int64)
+    return np.where(a < 0, a + n, a)
+
+
+def _remap_index(shape, idx, mode):
+    """The index with its integer entries (ints and integer arrays, negatives wrapped once)
+    clipped into range (mode "clip"), or with out-of-range entries sent to position n of
+    their dimension (mode "fill": the caller pads that dimension with the fill value);
+    returns (index, the dimensions that need the pad). Slices, masks and abstract indices
+    are left as they are."""
+    pads = set()
+
+    def remap(i, d, n):
+        a = _wrapped(i, n)
+        if mode == "clip":
+            a = np.clip(a, 0, max(n - 1, 0))
+        else:
+            bad = (a < 0) | (a >= n)
+            if bad.any():
+                a = np.where(bad, n, a)
+                pads.add(d)
+        return int(a) if isinstance(i, int) else a
+    out = _walk_ints(shape, _normalize(idx), remap)
+    if out is None:
+        return idx, set()
+    return tuple(x.a if isinstance(x, _Mask) else x for x in out), pads
 
 
 def _apply_fn(fn, t: Array) -> Array:
@@ -1186,6 +1302,10 @@ def concatenate(arrays, axis: int = 0):
     """Join arrays along an existing dimension (``jnp.concatenate``). The result is
     unsharded along ``axis`` and takes the other dimensions' mesh axes of the first
     operand placed on a mesh (the others are resharded to match)."""
+    if axis is None:   # jnp: the operands flattened, then joined
+        o = _o()
+        return concatenate([o.reshape(a, (-1,)) if isinstance(a, Array) else
+                            np.ravel(np.asarray(a)) for a in arrays], 0)
     arrays, abstract = _operands(arrays, "concatenate")
     nd = len(arrays[0].shape)
     if nd == 0:

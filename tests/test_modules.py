@@ -216,3 +216,32 @@ def test_param_with_axes_rank_mismatch_names_the_param_under_a_mesh():
     with mesh, nn_partitioning.axis_rules(RULES):
         with pytest.raises(ValueError, match='"w"'):
             Bad().init(random.PRNGKey(0), np.ones(1, np.float32))
+
+
+def test_dense_arguments_are_validated_like_flax():
+    """DenseGeneral's axis out of range contracted another dimension silently; numpy-integer
+    features and axes were refused; Dense(features=2.0) was accepted."""
+    x = np.ones((2, 3), np.float32)
+    k = random.PRNGKey(0)
+    for axis in (4, -3):
+        with pytest.raises(ValueError, match=f"axis {axis} is out of range"):
+            nn.DenseGeneral(5, axis=axis).init(k, x)
+    with pytest.raises(ValueError, match="repeated axis"):
+        nn.DenseGeneral(5, axis=(1, -1)).init(k, x)
+    assert nn.DenseGeneral(np.int64(2)).init(k, x)["params"]["kernel"].shape == (3, 2)
+    assert nn.DenseGeneral(5, axis=np.int64(1)).init(k, x)["params"]["kernel"].shape == (3, 5)
+    assert nn.Dense(np.int64(2)).init(k, x)["params"]["kernel"].shape == (3, 2)
+    with pytest.raises(TypeError, match="features must be an int"):
+        nn.Dense(features=2.0).init(k, x)
+    with pytest.raises(ValueError, match="non-negative"):
+        nn.Dense(features=-1).init(k, x)
+
+
+def test_dropout_keeps_a_host_input_dtype():
+    import ml_dtypes
+    k = random.PRNGKey(0)
+    for dt in (np.float16, ml_dtypes.bfloat16):
+        for rate in (0.5, 1.0):
+            y = nn.Dropout(rate).apply({}, np.ones((2, 3), dt), deterministic=False,
+                                       rngs={"dropout": k})
+            assert y.dtype == dt, (dt, rate)

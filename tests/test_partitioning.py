@@ -373,3 +373,58 @@ def test_param_with_axes_under_mesh_creates_sharded_param():
         w = nn_partitioning.param_with_axes('wi', init, (4, 8), axes=('embed', 'mlp'))
     assert w.sharding == NamedSharding(mesh, P('data', 'model'))
     np.testing.assert_array_equal(np.asarray(w), np.arange(32, dtype=np.float32).reshape(4, 8))
+
+
+def test_placement_errors_are_not_reported_as_tree_mismatches():
+    """A leaf that cannot take its sharding (a size the mesh axis does not divide) says so;
+    only a tree that does not match is reported as a mismatch."""
+    import ctrainstate.numpy as cnp
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    with mesh:
+        with pytest.raises(ValueError, match=r"^with_sharding_constraint: dimension 0 of size 9 "
+                                             r"is not divisible by mesh axis 'data'"):
+            cts.lax.with_sharding_constraint(cnp.ones(9), cts.P("data"))
+        with pytest.raises(ValueError, match="shardings tree is not a prefix of the values"):
+            cts.lax.with_sharding_constraint({"a": cnp.ones(8)}, {"b": cts.P("data")})
+        with pytest.raises(ValueError, match=r"^jit in_shardings: dimension 0 of size 9 is not "
+                                             r"divisible"):
+            cts.jit(lambda x: x, in_shardings=cts.P("data"))(cnp.ones(9))
+        with pytest.raises(ValueError, match="sharding tree does not match the values"):
+            cts.jit(lambda x: x, in_shardings=({"b": cts.P()},))({"a": cnp.ones(8)})
+
+
+def test_unconstrained_dimension_gives_up_the_axes_constrained_dimensions_take():
+    """with_logical_constraint with UNCONSTRAINED keeps a dimension's current split less
+    the mesh axes the constrained dimensions use (jax on CPU: P('model', None) constrained to
+    (UNCONSTRAINED, 'model') gives P(None, 'model')); it raised about P('model', 'model')."""
+    from ctrainstate import partitioning as nnp
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    U = cts.P.UNCONSTRAINED
+    rules = (("Ldata", "data"), ("Lmodel", "model"))
+    cases = [(cts.P("model", None), (U, "Lmodel"), cts.P(None, "model")),
+             (cts.P(("data", "model")), (U, "Ldata"), cts.P("model", "data")),
+             (cts.P(None, "data"), ("Ldata", U), cts.P("data", None)),
+             (cts.P("model", "data"), (U, U), cts.P("model", "data"))]
+    for src, logical, want in cases:
+        a = cts.device_put(x, cts.NamedSharding(mesh, src))
+        with mesh:
+            b = nnp.with_sharding_constraint(a, logical, rules=rules)
+        assert b.sharding.spec == want, (src, logical, b.sharding.spec)
+        np.testing.assert_array_equal(np.asarray(b), x)
+
+
+def test_eval_shape_runs_a_model_that_calls_astype():
+    """Inside eval_shape the values are ShapeDtypeStructs: x.astype(...) in a model's
+    __call__ raised AttributeError, breaking eval_shape(model.init, ...)."""
+    import ctrainstate.numpy as cnp
+    from ctrainstate import nn
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(x.astype(cnp.float32)).astype(cnp.bfloat16)
+    shapes = cts.eval_shape(M().init, cts.random.PRNGKey(0), np.ones((2, 3), np.float32))
+    assert shapes["params"]["Dense_0"]["kernel"].shape == (3, 4)
+    out = cts.eval_shape(lambda t: t.astype(cnp.bfloat16), np.ones(3, np.float32))
+    assert out.shape == (3,) and out.dtype == cnp.bfloat16

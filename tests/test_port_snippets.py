@@ -1474,3 +1474,16 @@ def test_dot_of_vectors_and_einsum_arity():
     with pytest.raises(NotImplementedError, match="two operands"):
         cnp.einsum("ij,jk,kl->il", np.ones((2, 3), np.float32), np.ones((3, 4), np.float32),
                    np.ones((4, 5), np.float32))
+
+
+def test_to_bytes_takes_jax_arrays_with_flax_s_bytes():
+    """Params that came out of a jax/Flax model (jax Arrays, 0-d included) serialize to the
+    same bytes as flax.serialization.to_bytes; they raised TypeError."""
+    jnp = pytest.importorskip("jax.numpy")
+    fser = pytest.importorskip("flax.serialization")
+    from ctrainstate import serialization as cser
+    t = {"w": jnp.ones(3), "b": jnp.bfloat16(1.5), "s": jnp.float32(2.0),
+         "m": jnp.arange(4).reshape(2, 2), "n": np.float32(3.0)}
+    assert cser.to_bytes(t) == fser.to_bytes(t)
+    back = cser.msgpack_restore(cser.to_bytes(t))
+    np.testing.assert_array_equal(back["m"], [[0, 1], [2, 3]])

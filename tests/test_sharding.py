@@ -302,3 +302,14 @@ def test_op_outputs_take_their_own_meshs_sharding():
     assert outs[0] is outs[2] and outs[0] is not outs[1]
     # a list shape is accepted by the layout cache too
     assert outs[0].shard_shape([8, 4]) == outs[0].shard_shape((8, 4)) == (4, 1)
+
+
+def test_partition_spec_entries_are_normalised_as_in_jax():
+    """jax stores a one-name tuple as the name and an empty tuple as None (the same split),
+    so such specs compare and hash equal; two or more names stay a tuple."""
+    assert P(("x",)) == P("x") and hash(P(("x",))) == hash(P("x"))
+    assert P(()) == P(None) and P(("x",), ())[1] is None
+    assert P(("x", "y")) == (("x", "y"),) and P(("x", "y")) != P("x", "y")
+    assert P("x", None) != P("x")   # trailing Nones are not dropped (jax neither)
+    from ctrainstate.partitioning import logical_to_mesh_axes
+    assert logical_to_mesh_axes(("a",), (("a", ("x",)),)) == P("x")

@@ -77,7 +77,9 @@ def _check_entry(e):
         if not all(isinstance(x, str) for x in e):
             raise TypeError(
                 f"a PartitionSpec entry that is a tuple must hold mesh-axis names (strings), got {e!r}")
-        return tuple(e)
+        # as jax: ('x',) is the name 'x' and () is None (the same split), so the specs compare
+        # and hash equal
+        return None if len(e) == 0 else (e[0] if len(e) == 1 else tuple(e))
     raise TypeError(
         f"a PartitionSpec entry must be None, a mesh-axis name, a tuple of names or "
         f"PartitionSpec.UNCONSTRAINED; got {e!r} of type {type(e).__name__}")
@@ -94,6 +96,8 @@ class PartitionSpec(tuple):
     >>> PartitionSpec('data', None)
     PartitionSpec('data', None)
     >>> PartitionSpec(('x', 'y')) == (('x', 'y'),)
+    True
+    >>> PartitionSpec(('x',), ()) == PartitionSpec('x', None)   # normalised, as in jax
     True
     """
 

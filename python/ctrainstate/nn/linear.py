@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import _dtypes
 from .. import numpy as cnp
+from .._move import _int
 from ..array import Array, device_put
 from . import initializers
 from .dtypes import promote_dtype
@@ -87,9 +88,13 @@ class Dense(Module):
     def __call__(self, inputs):
         _check_dtype(self)
         precision = _precision(self)
-        kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), self.features),
+        if isinstance(self.features, (tuple, list)):
+            raise TypeError(f"Dense: features must be an int, got {self.features!r} (several "
+                            f"output dimensions: DenseGeneral)")
+        (features,) = _features(self.features, "Dense")
+        kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), features),
                             self.param_dtype)
-        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (features,), self.param_dtype)
                 if self.use_bias else None)
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
         y = cnp.matmul(inputs, kernel, precision=precision)
@@ -98,10 +103,29 @@ class Dense(Module):
         return y
 
 
+def _features(features, who):
+    """``features`` as a tuple of non-negative ints (an int or a sequence of them; numpy
+    integers too, bools and floats refused as Flax's shape checks refuse them)."""
+    feats = (features,) if not isinstance(features, (tuple, list)) else tuple(features)
+    out = tuple(_int(f, who, "features") for f in feats)
+    if any(f < 0 for f in out):
+        raise ValueError(f"{who}: features must be non-negative, got {features!r}")
+    return out
+
+
 def _canon(axes, ndim):
-    if isinstance(axes, int):
-        axes = (axes,)
-    return tuple(a % ndim for a in axes)
+    """Input axes (an int or a sequence of ints, negatives from the end) in [0, ndim)."""
+    axes = (axes,) if not isinstance(axes, (tuple, list)) else tuple(axes)
+    out = []
+    for a in axes:
+        a = _int(a, "DenseGeneral", "axis")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"DenseGeneral: axis {a} is out of range for an input of rank "
+                             f"{ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"DenseGeneral: repeated axis in {axes!r}")
+    return tuple(out)
 
 
 class DenseGeneral(Module):
@@ -132,7 +156,7 @@ class DenseGeneral(Module):
     def __call__(self, inputs):
         _check_dtype(self)
         precision = _precision(self)
-        feats = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        feats = _features(self.features, "DenseGeneral")
         nd = len(np.shape(inputs))
         axes = _canon(self.axis, nd)
         in_shape = tuple(np.shape(inputs)[a] for a in axes)

@@ -195,9 +195,20 @@ def _constrain_array(x, axis_resources, mesh):
     if any(e is PartitionSpec.UNCONSTRAINED for e in spec):
         cur = x.sharding
         cur_spec = tuple(cur.spec) if isinstance(cur, NamedSharding) and cur.mesh == mesh else ()
-        spec = PartitionSpec(*[
-            (cur_spec[i] if i < len(cur_spec) else None) if e is PartitionSpec.UNCONSTRAINED else e
-            for i, e in enumerate(spec)])
+        # an unconstrained dimension keeps its current split, less the mesh axes the
+        # constrained dimensions take (as jax: P('model', None) constrained to
+        # (UNCONSTRAINED, 'model') becomes P(None, 'model'))
+        taken = {a for e in spec if e is not PartitionSpec.UNCONSTRAINED and e is not None
+                 for a in ((e,) if isinstance(e, str) else e)}
+
+        def keep(i):
+            e = cur_spec[i] if i < len(cur_spec) else None
+            if e is None:
+                return None
+            left = tuple(a for a in ((e,) if isinstance(e, str) else e) if a not in taken)
+            return left if left else None
+        spec = PartitionSpec(*[keep(i) if e is PartitionSpec.UNCONSTRAINED else e
+                               for i, e in enumerate(spec)])
     target = NamedSharding(mesh, spec)
     if x.sharding == target:
         return x

@@ -67,12 +67,12 @@ class Dropout(Module):
             return inputs
         if self.rate == 1.0:
             # Flax: jnp.zeros_like(inputs) (zeros even where inputs are inf/NaN; no gradient)
-            x = inputs if isinstance(inputs, Array) else _ops._lift(inputs)
+            x = inputs if isinstance(inputs, Array) else _host_input(inputs)
             return _ops.zeros_like(x)
         keep = 1.0 - float(self.rate)
         if rng is None:
             rng = self.make_rng(self.rng_collection)
-        x = inputs if isinstance(inputs, Array) else _ops._lift(inputs)
+        x = inputs if isinstance(inputs, Array) else _host_input(inputs)
         shape = list(x.shape)
         for d in self.broadcast_dims:
             shape[d] = 1
@@ -94,3 +94,9 @@ class Dropout(Module):
         return _ops._keep(_ops.divide(x, keep), mask)
 
 
+
+
+def _host_input(inputs):
+    """A host input placed with its own float dtype (bfloat16 / float16 kept, as Flax)."""
+    from .. import numpy as cnp
+    return cnp.asarray(inputs)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ctrainstate as cts
+import ctrainstate.numpy as cnp
 from ctrainstate import P, NamedSharding
 from conftest import bytes_in_use
 from test_sharding import MESHES, _random_specs, mesh_of
@@ -304,3 +305,78 @@ def test_device_put_with_a_pytree_of_shardings():
         cts.device_put(x, {"w": dev, "other": dev})
     with pytest.raises(TypeError, match="not a sharding or device"):
         cts.device_put(x, {"w": dev, "sub": "x"})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: cnp.asarray(2 ** 40), lambda: cnp.array([2 ** 40, 3]), lambda: cnp.asarray((1, 2 ** 35)),
+    lambda: cts.device_put(2 ** 32 + 7), lambda: cnp.asarray(-2 ** 31 - 1), lambda: cnp.asarray(2 ** 31)])
+def test_python_ints_beyond_int32_raise_as_in_jax(make):
+    """jax (without x64) raises OverflowError for a Python int that int32 cannot hold; they
+    used to wrap silently (2**40 -> 0)."""
+    with pytest.raises(OverflowError, match="too large to convert to int32"):
+        make()
+
+
+def test_int32_limits_and_numpy_int64_data_convert_as_in_jax():
+    assert int(cnp.asarray(2 ** 31 - 1)) == 2 ** 31 - 1
+    assert int(cnp.asarray(-2 ** 31)) == -2 ** 31
+    assert np.asarray(cnp.asarray([[1, 2], [3, -2 ** 31]])).tolist() == [[1, 2], [3, -2 ** 31]]
+    # numpy int64 data is narrowed (jax truncates it too, it does not raise)
+    assert int(cnp.asarray(np.int64(2 ** 40 + 5))) == 5
+    assert np.asarray(cnp.asarray(np.array([2 ** 33 + 1]))).tolist() == [1]
+    assert int(cnp.asarray(2 ** 32 - 1, np.uint32)) == 2 ** 32 - 1
+    assert float(cnp.asarray(2 ** 40, dtype=np.float32)) == 2.0 ** 40
+
+
+def test_device_put_takes_foreign_arrays_and_refuses_strings():
+    """A jax array (the params of a ported Flax/HF checkpoint), a buffer or anything with
+    __array__ is copied from the host; device_put recursed forever on them. A str is a clear
+    TypeError."""
+    import array as pyarray
+    got = cts.device_put({"m": memoryview(np.arange(3, dtype=np.float32)),
+                          "a": pyarray.array("f", [1.0, 2.0])})
+    assert np.asarray(got["m"]).tolist() == [0.0, 1.0, 2.0]
+    assert np.asarray(got["a"]).tolist() == [1.0, 2.0] and got["a"].dtype == np.float32
+    with pytest.raises(TypeError, match="cannot place a str"):
+        cts.device_put("abc")
+    jnp = pytest.importorskip("jax.numpy")
+    import ml_dtypes
+    from ctrainstate.train_state import TrainState
+    import ctrainstate.optim as optim
+    a = cts.device_put(jnp.arange(4, dtype=jnp.bfloat16))
+    assert a.dtype == ml_dtypes.bfloat16 and np.asarray(a, np.float32).tolist() == [0, 1, 2, 3]
+    s = TrainState.create(apply_fn=None, params={"w": jnp.ones(3)}, tx=optim.sgd(0.5))
+    s = s.apply_gradients(grads={"w": jnp.ones(3)})
+    np.testing.assert_array_equal(np.asarray(s.params["w"]), 0.5)
+
+
+def test_array_methods_jax_users_call():
+    x = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    a = cts.device_put(x)
+    assert a.transpose().shape == (4, 3, 2) and a.transpose(1, 0, 2).shape == (3, 2, 4)
+    np.testing.assert_array_equal(np.asarray(a.transpose((2, 0, 1))), x.transpose(2, 0, 1))
+    np.testing.assert_array_equal(np.asarray(a.mT), np.swapaxes(x, -1, -2))
+    assert cnp.zeros((1, 3, 1)).squeeze().shape == (3,)
+    assert cnp.zeros((1, 3, 1)).squeeze(0).shape == (3, 1)
+    np.testing.assert_array_equal(np.asarray(a.flatten()), x.ravel())
+    np.testing.assert_array_equal(np.asarray(a.clip(2, 5)), np.clip(x, 2, 5))
+    assert (+a) is a
+    assert [10, 20, 30][cts.device_put(np.int32(2))] == 30
+    with pytest.raises(TypeError, match="only integer scalar arrays"):
+        [1, 2][cts.device_put(np.float32(1.0))]
+
+
+def test_bool_scalar_arrays_are_masks_not_indices():
+    """__index__ is for integer scalars only: numpy takes a bool scalar as a mask (and jax
+    refuses bool in __index__)."""
+    x = np.arange(6).reshape(2, 3)
+    assert x[cnp.asarray(True)].shape == (1, 2, 3) and x[cnp.asarray(False)].shape == (0, 2, 3)
+    with pytest.raises(TypeError):
+        [10, 20, 30][cnp.asarray(True)]
+
+
+def test_python_ints_beyond_int64_raise_overflow_error():
+    for make in (lambda: cnp.asarray(2 ** 70), lambda: cnp.asarray([1, 2 ** 70]),
+                 lambda: cts.device_put(-2 ** 64)):
+        with pytest.raises(OverflowError, match="too large to convert to int32"):
+            make()

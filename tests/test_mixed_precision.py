@@ -540,3 +540,22 @@ def test_joins_promote_16_bit_floats_as_jax():
     for parts in ([b, f], [b, h], [b, i]):
         assert cnp.concatenate(parts).dtype == jnp.concatenate(
             [jnp.asarray(np.asarray(p)) for p in parts]).dtype
+
+
+@pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_python_scalars_take_the_16bit_dtype_first(dt):
+    """A Python scalar is weakly typed: with a 16-bit float array it becomes that dtype
+    before the op (jax): float16_array / 1e5 divides by float16(1e5) = inf, giving 0; it was
+    computed with 1e5 itself."""
+    x = np.array([0.1, 3.0, -2.5, 6e4], np.float32).astype(dt)
+    h = cts.device_put(x)
+    f32 = lambda v: np.asarray(v, np.float32)   # noqa: E731
+    r = lambda s: np.float32(np.asarray(s, dt).astype(np.float32))   # the scalar, rounded
+    with np.errstate(all="ignore"):
+        cases = [(h / 1e5, f32(x) / r(1e5)), (h - 65520.0, f32(x) - r(65520.0)),
+                 (h * 1e-8, f32(x) * r(1e-8)), (0.3 * h, r(0.3) * f32(x)),
+                 (h + 70000, f32(x) + r(70000))]
+        for got, want in cases:
+            assert got.dtype == dt
+            np.testing.assert_array_equal(np.asarray(got).view(np.uint16),
+                                          want.astype(dt).view(np.uint16))

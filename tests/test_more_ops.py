@@ -813,3 +813,26 @@ def test_integer_exponent_is_jaxs_integer_pow():
     # not the float path: x ** 3 is x * x * x here, where powf may round differently
     third = np.asarray(X ** 3)
     assert np.array_equal(third[:3000], (x[:3000] * x[:3000]) * x[:3000])
+
+
+def test_isclose_allclose_hstack_vstack_diff_match_numpy():
+    a = np.array([1.0, 2.0, np.inf, -np.inf, np.nan, 1e-9, 0.0, np.inf], np.float32)
+    b = np.array([1.0 + 1e-6, 2.1, np.inf, np.inf, np.nan, 0.0, 1e-9, 1.0], np.float32)
+    for eq in (False, True):
+        np.testing.assert_array_equal(np.asarray(cnp.isclose(a, b, equal_nan=eq)),
+                                      np.isclose(a, b, equal_nan=eq))
+    assert bool(cnp.allclose(a[:2], a[:2] * (1 + 1e-7))) and not bool(cnp.allclose(a, b))
+    x = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    for f, g in ((cnp.hstack, np.hstack), (cnp.vstack, np.vstack)):
+        np.testing.assert_array_equal(np.asarray(f([x, x])), g([x, x]))
+        np.testing.assert_array_equal(np.asarray(f([x[0], x[1]])), g([x[0], x[1]]))
+    y = np.array([[1, 4, 9, 16], [2, 3, 5, 8]], np.float32)
+    np.testing.assert_array_equal(np.asarray(cnp.diff(y)), np.diff(y))
+    np.testing.assert_array_equal(np.asarray(cnp.diff(y, 2, axis=1)), np.diff(y, 2, axis=1))
+    np.testing.assert_array_equal(np.asarray(cnp.diff(y, axis=0)), np.diff(y, axis=0))
+
+
+def test_isclose_rounds_a_python_scalar_to_the_16bit_operand_dtype():
+    h = cts.device_put(np.array([1.0, 2.0], np.float16))
+    np.testing.assert_array_equal(np.asarray(cnp.isclose(h, 1.0001)), [True, False])
+    np.testing.assert_array_equal(np.asarray(cnp.isclose(1.0001, h)), [True, False])

@@ -98,6 +98,22 @@ class ShapeDtypeStruct(OperatorsMixin):
         from ._slicing import _IndexUpdateHelper
         return _IndexUpdateHelper(self)
 
+    # the Array methods a model's __call__ uses, so eval_shape(model.init, ...) runs it
+    def astype(self, dtype):
+        """The struct of ``x.astype(dtype)`` (as the Array method, under eval_shape)."""
+        from . import numpy as cnp
+        return cnp.astype(self, dtype)
+
+    def copy(self):
+        return ShapeDtypeStruct(self.shape, self.dtype, self.sharding)
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    def block_until_ready(self):
+        return self
+
 
 register_leaf_type(ShapeDtypeStruct)
 

@@ -125,8 +125,46 @@ class OperatorsMixin:
     def T(self):
         return _ops().transpose(self)
 
+    @property
+    def mT(self):
+        """The last two dimensions swapped (``jax.Array.mT``)."""
+        from . import numpy as cnp
+        return cnp.swapaxes(self, -1, -2)
+
+    def transpose(self, *axes):
+        """``jnp.transpose(x, axes)``: ``x.transpose()``, ``x.transpose(1, 0)`` or
+        ``x.transpose((1, 0))``."""
+        if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
+            axes = axes[0]
+        from . import numpy as cnp
+        return cnp.transpose(self, axes if axes else None)
+
+    def squeeze(self, axis=None):
+        from . import numpy as cnp
+        return cnp.squeeze(self, axis)
+
+    def flatten(self):
+        return _ops().reshape(self, (-1,))
+
+    def ravel(self):
+        return _ops().reshape(self, (-1,))
+
+    def clip(self, min=None, max=None):  # noqa: A002 - jax's parameter names
+        from . import numpy as cnp
+        return cnp.clip(self, min, max)
+
+    def __pos__(self):
+        return self
+
+    def __index__(self):
+        """An integer 0-d Array as a Python int (e.g. as a list index)."""
+        if self.ndim != 0 or np.dtype(self.dtype).kind not in "iu":   # bool: a mask, not 0/1
+            raise TypeError(f"only integer scalar arrays can be converted to a scalar index "
+                            f"(this one: shape {self.shape}, dtype {self.dtype})")
+        return int(np.asarray(self))
+
     def reshape(self, *shape):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, np.ndarray)):
             shape = shape[0]
         return _ops().reshape(self, shape)
 

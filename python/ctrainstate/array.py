@@ -504,8 +504,11 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
         return ShapeDtypeStruct(shape, dtype, s)
     if not isinstance(x, (Array, np.ndarray, np.generic, int, float, bool)) and not (
             isinstance(x, (list, tuple, dict)) and _is_numeric_list(x)):
-        from .tree_util import tree_map  # pytrees of arrays
-        return tree_map(lambda leaf: device_put(leaf, sharding), x)
+        from .tree_util import tree_flatten, tree_map
+        leaves, _ = tree_flatten(x)
+        if not (len(leaves) == 1 and leaves[0] is x):
+            return tree_map(lambda leaf: device_put(leaf, sharding), x)  # pytrees of arrays
+        x = _foreign_array(x)   # a leaf of another type: a jax/torch array, a buffer
     if isinstance(x, Array):
         if sharding is None:
             x._check_alive()
@@ -517,10 +520,42 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
         return _reshard(x, s)
     s = _as_sharding(sharding)
     arr = np.asarray(x)
+    check_python_ints(x, arr)
     dtype = _dtypes.canonicalize(arr.dtype)
     if arr.dtype != dtype:
         arr = arr.astype(dtype)
     return _from_host(arr, s)
+
+
+def _foreign_array(x) -> np.ndarray:
+    """A leaf that is neither an Array, numpy data nor a Python scalar, as a host array: a jax
+    or torch (CPU) array, anything with ``__array__`` or the buffer protocol."""
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"device_put: cannot place a {type(x).__name__} ({x!r:.40}): expected "
+                        f"an array, a Python scalar or a pytree of them")
+    try:
+        return np.asarray(x)
+    except Exception as e:
+        raise TypeError(f"device_put: cannot place a {type(x).__name__}: expected an array "
+                        f"(numpy, jax, torch, or with __array__ / the buffer protocol), a Python "
+                        f"scalar or a pytree of them ({e})") from None
+
+
+def check_python_ints(x, arr) -> None:
+    """Python ints (a scalar, or in lists / tuples; ``arr`` is ``np.asarray(x)``) that int32,
+    their dtype without x64, cannot hold raise OverflowError, as in jax; numpy int64 data is
+    narrowed as jax narrows it. Beyond int64 numpy holds them as objects."""
+    if isinstance(x, (bool, np.ndarray, np.generic)) or not isinstance(x, (int, list, tuple)):
+        return
+    if arr.dtype == object:
+        vals = [v for v in arr.flat if isinstance(v, int) and not isinstance(v, bool)]
+    elif arr.dtype.kind in "iu" and arr.size:
+        vals = arr[(arr < -2 ** 31) | (arr >= 2 ** 31)].tolist()
+    else:
+        return
+    bad = [v for v in vals if not -2 ** 31 <= v < 2 ** 31]
+    if bad:
+        raise OverflowError(f"Python int {bad[0]} too large to convert to int32")
 
 
 def from_dlpack(x, device=None) -> Array:

@@ -88,13 +88,21 @@ def with_sharding_constraint(x, shardings):
             return device_put(leaf, s)                 # ints, bools, 16-bit floats: placed
         return tree_util.tree_map(one, sub)
 
-    try:
-        return tree_util.tree_map(constrain, shardings, x, is_leaf=_is_spec_leaf)
+    s_leaves, s_td = tree_util.tree_flatten(shardings, is_leaf=_is_spec_leaf)
+    try:   # only a structure mismatch is reported as one (a placement error is its own)
+        subtrees = tree_util._flatten_up_to(s_td, x)
     except ValueError as e:
-        if "outside a mesh" in str(e):
-            raise
         raise ValueError(f"with_sharding_constraint: the shardings tree is not a prefix of the "
                          f"values: {e}") from None
+    out = []
+    for sp, sub in zip(s_leaves, subtrees):
+        try:
+            out.append(constrain(sp, sub))
+        except ValueError as e:
+            if "outside a mesh" in str(e):
+                raise
+            raise ValueError(f"with_sharding_constraint: {e}") from None
+    return tree_util.tree_unflatten(s_td, out)
 
 
 # --- dynamic_slice / dynamic_update_slice ---------------------------------------------------

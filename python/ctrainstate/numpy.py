@@ -369,6 +369,9 @@ def asarray(a, dtype=None, *, device=None):
             a = a.astype(dtype)
         return a if device is None else _place(a, device)
     host = _np.asarray(a, dtype=_dt.canonicalize(dtype) if dtype is not None else None)
+    if dtype is None:
+        from .array import check_python_ints
+        check_python_ints(a, host)
     return _place(host, device)
 
 
@@ -491,3 +494,69 @@ __all__ += [
     "left_shift", "less", "less_equal", "logical_and", "logical_not", "logical_or",
     "logical_xor", "mod", "not_equal", "remainder", "result_type", "right_shift",
 ]
+
+
+# --- comparisons of whole arrays, stacking, differences ----------------------------------------
+
+def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """``jnp.isclose``: ``|a - b| <= atol + rtol * |b|`` elementwise, infinities close only
+    to the same infinity, NaN close to NaN only with ``equal_nan`` (computed in float32;
+    integer operands are compared as floats)."""
+    # a Python scalar takes the other operand's 16-bit dtype first (jax's weak types)
+    a = _o._weak_in(a, getattr(b, "dtype", None)) if not hasattr(a, "dtype") else a
+    b = _o._weak_in(b, getattr(a, "dtype", None)) if not hasattr(b, "dtype") else b
+    fa = astype(a, _np.float32) if _np.dtype(getattr(a, "dtype", _np.float32)) != _np.float32 \
+        else a
+    fb = astype(b, _np.float32) if _np.dtype(getattr(b, "dtype", _np.float32)) != _np.float32 \
+        else b
+    finite = logical_and(isfinite(fa), isfinite(fb))
+    diff = abs(subtract(fa, fb))
+    tol = add(float(atol), multiply(float(rtol), abs(fb)))
+    close_finite = logical_and(finite, less_equal(where(finite, diff, 0.0), where(finite, tol, 1.0)))
+    same_inf = logical_and(logical_and(isinf(fa), isinf(fb)), equal(fa, fb))
+    out = logical_or(close_finite, same_inf)
+    if equal_nan:
+        out = logical_or(out, logical_and(isnan(fa), isnan(fb)))
+    return out
+
+
+def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """``jnp.allclose``: a bool scalar Array, every element :func:`isclose`."""
+    return all(isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def hstack(tup):
+    """``jnp.hstack``: joined along axis 1 (axis 0 for 1-d operands)."""
+    arrs = atleast_1d(*tup) if len(tup) > 1 else [atleast_1d(*tup)]
+    return concatenate(arrs, 0 if arrs[0].ndim == 1 else 1)
+
+
+def vstack(tup):
+    """``jnp.vstack``: operands made at least 2-d, joined along axis 0."""
+    arrs = atleast_2d(*tup) if len(tup) > 1 else [atleast_2d(*tup)]
+    return concatenate(arrs, 0)
+
+
+def diff(a, n=1, axis=-1):
+    """``jnp.diff``: the ``n``-th forward difference along ``axis``."""
+    from ._slicing import getitem
+    n = _operator_index(n, "diff: n")
+    if n < 0:
+        raise ValueError(f"diff: order n must be non-negative, got {n}")
+    x = asarray(a)
+    ax = _o._axes(axis, x.ndim)[0] if x.ndim else None
+    if ax is None:
+        raise ValueError("diff requires an input that is at least one-dimensional")
+    for _ in range(n):
+        hi = tuple(slice(1, None) if d == ax else slice(None) for d in range(x.ndim))
+        lo = tuple(slice(None, -1) if d == ax else slice(None) for d in range(x.ndim))
+        x = subtract(getitem(x, hi), getitem(x, lo))
+    return x
+
+
+def _operator_index(v, what):
+    import operator
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {v!r}") from None

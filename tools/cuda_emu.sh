@@ -80,15 +80,6 @@ else
 fi
 export CTRAINSTATE_CUDA_BACKEND="$work/cuda_backend_emu.so"
 export CTRAINSTATE_NCCL_LIB="$work/cuda_backend_emu.so"  # it also emulates the NCCL calls
-# The repeat runs (eager schedule, two GPUs) leave out the slowest repeats of the split-4
-# run: adafactor's clip and momentum chains on two of its three layouts (the third layout and
-# plain adafactor on all three still run), to keep CI under its time budget.
-repeat_skip=()
-for lay in 0 1; do
-    for chain in clip_adafactor adafactor_momentum; do
-        repeat_skip+=(--deselect "tests/test_gpu.py::test_adafactor_on_gpu_matches_cpu[$lay-$chain]")
-    done
-done
 pt=(python -m pytest -q -p no:cacheprovider)
 
 run() {  # run NAME [pytest args...]
@@ -100,8 +91,7 @@ run() {  # run NAME [pytest args...]
         CTRAINSTATE_GPU_SPLIT=${name#split} "${pt[@]}" tests/test_gpu.py "$@" ;;
     eager)
         echo "-- the same, every queued operation run when issued (CT_EMU_SCHEDULE=eager)"
-        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py \
-            "${repeat_skip[@]}" "$@" ;;
+        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py "$@" ;;
     cpu8)
         echo "-- CPU suites that are device-generic, on 8 emulated GPU devices (the default backend)"
         CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_ops.py \
@@ -120,8 +110,7 @@ run() {  # run NAME [pytest args...]
         CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_gpu.py -k example "$@" ;;
     ngpu2_split1|ngpu2_split2)
         echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split})"
-        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/test_gpu.py \
-            "${repeat_skip[@]}" "$@" ;;
+        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/test_gpu.py "$@" ;;
     bench)
         echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
         PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" bench ;;

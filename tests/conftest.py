@@ -17,6 +17,17 @@ _xla = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _xla:
     os.environ["XLA_FLAGS"] = (_xla + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# jax's persistent compilation cache. The parity tests spend most of their time in XLA
+# compiling the jax side; with the compiled programs kept on disk, a second pytest process (CI's
+# rerun of the CPU suites on emulated GPU devices, a developer's rerun) loads them instead. The
+# programs are the same, so are their results. CTRAINSTATE_TEST_JAX_CACHE: the directory, or
+# 0 for none.
+_jax_cache = os.environ.get("CTRAINSTATE_TEST_JAX_CACHE") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "ctrainstate", "jax-test-compile")
+if _jax_cache != "0":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _jax_cache)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 if os.environ.get("CTRAINSTATE_SANITIZED") == "1":
     # Under tools/sanitize.sh: jaxlib is not built for ASan, so parity tests

@@ -81,17 +81,29 @@ fi
 export CTRAINSTATE_CUDA_BACKEND="$work/cuda_backend_emu.so"
 export CTRAINSTATE_NCCL_LIB="$work/cuda_backend_emu.so"  # it also emulates the NCCL calls
 pt=(python -m pytest -q -p no:cacheprovider)
+# Tests whose behaviour does not depend on the device layout run in full in the split4 run
+# only (and in examples8 / ngpu2_split2 for the examples): the other layouts leave them out.
+# test_fused_launch_settings_give_the_same_bits uses the first device alone (the kernels'
+# launch settings, one device's schedule); the examples are whole training runs, kept where
+# their collectives differ (4 and 8 logical devices of one GPU; two GPUs with NCCL between).
+once=(--deselect tests/test_gpu.py::test_fused_launch_settings_give_the_same_bits)
+examples=(--deselect tests/test_gpu.py::test_example_runs_on_gpu_devices)
 
 run() {  # run NAME [pytest args...]
     local name=$1
     shift
     case $name in
-    split1|split4)
-        echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=${name#split}"
-        CTRAINSTATE_GPU_SPLIT=${name#split} "${pt[@]}" tests/test_gpu.py "$@" ;;
+    split4)
+        echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=4"
+        CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py "$@" ;;
+    split1)
+        echo "-- the same with CTRAINSTATE_GPU_SPLIT=1 (without the launch-settings case and the examples)"
+        CTRAINSTATE_GPU_SPLIT=1 "${pt[@]}" tests/test_gpu.py "${once[@]}" "${examples[@]}" "$@" ;;
     eager)
-        echo "-- the same, every queued operation run when issued (CT_EMU_SCHEDULE=eager)"
-        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py "$@" ;;
+        echo "-- split 4, every queued operation run when issued (CT_EMU_SCHEDULE=eager; without the"
+        echo "   launch-settings case and the examples)"
+        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py "${once[@]}" \
+            "${examples[@]}" "$@" ;;
     cpu8)
         echo "-- CPU suites that are device-generic, on 8 emulated GPU devices (the default backend)"
         CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_ops.py \
@@ -109,8 +121,11 @@ run() {  # run NAME [pytest args...]
         echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
         CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_gpu.py -k example "$@" ;;
     ngpu2_split1|ngpu2_split2)
-        echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split})"
-        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/test_gpu.py "$@" ;;
+        local skip=("${once[@]}")
+        [ "$name" = ngpu2_split2 ] || skip+=("${examples[@]}")
+        echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split};"
+        echo "   without the launch-settings case${skip[2]:+ and the examples})"
+        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/test_gpu.py "${skip[@]}" "$@" ;;
     bench)
         echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
         PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" bench ;;

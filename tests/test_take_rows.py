@@ -86,3 +86,40 @@ def test_embed_uses_rows_and_trains_sharded():
                                atol=1e-6)
     table = np.asarray(ref["embedding"])
     np.testing.assert_array_equal(np.asarray(model.apply({"params": ref}, ids)), table[ids])
+
+
+def test_embed_negative_ids_count_from_the_end():
+    """nn.Embed reads ids as Flax's jnp.take does: [-n, 0) from the end (numpy's rule, the
+    reference here), the gradient landing on those rows; ids outside [-n, n) raise (Flax gives
+    NaN rows); with one row only 0 is valid (Flax compares ids with 0)."""
+    model = nn.Embed(num_embeddings=7, features=3)
+    ids = np.array([[0, -1, 6, -7], [3, -4, 2, -2]])
+    params = model.init(random.PRNGKey(3), np.zeros((1,), np.int32))["params"]
+    table = np.asarray(params["embedding"])
+    out = model.apply({"params": params}, ids)
+    np.testing.assert_array_equal(np.asarray(out), table[ids])
+    w = np.random.default_rng(4).standard_normal((2, 4, 3)).astype(np.float32)
+    g = cts.grad(lambda p: cnp.sum(model.apply({"params": p}, ids) * w))(params)
+    want = np.zeros_like(table)
+    np.add.at(want, ids % 7, w)
+    np.testing.assert_allclose(np.asarray(g["embedding"]), want, rtol=1e-6)
+    for bad in (7, -8, 100):
+        with pytest.raises(ValueError, match=r"ids must be in \[-7, 7\).*e\.g\. " + str(bad)):
+            model.apply({"params": params}, np.array([1, bad, 2]))
+    one = nn.Embed(num_embeddings=1, features=2)
+    p1 = one.init(random.PRNGKey(0), np.zeros((1,), np.int32))["params"]
+    np.testing.assert_array_equal(np.asarray(one.apply({"params": p1}, np.array([0, 0]))),
+                                  np.asarray(p1["embedding"])[[0, 0]])
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 1\)"):
+        one.apply({"params": p1}, np.array([0, -1]))
+
+
+@pytest.mark.parity
+def test_embed_negative_ids_match_flax():
+    flax_nn = pytest.importorskip("flax.linen")
+    jnp = pytest.importorskip("jax.numpy")
+    ids = np.array([[0, -1, 6], [-7, -3, 2]])
+    table = np.random.default_rng(5).standard_normal((7, 4)).astype(np.float32)
+    want = flax_nn.Embed(7, 4).apply({"params": {"embedding": jnp.asarray(table)}}, ids)
+    got = nn.Embed(7, 4).apply({"params": {"embedding": table}}, ids)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

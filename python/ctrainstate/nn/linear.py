@@ -268,6 +268,9 @@ def _flat_sharding(sharding, shape, flat_shape):
 class Embed(Module):
     """Embedding lookup: ``embedding[inputs]`` with ``embedding`` of shape
     ``(num_embeddings, features)``; ``attend(query)`` is ``query @ embedding.T``.
+    Ids are integers in ``[-num_embeddings, num_embeddings)``, a negative one counting from
+    the end as in Flax (``jnp.take``); an id outside raises ``ValueError`` where Flax would
+    return a row of NaN.
     ``dtype`` (Flax's): the table is cast to it before the lookup (and, with the query, in
     ``attend``); ``None`` keeps ``param_dtype``. A 16-bit table is converted to float32 for
     the row gather on each device (one float32 copy of each device's block per call)."""
@@ -301,9 +304,18 @@ class Embed(Module):
         idx = np.asarray(inputs)
         if not np.issubdtype(idx.dtype, np.integer):
             raise TypeError(f"Embed expects integer inputs, got {idx.dtype}")
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_embeddings):
-            raise ValueError(f"Embed: indices must be in [0, {self.num_embeddings}), got "
-                             f"[{idx.min()}, {idx.max()}]")
+        n = self.num_embeddings
+        # Flax reads jnp.take(embedding, ids, axis=0): an id in [-n, 0) counts from the end,
+        # as in numpy; with one row Flax compares ids with 0, so only 0 is a row. Flax returns
+        # NaN rows for the other ids without a word; here they are an error.
+        lo = -n if n > 1 else 0
+        if idx.size and (idx.min() < lo or idx.max() >= n):
+            bad = idx[(idx < lo) | (idx >= n)]
+            raise ValueError(f"Embed: ids must be in [{lo}, {n}) for num_embeddings={n} (a "
+                             f"negative id counts from the end), got {bad.size} outside, e.g. "
+                             f"{bad.reshape(-1)[0]} (ids span [{idx.min()}, {idx.max()}])")
+        if idx.size and idx.min() < 0:
+            idx = np.where(idx < 0, idx + n, idx)
         embedding, = promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
         return cnp.take_rows(embedding, idx)
 

@@ -546,6 +546,68 @@ def test_float_cumsum_values_and_gradient():
     assert cnp.cumsum(b, axis=1).dtype == BF16
 
 
+def _cumprod_wrapped(x, axis, dt):
+    """Sequential products with two's-complement wrap in ``dt``: the low 32 bits of a product
+    depend only on the factors' low 32 bits, so uint64 products (numpy wraps them mod 2^64)
+    cut to 32 bits are the reference."""
+    u = np.asarray(x).astype(np.int64).view(np.uint64)
+    r = np.cumprod(u, axis=axis, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
+    return r.astype(np.uint32).view(np.int32).astype(dt) if dt != U32 else r.astype(np.uint32)
+
+
+@pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
+def test_cumprod(dt):
+    x = values(dt, (5, 7), 35)
+    want_dt = np.int32 if dt == BOOL else dt
+    for axis in (0, 1, -1, None):
+        got = cnp.cumprod(put(x), axis=axis)
+        assert got.dtype == want_dt and got.shape == np.cumprod(x, axis=axis).shape
+        np.testing.assert_array_equal(host(got), _cumprod_wrapped(x, axis, want_dt), err_msg=str(axis))
+    big = np.array([[65536, 65536, 3, -1]], np.int32)       # 2^32 wraps to 0 in int32
+    assert host(cnp.cumprod(put(big), axis=1)).tolist() == [[65536, 0, 0, 0]]
+
+
+def test_float_cumprod_values_and_gradient():
+    rng = np.random.default_rng(36)
+    x = (rng.random((6, 11)) + 0.5).astype(np.float32) * rng.choice([-1, 1], (6, 11))
+    x[2, 4] = 0.0                                             # a zero factor
+    for axis in (0, 1, None):
+        np.testing.assert_allclose(host(cnp.cumprod(put(x), axis=axis)),
+                                   np.cumprod(x.astype(np.float64), axis=axis), rtol=1e-5, atol=1e-6)
+    w = rng.standard_normal((6, 11)).astype(np.float32)
+    g = cts.grad(lambda v: cnp.sum(cnp.cumprod(v, axis=1) * w))(put(x))
+    # d/dx[j] of sum_i w[i] prod_{k<=i} x[k] = sum over i >= j of w[i] prod_{k<=i, k!=j} x[k],
+    # in float64 from the definition (the zero factor's own derivative included)
+    want = np.zeros((6, 11))
+    x64 = x.astype(np.float64)
+    for r in range(6):
+        for j in range(11):
+            want[r, j] = sum(w[r, i] * np.prod(np.delete(x64[r, :i + 1], j)) for i in range(j, 11))
+    np.testing.assert_allclose(host(g), want, rtol=1e-4, atol=1e-5)
+    b = put(x.astype(BF16))
+    assert cnp.cumprod(b, axis=1).dtype == BF16
+    jax, jnp = pytest.importorskip("jax"), _jnp()
+    jg = jax.grad(lambda v: jnp.sum(jnp.cumprod(v, axis=1) * w))(jnp.asarray(x))
+    np.testing.assert_allclose(host(g), np.asarray(jg), rtol=1e-4, atol=1e-5)
+    xi = values(I32, (4, 5), 37)                              # wrapping: the same bits as jax
+    same_bits(cnp.cumprod(put(xi), axis=0), np.asarray(jnp.cumprod(jnp.asarray(xi), axis=0)))
+    np.testing.assert_allclose(host(cnp.cumprod(put(x), axis=1)),
+                               np.asarray(jnp.cumprod(jnp.asarray(x), axis=1)), rtol=1e-5, atol=1e-6)
+
+
+def test_cumprod_on_a_mesh_equals_one_device():
+    if cts.device_count() < 8:
+        pytest.skip("needs 8 CPU devices")
+    mesh = cts.make_mesh((2, 4), ("a", "b"))
+    x = values(I32, (8, 16), 38)
+    f = (np.random.default_rng(39).random((8, 16)) + 0.5).astype(np.float32)
+    for spec in (P("a", "b"), P("b", None), P(None, ("a", "b"))):
+        for v in (x, f):
+            one = cnp.cumprod(put(v), axis=1)
+            sharded = cnp.cumprod(cts.device_put(v, NamedSharding(mesh, spec)), axis=1)
+            same_bits(sharded, host(one))
+
+
 # --- meshes: sharded results are the single-device bits ---------------------------------------------------------
 
 MESHES = [((8,), ("x",), [P("x"), P(None, "x"), P()]),

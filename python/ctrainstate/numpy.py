@@ -7,7 +7,7 @@ collectives it implies and the autodiff rules are described in
 dtype promotion and are computed in float32 and rounded once per op (``astype`` converts
 on the devices). Comparisons (``equal``, ``greater``, ... and ``== < >`` on Arrays) return bool
 Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / ``remainder``
-(``// %``), ``isnan`` / ``isinf`` / ``isfinite``, ``any`` / ``all``, ``cumsum`` (any dtype), and
+(``// %``), ``isnan`` / ``isinf`` / ``isfinite``, ``any`` / ``all``, ``cumsum`` / ``cumprod`` (any dtype), and
 ``add`` / ``subtract`` / ``multiply`` / ``maximum`` / ``minimum`` / ``negative`` / ``abs`` /
 ``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / bool Arrays compute in the
 operands' own (jax-promoted) dtype on each device's blocks, with jax's results
@@ -94,6 +94,7 @@ from ._elementwise import (  # noqa: F401
     bitwise_not,
     bitwise_or,
     bitwise_xor,
+    cumprod,
     cumsum,
     equal,
     floor_divide,
@@ -489,7 +490,8 @@ __all__ += [
     "atleast_1d", "atleast_2d", "atleast_3d", "diag", "diagonal", "eye", "flip", "fliplr",
     "flipud", "moveaxis", "pad", "prod", "repeat", "roll", "swapaxes", "take",
     "take_along_axis", "tile", "tril", "triu",
-    "all", "any", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cumsum", "equal",
+    "all", "any", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cumprod", "cumsum",
+    "equal",
     "floor_divide", "greater", "greater_equal", "invert", "isfinite", "isinf", "isnan",
     "left_shift", "less", "less_equal", "logical_and", "logical_not", "logical_or",
     "logical_xor", "mod", "not_equal", "remainder", "result_type", "right_shift",

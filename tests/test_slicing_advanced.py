@@ -110,11 +110,12 @@ def test_jax_parity_getitem_and_gradients():
              np.s_[np.array([0, 9, -1, -12])], np.s_[:, np.array([[5, -6]]), 7:0:-3],
              np.s_[np.array([2**31 - 1, -2**31]), 1]]
     for idx in cases:
-        want = np.asarray(jnp.asarray(h)[idx])
-        np.testing.assert_array_equal(np.asarray(x[idx]), want, err_msg=str(idx))
-        w = rng.standard_normal(want.shape).astype(np.float32)
+        w = rng.standard_normal(jax.eval_shape(lambda v: v[idx], h).shape).astype(np.float32)
+        # jax's read and gradient in one program (one XLA compile, most of this test's time)
+        want, gj = jax.jit(lambda v: (v[idx], jax.grad(lambda u: jnp.sum(u[idx] * w))(v)))(
+            jnp.asarray(h))
+        np.testing.assert_array_equal(np.asarray(x[idx]), np.asarray(want), err_msg=str(idx))
         g = cts.grad(lambda v: cnp.sum(v[idx] * w))(x)
-        gj = jax.grad(lambda v: jnp.sum(v[idx] * w))(jnp.asarray(h))
         np.testing.assert_allclose(np.asarray(g), np.asarray(gj), rtol=1e-6, atol=1e-6,
                                    err_msg=str(idx))
 
@@ -204,15 +205,26 @@ def test_at_updates_match_jax():
     w = rng.standard_normal(SHAPE).astype(np.float32)
     for idx in [AT_CASES[0], AT_CASES[2], np.s_[np.array([9, -9, 2, 2]), ::2]]:
         jdx = np.asarray(idx) if isinstance(idx, list) else idx  # jax refuses a bare list
-        v = (rng.standard_normal(jnp.asarray(h)[jdx].shape) + 3.0).astype(np.float32)
-        for kind in ("set", "add", "multiply", "divide"):
-            want = getattr(jnp.asarray(h).at[jdx], kind)(v)
+        v = (rng.standard_normal(jax.eval_shape(lambda a: a[jdx], h).shape) + 3.0).astype(np.float32)
+        kinds = ("set", "add", "multiply", "divide")
+        grad_kinds = ("set", "add")  # jax differentiates scatter_mul only for unique indices
+
+        def upd(a, b, kind):
+            return a.at[jdx].set(b) if kind == "set" else a.at[jdx].add(b)
+
+        def jax_side(a, b):
+            # every update and gradient of this index in one jax program (one XLA compile)
+            outs = [getattr(a.at[jdx], kind)(b) for kind in kinds]
+            grads = [jax.grad(lambda a_, b_, k=kind: jnp.sum(upd(a_, b_, k) * w), argnums=(0, 1))(a, b)
+                     for kind in grad_kinds]
+            return outs, grads
+
+        wants, jgrads = jax.jit(jax_side)(jnp.asarray(h), v)
+        for kind, want in zip(kinds, wants):
             np.testing.assert_allclose(np.asarray(getattr(x.at[idx], kind)(v)), np.asarray(want),
                                        rtol=1e-6, err_msg=f"{kind} {idx}")
-        for kind in ("set", "add"):  # jax differentiates scatter_mul only for unique indices
-            f = lambda a, b: (a.at[jdx].set(b) if kind == "set" else a.at[jdx].add(b))  # noqa: E731
-            gx, gv = cts.grad(lambda a, b: cnp.sum(f(a, b) * w), argnums=(0, 1))(x, v)
-            gxj, gvj = jax.grad(lambda a, b: jnp.sum(f(a, b) * w), argnums=(0, 1))(jnp.asarray(h), v)
+        for kind, (gxj, gvj) in zip(grad_kinds, jgrads):
+            gx, gv = cts.grad(lambda a, b: cnp.sum(upd(a, b, kind) * w), argnums=(0, 1))(x, v)
             np.testing.assert_allclose(np.asarray(gx), np.asarray(gxj), rtol=1e-6, atol=1e-7)
             np.testing.assert_allclose(np.asarray(gv), np.asarray(gvj), rtol=1e-6, atol=1e-7)
 

@@ -113,6 +113,19 @@ def _features(features, who):
     return out
 
 
+def _batch_dims(batch_dims, ndim):
+    """Flax's batch_dims check: the leading axes 0 .. k-1, each once, all inside the input."""
+    dims = (batch_dims,) if not isinstance(batch_dims, (tuple, list)) else tuple(batch_dims)
+    dims = tuple(_int(d, "DenseGeneral", "batch_dims") for d in dims)
+    if dims and (sorted(dims) != list(range(len(dims))) ):
+        raise ValueError(f"DenseGeneral: batch_dims {batch_dims!r} must be consecutive leading "
+                         f"dimensions starting from 0 (each once)")
+    if len(dims) > ndim:
+        raise ValueError(f"DenseGeneral: batch_dims {batch_dims!r} name more axes than the "
+                         f"input's rank {ndim}")
+    return tuple(sorted(dims))
+
+
 def _canon(axes, ndim):
     """Input axes (an int or a sequence of ints, negatives from the end) in [0, ndim)."""
     axes = (axes,) if not isinstance(axes, (tuple, list)) else tuple(axes)
@@ -130,7 +143,7 @@ def _canon(axes, ndim):
 
 class DenseGeneral(Module):
     """Dense over several input axes and/or producing several feature axes (Flax's
-    ``DenseGeneral`` without ``batch_dims``).
+    ``DenseGeneral``).
 
     ``axis``: input axes contracted (default the last); ``features``: an int or a
     tuple of output sizes. As in Flax, the kernel (and bias) initializer sees the
@@ -140,10 +153,18 @@ class DenseGeneral(Module):
     names). Multi-axis kernels are generated on the host and scattered; 2-d ones
     are generated in place on each device. ``precision`` and ``dtype``: as
     :class:`Dense`'s.
+
+    ``batch_dims``: leading input axes ``(0, ..., k-1)`` with a kernel (and bias) of their
+    own per index, as Flax's: the kernel is ``batch_shape + in_shape + features``, the bias
+    ``batch_shape + features``, both initialised on Flax's flattened shapes
+    ``(prod(batch) * prod(in), prod(features))`` and ``(prod(batch) * prod(features),)``;
+    the output is ``batch_shape + other input axes + features``. With ``kernel_axes`` the
+    names cover the kernel's axes in that order (the bias takes the batch and feature names).
     """
 
     features: Any
     axis: Any = -1
+    batch_dims: Any = ()
     use_bias: bool = True
     dtype: Any = None
     param_dtype: Any = np.float32
@@ -158,7 +179,14 @@ class DenseGeneral(Module):
         precision = _precision(self)
         feats = _features(self.features, "DenseGeneral")
         nd = len(np.shape(inputs))
+        bdims = _batch_dims(self.batch_dims, nd)
         axes = _canon(self.axis, nd)
+        if set(axes) & set(bdims):
+            raise ValueError(f"DenseGeneral: axis {self.axis!r} contracts batch dimension(s) "
+                             f"{sorted(set(axes) & set(bdims))} of batch_dims "
+                             f"{self.batch_dims!r}")
+        if bdims:
+            return self._batched(inputs, feats, bdims, axes, precision)
         in_shape = tuple(np.shape(inputs)[a] for a in axes)
         kshape = in_shape + feats
         flat = (math.prod(in_shape), math.prod(feats))
@@ -181,6 +209,38 @@ class DenseGeneral(Module):
             y = cnp.reshape(y, batch_shape + feats)
         if bias is not None:
             y = y + bias
+        return y
+
+    def _batched(self, inputs, feats, bdims, axes, precision):
+        """The batch_dims form: Flax's dot_general with batch dimensions, as an einsum."""
+        shape = tuple(np.shape(inputs))
+        nd, nb = len(shape), len(bdims)
+        batch_shape = shape[:nb]
+        in_shape = tuple(shape[a] for a in axes)
+        flat = (math.prod(batch_shape) * math.prod(in_shape), math.prod(feats))
+        names = tuple(self.kernel_axes)
+        kernel = self._declare("kernel", _flat_init(self.kernel_init, flat),
+                               batch_shape + in_shape + feats, names or None)
+        bias = None
+        if self.use_bias:
+            bias = self._declare("bias", _flat_init(self.bias_init,
+                                                    (math.prod(batch_shape) * flat[1],)),
+                                 batch_shape + feats,
+                                 (names[:nb] + names[nb + len(axes):]) or None)
+        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+        if nd + len(feats) > len(letters):
+            raise ValueError(f"DenseGeneral: rank {nd} input with {len(feats)} feature axes "
+                             f"is more axes than this einsum can name ({len(letters)})")
+        sx = letters[:nd]
+        sf = letters[nd:nd + len(feats)]
+        keep = [d for d in range(nb, nd) if d not in axes]
+        sk = sx[:nb] + "".join(sx[a] for a in axes) + sf
+        so = sx[:nb] + "".join(sx[d] for d in keep) + sf
+        y = cnp.einsum(f"{sx},{sk}->{so}", inputs, kernel, precision=precision)
+        if bias is not None:
+            # Flax: the bias broadcast over the kept input axes (1s there)
+            y = y + cnp.reshape(bias, batch_shape + (1,) * len(keep) + feats)
         return y
 
     def _declare(self, name, init, shape, axes):

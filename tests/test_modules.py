@@ -319,3 +319,72 @@ def test_dropout_keeps_a_host_input_dtype():
             y = nn.Dropout(rate).apply({}, np.ones((2, 3), dt), deterministic=False,
                                        rngs={"dropout": k})
             assert y.dtype == dt, (dt, rate)
+
+
+def _capture_model(m):
+    class Block(m.Module):
+        @m.compact
+        def __call__(self, x):
+            return m.Dense(3)(x) * 2.0
+
+        def extra(self, x):
+            return x + 1.0
+
+    class Net(m.Module):
+        @m.compact
+        def __call__(self, x):
+            b = Block()
+            h = b(x)
+            h = b(h)                      # one submodule called twice: two entries
+            return m.Dense(2)(b.extra(h))
+    return Net
+
+
+def _tree_np(t):
+    if isinstance(t, dict):
+        return {k: _tree_np(v) for k, v in t.items()}
+    if isinstance(t, tuple):
+        return tuple(_tree_np(v) for v in t)
+    return np.asarray(t)
+
+
+def test_capture_intermediates():
+    """Flax's capture_intermediates: every __call__'s output in 'intermediates' (a tuple per
+    call site), a filter function choosing methods; 'intermediates' becomes mutable, so apply
+    returns (output, variables) even with mutable=False."""
+    Net = _capture_model(nn)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    v = Net().init(random.PRNGKey(0), x)
+    assert "intermediates" not in v
+    y, st = Net().apply(v, x, capture_intermediates=True)
+    inter = st["intermediates"]
+    assert sorted(st) == ["intermediates"]
+    assert sorted(inter) == ["Block_0", "Dense_0", "__call__"]
+    np.testing.assert_array_equal(np.asarray(inter["__call__"][0]), np.asarray(y))
+    assert len(inter["Block_0"]["__call__"]) == 2 and len(inter["Block_0"]["Dense_0"]["__call__"]) == 2
+    # the entries are the values the model computed: recompute them from the parameters
+    p = v["params"]
+    k1, b1 = np.asarray(p["Block_0"]["Dense_0"]["kernel"]), np.asarray(p["Block_0"]["Dense_0"]["bias"])
+    h1 = (x @ k1 + b1) * 2.0
+    h2 = (h1 @ k1 + b1) * 2.0
+    np.testing.assert_allclose(np.asarray(inter["Block_0"]["__call__"][0]), h1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(inter["Block_0"]["__call__"][1]), h2, rtol=1e-5, atol=1e-6)
+    only_extra = Net().apply(v, x, capture_intermediates=lambda mdl, name: name == "extra")[1]
+    assert list(only_extra["intermediates"]) == ["Block_0"]
+    np.testing.assert_allclose(np.asarray(only_extra["intermediates"]["Block_0"]["extra"][0]),
+                               h2 + 1.0, rtol=1e-5, atol=1e-6)
+    # with another mutable collection, and at init (Flax keeps them when asked)
+    _, both = Net().apply(v, x, capture_intermediates=True, mutable=["batch_stats"])
+    assert "intermediates" in both
+    vi = Net().init(random.PRNGKey(0), x, capture_intermediates=True)
+    assert "intermediates" in vi and "params" in vi
+    with pytest.raises(TypeError, match="capture_intermediates must be a bool or a function"):
+        Net().apply(v, x, capture_intermediates="yes")
+    fnn = pytest.importorskip("flax.linen")
+    jnp = pytest.importorskip("jax.numpy")
+    fy, fst = _capture_model(fnn)().apply({"params": _tree_np(p)}, jnp.asarray(x),
+                                          capture_intermediates=True)
+    got, want = _flat(_tree_np(st["intermediates"])), _flat(_tree_np(fst["intermediates"]))
+    assert sorted(got) == sorted(want)
+    for k in got:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -47,7 +47,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
-from .scope import DenyList, Scope, in_filter
+from .scope import DenyList, Scope, in_filter, union_filters
 
 __all__ = ["Module", "compact", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
@@ -175,11 +175,38 @@ def _wrap_method(fn: Callable) -> Callable:
             self._scope._reserved.clear()
         stack.append(_Frame(self, is_compact))
         try:
-            return fn(self, *args, **kwargs)
+            out = fn(self, *args, **kwargs)
+            capture = _capture_stack()
+            if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
+                # apply(..., capture_intermediates=...): the method's return value, sown as
+                # Flax does (a tuple per method name, one entry per call)
+                self.sow("intermediates", fn.__name__, out)
+            return out
         finally:
             stack.pop()
     wrapped._ct_wrapped = True
     return wrapped
+
+
+def _capture_stack() -> list:
+    """Filters of the capture_intermediates runs on this thread (innermost last)."""
+    s = getattr(_ctx, "capture", None)
+    if s is None:
+        s = _ctx.capture = []
+    return s
+
+
+def _capture_filter(capture_intermediates):
+    """Flax's capture_intermediates: False, True (every ``__call__``), or a function of
+    ``(module, method_name)`` choosing which return values are kept."""
+    if capture_intermediates is False or capture_intermediates is None:
+        return None
+    if capture_intermediates is True:
+        return lambda mdl, method_name: method_name == "__call__"
+    if callable(capture_intermediates):
+        return capture_intermediates
+    raise TypeError(f"capture_intermediates must be a bool or a function (module, method_name) "
+                    f"-> bool, got {type(capture_intermediates).__name__}")
 
 
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
@@ -450,7 +477,8 @@ class Module:
         object.__setattr__(m, "_scope", scope)
         return m
 
-    def _run(self, variables, rngs, mutable, method, args, kwargs, initializing=False):
+    def _run(self, variables, rngs, mutable, method, args, kwargs, initializing=False,
+             capture=None):
         if rngs is not None and not isinstance(rngs, dict):
             rngs = {"params": rngs}
         root_rngs = {}
@@ -467,31 +495,53 @@ class Module:
             fn = getattr(type(bound), fn)
         elif inspect.ismethod(fn) and isinstance(fn.__self__, Module):
             fn = fn.__func__   # method=model.encode: run it on the bound clone, as Flax does
-        with scope:
-            out = fn(bound, *args, **kwargs)
+        stack = _capture_stack()
+        stack.append(capture)
+        try:
+            with scope:
+                out = fn(bound, *args, **kwargs)
+        finally:
+            stack.pop()
         return out, scope.variables()
 
     def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
-                         **kwargs):
+                         capture_intermediates=False, **kwargs):
         """``(output, variables)`` of running the model with fresh variables."""
-        out, variables = self._run({}, rngs, mutable, method, args, kwargs, initializing=True)
+        capture = _capture_filter(capture_intermediates)
+        if capture is not None:
+            mutable = union_filters(mutable, "intermediates")
+        out, variables = self._run({}, rngs, mutable, method, args, kwargs, initializing=True,
+                                   capture=capture)
         return out, {k: v for k, v in variables.items() if in_filter(mutable, k)}
 
-    def init(self, rngs, *args, method=None, mutable=DenyList("intermediates"), **kwargs) -> dict:
+    def init(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
+             capture_intermediates=False, **kwargs) -> dict:
         """Create the variables: ``{'params': ..., 'params_axes': ..., ...}``.
 
         ``rngs`` is a key (the ``'params'`` stream) or ``{'params': key, 'dropout': key}``.
         As in Flax, every collection is mutable except ``'intermediates'`` (values sown
         there during init are dropped; pass ``mutable=True`` to keep them).
+        ``capture_intermediates``: as :meth:`apply`'s.
         """
-        return self.init_with_output(rngs, *args, method=method, mutable=mutable, **kwargs)[1]
+        return self.init_with_output(rngs, *args, method=method, mutable=mutable,
+                                     capture_intermediates=capture_intermediates, **kwargs)[1]
 
-    def apply(self, variables: dict, *args, rngs=None, method=None, mutable=False, **kwargs):
-        """Run the model with ``variables``; with ``mutable`` also return the updated ones."""
+    def apply(self, variables: dict, *args, rngs=None, method=None, mutable=False,
+              capture_intermediates=False, **kwargs):
+        """Run the model with ``variables``; with ``mutable`` also return the updated ones.
+
+        ``capture_intermediates`` (Flax's): ``True`` sows the return value of every module's
+        ``__call__`` into ``'intermediates'`` under the name ``'__call__'`` (a tuple, one
+        entry per call), a function ``(module, method_name) -> bool`` chooses the methods
+        instead; ``'intermediates'`` is then mutable, so the result is ``(output, variables)``.
+        """
         if not isinstance(variables, dict):
             raise TypeError(f"apply: variables must be a dict of collections, got {type(variables).__name__}")
+        capture = _capture_filter(capture_intermediates)
+        if capture is not None:
+            mutable = union_filters(mutable, "intermediates")
         vs = {k: _copy_tree(v) for k, v in variables.items()}
-        out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs)
+        out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs, capture=capture)
         if mutable is False:
             return out
         keep = {k: v for k, v in new_vars.items() if in_filter(mutable, k)}

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 from . import meta
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
-           'DenyList', 'in_filter']
+           'DenyList', 'in_filter', 'union_filters']
 
 
 class DenyList:
@@ -57,6 +57,43 @@ class DenyList:
 
     def __repr__(self):
         return f'DenyList(deny={self.deny!r})'
+
+
+def _filter_set(f):
+    return {f} if isinstance(f, str) else set(f)
+
+
+def union_filters(a, b):
+    """The collections either filter passes (flax.core.scope.union_filters), for filters of
+    :func:`in_filter`'s kinds.
+
+    >>> from ctrainstate.nn.scope import DenyList, union_filters
+    >>> union_filters(False, 'intermediates'), union_filters(DenyList('intermediates'), 'intermediates')
+    ('intermediates', DenyList(deny=False))
+    """
+    if a is True or b is True:
+        return True
+    if a is False:
+        return b
+    if b is False:
+        return a
+    if isinstance(a, DenyList) and isinstance(b, DenyList):
+        if a.deny is True or b.deny is True:
+            return DenyList(b.deny if a.deny is True else a.deny)
+        if a.deny is False or b.deny is False:
+            return DenyList(False)
+        return DenyList(tuple(sorted(_filter_set(a.deny) & _filter_set(b.deny))) or False)
+    if isinstance(b, DenyList):
+        a, b = b, a
+    if isinstance(a, DenyList):
+        if a.deny is True:
+            return b
+        if a.deny is False:
+            return a
+        rest = _filter_set(a.deny) - _filter_set(b)
+        return DenyList(tuple(sorted(rest)) if len(rest) != 1 else next(iter(rest))) if rest \
+            else DenyList(False)
+    return tuple(sorted(_filter_set(a) | _filter_set(b)))
 
 
 def in_filter(filter_, col: str) -> bool:

@@ -47,7 +47,7 @@ from .array import Array
 __all__ = [
     "take", "take_along_axis", "repeat", "tile", "flip", "fliplr", "flipud", "roll", "pad",
     "tril", "triu", "eye", "diag", "diagonal", "moveaxis", "swapaxes", "atleast_1d",
-    "atleast_2d", "atleast_3d", "prod",
+    "atleast_2d", "atleast_3d", "prod", "sort", "argsort",
 ]
 
 
@@ -933,3 +933,99 @@ def prod(a, axis=None, keepdims=False):
     if _is_abstract(a) or a.dtype == np.float32:
         return _prod_f32(a, axis, keepdims)
     return o.astype(_prod_f32(o.astype(a, np.float32), axis, keepdims), a.dtype)
+
+
+# --- sort / argsort -------------------------------------------------------------------------
+
+def _sort_keys(h: np.ndarray) -> np.ndarray:
+    """Integer keys whose order is jax's sort order for these values (measured against
+    jax.numpy.sort): floats by value with every NaN made the positive quiet NaN and -0.0
+    made 0.0 first (so NaNs sort last and the two zeros are ties, each group in index
+    order), ints and bools as themselves."""
+    if h.dtype == np.bool_:
+        return h.astype(np.int8)
+    if h.dtype.kind in "iu":
+        return h
+    bits = {2: np.int16, 4: np.int32, 8: np.int64}[h.dtype.itemsize]
+    nan = np.array(np.nan, h.dtype)
+    v = np.where(np.isnan(h.astype(np.float32)) if h.dtype.itemsize == 2 else np.isnan(h), nan, h)
+    v = np.where(v == 0, np.zeros((), h.dtype), v)
+    b = np.ascontiguousarray(v).view(bits).astype(np.int64)
+    top = np.int64(np.iinfo(bits).max)
+    return np.where(b < 0, b ^ top, b)       # negative floats: reversed magnitude order
+
+
+def _sort_args(a, axis, kind, order, who):
+    if kind is not None:
+        raise TypeError(f"{who}: 'kind' is not supported (as in jax); use stable=True or "
+                        f"stable=False")
+    if order is not None:
+        raise TypeError(f"{who}: 'order' is not supported (as in jax)")
+    a = _operand(a, who, "a")
+    if axis is None:
+        if _is_abstract(a):
+            a = _sds()((math.prod(a.shape),), a.dtype)
+        else:
+            a = _reshape(a, (math.prod(a.shape),))
+        axis = 0
+    nd = len(a.shape)
+    if nd == 0:
+        raise ValueError(f"{who}: a 0-d array has no axis to sort along (pass axis=None)")
+    return a, _axis(axis, nd, who, a.shape)
+
+
+def _argsort_host(a, axis: int, descending: bool) -> np.ndarray:
+    """jax's argsort (stable): ascending by :func:`_sort_keys`, ties in index order;
+    descending reverses the array and its positions, sorts, and reverses the result (so ties
+    also keep index order). Computed on the host from the gathered values."""
+    keys = _sort_keys(np.asarray(a))
+    n = keys.shape[axis]
+    if descending:
+        keys = np.flip(keys, axis)
+    idx = np.argsort(keys, axis=axis, kind="stable")
+    if descending:
+        idx = np.flip(n - 1 - idx, axis)
+    return idx.astype(np.int32)
+
+
+def argsort(a, axis=-1, *, kind=None, order=None, stable=True, descending=False):
+    """``jnp.argsort``: int32 positions that sort ``a`` along ``axis`` (None: the flattened
+    array), ascending, or descending with ``descending=True``; ties keep their order in both
+    (jax's stable sort; with ``stable=False`` jax may order ties differently, here they stay
+    stable). Floats sort in jax's order: NaNs last, ``-0.0`` and ``0.0`` equal (ties).
+
+    Computed on the host: the array is gathered there once (a sort compares every element
+    of the axis with the others). No gradient (integer output).
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> np.asarray(cnp.argsort(np.array([3.0, np.nan, -1.0, 3.0], np.float32))).tolist()
+    [2, 0, 3, 1]
+    """
+    del stable   # ties always keep their order here
+    a, ax = _sort_args(a, axis, kind, order, "argsort")
+    if _is_abstract(a):
+        return _sds()(a.shape, np.dtype(np.int32))
+    return _o()._lift_any(_argsort_host(a, ax, bool(descending)))
+
+
+def sort(a, axis=-1, *, kind=None, order=None, stable=True, descending=False):
+    """``jnp.sort``: ``a`` sorted along ``axis`` (None: the flattened array), ascending or
+    with ``descending=True`` the ascending result reversed (jax's rule), in jax's order for
+    floats (NaNs last, ``-0.0`` and ``0.0`` ties; bits kept, NaN payloads included).
+
+    The positions come from :func:`argsort` (on the host); the values are a
+    :func:`take_along_axis` of ``a`` on its devices, so the result is differentiable: the
+    gradient returns each cotangent to the element it came from.
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> np.asarray(cnp.sort(np.array([[3, 1, 2], [0, 5, -4]], np.int32), descending=True)).tolist()
+    [[3, 2, 1], [5, 0, -4]]
+    """
+    del stable
+    a, ax = _sort_args(a, axis, kind, order, "sort")
+    if _is_abstract(a):
+        return _sds()(a.shape, a.dtype)
+    idx = _argsort_host(a, ax, False)
+    if descending:
+        idx = np.flip(idx, ax)
+    return take_along_axis(a, np.ascontiguousarray(idx), axis=ax)

@@ -136,6 +136,8 @@ from ._move import (  # noqa: F401
     swapaxes,
     take,
     take_along_axis,
+    sort,
+    argsort,
     tile,
     tril,
     triu,
@@ -489,7 +491,7 @@ __all__ = [
 __all__ += [
     "atleast_1d", "atleast_2d", "atleast_3d", "diag", "diagonal", "eye", "flip", "fliplr",
     "flipud", "moveaxis", "pad", "prod", "repeat", "roll", "swapaxes", "take",
-    "take_along_axis", "tile", "tril", "triu",
+    "take_along_axis", "tile", "tril", "triu", "sort", "argsort",
     "all", "any", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "cumprod", "cumsum",
     "equal",
     "floor_divide", "greater", "greater_equal", "invert", "isfinite", "isinf", "isnan",

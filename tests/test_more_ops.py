@@ -815,6 +815,59 @@ def test_integer_exponent_is_jaxs_integer_pow():
     assert np.array_equal(third[:3000], (x[:3000] * x[:3000]) * x[:3000])
 
 
+def _ipow_round_each(x, n):
+    """lax.integer_pow for a 16-bit float array by its definition, in numpy: square and
+    multiply from the low bits of |n|, each product a float32 product rounded to the dtype,
+    then 1 / that rounded for n < 0; 1 for n == 0."""
+    dt = x.dtype
+    if n == 0:
+        return np.ones_like(x)
+    m, acc, base = abs(n), None, x
+    with np.errstate(all="ignore"):
+        while m:
+            if m & 1:
+                acc = base if acc is None else (acc.astype(np.float32) * base.astype(np.float32)).astype(dt)
+            m >>= 1
+            if m:
+                base = (base.astype(np.float32) * base.astype(np.float32)).astype(dt)
+        return (np.float32(1) / acc.astype(np.float32)).astype(dt) if n < 0 else acc
+
+
+@pytest.mark.parametrize("dt", [ml_dtypes.bfloat16, np.float16], ids=["bfloat16", "float16"])
+def test_16_bit_integer_power_rounds_every_step_as_jax(dt):
+    """x ** n for a 16-bit x and an integer n is jax's integer_pow in that dtype (each
+    squaring and product rounded), not one float32 power rounded once; its gradient
+    g * (n * x ** (n - 1)) rounds each product too. Against the definition in numpy and,
+    where installed, jax's bits (values and gradients, -0.0 and the specials included)."""
+    x = np.r_[_RNG.standard_normal(4000) * 3,
+              [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-4, -3e-3, 300.0]].astype(dt)
+    X = cts.device_put(x)
+
+    def same(a, b, what):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype == dt, what
+        nan = np.isnan(a.astype(np.float32)) & np.isnan(b.astype(np.float32))
+        bad = (a.view(np.uint16) != b.view(np.uint16)) & ~nan
+        assert not bad.any(), (what, x[bad][:5], a[bad][:5], b[bad][:5])
+
+    once_differs = False
+    for n in range(-5, 9):
+        got = X ** n
+        same(got, _ipow_round_each(x, n), f"x ** {n}")
+        same(cnp.power(x, n), _ipow_round_each(x, n), f"power(numpy x, {n})")
+        with np.errstate(all="ignore"):
+            once = np.power(x.astype(np.float32), np.float32(n)).astype(dt)
+        once_differs |= bool((once.view(np.uint16) != np.asarray(got).view(np.uint16)).any())
+    assert once_differs   # the inputs tell the two roundings apart
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    for n in range(-5, 9):
+        same(X ** n, jnp.asarray(x) ** n, f"jax x ** {n}")
+        gj = jax.grad(lambda v: jnp.sum((v ** n).astype(jnp.float32)))(jnp.asarray(x))
+        gc = cts.grad(lambda v: cnp.sum((v ** n).astype(np.float32)))(X)
+        same(gc, gj, f"jax grad {n}")
+
+
 def test_isclose_allclose_hstack_vstack_diff_match_numpy():
     a = np.array([1.0, 2.0, np.inf, -np.inf, np.nan, 1e-9, 0.0, np.inf], np.float32)
     b = np.array([1.0 + 1e-6, 2.1, np.inf, np.inf, np.nan, 0.0, 1e-9, 1.0], np.float32)

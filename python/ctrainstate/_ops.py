@@ -2112,6 +2112,65 @@ def _fast_f32_paths():
         g[name] = _fast_f32(g[name], inner)
 
 
+def _integer_pow_lowp_raw(x: Array, n: int) -> Array:
+    """``lax.integer_pow`` of a bfloat16 / float16 Array as jax computes it: the same
+    squarings and products as :func:`_integer_pow_raw`, each one rounded to the 16-bit dtype
+    (a float32 product rounded once), then ``1 / that`` rounded for n < 0. Not recorded."""
+    dt, f32 = x.dtype, _dtypes.float32
+
+    def mul(a, b):
+        return _convert(_binary_raw(B_MUL, _convert(a, f32), _convert(b, f32)), dt)
+
+    if n == 0:
+        return _convert(_unary_raw(U_AFFINE, _convert(x, f32), 0.0, 1.0), dt)
+    m, acc, base = (n if n > 0 else -n), None, x
+    while m > 0:
+        if m & 1:
+            acc = base if acc is None else mul(acc, base)
+        m >>= 1
+        if m > 0:
+            base = mul(base, base)
+    if acc is x:
+        acc = _copy(x)
+    return _convert(_unary_raw(U_RDIV, _convert(acc, f32), 1.0), dt) if n < 0 else acc
+
+
+def _integer_pow_lowp(x: Array, n: int) -> Array:
+    """``jnp.power(x, n)`` for a 16-bit float ``x`` and an integer ``n``: jax's values (each
+    step rounded in the dtype) and its gradient ``g * (n * x ** (n - 1))``, each product
+    rounded in the dtype too."""
+    out = _integer_pow_lowp_raw(x, n)
+    dt, f32 = x.dtype, _dtypes.float32
+
+    def vjp(g):
+        g = g if g.dtype == dt else _convert(g, dt)
+        if n == 0:
+            return (_convert(_unary_raw(U_AFFINE, _convert(g, f32), 0.0, 0.0), dt),)
+        # n * x ** (n - 1) as a product (an affine n * v + 0 would turn -0.0 into 0.0)
+        nn_ = _lift(float(np.asarray(n, dt)), _place_of(x))
+        p = _convert(_binary_raw(B_MUL, nn_, _convert(_integer_pow_lowp_raw(x, n - 1), f32)), dt)
+        return (_convert(_binary_raw(B_MUL, _convert(g, f32), _convert(p, f32)), dt),)
+    _record(out, (x,), vjp)
+    return out
+
+
+def _lowp_integer_power(outer):
+    """``power`` with 16-bit floats raised to an integer taking :func:`_integer_pow_lowp`
+    (the dtype policy computes a whole op in float32 and rounds once, which is not what
+    jax's integer_pow does)."""
+    import functools
+
+    @functools.wraps(outer)
+    def wrapped(x, p):
+        if (isinstance(p, (int, np.integer)) and not isinstance(p, (bool, np.bool_))
+                and (isinstance(x, Array) and x.dtype in _LOWP
+                     or isinstance(x, (np.ndarray, np.generic)) and x.dtype in _LOWP)):
+            return _integer_pow_lowp(_lift_any(x), int(p))
+        return outer(x, p)
+    return wrapped
+
+
 _dtype_policies()
 _abstract_rules()
 _fast_f32_paths()
+power = _lowp_integer_power(power)

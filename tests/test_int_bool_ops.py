@@ -518,16 +518,26 @@ def test_int_sum_wraps_and_matches_jax():
                           np.asarray(getattr(jnp, name)(jnp.asarray(v), axis=axis)))
 
 
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
 @pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
-def test_cumsum(dt):
-    x = values(dt, (5, 7), 25)
+def test_int_scans(dt, name):
+    """cumsum / cumprod of ints and bools: wrapping in the dtype (bools as int32), every axis,
+    against sequential int64 sums and uint64 products cut to 32 bits."""
+    x = values(dt, (5, 7), 25 if name == "cumsum" else 35)
     want_dt = np.int32 if dt == BOOL else dt
     for axis in (0, 1, -1, None):
-        got = cnp.cumsum(put(x), axis=axis)
-        assert got.dtype == want_dt
-        np.testing.assert_array_equal(host(got), _wrap(np.cumsum(x.astype(np.int64), axis=axis), want_dt))
+        got = getattr(cnp, name)(put(x), axis=axis)
+        assert got.dtype == want_dt and got.shape == np.cumsum(x, axis=axis).shape
+        want = (_wrap(np.cumsum(x.astype(np.int64), axis=axis), want_dt) if name == "cumsum"
+                else _cumprod_wrapped(x, axis, want_dt))
+        np.testing.assert_array_equal(host(got), want, err_msg=f"{name} axis={axis}")
+
+
+def test_int_scan_cases():
     mask = put(np.array([[1, 1, 0, 1]], np.int32)) != 0
     assert host(cnp.cumsum(mask, -1) - 1).tolist() == [[0, 1, 1, 2]]   # positions from a mask
+    big = np.array([[65536, 65536, 3, -1]], np.int32)       # 2^32 wraps to 0 in int32
+    assert host(cnp.cumprod(put(big), axis=1)).tolist() == [[65536, 0, 0, 0]]
 
 
 def test_float_cumsum_values_and_gradient():
@@ -553,18 +563,6 @@ def _cumprod_wrapped(x, axis, dt):
     u = np.asarray(x).astype(np.int64).view(np.uint64)
     r = np.cumprod(u, axis=axis, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
     return r.astype(np.uint32).view(np.int32).astype(dt) if dt != U32 else r.astype(np.uint32)
-
-
-@pytest.mark.parametrize("dt", [I32, U32, BOOL], ids=lambda d: NAMES[d])
-def test_cumprod(dt):
-    x = values(dt, (5, 7), 35)
-    want_dt = np.int32 if dt == BOOL else dt
-    for axis in (0, 1, -1, None):
-        got = cnp.cumprod(put(x), axis=axis)
-        assert got.dtype == want_dt and got.shape == np.cumprod(x, axis=axis).shape
-        np.testing.assert_array_equal(host(got), _cumprod_wrapped(x, axis, want_dt), err_msg=str(axis))
-    big = np.array([[65536, 65536, 3, -1]], np.int32)       # 2^32 wraps to 0 in int32
-    assert host(cnp.cumprod(put(big), axis=1)).tolist() == [[65536, 0, 0, 0]]
 
 
 def test_float_cumprod_values_and_gradient():

@@ -652,32 +652,46 @@ def power(x, p) -> Array:
 def _integer_pow_raw(x: Array, n: int) -> Array:
     """``x ** n`` for an integer n as ``jax.lax.integer_pow`` computes it: 1 for n == 0,
     else products by repeated squaring (the low bits of |n| first), then 1 / that for n < 0.
-    No tape entry."""
+    A bfloat16 / float16 ``x`` stays in its dtype: each product is a float32 product rounded
+    to it, as jax's integer_pow rounds every step. No tape entry."""
+    lowp = x.dtype != np.float32
+    f32 = _dtypes.float32
+
+    def wide(v):
+        return _convert(v, f32) if lowp else v
+
+    def rounded(v):
+        return _convert(v, x.dtype) if lowp else v
+
     if n == 0:
-        return _unary_raw(U_AFFINE, x, 0.0, 1.0)          # ones, NaN included (jax: full_like)
-    if n == 1:
-        return _unary_raw(U_POW, x, 1.0)                  # x itself, a new Array
+        return rounded(_unary_raw(U_AFFINE, wide(x), 0.0, 1.0))   # ones, NaN included (jax: full_like)
     m, acc, base = (n if n > 0 else -n), None, x  # (this module defines its own abs)
     while m > 0:
         if m & 1:
-            acc = base if acc is None else _binary_raw(B_MUL, acc, base)
+            acc = base if acc is None else rounded(_binary_raw(B_MUL, wide(acc), wide(base)))
         m >>= 1
         if m > 0:
-            base = _binary_raw(B_MUL, base, base)
+            base = rounded(_binary_raw(B_MUL, wide(base), wide(base)))
     if acc is x:
-        acc = _unary_raw(U_POW, x, 1.0)
-    return _unary_raw(U_RDIV, acc, 1.0) if n < 0 else acc
+        acc = _copy(x)                                    # x itself, a new Array
+    return rounded(_unary_raw(U_RDIV, wide(acc), 1.0)) if n < 0 else acc
 
 
 def _integer_pow(x, n: int) -> Array:
     """``jnp.power(x, n)`` with a Python / numpy integer n: ``lax.integer_pow``'s values and
-    gradient ``g * (n * x ** (n - 1))`` (zero for n == 0)."""
-    x = _lift(x)
+    gradient ``g * (n * x ** (n - 1))`` (zero for n == 0). A bfloat16 / float16 Array (from
+    :func:`power`'s 16-bit path) keeps its dtype through every step, the gradient's products
+    included."""
+    lowp = isinstance(x, Array) and x.dtype in _LOWP
+    x = x if lowp else _lift(x)
     out = _integer_pow_raw(x, n)
 
     def vjp(g):
+        if g.dtype != x.dtype:
+            g = _convert(g, x.dtype)
         if n == 0:
-            return (_unary_raw(U_AFFINE, g, 0.0, 0.0),)
+            z = _unary_raw(U_AFFINE, _convert(g, _dtypes.float32) if lowp else g, 0.0, 0.0)
+            return (_convert(z, x.dtype) if lowp else z,)
         return (multiply(g, multiply(float(n), _integer_pow_raw(x, n - 1))),)
     _record(out, (x,), vjp)
     return out
@@ -2112,52 +2126,10 @@ def _fast_f32_paths():
         g[name] = _fast_f32(g[name], inner)
 
 
-def _integer_pow_lowp_raw(x: Array, n: int) -> Array:
-    """``lax.integer_pow`` of a bfloat16 / float16 Array as jax computes it: the same
-    squarings and products as :func:`_integer_pow_raw`, each one rounded to the 16-bit dtype
-    (a float32 product rounded once), then ``1 / that`` rounded for n < 0. Not recorded."""
-    dt, f32 = x.dtype, _dtypes.float32
-
-    def mul(a, b):
-        return _convert(_binary_raw(B_MUL, _convert(a, f32), _convert(b, f32)), dt)
-
-    if n == 0:
-        return _convert(_unary_raw(U_AFFINE, _convert(x, f32), 0.0, 1.0), dt)
-    m, acc, base = (n if n > 0 else -n), None, x
-    while m > 0:
-        if m & 1:
-            acc = base if acc is None else mul(acc, base)
-        m >>= 1
-        if m > 0:
-            base = mul(base, base)
-    if acc is x:
-        acc = _copy(x)
-    return _convert(_unary_raw(U_RDIV, _convert(acc, f32), 1.0), dt) if n < 0 else acc
-
-
-def _integer_pow_lowp(x: Array, n: int) -> Array:
-    """``jnp.power(x, n)`` for a 16-bit float ``x`` and an integer ``n``: jax's values (each
-    step rounded in the dtype) and its gradient ``g * (n * x ** (n - 1))``, each product
-    rounded in the dtype too."""
-    out = _integer_pow_lowp_raw(x, n)
-    dt, f32 = x.dtype, _dtypes.float32
-
-    def vjp(g):
-        g = g if g.dtype == dt else _convert(g, dt)
-        if n == 0:
-            return (_convert(_unary_raw(U_AFFINE, _convert(g, f32), 0.0, 0.0), dt),)
-        # n * x ** (n - 1) as a product (an affine n * v + 0 would turn -0.0 into 0.0)
-        nn_ = _lift(float(np.asarray(n, dt)), _place_of(x))
-        p = _convert(_binary_raw(B_MUL, nn_, _convert(_integer_pow_lowp_raw(x, n - 1), f32)), dt)
-        return (_convert(_binary_raw(B_MUL, _convert(g, f32), _convert(p, f32)), dt),)
-    _record(out, (x,), vjp)
-    return out
-
-
 def _lowp_integer_power(outer):
-    """``power`` with 16-bit floats raised to an integer taking :func:`_integer_pow_lowp`
-    (the dtype policy computes a whole op in float32 and rounds once, which is not what
-    jax's integer_pow does)."""
+    """``power`` with 16-bit floats raised to an integer going to :func:`_integer_pow` in
+    their own dtype (the dtype policy would compute the whole power in float32 and round
+    once, which is not what jax's integer_pow does)."""
     import functools
 
     @functools.wraps(outer)
@@ -2165,7 +2137,7 @@ def _lowp_integer_power(outer):
         if (isinstance(p, (int, np.integer)) and not isinstance(p, (bool, np.bool_))
                 and (isinstance(x, Array) and x.dtype in _LOWP
                      or isinstance(x, (np.ndarray, np.generic)) and x.dtype in _LOWP)):
-            return _integer_pow_lowp(_lift_any(x), int(p))
+            return _integer_pow(_lift_any(x), int(p))
         return outer(x, p)
     return wrapped
 

@@ -117,7 +117,7 @@ def _batch_dims(batch_dims, ndim):
     """Flax's batch_dims check: the leading axes 0 .. k-1, each once, all inside the input."""
     dims = (batch_dims,) if not isinstance(batch_dims, (tuple, list)) else tuple(batch_dims)
     dims = tuple(_int(d, "DenseGeneral", "batch_dims") for d in dims)
-    if dims and (sorted(dims) != list(range(len(dims))) ):
+    if dims and sorted(dims) != list(range(len(dims))):
         raise ValueError(f"DenseGeneral: batch_dims {batch_dims!r} must be consecutive leading "
                          f"dimensions starting from 0 (each once)")
     if len(dims) > ndim:
@@ -185,18 +185,23 @@ class DenseGeneral(Module):
             raise ValueError(f"DenseGeneral: axis {self.axis!r} contracts batch dimension(s) "
                              f"{sorted(set(axes) & set(bdims))} of batch_dims "
                              f"{self.batch_dims!r}")
-        if bdims:
-            return self._batched(inputs, feats, bdims, axes, precision)
+        # the parameters (Flax's shapes; initialisers see the flattened 2-d / 1-d forms)
+        nb = len(bdims)
+        batch_shape = tuple(np.shape(inputs)[:nb])
         in_shape = tuple(np.shape(inputs)[a] for a in axes)
-        kshape = in_shape + feats
-        flat = (math.prod(in_shape), math.prod(feats))
-        kernel = self._declare("kernel", _flat_init(self.kernel_init, flat), kshape,
-                               tuple(self.kernel_axes) or None)
+        kshape = batch_shape + in_shape + feats
+        flat = (math.prod(batch_shape) * math.prod(in_shape), math.prod(feats))
+        names = tuple(self.kernel_axes)
+        kernel = self._declare("kernel", _flat_init(self.kernel_init, flat), kshape, names or None)
         bias = None
         if self.use_bias:
-            bias = self._declare("bias", _flat_init(self.bias_init, (flat[1],)), feats,
-                                 tuple(self.kernel_axes[len(axes):]) or None)
+            bias = self._declare("bias", _flat_init(self.bias_init,
+                                                    (math.prod(batch_shape) * flat[1],)),
+                                 batch_shape + feats,
+                                 (names[:nb] + names[nb + len(axes):]) or None)
         inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        if bdims:
+            return self._batched(inputs, kernel, bias, feats, nb, axes, precision)
         x = inputs
         keep = [d for d in range(nd) if d not in axes]
         if axes != tuple(range(nd - len(axes), nd)):
@@ -211,23 +216,11 @@ class DenseGeneral(Module):
             y = y + bias
         return y
 
-    def _batched(self, inputs, feats, bdims, axes, precision):
-        """The batch_dims form: Flax's dot_general with batch dimensions, as an einsum."""
+    @staticmethod
+    def _batched(inputs, kernel, bias, feats, nb, axes, precision):
+        """The batch_dims product: Flax's dot_general with batch dimensions, as an einsum."""
         shape = tuple(np.shape(inputs))
-        nd, nb = len(shape), len(bdims)
-        batch_shape = shape[:nb]
-        in_shape = tuple(shape[a] for a in axes)
-        flat = (math.prod(batch_shape) * math.prod(in_shape), math.prod(feats))
-        names = tuple(self.kernel_axes)
-        kernel = self._declare("kernel", _flat_init(self.kernel_init, flat),
-                               batch_shape + in_shape + feats, names or None)
-        bias = None
-        if self.use_bias:
-            bias = self._declare("bias", _flat_init(self.bias_init,
-                                                    (math.prod(batch_shape) * flat[1],)),
-                                 batch_shape + feats,
-                                 (names[:nb] + names[nb + len(axes):]) or None)
-        inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        nd = len(shape)
         letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
         if nd + len(feats) > len(letters):
             raise ValueError(f"DenseGeneral: rank {nd} input with {len(feats)} feature axes "
@@ -240,7 +233,7 @@ class DenseGeneral(Module):
         y = cnp.einsum(f"{sx},{sk}->{so}", inputs, kernel, precision=precision)
         if bias is not None:
             # Flax: the bias broadcast over the kept input axes (1s there)
-            y = y + cnp.reshape(bias, batch_shape + (1,) * len(keep) + feats)
+            y = y + cnp.reshape(bias, shape[:nb] + (1,) * len(keep) + feats)
         return y
 
     def _declare(self, name, init, shape, axes):

@@ -105,6 +105,24 @@ def test_permutation_is_a_permutation():
 
 
 @pytest.mark.parity
+def test_reference_jax_rounds_each_float16_op():
+    """The live float16 parity below assumes that jax rounds each float16 multiply and add, as
+    its HLO says. XLA on a CPU with AVX512-FP16 fuses them into one FMA unless capped at AVX2
+    (tests/conftest.py); this says so directly if that ever stops holding, instead of a
+    parity failure deep in a sampler."""
+    jax = pytest.importorskip("jax")
+    a = np.random.default_rng(0).uniform(0, 1, 20000).astype(np.float16)
+    c1, c2 = np.float16(1.9092), np.float16(-0.95459)
+    per_op = (a * c1).astype(np.float16) + c2  # numpy rounds each float16 op
+    fused = (a.astype(np.float64) * float(c1) + float(c2)).astype(np.float16)
+    assert (per_op != fused).sum() > 1000  # the two roundings are told apart by these inputs
+    got = np.asarray(jax.jit(lambda x: x * c1 + c2)(a))
+    assert (got == per_op).all(), (
+        f"jax fused a float16 multiply-add ({(got == fused).mean():.0%} match one rounding); "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}")
+
+
+@pytest.mark.parity
 def test_live_parity_random_keys_and_shapes():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

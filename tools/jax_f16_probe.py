@@ -18,6 +18,13 @@ ctrainstate and jax share, and prints how many elements of the installed jax's f
 truncated_normal each combination reproduces (with jax 0.10.2: B0 + U0, all of them). It
 changes nothing; `benchmarks/gpu_check.sh` runs it on the GPU image, so the next run says
 which roundings jax 0.11.2 makes.
+
+Answered on 2026-12-01 (stop 22) on a Sapphire Rapids VM with AVX512-FP16, jax 0.10.2: the
+probe printed "best: B0 + U1" there (the float16 multiply and add of the uniform fused into
+one rounding: XLA emits float16 instructions on such a CPU and LLVM contracts them into an
+FMA), and "best: B0 + U0", ctrainstate's, with XLA_FLAGS=--xla_cpu_max_isa=AVX2. So the
+difference comes from the host CPU, not the jax version; the parity tests cap XLA at AVX2 on
+such hosts (tests/conftest.py). The first line below says whether this host has the feature.
 """
 import sys
 
@@ -48,6 +55,13 @@ def unit16(bits):
 def main():
     print(f"jax {jax.__version__}, jaxlib {getattr(jax.lib, '__version__', '?')}, "
           f"backend {jax.default_backend()}")
+    try:
+        with open("/proc/cpuinfo") as fh:
+            fp16 = any(ln.startswith("flags") and "avx512_fp16" in ln.split() for ln in fh)
+    except OSError:
+        fp16 = None
+    import os
+    print(f"host CPU has AVX512-FP16: {fp16}; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     erf = jax.jit(lambda v: jax.lax.erf(v))
     erf_inv = jax.jit(lambda v: jax.lax.erf_inv(v))
     sqrt2 = rnd16(np.sqrt(2.0))

@@ -52,8 +52,22 @@ def chain(*args: GradientTransformation) -> GradientTransformation:
     def init(params):
         return tuple(t.init(params) for t in args)
 
+    def check(state):
+        # optax raises here too; without the check the fused path's zip() would silently
+        # drop the transforms that have no state entry
+        try:
+            n = len(state)
+        except TypeError:
+            n = None
+        if n != len(args):
+            got = f"{n} entries" if n is not None else f"a {type(state).__name__}"
+            raise ValueError(f"The number of updates and states has to be the same in chain: "
+                             f"the state has {got} for {len(args)} transforms. Make sure "
+                             f"you have called init first!")
+
     if all(getattr(t, "fusable", False) for t in args):
         def fuse(state, ctx):
+            check(state)
             stages, rbs = [], []
             for t, s in zip(args, state):
                 st, rb = t._fuse(s, ctx)
@@ -63,8 +77,7 @@ def chain(*args: GradientTransformation) -> GradientTransformation:
         return GradientTransformation(init, fuse=fuse)
 
     def update(updates, state, params=None):
-        if len(state) != len(args):
-            raise ValueError(f"chain state has {len(state)} entries for {len(args)} transforms")
+        check(state)
         new = []
         for t, s in zip(args, state):
             updates, s = t.update(updates, s, params)

@@ -62,3 +62,81 @@ def test_chain_short_state_raises_as_optax():
         p = {"b": jnp.ones(3) if lib is optax else np.ones(3, np.float32)}
         with pytest.raises(ValueError, match="number of updates and states"):
             tx.update(p, tx.init(p)[:1], p)
+
+
+# --- integer-label cross entropy: -inf logits of other classes, tuple class axes -----------------
+
+def test_integer_labels_masked_class_gives_a_finite_loss_and_grad():
+    # a -inf logit (a masked-out class) that is not the label: the loss is the finite
+    # -log_softmax(z)[label] over the other classes (by hand: exp(-inf) = 0), and its
+    # gradient softmax - onehot, 0 at the masked class. The label's logit used to be picked
+    # by multiplying with the one-hot, so -inf * 0 made the loss and the gradient NaN.
+    x = np.array([[0.0, -np.inf, 1.0, 2.0], [0.5, 0.25, -np.inf, -1.0]], np.float32)
+    lab = np.array([2, 0])
+    fin = np.where(np.isfinite(x), x, -1e30)
+    want = -_log_softmax(fin, 1)[[0, 1], lab]
+    got = np.asarray(optim.softmax_cross_entropy_with_integer_labels(x, lab))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    g = np.asarray(cts.grad(lambda v: cnp.sum(
+        optim.softmax_cross_entropy_with_integer_labels(v, lab)))(cts.device_put(x)))
+    want_g = np.exp(_log_softmax(fin, 1)) - np.eye(4, dtype=np.float32)[lab]
+    np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-7)
+    assert g[0, 1] == 0.0 and g[1, 2] == 0.0
+
+
+@pytest.mark.parametrize("mesh_shape,names,spec", [((8,), ("x",), (None, "x")),
+                                                   ((2, 4), ("data", "model"), ("data", "model"))])
+def test_integer_labels_masked_class_on_meshes(mesh_shape, names, spec):
+    # the class axis sharded: every shard's one-hot selection must drop the -inf of the others
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    lab = rng.integers(0, 16, 8)
+    x[np.arange(8), (lab + 5) % 16] = -np.inf
+    fin = np.where(np.isfinite(x), x, -1e30)
+    want = -_log_softmax(fin, 1)[np.arange(8), lab]
+    a = cts.device_put(x, cts.NamedSharding(cts.make_mesh(mesh_shape, names), cts.P(*spec)))
+    got = np.asarray(optim.softmax_cross_entropy_with_integer_labels(a, lab))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_integer_labels_tuple_axis():
+    # optax: the class axes (in the order given) are flattened row-major and the label
+    # indexes that flat axis. By hand: move the class axes last in that order, reshape.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for axis, bshape in (((2, 3), (2, 3)), ((3, 2), (2, 3)), ((-1, 1), (2, 4))):
+        cls = [a % 4 for a in axis]
+        batch = [d for d in range(4) if d not in cls]
+        n = int(np.prod([x.shape[a] for a in cls]))
+        lab = rng.integers(0, n, bshape)
+        flat = x.transpose(batch + cls).reshape(bshape + (n,))
+        want = -np.take_along_axis(_log_softmax(flat, -1), lab[..., None], -1)[..., 0]
+        got = np.asarray(optim.softmax_cross_entropy_with_integer_labels(x, lab, axis=axis))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(axis))
+    with pytest.raises(ValueError, match=r"\[0, 20\)"):
+        optim.softmax_cross_entropy_with_integer_labels(x, np.full((2, 3), 20), axis=(2, 3))
+    with pytest.raises(ValueError, match="distinct"):
+        optim.softmax_cross_entropy_with_integer_labels(x, np.zeros((2, 3), int), axis=(2, -2))
+
+
+@pytest.mark.parity
+def test_integer_labels_masked_class_and_tuple_axis_match_optax():
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    x[0, 1, 2, 3] = -np.inf
+    x[1, 2, 0, 0] = -np.inf
+    for axis, lab in (((2, 3), rng.integers(0, 20, (2, 3))), ((3, 2), rng.integers(0, 20, (2, 3))),
+                      (-1, rng.integers(0, 5, (2, 3, 4))), (1, rng.integers(0, 3, (2, 4, 5)))):
+        want = np.asarray(optax.softmax_cross_entropy_with_integer_labels(x, lab, axis=axis))
+        got = np.asarray(optim.softmax_cross_entropy_with_integer_labels(x, lab, axis=axis))
+        # the two -inf logits sit in the rows of at most two losses; they are inf only where
+        # one is that row's label
+        assert np.isfinite(want).sum() >= want.size - 2
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(axis))
+        want_g = np.asarray(jax.grad(lambda v: optax.softmax_cross_entropy_with_integer_labels(
+            v, lab, axis=axis).sum())(x))
+        got_g = np.asarray(cts.grad(lambda v: cnp.sum(
+            optim.softmax_cross_entropy_with_integer_labels(v, lab, axis=axis)))(cts.device_put(x)))
+        np.testing.assert_allclose(got_g, want_g, rtol=1e-5, atol=1e-7, err_msg=str(axis))

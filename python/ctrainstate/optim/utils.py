@@ -57,10 +57,13 @@ def softmax_cross_entropy(logits, labels, axis=-1, where=None):
 
 def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=None):
     """optax's: ``log(sum(exp(z))) - z[label]`` with ``z = logits - max(logits)`` (the maximum
-    a constant for the gradient). ``labels`` are integers of ``logits``' shape without
-    ``axis``, each in ``[0, num_classes)`` (a label outside it raises ValueError: optax would
-    silently return a meaningless loss). The label's logit is picked with a one-hot built on
-    the host and placed like ``logits``, so this works on any device and sharding."""
+    a constant for the gradient). ``labels`` are integers of ``logits``' shape without the
+    class ``axis``, each in ``[0, num_classes)`` (a label outside it raises ValueError: optax
+    would silently return a meaningless loss). ``axis`` may be a tuple of class axes, as in
+    optax: a label is then the row-major index into those axes taken in the order given.
+    The label's logit is selected (not multiplied) with a one-hot built on the host and
+    placed like ``logits``, so a ``-inf`` logit of another class (a masked-out class) leaves
+    the loss finite, as optax's gather does; this works on any device and sharding."""
     import numpy as np
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
@@ -68,25 +71,36 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     logits = _ops._lift(logits)
     if logits.ndim == 0:
         raise ValueError("softmax_cross_entropy_with_integer_labels: logits need a class axis")
-    ax = _ops._axes(axis, logits.ndim)[0]
+    if isinstance(axis, (tuple, list)):
+        cls = tuple(_ops._axes(a, logits.ndim)[0] for a in axis)   # in the order given
+        if not cls or len(set(cls)) != len(cls):
+            raise ValueError(f"softmax_cross_entropy_with_integer_labels: axis {axis!r} needs "
+                             f"one or more distinct class axes")
+    else:
+        cls = _ops._axes(axis, logits.ndim)
     lab = np.asarray(labels)
     if not np.issubdtype(lab.dtype, np.integer):
         raise TypeError(f"softmax_cross_entropy_with_integer_labels: labels must be integers, "
                         f"got {lab.dtype}")
-    want = tuple(s for d, s in enumerate(logits.shape) if d != ax)
+    batch = tuple(d for d in range(logits.ndim) if d not in cls)
+    want = tuple(logits.shape[d] for d in batch)
     if lab.shape != want:
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels of shape "
                          f"{lab.shape} for logits of shape {logits.shape} (axis {axis}); "
                          f"expected {want}")
-    n = logits.shape[ax]
+    cshape = tuple(logits.shape[d] for d in cls)
+    n = int(np.prod(cshape))
     if lab.size and (lab.min() < 0 or lab.max() >= n):
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels must be in "
                          f"[0, {n}); got values in [{lab.min()}, {lab.max()}]")
-    z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=ax, keepdims=True)))
-    # a host one-hot: placed on the logits' own device or mesh by the multiply
-    onehot = np.moveaxis((lab[..., None] == np.arange(n)).astype(np.float32), -1, ax)
-    picked = _ops.sum(_ops.multiply(z, onehot), axis=ax)
-    return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=ax)), picked)
+    z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=cls, keepdims=True)))
+    # a host one-hot (batch dims, then the class dims in axis' order), moved to logits' layout
+    # and placed on the logits' own device or mesh by the selection
+    order = batch + cls
+    onehot = (lab[..., None] == np.arange(n)).astype(np.float32).reshape(want + cshape)
+    onehot = onehot.transpose([order.index(d) for d in range(logits.ndim)])
+    picked = _ops.sum(_ops._keep(z, onehot), axis=cls)
+    return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=cls)), picked)
 
 
 def global_norm(updates):

@@ -140,3 +140,33 @@ def test_integer_labels_masked_class_and_tuple_axis_match_optax():
         got_g = np.asarray(cts.grad(lambda v: cnp.sum(
             optim.softmax_cross_entropy_with_integer_labels(v, lab, axis=axis)))(cts.device_put(x)))
         np.testing.assert_allclose(got_g, want_g, rtol=1e-5, atol=1e-7, err_msg=str(axis))
+
+
+# --- regression losses: targets of another shape ------------------------------------------------
+
+@pytest.mark.parametrize("fn", ["squared_error", "l2_loss"])
+def test_regression_losses_refuse_broadcasting_targets(fn):
+    # optax checks shapes equal (ValueError "Shape mismatch"); broadcasting silently gave a
+    # loss of another shape (e.g. (2, 3) predictions against (3,) targets)
+    p = np.arange(6, dtype=np.float32).reshape(2, 3)
+    f = getattr(optim, fn)
+    with pytest.raises(ValueError, match=r"Shape mismatch: got \(2, 3\) and \(3,\)"):
+        f(p, np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        f(p, np.float32(1.0))
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        getattr(optim.losses, fn)(cts.device_put(p), cts.device_put(np.ones((3, 2), np.float32)))
+    scale = 0.5 if fn == "l2_loss" else 1.0
+    np.testing.assert_allclose(np.asarray(f(p, np.ones((2, 3), np.float32))), scale * (p - 1) ** 2)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("fn", ["squared_error", "l2_loss"])
+def test_regression_losses_shape_check_matches_optax(fn):
+    optax = pytest.importorskip("optax")
+    p = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for t in (np.ones(3, np.float32), np.float32(1.0)):
+        with pytest.raises(ValueError, match="Shape mismatch"):
+            getattr(optax, fn)(p, t)
+        with pytest.raises(ValueError, match="Shape mismatch"):
+            getattr(optim, fn)(p, t)

@@ -33,14 +33,23 @@ Schedule = Callable[[Any], Any]
 ScalarOrSchedule = Any
 
 
+def _shape(x):
+    import numpy as np
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
 def squared_error(predictions, targets=None):
-    """Elementwise ``(predictions - targets) ** 2`` (``targets=None``: zeros)."""
+    """Elementwise ``(predictions - targets) ** 2`` (``targets=None``: zeros). As optax,
+    ``targets`` must have the shape of ``predictions`` (no broadcasting: a ValueError)."""
+    if targets is not None and _shape(predictions) != _shape(targets):
+        raise ValueError(f"Shape mismatch: got {_shape(predictions)} and {_shape(targets)}.")
     d = predictions if targets is None else _ops.subtract(predictions, targets)
     return _ops.square(d)
 
 
 def l2_loss(predictions, targets=None):
-    """Elementwise ``0.5 * (predictions - targets) ** 2``, optax's convention (no mean)."""
+    """Elementwise ``0.5 * (predictions - targets) ** 2``, optax's convention (no mean);
+    ``targets`` of another shape than ``predictions`` raise ValueError, as in optax."""
     return _ops.multiply(squared_error(predictions, targets), 0.5)
 
 

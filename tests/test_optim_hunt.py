@@ -170,3 +170,52 @@ def test_regression_losses_shape_check_matches_optax(fn):
             getattr(optax, fn)(p, t)
         with pytest.raises(ValueError, match="Shape mismatch"):
             getattr(optim, fn)(p, t)
+
+
+# --- another transformation's state -------------------------------------------------------------
+
+@pytest.mark.parametrize("make_tx,make_other,who", [
+    (lambda: optim.adam(0.1), lambda: optim.sgd(0.1, momentum=0.9), "scale_by_adam"),
+    (lambda: optim.sgd(0.1, momentum=0.9), lambda: optim.adam(0.1), "trace"),
+    (lambda: optim.amsgrad(0.1), lambda: optim.adam(0.1), "scale_by_amsgrad"),
+    (lambda: optim.apply_if_finite(optim.adam(0.1), 1), lambda: optim.adam(0.1), "apply_if_finite"),
+    (lambda: optim.masked(optim.adam(0.1), {"a": True, "b": False}), lambda: optim.adam(0.1),
+     "masked"),
+    (lambda: optim.chain(optim.add_decayed_weights(optim.linear_schedule(0.1, 0.0, 3)),
+                         optim.scale(-1.0)), lambda: optim.adam(0.1), "add_decayed_weights"),
+    (lambda: optim.noisy_sgd(0.1), lambda: optim.adam(0.1), "add_noise"),
+])
+def test_state_of_another_transformation_is_a_clear_type_error(make_tx, make_other, who):
+    # an optimizer swapped while its old state is kept (a checkpoint of another run): optax
+    # fails with an AttributeError on a missing field; ctrainstate read `state.count` of a
+    # TraceState (tuple.count, a method) and raised "int() argument must be ... not
+    # 'builtin_function_or_method'". DESIGN.md: a clear error, naming the transformation.
+    p = {"a": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    g = {"a": np.full((2, 3), 0.5, np.float32), "b": np.full(3, 0.5, np.float32)}
+    tx, other = make_tx(), make_other()
+    with pytest.raises(TypeError, match=rf"{who}: expected its state .*was the state built by"):
+        tx.update(g, other.init(p), p)
+    ts = TrainState.create(apply_fn=None, params=p, tx=other)
+    before = [np.asarray(x).copy() for x in tree_leaves(ts.opt_state)]
+    with pytest.raises(TypeError, match=who):
+        ts.replace(tx=tx).apply_gradients(grads=g)
+    # nothing donated or written: the old state still steps with its own optimizer
+    assert [np.asarray(x).tolist() for x in tree_leaves(ts.opt_state)] == \
+        [b.tolist() for b in before]
+    ts.apply_gradients(grads=g)
+
+
+def test_state_with_the_same_fields_is_accepted():
+    # a state rebuilt as another NamedTuple class with the same fields (what a checkpoint
+    # library may restore) still steps, and gives the same update as the original state
+    import collections
+    p = {"w": np.ones(3, np.float32)}
+    g = {"w": np.array([0.5, -1.0, 2.0], np.float32)}
+    tx = optim.adam(0.1)
+    st = tx.init(p)
+    Same = collections.namedtuple("ScaleByAdamState", ["count", "mu", "nu"])
+    u1, _ = tx.update(g, st, p)
+    u2, _ = tx.update(g, (Same(*st[0]), st[1]), p)
+    np.testing.assert_array_equal(np.asarray(u1["w"]), np.asarray(u2["w"]))
+    # adam's first step is -lr * sign(g) (mu_hat / sqrt(nu_hat) = g / |g|, eps aside)
+    np.testing.assert_allclose(np.asarray(u1["w"]), [-0.1, 0.1, -0.1], rtol=1e-6)

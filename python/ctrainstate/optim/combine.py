@@ -18,7 +18,7 @@ import numpy as np
 from ..tree_util import _flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .base import (FINITE_GATE, GradientTransformation, MaskedNode, Stage, read_scalar,
                    safe_increment, scalar, to_array, zeros_like)
-from .transforms import set_to_zero
+from .transforms import _expect_state, set_to_zero
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
            "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState"]
@@ -117,6 +117,7 @@ def masked(inner: GradientTransformation, mask) -> GradientTransformation:
 
     if getattr(inner, "fusable", False):
         def fuse(state, ctx):
+            _expect_state(state, MaskedState, "masked")
             flat, _ = _mask_flat(mask, ctx.params if ctx.params is not None else ctx.tree)
             prev = ctx.push_mask(flat)
             try:
@@ -127,6 +128,7 @@ def masked(inner: GradientTransformation, mask) -> GradientTransformation:
         return GradientTransformation(init, fuse=fuse)
 
     def update(updates, state, params=None):
+        _expect_state(state, MaskedState, "masked")
         flat, m = _mask_flat(mask, params if params is not None else updates)
         mu = mask_tree(updates, m)
         mp = mask_tree(params, m) if params is not None else None
@@ -253,6 +255,7 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
 
     if getattr(inner, "fusable", False):
         def fuse(state, ctx):
+            _expect_state(state, ApplyIfFiniteState, "apply_if_finite")
             nfc = int(read_scalar(state.notfinite_count))
             tot = int(read_scalar(state.total_notfinite))
             last = bool(read_scalar(state.last_finite))
@@ -278,6 +281,7 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
         return GradientTransformation(init, fuse=fuse)
 
     def update(updates, state, params=None):
+        _expect_state(state, ApplyIfFiniteState, "apply_if_finite")
         finite = all(bool(np.isfinite(np.asarray(u)).all()) for u in tree_leaves(updates))
         new_nfc, new_tot, applied = counters(state, finite)
         if applied:

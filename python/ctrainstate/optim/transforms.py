@@ -132,6 +132,19 @@ def _bc(decay, t) -> float:
     return float(_f32(1) - _f32(decay) ** _f32(t))
 
 
+def _expect_state(state, cls, who):
+    """Check the state a stateful transform was given: an instance of its ``cls``, or a
+    tuple with the same fields (a state rebuilt by a checkpoint library). Another
+    transform's state (an optimizer swapped while its old state was kept) raises a
+    TypeError naming both, instead of an AttributeError (or a TypeError about a tuple
+    method) deep in the step."""
+    fields = getattr(state, "_fields", None)
+    if not (isinstance(state, cls) or (isinstance(state, tuple) and fields == cls._fields)):
+        got = type(state).__name__ + (repr(fields) if isinstance(fields, tuple) else "")
+        raise TypeError(f"{who}: expected its state {cls.__name__}{cls._fields!r}, got {got}: "
+                        f"was the state built by this transformation's init?")
+
+
 def _stateless(kind, scalars_fn) -> GradientTransformation:
     def fuse(state, ctx):
         return [Stage(kind, scalars_fn(), active=ctx.snapshot())], lambda advance=True: state
@@ -202,7 +215,7 @@ def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
 
 
 def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, extra=None,
-               mu_dtype=None):
+               mu_dtype=None, who="scale_by_adam"):
     """A fused two-moment transform (ADAM / BELIEF / YOGI / ADAMAX stages) with optax's
     ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
     ``extra(t)`` optional stages after it (radam's rectification factor)."""
@@ -214,6 +227,7 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
                          nu=tree_map(lambda p: full_like(p, initial), params))
 
     def fuse(state, ctx):
+        _expect_state(state, state_cls, who)
         c = ctx.count(state.count)
         t = safe_increment(c)
         mu, mu_rb = ctx.slot(state.mu)
@@ -235,7 +249,7 @@ def scale_by_belief(b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16, *,
     """AdaBelief's scaling (optax.scale_by_belief): the second moment tracks the squared
     prediction error (g - mu)^2 (+ eps_root). State: ScaleByBeliefState(count, mu, nu)."""
     return _adam_like(BELIEF, ScaleByBeliefState, b1, b2, eps, eps_root,
-                      lambda t: float(bool(nesterov)))
+                      lambda t: float(bool(nesterov)), who="scale_by_belief")
 
 
 def scale_by_yogi(b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0,
@@ -243,13 +257,14 @@ def scale_by_yogi(b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0,
     """Yogi's scaling (optax.scale_by_yogi): nu -= (1 - b2) sign(nu - g^2) g^2, both moments
     start at ``initial_accumulator_value``. State: ScaleByAdamState(count, mu, nu)."""
     return _adam_like(YOGI, ScaleByAdamState, b1, b2, eps, eps_root, lambda t: 0.0,
-                      initial=initial_accumulator_value)
+                      initial=initial_accumulator_value, who="scale_by_yogi")
 
 
 def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8) -> GradientTransformation:
     """Adamax's scaling (optax.scale_by_adamax): the bias-corrected first moment over the
     infinity-norm moment max(|g| + eps, b2 nu). State: ScaleByAdamState(count, mu, nu)."""
-    return _adam_like(ADAMAX, ScaleByAdamState, b1, b2, eps, 0.0, lambda t: 0.0)
+    return _adam_like(ADAMAX, ScaleByAdamState, b1, b2, eps, 0.0, lambda t: 0.0,
+                      who="scale_by_adamax")
 
 
 def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
@@ -263,6 +278,7 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
                                    nu=_zeros_tree(params), nu_max=_zeros_tree(params))
 
     def fuse(state, ctx):
+        _expect_state(state, ScaleByAmsgradState, "scale_by_amsgrad")
         c = ctx.count(state.count)
         t = safe_increment(c)
         slots = [ctx.slot(state.mu), ctx.slot(state.nu), ctx.slot(state.nu_max)]
@@ -301,7 +317,8 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
         r = np.sqrt((ro - f(4.0)) * (ro - f(2.0)) * f(ro_inf)
                     / (f((ro_inf - 4.0) * (ro_inf - 2.0)) * ro))
         return [(SCALE, [float(r)])]
-    return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root, mode, extra=rect)
+    return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root, mode, extra=rect,
+                      who="scale_by_radam")
 
 
 def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
@@ -312,6 +329,7 @@ def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
         return ScaleByLionState(count=_count0(params), mu=_zeros_tree(params, mu_dtype))
 
     def fuse(state, ctx):
+        _expect_state(state, ScaleByLionState, "scale_by_lion")
         c = ctx.count(state.count)
         mu, mu_rb = ctx.slot(state.mu)
         st = Stage(LION, [b1, b2], [mu], ctx.snapshot())
@@ -338,6 +356,8 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
         return plain(**m)
 
     def fuse(state, ctx):
+        _expect_state(state, counted if bias_correction else plain,
+                      "scale_by_stddev" if centered else "scale_by_rms")
         slots = [ctx.slot(getattr(state, f)) for f in moments]
         if bias_correction:
             c = ctx.count(state.count)
@@ -379,6 +399,7 @@ def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformat
             tree_map(lambda p: full_like(p, initial_accumulator_value), params))
 
     def fuse(state, ctx):
+        _expect_state(state, ScaleByRssState, "scale_by_rss")
         acc, rb = ctx.slot(state.sum_of_squares)
         return [Stage(RSS, [eps], [acc], ctx.snapshot())], lambda advance=True: ScaleByRssState(rb())
     return GradientTransformation(init, fuse=fuse)
@@ -392,6 +413,7 @@ def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformati
         return TraceState(_zeros_tree(params, accumulator_dtype))
 
     def fuse(state, ctx):
+        _expect_state(state, TraceState, "trace")
         t, rb = ctx.slot(state.trace)
         return ([Stage(TRACE, [decay, float(bool(nesterov))], [t], ctx.snapshot())],
                 lambda advance=True: TraceState(rb()))
@@ -406,6 +428,7 @@ def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
         return EmaState(count=_count0(params), ema=_zeros_tree(params, accumulator_dtype))
 
     def fuse(state, ctx):
+        _expect_state(state, EmaState, "ema")
         c = ctx.count(state.count)
         t = safe_increment(c)
         e, rb = ctx.slot(state.ema)
@@ -425,6 +448,7 @@ def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
 
     def fuse(state, ctx):
         if callable(weight_decay):
+            _expect_state(state, WeightDecaySchedule, "add_decayed_weights")
             c = ctx.count(state.count)
             wd = float(_f32(weight_decay(c)))
             return [Stage(DECAY, [wd], active=ctx.snapshot())], lambda advance=True: \
@@ -446,6 +470,7 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
         return ScaleByScheduleState(count=_count0(params))
 
     def fuse(state, ctx):
+        _expect_state(state, ScaleByScheduleState, "scale_by_schedule")
         c = ctx.count(state.count)
         s = float(_f32(step_size_fn(c)))
         return [Stage(SCALE, [s], active=ctx.snapshot())], lambda advance=True: \
@@ -546,6 +571,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
     def fuse(state, ctx):
         if ctx.params is None:
             raise ValueError("scale_by_factored_rms needs params (tx.update(updates, state, params))")
+        _expect_state(state, FactoredState, "scale_by_factored_rms")
         c = ctx.count(state.count)
         drt = float(_f32(decay_rate_fn(c - step_offset, decay_rate)))
         vr, vr_rb = ctx.slot(state.v_row, same_shape=False)
@@ -611,6 +637,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
 
     def update(updates, state, params=None):
         del params
+        _expect_state(state, AddNoiseState, "add_noise")
         t = safe_increment(int(np.asarray(state.count)))
         std = np.sqrt(_f32(eta) / (_f32(t) ** _f32(gamma)))
         rng_key, sample_key = _random.split(state.rng_key)

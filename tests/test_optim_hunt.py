@@ -219,3 +219,32 @@ def test_state_with_the_same_fields_is_accepted():
     np.testing.assert_array_equal(np.asarray(u1["w"]), np.asarray(u2["w"]))
     # adam's first step is -lr * sign(g) (mu_hat / sqrt(nu_hat) = g / |g|, eps aside)
     np.testing.assert_allclose(np.asarray(u1["w"]), [-0.1, 0.1, -0.1], rtol=1e-6)
+
+
+# --- piecewise_interpolate_schedule: float boundaries -------------------------------------------
+
+def test_piecewise_interpolate_float_boundaries_are_not_truncated():
+    # optax stacks the boundaries into an array, so {2.5: 0.5, 6.5: 0.1} interpolates over
+    # [0, 2.5) and [2.5, 6.5); they were truncated to 2 and 6. By hand (values 1, 0.5, 0.05):
+    # count 1: 1 + (0.5 - 1) * 1/2.5 = 0.8; count 4: 0.5 + (0.05 - 0.5) * 1.5/4 = 0.33125;
+    # cosine, count 1: 0.5 + (1 - 0.5) / 2 * (cos(pi * 0.4) + 1)
+    lin = optim.piecewise_interpolate_schedule("linear", 1.0, {2.5: 0.5, 6.5: 0.1})
+    for c, want in ((0, 1.0), (1, 0.8), (2, 0.6), (2.5, 0.5), (4, 0.33125), (6.5, 0.05), (9, 0.05)):
+        np.testing.assert_allclose(float(lin(c)), want, rtol=1e-6, err_msg=str(c))
+    cos = optim.piecewise_interpolate_schedule("cosine", 1.0, {2.5: 0.5, 6.5: 0.1})
+    np.testing.assert_allclose(float(cos(1)), 0.5 + 0.25 * (np.cos(np.pi * 0.4) + 1), rtol=1e-6)
+    # integer boundaries are unchanged: {4: 0.1, 8: 0.01} is optax's docstring example
+    s = optim.piecewise_interpolate_schedule("linear", 1.0, {4: 0.1, 8: 0.01})
+    np.testing.assert_allclose([float(s(i)) for i in range(0, 11, 2)],
+                               [1.0, 0.55, 0.1, 0.0505, 0.001, 0.001], rtol=1e-6)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_piecewise_interpolate_float_boundaries_match_optax(kind):
+    optax = pytest.importorskip("optax")
+    bs = {2.5: 0.5, 6.5: 0.1, 7: 3.0, 0.3 * 31: 0.2}
+    so = optax.piecewise_interpolate_schedule(kind, 1.0, bs)
+    sc = optim.piecewise_interpolate_schedule(kind, 1.0, bs)
+    for c in list(range(-1, 13)) + [2.4, 2.5, 6.75, 9.3]:
+        np.testing.assert_allclose(float(sc(c)), float(so(c)), rtol=1e-6, atol=1e-7, err_msg=str(c))

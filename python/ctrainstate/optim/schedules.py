@@ -157,7 +157,12 @@ def piecewise_interpolate_schedule(interpolate_type, init_value, boundaries_and_
     items = sorted((boundaries_and_scales or {}).items())
     if any(not sc >= 0.0 for _, sc in items):
         raise ValueError("`piecewise_interpolate_schedule` expects non-negative scale factors")
-    bounds = [0] + [int(b) for b, _ in items]
+    # the boundaries as optax stacks them: integers stay integers; any float makes them all
+    # float32 (a boundary 2.5 is 2.5, not truncated to 2)
+    if all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b, _ in items):
+        bounds = [0] + [int(b) for b, _ in items]
+    else:
+        bounds = [0.0] + [float(_f32(b)) for b, _ in items]
     values = [_f32(init_value)]
     for _, sc in items:
         values.append(values[-1] * _f32(sc))

@@ -248,3 +248,53 @@ def test_piecewise_interpolate_float_boundaries_match_optax(kind):
     sc = optim.piecewise_interpolate_schedule(kind, 1.0, bs)
     for c in list(range(-1, 13)) + [2.4, 2.5, 6.75, 9.3]:
         np.testing.assert_allclose(float(sc(c)), float(so(c)), rtol=1e-6, atol=1e-7, err_msg=str(c))
+
+
+# --- per-leaf maxima propagate NaN (jnp.maximum) -------------------------------------------------
+
+def test_block_rms_clip_and_param_scale_propagate_nan_to_the_leaf():
+    # optax: u / jnp.maximum(1, rms(u) / threshold) and u * jnp.maximum(rms(p), min_scale);
+    # jnp.maximum(x, NaN) is NaN, so one NaN element makes the whole leaf NaN. The kernel's
+    # `q > 1 ? q : 1` dropped the NaN: the other elements came back finite. The other leaf
+    # is untouched (by hand: rms([3, 4]) = sqrt(12.5) / threshold 1 -> u / 3.5355).
+    p = {"a": np.ones(4, np.float32), "b": np.ones(2, np.float32)}
+    g = {"a": np.array([1.0, np.nan, 2.0, 3.0], np.float32), "b": np.array([3.0, 4.0], np.float32)}
+    tx = optim.chain(optim.clip_by_block_rms(1.0), optim.scale(-1.0))
+    u, _ = tx.update(g, tx.init(p), p)
+    assert np.isnan(np.asarray(u["a"])).all()
+    np.testing.assert_allclose(np.asarray(u["b"]), -np.array([3.0, 4.0]) / np.sqrt(12.5), rtol=1e-6)
+    pn = {"a": np.array([1.0, np.nan, 1.0, 1.0], np.float32), "b": np.full(2, 2.0, np.float32)}
+    tx = optim.chain(optim.scale_by_param_block_rms(1e-3), optim.scale(-1.0))
+    gg = {"a": np.ones(4, np.float32), "b": np.ones(2, np.float32)}
+    u, _ = tx.update(gg, tx.init(pn), pn)
+    assert np.isnan(np.asarray(u["a"])).all()
+    np.testing.assert_allclose(np.asarray(u["b"]), [-2.0, -2.0], rtol=1e-6)   # rms(p) = 2
+    # in place (TrainState), the same kernel: adafactor's clip makes the leaf NaN
+    ts = TrainState.create(apply_fn=None, params=p, tx=optim.adafactor(0.1))
+    ts = ts.apply_gradients(grads=g)
+    assert np.isnan(np.asarray(ts.params["a"])).all()
+    assert np.isfinite(np.asarray(ts.params["b"])).all()
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_adafactor_non_finite_grad_matches_optax(bad):
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    rng = np.random.default_rng(2)
+    p = {"m": rng.standard_normal((4, 6)).astype(np.float32),
+         "v": rng.standard_normal(5).astype(np.float32)}
+    g = {"m": rng.standard_normal((4, 6)).astype(np.float32),
+         "v": rng.standard_normal(5).astype(np.float32)}
+    g["m"][1, 2] = bad
+    g["v"][3] = bad
+    for make in (lambda o: o.adafactor(0.1, min_dim_size_to_factor=2),   # factored "m"
+                 lambda o: o.adafactor(0.1),                             # nothing factored
+                 lambda o: o.chain(o.clip_by_block_rms(0.5), o.scale(-1.0))):
+        txo, txc = make(optax), make(optim)
+        pj = jax.tree.map(jax.numpy.asarray, p)
+        uo, _ = txo.update(jax.tree.map(jax.numpy.asarray, g), txo.init(pj), pj)
+        uc, _ = txc.update(g, txc.init(p), p)
+        for k in p:
+            np.testing.assert_allclose(np.asarray(uc[k]), np.asarray(uo[k]), rtol=1e-5,
+                                       atol=1e-7, equal_nan=True, err_msg=k)

@@ -1006,16 +1006,18 @@ float ct_opt_leaf_factor(int kind, const double *s, double sum_u2, double sum_p2
         pn = pn <= min_norm ? min_norm : pn;
         return (pn == 0.0f || un == 0.0f) ? 1.0f : coef * pn / (un + eps);
     }
+    /* The maxima are jnp.maximum's: a NaN operand gives NaN (a NaN in one element of the
+     * leaf makes the whole leaf NaN, as in optax), which `a > b ? a : b` would drop. */
     case CT_OPT_BLOCK_RMS: { /* the divisor max(1, sqrt(mean(u^2)) / threshold) */
         const float thr = (float)s[0];
         float rms = sqrtf((float)(sum_u2 / (n > 0 ? n : 1.0)));
         float q = rms / thr;
-        return q > 1.0f ? q : 1.0f;
+        return (q > 1.0f || q != q) ? q : 1.0f;
     }
     case CT_OPT_PARAM_RMS: { /* max(sqrt(mean(p^2)), min_scale) */
         const float mn = (float)s[0];
         float rms = sqrtf((float)(sum_p2 / (n > 0 ? n : 1.0)));
-        return rms > mn ? rms : mn;
+        return (rms > mn || rms != rms) ? rms : mn;
     }
     default: return 1.0f;
     }

@@ -298,3 +298,63 @@ def test_adafactor_non_finite_grad_matches_optax(bad):
         for k in p:
             np.testing.assert_allclose(np.asarray(uc[k]), np.asarray(uo[k]), rtol=1e-5,
                                        atol=1e-7, equal_nan=True, err_msg=k)
+
+
+# --- inject_hyperparams under apply_if_finite: a rejected step keeps the stored values ------------
+
+def _aif_inject(lib):
+    return lib.apply_if_finite(lib.inject_hyperparams(lib.sgd)(
+        learning_rate=lib.linear_schedule(0.4, 0.0, 4), momentum=0.5), 3)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rejected_step_keeps_injected_hyperparams(in_place):
+    # optax's apply_if_finite keeps the whole inner state on a rejected step. The fused
+    # inject_hyperparams wrote this step's schedule value (0.3 = linear 0.4 -> 0 at count 1)
+    # into hyperparams although its counts did not advance. By hand: step 0 stores lr(0)=0.4,
+    # the rejected step 1 keeps 0.4 (counts 1), step 2 stores lr(1) = 0.3 (counts 2).
+    p = {"w": np.ones(2, np.float32)}
+    good = {"w": np.ones(2, np.float32)}
+    bad = {"w": np.array([np.nan, 1.0], np.float32)}
+    tx = _aif_inject(optim)
+    if in_place:
+        ts = TrainState.create(apply_fn=None, params=p, tx=tx)
+        seen = []
+        for g in (good, bad, good):
+            ts = ts.apply_gradients(grads=g)
+            inj = ts.opt_state.inner_state
+            seen.append((float(np.asarray(inj.hyperparams["learning_rate"])),
+                         int(np.asarray(inj.count)),
+                         int(np.asarray(inj.hyperparams_states["learning_rate"].count))))
+    else:
+        st, seen = tx.init(p), []
+        for g in (good, bad, good):
+            _, st = tx.update(g, st, p)
+            inj = st.inner_state
+            seen.append((float(np.asarray(inj.hyperparams["learning_rate"])),
+                         int(np.asarray(inj.count)),
+                         int(np.asarray(inj.hyperparams_states["learning_rate"].count))))
+    np.testing.assert_allclose([s[0] for s in seen], [0.4, 0.4, 0.3], rtol=1e-6)
+    assert [s[1:] for s in seen] == [(1, 1), (1, 1), (2, 2)]
+
+
+@pytest.mark.parity
+def test_rejected_step_keeps_injected_hyperparams_as_optax():
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    rng = np.random.default_rng(4)
+    p = {"w": rng.standard_normal(3).astype(np.float32)}
+    gs = [{"w": rng.standard_normal(3).astype(np.float32)} for _ in range(6)]
+    for i in (1, 3, 4):
+        gs[i]["w"][0] = np.nan
+    txo, txc = _aif_inject(optax), _aif_inject(optim)
+    pj = jax.tree.map(jax.numpy.asarray, p)
+    so = txo.init(pj)
+    ts = TrainState.create(apply_fn=None, params=p, tx=txc)
+    for g in gs:
+        uo, so = txo.update(jax.tree.map(jax.numpy.asarray, g), so, pj)
+        pj = optax.apply_updates(pj, uo)
+        ts = ts.apply_gradients(grads=g)
+        for a, b in zip(jax.tree.leaves(so), tree_leaves(ts.opt_state)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, equal_nan=True)
+        np.testing.assert_allclose(np.asarray(ts.params["w"]), np.asarray(pj["w"]), rtol=1e-6)

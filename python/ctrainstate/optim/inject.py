@@ -111,6 +111,12 @@ def inject_hyperparams(inner_factory: Callable[..., GradientTransformation], sta
                 return scalar(value, dtype, ref,
                               sharding=getattr(old, "sharding", None))
             c = int(read_scalar(state.count))
+            if not advance:
+                # a step that did not happen (rejected by an enclosing apply_if_finite): the
+                # state stays as it was, the stored values included (optax keeps the old
+                # inner state), not this step's schedule values
+                hp = {k: _to_host(state.hyperparams[k]) if k in state.hyperparams else v
+                      for k, v in hp.items()}
             hyper = {k: put(state.hyperparams.get(k), hp[k],
                             np.float32 if isinstance(hp[k], np.floating) else np.asarray(hp[k]).dtype)
                      for k in hp}

@@ -358,3 +358,16 @@ def test_rejected_step_keeps_injected_hyperparams_as_optax():
         for a, b in zip(jax.tree.leaves(so), tree_leaves(ts.opt_state)):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, equal_nan=True)
         np.testing.assert_allclose(np.asarray(ts.params["w"]), np.asarray(pj["w"]), rtol=1e-6)
+
+
+def test_masked_accepts_optax_keyword():
+    # optax.masked(inner, mask, *, mask_compatible_extra_args=False): an optax script passing
+    # it got a TypeError (partition already accepted the same keyword). Same result either
+    # way; by hand: sgd(0.5) on the masked leaf, the other passes through unchanged.
+    p = {"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}
+    for flag in (False, True):
+        tx = optim.masked(optim.sgd(0.5), {"a": True, "b": False},
+                          mask_compatible_extra_args=flag)
+        u, _ = tx.update(p, tx.init(p), p)
+        assert np.asarray(u["a"]).tolist() == [-0.5, -0.5]
+        assert np.asarray(u["b"]).tolist() == [1.0, 1.0]

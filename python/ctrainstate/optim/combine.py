@@ -104,10 +104,14 @@ def _mask_flat(mask, params):
     return flat, m
 
 
-def masked(inner: GradientTransformation, mask) -> GradientTransformation:
+def masked(inner: GradientTransformation, mask, *, mask_compatible_extra_args: bool = False
+           ) -> GradientTransformation:
     """Apply ``inner`` only where ``mask`` (a tree of bools like params, or a callable
     params -> tree) is True; other updates pass through unchanged. State:
-    MaskedState(inner_state) with MaskedNode() at masked-out leaves (optax.masked)."""
+    MaskedState(inner_state) with MaskedNode() at masked-out leaves (optax.masked).
+    ``mask_compatible_extra_args`` is accepted for optax's signature and has no effect: no
+    extra args reach ctrainstate's update functions."""
+    del mask_compatible_extra_args
     def mask_tree(tree, m):
         return tree_map(lambda mk, x: x if mk else MaskedNode(), m, tree)
 

@@ -371,3 +371,41 @@ def test_masked_accepts_optax_keyword():
         u, _ = tx.update(p, tx.init(p), p)
         assert np.asarray(u["a"]).tolist() == [-0.5, -0.5]
         assert np.asarray(u["b"]).tolist() == [1.0, 1.0]
+
+
+# --- eval_shape of adafactor's init ---------------------------------------------------------------
+
+@pytest.mark.parametrize("min_dim", [4, 128])   # factored leaves, and none factored
+def test_eval_shape_of_adafactor_init(min_dim):
+    # jax.eval_shape(optax.adafactor(...).init, params) is how t5x / Flax scripts get the
+    # optimizer state's shapes for its partition specs; scale_by_factored_rms's init called
+    # to_array on the ShapeDtypeStructs and raised "dtype object is not supported". The
+    # abstract state must be the concrete one's shapes, dtypes and shardings, on a mesh too.
+    from ctrainstate.t5x.optimizers import OptaxWrapper
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    sharded = {"a": cts.device_put(np.ones((8, 16), np.float32),
+                                   cts.NamedSharding(mesh, cts.P("data", "model"))),
+               "b": cts.device_put(np.ones(16, np.float32), cts.NamedSharding(mesh, cts.P("model")))}
+    tx = optim.adafactor(0.1, min_dim_size_to_factor=min_dim, momentum=0.9)
+    abstract = cts.eval_shape(tx.init, sharded)
+    concrete = tx.init(sharded)
+    assert [(tuple(x.shape), x.dtype, x.sharding) for x in tree_leaves(abstract)] == \
+        [(tuple(x.shape), x.dtype, x.sharding) for x in tree_leaves(concrete)]
+    st = cts.eval_shape(lambda: FlaxOptimTrainState.create(
+        OptaxWrapper(tx), {"params": {"w": np.ones((16, 16), np.float32)}}))
+    assert isinstance(st, FlaxOptimTrainState)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("min_dim", [4, 128])
+def test_eval_shape_of_adafactor_init_matches_optax(min_dim):
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    p = {"a": np.ones((8, 16), np.float32), "b": np.ones(16, np.float32),
+         "c": np.ones((4, 6, 5), np.float32)}
+    want = jax.eval_shape(optax.adafactor(0.1, min_dim_size_to_factor=min_dim).init,
+                          jax.tree.map(jax.numpy.asarray, p))
+    got = cts.eval_shape(optim.adafactor(0.1, min_dim_size_to_factor=min_dim).init, p)
+    assert [(tuple(x.shape), str(x.dtype)) for x in tree_leaves(got)] == \
+        [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(want)]

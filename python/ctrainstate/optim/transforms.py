@@ -546,19 +546,27 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
     def init(params):
         rep = _scalar_sharding(params)
         from ..array import device_put
+        from .._abstract import ShapeDtypeStruct
 
         def _init(p):
-            p = to_array(p)
+            # under eval_shape the params are ShapeDtypeStructs: the statistics are too
+            # (jax.eval_shape(optax.adafactor().init, params) works, e.g. for t5x's specs)
+            abstract = isinstance(p, ShapeDtypeStruct)
+            if not abstract:
+                p = to_array(p)
             shape = tuple(p.shape)
             fd = _factored_dims(shape, factored, min_dim_size_to_factor)
             dt = p.dtype   # optax keeps the statistics in the param's dtype
-            z1 = lambda: device_put(np.zeros((1,), dt), rep)  # noqa: E731
+
+            def zeros(shp, sharding):
+                if abstract:
+                    return ShapeDtypeStruct(shp, dt, sharding)
+                return device_put(np.zeros(shp, dt), sharding)
+            z1 = lambda: zeros((1,), rep)  # noqa: E731
             if fd is not None:
                 d1, d0 = fd
-                vr = device_put(np.zeros(shape[:d0] + shape[d0 + 1:], dt),
-                                _without_dim(p.sharding, len(shape), d0))
-                vc = device_put(np.zeros(shape[:d1] + shape[d1 + 1:], dt),
-                                _without_dim(p.sharding, len(shape), d1))
+                vr = zeros(shape[:d0] + shape[d0 + 1:], _without_dim(p.sharding, len(shape), d0))
+                vc = zeros(shape[:d1] + shape[d1 + 1:], _without_dim(p.sharding, len(shape), d1))
                 return (vr, vc, z1())
             return (z1(), z1(), zeros_like(p))
         leaves, td = tree_flatten(params)

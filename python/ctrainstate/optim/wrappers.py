@@ -37,11 +37,26 @@ def _host(x):
     return np.asarray(x)
 
 
+def _abstract(updates) -> bool:
+    """Whether ``updates`` are ShapeDtypeStructs (MultiSteps.init under eval_shape calls the
+    skip function on zeros like the params, to get the skip state's structure)."""
+    from .._abstract import ShapeDtypeStruct
+    return any(isinstance(u, ShapeDtypeStruct) for u in tree_leaves(updates))
+
+
+def _struct(dtype):
+    from .._abstract import ShapeDtypeStruct
+    return ShapeDtypeStruct((), dtype)
+
+
 def skip_not_finite(updates, gradient_step, params):
     """Skip a mini-step whose updates hold a NaN or an inf (optax.skip_not_finite).
     Returns ``(should_skip, {'should_skip', 'num_not_finite'})``. Reads every update on the
     host (a gather of sharded Arrays)."""
     del gradient_step, params
+    if _abstract(updates):
+        return _struct(np.bool_), dict(should_skip=_struct(np.bool_),
+                                       num_not_finite=_struct(np.int32))
     n = sum(int(np.count_nonzero(~np.isfinite(_host(u)))) for u in tree_leaves(updates))
     should_skip = np.bool_(n > 0)
     return should_skip, dict(should_skip=should_skip, num_not_finite=np.int32(n))
@@ -52,6 +67,9 @@ def skip_large_updates(updates, gradient_step, params, max_squared_norm):
     (optax.skip_large_updates; bind it with functools.partial). Reads every update on the
     host."""
     del gradient_step, params
+    if _abstract(updates):
+        return _struct(np.bool_), dict(should_skip=_struct(np.bool_),
+                                       norm_squared=_struct(np.float32))
     norm_sq = np.float32(sum(float(np.sum(np.square(_host(u).astype(np.float32))))
                              for u in tree_leaves(updates)))
     should_skip = np.bool_(not norm_sq < max_squared_norm)

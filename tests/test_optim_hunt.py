@@ -445,3 +445,32 @@ def test_eval_shape_of_multisteps_init_with_skip_fn_matches_optax(skip):
     got = cts.eval_shape(make(optim).init, p)
     assert [(tuple(x.shape), str(x.dtype)) for x in tree_leaves(got)] == \
         [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(want)]
+
+
+# --- join_schedules: an integer count reaches the later schedules as an integer -----------------
+
+def test_join_schedules_passes_integer_counts():
+    # optax passes `step - boundary` (an int32 count) to each later schedule; ctrainstate
+    # passed a float, so a schedule indexing a table with its count raised TypeError (list
+    # indices must be integers). By hand: 1.0 before the boundary 2, then table[count - 2].
+    table = [0.5, 0.4, 0.3, 0.2]
+    seen = []
+
+    def from_table(c):
+        seen.append(c)
+        return table[min(c, 3)]
+    s = optim.join_schedules([optim.constant_schedule(1.0), from_table], [2])
+    assert [float(s(i)) for i in range(7)] == [1.0, 1.0, 0.5, 0.4, 0.3, 0.2, 0.2]
+    assert all(type(c) is int for c in seen)
+    assert float(s(np.int32(4))) == 0.3
+    # through an optimizer (the count is the state's)
+    tx = optim.sgd(s)
+    p = {"w": np.ones(2, np.float32)}
+    st, got = tx.init(p), []
+    for _ in range(5):
+        u, st = tx.update(p, st, p)
+        got.append(float(np.asarray(u["w"])[0]))
+    np.testing.assert_allclose(got, [-1.0, -1.0, -0.5, -0.4, -0.3], rtol=1e-6)
+    # a float count still gives a float offset (optax: step - boundary in floats)
+    lin = optim.join_schedules([optim.constant_schedule(0.0), lambda c: c], [2])
+    assert float(lin(3.5)) == 1.5

@@ -100,15 +100,25 @@ def cosine_decay_schedule(init_value, decay_steps, alpha=0.0, exponent=1.0):
 
 
 def join_schedules(schedules, boundaries):
-    """Schedule i from boundary i-1 on, each seeing the count since its boundary."""
+    """Schedule i from boundary i-1 on, each seeing the count since its boundary (an int
+    when the count and the boundary are ints, as optax's ``step - boundary``)."""
     def schedule(step):
         s = _c(step)
         out = schedules[0](step)
         for b, sch in zip(boundaries, schedules[1:]):
             if not s < b:
-                out = sch(s - b)
+                out = sch(_since(step, s, b))
         return out
     return schedule
+
+
+def _since(step, s, boundary):
+    """``step - boundary``: an int for an integer count and boundary, else a float."""
+    ints = (int, np.integer)
+    step = np.asarray(step)[()] if hasattr(step, "shape") else step
+    if isinstance(step, ints) and isinstance(boundary, ints) and not isinstance(step, bool):
+        return int(step) - int(boundary)
+    return s - boundary
 
 
 def warmup_cosine_decay_schedule(init_value, peak_value, warmup_steps, decay_steps, end_value=0.0,

@@ -92,8 +92,12 @@ ct_status ct_mesh_init(ct_mesh *mesh, int ndevice_dims, const int64_t *device_sh
                                     names[i]);
         memcpy(mesh->names[i], names[i], len + 1);
         mesh->shape[i] = device_shape[i];
+        if (mesh->size > INT64_MAX / device_shape[i])
+            return ct_set_error(CT_EINVAL, "Mesh: the device array has more than 2**63 - 1 "
+                                           "elements");
         mesh->size *= device_shape[i];
     }
+    if (device_ids == NULL) return ct_set_error(CT_EINVAL, "Mesh: no device ids given");
     /* Duplicate devices: sort a copy of the ids. */
     int *ids = malloc((size_t)mesh->size * sizeof *ids);
     if (ids == NULL) return ct_set_error(CT_EOOM, "Mesh: out of host memory");
@@ -172,7 +176,7 @@ ct_status ct_layout_init(ct_layout *out, const ct_mesh *mesh, const ct_spec *spe
     memset(out, 0, sizeof *out);
     out->ndim = ndim;
     int used[CT_MAX_MESH_NDIM] = {0};
-    int k = 0;
+    int k = 0, zero = 0, big = 0;
     out->shard_size = 1;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0)
@@ -210,8 +214,14 @@ ct_status ct_layout_init(ct_layout *out, const ct_mesh *mesh, const ct_spec *spe
                                 d, shape[d], abuf, out->nparts[d]);
         }
         out->shard_shape[d] = shape[d] / out->nparts[d];
-        out->shard_size *= out->shard_shape[d];
+        if (out->shard_shape[d] == 0) zero = 1;
+        else if (big || out->shard_size > INT64_MAX / out->shard_shape[d]) big = 1;
+        else out->shard_size *= out->shard_shape[d];
     }
+    /* Shapes too big to allocate still have a layout (as in jax: shard_shape of an abstract
+     * shape); their element count saturates instead of overflowing. Allocation rejects them. */
+    if (zero) out->shard_size = 0;
+    else if (big) out->shard_size = INT64_MAX;
     out->num_replicas = 1;
     for (int a = 0; a < mesh->ndim; a++)
         if (!used[a]) out->num_replicas *= mesh->shape[a];

@@ -56,7 +56,7 @@ typedef struct {
     int axes[CT_MAX_NDIM][CT_MAX_MESH_NDIM]; /* mesh axis indices, major first */
     int64_t nparts[CT_MAX_NDIM];
     int64_t num_replicas;
-    int64_t shard_size; /* elements per shard */
+    int64_t shard_size; /* elements per shard (INT64_MAX when that overflows) */
 } ct_layout;
 
 /* Check a spec against a mesh alone: unknown axes, an axis used twice. */

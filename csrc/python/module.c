@@ -41,11 +41,18 @@ int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what) {
             return -1;
         }
         long long v = PyLong_AsLongLong(idx);
-        Py_DECREF(idx);
         if (v == -1 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError,
+                             "%s: %R is out of range (values must fit in a signed 64-bit integer)",
+                             what, idx);
+            }
+            Py_DECREF(idx);
             Py_DECREF(fast);
             return -1;
         }
+        Py_DECREF(idx);
         out[i] = (int64_t)v;
     }
     Py_DECREF(fast);

@@ -18,8 +18,16 @@ static const char *pool_str(str_pool *pool, PyObject *s, const char *what) {
         PyErr_Format(PyExc_TypeError, "%s must be a string, got %R", what, s);
         return NULL;
     }
+    Py_ssize_t len;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &len);
+    if (u == NULL) return NULL;
+    /* The core compares names as C strings: 'x\0y' would be taken for 'x'. */
+    if (strlen(u) != (size_t)len) {
+        PyErr_Format(PyExc_ValueError, "%s must not contain a NUL character, got %R", what, s);
+        return NULL;
+    }
     if (PyList_Append(pool->refs, s) < 0) return NULL;
-    return PyUnicode_AsUTF8(s);
+    return u;
 }
 
 static int parse_mesh(PyObject *shape_obj, PyObject *names_obj, PyObject *ids_obj, ct_mesh *mesh,
@@ -48,7 +56,25 @@ static int parse_mesh(PyObject *shape_obj, PyObject *names_obj, PyObject *ids_ob
     if (ids == NULL) return -1;
     Py_ssize_t nids = PySequence_Fast_GET_SIZE(ids);
     int64_t expect = 1;
-    for (int i = 0; i < ndim; i++) expect *= shape[i];
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 1) { /* ct_mesh_init names the bad axis */
+            expect = -1;
+            break;
+        }
+        if (expect > INT64_MAX / shape[i]) {
+            Py_DECREF(ids);
+            PyErr_SetString(PyExc_ValueError,
+                            "Mesh: the device array has more than 2**63 - 1 elements");
+            return -1;
+        }
+        expect *= shape[i];
+    }
+    if (expect < 0) {
+        Py_DECREF(ids);
+        ct_status st = ct_mesh_init(mesh, ndim, shape, (int)nn, cnames, NULL);
+        ct_py_raise(st != CT_OK ? st : ct_set_error(CT_EINVAL, "Mesh: invalid device array shape"));
+        return -1;
+    }
     if (nids != expect) {
         Py_DECREF(ids);
         PyErr_Format(PyExc_ValueError, "Mesh: %zd device ids for a device array of %lld elements",

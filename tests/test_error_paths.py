@@ -1,0 +1,76 @@
+"""Bad input gives a clear ValueError / TypeError, never a crash or an exception from deep inside.
+
+Each row is an input a fuzz run of the public API (and of the private _C bindings) found
+answered with a KeyError, OverflowError, SystemError or AttributeError, or silently accepted.
+Every test asserts the exception type and a fragment of the message that says what is wrong.
+"""
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import _C, mesh_utils, optim, train_state
+from ctrainstate import random as crandom
+
+
+def _mesh(shape=(2, 4), names=("x", "y")):
+    n = int(np.prod(shape))
+    return cts.Mesh(np.array(cts.devices()[:n], dtype=object).reshape(shape), names)
+
+
+# --- mesh axis names with a NUL character ----------------------------------------------
+# The core compares names as C strings: 'x\0y' was taken for 'x', so P('x') passed the C
+# spec check on a mesh with axis 'x\0y' and devices_indices_map raised KeyError('x').
+
+NUL_CASES = [
+    ("mesh_name", lambda: cts.Mesh(np.array(cts.devices()[:2]), ("x\x00y",))),
+    ("mesh_second_name",
+     lambda: cts.Mesh(np.array(cts.devices()[:2]).reshape(1, 2), ("x", "x\x00y"))),
+    ("make_mesh", lambda: cts.make_mesh((2,), ("a\x00",))),
+    ("spec_name", lambda: cts.NamedSharding(_mesh((2,), ("x",)), cts.P("x\x00z"))),
+    ("spec_tuple_name", lambda: cts.NamedSharding(_mesh(), cts.P(("x", "y\x00")))),
+]
+
+
+@pytest.mark.parametrize("name,call", NUL_CASES, ids=[c[0] for c in NUL_CASES])
+def test_axis_name_with_nul_is_rejected(name, call):
+    with pytest.raises(ValueError, match="must not contain a NUL character"):
+        call()
+
+
+# --- integers beyond 64 bits in shapes -------------------------------------------------
+# Were OverflowError('int too big to convert') from the argument conversion.
+
+BIG_CASES = [
+    ("shard_shape", lambda: cts.NamedSharding(_mesh(), cts.P("x")).shard_shape((4, 2 ** 63)),
+     r"array shape: 9223372036854775808 is out of range"),
+    ("devices_indices_map",
+     lambda: cts.NamedSharding(_mesh(), cts.P()).devices_indices_map((2 ** 64,)),
+     r"array shape: 18446744073709551616 is out of range"),
+    ("single_device_shard_shape",
+     lambda: cts.SingleDeviceSharding(cts.devices()[0]).shard_shape((-2 ** 63 - 1,)),
+     r"array shape: -9223372036854775809 is out of range"),
+    ("buffer_shape", lambda: _C.Buffer(0, (2 ** 64,), 0), r"shape: 18446744073709551616 is out"),
+    ("random_bits_start",
+     lambda: _C.random_bits(np.zeros(4, np.uint32), 0, 1, (4,), (2 ** 70,), 32),
+     r"start: 1180591620717411303424 is out of range"),
+]
+
+
+@pytest.mark.parametrize("name,call,msg", BIG_CASES, ids=[c[0] for c in BIG_CASES])
+def test_shape_entry_beyond_int64_is_a_value_error(name, call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()
+
+
+# --- device arrays whose element count overflows int64 (private mesh_check) ------------
+# (2**32, 2**32) wrapped to 0 elements and was accepted with no device ids.
+
+@pytest.mark.parametrize("shape", [(2 ** 32, 2 ** 32), (2 ** 62, 4), (2 ** 31, 2 ** 31, 8)])
+def test_mesh_device_count_overflow(shape):
+    with pytest.raises(ValueError, match=r"more than 2\*\*63 - 1 elements"):
+        _C.mesh_check(shape, ("x", "y", "z")[:len(shape)], [])
+
+
+def test_mesh_axis_of_size_zero_still_names_the_axis():
+    with pytest.raises(ValueError, match="axis 1 has size 0; sizes must be >= 1"):
+        _C.mesh_check((2, 0), ("x", "y"), [])

@@ -74,3 +74,28 @@ def test_mesh_device_count_overflow(shape):
 def test_mesh_axis_of_size_zero_still_names_the_axis():
     with pytest.raises(ValueError, match="axis 1 has size 0; sizes must be >= 1"):
         _C.mesh_check((2, 0), ("x", "y"), [])
+
+
+# --- optimizer bindings given a non-tuple where a tuple is expected --------------------
+# Were SystemError('new style getargs format but argument is not a tuple').
+
+def _buf():
+    return _C.Buffer(0, (4,), 0)
+
+
+OPTIM_CASES = [
+    ("reference_block", lambda: _C.optim_reference((), 4), "an optimizer block must be a"),
+    ("reference_stage", lambda: _C.optim_reference([5], (None,) * 7), "stage 0 must be a"),
+    ("step_stage", lambda: _C.optim_step([[0, [0.1]]], [], 0), "stage 0 must be a"),
+    ("step_block", lambda: _C.optim_step([(0, [0.1])], [[[_buf(), _buf(), None, [], 1, 0, True]]], 1),
+     "an optimizer block must be a"),
+    ("geometry",
+     lambda: _C.optim_reference([(0, [0.1])], (None, _buf(), None, [], 1, 0, True, [0, 1, [2, 2], [0, 0], [2, 2]])),
+     "factored geometry must be None or a"),
+]
+
+
+@pytest.mark.parametrize("name,call,msg", OPTIM_CASES, ids=[c[0] for c in OPTIM_CASES])
+def test_optim_bindings_reject_non_tuples(name, call, msg):
+    with pytest.raises(TypeError, match=msg):
+        call()

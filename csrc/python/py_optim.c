@@ -26,6 +26,11 @@ static int parse_stages(PyObject *seq, ct_opt_stage *st, int *nst) {
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, k), *scal;
         int kind;
+        if (!PyTuple_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "stage %zd must be a (kind, scalars) tuple, got %.100s",
+                         k, Py_TYPE(item)->tp_name);
+            goto fail;
+        }
         if (!PyArg_ParseTuple(item, "iO:stage", &kind, &scal)) goto fail;
         memset(&st[k], 0, sizeof st[k]);
         st[k].kind = kind;
@@ -148,6 +153,12 @@ static int parse_geom(PyObject *t, ct_opt_geom *g) {
     if (t == Py_None) return 0;
     int d0, d1;
     PyObject *shape, *start, *bshape;
+    if (!PyTuple_Check(t)) {
+        PyErr_Format(PyExc_TypeError,
+                     "factored geometry must be None or a (d0, d1, shape, start, block_shape) "
+                     "tuple, got %.100s", Py_TYPE(t)->tp_name);
+        return -1;
+    }
     if (!PyArg_ParseTuple(t, "iiOOO:factored geometry", &d0, &d1, &shape, &start, &bshape))
         return -1;
     Py_ssize_t nd = PyObject_Length(shape);
@@ -173,6 +184,12 @@ static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int n
     PyObject *p, *g, *out, *slots, *geom = Py_None;
     unsigned long active;
     int leaf, counts;
+    if (!PyTuple_Check(t)) {
+        PyErr_Format(PyExc_TypeError,
+                     "an optimizer block must be a (params, grads, updates, slots, active, leaf, "
+                     "counts[, geometry]) tuple, got %.100s", Py_TYPE(t)->tp_name);
+        return -1;
+    }
     if (!PyArg_ParseTuple(t, "OOOOkip|O:block", &p, &g, &out, &slots, &active, &leaf, &counts,
                           &geom))
         return -1;

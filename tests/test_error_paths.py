@@ -99,3 +99,30 @@ OPTIM_CASES = [
 def test_optim_bindings_reject_non_tuples(name, call, msg):
     with pytest.raises(TypeError, match=msg):
         call()
+
+
+# --- random.split with a num that is not an integer ------------------------------------
+# split(k, inf) raised OverflowError('cannot convert float infinity to integer'), split(k,
+# 2**64 - 1) OverflowError('int too big to convert'), and split(k, 2.5) gave 2 keys; as in
+# jax (whose shapes must be integers) they are a TypeError / ValueError naming num.
+
+SPLIT_CASES = [
+    (float("inf"), TypeError, "split: num must be an integer or a tuple of integers, got inf"),
+    (2.5, TypeError, "split: num must be an integer or a tuple of integers, got 2.5"),
+    ((2, None), TypeError, r"split: num must be an integer or a tuple of integers, got \(2, None\)"),
+    (np.uint64(2 ** 64 - 1), ValueError, r"split: num=np.uint64\(18446744073709551615\) is too large"),
+    ((2 ** 40, 2 ** 40), ValueError, r"split: num=\(1099511627776, 1099511627776\) is too large"),
+]
+
+
+@pytest.mark.parametrize("num,exc,msg", SPLIT_CASES, ids=[repr(c[0]) for c in SPLIT_CASES])
+def test_split_num_must_be_integers(num, exc, msg):
+    with pytest.raises(exc, match=msg):
+        crandom.split(crandom.PRNGKey(0), num)
+
+
+def test_split_integer_likes_still_work():
+    k = crandom.PRNGKey(0)
+    want = crandom.split(k, 3)
+    for num in (np.int64(3), np.array(3), (3,), [np.int32(3)]):
+        np.testing.assert_array_equal(crandom.split(k, num), want)

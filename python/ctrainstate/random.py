@@ -28,6 +28,7 @@ with the same bits on any mesh. Without ``out_sharding`` the result is a host
 from __future__ import annotations
 
 import math
+import operator
 from typing import Sequence
 
 import ml_dtypes
@@ -123,11 +124,19 @@ def split(k, num: int | Sequence[int] = 2) -> np.ndarray:
     >>> split(PRNGKey(0), 3).shape
     (3, 2)
     """
-    shape = tuple(num) if isinstance(num, (tuple, list)) else (int(num),)
-    if any(int(d) < 0 for d in shape):
+    try:   # integers only, as jax's shapes (split(k, 2.5) is no 2 keys)
+        shape = tuple(operator.index(d) for d in (num if isinstance(num, (tuple, list))
+                                                  else (num,)))
+    except TypeError:
+        raise TypeError(f"split: num must be an integer or a tuple of integers, got {num!r}") \
+            from None
+    if any(d < 0 for d in shape):
         raise ValueError(f"split: num must be non-negative, got {num!r}")
+    n = math.prod(shape)
+    if n >= 2 ** 62:
+        raise ValueError(f"split: num={num!r} is too large ({n} keys)")
     k0, k1 = _key_words(k)
-    out = _C.key_split(k0, k1, math.prod(shape))
+    out = _C.key_split(k0, k1, n)
     return out.reshape(*shape, 2)
 
 

@@ -126,3 +126,12 @@ def test_split_integer_likes_still_work():
     want = crandom.split(k, 3)
     for num in (np.int64(3), np.array(3), (3,), [np.int32(3)]):
         np.testing.assert_array_equal(crandom.split(k, num), want)
+
+
+# --- TrainState.create with something that is not an optimizer ------------------------
+# Was AttributeError("'NoneType' object has no attribute 'init'").
+
+@pytest.mark.parametrize("tx", [None, "adam", 0.001, optim.adamw], ids=["None", "str", "float", "factory"])
+def test_train_state_create_needs_an_optimizer(tx):
+    with pytest.raises(TypeError, match=r"TrainState.create: tx must be a gradient transformation"):
+        train_state.TrainState.create(apply_fn=None, params={"w": np.ones(4, np.float32)}, tx=tx)

@@ -166,6 +166,9 @@ class TrainState(PyTreeNode):
     def create(cls, *, apply_fn, params, tx, **kwargs):
         """A state with ``step=0`` and ``opt_state = tx.init(params)``. numpy params are placed
         on the default device (replicated over the active mesh); Arrays keep their shardings."""
+        if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+            raise TypeError(f"{cls.__name__}.create: tx must be a gradient transformation (with "
+                            f"init and update, e.g. ctrainstate.optim.adamw(1e-3)), got {tx!r}")
         params = _place(params)
         params_for_opt = params["params"] if (isinstance(params, dict) and _OWG in params) else params
         return cls(step=0, apply_fn=apply_fn, params=params, tx=tx,

@@ -135,3 +135,36 @@ def test_split_integer_likes_still_work():
 def test_train_state_create_needs_an_optimizer(tx):
     with pytest.raises(TypeError, match=r"TrainState.create: tx must be a gradient transformation"):
         train_state.TrainState.create(apply_fn=None, params={"w": np.ones(4, np.float32)}, tx=tx)
+
+
+# --- shapes and axis names that are not sequences --------------------------------------
+# Were "'int' object is not iterable" / "int() argument must be ..." from inside, naming no
+# argument; create_device_mesh((2.5,)) silently took 2.
+
+SEQ_CASES = [
+    ("shard_shape_int", lambda: cts.NamedSharding(_mesh(), cts.P()).shard_shape(4),
+     TypeError, "a global shape must be a sequence of integers, got 4"),
+    ("devices_indices_map_none",
+     lambda: cts.SingleDeviceSharding(cts.devices()[0]).devices_indices_map(None),
+     TypeError, "a global shape must be a sequence of integers, got None"),
+    ("shard_shape_float", lambda: cts.NamedSharding(_mesh(), cts.P()).shard_shape((4, 2.5)),
+     TypeError, r"a global shape must be a sequence of integers, got \(4, 2.5\)"),
+    ("create_device_mesh_int", lambda: mesh_utils.create_device_mesh(3),
+     TypeError, "mesh_shape must be a sequence of integers, got 3"),
+    ("create_device_mesh_none_entry", lambda: mesh_utils.create_device_mesh((2, None)),
+     TypeError, r"mesh_shape must be a sequence of integers, got \(2, None\)"),
+    ("create_device_mesh_float", lambda: mesh_utils.create_device_mesh((2.5,), cts.devices()[:2]),
+     TypeError, r"mesh_shape must be a sequence of integers, got \(2.5,\)"),
+    ("make_mesh_shape_none", lambda: cts.make_mesh(None, ("x",)),
+     TypeError, "make_mesh: axis_shapes must be a sequence of integers, got None"),
+    ("make_mesh_names_none", lambda: cts.make_mesh((2,), None),
+     TypeError, "make_mesh: axis_names must be a sequence of strings, got None"),
+    ("make_mesh_names_int", lambda: cts.make_mesh((2,), 3),
+     TypeError, "make_mesh: axis_names must be a sequence of strings, got 3"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,msg", SEQ_CASES, ids=[c[0] for c in SEQ_CASES])
+def test_shape_and_name_arguments_must_be_sequences(name, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()

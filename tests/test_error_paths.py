@@ -168,3 +168,46 @@ SEQ_CASES = [
 def test_shape_and_name_arguments_must_be_sequences(name, call, exc, msg):
     with pytest.raises(exc, match=msg):
         call()
+
+
+# --- private kernels given sizes whose arithmetic wrapped -----------------------------
+# The size checks of op_matmul and copy_from_host / copy_to_host computed products and
+# sums that a negative stride or a huge size made wrap, and passed: the kernel read and
+# wrote outside the buffers (a segfault with a stride of -2**40; heap overflows under ASan).
+
+def _f32(*shape):
+    return _C.Buffer(0, shape, 0)
+
+
+MATMUL_CASES = [
+    ("negative_a_stride", (2, 1, 1, 1, -1, 0), "negative size or batch stride"),
+    ("huge_negative_a_stride", (2, 1, 1, 1, -2 ** 40, 0), "negative size or batch stride"),
+    ("negative_b_stride", (2, 1, 1, 1, 0, -3), "negative size or batch stride"),
+    ("negative_batch", (-1, 1, 1, 1, 0, 0), "negative size or batch stride"),
+    ("m_times_k_wraps", (1, 2 ** 62, 4, 0, 0, 0), "the operand sizes overflow int64"),
+    ("batch_times_m_n_wraps", (2 ** 32, 2 ** 32, 1, 1, 0, 0), "the operand sizes overflow int64"),
+    ("stride_wraps", (3, 1, 1, 1, 2 ** 62, 0), "the operand sizes overflow int64"),
+]
+
+
+@pytest.mark.parametrize("name,args,msg", MATMUL_CASES, ids=[c[0] for c in MATMUL_CASES])
+def test_matmul_sizes_are_checked_without_overflow(name, args, msg):
+    batch, m, n, k, sa, sb = args
+    with pytest.raises(ValueError, match=msg):
+        _C.op_matmul([_f32(4)], [_f32(4)], [_f32(4)], batch, m, n, k, sa, sb, 0, 0, 1.0, 0.0)
+
+
+def test_matmul_valid_batched_product_still_runs():
+    a, b, c = _f32(2, 2), _f32(2, 2), _f32(2, 2)
+    np.frombuffer(a, np.float32)[:] = [1, 2, 3, 4]
+    np.frombuffer(b, np.float32)[:] = [10, 20, 30, 40]
+    # two 1x1x1 products, strides 2 (a) and 0 (b broadcast): c[0] = 1*10, c[1] = 3*10
+    _C.op_matmul([a], [b], [c], 2, 1, 1, 1, 2, 0, 0, 0, 1.0, 0.0)
+    assert np.frombuffer(c, np.float32)[:2].tolist() == [10.0, 30.0]
+
+
+@pytest.mark.parametrize("copy", [_C.copy_from_host, _C.copy_to_host], ids=["from_host", "to_host"])
+@pytest.mark.parametrize("start", [2 ** 63 - 2, 2 ** 63 - 4, 5])
+def test_host_copy_block_must_fit(copy, start):
+    with pytest.raises(ValueError, match="shard block does not fit the host array in dimension 0"):
+        copy(_f32(4), np.zeros(8, np.float32), (start,))

@@ -258,7 +258,8 @@ static PyArrayObject *host_arg(PyObject *obj, ct_py_buffer *buf, const int64_t *
         return NULL;
     }
     for (int d = 0; d < buf->ndim; d++) {
-        if (start[d] < 0 || start[d] + buf->shape[d] > PyArray_DIM(a, d)) {
+        /* (no start + shape: a start near INT64_MAX wrapped and passed) */
+        if (start[d] < 0 || start[d] > (int64_t)PyArray_DIM(a, d) - buf->shape[d]) {
             PyErr_Format(PyExc_ValueError, "shard block does not fit the host array in dimension %d",
                          d);
             return NULL;

@@ -303,6 +303,23 @@ static PyObject *py_op_reduce(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* *out = a * b * c for non-negative operands; -1 when that overflows int64. */
+static int mul3(int64_t a, int64_t b, int64_t c, int64_t *out) {
+    int64_t t;
+    if (__builtin_mul_overflow(a, b, &t) || __builtin_mul_overflow(t, c, out)) return -1;
+    return 0;
+}
+
+/* Elements `batch` (>= 1) rows x cols matrices `stride` apart span: (batch - 1) * stride +
+ * rows * cols; -1 when that overflows int64. */
+static int span(int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64_t *out) {
+    int64_t a, b;
+    if (__builtin_mul_overflow(batch - 1, stride, &a) || __builtin_mul_overflow(rows, cols, &b) ||
+        __builtin_add_overflow(a, b, out))
+        return -1;
+    return 0;
+}
+
 /* Batched matmul over shards: for every shard, `batch` products
  * C[b] (m x n) = alpha * op(A[b]) op(B[b]) + beta * C[b]; a zero batch stride
  * broadcasts an operand over the batch. `prec`: CT_PREC_* (ct_prec_math.h). */
@@ -319,15 +336,29 @@ static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "op_matmul: unknown precision code %d", prec);
         return NULL;
     }
+    if (batch < 0 || m < 0 || n < 0 || k < 0 || sa < 0 || sb < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "op_matmul: negative size or batch stride (batch %lld, m %lld, n %lld, "
+                     "k %lld, strides %lld, %lld)", batch, m, n, k, sa, sb);
+        return NULL;
+    }
+    /* elements each operand spans, without int64 overflow (a wrapped product passed the
+     * size check and the kernel then read and wrote outside the buffers) */
+    int64_t need_a, need_b, need_c;
+    if (batch > 0 && (span(batch, sa, m, k, &need_a) < 0 || span(batch, sb, k, n, &need_b) < 0 ||
+                      mul3(batch, m, n, &need_c) < 0)) {
+        PyErr_SetString(PyExc_ValueError, "op_matmul: the operand sizes overflow int64");
+        return NULL;
+    }
+    if (batch == 0) need_a = need_b = need_c = 0;
     buf_list as, bs, cs;
     if (get_buffers(ao, &as, "matmul lhs", 1) < 0 || get_buffers(bo, &bs, "matmul rhs", 1) < 0 ||
         get_buffers(co, &cs, "matmul out", 1) < 0 || same_len(&as, &bs, "matmul") < 0 ||
         same_len(&as, &cs, "matmul") < 0)
         return NULL;
     for (Py_ssize_t i = 0; i < as.n; i++) {
-        if (nelem(cs.b[i]) < batch * m * n || nelem(as.b[i]) < (batch - 1) * sa + m * k ||
-            nelem(bs.b[i]) < (batch - 1) * sb + k * n || as.b[i]->dev != cs.b[i]->dev ||
-            bs.b[i]->dev != cs.b[i]->dev) {
+        if (nelem(cs.b[i]) < need_c || nelem(as.b[i]) < need_a || nelem(bs.b[i]) < need_b ||
+            as.b[i]->dev != cs.b[i]->dev || bs.b[i]->dev != cs.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError, "matmul: shard sizes do not match the product");
             return NULL;
         }

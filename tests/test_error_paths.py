@@ -211,3 +211,22 @@ def test_matmul_valid_batched_product_still_runs():
 def test_host_copy_block_must_fit(copy, start):
     with pytest.raises(ValueError, match="shard block does not fit the host array in dimension 0"):
         copy(_f32(4), np.zeros(8, np.float32), (start,))
+
+
+# --- random samplers' shape argument ---------------------------------------------------
+# normal(k, None) raised "'NoneType' object is not iterable", bernoulli(k, 0.5, (2, None))
+# "int() argument must be ... not 'NoneType'", and uniform(k, (2.5,)) gave 2 samples.
+
+RANDOM_SHAPE_CASES = [
+    ("normal_none", lambda k: crandom.normal(k, None), "got None"),
+    ("bernoulli_none_entry", lambda k: crandom.bernoulli(k, 0.5, (2, None)), r"got \(2, None\)"),
+    ("uniform_float", lambda k: crandom.uniform(k, (2.5,)), r"got \(2.5,\)"),
+    ("bits_str", lambda k: crandom.bits(k, "ab"), "got 'ab'"),
+    ("randint_float", lambda k: crandom.randint(k, (4, 1.0), 0, 5), r"got \(4, 1.0\)"),
+]
+
+
+@pytest.mark.parametrize("name,call,msg", RANDOM_SHAPE_CASES, ids=[c[0] for c in RANDOM_SHAPE_CASES])
+def test_random_shape_must_be_integers(name, call, msg):
+    with pytest.raises(TypeError, match="shape must be a sequence of integers, " + msg):
+        call(crandom.PRNGKey(0))

@@ -160,7 +160,10 @@ def fold_in(k, data: int) -> np.ndarray:
 def _shape(shape) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    shape = tuple(int(d) for d in shape)
+    try:   # integers only, as jax's shapes ((2.5,) is no shape (2,))
+        shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of integers, got {shape!r}") from None
     if any(d < 0 for d in shape):
         raise ValueError(f"shape must have non-negative dimensions, got {shape}")
     return shape

@@ -230,3 +230,36 @@ RANDOM_SHAPE_CASES = [
 def test_random_shape_must_be_integers(name, call, msg):
     with pytest.raises(TypeError, match="shape must be a sequence of integers, " + msg):
         call(crandom.PRNGKey(0))
+
+
+# --- float32 ops given host operands that hold no numbers ------------------------------
+# x + None and x ** None were arrays of NaN, x + '1.5' parsed the string, x * [1, None]
+# had a NaN; as in jax (and as the int/bool ops here already did) they are a TypeError.
+
+def _x():
+    return cts.device_put(np.zeros(2, np.float32))
+
+
+NON_NUMBER_CASES = [
+    ("add_none", lambda: _x() + None, "got NoneType"),
+    ("radd_none", lambda: None + _x(), "got NoneType"),
+    ("pow_none", lambda: _x() ** None, "got NoneType"),
+    ("add_str", lambda: _x() + "1.5", "got str"),
+    ("mul_bytes", lambda: _x() * b"1", "got bytes"),
+    ("mul_list_with_none", lambda: _x() * [1, None], "got list"),
+    ("sub_object_array", lambda: _x() - np.array([1, None], object), "got ndarray of dtype object"),
+    ("maximum_none", lambda: cts.numpy.maximum(_x(), None), "got NoneType"),
+]
+
+
+@pytest.mark.parametrize("name,call,msg", NON_NUMBER_CASES, ids=[c[0] for c in NON_NUMBER_CASES])
+def test_float_ops_reject_operands_without_numbers(name, call, msg):
+    with pytest.raises(TypeError, match="expected an Array, a numpy array or a Python scalar, " + msg):
+        call()
+
+
+def test_float_ops_still_take_numeric_host_operands():
+    x = _x()
+    assert np.asarray(x + [1, 2.5]).tolist() == [1.0, 2.5]
+    assert np.asarray(x + np.array([True, False])).tolist() == [1.0, 0.0]
+    assert np.asarray(x - np.float64(2)).tolist() == [-2.0, -2.0]

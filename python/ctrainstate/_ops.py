@@ -243,6 +243,26 @@ def _to(a: Array, place, norm) -> Array:
     return device_put(a, NamedSharding(place, _spec_of(norm)))
 
 
+def _check_host_operand(x) -> None:
+    """TypeError for a host operand that holds no numbers (None, a string, an object array):
+    as in jax, not converted to NaN or parsed (``x + None`` is no array of NaNs)."""
+    if isinstance(x, (int, float, np.floating, np.integer)):
+        return
+    if isinstance(x, np.ndarray):
+        kind = x.dtype.kind
+    elif x is None or isinstance(x, (str, bytes)):
+        kind = "O"
+    else:
+        try:
+            kind = np.asarray(x).dtype.kind
+        except Exception:  # noqa: BLE001 - reported below with the operand's type
+            kind = "O"
+    if kind not in "biuf" and not (isinstance(x, np.ndarray) and x.dtype == _dtypes.bfloat16):
+        raise TypeError(f"expected an Array, a numpy array or a Python scalar, got "
+                        f"{type(x).__name__}" + (f" of dtype {x.dtype}" if isinstance(
+                            x, np.ndarray) else ""))
+
+
 def _lift(x, place=None) -> Array:
     """Arrays pass through; numpy arrays and scalars are placed (replicated) on ``place``."""
     if isinstance(x, Array):
@@ -250,6 +270,7 @@ def _lift(x, place=None) -> Array:
         if x._dtype is not _DT_F32 and x._dtype != np.float32:
             raise TypeError(f"ctrainstate ops compute in float32; got an Array of {x.dtype}")
         return x
+    _check_host_operand(x)
     arr = np.asarray(x, dtype=np.float32)
     if place is None:
         place = get_mesh()
@@ -267,6 +288,7 @@ def _lift_any(x, place=None) -> Array:
     if isinstance(x, Array):
         x._check_alive()
         return x
+    _check_host_operand(x)
     arr = np.asarray(x)
     if arr.dtype not in _dtypes.SUPPORTED:
         arr = arr.astype(_dtypes.canonicalize(arr.dtype))

@@ -263,3 +263,20 @@ def test_float_ops_still_take_numeric_host_operands():
     assert np.asarray(x + [1, 2.5]).tolist() == [1.0, 2.5]
     assert np.asarray(x + np.array([True, False])).tolist() == [1.0, 0.0]
     assert np.asarray(x - np.float64(2)).tolist() == [-2.0, -2.0]
+
+
+# --- ctrainstate.numpy constructors' shape argument ------------------------------------
+# zeros((2.5,)) made 2 zeros and zeros(None) raised "'NoneType' object is not iterable".
+
+CNP_SHAPE_CASES = [
+    ("zeros_float", lambda: cts.numpy.zeros((2.5,)), r"got \(2.5,\)"),
+    ("zeros_none", lambda: cts.numpy.zeros(None), "got None"),
+    ("ones_none_entry", lambda: cts.numpy.ones((2, None)), r"got \(2, None\)"),
+    ("full_str", lambda: cts.numpy.full("ab", 1.0), "got 'ab'"),
+]
+
+
+@pytest.mark.parametrize("name,call,msg", CNP_SHAPE_CASES, ids=[c[0] for c in CNP_SHAPE_CASES])
+def test_numpy_constructor_shape_must_be_integers(name, call, msg):
+    with pytest.raises(TypeError, match="shape must be an integer or a sequence of integers, " + msg):
+        call()

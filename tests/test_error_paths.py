@@ -280,3 +280,23 @@ CNP_SHAPE_CASES = [
 def test_numpy_constructor_shape_must_be_integers(name, call, msg):
     with pytest.raises(TypeError, match="shape must be an integer or a sequence of integers, " + msg):
         call()
+
+
+# --- partitioning.get_axis_names of something that is not an axes collection -----------
+# get_axis_names({'a': 3}) raised AttributeError("'int' object has no attribute 'names'"),
+# get_axis_names(3) "'int' object is not iterable".
+
+from ctrainstate import partitioning as nn_partitioning  # noqa: E402
+
+AXES_CASES = [
+    ("not_a_mapping", 3, "get_axis_names expects a mapping"),
+    ("leaf_not_metadata", {"a": 3}, r"get_axis_names: 'a' holds a int \(3\), not AxisMetadata"),
+    ("nested_leaf", {"mlp": {"wi_axes": ("embed", "mlp")}},
+     r"get_axis_names: 'mlp/wi_axes' holds a tuple"),
+]
+
+
+@pytest.mark.parametrize("name,meta,msg", AXES_CASES, ids=[c[0] for c in AXES_CASES])
+def test_get_axis_names_needs_axis_metadata(name, meta, msg):
+    with pytest.raises(TypeError, match=msg):
+        nn_partitioning.get_axis_names(meta)

@@ -310,8 +310,15 @@ def get_axis_names(axes_metadata) -> dict:
         return tree_util.tree_map(lambda x: None if x is None else PartitionSpec(*x), names,
                                   is_leaf=_is_logical_spec)
 
-    flat = {re.sub(r'_axes$', '', '/'.join(k)): rewrite(v.names)
-            for k, v in _flatten_dict(dict(axes_metadata)).items()}
+    if not hasattr(axes_metadata, 'keys'):
+        raise TypeError(f"get_axis_names expects a mapping (a '*_axes' collection such as "
+                        f"variables['params_axes']), got {type(axes_metadata).__name__}")
+    flat = {}
+    for k, v in _flatten_dict(dict(axes_metadata)).items():
+        if not hasattr(v, 'names'):
+            raise TypeError(f"get_axis_names: {'/'.join(map(str, k))!r} holds a "
+                            f"{type(v).__name__} ({v!r}), not AxisMetadata")
+        flat[re.sub(r'_axes$', '', '/'.join(k))] = rewrite(v.names)
     out: dict = {}
     for path, v in flat.items():
         keys = path.split('/')

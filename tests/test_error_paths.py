@@ -300,3 +300,30 @@ AXES_CASES = [
 def test_get_axis_names_needs_axis_metadata(name, meta, msg):
     with pytest.raises(TypeError, match=msg):
         nn_partitioning.get_axis_names(meta)
+
+
+# --- transpose axes --------------------------------------------------------------------
+# x.transpose(1, -1) of a 0-d Array raised ZeroDivisionError('integer modulo by zero'),
+# transpose(x, (None, 2)) "unsupported operand type(s) for %", and transpose(x, (0, 3)) of a
+# 2-d Array wrapped 3 to 1 and passed.
+
+TRANSPOSE_CASES = [
+    ("scalar_with_axes", (), (1, -1), ValueError, "axis 1 is out of bounds for an array of rank 0"),
+    ("axis_wraps", (2, 4), (0, 3), ValueError, "axis 3 is out of bounds for an array of rank 2"),
+    ("negative_wraps", (2, 4), (-3, 0), ValueError, "axis -3 is out of bounds for an array of rank 2"),
+    ("none_entry", (2, 4), (None, 1), TypeError, r"axes must be a sequence of integers, got \(None, 1\)"),
+    ("tuple_entry", (2, 4), ((0, 1), 0), TypeError, "axes must be a sequence of integers"),
+    ("float_entry", (2, 4), (1.0, 0), TypeError, "axes must be a sequence of integers"),
+]
+
+
+@pytest.mark.parametrize("name,shape,axes,exc,msg", TRANSPOSE_CASES, ids=[c[0] for c in TRANSPOSE_CASES])
+def test_transpose_axes_are_checked(name, shape, axes, exc, msg):
+    x = cts.device_put(np.zeros(shape, np.float32))
+    with pytest.raises(exc, match="transpose: " + msg):
+        cts.numpy.transpose(x, axes)
+
+
+def test_transpose_negative_axes_still_work():
+    x = cts.device_put(np.arange(8, dtype=np.float32).reshape(2, 4))
+    np.testing.assert_array_equal(np.asarray(x.transpose(-1, 0)), np.arange(8).reshape(2, 4).T)

@@ -1176,7 +1176,18 @@ def transpose(x, axes=None) -> Array:
     """Permute dimensions; the spec entries move with them. Any dtype (bytes are moved)."""
     x = _lift_any(x)
     nd = x.ndim
-    axes = tuple(reversed(range(nd))) if axes is None else tuple(a % nd for a in axes)
+    if axes is None:
+        axes = tuple(reversed(range(nd)))
+    else:   # as jnp: integers within the rank (no wrapping of (0, 3) into (0, 1))
+        try:
+            axes = tuple(operator.index(a) for a in axes)
+        except TypeError:
+            raise TypeError(f"transpose: axes must be a sequence of integers, got {axes!r}") \
+                from None
+        for a in axes:
+            if not -nd <= a < nd:
+                raise ValueError(f"transpose: axis {a} is out of bounds for an array of rank {nd}")
+        axes = tuple(a % nd for a in axes)
     if sorted(axes) != list(range(nd)):
         raise ValueError(f"transpose: {axes} is not a permutation of the {nd} dimensions")
     xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd

@@ -327,3 +327,38 @@ def test_transpose_axes_are_checked(name, shape, axes, exc, msg):
 def test_transpose_negative_axes_still_work():
     x = cts.device_put(np.arange(8, dtype=np.float32).reshape(2, 4))
     np.testing.assert_array_equal(np.asarray(x.transpose(-1, 0)), np.arange(8).reshape(2, 4).T)
+
+
+# --- split / array_split / einsum arguments --------------------------------------------
+# split(-1, ...) and array_split(np_array, ...) raised AttributeError from inside (".shape",
+# "._check_alive"), array_split(x, None) "'NoneType' object is not iterable", split(x, [1.5])
+# cut at 1, and einsum(x, [0], y, [0]) AttributeError("'Array' object has no attribute
+# 'replace'").
+
+def _v():
+    return cts.device_put(np.arange(4, dtype=np.float32))
+
+
+SPLIT_ARG_CASES = [
+    ("split_scalar", lambda: cts.numpy.split(-1, [1, 2]), ValueError,
+     "split: axis 0 is out of bounds for rank 0"),
+    ("array_split_str", lambda: cts.numpy.array_split("float32", 2), TypeError,
+     "expected an Array, a numpy array or a Python scalar, got str"),
+    ("array_split_none_sections", lambda: cts.numpy.array_split(_v(), None), TypeError,
+     "array_split: indices_or_sections must be an int or a sequence of ints, got None"),
+    ("split_float_index", lambda: cts.numpy.split(_v(), [1.5]), TypeError,
+     r"split: indices_or_sections must be an int or a sequence of ints, got \[1.5\]"),
+    ("einsum_sublist_form", lambda: cts.numpy.einsum(_v(), [0], _v(), [0]), TypeError,
+     "einsum: the first argument must be a subscripts string"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,msg", SPLIT_ARG_CASES, ids=[c[0] for c in SPLIT_ARG_CASES])
+def test_split_and_einsum_arguments(name, call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def test_array_split_of_a_numpy_array_works():
+    parts = cts.numpy.array_split(np.arange(5.0), [2])
+    assert [np.asarray(p).tolist() for p in parts] == [[0.0, 1.0], [2.0, 3.0, 4.0]]

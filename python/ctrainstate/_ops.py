@@ -1512,6 +1512,10 @@ def einsum(subscripts: str, *operands, precision=None) -> Array:
     with ``precision`` (as :func:`matmul`'s).
     """
     prec = _resolve_precision(precision, "einsum")
+    if not isinstance(subscripts, str):
+        raise TypeError(f"einsum: the first argument must be a subscripts string like "
+                        f"'ab,bc->ac' (the interleaved operand/sublist form is not supported), "
+                        f"got {type(subscripts).__name__}")
     if len(operands) != 2:
         raise NotImplementedError(
             f"einsum takes exactly two operands here, got {len(operands)}: write the "

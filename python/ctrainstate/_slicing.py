@@ -1380,7 +1380,11 @@ def _split_points(n, indices_or_sections, who, even):
         q, r = divmod(n, k)
         sizes = [q + (1 if i < r else 0) for i in range(k)]
         return [sum(sizes[:i]) for i in range(1, k)]
-    return [int(i) for i in indices_or_sections]
+    try:
+        return [operator.index(i) for i in indices_or_sections]
+    except TypeError:
+        raise TypeError(f"{who}: indices_or_sections must be an int or a sequence of ints, got "
+                        f"{indices_or_sections!r}") from None
 
 
 def split(x, indices_or_sections, axis: int = 0):
@@ -1395,6 +1399,9 @@ def array_split(x, indices_or_sections, axis: int = 0):
 
 
 def _split(x, indices_or_sections, axis, who, even):
+    from ._abstract import ShapeDtypeStruct
+    if not isinstance(x, (Array, ShapeDtypeStruct)):   # a numpy array, a list or a number are
+        x = _o()._lift_any(x)                          # placed, as jnp (None, str: TypeError)
     nd = len(x.shape)
     if not -nd <= axis < nd:
         raise ValueError(f"{who}: axis {axis} is out of bounds for rank {nd}")

@@ -362,3 +362,34 @@ def test_split_and_einsum_arguments(name, call, exc, msg):
 def test_array_split_of_a_numpy_array_works():
     parts = cts.numpy.array_split(np.arange(5.0), [2])
     assert [np.asarray(p).tolist() for p in parts] == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+
+
+# --- adafactor with params on different placements -------------------------------------
+# (Valid input that failed.) scale_by_factored_rms put its (1,) placeholder statistics on the
+# first param's mesh: a param sharded over a mesh next to one on a single device made
+# apply_gradients raise IndexError('list index out of range'), and a param on device 3 alone
+# "optimizer state ... is not sharded like the param".
+
+def _placed_params(kind):
+    m = cts.make_mesh((2, 4), ("x", "y"))
+    w = np.arange(256 * 128, dtype=np.float32).reshape(256, 128) / 1e4   # factored (>= 128)
+    b = np.linspace(-1, 1, 8, dtype=np.float32)
+    if kind == "mesh_and_device":
+        return {"w": cts.device_put(w, cts.NamedSharding(m, cts.P("x", "y"))),
+                "b": cts.device_put(b, cts.devices()[0])}
+    if kind == "other_devices":
+        return {"w": cts.device_put(w, cts.devices()[3]), "b": cts.device_put(b, cts.devices()[5])}
+    return {"w": cts.device_put(w, cts.devices()[0]), "b": cts.device_put(b, cts.devices()[0])}
+
+
+@pytest.mark.parametrize("kind", ["mesh_and_device", "other_devices"])
+def test_adafactor_with_params_on_different_placements(kind):
+    def run(params):
+        st = train_state.TrainState.create(apply_fn=None, params=params, tx=optim.adafactor(1e-2))
+        for _ in range(2):
+            st = st.apply_gradients(grads={k: np.full(v.shape, 0.5, np.float32)
+                                           for k, v in params.items()})
+        return {k: np.asarray(v) for k, v in st.params.items()}
+    got, want = run(_placed_params(kind)), run(_placed_params("one_device"))
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7)

@@ -544,7 +544,6 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
     leaves keep a full ``v`` sharded like the param.
     """
     def init(params):
-        rep = _scalar_sharding(params)
         from ..array import device_put
         from .._abstract import ShapeDtypeStruct
 
@@ -557,12 +556,14 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
             shape = tuple(p.shape)
             fd = _factored_dims(shape, factored, min_dim_size_to_factor)
             dt = p.dtype   # optax keeps the statistics in the param's dtype
-
             def zeros(shp, sharding):
                 if abstract:
                     return ShapeDtypeStruct(shp, dt, sharding)
                 return device_put(np.zeros(shp, dt), sharding)
-            z1 = lambda: zeros((1,), rep)  # noqa: E731
+            # the (1,) placeholders live on this param's devices (replicated over its mesh, or
+            # on its one device): the kernel pairs every state block with a param block, so a
+            # placeholder on the first param's mesh broke a leaf placed elsewhere
+            z1 = lambda: zeros((1,), _scalar_sharding(p))  # noqa: E731
             if fd is not None:
                 d1, d0 = fd
                 vr = zeros(shape[:d0] + shape[d0 + 1:], _without_dim(p.sharding, len(shape), d0))

@@ -56,24 +56,18 @@ static int parse_mesh(PyObject *shape_obj, PyObject *names_obj, PyObject *ids_ob
     if (ids == NULL) return -1;
     Py_ssize_t nids = PySequence_Fast_GET_SIZE(ids);
     int64_t expect = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 1) { /* ct_mesh_init names the bad axis */
-            expect = -1;
-            break;
-        }
-        if (expect > INT64_MAX / shape[i]) {
+    for (int i = 0; i < ndim; i++) { /* (a product that wrapped matched a short id list) */
+        if (shape[i] < 1 || expect > INT64_MAX / shape[i]) {
             Py_DECREF(ids);
-            PyErr_SetString(PyExc_ValueError,
-                            "Mesh: the device array has more than 2**63 - 1 elements");
+            if (shape[i] < 1)
+                PyErr_Format(PyExc_ValueError, "Mesh: axis %d has size %lld; sizes must be >= 1",
+                             i, (long long)shape[i]);
+            else
+                PyErr_SetString(PyExc_ValueError,
+                                "Mesh: the device array has more than 2**63 - 1 elements");
             return -1;
         }
         expect *= shape[i];
-    }
-    if (expect < 0) {
-        Py_DECREF(ids);
-        ct_status st = ct_mesh_init(mesh, ndim, shape, (int)nn, cnames, NULL);
-        ct_py_raise(st != CT_OK ? st : ct_set_error(CT_EINVAL, "Mesh: invalid device array shape"));
-        return -1;
     }
     if (nids != expect) {
         Py_DECREF(ids);

@@ -556,6 +556,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
             shape = tuple(p.shape)
             fd = _factored_dims(shape, factored, min_dim_size_to_factor)
             dt = p.dtype   # optax keeps the statistics in the param's dtype
+
             def zeros(shp, sharding):
                 if abstract:
                     return ShapeDtypeStruct(shp, dt, sharding)

@@ -127,7 +127,9 @@ def _batch_dims(batch_dims, ndim):
 
 
 def _canon(axes, ndim):
-    """Input axes (an int or a sequence of ints, negatives from the end) in [0, ndim)."""
+    """Input axes (an int or a sequence of ints, negatives from the end) in [0, ndim),
+    sorted as Flax's ``_normalize_axes`` sorts them: the kernel's input axes follow the
+    input's order whatever order ``axis`` names them in (``axis=(-1, -2)`` is ``(-2, -1)``)."""
     axes = (axes,) if not isinstance(axes, (tuple, list)) else tuple(axes)
     out = []
     for a in axes:
@@ -138,7 +140,7 @@ def _canon(axes, ndim):
         out.append(a % ndim)
     if len(set(out)) != len(out):
         raise ValueError(f"DenseGeneral: repeated axis in {axes!r}")
-    return tuple(out)
+    return tuple(sorted(out))
 
 
 class DenseGeneral(Module):

@@ -49,3 +49,77 @@ def test_dense_general_axis_out_of_order_matches_flax():
         np.testing.assert_allclose(
             np.asarray(nn.DenseGeneral((2, 3), axis=axis, batch_dims=bdims).apply(v, x)),
             np.asarray(fm.apply(fv, jnp.asarray(x))), rtol=1e-5, atol=1e-5, err_msg=str(axis))
+
+
+# --- a variable and a submodule with one name -----------------------------------------------
+
+def _clash_models(nn_mod, ones, zeros):
+    class ParamThenModule(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            self.param("Dense_0", ones, (3,))
+            return nn_mod.Dense(2)(x)
+
+    class ModuleThenParam(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            y = nn_mod.Dense(2)(x)
+            self.param("Dense_0", ones, (3,))
+            return y
+
+    class StatThenModule(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            self.variable("stats", "inner", zeros)
+            return nn_mod.Dense(2, name="inner")(x)
+
+    class SetupClash(nn_mod.Module):
+        def setup(self):
+            self.d = nn_mod.Dense(2)
+            self.w = self.param("d", ones, (3,))
+
+        def __call__(self, x):
+            return self.d(x)
+
+    return [ParamThenModule(), ModuleThenParam(), StatThenModule(), SetupClash()]
+
+
+def test_variable_and_submodule_sharing_a_name_is_refused():
+    # Flax reserves a name for one submodule or for variables (one per collection): a param
+    # named like a submodule would read (or overwrite) the submodule's whole subtree.
+    x = np.ones((2, 3), np.float32)
+    zeros = lambda: np.zeros((), np.float32)
+    for m in _clash_models(nn, nn.initializers.ones, zeros):
+        with pytest.raises(ValueError, match="Dense_0|inner|\"d\""):
+            m.init(random.PRNGKey(0), x)
+
+
+def test_variables_sharing_a_name_across_collections_is_allowed():
+    # Flax allows one name in several collections (a param and a batch stat 'mean')
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            w = self.param("mean", nn.initializers.ones, (3,))
+            s = self.variable("stats", "mean", lambda: np.full((3,), 2.0, np.float32))
+            return x * w + s.value
+
+    v = M().init(random.PRNGKey(0), np.ones((2, 3), np.float32))
+    assert sorted(v) == ["params", "stats"]
+    np.testing.assert_array_equal(np.asarray(M().apply(v, np.ones((2, 3), np.float32))),
+                                  np.full((2, 3), 3.0, np.float32))
+
+
+@pytest.mark.parity
+def test_variable_and_submodule_sharing_a_name_matches_flax():
+    fnn, jnp = _flax(), _jnp()
+    from ctrainstate import random as crandom
+    import jax
+    x = np.ones((2, 3), np.float32)
+    fl = _clash_models(fnn, fnn.initializers.ones, lambda: jnp.zeros(()))
+    ct = _clash_models(nn, nn.initializers.ones, lambda: np.zeros((), np.float32))
+    for fm, cm in zip(fl, ct):
+        from flax.errors import NameInUseError as FlaxNameInUse
+        with pytest.raises(FlaxNameInUse):
+            fm.init(jax.random.PRNGKey(0), jnp.asarray(x))
+        with pytest.raises(nn.scope.NameInUseError):
+            cm.init(crandom.PRNGKey(0), x)

@@ -283,6 +283,7 @@ class Module:
             raise ValueError(
                 f'A submodule named "{name}" already exists in "{self._scope.path_text}"; '
                 f"give submodules distinct names")
+        self._scope.check_submodule_name(name)
         self._call_names.add(name)
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "_parent", self)

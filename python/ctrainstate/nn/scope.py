@@ -197,7 +197,21 @@ class Scope:
         key = (col, name) if col is not None else name
         if key in self._reserved or name in self._reserved:
             raise NameInUseError(f'Name "{name}" is already in use in scope "{self.path_text}".')
+        if col is not None and name in self._children:
+            # a variable and a submodule may not share a name (Flax's NameInUseError): the
+            # variable would read or overwrite the submodule's whole subtree
+            raise NameInUseError(f'Could not create variable "{name}" (collection "{col}") in '
+                                 f'scope "{self.path_text}": a submodule is named "{name}".')
         self._reserved.add(key)
+
+    def check_submodule_name(self, name: str) -> None:
+        """Refuse a submodule named like a variable declared in this scope (Flax's
+        NameInUseError), before its scope is created."""
+        for k in self._reserved:
+            if isinstance(k, tuple) and k[1] == name:
+                raise NameInUseError(f'Could not create submodule "{name}" in scope '
+                                     f'"{self.path_text}": a variable (collection "{k[0]}") is '
+                                     f'named "{name}".')
 
     def push(self, name: str) -> 'Scope':
         """Child scope ``name`` (shares variables, RNG streams and mutability)."""

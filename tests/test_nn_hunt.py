@@ -123,3 +123,69 @@ def test_variable_and_submodule_sharing_a_name_matches_flax():
             fm.init(jax.random.PRNGKey(0), jnp.asarray(x))
         with pytest.raises(nn.scope.NameInUseError):
             cm.init(crandom.PRNGKey(0), x)
+
+
+# --- Module.variables of a submodule ----------------------------------------------------------
+
+def _variables_model(nn_mod, zeros):
+    class Inner(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            return nn_mod.Dense(2)(x)
+
+    class M(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            self.variable("stats", "c", zeros)
+            a = Inner()
+            a(x)
+            b = nn_mod.Dense(3)
+            b(x)
+            return a.variables, b.variables, self.variables
+
+    class S(nn_mod.Module):
+        def setup(self):
+            self.enc = nn_mod.Dense(4)
+
+        def __call__(self, x):
+            return self.enc(x)
+
+    return M(), S()
+
+
+def _shapes(tree):
+    if isinstance(tree, dict) or hasattr(tree, "items"):
+        return {k: _shapes(v) for k, v in tree.items()}
+    return tuple(np.shape(tree))
+
+
+def test_submodule_variables_are_its_own_subtree():
+    # Flax's Module.variables is the module's scope's view: a child sees its own params
+    # (relative to its path), not the root's; collections it has nothing in are left out.
+    x = np.ones((2, 3), np.float32)
+    m, s = _variables_model(nn, lambda: np.zeros((), np.float32))
+    v = m.init(random.PRNGKey(0), x)
+    va, vb, vroot = m.apply(v, x)
+    assert _shapes(va) == {"params": {"Dense_0": {"kernel": (3, 2), "bias": (2,)}}}
+    assert _shapes(vb) == {"params": {"kernel": (3, 3), "bias": (3,)}}
+    assert sorted(vroot) == ["params", "stats"]
+    sv = s.init(random.PRNGKey(0), x)
+    bound = s.bind(sv)
+    assert _shapes(bound.enc.variables) == {"params": {"kernel": (3, 4), "bias": (4,)}}
+    np.testing.assert_array_equal(np.asarray(bound.enc.variables["params"]["kernel"]),
+                                  np.asarray(sv["params"]["enc"]["kernel"]))
+
+
+@pytest.mark.parity
+def test_submodule_variables_match_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    x = np.ones((2, 3), np.float32)
+    fm, fs = _variables_model(fnn, lambda: jnp.zeros(()))
+    cm, cs = _variables_model(nn, lambda: np.zeros((), np.float32))
+    fv = fm.init(jax.random.PRNGKey(0), jnp.asarray(x))
+    cv = cm.init(random.PRNGKey(0), x)
+    assert [_shapes(t) for t in cm.apply(cv, x)] == [_shapes(t) for t in fm.apply(fv, jnp.asarray(x))]
+    fsv = fs.init(jax.random.PRNGKey(0), jnp.asarray(x))
+    csv = cs.init(random.PRNGKey(0), x)
+    assert _shapes(cs.bind(csv).enc.variables) == _shapes(fs.bind(fsv).enc.variables)

@@ -237,8 +237,24 @@ class Scope:
         return d
 
     def variables(self) -> dict:
-        """The ``{collection: nested dict}`` variables of the whole model."""
-        return self._variables
+        """The ``{collection: nested dict}`` variables of this scope, as Flax's
+        ``Scope.variables``: the whole model's at the root, a child's own subtrees (relative
+        to its path, collections it has nothing in left out) below it.
+
+        >>> s = Scope(rngs={'params': lambda: 0}, mutable=True)
+        >>> s.push('Dense_0').param('b', lambda key: 1.0)
+        1.0
+        >>> s.push('Dense_0').variables(), sorted(s.variables()['params'])
+        ({'params': {'b': 1.0}}, ['Dense_0'])
+        """
+        if not self.path:
+            return self._variables
+        out = {}
+        for col in self._variables:
+            d = self._collection(col, create=False)
+            if d:
+                out[col] = d
+        return out
 
     def has_variable(self, col: str, name: str) -> bool:
         d = self._collection(col, create=False)

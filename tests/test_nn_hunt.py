@@ -189,3 +189,56 @@ def test_submodule_variables_match_flax():
     fsv = fs.init(jax.random.PRNGKey(0), jnp.asarray(x))
     csv = cs.init(random.PRNGKey(0), x)
     assert _shapes(cs.bind(csv).enc.variables) == _shapes(fs.bind(fsv).enc.variables)
+
+
+# --- apply with parameters of the wrong shape -------------------------------------------------
+
+def test_existing_param_of_the_wrong_shape_is_refused():
+    # Flax compares each existing parameter with the shape its initializer would make
+    # (ScopeParamShapeError): Dense(4) applied to Dense(1)'s params must not silently return a
+    # (2, 1) output, and an Embed / LayerNorm of other sizes must say which parameter differs.
+    x = np.ones((2, 3), np.float32)
+    v1 = nn.Dense(1).init(random.PRNGKey(0), x)
+    with pytest.raises(nn.scope.ScopeParamShapeError,
+                       match=r'"kernel" in "/".*shape \(3, 4\).*shape \(3, 1\)'):
+        nn.Dense(4).apply(v1, x)
+    with pytest.raises(ValueError, match=r'"embedding".*\(20, 8\).*\(10, 8\)'):
+        nn.Embed(20, 8).apply(nn.Embed(10, 8).init(random.PRNGKey(0), np.array([0])),
+                              np.array([1]))
+
+    class Net(nn.Module):
+        feats: int
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.LayerNorm()(nn.Dense(self.feats)(x))
+
+    v = Net(3).init(random.PRNGKey(0), x)
+    v["params"]["Dense_0"]["kernel"] = np.ones((3, 1), np.float32)   # a wrong checkpoint entry
+    v["params"]["Dense_0"]["bias"] = np.ones((1,), np.float32)
+    with pytest.raises(ValueError, match=r'"kernel" in "/Dense_0"'):
+        Net(3).apply(v, x)
+    # the right shapes in another dtype pass (Flax checks shapes only)
+    half = {"params": {k: np.asarray(a).astype(np.float16) for k, a in v1["params"].items()}}
+    assert np.shape(nn.Dense(1).apply(half, x)) == (2, 1)
+
+
+@pytest.mark.parity
+def test_existing_param_of_the_wrong_shape_matches_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    from flax.errors import ScopeParamShapeError as FlaxShapeError
+    x = np.ones((2, 3), np.float32)
+    x5 = np.ones((2, 5), np.float32)
+    cases = [(lambda m: m.Dense(1), lambda m: m.Dense(4), x, x),
+             (lambda m: m.LayerNorm(), lambda m: m.LayerNorm(), x, x5),   # 3 features vs 5
+             (lambda m: m.DenseGeneral((2, 2)), lambda m: m.DenseGeneral((2, 3)), x, x)]
+    for make_init, make_apply, xi, xa in cases:
+        fv = make_init(fnn).init(jax.random.PRNGKey(0), jnp.asarray(xi))
+        with pytest.raises(FlaxShapeError) as fe:
+            make_apply(fnn).apply(fv, jnp.asarray(xa))
+        cv = make_init(nn).init(random.PRNGKey(0), xi)
+        with pytest.raises(nn.scope.ScopeParamShapeError) as ce:
+            make_apply(nn).apply(cv, xa)
+        # the same sentence (Flax appends a link to its docs)
+        assert str(fe.value).startswith(str(ce.value))

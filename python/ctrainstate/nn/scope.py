@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 from . import meta
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
+           'ScopeParamShapeError',
            'DenyList', 'in_filter', 'union_filters']
 
 
@@ -120,6 +121,29 @@ class ScopeVariableNotFoundError(KeyError):
 
 class NameInUseError(ValueError):
     """A name was declared twice in one scope."""
+
+
+class ScopeParamShapeError(ValueError):
+    """An existing parameter's shape is not the one its initializer would make (Flax's)."""
+
+    def __init__(self, name, scope_path, expected, got):
+        super().__init__(f'For parameter "{name}" in "{scope_path}", the given initializer is '
+                         f'expected to generate shape {expected}, but the existing parameter '
+                         f'it received has shape {got}.')
+
+
+def _expected_leaves(init_fn, init_args, init_kwargs):
+    """The leaves of ``init_fn(key, *init_args, **init_kwargs)`` made abstractly (Flax's
+    ``jax.eval_shape`` of the initializer), or None when it cannot run abstractly."""
+    import numpy as np
+    from .._abstract import abstract_mode
+    from ..tree_util import tree_leaves
+    try:
+        with abstract_mode():
+            value = init_fn(np.zeros(2, np.uint32), *init_args, **init_kwargs)
+        return tree_leaves(meta.unbox(value))
+    except Exception:   # noqa: BLE001 -- an initializer that needs real values: no check
+        return None
 
 
 _stack = threading.local()
@@ -285,12 +309,27 @@ class Scope:
         self.reserve(name, 'params')
         if self.has_variable('params', name):
             value = self.get_variable('params', name)
+            self._check_param_shape(name, value, init_fn, init_args, init_kwargs)
         else:
             if not self.is_mutable_collection('params'):
                 raise ScopeVariableNotFoundError(name, 'params', self.path_text)
             value = init_fn(self.make_rng('params'), *init_args, **init_kwargs)
             self.put_variable('params', name, value)
         return meta.unbox(value) if unbox else value
+
+    def _check_param_shape(self, name, value, init_fn, init_args, init_kwargs) -> None:
+        """Flax's check that an existing parameter has the shape its initializer makes (the
+        module's hyperparameters match the variables given to ``apply``): compared leaf by
+        leaf, dtypes not (a half-precision copy for inference is fine)."""
+        import numpy as np
+        from ..tree_util import tree_leaves
+        expected = _expected_leaves(init_fn, init_args, init_kwargs)
+        if expected is None:
+            return
+        for got, want in zip(tree_leaves(meta.unbox(value)), expected):
+            if np.shape(got) != np.shape(want):
+                raise ScopeParamShapeError(name, self.path_text, tuple(np.shape(want)),
+                                           tuple(np.shape(got)))
 
     def variable(self, col: str, name: str, init_fn: Callable[..., Any] | None = None, *init_args,
                  unbox: bool = True, **init_kwargs) -> Variable:

@@ -132,16 +132,23 @@ class ScopeParamShapeError(ValueError):
                          f'it received has shape {got}.')
 
 
+def _leaves(value) -> list:
+    """The unboxed leaves of a parameter value (one array, the common case, without a walk)."""
+    if hasattr(value, 'shape') and not meta.is_axis_metadata(value):
+        return [value]
+    from ..tree_util import tree_leaves
+    return tree_leaves(meta.unbox(value))
+
+
 def _expected_leaves(init_fn, init_args, init_kwargs):
     """The leaves of ``init_fn(key, *init_args, **init_kwargs)`` made abstractly (Flax's
     ``jax.eval_shape`` of the initializer), or None when it cannot run abstractly."""
     import numpy as np
     from .._abstract import abstract_mode
-    from ..tree_util import tree_leaves
     try:
         with abstract_mode():
             value = init_fn(np.zeros(2, np.uint32), *init_args, **init_kwargs)
-        return tree_leaves(meta.unbox(value))
+        return _leaves(value)
     except Exception:   # noqa: BLE001 -- an initializer that needs real values: no check
         return None
 
@@ -322,11 +329,10 @@ class Scope:
         module's hyperparameters match the variables given to ``apply``): compared leaf by
         leaf, dtypes not (a half-precision copy for inference is fine)."""
         import numpy as np
-        from ..tree_util import tree_leaves
         expected = _expected_leaves(init_fn, init_args, init_kwargs)
         if expected is None:
             return
-        for got, want in zip(tree_leaves(meta.unbox(value)), expected):
+        for got, want in zip(_leaves(value), expected):
             if np.shape(got) != np.shape(want):
                 raise ScopeParamShapeError(name, self.path_text, tuple(np.shape(want)),
                                            tuple(np.shape(got)))

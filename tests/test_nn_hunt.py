@@ -242,3 +242,124 @@ def test_existing_param_of_the_wrong_shape_matches_flax():
             make_apply(nn).apply(cv, xa)
         # the same sentence (Flax appends a link to its docs)
         assert str(fe.value).startswith(str(ce.value))
+
+
+# --- parent=None, clone, copy, unbind, get/put_variable, has_rng -------------------------------
+
+def _free_module_models(nn_mod):
+    class W(nn_mod.Module):
+        inner: nn_mod.Module
+
+        @nn_mod.compact
+        def __call__(self, x):
+            return self.inner(x)
+
+    class CompactFree(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            # parent=None: a free module, adopted by W as 'inner' (not this module's Dense_0)
+            return W(nn_mod.Dense(3, parent=None))(x) + W(nn_mod.Dense(3))(x)
+
+    class SetupFree(nn_mod.Module):
+        def setup(self):
+            self.w = W(nn_mod.Dense(3, parent=None))
+            self.e = nn_mod.Dense(3, parent=None)
+
+        def __call__(self, x):
+            return self.w(x) + self.e(x)
+
+    class Copies(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            d = nn_mod.Dense(3)
+            y = d(x)
+            y = y + d.copy(features=3)(x)              # a new submodule: Dense_1
+            return y + d.copy(name="named")(x)
+
+    return [CompactFree(), SetupFree(), Copies()]
+
+
+def _param_paths(tree, prefix=()):
+    out = []
+    for k, v in tree.items():
+        if isinstance(v, dict) or hasattr(v, "items"):
+            out += _param_paths(v, prefix + (k,))
+        else:
+            out.append("/".join(prefix + (k,)))
+    return sorted(out)
+
+
+def test_parent_none_copy_and_clone_name_modules_as_flax():
+    # Flax's parent=None makes a free module: passed to W it is adopted as W's 'inner'
+    # (params W_0/inner) where an attached one stays the creator's Dense_0; in setup it is
+    # adopted under the attribute's name. copy() inside @compact is a new auto-named submodule.
+    x = np.ones((2, 3), np.float32)
+    compact_free, setup_free, copies = _free_module_models(nn)
+    assert _param_paths(compact_free.init(random.PRNGKey(0), x)["params"]) == [
+        "Dense_0/bias", "Dense_0/kernel", "W_0/inner/bias", "W_0/inner/kernel"]
+    assert _param_paths(setup_free.init(random.PRNGKey(0), x)["params"]) == [
+        "e/bias", "e/kernel", "w/inner/bias", "w/inner/kernel"]
+    assert _param_paths(copies.init(random.PRNGKey(0), x)["params"]) == [
+        "Dense_0/bias", "Dense_0/kernel", "Dense_1/bias", "Dense_1/kernel", "named/bias",
+        "named/kernel"]
+    d = nn.Dense(3, use_bias=False, name="d")
+    c = d.clone(features=4)
+    assert (c.features, c.use_bias, c.name, c.scope, c.parent) == (4, False, "d", None, None)
+    with pytest.raises(TypeError):
+        nn.Dense(3).clone(foo=1)
+    with pytest.raises(TypeError, match="parent"):
+        nn.Dense(3, parent=object())
+
+
+def test_unbind_get_put_variable_and_has_rng():
+    x = np.ones((2, 3), np.float32)
+
+    class Enc(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    class AE(nn.Module):
+        def setup(self):
+            self.encoder = Enc()
+            self.decoder = nn.Dense(3)
+
+        def __call__(self, x):
+            return self.decoder(self.encoder(x))
+
+    v = AE().init(random.PRNGKey(0), x)
+    enc, ev = AE().bind(v).encoder.unbind()
+    assert enc.scope is None and enc.name is None
+    assert _param_paths(ev["params"]) == ["Dense_0/bias", "Dense_0/kernel"]
+    k = np.asarray(v["params"]["encoder"]["Dense_0"]["kernel"])
+    b = np.asarray(v["params"]["encoder"]["Dense_0"]["bias"])
+    np.testing.assert_allclose(np.asarray(enc.apply(ev, x)), x @ k + b, rtol=1e-6)
+    with pytest.raises(ValueError, match="not bound"):
+        Enc().unbind()
+
+    class S(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            self.put_variable("state", "a", 1.0)
+            return (self.get_variable("state", "a"), self.get_variable("state", "b", 7),
+                    self.has_rng("dropout"), self.has_rng("params"))
+
+    out, state = S().apply({}, x, mutable=["state"], rngs={"dropout": random.PRNGKey(1)})
+    assert out == (1.0, 7, True, False) and state == {"state": {"a": 1.0}}
+    with pytest.raises(ValueError, match="immutable"):
+        S().apply({}, x)
+
+
+@pytest.mark.parity
+def test_parent_none_copy_clone_unbind_match_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    x = np.ones((2, 3), np.float32)
+    for fm, cm in zip(_free_module_models(fnn), _free_module_models(nn)):
+        fv = fm.init(jax.random.PRNGKey(0), jnp.asarray(x))
+        cv = cm.init(random.PRNGKey(0), x)
+        assert _param_paths(cv["params"]) == _param_paths(fv["params"])
+        np.testing.assert_allclose(np.asarray(cm.apply(cv, x)),
+                                   np.asarray(fm.apply(fv, jnp.asarray(x))), rtol=1e-5, atol=1e-6)
+    fc, cc = fnn.Dense(3, name="d").clone(features=4), nn.Dense(3, name="d").clone(features=4)
+    assert (cc.features, cc.name, cc.parent) == (fc.features, fc.name, fc.parent)

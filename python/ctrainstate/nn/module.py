@@ -34,6 +34,7 @@ default device.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -209,6 +210,38 @@ def _capture_filter(capture_intermediates):
                     f"-> bool, got {type(capture_intermediates).__name__}")
 
 
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def _detached():
+    """Construct modules as if no module method were running: they attach to no parent (a
+    free module, adopted where it is passed or assigned, as Flax's ``parent=None``)."""
+    stack = _module_stack()
+    saved = list(stack)
+    stack.clear()
+    try:
+        yield
+    finally:
+        stack.extend(saved)
+
+
+def _accept_parent(init: Callable) -> Callable:
+    """The dataclass ``__init__`` taking Flax's keyword ``parent``: ``parent=None`` makes a
+    free (unbound) module even inside ``setup()`` or an ``@compact`` method."""
+    @functools.wraps(init)
+    def __init__(self, *args, parent=_UNSET, **kwargs):
+        if parent is _UNSET:
+            return init(self, *args, **kwargs)
+        if parent is not None:
+            raise TypeError(f"{type(self).__name__}(parent={type(parent).__name__}): only "
+                            f"parent=None (a free module) is supported; a module created in "
+                            f"setup() or an @compact method gets its parent by itself")
+        with _detached():
+            init(self, *args, **kwargs)
+    return __init__
+
+
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
              "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
              "is_initializing", "bind"}
@@ -240,6 +273,7 @@ class Module:
         cls.name = dataclasses.field(default=None, kw_only=True)
         dataclasses.dataclass(cls, eq=False, repr=False)
         cls.__setattr__ = Module.__setattr__  # keep our setattr after dataclass
+        cls.__init__ = _accept_parent(cls.__init__)
 
     # dataclass calls __post_init__ after field assignment
     def __post_init__(self):
@@ -378,13 +412,66 @@ class Module:
 
     def _unbound_clone(self) -> "Module":
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        stack = _module_stack()
-        saved = list(stack)
-        stack.clear()  # a free clone: it must not attach to the module being set up
-        try:
+        with _detached():  # a free clone: it must not attach to the module being set up
             return type(self)(**fields)
-        finally:
-            stack.extend(saved)
+
+    def clone(self, *, parent=None, **updates) -> "Module":
+        """A free copy of this module with ``updates`` to its fields (Flax's ``clone``): no
+        parent (``parent=None``, the only parent supported), so it is unbound until passed to
+        ``init``/``apply``/``bind`` or adopted by a module. Submodules among the fields that
+        are bound are copied free too (one copy per instance).
+
+        >>> from ctrainstate import nn
+        >>> d = nn.Dense(3, use_bias=False).clone(features=4)
+        >>> d.features, d.use_bias, d.scope is None
+        (4, False, True)
+        """
+        if parent is not None:
+            raise TypeError(f"{type(self).__name__}.clone(parent=...): only parent=None (a "
+                            f"free module) is supported")
+        with _detached():
+            return self._copy_with(updates)
+
+    def copy(self, *, parent=_UNSET, name=None, **updates) -> "Module":
+        """A copy with ``updates`` (Flax's ``copy``): ``name`` reset (``None``: an auto name),
+        and created where it is called, so inside an ``@compact`` method it is a new
+        submodule of that module (``parent=None``: a free module, as :meth:`clone`)."""
+        if parent is _UNSET:
+            return self._copy_with({**updates, "name": name})
+        return self.clone(parent=parent, name=name, **updates)
+
+    def _copy_with(self, updates: dict) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        fields.update(updates)
+        cache: dict = {}
+
+        def free(v):
+            if isinstance(v, Module):
+                if v._scope is None:
+                    return v
+                if id(v) not in cache:
+                    cache[id(v)] = v.clone()
+                return cache[id(v)]
+            if isinstance(v, dict):
+                d = {k: free(x) for k, x in v.items()}
+                try:
+                    return d if type(v) is dict else type(v)(d)
+                except TypeError:
+                    return d
+            if isinstance(v, (list, tuple)):
+                items = [free(x) for x in v]
+                return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+            return v
+
+        return type(self)(**{k: free(v) for k, v in fields.items()})
+
+    def unbind(self) -> "tuple[Module, dict]":
+        """``(a free copy without its name, its variables)`` of a bound module (Flax's
+        ``unbind``), e.g. a submodule defined in ``setup()`` taken out of ``model.bind(v)``."""
+        if self._scope is None:
+            raise ValueError(f"{type(self).__name__}.unbind: the module is not bound (bind "
+                             f"it with .bind(variables) first)")
+        return self.clone(name=None), self.variables
 
     def _try_setup(self):
         if self._setup_done:
@@ -420,6 +507,11 @@ class Module:
         return self._scope
 
     @property
+    def parent(self) -> "Module | None":
+        """The module this one is a submodule of (None for a root or a free module)."""
+        return self._parent
+
+    @property
     def path(self) -> tuple:
         return self._scope.path if self._scope is not None else ()
 
@@ -446,6 +538,18 @@ class Module:
 
     def has_variable(self, col: str, name: str) -> bool:
         return self._need_scope("has_variable").has_variable(col, name)
+
+    def get_variable(self, col: str, name: str, default=None):
+        """The value of variable ``col/name`` of this module, or ``default`` (Flax's)."""
+        return self._need_scope("get_variable").get_variable(col, name, default)
+
+    def put_variable(self, col: str, name: str, value) -> None:
+        """Set variable ``col/name`` of this module; its collection must be mutable."""
+        self._need_scope("put_variable").put_variable(col, name, value)
+
+    def has_rng(self, name: str) -> bool:
+        """Whether an RNG stream ``name`` was given to ``init``/``apply`` (Flax's)."""
+        return self._need_scope("has_rng").has_rng(name)
 
     def is_mutable_collection(self, col: str) -> bool:
         return self._need_scope("is_mutable_collection").is_mutable_collection(col)

@@ -363,3 +363,54 @@ def test_parent_none_copy_clone_unbind_match_flax():
                                    np.asarray(fm.apply(fv, jnp.asarray(x))), rtol=1e-5, atol=1e-6)
     fc, cc = fnn.Dense(3, name="d").clone(features=4), nn.Dense(3, name="d").clone(features=4)
     assert (cc.features, cc.name, cc.parent) == (fc.features, fc.name, fc.parent)
+
+
+# --- submodules created in a helper method that an @compact method calls -----------------------
+
+def _helper_model(nn_mod):
+    class M(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            x = self.block(x)
+            return self.block(x) + self._private(x) + nn_mod.Dense(3)(x)
+
+        def block(self, x):          # a public (wrapped) method that is not @compact
+            return nn_mod.Dense(3)(x)
+
+        def _private(self, x):
+            return nn_mod.Dense(3, name="p")(x)
+
+    return M()
+
+
+def test_helper_method_called_from_compact_creates_submodules():
+    # Flax: while a module is in its @compact method, a helper method of the same module may
+    # create submodules; they take the module's auto names in creation order
+    x = np.ones((2, 3), np.float32)
+    m = _helper_model(nn)
+    v = m.init(random.PRNGKey(0), x)
+    assert sorted(v["params"]) == ["Dense_0", "Dense_1", "Dense_2", "p"]
+    p = {k: (np.asarray(d["kernel"]), np.asarray(d["bias"])) for k, d in v["params"].items()}
+    lin = lambda name, h: h @ p[name][0] + p[name][1]   # noqa: E731
+    h1 = lin("Dense_0", x)     # both block() calls: Dense_0 then Dense_1
+    want = lin("Dense_1", h1) + lin("p", h1) + lin("Dense_2", h1)
+    np.testing.assert_allclose(np.asarray(m.apply(v, x)), want, rtol=1e-5, atol=1e-6)
+    # called on its own (not from the compact method) it is an error, as in Flax
+    with pytest.raises(RuntimeError, match="unbound"):
+        m.apply(v, x, method="block")
+
+
+@pytest.mark.parity
+def test_helper_method_called_from_compact_matches_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    x = np.ones((2, 3), np.float32)
+    fv = _helper_model(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
+    cv = _helper_model(nn).init(random.PRNGKey(0), x)
+    assert _param_paths(cv["params"]) == _param_paths(fv["params"])
+    for k in fv["params"]:
+        np.testing.assert_array_equal(np.asarray(cv["params"][k]["kernel"]),
+                                      np.asarray(fv["params"][k]["kernel"]))
+    np.testing.assert_allclose(np.asarray(_helper_model(nn).apply(cv, x)),
+                               np.asarray(_helper_model(fnn).apply(fv, jnp.asarray(x))),
+                               rtol=1e-5, atol=1e-6)

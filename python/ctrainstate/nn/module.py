@@ -292,7 +292,9 @@ class Module:
         if stack:
             frame = stack[-1]
             parent = frame.module
-            if frame.compact:
+            if frame.compact or any(f.compact and f.module is parent for f in stack):
+                # in an @compact method, or in a helper method it calls on the same module
+                # (Flax: the parent is still in its compact method)
                 parent._attach(self, self.name)
             elif parent._in_setup:
                 object.__setattr__(self, "_parent", parent)  # named on attribute assignment

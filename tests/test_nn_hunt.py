@@ -414,3 +414,29 @@ def test_helper_method_called_from_compact_matches_flax():
     np.testing.assert_allclose(np.asarray(_helper_model(nn).apply(cv, x)),
                                np.asarray(_helper_model(fnn).apply(fv, jnp.asarray(x))),
                                rtol=1e-5, atol=1e-6)
+
+
+# --- names and filters of the wrong type ---------------------------------------------------
+
+def test_non_string_variable_name_and_bad_mutable_filter_are_refused():
+    # Flax: 'The type of scope ... should be string' (TypeError) and InvalidFilterError; here a
+    # TypeError naming the value, before anything runs (an int key in the params tree would
+    # break checkpoints later; mutable=3 crashed with 'int is not iterable')
+    x = np.ones((2, 3), np.float32)
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return self.param(3, nn.initializers.ones, (2,))
+
+    with pytest.raises(TypeError, match="strings, got 3"):
+        M().init(random.PRNGKey(0), x)
+    v = nn.Dense(2).init(random.PRNGKey(0), x)
+    for bad in (3, ["params", 1], nn.DenyList(4)):
+        with pytest.raises(TypeError, match="mutable must be"):
+            nn.Dense(2).apply(v, x, mutable=bad)
+    with pytest.raises(TypeError, match="mutable must be"):
+        nn.Dense(2).init(random.PRNGKey(0), x, mutable=2.5)
+    # the valid kinds still work
+    for ok in (True, False, "params", ["params"], ("params", "stats"), nn.DenyList("x")):
+        nn.Dense(2).apply(v, x, mutable=ok)

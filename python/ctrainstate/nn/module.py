@@ -48,7 +48,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
-from .scope import DenyList, Scope, in_filter, union_filters
+from .scope import DenyList, Scope, check_filter, in_filter, union_filters
 
 __all__ = ["Module", "compact", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
@@ -614,6 +614,7 @@ class Module:
     def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
                          capture_intermediates=False, **kwargs):
         """``(output, variables)`` of running the model with fresh variables."""
+        check_filter(mutable, "init: mutable")
         capture = _capture_filter(capture_intermediates)
         if capture is not None:
             mutable = union_filters(mutable, "intermediates")
@@ -644,6 +645,7 @@ class Module:
         """
         if not isinstance(variables, dict):
             raise TypeError(f"apply: variables must be a dict of collections, got {type(variables).__name__}")
+        check_filter(mutable, "apply: mutable")
         capture = _capture_filter(capture_intermediates)
         if capture is not None:
             mutable = union_filters(mutable, "intermediates")
@@ -660,6 +662,7 @@ class Module:
         if not isinstance(variables, dict):
             raise TypeError(f"bind: variables must be a dict of collections, got "
                             f"{type(variables).__name__}")
+        check_filter(mutable, "bind: mutable")
         if rngs is not None and not isinstance(rngs, dict):
             rngs = {"params": rngs}
         root_rngs = {k: np.asarray(v).astype(np.uint32) for k, v in (rngs or {}).items()}

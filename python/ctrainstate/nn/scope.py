@@ -97,6 +97,18 @@ def union_filters(a, b):
     return tuple(sorted(_filter_set(a) | _filter_set(b)))
 
 
+def check_filter(filter_, who: str = 'mutable') -> None:
+    """Refuse a value that is not a collection filter (Flax's InvalidFilterError): True/False,
+    a name, a list/tuple/set of names, or a :class:`DenyList` of those."""
+    f = filter_.deny if isinstance(filter_, DenyList) else filter_
+    if isinstance(f, (bool, str)):
+        return
+    if isinstance(f, (list, tuple, set, frozenset)) and all(isinstance(c, str) for c in f):
+        return
+    raise TypeError(f'{who} must be True/False, a collection name, a list of names or a '
+                    f'DenyList, got {filter_!r}')
+
+
 def in_filter(filter_, col: str) -> bool:
     """Whether collection ``col`` passes a mutability filter: ``True``/``False``, a name,
     an iterable of names, or a :class:`DenyList` (flax.core.scope.in_filter)."""
@@ -225,6 +237,9 @@ class Scope:
         return in_filter(self.mutable, col)
 
     def reserve(self, name: str, col: str | None = None) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f'Variable names are strings, got {name!r} '
+                            f'({type(name).__name__}) in scope "{self.path_text}".')
         key = (col, name) if col is not None else name
         if key in self._reserved or name in self._reserved:
             raise NameInUseError(f'Name "{name}" is already in use in scope "{self.path_text}".')

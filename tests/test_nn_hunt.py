@@ -440,3 +440,52 @@ def test_non_string_variable_name_and_bad_mutable_filter_are_refused():
     # the valid kinds still work
     for ok in (True, False, "params", ["params"], ("params", "stats"), nn.DenyList("x")):
         nn.Dense(2).apply(v, x, mutable=ok)
+
+
+# --- nn.nowrap and the initializer aliases of flax.linen ----------------------------------------
+
+def _nowrap_model(nn_mod):
+    class M(nn_mod.Module):
+        width: int = 3
+
+        @nn_mod.nowrap
+        def make(self, n):
+            return nn_mod.Dense(n * self.width, use_bias=False)
+
+        def setup(self):
+            self.first = self.make(1)
+            self.rest = [self.make(2), self.make(1)]
+
+        def __call__(self, x):
+            for layer in [self.first, *self.rest]:
+                x = layer(x)
+            return x
+
+    return M()
+
+
+def test_nowrap_helper_builds_submodules_for_its_caller():
+    x = np.ones((2, 3), np.float32)
+    m = _nowrap_model(nn)
+    v = m.init(random.PRNGKey(0), x)
+    # named by the setup() attributes they are assigned to (the helper adds no level)
+    assert _param_paths(v["params"]) == ["first/kernel", "rest_0/kernel", "rest_1/kernel"]
+    assert np.shape(v["params"]["rest_0"]["kernel"]) == (3, 6)
+    assert not getattr(type(m).make, "_ct_wrapped", False)
+    # flax.linen's top-level initializer names
+    assert np.asarray(nn.zeros(None, (2,))).tolist() == [0.0, 0.0]
+    assert np.asarray(nn.ones_init()(None, (1, 2))).tolist() == [[1.0, 1.0]]
+    assert np.asarray(nn.zeros_init()(None, (1,))).tolist() == [0.0]
+
+
+@pytest.mark.parity
+def test_nowrap_helper_matches_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    x = np.ones((2, 3), np.float32)
+    fv = _nowrap_model(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
+    cv = _nowrap_model(nn).init(random.PRNGKey(0), x)
+    assert _param_paths(cv["params"]) == _param_paths(fv["params"])
+    for k in fv["params"]:
+        np.testing.assert_array_equal(np.asarray(cv["params"][k]["kernel"]),
+                                      np.asarray(fv["params"][k]["kernel"]))

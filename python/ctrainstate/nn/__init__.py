@@ -30,7 +30,8 @@ from .spmd import (
 )
 
 from . import initializers
-from .module import Module, compact
+from .module import Module, compact, nowrap
+from .initializers import ones, ones_init, zeros, zeros_init
 from .scope import DenyList
 from .linear import Dense, DenseGeneral, Embed
 from .normalization import LayerNorm, RMSNorm
@@ -55,7 +56,8 @@ from .attention import (
 )
 
 __all__ = [
-    'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'DenyList', 'Dense', 'DenseGeneral',
+    'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'nowrap', 'zeros', 'ones',
+    'zeros_init', 'ones_init', 'DenyList', 'Dense', 'DenseGeneral',
     'Embed', 'LayerNorm', 'RMSNorm', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',
     'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',

@@ -50,7 +50,7 @@ from ..sharding import NamedSharding, get_mesh
 from . import meta
 from .scope import DenyList, Scope, check_filter, in_filter, union_filters
 
-__all__ = ["Module", "compact", "ModuleScope", "current_module", "fold_in_static",
+__all__ = ["Module", "compact", "nowrap", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
 
 
@@ -146,6 +146,26 @@ def current_module() -> "Module | None":
 def compact(fn: Callable) -> Callable:
     """Mark a method whose body may create submodules and params inline (``@nn.compact``)."""
     fn._ct_compact = True
+    return fn
+
+
+def nowrap(fn: Callable) -> Callable:
+    """Leave a method unwrapped (``@nn.nowrap``, Flax's): it runs in its caller's context, so
+    a helper that builds submodules makes them for the method (setup / @compact) calling it.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> class M(nn.Module):
+    ...     @nn.nowrap
+    ...     def make(self, n):
+    ...         return nn.Dense(n)
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return self.make(2)(x)
+    >>> sorted(M().init(random.PRNGKey(0), np.ones((1, 3), np.float32))['params'])
+    ['Dense_0']
+    """
+    fn._ct_nowrap = True
     return fn
 
 
@@ -262,6 +282,8 @@ class Module:
         for k, v in list(cls.__dict__.items()):
             if k in ann or (k.startswith("__") and k != "__call__"):
                 continue  # field defaults (e.g. kernel_init) are values, not methods
+            if getattr(v, "_ct_nowrap", False):
+                continue
             if inspect.isfunction(v) and k not in ("setup",) and not k.startswith("_"):
                 setattr(cls, k, _wrap_method(v))
             elif k == "__call__" and inspect.isfunction(v):

@@ -489,3 +489,64 @@ def test_nowrap_helper_matches_flax():
     for k in fv["params"]:
         np.testing.assert_array_equal(np.asarray(cv["params"][k]["kernel"]),
                                       np.asarray(fv["params"][k]["kernel"]))
+
+
+# --- a bound module's attributes are frozen as Flax freezes them ------------------------------
+
+def _frozen_attr_model(nn_mod):
+    class M(nn_mod.Module):
+        feats: list
+        layers: list = None
+
+        def setup(self):
+            self.sizes = [1, 2]
+            self.table = {"a": nn_mod.Dense(2)}
+            self.blocks = [nn_mod.Dense(2)]
+            self.cfg = {"k": [1]}
+
+        def __call__(self, x):
+            # Flax-valid code: tuple concatenation and hashing of the frozen attributes
+            shape = self.sizes + (3,)
+            key = hash((self.feats, self.sizes))
+            return ([type(a).__name__ for a in (self.feats, self.layers, self.sizes, self.table,
+                                                self.blocks, self.cfg, self.cfg["k"])],
+                    shape, isinstance(key, int), self.table["a"](x) + self.blocks[0](x))
+
+    return M([4, 5], [nn_mod.Dense(2)])
+
+
+def test_bound_module_attributes_are_frozen():
+    # Flax's _freeze_attr: a bound module's fields and its setup() attributes have lists as
+    # tuples and dicts as FrozenDicts (nested), so Flax code may concatenate or hash them
+    x = np.ones((2, 3), np.float32)
+    m = _frozen_attr_model(nn)
+    (types, shape, hashed, _), v = m.init_with_output(random.PRNGKey(0), x)
+    assert types == ["tuple", "tuple", "tuple", "FrozenDict", "tuple", "FrozenDict", "tuple"]
+    assert shape == (1, 2, 3) and hashed
+    assert _param_paths(v["params"]) == ["blocks_0/bias", "blocks_0/kernel", "table_a/bias",
+                                         "table_a/kernel"]
+    assert type(m.feats) is list       # the user's (unbound) instance is left as it was
+
+    class Mut(nn.Module):
+        def setup(self):
+            self.cfg = {"k": 1}
+
+        def __call__(self, x):
+            self.cfg["k"] = 2
+            return x
+
+    with pytest.raises(TypeError, match="immutable"):
+        Mut().init(random.PRNGKey(0), x)
+
+
+@pytest.mark.parity
+def test_bound_module_attributes_are_frozen_like_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    x = np.ones((2, 3), np.float32)
+    (ft, fs, fh, fo), fv = _frozen_attr_model(fnn).init_with_output(jax.random.PRNGKey(0),
+                                                                     jnp.asarray(x))
+    (ct, cs, ch, co), cv = _frozen_attr_model(nn).init_with_output(random.PRNGKey(0), x)
+    assert (ct, cs, ch) == (ft, fs, fh)
+    assert _param_paths(cv["params"]) == _param_paths(fv["params"])
+    np.testing.assert_allclose(np.asarray(co), np.asarray(fo), rtol=1e-6)

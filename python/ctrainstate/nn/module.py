@@ -327,7 +327,7 @@ class Module:
                 and not key.startswith("_"):
             raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
         if getattr(self, "_in_setup", False) and not key.startswith("_"):
-            value = self._adopt(key, value)
+            value = _freeze_attr(self._adopt(key, value))
         object.__setattr__(self, key, value)
 
     # --- tree position -----------------------------------------------------------------------
@@ -428,7 +428,7 @@ class Module:
             if f.name == "name":
                 continue
             v = getattr(self, f.name)
-            nv = self._adopt(f.name, v)
+            nv = _freeze_attr(self._adopt(f.name, v))
             if nv is not v:
                 object.__setattr__(self, f.name, nv)
         object.__setattr__(self, "_field_names",
@@ -695,6 +695,21 @@ class Module:
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                            if f.name != "name")
         return f"{type(self).__name__}({fields})"
+
+
+def _freeze_attr(val):
+    """A bound module's attribute as Flax keeps it (``_freeze_attr``): lists become tuples and
+    dicts ``FrozenDict``, recursively (namedtuples and PartitionSpecs keep their type)."""
+    if isinstance(val, dict):
+        from ..core import FrozenDict
+        return FrozenDict({k: _freeze_attr(v) for k, v in val.items()})
+    if isinstance(val, tuple):
+        if hasattr(val, "_fields") or type(val).__name__ == "PartitionSpec":
+            return type(val)(*[_freeze_attr(v) for v in val])
+        return tuple(_freeze_attr(v) for v in val)
+    if isinstance(val, list):
+        return tuple(_freeze_attr(v) for v in val)
+    return val
 
 
 def _copy_tree(d):

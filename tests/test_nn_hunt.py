@@ -550,3 +550,55 @@ def test_bound_module_attributes_are_frozen_like_flax():
     assert (ct, cs, ch) == (ft, fs, fh)
     assert _param_paths(cv["params"]) == _param_paths(fv["params"])
     np.testing.assert_allclose(np.asarray(co), np.asarray(fo), rtol=1e-6)
+
+
+# --- an @compact submodule named like one setup() defined ------------------------------------
+
+def _setup_compact_clash(nn_mod):
+    class M(nn_mod.Module):
+        def setup(self):
+            self.d = nn_mod.Dense(3)
+
+        @nn_mod.compact
+        def __call__(self, x):
+            return self.d(x) + nn_mod.Dense(3, name="d")(x)
+
+    return M()
+
+
+def test_compact_submodule_may_not_reuse_a_setup_name():
+    # Flax reserves setup()'s names for the module's lifetime: a compact Dense(name='d') next
+    # to setup's self.d is a NameInUseError (it silently shared d's parameters here)
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(nn.scope.NameInUseError, match='"d"'):
+        _setup_compact_clash(nn).init(random.PRNGKey(0), x)
+
+    class Ok(nn.Module):          # setup + compact with distinct names still works, twice
+        def setup(self):
+            self.d = nn.Dense(3)
+
+        @nn.compact
+        def __call__(self, x):
+            return self.d(x) + nn.Dense(3)(x)
+
+    class Twice(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            m = Ok()
+            return m(m(x))
+
+    v = Twice().init(random.PRNGKey(0), x)
+    assert _param_paths(v["params"]) == ["Ok_0/Dense_0/bias", "Ok_0/Dense_0/kernel",
+                                         "Ok_0/d/bias", "Ok_0/d/kernel"]
+
+
+@pytest.mark.parity
+def test_compact_submodule_may_not_reuse_a_setup_name_like_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    from flax.errors import NameInUseError as FlaxNameInUse
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(FlaxNameInUse):
+        _setup_compact_clash(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
+    with pytest.raises(nn.scope.NameInUseError):
+        _setup_compact_clash(nn).init(random.PRNGKey(0), x)

@@ -48,7 +48,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
-from .scope import DenyList, Scope, check_filter, in_filter, union_filters
+from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
 
 __all__ = ["Module", "compact", "nowrap", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
@@ -192,7 +192,7 @@ def _wrap_method(fn: Callable) -> Callable:
             # A new call of this module: auto names restart and its names may be declared
             # again (so a module called twice reuses its submodules and params, as in Flax).
             object.__setattr__(self, "_auto_counts", {})
-            object.__setattr__(self, "_call_names", set(self._field_names))
+            object.__setattr__(self, "_call_names", set(self._field_names) | self._setup_names)
             self._scope._reserved.clear()
         stack.append(_Frame(self, is_compact))
         try:
@@ -306,6 +306,7 @@ class Module:
         object.__setattr__(self, "_auto_counts", {})
         object.__setattr__(self, "_call_names", set())
         object.__setattr__(self, "_field_names", ())
+        object.__setattr__(self, "_setup_names", set())   # submodules setup() defined
         object.__setattr__(self, "_fields_adopted", False)
         object.__setattr__(self, "_children", {})
         if self.name is not None and not isinstance(self.name, str):
@@ -338,11 +339,13 @@ class Module:
             self._auto_counts[cls] = n + 1
             name = f"{cls}_{n}"
         if name in self._call_names:
-            raise ValueError(
+            raise NameInUseError(
                 f'A submodule named "{name}" already exists in "{self._scope.path_text}"; '
                 f"give submodules distinct names")
         self._scope.check_submodule_name(name)
         self._call_names.add(name)
+        if self._in_setup:
+            self._setup_names.add(name)   # an @compact call may not reuse it
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "_parent", self)
         object.__setattr__(child, "_scope", self._scope.push(name))

@@ -602,3 +602,77 @@ def test_compact_submodule_may_not_reuse_a_setup_name_like_flax():
         _setup_compact_clash(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
     with pytest.raises(nn.scope.NameInUseError):
         _setup_compact_clash(nn).init(random.PRNGKey(0), x)
+
+
+# --- a setup() submodule re-created by a later call of its @compact parent ---------------------
+
+def _recreated_setup_models(nn_mod):
+    class M(nn_mod.Module):
+        def setup(self):
+            self.w = self.param("w", nn_mod.initializers.normal(1.0), (8,))
+            self.drop = nn_mod.Dropout(0.5, deterministic=False)
+
+        def __call__(self, x):
+            return self.drop(x * self.w)
+
+    class P(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            return M()(x) + nn_mod.Dense(8)(x)
+
+    class Q(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, x):
+            p = P()
+            return p(p(x))
+
+    class E(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, ids):
+            return nn_mod.Embed(5, 8)(ids)       # Embed is a setup() module
+
+    class Twice(nn_mod.Module):
+        @nn_mod.compact
+        def __call__(self, ids):
+            e = E()
+            return e(ids) + e(ids)
+
+    return Q(), Twice()
+
+
+def test_setup_submodule_recreated_by_a_second_parent_call():
+    # Flax: each call of a compact module re-creates its submodules with fresh scopes (same
+    # names, same variables). A setup() submodule (nn.Embed among them) re-created by the second
+    # call raised NameInUseError here ('Name "embedding" is already in use').
+    x = np.ones((2, 8), np.float32)
+    ids = np.array([[1, 2, 3]])
+    q, twice = _recreated_setup_models(nn)
+    v = q.init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)}, x)
+    assert _param_paths(v["params"]) == ["P_0/Dense_0/bias", "P_0/Dense_0/kernel", "P_0/M_0/w"]
+    q.apply(v, x, rngs={"dropout": random.PRNGKey(2)})
+    tv = twice.init(random.PRNGKey(0), ids)
+    table = np.asarray(tv["params"]["E_0"]["Embed_0"]["embedding"])
+    np.testing.assert_array_equal(np.asarray(twice.apply(tv, ids)), 2 * table[ids])
+
+
+@pytest.mark.parity
+def test_setup_submodule_recreated_by_a_second_parent_call_matches_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    x = np.ones((2, 8), np.float32)
+    ids = np.array([[1, 2, 3]])
+    (fq, ftw), (cq, ctw) = _recreated_setup_models(fnn), _recreated_setup_models(nn)
+    fv = fq.init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)},
+                 jnp.asarray(x))
+    cv = cq.init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)}, x)
+    np.testing.assert_array_equal(np.asarray(cv["params"]["P_0"]["M_0"]["w"]),
+                                  np.asarray(fv["params"]["P_0"]["M_0"]["w"]))
+    # the same dropout masks (the re-created module draws its keys as Flax's does)
+    np.testing.assert_allclose(
+        np.asarray(cq.apply(cv, x, rngs={"dropout": random.PRNGKey(2)})),
+        np.asarray(fq.apply(fv, jnp.asarray(x), rngs={"dropout": jax.random.PRNGKey(2)})),
+        rtol=1e-5, atol=1e-6)
+    ftv = ftw.init(jax.random.PRNGKey(0), jnp.asarray(ids))
+    ctv = ctw.init(random.PRNGKey(0), ids)
+    np.testing.assert_allclose(np.asarray(ctw.apply(ctv, ids)),
+                               np.asarray(ftw.apply(ftv, jnp.asarray(ids))), rtol=1e-6)

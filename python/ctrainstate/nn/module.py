@@ -348,7 +348,12 @@ class Module:
             self._setup_names.add(name)   # an @compact call may not reuse it
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "_parent", self)
-        object.__setattr__(child, "_scope", self._scope.push(name))
+        scope = self._scope.push(name)
+        # a new instance at this path (the submodule re-created by a later call of this
+        # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
+        # object is kept for its RNG counters
+        scope._reserved.clear()
+        object.__setattr__(child, "_scope", scope)
         self._children[name] = child
         child._adopt_fields()  # eagerly, as Flax registers a bound module's field submodules
 

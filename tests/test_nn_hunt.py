@@ -604,6 +604,35 @@ def test_compact_submodule_may_not_reuse_a_setup_name_like_flax():
         _setup_compact_clash(nn).init(random.PRNGKey(0), x)
 
 
+def _setup_param_clash(nn_mod):
+    class M(nn_mod.Module):
+        def setup(self):
+            self.w = self.param("w", nn_mod.initializers.ones, (3,))
+
+        @nn_mod.compact
+        def __call__(self, x):
+            return x * self.w + self.param("w", nn_mod.initializers.zeros, (3,))
+
+    return M()
+
+
+def test_compact_param_may_not_reuse_a_setup_param_name():
+    # the same for a param: setup()'s 'w' stays reserved when the compact method starts
+    # (the second declaration silently returned setup's 'w' here)
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(nn.scope.NameInUseError, match='"w"'):
+        _setup_param_clash(nn).init(random.PRNGKey(0), x)
+
+
+@pytest.mark.parity
+def test_compact_param_may_not_reuse_a_setup_param_name_like_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    from flax.errors import NameInUseError as FlaxNameInUse
+    with pytest.raises(FlaxNameInUse):
+        _setup_param_clash(fnn).init(jax.random.PRNGKey(0), jnp.ones((2, 3)))
+
+
 # --- a setup() submodule re-created by a later call of its @compact parent ---------------------
 
 def _recreated_setup_models(nn_mod):

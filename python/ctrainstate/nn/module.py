@@ -194,6 +194,7 @@ def _wrap_method(fn: Callable) -> Callable:
             object.__setattr__(self, "_auto_counts", {})
             object.__setattr__(self, "_call_names", set(self._field_names) | self._setup_names)
             self._scope._reserved.clear()
+            self._scope._reserved.update(self._setup_reserved)   # setup()'s params stay taken
         stack.append(_Frame(self, is_compact))
         try:
             out = fn(self, *args, **kwargs)
@@ -307,6 +308,7 @@ class Module:
         object.__setattr__(self, "_call_names", set())
         object.__setattr__(self, "_field_names", ())
         object.__setattr__(self, "_setup_names", set())   # submodules setup() defined
+        object.__setattr__(self, "_setup_reserved", set())  # and its variables' reservations
         object.__setattr__(self, "_fields_adopted", False)
         object.__setattr__(self, "_children", {})
         if self.name is not None and not isinstance(self.name, str):
@@ -518,6 +520,7 @@ class Module:
         finally:
             stack.pop()
             object.__setattr__(self, "_in_setup", False)
+            object.__setattr__(self, "_setup_reserved", set(self._scope._reserved))
 
     def setup(self):
         """Override to define submodules and params lazily (called once, when first used)."""

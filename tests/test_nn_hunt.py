@@ -705,3 +705,44 @@ def test_setup_submodule_recreated_by_a_second_parent_call_matches_flax():
     ctv = ctw.init(random.PRNGKey(0), ids)
     np.testing.assert_allclose(np.asarray(ctw.apply(ctv, ids)),
                                np.asarray(ftw.apply(ftv, jnp.asarray(ids))), rtol=1e-6)
+
+
+# --- setup() may not overwrite a field -------------------------------------------------------
+
+def _field_in_setup_models(nn_mod):
+    class Features(nn_mod.Module):
+        features: int = 2
+
+        def setup(self):
+            self.features = 5          # the Dense below would silently get 5 features
+            self.d = nn_mod.Dense(self.features)
+
+        def __call__(self, x):
+            return self.d(x)
+
+    class Name(nn_mod.Module):
+        def setup(self):
+            self.name = "renamed"
+
+        def __call__(self, x):
+            return x
+
+    return [Features(), Name()]
+
+
+def test_setting_a_field_in_setup_is_refused():
+    # Flax's SetAttributeInModuleSetupError ("Module construction attributes are frozen.")
+    x = np.ones((2, 3), np.float32)
+    for m in _field_in_setup_models(nn):
+        with pytest.raises(AttributeError, match="construction attributes are frozen"):
+            m.init(random.PRNGKey(0), x)
+
+
+@pytest.mark.parity
+def test_setting_a_field_in_setup_is_refused_like_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    from flax.errors import SetAttributeInModuleSetupError
+    for m in _field_in_setup_models(fnn):
+        with pytest.raises(SetAttributeInModuleSetupError):
+            m.init(jax.random.PRNGKey(0), jnp.ones((2, 3)))

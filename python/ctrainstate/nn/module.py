@@ -330,6 +330,12 @@ class Module:
                 and not key.startswith("_"):
             raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
         if getattr(self, "_in_setup", False) and not key.startswith("_"):
+            field = type(self).__dataclass_fields__.get(key)
+            if field is not None and field.init:
+                # Flax's SetAttributeInModuleSetupError: a field is the module's hyperparameter
+                raise AttributeError(f"{type(self).__name__}.{key}: module construction "
+                                     f"attributes are frozen; pass {key}= when constructing "
+                                     f"the module instead of setting it in setup()")
             value = _freeze_attr(self._adopt(key, value))
         object.__setattr__(self, key, value)
 

@@ -746,3 +746,55 @@ def test_setting_a_field_in_setup_is_refused_like_flax():
     for m in _field_in_setup_models(fnn):
         with pytest.raises(SetAttributeInModuleSetupError):
             m.init(jax.random.PRNGKey(0), jnp.ones((2, 3)))
+
+
+# --- variables declared outside setup() and @compact -------------------------------------------
+
+def _declare_outside_models(nn_mod):
+    class Param(nn_mod.Module):
+        def __call__(self, x):                 # not @compact
+            return x * self.param("w", nn_mod.initializers.ones, (3,))
+
+    class Var(nn_mod.Module):
+        def setup(self):
+            self.d = nn_mod.Dense(3)
+
+        def __call__(self, x):
+            self.variable("stats", "n", lambda: 0)
+            return self.d(x)
+
+    return [Param(), Var()]
+
+
+def test_declaring_outside_setup_or_compact_is_refused():
+    # Flax: 'Parameters/Variables must be initialized in `setup()` or in a method wrapped in
+    # `@compact`'. Here such a param was created, and a second call of the module then failed
+    # with a NameInUseError that did not say why.
+    x = np.ones((2, 3), np.float32)
+    for m in _declare_outside_models(nn):
+        with pytest.raises(ValueError, match="must be initialized in `setup\\(\\)` or in a "
+                                             "method wrapped in `@compact`"):
+            m.init(random.PRNGKey(0), x)
+
+    class Helper(nn.Module):             # a helper called from @compact (or setup) may declare
+        def setup(self):
+            self.a = self.make("a")
+
+        def make(self, name):
+            return self.param(name, nn.initializers.ones, (3,))
+
+        @nn.compact
+        def __call__(self, x):
+            return x * self.a * self.make("b")
+
+    v = Helper().init(random.PRNGKey(0), x)
+    assert sorted(v["params"]) == ["a", "b"]
+
+
+@pytest.mark.parity
+def test_declaring_outside_setup_or_compact_is_refused_like_flax():
+    fnn, jnp = _flax(), _jnp()
+    import jax
+    for m in _declare_outside_models(fnn):
+        with pytest.raises(ValueError, match="must be initialized in `setup\\(\\)`"):
+            m.init(jax.random.PRNGKey(0), jnp.ones((2, 3)))

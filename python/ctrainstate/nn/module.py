@@ -562,6 +562,14 @@ class Module:
                                f".init(...) or .apply(...)")
         return self._scope
 
+    def _check_declaring(self, what: str) -> None:
+        """Flax's rule: variables are declared in ``setup()`` or while the module is in an
+        ``@compact`` method (a helper it calls included), not in another method."""
+        if self._in_setup or any(f.compact and f.module is self for f in _module_stack()):
+            return
+        raise ValueError(f"{what} must be initialized in `setup()` or in a method wrapped in "
+                         f"`@compact` ({type(self).__name__} at {self._scope.path_text})")
+
     def param(self, name: str, init_fn: Callable, *init_args, unbox: bool = True, **init_kwargs):
         """Declare/fetch a parameter (``init_fn(key, *init_args)`` on init).
 
@@ -570,11 +578,13 @@ class Module:
         replicated over the active mesh or on the default device.
         """
         scope = self._need_scope("param")
+        self._check_declaring("Parameters")
         return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
 
     def variable(self, col: str, name: str, init_fn: Callable | None = None, *init_args,
                  unbox: bool = True, **init_kwargs):
         scope = self._need_scope("variable")
+        self._check_declaring("Variables")
         return scope.variable(col, name, init_fn, *init_args, unbox=unbox, **init_kwargs)
 
     def has_variable(self, col: str, name: str) -> bool:

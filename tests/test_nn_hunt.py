@@ -798,3 +798,23 @@ def test_declaring_outside_setup_or_compact_is_refused_like_flax():
     for m in _declare_outside_models(fnn):
         with pytest.raises(ValueError, match="must be initialized in `setup\\(\\)`"):
             m.init(jax.random.PRNGKey(0), jnp.ones((2, 3)))
+
+
+def test_submodule_created_in_a_plain_method_says_where_it_must_be_defined():
+    # Flax: AssignSubModuleError 'Submodule Dense must be defined in `setup()` or in a method
+    # wrapped in `@compact`'; the hint here said to call it through .init/.apply
+    class M(nn.Module):
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(RuntimeError, match="must be defined in `setup\\(\\)` or in a method "
+                                           "wrapped in `@compact`.*method of M"):
+        M().init(random.PRNGKey(0), x)
+
+    class Nested(nn.Module):             # such a module can still be run on its own
+        def __call__(self, x):
+            d = nn.Dense(2)
+            return d.apply(d.init(random.PRNGKey(0), x), x)
+
+    assert np.shape(Nested().apply({}, x)) == (2, 2)

@@ -184,6 +184,11 @@ def _wrap_method(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(self, *args, **kwargs):
+        orphan = self.__dict__.get("_orphan_of")
+        if orphan is not None and self._scope is None:
+            _require_bound(self, f"submodules must be defined in `setup()` or in a method "
+                                 f"wrapped in `@compact`; this one was created in another "
+                                 f"method of {orphan}")
         _require_bound(self)
         self._try_setup()
         is_compact = getattr(fn, "_ct_compact", False)
@@ -323,7 +328,10 @@ class Module:
                 parent._attach(self, self.name)
             elif parent._in_setup:
                 object.__setattr__(self, "_parent", parent)  # named on attribute assignment
-            # modules created in non-compact methods outside setup stay unbound (like Flax errors)
+            else:
+                # created in another method: it stays unbound, and calling it says why (Flax
+                # raises AssignSubModuleError here)
+                object.__setattr__(self, "_orphan_of", type(parent).__name__)
 
     def __setattr__(self, key, value):
         if getattr(self, "_scope", None) is not None and not getattr(self, "_in_setup", False) \

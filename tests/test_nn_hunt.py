@@ -112,7 +112,6 @@ def test_variables_sharing_a_name_across_collections_is_allowed():
 @pytest.mark.parity
 def test_variable_and_submodule_sharing_a_name_matches_flax():
     fnn, jnp = _flax(), _jnp()
-    from ctrainstate import random as crandom
     import jax
     x = np.ones((2, 3), np.float32)
     fl = _clash_models(fnn, fnn.initializers.ones, lambda: jnp.zeros(()))
@@ -122,7 +121,7 @@ def test_variable_and_submodule_sharing_a_name_matches_flax():
         with pytest.raises(FlaxNameInUse):
             fm.init(jax.random.PRNGKey(0), jnp.asarray(x))
         with pytest.raises(nn.scope.NameInUseError):
-            cm.init(crandom.PRNGKey(0), x)
+            cm.init(random.PRNGKey(0), x)
 
 
 # --- Module.variables of a submodule ----------------------------------------------------------

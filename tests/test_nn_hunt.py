@@ -222,6 +222,56 @@ def test_existing_param_of_the_wrong_shape_is_refused():
     assert np.shape(nn.Dense(1).apply(half, x)) == (2, 1)
 
 
+def test_param_shape_check_keys_closures_by_what_they_compute(monkeypatch):
+    """The shape check runs each initializer abstractly once per distinct declaration: a
+    closure made anew at every call (as examples/siren.py does) is keyed by its code and the
+    values it closes over, so a second apply reruns nothing, and a closure over another size
+    is another key, whose mismatch is still caught."""
+    from ctrainstate.nn import scope as S
+
+    def sized_zeros(n):   # a new closure per call; its shape comes from the closed-over n
+        def init(key):
+            return np.zeros((n,), np.float32)
+        return init
+
+    class Net(nn.Module):
+        n: int
+
+        @nn.compact
+        def __call__(self, x):
+            return x * self.param("w", sized_zeros(self.n)).sum()
+
+    calls = []
+    real = S._expected_shapes
+    monkeypatch.setattr(S, "_expected_shapes", lambda *a: calls.append(1) or real(*a))
+    S._SHAPES_CACHE.clear()
+    x = np.ones((2,), np.float32)
+    v3 = Net(3).init(random.PRNGKey(0), x)
+    Net(3).apply(v3, x)
+    first = len(calls)
+    assert first == 1                     # computed once for this declaration ...
+    Net(3).apply(v3, x)
+    assert len(calls) == first            # ... and not again for the same one
+    with pytest.raises(S.ScopeParamShapeError, match=r'"w".*shape \(5,\).*shape \(3,\)'):
+        Net(5).apply(v3, x)               # the closure over 5 is another key
+    assert len(calls) == first + 1
+
+    class Holder:                         # hashed by identity: still keyed, per object
+        def __init__(self, n):
+            self.n = n
+
+    def init_from(h):
+        return lambda key: np.zeros((h.n,), np.float32)
+
+    class Net2(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x * self.param("w", init_from(Holder(2))).sum()
+
+    v = Net2().init(random.PRNGKey(0), x)
+    Net2().apply(v, x)                    # a new Holder per call: a new key, still right
+
+
 @pytest.mark.parity
 def test_existing_param_of_the_wrong_shape_matches_flax():
     fnn, jnp = _flax(), _jnp()

@@ -253,6 +253,126 @@ def test_nn_remat_reruns_the_block():
     assert len(calls) == 4  # each block once more in the backward pass
 
 
+def _method_form_models(decorated: bool, calls: list):
+    """A block whose @nn.compact __call__ is decorated with @nn.remat (Flax's method form),
+    or the same block undecorated; with dropout, so the rerun must redraw the same masks."""
+    def body(self, x):
+        calls.append(1)
+        h = nn.Dense(6)(x)
+        h = nn.Dropout(0.3, deterministic=False)(h)
+        return nn.Dense(3)(cnp.tanh(h))
+
+    body.__name__ = "__call__"
+    fn = nn.compact(body)
+
+    class Block(nn.Module):
+        __call__ = nn.remat(fn) if decorated else fn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Block()(x) * Block()(x)
+
+    return Net
+
+
+def test_nn_remat_method_form_same_names_values_and_grads_and_reruns():
+    x = np.random.default_rng(5).standard_normal((4, 5)).astype(np.float32)
+    rngs = {"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)}
+    calls_a, calls_b = [], []
+    A, B = _method_form_models(True, calls_a), _method_form_models(False, calls_b)
+    va, vb = A().init(rngs, x), B().init(rngs, x)
+    # the module's own names, no Checkpoint prefix (as Flax's method form)
+    assert sorted(va["params"]) == ["Block_0", "Block_1"]
+    assert sorted(va["params"]["Block_0"]) == ["Dense_0", "Dense_1"]
+    assert _bits(va) == _bits(vb)
+
+    def loss(model):
+        return lambda p: cnp.sum(model().apply({"params": p}, x,
+                                               rngs={"dropout": random.PRNGKey(7)}))
+
+    calls_a.clear()
+    la, ga = cts.value_and_grad(loss(A))(va["params"])
+    assert len(calls_a) == 4      # each block's body once more in the backward pass
+    lb, gb = cts.value_and_grad(loss(B))(vb["params"])
+    assert _bits(la) == _bits(lb)
+    assert _bits(ga) == _bits(gb)  # the rerun made the same submodules and dropout masks
+    calls_a.clear()
+    A().apply({"params": va["params"]}, x, rngs={"dropout": random.PRNGKey(7)})
+    assert len(calls_a) == 2      # outside grad nothing is rerun
+
+
+def test_nn_remat_function_form_on_a_submodule():
+    x = np.random.default_rng(6).standard_normal((3, 5)).astype(np.float32)
+    calls = []
+
+    def through(mdl, y):
+        calls.append(1)
+        return cnp.tanh(mdl(y))
+
+    class F(nn.Module):
+        remat: bool
+
+        @nn.compact
+        def __call__(self, x):
+            d = nn.Dense(4)
+            return (nn.remat(through) if self.remat else through)(d, x)
+
+    va = F(True).init(random.PRNGKey(0), x)
+    vb = F(False).init(random.PRNGKey(0), x)
+    assert sorted(va["params"]) == ["Dense_0"] and _bits(va) == _bits(vb)
+    calls.clear()
+    ga = cts.grad(lambda p: cnp.sum(F(True).apply({"params": p}, x)))(va["params"])
+    assert len(calls) == 2
+    gb = cts.grad(lambda p: cnp.sum(F(False).apply({"params": p}, x)))(vb["params"])
+    assert _bits(ga) == _bits(gb)
+
+
+def test_nn_remat_method_form_matches_flax():
+    jax = pytest.importorskip("jax")
+    fnn = pytest.importorskip("flax.linen")
+    import jax.numpy as jnp
+
+    class Block(fnn.Module):
+        @fnn.remat
+        @fnn.compact
+        def __call__(self, x):
+            return fnn.Dense(3)(jnp.tanh(fnn.Dense(6)(x)))
+
+    class Net(fnn.Module):
+        @fnn.compact
+        def __call__(self, x):
+            return Block()(x) * Block()(x)
+
+    class CBlock(nn.Module):
+        @nn.remat
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(cnp.tanh(nn.Dense(6)(x)))
+
+    CBlock.__name__ = "Block"   # Flax's auto names come from the class name
+
+    class CNet(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return CBlock()(x) * CBlock()(x)
+
+    x = np.random.default_rng(8).standard_normal((4, 5)).astype(np.float32)
+    fv = Net().init(jax.random.PRNGKey(0), x)
+    cv = CNet().init(random.PRNGKey(0), x)
+    fl = jax.tree_util.tree_leaves_with_path(fv)
+    cl = cts.tree_util.tree_leaves(cv)
+    assert [jax.tree_util.keystr(p) for p, _ in fl] == [
+        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+            jax.tree_util.tree_map(np.asarray, dict(cv)))]
+    for (path, a), b in zip(fl, cl):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), jax.tree_util.keystr(path)
+    fg = jax.grad(lambda p: jnp.sum(Net().apply({"params": p}, x)))(fv["params"])
+    cg = cts.grad(lambda p: cnp.sum(CNet().apply({"params": p}, x)))(cv["params"])
+    for a, b in zip(jax.tree_util.tree_leaves(fg), cts.tree_util.tree_leaves(cg)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
 def test_nn_remat_matches_flax():
     jax = pytest.importorskip("jax")
     fnn = pytest.importorskip("flax.linen")
@@ -318,7 +438,11 @@ def test_nn_remat_refuses_state_it_cannot_replay_and_bad_targets():
     g = cts.grad(lambda p: cnp.sum(R().apply({"params": p}, x)))(v["params"])
     assert g["Dense_0"]["kernel"].shape == (3, 2)
     with pytest.raises(TypeError, match="expected a Module class"):
-        nn.remat(lambda x: x)
+        nn.remat(3)
+    with pytest.raises(TypeError, match="takes a Module as its first argument"):
+        nn.remat(lambda x: x)(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="methods= applies to a Module class"):
+        nn.remat(lambda m, x: m(x), methods=["encode"])
     with pytest.raises(AttributeError, match="has no method 'encode'"):
         nn.remat(Block, methods=["encode"])
 

@@ -867,3 +867,27 @@ def test_submodule_created_in_a_plain_method_says_where_it_must_be_defined():
             return d.apply(d.init(random.PRNGKey(0), x), x)
 
     assert np.shape(Nested().apply({}, x)) == (2, 2)
+
+
+def test_dropout_of_integers_is_a_clear_type_error():
+    # Flax raises a TypeError from lax.select (int32 inputs against the float32 kept / keep);
+    # here the same type, with a message that says what to do. Floats of every dtype pass.
+    x = np.arange(6, dtype=np.int32).reshape(2, 3)
+    with pytest.raises(TypeError, match="inputs must be a floating-point array, got int32"):
+        nn.Dropout(0.5, deterministic=False).apply({}, x, rngs={"dropout": random.PRNGKey(0)})
+    import ml_dtypes
+    for dt in (np.float32, np.float16, ml_dtypes.bfloat16):
+        y = nn.Dropout(0.5, deterministic=False).apply({}, np.ones((2, 3), dt),
+                                                       rngs={"dropout": random.PRNGKey(0)})
+        assert np.dtype(y.dtype) == np.dtype(dt)
+    # deterministic or rate 0 returns the input untouched, as Flax (no dtype check there)
+    assert nn.Dropout(0.5, deterministic=True).apply({}, x) is x
+
+
+@pytest.mark.parity
+def test_dropout_of_integers_fails_in_flax_too():
+    jax = pytest.importorskip("jax")
+    fnn = _flax()
+    x = np.arange(6, dtype=np.int32).reshape(2, 3)
+    with pytest.raises(TypeError):
+        fnn.Dropout(0.5, deterministic=False).apply({}, x, rngs={"dropout": jax.random.PRNGKey(0)})

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import _ops
+import numpy as np
+
+from .. import _dtypes, _ops
 from .. import random as _random
 from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
 from .module import Module, compact
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16), _dtypes.bfloat16, np.dtype(np.float64))
 
 __all__ = ["Dropout", "merge_param"]
 
@@ -70,9 +74,14 @@ class Dropout(Module):
             x = inputs if isinstance(inputs, Array) else _host_input(inputs)
             return _ops.zeros_like(x)
         keep = 1.0 - float(self.rate)
+        x = inputs if isinstance(inputs, Array) else _host_input(inputs)
+        if x.dtype not in _FLOATS:
+            # Flax fails here too, in lax.select ("requires arguments to have the same dtypes,
+            # got int32, float32"); kept / keep of integers is no integer array
+            raise TypeError(f"Dropout: inputs must be a floating-point array, got {x.dtype} "
+                            f"(cast them first, e.g. x.astype(jnp.float32))")
         if rng is None:
             rng = self.make_rng(self.rng_collection)
-        x = inputs if isinstance(inputs, Array) else _host_input(inputs)
         shape = list(x.shape)
         for d in self.broadcast_dims:
             shape[d] = 1

@@ -201,10 +201,14 @@ def derive_optax_logical_axes(opt_state, params, params_axes, *, empty_as_none: 
     >>> derive_optax_logical_axes(tx.init(params), params, {'w': P('embed', 'mlp')})
     (ScaleByAdamState(count=None, mu={'w': PartitionSpec('embed', 'mlp')}, nu={'w': PartitionSpec('embed', 'mlp')}), EmptyState(), EmptyState())
     """
-    p_leaves, p_def = tree_flatten(params)
-    a_leaves = _flatten_up_to(p_def, params_axes) if params_axes is not None else \
-        [None] * len(p_leaves)
-    p_shapes = [tuple(np.shape(p)) for p in p_leaves]
+    if params is None:  # t5x's two-argument form: the structure comes from the axes alone
+        a_leaves, p_def = tree_flatten(params_axes, is_leaf=_spec_leaf)
+        params, p_leaves, p_shapes = params_axes, a_leaves, None
+    else:
+        p_leaves, p_def = tree_flatten(params)
+        a_leaves = _flatten_up_to(p_def, params_axes) if params_axes is not None else \
+            [None] * len(p_leaves)
+        p_shapes = [tuple(np.shape(p)) for p in p_leaves]
 
     def rec(s):
         if isinstance(s, MaskedNode):
@@ -214,13 +218,15 @@ def derive_optax_logical_axes(opt_state, params, params_axes, *, empty_as_none: 
         if s is None:
             return None
         leaves, sdef = tree_flatten(s, is_leaf=_masked_leaf)
-        if leaves and len(leaves) == len(p_leaves) and _same_structure(sdef, p_def, s, params):
+        if leaves and len(leaves) == len(p_leaves) and _same_structure(
+                sdef, p_def, s, params, from_axes=p_shapes is None):
             out = []
-            for leaf, shape, ax in zip(leaves, p_shapes, a_leaves):
+            for leaf, shape, ax in zip(leaves, p_shapes or [None] * len(leaves), a_leaves):
                 if isinstance(leaf, MaskedNode):
                     out.append(leaf)
                 else:
-                    out.append(ax if tuple(np.shape(leaf)) == shape else None)
+                    out.append(ax if p_shapes is None or tuple(np.shape(leaf)) == shape
+                               else None)
             return tree_unflatten(sdef, out)
         if isinstance(s, tuple) and hasattr(type(s), '_fields'):
             return type(s)(*[rec(v) for v in s])
@@ -232,23 +238,38 @@ def derive_optax_logical_axes(opt_state, params, params_axes, *, empty_as_none: 
     return rec(opt_state)
 
 
-def _same_structure(sdef, pdef, s, params) -> bool:
+def _same_structure(sdef, pdef, s, params, from_axes=False) -> bool:
     if sdef == pdef:
         return True
     # a subtree whose masked leaves are MaskedNode: compare with MaskedNode as leaves
+    p_leaf = (lambda x: _masked_leaf(x) or _spec_leaf(x)) if from_axes else _masked_leaf
     try:
         return tree_structure(s, is_leaf=_masked_leaf) == tree_structure(
-            params, is_leaf=_masked_leaf)
+            params, is_leaf=p_leaf)
     except Exception:
         return False
 
 
 class OptaxStatePartitionRules:
-    """t5x's name for the derivation (``derive_optax_logical_axes``)."""
+    """t5x's name for the derivation (``derive_optax_logical_axes``).
+
+    ``derive_optax_logical_axes(optax_state, params_axes)`` is t5x's call: without
+    ``params`` the subtrees shaped like the params are found from the structure of
+    ``params_axes`` alone (pass ``params=`` to also give factored moments None).
+    """
 
     @classmethod
     def derive_optax_logical_axes(cls, optax_state, params_axes, params=None):
+        """The axes tree of ``optax_state`` (see :func:`derive_optax_logical_axes`)."""
         return derive_optax_logical_axes(optax_state, params, params_axes)
+
+    @classmethod
+    def derive_params_axes(cls, optax_params, params_axes):
+        """``params_axes`` with the ``MaskedNode`` holes of ``optax_params`` kept."""
+        a_leaves, a_def = tree_flatten(params_axes, is_leaf=_spec_leaf)
+        o_leaves = _flatten_up_to(a_def, optax_params)
+        return tree_unflatten(a_def, [o if isinstance(o, MaskedNode) else a
+                                      for a, o in zip(a_leaves, o_leaves)])
 
 
 class _OptaxHyperParams(PyTreeNode):

@@ -37,3 +37,31 @@ def test_optax_state_partition_rules_two_argument_form():
     # t5x's derive_params_axes: the axes, with the MaskedNode holes of the optax params
     d = R.derive_params_axes(st.inner_state[0].mu, axes)
     assert d['w'] == P('embed', 'mlp') and type(d['b']).__name__ == 'MaskedNode'
+
+
+# --- t5x.adafactor: state dtypes ----------------------------------------------------------------
+
+def test_adafactor_state_dtypes_with_bfloat16_params_and_momentum():
+    """t5x adafactor ``init_param_state``: v_row/v_col/v are float32 zeros and m is
+    ``zeros(param.shape, dtype_momentum)``, whatever the param dtype. With bfloat16 params
+    ctrainstate gave v and m as abstract ShapeDtypeStructs and the first step crashed; m
+    was float32 whatever ``dtype_momentum`` said."""
+    p = {'w': cts.device_put(np.ones((4, 2), np.float32)).astype(BF16)}
+    opt = adafactor.Adafactor(0.1, beta1=0.9, dtype_momentum=BF16).create(p)
+    st = opt.state.param_states['w']
+    assert isinstance(st.v, cts.Array) and st.v.dtype == np.float32 and st.v.shape == (4, 2)
+    assert isinstance(st.m, cts.Array) and st.m.dtype == BF16 and st.m.shape == (4, 2)
+    assert st.v_row.dtype == np.float32 and st.v_row.shape == (1,)
+
+    opt = opt.apply_gradient({'w': np.ones((4, 2), np.float32)})
+    st = opt.state.param_states['w']
+    # by hand, step 0 (unfactored, min_dim_size_to_factor 128): decay 0, v = g^2 + 1e-30,
+    # y = 1, no clipping, parameter scale rms(1) = 1, update 0.1 * 1; m = 0.1 * 0.1; p = 1 - m
+    assert st.m.dtype == BF16 and st.v.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(st.v), np.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(st.m).astype(np.float32),
+                                  np.float32(0.01).astype(BF16).astype(np.float32))
+    w = opt.target['w']
+    assert w.dtype == BF16
+    np.testing.assert_array_equal(np.asarray(w).astype(np.float32),
+                                  np.float32(0.99).astype(BF16).astype(np.float32))

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from .. import _dtypes
 from .._abstract import ShapeDtypeStruct, is_abstract
 from ..array import device_put
 from ..optim.base import full_like
@@ -123,15 +124,15 @@ def _replicated_like(param):
     return s
 
 
-def _zeros(shape, param, like_param: bool):
-    """float32 zeros: sharded like ``param`` when ``like_param``, else replicated."""
+def _zeros(shape, param, like_param: bool, dtype=np.float32):
+    """Zeros of ``dtype`` (float32 unless given; t5x's state dtypes do not follow the param's):
+    sharded like ``param`` when ``like_param``, else replicated."""
     if like_param:
-        z = full_like(param, 0)
-        return z if z.dtype == np.float32 else ShapeDtypeStruct(z.shape, np.float32, z.sharding)
+        return full_like(param, 0, dtype)
     s = _replicated_like(param)
     if is_abstract() or isinstance(param, ShapeDtypeStruct):
-        return ShapeDtypeStruct(shape, np.float32, s)
-    return device_put(np.zeros(shape, np.float32), s)
+        return ShapeDtypeStruct(shape, np.dtype(dtype), s)
+    return device_put(np.zeros(shape, dtype), s)
 
 
 class Adafactor(OptimizerDef):
@@ -158,7 +159,7 @@ class Adafactor(OptimizerDef):
         if not isinstance(factor_map, (type(None), HParamMap)):
             raise TypeError(f'`factor_map` must be either None or `HParamMap` type. Got '
                             f'{type(factor_map)}')
-        self.dtype_momentum = np.dtype(dtype_momentum)
+        self.dtype_momentum = _dtypes.canonicalize(np.dtype(dtype_momentum))
         super().__init__(_AdafactorHyperParams(
             learning_rate, factored, multiply_by_parameter_scale, beta1, decay_rate, step_offset,
             clipping_threshold, weight_decay_rate, min_dim_size_to_factor, epsilon1, epsilon2,
@@ -217,7 +218,7 @@ class Adafactor(OptimizerDef):
         else:
             st['v'] = _zeros(shape, param, True)
         if self.hyper_params.beta1 is not None:
-            st['m'] = _zeros(shape, param, True)
+            st['m'] = _zeros(shape, param, True, self.dtype_momentum)
         return _AdafactorParamState(**st)
 
     def init_state(self, params):
@@ -275,7 +276,7 @@ class Adafactor(OptimizerDef):
                                / f32(hp.clipping_threshold))
         sub = scale * y
         if hp.beta1 is not None:
-            m = f32(hp.beta1) * np.asarray(state.m) + (f32(1) - f32(hp.beta1)) * sub
+            m = f32(hp.beta1) * np.asarray(state.m).astype(f32) + (f32(1) - f32(hp.beta1)) * sub
             sub = m
             new['m'] = m.astype(self.dtype_momentum)
         new_p = (f32(1) - f32(wd)) * p - sub if wd is not None else p - sub
@@ -287,8 +288,8 @@ class Adafactor(OptimizerDef):
         out = {}
         for k in ('v_row', 'v_col', 'v', 'm'):
             old = getattr(state, k)
-            out[k] = device_put(np.asarray(new[k], f32).reshape(old.shape), old.sharding) \
-                if k in new else old
+            out[k] = device_put(np.asarray(new[k]).astype(old.dtype).reshape(old.shape),
+                                old.sharding) if k in new else old
         return (device_put(new_p.astype(param.dtype), param.sharding),
                 _AdafactorParamState(**out))
 

@@ -101,3 +101,46 @@ def test_cast_mask_of_another_structure_is_an_error():
     they differ; ctrainstate raises (DESIGN.md: a clear error for a user error)."""
     with pytest.raises(ValueError, match='mask does not have the structure of params'):
         hf.to_bf16(_params(), {'a': True})
+
+
+# --- t5x.optimizers.MultiOptimizer ----------------------------------------------------------------
+
+def _two_part_state():
+    from ctrainstate.partitioning import AxisMetadata
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    F = adafactor.FactorDim
+    variables = {
+        'params': {'enc': {'kernel': np.ones((4, 8), np.float32)},
+                   'dec': {'kernel': np.ones((8, 4), np.float32)}},
+        'params_axes': {'enc': {'kernel_axes': AxisMetadata(('embed', 'mlp'))},
+                        'dec': {'kernel_axes': AxisMetadata(('foo', 'bar'))}}}
+    enc = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/enc'))
+    dec = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/dec'))
+    a1 = adafactor.Adafactor(0.1, logical_factor_rules={'embed': F.ROW, 'mlp': F.COLUMN})
+    a2 = adafactor.Adafactor(0.2, logical_factor_rules={'foo': F.ROW, 'bar': F.COLUMN})
+    mo = optimizers.MultiOptimizer([(enc, a1), (dec, a2)])
+    return FlaxOptimTrainState.create(mo, variables), mo, a1, a2
+
+
+def test_multi_optimizer_set_param_axes_gives_each_its_subtree():
+    """t5x MultiOptimizer.set_param_axes passes each sub-optimizer
+    ``_subtree_from_traversal(focus, param_logical_axes)``: a sub-Adafactor's
+    logical_factor_rules need cover only the params it optimizes (t5x_hf.md §1.3 MultiOptimizer
+    "also has set_param_axes"). ctrainstate gave every sub-optimizer all the axes, so the
+    encoder's Adafactor raised for the decoder's axis 'foo'."""
+    F = adafactor.FactorDim
+    _, _, a1, a2 = _two_part_state()
+    assert a1.hyper_params.factor_map == {'enc/kernel': (F.ROW, F.COLUMN)}
+    assert a2.hyper_params.factor_map == {'dec/kernel': (F.ROW, F.COLUMN)}
+
+
+def test_multi_optimizer_hyper_params_and_overrides_combine():
+    """t5x MultiOptimizer.update_hyper_params: ``hps = overrides.pop('hyper_params',
+    self.hyper_params)``, then the remaining overrides are applied to each of them
+    (t5x_hf.md §1.3). ctrainstate dropped the overrides when hyper_params= was given."""
+    _, mo, a1, a2 = _two_part_state()
+    hps = mo.update_hyper_params(hyper_params=[a1.hyper_params, a2.hyper_params],
+                                 learning_rate=0.5)
+    assert [h.learning_rate for h in hps] == [0.5, 0.5]
+    assert [h.learning_rate for h in mo.update_hyper_params(learning_rate=0.3)] == [0.3, 0.3]
+    assert [h.learning_rate for h in mo.update_hyper_params()] == [0.1, 0.2]

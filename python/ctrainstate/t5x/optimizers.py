@@ -452,18 +452,20 @@ class MultiOptimizer(OptimizerDef):
                 OptimizerState(_next_step(state.step), unflatten_dict(new_s, sep='/')))
 
     def update_hyper_params(self, **overrides):
-        """Overrides applied to every sub-optimizer's hyper-params (``hyper_params=[...]`` replaces them)."""
+        """Overrides applied to every sub-optimizer's hyper-params (``hyper_params=[...]``
+        replaces them; other overrides then apply to the given ones, as in t5x)."""
         hps = overrides.pop('hyper_params', None)
-        if hps is not None:
-            return list(hps)
-        return [hp.replace(**overrides) if overrides else hp
-                for hp in (o.hyper_params for o in self.sub_optimizers)]
+        hps = list(hps) if hps is not None else [o.hyper_params for o in self.sub_optimizers]
+        return [hp.replace(**overrides) for hp in hps] if overrides else hps
 
     def set_param_axes(self, param_logical_axes):
-        """Pass the logical axes to the sub-optimizers that take them."""
-        for opt in self.sub_optimizers:
+        """Pass each sub-optimizer that takes them the logical axes of the params its
+        traversal selects (as t5x does: the others' axis names need no factor rule)."""
+        flat = flatten_dict(param_logical_axes, sep='/')
+        for tr, opt in zip(self.traversals, self.sub_optimizers):
             if hasattr(opt, 'set_param_axes'):
-                opt.set_param_axes(param_logical_axes)
+                opt.set_param_axes(unflatten_dict(
+                    {k: flat[k] for k in tr.paths(param_logical_axes)}, sep='/'))
 
     def derive_logical_axes(self, optimizer, param_logical_axes):
         """Axes of every sub-optimizer's state, None for params no traversal selects."""

@@ -144,3 +144,31 @@ def test_multi_optimizer_hyper_params_and_overrides_combine():
     assert [h.learning_rate for h in hps] == [0.5, 0.5]
     assert [h.learning_rate for h in mo.update_hyper_params(learning_rate=0.3)] == [0.3, 0.3]
     assert [h.learning_rate for h in mo.update_hyper_params()] == [0.1, 0.2]
+
+
+# --- t5x.partitioning.PjitPartitioner ------------------------------------------------------------
+
+def test_data_layout_when_batch_is_not_sharded():
+    """t5x BasePartitioner.get_data_layout: with no data axis (the rules leave 'batch'
+    unsharded) it returns ``DataLayout(batch_size=batch_size, shard_id=0, num_shards=1,
+    is_first_host_in_replica_set=process_index == 0)``, the batch size as given (t5x_hf.md
+    §1.1 get_data_layout). ctrainstate made the default batch size 1."""
+    from ctrainstate.t5x import partitioning
+    p = partitioning.PjitPartitioner(num_partitions=1,
+                                     logical_axis_rules=(('embed', None), ('mlp', 'model')))
+    assert p.data_partition_spec == P(None)
+    assert p.get_data_layout() == partitioning.DataLayout(
+        batch_size=None, shard_id=0, num_shards=1, is_first_host_in_replica_set=True)
+    assert p.get_data_layout(7).batch_size == 7
+    # with the standard rules the default is still the data mesh size (F-P7)
+    assert partitioning.PjitPartitioner(num_partitions=1).get_data_layout().batch_size == 1
+
+
+def test_partitioned_fn_lower_and_compile():
+    """t5x PjittedFnWithContext has ``lower_and_compile(*args)`` (PjitPartitioner.compile calls
+    it); ctrainstate's had only ``lower`` (AttributeError)."""
+    from ctrainstate.t5x import partitioning
+    p = partitioning.PjitPartitioner(num_partitions=1)
+    fn = p.partition(lambda x: x * 2, (P('model'),), P('model'))
+    x = np.arange(16, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(fn.lower_and_compile(x)(x)), x * 2)

@@ -392,6 +392,10 @@ class PjittedFnWithContext:
         """``lower(...).compile()`` gives a callable (ctrainstate runs eagerly)."""
         return _Lowered(self)
 
+    def lower_and_compile(self, *args, **kwargs):
+        """``lower(...).compile()`` in one call (what t5x's ``PjitPartitioner.compile`` uses)."""
+        return self.lower(*args, **kwargs).compile()
+
 
 class _Lowered:
     def __init__(self, fn):
@@ -500,9 +504,14 @@ class PjitPartitioner:
 
     def get_data_layout(self, batch_size: Optional[int] = None,
                         host_index: Optional[int] = None) -> DataLayout:
-        """The batch size and this host's shard of it (one host: ``shard_id=0, num_shards=1``)."""
+        """The batch size and this host's shard of it (one host: ``shard_id=0, num_shards=1``).
+        When the rules leave ``'batch'`` unsharded, ``batch_size`` is returned as given (None
+        by default) with one shard, as in t5x."""
         if host_index is not None:
             raise NotImplementedError('Explicit host_index is not yet implemented.')
+        if self._data_axis is None:  # 'batch' is not sharded: every host reads the whole batch
+            return DataLayout(batch_size=batch_size, shard_id=0, num_shards=1,
+                              is_first_host_in_replica_set=(_devices.process_index() == 0))
         if batch_size is None:
             batch_size = self.data_mesh_size
         if batch_size % self.data_mesh_size:

@@ -172,3 +172,29 @@ def test_partitioned_fn_lower_and_compile():
     fn = p.partition(lambda x: x * 2, (P('model'),), P('model'))
     x = np.arange(16, dtype=np.float32)
     np.testing.assert_array_equal(np.asarray(fn.lower_and_compile(x)(x)), x * 2)
+
+
+# --- hf.partitions.set_partitions --------------------------------------------------------------------
+
+def test_set_partitions_defaults_to_the_gpt_neo_table():
+    """HF partitions.py: ``set_partitions(in_dict)`` takes only the params and applies
+    ``_get_partition_rules()``, the GPT-Neo table (t5x_hf.md §1.7, §2.5; F-H1). ctrainstate
+    required the rules (TypeError on the original call)."""
+    from ctrainstate.hf.partitions import set_partitions
+    z = np.zeros
+    params = {'transformer': {
+        'wte': {'embedding': z((16, 4))}, 'wpe': {'embedding': z((8, 4))},
+        'h': {'0': {'attn': {'attention': {'q_proj': {'kernel': z((4, 4))},
+                                           'out_proj': {'kernel': z((4, 4)), 'bias': z(4)}}},
+                    'mlp': {'c_fc': {'kernel': z((4, 8)), 'bias': z(8)},
+                            'c_proj': {'kernel': z((8, 4)), 'bias': z(4)}},
+                    'ln_1': {'scale': z(4), 'bias': z(4)}}},
+        'ln_f': {'scale': z(4), 'bias': z(4)}}}
+    t = set_partitions(params)['transformer']
+    assert t['wte']['embedding'] == P('mp', None) and t['wpe']['embedding'] == P('mp', None)
+    h = t['h']['0']
+    assert h['attn']['attention']['q_proj']['kernel'] == P(None, 'mp')
+    assert h['attn']['attention']['out_proj'] == {'kernel': P('mp', None), 'bias': None}
+    assert h['mlp']['c_fc'] == {'kernel': P(None, 'mp'), 'bias': P('mp')}
+    assert h['mlp']['c_proj'] == {'kernel': P('mp', None), 'bias': None}
+    assert h['ln_1'] == {'scale': None, 'bias': None} and t['ln_f'] == {'scale': None, 'bias': None}

@@ -63,10 +63,12 @@ def _unflatten(flat: dict) -> dict:
     return out
 
 
-def set_partitions(params: Any, rules: Rules) -> dict:
+def set_partitions(params: Any, rules: Rules | None = None) -> dict:
     """Map every leaf of the nested-dict ``params`` to the spec of its first matching rule.
 
-    Raises ``ValueError`` listing the '/'-joined paths that no rule matches.
+    ``rules`` defaults to the GPT-Neo table (:func:`gpt_neo_rules`), the one HF's
+    ``set_partitions(in_dict)`` applies. Raises ``ValueError`` listing the '/'-joined paths
+    that no rule matches.
 
     >>> from ctrainstate.hf.partitions import set_partitions
     >>> set_partitions({'a': {'kernel': 0}}, [(('kernel',), None)])
@@ -76,6 +78,8 @@ def set_partitions(params: Any, rules: Rules) -> dict:
     ...
     ValueError: Incomplete partition spec: no rule matches lm_head/kernel
     """
+    if rules is None:
+        rules = gpt_neo_rules()
     result = {}
     missing = []
     for path in _flatten(params):

@@ -198,3 +198,30 @@ def test_set_partitions_defaults_to_the_gpt_neo_table():
     assert h['mlp']['c_fc'] == {'kernel': P(None, 'mp'), 'bias': P('mp')}
     assert h['mlp']['c_proj'] == {'kernel': P('mp', None), 'bias': None}
     assert h['ln_1'] == {'scale': None, 'bias': None} and t['ln_f'] == {'scale': None, 'bias': None}
+
+
+# --- t5x.train_state ------------------------------------------------------------------------------
+
+def test_as_logical_axes_keeps_flax_mutables_axes():
+    """t5x FlaxOptimTrainState.as_logical_axes returns
+    ``FlaxOptimTrainState(_optimizer=..., flax_mutables=get_axis_names(axes),
+    flax_mutables_axes=self.flax_mutables_axes)`` (params_axes None, F-T10); ctrainstate set
+    flax_mutables_axes to None, so ``partitioner.get_mesh_axes(state).flax_mutables_axes``
+    differed from t5x's. The metadata has no leaves, so the axes still serve as a pjit spec."""
+    from ctrainstate.partitioning import AxisMetadata
+    from ctrainstate.t5x import partitioning
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    axes = {'dense': {'output_grad_axes': AxisMetadata(('mlp',))}}
+    s = FlaxOptimTrainState.create(optimizers.adam(0.1), {
+        'params': {'w': np.ones(16, np.float32)},
+        'params_axes': {'w_axes': AxisMetadata(('mlp',))},
+        'grads': {'dense': {'output_grad': np.zeros(16, np.float32)}}, 'grads_axes': axes})
+    la = s.as_logical_axes()
+    assert la.params_axes is None
+    assert la.flax_mutables_axes == {'grads': axes}
+    p = partitioning.PjitPartitioner(num_partitions=1)
+    ma = p.get_mesh_axes(s)
+    assert ma.flax_mutables_axes == {'grads': axes}
+    assert ma.flax_mutables == {'grads': {'dense': {'output_grad': P('model')}}}
+    moved = p.move_params_to_devices(s, ma)
+    assert moved.flax_mutables['grads']['dense']['output_grad'].sharding.spec == P('model')

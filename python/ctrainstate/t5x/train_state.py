@@ -155,7 +155,8 @@ class FlaxOptimTrainState(PyTreeNode):
         return self.restore_state(sd)
 
     def as_logical_axes(self) -> 'FlaxOptimTrainState':
-        """This state with logical ``PartitionSpec`` (or None) leaves."""
+        """This state with logical ``PartitionSpec`` (or None) leaves; ``params_axes`` None,
+        ``flax_mutables_axes`` kept (metadata without leaves)."""
         opt_def = self._optimizer.optimizer_def
         if not hasattr(opt_def, 'derive_logical_axes'):
             raise ValueError(f"Optimizer '{opt_def.__class__.__name__}' requires a "
@@ -168,7 +169,7 @@ class FlaxOptimTrainState(PyTreeNode):
             params_axes=None,
             flax_mutables=(flax_partitioning.get_axis_names(mutables_axes)
                            if mutables_axes else {}),
-            flax_mutables_axes=None)
+            flax_mutables_axes=self.flax_mutables_axes)  # kept, as t5x does
 
 
 class InferenceState(PyTreeNode):

@@ -9,8 +9,9 @@ True
 from . import partitions, cast, model_parallel, train_state
 from .cast import to_bf16, to_fp16, to_fp32
 from .model_parallel import opt_state_spec, train_state_spec
-from .train_state import TrainState, replicate, shard, shard_prng_key, unreplicate
+from .train_state import (TrainState, get_metrics, onehot, replicate, shard, shard_prng_key,
+                          stack_forest, unreplicate)
 
 __all__ = ['partitions', 'cast', 'model_parallel', 'train_state', 'TrainState', 'replicate',
            'unreplicate', 'shard', 'shard_prng_key', 'opt_state_spec', 'train_state_spec',
-           'to_bf16', 'to_fp16', 'to_fp32']
+           'to_bf16', 'to_fp16', 'to_fp32', 'onehot', 'get_metrics', 'stack_forest']

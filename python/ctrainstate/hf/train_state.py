@@ -1,5 +1,6 @@
 """HuggingFace Flax example helpers: the dropout-rng ``TrainState`` of run_clm_flax.py and
-flax's pmap-style helpers (``replicate``, ``unreplicate``, ``shard``, ``shard_prng_key``).
+flax's pmap-style helpers (``replicate``, ``unreplicate``, ``shard``, ``shard_prng_key``,
+``onehot``, ``get_metrics``, ``stack_forest``).
 
 ``replicate(tree)`` puts one copy of every leaf on each local device, as a
 leading axis of size ``local_device_count`` sharded over a 1-D ``('batch',)``
@@ -28,7 +29,8 @@ from ..sharding import Mesh, NamedSharding, PartitionSpec
 from ..train_state import TrainState as _FlaxTrainState
 from ..tree_util import tree_map
 
-__all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key']
+__all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key', 'onehot',
+           'get_metrics', 'stack_forest']
 
 
 def _host(x):
@@ -74,6 +76,28 @@ def shard(xs):
 def shard_prng_key(prng_key):
     """``random.split(key, local_device_count)``: one dropout key per device."""
     return random.split(prng_key, local_device_count())
+
+
+def stack_forest(forest):
+    """One tree whose leaves stack the matching leaves of the trees in ``forest`` (host
+    arrays; flax.training.common_utils.stack_forest)."""
+    return tree_map(lambda *xs: np.stack([_host(x) for x in xs]), *forest)
+
+
+def get_metrics(device_metrics):
+    """A list of replicated metric trees -> one host tree of copy 0 of each leaf, stacked
+    over the list (flax.training.common_utils.get_metrics)."""
+    return stack_forest([tree_map(lambda x: _host(unreplicate(x)), m) for m in device_metrics])
+
+
+def onehot(labels, num_classes, on_value=1.0, off_value=0.0):
+    """float32 one-hot vectors of length ``num_classes`` on a new last axis, ``on_value``
+    where ``labels`` holds the index (flax.training.common_utils.onehot)."""
+    from .. import numpy as jnp
+    labels = jnp.asarray(labels)
+    x = labels[..., None] == jnp.arange(num_classes).reshape((1,) * labels.ndim + (-1,))
+    return jnp.where(x, jnp.full(x.shape, on_value), jnp.full(x.shape, off_value)).astype(
+        jnp.float32)
 
 
 class TrainState(_FlaxTrainState):

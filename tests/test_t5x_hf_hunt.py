@@ -260,3 +260,24 @@ def test_get_metrics_and_stack_forest_match_flax():
     got = hf.stack_forest(steps)
     for k in ('loss', 'acc'):
         np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+
+
+# --- user errors -------------------------------------------------------------------------------
+
+def test_placement_error_names_the_param_path():
+    """A param the mesh does not divide (width 6 on model=8): jax says only that a dimension
+    is not divisible; DESIGN.md asks for errors that name the parameter path. The message
+    names the state path of the value, its shape and its spec."""
+    from ctrainstate.partitioning import AxisMetadata
+    from ctrainstate.t5x import partitioning, utils
+
+    def init_fn(rng, input_shapes, input_types=None):
+        return {'params': {'dense': {'kernel': np.ones((4, 6), np.float32)}},
+                'params_axes': {'dense': {'kernel_axes': AxisMetadata(('embed', 'mlp'))}}}
+    p = partitioning.PjitPartitioner(num_partitions=1)
+    init = utils.TrainStateInitializer(optimizers.sgd(0.1), init_fn, {}, p)
+    with pytest.raises(ValueError, match=r"pjit out_axis_resources: \._optimizer\.target"
+                                         r"\['dense'\]\['kernel'\] \(shape \(4, 6\), spec "
+                                         r"PartitionSpec\(None, 'model'\)\): dimension 1 of "
+                                         r"size 6 is not divisible by mesh axis 'model'"):
+        init.from_scratch(None)

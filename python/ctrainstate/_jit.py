@@ -54,23 +54,33 @@ def _place(spec_tree, tree, *, none_means_replicated: bool, what: str):
     if spec_tree is None and not none_means_replicated:
         return tree
 
-    def put(spec, sub):
+    def put(spec, sub, prefix):
         s = _resolve(spec, none_means_replicated=none_means_replicated, what=what)
         if s is None:
             return sub
-        return tree_util.tree_map(
-            lambda leaf: device_put(leaf, s) if isinstance(leaf, (Array, ShapeDtypeStruct)) or
-            _is_array_like(leaf) else leaf, sub)
 
-    s_leaves, s_td = tree_util.tree_flatten(spec_tree, is_leaf=_is_spec_leaf)
+        def place(path, leaf):
+            if not (isinstance(leaf, (Array, ShapeDtypeStruct)) or _is_array_like(leaf)):
+                return leaf
+            try:
+                return device_put(leaf, s)
+            except ValueError as e:   # name the value in a tree that does not fit its spec
+                where = tree_util.keystr(prefix + tuple(path))
+                if not where:
+                    raise
+                raise ValueError(f"{where} (shape {tuple(leaf.shape)}, spec {s.spec}): "
+                                 f"{e}") from None
+        return tree_util.tree_map_with_path(place, sub)
+
+    s_items, s_td = tree_util.tree_flatten_with_path(spec_tree, is_leaf=_is_spec_leaf)
     try:   # only a structure mismatch is reported as one (a placement error is its own)
         subtrees = tree_util._flatten_up_to(s_td, tree)
     except ValueError as e:
         raise ValueError(f"{what}: the sharding tree does not match the values: {e}") from None
     out = []
-    for sp, sub in zip(s_leaves, subtrees):
+    for (sp_path, sp), sub in zip(s_items, subtrees):
         try:
-            out.append(put(sp, sub))
+            out.append(put(sp, sub, tuple(sp_path)))
         except ValueError as e:
             raise ValueError(f"{what}: {e}") from None
     return tree_util.tree_unflatten(s_td, out)

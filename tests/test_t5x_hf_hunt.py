@@ -281,3 +281,24 @@ def test_placement_error_names_the_param_path():
                                          r"PartitionSpec\(None, 'model'\)\): dimension 1 of "
                                          r"size 6 is not divisible by mesh axis 'model'"):
         init.from_scratch(None)
+
+
+def test_multi_optimizer_set_param_axes_failure_leaves_no_partial_state():
+    """DESIGN.md: no partial state after a failed call. When the second sub-Adafactor has no
+    factor rule for one of its axes, the first one's factor_map is not left set."""
+    from ctrainstate.partitioning import AxisMetadata
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    F = adafactor.FactorDim
+    variables = {
+        'params': {'enc': {'kernel': np.ones((4, 8), np.float32)},
+                   'dec': {'kernel': np.ones((8, 4), np.float32)}},
+        'params_axes': {'enc': {'kernel_axes': AxisMetadata(('embed', 'mlp'))},
+                        'dec': {'kernel_axes': AxisMetadata(('foo', 'bar'))}}}
+    enc = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/enc'))
+    dec = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/dec'))
+    a1 = adafactor.Adafactor(0.1, logical_factor_rules={'embed': F.ROW, 'mlp': F.COLUMN})
+    a2 = adafactor.Adafactor(0.2, logical_factor_rules={'foo': F.ROW})
+    mo = optimizers.MultiOptimizer([(enc, a1), (dec, a2)])
+    with pytest.raises(ValueError, match="no logical_factor_rules entry for axis 'bar'"):
+        FlaxOptimTrainState.create(mo, variables)
+    assert a1.hyper_params.factor_map is None and a2.hyper_params.factor_map is None

@@ -462,10 +462,17 @@ class MultiOptimizer(OptimizerDef):
         """Pass each sub-optimizer that takes them the logical axes of the params its
         traversal selects (as t5x does: the others' axis names need no factor rule)."""
         flat = flatten_dict(param_logical_axes, sep='/')
-        for tr, opt in zip(self.traversals, self.sub_optimizers):
-            if hasattr(opt, 'set_param_axes'):
-                opt.set_param_axes(unflatten_dict(
-                    {k: flat[k] for k in tr.paths(param_logical_axes)}, sep='/'))
+        saved = [getattr(opt, 'hyper_params', None) for opt in self.sub_optimizers]
+        try:
+            for tr, opt in zip(self.traversals, self.sub_optimizers):
+                if hasattr(opt, 'set_param_axes'):
+                    opt.set_param_axes(unflatten_dict(
+                        {k: flat[k] for k in tr.paths(param_logical_axes)}, sep='/'))
+        except Exception:   # no sub-optimizer keeps the axes of a call that failed
+            for opt, hp in zip(self.sub_optimizers, saved):
+                if hp is not None:
+                    opt.hyper_params = hp
+            raise
 
     def derive_logical_axes(self, optimizer, param_logical_axes):
         """Axes of every sub-optimizer's state, None for params no traversal selects."""

@@ -302,3 +302,15 @@ def test_multi_optimizer_set_param_axes_failure_leaves_no_partial_state():
     with pytest.raises(ValueError, match="no logical_factor_rules entry for axis 'bar'"):
         FlaxOptimTrainState.create(mo, variables)
     assert a1.hyper_params.factor_map is None and a2.hyper_params.factor_map is None
+
+
+def test_t5x_chain_takes_a_sequence():
+    """t5x optimizers.py: ``def chain(transformations: Sequence[GradientTransformation]):
+    return optax.chain(*transformations)``, wrapped (t5x_hf.md §1.3 ready-made wrappers).
+    ctrainstate's chain was optax's varargs one, so t5x's ``chain([clip, sgd])`` failed
+    ('list' object has no attribute 'init')."""
+    o = optimizers.chain([optim.clip_by_global_norm(1.0), optim.sgd(0.5)])
+    opt = o.create({'w': np.ones(2, np.float32)})
+    opt = opt.apply_gradient({'w': np.full(2, 3.0, np.float32)})
+    # by hand: |g| = 3 sqrt(2) is clipped to 1, so g = 1/sqrt(2) each; w = 1 - 0.5 / sqrt(2)
+    np.testing.assert_allclose(np.asarray(opt.target['w']), 1 - 0.5 / np.sqrt(2), rtol=1e-6)

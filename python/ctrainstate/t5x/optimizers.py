@@ -357,7 +357,16 @@ def wrap_optax_optimizer(optax_optimizer: Callable) -> Callable:
     return wrapped
 
 
-chain = wrap_optax_optimizer(optim.chain)
+def _chain(*transformations):
+    """t5x's ``chain(transformations)`` takes one sequence of transformations; optax's
+    varargs form ``chain(t1, t2)`` is accepted too."""
+    if len(transformations) == 1 and not hasattr(transformations[0], 'init'):
+        transformations = tuple(transformations[0])
+    return optim.chain(*transformations)
+
+
+_chain.__name__ = 'chain'
+chain = wrap_optax_optimizer(_chain)
 adam = wrap_optax_optimizer(optim.adam)
 adamw = wrap_optax_optimizer(optim.adamw)
 sgd = wrap_optax_optimizer(optim.sgd)

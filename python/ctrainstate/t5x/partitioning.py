@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,9 +41,15 @@ __all__ = [
     'PjitPartitioner', 'PjittedFnWithContext', 'MeshError', 'bounds_from_last_device',
     'default_mesh', 'get_coords', 'get_cpu_mesh', 'get_gpu_mesh', 'get_mesh',
     'global_mesh_defined', 'standard_logical_axis_rules', 'with_sharding_constraint',
+    'LogicalAxisRules', 'HardwareMesh', 'pjit', 'host_local_array_to_global_array',
 ]
 
 _log = logging.getLogger(__name__)
+
+# t5x's type aliases (scripts use them in annotations) and its pjit (``backend=`` accepted)
+LogicalAxisRules = Sequence[Tuple[str, Optional[str]]]
+HardwareMesh = Tuple[int, ...]
+pjit = _pjit
 
 # Indirections so tests can simulate other host/device counts (t5x reads them from jax).
 process_count = _devices.process_count

@@ -330,3 +330,18 @@ def test_t5x_partitioning_module_names():
         y = f(np.zeros(8, np.float32))
     assert y.sharding.spec == P('model')
     np.testing.assert_array_equal(np.asarray(y), 1.0)
+
+
+def test_optax_wrapper_state_dict_drops_empty_dicts_in_the_state_only():
+    """t5x OptaxWrapper.state_dict flattens/unflattens ``to_state_dict(state)`` (removing the
+    empty dicts of EmptyState) and returns ``{'target': to_state_dict(target), 'state': ...}``
+    (t5x_hf.md §1.3): the target keeps an empty subtree. ctrainstate dropped it too."""
+    opt = optimizers.adam(0.1).create({'a': {}, 'b': {'w': np.ones(2, np.float32)}})
+    sd = opt.state_dict()
+    assert set(sd['target']) == {'a', 'b'} and sd['target']['a'] == {}
+    assert set(sd['state']['param_states']['0']) == {'count', 'mu', 'nu'}
+    assert 'a' not in sd['state']['param_states']['0']['mu']
+    assert '1' not in sd['state']['param_states']
+    back = opt.restore_state(sd)
+    assert back.target['a'] == {}
+    np.testing.assert_array_equal(np.asarray(back.target['b']['w']), 1.0)

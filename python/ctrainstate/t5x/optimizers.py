@@ -323,9 +323,11 @@ class OptaxWrapper(OptimizerDef):
         return Optimizer(self, OptimizerState(None, ps), param_logical_axes)
 
     def state_dict(self, target, state):
-        """The state dict without the empty dicts of stateless transforms."""
+        """The state dict without the empty dicts of stateless transforms (in ``'state'``
+        only: the target keeps its structure, as in t5x)."""
         sd = super().state_dict(target, state)
-        return _drop_empty(sd)
+        sd['state'] = _drop_empty(sd['state'])
+        return sd
 
     def restore_state(self, opt_target, opt_state, state_dict):
         """Restore from a state dict (empty states come back from the target structure)."""

@@ -345,3 +345,31 @@ def test_optax_wrapper_state_dict_drops_empty_dicts_in_the_state_only():
     back = opt.restore_state(sd)
     assert back.target['a'] == {}
     np.testing.assert_array_equal(np.asarray(back.target['b']['w']), 1.0)
+
+
+@pytest.mark.parametrize('rules,where', [
+    (('batch', 'data'), r"logical_axis_rules\[0\] = 'batch'"),   # one pair, not a sequence
+    ((('batch', 'data', 'model'),), r"logical_axis_rules\[0\] = \('batch', 'data', 'model'\)"),
+    ((('batch',),), r"logical_axis_rules\[0\] = \('batch',\)"),
+    ((('batch', 'data'), (1, 'model')), r"logical_axis_rules\[1\] = \(1, 'model'\)"),
+    ('batch', r"logical_axis_rules = 'batch'"),
+])
+def test_malformed_rules_are_named(rules, where):
+    """A rule is a (logical_name, mesh_axes) pair (t5x_hf.md §2.1, §2.4). t5x crashes later
+    ('too many values to unpack') on a malformed one; ctrainstate turned each rule into a
+    tuple first, so a bare 'foo' became the rule ('f', 'o', 'o') in its error. The error now
+    names the rule as given."""
+    from ctrainstate.t5x import partitioning
+    with pytest.raises(ValueError, match=where + '.*(logical_name, mesh_axes)'):
+        partitioning.PjitPartitioner(num_partitions=1, logical_axis_rules=rules)
+
+
+def test_additional_rules_must_be_pairs():
+    """``additional_rules`` is a sequence of pairs appended to the table (F-S1); a single
+    pair given as the sequence used to add the strings 'foo' and 'model' as rules."""
+    from ctrainstate.t5x import partitioning
+    with pytest.raises(ValueError, match=r"additional_rules\[0\] = 'foo' is not a "
+                                         r"\(logical_name, mesh_axes\) pair"):
+        partitioning.standard_logical_axis_rules(additional_rules=('foo', 'model'))
+    rules = partitioning.standard_logical_axis_rules(additional_rules=[('foo', 'model')])
+    assert rules[-1] == ('foo', 'model') and len(rules) == 14

@@ -109,7 +109,19 @@ def standard_logical_axis_rules(activation_partitioning_dims: int = 1,
                          f'{p} is not supported.')
     replicated = [('relpos_buckets', None), ('abspos_buckets', None), ('length', None),
                   ('layers', None), ('stack', None), ('mlp_activations', None)]
-    return head + body + replicated + list(additional_rules or ())
+    extra = list(additional_rules or ())
+    for i, r in enumerate(extra):
+        _check_rule(r, f'additional_rules[{i}]')
+    return head + body + replicated + extra
+
+
+def _check_rule(rule, where: str) -> None:
+    """A rule is a ``(logical_name, mesh_axes)`` pair; a bare string (one rule passed where
+    a sequence of rules belongs) would otherwise be split into characters."""
+    if isinstance(rule, str) or not hasattr(rule, '__len__') or len(rule) != 2 or \
+            not isinstance(rule[0], str):
+        raise ValueError(f'{where} = {rule!r} is not a (logical_name, mesh_axes) pair; '
+                         'rules are a sequence of such pairs')
 
 
 # --- meshes ----------------------------------------------------------------------------------
@@ -445,6 +457,12 @@ class PjitPartitioner:
         self._dcn_mesh_shape = dcn_mesh_shape
         if logical_axis_rules is None:
             logical_axis_rules = standard_logical_axis_rules()
+        if isinstance(logical_axis_rules, str):
+            raise ValueError(f'logical_axis_rules = {logical_axis_rules!r}: expected a sequence '
+                             'of (logical_name, mesh_axes) pairs')
+        logical_axis_rules = list(logical_axis_rules)
+        for i, r in enumerate(logical_axis_rules):
+            _check_rule(r, f'logical_axis_rules[{i}]')
         if ici_mesh_shape is not None and dcn_mesh_shape is not None:
             logical_axis_rules = [(k, ('replica', 'data')) if k == 'batch' else (k, v)
                                   for k, v in logical_axis_rules]

@@ -373,3 +373,20 @@ def test_additional_rules_must_be_pairs():
         partitioning.standard_logical_axis_rules(additional_rules=('foo', 'model'))
     rules = partitioning.standard_logical_axis_rules(additional_rules=[('foo', 'model')])
     assert rules[-1] == ('foo', 'model') and len(rules) == 14
+
+
+def test_set_partitions_rule_with_a_string_instead_of_a_tuple():
+    """``(('wte'), P('mp', None))`` is the classic missing comma: HF's ``_match`` then
+    compiles each *character* as a regex (t5x_hf.md §1.7: one regex per key of a window), so
+    the rule silently matches windows of one-letter keys. ctrainstate raises and says how to
+    write the rule; a rule that is not a pair is named too."""
+    from ctrainstate.hf.partitions import set_partitions
+    params = {'transformer': {'wte': {'embedding': np.zeros((8, 4))}}}
+    with pytest.raises(ValueError, match=r"partition rule 0: the regexes 'wte' are one string"
+                                         r".*write \('wte',\)"):
+        set_partitions(params, [(('wte'), P('mp', None))])
+    with pytest.raises(ValueError, match=r"partition rule 1 = \('embedding',\) is not a "
+                                         r"\(regex_tuple, spec\) pair"):
+        set_partitions(params, [(('wte',), None), ('embedding',)])
+    assert set_partitions(params, [(('wte',), P('mp', None))]) == {
+        'transformer': {'wte': {'embedding': P('mp', None)}}}

@@ -80,6 +80,12 @@ def set_partitions(params: Any, rules: Rules | None = None) -> dict:
     """
     if rules is None:
         rules = gpt_neo_rules()
+    for i, rule in enumerate(rules):
+        if isinstance(rule, str) or not hasattr(rule, '__len__') or len(rule) != 2:
+            raise ValueError(f'partition rule {i} = {rule!r} is not a (regex_tuple, spec) pair')
+        if isinstance(rule[0], str):  # ('wte') is a string: its characters would be the regexes
+            raise ValueError(f'partition rule {i}: the regexes {rule[0]!r} are one string, not '
+                             f'a tuple of strings; write ({rule[0]!r},)')
     result = {}
     missing = []
     for path in _flatten(params):

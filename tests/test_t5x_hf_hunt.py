@@ -390,3 +390,15 @@ def test_set_partitions_rule_with_a_string_instead_of_a_tuple():
         set_partitions(params, [(('wte',), None), ('embedding',)])
     assert set_partitions(params, [(('wte',), P('mp', None))]) == {
         'transformer': {'wte': {'embedding': P('mp', None)}}}
+
+
+def test_shard_names_a_batch_that_does_not_divide():
+    """flax's shard reshapes to (local_device_count, -1, ...) and numpy's reshape error names
+    neither the leaf nor the device count; ctrainstate names both."""
+    n = cts.local_device_count()
+    ok = hf.shard({'ids': np.zeros((2 * n, 3))})
+    assert ok['ids'].shape == (n, 2, 3)
+    with pytest.raises(ValueError, match=r"shard: \['labels'\] has shape \(%d, 3\); its leading "
+                                         r"dimension must divide by the %d local devices"
+                                         % (n + 1, n)):
+        hf.shard({'ids': np.zeros((2 * n, 3)), 'labels': np.zeros((n + 1, 3))})

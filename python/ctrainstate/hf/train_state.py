@@ -69,8 +69,16 @@ def unreplicate(tree):
 
 def shard(xs):
     """Reshape every leaf to ``(local_device_count, -1, *rest)`` (flax.training.common_utils)."""
+    from ..tree_util import keystr, tree_map_with_path
     n = local_device_count()
-    return tree_map(lambda x: np.asarray(x).reshape((n, -1) + np.shape(x)[1:]), xs)
+
+    def split(path, x):
+        x = np.asarray(x)
+        if x.ndim == 0 or x.shape[0] % n:
+            raise ValueError(f"shard: {keystr(path) or 'the batch'} has shape {x.shape}; its "
+                             f"leading dimension must divide by the {n} local devices")
+        return x.reshape((n, -1) + x.shape[1:])
+    return tree_map_with_path(split, xs)
 
 
 def shard_prng_key(prng_key):

@@ -402,3 +402,43 @@ def test_shard_names_a_batch_that_does_not_divide():
                                          r"dimension must divide by the %d local devices"
                                          % (n + 1, n)):
         hf.shard({'ids': np.zeros((2 * n, 3)), 'labels': np.zeros((n + 1, 3))})
+
+
+class _PlainSGD(optimizers.OptimizerDef):
+    """A per-param OptimizerDef without derive_logical_axes (a user's own, or flax.optim's)."""
+
+    def __init__(self, lr):
+        super().__init__(optimizers._OptaxHyperParams(lr))
+
+    def init_param_state(self, param):
+        return {}
+
+    def apply_param_gradient(self, step, hp, param, state, grad):
+        return param - hp.learning_rate * grad, state
+
+
+def test_multi_optimizer_axes_skip_a_sub_optimizer_without_derive():
+    """t5x MultiOptimizer.derive_logical_axes derives only for sub-optimizers that have
+    ``derive_logical_axes`` (``if hasattr(opt_def, 'derive_logical_axes')``); the params of
+    the others get None. ctrainstate raised AttributeError."""
+    from ctrainstate.partitioning import AxisMetadata
+    from ctrainstate.t5x import partitioning
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    F = adafactor.FactorDim
+    variables = {
+        'params': {'enc': {'kernel': np.ones((4, 8), np.float32)},
+                   'dec': {'kernel': np.ones((8, 16), np.float32)}},
+        'params_axes': {'enc': {'kernel_axes': AxisMetadata(('embed', 'mlp'))},
+                        'dec': {'kernel_axes': AxisMetadata(('embed', 'mlp'))}}}
+    enc = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/enc'))
+    dec = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/dec'))
+    a1 = adafactor.Adafactor(0.1, beta1=0.9,
+                             logical_factor_rules={'embed': F.ROW, 'mlp': F.COLUMN})
+    mo = optimizers.MultiOptimizer([(enc, a1), (dec, _PlainSGD(0.5))])
+    s = FlaxOptimTrainState.create(mo, variables)
+    la = s.as_logical_axes()
+    assert la.param_states['dec']['kernel'] is None
+    assert la.param_states['enc']['kernel'].m == P('embed', 'mlp')
+    assert la.params['dec']['kernel'] == P('embed', 'mlp')
+    ma = partitioning.PjitPartitioner(num_partitions=1).get_mesh_axes(s)
+    assert ma.params['dec']['kernel'] == P(None, 'model')

@@ -486,14 +486,15 @@ class MultiOptimizer(OptimizerDef):
             raise
 
     def derive_logical_axes(self, optimizer, param_logical_axes):
-        """Axes of every sub-optimizer's state, None for params no traversal selects."""
+        """Axes of every sub-optimizer's state; None for params no traversal selects and for
+        those of a sub-optimizer without ``derive_logical_axes`` (as in t5x)."""
         owner = self._assign(optimizer.target)
         flat_axes = flatten_dict(param_logical_axes, sep='/')
         flat = {k: None for k in flatten_dict(optimizer.target, sep='/')}
         fs = flatten_dict(optimizer.state.param_states, sep='/')
         for i, opt in enumerate(self.sub_optimizers):
             keys = [k for k in flat if owner.get(k) == i]
-            if not keys:
+            if not keys or not hasattr(opt, 'derive_logical_axes'):  # t5x: axes None there
                 continue
             sub_t = unflatten_dict({k: flatten_dict(optimizer.target, sep='/')[k] for k in keys},
                                    sep='/')

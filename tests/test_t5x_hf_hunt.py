@@ -442,3 +442,25 @@ def test_multi_optimizer_axes_skip_a_sub_optimizer_without_derive():
     assert la.params['dec']['kernel'] == P('embed', 'mlp')
     ma = partitioning.PjitPartitioner(num_partitions=1).get_mesh_axes(s)
     assert ma.params['dec']['kernel'] == P(None, 'model')
+
+
+@pytest.mark.parity
+@pytest.mark.filterwarnings('ignore:`flax.traverse_util.Traversal` will be deprecated')
+def test_model_param_traversal_in_traverse_util_matches_flax():
+    """t5x's MultiOptimizer docstring (t5x_hf.md §1.3) builds its traversals with
+    ``flax.traverse_util.ModelParamTraversal``; ``from ctrainstate import traverse_util``
+    had none. iterate/update compare with live flax; the traversal drives MultiOptimizer."""
+    flax_tu = pytest.importorskip('flax.traverse_util')
+    from ctrainstate import traverse_util
+    params = {'dense': {'kernel': 1.0, 'bias': 2.0}, 'a': {'kernel': 3.0}, 'e': {}}
+    for f in (lambda p, _: 'kernel' in p, lambda p, v: p.startswith('/dense') or v > 2.5):
+        ours, theirs = traverse_util.ModelParamTraversal(f), flax_tu.ModelParamTraversal(f)
+        assert list(ours.iterate(params)) == list(theirs.iterate(params))
+        assert ours.update(lambda x: -x, params) == theirs.update(lambda x: -x, params)
+    kernels = traverse_util.ModelParamTraversal(lambda path, _: 'kernel' in path)
+    biases = traverse_util.ModelParamTraversal(lambda path, _: 'bias' in path)
+    mo = optimizers.MultiOptimizer([(kernels, adafactor.Adafactor(0.1)),
+                                    (biases, adafactor.Adafactor(0.2))])
+    opt = mo.create({'dense': {'kernel': np.ones((2, 2), np.float32),
+                               'bias': np.ones(2, np.float32)}})
+    assert set(opt.state.param_states['dense']) == {'kernel', 'bias'}

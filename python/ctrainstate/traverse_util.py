@@ -1,5 +1,6 @@
 """Nested-dict helpers (mirror of ``flax.traverse_util``): ``flatten_dict``,
-``unflatten_dict``, ``path_aware_map`` and the ``empty_node`` marker.
+``unflatten_dict``, ``path_aware_map``, the ``empty_node`` marker and
+``ModelParamTraversal`` (the param selector t5x's ``MultiOptimizer`` takes).
 
 HuggingFace's ``decay_mask_fn`` (no weight decay on biases and LayerNorm scales) ports
 unchanged:
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-__all__ = ["flatten_dict", "unflatten_dict", "path_aware_map", "empty_node"]
+__all__ = ["flatten_dict", "unflatten_dict", "path_aware_map", "empty_node",
+           "ModelParamTraversal"]
 
 
 class _EmptyNode:
@@ -75,3 +77,43 @@ def path_aware_map(f: Callable[[tuple, Any], Any], nested_dict: Mapping) -> dict
     tree from parameter paths)."""
     flat = flatten_dict(nested_dict, keep_empty_nodes=True)
     return unflatten_dict({k: f(k, v) if v is not empty_node else v for k, v in flat.items()})
+
+
+class ModelParamTraversal:
+    """Selects the params of a nested dict whose path (``'/module/sub/kernel'``) and value
+    pass ``filter_fn(path, value)`` (flax.traverse_util.ModelParamTraversal).
+
+    >>> from ctrainstate.traverse_util import ModelParamTraversal
+    >>> kernels = ModelParamTraversal(lambda path, _: 'kernel' in path)
+    >>> params = {'dense': {'kernel': 1, 'bias': 2}}
+    >>> list(kernels.iterate(params)), kernels.update(lambda x: x * 10, params)
+    ([1], {'dense': {'kernel': 10, 'bias': 2}})
+    """
+
+    def __init__(self, filter_fn: Callable[[str, Any], bool]):
+        self.filter_fn = filter_fn
+
+    def _selected(self, params):
+        if not isinstance(params, Mapping):
+            raise ValueError(f"ModelParamTraversal traverses a nested dict, not "
+                             f"{type(params).__name__}")
+        flat = flatten_dict(params, keep_empty_nodes=True)
+        return flat, {k for k, v in flat.items() if v is not empty_node and
+                      self.filter_fn('/' + '/'.join(map(str, k)), v)}
+
+    def paths(self, params) -> list:
+        """The '/'-joined paths (no leading '/') of the params the filter selects."""
+        flat, sel = self._selected(params)
+        return ['/'.join(map(str, k)) for k in flat if k in sel]
+
+    def iterate(self, inputs):
+        """The selected values, in the order of their sorted paths (as flax)."""
+        flat, sel = self._selected(inputs)
+        for k in sorted(sel):
+            yield flat[k]
+
+    def update(self, fn, inputs) -> dict:
+        """``inputs`` with ``fn`` applied to the selected values."""
+        flat, sel = self._selected(inputs)
+        return unflatten_dict({k: fn(v) if k in sel else v for k, v in flat.items()})
+

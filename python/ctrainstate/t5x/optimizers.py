@@ -31,6 +31,7 @@ from ..array import Array, device_put
 from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
 from ..sharding import PartitionSpec
 from ..train_state import PyTreeNode, field
+from ..traverse_util import ModelParamTraversal
 from ..tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
 from .serialization import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
 
@@ -389,17 +390,6 @@ multi_transform = wrap_optax_optimizer(optim.multi_transform)
 
 
 # --- MultiOptimizer ----------------------------------------------------------------------------------
-
-class ModelParamTraversal:
-    """Selects params by ``filter_fn('/'-joined path, value)`` (flax.traverse_util)."""
-
-    def __init__(self, filter_fn: Callable[[str, Any], bool]):
-        self.filter_fn = filter_fn
-
-    def paths(self, params) -> list:
-        """The '/'-joined paths of the params the filter selects."""
-        return [k for k, v in flatten_dict(params, sep='/').items() if self.filter_fn('/' + k, v)]
-
 
 class MultiOptimizer(OptimizerDef):
     """Different optimizer definitions for different parts of the params.

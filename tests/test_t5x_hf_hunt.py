@@ -464,3 +464,16 @@ def test_model_param_traversal_in_traverse_util_matches_flax():
     opt = mo.create({'dense': {'kernel': np.ones((2, 2), np.float32),
                                'bias': np.ones(2, np.float32)}})
     assert set(opt.state.param_states['dense']) == {'kernel', 'bias'}
+
+
+@pytest.mark.parametrize('ici,dcn', [((1, 2, 4), (1, 1)), ((2, 4), (1, 1))])
+def test_multislice_shapes_need_one_entry_per_mesh_axis(ici, dcn):
+    """Multi-slice meshes have the axes ('replica', 'data', 'model') (t5x_hf.md §1.1
+    default_mesh (1)), so both shapes have 3 entries. ctrainstate zipped shapes of different
+    lengths, then reported a device count ('mesh_shape (1, 2) needs 2 devices') or a rank
+    mismatch of names instead of the shapes' lengths."""
+    from ctrainstate.t5x import partitioning
+    p = partitioning.PjitPartitioner(num_partitions=1, ici_mesh_shape=ici, dcn_mesh_shape=dcn)
+    with pytest.raises(ValueError, match=r"must each have 3 entries, one per mesh axis "
+                                         r"\('replica', 'data', 'model'\)"):
+        p.mesh

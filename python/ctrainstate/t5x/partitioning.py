@@ -293,6 +293,10 @@ def default_mesh(num_partitions, model_parallel_submesh=None, backend=None,
     DCN shapes are given; else the submesh's mesh; else CPU → :func:`get_cpu_mesh` (ignores
     ``num_partitions``), GPU → :func:`get_gpu_mesh`."""
     if ici_mesh_shape is not None and dcn_mesh_shape is not None:
+        if len(ici_mesh_shape) != 3 or len(dcn_mesh_shape) != 3:
+            raise ValueError(f'ici_mesh_shape {tuple(ici_mesh_shape)} and dcn_mesh_shape '
+                             f'{tuple(dcn_mesh_shape)} must each have 3 entries, one per mesh '
+                             "axis ('replica', 'data', 'model')")
         shape = [i * d for i, d in zip(ici_mesh_shape, dcn_mesh_shape)]
         return Mesh(create_device_mesh(shape, devices(backend) if backend else None),
                     ('replica', 'data', 'model'))

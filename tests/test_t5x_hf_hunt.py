@@ -477,3 +477,21 @@ def test_multislice_shapes_need_one_entry_per_mesh_axis(ici, dcn):
     with pytest.raises(ValueError, match=r"must each have 3 entries, one per mesh axis "
                                          r"\('replica', 'data', 'model'\)"):
         p.mesh
+
+
+def test_replace_params_of_another_tree_is_an_error():
+    """FlaxOptimTrainState.replace_params swaps the optimizer target (t5x_hf.md §1.2, F-T7).
+    With params of other paths, jax's optax update fails on the mismatched trees; ctrainstate's
+    fused step silently updated 'v' with the state kept for 'w'. The swap itself now raises,
+    naming the paths or the shape, and leaves the state usable."""
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    s = FlaxOptimTrainState.create(optimizers.adam(0.1), {'params': {'w': np.ones(4, np.float32)}})
+    with pytest.raises(ValueError, match=r"missing \['w'\], unexpected \['v'\]"):
+        s.replace_params({'v': np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match=r"replace_params: w has shape \(5,\), the optimizer "
+                                         r"state is for shape \(4,\)"):
+        s.replace_params({'w': np.ones(5, np.float32)})
+    s2 = s.replace_params({'w': np.zeros(4, np.float32)}).apply_gradient(
+        {'w': np.ones(4, np.float32)}, learning_rate=0.1)
+    # by hand: adam's first step moves each weight by -lr (unit gradients)
+    np.testing.assert_allclose(np.asarray(s2.params['w']), -0.1, rtol=1e-5)

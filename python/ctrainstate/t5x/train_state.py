@@ -78,6 +78,22 @@ def _axis_names_or_none(params, params_axes):
     return flax_partitioning.get_axis_names(params_axes)
 
 
+def _check_same_params(old, new) -> None:
+    """``new`` has the '/'-paths of ``old`` and, where both leaves have one, the same shape."""
+    if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+        return
+    fo, fn = flatten_dict(dict(old), sep='/'), flatten_dict(dict(new), sep='/')
+    missing, extra = [k for k in fo if k not in fn], [k for k in fn if k not in fo]
+    if missing or extra:
+        raise ValueError(f'replace_params: the params differ from the optimizer\'s: missing '
+                         f'{missing}, unexpected {extra}')
+    for k, v in fo.items():
+        a, b = getattr(v, 'shape', None), getattr(fn[k], 'shape', None)
+        if a is not None and b is not None and tuple(a) != tuple(b):
+            raise ValueError(f'replace_params: {k} has shape {tuple(b)}, the optimizer state '
+                             f'is for shape {tuple(a)}')
+
+
 class TrainState:
     """The interface t5x's partitioner and trainer use (a Protocol in t5x)."""
 
@@ -141,7 +157,9 @@ class FlaxOptimTrainState(PyTreeNode):
                             flax_mutables=dict(state_dict.get('flax_mutables', {})))
 
     def replace_params(self, params) -> 'FlaxOptimTrainState':
-        """The state with other params (optimizer state unchanged)."""
+        """The state with other params (optimizer state unchanged). They must have the
+        current params' paths and shapes: the optimizer state is theirs."""
+        _check_same_params(self.params, params)
         return self.replace(_optimizer=self._optimizer.replace(target=params))
 
     def replace_flax_mutables(self, flax_mutables) -> 'FlaxOptimTrainState':

@@ -474,3 +474,39 @@ def test_join_schedules_passes_integer_counts():
     # a float count still gives a float offset (optax: step - boundary in floats)
     lin = optim.join_schedules([optim.constant_schedule(0.0), lambda c: c], [2])
     assert float(lin(3.5)) == 1.5
+
+
+def test_state_of_other_params_paths_is_refused_before_anything_runs():
+    # optax's tree_map raises a pytree structure error for a state built for params of other
+    # paths; the fused step paired the arrays by position and stepped them silently (same
+    # count, same shapes). Now a ValueError naming the first differing path, in tx.update and
+    # in TrainState.apply_gradients, and the state given is left as it was.
+    from ctrainstate.train_state import TrainState
+    pa = {"a": np.ones(3, np.float32), "b": np.full(3, 2.0, np.float32)}
+    pb = {"x": np.ones(3, np.float32), "y": np.full(3, 2.0, np.float32)}
+    tx = optim.adam(0.1)
+    st = tx.init(pa)
+    with pytest.raises(ValueError, match=r"state array \['a'\] where the params have \['x'\]"):
+        tx.update(pb, st, pb)
+    ts = TrainState.create(apply_fn=None, params=pb, tx=tx)
+    bad = ts.replace(opt_state=tx.init(pa))
+    with pytest.raises(ValueError, match="does not match the params' tree"):
+        bad.apply_gradients(grads=pb)
+    assert int(np.asarray(bad.opt_state[0].count)) == 0      # nothing stepped or donated
+    assert (np.asarray(bad.params["x"]) == 1.0).all()
+    assert int(ts.apply_gradients(grads=pb).step) == 1       # the right state still works
+    # a mask (partition / masked) keeps its own, smaller state trees: still accepted
+    tx2 = optim.masked(optim.adam(0.1), {"x": True, "y": False})
+    st2 = tx2.init(pb)
+    tx2.update(pb, st2, pb)
+
+
+@pytest.mark.parity
+def test_state_of_other_params_paths_fails_in_optax_too():
+    optax = pytest.importorskip("optax")
+    jnp = pytest.importorskip("jax.numpy")
+    pa = {"a": jnp.ones(3), "b": jnp.ones(3)}
+    pb = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    st = optax.adam(0.1).init(pa)
+    with pytest.raises(ValueError):
+        optax.adam(0.1).update(pb, st, pb)

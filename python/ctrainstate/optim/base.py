@@ -297,6 +297,7 @@ class FuseContext:
         self.inplace = inplace
         self.active = [True] * self.nleaves
         self._finish = []                # run after the kernel: donation of old arrays
+        self._slot_defs = []             # (treedef, tree) of the per-param state trees taken
         # (in place, run_fused took params_leaves through _own_arrays, and slot() takes the
         # state's arrays through it: views were refused before any kernel writes)
 
@@ -318,6 +319,8 @@ class FuseContext:
             raise ValueError(
                 f"optimizer state has {len(leaves)} arrays where the params have "
                 f"{sum(self.active)} (unmasked) leaves: was it built by this tx.init?")
+        if all(self.active):   # its structure is checked against the params' (check_slots)
+            self._slot_defs.append((td, tree))
         if self.inplace:
             arrs = _own_arrays(leaves)
         else:
@@ -341,6 +344,23 @@ class FuseContext:
             self._finish.append(finish)
             return per_leaf, lambda: tree_unflatten(td, news)
         return per_leaf, lambda: tree_unflatten(td, arrs)
+
+    def check_slots(self, pdef) -> None:
+        """Every per-param state tree taken (without an enclosing mask) must have the params'
+        structure, as optax's tree_map requires: a state built for params of other paths (the
+        same number of arrays, even of the same shapes) was paired with them by position
+        before, and stepped the wrong arrays silently. Raises before anything runs."""
+        for td, tree in self._slot_defs:
+            if td != pdef:
+                from ..tree_util import keystr, tree_flatten_with_path
+                want = [keystr(p) for p, _ in tree_flatten_with_path(self.tree)[0]]
+                got = [keystr(p) for p, _ in tree_flatten_with_path(tree)[0]]
+                diff = next(((g, w) for g, w in zip(got, want) if g != w), None)
+                where = (f"state array {diff[0]} where the params have {diff[1]}" if diff
+                         else f"the same paths in another container structure")
+                raise ValueError(
+                    f"optimizer state does not match the params' tree: {where}. Was it built "
+                    f"by tx.init of these params? (optax raises a pytree structure error here)")
 
     def snapshot(self):
         """The active mask as a stage's ``active`` (None when every leaf is active)."""
@@ -642,7 +662,9 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
             for q in s.slots:
                 ident.extend([a._blocks for a in q if a is not None])
         reuse = plan is not None and plan.matches(key, ident)
-    if inplace and not reuse:   # (a reused plan was checked when it was built)
+    if not reuse:   # (a reused plan was checked when it was built)
+        ctx.check_slots(pdef)
+    if inplace and not reuse:
         _check_no_shared_buffers(p_leaves, stages, paths)
     if needs_wide:
         # 16-bit float params, grads or state: the kernel runs on float32 working copies,

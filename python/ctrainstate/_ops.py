@@ -1501,7 +1501,20 @@ def _swap_last(x: Array) -> Array:
     return transpose(x, axes)
 
 
-dot = matmul
+def dot(a, b, *, precision=None) -> Array:
+    """``jnp.dot``: :func:`matmul` when ``b`` has at most 2 dimensions; a scalar operand
+    multiplies; for an n-d ``b`` (n > 2) the sum over the last axis of ``a`` and the
+    second-to-last of ``b``, shape ``a.shape[:-1] + b.shape[:-2] + b.shape[-1:]`` (no batch
+    dimensions, unlike ``matmul``), run as :func:`ctrainstate.numpy.tensordot`."""
+    sa, sb = _shp(a), _shp(b)
+    if not sa or not sb:
+        _resolve_precision(precision, "matmul")
+        return multiply(a, b)
+    if len(sb) > 2:
+        from .numpy import tensordot
+        _resolve_precision(precision, "matmul")
+        return tensordot(a, b, ([len(sa) - 1], [len(sb) - 2]), precision=precision)
+    return matmul(a, b, precision=precision)
 
 
 def einsum(subscripts: str, *operands, precision=None) -> Array:
@@ -1991,7 +2004,8 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
 
 
 # float functions jnp applies to integer / bool operands by promoting them to float32
-_INT_TO_FLOAT = ("sin", "cos", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu")
+_INT_TO_FLOAT = ("sin", "cos", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu",
+                 "log1p", "expm1", "erf", "erfc", "var", "std")
 
 
 _POLICY_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul", "power")
@@ -2108,7 +2122,6 @@ def _abstract_rules():
     for name in ("argmax", "argmin"):  # int32 results
         g[name] = _with_rule(g[name], _rule_arg, ShapeDtypeStruct, dtype=_dtypes.int32)
     g["einsum"] = _with_rule(g["einsum"], _rule_einsum, ShapeDtypeStruct, first=1)
-    g["dot"] = g["matmul"]
     g["around"] = g["round"]
 
 

@@ -1,0 +1,126 @@
+"""jax.numpy parity bugs found by probing ctrainstate.numpy against jax: each test checks
+against live jax when it is importable and otherwise against a numpy computation."""
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+
+
+def _mesh_sharding(spec):
+    return cts.NamedSharding(cts.make_mesh((2, 4), ("data", "model")), cts.P(*spec))
+
+
+# --- jnp.dot with an n-d second operand (n > 2) -------------------------------------------------
+# jnp.dot(a, b)[i, j, k, m] = sum(a[i, j, :] * b[k, :, m]): no batch dimensions (np.dot's rule),
+# unlike matmul; ctrainstate's dot was matmul and silently gave matmul's (2, 3, 5) result.
+
+DOT_SHAPES = [((2, 3, 4), (2, 4, 5)), ((4,), (2, 4, 5)), ((3, 4), (3, 4, 2)),
+              ((2, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (4, 5)), ((3,), (3,)), ((), (3,)),
+              ((2, 3), ())]
+
+
+@pytest.mark.parametrize("sa,sb", DOT_SHAPES)
+def test_dot_follows_np_dot_shapes(sa, sb):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    want = np.dot(a.astype(np.float64), b.astype(np.float64))     # numpy's dot: jnp's contract
+    got = cnp.dot(cts.device_put(a), cts.device_put(b))
+    assert got.shape == np.shape(want) and got.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dot_nd_sharded_and_gradient():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    want = np.dot(a.astype(np.float64), b.astype(np.float64))
+    sa = cts.device_put(a, _mesh_sharding(("data", None, None)))
+    sb = cts.device_put(b, _mesh_sharding((None, None, "model")))
+    np.testing.assert_allclose(np.asarray(cnp.dot(sa, sb)), want, rtol=1e-5, atol=1e-5)
+    # d/da sum(dot(a, b)) = sum of b over its first and last axes, broadcast over a's rows
+    ga = cts.grad(lambda u: cnp.sum(cnp.dot(u, b)))(a)
+    np.testing.assert_allclose(np.asarray(ga), np.broadcast_to(b.sum(axis=(0, 2)), a.shape),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_dot_abstract_shape():
+    S = cts.ShapeDtypeStruct
+    out = cts.eval_shape(cnp.dot, S((2, 3, 4), np.float32), S((2, 4, 5), np.float32))
+    assert tuple(out.shape) == (2, 3, 2, 5)
+
+
+@pytest.mark.parity
+def test_dot_parity_with_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(2)
+    for sa, sb in DOT_SHAPES:
+        a = rng.standard_normal(sa).astype(np.float32)
+        b = rng.standard_normal(sb).astype(np.float32)
+        want = jnp.dot(a, b)
+        got = cnp.dot(a, cts.device_put(b))
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+# --- var / std of integer and bool arrays ---------------------------------------------------------
+# jnp.var / jnp.std of int32 or bool arrays promote to float32 (as jnp.mean does); they raised
+# TypeError here.
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_])
+@pytest.mark.parametrize("axis", [None, 0, -1, (0, 1)])
+def test_var_std_of_ints_are_float32(dtype, axis):
+    x = (np.arange(32).reshape(4, 8) * 7 % 5).astype(dtype)
+    for f in ("var", "std"):
+        want = getattr(np, f)(x.astype(np.float64), axis=axis)
+        for a in (cts.device_put(x), cts.device_put(x, _mesh_sharding(("data", "model")))):
+            got = getattr(cnp, f)(a, axis=axis)
+            assert got.dtype == np.float32, f
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["log1p", "expm1"])
+def test_float_unaries_of_ints_promote(name):
+    x = np.arange(-0, 6, dtype=np.int32)
+    got = getattr(cnp, name)(cts.device_put(x))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(got), getattr(np, name)(x.astype(np.float64)), rtol=1e-6)
+
+
+@pytest.mark.parity
+def test_var_std_of_ints_parity():
+    jnp = pytest.importorskip("jax.numpy")
+    x = (np.arange(32).reshape(4, 8) * 7 % 5).astype(np.int32)
+    for f in ("var", "std", "log1p", "expm1"):
+        want, got = getattr(jnp, f)(x), getattr(cnp, f)(cts.device_put(x))
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+# --- x ** <numpy float scalar> -------------------------------------------------------------------
+# A numpy scalar is strongly typed in jax: float16_array ** np.float32(2) is float32 (and
+# int32_array ** np.float32(2) float32). The x ** 2 -> square shortcut kept float16 (and raised
+# for ints).
+
+def test_pow_by_strong_numpy_float_promotes():
+    x16 = np.array([1.5, 2.0, -3.0], np.float16)
+    for p, want_dt in ((np.float32(2.0), np.float32), (np.float16(2.0), np.float16), (2.0, np.float16),
+                       (2, np.float16), (np.int32(2), np.float16)):
+        got = cts.device_put(x16) ** p
+        assert got.dtype == want_dt, (p, got.dtype)
+        np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                      (x16.astype(np.float32) ** 2).astype(want_dt))
+    got = cts.device_put(np.array([1, -2, 3], np.int32)) ** np.float32(2.0)
+    assert got.dtype == np.float32 and np.asarray(got).tolist() == [1.0, 4.0, 9.0]
+
+
+@pytest.mark.parity
+def test_pow_by_numpy_scalar_parity():
+    jnp = pytest.importorskip("jax.numpy")
+    for x in (np.array([1.5, 2.0, -3.0], np.float16), np.array([1.5, 2.0], jnp.bfloat16)):
+        for p in (np.float32(2.0), np.float16(2.0), 2.0, 2):
+            want, got = jnp.asarray(x) ** p, cts.device_put(x) ** p
+            assert got.dtype == want.dtype, (x.dtype, p)
+            np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                          np.asarray(want).astype(np.float32))

@@ -112,9 +112,10 @@ class OperatorsMixin:
 
     def __pow__(self, p):
         # x ** 2 with a Python (or numpy) scalar 2 is x * x, as jax's integer_pow; any other
-        # exponent, Arrays included, is cnp.power
+        # exponent, Arrays included, is cnp.power (so is a numpy float 2 of another dtype:
+        # it is strongly typed, float16_array ** np.float32(2) is float32 in jax)
         if isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, bool) \
-                and p == 2:
+                and p == 2 and not (isinstance(p, np.floating) and p.dtype != self.dtype):
             return _ops().square(self)
         return _ops().power(self, p)
 

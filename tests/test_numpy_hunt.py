@@ -124,3 +124,58 @@ def test_pow_by_numpy_scalar_parity():
             assert got.dtype == want.dtype, (x.dtype, p)
             np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
                                           np.asarray(want).astype(np.float32))
+
+
+# --- broadcast_to: the target shape is checked; int and bool operands ----------------------------
+# jnp.broadcast_to raises ValueError when ``shape`` is not a broadcast of the operand's shape
+# ((4, 8) -> (4, 1) or (8,)); ctrainstate returned a (4, 8) Array silently. It also refused
+# int32 / uint32 / bool operands (masks), which jax broadcasts in their dtype.
+
+@pytest.mark.parametrize("target", [(4, 1), (1, 8), (8,), (), (2, 4, 1)])
+def test_broadcast_to_refuses_non_broadcast_shapes(target):
+    x = cts.device_put(np.ones((4, 8), np.float32))
+    with pytest.raises(ValueError, match="broadcast_to"):
+        cnp.broadcast_to(x, target)
+    with pytest.raises(ValueError, match="broadcast_to"):
+        cnp.broadcast_to(np.ones((4, 8), np.int32), target)
+    with pytest.raises(ValueError, match="broadcast_to"):
+        cts.eval_shape(lambda a: cnp.broadcast_to(a, target),
+                       cts.ShapeDtypeStruct((4, 8), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.bool_])
+def test_broadcast_to_int_and_bool(dtype):
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 7, (1, 8)).astype(dtype)
+    want = np.broadcast_to(x, (2, 4, 8))          # numpy's broadcast: the same values
+    for a in (x, cts.device_put(x), cts.device_put(x, _mesh_sharding((None, "model")))):
+        got = cnp.broadcast_to(a, (2, 4, 8))
+        assert got.dtype == dtype and got.shape == (2, 4, 8)
+        np.testing.assert_array_equal(np.asarray(got), want)
+    sharded = cnp.broadcast_to(cts.device_put(x, _mesh_sharding((None, "model"))), (4, 8))
+    assert sharded.sharding.spec == cts.P(None, "model")
+    assert cnp.broadcast_to(True, (3,)).dtype == np.bool_
+    assert cnp.broadcast_to(2, (3,)).dtype == np.int32
+
+
+@pytest.mark.parity
+def test_broadcast_to_parity():
+    jnp = pytest.importorskip("jax.numpy")
+    for x in (np.array([[True], [False], [True]]), np.arange(3, dtype=np.int32)[:, None], True, 3):
+        want, got = jnp.broadcast_to(x, (2, 3, 4)), cnp.broadcast_to(x, (2, 3, 4))
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# --- jnp.linalg.norm of ints: float32 ---------------------------------------------------------------
+
+def test_norms_of_ints_are_float32():
+    xf = np.array([[3, -4, 0], [1, 2, -2]], np.float64)
+    x = cts.device_put(xf.astype(np.int32))
+    for got, want in ((cnp.linalg.norm(x), np.linalg.norm(xf)),
+                      (cnp.linalg.norm(x, ord=1, axis=1), np.linalg.norm(xf, ord=1, axis=1)),
+                      (cnp.linalg.norm(x, ord=np.inf, axis=0), np.linalg.norm(xf, ord=np.inf, axis=0)),
+                      (cnp.linalg.vector_norm(x), np.linalg.norm(xf.ravel())),
+                      (cnp.linalg.matrix_norm(x), np.linalg.norm(xf, "fro"))):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)

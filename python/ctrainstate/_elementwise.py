@@ -413,6 +413,21 @@ def int_binary(name, a, b):
     return _binary(op, a, b, name, no_bool=(name == "subtract"))
 
 
+def int_broadcast_to(x, shape):
+    """``broadcast_to`` of an int or bool Array: ``x`` plus zeros of ``shape`` in ``x``'s
+    dtype (for bools ``or False``), sharded as the float op (the output keeps ``x``'s
+    sharding where ``x`` is not broadcast)."""
+    o = _o()
+    x = o._lift_any(x)
+    shape = o._shape_arg(shape, "broadcast_to")
+    if x.shape == shape:
+        return x
+    o._check_broadcast_to(x.shape, shape)
+    zero = o._new(shape, o._place_of(x), [()] * len(shape))
+    _C.op_unary(o.U_AFFINE, 0.0, 0.0, o._bufs(zero), o._bufs(zero))
+    return _ewise_raw(ADD, x, o._convert(zero, x.dtype))
+
+
 @_abstract(lambda x, y: _I32 if result_type(x, y) == _BOOL else result_type(x, y))
 def floor_divide(x, y) -> Array:
     """``x // y`` (``jnp.floor_divide``): jax's results, division by zero included (see the

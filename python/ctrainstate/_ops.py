@@ -1156,12 +1156,23 @@ def _shape_arg(shape, who: str) -> tuple:
                         f"{shape!r}") from None
 
 
+def _check_broadcast_to(xshape, shape) -> None:
+    """``jnp.broadcast_to``'s rule: ``shape`` has at least ``xshape``'s rank and each of
+    ``xshape``'s trailing-aligned sizes is 1 or ``shape``'s (never a smaller result)."""
+    if len(shape) < len(xshape) or builtins.any(
+            n != 1 and n != m for n, m in zip(xshape[::-1], shape[::-1])):
+        raise ValueError(f"broadcast_to: cannot broadcast an array of shape {tuple(xshape)} "
+                         f"to shape {shape}")
+
+
 def broadcast_to(x, shape) -> Array:
-    """Broadcast to ``shape`` (materialised)."""
+    """Broadcast to ``shape`` (materialised; int and bool Arrays too, see
+    :func:`ctrainstate._elementwise.int_broadcast_to`)."""
     x = _lift(x)
     shape = _shape_arg(shape, "broadcast_to")
     if x.shape == shape:
         return x
+    _check_broadcast_to(x.shape, shape)
     zero = _new(shape, _place_of(x), [()] * len(shape))
     # zeros + x: the output takes x's sharding where x is not broadcast
     _C.op_unary(U_AFFINE, 0.0, 0.0, _bufs(zero), _bufs(zero))
@@ -1753,6 +1764,12 @@ def _rule_bcast(a, b):
     return _bcast_shape(_shp(a), _shp(b))
 
 
+def _rule_broadcast_to(x, shape):
+    shape = _shape_arg(shape, "broadcast_to")
+    _check_broadcast_to(_shp(x), shape)
+    return shape
+
+
 def _rule_reduce(x, axis=None, keepdims=False):
     sh = _shp(x)
     axes = _axes(axis, len(sh))
@@ -2005,7 +2022,8 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
 
 # float functions jnp applies to integer / bool operands by promoting them to float32
 _INT_TO_FLOAT = ("sin", "cos", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "gelu",
-                 "log1p", "expm1", "erf", "erfc", "var", "std")
+                 "log1p", "expm1", "erf", "erfc", "var", "std", "norm", "vector_norm",
+                 "matrix_norm")
 
 
 _POLICY_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "matmul", "power")
@@ -2030,7 +2048,7 @@ def _dtype_policies():
     g["einsum"] = _with_dtype_policy(g["einsum"], (), rest_from=1)
     for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"):
         g[name] = _int_dispatch(g[name], name, (0, 1))
-    for name in ("negative", "abs", "sum", "max", "min", "mean"):
+    for name in ("negative", "abs", "sum", "max", "min", "mean", "broadcast_to"):
         g[name] = _int_dispatch(g[name], name, (0,))
     g["where"] = _int_dispatch(g["where"], "where", (1, 2))
 
@@ -2058,6 +2076,8 @@ def _int_dispatch(fn, name, pos):
         if name == "where" and builtins.all(
                 isinstance(v, (int, np.integer, np.bool_)) for v in vals):
             pass    # where(mask, 1, 0): int32, as jax (weak ints)
+        elif name == "broadcast_to" and isinstance(vals[0], (int, np.bool_)):
+            pass    # broadcast_to(True, shape): bool, broadcast_to(1, shape): int32
         elif not builtins.any(_intlike(v) for v in vals):
             return fn(*args, **kwargs)
         if builtins.any(v is None for v in vals):
@@ -2074,6 +2094,8 @@ def _int_dispatch(fn, name, pos):
             return ew.int_negative(vals[0])
         if name == "abs":
             return ew.int_abs(vals[0])
+        if name == "broadcast_to":
+            return ew.int_broadcast_to(vals[0], *args[1:], **rest)
         if name == "mean":          # jnp.mean of ints and bools: float32
             return fn(astype(vals[0], _dtypes.float32), *args[1:], **rest)
         if name == "where":
@@ -2107,7 +2129,7 @@ def _abstract_rules():
         "sum": _rule_reduce, "mean": _rule_reduce, "max": _rule_reduce, "min": _rule_reduce,
         "transpose": _rule_transpose,
         "reshape": _rule_reshape, "expand_dims": _rule_expand, "matmul": _rule_matmul,
-        "broadcast_to": lambda x, shape: tuple(int(s) for s in shape),
+        "broadcast_to": _rule_broadcast_to,
         "take_rows": lambda table, ids: tuple(np.shape(ids)) + (_shp(table)[1],),
         "where": lambda c, x, y: _bcast_shape(_bcast_shape(_shp(c), _shp(x)), _shp(y)),
         "with_sharding": _rule_same, "zeros_like": _rule_same, "ones_like": _rule_same,

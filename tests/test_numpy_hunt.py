@@ -179,3 +179,79 @@ def test_norms_of_ints_are_float32():
                       (cnp.linalg.matrix_norm(x), np.linalg.norm(xf, "fro"))):
         assert got.dtype == np.float32
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+# --- x.at[idx] updates of int32 / uint32 / bool Arrays (basic indices) ----------------------------
+# HF's shift_tokens_right (Flax BART / T5 / Marian training scripts) updates int32 token ids:
+# ``zeros_like(ids).at[:, 1:].set(ids[:, :-1]).at[:, 0].set(start)``; ctrainstate raised
+# TypeError for every .at update of an integer Array.
+
+def _shift_tokens_right(ids, np_, start=7, pad=0):
+    s = np_.zeros_like(ids)
+    s = s.at[:, 1:].set(ids[:, :-1])
+    s = s.at[:, 0].set(start)
+    return np_.where(s == -100, pad, s)
+
+
+def test_shift_tokens_right_on_int_ids():
+    rng = np.random.default_rng(4)
+    ids = rng.integers(-100, 50, (4, 8)).astype(np.int32)
+    ids[0, 3] = -100
+    want = np.zeros_like(ids)                  # numpy, by hand: the same shift
+    want[:, 1:] = ids[:, :-1]
+    want[:, 0] = 7
+    want[want == -100] = 0
+    for a in (cts.device_put(ids), cts.device_put(ids, _mesh_sharding(("data", None))),
+              cts.device_put(ids, _mesh_sharding(("data", "model")))):
+        got = _shift_tokens_right(a, cnp)
+        assert got.dtype == np.int32 and got.sharding == a.sharding
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("spec", [None, ("data", "model")])
+def test_int_at_updates_cast_like_jax(spec):
+    x = np.arange(-12, 20, dtype=np.int32).reshape(4, 8)
+    a = cts.device_put(x) if spec is None else cts.device_put(x, _mesh_sharding(spec))
+    # numpy references: set casts the value (2.7 -> 2); arithmetic runs in float32 for a
+    # float value, then truncates back to int32 (as jax's scatter on the promoted values)
+    ref = x.copy(); ref[0] = 2
+    np.testing.assert_array_equal(np.asarray(a.at[0].set(2.7)), ref)
+    ref = x.copy(); ref[:, 1:] += 3
+    np.testing.assert_array_equal(np.asarray(a.at[:, 1:].add(3)), ref)
+    ref = x.copy(); ref[1] = (ref[1] + np.float32(2.7)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(a.at[1].add(2.7)), ref)
+    ref = x.copy(); ref[..., -1] = np.minimum(ref[..., -1], 0)
+    np.testing.assert_array_equal(np.asarray(a.at[..., -1].min(0)), ref)
+    ref = x.copy(); ref[2, 3] *= -2
+    np.testing.assert_array_equal(np.asarray(a.at[2, 3].multiply(-2)), ref)
+    ref = x.copy(); ref[:, 0] = np.arange(4)
+    np.testing.assert_array_equal(np.asarray(a.at[:, 0].set(np.arange(4, dtype=np.int32))), ref)
+    b = cts.device_put(x > 0)
+    ref = x > 0; ref[1:3] = True
+    got = b.at[1:3].set(True)
+    assert got.dtype == np.bool_
+    np.testing.assert_array_equal(np.asarray(got), ref)
+    assert np.asarray(a).tolist() == x.tolist()      # functional: x unchanged
+    with pytest.raises(TypeError, match="astype"):
+        a.at[np.array([0, 2])].set(1)                 # advanced index: not here
+    with pytest.raises(TypeError, match="astype"):
+        b.at[0].add(True)
+
+
+@pytest.mark.parity
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_int_at_updates_parity():
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(5)
+    for x in (rng.integers(-5, 5, (4, 8)).astype(np.int32), rng.integers(0, 9, (4, 8)).astype(np.uint32)):
+        for idx in [(0,), (slice(None), 0), (slice(None), slice(1, None)), (Ellipsis, -1), (1, 2)]:
+            for meth in ("set", "add", "subtract", "multiply", "min", "max"):
+                for v in (3, 2.7, np.int32(2)):
+                    want = getattr(jnp.asarray(x).at[idx], meth)(v)
+                    got = getattr(cts.device_put(x).at[idx], meth)(v)
+                    assert got.dtype == want.dtype
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
+                                                  err_msg=f"{x.dtype} {idx} {meth} {v}")
+    ids = rng.integers(-100, 50, (4, 8)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(_shift_tokens_right(cts.device_put(ids), cnp)),
+                                  np.asarray(_shift_tokens_right(jnp.asarray(ids), jnp)))

@@ -930,7 +930,8 @@ class _IndexUpdateRef:
     ``multiply(v)``/``mul(v)``, ``divide(v)``/``div(v)``, ``min(v)``, ``max(v)``,
     ``power(v)`` and ``apply(fn)`` return new arrays (``x`` is unchanged; float32, or a
     16-bit float ``x``: ``v`` cast to its dtype, the update computed on the float32 widening
-    and rounded once); ``v`` broadcasts to ``x[idx]``'s shape. Duplicate indices (jax 0.10's
+    and rounded once; an int32 / uint32 ``x`` with a basic index: set / add / subtract /
+    multiply / min / max, a bool one: set, see ``_update_typed``); ``v`` broadcasts to ``x[idx]``'s shape. Duplicate indices (jax 0.10's
     results, measured): ``add``/``subtract`` accumulate (the values summed, then added once),
     ``multiply``/``divide``/``power``/``apply`` apply once per occurrence in index order
     (``x.at[[1, 1]].apply(f)`` is ``f(f(x[1]))``), ``min``/``max`` take the extreme of all
@@ -1013,6 +1014,9 @@ class _IndexUpdateRef:
                     return o.astype(o.astype(_apply_fn(fn, o.astype(t, dt)), dt), np.float32)
             out = _IndexUpdateRef(o.astype(x, np.float32), self.index)._update(v, kind, fn16)
             return o.astype(out, dt)
+        if isinstance(x, Array) and x.dtype not in o._FLOATS:
+            return _update_typed(x, v, kind, adv, starts if adv is None else None,
+                                 sizes if adv is None else None, out_shape)
         x = o._lift(x)
         if isinstance(v, Array) and v.dtype != np.float32:
             v = o.astype(v, np.float32)       # jax casts the values to x's dtype
@@ -1052,6 +1056,38 @@ class _IndexUpdateRef:
         if not callable(func):
             raise TypeError(f"x.at[...].apply: func must be callable, got {func!r}")
         return self._moded(mode)._update(0.0, "apply", func)
+
+
+def _update_typed(x: Array, v, kind: str, adv, starts, sizes, out_shape) -> Array:
+    """``x.at[idx].<kind>(v)`` for an int32 / uint32 / bool ``x`` and a basic index (ints,
+    slices with step 1, None, ...), as jax: ``set`` casts ``v`` to ``x``'s dtype; ``add`` /
+    ``subtract`` / ``multiply`` / ``min`` / ``max`` (ints) compute ``x[idx] op v`` with jax's
+    promotion (ints wrap; ``int32 + 2.7`` in float32) and cast the result back. The region is
+    copied into a copy of ``x``, in ``x``'s layout. No gradient (integer Arrays carry none)."""
+    o, ew = _o(), _o_ew()
+    ops = {"set": None, "add": o.add, "subtract": o.subtract, "multiply": o.multiply,
+           "min": o.minimum, "max": o.maximum}
+    if adv is not None or kind not in ops or (x.dtype == np.bool_ and kind != "set"):
+        raise TypeError(f"x.at[...].{kind} of a {x.dtype} Array: other than set (bool) or set / "
+                        f"add / subtract / multiply / min / max (ints) with a basic index "
+                        f"(ints, slices with step 1, None, ...), updates compute in float32 "
+                        f"here; convert with .astype(float32) first")
+    place, big = _layout_of(x)
+    if kind == "set" or not isinstance(v, (int, float)):   # (Python scalars stay weak)
+        v = ew._as(v, x.dtype, place) if kind == "set" else o._lift_any(v, place)
+        v = o.broadcast_to(v, out_shape)
+        v = o.reshape(v, tuple(sizes)) if tuple(sizes) != out_shape else v
+    if kind == "set":
+        return _overwrite(x, starts, v, place, big)
+    region = ops[kind](_slice(x, starts, sizes), v)
+    if region.dtype != x.dtype:
+        region = o.astype(region, x.dtype)
+    return _overwrite(x, starts, region, place, big)
+
+
+def _o_ew():
+    from . import _elementwise
+    return _elementwise
 
 
 _MODES = ("promise_in_bounds", "clip", "drop", "fill")

@@ -255,3 +255,60 @@ def test_int_at_updates_parity():
     ids = rng.integers(-100, 50, (4, 8)).astype(np.int32)
     np.testing.assert_array_equal(np.asarray(_shift_tokens_right(cts.device_put(ids), cnp)),
                                   np.asarray(_shift_tokens_right(jnp.asarray(ids), jnp)))
+
+
+# --- var / std ddof=, and jax.Array methods ported code calls ---------------------------------------
+# jnp.var / jnp.std take ddof (``x.std(ddof=1)``); jax.Array has .var, .std, .prod, .cumsum,
+# .round, .dot, .take, .sort, ... (these raised TypeError / AttributeError).
+
+@pytest.mark.parametrize("ddof", [0, 1, 3, 8])
+@pytest.mark.parametrize("axis", [None, 0, -1])
+def test_var_std_ddof(ddof, axis):
+    x = np.random.default_rng(6).standard_normal((8, 8)).astype(np.float32)
+    xd = x.astype(np.float64)
+    n = xd.size if axis is None else xd.shape[axis]
+    # numpy's var with ddof, NaN where N - ddof <= 0 (jnp's rule; numpy gives inf there)
+    want = np.var(xd, axis=axis, ddof=ddof) if n > ddof else np.full(np.var(xd, axis=axis).shape, np.nan)
+    for a in (cts.device_put(x), cts.device_put(x, _mesh_sharding(("data", "model")))):
+        np.testing.assert_allclose(np.asarray(cnp.var(a, axis=axis, ddof=ddof)), want, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(a.std(axis=axis, ddof=ddof)), np.sqrt(want), rtol=1e-5)
+
+
+def test_array_methods_delegate_to_numpy_functions():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    xi = rng.integers(-5, 5, (4, 8)).astype(np.int32)
+    a, ai = cts.device_put(x), cts.device_put(xi)
+    close = np.testing.assert_allclose
+    close(np.asarray(a.var(axis=0)), x.astype(np.float64).var(axis=0), rtol=1e-5)
+    close(np.asarray(ai.std()), xi.astype(np.float64).std(), rtol=1e-6)
+    close(np.asarray(a.prod(axis=1, keepdims=True)), x.prod(axis=1, keepdims=True), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(ai.cumsum(axis=1)), xi.cumsum(axis=1))
+    assert ai.cumsum(dtype=np.float32).dtype == np.float32
+    close(np.asarray(a.round(1)), np.round(x, 1), rtol=1e-6)
+    close(np.asarray(a.dot(x.T)), x.astype(np.float64) @ x.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.take(np.array([0, 9]), axis=1, mode="clip")),
+                                  x[:, [0, 7]])
+    np.testing.assert_array_equal(np.asarray(a.sort(axis=0)), np.sort(x, axis=0))
+    np.testing.assert_array_equal(np.asarray(ai.argsort(axis=-1)),
+                                  np.argsort(xi, axis=-1, kind="stable"))
+    np.testing.assert_array_equal(np.asarray(a.repeat(2, axis=1)), x.repeat(2, axis=1))
+    np.testing.assert_array_equal(np.asarray(a.swapaxes(0, 1)), x.T)
+
+
+@pytest.mark.parity
+def test_var_std_ddof_and_methods_parity():
+    jnp = pytest.importorskip("jax.numpy")
+    x = np.random.default_rng(8).standard_normal((8, 8)).astype(np.float32)
+    for ddof in (0, 1, 8):
+        for f in ("var", "std"):
+            want = getattr(jnp, f)(x, axis=0, ddof=ddof)
+            got = getattr(cnp, f)(x, axis=0, ddof=ddof)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    a, j = cts.device_put(x), jnp.asarray(x)
+    for name, args, kw in (("var", (), {"ddof": 1}), ("std", (0,), {}), ("prod", (1,), {}),
+                           ("cumsum", (0,), {}), ("round", (2,), {}), ("dot", (x,), {}),
+                           ("sort", (), {}), ("argsort", (0,), {}), ("swapaxes", (0, 1), {})):
+        want, got = getattr(j, name)(*args, **kw), getattr(a, name)(*args, **kw)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

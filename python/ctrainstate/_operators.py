@@ -1,5 +1,6 @@
 """Array operators (``+ - * / // % @ ** -``, ``& | ^ ~ << >>``, ``abs()``, ``.T``, ``.reshape``, ``.sum``, ``.mean``, ``.max``,
-``.min``, ``.argmax``, ``.argmin``) mapped to
+``.min``, ``.argmax``, ``.argmin``, ``.var``, ``.std``, ``.prod``, ``.cumsum``, ``.cumprod``, ``.round``,
+``.dot``, ``.swapaxes``, ``.take``, ``.repeat``, ``.sort``, ``.argsort``) mapped to
 ``ctrainstate.numpy``, shared by :class:`~ctrainstate.Array` and
 :class:`~ctrainstate.ShapeDtypeStruct` (whose ops follow the shape rules)."""
 from __future__ import annotations
@@ -193,6 +194,56 @@ class OperatorsMixin:
     def argmin(self, axis=None, out=None, keepdims=False):
         _check_reduce_args("argmin", None, out)
         return _ops().argmin(self, axis=axis, keepdims=keepdims)
+
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        from . import numpy as cnp
+        return cnp.var(reduce_operand("var", self, dtype, out), axis=axis, keepdims=keepdims,
+                       ddof=ddof)
+
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        from . import numpy as cnp
+        return cnp.std(reduce_operand("std", self, dtype, out), axis=axis, keepdims=keepdims,
+                       ddof=ddof)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
+        from . import numpy as cnp
+        return cnp.prod(reduce_operand("prod", self, dtype, out), axis=axis, keepdims=keepdims)
+
+    def cumsum(self, axis=None, dtype=None, out=None):
+        return _ew().cumsum(reduce_operand("cumsum", self, dtype, out), axis)
+
+    def cumprod(self, axis=None, dtype=None, out=None):
+        return _ew().cumprod(reduce_operand("cumprod", self, dtype, out), axis)
+
+    def round(self, decimals=0, out=None):
+        _check_reduce_args("round", None, out)
+        return _ops().round(self, decimals)
+
+    def dot(self, b, *, precision=None):
+        return _ops().dot(self, b, precision=precision)
+
+    def swapaxes(self, axis1, axis2):
+        from . import numpy as cnp
+        return cnp.swapaxes(self, axis1, axis2)
+
+    def take(self, indices, axis=None, out=None, mode=None, unique_indices=False,
+             indices_are_sorted=False, fill_value=None):
+        _check_reduce_args("take", None, out)
+        from . import numpy as cnp
+        return cnp.take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
+
+    def repeat(self, repeats, axis=None, *, total_repeat_length=None):
+        from . import numpy as cnp
+        return cnp.repeat(self, repeats, axis, total_repeat_length=total_repeat_length)
+
+    def sort(self, axis=-1, *, kind=None, order=None, stable=True, descending=False):
+        from . import numpy as cnp
+        return cnp.sort(self, axis, kind=kind, order=order, stable=stable, descending=descending)
+
+    def argsort(self, axis=-1, *, kind=None, order=None, stable=True, descending=False):
+        from . import numpy as cnp
+        return cnp.argsort(self, axis, kind=kind, order=order, stable=stable,
+                           descending=descending)
 
     def any(self, axis=None, out=None, keepdims=False):
         _check_reduce_args("any", None, out)

@@ -146,15 +146,23 @@ from ._move import (  # noqa: F401
 amax, amin = max, min
 
 
-def var(x, axis=None, keepdims: bool = False):
-    """Variance (population, like ``jnp.var``)."""
+def var(x, axis=None, keepdims: bool = False, *, ddof=0):
+    """Variance (``jnp.var``): the mean of the squared deviations, or their sum over
+    ``N - ddof`` with ``ddof`` (``ddof=1``: the sample variance; NaN where ``N - ddof <= 0``,
+    as jnp); int and bool ``x`` give float32."""
     m = mean(x, axis=axis, keepdims=True)
-    return mean(square(subtract(x, m)), axis=axis, keepdims=keepdims)
+    if not ddof:
+        return mean(square(subtract(x, m)), axis=axis, keepdims=keepdims)
+    n = x.size // m.size if m.size else 0
+    ss = sum(square(subtract(x, m)), axis=axis, keepdims=keepdims)
+    if n - ddof <= 0:           # jnp: NaN where N - ddof <= 0
+        return add(multiply(ss, 0.0), _np.nan)
+    return divide(ss, float(n - ddof))
 
 
-def std(x, axis=None, keepdims: bool = False):
-    """Standard deviation (population, like ``jnp.std``)."""
-    return sqrt(var(x, axis=axis, keepdims=keepdims))
+def std(x, axis=None, keepdims: bool = False, *, ddof=0):
+    """Standard deviation (``jnp.std``): ``sqrt(var(x, axis, keepdims, ddof=ddof))``."""
+    return sqrt(var(x, axis=axis, keepdims=keepdims, ddof=ddof))
 
 
 # 16-bit floats: computed in float32 and rounded once, as jnp.var / jnp.std upcast them

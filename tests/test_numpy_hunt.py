@@ -312,3 +312,55 @@ def test_var_std_ddof_and_methods_parity():
         want, got = getattr(j, name)(*args, **kw), getattr(a, name)(*args, **kw)
         assert got.dtype == want.dtype and got.shape == want.shape, name
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+# --- sum / mean with where= (masked losses: jnp.mean(loss, where=mask)) ---------------------------
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")
+def test_sum_mean_where(axis):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    m = rng.integers(0, 2, (8, 8)).astype(bool)
+    m[3] = False                                   # a row with nothing selected
+    xd = x.astype(np.float64)
+    # numpy references: np.sum / np.mean with where= (mean: NaN where nothing is selected)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want_mean = np.mean(xd, axis=axis, where=m)
+    want_sum = np.sum(xd, axis=axis, where=m)
+    for a in (cts.device_put(x), cts.device_put(x, _mesh_sharding(("data", "model")))):
+        np.testing.assert_allclose(np.asarray(cnp.sum(a, axis=axis, where=m)), want_sum,
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(cnp.mean(a, axis=axis, where=m)), want_mean,
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a.mean(axis=axis, where=m)), want_mean,
+                                   rtol=1e-5, atol=1e-6)
+    xi = rng.integers(-5, 5, (8, 8)).astype(np.int32)
+    got = cnp.sum(cts.device_put(xi), axis=axis, where=m)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(got), np.sum(xi, axis=axis, where=m))
+    # d/dx mean(x**2, where=m) = 2 x m / count(m)
+    g = cts.grad(lambda u: cnp.mean(u * u, where=m))(x)
+    np.testing.assert_allclose(np.asarray(g), 2 * xd * m / m.sum(), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="broadcast"):
+        cnp.mean(x, where=m[:3])
+
+
+@pytest.mark.parity
+def test_sum_mean_where_parity():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    m = rng.integers(0, 2, (1, 8)).astype(bool)
+    for arr in (x, x.astype(np.float16), (x * 4).astype(np.int32), x > 0):
+        for f in ("sum", "mean"):
+            for axis in (None, 0, -1):
+                want = getattr(jnp, f)(arr, axis=axis, where=m)
+                got = getattr(cnp, f)(cts.device_put(arr), axis=axis, where=m)
+                assert got.dtype == want.dtype, (f, arr.dtype)
+                np.testing.assert_allclose(np.asarray(got).astype(np.float64),
+                                           np.asarray(want).astype(np.float64), rtol=2e-3)
+    want = jax.grad(lambda u: jnp.mean(u ** 2, where=m))(x)
+    got = cts.grad(lambda u: cnp.mean(u ** 2, where=m))(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)

@@ -171,10 +171,16 @@ class OperatorsMixin:
         return _ops().reshape(self, shape)
 
     # dtype/out: what np.sum(x) / np.mean(x) pass to the method
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
+        if where is not None:
+            from . import numpy as cnp
+            return cnp.sum(self, axis, dtype, out, keepdims, where=where)
         return _ops().sum(reduce_operand("sum", self, dtype, out), axis=axis, keepdims=keepdims)
 
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
+        if where is not None:
+            from . import numpy as cnp
+            return cnp.mean(self, axis, dtype, out, keepdims, where=where)
         return _ops().mean(reduce_operand("mean", self, dtype, out), axis=axis,
                            keepdims=keepdims)
 

@@ -70,22 +70,49 @@ from . import _ops as _o
 from ._operators import reduce_operand as _reduce_operand
 
 
-def sum(a, axis=None, dtype=None, out=None, keepdims=False):  # noqa: A001 - numpy's name
+def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # noqa: A001
     """``jnp.sum``: the sum over ``axis`` (a dimension sharded over mesh axes ends in an
     all-reduce over them); ``dtype=`` converts ``a`` first and accumulates in it (jnp's);
-    int32 sums wrap, bools sum as int32. See :func:`ctrainstate._ops.sum`.
+    int32 sums wrap, bools sum as int32; ``where=`` (a bool mask broadcast to ``a``) sums
+    only the elements it selects. See :func:`ctrainstate._ops.sum`.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
     >>> np.asarray(cnp.sum(np.array([True, True, False]), dtype=cnp.float32)).item()
     2.0
     """
-    return _o.sum(_reduce_operand("sum", a, dtype, out), axis=axis, keepdims=keepdims)
+    a = _reduce_operand("sum", a, dtype, out)
+    if where is not None:
+        a = _masked(a, where, "sum")
+    return _o.sum(a, axis=axis, keepdims=keepdims)
 
 
-def mean(a, axis=None, dtype=None, out=None, keepdims=False):
+def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
     """``jnp.mean`` over ``axis`` (ints and bools give float32); ``dtype=`` converts ``a``
-    first. See :func:`ctrainstate._ops.mean`."""
-    return _o.mean(_reduce_operand("mean", a, dtype, out), axis=axis, keepdims=keepdims)
+    first; ``where=`` (a bool mask broadcast to ``a``): the sum of the selected elements over
+    their count (NaN where none is selected, as jnp). See :func:`ctrainstate._ops.mean`."""
+    a = _reduce_operand("mean", a, dtype, out)
+    if where is None:
+        return _o.mean(a, axis=axis, keepdims=keepdims)
+    a = _o._lift_any(a)
+    dt = a.dtype
+    f = a if dt == _np.float32 else astype(a, _np.float32)   # (16-bit: rounded once, below)
+    num = _o.sum(_masked(f, where, "mean"), axis=axis, keepdims=keepdims)
+    cnt = _o.sum(_masked(_o.ones_like(f), where, "mean"), axis=axis, keepdims=keepdims)
+    out = divide(num, cnt)
+    return astype(out, dt) if dt in _o._LOWP else out
+
+
+def _masked(a, where, who):
+    """``where(mask, a, 0)`` for a reduction's ``where=`` (jnp: a bool mask that broadcasts
+    to ``a``'s shape)."""
+    wdt = _np.dtype(getattr(where, "dtype", _np.asarray(where).dtype))
+    if wdt != _np.bool_:
+        raise TypeError(f"{who}: where= must be a bool mask, got dtype {wdt}")
+    shape = tuple(_np.shape(a))
+    if _np.broadcast_shapes(tuple(_np.shape(where)), shape) != shape:
+        raise ValueError(f"{who}: where= of shape {tuple(_np.shape(where))} does not broadcast "
+                         f"to the operand's shape {shape}")
+    return _o.where(where, a, False if getattr(a, "dtype", None) == _np.bool_ else 0)
 from . import _linalg as linalg  # noqa: F401
 from ._elementwise import (  # noqa: F401
     all,

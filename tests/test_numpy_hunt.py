@@ -364,3 +364,21 @@ def test_sum_mean_where_parity():
     want = jax.grad(lambda u: jnp.mean(u ** 2, where=m))(x)
     got = cts.grad(lambda u: cnp.mean(u ** 2, where=m))(x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+# --- tanh of NaN ---------------------------------------------------------------------------------
+# The CPU kernel clamped |x| with fminf before exp, which turns NaN into 10: tanh(NaN) was 1.0
+# (and its gradient 0), hiding a diverged activation; jnp.tanh(NaN) is NaN, tanh(-0.) is -0.
+
+def test_tanh_keeps_nan_and_signed_zero():
+    z = np.array([np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 0.3, -0.7, 9.0], np.float32)
+    want = np.tanh(z)                                  # numpy's tanhf
+    for a in (cts.device_put(z), cts.device_put(np.tile(z, 8).reshape(8, 9),
+                                                 _mesh_sharding(("data", None)))):
+        got = np.asarray(cnp.tanh(a)).reshape(-1, 9)[0]
+        np.testing.assert_allclose(got, want, rtol=2e-7)      # NaN where NaN
+        assert np.signbit(got[2]) and not np.signbit(got[3])
+    g = np.asarray(cts.grad(lambda u: cnp.sum(cnp.tanh(u)))(z))
+    assert np.isnan(g[:2]).all() and g[2] == 1.0     # d tanh = 1 - tanh^2
+    gelu = np.asarray(cts.nn.gelu(cts.device_put(z[:2])))
+    assert np.isnan(gelu).all()

@@ -80,7 +80,8 @@ static inline float ct_vexp(float x) {
     return x != x ? x : out;
 }
 
-/* tanh(x): odd polynomial near 0 (Cephes tanhf), 1 - 2/(exp(2|x|)+1) elsewhere. */
+/* tanh(x): odd polynomial near 0 (Cephes tanhf), 1 - 2/(exp(2|x|)+1) elsewhere. NaN stays
+ * NaN (fminf would clamp it to 10 and give 1) and -0 stays -0, as tanhf. */
 static inline float ct_vtanh(float x) {
     float ax = fabsf(x);
     float z = x * x;
@@ -89,7 +90,8 @@ static inline float ct_vtanh(float x) {
     float e = ct_vexp_core(2.0f * fminf(ax, 10.0f));
     float big = 1.0f - 2.0f / (e + 1.0f);
     big = x < 0.0f ? -big : big;
-    return ax < 0.625f ? small : big;
+    float out = ax < 0.625f ? copysignf(small, x) : big;
+    return x != x ? x : out;
 }
 
 #endif /* CT_CPU_VMATH_H */

@@ -382,3 +382,18 @@ def test_tanh_keeps_nan_and_signed_zero():
     assert np.isnan(g[:2]).all() and g[2] == 1.0     # d tanh = 1 - tanh^2
     gelu = np.asarray(cts.nn.gelu(cts.device_put(z[:2])))
     assert np.isnan(gelu).all()
+
+
+# --- asarray of a list of Arrays with a 16-bit dtype ------------------------------------------------
+# jnp.asarray([loss_a, loss_b], dtype=jnp.bfloat16) works; numpy's bfloat16 conversion of a list
+# of Arrays raised "expected number, got Array" here.
+
+def test_asarray_list_of_arrays_to_bfloat16():
+    vals = [cts.device_put(np.float32(1.1)), cts.device_put(np.float32(2.5))]
+    for dt in (cnp.bfloat16, np.float16):
+        for f in (cnp.asarray, cnp.array):
+            got = f(vals, dtype=dt)
+            assert got.dtype == dt
+            # numpy: the float32 values rounded once to dt
+            np.testing.assert_array_equal(np.asarray(got),
+                                          np.array([1.1, 2.5], np.float32).astype(dt))

@@ -406,7 +406,12 @@ def asarray(a, dtype=None, *, device=None):
         if dtype is not None and _dt.canonicalize(dtype) != a.dtype:
             a = a.astype(dtype)
         return a if device is None else _place(a, device)
-    host = _np.asarray(a, dtype=_dt.canonicalize(dtype) if dtype is not None else None)
+    try:
+        host = _np.asarray(a, dtype=_dt.canonicalize(dtype) if dtype is not None else None)
+    except TypeError:   # a list of Arrays to bfloat16: ml_dtypes converts numbers only
+        if dtype is None:
+            raise
+        host = _np.asarray(a).astype(_dt.canonicalize(dtype))
     if dtype is None:
         from .array import check_python_ints
         check_python_ints(a, host)

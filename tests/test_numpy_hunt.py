@@ -397,3 +397,29 @@ def test_asarray_list_of_arrays_to_bfloat16():
             # numpy: the float32 values rounded once to dt
             np.testing.assert_array_equal(np.asarray(got),
                                           np.array([1.1, 2.5], np.float32).astype(dt))
+
+
+# --- user errors jax crashes on or accepts silently -------------------------------------------------
+# reshape(0, -1) of an empty array: numpy raises ValueError (any size fits the -1), jax a
+# ZeroDivisionError; ctrainstate picked 0. one_hot(ids, 2.5): jax raises TypeError; ctrainstate
+# truncated to 2 classes.
+
+def test_reshape_minus_one_beside_zero_raises():
+    e = cts.device_put(np.zeros((0, 4), np.float32))
+    for shape in ((0, -1), (-1, 0), (2, 0, -1)):
+        with pytest.raises(ValueError, match="ambiguous"):
+            e.reshape(shape)
+        with pytest.raises(ValueError, match="ambiguous"):
+            cts.eval_shape(lambda a: a.reshape(shape), cts.ShapeDtypeStruct((0, 4), np.float32))
+    assert e.reshape(-1, 4).shape == (0, 4) and e.reshape(-1).shape == (0,)   # numpy's too
+    # the matmul gradient of an empty batch still works (it reshapes explicitly)
+    g = cts.grad(lambda w: cnp.sum(cnp.matmul(np.zeros((2, 0, 3), np.float32), w)))(
+        np.ones((3, 5), np.float32))
+    assert np.asarray(g).tolist() == np.zeros((3, 5)).tolist()
+
+
+def test_one_hot_num_classes_must_be_an_int():
+    with pytest.raises(TypeError, match="num_classes"):
+        cts.nn.one_hot(np.array([0, 1, 2], np.int32), 2.5)
+    out = cts.nn.one_hot(np.array([0, 1], np.int32), np.int64(3))
+    assert np.asarray(out).tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]

@@ -1247,7 +1247,10 @@ def reshape(x, shape) -> Array:
         raise ValueError("reshape: at most one -1")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
-        shape[shape.index(-1)] = x.size // known if known else 0
+        if not known:   # numpy's error (jax: ZeroDivisionError): any size would fit
+            raise ValueError(f"cannot reshape {x.shape} ({x.size} elements) into "
+                             f"{tuple(shape)}: the -1 is ambiguous beside a 0")
+        shape[shape.index(-1)] = x.size // known
     if math.prod(shape) != x.size:
         raise ValueError(f"cannot reshape {x.shape} ({x.size} elements) into {tuple(shape)}")
     shape = tuple(shape)
@@ -1439,8 +1442,8 @@ def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
         if len(bshape) == 2:
             # stored a is (K, M) when ta: its gradient is op(b) @ g^T
             ga = _matmul(g, b, False, not tb, prec) if not ta else _matmul(b, g, tb, True, prec)
-            g2d = reshape(g, (-1, g.shape[-1])) if g.ndim > 2 else g
-            a2d = reshape(a, (-1, a.shape[-1])) if a.ndim > 2 else a
+            g2d = reshape(g, (math.prod(g.shape[:-1]), g.shape[-1])) if g.ndim > 2 else g
+            a2d = reshape(a, (math.prod(a.shape[:-1]), a.shape[-1])) if a.ndim > 2 else a
             if tb:  # stored b is (N, K): gradient g^T @ op(a)
                 gb = _matmul(g2d, a2d, True, ta, prec)
             else:
@@ -1788,7 +1791,10 @@ def _rule_reshape(x, shape):
     n = math.prod(_shp(x))
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
-        shape[shape.index(-1)] = n // known if known else 0
+        if not known:
+            raise ValueError(f"cannot reshape {_shp(x)} into {tuple(shape)}: the -1 is "
+                             f"ambiguous beside a 0")
+        shape[shape.index(-1)] = n // known
     if math.prod(shape) != n:
         raise ValueError(f"cannot reshape {_shp(x)} into {tuple(shape)}")
     return tuple(shape)

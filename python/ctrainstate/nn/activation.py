@@ -21,6 +21,8 @@ and rounded once to the input's dtype.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .. import _dtypes, _ops
@@ -115,7 +117,11 @@ def one_hot(x, num_classes: int, *, dtype=np.float32, axis: int = -1):
     idx = np.asarray(x)
     if not np.issubdtype(idx.dtype, np.integer):
         raise TypeError(f"one_hot expects integer labels, got {idx.dtype}")
-    out = (idx[..., None] == np.arange(int(num_classes))).astype(_dtypes.canonicalize(dtype))
+    try:
+        num_classes = operator.index(num_classes)   # jax: 2.5 classes is a TypeError
+    except TypeError:
+        raise TypeError(f"one_hot: num_classes must be an int, got {num_classes!r}") from None
+    out = (idx[..., None] == np.arange(num_classes)).astype(_dtypes.canonicalize(dtype))
     if axis != -1:
         out = np.moveaxis(out, -1, axis)
     return device_put(out)

@@ -376,12 +376,39 @@ def squeeze(x, axis=None):
 
 from . import _dtypes as _dt  # noqa: E402
 
-float32 = _np.float32
-float16 = _np.float16
-bfloat16 = _dt.bfloat16.type
-int32 = _np.int32
-uint32 = _np.uint32
-bool_ = _np.bool_
+class _ScalarMeta(type):
+    """jnp's scalar types: ``jnp.float32`` is a dtype (``np.dtype(jnp.float32)``,
+    ``dtype=jnp.float32``, ``== np.float32``) and, called, converts to an Array of that dtype
+    (``jnp.float32(mask)``, ``jnp.int32(x)``: ``astype`` on the devices, on the autodiff tape;
+    numpy's own types would pull an Array to the host, or refuse it)."""
+
+    def __hash__(cls):
+        return hash(cls.dtype.type)
+
+    def __eq__(cls, other):
+        return cls is other or cls.dtype.type == other
+
+    def __ne__(cls, other):
+        return not cls == other
+
+    def __call__(cls, x):
+        return asarray(x, dtype=cls.dtype)
+
+    def __instancecheck__(cls, instance):
+        return isinstance(instance, cls.dtype.type)
+
+
+def _scalar_type(t):
+    return _ScalarMeta(_np.dtype(t).name, (object,), {"dtype": _np.dtype(t),
+                                                      "__module__": __name__})
+
+
+float32 = _scalar_type(_np.float32)
+float16 = _scalar_type(_np.float16)
+bfloat16 = _scalar_type(_dt.bfloat16)
+int32 = _scalar_type(_np.int32)
+uint32 = _scalar_type(_np.uint32)
+bool_ = _scalar_type(_np.bool_)
 pi = _np.pi
 e = _np.e
 inf = _np.inf

@@ -1520,15 +1520,16 @@ def dot(a, b, *, precision=None) -> Array:
     multiplies; for an n-d ``b`` (n > 2) the sum over the last axis of ``a`` and the
     second-to-last of ``b``, shape ``a.shape[:-1] + b.shape[:-2] + b.shape[-1:]`` (no batch
     dimensions, unlike ``matmul``), run as :func:`ctrainstate.numpy.tensordot`."""
-    sa, sb = _shp(a), _shp(b)
-    if not sa or not sb:
-        _resolve_precision(precision, "matmul")
+    na, nb = getattr(a, "ndim", None), getattr(b, "ndim", None)
+    na = np.ndim(a) if na is None else na
+    nb = np.ndim(b) if nb is None else nb
+    if 0 < nb <= 2 and na:
+        return matmul(a, b, precision=precision)
+    _resolve_precision(precision, "matmul")
+    if not na or not nb:
         return multiply(a, b)
-    if len(sb) > 2:
-        from .numpy import tensordot
-        _resolve_precision(precision, "matmul")
-        return tensordot(a, b, ([len(sa) - 1], [len(sb) - 2]), precision=precision)
-    return matmul(a, b, precision=precision)
+    from .numpy import tensordot
+    return tensordot(a, b, ([na - 1], [nb - 2]), precision=precision)
 
 
 def einsum(subscripts: str, *operands, precision=None) -> Array:

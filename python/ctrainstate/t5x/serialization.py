@@ -3,7 +3,8 @@
 A state dict is nested plain dicts with string keys: dicts keep their keys,
 tuples and lists become ``{'0': ..., '1': ...}``, NamedTuples ``{field: ...}``
 and ctrainstate structs (``PyTreeNode``) ``{data field: ...}``. Anything else —
-Arrays, numbers, ``PartitionSpec`` — is a leaf.
+Arrays, numbers, ``PartitionSpec`` — is a leaf, unless its type was registered with
+:func:`register_serialization_state` (Flax's hook for custom classes).
 
 >>> from ctrainstate.t5x.serialization import to_state_dict, from_state_dict
 >>> sd = to_state_dict({'opt': (1, {'mu': 2})})
@@ -15,11 +16,51 @@ Arrays, numbers, ``PartitionSpec`` — is a leaf.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from ..sharding import PartitionSpec
 
-__all__ = ['to_state_dict', 'from_state_dict', 'flatten_dict', 'unflatten_dict']
+__all__ = ['to_state_dict', 'from_state_dict', 'flatten_dict', 'unflatten_dict',
+           'register_serialization_state', 'is_serializable', 'current_path']
+
+# type -> (to_state_dict(x), from_state_dict(target, state)): classes registered by the user
+_REGISTRY: dict[type, tuple[Callable, Callable]] = {}
+_path = threading.local()
+
+
+def register_serialization_state(ty: type, ty_to_state_dict: Callable,
+                                 ty_from_state_dict: Callable, override: bool = False) -> None:
+    """Serialize instances of ``ty`` (exactly that type) with ``ty_to_state_dict(x) -> dict``
+    and restore them with ``ty_from_state_dict(target, state) -> new instance``
+    (flax.serialization.register_serialization_state). Those functions may call
+    :func:`to_state_dict` / :func:`from_state_dict` on their members.
+
+    >>> class Box:
+    ...     def __init__(self, v): self.v = v
+    >>> register_serialization_state(Box, lambda b: {'v': b.v}, lambda b, sd: Box(sd['v']))
+    >>> to_state_dict({'b': Box(3)}), from_state_dict(Box(0), {'v': 5}).v
+    ({'b': {'v': 3}}, 5)
+    """
+    if ty in _REGISTRY and not override:
+        raise ValueError(f'a serialization handler for "{ty.__name__}" is already registered '
+                         f'(pass override=True to replace it)')
+    _REGISTRY[ty] = (ty_to_state_dict, ty_from_state_dict)
+
+
+def is_serializable(target) -> bool:
+    """Whether ``target`` (an instance or a type) was registered with
+    :func:`register_serialization_state`."""
+    return (target if isinstance(target, type) else type(target)) in _REGISTRY
+
+
+def current_path() -> str:
+    """The state-dict path being restored, for the error messages of a registered
+    ``ty_from_state_dict`` (flax.serialization.current_path)."""
+    stack = getattr(_path, 'stack', None)
+    if not stack:
+        return ''
+    return stack[-1] if stack[-1].startswith('.') else './' + stack[-1]   # Flax's './a/b'
 
 
 def _is_struct(x) -> bool:
@@ -37,9 +78,14 @@ def _is_leaf(x) -> bool:
 
 def to_state_dict(x: Any) -> Any:
     """``x`` as nested dicts with string keys (leaves unchanged)."""
+    if _REGISTRY and type(x) in _REGISTRY:
+        return _REGISTRY[type(x)][0](x)
     if _is_leaf(x):
         return x
     if isinstance(x, dict):
+        if len({str(k) for k in x}) != len(x):
+            raise ValueError(f'Dict keys do not have a unique string representation: '
+                             f'{list(x)!r} (a state dict has string keys)')
         return {str(k): to_state_dict(v) for k, v in x.items()}
     if isinstance(x, tuple) and hasattr(type(x), '_fields'):
         return {f: to_state_dict(getattr(x, f)) for f in type(x)._fields}
@@ -62,8 +108,16 @@ def from_state_dict(target: Any, state: Any, name: str = '.') -> Any:
     """Rebuild ``target``'s structure with the leaves of ``state``.
 
     A key missing from ``state`` is allowed only where ``target`` holds no leaves (empty
-    optimizer states); otherwise ``ValueError`` names the path.
+    optimizer states); otherwise ``ValueError`` names the path, as it does for entries
+    ``target`` does not have (a longer list, other NamedTuple or struct fields).
     """
+    if _REGISTRY and type(target) in _REGISTRY:
+        stack = _path.__dict__.setdefault('stack', [])
+        stack.append(name)
+        try:
+            return _REGISTRY[type(target)][1](target, state)
+        finally:
+            stack.pop()
     if _is_leaf(target):
         return state
     if not isinstance(state, dict):
@@ -83,10 +137,28 @@ def from_state_dict(target: Any, state: Any, name: str = '.') -> Any:
             raise ValueError(f'state dict has unexpected keys {sorted(extra)} at {name}')
         return type(target)((k, get(str(k), v)) for k, v in target.items())
     if isinstance(target, tuple) and hasattr(type(target), '_fields'):
+        if set(state) == {'name', 'fields', 'values'}:   # Flax's pre-2022 NamedTuple layout
+            state = {state['fields'][str(i)]: state['values'][str(i)]
+                     for i in range(len(state['fields']))}
+        extra = set(state) - set(type(target)._fields)
+        if extra:
+            raise ValueError(f'The field names of the state dict and the named tuple do not '
+                             f'match: the state dict has fields {sorted(extra)} that '
+                             f'{type(target).__name__} {type(target)._fields} has not, at {name}')
         return type(target)(*[get(f, getattr(target, f)) for f in type(target)._fields])
     if isinstance(target, (list, tuple)):
+        if set(state) - {str(i) for i in range(len(target))}:
+            raise ValueError(f'The size of the {type(target).__name__} and the state dict do not '
+                             f'match, got {len(target)} and {len(state)} (keys '
+                             f'{sorted(state)}) at {name}')
         return type(target)(get(str(i), v) for i, v in enumerate(target))
-    return target.replace(**{n: get(n, getattr(target, n)) for n in _struct_fields(target)})
+    fields = _struct_fields(target)
+    extra = set(state) - set(fields)
+    if extra:
+        raise ValueError(f'Unknown field(s) {sorted(extra)} in state dict while restoring an '
+                         f'instance of {type(target).__name__} (its data fields: {fields}) '
+                         f'at {name}')
+    return target.replace(**{n: get(n, getattr(target, n)) for n in fields})
 
 
 def flatten_dict(d: dict, sep: str | None = None, keep_empty_nodes: bool = False) -> dict:

@@ -30,11 +30,13 @@ import numpy as np
 from ._abstract import ShapeDtypeStruct
 from ._dtypes import bfloat16
 from .array import Array, device_put
-from .t5x.serialization import from_state_dict, to_state_dict
-from .tree_util import tree_map
+from .t5x.serialization import (current_path, from_state_dict, is_serializable,
+                                register_serialization_state, to_state_dict)
+from .tree_util import (_flatten_up_to, _sorted_keys, keystr, tree_flatten_with_path,
+                        tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
-           "msgpack_restore"]
+           "msgpack_restore", "register_serialization_state", "is_serializable", "current_path"]
 
 MAX_CHUNK_SIZE = 2**30
 _EXT_NDARRAY, _EXT_COMPLEX, _EXT_NPSCALAR = 1, 2, 3
@@ -92,15 +94,19 @@ def _foreign(d) -> bool:
                                                              str, bytes, dict)))
 
 
-def _to_host(d):
-    """A copy of the state dict with Arrays gathered and big arrays chunked."""
+def _to_host(d, sort: bool, chunk: bool = True):
+    """A copy of the state dict with Arrays gathered and big arrays chunked (``sort``: dict
+    keys in sorted order, as Flax's copy of the tree through ``jax.tree_util`` has them)."""
     if isinstance(d, dict):
-        return {k: _to_host(v) for k, v in d.items()}
+        keys = _sorted_keys(d) if sort else d
+        return {k: _to_host(d[k], sort, chunk) for k in keys}
+    if type(d) is list:   # Flax converts jax Arrays in lists too, but chunks only in dicts
+        return [_to_host(v, sort, False) for v in d]
     if isinstance(d, Array):
         d = np.asarray(d)
     elif _foreign(d):   # a jax / torch array in the tree (Flax serializes jax Arrays)
         d = np.asarray(d)   # 0-d too: Flax packs a jax Array as an ndarray whatever its rank
-    if isinstance(d, np.ndarray) and d.nbytes > MAX_CHUNK_SIZE:
+    if chunk and isinstance(d, np.ndarray) and d.nbytes > MAX_CHUNK_SIZE:
         per = max(1, MAX_CHUNK_SIZE // d.dtype.itemsize)
         flat = d.reshape(-1)
         return {_CHUNKED: True,
@@ -120,9 +126,13 @@ def _unchunk(d):
     return d
 
 
-def msgpack_serialize(pytree) -> bytes:
-    """Bytes of a tree of dicts with array / number / string leaves (Flax's format)."""
-    return _msgpack().packb(_to_host(pytree), default=_pack_ext, strict_types=True)
+def msgpack_serialize(pytree, in_place: bool = False) -> bytes:
+    """Bytes of a tree of dicts (and lists) with array / number / string leaves (Flax's format).
+
+    As in Flax, dict keys are written in sorted order unless ``in_place=True`` (which keeps
+    their order; ``pytree`` itself is never modified here)."""
+    return _msgpack().packb(_to_host(pytree, sort=not in_place), default=_pack_ext,
+                            strict_types=True)
 
 
 def msgpack_restore(encoded: bytes):
@@ -133,7 +143,7 @@ def msgpack_restore(encoded: bytes):
 
 def to_bytes(target) -> bytes:
     """``msgpack_serialize(to_state_dict(target))``."""
-    return msgpack_serialize(to_state_dict(target))
+    return msgpack_serialize(to_state_dict(target), in_place=True)
 
 
 def from_bytes(target, encoded: bytes) -> Any:
@@ -141,12 +151,19 @@ def from_bytes(target, encoded: bytes) -> Any:
     are placed with that Array's sharding."""
     restored = from_state_dict(target, msgpack_restore(encoded))
 
-    def place(t, v):
+    def place(path, t, v):
         if isinstance(t, (Array, ShapeDtypeStruct)) and not isinstance(v, Array):
+            if not isinstance(v, (np.ndarray, np.generic, int, float, bool, complex)):
+                raise ValueError(f"from_bytes: at {keystr(path) or 'the root'} the target is an "
+                                 f"array of shape {tuple(t.shape)}, the saved value a "
+                                 f"{type(v).__name__}")
             v = np.asarray(v)
             if v.shape != tuple(t.shape):
                 raise ValueError(f"from_bytes: a saved array has shape {v.shape}, its target "
-                                 f"{tuple(t.shape)}")
+                                 f"{tuple(t.shape)}, at {keystr(path) or 'the root'}")
             return device_put(v, t.sharding) if t.sharding is not None else device_put(v)
         return v
-    return tree_map(place, target, restored, is_leaf=lambda x: x is None)
+    # paired by construction (restored has target's structure): no metadata check here
+    pl, td = tree_flatten_with_path(target, is_leaf=lambda x: x is None)
+    vals = _flatten_up_to(td, restored)
+    return tree_unflatten(td, [place(p, t, v) for (p, t), v in zip(pl, vals)])

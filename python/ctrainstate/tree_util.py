@@ -388,8 +388,11 @@ def all_leaves(iterable) -> bool:
     return all(tree_structure(x) == _LEAF for x in iterable)
 
 
-def _flatten_up_to(treedef, tree, path=()):
-    """Leaves of ``tree`` at the leaf positions of ``treedef`` (tree may be deeper)."""
+def _flatten_up_to(treedef, tree, path=(), check_aux=False):
+    """Leaves of ``tree`` at the leaf positions of ``treedef`` (tree may be deeper).
+
+    ``check_aux`` (tree_map's check): nodes must also agree in their metadata, as in JAX;
+    without it (sharding prefix trees) only dict keys are compared."""
     if treedef.kind == "leaf":
         return [tree]
     node = _flatten_node(tree)
@@ -404,10 +407,31 @@ def _flatten_up_to(treedef, tree, path=()):
             f"tree structure mismatch at {keystr(path) or 'the root'}: expected "
             f"{treedef!r}, got {_kind_name(kind)} with {len(children)} children"
             + (f" (keys {list(aux)!r})" if kind in (dict, collections.OrderedDict) else ""))
+    if (check_aux and kind is not dict and kind is not list and kind is not tuple
+            and not _same_aux(aux, treedef.aux)):
+        # namedtuple classes, FrozenDict / defaultdict keys, a struct's static fields: as JAX
+        # does, nodes that differ there do not match (their leaves would pair up wrongly)
+        raise ValueError(
+            f"tree structure mismatch at {keystr(path) or 'the root'}: expected a "
+            f"{_kind_name(kind)} node with metadata {_aux_name(treedef.aux)}, got one with "
+            f"{_aux_name(aux)}")
     out = []
     for c, k, td in zip(children, keys, treedef.children):
-        out += _flatten_up_to(td, c, path + (k,))
+        out += _flatten_up_to(td, c, path + (k,), check_aux)
     return out
+
+
+def _same_aux(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # aux without a usable == (e.g. arrays): identity only, as PyTreeDef.__eq__
+        return False
+
+
+def _aux_name(aux) -> str:
+    return aux.__name__ if isinstance(aux, type) else repr(aux)
 
 
 def _kind_name(kind):
@@ -423,14 +447,14 @@ def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
     [11, (22,)]
     """
     leaves, td = tree_flatten(tree, is_leaf)
-    others = [_flatten_up_to(td, r) for r in rest]
+    others = [_flatten_up_to(td, r, check_aux=True) for r in rest]
     return tree_unflatten(td, [f(*xs) for xs in zip(leaves, *others)])
 
 
 def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None):
     """Like :func:`tree_map`, with the key path as ``f``'s first argument."""
     pl, td = tree_flatten_with_path(tree, is_leaf)
-    others = [_flatten_up_to(td, r) for r in rest]
+    others = [_flatten_up_to(td, r, check_aux=True) for r in rest]
     return tree_unflatten(td, [f(p, x, *xs) for (p, x), *xs in zip(pl, *others)])
 
 

@@ -29,6 +29,11 @@ def _frozen(v):
     return FrozenDict(v) if isinstance(v, dict) and not isinstance(v, FrozenDict) else v
 
 
+class FrozenDictImmutableError(TypeError, ValueError):
+    """Raised by an attempt to change a FrozenDict: a ``ValueError`` as Flax's
+    ``FrozenDict.__setitem__`` raises, and a ``TypeError`` as a dict's read-only views do."""
+
+
 class FrozenDict(dict):
     """An immutable mapping (flax.core.FrozenDict)."""
 
@@ -39,7 +44,7 @@ class FrozenDict(dict):
         self._hash = None
 
     def _immutable(self, *args, **kwargs):
-        raise TypeError("FrozenDict is immutable: use .copy({...}) or unfreeze(...)")
+        raise FrozenDictImmutableError("FrozenDict is immutable: use .copy({...}) or unfreeze(...)")
 
     __setitem__ = __delitem__ = _immutable
     clear = popitem = setdefault = update = __ior__ = _immutable
@@ -116,13 +121,14 @@ def pop(x: Mapping, key):
 
 def pretty_repr(x: Any, num_spaces: int = 4) -> str:
     """An indented multi-line repr of nested mappings (Flax's format)."""
-    def rec(v, depth):
+    def rec(v):
         if not isinstance(v, Mapping):
             return repr(v)
         if not v:
             return "{}"
-        pad = " " * (num_spaces * (depth + 1))
-        lines = [f"{pad}{k}: {rec(val, depth + 1)}," for k, val in v.items()]
-        return "{\n" + "\n".join(lines) + "\n" + " " * (num_spaces * depth) + "}"
-    body = rec(x, 0)
+        # every line of an entry is indented, a leaf's multi-line repr too (Flax's _indent)
+        pad = " " * num_spaces
+        rep = "".join(f"{k}: {rec(val)},\n" for k, val in v.items())
+        return "{\n" + "".join(pad + line + "\n" for line in rep.split("\n")[:-1]) + "}"
+    body = rec(x)
     return f"FrozenDict({body})" if isinstance(x, FrozenDict) else body

@@ -45,13 +45,14 @@ def dataclass(cls=None, **kwargs):
     """Make ``cls`` a frozen dataclass registered as a pytree (flax.struct.dataclass).
 
     Keyword arguments (``kw_only=True``, ...) go to ``dataclasses.dataclass``; used with
-    them, ``@dataclass(kw_only=True)`` decorates."""
+    them, ``@dataclass(kw_only=True)`` decorates. As in Flax, the class is frozen unless
+    ``frozen=False`` is given."""
     if cls is None:
         return lambda c: dataclass(c, **kwargs)
     if "_ct_struct" in cls.__dict__:
         return cls
-    kwargs.pop("frozen", None)
-    cls = dataclasses.dataclass(frozen=True, **kwargs)(cls)
+    kwargs.setdefault("frozen", True)
+    cls = dataclasses.dataclass(**kwargs)(cls)
     fields = dataclasses.fields(cls)
     data = tuple(f.name for f in fields if f.metadata.get("pytree_node", True))
     meta = tuple(f.name for f in fields if not f.metadata.get("pytree_node", True))
@@ -75,11 +76,12 @@ def dataclass(cls=None, **kwargs):
 
 
 class PyTreeNode:
-    """Base class: subclasses become frozen, pytree-registered dataclasses (flax.struct.PyTreeNode)."""
+    """Base class: subclasses become frozen, pytree-registered dataclasses (flax.struct.PyTreeNode);
+    class keywords (``class A(PyTreeNode, kw_only=True)``) go to :func:`dataclass`."""
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        dataclass(cls)
+        super().__init_subclass__()
+        dataclass(cls, **kwargs)
 
     def replace(self, **overrides):
         """A copy with some fields replaced (``dataclasses.replace``)."""

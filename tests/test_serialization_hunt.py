@@ -1,0 +1,339 @@
+"""Checkpoint and pytree parity with flax.serialization / jax.tree_util / flax.core / flax.struct.
+
+Each test pins a discrepancy that was found against live Flax/JAX: the parity tests compare
+with them (and skip without them), the others hold expectations derived by hand or from the
+msgpack format as Flax documents it.
+"""
+import collections
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import core, serialization, struct, tree_util
+
+Pair = collections.namedtuple("Pair", "a b")
+Other = collections.namedtuple("Other", "a b")
+
+
+# --- from_state_dict: entries the target does not have ------------------------------------
+
+@pytest.mark.parametrize("target,state,match", [
+    ([1, 2], {"0": 5, "1": 6, "2": 7}, r"size of the list.*got 2 and 3"),
+    ((1, 2), {"0": 5, "1": 6, "2": 7}, r"size of the tuple.*got 2 and 3"),
+    (Pair(1, 2), {"a": 5, "b": 6, "c": 7}, r"field names.*\['c'\]"),
+    ({"opt": [1, 2]}, {"opt": {"0": 5, "1": 6, "2": 7}}, r"at opt"),
+], ids=["list", "tuple", "namedtuple", "nested-path"])
+def test_from_state_dict_refuses_entries_the_target_lacks(target, state, match):
+    # a longer list / more NamedTuple fields in the checkpoint than in the target was silently
+    # dropped: Flax raises ValueError for these
+    with pytest.raises(ValueError, match=match):
+        serialization.from_state_dict(target, state)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("target,state", [
+    ([1, 2], {"0": 5, "1": 6, "2": 7}),
+    (Pair(1, 2), {"a": 5, "b": 6, "c": 7}),
+])
+def test_from_state_dict_extra_entries_raise_as_in_flax(target, state):
+    fser = pytest.importorskip("flax.serialization")
+    with pytest.raises(ValueError):
+        fser.from_state_dict(target, state)
+    with pytest.raises(ValueError):
+        serialization.from_state_dict(target, state)
+
+
+def test_from_state_dict_reads_flax_s_old_namedtuple_layout():
+    # Flax before 2022 wrote a NamedTuple as {'name', 'fields', 'values'}; Flax still reads it
+    old = {"name": "Pair", "fields": {"0": "a", "1": "b"}, "values": {"0": 5, "1": 6}}
+    assert serialization.from_state_dict(Pair(1, 2), old) == Pair(5, 6)
+
+
+@pytest.mark.parity
+def test_old_namedtuple_layout_matches_flax():
+    fser = pytest.importorskip("flax.serialization")
+    old = {"name": "Pair", "fields": {"0": "b", "1": "a"}, "values": {"0": 5, "1": 6}}
+    assert serialization.from_state_dict(Pair(1, 2), old) == fser.from_state_dict(Pair(1, 2), old)
+
+
+@struct.dataclass
+class _Model:
+    w: Any
+    b: Any = 0
+    fn: Any = struct.field(pytree_node=False, default=None)
+
+
+@pytest.mark.parametrize("state", [{"w": 5, "b": 6, "z": 1}, {"w": 5, "b": 6, "fn": 1}],
+                         ids=["unknown", "static-field"])
+def test_struct_restore_refuses_unknown_fields(state):
+    # Flax: 'Unknown field(s) "z" in state dict while restoring an instance of ...'
+    with pytest.raises(ValueError, match=r"Unknown field\(s\).*_Model"):
+        serialization.from_state_dict(_Model(1, 2, fn="f"), state)
+    assert serialization.from_state_dict(_Model(1, 2, fn="f"), {"w": 5, "b": 6}) == _Model(5, 6, "f")
+
+
+@pytest.mark.parity
+def test_struct_restore_unknown_fields_raise_in_flax_too():
+    fst = pytest.importorskip("flax.struct")
+    fser = pytest.importorskip("flax.serialization")
+
+    @fst.dataclass
+    class M:
+        w: Any
+        fn: Any = fst.field(pytree_node=False, default=None)
+    with pytest.raises(ValueError, match="Unknown field"):
+        fser.from_state_dict(M(1), {"w": 2, "z": 3})
+    with pytest.raises(ValueError, match="Unknown field"):
+        serialization.from_state_dict(_Model(1), {"w": 2, "b": 0, "z": 3})
+
+
+def test_to_state_dict_refuses_keys_with_the_same_string():
+    # {1: a, '1': b} both become '1': one value was silently lost
+    with pytest.raises(ValueError, match="unique string"):
+        serialization.to_state_dict({1: 1, "1": 2})
+    with pytest.raises(ValueError, match="unique string"):
+        serialization.to_bytes({"p": {1: 1, "1": 2}})
+    assert serialization.to_state_dict({1: 1, "2": 2}) == {"1": 1, "2": 2}
+
+
+# --- msgpack_serialize ----------------------------------------------------------------------
+
+def test_msgpack_serialize_writes_sorted_keys_unless_in_place():
+    msgpack = pytest.importorskip("msgpack")
+    t = {"b": 1, "a": {"z": 2, "c": 3}}
+    # Flax's msgpack_serialize copies the tree through jax.tree_util (dict keys sorted) unless
+    # in_place=True; to_bytes writes in place (the state dict's own order)
+    assert serialization.msgpack_serialize(t) == msgpack.packb({"a": {"c": 3, "z": 2}, "b": 1})
+    assert serialization.msgpack_serialize(t, in_place=True) == msgpack.packb(t)
+    assert serialization.to_bytes(t) == msgpack.packb(t)
+    assert t == {"b": 1, "a": {"z": 2, "c": 3}} and list(t) == ["b", "a"]   # not modified
+
+
+@pytest.mark.parity
+def test_msgpack_serialize_bytes_match_flax():
+    fser = pytest.importorskip("flax.serialization")
+    jnp = pytest.importorskip("jax.numpy")
+    t = {"b": 1, "a": {"z": np.arange(3, dtype=np.int32), "c": [jnp.ones(2), 3.5]},
+         "l": [jnp.float32(2.0), {"y": 1, "x": 2}]}
+    assert serialization.msgpack_serialize(t) == fser.msgpack_serialize(t)
+    assert serialization.msgpack_serialize(t, in_place=True) == fser.msgpack_serialize(
+        {"b": 1, "a": {"z": np.arange(3, dtype=np.int32), "c": [jnp.ones(2), 3.5]},
+         "l": [jnp.float32(2.0), {"y": 1, "x": 2}]}, in_place=True)
+
+
+def test_msgpack_serialize_takes_arrays_in_lists():
+    pytest.importorskip("msgpack")
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    w = cts.device_put(np.arange(8, dtype=np.float32).reshape(2, 4),
+                       cts.NamedSharding(mesh, cts.P("data", "model")))
+    back = serialization.msgpack_restore(serialization.msgpack_serialize({"l": [w, 1, [w]]}))
+    np.testing.assert_array_equal(back["l"][0], np.arange(8).reshape(2, 4))
+    np.testing.assert_array_equal(back["l"][2][0], np.arange(8).reshape(2, 4))
+    assert back["l"][1] == 1
+
+
+@pytest.mark.parity
+def test_msgpack_serialize_jax_arrays_in_lists_like_flax():
+    fser = pytest.importorskip("flax.serialization")
+    jnp = pytest.importorskip("jax.numpy")
+    t = {"l": [jnp.arange(3.0), jnp.int32(4)]}
+    assert serialization.msgpack_serialize(t) == fser.msgpack_serialize(t)
+
+
+# --- from_bytes: errors name the path, the target stays as it was -------------------------
+
+def _sharded_target():
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    w = cts.device_put(np.zeros((4, 8), np.float32), cts.NamedSharding(mesh, cts.P("data", "model")))
+    return {"p": {"w": w, "b": cts.device_put(np.zeros(8, np.float32))}}
+
+
+@pytest.mark.parametrize("saved,match", [
+    (np.zeros((4, 4), np.float32), r"shape \(4, 4\), its target \(4, 8\), at \['p'\]\['w'\]"),
+    ({"x": np.zeros((4, 8), np.float32)}, r"at \['p'\]\['w'\] .*array of shape \(4, 8\).*dict"),
+    (None, r"at \['p'\]\['w'\] .*NoneType"),
+    ("abc", r"at \['p'\]\['w'\] .*str"),
+], ids=["shape", "dict", "none", "str"])
+def test_from_bytes_mismatch_names_the_path_and_leaves_the_target(saved, match):
+    pytest.importorskip("msgpack")
+    target = _sharded_target()
+    data = serialization.to_bytes({"p": {"w": saved, "b": np.ones(8, np.float32)}})
+    with pytest.raises(ValueError, match=match):
+        serialization.from_bytes(target, data)
+    assert np.asarray(target["p"]["w"]).sum() == 0 and np.asarray(target["p"]["b"]).sum() == 0
+    assert target["p"]["w"].sharding.spec == cts.P("data", "model")
+
+
+# --- tree_map: nodes that differ in their metadata do not match ---------------------------
+
+def _mismatched_pairs():
+    @struct.dataclass
+    class S:
+        a: Any
+        k: int = struct.field(pytree_node=False, default=0)
+    return [
+        (Pair(1, 2), Other(1, 2)),                                         # namedtuple classes
+        (core.freeze({"a": 1, "b": 2}), core.freeze({"a": 1, "c": 2})),    # FrozenDict keys
+        (collections.defaultdict(list, {"a": 1}), collections.defaultdict(list, {"b": 1})),
+        (S(1, 2), S(1, 3)),                                                # struct static field
+    ]
+
+
+@pytest.mark.parametrize("i", range(4), ids=["namedtuple", "frozendict", "defaultdict", "struct"])
+def test_tree_map_refuses_nodes_with_other_metadata(i):
+    # the leaves were paired by position: FrozenDict({'a', 'b'}) with FrozenDict({'a', 'c'})
+    # gave b's value c's leaf. JAX raises ValueError ('different pytree metadata' / types)
+    x, y = _mismatched_pairs()[i]
+    with pytest.raises(ValueError, match="mismatch at the root"):
+        tree_util.tree_map(lambda a, b: (a, b), x, y)
+    assert tree_util.tree_leaves(tree_util.tree_map(lambda a, b: a + b, x, x)) == \
+        [2 * v for v in tree_util.tree_leaves(x)]
+
+
+@pytest.mark.parity
+def test_tree_map_metadata_mismatch_raises_in_jax_too():
+    jtu = pytest.importorskip("jax.tree_util")
+    fcore = pytest.importorskip("flax.core")
+    pairs = [(Pair(1, 2), Other(1, 2)),
+             (fcore.freeze({"a": 1, "b": 2}), fcore.freeze({"a": 1, "c": 2})),
+             (collections.defaultdict(list, {"a": 1}), collections.defaultdict(list, {"b": 1}))]
+    for x, y in pairs:
+        with pytest.raises(ValueError):
+            jtu.tree_map(lambda a, b: (a, b), x, y)
+    for x, y in _mismatched_pairs()[:3]:
+        with pytest.raises(ValueError):
+            tree_util.tree_map(lambda a, b: (a, b), x, y)
+
+
+# --- FrozenDict -----------------------------------------------------------------------------
+
+def test_frozen_dict_setitem_raises_value_error_as_flax():
+    f = core.freeze({"a": 1})
+    with pytest.raises(ValueError, match="immutable"):
+        f["a"] = 2
+    with pytest.raises(TypeError, match="immutable"):   # and stays a TypeError
+        f["a"] = 2
+    assert f == {"a": 1}
+
+
+def test_pretty_repr_indents_multi_line_leaves():
+    # Flax indents every line of an entry (its _indent), a leaf's continuation lines too
+    a = np.zeros((2, 1))
+    want = ("{\n    m: {\n        k: array([[0.],\n               [0.]]),\n    },\n}")
+    assert core.pretty_repr({"m": {"k": a}}) == want
+    assert repr(core.freeze({"m": {"k": a}})) == "FrozenDict(" + want + ")"
+
+
+@pytest.mark.parity
+def test_pretty_repr_matches_flax():
+    ffd = pytest.importorskip("flax.core.frozen_dict")
+    t = {"b": {"y": np.arange(3), "x": np.ones((2, 2))}, "a": 1, "e": {}, "z": np.eye(3)}
+    assert core.pretty_repr(t) == ffd.pretty_repr(t)
+    assert core.pretty_repr(t, num_spaces=2) == ffd.pretty_repr(t, num_spaces=2)
+    assert repr(core.freeze(t)) == repr(ffd.freeze(t))
+
+
+# --- struct ---------------------------------------------------------------------------------
+
+def test_struct_dataclass_frozen_false_is_mutable():
+    @struct.dataclass(frozen=False)
+    class C:
+        x: int
+
+    c = C(1)
+    c.x = 2            # Flax's struct.dataclass sets frozen=True only when not given
+    assert c.x == 2 and tree_util.tree_leaves(c) == [2]
+
+    @struct.dataclass
+    class D:
+        x: int
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        D(1).x = 2
+
+
+def test_pytree_node_passes_class_keywords_to_dataclass():
+    class K(struct.PyTreeNode, kw_only=True):
+        x: int
+        y: int = struct.field(pytree_node=False, default=3)
+
+    k = K(x=1)
+    assert tree_util.tree_leaves(k) == [1] and k.y == 3
+    with pytest.raises(TypeError):
+        K(1)           # keyword-only
+
+
+@pytest.mark.parity
+def test_struct_keywords_match_flax():
+    fst = pytest.importorskip("flax.struct")
+    for S in (fst, struct):
+        class K(S.PyTreeNode, kw_only=True):
+            x: int
+        assert K(x=1).x == 1
+        with pytest.raises(TypeError):
+            K(1)
+
+        @S.dataclass(frozen=False)
+        class C:
+            x: int
+        c = C(1)
+        c.x = 5
+        assert c.x == 5
+
+
+# --- register_serialization_state -----------------------------------------------------------
+
+class _Box:
+    """A custom class with a registered state dict (and no pytree registration)."""
+
+    def __init__(self, v, tag):
+        self.v, self.tag = v, tag
+
+
+_seen_paths = []
+
+
+def _box_restore(b, sd):
+    _seen_paths.append(serialization.current_path())
+    return _Box(serialization.from_state_dict(b.v, sd["v"], name="v"), b.tag)
+
+
+serialization.register_serialization_state(
+    _Box, lambda b: {"v": serialization.to_state_dict(b.v)}, _box_restore)
+
+
+def test_register_serialization_state_round_trips_a_custom_class():
+    pytest.importorskip("msgpack")
+    assert serialization.is_serializable(_Box) and serialization.is_serializable(_Box(1, 2))
+    assert not serialization.is_serializable(3)
+    t = {"b": _Box([np.ones(2, np.float32), 3], "t"), "c": 1}
+    assert serialization.to_state_dict(t)["b"] == {"v": {"0": t["b"].v[0], "1": 3}}
+    _seen_paths.clear()
+    r = serialization.from_bytes({"b": _Box([np.zeros(2, np.float32), 0], "u"), "c": 0},
+                                 serialization.to_bytes(t))
+    assert r["b"].tag == "u" and r["b"].v[1] == 3 and r["c"] == 1
+    np.testing.assert_array_equal(r["b"].v[0], [1, 1])
+    assert _seen_paths == ["./b"]
+    with pytest.raises(ValueError, match="already registered"):
+        serialization.register_serialization_state(_Box, None, None)
+    serialization.register_serialization_state(   # override=True replaces the handler
+        _Box, lambda b: {"v": serialization.to_state_dict(b.v)}, _box_restore, override=True)
+
+
+@pytest.mark.parity
+def test_registered_class_bytes_match_flax():
+    fser = pytest.importorskip("flax.serialization")
+
+    class FBox(_Box):
+        pass
+    fser.register_serialization_state(
+        FBox, lambda b: {"v": fser.to_state_dict(b.v)},
+        lambda b, sd: FBox(fser.from_state_dict(b.v, sd["v"], name="v"), b.tag))
+    t_c = {"b": _Box([np.ones(2, np.float32), 3], "t"), "c": 1}
+    t_f = {"b": FBox([np.ones(2, np.float32), 3], "t"), "c": 1}
+    assert serialization.to_bytes(t_c) == fser.to_bytes(t_f)
+    r = fser.from_bytes({"b": FBox([np.zeros(2, np.float32), 0], "u"), "c": 0},
+                        serialization.to_bytes(t_c))
+    assert r["b"].v[1] == 3 and r["b"].tag == "u"

@@ -337,3 +337,52 @@ def test_registered_class_bytes_match_flax():
     r = fser.from_bytes({"b": FBox([np.zeros(2, np.float32), 0], "u"), "c": 0},
                         serialization.to_bytes(t_c))
     assert r["b"].v[1] == 3 and r["b"].tag == "u"
+
+
+# --- tree_transpose, jax.tree.transpose, Partial --------------------------------------------
+
+def test_tree_transpose():
+    outer, inner = tree_util.tree_structure([0, 0]), tree_util.tree_structure((0, 0, 0))
+    assert tree_util.tree_transpose(outer, inner, [(1, 2, 3), (4, 5, 6)]) == \
+        ([1, 4], [2, 5], [3, 6])
+    assert cts.tree.transpose(tree_util.tree_structure({"x": 0, "y": 0}), None,
+                              {"x": [1, 2], "y": [3, 4]}) == [{"x": 1, "y": 3}, {"x": 2, "y": 4}]
+    with pytest.raises(TypeError, match="5 leaves"):
+        tree_util.tree_transpose(outer, inner, [(1, 2, 3), (4, 5)])
+
+
+@pytest.mark.parity
+def test_tree_transpose_matches_jax():
+    jtu = pytest.importorskip("jax.tree_util")
+    t = [{"a": 1, "b": (2, 3)}, {"a": 4, "b": (5, 6)}, {"a": 7, "b": (8, 9)}]
+    got = tree_util.tree_transpose(tree_util.tree_structure([0, 0, 0]), None, t)
+    assert got == jtu.tree_transpose(jtu.tree_structure([0, 0, 0]), None, t)
+
+
+def _add3(a, b, c=0):
+    return a + b + c
+
+
+def test_partial_is_a_pytree_with_static_function():
+    p = tree_util.Partial(_add3, 1, c=3)
+    assert p(2) == 6 and tree_util.tree_leaves(p) == [1, 3]
+    assert tree_util.tree_map(lambda x: x * 10, p)(2) == 42       # 10 + 2 + 30
+    import functools
+    q = tree_util.Partial(functools.partial(_add3, 1), 2)          # the inner partial is static
+    assert tree_util.tree_leaves(q) == [2] and q(c=5) == 8
+    sd = serialization.to_state_dict(p)
+    assert sd == {"args": {"0": 1}, "keywords": {"c": 3}}
+    assert serialization.from_state_dict(p, {"args": {"0": 7}, "keywords": {"c": 9}})(1) == 17
+
+
+@pytest.mark.parity
+def test_partial_matches_jax_and_flax():
+    jtu = pytest.importorskip("jax.tree_util")
+    fser = pytest.importorskip("flax.serialization")
+    pj, pc = jtu.Partial(_add3, np.float32(1), c=np.ones(2)), tree_util.Partial(
+        _add3, np.float32(1), c=np.ones(2))
+    assert serialization.to_bytes(pc) == fser.to_bytes(pj)
+    assert [np.asarray(x).tolist() for x in tree_util.tree_leaves(pc)] == \
+        [np.asarray(x).tolist() for x in jtu.tree_leaves(pj)]
+    r = serialization.from_bytes(pc, fser.to_bytes(jtu.Partial(_add3, np.float32(5), c=np.zeros(2))))
+    assert r(1).tolist() == [6.0, 6.0]

@@ -11,6 +11,7 @@ class registered with :func:`register_pytree_node`. Everything else is a leaf.
 from __future__ import annotations
 
 import collections
+import functools
 from itertools import islice
 
 import numpy as np
@@ -31,6 +32,8 @@ __all__ = [
     "keystr",
     "tree_reduce",
     "tree_all",
+    "tree_transpose",
+    "Partial",
     "DictKey",
     "SequenceKey",
     "GetAttrKey",
@@ -482,3 +485,58 @@ def tree_reduce(function: Callable, tree, initializer: Any = _UNSPECIFIED,
 def tree_all(tree, *, is_leaf: Callable | None = None) -> bool:
     """``all(tree_leaves(tree))`` (jax.tree_util.tree_all)."""
     return all(tree_leaves(tree, is_leaf=is_leaf))
+
+
+def tree_transpose(outer_treedef: PyTreeDef, inner_treedef: PyTreeDef | None, pytree_to_transpose):
+    """A tree of structure ``outer(inner)`` as one of structure ``inner(outer)``; ``inner_treedef``
+    None takes it from the first outer subtree (jax.tree_util.tree_transpose).
+
+    >>> tree_transpose(tree_structure([0, 0]), tree_structure((0, 0)), [(1, 2), (3, 4)])
+    ([1, 3], [2, 4])
+    """
+    flat, treedef = tree_flatten(pytree_to_transpose)
+    if inner_treedef is None:
+        inner_treedef = tree_structure(_flatten_up_to(outer_treedef, pytree_to_transpose)[0])
+    inner_size, outer_size = inner_treedef.num_leaves, outer_treedef.num_leaves
+    if treedef.num_leaves != inner_size * outer_size:   # JAX checks the count only, so do we
+        raise TypeError(f"tree_transpose: the tree has {treedef.num_leaves} leaves, the outer "
+                        f"structure {outer_treedef!r} of inner ones {inner_treedef!r} has "
+                        f"{outer_size * inner_size}")
+    it = iter(flat)
+    lol = [[next(it) for _ in range(inner_size)] for _ in range(outer_size)]
+    return tree_unflatten(inner_treedef, [tree_unflatten(outer_treedef, list(col))
+                                          for col in zip(*lol)])
+
+
+class _PartialFunc:
+    """A ``functools.partial`` held as Partial's static function (not merged into it)."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __call__(self, *args, **kwargs):
+        return self.f(*args, **kwargs)
+
+    def __eq__(self, other):
+        return isinstance(other, _PartialFunc) and self.f is other.f
+
+    def __hash__(self):
+        return id(self.f)
+
+
+class Partial(functools.partial):
+    """``functools.partial`` as a pytree: the arguments are children, the function is static
+    (jax.tree_util.Partial), so a partially applied function passes through tree_map.
+
+    >>> tree_map(lambda x: x * 10, Partial(max, 1, 2))()
+    20
+    """
+
+    def __new__(cls, func, *args, **kwargs):
+        if isinstance(func, functools.partial):   # keep a partial's own arguments static
+            func = _PartialFunc(func)
+        return super().__new__(cls, func, *args, **kwargs)
+
+
+register_pytree_node(Partial, lambda p: ((p.args, p.keywords), p.func),
+                     lambda func, xs: Partial(func, *xs[0], **xs[1]))

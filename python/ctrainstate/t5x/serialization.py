@@ -76,6 +76,14 @@ def _is_leaf(x) -> bool:
         isinstance(x, (dict, list, tuple)) or _is_struct(x))
 
 
+def _register_partial():
+    from ..tree_util import Partial   # Flax registers jax.tree_util.Partial likewise
+    register_serialization_state(
+        Partial, lambda x: {'args': to_state_dict(x.args), 'keywords': to_state_dict(x.keywords)},
+        lambda x, sd: Partial(x.func, *from_state_dict(x.args, sd['args']),
+                              **from_state_dict(x.keywords, sd['keywords'])))
+
+
 def to_state_dict(x: Any) -> Any:
     """``x`` as nested dicts with string keys (leaves unchanged)."""
     if _REGISTRY and type(x) in _REGISTRY:
@@ -159,6 +167,9 @@ def from_state_dict(target: Any, state: Any, name: str = '.') -> Any:
                          f'instance of {type(target).__name__} (its data fields: {fields}) '
                          f'at {name}')
     return target.replace(**{n: get(n, getattr(target, n)) for n in fields})
+
+
+_register_partial()
 
 
 def flatten_dict(d: dict, sep: str | None = None, keep_empty_nodes: bool = False) -> dict:

@@ -386,3 +386,51 @@ def test_partial_matches_jax_and_flax():
         [np.asarray(x).tolist() for x in jtu.tree_leaves(pj)]
     r = serialization.from_bytes(pc, fser.to_bytes(jtu.Partial(_add3, np.float32(5), c=np.zeros(2))))
     assert r(1).tolist() == [6.0, 6.0]
+
+
+# --- key paths of registered nodes ----------------------------------------------------------
+
+class _NoKeys:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+tree_util.register_pytree_node(_NoKeys, lambda x: ((x.a, x.b), None), lambda aux, ch: _NoKeys(*ch))
+
+
+def test_nodes_registered_without_keys_have_flattened_index_keys():
+    # jax.tree_util: the children of register_pytree_node nodes are FlattenedIndexKey(i),
+    # printed '[<flat index i>]' (SequenceKey's '[i]' is for lists and tuples)
+    pl = tree_util.tree_flatten_with_path({"x": _NoKeys(1, [2])})[0]
+    assert [tree_util.keystr(p) for p, _ in pl] == ["['x'][<flat index 0>]",
+                                                    "['x'][<flat index 1>][0]"]
+    assert [type(k).__name__ for k in pl[1][0]] == ["DictKey", "FlattenedIndexKey", "SequenceKey"]
+    assert [tree_util.keystr(p, simple=True, separator="/") for p, _ in pl] == ["x/0", "x/1/0"]
+
+
+def test_partitioned_boxes_have_the_value_key_path():
+    from ctrainstate import nn
+    t = {"w": nn.Partitioned(np.ones(2), names=("a",)),
+         "l": nn.LogicallyPartitioned(np.ones(2), names=("a",))}
+    assert [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(t)[0]] == \
+        ["['l'].value", "['w'].value"]      # Flax's boxes are structs with a 'value' field
+    b = tree_util.tree_map(lambda x: x * 2, t["w"])
+    assert isinstance(b, nn.Partitioned) and b.names == ("a",) and np.asarray(b.value).tolist() == [2, 2]
+
+
+@pytest.mark.parity
+def test_key_paths_match_jax_and_flax():
+    jtu = pytest.importorskip("jax.tree_util")
+    fnn = pytest.importorskip("flax.linen")
+    jnp = pytest.importorskip("jax.numpy")
+    from ctrainstate import nn
+
+    class JNoKeys(_NoKeys):
+        pass
+    jtu.register_pytree_node(JNoKeys, lambda x: ((x.a, x.b), None), lambda aux, ch: JNoKeys(*ch))
+    tj = {"x": JNoKeys(1, [2]), "w": fnn.Partitioned(jnp.ones(2), names=("a",)),
+          "l": fnn.LogicallyPartitioned(jnp.ones(2), names=("a",))}
+    tc = {"x": _NoKeys(1, [2]), "w": nn.Partitioned(np.ones(2), names=("a",)),
+          "l": nn.LogicallyPartitioned(np.ones(2), names=("a",))}
+    assert [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tc)[0]] == \
+        [jtu.keystr(p) for p, _ in jtu.tree_flatten_with_path(tj)[0]]

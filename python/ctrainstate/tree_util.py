@@ -37,6 +37,7 @@ __all__ = [
     "DictKey",
     "SequenceKey",
     "GetAttrKey",
+    "FlattenedIndexKey",
     "all_leaves",
 ]
 
@@ -55,6 +56,14 @@ class SequenceKey(NamedTuple):
         return f"[{self.idx}]"
 
 
+class FlattenedIndexKey(NamedTuple):
+    """The key of the i-th child of a node registered without keys (jax's FlattenedIndexKey)."""
+    key: int
+
+    def __str__(self):
+        return f"[<flat index {self.key}>]"
+
+
 class GetAttrKey(NamedTuple):
     name: str
 
@@ -69,6 +78,8 @@ def _simple_key(k) -> str:
         return str(k.idx)
     if isinstance(k, GetAttrKey):
         return k.name
+    if isinstance(k, FlattenedIndexKey):
+        return str(k.key)
     return str(k)
 
 
@@ -89,14 +100,15 @@ _registry: dict[type, tuple[Callable, Callable, Callable]] = {}
 
 def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func: Callable) -> None:
     """Register ``nodetype``: ``flatten_func(x) -> (children, aux_data)`` and
-    ``unflatten_func(aux_data, children) -> x``."""
+    ``unflatten_func(aux_data, children) -> x``. Its children's key paths are
+    ``FlattenedIndexKey(i)`` (see :func:`register_pytree_with_keys` for named ones)."""
     if nodetype in _registry:
         raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
 
     def flat(x):
         children, aux = flatten_func(x)
         children = list(children)
-        return children, aux, [SequenceKey(i) for i in range(len(children))]
+        return children, aux, [FlattenedIndexKey(i) for i in range(len(children))]
 
     def plain(x):  # without key paths (tree_flatten); children read more than once
         children, aux = flatten_func(x)

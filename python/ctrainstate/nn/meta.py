@@ -223,9 +223,9 @@ class Partitioned(AxisMetadata):
         return NamedSharding(mesh, self.get_partition_spec())
 
 
-tree_util.register_pytree_node(
+tree_util.register_pytree_with_keys(   # key path '.value', as Flax's struct has it
     Partitioned,
-    lambda b: ((b.value,), (b.names, b.mesh)),
+    lambda b: (((tree_util.GetAttrKey("value"), b.value),), (b.names, b.mesh)),
     lambda aux, children: Partitioned(children[0], aux[0], mesh=aux[1]),
 )
 

@@ -316,9 +316,9 @@ class LogicallyPartitioned(meta.Partitioned):
         return self.value
 
 
-tree_util.register_pytree_node(
+tree_util.register_pytree_with_keys(   # key path '.value', as Flax's struct has it
     LogicallyPartitioned,
-    lambda b: ((b.value,), (b.names, b.mesh, b.rules)),
+    lambda b: (((tree_util.GetAttrKey("value"), b.value),), (b.names, b.mesh, b.rules)),
     lambda aux, children: LogicallyPartitioned(children[0], aux[0], mesh=aux[1], rules=aux[2]),
 )
 

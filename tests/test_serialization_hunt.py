@@ -434,3 +434,78 @@ def test_key_paths_match_jax_and_flax():
           "l": nn.LogicallyPartitioned(np.ones(2), names=("a",))}
     assert [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tc)[0]] == \
         [jtu.keystr(p) for p, _ in jtu.tree_flatten_with_path(tj)[0]]
+
+
+# --- register_dataclass, register_pytree_with_keys_class, register_static -----------------
+
+def test_register_dataclass():
+    @tree_util.register_dataclass
+    @dataclasses.dataclass
+    class P:
+        x: float
+        y: list
+        tag: str = dataclasses.field(default="t", metadata={"static": True})
+
+    assert tree_util.tree_leaves(P(1.0, [2, 3])) == [1.0, 2, 3]
+    assert [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(P(1.0, [2]))[0]] == \
+        [".x", ".y[0]"]
+    assert tree_util.tree_map(lambda v: v * 2, P(1.0, [2], "u")) == P(2.0, [4], "u")
+    with pytest.raises(ValueError, match="mismatch"):          # the static field differs
+        tree_util.tree_map(lambda a, b: a, P(1.0, [2], "u"), P(1.0, [2], "v"))
+
+    @dataclasses.dataclass
+    class Q:
+        a: int
+        b: int
+    with pytest.raises(ValueError, match=r"missing \['b'\]"):
+        tree_util.register_dataclass(Q, ["a"], [])
+    with pytest.raises(TypeError, match="both"):
+        tree_util.register_dataclass(Q, ["a"], None)
+
+    class R:                                                   # not a dataclass: fields given
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+    tree_util.register_dataclass(R, ["a"], ["b"])
+    r = tree_util.tree_map(lambda v: v + 1, R(1, 2))
+    assert tree_util.tree_leaves(R(1, 2)) == [1] and (r.a, r.b) == (2, 2)
+
+
+def test_register_pytree_with_keys_class_and_register_static():
+    @tree_util.register_pytree_with_keys_class
+    class K:
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def tree_flatten_with_keys(self):
+            return ((tree_util.GetAttrKey("x"), self.x), (tree_util.GetAttrKey("y"), self.y)), None
+
+        @classmethod
+        def tree_unflatten(cls, aux, children):
+            return cls(*children)
+    assert [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(K(1, 2))[0]] == \
+        [".x", ".y"]
+    assert tree_util.tree_leaves(K(1, [2])) == [1, 2]
+
+    @tree_util.register_static
+    class S:
+        def __init__(self, v):
+            self.v = v
+    s = S(1)
+    out = tree_util.tree_map(lambda x: x + 1, [s, 2])
+    assert tree_util.tree_leaves([s, 2]) == [2] and out[0] is s and out[1] == 3
+
+
+@pytest.mark.parity
+def test_registration_helpers_match_jax():
+    jtu = pytest.importorskip("jax.tree_util")
+    for m in (jtu, tree_util):
+        @m.register_dataclass
+        @dataclasses.dataclass
+        class P:
+            x: float
+            y: list
+            tag: str = dataclasses.field(default="t", metadata={"static": True})
+        p = P(1.0, [2, 3], "u")
+        assert m.tree_leaves(p) == [1.0, 2, 3]
+        assert [m.keystr(k) for k, _ in m.tree_flatten_with_path(p)[0]] == [".x", ".y[0]", ".y[1]"]
+        assert m.tree_map(lambda v: v * 2, p) == P(2.0, [4, 6], "u")

@@ -21,6 +21,10 @@ __all__ = [
     "PyTreeDef",
     "register_pytree_node",
     "register_pytree_node_class",
+    "register_pytree_with_keys",
+    "register_pytree_with_keys_class",
+    "register_dataclass",
+    "register_static",
     "tree_flatten",
     "tree_unflatten",
     "tree_leaves",
@@ -119,8 +123,10 @@ def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func:
     _LEAF_TYPES.discard(nodetype)
 
 
-def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unflatten_func: Callable):
-    """Like :func:`register_pytree_node` but ``flatten_with_keys(x) -> ([(key, child)], aux)``."""
+def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unflatten_func: Callable,
+                              flatten_func: Callable | None = None):
+    """Like :func:`register_pytree_node` but ``flatten_with_keys(x) -> ([(key, child)], aux)``
+    (``flatten_func``, optional, flattens without the keys)."""
     if nodetype in _registry:
         raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
 
@@ -130,6 +136,10 @@ def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unfla
         return [c for _, c in kc], aux, [k for k, _ in kc]
 
     def plain(x):
+        if flatten_func is not None:
+            children, aux = flatten_func(x)
+            return (children if type(children) is tuple or type(children) is list
+                    else list(children)), aux
         kc, aux = flatten_with_keys(x)
         return [c for _, c in kc], aux
 
@@ -140,6 +150,75 @@ def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unfla
 def register_pytree_node_class(cls):
     """Class decorator: uses ``cls.tree_flatten`` and ``cls.tree_unflatten``."""
     register_pytree_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
+    return cls
+
+
+def register_pytree_with_keys_class(cls):
+    """Class decorator: uses ``cls.tree_flatten_with_keys`` (and ``cls.tree_flatten`` if it has
+    one) and ``cls.tree_unflatten`` (jax.tree_util.register_pytree_with_keys_class)."""
+    register_pytree_with_keys(cls, lambda x: x.tree_flatten_with_keys(), cls.tree_unflatten,
+                              (lambda x: x.tree_flatten()) if hasattr(cls, "tree_flatten") else None)
+    return cls
+
+
+def register_dataclass(nodetype, data_fields=None, meta_fields=None, drop_fields=()):
+    """Register a dataclass (or a class built from keyword arguments): ``data_fields`` are
+    children (key paths ``.name``), ``meta_fields`` static; without them a dataclass's fields
+    marked ``metadata={'static': True}`` are static (jax.tree_util.register_dataclass).
+    Usable as a class decorator.
+
+    >>> import dataclasses
+    >>> @register_dataclass
+    ... @dataclasses.dataclass
+    ... class P:
+    ...     x: float
+    ...     tag: str = dataclasses.field(default='t', metadata={'static': True})
+    >>> tree_leaves(P(1.0)), tree_map(lambda v: v * 2, P(1.0, 'u'))
+    ([1.0], P(x=2.0, tag='u'))
+    """
+    import dataclasses
+    if data_fields is None or meta_fields is None:
+        if (data_fields is None) != (meta_fields is None):
+            raise TypeError(f"register_dataclass: data_fields and meta_fields must both be given "
+                            f"when either is, got data_fields={data_fields!r}, "
+                            f"meta_fields={meta_fields!r}")
+        if not dataclasses.is_dataclass(nodetype):
+            raise TypeError(f"register_dataclass: data_fields and meta_fields are required when "
+                            f"the type is not a dataclass, got {nodetype!r}")
+        fields = dataclasses.fields(nodetype)
+        data_fields = [f.name for f in fields if not f.metadata.get("static", False)]
+        meta_fields = [f.name for f in fields if f.metadata.get("static", False)]
+    data_fields, meta_fields = tuple(data_fields), tuple(meta_fields)
+    if dataclasses.is_dataclass(nodetype):
+        init = {f.name for f in dataclasses.fields(nodetype) if f.init} - set(drop_fields)
+        given = {*data_fields, *meta_fields}
+        if given != init:
+            raise ValueError(f"register_dataclass({nodetype.__name__}): data_fields and "
+                             f"meta_fields must name every dataclass field with init=True and "
+                             f"only those: missing {sorted(init - given)}, unexpected "
+                             f"{sorted(given - init)} (drop_fields= leaves fields out)")
+    overlap = set(data_fields) & set(meta_fields)
+    if overlap:
+        raise ValueError(f"register_dataclass({nodetype.__name__}): data_fields and meta_fields "
+                         f"overlap in {sorted(overlap)}")
+
+    def flatten_with_keys(x):
+        return ([(GetAttrKey(n), getattr(x, n)) for n in data_fields],
+                tuple(getattr(x, n) for n in meta_fields))
+
+    def unflatten(meta, data):
+        return nodetype(**dict(zip(meta_fields, meta)), **dict(zip(data_fields, data)))
+
+    register_pytree_with_keys(nodetype, flatten_with_keys, unflatten,
+                              lambda x: ([getattr(x, n) for n in data_fields],
+                                         tuple(getattr(x, n) for n in meta_fields)))
+    return nodetype
+
+
+def register_static(cls):
+    """Make instances of ``cls`` tree nodes without children, held in the structure
+    (jax.tree_util.register_static). Returns ``cls``."""
+    register_pytree_node(cls, lambda x: ((), x), lambda x, _: x)
     return cls
 
 

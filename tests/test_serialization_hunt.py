@@ -509,3 +509,26 @@ def test_registration_helpers_match_jax():
         assert m.tree_leaves(p) == [1.0, 2, 3]
         assert [m.keystr(k) for k, _ in m.tree_flatten_with_path(p)[0]] == [".x", ".y[0]", ".y[1]"]
         assert m.tree_map(lambda v: v * 2, p) == P(2.0, [4, 6], "u")
+
+
+# --- PyTreeDef methods ----------------------------------------------------------------------
+
+def test_treedef_children_and_flatten_up_to():
+    td = tree_util.tree_structure({"a": [1, (2, None)], "b": 3})
+    kids = td.children()                       # a method, as jax's PyTreeDef.children()
+    assert kids == [tree_util.tree_structure([1, (2, None)]), tree_util.tree_structure(3)]
+    assert tree_util.tree_structure(5).children() == []
+    assert tree_util.tree_structure([0, 0]).flatten_up_to([(1, 2), {"x": 3}]) == [(1, 2), {"x": 3}]
+    with pytest.raises(ValueError, match="mismatch"):
+        tree_util.tree_structure([0, 0]).flatten_up_to([1, 2, 3])
+
+
+@pytest.mark.parity
+def test_treedef_methods_match_jax():
+    jtu = pytest.importorskip("jax.tree_util")
+    t = {"a": [1, (2, None)], "b": Pair(3, 4)}
+    assert [c.num_leaves for c in tree_util.tree_structure(t).children()] == \
+        [c.num_leaves for c in jtu.tree_structure(t).children()]
+    up = [(1, 2), {"x": 3}]
+    assert tree_util.tree_structure([0, 0]).flatten_up_to(up) == \
+        jtu.tree_structure([0, 0]).flatten_up_to(up)

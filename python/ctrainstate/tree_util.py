@@ -279,30 +279,38 @@ def _unflatten_node(kind, aux, children):
 class PyTreeDef:
     """The structure of a pytree: node kinds, aux data and the leaf positions."""
 
-    __slots__ = ("kind", "aux", "children", "num_leaves", "leafy")
+    __slots__ = ("kind", "aux", "_children", "num_leaves", "leafy")
 
     def __init__(self, kind, aux, children, num_leaves=None, leafy=None):
         self.kind = kind  # "leaf", "none" handled via kind type(None)
         self.aux = aux
-        self.children = tuple(children)
+        self._children = tuple(children)
         self.leafy = leafy   # every child the shared leaf node (None: not known yet)
         if kind == "leaf":
             self.num_leaves = 1
         elif num_leaves is not None:   # known to the caller (flatten counts as it goes)
             self.num_leaves = num_leaves
         else:
-            self.num_leaves = sum([c.num_leaves for c in self.children])
+            self.num_leaves = sum([c.num_leaves for c in self._children])
 
     @property
     def num_nodes(self) -> int:
-        return 1 if self.kind == "leaf" else 1 + sum(c.num_nodes for c in self.children)
+        return 1 if self.kind == "leaf" else 1 + sum(c.num_nodes for c in self._children)
 
     def unflatten(self, leaves):
         return tree_unflatten(self, leaves)
 
+    def children(self) -> list:
+        """The structures of this node's children (jax's ``PyTreeDef.children()``)."""
+        return list(self._children)
+
+    def flatten_up_to(self, tree) -> list:
+        """The subtrees of ``tree`` at this structure's leaves (``tree`` may be deeper there)."""
+        return _flatten_up_to(self, tree)
+
     def _key(self):
         aux = self.aux
-        return (self.kind, aux, self.children)
+        return (self.kind, aux, self._children)
 
     def __eq__(self, other):
         if self is other:
@@ -310,7 +318,7 @@ class PyTreeDef:
         if not isinstance(other, PyTreeDef):
             return NotImplemented
         if (self.kind != other.kind or self.num_leaves != other.num_leaves
-                or len(self.children) != len(other.children)):
+                or len(self._children) != len(other._children)):
             return False
         try:
             if self.aux != other.aux:
@@ -319,25 +327,25 @@ class PyTreeDef:
             if self.aux is not other.aux:
                 return False
         # tuple equality compares identical items (the shared leaf node) without a call
-        return self.children == other.children
+        return self._children == other._children
 
     def __hash__(self):
         try:
-            return hash((str(self.kind), self.aux, self.children))
+            return hash((str(self.kind), self.aux, self._children))
         except TypeError:
-            return hash((str(self.kind), self.children))
+            return hash((str(self.kind), self._children))
 
     def __repr__(self):
         if self.kind == "leaf":
             return "*"
-        inner = ", ".join(repr(c) for c in self.children)
+        inner = ", ".join(repr(c) for c in self._children)
         name = self.kind if isinstance(self.kind, str) else self.kind.__name__
         if self.kind is dict:
-            return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.aux, self.children)) + "}"
+            return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.aux, self._children)) + "}"
         if self.kind is list:
             return f"[{inner}]"
         if self.kind is tuple:
-            return f"({inner}{',' if len(self.children) == 1 else ''})"
+            return f"({inner}{',' if len(self._children) == 1 else ''})"
         if self.kind is type(None):
             return "None"
         return f"PyTreeDef({name}, [{inner}])"
@@ -460,11 +468,11 @@ def tree_unflatten(treedef: PyTreeDef, leaves):
             return next(it)
         leafy = td.leafy
         if leafy is None:
-            leafy = td.leafy = all(c is _LEAF for c in td.children)
+            leafy = td.leafy = all(c is _LEAF for c in td._children)
         if leafy:
-            kids = list(islice(it, len(td.children)))
+            kids = list(islice(it, len(td._children)))
         else:
-            kids = [next(it) if c is _LEAF or c.kind == "leaf" else build(c) for c in td.children]
+            kids = [next(it) if c is _LEAF or c.kind == "leaf" else build(c) for c in td._children]
         return _unflatten_node(td.kind, td.aux, kids)
 
     return build(treedef)
@@ -495,7 +503,7 @@ def _flatten_up_to(treedef, tree, path=(), check_aux=False):
             f"tree structure mismatch at {keystr(path) or 'the root'}: expected a "
             f"{_kind_name(treedef.kind)}, got a leaf of type {type(tree).__name__}")
     children, aux, keys, kind = node
-    if kind != treedef.kind or len(children) != len(treedef.children) or (
+    if kind != treedef.kind or len(children) != len(treedef._children) or (
             kind in (dict, collections.OrderedDict) and aux != treedef.aux):
         raise ValueError(
             f"tree structure mismatch at {keystr(path) or 'the root'}: expected "
@@ -510,7 +518,7 @@ def _flatten_up_to(treedef, tree, path=(), check_aux=False):
             f"{_kind_name(kind)} node with metadata {_aux_name(treedef.aux)}, got one with "
             f"{_aux_name(aux)}")
     out = []
-    for c, k, td in zip(children, keys, treedef.children):
+    for c, k, td in zip(children, keys, treedef._children):
         out += _flatten_up_to(td, c, path + (k,), check_aux)
     return out
 

@@ -532,3 +532,47 @@ def test_treedef_methods_match_jax():
     up = [(1, 2), {"x": 3}]
     assert tree_util.tree_structure([0, 0]).flatten_up_to(up) == \
         jtu.tree_structure([0, 0]).flatten_up_to(up)
+
+
+# --- boxed parameters (nn.Partitioned / LogicallyPartitioned) -------------------------------
+
+def test_partitioned_boxes_serialize_as_their_value():
+    msgpack = pytest.importorskip("msgpack")
+    from ctrainstate import nn
+    # Flax's boxes are structs whose only data field is 'value': {'value': array}. to_bytes of
+    # variables made with with_partitioning raised TypeError
+    t = {"w": nn.Partitioned(np.ones(2, np.float32), names=("a",)),
+         "l": nn.LogicallyPartitioned(np.ones(2, np.float32), names=("a",))}
+    assert set(serialization.to_state_dict(t)["w"]) == {"value"}
+    assert msgpack.unpackb(serialization.to_bytes(t), raw=False, ext_hook=serialization._unpack_ext
+                           )["l"]["value"].tolist() == [1.0, 1.0]
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    target = {"k": nn.Partitioned(cts.device_put(np.zeros((2, 4), np.float32),
+                                                 cts.NamedSharding(mesh, cts.P(None, "model"))),
+                                  names=(None, "model"))}
+    data = serialization.to_bytes({"k": nn.Partitioned(np.arange(8, dtype=np.float32).reshape(2, 4),
+                                                       names=(None, "model"))})
+    r = serialization.from_bytes(target, data)
+    assert isinstance(r["k"], nn.Partitioned) and r["k"].names == (None, "model")
+    assert r["k"].value.sharding.spec == cts.P(None, "model")
+    np.testing.assert_array_equal(np.asarray(r["k"].value), np.arange(8).reshape(2, 4))
+    with pytest.raises(ValueError, match=r"k has a ndarray where the target is a Partitioned"):
+        serialization.from_bytes(target, serialization.to_bytes({"k": np.zeros((2, 4), np.float32)}))
+    with pytest.raises(ValueError, match=r"\['names', 'value'\]"):
+        serialization.from_state_dict(target, {"k": {"value": 1, "names": 2}})
+
+
+@pytest.mark.parity
+def test_partitioned_box_bytes_match_flax():
+    fser = pytest.importorskip("flax.serialization")
+    fnn = pytest.importorskip("flax.linen")
+    from ctrainstate import nn
+    tf = {"w": fnn.Partitioned(np.ones(2, np.float32), names=("a",)),
+          "l": fnn.LogicallyPartitioned(np.ones(2, np.float32), names=("a",))}
+    tc = {"w": nn.Partitioned(np.ones(2, np.float32), names=("a",)),
+          "l": nn.LogicallyPartitioned(np.ones(2, np.float32), names=("a",))}
+    assert serialization.to_bytes(tc) == fser.to_bytes(tf)
+    rf = fser.from_bytes(tf, serialization.to_bytes(tc))
+    rc = serialization.from_bytes(tc, fser.to_bytes(tf))
+    assert isinstance(rf["w"], fnn.Partitioned) and isinstance(rc["w"], nn.Partitioned)
+    np.testing.assert_array_equal(np.asarray(rc["l"].value), np.asarray(rf["l"].value))

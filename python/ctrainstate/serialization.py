@@ -30,6 +30,8 @@ import numpy as np
 from ._abstract import ShapeDtypeStruct
 from ._dtypes import bfloat16
 from .array import Array, device_put
+from .nn.meta import Partitioned
+from .nn.spmd import LogicallyPartitioned
 from .t5x.serialization import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
 from .tree_util import (_flatten_up_to, _sorted_keys, keystr, tree_flatten_with_path,
@@ -41,6 +43,24 @@ __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpac
 MAX_CHUNK_SIZE = 2**30
 _EXT_NDARRAY, _EXT_COMPLEX, _EXT_NPSCALAR = 1, 2, 3
 _CHUNKED = "__msgpack_chunked_array__"
+
+
+def _box_to_state_dict(box):
+    return {"value": to_state_dict(box.value)}
+
+
+def _box_from_state_dict(box, state):
+    where = current_path()
+    if not isinstance(state, dict) or set(state) != {"value"}:
+        got = sorted(state) if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise ValueError(f"state dict at {where} has {got} where the target is a "
+                         f"{type(box).__name__} box: expected {{'value': ...}} (Flax's layout)")
+    return box.replace(value=from_state_dict(box.value, state["value"], name=f"{where}/value"))
+
+
+# nn.Partitioned boxes are Flax structs: their state dict is {'value': ...} (names are static)
+for _box in (Partitioned, LogicallyPartitioned):
+    register_serialization_state(_box, _box_to_state_dict, _box_from_state_dict)
 
 
 def _msgpack():

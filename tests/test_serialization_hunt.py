@@ -219,6 +219,12 @@ def test_frozen_dict_setitem_raises_value_error_as_flax():
     assert f == {"a": 1}
 
 
+def test_pretty_repr_of_frozen_dicts_inside_plain_dicts():
+    f = core.freeze({"b": 1})
+    assert core.pretty_repr({"a": f}, 2) == "{\n  a: FrozenDict({\n      b: 1,\n  }),\n}"
+    assert core.pretty_repr(core.freeze({"a": f})) == "FrozenDict({\n    a: {\n        b: 1,\n    },\n})"
+
+
 def test_pretty_repr_indents_multi_line_leaves():
     # Flax indents every line of an entry (its _indent), a leaf's continuation lines too
     a = np.zeros((2, 1))
@@ -234,6 +240,14 @@ def test_pretty_repr_matches_flax():
     assert core.pretty_repr(t) == ffd.pretty_repr(t)
     assert core.pretty_repr(t, num_spaces=2) == ffd.pretty_repr(t, num_spaces=2)
     assert repr(core.freeze(t)) == repr(ffd.freeze(t))
+    # a FrozenDict inside a plain dict prints as one; other mappings print as their repr
+    import types
+    for mk in (lambda M: {"a": M.freeze({"b": np.eye(2)}), "c": 2},
+               lambda M: {"m": types.MappingProxyType({"b": 1})},
+               lambda M: M.freeze({"a": M.freeze({"b": {}})})):
+        assert core.pretty_repr(mk(core)) == ffd.pretty_repr(mk(ffd))
+        if not isinstance(mk(ffd), ffd.FrozenDict):   # Flax ignores num_spaces for a FrozenDict
+            assert core.pretty_repr(mk(core), 2) == ffd.pretty_repr(mk(ffd), 2)
 
 
 # --- struct ---------------------------------------------------------------------------------

@@ -120,9 +120,13 @@ def pop(x: Mapping, key):
 
 
 def pretty_repr(x: Any, num_spaces: int = 4) -> str:
-    """An indented multi-line repr of nested mappings (Flax's format)."""
+    """An indented multi-line repr of nested dicts (Flax's format): inside a FrozenDict every
+    level prints as a dict; inside a plain dict a FrozenDict prints as ``FrozenDict({...})``
+    and other mappings as their repr, as in Flax."""
+    frozen = isinstance(x, FrozenDict)
+
     def rec(v):
-        if not isinstance(v, Mapping):
+        if not isinstance(v, dict) or (isinstance(v, FrozenDict) and not frozen):
             return repr(v)
         if not v:
             return "{}"
@@ -130,5 +134,6 @@ def pretty_repr(x: Any, num_spaces: int = 4) -> str:
         pad = " " * num_spaces
         rep = "".join(f"{k}: {rec(val)},\n" for k, val in v.items())
         return "{\n" + "".join(pad + line + "\n" for line in rep.split("\n")[:-1]) + "}"
-    body = rec(x)
-    return f"FrozenDict({body})" if isinstance(x, FrozenDict) else body
+    if frozen:
+        return f"FrozenDict({rec(x)})"
+    return rec(x)

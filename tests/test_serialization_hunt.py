@@ -590,3 +590,18 @@ def test_partitioned_box_bytes_match_flax():
     rc = serialization.from_bytes(tc, fser.to_bytes(tf))
     assert isinstance(rf["w"], fnn.Partitioned) and isinstance(rc["w"], nn.Partitioned)
     np.testing.assert_array_equal(np.asarray(rc["l"].value), np.asarray(rf["l"].value))
+
+
+def test_train_state_checkpoint_of_another_optimizer_names_the_path():
+    pytest.importorskip("msgpack")
+    from ctrainstate import optim
+    from ctrainstate.train_state import TrainState
+    p = {"dense": {"kernel": np.ones((2, 3), np.float32), "bias": np.zeros(3, np.float32)}}
+    adam = TrainState.create(apply_fn=None, params=p, tx=optim.adam(1e-3))
+    chain = TrainState.create(apply_fn=None, params=p, tx=optim.chain(
+        optim.clip_by_global_norm(1.0), optim.adam(1e-3)))
+    # adam's state {'0': {count, mu, nu}, '1': {}} read into chain's (EmptyState, (adam, ...)):
+    # EmptyState took the adam fields silently before
+    with pytest.raises(ValueError, match=r"\['count', 'mu', 'nu'\].*EmptyState.*at opt_state/0"):
+        serialization.from_bytes(chain, serialization.to_bytes(adam))
+    assert np.asarray(chain.opt_state[1][0].mu["dense"]["kernel"]).sum() == 0   # untouched

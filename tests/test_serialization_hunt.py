@@ -605,3 +605,35 @@ def test_train_state_checkpoint_of_another_optimizer_names_the_path():
     with pytest.raises(ValueError, match=r"\['count', 'mu', 'nu'\].*EmptyState.*at opt_state/0"):
         serialization.from_bytes(chain, serialization.to_bytes(adam))
     assert np.asarray(chain.opt_state[1][0].mu["dense"]["kernel"]).sum() == 0   # untouched
+
+
+def test_copy_and_pop_of_a_dict_copy_its_structure_like_flax():
+    # Flax copies a dict through jax.tree_util.tree_map: dict keys sorted, nested dicts (in
+    # lists too) copied, FrozenDicts kept frozen
+    d = {"b": {"y": 1, "x": None}, "a": [{"q": 1, "p": 2}], "f": core.freeze({"k": 1})}
+    c = core.copy(d, {"c": 3})
+    assert list(c) == ["a", "b", "f", "c"] and list(c["b"]) == ["x", "y"]
+    assert list(c["a"][0]) == ["p", "q"] and c["a"][0] is not d["a"][0]
+    assert isinstance(c["f"], core.FrozenDict) and c == {**d, "c": 3}
+    rest, v = core.pop(d, "a")
+    assert list(rest) == ["b", "f"] and isinstance(rest["f"], core.FrozenDict)
+    assert v == [{"p": 2, "q": 1}] and list(v[0]) == ["p", "q"]
+    assert list(d) == ["b", "a", "f"]          # the input is not changed
+
+
+@pytest.mark.parity
+def test_copy_and_pop_of_a_dict_match_flax():
+    ffd = pytest.importorskip("flax.core.frozen_dict")
+
+    def mk(M):
+        return {"b": {"y": 1, "x": None}, "a": [{"q": 1, "p": 2}], "f": M.freeze({"k": 1})}
+
+    def shape(t):
+        if isinstance(t, (dict, ffd.FrozenDict)):
+            return (type(t).__name__, [(k, shape(v)) for k, v in t.items()])
+        if isinstance(t, list):
+            return [shape(v) for v in t]
+        return t
+    assert shape(core.copy(mk(core), {"c": 3})) == shape(ffd.copy(mk(ffd), {"c": 3}))
+    assert shape(core.pop(mk(core), "a")[0]) == shape(ffd.pop(mk(ffd), "a")[0])
+    assert shape(core.pop(mk(core), "a")[1]) == shape(ffd.pop(mk(ffd), "a")[1])

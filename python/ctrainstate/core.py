@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .nn.scope import DenyList
-from .tree_util import DictKey, register_pytree_with_keys
+from .tree_util import DictKey, register_pytree_with_keys, tree_map
 
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]
 
@@ -103,18 +103,27 @@ def unfreeze(x) -> Any:
     return x
 
 
+def _tree_copy(x):
+    """A copy of ``x``'s pytree structure (dict keys sorted, FrozenDicts kept), as Flax's
+    ``copy`` / ``pop`` of a dict make it with ``jax.tree_util.tree_map(lambda x: x, x)``."""
+    new = tree_map(lambda v: v, x)
+    return new if isinstance(new, dict) else dict(new)   # another Mapping: a dict copy
+
+
 def copy(x: Mapping, add_or_replace: Mapping = None):
     """``x`` with entries added or replaced: a FrozenDict stays frozen, a dict stays a dict."""
     if isinstance(x, FrozenDict):
         return x.copy(add_or_replace)
-    return {**unfreeze(x), **(add_or_replace or {})}
+    new = _tree_copy(x)
+    new.update(add_or_replace or {})
+    return new
 
 
 def pop(x: Mapping, key):
     """``(x without key, x[key])``, keeping x's kind (FrozenDict or dict)."""
     if isinstance(x, FrozenDict):
         return x.pop(key)
-    d = unfreeze(x)
+    d = _tree_copy(x)
     value = d.pop(key)
     return d, value
 

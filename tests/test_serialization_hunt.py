@@ -637,3 +637,10 @@ def test_copy_and_pop_of_a_dict_match_flax():
     assert shape(core.copy(mk(core), {"c": 3})) == shape(ffd.copy(mk(ffd), {"c": 3}))
     assert shape(core.pop(mk(core), "a")[0]) == shape(ffd.pop(mk(ffd), "a")[0])
     assert shape(core.pop(mk(core), "a")[1]) == shape(ffd.pop(mk(ffd), "a")[1])
+
+
+def test_struct_field_takes_metadata_none():
+    # flax.struct.field(pytree_node=True, *, metadata=None, **kwargs): None raised TypeError
+    f = struct.field(pytree_node=False, metadata=None)
+    assert dict(f.metadata) == {"pytree_node": False}
+    assert dict(struct.field(metadata={"x": 1}).metadata) == {"pytree_node": True, "x": 1}

@@ -37,8 +37,8 @@ __all__ = ["TrainState", "PyTreeNode", "field", "dataclass"]
 
 def field(pytree_node: bool = True, **kwargs):
     """A dataclass field; ``pytree_node=False`` makes it static (aux data), like flax.struct."""
-    return dataclasses.field(metadata={"pytree_node": pytree_node, **kwargs.pop("metadata", {})},
-                             **kwargs)
+    return dataclasses.field(
+        metadata={"pytree_node": pytree_node, **(kwargs.pop("metadata", None) or {})}, **kwargs)
 
 
 def dataclass(cls=None, **kwargs):

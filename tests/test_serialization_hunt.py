@@ -644,3 +644,51 @@ def test_struct_field_takes_metadata_none():
     f = struct.field(pytree_node=False, metadata=None)
     assert dict(f.metadata) == {"pytree_node": False}
     assert dict(struct.field(metadata={"x": 1}).metadata) == {"pytree_node": True, "x": 1}
+
+
+# --- is_leaf_takes_path, all_leaves(is_leaf=), register_pytree_node(flatten_with_keys_func=)
+
+_NESTED = {"a": {"x": [1, 2], "y": 3}, "b": [4, (5, 6)]}
+
+
+def test_is_leaf_takes_path():
+    def at_depth_2(path, x):
+        return len(path) == 2
+    pl = tree_util.tree_flatten_with_path(_NESTED, is_leaf=at_depth_2, is_leaf_takes_path=True)[0]
+    assert [(tree_util.keystr(p), v) for p, v in pl] == [
+        ("['a']['x']", [1, 2]), ("['a']['y']", 3), ("['b'][0]", 4), ("['b'][1]", (5, 6))]
+    assert tree_util.tree_map_with_path(lambda p, x: len(p), _NESTED, is_leaf=at_depth_2,
+                                        is_leaf_takes_path=True) == {"a": {"x": 2, "y": 2},
+                                                                     "b": [2, 2]}
+    assert len(tree_util.tree_leaves_with_path(_NESTED, is_leaf=at_depth_2,
+                                               is_leaf_takes_path=True)) == 4
+
+
+def test_all_leaves_is_leaf_and_register_with_keys_func():
+    assert tree_util.all_leaves([1, 2.0]) and not tree_util.all_leaves([1, [2]])
+    assert tree_util.all_leaves([None], is_leaf=lambda x: x is None)
+    assert not tree_util.all_leaves([None])
+
+    class B:
+        def __init__(self, a):
+            self.a = a
+    tree_util.register_pytree_node(B, lambda b: ((b.a,), None), lambda aux, ch: B(*ch),
+                                   lambda b: (((tree_util.GetAttrKey("a"), b.a),), None))
+    assert [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(B([1]))[0]] == [".a[0]"]
+    assert tree_util.tree_leaves(B([1, 2])) == [1, 2]
+
+
+@pytest.mark.parity
+def test_path_predicates_and_all_leaves_match_jax():
+    jtu = pytest.importorskip("jax.tree_util")
+
+    def isl(p, x):
+        return len(p) == 2
+    for tree in (_NESTED, [1, [2, [3]]], {"q": Pair(1, [2])}):
+        assert [(tree_util.keystr(p), v) for p, v in tree_util.tree_flatten_with_path(
+            tree, is_leaf=isl, is_leaf_takes_path=True)[0]] == \
+            [(jtu.keystr(p), v) for p, v in jtu.tree_flatten_with_path(
+                tree, is_leaf=isl, is_leaf_takes_path=True)[0]]
+    for items, pred in (([1, [2]], lambda x: isinstance(x, list)), ([None], lambda x: x is None),
+                        ([1, (2,)], lambda x: isinstance(x, tuple)), ([1, 2], None)):
+        assert tree_util.all_leaves(items, is_leaf=pred) == jtu.all_leaves(items, is_leaf=pred)

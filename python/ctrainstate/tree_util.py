@@ -102,10 +102,15 @@ def keystr(path, *, simple: bool = False, separator: str = "") -> str:
 _registry: dict[type, tuple[Callable, Callable, Callable]] = {}
 
 
-def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func: Callable) -> None:
+def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func: Callable,
+                         flatten_with_keys_func: Callable | None = None) -> None:
     """Register ``nodetype``: ``flatten_func(x) -> (children, aux_data)`` and
     ``unflatten_func(aux_data, children) -> x``. Its children's key paths are
-    ``FlattenedIndexKey(i)`` (see :func:`register_pytree_with_keys` for named ones)."""
+    ``FlattenedIndexKey(i)``, or those of ``flatten_with_keys_func(x) -> ([(key, child)], aux)``
+    (see :func:`register_pytree_with_keys`)."""
+    if flatten_with_keys_func is not None:
+        return register_pytree_with_keys(nodetype, flatten_with_keys_func, unflatten_func,
+                                         flatten_func)
     if nodetype in _registry:
         raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
 
@@ -413,10 +418,10 @@ def _flatten_plain(x, is_leaf, leaves):
     return PyTreeDef(kind, aux, defs, len(leaves) - n0)
 
 
-def _flatten(x, is_leaf, leaves, paths, path):
+def _flatten(x, is_leaf, leaves, paths, path, takes_path=False):
     if paths is None:
         return _flatten_plain(x, is_leaf, leaves)
-    if is_leaf is not None and is_leaf(x):
+    if is_leaf is not None and (is_leaf(path, x) if takes_path else is_leaf(x)):
         leaves.append(x)
         if paths is not None:
             paths.append(path)
@@ -429,7 +434,7 @@ def _flatten(x, is_leaf, leaves, paths, path):
         return _LEAF
     children, aux, keys, kind = node
     defs = [
-        _flatten(c, is_leaf, leaves, paths, path + (k,) if paths is not None else path)
+        _flatten(c, is_leaf, leaves, paths, path + (k,) if paths is not None else path, takes_path)
         for c, k in zip(children, keys)
     ]
     return PyTreeDef(kind, aux, defs)
@@ -442,16 +447,17 @@ def tree_flatten(tree, is_leaf: Callable | None = None):
     return leaves, td
 
 
-def tree_flatten_with_path(tree, is_leaf: Callable | None = None):
-    """``([(key_path, leaf)], treedef)``."""
+def tree_flatten_with_path(tree, is_leaf: Callable | None = None, is_leaf_takes_path: bool = False):
+    """``([(key_path, leaf)], treedef)``; with ``is_leaf_takes_path`` the predicate is called
+    as ``is_leaf(key_path, x)``."""
     leaves: list = []
     paths: list = []
-    td = _flatten(tree, is_leaf, leaves, paths, ())
+    td = _flatten(tree, is_leaf, leaves, paths, (), is_leaf_takes_path)
     return list(zip(paths, leaves)), td
 
 
-def tree_leaves_with_path(tree, is_leaf: Callable | None = None):
-    return tree_flatten_with_path(tree, is_leaf)[0]
+def tree_leaves_with_path(tree, is_leaf: Callable | None = None, is_leaf_takes_path: bool = False):
+    return tree_flatten_with_path(tree, is_leaf, is_leaf_takes_path)[0]
 
 
 def tree_unflatten(treedef: PyTreeDef, leaves):
@@ -486,8 +492,12 @@ def tree_structure(tree, is_leaf: Callable | None = None) -> PyTreeDef:
     return tree_flatten(tree, is_leaf)[1]
 
 
-def all_leaves(iterable) -> bool:
-    return all(tree_structure(x) == _LEAF for x in iterable)
+def all_leaves(iterable, is_leaf: Callable | None = None) -> bool:
+    """Whether every item of ``iterable`` is a leaf (jax.tree_util.all_leaves)."""
+    if is_leaf is None:
+        return all(tree_structure(x) == _LEAF for x in iterable)
+    items = list(iterable)   # JAX's test: is_leaf sees the list itself first
+    return items == tree_leaves(items, is_leaf)
 
 
 def _flatten_up_to(treedef, tree, path=(), check_aux=False):
@@ -553,9 +563,11 @@ def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
     return tree_unflatten(td, [f(*xs) for xs in zip(leaves, *others)])
 
 
-def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None):
-    """Like :func:`tree_map`, with the key path as ``f``'s first argument."""
-    pl, td = tree_flatten_with_path(tree, is_leaf)
+def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None,
+                       is_leaf_takes_path: bool = False):
+    """Like :func:`tree_map`, with the key path as ``f``'s first argument (and ``is_leaf``'s,
+    with ``is_leaf_takes_path``)."""
+    pl, td = tree_flatten_with_path(tree, is_leaf, is_leaf_takes_path)
     others = [_flatten_up_to(td, r, check_aux=True) for r in rest]
     return tree_unflatten(td, [f(p, x, *xs) for (p, x), *xs in zip(pl, *others)])
 

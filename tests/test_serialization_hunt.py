@@ -692,3 +692,19 @@ def test_path_predicates_and_all_leaves_match_jax():
     for items, pred in (([1, [2]], lambda x: isinstance(x, list)), ([None], lambda x: x is None),
                         ([1, (2,)], lambda x: isinstance(x, tuple)), ([1, 2], None)):
         assert tree_util.all_leaves(items, is_leaf=pred) == jtu.all_leaves(items, is_leaf=pred)
+
+
+def test_from_bytes_checks_host_and_jax_array_targets_too():
+    pytest.importorskip("msgpack")
+    data = serialization.to_bytes({"w": np.ones((2, 3), np.float32), "n": 1})
+    # a numpy template of another shape got the saved array silently
+    with pytest.raises(ValueError, match=r"shape \(2, 3\), its target \(3, 3\), at \['w'\]"):
+        serialization.from_bytes({"w": np.zeros((3, 3), np.float32), "n": 0}, data)
+    r = serialization.from_bytes({"w": np.zeros((2, 3), np.float32), "n": 0}, data)
+    assert type(r["w"]) is np.ndarray and r["w"].sum() == 6 and r["n"] == 1
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(ValueError, match=r"at \['w'\]"):
+        serialization.from_bytes({"w": jnp.zeros((3, 3)), "n": 0}, data)
+    with pytest.raises(ValueError, match=r"at \['w'\] .*saved value a str"):
+        serialization.from_bytes({"w": np.zeros((2, 3)), "n": 0},
+                                 serialization.to_bytes({"w": "x", "n": 1}))

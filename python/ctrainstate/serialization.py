@@ -168,20 +168,25 @@ def to_bytes(target) -> bytes:
 
 def from_bytes(target, encoded: bytes) -> Any:
     """``target``'s structure with the values of ``encoded``; leaves whose target is an Array
-    are placed with that Array's sharding."""
+    are placed with that Array's sharding. A saved value that is not an array of the shape of
+    its target array (an Array, ``ShapeDtypeStruct``, numpy or jax array) is a ``ValueError``
+    naming the path."""
     restored = from_state_dict(target, msgpack_restore(encoded))
 
     def place(path, t, v):
-        if isinstance(t, (Array, ShapeDtypeStruct)) and not isinstance(v, Array):
+        ours = isinstance(t, (Array, ShapeDtypeStruct))
+        if (ours or isinstance(t, np.ndarray) or _foreign(t)) and not isinstance(v, Array):
             if not isinstance(v, (np.ndarray, np.generic, int, float, bool, complex)):
                 raise ValueError(f"from_bytes: at {keystr(path) or 'the root'} the target is an "
                                  f"array of shape {tuple(t.shape)}, the saved value a "
                                  f"{type(v).__name__}")
-            v = np.asarray(v)
-            if v.shape != tuple(t.shape):
-                raise ValueError(f"from_bytes: a saved array has shape {v.shape}, its target "
+            a = np.asarray(v)
+            if a.shape != tuple(t.shape):
+                raise ValueError(f"from_bytes: a saved array has shape {a.shape}, its target "
                                  f"{tuple(t.shape)}, at {keystr(path) or 'the root'}")
-            return device_put(v, t.sharding) if t.sharding is not None else device_put(v)
+            if not ours:   # a host / foreign target: the value as read, as Flax returns it
+                return v
+            return device_put(a, t.sharding) if t.sharding is not None else device_put(a)
         return v
     # paired by construction (restored has target's structure): no metadata check here
     pl, td = tree_flatten_with_path(target, is_leaf=lambda x: x is None)

@@ -708,3 +708,34 @@ def test_from_bytes_checks_host_and_jax_array_targets_too():
     with pytest.raises(ValueError, match=r"at \['w'\] .*saved value a str"):
         serialization.from_bytes({"w": np.zeros((2, 3)), "n": 0},
                                  serialization.to_bytes({"w": "x", "n": 1}))
+
+
+def test_unfreeze_of_a_frozen_dict_sorts_keys_like_flax():
+    f = core.freeze({"b": {"y": 1, "x": 2}, "a": [{"q": 1, "p": 2}, core.freeze({"n": 1})]})
+    u = core.unfreeze(f)
+    assert list(u) == ["a", "b"] and list(u["b"]) == ["x", "y"] and type(u["b"]) is dict
+    assert list(u["a"][0]) == ["p", "q"] and u["a"] is not f["a"]       # the list is copied
+    assert isinstance(u["a"][1], core.FrozenDict)       # a FrozenDict inside a list stays one
+    assert u == {"b": {"y": 1, "x": 2}, "a": [{"q": 1, "p": 2}, {"n": 1}]}
+    d = core.unfreeze({"z": core.freeze({"b": 1, "a": 2}), "y": {"d": 1, "c": 2}})
+    assert list(d) == ["z", "y"] and list(d["z"]) == ["a", "b"] and list(d["y"]) == ["d", "c"]
+
+
+@pytest.mark.parity
+def test_unfreeze_matches_flax():
+    ffd = pytest.importorskip("flax.core.frozen_dict")
+
+    def mk(M):
+        return M.freeze({"b": {"y": 1, "x": 2}, "a": [{"q": 1, "p": 2}, M.freeze({"n": 1, "m": 2})]})
+
+    def shape(t):
+        if isinstance(t, (dict, ffd.FrozenDict)):
+            return (type(t).__name__, [(k, shape(v)) for k, v in t.items()])
+        if isinstance(t, list):
+            return [shape(v) for v in t]
+        return t
+    assert shape(core.unfreeze(mk(core))) == shape(ffd.unfreeze(mk(ffd)))
+    assert shape(mk(core).unfreeze()) == shape(mk(ffd).unfreeze())
+    mixed = {"z": 1, "y": {"d": 1, "c": 2}}
+    assert shape(core.unfreeze({**mixed, "f": core.freeze({"b": 1, "a": 2})})) == \
+        shape(ffd.unfreeze({**mixed, "f": ffd.freeze({"b": 1, "a": 2})}))

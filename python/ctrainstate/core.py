@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .nn.scope import DenyList
-from .tree_util import DictKey, register_pytree_with_keys, tree_map
+from .tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
 
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]
 
@@ -97,10 +97,21 @@ def freeze(xs: Mapping) -> FrozenDict:
 
 
 def unfreeze(x) -> Any:
-    """Plain nested dicts for a FrozenDict or dict (a copy of the dict structure)."""
+    """Plain nested dicts for a FrozenDict or dict (a copy of the dict structure; a
+    FrozenDict's keys come out sorted, as Flax's ``unfreeze`` copies it with tree_map)."""
+    if isinstance(x, FrozenDict):   # Flax: tree_map(lambda y: y, x._dict), keys sorted
+        return {k: _thaw(dict.__getitem__(x, k)) for k in _sorted_keys(x)}
     if isinstance(x, dict):
         return {k: unfreeze(v) for k, v in x.items()}
     return x
+
+
+def _thaw(v):
+    """A FrozenDict's value as Flax's unfreeze copies it: its dict levels as dicts with sorted
+    keys, anything else copied as a pytree (a FrozenDict inside a list stays one)."""
+    if isinstance(v, dict):
+        return {k: _thaw(v[k]) for k in _sorted_keys(v)}
+    return tree_map(lambda y: y, v) if isinstance(v, (list, tuple)) else v
 
 
 def _tree_copy(x):

@@ -739,3 +739,37 @@ def test_unfreeze_matches_flax():
     mixed = {"z": 1, "y": {"d": 1, "c": 2}}
     assert shape(core.unfreeze({**mixed, "f": core.freeze({"b": 1, "a": 2})})) == \
         shape(ffd.unfreeze({**mixed, "f": ffd.freeze({"b": 1, "a": 2})}))
+
+
+def test_from_bytes_keeps_the_target_s_dict_order():
+    pytest.importorskip("msgpack")
+    from ctrainstate import optim
+    from ctrainstate.train_state import TrainState
+    # Flax's from_bytes rebuilds dicts in the target's key order; the placing pass sorted them
+    t = {"w": np.zeros((2,), np.float32), "n": 0, "b": {"z": np.zeros(1), "a": None}}
+    r = serialization.from_bytes(t, serialization.to_bytes(t))
+    assert list(r) == ["w", "n", "b"] and list(r["b"]) == ["z", "a"]
+    p = {"dense": {"kernel": np.ones((2, 3), np.float32), "bias": np.zeros(3, np.float32)}}
+    s = TrainState.create(apply_fn=None, params=p, tx=optim.adam(1e-3))
+    s = s.replace(params={"dense": {"kernel": s.params["dense"]["kernel"],
+                                    "bias": s.params["dense"]["bias"]}})   # unsorted keys
+    rs = serialization.from_bytes(s, serialization.to_bytes(s))
+    assert list(rs.params["dense"]) == list(s.params["dense"])
+    assert list(rs.opt_state[0].mu["dense"]) == list(s.opt_state[0].mu["dense"])
+    f = serialization.from_bytes(core.freeze(t), serialization.to_bytes(t))
+    assert isinstance(f, core.FrozenDict) and list(f) == ["w", "n", "b"]
+
+
+@pytest.mark.parity
+def test_from_bytes_dict_order_matches_flax():
+    fser = pytest.importorskip("flax.serialization")
+    t = {"w": np.zeros((2,), np.float32), "n": 0, "b": {"z": np.zeros(1), "a": None}, "l": [{"y": 1, "x": 2}]}
+    data = fser.to_bytes(t)
+
+    def order(x):
+        if isinstance(x, dict):
+            return [(k, order(v)) for k, v in x.items()]
+        if isinstance(x, list):
+            return [order(v) for v in x]
+        return None
+    assert order(serialization.from_bytes(t, data)) == order(fser.from_bytes(t, data))

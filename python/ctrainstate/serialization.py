@@ -34,8 +34,9 @@ from .nn.meta import Partitioned
 from .nn.spmd import LogicallyPartitioned
 from .t5x.serialization import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
-from .tree_util import (_flatten_up_to, _sorted_keys, keystr, tree_flatten_with_path,
-                        tree_unflatten)
+from .core import FrozenDict
+from .tree_util import (_flatten_node, _flatten_up_to, _sorted_keys, _unflatten_node, keystr,
+                        tree_flatten_with_path, tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
            "msgpack_restore", "register_serialization_state", "is_serializable", "current_path"]
@@ -191,4 +192,19 @@ def from_bytes(target, encoded: bytes) -> Any:
     # paired by construction (restored has target's structure): no metadata check here
     pl, td = tree_flatten_with_path(target, is_leaf=lambda x: x is None)
     vals = _flatten_up_to(td, restored)
-    return tree_unflatten(td, [place(p, t, v) for (p, t), v in zip(pl, vals)])
+    out = tree_unflatten(td, [place(p, t, v) for (p, t), v in zip(pl, vals)])
+    return _in_order(td, out, restored)
+
+
+def _in_order(td, x, like):
+    """``x`` with its dicts in ``like``'s key order (the target's, as Flax returns them;
+    tree_unflatten sorts them)."""
+    if td.kind == "leaf" or not td.children():
+        return x
+    children, aux, _, kind = _flatten_node(x)
+    kids = [_in_order(c, xc, lc) for c, xc, lc in zip(td.children(), children,
+                                                      _flatten_node(like)[0])]
+    if type(x) in (dict, FrozenDict) and list(x) != list(like):
+        by_key = dict(zip(aux, kids))
+        return type(x)((k, by_key[k]) for k in like)
+    return _unflatten_node(kind, aux, kids)

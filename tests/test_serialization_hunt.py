@@ -773,3 +773,41 @@ def test_from_bytes_dict_order_matches_flax():
             return [order(v) for v in x]
         return None
     assert order(serialization.from_bytes(t, data)) == order(fser.from_bytes(t, data))
+
+
+def test_struct_unflatten_runs_post_init_like_flax():
+    # jax.tree_util.register_dataclass (Flax's struct) rebuilds through __init__: attributes
+    # that __post_init__ derives exist on tree_map's result too (they were missing)
+    calls = []
+
+    @struct.dataclass
+    class A:
+        x: Any
+        tag: str = struct.field(pytree_node=False, default="t")
+
+        def __post_init__(self):
+            calls.append(self.x)
+            object.__setattr__(self, "double", self.x * 2)
+
+    a = A(1, "u")
+    b = tree_util.tree_map(lambda v: v + 1, a)
+    assert calls == [1, 2] and b.double == 4 and b.tag == "u" and b == A(2, "u")
+    r = serialization.from_state_dict(a, {"x": 5})
+    assert r.double == 10
+
+
+@pytest.mark.parity
+def test_struct_post_init_on_unflatten_matches_flax():
+    fst = pytest.importorskip("flax.struct")
+    jtu = pytest.importorskip("jax.tree_util")
+    for S, tu in ((fst, jtu), (struct, tree_util)):
+        calls = []
+
+        @S.dataclass
+        class A:
+            x: Any
+
+            def __post_init__(self):
+                calls.append(self.x)
+        tu.tree_map(lambda v: v + 1, A(1))
+        assert calls == [1, 2]

@@ -69,6 +69,18 @@ def dataclass(cls=None, **kwargs):
             object.__setattr__(obj, n, v)
         return obj
 
+    if hasattr(cls, "__post_init__"):
+        init = {f.name for f in fields if f.init}
+
+        def unflatten(aux, children):   # noqa: F811 - through __init__, as Flax's
+            values = dict(zip(data, children))   # register_dataclass does: __post_init__ runs
+            values.update(zip(meta, aux))
+            obj = cls(**{n: v for n, v in values.items() if n in init})
+            for n, v in values.items():
+                if n not in init:
+                    object.__setattr__(obj, n, v)
+            return obj
+
     register_pytree_with_keys(cls, flatten_with_keys, unflatten)
     cls._ct_struct = True
     cls.replace = lambda self, **kw: dataclasses.replace(self, **kw)

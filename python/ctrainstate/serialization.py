@@ -1,14 +1,17 @@
 """State dicts and msgpack bytes (mirror of ``flax.serialization``).
 
 ``to_state_dict`` / ``from_state_dict`` turn a TrainState (or any pytree of dicts,
-tuples, NamedTuples and structs) into nested dicts with string keys and back.
+tuples, NamedTuples, structs, ``nn.Partitioned`` boxes and ``tree_util.Partial``) into
+nested dicts with string keys and back; ``register_serialization_state`` adds a class.
 ``to_bytes`` / ``from_bytes`` write and read them in Flax's msgpack format — the same
 bytes Flax reads and writes (arrays as ``(shape, dtype name, C-order buffer)``, numpy
 scalars likewise, arrays over 1 GiB split into chunks) — so a checkpoint passes between
 Flax and ctrainstate. Writing gathers each Array to the host (it is a full copy by
 nature). Reading places every leaf whose target is an Array (or a ``ShapeDtypeStruct``
 from ``eval_shape``) with the target's sharding, one block per device (Flax returns host
-numpy arrays); other leaves come back as read.
+numpy arrays); other leaves come back as read. A saved value that does not fit its target
+(another structure, an array of another shape) is a ``ValueError`` naming the path, and
+the target is left as it was.
 The bytes functions need the ``msgpack`` package.
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.optim as optim

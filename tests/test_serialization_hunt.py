@@ -811,3 +811,32 @@ def test_struct_post_init_on_unflatten_matches_flax():
                 calls.append(self.x)
         tu.tree_map(lambda v: v + 1, A(1))
         assert calls == [1, 2]
+
+
+# --- tree_broadcast / tree_reduce_associative (jax.tree.broadcast / reduce_associative) ----
+
+def test_tree_broadcast_and_reduce_associative():
+    assert tree_util.tree_broadcast({"a": 1, "b": 2}, {"a": [0, 0], "b": 0}) == {"a": [1, 1], "b": 2}
+    assert cts.tree.broadcast(5, {"a": [0, 0], "b": None}) == {"a": [5, 5], "b": None}
+    with pytest.raises(ValueError, match="mismatch"):
+        cts.tree.broadcast({"a": 1}, {"b": 1})
+    # pairs as a balanced binary tree: ((1+2)+(3+(4+5)))
+    assert cts.tree.reduce_associative(lambda a, b: f"({a}+{b})", [1, 2, 3, 4, 5]) == \
+        "((1+2)+(3+(4+5)))"
+    assert cts.tree.reduce_associative(lambda a, b: a + b, [], identity=0) == 0
+    with pytest.raises(TypeError, match="identity"):
+        cts.tree.reduce_associative(lambda a, b: a + b, [])
+
+
+@pytest.mark.parity
+def test_tree_broadcast_and_reduce_associative_match_jax():
+    jax = pytest.importorskip("jax")
+    cases = [({"a": 1, "b": 2}, {"a": [0, 0], "b": 0}, None), (5, {"a": [0, (0,)], "b": None}, None),
+             ([[1, 2]], [[[0, 0], [0]]], lambda x: isinstance(x, list) and len(x) == 2)]
+    for prefix, full, isl in cases:
+        assert cts.tree.broadcast(prefix, full, is_leaf=isl) == jax.tree.broadcast(prefix, full,
+                                                                                  is_leaf=isl)
+    for n in range(1, 9):
+        op = lambda a, b: f"({a}+{b})"   # noqa: E731
+        assert cts.tree.reduce_associative(op, list(range(n))) == \
+            jax.tree.reduce_associative(op, list(range(n)))

@@ -37,6 +37,8 @@ __all__ = [
     "tree_reduce",
     "tree_all",
     "tree_transpose",
+    "tree_broadcast",
+    "tree_reduce_associative",
     "Partial",
     "DictKey",
     "SequenceKey",
@@ -651,3 +653,38 @@ class Partial(functools.partial):
 
 register_pytree_node(Partial, lambda p: ((p.args, p.keywords), p.func),
                      lambda func, xs: Partial(func, *xs[0], **xs[1]))
+
+
+def tree_broadcast(prefix_tree, full_tree, is_leaf: Callable | None = None):
+    """``full_tree``'s structure with each leaf of ``prefix_tree`` repeated over the subtree it
+    prefixes (jax.tree_util.tree_broadcast); ``is_leaf`` applies to ``prefix_tree``.
+
+    >>> tree_broadcast({'a': 1, 'b': 2}, {'a': [0, 0], 'b': 0})
+    {'a': [1, 1], 'b': 2}
+    """
+    leaves, td = tree_flatten(prefix_tree, is_leaf)
+    subtrees = _flatten_up_to(td, full_tree, check_aux=True)
+    out = []
+    for x, sub in zip(leaves, subtrees):
+        out.extend([x] * tree_structure(sub).num_leaves)
+    return tree_unflatten(tree_structure(full_tree), out)
+
+
+def tree_reduce_associative(operation: Callable, tree, *, identity: Any = _UNSPECIFIED,
+                            is_leaf: Callable | None = None):
+    """Reduce the leaves with an associative ``operation`` as a balanced binary tree, as
+    jax.tree_util.tree_reduce_associative pairs them (``identity`` for an empty tree).
+
+    >>> tree_reduce_associative(lambda a, b: f"({a}+{b})", [1, 2, 3, 4])
+    '((1+2)+(3+4))'
+    """
+    def reduce(seq):
+        if not seq:
+            if identity is _UNSPECIFIED:
+                raise TypeError("tree_reduce_associative: the tree has no leaves; give identity=")
+            return identity
+        if len(seq) == 1:
+            return seq[0]
+        half = len(seq) // 2
+        return operation(reduce(seq[:half]), reduce(seq[half:]))
+    return reduce(tree_leaves(tree, is_leaf=is_leaf))

@@ -840,3 +840,13 @@ def test_tree_broadcast_and_reduce_associative_match_jax():
         op = lambda a, b: f"({a}+{b})"   # noqa: E731
         assert cts.tree.reduce_associative(op, list(range(n))) == \
             jax.tree.reduce_associative(op, list(range(n)))
+
+
+def test_from_state_dict_restores_a_defaultdict():
+    # type(target)(pairs) raised TypeError for a defaultdict (its factory comes first)
+    t = collections.defaultdict(list, {"a": 1, "b": {"c": 2}})
+    r = serialization.from_state_dict(t, {"a": 5, "b": {"c": 6}})
+    assert type(r) is collections.defaultdict and r.default_factory is list
+    assert dict(r) == {"a": 5, "b": {"c": 6}}
+    od = collections.OrderedDict(b=1, a=2)
+    assert serialization.from_state_dict(od, {"a": 3, "b": 4}) == collections.OrderedDict(b=4, a=3)

@@ -15,6 +15,7 @@ Arrays, numbers, ``PartitionSpec`` — is a leaf, unless its type was registered
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from typing import Any, Callable
@@ -143,7 +144,10 @@ def from_state_dict(target: Any, state: Any, name: str = '.') -> Any:
         extra = set(state) - {str(k) for k in target}
         if extra:
             raise ValueError(f'state dict has unexpected keys {sorted(extra)} at {name}')
-        return type(target)((k, get(str(k), v)) for k, v in target.items())
+        items = [(k, get(str(k), v)) for k, v in target.items()]
+        if isinstance(target, collections.defaultdict):   # takes its factory first
+            return type(target)(target.default_factory, items)
+        return type(target)(items)
     if isinstance(target, tuple) and hasattr(type(target), '_fields'):
         if set(state) == {'name', 'fields', 'values'}:   # Flax's pre-2022 NamedTuple layout
             state = {state['fields'][str(i)]: state['values'][str(i)]

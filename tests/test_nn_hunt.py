@@ -450,16 +450,24 @@ def test_helper_method_called_from_compact_creates_submodules():
 
 
 @pytest.mark.parity
-def test_helper_method_called_from_compact_matches_flax():
+def _init_both(make):
+    """The model ``make(lib)`` initialised by flax and by ctrainstate on ones((2, 3)); the
+    param paths and kernels must be the same. Returns (flax variables, ours, x)."""
     fnn, jnp = _flax(), _jnp()
     import jax
     x = np.ones((2, 3), np.float32)
-    fv = _helper_model(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
-    cv = _helper_model(nn).init(random.PRNGKey(0), x)
+    fv = make(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
+    cv = make(nn).init(random.PRNGKey(0), x)
     assert _param_paths(cv["params"]) == _param_paths(fv["params"])
     for k in fv["params"]:
         np.testing.assert_array_equal(np.asarray(cv["params"][k]["kernel"]),
                                       np.asarray(fv["params"][k]["kernel"]))
+    return fv, cv, x
+
+
+def test_helper_method_called_from_compact_matches_flax():
+    fnn, jnp = _flax(), _jnp()
+    fv, cv, x = _init_both(_helper_model)
     np.testing.assert_allclose(np.asarray(_helper_model(nn).apply(cv, x)),
                                np.asarray(_helper_model(fnn).apply(fv, jnp.asarray(x))),
                                rtol=1e-5, atol=1e-6)
@@ -529,15 +537,7 @@ def test_nowrap_helper_builds_submodules_for_its_caller():
 
 @pytest.mark.parity
 def test_nowrap_helper_matches_flax():
-    fnn, jnp = _flax(), _jnp()
-    import jax
-    x = np.ones((2, 3), np.float32)
-    fv = _nowrap_model(fnn).init(jax.random.PRNGKey(0), jnp.asarray(x))
-    cv = _nowrap_model(nn).init(random.PRNGKey(0), x)
-    assert _param_paths(cv["params"]) == _param_paths(fv["params"])
-    for k in fv["params"]:
-        np.testing.assert_array_equal(np.asarray(cv["params"][k]["kernel"]),
-                                      np.asarray(fv["params"][k]["kernel"]))
+    _init_both(_nowrap_model)
 
 
 # --- a bound module's attributes are frozen as Flax freezes them ------------------------------

@@ -105,9 +105,10 @@ def test_cast_mask_of_another_structure_is_an_error():
 
 # --- t5x.optimizers.MultiOptimizer ----------------------------------------------------------------
 
-def _two_part_state():
+def _two_part(dec_rules=None):
+    """Variables with an 'enc' and a 'dec' kernel of different logical axes, and a
+    MultiOptimizer of two Adafactors, one per part (the second with ``dec_rules``)."""
     from ctrainstate.partitioning import AxisMetadata
-    from ctrainstate.t5x.train_state import FlaxOptimTrainState
     F = adafactor.FactorDim
     variables = {
         'params': {'enc': {'kernel': np.ones((4, 8), np.float32)},
@@ -117,8 +118,14 @@ def _two_part_state():
     enc = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/enc'))
     dec = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/dec'))
     a1 = adafactor.Adafactor(0.1, logical_factor_rules={'embed': F.ROW, 'mlp': F.COLUMN})
-    a2 = adafactor.Adafactor(0.2, logical_factor_rules={'foo': F.ROW, 'bar': F.COLUMN})
-    mo = optimizers.MultiOptimizer([(enc, a1), (dec, a2)])
+    a2 = adafactor.Adafactor(0.2, logical_factor_rules=dec_rules or {'foo': F.ROW,
+                                                                     'bar': F.COLUMN})
+    return variables, optimizers.MultiOptimizer([(enc, a1), (dec, a2)]), a1, a2
+
+
+def _two_part_state():
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    variables, mo, a1, a2 = _two_part()
     return FlaxOptimTrainState.create(mo, variables), mo, a1, a2
 
 
@@ -286,19 +293,8 @@ def test_placement_error_names_the_param_path():
 def test_multi_optimizer_set_param_axes_failure_leaves_no_partial_state():
     """DESIGN.md: no partial state after a failed call. When the second sub-Adafactor has no
     factor rule for one of its axes, the first one's factor_map is not left set."""
-    from ctrainstate.partitioning import AxisMetadata
     from ctrainstate.t5x.train_state import FlaxOptimTrainState
-    F = adafactor.FactorDim
-    variables = {
-        'params': {'enc': {'kernel': np.ones((4, 8), np.float32)},
-                   'dec': {'kernel': np.ones((8, 4), np.float32)}},
-        'params_axes': {'enc': {'kernel_axes': AxisMetadata(('embed', 'mlp'))},
-                        'dec': {'kernel_axes': AxisMetadata(('foo', 'bar'))}}}
-    enc = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/enc'))
-    dec = optimizers.ModelParamTraversal(lambda p, _: p.startswith('/dec'))
-    a1 = adafactor.Adafactor(0.1, logical_factor_rules={'embed': F.ROW, 'mlp': F.COLUMN})
-    a2 = adafactor.Adafactor(0.2, logical_factor_rules={'foo': F.ROW})
-    mo = optimizers.MultiOptimizer([(enc, a1), (dec, a2)])
+    variables, mo, a1, a2 = _two_part({'foo': adafactor.FactorDim.ROW})
     with pytest.raises(ValueError, match="no logical_factor_rules entry for axis 'bar'"):
         FlaxOptimTrainState.create(mo, variables)
     assert a1.hyper_params.factor_map is None and a2.hyper_params.factor_map is None

@@ -129,6 +129,24 @@ def _module_stack() -> list:
     return s
 
 
+def _map_modules(v, fn):
+    """``v`` with every Module inside its dicts, lists and tuples (namedtuples included)
+    replaced by ``fn(module)``; the containers are rebuilt with their own types (a dict
+    subclass that cannot be built from a dict becomes a dict)."""
+    if isinstance(v, Module):
+        return fn(v)
+    if isinstance(v, dict):
+        d = {k: _map_modules(x, fn) for k, x in v.items()}
+        try:
+            return d if type(v) is dict else type(v)(d)
+        except TypeError:
+            return d
+    if isinstance(v, (list, tuple)):
+        items = [_map_modules(x, fn) for x in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+    return v
+
+
 class _Frame:
     """A module method being executed: where new submodules attach."""
 
@@ -425,21 +443,7 @@ class Module:
             cache[id(m)] = (m, child)
             new[id(m)] = child
 
-        def rebuild(v):
-            if isinstance(v, Module):
-                return new.get(id(v), v)
-            if isinstance(v, dict):
-                d = {k: rebuild(x) for k, x in v.items()}
-                try:
-                    return d if type(v) is dict else type(v)(d)
-                except TypeError:
-                    return d
-            if isinstance(v, (list, tuple)):
-                items = [rebuild(x) for x in v]
-                return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
-            return v
-
-        return rebuild(value)
+        return _map_modules(value, lambda v: new.get(id(v), v))
 
     def _adopt_fields(self):
         """Adopt the unbound modules held by dataclass fields (see :meth:`_adopt`: ``inner``,
@@ -494,24 +498,13 @@ class Module:
         cache: dict = {}
 
         def free(v):
-            if isinstance(v, Module):
-                if v._scope is None:
-                    return v
-                if id(v) not in cache:
-                    cache[id(v)] = v.clone()
-                return cache[id(v)]
-            if isinstance(v, dict):
-                d = {k: free(x) for k, x in v.items()}
-                try:
-                    return d if type(v) is dict else type(v)(d)
-                except TypeError:
-                    return d
-            if isinstance(v, (list, tuple)):
-                items = [free(x) for x in v]
-                return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
-            return v
+            if v._scope is None:
+                return v
+            if id(v) not in cache:
+                cache[id(v)] = v.clone()
+            return cache[id(v)]
 
-        return type(self)(**{k: free(v) for k, v in fields.items()})
+        return type(self)(**{k: _map_modules(v, free) for k, v in fields.items()})
 
     def unbind(self) -> "tuple[Module, dict]":
         """``(a free copy without its name, its variables)`` of a bound module (Flax's

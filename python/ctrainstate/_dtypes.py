@@ -26,6 +26,23 @@ _NARROW = {
 SUPPORTED = tuple(_CODES)
 
 
+def int_tuple(seq, what: str, scalar: bool = False, expected: str | None = None) -> tuple:
+    """A shape-like argument as a tuple of Python ints, converted once at the boundary as
+    dtypes are: integers only (``operator.index``, so ``(2.5,)`` is refused rather than
+    truncated, as jax refuses it). ``scalar``: a lone integer is a 1-tuple. Otherwise a
+    TypeError saying "<what> must be <expected>, got <seq>"."""
+    import operator
+    try:
+        if scalar and (not hasattr(seq, "__iter__") or getattr(seq, "ndim", None) == 0):
+            return (operator.index(seq),)   # an int, a numpy integer, a 0-d array
+        return tuple(operator.index(d) for d in seq)
+    except TypeError:
+        if expected is None:
+            expected = ("an integer or a sequence of integers" if scalar
+                        else "a sequence of integers")
+        raise TypeError(f"{what} must be {expected}, got {seq!r}") from None
+
+
 def canonicalize(dtype) -> np.dtype:
     """Return the supported numpy dtype for ``dtype`` or raise ``TypeError``."""
     try:

@@ -7,7 +7,8 @@ from typing import Sequence
 import numpy as np
 
 from ._devices import devices as _devices
-from .sharding import Mesh, _int_tuple
+from . import _dtypes
+from .sharding import Mesh
 
 
 def _more_devices_hint(need, devs) -> str:
@@ -26,7 +27,7 @@ def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs)
     >>> mesh_utils.create_device_mesh((1,), cts.devices()[:1]).shape
     (1,)
     """
-    shape = _int_tuple(mesh_shape, "mesh_shape")
+    shape = _dtypes.int_tuple(mesh_shape, "mesh_shape")
     if any(s < 1 for s in shape):
         raise ValueError(f"mesh_shape {shape} must have positive sizes")
     devs = list(_devices() if devices is None else devices)
@@ -47,7 +48,7 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
     >>> cts.make_mesh((1,), ('x',)).shape['x']
     1
     """
-    shape = _int_tuple(axis_shapes, "make_mesh: axis_shapes")
+    shape = _dtypes.int_tuple(axis_shapes, "make_mesh: axis_shapes")
     if isinstance(axis_names, str):
         axis_names = (axis_names,)
     try:

@@ -543,14 +543,8 @@ def full_like(a, fill_value, dtype=None, shape=None):
 
 def _shape(shape):
     """``shape`` as a tuple of ints; as jnp, sizes must be integers (``(2.5,)`` is no shape)."""
-    import operator
-    try:
-        if isinstance(shape, (int, _np.integer)):
-            return (operator.index(shape),)
-        return tuple(operator.index(s) for s in shape)
-    except TypeError:
-        raise TypeError(f"shape must be an integer or a sequence of integers, got {shape!r}") \
-            from None
+    from . import _dtypes
+    return _dtypes.int_tuple(shape, "shape", scalar=True)
 
 
 __all__ = [

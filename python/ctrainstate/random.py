@@ -28,7 +28,6 @@ with the same bits on any mesh. Without ``out_sharding`` the result is a host
 from __future__ import annotations
 
 import math
-import operator
 from typing import Sequence
 
 import ml_dtypes
@@ -124,12 +123,8 @@ def split(k, num: int | Sequence[int] = 2) -> np.ndarray:
     >>> split(PRNGKey(0), 3).shape
     (3, 2)
     """
-    try:   # integers only, as jax's shapes (split(k, 2.5) is no 2 keys)
-        shape = tuple(operator.index(d) for d in (num if isinstance(num, (tuple, list))
-                                                  else (num,)))
-    except TypeError:
-        raise TypeError(f"split: num must be an integer or a tuple of integers, got {num!r}") \
-            from None
+    shape = _dtypes.int_tuple(num, "split: num", scalar=True,   # split(k, 2.5) is no 2 keys
+                              expected="an integer or a tuple of integers")
     if any(d < 0 for d in shape):
         raise ValueError(f"split: num must be non-negative, got {num!r}")
     n = math.prod(shape)
@@ -160,10 +155,7 @@ def fold_in(k, data: int) -> np.ndarray:
 def _shape(shape) -> tuple:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
-    try:   # integers only, as jax's shapes ((2.5,) is no shape (2,))
-        shape = tuple(operator.index(d) for d in shape)
-    except TypeError:
-        raise TypeError(f"shape must be a sequence of integers, got {shape!r}") from None
+    shape = _dtypes.int_tuple(shape, "shape")   # (2.5,) is no shape (2,), as in jax
     if any(d < 0 for d in shape):
         raise ValueError(f"shape must have non-negative dimensions, got {shape}")
     return shape

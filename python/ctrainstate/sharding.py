@@ -14,7 +14,6 @@ computed in C (csrc/core/ct_layout.c); this module only holds the objects.
 from __future__ import annotations
 
 import math
-import operator
 
 import collections
 import itertools
@@ -23,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import _C
+from . import _C, _dtypes
 from ._devices import Device, devices as _all_devices
 
 __all__ = [
@@ -297,14 +296,6 @@ def set_mesh(mesh: Mesh | None) -> _SetMesh:
 # --- Shardings -------------------------------------------------------------------
 
 
-def _int_tuple(seq, what: str) -> tuple:
-    """``seq`` as a tuple of Python ints, or TypeError naming ``what`` (no float truncation)."""
-    try:
-        return tuple(operator.index(d) for d in seq)
-    except TypeError:
-        raise TypeError(f"{what} must be a sequence of integers, got {seq!r}") from None
-
-
 class Sharding:
     """Base of the shardings: how an array of a given shape is split over devices."""
 
@@ -323,10 +314,10 @@ class Sharding:
     def _layout(self, shape: tuple):
         """(shard_shape, [(device, start, replica_id)], num_replicas) for ``shape``; validated in C."""
         if type(shape) is not tuple:
-            shape = _int_tuple(shape, "a global shape")
+            shape = _dtypes.int_tuple(shape, "a global shape")
         hit = self._cache.get(shape)   # (ints and numpy ints hash and compare alike)
         if hit is None:
-            shape = _int_tuple(shape, "a global shape")
+            shape = _dtypes.int_tuple(shape, "a global shape")
             mshape, names, ids = self._mesh_args()
             shard_shape, blocks, nrep = _C.layout(mshape, names, ids, self._norm_spec(), shape)
             devs = self._mesh_devices

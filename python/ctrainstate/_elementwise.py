@@ -82,14 +82,9 @@ def _strong_dtype(v):
             return _dtypes.canonicalize(v)
         except TypeError:
             raise TypeError(f"{v!r} is not a dtype ctrainstate stores") from None
-    try:
-        arr = np.asarray(v)
-    except Exception:  # noqa: BLE001 - reported below with the operand's type
-        arr = None
-    if arr is None or (arr.dtype.kind not in "biuf" and arr.dtype != _BF16):
-        raise TypeError(f"expected an Array, a numpy array or a Python scalar, got "
-                        f"{type(v).__name__}")
-    return _dtypes.canonicalize(arr.dtype)
+    from . import _ops
+    _ops._check_host_operand(v)   # numbers only (not None, a string, an object array)
+    return _dtypes.canonicalize(np.asarray(v).dtype)
 
 
 def result_type(*vals, who: str = "op"):

@@ -327,12 +327,8 @@ class PyTreeDef:
         if (self.kind != other.kind or self.num_leaves != other.num_leaves
                 or len(self._children) != len(other._children)):
             return False
-        try:
-            if self.aux != other.aux:
-                return False
-        except Exception:  # aux without a usable == (e.g. arrays): compare identity
-            if self.aux is not other.aux:
-                return False
+        if not _same_aux(self.aux, other.aux):
+            return False
         # tuple equality compares identical items (the shared leaf node) without a call
         return self._children == other._children
 
@@ -536,11 +532,13 @@ def _flatten_up_to(treedef, tree, path=(), check_aux=False):
 
 
 def _same_aux(a, b) -> bool:
+    """Whether two nodes' aux data are equal (PyTreeDef equality, tree_map's metadata check);
+    aux without a usable ``==`` (e.g. arrays) is compared by identity."""
     if a is b:
         return True
     try:
         return bool(a == b)
-    except Exception:  # aux without a usable == (e.g. arrays): identity only, as PyTreeDef.__eq__
+    except Exception:  # noqa: BLE001
         return False
 
 

@@ -392,3 +392,17 @@ def dynamic_update_index_in_dim(operand, update, index, axis: int, *,
             update = np.reshape(np.asarray(update), new)
     return dynamic_update_slice_in_dim(operand, update, index, ax,
                                        allow_negative_indices=allow_negative_indices)
+
+from ._conv import (  # noqa: E402
+    ConvDimensionNumbers,
+    conv,
+    conv_dimension_numbers,
+    conv_general_dilated,
+    conv_transpose,
+    conv_with_general_padding,
+    padtype_to_pads,
+    reduce_window,
+)
+
+__all__ += ["ConvDimensionNumbers", "conv", "conv_dimension_numbers", "conv_general_dilated",
+            "conv_transpose", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]

@@ -1,4 +1,5 @@
-"""Normalization layers: LayerNorm and RMSNorm (mirror of ``flax.linen.normalization``).
+"""Normalization layers: LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm (mirror of
+``flax.linen.normalization``).
 
 Flax's arithmetic, step for step: statistics over ``reduction_axes`` (the fast variance
 ``max(0, E[x^2] - E[x]^2)`` by default, or ``E[(x - E[x])^2]``), then ``y = (x - mean) *
@@ -30,7 +31,7 @@ from .dtypes import canonicalize_dtype, promote_dtype
 from .linear import _check_dtype
 from .module import Module, compact
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm"]
 
 
 def _canon_axes(axes, ndim, what) -> tuple:
@@ -193,3 +194,201 @@ class RMSNorm(Module):
         _, var = _compute_stats(x, red, False, self.use_fast_variance, mask)
         return _normalize(self, x, None, var, feat, self.epsilon, False, self.use_scale,
                           initializers.zeros_init(), self.scale_init)
+
+
+def _keep_shape(x, axes):
+    """``x``'s shape with 1 on every dimension not in ``axes``."""
+    shape = tuple(np.shape(x))
+    return tuple(n if d in axes else 1 for d, n in enumerate(shape))
+
+
+class BatchNorm(Module):
+    """Batch normalization (``flax.linen.BatchNorm``): normalise over every dimension but
+    ``axis`` (default the last, the features) with the batch's statistics, and keep their
+    exponential moving averages in the ``'batch_stats'`` collection (``'mean'``, zeros, and
+    ``'var'``, ones, float32, of the feature shape).
+
+    ``use_running_average`` (a field or a ``__call__`` argument, as Flax's ``merge_param``):
+    true normalises with the stored averages (evaluation); false with the batch's, and,
+    outside ``init``, updates ``mean <- momentum * mean + (1 - momentum) * batch_mean`` (and
+    ``var``) -- ``apply(..., mutable=['batch_stats'])`` returns the new values, and without it
+    the update raises Flax's immutable-collection error. ``momentum=0.99``, ``epsilon=1e-5``,
+    ``use_bias``, ``use_scale``, ``bias_init``, ``scale_init``, ``use_fast_variance``, ``mask``
+    and ``dtype`` / ``param_dtype`` are Flax's. Over a batch sharded on mesh axes the means
+    all-reduce over them, so ``axis_name`` (pmap) is not needed and is refused.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> x = np.array([[1.0], [3.0]], np.float32)
+    >>> bn = nn.BatchNorm(use_running_average=False, momentum=0.9)
+    >>> v = bn.init(random.PRNGKey(0), x)
+    >>> y, upd = bn.apply(v, x, mutable=['batch_stats'])
+    >>> np.asarray(y).ravel().round(3).tolist()
+    [-1.0, 1.0]
+    >>> np.asarray(upd['batch_stats']['mean'], np.float64).round(4).tolist()   # 0.1 * 2
+    [0.2]
+    """
+
+    use_running_average: Any = None
+    axis: Any = -1
+    momentum: float = 0.99
+    epsilon: float = 1e-5
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: Callable = initializers.zeros_init()
+    scale_init: Callable = initializers.ones_init()
+    axis_name: Any = None
+    axis_index_groups: Any = None
+    use_fast_variance: bool = True
+    force_float32_reductions: bool = True
+
+    @compact
+    def __call__(self, x, use_running_average=None, *, mask=None):
+        from .stochastic import merge_param
+        _check_dtype(self)
+        _no_axis_name(self)
+        use_ra = merge_param("use_running_average", self.use_running_average,
+                             use_running_average)
+        nd = len(np.shape(x))
+        feat = _canon_axes(self.axis, nd, "BatchNorm.axis")
+        red = tuple(d for d in range(nd) if d not in feat)
+        fshape = tuple(int(np.shape(x)[d]) for d in feat)
+        keep = _keep_shape(x, feat)
+        ra_mean = self.variable("batch_stats", "mean",
+                                lambda s: cnp.zeros(s, np.float32), fshape)
+        ra_var = self.variable("batch_stats", "var",
+                               lambda s: cnp.ones(s, np.float32), fshape)
+        if use_ra:
+            mean = cnp.reshape(ra_mean.value, keep)
+            var = cnp.reshape(ra_var.value, keep)
+        else:
+            mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask)
+            if not self.is_initializing():
+                m = float(self.momentum)
+                ra_mean.value = cnp.add(cnp.multiply(m, ra_mean.value),
+                                        cnp.multiply(1.0 - m, cnp.reshape(mean, fshape)))
+                ra_var.value = cnp.add(cnp.multiply(m, ra_var.value),
+                                       cnp.multiply(1.0 - m, cnp.reshape(var, fshape)))
+        return _normalize(self, x, mean, var, feat, self.epsilon, self.use_bias,
+                          self.use_scale, self.bias_init, self.scale_init)
+
+
+class GroupNorm(Module):
+    """Group normalization (``flax.linen.GroupNorm``): the last dimension's ``C`` features
+    split into ``num_groups`` groups (default 32) of ``C / num_groups`` (or groups of
+    ``group_size``; give exactly one of the two), each normalised over the group and the
+    ``reduction_axes`` (default every dimension but the first, the batch), then ``* scale +
+    bias`` of shape ``(C,)``. ``epsilon=1e-6`` and the other fields are Flax's; the errors for
+    a group count that does not divide ``C`` are Flax's ``ValueError``.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> x = np.array([[1.0, 3.0, 10.0, 30.0]], np.float32)
+    >>> gn = nn.GroupNorm(num_groups=2, use_bias=False, use_scale=False)
+    >>> np.asarray(gn.apply({}, x)).round(3).tolist()
+    [[-1.0, 1.0, -1.0, 1.0]]
+    """
+
+    num_groups: Any = 32
+    group_size: Any = None
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: Callable = initializers.zeros_init()
+    scale_init: Callable = initializers.ones_init()
+    reduction_axes: Any = None
+    axis_name: Any = None
+    axis_index_groups: Any = None
+    use_fast_variance: bool = True
+    force_float32_reductions: bool = True
+
+    @compact
+    def __call__(self, x, *, mask=None):
+        _check_dtype(self)
+        _no_axis_name(self)
+        shape = tuple(int(n) for n in np.shape(x))
+        nd = len(shape)
+        if nd < 1:
+            raise ValueError("GroupNorm: the input needs a feature (last) dimension")
+        red = self.reduction_axes
+        if red is None:
+            red = list(range(1, nd - 1)) + [-1]
+        red = _canon_axes(red, nd, "GroupNorm.reduction_axes")
+        if not red or red[-1] != nd - 1:
+            raise ValueError("The reduction axes must include the final dimension as this is "
+                             "assumed to be the feature axis.")
+        if (self.num_groups is None) == (self.group_size is None):
+            raise ValueError("Either `num_groups` or `group_size` should be specified. If "
+                             "`group_size` is to be specified, pass `num_groups=None` as "
+                             "argument to override the default `num_groups` value of 32.")
+        channels = shape[-1]
+        if self.group_size is not None:
+            if int(self.group_size) <= 0 or channels % int(self.group_size):
+                raise ValueError(f"Number of channels ({channels}) is not multiple of the "
+                                 f"group size ({self.group_size}).")
+            groups = channels // int(self.group_size)
+        else:
+            groups = int(self.num_groups)
+        if groups <= 0 or channels % groups:
+            raise ValueError(f"Number of groups ({groups}) does not divide the number of "
+                             f"channels ({channels}).")
+        gs = channels // groups
+        gshape = shape[:-1] + (groups, gs)
+        if mask is not None:
+            mshape = tuple(np.shape(mask))
+            mask = (cnp.reshape(mask, mshape[:-1] + (groups, gs)) if isinstance(mask, Array)
+                    else np.reshape(np.asarray(mask, bool), mshape[:-1] + (groups, gs)))
+        mean, var = _compute_stats(cnp.reshape(x, gshape), tuple(red[:-1]) + (nd,), True,
+                                   self.use_fast_variance, mask)
+        # (..., groups, 1) -> each group's statistic repeated over its gs features
+        keep = tuple(mean.shape[:-2]) + (channels,)
+        mean = cnp.reshape(cnp.repeat(mean, gs, axis=-1), keep)
+        var = cnp.reshape(cnp.repeat(var, gs, axis=-1), keep)
+        return _normalize(self, x, mean, var, (nd - 1,), self.epsilon, self.use_bias,
+                          self.use_scale, self.bias_init, self.scale_init)
+
+
+class InstanceNorm(Module):
+    """Instance normalization (``flax.linen.InstanceNorm``): each example (dimension 0) and
+    feature normalised over the other dimensions, then ``* scale + bias`` of the shape of
+    ``feature_axes`` (default the last; the batch dimension cannot be one). ``epsilon=1e-6``
+    and the other fields are Flax's.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn
+    >>> x = np.array([[[1.0], [3.0]]], np.float32)
+    >>> y = nn.InstanceNorm(use_bias=False, use_scale=False).apply({}, x)
+    >>> np.asarray(y).ravel().round(3).tolist()
+    [-1.0, 1.0]
+    """
+
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: Callable = initializers.zeros_init()
+    scale_init: Callable = initializers.ones_init()
+    feature_axes: Any = -1
+    axis_name: Any = None
+    axis_index_groups: Any = None
+    use_fast_variance: bool = True
+    force_float32_reductions: bool = True
+
+    @compact
+    def __call__(self, x, *, mask=None):
+        _check_dtype(self)
+        _no_axis_name(self)
+        nd = len(np.shape(x))
+        feat = _canon_axes(self.feature_axes, nd, "InstanceNorm.feature_axes")
+        if 0 in feat:
+            raise ValueError("The channel axes cannot include the leading dimension as this "
+                             "is assumed to be the batch axis.")
+        red = tuple(d for d in range(1, nd) if d not in feat)
+        mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask)
+        return _normalize(self, x, mean, var, feat, self.epsilon, self.use_bias,
+                          self.use_scale, self.bias_init, self.scale_init)

@@ -1,0 +1,259 @@
+"""Convolution layers: Conv and ConvTranspose (mirror of ``flax.linen.Conv`` /
+``flax.linen.ConvTranspose``), over :func:`ctrainstate.lax.conv_general_dilated`.
+
+Channels last, as Flax: inputs ``(*batch, spatial..., features)``; several batch dimensions
+are flattened for the convolution and restored, a missing one is added and removed. The
+kernel is ``kernel_size + (in_features // feature_group_count, features)`` (``'kernel'``,
+``lecun_normal``), the bias ``(features,)`` (``'bias'``, zeros), drawn in Flax's order, so
+the same key gives Flax's parameters. A kernel declared with ``nn.with_partitioning`` /
+``nn.with_logical_partitioning`` is born sharded like any other parameter.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import lax
+from .. import numpy as cnp
+from . import initializers
+from .dtypes import promote_dtype
+from .linear import _check_dtype, _precision, default_kernel_init
+from .module import Module, compact
+
+__all__ = ["Conv", "ConvTranspose", "canonicalize_padding"]
+
+
+def canonicalize_padding(padding, rank: int):
+    """Flax's padding forms as what the lax convolutions take: a string as it is, an int
+    ``p`` as ``(p, p)`` on every spatial dimension, a sequence of ``rank`` ints or
+    ``(low, high)`` pairs as pairs; anything else is a ``ValueError``."""
+    if isinstance(padding, str):
+        return padding
+    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
+        return [(int(padding), int(padding))] * rank
+    if isinstance(padding, Sequence) and len(padding) == rank:
+        out = []
+        for p in padding:
+            if isinstance(p, (int, np.integer)) and not isinstance(p, bool):
+                out.append((int(p), int(p)))
+            elif isinstance(p, (tuple, list)) and len(p) == 2:
+                out.append((int(p[0]), int(p[1])))
+            else:
+                break
+        if len(out) == rank:
+            return out
+    raise ValueError(f"Invalid padding format: {padding!r}, should be str, int, or a sequence "
+                     f"of len {rank} where each element is an int or pair of ints.")
+
+
+def _kernel_size(module) -> tuple:
+    ks = module.kernel_size
+    if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
+        ks = (int(ks),)
+    try:
+        ks = tuple(int(k) for k in ks)
+    except TypeError:
+        raise TypeError(f"{type(module).__name__}: kernel_size must be an int or a sequence "
+                        f"of ints, got {module.kernel_size!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"{type(module).__name__}: kernel_size must be positive ints, got "
+                         f"{module.kernel_size!r}")
+    return ks
+
+
+def _broadcast(v, n, module, field):
+    if v is None:
+        v = 1
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return (int(v),) * n
+    t = tuple(int(i) for i in v)
+    if len(t) != n:
+        raise ValueError(f"{type(module).__name__}.{field}={v!r}: expected an int or {n} ints "
+                         f"(one per spatial dimension of kernel_size)")
+    return t
+
+
+def _flatten_batch(module, inputs, nsp):
+    """``(inputs as (N, spatial..., C), the batch shape to restore or None)``."""
+    nd = len(np.shape(inputs))
+    nbatch = nd - (nsp + 1)
+    if nbatch < 0:
+        raise ValueError(f"{type(module).__name__}: an input of shape {tuple(np.shape(inputs))} "
+                         f"has fewer dimensions than the {nsp} spatial dimensions of "
+                         f"kernel_size plus features")
+    if nbatch == 1:
+        return inputs, None
+    shape = tuple(np.shape(inputs))
+    return cnp.reshape(inputs, (-1,) + shape[nbatch:]), shape[:nbatch]
+
+
+def _dnums(ndim):
+    lhs = (0, ndim - 1) + tuple(range(1, ndim - 1))
+    rhs = (ndim - 1, ndim - 2) + tuple(range(0, ndim - 2))
+    return lax.ConvDimensionNumbers(lhs, rhs, lhs)
+
+
+def _masked_kernel(module, kernel, kernel_shape):
+    if module.mask is None:
+        return kernel
+    if tuple(np.shape(module.mask)) != tuple(kernel_shape):
+        raise ValueError(f"Mask needs to have the same shape as weights. Shapes are: "
+                         f"{tuple(np.shape(module.mask))}, {tuple(kernel_shape)}")
+    return cnp.multiply(kernel, module.mask)
+
+
+class Conv(Module):
+    """An n-d convolution (``flax.linen.Conv``; ``n = len(kernel_size)``).
+
+    Fields as Flax's: ``features``, ``kernel_size`` (an int is one spatial dimension),
+    ``strides``, ``padding`` (``'SAME'``, ``'VALID'``, ``'CIRCULAR'``, ``'REFLECT'``,
+    ``'CAUSAL'`` for 1-d, an int, or ints / ``(low, high)`` pairs per dimension),
+    ``input_dilation``, ``kernel_dilation``, ``feature_group_count``, ``use_bias``, ``mask``
+    (multiplies the kernel), ``dtype`` / ``param_dtype`` (as :class:`~ctrainstate.nn.Dense`),
+    ``precision``, ``kernel_init``, ``bias_init``. See :func:`ctrainstate.lax.conv_general_dilated`
+    for how the product is computed and sharded.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> layer = nn.Conv(features=4, kernel_size=(3,), padding='VALID')
+    >>> y, v = layer.init_with_output(random.PRNGKey(0), np.ones((1, 8, 3), np.float32))
+    >>> y.shape, v['params']['kernel'].shape, v['params']['bias'].shape
+    ((1, 6, 4), (3, 3, 4), (4,))
+    """
+
+    features: int
+    kernel_size: Any
+    strides: Any = 1
+    padding: Any = "SAME"
+    input_dilation: Any = 1
+    kernel_dilation: Any = 1
+    feature_group_count: int = 1
+    use_bias: bool = True
+    mask: Any = None
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    precision: Any = None
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+
+    @compact
+    def __call__(self, inputs):
+        _check_dtype(self)
+        precision = _precision(self)
+        ks = _kernel_size(self)
+        n = len(ks)
+        x, batch_shape = _flatten_batch(self, inputs, n)
+        strides = _broadcast(self.strides, n, self, "strides")
+        idil = _broadcast(self.input_dilation, n, self, "input_dilation")
+        kdil = _broadcast(self.kernel_dilation, n, self, "kernel_dilation")
+        padding = canonicalize_padding(self.padding, n)
+        if padding in ("CIRCULAR", "REFLECT"):
+            keff = [(k - 1) * d + 1 for k, d in zip(ks, kdil)]
+            pads = [(0, 0)] + [((k - 1) // 2, k // 2) for k in keff] + [(0, 0)]
+            x = cnp.pad(x, pads, mode={"CIRCULAR": "wrap", "REFLECT": "reflect"}[padding])
+            padding = "VALID"
+        elif padding == "CAUSAL":
+            if n != 1:
+                raise ValueError("Causal padding is only implemented for 1D convolutions.")
+            x = cnp.pad(x, [(0, 0), (kdil[0] * (ks[0] - 1), 0), (0, 0)])
+            padding = "VALID"
+        in_features = int(np.shape(x)[-1])
+        groups = int(self.feature_group_count)
+        if groups < 1 or in_features % groups:
+            raise ValueError(f"Conv: the input's {in_features} features are not divisible by "
+                             f"feature_group_count={self.feature_group_count}")
+        if int(self.features) % groups:
+            raise ValueError(f"Conv: features={self.features} is not divisible by "
+                             f"feature_group_count={groups}")
+        kernel_shape = ks + (in_features // groups, int(self.features))
+        kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
+        kernel = _masked_kernel(self, kernel, kernel_shape)
+        bias = (self.param("bias", self.bias_init, (int(self.features),), self.param_dtype)
+                if self.use_bias else None)
+        x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
+        y = lax.conv_general_dilated(x, kernel, strides, padding, lhs_dilation=idil,
+                                     rhs_dilation=kdil, dimension_numbers=_dnums(x.ndim),
+                                     feature_group_count=groups, precision=precision)
+        if bias is not None:
+            y = y + cnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        if batch_shape is not None:
+            y = cnp.reshape(y, batch_shape + tuple(y.shape[1:]))
+        return y
+
+
+class ConvTranspose(Module):
+    """A transposed (fractionally strided) convolution (``flax.linen.ConvTranspose``,
+    :func:`ctrainstate.lax.conv_transpose`).
+
+    Fields as Flax's: ``features``, ``kernel_size``, ``strides``, ``padding`` (``'SAME'``,
+    ``'VALID'``, ``'CIRCULAR'``, or explicit pairs), ``kernel_dilation``, ``use_bias``,
+    ``mask``, ``dtype``, ``param_dtype``, ``precision``, ``kernel_init``, ``bias_init``,
+    ``transpose_kernel`` (kernel ``kernel_size + (features, in_features)``, flipped and
+    swapped: the gradient of a :class:`Conv`), ``preferred_element_type``.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> layer = nn.ConvTranspose(features=2, kernel_size=(3, 3), strides=(2, 2))
+    >>> layer.init_with_output(random.PRNGKey(0), np.ones((1, 4, 4, 3), np.float32))[0].shape
+    (1, 8, 8, 2)
+    """
+
+    features: int
+    kernel_size: Any
+    strides: Any = None
+    padding: Any = "SAME"
+    kernel_dilation: Any = None
+    use_bias: bool = True
+    mask: Any = None
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    precision: Any = None
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+    transpose_kernel: bool = False
+    preferred_element_type: Any = None
+
+    @compact
+    def __call__(self, inputs):
+        _check_dtype(self)
+        precision = _precision(self)
+        ks = _kernel_size(self)
+        n = len(ks)
+        x, batch_shape = _flatten_batch(self, inputs, n)
+        strides = _broadcast(self.strides, n, self, "strides")
+        kdil = _broadcast(self.kernel_dilation, n, self, "kernel_dilation")
+        in_features = int(np.shape(x)[-1])
+        features = int(self.features)
+        kernel_shape = ks + ((features, in_features) if self.transpose_kernel
+                             else (in_features, features))
+        kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
+        kernel = _masked_kernel(self, kernel, kernel_shape)
+        padding = canonicalize_padding(self.padding, n)
+        circular = padding == "CIRCULAR"
+        if circular:
+            padding = "VALID"
+        bias = (self.param("bias", self.bias_init, (features,), self.param_dtype)
+                if self.use_bias else None)
+        x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
+        y = lax.conv_transpose(x, kernel, strides, padding, rhs_dilation=kdil,
+                               transpose_kernel=self.transpose_kernel, precision=precision,
+                               preferred_element_type=self.preferred_element_type)
+        if circular:
+            # wrap the output's overhang back onto a period of in * stride (Flax's rule)
+            scaled = [int(d) * s for d, s in zip(np.shape(x)[1:-1], strides)]
+            diffs = [-(yd - xd) % (2 * xd) for yd, xd in zip(y.shape[1:-1], scaled)]
+            if self.transpose_kernel:
+                pads = [(d // 2, (d + 1) // 2) for d in diffs]
+            else:
+                pads = [((d + 1) // 2, d // 2) for d in diffs]
+            y = cnp.pad(y, [(0, 0)] + pads + [(0, 0)])
+            for i in range(1, y.ndim - 1):
+                shape = tuple(y.shape)
+                y = cnp.reshape(y, shape[:i] + (-1, scaled[i - 1]) + shape[i + 1:])
+                y = cnp.sum(y, axis=i)
+        if bias is not None:
+            y = y + cnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+        if batch_shape is not None:
+            y = cnp.reshape(y, batch_shape + tuple(y.shape[1:]))
+        return y

@@ -309,6 +309,43 @@ def test_max_pool_gradient_goes_to_the_first_maximum_of_each_window():
     np.testing.assert_array_equal(np.asarray(g)[0, :, :, 0], want)
 
 
+def test_max_pool_nan_values_and_gradients_follow_xla():
+    # values: NaN wherever a window holds one. Gradient: XLA's selection keeps the current
+    # element while `current >= candidate`, so a NaN on either side moves it on: in [1, NaN, 3]
+    # the value is NaN and the gradient goes to the 3 (derived by hand from that rule)
+    x = np.array([1.0, np.nan, 3.0, 2.0, 5.0, 5.0], np.float32).reshape(1, 6, 1)
+    y = nn.max_pool(x, (3,), strides=(1,))
+    np.testing.assert_array_equal(np.asarray(y).ravel(), [np.nan, np.nan, 5.0, 5.0])
+    g = cts.grad(lambda a: cnp.sum(nn.max_pool(a, (3,), strides=(1,))))(x)
+    #  windows [1,nan,3] -> 3, [nan,3,2] -> 3, [3,2,5] -> 5, [2,5,5] -> first 5
+    np.testing.assert_array_equal(np.asarray(g).ravel(), [0.0, 0.0, 2.0, 0.0, 2.0, 0.0])
+
+
+@pytest.mark.parametrize("window,strides", [((2,), (2,)), ((3,), (1,))])
+def test_max_and_min_pool_with_nans_and_infs_match_live_flax(window, strides):
+    jax = _jax()
+    fnn = _fnn()
+    x = np.array([1.0, np.nan, 3.0, 2.0, 5.0, 5.0, np.nan, np.nan, -np.inf, -np.inf],
+                 np.float32).reshape(1, 10, 1)
+    for fpool, cpool in [(fnn.max_pool, nn.max_pool),
+                         (fnn.pooling.min_pool, nn.pooling.min_pool)]:
+        np.testing.assert_array_equal(np.asarray(cpool(x, window, strides=strides)),
+                                      np.asarray(fpool(x, window, strides=strides)))
+        jg = jax.grad(lambda a: jax.numpy.sum(fpool(a, window, strides=strides)))(x)
+        cg = cts.grad(lambda a: cnp.sum(cpool(a, window, strides=strides)))(x)
+        np.testing.assert_array_equal(np.asarray(cg), np.asarray(jg))
+
+
+def test_pooling_keeps_bfloat16():
+    x = np.random.default_rng(14).standard_normal((2, 6, 6, 3)).astype(cnp.bfloat16)
+    for pool in (nn.max_pool, nn.avg_pool):
+        y = pool(x, (2, 2), strides=(2, 2))
+        assert y.dtype == cnp.bfloat16
+    want = x.astype(np.float32).reshape(2, 3, 2, 3, 2, 3).max(axis=(2, 4))
+    np.testing.assert_array_equal(np.asarray(nn.max_pool(x, (2, 2), strides=(2, 2)), np.float32),
+                                  want)
+
+
 @pytest.mark.parametrize("padding", ["VALID", "SAME", ((1, 1), (0, 1))])
 def test_pooling_and_its_gradients_match_live_flax(padding):
     jax = _jax()

@@ -22,10 +22,11 @@ gives an output sharded on its features; the padded spatial dimensions come out 
 
 ``reduce_window`` folds ``computation`` over the window positions in row-major order,
 starting from ``init_value`` (padding and base-dilation holes hold ``init_value``, as in
-XLA). For ``max`` / ``min`` with the identity init (``-inf`` / ``+inf``) the window's
-extreme is selected instead (argmax, first position on ties; a NaN wins), so the gradient
-goes to one element of each window, the first maximal one, as jax's ``select_and_scatter``
-does; a generic two-argument ``computation`` is applied as given (its own gradient).
+XLA). For ``max`` / ``min`` with the identity init (``-inf`` / ``+inf``) one element of each
+window is selected by XLA's ``select_and_scatter`` rule (the kept element stays while it is
+``>=`` the next, so the first of tied maxima; a NaN on either side moves the selection on)
+and the gradient goes to it alone, as in jax; the value is NaN where the window holds one. A
+generic two-argument ``computation`` is applied as given (its own gradient).
 """
 from __future__ import annotations
 
@@ -441,9 +442,9 @@ def reduce_window(operand, init_value, computation, window_dimensions, window_st
     ``computation``: a two-argument function of Arrays (``lax.add``, ``lax.max``,
     ``lax.min``, ``cnp.add``, ``cnp.maximum``, ...). The fold starts from ``init_value`` and
     takes the window positions in row-major order. ``max`` / ``min`` with the identity
-    ``init_value`` (``-inf`` / ``+inf``) select each window's first extreme (a NaN wins), so
-    the gradient goes to that element alone, as jax's. Pytrees of operands are not
-    supported.
+    ``init_value`` (``-inf`` / ``+inf``) route the gradient to one element per window, jax's
+    (see the module docstring); their value is NaN where the window holds a NaN. Pytrees of
+    operands are not supported.
 
     >>> import numpy as np, ctrainstate.lax as lax, ctrainstate.numpy as cnp
     >>> x = np.array([1.0, 3.0, 2.0, 5.0], np.float32)
@@ -498,13 +499,18 @@ def reduce_window(operand, init_value, computation, window_dimensions, window_st
     wins = _windows(x, axes, window, strides, wdil, out)
     identity = {"max": -np.inf, "min": np.inf}.get(kind)
     if kind in ("max", "min") and _is_float(x.dtype) and float(init) == identity:
-        if len(wins) == 1:
-            return wins[0]
-        from ._move import take_along_axis
-        from ._slicing import stack
-        st = stack(wins, axis=-1)
-        idx = (cnp.argmax if kind == "max" else cnp.argmin)(st, axis=-1, keepdims=True)
-        return cnp.squeeze(take_along_axis(st, idx, axis=-1), -1)
+        # XLA's select_and_scatter: the kept element stays while `kept >= candidate` (`<=`
+        # for min), so ties keep the first and a NaN on either side moves the selection on;
+        # `where` passes the gradient to the selected element only. The value is the
+        # window's NaN-propagating max: NaN where any element is NaN, added as a constant
+        # so the gradient still reaches the selected element, as in jax.
+        keep = cnp.greater_equal if kind == "max" else cnp.less_equal
+        sel, nan = wins[0], cnp.isnan(wins[0])
+        for s in wins[1:]:
+            sel = cnp.where(keep(sel, s), sel, s)
+            nan = cnp.logical_or(nan, cnp.isnan(s))
+        dt = sel.dtype
+        return cnp.add(sel, cnp.where(nan, np.asarray(np.nan, dt), np.asarray(0.0, dt)))
     acc = None
     for s in wins:
         acc = computation(initv, s) if acc is None else computation(acc, s)

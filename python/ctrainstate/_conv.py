@@ -5,7 +5,7 @@
 A convolution is computed as patches times kernel (im2col): the input is moved to
 ``(batch, spatial..., features)``, dilated (``lhs_dilation``: zeros between elements) and
 padded (negative padding crops), then for every kernel offset a strided slice of it is
-taken; the slices stacked along a new axis form the patches ``(batch, out spatial...,
+taken; the slices joined along the features form the patches ``(batch, out spatial...,
 kernel positions * in features)``, and one matrix product with the kernel reshaped to
 ``(kernel positions * in features, out features)`` gives the output (grouped convolutions:
 one product per group, an ``einsum``). Every step is an Array op on the tape, so the
@@ -170,6 +170,11 @@ def _explicit_pads(padding, n, what):
     return pads
 
 
+def _permuted(x, perm):
+    """``transpose(x, perm)``, or ``x`` itself for the identity (transposes copy)."""
+    return x if tuple(perm) == tuple(range(x.ndim)) else cnp.transpose(x, perm)
+
+
 def _dilate(x, axis, d, fill):
     """``d - 1`` copies of ``fill`` between consecutive elements along ``axis``."""
     n = x.shape[axis]
@@ -308,8 +313,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
         if pe != lhs.dtype:
             lhs, rhs, out_dtype = cnp.astype(lhs, pe), cnp.astype(rhs, pe), pe
     # lhs as (N, spatial..., C), rhs as (spatial..., I, O)
-    x = cnp.transpose(lhs, (lperm[0],) + tuple(lperm[2:]) + (lperm[1],))
-    w = cnp.transpose(rhs, tuple(rperm[2:]) + (rperm[1], rperm[0]))
+    x = _permuted(lhs, (lperm[0],) + tuple(lperm[2:]) + (lperm[1],))
+    w = _permuted(rhs, tuple(rperm[2:]) + (rperm[1], rperm[0]))
     sp_axes = tuple(range(1, nsp + 1))
     for ax, d in zip(sp_axes, ldil):
         x = _dilate(x, ax, d, 0.0)
@@ -321,10 +326,11 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
         y = cnp.zeros((n,) + tuple(out) + (cout,), out_dtype)
     else:
         wins = _windows(x, sp_axes, ksp, strides, rdil, out)
-        from ._slicing import stack
-        patches = stack(wins, axis=-2) if kpos > 1 else cnp.expand_dims(wins[0], -2)
+        # joined along the features: (N, out..., kpos * C) in (position, feature) order,
+        # the row-major flattening of the kernel's (spatial..., I): no stack, no reshape copy
+        from ._slicing import concatenate
+        patches = concatenate(wins, axis=-1) if kpos > 1 else wins[0]
         if groups == 1:
-            patches = cnp.reshape(patches, (n,) + tuple(out) + (kpos * cin,))
             y = cnp.matmul(patches, cnp.reshape(w, (kpos * kin, cout)), precision=precision)
         else:
             og = cout // groups
@@ -337,8 +343,7 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
     logical = {operm[0]: 0, operm[1]: nsp + 1}
     for i, p in enumerate(operm[2:]):
         logical[p] = 1 + i
-    perm = tuple(logical[p] for p in range(lhs.ndim))
-    return y if perm == tuple(range(lhs.ndim)) else cnp.transpose(y, perm)
+    return _permuted(y, tuple(logical[p] for p in range(lhs.ndim)))
 
 
 def conv(lhs, rhs, window_strides, padding, precision=None, preferred_element_type=None):

@@ -25,7 +25,14 @@ from .utils import (OptState, Params, ScalarOrSchedule, Schedule, Updates, globa
                     incremental_update, l2_loss, periodic_update, softmax_cross_entropy,
                     softmax_cross_entropy_with_integer_labels, squared_error, stateless,
                     stateless_with_tree_map)
-from . import utils as losses  # optax.losses.l2_loss, ...
+from . import losses  # optax.losses.l2_loss, ...
+from .losses import (convex_kl_divergence, cosine_distance, cosine_similarity,
+                     generalized_kl_divergence, hinge_loss, huber_loss, kl_divergence,
+                     kl_divergence_with_log_targets, log_cosh, multiclass_hinge_loss,
+                     multiclass_perceptron_loss, ntxent, perceptron_loss,
+                     poly_loss_cross_entropy, safe_softmax_cross_entropy,
+                     sigmoid_binary_cross_entropy, sigmoid_focal_loss, smooth_labels,
+                     triplet_margin_loss)
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
                     noisy_sgd, radam, rmsprop, sgd, yogi, adamax, amsgrad)
 
@@ -44,3 +51,9 @@ __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyS
             "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
             "stateless", "stateless_with_tree_map", "Params", "Updates", "OptState", "Schedule",
             "ScalarOrSchedule"] + list(_t_all) + list(_s_all))
+__all__ += ["sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "huber_loss", "log_cosh",
+            "hinge_loss", "multiclass_hinge_loss", "perceptron_loss", "multiclass_perceptron_loss",
+            "kl_divergence", "kl_divergence_with_log_targets", "generalized_kl_divergence",
+            "convex_kl_divergence", "cosine_similarity", "cosine_distance", "smooth_labels",
+            "safe_softmax_cross_entropy", "poly_loss_cross_entropy", "triplet_margin_loss",
+            "ntxent", "losses"]

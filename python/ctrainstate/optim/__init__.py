@@ -10,11 +10,15 @@ C kernels on sharded params (see the README's "Optimizers and TrainState" sectio
 >>> new_params = optim.apply_updates(params, updates)
 """
 from .base import (EmptyState, GradientTransformation, MaskedNode, apply_updates, identity,
-                   safe_increment)
+                   safe_increment, with_extra_args_support)
 from .transforms import *  # noqa: F401,F403
 from .transforms import __all__ as _t_all
-from .combine import (ApplyIfFiniteState, MaskedState, MultiTransformState, PartitionState,
-                      apply_if_finite, chain, freeze, masked, multi_transform, partition)
+from .combine import (ApplyIfFiniteState, ConditionallyMaskState, MaskedState,
+                      MultiTransformState, PartitionState, apply_if_finite, chain,
+                      conditionally_mask, freeze, masked, multi_transform, partition)
+from .constraining import (NonNegativeParamsState, ZeroNansState, keep_params_nonnegative,
+                           zero_nans)
+from .lookahead import LookaheadParams, LookaheadState, lookahead
 from .schedules import *  # noqa: F401,F403
 from .wrappers import (MultiSteps, MultiStepsState, skip_large_updates,
                        skip_not_finite)
@@ -24,7 +28,8 @@ from .schedules import __all__ as _s_all
 from .utils import (OptState, Params, ScalarOrSchedule, Schedule, Updates, global_norm,
                     incremental_update, l2_loss, periodic_update, softmax_cross_entropy,
                     softmax_cross_entropy_with_integer_labels, squared_error, stateless,
-                    stateless_with_tree_map)
+                    stateless_with_tree_map, safe_norm, safe_root_mean_squares,
+                    tree_map_params)
 from . import losses  # optax.losses.l2_loss, ...
 from .losses import (convex_kl_divergence, cosine_distance, cosine_similarity,
                      generalized_kl_divergence, hinge_loss, huber_loss, kl_divergence,
@@ -34,7 +39,8 @@ from .losses import (convex_kl_divergence, cosine_distance, cosine_similarity,
                      sigmoid_binary_cross_entropy, sigmoid_focal_loss, smooth_labels,
                      triplet_margin_loss)
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
-                    noisy_sgd, radam, rmsprop, sgd, yogi, adamax, amsgrad)
+                    noisy_sgd, radam, rmsprop, sgd, yogi, adamax, amsgrad, nadam, nadamw,
+                    adamaxw, sign_sgd, signum)
 
 GradientTransformationExtraArgs = GradientTransformation
 safe_int32_increment = safe_increment
@@ -57,3 +63,8 @@ __all__ += ["sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "huber_loss", 
             "convex_kl_divergence", "cosine_similarity", "cosine_distance", "smooth_labels",
             "safe_softmax_cross_entropy", "poly_loss_cross_entropy", "triplet_margin_loss",
             "ntxent", "losses"]
+__all__ += ["with_extra_args_support", "conditionally_mask", "ConditionallyMaskState",
+            "NonNegativeParamsState", "ZeroNansState", "keep_params_nonnegative", "zero_nans",
+            "LookaheadParams", "LookaheadState", "lookahead", "safe_norm",
+            "safe_root_mean_squares", "tree_map_params", "nadam", "nadamw", "adamaxw",
+            "sign_sgd", "signum"]

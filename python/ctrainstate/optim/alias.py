@@ -12,7 +12,7 @@ import numpy as np
 from .base import identity
 from .combine import chain
 from .combine import masked
-from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
+from .transforms import (add_decayed_weights, scale_by_sign, clip_by_block_rms, ema, scale,
                          add_noise, scale_by_adam, scale_by_adamax, scale_by_amsgrad,
                          scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
                          scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
@@ -20,7 +20,7 @@ from .transforms import (add_decayed_weights, clip_by_block_rms, ema, scale,
 
 __all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor",
            "adabelief", "yogi", "radam", "fromage", "lars", "noisy_sgd", "adamax",
-           "amsgrad"]
+           "amsgrad", "nadam", "nadamw", "adamaxw", "sign_sgd", "signum"]
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
@@ -162,4 +162,41 @@ def amsgrad(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=No
     return chain(scale_by_amsgrad(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
                                   bias_correction_mu=bias_correction_mu,
                                   bias_correction_nu=bias_correction_nu),
+                 scale_by_learning_rate(learning_rate))
+
+
+def nadam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
+          nesterov=True):
+    """NAdam (optax.nadam, ``functools.partial(adam, nesterov=True)``): Adam with Nesterov
+    momentum. Fused."""
+    return adam(learning_rate, b1, b2, eps, eps_root, mu_dtype, nesterov=nesterov)
+
+
+def nadamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
+           weight_decay=1e-4, mask=None, *, nesterov=True):
+    """NAdamW (optax.nadamw, ``functools.partial(adamw, nesterov=True)``): AdamW with
+    Nesterov momentum. Fused."""
+    return adamw(learning_rate, b1, b2, eps, eps_root, mu_dtype, weight_decay, mask,
+                 nesterov=nesterov)
+
+
+def adamaxw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=None):
+    """AdamaxW (optax.adamaxw): chain(scale_by_adamax, add_decayed_weights(weight_decay,
+    mask), scale_by_learning_rate). Fused."""
+    return chain(scale_by_adamax(b1=b1, b2=b2, eps=eps),
+                 add_decayed_weights(weight_decay, mask),
+                 scale_by_learning_rate(learning_rate))
+
+
+def sign_sgd(learning_rate):
+    """SignSGD (optax.sign_sgd): chain(scale_by_sign, scale_by_learning_rate). Not fused (the
+    sign is an elementwise op per leaf; the scaling a fused pass)."""
+    return chain(scale_by_sign(), scale_by_learning_rate(learning_rate))
+
+
+def signum(learning_rate, beta=0.9, accumulator_dtype=None):
+    """Signum (optax.signum): chain(ema(beta, debias=False, accumulator_dtype),
+    scale_by_sign, scale_by_learning_rate): the sign of the momentum. Not fused as a whole
+    (the sign runs between the fused ema and scaling passes)."""
+    return chain(ema(beta, debias=False, accumulator_dtype=accumulator_dtype), scale_by_sign(),
                  scale_by_learning_rate(learning_rate))

@@ -31,7 +31,7 @@ from ..tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leav
                          tree_map, tree_structure, tree_unflatten)
 
 __all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "apply_updates",
-           "safe_increment"]
+           "safe_increment", "with_extra_args_support"]
 
 # Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
 (SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
@@ -102,6 +102,21 @@ def identity() -> GradientTransformation:
     """The identity transformation (optax.identity)."""
     return GradientTransformation(lambda params: EmptyState(),
                                   fuse=lambda state, ctx: ([], lambda advance=True: ctx.keep(state)))
+
+
+def with_extra_args_support(tx: GradientTransformation) -> GradientTransformation:
+    """``tx`` with an ``update(updates, state, params=None, **extra_args)`` that ignores the
+    extra keyword arguments (optax.with_extra_args_support). A fusable ``tx`` stays fusable
+    (``TrainState.apply_gradients`` passes no extra args)."""
+    if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
+        raise TypeError(f"with_extra_args_support: expected a GradientTransformation, got "
+                        f"{type(tx).__name__}")
+    inner_update = tx.update
+
+    def update(updates, state, params=None, **extra_args):
+        del extra_args
+        return inner_update(updates, state, params)
+    return GradientTransformation(tx.init, update, fuse=getattr(tx, "_fuse", None))
 
 
 # --- Arrays helpers ----------------------------------------------------------------------------

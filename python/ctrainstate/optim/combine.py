@@ -16,12 +16,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import _flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .base import (FINITE_GATE, GradientTransformation, MaskedNode, Stage, read_scalar,
+from .base import (FINITE_GATE, ZERO, GradientTransformation, MaskedNode, Stage, read_scalar,
                    safe_increment, scalar, to_array, zeros_like)
 from .transforms import _expect_state, set_to_zero
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
-           "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState"]
+           "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState",
+           "conditionally_mask", "ConditionallyMaskState"]
 
 
 class MaskedState(NamedTuple):
@@ -298,3 +299,78 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
             scalar(new_nfc, np.int32, ref), scalar(finite, np.bool_, ref),
             scalar(new_tot, np.int32, ref), inner_state)
     return GradientTransformation(init, update)
+
+
+class ConditionallyMaskState(NamedTuple):
+    """State of :func:`conditionally_mask` (optax.ConditionallyMaskState)."""
+    step: Any
+    inner_state: Any
+
+
+def conditionally_mask(inner: GradientTransformation, should_transform_fn,
+                       forward_extra_args: bool = False) -> GradientTransformation:
+    """Run ``inner`` at the steps where ``should_transform_fn(step)`` is true; at the others
+    the updates are zero and ``inner``'s state is left as it is (optax.conditionally_mask).
+    ``step`` counts every call (both kinds) from 0 and is given to the function as a
+    numpy int32 scalar (optax: a traced int32); the function returns a bool scalar.
+    ``forward_extra_args``: the extra keyword arguments of ``update`` are passed to the
+    function too. State: ConditionallyMaskState(step, inner_state).
+
+    The condition is evaluated on the host before the step, so a fusable ``inner`` keeps
+    the whole transformation fusable: a rejected step runs a zeroing stage instead of
+    ``inner``'s stages (``TrainState.apply_gradients`` in place)."""
+    if not (callable(getattr(inner, "init", None)) and callable(getattr(inner, "update", None))):
+        raise TypeError(f"conditionally_mask: inner must be a GradientTransformation, got "
+                        f"{type(inner).__name__}")
+    if not callable(should_transform_fn):
+        raise TypeError(f"conditionally_mask: should_transform_fn must be a function of the "
+                        f"step, got {type(should_transform_fn).__name__}")
+
+    def init(params):
+        return ConditionallyMaskState(step=scalar(0, np.int32, params),
+                                      inner_state=inner.init(params))
+
+    def decide(step, kwargs):
+        out = should_transform_fn(np.int32(step), **kwargs)
+        shape = getattr(out, "shape", ())
+        if tuple(shape) != ():
+            raise ValueError(f"conditionally_mask: should_transform_fn must return a bool "
+                             f"scalar, got an array of shape {tuple(shape)}")
+        return bool(np.asarray(out))
+
+    if getattr(inner, "fusable", False):
+        def fuse(state, ctx):
+            _expect_state(state, ConditionallyMaskState, "conditionally_mask")
+            step = int(read_scalar(state.step))
+            if decide(step, {}):
+                stages, rb = inner._fuse(state.inner_state, ctx)
+            else:
+                stages = [Stage(ZERO, [], active=ctx.snapshot())]
+
+                def rb(advance=True):
+                    return ctx.keep(state.inner_state)
+
+            def rebuild(advance=True):
+                return ConditionallyMaskState(
+                    ctx.new_scalar(state.step, safe_increment(step) if advance else step),
+                    rb(advance))
+            return stages, rebuild
+    else:
+        fuse = None
+
+    def update(updates, state, params=None, **extra_args):
+        _expect_state(state, ConditionallyMaskState, "conditionally_mask")
+        step = int(read_scalar(state.step))
+        if fuse is not None and not extra_args:
+            from .base import run_fused
+            return run_fused(tx, updates, state, params, inplace=False)
+        if decide(step, extra_args if forward_extra_args else {}):
+            updates, inner_state = inner.update(updates, state.inner_state, params)
+        else:
+            updates = tree_map(lambda u: zeros_like(to_array(u)), updates)
+            inner_state = state.inner_state
+        return updates, ConditionallyMaskState(
+            scalar(safe_increment(step), np.int32,
+                   sharding=getattr(state.step, "sharding", None)), inner_state)
+    tx = GradientTransformation(init, update, fuse=fuse)
+    return tx

@@ -666,3 +666,87 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
             count=scalar(t, np.int32, sharding=getattr(state.count, "sharding", None)),
             rng_key=np.asarray(rng_key, np.uint32))
     return GradientTransformation(init, update)
+
+
+# --- sign, centralization, accumulation (not fused) -----------------------------------------------
+
+
+def _unfused_map(f):
+    """An EmptyState transform applying ``f`` to every update leaf with ctrainstate.numpy
+    ops (runs through ``tx.update``, not fused: the kernel has no stage for it)."""
+    def update(updates, state, params=None):
+        del params
+        return tree_map(lambda u: None if u is None else f(u), updates,
+                        is_leaf=lambda x: x is None), state
+    return GradientTransformation(lambda params: EmptyState(), update)
+
+
+def scale_by_sign() -> GradientTransformation:
+    """Replace every update by its sign, -1, 0 or +1 (optax.scale_by_sign; ``jnp.sign``: NaN
+    stays NaN). State: EmptyState(). Not fused: one elementwise op per leaf.
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> u, _ = optim.scale_by_sign().update({'w': np.array([-2., 0., 3.], np.float32)}, None)
+    >>> np.asarray(u['w']).tolist()
+    [-1.0, 0.0, 1.0]
+    """
+    from .. import _ops
+    return _unfused_map(_ops.sign)
+
+
+def centralize() -> GradientTransformation:
+    """Gradient centralization (optax.centralize): a leaf of rank > 1 has its mean over all
+    dims but the first subtracted (``g - g.mean(range(1, ndim), keepdims=True)``); vectors
+    and scalars pass unchanged. State: EmptyState(). Not fused (a reduction per leaf, an
+    all-reduce where the reduced dims are sharded)."""
+    from .. import _ops
+
+    def sub_mean(g):
+        g = to_array(g) if not isinstance(g, Array) else g
+        if len(g.shape) > 1:
+            return _ops.subtract(g, _ops.mean(g, axis=tuple(range(1, len(g.shape))),
+                                              keepdims=True))
+        return g
+    return _unfused_map(sub_mean)
+
+
+class ApplyEvery(NamedTuple):
+    """State of :func:`apply_every` (optax.ApplyEvery)."""
+    count: Any
+    grad_acc: Any
+
+
+def apply_every(k=1) -> GradientTransformation:
+    """Accumulate the updates of ``k`` steps and emit their sum every k-th step, zeros in
+    between (optax.apply_every). State: ApplyEvery(count, grad_acc), the accumulator like the
+    params. As optax, the accumulator restarts by multiplying it by 0 (a NaN in it stays
+    NaN) and the emitted updates are ``emit * grad_acc``. Not fused. ``k`` must be an int
+    >= 1 (optax would take the step count modulo 0)."""
+    from .. import _ops
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"apply_every: k must be an int, got {k!r}")
+    if k < 1:
+        raise ValueError(f"apply_every: k={k}; need k >= 1")
+    k = int(k)
+
+    def init(params):
+        return ApplyEvery(count=_count0(params), grad_acc=_zeros_tree(params))
+
+    def update(updates, state, params=None):
+        del params
+        _expect_state(state, ApplyEvery, "apply_every")
+        from .base import read_scalar
+        count = int(read_scalar(state.count))
+        c = count % k
+        acc = float(c != 0)
+        emit = float(c == k - 1)
+        grad_acc = tree_map(lambda g, ga: _ops.add(_ops.multiply(ga, acc), g),
+                            updates, state.grad_acc)
+        out = tree_map(lambda ga: _ops.multiply(ga, emit), grad_acc)
+        new_count = scalar(safe_increment(count) % k, np.int32,
+                           sharding=getattr(state.count, "sharding", None))
+        return out, ApplyEvery(count=new_count, grad_acc=grad_acc)
+    return GradientTransformation(init, update)
+
+
+__all__ += ["scale_by_sign", "centralize", "ApplyEvery", "apply_every"]

@@ -24,7 +24,7 @@ from .base import EmptyState, GradientTransformation
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
            "stateless", "stateless_with_tree_map", "Params", "Updates", "OptState", "Schedule",
-           "ScalarOrSchedule"]
+           "ScalarOrSchedule", "tree_map_params", "safe_norm", "safe_root_mean_squares"]
 
 Params = Any
 Updates = Any
@@ -154,6 +154,67 @@ def stateless_with_tree_map(f: Callable) -> GradientTransformation:
             return tree_map(lambda g: f(g, None), updates)
         return tree_map(f, updates, params)
     return stateless(apply)
+
+
+def safe_norm(x, min_norm, ord=None, axis=None, keepdims=False):  # noqa: A002 - optax's name
+    """``maximum(linalg.norm(x, ord, axis), min_norm)`` with a gradient of 0, not NaN, where
+    the norm is at most ``min_norm`` (optax.safe_norm: ``x`` is replaced by ones there before
+    the norm that is differentiated)."""
+    from .. import numpy as cnp
+    x = _ops._lift(x) if not hasattr(x, "_blocks") else x
+    norm = cnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
+    x = _ops.where(norm <= min_norm, _ops.ones_like(x), x)
+    masked_norm = cnp.linalg.norm(x, ord=ord, axis=axis, keepdims=keepdims)
+    small = _ops.reshape(norm, masked_norm.shape) <= min_norm   # optax's squeeze
+    return _ops.where(small, min_norm, masked_norm)
+
+
+def safe_root_mean_squares(x, min_rms):
+    """``maximum(sqrt(mean(x**2)), min_rms)`` with a gradient of 0, not NaN, where the RMS is
+    at most ``min_rms`` (optax.safe_root_mean_squares)."""
+    x = _ops._lift(x) if not hasattr(x, "_blocks") else x
+    rms = _ops.sqrt(_ops.mean(_ops.square(x)))
+    small = rms <= min_rms
+    x = _ops.where(small, _ops.ones_like(x), x)
+    return _ops.where(small, min_rms, _ops.sqrt(_ops.mean(_ops.square(x))))
+
+
+class _ParamsPlaceholder:
+    """Stands in for the params in ``tree_map_params``: a pytree node without children, so
+    an ``init`` maps over it to itself (optax's _ParamsPlaceholder)."""
+
+
+def _register_placeholder():
+    from ..tree_util import register_pytree_node
+    register_pytree_node(_ParamsPlaceholder, lambda _: ((), None),
+                         lambda aux, children: _ParamsPlaceholder())
+
+
+_register_placeholder()
+
+
+def tree_map_params(initable, f, state, /, *rest, transform_non_params=None, is_leaf=None):
+    """Apply ``f`` to every params-shaped tree inside an optimizer state
+    (optax.tree_map_params), e.g. to build the state's PartitionSpecs from the params'.
+    ``initable``: a GradientTransformation (or any object with ``init``) or an init
+    function; it is called on a placeholder to find where the params-shaped trees are.
+    ``rest``: trees like the params given to ``f`` too; ``transform_non_params``: applied
+    to the other leaves (counts, ...)."""
+    placeholder = _ParamsPlaceholder()
+    init = initable.init if hasattr(initable, "init") else initable
+    if not callable(init):
+        raise TypeError(f"tree_map_params: initable must be a GradientTransformation or an "
+                        f"init function, got {type(initable).__name__}")
+    with_placeholders = init(placeholder)
+
+    def map_params(maybe_placeholder, value):
+        if isinstance(maybe_placeholder, _ParamsPlaceholder):
+            return tree_map(f, value, *rest, is_leaf=is_leaf)
+        if transform_non_params is not None:
+            return transform_non_params(value)
+        return value
+    return tree_map(map_params, with_placeholders, state,
+                    is_leaf=lambda v: isinstance(v, _ParamsPlaceholder))
 
 
 # 16-bit float logits: computed in float32, the loss rounded once to their dtype

@@ -625,7 +625,8 @@ def cumprod(x, axis=None) -> Array:
 
 
 def _scan(x, axis, name) -> Array:
-    """cumsum / cumprod: a Hillis-Steele scan along one axis (see cumsum)."""
+    """cumsum / cumprod (and lax's cummax / cummin): a Hillis-Steele scan along one axis (see
+    cumsum)."""
     o = _o()
     from ._abstract import ShapeDtypeStruct
     if isinstance(x, ShapeDtypeStruct):   # eval_shape
@@ -650,12 +651,19 @@ def _scan(x, axis, name) -> Array:
         want[ax] = ()
         x = o.with_sharding(x, o._sharding_for(o._place_of(x), want))
     from ._slicing import concatenate, split
+    floats = x.dtype in _FLOATS
     if name == "cumsum":
-        combine = o.add if x.dtype in _FLOATS else (lambda p, q: _ewise_raw(ADD, p, q))
+        combine = o.add if floats else (lambda p, q: _ewise_raw(ADD, p, q))
         identity = 0
-    else:
-        combine = o.multiply if x.dtype in _FLOATS else (lambda p, q: _ewise_raw(MUL, p, q))
+    elif name == "cumprod":
+        combine = o.multiply if floats else (lambda p, q: _ewise_raw(MUL, p, q))
         identity = 1
+    else:   # lax.cummax / lax.cummin: the identity is the dtype's lowest / highest value
+        big = name == "cummax"
+        combine = (o.maximum if big else o.minimum) if floats else (
+            lambda p, q: _ewise_raw(MAX if big else MIN, p, q))
+        identity = (-np.inf if big else np.inf) if floats else (
+            np.iinfo(x.dtype).min if big else np.iinfo(x.dtype).max)
     k = 1
     while k < n:
         lead = [s if d != ax else k for d, s in enumerate(x.shape)]

@@ -5,6 +5,12 @@ are float32 here, HIGH is TF32; see :mod:`ctrainstate._precision`), and ``dynami
 cache's position; see :func:`dynamic_update_slice`), and the elementwise ``erf``, ``erfc``,
 ``log1p``, ``expm1``, ``floor``, ``ceil`` and ``sign`` (those of :mod:`ctrainstate.numpy`).
 
+Control flow (``fori_loop``, ``while_loop``, ``cond``, ``switch``, ``scan``, ``map``) runs
+eagerly on the host, differentiably, with jax's carry checks (:mod:`ctrainstate._lax_control`).
+The primitives (``add`` ... ``dot_general``, ``pad``, ``slice``, ``select``, ``reduce_*``,
+``cum*``, ``sort``, ``top_k``, ...) keep lax's strictness: one dtype, no rank broadcasting,
+non-negative axes, jax's error messages (:mod:`ctrainstate._lax_ops`).
+
 ``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
 sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
 ``NamedSharding``, a ``SingleDeviceSharding``, a ``PartitionSpec`` (resolved against the
@@ -20,6 +26,8 @@ back to the input's sharding. numpy leaves are placed like Arrays.
 PartitionSpec('data',)
 """
 from __future__ import annotations
+
+import builtins
 
 import numpy as np
 
@@ -43,10 +51,30 @@ def _abstract_dtype(operand):
     return _dtypes.canonicalize(np.asarray(operand).dtype)
 from ._precision import Precision  # noqa: E402,F401
 
+# control flow, run eagerly (see ctrainstate._lax_control), and the strict primitives
+# (no implicit promotion or rank broadcasting; see ctrainstate._lax_ops)
+from ._lax_control import cond, fori_loop, map, scan, switch, while_loop  # noqa: E402,F401
+from ._lax_ops import (  # noqa: E402,F401
+    abs, add, argmax, argmin, broadcast, broadcast_in_dim, broadcasted_iota, clamp,
+    concatenate, convert_element_type, cos, cummax, cummin, cumprod, cumsum, div, dot_general,
+    exp, expand_dims, full, full_like, index_in_dim, integer_pow, iota, log, logistic, max,
+    min, mul, neg, pad, pow, reduce_max, reduce_min, reduce_prod, reduce_sum, rem, reshape,
+    rev, rsqrt, select, select_n, sin, slice, slice_in_dim, sort, sort_key_val, sqrt, square,
+    squeeze, sub, tanh, top_k, transpose)
+
 __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
            "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
            "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim",
-           "ceil", "erf", "erfc", "expm1", "floor", "log1p", "sign"]
+           "ceil", "erf", "erfc", "expm1", "floor", "log1p", "sign",
+           "cond", "fori_loop", "map", "scan", "switch", "while_loop",
+           "abs", "add", "argmax", "argmin", "broadcast", "broadcast_in_dim",
+           "broadcasted_iota", "clamp", "concatenate", "convert_element_type", "cos", "cummax",
+           "cummin", "cumprod", "cumsum", "div", "dot_general", "exp", "expand_dims", "full",
+           "full_like", "index_in_dim", "integer_pow", "iota", "log", "logistic", "max", "min",
+           "mul", "neg", "pad", "pow", "reduce_max", "reduce_min", "reduce_prod", "reduce_sum",
+           "rem", "reshape", "rev", "rsqrt", "select", "select_n", "sin", "slice",
+           "slice_in_dim", "sort", "sort_key_val", "sqrt", "square", "squeeze", "sub", "tanh",
+           "top_k", "transpose"]
 
 
 def _is_spec_leaf(x) -> bool:
@@ -75,7 +103,7 @@ def with_sharding_constraint(x, shardings):
     """``x`` with every Array placed by ``shardings`` (see the module docstring)."""
     from ._ops import with_sharding
 
-    def constrain(spec, sub):
+    def constrain(spec, subtree):
         s = _as_sharding(spec)
 
         def one(leaf):
@@ -86,7 +114,7 @@ def with_sharding_constraint(x, shardings):
                                                                                np.float64)):
                 return with_sharding(leaf, s)          # float32: differentiable
             return device_put(leaf, s)                 # ints, bools, 16-bit floats: placed
-        return tree_util.tree_map(one, sub)
+        return tree_util.tree_map(one, subtree)
 
     s_leaves, s_td = tree_util.tree_flatten(shardings, is_leaf=_is_spec_leaf)
     try:   # only a structure mismatch is reported as one (a placement error is its own)
@@ -95,9 +123,9 @@ def with_sharding_constraint(x, shardings):
         raise ValueError(f"with_sharding_constraint: the shardings tree is not a prefix of the "
                          f"values: {e}") from None
     out = []
-    for sp, sub in zip(s_leaves, subtrees):
+    for sp, subtree in zip(s_leaves, subtrees):
         try:
-            out.append(constrain(sp, sub))
+            out.append(constrain(sp, subtree))
         except ValueError as e:
             if "outside a mesh" in str(e):
                 raise
@@ -177,7 +205,7 @@ def _starts(operand_shape, start_indices, sizes, allow_negative, who: str, abstr
             elif not isinstance(i, (Array, ShapeDtypeStruct)):
                 raise ValueError(f"Index {v} is out of bounds for dimension {n} if "
                                  f"allow_negative_indices=False")
-        out.append(min(max(v, 0), n - m))
+        out.append(builtins.min(builtins.max(v, 0), n - m))
     return out
 
 

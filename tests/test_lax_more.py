@@ -1,0 +1,633 @@
+"""ctrainstate.lax's control flow and primitives: values against numpy (derived here, without
+jax), against live jax where it is installed, on sharded operands against one device,
+gradients against jax.grad (or an analytic derivative), and jax's strictness (no implicit
+promotion or rank broadcasting) with clear errors."""
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import lax
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax as jlax
+except ImportError:      # the file passes without jax; the parity tests skip
+    jax = jnp = jlax = None
+
+needs_jax = pytest.mark.skipif(jax is None, reason="jax is not installed")
+
+RNG = np.random.default_rng(0)
+XF = RNG.standard_normal((4, 8)).astype(np.float32)
+YF = RNG.standard_normal((4, 8)).astype(np.float32) + 2.5
+XI = RNG.integers(-50, 50, (4, 8)).astype(np.int32)
+YI = RNG.integers(1, 9, (4, 8)).astype(np.int32) * np.where(RNG.random((4, 8)) < 0.5, -1, 1).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return cts.make_mesh((2, 4), ("data", "model"))
+
+
+def _sharded(h, mesh, spec=("data", "model")):
+    return cts.device_put(h, cts.NamedSharding(mesh, cts.P(*spec)))
+
+
+def _np_trunc_div(a, b):
+    return (np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)).astype(a.dtype)
+
+
+FLOAT_UNARY = [
+    ("exp", np.exp, XF), ("log", np.log, YF), ("sqrt", np.sqrt, YF),
+    ("rsqrt", lambda v: 1 / np.sqrt(v), YF), ("tanh", np.tanh, XF),
+    ("logistic", lambda v: 1 / (1 + np.exp(-v)), XF), ("sin", np.sin, XF), ("cos", np.cos, XF),
+    ("neg", np.negative, XF), ("abs", np.abs, XF), ("square", np.square, XF),
+]
+BINARY = [
+    ("add", np.add, XF, YF), ("sub", np.subtract, XF, YF), ("mul", np.multiply, XF, YF),
+    ("div", np.divide, XF, YF), ("max", np.maximum, XF, YF), ("min", np.minimum, XF, YF),
+    ("pow", np.power, YF, XF), ("rem", np.fmod, XF * 7, YF),
+    ("add", np.add, XI, YI), ("sub", np.subtract, XI, YI), ("mul", np.multiply, XI, YI),
+    ("div", _np_trunc_div, XI, YI), ("rem", np.fmod, XI, YI), ("max", np.maximum, XI, YI),
+    ("min", np.minimum, XI, YI),
+]
+
+
+@pytest.mark.parametrize("name,ref,h", FLOAT_UNARY, ids=[c[0] for c in FLOAT_UNARY])
+def test_unary_values_sharded_and_single(name, ref, h, mesh):
+    want = ref(h.astype(np.float64)).astype(np.float32)
+    one = np.asarray(getattr(lax, name)(cts.device_put(h)))
+    np.testing.assert_allclose(one, want, rtol=2e-6, atol=1e-6)
+    sh = getattr(lax, name)(_sharded(h, mesh))
+    np.testing.assert_array_equal(np.asarray(sh), one)
+
+
+@pytest.mark.parametrize("name,ref,a,b", BINARY,
+                         ids=[f"{c[0]}-{c[2].dtype}" for c in BINARY])
+def test_binary_values_sharded_and_single(name, ref, a, b, mesh):
+    want = ref(a, b)
+    one = getattr(lax, name)(cts.device_put(a), cts.device_put(b))
+    assert one.dtype == a.dtype
+    if a.dtype == np.int32:
+        np.testing.assert_array_equal(np.asarray(one), want)
+    else:
+        np.testing.assert_allclose(np.asarray(one), want, rtol=2e-6, atol=1e-6)
+    sh = getattr(lax, name)(_sharded(a, mesh), _sharded(b, mesh))
+    np.testing.assert_array_equal(np.asarray(sh), np.asarray(one))
+
+
+def test_int_unary_and_integer_pow():
+    x = cts.device_put(XI)
+    np.testing.assert_array_equal(np.asarray(lax.neg(x)), -XI)
+    np.testing.assert_array_equal(np.asarray(lax.abs(x)), np.abs(XI))
+    np.testing.assert_array_equal(np.asarray(lax.square(x)), XI * XI)
+    np.testing.assert_array_equal(np.asarray(lax.integer_pow(x, 3)), XI ** 3)
+    np.testing.assert_array_equal(np.asarray(lax.integer_pow(x, 0)), np.ones_like(XI))
+    np.testing.assert_allclose(np.asarray(lax.integer_pow(cts.device_put(YF), -3)),
+                               YF.astype(np.float64) ** -3, rtol=1e-6)
+    with pytest.raises(TypeError, match="cannot be raised to negative powers"):
+        lax.integer_pow(x, -1)
+    with pytest.raises(TypeError, match="does not accept dtype bool"):
+        lax.integer_pow(np.array([True]), 2)
+
+
+@needs_jax
+def test_elementwise_match_jax():
+    for name, _, h in FLOAT_UNARY:
+        np.testing.assert_allclose(np.asarray(getattr(lax, name)(h)),
+                                   np.asarray(getattr(jlax, name)(h)), rtol=2e-6, atol=1e-6,
+                                   err_msg=name)
+    for name, _, a, b in BINARY:
+        got, want = getattr(lax, name)(a, b), getattr(jlax, name)(a, b)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=1e-6,
+                                   err_msg=name)
+    # XLA's integer corner cases: division by zero, INT_MIN / -1; rem keeps the dividend's sign
+    for dt in (np.int32, np.uint32):
+        a = np.array([-7, 7, 0, 5, -(2 ** 31), 9], np.int64).astype(dt)
+        b = np.array([0, 0, 0, -2, -1, 4], np.int64).astype(dt)
+        for name in ("div", "rem"):
+            np.testing.assert_array_equal(np.asarray(getattr(lax, name)(a, b)),
+                                          np.asarray(getattr(jlax, name)(a, b)), err_msg=name)
+    f = np.array([-7.5, 7.5, -0.0, 3.0, 1e-30, 5.0], np.float32)
+    g = np.array([2.0, -2.0, 3.0, 0.0, -1.0, np.inf], np.float32)
+    got, want = np.asarray(lax.rem(f, g)), np.asarray(jlax.rem(f, g))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    bf = XF.astype(jnp.bfloat16)
+    for name in ("add", "mul", "max"):
+        got = getattr(lax, name)(bf, bf)
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                      np.asarray(getattr(jlax, name)(bf, bf)).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(lax.integer_pow(XI, 3)),
+                                  np.asarray(jlax.integer_pow(XI, 3)))
+    w = np.array([0.5, 1.0, 1.5, 2.0, 2.5], np.float32)
+    np.testing.assert_array_equal(np.asarray(cts.grad(lambda v: cnp.sum(lax.clamp(1.0, v, 2.0)))(w)),
+                                  np.asarray(jax.grad(lambda v: jlax.clamp(1.0, v, 2.0).sum())(w)))
+    gx, gy = cts.grad(lambda p, q: cnp.sum(lax.rem(p, q)), argnums=(0, 1))(XF * 7, YF)
+    jx, jy = jax.grad(lambda p, q: jlax.rem(p, q).sum(), argnums=(0, 1))(XF * 7, YF)
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(jx))
+    np.testing.assert_allclose(np.asarray(gy), np.asarray(jy))
+
+
+STRICT = [   # (call, exception, message fragment): jax raises the same exception type
+    (lambda m: m.add(XF, XI), TypeError, "requires arguments to have the same dtypes"),
+    (lambda m: m.add(XF, 1), TypeError, "same dtypes, got float32, int32"),
+    (lambda m: m.add(XF.astype(np.float16), 1.0), TypeError, "same dtypes"),
+    (lambda m: m.add(XF, XF[0]), TypeError, "same number of dimensions"),
+    (lambda m: m.mul(XF, XF[:3, :3]), TypeError, "incompatible shapes for broadcasting"),
+    (lambda m: m.exp(XI), TypeError, "does not accept dtype int32"),
+    (lambda m: m.add(np.array([True]), np.array([True])), TypeError, "does not accept dtype bool"),
+    (lambda m: m.abs(XI.astype(np.uint32)), TypeError, "does not accept dtype uint32"),
+    (lambda m: m.pow(XI, XI), TypeError, "first argument to pow must have an inexact dtype"),
+    (lambda m: m.select(XF > 0, XF, XI), TypeError, "same dtypes"),
+    (lambda m: m.select(XF > 0, XF, XF[:1]), TypeError, "must have the same shapes"),
+    (lambda m: m.select(XF[:, :1] > 0, XF, XF), TypeError, "must be scalar or have the same shape"),
+    (lambda m: m.select_n(np.array([0.5]), XF[0, :1], XF[0, :1]), TypeError,
+     "must be boolean or integer"),
+    (lambda m: m.select_n(np.array([True]), *[XF[0, :1]] * 3), TypeError, "cannot have > 2"),
+    (lambda m: m.clamp(np.zeros(3, np.float32), XF, 1.0), TypeError, "min.shape == operand.shape"),
+    (lambda m: m.clamp(0, XF, 1.0), TypeError, "same dtypes"),
+    (lambda m: m.concatenate([XF, XI], 0), TypeError, "same dtypes"),
+    (lambda m: m.concatenate([XF, XF[:, :2]], 0), TypeError, "differ in dimensions other"),
+    (lambda m: m.concatenate([XF, XF], -1), TypeError, "dimension out of bounds"),
+    (lambda m: m.concatenate([], 0), ValueError, "non-empty"),
+    (lambda m: m.pad(XF, np.int32(0), [(0, 0, 0)] * 2), TypeError, "must be same dtype"),
+    (lambda m: m.pad(XF, 0.0, [(0, 0, -1)] * 2), ValueError, "interior padding"),
+    (lambda m: m.pad(XF, 0.0, [(-9, 0, 0)] * 2), ValueError, "not at least 0"),
+    (lambda m: m.pad(XF, 0.0, [(0, 0, 0)]), ValueError, "length of padding_config"),
+    (lambda m: m.pad(XF, np.zeros(2, np.float32), [(0, 0, 0)] * 2), ValueError,
+     "padding_value must be a scalar"),
+    (lambda m: m.transpose(XF, (0, 0)), TypeError, "isn't a permutation"),
+    (lambda m: m.transpose(XF, (-1, 0)), TypeError, "isn't a permutation"),
+    (lambda m: m.reshape(XF, (-1,)), TypeError, "must all be positive"),
+    (lambda m: m.reshape(XF, (4, 8), (0, 0)), TypeError, "must be a permutation"),
+    (lambda m: m.squeeze(XF, (0,)), ValueError, "size not equal to one"),
+    (lambda m: m.expand_dims(XF, (0, 0)), ValueError, "repeated axis"),
+    (lambda m: m.broadcast_in_dim(XF[0], (4, 9), (1,)), TypeError, "operand dimension sizes"),
+    (lambda m: m.broadcast_in_dim(XF, (8,), (0,)), TypeError, "must have length equal"),
+    (lambda m: m.broadcast_in_dim(XF[0], (4, 8), (2,)), TypeError, "subset of output"),
+    (lambda m: m.rev(XF, (-1,)), TypeError, "nonnegative"),
+    (lambda m: m.rev(XF, (0, 0)), TypeError, "unique"),
+    (lambda m: m.slice(XF, (5, 0), (4, 8)), TypeError, "slice"),
+    (lambda m: m.index_in_dim(XF, 4), IndexError, "out of bounds"),
+    (lambda m: m.reduce_max(XI, (-1,)), ValueError, "out-of-bounds"),
+    (lambda m: m.reduce_sum(XF, (0, 0)), ValueError, "duplicate"),
+    (lambda m: m.reduce_sum(XF > 0, (0,)), TypeError, "does not accept dtype bool"),
+    (lambda m: m.argmax(XF, -1, np.int32), ValueError, "Invalid axis"),
+    (lambda m: m.argmax(XF, 0, np.float32), TypeError, "index_dtype must be an integer"),
+    (lambda m: m.cumsum(XF > 0), TypeError, "does not accept dtype bool"),
+    (lambda m: m.top_k(XF, 9), ValueError, "no larger than size"),
+    (lambda m: m.top_k(XF, -1), ValueError, "nonnegative"),
+    (lambda m: m.iota(np.bool_, 3), TypeError, "does not accept dtype bool"),
+    (lambda m: m.broadcasted_iota(np.int32, (2, 3), 2), ValueError, "iota dimension"),
+    (lambda m: m.full((2,), np.ones(2, np.float32)), TypeError, "scalar fill_value"),
+    (lambda m: m.dot_general(XF, XF, (((1,), (0,)), ((), ()))), TypeError,
+     "contracting dimensions to have the same shape"),
+    (lambda m: m.dot_general(XF, XF, (((1, 1), (1, 1)), ((), ()))), TypeError, "distinct"),
+    (lambda m: m.dot_general(XF, XF, (((2,), (1,)), ((), ()))), TypeError, "nonnegative and less"),
+    (lambda m: m.dot_general(XF[None], XF[None].repeat(2, 0), (((2,), (2,)), ((0,), (0,)))),
+     TypeError, "batch dimensions to have the same shape"),
+    (lambda m: m.sort((XF[0], XF[0, :3])), TypeError, "equal shapes"),
+    (lambda m: m.sort(XF, num_keys=2), ValueError, "num_keys"),
+]
+
+
+@pytest.mark.parametrize("k", range(len(STRICT)))
+def test_strict_errors(k):
+    call, exc, frag = STRICT[k]
+    with pytest.raises(exc, match=frag):
+        call(lax)
+    if jax is not None:   # jax refuses the same call with the same exception type
+        with pytest.raises(exc):
+            call(jlax)
+
+
+def test_weak_python_scalars_and_host_operands():
+    np.testing.assert_array_equal(np.asarray(lax.add(XF, 1.0)), XF + np.float32(1))
+    np.testing.assert_array_equal(np.asarray(lax.add(XI, 3)), XI + 3)
+    np.testing.assert_array_equal(np.asarray(lax.add(XF, XF.astype(np.float64))), XF + XF)
+    r = lax.add(1, 2)
+    assert r.dtype == np.int32 and int(np.asarray(r)) == 3
+    np.testing.assert_array_equal(np.asarray(lax.mul(XF[:1], XF)), XF[:1] * XF)   # size-1 dims
+
+
+def test_select_and_select_n_values_and_gradients(mesh):
+    p = XF > 0
+    np.testing.assert_array_equal(np.asarray(lax.select(p, XF, YF)), np.where(p, XF, YF))
+    which = RNG.integers(-2, 5, (4, 8)).astype(np.int32)     # out of range: clamped
+    cases = [XF, YF, XF * 3]
+    want = np.choose(np.clip(which, 0, 2), cases)
+    np.testing.assert_array_equal(np.asarray(lax.select_n(which, *cases)), want)
+    sh = lax.select_n(_sharded(which, mesh), *[_sharded(c, mesh) for c in cases])
+    np.testing.assert_array_equal(np.asarray(sh), want)
+    np.testing.assert_array_equal(np.asarray(lax.select(True, XF, YF)), XF)
+    g = cts.grad(lambda a, b: cnp.sum(lax.select(p, a, b) * YF), argnums=(0, 1))(XF, XF)
+    np.testing.assert_array_equal(np.asarray(g[0]), np.where(p, YF, 0))
+    np.testing.assert_array_equal(np.asarray(g[1]), np.where(p, 0, YF))
+    # the branch not taken leaks no NaN into the gradient
+    gl = cts.grad(lambda a: cnp.sum(lax.select(a > 0, lax.log(a), a)))(XF)
+    assert np.isfinite(np.asarray(gl)).all()
+
+
+def test_shape_ops_against_numpy(mesh):
+    x = cts.device_put(XF)
+    v = XF[0, :4]
+    np.testing.assert_array_equal(np.asarray(lax.broadcast_in_dim(v, (3, 4, 2), (1,))),
+                                  np.broadcast_to(v[None, :, None], (3, 4, 2)))
+    np.testing.assert_array_equal(np.asarray(lax.broadcast_in_dim(XF[:1], (2, 4, 8), (0, 2))),
+                                  np.broadcast_to(XF[:1][:, None, :], (2, 4, 8)))
+    np.testing.assert_array_equal(np.asarray(lax.broadcast_in_dim(XF, (8, 3, 4), (2, 0))),
+                                  np.broadcast_to(XF.T[:, None, :], (8, 3, 4)))
+    np.testing.assert_array_equal(np.asarray(lax.broadcast(v, (2, 3))),
+                                  np.broadcast_to(v, (2, 3, 4)))
+    np.testing.assert_array_equal(np.asarray(lax.iota(np.int32, 5)), np.arange(5))
+    np.testing.assert_array_equal(np.asarray(lax.broadcasted_iota(np.float32, (3, 4), 1)),
+                                  np.broadcast_to(np.arange(4, dtype=np.float32), (3, 4)))
+    f = lax.full((2, 3), 1.5, np.int32)
+    assert f.dtype == np.int32 and (np.asarray(f) == 1).all()
+    assert lax.full((2,), 2.0).dtype == np.float32
+    fl = lax.full_like(_sharded(XF, mesh), 3)
+    assert fl.sharding == _sharded(XF, mesh).sharding and (np.asarray(fl) == 3).all()
+    np.testing.assert_array_equal(np.asarray(lax.reshape(x, (8, 4))), XF.reshape(8, 4))
+    np.testing.assert_array_equal(np.asarray(lax.reshape(x, (32,), (1, 0))), XF.T.reshape(32))
+    np.testing.assert_array_equal(np.asarray(lax.squeeze(XF[:, None], (1,))), XF)
+    np.testing.assert_array_equal(np.asarray(lax.squeeze(XF[:, :, None], (-1,))), XF)
+    assert lax.expand_dims(x, (0, -1)).shape == (1, 4, 8, 1)
+    np.testing.assert_array_equal(np.asarray(lax.transpose(_sharded(XF, mesh), (1, 0))), XF.T)
+    np.testing.assert_array_equal(np.asarray(lax.concatenate([x, XF[:2]], 0)),
+                                  np.concatenate([XF, XF[:2]], 0))
+    np.testing.assert_array_equal(np.asarray(lax.rev(_sharded(XF, mesh), (0, 1))), XF[::-1, ::-1])
+    np.testing.assert_array_equal(np.asarray(lax.slice(x, (1, 2), (4, 8), (2, 3))), XF[1:4:2, 2:8:3])
+    np.testing.assert_array_equal(np.asarray(lax.slice_in_dim(x, -3, None, axis=1)), XF[:, -3:])
+    np.testing.assert_array_equal(np.asarray(lax.slice_in_dim(x, None, None, 2)), XF[::2])
+    np.testing.assert_array_equal(np.asarray(lax.index_in_dim(x, -1, 1, False)), XF[:, -1])
+    np.testing.assert_array_equal(np.asarray(lax.index_in_dim(x, 2)), XF[2:3])
+    c = lax.convert_element_type(np.array([1.7, -1.7, 3e9, np.nan], np.float32), np.int32)
+    np.testing.assert_array_equal(np.asarray(c), [1, -1, np.iinfo(np.int32).max, 0])
+
+
+def _np_pad(x, value, config):
+    """lax.pad from its definition: the operand's elements land at lo + i * (interior + 1)
+    of a buffer holding every position of the padded result, negative lo shifting them left."""
+    out_shape = tuple(n + lo + hi + max(n - 1, 0) * it for n, (lo, hi, it) in zip(x.shape, config))
+    out = np.full(out_shape, value, x.dtype)
+    for idx in np.ndindex(*x.shape):
+        pos = tuple(lo + i * (it + 1) for i, (lo, hi, it) in zip(idx, config))
+        if all(0 <= p < n for p, n in zip(pos, out_shape)):
+            out[pos] = x[idx]
+    return out
+
+
+PADS = [[(1, 2, 0), (0, 0, 0)], [(0, 0, 1), (2, -3, 2)], [(-1, 2, 1), (-2, -1, 0)],
+        [(-3, 1, 2), (0, 0, 3)], [(0, -3, 0), (1, 1, 0)], [(-4, 1, 0), (0, 0, 0)]]
+
+
+@pytest.mark.parametrize("config", PADS, ids=[str(c) for c in PADS])
+def test_pad_values_sharded_and_gradient(config, mesh):
+    want = _np_pad(XF, -1.5, config)
+    got = lax.pad(cts.device_put(XF), -1.5, config)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(lax.pad(_sharded(XF, mesh), -1.5, config)), want)
+    np.testing.assert_array_equal(np.asarray(lax.pad(XI, np.int32(7), config)),
+                                  _np_pad(XI, 7, config))
+    # d sum(pad(x, v) * w) / dx: w at the operand's positions; / dv: the sum of w elsewhere
+    w = RNG.standard_normal(want.shape).astype(np.float32)
+    gx, gv = cts.grad(lambda a, v: cnp.sum(lax.pad(a, v, config) * w), argnums=(0, 1))(
+        XF, cts.device_put(np.float32(0.5)))
+    marker = _np_pad(np.arange(1, XF.size + 1, dtype=np.float32).reshape(XF.shape), 0, config)
+    gx_want = np.zeros(XF.size, np.float32)
+    for v_, ww in zip(marker.ravel(), w.ravel()):
+        if v_:
+            gx_want[int(v_) - 1] += ww
+    np.testing.assert_allclose(np.asarray(gx), gx_want.reshape(XF.shape))
+    np.testing.assert_allclose(float(np.asarray(gv)), float(w[marker == 0].sum()), rtol=1e-5)
+    if jax is not None:
+        np.testing.assert_array_equal(np.asarray(jlax.pad(XF, np.float32(-1.5), config)), want)
+
+
+def test_dot_general_values_sharded_and_gradient(mesh):
+    a = RNG.standard_normal((2, 4, 3)).astype(np.float32)
+    b = RNG.standard_normal((3, 2, 5)).astype(np.float32)
+    dn = (((2,), (0,)), ((0,), (1,)))
+    want = np.einsum("bik,kbj->bij", a, b)
+    got = lax.dot_general(a, b, dn)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    A = cts.device_put(XF, cts.NamedSharding(mesh, cts.P("data", "model")))
+    B = cts.device_put(YF.T.copy(), cts.NamedSharding(mesh, cts.P("model", None)))
+    np.testing.assert_allclose(np.asarray(lax.dot_general(A, B, (((1,), (0,)), ((), ())))),
+                               XF @ YF.T, rtol=1e-5, atol=1e-5)
+    # no contraction: an outer product, free dims in lhs-then-rhs order
+    np.testing.assert_allclose(np.asarray(lax.dot_general(XF[0], YF[0, :3], (((), ()), ((), ())))),
+                               np.outer(XF[0], YF[0, :3]), rtol=1e-6)
+    p = lax.dot_general(XI, XI.T, (((1,), (0,)), ((), ())), preferred_element_type=np.float32)
+    assert p.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(p), (XI @ XI.T).astype(np.float32))
+    with pytest.raises(TypeError, match="preferred_element_type"):
+        lax.dot_general(XI, XI.T, (((1,), (0,)), ((), ())))
+    w = RNG.standard_normal((2, 4, 5)).astype(np.float32)
+    ga, gb = cts.grad(lambda p_, q: cnp.sum(lax.dot_general(p_, q, dn) * w), argnums=(0, 1))(a, b)
+    np.testing.assert_allclose(np.asarray(ga), np.einsum("bij,kbj->bik", w, b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gb), np.einsum("bij,bik->kbj", w, a), rtol=1e-5, atol=1e-5)
+    if jax is not None:
+        np.testing.assert_allclose(np.asarray(got), np.asarray(jlax.dot_general(a, b, dn)),
+                                   rtol=1e-5, atol=1e-6)
+        bf = lax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dn,
+                             preferred_element_type=np.float32)
+        jbf = jlax.dot_general(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dn,
+                               preferred_element_type=jnp.float32)
+        assert bf.dtype == jbf.dtype
+        np.testing.assert_allclose(np.asarray(bf), np.asarray(jbf), rtol=1e-5, atol=1e-5)
+
+
+def test_reductions_args_and_cumulative(mesh):
+    for name, ref in (("reduce_sum", np.sum), ("reduce_max", np.max), ("reduce_min", np.min),
+                      ("reduce_prod", np.prod)):
+        for axes in ((0,), (1,), (0, 1)):
+            np.testing.assert_allclose(np.asarray(getattr(lax, name)(_sharded(XF, mesh), axes)),
+                                       ref(XF, axis=axes), rtol=1e-5, err_msg=f"{name} {axes}")
+            np.testing.assert_array_equal(np.asarray(getattr(lax, name)(XI % 5, axes)),
+                                          ref(XI % 5, axis=axes).astype(np.int32))
+    np.testing.assert_array_equal(np.asarray(lax.reduce_sum(XF, ())), XF)
+    np.testing.assert_array_equal(np.asarray(lax.argmax(_sharded(XF, mesh), 1, np.int32)),
+                                  np.argmax(XF, 1))
+    am = lax.argmin(XF, 0, np.uint32)
+    assert am.dtype == np.uint32
+    np.testing.assert_array_equal(np.asarray(am), np.argmin(XF, 0))
+    for name, ref in (("cumsum", np.cumsum), ("cumprod", np.cumprod),
+                      ("cummax", np.maximum.accumulate), ("cummin", np.minimum.accumulate)):
+        for axis in (0, 1):
+            for rev in (False, True):
+                h = XF[::-1] if (rev and axis == 0) else (XF[:, ::-1] if rev else XF)
+                want = ref(h, axis=axis)
+                want = want[::-1] if (rev and axis == 0) else (want[:, ::-1] if rev else want)
+                got = getattr(lax, name)(_sharded(XF, mesh), axis, reverse=rev)
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name} {axis} {rev}")
+        np.testing.assert_array_equal(np.asarray(getattr(lax, name)(XI % 7, 1)),
+                                      ref(XI % 7, axis=1).astype(np.int32))
+    g = cts.grad(lambda v: cnp.sum(lax.cumsum(v, 1, reverse=True) * YF))(XF)
+    np.testing.assert_allclose(np.asarray(g), np.cumsum(YF, 1), rtol=1e-5)
+    if jax is not None:
+        nan = np.array([3.0, np.nan, 1.0, 4.0], np.float32)
+        for name in ("cummax", "cummin"):
+            np.testing.assert_array_equal(np.asarray(getattr(lax, name)(nan)),
+                                          np.asarray(getattr(jlax, name)(nan)))
+
+
+def test_sort_and_top_k(mesh):
+    k1 = np.array([2, 0, 2, 1, 0, 2], np.int32)
+    k2 = np.array([5.0, 1.0, -1.0, 3.0, 1.0, 5.0], np.float32)
+    v = np.arange(6, dtype=np.float32)
+    order = np.lexsort((k2, k1))
+    out = lax.sort((k1, k2, v), num_keys=2)
+    for o_, h in zip(out, (k1, k2, v)):
+        np.testing.assert_array_equal(np.asarray(o_), h[order])
+    np.testing.assert_array_equal(np.asarray(lax.sort(_sharded(XF, mesh), dimension=0)),
+                                  np.sort(XF, 0))
+    ks, vs = lax.sort_key_val(k1, v)
+    np.testing.assert_array_equal(np.asarray(vs), v[np.argsort(k1, kind="stable")])
+    ties = np.round(XF * 2) / 2
+    vals, idx = lax.top_k(_sharded(ties, mesh), 3)
+    want_idx = np.argsort(-ties, axis=-1, kind="stable")[:, :3]     # ties: the lower index
+    assert idx.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(idx), want_idx)
+    np.testing.assert_array_equal(np.asarray(vals), np.take_along_axis(ties, want_idx, -1))
+    g = cts.grad(lambda a: cnp.sum(lax.top_k(a, 2)[0]))(XF)
+    gw = np.zeros_like(XF)
+    np.put_along_axis(gw, np.argsort(-XF, axis=-1, kind="stable")[:, :2], 1.0, -1)
+    np.testing.assert_array_equal(np.asarray(g), gw)
+    if jax is not None:
+        nan = np.array([1.0, np.nan, 5.0, 5.0], np.float32)
+        for a, b in zip(lax.top_k(nan, 3), jlax.top_k(nan, 3)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(lax.sort((k1, k2, v), num_keys=2), jlax.sort((k1, k2, v), num_keys=2)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --- control flow ----------------------------------------------------------------------------
+
+def _body(i, c):
+    x, acc = c
+    return lax.tanh(x * 1.1 + 0.1 * i), acc + cnp.sum(x * x)
+
+
+def test_fori_loop_values_and_gradient(mesh):
+    want_x, want_acc = XF.astype(np.float64), 0.0
+    for i in range(2, 6):
+        want_acc += (want_x ** 2).sum()
+        want_x = np.tanh(want_x * 1.1 + 0.1 * i)
+    x, acc = lax.fori_loop(2, 6, _body, (cts.device_put(XF), 0.0))
+    np.testing.assert_allclose(np.asarray(x), want_x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(np.asarray(acc)), want_acc, rtol=1e-5)
+    xs, _ = lax.fori_loop(cts.device_put(np.int32(2)), 6, _body, (_sharded(XF, mesh), 0.0))
+    np.testing.assert_array_equal(np.asarray(xs), np.asarray(x))
+    assert lax.fori_loop(5, 2, _body, "untouched") == "untouched"
+
+    def loss(v):
+        x_, acc_ = lax.fori_loop(2, 6, _body, (v, 0.0))
+        return cnp.sum(x_) + acc_
+    g = cts.grad(loss)(XF)
+    if jax is not None:
+        def jbody(i, c):
+            x_, acc_ = c
+            return jnp.tanh(x_ * 1.1 + 0.1 * i), acc_ + jnp.sum(x_ * x_)
+
+        def jloss(v):
+            x_, acc_ = jlax.fori_loop(2, 6, jbody, (v, 0.0))
+            return jnp.sum(x_) + acc_
+        np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(jloss)(XF)), rtol=1e-4,
+                                   atol=1e-5)
+    else:   # central differences at a few elements
+        for idx in [(0, 0), (3, 7)]:
+            e = np.zeros_like(XF, np.float64)
+            e[idx] = 1e-3
+            fd = (float(np.asarray(loss((XF + e).astype(np.float32)))) -
+                  float(np.asarray(loss((XF - e).astype(np.float32))))) / 2e-3
+            np.testing.assert_allclose(np.asarray(g)[idx], fd, rtol=2e-2, atol=2e-2)
+
+
+def test_carry_checks_and_bad_loops():
+    f32 = cts.device_put(np.float32(1.0))
+    with pytest.raises(TypeError, match=r"loop_carry has type float32\[\] .* int32\[\], so the dtypes"):
+        lax.fori_loop(0, 2, lambda i, c: lax.convert_element_type(c, np.int32), f32)
+    with pytest.raises(TypeError, match=r"float32\[3\], so the shapes do not match"):
+        lax.fori_loop(0, 2, lambda i, c: cnp.ones(3), f32)
+    with pytest.raises(TypeError, match="same pytree structure"):
+        lax.fori_loop(0, 2, lambda i, c: (c, c), f32)
+    with pytest.raises(TypeError, match=r"carry\[1\] has type float32\[\]"):
+        lax.scan(lambda c, x: ((c[0], 0), x), (1, f32), np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="must have equal types"):
+        lax.fori_loop(0, 2, lambda i, c: 0, f32)       # an int output for a float32 carry
+    assert lax.while_loop(lambda c: c < 3, lambda c: c + 1.5, 0) == 3.0   # weak input: ok
+    with pytest.raises(TypeError, match="equal types"):
+        lax.fori_loop(cts.device_put(np.uint32(0)), cts.device_put(np.int32(3)),
+                      lambda i, c: c, 0)
+    with pytest.raises(TypeError, match="must be an integer"):
+        lax.fori_loop(0.5, 3, lambda i, c: c, 0)
+    with pytest.raises(TypeError, match="cond_fun must return a boolean scalar"):
+        lax.while_loop(lambda c: cnp.ones(2) > 0, lambda c: c, 0.0)
+    with pytest.raises(TypeError, match="cond_fun must return a boolean scalar"):
+        lax.while_loop(lambda c: c, lambda c: c - 1, 3)
+    with pytest.raises(TypeError, match="abstract"):
+        cts.eval_shape(lambda v: lax.while_loop(lambda c: cnp.sum(c) < 3, lambda c: c + 1, v),
+                       XF)
+    if jax is not None:   # jax refuses the same carries and predicates
+        with pytest.raises(TypeError, match="dtypes do not match"):
+            jlax.fori_loop(0, 2, lambda i, c: c.astype(jnp.int32), jnp.float32(1))
+        with pytest.raises(TypeError, match="dtypes do not match"):
+            jlax.fori_loop(0, 2, lambda i, c: 0, jnp.float32(1))
+        with pytest.raises(TypeError, match="boolean scalar"):
+            jlax.while_loop(lambda c: jnp.ones(2) > 0, lambda c: c, 0.0)
+
+
+def test_while_loop_values_and_gradient():
+    out = lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * 1.5),
+                         (0, cts.device_put(XF)))
+    assert out[0] == 5
+    np.testing.assert_allclose(np.asarray(out[1]), XF * np.float32(1.5) ** 5, rtol=1e-6)
+    # differentiable (jax's while_loop is not): d/dx sum(x * 1.5**5) = 1.5**5
+    g = cts.grad(lambda v: cnp.sum(lax.while_loop(
+        lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * 1.5), (0, v))[1]))(XF)
+    np.testing.assert_allclose(np.asarray(g), np.full_like(XF, 1.5 ** 5), rtol=1e-5)
+
+
+def test_cond_and_switch():
+    x = cts.device_put(XF)
+    for p in (True, False, 0, 2.0, np.bool_(True), cts.device_put(np.array(False))):
+        want = XF + 1 if bool(np.asarray(p)) else XF * 2
+        np.testing.assert_allclose(np.asarray(lax.cond(p, lambda v: v + 1, lambda v: v * 2, x)),
+                                   want)
+    np.testing.assert_allclose(np.asarray(lax.cond(True, lambda v: v - 1, lambda v: v, operand=x)),
+                               XF - 1)
+    assert lax.cond(False, 1.0, lambda a: a, 2.0, lambda b: b * 3) == 6.0     # the old form
+    with pytest.raises(TypeError, match="Pred must be a scalar"):
+        lax.cond(np.array([True, False]), lambda: 1, lambda: 2)
+    with pytest.raises(TypeError, match="should be callable"):
+        lax.cond(True, 1.0, lambda: 2)
+    with pytest.raises(TypeError, match="no positional operands"):
+        lax.cond(True, lambda v: v, lambda v: v, 1.0, operand=2.0)
+    branches = [lambda v: v, lambda v: v * 2, lambda v: v * 3]
+    for i in (-3, 0, 1, 2, 9):
+        want = XF * (min(max(i, 0), 2) + 1)
+        np.testing.assert_allclose(np.asarray(lax.switch(i, branches, x)), want)
+        if jax is not None:
+            np.testing.assert_allclose(np.asarray(jlax.switch(i, branches, XF)), want)
+    with pytest.raises(TypeError, match="Index type must be an integer"):
+        lax.switch(1.0, branches, x)
+    with pytest.raises(ValueError, match="Empty branch sequence"):
+        lax.switch(0, [], x)
+    # inside eval_shape both branches run and must agree, as jax traces them
+    s = cts.eval_shape(lambda p, v: lax.cond(p, lambda a: a + 1, lambda a: a * 2, v),
+                       np.array(True), XF)
+    assert s.shape == XF.shape
+    with pytest.raises(TypeError, match="equal output types"):
+        cts.eval_shape(lambda p, v: lax.cond(p, lambda a: a, lambda a: a[0], v),
+                       np.array(True), XF)
+    # gradient: only the branch taken
+    for p in (True, False):
+        g = cts.grad(lambda v: cnp.sum(lax.cond(p, lambda a: a * a, lambda a: lax.sin(a), v)))(XF)
+        np.testing.assert_allclose(np.asarray(g), 2 * XF if p else np.cos(XF), rtol=1e-6)
+        if jax is not None:
+            jg = jax.grad(lambda v: jnp.sum(jlax.cond(p, lambda a: a * a, jnp.sin, v)))(XF)
+            np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-6)
+
+
+def _scan_body(c, x):
+    h, n = c
+    h2 = lax.tanh(h * 0.9 + x["u"])
+    return (h2, n + 1), {"h": h2, "s": cnp.sum(h2 * x["w"])}
+
+
+def test_scan_values_reverse_pytrees_and_sharding(mesh):
+    u = RNG.standard_normal((5, 4, 8)).astype(np.float32)
+    w = RNG.standard_normal((5, 8)).astype(np.float32)
+    for rev in (False, True):
+        h, hs, ss = np.zeros((4, 8)), [None] * 5, [None] * 5
+        for t in (range(4, -1, -1) if rev else range(5)):
+            h = np.tanh(h * 0.9 + u[t])
+            hs[t], ss[t] = h, (h * w[t]).sum()
+        (hc, n), ys = lax.scan(_scan_body, (cts.device_put(np.zeros((4, 8), np.float32)), 0),
+                               {"u": cts.device_put(u), "w": w}, reverse=rev)
+        assert n == 5
+        np.testing.assert_allclose(np.asarray(hc), h, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(ys["h"]), np.stack(hs), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(ys["s"]), np.array(ss), rtol=1e-5, atol=1e-5)
+    us = cts.device_put(u, cts.NamedSharding(mesh, cts.P(None, "data", "model")))
+    (hc2, _), ys2 = lax.scan(_scan_body, (cts.device_put(np.zeros((4, 8), np.float32)), 0),
+                             {"u": us, "w": w}, reverse=True)
+    np.testing.assert_array_equal(np.asarray(hc2), np.asarray(hc))
+    np.testing.assert_array_equal(np.asarray(ys2["h"]), np.asarray(ys["h"]))
+    # xs=None with length; ys of Python scalars stack as jax's default dtypes
+    c, ys3 = lax.scan(lambda c, _: (c + 1, c * 2), 0, None, length=4)
+    assert c == 4 and ys3.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(ys3), [0, 2, 4, 6])
+    c, ys4 = lax.scan(lambda c, x: (c + x, c), 0.0, np.zeros((0, 3), np.float32))
+    assert ys4.shape == (0,) and ys4.dtype == np.float32 and c == 0.0
+    np.testing.assert_allclose(np.asarray(lax.map(lambda v: v["a"] * 2 + v["b"], {"a": u, "b": w[:, None, :]})),
+                               u * 2 + w[:, None, :], rtol=1e-6)
+
+
+def test_scan_errors():
+    f = lambda c, x: (c, x)   # noqa: E731
+    with pytest.raises(ValueError, match="different leading axis sizes: 3, 4"):
+        lax.scan(f, 0.0, (np.ones(3), np.ones(4)))
+    with pytest.raises(ValueError, match="`length` argument of 4 which disagrees"):
+        lax.scan(f, 0.0, np.ones(3), length=4)
+    with pytest.raises(ValueError, match="no values to scan over"):
+        lax.scan(f, 0.0, None)
+    with pytest.raises(ValueError, match="no leading axis"):
+        lax.scan(f, 0.0, np.float32(1))
+    with pytest.raises(TypeError, match="must be a pair"):
+        lax.scan(lambda c, x: (c, x, x), 0.0, np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="dtypes do not match"):
+        lax.scan(lambda c, x: (lax.convert_element_type(c, np.int32), x),
+                 cts.device_put(np.float32(0)), np.ones(3, np.float32))
+
+
+def test_scan_gradient_matches_jax():
+    u = RNG.standard_normal((5, 4, 8)).astype(np.float32)
+
+    def loss(h0, uu):
+        def body(h, x):
+            h2 = lax.tanh(h * 0.9 + x)
+            return h2, cnp.sum(h2 * h2)
+        h, ys = lax.scan(body, h0, uu, reverse=True)
+        return cnp.sum(h) + cnp.sum(ys)
+    gh, gu = cts.grad(loss, argnums=(0, 1))(XF, u)
+    if jax is None:
+        pytest.skip("jax is not installed")
+
+    def jloss(h0, uu):
+        def body(h, x):
+            h2 = jnp.tanh(h * 0.9 + x)
+            return h2, jnp.sum(h2 * h2)
+        h, ys = jlax.scan(body, h0, uu, reverse=True)
+        return jnp.sum(h) + jnp.sum(ys)
+    jh, ju = jax.grad(jloss, argnums=(0, 1))(XF, u)
+    np.testing.assert_allclose(np.asarray(gh), np.asarray(jh), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gu), np.asarray(ju), rtol=1e-4, atol=1e-5)
+
+
+@needs_jax
+def test_shape_ops_and_select_gradients_match_jax():
+    cfg = [(-1, 2, 1), (2, -3, 2)]
+    w = RNG.standard_normal(_np_pad(XF, 0.0, cfg).shape).astype(np.float32)
+    g = cts.grad(lambda a: cnp.sum(lax.pad(a, 0.0, cfg) * w))(XF)
+    jg = jax.grad(lambda a: jnp.sum(jlax.pad(a, 0.0, cfg) * w))(XF)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(jg))
+    p = XF > 0
+    g = cts.grad(lambda a: cnp.sum(lax.select(p, lax.sin(a), a * a)))(XF)
+    jg = jax.grad(lambda a: jnp.sum(jlax.select(p, jnp.sin(a), a * a)))(XF)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-6)
+    for args in ((XF[0, :4], (3, 4, 2), (1,)), (XF, (8, 3, 4), (2, 0))):
+        np.testing.assert_array_equal(np.asarray(lax.broadcast_in_dim(*args)),
+                                      np.asarray(jlax.broadcast_in_dim(*args)))
+    np.testing.assert_array_equal(np.asarray(lax.reshape(XF, (32,), (1, 0))),
+                                  np.asarray(jlax.reshape(XF, (32,), (1, 0))))
+    c = np.array([-1.5, 5e9, 2.5, np.nan], np.float32)
+    for dt in (np.int32, np.uint32, np.bool_):
+        np.testing.assert_array_equal(np.asarray(lax.convert_element_type(c, dt)),
+                                      np.asarray(jlax.convert_element_type(c, dt)))

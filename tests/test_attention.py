@@ -10,7 +10,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, random
-from conftest import flat_tree as _flat, on_gpu
+from conftest import flat_tree as _flat
 
 
 

@@ -633,3 +633,11 @@ def _operator_index(v, what):
         return operator.index(v)
     except TypeError:
         raise TypeError(f"{what} must be an int, got {v!r}") from None
+
+
+# --- the rest of jax.numpy's utility, creation, NaN-reduction and order-statistic names ---------
+# (ctrainstate/_numpy_extra.py, names in its __all__; its ``where`` replaces the select-only one
+# above and takes the one-argument form)
+from . import _numpy_extra as _extra  # noqa: E402
+globals().update({_n: getattr(_extra, _n) for _n in _extra.__all__})
+__all__ += _extra.__all__

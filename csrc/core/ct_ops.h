@@ -54,6 +54,22 @@ typedef enum {
     CT_UN_ROUND,        /* to the nearest integer, halves to even (jnp.round, rintf) */
     CT_UN_TRUNC,        /* toward zero */
     CT_UN_ERFC,         /* 1 - erf(x), accurate where erf(x) is near 1 */
+    /* ABI 7: jax.lax's remaining float primitives, each backend's libm float function
+     * (ct_unary_ext: sinhf, coshf, tanf, asinf, acosf, atanf, asinhf, acoshf, atanhf, cbrtf,
+     * exp2f; CUDA documents 1 to 4 ulp for these, glibc's are within 1-2 on the tests'
+     * points), and the sign bit (exact). */
+    CT_UN_SINH,
+    CT_UN_COSH,
+    CT_UN_TAN,
+    CT_UN_ASIN,
+    CT_UN_ACOS,
+    CT_UN_ATAN,
+    CT_UN_ASINH,
+    CT_UN_ACOSH,
+    CT_UN_ATANH,
+    CT_UN_CBRT,
+    CT_UN_EXP2,         /* 2 ** x */
+    CT_UN_SIGNBIT,      /* 1.0 where x's sign bit is set (-0.0 and negative NaNs too), else 0.0 */
     CT_UN_COUNT
 } ct_unary_op;
 
@@ -67,6 +83,11 @@ typedef enum {
     CT_BIN_GT,          /* 1.0 where a > b, else 0.0 */
     CT_BIN_KEEP,        /* a where b != 0, else exactly 0 (even for an inf or NaN a): a select */
     CT_BIN_POW,         /* a ** b, elementwise (ct_pow: exact for b 0, 1, 2, -1; ABI 6) */
+    /* ABI 7 (ct_binary_apply) */
+    CT_BIN_ATAN2,       /* atan2f(a, b): the angle of the point (b, a) */
+    CT_BIN_NEXTAFTER,   /* nextafterf(a, b): exact, subnormals included */
+    CT_BIN_FMOD,        /* fmodf(a, b): the remainder with a's sign (lax.rem); exact */
+    CT_BIN_LDEXP,       /* a * 2 ** b for an integral b (ldexpf; b clamped to +-512): exact */
     CT_BIN_COUNT
 } ct_binary_op;
 

@@ -2,16 +2,18 @@
  * ct_ops_math.h — per-element pieces of the array ops shared by the CPU and
  * CUDA kernels (csrc/backend/cpu/cpu_ops.c, csrc/backend/cuda/cuda_ops.cu):
  * the binary operators, the sign and the unary ops of ABI 6 (log1p, expm1, erf
- * and the roundings), the tanh-approximated GELU given tanh of its inner
+ * and the roundings) and ABI 7 (sinh .. cbrt, exp2, the sign bit; atan2, nextafter,
+ * fmod and ldexp), the tanh-approximated GELU given tanh of its inner
  * argument (each backend brings its own tanh), and the offsets of a
  * row-major element index in two strided layouts.
  *
- * The libm calls here (powf, log1pf, expm1f, erff, erfcf) resolve to each backend's
+ * The libm calls here (powf, log1pf, expm1f, erff, erfcf, and ABI 7's sinhf .. exp2f,
+ * atan2f) resolve to each backend's
  * own: glibc on CPUs, CUDA's device math on GPUs, not bit-identical to each other.
  * CUDA documents log1pf and expm1f within 1 ulp, erff 2, erfcf and powf 4 (glibc's
  * are within 2 ulp on the tests' points), so CPU and GPU may differ by the two bounds
  * added. ct_pow gives jax's exact results for the exponents 0, 1, 2 and -1 on both.
- * floorf, ceilf, rintf and truncf are exact everywhere, and ct_unary_ext returns a
+ * floorf, ceilf, rintf, truncf, nextafterf, fmodf and ldexpf are exact everywhere, and ct_unary_ext returns a
  * NaN input to them quietened (not the backend's own NaN: CUDA's is 0x7fffffff), so
  * the roundings give the same bits on every backend.
  */
@@ -49,6 +51,24 @@ CT_HD static inline float ct_pow(float x, float p) {
     return powf(x, p);
 }
 
+/* a * 2 ** b (jnp.ldexp: b holds an integer, converted exactly to float32 by the caller for
+ * |b| < 2^24). ldexpf rounds once (subnormal results included) on every backend; clamping b
+ * to +-512 changes no result (any finite nonzero a is 0 or inf by then) and keeps the int
+ * conversion defined; a NaN b (not integral) gives NaN. */
+CT_HD static inline float ct_ldexp(float a, float b) {
+    if (b != b) return __builtin_nanf("");
+    float c = b > 512.0f ? 512.0f : (b < -512.0f ? -512.0f : b);
+    return ldexpf(a, (int)c);
+}
+
+/* 1.0 where the sign bit of v is set (-0.0 and a NaN with the sign bit included), else 0.0:
+ * jnp.signbit's bit test, exact everywhere. */
+CT_HD static inline float ct_signbit(float v) {
+    union { float f; uint32_t u; } w;
+    w.f = v;
+    return (w.u >> 31) ? 1.0f : 0.0f;
+}
+
 CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     switch (op) {
     case CT_BIN_ADD: return a + b;
@@ -59,6 +79,10 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     case CT_BIN_MIN: return (a < b || a != a) ? a : b;
     case CT_BIN_GT: return a > b ? 1.0f : 0.0f;
     case CT_BIN_POW: return ct_pow(a, b);
+    case CT_BIN_ATAN2: return atan2f(a, b);
+    case CT_BIN_NEXTAFTER: return nextafterf(a, b);
+    case CT_BIN_FMOD: return fmodf(a, b);
+    case CT_BIN_LDEXP: return ct_ldexp(a, b);
     default: return b != 0.0f ? a : 0.0f; /* CT_BIN_KEEP: a where the mask b is set, else 0 */
     }
 }
@@ -76,7 +100,7 @@ CT_HD static inline float ct_red_identity(int op) { return op == CT_RED_SUM ? 0.
 /* jnp.sign: -1, 0 or 1, keeping the sign of a zero (sign(-0.0) = -0.0) and NaN. */
 CT_HD static inline float ct_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : v); }
 
-/* The unary ops appended in ABI 6 (CT_UN_LOG1P .. CT_UN_ERFC); any other op gives NaN
+/* The unary ops appended in ABI 6 and 7 (CT_UN_LOG1P .. CT_UN_SIGNBIT); any other op gives NaN
  * (the core has rejected unknown codes before a kernel runs). rintf rounds halves to
  * even in the default rounding mode, which nothing here changes. The roundings return a
  * NaN input quietened (ct_quiet_nan), the same bits on every backend. */
@@ -91,6 +115,18 @@ CT_HD static inline float ct_unary_ext(int op, float v) {
     case CT_UN_CEIL: return ceilf(v);
     case CT_UN_ROUND: return rintf(v);
     case CT_UN_TRUNC: return truncf(v);
+    case CT_UN_SINH: return sinhf(v);
+    case CT_UN_COSH: return coshf(v);
+    case CT_UN_TAN: return tanf(v);
+    case CT_UN_ASIN: return asinf(v);
+    case CT_UN_ACOS: return acosf(v);
+    case CT_UN_ATAN: return atanf(v);
+    case CT_UN_ASINH: return asinhf(v);
+    case CT_UN_ACOSH: return acoshf(v);
+    case CT_UN_ATANH: return atanhf(v);
+    case CT_UN_CBRT: return cbrtf(v);
+    case CT_UN_EXP2: return exp2f(v);
+    case CT_UN_SIGNBIT: return ct_signbit(v);
     default: return __builtin_nanf("");
     }
 }

@@ -88,6 +88,18 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     case CT_UN_ROUND: LOOP(ct_unary_ext(CT_UN_ROUND, v)); break;
     case CT_UN_TRUNC: LOOP(ct_unary_ext(CT_UN_TRUNC, v)); break;
     case CT_UN_ERFC: LOOP(erfcf(v)); break;
+    case CT_UN_SINH: LOOP(sinhf(v)); break;
+    case CT_UN_COSH: LOOP(coshf(v)); break;
+    case CT_UN_TAN: LOOP(tanf(v)); break;
+    case CT_UN_ASIN: LOOP(asinf(v)); break;
+    case CT_UN_ACOS: LOOP(acosf(v)); break;
+    case CT_UN_ATAN: LOOP(atanf(v)); break;
+    case CT_UN_ASINH: LOOP(asinhf(v)); break;
+    case CT_UN_ACOSH: LOOP(acoshf(v)); break;
+    case CT_UN_ATANH: LOOP(atanhf(v)); break;
+    case CT_UN_CBRT: LOOP(cbrtf(v)); break;
+    case CT_UN_EXP2: LOOP(exp2f(v)); break;
+    case CT_UN_SIGNBIT: LOOP(ct_signbit(v)); break;
     default: return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
     }
 #undef LOOP

@@ -65,7 +65,7 @@ __global__ void unary_kernel(int op, float alpha, float beta, long long n, const
         case CT_UN_SIGN: r = ct_sign(v); break;
         case CT_UN_POW: r = ct_pow(v, alpha); break;
         case CT_UN_RDIV: r = alpha / v; break;
-        default: r = ct_unary_ext(op, v); break; /* CT_UN_LOG1P .. CT_UN_ERFC */
+        default: r = ct_unary_ext(op, v); break; /* CT_UN_LOG1P .. CT_UN_SIGNBIT */
         }
         y[i] = r;
     }

@@ -151,6 +151,64 @@ def test_abi6_unary_ops_match_cpu(name):
     np.testing.assert_allclose(gg, gc, rtol=4e-6, atol=3 * 2.0 ** -23 if name == "expm1" else 1e-30)
 
 
+_ABI7_LIBM = {  # CUDA's documented ulp bound + glibc's (<= 2 on tests/c/test_ops_math.c's sweep)
+    "sinh": 5, "cosh": 4, "tan": 6, "arcsin": 4, "arccos": 4, "arctan": 4, "arcsinh": 5,
+    "arccosh": 6, "arctanh": 5, "cbrt": 3, "exp2": 4, "arctan2": 5, "log2": 4, "log10": 4,
+    "hypot": 4, "logaddexp": 6, "logaddexp2": 6}
+_ABI7_EXACT = ["signbit", "nextafter", "fmod", "ldexp", "copysign", "fmax", "fmin", "heaviside",
+               "deg2rad", "rad2deg"]
+
+
+@pytest.mark.parametrize("name", list(_ABI7_LIBM) + _ABI7_EXACT)
+def test_abi7_math_functions_match_cpu(name):
+    """The ABI 7 kernels (sinh .. exp2, signbit; atan2, nextafter, fmod, ldexp) and the
+    functions composed on them, on a GPU against the CPU backend: the exact ones give the same
+    bits; the libm ones (CUDA's device functions, glibc's on the CPU) differ by at most their
+    two documented bounds added; gradients run on the device too."""
+    rng = np.random.default_rng(7)
+    x = np.r_[rng.uniform(-4, 4, 3000), rng.uniform(-0.999, 0.999, 1000),
+              [0.0, -0.0, 1.0, -1.0, np.nan, np.inf, -np.inf, 1e-30, 2.5, 88.0]].astype(np.float32)
+    y = np.r_[rng.uniform(-3, 3, x.size - 3), [0.0, np.nan, -np.inf]].astype(np.float32)
+    if name == "arccosh":
+        x = 1.0 + np.abs(x)
+    binary = name in ("arctan2", "nextafter", "fmod", "copysign", "fmax", "fmin", "heaviside",
+                      "hypot", "logaddexp", "logaddexp2")
+    c, g = _cpu_and_gpu(x, gpus()[0])
+    cy, gy = _cpu_and_gpu(y, gpus()[0])
+    if name == "ldexp":
+        e = rng.integers(-140, 140, x.size).astype(np.int32)
+        fn = lambda v, w: cnp.ldexp(v, e)       # noqa: E731
+    else:
+        fn = getattr(cnp, name) if binary else (lambda v, w: getattr(cnp, name)(v))
+    got, want = np.asarray(fn(g, gy)), np.asarray(fn(c, cy))
+    if name in _ABI7_EXACT:
+        assert got.tobytes() == want.tobytes(), name
+    else:
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), name
+        d = _ulps32(got[~nan], want[~nan])
+        if name in ("logaddexp", "logaddexp2"):
+            # max + log1p(exp(-|x - y|)) cancels where the result is near 0: the exp / log1p
+            # ulps (the CPU's exp is its own vector kernel) are ulps of max(|x|, |y|) there
+            sc = np.maximum(np.abs(x), np.abs(y))[~nan]
+            with np.errstate(all="ignore"):
+                near = np.abs(got[~nan] - want[~nan]) <= _ABI7_LIBM[name] * np.spacing(sc)
+            d = d[~near]
+        assert d.size == 0 or d.max() <= _ABI7_LIBM[name], name
+    if name in ("signbit", "nextafter"):
+        return
+    fin = np.isfinite(x) & np.isfinite(y) & (np.abs(x) < 0.99 if name in ("arcsin", "arccos", "arctanh") else True)
+    xs, ys = x[fin][:500], y[fin][:500]
+    if name == "ldexp":
+        es = e[fin][:500]
+        fn = lambda v, w: cnp.ldexp(v, es)      # noqa: E731
+    c, g = _cpu_and_gpu(xs, gpus()[0])
+    cy, gy = _cpu_and_gpu(ys, gpus()[0])
+    gg = np.asarray(cts.grad(lambda v: cnp.sum(fn(v, gy)))(g))
+    gc = np.asarray(cts.grad(lambda v: cnp.sum(fn(v, cy)))(c))
+    np.testing.assert_allclose(gg, gc, rtol=2e-5, atol=1e-6, err_msg=name)
+
+
 def test_abi6_power_activations_and_at_updates_on_a_split_mesh_match_cpu():
     """Array-exponent power (CT_BIN_POW), the jax.nn activations built on the new kernels, and
     the new .at updates, on GPU meshes, against the CPU backend."""

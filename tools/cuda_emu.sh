@@ -111,7 +111,8 @@ run() {  # run NAME [pytest args...]
             tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
             tests/test_argmax_categorical.py tests/test_attention.py tests/test_matmul_precision.py \
             tests/test_slicing_advanced.py tests/test_mixed_precision.py tests/test_int_bool_ops.py \
-            tests/test_more_ops.py tests/test_move_ops.py tests/test_optim_lowp.py tests/test_sort.py ;;
+            tests/test_more_ops.py tests/test_move_ops.py tests/test_optim_lowp.py tests/test_sort.py \
+            tests/test_numpy_math.py ;;
     scan8)
         # scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
         # the cases left compare meshes with one device, scan over remat, the reference's P9/P11)

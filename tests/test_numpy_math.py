@@ -591,3 +591,11 @@ def test_docstrings():
         doc = getattr(cnp, name).__doc__
         assert doc and "jnp." in doc or "Alias" in (doc or ""), name
     assert math.isclose(float(np.asarray(cnp.log2(np.float32(8.0)))), 3.0)
+
+
+def test_module_doctests():
+    import doctest
+
+    from ctrainstate import _math_extra
+    res = doctest.testmod(_math_extra)
+    assert res.failed == 0 and res.attempted >= 3

@@ -78,8 +78,14 @@ static void probe_gpu(const ct_backend **backend, int *num_physical) {
     }
     const ct_backend *be = NULL;
     int n = 0;
+    ct_clear_error();
     if (open_fn(&g_services, &be, &n) != CT_OK) {
-        snprintf(g_gpu_status, sizeof g_gpu_status, "%s", ct_last_error());
+        if (ct_last_error()[0] != '\0')
+            snprintf(g_gpu_status, sizeof g_gpu_status, "%s", ct_last_error());
+        else /* a library of ABI 6 or older refuses another ABI without a message */
+            snprintf(g_gpu_status, sizeof g_gpu_status,
+                     "%s refused backend ABI %d (built from other sources: rebuild it)", path,
+                     CT_BACKEND_ABI_VERSION);
         ct_clear_error();
         return; /* keep the library loaded: harmless, and dlclose of CUDA libs is fragile */
     }

@@ -472,7 +472,12 @@ ct_cuda_backend_open(const ct_core_services *services, const ct_backend **backen
                      int *num_physical) {
     *backend = NULL;
     *num_physical = 0;
-    if (services == NULL || services->abi_version != CT_BACKEND_ABI_VERSION) return CT_EINVAL;
+    if (services == NULL) return CT_EINVAL;
+    if (services->abi_version != CT_BACKEND_ABI_VERSION)
+        return services->set_error(CT_EINVAL,
+                                   "the CUDA backend was built for backend ABI %d, the core has %d "
+                                   "(built from other sources: rebuild both)",
+                                   CT_BACKEND_ABI_VERSION, services->abi_version);
     ct_cuda_core = services;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);

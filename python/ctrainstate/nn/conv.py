@@ -94,6 +94,25 @@ def _dnums(ndim):
     return lax.ConvDimensionNumbers(lhs, rhs, lhs)
 
 
+def _start(module, inputs):
+    """The convolution layers' shared start: fields checked, ``(precision, kernel_size, the
+    input with one batch dimension, the batch shape to restore or None, strides)``."""
+    _check_dtype(module)
+    precision = _precision(module)
+    ks = _kernel_size(module)
+    x, batch_shape = _flatten_batch(module, inputs, len(ks))
+    return precision, ks, x, batch_shape, _broadcast(module.strides, len(ks), module, "strides")
+
+
+def _finish(y, bias, batch_shape):
+    """``y`` plus the bias on its features, with the batch dimensions restored."""
+    if bias is not None:
+        y = y + cnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+    if batch_shape is not None:
+        y = cnp.reshape(y, batch_shape + tuple(y.shape[1:]))
+    return y
+
+
 def _masked_kernel(module, kernel, kernel_shape):
     if module.mask is None:
         return kernel
@@ -139,12 +158,8 @@ class Conv(Module):
 
     @compact
     def __call__(self, inputs):
-        _check_dtype(self)
-        precision = _precision(self)
-        ks = _kernel_size(self)
+        precision, ks, x, batch_shape, strides = _start(self, inputs)
         n = len(ks)
-        x, batch_shape = _flatten_batch(self, inputs, n)
-        strides = _broadcast(self.strides, n, self, "strides")
         idil = _broadcast(self.input_dilation, n, self, "input_dilation")
         kdil = _broadcast(self.kernel_dilation, n, self, "kernel_dilation")
         padding = canonicalize_padding(self.padding, n)
@@ -175,11 +190,7 @@ class Conv(Module):
         y = lax.conv_general_dilated(x, kernel, strides, padding, lhs_dilation=idil,
                                      rhs_dilation=kdil, dimension_numbers=_dnums(x.ndim),
                                      feature_group_count=groups, precision=precision)
-        if bias is not None:
-            y = y + cnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
-        if batch_shape is not None:
-            y = cnp.reshape(y, batch_shape + tuple(y.shape[1:]))
-        return y
+        return _finish(y, bias, batch_shape)
 
 
 class ConvTranspose(Module):
@@ -216,12 +227,8 @@ class ConvTranspose(Module):
 
     @compact
     def __call__(self, inputs):
-        _check_dtype(self)
-        precision = _precision(self)
-        ks = _kernel_size(self)
+        precision, ks, x, batch_shape, strides = _start(self, inputs)
         n = len(ks)
-        x, batch_shape = _flatten_batch(self, inputs, n)
-        strides = _broadcast(self.strides, n, self, "strides")
         kdil = _broadcast(self.kernel_dilation, n, self, "kernel_dilation")
         in_features = int(np.shape(x)[-1])
         features = int(self.features)
@@ -252,8 +259,4 @@ class ConvTranspose(Module):
                 shape = tuple(y.shape)
                 y = cnp.reshape(y, shape[:i] + (-1, scaled[i - 1]) + shape[i + 1:])
                 y = cnp.sum(y, axis=i)
-        if bias is not None:
-            y = y + cnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
-        if batch_shape is not None:
-            y = cnp.reshape(y, batch_shape + tuple(y.shape[1:]))
-        return y
+        return _finish(y, bias, batch_shape)

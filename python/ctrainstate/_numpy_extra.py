@@ -943,26 +943,24 @@ def nanargmin(a, axis=None, out=None, keepdims=None):
     return _nan_arg(a, axis, bool(keepdims), "nanargmin", np.inf, _cnp().argmin)
 
 
+def _nancum(a, axis, dtype, out, who, fill, scan):
+    """``scan`` (cumsum / cumprod) of ``a`` with its NaNs replaced by ``fill``."""
+    if out is not None:
+        raise ValueError(f"{who}: out= is not supported (as in jax)")
+    a, skip = _nan_operand(a, who, None)
+    if dtype is not None:
+        a = _cnp().astype(a, dtype)
+    return scan(_filled(a, skip, fill), axis=axis)
+
+
 def nancumsum(a, axis=None, dtype=None, out=None):
     """``jnp.nancumsum``: :func:`cumsum` with NaNs counted as zero (gradient 0 there)."""
-    if out is not None:
-        raise ValueError("nancumsum: out= is not supported (as in jax)")
-    cnp = _cnp()
-    a, skip = _nan_operand(a, "nancumsum", None)
-    if dtype is not None:
-        a = cnp.astype(a, dtype)
-    return cnp.cumsum(_filled(a, skip, 0), axis=axis)
+    return _nancum(a, axis, dtype, out, "nancumsum", 0, _cnp().cumsum)
 
 
 def nancumprod(a, axis=None, dtype=None, out=None):
     """``jnp.nancumprod``: :func:`cumprod` with NaNs counted as one (gradient 0 there)."""
-    if out is not None:
-        raise ValueError("nancumprod: out= is not supported (as in jax)")
-    cnp = _cnp()
-    a, skip = _nan_operand(a, "nancumprod", None)
-    if dtype is not None:
-        a = cnp.astype(a, dtype)
-    return cnp.cumprod(_filled(a, skip, 1), axis=axis)
+    return _nancum(a, axis, dtype, out, "nancumprod", 1, _cnp().cumprod)
 
 
 # --- order statistics ----------------------------------------------------------------------------

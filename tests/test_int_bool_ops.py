@@ -446,12 +446,7 @@ def test_where_with_a_bool_array_condition(dt):
     x, y = values(dt, (5, 6), 21), values(dt, (6,), 22)
     got = cnp.where(put(c), put(x), put(y))
     assert got.dtype == dt
-    if dt in (F32, BF16):
-        # float where is keep(x, c) + keep(y, ~c): a selected -0.0 comes out +0.0 (jax keeps
-        # the sign: a known divergence of the float select); values otherwise exact
-        np.testing.assert_array_equal(host(got), np.where(c, x, y))
-    else:
-        same_bits(got, np.where(c, x, y))
+    same_bits(got, np.where(c, x, y))
     ids = put(np.array([[3, -100, 5]], np.int32))
     got = cnp.where(ids != -100, ids, 0)
     assert got.dtype == np.int32 and host(got).tolist() == [[3, 0, 5]]
@@ -459,6 +454,49 @@ def test_where_with_a_bool_array_condition(dt):
     assert got.dtype == np.int32 and host(got).tolist() == [[1, 0, 1]]
     got = cnp.where(ids > 0, 1.0, 0)
     assert got.dtype == np.float32 and host(got).tolist() == [[1.0, 0.0, 1.0]]
+
+
+@pytest.mark.parametrize("dt", [F32, BF16, F16], ids=lambda d: NAMES[d])
+def test_where_returns_the_selected_value_bit_for_bit(dt):
+    """A select, not arithmetic: -0.0, +0.0, infinities and NaN payloads come back as they
+    were in the branch taken, in either branch, with Array or scalar branches, on a mesh, and
+    through fmax / fmin / heaviside (which select with where), as jax's select does."""
+    nan_payload = np.uint32(0x7FC00123).view(np.float32)   # a quiet NaN with payload bits
+    x = np.array([-0.0, 0.0, -0.0, np.inf, -np.inf, 1.5, -0.0, nan_payload], np.float32).astype(dt)
+    y = np.array([0.0, -0.0, -0.0, -0.0, 2.0, -0.0, np.nan, -0.0], np.float32).astype(dt)
+    c = np.array([True, True, False, False, True, False, True, False])
+    want = np.where(c, x, y)
+    assert np.signbit(want.astype(np.float32)).tolist() == [True, False, True, True, True,
+                                                            True, True, True]
+    same_bits(cnp.where(put(c), put(x), put(y)), want)
+    same_bits(cnp.where(c, put(x), put(y)), want)
+    same_bits(cnp.where(c.astype(np.float32), put(x), put(y)), want)   # a float condition
+    mesh = cts.Mesh(np.array(cts.devices()[:4]).reshape(2, 2), ("a", "b"))
+    sh = NamedSharding(mesh, P(("a", "b")))
+    xs, ys = cts.device_put(x, sh), cts.device_put(y, sh)
+    same_bits(cnp.where(cts.device_put(c, sh), xs, ys), want)
+    # a scalar branch: jax's weak-typed -0.0 keeps its sign too
+    got = cnp.where(c, put(x), -0.0)
+    assert got.dtype == dt
+    same_bits(got, np.where(c, x, np.array(-0.0, dt)))
+    # the gradient still splits between the branches (1 where taken, else 0), -0.0 or not
+    gx, gy = cts.grad(lambda u, v: cnp.sum(cnp.where(c, u, v)), argnums=(0, 1))(
+        put(x.astype(np.float32)), put(y.astype(np.float32)))
+    assert host(gx).tolist() == c.astype(np.float32).tolist()
+    assert host(gy).tolist() == (~c).astype(np.float32).tolist()
+    # fmax / fmin at signed-zero ties select x2 (jnp's where((x1 > x2) | isnan(x2), x1, x2))
+    z, nz = np.array([0.0, -0.0], dt), np.array([-0.0, 0.0], dt)
+    same_bits(cnp.fmax(put(z), put(nz)), nz)
+    same_bits(cnp.fmin(put(z), put(nz)), nz)
+    same_bits(cnp.heaviside(put(np.array([0.0, 0.0], dt)), put(np.array([-0.0, 0.0], dt))),
+              np.array([-0.0, 0.0], dt))
+    jnp = pytest.importorskip("jax.numpy")
+    same_bits(cnp.where(put(c), put(x), put(y)), np.asarray(jnp.where(c, x, y)))
+    same_bits(cnp.where(c, put(x), -0.0), np.asarray(jnp.where(c, x, -0.0)))
+    same_bits(cnp.fmax(put(z), put(nz)), np.asarray(jnp.fmax(z, nz)))
+    same_bits(cnp.fmin(put(z), put(nz)), np.asarray(jnp.fmin(z, nz)))
+    same_bits(cnp.heaviside(put(np.array([0.0, 0.0], dt)), put(np.array([-0.0, 0.0], dt))),
+              np.asarray(jnp.heaviside(np.array([0.0, 0.0], dt), np.array([-0.0, 0.0], dt))))
 
 
 def test_eval_shape_of_the_new_ops():

@@ -123,8 +123,8 @@ typedef struct {
  * (CT_PREC_*: float32, TF32 or bfloat16 inputs); 5: convert (dtype conversions); 6: unary
  * CT_UN_LOG1P .. CT_UN_ERFC, binary CT_BIN_POW, CT_UN_SIGN keeps -0.0 and NaN; ewise and
  * reduce_typed (comparisons, booleans, integer arithmetic and reductions); 7: unary CT_UN_SINH ..
- * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP */
-#define CT_BACKEND_ABI_VERSION 7
+ * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP; 8: binary CT_BIN_PICK (where keeps -0.0) */
+#define CT_BACKEND_ABI_VERSION 8
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

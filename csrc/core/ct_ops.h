@@ -88,6 +88,9 @@ typedef enum {
     CT_BIN_NEXTAFTER,   /* nextafterf(a, b): exact, subnormals included */
     CT_BIN_FMOD,        /* fmodf(a, b): the remainder with a's sign (lax.rem); exact */
     CT_BIN_LDEXP,       /* a * 2 ** b for an integral b (ldexpf; b clamped to +-512): exact */
+    /* ABI 8 */
+    CT_BIN_PICK,        /* a where b != 0, else -0.0: an addend of an exact select, since
+                         * x + -0.0 is x for every x (+0.0, -0.0, inf and NaN included) */
     CT_BIN_COUNT
 } ct_binary_op;
 

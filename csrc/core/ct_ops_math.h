@@ -83,6 +83,7 @@ CT_HD static inline float ct_binary_apply(int op, float a, float b) {
     case CT_BIN_NEXTAFTER: return nextafterf(a, b);
     case CT_BIN_FMOD: return fmodf(a, b);
     case CT_BIN_LDEXP: return ct_ldexp(a, b);
+    case CT_BIN_PICK: return b != 0.0f ? a : -0.0f;
     default: return b != 0.0f ? a : 0.0f; /* CT_BIN_KEEP: a where the mask b is set, else 0 */
     }
 }

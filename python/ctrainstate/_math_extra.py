@@ -453,8 +453,8 @@ def hypot(x1, x2, /) -> Array:
 def heaviside(x1, x2, /) -> Array:
     """The Heaviside step (``jnp.heaviside``): 0 where ``x1 < 0``, 1 where ``x1 > 0``, ``x2``
     where ``x1 == 0``, NaN where ``x1`` is NaN. The gradient goes to ``x2`` where ``x1 == 0``
-    (and to ``x1`` at its NaNs), as jax's nested ``where`` (whose select here returns a
-    selected ``x2`` of -0.0 as +0.0). A subnormal ``x1`` is its sign here (XLA flushes it:
+    (and to ``x1`` at its NaNs), as jax's nested ``where`` (a selected ``x2`` of -0.0 stays
+    -0.0). A subnormal ``x1`` is its sign here (XLA flushes it:
     ``x2``)."""
     x1, x2 = _o._lift_pair(x1, x2)
     zero = _const(x1, 0.0)
@@ -474,8 +474,8 @@ def _fselect(x1, x2, less: bool) -> Array:
 def fmax(x1, x2, /) -> Array:
     """Elementwise maximum ignoring NaN (``jnp.fmax``: ``where((x1 > x2) | isnan(x2), x1,
     x2)``; NaN only where both are). The gradient goes to the selected operand (``x2`` at
-    ties, as jax). A selected -0.0 comes back +0.0 (``where`` here: ``fmax(0., -0.)`` is +0.0,
-    jax's -0.0)."""
+    ties, as jax). The selected operand comes back bit for bit: ``fmax(0., -0.)`` is -0.0, as
+    jax's."""
     return _fselect(x1, x2, False)
 
 
@@ -499,10 +499,10 @@ def float_power(x, y, /) -> Array:
 # --- logaddexp / logaddexp2: jax's formula and custom derivative ----------------------------------
 
 def _select_raw(mask: Array, a: Array, b: Array) -> Array:
-    """``a`` where the float mask is 1, else ``b`` (exact except the sign of a zero; raw)."""
+    """``a`` where the float mask is 1, else ``b``, bit for bit (a -0.0 included; raw)."""
     not_m = _o._unary_raw(_o.U_AFFINE, mask, -1.0, 1.0)
-    return _o._binary_raw(_o.B_ADD, _o._binary_raw(_o.B_KEEP, a, mask),
-                          _o._binary_raw(_o.B_KEEP, b, not_m))
+    return _o._binary_raw(_o.B_ADD, _o._binary_raw(_o.B_PICK, a, mask),
+                          _o._binary_raw(_o.B_PICK, b, not_m))
 
 
 def _mask(boolean: Array) -> Array:

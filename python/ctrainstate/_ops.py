@@ -43,6 +43,7 @@ from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Shardi
  U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV,
  U_LOG1P, U_EXPM1, U_ERF, U_FLOOR, U_CEIL, U_ROUND, U_TRUNC, U_ERFC) = range(27)
 B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT, B_KEEP, B_POW = range(9)
+B_PICK = 13   # ABI 8 (after _math_extra's B_ATAN2 .. B_LDEXP): a where the mask is set, else -0.0
 _RED_SUM, _RED_MAX = range(2)  # reductions (CT_RED_*)
 
 
@@ -547,9 +548,19 @@ def _keep(a, mask) -> Array:
     return _binary(B_KEEP, a, mask, lambda g, x, m, o: _binary_raw(B_KEEP, g, m))
 
 
+def _pick(a, mask) -> Array:
+    """``a`` where ``mask`` is set, else -0.0: one addend of an exact select. ``x + -0.0`` is
+    ``x`` for every ``x``, so ``_pick(x, c) + _pick(y, 1 - c)`` is ``x`` or ``y`` bit for bit,
+    a selected -0.0 included (with :func:`_keep`'s +0.0 fill, ``-0.0 + 0.0`` would come back
+    +0.0). Differentiable in ``a`` (the gradient is ``g`` where set, 0 elsewhere)."""
+    if isinstance(a, Array) and a.dtype in _LOWP:
+        return astype(_pick(astype(a, _dtypes.float32), mask), a.dtype)
+    return _binary(B_PICK, a, mask, lambda g, x, m, o: _binary_raw(B_KEEP, g, m))
+
+
 def where(condition, x=None, y=None) -> Array:
     """``jnp.where(condition, x, y)``: ``x`` where ``condition`` is true (nonzero), else ``y``,
-    exactly (an inf or NaN in the branch not taken does not leak into the result, as with a
+    exactly (bit for bit, a -0.0 included; an inf or NaN in the branch not taken does not leak into the result, as with a
     select), all three broadcast together. ``condition`` may be a host array or an Array of
     any dtype (a bool Array is converted block by block). The gradient goes to ``x`` where the condition
     holds and to ``y`` elsewhere.
@@ -578,7 +589,7 @@ def where(condition, x=None, y=None) -> Array:
         place = next((_place_of(v) for v in (x, y) if isinstance(v, Array)), None)
         c = _lift(c, place) if place is not None else _lift(c)
     not_c = _unary_raw(U_AFFINE, c, -1.0, 1.0)
-    return add(_keep(x, c), _keep(y, not_c))
+    return add(_pick(x, c), _pick(y, not_c))
 
 
 def negative(x) -> Array:

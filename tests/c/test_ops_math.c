@@ -204,12 +204,43 @@ static void test_ldexp(void) {
     CHECK(ct_binary_apply(CT_BIN_LDEXP, 0x1p-149f, 276.0f) == 0x1p127f, "ldexp(2^-149, 276)");
 }
 
+/* CT_BIN_PICK and the select it builds: pick(x, m) + pick(y, !m) is x or y bit for bit, over
+ * the operand sweep (signed zeros, subnormals, infinities, NaNs with payloads) in both
+ * branches; the +0.0 fill of CT_BIN_KEEP loses a selected -0.0, which is why PICK exists. */
+static void test_pick(void) {
+    static float v[70000];
+    const int n = operands(v, 70000);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const float x = v[i], y = v[(i * 7919 + 13) % n];
+        for (int set = 0; set < 2; set++) {
+            const float m = set ? 1.0f : 0.0f, not_m = set ? 0.0f : 1.0f;
+            const float got = ct_binary_apply(CT_BIN_ADD, ct_binary_apply(CT_BIN_PICK, x, m),
+                                              ct_binary_apply(CT_BIN_PICK, y, not_m));
+            const float want = set ? x : y;
+            /* a NaN payload may be quieted by the add; the sign and the NaN-ness are kept */
+            const int ok = want != want ? (got != got && (bits(got) >> 31) == (bits(want) >> 31))
+                                        : bits(got) == bits(want);
+            if (!ok && bad++ < 5)
+                CHECK(0, "select(%d, %a, %a) = %a", set, (double)x, (double)y, (double)got);
+        }
+    }
+    checks++;
+    CHECK(bits(ct_binary_apply(CT_BIN_PICK, 3.0f, 0.0f)) == 0x80000000u, "pick fills -0.0");
+    CHECK(bits(ct_binary_apply(CT_BIN_PICK, NAN, 0.0f)) == 0x80000000u, "an unpicked NaN is -0.0");
+    CHECK(ct_binary_apply(CT_BIN_PICK, 3.0f, -2.0f) == 3.0f, "any nonzero mask picks");
+    CHECK(bits(ct_binary_apply(CT_BIN_ADD, ct_binary_apply(CT_BIN_KEEP, -0.0f, 1.0f),
+                               ct_binary_apply(CT_BIN_KEEP, 5.0f, 0.0f))) == 0u,
+          "keep + keep turns a selected -0.0 into +0.0 (the reason for pick)");
+}
+
 int main(void) {
     test_unary_sweep();
     test_unary_edges();
     test_signbit();
     test_binary();
     test_ldexp();
+    test_pick();
     printf("test_ops_math: %d checks, %d failures\n", checks, failures);
     return failures != 0;
 }

@@ -26,7 +26,8 @@ def body(code):
 
 def test_doc_has_all_recipes():
     assert set(snippets()) == {"colab/flax", "colab/ctrainstate", "pjit/flax", "pjit/ctrainstate",
-                               "t5x/t5x", "t5x/ctrainstate", "hf/ctrainstate"}
+                               "t5x/t5x", "t5x/ctrainstate", "hf/ctrainstate",
+                               "clm_flax/ctrainstate"}
 
 
 @pytest.mark.parametrize("name", ["colab", "pjit", "t5x"])
@@ -96,6 +97,21 @@ def test_hf_recipe():
     assert mu.sharding.spec == P(None, "mp")
     assert ns["opt_spec"][1] is None and ns["opt_spec"][0].count is None
     assert ns["params"]["transformer"]["wte"]["embedding"].sharding.spec == P("mp", None)
+
+
+def test_clm_flax_recipe():
+    """run_clm_flax's pmap step: the state stays replicated (one copy per device, the same
+    params on each), a dropout key per device, and the loss falls on the toy task."""
+    ns = run_ct("clm_flax/ctrainstate")
+    n = cts.local_device_count()
+    state, losses = ns["state"], ns["losses"]
+    assert np.asarray(state.step).tolist() == [20] * n
+    k = np.asarray(state.params["Dense_0"]["kernel"])
+    assert k.shape == (n, 8, 32) and all(np.array_equal(k[0], k[j]) for j in range(n))
+    assert state.params["Dense_0"]["kernel"].sharding.spec == P("batch")
+    keys = np.asarray(state.dropout_rng)
+    assert keys.shape == (n, 2) and len({tuple(r) for r in keys.tolist()}) == n
+    assert all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0], losses
 
 
 @pytest.mark.parity

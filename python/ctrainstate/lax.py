@@ -434,3 +434,8 @@ from ._conv import (  # noqa: E402
 
 __all__ += ["ConvDimensionNumbers", "conv", "conv_dimension_numbers", "conv_general_dilated",
             "conv_transpose", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
+
+# the collectives over a pmap axis (ctrainstate._pmap)
+from ._pmap import all_gather, axis_index, pmax, pmean, pmin, ppermute, psum  # noqa: E402
+
+__all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "psum"]

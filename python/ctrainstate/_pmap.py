@@ -1,0 +1,647 @@
+"""``pmap`` (mirror of ``jax.pmap``) and the collectives over its named axis (``lax.psum``,
+``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``ppermute``, ``axis_index``).
+
+ctrainstate runs eagerly, so ``pmap(f, axis_name)(x)`` runs ``f`` once per device on that
+device's slice of the mapped arguments (SPMD, as XLA does with a pmapped program). Each
+replica runs in a thread of its own (its own autodiff tape, so ``grad`` inside the mapped
+function differentiates that replica only), and the replicas take turns: one runs at a time,
+until it reaches a collective or returns, then the next one runs. When the last replica
+reaches a collective, it is evaluated over all of them (in replica order, so results are
+deterministic) and replica 0 resumes. The device kernels of each op still use all cores;
+what is serial is the Python between them, as in any eager run.
+
+Layout. A mapped argument's slice ``i`` is copied onto ``devices[i]`` (the first ``n`` local
+devices, or ``devices=``), where replica ``i`` computes; the results are stacked along a new
+leading axis of size ``n`` sharded one slice per device over a 1-D mesh named ``axis_name``
+(pmap's layout, and that of :func:`ctrainstate.hf.replicate` / :func:`~ctrainstate.hf.shard`,
+so a pmapped step's outputs go back into the next step with one device copy per slice and no
+gather). Inside a replica, values created without an operand (``jnp.zeros``, a constant)
+go on the replica's device: each replica runs inside ``with Mesh([device], (axis_name,))``.
+The thread's logical axis rules and matmul precision are carried into the replicas.
+
+What differs from jax: the mapped function runs eagerly, once per replica (jax traces it once
+and compiles); ``donate_argnums`` is accepted and changes nothing (the inputs are copied per
+replica and stay valid); ``out_axes=None`` returns replica 0's value without checking that
+the replicas agree; ``axis_index_groups``, nested ``pmap`` and differentiating *through* a
+``pmap`` from outside (``grad(lambda p: pmap(f)(p))``) are refused with an error that says
+so (differentiate inside the mapped function, as data-parallel training steps do).
+
+>>> import numpy as np, ctrainstate as cts
+>>> n = cts.local_device_count()
+>>> f = cts.pmap(lambda x: x - cts.lax.pmean(x, 'i'), axis_name='i')
+>>> out = f(np.arange(n, dtype=np.float32))
+>>> out.shape == (n,), float(np.asarray(out).sum())
+(True, 0.0)
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import _C, tree_util
+from .array import Array, device_put
+from .sharding import Mesh, NamedSharding, PartitionSpec
+
+__all__ = ["pmap", "psum", "pmean", "pmax", "pmin", "all_gather", "ppermute", "axis_index"]
+
+# the pmap axes bound in this thread: {axis_name: (group, replica index)}
+_tls = threading.local()
+
+
+def _bound() -> dict:
+    return getattr(_tls, "axes", None) or {}
+
+
+class _Aborted(BaseException):
+    """Raised in a waiting replica when another replica failed (not an Exception, so user
+    code's ``except Exception`` does not swallow it)."""
+
+
+class _Group:
+    """The replicas of one pmap call: whose turn it is, and the collective being gathered."""
+
+    def __init__(self, name, devices, meshes):
+        self.name, self.devices, self.meshes = name, devices, meshes
+        self.n = len(devices)
+        self.cond = threading.Condition()
+        self.turn = 0
+        self.pending: list = [None] * self.n
+        self.results: list = [None] * self.n
+        self.error = None        # (replica, exception): the first failure
+        self.aborted = False
+
+    def _wait_turn(self, i):
+        while self.turn != i and not self.aborted:
+            self.cond.wait()
+        if self.aborted:
+            raise _Aborted()
+
+    def start(self, i):
+        with self.cond:
+            self._wait_turn(i)
+
+    def fail(self, i, exc):
+        with self.cond:
+            if self.error is None and not isinstance(exc, _Aborted):
+                self.error = (i, exc)
+            self.aborted = True
+            self.cond.notify_all()
+
+    def arrive(self, i, kind, what, payload):
+        """Replica ``i`` reached collective ``kind`` (or ``'return'``); the others run their
+        turn; returns this replica's result once the last one has arrived."""
+        with self.cond:
+            self.pending[i] = (kind, what, payload)
+            if i + 1 < self.n:
+                self.turn = i + 1
+                self.cond.notify_all()
+            else:
+                try:
+                    done = self._resolve()
+                except BaseException as exc:   # a mismatch or a failing reduction: all stop
+                    if self.error is None:
+                        self.error = (i, exc)
+                    self.aborted = True
+                    self.cond.notify_all()
+                    raise _Aborted() from None
+                self.turn = self.n if done else 0
+                self.cond.notify_all()
+            if kind == "return":
+                return None
+            self._wait_turn(i)
+            out, self.results[i] = self.results[i], None
+            return out
+
+    def _resolve(self) -> bool:
+        kinds = [(p[0], p[1]) for p in self.pending]
+        if len(set(kinds)) != 1:
+            desc = "; ".join(f"replica {r}: {_describe(k)}" for r, k in enumerate(kinds))
+            raise RuntimeError(
+                f"pmap over {self.name!r}: the replicas reached different collectives ({desc}). "
+                "Every replica must call the same collectives, over the same axis and on "
+                "trees of the same structure, in the same order (data-dependent Python "
+                "branches around a collective break this)")
+        kind = kinds[0][0]
+        payloads = [p[2] for p in self.pending]
+        self.pending = [None] * self.n
+        if kind == "return":
+            return True
+        from . import _ops
+        saved = getattr(_ops._tls, "tapes", None)
+        _ops._tls.tapes = None      # the reduction itself is not differentiated (see _record)
+        try:
+            with self.meshes[0]:    # computed on replica 0's device, then copied to each
+                self.results = _COLLECTIVES[kind](self, payloads)
+        finally:
+            _ops._tls.tapes = saved
+        return False
+
+
+def _describe(k) -> str:
+    kind, what = k
+    return "returned" if kind == "return" else f"{kind}{what}"
+
+
+# --- the collectives: payloads (one per replica) -> results (one per replica) ---------------
+
+def _on(x, g, j):
+    """``x`` placed on replica ``j``'s device (an Array leaf; host values stay host)."""
+    if isinstance(x, Array):
+        return device_put(x, NamedSharding(g.meshes[j], PartitionSpec()))
+    return x
+
+
+def _leafwise(fn):
+    """A collective over trees: ``fn(g, [leaf of each replica]) -> [result of each]`` applied
+    to every leaf; the trees have one structure (checked with the kind)."""
+    def run(g, payloads):
+        leaves = [tree_util.tree_leaves(p) for p in payloads]
+        td = tree_util.tree_structure(payloads[0])
+        per_leaf = [fn(g, [lv[k] for lv in leaves]) for k in range(len(leaves[0]))]
+        return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
+    return run
+
+
+def _combine(op):
+    def fn(g, xs):
+        if not any(isinstance(x, Array) for x in xs):     # host values: reduce on the host
+            r = _HOST_OPS[op](xs if all(isinstance(x, (int, float)) for x in xs)
+                              else [np.asarray(x) for x in xs])
+            if isinstance(r, (int, float)):
+                return [r] * g.n                # psum(1, name): the axis size, a Python int
+            return [device_put(r, NamedSharding(m, PartitionSpec())) for m in g.meshes]
+        from . import numpy as cnp
+        binop = {"psum": cnp.add, "pmean": cnp.add, "pmax": cnp.maximum,
+                 "pmin": cnp.minimum}[op]
+        acc = _on(xs[0], g, 0) if isinstance(xs[0], Array) else xs[0]
+        for x in xs[1:]:
+            acc = binop(acc, _on(x, g, 0))
+        if op == "pmean":
+            acc = cnp.true_divide(acc, g.n)
+        return [_on(acc, g, j) for j in range(g.n)]
+    return fn
+
+
+def _host_sum(xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = out + x
+    return out
+
+
+_HOST_OPS = {
+    "psum": _host_sum,
+    "pmean": lambda xs: _host_sum(xs) / len(xs),
+    "pmax": lambda xs: functools.reduce(np.maximum, xs) if isinstance(xs[0], np.ndarray) else max(xs),
+    "pmin": lambda xs: functools.reduce(np.minimum, xs) if isinstance(xs[0], np.ndarray) else min(xs),
+}
+
+
+def _gather(g, payloads):
+    from . import numpy as cnp
+    axis, tiled = payloads[0][1]
+    leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
+    td = tree_util.tree_structure(payloads[0][0])
+    per_leaf = []
+    for k in range(len(leaves[0])):
+        xs = [_on(lv[k] if isinstance(lv[k], Array) else device_put(np.asarray(lv[k])), g, 0)
+              for lv in leaves]
+        whole = cnp.concatenate(xs, axis=axis) if tiled else cnp.stack(xs, axis=axis)
+        per_leaf.append([_on(whole, g, j) for j in range(g.n)])
+    return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
+
+
+def _permute(g, payloads):
+    from . import numpy as cnp
+    perm = payloads[0][1]
+    src_of = {dst: src for src, dst in perm}
+    leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
+    td = tree_util.tree_structure(payloads[0][0])
+    outs = []
+    for j in range(g.n):
+        row = []
+        for k in range(len(leaves[0])):
+            if j in src_of:
+                x = leaves[src_of[j]][k]
+                x = x if isinstance(x, Array) else device_put(np.asarray(x))
+                row.append(_on(x, g, j))
+            else:   # no source: zeros, as jax
+                ref = leaves[j][k]
+                ref = ref if isinstance(ref, Array) else device_put(np.asarray(ref))
+                row.append(_on(cnp.zeros_like(ref), g, j))
+        outs.append(tree_util.tree_unflatten(td, row))
+    return outs
+
+
+_COLLECTIVES = {"psum": _leafwise(_combine("psum")), "pmean": _leafwise(_combine("pmean")),
+                "pmax": _leafwise(_combine("pmax")), "pmin": _leafwise(_combine("pmin")),
+                "all_gather": _gather, "ppermute": _permute}
+
+
+# --- the public collectives -----------------------------------------------------------------
+
+def _group_of(axis_name, who):
+    names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    bound = _bound()
+    if not names:
+        raise ValueError(f"{who}: axis_name is empty")
+    for nm in names:
+        if nm not in bound:
+            raise NameError(
+                f"unbound axis name: {nm!r}. {who} reduces over the named axis of an enclosing "
+                f"ctrainstate.pmap(..., axis_name={nm!r}); the axis names bound here: "
+                f"{sorted(bound)}. Outside pmap, a sharded Array's reductions (jnp.sum, the "
+                "mean of a loss) already combine every device")
+    if len(set(names)) != len(names) or len(names) > 1:
+        raise NotImplementedError(f"{who}: one axis name at a time (nested pmap is not "
+                                  f"supported); got {tuple(names)}")
+    return bound[names[0]]
+
+
+def _no_groups(axis_index_groups, who):
+    if axis_index_groups is not None:
+        raise NotImplementedError(f"{who}: axis_index_groups is not supported (every replica "
+                                  "of the pmap takes part)")
+
+
+def _structure_key(x) -> str:
+    return str(tree_util.tree_structure(x))
+
+
+def _record_collective(outs, ins, vjp_leaf):
+    """Each Array result of a collective on this replica's tape: its cotangent is
+    ``vjp_leaf(g)`` (itself a collective, which every replica's backward pass reaches in the
+    same order)."""
+    from . import _ops
+    if _ops._tape() is None:
+        return
+    for o, x in zip(tree_util.tree_leaves(outs), tree_util.tree_leaves(ins)):
+        if isinstance(o, Array) and isinstance(x, Array):
+            _ops._record(o, (x,), lambda g, _x=x: (vjp_leaf(g),))
+
+
+def _reduce(kind, x, axis_name, axis_index_groups, who):
+    _no_groups(axis_index_groups, who)
+    g, i = _group_of(axis_name, who)
+    out = g.arrive(i, kind, f"(structure {_structure_key(x)})", x)
+    if kind == "psum":
+        _record_collective(out, x, lambda ct: psum(ct, axis_name))
+    elif kind == "pmean":
+        _record_collective(out, x, lambda ct: pmean(ct, axis_name))
+    # pmax / pmin: jax has no derivative for them (it raises); the outputs are not recorded,
+    # so no gradient flows through them
+    return out
+
+
+def psum(x, axis_name, *, axis_index_groups=None):
+    """The sum of ``x`` (a pytree) over the replicas of the enclosing ``pmap`` axis
+    ``axis_name``, on every replica (``jax.lax.psum``). ``psum(1, name)`` is the axis size.
+    Differentiable: the cotangent is the psum of the cotangents, as jax's transpose rule."""
+    return _reduce("psum", x, axis_name, axis_index_groups, "psum")
+
+
+def pmean(x, axis_name, *, axis_index_groups=None):
+    """The mean of ``x`` over the replicas (``jax.lax.pmean``: psum / axis size; integer
+    Arrays give float32). Differentiable (cotangent: the pmean of the cotangents)."""
+    return _reduce("pmean", x, axis_name, axis_index_groups, "pmean")
+
+
+def pmax(x, axis_name, *, axis_index_groups=None):
+    """The elementwise maximum over the replicas (``jax.lax.pmax``; NaN wins, as jnp.maximum)."""
+    return _reduce("pmax", x, axis_name, axis_index_groups, "pmax")
+
+
+def pmin(x, axis_name, *, axis_index_groups=None):
+    """The elementwise minimum over the replicas (``jax.lax.pmin``)."""
+    return _reduce("pmin", x, axis_name, axis_index_groups, "pmin")
+
+
+def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False):
+    """Every replica's ``x`` stacked along a new axis ``axis`` (``tiled=True``: concatenated
+    along the existing ``axis``), on every replica (``jax.lax.all_gather``). Differentiable:
+    replica ``i``'s cotangent is its slice of the psum of the cotangents."""
+    _no_groups(axis_index_groups, "all_gather")
+    g, i = _group_of(axis_name, "all_gather")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"all_gather: axis must be an int, got {axis!r}")
+    for v in tree_util.tree_leaves(x):
+        r = np.ndim(v) + (0 if tiled else 1)
+        if not -r <= axis < r or (tiled and r == 0):
+            raise ValueError(f"all_gather: axis {axis} is out of range for an operand of rank "
+                             f"{np.ndim(v)}{' (tiled)' if tiled else ''}")
+    out = g.arrive(i, "all_gather", f"(axis={axis}, tiled={tiled}, structure "
+                   f"{_structure_key(x)})", (x, (axis, tiled)))
+
+    def vjp_leaf(ct, _i=i, _axis=axis, _tiled=tiled):
+        from . import numpy as cnp
+        total = psum(ct, axis_name)
+        if _tiled:
+            k = total.shape[_axis % total.ndim] // g.n
+            return cnp.take(total, np.arange(_i * k, (_i + 1) * k), axis=_axis)
+        return cnp.take(total, _i, axis=_axis)
+    _record_collective(out, x, vjp_leaf)
+    return out
+
+
+def ppermute(x, axis_name, perm):
+    """``x`` sent along ``perm`` (pairs ``(source, destination)`` of replica indices): replica
+    ``d`` gets the ``x`` of the ``s`` with ``(s, d)`` in ``perm``, zeros if none
+    (``jax.lax.ppermute``). Differentiable (the cotangents go back along the inverse pairs)."""
+    g, i = _group_of(axis_name, "ppermute")
+    try:
+        pairs = tuple((int(s), int(d)) for s, d in perm)
+    except (TypeError, ValueError):
+        raise TypeError(f"ppermute: perm must be a sequence of (source, destination) pairs, "
+                        f"got {perm!r}") from None
+    srcs, dsts = [s for s, _ in pairs], [d for _, d in pairs]
+    bad = [v for v in srcs + dsts if not 0 <= v < g.n]
+    if bad or len(set(srcs)) != len(srcs) or len(set(dsts)) != len(dsts):
+        raise ValueError(f"ppermute sources and destinations must be unique indices in "
+                         f"[0, {g.n}) (the axis size), got {pairs}")
+    out = g.arrive(i, "ppermute", f"(perm={pairs}, structure {_structure_key(x)})", (x, pairs))
+    inverse = [(d, s) for s, d in pairs]
+    _record_collective(out, x, lambda ct: ppermute(ct, axis_name, inverse))
+    return out
+
+
+def axis_index(axis_name):
+    """This replica's index along the pmap axis ``axis_name``, a 0-d int32 Array on its device
+    (``jax.lax.axis_index``)."""
+    g, i = _group_of(axis_name, "axis_index")
+    return device_put(np.int32(i), NamedSharding(g.meshes[i], PartitionSpec()))
+
+
+# --- pmap ----------------------------------------------------------------------------------
+
+def _axes_of(in_axes, args, what):
+    """The mapped axis (int or None) of every leaf of ``args``, from the prefix ``in_axes``."""
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    if in_axes is None or isinstance(in_axes, (int, np.integer)):
+        prefix = tuple(in_axes for _ in args)
+    elif isinstance(in_axes, tuple):
+        if len(in_axes) != len(args):
+            raise ValueError(f"pmap in_axes specification must be a tree prefix of the "
+                             f"corresponding value, got specification {in_axes} for value "
+                             f"tree of {len(args)} positional arguments")
+        prefix = in_axes
+    else:
+        prefix = in_axes    # a single tree prefix, e.g. a dict for one argument
+        if len(args) != 1:
+            raise ValueError(f"pmap in_axes: {in_axes!r} is neither an int, None nor a tuple "
+                             f"with one entry per positional argument ({len(args)})")
+        prefix = (in_axes,)
+    for a in tree_util.tree_leaves(prefix, is_leaf=lambda v: v is None):
+        if a is not None and (not isinstance(a, (int, np.integer)) or isinstance(a, bool)):
+            raise TypeError(f"pmap {what}: each entry must be an int or None, got {a!r}")
+    try:
+        full = tree_util.tree_broadcast(prefix, tuple(args), is_leaf=lambda v: v is None)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"pmap in_axes specification must be a tree prefix of the positional "
+                         f"arguments: {e}") from None
+    return tree_util.tree_leaves(full, is_leaf=lambda v: v is None)
+
+
+def _block_for(x: Array, axis: int, i: int, dev):
+    """The buffer holding exactly slice ``i`` of ``x`` along ``axis`` on ``dev``, or None."""
+    if axis != 0 or x._shard_shape[0] != 1 or tuple(x._shard_shape[1:]) != tuple(x.shape[1:]):
+        return None
+    for d, buf, start, _ in x._blocks:
+        if d == dev and start[0] == i:
+            return buf
+    return None
+
+
+def _slice_for(x, axis, i, mesh, dev):
+    """Slice ``i`` of ``x`` along ``axis``, as an Array on replica ``i``'s device."""
+    from . import _ops
+    rep = NamedSharding(mesh, PartitionSpec())
+    if isinstance(x, Array):
+        buf = _block_for(x, axis, i, dev)
+        if buf is not None:       # pmap's own layout: one device copy, no gather
+            x._check_alive()
+            out = _ops._new(x.shape[1:], mesh, [()] * (x.ndim - 1), x.dtype)
+            _C.copy_bytes(_ops._bufs(out)[0], buf)
+            return out
+        return device_put(np.take(np.asarray(x), i, axis=axis), rep)
+    return device_put(np.take(np.asarray(x), i, axis=axis), rep)
+
+
+def _stack(outs, out_axis, group, out_mesh):
+    """The replicas' values of one output leaf stacked along ``out_axis`` over ``out_mesh``:
+    one device copy per replica into its block (no gather)."""
+    from . import _ops
+    if out_axis is None:
+        return outs[0]
+    arrays = [_on(v if isinstance(v, Array) else device_put(np.asarray(v)), group, j)
+              for j, v in enumerate(outs)]
+    shapes = {a.shape for a in arrays}
+    dts = {a.dtype for a in arrays}
+    if len(shapes) != 1 or len(dts) != 1:
+        raise ValueError(f"pmap: the replicas returned values of different shapes or dtypes "
+                         f"for one output ({sorted(map(str, shapes))}, "
+                         f"{sorted(map(str, dts))})")
+    shape, dt = arrays[0].shape, arrays[0].dtype
+    nd = len(shape) + 1
+    if not -nd <= out_axis < nd:
+        raise ValueError(f"pmap out_axes {out_axis} is out of range for an output of rank "
+                         f"{len(shape)}")
+    out = _ops._new((group.n,) + tuple(shape), out_mesh,
+                    [(out_mesh.axis_names[0],)] + [()] * len(shape), dt)
+    for _, dst, start, _ in out._blocks:      # block j: slice j, on devices[j]
+        _C.copy_bytes(dst, _ops._bufs(arrays[start[0]])[0])
+    if out_axis % nd != 0:
+        from . import numpy as cnp
+        out = cnp.moveaxis(out, 0, out_axis % nd)
+    return out
+
+
+def _norm_argnums(v, what) -> tuple:
+    if v is None:
+        return ()
+    if isinstance(v, (int, np.integer)):
+        return (int(v),)
+    try:
+        return tuple(int(a) for a in v)
+    except TypeError:
+        raise TypeError(f"pmap {what} must be an int or a sequence of ints, got {v!r}") from None
+
+
+def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
+         static_broadcasted_argnums: int | Sequence[int] = (), devices=None, backend=None,
+         axis_size: int | None = None, donate_argnums: int | Sequence[int] = ()):
+    """``jax.pmap``: ``fun`` run on each of ``n`` devices on its slice of the mapped axis of
+    the arguments, with collectives (:func:`psum`, :func:`pmean`, ...) over ``axis_name``.
+
+    Args:
+      fun: the per-device function (a pytree of arrays in and out).
+      axis_name: the name the collectives use (None: the function uses none).
+      in_axes: the mapped axis of each positional argument (an int, None for broadcast, or a
+        tuple with a tree prefix per argument); keyword arguments are mapped over axis 0.
+      out_axes: where the mapped axis goes in the outputs (an int or None, or a tree prefix).
+      static_broadcasted_argnums: positional arguments passed unchanged to every replica.
+      devices: the devices to run on (default: the first ``n`` local devices, ``n`` the
+        mapped size).
+      backend: 'cpu' or 'gpu' (default: the default backend's devices).
+      axis_size: the number of replicas when no argument is mapped.
+      donate_argnums: accepted for jax's signature (the inputs stay valid).
+
+    Returns the mapped function; its outputs are Arrays with the mapped axis first, one slice
+    per device. See the module docstring for how it runs.
+    """
+    if fun is None:
+        return lambda f: pmap(f, axis_name, in_axes=in_axes, out_axes=out_axes,
+                              static_broadcasted_argnums=static_broadcasted_argnums,
+                              devices=devices, backend=backend, axis_size=axis_size,
+                              donate_argnums=donate_argnums)
+    if not callable(fun):
+        raise TypeError(f"pmap: the first argument must be a function, got {fun!r}")
+    if axis_name is not None and not isinstance(axis_name, str):
+        try:
+            hash(axis_name)
+        except TypeError:
+            raise TypeError(f"pmap axis_name must be hashable, got {axis_name!r}") from None
+    static = _norm_argnums(static_broadcasted_argnums, "static_broadcasted_argnums")
+    _norm_argnums(donate_argnums, "donate_argnums")
+    if axis_size is not None and (not isinstance(axis_size, (int, np.integer)) or axis_size < 1):
+        raise ValueError(f"pmap axis_size must be a positive int, got {axis_size!r}")
+    name = axis_name if axis_name is not None else "_pmap"
+
+    @functools.wraps(fun)
+    def mapped(*args, **kwargs):
+        from . import _ops, _precision
+        from ._devices import local_devices
+        if _bound():
+            raise NotImplementedError("pmap inside a pmapped function (nested pmap) is not "
+                                      "supported")
+        if _ops._tape() is not None:
+            raise NotImplementedError(
+                "differentiating through pmap from outside (grad of a function that calls a "
+                "pmapped function) is not supported: take the gradient inside the mapped "
+                "function and combine it with lax.pmean, as a data-parallel train step does")
+        nargs = len(args)
+        for s in static:
+            if not -nargs <= s < nargs:
+                raise ValueError(f"pmap static_broadcasted_argnums {s} is out of range for "
+                                 f"{nargs} positional arguments")
+        static_pos = {s % nargs for s in static} if nargs else set()
+        dyn = tuple(a for k, a in enumerate(args) if k not in static_pos)
+        if isinstance(in_axes, (tuple, list)) and len(in_axes) == nargs and static_pos:
+            dyn_axes_spec = tuple(a for k, a in enumerate(in_axes) if k not in static_pos)
+        else:
+            dyn_axes_spec = in_axes
+        axes = _axes_of(dyn_axes_spec, dyn, "in_axes")
+        leaves, td = tree_util.tree_flatten(dyn)
+        kw_leaves, kw_td = tree_util.tree_flatten(kwargs)
+        all_leaves = leaves + kw_leaves
+        all_axes = list(axes) + [0] * len(kw_leaves)
+        sizes = {}
+        for k, (v, a) in enumerate(zip(all_leaves, all_axes)):
+            if a is None:
+                continue
+            nd = np.ndim(v)
+            if nd == 0:
+                raise ValueError(f"pmap was requested to map its argument along axis {a}, "
+                                 f"which implies that its rank should be at least {a + 1}, but "
+                                 f"is only {nd} (its shape is {np.shape(v)})")
+            if not -nd <= a < nd:
+                raise ValueError(f"pmap in_axes {a} is out of range for an argument of shape "
+                                 f"{np.shape(v)}")
+            all_axes[k] = a % nd
+            sizes.setdefault(np.shape(v)[a % nd], []).append(np.shape(v))
+        if len(sizes) > 1:
+            detail = ", ".join(f"size {s} (shapes {sh[:3]})" for s, sh in sizes.items())
+            raise ValueError(f"pmap got inconsistent sizes for array axes to be mapped: "
+                             f"{detail}")
+        if sizes:
+            n = next(iter(sizes))
+            if axis_size is not None and axis_size != n:
+                raise ValueError(f"pmap axis_size={axis_size} does not match the mapped size "
+                                 f"{n} of the arguments")
+        elif axis_size is not None:
+            n = int(axis_size)
+        else:
+            raise ValueError("pmap: no argument is mapped (all in_axes are None or there are "
+                             "no array arguments); give axis_size=")
+        avail = list(devices) if devices is not None else local_devices(backend=backend)
+        if n > len(avail):
+            raise ValueError(
+                f"pmap: the mapped axis has size {n} but only {len(avail)} devices are "
+                f"available ({'devices=' if devices is not None else 'local devices'}); map "
+                "over at most that many (more CPU devices: CTRAINSTATE_NUM_CPU_DEVICES=k, set "
+                "before the first use of ctrainstate)")
+        if n == 0:
+            raise ValueError("pmap: the mapped axis has size 0")
+        devs = avail[:n]
+        meshes = [Mesh(np.array([d]), (name,)) for d in devs]
+        out_mesh = Mesh(np.array(devs), (name,))
+        # each replica's arguments (copies on its device) before any replica runs
+        per_replica = []
+        for i in range(n):
+            vals = []
+            for v, a in zip(all_leaves, all_axes):
+                if a is None:
+                    vals.append(device_put(v, NamedSharding(meshes[i], PartitionSpec()))
+                                if isinstance(v, Array) else v)
+                else:
+                    vals.append(_slice_for(v, a, i, meshes[i], devs[i]))
+            d_args = tree_util.tree_unflatten(td, vals[:len(leaves)])
+            kw = tree_util.tree_unflatten(kw_td, vals[len(leaves):])
+            it = iter(d_args)
+            full = tuple(args[k] if k in static_pos else next(it) for k in range(nargs))
+            per_replica.append((full, kw))
+        group = _Group(axis_name if axis_name is not None else name, devs, meshes)
+        rules = _C.get_axis_rules()
+        prec = dict(getattr(_precision._tls, "__dict__", {}))
+        outs: list = [None] * n
+
+        def body(i):
+            try:
+                _C.set_axis_rules(rules)
+                _precision._tls.__dict__.update(prec)
+                _tls.axes = {group.name: (group, i)}
+                group.start(i)
+                with meshes[i]:
+                    outs[i] = fun(*per_replica[i][0], **per_replica[i][1])
+                group.arrive(i, "return", "", None)
+            except BaseException as exc:   # noqa: B902 - handed to the caller's thread
+                group.fail(i, exc)
+
+        threads = [threading.Thread(target=body, args=(i,), name=f"ctrainstate-pmap-{i}",
+                                    daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:
+            group.fail(-1, _Aborted())
+            for t in threads:
+                t.join()
+            raise
+        if group.error is not None:
+            i, exc = group.error
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(raised in replica {i} of {n} of the pmap of "
+                             f"{getattr(fun, '__name__', fun)!r})")
+            raise exc.with_traceback(exc.__traceback__)
+        structs = {str(tree_util.tree_structure(o)) for o in outs}
+        if len(structs) != 1:
+            raise ValueError(f"pmap: the replicas returned trees of different structures: "
+                             f"{sorted(structs)}")
+        o_leaves = [tree_util.tree_leaves(o) for o in outs]
+        o_td = tree_util.tree_structure(outs[0])
+        if out_axes is None or isinstance(out_axes, (int, np.integer)):
+            o_axes = [out_axes] * len(o_leaves[0])
+        else:
+            o_axes = tree_util.tree_leaves(
+                tree_util.tree_broadcast(out_axes, outs[0], is_leaf=lambda v: v is None),
+                is_leaf=lambda v: v is None)
+        stacked = [_stack([lv[k] for lv in o_leaves], o_axes[k], group, out_mesh)
+                   for k in range(len(o_leaves[0]))]
+        return tree_util.tree_unflatten(o_td, stacked)
+
+    return mapped

@@ -249,6 +249,11 @@ def _group_of(axis_name, who):
     if not names:
         raise ValueError(f"{who}: axis_name is empty")
     for nm in names:
+        if nm not in bound and nm in getattr(_tls, "vmap_names", ()):
+            raise NotImplementedError(
+                f"{who} over the vmap axis {nm!r}: collectives over a vmap axis are not "
+                "supported (ctrainstate.vmap runs the function once per element, in a loop); "
+                "reduce the vmapped outputs instead (e.g. jnp.sum(vmap(f)(x), axis=0))")
         if nm not in bound:
             raise NameError(
                 f"unbound axis name: {nm!r}. {who} reduces over the named axis of an enclosing "
@@ -376,7 +381,7 @@ def axis_index(axis_name):
 
 # --- pmap ----------------------------------------------------------------------------------
 
-def _axes_of(in_axes, args, what):
+def _axes_of(in_axes, args, what, who="pmap"):
     """The mapped axis (int or None) of every leaf of ``args``, from the prefix ``in_axes``."""
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)
@@ -384,23 +389,23 @@ def _axes_of(in_axes, args, what):
         prefix = tuple(in_axes for _ in args)
     elif isinstance(in_axes, tuple):
         if len(in_axes) != len(args):
-            raise ValueError(f"pmap in_axes specification must be a tree prefix of the "
+            raise ValueError(f"{who} in_axes specification must be a tree prefix of the "
                              f"corresponding value, got specification {in_axes} for value "
                              f"tree of {len(args)} positional arguments")
         prefix = in_axes
     else:
         prefix = in_axes    # a single tree prefix, e.g. a dict for one argument
         if len(args) != 1:
-            raise ValueError(f"pmap in_axes: {in_axes!r} is neither an int, None nor a tuple "
+            raise ValueError(f"{who} in_axes: {in_axes!r} is neither an int, None nor a tuple "
                              f"with one entry per positional argument ({len(args)})")
         prefix = (in_axes,)
     for a in tree_util.tree_leaves(prefix, is_leaf=lambda v: v is None):
         if a is not None and (not isinstance(a, (int, np.integer)) or isinstance(a, bool)):
-            raise TypeError(f"pmap {what}: each entry must be an int or None, got {a!r}")
+            raise TypeError(f"{who} {what}: each entry must be an int or None, got {a!r}")
     try:
         full = tree_util.tree_broadcast(prefix, tuple(args), is_leaf=lambda v: v is None)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"pmap in_axes specification must be a tree prefix of the positional "
+        raise ValueError(f"{who} in_axes specification must be a tree prefix of the positional "
                          f"arguments: {e}") from None
     return tree_util.tree_leaves(full, is_leaf=lambda v: v is None)
 
@@ -457,6 +462,38 @@ def _stack(outs, out_axis, group, out_mesh):
         from . import numpy as cnp
         out = cnp.moveaxis(out, 0, out_axis % nd)
     return out
+
+
+def _map_size(leaves, axes, axis_size, who):
+    """The mapped size of ``leaves`` along ``axes`` (normalised in place; None: unmapped),
+    or ``axis_size`` when nothing is mapped; jax's errors otherwise."""
+    sizes = {}
+    for k, (v, a) in enumerate(zip(leaves, axes)):
+        if a is None:
+            continue
+        nd = np.ndim(v)
+        if nd == 0:
+            raise ValueError(f"{who} was requested to map its argument along axis {a}, which "
+                             f"implies that its rank should be at least {a + 1}, but is only "
+                             f"{nd} (its shape is {np.shape(v)})")
+        if not -nd <= a < nd:
+            raise ValueError(f"{who} in_axes {a} is out of range for an argument of shape "
+                             f"{np.shape(v)}")
+        axes[k] = a % nd
+        sizes.setdefault(np.shape(v)[a % nd], []).append(np.shape(v))
+    if len(sizes) > 1:
+        detail = ", ".join(f"size {s} (shapes {sh[:3]})" for s, sh in sizes.items())
+        raise ValueError(f"{who} got inconsistent sizes for array axes to be mapped: {detail}")
+    if sizes:
+        n = next(iter(sizes))
+        if axis_size is not None and axis_size != n:
+            raise ValueError(f"{who} axis_size={axis_size} does not match the mapped size {n} "
+                             "of the arguments")
+        return n
+    if axis_size is not None:
+        return int(axis_size)
+    raise ValueError(f"{who}: no argument is mapped (all in_axes are None or there are no "
+                     "array arguments); give axis_size=")
 
 
 def _norm_argnums(v, what) -> tuple:
@@ -538,34 +575,7 @@ def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
         kw_leaves, kw_td = tree_util.tree_flatten(kwargs)
         all_leaves = leaves + kw_leaves
         all_axes = list(axes) + [0] * len(kw_leaves)
-        sizes = {}
-        for k, (v, a) in enumerate(zip(all_leaves, all_axes)):
-            if a is None:
-                continue
-            nd = np.ndim(v)
-            if nd == 0:
-                raise ValueError(f"pmap was requested to map its argument along axis {a}, "
-                                 f"which implies that its rank should be at least {a + 1}, but "
-                                 f"is only {nd} (its shape is {np.shape(v)})")
-            if not -nd <= a < nd:
-                raise ValueError(f"pmap in_axes {a} is out of range for an argument of shape "
-                                 f"{np.shape(v)}")
-            all_axes[k] = a % nd
-            sizes.setdefault(np.shape(v)[a % nd], []).append(np.shape(v))
-        if len(sizes) > 1:
-            detail = ", ".join(f"size {s} (shapes {sh[:3]})" for s, sh in sizes.items())
-            raise ValueError(f"pmap got inconsistent sizes for array axes to be mapped: "
-                             f"{detail}")
-        if sizes:
-            n = next(iter(sizes))
-            if axis_size is not None and axis_size != n:
-                raise ValueError(f"pmap axis_size={axis_size} does not match the mapped size "
-                                 f"{n} of the arguments")
-        elif axis_size is not None:
-            n = int(axis_size)
-        else:
-            raise ValueError("pmap: no argument is mapped (all in_axes are None or there are "
-                             "no array arguments); give axis_size=")
+        n = _map_size(all_leaves, all_axes, axis_size, "pmap")
         avail = list(devices) if devices is not None else local_devices(backend=backend)
         if n > len(avail):
             raise ValueError(

@@ -540,8 +540,11 @@ def test_batch_norm_train_and_eval_against_the_formula():
         nn.BatchNorm(use_running_average=True).apply(ev, x, use_running_average=False)
     with pytest.raises(ValueError, match='collection "batch_stats" is immutable'):
         bn.apply(v, x)
-    with pytest.raises(NotImplementedError, match="axis_name"):
+    with pytest.raises(NameError, match="axis_name='batch'.*enclosing ctrainstate.pmap"):
         nn.BatchNorm(use_running_average=False, axis_name="batch").init(random.PRNGKey(0), x)
+    with pytest.raises(NotImplementedError, match="axis_index_groups"):
+        nn.BatchNorm(use_running_average=False, axis_index_groups=[[0]]).init(
+            random.PRNGKey(0), x)
 
 
 def test_norms_match_live_flax():

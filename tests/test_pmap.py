@@ -398,3 +398,57 @@ def test_run_clm_flax_pmap_step_matches_jax_pmap():
         np.testing.assert_allclose(host(flat[jax.tree_util.keystr(k)]), np.asarray(w),
                                    rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(host(got.dropout_rng), np.asarray(state.dropout_rng))
+
+
+# --- norm layers with axis_name (Flax's distributed statistics) ---------------------------------
+
+def test_batchnorm_axis_name_uses_the_global_batch_statistics():
+    """BatchNorm(axis_name='batch') in a pmap: the pmean of equal-sized replicas' means is the
+    mean of the global batch, so each replica's output is its slice of one BatchNorm over the
+    whole batch, and every replica's updated averages are the global ones."""
+    n = N
+    x = np.random.RandomState(1).randn(n * 3, 5).astype(np.float32) * 2.0 + 0.5
+    bn_g = nn.BatchNorm(use_running_average=False, momentum=0.9)
+    v = bn_g.init(random.PRNGKey(0), x[:3])
+    y_all, upd_all = bn_g.apply(v, x, mutable=["batch_stats"])
+    bn = nn.BatchNorm(use_running_average=False, momentum=0.9, axis_name="batch")
+
+    def step(variables, xb):
+        return bn.apply(variables, xb, mutable=["batch_stats"])
+    y, upd = cts.pmap(step, "batch", in_axes=(None, 0))(v, x.reshape(n, 3, 5))
+    np.testing.assert_allclose(host(y).reshape(n * 3, 5), host(y_all), rtol=2e-5, atol=2e-6)
+    for k in ("mean", "var"):
+        got = host(upd["batch_stats"][k])
+        for j in range(n):
+            np.testing.assert_allclose(got[j], host(upd_all["batch_stats"][k]), rtol=2e-5,
+                                       atol=1e-6)
+    # without axis_name each replica normalises with its own slice's statistics instead
+    y_local, _ = cts.pmap(lambda vv, xb: nn.BatchNorm(use_running_average=False).apply(
+        vv, xb, mutable=["batch_stats"]), in_axes=(None, 0))(v, x.reshape(n, 3, 5))
+    assert not np.allclose(host(y_local).reshape(n * 3, 5), host(y_all), atol=1e-3)
+
+
+def test_norms_with_axis_name_match_live_flax_pmap():
+    jax = _jax()
+    _xla_devices(jax, N)
+    fnn = pytest.importorskip("flax.linen")
+    x = np.random.RandomState(2).randn(N, 2, 3, 6).astype(np.float32) * 1.5 - 0.25
+
+    def builds(m):   # axis_name=None for init: outside a pmap it is unbound in Flax too
+        return [lambda a=None: m.BatchNorm(use_running_average=False, axis_name=a),
+                lambda a=None: m.BatchNorm(use_running_average=False, axis_name=a,
+                                           use_fast_variance=False),
+                lambda a=None: m.LayerNorm(axis_name=a),
+                lambda a=None: m.GroupNorm(num_groups=3, axis_name=a)]
+
+    for make_ct, make_fx in zip(builds(nn), builds(fnn)):
+        v = make_fx().init(jax.random.PRNGKey(0), x[0])
+        want = jax.pmap(lambda xb: make_fx("batch").apply(v, xb, mutable=["batch_stats"]),
+                        "batch")(x)
+        got = cts.pmap(lambda xb: make_ct("batch").apply(v, xb, mutable=["batch_stats"]),
+                       "batch")(x)
+        np.testing.assert_allclose(host(got[0]), np.asarray(want[0]), rtol=2e-5, atol=2e-6)
+        for k in want[1].get("batch_stats", {}):
+            np.testing.assert_allclose(host(got[1]["batch_stats"][k]),
+                                       np.asarray(want[1]["batch_stats"][k]), rtol=2e-5,
+                                       atol=1e-6)

@@ -7,7 +7,9 @@ Flax's arithmetic, step for step: statistics over ``reduction_axes`` (the fast v
 ``feature_axes``. An optional ``mask`` restricts the statistics to the positions it sets,
 as ``jnp.mean(..., where=mask)`` does. Parameter names (``scale``, ``bias``) and
 initializers are Flax's. Over a dimension sharded on mesh axes the means end in
-all-reduces over them, so ``axis_name`` (pmap/shard_map) is neither needed nor accepted.
+all-reduces over them, so ``axis_name`` is not needed there; inside a
+:func:`ctrainstate.pmap`, ``axis_name`` averages the statistics over its replicas (Flax's
+distributed statistics: ``lax.pmean`` of E[x] and E[x^2]). ``axis_index_groups`` is refused.
 
 >>> import numpy as np
 >>> from ctrainstate import nn, random
@@ -47,11 +49,23 @@ def _canon_axes(axes, ndim, what) -> tuple:
 
 
 def _no_axis_name(module):
-    if module.axis_name is not None or module.axis_index_groups is not None:
+    """``axis_name``: the statistics are pmean'd over that axis of an enclosing
+    :func:`ctrainstate.pmap` (Flax's distributed statistics); ``axis_index_groups`` is refused."""
+    if module.axis_index_groups is not None:
         raise NotImplementedError(
-            f"{type(module).__name__}(axis_name=..., axis_index_groups=...): pmap/shard_map "
-            f"statistics have no equivalent here and are not needed: over a dimension sharded "
-            f"on mesh axes the means already all-reduce over them (drop axis_name)")
+            f"{type(module).__name__}(axis_index_groups=...): statistics over groups of pmap "
+            f"replicas are not supported (axis_name alone is: the whole axis)")
+    if module.axis_name is not None:
+        from .._pmap import _bound
+        names = module.axis_name if isinstance(module.axis_name, (tuple, list)) else (module.axis_name,)
+        missing = [nm for nm in names if nm not in _bound()]
+        if missing:
+            raise NameError(
+                f"{type(module).__name__}(axis_name={module.axis_name!r}): unbound axis name "
+                f"{missing[0]!r}. axis_name averages the statistics over the replicas of an "
+                f"enclosing ctrainstate.pmap(..., axis_name={missing[0]!r}); outside pmap, over a "
+                f"batch sharded on mesh axes the means already all-reduce over them (drop "
+                f"axis_name)")
 
 
 def _masked_mean(x, axes, mask):
@@ -68,18 +82,28 @@ def _masked_mean(x, axes, mask):
     return cnp.divide(total, count)
 
 
-def _compute_stats(x, axes, use_mean: bool, use_fast_variance: bool, mask):
+def _compute_stats(x, axes, use_mean: bool, use_fast_variance: bool, mask, axis_name=None):
     """``(mean, var)`` over ``axes`` (kept as size-1 dims); mean is None without use_mean.
-    Always float32, as Flax's ``force_float32_reductions`` (a 16-bit ``x`` is converted)."""
+    Always float32, as Flax's ``force_float32_reductions`` (a 16-bit ``x`` is converted).
+    With ``axis_name`` (inside a pmap), each mean is then averaged over the replicas
+    (``lax.pmean``), E[x] and E[x^2] in one collective, as Flax's ``maybe_distributed_mean``."""
     x, = promote_dtype(x, dtype=np.float32)
+
+    def dmean(*vals):
+        mus = tuple(_masked_mean(v, axes, mask) for v in vals)
+        if axis_name is not None:
+            from .._pmap import pmean
+            mus = tuple(pmean(mus, axis_name))
+        return mus if len(mus) > 1 else mus[0]
+
     if not use_mean:
-        return None, _masked_mean(cnp.square(x), axes, mask)
-    mu = _masked_mean(x, axes, mask)
+        return None, dmean(cnp.square(x))
     if use_fast_variance:
-        mu2 = _masked_mean(cnp.square(x), axes, mask)
+        mu, mu2 = dmean(x, cnp.square(x))
         # E[x^2] - E[x]^2 can round below zero: clipped as Flax does
         return mu, cnp.maximum(0.0, cnp.subtract(mu2, cnp.square(mu)))
-    return mu, _masked_mean(cnp.square(cnp.subtract(x, mu)), axes, mask)
+    mu = dmean(x)
+    return mu, dmean(cnp.square(cnp.subtract(x, mu)))
 
 
 def _normalize(mdl: Module, x, mean, var, feature_axes, epsilon, use_bias, use_scale,
@@ -126,7 +150,7 @@ class LayerNorm(Module):
     (ones), ``use_fast_variance`` and ``__call__(x, *, mask=None)`` are Flax's. ``dtype``:
     the output's (as Flax: statistics and normalisation in float32, the result cast to
     ``dtype``, or to the promotion of ``x`` and the parameters when ``None``);
-    ``axis_name`` is refused (see the module docstring); ``force_float32_reductions`` is
+    ``axis_name``: inside a pmap, see the module docstring; ``force_float32_reductions`` is
     accepted (always float32).
 
     >>> import numpy as np
@@ -154,7 +178,8 @@ class LayerNorm(Module):
     @compact
     def __call__(self, x, *, mask=None):
         red, feat = _checked_axes(self, x)
-        mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask)
+        mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask,
+                                    self.axis_name)
         return _normalize(self, x, mean, var, feat, self.epsilon, self.use_bias, self.use_scale,
                           self.bias_init, self.scale_init)
 
@@ -166,7 +191,7 @@ class RMSNorm(Module):
 
     Fields and ``__call__(x, *, mask=None)`` as Flax's (``epsilon=1e-6``, ``use_scale``,
     ``scale_init``, ``reduction_axes``, ``feature_axes``); ``dtype`` as :class:`LayerNorm`'s;
-    ``axis_name`` is refused as there.
+    ``axis_name`` as there.
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random
@@ -191,7 +216,7 @@ class RMSNorm(Module):
     @compact
     def __call__(self, x, *, mask=None):
         red, feat = _checked_axes(self, x)
-        _, var = _compute_stats(x, red, False, self.use_fast_variance, mask)
+        _, var = _compute_stats(x, red, False, self.use_fast_variance, mask, self.axis_name)
         return _normalize(self, x, None, var, feat, self.epsilon, False, self.use_scale,
                           initializers.zeros_init(), self.scale_init)
 
@@ -215,7 +240,9 @@ class BatchNorm(Module):
     the update raises Flax's immutable-collection error. ``momentum=0.99``, ``epsilon=1e-5``,
     ``use_bias``, ``use_scale``, ``bias_init``, ``scale_init``, ``use_fast_variance``, ``mask``
     and ``dtype`` / ``param_dtype`` are Flax's. Over a batch sharded on mesh axes the means
-    all-reduce over them, so ``axis_name`` (pmap) is not needed and is refused.
+    all-reduce over them, so ``axis_name`` is not needed; inside a :func:`ctrainstate.pmap`
+    (Flax's ImageNet example), ``axis_name='batch'`` averages the batch statistics over the
+    replicas, so every replica normalises and updates its averages with the global batch's.
 
     >>> import numpy as np
     >>> from ctrainstate import nn, random
@@ -264,7 +291,8 @@ class BatchNorm(Module):
             mean = cnp.reshape(ra_mean.value, keep)
             var = cnp.reshape(ra_var.value, keep)
         else:
-            mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask)
+            mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask,
+                                    self.axis_name)
             if not self.is_initializing():
                 m = float(self.momentum)
                 ra_mean.value = cnp.add(cnp.multiply(m, ra_mean.value),
@@ -343,7 +371,7 @@ class GroupNorm(Module):
             mask = (cnp.reshape(mask, mshape[:-1] + (groups, gs)) if isinstance(mask, Array)
                     else np.reshape(np.asarray(mask, bool), mshape[:-1] + (groups, gs)))
         mean, var = _compute_stats(cnp.reshape(x, gshape), tuple(red[:-1]) + (nd,), True,
-                                   self.use_fast_variance, mask)
+                                   self.use_fast_variance, mask, self.axis_name)
         # (..., groups, 1) -> each group's statistic repeated over its gs features
         keep = tuple(mean.shape[:-2]) + (channels,)
         mean = cnp.reshape(cnp.repeat(mean, gs, axis=-1), keep)
@@ -389,6 +417,7 @@ class InstanceNorm(Module):
             raise ValueError("The channel axes cannot include the leading dimension as this "
                              "is assumed to be the batch axis.")
         red = tuple(d for d in range(1, nd) if d not in feat)
-        mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask)
+        mean, var = _compute_stats(x, red, True, self.use_fast_variance, mask,
+                                    self.axis_name)
         return _normalize(self, x, mean, var, feat, self.epsilon, self.use_bias,
                           self.use_scale, self.bias_init, self.scale_init)

@@ -452,3 +452,45 @@ def test_norms_with_axis_name_match_live_flax_pmap():
             np.testing.assert_allclose(host(got[1]["batch_stats"][k]),
                                        np.asarray(want[1]["batch_stats"][k]), rtol=2e-5,
                                        atol=1e-6)
+
+
+# --- device_put_sharded / device_put_replicated / prefetch_to_device --------------------------
+
+def test_device_put_sharded_replicated_and_prefetch_to_device():
+    devs = cts.local_devices()[:N]
+    shards = [{"x": np.full((2,), j, np.float32), "k": np.int32(j)} for j in range(N)]
+    t = cts.device_put_sharded(shards, devs)
+    assert t["x"].shape == (N, 2) and t["k"].shape == (N,) and t["k"].dtype == np.int32
+    for s in t["x"].addressable_shards:          # each device holds exactly its shard
+        j = devs.index(s.device)
+        assert s.index[0] == slice(j, j + 1) and np.asarray(s.data).tolist() == [[j, j]]
+    got = cts.pmap(lambda d: d["x"] * d["k"], "batch", devices=devs)(t)
+    np.testing.assert_array_equal(host(got), [[j * j] * 2 for j in range(N)])
+    r = cts.device_put_replicated({"w": np.float32([1.0, 2.0])}, devs)
+    assert r["w"].shape == (N, 2) and host(r["w"]).tolist() == [[1.0, 2.0]] * N
+    assert r["w"].sharding == t["x"].sharding
+    with pytest.raises(ValueError, match="len\\(shards\\) = 2 must equal len\\(devices\\) = 4"):
+        cts.device_put_sharded(shards[:2], devs)
+    with pytest.raises(ValueError, match="different shapes or dtypes"):
+        cts.device_put_sharded([np.ones(2)] * (N - 1) + [np.ones(3)], devs)
+    with pytest.raises(ValueError, match="distinct"):
+        cts.device_put_replicated(1.0, [devs[0], devs[0]])
+    # prefetch_to_device: the same elements in order, placed `size` ahead of use
+    pulled = []
+
+    def source():
+        for i in range(5):
+            pulled.append(i)
+            yield {"b": np.full((N, 3), i, np.float32)}
+
+    it = hf.prefetch_to_device(source(), 2, devices=devs)
+    first = next(it)
+    assert pulled == [0, 1]           # two placed before the first is used
+    second = next(it)
+    assert pulled == [0, 1, 2]        # then one more each time one is taken
+    assert first["b"].sharding == t["x"].sharding
+    rest = [float(host(e["b"]).mean()) for e in it]
+    assert [float(host(first["b"]).mean()), float(host(second["b"]).mean())] + rest == [
+        0.0, 1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match="leading dimension of 4"):
+        next(hf.prefetch_to_device(iter([{"b": np.ones((3, 2))}]), 1, devices=devs))

@@ -32,7 +32,7 @@ from ._remat import checkpoint, checkpoint_policies, remat
 from ._precision import default_matmul_precision
 from ._abstract import ShapeDtypeStruct, eval_shape
 from ._jit import jit, pjit
-from ._pmap import pmap
+from ._pmap import device_put_replicated, device_put_sharded, pmap
 from ._vmap import vmap
 from . import optim, train_state, lax, serialization, struct, traverse_util, core
 from .lax import with_sharding_constraint
@@ -45,6 +45,7 @@ __all__ = [
     "default_backend", "device_count", "device_put", "devices", "get_mesh", "set_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
     "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
-    "numpy", "grad", "value_and_grad", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap",
+    "numpy", "grad", "value_and_grad", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
+    "device_put_replicated",
     "default_matmul_precision",
 ]

@@ -45,7 +45,7 @@ from . import _C, tree_util
 from .array import Array, device_put
 from .sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["pmap", "psum", "pmean", "pmax", "pmin", "all_gather", "ppermute", "axis_index"]
+__all__ = ["pmap", "device_put_sharded", "device_put_replicated", "psum", "pmean", "pmax", "pmin", "all_gather", "ppermute", "axis_index"]
 
 # the pmap axes bound in this thread: {axis_name: (group, replica index)}
 _tls = threading.local()
@@ -655,3 +655,58 @@ def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
         return tree_util.tree_unflatten(o_td, stacked)
 
     return mapped
+
+
+# --- the pmap-era placement helpers ----------------------------------------------------------
+
+def _stacked_sharding(devices, who):
+    devs = list(devices)
+    if not devs:
+        raise ValueError(f"{who}: devices is empty")
+    if len(set(devs)) != len(devs):
+        raise ValueError(f"{who}: devices must be distinct, got {devs}")
+    return NamedSharding(Mesh(np.array(devs, dtype=object), ("batch",)), PartitionSpec("batch"))
+
+
+def device_put_sharded(shards: Sequence, devices: Sequence):
+    """``jax.device_put_sharded``: ``shards[i]`` (a pytree) on ``devices[i]``, the leaves
+    stacked along a new leading axis sharded one slice per device (pmap's layout, as
+    :func:`ctrainstate.hf.replicate` gives). Each device receives only its own slice.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> devs = cts.local_devices()[:1]
+    >>> a = cts.device_put_sharded([np.float32([1., 2.])], devs)
+    >>> a.shape, a.sharding.spec
+    ((1, 2), PartitionSpec('batch',))
+    """
+    shards = list(shards)
+    devs = list(devices)
+    if len(shards) != len(devs):
+        raise ValueError(f"device_put_sharded: len(shards) = {len(shards)} must equal "
+                         f"len(devices) = {len(devs)}")
+    sharding = _stacked_sharding(devs, "device_put_sharded")
+    structs = {str(tree_util.tree_structure(s)) for s in shards}
+    if len(structs) != 1:
+        raise ValueError(f"device_put_sharded: the shards have different tree structures: "
+                         f"{sorted(structs)}")
+    per = [tree_util.tree_leaves(s) for s in shards]
+    out = []
+    for k in range(len(per[0])):
+        vals = [np.asarray(p[k]) for p in per]
+        if len({(v.shape, v.dtype) for v in vals}) != 1:
+            raise ValueError(f"device_put_sharded: leaf {k} has different shapes or dtypes "
+                             f"across the shards: {[(v.shape, str(v.dtype)) for v in vals]}")
+        out.append(device_put(np.stack(vals), sharding))
+    return tree_util.tree_unflatten(tree_util.tree_structure(shards[0]), out)
+
+
+def device_put_replicated(x, devices: Sequence):
+    """``jax.device_put_replicated``: one copy of every leaf of ``x`` per device, stacked along
+    a new leading axis sharded one slice per device (as ``device_put_sharded([x] * n)``)."""
+    devs = list(devices)
+    sharding = _stacked_sharding(devs, "device_put_replicated")
+
+    def rep(v):
+        h = np.asarray(v)
+        return device_put(np.broadcast_to(h, (len(devs),) + h.shape), sharding)
+    return tree_util.tree_map(rep, x)

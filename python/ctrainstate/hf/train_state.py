@@ -30,7 +30,7 @@ from ..train_state import TrainState as _FlaxTrainState
 from ..tree_util import tree_map
 
 __all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key', 'onehot',
-           'get_metrics', 'stack_forest']
+           'get_metrics', 'stack_forest', 'prefetch_to_device']
 
 
 def _host(x):
@@ -84,6 +84,41 @@ def shard(xs):
 def shard_prng_key(prng_key):
     """``random.split(key, local_device_count)``: one dropout key per device."""
     return random.split(prng_key, local_device_count())
+
+
+def prefetch_to_device(iterator, size: int, devices=None):
+    """flax.jax_utils.prefetch_to_device: the elements of ``iterator`` (pytrees whose leaves
+    have a leading dimension of ``len(devices)``, e.g. :func:`shard`'s output) placed ahead of
+    use, ``size`` at a time, each leaf with :func:`ctrainstate.device_put_sharded` (slice
+    ``i`` on ``devices[i]``, the layout :func:`ctrainstate.pmap` takes without a gather).
+    ``devices`` defaults to the local devices. Placement is synchronous here, so the lookahead
+    bounds memory (``size`` placed batches) rather than hiding transfer time."""
+    import collections
+    import itertools
+
+    from .._pmap import device_put_sharded
+    if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"prefetch_to_device: size must be a non-negative int, got {size!r}")
+    devs = list(devices) if devices is not None else local_devices()
+    iterator = iter(iterator)
+    queue: collections.deque = collections.deque()
+
+    def put(xs):
+        n = np.shape(xs)[0] if np.ndim(xs) else None
+        if n != len(devs):
+            raise ValueError(f"prefetch_to_device: a leaf of shape {np.shape(xs)} must have a "
+                             f"leading dimension of {len(devs)} (one slice per device); "
+                             f"shard(batch) makes it so")
+        return device_put_sharded(list(xs), devs)
+
+    def enqueue(k):
+        for data in itertools.islice(iterator, k):
+            queue.append(tree_map(put, data))
+
+    enqueue(max(size, 1))
+    while queue:
+        yield queue.popleft()
+        enqueue(1)
 
 
 def stack_forest(forest):

@@ -494,3 +494,37 @@ def test_device_put_sharded_replicated_and_prefetch_to_device():
         0.0, 1.0, 2.0, 3.0, 4.0]
     with pytest.raises(ValueError, match="leading dimension of 4"):
         next(hf.prefetch_to_device(iter([{"b": np.ones((3, 2))}]), 1, devices=devs))
+
+
+def test_pad_shard_unpad_evaluates_batches_of_any_size():
+    """flax.jax_utils.pad_shard_unpad around a pmapped eval step: a batch that does not divide
+    by the device count is zero-padded, evaluated, and cut back; per-example outputs equal
+    the unmapped computation."""
+    n = cts.local_device_count()
+    w = np.random.RandomState(3).randn(3, 2).astype(np.float32)
+
+    def eval_step(params, batch):
+        logits = batch["x"] @ params["w"]
+        return {"logits": logits, "pred": cnp.argmax(logits, axis=-1)}
+
+    f = hf.pad_shard_unpad(cts.pmap(eval_step, "batch"))
+    for b in (1, n - 1, n, 2 * n + 3):
+        x = np.random.RandomState(b).randn(b, 3).astype(np.float32)
+        out = f(hf.replicate({"w": w}), {"x": x})
+        assert out["logits"].shape == (b, 2) and out["pred"].shape == (b,)
+        np.testing.assert_allclose(out["logits"], x @ w, rtol=1e-5, atol=1e-6)
+        assert out["pred"].tolist() == (x @ w).argmax(-1).tolist()
+    # min_device_batch pads every device to at least that many rows
+    seen = []
+    g = hf.pad_shard_unpad(cts.pmap(lambda x: (seen.append(x.shape), x * 2.0)[1]),
+                           static_argnums=())
+    got = g(np.ones((5,), np.float32), min_device_batch=3)
+    assert seen[-1] == (3,) and got.tolist() == [2.0] * 5
+    # static_return: the outputs as the pmapped step returned them (a pmean'd metric)
+    h = hf.pad_shard_unpad(cts.pmap(lambda p, x: lax.pmean(cnp.sum(x), "batch"), "batch"),
+                           static_return=True)
+    m = h(hf.replicate({"w": w}), np.ones((n,), np.float32))
+    assert m.shape == (n,) and np.asarray(m).tolist() == [1.0] * n
+    with pytest.raises(ValueError, match="inconsistent batch sizes \\[2, 3\\]"):
+        f(hf.replicate({"w": w}), {"x": np.ones((2, 3), np.float32),
+                                   "y": np.ones((3,), np.float32)})

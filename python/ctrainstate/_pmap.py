@@ -66,49 +66,61 @@ class _Group:
     def __init__(self, name, devices, meshes):
         self.name, self.devices, self.meshes = name, devices, meshes
         self.n = len(devices)
-        self.cond = threading.Condition()
-        self.turn = 0
+        # one lock; a condition per replica, so that passing the turn wakes only its taker
+        self.lock = threading.Lock()
+        self.conds = [threading.Condition(self.lock) for _ in range(self.n)]
+        self.turn = -1           # nobody's until every replica's thread has started (go())
         self.pending: list = [None] * self.n
         self.results: list = [None] * self.n
         self.error = None        # (replica, exception): the first failure
         self.aborted = False
 
+    def _give_turn(self, i):
+        self.turn = i
+        if 0 <= i < self.n:
+            self.conds[i].notify()
+
     def _wait_turn(self, i):
         while self.turn != i and not self.aborted:
-            self.cond.wait()
+            self.conds[i].wait()
         if self.aborted:
             raise _Aborted()
 
+    def go(self):
+        with self.lock:
+            self._give_turn(0)
+
     def start(self, i):
-        with self.cond:
+        with self.lock:
             self._wait_turn(i)
 
+    def _abort(self):
+        self.aborted = True
+        for c in self.conds:
+            c.notify_all()
+
     def fail(self, i, exc):
-        with self.cond:
+        with self.lock:
             if self.error is None and not isinstance(exc, _Aborted):
                 self.error = (i, exc)
-            self.aborted = True
-            self.cond.notify_all()
+            self._abort()
 
     def arrive(self, i, kind, what, payload):
         """Replica ``i`` reached collective ``kind`` (or ``'return'``); the others run their
         turn; returns this replica's result once the last one has arrived."""
-        with self.cond:
+        with self.lock:
             self.pending[i] = (kind, what, payload)
             if i + 1 < self.n:
-                self.turn = i + 1
-                self.cond.notify_all()
+                self._give_turn(i + 1)
             else:
                 try:
                     done = self._resolve()
                 except BaseException as exc:   # a mismatch or a failing reduction: all stop
                     if self.error is None:
                         self.error = (i, exc)
-                    self.aborted = True
-                    self.cond.notify_all()
+                    self._abort()
                     raise _Aborted() from None
-                self.turn = self.n if done else 0
-                self.cond.notify_all()
+                self._give_turn(self.n if done else 0)
             if kind == "return":
                 return None
             self._wait_turn(i)
@@ -154,13 +166,52 @@ def _on(x, g, j):
     return x
 
 
-def _leafwise(fn):
+def _copy_on(x: Array, g, j) -> Array:
+    """A fresh copy of the one-block Array ``x`` (on replica ``j``'s device), on its mesh."""
+    from . import _ops
+    out = _ops._new(x.shape, g.meshes[j], [()] * x.ndim, x.dtype)
+    _C.copy_bytes(_ops._bufs(out)[0], _ops._bufs(x)[0])
+    return out
+
+
+def _on_own_device(xs, g) -> bool:
+    """Whether ``xs[j]`` are float32 Arrays of one shape, each one block on replica j's
+    device: the leaves the device all-reduce takes directly."""
+    shape = getattr(xs[0], "shape", None)
+    for j, x in enumerate(xs):
+        if (not isinstance(x, Array) or x.dtype != np.float32 or x.shape != shape
+                or len(x._blocks) != 1 or x._blocks[0][0] != g.devices[j]):
+            return False
+        x._check_alive()
+    return True
+
+
+def _leafwise(fn, allreduce_op=None):
     """A collective over trees: ``fn(g, [leaf of each replica]) -> [result of each]`` applied
-    to every leaf; the trees have one structure (checked with the kind)."""
+    to every leaf; the trees have one structure (checked with the kind). With
+    ``allreduce_op`` (a CT_RED_* op), the float32 leaves that live on their replica's device
+    are reduced together by one device all-reduce (``_C.op_allreduce``: each group summed or
+    maxed in replica order, in place) over fresh copies, the others by ``fn``."""
     def run(g, payloads):
         leaves = [tree_util.tree_leaves(p) for p in payloads]
         td = tree_util.tree_structure(payloads[0])
-        per_leaf = [fn(g, [lv[k] for lv in leaves]) for k in range(len(leaves[0]))]
+        per_leaf: list = [None] * len(leaves[0])
+        fast = []
+        for k in range(len(leaves[0])):
+            xs = [lv[k] for lv in leaves]
+            if allreduce_op is not None and _on_own_device(xs, g):
+                fast.append(k)
+                per_leaf[k] = [_copy_on(x, g, j) for j, x in enumerate(xs)]
+            else:
+                per_leaf[k] = fn(g, xs)
+        if fast:
+            from . import _ops
+            _C.op_allreduce([[_ops._bufs(a)[0] for a in per_leaf[k]] for k in fast],
+                            allreduce_op)
+            if fn is _PMEAN:
+                from . import numpy as cnp
+                for k in fast:
+                    per_leaf[k] = [cnp.true_divide(a, g.n) for a in per_leaf[k]]
         return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
     return run
 
@@ -236,8 +287,9 @@ def _permute(g, payloads):
     return outs
 
 
-_COLLECTIVES = {"psum": _leafwise(_combine("psum")), "pmean": _leafwise(_combine("pmean")),
-                "pmax": _leafwise(_combine("pmax")), "pmin": _leafwise(_combine("pmin")),
+_PMEAN = _combine("pmean")
+_COLLECTIVES = {"psum": _leafwise(_combine("psum"), 0), "pmean": _leafwise(_PMEAN, 0),
+                "pmax": _leafwise(_combine("pmax"), 1), "pmin": _leafwise(_combine("pmin")),
                 "all_gather": _gather, "ppermute": _permute}
 
 
@@ -496,6 +548,22 @@ def _map_size(leaves, axes, axis_size, who):
                      "array arguments); give axis_size=")
 
 
+_MESHES: dict = {}
+
+
+def _meshes_for(devs, name):
+    """Each replica's one-device mesh and the stacked outputs' mesh, the same objects from
+    call to call (the ops' dispatch caches key on the meshes)."""
+    key = (tuple(d.id for d in devs), tuple(d.platform for d in devs), name)
+    hit = _MESHES.get(key)
+    if hit is None:
+        if len(_MESHES) > 64:
+            _MESHES.clear()
+        hit = _MESHES[key] = ([Mesh(np.array([d], dtype=object), (name,)) for d in devs],
+                              Mesh(np.array(devs, dtype=object), (name,)))
+    return hit
+
+
 def _norm_argnums(v, what) -> tuple:
     if v is None:
         return ()
@@ -586,8 +654,7 @@ def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
         if n == 0:
             raise ValueError("pmap: the mapped axis has size 0")
         devs = avail[:n]
-        meshes = [Mesh(np.array([d]), (name,)) for d in devs]
-        out_mesh = Mesh(np.array(devs), (name,))
+        meshes, out_mesh = _meshes_for(devs, name)
         # each replica's arguments (copies on its device) before any replica runs
         per_replica = []
         for i in range(n):
@@ -624,6 +691,7 @@ def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
                                     daemon=True) for i in range(n)]
         for t in threads:
             t.start()
+        group.go()      # replica 0 runs once every thread is up (no GIL contention at start)
         try:
             for t in threads:
                 t.join()

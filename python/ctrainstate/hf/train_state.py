@@ -30,7 +30,7 @@ from ..train_state import TrainState as _FlaxTrainState
 from ..tree_util import tree_map
 
 __all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key', 'onehot',
-           'get_metrics', 'stack_forest', 'prefetch_to_device']
+           'get_metrics', 'stack_forest', 'prefetch_to_device', 'pad_shard_unpad']
 
 
 def _host(x):
@@ -119,6 +119,78 @@ def prefetch_to_device(iterator, size: int, devices=None):
     while queue:
         yield queue.popleft()
         enqueue(1)
+
+
+def pad_shard_unpad(wrapped, static_argnums=(0,), static_argnames=(), static_return=False):
+    """flax.jax_utils.pad_shard_unpad: ``wrapped`` (typically a pmapped eval step whose
+    first argument is the replicated params) called on batches of any size. The leaves of
+    the other arguments (one batch size ``b`` for all) are zero-padded on the host to a
+    multiple of the local device count ``d`` and reshaped to ``(d, b_d, ...)`` (at least
+    ``min_device_batch`` per device when that keyword is given); the outputs are brought to
+    the host, reshaped back to ``(d * b_d, ...)`` and cut to ``b`` (``static_return=True``:
+    returned as they are, e.g. pmean'd metrics).
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate.hf import pad_shard_unpad, replicate
+    >>> f = pad_shard_unpad(cts.pmap(lambda w, x: x * w))
+    >>> f(replicate(np.float32(2.0)), np.arange(3, dtype=np.float32)).tolist()
+    [0.0, 2.0, 4.0]
+    """
+    import functools
+
+    from .._devices import local_device_count
+    from ..array import device_get
+    from ..tree_util import tree_leaves
+    static_argnums = tuple(static_argnums) if not isinstance(static_argnums, int) else (
+        static_argnums,)
+    static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
+                       else tuple(static_argnames))
+
+    @functools.wraps(wrapped)
+    def wrapper(*args, min_device_batch=None, **kw):
+        d = local_device_count()
+        sizes = {}
+        for i, a in enumerate(args):
+            if i not in static_argnums:
+                for t in tree_leaves(a):
+                    sizes.setdefault(np.shape(t)[0] if np.ndim(t) else None, f"argument {i}")
+        for k, v in kw.items():
+            if k not in static_argnames:
+                for t in tree_leaves(v):
+                    sizes.setdefault(np.shape(t)[0] if np.ndim(t) else None, f"keyword {k!r}")
+        if None in sizes:
+            raise ValueError(f"pad_shard_unpad: {sizes[None]} has a 0-d leaf; the padded "
+                             f"arguments need a batch dimension (mark it static otherwise)")
+        if len(sizes) != 1:
+            raise ValueError(f"pad_shard_unpad: inconsistent batch sizes {sorted(sizes)} "
+                             f"(first seen in {', '.join(sizes[s] for s in sorted(sizes))}); "
+                             "every padded leaf needs the same leading dimension")
+        b = next(iter(sizes))
+
+        def pad(x):
+            x = np.asarray(x)
+            shape = x.shape[1:]
+            db, rest = divmod(b, d)
+            if rest:
+                x = np.concatenate([x, np.zeros((d - rest,) + shape, x.dtype)], axis=0)
+                db += 1
+            if min_device_batch and db < min_device_batch:
+                x = np.concatenate([x, np.zeros((d * (min_device_batch - db),) + shape,
+                                                x.dtype)])
+                db = min_device_batch
+            return x.reshape((d, db) + shape)
+
+        args = [a if i in static_argnums else tree_map(pad, a) for i, a in enumerate(args)]
+        kw = {k: v if k in static_argnames else tree_map(pad, v) for k, v in kw.items()}
+        out = wrapped(*args, **kw)
+        if static_return:
+            return out
+
+        def unpad(x):
+            h = np.asarray(device_get(x))
+            return h.reshape((h.shape[0] * h.shape[1],) + h.shape[2:])[:b]
+        return tree_map(unpad, out)
+    return wrapper
 
 
 def stack_forest(forest):

@@ -269,12 +269,15 @@ def test_replicas_that_reach_different_collectives_are_an_error():
 
 # --- run_clm_flax's data-parallel step ------------------------------------------------------------
 
-class _MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x, train=False):
-        x = nn.relu(nn.Dense(16)(x))
-        x = nn.Dropout(0.1, deterministic=not train)(x)
-        return nn.Dense(3)(x)
+def _mlp_of(m):
+    """The same MLP with Dropout in ctrainstate.nn or flax.linen (``m``)."""
+    class MLP(m.Module):
+        @m.compact
+        def __call__(self, x, train=False):
+            x = m.relu(m.Dense(16)(x))
+            x = m.Dropout(0.1, deterministic=not train)(x)
+            return m.Dense(3)(x)
+    return MLP()
 
 
 def _batches(steps, n):
@@ -304,7 +307,7 @@ class _Ct:
 
 
 def _ct_pmap_run(steps, train):
-    model = _MLP()
+    model = _mlp_of(nn)
     rng, dropout_rng = random.split(random.PRNGKey(0))
     params = model.init(rng, np.ones((1, 5), np.float32))["params"]
     state = hf.TrainState.create(apply_fn=model.apply, params=params,
@@ -368,18 +371,11 @@ def test_run_clm_flax_pmap_step_matches_jax_pmap():
             return jax_utils.replicate(self).replace(
                 dropout_rng=common_utils.shard_prng_key(self.dropout_rng))
 
-    class JMLP(flax_nn.Module):
-        @flax_nn.compact
-        def __call__(self, x, train=False):
-            x = flax_nn.relu(flax_nn.Dense(16)(x))
-            x = flax_nn.Dropout(0.1, deterministic=not train)(x)
-            return flax_nn.Dense(3)(x)
-
     class _J:
         random, lax, value_and_grad = jax.random, jax.lax, staticmethod(jax.value_and_grad)
         xent = staticmethod(optax.softmax_cross_entropy_with_integer_labels)
 
-    model = JMLP()
+    model = _mlp_of(flax_nn)
     rng, dropout_rng = jax.random.split(jax.random.PRNGKey(0))
     params = model.init(rng, np.ones((1, 5), np.float32))["params"]
     state = JState.create(apply_fn=model.apply, params=params,

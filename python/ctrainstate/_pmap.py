@@ -162,16 +162,17 @@ def _describe(k) -> str:
 def _on(x, g, j):
     """``x`` placed on replica ``j``'s device (an Array leaf; host values stay host)."""
     if isinstance(x, Array):
-        return device_put(x, NamedSharding(g.meshes[j], PartitionSpec()))
+        return device_put(x, _rep(g.meshes[j]))
     return x
 
 
 def _copy_on(x: Array, g, j) -> Array:
     """A fresh copy of the one-block Array ``x`` (on replica ``j``'s device), on its mesh."""
-    from . import _ops
-    out = _ops._new(x.shape, g.meshes[j], [()] * x.ndim, x.dtype)
-    _C.copy_bytes(_ops._bufs(out)[0], _ops._bufs(x)[0])
-    return out
+    from . import _dtypes
+    dev, src = x._blocks[0][0], x._blocks[0][1]
+    new = _C.Buffer(dev.id, tuple(x.shape), _dtypes.code(x.dtype))
+    _C.copy_bytes(new, src)
+    return Array._create(x.shape, x.dtype, _rep(g.meshes[j]), [(dev, new, (0,) * x.ndim, 0)])
 
 
 def _on_own_device(xs, g) -> bool:
@@ -472,19 +473,31 @@ def _block_for(x: Array, axis: int, i: int, dev):
     return None
 
 
+_REP: dict = {}
+
+
+def _rep(mesh) -> NamedSharding:
+    """``NamedSharding(mesh, P())`` for a replica's (kept) mesh, made once."""
+    hit = _REP.get(id(mesh))
+    if hit is None or hit[0] is not mesh:
+        if len(_REP) > 512:
+            _REP.clear()
+        hit = _REP[id(mesh)] = (mesh, NamedSharding(mesh, PartitionSpec()))
+    return hit[1]
+
+
 def _slice_for(x, axis, i, mesh, dev):
     """Slice ``i`` of ``x`` along ``axis``, as an Array on replica ``i``'s device."""
-    from . import _ops
-    rep = NamedSharding(mesh, PartitionSpec())
+    from . import _dtypes
     if isinstance(x, Array):
         buf = _block_for(x, axis, i, dev)
         if buf is not None:       # pmap's own layout: one device copy, no gather
             x._check_alive()
-            out = _ops._new(x.shape[1:], mesh, [()] * (x.ndim - 1), x.dtype)
-            _C.copy_bytes(_ops._bufs(out)[0], buf)
-            return out
-        return device_put(np.take(np.asarray(x), i, axis=axis), rep)
-    return device_put(np.take(np.asarray(x), i, axis=axis), rep)
+            shape = tuple(x.shape[1:])
+            new = _C.Buffer(dev.id, shape, _dtypes.code(x.dtype))
+            _C.copy_bytes(new, buf)
+            return Array._create(shape, x.dtype, _rep(mesh), [(dev, new, (0,) * len(shape), 0)])
+    return device_put(np.take(np.asarray(x), i, axis=axis), _rep(mesh))
 
 
 def _stack(outs, out_axis, group, out_mesh):
@@ -493,8 +506,12 @@ def _stack(outs, out_axis, group, out_mesh):
     from . import _ops
     if out_axis is None:
         return outs[0]
-    arrays = [_on(v if isinstance(v, Array) else device_put(np.asarray(v)), group, j)
+    arrays = [v if (isinstance(v, Array) and len(v._blocks) == 1
+                    and v._blocks[0][0] == group.devices[j])
+              else _on(v if isinstance(v, Array) else device_put(np.asarray(v)), group, j)
               for j, v in enumerate(outs)]
+    for a in arrays:
+        a._check_alive()
     shapes = {a.shape for a in arrays}
     dts = {a.dtype for a in arrays}
     if len(shapes) != 1 or len(dts) != 1:

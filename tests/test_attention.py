@@ -497,7 +497,7 @@ def test_errors():
         nn.dot_product_attention(q, k, vv, qk_attn_weights_einsum=cnp.einsum)
     with pytest.raises(ValueError, match=r"masks must have same rank: \(4, 3\)"):
         nn.combine_masks(np.ones((1, 1, 2, 2)), np.ones((1, 2, 2)))
-    with pytest.raises(NotImplementedError, match="axis_name"):
+    with pytest.raises(NameError, match="axis_name=.batch.*enclosing ctrainstate.pmap"):
         nn.RMSNorm(axis_name="batch").init(random.PRNGKey(0), x)
     with pytest.raises(ValueError, match="reduction_axes: axis 3 is out of bounds"):
         nn.RMSNorm(reduction_axes=3).init(random.PRNGKey(0), x)

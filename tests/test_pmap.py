@@ -524,3 +524,37 @@ def test_pad_shard_unpad_evaluates_batches_of_any_size():
     with pytest.raises(ValueError, match="inconsistent batch sizes \\[2, 3\\]"):
         f(hf.replicate({"w": w}), {"x": np.ones((2, 3), np.float32),
                                    "y": np.ones((3,), np.float32)})
+
+
+def test_psum_scatter_values_gradients_and_live_jax():
+    x = np.arange(N * N * 2, dtype=np.float32).reshape(N, N, 2) - 7.0   # replica j: x[j]
+    total = x.sum(0)                                                    # (N, 2)
+    got = cts.pmap(lambda v: lax.psum_scatter(v, "i"), "i")(x)
+    np.testing.assert_array_equal(host(got), total)                     # replica j: row j
+    xt = np.arange(N * 2 * N, dtype=np.float32).reshape(N, 2 * N) / 4.0
+    got = cts.pmap(lambda v: lax.psum_scatter(v, "i", scatter_dimension=0, tiled=True), "i")(xt)
+    np.testing.assert_array_equal(host(got), xt.sum(0).reshape(N, 2))
+    got = cts.pmap(lambda v: lax.psum_scatter(v, "i", scatter_dimension=1), "i")(
+        np.swapaxes(x, 1, 2))
+    np.testing.assert_array_equal(host(got), total)
+    # the transpose is an all_gather: d/dx_j sum_i w_i . out_i = [w_0, ..., w_{N-1}]
+    w = np.arange(1, N + 1, dtype=np.float32)
+    g = cts.pmap(cts.grad(lambda v: cnp.sum(lax.psum_scatter(v, "i")
+                                            * (lax.axis_index("i") + 1.0))), "i")(x)
+    np.testing.assert_array_equal(host(g), np.broadcast_to(w[None, :, None], x.shape))
+    with pytest.raises(ValueError, match="has size 3; it must be the axis size 4"):
+        cts.pmap(lambda v: lax.psum_scatter(v, "i"), "i")(np.ones((N, 3), np.float32))
+    with pytest.raises(ValueError, match="must be a multiple of the axis size 4"):
+        cts.pmap(lambda v: lax.psum_scatter(v, "i", tiled=True), "i")(np.ones((N, 6), np.float32))
+    jax = _jax()
+    _xla_devices(jax, N)
+    jl = jax.lax
+    for kw, arr in (({}, x), ({"tiled": True}, xt), ({"scatter_dimension": 1}, np.swapaxes(x, 1, 2))):
+        want = jax.pmap(lambda v: jl.psum_scatter(jax.numpy.sin(v), "i", **kw), "i")(arr)
+        got = cts.pmap(lambda v: lax.psum_scatter(cnp.sin(v), "i", **kw), "i")(arr)
+        np.testing.assert_allclose(host(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    want = jax.pmap(jax.grad(lambda v: jax.numpy.sum(
+        jl.psum_scatter(v * v, "i") * (jl.axis_index("i") + 1.0))), "i")(x)
+    got = cts.pmap(cts.grad(lambda v: cnp.sum(
+        lax.psum_scatter(v * v, "i") * (lax.axis_index("i") + 1.0))), "i")(x)
+    np.testing.assert_allclose(host(got), np.asarray(want), rtol=1e-6)

@@ -1,5 +1,6 @@
 """``pmap`` (mirror of ``jax.pmap``) and the collectives over its named axis (``lax.psum``,
-``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``ppermute``, ``axis_index``).
+``pmean``, ``pmax``, ``pmin``, ``all_gather``, ``psum_scatter``, ``ppermute``,
+``axis_index``).
 
 ctrainstate runs eagerly, so ``pmap(f, axis_name)(x)`` runs ``f`` once per device on that
 device's slice of the mapped arguments (SPMD, as XLA does with a pmapped program). Each
@@ -45,7 +46,8 @@ from . import _C, tree_util
 from .array import Array, device_put
 from .sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["pmap", "device_put_sharded", "device_put_replicated", "psum", "pmean", "pmax", "pmin", "all_gather", "ppermute", "axis_index"]
+__all__ = ["pmap", "device_put_sharded", "device_put_replicated", "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
+           "axis_index"]
 
 # the pmap axes bound in this thread: {axis_name: (group, replica index)}
 _tls = threading.local()
@@ -266,6 +268,28 @@ def _gather(g, payloads):
     return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
 
 
+def _scatter(g, payloads):
+    """psum_scatter: the replicas' sum, split along ``dim``; replica ``j`` keeps part ``j``."""
+    from . import numpy as cnp
+    dim, tiled = payloads[0][1]
+    leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
+    td = tree_util.tree_structure(payloads[0][0])
+    per_leaf = []
+    for k in range(len(leaves[0])):
+        xs = [lv[k] if isinstance(lv[k], Array) else device_put(np.asarray(lv[k])) for lv in leaves]
+        total = _on(xs[0], g, 0)
+        for x in xs[1:]:
+            total = cnp.add(total, _on(x, g, 0))
+        d = dim % total.ndim
+        if tiled:
+            b = total.shape[d] // g.n
+            parts = [cnp.take(total, np.arange(j * b, (j + 1) * b), axis=d) for j in range(g.n)]
+        else:
+            parts = [cnp.take(total, j, axis=d) for j in range(g.n)]
+        per_leaf.append([_on(parts[j], g, j) for j in range(g.n)])
+    return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
+
+
 def _permute(g, payloads):
     from . import numpy as cnp
     perm = payloads[0][1]
@@ -291,7 +315,7 @@ def _permute(g, payloads):
 _PMEAN = _combine("pmean")
 _COLLECTIVES = {"psum": _leafwise(_combine("psum"), 0), "pmean": _leafwise(_PMEAN, 0),
                 "pmax": _leafwise(_combine("pmax"), 1), "pmin": _leafwise(_combine("pmin")),
-                "all_gather": _gather, "ppermute": _permute}
+                "all_gather": _gather, "ppermute": _permute, "psum_scatter": _scatter}
 
 
 # --- the public collectives -----------------------------------------------------------------
@@ -400,6 +424,38 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
             k = total.shape[_axis % total.ndim] // g.n
             return cnp.take(total, np.arange(_i * k, (_i + 1) * k), axis=_axis)
         return cnp.take(total, _i, axis=_axis)
+    _record_collective(out, x, vjp_leaf)
+    return out
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None,
+                 tiled: bool = False):
+    """The sum of ``x`` over the replicas, split along ``scatter_dimension``: replica ``i``
+    gets part ``i`` (``jax.lax.psum_scatter``, a reduce-scatter). Without ``tiled`` that
+    dimension must have the axis size and is removed; with ``tiled`` it must divide by it and
+    each replica keeps its block. Differentiable: the cotangents are all-gathered back."""
+    _no_groups(axis_index_groups, "psum_scatter")
+    g, i = _group_of(axis_name, "psum_scatter")
+    if not isinstance(scatter_dimension, (int, np.integer)) or isinstance(scatter_dimension, bool):
+        raise TypeError(f"psum_scatter: scatter_dimension must be an int, got "
+                        f"{scatter_dimension!r}")
+    for v in tree_util.tree_leaves(x):
+        shape = np.shape(v)
+        if not -len(shape) <= scatter_dimension < len(shape) or not shape:
+            raise ValueError(f"psum_scatter: scatter_dimension {scatter_dimension} is out of "
+                             f"range for an operand of shape {shape}")
+        size = shape[scatter_dimension]
+        if (size % g.n) if tiled else (size != g.n):
+            want = f"a multiple of the axis size {g.n}" if tiled else f"the axis size {g.n}"
+            raise ValueError(f"psum_scatter: dimension {scatter_dimension} of an operand of "
+                             f"shape {shape} has size {size}; it must be {want}"
+                             f"{'' if tiled else ' (tiled=True splits it in blocks)'}")
+    out = g.arrive(i, "psum_scatter", f"(scatter_dimension={scatter_dimension}, tiled={tiled}, "
+                   f"structure {_structure_key(x)})", (x, (scatter_dimension, tiled)))
+
+    def vjp_leaf(ct, _d=scatter_dimension, _tiled=tiled):
+        nd = np.ndim(ct) + (0 if _tiled else 1)
+        return all_gather(ct, axis_name, axis=_d % nd, tiled=_tiled)
     _record_collective(out, x, vjp_leaf)
     return out
 

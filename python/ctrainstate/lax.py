@@ -436,6 +436,8 @@ __all__ += ["ConvDimensionNumbers", "conv", "conv_dimension_numbers", "conv_gene
             "conv_transpose", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
 
 # the collectives over a pmap axis (ctrainstate._pmap)
-from ._pmap import all_gather, axis_index, pmax, pmean, pmin, ppermute, psum  # noqa: E402
+from ._pmap import (all_gather, axis_index, pmax, pmean, pmin, ppermute, psum,  # noqa: E402
+                    psum_scatter)
 
-__all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "psum"]
+__all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "psum",
+            "psum_scatter"]

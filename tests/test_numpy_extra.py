@@ -3,6 +3,9 @@
 when installed, live jax (values and result dtypes); sharded operands against the
 single-device result; gradients against jax.grad and against gradients derived by hand;
 bad arguments raise clear errors (jax's error type where jax raises)."""
+import contextlib
+import warnings
+
 import numpy as np
 import pytest
 
@@ -628,3 +631,73 @@ def test_docstring_examples_run():
     from ctrainstate import _numpy_extra
     res = doctest.testmod(_numpy_extra, optionflags=doctest.ELLIPSIS)
     assert res.attempted >= 10 and res.failed == 0, res
+
+
+# --- nanquantile / nanpercentile / nanmedian ----------------------------------------------------
+
+def _with_nans(seed=0):
+    rs = np.random.RandomState(seed)
+    x = rs.randn(4, 5, 6).astype(np.float32)
+    x[rs.rand(4, 5, 6) < 0.3] = np.nan
+    x[0, 0, :] = np.nan            # a slice of NaNs only
+    return x
+
+
+@pytest.mark.parametrize("method", ["linear", "lower", "higher", "midpoint"])
+def test_nanquantile_matches_numpy(method):
+    x = _with_nans()
+    for axis in (None, 0, 2, (0, 2), -1):
+        for q in (0.3, np.float32([0.0, 0.25, 0.5, 1.0])):
+            with _quiet():
+                want = np.nanquantile(x.astype(np.float64), q, axis=axis, method=method)
+            got = host(cnp.nanquantile(x, q, axis=axis, method=method))
+            assert got.shape == np.shape(want) and got.dtype == np.float32
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, equal_nan=True)
+    got = cnp.nanquantile(cts.device_put(x), 0.5, axis=1, keepdims=True, method=method)
+    assert got.shape == (4, 1, 6)
+    with _quiet():
+        want = np.nanquantile(x.astype(np.float64), 0.5, axis=1, keepdims=True, method=method)
+    np.testing.assert_allclose(host(got), want, rtol=2e-6, atol=1e-6, equal_nan=True)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """numpy warns "All-NaN slice encountered" for the slice of NaNs only."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def test_nanmedian_nanpercentile_gradient_and_errors():
+    x = _with_nans(1)
+    with _quiet():
+        np.testing.assert_allclose(host(cnp.nanmedian(x, axis=2)), np.nanmedian(x, axis=2),
+                                   rtol=1e-6, equal_nan=True)
+        np.testing.assert_allclose(host(cnp.nanpercentile(x, [10.0, 90.0], axis=0)),
+                                   np.nanpercentile(x.astype(np.float64), [10.0, 90.0], axis=0),
+                                   rtol=2e-6, atol=1e-6, equal_nan=True)
+    # the gradient goes to the order statistics used: the two middle non-NaN values
+    row = np.float32([4.0, np.nan, 1.0, 3.0, np.nan, 2.0])
+    g = cts.grad(lambda v: cnp.nanmedian(v))(cts.device_put(row))
+    assert host(g).tolist() == [0.0, 0.0, 0.0, 0.5, 0.0, 0.5]
+    assert np.isnan(host(cnp.nanmedian(np.full(3, np.nan, np.float32))))
+    with pytest.raises(ValueError, match="quantiles must be in the range"):
+        cnp.nanquantile(row, 1.5)
+    with pytest.raises(ValueError, match="method can only be"):
+        cnp.nanquantile(row, 0.5, method="cubic")
+    with pytest.raises(ValueError, match="does not support overwrite_input"):
+        cnp.nanmedian(row, overwrite_input=True)
+
+
+def test_nanquantile_matches_live_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    x = _with_nans(2)
+    for method in ("linear", "lower", "higher", "midpoint", "nearest", "inverted_cdf"):
+        for axis in (None, 1, (0, 2)):
+            for q in (0.3, np.float32([0.0, 0.5, 0.75, 1.0])):
+                want = np.asarray(jnp.nanquantile(x, q, axis=axis, method=method))
+                got = host(cnp.nanquantile(x, q, axis=axis, method=method))
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True,
+                                           err_msg=f"{method} {axis} {q}")
+    np.testing.assert_allclose(host(cnp.nanmedian(x, axis=0)), np.asarray(jnp.nanmedian(x, axis=0)),
+                               rtol=1e-6, equal_nan=True)

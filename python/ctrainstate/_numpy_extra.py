@@ -53,7 +53,7 @@ __all__ = [
     "nansum", "nanmean", "nanmax", "nanmin", "nanprod", "nanstd", "nanvar", "nanargmax",
     "nanargmin", "nancumsum", "nancumprod",
     # order statistics and indices
-    "median", "quantile", "percentile", "searchsorted", "nonzero", "argwhere", "flatnonzero",
+    "median", "quantile", "percentile", "nanmedian", "nanquantile", "nanpercentile", "searchsorted", "nonzero", "argwhere", "flatnonzero",
     "where",
 ]
 
@@ -1010,7 +1010,7 @@ def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
     return _quantile(a, _host_q(q, who), axis, method, keepdims, who)
 
 
-def _quantile(a, qh, axis, method, keepdims, who):
+def _quantile(a, qh, axis, method, keepdims, who, nan=False):
     from ._move import _axes, moveaxis, sort, take
     cnp = _cnp()
     a = _operand(a, who)
@@ -1034,6 +1034,11 @@ def _quantile(a, qh, axis, method, keepdims, who):
         raise TypeError(f"{who}: the reduced dimensions of shape {tuple(a.shape)} are empty "
                         f"(jax fails in its gather)")
     s = sort(f, axis=-1)
+    if nan:
+        r = _nan_order_statistics(s, qh, method, n)
+        if keepdims:
+            r = cnp.reshape(r, tuple(qh.shape) + keep_shape)
+        return r if dt == np.float32 else cnp.astype(r, dt)
     nf = np.float32(n)
     if method == "inverted_cdf":
         target = qh * nf
@@ -1072,6 +1077,101 @@ def _quantile(a, qh, axis, method, keepdims, who):
     if keepdims:
         r = cnp.reshape(r, tuple(qh.shape) + keep_shape)
     return r if dt == np.float32 else cnp.astype(r, dt)
+
+
+def _nan_order_statistics(s, qh, method, n):
+    """The quantiles ``qh`` of each row of ``s`` (rows sorted, NaNs last) among its non-NaN
+    elements, as jax's ``squash_nans`` path: ``pos = q * (count - 1)`` per row in float32,
+    the order statistics at ``floor`` / ``ceil`` (clamped to ``[0, count - 1]``) gathered per
+    row, interpolated as the method says; a row of NaNs only gives NaN. The counts are read
+    to the host (one number per row) to plan the gathers."""
+    from ._move import moveaxis, take_along_axis
+    cnp = _cnp()
+    rows = tuple(s.shape[:-1])
+    cnt = np.asarray(cnp.sum(cnp.logical_not(cnp.isnan(s)), axis=-1)).astype(np.float32)
+    cnt = np.reshape(cnt, rows)
+    q = qh.reshape(-1).astype(np.float32)                       # (k,)
+    c = cnt[..., None]                                          # rows + (1,)
+    if method == "inverted_cdf":
+        target = q * c                                          # rows + (k,)
+        cum = np.minimum(np.arange(1, n + 1, dtype=np.float32), c)          # rows + (n,)
+        idx = (cum[..., None, :] < target[..., :, None]).sum(-1)            # rows + (k,)
+        idx = np.clip(idx, 0, np.maximum(c - 1, 0)).astype(np.int64)
+        lo_i = hi_i = idx
+        hw = np.zeros(idx.shape, np.float32)
+    else:
+        pos = q * (c - np.float32(1))
+        lo, hi = np.floor(pos), np.ceil(pos)
+        hw = (pos - lo).astype(np.float32)
+        top = c - np.float32(1)
+        lo_i = np.maximum(0, np.minimum(lo, top)).astype(np.int64)
+        hi_i = np.maximum(0, np.minimum(hi, top)).astype(np.int64)
+        if method == "nearest":
+            lo_i = hi_i = np.where(hw <= np.float32(0.5), lo_i, hi_i)
+        elif method == "lower":
+            hi_i = lo_i
+        elif method == "higher":
+            lo_i = hi_i
+
+    def gather(i):            # rows + (k,) -> (k,) + rows
+        return moveaxis(take_along_axis(s, np.asarray(i, np.int64), axis=-1), -1, 0)
+
+    lo_v = gather(lo_i)
+    w = np.moveaxis(hw, -1, 0)
+    if method == "linear":
+        r = cnp.add(cnp.multiply(lo_v, cnp.asarray(np.float32(1) - w)),
+                    cnp.multiply(gather(hi_i), cnp.asarray(w)))
+    elif method == "midpoint":
+        r = cnp.multiply(cnp.add(lo_v, gather(hi_i)), 0.5)
+    else:
+        r = lo_v
+    empty = np.broadcast_to(cnt == 0, r.shape)
+    if empty.any():
+        r = cnp.where(empty, np.nan, r)
+    return r[0] if qh.ndim == 0 else r
+
+
+def nanquantile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
+                keepdims=False):
+    """``jnp.nanquantile``: :func:`quantile` ignoring NaNs: each slice's quantiles among its
+    non-NaN elements (positions ``q * (count - 1)`` per slice, as jax), NaN for a slice of
+    NaNs only. The gradient goes to the order statistics used.
+
+    >>> import numpy as np, ctrainstate.numpy as cnp
+    >>> x = np.array([[1., np.nan, 3.], [np.nan, np.nan, np.nan]], np.float32)
+    >>> np.asarray(cnp.nanquantile(x, 0.5, axis=1)).tolist()
+    [2.0, nan]
+    """
+    if overwrite_input or out is not None:
+        raise ValueError("jax.numpy.nanquantile does not support overwrite_input=True or "
+                         "out != None")
+    if method not in _METHODS:
+        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
+                         "'nearest' or 'inverted_cdf'")
+    return _quantile(a, _host_q(q, "nanquantile"), axis, method, keepdims, "nanquantile",
+                     nan=True)
+
+
+def nanpercentile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
+                  keepdims=False):
+    """``jnp.nanpercentile``: :func:`nanquantile` of ``q / 100``."""
+    if overwrite_input or out is not None:
+        raise ValueError("jax.numpy.nanpercentile does not support overwrite_input=True or "
+                         "out != None")
+    if method not in _METHODS:
+        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
+                         "'nearest' or 'inverted_cdf'")
+    qh = _host_q(q, "nanpercentile") / np.float32(100)
+    return _quantile(a, qh, axis, method, keepdims, "nanpercentile", nan=True)
+
+
+def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
+    """``jnp.nanmedian``: :func:`nanquantile` at 0.5 with method 'midpoint'."""
+    if overwrite_input or out is not None:
+        raise ValueError("jax.numpy.nanmedian does not support overwrite_input=True or "
+                         "out != None")
+    return _quantile(a, np.asarray(0.5, np.float32), axis, "midpoint", keepdims, "nanmedian",
+                     nan=True)
 
 
 def percentile(a, q, axis=None, out=None, overwrite_input=False, method="linear",

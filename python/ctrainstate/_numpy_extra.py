@@ -1036,47 +1036,58 @@ def _quantile(a, qh, axis, method, keepdims, who, nan=False):
     s = sort(f, axis=-1)
     if nan:
         r = _nan_order_statistics(s, qh, method, n)
-        if keepdims:
-            r = cnp.reshape(r, tuple(qh.shape) + keep_shape)
-        return r if dt == np.float32 else cnp.astype(r, dt)
-    nf = np.float32(n)
-    if method == "inverted_cdf":
-        target = qh * nf
-        cum = np.arange(1, n + 1, dtype=np.float32)
-        idx = np.minimum((cum[None, :] < target.reshape(-1, 1)).sum(1), n - 1)
-        idx = idx.reshape(qh.shape)
-        lo_i, hi_i, hw = idx, idx, np.zeros(qh.shape, np.float32)
     else:
-        pos = qh * (nf - np.float32(1))
-        lo = np.floor(pos)
-        hw = (pos - lo).astype(np.float32)
-        lo_i = np.clip(lo, 0, n - 1).astype(np.int64)
-        hi_i = np.clip(np.ceil(pos), 0, n - 1).astype(np.int64)
-        if method == "nearest":
-            lo_i = hi_i = np.where(hw <= np.float32(0.5), lo_i, hi_i)
-        elif method == "lower":
-            hi_i = lo_i
-        elif method == "higher":
-            lo_i = hi_i
+        lo_i, hi_i, hw = _order_positions(qh, np.float32(n), n, method)
 
-    def gather(i):
-        v = take(s, np.asarray(i, np.int64), axis=-1)    # (..., [k])
-        return moveaxis(v, -1, 0) if np.ndim(i) == 1 else v
+        def gather(i):
+            v = take(s, np.asarray(i, np.int64), axis=-1)    # (..., [k])
+            return moveaxis(v, -1, 0) if np.ndim(i) == 1 else v
 
-    lo_v = gather(lo_i)
-    if method == "linear":
-        w = hw.reshape(hw.shape + (1,) * len(kept))
-        hi_v = gather(hi_i)
-        r = cnp.add(cnp.multiply(lo_v, cnp.asarray(1.0 - w)), cnp.multiply(hi_v, cnp.asarray(w)))
-    elif method == "midpoint":
-        r = cnp.multiply(cnp.add(lo_v, gather(hi_i)), 0.5)
-    else:
-        r = lo_v
-    # a NaN anywhere in a slice: NaN (sort put NaNs last; jax's where before its sort)
-    r = cnp.where(cnp.any(cnp.isnan(s), axis=-1), np.nan, r)
+        r = _interpolate(method, gather, lo_i, hi_i, hw.reshape(hw.shape + (1,) * len(kept)))
+        # a NaN anywhere in a slice: NaN (sort put NaNs last; jax's where before its sort)
+        r = cnp.where(cnp.any(cnp.isnan(s), axis=-1), np.nan, r)
     if keepdims:
         r = cnp.reshape(r, tuple(qh.shape) + keep_shape)
     return r if dt == np.float32 else cnp.astype(r, dt)
+
+
+def _order_positions(q, c, n, method):
+    """jax's positions of the quantiles ``q`` among ``c`` sorted elements (a number, or per-row
+    counts broadcastable against ``q``) of rows of length ``n``: the indices of the low and
+    high order statistics, clamped to ``[0, c - 1]``, and the high one's weight, in float32
+    as jax computes them."""
+    q = np.asarray(q, np.float32)
+    c = np.asarray(c, np.float32)
+    top = np.maximum(c - np.float32(1), 0)
+    if method == "inverted_cdf":     # the first position whose cumulative count reaches q * c
+        cum = np.minimum(np.arange(1, n + 1, dtype=np.float32), c[..., None])
+        idx = np.clip((cum < (q * c)[..., None]).sum(-1), 0, top).astype(np.int64)
+        return idx, idx, np.zeros(idx.shape, np.float32)
+    pos = q * (c - np.float32(1))
+    lo = np.floor(pos)
+    hw = (pos - lo).astype(np.float32)
+    lo_i = np.clip(lo, 0, top).astype(np.int64)
+    hi_i = np.clip(np.ceil(pos), 0, top).astype(np.int64)
+    if method == "nearest":          # a tie at one half takes the lower one, as jax
+        lo_i = hi_i = np.where(hw <= np.float32(0.5), lo_i, hi_i)
+    elif method == "lower":
+        hi_i = lo_i
+    elif method == "higher":
+        lo_i = hi_i
+    return lo_i, hi_i, hw
+
+
+def _interpolate(method, gather, lo_i, hi_i, w):
+    """The quantile from the gathered order statistics (``w``: the high one's weight, shaped
+    like the gathered values)."""
+    cnp = _cnp()
+    lo_v = gather(lo_i)
+    if method == "linear":
+        return cnp.add(cnp.multiply(lo_v, cnp.asarray(np.float32(1) - w)),
+                       cnp.multiply(gather(hi_i), cnp.asarray(w)))
+    if method == "midpoint":
+        return cnp.multiply(cnp.add(lo_v, gather(hi_i)), 0.5)
+    return lo_v
 
 
 def _nan_order_statistics(s, qh, method, n):
@@ -1091,40 +1102,12 @@ def _nan_order_statistics(s, qh, method, n):
     cnt = np.asarray(cnp.sum(cnp.logical_not(cnp.isnan(s)), axis=-1)).astype(np.float32)
     cnt = np.reshape(cnt, rows)
     q = qh.reshape(-1).astype(np.float32)                       # (k,)
-    c = cnt[..., None]                                          # rows + (1,)
-    if method == "inverted_cdf":
-        target = q * c                                          # rows + (k,)
-        cum = np.minimum(np.arange(1, n + 1, dtype=np.float32), c)          # rows + (n,)
-        idx = (cum[..., None, :] < target[..., :, None]).sum(-1)            # rows + (k,)
-        idx = np.clip(idx, 0, np.maximum(c - 1, 0)).astype(np.int64)
-        lo_i = hi_i = idx
-        hw = np.zeros(idx.shape, np.float32)
-    else:
-        pos = q * (c - np.float32(1))
-        lo, hi = np.floor(pos), np.ceil(pos)
-        hw = (pos - lo).astype(np.float32)
-        top = c - np.float32(1)
-        lo_i = np.maximum(0, np.minimum(lo, top)).astype(np.int64)
-        hi_i = np.maximum(0, np.minimum(hi, top)).astype(np.int64)
-        if method == "nearest":
-            lo_i = hi_i = np.where(hw <= np.float32(0.5), lo_i, hi_i)
-        elif method == "lower":
-            hi_i = lo_i
-        elif method == "higher":
-            lo_i = hi_i
+    lo_i, hi_i, hw = _order_positions(q, cnt[..., None], n, method)  # rows + (k,)
 
     def gather(i):            # rows + (k,) -> (k,) + rows
         return moveaxis(take_along_axis(s, np.asarray(i, np.int64), axis=-1), -1, 0)
 
-    lo_v = gather(lo_i)
-    w = np.moveaxis(hw, -1, 0)
-    if method == "linear":
-        r = cnp.add(cnp.multiply(lo_v, cnp.asarray(np.float32(1) - w)),
-                    cnp.multiply(gather(hi_i), cnp.asarray(w)))
-    elif method == "midpoint":
-        r = cnp.multiply(cnp.add(lo_v, gather(hi_i)), 0.5)
-    else:
-        r = lo_v
+    r = _interpolate(method, gather, lo_i, hi_i, np.moveaxis(hw, -1, 0))
     empty = np.broadcast_to(cnt == 0, r.shape)
     if empty.any():
         r = cnp.where(empty, np.nan, r)

@@ -979,6 +979,15 @@ def _host_q(q, who):
     return qh.astype(np.float32)
 
 
+def _check_args(name, overwrite_input, out, method="linear"):
+    """jax's refusals for the order statistics' numpy-only arguments, and the method names."""
+    if overwrite_input or out is not None:
+        raise ValueError(f"jax.numpy.{name} does not support overwrite_input=True or out != None")
+    if method not in _METHODS:
+        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
+                         "'nearest' or 'inverted_cdf'")
+
+
 def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
              keepdims=False, *, weights=None):
     """``jnp.quantile``: the ``q``-th quantiles (``q`` a scalar or 1-d, in ``[0, 1]``) of
@@ -1000,11 +1009,7 @@ def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
     [2.5, 1.75]
     """
     who = "quantile"
-    if overwrite_input or out is not None:
-        raise ValueError("jax.numpy.quantile does not support overwrite_input=True or out != None")
-    if method not in _METHODS:
-        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
-                         "'nearest' or 'inverted_cdf'")
+    _check_args("quantile", overwrite_input, out, method)
     if weights is not None:
         raise NotImplementedError(f"{who}: weights= is not supported")
     return _quantile(a, _host_q(q, who), axis, method, keepdims, who)
@@ -1125,12 +1130,7 @@ def nanquantile(a, q, axis=None, out=None, overwrite_input=False, method="linear
     >>> np.asarray(cnp.nanquantile(x, 0.5, axis=1)).tolist()
     [2.0, nan]
     """
-    if overwrite_input or out is not None:
-        raise ValueError("jax.numpy.nanquantile does not support overwrite_input=True or "
-                         "out != None")
-    if method not in _METHODS:
-        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
-                         "'nearest' or 'inverted_cdf'")
+    _check_args("nanquantile", overwrite_input, out, method)
     return _quantile(a, _host_q(q, "nanquantile"), axis, method, keepdims, "nanquantile",
                      nan=True)
 
@@ -1138,21 +1138,14 @@ def nanquantile(a, q, axis=None, out=None, overwrite_input=False, method="linear
 def nanpercentile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
                   keepdims=False):
     """``jnp.nanpercentile``: :func:`nanquantile` of ``q / 100``."""
-    if overwrite_input or out is not None:
-        raise ValueError("jax.numpy.nanpercentile does not support overwrite_input=True or "
-                         "out != None")
-    if method not in _METHODS:
-        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
-                         "'nearest' or 'inverted_cdf'")
+    _check_args("nanpercentile", overwrite_input, out, method)
     qh = _host_q(q, "nanpercentile") / np.float32(100)
     return _quantile(a, qh, axis, method, keepdims, "nanpercentile", nan=True)
 
 
 def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
     """``jnp.nanmedian``: :func:`nanquantile` at 0.5 with method 'midpoint'."""
-    if overwrite_input or out is not None:
-        raise ValueError("jax.numpy.nanmedian does not support overwrite_input=True or "
-                         "out != None")
+    _check_args("nanmedian", overwrite_input, out)
     return _quantile(a, np.asarray(0.5, np.float32), axis, "midpoint", keepdims, "nanmedian",
                      nan=True)
 
@@ -1160,12 +1153,7 @@ def nanmedian(a, axis=None, out=None, overwrite_input=False, keepdims=False):
 def percentile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
                keepdims=False, *, weights=None):
     """``jnp.percentile``: :func:`quantile` of ``q / 100`` (``q`` in ``[0, 100]``)."""
-    if overwrite_input or out is not None:
-        raise ValueError("jax.numpy.percentile does not support overwrite_input=True or "
-                         "out != None")
-    if method not in _METHODS:
-        raise ValueError("method can only be 'linear', 'lower', 'higher', 'midpoint', "
-                         "'nearest' or 'inverted_cdf'")
+    _check_args("percentile", overwrite_input, out, method)
     if weights is not None:
         raise NotImplementedError("percentile: weights= is not supported")
     qh = _host_q(q, "percentile") / np.float32(100)
@@ -1175,8 +1163,7 @@ def percentile(a, q, axis=None, out=None, overwrite_input=False, method="linear"
 def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
     """``jnp.median``: :func:`quantile` at 0.5 with jax's method 'midpoint' (the mean of the
     two middle elements of an even count; the gradient splits between them)."""
-    if overwrite_input or out is not None:
-        raise ValueError("jax.numpy.median does not support overwrite_input=True or out != None")
+    _check_args("median", overwrite_input, out)
     return _quantile(a, np.asarray(0.5, np.float32), axis, "midpoint", keepdims, "median")
 
 

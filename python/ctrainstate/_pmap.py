@@ -254,68 +254,62 @@ _HOST_OPS = {
 }
 
 
-def _gather(g, payloads):
+def _with_options(fn):
+    """A collective whose payloads are ``(tree, options)``: ``fn(g, [the replicas' Arrays of
+    one leaf], options) -> [each replica's result]`` for every leaf (host leaves placed
+    first)."""
+    def run(g, payloads):
+        opts = payloads[0][1]
+        leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
+        td = tree_util.tree_structure(payloads[0][0])
+        per_leaf = []
+        for k in range(len(leaves[0])):
+            xs = [lv[k] if isinstance(lv[k], Array) else device_put(np.asarray(lv[k]))
+                  for lv in leaves]
+            per_leaf.append(fn(g, xs, opts))
+        return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
+    return run
+
+
+def _gather(g, xs, opts):
+    """all_gather: the replicas' values stacked (or concatenated) along ``axis``, on each."""
     from . import numpy as cnp
-    axis, tiled = payloads[0][1]
-    leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
-    td = tree_util.tree_structure(payloads[0][0])
-    per_leaf = []
-    for k in range(len(leaves[0])):
-        xs = [_on(lv[k] if isinstance(lv[k], Array) else device_put(np.asarray(lv[k])), g, 0)
-              for lv in leaves]
-        whole = cnp.concatenate(xs, axis=axis) if tiled else cnp.stack(xs, axis=axis)
-        per_leaf.append([_on(whole, g, j) for j in range(g.n)])
-    return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
+    axis, tiled = opts
+    xs = [_on(x, g, 0) for x in xs]
+    whole = cnp.concatenate(xs, axis=axis) if tiled else cnp.stack(xs, axis=axis)
+    return [_on(whole, g, j) for j in range(g.n)]
 
 
-def _scatter(g, payloads):
+def _scatter(g, xs, opts):
     """psum_scatter: the replicas' sum, split along ``dim``; replica ``j`` keeps part ``j``."""
     from . import numpy as cnp
-    dim, tiled = payloads[0][1]
-    leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
-    td = tree_util.tree_structure(payloads[0][0])
-    per_leaf = []
-    for k in range(len(leaves[0])):
-        xs = [lv[k] if isinstance(lv[k], Array) else device_put(np.asarray(lv[k])) for lv in leaves]
-        total = _on(xs[0], g, 0)
-        for x in xs[1:]:
-            total = cnp.add(total, _on(x, g, 0))
-        d = dim % total.ndim
-        if tiled:
-            b = total.shape[d] // g.n
-            parts = [cnp.take(total, np.arange(j * b, (j + 1) * b), axis=d) for j in range(g.n)]
-        else:
-            parts = [cnp.take(total, j, axis=d) for j in range(g.n)]
-        per_leaf.append([_on(parts[j], g, j) for j in range(g.n)])
-    return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
+    dim, tiled = opts
+    total = _on(xs[0], g, 0)
+    for x in xs[1:]:
+        total = cnp.add(total, _on(x, g, 0))
+    d = dim % total.ndim
+    if tiled:
+        b = total.shape[d] // g.n
+        parts = [cnp.take(total, np.arange(j * b, (j + 1) * b), axis=d) for j in range(g.n)]
+    else:
+        parts = [cnp.take(total, j, axis=d) for j in range(g.n)]
+    return [_on(parts[j], g, j) for j in range(g.n)]
 
 
-def _permute(g, payloads):
+def _permute(g, xs, perm):
+    """ppermute: replica ``d`` gets the value of ``s`` for ``(s, d)`` in ``perm``, else zeros
+    (as jax)."""
     from . import numpy as cnp
-    perm = payloads[0][1]
     src_of = {dst: src for src, dst in perm}
-    leaves = [tree_util.tree_leaves(p[0]) for p in payloads]
-    td = tree_util.tree_structure(payloads[0][0])
-    outs = []
-    for j in range(g.n):
-        row = []
-        for k in range(len(leaves[0])):
-            if j in src_of:
-                x = leaves[src_of[j]][k]
-                x = x if isinstance(x, Array) else device_put(np.asarray(x))
-                row.append(_on(x, g, j))
-            else:   # no source: zeros, as jax
-                ref = leaves[j][k]
-                ref = ref if isinstance(ref, Array) else device_put(np.asarray(ref))
-                row.append(_on(cnp.zeros_like(ref), g, j))
-        outs.append(tree_util.tree_unflatten(td, row))
-    return outs
+    return [_on(xs[src_of[j]], g, j) if j in src_of else _on(cnp.zeros_like(xs[j]), g, j)
+            for j in range(g.n)]
 
 
 _PMEAN = _combine("pmean")
 _COLLECTIVES = {"psum": _leafwise(_combine("psum"), 0), "pmean": _leafwise(_PMEAN, 0),
                 "pmax": _leafwise(_combine("pmax"), 1), "pmin": _leafwise(_combine("pmin")),
-                "all_gather": _gather, "ppermute": _permute, "psum_scatter": _scatter}
+                "all_gather": _with_options(_gather), "ppermute": _with_options(_permute),
+                "psum_scatter": _with_options(_scatter)}
 
 
 # --- the public collectives -----------------------------------------------------------------

@@ -170,11 +170,18 @@ def _on(x, g, j):
 
 def _copy_on(x: Array, g, j) -> Array:
     """A fresh copy of the one-block Array ``x`` (on replica ``j``'s device), on its mesh."""
+    return _block_copy(x._blocks[0][1], x.shape, x.dtype, x._blocks[0][0], g.meshes[j])
+
+
+def _block_copy(src, shape, dtype, dev, mesh) -> Array:
+    """A new one-block Array of ``shape`` on ``dev`` (replicated over the one-device
+    ``mesh``) holding a device copy of the buffer ``src`` (as many bytes): the replicas'
+    inputs and the collectives' copies, without the general layout machinery."""
     from . import _dtypes
-    dev, src = x._blocks[0][0], x._blocks[0][1]
-    new = _C.Buffer(dev.id, tuple(x.shape), _dtypes.code(x.dtype))
+    shape = tuple(shape)
+    new = _C.Buffer(dev.id, shape, _dtypes.code(dtype))
     _C.copy_bytes(new, src)
-    return Array._create(x.shape, x.dtype, _rep(g.meshes[j]), [(dev, new, (0,) * x.ndim, 0)])
+    return Array._create(shape, dtype, _rep(mesh), [(dev, new, (0,) * len(shape), 0)])
 
 
 def _on_own_device(xs, g) -> bool:
@@ -538,15 +545,11 @@ def _rep(mesh) -> NamedSharding:
 
 def _slice_for(x, axis, i, mesh, dev):
     """Slice ``i`` of ``x`` along ``axis``, as an Array on replica ``i``'s device."""
-    from . import _dtypes
     if isinstance(x, Array):
         buf = _block_for(x, axis, i, dev)
         if buf is not None:       # pmap's own layout: one device copy, no gather
             x._check_alive()
-            shape = tuple(x.shape[1:])
-            new = _C.Buffer(dev.id, shape, _dtypes.code(x.dtype))
-            _C.copy_bytes(new, buf)
-            return Array._create(shape, x.dtype, _rep(mesh), [(dev, new, (0,) * len(shape), 0)])
+            return _block_copy(buf, x.shape[1:], x.dtype, dev, mesh)
     return device_put(np.take(np.asarray(x), i, axis=axis), _rep(mesh))
 
 

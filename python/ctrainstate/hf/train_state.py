@@ -25,7 +25,6 @@ import numpy as np
 from .. import random
 from .._devices import local_device_count, local_devices
 from ..array import Array, device_put
-from ..sharding import Mesh, NamedSharding, PartitionSpec
 from ..train_state import TrainState as _FlaxTrainState
 from ..tree_util import tree_map
 
@@ -40,14 +39,10 @@ def _host(x):
 
 
 def replicate(tree, devices=None):
-    """One copy of each leaf per device, stacked on a new leading axis (flax.jax_utils)."""
-    devs = list(devices) if devices is not None else local_devices()
-    sharding = NamedSharding(Mesh(np.array(devs, dtype=object), ('batch',)), PartitionSpec('batch'))
-
-    def rep(x):
-        h = _host(x)
-        return device_put(np.broadcast_to(h, (len(devs),) + h.shape).copy(), sharding)
-    return tree_map(rep, tree)
+    """One copy of each leaf per device, stacked on a new leading axis (flax.jax_utils):
+    :func:`ctrainstate.device_put_replicated` over ``devices`` (default: the local ones)."""
+    from .._pmap import device_put_replicated
+    return device_put_replicated(tree, list(devices) if devices is not None else local_devices())
 
 
 def unreplicate(tree):

@@ -871,16 +871,22 @@ def _nan_count(a, skip, axis, keepdims):
     return cnp.sum(cnp.logical_not(skip), axis=axis, dtype=np.float32, keepdims=keepdims)
 
 
+def _nan_prep(a, who, where, dtype, out):
+    """The NaN-skipping means' shared start: ``out=`` refused (as jax), the operand and its
+    skip mask, its result dtype (inexact, or ``dtype``), and its float32 values."""
+    if out is not None:
+        raise ValueError(f"{who}: out= is not supported (as in jax)")
+    cnp = _cnp()
+    a, skip = _nan_operand(a, who, where)
+    a = _inexact(a) if dtype is None else cnp.astype(a, dtype)
+    return cnp.astype(a, np.float32), skip, a.dtype
+
+
 def nanmean(a, axis=None, dtype=None, out=None, keepdims=False, where=None):
     """``jnp.nanmean``: the mean of the non-NaN elements over ``axis`` (NaN where there are
     none; ints give float32). The gradient is 0 at the NaNs and ``1 / count`` elsewhere."""
-    if out is not None:
-        raise ValueError("nanmean: out= is not supported (as in jax)")
     cnp = _cnp()
-    a, skip = _nan_operand(a, "nanmean", where)
-    a = _inexact(a) if dtype is None else cnp.astype(a, dtype)
-    dt = a.dtype
-    f = cnp.astype(a, np.float32)
+    f, skip, dt = _nan_prep(a, "nanmean", where, dtype, out)
     s = cnp.sum(_filled(f, skip, 0.0), axis=axis, keepdims=keepdims)
     r = cnp.divide(s, _nan_count(f, skip, axis, keepdims))
     return r if r.dtype == dt else cnp.astype(r, dt)
@@ -890,13 +896,8 @@ def nanvar(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, where=Non
     """``jnp.nanvar``: the variance of the non-NaN elements over ``axis``, the sum of squared
     deviations over ``count - ddof`` (NaN where that is <= 0; ints give float32). The
     gradient is 0 at the NaNs."""
-    if out is not None:
-        raise ValueError("nanvar: out= is not supported (as in jax)")
     cnp = _cnp()
-    a, skip = _nan_operand(a, "nanvar", where)
-    a = _inexact(a) if dtype is None else cnp.astype(a, dtype)
-    dt = a.dtype
-    f = cnp.astype(a, np.float32)
+    f, skip, dt = _nan_prep(a, "nanvar", where, dtype, out)
     cnt = _nan_count(f, skip, axis, True)
     m = cnp.divide(cnp.sum(_filled(f, skip, 0.0), axis=axis, keepdims=True), cnt)
     centered = _filled(cnp.subtract(f, m), skip, 0.0)

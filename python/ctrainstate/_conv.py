@@ -1,6 +1,7 @@
 """Convolutions and window reductions: ``lax.conv_general_dilated``, ``lax.conv``,
-``lax.conv_transpose`` and ``lax.reduce_window`` (the ops under ``flax.linen.Conv``,
-``ConvTranspose`` and the pooling functions), composed from differentiable Array ops.
+``lax.conv_transpose``, ``lax.conv_general_dilated_patches`` / ``_local`` and
+``lax.reduce_window`` (the ops under ``flax.linen.Conv``, ``ConvLocal``, ``ConvTranspose``
+and the pooling functions), composed from differentiable Array ops.
 
 A convolution is computed as patches times kernel (im2col): the input is moved to
 ``(batch, spatial..., features)``, dilated (``lhs_dilation``: zeros between elements) and
@@ -13,7 +14,9 @@ gradients with respect to the input and the kernel are the transposed convolutio
 rules give, and the product runs on the BLAS (CPU) or cuBLAS (GPU) with the ``precision=``
 of the matrix products (see :mod:`ctrainstate._precision`). The patches hold each input
 element once per kernel position that reads it: about ``prod(kernel) / prod(strides)``
-times the input, the price of one large product instead of many small ones.
+times the input, the price of one large product instead of many small ones. A locally
+connected convolution stacks the same slices in jax's patch order (input feature first) and
+multiplies each output position's patches by its own kernel (a batched product).
 
 A batch dimension sharded over mesh axes (data parallelism) stays sharded; a kernel
 sharded on its output features (``nn.with_partitioning(..., (None, None, None, 'model'))``)
@@ -39,7 +42,8 @@ from . import _dtypes
 from . import numpy as cnp
 from .array import Array
 
-__all__ = ["conv_general_dilated", "conv", "conv_with_general_padding", "conv_transpose",
+__all__ = ["conv_general_dilated", "conv_general_dilated_local",
+           "conv_general_dilated_patches", "conv", "conv_with_general_padding", "conv_transpose",
            "conv_dimension_numbers", "ConvDimensionNumbers", "padtype_to_pads",
            "reduce_window"]
 
@@ -238,6 +242,61 @@ def _out_sizes(sizes, window, strides, wdil):
     return out
 
 
+def _check_operands(lhs, rhs, what):
+    lhs, rhs = cnp.asarray(lhs), cnp.asarray(rhs)
+    if lhs.dtype != rhs.dtype:
+        raise TypeError(f"{what} requires arguments to have the same dtypes, "
+                        f"got {lhs.dtype} and {rhs.dtype}")
+    if not _is_float(lhs.dtype):
+        raise TypeError(f"{what}: floating-point operands only, got {lhs.dtype}")
+    return lhs, rhs
+
+
+def _prepared(lhs, lperm, ksp, window_strides, padding, lhs_dilation, rhs_dilation,
+              preferred_element_type, what):
+    """The common start of the convolutions: ``(x, strides, rdil, out, out_dtype)`` with
+    ``x`` the input moved to ``(N, spatial..., C)``, dilated, padded (or cropped) and cast to
+    ``preferred_element_type``; ``out`` the output's spatial sizes."""
+    nsp = lhs.ndim - 2
+    strides = _ints(window_strides, nsp, "window_strides")
+    ldil = _ints(lhs_dilation, nsp, "lhs_dilation")
+    rdil = _ints(rhs_dilation, nsp, "rhs_dilation")
+    if isinstance(padding, str):
+        if any(d != 1 for d in ldil):
+            raise ValueError("String padding is not implemented for transposed convolution "
+                             "using this op (lhs_dilation > 1). Please either exactly specify "
+                             "the required padding or use conv_transpose.")
+        keff = [(k - 1) * d + 1 for k, d in zip(ksp, rdil)]
+        pads = padtype_to_pads([lhs.shape[i] for i in lperm[2:]], keff, strides, padding)
+    else:
+        pads = _explicit_pads(padding, nsp, what)
+    out_dtype = lhs.dtype
+    if preferred_element_type is not None:
+        pe = _dtypes.canonicalize(preferred_element_type)
+        if not _is_float(pe):
+            raise TypeError(f"{what}: preferred_element_type must be a float dtype, got "
+                            f"{preferred_element_type!r}")
+        if pe != lhs.dtype:
+            lhs, out_dtype = cnp.astype(lhs, pe), pe
+    x = _permuted(lhs, (lperm[0],) + tuple(lperm[2:]) + (lperm[1],))
+    sp_axes = tuple(range(1, nsp + 1))
+    for ax, d in zip(sp_axes, ldil):
+        x = _dilate(x, ax, d, 0.0)
+    x = _pad_crop(x, sp_axes, pads, 0.0)
+    out = _out_sizes([x.shape[a] for a in sp_axes], ksp, strides, rdil)
+    return x, strides, rdil, out, out_dtype
+
+
+def _to_out_layout(y, operm):
+    """``y`` as ``(N, spatial..., C)`` with each logical dimension moved where ``operm``
+    (the output spec) puts it."""
+    nsp = y.ndim - 2
+    logical = {operm[0]: 0, operm[1]: nsp + 1}
+    for i, p in enumerate(operm[2:]):
+        logical[p] = 1 + i
+    return _permuted(y, tuple(logical[p] for p in range(y.ndim)))
+
+
 def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
                          rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
                          batch_group_count=1, precision=None, preferred_element_type=None):
@@ -265,18 +324,8 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
     if int(batch_group_count) != 1:
         raise NotImplementedError("conv_general_dilated: batch_group_count != 1 is not "
                                   "supported")
-    lhs, rhs = cnp.asarray(lhs), cnp.asarray(rhs)
-    if lhs.dtype != rhs.dtype:
-        raise TypeError(f"conv_general_dilated requires arguments to have the same dtypes, "
-                        f"got {lhs.dtype} and {rhs.dtype}")
-    if not _is_float(lhs.dtype):
-        raise TypeError(f"conv_general_dilated: floating-point operands only, got "
-                        f"{lhs.dtype}")
+    lhs, rhs = _check_operands(lhs, rhs, "conv_general_dilated")
     dn = conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
-    nsp = lhs.ndim - 2
-    strides = _ints(window_strides, nsp, "window_strides")
-    ldil = _ints(lhs_dilation, nsp, "lhs_dilation")
-    rdil = _ints(rhs_dilation, nsp, "rhs_dilation")
     try:
         groups = operator.index(feature_group_count)
     except TypeError:
@@ -295,31 +344,14 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
     if cout % groups:
         raise ValueError(f"conv: the kernel's {cout} output features are not a multiple of "
                          f"feature_group_count={groups}")
-    if isinstance(padding, str):
-        if any(d != 1 for d in ldil):
-            raise ValueError("String padding is not implemented for transposed convolution "
-                             "using this op (lhs_dilation > 1). Please either exactly specify "
-                             "the required padding or use conv_transpose.")
-        keff = [(k - 1) * d + 1 for k, d in zip(ksp, rdil)]
-        pads = padtype_to_pads([lhs.shape[i] for i in lperm[2:]], keff, strides, padding)
-    else:
-        pads = _explicit_pads(padding, nsp, "conv_general_dilated")
-    out_dtype = lhs.dtype
-    if preferred_element_type is not None:
-        pe = _dtypes.canonicalize(preferred_element_type)
-        if not _is_float(pe):
-            raise TypeError(f"conv_general_dilated: preferred_element_type must be a float "
-                            f"dtype, got {preferred_element_type!r}")
-        if pe != lhs.dtype:
-            lhs, rhs, out_dtype = cnp.astype(lhs, pe), cnp.astype(rhs, pe), pe
-    # lhs as (N, spatial..., C), rhs as (spatial..., I, O)
-    x = _permuted(lhs, (lperm[0],) + tuple(lperm[2:]) + (lperm[1],))
+    x, strides, rdil, out, out_dtype = _prepared(
+        lhs, lperm, ksp, window_strides, padding, lhs_dilation, rhs_dilation,
+        preferred_element_type, "conv_general_dilated")
+    if out_dtype != rhs.dtype:
+        rhs = cnp.astype(rhs, out_dtype)
+    # rhs as (spatial..., I, O)
     w = _permuted(rhs, tuple(rperm[2:]) + (rperm[1], rperm[0]))
-    sp_axes = tuple(range(1, nsp + 1))
-    for ax, d in zip(sp_axes, ldil):
-        x = _dilate(x, ax, d, 0.0)
-    x = _pad_crop(x, sp_axes, pads, 0.0)
-    out = _out_sizes([x.shape[a] for a in sp_axes], ksp, strides, rdil)
+    sp_axes = tuple(range(1, x.ndim - 1))
     n = x.shape[0]
     kpos = math.prod(ksp)
     if n == 0 or cout == 0 or any(m == 0 for m in out) or kpos * kin == 0:
@@ -339,11 +371,131 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
             wk = cnp.reshape(w, (kpos, kin, groups, og))
             y = cnp.einsum("nmkgc,kcgo->nmgo", patches, wk, precision=precision)
             y = cnp.reshape(y, (n,) + tuple(out) + (cout,))
-    # y is (N, spatial..., C); put each logical dim where out_spec says
-    logical = {operm[0]: 0, operm[1]: nsp + 1}
-    for i, p in enumerate(operm[2:]):
-        logical[p] = 1 + i
-    return _permuted(y, tuple(logical[p] for p in range(lhs.ndim)))
+    return _to_out_layout(y, operm)
+
+
+def _filter_specs(lhs, filter_shape, dimension_numbers, what):
+    """``(dn, ksp, order)`` for the patch functions: the dimension numbers of a kernel of
+    shape ``(1, 1) + filter_shape`` (jax's), the window size of each spatial dimension, and
+    the spatial dimensions in the order the kernel lays them out (the order the patches'
+    feature dimension flattens them in)."""
+    try:
+        fs = tuple(operator.index(k) for k in filter_shape)
+    except TypeError:
+        raise TypeError(f"{what}: filter_shape must be a sequence of ints, got "
+                        f"{filter_shape!r}") from None
+    if len(fs) != lhs.ndim - 2:
+        raise ValueError(f"{what}: filter_shape {fs} must have one entry per spatial "
+                         f"dimension of the {lhs.ndim}-d input ({lhs.ndim - 2})")
+    if any(k < 1 for k in fs):
+        raise ValueError(f"{what}: filter_shape entries must be >= 1, got {fs}")
+    dn = conv_dimension_numbers(lhs.shape, (1, 1) + fs, dimension_numbers)
+    rsp = list(dn[1][2:])
+    # the kernel's spatial dimensions hold filter_shape in the order they appear in it
+    rank = {p: r for r, p in enumerate(sorted(rsp))}
+    ksp = [fs[rank[p]] for p in rsp]
+    order = sorted(range(len(rsp)), key=lambda i: rsp[i])
+    return dn, ksp, order
+
+
+def _patches(lhs, filter_shape, window_strides, padding, lhs_dilation, rhs_dilation,
+             dimension_numbers, preferred_element_type, what):
+    """``(patches as (N, out spatial..., C * prod(filter_shape)), dn)``: the features in
+    jax's order, the input feature first, then the window offset, row-major over the
+    kernel's spatial dimensions in the order the kernel spec lists them."""
+    dn, ksp, order = _filter_specs(lhs, filter_shape, dimension_numbers, what)
+    lperm = dn[0]
+    x, strides, rdil, out, out_dtype = _prepared(
+        lhs, lperm, ksp, window_strides, padding, lhs_dilation, rhs_dilation,
+        preferred_element_type, what)
+    n, c = x.shape[0], x.shape[-1]
+    kpos = math.prod(ksp)
+    if n == 0 or c == 0 or any(m == 0 for m in out):
+        return cnp.zeros((n,) + tuple(out) + (c * kpos,), out_dtype), dn
+    nsp = len(ksp)
+    wins = _windows(x, tuple(range(1, nsp + 1)), ksp, strides, rdil, out)
+    if kpos == 1:
+        return wins[0], dn
+    from ._slicing import stack
+    p = stack(wins, axis=-1)                    # (N, out..., C, kpos): spatial-index order
+    base = 1 + nsp + 1                          # the first offset axis
+    p = cnp.reshape(p, (n,) + tuple(out) + (c,) + tuple(ksp))
+    perm = tuple(range(base)) + tuple(base + i for i in order)
+    p = _permuted(p, perm)
+    return cnp.reshape(p, (n,) + tuple(out) + (c * kpos,)), dn
+
+
+def conv_general_dilated_patches(lhs, filter_shape, window_strides, padding,
+                                 lhs_dilation=None, rhs_dilation=None, dimension_numbers=None,
+                                 precision=None, preferred_element_type=None):
+    """``jax.lax.conv_general_dilated_patches``: the patches a convolution with a kernel of
+    spatial shape ``filter_shape`` reads, as the output's feature dimension (size
+    ``C * prod(filter_shape)``, ordered as jax's: the input feature, then the offset in the
+    window, row-major over the kernel spec's spatial letters, e.g. ``'cHW'`` for
+    ``'OIHW'``). Arguments as :func:`conv_general_dilated`'s (``filter_shape`` in the order of
+    the kernel spec's spatial dimensions); the patches are slices of the (dilated, padded)
+    input, copied exactly. ``precision`` is accepted for jax's signature and checked.
+
+    >>> import numpy as np, ctrainstate.lax as lax
+    >>> x = np.arange(4, dtype=np.float32).reshape(1, 1, 4)       # N C W
+    >>> np.asarray(lax.conv_general_dilated_patches(x, (2,), (1,), 'VALID'))[0].tolist()
+    [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
+    """
+    from ._precision import resolve_precision
+    resolve_precision(precision, "conv_general_dilated_patches")
+    lhs = cnp.asarray(lhs)
+    if not _is_float(lhs.dtype):
+        raise TypeError(f"conv_general_dilated_patches: floating-point operands only, got "
+                        f"{lhs.dtype}")
+    p, dn = _patches(lhs, filter_shape, window_strides, padding, lhs_dilation, rhs_dilation,
+                     dimension_numbers, preferred_element_type, "conv_general_dilated_patches")
+    return _to_out_layout(p, dn[2])
+
+
+def conv_general_dilated_local(lhs, rhs, window_strides, padding, filter_shape,
+                               lhs_dilation=None, rhs_dilation=None, dimension_numbers=None,
+                               precision=None):
+    """``jax.lax.conv_general_dilated_local``: a locally connected (unshared) convolution,
+    a separate kernel at every output position (``flax.linen.ConvLocal``).
+
+    ``rhs``'s spatial dimensions are the output's positions and its ``I`` dimension is the
+    patch of :func:`conv_general_dilated_patches` (``C * prod(filter_shape)``, input feature
+    first); with ``('NHWC', 'HWIO', 'NHWC')`` it is ``(out H, out W, C * kH * kW, O)``. Other
+    arguments as :func:`conv_general_dilated`'s; ``precision`` applies to the product of the
+    patches and the kernel. Differentiable in both operands.
+
+    >>> import numpy as np, ctrainstate.lax as lax
+    >>> x = np.arange(4, dtype=np.float32).reshape(1, 1, 4)       # N C W
+    >>> w = np.array([[[1.0, 1.0, 1.0], [0.0, 1.0, -1.0]]], np.float32)  # O I W
+    >>> np.asarray(lax.conv_general_dilated_local(x, w, (1,), 'VALID', (2,))).tolist()
+    [[[0.0, 3.0, -1.0]]]
+    """
+    what = "conv_general_dilated_local"
+    lhs, rhs = _check_operands(lhs, rhs, what)
+    if rhs.ndim != lhs.ndim:
+        raise TypeError(f"{what}: lhs and rhs must have the same rank, got shapes "
+                        f"{lhs.shape} and {rhs.shape}")
+    p, dn = _patches(lhs, filter_shape, window_strides, padding, lhs_dilation, rhs_dilation,
+                     dimension_numbers, None, what)
+    rperm, operm = dn[1], dn[2]
+    out = tuple(p.shape[1:-1])
+    psize = int(p.shape[-1])
+    w = _permuted(rhs, tuple(rperm[2:]) + (rperm[1], rperm[0]))   # (out..., I, O)
+    if tuple(w.shape[:-2]) != out or int(w.shape[-2]) != psize:
+        raise ValueError(
+            f"{what}: the kernel of shape {rhs.shape} does not fit: with dimension numbers "
+            f"{dn} it must hold one kernel per output position {out} (its spatial "
+            f"dimensions) and patches of {psize} = {int(lhs.shape[dn[0][1]])} input "
+            f"features * {math.prod(int(k) for k in filter_shape)} window positions (its I "
+            f"dimension); it has spatial {tuple(w.shape[:-2])} and I {int(w.shape[-2])}")
+    n, cout, m = int(p.shape[0]), int(w.shape[-1]), math.prod(out)
+    if n == 0 or cout == 0 or m == 0 or psize == 0:
+        y = cnp.zeros((n,) + out + (cout,), lhs.dtype)
+    else:
+        y = cnp.einsum("nmp,mpo->nmo", cnp.reshape(p, (n, m, psize)),
+                       cnp.reshape(w, (m, psize, cout)), precision=precision)
+        y = cnp.reshape(y, (n,) + out + (cout,))
+    return _to_out_layout(y, operm)
 
 
 def conv(lhs, rhs, window_strides, padding, precision=None, preferred_element_type=None):

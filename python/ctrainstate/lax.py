@@ -426,6 +426,8 @@ from ._conv import (  # noqa: E402
     conv,
     conv_dimension_numbers,
     conv_general_dilated,
+    conv_general_dilated_local,
+    conv_general_dilated_patches,
     conv_transpose,
     conv_with_general_padding,
     padtype_to_pads,
@@ -433,6 +435,7 @@ from ._conv import (  # noqa: E402
 )
 
 __all__ += ["ConvDimensionNumbers", "conv", "conv_dimension_numbers", "conv_general_dilated",
+            "conv_general_dilated_local", "conv_general_dilated_patches",
             "conv_transpose", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
 
 # the collectives over a pmap axis (ctrainstate._pmap)

@@ -35,7 +35,7 @@ from .initializers import ones, ones_init, zeros, zeros_init
 from .scope import DenyList
 from .linear import Dense, DenseGeneral, Embed
 from .normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
-from .conv import Conv, ConvTranspose
+from .conv import Conv, ConvLocal, ConvTranspose
 from . import pooling
 from .pooling import avg_pool, max_pool, pool
 from .stochastic import Dropout, merge_param
@@ -62,7 +62,7 @@ __all__ = [
     'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'nowrap', 'zeros', 'ones',
     'zeros_init', 'ones_init', 'DenyList', 'Dense', 'DenseGeneral',
     'Embed', 'LayerNorm', 'RMSNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',
-    'ConvTranspose', 'pooling', 'pool', 'avg_pool', 'max_pool', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
+    'ConvLocal', 'ConvTranspose', 'pooling', 'pool', 'avg_pool', 'max_pool', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',
     'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',

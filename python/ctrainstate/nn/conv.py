@@ -1,5 +1,6 @@
-"""Convolution layers: Conv and ConvTranspose (mirror of ``flax.linen.Conv`` /
-``flax.linen.ConvTranspose``), over :func:`ctrainstate.lax.conv_general_dilated`.
+"""Convolution layers: Conv, ConvLocal and ConvTranspose (mirror of ``flax.linen.Conv``,
+``ConvLocal`` and ``ConvTranspose``), over :func:`ctrainstate.lax.conv_general_dilated` (and
+``conv_general_dilated_local``, ``conv_transpose``).
 
 Channels last, as Flax: inputs ``(*batch, spatial..., features)``; several batch dimensions
 are flattened for the convolution and restored, a missing one is added and removed. The
@@ -10,6 +11,7 @@ the same key gives Flax's parameters. A kernel declared with ``nn.with_partition
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,7 +23,7 @@ from .dtypes import promote_dtype
 from .linear import _check_dtype, _precision, default_kernel_init
 from .module import Module, compact
 
-__all__ = ["Conv", "ConvTranspose", "canonicalize_padding"]
+__all__ = ["Conv", "ConvLocal", "ConvTranspose", "canonicalize_padding"]
 
 
 def canonicalize_padding(padding, rank: int):
@@ -158,39 +160,122 @@ class Conv(Module):
 
     @compact
     def __call__(self, inputs):
-        precision, ks, x, batch_shape, strides = _start(self, inputs)
-        n = len(ks)
-        idil = _broadcast(self.input_dilation, n, self, "input_dilation")
-        kdil = _broadcast(self.kernel_dilation, n, self, "kernel_dilation")
-        padding = canonicalize_padding(self.padding, n)
-        if padding in ("CIRCULAR", "REFLECT"):
-            keff = [(k - 1) * d + 1 for k, d in zip(ks, kdil)]
-            pads = [(0, 0)] + [((k - 1) // 2, k // 2) for k in keff] + [(0, 0)]
-            x = cnp.pad(x, pads, mode={"CIRCULAR": "wrap", "REFLECT": "reflect"}[padding])
-            padding = "VALID"
-        elif padding == "CAUSAL":
-            if n != 1:
-                raise ValueError("Causal padding is only implemented for 1D convolutions.")
-            x = cnp.pad(x, [(0, 0), (kdil[0] * (ks[0] - 1), 0), (0, 0)])
-            padding = "VALID"
-        in_features = int(np.shape(x)[-1])
-        groups = int(self.feature_group_count)
+        return _conv_call(self, inputs, shared=True)
+
+
+def _local_out_spatial(module, x, ks, strides, padding, idil, kdil):
+    """The output's spatial sizes of the convolution ``module`` computes on ``x`` (Flax's
+    ``eval_shape`` of a shared convolution, as arithmetic)."""
+    from .._conv import _explicit_pads, _out_sizes
+    sizes = [int(d) for d in np.shape(x)[1:-1]]
+    if isinstance(padding, str):
+        if any(d != 1 for d in idil):
+            raise ValueError(f"{type(module).__name__}: string padding {padding!r} is not "
+                             f"implemented with input_dilation > 1; give explicit "
+                             f"(low, high) pairs")
+        keff = [(k - 1) * d + 1 for k, d in zip(ks, kdil)]
+        pads = lax.padtype_to_pads(sizes, keff, strides, padding)
+    else:
+        pads = _explicit_pads(padding, len(ks), type(module).__name__)
+    grown = [((n - 1) * d + 1 if n else 0) + lo + hi
+             for n, d, (lo, hi) in zip(sizes, idil, pads)]
+    return tuple(_out_sizes(grown, ks, strides, kdil))
+
+
+def _conv_call(module, inputs, shared):
+    """Conv (``shared``) and ConvLocal: Flax's ``_Conv.__call__``."""
+    name = type(module).__name__
+    precision, ks, x, batch_shape, strides = _start(module, inputs)
+    n = len(ks)
+    idil = _broadcast(module.input_dilation, n, module, "input_dilation")
+    kdil = _broadcast(module.kernel_dilation, n, module, "kernel_dilation")
+    padding = canonicalize_padding(module.padding, n)
+    if padding in ("CIRCULAR", "REFLECT"):
+        keff = [(k - 1) * d + 1 for k, d in zip(ks, kdil)]
+        pads = [(0, 0)] + [((k - 1) // 2, k // 2) for k in keff] + [(0, 0)]
+        x = cnp.pad(x, pads, mode={"CIRCULAR": "wrap", "REFLECT": "reflect"}[padding])
+        padding = "VALID"
+    elif padding == "CAUSAL":
+        if n != 1:
+            raise ValueError("Causal padding is only implemented for 1D convolutions.")
+        x = cnp.pad(x, [(0, 0), (kdil[0] * (ks[0] - 1), 0), (0, 0)])
+        padding = "VALID"
+    in_features = int(np.shape(x)[-1])
+    features = int(module.features)
+    groups = int(module.feature_group_count)
+    if shared:
         if groups < 1 or in_features % groups:
-            raise ValueError(f"Conv: the input's {in_features} features are not divisible by "
-                             f"feature_group_count={self.feature_group_count}")
-        if int(self.features) % groups:
-            raise ValueError(f"Conv: features={self.features} is not divisible by "
+            raise ValueError(f"{name}: the input's {in_features} features are not divisible "
+                             f"by feature_group_count={module.feature_group_count}")
+        if features % groups:
+            raise ValueError(f"{name}: features={module.features} is not divisible by "
                              f"feature_group_count={groups}")
-        kernel_shape = ks + (in_features // groups, int(self.features))
-        kernel = self.param("kernel", self.kernel_init, kernel_shape, self.param_dtype)
-        kernel = _masked_kernel(self, kernel, kernel_shape)
-        bias = (self.param("bias", self.bias_init, (int(self.features),), self.param_dtype)
-                if self.use_bias else None)
-        x, kernel, bias = promote_dtype(x, kernel, bias, dtype=self.dtype)
+        kernel_shape = ks + (in_features // groups, features)
+        bias_shape = (features,)
+    else:
+        if groups != 1:
+            raise NotImplementedError(
+                f"{name}: `lax.conv_general_dilated_local` does not support "
+                f"`feature_group_count != 1`, got `{module.feature_group_count}`.")
+        out = _local_out_spatial(module, x, ks, strides, padding, idil, kdil)
+        # one kernel (and bias) per output position
+        kernel_shape = out + (math.prod(ks) * in_features, features)
+        bias_shape = out + (features,)
+    kernel = module.param("kernel", module.kernel_init, kernel_shape, module.param_dtype)
+    kernel = _masked_kernel(module, kernel, kernel_shape)
+    bias = (module.param("bias", module.bias_init, bias_shape, module.param_dtype)
+            if module.use_bias else None)
+    x, kernel, bias = promote_dtype(x, kernel, bias, dtype=module.dtype)
+    if shared:
         y = lax.conv_general_dilated(x, kernel, strides, padding, lhs_dilation=idil,
                                      rhs_dilation=kdil, dimension_numbers=_dnums(x.ndim),
                                      feature_group_count=groups, precision=precision)
-        return _finish(y, bias, batch_shape)
+    else:
+        y = lax.conv_general_dilated_local(x, kernel, strides, padding, ks, lhs_dilation=idil,
+                                           rhs_dilation=kdil, dimension_numbers=_dnums(x.ndim),
+                                           precision=precision)
+    if bias is not None and not shared:
+        y = y + cnp.reshape(bias, (1,) + tuple(bias.shape))
+        bias = None
+    return _finish(y, bias, batch_shape)
+
+
+class ConvLocal(Module):
+    """A locally connected layer (``flax.linen.ConvLocal``): a convolution whose kernel is
+    not shared, one kernel per output position
+    (:func:`ctrainstate.lax.conv_general_dilated_local`).
+
+    Fields as :class:`Conv`'s (``feature_group_count`` must be 1, as in Flax). The kernel is
+    ``out_spatial + (prod(kernel_size) * in_features, features)``, its patch dimension
+    ordered input feature first, then the window offset (jax's patches), ``lecun_normal``;
+    the bias ``out_spatial + (features,)``: the same key gives Flax's parameters.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> layer = nn.ConvLocal(features=4, kernel_size=(3,), padding='VALID')
+    >>> y, v = layer.init_with_output(random.PRNGKey(0), np.ones((1, 8, 3), np.float32))
+    >>> y.shape, v['params']['kernel'].shape, v['params']['bias'].shape
+    ((1, 6, 4), (6, 9, 4), (6, 4))
+    """
+
+    features: int
+    kernel_size: Any
+    strides: Any = 1
+    padding: Any = "SAME"
+    input_dilation: Any = 1
+    kernel_dilation: Any = 1
+    feature_group_count: int = 1
+    use_bias: bool = True
+    mask: Any = None
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    precision: Any = None
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+
+    @compact
+    def __call__(self, inputs):
+        return _conv_call(self, inputs, shared=False)
 
 
 class ConvTranspose(Module):

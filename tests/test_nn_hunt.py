@@ -891,3 +891,79 @@ def test_dropout_of_integers_fails_in_flax_too():
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
     with pytest.raises(TypeError):
         fnn.Dropout(0.5, deterministic=False).apply({}, x, rngs={"dropout": jax.random.PRNGKey(0)})
+
+
+# --- equality and hashing (Flax's dataclass semantics) --------------------------------------
+
+def _equality_table(m, init_fn):
+    """The comparisons Flax users rely on, for the module library ``m`` (flax.linen or
+    ctrainstate.nn); ``init_fn(module, x)`` runs ``init`` so compact submodules are seen."""
+    out = {
+        "same_fields": m.Dense(3) == m.Dense(3),
+        "same_fields_hash": hash(m.Dense(3)) == hash(m.Dense(3)),
+        "other_field": m.Dense(3) == m.Dense(4),
+        "other_field_ne": m.Dense(3) != m.Dense(4),
+        "other_name": m.Dense(3) == m.Dense(3, name="x"),
+        "other_class": m.Dense(3) == m.DenseGeneral(3),
+        "not_a_module": m.Dense(3) == 3,
+        "clone": m.Dense(3, use_bias=False).clone() == m.Dense(3, use_bias=False),
+        "clone_update": m.Dense(3).clone(features=4) == m.Dense(4),
+        "nested": m.Sequential([m.Dense(3), m.relu]) == m.Sequential([m.Dense(3), m.relu]),
+        "dict_key": {m.Dense(3): "a"}.get(m.Dense(3)),
+    }
+    seen = {}
+
+    class Two(m.Module):
+        @m.compact
+        def __call__(self, x):
+            d1, d2 = m.Dense(3), m.Dense(3)
+            seen["siblings"] = d1 == d2          # named Dense_0 and Dense_1
+            seen["self"] = d1 == d1
+            return d1(x) + d2(x)
+    init_fn(Two(), np.ones((1, 2), np.float32))
+    out.update(seen)
+    try:
+        hash(m.Sequential([m.Dense(3)]))        # a list field
+        out["unhashable"] = "hashed"
+    except TypeError:
+        out["unhashable"] = "TypeError"
+    return out
+
+
+def test_modules_compare_by_fields_name_and_parent():
+    got = _equality_table(nn, lambda mod, x: mod.init(random.PRNGKey(0), x))
+    assert got == {"same_fields": True, "same_fields_hash": True, "other_field": False,
+                   "other_field_ne": True, "other_name": False, "other_class": False,
+                   "not_a_module": False, "clone": True, "clone_update": True, "nested": True,
+                   "dict_key": "a", "siblings": False, "self": True, "unhashable": "TypeError"}
+    with pytest.raises(TypeError, match=r"Failed to hash Sequential: .*layers \(list\)"):
+        hash(nn.Sequential([nn.Dense(3)]))
+    # a bound module's wrappers of one parent are distinct, and comparing them terminates
+    # (the parent counts by identity: its fields hold the children that point back to it)
+    class Wrap(nn.Module):
+        layers: tuple
+
+        @nn.compact
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+    seen = {}
+
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a, b = Wrap((nn.Dense(3),)), Wrap((nn.Dense(3),))
+            y = a(x) + b(x)
+            seen["wrappers"] = (a == b, a.layers[0] == b.layers[0], a == a)
+            return y
+    Outer().init(random.PRNGKey(0), np.ones((1, 2), np.float32))
+    assert seen["wrappers"] == (False, False, True)
+
+
+def test_module_equality_matches_flax():
+    jax = pytest.importorskip("jax")
+    fnn = pytest.importorskip("flax.linen")
+    want = _equality_table(fnn, lambda mod, x: mod.init(jax.random.PRNGKey(0), x))
+    got = _equality_table(nn, lambda mod, x: mod.init(random.PRNGKey(0), x))
+    assert got == want

@@ -724,6 +724,63 @@ class Module:
                            if f.name != "name")
         return f"{type(self).__name__}({fields})"
 
+    # --- equality and hashing: Flax's dataclass semantics ------------------------------------
+    def _eq_key(self) -> tuple:
+        """What two modules of one class are compared and hashed by, as Flax's dataclasses:
+        every field (``name`` included) and the parent module. The parent counts by identity
+        (Flax compares it as a field, which recurses without end between a parent and the
+        children among its fields); it is the same object for siblings anyway."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self)) + (
+            _Identity(self._parent),)
+
+    def __eq__(self, other):
+        """Flax's: modules of the same class with equal fields (hyperparameters and ``name``)
+        and the same parent are equal, so ``nn.Dense(3) == nn.Dense(3)`` and a module equals
+        its ``clone()``; two submodules of one parent differ by their names.
+
+        >>> from ctrainstate import nn
+        >>> nn.Dense(3) == nn.Dense(3), nn.Dense(3) == nn.Dense(4), nn.Dense(3).clone() == nn.Dense(3)
+        (True, False, True)
+        """
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._eq_key() == other._eq_key()
+
+    def __hash__(self):
+        """The hash of :meth:`__eq__`'s key (Flax's ``unsafe_hash``), so modules can be the
+        static arguments of ``jit`` or dictionary keys; a module holding an unhashable
+        attribute (a list, an array) raises ``TypeError`` saying which."""
+        key = self._eq_key()
+        try:
+            return hash(key)
+        except TypeError:
+            names = [f.name for f in dataclasses.fields(self)] + ["parent"]
+            bad = []
+            for n, v in zip(names, key):
+                try:
+                    hash(v)
+                except TypeError:
+                    bad.append(f"{n} ({type(v).__name__})")
+            raise TypeError(f"Failed to hash {type(self).__name__}: its attribute(s) "
+                            f"{', '.join(bad)} are unhashable; pass tuples instead of lists, "
+                            f"or leave the module out of static arguments") from None
+
+
+class _Identity:
+    """A value that compares and hashes by the identity of what it holds."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
 
 def _freeze_attr(val):
     """A bound module's attribute as Flax keeps it (``_freeze_attr``): lists become tuples and

@@ -46,6 +46,16 @@ def test_maximum_minimum_split_the_gradient_at_ties():
     g = cts.grad(lambda v: cnp.sum(cnp.clip(v, -1.0, 1.0)))(
         cts.device_put(np.array([1.0, -1.0, 0.5, 2.0], np.float32)))
     np.testing.assert_array_equal(np.asarray(g), [0.5, 0.5, 1.0, 0.0])
+    # where the output is NaN the gradient goes to neither operand (lax.max: a NaN output
+    # equals neither); infinities and signed zeros tie as equal values do
+    u = np.array([NAN, 2.0, NAN, INF, -0.0, -INF], np.float32)
+    v = np.array([1.0, NAN, NAN, INF, 0.0, 3.0], np.float32)
+    for f, first in ((cnp.maximum, [0.0, 0.0, 0.0, 0.5, 0.5, 0.0]),
+                     (cnp.minimum, [0.0, 0.0, 0.0, 0.5, 0.5, 1.0])):
+        gu, gv = cts.grad(lambda a, b: cnp.sum(f(a, b)), argnums=(0, 1))(u, v)
+        second = [0.0, 0.0, 0.0, 0.5, 0.5, 1.0 - first[5]]
+        np.testing.assert_array_equal(np.asarray(gu), first)
+        np.testing.assert_array_equal(np.asarray(gv), second)
 
 
 def test_maximum_gradient_with_a_broadcast_operand():
@@ -99,8 +109,8 @@ def test_against_jax():
     b[[5, 7]] = [NAN, -INF]
     for ours, theirs in ((cnp.maximum, jnp.maximum), (cnp.minimum, jnp.minimum)):
         np.testing.assert_array_equal(np.asarray(ours(a, b)), np.asarray(theirs(a, b)))
-    fin = np.isfinite(a) & np.isfinite(b)
-    a2, b2 = a[fin], b[fin]
+    # the gradients with the NaNs and infinities too (none where the output is NaN)
+    a2, b2 = a, b
     for ours, theirs in ((cnp.maximum, jnp.maximum), (cnp.minimum, jnp.minimum)):
         g = cts.grad(lambda u, v: cnp.sum(ours(u, v) * 2.0), argnums=(0, 1))(cts.device_put(a2),
                                                                            cts.device_put(b2))

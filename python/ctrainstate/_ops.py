@@ -519,22 +519,31 @@ def divide(a, b) -> Array:
 
 
 def _share(x: Array, y: Array) -> Array:
-    """1 where ``x > y``, 0.5 where they are equal, 0 where ``x < y``: jax's split of the
-    gradient of maximum/minimum at ties (raw, not recorded)."""
+    """1 where ``x > y``, 0.5 where they are equal, 0 where ``x < y`` or either is NaN: jax's
+    split of the gradient of maximum/minimum (``lax.max``'s ``_balanced_eq``: an operand
+    equal to the output gets 1, halved when the other equals it too; a NaN output equals
+    neither). Raw, not recorded: ``(x > y) - (y > x) + (neither is NaN)``, halved."""
     d = _binary_raw(B_SUB, _binary_raw(B_GT, x, y), _binary_raw(B_GT, y, x))
-    return _unary_raw(U_AFFINE, d, 0.5, 0.5)
+    place = _place_of(x)
+    inf = _lift(np.asarray(np.inf, x.dtype), place)
+    zero = _lift(np.asarray(0.0, x.dtype), place)
+    # min(x, y, 0) is NaN where either is, else at most 0 < inf
+    ok = _binary_raw(B_GT, inf, _binary_raw(B_MIN, _binary_raw(B_MIN, x, y), zero))
+    return _unary_raw(U_AFFINE, _binary_raw(B_ADD, d, ok), 0.5, 0.0)
 
 
 def maximum(a, b) -> Array:
     """Elementwise maximum, a NaN on either side giving NaN (``jnp.maximum``); the gradient
-    goes to the larger operand, split 0.5 / 0.5 at ties as in jax."""
+    goes to the larger operand, split 0.5 / 0.5 at ties, and nowhere where the output is NaN,
+    as in jax."""
     return _binary(B_MAX, a, b, lambda g, x, y, o: multiply(g, _share(x, y)),
                    lambda g, x, y, o: multiply(g, _share(y, x)))
 
 
 def minimum(a, b) -> Array:
     """Elementwise minimum, a NaN on either side giving NaN (``jnp.minimum``); the gradient
-    goes to the smaller operand, split 0.5 / 0.5 at ties as in jax."""
+    goes to the smaller operand, split 0.5 / 0.5 at ties, and nowhere where the output is NaN,
+    as in jax."""
     return _binary(B_MIN, a, b, lambda g, x, y, o: multiply(g, _share(y, x)),
                    lambda g, x, y, o: multiply(g, _share(x, y)))
 

@@ -377,6 +377,76 @@ def test_reductions_args_and_cumulative(mesh):
                                           np.asarray(getattr(jlax, name)(nan)))
 
 
+def _balanced_cumulative_jacobian(x, big, reverse):
+    """d cummax(x) / dx for a 1-d float64 x, written from jax's definition of the gradient:
+    jvp of ``lax.associative_scan(lax.max)`` (pairs combined, the half-size scan recursively,
+    then the even outputs, interleaved), each max contributing ``_balanced_eq`` (1 to the
+    operand equal to the output, halved when both are; 0 where the output is NaN). Values
+    carry their Jacobian rows through the tree."""
+    n = len(x)
+    vals = [(float(v), np.eye(n)[i]) for i, v in enumerate(x)]
+    if reverse:
+        vals = vals[::-1]
+
+    def comb(a, b):
+        z = max(a[0], b[0]) if big else min(a[0], b[0])
+        if np.isnan(a[0]) or np.isnan(b[0]):
+            return (np.nan, np.zeros(n))
+        wa = 1.0 if a[0] == z else 0.0
+        wb = 1.0 if b[0] == z else 0.0
+        if wa and wb:
+            wa = wb = 0.5
+        return (z, wa * a[1] + wb * b[1])
+
+    def scan(e):
+        if len(e) < 2:
+            return e
+        odd = scan([comb(e[i], e[i + 1]) for i in range(0, len(e) - 1, 2)])
+        evens = [comb(o, e[2 + 2 * j]) for j, o in enumerate(odd) if 2 + 2 * j < len(e)]
+        even = [e[0]] + evens
+        out = []
+        for i in range(len(e)):
+            out.append(even[i // 2] if i % 2 == 0 else odd[i // 2])
+        return out
+    rows = scan(vals)
+    if reverse:
+        rows = rows[::-1]
+    return np.array([r[1] for r in rows])
+
+
+def test_cummax_cummin_gradients_at_ties_follow_jax_scan_tree(mesh):
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 5, 8, 13):
+        x = rng.integers(0, 3, size=(4, n)).astype(np.float32)     # many ties
+        x[1, n // 2] = np.nan
+        x[2, 0] = -np.inf
+        w = rng.standard_normal((4, n)).astype(np.float32)
+        for name, big in (("cummax", True), ("cummin", False)):
+            for rev in (False, True):
+                f = getattr(lax, name)
+                for operand in (x, _sharded(x, mesh) if n % 4 == 0 else x):
+                    g = cts.grad(lambda v: cnp.sum(f(v, 1, reverse=rev) * w))(operand)
+                    want = np.stack([w[i] @ _balanced_cumulative_jacobian(x[i], big, rev)
+                                     for i in range(4)])
+                    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6, atol=1e-6,
+                                               err_msg=f"{name} n={n} reverse={rev}")
+    if jax is None:
+        return
+    for n in (4, 7, 16):
+        x = rng.integers(0, 3, size=(3, n)).astype(np.float32)
+        x[0, 1] = np.nan
+        w = rng.standard_normal((3, n)).astype(np.float32)
+
+        def jgrads(v):
+            return [jax.grad(lambda u: jnp.sum(getattr(jlax, nm)(u, 1, reverse=r) * w))(v)
+                    for nm in ("cummax", "cummin") for r in (False, True)]
+        want = jax.jit(jgrads)(x)
+        got = [cts.grad(lambda u: cnp.sum(getattr(lax, nm)(u, 1, reverse=r) * w))(x)
+               for nm in ("cummax", "cummin") for r in (False, True)]
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
 def test_sort_and_top_k(mesh):
     k1 = np.array([2, 0, 2, 1, 0, 2], np.int32)
     k2 = np.array([5.0, 1.0, -1.0, 3.0, 1.0, 5.0], np.float32)

@@ -658,7 +658,11 @@ def _scan(x, axis, name) -> Array:
     elif name == "cumprod":
         combine = o.multiply if floats else (lambda p, q: _ewise_raw(MUL, p, q))
         identity = 1
-    else:   # lax.cummax / lax.cummin: the identity is the dtype's lowest / highest value
+    elif floats:
+        # lax.cummax / lax.cummin: jax's parallel prefix scan, so that tied values split
+        # the gradient as jax's (which differentiates through that scan) does
+        return _assoc_scan(x, ax, o.maximum if name == "cummax" else o.minimum)
+    else:   # integer cummax / cummin: the identity is the dtype's lowest / highest value
         big = name == "cummax"
         combine = (o.maximum if big else o.minimum) if floats else (
             lambda p, q: _ewise_raw(MAX if big else MIN, p, q))
@@ -672,6 +676,37 @@ def _scan(x, axis, name) -> Array:
         x = combine(x, shifted)
         k *= 2
     return x
+
+
+def _assoc_scan(x: Array, ax: int, combine) -> Array:
+    """The inclusive scan of ``combine`` along ``ax`` in the grouping of jax's
+    ``lax.associative_scan``: combine adjacent pairs, scan those recursively (the odd
+    outputs), combine each with the next even element (the even outputs), interleave. The
+    same binary tree means the same gradient where ``combine``'s depends on the grouping
+    (``maximum`` at ties)."""
+    from ._slicing import concatenate, stack
+    o = _o()
+
+    def sl(v, start, stop, step=1):
+        idx = [slice(None)] * v.ndim
+        idx[ax] = slice(start, stop, step)
+        return v[tuple(idx)]
+
+    n = x.shape[ax]
+    if n < 2:
+        return x
+    odd = _assoc_scan(combine(sl(x, 0, n - 1, 2), sl(x, 1, None, 2)), ax, combine)
+    if n % 2 == 0:
+        even = combine(sl(odd, 0, odd.shape[ax] - 1), sl(x, 2, None, 2))
+    else:
+        even = combine(odd, sl(x, 2, None, 2))
+    even = concatenate([sl(x, 0, 1), even], axis=ax)
+    # interleave: even[0], odd[0], even[1], ... (even holds one more when n is odd)
+    m = odd.shape[ax]
+    pairs = stack([sl(even, 0, m), odd], axis=ax + 1)
+    shape = tuple(x.shape[:ax]) + (2 * m,) + tuple(x.shape[ax + 1:])
+    out = o.reshape(pairs, shape)
+    return concatenate([out, sl(even, m, m + 1)], axis=ax) if n % 2 else out
 
 
 def _fill_like_block(x: Array, shape, value):

@@ -975,8 +975,9 @@ def cumprod(operand, axis=0, reverse=False):
 
 def cummax(operand, axis=0, reverse=False):
     """``jax.lax.cummax``: the running maximum along ``axis`` (a NaN propagates onward), from
-    the end with ``reverse``. Differentiable (a Hillis-Steele scan of ``maximum``: ties split
-    the gradient, in a grouping that may differ from jax's)."""
+    the end with ``reverse``. Differentiable: computed as jax differentiates it, a parallel
+    prefix scan of ``maximum`` in ``lax.associative_scan``'s grouping, so tied values split
+    the gradient as in jax (halves at each tie in that tree; none where the output is NaN)."""
     return _cumulative("cummax", operand, axis, reverse)
 
 

@@ -10,7 +10,6 @@ The block: Conv(C, 3x3) -> relu -> Conv(C, 3x3) -> relu -> max_pool 2x2 -> mean,
 """
 import argparse
 import os
-import time
 
 os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", "1")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
@@ -18,6 +17,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 
+from _timing import best  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 import ctrainstate.numpy as cnp  # noqa: E402
 from ctrainstate import nn, random  # noqa: E402
@@ -31,16 +31,6 @@ def block(m, mean, channels):
             x = m.relu(m.Conv(channels, (3, 3))(x))
             return mean(m.max_pool(x, (2, 2), strides=(2, 2)))
     return Block()
-
-
-def best(f, reps):
-    f()
-    t = float("inf")
-    for _ in range(reps):
-        s = time.perf_counter()
-        f()
-        t = min(t, time.perf_counter() - s)
-    return t
 
 
 def main():

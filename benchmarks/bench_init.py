@@ -29,18 +29,14 @@ import time
 
 import numpy as np
 
+import _timing
 import ctrainstate as cts
 from ctrainstate import _C, _dtypes
 from ctrainstate import random as R
 
 
 def best(f, reps):
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        t.append(time.perf_counter() - t0)
-    return min(t)
+    return _timing.best(f, reps, warmup=False)
 
 
 def gpu_best(f, sync, reps, inner=10):

@@ -12,7 +12,6 @@ Prints ms per step and each time's ratio to ctrainstate's sharded step (>1: slow
 import argparse
 import os
 import sys
-import time
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--devices", type=int, default=8)
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import numpy as np  # noqa: E402
 
+from _timing import best  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 from ctrainstate import hf, nn, optim, random  # noqa: E402
 
@@ -42,14 +42,8 @@ def model_of(m, width):
     return MLP()
 
 
-def best(step, reps):
-    step()
-    t = float("inf")
-    for _ in range(reps):
-        s = time.perf_counter()
-        step()
-        t = min(t, time.perf_counter() - s)
-    return t * 1e3
+def best_ms(step, reps):
+    return best(step, reps) * 1e3
 
 
 def main():
@@ -80,7 +74,7 @@ def main():
     def run_pmap():
         state[0], loss = p_step(state[0], sb)
         cts.block_until_ready(loss)
-    rows.append(("ctrainstate.pmap", best(run_pmap, args.reps)))
+    rows.append(("ctrainstate.pmap", best_ms(run_pmap, args.reps)))
     # ctrainstate sharded eager step over a ('batch',) mesh
     mesh = cts.Mesh(np.array(devs, dtype=object), ("batch",))
     rep = cts.NamedSharding(mesh, cts.P())
@@ -96,7 +90,7 @@ def main():
         loss, grad = cts.value_and_grad(loss_fn)(st[0].params)
         st[0] = st[0].apply_gradients(grads=grad)
         cts.block_until_ready(loss)
-    rows.append(("ctrainstate sharded step", best(run_sharded, args.reps)))
+    rows.append(("ctrainstate sharded step", best_ms(run_sharded, args.reps)))
     try:
         import jax
         import flax.linen as fnn
@@ -126,7 +120,7 @@ def main():
         def run_jax():
             js[0], loss = jp(js[0], jb)
             loss.block_until_ready()
-        rows.append(("jax.pmap (jit)", best(run_jax, args.reps)))
+        rows.append(("jax.pmap (jit)", best_ms(run_jax, args.reps)))
     ref = rows[1][1]
     print(f"step: MLP 64 -> {args.width} -> {args.width} -> 16, AdamW, {n} devices x "
           f"{args.per_device} examples")

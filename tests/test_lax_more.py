@@ -447,6 +447,79 @@ def test_cummax_cummin_gradients_at_ties_follow_jax_scan_tree(mesh):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
+def _affine(p, q):
+    """Composition of the affine maps v -> p0 * v + p1, then q (associative, not commutative)."""
+    return (p[0] * q[0], q[0] * p[1] + q[1])
+
+
+def test_associative_scan_values_pytrees_gradients_and_errors(mesh):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 11)).astype(np.float32)
+    y = rng.standard_normal((3, 11)).astype(np.float32)
+    for rev in (False, True):
+        got = lax.associative_scan(cnp.add, _sharded(x[:2, :8], mesh), reverse=rev, axis=1)
+        h = x[:2, :8][:, ::-1] if rev else x[:2, :8]
+        want = np.cumsum(h.astype(np.float64), axis=1)
+        np.testing.assert_allclose(np.asarray(got), want[:, ::-1] if rev else want, rtol=1e-5,
+                                   atol=1e-5)
+        # the composed affine maps, against the sequential composition in float64
+        a, b = lax.associative_scan(_affine, (x, y), reverse=rev, axis=-1)
+        pa, pb = np.ones(3), np.zeros(3)
+        cols = range(10, -1, -1) if rev else range(11)
+        for j in cols:
+            pa, pb = pa * x[:, j], x[:, j] * pb + y[:, j]
+            np.testing.assert_allclose(np.asarray(a)[:, j], pa, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(b)[:, j], pb, rtol=1e-4, atol=1e-5)
+    xi = rng.integers(-9, 9, (2, 7)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(lax.associative_scan(cnp.add, xi, axis=1)),
+                                  np.cumsum(xi, axis=1))
+    bm = rng.random((2, 9)) < 0.3
+    np.testing.assert_array_equal(np.asarray(lax.associative_scan(cnp.logical_or, bm, axis=1)),
+                                  np.logical_or.accumulate(bm, axis=1))
+    d = lax.associative_scan(lambda p, q: {"s": p["s"] + q["s"], "m": cnp.maximum(p["m"], q["m"])},
+                             {"s": x[0], "m": y[0]})
+    np.testing.assert_allclose(np.asarray(d["s"]), np.cumsum(x[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(d["m"]), np.maximum.accumulate(y[0]))
+    # gradient of a linear functional of the scan: d/dy_j sum_k w_k b_k, b_k = sum_{j<=k} y_j
+    # prod_{j<i<=k} x_i
+    w = rng.standard_normal(11).astype(np.float32)
+    g = cts.grad(lambda v: cnp.sum(lax.associative_scan(_affine, (x[0], v))[1] * w))(y[0])
+    want = [sum(w[k] * np.prod(x[0, j + 1:k + 1].astype(np.float64)) for k in range(j, 11))
+            for j in range(11)]
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="must have the same first dimension"):
+        lax.associative_scan(_affine, (x, y[:, :5]), axis=1)
+    with pytest.raises(TypeError, match="must return the structure of its operands"):
+        lax.associative_scan(lambda p, q: p[0] * q[0], (x, y), axis=1)
+    with pytest.raises(ValueError, match="out of bounds"):
+        lax.associative_scan(cnp.add, x, axis=2)
+    with pytest.raises(ValueError, match="holds no arrays"):
+        lax.associative_scan(cnp.add, ())
+
+
+def test_associative_scan_matches_jax_grouping_bit_for_bit():
+    if jax is None:
+        pytest.skip("jax not installed")
+    rng = np.random.default_rng(5)
+    for n in (2, 5, 8, 13):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        y = rng.standard_normal((3, n)).astype(np.float32)
+
+        def jside(u, v):
+            return [jlax.associative_scan(jnp.add, u, reverse=r, axis=1) for r in (False, True)] + \
+                [jax.grad(lambda a, b: jnp.sum(jlax.associative_scan(_affine, (a, b), axis=1)[1]
+                                               * v), argnums=(0, 1))(u, v)]
+        want = jax.jit(jside)(x, y)
+        for r, wv in zip((False, True), want[:2]):
+            # float32 sums in jax's grouping: the same rounding, bit for bit
+            np.testing.assert_array_equal(
+                np.asarray(lax.associative_scan(cnp.add, x, reverse=r, axis=1)), np.asarray(wv))
+        g = cts.grad(lambda a, b: cnp.sum(lax.associative_scan(_affine, (a, b), axis=1)[1] * y),
+                     argnums=(0, 1))(x, y)
+        for u, v in zip(g, want[2]):
+            np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-5)
+
+
 def test_sort_and_top_k(mesh):
     k1 = np.array([2, 0, 2, 1, 0, 2], np.int32)
     k2 = np.array([5.0, 1.0, -1.0, 3.0, 1.0, 5.0], np.float32)

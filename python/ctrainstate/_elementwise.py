@@ -680,33 +680,25 @@ def _scan(x, axis, name) -> Array:
 
 def _assoc_scan(x: Array, ax: int, combine) -> Array:
     """The inclusive scan of ``combine`` along ``ax`` in the grouping of jax's
-    ``lax.associative_scan``: combine adjacent pairs, scan those recursively (the odd
-    outputs), combine each with the next even element (the even outputs), interleave. The
-    same binary tree means the same gradient where ``combine``'s depends on the grouping
+    ``lax.associative_scan`` (:func:`ctrainstate._lax_control._prefix_scan`). The halves are
+    interleaved by stacking, so the values are exactly ``combine``'s (a ``-0.0`` stays): the
+    same binary tree gives the same gradient where ``combine``'s depends on the grouping
     (``maximum`` at ties)."""
+    from ._lax_control import _axis_slice, _prefix_scan
     from ._slicing import concatenate, stack
     o = _o()
 
-    def sl(v, start, stop, step=1):
-        idx = [slice(None)] * v.ndim
-        idx[ax] = slice(start, stop, step)
-        return v[tuple(idx)]
+    def interleave(even, odd):
+        m = odd.shape[ax]
+        pairs = stack([_axis_slice(even, ax, 0, m), odd], axis=ax + 1)
+        shape = tuple(even.shape[:ax]) + (2 * m,) + tuple(even.shape[ax + 1:])
+        out = o.reshape(pairs, shape)
+        if even.shape[ax] > m:
+            out = concatenate([out, _axis_slice(even, ax, m, m + 1)], axis=ax)
+        return out
 
-    n = x.shape[ax]
-    if n < 2:
-        return x
-    odd = _assoc_scan(combine(sl(x, 0, n - 1, 2), sl(x, 1, None, 2)), ax, combine)
-    if n % 2 == 0:
-        even = combine(sl(odd, 0, odd.shape[ax] - 1), sl(x, 2, None, 2))
-    else:
-        even = combine(odd, sl(x, 2, None, 2))
-    even = concatenate([sl(x, 0, 1), even], axis=ax)
-    # interleave: even[0], odd[0], even[1], ... (even holds one more when n is odd)
-    m = odd.shape[ax]
-    pairs = stack([sl(even, 0, m), odd], axis=ax + 1)
-    shape = tuple(x.shape[:ax]) + (2 * m,) + tuple(x.shape[ax + 1:])
-    out = o.reshape(pairs, shape)
-    return concatenate([out, sl(even, m, m + 1)], axis=ax) if n % 2 else out
+    (y,) = _prefix_scan([x], ax, lambda a, b: [combine(a[0], b[0])], interleave)
+    return y
 
 
 def _fill_like_block(x: Array, shape, value):

@@ -53,7 +53,8 @@ from ._precision import Precision  # noqa: E402,F401
 
 # control flow, run eagerly (see ctrainstate._lax_control), and the strict primitives
 # (no implicit promotion or rank broadcasting; see ctrainstate._lax_ops)
-from ._lax_control import cond, fori_loop, map, scan, switch, while_loop  # noqa: E402,F401
+from ._lax_control import (associative_scan, cond, fori_loop, map, scan, switch,  # noqa: E402,F401
+                           while_loop)
 from ._lax_ops import (  # noqa: E402,F401
     abs, add, argmax, argmin, broadcast, broadcast_in_dim, broadcasted_iota, clamp,
     concatenate, convert_element_type, cos, cummax, cummin, cumprod, cumsum, div, dot_general,
@@ -66,7 +67,7 @@ __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_sl
            "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
            "dynamic_update_slice_in_dim", "dynamic_update_index_in_dim",
            "ceil", "erf", "erfc", "expm1", "floor", "log1p", "sign",
-           "cond", "fori_loop", "map", "scan", "switch", "while_loop",
+           "associative_scan", "cond", "fori_loop", "map", "scan", "switch", "while_loop",
            "abs", "add", "argmax", "argmin", "broadcast", "broadcast_in_dim",
            "broadcasted_iota", "clamp", "concatenate", "convert_element_type", "cos", "cummax",
            "cummin", "cumprod", "cumsum", "div", "dot_general", "exp", "expand_dims", "full",

@@ -774,3 +774,172 @@ def test_shape_ops_and_select_gradients_match_jax():
     for dt in (np.int32, np.uint32, np.bool_):
         np.testing.assert_array_equal(np.asarray(lax.convert_element_type(c, dt)),
                                       np.asarray(jlax.convert_element_type(c, dt)))
+
+
+# --- comparisons, bit operations, the remaining float functions, dot / split ----------------
+
+_U = np.array([0, 1, 7, 0x80000000, 0xFFFFFFFF, 0x12345678, 2, 0xF0F0F0F0], np.uint32)
+_I = _U.view(np.int32)
+_SH = np.array([0, 1, 31, 32, 33, 4, 40, 3], np.int32)
+
+
+def _bits_ref(fn, u):
+    return np.array([fn(int(v)) for v in u.astype(np.int64) & 0xFFFFFFFF], np.int64)
+
+
+def test_comparisons_bitwise_shifts_and_counts_match_numpy(mesh):
+    for a, b in ((XF, np.round(XF)), (XI % 3, XI % 2), (XI.view(np.uint32) % 3, np.uint32(1)),
+                 (XF > 0, XF > 0.5)):
+        b = np.broadcast_to(b, a.shape).astype(a.dtype) if np.ndim(b) else b
+        for name, ref in (("eq", np.equal), ("ne", np.not_equal), ("lt", np.less),
+                          ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal)):
+            got = getattr(lax, name)(_sharded(a, mesh), b)
+            assert got.dtype == np.bool_
+            np.testing.assert_array_equal(np.asarray(got), ref(a, b), err_msg=name)
+    for x, y in ((_I, _I[::-1].copy()), (_U, _U[::-1].copy()), (_U > 5, _U > 100)):
+        np.testing.assert_array_equal(np.asarray(lax.bitwise_and(x, y)), x & y)
+        np.testing.assert_array_equal(np.asarray(lax.bitwise_or(x, y)), x | y)
+        np.testing.assert_array_equal(np.asarray(lax.bitwise_xor(x, y)), x ^ y)
+        np.testing.assert_array_equal(np.asarray(lax.bitwise_not(x)), ~x)
+    # shifts by the width or more: 0, or the sign fill (C leaves them undefined)
+    s64 = _SH.astype(np.int64)
+    u64 = _U.astype(np.int64)
+    left = np.where(s64 >= 32, 0, (u64 << np.minimum(s64, 31)) & 0xFFFFFFFF)
+    logical = np.where(s64 >= 32, 0, u64 >> np.minimum(s64, 31))
+    arith = _I.astype(np.int64) >> np.minimum(s64, 31)
+    for dt in (np.int32, np.uint32):
+        x, s = _U.view(dt), _SH.astype(dt)
+        np.testing.assert_array_equal(np.asarray(lax.shift_left(x, s)), left.astype(np.uint32).view(dt))
+        np.testing.assert_array_equal(np.asarray(lax.shift_right_logical(x, s)),
+                                      logical.astype(np.uint32).view(dt))
+        np.testing.assert_array_equal(np.asarray(lax.shift_right_arithmetic(x, s)),
+                                      (arith & 0xFFFFFFFF).astype(np.uint32).view(dt))
+        np.testing.assert_array_equal(np.asarray(lax.population_count(x)),
+                                      _bits_ref(lambda v: bin(v).count("1"), _U).astype(dt))
+        np.testing.assert_array_equal(np.asarray(lax.clz(x)),
+                                      _bits_ref(lambda v: 32 - v.bit_length(), _U).astype(dt))
+    m = (XI % 5).astype(np.int32)
+    for name, ufunc in (("reduce_and", np.bitwise_and), ("reduce_or", np.bitwise_or),
+                        ("reduce_xor", np.bitwise_xor)):
+        for axes in ((0,), (1,), (0, 1)):
+            got = getattr(lax, name)(_sharded(m, mesh), axes)
+            np.testing.assert_array_equal(np.asarray(got), ufunc.reduce(m, axis=axes))
+            got = getattr(lax, name)(XF > 0, axes)
+            np.testing.assert_array_equal(np.asarray(got), ufunc.reduce(XF > 0, axis=axes))
+        np.testing.assert_array_equal(np.asarray(getattr(lax, name)(m[:0], (0,))),
+                                      ufunc.reduce(m[:0], axis=0))        # the identity
+        np.testing.assert_array_equal(np.asarray(getattr(lax, name)(m[:0].view(np.uint32), (0,))),
+                                      ufunc.reduce(m[:0].view(np.uint32), axis=0))
+
+
+def test_float_functions_round_dot_split_match_numpy_and_their_gradients(mesh):
+    x = np.linspace(-0.95, 0.95, 32, dtype=np.float32).reshape(4, 8)
+    pos = (np.abs(XF) + 1.1).astype(np.float32)
+    for name, ref, arg in (("tan", np.tan, x), ("asin", np.arcsin, x), ("acos", np.arccos, x),
+                           ("atan", np.arctan, XF), ("sinh", np.sinh, XF), ("cosh", np.cosh, XF),
+                           ("asinh", np.arcsinh, XF), ("acosh", np.arccosh, pos),
+                           ("atanh", np.arctanh, x), ("exp2", np.exp2, XF), ("cbrt", np.cbrt, XF)):
+        got = getattr(lax, name)(_sharded(arg, mesh))
+        np.testing.assert_allclose(np.asarray(got), ref(arg.astype(np.float64)), rtol=2e-6,
+                                   atol=1e-6, err_msg=name)
+    d = cts.grad(lambda v: cnp.sum(lax.tan(v)))(x)
+    np.testing.assert_allclose(np.asarray(d), 1 / np.cos(x.astype(np.float64)) ** 2, rtol=1e-5)
+    ga, gb = cts.grad(lambda a, b: cnp.sum(lax.atan2(a, b)), argnums=(0, 1))(XF, YF)
+    r2 = XF.astype(np.float64) ** 2 + YF.astype(np.float64) ** 2
+    np.testing.assert_allclose(np.asarray(ga), YF / r2, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(gb), -XF / r2, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(lax.is_finite(np.float32([1, np.inf, -np.inf, np.nan]))),
+                                  [True, False, False, False])
+    np.testing.assert_array_equal(np.asarray(lax.reciprocal(np.float32([4, -0.5]))), [0.25, -2.0])
+    np.testing.assert_array_equal(
+        np.asarray(lax.nextafter(np.float32([0, 1]), np.float32([1, 0]))),
+        np.nextafter(np.float32([0, 1]), np.float32([1, 0])))
+    # round: ties away from zero by default (float64 floor(|x| + 0.5) is exact for float32 x)
+    v = np.array([0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, -0.4, 3.7, -0.0, np.inf, np.nan,
+                  8388607.5], np.float32)
+    away = (np.sign(v.astype(np.float64)) * np.floor(np.abs(v.astype(np.float64)) + 0.5))
+    got = np.asarray(lax.round(v))
+    np.testing.assert_array_equal(got, away.astype(np.float32))
+    assert np.signbit(got[6]) and np.signbit(got[8])          # -0.4 and -0.0 round to -0.0
+    np.testing.assert_array_equal(np.asarray(lax.round(v, lax.RoundingMethod.TO_NEAREST_EVEN)),
+                                  np.rint(v))
+    np.testing.assert_array_equal(np.asarray(cts.grad(lambda u: cnp.sum(lax.round(u)))(x)),
+                                  np.zeros_like(x))
+    a2, b2 = XF, YF.T.copy()
+    np.testing.assert_allclose(np.asarray(lax.dot(a2, b2)), a2 @ b2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lax.dot(a2[0], b2)), a2[0] @ b2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lax.dot(a2, b2[:, 0])), a2 @ b2[:, 0], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lax.dot(a2[0], a2[1])), a2[0] @ a2[1], rtol=1e-5)
+    bm1 = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    bm2 = RNG.standard_normal((3, 5, 2)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(lax.batch_matmul(bm1, bm2)), bm1 @ bm2, rtol=1e-5,
+                               atol=1e-5)
+    parts = lax.split(_sharded(XF, mesh), (3, 0, 5), axis=1)
+    for p_, w in zip(parts, np.split(XF, [3, 3], axis=1)):
+        np.testing.assert_array_equal(np.asarray(p_), w)
+    g = cts.grad(lambda u: cnp.sum(lax.split(u, (3, 5), 1)[1] * 2.0))(XF)
+    np.testing.assert_array_equal(np.asarray(g), np.concatenate(
+        [np.zeros((4, 3)), np.full((4, 5), 2.0)], axis=1))
+
+
+def test_more_lax_primitives_refuse_what_jax_refuses():
+    with pytest.raises(TypeError, match=r"lax.eq requires arguments to have the same dtypes, "
+                                         r"got float32, int32. \(Tip: jnp.equal"):
+        lax.eq(np.float32(1), np.int32(1))
+    with pytest.raises(TypeError, match="and does not accept dtype float32 at position 0"):
+        lax.bitwise_and(np.float32(1), np.float32(1))
+    with pytest.raises(TypeError, match="shift_left does not accept dtype bool"):
+        lax.shift_left(True, True)
+    with pytest.raises(TypeError, match="population_count does not accept dtype float32"):
+        lax.population_count(XF)
+    with pytest.raises(TypeError, match="logical reduction requires operand dtype bool or int"):
+        lax.reduce_and(XF, (0,))
+    with pytest.raises(TypeError, match="tan does not accept dtype int32"):
+        lax.tan(XI)
+    with pytest.raises(TypeError, match="is_finite does not accept dtype int32"):
+        lax.is_finite(XI)
+    with pytest.raises(TypeError, match="Integers cannot be raised to negative powers"):
+        lax.reciprocal(np.int32(4))
+    with pytest.raises(ValueError, match="3 is not a valid RoundingMethod"):
+        lax.round(XF, 3)
+    with pytest.raises(ValueError, match="dimension_numbers must be specified"):
+        lax.dot(np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32))
+    with pytest.raises(ValueError, match="must have same ndim, got 3, 2"):
+        lax.batch_matmul(np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32))
+    with pytest.raises(ValueError, match="must be at least 2D"):
+        lax.batch_matmul(np.ones(4, np.float32), np.ones(4, np.float32))
+    with pytest.raises(ValueError, match=r"Sum of sizes 5 must be equal to dimension 0"):
+        lax.split(np.arange(6, dtype=np.float32), (2, 3))
+    with pytest.raises(ValueError, match="must be nonnegative"):
+        lax.split(np.arange(6, dtype=np.float32), (-1, 7))
+
+
+def test_more_lax_primitives_match_live_jax():
+    if jax is None:
+        pytest.skip("jax not installed")
+    x = np.linspace(-0.9, 0.9, 12, dtype=np.float32)
+    cases = [("eq", (XF, np.round(XF))), ("lt", (XI % 3, XI % 2)), ("ge", (XF > 0, XF > 0.5)),
+             ("bitwise_and", (_I, _I[::-1].copy())), ("bitwise_xor", (_U, _U[::-1].copy())),
+             ("bitwise_not", (_I,)), ("shift_left", (_I, _SH)),
+             ("shift_right_logical", (_I, _SH)), ("shift_right_arithmetic", (_U, _SH.view(np.uint32))),
+             ("population_count", (_I,)), ("clz", (_U,)), ("tan", (x,)), ("asin", (x,)),
+             ("acos", (x,)), ("atan", (XF,)), ("sinh", (XF,)), ("cosh", (XF,)),
+             ("asinh", (XF,)), ("acosh", (np.abs(XF) + 1.1,)), ("atanh", (x,)), ("exp2", (XF,)),
+             ("cbrt", (XF,)), ("atan2", (XF, YF)), ("is_finite", (np.float32([1, np.inf, np.nan]),)),
+             ("reciprocal", (YF,)), ("round", (np.float32([0.5, -2.5, 1.49, -0.4]),)),
+             ("nextafter", (XF, YF))]
+    for name, args in cases:
+        got = np.asarray(getattr(lax, name)(*args))
+        want = np.asarray(getattr(jlax, name)(*args))
+        assert got.dtype == want.dtype, name
+        if got.dtype.kind == "f":
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    for name in ("reduce_and", "reduce_or", "reduce_xor"):
+        for v in ((XI % 5).astype(np.int32), XF > 0):
+            np.testing.assert_array_equal(np.asarray(getattr(lax, name)(v, (1,))),
+                                          np.asarray(getattr(jlax, name)(v, (1,))))
+    np.testing.assert_allclose(np.asarray(lax.dot(XF, YF.T.copy())),
+                               np.asarray(jlax.dot(XF, YF.T.copy())), rtol=1e-5, atol=1e-5)

@@ -50,6 +50,11 @@ def _abstract_dtype(operand):
         return operand.dtype
     return _dtypes.canonicalize(np.asarray(operand).dtype)
 from ._precision import Precision  # noqa: E402,F401
+from ._lax_more import (  # noqa: E402,F401
+    RoundingMethod, acos, acosh, asin, asinh, atan, atan2, atanh, batch_matmul, bitwise_and,
+    bitwise_not, bitwise_or, bitwise_xor, cbrt, clz, cosh, dot, eq, exp2, ge, gt, is_finite,
+    le, lt, ne, nextafter, population_count, reciprocal, reduce_and, reduce_or, reduce_xor,
+    round, shift_left, shift_right_arithmetic, shift_right_logical, sinh, split, tan)
 
 # control flow, run eagerly (see ctrainstate._lax_control), and the strict primitives
 # (no implicit promotion or rank broadcasting; see ctrainstate._lax_ops)
@@ -75,7 +80,14 @@ __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_sl
            "mul", "neg", "pad", "pow", "reduce_max", "reduce_min", "reduce_prod", "reduce_sum",
            "rem", "reshape", "rev", "rsqrt", "select", "select_n", "sin", "slice",
            "slice_in_dim", "sort", "sort_key_val", "sqrt", "square", "squeeze", "sub", "tanh",
-           "top_k", "transpose"]
+           "top_k", "transpose",
+           # ctrainstate._lax_more
+           "RoundingMethod", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
+           "bitwise_xor", "bitwise_not", "shift_left", "shift_right_logical",
+           "shift_right_arithmetic", "population_count", "clz", "reduce_and", "reduce_or",
+           "reduce_xor", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+           "atanh", "exp2", "cbrt", "is_finite", "atan2", "nextafter", "reciprocal", "round",
+           "dot", "batch_matmul", "split"]
 
 
 def _is_spec_leaf(x) -> bool:

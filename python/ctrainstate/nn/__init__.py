@@ -42,6 +42,8 @@ from .stochastic import Dropout, merge_param
 from .combinators import Sequential
 from .transforms import checkpoint, remat
 from .lifted import broadcast, scan, vmap
+from .recurrent import (Bidirectional, ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
+                        OptimizedLSTMCell, RNN, RNNCellBase, SimpleCell)
 from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
 from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
@@ -64,7 +66,9 @@ __all__ = [
     'Embed', 'LayerNorm', 'RMSNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',
     'ConvLocal', 'ConvTranspose', 'pooling', 'pool', 'avg_pool', 'max_pool', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',
-    'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'RNNCellBase', 'LSTMCell',
+    'OptimizedLSTMCell', 'GRUCell', 'SimpleCell', 'MGUCell', 'ConvLSTMCell', 'RNN',
+    'Bidirectional', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

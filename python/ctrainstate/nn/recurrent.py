@@ -532,8 +532,10 @@ def _lengths(seq_lengths, batch_dims: tuple, max_steps: int, who: str) -> np.nda
 def flip_sequences(inputs, seq_lengths, num_batch_dims: int, time_major: bool):
     """``inputs`` reversed along the time axis, each sequence within its own length (padding
     stays at the end), as Flax's ``flip_sequences``: with lengths ``[1, 2, 3]``, rows
-    ``[1,0,0], [2,3,0], [4,5,6]`` become ``[1,0,0], [3,2,0], [6,5,4]``. Differentiable in
-    ``inputs``; ``seq_lengths`` must be concrete (host values).
+    ``[1,0,0], [2,3,0], [4,5,6]`` become ``[1,0,0], [3,2,0], [6,5,4]``. As in Flax (its index
+    ``(T - 1 - t + length) % T``), the padding steps are reversed among themselves too, so
+    flipping twice is the identity. Differentiable in ``inputs``; ``seq_lengths`` must be
+    concrete (host values).
 
     >>> import numpy as np
     >>> from ctrainstate.nn.recurrent import flip_sequences

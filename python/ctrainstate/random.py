@@ -11,6 +11,13 @@ polynomials). Keys are raw ``uint32[2]`` arrays (JAX's legacy layout), so a
 :func:`categorical` and :func:`choice` built on it, :func:`randint` and :func:`permutation`,
 return JAX's values too.
 
+:func:`exponential`, :func:`laplace`, :func:`logistic`, :func:`cauchy`, :func:`rademacher`,
+:func:`lognormal`, :func:`maxwell`, :func:`double_sided_maxwell`, :func:`weibull_min`,
+:func:`pareto`, :func:`rayleigh`, :func:`wald`, :func:`triangular`, :func:`geometric`,
+:func:`multivariate_normal` and :func:`orthogonal` (``_random_dist.py``) apply JAX's formulas
+to these draws: bit-identical where the formula has only correctly rounded ops and log/log1p,
+within a few ulp where it uses exp, tan or pow (each docstring says which).
+
 Every element is a pure function of (key, global index). With
 ``out_sharding=NamedSharding(...)`` each device computes only its own block,
 directly in its buffer, and the result is a sharded :class:`ctrainstate.Array`
@@ -731,3 +738,17 @@ def _placed(x: np.ndarray, out_sharding):
         return x
     from .array import device_put
     return device_put(x, out_sharding)
+
+
+# --- more samplers (transforms of uniform / normal draws; see _random_dist.py) --------------
+
+from ._random_dist import (cauchy, double_sided_maxwell, exponential, geometric,  # noqa: E402
+                           laplace, logistic, lognormal, maxwell, multivariate_normal,
+                           orthogonal, pareto, rademacher, rayleigh, triangular, wald,
+                           weibull_min)
+
+__all__ += [
+    "exponential", "laplace", "logistic", "cauchy", "rademacher", "lognormal", "maxwell",
+    "double_sided_maxwell", "weibull_min", "pareto", "rayleigh", "wald", "triangular",
+    "geometric", "multivariate_normal", "orthogonal",
+]

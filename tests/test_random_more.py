@@ -334,3 +334,11 @@ def test_live_parity_matrix_samplers():
             y = np.asarray(jax.random.orthogonal(kk, n, (2,), m=m))
             assert x.shape == y.shape
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from ctrainstate import _random_dist
+    res = doctest.testmod(_random_dist, extraglobs={"PRNGKey": R.PRNGKey})
+    assert res.attempted >= 16 and res.failed == 0

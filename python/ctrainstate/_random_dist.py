@@ -193,7 +193,8 @@ def exponential(k, shape=(), dtype=None, *, out_sharding=None):
     """Standard exponential floats, as jax.random.exponential: ``-log1p(-uniform(k, shape))``.
     Bit-identical to JAX in float32 (XLA's log1p).
 
-    >>> x = exponential(PRNGKey(0), (10000,))
+    >>> from ctrainstate import random
+    >>> x = random.exponential(random.PRNGKey(0), (10000,))
     >>> bool(x.min() >= 0) and abs(float(x.mean()) - 1) < 0.05
     True
     """
@@ -210,7 +211,8 @@ def laplace(k, shape=(), dtype=None, *, out_sharding=None):
     """Standard Laplace floats, as jax.random.laplace: ``sign(u) * log1p(-|u|)`` with
     ``u = uniform(k, shape, minval=-1 + epsneg, maxval=1)``. Bit-identical to JAX in float32.
 
-    >>> abs(float(laplace(PRNGKey(0), (10000,)).mean())) < 0.05
+    >>> from ctrainstate import random
+    >>> abs(float(random.laplace(random.PRNGKey(0), (10000,)).mean())) < 0.05
     True
     """
     dt = _float_dtype(dtype, "laplace")
@@ -229,7 +231,8 @@ def logistic(k, shape=(), dtype=None, *, out_sharding=None):
     ``x = uniform(k, shape, minval=tiny, maxval=1)``. Bit-identical to JAX in
     float32.
 
-    >>> abs(float(logistic(PRNGKey(0), (10000,)).mean())) < 0.1
+    >>> from ctrainstate import random
+    >>> abs(float(random.logistic(random.PRNGKey(0), (10000,)).mean())) < 0.1
     True
     """
     dt = _float_dtype(dtype, "logistic")
@@ -247,7 +250,9 @@ def cauchy(k, shape=(), dtype=None, *, out_sharding=None):
     """Standard Cauchy floats, as jax.random.cauchy: ``tan(pi * (u - 0.5))`` with
     ``u = uniform(k, shape, minval=eps, maxval=1)``. Within a few ulp of JAX (``tan``).
 
-    >>> float(np.median(cauchy(PRNGKey(0), (10001,)))) ** 2 < 0.01
+    >>> import numpy as np
+    >>> from ctrainstate import random
+    >>> float(np.median(random.cauchy(random.PRNGKey(0), (10001,)))) ** 2 < 0.01
     True
     """
     dt = _float_dtype(dtype, "cauchy")
@@ -266,7 +271,8 @@ def rademacher(k, shape=(), dtype=None, *, out_sharding=None):
     """Random signs -1 / +1 (default int32), as jax.random.rademacher:
     ``2 * bernoulli(k, 0.5, shape) - 1``. Bit-identical to JAX.
 
-    >>> sorted(set(rademacher(PRNGKey(0), (100,)).tolist()))
+    >>> from ctrainstate import random
+    >>> sorted(set(random.rademacher(random.PRNGKey(0), (100,)).tolist()))
     [-1, 1]
     """
     if dtype is not None and (np.dtype(dtype) in _HALF or np.dtype(dtype).kind == "f"):
@@ -289,7 +295,8 @@ def weibull_min(k, scale, concentration, shape=(), dtype=None, *, out_sharding=N
     dtype that ``dtype`` and the parameters promote to (``out_sharding``, an extension: the
     parameters must broadcast to ``shape``).
 
-    >>> bool(weibull_min(PRNGKey(0), 1.0, 2.0, (100,)).min() >= 0)
+    >>> from ctrainstate import random
+    >>> bool(random.weibull_min(random.PRNGKey(0), 1.0, 2.0, (100,)).min() >= 0)
     True
     """
     dt = _float_dtype(dtype, "weibull_min")
@@ -325,7 +332,8 @@ def pareto(k, b, shape=None, dtype=None, *, out_sharding=None):
     """Pareto floats, as jax.random.pareto: ``exp(exponential(k, shape) / b)``.
     Within a few ulp of JAX (``exp``).
 
-    >>> bool(pareto(PRNGKey(0), 3.0, (100,)).min() >= 1)
+    >>> from ctrainstate import random
+    >>> bool(random.pareto(random.PRNGKey(0), 3.0, (100,)).min() >= 1)
     True
     """
     dt = _float_dtype(dtype, "pareto")
@@ -345,7 +353,8 @@ def rayleigh(k, scale, shape=None, dtype=None, *, out_sharding=None):
     """Rayleigh floats, as jax.random.rayleigh: ``scale * sqrt(-2 * log(uniform(k, shape)))``.
     Bit-identical to JAX in float32.
 
-    >>> bool(rayleigh(PRNGKey(0), 2.0, (100,)).min() >= 0)
+    >>> from ctrainstate import random
+    >>> bool(random.rayleigh(random.PRNGKey(0), 2.0, (100,)).min() >= 0)
     True
     """
     dt = _float_dtype(dtype, "rayleigh")
@@ -368,7 +377,8 @@ def triangular(k, left, mode, right, shape=None, dtype=None, *, out_sharding=Non
     (inverse CDF of one uniform; the same ops in the same order). Bit-identical to JAX in
     float32.
 
-    >>> x = triangular(PRNGKey(0), -1.0, 0.0, 2.0, (100,))
+    >>> from ctrainstate import random
+    >>> x = random.triangular(random.PRNGKey(0), -1.0, 0.0, 2.0, (100,))
     >>> bool(x.min() >= -1 and x.max() <= 2)
     True
     """
@@ -396,7 +406,8 @@ def geometric(k, p, shape=None, dtype=None, *, out_sharding=None):
     float dtype (float32 for Python numbers) with 0 mapped to 1. Bit-identical to
     JAX for float32 ``p`` (float -> int saturates as XLA's convert).
 
-    >>> bool(geometric(PRNGKey(0), 0.3, (100,)).min() >= 1)
+    >>> from ctrainstate import random
+    >>> bool(random.geometric(random.PRNGKey(0), 0.3, (100,)).min() >= 1)
     True
     """
     dt = _int_dtype(dtype, "geometric")
@@ -422,7 +433,8 @@ def wald(k, mean, shape=None, dtype=None, *, out_sharding=None):
     ops in JAX's order. Within ~1e-5 relative of JAX in float32 (its cancellation magnifies
     ulp differences of the intermediate ops).
 
-    >>> bool(wald(PRNGKey(0), 1.5, (100,)).min() > 0)
+    >>> from ctrainstate import random
+    >>> bool(random.wald(random.PRNGKey(0), 1.5, (100,)).min() > 0)
     True
     """
     dt = _float_dtype(dtype, "wald")
@@ -453,7 +465,8 @@ def lognormal(k, sigma=np.float32(1), shape=None, dtype=None, *, out_sharding=No
     """Log-normal floats, as jax.random.lognormal: ``exp(sigma * normal(k, shape))``.
     Within a few ulp of JAX (``exp``).
 
-    >>> bool(lognormal(PRNGKey(0), 0.5, (100,)).min() > 0)
+    >>> from ctrainstate import random
+    >>> bool(random.lognormal(random.PRNGKey(0), 0.5, (100,)).min() > 0)
     True
     """
     dt = _float_dtype(dtype, "lognormal")
@@ -483,7 +496,8 @@ def maxwell(k, shape=(), dtype=None, *, out_sharding=None):
     """One-sided Maxwell floats, as jax.random.maxwell: the norm of three normals,
     ``normal(k, (*shape, 3))``. Within an ulp of JAX (the order XLA sums the squares in).
 
-    >>> bool(maxwell(PRNGKey(0), (100,)).min() >= 0)
+    >>> from ctrainstate import random
+    >>> bool(random.maxwell(random.PRNGKey(0), (100,)).min() >= 0)
     True
     """
     dt = _float_dtype(dtype, "maxwell")
@@ -498,7 +512,8 @@ def double_sided_maxwell(k, loc, scale, shape=(), dtype=None, *, out_sharding=No
     ``shape=()`` means the parameters' shape alone), in the dtype ``dtype`` and the parameters
     promote to. ``out_sharding`` is an extension (jax has none here).
 
-    >>> x = double_sided_maxwell(PRNGKey(0), 0.0, 1.0, (1000,))
+    >>> from ctrainstate import random
+    >>> x = random.double_sided_maxwell(random.PRNGKey(0), 0.0, 1.0, (1000,))
     >>> bool((x < 0).any() and (x > 0).any())
     True
     """
@@ -544,7 +559,9 @@ def multivariate_normal(k, mean, cov, shape=None, dtype=None, method: str = "cho
     positive definite gives NaNs with 'cholesky'. Computed on the host; placed with
     ``device_put`` when ``out_sharding`` is given.
 
-    >>> x = multivariate_normal(PRNGKey(0), np.zeros(2), np.eye(2), (1000,))
+    >>> import numpy as np
+    >>> from ctrainstate import random
+    >>> x = random.multivariate_normal(random.PRNGKey(0), np.zeros(2), np.eye(2), (1000,))
     >>> x.shape
     (1000, 2)
     """
@@ -611,7 +628,9 @@ def orthogonal(k, n: int, shape=(), dtype=None, m: int | None = None, *, out_sha
     (LAPACK, float32), so the values equal JAX's to float32 rounding. Computed on the host;
     placed with ``device_put`` when ``out_sharding`` is given.
 
-    >>> q = orthogonal(PRNGKey(0), 3)
+    >>> import numpy as np
+    >>> from ctrainstate import random
+    >>> q = random.orthogonal(random.PRNGKey(0), 3)
     >>> bool(np.allclose(q @ q.T, np.eye(3), atol=1e-5))
     True
     """

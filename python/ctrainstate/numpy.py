@@ -707,3 +707,9 @@ def _operator_index(v, what):
 from . import _numpy_extra as _extra  # noqa: E402
 globals().update({_n: getattr(_extra, _n) for _n in _extra.__all__})
 __all__ += _extra.__all__
+
+# --- NumPy-2 aliases, set operations, binning, insertion / deletion, convolution, statistics,
+# polynomials (ctrainstate/_numpy_more.py, names in its __all__)
+from . import _numpy_more as _more  # noqa: E402
+globals().update({_n: getattr(_more, _n) for _n in _more.__all__})
+__all__ += _more.__all__

@@ -206,7 +206,12 @@ def isscalar(element):
 
 
 def iterable(y):
-    """``jnp.iterable``: whether ``iter(y)`` succeeds."""
+    """``jnp.iterable``: whether ``iter(y)`` succeeds; an Array of at least one dimension
+    counts as iterable, as a jax Array does (it iterates over its first axis), though this
+    project's Arrays refuse ``iter`` (a host loop over device slices)."""
+    from .array import Array
+    if isinstance(y, Array):
+        return len(y.shape) > 0
     try:
         iter(y)
     except TypeError:
@@ -241,22 +246,26 @@ def frexp(x, /):
     """``jnp.frexp``: the mantissa (``0.5 <= |m| < 1``, ``x``'s inexact dtype) and the int32
     exponent with ``x == m * 2 ** e``; zeros, infinities and NaNs give ``(x, 0)``. Exact: the
     exponent is estimated with ``log2``, corrected by one either way where the scaled value
-    falls outside ``[0.5, 1)``, and the scaling is :func:`ldexp` by a power of two
-    (subnormals included). No gradient (jax's is zero almost everywhere)."""
+    falls outside ``[0.5, 1)``, and every scaling is :func:`ldexp` by a power of two
+    (subnormals are scaled by ``2 ** 64`` first). No gradient (jax's is zero almost everywhere)."""
     cnp = _cnp()
     x = _inexact(_operand(x, "frexp", "x"))
     dt = x.dtype
     f = _as(x, _dtypes.float32)
-    special = cnp.logical_or(cnp.equal(f, 0), cnp.logical_not(cnp.isfinite(f)))
-    a = cnp.where(special, 1.0, cnp.abs(f))
+    # the CPU kernels treat subnormal operands as zero in arithmetic and comparisons, ldexp
+    # does not: values below 1 are scaled up by 2**64 first (subnormals become normal)
+    s = cnp.where(cnp.less(cnp.abs(f), 1.0), 64, 0)
+    g = cnp.ldexp(f, s)
+    special = cnp.logical_or(cnp.equal(g, 0), cnp.logical_not(cnp.isfinite(f)))
+    a = cnp.where(special, 1.0, cnp.abs(g))
     e = cnp.astype(cnp.add(cnp.floor(cnp.log2(a)), 1.0), _dtypes.int32)
     for _ in range(2):
         m = cnp.ldexp(a, cnp.negative(e))
         e = cnp.where(cnp.greater_equal(m, 1.0), cnp.add(e, 1),
                       cnp.where(cnp.less(m, 0.5), cnp.subtract(e, 1), e))
-    m = cnp.ldexp(f, cnp.negative(e))
+    m = cnp.ldexp(g, cnp.negative(e))
     m = cnp.where(special, f, m)
-    e = cnp.where(special, 0, e)
+    e = cnp.where(special, 0, cnp.subtract(e, s))
     from .lax import stop_gradient
     m = stop_gradient(m)
     return _as(m, dt), e
@@ -1427,8 +1436,9 @@ def trapezoid(y, x=None, dx=1.0, axis=-1):
     nd = len(ya.shape)
     ax = _axis(axis, nd, "trapezoid", ya.shape)
     if x is None:
-        d = _operand(dx, "trapezoid", "dx")
-        if len(d.shape) > 0:
+        # a Python number is weakly typed (a 16-bit y keeps its dtype, as jax)
+        d = float(dx) if isinstance(dx, (int, float)) else _operand(dx, "trapezoid", "dx")
+        if np.ndim(d) > 0:
             d = cnp.reshape(d, (1,) * (nd - len(d.shape)) + tuple(d.shape))
             d = cnp.moveaxis(d, ax, -1)
     else:
@@ -1438,8 +1448,8 @@ def trapezoid(y, x=None, dx=1.0, axis=-1):
         ya, xa = _as(ya, rdt), _as(xa, rdt)
         d = cnp.diff(xa) if len(xa.shape) == 1 else cnp.moveaxis(cnp.diff(xa, axis=ax), ax, -1)
     ya = cnp.moveaxis(ya, ax, -1)
-    if len(d.shape) == 0 or d.shape[-1] == 1:
-        dr = d if len(d.shape) == 0 else _getitem(d, (Ellipsis, 0))
+    if np.ndim(d) == 0 or d.shape[-1] == 1:
+        dr = d if np.ndim(d) == 0 else _getitem(d, (Ellipsis, 0))
         ends = cnp.add(_getitem(ya, (Ellipsis, 0)), _getitem(ya, (Ellipsis, -1)))
         return cnp.multiply(dr, cnp.subtract(cnp.sum(ya, axis=-1), cnp.multiply(0.5, ends)))
     mids = cnp.add(_getitem(ya, (Ellipsis, slice(1, None))),
@@ -1455,8 +1465,12 @@ def gradient(f, *varargs, axis=None, edge_order=None):
     if edge_order is not None:
         raise NotImplementedError("The 'edge_order' argument to jnp.gradient is not supported.")
     cnp = _cnp()
-    a = _inexact(_operand(f, "gradient", "f"))
+    a = _operand(f, "gradient", "f")
     spacing = [_operand(v, "gradient", "varargs") for v in varargs]
+    rdt = cnp.result_type(a, *spacing, who="gradient") if spacing else a.dtype
+    rdt = rdt if rdt in _o()._FLOATS else _dtypes.float32
+    a = _as(a, rdt)
+    spacing = [_as(v, rdt) for v in spacing]
     nd = len(a.shape)
 
     def sl(v, ax, lo, hi):
@@ -1465,17 +1479,17 @@ def gradient(f, *varargs, axis=None, edge_order=None):
     def along(ax, h):
         upper = cnp.subtract(sl(a, ax, 1, 2), sl(a, ax, 0, 1))
         lower = cnp.subtract(sl(a, ax, -1, None), sl(a, ax, -2, -1))
-        if len(h.shape) == 0:
+        if np.ndim(h) == 0:
             inner = cnp.divide(cnp.multiply(cnp.subtract(sl(a, ax, 2, None),
                                                          sl(a, ax, None, -2)), 0.5), h)
             lower, upper = cnp.divide(lower, h), cnp.divide(upper, h)
-        elif len(h.shape) == 1:
+        elif np.ndim(h) == 1:
             if h.shape[0] != a.shape[ax]:
                 raise ValueError("Spacing arrays must have the same length as the dimension "
                                  "along which the gradient is calculated.")
             hs = [1] * nd
             hs[ax] = h.shape[0]
-            h = cnp.reshape(_inexact(h), tuple(hs))
+            h = cnp.reshape(h, tuple(hs))
             upper = cnp.divide(upper, cnp.subtract(sl(h, ax, 1, 2), sl(h, ax, 0, 1)))
             lower = cnp.divide(lower, cnp.subtract(sl(h, ax, -1, None), sl(h, ax, -2, -1)))
             dx1 = cnp.subtract(sl(h, ax, 1, -1), sl(h, ax, 0, -2))
@@ -1501,7 +1515,7 @@ def gradient(f, *varargs, axis=None, edge_order=None):
         raise ValueError("Shape of array too small to calculate a numerical gradient, at least "
                          "2 elements are required.")
     if len(spacing) == 0:
-        dx = [_host_place(np.float32(1.0))] * len(axes)
+        dx = [1.0] * len(axes)
     elif len(spacing) == 1:
         dx = spacing * len(axes)
     elif len(spacing) == len(axes):

@@ -70,9 +70,10 @@ CASES = [
     # numpy's modf(inf) is (0, inf); jax's (x - whole) gives NaN
     ("modf_special", lambda m, x: m.modf(x), (XN,),
      lambda x: [np.where(np.isinf(x), np.nan, np.modf(x)[0]), np.modf(x)[1]]),
-    ("frexp", lambda m, x: m.frexp(x), (np.array([0.0, -0.0, 1.0, 0.5, 3.0, -7.25, 1e-45, 3e-39,
+    ("frexp", lambda m, x: m.frexp(x), (np.array([0.0, -0.0, 1.0, 0.5, 3.0, -7.25,
                                                   3.4e38, 1.1754944e-38, 0.75, 1024.0],
                                                  np.float32),), None),
+    ("frexp_subnormal", lambda m, x: m.frexp(x), (np.array([3e-39, -5e-42, 1e-45], np.float32),), None),
     ("frexp_special", lambda m, x: m.frexp(x), (XN,),
      lambda x: [np.where(np.isfinite(x), np.frexp(x)[0], x),
                 np.where(np.isfinite(x), np.frexp(x)[1], 0).astype(np.int32)]),
@@ -150,7 +151,7 @@ CASES = [
     ("delete_slice", lambda m, x: m.delete(x, slice(1, None, 2)), (X,), None),
     ("delete_mask", lambda m, i: m.delete(i, np.array([True, False, True]), axis=0), (I,), None),
     ("insert_int", lambda m, x: m.insert(x, 2, 7.0, axis=1), (X,), None),
-    ("insert_flat", lambda m, i: m.insert(i, [1, 1, 6, -1], np.array([9, 8, 7, 6], np.int32)), (I,), None),
+    ("insert_flat", lambda m, i: m.insert(i, np.array([1, 1, 6, -1]), np.array([9, 8, 7, 6], np.int32)), (I,), None),
     ("insert_rows", lambda m, x: m.insert(x, 1, x[:2], axis=0), (X,), None),
     ("insert_slice", lambda m, x: m.insert(x[0], slice(0, 6, 2), -1.0), (X,), None),
     ("insert_float_into_int", lambda m, i: m.insert(i, 0, 2.7, axis=0), (I,), None),
@@ -212,6 +213,10 @@ CASES = [
     ("intersect1d_size", lambda m, u: m.intersect1d(u, np.array([7, 2, 5], np.int32), size=4,
                                                      fill_value=-1), (U,),
      lambda u: np.array([2, 7, -1, -1])),
+    ("intersect1d_idx_size", lambda m: m.intersect1d(np.array([3, 1, 2, 3], np.int32),
+                                                     np.array([2, 3, 4], np.int32),
+                                                     return_indices=True, size=4), (),
+     lambda: [np.array([2, 3, 2, 2]), np.array([2, 0, 4, 4]), np.array([0, 1, 3, 3])]),
     ("setxor1d", lambda m, u, i: m.setxor1d(u, i), (U, I), None),
     ("setxor1d_float", lambda m, x: m.setxor1d(x[0], x[0, :3]), (X,), None),
     ("digitize", lambda m, x: m.digitize(x, np.array([-2.0, 0.0, 1.5])), (X,), None),
@@ -239,7 +244,7 @@ CASES = [
     ("interp_period", lambda m, x, xp, fp: m.interp(x, xp, fp, period=3.0), (XQ, XP, FP), None),
     ("interp_0d", lambda m, xp, fp: m.interp(np.float32(1.7), xp, fp), (XP, FP), None),
     ("ediff1d", lambda m, x: m.ediff1d(x), (X,), None),
-    ("ediff1d_ends", lambda m, i: m.ediff1d(i, to_end=[99, 98], to_begin=-1), (I,), None),
+    ("ediff1d_ends", lambda m, i: m.ediff1d(i, to_end=np.array([99, 98]), to_begin=-1), (I,), None),
     ("trapezoid", lambda m, x: m.trapezoid(x), (X,), None),
     ("trapezoid_dx", lambda m, x: m.trapezoid(x, dx=0.5, axis=0), (X,), None),
     ("trapezoid_x", lambda m, x: m.trapezoid(x, x=np.array([0.0, 1.0, 3.0, 3.5, 5.0, 8.0])), (X,), None),
@@ -323,8 +328,9 @@ def test_values_match_numpy(name, call, inputs, override):
 
 # jax answers differently from ctrainstate here (said why)
 JAX_SKIP = {
-    # jnp.partition of 16-bit or ints is exact, but for an all-kth partition jax leaves the top
-    # part empty: equal; none skipped for that. setxor1d of floats: equal.
+    # jax 0.10's frexp is off for subnormals (3e-39: mantissa 0.5; 2**-149: exponent -149) (its bit arithmetic assumes a
+    # normal number); ctrainstate's is exact, as numpy's
+    "frexp_subnormal",
 }
 
 
@@ -472,8 +478,8 @@ GRADS = [
     ("put_along_axis", lambda m, x: m.put_along_axis(x, np.array([[1], [0], [4]]), x[:, :1] ** 2,
                                                      axis=1, inplace=False)),
     ("resize", lambda m, x: m.resize(x, (4, 5))),
-    ("delete", lambda m, x: m.delete(x, [0, 3], axis=1)),
-    ("insert", lambda m, x: m.insert(x, [1, 1], x[:, :2] * 2.0, axis=1)),
+    ("delete", lambda m, x: m.delete(x, np.array([0, 3]), axis=1)),
+    ("insert", lambda m, x: m.insert(x, np.array([1, 1]), x[:, :2] * 2.0, axis=1)),
     ("compress", lambda m, x: m.compress(np.array([1, 0, 1, 1, 0]), x, axis=1, size=4, fill_value=0.5)),
     ("choose", lambda m, x: m.choose(np.array([[0, 1, 2, 1, 0]] * 3), [x, x * x, 2.0])),
     ("partition", lambda m, x: m.partition(x, 2, axis=1)),
@@ -574,7 +580,8 @@ ERRORS = [
     (lambda m: m.bincount(np.ones((2, 2), np.int32)), ValueError, "1-dimensional"),
     (lambda m: m.bincount(np.ones(2, np.int32), weights=np.ones(3)), ValueError, "weights"),
     (lambda m: m.histogram(np.ones(3), 2, weights=np.ones(2)), ValueError, "same shape"),
-    (lambda m: m.histogram(np.ones(3), "auto"), NotImplementedError, "string"),
+    (lambda m: m.histogram(np.ones(3), "auto"), TypeError, "string"),
+    (lambda m: m.histogram_bin_edges(np.ones(3), "auto"), NotImplementedError, "string"),
     (lambda m: m.interp(np.ones(2), np.ones(3), np.ones(2)), ValueError, "equal size"),
     (lambda m: m.interp(np.ones(2), np.ones(3), np.ones(3), left="x"), ValueError, "extrapolate"),
     (lambda m: m.gradient(np.ones(1)), ValueError, "too small"),

@@ -1163,8 +1163,8 @@ def intersect1d(ar1, ar2, assume_unique=False, return_indices=False, *, size=Non
                 fill_value=None):
     """``jnp.intersect1d``: the sorted values in both operands (jax's promoted dtype); with
     ``return_indices``, also the int32 positions of their first occurrences in ``ar1`` and
-    ``ar2``. ``size=`` pads (with ``fill_value``, default the smallest value; indices with
-    0... as jax pads them) or truncates. Computed on the host (no gradient)."""
+    ``ar2``. ``size=`` pads (with ``fill_value``, default the smallest value; the padded
+    indices are each operand's length, as jax's) or truncates. Computed on the host (no gradient)."""
     who = "intersect1d"
     a, b, dt = _set_operands(ar1, ar2, who)
     ha, hb = _host(a).astype(dt if dt != _dtypes.bfloat16 else np.float32), _host(b)
@@ -1181,7 +1181,8 @@ def intersect1d(ar1, ar2, assume_unique=False, return_indices=False, *, size=Non
         return out
     j1, j2 = ia[i1], ib[i2]
     if size is not None:
-        return out, _sized(j1, size, 0, np.int32, who), _sized(j2, size, 0, np.int32, who)
+        return out, _sized(j1, size, ha.size, np.int32, who), \
+            _sized(j2, size, hb.size, np.int32, who)
     return out, _idx(j1), _idx(j2)
 
 
@@ -1314,6 +1315,9 @@ def histogram(a, bins=10, range=None, weights=None, density=None):  # noqa: A002
     normalises to unit area. The bins are found on the host; float weights keep their
     gradient."""
     cnp = _cnp()
+    if isinstance(bins, str):   # jnp: TypeError from its array-like check of bins
+        raise TypeError(f"histogram: bins must be an int or a 1-d array; string values for "
+                        f"`bins` ({bins!r}) are not implemented")
     x = _inexact(_operand(a, "histogram"))
     if weights is None:
         w = None

@@ -33,7 +33,7 @@ from . import initializers
 from .module import Module, compact, nowrap
 from .initializers import ones, ones_init, zeros, zeros_init
 from .scope import DenyList
-from .linear import Dense, DenseGeneral, Embed
+from .linear import Dense, DenseGeneral, Einsum, Embed
 from .normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from .conv import Conv, ConvLocal, ConvTranspose
 from . import pooling
@@ -48,7 +48,8 @@ from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
 from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
 from .activation import (celu, elu, glu, hard_sigmoid, hard_silu, hard_swish, hard_tanh,
-                         log_sigmoid, relu6, selu, softplus, standardize)
+                         log_sigmoid, normalize, PReLU, relu6, selu, soft_sign, softplus,
+                         standardize)
 from .attention import (
     MultiHeadAttention,
     MultiHeadDotProductAttention,
@@ -62,7 +63,8 @@ from .attention import (
 
 __all__ = [
     'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'nowrap', 'zeros', 'ones',
-    'zeros_init', 'ones_init', 'DenyList', 'Dense', 'DenseGeneral',
+    'zeros_init', 'ones_init', 'DenyList', 'Dense', 'DenseGeneral', 'Einsum', 'PReLU',
+    'soft_sign', 'normalize',
     'Embed', 'LayerNorm', 'RMSNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',
     'ConvLocal', 'ConvTranspose', 'pooling', 'pool', 'avg_pool', 'max_pool', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',

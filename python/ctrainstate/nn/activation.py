@@ -1,7 +1,8 @@
 """Activation helpers of ``flax.linen`` / ``jax.nn`` built from ctrainstate.numpy ops
 (differentiable, sharded): ``silu``/``swish``, ``leaky_relu``, ``softplus``, ``log_sigmoid``,
 ``elu``, ``celu``, ``selu``, ``relu6``, ``hard_tanh``, ``hard_sigmoid``,
-``hard_silu``/``hard_swish``, ``glu``, ``standardize``, ``one_hot``, and the numerically stable
+``hard_silu``/``hard_swish``, ``glu``, ``standardize`` (alias ``normalize``), ``soft_sign``,
+``one_hot``, the :class:`PReLU` layer, and the numerically stable
 ``softmax``, ``log_softmax`` and ``logsumexp`` (shifted by the maximum, which stops the
 gradient, as jax.nn does; over a dimension sharded on mesh axes the maximum and the sum end in
 all-reduces over them).
@@ -25,12 +26,16 @@ import operator
 
 import numpy as np
 
+from typing import Any
+
 from .. import _dtypes, _ops
 from ..array import device_put
+from .module import Module as _Module, compact as _compact
 
 __all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp",
            "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
-           "hard_sigmoid", "hard_silu", "hard_swish", "glu", "standardize"]
+           "hard_sigmoid", "hard_silu", "hard_swish", "glu", "standardize", "normalize",
+           "soft_sign", "PReLU"]
 
 _FMAX = float(np.finfo(np.float32).max)
 
@@ -281,12 +286,21 @@ standardize = _ops._with_dtype_policy(standardize, (0, 2, 3))
 softmax = _ops._with_dtype_policy(softmax)
 
 
+def soft_sign(x):
+    """``x / (|x| + 1)`` (jax.nn.soft_sign)."""
+    x = _ops._lift(x)
+    return _ops.divide(x, _ops.add(_ops.abs(x), 1.0))
+
+
+soft_sign = _ops._with_dtype_policy(soft_sign)
+
+
 def _abstract_rules():
     """Inside ``eval_shape`` (ShapeDtypeStruct arguments) these return ShapeDtypeStructs."""
     from .._abstract import ShapeDtypeStruct
     g = globals()
     for name in ("silu", "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
-                 "hard_sigmoid", "hard_silu", "standardize"):
+                 "hard_sigmoid", "hard_silu", "standardize", "soft_sign"):
         g[name] = _ops._with_rule(g[name], _ops._rule_same, ShapeDtypeStruct)
 
     def glu_rule(x, axis=-1):
@@ -301,3 +315,33 @@ _abstract_rules()
 log_softmax = _ops._with_dtype_policy(log_softmax)
 logsumexp = _ops._with_dtype_policy(logsumexp)
 leaky_relu = _ops._with_dtype_policy(leaky_relu)
+normalize = standardize   # flax.linen's alias
+
+
+class PReLU(_Module):
+    """Parametric ReLU (``flax.linen.PReLU``): ``x`` where ``x >= 0``, else
+    ``negative_slope * x``, with a learned scalar ``'negative_slope'`` parameter (initialised
+    to ``negative_slope_init``, 0.01, in ``param_dtype``; cast to the input's dtype).
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> x = np.array([-2.0, 3.0], np.float32)
+    >>> v = nn.PReLU().init(random.PRNGKey(0), x)
+    >>> v['params']['negative_slope'].shape
+    ()
+    >>> np.asarray(nn.PReLU().apply(v, x)).tolist()
+    [-0.019999999552965164, 3.0]
+    """
+
+    param_dtype: Any = np.float32
+    negative_slope_init: float = 0.01
+
+    @_compact
+    def __call__(self, inputs):
+        from .. import numpy as cnp
+        slope = self.param("negative_slope",
+                           lambda k: device_put(np.asarray(self.negative_slope_init,
+                                                           self.param_dtype)))
+        x = _ops._lift(inputs)
+        slope = cnp.asarray(slope, x.dtype) if slope.dtype != x.dtype else slope
+        return cnp.where(cnp.greater_equal(x, 0.0), x, cnp.multiply(slope, x))

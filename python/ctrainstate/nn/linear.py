@@ -1,4 +1,4 @@
-"""Layers: Dense, DenseGeneral, Embed (mirror of ``flax.linen``; LayerNorm and RMSNorm are in
+"""Layers: Dense, DenseGeneral, Einsum, Embed (mirror of ``flax.linen``; LayerNorm and RMSNorm are in
 :mod:`ctrainstate.nn.normalization`).
 
 Parameter names, shapes, default initializers and the order in which keys are
@@ -10,7 +10,7 @@ axis_rules(rules):`` those parameters are born sharded.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from .module import Module, compact
 
 default_kernel_init = initializers.lecun_normal()
 
-__all__ = ["Dense", "DenseGeneral", "Embed", "LayerNorm"]
+__all__ = ["Dense", "DenseGeneral", "Einsum", "Embed", "LayerNorm"]
 
 
 def _in_features(x) -> int:
@@ -318,6 +318,101 @@ def _flat_sharding(sharding, shape, flat_shape):
                 return None
         out.append(entry)
     return NamedSharding(sharding.mesh, PartitionSpec(*out))
+
+
+def _expand_ellipsis(eq: str, shapes) -> tuple:
+    """``(lhs, rhs, out)`` of a two-operand explicit einsum with each ``...`` replaced by
+    letters the equation does not use, as opt_einsum's ``parse_einsum_input`` does (the
+    broadcast dimensions right-aligned; the output's ``...`` the longer operand's)."""
+    ins, out = eq.split("->")
+    ops = ins.split(",")
+    unused = [c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    longest = 0
+    res = []
+    for term, shape in zip(ops, shapes):
+        if "..." in term:
+            n = len(shape) - (len(term) - 3)
+            if n < 0:
+                raise ValueError(f"Einsum: {eq!r} names more axes than the operand's rank "
+                                 f"{len(shape)}")
+            longest = max(longest, n)
+            term = term.replace("...", "".join(unused[longest - n:longest]) if n else "")
+        res.append(term)
+    if "..." in out:
+        out = out.replace("...", "".join(unused[:longest]))
+    return res[0], res[1], out
+
+
+class Einsum(Module):
+    """A learnable einsum with the input (``flax.linen.Einsum``): ``y = einsum(einsum_str,
+    inputs, kernel) + bias`` with ``kernel`` of the field ``shape``.
+
+    ``einsum_str`` is given here or at call time (not both, Flax's ``merge_param``), explicit
+    (``'->'``) with exactly two operands, the input first. The kernel's initializer sees
+    ``shape`` itself (no flattening, unlike :class:`DenseGeneral`); the bias, declared after the
+    kernel, has one axis per output letter that names a kernel axis, in the output's order
+    (``'abc,cde->abde'`` with ``shape=(5, 6, 7)``: a bias ``(6, 7)``). ``...`` stands for the
+    input's leading axes. ``dtype``, ``param_dtype``, ``precision``, ``kernel_init``,
+    ``bias_init`` are :class:`Dense`'s; ``promote_dtype`` (Flax's field) is applied to
+    ``(inputs, kernel, bias)``; ``preferred_element_type`` is accepted and must be ``None``
+    (16-bit products accumulate in float32 anyway). The product is
+    :func:`ctrainstate.numpy.einsum`'s: an index of one operand only must appear in the output.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> layer = nn.Einsum((5, 6, 7), 'abc,cde->abde')
+    >>> v = layer.init(random.PRNGKey(0), np.ones((3, 4, 5), np.float32))
+    >>> v['params']['kernel'].shape, v['params']['bias'].shape
+    ((5, 6, 7), (6, 7))
+    >>> layer.apply(v, np.ones((3, 4, 5), np.float32)).shape
+    (3, 4, 6, 7)
+    """
+
+    shape: Any
+    einsum_str: Any = None
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    precision: Any = None
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+    promote_dtype: Callable = promote_dtype
+    preferred_element_type: Any = None
+
+    @compact
+    def __call__(self, inputs, einsum_str=None):
+        from .stochastic import merge_param
+        _check_dtype(self)
+        precision = _precision(self)
+        if self.preferred_element_type is not None:
+            raise NotImplementedError("Einsum(preferred_element_type=...): not supported "
+                                      "(16-bit products accumulate in float32 already)")
+        eq = merge_param("einsum_str", self.einsum_str, einsum_str)
+        eq = eq.replace(" ", "")
+        if "->" not in eq:
+            raise ValueError('`einsum_str` equation must be explicit and include "->".')
+        if eq.count(",") != 1:
+            raise ValueError(f"`einsum_str` equation must have exactly two operands and "
+                             f"therefore, exactly one comma character, instead of "
+                             f"{eq.count(',')}")
+        shape = tuple(_int(d, "Einsum", "shape") for d in
+                      (self.shape if isinstance(self.shape, (tuple, list)) else (self.shape,)))
+        kernel = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        lhs, rhs, out = _expand_ellipsis(eq, (tuple(np.shape(inputs)), shape))
+        if len(rhs) != len(shape):
+            raise ValueError(f"Einsum: the kernel term {rhs!r} of {eq!r} has {len(rhs)} axes, "
+                             f"but shape {shape} has {len(shape)}")
+        bias = None
+        if self.use_bias:
+            pos = {c: i for i, c in enumerate(rhs)}
+            bias_shape = [shape[pos[c]] for c in out if c in pos]
+            bcast = [shape[pos[c]] if c in pos else 1 for c in out]
+            bias = self.param("bias", self.bias_init, tuple(bias_shape), self.param_dtype)
+        inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        y = cnp.einsum(f"{lhs},{rhs}->{out}", inputs, kernel, precision=precision)
+        if bias is not None:
+            y = y + cnp.reshape(bias, tuple(bcast))
+        return y
 
 
 class Embed(Module):

@@ -34,7 +34,8 @@ from .module import Module, compact, nowrap
 from .initializers import ones, ones_init, zeros, zeros_init
 from .scope import DenyList
 from .linear import Dense, DenseGeneral, Einsum, Embed
-from .normalization import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
+from .normalization import (BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm,
+                            SpectralNorm, WeightNorm)
 from .conv import Conv, ConvLocal, ConvTranspose
 from . import pooling
 from .pooling import avg_pool, max_pool, pool
@@ -44,6 +45,12 @@ from .transforms import checkpoint, remat
 from .lifted import broadcast, scan, vmap
 from .recurrent import (Bidirectional, ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
                         OptimizedLSTMCell, RNN, RNNCellBase, SimpleCell)
+from .transforms_more import (apply, cond, disable_named_call, enable_named_call, grad, init,
+                              init_with_output, jit, jvp, map_variables, named_call,
+                              override_named_call, share_scope, switch, value_and_grad, vjp,
+                              while_loop)
+from .scope import Variable
+from ..core import FrozenDict
 from ..numpy import gelu, relu, sigmoid, tanh
 from ..numpy import sin, cos, exp, log
 from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
@@ -65,12 +72,14 @@ __all__ = [
     'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'nowrap', 'zeros', 'ones',
     'zeros_init', 'ones_init', 'DenyList', 'Dense', 'DenseGeneral', 'Einsum', 'PReLU',
     'soft_sign', 'normalize',
-    'Embed', 'LayerNorm', 'RMSNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',
+    'Embed', 'LayerNorm', 'RMSNorm', 'WeightNorm', 'SpectralNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',
     'ConvLocal', 'ConvTranspose', 'pooling', 'pool', 'avg_pool', 'max_pool', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',
     'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'RNNCellBase', 'LSTMCell',
     'OptimizedLSTMCell', 'GRUCell', 'SimpleCell', 'MGUCell', 'ConvLSTMCell', 'RNN',
-    'Bidirectional', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
+    'Bidirectional', 'map_variables', 'vjp', 'value_and_grad', 'grad', 'jvp', 'cond',
+    'switch', 'while_loop', 'jit', 'apply', 'init', 'init_with_output', 'share_scope', 'named_call',
+    'enable_named_call', 'disable_named_call', 'override_named_call', 'Variable', 'FrozenDict', 'gelu', 'relu', 'sigmoid', 'tanh', 'silu', 'swish', 'leaky_relu', 'softplus', 'log_sigmoid', 'elu', 'celu', 'selu', 'relu6', 'hard_tanh', 'hard_sigmoid', 'hard_silu', 'hard_swish', 'glu', 'standardize', 'one_hot', 'softmax', 'log_softmax', 'logsumexp', 'sin', 'cos', 'exp', 'log', 'PARTITION_NAME', 'AxisMetadata', 'Partitioned', 'get_partition_spec',
     'get_sharding', 'replace_boxed', 'unbox', 'with_partitioning', 'LogicallyPartitioned',
     'RulesFallback', 'get_logical_axis_rules', 'logical_axis_rules', 'logical_to_mesh',
     'logical_to_mesh_axes', 'logical_to_mesh_sharding', 'set_logical_axis_rules',

@@ -1,5 +1,5 @@
-"""Normalization layers: LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm (mirror of
-``flax.linen.normalization``).
+"""Normalization layers: LayerNorm, RMSNorm, BatchNorm, GroupNorm and InstanceNorm, and the
+weight wrappers WeightNorm and SpectralNorm (mirror of ``flax.linen.normalization``).
 
 Flax's arithmetic, step for step: statistics over ``reduction_axes`` (the fast variance
 ``max(0, E[x^2] - E[x]^2)`` by default, or ``E[(x - E[x])^2]``), then ``y = (x - mean) *
@@ -22,6 +22,7 @@ distributed statistics: ``lax.pmean`` of E[x] and E[x^2]). ``axis_index_groups``
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -33,7 +34,8 @@ from .dtypes import canonicalize_dtype, promote_dtype
 from .linear import _check_dtype
 from .module import Module, compact
 
-__all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm"]
+__all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "WeightNorm",
+           "SpectralNorm"]
 
 
 def _canon_axes(axes, ndim, what) -> tuple:
@@ -421,3 +423,169 @@ class InstanceNorm(Module):
                                     self.axis_name)
         return _normalize(self, x, mean, var, feat, self.epsilon, self.use_bias,
                           self.use_scale, self.bias_init, self.scale_init)
+
+
+# --- weight wrappers ------------------------------------------------------------------------------
+
+def _map_leaves(fn, tree, path=()):
+    """``fn(path, leaf)`` over the nested dicts ``{collection: tree}`` (keys in sorted order, as
+    ``jax.tree_util.tree_map_with_path`` walks a dict); ``path[0]`` is the collection."""
+    if isinstance(tree, dict):
+        return {k: _map_leaves(fn, tree[k], path + (k,)) for k in sorted(tree)}
+    return fn(path, tree)
+
+
+def _l2_normalize(x, axis=None, eps=1e-12):
+    """``x * rsqrt(sum(x * x, axis) + eps)`` (Flax's ``_l2_normalize``)."""
+    return cnp.multiply(x, cnp.rsqrt(cnp.add(cnp.sum(cnp.multiply(x, x), axis=axis,
+                                                      keepdims=True), float(eps))))
+
+
+def _as_dtype(x, dt):
+    return x if getattr(x, "dtype", None) == dt else promote_dtype(x, dtype=dt)[0]
+
+
+class WeightNorm(Module):
+    """L2 weight normalization of a wrapped layer (``flax.linen.WeightNorm``): each variable
+    of ``layer_instance`` whose path (``'<layer name>/kernel'``) contains a name of
+    ``variable_filter`` (default ``{'kernel'}``; ``None`` or empty: all) is used as
+    ``scale * v / ||v||``, the norm over the axes not in ``feature_axes`` (default the last;
+    ``None``: over all), ``scale`` a parameter of this module named ``'<layer
+    name>/<path>/scale'`` of the feature shape (``scale_init``, ones; ``use_scale=False``: none).
+
+    The wrapped layer keeps its own parameters where it was created (``Dense_1/kernel`` beside
+    ``WeightNorm_0``), as in Flax -- and, as Flax's ``map_variables(init=True)`` does, the value
+    stored at init is the normalized one (``scale * v / ||v||`` with ``scale`` ones: ``v /
+    ||v||``). ``epsilon=1e-12`` is added under the square root; ``dtype`` is the result's.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> class Foo(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return nn.WeightNorm(nn.Dense(3))(x)
+    >>> v = Foo().init(random.PRNGKey(0), np.ones((1, 2), np.float32))
+    >>> sorted(v['params']), sorted(v['params']['WeightNorm_0'])
+    (['Dense_0', 'WeightNorm_0'], ['Dense_0/kernel/scale'])
+    """
+
+    layer_instance: Module
+    epsilon: float = 1e-12
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    use_scale: bool = True
+    scale_init: Callable = initializers.ones
+    feature_axes: Any = -1
+    variable_filter: Any = dataclasses.field(default_factory=lambda: {"kernel"})
+
+    @compact
+    def __call__(self, *args, **kwargs):
+        from .transforms_more import map_variables
+        return map_variables(lambda layer: layer(*args, **kwargs),
+                             trans_in_fn=lambda vs: _map_leaves(self._normalize_leaf, vs),
+                             init=self.is_initializing())(self.layer_instance)
+
+    def _normalize_leaf(self, path, vs):
+        value = vs
+        str_path = self.layer_instance.name + "/" + "/".join(str(p) for p in path[1:])
+        if self.variable_filter:
+            if not any(name in str_path for name in self.variable_filter):
+                return value
+        nd = len(np.shape(value))
+        if self.feature_axes is None:
+            feature_axes, reduction_axes = (), tuple(range(nd))
+        else:
+            feature_axes = _canon_axes(self.feature_axes, nd, "WeightNorm.feature_axes")
+            reduction_axes = tuple(i for i in range(nd) if i not in feature_axes)
+        shape = tuple(np.shape(value))
+        feature_shape = [1] * nd
+        reduced = []
+        for ax in feature_axes:
+            feature_shape[ax] = shape[ax]
+            reduced.append(shape[ax])
+        value_bar = _l2_normalize(value, axis=reduction_axes, eps=self.epsilon)
+        args = [vs]
+        if self.use_scale:
+            scale = self.param(str_path + "/scale", self.scale_init, tuple(reduced),
+                               self.param_dtype)
+            scale = cnp.reshape(scale, tuple(feature_shape))
+            value_bar = cnp.multiply(value_bar, scale)
+            args.append(scale)
+        return _as_dtype(value_bar, canonicalize_dtype(*args, dtype=self.dtype))
+
+
+class SpectralNorm(Module):
+    """Spectral normalization of a wrapped layer (``flax.linen.SpectralNorm``): each weight of
+    ``layer_instance`` with 2 or more dimensions (flattened to ``(-1, last)``) is divided by
+    its largest singular value ``sigma``, estimated by ``n_steps`` of power iteration from the
+    vector ``u`` kept in ``collection_name`` (``'batch_stats'``) as ``'<layer
+    name>/<path>/u'`` (``(1, last)``, standard normal from this module's ``'params'`` stream at
+    init) beside ``'<layer name>/<path>/sigma'`` (ones, ``()``). ``__call__(*args,
+    update_stats, **kwargs)``: with ``update_stats=True`` (and the collection mutable) ``u`` and
+    ``sigma`` are replaced by the new estimates; ``u`` and the power-iteration vectors carry no
+    gradient. Scalars and vectors are left alone (``error_on_non_matrix=True``: a weight of
+    more than 2 dimensions is an error). As in Flax, at init the normalized weights are
+    stored in the layer's parameters.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> class Foo(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x, train):
+    ...         return nn.SpectralNorm(nn.Dense(4))(x, update_stats=train)
+    >>> v = Foo().init(random.PRNGKey(0), np.ones((1, 3), np.float32), True)
+    >>> {k: a.shape for k, a in v['batch_stats']['SpectralNorm_0'].items()}
+    {'Dense_0/kernel/u': (1, 4), 'Dense_0/kernel/sigma': ()}
+    """
+
+    layer_instance: Module
+    n_steps: int = 1
+    epsilon: float = 1e-12
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    error_on_non_matrix: bool = False
+    collection_name: str = "batch_stats"
+
+    @compact
+    def __call__(self, *args, update_stats: bool, **kwargs):
+        from .transforms_more import map_variables
+        return map_variables(
+            lambda layer: layer(*args, **kwargs),
+            trans_in_fn=lambda vs: _map_leaves(
+                lambda path, v: self._spectral_normalize(path, v, update_stats), vs),
+            init=self.is_initializing(), mutable=True)(self.layer_instance)
+
+    def _spectral_normalize(self, path, vs, update_stats):
+        from .. import random as _random
+        from .._ops import stop_gradient
+        value = vs
+        value_shape = tuple(np.shape(value))
+        if len(value_shape) <= 1 or self.n_steps < 1:
+            return value
+        if len(value_shape) > 2:
+            if self.error_on_non_matrix:
+                raise ValueError(f"Input is {len(value_shape)}D but error_on_non_matrix is "
+                                 f"True")
+            value = cnp.reshape(value, (-1, value_shape[-1]))
+        base = self.layer_instance.name + "/" + "/".join(str(p) for p in path[1:])
+        u_name, sigma_name = base + "/u", base + "/sigma"
+        n = int(np.shape(value)[-1])
+        col = self.collection_name
+        key = self.make_rng("params") if not self.has_variable(col, u_name) else None
+        u_var = self.variable(col, u_name, lambda: _random.normal(key, (1, n), self.param_dtype))
+        sigma_var = self.variable(col, sigma_name,
+                                  lambda: cnp.ones((), self.param_dtype))
+        u0 = u_var.value
+        v0 = None
+        for _ in range(self.n_steps):
+            v0 = _l2_normalize(cnp.matmul(u0, cnp.transpose(value, (1, 0))), eps=self.epsilon)
+            u0 = _l2_normalize(cnp.matmul(v0, value), eps=self.epsilon)
+        u0 = stop_gradient(u0)
+        v0 = stop_gradient(v0)
+        sigma = cnp.reshape(cnp.matmul(cnp.matmul(v0, value), cnp.transpose(u0)), ())
+        value = cnp.divide(value, cnp.where(cnp.not_equal(sigma, 0.0), sigma, 1.0))
+        value_bar = cnp.reshape(value, value_shape)
+        if update_stats:
+            u_var.value = u0
+            sigma_var.value = sigma
+        return _as_dtype(value_bar, canonicalize_dtype(vs, u0, v0, sigma, dtype=self.dtype))

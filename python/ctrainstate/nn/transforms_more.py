@@ -10,8 +10,8 @@ submodule keys as the other branch); the mutable collections it writes are publi
 ``mdl``. ``fn`` runs like an ``@compact`` method of the clone: it may create submodules and
 parameters.
 
-ctrainstate runs eagerly, so nothing is traced: ``nn.jit`` calls the module (see
-:func:`jit`), ``nn.cond`` / ``nn.switch`` run every branch as ``lax.cond`` traces them (the
+ctrainstate runs eagerly, so nothing is traced: ``nn.jit`` calls the module on a scope
+with Flax's jit keys (see :func:`jit`), ``nn.cond`` / ``nn.switch`` run every branch as ``lax.cond`` traces them (the
 branches not taken without recording for autodiff, their writes dropped), and
 ``nn.while_loop`` is a host loop.
 
@@ -98,13 +98,14 @@ def _variables_of(S, variables) -> dict:
     return {c: _copy_dicts(t) for c, t in _present(S).items() if in_filter(variables, c)}
 
 
-def _run(mdl, method, args, kwargs, variables: dict, mutable, rngs=None, cls=None):
+def _run(mdl, method, args, kwargs, variables: dict, mutable, rngs=None, cls=None,
+         scope_cls=_LiftedScope):
     """``method(clone, *args, **kwargs)`` on a clone of ``mdl`` bound to a fresh scope at
     ``mdl``'s path with ``variables`` (collection -> tree at that path); the scope's own RNG
     counters are ``mdl``'s (one dict), its children's start from zero. Returns (out, scope)."""
     S = mdl._scope
     store = {(): S.rng_counters}
-    inner = _LiftedScope({col: _nest(S.path, t) for col, t in variables.items()},
+    inner = scope_cls({col: _nest(S.path, t) for col, t in variables.items()},
                          S.root_rngs if rngs is None else rngs, mutable, S.path, store)
     inner.initializing = getattr(S, "initializing", False)
     clone = _clone_on(mdl, cls if cls is not None else type(mdl), inner)
@@ -467,18 +468,82 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Module, init, carry_va
 
 # --- jit ------------------------------------------------------------------------------------------
 
+class _JitScope(_LiftedScope):
+    """The scope a ``nn.jit`` call runs in. Flax forks the jitted module's RNG streams first
+    (``fork_rngs``: each stream's key becomes ``module.make_rng(stream)``, one count of the
+    module's counters) and passes them in without a path suffix, so the keys drawn inside fold
+    only the path below the jitted module into the forked key: ``fold(forked, (*relative path,
+    count))`` -- a parameter of ``JitDense_0`` is not the one ``Dense_0`` would get."""
+
+    def push(self, name: str) -> "_JitScope":
+        if name not in self._children:
+            child = _JitScope(self._variables, self.root_rngs, self.mutable,
+                              self.path + (name,), self._store, self._rel + (name,))
+            child.initializing = self.initializing
+            child.adopted = self.adopted
+            self._children[name] = child
+        return self._children[name]
+
+    def make_rng(self, name: str = "params"):
+        if name not in self.root_rngs:
+            if "params" not in self.root_rngs:
+                raise ValueError(f'No RNG stream "{name}" in scope "{self.path_text}"; pass '
+                                 f'rngs={{"{name}": key}} to init/apply')
+            name = "params"
+        self.rng_counters[name] = self.rng_counters.get(name, 0) + 1
+        return _module.fold_in_static(self.root_rngs[name],
+                                      self._rel + (self.rng_counters[name],))
+
+
+def _jit_call(mdl, method, args, kwargs, cls=None):
+    S = mdl._scope
+    forked = {name: S.make_rng(name) for name in list(S.root_rngs)}   # Flax's fork_rngs
+    y, inner = _run(mdl, method, args, kwargs, _variables_of(S, True), S.mutable, rngs=forked,
+                    cls=cls, scope_cls=_JitScope)
+    _publish(S, _written(inner))
+    return y
+
+
 def jit(target, variables=True, rngs=True, static_argnums=(), static_argnames=(),
         donate_argnums=(), device=None, backend=None, methods=None):
     """``flax.linen.jit``: ctrainstate compiles nothing, so the module (or function of a
-    module) runs eagerly, call by call, with the same names, variables and results. A Module
-    class gives ``Jit<Name>`` (so auto names are ``JitDense_0``, as Flax's); a function is
-    returned as it is. The other arguments are accepted for Flax's signature."""
+    module) runs eagerly, call by call, with Flax's names, variables and results: a Module
+    class gives ``Jit<Name>`` (auto names ``JitDense_0``) whose ``methods`` (default
+    ``__call__``) run on a scope whose RNG keys are folded as Flax's jit folds them (forked,
+    then the path below the jitted module, see ``_JitScope``), so init gives Flax's
+    parameters. A function ``fn(module, *args)`` (or a method decorated with ``@nn.jit``) is lifted the same way over
+    ``module``. The other arguments are accepted for Flax's signature."""
     if isinstance(target, type) and issubclass(target, Module):
-        return type(f"Jit{target.__name__}", (target,),
-                    {"__module__": target.__module__, "__doc__": target.__doc__})
+        names = ("__call__",) if methods is None else \
+            ((methods,) if isinstance(methods, str) else tuple(methods))
+        body = {"__module__": target.__module__, "__doc__": target.__doc__,
+                "_adopt_fields": _no_adopt}
+        for m in names:
+            fn = getattr(target, m, None)
+            if fn is None or not callable(fn):
+                raise AttributeError(f"nn.jit: {target.__name__} has no method {m!r}")
+            body[m] = _jitted_method(target, fn)
+        return type(f"Jit{target.__name__}", (target,), body)
     if not callable(target):
         raise TypeError(f"nn.jit: expected a Module class or a function, got {target!r}")
-    return target
+    method = _module._wrap_method(target) if getattr(target, "_ct_compact", False) else \
+        _as_method(target)
+
+    @functools.wraps(target)
+    def jitted(mdl, *args, **kwargs):
+        _bound(mdl, "jit")
+        return _jit_call(mdl, method, args, kwargs)
+    jitted._ct_wrapped = True
+    return jitted
+
+
+def _jitted_method(target, fn):
+    @functools.wraps(fn)
+    def wrapped(self, *args, **kwargs):
+        _module._require_bound(self)
+        return _jit_call(self, fn, args, kwargs, cls=target)
+    wrapped._ct_wrapped = True
+    return wrapped
 
 
 # --- the function forms of init / apply ------------------------------------------------------

@@ -4,9 +4,9 @@
 
 Each direct transform (``nn.vjp(fn, mdl, *args)``, ``nn.cond(pred, f, g, mdl, *args)``...)
 runs ``fn`` on a clone of the bound module ``mdl``, on a scope that sees ``mdl``'s variables
-(the ``variables`` filter, all by default) and shares ``mdl``'s own RNG counters, as Flax's
-``pack`` does (child scopes inside start from zero, so a branch of ``nn.cond`` draws the same
-submodule keys as the other branch); the mutable collections it writes are published back to
+(the ``variables`` filter, all by default) and shares ``mdl``'s RNG counters, its children's
+included, as Flax's ``pack`` does (so the branches of ``nn.switch`` draw the keys of one
+submodule one after the other); the mutable collections it writes are published back to
 ``mdl``. ``fn`` runs like an ``@compact`` method of the clone: it may create submodules and
 parameters.
 
@@ -41,7 +41,7 @@ from .. import _ops
 from ..tree_util import tree_flatten, tree_unflatten
 from . import module as _module
 from .lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
-                     _no_adopt, _no_tape, _present)
+                     _no_adopt, _no_tape, _present, _seed_store, _write_back)
 from .module import Module
 from .scope import DenyList, in_filter
 
@@ -101,16 +101,19 @@ def _variables_of(S, variables) -> dict:
 def _run(mdl, method, args, kwargs, variables: dict, mutable, rngs=None, cls=None,
          scope_cls=_LiftedScope):
     """``method(clone, *args, **kwargs)`` on a clone of ``mdl`` bound to a fresh scope at
-    ``mdl``'s path with ``variables`` (collection -> tree at that path); the scope's own RNG
-    counters are ``mdl``'s (one dict), its children's start from zero. Returns (out, scope)."""
+    ``mdl``'s path with ``variables`` (collection -> tree at that path). The RNG counters of
+    the scope and of every scope below it are ``mdl``'s (Flax keeps a child's counters in its
+    parent's, under the child's name, and a lifted scope shares ``mdl``'s): the branches of a
+    switch draw one after the other. Returns (out, scope)."""
     S = mdl._scope
-    store = {(): S.rng_counters}
+    store = _seed_store(S)
     inner = scope_cls({col: _nest(S.path, t) for col, t in variables.items()},
                          S.root_rngs if rngs is None else rngs, mutable, S.path, store)
     inner.initializing = getattr(S, "initializing", False)
     clone = _clone_on(mdl, cls if cls is not None else type(mdl), inner)
     with inner:
         out = method(clone, *args, **kwargs)
+    _write_back(S, store)
     return out, inner
 
 

@@ -38,6 +38,7 @@ import operator
 import numpy as np
 
 from . import _dtypes
+from ._numpy_extra import _cnp, _o, _operand   # the lazy module accessors, shared
 
 __all__ = [
     # NumPy-2 / array-API aliases
@@ -65,19 +66,6 @@ __all__ = [
 ]
 
 
-def _o():
-    from . import _ops
-    return _ops
-
-
-def _cnp():
-    from . import numpy as cnp
-    return cnp
-
-
-def _operand(x, who, name="a"):
-    from ._move import _operand as op
-    return op(x, who, name)
 
 
 def _int(v, who, name):
@@ -1585,6 +1573,16 @@ convolve = _lowp(convolve)
 correlate = _lowp(correlate)
 
 
+def _cov_weights(v, name, n):
+    """``cov``'s ``fweights`` / ``aweights``: one weight per sample (numpy's checks)."""
+    w = _operand(v, "cov", name)
+    if len(w.shape) > 1:
+        raise RuntimeError(f"cannot handle multidimensional {name}")
+    if w.shape[0] != n:
+        raise RuntimeError(f"incompatible numbers of samples and {name}")
+    return w
+
+
 def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=None,
         dtype=None):
     """``jnp.cov``: the covariance matrix of the variables in the rows of ``m`` (columns with
@@ -1621,21 +1619,12 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
         ddof = 1 if not bias else 0
     w = aw = None
     if fweights is not None:
-        fw = _operand(fweights, "cov", "fweights")
-        if len(fw.shape) > 1:
-            raise RuntimeError("cannot handle multidimensional fweights")
-        if fw.shape[0] != X.shape[1]:
-            raise RuntimeError("incompatible numbers of samples and fweights")
+        fw = _cov_weights(fweights, "fweights", X.shape[1])
         if not _is_int(fw.dtype):
             raise TypeError("fweights must be integer.")
         w = cnp.abs(fw)
     if aweights is not None:
-        aw = _operand(aweights, "cov", "aweights")
-        if len(aw.shape) > 1:
-            raise RuntimeError("cannot handle multidimensional aweights")
-        if aw.shape[0] != X.shape[1]:
-            raise RuntimeError("incompatible numbers of samples and aweights")
-        aw = cnp.abs(aw)
+        aw = cnp.abs(_cov_weights(aweights, "aweights", X.shape[1]))
         w = aw if w is None else cnp.multiply(w, aw)
     if dtype is not None:
         X = cnp.astype(X, dtype)

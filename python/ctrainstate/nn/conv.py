@@ -124,7 +124,26 @@ def _masked_kernel(module, kernel, kernel_shape):
     return cnp.multiply(kernel, module.mask)
 
 
-class Conv(Module):
+class _Conv(Module):
+    """The fields :class:`Conv` and :class:`ConvLocal` share (Flax's ``_Conv``)."""
+
+    features: int
+    kernel_size: Any
+    strides: Any = 1
+    padding: Any = "SAME"
+    input_dilation: Any = 1
+    kernel_dilation: Any = 1
+    feature_group_count: int = 1
+    use_bias: bool = True
+    mask: Any = None
+    dtype: Any = None
+    param_dtype: Any = np.float32
+    precision: Any = None
+    kernel_init: Callable = default_kernel_init
+    bias_init: Callable = initializers.zeros_init()
+
+
+class Conv(_Conv):
     """An n-d convolution (``flax.linen.Conv``; ``n = len(kernel_size)``).
 
     Fields as Flax's: ``features``, ``kernel_size`` (an int is one spatial dimension),
@@ -142,21 +161,6 @@ class Conv(Module):
     >>> y.shape, v['params']['kernel'].shape, v['params']['bias'].shape
     ((1, 6, 4), (3, 3, 4), (4,))
     """
-
-    features: int
-    kernel_size: Any
-    strides: Any = 1
-    padding: Any = "SAME"
-    input_dilation: Any = 1
-    kernel_dilation: Any = 1
-    feature_group_count: int = 1
-    use_bias: bool = True
-    mask: Any = None
-    dtype: Any = None
-    param_dtype: Any = np.float32
-    precision: Any = None
-    kernel_init: Callable = default_kernel_init
-    bias_init: Callable = initializers.zeros_init()
 
     @compact
     def __call__(self, inputs):
@@ -240,7 +244,7 @@ def _conv_call(module, inputs, shared):
     return _finish(y, bias, batch_shape)
 
 
-class ConvLocal(Module):
+class ConvLocal(_Conv):
     """A locally connected layer (``flax.linen.ConvLocal``): a convolution whose kernel is
     not shared, one kernel per output position
     (:func:`ctrainstate.lax.conv_general_dilated_local`).
@@ -257,21 +261,6 @@ class ConvLocal(Module):
     >>> y.shape, v['params']['kernel'].shape, v['params']['bias'].shape
     ((1, 6, 4), (6, 9, 4), (6, 4))
     """
-
-    features: int
-    kernel_size: Any
-    strides: Any = 1
-    padding: Any = "SAME"
-    input_dilation: Any = 1
-    kernel_dilation: Any = 1
-    feature_group_count: int = 1
-    use_bias: bool = True
-    mask: Any = None
-    dtype: Any = None
-    param_dtype: Any = np.float32
-    precision: Any = None
-    kernel_init: Callable = default_kernel_init
-    bias_init: Callable = initializers.zeros_init()
 
     @compact
     def __call__(self, inputs):

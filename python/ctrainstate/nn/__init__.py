@@ -41,6 +41,7 @@ from . import pooling
 from .pooling import avg_pool, max_pool, pool
 from .stochastic import Dropout, merge_param
 from .combinators import Sequential
+from .summary import tabulate
 from .transforms import checkpoint, remat
 from .lifted import broadcast, scan, vmap
 from .recurrent import (Bidirectional, ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
@@ -75,7 +76,7 @@ __all__ = [
     'Embed', 'LayerNorm', 'RMSNorm', 'WeightNorm', 'SpectralNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',
     'ConvLocal', 'ConvTranspose', 'pooling', 'pool', 'avg_pool', 'max_pool', 'MultiHeadDotProductAttention', 'MultiHeadAttention',
     'SelfAttention', 'dot_product_attention', 'dot_product_attention_weights',
-    'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'RNNCellBase', 'LSTMCell',
+    'make_attention_mask', 'make_causal_mask', 'combine_masks', 'Dropout', 'merge_param', 'Sequential', 'tabulate', 'checkpoint', 'remat', 'scan', 'vmap', 'broadcast', 'RNNCellBase', 'LSTMCell',
     'OptimizedLSTMCell', 'GRUCell', 'SimpleCell', 'MGUCell', 'ConvLSTMCell', 'RNN',
     'Bidirectional', 'map_variables', 'vjp', 'value_and_grad', 'grad', 'jvp', 'cond',
     'switch', 'while_loop', 'jit', 'apply', 'init', 'init_with_output', 'share_scope', 'named_call',

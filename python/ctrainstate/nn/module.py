@@ -219,8 +219,12 @@ def _wrap_method(fn: Callable) -> Callable:
             self._scope._reserved.clear()
             self._scope._reserved.update(self._setup_reserved)   # setup()'s params stay taken
         stack.append(_Frame(self, is_compact))
+        recorders = getattr(_ctx, "recorders", None)
+        call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
         try:
             out = fn(self, *args, **kwargs)
+            if call is not None:
+                call.outputs = out     # nn.tabulate's outputs column
             capture = _capture_stack()
             if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
                 # apply(..., capture_intermediates=...): the method's return value, sown as
@@ -231,6 +235,21 @@ def _wrap_method(fn: Callable) -> Callable:
             stack.pop()
     wrapped._ct_wrapped = True
     return wrapped
+
+
+@contextlib.contextmanager
+def _recording(recorder):
+    """Within: every wrapped module method call on this thread is reported to ``recorder``
+    (``enter(module, method_name, args, kwargs)`` returns the record; its ``outputs`` is set
+    on return). Used by :func:`ctrainstate.nn.tabulate`."""
+    stack = getattr(_ctx, "recorders", None)
+    if stack is None:
+        stack = _ctx.recorders = []
+    stack.append(recorder)
+    try:
+        yield recorder
+    finally:
+        stack.pop()
 
 
 def _capture_stack() -> list:
@@ -723,6 +742,24 @@ class Module:
         fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                            if f.name != "name")
         return f"{type(self).__name__}({fields})"
+
+    def tabulate(self, rngs, *args, depth=None, show_repeated=False, mutable=None,
+                 console_kwargs=None, table_kwargs=None, column_kwargs=None,
+                 compute_flops=False, compute_vjp_flops=False, **kwargs) -> str:
+        """Flax's ``Module.tabulate``: the summary table of ``self.init(rngs, *args,
+        **kwargs)`` as a string (:func:`ctrainstate.nn.tabulate`: the module calls, their
+        inputs and outputs, each module's variables and Flax's parameter counts).
+
+        >>> import numpy as np
+        >>> from ctrainstate import nn, random
+        >>> print(nn.Dense(3).tabulate(random.PRNGKey(0), np.ones((2, 4), np.float32)).strip().splitlines()[-1].strip())
+        Total Parameters: 15 (60 B)
+        """
+        from .summary import tabulate
+        return tabulate(self, rngs, depth=depth, show_repeated=show_repeated, mutable=mutable,
+                        console_kwargs=console_kwargs, table_kwargs=table_kwargs,
+                        column_kwargs=column_kwargs, compute_flops=compute_flops,
+                        compute_vjp_flops=compute_vjp_flops)(*args, **kwargs)
 
     # --- equality and hashing: Flax's dataclass semantics ------------------------------------
     def _eq_key(self) -> tuple:

@@ -28,6 +28,7 @@ from .array import (Array, Shard, block_until_ready, device_get, device_put, fro
                     visualize_array_sharding)
 from . import numpy
 from ._ops import grad, value_and_grad
+from ._custom import custom_vjp, vjp
 from ._remat import checkpoint, checkpoint_policies, remat
 from ._precision import default_matmul_precision
 from ._abstract import ShapeDtypeStruct, eval_shape
@@ -45,7 +46,7 @@ __all__ = [
     "default_backend", "device_count", "device_put", "devices", "get_mesh", "set_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
     "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
-    "numpy", "grad", "value_and_grad", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
+    "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
     "device_put_replicated",
     "default_matmul_precision",
 ]

@@ -151,3 +151,61 @@ def test_vjp_and_custom_vjp_match_jax():
     gc = cts.grad(lambda a, b: cnp.sum(f_c(a, b) * cnp.cos(b)), argnums=(0, 1))(A, B)
     for a, b in zip(gc, gj):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_jacrev_blocks_pytrees_aux_and_against_the_definition():
+    W = RNG.standard_normal((2, 3)).astype(np.float32) * 0.5
+    x = RNG.standard_normal(3).astype(np.float32)
+    J = np.asarray(cts.jacrev(lambda v: cnp.tanh(W @ v))(x))
+    want = (1 - np.tanh(W @ x) ** 2)[:, None] * W             # d tanh(Wx)_i / dx_j
+    np.testing.assert_allclose(J, want, rtol=1e-5, atol=1e-6)
+    assert cts.jacobian is cts.jacrev
+
+    def f(p, v):
+        return {"a": cnp.sin(p["w"] @ v), "b": cnp.sum(p["w"])}, 7
+    (J, aux) = cts.jacrev(f, argnums=(0, 1), has_aux=True)({"w": W}, x)
+    assert aux == 7
+    # blocks: output shape + input shape; structure output outside, inputs inside
+    assert np.asarray(J["a"][0]["w"]).shape == (2, 2, 3)
+    assert np.asarray(J["a"][1]).shape == (2, 3)
+    assert np.asarray(J["b"][0]["w"]).shape == (2, 3)
+    np.testing.assert_array_equal(np.asarray(J["b"][0]["w"]), np.ones((2, 3)))
+    np.testing.assert_allclose(np.asarray(J["a"][1]), np.cos(W @ x)[:, None] * W, rtol=1e-5,
+                               atol=1e-6)
+    da = np.zeros((2, 2, 3))
+    for i in range(2):
+        da[i, i] = np.cos(W @ x)[i] * x
+    np.testing.assert_allclose(np.asarray(J["a"][0]["w"]), da, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="argnums"):
+        cts.jacrev(lambda v: v, argnums=2)(x)
+
+
+def test_jacrev_matches_jax():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    W = RNG.standard_normal((3, 4)).astype(np.float32)
+    x = RNG.standard_normal(4).astype(np.float32)
+    got = cts.jacrev(lambda w, v: cnp.exp(-cnp.square(w @ v)), argnums=(0, 1))(W, x)
+    want = jax.jacrev(lambda w, v: jnp.exp(-jnp.square(w @ v)), argnums=(0, 1))(W, x)
+    for a, b in zip(got, want):
+        assert np.asarray(a).shape == b.shape
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_debug_helpers_and_no_op_contexts(capsys):
+    cts.debug.print("v={} w={w}", cts.device_put(np.float32([1, 2])), w=3)
+    seen = []
+    cts.debug.callback(lambda a, b=None: seen.append((type(a).__name__, b)),
+                       cts.device_put(np.float32([1])), b="k")
+    assert capsys.readouterr().out == "v=[1. 2.] w=3\n"
+    assert seen == [("ndarray", "k")]
+    with pytest.raises(TypeError, match="format must be a string"):
+        cts.debug.print(3)
+    with cts.named_scope("block"), cts.disable_jit(), cts.ensure_compile_time_eval():
+        y = cnp.sum(cts.device_put(np.float32([1, 2])))
+    assert float(y) == 3.0
+
+    @cts.named_scope("f")
+    def f(v):
+        return v + 1
+    assert f(1) == 2

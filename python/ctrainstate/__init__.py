@@ -28,17 +28,47 @@ from .array import (Array, Shard, block_until_ready, device_get, device_put, fro
                     visualize_array_sharding)
 from . import numpy
 from ._ops import grad, value_and_grad
-from ._custom import custom_vjp, vjp
+from ._custom import custom_vjp, jacobian, jacrev, vjp
 from ._remat import checkpoint, checkpoint_policies, remat
 from ._precision import default_matmul_precision
 from ._abstract import ShapeDtypeStruct, eval_shape
 from ._jit import jit, pjit
 from ._pmap import device_put_replicated, device_put_sharded, pmap
 from ._vmap import vmap
-from . import optim, train_state, lax, serialization, struct, traverse_util, core
+from . import optim, train_state, lax, serialization, struct, traverse_util, core, debug
 from .lax import with_sharding_constraint
 
 __version__ = "0.1.0"
+
+
+class _NoOpContext:
+    """A context manager (and decorator) that changes nothing: jax's tracing and naming
+    controls, for code ported from jax (ctrainstate runs eagerly, with no traces or HLO
+    names)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __call__(self, fn):
+        return fn
+
+
+class named_scope(_NoOpContext):
+    """``jax.named_scope(name)``: names ops in jax's HLO and profiles; nothing to name here."""
+
+
+class disable_jit(_NoOpContext):
+    """``jax.disable_jit()``: ctrainstate's ``jit`` already runs eagerly, op by op."""
+
+
+class ensure_compile_time_eval(_NoOpContext):
+    """``jax.ensure_compile_time_eval()``: every value is concrete here already."""
 
 __all__ = [
     "Array", "Device", "DonatedBufferError", "Mesh", "NamedSharding", "P", "PartitionSpec",
@@ -46,7 +76,8 @@ __all__ = [
     "default_backend", "device_count", "device_put", "devices", "get_mesh", "set_mesh", "gpu_status", "local_device_count",
     "local_devices", "make_mesh", "mesh_utils", "process_count", "process_index",
     "reset_peak_memory_stats", "sharding", "tree", "tree_util", "visualize_array_sharding",
-    "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
+    "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "jacrev", "jacobian", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
     "device_put_replicated",
-    "default_matmul_precision",
+    "default_matmul_precision", "debug", "named_scope", "disable_jit",
+    "ensure_compile_time_eval",
 ]

@@ -1,0 +1,38 @@
+"""``jax.debug``'s host-side helpers. ctrainstate runs eagerly, so these run at once, in
+program order: ``print`` formats its arguments (Arrays read to the host as numpy arrays, as
+jax's ``debug.print`` shows them) with ``str.format`` and prints; ``callback`` calls a
+function with the numpy values of its arguments. ``ordered=`` is accepted (every call here is
+ordered).
+
+>>> import numpy as np, ctrainstate as cts
+>>> cts.debug.print("x = {x}", x=cts.device_put(np.float32([1, 2])))
+x = [1. 2.]
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Callable
+
+__all__ = ["print", "callback"]
+
+
+def _host(tree):
+    import numpy as np
+    from .array import Array
+    from .tree_util import tree_map
+    return tree_map(lambda v: np.asarray(v) if isinstance(v, Array) else v, tree)
+
+
+def print(fmt: str, *args, ordered: bool = False, **kwargs) -> None:  # noqa: A001 - jax's name
+    """``jax.debug.print``: ``fmt.format(*args, **kwargs)`` of the host values, printed."""
+    if not isinstance(fmt, str):
+        raise TypeError(f"debug.print: the format must be a string, got {type(fmt).__name__}")
+    builtins.print(fmt.format(*_host(args), **_host(kwargs)))
+
+
+def callback(fn: Callable, *args, ordered: bool = False, **kwargs) -> None:
+    """``jax.debug.callback``: ``fn(*args, **kwargs)`` with Arrays as numpy arrays; its
+    return value is dropped, as in jax."""
+    if not callable(fn):
+        raise TypeError(f"debug.callback: expected a callable, got {type(fn).__name__}")
+    fn(*_host(args), **_host(kwargs))

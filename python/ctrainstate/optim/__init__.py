@@ -40,7 +40,8 @@ from .losses import (convex_kl_divergence, cosine_distance, cosine_similarity,
                      triplet_margin_loss)
 from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, lars, lion,
                     noisy_sgd, radam, rmsprop, sgd, yogi, adamax, amsgrad, nadam, nadamw,
-                    adamaxw, sign_sgd, signum)
+                    adamaxw, sign_sgd, signum, adadelta, novograd, rprop, adan,
+                    optimistic_gradient_descent, optimistic_adam)
 
 GradientTransformationExtraArgs = GradientTransformation
 safe_int32_increment = safe_increment
@@ -67,4 +68,5 @@ __all__ += ["with_extra_args_support", "conditionally_mask", "ConditionallyMaskS
             "NonNegativeParamsState", "ZeroNansState", "keep_params_nonnegative", "zero_nans",
             "LookaheadParams", "LookaheadState", "lookahead", "safe_norm",
             "safe_root_mean_squares", "tree_map_params", "nadam", "nadamw", "adamaxw",
-            "sign_sgd", "signum"]
+            "sign_sgd", "signum", "adadelta", "novograd", "rprop", "adan",
+            "optimistic_gradient_descent", "optimistic_adam"]

@@ -16,7 +16,8 @@ from .transforms import (add_decayed_weights, scale_by_sign, clip_by_block_rms, 
                          add_noise, scale_by_adam, scale_by_adamax, scale_by_amsgrad,
                          scale_by_stddev, scale_by_belief, scale_by_radam, scale_by_yogi, scale_by_factored_rms, scale_by_learning_rate,
                          scale_by_lion, scale_by_param_block_rms, scale_by_rms, scale_by_rss,
-                         scale_by_trust_ratio, trace)
+                         scale_by_trust_ratio, trace, scale_by_adadelta, scale_by_adan,
+                         scale_by_novograd, scale_by_optimistic_gradient, scale_by_rprop)
 
 __all__ = ["sgd", "adam", "adamw", "lion", "rmsprop", "adagrad", "lamb", "adafactor",
            "adabelief", "yogi", "radam", "fromage", "lars", "noisy_sgd", "adamax",
@@ -200,3 +201,73 @@ def signum(learning_rate, beta=0.9, accumulator_dtype=None):
     (the sign runs between the fused ema and scaling passes)."""
     return chain(ema(beta, debias=False, accumulator_dtype=accumulator_dtype), scale_by_sign(),
                  scale_by_learning_rate(learning_rate))
+
+
+def adadelta(learning_rate=None, rho=0.9, eps=1e-6, weight_decay=0.0, weight_decay_mask=None):
+    """Adadelta (optax.adadelta): chain(add_decayed_weights(weight_decay, weight_decay_mask),
+    scale_by_adadelta(rho, eps), scale_by_learning_rate(learning_rate)). optax's default
+    ``learning_rate=None`` fails there with a TypeError about ``-1 * None``; here it raises
+    a ValueError asking for a learning rate (1.0 is Adadelta's unit step). Not fused."""
+    if learning_rate is None:
+        raise ValueError("adadelta: learning_rate=None (optax's default) cannot be used; give "
+                         "a learning rate or schedule (1.0 is the paper's unit step)")
+    return chain(add_decayed_weights(weight_decay, mask=weight_decay_mask),
+                 scale_by_adadelta(rho=rho, eps=eps),
+                 scale_by_learning_rate(learning_rate))
+
+
+def novograd(learning_rate, b1=0.9, b2=0.25, eps=1e-6, eps_root=0.0, weight_decay=0.0):
+    """NovoGrad (optax.novograd): chain(scale_by_novograd, scale_by_learning_rate). Not
+    fused; needs params."""
+    return chain(scale_by_novograd(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                                   weight_decay=weight_decay),
+                 scale_by_learning_rate(learning_rate))
+
+
+def rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6, max_step_size=50.0):
+    """Rprop (optax.rprop): chain(scale_by_rprop, scale(-1.0)). ``learning_rate`` is the
+    initial step size, a fixed number. Not fused."""
+    return chain(scale_by_rprop(learning_rate=learning_rate, eta_minus=eta_minus,
+                                eta_plus=eta_plus, min_step_size=min_step_size,
+                                max_step_size=max_step_size),
+                 scale(-1.0))
+
+
+def adan(learning_rate, b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=1e-8, weight_decay=0.0,
+         mask=None):
+    """Adan (optax.adan): chain(scale_by_adan, add_decayed_weights(weight_decay, mask),
+    scale_by_learning_rate). Not fused."""
+    return chain(scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root),
+                 add_decayed_weights(weight_decay, mask),
+                 scale_by_learning_rate(learning_rate))
+
+
+def optimistic_gradient_descent(learning_rate, alpha=1.0, beta=1.0):
+    """Optimistic gradient descent (optax.optimistic_gradient_descent):
+    chain(scale_by_optimistic_gradient(alpha, beta), scale_by_learning_rate). Not fused."""
+    return chain(scale_by_optimistic_gradient(alpha=alpha, beta=beta),
+                 scale_by_learning_rate(learning_rate))
+
+
+def optimistic_adam(learning_rate, optimism=None, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0,
+                    mu_dtype=None, *, nesterov=True):
+    """Optimistic Adam (optax.optimistic_adam, deprecated there in favour of
+    optimistic_adam_v2, and so warning here too): chain(scale_by_adam(..., nesterov),
+    scale_by_optimistic_gradient(alpha=learning_rate, beta=optimism or learning_rate),
+    scale_by_learning_rate(1.0)). ``learning_rate`` must be a number (optax's ValueError)."""
+    import warnings
+    warnings.warn("`optimistic_adam` is deprecated, please use `optimistic_adam_v2` instead.",
+                  category=DeprecationWarning, stacklevel=2)
+    if callable(learning_rate):
+        raise ValueError("This version of `optimistic_adam` does not support learning rate "
+                         "schedules but `optimistic_adam_v2` does.")
+    if optimism is None:
+        optimism = learning_rate
+    return chain(scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                               nesterov=nesterov),
+                 scale_by_optimistic_gradient(alpha=learning_rate, beta=optimism),
+                 scale_by_learning_rate(1.0))
+
+
+__all__ += ["adadelta", "novograd", "rprop", "adan", "optimistic_gradient_descent",
+            "optimistic_adam"]

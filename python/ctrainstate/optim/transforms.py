@@ -750,3 +750,348 @@ def apply_every(k=1) -> GradientTransformation:
 
 
 __all__ += ["scale_by_sign", "centralize", "ApplyEvery", "apply_every"]
+
+
+# --- more of optax's scalings (not fused: ctrainstate.numpy ops per leaf) -------------------------
+#
+# Each is optax's update written with ctrainstate.numpy ops, so a sharded leaf stays sharded
+# (its reductions are all-reduces) and the float32 roundings are optax's. Step counters and
+# flags are read on the host (they are replicated scalars that remember their value).
+
+
+class ScaleByAdaDeltaState(NamedTuple):
+    """State of :func:`scale_by_adadelta` (optax.ScaleByAdaDeltaState)."""
+    e_g: Any
+    e_x: Any
+
+
+class ScaleByNovogradState(NamedTuple):
+    """State of :func:`scale_by_novograd` (optax.ScaleByNovogradState)."""
+    count: Any
+    mu: Any
+    nu: Any
+
+
+class ScaleByRpropState(NamedTuple):
+    """State of :func:`scale_by_rprop` (optax.ScaleByRpropState)."""
+    step_sizes: Any
+    prev_updates: Any
+
+
+class ScaleByAdanState(NamedTuple):
+    """State of :func:`scale_by_adan` (optax.ScaleByAdanState)."""
+    m: Any
+    v: Any
+    n: Any
+    g: Any
+    t: Any
+
+
+class ScaleByOptimisticGradientState(NamedTuple):
+    """State of :func:`scale_by_optimistic_gradient` (optax.ScaleByOptimisticGradientState)."""
+    is_initial_step: Any
+    previous_gradient: Any
+
+
+class ScaleByDistanceOverGradientsState(NamedTuple):
+    """State of :func:`scale_by_distance_over_gradients`
+    (optax.ScaleByDistanceOverGradientsState)."""
+    max_dist: Any
+    grad_sum_of_squares: Any
+    init_params: Any
+
+
+def _cnp():
+    from .. import numpy as cnp
+    return cnp
+
+
+def device_put(x, sharding):
+    from .. import device_put as _put
+    return _put(x, sharding)
+
+
+def _like(x, ref):
+    """An update leaf as an Array placed like the state leaf ``ref`` (numpy grads given to a
+    sharded state take its sharding)."""
+    return to_array(x, like=ref)
+
+
+def _moment(g, m, decay, order):
+    """optax.tree.update_moment on one leaf: (1 - decay) * g**order + decay * m."""
+    return (1 - decay) * (g ** order if order != 1 else g) + decay * m
+
+
+def _need_params(params, who):
+    if params is None:
+        raise ValueError(f"{who} needs params: call update(updates, state, params)")
+
+
+def _check_number(x, what):
+    """A hyper-parameter that must be a fixed number (optax takes no schedule there)."""
+    if callable(x):
+        raise TypeError(f"{what} must be a number, not a schedule (optax takes none here), "
+                        f"got {x!r}")
+    return _check_scalar(x, what)
+
+
+def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:
+    """Adadelta's scaling (optax.scale_by_adadelta). With ``e_g`` the EMA of squared grads
+    and ``e_x`` the EMA of squared updates (both start at zeros like the params)::
+
+        e_g = (1 - rho) * g**2 + rho * e_g
+        u = sqrt(e_x + eps) / sqrt(e_g + eps) * g          # e_x of the previous step
+        e_x = (1 - rho) * u**2 + rho * e_x
+
+    State: ScaleByAdaDeltaState(e_g, e_x). Not fused."""
+    _check_number(rho, "scale_by_adadelta: rho")
+    _check_number(eps, "scale_by_adadelta: eps")
+
+    def init(params):
+        return ScaleByAdaDeltaState(e_g=_zeros_tree(params), e_x=_zeros_tree(params))
+
+    def update(updates, state, params=None):
+        del params
+        _expect_state(state, ScaleByAdaDeltaState, "scale_by_adadelta")
+        cnp = _cnp()
+        e_g = tree_map(lambda g, m: _moment(_like(g, m), m, rho, 2), updates, state.e_g)
+        out = tree_map(lambda g, eg, ex: (cnp.sqrt(ex + eps) / cnp.sqrt(eg + eps)) * _like(g, eg),
+                       updates, e_g, state.e_x)
+        e_x = tree_map(lambda u, m: _moment(u, m, rho, 2), out, state.e_x)
+        return out, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
+    return GradientTransformation(init, update)
+
+
+def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
+                      mu_dtype=None) -> GradientTransformation:
+    """NovoGrad's scaling (optax.scale_by_novograd): a per-leaf second moment of the grad's
+    squared norm, ``nu = ||g||**2`` at the first step then ``(1 - b2) * ||g||**2 + b2 * nu``,
+    and the momentum of the normalized grad plus weight decay,
+    ``mu = b1 * mu + g / (sqrt(nu + eps_root) + eps) + weight_decay * params`` (``mu`` is that
+    sum alone at the first step); the update is ``mu``. Needs params. State:
+    ScaleByNovogradState(count, mu, nu), ``nu`` a 0-d scalar per leaf in the param's dtype.
+    Not fused (a norm per leaf, an all-reduce where the leaf is sharded)."""
+    mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
+    for v, n in ((b1, "b1"), (b2, "b2"), (eps, "eps"), (eps_root, "eps_root"),
+                 (weight_decay, "weight_decay")):
+        _check_number(v, f"scale_by_novograd: {n}")
+
+    def init(params):
+        nu = tree_map(lambda p: scalar(0.0, np.dtype(p.dtype), ref=p), params)
+        return ScaleByNovogradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
+                                    nu=nu)
+
+    def update(updates, state, params=None):
+        _expect_state(state, ScaleByNovogradState, "scale_by_novograd")
+        _need_params(params, "scale_by_novograd")
+        from .base import read_scalar
+        cnp = _cnp()
+        t = safe_increment(int(read_scalar(state.count)))
+        grads = tree_map(lambda g, m: _like(g, m), updates, state.mu)
+
+        def nu_add(g):
+            return cnp.sqrt(cnp.sum(cnp.square(g))) ** 2     # jnp.linalg.norm(g) ** 2
+
+        if t == 1:
+            nu = tree_map(lambda g, n: nu_add(g).astype(n.dtype), grads, state.nu)
+        else:
+            nu = tree_map(lambda g, n: _moment(nu_add(g), n, b2, 1), grads, state.nu)
+
+        def mu_add(g, p, n):
+            return g / (cnp.sqrt(n + eps_root) + eps) + weight_decay * _like(p, g)
+
+        if t == 1:
+            mu = tree_map(mu_add, grads, params, nu)
+        else:
+            mu = tree_map(lambda m, g, p, n: b1 * m + mu_add(g, p, n), state.mu, grads, params, nu)
+        if mu_dtype is not None:
+            mu = tree_map(lambda m: m.astype(mu_dtype), mu)
+        count = scalar(t, np.int32, sharding=getattr(state.count, "sharding", None))
+        return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
+    return GradientTransformation(init, update)
+
+
+def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
+                   max_step_size=50.0) -> GradientTransformation:
+    """Rprop's scaling (optax.scale_by_rprop). Per element, with ``s = g * prev`` (``prev``
+    the previous step's output before zeroing): the step size grows by ``eta_plus`` where
+    ``s > 0``, shrinks by ``eta_minus`` where ``s < 0`` (clipped to [min_step_size,
+    max_step_size]) and is kept where ``s == 0``; the new ``prev`` is ``step * sign(g)``, or 0
+    where ``s < 0``; the update is the *previous* ``prev``, or 0 where ``s < 0`` (optax's
+    exact rule, a step late). Step sizes start at ``learning_rate``, a fixed number. State:
+    ScaleByRpropState(step_sizes, prev_updates). Not fused."""
+    for v, n in ((learning_rate, "learning_rate"), (eta_minus, "eta_minus"),
+                 (eta_plus, "eta_plus"), (min_step_size, "min_step_size"),
+                 (max_step_size, "max_step_size")):
+        _check_number(v, f"scale_by_rprop: {n}")
+
+    def init(params):
+        return ScaleByRpropState(tree_map(lambda p: full_like(p, learning_rate), params),
+                                 _zeros_tree(params))
+
+    def update(updates, state, params=None):
+        del params
+        _expect_state(state, ScaleByRpropState, "scale_by_rprop")
+        cnp = _cnp()
+        grads = tree_map(_like, updates, state.prev_updates)
+        sign = tree_map(lambda g, pg: g * pg, grads, state.prev_updates)
+        step_sizes = tree_map(
+            lambda s, st: cnp.where(s == 0, st, cnp.clip(
+                cnp.where(s > 0, st * eta_plus, st * eta_minus), min_step_size, max_step_size)),
+            sign, state.step_sizes)
+        prev = tree_map(lambda s, g, st: cnp.where(s < 0, cnp.zeros_like(g), st * cnp.sign(g)),
+                        sign, grads, step_sizes)
+        out = tree_map(lambda s, pg: cnp.where(s < 0, cnp.zeros_like(pg), pg),
+                       sign, state.prev_updates)
+        return out, ScaleByRpropState(step_sizes, prev)
+    return GradientTransformation(init, update)
+
+
+def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> GradientTransformation:
+    """Adan's scaling (optax.scale_by_adan, Algorithm 1 of arXiv:2208.06677). With
+    ``d = g - g_prev`` (zeros at the first step)::
+
+        m = (1 - b1) * g + b1 * m
+        v = (1 - b2) * d + b2 * v
+        n = (1 - b3) * (g + (1 - b2) * d)**2 + b3 * n
+        u = (m_hat + (1 - b2) * v_hat) / (sqrt(n_hat + eps_root) + eps)
+
+    the hats bias-corrected by ``1 - b**t`` in float32. State: ScaleByAdanState(m, v, n, g,
+    t), ``g`` the previous grads and ``t`` the int32 step count. Not fused."""
+    for v_, n_ in ((b1, "b1"), (b2, "b2"), (b3, "b3"), (eps, "eps"), (eps_root, "eps_root")):
+        _check_number(v_, f"scale_by_adan: {n_}")
+
+    def init(params):
+        return ScaleByAdanState(m=_zeros_tree(params), v=_zeros_tree(params),
+                                n=_zeros_tree(params), g=_zeros_tree(params),
+                                t=_count0(params))
+
+    def update(updates, state, params=None):
+        del params
+        _expect_state(state, ScaleByAdanState, "scale_by_adan")
+        from .base import read_scalar
+        cnp = _cnp()
+        t0 = int(read_scalar(state.t))
+        g = tree_map(_like, updates, state.g)
+        if t0 == 0:
+            diff = tree_map(cnp.zeros_like, g)
+        else:
+            diff = tree_map(lambda a, b: a - b, g, state.g)
+        m = tree_map(lambda x, mm: _moment(x, mm, b1, 1), g, state.m)
+        v = tree_map(lambda x, vv: _moment(x, vv, b2, 1), diff, state.v)
+        sq = tree_map(lambda x, d: x + (1 - b2) * d, g, diff)
+        n = tree_map(lambda x, nn: _moment(x, nn, b3, 2), sq, state.n)
+        t = safe_increment(t0)
+        c1, c2, c3 = _bc(b1, t), _bc(b2, t), _bc(b3, t)
+        u = tree_map(lambda mm, vv, nn: (mm / c1 + (1 - b2) * (vv / c2))
+                     / (cnp.sqrt(nn / c3 + eps_root) + eps), m, v, n)
+        return u, ScaleByAdanState(m=m, v=v, n=n, g=g, t=scalar(
+            t, np.int32, sharding=getattr(state.t, "sharding", None)))
+    return GradientTransformation(init, update)
+
+
+def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
+    """Generalized optimistic gradients (optax.scale_by_optimistic_gradient):
+    ``(alpha + beta) * g - beta * g_prev``, with ``g_prev = g`` at the first step (optax
+    issue 1082). State: ScaleByOptimisticGradientState(is_initial_step, previous_gradient),
+    the flag a bool scalar. Not fused."""
+    _check_number(alpha, "scale_by_optimistic_gradient: alpha")
+    _check_number(beta, "scale_by_optimistic_gradient: beta")
+
+    def init(params):
+        return ScaleByOptimisticGradientState(is_initial_step=scalar(True, np.bool_, params),
+                                              previous_gradient=_zeros_tree(params))
+
+    def update(updates, state, params=None):
+        del params
+        _expect_state(state, ScaleByOptimisticGradientState, "scale_by_optimistic_gradient")
+        from .base import read_scalar
+        first = bool(read_scalar(state.is_initial_step))
+        g = tree_map(_like, updates, state.previous_gradient)
+        prev = g if first else state.previous_gradient
+        out = tree_map(lambda x, p: (alpha + beta) * x - beta * p, g, prev)
+        flag = scalar(False, np.bool_,
+                      sharding=getattr(state.is_initial_step, "sharding", None))
+        return out, ScaleByOptimisticGradientState(is_initial_step=flag, previous_gradient=g)
+    return GradientTransformation(init, update)
+
+
+def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformation:
+    """Divide the updates by their global norm (optax.normalize_by_update_norm):
+    ``g / ((global_norm(updates) + eps) / scale_factor)``. State: EmptyState(). Not fused
+    (one all-reduce per sharded leaf for the norm)."""
+    _check_number(scale_factor, "normalize_by_update_norm: scale_factor")
+    _check_number(eps, "normalize_by_update_norm: eps")
+
+    def update(updates, state, params=None):
+        del params
+        cnp = _cnp()
+        leaves = [to_array(x) for x in tree_leaves(updates)]
+        sq = 0
+        for x in leaves:
+            sq = sq + cnp.sum(cnp.square(x))
+        g_norm = (cnp.sqrt(sq) + eps) / scale_factor
+        return tree_map(lambda g: to_array(g) / g_norm, updates), state
+    return GradientTransformation(lambda params: EmptyState(), update)
+
+
+def scale_by_param_block_norm(min_scale=1e-3) -> GradientTransformation:
+    """Multiply each leaf by the norm of its param, at least ``min_scale``
+    (optax.scale_by_param_block_norm: ``u * safe_norm(p, min_scale)``). Needs params.
+    State: EmptyState(). Not fused."""
+    _check_number(min_scale, "scale_by_param_block_norm: min_scale")
+
+    def update(updates, state, params=None):
+        _need_params(params, "scale_by_param_block_norm")
+        from .utils import safe_norm
+        return tree_map(lambda u, p: _like(u, to_array(p)) * safe_norm(to_array(p), min_scale),
+                        updates, params), state
+    return GradientTransformation(lambda params: EmptyState(), update)
+
+
+def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.float32,
+                                     global_scale=1.0) -> GradientTransformation:
+    """Layer-wise distance over gradients (optax.scale_by_distance_over_gradients, "LDoG").
+    Per leaf: ``max_dist = max(max_dist, ||p - p0||)`` (starting at ``reps_rel * (1 +
+    ||p0||)``), ``grad_sum_of_squares += sum(g**2)`` (a shape (1,) float32 array, as optax),
+    and the update ``global_scale * max_dist / sqrt(grad_sum_of_squares + eps) * g``. Needs
+    params. State: ScaleByDistanceOverGradientsState(max_dist, grad_sum_of_squares,
+    init_params), the initial params cast to ``param_dtype``. Not fused."""
+    for v, n in ((reps_rel, "reps_rel"), (eps, "eps"), (global_scale, "global_scale")):
+        _check_number(v, f"scale_by_distance_over_gradients: {n}")
+    param_dtype = _state_dtype(param_dtype, "param_dtype")
+
+    def _l2(x, y=None):
+        cnp = _cnp()
+        d = x if y is None else x - y
+        return cnp.sqrt(cnp.sum(cnp.square(d)))
+
+    def init(params):
+        return ScaleByDistanceOverGradientsState(
+            tree_map(lambda x: reps_rel * (1 + _l2(to_array(x))), params),
+            tree_map(lambda x: device_put(np.zeros(1, np.float32), _scalar_sharding(x)),
+                     params),
+            tree_map(lambda x: to_array(x) if param_dtype is None
+                     else to_array(x).astype(param_dtype), params))
+
+    def update(updates, state, params=None):
+        _expect_state(state, ScaleByDistanceOverGradientsState,
+                      "scale_by_distance_over_gradients")
+        _need_params(params, "scale_by_distance_over_gradients")
+        cnp = _cnp()
+        max_dist = tree_map(lambda d, x, y: cnp.maximum(d, _l2(_like(x, y), y)),
+                            state.max_dist, params, state.init_params)
+        g = tree_map(_like, updates, state.init_params)
+        g_sos = tree_map(lambda s, y: s + cnp.sum(cnp.square(y)),
+                         state.grad_sum_of_squares, g)
+        out = tree_map(lambda x, d, s: (global_scale * (d / cnp.sqrt(s + eps))) * x,
+                       g, max_dist, g_sos)
+        return out, ScaleByDistanceOverGradientsState(max_dist, g_sos, state.init_params)
+    return GradientTransformation(init, update)
+
+
+__all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",
+            "scale_by_novograd", "ScaleByRpropState", "scale_by_rprop", "ScaleByAdanState",
+            "scale_by_adan", "ScaleByOptimisticGradientState", "scale_by_optimistic_gradient",
+            "normalize_by_update_norm", "scale_by_param_block_norm",
+            "ScaleByDistanceOverGradientsState", "scale_by_distance_over_gradients"]

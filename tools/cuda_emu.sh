@@ -114,7 +114,8 @@ run() {  # run NAME [pytest args...]
             tests/test_more_ops.py tests/test_move_ops.py tests/test_optim_lowp.py tests/test_sort.py \
             tests/test_numpy_math.py tests/test_pmap.py tests/test_vmap.py tests/test_lax_more.py \
             tests/test_conv_local.py tests/test_recurrent.py tests/test_linen_more.py \
-            tests/test_random_more.py tests/test_numpy_more.py ;;
+            tests/test_random_more.py tests/test_numpy_more.py tests/test_custom_vjp.py \
+            tests/test_optim_extra.py ;;
     scan8)
         # scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
         # the cases left compare meshes with one device, scan over remat, the reference's P9/P11)

@@ -209,3 +209,26 @@ def test_debug_helpers_and_no_op_contexts(capsys):
     def f(v):
         return v + 1
     assert f(1) == 2
+
+
+def test_review_fixes_argnums_dtypes_and_keyword_only():
+    a, b = np.float32([1, 2]), np.float32([3, 4])
+    # a negative argnums counts from the end, as jax's
+    np.testing.assert_array_equal(np.asarray(cts.jacrev(lambda u, v: u * v, argnums=-1)(a, b)),
+                                  np.diag(a))
+    # an empty output's Jacobian has the input's dtype (a cotangent's), as the non-empty one
+    j = cts.jacrev(lambda x: cnp.astype(x, cnp.float32)[:0])(np.float16([1, 2]))
+    assert j.dtype == np.float16 and j.shape == (0, 2)
+    # cotangents must have the outputs' dtypes (jax raises too); Python scalars are weak
+    _, f_vjp = cts.vjp(lambda x: x * 2, a)
+    with pytest.raises(ValueError, match="float16 cotangent for a float32 output"):
+        f_vjp(np.float16([1, 1]))
+    _, s_vjp = cts.vjp(lambda x: cnp.sum(x), a)
+    np.testing.assert_array_equal(np.asarray(s_vjp(2.0)[0]), [2.0, 2.0])
+    # keyword-only arguments cannot be made positional: jax's TypeError
+    def kwo(x, *, scale):
+        return x * scale
+    f = cts.custom_vjp(kwo)
+    f.defvjp(lambda x, scale: (x * scale, scale), lambda s, g: (g * s,))
+    with pytest.raises(TypeError, match="keyword-only arguments \\['scale'\\]"):
+        f(a, scale=2.0)

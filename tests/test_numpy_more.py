@@ -643,3 +643,14 @@ def test_names_exported_with_docstrings():
     # no dtype object the core lacks is aliased
     for n in ("float64", "int64", "int8", "uint8", "complex64"):
         assert not hasattr(cnp, n), n
+
+
+def test_unique_of_one_element_and_0d_inputs():
+    for x in (np.float32(3), np.float32([3]), np.ones((1, 3), np.float32)):
+        vals, inv, cnt = cnp.unique(x, return_inverse=True, return_counts=True)
+        wv, wi, wc = np.unique(x, return_inverse=True, return_counts=True)
+        np.testing.assert_array_equal(np.asarray(vals), wv)
+        np.testing.assert_array_equal(np.asarray(cnt), wc)
+        assert np.asarray(inv).shape == np.shape(x)       # jax's: the input's shape
+    np.testing.assert_array_equal(np.asarray(cnp.unique(np.ones((1, 3), np.float32), axis=0)),
+                                  np.ones((1, 3)))

@@ -342,3 +342,10 @@ def test_docstring_examples():
     from ctrainstate import _random_dist
     res = doctest.testmod(_random_dist, extraglobs={"PRNGKey": R.PRNGKey})
     assert res.attempted >= 16 and res.failed == 0
+
+
+def test_geometric_saturates_as_xla_at_p_zero():
+    # p = 0: log(u) / log1p(-0) = log(u) / -0 = +inf -> INT_MAX (XLA's saturating convert);
+    # p = -0.0: log1p(+0) = +0 -> -inf -> INT_MIN; p = 1: one trial
+    got = np.asarray(R.geometric(R.PRNGKey(0), np.float32([0.0, -0.0, 1.0])))
+    assert got.tolist() == [2**31 - 1, -2**31, 1]

@@ -145,3 +145,23 @@ def test_table_matches_live_flax():
         assert len(got[0]) == len(want[0])
         for g, w in zip(got[0], want[0]):
             assert g == w
+
+
+def test_models_with_ops_without_abstract_rules_are_tabulated():
+    # the convolutions and GroupNorm have no eval_shape rule: init runs for real
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(4, (3,))(x)
+            x = nn.GroupNorm(num_groups=2)(x)
+            return nn.BatchNorm(use_running_average=False)(x)
+    x = np.ones((2, 6, 3), np.float32)
+    rows, footer, caption = _parse(CNN().tabulate(random.PRNGKey(0), x))
+    assert [r["module"] for r in rows] == ["CNN", "Conv", "GroupNorm", "BatchNorm"]
+    # Conv: 3 * 3 * 4 + 4; GroupNorm and BatchNorm: 4 + 4 each; BatchNorm's mean and var
+    assert rows[1]["params"].endswith("40 (160 B)")
+    assert footer["params"] == "56 (224 B)" and footer["batch_stats"] == "8 (32 B)"
+    assert caption == "Total Parameters: 64 (256 B)"
+    # an error of the model itself still comes through
+    with pytest.raises(ValueError):
+        nn.Conv(4, (3,)).tabulate(random.PRNGKey(0), np.ones((3,), np.float32))

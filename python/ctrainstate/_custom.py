@@ -111,13 +111,23 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
                             f"{out_td}")
         seeds = {}
         for y, ct in zip(out_leaves, ct_leaves):
-            c = ct if isinstance(ct, Array) else o._lift(np.asarray(ct), o._place_of(y))
+            if isinstance(ct, Array):
+                c = ct
+            elif isinstance(ct, (int, float)) and not isinstance(ct, bool):
+                c = o._lift_any(np.asarray(ct, y.dtype))      # a weak Python scalar
+            else:
+                h = np.asarray(ct)
+                if h.dtype == np.float64:                       # numpy's default float
+                    h = h.astype(np.float32)
+                c = o._lift_any(h)
             if tuple(c.shape) != tuple(y.shape):
                 raise ValueError(f"vjp: a cotangent of shape {tuple(c.shape)} for an output "
                                  f"of shape {tuple(y.shape)}")
+            if np.dtype(c.dtype) != np.dtype(y.dtype):
+                raise ValueError(f"vjp: a {np.dtype(c.dtype).name} cotangent for a "
+                                 f"{np.dtype(y.dtype).name} output of shape {tuple(y.shape)}; "
+                                 f"cotangents must have the outputs' dtypes, as in jax")
             if id(y) in tape.tracked:
-                if c.dtype != y.dtype:
-                    c = o.astype(c, y.dtype)
                 prev = seeds.get(id(y))
                 seeds[id(y)] = c if prev is None else o.add(prev, c)
         cot = o._backward(tape, None, seeds=seeds)
@@ -180,7 +190,12 @@ class custom_vjp:
             raise TypeError(f"custom_vjp {getattr(self.fun, '__name__', 'function')}: {e}") \
                 from None
         bound.apply_defaults()
-        return tuple(bound.args) + tuple(bound.kwargs.values())
+        if bound.kwargs:
+            raise TypeError(f"custom_vjp {getattr(self.fun, '__name__', 'function')}: the "
+                            f"keyword-only arguments {sorted(bound.kwargs)} could not be "
+                            f"resolved to positional arguments (jax's rule: pass them "
+                            f"positionally or through functools.partial)")
+        return tuple(bound.args)
 
     def __call__(self, *args, **kwargs):
         from .tree_util import tree_flatten, tree_unflatten
@@ -281,15 +296,17 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
 
     def jac(*args, **kwargs):
         o = _ops()
+        idx = []
         for i in nums:
-            if not isinstance(i, int) or not 0 <= i < len(args):
+            if not isinstance(i, int) or not -len(args) <= i < len(args):
                 raise ValueError(f"jacrev: argnums {argnums!r} out of range for "
                                  f"{len(args)} positional arguments")
-        diff = [args[i] for i in nums]
+            idx.append(i % len(args))
+        diff = [args[i] for i in idx]
 
         def f(*d):
             full = list(args)
-            for i, v in zip(nums, d):
+            for i, v in zip(idx, d):
                 full[i] = v
             return fun(*full, **kwargs)
         if has_aux:
@@ -319,7 +336,7 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
                     shape = tuple(y.shape) + tuple(np.shape(x))
                     if n == 0:
                         from . import numpy as cnp
-                        bl.append(cnp.zeros(shape, y.dtype))
+                        bl.append(cnp.zeros(shape, x.dtype))   # a cotangent's dtype
                         continue
                     col = [tree_flatten(r[j])[0][m] for r in rows]
                     from ._slicing import stack

@@ -244,13 +244,25 @@ def _refuse_grad(name, *vals):
 
 
 @_floating(2)
+def _nextafter_f32(x1, x2, /) -> Array:
+    _refuse_grad("nextafter", x1, x2)
+    return _o._binary(B_NEXTAFTER, x1, x2)
+
+
 def nextafter(x1, x2, /) -> Array:
     """The float32 next to ``x1`` in the direction of ``x2`` (``jnp.nextafter``,
     ``lax.nextafter``; exact: ``nextafter(0., 1.)`` is the least subnormal, as in jax; NaN if
     either is NaN; ``x2`` where they are equal). Not differentiable: under ``grad`` it raises
-    ``NotImplementedError``, as jax does."""
-    _refuse_grad("nextafter", x1, x2)
-    return _o._binary(B_NEXTAFTER, x1, x2)
+    ``NotImplementedError``, as jax does. bfloat16 / float16 operands are refused (a
+    ``TypeError``): the step is the float32 one, which rounds back to ``x1`` in 16 bits, where
+    jax steps in the 16-bit format."""
+    for v in (x1, x2):
+        dt = getattr(v, "dtype", None)
+        if dt is not None and np.dtype(dt) in (_dtypes.bfloat16, _dtypes.float16):
+            raise TypeError(f"nextafter: {np.dtype(dt).name} operands are not supported (the "
+                            f"next float32 rounds back to the same {np.dtype(dt).name}); "
+                            f"convert to float32 for the float32 neighbour")
+    return _nextafter_f32(x1, x2)
 
 
 # --- fmod: lax.rem -------------------------------------------------------------------------

@@ -983,7 +983,8 @@ def _unique_plan(h, axis, equal_nan):
     if aux.size:
         s = aux[perm]
         mask = np.ones(size, bool)
-        mask[1:] = _neq(s[1:], s[:-1], equal_nan).reshape(size - 1, -1).any(1)
+        if size > 1:      # (one slice: nothing to compare, it is the first of its run)
+            mask[1:] = _neq(s[1:], s[:-1], equal_nan).reshape(size - 1, rest).any(1)
     else:
         mask = np.zeros(size, bool)
     return perm, mask

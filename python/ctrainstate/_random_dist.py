@@ -183,8 +183,8 @@ def _int_dtype(dtype, name, default=np.int32) -> np.dtype:
 def _to_int(x, dt):
     """XLA's float -> int conversion: saturating, NaN -> 0."""
     info = np.iinfo(dt)
-    x = np.where(np.isnan(x), 0, np.clip(x, info.min, info.max))
-    return x.astype(np.float64).astype(dt)
+    x = np.asarray(x, np.float64)       # (INT_MAX is not a float32: clip in float64)
+    return np.where(np.isnan(x), 0, np.clip(x, info.min, info.max)).astype(dt)
 
 
 # --- samplers built on uniform ------------------------------------------------------------

@@ -13,7 +13,9 @@ counts its submodules' variables too. The footer has each collection's total and
 caption ``Total Parameters: N (B)`` summed over every collection, Flax's numbers and units.
 
 ``init`` runs under :func:`ctrainstate.eval_shape`, so nothing is computed or allocated
-(as Flax does with ``jax.eval_shape``). The table is drawn with box characters as plain text
+(as Flax does with ``jax.eval_shape``); a model with an op that has no abstract rule there
+(the convolutions, GroupNorm, BatchNorm in training mode) is initialised for real instead
+(an error it raises then is the model's own). The table is drawn with box characters as plain text
 (Flax draws it with ``rich``, which ctrainstate does not need); ``console_kwargs``,
 ``table_kwargs`` and ``column_kwargs`` are accepted for Flax's signature and must be empty or
 ``None``; ``compute_flops`` / ``compute_vjp_flops`` are not supported (a
@@ -309,9 +311,18 @@ def tabulate(module, rngs, depth=None, show_repeated=False, mutable=None, consol
         kwargs["mutable"] = mutable
 
     def table_fn(*args, **fn_kwargs):
-        rec = _Recorder()
-        with _module._recording(rec):
-            variables = eval_shape(lambda: module.init(rngs, *args, **fn_kwargs, **kwargs))
+        def run(abstract):
+            rec = _Recorder()
+            with _module._recording(rec):
+                if abstract:
+                    v = eval_shape(lambda: module.init(rngs, *args, **fn_kwargs, **kwargs))
+                else:
+                    v = module.init(rngs, *args, **fn_kwargs, **kwargs)
+            return rec, v
+        try:
+            rec, variables = run(True)
+        except Exception:   # noqa: BLE001 - an op without an abstract rule: run init for real
+            rec, variables = run(False)
         variables = {k: v for k, v in dict(variables).items()}
         rows = _rows(rec.calls, variables, depth, show_repeated)
         # 'params' first, then the other collections by name (Flax's order is a set's)

@@ -422,7 +422,7 @@ def switch(index, branches, mdl: Module, *operands, variables=True, rngs=True):
     if h is None or h.dtype.kind not in "iu":
         raise TypeError(f"nn.switch: the index must be a concrete integer, got {index!r}")
     i = min(max(int(h), 0), len(branches) - 1)
-    return _branches("switch", branches, mdl, operands, i, True)
+    return _branches("switch", branches, mdl, operands, i, variables)
 
 
 def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Module, init, carry_variables=False,

@@ -65,13 +65,8 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     """
     from .tree_util import tree_flatten, tree_unflatten
     o = _ops()
-    tape = o._Tape()
-    stack = getattr(o._tls, "tapes", None)
-    if stack is None:
-        stack = o._tls.tapes = []
-    enclosing = tuple(t for t in stack if t is not None)
-    if enclosing:
-        tape.outer = enclosing
+    tape, stack = o._open_tape()
+    enclosing = tape.outer
     flat_in, args = [], []
     for p in primals:
         leaves, td = tree_flatten(p)

@@ -142,6 +142,19 @@ _NESTED = ("value_and_grad/grad inside another value_and_grad/grad, of values th
            "constant")
 
 
+def _open_tape():
+    """A new tape for a differentiated call, with the enclosing calls' tapes as its ``outer``
+    (see :data:`_NESTED`), and this thread's tape stack to push it on: ``(tape, stack)``."""
+    tape = _Tape()
+    stack = getattr(_tls, "tapes", None)
+    if stack is None:
+        stack = _tls.tapes = []
+    enclosing = tuple(t for t in stack if t is not None)
+    if enclosing:
+        tape.outer = enclosing
+    return tape, stack
+
+
 def _check_not_nested(t: _Tape, inputs: Sequence) -> None:
     for x in inputs:
         if isinstance(x, Array) and any(id(x) in o.tracked for o in t.outer):
@@ -1630,13 +1643,8 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
 
     def wrapped(*args, **kwargs):
         args = list(args)
-        tape = _Tape()
-        stack = getattr(_tls, "tapes", None)
-        if stack is None:
-            stack = _tls.tapes = []
-        enclosing = tuple(t for t in stack if t is not None)
-        if enclosing:
-            tape.outer = enclosing
+        tape, stack = _open_tape()
+        enclosing = tape.outer
         flat_in = {}
         for i in nums:
             if i >= len(args):

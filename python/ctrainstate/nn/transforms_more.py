@@ -178,6 +178,22 @@ def _map_call(mdl, method, cfg: _MapConfig, args, kwargs, cls=None):
     return y
 
 
+def _lifted_class(target, methods, kind: str, make):
+    """A subclass of the Module class ``target`` whose ``methods`` (``__call__`` by default; a
+    name or several) are ``make(method)``, named as Flax names its lifted classes
+    (``Jit<Name>``, ``Map_variables<Name>``)."""
+    names = ("__call__",) if methods is None else \
+        ((methods,) if isinstance(methods, str) else tuple(methods))
+    body = {"__module__": target.__module__, "__doc__": target.__doc__,
+            "_adopt_fields": _no_adopt}
+    for m in names:
+        fn = getattr(target, m, None)
+        if fn is None or not callable(fn):
+            raise AttributeError(f"nn.{kind}: {target.__name__} has no method {m!r}")
+        body[m] = make(fn)
+    return type(f"{kind[0].upper()}{kind[1:]}{target.__name__}", (target,), body)
+
+
 def map_variables(target, mapped_collections=True, trans_in_fn: Callable = lambda x: x,
                   trans_out_fn: Callable = lambda x: x, init: bool = False,
                   mutable: bool = False, rngs=True, variables=True, methods=None):
@@ -207,16 +223,8 @@ def map_variables(target, mapped_collections=True, trans_in_fn: Callable = lambd
     cfg = _MapConfig(mapped_collections, trans_in_fn, trans_out_fn, bool(init), bool(mutable),
                      rngs, variables)
     if isinstance(target, type) and issubclass(target, Module):
-        names = ("__call__",) if methods is None else \
-            ((methods,) if isinstance(methods, str) else tuple(methods))
-        body = {"__module__": target.__module__, "__doc__": target.__doc__,
-                "_adopt_fields": _no_adopt}
-        for m in names:
-            fn = getattr(target, m, None)
-            if fn is None or not callable(fn):
-                raise AttributeError(f"nn.map_variables: {target.__name__} has no method {m!r}")
-            body[m] = _mapped_method(target, fn, cfg)
-        return type(f"Map_variables{target.__name__}", (target,), body)
+        return _lifted_class(target, methods, "map_variables",
+                             lambda fn: _mapped_method(target, fn, cfg))
     if not callable(target):
         raise TypeError(f"nn.map_variables: expected a Module class or a function of a module, "
                         f"got {target!r}")
@@ -267,13 +275,7 @@ def _vjp_core(fn, mdl, primals, has_aux, vjp_variables, variables, who):
     vis = _variables_of(S, _Union(vjp_variables, variables))
     dvars = {c: t for c, t in vis.items() if in_filter(vjp_variables, c)}
     other = {c: t for c, t in vis.items() if not in_filter(vjp_variables, c)}
-    tape = _ops._Tape()
-    stack = getattr(_ops._tls, "tapes", None)
-    if stack is None:
-        stack = _ops._tls.tapes = []
-    enclosing = tuple(t for t in stack if t is not None)
-    if enclosing:
-        tape.outer = enclosing
+    tape, stack = _ops._open_tape()
     v_leaves, v_td = _tracked_leaves(dvars, tape, who)
     p_flat = [_tracked_leaves(p, tape, who) for p in primals]
     args = tuple(tree_unflatten(td, lv) for lv, td in p_flat)
@@ -517,16 +519,7 @@ def jit(target, variables=True, rngs=True, static_argnums=(), static_argnames=()
     parameters. A function ``fn(module, *args)`` (or a method decorated with ``@nn.jit``) is lifted the same way over
     ``module``. The other arguments are accepted for Flax's signature."""
     if isinstance(target, type) and issubclass(target, Module):
-        names = ("__call__",) if methods is None else \
-            ((methods,) if isinstance(methods, str) else tuple(methods))
-        body = {"__module__": target.__module__, "__doc__": target.__doc__,
-                "_adopt_fields": _no_adopt}
-        for m in names:
-            fn = getattr(target, m, None)
-            if fn is None or not callable(fn):
-                raise AttributeError(f"nn.jit: {target.__name__} has no method {m!r}")
-            body[m] = _jitted_method(target, fn)
-        return type(f"Jit{target.__name__}", (target,), body)
+        return _lifted_class(target, methods, "jit", lambda fn: _jitted_method(target, fn))
     if not callable(target):
         raise TypeError(f"nn.jit: expected a Module class or a function, got {target!r}")
     method = _module._wrap_method(target) if getattr(target, "_ct_compact", False) else \

@@ -233,7 +233,6 @@ def test_values_match_numpy(name, call, inputs, override):
     _check_value(got, _np_value(name, call, inputs, override), name)
 
 
-@needs_jax
 def _jax_value(call, inputs):
     """jax's value of a case: the call compiled as one program (one XLA compile instead of one
     per primitive run eagerly), or run eagerly where jit cannot take it (shapes that depend on
@@ -249,6 +248,7 @@ def _jax_value(call, inputs):
     return call(jnp, *args)
 
 
+@needs_jax
 def test_values_and_dtypes_match_jax():
     for name, call, inputs, _ in CASES:
         if name in JAX_FAILS:

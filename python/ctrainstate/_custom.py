@@ -32,22 +32,6 @@ def _ops():
     return o
 
 
-class _NoTape:
-    """Within: ops are not recorded (a ``None`` on the tape stack)."""
-
-    def __enter__(self):
-        o = _ops()
-        stack = getattr(o._tls, "tapes", None)
-        if stack is None:
-            stack = o._tls.tapes = []
-        stack.append(None)
-        self.stack = stack
-
-    def __exit__(self, *exc):
-        self.stack.pop()
-        return False
-
-
 def _float_leaf(x) -> bool:
     return isinstance(x, Array) and x.dtype in _ops()._FLOATS
 
@@ -213,7 +197,7 @@ class custom_vjp:
             return self.fun(*args)
         if tape.outer:
             o._check_not_nested(tape, [x for i in diff_idx for x in flat[i][0]])
-        with _NoTape():
+        with _ops()._no_tape():
             pair = self.fwd(*args)
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise TypeError(f"Custom VJP fwd rule {getattr(self.fwd, '__name__', '')} must "
@@ -235,7 +219,7 @@ class custom_vjp:
         def node_vjp(gs, prev):
             cts = [g if g is not None else (o.zeros_like(y) if _float_leaf(y) else None)
                    for g, y in zip(gs, outs)]
-            with _NoTape():
+            with _ops()._no_tape():
                 got = bwd(*nondiff, res, tree_unflatten(out_td, cts))
             if not isinstance(got, (tuple, list)) or len(got) != len(diff_idx):
                 raise TypeError(f"Custom VJP bwd rule {name} must produce a tuple with one "

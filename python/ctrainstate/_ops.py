@@ -27,6 +27,7 @@ from __future__ import annotations
 import builtins
 import math
 import operator
+import contextlib
 import threading
 from typing import Any, Callable, Sequence
 
@@ -153,6 +154,20 @@ def _open_tape():
     if enclosing:
         tape.outer = enclosing
     return tape, stack
+
+
+@contextlib.contextmanager
+def _no_tape():
+    """Within: ops are not recorded on this thread's active tape (a ``None`` on the stack):
+    a throw-away pass, a custom rule's own ops, a vjp's backward computation."""
+    stack = getattr(_tls, "tapes", None)
+    if stack is None:
+        stack = _tls.tapes = []
+    stack.append(None)
+    try:
+        yield
+    finally:
+        stack.pop()
 
 
 def _check_not_nested(t: _Tape, inputs: Sequence) -> None:

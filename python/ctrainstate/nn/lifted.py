@@ -206,19 +206,11 @@ def _write_back(scope, store: dict):
 
 # --- the tape -------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
 def _no_tape():
-    """Run without recording on the active tape (a throw-away pass, a vjp's own ops)."""
+    """Run without recording on the active tape (``ctrainstate._ops._no_tape``: a throw-away
+    pass, a vjp's own ops)."""
     from .. import _ops
-    stack = getattr(_ops._tls, "tapes", None)
-    if not stack:
-        yield
-        return
-    stack.append(None)
-    try:
-        yield
-    finally:
-        stack.pop()
+    return _ops._no_tape()
 
 
 def _tracked(x) -> bool:

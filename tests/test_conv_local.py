@@ -15,6 +15,7 @@ import ctrainstate as cts
 import ctrainstate.lax as clax
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, random
+from conv_ref import grown
 
 
 def _jax():
@@ -28,31 +29,9 @@ def _fnn():
 
 # --- a numpy reference from the definition (channels last: x (N, S..., C)) -----------------
 
-def _grown(x, pads, lhs_dil):
-    """x dilated by lhs_dil (zeros between elements) and padded by pads (negative crops)."""
-    x = np.asarray(x, np.float64)
-    for ax, d in enumerate(lhs_dil, start=1):
-        if d > 1:
-            shape = list(x.shape)
-            shape[ax] = (shape[ax] - 1) * d + 1
-            y = np.zeros(shape)
-            idx = [slice(None)] * x.ndim
-            idx[ax] = slice(None, None, d)
-            y[tuple(idx)] = x
-            x = y
-    for ax, (lo, hi) in enumerate(pads, start=1):
-        pw = [(0, 0)] * x.ndim
-        pw[ax] = (max(lo, 0), max(hi, 0))
-        x = np.pad(x, pw)
-        idx = [slice(None)] * x.ndim
-        idx[ax] = slice(-min(lo, 0), x.shape[ax] + min(hi, 0))
-        x = x[tuple(idx)]
-    return x
-
-
 def ref_patches(x, ks, strides, pads, lhs_dil, rhs_dil):
     """out[n, o..., c * prod(ks) + flat(k)] = xp[n, o * s + k * d, c]."""
-    xp = _grown(x, pads, lhs_dil)
+    xp = grown(x, pads, lhs_dil)
     nsp = len(ks)
     c = xp.shape[-1]
     out_sp = [(xp.shape[1 + i] - ((ks[i] - 1) * rhs_dil[i] + 1)) // strides[i] + 1

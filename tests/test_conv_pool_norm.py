@@ -15,6 +15,7 @@ import ctrainstate as cts
 import ctrainstate.lax as clax
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, random
+from conv_ref import grown
 
 
 def _jax():
@@ -31,25 +32,9 @@ def _fnn():
 def ref_conv(x, w, strides, pads, lhs_dil, rhs_dil, groups=1):
     """x (N, S..., C), w (K..., C/groups, O): out[n, o, f] = sum_{k, c} xp[n, o*s + k*d, c] *
     w[k, c, f] over the input dilated by lhs_dil and padded by pads (negative crops)."""
-    x = np.asarray(x, np.float64)
+    x = grown(x, pads, lhs_dil)
     w = np.asarray(w, np.float64)
     nsp = x.ndim - 2
-    for ax, d in enumerate(lhs_dil, start=1):
-        if d > 1:
-            shape = list(x.shape)
-            shape[ax] = (shape[ax] - 1) * d + 1
-            y = np.zeros(shape)
-            idx = [slice(None)] * x.ndim
-            idx[ax] = slice(None, None, d)
-            y[tuple(idx)] = x
-            x = y
-    for ax, (lo, hi) in enumerate(pads, start=1):
-        pw = [(0, 0)] * x.ndim
-        pw[ax] = (max(lo, 0), max(hi, 0))
-        x = np.pad(x, pw)
-        idx = [slice(None)] * x.ndim
-        idx[ax] = slice(-min(lo, 0), x.shape[ax] + min(hi, 0))
-        x = x[tuple(idx)]
     ks = w.shape[:nsp]
     cin_g, cout = w.shape[nsp], w.shape[nsp + 1]
     og = cout // groups

@@ -79,11 +79,14 @@ def _value_lines(v, indent: int = 0) -> list[str]:
     """A value as the lines of Flax's yaml rendering: arrays as ``dtype[shape]``, mappings as
     ``key: value`` (nested ones indented), sequences as ``- item``."""
     from ..core import FrozenDict
-    pad = " " * indent
     from .meta import AxisMetadata
+    pad = " " * indent
     if isinstance(v, AxisMetadata):
-        pass
-    elif isinstance(v, (dict, FrozenDict)) or hasattr(v, "items") and callable(v.items):
+        # Flax: the boxed array, then its logical names (if any) as ``P(...)``
+        names = getattr(v, "names", None)
+        arr = _array_repr(v.value) or repr(v.value)
+        return [pad + (f"{arr} P{tuple(names)}" if names is not None else arr)]
+    if isinstance(v, (dict, FrozenDict)) or hasattr(v, "items") and callable(v.items):
         lines = []
         for k, x in v.items():
             sub = _value_lines(x, indent + 2)
@@ -107,14 +110,8 @@ def _value_lines(v, indent: int = 0) -> list[str]:
         return lines
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return _value_lines({f.name: getattr(v, f.name) for f in dataclasses.fields(v)}, indent)
-    from .meta import AxisMetadata
-    if isinstance(v, AxisMetadata) and hasattr(v, "names"):
-        # Flax: the boxed array, then its logical names as ``P(...)``
-        return [pad + f"{_array_repr(v.value)} P{tuple(v.names)}"]
     r = _array_repr(v)
-    if r is None:
-        r = repr(v)
-    return [pad + r]
+    return [pad + (r if r is not None else repr(v))]
 
 
 def _leaves(tree):

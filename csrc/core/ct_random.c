@@ -334,27 +334,55 @@ static void transform(const consts *c, const uint32_t *b, size_t m, void *out) {
     }
 }
 
-/* 1 when float32 normal / truncated-normal tiles take the AVX-512 path
- * (ct_random_x86.c): the CPU has it and CTRAINSTATE_NO_AVX512 is unset. */
-static int use_avx512(void) {
+/* 1 when the environment variable `name` is set to something other than "" or "0". */
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Which hand-vectorised float32 normal / truncated-normal tile transform
+ * runs: the widest the CPU has, less those turned off by
+ * CTRAINSTATE_NO_AVX512 / CTRAINSTATE_NO_AVX2 (every path gives the same
+ * bits; the flags exist to compare and test them). */
+typedef enum { PATH_UNSET = -1, PATH_PORTABLE, PATH_AVX2, PATH_AVX512 } cpu_path;
+
+static cpu_path normal_path(void) {
 #if CT_RANDOM_HAVE_X86
-    static int avx512 = -1; /* benign race: every thread computes the same value */
-    if (avx512 < 0) {
-        const char *off = getenv("CTRAINSTATE_NO_AVX512");
-        avx512 = ct_random_avx512_available() && !(off && *off && strcmp(off, "0") != 0);
+    static int path = PATH_UNSET; /* benign race: every thread computes the same value */
+    if (path == PATH_UNSET) {
+        if (ct_random_avx512_available() && !env_flag("CTRAINSTATE_NO_AVX512"))
+            path = PATH_AVX512;
+        else if (ct_random_avx2_available() && !env_flag("CTRAINSTATE_NO_AVX2"))
+            path = PATH_AVX2;
+        else
+            path = PATH_PORTABLE;
     }
-    return avx512;
+    return (cpu_path)path;
 #else
-    return 0;
+    return PATH_PORTABLE;
 #endif
 }
 
-const char *ct_random_cpu_path(void) { return use_avx512() ? "avx512" : "portable"; }
+const char *ct_random_cpu_path(void) {
+    switch (normal_path()) {
+    case PATH_AVX512: return "avx512";
+    case PATH_AVX2: return "avx2";
+    default: return "portable";
+    }
+}
 
-/* transform(), or the AVX-512 float32 normal path where it applies. */
+/* transform(), or a hand-vectorised float32 normal path where it applies. */
 static void transform_any(const consts *c, const uint32_t *b, size_t m, void *out) {
 #if CT_RANDOM_HAVE_X86
-    if (use_avx512() && ct_random_tile_normal_f32_avx512(c, b, m, out)) return;
+    switch (normal_path()) {
+    case PATH_AVX512:
+        if (ct_random_tile_normal_f32_avx512(c, b, m, out)) return;
+        break;
+    case PATH_AVX2:
+        if (ct_random_tile_normal_f32_avx2(c, b, m, out)) return;
+        break;
+    default: break;
+    }
 #endif
     transform(c, b, m, out);
 }

@@ -85,12 +85,14 @@ ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, i
 ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, size_t n,
                                     void *out, int ref);
 
-/* XLA's float32 approximations, exposed for tests. */
 /* Which CPU fill path float32 normal / truncated-normal samples take:
  * "avx512" (ct_random_x86.c, CPUs with AVX-512, unless CTRAINSTATE_NO_AVX512
- * is set) or "portable" (the compiler-vectorised loops). Same bits either way. */
+ * is set), else "avx2" (ct_random_avx2.c, CPUs with AVX2 and FMA, unless
+ * CTRAINSTATE_NO_AVX2 is set), else "portable" (the compiler-vectorised
+ * loops). Same bits on every path. Read once, at the first fill. */
 const char *ct_random_cpu_path(void);
 
+/* XLA's float32 approximations, exposed for tests. */
 float ct_xla_logf(float x);
 float ct_xla_log1pf(float x);
 float ct_xla_erff(float x);

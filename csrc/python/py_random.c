@@ -263,8 +263,9 @@ static PyObject *py_xla_math(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(random_cpu_path_doc,
              "random_cpu_path($module, /)\n--\n\n"
              "The CPU fill path float32 normal / truncated-normal samples take: 'avx512'\n"
-             "(CPUs with AVX-512, unless CTRAINSTATE_NO_AVX512 is set) or 'portable'.\n"
-             "Both give the same bits.");
+             "(CPUs with AVX-512, unless CTRAINSTATE_NO_AVX512 is set), 'avx2' (CPUs with\n"
+             "AVX2 and FMA, unless CTRAINSTATE_NO_AVX2 is set) or 'portable'. Every path\n"
+             "gives the same bits; the choice is made once, at the first fill.");
 
 static PyObject *py_random_cpu_path(PyObject *self, PyObject *unused) {
     (void)self;

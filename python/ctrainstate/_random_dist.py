@@ -24,8 +24,8 @@ The elementwise samplers accept ``out_sharding=``: each device computes only its
 values are the same on every mesh. ``multivariate_normal`` and ``orthogonal`` factorise
 matrices (numpy LAPACK, within rounding of JAX's) and are placed with ``device_put``.
 
-The rejection samplers (gamma, beta, dirichlet, poisson, binomial, t, chisquare, f, loggamma,
-generalized_normal, and ball, which needs gamma) are not implemented.
+The gamma family (gamma, loggamma, beta, dirichlet, chisquare, f, t, generalized_normal, ball)
+is in _random_gamma.py.
 """
 from __future__ import annotations
 

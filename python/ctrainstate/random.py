@@ -18,6 +18,14 @@ return JAX's values too.
 to these draws: bit-identical where the formula has only correctly rounded ops and log/log1p,
 within a few ulp where it uses exp, tan or pow (each docstring says which).
 
+:func:`gamma`, :func:`loggamma`, :func:`beta`, :func:`dirichlet`, :func:`chisquare`, :func:`f`,
+:func:`t`, :func:`generalized_normal` and :func:`ball` (``_random_gamma.py``) run JAX's
+Marsaglia-Tsang rejection loop with JAX's per-element keys: float16 / bfloat16 bit-identical,
+float32 bit-identical except where XLA's CPU-specific ``rsqrt`` estimate differs from the
+correctly rounded one (within a few 1e-6 relative there; the module docstring has the table).
+Differentiating through their parameters raises (JAX's implicit-reparameterisation gradient is
+not implemented).
+
 Every element is a pure function of (key, global index). With
 ``out_sharding=NamedSharding(...)`` each device computes only its own block,
 directly in its buffer, and the result is a sharded :class:`ctrainstate.Array`
@@ -752,3 +760,11 @@ __all__ += [
     "double_sided_maxwell", "weibull_min", "pareto", "rayleigh", "wald", "triangular",
     "geometric", "multivariate_normal", "orthogonal",
 ]
+
+# --- the gamma family (Marsaglia-Tsang rejection per element; see _random_gamma.py) ---------
+
+from ._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,  # noqa: E402
+                            generalized_normal, loggamma, t)
+
+__all__ += ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
+            "generalized_normal", "ball"]

@@ -20,24 +20,12 @@ from ctrainstate import random as R
 from ctrainstate import _random_gamma as G
 from ctrainstate._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,
                                        generalized_normal, loggamma, t)
+from stat_checks import cdf_ok, mean_ok
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 N = 100_000          # samples for the distribution checks
 KEY = R.PRNGKey(2024)
-
-
-def _mean_ok(x, mean, var, sigmas=5.0):
-    """The sample mean is within `sigmas` standard errors sqrt(var / n) of the true mean."""
-    x = np.asarray(x, np.float64)
-    assert abs(x.mean() - mean) < sigmas * math.sqrt(var / x.size), (x.mean(), mean)
-
-
-def _cdf_ok(x, q, p, sigmas=5.0):
-    """The fraction of samples <= q is within `sigmas` binomial standard errors of p."""
-    x = np.asarray(x, np.float64)
-    frac = (x <= q).mean()
-    assert abs(frac - p) < sigmas * math.sqrt(p * (1 - p) / x.size), (q, frac, p)
 
 
 def _digamma(x):
@@ -66,19 +54,19 @@ def test_gamma_moments_and_cdfs():
     for a in (0.5, 2.0, 8.0):
         x = gamma(KEY, a, (N,))
         assert x.dtype == np.float32 and x.shape == (N,) and x.min() >= 0
-        _mean_ok(x, a, a)
+        mean_ok(x, a, a)
     x = gamma(KEY, 2.0, (N,))
-    _cdf_ok(x, 1.0, 1 - 2 * math.exp(-1.0))              # 1 - e^-x (1 + x)
+    cdf_ok(x, 1.0, 1 - 2 * math.exp(-1.0))              # 1 - e^-x (1 + x)
     x = gamma(R.PRNGKey(1), 0.5, (N,))
-    _cdf_ok(x, 0.25, math.erf(0.5))                        # erf(sqrt(x))
+    cdf_ok(x, 0.25, math.erf(0.5))                        # erf(sqrt(x))
     x = gamma(R.PRNGKey(2), 1.0, (N,))                     # exponential
-    _cdf_ok(x, 0.7, 1 - math.exp(-0.7))
+    cdf_ok(x, 0.7, 1 - math.exp(-0.7))
 
 
 def test_loggamma_moments_and_log_consistency():
     for a in (0.3, 1.0, 5.0):
         lx = loggamma(KEY, a, (N,))
-        _mean_ok(lx, _digamma(a), _trigamma(a))            # E log X, Var log X
+        mean_ok(lx, _digamma(a), _trigamma(a))            # E log X, Var log X
         # the same draws as gamma: exp(loggamma) == gamma up to rounding, where no underflow
         g = gamma(KEY, a, (N,)).astype(np.float64)
         ok = g > 1e-30
@@ -90,12 +78,12 @@ def test_small_alpha_boost():
     a = 1e-3
     lx = loggamma(KEY, a, (N,)).astype(np.float64)
     assert np.isfinite(lx).all() and np.median(lx) < -300
-    _mean_ok(lx, _digamma(a), _trigamma(a))
+    mean_ok(lx, _digamma(a), _trigamma(a))
     # P(X <= x) ~ x^a / Gamma(a + 1) for tiny x: at log x = -1000, exp(-1) / Gamma(1.001)
-    _cdf_ok(lx, -1000.0, math.exp(-1.0) / math.gamma(1 + a))
+    cdf_ok(lx, -1000.0, math.exp(-1.0) / math.gamma(1 + a))
     g = gamma(KEY, a, (N,)).astype(np.float64)             # mostly 0 in float32, never < 0
     assert g.min() >= 0 and (g == 0).mean() > 0.5
-    _cdf_ok(g, 1e-30, (1e-30) ** a / math.gamma(1 + a))
+    cdf_ok(g, 1e-30, (1e-30) ** a / math.gamma(1 + a))
     # where gamma does not underflow it is exp(loggamma)
     ok = g > 1e-30
     np.testing.assert_allclose(np.exp(lx[ok]), g[ok], rtol=1e-4)
@@ -104,19 +92,19 @@ def test_small_alpha_boost():
 def test_beta_dirichlet_moments():
     x = beta(KEY, 2.0, 3.0, (N,))
     assert x.dtype == np.float32 and x.min() >= 0 and x.max() <= 1
-    _mean_ok(x, 0.4, 0.04)
-    _cdf_ok(x, 0.3, 6 * 0.3 ** 2 - 8 * 0.3 ** 3 + 3 * 0.3 ** 4)
+    mean_ok(x, 0.4, 0.04)
+    cdf_ok(x, 0.3, 6 * 0.3 ** 2 - 8 * 0.3 ** 3 + 3 * 0.3 ** 4)
     # tiny a and b: the log-space scaling keeps them finite (no 0 / 0)
     a, b = 0.01, 0.02
     x = beta(KEY, a, b, (N,))
     assert np.isfinite(x).all() and x.min() >= 0 and x.max() <= 1
-    _mean_ok(x, a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1)))
+    mean_ok(x, a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1)))
     alpha = np.array([1.0, 2.0, 3.0], np.float32)
     x = dirichlet(KEY, alpha, (N // 2,))
     assert x.shape == (N // 2, 3) and x.min() >= 0
     np.testing.assert_allclose(x.sum(-1), 1, atol=1e-6)
     for i, ai in enumerate(alpha):          # marginal Beta(ai, 6 - ai)
-        _mean_ok(x[:, i], ai / 6, ai * (6 - ai) / (36 * 7))
+        mean_ok(x[:, i], ai / 6, ai * (6 - ai) / (36 * 7))
     x = dirichlet(KEY, np.full(4, 1e-3, np.float32), (1000,))
     assert np.isfinite(x).all()
     np.testing.assert_allclose(x.sum(-1), 1, atol=1e-6)
@@ -126,33 +114,33 @@ def test_beta_dirichlet_moments():
 def test_chisquare_f_t_moments():
     x = chisquare(KEY, 3.0, (N,))
     assert x.min() > 0
-    _mean_ok(x, 3.0, 6.0)
-    _cdf_ok(chisquare(KEY, 2.0, (N,)), 1.5, 1 - math.exp(-0.75))
+    mean_ok(x, 3.0, 6.0)
+    cdf_ok(chisquare(KEY, 2.0, (N,)), 1.5, 1 - math.exp(-0.75))
     x = f(KEY, 4.0, 10.0, (N,))
     assert x.min() > 0
-    _mean_ok(x, 10 / 8, 2 * 100 * 12 / (4 * 64 * 6))
+    mean_ok(x, 10 / 8, 2 * 100 * 12 / (4 * 64 * 6))
     x = t(KEY, 5.0, (N,))
-    _mean_ok(x, 0.0, 5 / 3)
-    _cdf_ok(t(KEY, 1.0, (N,)), 1.0, 0.75)                       # Cauchy
-    _cdf_ok(t(KEY, 2.0, (N,)), 1.0, 0.5 + 1 / (2 * math.sqrt(3)))
+    mean_ok(x, 0.0, 5 / 3)
+    cdf_ok(t(KEY, 1.0, (N,)), 1.0, 0.75)                       # Cauchy
+    cdf_ok(t(KEY, 2.0, (N,)), 1.0, 0.5 + 1 / (2 * math.sqrt(3)))
 
 
 def test_generalized_normal_and_ball():
     x = generalized_normal(KEY, 2.0, (N,))                      # N(0, 1/2)
-    _mean_ok(x, 0.0, 0.5)
-    _cdf_ok(x, 0.5, 0.5 * (1 + math.erf(0.5)))
+    mean_ok(x, 0.0, 0.5)
+    cdf_ok(x, 0.5, 0.5 * (1 + math.erf(0.5)))
     x = generalized_normal(KEY, 1.0, (N,))                      # Laplace
-    _mean_ok(x, 0.0, 2.0)
-    _cdf_ok(x, -1.0, 0.5 * math.exp(-1.0))
-    _mean_ok(np.abs(generalized_normal(KEY, 3.0, (N,))) ** 3, 1 / 3, 1 / 3 * (4 / 3) - 1 / 9)
+    mean_ok(x, 0.0, 2.0)
+    cdf_ok(x, -1.0, 0.5 * math.exp(-1.0))
+    mean_ok(np.abs(generalized_normal(KEY, 3.0, (N,))) ** 3, 1 / 3, 1 / 3 * (4 / 3) - 1 / 9)
     x = ball(KEY, 3, 2, (N // 3,))
     r = np.linalg.norm(x.astype(np.float64), axis=-1)
     assert x.shape == (N // 3, 3) and r.max() <= 1 + 1e-6
-    _cdf_ok(r, 0.5, 0.125)                                      # uniform in the ball: r^3
+    cdf_ok(r, 0.5, 0.125)                                      # uniform in the ball: r^3
     x = ball(KEY, 2, 1.0, (N // 2,))
     r1 = np.abs(x.astype(np.float64)).sum(-1)
     assert r1.max() <= 1 + 1e-6
-    _cdf_ok(r1, 0.5, 0.25)                                      # the L1 ball: r^2
+    cdf_ok(r1, 0.5, 0.25)                                      # the L1 ball: r^2
     assert ball(KEY, 0, 2, (3,)).shape == (3, 0)
 
 
@@ -244,7 +232,7 @@ def test_dtypes(dt):
     # 16-bit samples are the float32 algorithm rounded per op: close to float32's in law
     if dt != F32:
         x = gamma(KEY, 3.0, (N // 4,), dt).astype(np.float64)
-        _mean_ok(x, 3.0, 3.0)
+        mean_ok(x, 3.0, 3.0)
 
 
 def test_dtype_promotion_rules():

@@ -12,23 +12,11 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import random as R
 from ctrainstate._random_dist import _log1p, _log
+from stat_checks import cdf_ok, mean_ok
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 N = 200_000          # samples for the distribution checks
 KEY = R.PRNGKey(2024)
-
-
-def _mean_ok(x, mean, var, sigmas=5.0):
-    """The sample mean is within `sigmas` standard errors sqrt(var / n) of the true mean."""
-    x = np.asarray(x, np.float64)
-    assert abs(x.mean() - mean) < sigmas * math.sqrt(var / x.size), (x.mean(), mean)
-
-
-def _cdf_ok(x, q, p, sigmas=5.0):
-    """The fraction of samples <= q is within `sigmas` binomial standard errors of p."""
-    x = np.asarray(x, np.float64)
-    frac = (x <= q).mean()
-    assert abs(frac - p) < sigmas * math.sqrt(p * (1 - p) / x.size), (q, frac, p)
 
 
 # --- distributions, from the closed forms -------------------------------------------------
@@ -36,50 +24,50 @@ def _cdf_ok(x, q, p, sigmas=5.0):
 def test_moments_and_cdfs():
     x = R.exponential(KEY, (N,))
     assert x.dtype == np.float32 and x.min() >= 0
-    _mean_ok(x, 1.0, 1.0)
-    _cdf_ok(x, 0.5, 1 - math.exp(-0.5))
+    mean_ok(x, 1.0, 1.0)
+    cdf_ok(x, 0.5, 1 - math.exp(-0.5))
     x = R.laplace(KEY, (N,))
-    _mean_ok(x, 0.0, 2.0)
-    _cdf_ok(x, -1.0, 0.5 * math.exp(-1.0))
+    mean_ok(x, 0.0, 2.0)
+    cdf_ok(x, -1.0, 0.5 * math.exp(-1.0))
     x = R.logistic(KEY, (N,))
-    _mean_ok(x, 0.0, math.pi ** 2 / 3)
-    _cdf_ok(x, 1.0, 1 / (1 + math.exp(-1.0)))
+    mean_ok(x, 0.0, math.pi ** 2 / 3)
+    cdf_ok(x, 1.0, 1 / (1 + math.exp(-1.0)))
     x = R.cauchy(KEY, (N,))                      # no mean: check the CDF at two points
-    _cdf_ok(x, 1.0, 0.75)
-    _cdf_ok(x, -3.0, 0.5 + math.atan(-3.0) / math.pi)
+    cdf_ok(x, 1.0, 0.75)
+    cdf_ok(x, -3.0, 0.5 + math.atan(-3.0) / math.pi)
     x = R.lognormal(KEY, 0.5, (N,))
     assert x.min() > 0
-    _mean_ok(x, math.exp(0.125), (math.exp(0.25) - 1) * math.exp(0.25))
+    mean_ok(x, math.exp(0.125), (math.exp(0.25) - 1) * math.exp(0.25))
     x = R.maxwell(KEY, (N,))
-    _mean_ok(x, 2 * math.sqrt(2 / math.pi), 3 - 8 / math.pi)
+    mean_ok(x, 2 * math.sqrt(2 / math.pi), 3 - 8 / math.pi)
     x = R.double_sided_maxwell(KEY, 1.0, 2.0, (N,))
-    _mean_ok(x, 1.0, 4 * 3.0)                     # E[(sign * m)^2] = E[m^2] = 3
+    mean_ok(x, 1.0, 4 * 3.0)                     # E[(sign * m)^2] = E[m^2] = 3
     x = R.weibull_min(KEY, 2.0, 1.5, (N,))
     m1, m2 = math.gamma(1 + 1 / 1.5), math.gamma(1 + 2 / 1.5)
-    _mean_ok(x, 2.0 * m1, 4.0 * (m2 - m1 ** 2))
+    mean_ok(x, 2.0 * m1, 4.0 * (m2 - m1 ** 2))
     x = R.pareto(KEY, 5.0, (N,))
     assert x.min() >= 1
-    _mean_ok(x, 5 / 4, 5 / (16 * 3))
+    mean_ok(x, 5 / 4, 5 / (16 * 3))
     x = R.rayleigh(KEY, 2.0, (N,))
-    _mean_ok(x, 2.0 * math.sqrt(math.pi / 2), 4.0 * (4 - math.pi) / 2)
-    _cdf_ok(x, 2.0, 1 - math.exp(-0.5))
+    mean_ok(x, 2.0 * math.sqrt(math.pi / 2), 4.0 * (4 - math.pi) / 2)
+    cdf_ok(x, 2.0, 1 - math.exp(-0.5))
     x = R.wald(KEY, 2.0, (N,))
     assert x.min() > 0
-    _mean_ok(x, 2.0, 2.0 ** 3)                    # IG(mu, lambda=1): var mu^3
+    mean_ok(x, 2.0, 2.0 ** 3)                    # IG(mu, lambda=1): var mu^3
     x = R.triangular(KEY, -1.0, 0.5, 2.0, (N,))
     assert x.min() >= -1 and x.max() <= 2
-    _mean_ok(x, 1.5 / 3, (1 + 0.25 + 4 - (-0.5) - (-2) - 1) / 18)
-    _cdf_ok(x, 0.0, 1 / (3 * 1.5))               # (x-a)^2 / ((b-a)(c-a)) at 0
+    mean_ok(x, 1.5 / 3, (1 + 0.25 + 4 - (-0.5) - (-2) - 1) / 18)
+    cdf_ok(x, 0.0, 1 / (3 * 1.5))               # (x-a)^2 / ((b-a)(c-a)) at 0
     g = R.geometric(KEY, 0.25, (N,))
     assert g.dtype == np.int32 and g.min() >= 1
-    _mean_ok(g, 4.0, 0.75 / 0.0625)
-    _cdf_ok(g, 2, 1 - 0.75 ** 2)
+    mean_ok(g, 4.0, 0.75 / 0.0625)
+    cdf_ok(g, 2, 1 - 0.75 ** 2)
 
 
 def test_rademacher_signs():
     x = R.rademacher(KEY, (N,))
     assert x.dtype == np.int32 and set(np.unique(x).tolist()) == {-1, 1}
-    _mean_ok(x, 0.0, 1.0)
+    mean_ok(x, 0.0, 1.0)
     assert R.rademacher(KEY, (5,), np.float16).dtype == np.float16
 
 
@@ -102,7 +90,7 @@ def test_multivariate_normal_and_orthogonal():
     assert w.shape == (3, 6) and np.allclose(w @ w.T, np.eye(3), atol=1e-5)
     # Haar: the (0, 0) entry of a random orthogonal n x n matrix has mean 0 and variance 1/n
     q = R.orthogonal(R.PRNGKey(1), 4, (20000,))
-    _mean_ok(q[:, 0, 0], 0.0, 0.25)
+    mean_ok(q[:, 0, 0], 0.0, 0.25)
     assert abs(float((q[:, 0, 0] ** 2).mean()) - 0.25) < 0.01
 
 

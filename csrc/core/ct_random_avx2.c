@@ -82,6 +82,16 @@ CT_AVX2 static inline __m256 expand(__m256 p, unsigned m) {
 #define ADD _mm256_add_ps
 #define SUB _mm256_sub_ps
 
+#define CT_VF __m256
+#define CT_VFN CT_AVX2 static inline
+#define CT_VSET1 SET1
+#define CT_VFMA FMA
+#define CT_VMUL MUL
+#define CT_VADD ADD
+#define CT_VSUB SUB
+#define CT_VDIV _mm256_div_ps
+#include "ct_random_vpoly.h"
+
 /* ct_rm_uniform for float32 (maxps keeps its second operand unless the first
  * is greater: `u > mn ? u : mn`). */
 CT_AVX2 static inline __m256 v_uniform(__m256i b, __m256 mn, __m256 rg) {
@@ -104,71 +114,14 @@ CT_AVX2 static inline __m256 v_log_pos(__m256 x) {
     m = SUB(m, SET1(1.0f));
     e = SUB(e, _mm256_and_ps(lt, SET1(1.0f)));
     m = ADD(m, tmp);
-    __m256 x2 = MUL(m, m), x3 = MUL(x2, m);
-    __m256 y = FMA(SET1(7.0376836292E-2f), m, SET1(-1.1514610310E-1f));
-    __m256 y1 = FMA(SET1(-1.2420140846E-1f), m, SET1(1.4249322787E-1f));
-    __m256 y2 = FMA(SET1(2.0000714765E-1f), m, SET1(-2.4999993993E-1f));
-    y = FMA(y, m, SET1(1.1676998740E-1f));
-    y1 = FMA(y1, m, SET1(-1.6668057665E-1f));
-    y2 = FMA(y2, m, SET1(3.3333331174E-1f));
-    y = FMA(y, x3, y1);
-    y = FMA(y, x3, y2);
-    y = FMA(y, x3, MUL(SET1(-2.12194440e-4f), e));
-    __m256 r = SUB(m, MUL(SET1(0.5f), x2));
-    r = ADD(r, y);
-    return ADD(r, MUL(SET1(0.693359375f), e));
-}
-
-/* ct_rm_log1p_small. */
-CT_AVX2 static inline __m256 v_log1p_small(__m256 x) {
-    __m256 x2 = MUL(x, x);
-    __m256 num = SET1(4.5270000862445199635E-5f);
-    num = FMA(num, x, SET1(4.9854102823193375972E-1f));
-    num = FMA(num, x, SET1(6.5787325942061044846E0f));
-    num = FMA(num, x, SET1(2.9911919328553073277E1f));
-    num = FMA(num, x, SET1(6.0949667980987787057E1f));
-    num = FMA(num, x, SET1(5.7112963590585538103E1f));
-    num = FMA(num, x, SET1(2.0039553499201281259E1f));
-    __m256 den = SET1(1.0f);
-    den = FMA(den, x, SET1(1.5062909083469192198E1f));
-    den = FMA(den, x, SET1(8.3047565967967209469E1f));
-    den = FMA(den, x, SET1(2.2176239823732856465E2f));
-    den = FMA(den, x, SET1(3.0909872225312059774E2f));
-    den = FMA(den, x, SET1(2.1642788614495947685E2f));
-    den = FMA(den, x, SET1(6.0118660497603843919E1f));
-    return ADD(x, FMA(SET1(-0.5f), x2, MUL(MUL(x, x2), _mm256_div_ps(num, den))));
+    return ct_vlog_poly(m, e);
 }
 
 CT_AVX2 static inline __m256 v_neg(__m256 x) { return _mm256_xor_ps(x, SET1(-0.0f)); }
 
-/* ct_rm_erfinv_central. */
-CT_AVX2 static inline __m256 v_erfinv_central(__m256 x, __m256 w) {
-    __m256 v = SUB(w, SET1(2.5f));
-    __m256 p = SET1(2.81022636e-08f);
-    p = FMA(p, v, SET1(3.43273939e-07f));
-    p = FMA(p, v, SET1(-3.5233877e-06f));
-    p = FMA(p, v, SET1(-4.39150654e-06f));
-    p = FMA(p, v, SET1(0.00021858087f));
-    p = FMA(p, v, SET1(-0.00125372503f));
-    p = FMA(p, v, SET1(-0.00417768164f));
-    p = FMA(p, v, SET1(0.246640727f));
-    p = FMA(p, v, SET1(1.50140941f));
-    return MUL(p, x);
-}
-
 /* ct_rm_erfinv_tail, with its |x| == 1 case. */
 CT_AVX2 static inline __m256 v_erfinv_tail(__m256 x, __m256 w) {
-    __m256 v = SUB(_mm256_sqrt_ps(w), SET1(3.0f));
-    __m256 p = SET1(-0.000200214257f);
-    p = FMA(p, v, SET1(0.000100950558f));
-    p = FMA(p, v, SET1(0.00134934322f));
-    p = FMA(p, v, SET1(-0.00367342844f));
-    p = FMA(p, v, SET1(0.00573950773f));
-    p = FMA(p, v, SET1(-0.0076224613f));
-    p = FMA(p, v, SET1(0.00943887047f));
-    p = FMA(p, v, SET1(1.00167406f));
-    p = FMA(p, v, SET1(2.83297682f));
-    __m256 r = MUL(p, x);
+    __m256 r = ct_verfinv_tail_poly(x, SUB(_mm256_sqrt_ps(w), SET1(3.0f)));
     __m256 one = _mm256_cmp_ps(_mm256_andnot_ps(SET1(-0.0f), x), SET1(1.0f), _CMP_EQ_OQ);
     return _mm256_blendv_ps(r, MUL(x, SET1(__builtin_inff())), one);
 }
@@ -250,7 +203,7 @@ CT_AVX2 static void tile_normal(const ct_random_consts *c, int trunc, const uint
     for (size_t i = ns, e = (ns + 7) / 8 * 8 + 8; i < e; i++) ts[i] = 0.0f;
     for (size_t i = nl, e = (nl + 7) / 8 * 8 + 8; i < e; i++) tl[i] = 0.0f;
     for (size_t i = 0; i < ns; i += 8)
-        _mm256_store_ps(ts + i, v_neg(v_log1p_small(_mm256_load_ps(ts + i))));
+        _mm256_store_ps(ts + i, v_neg(ct_vlog1p_small(_mm256_load_ps(ts + i))));
     for (size_t i = 0; i < nl; i += 8)
         _mm256_store_ps(tl + i, v_neg(v_log_pos(ADD(_mm256_load_ps(tl + i), SET1(1.0f)))));
     /* Pass 3: w back in lane order, erf_inv's central branch, store; lanes
@@ -267,7 +220,7 @@ CT_AVX2 static void tile_normal(const ct_random_consts *c, int trunc, const uint
         ps += (size_t)__builtin_popcount(small);
         pl += (size_t)__builtin_popcount(large);
         __m256 u = _mm256_load_ps(uu + j);
-        _mm256_storeu_ps(dst + j, v_finish(&fc, v_erfinv_central(u, w)));
+        _mm256_storeu_ps(dst + j, v_finish(&fc, ct_verfinv_central(u, w)));
         unsigned tail =
             (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(w, SET1(5.0f), _CMP_NLT_UQ)) & valid;
         if (tail) {

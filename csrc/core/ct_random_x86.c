@@ -48,6 +48,16 @@ int ct_random_avx512_available(void) {
 #define ADD _mm512_add_ps
 #define SUB _mm512_sub_ps
 
+#define CT_VF __m512
+#define CT_VFN CT_AVX512 static inline
+#define CT_VSET1 SET1
+#define CT_VFMA FMA
+#define CT_VMUL MUL
+#define CT_VADD ADD
+#define CT_VSUB SUB
+#define CT_VDIV _mm512_div_ps
+#include "ct_random_vpoly.h"
+
 /* ct_rm_uniform for float32: unit float from the word's top 23 bits, affine
  * map as one fma, then max(minval, .) (maxps keeps its second operand when
  * the first is not greater, exactly `u > mn ? u : mn`). */
@@ -72,39 +82,7 @@ CT_AVX512 static inline __m512 v_log_pos(__m512 x) {
     m = SUB(m, SET1(1.0f));
     e = SUB(e, _mm512_maskz_mov_ps(lt, SET1(1.0f)));
     m = ADD(m, tmp);
-    __m512 x2 = MUL(m, m), x3 = MUL(x2, m);
-    __m512 y = FMA(SET1(7.0376836292E-2f), m, SET1(-1.1514610310E-1f));
-    __m512 y1 = FMA(SET1(-1.2420140846E-1f), m, SET1(1.4249322787E-1f));
-    __m512 y2 = FMA(SET1(2.0000714765E-1f), m, SET1(-2.4999993993E-1f));
-    y = FMA(y, m, SET1(1.1676998740E-1f));
-    y1 = FMA(y1, m, SET1(-1.6668057665E-1f));
-    y2 = FMA(y2, m, SET1(3.3333331174E-1f));
-    y = FMA(y, x3, y1);
-    y = FMA(y, x3, y2);
-    y = FMA(y, x3, MUL(SET1(-2.12194440e-4f), e));
-    __m512 r = SUB(m, MUL(SET1(0.5f), x2));
-    r = ADD(r, y);
-    return ADD(r, MUL(SET1(0.693359375f), e));
-}
-
-/* ct_rm_log1p_small. */
-CT_AVX512 static inline __m512 v_log1p_small(__m512 x) {
-    __m512 x2 = MUL(x, x);
-    __m512 num = SET1(4.5270000862445199635E-5f);
-    num = FMA(num, x, SET1(4.9854102823193375972E-1f));
-    num = FMA(num, x, SET1(6.5787325942061044846E0f));
-    num = FMA(num, x, SET1(2.9911919328553073277E1f));
-    num = FMA(num, x, SET1(6.0949667980987787057E1f));
-    num = FMA(num, x, SET1(5.7112963590585538103E1f));
-    num = FMA(num, x, SET1(2.0039553499201281259E1f));
-    __m512 den = SET1(1.0f);
-    den = FMA(den, x, SET1(1.5062909083469192198E1f));
-    den = FMA(den, x, SET1(8.3047565967967209469E1f));
-    den = FMA(den, x, SET1(2.2176239823732856465E2f));
-    den = FMA(den, x, SET1(3.0909872225312059774E2f));
-    den = FMA(den, x, SET1(2.1642788614495947685E2f));
-    den = FMA(den, x, SET1(6.0118660497603843919E1f));
-    return ADD(x, FMA(SET1(-0.5f), x2, MUL(MUL(x, x2), _mm512_div_ps(num, den))));
+    return ct_vlog_poly(m, e);
 }
 
 CT_AVX512 static inline __m512 v_neg(__m512 x) {
@@ -112,34 +90,9 @@ CT_AVX512 static inline __m512 v_neg(__m512 x) {
         _mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)));
 }
 
-/* ct_rm_erfinv's w < 5 branch: the polynomial in w - 2.5, times x. */
-CT_AVX512 static inline __m512 v_erfinv_central(__m512 x, __m512 w) {
-    __m512 v = SUB(w, SET1(2.5f));
-    __m512 p = SET1(2.81022636e-08f);
-    p = FMA(p, v, SET1(3.43273939e-07f));
-    p = FMA(p, v, SET1(-3.5233877e-06f));
-    p = FMA(p, v, SET1(-4.39150654e-06f));
-    p = FMA(p, v, SET1(0.00021858087f));
-    p = FMA(p, v, SET1(-0.00125372503f));
-    p = FMA(p, v, SET1(-0.00417768164f));
-    p = FMA(p, v, SET1(0.246640727f));
-    p = FMA(p, v, SET1(1.50140941f));
-    return MUL(p, x);
-}
-
 /* ct_rm_erfinv's other branch (w >= 5 or NaN), with its |x| == 1 case. */
 CT_AVX512 static inline __m512 v_erfinv_tail(__m512 x, __m512 w) {
-    __m512 v = SUB(_mm512_sqrt_ps(w), SET1(3.0f));
-    __m512 p = SET1(-0.000200214257f);
-    p = FMA(p, v, SET1(0.000100950558f));
-    p = FMA(p, v, SET1(0.00134934322f));
-    p = FMA(p, v, SET1(-0.00367342844f));
-    p = FMA(p, v, SET1(0.00573950773f));
-    p = FMA(p, v, SET1(-0.0076224613f));
-    p = FMA(p, v, SET1(0.00943887047f));
-    p = FMA(p, v, SET1(1.00167406f));
-    p = FMA(p, v, SET1(2.83297682f));
-    __m512 r = MUL(p, x);
+    __m512 r = ct_verfinv_tail_poly(x, SUB(_mm512_sqrt_ps(w), SET1(3.0f)));
     __m512 ax = _mm512_castsi512_ps(
         _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
     __mmask16 one = _mm512_cmp_ps_mask(ax, SET1(1.0f), _CMP_EQ_OQ);
@@ -204,7 +157,7 @@ CT_AVX512 static void tile_normal(const ct_random_consts *c, int trunc, const ui
     for (size_t i = nl, e = (nl + 15) / 16 * 16 + 16; i < e; i++) tl[i] = 0.0f;
     for (size_t i = 0; i < ns; i += 16) {
         __m512 t = _mm512_load_ps(ts + i);
-        _mm512_store_ps(ts + i, v_neg(v_log1p_small(t)));
+        _mm512_store_ps(ts + i, v_neg(ct_vlog1p_small(t)));
     }
     for (size_t i = 0; i < nl; i += 16) {
         __m512 t = _mm512_load_ps(tl + i);
@@ -223,7 +176,7 @@ CT_AVX512 static void tile_normal(const ct_random_consts *c, int trunc, const ui
         ps += (size_t)__builtin_popcount(small);
         pl += (size_t)__builtin_popcount(large);
         __m512 u = _mm512_load_ps(uu + j);
-        __m512 x = v_finish(c, trunc, v_erfinv_central(u, w));
+        __m512 x = v_finish(c, trunc, ct_verfinv_central(u, w));
         _mm512_mask_storeu_ps(out + j, valid, x);
         __mmask16 tail = _mm512_mask_cmp_ps_mask(valid, w, SET1(5.0f), _CMP_NLT_UQ);
         if (tail) {

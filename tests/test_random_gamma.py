@@ -20,7 +20,7 @@ from ctrainstate import random as R
 from ctrainstate import _random_gamma as G
 from ctrainstate._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,
                                        generalized_normal, loggamma, t)
-from stat_checks import cdf_ok, mean_ok
+from sampler_checks import cdf_ok, mean_ok
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)

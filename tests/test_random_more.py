@@ -12,7 +12,7 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import random as R
 from ctrainstate._random_dist import _log1p, _log
-from stat_checks import cdf_ok, mean_ok
+from sampler_checks import cdf_ok, mean_ok, sharded_like_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 N = 200_000          # samples for the distribution checks
@@ -220,17 +220,8 @@ def test_mesh_invariance_2x4():
             KEY, np.zeros(16, np.float32), np.eye(16, dtype=np.float32), (8,), out_sharding=s),
         "orthogonal": lambda s: R.orthogonal(KEY, 16, (8,), out_sharding=s),
     }
-    for spec in (cts.P("data", "model"), cts.P(None, "model"), cts.P("model"), cts.P()):
-        sharding = cts.NamedSharding(mesh, spec)
-        for name, f in samplers.items():
-            host = f(None)
-            a = f(sharding)
-            assert isinstance(a, cts.Array), name
-            assert a.dtype == host.dtype and a.shape == host.shape, name
-            got = np.asarray(a)
-            assert ((got == host) | (np.isnan(got) & np.isnan(host))).all(), (name, spec)
-            for shard in a.addressable_shards:    # each device holds exactly its block
-                assert (np.asarray(shard.data) == host[shard.index]).all(), (name, spec)
+    sharded_like_host(samplers, mesh, (cts.P("data", "model"), cts.P(None, "model"),
+                                       cts.P("model"), cts.P()))
 
 
 # --- live parity with jax ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ values are the same on every mesh. ``multivariate_normal`` and ``orthogonal`` fa
 matrices (numpy LAPACK, within rounding of JAX's) and are placed with ``device_put``.
 
 The gamma family (gamma, loggamma, beta, dirichlet, chisquare, f, t, generalized_normal, ball)
-is in _random_gamma.py.
+is in _random_gamma.py; poisson, binomial and multinomial in _random_discrete.py.
 """
 from __future__ import annotations
 
@@ -77,6 +77,22 @@ def _log(x):
 
 def _log1p(x):
     return _xla_log(np.asarray(x, _F32), 1)
+
+
+def _fma(a, b, c):
+    """float32 ``fmaf(a, b, c)``, rounded once (XLA's CPU code contracts multiply-adds into
+    FMAs): the exact product plus ``c`` in float64, rounded to odd, so that the final
+    rounding to float32 is not a double rounding (subnormal results included)."""
+    a, b, c = (np.asarray(v, np.float64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b                                   # exact (24 + 24 bits)
+        s = p + c
+        bb = s - p
+        err = (p - (s - bb)) + (c - bb)             # Knuth's TwoSum: p + c == s + err exactly
+        even = (np.ascontiguousarray(s).view(np.int64) & 1) == 0
+        fix = even & (err != 0) & np.isfinite(s)
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+        return s.astype(_F32)
 
 
 def _is_weak(v) -> bool:

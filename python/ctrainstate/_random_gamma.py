@@ -50,7 +50,7 @@ import operator
 import numpy as np
 
 from . import _C, _dtypes
-from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw,
+from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma,
                            _elementwise, _float_of, _is_weak, _log, _log1p, _param,
                            _result_shape, _rounder)
 from .random import _BERNOULLI, _NORMAL, _UNIFORM, _key_words, _shape, split
@@ -130,21 +130,6 @@ def _elem_keys(kw, gshape, start, blk):
 
 
 # --- scalar draws of arrays of keys --------------------------------------------------------
-
-def _fma(a, b, c):
-    """float32 fmaf(a, b, c), correctly rounded: the exact product plus ``c`` in float64,
-    rounded to odd (so that the rounding to float32 is not a double rounding)."""
-    a, b, c = (np.asarray(v, np.float64) for v in (a, b, c))
-    p = a * b                                   # exact (24 + 24 bits)
-    s = p + c
-    bb = s - p
-    err = (p - (s - bb)) + (c - bb)             # Knuth's TwoSum: p + c == s + err exactly
-    even = (np.ascontiguousarray(s).view(np.int64) & 1) == 0
-    with np.errstate(invalid="ignore"):
-        fix = even & (err != 0) & np.isfinite(s)
-    s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(_F32)
-
 
 def _bits32(keys):
     """The 32-bit word of a scalar draw (shape ()) with each key."""

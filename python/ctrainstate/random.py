@@ -26,6 +26,11 @@ correctly rounded one (within a few 1e-6 relative there; the module docstring ha
 Differentiating through their parameters raises (JAX's implicit-reparameterisation gradient is
 not implemented).
 
+:func:`poisson`, :func:`binomial` and :func:`multinomial` (``_random_discrete.py``) run JAX's
+Knuth / transformed-rejection / inversion loops with JAX's key splits and round counts: the
+same integers as JAX on CPUs with FMA. :func:`clone`, :func:`key_impl` and :func:`key_dtype`
+answer for ctrainstate's raw keys.
+
 Every element is a pure function of (key, global index). With
 ``out_sharding=NamedSharding(...)`` each device computes only its own block,
 directly in its buffer, and the result is a sharded :class:`ctrainstate.Array`
@@ -768,3 +773,10 @@ from ._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,  # noqa:
 
 __all__ += ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
             "generalized_normal", "ball"]
+
+# --- discrete rejection samplers and key helpers (see _random_discrete.py) -------------------
+
+from ._random_discrete import (binomial, clone, key_dtype, key_impl,  # noqa: E402
+                               multinomial, poisson)
+
+__all__ += ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]

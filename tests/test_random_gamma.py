@@ -2,7 +2,7 @@
 f, t, generalized_normal, ball.
 
 Without jax: closed-form moments / CDFs, support, small alpha, loggamma against log(gamma),
-broadcasting, dtypes, the numpy PRNG pieces against the C core, mesh invariance, errors,
+broadcasting, dtypes, the draws under arrays of keys against the one-key functions, mesh invariance, errors,
 gradients. With jax: live parity (bit-identical with XLA's rsqrt substituted; within the
 documented tolerances without it).
 """
@@ -145,6 +145,33 @@ def test_generalized_normal_and_ball():
 
 
 # --- the numpy PRNG pieces, against the C core and exact arithmetic --------------------------
+
+def test_keyed_bindings_check_their_arguments():
+    from ctrainstate import _C, _dtypes
+    keys = R.split(KEY, 6)
+    k0, k1 = keys[:, 0].copy(), keys[:, 1].copy()
+    out = np.empty(6, F32)
+    args = (1, _dtypes.code(F32), 0.0, 1.0, 0.0, 0.0, 0.0, None)
+    with pytest.raises(TypeError, match="k0 must be a 1-d uint32"):
+        _C.keys_split(k0.astype(np.int64), k1, 2)
+    with pytest.raises(TypeError, match="k1 must be a 1-d uint32"):
+        _C.keys_split(k0, keys, 2)
+    with pytest.raises(ValueError, match="k1 has 5 words"):
+        _C.keys_split(k0, k1[:5], 2)
+    with pytest.raises(ValueError, match="num must be >= 0"):
+        _C.keys_split(k0, k1, -1)
+    with pytest.raises(ValueError, match="out has 5 elements for 6 keys"):
+        _C.random_keyed(out[:5], k0, k1, *args)
+    with pytest.raises(TypeError, match="output elements are 2 bytes, expected 4"):
+        _C.random_keyed(out.astype(F16), k0, k1, *args)
+    with pytest.raises(TypeError, match="out must be a numpy array"):
+        _C.random_keyed(list(out), k0, k1, *args)
+    with pytest.raises(ValueError, match="unknown distribution"):
+        _C.random_keyed(out, k0, k1, 9, *args[1:])
+    assert _C.keys_split(k0[:0], k1[:0], 3).shape == (3, 2, 0)
+    # strided key words (a column of the (n, 2) keys) are read, not refused
+    assert (_C.keys_split(keys[:, 0], keys[:, 1], 2) == _C.keys_split(k0, k1, 2)).all()
+
 
 def test_scalar_draws_of_many_keys_match_the_core():
     keys = R.split(KEY, 300)

@@ -481,6 +481,22 @@ ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, i
     return CT_OK;
 }
 
+ct_status ct_random_keyed(const ct_sampler *s, size_t n, const uint32_t *k0,
+                          const uint32_t *k1, void *out) {
+    CT_TRY(ct_sampler_check(s));
+    if (n && (!k0 || !k1 || !out)) return ct_set_error(CT_EINVAL, "random: NULL keys or output");
+    const consts c = make_consts(s);
+    const size_t esize = s->dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s->dtype);
+    uint32_t w[CT_TILE], hi[CT_TILE];
+    for (size_t t = 0; t < n; t += CT_TILE) {
+        size_t m = n - t < CT_TILE ? n - t : CT_TILE;
+        ct_threefry2x32_keys(m, k0 + t, k1 + t, 0u, 0u, hi, w);
+        for (size_t j = 0; j < m; j++) w[j] ^= hi[j];
+        transform_any(&c, w, m, (char *)out + t * esize);
+    }
+    return CT_OK;
+}
+
 ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, size_t n,
                                     void *out, int ref) {
     CT_TRY(ct_sampler_check(s));

@@ -85,6 +85,15 @@ ct_status ct_random_fill_block_ref(const uint32_t key[2], const ct_sampler *s, i
 ct_status ct_random_transform_words(const ct_sampler *s, const uint32_t *words, size_t n,
                                     void *out, int ref);
 
+/* out[i] = the sample of shape () that key (k0[i], k1[i]) gives, for i < n:
+ * jax's `sampler(key_i, (), dtype, ...)` of each key, as the samplers that run a
+ * loop per element with its own keys (gamma, poisson) draw. Element i's random
+ * word is threefry((k0[i], k1[i]), (0, 0)) with its two halves xor-ed; the
+ * transform is the block fill's. n elements of the output dtype (bytes 0/1 for
+ * bernoulli) into out. */
+ct_status ct_random_keyed(const ct_sampler *s, size_t n, const uint32_t *k0,
+                          const uint32_t *k1, void *out);
+
 /* Which CPU fill path float32 normal / truncated-normal samples take:
  * "avx512" (ct_random_x86.c, CPUs with AVX-512, unless CTRAINSTATE_NO_AVX512
  * is set), else "avx2" (ct_random_avx2.c, CPUs with AVX2 and FMA, unless

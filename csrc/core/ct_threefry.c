@@ -93,6 +93,19 @@ void ct_threefry_counters(const uint32_t key[2], uint64_t g0, size_t n, uint32_t
 
 /* --- keys ------------------------------------------------------------------ */
 
+/* Lanes are independent (one key each), so the loop vectorises as it is. */
+CT_MULTIVERSION
+void ct_threefry2x32_keys(size_t n, const uint32_t *restrict k0, const uint32_t *restrict k1,
+                          uint32_t x0, uint32_t x1, uint32_t *restrict y0,
+                          uint32_t *restrict y1) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = x0, b = x1;
+        ct_rm_threefry(k0[i], k1[i], &a, &b);
+        y0[i] = a;
+        y1[i] = b;
+    }
+}
+
 void ct_key_from_seed(int64_t seed, uint32_t out[2]) {
     /* JAX (x64 off) canonicalises the seed to 32 bits before splitting it into
      * (seed >> 32, seed & 0xffffffff), so the high word is always 0. */

@@ -29,6 +29,14 @@
 /* The 20-round Threefry-2x32 block cipher: encrypt the pair x in place. */
 void ct_threefry2x32(const uint32_t key[2], uint32_t x[2]);
 
+/* The cipher of one counter (x0, x1) under each of n keys (k0[i], k1[i]):
+ * y0[i], y1[i] = threefry2x32((k0[i], k1[i]), (x0, x1)). With (x0, x1) = (0, j)
+ * that is word pair j of split(key_i, num) for every key at once; with (0, 0),
+ * y0 ^ y1 is the 32-bit word of a draw of shape () (the samplers that run one
+ * jax loop per element, each with its own key). Outputs may not alias inputs. */
+void ct_threefry2x32_keys(size_t n, const uint32_t *k0, const uint32_t *k1, uint32_t x0,
+                          uint32_t x1, uint32_t *y0, uint32_t *y1);
+
 /* jax.random.PRNGKey(seed) with 64-bit mode off: (0, seed mod 2^32). */
 void ct_key_from_seed(int64_t seed, uint32_t out[2]);
 

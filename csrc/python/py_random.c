@@ -1,6 +1,6 @@
 /*
  * py_random.c — bindings of the PRNG core (csrc/core/ct_threefry.h,
- * ct_random.h): key split / fold_in and block fills into a device Buffer or a
+ * ct_random.h): key split / fold_in, block fills, and draws under arrays of keys into a device Buffer or a
  * C-contiguous numpy array. GPU Buffers are filled by their backend's kernel
  * (ct_random_fill_block_device), bit-identical to the host fill. Argument parsing and buffer checks only; the GIL
  * is released around every fill.
@@ -162,6 +162,38 @@ static PyObject *py_random_bits(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A checked sampler from random_fill's / random_keyed's arguments, whose output
+ * elements must be `itemsize` bytes. */
+static int make_sampler(ct_sampler *s, int dist, int dtype, double minval, double maxval,
+                        double lower, double upper, double p, PyObject *scale_obj,
+                        size_t itemsize, const char *what) {
+    memset(s, 0, sizeof *s);
+    s->dist = (ct_dist)dist;
+    s->dtype = (ct_dtype)dtype;
+    s->minval = minval;
+    s->maxval = maxval;
+    s->lower = lower;
+    s->upper = upper;
+    s->p = p;
+    if (scale_obj != Py_None) {
+        s->has_scale = 1;
+        s->scale = PyFloat_AsDouble(scale_obj);
+        if (s->scale == -1.0 && PyErr_Occurred()) return -1;
+    }
+    ct_status st = ct_sampler_check(s);
+    if (st != CT_OK) {
+        ct_py_raise(st);
+        return -1;
+    }
+    size_t want = dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s->dtype);
+    if (itemsize != want) {
+        PyErr_Format(PyExc_TypeError, "%s: output elements are %zu bytes, expected %zu", what,
+                     itemsize, want);
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(random_fill_doc,
              "random_fill($module, out, k0, k1, global_shape, start, dist, dtype, minval, maxval,\n"
              "            lower, upper, p, scale, /)\n--\n\n"
@@ -199,27 +231,11 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
     if (get_target(out_obj, &t, "out", 1) < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
         return NULL;
-    ct_sampler s = { 0 };
-    s.dist = (ct_dist)dist;
-    s.dtype = (ct_dtype)dtype;
-    s.minval = minval;
-    s.maxval = maxval;
-    s.lower = lower;
-    s.upper = upper;
-    s.p = p;
-    if (scale_obj != Py_None) {
-        s.has_scale = 1;
-        s.scale = PyFloat_AsDouble(scale_obj);
-        if (s.scale == -1.0 && PyErr_Occurred()) return NULL;
-    }
-    ct_status st = ct_sampler_check(&s);
-    if (st != CT_OK) return ct_py_raise(st);
-    size_t want = dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size(s.dtype);
-    if (t.itemsize != want) {
-        PyErr_Format(PyExc_TypeError, "random_fill: output elements are %zu bytes, expected %zu",
-                     t.itemsize, want);
+    ct_sampler s;
+    if (make_sampler(&s, dist, dtype, minval, maxval, lower, upper, p, scale_obj, t.itemsize,
+                     "random_fill") < 0)
         return NULL;
-    }
+    ct_status st;
     uint32_t key[2] = { k0, k1 };
     Py_BEGIN_ALLOW_THREADS
     if (t.dev) /* a GPU buffer: the backend's kernel, queued on the device's stream */
@@ -228,6 +244,124 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
         st = ct_random_fill_block(key, &s, t.ndim, gshape, start, t.shape, t.data);
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* --- arrays of keys ----------------------------------------------------------- */
+
+/* A 1-d C-contiguous uint32 numpy array (a new reference), of n0 elements when
+ * n0 >= 0. */
+static PyArrayObject *key_words(PyObject *obj, const char *what, npy_intp n0) {
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_UINT32 ||
+        PyArray_NDIM((PyArrayObject *)obj) != 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-d uint32 numpy array", what);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_UINT32, NPY_ARRAY_IN_ARRAY);
+    if (a == NULL) return NULL;
+    if (n0 >= 0 && PyArray_DIM(a, 0) != n0) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd words, the first key array %zd", what,
+                     (Py_ssize_t)PyArray_DIM(a, 0), (Py_ssize_t)n0);
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* The two word arrays k0, k1 of n keys; 0, or -1 with an exception set. */
+static int key_arrays(PyObject *o0, PyObject *o1, PyArrayObject **a0, PyArrayObject **a1) {
+    *a0 = key_words(o0, "k0", -1);
+    if (*a0 == NULL) return -1;
+    *a1 = key_words(o1, "k1", PyArray_DIM(*a0, 0));
+    if (*a1 == NULL) {
+        Py_CLEAR(*a0);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(keys_split_doc,
+             "keys_split($module, k0, k1, num, /)\n--\n\n"
+             "jax.random.split(key_i, num) of n raw keys at once, key i being (k0[i], k1[i])\n"
+             "(1-d uint32 arrays of n words): a uint32 array s of shape (num, 2, n) with\n"
+             "split(key_i, num)[j] == (s[j, 0, i], s[j, 1, i]).");
+
+static PyObject *py_keys_split(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o0, *o1;
+    long long num;
+    if (!PyArg_ParseTuple(args, "OOL:keys_split", &o0, &o1, &num)) return NULL;
+    if (num < 0) {
+        PyErr_Format(PyExc_ValueError, "split: num must be >= 0, got %lld", num);
+        return NULL;
+    }
+    if (num > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "keys_split: num must be < 2**32, got %lld", num);
+        return NULL;
+    }
+    PyArrayObject *a0, *a1;
+    if (key_arrays(o0, o1, &a0, &a1) < 0) return NULL;
+    npy_intp n = PyArray_DIM(a0, 0);
+    npy_intp dims[3] = { (npy_intp)num, 2, n };
+    PyObject *out = PyArray_SimpleNew(3, dims, NPY_UINT32);
+    if (out != NULL) {
+        const uint32_t *k0 = PyArray_DATA(a0), *k1 = PyArray_DATA(a1);
+        uint32_t *o = PyArray_DATA((PyArrayObject *)out);
+        Py_BEGIN_ALLOW_THREADS
+        for (long long j = 0; j < num; j++)
+            ct_threefry2x32_keys((size_t)n, k0, k1, 0u, (uint32_t)j, o + (size_t)(2 * j) * (size_t)n,
+                                 o + (size_t)(2 * j + 1) * (size_t)n);
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(a0);
+    Py_DECREF(a1);
+    return out;
+}
+
+PyDoc_STRVAR(random_keyed_doc,
+             "random_keyed($module, out, k0, k1, dist, dtype, minval, maxval, lower, upper, p,\n"
+             "             scale, /)\n--\n\n"
+             "out[i] = the sample of shape () that raw key (k0[i], k1[i]) gives (1-d uint32\n"
+             "arrays of n words): jax's `sampler(key_i, (), dtype, ...)` of every key at once.\n"
+             "`out`: a C-contiguous numpy array of n elements of core dtype `dtype` (bytes 0/1\n"
+             "for bernoulli); the other arguments as random_fill's.");
+
+static PyObject *py_random_keyed(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *out_obj, *o0, *o1, *scale_obj;
+    int dist, dtype;
+    double minval, maxval, lower, upper, p;
+    if (!PyArg_ParseTuple(args, "OOOiidddddO:random_keyed", &out_obj, &o0, &o1, &dist, &dtype,
+                          &minval, &maxval, &lower, &upper, &p, &scale_obj))
+        return NULL;
+    if (!PyArray_Check(out_obj)) {
+        PyErr_Format(PyExc_TypeError, "random_keyed: out must be a numpy array, got %.100s",
+                     Py_TYPE(out_obj)->tp_name);
+        return NULL;
+    }
+    out_target t;
+    if (get_target(out_obj, &t, "out", 0) < 0) return NULL;
+    ct_sampler s;
+    if (make_sampler(&s, dist, dtype, minval, maxval, lower, upper, p, scale_obj, t.itemsize,
+                     "random_keyed") < 0)
+        return NULL;
+    PyArrayObject *a0, *a1;
+    if (key_arrays(o0, o1, &a0, &a1) < 0) return NULL;
+    npy_intp n = PyArray_DIM(a0, 0);
+    ct_status st = CT_OK;
+    if (PyArray_SIZE((PyArrayObject *)out_obj) != n) {
+        PyErr_Format(PyExc_ValueError, "random_keyed: out has %zd elements for %zd keys",
+                     (Py_ssize_t)PyArray_SIZE((PyArrayObject *)out_obj), (Py_ssize_t)n);
+    } else {
+        const uint32_t *k0 = PyArray_DATA(a0), *k1 = PyArray_DATA(a1);
+        Py_BEGIN_ALLOW_THREADS
+        st = ct_random_keyed(&s, (size_t)n, k0, k1, t.data);
+        Py_END_ALLOW_THREADS
+        if (st != CT_OK) ct_py_raise(st);
+    }
+    Py_DECREF(a0);
+    Py_DECREF(a1);
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -279,6 +413,8 @@ static PyMethodDef random_methods[] = {
     { "key_fold_in", py_key_fold_in, METH_VARARGS, key_fold_in_doc },
     { "random_bits", py_random_bits, METH_VARARGS, random_bits_doc },
     { "random_fill", py_random_fill, METH_VARARGS, random_fill_doc },
+    { "keys_split", py_keys_split, METH_VARARGS, keys_split_doc },
+    { "random_keyed", py_random_keyed, METH_VARARGS, random_keyed_doc },
     { "random_on_device", py_random_on_device, METH_O, random_on_device_doc },
     { "xla_math", py_xla_math, METH_VARARGS, xla_math_doc },
     { NULL, NULL, 0, NULL },

@@ -7,9 +7,9 @@ element ``i`` of ``gamma(key, a, shape)`` runs Marsaglia and Tsang's rejection l
 uniforms from keys it splits off as it goes, and boosts ``a < 1`` to ``a + 1`` (times
 ``u ** (1 / a)``, or ``+ log(u) / a`` in log space). This file runs the same loop for all
 elements at once: each round draws only for the elements still rejecting (an ``active``
-index array), with a numpy Threefry-2x32 over arrays of keys and the C core's word ->
-uniform / normal transforms respelled in numpy (XLA's float32 ``erf_inv`` polynomial, the C
-core's ``log``/``log1p``). Every op is JAX's, in JAX's order, as XLA's CPU backend computes
+index array); the keys it splits and the uniforms and normals it draws under arrays of keys
+come from the C core (``_C.keys_split``, ``_C.random_keyed``), the rest of each round is
+numpy. Every op is JAX's, in JAX's order, as XLA's CPU backend computes
 it: float32 multiply-adds fused where LLVM fuses them, ``a / sqrt(b)`` rewritten as
 ``a * rsqrt(b)`` and ``(a / b) / (c / d)`` as ``(a * d) / (b * c)`` (not for bfloat16),
 subnormal results flushed to zero, XLA's ``exp`` reproduced (``_exp``), ``pow`` libm's powf;
@@ -94,30 +94,12 @@ def _no_grad(name, **params):
                     f"gradient through `{pname}`.")
 
 
-# --- Threefry-2x32 over arrays of keys ---------------------------------------------------
-
-def _threefry(k0, k1, x0, x1):
-    """The 20-round Threefry-2x32 block of counters (x0, x1) under keys (k0, k1), elementwise
-    (csrc/core/ct_random_math.h's ct_rm_threefry, vectorised over keys)."""
-    k0 = np.asarray(k0, _U32)
-    k1 = np.asarray(k1, _U32)
-    ks = (k0, k1, k0 ^ k1 ^ _U32.type(0x1BD11BDA))
-    with np.errstate(over="ignore"):
-        a = np.asarray(x0, _U32) + k0
-        b = np.asarray(x1, _U32) + k1
-        for i in range(5):
-            for rot in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
-                a = a + b
-                b = ((b << _U32.type(rot)) | (b >> _U32.type(32 - rot))) ^ a
-            a = a + ks[(i + 1) % 3]
-            b = b + ks[(i + 2) % 3] + _U32.type(i + 1)
-    return a, b
-
+# --- keys and scalar draws of arrays of keys (the C core's cipher and transforms) ---------
 
 def _split_n(keys, n):
     """``split(key, n)`` of every key in ``keys = (k0, k1)``: a list of n (k0, k1) pairs."""
-    k0, k1 = keys
-    return [_threefry(k0, k1, 0, j) for j in range(n)]
+    s = _C.keys_split(np.ascontiguousarray(keys[0], _U32), np.ascontiguousarray(keys[1], _U32), n)
+    return [(s[j, 0], s[j, 1]) for j in range(n)]
 
 
 def _elem_keys(kw, gshape, start, blk):
@@ -129,65 +111,24 @@ def _elem_keys(kw, gshape, start, blk):
     return (out >> np.uint64(32)).astype(_U32), (out & np.uint64(0xFFFFFFFF)).astype(_U32)
 
 
-# --- scalar draws of arrays of keys --------------------------------------------------------
-
-def _bits32(keys):
-    """The 32-bit word of a scalar draw (shape ()) with each key."""
-    a, b = _threefry(keys[0], keys[1], 0, 0)
-    return a ^ b
-
-
-def _unit(dt, w):
-    """[0, 1) from the word, as JAX's _uniform (float16 its low 16 bits, bfloat16 its low 8)."""
-    if dt == _F32:
-        return ((w >> _U32.type(9)) | _U32.type(0x3F800000)).view(_F32) - _F32.type(1)
-    if dt == _dtypes.float16:
-        h = (((w & _U32.type(0xFFFF)) >> _U32.type(6)) | _U32.type(0x3C00)).astype(np.uint16)
-    else:
-        h = (((w & _U32.type(0xFF)) >> _U32.type(1)) | _U32.type(0x3F80)).astype(np.uint16)
-    return h.view(dt).astype(_F32) - _F32.type(1)
+def _keyed(dist, dt, keys):
+    """``sampler(key, (), dt)`` of each key (uniform on [0, 1) or normal), as float32
+    holding dt values: the C core's draw under each key (csrc/core/ct_random.h)."""
+    k0 = np.ascontiguousarray(keys[0], _U32)
+    out = np.empty(k0.shape[0], dt)
+    _C.random_keyed(out, k0, np.ascontiguousarray(keys[1], _U32), dist, _dtypes.code(dt),
+                    0.0, 1.0, 0.0, 0.0, 0.0, None)
+    return out.astype(_F32)
 
 
 def _uniform01(dt, keys):
     """uniform(key, (), dt) of each key (float32 holding dt values)."""
-    return _unit(dt, _bits32(keys))   # max(0, f * 1 + 0) == f
-
-
-_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                   0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-                0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-
-def _erf_inv(x):
-    """XLA's float32 erf_inv (M. Giles' single-precision polynomials, fused multiply-adds)."""
-    x = np.asarray(x, _F32)
-    w = -_log1p(x * -x)
-    central = w < _F32.type(5)
-    with np.errstate(invalid="ignore"):
-        v = np.where(central, w - _F32.type(2.5), np.sqrt(w) - _F32.type(3))
-    coef = [np.where(central, _F32.type(c0), _F32.type(c1))
-            for c0, c1 in zip(_ERFINV_CENTRAL, _ERFINV_TAIL)]
-    p = coef[0]
-    for cf in coef[1:]:
-        p = _fma(p, v, cf)
-    r = p * x
-    return np.where(~central & (np.abs(x) == 1), x * _F32.type(np.inf), r)
+    return _keyed(_UNIFORM, dt, keys)
 
 
 def _normal(dt, keys):
-    """normal(key, (), dt) of each key: sqrt(2) * erf_inv(uniform(nextafter(-1, 0), 1))."""
-    r = _rounder(dt)
-    lo = np.nextafter(np.asarray(-1.0, dt), np.asarray(0.0, dt)).astype(_F32)
-    rng = r(_F32.type(1) - lo)
-    f = _unit(dt, _bits32(keys))
-    if dt == _F32:
-        u = _fma(f, rng, lo)
-    else:
-        u = r(r(f * rng) + lo)
-    u = np.maximum(u, lo)
-    sqrt2 = np.asarray(np.sqrt(2.0), dt).astype(_F32)
-    return r(sqrt2 * r(_erf_inv(u)))
+    """normal(key, (), dt) of each key (float32 holding dt values)."""
+    return _keyed(_NORMAL, dt, keys)
 
 
 # --- XLA's float32 math, as the CPU backend computes it --------------------------------------
@@ -269,7 +210,7 @@ def _gamma_one(keys, alpha, dt, log_space):
 
     def c(v):
         return np.asarray(v, dt).astype(_F32)
-    zero, one, two, half, third, squeeze = c(0), c(1), c(2), c(0.5), c(1 / 3), c(0.0331)
+    zero, one, half, third, squeeze = c(0), c(1), c(0.5), c(1 / 3), c(0.0331)
     n = alpha.shape[0]
     with np.errstate(all="ignore"):
         boost_mask = alpha >= one

@@ -396,6 +396,52 @@ static void test_high_counter(void) {
     }
 }
 
+/* Draws under arrays of keys: each key's cipher of one counter is ct_threefry2x32's, and
+ * its keyed sample is the one-element block fill of shape () under that key, for every
+ * sampler configuration and dtype; n spans more than one tile and ends in a partial one. */
+static void test_keyed(void) {
+    enum { N = 2 * 1024 + 37 };
+    uint32_t *k0 = malloc(N * 4), *k1 = malloc(N * 4), *y0 = malloc(N * 4), *y1 = malloc(N * 4);
+    float *x = malloc(N * 4);
+    const uint32_t root[2] = { 7u, 0xdeadbeefu };
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t w[2] = { i >> 7, i * 2654435761u };
+        ct_threefry2x32(root, w);
+        k0[i] = w[0];
+        k1[i] = w[1];
+    }
+    ct_threefry2x32_keys(N, k0, k1, 3u, 0x80000001u, y0, y1);
+    int bad = 0;
+    for (size_t i = 0; i < N; i++) {
+        uint32_t key[2] = { k0[i], k1[i] }, w[2] = { 3u, 0x80000001u };
+        ct_threefry2x32(key, w);
+        bad += w[0] != y0[i] || w[1] != y1[i];
+    }
+    CHECK(bad == 0, "threefry of arrays of keys: %d keys differ from ct_threefry2x32", bad);
+    for (int dist = 0; dist < 4; dist++) {
+        for (int dt = 0; dt < 3; dt++) {
+            ct_sampler s = { (ct_dist)dist, (ct_dtype)dt, -0.5, 3.0, -1.0, 2.5, 0.25, 1, 0.5 };
+            if (dist == CT_DIST_BERNOULLI) s.has_scale = 0;
+            size_t es = dist == CT_DIST_BERNOULLI ? 1 : ct_dtype_size((ct_dtype)dt);
+            CHECK(ct_random_keyed(&s, N, k0, k1, x) == CT_OK, "keyed");
+            bad = 0;
+            for (size_t i = 0; i < N; i++) {
+                uint32_t key[2] = { k0[i], k1[i] }, one = 0;
+                CHECK(ct_random_fill_block(key, &s, 0, NULL, NULL, NULL, &one) == CT_OK, "fill");
+                bad += memcmp((char *)x + i * es, &one, es) != 0;
+            }
+            CHECK(bad == 0, "dist %d dtype %d: %d keyed samples differ from shape-() fills", dist,
+                  dt, bad);
+        }
+    }
+    ct_sampler s = { CT_DIST_NORMAL, CT_I32, 0, 1, 0, 0, 0, 0, 0 };
+    CHECK(ct_random_keyed(&s, N, k0, k1, x) == CT_ETYPE, "keyed: integer dtype accepted");
+    s.dtype = CT_F32;
+    CHECK(ct_random_keyed(&s, 1, NULL, k1, x) == CT_EINVAL, "keyed: NULL keys accepted");
+    CHECK(ct_random_keyed(&s, 0, NULL, NULL, NULL) == CT_OK, "keyed: no keys");
+    free(k0), free(k1), free(y0), free(y1), free(x);
+}
+
 static void test_errors(void) {
     const uint32_t key[2] = { 0, 0 };
     float out[4];
@@ -454,6 +500,7 @@ int main(int argc, char **argv) {
     test_math_header_exhaustive();
     test_kernel_emulation();
     test_high_counter();
+    test_keyed();
     test_errors();
     test_xla_math();
     printf("test_random (%s fill path): %zu vector cases, %d checks, %d failures\n",

@@ -267,7 +267,9 @@ LOWP_CASES = [
     ("nanmax", lambda m, x: m.nanmax(x, axis=0)),
     ("nanvar", lambda m, x: m.nanvar(x, axis=1)),
     ("nancumsum", lambda m, x: m.nancumsum(x, axis=1)),
-    ("nan_to_num", lambda m, x: m.nan_to_num(x * np.inf)),
+    # m.multiply, not `x * np.inf`: numpy's product of a bfloat16 array and a Python float is
+    # float32 with ml_dtypes < 0.7 and bfloat16 from 0.7 on; ctrainstate's is bfloat16 (jax's)
+    ("nan_to_num", lambda m, x: m.nan_to_num(m.multiply(x, np.inf))),
     ("median", lambda m, x: m.median(x, axis=1)),
     ("quantile", lambda m, x: m.quantile(x, 0.3, axis=0)),
     ("ptp", lambda m, x: m.ptp(x)),

@@ -407,7 +407,14 @@ def test_16bit_floats_keep_their_dtype():
                       "interp": lambda v: jnp.interp(v[0], XP.astype(v.dtype),
                                                      FP.astype(v.dtype))}.get(name)
                 if jf is not None:
-                    w = jf(jnp.asarray(x))
+                    try:
+                        w = jf(jnp.asarray(x))
+                    except ValueError as e:
+                        # jax's interp asks numpy's finfo about bfloat16, which only knows
+                        # it from ml_dtypes 0.7 on: nothing to compare against
+                        if "not inexact" in str(e):
+                            continue
+                        raise
                     assert w.dtype == got.dtype, name
                     np.testing.assert_allclose(np.asarray(got).astype(np.float64),
                                                np.asarray(w).astype(np.float64), rtol=1e-2,

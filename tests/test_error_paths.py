@@ -4,6 +4,8 @@ Each row is an input a fuzz run of the public API (and of the private _C binding
 answered with a KeyError, OverflowError, SystemError or AttributeError, or silently accepted.
 Every test asserts the exception type and a fragment of the message that says what is wrong.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -110,7 +112,9 @@ SPLIT_CASES = [
     (float("inf"), TypeError, "split: num must be an integer or a tuple of integers, got inf"),
     (2.5, TypeError, "split: num must be an integer or a tuple of integers, got 2.5"),
     ((2, None), TypeError, r"split: num must be an integer or a tuple of integers, got \(2, None\)"),
-    (np.uint64(2 ** 64 - 1), ValueError, r"split: num=np.uint64\(18446744073709551615\) is too large"),
+    # the message shows repr(num): np.uint64(...) with numpy 2, the bare number with numpy 1
+    (np.uint64(2 ** 64 - 1), ValueError,
+     r"split: num=" + re.escape(repr(np.uint64(2 ** 64 - 1))) + r" is too large"),
     ((2 ** 40, 2 ** 40), ValueError, r"split: num=\(1099511627776, 1099511627776\) is too large"),
 ]
 

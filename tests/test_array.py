@@ -271,6 +271,10 @@ def test_dlpack_of_sharded_array_needs_a_shard():
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32, np.float16, np.bool_])
 def test_from_dlpack_copies_strided_host_tensors(dtype):
     x = (np.arange(24).reshape(4, 6) % 5).astype(dtype)[:, ::2]
+    try:
+        x.__dlpack__()
+    except BufferError as e:      # numpy < 1.25 exports no bool tensors
+        pytest.skip(f"numpy {np.__version__} cannot export {np.dtype(dtype)}: {e}")
     b = cts.from_dlpack(x)
     assert b.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(np.asarray(b), x)

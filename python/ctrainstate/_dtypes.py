@@ -25,6 +25,10 @@ _NARROW = {
 
 SUPPORTED = tuple(_CODES)
 
+# numpy's AxisError: numpy.exceptions from numpy 1.25 on, the top-level name before (numpy 2
+# removed that one)
+AxisError = np.exceptions.AxisError if hasattr(np, "exceptions") else np.AxisError
+
 
 def int_tuple(seq, what: str, scalar: bool = False, expected: str | None = None) -> tuple:
     """A shape-like argument as a tuple of Python ints, converted once at the boundary as

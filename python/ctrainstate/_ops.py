@@ -1045,7 +1045,7 @@ def _arg_axes(axis, ndim: int, name: str) -> tuple:
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{name}: axis must be an int or None, got {axis!r}")
     if not -ndim <= axis < ndim:
-        raise np.exceptions.AxisError(int(axis), ndim)
+        raise _dtypes.AxisError(int(axis), ndim)
     return (int(axis) % ndim,)
 
 

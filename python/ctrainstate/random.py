@@ -532,7 +532,7 @@ def _check_axis(axis, ndim):
     if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis must be an int, got {axis!r}")
     if not -ndim <= axis < ndim:
-        raise np.exceptions.AxisError(int(axis), ndim)
+        raise _dtypes.AxisError(int(axis), ndim)
     return int(axis)
 
 

@@ -450,3 +450,14 @@ def test_live_parity_key_helpers():
     assert key_impl(tk) == "threefry2x32"
     with pytest.raises(ValueError, match=r"given a key array of shape \(2,\)"):
         poisson(jax.random.split(tk), 3.0)
+
+
+def test_a_shape_dtype_struct_has_values_only_under_eval_shape():
+    # outside eval_shape a ShapeDtypeStruct parameter used to sample as if it held zeros
+    s = cts.ShapeDtypeStruct((3,), np.float32)
+    for fn, args, name in ((poisson, (s,), "lam"), (binomial, (s, 0.5), "n"),
+                           (binomial, (4.0, s), "p")):
+        with pytest.raises(TypeError, match=f"{name}: a ShapeDtypeStruct has no values"):
+            fn(KEY, *args)
+    out = cts.eval_shape(lambda: binomial(KEY, s, 0.5))
+    assert out.shape == (3,) and out.dtype == np.float32

@@ -73,8 +73,8 @@ import ml_dtypes
 import numpy as np
 
 from . import _dtypes
-from ._random_dist import (_F32, _HALF, _broadcast, _check_shape, _draw, _float_of, _fma,
-                           _log, _log1p, _rounder, _to_int)
+from ._random_dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_of,
+                           _fma, _log, _log1p, _param, _rounder, _to_int)
 from .random import _UNIFORM, _key_words, split
 
 __all__ = ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
@@ -123,18 +123,6 @@ def _arraylike(v) -> bool:
         return True
     return hasattr(v, "__jax_array__") or (hasattr(v, "__array__") and hasattr(v, "dtype")
                                            and hasattr(v, "shape"))
-
-
-def _real(name, v) -> np.ndarray:
-    """A real parameter as a numpy array, 64-bit types narrowed as jax does with x64 off. A
-    ShapeDtypeStruct (eval_shape) becomes a zero-strided array of its shape and dtype."""
-    from ._abstract import ShapeDtypeStruct
-    a = (np.broadcast_to(np.zeros((), v.dtype), v.shape) if isinstance(v, ShapeDtypeStruct)
-         else np.asarray(v))
-    if a.dtype.kind not in "biuf" and a.dtype not in _HALF:
-        raise TypeError(f"{name} must be real-valued, got dtype {a.dtype} (jax would drop the "
-                        f"imaginary part)")
-    return a.astype(_dtypes._NARROW[a.dtype]) if a.dtype in _dtypes._NARROW else a
 
 
 def _canon_shape(shape) -> tuple:
@@ -190,12 +178,8 @@ def _user_dtype(dtype) -> np.dtype:
 
 
 def _block32(a, dt, g, s, b):
-    """Parameter ``a`` converted to ``dt``, broadcast to the global shape ``g``, this block's
-    elements as a flat float32 array."""
-    with np.errstate(over="ignore"):             # (n > 65504 is inf in float16, as in jax)
-        a = np.asarray(a).astype(dt).astype(_F32)
-    a = np.broadcast_to(a, g)[tuple(slice(o, o + n) for o, n in zip(s, b))]
-    return np.ascontiguousarray(a).reshape(-1)
+    """_block (parameter ``a`` in ``dt``, this block of it) as a flat float32 array."""
+    return np.ascontiguousarray(_block(a, dt, g, s, b)).reshape(-1)
 
 
 def _elementwise_iters(shape, out_dt, out_sharding, compute, first_pass):
@@ -352,7 +336,7 @@ def poisson(key, lam, shape=None, dtype=None, *, out_sharding=None):
     if not _arraylike(lam):
         raise TypeError(f"broadcast_to requires ndarray or scalar arguments, got {type(lam)} at "
                         f"position 0.")
-    lam_a = _real("lam", lam)
+    lam_a = _param(lam, "lam")
     if shape is None:
         shape = lam_a.shape
     _broadcast_to_check(lam_a.dtype, lam_a.shape, shape)
@@ -578,7 +562,7 @@ def binomial(key, n, p, shape=None, dtype=None, *, out_sharding=None):
         raise ValueError(f"dtype argument to `binomial` must be a float dtype, got {dt}")
     if shape is not None:
         shape = _canon_shape(shape)
-    na, pa = _real("n", n), _real("p", p)
+    na, pa = _param(n, "n"), _param(p, "p")
     pshape = _broadcast(na.shape, pa.shape)
     if shape is None:
         shape = pshape
@@ -671,7 +655,7 @@ def multinomial(key, n, p, *, shape=None, dtype=None, unroll=1, out_sharding=Non
                             f"at position {pos}.")
     if not isinstance(unroll, (bool, np.bool_)):
         operator.index(unroll)             # jax's scan: "'float' object cannot be interpreted..."
-    na, pa = _real("n", n), _real("p", p)
+    na, pa = _param(n, "n"), _param(p, "p")
     cdt = _promote_inexact(n, p)
     if shape is None:
         shape = pa.shape

@@ -101,10 +101,20 @@ def _is_weak(v) -> bool:
 
 
 def _param(v, name):
-    """A real-valued parameter as a numpy array (float64 narrowed to float32, as JAX)."""
-    a = np.asarray(v)
+    """A real-valued parameter as a numpy array (float64 narrowed to float32, as JAX). A
+    ShapeDtypeStruct stands for an array only under eval_shape, as zeros of its shape and
+    dtype (they shape the abstract result); anywhere else it has no values and is refused."""
+    from ._abstract import ShapeDtypeStruct, is_abstract
+    if isinstance(v, ShapeDtypeStruct):
+        if not is_abstract():
+            raise TypeError(f"{name}: a ShapeDtypeStruct has no values (use it under "
+                            f"eval_shape)")
+        a = np.broadcast_to(np.zeros((), v.dtype), v.shape)
+    else:
+        a = np.asarray(v)
     if a.dtype.kind not in "biuf" and a.dtype not in _HALF:
-        raise TypeError(f"{name} must be real-valued, got dtype {a.dtype}")
+        raise TypeError(f"{name} must be real-valued, got dtype {a.dtype}"
+                        + (" (jax would drop the imaginary part)" if a.dtype.kind == "c" else ""))
     if a.dtype in _dtypes._NARROW:
         a = a.astype(_dtypes._NARROW[a.dtype])
     return a
@@ -165,7 +175,8 @@ def _result_shape(name, shape, *params):
 
 def _block(v, dt, gshape, start, blk):
     """Parameter ``v`` converted to ``dt``, broadcast to the global shape, sliced to a block."""
-    a = np.asarray(v).astype(dt).astype(_F32)
+    with np.errstate(over="ignore"):             # (n > 65504 is inf in float16, as in jax)
+        a = np.asarray(v).astype(dt).astype(_F32)
     a = np.broadcast_to(a, gshape)
     return a[tuple(slice(s, s + b) for s, b in zip(start, blk))]
 

@@ -53,7 +53,7 @@ from . import _C, _dtypes
 from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma,
                            _elementwise, _float_of, _is_weak, _log, _log1p, _param,
                            _result_shape, _rounder)
-from .random import _BERNOULLI, _NORMAL, _UNIFORM, _key_words, _shape, split
+from .random import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
 
 __all__ = ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
            "generalized_normal", "ball"]
@@ -63,19 +63,6 @@ _FLOATS = (_F32,) + _HALF
 
 
 # --- checks ------------------------------------------------------------------------------
-
-def _dtype(dtype, name) -> np.dtype:
-    """JAX's float dtype check (float64 is float32, as with x64 off)."""
-    dt = _F32 if dtype is None else np.dtype(dtype)
-    if dt == np.float64:
-        dt = _F32
-    if dt in _FLOATS:
-        return dt
-    if dt.kind == "f" or dt.name.startswith("float"):
-        raise ValueError(f"dtype argument to `{name}` must be float32, float16 or bfloat16 "
-                         f"in ctrainstate, got {dt}")
-    raise ValueError(f"dtype argument to `{name}` must be a float dtype, got {dt}")
-
 
 def _no_grad(name, **params):
     """Refuse a parameter a value_and_grad / grad is differentiating: its gradient (jax's
@@ -271,18 +258,6 @@ def _gamma_block(kw, alpha, dt, log_space, gshape, start, blk):
 
 # --- parameters ------------------------------------------------------------------------------
 
-def _p(v, name):
-    """A real parameter as a numpy array (eval_shape's ShapeDtypeStructs: zeros of their
-    shape, only to shape the abstract result)."""
-    from ._abstract import ShapeDtypeStruct, is_abstract
-    if isinstance(v, ShapeDtypeStruct):
-        if not is_abstract():
-            raise TypeError(f"{name}: a ShapeDtypeStruct has no values (use it under "
-                            f"eval_shape)")
-        return np.broadcast_to(np.zeros((), _param(np.zeros((), v.dtype), name).dtype), v.shape)
-    return _param(v, name)
-
-
 def _gamma_shape(shape, a):
     """_gamma's shape: ``a.shape`` for None, else ``shape`` (a must broadcast to it)."""
     if shape is None:
@@ -326,9 +301,9 @@ def gamma(key, a, shape=None, dtype=None, *, out_sharding=None):
     True
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "gamma")
+    dt = _float_dtype(dtype, "gamma")
     _no_grad("gamma", a=a)
-    ap = _p(a, "a")
+    ap = _param(a, "a")
     shape = _gamma_shape(shape, ap)
 
     def compute(g, s, b):
@@ -354,9 +329,9 @@ def loggamma(key, a, shape=None, dtype=None, *, out_sharding=None):
     True
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "gamma")      # (jax's message names gamma here too)
+    dt = _float_dtype(dtype, "gamma")      # (jax's message names gamma here too)
     _no_grad("loggamma", a=a)
-    ap = _p(a, "a")
+    ap = _param(a, "a")
     shape = _gamma_shape(shape, ap)
 
     def compute(g, s, b):
@@ -382,9 +357,9 @@ def beta(key, a, b, shape=None, dtype=None, *, out_sharding=None):
     True
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "beta")
+    dt = _float_dtype(dtype, "beta")
     _no_grad("beta", a=a, b=b)
-    ap, bp = _p(a, "a"), _p(b, "b")
+    ap, bp = _param(a, "a"), _param(b, "b")
     _check_cast("beta", dt, a, b)
     shape = _result_shape("beta", shape, ap, bp)
     ka, kb = (_key_words(k) for k in split(kw))
@@ -421,11 +396,11 @@ def dirichlet(key, alpha, shape=None, dtype=None, *, out_sharding=None):
     ((4, 3), True)
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "dirichlet")
+    dt = _float_dtype(dtype, "dirichlet")
     if shape is not None:
         shape = _shape(shape)
     _no_grad("dirichlet", alpha=alpha)
-    al = _p(alpha, "alpha")
+    al = _param(alpha, "alpha")
     if al.ndim < 1:
         raise ValueError(f"dirichlet requires alpha.ndim >= 1, got alpha.ndim == {al.ndim}")
     if shape is None:
@@ -466,9 +441,9 @@ def chisquare(key, df, shape=None, dtype=None, *, out_sharding=None):
     True
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "chisquare")
+    dt = _float_dtype(dtype, "chisquare")
     _no_grad("chisquare", df=df)
-    dp = _p(df, "df")
+    dp = _param(df, "df")
     shape = _result_shape("chisquare", shape, dp)
     _check_cast("chisquare", dt, df)
 
@@ -493,9 +468,9 @@ def f(key, dfnum, dfden, shape=None, dtype=None, *, out_sharding=None):
     True
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "f")
+    dt = _float_dtype(dtype, "f")
     _no_grad("f", dfnum=dfnum, dfden=dfden)
-    np_, dp = _p(dfnum, "dfnum"), _p(dfden, "dfden")
+    np_, dp = _param(dfnum, "dfnum"), _param(dfden, "dfden")
     shape = _result_shape("f", shape, np_, dp)
     _check_cast("f", dt, dfnum, dfden)
     kd, kn = (_key_words(k) for k in split(kw))
@@ -529,9 +504,9 @@ def t(key, df, shape=None, dtype=None, *, out_sharding=None):
     True
     """
     kw = _key_words(key)
-    dt = _dtype(dtype, "t")
+    dt = _float_dtype(dtype, "t")
     _no_grad("t", df=df)
-    dp = _p(df, "df")
+    dp = _param(df, "df")
     shape = _result_shape("t", shape, dp)
     _check_cast("t", dt, df)
     kn, kg = (_key_words(k) for k in split(kw))
@@ -550,7 +525,7 @@ def _p_dtypes(p, name):
     """(p, dtype of ``x ** p``'s exponent, dtype of ``1 / p``) in JAX's promotion: None for
     a weakly typed Python number (it takes the other operand's dtype); an integer array
     raises ``x`` to its power in x's dtype, and ``1 / p`` is float32."""
-    pp = _p(p, name)
+    pp = _param(p, name)
     if _is_weak(p):
         return pp, None, None
     fd = _float_of(p)
@@ -595,7 +570,7 @@ def generalized_normal(key, p, shape=(), dtype=None, *, out_sharding=None):
     """
     shape = _shape(shape)
     kw = _key_words(key)
-    dt = _dtype(dtype, "gamma")        # (jax's check is gamma's)
+    dt = _float_dtype(dtype, "gamma")        # (jax's check is gamma's)
     _no_grad("generalized_normal", p=p)
     pp, _, inv_dt = _p_dtypes(p, "p")
     _check_shape("gamma", shape, pp.shape)
@@ -627,7 +602,7 @@ def ball(key, d, p=2, shape=(), dtype=None, *, out_sharding=None):
     """
     shape = _shape(shape)
     kw = _key_words(key)
-    dt = _dtype(dtype, "gamma")        # (jax's check is gamma's)
+    dt = _float_dtype(dtype, "gamma")        # (jax's check is gamma's)
     d = operator.index(d)
     if d < 0:
         raise TypeError(f"Only non-negative indices are allowed when broadcasting static "

@@ -185,10 +185,12 @@ def _float_dtype(dtype, name) -> np.dtype:
     dt = _dtypes.float32 if dtype is None else np.dtype(dtype)
     if dt == np.float64:
         dt = _dtypes.float32  # as JAX with x64 off
-    if dt not in _FLOATS:
-        raise ValueError(f"dtype argument to `{name}` must be float32, float16 or bfloat16, "
-                         f"got {dt}")
-    return dt
+    if dt in _FLOATS:
+        return dt
+    if dt.kind == "f" or dt.name.startswith("float"):
+        raise ValueError(f"dtype argument to `{name}` must be float32, float16 or bfloat16 "
+                         f"in ctrainstate, got {dt}")
+    raise ValueError(f"dtype argument to `{name}` must be a float dtype, got {dt}")
 
 
 def _scalar(v, name) -> float:

@@ -106,6 +106,13 @@ void ct_threefry2x32_keys(size_t n, const uint32_t *restrict k0, const uint32_t 
     }
 }
 
+void ct_keys_split(size_t n, const uint32_t *k0, const uint32_t *k1, uint64_t num,
+                   uint32_t *out) {
+    for (uint64_t j = 0; j < num; j++)
+        ct_threefry2x32_keys(n, k0, k1, (uint32_t)(j >> 32), (uint32_t)j, out + 2 * j * n,
+                             out + (2 * j + 1) * n);
+}
+
 void ct_key_from_seed(int64_t seed, uint32_t out[2]) {
     /* JAX (x64 off) canonicalises the seed to 32 bits before splitting it into
      * (seed >> 32, seed & 0xffffffff), so the high word is always 0. */

@@ -37,6 +37,12 @@ void ct_threefry2x32(const uint32_t key[2], uint32_t x[2]);
 void ct_threefry2x32_keys(size_t n, const uint32_t *k0, const uint32_t *k1, uint32_t x0,
                           uint32_t x1, uint32_t *y0, uint32_t *y1);
 
+/* split(key_i, num) of n keys at once, key i being (k0[i], k1[i]): out is num x 2 x n
+ * words, out[(2 j) n + i], out[(2 j + 1) n + i] = word pair j of split(key_i, num)
+ * (threefry of counter (hi32(j), lo32(j)), as ct_key_split). */
+void ct_keys_split(size_t n, const uint32_t *k0, const uint32_t *k1, uint64_t num,
+                   uint32_t *out);
+
 /* jax.random.PRNGKey(seed) with 64-bit mode off: (0, seed mod 2^32). */
 void ct_key_from_seed(int64_t seed, uint32_t out[2]);
 

@@ -295,10 +295,6 @@ static PyObject *py_keys_split(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "split: num must be >= 0, got %lld", num);
         return NULL;
     }
-    if (num > UINT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "keys_split: num must be < 2**32, got %lld", num);
-        return NULL;
-    }
     PyArrayObject *a0, *a1;
     if (key_arrays(o0, o1, &a0, &a1) < 0) return NULL;
     npy_intp n = PyArray_DIM(a0, 0);
@@ -308,9 +304,7 @@ static PyObject *py_keys_split(PyObject *self, PyObject *args) {
         const uint32_t *k0 = PyArray_DATA(a0), *k1 = PyArray_DATA(a1);
         uint32_t *o = PyArray_DATA((PyArrayObject *)out);
         Py_BEGIN_ALLOW_THREADS
-        for (long long j = 0; j < num; j++)
-            ct_threefry2x32_keys((size_t)n, k0, k1, 0u, (uint32_t)j, o + (size_t)(2 * j) * (size_t)n,
-                                 o + (size_t)(2 * j + 1) * (size_t)n);
+        ct_keys_split((size_t)n, k0, k1, (uint64_t)num, o);
         Py_END_ALLOW_THREADS
     }
     Py_DECREF(a0);

@@ -418,6 +418,21 @@ static void test_keyed(void) {
         bad += w[0] != y0[i] || w[1] != y1[i];
     }
     CHECK(bad == 0, "threefry of arrays of keys: %d keys differ from ct_threefry2x32", bad);
+    {   /* split of every key at once == ct_key_split of each */
+        enum { NUM = 3 };
+        uint32_t *sp = malloc((size_t)NUM * 2 * N * 4), one[2 * NUM];
+        ct_keys_split(N, k0, k1, NUM, sp);
+        bad = 0;
+        for (size_t i = 0; i < N; i++) {
+            uint32_t key[2] = { k0[i], k1[i] };
+            ct_key_split(key, NUM, one);
+            for (int j = 0; j < NUM; j++)
+                bad += one[2 * j] != sp[(size_t)(2 * j) * N + i] ||
+                       one[2 * j + 1] != sp[(size_t)(2 * j + 1) * N + i];
+        }
+        CHECK(bad == 0, "split of arrays of keys: %d keys differ from ct_key_split", bad);
+        free(sp);
+    }
     for (int dist = 0; dist < 4; dist++) {
         for (int dt = 0; dt < 3; dt++) {
             ct_sampler s = { (ct_dist)dist, (ct_dtype)dt, -0.5, 3.0, -1.0, 2.5, 0.25, 1, 0.5 };

@@ -34,6 +34,11 @@
 #include "ct_random_x86.h"
 #include "ct_simd.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define CT_MXCSR_FTZ_DAZ 0x8040u /* flush-to-zero and denormals-are-zero */
+#endif
+
 #define CT_INLINE static inline __attribute__((always_inline))
 
 /* The scalar definitions live in ct_random_math.h (shared with CUDA). */
@@ -83,17 +88,42 @@ float ct_xla_log1pf(float x) { return xla_log1p(x); }
 float ct_xla_erff(float x) { return xla_erf(x); }
 float ct_xla_erfinvf(float x) { return xla_erfinv(x); }
 
+/* A subnormal float32 as the signed zero XLA's CPU code reads it as (denormals as zero). */
+static inline float flush_denormal(float v) {
+    uint32_t b = f2u(v);
+    return (b & 0x7f800000u) == 0 ? u2f(b & 0x80000000u) : v;
+}
+
 ct_status ct_xla_math_n(int fn, float *x, size_t n) {
     if (fn != CT_XLA_LOG && fn != CT_XLA_LOG1P)
         return ct_set_error(CT_EINVAL, "xla_math: unknown function %d", fn);
     if (n && !x) return ct_set_error(CT_EINVAL, "xla_math: NULL array");
     for (size_t i = 0; i < n; i++) {
         /* XLA's CPU code runs with denormals as zero, and its NaNs are all-ones bits */
-        uint32_t b = f2u(x[i]);
-        float v = (b & 0x7f800000u) == 0 ? u2f(b & 0x80000000u) : x[i];
+        float v = flush_denormal(x[i]);
         float r = fn == CT_XLA_LOG ? xla_log(v) : xla_log1p(v);
         x[i] = r != r ? u2f(0xffffffffu) : r;
     }
+    return CT_OK;
+}
+
+/* XLA's CPU pow is a call to the C library's powf made while the thread runs with
+ * denormals flushed (x86's MXCSR FTZ and DAZ bits set for the compiled code), so powf
+ * sees a subnormal input as zero in its arithmetic, and a subnormal result comes back
+ * as zero. The same call under the same mode gives XLA's bits, whatever SIMD code
+ * numpy's own float32 power picks on the host (its AVX-512 one differs from powf in
+ * about a fifth of the last bits). Elsewhere than x86 the inputs and the results are
+ * flushed explicitly. */
+ct_status ct_xla_pow_n(float *x, const float *y, size_t n) {
+    if (n && (!x || !y)) return ct_set_error(CT_EINVAL, "xla_pow: NULL array");
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | CT_MXCSR_FTZ_DAZ);
+    for (size_t i = 0; i < n; i++) x[i] = powf(x[i], y[i]);
+    _mm_setcsr(csr);
+#else
+    for (size_t i = 0; i < n; i++) x[i] = flush_denormal(powf(flush_denormal(x[i]), y[i]));
+#endif
     return CT_OK;
 }
 

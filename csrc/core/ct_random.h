@@ -114,6 +114,11 @@ float ct_xla_erfinvf(float x);
 enum { CT_XLA_LOG = 0, CT_XLA_LOG1P = 1 };
 ct_status ct_xla_math_n(int fn, float *x, size_t n);
 
+/* x[i] = XLA's float32 pow(x[i], y[i]) on CPU, in place: the C library's powf run with
+ * denormals flushed to zero (inputs and results), as XLA's compiled code calls it. The
+ * same bits as jax.lax.pow / jnp.power on CPU, independent of the host's SIMD. */
+ct_status ct_xla_pow_n(float *x, const float *y, size_t n);
+
 /* IEEE binary16 <-> float32 (round to nearest even). */
 uint16_t ct_f32_to_f16(float f);
 float ct_f16_to_f32(uint16_t h);

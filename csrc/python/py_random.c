@@ -359,6 +359,19 @@ static PyObject *py_random_keyed(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A float32 numpy array the xla_* bindings may read and write in place, or NULL with
+ * TypeError naming `what`. */
+static PyArrayObject *f32_carray(PyObject *obj, const char *fn, const char *what) {
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_FLOAT32 ||
+        !PyArray_ISCARRAY((PyArrayObject *)obj) || !PyArray_ISNOTSWAPPED((PyArrayObject *)obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s must be a C-contiguous, aligned, writeable, native-order float32 "
+                     "numpy array, got %.100s", fn, what, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return (PyArrayObject *)obj;
+}
+
 PyDoc_STRVAR(xla_math_doc,
              "xla_math($module, fn, x, /)\n--\n\n"
              "Replace every element of the C-contiguous float32 numpy array `x` by XLA's\n"
@@ -370,19 +383,42 @@ static PyObject *py_xla_math(PyObject *self, PyObject *args) {
     int fn;
     PyObject *obj;
     if (!PyArg_ParseTuple(args, "iO:xla_math", &fn, &obj)) return NULL;
-    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_FLOAT32 ||
-        !PyArray_ISCARRAY((PyArrayObject *)obj) || !PyArray_ISNOTSWAPPED((PyArrayObject *)obj)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "xla_math: x must be a C-contiguous, aligned, writeable, native-order "
-                        "float32 numpy array");
-        return NULL;
-    }
-    PyArrayObject *a = (PyArrayObject *)obj;
+    PyArrayObject *a = f32_carray(obj, "xla_math", "x");
+    if (a == NULL) return NULL;
     float *data = (float *)PyArray_DATA(a);
     size_t n = (size_t)PyArray_SIZE(a);
     ct_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ct_xla_math_n(fn, data, n);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(xla_pow_doc,
+             "xla_pow($module, x, y, /)\n--\n\n"
+             "Replace every element of the float32 array `x` by XLA's float32 pow(x, y) on\n"
+             "CPU (the C library's powf run with denormals flushed to zero): the bits\n"
+             "jax.lax.pow gives, whatever numpy's own float32 power does on this CPU. `y`:\n"
+             "a float32 array of as many elements. Both C-contiguous, native order.");
+
+static PyObject *py_xla_pow(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:xla_pow", &xo, &yo)) return NULL;
+    PyArrayObject *x = f32_carray(xo, "xla_pow", "x"), *y;
+    if (x == NULL || (y = f32_carray(yo, "xla_pow", "y")) == NULL) return NULL;
+    if (PyArray_SIZE(x) != PyArray_SIZE(y)) {
+        PyErr_Format(PyExc_ValueError, "xla_pow: x has %zd elements and y %zd",
+                     (Py_ssize_t)PyArray_SIZE(x), (Py_ssize_t)PyArray_SIZE(y));
+        return NULL;
+    }
+    float *xd = (float *)PyArray_DATA(x);
+    const float *yd = (const float *)PyArray_DATA(y);
+    size_t n = (size_t)PyArray_SIZE(x);
+    ct_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ct_xla_pow_n(xd, yd, n);
     Py_END_ALLOW_THREADS
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
@@ -411,6 +447,7 @@ static PyMethodDef random_methods[] = {
     { "random_keyed", py_random_keyed, METH_VARARGS, random_keyed_doc },
     { "random_on_device", py_random_on_device, METH_O, random_on_device_doc },
     { "xla_math", py_xla_math, METH_VARARGS, xla_math_doc },
+    { "xla_pow", py_xla_pow, METH_VARARGS, xla_pow_doc },
     { NULL, NULL, 0, NULL },
 };
 

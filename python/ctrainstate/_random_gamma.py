@@ -12,14 +12,15 @@ come from the C core (``_C.keys_split``, ``_C.random_keyed``), the rest of each 
 numpy. Every op is JAX's, in JAX's order, as XLA's CPU backend computes
 it: float32 multiply-adds fused where LLVM fuses them, ``a / sqrt(b)`` rewritten as
 ``a * rsqrt(b)`` and ``(a / b) / (c / d)`` as ``(a * d) / (b * c)`` (not for bfloat16),
-subnormal results flushed to zero, XLA's ``exp`` reproduced (``_exp``), ``pow`` libm's powf;
+subnormal results flushed to zero, XLA's ``exp`` reproduced (``_exp``), ``pow`` libm's powf
+(``_pow``);
 float16 / bfloat16 values rounded after each op (bfloat16 keeps float32 where XLA does).
 
 How close to JAX (measured against jax 0.10.2 on an AMD EPYC CPU, 100 000 samples per
 sampler with random parameters; tests/test_random_gamma.py asserts it):
 
-- float16 and bfloat16: bit-identical, except ball in bfloat16 (within 3 ulp: XLA's fused
-  reduction keeps float32 values and has its own math), dirichlet on large arrays (XLA
+- float16 and bfloat16: bit-identical, except ball (within 2 ulp: XLA's fused reduction
+  keeps float32 values and has its own math), dirichlet on large arrays (XLA
   hands the softmax of more than ~15 000 bfloat16 elements to YNNPACK: within 2**-7) and
   generalized_normal with a float16 *array* ``p`` (93% the same bits; within 2 ulp, more
   where the gamma draw is a float16 subnormal).
@@ -31,8 +32,15 @@ sampler with random parameters; tests/test_random_gamma.py asserts it):
   generalized_normal within 6e-6 relative, loggamma within 5e-7 of ``max(|x|, 1)``, t within
   2e-6. With XLA's rsqrt substituted (the tests do), all of these are bit-identical.
   Besides: dirichlet is bit-identical for arrays up to ~1 000 elements (beyond, XLA runs its
-  softmax in YNNPACK: within 6e-6 relative), ball within 3e-7 relative (XLA's fused
-  reduction computes the exponential's log1p with other code).
+  softmax in YNNPACK: within 6e-6 relative); ball is bit-identical in small programs (a few
+  hundred points) and within 3 ulp in larger ones, where XLA's fused reduction computes the
+  exponential's log1p with other code.
+
+The results do not depend on the host CPU: ``pow`` is the C library's powf called from the
+C core (``_C.xla_pow``), not numpy's float32 power, whose AVX-512 code differs from powf in
+the last bit; the other float32 steps are exact IEEE operations or XLA's own
+approximations written out (``_exp``, ``_C.xla_math``). The one CPU-dependent quantity is
+on JAX's side: its rsqrt estimate, above.
 
 Every element is a pure function of (key, global index) (dirichlet and ball: of its row),
 so with ``out_sharding=`` each device computes only its own block (its whole rows, for
@@ -157,13 +165,14 @@ def _exp(x):
 
 
 def _pow(x, y):
-    """XLA's float32 pow: LLVM's powf (libm's), which is numpy's float32 power on glibc
-    x86-64 without AVX-512 (numpy's AVX-512 builds use their own, within an ulp), with
-    subnormal results flushed to zero."""
+    """XLA's float32 pow on CPU, the same bits on any host: the C library's powf, run with
+    denormals flushed to zero as XLA's compiled code runs it (``_C.xla_pow``). numpy's
+    float32 power is not used: its AVX-512 code differs from powf in the last bit of about a
+    fifth of the results, so samples would depend on the host's SIMD."""
     x, y = np.broadcast_arrays(np.asarray(x, _F32), np.asarray(y, _F32))
-    with np.errstate(all="ignore"):     # (an exponent array of its own: a scalar or a
-        # stride-0 exponent takes numpy's shortcuts, e.g. x * x for 2, which powf is not)
-        return _ftz(np.power(x, np.array(y)))
+    out = np.array(x, _F32, order="C")          # a writeable copy, one element per result
+    _C.xla_pow(out, np.ascontiguousarray(y, _F32))
+    return out
 
 
 def _rsqrt(x):
@@ -589,9 +598,11 @@ def ball(key, d, p=2, shape=(), dtype=None, *, out_sharding=None):
     ``out_sharding`` each device computes its own points (whole, when the last axis is
     sharded).
 
-    Closeness to JAX (CPU): float16 bit-identical; float32 within 3e-7 relative (2 ulp) and
-    bfloat16 within 3 ulp: XLA computes the norm in a fused reduction whose code generator
-    has its own log1p (the exponential) and keeps float32 values unrounded.
+    Closeness to JAX (CPU), measured for d from 1 to 8 and p from 0.8 to 3.3: bfloat16
+    bit-identical; float16 and float32 bit-identical for a few hundred points, within 3 ulp
+    for more (XLA computes the norm in a fused reduction whose code generator has its own
+    log1p and keeps float32 values unrounded), besides gamma's rsqrt difference in float32
+    (within 6e-6 relative where the CPU's rsqrt estimate differs; see the module).
 
     >>> import numpy as np
     >>> from ctrainstate import random

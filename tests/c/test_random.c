@@ -490,6 +490,25 @@ static void test_xla_math(void) {
     CHECK(ct_f16_to_f32(ct_f32_to_f16(5.9604645e-08f)) == 5.9604645e-08f, "f16 subnormal");
 }
 
+/* ct_xla_pow_n: powf with denormals flushed (inputs read as zero, results to zero), and the
+ * caller's floating-point mode left as it was. */
+static void test_xla_pow(void) {
+    float x[6] = { 2.0f, 0.5f, 1e-40f, -1e-40f, -2.0f, 3.0f };
+    const float y[6] = { 0.5f, 140.0f, 2.0f, 3.0f, 0.5f, -2.0f };
+    float want3 = powf(3.0f, -2.0f), want0 = powf(2.0f, 0.5f);
+    CHECK(ct_xla_pow_n(x, y, 6) == CT_OK, "xla_pow runs");
+    CHECK(x[0] == want0, "2 ** 0.5 is powf's");
+    CHECK(x[1] == 0.0f && !signbit(x[1]), "2^-140 (subnormal) flushed to +0");
+    CHECK(x[2] == 0.0f && x[3] == 0.0f && signbit(x[3]), "subnormal bases read as +-0");
+    CHECK(isnan(x[4]), "(-2) ** 0.5 is NaN");
+    CHECK(x[5] == want3, "3 ** -2 is powf's");
+    volatile float tiny = 1e-38f;
+    CHECK(tiny * 0.01f != 0.0f, "the caller keeps gradual underflow afterwards");
+    CHECK(ct_xla_pow_n(NULL, y, 1) == CT_EINVAL && ct_xla_pow_n(NULL, NULL, 0) == CT_OK,
+          "NULL arrays refused unless empty");
+    ct_clear_error();
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "tests/data/random_vectors.txt";
     FILE *f = fopen(path, "r");
@@ -518,6 +537,7 @@ int main(int argc, char **argv) {
     test_keyed();
     test_errors();
     test_xla_math();
+    test_xla_pow();
     printf("test_random (%s fill path): %zu vector cases, %d checks, %d failures\n",
            ct_random_cpu_path(), cases, checks, failures);
     return failures ? 1 : 0;

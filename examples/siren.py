@@ -12,7 +12,9 @@ ones end in an all-reduce over ``model``. Training uses
     python examples/siren.py                       # 8 CPU devices, mesh data=2 x model=4
     python examples/siren.py --steps 500 --mesh 1x8 --image photo.png --out recon.png
 
-The default image is generated (no download). The last line printed is the PSNR.
+The default image is generated (no download). The reconstruction goes to
+``out/siren_reconstruction.png`` under the current directory (the folder is made if
+needed; ``--out`` chooses another path). The last line printed is the PSNR.
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=3, help="hidden sine layers (default 3)")
     p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate (default 1e-4)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="siren_reconstruction.png", help="where to write the reconstruction")
+    p.add_argument("--out", default=os.path.join("out", "siren_reconstruction.png"),
+                   help="where to write the reconstruction (default out/siren_reconstruction.png; "
+                        "its folder is made if needed)")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     args = p.parse_args(argv)
     try:
@@ -225,6 +229,7 @@ def main(args):
         pred = np.asarray(state.apply_fn({"params": state.params}, coords_d))
     recon = np.clip((pred + 1.0) / 2.0, 0.0, 1.0).reshape(h, w, c)
     mse01 = float(np.mean((recon - img) ** 2))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_png(args.out, recon if c == 3 else recon[:, :, 0])
     print(f"wrote {args.out}; {args.steps} steps in {t_train:.1f} s "
           f"({1e3 * t_train / max(args.steps, 1):.1f} ms/step), total {time.perf_counter() - t0:.1f} s")

@@ -851,3 +851,22 @@ def test_from_state_dict_restores_a_defaultdict():
     assert dict(r) == {"a": 5, "b": {"c": 6}}
     od = collections.OrderedDict(b=1, a=2)
     assert serialization.from_state_dict(od, {"a": 3, "b": 4}) == collections.OrderedDict(b=4, a=3)
+
+
+def test_msgpack_is_a_declared_dependency():
+    """to_bytes needs msgpack, so pyproject.toml declares it: a fresh install has it before
+    the first checkpoint is written, not a failure at save time after training."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        text = f.read()
+    deps = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S).group(1)
+    names = [re.match(r"\s*[\"']([A-Za-z0-9_.-]+)", d).group(1).lower()
+             for d in deps.split(",") if d.strip()]
+    assert "msgpack" in names, names
+    import numpy as np
+    from ctrainstate import serialization
+    tree = {"w": np.arange(3, dtype=np.float32)}
+    back = serialization.from_bytes(tree, serialization.to_bytes(tree))
+    np.testing.assert_array_equal(back["w"], tree["w"])

@@ -12,7 +12,8 @@ from ``eval_shape``) with the target's sharding, one block per device (Flax retu
 numpy arrays); other leaves come back as read. A saved value that does not fit its target
 (another structure, an array of another shape) is a ``ValueError`` naming the path, and
 the target is left as it was.
-The bytes functions need the ``msgpack`` package.
+The bytes functions use the ``msgpack`` package, a dependency of ctrainstate (imported at
+the first call).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.optim as optim
 >>> from ctrainstate import serialization

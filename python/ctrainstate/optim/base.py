@@ -19,19 +19,22 @@ through float32 working copies and rounded once when written back (:class:`_Wide
 """
 from __future__ import annotations
 
+import inspect
 import operator
+import threading
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .. import _C, _dtypes
-from ..array import Array, device_put
+from ..array import Array, DonatedBufferError, device_put
 from ..sharding import NamedSharding, PartitionSpec, default_sharding
 from ..tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
                          tree_map, tree_structure, tree_unflatten)
 
-__all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "apply_updates",
-           "safe_increment", "with_extra_args_support"]
+__all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
+           "identity", "apply_updates", "safe_increment", "with_extra_args_support"]
 
 # Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
 (SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
@@ -58,10 +61,21 @@ def safe_increment(count: int) -> int:
     return min(int(count) + 1, _INT32_MAX)
 
 
-class GradientTransformation:
+class _GradientTransformationFields(NamedTuple):
+    init: Callable
+    update: Callable
+
+
+class GradientTransformation(_GradientTransformationFields):
     """A pair of pure functions ``init(params) -> state`` and
-    ``update(updates, state, params=None) -> (updates, state)`` (optax's
-    interface; unpacks as ``init, update = tx``).
+    ``update(updates, state, params=None) -> (updates, state)``: optax's NamedTuple
+    (``tx[0]``, ``isinstance(tx, tuple)``, ``init, update = tx``).
+
+    ``fuse`` (keyword): the transformation's description as stages of the fused kernel
+    (see :func:`run_fused`); without an ``update``, ``update`` runs that kernel
+    functionally. The fused path recognises a transformation by its ``fusable`` and
+    ``_fuse`` attributes only, so a tuple rebuilt from this one (``tx._replace(...)``,
+    ``tree_map`` over it) is a plain, unfused transformation running its ``update``.
 
     >>> import numpy as np, ctrainstate.optim as optim
     >>> tx = optim.sgd(0.1)
@@ -69,54 +83,108 @@ class GradientTransformation:
     >>> u, s = tx.update({'w': np.ones(3, np.float32)}, tx.init(p), p)
     >>> np.asarray(u['w']).tolist()
     [-0.10000000149011612, -0.10000000149011612, -0.10000000149011612]
+    >>> init, update = tx
+    >>> isinstance(tx, tuple), tx[0] is init
+    (True, True)
     """
 
-    __slots__ = ("init", "update", "_fuse")
+    _fuse = None   # a fusable instance sets its own (a tuple subclass: no __slots__ possible)
 
-    def __init__(self, init: Callable, update: Callable | None = None,
-                 fuse: Callable | None = None):
-        self.init = init
-        self._fuse = fuse
+    def __new__(cls, init: Callable, update: Callable | None = None, *,
+                fuse: Callable | None = None):
         if update is None:
             if fuse is None:
                 raise TypeError("a GradientTransformation needs an update or a fuse function")
-            update = self._fused_update
-        self.update = update
-
-    def _fused_update(self, updates, state, params=None):
-        return run_fused(self, updates, state, params, inplace=False)
+            update = _FusedUpdate(fuse)
+        self = super().__new__(cls, init, update)
+        if fuse is not None:
+            self._fuse = fuse
+        return self
 
     @property
     def fusable(self) -> bool:
         """True when the whole transformation runs as one fused kernel pass."""
         return self._fuse is not None
 
-    def __iter__(self):
-        return iter((self.init, self.update))
-
     def __repr__(self):
-        return f"GradientTransformation(fused={self.fusable})"
+        return f"{type(self).__name__}(fused={self.fusable})"
 
 
-def identity() -> GradientTransformation:
+class GradientTransformationExtraArgs(GradientTransformation):
+    """A GradientTransformation whose ``update`` takes extra keyword arguments:
+    ``update(updates, state, params=None, **extra_args)`` (optax's). Every transformation
+    ctrainstate.optim builds is one; the transforms that do not use extra arguments ignore
+    them, combinators forward them to their inner transformations.
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adam(0.1))
+    >>> p = {'w': np.ones(2, np.float32)}
+    >>> u, s = tx.update(p, tx.init(p), p, value=np.float32(3.0))
+    >>> isinstance(tx, optim.GradientTransformationExtraArgs)
+    True
+    """
+
+
+class _FusedUpdate:
+    """The ``update`` of a transformation given only as fused stages: one functional run of
+    the fused kernel (extra keyword arguments are accepted and unused: no fused stage reads
+    them)."""
+
+    __slots__ = ("_fuse",)
+
+    def __init__(self, fuse):
+        self._fuse = fuse
+
+    def __call__(self, updates, state, params=None, **extra_args):
+        del extra_args
+        return run_fused(self, updates, state, params, inplace=False)
+
+
+def _takes_extra_args(tx) -> bool:
+    """Whether ``tx.update`` accepts extra keyword arguments: an ExtraArgs transformation
+    (ctrainstate's or optax's, by class name as optax may not be imported), or an update
+    function with a ``**kwargs`` parameter."""
+    if isinstance(tx, GradientTransformationExtraArgs) or any(
+            c.__name__ == "GradientTransformationExtraArgs" for c in type(tx).__mro__):
+        return True
+    update = getattr(tx, "update", None)
+    if isinstance(update, _FusedUpdate):
+        return True
+    try:
+        params = inspect.signature(update).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def call_update(tx, updates, state, params=None, extra_args=None):
+    """``tx.update(updates, state, params, **extra_args)``, leaving the extra arguments out
+    for a transformation that does not take them (optax.with_extra_args_support's rule)."""
+    if extra_args and _takes_extra_args(tx):
+        return tx.update(updates, state, params, **extra_args)
+    return tx.update(updates, state, params)
+
+
+def identity() -> GradientTransformationExtraArgs:
     """The identity transformation (optax.identity)."""
-    return GradientTransformation(lambda params: EmptyState(),
-                                  fuse=lambda state, ctx: ([], lambda advance=True: ctx.keep(state)))
+    return GradientTransformationExtraArgs(
+        lambda params: EmptyState(),
+        fuse=lambda state, ctx: ([], lambda advance=True: ctx.keep(state)))
 
 
-def with_extra_args_support(tx: GradientTransformation) -> GradientTransformation:
+def with_extra_args_support(tx: GradientTransformation) -> GradientTransformationExtraArgs:
     """``tx`` with an ``update(updates, state, params=None, **extra_args)`` that ignores the
-    extra keyword arguments (optax.with_extra_args_support). A fusable ``tx`` stays fusable
-    (``TrainState.apply_gradients`` passes no extra args)."""
+    extra keyword arguments (optax.with_extra_args_support); ``tx`` itself when it takes
+    them already. A fusable ``tx`` stays fusable."""
     if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
         raise TypeError(f"with_extra_args_support: expected a GradientTransformation, got "
                         f"{type(tx).__name__}")
-    inner_update = tx.update
+    if isinstance(tx, GradientTransformationExtraArgs):
+        return tx
 
     def update(updates, state, params=None, **extra_args):
-        del extra_args
-        return inner_update(updates, state, params)
-    return GradientTransformation(tx.init, update, fuse=getattr(tx, "_fuse", None))
+        return call_update(tx, updates, state, params, extra_args)
+    return GradientTransformationExtraArgs(tx.init, update, fuse=getattr(tx, "_fuse", None))
 
 
 # --- Arrays helpers ----------------------------------------------------------------------------

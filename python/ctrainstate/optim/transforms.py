@@ -23,8 +23,9 @@ from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .. import _dtypes
 from ..array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
-                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
-                   full_like, identity, safe_increment, scalar, to_array, zeros_like)
+                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
+                   GradientTransformationExtraArgs, Stage, _scalar_sharding, full_like, identity,
+                   safe_increment, scalar, to_array, zeros_like)
 
 __all__ = [
     "ScaleByAdamState", "ScaleByLionState", "ScaleByRmsState", "ScaleByRmsWithCountState",
@@ -148,7 +149,7 @@ def _expect_state(state, cls, who):
 def _stateless(kind, scalars_fn) -> GradientTransformation:
     def fuse(state, ctx):
         return [Stage(kind, scalars_fn(), active=ctx.snapshot())], lambda advance=True: state
-    return GradientTransformation(lambda params: EmptyState(), fuse=fuse)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), fuse=fuse)
 
 
 # --- elementwise, fused ---------------------------------------------------------------------------
@@ -241,7 +242,7 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
         def rebuild(advance=True):
             return state_cls(ctx.new_scalar(state.count, t if advance else c), mu_rb(), nu_rb())
         return stages, rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_belief(b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16, *,
@@ -291,7 +292,7 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
             return ScaleByAmsgradState(ctx.new_scalar(state.count, t if advance else c),
                                        *[rb() for _, rb in slots])
         return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
@@ -335,7 +336,7 @@ def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
         st = Stage(LION, [b1, b2], [mu], ctx.snapshot())
         return [st], lambda advance=True: ScaleByLionState(
             ctx.new_scalar(state.count, safe_increment(c) if advance else c), mu_rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction):
@@ -374,7 +375,7 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
                 return counted(ctx.new_scalar(state.count, t if advance else c), *m)
             return plain(*m)
         return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
@@ -402,7 +403,7 @@ def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformat
         _expect_state(state, ScaleByRssState, "scale_by_rss")
         acc, rb = ctx.slot(state.sum_of_squares)
         return [Stage(RSS, [eps], [acc], ctx.snapshot())], lambda advance=True: ScaleByRssState(rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformation:
@@ -417,7 +418,7 @@ def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformati
         t, rb = ctx.slot(state.trace)
         return ([Stage(TRACE, [decay, float(bool(nesterov))], [t], ctx.snapshot())],
                 lambda advance=True: TraceState(rb()))
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
@@ -435,7 +436,7 @@ def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
         st = Stage(EMA, [decay, _bc(decay, t) if debias else 1.0], [e], ctx.snapshot())
         return [st], lambda advance=True: EmaState(
             ctx.new_scalar(state.count, t if advance else c), rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
@@ -456,7 +457,7 @@ def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
         if isinstance(weight_decay, (int, float)) and weight_decay == 0.0:
             return [], lambda advance=True: state
         return [Stage(DECAY, [weight_decay], active=ctx.snapshot())], lambda advance=True: state
-    tx = GradientTransformation(init, fuse=fuse)
+    tx = GradientTransformationExtraArgs(init, fuse=fuse)
     if mask is not None:
         from .combine import masked
         return masked(tx, mask)
@@ -475,7 +476,7 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
         s = float(_f32(step_size_fn(c)))
         return [Stage(SCALE, [s], active=ctx.snapshot())], lambda advance=True: \
             ScaleByScheduleState(ctx.new_scalar(state.count, safe_increment(c) if advance else c))
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_learning_rate(learning_rate=None, *, flip_sign=True) -> GradientTransformation:
@@ -596,7 +597,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
         return [st], lambda advance=True: FactoredState(
             ctx.new_scalar(state.count, safe_increment(c) if advance else c), vr_rb(), vc_rb(),
             v_rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def clip_by_block_rms(threshold) -> GradientTransformation:
@@ -613,7 +614,7 @@ def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
         if ctx.params is None:
             raise ValueError("scale_by_param_block_rms needs params")
         return [Stage(PARAM_RMS, [min_scale], active=ctx.snapshot())], lambda advance=True: state
-    return GradientTransformation(lambda params: EmptyState(), fuse=fuse)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), fuse=fuse)
 
 
 # --- noise (not fused) ----------------------------------------------------------------------------
@@ -645,7 +646,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
     def init(params):
         return AddNoiseState(count=_count0(params), rng_key=key0.copy())
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, AddNoiseState, "add_noise")
         t = safe_increment(int(np.asarray(state.count)))
@@ -665,7 +666,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
         return tree_unflatten(td, out), AddNoiseState(
             count=scalar(t, np.int32, sharding=getattr(state.count, "sharding", None)),
             rng_key=np.asarray(rng_key, np.uint32))
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 # --- sign, centralization, accumulation (not fused) -----------------------------------------------
@@ -674,11 +675,11 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
 def _unfused_map(f):
     """An EmptyState transform applying ``f`` to every update leaf with ctrainstate.numpy
     ops (runs through ``tx.update``, not fused: the kernel has no stage for it)."""
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         return tree_map(lambda u: None if u is None else f(u), updates,
                         is_leaf=lambda x: x is None), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def scale_by_sign() -> GradientTransformation:
@@ -732,7 +733,7 @@ def apply_every(k=1) -> GradientTransformation:
     def init(params):
         return ApplyEvery(count=_count0(params), grad_acc=_zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ApplyEvery, "apply_every")
         from .base import read_scalar
@@ -746,7 +747,7 @@ def apply_every(k=1) -> GradientTransformation:
         new_count = scalar(safe_increment(count) % k, np.int32,
                            sharding=getattr(state.count, "sharding", None))
         return out, ApplyEvery(count=new_count, grad_acc=grad_acc)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 __all__ += ["scale_by_sign", "centralize", "ApplyEvery", "apply_every"]
@@ -850,7 +851,7 @@ def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:
     def init(params):
         return ScaleByAdaDeltaState(e_g=_zeros_tree(params), e_x=_zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByAdaDeltaState, "scale_by_adadelta")
         cnp = _cnp()
@@ -859,7 +860,7 @@ def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:
                        updates, e_g, state.e_x)
         e_x = tree_map(lambda u, m: _moment(u, m, rho, 2), out, state.e_x)
         return out, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
@@ -881,7 +882,7 @@ def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
         return ScaleByNovogradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
                                     nu=nu)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _expect_state(state, ScaleByNovogradState, "scale_by_novograd")
         _need_params(params, "scale_by_novograd")
         from .base import read_scalar
@@ -908,7 +909,7 @@ def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
             mu = tree_map(lambda m: m.astype(mu_dtype), mu)
         count = scalar(t, np.int32, sharding=getattr(state.count, "sharding", None))
         return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
@@ -929,7 +930,7 @@ def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-
         return ScaleByRpropState(tree_map(lambda p: full_like(p, learning_rate), params),
                                  _zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByRpropState, "scale_by_rprop")
         cnp = _cnp()
@@ -944,7 +945,7 @@ def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-
         out = tree_map(lambda s, pg: cnp.where(s < 0, cnp.zeros_like(pg), pg),
                        sign, state.prev_updates)
         return out, ScaleByRpropState(step_sizes, prev)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> GradientTransformation:
@@ -966,7 +967,7 @@ def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> Gradient
                                 n=_zeros_tree(params), g=_zeros_tree(params),
                                 t=_count0(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByAdanState, "scale_by_adan")
         from .base import read_scalar
@@ -987,7 +988,7 @@ def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> Gradient
                      / (cnp.sqrt(nn / c3 + eps_root) + eps), m, v, n)
         return u, ScaleByAdanState(m=m, v=v, n=n, g=g, t=scalar(
             t, np.int32, sharding=getattr(state.t, "sharding", None)))
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
@@ -1002,7 +1003,7 @@ def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
         return ScaleByOptimisticGradientState(is_initial_step=scalar(True, np.bool_, params),
                                               previous_gradient=_zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByOptimisticGradientState, "scale_by_optimistic_gradient")
         from .base import read_scalar
@@ -1013,7 +1014,7 @@ def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
         flag = scalar(False, np.bool_,
                       sharding=getattr(state.is_initial_step, "sharding", None))
         return out, ScaleByOptimisticGradientState(is_initial_step=flag, previous_gradient=g)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformation:
@@ -1023,7 +1024,7 @@ def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformati
     _check_number(scale_factor, "normalize_by_update_norm: scale_factor")
     _check_number(eps, "normalize_by_update_norm: eps")
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         cnp = _cnp()
         leaves = [to_array(x) for x in tree_leaves(updates)]
@@ -1032,7 +1033,7 @@ def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformati
             sq = sq + cnp.sum(cnp.square(x))
         g_norm = (cnp.sqrt(sq) + eps) / scale_factor
         return tree_map(lambda g: to_array(g) / g_norm, updates), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def scale_by_param_block_norm(min_scale=1e-3) -> GradientTransformation:
@@ -1041,12 +1042,12 @@ def scale_by_param_block_norm(min_scale=1e-3) -> GradientTransformation:
     State: EmptyState(). Not fused."""
     _check_number(min_scale, "scale_by_param_block_norm: min_scale")
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _need_params(params, "scale_by_param_block_norm")
         from .utils import safe_norm
         return tree_map(lambda u, p: _like(u, to_array(p)) * safe_norm(to_array(p), min_scale),
                         updates, params), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.float32,
@@ -1074,7 +1075,7 @@ def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.flo
             tree_map(lambda x: to_array(x) if param_dtype is None
                      else to_array(x).astype(param_dtype), params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _expect_state(state, ScaleByDistanceOverGradientsState,
                       "scale_by_distance_over_gradients")
         _need_params(params, "scale_by_distance_over_gradients")
@@ -1087,7 +1088,7 @@ def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.flo
         out = tree_map(lambda x, d, s: (global_scale * (d / cnp.sqrt(s + eps))) * x,
                        g, max_dist, g_sos)
         return out, ScaleByDistanceOverGradientsState(max_dist, g_sos, state.init_params)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 __all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",

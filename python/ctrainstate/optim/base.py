@@ -281,12 +281,91 @@ def _own(x) -> Array:
     return a
 
 
-def _own_arrays(xs) -> list:
+def _own_arrays(xs, cow=None, claims=None) -> list:
     """``_live_arrays`` for the leaves an in-place step updates (params, state slots): a view
     of another Array's shard (a GPU ``Shard.data``) is refused here, before any kernel runs,
-    as it cannot be donated."""
-    return [x if type(x) is Array and not x._donated and x._base is None else _own(x)
-            for x in xs]
+    as it cannot be donated. ``claims``: a list the Arrays are appended to (claimed before the
+    kernel, see :func:`_claim`). ``cow``: a dict (per step) of the copies made of borrowed
+    Arrays (see :func:`mark_borrowed`): the step updates and donates the copy, the caller's
+    Array is left as it is; the same borrowed Array twice gets the same copy."""
+    out = [x if type(x) is Array and not x._donated and x._base is None else _own(x)
+           for x in xs]
+    if claims is not None:
+        claims.extend(out)
+    if _BORROWED and cow is not None:
+        out = [_cow_copy(a, cow) if _BORROWED.get(id(a)) is a else a for a in out]
+    return out
+
+
+# --- ownership of an in-place step's Arrays ----------------------------------------------------
+
+# Arrays the caller still holds although a train state refers to them (the params given to
+# TrainState.create), by id; an entry goes when its Array is garbage collected.
+_BORROWED: "weakref.WeakValueDictionary[int, Array]" = weakref.WeakValueDictionary()
+
+
+def mark_borrowed(tree) -> None:
+    """Mark the Arrays of ``tree`` as still held by the caller: an in-place step
+    (``TrainState.apply_gradients``) never writes their buffers nor donates them; it updates
+    a copy of each, once (copy on write), so eager code that reuses the Arrays it passed to
+    ``TrainState.create`` keeps working."""
+    for x in tree_leaves(tree):
+        if type(x) is Array:
+            _BORROWED[id(x)] = x
+
+
+def is_borrowed(x) -> bool:
+    """Whether ``x`` is an Array marked by :func:`mark_borrowed` (an in-place step copies it)."""
+    return type(x) is Array and _BORROWED.get(id(x)) is x
+
+
+def _cow_copy(a: Array, cow: dict) -> Array:
+    c = cow.get(id(a))
+    if c is None:
+        c = cow[id(a)] = copy_array(a)
+        c._host_scalar = a._host_scalar
+    return c
+
+
+# The buffers in-place steps are updating now, by the id of an Array's block list (which the
+# Arrays an in-place step returns share with the ones it donated): a second step of the same
+# state (from another thread, while the first one's kernel runs without the GIL) is refused
+# before its kernel, so an update is never applied twice.
+_CLAIM_LOCK = threading.Lock()
+_CLAIMED: set = set()
+
+
+def _claim(arrays) -> list:
+    """Claim the Arrays an in-place step updates and donates (params, then state, in the
+    order the step takes them), atomically. A state's Arrays are stepped together, so its
+    first Array the step owns (not borrowed, see :func:`mark_borrowed`) stands for all:
+    when it is donated already, or claimed by a step running now, DonatedBufferError is
+    raised and nothing is claimed. (When the step owns none of them, every one is claimed.)
+    O(1) per step in the usual case. Returns the keys to give to :func:`_release` once the
+    step is committed or failed."""
+    if _BORROWED:
+        token = next((a for a in arrays if _BORROWED.get(id(a)) is not a), None)
+    else:
+        token = arrays[0] if arrays else None
+    group = [token] if token is not None else list(arrays)
+    ids = [id(a._blocks) for a in group]
+    with _CLAIM_LOCK:
+        for a, i in zip(group, ids):
+            if a._donated or i in _CLAIMED:
+                raise DonatedBufferError(
+                    "this train state is being stepped by another apply_gradients call (in "
+                    "another thread) or was stepped already: its params and optimizer state "
+                    "were donated to that step's result. Step each state once, from one "
+                    "thread, and use the state it returns" if i in _CLAIMED else
+                    "this train state's Arrays were donated: its params and optimizer state "
+                    "now belong to the state a previous apply_gradients returned; use that one")
+        _CLAIMED.update(ids)
+    return ids
+
+
+def _release(ids) -> None:
+    with _CLAIM_LOCK:
+        _CLAIMED.difference_update(ids)
 
 
 def to_array(x, like=None) -> Array:
@@ -372,7 +451,7 @@ class FuseContext:
     counters and prepare state arrays (copies in functional mode, the arrays
     themselves — donated afterwards — in place)."""
 
-    def __init__(self, params_leaves, params_tree, inplace, tree=None):
+    def __init__(self, params_leaves, params_tree, inplace, tree=None, cow=None, claims=None):
         self.leaves = params_leaves      # Arrays (or None when no params were given)
         self.params = params_tree
         self.tree = tree if tree is not None else params_tree  # params, else the updates
@@ -381,6 +460,8 @@ class FuseContext:
         self.active = [True] * self.nleaves
         self._finish = []                # run after the kernel: donation of old arrays
         self._slot_defs = []             # (treedef, tree) of the per-param state trees taken
+        self._cow = cow                  # in place: copies of borrowed Arrays (_own_arrays)
+        self._claims = claims            # in place: the Arrays the step updates (_claim)
         # (in place, run_fused took params_leaves through _own_arrays, and slot() takes the
         # state's arrays through it: views were refused before any kernel writes)
 
@@ -405,7 +486,7 @@ class FuseContext:
         if all(self.active):   # its structure is checked against the params' (check_slots)
             self._slot_defs.append((td, tree))
         if self.inplace:
-            arrs = _own_arrays(leaves)
+            arrs = _own_arrays(leaves, self._cow, self._claims)
         else:
             arrs = [copy_array(to_array(x)) for x in leaves]
         if all(self.active):
@@ -450,6 +531,9 @@ class FuseContext:
         return None if all(self.active) else list(self.active)
 
     def count(self, x) -> int:
+        """The value of a counter of the state (updated in place by :meth:`new_scalar`)."""
+        if self._claims is not None and type(x) is Array:
+            self._claims.append(x)
         return int(read_scalar(x))
 
     def new_scalar(self, old, value, dtype=np.int32):
@@ -458,7 +542,7 @@ class FuseContext:
         runs after the kernel, where raising would leave the step half done; the new value
         goes to a new Array instead, and the view and its parent are left as they were."""
         if (self.inplace and isinstance(old, Array) and old._base is None
-                and not old.is_deleted()):
+                and not old.is_deleted() and not is_borrowed(old)):
             v = np.asarray(value, dtype=old.dtype)
             if v.dtype.itemsize == 4:   # a kernel on the device's stream: no GPU sync
                 _C.fill_bits32([buf for _, buf, _, _ in old._blocks], int(v.view(np.uint32)))
@@ -476,8 +560,8 @@ class FuseContext:
         if not self.inplace:
             return tree
         leaves, td = tree_flatten(tree)
-        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) and x._base is None else x
-                                   for x in leaves])
+        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) and x._base is None
+                                   and not is_borrowed(x) else x for x in leaves])
 
 
 def _first_mismatch(paths_a, paths_b):
@@ -626,12 +710,13 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
                 if a is None:
                     sb.append(None)
                 else:
-                    blk = a._blocks[b]
-                    # the kernel pairs the param's and the state's blocks one by one: same
-                    # device and the same elements (of the param, or of its factored slice)
+                    # the kernel pairs the param's and the state's blocks one by one: as
+                    # many blocks, on the same devices, holding the same elements (of the
+                    # param, or of its factored slice)
                     want = (start if drop is None else
                             tuple(start[:drop]) + tuple(start[drop + 1:]))
-                    if blk[0] is not dev or (tuple(blk[2]) != tuple(want) and (
+                    blk = a._blocks[b] if len(a._blocks) == len(p._blocks) else None
+                    if blk is None or blk[0] is not dev or (tuple(blk[2]) != tuple(want) and (
                             drop is not None or a._shape == p._shape)):
                         raise ValueError(
                             f"optimizer state of params{keystr(paths()[i])} is not sharded like "
@@ -709,13 +794,21 @@ def _narrow(x: Array, dtype) -> Array:
     return Array._create(x.shape, np.dtype(dtype), x.sharding, blocks)
 
 
-def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False):
+def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False,
+              before_kernel=None):
     """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state), and the
     step's :class:`Plan` third when ``want_plan`` (in place only; pass it as ``plan`` to the
-    next step to skip rebuilding the kernel's block list)."""
+    next step to skip rebuilding the kernel's block list).
+
+    In place, everything is checked and the step's Arrays are claimed (:func:`_claim`)
+    before the kernel runs; ``before_kernel()`` is called just before that (it may raise:
+    nothing has been written then). Borrowed params (:func:`mark_borrowed`) are updated in
+    copies."""
     ref = params if params is not None else updates
     leaves, pdef = tree_flatten(ref)
-    p_leaves = _own_arrays(leaves) if inplace else _live_arrays(leaves)
+    cow = {} if inplace and _BORROWED else None
+    claims = [] if inplace else None
+    p_leaves = _own_arrays(leaves, cow, claims) if inplace else _live_arrays(leaves)
     _paths = []
 
     def paths():
@@ -730,12 +823,13 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     g_leaves = _fast_grads(updates, pdef, p_leaves, plan.gshard if plan is not None else None)
     if g_leaves is None:
         g_leaves = check_grads(updates, paths(), pdef, p_leaves)
-    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref)
+    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref, cow, claims)
     stages, rebuild = tx._fuse(state, ctx)
     wide = _Widen()
     needs_wide = wide.needed(p_leaves, g_leaves, stages)
     have_params = params is not None
     reuse = False
+    key = ident = out_dt = final_p = None
     if inplace and not needs_wide:
         key = (pdef, have_params, tuple(
             (s.kind, None if s.active is None else tuple(s.active),
@@ -761,13 +855,30 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         for s in stages:
             s.slots = [[wide(a, back=True) for a in q] for q in s.slots]
         plan = None
-    nleaves = len(p_leaves)
     if not have_params and any(s.kind in _NEEDS_PARAMS for s in stages):
         raise ValueError(
             "this optimizer reads the current params (weight decay: adamw, "
             "add_decayed_weights; trust ratios: lamb, lars, fromage; adafactor's param scale) "
             "but tx.update(updates, state) got none: call tx.update(updates, state, params)")
     stage_args = [(s.kind, s.scalars) for s in stages]
+    if before_kernel is not None:
+        before_kernel()
+    claimed = _claim(claims) if inplace else None
+    try:
+        return _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leaves,
+                                  pdef, paths, have_params, plan, reuse, key, ident, want_plan,
+                                  out_dt, final_p)
+    finally:
+        if claimed is not None:
+            _release(claimed)
+
+
+def _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leaves, pdef, paths,
+                       have_params, plan, reuse, key, ident, want_plan, out_dt, final_p):
+    """The second half of :func:`run_fused`, after every check: the kernel, then the new
+    params and state (in place: the old Arrays donated to them)."""
+    inplace = ctx.inplace
+    nleaves = len(p_leaves)
     if inplace and not wide.any:
         if not reuse:
             groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)

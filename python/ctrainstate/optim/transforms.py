@@ -166,6 +166,14 @@ def _check_scalar(x, what):
     return x
 
 
+def _check_numbers(who, **hyper) -> None:
+    """Check a transform's fixed-number hyper-parameters when it is built: a string, a
+    sequence, None or a function where optax computes with a number fails here, with a
+    TypeError naming it, not at the first step (far from the cause)."""
+    for name, value in hyper.items():
+        _check_number(value, f"{who}: {name}")
+
+
 def scale(step_size) -> GradientTransformation:
     """Multiply updates by a fixed scalar (optax.scale). State: EmptyState()."""
     _check_scalar(step_size, "scale: step_size")
@@ -180,6 +188,7 @@ def set_to_zero() -> GradientTransformation:
 
 def clip(max_delta) -> GradientTransformation:
     """Clip every update element to [-max_delta, max_delta] (optax.clip)."""
+    _check_numbers("clip", max_delta=max_delta)
     return _stateless(CLIP, lambda: [max_delta])
 
 
@@ -190,6 +199,7 @@ def clip_by_global_norm(max_norm) -> GradientTransformation:
     counts, so a replicated or sharded tree gives the same norm. Fused: one
     read-only pass over the updates entering it, then the main pass.
     """
+    _check_numbers("clip_by_global_norm", max_norm=max_norm)
     return _stateless(GLOBAL_NORM, lambda: [max_norm])
 
 
@@ -199,6 +209,8 @@ def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0) -> Gradie
     Fused with one extra read-only pass computing per-leaf norms (of params and
     of the updates entering it) across all shards.
     """
+    _check_numbers("scale_by_trust_ratio", min_norm=min_norm,
+                   trust_coefficient=trust_coefficient, eps=eps)
     return _stateless(TRUST_RATIO, lambda: [min_norm, trust_coefficient, eps])
 
 
@@ -220,6 +232,8 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
     """A fused two-moment transform (ADAM / BELIEF / YOGI / ADAMAX stages) with optax's
     ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
     ``extra(t)`` optional stages after it (radam's rectification factor)."""
+    _check_numbers(who, b1=b1, b2=b2, eps=eps, eps_root=eps_root, initial_accumulator_value=initial)
+
     def init(params):
         if initial == 0.0:
             return state_cls(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
@@ -273,6 +287,7 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
     """AMSGrad's scaling (optax.scale_by_amsgrad): Adam with the running maximum of the
     (bias-corrected) second moment. State: ScaleByAmsgradState(count, mu, nu, nu_max)."""
     mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
+    _check_numbers("scale_by_amsgrad", b1=b1, b2=b2, eps=eps, eps_root=eps_root)
 
     def init(params):
         return ScaleByAmsgradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
@@ -301,6 +316,8 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
     length rho_t is below ``threshold`` the update is the bias-corrected first moment;
     after, Adam's update times the rectification factor r_t (both evaluated per step in
     float32 on the host, as optax does). State: ScaleByAdamState(count, mu, nu)."""
+    _check_numbers("scale_by_radam", b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                   threshold=threshold)
     f = np.float32
     ro_inf = 2.0 / (1.0 - b2) - 1.0          # a Python float in optax too
 
@@ -322,12 +339,46 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
                       who="scale_by_radam")
 
 
-def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
-    """Lion's sign update (optax.scale_by_lion, mode='hard'): ScaleByLionState(count, mu)."""
+_LION_MODES = ("hard", "smooth", "refined")
+
+
+def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None, *, mode="hard", smooth_beta=1.0
+                  ) -> GradientTransformation:
+    """Lion's update (optax.scale_by_lion): with ``x = (1 - b1) g + b1 mu``, ``sign(x)``
+    (``mode='hard'``, fused), ``tanh(smooth_beta * x)`` (``'smooth'``) or ``x`` where
+    ``|x| < 1`` and ``sign(x)`` elsewhere (``'refined'``; these two are not fused); then
+    ``mu = (1 - b2) g + b2 mu``. State: ScaleByLionState(count, mu)."""
     mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
+    _check_number(b1, "scale_by_lion: b1")
+    _check_number(b2, "scale_by_lion: b2")
+    if not isinstance(mode, str) or mode not in _LION_MODES:
+        raise ValueError(f'Unknown lion mode: {mode}. It needs to be one of ["hard", '
+                         f'"smooth", "refined"].')
+    _check_number(smooth_beta, "scale_by_lion: smooth_beta")
 
     def init(params):
         return ScaleByLionState(count=_count0(params), mu=_zeros_tree(params, mu_dtype))
+
+    if mode != "hard":
+        def update(updates, state, params=None, **extra_args):
+            del params
+            _expect_state(state, ScaleByLionState, "scale_by_lion")
+            from .base import read_scalar
+            cnp = _cnp()
+
+            def comb(g, m):
+                x = (1.0 - b1) * _like(g, m) + b1 * m
+                if mode == "smooth":
+                    return cnp.tanh(smooth_beta * x)
+                return cnp.where(cnp.abs(x) < 1.0, x, cnp.sign(x))
+            out = tree_map(comb, updates, state.mu)
+            mu = tree_map(lambda g, m: _moment(_like(g, m), m, b2, 1), updates, state.mu)
+            if mu_dtype is not None:
+                mu = tree_map(lambda m: m.astype(mu_dtype), mu)
+            count = scalar(safe_increment(int(read_scalar(state.count))), np.int32,
+                           sharding=getattr(state.count, "sharding", None))
+            return out, ScaleByLionState(count=count, mu=mu)
+        return GradientTransformationExtraArgs(init, update)
 
     def fuse(state, ctx):
         _expect_state(state, ScaleByLionState, "scale_by_lion")
@@ -347,6 +398,8 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
     else:
         plain, counted, kind = ScaleByRmsState, ScaleByRmsWithCountState, RMS
     moments = plain._fields                    # ('mu', 'nu') or ('nu',)
+    _check_numbers("scale_by_stddev" if centered else "scale_by_rms", decay=decay, eps=eps,
+                   initial_scale=initial_scale)
 
     def init(params):
         m = {"nu": tree_map(lambda p: full_like(p, initial_scale), params)}
@@ -395,6 +448,7 @@ def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
 
 def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformation:
     """Adagrad's scaling (optax.scale_by_rss): ScaleByRssState(sum_of_squares)."""
+    _check_numbers("scale_by_rss", initial_accumulator_value=initial_accumulator_value, eps=eps)
     def init(params):
         return ScaleByRssState(
             tree_map(lambda p: full_like(p, initial_accumulator_value), params))
@@ -408,6 +462,7 @@ def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformat
 
 def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformation:
     """Momentum (optax.trace): TraceState(trace)."""
+    _check_numbers("trace", decay=decay)
     accumulator_dtype = _state_dtype(accumulator_dtype, "accumulator_dtype")
 
     def init(params):
@@ -423,6 +478,7 @@ def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformati
 
 def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
     """Exponential moving average of updates (optax.ema): EmaState(count, ema)."""
+    _check_numbers("ema", decay=decay)
     accumulator_dtype = _state_dtype(accumulator_dtype, "accumulator_dtype")
 
     def init(params):
@@ -442,6 +498,8 @@ def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
 def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
     """updates + weight_decay * params (optax.add_decayed_weights). ``weight_decay`` may be
     a schedule (state WeightDecaySchedule(count)); ``mask`` wraps it in :func:`masked`."""
+    if not callable(weight_decay):
+        _check_scalar(weight_decay, "add_decayed_weights: weight_decay")
     def init(params):
         if callable(weight_decay):
             return WeightDecaySchedule(count=_count0(params))
@@ -544,6 +602,9 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
     sums of the devices along a sharded dim are added (each global element once). Other
     leaves keep a full ``v`` sharded like the param.
     """
+    _check_numbers("scale_by_factored_rms", decay_rate=decay_rate, step_offset=step_offset,
+                   min_dim_size_to_factor=min_dim_size_to_factor, epsilon=epsilon)
+
     def init(params):
         from ..array import device_put
         from .._abstract import ShapeDtypeStruct
@@ -603,6 +664,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
 def clip_by_block_rms(threshold) -> GradientTransformation:
     """Divide each leaf by max(1, rms(leaf)/threshold) (optax.clip_by_block_rms). Fused: one
     read-only pass for the per-leaf RMS over all shards."""
+    _check_numbers("clip_by_block_rms", threshold=threshold)
     return _stateless(BLOCK_RMS, lambda: [threshold])
 
 
@@ -610,6 +672,7 @@ def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
     """Multiply each leaf by max(rms(param), min_scale) (optax.scale_by_param_block_rms).
     Fused: the per-leaf RMS of the params is summed in an earlier read-only pass of the step
     when there is one (adafactor's block-RMS clip), else in a pass over the params alone."""
+    _check_numbers("scale_by_param_block_rms", min_scale=min_scale)
     def fuse(state, ctx):
         if ctx.params is None:
             raise ValueError("scale_by_param_block_rms needs params")
@@ -632,6 +695,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
     noise is generated, then added by a separate elementwise op per leaf.
     """
     from .. import random as _random
+    _check_numbers("add_noise", eta=eta, gamma=gamma)
     if seed is not None:
         if key is not None:
             raise ValueError("add_noise: give only one of seed or key")
@@ -833,7 +897,11 @@ def _check_number(x, what):
     if callable(x):
         raise TypeError(f"{what} must be a number, not a schedule (optax takes none here), "
                         f"got {x!r}")
-    return _check_scalar(x, what)
+    if isinstance(x, (str, bytes)) or not (
+            isinstance(x, (numbers.Real, np.number))
+            or (hasattr(x, "shape") and tuple(x.shape) == ())):   # 0-d arrays
+        raise TypeError(f"{what} must be a number, got {x!r}")
+    return x
 
 
 def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:

@@ -447,7 +447,8 @@ def test_masked_with_a_mask_function_works_under_tree_map_params():
     (optax passes it through unmasked); the params-shaped trees of the state are found and
     mapped, the masked-out leaves stay MaskedNode()."""
     p = _params()
-    tx = optim.masked(optim.adam(0.1), lambda params: tree_map(lambda x: np.ndim(x) > 1, params))
+    tx = optim.masked(optim.adam(0.1), lambda params: {
+        "enc": {"w": True, "b": params["enc"]["b"].ndim > 1}, "head": True})
     state = tx.init(p)
     out = optim.tree_map_params(tx, lambda x: np.shape(x), state,
                                 transform_non_params=lambda v: "count")

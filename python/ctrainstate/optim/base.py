@@ -12,7 +12,11 @@ Two entry points run the fused kernel:
 * ``tx.update(updates, state, params)`` — functional, like optax: the state
   is copied first, updates are written to new Arrays, nothing is donated.
 * ``TrainState.apply_gradients`` — in place: params and optimizer state are
-  updated in their buffers and the old state's Arrays are marked donated.
+  updated in their buffers and the old state's Arrays are marked donated. Arrays
+  the caller still holds (the params given to ``TrainState.create``, see
+  :func:`mark_borrowed`) are copied first instead (copy on write), and a step
+  claims its buffers before the kernel (:func:`_claim`), so the same state is
+  never stepped twice at once.
 
 The kernel computes in float32. bfloat16 / float16 params, grads and state are run
 through float32 working copies and rounded once when written back (:class:`_Widen`).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import os
 import threading
 import weakref
 from typing import Any, Callable, NamedTuple
@@ -366,6 +371,18 @@ def _claim(arrays) -> list:
 def _release(ids) -> None:
     with _CLAIM_LOCK:
         _CLAIMED.difference_update(ids)
+
+
+def _reset_claims_in_child() -> None:
+    """A forked child has only the forking thread: no step of another thread runs there,
+    and a lock another thread held at the fork would never be released."""
+    global _CLAIM_LOCK
+    _CLAIM_LOCK = threading.Lock()
+    _CLAIMED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_claims_in_child)
 
 
 def to_array(x, like=None) -> Array:

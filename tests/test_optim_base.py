@@ -170,3 +170,46 @@ def test_plain_tuple_pairs_are_not_taken_for_fusable_ones():
     p = _p()
     u, _ = chained.update(_g(), chained.init(p), p)
     np.testing.assert_allclose(np.asarray(u["w"]), -0.5 * _g()["w"], rtol=1e-6)
+
+
+# values for the required arguments of the public factories of ctrainstate.optim
+_REQUIRED = {"learning_rate": 0.1, "step_size": 0.5, "max_delta": 1.0, "max_norm": 1.0,
+             "threshold": 1.0, "decay": 0.9, "eta": 0.1, "gamma": 0.5, "mask": True,
+             "transforms": {"a": optim.sgd(0.1)}, "param_labels": "a",
+             "max_consecutive_errors": 1, "should_transform_fn": lambda step: True,
+             "sync_period": 2, "slow_step_size": 0.5, "f": lambda u, p: u,
+             "step_size_fn": lambda count: 0.1, "every_k_schedule": 2}
+_INNER = ("inner", "fast_optimizer", "opt", "tx")
+
+
+def _public_transformations():
+    import inspect
+    out = []
+    for name in sorted(optim.__all__):
+        f = getattr(optim, name)
+        if not inspect.isfunction(f):
+            continue
+        kw = {}
+        for pn, p in inspect.signature(f).parameters.items():
+            if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL,
+                                                                        p.VAR_KEYWORD):
+                kw[pn] = optim.sgd(0.1) if pn in _INNER else _REQUIRED.get(pn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                tx = f(**kw)
+            except (TypeError, ValueError):   # a function of ctrainstate.optim, no factory
+                continue
+        if hasattr(tx, "init") and hasattr(tx, "update"):
+            out.append((name, tx))
+    return out
+
+
+def test_every_transformation_takes_extra_args():
+    import inspect
+    txs = _public_transformations()
+    assert len(txs) > 60
+    for name, tx in txs:
+        assert isinstance(tx, optim.GradientTransformationExtraArgs), name
+        kinds = [p.kind for p in inspect.signature(tx.update).parameters.values()]
+        assert inspect.Parameter.VAR_KEYWORD in kinds, name

@@ -141,9 +141,9 @@ def periodic_update(new_tensors, old_tensors, steps, update_period: int):
 def stateless(f: Callable) -> GradientTransformation:
     """A transform with no state: ``update(updates, state, params)`` returns
     ``f(updates, params)``."""
-    return GradientTransformationExtraArgs(lambda params: EmptyState(),
-                                  lambda updates, state, params=None: (f(updates, params),
-                                                                       EmptyState()))
+    def update(updates, state, params=None, **extra_args):
+        return f(updates, params), EmptyState()
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def stateless_with_tree_map(f: Callable) -> GradientTransformation:

@@ -9,7 +9,6 @@ import pytest
 
 import ctrainstate.optim as optim
 from ctrainstate.optim import alias
-from ctrainstate.tree_util import tree_map
 
 try:
     import jax.numpy as jnp

@@ -440,3 +440,52 @@ def test_scale_refuses_none_and_containers():
     for bad in (None, {}, {"a": 1.0}):
         with pytest.raises(TypeError, match="step_size must be a number"):
             optim.scale(bad)
+
+
+def test_masked_with_a_mask_function_works_under_tree_map_params():
+    """tree_map_params calls init on a placeholder: a mask function cannot be applied to it
+    (optax passes it through unmasked); the params-shaped trees of the state are found and
+    mapped, the masked-out leaves stay MaskedNode()."""
+    p = _params()
+    tx = optim.masked(optim.adam(0.1), lambda params: {
+        "enc": {"w": True, "b": params["enc"]["b"].ndim > 1}, "head": True})
+    state = tx.init(p)
+    out = optim.tree_map_params(tx, lambda x: np.shape(x), state,
+                                transform_non_params=lambda v: "count")
+    inner = out.inner_state[0]
+    assert inner.count == "count"
+    assert inner.mu == {"enc": {"w": (4, 8), "b": optim.MaskedNode()}, "head": (8, 2)}
+    assert inner.nu == inner.mu
+    tx2 = optim.chain(optim.clip_by_global_norm(1.0),
+                      optim.adamw(0.1, mask=lambda params: tree_map(lambda x: True, params)))
+    out = optim.tree_map_params(tx2, lambda x: "P", tx2.init(p))
+    assert tree_leaves(out[1][0].mu) == ["P"] * 3
+
+
+class _CallableTree(dict):
+    """A pytree container that is also callable (as some model-state classes are): used as
+    a mask, optax's rule takes it as a mask tree (its leaves are bools, not functions) and
+    never calls it."""
+
+    def __call__(self, params):
+        raise AssertionError("a callable mask tree was called as a mask function")
+
+
+def _register_callable_tree():
+    from ctrainstate.tree_util import register_pytree_node
+    register_pytree_node(_CallableTree, lambda m: (list(m.values()), list(m.keys())),
+                         lambda keys, values: _CallableTree(zip(keys, values)))
+
+
+_register_callable_tree()
+
+
+def test_callable_pytree_mask_is_a_mask_tree_not_a_function():
+    p = _CallableTree(a=np.ones(2, np.float32), b=np.ones(2, np.float32))
+    g = _CallableTree(a=np.full(2, 2.0, np.float32), b=np.full(2, 2.0, np.float32))
+    mask = _CallableTree(a=True, b=False)
+    for tx in (optim.masked(optim.scale(-1.0), mask),                      # fused
+               optim.masked(optim.scale_by_adadelta(), mask)):             # not fused
+        u, _ = tx.update(g, tx.init(p), p)
+        assert not np.allclose(np.asarray(u["a"]), 2.0)
+        np.testing.assert_array_equal(np.asarray(u["b"]), 2.0)

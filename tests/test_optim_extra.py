@@ -308,8 +308,6 @@ def test_optimistic_adam_warns_and_chains():
 
 def test_errors():
     p = cts.device_put(P0)
-    with pytest.raises(ValueError, match="learning_rate=None"):
-        optim.adadelta()
     with pytest.raises(TypeError, match="learning_rate must be a number, not a schedule"):
         optim.rprop(lambda c: 0.1)
     with pytest.raises(TypeError, match="scale_by_adan: b1"):

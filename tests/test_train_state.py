@@ -541,3 +541,172 @@ def test_factored_state_of_resharded_params_is_refused_and_the_remedy_works():
         return np.asarray(s.params["w"])
     ref = run(cts.P(), cts.P())
     np.testing.assert_array_equal(run(cts.P("data", "model"), cts.P("model", "data")), ref)
+
+
+def test_create_does_not_donate_the_callers_params():
+    """Eager code keeps the params it passed to create (to evaluate, to build a second
+    state): the first step updates a copy of them, never their buffers."""
+    p = cts.device_put(_params())
+    bufs = [b for x in cts.tree_util.tree_leaves(p) for _, b, _, _ in x._blocks]
+    s = TrainState.create(apply_fn=None, params=p, tx=optim.adam(0.1))
+    s1 = s.apply_gradients(grads=_grads())
+    s2 = s1.apply_gradients(grads=_grads())
+    np.testing.assert_array_equal(np.asarray(p["w"]), 1.0)      # readable and unchanged
+    np.testing.assert_array_equal(np.asarray(p["b"]), 0.0)
+    assert all(not b.is_deleted for b in bufs)
+    np.testing.assert_allclose(np.asarray(s2.params["w"]), 0.8, rtol=1e-5)
+    assert int(s2.step) == 2
+    with pytest.raises(cts.DonatedBufferError):   # the state's own Arrays are donated
+        np.asarray(s1.params["w"])
+    with pytest.raises(cts.DonatedBufferError):
+        np.asarray(s.opt_state[0].mu["w"])
+    # the caller's params still make a fresh state, stepped like the first
+    t = TrainState.create(apply_fn=None, params=p, tx=optim.adam(0.1)).apply_gradients(
+        grads=_grads())
+    np.testing.assert_allclose(np.asarray(t.params["w"]), 0.9, rtol=1e-5)
+
+
+def test_create_of_tied_caller_params_still_refuses_the_shared_buffer():
+    w = cts.device_put(np.ones(3, np.float32))
+    s = TrainState.create(apply_fn=None, params={"a": w, "b": w}, tx=optim.sgd(0.1))
+    with pytest.raises(ValueError, match="share a buffer"):
+        s.apply_gradients(grads={"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)})
+    np.testing.assert_array_equal(np.asarray(w), 1.0)
+
+
+def _sigint_at(monkeypatch, where):
+    """Deliver SIGINT (as Ctrl-C would) from inside the step: 'fuse' while the optimizer's
+    stages are prepared (before the kernel), 'kernel' right after the kernel wrote the
+    buffers, before the step is committed."""
+    import signal
+    from ctrainstate.optim import base
+    real = base._C.optim_step
+
+    def kernel(*args):
+        out = real(*args)
+        if where == "kernel":
+            signal.raise_signal(signal.SIGINT)
+        return out
+    monkeypatch.setattr(base._C, "optim_step", kernel)
+    if where == "fuse":
+        tx = optim.adam(0.1)
+        inner = tx._fuse
+        once = [True]
+
+        def fuse(state, ctx):
+            if once.pop() if once else False:
+                signal.raise_signal(signal.SIGINT)
+            return inner(state, ctx)
+        object.__setattr__(tx, "_fuse", fuse)
+        return tx
+    return optim.adam(0.1)
+
+
+@pytest.mark.parametrize("where", ["fuse", "kernel"])
+def test_ctrl_c_during_apply_gradients_leaves_the_old_or_the_whole_new_state(monkeypatch,
+                                                                              where):
+    tx = _sigint_at(monkeypatch, where)
+    s = TrainState.create(apply_fn=None, params=_params(), tx=tx)
+    with pytest.raises(KeyboardInterrupt):
+        s.apply_gradients(grads=_grads())
+    monkeypatch.undo()
+    w, count = np.asarray(s.params["w"]), int(np.asarray(s.opt_state[0].count))
+    mu = np.asarray(s.opt_state[0].mu["w"])
+    if where == "fuse":   # before the kernel: the old state, usable, nothing applied
+        assert int(s.step) == 0 and count == 0
+        np.testing.assert_array_equal(w, 1.0)
+        np.testing.assert_array_equal(mu, 0.0)
+    else:                 # after it: the whole step, committed (counts and all)
+        assert int(s.step) == 1 and count == 1
+        np.testing.assert_allclose(w, 0.9, rtol=1e-5)
+        np.testing.assert_allclose(mu, 0.1, rtol=1e-6)
+    # a retry applies exactly one more step
+    step = int(s.step)
+    s2 = s.apply_gradients(grads=_grads())
+    assert int(s2.step) == step + 1 == int(np.asarray(s2.opt_state[0].count))
+    np.testing.assert_allclose(np.asarray(s2.params["w"]), 1.0 - 0.1 * int(s2.step), rtol=1e-5)
+
+
+def test_ctrl_c_from_a_timer_never_half_applies_a_step():
+    """SIGINT from another thread at arbitrary times during a loop of large steps: after
+    each KeyboardInterrupt the state reachable by the loop is whole (params, moments and
+    counts agree with its step) and usable."""
+    import os
+    import signal
+    n = 1 << 20
+    s = TrainState.create(apply_fn=None, params={"w": np.zeros(n, np.float32)},
+                          tx=optim.sgd(1.0, momentum=0.0))
+    g = cts.device_put({"w": np.ones(n, np.float32)})
+    rng = np.random.default_rng(0)
+    interrupts = 0
+    for _ in range(12):
+        timer = threading.Timer(rng.uniform(0.0, 0.01), os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            while True:   # until the timer's SIGINT
+                s = s.apply_gradients(grads=g)
+        except KeyboardInterrupt:
+            interrupts += 1
+        timer.join()
+        w = np.asarray(s.params["w"])
+        np.testing.assert_array_equal(w, -float(s.step))
+        np.testing.assert_array_equal(np.asarray(s.opt_state[0].trace["w"]), 1.0)
+    assert interrupts == 12
+
+
+@pytest.mark.parametrize("borrowed", [False, True])
+def test_apply_gradients_from_two_threads_applies_once(borrowed):
+    """Two threads step the same state at once: exactly one wins, the other gets a
+    DonatedBufferError, and the update is applied once."""
+    n = 1 << 18
+    for _ in range(25):
+        p = {"w": np.zeros(n, np.float32)}
+        s = TrainState.create(apply_fn=None, params=cts.device_put(p) if borrowed else p,
+                              tx=optim.adam(1.0))
+        g = cts.device_put({"w": np.ones(n, np.float32)})
+        barrier = threading.Barrier(2)
+        won, lost = [], []
+
+        def step():
+            barrier.wait()
+            try:
+                won.append(s.apply_gradients(grads=g))
+            except cts.DonatedBufferError as e:
+                lost.append(e)
+        ts = [threading.Thread(target=step) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert len(won) == 1 and len(lost) == 1
+        (new,) = won
+        assert int(new.step) == 1 and int(np.asarray(new.opt_state[0].count)) == 1
+        np.testing.assert_allclose(np.asarray(new.opt_state[0].mu["w"]), 0.1, rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(new.params["w"]), -1.0, rtol=1e-5)
+
+
+def test_state_made_on_host_params_stepped_with_sharded_params_is_a_clear_error():
+    """An optimizer state built on single-device params, stepped with params sharded over 8
+    devices (and the other way round): a ValueError naming the leaf and both shardings,
+    before anything is written (the state stays usable once put on the params' layout)."""
+    mesh = cts.make_mesh((8,), ("x",))
+    sharded = cts.NamedSharding(mesh, cts.P("x"))
+    g = {"w": np.ones((8, 4), np.float32)}
+    for tx in (optim.adam(0.1), optim.adafactor(0.1, min_dim_size_to_factor=2)):
+        host_state = tx.init(cts.device_put({"w": np.ones((8, 4), np.float32)}))
+        ps = {"w": cts.device_put(np.ones((8, 4), np.float32), sharded)}
+        s = TrainState(step=0, apply_fn=None, params=ps, tx=tx, opt_state=host_state)
+        match = (r"optimizer state of params\['w'\] is not sharded like the param \(state "
+                 r"SingleDeviceSharding.*param NamedSharding")
+        with pytest.raises(ValueError, match=match):
+            s.apply_gradients(grads=g)
+        with pytest.raises(ValueError, match=match):
+            tx.update(g, host_state, ps)
+        np.testing.assert_array_equal(np.asarray(s.params["w"]), 1.0)
+        st = cts.tree_util.tree_map(lambda fresh, old: cts.device_put(old, fresh.sharding),
+                                    tx.init(ps), host_state)
+        s.replace(opt_state=st).apply_gradients(grads=g)
+    tx = optim.adam(0.1)
+    sharded_state = tx.init({"w": cts.device_put(np.ones((8, 4), np.float32), sharded)})
+    with pytest.raises(ValueError, match=r"\(state NamedSharding.*param SingleDeviceSharding"):
+        tx.update(g, sharded_state, cts.device_put({"w": np.ones((8, 4), np.float32)}))

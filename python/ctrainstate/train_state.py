@@ -26,11 +26,17 @@ DonatedBufferError
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable
 
 from .array import Array, device_put
-from .optim.base import apply_updates, run_fused
+from .optim.base import apply_updates, mark_borrowed, run_fused
 from .tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
+
+try:   # signal's C module: signal.signal's enum conversions cost ~20 us a step
+    import _signal as _sig
+except ImportError:   # pragma: no cover - another Python implementation
+    import signal as _sig
 
 __all__ = ["TrainState", "PyTreeNode", "field", "dataclass"]
 
@@ -124,6 +130,58 @@ def _check_replace(state, kwargs):
                         f"{sorted(names)})")
 
 
+class _DeferInterrupt:
+    """Holds SIGINT (Ctrl-C) back while an in-place step writes: armed in the main thread,
+    a temporary handler records the signal; ``before_kernel`` honours one that came before
+    the kernel started (nothing is written yet), ``release`` restores the handler and
+    re-delivers a recorded signal (``KeyboardInterrupt`` with Python's default handler) once
+    the step is committed. Other threads never receive signals: nothing to hold back."""
+
+    __slots__ = ("_old", "_pending", "_armed")
+
+    def __init__(self):
+        self._old = None
+        self._pending = False
+        self._armed = False
+
+    def arm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        old = _sig.getsignal(_sig.SIGINT)
+        if old is None:   # a handler installed outside Python: left alone
+            return
+        self._old = old
+        _sig.signal(_sig.SIGINT, self._record)
+        self._armed = True
+
+    def _record(self, signum, frame):
+        self._pending = True
+
+    def before_kernel(self) -> None:
+        if self._pending:
+            self.release()
+
+    def release(self) -> None:
+        if not self._armed:
+            return
+        self._armed = False
+        _sig.signal(_sig.SIGINT, self._old)
+        if self._pending:
+            self._pending = False
+            _sig.raise_signal(_sig.SIGINT)   # runs the restored handler now
+
+
+def _adopt(old, new) -> None:
+    """Make the state object ``old`` the committed state ``new`` (every field, and the
+    kernel plan): used when an interrupt is re-raised after an in-place step committed, so
+    the caller's reference, whose Arrays were donated to ``new``, holds the whole new step
+    instead of an unusable state."""
+    for f in dataclasses.fields(old):
+        object.__setattr__(old, f.name, getattr(new, f.name))
+    if hasattr(old, "__dict__") and "_ct_plan" in getattr(new, "__dict__", {}):
+        object.__setattr__(old, "_ct_plan", new.__dict__["_ct_plan"])
+
+
 class TrainState(PyTreeNode):
     """Training state: step, params, optimizer and its state (flax's TrainState).
 
@@ -148,8 +206,17 @@ class TrainState(PyTreeNode):
         A fusable ``tx`` (every ctrainstate.optim transform, adafactor's pieces
         included) runs in place and **donates** this state's params and
         optimizer-state Arrays to the result: reading them afterwards raises
-        ``DonatedBufferError``. A non-fusable ``tx`` runs ``tx.update`` +
-        ``apply_updates`` and donates nothing.
+        ``DonatedBufferError``. Params the caller still holds (those given to
+        :meth:`create`) are not donated: the step updates a copy of them (copy on
+        write). A non-fusable ``tx`` runs ``tx.update`` + ``apply_updates`` and
+        donates nothing.
+
+        The in-place step is applied whole or not at all. A second call on the same
+        state (from another thread, while this one runs) raises
+        ``DonatedBufferError`` before touching anything. Ctrl-C (SIGINT, in the main
+        thread) is honoured before the kernel starts (this state is left as it was)
+        or after the step is committed: then ``KeyboardInterrupt`` is raised and this
+        state object, whose Arrays were donated, becomes the new state (step + 1).
         """
         if kwargs:   # checked before the in-place kernel: a failing replace after it would
             _check_replace(self, kwargs)   # leave this state donated and no new one
@@ -158,14 +225,31 @@ class TrainState(PyTreeNode):
             g, p = grads["params"], self.params["params"]
         else:
             g, p = grads, self.params
-        plan = None
-        if getattr(self.tx, "fusable", False):
+        if not getattr(self.tx, "fusable", False):   # functional: nothing is donated
+            updates, new_opt_state = self.tx.update(g, self.opt_state, p)
+            return self._stepped(grads, new_step, apply_updates(p, updates), new_opt_state,
+                                 None, kwargs)
+        guard = _DeferInterrupt()
+        guard.arm()
+        try:
             new_p, new_opt_state, plan = run_fused(
                 self.tx, g, self.opt_state, p, inplace=True, want_plan=True,
-                plan=getattr(self, "__dict__", {}).get("_ct_plan"))
-        else:
-            updates, new_opt_state = self.tx.update(g, self.opt_state, p)
-            new_p = apply_updates(p, updates)
+                plan=getattr(self, "__dict__", {}).get("_ct_plan"),
+                before_kernel=guard.before_kernel)
+            new = self._stepped(grads, new_step, new_p, new_opt_state, plan, kwargs)
+        except BaseException:
+            guard.release()
+            raise
+        try:
+            guard.release()
+        except BaseException:
+            _adopt(self, new)
+            raise
+        return new
+
+    def _stepped(self, grads, new_step, new_p, new_opt_state, plan, kwargs):
+        """The state after a step: new params (the ``_overwrite_with_gradient`` collection
+        taken from ``grads``), optimizer state, ``step`` and ``kwargs``."""
         if _OWG in (grads if isinstance(grads, dict) else {}):
             new_params = {"params": new_p, _OWG: grads[_OWG]}
         else:
@@ -179,10 +263,15 @@ class TrainState(PyTreeNode):
     @classmethod
     def create(cls, *, apply_fn, params, tx, **kwargs):
         """A state with ``step=0`` and ``opt_state = tx.init(params)``. numpy params are placed
-        on the default device (replicated over the active mesh); Arrays keep their shardings."""
+        on the default device (replicated over the active mesh); Arrays keep their shardings.
+
+        The caller keeps its Arrays: they are not donated by the first
+        :meth:`apply_gradients`, which updates a copy of them (copy on write), so ``params``
+        stays readable (for evaluation, a second state, ...)."""
         if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
             raise TypeError(f"{cls.__name__}.create: tx must be a gradient transformation (with "
                             f"init and update, e.g. ctrainstate.optim.adamw(1e-3)), got {tx!r}")
+        mark_borrowed(params)   # the caller's Arrays: never donated, copied on the first step
         params = _place(params)
         params_for_opt = params["params"] if (isinstance(params, dict) and _OWG in params) else params
         return cls(step=0, apply_fn=apply_fn, params=params, tx=tx,

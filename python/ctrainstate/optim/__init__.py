@@ -9,8 +9,8 @@ C kernels on sharded params (see the README's "Optimizers and TrainState" sectio
 >>> updates, state = tx.update({'w': np.ones((2, 2), np.float32)}, state, params)
 >>> new_params = optim.apply_updates(params, updates)
 """
-from .base import (EmptyState, GradientTransformation, MaskedNode, apply_updates, identity,
-                   safe_increment, with_extra_args_support)
+from .base import (EmptyState, GradientTransformation, GradientTransformationExtraArgs,
+                   MaskedNode, apply_updates, identity, safe_increment, with_extra_args_support)
 from .transforms import *  # noqa: F401,F403
 from .transforms import __all__ as _t_all
 from .combine import (ApplyIfFiniteState, ConditionallyMaskState, MaskedState,
@@ -43,7 +43,6 @@ from .alias import (adabelief, adafactor, adagrad, adam, adamw, fromage, lamb, l
                     adamaxw, sign_sgd, signum, adadelta, novograd, rprop, adan,
                     optimistic_gradient_descent, optimistic_adam)
 
-GradientTransformationExtraArgs = GradientTransformation
 safe_int32_increment = safe_increment
 
 __all__ = (["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState",

@@ -12,26 +12,34 @@ Two entry points run the fused kernel:
 * ``tx.update(updates, state, params)`` — functional, like optax: the state
   is copied first, updates are written to new Arrays, nothing is donated.
 * ``TrainState.apply_gradients`` — in place: params and optimizer state are
-  updated in their buffers and the old state's Arrays are marked donated.
+  updated in their buffers and the old state's Arrays are marked donated. Arrays
+  the caller still holds (the params given to ``TrainState.create``, see
+  :func:`mark_borrowed`) are copied first instead (copy on write), and a step
+  claims its buffers before the kernel (:func:`_claim`), so the same state is
+  never stepped twice at once.
 
 The kernel computes in float32. bfloat16 / float16 params, grads and state are run
 through float32 working copies and rounded once when written back (:class:`_Widen`).
 """
 from __future__ import annotations
 
+import inspect
 import operator
+import os
+import threading
+import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .. import _C, _dtypes
-from ..array import Array, device_put
+from ..array import Array, DonatedBufferError, device_put
 from ..sharding import NamedSharding, PartitionSpec, default_sharding
 from ..tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
                          tree_map, tree_structure, tree_unflatten)
 
-__all__ = ["GradientTransformation", "EmptyState", "MaskedNode", "identity", "apply_updates",
-           "safe_increment", "with_extra_args_support"]
+__all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
+           "identity", "apply_updates", "safe_increment", "with_extra_args_support"]
 
 # Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
 (SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
@@ -58,10 +66,21 @@ def safe_increment(count: int) -> int:
     return min(int(count) + 1, _INT32_MAX)
 
 
-class GradientTransformation:
+class _GradientTransformationFields(NamedTuple):
+    init: Callable
+    update: Callable
+
+
+class GradientTransformation(_GradientTransformationFields):
     """A pair of pure functions ``init(params) -> state`` and
-    ``update(updates, state, params=None) -> (updates, state)`` (optax's
-    interface; unpacks as ``init, update = tx``).
+    ``update(updates, state, params=None) -> (updates, state)``: optax's NamedTuple
+    (``tx[0]``, ``isinstance(tx, tuple)``, ``init, update = tx``).
+
+    ``fuse`` (keyword): the transformation's description as stages of the fused kernel
+    (see :func:`run_fused`); without an ``update``, ``update`` runs that kernel
+    functionally. The fused path recognises a transformation by its ``fusable`` and
+    ``_fuse`` attributes only, so a tuple rebuilt from this one (``tx._replace(...)``,
+    ``tree_map`` over it) is a plain, unfused transformation running its ``update``.
 
     >>> import numpy as np, ctrainstate.optim as optim
     >>> tx = optim.sgd(0.1)
@@ -69,54 +88,108 @@ class GradientTransformation:
     >>> u, s = tx.update({'w': np.ones(3, np.float32)}, tx.init(p), p)
     >>> np.asarray(u['w']).tolist()
     [-0.10000000149011612, -0.10000000149011612, -0.10000000149011612]
+    >>> init, update = tx
+    >>> isinstance(tx, tuple), tx[0] is init
+    (True, True)
     """
 
-    __slots__ = ("init", "update", "_fuse")
+    _fuse = None   # a fusable instance sets its own (a tuple subclass: no __slots__ possible)
 
-    def __init__(self, init: Callable, update: Callable | None = None,
-                 fuse: Callable | None = None):
-        self.init = init
-        self._fuse = fuse
+    def __new__(cls, init: Callable, update: Callable | None = None, *,
+                fuse: Callable | None = None):
         if update is None:
             if fuse is None:
                 raise TypeError("a GradientTransformation needs an update or a fuse function")
-            update = self._fused_update
-        self.update = update
-
-    def _fused_update(self, updates, state, params=None):
-        return run_fused(self, updates, state, params, inplace=False)
+            update = _FusedUpdate(fuse)
+        self = super().__new__(cls, init, update)
+        if fuse is not None:
+            self._fuse = fuse
+        return self
 
     @property
     def fusable(self) -> bool:
         """True when the whole transformation runs as one fused kernel pass."""
         return self._fuse is not None
 
-    def __iter__(self):
-        return iter((self.init, self.update))
-
     def __repr__(self):
-        return f"GradientTransformation(fused={self.fusable})"
+        return f"{type(self).__name__}(fused={self.fusable})"
 
 
-def identity() -> GradientTransformation:
+class GradientTransformationExtraArgs(GradientTransformation):
+    """A GradientTransformation whose ``update`` takes extra keyword arguments:
+    ``update(updates, state, params=None, **extra_args)`` (optax's). Every transformation
+    ctrainstate.optim builds is one; the transforms that do not use extra arguments ignore
+    them, combinators forward them to their inner transformations.
+
+    >>> import numpy as np, ctrainstate.optim as optim
+    >>> tx = optim.chain(optim.clip_by_global_norm(1.0), optim.adam(0.1))
+    >>> p = {'w': np.ones(2, np.float32)}
+    >>> u, s = tx.update(p, tx.init(p), p, value=np.float32(3.0))
+    >>> isinstance(tx, optim.GradientTransformationExtraArgs)
+    True
+    """
+
+
+class _FusedUpdate:
+    """The ``update`` of a transformation given only as fused stages: one functional run of
+    the fused kernel (extra keyword arguments are accepted and unused: no fused stage reads
+    them)."""
+
+    __slots__ = ("_fuse",)
+
+    def __init__(self, fuse):
+        self._fuse = fuse
+
+    def __call__(self, updates, state, params=None, **extra_args):
+        del extra_args
+        return run_fused(self, updates, state, params, inplace=False)
+
+
+def _takes_extra_args(tx) -> bool:
+    """Whether ``tx.update`` accepts extra keyword arguments: an ExtraArgs transformation
+    (ctrainstate's or optax's, by class name as optax may not be imported), or an update
+    function with a ``**kwargs`` parameter."""
+    if isinstance(tx, GradientTransformationExtraArgs) or any(
+            c.__name__ == "GradientTransformationExtraArgs" for c in type(tx).__mro__):
+        return True
+    update = getattr(tx, "update", None)
+    if isinstance(update, _FusedUpdate):
+        return True
+    try:
+        params = inspect.signature(update).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def call_update(tx, updates, state, params=None, extra_args=None):
+    """``tx.update(updates, state, params, **extra_args)``, leaving the extra arguments out
+    for a transformation that does not take them (optax.with_extra_args_support's rule)."""
+    if extra_args and _takes_extra_args(tx):
+        return tx.update(updates, state, params, **extra_args)
+    return tx.update(updates, state, params)
+
+
+def identity() -> GradientTransformationExtraArgs:
     """The identity transformation (optax.identity)."""
-    return GradientTransformation(lambda params: EmptyState(),
-                                  fuse=lambda state, ctx: ([], lambda advance=True: ctx.keep(state)))
+    return GradientTransformationExtraArgs(
+        lambda params: EmptyState(),
+        fuse=lambda state, ctx: ([], lambda advance=True: ctx.keep(state)))
 
 
-def with_extra_args_support(tx: GradientTransformation) -> GradientTransformation:
+def with_extra_args_support(tx: GradientTransformation) -> GradientTransformationExtraArgs:
     """``tx`` with an ``update(updates, state, params=None, **extra_args)`` that ignores the
-    extra keyword arguments (optax.with_extra_args_support). A fusable ``tx`` stays fusable
-    (``TrainState.apply_gradients`` passes no extra args)."""
+    extra keyword arguments (optax.with_extra_args_support); ``tx`` itself when it takes
+    them already. A fusable ``tx`` stays fusable."""
     if not (callable(getattr(tx, "init", None)) and callable(getattr(tx, "update", None))):
         raise TypeError(f"with_extra_args_support: expected a GradientTransformation, got "
                         f"{type(tx).__name__}")
-    inner_update = tx.update
+    if isinstance(tx, GradientTransformationExtraArgs):
+        return tx
 
     def update(updates, state, params=None, **extra_args):
-        del extra_args
-        return inner_update(updates, state, params)
-    return GradientTransformation(tx.init, update, fuse=getattr(tx, "_fuse", None))
+        return call_update(tx, updates, state, params, extra_args)
+    return GradientTransformationExtraArgs(tx.init, update, fuse=getattr(tx, "_fuse", None))
 
 
 # --- Arrays helpers ----------------------------------------------------------------------------
@@ -213,12 +286,103 @@ def _own(x) -> Array:
     return a
 
 
-def _own_arrays(xs) -> list:
+def _own_arrays(xs, cow=None, claims=None) -> list:
     """``_live_arrays`` for the leaves an in-place step updates (params, state slots): a view
     of another Array's shard (a GPU ``Shard.data``) is refused here, before any kernel runs,
-    as it cannot be donated."""
-    return [x if type(x) is Array and not x._donated and x._base is None else _own(x)
-            for x in xs]
+    as it cannot be donated. ``claims``: a list the Arrays are appended to (claimed before the
+    kernel, see :func:`_claim`). ``cow``: a dict (per step) of the copies made of borrowed
+    Arrays (see :func:`mark_borrowed`): the step updates and donates the copy, the caller's
+    Array is left as it is; the same borrowed Array twice gets the same copy."""
+    out = [x if type(x) is Array and not x._donated and x._base is None else _own(x)
+           for x in xs]
+    if claims is not None:
+        claims.extend(out)
+    if _BORROWED and cow is not None:
+        out = [_cow_copy(a, cow) if _BORROWED.get(id(a)) is a else a for a in out]
+    return out
+
+
+# --- ownership of an in-place step's Arrays ----------------------------------------------------
+
+# Arrays the caller still holds although a train state refers to them (the params given to
+# TrainState.create), by id; an entry goes when its Array is garbage collected.
+_BORROWED: "weakref.WeakValueDictionary[int, Array]" = weakref.WeakValueDictionary()
+
+
+def mark_borrowed(tree) -> None:
+    """Mark the Arrays of ``tree`` as still held by the caller: an in-place step
+    (``TrainState.apply_gradients``) never writes their buffers nor donates them; it updates
+    a copy of each, once (copy on write), so eager code that reuses the Arrays it passed to
+    ``TrainState.create`` keeps working."""
+    for x in tree_leaves(tree):
+        if type(x) is Array:
+            _BORROWED[id(x)] = x
+
+
+def is_borrowed(x) -> bool:
+    """Whether ``x`` is an Array marked by :func:`mark_borrowed` (an in-place step copies it)."""
+    return type(x) is Array and _BORROWED.get(id(x)) is x
+
+
+def _cow_copy(a: Array, cow: dict) -> Array:
+    c = cow.get(id(a))
+    if c is None:
+        c = cow[id(a)] = copy_array(a)
+        c._host_scalar = a._host_scalar
+    return c
+
+
+# The buffers in-place steps are updating now, by the id of an Array's block list (which the
+# Arrays an in-place step returns share with the ones it donated): a second step of the same
+# state (from another thread, while the first one's kernel runs without the GIL) is refused
+# before its kernel, so an update is never applied twice.
+_CLAIM_LOCK = threading.Lock()
+_CLAIMED: set = set()
+
+
+def _claim(arrays) -> list:
+    """Claim the Arrays an in-place step updates and donates (params, then state, in the
+    order the step takes them), atomically. A state's Arrays are stepped together, so its
+    first Array the step owns (not borrowed, see :func:`mark_borrowed`) stands for all:
+    when it is donated already, or claimed by a step running now, DonatedBufferError is
+    raised and nothing is claimed. (When the step owns none of them, every one is claimed.)
+    O(1) per step in the usual case. Returns the keys to give to :func:`_release` once the
+    step is committed or failed."""
+    if _BORROWED:
+        token = next((a for a in arrays if _BORROWED.get(id(a)) is not a), None)
+    else:
+        token = arrays[0] if arrays else None
+    group = [token] if token is not None else list(arrays)
+    ids = [id(a._blocks) for a in group]
+    with _CLAIM_LOCK:
+        for a, i in zip(group, ids):
+            if a._donated or i in _CLAIMED:
+                raise DonatedBufferError(
+                    "this train state is being stepped by another apply_gradients call (in "
+                    "another thread) or was stepped already: its params and optimizer state "
+                    "were donated to that step's result. Step each state once, from one "
+                    "thread, and use the state it returns" if i in _CLAIMED else
+                    "this train state's Arrays were donated: its params and optimizer state "
+                    "now belong to the state a previous apply_gradients returned; use that one")
+        _CLAIMED.update(ids)
+    return ids
+
+
+def _release(ids) -> None:
+    with _CLAIM_LOCK:
+        _CLAIMED.difference_update(ids)
+
+
+def _reset_claims_in_child() -> None:
+    """A forked child has only the forking thread: no step of another thread runs there,
+    and a lock another thread held at the fork would never be released."""
+    global _CLAIM_LOCK
+    _CLAIM_LOCK = threading.Lock()
+    _CLAIMED.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_claims_in_child)
 
 
 def to_array(x, like=None) -> Array:
@@ -304,7 +468,7 @@ class FuseContext:
     counters and prepare state arrays (copies in functional mode, the arrays
     themselves — donated afterwards — in place)."""
 
-    def __init__(self, params_leaves, params_tree, inplace, tree=None):
+    def __init__(self, params_leaves, params_tree, inplace, tree=None, cow=None, claims=None):
         self.leaves = params_leaves      # Arrays (or None when no params were given)
         self.params = params_tree
         self.tree = tree if tree is not None else params_tree  # params, else the updates
@@ -313,6 +477,8 @@ class FuseContext:
         self.active = [True] * self.nleaves
         self._finish = []                # run after the kernel: donation of old arrays
         self._slot_defs = []             # (treedef, tree) of the per-param state trees taken
+        self._cow = cow                  # in place: copies of borrowed Arrays (_own_arrays)
+        self._claims = claims            # in place: the Arrays the step updates (_claim)
         # (in place, run_fused took params_leaves through _own_arrays, and slot() takes the
         # state's arrays through it: views were refused before any kernel writes)
 
@@ -337,7 +503,7 @@ class FuseContext:
         if all(self.active):   # its structure is checked against the params' (check_slots)
             self._slot_defs.append((td, tree))
         if self.inplace:
-            arrs = _own_arrays(leaves)
+            arrs = _own_arrays(leaves, self._cow, self._claims)
         else:
             arrs = [copy_array(to_array(x)) for x in leaves]
         if all(self.active):
@@ -382,6 +548,9 @@ class FuseContext:
         return None if all(self.active) else list(self.active)
 
     def count(self, x) -> int:
+        """The value of a counter of the state (updated in place by :meth:`new_scalar`)."""
+        if self._claims is not None and type(x) is Array:
+            self._claims.append(x)
         return int(read_scalar(x))
 
     def new_scalar(self, old, value, dtype=np.int32):
@@ -390,7 +559,7 @@ class FuseContext:
         runs after the kernel, where raising would leave the step half done; the new value
         goes to a new Array instead, and the view and its parent are left as they were."""
         if (self.inplace and isinstance(old, Array) and old._base is None
-                and not old.is_deleted()):
+                and not old.is_deleted() and not is_borrowed(old)):
             v = np.asarray(value, dtype=old.dtype)
             if v.dtype.itemsize == 4:   # a kernel on the device's stream: no GPU sync
                 _C.fill_bits32([buf for _, buf, _, _ in old._blocks], int(v.view(np.uint32)))
@@ -408,8 +577,8 @@ class FuseContext:
         if not self.inplace:
             return tree
         leaves, td = tree_flatten(tree)
-        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) and x._base is None else x
-                                   for x in leaves])
+        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) and x._base is None
+                                   and not is_borrowed(x) else x for x in leaves])
 
 
 def _first_mismatch(paths_a, paths_b):
@@ -558,12 +727,13 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
                 if a is None:
                     sb.append(None)
                 else:
-                    blk = a._blocks[b]
-                    # the kernel pairs the param's and the state's blocks one by one: same
-                    # device and the same elements (of the param, or of its factored slice)
+                    # the kernel pairs the param's and the state's blocks one by one: as
+                    # many blocks, on the same devices, holding the same elements (of the
+                    # param, or of its factored slice)
                     want = (start if drop is None else
                             tuple(start[:drop]) + tuple(start[drop + 1:]))
-                    if blk[0] is not dev or (tuple(blk[2]) != tuple(want) and (
+                    blk = a._blocks[b] if len(a._blocks) == len(p._blocks) else None
+                    if blk is None or blk[0] is not dev or (tuple(blk[2]) != tuple(want) and (
                             drop is not None or a._shape == p._shape)):
                         raise ValueError(
                             f"optimizer state of params{keystr(paths()[i])} is not sharded like "
@@ -641,13 +811,21 @@ def _narrow(x: Array, dtype) -> Array:
     return Array._create(x.shape, np.dtype(dtype), x.sharding, blocks)
 
 
-def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False):
+def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False,
+              before_kernel=None):
     """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state), and the
     step's :class:`Plan` third when ``want_plan`` (in place only; pass it as ``plan`` to the
-    next step to skip rebuilding the kernel's block list)."""
+    next step to skip rebuilding the kernel's block list).
+
+    In place, everything is checked and the step's Arrays are claimed (:func:`_claim`)
+    before the kernel runs; ``before_kernel()`` is called just before that (it may raise:
+    nothing has been written then). Borrowed params (:func:`mark_borrowed`) are updated in
+    copies."""
     ref = params if params is not None else updates
     leaves, pdef = tree_flatten(ref)
-    p_leaves = _own_arrays(leaves) if inplace else _live_arrays(leaves)
+    cow = {} if inplace and _BORROWED else None
+    claims = [] if inplace else None
+    p_leaves = _own_arrays(leaves, cow, claims) if inplace else _live_arrays(leaves)
     _paths = []
 
     def paths():
@@ -662,12 +840,13 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     g_leaves = _fast_grads(updates, pdef, p_leaves, plan.gshard if plan is not None else None)
     if g_leaves is None:
         g_leaves = check_grads(updates, paths(), pdef, p_leaves)
-    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref)
+    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref, cow, claims)
     stages, rebuild = tx._fuse(state, ctx)
     wide = _Widen()
     needs_wide = wide.needed(p_leaves, g_leaves, stages)
     have_params = params is not None
     reuse = False
+    key = ident = out_dt = final_p = None
     if inplace and not needs_wide:
         key = (pdef, have_params, tuple(
             (s.kind, None if s.active is None else tuple(s.active),
@@ -693,13 +872,30 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         for s in stages:
             s.slots = [[wide(a, back=True) for a in q] for q in s.slots]
         plan = None
-    nleaves = len(p_leaves)
     if not have_params and any(s.kind in _NEEDS_PARAMS for s in stages):
         raise ValueError(
             "this optimizer reads the current params (weight decay: adamw, "
             "add_decayed_weights; trust ratios: lamb, lars, fromage; adafactor's param scale) "
             "but tx.update(updates, state) got none: call tx.update(updates, state, params)")
     stage_args = [(s.kind, s.scalars) for s in stages]
+    if before_kernel is not None:
+        before_kernel()
+    claimed = _claim(claims) if inplace else None
+    try:
+        return _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leaves,
+                                  pdef, paths, have_params, plan, reuse, key, ident, want_plan,
+                                  out_dt, final_p)
+    finally:
+        if claimed is not None:
+            _release(claimed)
+
+
+def _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leaves, pdef, paths,
+                       have_params, plan, reuse, key, ident, want_plan, out_dt, final_p):
+    """The second half of :func:`run_fused`, after every check: the kernel, then the new
+    params and state (in place: the old Arrays donated to them)."""
+    inplace = ctx.inplace
+    nleaves = len(p_leaves)
     if inplace and not wide.any:
         if not reuse:
             groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)

@@ -15,10 +15,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..tree_util import _flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .base import (FINITE_GATE, ZERO, GradientTransformation, MaskedNode, Stage, read_scalar,
-                   safe_increment, scalar, to_array, zeros_like)
+from ..tree_util import (_flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_structure,
+                         tree_unflatten)
+from .base import (FINITE_GATE, ZERO, GradientTransformation, GradientTransformationExtraArgs,
+                   MaskedNode, Stage, call_update, read_scalar, safe_increment, scalar, to_array,
+                   zeros_like)
 from .transforms import _expect_state, set_to_zero
+from .utils import _ParamsPlaceholder
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
            "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState",
@@ -75,22 +78,31 @@ def chain(*args: GradientTransformation) -> GradientTransformation:
                 stages += st
                 rbs.append(rb)
             return stages, lambda advance=True: tuple(rb(advance) for rb in rbs)
-        return GradientTransformation(init, fuse=fuse)
+        return GradientTransformationExtraArgs(init, fuse=fuse)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         check(state)
         new = []
         for t, s in zip(args, state):
-            updates, s = t.update(updates, s, params)
+            updates, s = call_update(t, updates, s, params, extra_args)
             new.append(s)
         return updates, tuple(new)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
+
+
+def _mask_callable(mask) -> bool:
+    """Whether ``mask`` is a mask function (optax's rule): every leaf of
+    ``tree_map(callable, mask)`` is true, and there is at least one. A callable object that
+    is a pytree with leaves (a callable container of bools) is a mask tree."""
+    leaves = tree_leaves(tree_map(callable, mask))
+    return len(leaves) > 0 and all(leaves)
 
 
 def _mask_flat(mask, params):
     """(one bool per leaf of params, the mask tree). The mask may be a bool, a tree like
-    params, or a prefix of it (a leaf of the mask then covers a whole subtree, as optax)."""
-    m = mask(params) if callable(mask) else mask
+    params, or a prefix of it (a leaf of the mask then covers a whole subtree, as optax),
+    or a function of the params giving one."""
+    m = mask(params) if _mask_callable(mask) else mask
     leaves, _ = tree_flatten(params)
     if isinstance(m, (bool, np.bool_)):
         return [bool(m)] * len(leaves), m
@@ -110,13 +122,26 @@ def masked(inner: GradientTransformation, mask, *, mask_compatible_extra_args: b
     """Apply ``inner`` only where ``mask`` (a tree of bools like params, or a callable
     params -> tree) is True; other updates pass through unchanged. State:
     MaskedState(inner_state) with MaskedNode() at masked-out leaves (optax.masked).
-    ``mask_compatible_extra_args`` is accepted for optax's signature and has no effect: no
-    extra args reach ctrainstate's update functions."""
-    del mask_compatible_extra_args
+
+    A callable ``mask`` that is a pytree with leaves (a callable container of bools) is a
+    mask tree, not a mask function (optax's rule). Extra keyword arguments of ``update`` go
+    to ``inner``; with ``mask_compatible_extra_args`` those that have the updates' tree
+    structure are masked like the updates first."""
     def mask_tree(tree, m):
         return tree_map(lambda mk, x: x if mk else MaskedNode(), m, tree)
 
+    def mask_extra(extra_args, updates, m):
+        if not (mask_compatible_extra_args and extra_args):
+            return extra_args
+        td = tree_structure(updates)
+        return {k: mask_tree(v, m) if tree_structure(v) == td else v
+                for k, v in extra_args.items()}
+
     def init(params):
+        if isinstance(params, _ParamsPlaceholder):
+            # tree_map_params calls init on a placeholder to find the params-shaped trees of
+            # the state: the inner init sees it unmasked (optax's workaround too)
+            return MaskedState(inner_state=inner.init(params))
         _, m = _mask_flat(mask, params)
         return MaskedState(inner_state=inner.init(mask_tree(params, m)))
 
@@ -130,19 +155,20 @@ def masked(inner: GradientTransformation, mask, *, mask_compatible_extra_args: b
             finally:
                 ctx.pop_mask(prev)
             return stages, lambda advance=True: MaskedState(rb(advance))
-        return GradientTransformation(init, fuse=fuse)
+        return GradientTransformationExtraArgs(init, fuse=fuse)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _expect_state(state, MaskedState, "masked")
         flat, m = _mask_flat(mask, params if params is not None else updates)
         mu = mask_tree(updates, m)
         mp = mask_tree(params, m) if params is not None else None
-        new_u, new_s = inner.update(mu, state.inner_state, mp)
+        new_u, new_s = call_update(inner, mu, state.inner_state, mp,
+                                   mask_extra(extra_args, updates, m))
         u_leaves, td = tree_flatten(updates)
         it = iter(tree_leaves(new_u))
         return tree_unflatten(td, [next(it) if f else u for f, u in zip(flat, u_leaves)]), \
             MaskedState(new_s)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def freeze(mask) -> GradientTransformation:
@@ -176,7 +202,6 @@ def partition(transforms, param_labels, *, mask_compatible_extra_args: bool = Fa
     >>> np.asarray(u['b']).tolist(), sorted(st.inner_states)
     ([-0.5, -0.5], ['b', 'w'])
     """
-    del mask_compatible_extra_args  # no extra args reach ctrainstate's update functions
     if not hasattr(transforms, "items"):
         raise TypeError(f"partition: transforms must be a mapping from labels to "
                         f"GradientTransformations, got {type(transforms).__name__}")
@@ -202,7 +227,9 @@ def partition(transforms, param_labels, *, mask_compatible_extra_args: bool = Fa
     def group_mask(label):
         return lambda tree: tree_map(lambda lb: lb == label, labels_of(tree))
 
-    inner = {label: masked(tx, group_mask(label)) for label, tx in transforms.items()}
+    inner = {label: masked(tx, group_mask(label),
+                           mask_compatible_extra_args=mask_compatible_extra_args)
+             for label, tx in transforms.items()}
 
     def init(params):
         check(params)
@@ -225,15 +252,16 @@ def partition(transforms, param_labels, *, mask_compatible_extra_args: bool = Fa
                 rbs[label] = rb
             return stages, lambda advance=True: PartitionState(
                 {label: rb(advance) for label, rb in rbs.items()})
-        return GradientTransformation(init, fuse=fuse)
+        return GradientTransformationExtraArgs(init, fuse=fuse)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         check(updates)
         new = {}
         for label, t in inner.items():
-            updates, new[label] = t.update(updates, _state_of(state, label), params)
+            updates, new[label] = t.update(updates, _state_of(state, label), params,
+                                           **extra_args)
         return updates, PartitionState(new)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 multi_transform = partition
@@ -283,14 +311,15 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
                     ctx.new_scalar(state.last_finite, finite, np.bool_),
                     ctx.new_scalar(state.total_notfinite, new_tot), rb(applied))
             return [gate] + stages, rebuild
-        return GradientTransformation(init, fuse=fuse)
+        return GradientTransformationExtraArgs(init, fuse=fuse)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _expect_state(state, ApplyIfFiniteState, "apply_if_finite")
         finite = all(bool(np.isfinite(np.asarray(u)).all()) for u in tree_leaves(updates))
         new_nfc, new_tot, applied = counters(state, finite)
         if applied:
-            updates, inner_state = inner.update(updates, state.inner_state, params)
+            updates, inner_state = call_update(inner, updates, state.inner_state, params,
+                                               extra_args)
         else:
             updates = tree_map(lambda u: zeros_like(to_array(u)), updates)
             inner_state = state.inner_state
@@ -298,7 +327,7 @@ def apply_if_finite(inner: GradientTransformation, max_consecutive_errors: int
         return updates, ApplyIfFiniteState(
             scalar(new_nfc, np.int32, ref), scalar(finite, np.bool_, ref),
             scalar(new_tot, np.int32, ref), inner_state)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 class ConditionallyMaskState(NamedTuple):
@@ -365,12 +394,13 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
             from .base import run_fused
             return run_fused(tx, updates, state, params, inplace=False)
         if decide(step, extra_args if forward_extra_args else {}):
-            updates, inner_state = inner.update(updates, state.inner_state, params)
+            updates, inner_state = call_update(inner, updates, state.inner_state, params,
+                                               extra_args)
         else:
             updates = tree_map(lambda u: zeros_like(to_array(u)), updates)
             inner_state = state.inner_state
         return updates, ConditionallyMaskState(
             scalar(safe_increment(step), np.int32,
                    sharding=getattr(state.step, "sharding", None)), inner_state)
-    tx = GradientTransformation(init, update, fuse=fuse)
+    tx = GradientTransformationExtraArgs(init, update, fuse=fuse)
     return tx

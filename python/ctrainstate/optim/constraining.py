@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _ops
 from ..tree_util import tree_map
-from .base import EmptyState, GradientTransformation, scalar
+from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs, scalar
 
 __all__ = ["NonNegativeParamsState", "keep_params_nonnegative", "ZeroNansState", "zero_nans"]
 
@@ -31,7 +31,7 @@ def keep_params_nonnegative() -> GradientTransformation:
     negative the update becomes ``-params`` (optax.keep_params_nonnegative; the params
     themselves must start non-negative). State: NonNegativeParamsState() (EmptyState).
     ``tx.update`` without params raises ValueError, as optax."""
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         if params is None:
             raise ValueError(_NO_PARAMS_MSG)
         out = tree_map(
@@ -39,7 +39,7 @@ def keep_params_nonnegative() -> GradientTransformation:
                                                            _ops.negative(p), u),
             params, updates, is_leaf=lambda x: x is None)
         return out, state
-    return GradientTransformation(lambda params: NonNegativeParamsState(), update)
+    return GradientTransformationExtraArgs(lambda params: NonNegativeParamsState(), update)
 
 
 class ZeroNansState(NamedTuple):
@@ -57,9 +57,9 @@ def zero_nans() -> GradientTransformation:
         return ZeroNansState(found_nan=tree_map(
             lambda p: scalar(False, np.bool_, p), params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params, state
         found = tree_map(lambda u: cnp.any(cnp.isnan(u)), updates)
         out = tree_map(lambda u: _ops.where(cnp.isnan(u), 0.0, u), updates)
         return out, ZeroNansState(found_nan=found)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)

@@ -18,7 +18,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..array import Array
-from .base import GradientTransformation, read_scalar, safe_increment, scalar
+from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
+                   read_scalar, safe_increment, scalar)
 
 __all__ = ["inject_hyperparams", "InjectHyperparamsState", "InjectStatefulHyperparamsState",
            "WrappedScheduleState"]
@@ -164,13 +165,14 @@ def inject_hyperparams(inner_factory: Callable[..., GradientTransformation], sta
                     return new_state(state, hp, rb(advance), advance, ctx.params,
                                      inplace_scalar=lambda old, v, dt: ctx.new_scalar(old, v, dt))
                 return stages, rebuild
-            return GradientTransformation(init, fuse=fuse)
+            return GradientTransformationExtraArgs(init, fuse=fuse)
 
-        def update(updates, state, params=None):
+        def update(updates, state, params=None, **extra_args):
             _check(state)
             hp = current(state)
-            updates, inner_state = make(hp).update(updates, state.inner_state, params)
+            updates, inner_state = call_update(make(hp), updates, state.inner_state, params,
+                                               extra_args)
             return updates, new_state(state, hp, inner_state, True,
                                       params if params is not None else updates)
-        return GradientTransformation(init, update)
+        return GradientTransformationExtraArgs(init, update)
     return wrapped

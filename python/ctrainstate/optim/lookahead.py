@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import _ops
 from ..tree_util import tree_map
-from .base import GradientTransformation, read_scalar, scalar
+from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
+                   read_scalar, scalar)
 
 __all__ = ["LookaheadState", "LookaheadParams", "lookahead"]
 
@@ -73,12 +74,13 @@ def lookahead(fast_optimizer: GradientTransformation, sync_period, slow_step_siz
         return LookaheadState(fast_state=fast_optimizer.init(fast_params),
                               steps_since_sync=scalar(0, np.int32, fast_params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         if not (hasattr(params, "fast") and hasattr(params, "slow")):
             raise ValueError("lookahead: update needs the params as LookaheadParams(fast, "
                              "slow) (LookaheadParams.init_synced(params)); got "
                              f"{type(params).__name__}")
-        updates, fast_state = fast_optimizer.update(updates, state.fast_state, params.fast)
+        updates, fast_state = call_update(fast_optimizer, updates, state.fast_state,
+                                          params.fast, extra_args)
         n = int(read_scalar(state.steps_since_sync))
         sync_next = float(n == sync_period - 1)
         # optax's merged form: last_difference = fast + updates - slow;
@@ -94,4 +96,4 @@ def lookahead(fast_optimizer: GradientTransformation, sync_period, slow_step_siz
         return LookaheadParams(fast=fast_u, slow=slow_u), LookaheadState(
             fast_state, scalar((n + 1) % sync_period, np.int32,
                                sharding=getattr(state.steps_since_sync, "sharding", None)))
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)

@@ -1,7 +1,9 @@
 """Learning-rate schedules (optax names and formulas): plain functions count -> float.
 
 A schedule is evaluated once per step on the host (scalar math, never per
-element) and its value handed to the fused kernel.
+element) and its value handed to the fused kernel. Given an array of counts (to plot
+or tabulate a schedule, as with optax) a schedule returns a float32 array of the
+counts' shape, each value the one its count gives.
 
 >>> import ctrainstate.optim as optim
 >>> s = optim.linear_schedule(1.0, 0.0, transition_steps=4)
@@ -10,6 +12,7 @@ element) and its value handed to the fused kernel.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -27,6 +30,19 @@ def _c(count) -> float:
     return float(np.asarray(count))
 
 
+def _elementwise(schedule):
+    """``schedule`` (of a scalar count) also taking an array of counts: a float32 array of
+    the counts' shape, as optax's schedules give for an array step."""
+    @functools.wraps(schedule)
+    def wrapped(count):
+        if np.ndim(count) == 0:
+            return schedule(count)
+        counts = np.asarray(count)
+        return np.array([schedule(c) for c in counts.reshape(-1)],
+                        np.float32).reshape(counts.shape)
+    return wrapped
+
+
 def constant_schedule(value):
     """Always ``value``."""
     return lambda count: value
@@ -38,6 +54,7 @@ def polynomial_schedule(init_value, end_value, power, transition_steps, transiti
         return lambda count: init_value
     transition_begin = max(transition_begin, 0)
 
+    @_elementwise
     def schedule(count):
         c = min(max(_c(count) - transition_begin, 0.0), transition_steps)
         frac = _f32(1) - _f32(c) / _f32(transition_steps)
@@ -56,6 +73,7 @@ def piecewise_constant_schedule(init_value, boundaries_and_scales=None):
         if not all(s >= 0.0 for s in boundaries_and_scales.values()):
             raise ValueError("`piecewise_constant_schedule` expects non-negative scale factors")
 
+    @_elementwise
     def schedule(count):
         c = _c(count)
         v = _f32(init_value)
@@ -73,6 +91,7 @@ def exponential_decay(init_value, transition_steps, decay_rate, transition_begin
         return lambda count: init_value
     transition_begin = max(transition_begin, 0)
 
+    @_elementwise
     def schedule(count):
         d = _c(count) - transition_begin
         p = _f32(d) / _f32(transition_steps)
@@ -91,6 +110,7 @@ def cosine_decay_schedule(init_value, decay_steps, alpha=0.0, exponent=1.0):
         raise ValueError(
             f"The cosine_decay_schedule requires positive decay_steps, got decay_steps={decay_steps}.")
 
+    @_elementwise
     def schedule(count):
         c = min(_c(count), float(decay_steps))
         cd = _f32(0.5) * (_f32(1) + _f32(math.cos(_f32(math.pi) * _f32(c) / _f32(decay_steps))))
@@ -102,6 +122,7 @@ def cosine_decay_schedule(init_value, decay_steps, alpha=0.0, exponent=1.0):
 def join_schedules(schedules, boundaries):
     """Schedule i from boundary i-1 on, each seeing the count since its boundary (an int
     when the count and the boundary are ints, as optax's ``step - boundary``)."""
+    @_elementwise
     def schedule(step):
         s = _c(step)
         out = schedules[0](step)
@@ -177,6 +198,7 @@ def piecewise_interpolate_schedule(interpolate_type, init_value, boundaries_and_
     for _, sc in items:
         values.append(values[-1] * _f32(sc))
 
+    @_elementwise
     def schedule(count):
         c = _c(count)
         if c >= bounds[-1]:

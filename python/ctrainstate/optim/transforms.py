@@ -23,8 +23,9 @@ from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .. import _dtypes
 from ..array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
-                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation, Stage, _scalar_sharding,
-                   full_like, identity, safe_increment, scalar, to_array, zeros_like)
+                   RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
+                   GradientTransformationExtraArgs, Stage, _scalar_sharding, full_like, identity,
+                   safe_increment, scalar, to_array, zeros_like)
 
 __all__ = [
     "ScaleByAdamState", "ScaleByLionState", "ScaleByRmsState", "ScaleByRmsWithCountState",
@@ -148,7 +149,7 @@ def _expect_state(state, cls, who):
 def _stateless(kind, scalars_fn) -> GradientTransformation:
     def fuse(state, ctx):
         return [Stage(kind, scalars_fn(), active=ctx.snapshot())], lambda advance=True: state
-    return GradientTransformation(lambda params: EmptyState(), fuse=fuse)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), fuse=fuse)
 
 
 # --- elementwise, fused ---------------------------------------------------------------------------
@@ -165,6 +166,14 @@ def _check_scalar(x, what):
     return x
 
 
+def _check_numbers(who, **hyper) -> None:
+    """Check a transform's fixed-number hyper-parameters when it is built: a string, a
+    sequence, None or a function where optax computes with a number fails here, with a
+    TypeError naming it, not at the first step (far from the cause)."""
+    for name, value in hyper.items():
+        _check_number(value, f"{who}: {name}")
+
+
 def scale(step_size) -> GradientTransformation:
     """Multiply updates by a fixed scalar (optax.scale). State: EmptyState()."""
     _check_scalar(step_size, "scale: step_size")
@@ -179,6 +188,7 @@ def set_to_zero() -> GradientTransformation:
 
 def clip(max_delta) -> GradientTransformation:
     """Clip every update element to [-max_delta, max_delta] (optax.clip)."""
+    _check_numbers("clip", max_delta=max_delta)
     return _stateless(CLIP, lambda: [max_delta])
 
 
@@ -189,6 +199,7 @@ def clip_by_global_norm(max_norm) -> GradientTransformation:
     counts, so a replicated or sharded tree gives the same norm. Fused: one
     read-only pass over the updates entering it, then the main pass.
     """
+    _check_numbers("clip_by_global_norm", max_norm=max_norm)
     return _stateless(GLOBAL_NORM, lambda: [max_norm])
 
 
@@ -198,6 +209,8 @@ def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0) -> Gradie
     Fused with one extra read-only pass computing per-leaf norms (of params and
     of the updates entering it) across all shards.
     """
+    _check_numbers("scale_by_trust_ratio", min_norm=min_norm,
+                   trust_coefficient=trust_coefficient, eps=eps)
     return _stateless(TRUST_RATIO, lambda: [min_norm, trust_coefficient, eps])
 
 
@@ -219,6 +232,8 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
     """A fused two-moment transform (ADAM / BELIEF / YOGI / ADAMAX stages) with optax's
     ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
     ``extra(t)`` optional stages after it (radam's rectification factor)."""
+    _check_numbers(who, b1=b1, b2=b2, eps=eps, eps_root=eps_root, initial_accumulator_value=initial)
+
     def init(params):
         if initial == 0.0:
             return state_cls(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
@@ -241,7 +256,7 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
         def rebuild(advance=True):
             return state_cls(ctx.new_scalar(state.count, t if advance else c), mu_rb(), nu_rb())
         return stages, rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_belief(b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16, *,
@@ -272,6 +287,7 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
     """AMSGrad's scaling (optax.scale_by_amsgrad): Adam with the running maximum of the
     (bias-corrected) second moment. State: ScaleByAmsgradState(count, mu, nu, nu_max)."""
     mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
+    _check_numbers("scale_by_amsgrad", b1=b1, b2=b2, eps=eps, eps_root=eps_root)
 
     def init(params):
         return ScaleByAmsgradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
@@ -291,7 +307,7 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
             return ScaleByAmsgradState(ctx.new_scalar(state.count, t if advance else c),
                                        *[rb() for _, rb in slots])
         return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
@@ -300,6 +316,8 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
     length rho_t is below ``threshold`` the update is the bias-corrected first moment;
     after, Adam's update times the rectification factor r_t (both evaluated per step in
     float32 on the host, as optax does). State: ScaleByAdamState(count, mu, nu)."""
+    _check_numbers("scale_by_radam", b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                   threshold=threshold)
     f = np.float32
     ro_inf = 2.0 / (1.0 - b2) - 1.0          # a Python float in optax too
 
@@ -321,12 +339,46 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *,
                       who="scale_by_radam")
 
 
-def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
-    """Lion's sign update (optax.scale_by_lion, mode='hard'): ScaleByLionState(count, mu)."""
+_LION_MODES = ("hard", "smooth", "refined")
+
+
+def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None, *, mode="hard", smooth_beta=1.0
+                  ) -> GradientTransformation:
+    """Lion's update (optax.scale_by_lion): with ``x = (1 - b1) g + b1 mu``, ``sign(x)``
+    (``mode='hard'``, fused), ``tanh(smooth_beta * x)`` (``'smooth'``) or ``x`` where
+    ``|x| < 1`` and ``sign(x)`` elsewhere (``'refined'``; these two are not fused); then
+    ``mu = (1 - b2) g + b2 mu``. State: ScaleByLionState(count, mu)."""
     mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
+    _check_number(b1, "scale_by_lion: b1")
+    _check_number(b2, "scale_by_lion: b2")
+    if not isinstance(mode, str) or mode not in _LION_MODES:
+        raise ValueError(f'Unknown lion mode: {mode}. It needs to be one of ["hard", '
+                         f'"smooth", "refined"].')
+    _check_number(smooth_beta, "scale_by_lion: smooth_beta")
 
     def init(params):
         return ScaleByLionState(count=_count0(params), mu=_zeros_tree(params, mu_dtype))
+
+    if mode != "hard":
+        def update(updates, state, params=None, **extra_args):
+            del params
+            _expect_state(state, ScaleByLionState, "scale_by_lion")
+            from .base import read_scalar
+            cnp = _cnp()
+
+            def comb(g, m):
+                x = (1.0 - b1) * _like(g, m) + b1 * m
+                if mode == "smooth":
+                    return cnp.tanh(smooth_beta * x)
+                return cnp.where(cnp.abs(x) < 1.0, x, cnp.sign(x))
+            out = tree_map(comb, updates, state.mu)
+            mu = tree_map(lambda g, m: _moment(_like(g, m), m, b2, 1), updates, state.mu)
+            if mu_dtype is not None:
+                mu = tree_map(lambda m: m.astype(mu_dtype), mu)
+            count = scalar(safe_increment(int(read_scalar(state.count))), np.int32,
+                           sharding=getattr(state.count, "sharding", None))
+            return out, ScaleByLionState(count=count, mu=mu)
+        return GradientTransformationExtraArgs(init, update)
 
     def fuse(state, ctx):
         _expect_state(state, ScaleByLionState, "scale_by_lion")
@@ -335,7 +387,7 @@ def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None) -> GradientTransformation:
         st = Stage(LION, [b1, b2], [mu], ctx.snapshot())
         return [st], lambda advance=True: ScaleByLionState(
             ctx.new_scalar(state.count, safe_increment(c) if advance else c), mu_rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction):
@@ -346,6 +398,8 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
     else:
         plain, counted, kind = ScaleByRmsState, ScaleByRmsWithCountState, RMS
     moments = plain._fields                    # ('mu', 'nu') or ('nu',)
+    _check_numbers("scale_by_stddev" if centered else "scale_by_rms", decay=decay, eps=eps,
+                   initial_scale=initial_scale)
 
     def init(params):
         m = {"nu": tree_map(lambda p: full_like(p, initial_scale), params)}
@@ -374,7 +428,7 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
                 return counted(ctx.new_scalar(state.count, t if advance else c), *m)
             return plain(*m)
         return [st], rebuild
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
@@ -394,6 +448,7 @@ def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=True,
 
 def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformation:
     """Adagrad's scaling (optax.scale_by_rss): ScaleByRssState(sum_of_squares)."""
+    _check_numbers("scale_by_rss", initial_accumulator_value=initial_accumulator_value, eps=eps)
     def init(params):
         return ScaleByRssState(
             tree_map(lambda p: full_like(p, initial_accumulator_value), params))
@@ -402,11 +457,12 @@ def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformat
         _expect_state(state, ScaleByRssState, "scale_by_rss")
         acc, rb = ctx.slot(state.sum_of_squares)
         return [Stage(RSS, [eps], [acc], ctx.snapshot())], lambda advance=True: ScaleByRssState(rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformation:
     """Momentum (optax.trace): TraceState(trace)."""
+    _check_numbers("trace", decay=decay)
     accumulator_dtype = _state_dtype(accumulator_dtype, "accumulator_dtype")
 
     def init(params):
@@ -417,11 +473,12 @@ def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformati
         t, rb = ctx.slot(state.trace)
         return ([Stage(TRACE, [decay, float(bool(nesterov))], [t], ctx.snapshot())],
                 lambda advance=True: TraceState(rb()))
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
     """Exponential moving average of updates (optax.ema): EmaState(count, ema)."""
+    _check_numbers("ema", decay=decay)
     accumulator_dtype = _state_dtype(accumulator_dtype, "accumulator_dtype")
 
     def init(params):
@@ -435,12 +492,14 @@ def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
         st = Stage(EMA, [decay, _bc(decay, t) if debias else 1.0], [e], ctx.snapshot())
         return [st], lambda advance=True: EmaState(
             ctx.new_scalar(state.count, t if advance else c), rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
     """updates + weight_decay * params (optax.add_decayed_weights). ``weight_decay`` may be
     a schedule (state WeightDecaySchedule(count)); ``mask`` wraps it in :func:`masked`."""
+    if not callable(weight_decay):
+        _check_scalar(weight_decay, "add_decayed_weights: weight_decay")
     def init(params):
         if callable(weight_decay):
             return WeightDecaySchedule(count=_count0(params))
@@ -456,7 +515,7 @@ def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
         if isinstance(weight_decay, (int, float)) and weight_decay == 0.0:
             return [], lambda advance=True: state
         return [Stage(DECAY, [weight_decay], active=ctx.snapshot())], lambda advance=True: state
-    tx = GradientTransformation(init, fuse=fuse)
+    tx = GradientTransformationExtraArgs(init, fuse=fuse)
     if mask is not None:
         from .combine import masked
         return masked(tx, mask)
@@ -475,7 +534,7 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
         s = float(_f32(step_size_fn(c)))
         return [Stage(SCALE, [s], active=ctx.snapshot())], lambda advance=True: \
             ScaleByScheduleState(ctx.new_scalar(state.count, safe_increment(c) if advance else c))
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def scale_by_learning_rate(learning_rate=None, *, flip_sign=True) -> GradientTransformation:
@@ -543,6 +602,9 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
     sums of the devices along a sharded dim are added (each global element once). Other
     leaves keep a full ``v`` sharded like the param.
     """
+    _check_numbers("scale_by_factored_rms", decay_rate=decay_rate, step_offset=step_offset,
+                   min_dim_size_to_factor=min_dim_size_to_factor, epsilon=epsilon)
+
     def init(params):
         from ..array import device_put
         from .._abstract import ShapeDtypeStruct
@@ -596,12 +658,13 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
         return [st], lambda advance=True: FactoredState(
             ctx.new_scalar(state.count, safe_increment(c) if advance else c), vr_rb(), vc_rb(),
             v_rb())
-    return GradientTransformation(init, fuse=fuse)
+    return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
 def clip_by_block_rms(threshold) -> GradientTransformation:
     """Divide each leaf by max(1, rms(leaf)/threshold) (optax.clip_by_block_rms). Fused: one
     read-only pass for the per-leaf RMS over all shards."""
+    _check_numbers("clip_by_block_rms", threshold=threshold)
     return _stateless(BLOCK_RMS, lambda: [threshold])
 
 
@@ -609,11 +672,12 @@ def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
     """Multiply each leaf by max(rms(param), min_scale) (optax.scale_by_param_block_rms).
     Fused: the per-leaf RMS of the params is summed in an earlier read-only pass of the step
     when there is one (adafactor's block-RMS clip), else in a pass over the params alone."""
+    _check_numbers("scale_by_param_block_rms", min_scale=min_scale)
     def fuse(state, ctx):
         if ctx.params is None:
             raise ValueError("scale_by_param_block_rms needs params")
         return [Stage(PARAM_RMS, [min_scale], active=ctx.snapshot())], lambda advance=True: state
-    return GradientTransformation(lambda params: EmptyState(), fuse=fuse)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), fuse=fuse)
 
 
 # --- noise (not fused) ----------------------------------------------------------------------------
@@ -631,6 +695,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
     noise is generated, then added by a separate elementwise op per leaf.
     """
     from .. import random as _random
+    _check_numbers("add_noise", eta=eta, gamma=gamma)
     if seed is not None:
         if key is not None:
             raise ValueError("add_noise: give only one of seed or key")
@@ -645,7 +710,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
     def init(params):
         return AddNoiseState(count=_count0(params), rng_key=key0.copy())
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, AddNoiseState, "add_noise")
         t = safe_increment(int(np.asarray(state.count)))
@@ -665,7 +730,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
         return tree_unflatten(td, out), AddNoiseState(
             count=scalar(t, np.int32, sharding=getattr(state.count, "sharding", None)),
             rng_key=np.asarray(rng_key, np.uint32))
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 # --- sign, centralization, accumulation (not fused) -----------------------------------------------
@@ -674,11 +739,11 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
 def _unfused_map(f):
     """An EmptyState transform applying ``f`` to every update leaf with ctrainstate.numpy
     ops (runs through ``tx.update``, not fused: the kernel has no stage for it)."""
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         return tree_map(lambda u: None if u is None else f(u), updates,
                         is_leaf=lambda x: x is None), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def scale_by_sign() -> GradientTransformation:
@@ -732,7 +797,7 @@ def apply_every(k=1) -> GradientTransformation:
     def init(params):
         return ApplyEvery(count=_count0(params), grad_acc=_zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ApplyEvery, "apply_every")
         from .base import read_scalar
@@ -746,7 +811,7 @@ def apply_every(k=1) -> GradientTransformation:
         new_count = scalar(safe_increment(count) % k, np.int32,
                            sharding=getattr(state.count, "sharding", None))
         return out, ApplyEvery(count=new_count, grad_acc=grad_acc)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 __all__ += ["scale_by_sign", "centralize", "ApplyEvery", "apply_every"]
@@ -832,7 +897,11 @@ def _check_number(x, what):
     if callable(x):
         raise TypeError(f"{what} must be a number, not a schedule (optax takes none here), "
                         f"got {x!r}")
-    return _check_scalar(x, what)
+    if isinstance(x, (str, bytes)) or not (
+            isinstance(x, (numbers.Real, np.number))
+            or (hasattr(x, "shape") and tuple(x.shape) == ())):   # 0-d arrays
+        raise TypeError(f"{what} must be a number, got {x!r}")
+    return x
 
 
 def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:
@@ -850,7 +919,7 @@ def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:
     def init(params):
         return ScaleByAdaDeltaState(e_g=_zeros_tree(params), e_x=_zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByAdaDeltaState, "scale_by_adadelta")
         cnp = _cnp()
@@ -859,7 +928,7 @@ def scale_by_adadelta(rho=0.9, eps=1e-6) -> GradientTransformation:
                        updates, e_g, state.e_x)
         e_x = tree_map(lambda u, m: _moment(u, m, rho, 2), out, state.e_x)
         return out, ScaleByAdaDeltaState(e_g=e_g, e_x=e_x)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
@@ -881,7 +950,7 @@ def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
         return ScaleByNovogradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
                                     nu=nu)
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _expect_state(state, ScaleByNovogradState, "scale_by_novograd")
         _need_params(params, "scale_by_novograd")
         from .base import read_scalar
@@ -908,7 +977,7 @@ def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
             mu = tree_map(lambda m: m.astype(mu_dtype), mu)
         count = scalar(t, np.int32, sharding=getattr(state.count, "sharding", None))
         return mu, ScaleByNovogradState(count=count, mu=mu, nu=nu)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
@@ -929,7 +998,7 @@ def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-
         return ScaleByRpropState(tree_map(lambda p: full_like(p, learning_rate), params),
                                  _zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByRpropState, "scale_by_rprop")
         cnp = _cnp()
@@ -944,7 +1013,7 @@ def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-
         out = tree_map(lambda s, pg: cnp.where(s < 0, cnp.zeros_like(pg), pg),
                        sign, state.prev_updates)
         return out, ScaleByRpropState(step_sizes, prev)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> GradientTransformation:
@@ -966,7 +1035,7 @@ def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> Gradient
                                 n=_zeros_tree(params), g=_zeros_tree(params),
                                 t=_count0(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByAdanState, "scale_by_adan")
         from .base import read_scalar
@@ -987,7 +1056,7 @@ def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> Gradient
                      / (cnp.sqrt(nn / c3 + eps_root) + eps), m, v, n)
         return u, ScaleByAdanState(m=m, v=v, n=n, g=g, t=scalar(
             t, np.int32, sharding=getattr(state.t, "sharding", None)))
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
@@ -1002,7 +1071,7 @@ def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
         return ScaleByOptimisticGradientState(is_initial_step=scalar(True, np.bool_, params),
                                               previous_gradient=_zeros_tree(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByOptimisticGradientState, "scale_by_optimistic_gradient")
         from .base import read_scalar
@@ -1013,7 +1082,7 @@ def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
         flag = scalar(False, np.bool_,
                       sharding=getattr(state.is_initial_step, "sharding", None))
         return out, ScaleByOptimisticGradientState(is_initial_step=flag, previous_gradient=g)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformation:
@@ -1023,7 +1092,7 @@ def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformati
     _check_number(scale_factor, "normalize_by_update_norm: scale_factor")
     _check_number(eps, "normalize_by_update_norm: eps")
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         del params
         cnp = _cnp()
         leaves = [to_array(x) for x in tree_leaves(updates)]
@@ -1032,7 +1101,7 @@ def normalize_by_update_norm(scale_factor=1.0, eps=1e-6) -> GradientTransformati
             sq = sq + cnp.sum(cnp.square(x))
         g_norm = (cnp.sqrt(sq) + eps) / scale_factor
         return tree_map(lambda g: to_array(g) / g_norm, updates), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def scale_by_param_block_norm(min_scale=1e-3) -> GradientTransformation:
@@ -1041,12 +1110,12 @@ def scale_by_param_block_norm(min_scale=1e-3) -> GradientTransformation:
     State: EmptyState(). Not fused."""
     _check_number(min_scale, "scale_by_param_block_norm: min_scale")
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _need_params(params, "scale_by_param_block_norm")
         from .utils import safe_norm
         return tree_map(lambda u, p: _like(u, to_array(p)) * safe_norm(to_array(p), min_scale),
                         updates, params), state
-    return GradientTransformation(lambda params: EmptyState(), update)
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.float32,
@@ -1074,7 +1143,7 @@ def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.flo
             tree_map(lambda x: to_array(x) if param_dtype is None
                      else to_array(x).astype(param_dtype), params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
         _expect_state(state, ScaleByDistanceOverGradientsState,
                       "scale_by_distance_over_gradients")
         _need_params(params, "scale_by_distance_over_gradients")
@@ -1087,7 +1156,7 @@ def scale_by_distance_over_gradients(reps_rel=1e-6, eps=1e-8, param_dtype=np.flo
         out = tree_map(lambda x, d, s: (global_scale * (d / cnp.sqrt(s + eps))) * x,
                        g, max_dist, g_sos)
         return out, ScaleByDistanceOverGradientsState(max_dist, g_sos, state.init_params)
-    return GradientTransformation(init, update)
+    return GradientTransformationExtraArgs(init, update)
 
 
 __all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .. import _ops
 from ..tree_util import tree_leaves, tree_map
-from .base import EmptyState, GradientTransformation
+from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
@@ -141,9 +141,9 @@ def periodic_update(new_tensors, old_tensors, steps, update_period: int):
 def stateless(f: Callable) -> GradientTransformation:
     """A transform with no state: ``update(updates, state, params)`` returns
     ``f(updates, params)``."""
-    return GradientTransformation(lambda params: EmptyState(),
-                                  lambda updates, state, params=None: (f(updates, params),
-                                                                       EmptyState()))
+    def update(updates, state, params=None, **extra_args):
+        return f(updates, params), EmptyState()
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
 
 
 def stateless_with_tree_map(f: Callable) -> GradientTransformation:

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..array import Array
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .base import (ACCUM, GradientTransformation, Stage, read_scalar, safe_increment, scalar,
-                   zeros_like)
+from .base import (ACCUM, GradientTransformation, GradientTransformationExtraArgs, Stage,
+                   call_update, read_scalar, safe_increment, scalar, zeros_like)
 
 __all__ = ["MultiSteps", "MultiStepsState", "skip_not_finite", "skip_large_updates"]
 
@@ -126,8 +126,9 @@ class MultiSteps:
     def init(self, params) -> MultiStepsState:
         return self._tx.init(params)
 
-    def update(self, updates, state, params=None):
-        return self._tx.update(updates, state, params)
+    def update(self, updates, state, params=None, **extra_args):
+        """One mini-step (optax's MultiSteps.update); extra keyword arguments go to ``opt``."""
+        return self._tx.update(updates, state, params, **extra_args)
 
     def has_updated(self, state) -> np.bool_:
         """True right after a mini-step that applied ``opt`` (mini_step 0, gradient_step > 0)."""
@@ -206,9 +207,9 @@ class MultiSteps:
                                            ctx.new_scalar(state.gradient_step, new_gs),
                                            inner_rb(advance), acc_rb(), ctx.keep(state.skip_state))
                 return stages, rebuild
-            return GradientTransformation(init, fuse=fuse)
+            return GradientTransformationExtraArgs(init, fuse=fuse)
 
-        def update(updates, state, params=None):
+        def update(updates, state, params=None, **extra_args):
             _check(state)
             n, gs, k, emit = self._counters(state)
             ref = params if params is not None else updates
@@ -239,7 +240,8 @@ class MultiSteps:
                 acc.append(new.astype(a.dtype) if new.dtype != a.dtype else new)
             acc = tree_unflatten(td, acc)
             if emit:
-                out, inner_state = opt.update(acc, state.inner_opt_state, params)
+                out, inner_state = call_update(opt, acc, state.inner_opt_state, params,
+                                               extra_args)
                 new_acc = tree_map(zeros_like, acc)
             else:
                 out, inner_state = tree_map(zeros_like, updates), state.inner_opt_state
@@ -248,4 +250,4 @@ class MultiSteps:
                 scalar((n + 1) % k, np.int32, ref),
                 scalar(safe_increment(gs) if emit else gs, np.int32, ref),
                 inner_state, new_acc, skip_state)
-        return GradientTransformation(init, update)
+        return GradientTransformationExtraArgs(init, update)

@@ -5,7 +5,7 @@ optimizers in a C extension, on CPU virtual devices and NVIDIA GPUs, without JAX
 >>> cts.device_count() >= 1
 True
 """
-from . import _C
+from . import _C, config
 from ._C import DonatedBufferError, ResourceExhaustedError
 from ._devices import (
     Device,
@@ -79,5 +79,5 @@ __all__ = [
     "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "jacrev", "jacobian", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
     "device_put_replicated",
     "default_matmul_precision", "debug", "named_scope", "disable_jit",
-    "ensure_compile_time_eval",
+    "ensure_compile_time_eval", "config",
 ]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
-from . import tree_util
+from . import config as _config, tree_util
 from ._abstract import ShapeDtypeStruct
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
@@ -196,8 +196,11 @@ def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_
             for i, spec in zip(dyn, specs):
                 args[i] = _place(spec, args[i], none_means_replicated=none_means_replicated,
                                  what=names[0])
-        with jit_scope():
+        if _config._values["jax_disable_jit"]:
             out = fun(*args, **kwargs)
+        else:
+            with jit_scope():
+                out = fun(*args, **kwargs)
         if out_specs is not None:
             out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])
         return _to_arrays(out)

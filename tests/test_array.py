@@ -202,21 +202,100 @@ def test_array_constructor_is_private():
 def test_repr_and_visualize(capsys):
     m = mesh_of((2, 4))
     a = cts.device_put(np.zeros((4, 8), np.float32), NamedSharding(m, P("data", "model")))
-    assert repr(a) == ("Array(shape=(4, 8), dtype=float32, sharding=NamedSharding(mesh=Mesh("
-                       "'data': 2, 'model': 4), spec=PartitionSpec('data', 'model')))")
-    text = cts.visualize_array_sharding(a)
-    assert capsys.readouterr().out.strip() == text.strip()
+    row = "[0., 0., 0., 0., 0., 0., 0., 0.]"
+    assert repr(a) == ("Array([" + ",\n       ".join([row] * 4) + "], dtype=float32,\n"
+                       "      sharding=P('data', 'model') on Mesh('data': 2, 'model': 4))")
+    assert cts.visualize_array_sharding(a) is None
+    text = capsys.readouterr().out
     lines = text.splitlines()
     assert len(lines) == 5  # top, row, separator, row, bottom
     assert [c.strip() for c in lines[1].strip("│").split("│")] == ["CPU 0", "CPU 1", "CPU 2", "CPU 3"]
     assert [c.strip() for c in lines[3].strip("│").split("│")] == ["CPU 4", "CPU 5", "CPU 6", "CPU 7"]
     r = cts.device_put(np.zeros(8, np.float32), NamedSharding(m, P("model")))
-    t = cts.visualize_array_sharding(r)
+    cts.visualize_array_sharding(r)
+    t = capsys.readouterr().out
     assert [c.strip() for c in t.splitlines()[1].strip("│").split("│")] == ["CPU 0,4", "CPU 1,5", "CPU 2,6", "CPU 3,7"]
     html = a._repr_html_()
     assert html.count("<td") == 8 and "CPU 5" in html
     with pytest.raises(ValueError, match="1-d and 2-d"):
         cts.visualize_array_sharding(cts.device_put(np.zeros((2, 2, 2), np.float32)))
+
+
+def test_visualize_array_sharding_prints_once_and_returns_none(capsys):
+    from ctrainstate import debug
+    m = mesh_of((2, 4))
+    a = cts.device_put(np.zeros((4, 8), np.float32), NamedSharding(m, P("data", "model")))
+    assert debug.visualize_array_sharding(a) is None
+    printed = capsys.readouterr().out
+    assert printed.count("┌") == 1 and "CPU 7" in printed
+    # visualize_sharding draws the same grid from a shape and a sharding
+    assert debug.visualize_sharding((4, 8), a.sharding) is None
+    assert capsys.readouterr().out == printed
+    seen = []
+    debug.inspect_array_sharding(a, callback=seen.append)
+    assert seen == [a.sharding]
+    with pytest.raises(TypeError, match="Sharding"):
+        debug.visualize_sharding((4, 8), P("data"))
+
+
+# Recorded from jax 0.10.2 (repr(jnp.asarray(h)) / str(...)) for the same host values.
+_JAX_REPRS = [
+    (np.float32([1, 4]), "Array([1., 4.], dtype=float32)", "[1. 4.]"),
+    (np.array([True, False]), "Array([ True, False], dtype=bool)", "[ True False]"),
+    (np.zeros((2, 3), np.int32), "Array([[0, 0, 0],\n       [0, 0, 0]], dtype=int32)",
+     "[[0 0 0]\n [0 0 0]]"),
+    (np.float32(1.5), "Array(1.5, dtype=float32)", "1.5"),
+    (np.zeros((0, 3), np.float32), "Array([], shape=(0, 3), dtype=float32)", "[]"),
+    (np.arange(2000, dtype=np.float32),
+     "Array([0.000e+00, 1.000e+00, 2.000e+00, ..., 1.997e+03, 1.998e+03,\n"
+     "       1.999e+03], dtype=float32)",
+     "[0.000e+00 1.000e+00 2.000e+00 ... 1.997e+03 1.998e+03 1.999e+03]"),
+]
+
+
+@pytest.mark.parametrize("host,want_repr,want_str", _JAX_REPRS,
+                         ids=[str(h.shape) for h, _, _ in _JAX_REPRS])
+def test_array_repr_shows_values_like_jax(host, want_repr, want_str):
+    a = cts.device_put(host)
+    assert repr(a) == want_repr
+    assert str(a) == want_str
+
+
+def test_array_repr_of_large_sharded_array_matches_numpy_summary():
+    m = mesh_of((2, 4))
+    rng = np.random.default_rng(0)
+    for shape, spec in [((100, 200), P("data", "model")), ((6, 2000), P(None, "model")),
+                        ((5, 7, 300), P()), ((7, 7, 7, 7), P())]:
+        h = (rng.standard_normal(shape) * 100).astype(np.float32)
+        a = cts.device_put(h, NamedSharding(m, spec))
+        # numpy 2's repr adds shape= to a summary; the values part is numpy's
+        want = np.array2string(h, prefix="Array(", suffix=",", separator=", ")
+        assert repr(a).startswith("Array(" + want + ",")
+        assert "..." in want and str(a) == str(h)
+        assert "sharding=P(" in repr(a)
+
+
+def test_array_repr_reads_only_the_edge_items():
+    m = mesh_of((2, 4))
+    h = np.arange(40 * 48, dtype=np.float32).reshape(40, 48)
+    a = cts.device_put(h, NamedSharding(m, P("data", "model")))
+    host, summarise = a._host_preview()
+    assert summarise and host.shape == (7, 7)   # 3 + 3 edge items and one stand-in
+    idx = [np.r_[0:3, 36:40], np.r_[0:3, 44:48]]
+    np.testing.assert_array_equal(host, h[np.ix_(*idx)])
+    # the device-side gather (used for GPU blocks) selects the same items
+    np.testing.assert_array_equal(a._gather_items(idx), h[np.ix_(*idx)])
+    with np.printoptions(threshold=5000):   # under the threshold: the whole array
+        assert a._host_preview()[0].shape == (40, 48)
+
+
+def test_array_repr_one_device_has_no_sharding_and_html_has_values():
+    a = cts.device_put(np.float32([1, 2]))
+    assert "sharding" not in repr(a)
+    assert a._repr_html_() == "<pre>Array([1., 2.], dtype=float32)</pre>"
+    a.delete()
+    assert repr(a) == "Array(<deleted>, shape=(2,), dtype=float32)"
+    assert "deleted" in str(a) and "deleted" in a._repr_html_()
 
 
 def test_concurrent_device_put_from_threads():

@@ -262,18 +262,104 @@ class Array(OperatorsMixin):
         return bool(self.item())
 
     def __repr__(self):
-        if self._donated:
-            return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
-        if not self._shape and not self.is_deleted():
-            # a scalar (a loss, a step): show its value, as jax does
-            return (f"Array({_scalar_text(self._scalar_value())}, dtype={self._dtype}, "
-                    f"sharding={self._sharding!r})")
-        return f"Array(shape={self._shape}, dtype={self._dtype}, sharding={self._sharding!r})"
+        """``Array([1., 2.], dtype=float32)`` as jax prints it (numpy's layout, summarised
+        with ``...`` beyond numpy's print threshold), followed by
+        ``sharding=P(...) on Mesh(...)`` when more than one device holds the Array. A large
+        Array reads only the edge items the summary shows (see :meth:`_host_preview`)."""
+        gone = self._gone_text()
+        if gone:
+            return gone
+        prefix, dtype_str = "Array(", f"dtype={self._dtype.name}"
+        sharded = self._sharding_text()
+        if not self._shape:
+            text = f"{prefix}{_scalar_text(self._scalar_value())}, {dtype_str}"
+        else:   # jax's ArrayImpl.__repr__ layout
+            line_width = np.get_printoptions()["linewidth"]
+            if self.size == 0:
+                s = f"[], shape={self._shape}"
+            else:
+                host, summarise = self._host_preview()
+                with np.printoptions(**({"threshold": 0} if summarise else {})):
+                    s = np.array2string(host, prefix=prefix, suffix=",", separator=", ",
+                                        max_line_width=line_width)
+            last_line_len = len(s) - s.rfind("\n") + 1
+            sep = " " * len(prefix) if last_line_len + len(dtype_str) + 2 > line_width else " "
+            text = f"{prefix}{s},{sep}{dtype_str}"
+        if sharded:
+            sharded = f"sharding={sharded}"
+            last = len(text) - text.rfind("\n")
+            text += (f",\n{' ' * len(prefix)}{sharded}"
+                     if last + len(sharded) + 3 > np.get_printoptions()["linewidth"]
+                     else f", {sharded}")
+        return text + ")"
 
     def __str__(self):
-        if not self._shape and not self._donated and not self.is_deleted():
+        """The values as numpy prints them (``[1. 2.]``), as ``str(jax_array)``."""
+        gone = self._gone_text()
+        if gone:
+            return gone
+        if not self._shape:
             return _scalar_text(self._scalar_value())
-        return repr(self)
+        if self.size == 0:
+            return "[]"
+        host, summarise = self._host_preview()
+        with np.printoptions(**({"threshold": 0} if summarise else {})):
+            return np.array2string(host, separator=" ")
+
+    def _gone_text(self) -> str:
+        if self._donated:
+            return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
+        if self.is_deleted():
+            return f"Array(<deleted>, shape={self._shape}, dtype={self._dtype})"
+        return ""
+
+    def _sharding_text(self) -> str:
+        """'' on one device; ``P('x', None) on Mesh('x': 4)`` for a NamedSharding."""
+        if len(self._blocks) <= 1:
+            return ""
+        s = self._sharding
+        if isinstance(s, NamedSharding):
+            return f"P{tuple.__repr__(s.spec)} on {s.mesh!r}"
+        return repr(s)
+
+    def _host_preview(self):
+        """(host array, summarise). Up to numpy's print threshold, the whole Array. Beyond
+        it, only what numpy's summary shows: along each dimension longer than twice
+        ``edgeitems``, the first and last ``edgeitems`` indices plus one more (a stand-in
+        for the elided middle, never printed), read from each device's block; printed with
+        ``threshold=0`` so that numpy elides exactly those dimensions, as it would for the
+        whole array (numpy formats a summary from the shown items only)."""
+        opts = np.get_printoptions()
+        if self.size <= opts["threshold"]:
+            return np.asarray(self), False
+        e = opts["edgeitems"]
+        idx = [np.r_[0:e, n - e - 1:n] if n > 2 * e + 1 else np.arange(n)
+               for n in self._shape]
+        if any(dev.platform != "cpu" for dev, _, _, _ in self._blocks):
+            return self._gather_items(idx), True
+        return self._read_items(idx), True
+
+    def _gather_items(self, idx) -> np.ndarray:
+        """``np.asarray(self)[np.ix_(*idx)]`` by a gather on the devices (only the selected
+        items reach the host)."""
+        return np.asarray(self[np.ix_(*idx)])
+
+    def _read_items(self, idx) -> np.ndarray:
+        """``np.asarray(self)[np.ix_(*idx)]`` read from the blocks' host views (CPU devices):
+        each block gives the selected items it holds."""
+        out = np.empty(tuple(len(i) for i in idx), self._dtype)
+        for dev, buf, start, rid in self._blocks:
+            if rid != 0:
+                continue
+            view = _buffer_view(buf, self._shard_shape, self._dtype)
+            pos, local = [], []
+            for i, s0, n in zip(idx, start, self._shard_shape):
+                inside = (i >= s0) & (i < s0 + n)
+                pos.append(np.nonzero(inside)[0])
+                local.append(i[inside] - s0)
+            if all(len(p) for p in pos):
+                out[np.ix_(*pos)] = view[np.ix_(*local)]
+        return out
 
     def _scalar_value(self):
         """The value of a 0-d Array as a numpy scalar (from the host copy a counter keeps,
@@ -365,6 +451,8 @@ class Array(OperatorsMixin):
         return copy_array(self)
 
     def _repr_html_(self):
+        """The notebook view: the repr (values, dtype, sharding) and, for a 1-d or 2-d
+        Array on more than one device, a table of which devices hold which block."""
         return _sharding_html(self)
 
 
@@ -644,17 +732,23 @@ def block_until_ready(tree):
 # --- visualisation -------------------------------------------------------------------
 
 
-def _grid(a: Array):
-    if a.ndim not in (1, 2):
+def _grid(a, sharding=None):
+    """{row block: {column block: [devices]}} of an Array, or of a shape under ``sharding``."""
+    shape = tuple(a.shape) if sharding is None else tuple(a)
+    sharding = a.sharding if sharding is None else sharding
+    if len(shape) not in (1, 2):
         raise ValueError(
-            f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {a.ndim}")
+            f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {len(shape)}")
+    shard_shape, layout, _ = sharding._layout(shape)
+    parts = sharding._dim_parts(len(shape))
     rows = {}
-    for sh in a.addressable_shards:
+    for dev, start, _ in layout:
+        index = shard_index(start, shard_shape, parts)
         # 1-d arrays are drawn as one row of column blocks, like jax; an unsplit dimension
         # (slice(None)) is one block spanning it
-        r = sh.index[0].indices(a.shape[0])[:2] if a.ndim == 2 else (0, 1)
-        c = sh.index[-1].indices(a.shape[-1])[:2]
-        rows.setdefault(r, {}).setdefault(c, []).append(sh.device)
+        r = index[0].indices(shape[0])[:2] if len(shape) == 2 else (0, 1)
+        c = index[-1].indices(shape[-1])[:2]
+        rows.setdefault(r, {}).setdefault(c, []).append(dev)
     return rows
 
 
@@ -663,18 +757,43 @@ def _label(devs):
     return f"{plat} " + ",".join(str(d.id) for d in sorted(devs, key=lambda d: d.id))
 
 
-def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: int = 80) -> str:
-    """Print (and return) a text grid of which devices hold which block of a 1-d or 2-d Array.
+def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: int = 80) -> None:
+    """Print a text grid of which devices hold which block of a 1-d or 2-d Array; returns
+    None, as ``jax.debug.visualize_array_sharding`` (a notebook shows the grid once).
+    ``use_color`` and ``max_width`` are accepted for jax's signature; the grid is plain text.
 
     >>> import numpy as np, ctrainstate as cts
-    >>> _ = cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
+    >>> cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
     ┌───────┐
     │ CPU 0 │
     └───────┘
     """
     if not isinstance(arr, Array):
         raise TypeError(f"visualize_array_sharding needs an Array, got {type(arr).__name__}")
-    rows = _grid(arr)
+    arr._check_alive()
+    print(_grid_text(_grid(arr)))
+
+
+def visualize_sharding(shape, sharding, *, use_color: bool = False, max_width: int = 80) -> None:
+    """``jax.debug.visualize_sharding``: the grid :func:`visualize_array_sharding` prints, for
+    an array of ``shape`` placed by ``sharding`` (nothing is allocated); returns None.
+
+    >>> import ctrainstate as cts
+    >>> from ctrainstate import NamedSharding, P
+    >>> mesh = cts.make_mesh((1,), ('x',))
+    >>> cts.debug.visualize_sharding((4, 2), NamedSharding(mesh, P('x')))
+    ┌───────┐
+    │ CPU 0 │
+    └───────┘
+    """
+    if not isinstance(sharding, Sharding):
+        raise TypeError(f"visualize_sharding: sharding must be a Sharding, got "
+                        f"{type(sharding).__name__}")
+    shape = _dtypes.int_tuple(shape, "visualize_sharding: shape")
+    print(_grid_text(_grid(shape, sharding)))
+
+
+def _grid_text(rows) -> str:
     row_keys = sorted(rows)
     col_keys = sorted({c for r in rows.values() for c in r})
     labels = [[_label(rows[r][c]) for c in col_keys] for r in row_keys]
@@ -687,14 +806,12 @@ def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: 
     for i, line in enumerate(labels):
         lines.append("│" + "│".join(lab.center(width) for lab in line) + "│")
         lines.append(mid if i + 1 < len(labels) else bot)
-    text = "\n".join(lines)
-    print(text)
-    return text
+    return "\n".join(lines)
 
 
 def _sharding_html(a: Array) -> str:
     head = html.escape(repr(a))
-    if a._donated or a.ndim not in (1, 2):
+    if a.is_deleted() or a.ndim not in (1, 2) or len(a._blocks) < 2:
         return f"<pre>{head}</pre>"
     rows = _grid(a)
     col_keys = sorted({c for r in rows.values() for c in r})

@@ -19,8 +19,13 @@ def _more_devices_hint(need, devs) -> str:
     return f"set CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices"
 
 
-def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs) -> np.ndarray:
+def create_device_mesh(mesh_shape: Sequence[int], devices=None, *,
+                       contiguous_submeshes: bool = False,
+                       allow_split_physical_axes: bool = False) -> np.ndarray:
     """An ndarray of devices of shape ``mesh_shape``, in device-id order.
+
+    ``contiguous_submeshes`` and ``allow_split_physical_axes`` are accepted for jax's
+    signature and change nothing: devices here have no physical topology to follow.
 
     >>> import ctrainstate as cts
     >>> from ctrainstate import mesh_utils

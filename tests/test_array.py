@@ -463,3 +463,21 @@ def test_python_ints_beyond_int64_raise_overflow_error():
                  lambda: cts.device_put(-2 ** 64)):
         with pytest.raises(OverflowError, match="too large to convert to int32"):
             make()
+
+
+def test_numpy_ufuncs_on_arrays_return_numpy_as_jax():
+    # jax 0.10: np.sqrt(jax_array) is an ndarray (via __array__), while numpy's operators
+    # and methods-backed functions defer to the Array (ndarray + Array, np.mean(Array))
+    x = cts.device_put(np.float32([1, 4, np.inf]))
+    for f, want in [(np.sqrt, [1, 2, np.inf]), (np.abs, [1, 4, np.inf]),
+                    (np.isfinite, [True, True, False])]:
+        r = f(x)
+        assert type(r) is np.ndarray and r.tolist() == want
+    assert np.sqrt(x).dtype == np.float32 and np.isfinite(x).dtype == np.bool_
+    assert type(np.add(np.ones(3, np.float32), x)) is np.ndarray
+    for r in (np.ones(3, np.float32) + x, np.float32(2) * x, np.ones((3, 3), np.float32) @ x,
+              np.ones(3) > x):
+        assert isinstance(r, cts.Array)
+    h = np.ones(3, np.float32)
+    h += x          # as with jax: ndarray's in-place operator defers too
+    assert isinstance(h, cts.Array) and np.asarray(h).tolist() == [2, 5, np.inf]

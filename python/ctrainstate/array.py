@@ -59,9 +59,11 @@ class Array(OperatorsMixin):
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
                  "__weakref__", "_host_scalar", "_base")
 
-    # numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's matmul, so it is
-    # differentiated and sharded); ``np.asarray(array)`` still gathers.
-    __array_ufunc__ = None
+    # As jax.Array: numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's
+    # matmul, differentiated and sharded) because the priority is higher than ndarray's, while
+    # numpy functions and ufuncs called on an Array (``np.sqrt(x)``, ``np.isfinite(x)``) read
+    # it with ``__array__`` (a gather to the host) and return numpy arrays.
+    __array_priority__ = 100
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Arrays are created with ctrainstate.device_put(...) or ctrainstate ops")

@@ -481,3 +481,62 @@ def test_numpy_ufuncs_on_arrays_return_numpy_as_jax():
     h = np.ones(3, np.float32)
     h += x          # as with jax: ndarray's in-place operator defers too
     assert isinstance(h, cts.Array) and np.asarray(h).tolist() == [2, 5, np.inf]
+
+
+def test_deepcopy_of_array_keeps_sharding_and_is_independent():
+    import copy
+    m = mesh_of((2, 4))
+    h = np.arange(32, dtype=np.float32).reshape(4, 8)
+    a = cts.device_put(h, NamedSharding(m, P("data", "model")))
+    for b in (copy.deepcopy(a), copy.copy(a), copy.deepcopy({"w": [a]})["w"][0]):
+        assert b is not a and b.sharding == a.sharding
+        np.testing.assert_array_equal(np.asarray(b), h)
+    b = copy.deepcopy(a)
+    a.delete()
+    np.testing.assert_array_equal(np.asarray(b), h)   # its own buffers
+    with pytest.raises(cts.DonatedBufferError):
+        copy.deepcopy(a)
+
+
+def test_pickle_of_array_keeps_sharding_in_process():
+    import pickle
+    m = mesh_of((2, 4))
+    h = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for dt in (np.float32, np.int32, np.bool_):
+        for s in (NamedSharding(m, P("data", "model")), NamedSharding(m, P(None, "data")),
+                  cts.SingleDeviceSharding(cts.devices()[3])):
+            a = cts.device_put(h.astype(dt), s)
+            b = pickle.loads(pickle.dumps(a))
+            assert b.sharding == a.sharding and b.dtype == a.dtype
+            np.testing.assert_array_equal(np.asarray(b), h.astype(dt))
+
+
+def test_unpickle_of_array_in_process_with_fewer_devices_falls_back_to_one_device(tmp_path):
+    import pickle
+    import textwrap
+    from conftest import run_python
+    m = mesh_of((2, 4))
+    h = np.arange(32, dtype=np.float32).reshape(4, 8)
+    path = tmp_path / "a.pkl"
+    path.write_bytes(pickle.dumps(cts.device_put(h, NamedSharding(m, P("data", "model")))))
+    code = textwrap.dedent(f"""
+        import pickle, warnings
+        import numpy as np, ctrainstate as cts
+        with open({str(path)!r}, "rb") as f:
+            data = f.read()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            a = pickle.loads(data)
+        print(len(a.devices()), a.sharding, np.asarray(a).sum())
+        print([str(x.message) for x in w])
+    """)
+    r = run_python(code)   # one device
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first == "1 SingleDeviceSharding(device=CpuDevice(id=0)) 496.0"
+    assert "no device 1" in second and "placed on CpuDevice(id=0)" in second
+    r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "8"})   # the devices exist
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "8 NamedSharding(mesh=Mesh('data': 2, 'model': 4), spec=PartitionSpec('data', "
+        "'model')) 496.0", "[]"]

@@ -540,3 +540,16 @@ def test_unpickle_of_array_in_process_with_fewer_devices_falls_back_to_one_devic
     assert r.stdout.splitlines() == [
         "8 NamedSharding(mesh=Mesh('data': 2, 'model': 4), spec=PartitionSpec('data', "
         "'model')) 496.0", "[]"]
+
+
+def test_array_conj_real_imag_for_real_dtypes():
+    m = mesh_of((2, 4))
+    h = np.float32([[1, -2, 3, 4, 5, 6, 7, 8]] * 2)
+    x = cts.device_put(h, NamedSharding(m, P(None, "model")))
+    for y in (x.conj(), x.conjugate(), x.real):
+        np.testing.assert_array_equal(np.asarray(y), h)
+        assert y.sharding == x.sharding
+    assert x.imag.sharding == x.sharding and x.imag.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(x.imag), np.zeros_like(h))
+    i = cts.device_put(np.int32([3]))
+    assert i.imag.dtype == np.int32 and i.real.tolist() == [3]

@@ -447,6 +447,35 @@ class Array(OperatorsMixin):
         from ._ops import astype
         return astype(self, dtype)
 
+    def conj(self) -> "Array":
+        """``jnp.conj(x)``: for the real dtypes ctrainstate stores, the Array itself."""
+        from ._numpy_more import conj
+        return conj(self)
+
+    def conjugate(self) -> "Array":
+        """``jnp.conjugate(x)``: for real dtypes, the Array itself."""
+        from ._numpy_more import conjugate
+        return conjugate(self)
+
+    @property
+    def real(self) -> "Array":
+        """``jnp.real(x)``: for real dtypes, the Array itself."""
+        from ._numpy_more import real
+        return real(self)
+
+    @property
+    def imag(self) -> "Array":
+        """``jnp.imag(x)``: for real dtypes, zeros with the Array's shape, dtype and
+        sharding.
+
+        >>> import numpy as np, ctrainstate as cts
+        >>> x = cts.device_put(np.float32([1, -2]))
+        >>> x.real.tolist(), x.imag.tolist(), x.conj().tolist()
+        ([1.0, -2.0], [0.0, 0.0], [1.0, -2.0])
+        """
+        from ._numpy_more import imag
+        return imag(self)
+
     def copy(self) -> "Array":
         """A new Array with the same sharding and a copy of every block."""
         from .optim.base import copy_array

@@ -27,6 +27,7 @@ from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceShard
 from .tree_util import register_leaf_type, tree_leaves, tree_map
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
+           "visualize_sharding",
            "visualize_array_sharding"]
 
 DonatedBufferError = _C.DonatedBufferError
@@ -925,3 +926,8 @@ def _sharding_html(a: Array) -> str:
         body.append(f"<tr>{cells}</tr>")
     return (f"<div><pre>{head}</pre><table style='border-collapse:collapse'>"
             f"{''.join(body)}</table></div>")
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -58,3 +58,8 @@ def inspect_array_sharding(value, *, callback: Callable) -> None:
     if not isinstance(value, Array):
         raise TypeError(f"inspect_array_sharding: expected an Array, got {type(value).__name__}")
     callback(value.sharding)
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

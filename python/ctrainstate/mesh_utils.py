@@ -10,6 +10,8 @@ from ._devices import Device, devices as _devices
 from . import _dtypes
 from .sharding import Mesh
 
+__all__ = ["create_device_mesh", "make_mesh"]
+
 
 def _device_list(devices, who: str) -> list:
     """``devices`` (None: all devices) as a list of Devices, or a TypeError naming it."""
@@ -92,3 +94,8 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
             f"make_mesh: axis sizes {shape} need {need} devices but only {len(devs)} exist; "
             f"{_more_devices_hint(need, devs)}")
     return Mesh(create_device_mesh(shape, devs[:need]), tuple(axis_names))
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

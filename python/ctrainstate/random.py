@@ -812,3 +812,8 @@ from ._random_discrete import (binomial, clone, key_dtype, key_impl,  # noqa: E4
                                multinomial, poisson)
 
 __all__ += ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -743,3 +743,8 @@ def tree_reduce_associative(operation: Callable, tree, *, identity: Any = _UNSPE
         half = len(seq) // 2
         return operation(reduce(seq[:half]), reduce(seq[half:]))
     return reduce(tree_leaves(tree, is_leaf=is_leaf))
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

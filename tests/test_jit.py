@@ -50,6 +50,10 @@ def test_jit_static_argnames_and_argnums_errors():
         cts.jit(lambda x: x, static_argnums=5)
     with pytest.raises(TypeError, match="static_argnums"):
         cts.jit(lambda x: x, static_argnums="a")
+    # as in jax: **kwargs takes any static name, *args any position, and -1 the last one
+    assert cts.jit(lambda x, **kw: x + kw["n"], static_argnames="n")(1.0, n=2).tolist() == 3.0
+    cts.jit(lambda x, *a: x, static_argnums=5)
+    assert cts.jit(lambda x, n: x * n, static_argnums=-1)(np.float32([2]), 3).tolist() == [6.0]
 
 
 def test_jit_without_function_is_a_decorator():

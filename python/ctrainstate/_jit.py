@@ -134,19 +134,22 @@ def _argnames(value, what: str) -> tuple:
 
 
 def _positional_params(fun):
-    """(names of positional parameters, whether fun takes *args) or None when unknown."""
+    """(names of positional parameters, whether fun takes *args, whether it takes
+    **kwargs, all parameter names) or None when the signature is unknown."""
     import inspect
     try:
         sig = inspect.signature(fun)
     except (TypeError, ValueError):
         return None
-    names, var = [], False
+    names, var, var_kw = [], False, False
     for p in sig.parameters.values():
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             names.append(p.name)
         elif p.kind == p.VAR_POSITIONAL:
             var = True
-    return names, var, set(sig.parameters)
+        elif p.kind == p.VAR_KEYWORD:
+            var_kw = True
+    return names, var, var_kw, set(sig.parameters)
 
 
 def _static_positions(fun, static_argnums, static_argnames) -> tuple:
@@ -157,9 +160,9 @@ def _static_positions(fun, static_argnums, static_argnames) -> tuple:
     params = _positional_params(fun)
     if params is None:
         return nums
-    pos, var, all_names = params
+    pos, var, var_kw, all_names = params
     bad = set(names) - all_names
-    if bad:
+    if bad and not var_kw:   # a function taking **kwargs takes any name, as in jax
         raise ValueError(f"jit: static_argnames {sorted(bad)} are not parameters of "
                          f"{getattr(fun, '__qualname__', fun)!r}")
     if not var:

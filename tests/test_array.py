@@ -275,9 +275,10 @@ def test_array_repr_of_large_sharded_array_matches_numpy_summary():
         assert "sharding=P(" in repr(a)
 
 
-def test_array_repr_reads_only_the_edge_items():
+@pytest.mark.parametrize("dtype", ["float32", "int32", "uint32", "bool", "bfloat16", "float16"])
+def test_array_repr_reads_only_the_edge_items(dtype):
     m = mesh_of((2, 4))
-    h = np.arange(40 * 48, dtype=np.float32).reshape(40, 48)
+    h = (np.arange(40 * 48).reshape(40, 48) % 251).astype(np.dtype(getattr(ml_dtypes, dtype, dtype)))
     a = cts.device_put(h, NamedSharding(m, P("data", "model")))
     host, summarise = a._host_preview()
     assert summarise and host.shape == (7, 7)   # 3 + 3 edge items and one stand-in

@@ -88,3 +88,17 @@ def test_jit_sets_in_jit_inside_the_call_only():
     with pytest.raises(KeyError):
         cts.pjit(boom)(1.0)
     assert seen[-1] is True and not _trace_state.in_jit()
+
+
+def test_disable_jit_runs_jitted_functions_outside_jit_scope():
+    seen = []
+    f = cts.jit(lambda: seen.append(_trace_state.in_jit()))
+    with cts.disable_jit():
+        f()
+        with cts.disable_jit(False):
+            f()
+        f()
+    f()
+    cts.disable_jit()(f)()
+    assert seen == [False, True, False, True, False]
+    assert cts.config.jax_disable_jit is False

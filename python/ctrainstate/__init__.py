@@ -63,8 +63,40 @@ class named_scope(_NoOpContext):
     """``jax.named_scope(name)``: names ops in jax's HLO and profiles; nothing to name here."""
 
 
-class disable_jit(_NoOpContext):
-    """``jax.disable_jit()``: ctrainstate's ``jit`` already runs eagerly, op by op."""
+class disable_jit:
+    """``jax.disable_jit(disable=True)``: ctrainstate's ``jit`` runs eagerly either way; inside
+    the block (or the decorated function) a jitted function also runs as outside ``jit``, as
+    ``config.update("jax_disable_jit", True)`` makes it (process-wide, restored on exit).
+
+    >>> import ctrainstate as cts
+    >>> with cts.disable_jit():
+    ...     cts.config.jax_disable_jit
+    True
+    >>> cts.config.jax_disable_jit
+    False
+    """
+
+    def __init__(self, disable: bool = True):
+        self._disable = bool(disable)
+        self._saved = []
+
+    def __enter__(self):
+        self._saved.append(config.read("jax_disable_jit"))
+        config.update("jax_disable_jit", self._disable)
+        return self
+
+    def __exit__(self, *exc):
+        config.update("jax_disable_jit", self._saved.pop())
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with disable_jit(self._disable):
+                return fn(*args, **kwargs)
+        return wrapped
 
 
 class ensure_compile_time_eval(_NoOpContext):

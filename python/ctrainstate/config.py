@@ -132,10 +132,10 @@ def update(name: str, value) -> None:
     set).
 
     >>> import ctrainstate as cts
-    >>> cts.config.update("jax_enable_x64", True)
+    >>> cts.config.update("jax_enable_x64", True)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: config.update('jax_enable_x64', True): ctrainstate stores 32-bit values only (float32, int32, uint32, float16, bfloat16, bool); 64-bit inputs are narrowed, as in jax without x64
+    ValueError: config.update('jax_enable_x64', True): ctrainstate stores 32-bit values only ...
     """
     if not isinstance(name, str):
         raise TypeError(f"config.update: the option name must be a string, got {name!r}")

@@ -225,7 +225,8 @@ def test_visualize_array_sharding_prints_once_and_returns_none(capsys):
     from ctrainstate import debug
     m = mesh_of((2, 4))
     a = cts.device_put(np.zeros((4, 8), np.float32), NamedSharding(m, P("data", "model")))
-    assert debug.visualize_array_sharding(a) is None
+    assert debug.visualize_array_sharding(a, use_color=True, scale=2.0, min_width=4,
+                                          max_width=100, color_map=None) is None
     printed = capsys.readouterr().out
     assert printed.count("┌") == 1 and "CPU 7" in printed
     # visualize_sharding draws the same grid from a shape and a sharding

@@ -860,10 +860,12 @@ def _label(devs):
     return f"{plat} " + ",".join(str(d.id) for d in sorted(devs, key=lambda d: d.id))
 
 
-def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: int = 80) -> None:
+def visualize_array_sharding(arr: Array, *, use_color: bool = False, scale: float = 1.0,
+                             min_width: int = 9, max_width: int = 80, color_map=None) -> None:
     """Print a text grid of which devices hold which block of a 1-d or 2-d Array; returns
     None, as ``jax.debug.visualize_array_sharding`` (a notebook shows the grid once).
-    ``use_color`` and ``max_width`` are accepted for jax's signature; the grid is plain text.
+    ``use_color``, ``scale``, ``min_width``, ``max_width`` and ``color_map`` are jax's
+    keywords, accepted with no effect: the grid is plain text, one cell per block.
 
     >>> import numpy as np, ctrainstate as cts
     >>> cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
@@ -877,9 +879,11 @@ def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: 
     print(_grid_text(_grid(arr)))
 
 
-def visualize_sharding(shape, sharding, *, use_color: bool = False, max_width: int = 80) -> None:
+def visualize_sharding(shape, sharding, *, use_color: bool = False, scale: float = 1.0,
+                       min_width: int = 9, max_width: int = 80, color_map=None) -> None:
     """``jax.debug.visualize_sharding``: the grid :func:`visualize_array_sharding` prints, for
-    an array of ``shape`` placed by ``sharding`` (nothing is allocated); returns None.
+    an array of ``shape`` placed by ``sharding`` (nothing is allocated); returns None. The
+    keywords are jax's, with no effect (see :func:`visualize_array_sharding`).
 
     >>> import ctrainstate as cts
     >>> from ctrainstate import NamedSharding, P

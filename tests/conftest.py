@@ -83,7 +83,7 @@ import ctrainstate as cts  # noqa: E402
 
 def _has_gpu():
     try:
-        return len(cts._C.device_ids("gpu")) > 0
+        return len(cts._devices._ids("gpu")) > 0
     except Exception:
         return False
 
@@ -114,6 +114,9 @@ def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProces
     e = dict(os.environ)
     for k in ("CTRAINSTATE_NUM_CPU_DEVICES", "CTRAINSTATE_CPU_DEVICE_MEMORY"):
         e.pop(k, None)
+    if os.environ.get("CTRAINSTATE_SANITIZED") != "1":   # this checkout's package, as above
+        here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+        e["PYTHONPATH"] = os.pathsep.join(p for p in (here, e.get("PYTHONPATH")) if p)
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
                           timeout=120)

@@ -202,21 +202,102 @@ def test_array_constructor_is_private():
 def test_repr_and_visualize(capsys):
     m = mesh_of((2, 4))
     a = cts.device_put(np.zeros((4, 8), np.float32), NamedSharding(m, P("data", "model")))
-    assert repr(a) == ("Array(shape=(4, 8), dtype=float32, sharding=NamedSharding(mesh=Mesh("
-                       "'data': 2, 'model': 4), spec=PartitionSpec('data', 'model')))")
-    text = cts.visualize_array_sharding(a)
-    assert capsys.readouterr().out.strip() == text.strip()
+    row = "[0., 0., 0., 0., 0., 0., 0., 0.]"
+    assert repr(a) == ("Array([" + ",\n       ".join([row] * 4) + "], dtype=float32,\n"
+                       "      sharding=P('data', 'model') on Mesh('data': 2, 'model': 4))")
+    assert cts.visualize_array_sharding(a) is None
+    text = capsys.readouterr().out
     lines = text.splitlines()
     assert len(lines) == 5  # top, row, separator, row, bottom
     assert [c.strip() for c in lines[1].strip("│").split("│")] == ["CPU 0", "CPU 1", "CPU 2", "CPU 3"]
     assert [c.strip() for c in lines[3].strip("│").split("│")] == ["CPU 4", "CPU 5", "CPU 6", "CPU 7"]
     r = cts.device_put(np.zeros(8, np.float32), NamedSharding(m, P("model")))
-    t = cts.visualize_array_sharding(r)
+    cts.visualize_array_sharding(r)
+    t = capsys.readouterr().out
     assert [c.strip() for c in t.splitlines()[1].strip("│").split("│")] == ["CPU 0,4", "CPU 1,5", "CPU 2,6", "CPU 3,7"]
     html = a._repr_html_()
     assert html.count("<td") == 8 and "CPU 5" in html
     with pytest.raises(ValueError, match="1-d and 2-d"):
         cts.visualize_array_sharding(cts.device_put(np.zeros((2, 2, 2), np.float32)))
+
+
+def test_visualize_array_sharding_prints_once_and_returns_none(capsys):
+    from ctrainstate import debug
+    m = mesh_of((2, 4))
+    a = cts.device_put(np.zeros((4, 8), np.float32), NamedSharding(m, P("data", "model")))
+    assert debug.visualize_array_sharding(a, use_color=True, scale=2.0, min_width=4,
+                                          max_width=100, color_map=None) is None
+    printed = capsys.readouterr().out
+    assert printed.count("┌") == 1 and "CPU 7" in printed
+    # visualize_sharding draws the same grid from a shape and a sharding
+    assert debug.visualize_sharding((4, 8), a.sharding) is None
+    assert capsys.readouterr().out == printed
+    seen = []
+    debug.inspect_array_sharding(a, callback=seen.append)
+    assert seen == [a.sharding]
+    with pytest.raises(TypeError, match="Sharding"):
+        debug.visualize_sharding((4, 8), P("data"))
+
+
+# Recorded from jax 0.10.2 (repr(jnp.asarray(h)) / str(...)) for the same host values.
+_JAX_REPRS = [
+    (np.float32([1, 4]), "Array([1., 4.], dtype=float32)", "[1. 4.]"),
+    (np.array([True, False]), "Array([ True, False], dtype=bool)", "[ True False]"),
+    (np.zeros((2, 3), np.int32), "Array([[0, 0, 0],\n       [0, 0, 0]], dtype=int32)",
+     "[[0 0 0]\n [0 0 0]]"),
+    (np.float32(1.5), "Array(1.5, dtype=float32)", "1.5"),
+    (np.zeros((0, 3), np.float32), "Array([], shape=(0, 3), dtype=float32)", "[]"),
+    (np.arange(2000, dtype=np.float32),
+     "Array([0.000e+00, 1.000e+00, 2.000e+00, ..., 1.997e+03, 1.998e+03,\n"
+     "       1.999e+03], dtype=float32)",
+     "[0.000e+00 1.000e+00 2.000e+00 ... 1.997e+03 1.998e+03 1.999e+03]"),
+]
+
+
+@pytest.mark.parametrize("host,want_repr,want_str", _JAX_REPRS,
+                         ids=[str(h.shape) for h, _, _ in _JAX_REPRS])
+def test_array_repr_shows_values_like_jax(host, want_repr, want_str):
+    a = cts.device_put(host)
+    assert repr(a) == want_repr
+    assert str(a) == want_str
+
+
+def test_array_repr_of_large_sharded_array_matches_numpy_summary():
+    m = mesh_of((2, 4))
+    rng = np.random.default_rng(0)
+    for shape, spec in [((100, 200), P("data", "model")), ((6, 2000), P(None, "model")),
+                        ((5, 7, 300), P()), ((7, 7, 7, 7), P())]:
+        h = (rng.standard_normal(shape) * 100).astype(np.float32)
+        a = cts.device_put(h, NamedSharding(m, spec))
+        # numpy 2's repr adds shape= to a summary; the values part is numpy's
+        want = np.array2string(h, prefix="Array(", suffix=",", separator=", ")
+        assert repr(a).startswith("Array(" + want + ",")
+        assert "..." in want and str(a) == str(h)
+        assert "sharding=P(" in repr(a)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "uint32", "bool", "bfloat16", "float16"])
+def test_array_repr_reads_only_the_edge_items(dtype):
+    m = mesh_of((2, 4))
+    h = (np.arange(40 * 48).reshape(40, 48) % 251).astype(np.dtype(getattr(ml_dtypes, dtype, dtype)))
+    a = cts.device_put(h, NamedSharding(m, P("data", "model")))
+    host, summarise = a._host_preview()
+    assert summarise and host.shape == (7, 7)   # 3 + 3 edge items and one stand-in
+    idx = [np.r_[0:3, 36:40], np.r_[0:3, 44:48]]
+    np.testing.assert_array_equal(host, h[np.ix_(*idx)])
+    # the device-side gather (used for GPU blocks) selects the same items
+    np.testing.assert_array_equal(a._gather_items(idx), h[np.ix_(*idx)])
+    with np.printoptions(threshold=5000):   # under the threshold: the whole array
+        assert a._host_preview()[0].shape == (40, 48)
+
+
+def test_array_repr_one_device_has_no_sharding_and_html_has_values():
+    a = cts.device_put(np.float32([1, 2]))
+    assert "sharding" not in repr(a)
+    assert a._repr_html_() == "<pre>Array([1., 2.], dtype=float32)</pre>"
+    a.delete()
+    assert repr(a) == "Array(<deleted>, shape=(2,), dtype=float32)"
+    assert "deleted" in str(a) and "deleted" in a._repr_html_()
 
 
 def test_concurrent_device_put_from_threads():
@@ -384,3 +465,93 @@ def test_python_ints_beyond_int64_raise_overflow_error():
                  lambda: cts.device_put(-2 ** 64)):
         with pytest.raises(OverflowError, match="too large to convert to int32"):
             make()
+
+
+def test_numpy_ufuncs_on_arrays_return_numpy_as_jax():
+    # jax 0.10: np.sqrt(jax_array) is an ndarray (via __array__), while numpy's operators
+    # and methods-backed functions defer to the Array (ndarray + Array, np.mean(Array))
+    x = cts.device_put(np.float32([1, 4, np.inf]))
+    for f, want in [(np.sqrt, [1, 2, np.inf]), (np.abs, [1, 4, np.inf]),
+                    (np.isfinite, [True, True, False])]:
+        r = f(x)
+        assert type(r) is np.ndarray and r.tolist() == want
+    assert np.sqrt(x).dtype == np.float32 and np.isfinite(x).dtype == np.bool_
+    assert type(np.add(np.ones(3, np.float32), x)) is np.ndarray
+    for r in (np.ones(3, np.float32) + x, np.float32(2) * x, np.ones((3, 3), np.float32) @ x,
+              np.ones(3) > x):
+        assert isinstance(r, cts.Array)
+    h = np.ones(3, np.float32)
+    h += x          # as with jax: ndarray's in-place operator defers too
+    assert isinstance(h, cts.Array) and np.asarray(h).tolist() == [2, 5, np.inf]
+
+
+def test_deepcopy_of_array_keeps_sharding_and_is_independent():
+    import copy
+    m = mesh_of((2, 4))
+    h = np.arange(32, dtype=np.float32).reshape(4, 8)
+    a = cts.device_put(h, NamedSharding(m, P("data", "model")))
+    for b in (copy.deepcopy(a), copy.copy(a), copy.deepcopy({"w": [a]})["w"][0]):
+        assert b is not a and b.sharding == a.sharding
+        np.testing.assert_array_equal(np.asarray(b), h)
+    b = copy.deepcopy(a)
+    a.delete()
+    np.testing.assert_array_equal(np.asarray(b), h)   # its own buffers
+    with pytest.raises(cts.DonatedBufferError):
+        copy.deepcopy(a)
+
+
+def test_pickle_of_array_keeps_sharding_in_process():
+    import pickle
+    m = mesh_of((2, 4))
+    h = np.arange(32, dtype=np.float32).reshape(4, 8)
+    for dt in (np.float32, np.int32, np.bool_):
+        for s in (NamedSharding(m, P("data", "model")), NamedSharding(m, P(None, "data")),
+                  cts.SingleDeviceSharding(cts.devices()[3])):
+            a = cts.device_put(h.astype(dt), s)
+            b = pickle.loads(pickle.dumps(a))
+            assert b.sharding == a.sharding and b.dtype == a.dtype
+            np.testing.assert_array_equal(np.asarray(b), h.astype(dt))
+
+
+def test_unpickle_of_array_in_process_with_fewer_devices_falls_back_to_one_device(tmp_path):
+    import pickle
+    import textwrap
+    from conftest import run_python
+    m = mesh_of((2, 4))
+    h = np.arange(32, dtype=np.float32).reshape(4, 8)
+    path = tmp_path / "a.pkl"
+    path.write_bytes(pickle.dumps(cts.device_put(h, NamedSharding(m, P("data", "model")))))
+    code = textwrap.dedent(f"""
+        import pickle, warnings
+        import numpy as np, ctrainstate as cts
+        with open({str(path)!r}, "rb") as f:
+            data = f.read()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            a = pickle.loads(data)
+        print(len(a.devices()), a.sharding, np.asarray(a).sum())
+        print([str(x.message) for x in w])
+    """)
+    r = run_python(code)   # one device
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first == "1 SingleDeviceSharding(device=CpuDevice(id=0)) 496.0"
+    assert "no device 1" in second and "placed on CpuDevice(id=0)" in second
+    r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "8"})   # the devices exist
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "8 NamedSharding(mesh=Mesh('data': 2, 'model': 4), spec=PartitionSpec('data', "
+        "'model')) 496.0", "[]"]
+
+
+def test_array_conj_real_imag_for_real_dtypes():
+    m = mesh_of((2, 4))
+    h = np.float32([[1, -2, 3, 4, 5, 6, 7, 8]] * 2)
+    x = cts.device_put(h, NamedSharding(m, P(None, "model")))
+    for y in (x.conj(), x.conjugate(), x.real):
+        np.testing.assert_array_equal(np.asarray(y), h)
+        assert y.sharding == x.sharding
+    assert x.imag.sharding == x.sharding and x.imag.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(x.imag), np.zeros_like(h))
+    i = cts.device_put(np.int32([3]))
+    assert i.imag.dtype == np.int32 and i.real.tolist() == [3]

@@ -663,8 +663,9 @@ def test_names_exported_with_docstrings():
     import doctest
     res = doctest.testmod(_numpy_more)
     assert res.attempted >= 2 and res.failed == 0, res
-    # no dtype object the core lacks is aliased
-    for n in ("float64", "int64", "int8", "uint8", "complex64"):
+    # no dtype object the core lacks is aliased (float64 / int64 / uint64 exist: they
+    # narrow to 32 bits as jax's do without x64, see test_jnp_64_bit_names_narrow_as_jax...)
+    for n in ("int8", "uint8", "complex64"):
         assert not hasattr(cnp, n), n
 
 
@@ -677,3 +678,26 @@ def test_unique_of_one_element_and_0d_inputs():
         assert np.asarray(inv).shape == np.shape(x)       # jax's: the input's shape
     np.testing.assert_array_equal(np.asarray(cnp.unique(np.ones((1, 3), np.float32), axis=0)),
                                   np.ones((1, 3)))
+
+
+def test_jnp_ndarray_is_the_array_type():
+    import ctrainstate as cts
+    import ctrainstate.numpy as jnp
+    x = cts.device_put(np.float32([1, 2]))
+    assert jnp.ndarray is cts.Array and isinstance(x, jnp.ndarray)
+    assert not isinstance(np.ones(2), jnp.ndarray)
+
+
+def test_jnp_64_bit_names_narrow_as_jax_without_x64():
+    import ctrainstate.numpy as jnp
+    # jax 0.10 without x64: zeros(3, float64) is float32, float64(1.5) a float32 0-d Array,
+    # np.dtype(jnp.float64) float64
+    assert jnp.zeros(3, jnp.float64).dtype == np.float32
+    assert jnp.ones(2, dtype=jnp.int64).dtype == np.int32
+    assert jnp.asarray(np.arange(3), jnp.uint64).dtype == np.uint32
+    for t, v, want in [(jnp.float64, 1.5, "Array(1.5, dtype=float32)"),
+                       (jnp.int64, 3, "Array(3, dtype=int32)"),
+                       (jnp.uint64, 3, "Array(3, dtype=uint32)")]:
+        assert repr(t(v)) == want
+    assert np.dtype(jnp.float64) == np.float64 and jnp.int64 == np.int64
+    assert isinstance(np.float64(1), jnp.float64) and not isinstance(1.0, jnp.float64)

@@ -136,3 +136,36 @@ def test_flax_originals_give_the_same_params():
         assert tuple(ns["params"][k].sharding.spec) == tuple(ct["params"][k].sharding.spec)
     assert {k: tuple(v) for k, v in ns["mesh_axes"].items()} == {
         k: tuple(v) for k, v in ct["mesh_axes"].items()}
+
+
+def test_mechanical_port_module_paths():
+    """jax / Flax import paths, with the package name changed, reach the same functions."""
+    import importlib
+    for path, name, target in [
+            ("ctrainstate.experimental.pjit", "pjit", cts.pjit),
+            ("ctrainstate.experimental.pjit", "with_sharding_constraint",
+             cts.with_sharding_constraint),
+            ("ctrainstate.experimental.mesh_utils", "create_device_mesh",
+             cts.mesh_utils.create_device_mesh),
+            ("ctrainstate.debug", "visualize_array_sharding", cts.visualize_array_sharding)]:
+        assert getattr(importlib.import_module(path), name) is target, (path, name)
+    from ctrainstate import partitioning
+    from ctrainstate.nn import partitioning as nn_partitioning
+    assert nn_partitioning.__all__ == partitioning.__all__
+    for name in partitioning.__all__:
+        assert getattr(nn_partitioning, name) is getattr(partitioning, name), name
+    from ctrainstate.experimental import mesh_utils
+    mesh = cts.sharding.Mesh(mesh_utils.create_device_mesh((2, 4)), ("data", "model"))
+    with mesh:
+        y = cts.experimental.pjit.pjit(lambda a: a * 2, in_shardings=P("data"),
+                                       out_shardings=P())(np.ones((4, 2), np.float32))
+    assert y.sharding.spec == P() and np.asarray(y).sum() == 16
+
+
+def test_create_device_mesh_takes_jax_keywords_only():
+    from ctrainstate.experimental import mesh_utils
+    assert mesh_utils.create_device_mesh((2,), contiguous_submeshes=True,
+                                         allow_split_physical_axes=True,
+                                         devices=cts.devices()[:2]).shape == (2,)
+    with pytest.raises(TypeError, match="contigous"):
+        mesh_utils.create_device_mesh((8,), contigous_submeshes=True)

@@ -258,3 +258,31 @@ def test_bernoulli_high_resolves_small_probabilities():
     assert abs(high - n * float(p)) < 5 * np.sqrt(n * float(p)), high
     with pytest.raises(ValueError, match="mode"):
         R.bernoulli(key, 0.5, (3,), mode="medium")
+
+
+def test_key_data_takes_a_batch_of_keys():
+    from ctrainstate import random as crandom
+    k = crandom.PRNGKey(0)
+    ks = crandom.split(k, 5)
+    assert crandom.key_data(ks).shape == (5, 2) and crandom.key_data(ks).dtype == np.uint32
+    np.testing.assert_array_equal(crandom.key_data(ks), ks)
+    assert crandom.key_data(crandom.split(k, (2, 3))).shape == (2, 3, 2)
+    np.testing.assert_array_equal(crandom.wrap_key_data(crandom.key_data(ks)), ks)
+    out = crandom.key_data(ks)
+    out[0] = 0                     # a copy: the keys are unchanged
+    assert ks[0].tolist() != [0, 0]
+    for bad, msg in [("x", "got str"), (np.uint32([1, 2, 3]), r"got shape \(3,\)"),
+                     (np.float32([1, 2]), "uint32 values")]:
+        with pytest.raises(TypeError, match="key_data: .*" + msg):
+            crandom.key_data(bad)
+
+
+def test_fold_in_names_data_when_not_an_integer():
+    from ctrainstate import random as crandom
+    k = crandom.PRNGKey(0)
+    for bad in ("x", None, float("nan")):
+        with pytest.raises(TypeError, match="fold_in: data must be an integer scalar"):
+            crandom.fold_in(k, bad)
+    # jax 0.10 truncates a float and takes a bool: fold_in(k, 1.5) == fold_in(k, True)
+    assert crandom.fold_in(k, 1.5).tolist() == [928981903, 3453687069]
+    assert crandom.fold_in(k, True).tolist() == [928981903, 3453687069]

@@ -313,3 +313,30 @@ def test_partition_spec_entries_are_normalised_as_in_jax():
     assert P("x", None) != P("x")   # trailing Nones are not dropped (jax neither)
     from ctrainstate.partitioning import logical_to_mesh_axes
     assert logical_to_mesh_axes(("a",), (("a", ("x",)),)) == P("x")
+
+
+_MESH_BAD_ARGS = [
+    (lambda: cts.make_mesh(8, ("x",)),
+     r"make_mesh: axis_shapes must be a sequence of integers, got int 8; for one axis write \(8,\)"),
+    (lambda: cts.make_mesh((8.0,), ("x",)), r"make_mesh: axis_shapes must be a sequence of integers"),
+    (lambda: cts.make_mesh((8,), ("x",), devices=3),
+     "make_mesh: devices must be a sequence of Devices, got int"),
+    (lambda: cts.make_mesh((2,), ("x",), devices=[1, 2]),
+     "make_mesh: devices must be a sequence of Devices, got an element of type int"),
+    (lambda: cts.make_mesh((8,), 3), "make_mesh: axis_names must be a sequence of strings"),
+    (lambda: mesh_utils.create_device_mesh(8),
+     "create_device_mesh: mesh_shape must be a sequence of integers, got 8"),
+    (lambda: mesh_utils.create_device_mesh((2,), devices=5),
+     "create_device_mesh: devices must be a sequence of Devices, got int"),
+]
+
+
+@pytest.mark.parametrize("call,msg", _MESH_BAD_ARGS, ids=range(len(_MESH_BAD_ARGS)))
+def test_make_mesh_wrong_argument_types_name_the_argument(call, msg):
+    with pytest.raises(TypeError, match=msg):
+        call()
+
+
+def test_make_mesh_takes_a_device_array():
+    devs = np.array(cts.devices()[:4], dtype=object).reshape(2, 2)
+    assert cts.make_mesh((4,), ("x",), devices=devs).device_ids.tolist() == [0, 1, 2, 3]

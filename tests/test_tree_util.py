@@ -130,3 +130,35 @@ def test_registered_flatten_may_return_an_iterator(tree):
     assert leaves == [x for _, x in pl] and leaves and td == td_p
     back = tu.tree_unflatten(td, leaves)
     assert tu.tree_leaves(back) == leaves
+
+
+_TREE_UTIL_BAD_ARGS = [
+    ("tree_map", lambda: tu.tree_map(1, [1]), "tree_map: f must be callable, got int"),
+    ("tree_map_with_path", lambda: tu.tree_map_with_path(1, [1]),
+     "tree_map_with_path: f must be callable, got int"),
+    ("tree_unflatten", lambda: tu.tree_unflatten([1], [1]),
+     "tree_unflatten: treedef must be a PyTreeDef .*got list"),
+    ("unflatten", lambda: tu.tree_structure([1]).unflatten(3),
+     "tree_unflatten: leaves must be an iterable of leaves, got int"),
+    ("tree_leaves", lambda: tu.tree_leaves(1, is_leaf=3),
+     "tree_flatten: is_leaf must be a callable or None, got int"),
+    ("tree_flatten_with_path", lambda: tu.tree_flatten_with_path([1], is_leaf=3),
+     "tree_flatten_with_path: is_leaf must be a callable or None, got int"),
+    ("tree_transpose", lambda: tu.tree_transpose(1, 2, [1]),
+     "tree_transpose: outer_treedef must be a PyTreeDef .*got int"),
+    ("keystr", lambda: tu.keystr(3), "keystr: path must be a sequence of keys"),
+    ("tree_reduce", lambda: tu.tree_reduce(3, [1, 2]), "tree_reduce: function must be callable"),
+    ("tree_reduce_associative", lambda: tu.tree_reduce_associative(3, [1, 2]),
+     "tree_reduce_associative: operation must be callable"),
+    ("register_pytree_node", lambda: tu.register_pytree_node("T", lambda x: x, lambda a, c: c),
+     "register_pytree_node: nodetype must be a class, got str"),
+    ("register_pytree_node_funcs", lambda: tu.register_pytree_node(type("T", (), {}), 1, 2),
+     "register_pytree_node: flatten_func must be callable, got int"),
+]
+
+
+@pytest.mark.parametrize("name,call,msg", _TREE_UTIL_BAD_ARGS,
+                         ids=[c[0] for c in _TREE_UTIL_BAD_ARGS])
+def test_tree_util_wrong_argument_types_name_the_argument(name, call, msg):
+    with pytest.raises(TypeError, match=msg):
+        call()

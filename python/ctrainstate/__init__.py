@@ -5,7 +5,7 @@ optimizers in a C extension, on CPU virtual devices and NVIDIA GPUs, without JAX
 >>> cts.device_count() >= 1
 True
 """
-from . import _C
+from . import _C, config
 from ._C import DonatedBufferError, ResourceExhaustedError
 from ._devices import (
     Device,
@@ -63,8 +63,40 @@ class named_scope(_NoOpContext):
     """``jax.named_scope(name)``: names ops in jax's HLO and profiles; nothing to name here."""
 
 
-class disable_jit(_NoOpContext):
-    """``jax.disable_jit()``: ctrainstate's ``jit`` already runs eagerly, op by op."""
+class disable_jit:
+    """``jax.disable_jit(disable=True)``: ctrainstate's ``jit`` runs eagerly either way; inside
+    the block (or the decorated function) a jitted function also runs as outside ``jit``, as
+    ``config.update("jax_disable_jit", True)`` makes it (process-wide, restored on exit).
+
+    >>> import ctrainstate as cts
+    >>> with cts.disable_jit():
+    ...     cts.config.jax_disable_jit
+    True
+    >>> cts.config.jax_disable_jit
+    False
+    """
+
+    def __init__(self, disable: bool = True):
+        self._disable = bool(disable)
+        self._saved = []
+
+    def __enter__(self):
+        self._saved.append(config.read("jax_disable_jit"))
+        config.update("jax_disable_jit", self._disable)
+        return self
+
+    def __exit__(self, *exc):
+        config.update("jax_disable_jit", self._saved.pop())
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with disable_jit(self._disable):
+                return fn(*args, **kwargs)
+        return wrapped
 
 
 class ensure_compile_time_eval(_NoOpContext):
@@ -79,5 +111,5 @@ __all__ = [
     "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "jacrev", "jacobian", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
     "device_put_replicated",
     "default_matmul_precision", "debug", "named_scope", "disable_jit",
-    "ensure_compile_time_eval",
+    "ensure_compile_time_eval", "config",
 ]

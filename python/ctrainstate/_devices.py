@@ -3,7 +3,9 @@
 The number of CPU devices is read from ``CTRAINSTATE_NUM_CPU_DEVICES`` the first
 time devices are used (default 1), like XLA's
 ``--xla_force_host_platform_device_count``. An optional per-device memory limit
-in bytes comes from ``CTRAINSTATE_CPU_DEVICE_MEMORY``.
+in bytes comes from ``CTRAINSTATE_CPU_DEVICE_MEMORY``. :mod:`ctrainstate.config`
+sets both before that first use (``config.update("jax_num_cpu_devices", 8)``) and
+refuses to change them after it.
 """
 from __future__ import annotations
 
@@ -45,6 +47,28 @@ if _cuda_libs and not os.environ.get("CTRAINSTATE_NCCL_LIB"):
 _lock = threading.Lock()
 _by_id: dict[int, "Device"] = {}
 _platform_ids: dict[str, list[int]] = {}
+# Whether the core has created its devices (it reads its environment settings then, once).
+_created = False
+# The CPU device count ctrainstate.config asked for (None: not set through config).
+_requested_cpu: int | None = None
+# ctrainstate.config's jax_platforms: the platforms in order of preference, or None for all.
+_platforms: tuple | None = None
+_mismatch = ""
+
+
+def _mark_created() -> None:
+    """Record that the core created its devices; check that a count set through
+    ctrainstate.config was the one used (the core may have been reached directly first)."""
+    global _created, _mismatch
+    if not _created:
+        _created = True
+        n = len(_C.device_ids("cpu"))
+        if _requested_cpu is not None and n != _requested_cpu:
+            _mismatch = (f"config: jax_num_cpu_devices was set to {_requested_cpu} but the "
+                         f"devices had already been created with {n} CPU devices; set it "
+                         f"before anything uses devices")
+    if _mismatch:
+        raise RuntimeError(_mismatch)
 
 
 class Device:
@@ -98,6 +122,7 @@ def _ids(platform: str) -> list[int]:
     with _lock:
         ids = _platform_ids.get(platform)
         if ids is None:
+            _mark_created()
             ids = list(_C.device_ids(platform))
             _platform_ids[platform] = ids
             for i in ids:
@@ -128,7 +153,14 @@ def _normalize_backend(backend):
 
 
 def default_backend() -> str:
-    """'gpu' when GPU devices exist, else 'cpu'."""
+    """'gpu' when GPU devices exist, else 'cpu' (with ``config.update("jax_platforms",
+    ...)``: the first listed platform that has devices)."""
+    if _platforms is not None:
+        for p in _platforms:
+            if _ids(p):
+                return p
+        raise RuntimeError(f"no devices of the platforms {','.join(_platforms)!r} set by "
+                           f"jax_platforms: {_C.gpu_status()}")
     return "gpu" if _ids("gpu") else "cpu"
 
 
@@ -140,6 +172,9 @@ def devices(backend: str | None = None) -> list[Device]:
     CpuDevice(id=0)
     """
     b = _normalize_backend(backend) or default_backend()
+    if _platforms is not None and b not in _platforms:
+        raise RuntimeError(f"backend {b!r} is not among the platforms set by jax_platforms "
+                           f"({','.join(_platforms)!r})")
     ids = _ids(b)
     if not ids:
         raise RuntimeError(f"no {b} devices: {_C.gpu_status()}")
@@ -177,9 +212,11 @@ def gpu_status() -> str:
     >>> isinstance(ctrainstate.gpu_status(), str)
     True
     """
+    _ids("cpu")
     return _C.gpu_status()
 
 
 def reset_peak_memory_stats() -> None:
     """Set every device's ``peak_bytes_in_use`` to its current ``bytes_in_use``."""
+    _ids("cpu")
     _C.reset_peak_memory_stats()

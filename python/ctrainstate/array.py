@@ -27,6 +27,7 @@ from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceShard
 from .tree_util import register_leaf_type, tree_leaves, tree_map
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
+           "visualize_sharding",
            "visualize_array_sharding"]
 
 DonatedBufferError = _C.DonatedBufferError
@@ -59,9 +60,11 @@ class Array(OperatorsMixin):
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
                  "__weakref__", "_host_scalar", "_base")
 
-    # numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's matmul, so it is
-    # differentiated and sharded); ``np.asarray(array)`` still gathers.
-    __array_ufunc__ = None
+    # As jax.Array: numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's
+    # matmul, differentiated and sharded) because the priority is higher than ndarray's, while
+    # numpy functions and ufuncs called on an Array (``np.sqrt(x)``, ``np.isfinite(x)``) read
+    # it with ``__array__`` (a gather to the host) and return numpy arrays.
+    __array_priority__ = 100
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Arrays are created with ctrainstate.device_put(...) or ctrainstate ops")
@@ -262,18 +265,104 @@ class Array(OperatorsMixin):
         return bool(self.item())
 
     def __repr__(self):
-        if self._donated:
-            return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
-        if not self._shape and not self.is_deleted():
-            # a scalar (a loss, a step): show its value, as jax does
-            return (f"Array({_scalar_text(self._scalar_value())}, dtype={self._dtype}, "
-                    f"sharding={self._sharding!r})")
-        return f"Array(shape={self._shape}, dtype={self._dtype}, sharding={self._sharding!r})"
+        """``Array([1., 2.], dtype=float32)`` as jax prints it (numpy's layout, summarised
+        with ``...`` beyond numpy's print threshold), followed by
+        ``sharding=P(...) on Mesh(...)`` when more than one device holds the Array. A large
+        Array reads only the edge items the summary shows (see :meth:`_host_preview`)."""
+        gone = self._gone_text()
+        if gone:
+            return gone
+        prefix, dtype_str = "Array(", f"dtype={self._dtype.name}"
+        sharded = self._sharding_text()
+        if not self._shape:
+            text = f"{prefix}{_scalar_text(self._scalar_value())}, {dtype_str}"
+        else:   # jax's ArrayImpl.__repr__ layout
+            line_width = np.get_printoptions()["linewidth"]
+            if self.size == 0:
+                s = f"[], shape={self._shape}"
+            else:
+                host, summarise = self._host_preview()
+                with np.printoptions(**({"threshold": 0} if summarise else {})):
+                    s = np.array2string(host, prefix=prefix, suffix=",", separator=", ",
+                                        max_line_width=line_width)
+            last_line_len = len(s) - s.rfind("\n") + 1
+            sep = " " * len(prefix) if last_line_len + len(dtype_str) + 2 > line_width else " "
+            text = f"{prefix}{s},{sep}{dtype_str}"
+        if sharded:
+            sharded = f"sharding={sharded}"
+            last = len(text) - text.rfind("\n")
+            text += (f",\n{' ' * len(prefix)}{sharded}"
+                     if last + len(sharded) + 3 > np.get_printoptions()["linewidth"]
+                     else f", {sharded}")
+        return text + ")"
 
     def __str__(self):
-        if not self._shape and not self._donated and not self.is_deleted():
+        """The values as numpy prints them (``[1. 2.]``), as ``str(jax_array)``."""
+        gone = self._gone_text()
+        if gone:
+            return gone
+        if not self._shape:
             return _scalar_text(self._scalar_value())
-        return repr(self)
+        if self.size == 0:
+            return "[]"
+        host, summarise = self._host_preview()
+        with np.printoptions(**({"threshold": 0} if summarise else {})):
+            return np.array2string(host, separator=" ")
+
+    def _gone_text(self) -> str:
+        if self._donated:
+            return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
+        if self.is_deleted():
+            return f"Array(<deleted>, shape={self._shape}, dtype={self._dtype})"
+        return ""
+
+    def _sharding_text(self) -> str:
+        """'' on one device; ``P('x', None) on Mesh('x': 4)`` for a NamedSharding."""
+        if len(self._blocks) <= 1:
+            return ""
+        s = self._sharding
+        if isinstance(s, NamedSharding):
+            return f"P{tuple.__repr__(s.spec)} on {s.mesh!r}"
+        return repr(s)
+
+    def _host_preview(self):
+        """(host array, summarise). Up to numpy's print threshold, the whole Array. Beyond
+        it, only what numpy's summary shows: along each dimension longer than twice
+        ``edgeitems``, the first and last ``edgeitems`` indices plus one more (a stand-in
+        for the elided middle, never printed), read from each device's block; printed with
+        ``threshold=0`` so that numpy elides exactly those dimensions, as it would for the
+        whole array (numpy formats a summary from the shown items only)."""
+        opts = np.get_printoptions()
+        if self.size <= opts["threshold"]:
+            return np.asarray(self), False
+        e = opts["edgeitems"]
+        idx = [np.r_[0:e, n - e - 1:n] if n > 2 * e + 1 else np.arange(n)
+               for n in self._shape]
+        if any(dev.platform != "cpu" for dev, _, _, _ in self._blocks):
+            return self._gather_items(idx), True
+        return self._read_items(idx), True
+
+    def _gather_items(self, idx) -> np.ndarray:
+        """``np.asarray(self)[np.ix_(*idx)]`` by a gather on the devices (only the selected
+        items reach the host)."""
+        return np.asarray(self[np.ix_(*idx)])
+
+    def _read_items(self, idx) -> np.ndarray:
+        """``np.asarray(self)[np.ix_(*idx)]`` read from the blocks' host views (CPU devices):
+        each block gives the selected items it holds."""
+        out = np.empty(tuple(len(i) for i in idx), self._dtype)
+        for dev, buf, start, rid in self._blocks:
+            if rid != 0:
+                continue
+            view = _buffer_view(buf, self._shard_shape, self._dtype)
+            pos, local = [], []
+            for i, s0, n in zip(idx, start, self._shard_shape):
+                inside = (i >= s0) & (i < s0 + n)
+                pos.append(np.nonzero(inside)[0])
+                local.append(i[inside] - s0)
+            if all(len(p) for p in pos):
+                out[np.ix_(*pos)] = view[np.ix_(*local)]
+        return out
 
     def _scalar_value(self):
         """The value of a 0-d Array as a numpy scalar (from the host copy a counter keeps,
@@ -359,12 +448,74 @@ class Array(OperatorsMixin):
         from ._ops import astype
         return astype(self, dtype)
 
+    def conj(self) -> "Array":
+        """``jnp.conj(x)``: for the real dtypes ctrainstate stores, the Array itself."""
+        from ._numpy_more import conj
+        return conj(self)
+
+    def conjugate(self) -> "Array":
+        """``jnp.conjugate(x)``: for real dtypes, the Array itself."""
+        from ._numpy_more import conjugate
+        return conjugate(self)
+
+    @property
+    def real(self) -> "Array":
+        """``jnp.real(x)``: for real dtypes, the Array itself."""
+        from ._numpy_more import real
+        return real(self)
+
+    @property
+    def imag(self) -> "Array":
+        """``jnp.imag(x)``: for real dtypes, zeros with the Array's shape, dtype and
+        sharding.
+
+        >>> import numpy as np, ctrainstate as cts
+        >>> x = cts.device_put(np.float32([1, -2]))
+        >>> x.real.tolist(), x.imag.tolist(), x.conj().tolist()
+        ([1.0, -2.0], [0.0, 0.0], [1.0, -2.0])
+        """
+        from ._numpy_more import imag
+        return imag(self)
+
     def copy(self) -> "Array":
         """A new Array with the same sharding and a copy of every block."""
         from .optim.base import copy_array
         return copy_array(self)
 
+    def __copy__(self) -> "Array":
+        """``copy.copy``: :meth:`copy` (a new Array with the same sharding)."""
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> "Array":
+        """``copy.deepcopy``: :meth:`copy`, device to device (each device copies its own
+        block; nothing is gathered), so the copy keeps the sharding.
+
+        >>> import copy, numpy as np, ctrainstate as cts
+        >>> a = cts.device_put(np.float32([1, 2]))
+        >>> b = copy.deepcopy(a)
+        >>> b is not a and b.sharding == a.sharding and b.tolist() == [1.0, 2.0]
+        True
+        """
+        return self.copy()
+
+    def __reduce__(self):
+        """``pickle``: the values (gathered to the host, as ``np.asarray``) and a description
+        of the sharding by device ids. Unpickling places the values with that sharding when
+        this process has those devices; otherwise (a process with fewer devices) on the
+        first device, with a ``UserWarning`` naming the missing devices, as jax unpickles an
+        Array onto a single device.
+
+        >>> import pickle, numpy as np, ctrainstate as cts
+        >>> a = cts.device_put(np.float32([1, 2]))
+        >>> pickle.loads(pickle.dumps(a))
+        Array([1., 2.], dtype=float32)
+        """
+        self._check_alive()
+        return (_unpickle_array, (np.asarray(self), _sharding_state(self._sharding)))
+
     def _repr_html_(self):
+        """The notebook view: the repr (values, dtype, sharding) and, for a 1-d or 2-d
+        Array on more than one device, a table of which devices hold which block."""
         return _sharding_html(self)
 
 
@@ -372,6 +523,46 @@ register_leaf_type(Array)
 
 
 _C.array_type_register(Array)   # Array._moved_all's C loop copies these __slots__
+
+def _sharding_state(s: Sharding):
+    """A sharding as plain data (device ids, axis names, spec) for pickling; None for a
+    sharding kind that has no such description (the value is then placed by default)."""
+    if isinstance(s, NamedSharding):
+        return ("named", s.mesh.device_ids.tolist(), tuple(s.mesh.axis_names), tuple(s.spec))
+    if isinstance(s, SingleDeviceSharding):
+        return ("single", s.device.id)
+    return None
+
+
+def _unpickle_array(host: np.ndarray, state) -> Array:
+    """Place the values of a pickled Array by ``state`` (see :meth:`Array.__reduce__`)."""
+    import warnings
+    from ._devices import _device_by_id, devices
+    if state is None:
+        return device_put(host, devices()[0])
+    kind, rest = state[0], state[1:]
+    ids = np.asarray(rest[0]).reshape(-1).tolist() if kind == "named" else [rest[0]]
+    known = {d.id for d in devices("cpu")} | {d.id for d in _gpu_devices()}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        warnings.warn(f"unpickling an Array that was on devices {ids}: this process has no "
+                      f"device {missing[0]} ({len(known)} devices); it is placed on "
+                      f"{devices()[0]!r} instead", UserWarning, stacklevel=2)
+        return device_put(host, devices()[0])
+    if kind == "single":
+        return device_put(host, _device_by_id(rest[0]))
+    id_grid, names, spec = rest
+    from .sharding import Mesh
+    devs = np.empty(len(ids), dtype=object)
+    devs[:] = [_device_by_id(i) for i in ids]
+    mesh = Mesh(devs.reshape(np.shape(id_grid)), names)
+    return device_put(host, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+def _gpu_devices() -> list:
+    from ._devices import _ids, _by_id
+    return [_by_id[i] for i in _ids("gpu")]
+
 
 def _scalar_text(v) -> str:
     """A scalar as jax prints it, which is numpy's ``str`` of the scalar: float32 and float16
@@ -644,17 +835,23 @@ def block_until_ready(tree):
 # --- visualisation -------------------------------------------------------------------
 
 
-def _grid(a: Array):
-    if a.ndim not in (1, 2):
+def _grid(a, sharding=None):
+    """{row block: {column block: [devices]}} of an Array, or of a shape under ``sharding``."""
+    shape = tuple(a.shape) if sharding is None else tuple(a)
+    sharding = a.sharding if sharding is None else sharding
+    if len(shape) not in (1, 2):
         raise ValueError(
-            f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {a.ndim}")
+            f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {len(shape)}")
+    shard_shape, layout, _ = sharding._layout(shape)
+    parts = sharding._dim_parts(len(shape))
     rows = {}
-    for sh in a.addressable_shards:
+    for dev, start, _ in layout:
+        index = shard_index(start, shard_shape, parts)
         # 1-d arrays are drawn as one row of column blocks, like jax; an unsplit dimension
         # (slice(None)) is one block spanning it
-        r = sh.index[0].indices(a.shape[0])[:2] if a.ndim == 2 else (0, 1)
-        c = sh.index[-1].indices(a.shape[-1])[:2]
-        rows.setdefault(r, {}).setdefault(c, []).append(sh.device)
+        r = index[0].indices(shape[0])[:2] if len(shape) == 2 else (0, 1)
+        c = index[-1].indices(shape[-1])[:2]
+        rows.setdefault(r, {}).setdefault(c, []).append(dev)
     return rows
 
 
@@ -663,18 +860,47 @@ def _label(devs):
     return f"{plat} " + ",".join(str(d.id) for d in sorted(devs, key=lambda d: d.id))
 
 
-def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: int = 80) -> str:
-    """Print (and return) a text grid of which devices hold which block of a 1-d or 2-d Array.
+def visualize_array_sharding(arr: Array, *, use_color: bool = False, scale: float = 1.0,
+                             min_width: int = 9, max_width: int = 80, color_map=None) -> None:
+    """Print a text grid of which devices hold which block of a 1-d or 2-d Array; returns
+    None, as ``jax.debug.visualize_array_sharding`` (a notebook shows the grid once).
+    ``use_color``, ``scale``, ``min_width``, ``max_width`` and ``color_map`` are jax's
+    keywords, accepted with no effect: the grid is plain text, one cell per block.
 
     >>> import numpy as np, ctrainstate as cts
-    >>> _ = cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
+    >>> cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
     ┌───────┐
     │ CPU 0 │
     └───────┘
     """
     if not isinstance(arr, Array):
         raise TypeError(f"visualize_array_sharding needs an Array, got {type(arr).__name__}")
-    rows = _grid(arr)
+    arr._check_alive()
+    print(_grid_text(_grid(arr)))
+
+
+def visualize_sharding(shape, sharding, *, use_color: bool = False, scale: float = 1.0,
+                       min_width: int = 9, max_width: int = 80, color_map=None) -> None:
+    """``jax.debug.visualize_sharding``: the grid :func:`visualize_array_sharding` prints, for
+    an array of ``shape`` placed by ``sharding`` (nothing is allocated); returns None. The
+    keywords are jax's, with no effect (see :func:`visualize_array_sharding`).
+
+    >>> import ctrainstate as cts
+    >>> from ctrainstate import NamedSharding, P
+    >>> mesh = cts.make_mesh((1,), ('x',))
+    >>> cts.debug.visualize_sharding((4, 2), NamedSharding(mesh, P('x')))
+    ┌───────┐
+    │ CPU 0 │
+    └───────┘
+    """
+    if not isinstance(sharding, Sharding):
+        raise TypeError(f"visualize_sharding: sharding must be a Sharding, got "
+                        f"{type(sharding).__name__}")
+    shape = _dtypes.int_tuple(shape, "visualize_sharding: shape")
+    print(_grid_text(_grid(shape, sharding)))
+
+
+def _grid_text(rows) -> str:
     row_keys = sorted(rows)
     col_keys = sorted({c for r in rows.values() for c in r})
     labels = [[_label(rows[r][c]) for c in col_keys] for r in row_keys]
@@ -687,14 +913,12 @@ def visualize_array_sharding(arr: Array, *, use_color: bool = False, max_width: 
     for i, line in enumerate(labels):
         lines.append("│" + "│".join(lab.center(width) for lab in line) + "│")
         lines.append(mid if i + 1 < len(labels) else bot)
-    text = "\n".join(lines)
-    print(text)
-    return text
+    return "\n".join(lines)
 
 
 def _sharding_html(a: Array) -> str:
     head = html.escape(repr(a))
-    if a._donated or a.ndim not in (1, 2):
+    if a.is_deleted() or a.ndim not in (1, 2) or len(a._blocks) < 2:
         return f"<pre>{head}</pre>"
     rows = _grid(a)
     col_keys = sorted({c for r in rows.values() for c in r})
@@ -706,3 +930,8 @@ def _sharding_html(a: Array) -> str:
         body.append(f"<tr>{cells}</tr>")
     return (f"<div><pre>{head}</pre><table style='border-collapse:collapse'>"
             f"{''.join(body)}</table></div>")
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -2,7 +2,8 @@
 program order: ``print`` formats its arguments (Arrays read to the host as numpy arrays, as
 jax's ``debug.print`` shows them) with ``str.format`` and prints; ``callback`` calls a
 function with the numpy values of its arguments. ``ordered=`` is accepted (every call here is
-ordered).
+ordered). ``visualize_array_sharding`` / ``visualize_sharding`` print which devices hold
+which block; ``inspect_array_sharding`` hands an Array's sharding to a callback.
 
 >>> import numpy as np, ctrainstate as cts
 >>> cts.debug.print("x = {x}", x=cts.device_put(np.float32([1, 2])))
@@ -13,7 +14,10 @@ from __future__ import annotations
 import builtins
 from typing import Callable
 
-__all__ = ["print", "callback"]
+from .array import visualize_array_sharding, visualize_sharding
+
+__all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding",
+           "inspect_array_sharding"]
 
 
 def _host(tree):
@@ -36,3 +40,26 @@ def callback(fn: Callable, *args, ordered: bool = False, **kwargs) -> None:
     if not callable(fn):
         raise TypeError(f"debug.callback: expected a callable, got {type(fn).__name__}")
     fn(*_host(args), **_host(kwargs))
+
+
+def inspect_array_sharding(value, *, callback: Callable) -> None:
+    """``jax.debug.inspect_array_sharding``: ``callback(value.sharding)`` for an Array.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> seen = []
+    >>> cts.debug.inspect_array_sharding(cts.device_put(np.zeros(2)), callback=seen.append)
+    >>> seen
+    [SingleDeviceSharding(device=CpuDevice(id=0))]
+    """
+    from .array import Array
+    if not callable(callback):
+        raise TypeError(f"inspect_array_sharding: callback must be callable, got "
+                        f"{type(callback).__name__}")
+    if not isinstance(value, Array):
+        raise TypeError(f"inspect_array_sharding: expected an Array, got {type(value).__name__}")
+    callback(value.sharding)
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

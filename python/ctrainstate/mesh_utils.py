@@ -6,9 +6,27 @@ from typing import Sequence
 
 import numpy as np
 
-from ._devices import devices as _devices
+from ._devices import Device, devices as _devices
 from . import _dtypes
 from .sharding import Mesh
+
+__all__ = ["create_device_mesh", "make_mesh"]
+
+
+def _device_list(devices, who: str) -> list:
+    """``devices`` (None: all devices) as a list of Devices, or a TypeError naming it."""
+    if devices is None:
+        return list(_devices())
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise TypeError(f"{who}: devices must be a sequence of Devices, got "
+                        f"{type(devices).__name__}")
+    devs = list(np.asarray(devices, dtype=object).reshape(-1)) if isinstance(
+        devices, np.ndarray) else list(devices)
+    for d in devs:
+        if not isinstance(d, Device):
+            raise TypeError(f"{who}: devices must be a sequence of Devices, got an element of "
+                            f"type {type(d).__name__} ({d!r})")
+    return devs
 
 
 def _more_devices_hint(need, devs) -> str:
@@ -19,18 +37,23 @@ def _more_devices_hint(need, devs) -> str:
     return f"set CTRAINSTATE_NUM_CPU_DEVICES={need} before first use for CPU virtual devices"
 
 
-def create_device_mesh(mesh_shape: Sequence[int], devices=None, **unused_kwargs) -> np.ndarray:
+def create_device_mesh(mesh_shape: Sequence[int], devices=None, *,
+                       contiguous_submeshes: bool = False,
+                       allow_split_physical_axes: bool = False) -> np.ndarray:
     """An ndarray of devices of shape ``mesh_shape``, in device-id order.
+
+    ``contiguous_submeshes`` and ``allow_split_physical_axes`` are accepted for jax's
+    signature and change nothing: devices here have no physical topology to follow.
 
     >>> import ctrainstate as cts
     >>> from ctrainstate import mesh_utils
     >>> mesh_utils.create_device_mesh((1,), cts.devices()[:1]).shape
     (1,)
     """
-    shape = _dtypes.int_tuple(mesh_shape, "mesh_shape")
+    shape = _dtypes.int_tuple(mesh_shape, "create_device_mesh: mesh_shape")
     if any(s < 1 for s in shape):
-        raise ValueError(f"mesh_shape {shape} must have positive sizes")
-    devs = list(_devices() if devices is None else devices)
+        raise ValueError(f"create_device_mesh: mesh_shape {shape} must have positive sizes")
+    devs = _device_list(devices, "create_device_mesh")
     need = math.prod(shape)
     if need != len(devs):
         raise ValueError(
@@ -48,6 +71,10 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
     >>> cts.make_mesh((1,), ('x',)).shape['x']
     1
     """
+    if isinstance(axis_shapes, (int, np.integer)):   # make_mesh(8, ('x',)): jax refuses it too
+        raise TypeError(f"make_mesh: axis_shapes must be a sequence of integers, got "
+                        f"{type(axis_shapes).__name__} {axis_shapes!r}; for one axis write "
+                        f"({axis_shapes},)")
     shape = _dtypes.int_tuple(axis_shapes, "make_mesh: axis_shapes")
     if isinstance(axis_names, str):
         axis_names = (axis_names,)
@@ -60,10 +87,15 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
         raise ValueError(
             f"make_mesh: {len(shape)} axis sizes {shape} but {len(tuple(axis_names))} names "
             f"{tuple(axis_names)!r}")
-    devs = list(_devices() if devices is None else devices)
+    devs = _device_list(devices, "make_mesh")
     need = math.prod(shape)
     if need > len(devs):
         raise ValueError(
             f"make_mesh: axis sizes {shape} need {need} devices but only {len(devs)} exist; "
             f"{_more_devices_hint(need, devs)}")
     return Mesh(create_device_mesh(shape, devs[:need]), tuple(axis_names))
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -442,6 +442,14 @@ bfloat16 = _scalar_type(_dt.bfloat16)
 int32 = _scalar_type(_np.int32)
 uint32 = _scalar_type(_np.uint32)
 bool_ = _scalar_type(_np.bool_)
+# jax's 64-bit names; without x64 (the only mode here) values of these dtypes are narrowed
+# as jax narrows them: jnp.zeros(3, jnp.float64).dtype is float32, jnp.int64(3) an int32
+# Array. np.dtype(jnp.float64) stays float64, as in jax.
+float64 = _scalar_type(_np.float64)
+int64 = _scalar_type(_np.int64)
+uint64 = _scalar_type(_np.uint64)
+
+from .array import Array as ndarray  # noqa: E402 - jnp.ndarray is jax.Array
 pi = _np.pi
 e = _np.e
 inf = _np.inf
@@ -588,7 +596,7 @@ __all__ = [
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
     "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where", "concatenate", "stack", "split", "array_split",
     "around", "ceil", "expm1", "floor", "log1p", "reciprocal", "round", "sign", "trunc", "ravel",
-    "outer", "inner", "vdot", "tensordot", "linalg",
+    "outer", "inner", "vdot", "tensordot", "linalg", "ndarray", "float64", "int64", "uint64",
 ]
 __all__ += [
     "atleast_1d", "atleast_2d", "atleast_3d", "diag", "diagonal", "eye", "flip", "fliplr",

@@ -115,24 +115,47 @@ def key(seed: int) -> np.ndarray:
     return PRNGKey(seed)
 
 
-def key_data(k) -> np.ndarray:
-    """The raw ``uint32[2]`` data of a key (a copy). Accepts jax keys too.
+def _key_batch(k, who: str) -> np.ndarray:
+    """A key or a batch of keys (shape ``(..., 2)``, uint32 values) as a new uint32 array."""
+    dt = getattr(k, "dtype", None)
+    if dt is not None and "key<" in str(dt):  # typed jax keys: unwrap their data
+        import jax  # only reachable when the caller already uses jax
+        k = jax.random.key_data(k)
+    if isinstance(k, (str, bytes)) or k is None:
+        raise TypeError(f"{who}: expected a PRNG key (a uint32 array of shape (2,)) or a batch "
+                        f"of keys (shape (..., 2)), got {type(k).__name__}")
+    a = np.asarray(k)
+    if a.ndim == 0 or a.shape[-1] != 2:
+        raise TypeError(f"{who}: a PRNG key is a uint32 array of shape (2,) and a batch of keys "
+                        f"has shape (..., 2); got shape {a.shape}")
+    if a.dtype != np.uint32:
+        if not np.issubdtype(a.dtype, np.integer) or (a < 0).any() or (a > 0xFFFFFFFF).any():
+            raise TypeError(f"{who}: a PRNG key holds uint32 values; got dtype {a.dtype}")
+    return np.array(a, dtype=np.uint32)
+
+
+def key_data(keys) -> np.ndarray:
+    """The raw uint32 data of a key (shape ``(2,)``) or of a batch of keys (shape
+    ``(..., 2)``, e.g. from :func:`split`), as a new array. Accepts jax keys too.
 
     >>> key_data(PRNGKey(3))
     array([0, 3], dtype=uint32)
+    >>> key_data(split(PRNGKey(0), 5)).shape
+    (5, 2)
     """
-    return np.array(_key_words(k), dtype=np.uint32)
+    return _key_batch(keys, "key_data")
 
 
 def wrap_key_data(key_bits, *, impl=None) -> np.ndarray:
-    """A key from its raw ``uint32[2]`` data (keys are raw data here already).
+    """A key (or a batch of keys) from its raw uint32 data of shape ``(..., 2)`` (keys are
+    raw data here already).
 
     >>> wrap_key_data(key_data(PRNGKey(7))).tolist()
     [0, 7]
     """
     if impl not in (None, "threefry2x32"):
         raise ValueError(f"wrap_key_data: only the threefry2x32 PRNG is implemented, got {impl!r}")
-    return np.array(_key_words(key_bits), dtype=np.uint32)
+    return _key_batch(key_bits, "wrap_key_data")
 
 
 def split(k, num: int | Sequence[int] = 2) -> np.ndarray:
@@ -161,9 +184,16 @@ def fold_in(k, data: int) -> np.ndarray:
     >>> fold_in(PRNGKey(0), 1).dtype
     dtype('uint32')
     """
+    if isinstance(data, (str, bytes)) or data is None:
+        raise TypeError(f"fold_in: data must be an integer scalar (folded in as uint32), got "
+                        f"{data!r}")
     if np.ndim(data):
         raise TypeError(f"fold_in accepts a scalar, got an array of shape {np.shape(data)}")
-    d = int(data)
+    try:
+        d = int(data)   # a float is truncated, as jax converts it
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"fold_in: data must be an integer scalar (folded in as uint32), got "
+                        f"{type(data).__name__} {data!r}") from None
     if not 0 <= d <= 0xFFFFFFFF:
         raise OverflowError(f"fold_in: data {d} is not a uint32 value")
     k0, k1 = _key_words(k)
@@ -782,3 +812,8 @@ from ._random_discrete import (binomial, clone, key_dtype, key_impl,  # noqa: E4
                                multinomial, poisson)
 
 __all__ += ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

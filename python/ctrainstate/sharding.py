@@ -481,3 +481,8 @@ def default_sharding() -> Sharding:
     if m is not None:
         return NamedSharding(m, PartitionSpec())
     return SingleDeviceSharding(_all_devices()[0])
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -77,6 +77,30 @@ class GetAttrKey(NamedTuple):
         return f".{self.name}"
 
 
+def _check_callable(f, who: str, what: str) -> None:
+    if not callable(f):
+        raise TypeError(f"{who}: {what} must be callable, got {type(f).__name__} {f!r:.60}")
+
+
+def _check_is_leaf(is_leaf, who: str) -> None:
+    if is_leaf is not None and not callable(is_leaf):
+        raise TypeError(f"{who}: is_leaf must be a callable or None, got "
+                        f"{type(is_leaf).__name__} {is_leaf!r:.60}")
+
+
+def _check_treedef(td, who: str, what: str = "treedef") -> None:
+    if not isinstance(td, PyTreeDef):
+        raise TypeError(f"{who}: {what} must be a PyTreeDef (from tree_structure or "
+                        f"tree_flatten), got {type(td).__name__}")
+
+
+def _leaf_list(leaves, who: str) -> list:
+    if isinstance(leaves, (str, bytes)) or not hasattr(leaves, "__iter__"):
+        raise TypeError(f"{who}: leaves must be an iterable of leaves, got "
+                        f"{type(leaves).__name__}")
+    return list(leaves)
+
+
 def _simple_key(k) -> str:
     if isinstance(k, DictKey):
         return str(k.key)
@@ -96,6 +120,11 @@ def keystr(path, *, simple: bool = False, separator: str = "") -> str:
     >>> keystr((DictKey('a'), SequenceKey(0)), simple=True, separator='/')
     'a/0'
     """
+    if isinstance(path, (str, bytes)) or not hasattr(path, "__iter__"):
+        raise TypeError(f"keystr: path must be a sequence of keys (from tree_flatten_with_path), "
+                        f"got {type(path).__name__}")
+    if not isinstance(separator, str):
+        raise TypeError(f"keystr: separator must be a string, got {type(separator).__name__}")
     return separator.join(_simple_key(k) if simple else str(k) for k in path)
 
 
@@ -110,6 +139,9 @@ def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func:
     ``unflatten_func(aux_data, children) -> x``. Its children's key paths are
     ``FlattenedIndexKey(i)``, or those of ``flatten_with_keys_func(x) -> ([(key, child)], aux)``
     (see :func:`register_pytree_with_keys`)."""
+    _check_node_type(nodetype, "register_pytree_node")
+    _check_callable(flatten_func, "register_pytree_node", "flatten_func")
+    _check_callable(unflatten_func, "register_pytree_node", "unflatten_func")
     if flatten_with_keys_func is not None:
         return register_pytree_with_keys(nodetype, flatten_with_keys_func, unflatten_func,
                                          flatten_func)
@@ -134,6 +166,11 @@ def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unfla
                               flatten_func: Callable | None = None):
     """Like :func:`register_pytree_node` but ``flatten_with_keys(x) -> ([(key, child)], aux)``
     (``flatten_func``, optional, flattens without the keys)."""
+    _check_node_type(nodetype, "register_pytree_with_keys")
+    _check_callable(flatten_with_keys, "register_pytree_with_keys", "flatten_with_keys")
+    _check_callable(unflatten_func, "register_pytree_with_keys", "unflatten_func")
+    if flatten_func is not None:
+        _check_callable(flatten_func, "register_pytree_with_keys", "flatten_func")
     if nodetype in _registry:
         raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
 
@@ -152,6 +189,12 @@ def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unfla
 
     _registry[nodetype] = (flat, unflatten_func, plain)
     _LEAF_TYPES.discard(nodetype)
+
+
+def _check_node_type(nodetype, who: str) -> None:
+    if not isinstance(nodetype, type):
+        raise TypeError(f"{who}: nodetype must be a class, got {type(nodetype).__name__} "
+                        f"{nodetype!r:.60}")
 
 
 def register_pytree_node_class(cls):
@@ -440,6 +483,8 @@ def _flatten(x, is_leaf, leaves, paths, path, takes_path=False):
 
 def tree_flatten(tree, is_leaf: Callable | None = None):
     """``(leaves, treedef)`` of ``tree``, leaves in a deterministic order."""
+    if is_leaf is not None:
+        _check_is_leaf(is_leaf, "tree_flatten")
     leaves: list = []
     td = _flatten(tree, is_leaf, leaves, None, ())
     return leaves, td
@@ -448,6 +493,7 @@ def tree_flatten(tree, is_leaf: Callable | None = None):
 def tree_flatten_with_path(tree, is_leaf: Callable | None = None, is_leaf_takes_path: bool = False):
     """``([(key_path, leaf)], treedef)``; with ``is_leaf_takes_path`` the predicate is called
     as ``is_leaf(key_path, x)``."""
+    _check_is_leaf(is_leaf, "tree_flatten_with_path")
     leaves: list = []
     paths: list = []
     td = _flatten(tree, is_leaf, leaves, paths, (), is_leaf_takes_path)
@@ -460,7 +506,9 @@ def tree_leaves_with_path(tree, is_leaf: Callable | None = None, is_leaf_takes_p
 
 def tree_unflatten(treedef: PyTreeDef, leaves):
     """Rebuild a pytree of structure ``treedef`` from ``leaves``."""
-    leaves = list(leaves)
+    if type(treedef) is not PyTreeDef:
+        _check_treedef(treedef, "tree_unflatten")
+    leaves = _leaf_list(leaves, "tree_unflatten")
     if len(leaves) != treedef.num_leaves:
         raise ValueError(
             f"tree_unflatten: the structure has {treedef.num_leaves} leaves but "
@@ -558,6 +606,8 @@ def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
     >>> tree_map(lambda a, b: a + b, [1, (2,)], [10, (20,)])
     [11, (22,)]
     """
+    if not callable(f):
+        _check_callable(f, "tree_map", "f")
     leaves, td = tree_flatten(tree, is_leaf)
     others = [_flatten_up_to(td, r, check_aux=True) for r in rest]
     return tree_unflatten(td, [f(*xs) for xs in zip(leaves, *others)])
@@ -567,6 +617,7 @@ def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None
                        is_leaf_takes_path: bool = False):
     """Like :func:`tree_map`, with the key path as ``f``'s first argument (and ``is_leaf``'s,
     with ``is_leaf_takes_path``)."""
+    _check_callable(f, "tree_map_with_path", "f")
     pl, td = tree_flatten_with_path(tree, is_leaf, is_leaf_takes_path)
     others = [_flatten_up_to(td, r, check_aux=True) for r in rest]
     return tree_unflatten(td, [f(p, x, *xs) for (p, x), *xs in zip(pl, *others)])
@@ -587,6 +638,7 @@ def tree_reduce(function: Callable, tree, initializer: Any = _UNSPECIFIED,
     16
     """
     import functools
+    _check_callable(function, "tree_reduce", "function")
     leaves = tree_leaves(tree, is_leaf=is_leaf)
     if initializer is _UNSPECIFIED:
         return functools.reduce(function, leaves)
@@ -605,6 +657,9 @@ def tree_transpose(outer_treedef: PyTreeDef, inner_treedef: PyTreeDef | None, py
     >>> tree_transpose(tree_structure([0, 0]), tree_structure((0, 0)), [(1, 2), (3, 4)])
     ([1, 3], [2, 4])
     """
+    _check_treedef(outer_treedef, "tree_transpose", "outer_treedef")
+    if inner_treedef is not None:
+        _check_treedef(inner_treedef, "tree_transpose", "inner_treedef")
     flat, treedef = tree_flatten(pytree_to_transpose)
     if inner_treedef is None:
         inner_treedef = tree_structure(_flatten_up_to(outer_treedef, pytree_to_transpose)[0])
@@ -676,6 +731,8 @@ def tree_reduce_associative(operation: Callable, tree, *, identity: Any = _UNSPE
     >>> tree_reduce_associative(lambda a, b: f"({a}+{b})", [1, 2, 3, 4])
     '((1+2)+(3+4))'
     """
+    _check_callable(operation, "tree_reduce_associative", "operation")
+
     def reduce(seq):
         if not seq:
             if identity is _UNSPECIFIED:
@@ -686,3 +743,8 @@ def tree_reduce_associative(operation: Callable, tree, *, identity: Any = _UNSPE
         half = len(seq) // 2
         return operation(reduce(seq[:half]), reduce(seq[half:]))
     return reduce(tree_leaves(tree, is_leaf=is_leaf))
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -30,6 +30,7 @@ from .spmd import (
 )
 
 from . import initializers
+from . import partitioning
 from .module import Module, compact, nowrap
 from .initializers import ones, ones_init, zeros, zeros_init
 from .scope import DenyList
@@ -70,7 +71,7 @@ from .attention import (
 )
 
 __all__ = [
-    'initializers', 'meta', 'scope', 'spmd', 'Module', 'compact', 'nowrap', 'zeros', 'ones',
+    'initializers', 'partitioning', 'meta', 'scope', 'spmd', 'Module', 'compact', 'nowrap', 'zeros', 'ones',
     'zeros_init', 'ones_init', 'DenyList', 'Dense', 'DenseGeneral', 'Einsum', 'PReLU',
     'soft_sign', 'normalize',
     'Embed', 'LayerNorm', 'RMSNorm', 'WeightNorm', 'SpectralNorm', 'BatchNorm', 'GroupNorm', 'InstanceNorm', 'Conv',

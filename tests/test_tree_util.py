@@ -138,10 +138,10 @@ _TREE_UTIL_BAD_ARGS = [
      "tree_map_with_path: f must be callable, got int"),
     ("tree_unflatten", lambda: tu.tree_unflatten([1], [1]),
      "tree_unflatten: treedef must be a PyTreeDef .*got list"),
-    ("unflatten", lambda: tu.tree_structure([1]).unflatten(3),
+    ("unflatten", lambda: tu.tree_unflatten(tu.tree_structure([1]), 3),
      "tree_unflatten: leaves must be an iterable of leaves, got int"),
     ("tree_leaves", lambda: tu.tree_leaves(1, is_leaf=3),
-     "tree_flatten: is_leaf must be a callable or None, got int"),
+     "tree_leaves: is_leaf must be a callable or None, got int"),
     ("tree_flatten_with_path", lambda: tu.tree_flatten_with_path([1], is_leaf=3),
      "tree_flatten_with_path: is_leaf must be a callable or None, got int"),
     ("tree_transpose", lambda: tu.tree_transpose(1, 2, [1]),
@@ -162,3 +162,60 @@ _TREE_UTIL_BAD_ARGS = [
 def test_tree_util_wrong_argument_types_name_the_argument(name, call, msg):
     with pytest.raises(TypeError, match=msg):
         call()
+
+
+# --- on optree: jax's semantics where optree's differ ------------------------------------------
+
+def test_treedefs_are_optrees_and_compare_in_cpp():
+    import optree
+    td = tu.tree_structure({"a": [1, 2], "b": None})
+    assert isinstance(td, optree.PyTreeSpec) and isinstance(td, tu.PyTreeDef)
+    assert td == tu.tree_structure({"b": None, "a": [3, 4]})
+    assert hash(td) == hash(tu.tree_structure({"b": None, "a": [3, 4]}))
+    assert td.num_leaves == 2 and td.num_nodes == 5 and len(td.children()) == 2
+
+
+def test_unflatten_rebuilds_dicts_with_sorted_keys_as_jax():
+    # optree on its own rebuilds a dict in the order it was built in; jax sorts its keys
+    tree = {"z": {"kernel": 1, "bias": 2}, "a": 3,
+            "d": collections.defaultdict(list, {"y": 4, "x": 5})}
+    out = tu.tree_map(lambda v: v * 10, tree)
+    assert list(out) == ["a", "d", "z"] and list(out["z"]) == ["bias", "kernel"]
+    assert list(out["d"]) == ["x", "y"] and out["d"].default_factory is list
+    leaves, td = tu.tree_flatten(tree)
+    assert list(tu.tree_unflatten(td, leaves)["z"]) == ["bias", "kernel"]
+    # keys that cannot be sorted keep their order, as in jax
+    mixed = {1: "a", "x": "b"}
+    assert list(tu.tree_map(lambda v: v, mixed)) == [1, "x"]
+
+
+def test_key_paths_use_jax_key_classes():
+    tree = {"p": Point(1, [2]), "k": _Keyed(3, 4), "g": _GenNode(5, 6)}
+    paths = [p for p, _ in tu.tree_flatten_with_path(tree)[0]]
+    assert paths == [
+        (tu.DictKey("g"), tu.FlattenedIndexKey(0)), (tu.DictKey("g"), tu.FlattenedIndexKey(1)),
+        (tu.DictKey("k"), tu.GetAttrKey("a")), (tu.DictKey("k"), tu.GetAttrKey("b")),
+        (tu.DictKey("p"), tu.GetAttrKey("x")), (tu.DictKey("p"), tu.GetAttrKey("y"),
+                                                tu.SequenceKey(0))]
+    assert tu.keystr(paths[-1]) == "['p'].y[0]"
+
+
+def test_is_leaf_takes_path():
+    tree = {"a": [1, 2], "b": [3, [4, 5]]}
+    pl, td = tu.tree_flatten_with_path(
+        tree, is_leaf=lambda p, x: tu.keystr(p) == "['b'][1]", is_leaf_takes_path=True)
+    assert [(tu.keystr(p), x) for p, x in pl] == [("['a'][0]", 1), ("['a'][1]", 2),
+                                                   ("['b'][0]", 3), ("['b'][1]", [4, 5])]
+    assert tu.tree_unflatten(td, ["w", "x", "y", "z"]) == {"a": ["w", "x"], "b": ["y", "z"]}
+
+
+def test_metadata_mismatch_is_named_in_tree_map_but_not_in_prefix_trees():
+    class Opt:
+        def __init__(self, tag, v):
+            self.tag, self.v = tag, v
+    tu.register_pytree_node(Opt, lambda o: ((o.v,), o.tag), lambda tag, ch: Opt(tag, ch[0]))
+    a, b = {"o": Opt("adam", 1)}, {"o": Opt("sgd", 2)}
+    with pytest.raises(ValueError, match=r"at \['o'\]: the Opt nodes differ in their metadata"):
+        tu.tree_map(lambda x, y: x + y, a, b)
+    # a prefix tree (shardings, masks) pairs nodes by type and keys only
+    assert tu._flatten_up_to(tu.tree_structure(a), b) == [2]

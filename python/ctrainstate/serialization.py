@@ -39,7 +39,7 @@ from .nn.spmd import LogicallyPartitioned
 from .t5x.serialization import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
 from .core import FrozenDict
-from .tree_util import (_flatten_node, _flatten_up_to, _sorted_keys, _unflatten_node, keystr,
+from .tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
                         tree_flatten_with_path, tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
@@ -203,12 +203,12 @@ def from_bytes(target, encoded: bytes) -> Any:
 def _in_order(td, x, like):
     """``x`` with its dicts in ``like``'s key order (the target's, as Flax returns them;
     tree_unflatten sorts them)."""
-    if td.kind == "leaf" or not td.children():
+    if td.num_children == 0:
         return x
-    children, aux, _, kind = _flatten_node(x)
+    children, keys, node = _one_level(x)
     kids = [_in_order(c, xc, lc) for c, xc, lc in zip(td.children(), children,
-                                                      _flatten_node(like)[0])]
+                                                      _one_level(like)[0])]
     if type(x) in (dict, FrozenDict) and list(x) != list(like):
-        by_key = dict(zip(aux, kids))
+        by_key = dict(zip((k[0].key for k in keys), kids))
         return type(x)((k, by_key[k]) for k in like)
-    return _unflatten_node(kind, aux, kids)
+    return node.unflatten(kids)

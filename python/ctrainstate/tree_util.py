@@ -1,8 +1,12 @@
-"""Pytrees: nested containers whose leaves are arrays (mirror of ``jax.tree_util``).
+"""Pytrees: nested containers whose leaves are arrays (mirror of ``jax.tree_util``), built on
+optree (the C++ pytree library whose flattening order and None handling are jax's).
 
-Containers: dict (keys sorted, like JAX), OrderedDict and defaultdict (insertion
-order), list, tuple, namedtuple, ``None`` (a node with no children) and any
-class registered with :func:`register_pytree_node`. Everything else is a leaf.
+Containers: dict (keys sorted, like JAX), OrderedDict (insertion order), defaultdict (keys
+sorted), list, tuple, namedtuple, ``None`` (a node with no children) and any class
+registered with :func:`register_pytree_node` (kept in optree's ``"ctrainstate"``
+namespace). Everything else is a leaf. Key paths use jax's key classes (``DictKey``,
+``SequenceKey``, ``GetAttrKey``, ``FlattenedIndexKey``). A treedef is optree's
+``PyTreeSpec`` (``PyTreeDef`` here), whose flatten, unflatten and comparison run in C++.
 
 >>> from ctrainstate import tree_util
 >>> tree_util.tree_map(lambda x: x * 2, {'b': [1, 2], 'a': (3,)})
@@ -12,10 +16,9 @@ from __future__ import annotations
 
 import collections
 import functools
-from itertools import islice
-
-import numpy as np
 from typing import Any, Callable, NamedTuple
+
+import optree
 
 __all__ = [
     "PyTreeDef",
@@ -77,30 +80,6 @@ class GetAttrKey(NamedTuple):
         return f".{self.name}"
 
 
-def _check_callable(f, who: str, what: str) -> None:
-    if not callable(f):
-        raise TypeError(f"{who}: {what} must be callable, got {type(f).__name__} {f!r:.60}")
-
-
-def _check_is_leaf(is_leaf, who: str) -> None:
-    if is_leaf is not None and not callable(is_leaf):
-        raise TypeError(f"{who}: is_leaf must be a callable or None, got "
-                        f"{type(is_leaf).__name__} {is_leaf!r:.60}")
-
-
-def _check_treedef(td, who: str, what: str = "treedef") -> None:
-    if not isinstance(td, PyTreeDef):
-        raise TypeError(f"{who}: {what} must be a PyTreeDef (from tree_structure or "
-                        f"tree_flatten), got {type(td).__name__}")
-
-
-def _leaf_list(leaves, who: str) -> list:
-    if isinstance(leaves, (str, bytes)) or not hasattr(leaves, "__iter__"):
-        raise TypeError(f"{who}: leaves must be an iterable of leaves, got "
-                        f"{type(leaves).__name__}")
-    return list(leaves)
-
-
 def _simple_key(k) -> str:
     if isinstance(k, DictKey):
         return str(k.key)
@@ -128,9 +107,71 @@ def keystr(path, *, simple: bool = False, separator: str = "") -> str:
     return separator.join(_simple_key(k) if simple else str(k) for k in path)
 
 
-# node type -> (flatten(x) -> (children, aux, keys), unflatten(aux, children))
-# type -> (flatten with keys, unflatten, flatten without keys)
-_registry: dict[type, tuple[Callable, Callable, Callable]] = {}
+# Every node type this package (or its user) registers lives in optree's namespace
+# "ctrainstate"; every flatten passes it, so such nodes are nodes here and nowhere else.
+_NS = "ctrainstate"
+_KEY_TYPES = (DictKey, SequenceKey, GetAttrKey, FlattenedIndexKey)
+
+# The structure of a pytree: optree's PyTreeSpec (num_leaves, num_nodes, children(),
+# unflatten(leaves), flatten_up_to(tree); equal structures compare equal).
+PyTreeDef = optree.PyTreeSpec
+
+
+class _KeyEntry(optree.PyTreeEntry):
+    """The path entry of a node registered here: ``entry`` is a jax key object
+    (``DictKey``, ``GetAttrKey``, ...) or, for a node registered without keys, the child's
+    index (reported as ``FlattenedIndexKey``)."""
+
+    def __call__(self, obj):   # optree's accessor protocol: fetch this child of obj
+        raise NotImplementedError("ctrainstate key-path entries are names, not accessors")
+
+    def codify(self, node: str = "") -> str:
+        return f"{node}{self.jax_key()}"
+
+    def jax_key(self):
+        e = self.entry
+        return e if isinstance(e, _KEY_TYPES) else FlattenedIndexKey(e)
+
+
+def _jax_key(entry):
+    """optree's path entry as jax's key object."""
+    if isinstance(entry, _KeyEntry):
+        return entry.jax_key()
+    if isinstance(entry, optree.MappingEntry):
+        return DictKey(entry.entry)
+    if isinstance(entry, optree.NamedTupleEntry):
+        return GetAttrKey(entry.field)
+    if isinstance(entry, optree.SequenceEntry):
+        return SequenceKey(entry.entry)
+    return FlattenedIndexKey(entry.entry)
+
+
+def _check_callable(f, who: str, what: str) -> None:
+    if not callable(f):
+        raise TypeError(f"{who}: {what} must be callable, got {type(f).__name__} {f!r:.60}")
+
+
+def _check_node_type(nodetype, who: str) -> None:
+    if not isinstance(nodetype, type):
+        raise TypeError(f"{who}: nodetype must be a class, got {type(nodetype).__name__} "
+                        f"{nodetype!r:.60}")
+
+
+def _check_treedef(td, who: str, what: str = "treedef") -> None:
+    if not isinstance(td, PyTreeDef):
+        raise TypeError(f"{who}: {what} must be a PyTreeDef (from tree_structure or "
+                        f"tree_flatten), got {type(td).__name__}")
+
+
+def _register(nodetype: type, flatten: Callable, unflatten_func: Callable) -> None:
+    try:
+        optree.register_pytree_node(nodetype, flatten, unflatten_func, path_entry_type=_KeyEntry,
+                                    namespace=_NS)
+    except ValueError as e:
+        if "already registered" in str(e):
+            raise ValueError(f"{nodetype.__name__} is already registered as a pytree node") \
+                from None
+        raise
 
 
 def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func: Callable,
@@ -138,63 +179,39 @@ def register_pytree_node(nodetype: type, flatten_func: Callable, unflatten_func:
     """Register ``nodetype``: ``flatten_func(x) -> (children, aux_data)`` and
     ``unflatten_func(aux_data, children) -> x``. Its children's key paths are
     ``FlattenedIndexKey(i)``, or those of ``flatten_with_keys_func(x) -> ([(key, child)], aux)``
-    (see :func:`register_pytree_with_keys`)."""
+    (see :func:`register_pytree_with_keys`).
+
+    >>> class Box:
+    ...     def __init__(self, v): self.v = v
+    >>> register_pytree_node(Box, lambda b: ((b.v,), None), lambda _, ch: Box(*ch))
+    >>> tree_leaves([Box(1), Box(2)])
+    [1, 2]
+    """
     _check_node_type(nodetype, "register_pytree_node")
     _check_callable(flatten_func, "register_pytree_node", "flatten_func")
     _check_callable(unflatten_func, "register_pytree_node", "unflatten_func")
     if flatten_with_keys_func is not None:
         return register_pytree_with_keys(nodetype, flatten_with_keys_func, unflatten_func,
                                          flatten_func)
-    if nodetype in _registry:
-        raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
-
-    def flat(x):
-        children, aux = flatten_func(x)
-        children = list(children)
-        return children, aux, [FlattenedIndexKey(i) for i in range(len(children))]
-
-    def plain(x):  # without key paths (tree_flatten); children read more than once
-        children, aux = flatten_func(x)
-        return (children if type(children) is tuple or type(children) is list
-                else list(children)), aux
-
-    _registry[nodetype] = (flat, unflatten_func, plain)
-    _LEAF_TYPES.discard(nodetype)
+    _register(nodetype, flatten_func, unflatten_func)
 
 
 def register_pytree_with_keys(nodetype: type, flatten_with_keys: Callable, unflatten_func: Callable,
                               flatten_func: Callable | None = None):
-    """Like :func:`register_pytree_node` but ``flatten_with_keys(x) -> ([(key, child)], aux)``
-    (``flatten_func``, optional, flattens without the keys)."""
+    """Like :func:`register_pytree_node` but ``flatten_with_keys(x) -> ([(key, child)], aux)``;
+    the keys are the children's key path entries (``flatten_func`` is accepted for jax's
+    signature; the keyed flatten serves both)."""
     _check_node_type(nodetype, "register_pytree_with_keys")
     _check_callable(flatten_with_keys, "register_pytree_with_keys", "flatten_with_keys")
     _check_callable(unflatten_func, "register_pytree_with_keys", "unflatten_func")
     if flatten_func is not None:
         _check_callable(flatten_func, "register_pytree_with_keys", "flatten_func")
-    if nodetype in _registry:
-        raise ValueError(f"{nodetype.__name__} is already registered as a pytree node")
 
     def flat(x):
         kc, aux = flatten_with_keys(x)
         kc = list(kc)
         return [c for _, c in kc], aux, [k for k, _ in kc]
-
-    def plain(x):
-        if flatten_func is not None:
-            children, aux = flatten_func(x)
-            return (children if type(children) is tuple or type(children) is list
-                    else list(children)), aux
-        kc, aux = flatten_with_keys(x)
-        return [c for _, c in kc], aux
-
-    _registry[nodetype] = (flat, unflatten_func, plain)
-    _LEAF_TYPES.discard(nodetype)
-
-
-def _check_node_type(nodetype, who: str) -> None:
-    if not isinstance(nodetype, type):
-        raise TypeError(f"{who}: nodetype must be a class, got {type(nodetype).__name__} "
-                        f"{nodetype!r:.60}")
+    _register(nodetype, flat, unflatten_func)
 
 
 def register_pytree_node_class(cls):
@@ -204,10 +221,9 @@ def register_pytree_node_class(cls):
 
 
 def register_pytree_with_keys_class(cls):
-    """Class decorator: uses ``cls.tree_flatten_with_keys`` (and ``cls.tree_flatten`` if it has
-    one) and ``cls.tree_unflatten`` (jax.tree_util.register_pytree_with_keys_class)."""
-    register_pytree_with_keys(cls, lambda x: x.tree_flatten_with_keys(), cls.tree_unflatten,
-                              (lambda x: x.tree_flatten()) if hasattr(cls, "tree_flatten") else None)
+    """Class decorator: uses ``cls.tree_flatten_with_keys`` and ``cls.tree_unflatten``
+    (jax.tree_util.register_pytree_with_keys_class)."""
+    register_pytree_with_keys(cls, lambda x: x.tree_flatten_with_keys(), cls.tree_unflatten)
     return cls
 
 
@@ -251,17 +267,16 @@ def register_dataclass(nodetype, data_fields=None, meta_fields=None, drop_fields
     if overlap:
         raise ValueError(f"register_dataclass({nodetype.__name__}): data_fields and meta_fields "
                          f"overlap in {sorted(overlap)}")
+    keys = [GetAttrKey(n) for n in data_fields]     # the same entries for every instance
 
-    def flatten_with_keys(x):
-        return ([(GetAttrKey(n), getattr(x, n)) for n in data_fields],
-                tuple(getattr(x, n) for n in meta_fields))
+    def flatten(x):
+        return ([getattr(x, n) for n in data_fields], tuple(getattr(x, n) for n in meta_fields),
+                keys)
 
     def unflatten(meta, data):
         return nodetype(**dict(zip(meta_fields, meta)), **dict(zip(data_fields, data)))
 
-    register_pytree_with_keys(nodetype, flatten_with_keys, unflatten,
-                              lambda x: ([getattr(x, n) for n in data_fields],
-                                         tuple(getattr(x, n) for n in meta_fields)))
+    _register(nodetype, flatten, unflatten)
     return nodetype
 
 
@@ -272,332 +287,234 @@ def register_static(cls):
     return cls
 
 
+def register_leaf_type(t: type) -> None:
+    """Declare ``t`` a leaf type (any type not registered as a node is one; this checks that
+    ``t`` is not a registered node)."""
+    if optree.register_pytree_node.get(t, namespace=_NS) is not None:
+        raise ValueError(f"{t.__name__} is a registered pytree node, not a leaf type")
+
+
+# jax rebuilds a dict (and a defaultdict) with its keys sorted, the order it flattens them
+# in; optree rebuilds one in the order the flattened dict had. A treedef made here is made
+# canonical (its dict nodes recorded in sorted key order, once per structure: cached), so
+# unflatten gives jax's dicts. The canonical treedef compares equal to optree's.
+_CANON: dict = {}
+_CANON_MAX = 4096
+
+
+def _sorted_dict_node(spec):
+    """A one-level dict / defaultdict treedef with its keys recorded in sorted order."""
+    t = spec.type
+    if t is not dict and t is not collections.defaultdict:
+        return spec
+    one = spec.unflatten(range(spec.num_children))
+    keys = list(one)
+    try:
+        ordered = sorted(keys)
+    except TypeError:            # keys that do not sort stay as they are (as jax keeps them)
+        return spec
+    if ordered == keys:
+        return spec
+    kids = dict.fromkeys(ordered, optree.treespec_leaf(namespace=_NS))
+    if t is dict:
+        return optree.treespec_dict(kids, namespace=_NS)
+    return optree.treespec_defaultdict(one.default_factory, kids, namespace=_NS)
+
+
+def _canonical(td):
+    """``td`` with every dict node in sorted key order (cached per structure)."""
+    try:
+        got = _CANON.get(td)
+    except TypeError:                        # metadata that does not hash: not cached
+        return optree.treespec_transform(td, _sorted_dict_node)
+    if got is None:
+        got = optree.treespec_transform(td, _sorted_dict_node)
+        if len(_CANON) >= _CANON_MAX:
+            _CANON.clear()
+        _CANON[td] = got
+    return got
+
+
 def _sorted_keys(d):
+    """A dict's keys in flatten order: sorted, or as they are where they cannot be sorted."""
     try:
         return sorted(d)
     except TypeError:
         return list(d)
 
 
-def _flatten_node(x):
-    """(children, aux, keys, kind) for a container, or None for a leaf."""
-    t = type(x)
-    if t in _registry:
-        children, aux, keys = _registry[t][0](x)
-        return children, aux, keys, t
-    if x is None:
-        return [], None, [], type(None)
-    if t is dict:
-        ks = _sorted_keys(x)
-        return [x[k] for k in ks], tuple(ks), [DictKey(k) for k in ks], dict
-    if t is collections.OrderedDict:
-        ks = list(x)
-        return [x[k] for k in ks], tuple(ks), [DictKey(k) for k in ks], t
-    if t is collections.defaultdict:
-        ks = _sorted_keys(x)
-        return [x[k] for k in ks], (x.default_factory, tuple(ks)), [DictKey(k) for k in ks], t
-    if t is list:
-        return list(x), len(x), [SequenceKey(i) for i in range(len(x))], list
-    if t is tuple:
-        return list(x), len(x), [SequenceKey(i) for i in range(len(x))], tuple
-    if isinstance(x, tuple) and hasattr(t, "_fields"):
-        return list(x), t, [GetAttrKey(f) for f in t._fields], "namedtuple"
-    return None
-
-
-def _unflatten_node(kind, aux, children):
-    if kind in _registry:
-        return _registry[kind][1](aux, children)
-    if kind is type(None):
-        return None
-    if kind is dict:
-        return dict(zip(aux, children))
-    if kind is collections.OrderedDict:
-        return collections.OrderedDict(zip(aux, children))
-    if kind is collections.defaultdict:
-        factory, ks = aux
-        return collections.defaultdict(factory, zip(ks, children))
-    if kind is list:
-        return list(children)
-    if kind is tuple:
-        return tuple(children)
-    if kind == "namedtuple":
-        return aux(*children)
-    raise TypeError(f"unknown pytree node kind {kind!r}")
-
-
-class PyTreeDef:
-    """The structure of a pytree: node kinds, aux data and the leaf positions."""
-
-    __slots__ = ("kind", "aux", "_children", "num_leaves", "leafy")
-
-    def __init__(self, kind, aux, children, num_leaves=None, leafy=None):
-        self.kind = kind  # "leaf", "none" handled via kind type(None)
-        self.aux = aux
-        self._children = tuple(children)
-        self.leafy = leafy   # every child the shared leaf node (None: not known yet)
-        if kind == "leaf":
-            self.num_leaves = 1
-        elif num_leaves is not None:   # known to the caller (flatten counts as it goes)
-            self.num_leaves = num_leaves
-        else:
-            self.num_leaves = sum([c.num_leaves for c in self._children])
-
-    @property
-    def num_nodes(self) -> int:
-        return 1 if self.kind == "leaf" else 1 + sum(c.num_nodes for c in self._children)
-
-    def unflatten(self, leaves):
-        return tree_unflatten(self, leaves)
-
-    def children(self) -> list:
-        """The structures of this node's children (jax's ``PyTreeDef.children()``)."""
-        return list(self._children)
-
-    def flatten_up_to(self, tree) -> list:
-        """The subtrees of ``tree`` at this structure's leaves (``tree`` may be deeper there)."""
-        return _flatten_up_to(self, tree)
-
-    def _key(self):
-        aux = self.aux
-        return (self.kind, aux, self._children)
-
-    def __eq__(self, other):
-        if self is other:
-            return True
-        if not isinstance(other, PyTreeDef):
-            return NotImplemented
-        if (self.kind != other.kind or self.num_leaves != other.num_leaves
-                or len(self._children) != len(other._children)):
-            return False
-        if not _same_aux(self.aux, other.aux):
-            return False
-        # tuple equality compares identical items (the shared leaf node) without a call
-        return self._children == other._children
-
-    def __hash__(self):
-        try:
-            return hash((str(self.kind), self.aux, self._children))
-        except TypeError:
-            return hash((str(self.kind), self._children))
-
-    def __repr__(self):
-        if self.kind == "leaf":
-            return "*"
-        inner = ", ".join(repr(c) for c in self._children)
-        name = self.kind if isinstance(self.kind, str) else self.kind.__name__
-        if self.kind is dict:
-            return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.aux, self._children)) + "}"
-        if self.kind is list:
-            return f"[{inner}]"
-        if self.kind is tuple:
-            return f"({inner}{',' if len(self._children) == 1 else ''})"
-        if self.kind is type(None):
-            return "None"
-        return f"PyTreeDef({name}, [{inner}])"
-
-
-_LEAF = PyTreeDef("leaf", None, ())
-_NONE = PyTreeDef(type(None), None, (), 0)
-
-# Types that are always leaves (checked first by the flatten fast path); Array and
-# ShapeDtypeStruct are added when their modules load (register_leaf_type).
-_LEAF_TYPES = {np.ndarray, int, float, bool, complex, str, bytes, np.float32, np.float64,
-               np.int32, np.int64, np.bool_}
-
-
-def register_leaf_type(t: type) -> None:
-    """Declare ``t`` a leaf type for the flatten fast path (it must not be a registered node)."""
-    if t in _registry:
-        raise ValueError(f"{t.__name__} is a registered pytree node, not a leaf type")
-    _LEAF_TYPES.add(t)
-
-
-def _flatten_plain(x, is_leaf, leaves):
-    """_flatten without key paths (the common case: no key objects are built). Children
-    of a known leaf type are appended in the node's own loop, without a call each."""
-    t = type(x)
-    if t in _LEAF_TYPES or (is_leaf is not None and is_leaf(x)):
-        leaves.append(x)
-        return _LEAF
-    if t is dict:
-        ks = _sorted_keys(x)
-        children, aux, kind = [x[k] for k in ks], tuple(ks), dict
-    elif t is tuple or t is list:
-        children, aux, kind = x, len(x), t
-    else:
-        reg = _registry.get(t)
-        if reg is not None:
-            children, aux = reg[2](x)
-            kind = t
-        elif x is None:
-            return _NONE
-        elif isinstance(x, tuple) and hasattr(t, "_fields"):
-            children, aux, kind = x, t, "namedtuple"
-        else:
-            node = _flatten_node(x)   # dict subclasses
-            if node is None:
-                leaves.append(x)
-                return _LEAF
-            children, aux, _, kind = node
-    n0 = len(leaves)
-    if is_leaf is None:
-        lt = _LEAF_TYPES
-        if set(map(type, children)) <= lt:   # only leaves below (a params dict, a layer)
-            leaves.extend(children)
-            return PyTreeDef(kind, aux, (_LEAF,) * len(children), len(children), True)
-        append = leaves.append
-        defs = []
-        for c in children:
-            if type(c) in lt:
-                append(c)
-                defs.append(_LEAF)
-            else:
-                defs.append(_flatten_plain(c, None, leaves))
-    else:
-        defs = [_flatten_plain(c, is_leaf, leaves) for c in children]
-    return PyTreeDef(kind, aux, defs, len(leaves) - n0)
-
-
-def _flatten(x, is_leaf, leaves, paths, path, takes_path=False):
-    if paths is None:
-        return _flatten_plain(x, is_leaf, leaves)
-    if is_leaf is not None and (is_leaf(path, x) if takes_path else is_leaf(x)):
-        leaves.append(x)
-        if paths is not None:
-            paths.append(path)
-        return _LEAF
-    node = _flatten_node(x)
-    if node is None:
-        leaves.append(x)
-        if paths is not None:
-            paths.append(path)
-        return _LEAF
-    children, aux, keys, kind = node
-    defs = [
-        _flatten(c, is_leaf, leaves, paths, path + (k,) if paths is not None else path, takes_path)
-        for c, k in zip(children, keys)
-    ]
-    return PyTreeDef(kind, aux, defs)
+def _check_is_leaf(is_leaf, where):
+    if is_leaf is not None and not callable(is_leaf):
+        raise TypeError(f"{where}: is_leaf must be a callable or None, got "
+                        f"{type(is_leaf).__name__}")
 
 
 def tree_flatten(tree, is_leaf: Callable | None = None):
-    """``(leaves, treedef)`` of ``tree``, leaves in a deterministic order."""
-    if is_leaf is not None:
-        _check_is_leaf(is_leaf, "tree_flatten")
-    leaves: list = []
-    td = _flatten(tree, is_leaf, leaves, None, ())
-    return leaves, td
+    """``(leaves, treedef)`` of ``tree``, leaves in a deterministic order (dict keys sorted).
+
+    >>> tree_flatten({'b': 1, 'a': (2, None)})
+    ([2, 1], PyTreeSpec({'a': (*, None), 'b': *}))
+    """
+    _check_is_leaf(is_leaf, "tree_flatten")
+    leaves, td = optree.tree_flatten(tree, is_leaf, namespace=_NS)
+    return leaves, _canonical(td)
+
+
+class _Marked:
+    """A subtree that ``is_leaf(path, x)`` chose as a leaf (with ``is_leaf_takes_path``)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _one_level(x):
+    """``(children, keys, treedef)`` of ``x``'s own node (its children as leaves; a leaf:
+    ``([x], [()], leaf treedef)``); ``treedef.unflatten(children)`` rebuilds the node."""
+    accessors, children, td = optree.tree_flatten_with_accessor(
+        x, lambda y: y is not x, namespace=_NS)
+    return children, [tuple(_jax_key(e) for e in a) for a in accessors], td
+
+
+def _mark_path_leaves(x, is_leaf, path):
+    """``x`` with every subtree for which ``is_leaf(path, subtree)`` holds wrapped in _Marked."""
+    if is_leaf(path, x):
+        return _Marked(x)
+    children, keys, td = _one_level(x)
+    if optree.treespec_is_leaf(td):
+        return x
+    return td.unflatten([_mark_path_leaves(c, is_leaf, path + k) for k, c in zip(keys, children)])
 
 
 def tree_flatten_with_path(tree, is_leaf: Callable | None = None, is_leaf_takes_path: bool = False):
     """``([(key_path, leaf)], treedef)``; with ``is_leaf_takes_path`` the predicate is called
-    as ``is_leaf(key_path, x)``."""
+    as ``is_leaf(key_path, x)``.
+
+    >>> [(keystr(p), x) for p, x in tree_flatten_with_path({'a': [5]})[0]]
+    [("['a'][0]", 5)]
+    """
     _check_is_leaf(is_leaf, "tree_flatten_with_path")
-    leaves: list = []
-    paths: list = []
-    td = _flatten(tree, is_leaf, leaves, paths, (), is_leaf_takes_path)
-    return list(zip(paths, leaves)), td
+    if is_leaf is not None and is_leaf_takes_path:
+        marked = _mark_path_leaves(tree, is_leaf, ())
+        accessors, leaves, td = optree.tree_flatten_with_accessor(
+            marked, lambda y: type(y) is _Marked, namespace=_NS)
+        leaves = [v.value if type(v) is _Marked else v for v in leaves]
+    else:
+        accessors, leaves, td = optree.tree_flatten_with_accessor(tree, is_leaf, namespace=_NS)
+    return ([(tuple(_jax_key(e) for e in a), v) for a, v in zip(accessors, leaves)],
+            _canonical(td))
 
 
 def tree_leaves_with_path(tree, is_leaf: Callable | None = None, is_leaf_takes_path: bool = False):
+    """``[(key_path, leaf)]`` of ``tree`` (jax.tree_util.tree_leaves_with_path)."""
     return tree_flatten_with_path(tree, is_leaf, is_leaf_takes_path)[0]
 
 
 def tree_unflatten(treedef: PyTreeDef, leaves):
-    """Rebuild a pytree of structure ``treedef`` from ``leaves``."""
-    if type(treedef) is not PyTreeDef:
-        _check_treedef(treedef, "tree_unflatten")
-    leaves = _leaf_list(leaves, "tree_unflatten")
+    """Rebuild a pytree of structure ``treedef`` from ``leaves``.
+
+    >>> leaves, td = tree_flatten({'a': 1, 'b': [2]})
+    >>> tree_unflatten(td, [10, 20])
+    {'a': 10, 'b': [20]}
+    """
+    _check_treedef(treedef, "tree_unflatten")
+    if isinstance(leaves, (str, bytes)) or not hasattr(leaves, "__iter__"):
+        raise TypeError(f"tree_unflatten: leaves must be an iterable of leaves, got "
+                        f"{type(leaves).__name__}")
+    leaves = list(leaves)
     if len(leaves) != treedef.num_leaves:
         raise ValueError(
             f"tree_unflatten: the structure has {treedef.num_leaves} leaves but "
             f"{len(leaves)} were given")
-    it = iter(leaves)
-
-    def build(td):
-        if td.kind == "leaf":
-            return next(it)
-        leafy = td.leafy
-        if leafy is None:
-            leafy = td.leafy = all(c is _LEAF for c in td._children)
-        if leafy:
-            kids = list(islice(it, len(td._children)))
-        else:
-            kids = [next(it) if c is _LEAF or c.kind == "leaf" else build(c) for c in td._children]
-        return _unflatten_node(td.kind, td.aux, kids)
-
-    return build(treedef)
+    return treedef.unflatten(leaves)
 
 
 def tree_leaves(tree, is_leaf: Callable | None = None) -> list:
-    return tree_flatten(tree, is_leaf)[0]
+    """The leaves of ``tree`` in flatten order.
+
+    >>> tree_leaves({'b': 1, 'a': [2, 3]})
+    [2, 3, 1]
+    """
+    _check_is_leaf(is_leaf, "tree_leaves")
+    return optree.tree_leaves(tree, is_leaf, namespace=_NS)
 
 
 def tree_structure(tree, is_leaf: Callable | None = None) -> PyTreeDef:
-    return tree_flatten(tree, is_leaf)[1]
+    """The structure (treedef) of ``tree``."""
+    _check_is_leaf(is_leaf, "tree_structure")
+    return _canonical(optree.tree_structure(tree, is_leaf, namespace=_NS))
 
 
 def all_leaves(iterable, is_leaf: Callable | None = None) -> bool:
     """Whether every item of ``iterable`` is a leaf (jax.tree_util.all_leaves)."""
     if is_leaf is None:
-        return all(tree_structure(x) == _LEAF for x in iterable)
+        return all(optree.treespec_is_leaf(tree_structure(x)) for x in iterable)
     items = list(iterable)   # JAX's test: is_leaf sees the list itself first
     return items == tree_leaves(items, is_leaf)
 
 
-def _flatten_up_to(treedef, tree, path=(), check_aux=False):
-    """Leaves of ``tree`` at the leaf positions of ``treedef`` (tree may be deeper).
+def _flatten_up_to(treedef, tree, check_aux: bool = False):
+    """The subtrees of ``tree`` at the leaf positions of ``treedef`` (``tree`` may be deeper
+    there). Nodes must agree in type, child count and dict keys; with ``check_aux`` (tree_map's
+    check, as jax's) also in their metadata (namedtuple classes, a registered node's aux data),
+    without it (sharding prefix trees, whose nodes may hold other instances of the same
+    optimizer or module definition) not. A mismatch is a ValueError naming the first path
+    where the two differ."""
+    try:
+        return treedef.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        if check_aux:
+            raise ValueError(_mismatch(treedef, tree)) from None
+    return _flatten_up_to_loose(treedef, tree, ())
 
-    ``check_aux`` (tree_map's check): nodes must also agree in their metadata, as in JAX;
-    without it (sharding prefix trees) only dict keys are compared."""
-    if treedef.kind == "leaf":
+
+_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
+
+
+def _flatten_up_to_loose(treedef, tree, path):
+    if optree.treespec_is_leaf(treedef):
         return [tree]
-    node = _flatten_node(tree)
-    if node is None:
-        raise ValueError(
-            f"tree structure mismatch at {keystr(path) or 'the root'}: expected a "
-            f"{_kind_name(treedef.kind)}, got a leaf of type {type(tree).__name__}")
-    children, aux, keys, kind = node
-    if kind != treedef.kind or len(children) != len(treedef._children) or (
-            kind in (dict, collections.OrderedDict) and aux != treedef.aux):
-        raise ValueError(
-            f"tree structure mismatch at {keystr(path) or 'the root'}: expected "
-            f"{treedef!r}, got {_kind_name(kind)} with {len(children)} children"
-            + (f" (keys {list(aux)!r})" if kind in (dict, collections.OrderedDict) else ""))
-    if (check_aux and kind is not dict and kind is not list and kind is not tuple
-            and not _same_aux(aux, treedef.aux)):
-        # namedtuple classes, FrozenDict / defaultdict keys, a struct's static fields: as JAX
-        # does, nodes that differ there do not match (their leaves would pair up wrongly)
-        raise ValueError(
-            f"tree structure mismatch at {keystr(path) or 'the root'}: expected a "
-            f"{_kind_name(kind)} node with metadata {_aux_name(treedef.aux)}, got one with "
-            f"{_aux_name(aux)}")
+    children, keys, td = _one_level(tree)
+    if (optree.treespec_is_leaf(td) or td.type is not treedef.type
+            or td.num_children != treedef.num_children
+            or (td.type in _DICTS and td.entries() != treedef.entries())):
+        raise ValueError(_mismatch(treedef, tree, path))
     out = []
-    for c, k, td in zip(children, keys, treedef._children):
-        out += _flatten_up_to(td, c, path + (k,), check_aux)
+    for k, c, sub in zip(keys, children, treedef.children()):
+        out += _flatten_up_to_loose(sub, c, path + k)
     return out
 
 
-def _same_aux(a, b) -> bool:
-    """Whether two nodes' aux data are equal (PyTreeDef equality, tree_map's metadata check);
-    aux without a usable ``==`` (e.g. arrays) is compared by identity."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001
-        return False
+def _node_desc(td) -> str:
+    t = td.type
+    name = t.__name__ if t is not None else "leaf"
+    if t in (dict, collections.OrderedDict, collections.defaultdict):
+        return f"{name} with keys {list(td.entries())!r}"
+    return f"{name} of {td.num_children} children"
 
 
-def _aux_name(aux) -> str:
-    return aux.__name__ if isinstance(aux, type) else repr(aux)
-
-
-def _kind_name(kind):
-    if isinstance(kind, str):
-        return kind
-    return kind.__name__
+def _mismatch(treedef, tree, path=()) -> str:
+    """The message for the first place where ``tree`` does not have ``treedef`` as a prefix."""
+    where = keystr(path) or "the root"
+    if optree.treespec_is_leaf(treedef):
+        return f"tree structure mismatch at {where}"
+    children, keys, td = _one_level(tree)
+    if optree.treespec_is_leaf(td):
+        return (f"tree structure mismatch at {where}: expected a {_node_desc(treedef)}, got a "
+                f"leaf of type {type(tree).__name__}")
+    if td.type is not treedef.type or td.num_children != treedef.num_children or (
+            td.type in _DICTS and td.entries() != treedef.entries()):
+        return (f"tree structure mismatch at {where}: expected a {_node_desc(treedef)}, got a "
+                f"{_node_desc(td)}")
+    if td.one_level() != treedef.one_level():
+        return (f"tree structure mismatch at {where}: the {td.type.__name__} nodes differ in "
+                f"their metadata ({treedef.one_level()!r} against {td.one_level()!r})")
+    for k, c, sub in zip(keys, children, treedef.children()):
+        try:
+            sub.flatten_up_to(c)
+        except (ValueError, TypeError):
+            return _mismatch(sub, c, path + k)
+    return f"tree structure mismatch at {where}: {treedef!r} against {td!r}"
 
 
 def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
@@ -606,11 +523,12 @@ def tree_map(f: Callable, tree, *rest, is_leaf: Callable | None = None):
     >>> tree_map(lambda a, b: a + b, [1, (2,)], [10, (20,)])
     [11, (22,)]
     """
-    if not callable(f):
-        _check_callable(f, "tree_map", "f")
+    _check_callable(f, "tree_map", "f")
     leaves, td = tree_flatten(tree, is_leaf)
+    if not rest:
+        return td.unflatten(map(f, leaves))
     others = [_flatten_up_to(td, r, check_aux=True) for r in rest]
-    return tree_unflatten(td, [f(*xs) for xs in zip(leaves, *others)])
+    return td.unflatten([f(*xs) for xs in zip(leaves, *others)])
 
 
 def tree_map_with_path(f: Callable, tree, *rest, is_leaf: Callable | None = None,
@@ -637,7 +555,6 @@ def tree_reduce(function: Callable, tree, initializer: Any = _UNSPECIFIED,
     >>> tree_reduce(lambda a, b: a + b, {'x': 1, 'y': [2, 3]}, 10)
     16
     """
-    import functools
     _check_callable(function, "tree_reduce", "function")
     leaves = tree_leaves(tree, is_leaf=is_leaf)
     if initializer is _UNSPECIFIED:
@@ -662,7 +579,8 @@ def tree_transpose(outer_treedef: PyTreeDef, inner_treedef: PyTreeDef | None, py
         _check_treedef(inner_treedef, "tree_transpose", "inner_treedef")
     flat, treedef = tree_flatten(pytree_to_transpose)
     if inner_treedef is None:
-        inner_treedef = tree_structure(_flatten_up_to(outer_treedef, pytree_to_transpose)[0])
+        inner_treedef = tree_structure(_flatten_up_to(outer_treedef, pytree_to_transpose,
+                                                      check_aux=True)[0])
     inner_size, outer_size = inner_treedef.num_leaves, outer_treedef.num_leaves
     if treedef.num_leaves != inner_size * outer_size:   # JAX checks the count only, so do we
         raise TypeError(f"tree_transpose: the tree has {treedef.num_leaves} leaves, the outer "

@@ -62,15 +62,12 @@ def _problems(name: str) -> list:
 # annotations shows in dir(), or __all__ is missing); they are fixed where they are owned.
 # strict: once one passes, it must leave this list.
 _KNOWN_FAILING = {"ctrainstate." + m for m in (
-    "core", "lax", "partitioning", "serialization", "train_state", "traverse_util",
+    "partitioning",
     "hf.cast", "hf.model_parallel", "hf.partitions", "hf.train_state",
     "nn.activation", "nn.attention", "nn.combinators", "nn.conv", "nn.dtypes",
     "nn.initializers", "nn.lifted", "nn.linear", "nn.meta", "nn.module", "nn.normalization",
     "nn.pooling", "nn.recurrent", "nn.scope", "nn.spmd", "nn.stochastic", "nn.summary",
     "nn.transforms", "nn.transforms_more",
-    "optim.alias", "optim.base", "optim.combine", "optim.constraining", "optim.inject",
-    "optim.lookahead", "optim.losses", "optim.schedules", "optim.transforms", "optim.utils",
-    "optim.wrappers",
     "t5x.adafactor", "t5x.optimizers", "t5x.partitioning", "t5x.serialization",
     "t5x.train_state", "t5x.utils",
 )}

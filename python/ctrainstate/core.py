@@ -157,3 +157,8 @@ def pretty_repr(x: Any, num_spaces: int = 4) -> str:
     if frozen:
         return f"FrozenDict({rec(x)})"
     return rec(x)
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

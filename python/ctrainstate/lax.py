@@ -457,3 +457,8 @@ from ._pmap import (all_gather, axis_index, pmax, pmean, pmin, ppermute, psum,  
 
 __all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "psum",
             "psum_scatter"]
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -212,3 +212,8 @@ def _in_order(td, x, like):
         by_key = dict(zip((k[0].key for k in keys), kids))
         return type(x)((k, by_key[k]) for k in like)
     return node.unflatten(kids)
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

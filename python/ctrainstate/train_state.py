@@ -276,3 +276,8 @@ class TrainState(PyTreeNode):
         params_for_opt = params["params"] if (isinstance(params, dict) and _OWG in params) else params
         return cls(step=0, apply_fn=apply_fn, params=params, tx=tx,
                    opt_state=tx.init(params_for_opt), **kwargs)
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

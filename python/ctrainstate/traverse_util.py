@@ -117,3 +117,8 @@ class ModelParamTraversal:
         flat, sel = self._selected(inputs)
         return unflatten_dict({k: fn(v) if k in sel else v for k, v in flat.items()})
 
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

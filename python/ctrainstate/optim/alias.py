@@ -329,3 +329,8 @@ def optimistic_adam(learning_rate: float, optimism: float | None = None,
 
 __all__ += ["adadelta", "novograd", "rprop", "adan", "optimistic_gradient_descent",
             "optimistic_adam"]
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

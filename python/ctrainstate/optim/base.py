@@ -931,3 +931,8 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leave
     else:
         out = tree_unflatten(pdef, outs), new_state
     return out + (plan,) if want_plan else out
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -404,3 +404,8 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
                    sharding=getattr(state.step, "sharding", None)), inner_state)
     tx = GradientTransformationExtraArgs(init, update, fuse=fuse)
     return tx
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

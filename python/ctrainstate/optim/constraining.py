@@ -63,3 +63,8 @@ def zero_nans() -> GradientTransformation:
         out = tree_map(lambda u: _ops.where(cnp.isnan(u), 0.0, u), updates)
         return out, ZeroNansState(found_nan=found)
     return GradientTransformationExtraArgs(init, update)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

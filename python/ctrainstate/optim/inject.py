@@ -176,3 +176,8 @@ def inject_hyperparams(inner_factory: Callable[..., GradientTransformation], sta
                                       params if params is not None else updates)
         return GradientTransformationExtraArgs(init, update)
     return wrapped
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

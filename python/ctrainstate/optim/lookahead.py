@@ -97,3 +97,8 @@ def lookahead(fast_optimizer: GradientTransformation, sync_period, slow_step_siz
             fast_state, scalar((n + 1) % sync_period, np.int32,
                                sharding=getattr(state.steps_since_sync, "sharding", None)))
     return GradientTransformationExtraArgs(init, update)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

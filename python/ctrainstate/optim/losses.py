@@ -487,3 +487,8 @@ def ntxent(embeddings, labels, temperature=0.07):
         raise ValueError(f"ntxent: embeddings must be [batch, dim], got shape "
                          f"{_shape(embeddings)}")
     return _ntxent_p(embeddings, lab, temperature)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

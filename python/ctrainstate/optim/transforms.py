@@ -1164,3 +1164,8 @@ __all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",
             "scale_by_adan", "ScaleByOptimisticGradientState", "scale_by_optimistic_gradient",
             "normalize_by_update_norm", "scale_by_param_block_norm",
             "ScaleByDistanceOverGradientsState", "scale_by_distance_over_gradients"]
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

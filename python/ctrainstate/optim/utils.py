@@ -222,3 +222,8 @@ def tree_map_params(initable, f, state, /, *rest, transform_non_params=None, is_
 softmax_cross_entropy = _ops._with_dtype_policy(softmax_cross_entropy, (0, 1))
 softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
     softmax_cross_entropy_with_integer_labels, (0,))
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -251,3 +251,8 @@ class MultiSteps:
                 scalar(safe_increment(gs) if emit else gs, np.int32, ref),
                 inner_state, new_acc, skip_state)
         return GradientTransformationExtraArgs(init, update)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

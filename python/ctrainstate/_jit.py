@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from . import tree_util
 from ._abstract import ShapeDtypeStruct
+from ._trace_state import jit_scope
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 
@@ -112,7 +113,8 @@ def _wrap(fun, in_specs, out_specs, static_argnums, none_means_replicated, names
             for i, spec in zip(dyn, specs):
                 args[i] = _place(spec, args[i], none_means_replicated=none_means_replicated,
                                  what=names[0])
-        out = fun(*args, **kwargs)
+        with jit_scope():   # inside jit, a non-dividing sharding replicates that dimension
+            out = fun(*args, **kwargs)
         if out_specs is not None:
             out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])
         return out

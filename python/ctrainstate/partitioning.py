@@ -135,20 +135,27 @@ def _path_of(module) -> tuple:
     return tuple(path)
 
 
+def _check_spec_rank(where: str, spec, shape) -> None:
+    """Raise if a non-empty logical spec's length differs from the rank of ``shape``.
+
+    ``None`` names nothing and ``()`` means replicated (Flax stores ``names=()``), so
+    neither is checked against the rank.
+    """
+    if spec is None or len(spec) == 0:
+        return
+    if len(spec) != len(shape):
+        raise ValueError(f'Logical axes {tuple(spec)} of "{where}" do not match its rank: '
+                         f'shape {tuple(shape)} has {len(shape)} dimension(s), the axes name '
+                         f'{len(spec)}.')
+
+
 def _check_rank(module, name, value, axes):
-    """Raise if a logical spec's length differs from the rank of the value it annotates."""
+    """Raise if a logical spec in ``axes`` does not fit the rank of the value it annotates."""
     where = '/'.join(_path_of(module) + (name,))
 
     def check(spec, sub):
-        if spec is None:
-            return sub
         shape = getattr(sub, 'shape', None)
-        if shape is None:
-            shape = np.shape(sub)
-        if len(spec) != len(shape):
-            raise ValueError(f'Logical axes {tuple(spec)} of "{where}" do not match its rank: '
-                             f'shape {tuple(shape)} has {len(shape)} dimension(s), the axes name '
-                             f'{len(spec)}.')
+        _check_spec_rank(where, spec, np.shape(sub) if shape is None else shape)
         return sub
 
     try:
@@ -167,8 +174,10 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
     Calls ``module.param(name, init_fn, *init_args, **init_kwargs)`` (``module``
     defaults to the current scope). With ``axes`` given, the value gets a logical
     sharding constraint and ``AxisMetadata(names=axes)`` is sown into
-    ``'params_axes'`` under ``f'{name}_axes'``. A tuple ``axes`` whose length is
-    not the value's rank raises ``ValueError``.
+    ``'params_axes'`` under ``f'{name}_axes'``. ``axes=()`` means replicated, on a
+    value of any rank; a non-empty tuple whose length is not the value's rank
+    raises ``ValueError``. Under ``with mesh, axis_rules(rules):`` the value is born
+    sharded as the axes resolve.
 
     >>> import numpy as np
     >>> from ctrainstate.partitioning import param_with_axes
@@ -180,20 +189,15 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
     """
     module = _resolve_module(module)
     sharding = _born_sharding(axes)
+    init = init_fn
     if sharding is not None:
         from .nn.module import sharded_initializer
-        try:
-            value = module.param(name, sharded_initializer(init_fn, sharding), *init_args,
-                                 **init_kwargs)
-        except ValueError as e:
-            if "entries but the array has rank" not in str(e):
-                raise
-            # the axes do not fit the value: create it plainly so the check below names it
-            module.scope._reserved.discard(('params', name)) if hasattr(module, 'scope') else \
-                module._reserved.discard(('params', name))
-            value = module.param(name, init_fn, *init_args, **init_kwargs)
-    else:
-        value = module.param(name, init_fn, *init_args, **init_kwargs)
+        where = '/'.join(_path_of(module) + (name,))
+        # the rank is checked before the sharded value is laid out, so a wrong one is
+        # reported with the parameter's path rather than by the layout
+        init = sharded_initializer(init_fn, sharding,
+                                   check_shape=lambda shape: _check_spec_rank(where, axes, shape))
+    value = module.param(name, init, *init_args, **init_kwargs)
     if axes is not None:
         _check_rank(module, name, value, axes)
         value = with_sharding_constraint(value, PartitionSpec(*axes))

@@ -165,6 +165,43 @@ class RulesFallback(enum.Enum):
 
 # --- constraints ---------------------------------------------------------------
 
+def _replicate_uneven(sharding, shape):
+    """Under ``jit`` / ``pjit``, ``sharding`` with every dimension its mesh axes do not
+    divide replicated; elsewhere (or for a sharding without a spec) ``sharding`` itself.
+
+    Inside a jitted function XLA keeps a logical constraint on such a dimension without
+    failing (jax pads the shards); ctrainstate shards only evenly, so that dimension is
+    replicated instead. An eager placement of such a spec raises, as ``jax.device_put`` does.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate._trace_state import jit_scope
+    >>> mesh = cts.Mesh(np.array(cts.devices()[:1]).reshape(1), ('mp',))
+    >>> s = cts.NamedSharding(mesh, cts.P('mp', None))
+    >>> _replicate_uneven(s, (7, 2)) is s   # outside jit: as given
+    True
+    >>> with jit_scope():                    # a size-1 axis divides every dimension
+    ...     _replicate_uneven(s, (7, 2)).spec
+    PartitionSpec('mp', None)
+    """
+    from .._trace_state import in_jit
+    if not in_jit() or not isinstance(sharding, NamedSharding):
+        return sharding
+    sizes = dict(sharding.mesh.shape)
+    spec = list(sharding.spec)
+    changed = False
+    for i, e in enumerate(spec[:len(shape)]):
+        if e is None or e is PartitionSpec.UNCONSTRAINED:
+            continue
+        axes = (e,) if isinstance(e, str) else tuple(e)
+        if any(a not in sizes for a in axes):
+            continue  # an unknown mesh axis is reported by the layout, unchanged
+        parts = int(np.prod([sizes[a] for a in axes], dtype=np.int64))
+        if parts > 1 and int(shape[i]) % parts:
+            spec[i] = None
+            changed = True
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec)) if changed else sharding
+
+
 def _with_sharding_constraint(x, axis_resources, mesh=None):
     """Apply a mesh-axis constraint: reshard an Array onto ``NamedSharding(mesh, spec)``.
 
@@ -209,7 +246,7 @@ def _constrain_array(x, axis_resources, mesh):
             return left if left else None
         spec = PartitionSpec(*[keep(i) if e is PartitionSpec.UNCONSTRAINED else e
                                for i, e in enumerate(spec)])
-    target = NamedSharding(mesh, spec)
+    target = _replicate_uneven(NamedSharding(mesh, spec), x.shape)
     if x.sharding == target:
         return x
     from .._ops import with_sharding  # differentiable: the cotangent goes back to x's sharding

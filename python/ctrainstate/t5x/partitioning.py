@@ -152,12 +152,16 @@ def global_mesh_defined() -> bool:
 
 def with_sharding_constraint(x, axis_resources):
     """t5x's mesh-axis constraint: a no-op without an active mesh, else the value placed by
-    ``axis_resources`` (a ``PartitionSpec`` of mesh axes)."""
+    ``axis_resources`` (a ``PartitionSpec`` of mesh axes). Under ``jit`` / ``pjit`` a
+    dimension those mesh axes do not divide is replicated, as XLA keeps such a constraint."""
     if not global_mesh_defined() or axis_resources is None:
         return x
+    from ..nn.spmd import _replicate_uneven
     from ..numpy import with_sharding
     from ..sharding import NamedSharding, get_mesh as _active
-    return with_sharding(x, NamedSharding(_active(), axis_resources))
+    shape = getattr(x, 'shape', None)
+    target = NamedSharding(_active(), axis_resources)
+    return with_sharding(x, _replicate_uneven(target, np.shape(x) if shape is None else shape))
 
 
 def _device_grid(model_parallel_submesh, input_devices=(), input_local_devices=(),

@@ -11,6 +11,7 @@ import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, optim, random
 from ctrainstate import partitioning as nn_partitioning
+from ctrainstate.core import unfreeze
 from ctrainstate.train_state import TrainState
 from conftest import bytes_in_use, flat_tree as _flat
 
@@ -170,6 +171,9 @@ def test_seed_recipe_step_by_step_and_one_call_agree():
         logical = nn_partitioning.get_axis_names(abstract["params_axes"])  # 2. logical specs
         mesh_specs = nn_partitioning.logical_to_mesh(logical)             # 3. mesh specs
         assert mesh_specs == {"wi": P(None, "model"), "wo": P("model", None)}
+        # get_axis_names gives a FrozenDict and init plain dicts, as in Flax >= 0.7: the
+        # spec tree is unfrozen to match the params' (a FrozenDict is another pytree node)
+        mesh_specs = unfreeze(mesh_specs)
         with mesh:
             p_init = cts.pjit(lambda k, x: model.init(k, x)["params"], in_axis_resources=None,
                               out_axis_resources=mesh_specs)            # 4. partitioned init

@@ -506,3 +506,13 @@ def test_param_with_axes_under_jit_is_born_replicated_on_a_non_dividing_axis():
         with pytest.raises(ValueError, match="50257 is not divisible by mesh axis 'mp'"):
             nn_partitioning.param_with_axes("wte", nn.initializers.ones, (50257, 16),
                                             axes=('vocab', 'embed'))
+
+
+def test_get_axis_names_returns_a_frozendict_as_flax():
+    from ctrainstate.core import FrozenDict
+    md = nn_partitioning.AxisMetadata
+    got = nn_partitioning.get_axis_names({'enc': {'kernel_axes': md(('a', None))},
+                                          'b_axes': md(())})
+    assert type(got) is FrozenDict and type(got['enc']) is FrozenDict
+    assert got == {'enc': {'kernel': P('a', None)}, 'b': P()}
+    assert type(nn_partitioning.get_axis_names({})) is FrozenDict

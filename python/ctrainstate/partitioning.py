@@ -8,8 +8,9 @@ Version profile: current Flax (0.12.3+) resolution semantics, the ≥0.6.8
 ``with_sharding_constraint(x, axes, rules=None, mesh=None, fallback=...)``
 signature, and ``variable_with_axes(axes=())`` recording empty metadata (≥0.6.2).
 One deliberate difference: ``param_with_axes`` / ``variable_with_axes`` raise a
-``ValueError`` naming the parameter path, its shape and the axes when a tuple of
-axes does not match the value's rank (Flax stays silent until JAX fails).
+``ValueError`` naming the parameter path, its shape and the axes when a non-empty
+tuple of axes does not match the value's rank (Flax stays silent until JAX fails);
+``axes=()`` means replicated on a value of any rank, as in Flax.
 
 >>> import numpy as np
 >>> from ctrainstate import partitioning as nn_partitioning
@@ -20,9 +21,9 @@ axes does not match the value's rank (Flax stays silent until JAX fails).
 ...     w = nn_partitioning.param_with_axes('wi', lambda k, s: np.zeros(s), (4, 8),
 ...                                         axes=('embed', 'mlp'))
 >>> axes = nn_partitioning.get_axis_names(scope.variables()['params_axes'])
->>> axes
-{'wi': PartitionSpec('embed', 'mlp')}
->>> nn_partitioning.logical_to_mesh(axes, rules)
+>>> axes == {'wi': PartitionSpec('embed', 'mlp')}
+True
+>>> dict(nn_partitioning.logical_to_mesh(axes, rules))
 {'wi': PartitionSpec(None, 'model')}
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import tree_util
+from .core import FrozenDict
 from .nn import spmd
 from .nn.scope import Scope, Variable, ScopeVariableNotFoundError, current_scope
 from .nn.spmd import (  # noqa: F401  (re-exports)
@@ -266,7 +268,7 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], 
     >>> from ctrainstate.nn.scope import Scope
     >>> s = Scope(mutable=True)
     >>> _ = variable_with_axes('cache', 'k', np.zeros, (2, 4), axes=('batch', 'kv'), module=s)
-    >>> get_axis_names(s.variables()['cache_axes'])
+    >>> dict(get_axis_names(s.variables()['cache_axes']))
     {'k': PartitionSpec('batch', 'kv')}
     """
     module = _resolve_module(module)
@@ -298,16 +300,21 @@ def _flatten_dict(d, prefix=()):
     return out
 
 
-def get_axis_names(axes_metadata) -> dict:
+def get_axis_names(axes_metadata) -> FrozenDict:
     """Turn one ``*_axes`` collection into a tree of logical ``PartitionSpec``\\ s.
 
     Paths are joined with ``'/'``, a trailing ``_axes`` is removed, and every
     logical spec inside ``names`` becomes ``PartitionSpec(*names)`` (``None``
-    stays ``None``). Returns a plain nested dict.
+    stays ``None``). Returns a ``FrozenDict``, as Flax does (it compares equal to
+    a plain dict with the same items).
 
     >>> from ctrainstate.partitioning import AxisMetadata, get_axis_names
-    >>> get_axis_names({'mlp': {'wi_axes': AxisMetadata(('embed', 'mlp'))}, 'b_axes': AxisMetadata(())})
-    {'mlp': {'wi': PartitionSpec('embed', 'mlp')}, 'b': PartitionSpec()}
+    >>> names = get_axis_names({'mlp': {'wi_axes': AxisMetadata(('embed', 'mlp'))},
+    ...                         'b_axes': AxisMetadata(())})
+    >>> names == {'mlp': {'wi': PartitionSpec('embed', 'mlp')}, 'b': PartitionSpec()}
+    True
+    >>> type(names).__name__
+    'FrozenDict'
     """
 
     def rewrite(names):
@@ -330,7 +337,7 @@ def get_axis_names(axes_metadata) -> dict:
         for key in keys[:-1]:
             d = d.setdefault(key, {})
         d[keys[-1]] = v
-    return out
+    return FrozenDict(out)
 
 
 from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)

@@ -516,3 +516,49 @@ def test_get_axis_names_returns_a_frozendict_as_flax():
     assert type(got) is FrozenDict and type(got['enc']) is FrozenDict
     assert got == {'enc': {'kernel': P('a', None)}, 'b': P()}
     assert type(nn_partitioning.get_axis_names({})) is FrozenDict
+
+
+# --- strict rules name the parameter --------------------------------------------------------------
+
+def test_strict_axis_rules_name_the_parameter_and_the_logical_name():
+    rules = (('batch', 'data'), ('embed', None), ('mlp', 'model'))
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(8, name='fc', kernel_init=nn.with_logical_partitioning(
+                nn.initializers.ones, ('embed', 'mpl')))(x)
+            return h + nn_partitioning.param_with_axes('w', nn.initializers.zeros, (8,),
+                                                       axes=('mlp',))
+
+    class P2(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn_partitioning.param_with_axes('w', nn.initializers.zeros, (4, 8),
+                                                   axes=('embd', 'mlp'))
+
+    x = np.ones((2, 4), np.float32)
+    key = cts.random.PRNGKey(0)
+    mesh = cts.make_mesh((2, 4), ('data', 'model'))
+    for ctx in (lambda: nn_partitioning.axis_rules(rules, strict=True),
+                lambda: _both(mesh, nn_partitioning.axis_rules(rules, strict=True))):
+        with ctx():
+            with pytest.raises(ValueError, match=r"^parameter 'fc/kernel': logical axis name "
+                                                 r"'mpl' of \('embed', 'mpl'\) matches no rule"):
+                M().init(key, x)
+            with pytest.raises(ValueError, match=r"^parameter 'w': logical axis name 'embd'"):
+                P2().init(key, x)
+        with pytest.raises(ValueError, match=r"^variable 'cache/k': logical axis name 'bach'"):
+            with nn_partitioning.axis_rules(rules, strict=True):
+                nn_partitioning.variable_with_axes('cache', 'k', np.zeros, (2, 4),
+                                                   axes=('bach', 'embed'), module=_scope())
+    with nn_partitioning.axis_rules(rules):   # default: Flax's silent replication
+        assert M().init(key, x)['params']['fc']['kernel'].names == ('embed', 'mpl')
+
+
+def _both(a, b):
+    import contextlib
+    stack = contextlib.ExitStack()
+    stack.enter_context(a)
+    stack.enter_context(b)
+    return stack

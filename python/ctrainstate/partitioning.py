@@ -190,21 +190,22 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
     module = _resolve_module(module)
-    sharding = _born_sharding(axes)
-    init = init_fn
-    if sharding is not None:
-        from .nn.module import sharded_initializer
-        where = '/'.join(_path_of(module) + (name,))
-        # the rank is checked before the sharded value is laid out, so a wrong one is
-        # reported with the parameter's path rather than by the layout
-        init = sharded_initializer(init_fn, sharding,
-                                   check_shape=lambda shape: _check_spec_rank(where, axes, shape))
-    value = module.param(name, init, *init_args, **init_kwargs)
-    if axes is not None:
-        _check_rank(module, name, value, axes)
-        value = with_sharding_constraint(value, PartitionSpec(*axes))
-        module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
-                   reduce_fn=_param_with_axes_sow_reduce_fn)
+    where = '/'.join(_path_of(module) + (name,))
+    with spmd._declaring(f'parameter {where!r}'):
+        sharding = _born_sharding(axes)
+        init = init_fn
+        if sharding is not None:
+            from .nn.module import sharded_initializer
+            # the rank is checked before the sharded value is laid out, so a wrong one is
+            # reported with the parameter's path rather than by the layout
+            init = sharded_initializer(
+                init_fn, sharding, check_shape=lambda shape: _check_spec_rank(where, axes, shape))
+        value = module.param(name, init, *init_args, **init_kwargs)
+        if axes is not None:
+            _check_rank(module, name, value, axes)
+            value = with_sharding_constraint(value, PartitionSpec(*axes))
+            module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
+                       reduce_fn=_param_with_axes_sow_reduce_fn)
     return value
 
 
@@ -273,6 +274,13 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], 
     """
     module = _resolve_module(module)
     scope = getattr(module, 'scope', module)
+    with spmd._declaring(f"variable {'/'.join(_path_of(module) + (collection, name))!r}"):
+        return _variable_with_axes(module, scope, collection, name, init_fn, init_args,
+                                   init_kwargs, axes, fallback)
+
+
+def _variable_with_axes(module, scope, collection, name, init_fn, init_args, init_kwargs, axes,
+                        fallback):
     scope.reserve(name, collection)
     if not scope.has_variable(collection, name):
         if not scope.is_mutable_collection(collection):

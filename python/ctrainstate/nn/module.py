@@ -48,6 +48,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
+from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
 
 __all__ = ["Module", "compact", "nowrap", "ModuleScope", "current_module", "fold_in_static",
@@ -599,7 +600,10 @@ class Module:
         """
         scope = self._need_scope("param")
         self._check_declaring("Parameters")
-        return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+        if _spmd._strict.rules is None:
+            return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+        with _spmd._declaring(f"parameter {'/'.join(tuple(scope.path) + (name,))!r}"):
+            return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
 
     def variable(self, col: str, name: str, init_fn: Callable | None = None, *init_args,
                  unbox: bool = True, **init_kwargs):

@@ -17,8 +17,10 @@ PartitionSpec('data', 'model', None)
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -53,8 +55,95 @@ _unassigned_axis = _UnassignedAxis()
 
 # --- rules context -----------------------------------------------------------
 
-# Context manager type implemented in C (csrc/python/py_rules.c); see its docstring.
-logical_axis_rules = _C.axis_rules
+class _StrictState(threading.local):
+    """This thread's strict rules: the rules object an ``axis_rules(..., strict=True)``
+    installed (strict while it is the active rules object), and the path of the variable
+    being declared, for the error."""
+
+    rules = None
+    where = None
+
+
+_strict = _StrictState()
+
+
+def logical_axis_rules(rules: LogicalRules, strict: bool = False):
+    """Context manager: ``rules`` are this thread's logical axis rules inside the block.
+
+    Nesting replaces (the inner rules alone are visible) and the previous rules come back
+    on exit, also on an exception; ``with ... as x`` gives ``None``. By default a logical
+    name that matches no rule is replicated, as Flax does. With ``strict=True`` such a name
+    raises a ``ValueError`` naming the parameter (or constraint) and the name, wherever
+    these rules resolve names: a typo in a rule table or an annotation no longer shards
+    nothing silently. Strictness belongs to these rules: a nested ``axis_rules(other)``
+    is not strict unless it says so. (A default context is the C type
+    ``ctrainstate._C.axis_rules``.)
+
+    >>> from ctrainstate.nn import logical_axis_rules, logical_to_mesh_axes
+    >>> with logical_axis_rules((('batch', 'data'),)):
+    ...     logical_to_mesh_axes(('batch', 'embd'))
+    PartitionSpec('data', None)
+    >>> with logical_axis_rules((('batch', 'data'),), strict=True):
+    ...     logical_to_mesh_axes(('batch', 'embd'))
+    Traceback (most recent call last):
+    ...
+    ValueError: logical axis name 'embd' of ('batch', 'embd') matches no rule of axis_rules(..., strict=True) (rules for: 'batch'); add ('embd', None) to replicate it on purpose
+    """
+    if not strict:
+        return _C.axis_rules(rules)
+    return _strict_axis_rules(rules)
+
+
+@contextlib.contextmanager
+def _strict_axis_rules(rules):
+    saved = _strict.rules
+    _strict.rules = rules
+    try:
+        with _C.axis_rules(rules):
+            yield
+    finally:
+        _strict.rules = saved
+
+
+def _is_strict(rules) -> bool:
+    """Whether names resolved against ``rules`` (None: the context's) must all match a rule."""
+    strict = _strict.rules
+    if strict is None:
+        return False
+    return (_C.get_axis_rules() if rules is None else rules) is strict
+
+
+def _check_strict(array_dim_names, rules) -> None:
+    """In strict mode, raise for a logical name no rule mentions (after the resolver
+    accepted the rules, so a malformed table is reported as such first)."""
+    rules = _C.get_axis_rules() if rules is None else rules
+    known = {r[0] for r in rules}
+    for name in array_dim_names:
+        if isinstance(name, str) and name not in known:
+            where = _strict.where
+            head = f'{where}: ' if where else ''
+            listed = ', '.join(repr(n) for n in dict.fromkeys(r[0] for r in rules))
+            raise ValueError(f'{head}logical axis name {name!r} of {tuple(array_dim_names)!r} '
+                             f'matches no rule of axis_rules(..., strict=True) (rules for: '
+                             f'{listed}); add ({name!r}, None) to replicate it on purpose')
+
+
+def _declaring(where: str):
+    """A context naming the variable being declared in a strict-rules error raised inside
+    it (nothing to do, and nothing done, while no strict rules are installed)."""
+    if _strict.rules is None:
+        return contextlib.nullcontext()
+    return _declaring_variable(where)
+
+
+@contextlib.contextmanager
+def _declaring_variable(where: str):
+    saved = _strict.where
+    _strict.where = where
+    try:
+        yield
+    finally:
+        _strict.where = saved
 
 
 def set_logical_axis_rules(rules: LogicalRules) -> None:
@@ -84,9 +173,27 @@ def get_logical_axis_rules() -> LogicalRules:
 
 # --- resolution --------------------------------------------------------------
 
+def _check_dim_names(array_dim_names, who: str) -> None:
+    """``array_dim_names`` is None or a sequence of names, one per dimension."""
+    if array_dim_names is None:
+        return
+    if isinstance(array_dim_names, str):
+        raise TypeError(f'{who}: array_dim_names must be a sequence of logical axis names, one '
+                        f'per dimension, not the string {array_dim_names!r}; for a 1-d array '
+                        f'write ({array_dim_names!r},)')
+    if isinstance(array_dim_names, dict) or not hasattr(array_dim_names, '__iter__'):
+        raise TypeError(f'{who}: array_dim_names must be a sequence of logical axis names (a '
+                        f'tuple, list or PartitionSpec, one entry per dimension) or None, got '
+                        f'{type(array_dim_names).__name__} {array_dim_names!r}')
+
+
 def _logical_to_mesh_axes(array_dim_names, rules=None):
     """Raw resolution: a list with ``_unassigned_axis`` where no rule applied."""
-    return _C.resolve_logical_axes(array_dim_names, rules, _unassigned_axis)
+    _check_dim_names(array_dim_names, 'with_logical_constraint')
+    result = _C.resolve_logical_axes(array_dim_names, rules, _unassigned_axis)
+    if result is not None and _is_strict(rules):
+        _check_strict(array_dim_names, rules)
+    return result
 
 
 def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None,
@@ -105,10 +212,17 @@ def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None,
     Traceback (most recent call last):
     ...
     ValueError: Unsupported: Dimensions ('a',) occur more than once in array names.
+    >>> logical_to_mesh_axes(3, rules)
+    Traceback (most recent call last):
+    ...
+    TypeError: logical_to_mesh_axes: array_dim_names must be a sequence of logical axis names (a tuple, list or PartitionSpec, one entry per dimension) or None, got int 3
     """
+    _check_dim_names(array_dim_names, 'logical_to_mesh_axes')
     result = _C.resolve_logical_axes(array_dim_names, rules, None)
     if result is None:
         return None
+    if _is_strict(rules):
+        _check_strict(array_dim_names, rules)
     return PartitionSpec(*result)
 
 
@@ -374,6 +488,8 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from ..sharding import NamedSharding, get_mesh
+        if _is_strict(rules):   # a typo is reported at init, with or without a mesh
+            logical_to_mesh_axes(tuple(names), rules)
         m = mesh if mesh is not None else get_mesh()
         init = fn
         if m is not None and 'out_sharding' not in kwargs:  # born sharded

@@ -21,6 +21,7 @@ tuple of axes does not match the value's rank (Flax stays silent until JAX fails
 ...     w = nn_partitioning.param_with_axes('wi', lambda k, s: np.zeros(s), (4, 8),
 ...                                         axes=('embed', 'mlp'))
 >>> axes = nn_partitioning.get_axis_names(scope.variables()['params_axes'])
+>>> from ctrainstate.sharding import PartitionSpec
 >>> axes == {'wi': PartitionSpec('embed', 'mlp')}
 True
 >>> dict(nn_partitioning.logical_to_mesh(axes, rules))
@@ -28,15 +29,19 @@ True
 """
 from __future__ import annotations
 
-import re
-from typing import Any, Callable
+# Non-API names are imported under private aliases: this module's public names are
+# exactly its __all__ (the API of flax.linen.partitioning).
+import re as _re
+import typing as _typing
 
-import numpy as np
+import numpy as _np
 
-from . import tree_util
-from .core import FrozenDict
-from .nn import spmd
-from .nn.scope import Scope, Variable, ScopeVariableNotFoundError, current_scope
+from . import tree_util as _tree_util
+from .core import FrozenDict as _FrozenDict
+from .nn import spmd as _spmd
+from .nn.scope import Variable as _Variable
+from .nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundError
+from .nn.scope import current_scope as _current_scope
 from .nn.spmd import (  # noqa: F401  (re-exports)
     LogicalRules,
     RulesFallback,
@@ -45,12 +50,12 @@ from .nn.spmd import (  # noqa: F401  (re-exports)
     logical_to_mesh_sharding,
     _is_logical_spec,
 )
-from .sharding import PartitionSpec
+from .sharding import PartitionSpec as _PartitionSpec
 
-axis_rules = spmd.logical_axis_rules
-set_axis_rules = spmd.set_logical_axis_rules
-get_axis_rules = spmd.get_logical_axis_rules
-with_sharding_constraint = spmd.with_logical_constraint
+axis_rules = _spmd.logical_axis_rules
+set_axis_rules = _spmd.set_logical_axis_rules
+get_axis_rules = _spmd.get_logical_axis_rules
+with_sharding_constraint = _spmd.with_logical_constraint
 
 __all__ = [
     'LogicalRules', 'axis_rules', 'set_axis_rules', 'get_axis_rules', 'logical_to_mesh_axes',
@@ -98,7 +103,7 @@ class AxisMetadata:
         return AxisMetadata(updates.get('names', self.names))
 
 
-tree_util.register_pytree_node(
+_tree_util.register_pytree_node(
     AxisMetadata,
     lambda m: ((), m.names),
     lambda names, children: AxisMetadata(names),
@@ -123,7 +128,7 @@ def _resolve_module(module):
         from .nn.module import current_module
         module = current_module()
     if module is None:
-        module = current_scope()
+        module = _current_scope()
         if module is None:
             raise ValueError('param_with_axes/variable_with_axes need a module or scope: call them '
                              'inside a module method or a `with scope:` block, or pass module=.')
@@ -157,11 +162,11 @@ def _check_rank(module, name, value, axes):
 
     def check(spec, sub):
         shape = getattr(sub, 'shape', None)
-        _check_spec_rank(where, spec, np.shape(sub) if shape is None else shape)
+        _check_spec_rank(where, spec, _np.shape(sub) if shape is None else shape)
         return sub
 
     try:
-        spmd._tree_map_prefix(check, axes, value, _is_logical_spec)
+        _spmd._tree_map_prefix(check, axes, value, _is_logical_spec)
     except ValueError:
         raise
     except Exception as e:  # structure mismatch between the axes pytree and the value
@@ -169,8 +174,8 @@ def _check_rank(module, name, value, axes):
                          f'its value: {e}') from None
 
 
-def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=None, module=None,
-                    **init_kwargs):
+def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *init_args,
+                    axes=None, module=None, **init_kwargs):
     """Declare a parameter and record its logical axes in ``params_axes``.
 
     Calls ``module.param(name, init_fn, *init_args, **init_kwargs)`` (``module``
@@ -191,7 +196,7 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
     """
     module = _resolve_module(module)
     where = '/'.join(_path_of(module) + (name,))
-    with spmd._declaring(f'parameter {where!r}'):
+    with _spmd._declaring(f'parameter {where!r}'):
         sharding = _born_sharding(axes)
         init = init_fn
         if sharding is not None:
@@ -203,7 +208,7 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
         value = module.param(name, init, *init_args, **init_kwargs)
         if axes is not None:
             _check_rank(module, name, value, axes)
-            value = with_sharding_constraint(value, PartitionSpec(*axes))
+            value = with_sharding_constraint(value, _PartitionSpec(*axes))
             module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
                        reduce_fn=_param_with_axes_sow_reduce_fn)
     return value
@@ -217,12 +222,12 @@ def _born_sharding(axes):
     if mesh is None or axes is None or not _is_logical_spec(axes):
         return None
     spec = logical_to_mesh_axes(tuple(axes))
-    if spec is None or any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+    if spec is None or any(e is _PartitionSpec.UNCONSTRAINED for e in spec):
         return None
     return NamedSharding(mesh, spec)
 
 
-class PartitionedVariable(Variable):
+class PartitionedVariable(_Variable):
     """A variable that re-applies its logical constraint on every read and write.
 
     >>> import numpy as np
@@ -254,8 +259,9 @@ class PartitionedVariable(Variable):
         self.scope.put_variable(self.collection, self.name, value)
 
 
-def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], *init_args, axes=None,
-                       module=None, fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
+def variable_with_axes(collection: str, name: str, init_fn: _typing.Callable[..., _typing.Any],
+                       *init_args, axes=None, module=None,
+                       fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
                        **init_kwargs) -> PartitionedVariable:
     """Declare a variable of ``collection`` and record its axes in ``<collection>_axes``.
 
@@ -274,7 +280,7 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], 
     """
     module = _resolve_module(module)
     scope = getattr(module, 'scope', module)
-    with spmd._declaring(f"variable {'/'.join(_path_of(module) + (collection, name))!r}"):
+    with _spmd._declaring(f"variable {'/'.join(_path_of(module) + (collection, name))!r}"):
         return _variable_with_axes(module, scope, collection, name, init_fn, init_args,
                                    init_kwargs, axes, fallback)
 
@@ -284,7 +290,7 @@ def _variable_with_axes(module, scope, collection, name, init_fn, init_args, ini
     scope.reserve(name, collection)
     if not scope.has_variable(collection, name):
         if not scope.is_mutable_collection(collection):
-            raise ScopeVariableNotFoundError(name, collection, scope.path_text)
+            raise _ScopeVariableNotFoundError(name, collection, scope.path_text)
         init_value = init_fn(*init_args, **init_kwargs)
         if axes is not None:
             _check_rank(module, name, init_value, axes)
@@ -308,7 +314,7 @@ def _flatten_dict(d, prefix=()):
     return out
 
 
-def get_axis_names(axes_metadata) -> FrozenDict:
+def get_axis_names(axes_metadata) -> _FrozenDict:
     """Turn one ``*_axes`` collection into a tree of logical ``PartitionSpec``\\ s.
 
     Paths are joined with ``'/'``, a trailing ``_axes`` is removed, and every
@@ -317,6 +323,7 @@ def get_axis_names(axes_metadata) -> FrozenDict:
     a plain dict with the same items).
 
     >>> from ctrainstate.partitioning import AxisMetadata, get_axis_names
+    >>> from ctrainstate.sharding import PartitionSpec
     >>> names = get_axis_names({'mlp': {'wi_axes': AxisMetadata(('embed', 'mlp'))},
     ...                         'b_axes': AxisMetadata(())})
     >>> names == {'mlp': {'wi': PartitionSpec('embed', 'mlp')}, 'b': PartitionSpec()}
@@ -326,7 +333,7 @@ def get_axis_names(axes_metadata) -> FrozenDict:
     """
 
     def rewrite(names):
-        return tree_util.tree_map(lambda x: None if x is None else PartitionSpec(*x), names,
+        return _tree_util.tree_map(lambda x: None if x is None else _PartitionSpec(*x), names,
                                   is_leaf=_is_logical_spec)
 
     if not hasattr(axes_metadata, 'keys'):
@@ -337,7 +344,7 @@ def get_axis_names(axes_metadata) -> FrozenDict:
         if not hasattr(v, 'names'):
             raise TypeError(f"get_axis_names: {'/'.join(map(str, k))!r} holds a "
                             f"{type(v).__name__} ({v!r}), not AxisMetadata")
-        flat[re.sub(r'_axes$', '', '/'.join(k))] = rewrite(v.names)
+        flat[_re.sub(r'_axes$', '', '/'.join(k))] = rewrite(v.names)
     out: dict = {}
     for path, v in flat.items():
         keys = path.split('/')
@@ -345,7 +352,7 @@ def get_axis_names(axes_metadata) -> FrozenDict:
         for key in keys[:-1]:
             d = d.setdefault(key, {})
         d[keys[-1]] = v
-    return FrozenDict(out)
+    return _FrozenDict(out)
 
 
 from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)

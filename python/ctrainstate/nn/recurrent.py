@@ -46,7 +46,7 @@ from .lifted import scan as _scan
 from .module import Module, compact, nowrap
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell", "MGUCell",
-           "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences"]
+           "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences", "DenseParams"]
 
 sigmoid = cnp.sigmoid
 tanh = cnp.tanh

@@ -33,7 +33,7 @@ from . import meta
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
            'ScopeParamShapeError',
-           'DenyList', 'in_filter', 'union_filters']
+           'DenyList', 'in_filter', 'union_filters', 'check_filter']
 
 
 class DenyList:

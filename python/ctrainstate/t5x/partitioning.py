@@ -39,7 +39,7 @@ from ..tree_util import tree_map
 __all__ = [
     'AxisNames', 'DataLayout', 'LocalChunkInfo', 'LocalChunker', 'PartitionSpec',
     'PjitPartitioner', 'PjittedFnWithContext', 'MeshError', 'bounds_from_last_device',
-    'default_mesh', 'get_coords', 'get_cpu_mesh', 'get_gpu_mesh', 'get_mesh',
+    'default_mesh', 'default_submesh', 'get_coords', 'get_cpu_mesh', 'get_gpu_mesh', 'get_mesh',
     'global_mesh_defined', 'standard_logical_axis_rules', 'with_sharding_constraint',
     'LogicalAxisRules', 'HardwareMesh', 'pjit', 'host_local_array_to_global_array',
 ]

@@ -330,3 +330,16 @@ def test_strict_axis_rules_are_per_thread():
         t.start()
         t.join()
     assert seen == [P(None)]
+
+
+def test_strict_axis_rules_context_is_reentrant_and_checks_generator_names():
+    ctx = nn_partitioning.axis_rules(R1, strict=True)
+    with ctx:
+        with ctx:
+            with pytest.raises(ValueError, match="'x'"):
+                nn_partitioning.logical_to_mesh_axes(n for n in ('foo', 'x'))
+        assert nn_partitioning.get_axis_rules() is R1
+        with pytest.raises(ValueError, match="'x'"):
+            nn_partitioning.logical_to_mesh_axes(('x',))
+    assert nn_partitioning.get_axis_rules() == ()
+    assert nn_partitioning.logical_to_mesh_axes(('x',), R1) == P(None)

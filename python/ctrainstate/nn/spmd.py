@@ -91,18 +91,35 @@ def logical_axis_rules(rules: LogicalRules, strict: bool = False):
     """
     if not strict:
         return _C.axis_rules(rules)
-    return _strict_axis_rules(rules)
+    return _StrictAxisRules(rules)
 
 
-@contextlib.contextmanager
-def _strict_axis_rules(rules):
-    saved = _strict.rules
-    _strict.rules = rules
-    try:
-        with _C.axis_rules(rules):
-            yield
-    finally:
-        _strict.rules = saved
+class _StrictAxisRules:
+    """``axis_rules(rules, strict=True)``: the C context for the rules, plus this thread's
+    strict marker; re-entrant like the C context (each ``__enter__`` saves what it replaces)."""
+
+    __slots__ = ('_rules', '_contexts', '_saved')
+
+    def __init__(self, rules):
+        self._rules = rules
+        self._contexts = []
+        self._saved = []
+
+    def __enter__(self):
+        ctx = _C.axis_rules(self._rules)
+        ctx.__enter__()
+        self._contexts.append(ctx)
+        self._saved.append(_strict.rules)
+        _strict.rules = self._rules
+        return None
+
+    def __exit__(self, *exc):
+        _strict.rules = self._saved.pop()
+        self._contexts.pop().__exit__(*exc)
+        return False
+
+    def __repr__(self):
+        return f'axis_rules({self._rules!r}, strict=True)'
 
 
 def _is_strict(rules) -> bool:
@@ -173,10 +190,11 @@ def get_logical_axis_rules() -> LogicalRules:
 
 # --- resolution --------------------------------------------------------------
 
-def _check_dim_names(array_dim_names, who: str) -> None:
-    """``array_dim_names`` is None or a sequence of names, one per dimension."""
-    if array_dim_names is None:
-        return
+def _check_dim_names(array_dim_names, who: str):
+    """``array_dim_names`` (None or a sequence of names, one per dimension) as a tuple or
+    list the resolver and the strict check can both read."""
+    if array_dim_names is None or isinstance(array_dim_names, (tuple, list)):
+        return array_dim_names
     if isinstance(array_dim_names, str):
         raise TypeError(f'{who}: array_dim_names must be a sequence of logical axis names, one '
                         f'per dimension, not the string {array_dim_names!r}; for a 1-d array '
@@ -185,11 +203,12 @@ def _check_dim_names(array_dim_names, who: str) -> None:
         raise TypeError(f'{who}: array_dim_names must be a sequence of logical axis names (a '
                         f'tuple, list or PartitionSpec, one entry per dimension) or None, got '
                         f'{type(array_dim_names).__name__} {array_dim_names!r}')
+    return tuple(array_dim_names)
 
 
 def _logical_to_mesh_axes(array_dim_names, rules=None):
     """Raw resolution: a list with ``_unassigned_axis`` where no rule applied."""
-    _check_dim_names(array_dim_names, 'with_logical_constraint')
+    array_dim_names = _check_dim_names(array_dim_names, 'with_logical_constraint')
     result = _C.resolve_logical_axes(array_dim_names, rules, _unassigned_axis)
     if result is not None and _is_strict(rules):
         _check_strict(array_dim_names, rules)
@@ -217,7 +236,7 @@ def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None,
     ...
     TypeError: logical_to_mesh_axes: array_dim_names must be a sequence of logical axis names (a tuple, list or PartitionSpec, one entry per dimension) or None, got int 3
     """
-    _check_dim_names(array_dim_names, 'logical_to_mesh_axes')
+    array_dim_names = _check_dim_names(array_dim_names, 'logical_to_mesh_axes')
     result = _C.resolve_logical_axes(array_dim_names, rules, None)
     if result is None:
         return None

@@ -146,7 +146,8 @@ def _port_modules():
     names = ["ctrainstate.partitioning", "ctrainstate.struct"]
     for pkg in ("ctrainstate.nn", "ctrainstate.t5x", "ctrainstate.hf"):
         names.append(pkg)
-        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(importlib.import_module(pkg).__path__)
+        path = importlib.import_module(pkg).__path__
+        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(path)
                   if not m.name.startswith("_")]
     return names
 

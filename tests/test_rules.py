@@ -278,7 +278,8 @@ def test_threads_resolve_concurrently_with_own_rules():
 
 # --- argument errors name the argument ----------------------------------------------------------
 
-@pytest.mark.parametrize('names,got', [(3, 'int 3'), (2.5, 'float 2.5'), ({'a': 1}, "dict {'a': 1}")])
+@pytest.mark.parametrize('names,got', [(3, 'int 3'), (2.5, 'float 2.5'),
+                                       ({'a': 1}, "dict {'a': 1}")])
 def test_logical_to_mesh_axes_of_a_non_sequence_names_the_argument(names, got):
     """An int gave "'int' object is not iterable" from the resolver."""
     with pytest.raises(TypeError, match=r'^logical_to_mesh_axes: array_dim_names must be a '
@@ -301,9 +302,11 @@ def test_logical_to_mesh_axes_of_a_string_is_an_error_not_its_characters():
 def test_strict_axis_rules_raise_for_a_name_no_rule_matches():
     with nn_partitioning.axis_rules(R1, strict=True) as ctx:
         assert ctx is None
-        assert nn_partitioning.logical_to_mesh_axes(('foo', None, 'bar')) == P('data', None, 'model')
+        got = nn_partitioning.logical_to_mesh_axes(('foo', None, 'bar'))
+        assert got == P('data', None, 'model')
         with pytest.raises(ValueError, match=r"logical axis name 'fooo' of \('fooo', 'bar'\) "
-                                             r"matches no rule of axis_rules\(\.\.\., strict=True\)"):
+                                             r"matches no rule of axis_rules\(\.\.\., "
+                                             r"strict=True\)"):
             nn_partitioning.logical_to_mesh_axes(('fooo', 'bar'))
         with pytest.raises(ValueError, match="'qux'"):
             nn_partitioning.with_sharding_constraint(1.0, ('foo', 'qux'))

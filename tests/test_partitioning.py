@@ -503,7 +503,9 @@ def test_param_with_axes_under_jit_is_born_replicated_on_a_non_dividing_axis():
         assert w.sharding == NamedSharding(mesh, P(None, 'data'))
     s = _scope()
     with mesh, nn_partitioning.axis_rules(rules), s:
-        with pytest.raises(ValueError, match="50257 is not divisible by mesh axis 'mp'"):
+        with pytest.raises(ValueError, match=r"^parameter \"wte\" of shape \(50257, 16\): "
+                                             r"dimension 0 \(logical axis 'vocab'\) of size "
+                                             r"50257 is not divisible by mesh axes \('mp',\)"):
             nn_partitioning.param_with_axes("wte", nn.initializers.ones, (50257, 16),
                                             axes=('vocab', 'embed'))
 

@@ -156,6 +156,22 @@ def _check_spec_rank(where: str, spec, shape) -> None:
                          f'{len(spec)}.')
 
 
+def _check_born_shape(where: str, axes, sharding, shape) -> None:
+    """A parameter born with ``sharding`` (resolved from ``axes``) fits it: its rank is
+    the axes' and, outside ``jit`` (where such a dimension is replicated instead), its mesh
+    axes divide their dimensions."""
+    from ._trace_state import in_jit
+    _check_spec_rank(where, axes, shape)
+    if in_jit():
+        return
+    for i, mesh_axes, parts in _spmd._uneven_dims(sharding, shape):
+        raise ValueError(
+            f'parameter "{where}" of shape {tuple(shape)}: dimension {i} (logical axis '
+            f'{axes[i]!r}) of size {shape[i]} is not divisible by mesh axes {mesh_axes} '
+            f'({parts} devices); under jit / pjit that dimension is replicated, or map '
+            f'{axes[i]!r} to another mesh axis (or None) in the rules')
+
+
 def _check_rank(module, name, value, axes):
     """Raise if a logical spec in ``axes`` does not fit the rank of the value it annotates."""
     where = '/'.join(_path_of(module) + (name,))
@@ -201,10 +217,11 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
         init = init_fn
         if sharding is not None:
             from .nn.module import sharded_initializer
-            # the rank is checked before the sharded value is laid out, so a wrong one is
-            # reported with the parameter's path rather than by the layout
+            # rank and divisibility are checked before the sharded value is laid out, so a
+            # wrong one is reported with the parameter's path rather than by the layout
             init = sharded_initializer(
-                init_fn, sharding, check_shape=lambda shape: _check_spec_rank(where, axes, shape))
+                init_fn, sharding,
+                check_shape=lambda shape: _check_born_shape(where, axes, sharding, shape))
         value = module.param(name, init, *init_args, **init_kwargs)
         if axes is not None:
             _check_rank(module, name, value, axes)

@@ -319,20 +319,30 @@ def _replicate_uneven(sharding, shape):
     from .._trace_state import in_jit
     if not in_jit() or not isinstance(sharding, NamedSharding):
         return sharding
-    sizes = dict(sharding.mesh.shape)
+    uneven = _uneven_dims(sharding, shape)
+    if not uneven:
+        return sharding
     spec = list(sharding.spec)
-    changed = False
-    for i, e in enumerate(spec[:len(shape)]):
+    for i, _, _ in uneven:
+        spec[i] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def _uneven_dims(sharding, shape) -> list:
+    """``[(dimension, mesh axes, parts)]`` for each dimension of ``shape`` that the mesh
+    axes ``sharding`` gives it do not divide (unknown mesh axes are left to the layout)."""
+    sizes = dict(sharding.mesh.shape)
+    out = []
+    for i, e in enumerate(list(sharding.spec)[:len(shape)]):
         if e is None or e is PartitionSpec.UNCONSTRAINED:
             continue
         axes = (e,) if isinstance(e, str) else tuple(e)
         if any(a not in sizes for a in axes):
-            continue  # an unknown mesh axis is reported by the layout, unchanged
+            continue
         parts = int(np.prod([sizes[a] for a in axes], dtype=np.int64))
         if parts > 1 and int(shape[i]) % parts:
-            spec[i] = None
-            changed = True
-    return NamedSharding(sharding.mesh, PartitionSpec(*spec)) if changed else sharding
+            out.append((i, axes, parts))
+    return out
 
 
 def _with_sharding_constraint(x, axis_resources, mesh=None):

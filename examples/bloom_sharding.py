@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 from ctrainstate import hf, nn, random  # noqa: E402
 from ctrainstate import partitioning as nn_partitioning  # noqa: E402
+from ctrainstate.core import freeze  # noqa: E402
 from ctrainstate.t5x import partitioning  # noqa: E402
 from ctrainstate.t5x.train_state import InferenceState  # noqa: E402
 
@@ -125,9 +126,9 @@ def main(argv=None):
         for k, v in params_spec[name].items():
             print(f"  {name}/{k}: {v}")
 
-    # 4. shard + cast, inside the partitioner's mesh
+    # 4. shard + cast, inside the partitioner's mesh (the params frozen like their specs)
     shard_params = partitioner.partition(hf.to_bf16, (params_spec,), params_spec)
-    sharded = shard_params(params)
+    sharded = shard_params(freeze(params))
 
     total = sum(v.size for v in cts.tree_util.tree_leaves(params))
     for path, leaf in cts.tree_util.tree_flatten_with_path(sharded)[0]:

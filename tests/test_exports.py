@@ -58,20 +58,6 @@ def _problems(name: str) -> list:
     return out
 
 
-# Public modules that other work owns and that fail today (an import such as np, Any or
-# annotations shows in dir(), or __all__ is missing); they are fixed where they are owned.
-# strict: once one passes, it must leave this list.
-_KNOWN_FAILING = {"ctrainstate." + m for m in (
-    "partitioning",
-    "hf.cast", "hf.model_parallel", "hf.partitions", "hf.train_state",
-    "nn.activation", "nn.attention", "nn.combinators", "nn.conv", "nn.dtypes",
-    "nn.initializers", "nn.lifted", "nn.linear", "nn.meta", "nn.module", "nn.normalization",
-    "nn.pooling", "nn.recurrent", "nn.scope", "nn.spmd", "nn.stochastic", "nn.summary",
-    "nn.transforms", "nn.transforms_more",
-    "t5x.adafactor", "t5x.optimizers", "t5x.partitioning", "t5x.serialization",
-    "t5x.train_state", "t5x.utils",
-)}
-
 MODULES = _public_modules()
 
 
@@ -86,9 +72,7 @@ def test_public_modules_are_walked():
     assert not any("._" in m for m in MODULES)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="owned elsewhere; fixed there"))
-    if m in _KNOWN_FAILING else m for m in MODULES])
+@pytest.mark.parametrize("name", MODULES)
 def test_public_module_exports_only_its_api(name):
     problems = _problems(name)
     assert not problems, f"{name}: " + "; ".join(problems)

@@ -164,3 +164,23 @@ def test_logically_partitioned_unbox_uses_rules_and_mesh():
     np.testing.assert_array_equal(np.asarray(out), host)
     no_rules = nn.LogicallyPartitioned(box.value, ('a', 'b'), mesh=mesh)
     assert no_rules.unbox() is box.value             # no rules: logical constraint is a no-op
+
+
+def test_partitioned_box_under_jit_replicates_a_dimension_its_mesh_axis_does_not_divide():
+    """jit(init) then jit(apply) of a with_partitioning kernel whose 'mp' axis (2) does not
+    divide its 5 rows: born replicated there, and unbox's constraint keeps it so."""
+    from ctrainstate import random
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            init = nn.with_partitioning(nn.initializers.ones, ('mp', 'data'))
+            return x @ self.param('k', init, (5, 4))
+
+    mesh = cts.make_mesh((4, 2), ('data', 'mp'))
+    x = np.ones((3, 5), np.float32)
+    with mesh:
+        v = cts.jit(M().init)(random.PRNGKey(0), x)
+        assert v['params']['k'].value.sharding == NamedSharding(mesh, P(None, 'data'))
+        y = cts.jit(M().apply)(v, x)
+    np.testing.assert_array_equal(np.asarray(y), np.full((3, 4), 5.0, np.float32))

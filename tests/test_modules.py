@@ -11,6 +11,7 @@ import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, optim, random
 from ctrainstate import partitioning as nn_partitioning
+from ctrainstate.core import unfreeze
 from ctrainstate.train_state import TrainState
 from conftest import bytes_in_use, flat_tree as _flat
 
@@ -170,6 +171,9 @@ def test_seed_recipe_step_by_step_and_one_call_agree():
         logical = nn_partitioning.get_axis_names(abstract["params_axes"])  # 2. logical specs
         mesh_specs = nn_partitioning.logical_to_mesh(logical)             # 3. mesh specs
         assert mesh_specs == {"wi": P(None, "model"), "wo": P("model", None)}
+        # get_axis_names gives a FrozenDict and init plain dicts, as in Flax >= 0.7: the
+        # spec tree is unfrozen to match the params' (a FrozenDict is another pytree node)
+        mesh_specs = unfreeze(mesh_specs)
         with mesh:
             p_init = cts.pjit(lambda k, x: model.init(k, x)["params"], in_axis_resources=None,
                               out_axis_resources=mesh_specs)            # 4. partitioned init
@@ -388,3 +392,35 @@ def test_capture_intermediates():
     assert sorted(got) == sorted(want)
     for k in got:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_jit_init_of_an_embedding_the_model_axis_does_not_divide_is_born_replicated_there():
+    """jit(model.init) of a GPT-2 embedding (50257 tokens) with 'vocab' on an 'mp' axis of 2:
+    under jit XLA replicates the dimension the axis does not divide (eager init raises)."""
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            emb = nn.Embed(50257, 16, embedding_init=nn.with_logical_partitioning(
+                nn.initializers.normal(0.02), ("vocab", "embed")))
+            w = nn_partitioning.param_with_axes("wpe", nn.initializers.normal(0.02), (50257, 16),
+                                                axes=("vocab", "embed"))
+            h = nn.DenseGeneral((5, 4), kernel_init=nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(), ("embed", "vocab", "heads")))(emb(ids) + w[ids])
+            return h
+
+    mesh = cts.make_mesh((4, 2), ("data", "mp"))
+    rules = (("vocab", "mp"), ("embed", None), ("heads", "data"))
+    ids = np.array([[1, 50256]], np.int32)
+    with mesh, nn_partitioning.axis_rules(rules):
+        v = cts.jit(Model().init)(random.PRNGKey(0), ids)
+        assert cts.jit(Model().apply)(v, ids).shape == (1, 2, 5, 4)
+        with pytest.raises(ValueError, match=r"50257 is not divisible by mesh axes \('mp',\)"):
+            Model().init(random.PRNGKey(0), ids)
+    p = nn.meta.unbox(v["params"])   # (outside the mesh: an eager constraint would raise)
+    assert p["Embed_0"]["embedding"].sharding == NamedSharding(mesh, P(None, None))
+    assert p["wpe"].sharding == NamedSharding(mesh, P(None, None))
+    assert p["DenseGeneral_0"]["kernel"].sharding == NamedSharding(mesh, P(None, None, "data"))
+    # the same values as an init without a mesh: only the placement differs
+    ref = nn.meta.unbox(Model().init(random.PRNGKey(0), ids)["params"])
+    np.testing.assert_array_equal(np.asarray(p["Embed_0"]["embedding"]),
+                                  np.asarray(ref["Embed_0"]["embedding"]))

@@ -428,3 +428,139 @@ def test_eval_shape_runs_a_model_that_calls_astype():
     assert shapes["params"]["Dense_0"]["kernel"].shape == (3, 4)
     out = cts.eval_shape(lambda t: t.astype(cnp.bfloat16), np.ones(3, np.float32))
     assert out.shape == (3,) and out.dtype == cnp.bfloat16
+
+
+# --- axes=() means replicated ----------------------------------------------------------------
+
+def test_param_with_axes_empty_axes_on_a_matrix_means_replicated():
+    """Flax stores names=() for a non-scalar param (no rank check for an empty tuple); the
+    rank check stays for every non-empty tuple."""
+    s = _scope()
+    with nn_partitioning.axis_rules(AXIS_RULES_P), s:
+        w = nn_partitioning.param_with_axes('w', _zeros_init, (2, 3), axes=())
+    assert w.shape == (2, 3)
+    assert s.variables()['params_axes'] == {'w_axes': nn_partitioning.AxisMetadata(names=())}
+    assert nn_partitioning.get_axis_names(s.variables()['params_axes']) == {'w': P()}
+    with pytest.raises(ValueError, match='do not match its rank'):
+        nn_partitioning.param_with_axes('v', _zeros_init, (2, 3), axes=('foo',), module=_scope())
+    v = _scope()
+    with v:
+        nn_partitioning.variable_with_axes('cache', 'k', np.zeros, (2, 4), axes=())
+    assert nn_partitioning.get_axis_names(v.variables()['cache_axes']) == {'k': P()}
+
+
+def test_param_with_axes_empty_axes_under_a_mesh_is_born_replicated():
+    mesh = cts.make_mesh((2, 4), ('data', 'model'))
+    s = _scope()
+    with mesh, nn_partitioning.axis_rules(AXIS_RULES_P), s:
+        w = nn_partitioning.param_with_axes('w', nn.initializers.ones, (4, 8), axes=())
+    assert w.sharding == NamedSharding(mesh, P())
+    np.testing.assert_array_equal(np.asarray(w), np.ones((4, 8), np.float32))
+
+
+def test_param_with_axes_rank_mismatch_under_a_mesh_names_the_param():
+    """Under a mesh the rank is checked before the sharded value is laid out, so the error
+    names the parameter (not the layout's 'entries but the array has rank')."""
+    mesh = cts.make_mesh((2, 4), ('data', 'model'))
+    with mesh, nn_partitioning.axis_rules(AXIS_RULES_P):
+        for init in (nn.initializers.zeros, _zeros_init):  # in place / on the host, scattered
+            s = _scope().push('enc')
+            with pytest.raises(ValueError, match=r'"enc/w" do not match its rank: shape '
+                                                 r'\(2, 3\)'):
+                nn_partitioning.param_with_axes('w', init, (2, 3), axes=('foo', 'bar', 'baz'),
+                                                module=s)
+            assert not s.has_variable('params', 'w')
+        w = nn_partitioning.param_with_axes('w', nn.initializers.zeros, (2, 4),
+                                            axes=('bar', 'foo'), module=_scope())
+    assert w.sharding == NamedSharding(mesh, P('data', 'model'))
+
+
+# --- under jit a non-dividing mesh axis replicates its dimension -----------------------------
+
+def test_logical_constraint_under_jit_replicates_a_dimension_the_axis_does_not_divide():
+    from ctrainstate._trace_state import jit_scope
+    mesh = cts.make_mesh((4, 2), ('data', 'model'))
+    x = cts.device_put(np.arange(28, dtype=np.float32).reshape(7, 4))
+    rules = (('vocab', 'model'), ('embed', 'data'))
+    with mesh, nn_partitioning.axis_rules(rules):
+        with jit_scope():
+            y = nn_partitioning.with_sharding_constraint(x, ('vocab', 'embed'))
+        assert y.sharding == NamedSharding(mesh, P(None, 'data'))
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        with pytest.raises(ValueError, match="size 7 is not divisible by mesh axis 'model'"):
+            nn_partitioning.with_sharding_constraint(x, ('vocab', 'embed'))   # eager
+
+
+def test_param_with_axes_under_jit_is_born_replicated_on_a_non_dividing_axis():
+    from ctrainstate._trace_state import jit_scope
+    mesh = cts.make_mesh((4, 2), ('data', 'mp'))
+    rules = (('vocab', 'mp'), ('embed', 'data'))
+    for init in (nn.initializers.ones, lambda k, shape: np.ones(shape, np.float32)):
+        s = _scope()
+        with mesh, nn_partitioning.axis_rules(rules), s, jit_scope():
+            w = nn_partitioning.param_with_axes('wte', init, (50257, 16), axes=('vocab', 'embed'))
+        assert w.shape == (50257, 16)
+        assert w.sharding == NamedSharding(mesh, P(None, 'data'))
+    s = _scope()
+    with mesh, nn_partitioning.axis_rules(rules), s:
+        with pytest.raises(ValueError, match=r"^parameter \"wte\" of shape \(50257, 16\): "
+                                             r"dimension 0 \(logical axis 'vocab'\) of size "
+                                             r"50257 is not divisible by mesh axes \('mp',\)"):
+            nn_partitioning.param_with_axes("wte", nn.initializers.ones, (50257, 16),
+                                            axes=('vocab', 'embed'))
+
+
+def test_get_axis_names_returns_a_frozendict_as_flax():
+    from ctrainstate.core import FrozenDict
+    md = nn_partitioning.AxisMetadata
+    got = nn_partitioning.get_axis_names({'enc': {'kernel_axes': md(('a', None))},
+                                          'b_axes': md(())})
+    assert type(got) is FrozenDict and type(got['enc']) is FrozenDict
+    assert got == {'enc': {'kernel': P('a', None)}, 'b': P()}
+    assert type(nn_partitioning.get_axis_names({})) is FrozenDict
+
+
+# --- strict rules name the parameter --------------------------------------------------------------
+
+def test_strict_axis_rules_name_the_parameter_and_the_logical_name():
+    rules = (('batch', 'data'), ('embed', None), ('mlp', 'model'))
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(8, name='fc', kernel_init=nn.with_logical_partitioning(
+                nn.initializers.ones, ('embed', 'mpl')))(x)
+            return h + nn_partitioning.param_with_axes('w', nn.initializers.zeros, (8,),
+                                                       axes=('mlp',))
+
+    class P2(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn_partitioning.param_with_axes('w', nn.initializers.zeros, (4, 8),
+                                                   axes=('embd', 'mlp'))
+
+    x = np.ones((2, 4), np.float32)
+    key = cts.random.PRNGKey(0)
+    mesh = cts.make_mesh((2, 4), ('data', 'model'))
+    for ctx in (lambda: nn_partitioning.axis_rules(rules, strict=True),
+                lambda: _both(mesh, nn_partitioning.axis_rules(rules, strict=True))):
+        with ctx():
+            with pytest.raises(ValueError, match=r"^parameter 'fc/kernel': logical axis name "
+                                                 r"'mpl' of \('embed', 'mpl'\) matches no rule"):
+                M().init(key, x)
+            with pytest.raises(ValueError, match=r"^parameter 'w': logical axis name 'embd'"):
+                P2().init(key, x)
+        with pytest.raises(ValueError, match=r"^variable 'cache/k': logical axis name 'bach'"):
+            with nn_partitioning.axis_rules(rules, strict=True):
+                nn_partitioning.variable_with_axes('cache', 'k', np.zeros, (2, 4),
+                                                   axes=('bach', 'embed'), module=_scope())
+    with nn_partitioning.axis_rules(rules):   # default: Flax's silent replication
+        assert M().init(key, x)['params']['fc']['kernel'].names == ('embed', 'mpl')
+
+
+def _both(a, b):
+    import contextlib
+    stack = contextlib.ExitStack()
+    stack.enter_context(a)
+    stack.enter_context(b)
+    return stack

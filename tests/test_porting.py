@@ -169,3 +169,54 @@ def test_create_device_mesh_takes_jax_keywords_only():
                                          devices=cts.devices()[:2]).shape == (2,)
     with pytest.raises(TypeError, match="contigous"):
         mesh_utils.create_device_mesh((8,), contigous_submeshes=True)
+
+
+# --- the public modules of the Flax / t5x / HF ports list their API ----------------------------
+
+def _port_modules():
+    import importlib
+    import pkgutil
+    names = ["ctrainstate.partitioning", "ctrainstate.struct"]
+    for pkg in ("ctrainstate.nn", "ctrainstate.t5x", "ctrainstate.hf"):
+        names.append(pkg)
+        path = importlib.import_module(pkg).__path__
+        names += [f"{pkg}.{m.name}" for m in pkgutil.iter_modules(path)
+                  if not m.name.startswith("_")]
+    return names
+
+
+@pytest.mark.parametrize("name", _port_modules())
+def test_port_module_all_lists_its_public_api(name):
+    """Every public module of the ports has an ``__all__``: each entry exists, none is a
+    helper imported from numpy/typing/re, and every public class or function the module
+    defines is listed (a star import gives exactly the API)."""
+    import importlib
+    import types
+    mod = importlib.import_module(name)
+    assert hasattr(mod, "__all__"), name
+    listed = set(mod.__all__)
+    assert len(listed) == len(mod.__all__), f"{name}: __all__ repeats a name"
+    helpers = {"np", "re", "Any", "Callable", "Sequence", "Mapping", "Optional", "Tuple",
+               "Iterable", "annotations", "functools", "dataclasses", "tree_util"}
+    assert not listed & helpers, (name, sorted(listed & helpers))
+    for n in mod.__all__:
+        obj = getattr(mod, n)            # AttributeError: listed but missing
+        if isinstance(obj, types.ModuleType):
+            assert obj.__name__.startswith("ctrainstate."), (name, n)
+    defined = {n for n, v in vars(mod).items() if not n.startswith("_")
+               and getattr(v, "__module__", None) == name
+               and (isinstance(v, type) or callable(v))}
+    assert defined <= listed, f"{name}: public but not in __all__: {sorted(defined - listed)}"
+    star = {}
+    exec(f"from {name} import *", star)
+    assert set(star) - {"__builtins__"} == listed
+
+
+@pytest.mark.parametrize("name", ["ctrainstate.partitioning", "ctrainstate.struct"])
+def test_facade_module_namespace_is_exactly_its_api(name):
+    """flax.linen.partitioning's facade exposed np, re, Any, Scope... as public attributes;
+    its public names are now exactly ``__all__``."""
+    import importlib
+    mod = importlib.import_module(name)
+    public = {n for n in vars(mod) if not n.startswith("_")} - {"annotations"}
+    assert public == set(mod.__all__), sorted(public ^ set(mod.__all__))

@@ -274,3 +274,75 @@ def test_threads_resolve_concurrently_with_own_rules():
         t.join()
     assert errors == []
     assert nn.get_logical_axis_rules() == ()
+
+
+# --- argument errors name the argument ----------------------------------------------------------
+
+@pytest.mark.parametrize('names,got', [(3, 'int 3'), (2.5, 'float 2.5'),
+                                       ({'a': 1}, "dict {'a': 1}")])
+def test_logical_to_mesh_axes_of_a_non_sequence_names_the_argument(names, got):
+    """An int gave "'int' object is not iterable" from the resolver."""
+    with pytest.raises(TypeError, match=r'^logical_to_mesh_axes: array_dim_names must be a '
+                                        r'sequence of logical axis names .* got ' + got):
+        nn_partitioning.logical_to_mesh_axes(names, R1)
+    if not isinstance(names, dict):   # (a dict of specs is a spec tree there)
+        with pytest.raises(TypeError, match=r'^with_logical_constraint: array_dim_names'):
+            nn_partitioning.with_sharding_constraint(1.0, names, rules=R1)
+
+
+def test_logical_to_mesh_axes_of_a_string_is_an_error_not_its_characters():
+    """Flax resolves the characters of 'foo' as three names; a string is a slip for ('foo',)."""
+    with pytest.raises(TypeError, match=r"not the string 'foo'; for a 1-d array write \('foo',\)"):
+        nn_partitioning.logical_to_mesh_axes('foo', R1)
+    assert nn_partitioning.logical_to_mesh_axes(['foo'], R1) == P('data')
+
+
+# --- strict rules ---------------------------------------------------------------------------------
+
+def test_strict_axis_rules_raise_for_a_name_no_rule_matches():
+    with nn_partitioning.axis_rules(R1, strict=True) as ctx:
+        assert ctx is None
+        got = nn_partitioning.logical_to_mesh_axes(('foo', None, 'bar'))
+        assert got == P('data', None, 'model')
+        with pytest.raises(ValueError, match=r"logical axis name 'fooo' of \('fooo', 'bar'\) "
+                                             r"matches no rule of axis_rules\(\.\.\., "
+                                             r"strict=True\)"):
+            nn_partitioning.logical_to_mesh_axes(('fooo', 'bar'))
+        with pytest.raises(ValueError, match="'qux'"):
+            nn_partitioning.with_sharding_constraint(1.0, ('foo', 'qux'))
+        # a name whose rule lost its mesh axis to another dimension matches a rule: no error
+        assert nn_partitioning.logical_to_mesh_axes(('baz', 'foo')) == P(None, 'data')
+        # explicit other rules, and a nested non-strict context, are not strict
+        assert nn_partitioning.logical_to_mesh_axes(('fooo',), R2) == P(None)
+        with nn_partitioning.axis_rules(R2):
+            assert nn_partitioning.logical_to_mesh_axes(('fooo',)) == P(None)
+        with pytest.raises(ValueError, match="'fooo'"):   # strict again after the inner block
+            nn_partitioning.logical_to_mesh_axes(('fooo',))
+    assert nn_partitioning.get_axis_rules() == ()
+    with nn_partitioning.axis_rules(R1):                  # the default stays Flax's
+        assert nn_partitioning.logical_to_mesh_axes(('fooo',)) == P(None)
+
+
+def test_strict_axis_rules_are_per_thread():
+    seen = []
+    with nn_partitioning.axis_rules(R1, strict=True):
+        def other():
+            with nn_partitioning.axis_rules(R1):
+                seen.append(nn_partitioning.logical_to_mesh_axes(('fooo',)))
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert seen == [P(None)]
+
+
+def test_strict_axis_rules_context_is_reentrant_and_checks_generator_names():
+    ctx = nn_partitioning.axis_rules(R1, strict=True)
+    with ctx:
+        with ctx:
+            with pytest.raises(ValueError, match="'x'"):
+                nn_partitioning.logical_to_mesh_axes(n for n in ('foo', 'x'))
+        assert nn_partitioning.get_axis_rules() is R1
+        with pytest.raises(ValueError, match="'x'"):
+            nn_partitioning.logical_to_mesh_axes(('x',))
+    assert nn_partitioning.get_axis_rules() == ()
+    assert nn_partitioning.logical_to_mesh_axes(('x',), R1) == P(None)

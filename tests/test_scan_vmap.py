@@ -985,3 +985,63 @@ def test_function_form_errors():
         nn.scan(lambda m, c, x: m(c, x), methods=["encode"])
     with pytest.raises(TypeError, match="Module class .* or a function"):
         nn.vmap(3)
+
+
+# --- a lifted function that creates submodules ----------------------------------------------------
+
+def _lifted_body_model(lib, case):
+    class M(lib.Module):
+        @lib.compact
+        def __call__(self, x):
+            if case == 'scan':
+                c, _ = lib.scan(lambda _, c: (lib.Dense(2)(c), ()), variable_axes={'params': 0},
+                                split_rngs={'params': 0}, length=3)(self, x)
+                return c
+            if case == 'scan_two':
+                c, _ = lib.scan(lambda _, c: (lib.relu(lib.Dense(2)(lib.Dense(2)(c))), ()),
+                                variable_axes={'params': 0}, split_rngs={'params': 0},
+                                length=2)(self, x)
+                return c
+            return lib.vmap(lambda _, c: lib.Dense(3)(c), variable_axes={'params': 0},
+                            split_rngs={'params': True}, in_axes=0)(self, x[None].repeat(4, 0))
+    return M()
+
+
+@pytest.mark.parametrize('case,want', [
+    ('scan', {'Dense_0': {'bias': (3, 2), 'kernel': (3, 2, 2)}}),
+    ('scan_two', {'Dense_0': {'bias': (2, 2), 'kernel': (2, 2, 2)},
+                  'Dense_1': {'bias': (2, 2), 'kernel': (2, 2, 2)}}),
+    ('vmap', {'Dense_0': {'bias': (4, 3), 'kernel': (4, 2, 3)}}),
+])
+def test_lifted_function_creating_submodules_gives_stacked_params(case, want):
+    """nn.scan(lambda _, c: (nn.Dense(2)(c), ()), ...)(self, x) inside an @compact method (the
+    README's promise): the body runs as a compact method of the caller, so its Dense is
+    created there and its params are stacked (3, 2, 2). It raised 'Dense is unbound'."""
+    x = np.ones((1, 2), np.float32)
+    m = _lifted_body_model(nn, case)
+    v = m.init(random.PRNGKey(0), x)
+    assert cts.tree_util.tree_map(np.shape, v['params']) == want
+    out = m.apply(v, x)
+    jax = pytest.importorskip("jax")
+    fnn = pytest.importorskip("flax.linen")
+    fm = _lifted_body_model(fnn, case)
+    fv = fm.init(jax.random.PRNGKey(0), x)
+    assert jax.tree_util.tree_map(np.shape, fv['params']) == want
+    _assert_trees_close(v['params'], fv['params'])
+    np.testing.assert_allclose(np.asarray(out), np.asarray(fm.apply(fv, x)), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_lifted_function_outside_a_compact_method_cannot_create_submodules():
+    """As in Flax: only a caller running an @compact method lends its compact state."""
+    class M(nn.Module):
+        def setup(self):
+            pass
+
+        def __call__(self, x):
+            c, _ = nn.scan(lambda _, c: (nn.Dense(2)(c), ()), variable_axes={'params': 0},
+                           split_rngs={'params': 0}, length=3)(self, x)
+            return c
+    with pytest.raises(RuntimeError, match='submodules must be defined in `setup\\(\\)` or in a '
+                                           'method wrapped in `@compact`'):
+        M().init(random.PRNGKey(0), np.ones((1, 2), np.float32))

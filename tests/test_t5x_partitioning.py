@@ -279,3 +279,15 @@ def test_small_helpers():
                                                       {'a': P('model'), 'b': None})
     assert g['a'].sharding.spec == P('model') and g['b'].sharding.spec == P()
     assert p.get_local_chunk_info((8, 4), ['model', None]).slice == (slice(0, 8), slice(None))
+
+
+def test_with_sharding_constraint_under_pjit_replicates_a_dimension_the_axis_does_not_divide():
+    mesh = cts.make_mesh((4, 2), ('data', 'model'))
+    x = cts.device_put(np.arange(28, dtype=np.float32).reshape(7, 4))
+    with mesh:
+        y = partitioning.pjit(lambda a: partitioning.with_sharding_constraint(
+            a, P('model', 'data')))(x)
+        assert y.sharding == cts.NamedSharding(mesh, P(None, 'data'))
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        with pytest.raises(ValueError, match="size 7 is not divisible by mesh axis 'model'"):
+            partitioning.with_sharding_constraint(x, P('model', 'data'))   # eager

@@ -4,6 +4,7 @@ import pytest
 
 import ctrainstate as cts
 from ctrainstate import P
+from ctrainstate.core import FrozenDict, freeze, unfreeze
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, optimizers
 from ctrainstate.t5x.train_state import EMPTY_DICT, FlaxOptimTrainState, InferenceState
@@ -41,7 +42,7 @@ def test_create_splits_mutables():  # F-T2
     opt_def = optimizers.sgd(0.42)
     s = FlaxOptimTrainState.create(opt_def, dict(VARS, mutables=np.ones(3, np.float32)))
     assert int(s.step) == 0
-    eq(s.flax_mutables, {'mutables': np.ones(3, np.float32)})
+    eq(unfreeze(s.flax_mutables), {'mutables': np.ones(3, np.float32)})
     assert s.params_axes is None and s.flax_mutables_axes is None
     assert s._optimizer.optimizer_def is opt_def
 
@@ -179,7 +180,7 @@ def test_restore_state():  # F-T12
     assert int(r.step) == 1
     eq(r.params, {'kernel': ones(2, 4)})
     eq(r.param_states['kernel'].v, ones(2, 4))
-    eq(r.flax_mutables, {'mutables': np.zeros(3)})
+    eq(unfreeze(r.flax_mutables), {'mutables': np.zeros(3)})
     assert r.params_axes == s.params_axes
 
 
@@ -219,3 +220,47 @@ def test_apply_gradient_trains_sharded_state():
     assert s.param_states[0].nu['w'].sharding.spec == P('model', None)
     # adam, first step: update = lr * g/(|g|+eps) = 0.1 (the 0.5 passed in is ignored, F-O5)
     np.testing.assert_allclose(np.asarray(s.params['w']), 0.9, rtol=1e-6)
+
+
+# --- FrozenDicts where t5x has them ------------------------------------------------------------
+
+def test_create_restore_and_as_logical_axes_give_frozen_dicts_as_t5x():
+    """t5x freezes the mutables and their axes in create and restore_state; as_logical_axes
+    gives get_axis_names' FrozenDicts; an InferenceState takes the checkpoint's params as they
+    are (frozen), not fitted to its own."""
+    grads_axes = {'dense': {'output_grad_axes': AxisMetadata(('embed',))}}
+    variables = dict(VARS, params_axes=AXES, grads={'dense': {'output_grad': np.ones(4)}},
+                     grads_axes=grads_axes)
+    s = FlaxOptimTrainState.create(optimizers.sgd(0.1), variables)
+    assert type(s.flax_mutables) is FrozenDict and type(s.flax_mutables_axes) is FrozenDict
+    assert type(EMPTY_DICT) is FrozenDict and EMPTY_DICT == {}
+    assert s.params_axes is AXES     # as given (t5x's pop)
+    la = s.as_logical_axes()
+    assert type(la.flax_mutables) is FrozenDict
+    assert la.flax_mutables == {'grads': {'dense': {'output_grad': P('embed')}}}
+    la0 = FlaxOptimTrainState.create(optimizers.sgd(0.1), dict(VARS, params_axes=AXES))
+    assert type(la0.as_logical_axes().flax_mutables) is FrozenDict
+    frozen = FlaxOptimTrainState.create(optimizers.sgd(0.1),
+                                        freeze(dict(VARS, params_axes=AXES))).as_logical_axes()
+    assert type(frozen.params) is FrozenDict and frozen.params == {
+        'dense': {'bias': P('embed'), 'kernel': P('vocab', 'embed')}}
+    r = s.restore_state(dict(s.state_dict(), flax_mutables={'m': np.zeros(1)}))
+    assert type(r.flax_mutables) is FrozenDict
+    assert type(s.restore_state(s.state_dict()).flax_mutables) is FrozenDict
+
+    inf = InferenceState.create(dict(VARS, params_axes=AXES))
+    assert type(inf.flax_mutables) is FrozenDict
+    la = inf.as_logical_axes()
+    assert type(la.params) is FrozenDict and type(la.flax_mutables) is FrozenDict
+    # the checkpoint's params, whatever this state held (another shape, another key)
+    ckpt = {'dense': {'kernel': np.ones((3, 5), np.float32)}, 'extra': {'w': np.ones(2)}}
+    r = inf.restore_state({'state': {'step': 7}, 'target': ckpt})
+    assert type(r.params) is FrozenDict and r.params['dense']['kernel'].shape == (3, 5)
+    assert r.params['extra']['w'] is ckpt['extra']['w'] and r.step == 7
+
+
+def test_create_keeps_flax_mutables_as_given():
+    """t5x stores the mutables it is given (frozen); they were copied to devices."""
+    m = np.ones(3, np.float32)
+    s = FlaxOptimTrainState.create(optimizers.sgd(0.1), dict(VARS, mutables=m))
+    assert s.flax_mutables['mutables'] is m

@@ -28,9 +28,9 @@ from typing import Any, Callable, Sequence
 
 from . import config as _config, tree_util
 from ._abstract import ShapeDtypeStruct
+from ._trace_state import jit_scope
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
-from ._trace_state import jit_scope
 
 __all__ = ["jit", "pjit"]
 
@@ -202,7 +202,7 @@ def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_
         if _config._values["jax_disable_jit"]:
             out = fun(*args, **kwargs)
         else:
-            with jit_scope():
+            with jit_scope():   # inside jit, a non-dividing sharding replicates that dimension
                 out = fun(*args, **kwargs)
         if out_specs is not None:
             out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])

@@ -8,8 +8,9 @@ Version profile: current Flax (0.12.3+) resolution semantics, the ≥0.6.8
 ``with_sharding_constraint(x, axes, rules=None, mesh=None, fallback=...)``
 signature, and ``variable_with_axes(axes=())`` recording empty metadata (≥0.6.2).
 One deliberate difference: ``param_with_axes`` / ``variable_with_axes`` raise a
-``ValueError`` naming the parameter path, its shape and the axes when a tuple of
-axes does not match the value's rank (Flax stays silent until JAX fails).
+``ValueError`` naming the parameter path, its shape and the axes when a non-empty
+tuple of axes does not match the value's rank (Flax stays silent until JAX fails);
+``axes=()`` means replicated on a value of any rank, as in Flax.
 
 >>> import numpy as np
 >>> from ctrainstate import partitioning as nn_partitioning
@@ -20,21 +21,27 @@ axes does not match the value's rank (Flax stays silent until JAX fails).
 ...     w = nn_partitioning.param_with_axes('wi', lambda k, s: np.zeros(s), (4, 8),
 ...                                         axes=('embed', 'mlp'))
 >>> axes = nn_partitioning.get_axis_names(scope.variables()['params_axes'])
->>> axes
-{'wi': PartitionSpec('embed', 'mlp')}
->>> nn_partitioning.logical_to_mesh(axes, rules)
+>>> from ctrainstate.sharding import PartitionSpec
+>>> axes == {'wi': PartitionSpec('embed', 'mlp')}
+True
+>>> dict(nn_partitioning.logical_to_mesh(axes, rules))
 {'wi': PartitionSpec(None, 'model')}
 """
 from __future__ import annotations
 
-import re
-from typing import Any, Callable
+# Non-API names are imported under private aliases: this module's public names are
+# exactly its __all__ (the API of flax.linen.partitioning).
+import re as _re
+import typing as _typing
 
-import numpy as np
+import numpy as _np
 
-from . import tree_util
-from .nn import spmd
-from .nn.scope import Scope, Variable, ScopeVariableNotFoundError, current_scope
+from . import tree_util as _tree_util
+from .core import FrozenDict as _FrozenDict
+from .nn import spmd as _spmd
+from .nn.scope import Variable as _Variable
+from .nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundError
+from .nn.scope import current_scope as _current_scope
 from .nn.spmd import (  # noqa: F401  (re-exports)
     LogicalRules,
     RulesFallback,
@@ -43,12 +50,12 @@ from .nn.spmd import (  # noqa: F401  (re-exports)
     logical_to_mesh_sharding,
     _is_logical_spec,
 )
-from .sharding import PartitionSpec
+from .sharding import PartitionSpec as _PartitionSpec
 
-axis_rules = spmd.logical_axis_rules
-set_axis_rules = spmd.set_logical_axis_rules
-get_axis_rules = spmd.get_logical_axis_rules
-with_sharding_constraint = spmd.with_logical_constraint
+axis_rules = _spmd.logical_axis_rules
+set_axis_rules = _spmd.set_logical_axis_rules
+get_axis_rules = _spmd.get_logical_axis_rules
+with_sharding_constraint = _spmd.with_logical_constraint
 
 __all__ = [
     'LogicalRules', 'axis_rules', 'set_axis_rules', 'get_axis_rules', 'logical_to_mesh_axes',
@@ -96,7 +103,7 @@ class AxisMetadata:
         return AxisMetadata(updates.get('names', self.names))
 
 
-tree_util.register_pytree_node(
+_tree_util.register_pytree_node(
     AxisMetadata,
     lambda m: ((), m.names),
     lambda names, children: AxisMetadata(names),
@@ -121,7 +128,7 @@ def _resolve_module(module):
         from .nn.module import current_module
         module = current_module()
     if module is None:
-        module = current_scope()
+        module = _current_scope()
         if module is None:
             raise ValueError('param_with_axes/variable_with_axes need a module or scope: call them '
                              'inside a module method or a `with scope:` block, or pass module=.')
@@ -135,24 +142,47 @@ def _path_of(module) -> tuple:
     return tuple(path)
 
 
+def _check_spec_rank(where: str, spec, shape) -> None:
+    """Raise if a non-empty logical spec's length differs from the rank of ``shape``.
+
+    ``None`` names nothing and ``()`` means replicated (Flax stores ``names=()``), so
+    neither is checked against the rank.
+    """
+    if spec is None or len(spec) == 0:
+        return
+    if len(spec) != len(shape):
+        raise ValueError(f'Logical axes {tuple(spec)} of "{where}" do not match its rank: '
+                         f'shape {tuple(shape)} has {len(shape)} dimension(s), the axes name '
+                         f'{len(spec)}.')
+
+
+def _check_born_shape(where: str, axes, sharding, shape) -> None:
+    """A parameter born with ``sharding`` (resolved from ``axes``) fits it: its rank is
+    the axes' and, outside ``jit`` (where such a dimension is replicated instead), its mesh
+    axes divide their dimensions."""
+    from ._trace_state import in_jit
+    _check_spec_rank(where, axes, shape)
+    if in_jit():
+        return
+    for i, mesh_axes, parts in _spmd._uneven_dims(sharding, shape):
+        raise ValueError(
+            f'parameter "{where}" of shape {tuple(shape)}: dimension {i} (logical axis '
+            f'{axes[i]!r}) of size {shape[i]} is not divisible by mesh axes {mesh_axes} '
+            f'({parts} devices); under jit / pjit that dimension is replicated, or map '
+            f'{axes[i]!r} to another mesh axis (or None) in the rules')
+
+
 def _check_rank(module, name, value, axes):
-    """Raise if a logical spec's length differs from the rank of the value it annotates."""
+    """Raise if a logical spec in ``axes`` does not fit the rank of the value it annotates."""
     where = '/'.join(_path_of(module) + (name,))
 
     def check(spec, sub):
-        if spec is None:
-            return sub
         shape = getattr(sub, 'shape', None)
-        if shape is None:
-            shape = np.shape(sub)
-        if len(spec) != len(shape):
-            raise ValueError(f'Logical axes {tuple(spec)} of "{where}" do not match its rank: '
-                             f'shape {tuple(shape)} has {len(shape)} dimension(s), the axes name '
-                             f'{len(spec)}.')
+        _check_spec_rank(where, spec, _np.shape(sub) if shape is None else shape)
         return sub
 
     try:
-        spmd._tree_map_prefix(check, axes, value, _is_logical_spec)
+        _spmd._tree_map_prefix(check, axes, value, _is_logical_spec)
     except ValueError:
         raise
     except Exception as e:  # structure mismatch between the axes pytree and the value
@@ -160,15 +190,17 @@ def _check_rank(module, name, value, axes):
                          f'its value: {e}') from None
 
 
-def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=None, module=None,
-                    **init_kwargs):
+def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *init_args,
+                    axes=None, module=None, **init_kwargs):
     """Declare a parameter and record its logical axes in ``params_axes``.
 
     Calls ``module.param(name, init_fn, *init_args, **init_kwargs)`` (``module``
     defaults to the current scope). With ``axes`` given, the value gets a logical
     sharding constraint and ``AxisMetadata(names=axes)`` is sown into
-    ``'params_axes'`` under ``f'{name}_axes'``. A tuple ``axes`` whose length is
-    not the value's rank raises ``ValueError``.
+    ``'params_axes'`` under ``f'{name}_axes'``. ``axes=()`` means replicated, on a
+    value of any rank; a non-empty tuple whose length is not the value's rank
+    raises ``ValueError``. Under ``with mesh, axis_rules(rules):`` the value is born
+    sharded as the axes resolve.
 
     >>> import numpy as np
     >>> from ctrainstate.partitioning import param_with_axes
@@ -179,26 +211,23 @@ def param_with_axes(name: str, init_fn: Callable[..., Any], *init_args, axes=Non
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
     module = _resolve_module(module)
-    sharding = _born_sharding(axes)
-    if sharding is not None:
-        from .nn.module import sharded_initializer
-        try:
-            value = module.param(name, sharded_initializer(init_fn, sharding), *init_args,
-                                 **init_kwargs)
-        except ValueError as e:
-            if "entries but the array has rank" not in str(e):
-                raise
-            # the axes do not fit the value: create it plainly so the check below names it
-            module.scope._reserved.discard(('params', name)) if hasattr(module, 'scope') else \
-                module._reserved.discard(('params', name))
-            value = module.param(name, init_fn, *init_args, **init_kwargs)
-    else:
-        value = module.param(name, init_fn, *init_args, **init_kwargs)
-    if axes is not None:
-        _check_rank(module, name, value, axes)
-        value = with_sharding_constraint(value, PartitionSpec(*axes))
-        module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
-                   reduce_fn=_param_with_axes_sow_reduce_fn)
+    where = '/'.join(_path_of(module) + (name,))
+    with _spmd._declaring(f'parameter {where!r}'):
+        sharding = _born_sharding(axes)
+        init = init_fn
+        if sharding is not None:
+            from .nn.module import sharded_initializer
+            # rank and divisibility are checked before the sharded value is laid out, so a
+            # wrong one is reported with the parameter's path rather than by the layout
+            init = sharded_initializer(
+                init_fn, sharding,
+                check_shape=lambda shape: _check_born_shape(where, axes, sharding, shape))
+        value = module.param(name, init, *init_args, **init_kwargs)
+        if axes is not None:
+            _check_rank(module, name, value, axes)
+            value = with_sharding_constraint(value, _PartitionSpec(*axes))
+            module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
+                       reduce_fn=_param_with_axes_sow_reduce_fn)
     return value
 
 
@@ -210,12 +239,12 @@ def _born_sharding(axes):
     if mesh is None or axes is None or not _is_logical_spec(axes):
         return None
     spec = logical_to_mesh_axes(tuple(axes))
-    if spec is None or any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+    if spec is None or any(e is _PartitionSpec.UNCONSTRAINED for e in spec):
         return None
     return NamedSharding(mesh, spec)
 
 
-class PartitionedVariable(Variable):
+class PartitionedVariable(_Variable):
     """A variable that re-applies its logical constraint on every read and write.
 
     >>> import numpy as np
@@ -247,8 +276,9 @@ class PartitionedVariable(Variable):
         self.scope.put_variable(self.collection, self.name, value)
 
 
-def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], *init_args, axes=None,
-                       module=None, fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
+def variable_with_axes(collection: str, name: str, init_fn: _typing.Callable[..., _typing.Any],
+                       *init_args, axes=None, module=None,
+                       fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED,
                        **init_kwargs) -> PartitionedVariable:
     """Declare a variable of ``collection`` and record its axes in ``<collection>_axes``.
 
@@ -262,15 +292,22 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any], 
     >>> from ctrainstate.nn.scope import Scope
     >>> s = Scope(mutable=True)
     >>> _ = variable_with_axes('cache', 'k', np.zeros, (2, 4), axes=('batch', 'kv'), module=s)
-    >>> get_axis_names(s.variables()['cache_axes'])
+    >>> dict(get_axis_names(s.variables()['cache_axes']))
     {'k': PartitionSpec('batch', 'kv')}
     """
     module = _resolve_module(module)
     scope = getattr(module, 'scope', module)
+    with _spmd._declaring(f"variable {'/'.join(_path_of(module) + (collection, name))!r}"):
+        return _variable_with_axes(module, scope, collection, name, init_fn, init_args,
+                                   init_kwargs, axes, fallback)
+
+
+def _variable_with_axes(module, scope, collection, name, init_fn, init_args, init_kwargs, axes,
+                        fallback):
     scope.reserve(name, collection)
     if not scope.has_variable(collection, name):
         if not scope.is_mutable_collection(collection):
-            raise ScopeVariableNotFoundError(name, collection, scope.path_text)
+            raise _ScopeVariableNotFoundError(name, collection, scope.path_text)
         init_value = init_fn(*init_args, **init_kwargs)
         if axes is not None:
             _check_rank(module, name, init_value, axes)
@@ -294,20 +331,26 @@ def _flatten_dict(d, prefix=()):
     return out
 
 
-def get_axis_names(axes_metadata) -> dict:
+def get_axis_names(axes_metadata) -> _FrozenDict:
     """Turn one ``*_axes`` collection into a tree of logical ``PartitionSpec``\\ s.
 
     Paths are joined with ``'/'``, a trailing ``_axes`` is removed, and every
     logical spec inside ``names`` becomes ``PartitionSpec(*names)`` (``None``
-    stays ``None``). Returns a plain nested dict.
+    stays ``None``). Returns a ``FrozenDict``, as Flax does (it compares equal to
+    a plain dict with the same items).
 
     >>> from ctrainstate.partitioning import AxisMetadata, get_axis_names
-    >>> get_axis_names({'mlp': {'wi_axes': AxisMetadata(('embed', 'mlp'))}, 'b_axes': AxisMetadata(())})
-    {'mlp': {'wi': PartitionSpec('embed', 'mlp')}, 'b': PartitionSpec()}
+    >>> from ctrainstate.sharding import PartitionSpec
+    >>> names = get_axis_names({'mlp': {'wi_axes': AxisMetadata(('embed', 'mlp'))},
+    ...                         'b_axes': AxisMetadata(())})
+    >>> names == {'mlp': {'wi': PartitionSpec('embed', 'mlp')}, 'b': PartitionSpec()}
+    True
+    >>> type(names).__name__
+    'FrozenDict'
     """
 
     def rewrite(names):
-        return tree_util.tree_map(lambda x: None if x is None else PartitionSpec(*x), names,
+        return _tree_util.tree_map(lambda x: None if x is None else _PartitionSpec(*x), names,
                                   is_leaf=_is_logical_spec)
 
     if not hasattr(axes_metadata, 'keys'):
@@ -318,7 +361,7 @@ def get_axis_names(axes_metadata) -> dict:
         if not hasattr(v, 'names'):
             raise TypeError(f"get_axis_names: {'/'.join(map(str, k))!r} holds a "
                             f"{type(v).__name__} ({v!r}), not AxisMetadata")
-        flat[re.sub(r'_axes$', '', '/'.join(k))] = rewrite(v.names)
+        flat[_re.sub(r'_axes$', '', '/'.join(k))] = rewrite(v.names)
     out: dict = {}
     for path, v in flat.items():
         keys = path.split('/')
@@ -326,7 +369,7 @@ def get_axis_names(axes_metadata) -> dict:
         for key in keys[:-1]:
             d = d.setdefault(key, {})
         d[keys[-1]] = v
-    return out
+    return _FrozenDict(out)
 
 
 from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)
@@ -337,3 +380,8 @@ from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)
     scan_with_axes,
     vmap_with_axes,
 )
+
+
+from ._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

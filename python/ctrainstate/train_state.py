@@ -89,6 +89,7 @@ def dataclass(cls=None, **kwargs):
 
     register_pytree_with_keys(cls, flatten_with_keys, unflatten)
     cls._ct_struct = True
+    cls._flax_dataclass = True   # flax.struct's marker, which libraries test for
     cls.replace = lambda self, **kw: dataclasses.replace(self, **kw)
     return cls
 

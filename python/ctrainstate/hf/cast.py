@@ -68,3 +68,8 @@ def to_fp16(params, mask=None):
 def to_fp32(params, mask=None):
     """Cast floating leaves to float32 (``mask`` as in :func:`to_bf16`)."""
     return _floats_to(params, np.float32, mask)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

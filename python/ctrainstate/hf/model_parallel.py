@@ -33,3 +33,8 @@ def train_state_spec(state, param_spec):
     spec = tree_map(lambda x: None, state)
     return spec.replace(params=param_spec,
                         opt_state=opt_state_spec(state.opt_state, params, param_spec))
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

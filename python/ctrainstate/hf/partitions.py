@@ -140,3 +140,8 @@ def gptj_rules() -> list:
         (('lm_head', 'kernel'), P(None, 'mp')),
         (('lm_head', 'bias'), P('mp')),
     ]
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -221,3 +221,8 @@ class TrainState(_FlaxTrainState):
     def replicate(self):
         """The state on every local device, with a different dropout key per device."""
         return replicate(self).replace(dropout_rng=shard_prng_key(self.dropout_rng))
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

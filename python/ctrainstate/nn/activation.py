@@ -345,3 +345,8 @@ class PReLU(_Module):
         x = _ops._lift(inputs)
         slope = cnp.asarray(slope, x.dtype) if slope.dtype != x.dtype else slope
         return cnp.where(cnp.greater_equal(x, 0.0), x, cnp.multiply(slope, x))
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

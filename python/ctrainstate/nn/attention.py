@@ -710,3 +710,8 @@ def combine_masks(*masks, dtype=np.float32):
         f = cnp.where(_mask_operand(m), _ops._lift(1.0, place), 0.0)
         out = f if out is None else cnp.multiply(out, f)
     return out if dt == np.float32 else out.astype(dt)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

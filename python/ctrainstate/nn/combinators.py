@@ -35,3 +35,8 @@ class Sequential(Module):
             else:
                 out = layer(out)
         return out
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -334,3 +334,8 @@ class ConvTranspose(Module):
                 y = cnp.reshape(y, shape[:i] + (-1, scaled[i - 1]) + shape[i + 1:])
                 y = cnp.sum(y, axis=i)
         return _finish(y, bias, batch_shape)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

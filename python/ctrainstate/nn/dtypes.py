@@ -86,3 +86,8 @@ def promote_dtype(*args, dtype=None, inexact: bool = True) -> list:
     Arrays on their devices (differentiable, nothing gathered), host values on the host."""
     dt = canonicalize_dtype(*args, dtype=dtype, inexact=inexact)
     return [_cast(x, dt) for x in args]
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

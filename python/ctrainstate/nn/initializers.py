@@ -269,3 +269,8 @@ def orthogonal(scale=1.0, column_axis: int = -1, dtype=np.float32) -> Initialize
         from ..array import device_put
         return device_put(out, out_sharding)
     return init
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

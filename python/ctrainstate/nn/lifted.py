@@ -907,9 +907,27 @@ def _lift_function(kind: str, fn, cfg, call):
                     f"method running under init/apply)")
         module._try_setup()
         _check_fields(module, f"nn.{kind}")
-        return call(_Step(module, type(module), body, f"nn.{kind}", memo), cfg, args, kwargs)
+        step_fn = body
+        if not getattr(fn, "_ct_compact", False) and any(
+                f.compact and f.module is module for f in _module._module_stack()):
+            step_fn = _module._wrap_method(_compact_as_caller(fn, module))
+        return call(_Step(module, type(module), step_fn, f"nn.{kind}", memo), cfg, args, kwargs)
     lifted._ct_wrapped = True   # as a method: Module.__init_subclass__ must not wrap it again
     return lifted
+
+
+def _compact_as_caller(fn, module):
+    """``fn`` run as a compact method of ``module``'s clone: Flax runs a lifted function on a
+    clone that carries the caller's state, so a function lifted inside an ``@compact`` method
+    may create submodules, numbered after those the caller already made
+    (``nn.scan(lambda m, c: (nn.Dense(2)(c), ()), ...)(self, x)``)."""
+    def step(clone, *args, **kwargs):
+        object.__setattr__(clone, "_auto_counts", dict(module._auto_counts))
+        object.__setattr__(clone, "_call_names", set(module._call_names))
+        return fn(clone, *args, **kwargs)
+    step._ct_compact = True
+    step.__name__ = getattr(fn, "__name__", "lifted")
+    return step
 
 
 def _lift_class(kind: str, prefix: str, target, cfgs: dict, call):
@@ -1039,3 +1057,8 @@ def vmap(target, variable_axes: Mapping = {}, split_rngs: Mapping = {}, in_axes=
                out_axes=out_axes, axis_size=axis_size, axis_name=axis_name,
                spmd_axis_name=spmd_axis_name, metadata_params=dict(metadata_params))
     return _lift_class("vmap", "Vmap", target, _method_configs(methods, cfg, make), _vmap_call)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

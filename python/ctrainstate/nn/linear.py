@@ -256,6 +256,7 @@ def _flat_init(init_fn, flat_shape):
     names applied to the requested (not the flat) shape, as Flax's ``replace_boxed`` does:
     under a mesh the parameter is born sharded as those names say."""
     from .module import _accepts_out_sharding, sharded_initializer
+    from .spmd import _replicate_uneven
     boxing = getattr(init_fn, "_ct_boxing", None)
 
     def init(key, shape, dtype=np.float32, out_sharding=None):
@@ -264,6 +265,7 @@ def _flat_init(init_fn, flat_shape):
             inner, box, born = boxing
             target = out_sharding if out_sharding is not None else born()
             return box(_flat_init(inner, flat_shape)(key, shape, dtype, out_sharding=target))
+        out_sharding = _replicate_uneven(out_sharding, shape)   # under jit (see spmd)
         if shape == tuple(flat_shape):
             if out_sharding is not None and _accepts_out_sharding(init_fn):
                 return init_fn(key, shape, dtype, out_sharding=out_sharding)
@@ -477,3 +479,8 @@ class Embed(Module):
 
 # LayerNorm lives with RMSNorm in normalization.py; still importable from here
 from .normalization import LayerNorm  # noqa: E402,F401
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

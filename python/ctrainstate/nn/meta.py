@@ -183,7 +183,9 @@ class Partitioned(AxisMetadata):
             from ..array import Array, device_put
             mesh = self.mesh if self.mesh is not None else _global_mesh()
             if isinstance(self.value, Array):
-                target = NamedSharding(mesh, self.get_partition_spec())
+                from .spmd import _replicate_uneven   # under jit, as XLA keeps the constraint
+                target = _replicate_uneven(NamedSharding(mesh, self.get_partition_spec()),
+                                           self.value.shape)
                 if self.value.sharding != target:
                     from .._ops import with_sharding  # differentiable reshard
                     return with_sharding(self.value, target)
@@ -301,3 +303,8 @@ def get_sharding(tree: Any, mesh) -> Any:
         return None if spec is None else NamedSharding(mesh, spec)
 
     return tree_util.tree_map(f, tree, is_leaf=is_axis_metadata)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

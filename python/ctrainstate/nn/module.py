@@ -48,6 +48,7 @@ from .. import random as _random
 from ..array import Array, device_put
 from ..sharding import NamedSharding, get_mesh
 from . import meta
+from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
 
 __all__ = ["Module", "compact", "nowrap", "ModuleScope", "current_module", "fold_in_static",
@@ -599,7 +600,10 @@ class Module:
         """
         scope = self._need_scope("param")
         self._check_declaring("Parameters")
-        return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+        if _spmd._strict.rules is None:
+            return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+        with _spmd._declaring(f"parameter {'/'.join(tuple(scope.path) + (name,))!r}"):
+            return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
 
     def variable(self, col: str, name: str, init_fn: Callable | None = None, *init_args,
                  unbox: bool = True, **init_kwargs):
@@ -869,21 +873,52 @@ def _place(value):
     return value
 
 
-def sharded_initializer(init_fn: Callable, sharding) -> Callable:
+def sharded_initializer(init_fn: Callable, sharding, check_shape: Callable | None = None
+                        ) -> Callable:
     """``init_fn`` producing its value directly with ``sharding``.
 
     ctrainstate initializers generate each device's block in place
     (``out_sharding=``); other callables run on the host and their result is
-    scattered with ``device_put`` (never gathered on one device).
+    scattered with ``device_put`` (never gathered on one device). Under ``jit``
+    a dimension the sharding's mesh axes do not divide is replicated (see
+    :func:`ctrainstate.nn.spmd._replicate_uneven`). ``check_shape(shape)``, when
+    given, sees the value's shape before anything is placed (it raises to refuse it).
     """
     if sharding is None:
         return init_fn
+    from .spmd import _replicate_uneven
 
     def init(key, *args, **kwargs):
         if _accepts_out_sharding(init_fn):
-            return init_fn(key, *args, out_sharding=sharding, **kwargs)
+            shape = _shape_argument(args, kwargs)
+            target = sharding
+            if shape is not None:
+                if check_shape is not None:
+                    check_shape(shape)
+                target = _replicate_uneven(sharding, shape)
+            return init_fn(key, *args, out_sharding=target, **kwargs)
         value = init_fn(key, *args, **kwargs)
-        if isinstance(value, Array):
-            return device_put(value, sharding)
-        return device_put(np.asarray(value), sharding)
+        if not isinstance(value, Array):
+            value = np.asarray(value)
+        if check_shape is not None:
+            check_shape(tuple(value.shape))
+        return device_put(value, _replicate_uneven(sharding, tuple(value.shape)))
     return init
+
+
+def _shape_argument(args, kwargs):
+    """The shape an initializer of the ``init(key, shape, dtype, out_sharding=None)``
+    convention was asked for, as a tuple of ints; None when the call does not have one."""
+    shape = kwargs["shape"] if "shape" in kwargs else (args[0] if args else None)
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        return (int(shape),)
+    if not isinstance(shape, (tuple, list)):
+        return None
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -85,3 +85,8 @@ def max_pool(inputs, window_shape, strides=None, padding="VALID"):
 def min_pool(inputs, window_shape, strides=None, padding="VALID"):
     """The minimum over each window (``flax.linen.min_pool``; padding counts as ``+inf``)."""
     return pool(inputs, np.inf, cnp.minimum, window_shape, strides, padding)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

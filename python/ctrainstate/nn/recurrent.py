@@ -46,7 +46,7 @@ from .lifted import scan as _scan
 from .module import Module, compact, nowrap
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell", "MGUCell",
-           "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences"]
+           "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences", "DenseParams"]
 
 sigmoid = cnp.sigmoid
 tanh = cnp.tanh
@@ -754,3 +754,8 @@ class Bidirectional(Module):
         outputs = tree_map(self.merge_fn, outputs_forward, outputs_backward)
         return (carry, outputs) if return_carry else outputs
 
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

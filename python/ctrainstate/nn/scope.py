@@ -33,7 +33,7 @@ from . import meta
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
            'ScopeParamShapeError',
-           'DenyList', 'in_filter', 'union_filters']
+           'DenyList', 'in_filter', 'union_filters', 'check_filter']
 
 
 class DenyList:
@@ -436,3 +436,8 @@ class Scope:
     def __exit__(self, *exc):
         _stack.scopes.pop()
         return False
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -17,8 +17,10 @@ PartitionSpec('data', 'model', None)
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -53,8 +55,112 @@ _unassigned_axis = _UnassignedAxis()
 
 # --- rules context -----------------------------------------------------------
 
-# Context manager type implemented in C (csrc/python/py_rules.c); see its docstring.
-logical_axis_rules = _C.axis_rules
+class _StrictState(threading.local):
+    """This thread's strict rules: the rules object an ``axis_rules(..., strict=True)``
+    installed (strict while it is the active rules object), and the path of the variable
+    being declared, for the error."""
+
+    rules = None
+    where = None
+
+
+_strict = _StrictState()
+
+
+def logical_axis_rules(rules: LogicalRules, strict: bool = False):
+    """Context manager: ``rules`` are this thread's logical axis rules inside the block.
+
+    Nesting replaces (the inner rules alone are visible) and the previous rules come back
+    on exit, also on an exception; ``with ... as x`` gives ``None``. By default a logical
+    name that matches no rule is replicated, as Flax does. With ``strict=True`` such a name
+    raises a ``ValueError`` naming the parameter (or constraint) and the name, wherever
+    these rules resolve names: a typo in a rule table or an annotation no longer shards
+    nothing silently. Strictness belongs to these rules: a nested ``axis_rules(other)``
+    is not strict unless it says so. (A default context is the C type
+    ``ctrainstate._C.axis_rules``.)
+
+    >>> from ctrainstate.nn import logical_axis_rules, logical_to_mesh_axes
+    >>> with logical_axis_rules((('batch', 'data'),)):
+    ...     logical_to_mesh_axes(('batch', 'embd'))
+    PartitionSpec('data', None)
+    >>> with logical_axis_rules((('batch', 'data'),), strict=True):
+    ...     logical_to_mesh_axes(('batch', 'embd'))
+    Traceback (most recent call last):
+    ...
+    ValueError: logical axis name 'embd' of ('batch', 'embd') matches no rule of axis_rules(..., strict=True) (rules for: 'batch'); add ('embd', None) to replicate it on purpose
+    """
+    if not strict:
+        return _C.axis_rules(rules)
+    return _StrictAxisRules(rules)
+
+
+class _StrictAxisRules:
+    """``axis_rules(rules, strict=True)``: the C context for the rules, plus this thread's
+    strict marker; re-entrant like the C context (each ``__enter__`` saves what it replaces)."""
+
+    __slots__ = ('_rules', '_contexts', '_saved')
+
+    def __init__(self, rules):
+        self._rules = rules
+        self._contexts = []
+        self._saved = []
+
+    def __enter__(self):
+        ctx = _C.axis_rules(self._rules)
+        ctx.__enter__()
+        self._contexts.append(ctx)
+        self._saved.append(_strict.rules)
+        _strict.rules = self._rules
+        return None
+
+    def __exit__(self, *exc):
+        _strict.rules = self._saved.pop()
+        self._contexts.pop().__exit__(*exc)
+        return False
+
+    def __repr__(self):
+        return f'axis_rules({self._rules!r}, strict=True)'
+
+
+def _is_strict(rules) -> bool:
+    """Whether names resolved against ``rules`` (None: the context's) must all match a rule."""
+    strict = _strict.rules
+    if strict is None:
+        return False
+    return (_C.get_axis_rules() if rules is None else rules) is strict
+
+
+def _check_strict(array_dim_names, rules) -> None:
+    """In strict mode, raise for a logical name no rule mentions (after the resolver
+    accepted the rules, so a malformed table is reported as such first)."""
+    rules = _C.get_axis_rules() if rules is None else rules
+    known = {r[0] for r in rules}
+    for name in array_dim_names:
+        if isinstance(name, str) and name not in known:
+            where = _strict.where
+            head = f'{where}: ' if where else ''
+            listed = ', '.join(repr(n) for n in dict.fromkeys(r[0] for r in rules))
+            raise ValueError(f'{head}logical axis name {name!r} of {tuple(array_dim_names)!r} '
+                             f'matches no rule of axis_rules(..., strict=True) (rules for: '
+                             f'{listed}); add ({name!r}, None) to replicate it on purpose')
+
+
+def _declaring(where: str):
+    """A context naming the variable being declared in a strict-rules error raised inside
+    it (nothing to do, and nothing done, while no strict rules are installed)."""
+    if _strict.rules is None:
+        return contextlib.nullcontext()
+    return _declaring_variable(where)
+
+
+@contextlib.contextmanager
+def _declaring_variable(where: str):
+    saved = _strict.where
+    _strict.where = where
+    try:
+        yield
+    finally:
+        _strict.where = saved
 
 
 def set_logical_axis_rules(rules: LogicalRules) -> None:
@@ -84,9 +190,29 @@ def get_logical_axis_rules() -> LogicalRules:
 
 # --- resolution --------------------------------------------------------------
 
+def _check_dim_names(array_dim_names, who: str):
+    """``array_dim_names`` (None or a sequence of names, one per dimension) as a tuple or
+    list the resolver and the strict check can both read."""
+    if array_dim_names is None or isinstance(array_dim_names, (tuple, list)):
+        return array_dim_names
+    if isinstance(array_dim_names, str):
+        raise TypeError(f'{who}: array_dim_names must be a sequence of logical axis names, one '
+                        f'per dimension, not the string {array_dim_names!r}; for a 1-d array '
+                        f'write ({array_dim_names!r},)')
+    if isinstance(array_dim_names, dict) or not hasattr(array_dim_names, '__iter__'):
+        raise TypeError(f'{who}: array_dim_names must be a sequence of logical axis names (a '
+                        f'tuple, list or PartitionSpec, one entry per dimension) or None, got '
+                        f'{type(array_dim_names).__name__} {array_dim_names!r}')
+    return tuple(array_dim_names)
+
+
 def _logical_to_mesh_axes(array_dim_names, rules=None):
     """Raw resolution: a list with ``_unassigned_axis`` where no rule applied."""
-    return _C.resolve_logical_axes(array_dim_names, rules, _unassigned_axis)
+    array_dim_names = _check_dim_names(array_dim_names, 'with_logical_constraint')
+    result = _C.resolve_logical_axes(array_dim_names, rules, _unassigned_axis)
+    if result is not None and _is_strict(rules):
+        _check_strict(array_dim_names, rules)
+    return result
 
 
 def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None,
@@ -105,10 +231,17 @@ def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None,
     Traceback (most recent call last):
     ...
     ValueError: Unsupported: Dimensions ('a',) occur more than once in array names.
+    >>> logical_to_mesh_axes(3, rules)
+    Traceback (most recent call last):
+    ...
+    TypeError: logical_to_mesh_axes: array_dim_names must be a sequence of logical axis names (a tuple, list or PartitionSpec, one entry per dimension) or None, got int 3
     """
+    array_dim_names = _check_dim_names(array_dim_names, 'logical_to_mesh_axes')
     result = _C.resolve_logical_axes(array_dim_names, rules, None)
     if result is None:
         return None
+    if _is_strict(rules):
+        _check_strict(array_dim_names, rules)
     return PartitionSpec(*result)
 
 
@@ -165,6 +298,53 @@ class RulesFallback(enum.Enum):
 
 # --- constraints ---------------------------------------------------------------
 
+def _replicate_uneven(sharding, shape):
+    """Under ``jit`` / ``pjit``, ``sharding`` with every dimension its mesh axes do not
+    divide replicated; elsewhere (or for a sharding without a spec) ``sharding`` itself.
+
+    Inside a jitted function XLA keeps a logical constraint on such a dimension without
+    failing (jax pads the shards); ctrainstate shards only evenly, so that dimension is
+    replicated instead. An eager placement of such a spec raises, as ``jax.device_put`` does.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate._trace_state import jit_scope
+    >>> mesh = cts.Mesh(np.array(cts.devices()[:1]).reshape(1), ('mp',))
+    >>> s = cts.NamedSharding(mesh, cts.P('mp', None))
+    >>> _replicate_uneven(s, (7, 2)) is s   # outside jit: as given
+    True
+    >>> with jit_scope():                    # a size-1 axis divides every dimension
+    ...     _replicate_uneven(s, (7, 2)).spec
+    PartitionSpec('mp', None)
+    """
+    from .._trace_state import in_jit
+    if not in_jit() or not isinstance(sharding, NamedSharding):
+        return sharding
+    uneven = _uneven_dims(sharding, shape)
+    if not uneven:
+        return sharding
+    spec = list(sharding.spec)
+    for i, _, _ in uneven:
+        spec[i] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def _uneven_dims(sharding, shape) -> list:
+    """``[(dimension, mesh axes, parts)]`` for each dimension of ``shape`` that the mesh
+    axes ``sharding`` gives it do not divide (unknown mesh axes are left to the layout)."""
+    sizes = dict(sharding.mesh.shape)
+    out = []
+    for i, e in enumerate(list(sharding.spec)[:len(shape)]):
+        if e is None or e is PartitionSpec.UNCONSTRAINED:
+            continue
+        axes = (e,) if isinstance(e, str) else tuple(e)
+        if any(a not in sizes for a in axes):
+            continue
+        parts = int(np.prod([sizes[a] for a in axes], dtype=np.int64))
+        if parts > 1 and int(shape[i]) % parts:
+            out.append((i, axes, parts))
+    return out
+
+
 def _with_sharding_constraint(x, axis_resources, mesh=None):
     """Apply a mesh-axis constraint: reshard an Array onto ``NamedSharding(mesh, spec)``.
 
@@ -209,7 +389,7 @@ def _constrain_array(x, axis_resources, mesh):
             return left if left else None
         spec = PartitionSpec(*[keep(i) if e is PartitionSpec.UNCONSTRAINED else e
                                for i, e in enumerate(spec)])
-    target = NamedSharding(mesh, spec)
+    target = _replicate_uneven(NamedSharding(mesh, spec), x.shape)
     if x.sharding == target:
         return x
     from .._ops import with_sharding  # differentiable: the cotangent goes back to x's sharding
@@ -337,6 +517,8 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from ..sharding import NamedSharding, get_mesh
+        if _is_strict(rules):   # a typo is reported at init, with or without a mesh
+            logical_to_mesh_axes(tuple(names), rules)
         m = mesh if mesh is not None else get_mesh()
         init = fn
         if m is not None and 'out_sharding' not in kwargs:  # born sharded
@@ -360,3 +542,8 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
     wrapper._ct_boxing = (fn, lambda v: LogicallyPartitioned(v, names, mesh=mesh, rules=rules),
                           born)
     return wrapper
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

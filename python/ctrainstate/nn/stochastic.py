@@ -109,3 +109,8 @@ def _host_input(inputs):
     """A host input placed with its own float dtype (bfloat16 / float16 kept, as Flax)."""
     from .. import numpy as cnp
     return cnp.asarray(inputs)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

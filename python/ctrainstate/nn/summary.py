@@ -326,3 +326,8 @@ def tabulate(module, rngs, depth=None, show_repeated=False, mutable=None, consol
         cols = sorted(variables, key=lambda c: (c != "params", c))
         return _render(module, tuple(cols), rows)
     return table_fn
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

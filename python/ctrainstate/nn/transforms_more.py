@@ -636,3 +636,8 @@ def override_named_call(enable: bool = True):
         yield
     finally:
         _NAMED_CALL[0] = prev
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -32,7 +32,15 @@ from ..optim.base import full_like
 from ..sharding import NamedSharding, PartitionSpec
 from ..train_state import PyTreeNode
 from .optimizers import OptimizerDef, OptimizerState, Optimizer, _next_step, scalar
+from ..core import FrozenDict, freeze
 from .serialization import flatten_dict, unflatten_dict
+
+
+def _restore(target, flat):
+    """The nested dict of the '/'-keyed ``flat``, frozen when ``target`` is (as t5x's
+    Adafactor keeps the kind of the params it is given)."""
+    tree = unflatten_dict(flat, sep='/')
+    return freeze(tree) if isinstance(target, FrozenDict) else tree
 
 __all__ = ['Adafactor', 'FactorDim', 'HParamMap', 'HEURISTIC_RULE',
            'standard_logical_factor_rules', 'factor_name_to_factordim']
@@ -225,7 +233,7 @@ class Adafactor(OptimizerDef):
         """OptimizerState(step 0, per-param states in the params' structure)."""
         flat = flatten_dict(params, sep='/')
         states = {k: self.init_param_state(v, k) for k, v in flat.items()}
-        return OptimizerState(scalar(0, np.int32, params), unflatten_dict(states, sep='/'))
+        return OptimizerState(scalar(0, np.int32, params), _restore(params, states))
 
     # --- the step ---
     def apply_param_gradient(self, step, hp, param, state, grad, path):
@@ -310,8 +318,8 @@ class Adafactor(OptimizerDef):
                 raise ValueError(f'grads have no entry for param {k}')
             new_p[k], new_s[k] = self.apply_param_gradient(state.step, hyper_params, p,
                                                            flat_s[k], flat_g[k], k)
-        return (unflatten_dict(new_p, sep='/'),
-                OptimizerState(_next_step(state.step), unflatten_dict(new_s, sep='/')))
+        return (_restore(params, new_p),
+                OptimizerState(_next_step(state.step), _restore(params, new_s)))
 
     # --- logical axes ---
     def set_param_axes(self, param_logical_axes):
@@ -353,5 +361,10 @@ class Adafactor(OptimizerDef):
                 v_row=None, v_col=None,
                 v=ax if tuple(st.v.shape) != (1,) else None,
                 m=ax if self.hyper_params.beta1 else None)
-        return Optimizer(self, OptimizerState(None, unflatten_dict(out, sep='/')),
+        return Optimizer(self, OptimizerState(None, _restore(param_logical_axes, out)),
                          param_logical_axes)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -28,6 +28,7 @@ import numpy as np
 from .. import optim
 from .._abstract import ShapeDtypeStruct
 from ..array import Array, device_put
+from ..core import FrozenDict, freeze
 from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
 from ..sharding import PartitionSpec
 from ..train_state import PyTreeNode, field
@@ -493,8 +494,10 @@ class MultiOptimizer(OptimizerDef):
             sub_opt = Optimizer(opt, OptimizerState(optimizer.state.step, sub_s), sub_t)
             d = opt.derive_logical_axes(sub_opt, sub_a)
             flat.update(_per_param(d.state.param_states, sub_t, opt))
-        return Optimizer(self, OptimizerState(None, unflatten_dict(flat, sep='/')),
-                         param_logical_axes)
+        states = unflatten_dict(flat, sep='/')
+        if isinstance(param_logical_axes, FrozenDict):   # the kind of the params, as in t5x
+            states = freeze(states)
+        return Optimizer(self, OptimizerState(None, states), param_logical_axes)
 
 
 def _per_param(param_states, sub_params, opt) -> dict:
@@ -510,3 +513,8 @@ def _per_param(param_states, sub_params, opt) -> dict:
                             f'{type(opt).__name__} has none at {path}') from None
         out[path] = node
     return out
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -39,7 +39,7 @@ from ..tree_util import tree_map
 __all__ = [
     'AxisNames', 'DataLayout', 'LocalChunkInfo', 'LocalChunker', 'PartitionSpec',
     'PjitPartitioner', 'PjittedFnWithContext', 'MeshError', 'bounds_from_last_device',
-    'default_mesh', 'get_coords', 'get_cpu_mesh', 'get_gpu_mesh', 'get_mesh',
+    'default_mesh', 'default_submesh', 'get_coords', 'get_cpu_mesh', 'get_gpu_mesh', 'get_mesh',
     'global_mesh_defined', 'standard_logical_axis_rules', 'with_sharding_constraint',
     'LogicalAxisRules', 'HardwareMesh', 'pjit', 'host_local_array_to_global_array',
 ]
@@ -152,12 +152,16 @@ def global_mesh_defined() -> bool:
 
 def with_sharding_constraint(x, axis_resources):
     """t5x's mesh-axis constraint: a no-op without an active mesh, else the value placed by
-    ``axis_resources`` (a ``PartitionSpec`` of mesh axes)."""
+    ``axis_resources`` (a ``PartitionSpec`` of mesh axes). Under ``jit`` / ``pjit`` a
+    dimension those mesh axes do not divide is replicated, as XLA keeps such a constraint."""
     if not global_mesh_defined() or axis_resources is None:
         return x
+    from ..nn.spmd import _replicate_uneven
     from ..numpy import with_sharding
     from ..sharding import NamedSharding, get_mesh as _active
-    return with_sharding(x, NamedSharding(_active(), axis_resources))
+    shape = getattr(x, 'shape', None)
+    target = NamedSharding(_active(), axis_resources)
+    return with_sharding(x, _replicate_uneven(target, np.shape(x) if shape is None else shape))
 
 
 def _device_grid(model_parallel_submesh, input_devices=(), input_local_devices=(),
@@ -617,3 +621,8 @@ def host_local_array_to_global_array(arr_tree, mesh, pspecs):
         return tree_map(lambda x: device_put(x, s), sub)
     return tree_map(put, pspecs, arr_tree,
                     is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

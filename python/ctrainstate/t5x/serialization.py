@@ -204,3 +204,8 @@ def unflatten_dict(flat: dict, sep: str | None = None) -> dict:
             d = d.setdefault(p, {})
         d[path[-1]] = v
     return out
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

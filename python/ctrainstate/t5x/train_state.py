@@ -5,7 +5,9 @@ variables of ``model.init``: ``params``, their ``params_axes`` (checked: every
 param needs axis names), other ``<name>_axes`` collections, and the remaining
 collections (``flax_mutables``). ``apply_gradient(grads, learning_rate,
 flax_mutables=...)`` runs one optimizer step and — as in t5x — resets the
-mutables to empty when they are not passed. ``as_logical_axes()`` is the same
+mutables to empty when they are not passed. As in t5x, the mutables, their axes and
+the trees of ``as_logical_axes`` are ``FrozenDict`` objects; params keep the kind they
+were given. ``as_logical_axes()`` is the same
 state with logical ``PartitionSpec`` leaves, which ``PjitPartitioner.get_mesh_axes``
 resolves to mesh specs.
 
@@ -14,7 +16,7 @@ resolves to mesh specs.
 >>> from ctrainstate.t5x.train_state import FlaxOptimTrainState
 >>> s = FlaxOptimTrainState.create(optimizers.sgd(0.1), {'params': {'w': np.ones(2, np.float32)}})
 >>> int(s.step), s.params_axes, s.flax_mutables
-(0, None, {})
+(0, None, FrozenDict({}))
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from .. import partitioning as flax_partitioning
 from ..array import device_put
+from ..core import FrozenDict, freeze, unfreeze
 from ..sharding import PartitionSpec
 from ..train_state import PyTreeNode, field
 from ..tree_util import tree_map
@@ -33,7 +36,7 @@ from .serialization import flatten_dict, from_state_dict, to_state_dict
 
 __all__ = ['TrainState', 'FlaxOptimTrainState', 'InferenceState', 'EMPTY_DICT']
 
-EMPTY_DICT: dict = {}  # compare with ==; states always hold their own dict
+EMPTY_DICT = freeze({})
 
 
 def _validate_axes(axes, variables, collection='params'):
@@ -47,6 +50,8 @@ def _validate_axes(axes, variables, collection='params'):
 
 
 def _split_variables_and_axes(variables):
+    """``(mutables, axes)``, both frozen: ``<name>_axes`` collections (checked against
+    ``<name>``) apart from the others."""
     mutables, axes = {}, {}
     for k, v in variables.items():
         if k.endswith('_axes'):
@@ -57,10 +62,12 @@ def _split_variables_and_axes(variables):
             axes[base] = v
         else:
             mutables[k] = v
-    return mutables, axes
+    return freeze(mutables), freeze(axes)
 
 
 def _split(model_variables):
+    """``(params, params_axes, flax_mutables, flax_mutables_axes)`` of ``model.init``'s
+    variables: params and their axes as given, the others frozen (axes None if none)."""
     variables = dict(model_variables)
     if 'params' not in variables:
         raise ValueError("model_variables has no 'params' collection")
@@ -73,9 +80,13 @@ def _split(model_variables):
 
 
 def _axis_names_or_none(params, params_axes):
+    """The logical axes of ``params`` (None leaves without ``params_axes``), a FrozenDict
+    when the params are one and plain dicts otherwise: t5x derives the optimizer's axes
+    through ``restore_state`` into the live optimizer, which keeps the params' kind."""
     if params_axes is None:  # no axes: every param replicated
         return tree_map(lambda x: None, params)
-    return flax_partitioning.get_axis_names(params_axes)
+    names = flax_partitioning.get_axis_names(params_axes)
+    return names if isinstance(params, FrozenDict) else unfreeze(names)
 
 
 def _check_same_params(old, new) -> None:
@@ -92,6 +103,11 @@ def _check_same_params(old, new) -> None:
         if a is not None and b is not None and tuple(a) != tuple(b):
             raise ValueError(f'replace_params: {k} has shape {tuple(b)}, the optimizer state '
                              f'is for shape {tuple(a)}')
+
+
+def _frozen_mutables(state_dict) -> FrozenDict:
+    """A state dict's ``flax_mutables``, frozen; empty when it has none."""
+    return freeze(state_dict['flax_mutables']) if 'flax_mutables' in state_dict else EMPTY_DICT
 
 
 class TrainState:
@@ -116,7 +132,6 @@ class FlaxOptimTrainState(PyTreeNode):
                                  'partitioning, but the model is not emitting them.')
             optimizer_def.set_param_axes(flax_partitioning.get_axis_names(params_axes))
         optimizer = optimizer_def.create(params)
-        flax_mutables = _place(flax_mutables) if flax_mutables else {}
         return cls(optimizer, params_axes=params_axes, flax_mutables=flax_mutables,
                    flax_mutables_axes=flax_mutables_axes)
 
@@ -136,12 +151,10 @@ class FlaxOptimTrainState(PyTreeNode):
         return self._optimizer.state.param_states
 
     def apply_gradient(self, grads, learning_rate, flax_mutables=EMPTY_DICT):
-        """One optimizer step; ``flax_mutables`` replaces the mutables (reset when omitted;
-        a mapping is stored as a dict, anything else as given, as t5x does)."""
-        # before the step, which donates this state's arrays: nothing may fail after it
-        mutables = dict(flax_mutables) if isinstance(flax_mutables, Mapping) else flax_mutables
+        """One optimizer step; ``flax_mutables`` (stored as given, as t5x does) replaces the
+        mutables, which are reset to empty when it is omitted."""
         new_optimizer = self._optimizer.apply_gradient(grads, learning_rate=learning_rate)
-        return self.replace(_optimizer=new_optimizer, flax_mutables=mutables)
+        return self.replace(_optimizer=new_optimizer, flax_mutables=flax_mutables)
 
     def state_dict(self) -> dict:
         """``{'target', 'state': {'step', 'param_states'}}`` plus ``'flax_mutables'`` if any."""
@@ -151,10 +164,10 @@ class FlaxOptimTrainState(PyTreeNode):
         return sd
 
     def restore_state(self, state_dict) -> 'FlaxOptimTrainState':
-        """The state with the optimizer and mutables of ``state_dict``."""
+        """The state with the optimizer and (frozen) mutables of ``state_dict``."""
         new_optimizer = self._optimizer.restore_state(state_dict)
         return self.replace(_optimizer=new_optimizer,
-                            flax_mutables=dict(state_dict.get('flax_mutables', {})))
+                            flax_mutables=_frozen_mutables(state_dict))
 
     def replace_params(self, params) -> 'FlaxOptimTrainState':
         """The state with other params (optimizer state unchanged). They must have the
@@ -180,13 +193,11 @@ class FlaxOptimTrainState(PyTreeNode):
             raise ValueError(f"Optimizer '{opt_def.__class__.__name__}' requires a "
                              '`derive_logical_axes` method to be used with named axis '
                              'partitioning.')
-        mutables_axes = self.flax_mutables_axes or None
         return FlaxOptimTrainState(
             opt_def.derive_logical_axes(self._optimizer,
                                         _axis_names_or_none(self.params, self.params_axes)),
             params_axes=None,
-            flax_mutables=(flax_partitioning.get_axis_names(mutables_axes)
-                           if mutables_axes else {}),
+            flax_mutables=flax_partitioning.get_axis_names(self.flax_mutables_axes or EMPTY_DICT),
             flax_mutables_axes=self.flax_mutables_axes)  # kept, as t5x does
 
 
@@ -204,7 +215,7 @@ class InferenceState(PyTreeNode):
         """An inference state from ``model.init`` variables (same splitting and axis checks)."""
         params, params_axes, flax_mutables, flax_mutables_axes = _split(model_variables)
         return cls(step=device_put(np.asarray(0, np.int32)), params=_place(params),
-                   params_axes=params_axes, flax_mutables=flax_mutables or {},
+                   params_axes=params_axes, flax_mutables=flax_mutables,
                    flax_mutables_axes=flax_mutables_axes)
 
     @property
@@ -224,10 +235,12 @@ class InferenceState(PyTreeNode):
         return sd
 
     def restore_state(self, state_dict) -> 'InferenceState':
-        """The state with the params, step and mutables of ``state_dict``."""
-        return self.replace(params=from_state_dict(self.params, state_dict['target'], 'target'),
+        """The state with the params, step and mutables of ``state_dict``: the checkpoint's
+        params are taken as they are (frozen, as t5x does), not fitted to this state's."""
+        target = state_dict['target']
+        return self.replace(params=freeze(target) if isinstance(target, Mapping) else target,
                             step=state_dict['state']['step'],
-                            flax_mutables=dict(state_dict.get('flax_mutables', {})))
+                            flax_mutables=_frozen_mutables(state_dict))
 
     def replace_params(self, params) -> 'InferenceState':
         """The state with other params."""
@@ -243,8 +256,12 @@ class InferenceState(PyTreeNode):
 
     def as_logical_axes(self) -> 'InferenceState':
         """This state with logical ``PartitionSpec`` leaves (the step None)."""
-        mutables_axes = self.flax_mutables_axes or None
         return InferenceState(
-            step=None, params=_axis_names_or_none(self.params, self.params_axes),
-            flax_mutables=(flax_partitioning.get_axis_names(mutables_axes)
-                           if mutables_axes else {}))
+            step=None, params=(tree_map(lambda x: None, self.params) if self.params_axes is None
+                               else flax_partitioning.get_axis_names(self.params_axes)),
+            flax_mutables=flax_partitioning.get_axis_names(self.flax_mutables_axes or EMPTY_DICT))
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

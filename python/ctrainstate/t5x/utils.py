@@ -6,11 +6,14 @@
 >>> p = partitioning.PjitPartitioner(num_partitions=1)
 >>> i = utils.TrainStateInitializer(optimizers.sgd(0.1), init_fn, {}, p)
 >>> i.train_state_axes.params
-{'w': None}
+FrozenDict({
+    w: None,
+})
 """
 from __future__ import annotations
 
 from .._abstract import eval_shape
+from ..core import freeze
 from .train_state import FlaxOptimTrainState, InferenceState
 
 __all__ = ['TrainStateInitializer']
@@ -19,6 +22,7 @@ __all__ = ['TrainStateInitializer']
 class TrainStateInitializer:
     """``init_fn(rng=, input_shapes=, input_types=)`` -> variables, wrapped in a train state.
 
+    The variables of ``init_fn`` are frozen (``FrozenDict``), as in t5x.
     ``global_train_state_shape`` is the abstract state (nothing allocated),
     ``train_state_axes`` its mesh specs, and ``from_scratch(rng)`` runs the init
     partitioned with ``out_axis_resources=train_state_axes``: parameters declared with
@@ -29,7 +33,9 @@ class TrainStateInitializer:
         self._partitioner = partitioner
 
         def initialize_train_state(rng):
-            variables = init_fn(rng=rng, input_shapes=input_shapes, input_types=input_types)
+            # frozen, as t5x does: params, the axes trees and the state dicts then agree
+            variables = freeze(init_fn(rng=rng, input_shapes=input_shapes,
+                                       input_types=input_types))
             if optimizer_def is None:
                 return InferenceState.create(variables)
             return FlaxOptimTrainState.create(optimizer_def, variables)
@@ -48,3 +54,8 @@ class TrainStateInitializer:
         p = self._partitioner.partition(self._initialize_train_state, in_axis_resources=None,
                                         out_axis_resources=self.train_state_axes)
         return p(init_rng)
+
+
+from .._exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -564,3 +564,30 @@ def _both(a, b):
     stack.enter_context(a)
     stack.enter_context(b)
     return stack
+
+
+def test_eval_shape_of_init_replicates_a_dimension_the_axis_does_not_divide_as_jit_does():
+    # jax.eval_shape traces like jit: a 50257-token vocabulary over mp=2 gets a spec, no error
+    mesh = cts.make_mesh((4, 2), ('data', 'mp'))
+    rules = (('vocab', 'mp'), ('embed', 'data'))
+
+    def init():
+        return nn_partitioning.param_with_axes('wte', nn.initializers.ones, (50257, 16),
+                                               axes=('vocab', 'embed'))
+    with mesh, nn_partitioning.axis_rules(rules):
+        s = _scope()
+        with s:
+            out = cts.eval_shape(init)
+    assert out.shape == (50257, 16) and out.sharding == NamedSharding(mesh, P(None, 'data'))
+
+
+def test_lax_with_sharding_constraint_under_jit_replicates_a_dimension_the_axis_does_not_divide():
+    from ctrainstate import lax
+    mesh = cts.make_mesh((4, 2), ('data', 'model'))
+    x = cts.device_put(np.arange(28, dtype=np.float32).reshape(7, 4))
+    with mesh:
+        y = cts.jit(lambda a: lax.with_sharding_constraint(a, P('model', 'data')))(x)
+        assert y.sharding == NamedSharding(mesh, P(None, 'data'))
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+        with pytest.raises(ValueError, match="not divisible"):
+            lax.with_sharding_constraint(x, P('model', 'data'))      # eager: an error

@@ -180,6 +180,7 @@ def eval_shape(fn, *args, **kwargs):
 
     args = tree_map(conv, args)
     kwargs = tree_map(conv, kwargs)
-    with abstract_mode():
+    from ._trace_state import jit_scope
+    with abstract_mode(), jit_scope():   # jax's eval_shape traces as jit does
         out = fn(*args, **kwargs)
     return tree_map(out_leaf, out)

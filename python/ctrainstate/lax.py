@@ -35,7 +35,7 @@ from . import tree_util
 from ._abstract import ShapeDtypeStruct
 from ._devices import Device
 from .array import Array, device_put
-from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
+from .sharding import NamedSharding, PartitionSpec, Sharding, _replicate_uneven, get_mesh
 
 from ._ops import stop_gradient  # noqa: E402,F401
 # jax.lax's elementwise functions that ctrainstate.numpy also has (the same kernels; lax.round,
@@ -117,11 +117,12 @@ def with_sharding_constraint(x, shardings):
     from ._ops import with_sharding
 
     def constrain(spec, subtree):
-        s = _as_sharding(spec)
+        s0 = _as_sharding(spec)
 
         def one(leaf):
             if not isinstance(leaf, (Array, ShapeDtypeStruct, np.ndarray, np.generic, float, int)):
                 return leaf
+            s = _replicate_uneven(s0, tuple(getattr(leaf, "shape", ())))   # under jit (see there)
             dt = getattr(leaf, "dtype", None)
             if isinstance(leaf, float) or (dt is not None and np.dtype(dt) in (np.float32,
                                                                                np.float64)):

@@ -483,6 +483,53 @@ def default_sharding() -> Sharding:
     return SingleDeviceSharding(_all_devices()[0])
 
 
+def _replicate_uneven(sharding, shape):
+    """Under ``jit`` / ``pjit``, ``sharding`` with every dimension its mesh axes do not
+    divide replicated; elsewhere (or for a sharding without a spec) ``sharding`` itself.
+
+    Inside a jitted function XLA keeps a logical constraint on such a dimension without
+    failing (jax pads the shards); ctrainstate shards only evenly, so that dimension is
+    replicated instead. An eager placement of such a spec raises, as ``jax.device_put`` does.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate._trace_state import jit_scope
+    >>> mesh = cts.Mesh(np.array(cts.devices()[:1]).reshape(1), ('mp',))
+    >>> s = cts.NamedSharding(mesh, cts.P('mp', None))
+    >>> _replicate_uneven(s, (7, 2)) is s   # outside jit: as given
+    True
+    >>> with jit_scope():                    # a size-1 axis divides every dimension
+    ...     _replicate_uneven(s, (7, 2)).spec
+    PartitionSpec('mp', None)
+    """
+    from ._trace_state import in_jit
+    if not in_jit() or not isinstance(sharding, NamedSharding):
+        return sharding
+    uneven = _uneven_dims(sharding, shape)
+    if not uneven:
+        return sharding
+    spec = list(sharding.spec)
+    for i, _, _ in uneven:
+        spec[i] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def _uneven_dims(sharding, shape) -> list:
+    """``[(dimension, mesh axes, parts)]`` for each dimension of ``shape`` that the mesh
+    axes ``sharding`` gives it do not divide (unknown mesh axes are left to the layout)."""
+    sizes = dict(sharding.mesh.shape)
+    out = []
+    for i, e in enumerate(list(sharding.spec)[:len(shape)]):
+        if e is None or e is PartitionSpec.UNCONSTRAINED:
+            continue
+        axes = (e,) if isinstance(e, str) else tuple(e)
+        if any(a not in sizes for a in axes):
+            continue
+        parts = int(np.prod([sizes[a] for a in axes], dtype=np.int64))
+        if parts > 1 and int(shape[i]) % parts:
+            out.append((i, axes, parts))
+    return out
+
+
 from ._exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

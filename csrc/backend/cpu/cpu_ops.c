@@ -550,6 +550,10 @@ static void ew_row(int op, int dt, int64_t n, void *out, int64_t o0, const void 
     case CT_BF16: EW_OPS(CT_BF16); break;
     case CT_I32: EW_OPS(CT_I32); break;
     case CT_U32: EW_OPS(CT_U32); break;
+    case CT_U8: EW_OPS(CT_U8); break;
+    case CT_I8: EW_OPS(CT_I8); break;
+    case CT_I16: EW_OPS(CT_I16); break;
+    case CT_U16: EW_OPS(CT_U16); break;
     default: EW_OPS(CT_BOOL); break;
     }
 }

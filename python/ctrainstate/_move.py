@@ -6,7 +6,7 @@
 They are built from the indexing and joining of :mod:`ctrainstate._slicing` (basic slices,
 row gathers with host-planned index arrays, ``concatenate``) and the layout ops of
 :mod:`ctrainstate._ops` (``reshape``, ``transpose``), so they move the bits of every stored
-dtype (float32, bfloat16, float16, int32, uint32, bool) as they are, run on each device's own
+dtype (the floats, the ints, bool) as they are, run on each device's own
 block, and differentiate as those do (a gather's cotangent is scatter-added back, duplicates
 adding up; a join's is sliced). Index arrays are derived on the host from the shapes (and, for
 ``take``, from the given indices, which are read to the host as ``x[idx]`` reads them).

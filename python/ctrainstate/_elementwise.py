@@ -37,6 +37,9 @@ differentiable: their results are bool or integer Arrays that carry no gradient,
 >>> ids = cts.device_put(np.array([-100, 3, 7], np.int32))
 >>> np.asarray(ids != -100).tolist(), np.asarray((ids + 1) // 2).tolist()
 ([False, True, True], [-50, 2, 4])
+>>> px = cts.device_put(np.array([200, 3], np.uint8))
+>>> np.asarray(px + 100).tolist(), str(cnp.sum(px).dtype), str((px + np.int8(1)).dtype)
+([44, 103], 'uint32', 'int16')
 """
 from __future__ import annotations
 

@@ -1022,6 +1022,28 @@ def test_narrow_reductions(dt, axis):
         np.testing.assert_array_equal(host(cnp.argmin(pa, axis=axis)), np.argmin(a, axis=axis))
 
 
+@pytest.mark.parametrize("dt", NARROW + [I32, U32], ids=lambda d: np.dtype(d).name)
+def test_int_rounding_sign_and_square_keep_the_dtype(dt):
+    """jnp's floor / ceil / round / trunc of ints are the ints, sign is -1 / 0 / 1 in the
+    dtype, square wraps in it (measured with jax 0.10)."""
+    info = np.iinfo(dt)
+    a = np.array([info.min, info.min + 1, -3, 0, 1, 5, 16, 255, info.max, 7, -7, 2],
+                 np.int64).astype(dt)
+    pa = _mesh_put(np.tile(a, (8, 1)))
+    for name in ("floor", "ceil", "round", "around", "trunc"):
+        got = getattr(cnp, name)(pa)
+        assert got.dtype == dt, name
+        np.testing.assert_array_equal(host(got)[0], a, err_msg=name)
+    got = cnp.sign(pa)
+    assert got.dtype == dt
+    np.testing.assert_array_equal(host(got)[3], np.sign(a.astype(np.int64)).astype(dt))
+    np.testing.assert_array_equal(host(cnp.sign(put(a)))[:3], np.array([-1, -1, -1]).astype(dt)
+                                  if info.min < 0 else [0, 1, 1])
+    got = cnp.square(pa)
+    assert got.dtype == dt
+    np.testing.assert_array_equal(host(got)[5], _wrap(a.astype(np.int64) ** 2, dt))
+
+
 def test_narrow_ints_with_16_bit_floats_round_the_int_first():
     """int16 + bfloat16 is bfloat16; jax converts the int16 to bfloat16 first (one rounding),
     then adds (another): 257 + 0 -> 256, and 259 + 1.0 is 260 (259 -> 260), not 260 from 260."""
@@ -1070,7 +1092,8 @@ def test_narrow_ops_match_jax():
             for x, y in pairs:
                 assert cnp.true_divide(put(x), put(y)).dtype == jnp.true_divide(x, y).dtype
         a = narrow_values(dt, (4, 12), 12)
-        for n in ("negative", "abs", "invert", "logical_not", "isnan", "isfinite", "signbit"):
+        for n in ("negative", "abs", "invert", "logical_not", "isnan", "isfinite", "signbit",
+                  "floor", "round", "sign", "square"):
             if n == "abs" and np.iinfo(dt).min == 0:
                 continue
             same_bits(getattr(cnp, n)(put(a)), np.asarray(getattr(jnp, n)(a)))

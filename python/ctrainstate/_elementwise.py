@@ -464,6 +464,23 @@ def int_negative(x):
     return _unary_op(NEG, x, "negative", no_bool=True)
 
 
+def int_unary(name, x):
+    """``floor`` / ``ceil`` / ``round`` / ``trunc`` / ``sign`` / ``square`` of an integer
+    operand, as jnp computes them: the first four return the integers themselves, ``sign`` is
+    -1, 0 or 1 in the operand's dtype (``(x > 0) - (x < 0)``), ``square`` is ``x * x``,
+    wrapping (uint8 16 squared is 0)."""
+    dt = result_type(x, who=name)
+    place = _place_for((x,))
+    xa = _as(x, dt, place)
+    if name == "square":
+        return _ewise_raw(MUL, xa, xa)
+    if name == "sign":
+        zero = _as(0, dt, place)
+        return _ewise_raw(SUB, _o()._convert(_ewise_raw(GT, xa, zero), dt),
+                          _o()._convert(_ewise_raw(LT, xa, zero), dt))
+    return xa
+
+
 def int_abs(x):
     dt = result_type(x, who="abs")
     if dt == _BOOL:        # jnp.abs of bools: the bools themselves

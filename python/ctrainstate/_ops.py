@@ -2108,7 +2108,8 @@ def _dtype_policies():
     g["einsum"] = _with_dtype_policy(g["einsum"], (), rest_from=1)
     for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"):
         g[name] = _int_dispatch(g[name], name, (0, 1))
-    for name in ("negative", "abs", "sum", "max", "min", "mean", "broadcast_to"):
+    for name in ("negative", "abs", "sum", "max", "min", "mean", "broadcast_to", "floor", "ceil",
+                 "trunc", "round", "sign", "square"):
         g[name] = _int_dispatch(g[name], name, (0,))
     g["where"] = _int_dispatch(g["where"], "where", (1, 2))
 
@@ -2120,6 +2121,10 @@ def _intlike(v) -> bool:
     if isinstance(v, (np.ndarray, np.generic)):
         return v.dtype.kind in "biu"
     return False
+
+
+# ops of one operand that jnp computes on integers in their own dtype (ew.int_unary)
+_INT_UNARY = ("floor", "ceil", "trunc", "round", "sign", "square")
 
 
 def _int_dispatch(fn, name, pos):
@@ -2146,6 +2151,11 @@ def _int_dispatch(fn, name, pos):
         if dt in _FLOATS:
             return fn(*args, **kwargs)
         rest = {k: v for k, v in kwargs.items() if k not in names}
+        if name in _INT_UNARY:
+            if dt == _dtypes.bool_ or (name == "round" and (args[1:] or rest)
+                                       and (args[1:] or [rest.get("decimals")])[0] not in (0, None)):
+                return fn(*args, **kwargs)     # (bools, and ints to tens: the float path's error)
+            return ew.int_unary(name, vals[0])
         if name in ("add", "subtract", "multiply", "maximum", "minimum"):
             return ew.int_binary(name, vals[0], vals[1])
         if name == "divide":        # jnp.true_divide of ints: float32

@@ -301,6 +301,12 @@ def test_dlpack_with_jax_when_installed():
     a = cts.device_put(np.arange(5, dtype=np.float32))
     np.testing.assert_array_equal(np.asarray(jnp.from_dlpack(a)), np.arange(5))
     np.testing.assert_array_equal(np.asarray(cts.from_dlpack(jnp.arange(3.0))), [0, 1, 2])
+    for dt in NARROW_INTS:      # DLPack's int / uint codes of 8 and 16 bits, both ways
+        h = np.array([1, 200, 3]).astype(dt)
+        j = jnp.from_dlpack(cts.device_put(h))
+        assert j.dtype == dt and np.asarray(j).tolist() == h.tolist()
+        back = cts.from_dlpack(jnp.asarray(h))
+        assert back.dtype == dt and np.asarray(back).tolist() == h.tolist()
 
 
 def test_device_put_with_a_pytree_of_shardings():

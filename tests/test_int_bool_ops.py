@@ -1003,9 +1003,10 @@ def test_narrow_reductions(dt, axis):
     got = cnp.sum(pa, axis=axis)
     assert got.dtype == wide
     np.testing.assert_array_equal(host(got), np.sum(a.astype(np.int64), axis=axis).astype(wide))
-    got = cnp.sum(pa, axis=axis, dtype=dt)
-    assert got.dtype == dt
-    np.testing.assert_array_equal(host(got), _wrap(np.sum(a.astype(np.int64), axis=axis), dt))
+    for got in (cnp.sum(pa, axis=axis, dtype=dt), pa.sum(axis=axis, dtype=dt)):
+        assert got.dtype == dt
+        np.testing.assert_array_equal(host(got), _wrap(np.sum(a.astype(np.int64), axis=axis), dt))
+    assert pa.sum(axis=axis).dtype == wide and pa.prod(axis=axis).dtype == wide
     for name in ("max", "min"):
         got = getattr(cnp, name)(pa, axis=axis)
         assert got.dtype == dt

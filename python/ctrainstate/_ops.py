@@ -2152,8 +2152,8 @@ def _int_dispatch(fn, name, pos):
             return fn(*args, **kwargs)
         rest = {k: v for k, v in kwargs.items() if k not in names}
         if name in _INT_UNARY:
-            if dt == _dtypes.bool_ or (name == "round" and (args[1:] or rest)
-                                       and (args[1:] or [rest.get("decimals")])[0] not in (0, None)):
+            decimals = args[1] if len(args) > 1 else rest.get("decimals", 0)
+            if dt == _dtypes.bool_ or (name == "round" and decimals != 0):
                 return fn(*args, **kwargs)     # (bools, and ints to tens: the float path's error)
             return ew.int_unary(name, vals[0])
         if name in ("add", "subtract", "multiply", "maximum", "minimum"):

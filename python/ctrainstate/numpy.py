@@ -10,9 +10,8 @@ Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / `
 (``// %``), ``isnan`` / ``isinf`` / ``isfinite``, ``any`` / ``all``, ``cumsum`` / ``cumprod`` (any dtype), and
 ``add`` / ``subtract`` / ``multiply`` / ``maximum`` / ``minimum`` / ``negative`` / ``abs`` /
 ``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / int16 / uint16 / int8 / uint8 /
-bool Arrays compute in the
-operands' own (jax-promoted) dtype on each device's blocks, with jax's results
-(:mod:`ctrainstate._elementwise`).
+bool Arrays compute in the operands' own (jax-promoted) dtype on each device's blocks, with
+jax's results (:mod:`ctrainstate._elementwise`).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -107,8 +106,8 @@ from ._operators import reduce_operand as _reduce_operand
 def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # noqa: A001
     """``jnp.sum``: the sum over ``axis`` (a dimension sharded over mesh axes ends in an
     all-reduce over them); ``dtype=`` converts ``a`` first and accumulates in it (jnp's);
-    int32 sums wrap, bools and int8 / int16 sum as int32, uint8 / uint16 as uint32; ``where=`` (a bool mask broadcast to ``a``) sums
-    only the elements it selects. See :func:`ctrainstate._ops.sum`.
+    int32 sums wrap, bools and int8 / int16 sum as int32, uint8 / uint16 as uint32;
+    ``where=`` (a bool mask broadcast to ``a``) sums only the elements it selects. See :func:`ctrainstate._ops.sum`.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
     >>> np.asarray(cnp.sum(np.array([True, True, False]), dtype=cnp.float32)).item()

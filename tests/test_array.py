@@ -77,7 +77,11 @@ def test_replicas_are_separate_buffers():
     assert twin.data[0] == x[s0.index][0]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32, np.bool_])
+NARROW_INTS = [np.uint8, np.int8, np.int16, np.uint16]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32,
+                                   np.bool_] + NARROW_INTS)
 def test_dtypes_round_trip(dtype):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((8, 6)) * 50).astype(dtype)
@@ -103,6 +107,18 @@ def test_64bit_inputs_are_narrowed_like_jax():
 def test_unsupported_dtype():
     with pytest.raises(TypeError, match="complex64 is not supported"):
         cts.device_put(np.zeros(3, np.complex64))
+    # the message lists what is stored, the narrow ints included
+    with pytest.raises(TypeError, match="complex128 is not supported; ctrainstate stores .*uint8, "
+                                        "int8, int16, uint16"):
+        cnp.zeros(3, np.complex128)
+    for bad in (np.complex64, np.float128 if hasattr(np, "float128") else np.complex128,
+                np.dtype("U3")):
+        with pytest.raises(TypeError, match=f"{np.dtype(bad)} is not supported"):
+            cnp.asarray(np.zeros(2), dtype=bad)
+        with pytest.raises(TypeError, match=f"{np.dtype(bad)} is not supported"):
+            cts.device_put(np.zeros(3, np.uint8)).astype(bad)
+    # 64-bit ints keep narrowing as jax does without x64
+    assert cnp.zeros(3, np.uint64).dtype == np.uint32 and cnp.zeros(3, np.int64).dtype == np.int32
 
 
 def test_scalars_and_zero_size():
@@ -349,7 +365,7 @@ def test_dlpack_of_sharded_array_needs_a_shard():
     np.testing.assert_array_equal(np.from_dlpack(r), np.arange(8))  # replicated: whole on each device
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32, np.float16, np.bool_])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32, np.float16, np.bool_] + NARROW_INTS)
 def test_from_dlpack_copies_strided_host_tensors(dtype):
     x = (np.arange(24).reshape(4, 6) % 5).astype(dtype)[:, ::2]
     try:
@@ -366,6 +382,12 @@ def test_dlpack_with_jax_when_installed():
     a = cts.device_put(np.arange(5, dtype=np.float32))
     np.testing.assert_array_equal(np.asarray(jnp.from_dlpack(a)), np.arange(5))
     np.testing.assert_array_equal(np.asarray(cts.from_dlpack(jnp.arange(3.0))), [0, 1, 2])
+    for dt in NARROW_INTS:      # DLPack's int / uint codes of 8 and 16 bits, both ways
+        h = np.array([1, 200, 3]).astype(dt)
+        j = jnp.from_dlpack(cts.device_put(h))
+        assert j.dtype == dt and np.asarray(j).tolist() == h.tolist()
+        back = cts.from_dlpack(jnp.asarray(h))
+        assert back.dtype == dt and np.asarray(back).tolist() == h.tolist()
 
 
 def test_device_put_with_a_pytree_of_shardings():
@@ -555,3 +577,114 @@ def test_array_conj_real_imag_for_real_dtypes():
     np.testing.assert_array_equal(np.asarray(x.imag), np.zeros_like(h))
     i = cts.device_put(np.int32([3]))
     assert i.imag.dtype == np.int32 and i.real.tolist() == [3]
+
+
+# --- the narrow integer dtypes ----------------------------------------------------------------
+
+def _ref_convert(x, dt):
+    """jax's convert_element_type (x64 off, CPU, measured with jax 0.10) written with numpy:
+    floats -> ints truncate toward zero and saturate at the type's range, NaN -> 0; ints ->
+    ints wrap; ints -> floats round to nearest even; anything -> bool is x != 0."""
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        return x != 0
+    if dt.kind in "iu":
+        if x.dtype.kind in "iub":
+            return x.astype(np.int64).astype(dt)
+        v = x.astype(np.float64)
+        info = np.iinfo(dt)
+        return np.clip(np.trunc(np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)),
+                       info.min, info.max).astype(dt)
+    return x.astype(dt)
+
+
+def _convert_source(dt):
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        return np.array([True, False, True, True, False, False, True, False])
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return np.array([0, 1, info.max, info.min, info.max - 1, 127, 200, 3]).astype(np.int64).astype(dt)
+    v = np.array([np.nan, np.inf, -np.inf, -1.7, -0.5, 0.9, 127.9, 128.0, 255.5, 256.0, 300.0,
+                  -129.0, -128.5, 32767.5, 32768.0, 65535.0, 65536.0, -32769.0, 1e10, -1e10],
+                 np.float32)
+    with np.errstate(over="ignore"):       # (inf from float32 -> float16, on purpose)
+        return v.astype(dt)
+
+
+_ALL = [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32, np.bool_] + NARROW_INTS
+
+
+@pytest.mark.parametrize("narrow", NARROW_INTS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("other", _ALL, ids=lambda d: np.dtype(d).name)
+def test_astype_to_and_from_narrow_ints(narrow, other):
+    """Conversions in both directions on a sharded Array: the reference above, bit for bit."""
+    s = NamedSharding(mesh_of((2, 4)), P(None))
+    for src, dst in ((other, narrow), (narrow, other)):
+        x = _convert_source(src)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = _ref_convert(x, dst)
+        got = cts.device_put(x, s).astype(dst)
+        assert got.dtype == np.dtype(dst) and got.sharding == s
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8),
+                                      err_msg=f"{np.dtype(src)} -> {np.dtype(dst)}: {x}")
+
+
+@pytest.mark.parity
+def test_astype_narrow_ints_match_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    for narrow in NARROW_INTS:
+        for other in _ALL:
+            for src, dst in ((other, narrow), (narrow, other)):
+                x = _convert_source(src)
+                want = np.asarray(jnp.asarray(x).astype(dst))
+                got = np.asarray(cts.device_put(x).astype(dst))
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+                                              err_msg=f"{np.dtype(src)} -> {np.dtype(dst)}")
+
+
+@pytest.mark.parametrize("dt", NARROW_INTS, ids=lambda d: np.dtype(d).name)
+def test_narrow_int_creation_and_layout_ops(dt):
+    """Constructors with dtype=, and the ops that move bytes (reshape, transpose, slicing,
+    indexing, concatenate, stack, .at[]) keep the narrow dtype and its bits, sharded."""
+    info = np.iinfo(dt)
+    m = mesh_of((2, 4))
+    h = np.random.default_rng(5).integers(info.min, info.max, (8, 12), endpoint=True).astype(dt)
+    x = cts.device_put(h, NamedSharding(m, P("data", "model")))
+    assert x.dtype == dt and [sh.data.dtype for sh in x.addressable_shards] == [np.dtype(dt)] * 8
+    for sh in x.addressable_shards:
+        np.testing.assert_array_equal(sh.data, h[sh.index])
+    made = {"zeros": (cnp.zeros((3, 4), dt), np.zeros((3, 4), dt)),
+            "ones": (cnp.ones((3, 4), dtype=dt), np.ones((3, 4), dt)),
+            "full": (cnp.full((2, 2), 7, dt), np.full((2, 2), 7, dt)),
+            "arange": (cnp.arange(10, dtype=dt), np.arange(10, dtype=dt)),
+            "asarray": (cnp.asarray(h, dtype=dt), h),
+            "asarray wide": (cnp.asarray(np.array([1, 300, -1]), dtype=dt),
+                             np.array([1, 300, -1]).astype(dt)),       # int64 data wraps
+            "zeros_like": (cnp.zeros_like(x), np.zeros_like(h)),
+            "reshape.T": (cnp.reshape(x, (12, 8)).T, h.reshape(12, 8).T),
+            "transpose": (cnp.transpose(x), h.T),
+            "slice": (x[1:7:2, ::-3], h[1:7:2, ::-3]),
+            "int index": (x[3], h[3]),
+            "fancy": (x[np.array([5, 0, 5])], h[np.array([5, 0, 5])]),
+            "mask": (x[h > h.mean()], h[h > h.mean()]),
+            "concat": (cnp.concatenate([x, x[:2]], axis=0), np.concatenate([h, h[:2]], axis=0)),
+            "stack": (cnp.stack([x, x], axis=1), np.stack([h, h], axis=1)),
+            "at.set": (x.at[1, 2].set(5), _at_set(h, (1, 2), 5)),
+            "expand_dims": (cnp.expand_dims(x, 0), h[None]),
+            "flip": (cnp.flip(x, 1), h[:, ::-1])}
+    for name, (got, want) in made.items():
+        assert got.dtype == np.dtype(dt), name
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=name)
+    # concatenating with another dtype promotes as jax (uint8 with int8: int16)
+    other = np.int8 if dt == np.uint8 else np.uint8
+    both = cnp.concatenate([x[:, :2], cts.device_put(np.ones((8, 2), other))], axis=1)
+    assert both.dtype == {np.uint8: np.int16, np.int8: np.int16, np.int16: np.int16,
+                          np.uint16: np.uint16}[dt]
+
+
+def _at_set(h, idx, v):
+    h = h.copy()
+    h[idx] = v
+    return h

@@ -1152,7 +1152,9 @@ def test_take_rows_on_a_split_vocab_matches_cpu():
 
 # --- dtype conversions and 16-bit float ops (test_mixed_precision.py on GPU devices) --------
 
-_CONVERT_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32, np.bool_]
+_NARROW_INTS = [np.uint8, np.int8, np.int16, np.uint16]
+_CONVERT_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.uint32,
+                   np.bool_] + _NARROW_INTS
 
 
 @pytest.mark.parametrize("src", _CONVERT_DTYPES, ids=lambda d: np.dtype(d).name)
@@ -1228,7 +1230,8 @@ def test_optim_16bit_on_gpu_is_bit_identical_to_cpu(name, dtype, mu_dtype):
 
 # --- comparisons, booleans, integer arithmetic (test_int_bool_ops.py on GPU devices) ---------
 
-_EW_DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.uint32, np.bool_]
+_EW_DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.uint32,
+              np.bool_] + _NARROW_INTS
 
 
 def _ew_values(dt, shape, seed):
@@ -1292,7 +1295,8 @@ def test_typed_elementwise_on_gpu_matches_cpu(dt):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=name)
 
 
-@pytest.mark.parametrize("dt", [np.int32, np.uint32, np.bool_], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dt", [np.int32, np.uint32, np.bool_] + _NARROW_INTS,
+                         ids=lambda d: np.dtype(d).name)
 def test_int_reductions_and_cumsum_on_a_gpu_mesh_match_cpu(dt):
     """Integer sums (wrapping), max, min, any/all and cumsum on a GPU mesh, the reduced axis
     sharded (partial results combined across devices), give the single CPU device's bits."""

@@ -943,3 +943,75 @@ def test_more_lax_primitives_match_live_jax():
                                           np.asarray(getattr(jlax, name)(v, (1,))))
     np.testing.assert_allclose(np.asarray(lax.dot(XF, YF.T.copy())),
                                np.asarray(jlax.dot(XF, YF.T.copy())), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8, np.int16, np.uint16], ids=lambda d: np.dtype(d).name)
+def test_narrow_int_bit_ops_use_their_width(dt, mesh):
+    """lax's integer primitives on uint8 / int8 / int16 / uint16 work in the dtype's own width:
+    shifts by the width or more give 0 / the sign fill, population_count and clz count the
+    dtype's bits, reduce_sum wraps in the dtype (jnp.sum would widen), abs / neg / div / rem
+    as jax (numpy references written with that width)."""
+    w = 8 * np.dtype(dt).itemsize
+    info = np.iinfo(dt)
+    rng = np.random.default_rng(3)
+    x = rng.integers(info.min, info.max, (4, 8), endpoint=True).astype(dt)
+    x[0, :4] = np.array([0, -1, info.max, info.min]).astype(dt)
+    s = rng.integers(0, w + 3, (4, 8)).astype(dt)
+    s[1, :4] = np.array([w - 1, w, 31, -1]).astype(dt)
+    bits = x.astype(np.int64) & ((1 << w) - 1)                 # the bit pattern
+    cnt = s.astype(np.int64) & ((1 << w) - 1)                  # the count as stored (-1: huge)
+    inr = cnt < w
+    sh = np.where(inr, cnt, 0)
+    wrap = lambda v: (np.asarray(v, np.int64) & ((1 << w) - 1)).astype(np.int64).astype(
+        {8: np.uint8, 16: np.uint16}[w]).view(dt)
+    xs = _sharded(x, mesh)
+    np.testing.assert_array_equal(np.asarray(lax.shift_left(xs, s)), np.where(inr, wrap(bits << sh), 0))
+    np.testing.assert_array_equal(np.asarray(lax.shift_right_logical(xs, s)),
+                                  np.where(inr, wrap(bits >> sh), 0))
+    fill = np.where(x < 0, -1, 0) if info.min < 0 else np.where(bits >> (w - 1), (1 << w) - 1, 0)
+    sx = np.where(bits >> (w - 1), bits - (1 << w), bits)      # the pattern read as signed
+    np.testing.assert_array_equal(np.asarray(lax.shift_right_arithmetic(xs, s)),
+                                  np.where(inr, wrap(sx >> sh), wrap(fill)))
+    np.testing.assert_array_equal(np.asarray(lax.population_count(xs)),
+                                  np.vectorize(lambda v: bin(v).count("1"))(bits).astype(dt))
+    np.testing.assert_array_equal(np.asarray(lax.clz(xs)),
+                                  np.vectorize(lambda v: w - int(v).bit_length())(bits).astype(dt))
+    got = lax.reduce_sum(xs, (0,))
+    assert got.dtype == dt
+    np.testing.assert_array_equal(np.asarray(got), wrap(x.astype(np.int64).sum(0)))
+    np.testing.assert_array_equal(np.asarray(lax.bitwise_not(xs)), ~x)
+    np.testing.assert_array_equal(np.asarray(lax.neg(xs)), wrap(-x.astype(np.int64)))
+    if info.min < 0:
+        np.testing.assert_array_equal(np.asarray(lax.abs(xs)), wrap(np.abs(x.astype(np.int64))))
+    else:
+        with pytest.raises(TypeError, match=f"abs does not accept dtype {np.dtype(dt).name}"):
+            lax.abs(xs)
+    d = np.where(s == 0, 1, s).astype(dt)
+    np.testing.assert_array_equal(np.asarray(lax.div(xs, d)),
+                                  wrap(np.trunc(x.astype(np.float64) / d.astype(np.float64))))
+    np.testing.assert_array_equal(np.asarray(lax.rem(xs, d)),
+                                  wrap(np.fmod(x.astype(np.int64), d.astype(np.int64))))
+
+
+@needs_jax
+@pytest.mark.parity
+def test_narrow_int_primitives_match_jax():
+    for dt in (np.uint8, np.int8, np.int16, np.uint16):
+        info = np.iinfo(dt)
+        x = np.random.default_rng(4).integers(info.min, info.max, 64, endpoint=True).astype(dt)
+        s = np.random.default_rng(5).integers(0, 8 * x.itemsize + 4, 64).astype(dt)
+        s[:3] = np.array([-1, 255, 8 * x.itemsize]).astype(dt)
+        z = np.where(s == 0, 0, x).astype(dt)
+        for name, args in (("shift_left", (x, s)), ("shift_right_logical", (x, s)),
+                           ("shift_right_arithmetic", (x, s)), ("population_count", (x,)),
+                           ("clz", (x,)), ("add", (x, s)), ("mul", (x, s)), ("div", (x, z)),
+                           ("rem", (x, z)), ("neg", (x,)), ("max", (x, s)), ("bitwise_not", (x,)),
+                           ("integer_pow", (x, 3))):
+            got = getattr(lax, name)(*[cts.device_put(a) if isinstance(a, np.ndarray) else a
+                                       for a in args])
+            want = np.asarray(getattr(jlax, name)(*args))
+            assert np.asarray(got).dtype == want.dtype, name
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{name} {np.dtype(dt)}")
+        for name in ("reduce_sum", "reduce_max", "reduce_and", "reduce_xor"):
+            np.testing.assert_array_equal(np.asarray(getattr(lax, name)(cts.device_put(x), (0,))),
+                                          np.asarray(getattr(jlax, name)(x, (0,))), err_msg=name)

@@ -286,3 +286,74 @@ def test_fold_in_names_data_when_not_an_integer():
     # jax 0.10 truncates a float and takes a bool: fold_in(k, 1.5) == fold_in(k, True)
     assert crandom.fold_in(k, 1.5).tolist() == [928981903, 3453687069]
     assert crandom.fold_in(k, True).tolist() == [928981903, 3453687069]
+
+
+# --- narrow integer dtypes: bits and randint as sharded Arrays ------------------------------
+
+# recorded from jax 0.10.2 on CPU: jax.random.bits(PRNGKey(7), (10,), dt) and
+# jax.random.randint(PRNGKey(3), (10,), lo, hi, dt)
+_NARROW_BITS_JAX = {
+    np.uint8: [11, 0, 170, 48, 134, 107, 88, 106, 139, 174],
+    np.uint16: [10507, 32256, 10666, 17712, 25478, 39787, 13144, 54634, 3723, 45230],
+}
+_NARROW_RANDINT_JAX = [
+    ((-100, 100, np.int8), [95, 39, -95, 54, 16, -28, -77, -96, -98, 94]),
+    ((0, 256, np.uint8), [75, 115, 157, 170, 12, 104, 111, 92, 10, 234]),
+    ((-40000, 40000, np.int16), [5707, -5517, -16995, -25942, 11276, 29288, -14481, -27044,
+                                 -2550, 25834]),
+    ((5, 65536, np.uint16), [23732, 29072, 61416, 1813, 47283, 41593, 33883, 8636, 35807,
+                             59233]),
+]
+
+
+def _mesh_sharding():
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    return cts.NamedSharding(mesh, cts.P("data", "model"))
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.uint16], ids=lambda d: np.dtype(d).name)
+def test_narrow_bits_recorded_and_sharded(dt):
+    """bits of 8 / 16 bits: jax's values, on the host and as a sharded Array of that dtype
+    whose every device computed its own block (the same elements either way)."""
+    got = R.bits(R.PRNGKey(7), (10,), dt)
+    assert got.dtype == dt and got.tolist() == _NARROW_BITS_JAX[dt]
+    host = R.bits(R.PRNGKey(7), (6, 8), dt)
+    sh = R.bits(R.PRNGKey(7), (6, 8), dt, out_sharding=_mesh_sharding())
+    assert isinstance(sh, cts.Array) and sh.dtype == dt and sh.sharding.spec == cts.P("data", "model")
+    np.testing.assert_array_equal(np.asarray(sh), host)
+    # the flat elements are the recorded ones (an element's bits depend on its global index)
+    np.testing.assert_array_equal(np.asarray(R.bits(R.PRNGKey(7), (2, 5), dt,
+                                                    out_sharding=cts.NamedSharding(
+                                                        cts.make_mesh((2,), ("x",)), cts.P("x")))
+                                             ).ravel(), _NARROW_BITS_JAX[dt])
+    with pytest.raises(TypeError, match="uint64 is not supported in sharded Arrays"):
+        R.bits(R.PRNGKey(7), (4,), np.uint64, out_sharding=_mesh_sharding())
+
+
+@pytest.mark.parametrize("case", _NARROW_RANDINT_JAX, ids=lambda c: np.dtype(c[0][2]).name)
+def test_narrow_randint_recorded_and_sharded(case):
+    (lo, hi, dt), want = case
+    got = R.randint(R.PRNGKey(3), (10,), lo, hi, dt)
+    assert got.dtype == dt and got.tolist() == want
+    sh = R.randint(R.PRNGKey(3), (2, 5), lo, hi, dt,
+                   out_sharding=cts.NamedSharding(cts.make_mesh((2,), ("x",)), cts.P("x")))
+    assert isinstance(sh, cts.Array) and sh.dtype == dt
+    np.testing.assert_array_equal(np.asarray(sh).ravel(), want)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("dt", [np.uint8, np.int8, np.int16, np.uint16], ids=lambda d: np.dtype(d).name)
+def test_narrow_bits_and_randint_match_live_jax(dt):
+    jax = pytest.importorskip("jax")
+    info = np.iinfo(dt)
+    s = _mesh_sharding()
+    for seed in (0, 11):
+        if info.min == 0:
+            want = np.asarray(jax.random.bits(jax.random.PRNGKey(seed), (6, 8), dt))
+            np.testing.assert_array_equal(np.asarray(R.bits(R.PRNGKey(seed), (6, 8), dt,
+                                                            out_sharding=s)), want)
+        for lo, hi in ((int(info.min), int(info.max) + 1), (0, 10), (-3, 70000), (int(info.max) - 5, 2 ** 20)):
+            want = np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (6, 8), lo, hi, dt))
+            got = R.randint(R.PRNGKey(seed), (6, 8), lo, hi, dt, out_sharding=s)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{lo} {hi}")

@@ -120,6 +120,14 @@ def test_poisson_edges():
     assert (x[:, 5] == INT_MAX).all()             # saturating float -> int
     u8 = poisson(KEY, lam, (300, 6), np.uint8)
     assert u8.dtype == np.uint8 and (u8[:, 2:5] == 255).all() and (u8[:, 5] == 255).all()
+    # the narrow ints are Arrays too: a sharded result holds the host one's values
+    for dt in (np.uint8, np.int8, np.int16, np.uint16):
+        host = poisson(KEY, np.float32([3.0, 300.0, 1e30, -1.0]), (8, 4), dt)
+        sh = poisson(KEY, np.float32([3.0, 300.0, 1e30, -1.0]), (8, 4), dt,
+                     out_sharding=cts.NamedSharding(cts.make_mesh((2,), ("x",)), cts.P("x")))
+        assert isinstance(sh, cts.Array) and sh.dtype == dt
+        np.testing.assert_array_equal(np.asarray(sh), host)
+        assert (host[:, 2] == np.iinfo(dt).max).all()              # saturating float -> int
     # lam = inf: PTRS proposes inf (u > 0.5) or NaN (u < 0.5), converted to INT_MAX / 0
     inf = poisson(KEY, np.inf, (2000,))
     assert set(np.unique(inf).tolist()) == {0, INT_MAX}
@@ -326,8 +334,8 @@ def test_errors():
         (lambda: multinomial(R.split(KEY), 10.0, f3), ValueError,
          "multinomial accepts a single key"),
         (lambda: poisson(KEY, 3.0, (4,), out_sharding="x"), TypeError, "NamedSharding"),
-        (lambda: poisson(KEY, 3.0, (4,), np.int8, out_sharding=cts.NamedSharding(
-            cts.make_mesh((1,), ("x",)), cts.P())), TypeError, "dtype int8 is not supported"),
+        (lambda: poisson(KEY, 3.0, (4,), np.complex64, out_sharding=cts.NamedSharding(
+            cts.make_mesh((1,), ("x",)), cts.P())), ValueError, "Invalid integer data type 'c'"),
     ]
     for fn, exc, msg in cases:
         with pytest.raises(exc, match=msg):

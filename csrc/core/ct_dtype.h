@@ -2,7 +2,8 @@
  * ct_dtype.h — the element types ctrainstate stores, and their sizes.
  *
  * The numbering is part of the binding contract: csrc/python converts numpy
- * dtypes to these once, at the boundary.
+ * dtypes to these once, at the boundary, and _C.dtype_names (ct_dtype_name of every
+ * code, in order) is how the Python layer learns them.
  */
 #ifndef CT_DTYPE_H
 #define CT_DTYPE_H
@@ -17,14 +18,20 @@ typedef enum {
     CT_I32 = 3,
     CT_U32 = 4,
     CT_BOOL = 5,
+    /* the narrow integers (pixels, masks, token ids): stored in their own width, computed
+     * in int64 registers by the typed kernels (ct_ewise_math.h) and wrapped when stored */
+    CT_U8 = 6,
+    CT_I8 = 7,
+    CT_I16 = 8,
+    CT_U16 = 9,
     CT_NUM_DTYPES
 } ct_dtype;
 
 static inline size_t ct_dtype_size(ct_dtype dt) {
     switch (dt) {
     case CT_F32: case CT_I32: case CT_U32: return 4;
-    case CT_F16: case CT_BF16: return 2;
-    case CT_BOOL: return 1;
+    case CT_F16: case CT_BF16: case CT_I16: case CT_U16: return 2;
+    case CT_BOOL: case CT_U8: case CT_I8: return 1;
     default: return 0;
     }
 }
@@ -37,6 +44,10 @@ static inline const char *ct_dtype_name(ct_dtype dt) {
     case CT_I32: return "int32";
     case CT_U32: return "uint32";
     case CT_BOOL: return "bool";
+    case CT_U8: return "uint8";
+    case CT_I8: return "int8";
+    case CT_I16: return "int16";
+    case CT_U16: return "uint16";
     default: return "invalid";
     }
 }

@@ -11,15 +11,17 @@
  *                    dtype; bool: add is or, mul is and (sub is refused above this layer).
  *   max/min          a NaN on either side wins (jnp.maximum); ints exact; bool or/and.
  *   floor_divide     ints: XLA's division (x / 0 = -1 signed, all ones unsigned;
- *                    INT_MIN / -1 = INT_MIN) then jnp's floor correction
+ *                    INT_MIN / -1 = INT_MIN, for int8 and int16 too) then jnp's floor correction
  *                    (q - 1 where sign(x) != sign(y) and rem(x, y) != 0): 5 // 0 = -2,
  *                    0 // 0 = -1. Floats: jnp's _float_divmod (fmod, then round).
  *   remainder        ints: jnp.remainder replaces a zero divisor by 1, so x % 0 = 0; the
  *                    result has the divisor's sign. Floats: fmod plus the divisor where
  *                    the signs differ; x % 0 = NaN, 5.5 % inf = 5.5, 3 % -inf = -inf.
  *   and/or/xor/not   ints bitwise, bool logical (not: ~x on ints, !x on bool).
- *   shifts           ints only: a shift count outside [0, 32) gives 0 (left, logical
- *                    right) or the sign fill (arithmetic right shift of int32).
+ *   shifts           ints only: a shift count outside [0, width) gives 0 (left, logical
+ *                    right) or the sign fill (arithmetic right shift of the signed ints).
+ *   narrow ints      uint8, int8, int16, uint16 are loaded into int64 registers, computed as
+ *                    above and wrapped to their width when stored: uint8 200 + 100 = 44.
  *   neg/abs          ints wrap: -INT_MIN = abs(INT_MIN) = INT_MIN; floats flip / clear
  *                    the sign bit.
  *   isnan/isinf/isfinite  floats only -> bool.
@@ -126,8 +128,10 @@ CT_RM float ct_ew_arith_f(int op, float a, float b) {
 
 CT_RM int64_t ct_ew_sgn_i(int64_t v) { return v > 0 ? 1 : (v < 0 ? -1 : 0); }
 
-/* An integer op on values loaded exactly (int32 sign-extended, uint32 and bool zero-
- * extended); the result is wrapped to the dtype when stored. `sgn`: the dtype is int32. */
+/* An integer op on values loaded exactly (signed dtypes sign-extended, unsigned ones and
+ * bool zero-extended); the result is wrapped to the dtype when stored, so one int64
+ * computation serves every width: a shift count at or past the dtype's width (and below
+ * 32) shifts every bit out before the store keeps the low bits. `sgn`: a signed dtype. */
 CT_RM int64_t ct_ew_arith_i(int op, int sgn, int64_t a, int64_t b) {
     switch (op) {
     case CT_EW_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
@@ -136,7 +140,7 @@ CT_RM int64_t ct_ew_arith_i(int op, int sgn, int64_t a, int64_t b) {
     case CT_EW_MAX: return a > b ? a : b;
     case CT_EW_MIN: return a < b ? a : b;
     case CT_EW_FLOORDIV: {
-        if (!sgn) return b == 0 ? (int64_t)0xffffffffu : a / b;
+        if (!sgn) return b == 0 ? (int64_t)0xffffffffu : a / b; /* stored: all ones */
         int64_t q = b == 0 ? -1 : a / b;        /* INT_MIN / -1 = 2^31: wraps to INT_MIN */
         int64_t r = b == 0 ? a : a % b;
         return (ct_ew_sgn_i(a) != ct_ew_sgn_i(b) && r != 0) ? q - 1 : q;
@@ -198,7 +202,7 @@ CT_RM void ct_ew_elem(int op, int dt, void *out, int64_t o, const void *a, int64
     } else if (dt == CT_BOOL && op == CT_EW_NOT) {
         ((uint8_t *)out)[o] = (uint8_t)(x == 0);
     } else {
-        ct_cv_store_i(dt, out, o, ct_ew_arith_i(op, dt == CT_I32, x, y));
+        ct_cv_store_i(dt, out, o, ct_ew_arith_i(op, ct_cv_is_signed(dt), x, y));
     }
 }
 
@@ -249,7 +253,7 @@ CT_RM int64_t ct_ew_red_load(int dt, const ct_ew_red_plan *p, const void *x, int
 
 /* The reduction's combine and identity: a wrapping uint64 sum, or the maximum. */
 CT_RM int64_t ct_ew_red_identity(int op, int dt) {
-    return op == CT_RED_SUM ? 0 : (dt == CT_I32 ? -2147483647 - 1 : 0);
+    return op == CT_RED_SUM ? 0 : ct_cv_int_min(dt);
 }
 
 CT_RM int64_t ct_ew_red_combine(int op, int64_t acc, int64_t v) {
@@ -258,7 +262,7 @@ CT_RM int64_t ct_ew_red_combine(int op, int64_t acc, int64_t v) {
 }
 
 /* out[q] = the sum (wrapping) or the maximum of x over the reduced elements of output q;
- * x and out have dtype `dt` (int32, uint32 or bool). An empty sum is 0; an empty maximum
+ * x and out have dtype `dt` (an integer dtype or bool). An empty sum is 0; an empty maximum
  * is the dtype's minimum (the caller refuses empty maxima, as jnp.max does). */
 CT_RM void ct_ew_reduce_one(int op, int dt, const ct_ew_red_plan *p, const void *x, void *out,
                             int64_t q) {

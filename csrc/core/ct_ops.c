@@ -206,7 +206,8 @@ ct_status ct_op_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t
 ct_status ct_op_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
                              uint32_t axes, const void *x, void *out) {
     if (op < 0 || op >= CT_RED_COUNT) return ct_set_error(CT_EINVAL, "unknown reduction %d", op);
-    if (dtype != CT_I32 && dtype != CT_U32 && dtype != CT_BOOL)
+    if (dtype < 0 || dtype >= CT_NUM_DTYPES || dtype == CT_F32 || dtype == CT_F16 ||
+        dtype == CT_BF16)
         return ct_set_error(CT_EINVAL, "integer reduction of dtype %s",
                             ct_dtype_name((ct_dtype)dtype));
     if (ndim < 0 || ndim > CT_MAX_NDIM) return ct_set_error(CT_EINVAL, "rank %d", ndim);

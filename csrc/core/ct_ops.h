@@ -115,7 +115,7 @@ typedef enum {
     CT_EW_OR,
     CT_EW_XOR,
     CT_EW_SHL,          /* shifts: ints only */
-    CT_EW_SHR,          /* arithmetic for int32, logical for uint32 */
+    CT_EW_SHR,          /* arithmetic for the signed ints, logical for the unsigned ones */
     CT_EW_NOT,          /* unary from here on (the second operand is not read): ints, bool */
     CT_EW_NEG,          /* floats and ints */
     CT_EW_ABS,          /* floats and ints */
@@ -200,8 +200,9 @@ ct_status ct_op_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t
 int ct_ewise_supported(int op, int dtype);
 int ct_ewise_out_dtype(int op, int dtype);
 
-/* out = the sum (wrapping) or maximum (CT_RED_SUM / CT_RED_MAX) of an int32, uint32 or bool
- * block x (dense) over the dims in `axes`, in x's dtype. */
+/* out = the sum (wrapping) or maximum (CT_RED_SUM / CT_RED_MAX) of an integer or bool
+ * block x (dense) over the dims in `axes`, in x's dtype (jnp.sum's widening of bool and the
+ * narrow ints to 32 bits is a conversion before this, as XLA does it). */
 ct_status ct_op_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
                              uint32_t axes, const void *x, void *out);
 

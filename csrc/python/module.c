@@ -66,10 +66,29 @@ static struct PyModuleDef ct_module = {
     .m_size = -1,
 };
 
+/* _C.dtype_names: ct_dtype_name of every core dtype code, in code order, so the Python
+ * layer maps numpy dtypes to codes without a copy of the enum. */
+static int ct_py_init_dtypes(PyObject *m) {
+    PyObject *names = PyTuple_New(CT_NUM_DTYPES);
+    if (names == NULL) return -1;
+    for (int c = 0; c < CT_NUM_DTYPES; c++) {
+        PyObject *s = PyUnicode_FromString(ct_dtype_name((ct_dtype)c));
+        if (s == NULL) {
+            Py_DECREF(names);
+            return -1;
+        }
+        PyTuple_SET_ITEM(names, c, s);
+    }
+    int rc = PyModule_AddObjectRef(m, "dtype_names", names);
+    Py_DECREF(names);
+    return rc;
+}
+
 typedef int (*ct_py_init_fn)(PyObject *);
 
 /* Binding parts, registered in order. */
 static const ct_py_init_fn ct_py_parts[] = {
+    ct_py_init_dtypes,
     ct_py_init_devices,
     ct_py_init_buffer,
     ct_py_init_layout,

@@ -46,6 +46,10 @@ static int dl_dtype(ct_dtype dt, DLDataType *out) {
     case CT_I32: out->code = kDLInt; out->bits = 32; return 0;
     case CT_U32: out->code = kDLUInt; out->bits = 32; return 0;
     case CT_BOOL: out->code = kDLBool; out->bits = 8; return 0;
+    case CT_U8: out->code = kDLUInt; out->bits = 8; return 0;
+    case CT_I8: out->code = kDLInt; out->bits = 8; return 0;
+    case CT_I16: out->code = kDLInt; out->bits = 16; return 0;
+    case CT_U16: out->code = kDLUInt; out->bits = 16; return 0;
     default: return -1;
     }
 }

@@ -1,12 +1,15 @@
 """The dtypes ctrainstate stores and their conversion from numpy.
 
-Codes match ``ct_dtype`` in csrc/core/ct_dtype.h. Like JAX with x64 disabled,
-64-bit inputs are narrowed (float64 -> float32, int64 -> int32, uint64 -> uint32).
+Codes are ``ct_dtype``'s (csrc/core/ct_dtype.h), read from ``_C.dtype_names``. Like JAX with
+x64 disabled, 64-bit inputs are narrowed (float64 -> float32, int64 -> int32, uint64 ->
+uint32); complex and other dtypes raise ``TypeError`` naming the dtype.
 """
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from . import _C
 
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
@@ -14,8 +17,13 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 int32 = np.dtype(np.int32)
 uint32 = np.dtype(np.uint32)
 bool_ = np.dtype(np.bool_)
+uint8 = np.dtype(np.uint8)
+int8 = np.dtype(np.int8)
+int16 = np.dtype(np.int16)
+uint16 = np.dtype(np.uint16)
 
-_CODES = {float32: 0, float16: 1, bfloat16: 2, int32: 3, uint32: 4, bool_: 5}
+_CODES = {(bfloat16 if name == "bfloat16" else np.dtype(name)): code
+          for code, name in enumerate(_C.dtype_names)}
 _BY_CODE = {v: k for k, v in _CODES.items()}
 _NARROW = {
     np.dtype(np.float64): float32,
@@ -24,6 +32,45 @@ _NARROW = {
 }
 
 SUPPORTED = tuple(_CODES)
+# the integer dtypes (not bool), widest first, and the 8/16-bit ones
+INTEGERS = (int32, uint32, int16, uint16, int8, uint8)
+NARROW_INTS = (int16, uint16, int8, uint8)
+
+UNSIGNED = (uint32, uint16, uint8)
+
+# jax's type promotion lattice (jax._src.dtypes) on the stored dtypes, x64 disabled: an edge
+# a -> b means a promotes to b. Where jax would reach int64 (uint32 with a signed int) it
+# canonicalises to int32; every int reaches both 16-bit floats, and they join in float32.
+_LATTICE = {
+    bool_: (uint8, int8), uint8: (int16, uint16), uint16: (int32, uint32), uint32: (int32,),
+    int8: (int16,), int16: (int32,), int32: (bfloat16, float16), bfloat16: (float32,),
+    float16: (float32,), float32: (),
+}
+
+
+def _above(node):
+    seen, todo = {node}, [node]
+    while todo:
+        for nxt in _LATTICE[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return frozenset(seen)
+
+
+_ABOVE = {n: _above(n) for n in _LATTICE}
+
+
+def promote(a, b) -> np.dtype:
+    """jax's promotion of two stored dtypes (x64 disabled): the least upper bound in the
+    lattice above, e.g. uint8 with int8 -> int16, uint16 with int8 -> int32, uint32 with
+    int32 -> int32, int16 with bfloat16 -> bfloat16, bfloat16 with float16 -> float32."""
+    common = _ABOVE[a] & _ABOVE[b]
+    for n in common:
+        if _ABOVE[n] == common:
+            return n
+    raise AssertionError(f"no join of {a} and {b}")   # the lattice has a top: unreachable
+
 
 # numpy's AxisError: numpy.exceptions from numpy 1.25 on, the top-level name before (numpy 2
 # removed that one)

@@ -3,13 +3,18 @@
 The float ops of :mod:`ctrainstate._ops` compute in float32. The ops here run one typed
 kernel (``_C.op_ewise``: csrc/core/ct_ewise_math.h, the same element code on CPUs and GPUs)
 on every device's own blocks, for any stored dtype (float32, bfloat16, float16, int32,
-uint32, bool), with jax's semantics:
+uint32, int16, uint16, int8, uint8, bool), with jax's semantics:
 
-* **dtype promotion** (:func:`result_type`): jax's lattice on the stored dtypes without x64.
-  Python scalars are weak (``int32_array + 1`` is int32, ``int32_array > 0.5`` compares as
-  float32, ``bfloat16_array > 0.1`` compares in bfloat16 with 0.1 rounded to bfloat16);
-  int32 with uint32 is int32 (jax without x64); a Python int outside int32's range raises
-  ``OverflowError`` as jax does (``-1`` with a uint32 Array wraps to ``2**32 - 1``, as jax).
+* **dtype promotion** (:func:`result_type`): jax's lattice on the stored dtypes without x64
+  (``_dtypes.promote``): ``uint8 + int8`` is int16, ``uint16 + int8`` int32, int32 with
+  uint32 int32, any int with a float that float. Python scalars are weak (``int32_array + 1``
+  is int32, ``uint8_array + 1`` uint8, ``int32_array > 0.5`` compares as float32,
+  ``bfloat16_array > 0.1`` compares in bfloat16 with 0.1 rounded to bfloat16); a weak int
+  wraps to a narrower int dtype as in jax (``uint8_array + 300`` adds 44, ``uint8_array == -1``
+  compares with 255); a Python int outside int32's range raises ``OverflowError`` as jax does.
+* **narrow ints** (int16, uint16, int8, uint8) run in their own kernels: each element is
+  loaded into a wide register and the result wrapped to the dtype's width when stored
+  (``uint8 200 + 100 == 44``).
 * **comparisons** return bool Arrays; NaN compares false (``!=``: true).
 * **integers wrap** (two's complement, as XLA): ``int32 max + 1 == int32 min``,
   ``abs(int32 min) == int32 min``.
@@ -19,8 +24,8 @@ uint32, bool), with jax's semantics:
   ``INT_MIN // -1 == INT_MIN``; uint32 ``x // 0 == 2**32 - 1``. Floats follow jnp's
   ``_float_divmod``: ``x // 0 == ±inf`` (``0 // 0`` NaN), ``x % 0`` NaN, ``5.5 % inf == 5.5``,
   ``3 % -inf == -inf``. 16-bit floats are computed in float32 and rounded once.
-* **shifts**: a count outside ``[0, 32)`` gives 0 (``<<``, uint32 ``>>``) or the sign fill
-  (int32 ``>>``, arithmetic).
+* **shifts**: a count outside ``[0, width)`` gives 0 (``<<``, unsigned ``>>``) or the sign
+  fill (signed ``>>``, arithmetic).
 
 Sharding follows the float binary ops (the output takes the operands' shardings where they
 are not broadcast; an incompatible operand is resharded). None of these ops is
@@ -32,6 +37,9 @@ differentiable: their results are bool or integer Arrays that carry no gradient,
 >>> ids = cts.device_put(np.array([-100, 3, 7], np.int32))
 >>> np.asarray(ids != -100).tolist(), np.asarray((ids + 1) // 2).tolist()
 ([False, True, True], [-50, 2, 4])
+>>> px = cts.device_put(np.array([200, 3], np.uint8))
+>>> np.asarray(px + 100).tolist(), str(cnp.sum(px).dtype), str((px + np.int8(1)).dtype)
+([44, 103], 'uint32', 'int16')
 """
 from __future__ import annotations
 
@@ -52,7 +60,7 @@ _RED_SUM, _RED_MAX = range(2)
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16
 _I32, _U32, _BOOL = _dtypes.int32, _dtypes.uint32, _dtypes.bool_
 _FLOATS = (_F32, _BF16, _F16)
-_INTS = (_I32, _U32)
+_INTS = _dtypes.INTEGERS
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -101,16 +109,9 @@ def result_type(*vals, who: str = "op"):
             weak_float = True
         else:
             weak_int = True
-    floats = {d for d in strong if d in _FLOATS}
-    ints = {d for d in strong if d in _INTS}
-    if floats:
-        res = next(iter(floats)) if len(floats) == 1 else _F32
-    elif ints:
-        res = next(iter(ints)) if len(ints) == 1 else _I32   # int32 with uint32: int32
-    elif strong:
-        res = _BOOL
-    else:
-        res = None
+    res = None
+    for d in strong:
+        res = d if res is None else _dtypes.promote(res, d)
     if weak_float and (res is None or _kind(res) < 2):
         res = _F32
     if weak_int and (res is None or res == _BOOL):
@@ -148,7 +149,7 @@ def _as(v, dt, place) -> Array:
         v._check_alive()
         return v if v.dtype == dt else _o()._convert(v, dt)
     if isinstance(v, int) and not isinstance(v, bool) and dt in _INTS:
-        host = np.asarray(v & 0xFFFFFFFF, np.uint32) if dt == _U32 else np.asarray(v, np.int32)
+        host = np.asarray(v, np.int64).astype(dt)   # wraps (result_type bounded it to int32)
     else:
         host = np.asarray(v)
         if host.dtype.kind in "iu" and dt in _INTS:
@@ -463,6 +464,23 @@ def int_negative(x):
     return _unary_op(NEG, x, "negative", no_bool=True)
 
 
+def int_unary(name, x):
+    """``floor`` / ``ceil`` / ``round`` / ``trunc`` / ``sign`` / ``square`` of an integer
+    operand, as jnp computes them: the first four return the integers themselves, ``sign`` is
+    -1, 0 or 1 in the operand's dtype (``(x > 0) - (x < 0)``), ``square`` is ``x * x``,
+    wrapping (uint8 16 squared is 0)."""
+    dt = result_type(x, who=name)
+    place = _place_for((x,))
+    xa = _as(x, dt, place)
+    if name == "square":
+        return _ewise_raw(MUL, xa, xa)
+    if name == "sign":
+        zero = _as(0, dt, place)
+        return _ewise_raw(SUB, _o()._convert(_ewise_raw(GT, xa, zero), dt),
+                          _o()._convert(_ewise_raw(LT, xa, zero), dt))
+    return xa
+
+
 def int_abs(x):
     dt = result_type(x, who="abs")
     if dt == _BOOL:        # jnp.abs of bools: the bools themselves
@@ -535,21 +553,34 @@ def _int_operand(x, name) -> Array:
     return _as(x, dt, _place_for((x,)))
 
 
+def sum_dtype(dt):
+    """The dtype jnp.sum (and prod) of ``dt`` returns: bools and the signed narrow ints
+    widen to int32, the unsigned narrow ints to uint32 (jax's default int of their kind);
+    the rest keep their dtype."""
+    if dt == _BOOL or dt in (_dtypes.int8, _dtypes.int16):
+        return _I32
+    if dt in (_dtypes.uint8, _dtypes.uint16):
+        return _U32
+    return dt
+
+
 def int_reduce(name, x, axis=None, keepdims=False):
-    """``sum`` / ``max`` / ``min`` of an integer or bool Array (jnp: the sum of bools is
-    int32, of ints their dtype, wrapping; max / min keep the dtype). A dimension sharded
-    over mesh axes ends in a combination of the devices' partial results."""
+    """``sum`` / ``max`` / ``min`` of an integer or bool Array (jnp: the sum of bools and of
+    int8 / int16 is int32, of uint8 / uint16 uint32 -- a conversion kernel, then the 32-bit
+    sum --, of 32-bit ints their dtype, wrapping; max / min keep the dtype and run on it).
+    A dimension sharded over mesh axes ends in a combination of the devices' partial
+    results."""
     o = _o()
     x = _int_operand(x, name)
     axes = o._axes(axis, x.ndim)
-    if name == "sum" and x.dtype == _BOOL:
-        x = o._convert(x, _I32)
+    if name == "sum" and sum_dtype(x.dtype) != x.dtype:
+        x = o._convert(x, sum_dtype(x.dtype))
     if name != "sum":
         for d in axes:
             if x.shape[d] == 0:
                 raise ValueError(f"{name}: zero-size dimension {d} of an array of shape "
                                  f"{x.shape} has no {'maximum' if name == 'max' else 'minimum'}")
-    if name == "min":   # min(x) = ~max(~x): ~ reverses the order of int32, uint32 and bool
+    if name == "min":   # min(x) = ~max(~x): ~ reverses the order of every int and of bool
         out = _ewise_raw(NOT, _reduce_typed_raw(_RED_MAX, _ewise_raw(NOT, x, None), axes), None)
     else:
         out = _reduce_typed_raw(_RED_SUM if name == "sum" else _RED_MAX, x, axes)

@@ -24,6 +24,7 @@ import operator
 
 import numpy as np
 
+from . import _dtypes
 from ._abstract import ShapeDtypeStruct
 from ._lax_ops import (ANY, FLOAT, _BOOL, _I32, _INTS, _U32, _abstract, _binary, _meta,
                        _np_ops, _placed, _unary)
@@ -89,49 +90,64 @@ def bitwise_not(x):
 
 
 def _as(v, dt):
-    """``v`` converted to ``dt`` (int32 <-> uint32 keep the bits: the conversion wraps)."""
+    """``v`` converted to ``dt`` (between ints of one width the bits are kept: the
+    conversion wraps; to a wider unsigned int an unsigned value is zero-extended)."""
     cnp = _np_ops()
     return v if v.dtype == dt else cnp.astype(v, dt)
 
 
-def _clamped_shift(y, dt):
-    """Shift amounts as ``dt``, those at or beyond the bit width (or negative) marked: jax
-    gives 0 (or the sign fill) for them, C's shift would be undefined."""
+# the unsigned and the signed integer dtype of each integer dtype's width
+_UNSIGNED_OF = {_dtypes.int32: _U32, _dtypes.uint32: _U32, _dtypes.int16: _dtypes.uint16,
+                _dtypes.uint16: _dtypes.uint16, _dtypes.int8: _dtypes.uint8,
+                _dtypes.uint8: _dtypes.uint8}
+_SIGNED_OF = {_dtypes.int32: _I32, _dtypes.uint32: _I32, _dtypes.int16: _dtypes.int16,
+              _dtypes.uint16: _dtypes.int16, _dtypes.int8: _dtypes.int8,
+              _dtypes.uint8: _dtypes.int8}
+
+
+def _clamped_shift(y, dt, width):
+    """Shift amounts as ``dt``, those at or beyond the bit width ``width`` (or negative)
+    marked: jax gives 0 (or the sign fill) for them, C's shift would be undefined."""
     cnp = _np_ops()
-    yu = _as(y, _U32)
-    return cnp.greater_equal(yu, np.uint32(32)), _as(cnp.minimum(yu, np.uint32(31)), dt)
+    yu = _as(y, _U32)       # (a negative amount wraps to a huge one)
+    return (cnp.greater_equal(yu, np.uint32(width)),
+            _as(cnp.minimum(yu, np.uint32(width - 1)), dt))
 
 
 def shift_left(x, y):
-    """``jax.lax.shift_left``: ``x << y`` for one integer dtype; amounts of 32 or more give 0."""
+    """``jax.lax.shift_left``: ``x << y`` for one integer dtype; amounts of the bit width or
+    more give 0."""
     def f(a, b, dt):
         cnp = _np_ops()
         a, b = _placed(a, dt), _placed(b, dt)
-        big, s = _clamped_shift(b, dt)
+        big, s = _clamped_shift(b, dt, 8 * dt.itemsize)
         return cnp.where(big, np.zeros((), dt), cnp.left_shift(a, s))
     return _binary("shift_left", x, y, INT, f)
 
 
 def shift_right_logical(x, y):
-    """``jax.lax.shift_right_logical``: ``x >> y`` filling with zeros (int32 too, on its
-    bits); amounts of 32 or more give 0."""
+    """``jax.lax.shift_right_logical``: ``x >> y`` filling with zeros (signed ints too, on
+    their bits); amounts of the bit width or more give 0."""
     def f(a, b, dt):
         cnp = _np_ops()
         a, b = _placed(a, dt), _placed(b, dt)
-        big, s = _clamped_shift(b, _U32)
-        r = cnp.where(big, np.uint32(0), cnp.right_shift(_as(a, _U32), s))
+        ut = _UNSIGNED_OF[dt]
+        big, s = _clamped_shift(b, ut, 8 * dt.itemsize)
+        r = cnp.where(big, np.zeros((), ut), cnp.right_shift(_as(a, ut), s))
         return _as(r, dt)
     return _binary("shift_right_logical", x, y, INT, f)
 
 
 def shift_right_arithmetic(x, y):
-    """``jax.lax.shift_right_arithmetic``: ``x >> y`` filling with the sign bit (uint32 too,
-    on its bits); amounts of 32 or more give the sign fill (0 or all ones)."""
+    """``jax.lax.shift_right_arithmetic``: ``x >> y`` filling with the sign bit (unsigned ints
+    too, on their bits); amounts of the bit width or more give the sign fill (0 or all
+    ones)."""
     def f(a, b, dt):
         cnp = _np_ops()
         a, b = _placed(a, dt), _placed(b, dt)
-        _, s = _clamped_shift(b, _I32)       # at or past the width: by 31, the sign fill
-        return _as(cnp.right_shift(_as(a, _I32), s), dt)
+        st = _SIGNED_OF[dt]
+        _, s = _clamped_shift(b, st, 8 * dt.itemsize)   # past the width: width - 1, the fill
+        return _as(cnp.right_shift(_as(a, st), s), dt)
     return _binary("shift_right_arithmetic", x, y, INT, f)
 
 
@@ -144,20 +160,28 @@ def _popcount_u32(u):
     return cnp.right_shift(cnp.multiply(u, np.uint32(0x01010101)), np.uint32(24))
 
 
+def _as_u32_bits(v):
+    """An integer Array's bit pattern, zero-extended to uint32 (int8 -1 -> 0xff)."""
+    return _as(_as(v, _UNSIGNED_OF[v.dtype]), _U32)
+
+
 def population_count(x):
-    """``jax.lax.population_count``: the number of set bits of each integer (of its 32-bit
-    pattern for int32: ``population_count(-1)`` is 32)."""
-    return _unary("population_count", x, INT, lambda v: _as(_popcount_u32(_as(v, _U32)), v.dtype))
+    """``jax.lax.population_count``: the number of set bits of each integer (of its bit
+    pattern for signed ints: ``population_count(int32(-1))`` is 32, of int8 -1 8)."""
+    return _unary("population_count", x, INT,
+                  lambda v: _as(_popcount_u32(_as_u32_bits(v)), v.dtype))
 
 
 def clz(x):
-    """``jax.lax.clz``: the number of leading zero bits of each 32-bit integer (32 for 0)."""
+    """``jax.lax.clz``: the number of leading zero bits of each integer in its own width
+    (32 for an int32 0, 8 for an int8 0)."""
     def f(v):
         cnp = _np_ops()
-        u = _as(v, _U32)
+        u = _as_u32_bits(v)
         for k in (1, 2, 4, 8, 16):      # every bit below the highest set one set too
             u = cnp.bitwise_or(u, cnp.right_shift(u, np.uint32(k)))
-        return _as(_popcount_u32(cnp.bitwise_not(u)), v.dtype)
+        n = _popcount_u32(cnp.bitwise_not(u))      # leading zeros of the 32-bit pattern
+        return _as(cnp.subtract(n, np.uint32(32 - 8 * v.dtype.itemsize)), v.dtype)
     return _unary("clz", x, INT, f)
 
 
@@ -195,7 +219,7 @@ def _logical_reduce(who, operand, axes, fold, identity):
 
 
 def _all_ones(dt):
-    return True if dt == _BOOL else (np.uint32(0xFFFFFFFF) if dt == _U32 else np.int32(-1))
+    return True if dt == _BOOL else np.array(-1).astype(dt)[()]   # every bit set
 
 
 def reduce_and(operand, axes):

@@ -33,13 +33,13 @@ from .array import Array
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16
 _I32, _U32, _BOOL = _dtypes.int32, _dtypes.uint32, _dtypes.bool_
 _FLOATS = (_F32, _BF16, _F16)
-_INTS = (_I32, _U32)
+_INTS = _dtypes.INTEGERS
 _S = builtins.slice     # (this module defines lax's slice, max, min, abs and pow)
 
 # the dtype sets jax's lax ops accept, with jax's wording
 FLOAT = (_FLOATS, "subtypes of floating, complexfloating")
 NUMBER = (_FLOATS + _INTS, "subtypes of integer, floating, complexfloating")
-SIGNED = (_FLOATS + (_I32,), "subtypes of floating, complexfloating, signedinteger")
+SIGNED = (_FLOATS + (_I32, _dtypes.int16, _dtypes.int8), "subtypes of floating, complexfloating, signedinteger")
 REAL = (_FLOATS + _INTS, "subtypes of integer, floating")
 ANY = (_FLOATS + _INTS + (_BOOL,), "any dtype")
 
@@ -247,7 +247,7 @@ def _int_div(a, b):
     cnp = _np_ops()
     q = ew.floor_divide(a, b)
     dt = q.dtype
-    if dt == _U32:
+    if dt in _dtypes.UNSIGNED:
         return q                        # (unsigned: floor is truncation; x // 0 is all ones)
     r = ew.remainder(a, b)
     fix = cnp.logical_and(cnp.not_equal(r, np.zeros((), dt)),
@@ -879,9 +879,14 @@ def _reduce(who, operand, axes, accepted, fn):
 
 def reduce_sum(operand, axes, *, out_sharding=None):
     """``jax.lax.reduce_sum``: the sum over ``axes`` (non-negative; floats and integers,
-    wrapping; no bools). A sharded reduced dimension ends in an all-reduce."""
+    wrapping in the operand's dtype, narrow ints too; no bools). A sharded reduced dimension
+    ends in an all-reduce."""
     del out_sharding
-    return _reduce("reduce_sum", operand, axes, NUMBER, lambda x, a: _ops().sum(x, axis=a))
+
+    def f(x, a):    # (jnp.sum widens the narrow ints; the 32-bit sum wrapped back is lax's)
+        out = _ops().sum(x, axis=a)
+        return out if out.dtype == x.dtype else _ops().astype(out, x.dtype)
+    return _reduce("reduce_sum", operand, axes, NUMBER, f)
 
 
 def reduce_max(operand, axes):

@@ -366,7 +366,7 @@ def signbit(x, /) -> Array:
     if dt == _dtypes.bool_:
         xa = _ew._as(x, dt, place)
         return _ew._ewise_raw(_ew.NE, xa, xa)          # all false, x's shape and sharding
-    if dt in (_dtypes.int32, _dtypes.uint32):
+    if dt in _dtypes.INTEGERS:
         return _ew.less(x, 0)
     return _o._convert(_signbit_f32(x), _dtypes.bool_)
 

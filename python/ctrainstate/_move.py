@@ -6,7 +6,7 @@
 They are built from the indexing and joining of :mod:`ctrainstate._slicing` (basic slices,
 row gathers with host-planned index arrays, ``concatenate``) and the layout ops of
 :mod:`ctrainstate._ops` (``reshape``, ``transpose``), so they move the bits of every stored
-dtype (float32, bfloat16, float16, int32, uint32, bool) as they are, run on each device's own
+dtype (the floats, the ints, bool) as they are, run on each device's own
 block, and differentiate as those do (a gather's cotangent is scatter-added back, duplicates
 adding up; a join's is sliced). Index arrays are derived on the host from the shapes (and, for
 ``take``, from the given indices, which are read to the host as ``x[idx]`` reads them).
@@ -78,8 +78,10 @@ def _operand(x, who: str, name: str = "a"):
     except Exception:  # noqa: BLE001 - reported as a TypeError below
         h = None
     if h is None or h.dtype == object or h.dtype.kind not in "biuf" and h.dtype not in _o()._FLOATS:
+        what = f"{type(x).__name__} of dtype {h.dtype}" if h is not None and h.dtype != object \
+            else type(x).__name__
         raise TypeError(f"{who}: argument {name!r} must be an array (an Array, a numpy array or "
-                        f"a number), got {type(x).__name__}")
+                        f"a number) of a dtype ctrainstate stores, got {what}")
     return _o()._lift_any(h)
 
 
@@ -901,7 +903,7 @@ def _prod_f32(a, axis=None, keepdims=False):
         if n == 0:
             shape = list(y.shape)
             shape[d] = 1
-            y = o._lift(np.ones(shape, np.float32), o._place_of(y))
+            y = o._lift_any(np.ones(shape, y.dtype), o._place_of(y))   # (the identity)
             continue
         while n > 1:  # pairwise: the first half times the second (an odd last row kept)
             h = n // 2
@@ -912,9 +914,10 @@ def _prod_f32(a, axis=None, keepdims=False):
 
 
 def prod(a, axis=None, keepdims=False):
-    """``jnp.prod``: the product of the elements over ``axis`` (None: all), float Arrays
-    (16-bit floats computed in float32 and rounded once, as jnp upcasts them; an integer
-    Array raises ``TypeError``, as the other arithmetic ops). A pairwise product tree of
+    """``jnp.prod``: the product of the elements over ``axis`` (None: all). 16-bit floats are
+    computed in float32 and rounded once, as jnp upcasts them; integers and bools multiply as
+    jnp.sum adds them (bools, int8 and int16 in int32, uint8 and uint16 in uint32: a
+    conversion kernel first), wrapping. A pairwise product tree of
     slices (log2(n) multiplies): an exact derivative, zeros included (the gradient of each
     factor is the product of the others, through ``multiply``'s rule), and rounding that
     may differ from XLA's reduction order in the last bits. A reduced dimension that was
@@ -926,10 +929,10 @@ def prod(a, axis=None, keepdims=False):
     """
     a = _operand(a, "prod")
     o = _o()
-    if a.dtype not in o._FLOATS:
-        raise TypeError(f"prod: ctrainstate's arithmetic is in floats; got an array of "
-                        f"{a.dtype} (shape {tuple(a.shape)}): convert it with "
-                        f".astype(float32) first")
+    if a.dtype not in o._FLOATS:    # the typed multiply kernel: wrapping, exact in any order
+        from ._elementwise import sum_dtype
+        wide = sum_dtype(a.dtype)
+        return _prod_f32(a if a.dtype == wide else o.astype(a, wide), axis, keepdims)
     if _is_abstract(a) or a.dtype == np.float32:
         return _prod_f32(a, axis, keepdims)
     return o.astype(_prod_f32(o.astype(a, np.float32), axis, keepdims), a.dtype)

@@ -175,7 +175,10 @@ class OperatorsMixin:
         if where is not None:
             from . import numpy as cnp
             return cnp.sum(self, axis, dtype, out, keepdims, where=where)
-        return _ops().sum(reduce_operand("sum", self, dtype, out), axis=axis, keepdims=keepdims)
+        res = _ops().sum(reduce_operand("sum", self, dtype, out), axis=axis, keepdims=keepdims)
+        if dtype is not None and res.dtype != np.dtype(dtype):
+            res = _ops().astype(res, dtype)    # a narrow int dtype= wraps (cnp.sum's rule)
+        return res
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
         if where is not None:

@@ -1019,7 +1019,7 @@ def argmin(a, axis=None, keepdims: bool = False) -> Array:
 
 def _arg_operand(a, name) -> Array:
     """``a`` as an Array: Arrays as they are, host arrays placed like :func:`_lift` places
-    them (narrow integers widened to int32, 64-bit types narrowed as jax does without x64)."""
+    them (64-bit types narrowed as jax does without x64)."""
     if isinstance(a, Array):
         a._check_alive()
         return a
@@ -1027,8 +1027,6 @@ def _arg_operand(a, name) -> Array:
     if isinstance(a, ShapeDtypeStruct):
         raise TypeError(f"{name} of a ShapeDtypeStruct outside eval_shape")
     host = np.asarray(a)
-    if host.dtype.kind in "iu" and host.dtype.itemsize < 4:
-        host = host.astype(np.int32)
     if host.dtype.kind not in "biuf" and host.dtype != _dtypes.bfloat16:
         raise TypeError(f"{name}: expected a real or boolean array, got dtype {host.dtype}")
     host = host.astype(_dtypes.canonicalize(host.dtype), copy=False)
@@ -1070,8 +1068,10 @@ def _arg_keys(x: Array, negate: bool) -> tuple:
     if dt == _dtypes.float32:
         return [_unary_raw(U_NEG, x) if negate else x], True
     sign = -1.0 if negate else 1.0
-    if dt in (_dtypes.float16, _dtypes.bfloat16, _dtypes.bool_):
-        return [_map_blocks(x, lambda b: b.astype(np.float32) * np.float32(sign))], dt != _dtypes.bool_
+    if dt in (_dtypes.float16, _dtypes.bfloat16, _dtypes.bool_) or dt in _dtypes.NARROW_INTS:
+        # (16-bit ints are exact in float32 too: one key)
+        return [_map_blocks(x, lambda b: b.astype(np.float32) * np.float32(sign))], \
+            dt in (_dtypes.float16, _dtypes.bfloat16)
     if dt in (_dtypes.int32, _dtypes.uint32):
         # v = hi * 65536 + lo with lo in [0, 65535]: both halves are exact in float32
         hi = _map_blocks(x, lambda b: (b.astype(np.int64) >> 16).astype(np.float32) * np.float32(sign))
@@ -1921,8 +1921,9 @@ def astype(x, dtype) -> Array:
     ``dtype`` is returned as it is; numpy inputs are placed first (as ``device_put``).
 
     Semantics (jax's): floats round to nearest even (float32 -> bfloat16 / float16; float16
-    overflows to inf); floats -> int32 / uint32 truncate toward zero and saturate, NaN -> 0;
-    int32 <-> uint32 wrap; ``bool`` is ``x != 0``. Differentiable between float dtypes (the
+    overflows to inf); floats -> ints (int32, uint32, int16, uint16, int8, uint8) truncate
+    toward zero and saturate at the type's range, NaN -> 0; ints -> ints wrap (int32 300 ->
+    uint8 44); ``bool`` is ``x != 0``. Differentiable between float dtypes (the
     cotangent is converted back to ``x``'s dtype); other conversions pass no gradient.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
@@ -2021,6 +2022,15 @@ def _weak_in(v, rdt):
     return v
 
 
+def _int_in(v, rdt):
+    """An integer Array operand of an op whose result is a 16-bit float is converted to that
+    float first, as jax converts it (int16 or int32 values round to bfloat16 / float16 before
+    the op, which then rounds once more): ``int16 + bfloat16`` gives jax's bits."""
+    if rdt in _LOWP and isinstance(v, Array) and v.dtype not in _FLOATS:
+        return astype(v, rdt)
+    return v
+
+
 def _data_args(fn, args, kwargs, pos, rest_from):
     """The positions (ints) and keyword names of ``fn``'s data operands in this call (a
     data operand passed by keyword counts by its parameter's name)."""
@@ -2061,9 +2071,9 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
             rdt = _dtypes.float32  # jnp.sin / exp / ... of ints: float32
         args = list(args)
         for i in idx:
-            args[i] = _as_f32(_weak_in(args[i], rdt))
+            args[i] = _as_f32(_int_in(_weak_in(args[i], rdt), rdt))
         for k in names:
-            kwargs[k] = _as_f32(_weak_in(kwargs[k], rdt))
+            kwargs[k] = _as_f32(_int_in(_weak_in(kwargs[k], rdt), rdt))
         out = fn(*args, **kwargs)
         return out if rdt == np.float32 or not isinstance(out, Array) else astype(out, rdt)
     wrapped._policy = (pos, rest_from)
@@ -2098,7 +2108,8 @@ def _dtype_policies():
     g["einsum"] = _with_dtype_policy(g["einsum"], (), rest_from=1)
     for name in ("add", "subtract", "multiply", "divide", "maximum", "minimum"):
         g[name] = _int_dispatch(g[name], name, (0, 1))
-    for name in ("negative", "abs", "sum", "max", "min", "mean", "broadcast_to"):
+    for name in ("negative", "abs", "sum", "max", "min", "mean", "broadcast_to", "floor", "ceil",
+                 "trunc", "round", "sign", "square"):
         g[name] = _int_dispatch(g[name], name, (0,))
     g["where"] = _int_dispatch(g["where"], "where", (1, 2))
 
@@ -2110,6 +2121,10 @@ def _intlike(v) -> bool:
     if isinstance(v, (np.ndarray, np.generic)):
         return v.dtype.kind in "biu"
     return False
+
+
+# ops of one operand that jnp computes on integers in their own dtype (ew.int_unary)
+_INT_UNARY = ("floor", "ceil", "trunc", "round", "sign", "square")
 
 
 def _int_dispatch(fn, name, pos):
@@ -2136,6 +2151,11 @@ def _int_dispatch(fn, name, pos):
         if dt in _FLOATS:
             return fn(*args, **kwargs)
         rest = {k: v for k, v in kwargs.items() if k not in names}
+        if name in _INT_UNARY:
+            decimals = args[1] if len(args) > 1 else rest.get("decimals", 0)
+            if dt == _dtypes.bool_ or (name == "round" and decimals != 0):
+                return fn(*args, **kwargs)     # (bools, and ints to tens: the float path's error)
+            return ew.int_unary(name, vals[0])
         if name in ("add", "subtract", "multiply", "maximum", "minimum"):
             return ew.int_binary(name, vals[0], vals[1])
         if name == "divide":        # jnp.true_divide of ints: float32
@@ -2165,8 +2185,9 @@ def _abstract_dtype(fn, args, kwargs):
     if dt not in _FLOATS:   # integer / bool operands (jnp's result dtypes)
         if fn.__name__ in ("mean", "divide"):
             return _dtypes.float32
-        if fn.__name__ == "sum" and dt == _dtypes.bool_:
-            return _dtypes.int32
+        if fn.__name__ == "sum":
+            from ._elementwise import sum_dtype
+            return sum_dtype(dt)
     return dt
 
 

@@ -11,7 +11,7 @@ vocab. The gradient of a slice is the cotangent copied into a zero array of the 
 shape; that of a join, the slices of the cotangent.
 
 Advanced indices -- slices with any step (``x[::2]``, ``x[::-1]``, ``x[5:1:-2]``), integer
-arrays (numpy arrays, lists, int32/uint32 Arrays) and boolean masks (numpy or bool Arrays) --
+arrays (numpy arrays, lists, integer Arrays) and boolean masks (numpy or bool Arrays) --
 follow numpy's rules, as jax does: index arrays broadcast together; their dimensions replace
 the indexed ones in place when the array indices are adjacent in the index and go first
 otherwise (an int among arrays counts as an array, ``None``, a slice or a ``...`` between
@@ -930,7 +930,7 @@ class _IndexUpdateRef:
     ``multiply(v)``/``mul(v)``, ``divide(v)``/``div(v)``, ``min(v)``, ``max(v)``,
     ``power(v)`` and ``apply(fn)`` return new arrays (``x`` is unchanged; float32, or a
     16-bit float ``x``: ``v`` cast to its dtype, the update computed on the float32 widening
-    and rounded once; an int32 / uint32 ``x`` with a basic index: set / add / subtract /
+    and rounded once; an integer ``x`` with a basic index: set / add / subtract /
     multiply / min / max, a bool one: set, see ``_update_typed``); ``v`` broadcasts to ``x[idx]``'s shape. Duplicate indices (jax 0.10's
     results, measured): ``add``/``subtract`` accumulate (the values summed, then added once),
     ``multiply``/``divide``/``power``/``apply`` apply once per occurrence in index order
@@ -1059,7 +1059,7 @@ class _IndexUpdateRef:
 
 
 def _update_typed(x: Array, v, kind: str, adv, starts, sizes, out_shape) -> Array:
-    """``x.at[idx].<kind>(v)`` for an int32 / uint32 / bool ``x`` and a basic index (ints,
+    """``x.at[idx].<kind>(v)`` for an integer / bool ``x`` and a basic index (ints,
     slices with step 1, None, ...), as jax: ``set`` casts ``v`` to ``x``'s dtype; ``add`` /
     ``subtract`` / ``multiply`` / ``min`` / ``max`` (ints) compute ``x[idx] op v`` with jax's
     promotion (ints wrap; ``int32 + 2.7`` in float32) and cast the result back. The region is

@@ -412,7 +412,7 @@ class Array(OperatorsMixin):
     def __getitem__(self, idx):
         """``x[idx]`` with numpy's indexing, as ``jax.Array`` (any dtype; differentiable for
         float32): ints, slices of any step, ``None``, ``...``, integer arrays (numpy arrays,
-        lists, int32/uint32 Arrays; broadcast together and placed as numpy places them) and
+        lists, integer Arrays; broadcast together and placed as numpy places them) and
         boolean masks with concrete values. Out-of-range entries of an index array are
         clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
         Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see

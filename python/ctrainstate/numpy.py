@@ -9,9 +9,9 @@ on the devices). Comparisons (``equal``, ``greater``, ... and ``== < >`` on Arra
 Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / ``remainder``
 (``// %``), ``isnan`` / ``isinf`` / ``isfinite``, ``any`` / ``all``, ``cumsum`` / ``cumprod`` (any dtype), and
 ``add`` / ``subtract`` / ``multiply`` / ``maximum`` / ``minimum`` / ``negative`` / ``abs`` /
-``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / bool Arrays compute in the
-operands' own (jax-promoted) dtype on each device's blocks, with jax's results
-(:mod:`ctrainstate._elementwise`).
+``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / int16 / uint16 / int8 / uint8 /
+bool Arrays compute in the operands' own (jax-promoted) dtype on each device's blocks, with
+jax's results (:mod:`ctrainstate._elementwise`).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -106,8 +106,8 @@ from ._operators import reduce_operand as _reduce_operand
 def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # noqa: A001
     """``jnp.sum``: the sum over ``axis`` (a dimension sharded over mesh axes ends in an
     all-reduce over them); ``dtype=`` converts ``a`` first and accumulates in it (jnp's);
-    int32 sums wrap, bools sum as int32; ``where=`` (a bool mask broadcast to ``a``) sums
-    only the elements it selects. See :func:`ctrainstate._ops.sum`.
+    int32 sums wrap, bools and int8 / int16 sum as int32, uint8 / uint16 as uint32;
+    ``where=`` (a bool mask broadcast to ``a``) sums only the elements it selects. See :func:`ctrainstate._ops.sum`.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
     >>> np.asarray(cnp.sum(np.array([True, True, False]), dtype=cnp.float32)).item()
@@ -116,7 +116,12 @@ def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # n
     a = _reduce_operand("sum", a, dtype, out)
     if where is not None:
         a = _masked(a, where, "sum")
-    return _o.sum(a, axis=axis, keepdims=keepdims)
+    res = _o.sum(a, axis=axis, keepdims=keepdims)
+    if dtype is not None and getattr(res, "dtype", None) not in (None, _dt.canonicalize(dtype)):
+        # a narrow int dtype= accumulates in that dtype in jnp: the 32-bit wrapping sum,
+        # wrapped to the narrow width, is that sum
+        res = _o.astype(res, dtype)
+    return res
 
 
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
@@ -441,6 +446,10 @@ float16 = _scalar_type(_np.float16)
 bfloat16 = _scalar_type(_dt.bfloat16)
 int32 = _scalar_type(_np.int32)
 uint32 = _scalar_type(_np.uint32)
+uint8 = _scalar_type(_np.uint8)
+int8 = _scalar_type(_np.int8)
+int16 = _scalar_type(_np.int16)
+uint16 = _scalar_type(_np.uint16)
 bool_ = _scalar_type(_np.bool_)
 # jax's 64-bit names; without x64 (the only mode here) values of these dtypes are narrowed
 # as jax narrows them: jnp.zeros(3, jnp.float64).dtype is float32, jnp.int64(3) an int32
@@ -591,7 +600,7 @@ def _shape(shape):
 __all__ = [
     "abs", "add", "arange", "argmax", "argmin", "array", "asarray", "bfloat16", "bool_", "clip", "e", "float16",
     "float32", "full", "inf", "int32", "linspace", "minimum", "nan", "ones", "pi", "squeeze",
-    "std", "uint32", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
+    "std", "uint32", "uint8", "int8", "int16", "uint16", "zeros", "full_like", "ones_like", "zeros_like", "broadcast_to", "cos", "divide", "dot", "einsum", "exp", "expand_dims", "gelu",
     "log", "matmul", "maximum", "mean", "multiply", "negative", "power", "relu",
     "reshape", "rsqrt", "sigmoid", "sin", "sqrt", "square", "subtract", "sum", "tanh",
     "transpose", "var", "with_sharding", "max", "min", "amax", "amin", "take_rows", "where", "concatenate", "stack", "split", "array_split",

@@ -271,16 +271,21 @@ def _sample(k, shape, dtype, out_sharding, dist, *, minval=0.0, maxval=1.0, lowe
 def bits(k, shape=(), dtype=None, *, out_sharding=None):
     """Uniform random bits as unsigned integers (default uint32), as jax.random.bits.
 
-    uint8 / uint16 / uint64 are supported on the host; sharded Arrays store uint32.
+    uint8 / uint16 / uint32 are jax's bits for those widths (each element's value is a
+    function of its global index, so a sharded result equals the host one); uint64 is
+    supported on the host only (Arrays store no 64-bit dtype).
 
     >>> bits(PRNGKey(0), (3,)).dtype
     dtype('uint32')
+    >>> bits(PRNGKey(0), (4,), np.uint8).dtype
+    dtype('uint8')
     """
     dt = np.dtype(np.uint32 if dtype is None else dtype)
     if dt.kind != "u":
         raise ValueError(f"dtype argument to `bits` must be an unsigned int dtype, got {dt}")
-    if out_sharding is not None and dt != np.uint32:
-        raise TypeError(f"bits: sharded Arrays store uint32, not {dt}")
+    if out_sharding is not None and dt not in _dtypes.UNSIGNED:
+        raise TypeError(f"bits: dtype {dt} is not supported in sharded Arrays (they store "
+                        f"uint8, uint16 and uint32)")
     shape = _shape(shape)
     k0, k1 = _key_words(k)
     width = dt.itemsize * 8

@@ -6,7 +6,8 @@
  * -1 (x == 0) or -2, x % 0 is 0, uint32 x // 0 is 2^32 - 1; shifts past the width give 0
  * or the sign fill; float32 subnormals compare as zero.
  *
- * Inputs: every pair of a set of int32 / uint32 edge values and random ones (all ops), and
+ * Inputs: every pair of a set of int32 / uint32 edge values and random ones (all ops), every
+ * pair of uint8 / int8 values and of int16 / uint16 edge and random ones (all ops), and
  * float pairs with NaN, inf, signed zeros and subnormals (comparisons, floor_divide,
  * remainder).
  */
@@ -101,6 +102,92 @@ static void ints(int dt) {
     }
 }
 
+/* v wrapped to a `w`-bit integer, sign-extended when `sgn` */
+static int64_t wrap_w(int64_t v, int w, int sgn) {
+    uint64_t m = (1ull << w) - 1u, u = (uint64_t)v & m;
+    return (sgn && (u >> (w - 1))) ? (int64_t)(u | ~m) : (int64_t)u;
+}
+
+/* The reference for the narrow ints: the width-exact rules (shift counts against the
+ * width, division by zero as jax 0.10 on CPU: -1 / -2 signed, all ones unsigned), results
+ * wrapped to the width. */
+static int64_t ref_narrow(int op, int w, int sgn, int64_t a, int64_t b) {
+    uint32_t s = (uint32_t)b; /* a negative count is huge: past the width */
+    switch (op) {
+    case CT_EW_FLOORDIV:
+        if (b == 0) return sgn ? (a == 0 ? -1 : -2) : wrap_w(-1, w, 0);
+        return wrap_w(floordiv64(a, b), w, sgn);
+    case CT_EW_SHL: return s >= (uint32_t)w ? 0 : wrap_w((int64_t)((uint64_t)a << s), w, sgn);
+    case CT_EW_SHR:
+        if (sgn) return s >= (uint32_t)w ? (a < 0 ? -1 : 0) : (int64_t)floor((double)a / ldexp(1.0, (int)s));
+        return s >= (uint32_t)w ? 0 : a >> s;
+    default: return wrap_w(ref_i(op, sgn, a, b), w, sgn);
+    }
+}
+
+/* uint8 / int8: every pair of values; int16 / uint16: edge values and random ones. Every
+ * op, the loads' extension, the stores' wrap; then float -> narrow conversions (truncation,
+ * saturation, NaN -> 0) and the maximum's identity. */
+static void narrow(int dt, int w, int sgn, const char *name) {
+    enum { M = 96 };
+    const int64_t lo = sgn ? -(1ll << (w - 1)) : 0, span = 1ll << w;
+    int64_t vals[256];
+    int n = 0;
+    if (w == 8) {
+        for (int i = 0; i < 256; i++) vals[n++] = lo + i;
+    } else {
+        const int64_t edge[] = {0, 1, 2, 3, 7, 8, 15, 16, 17, 100, 255, 256, 32767, 32768 % span,
+                                65535 % span, -1, -2, -7, -100, -32768, -32767};
+        for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) vals[n++] = wrap_w(edge[i], w, sgn);
+        while (n < M) vals[n++] = wrap_w((int64_t)next32(), w, sgn);
+    }
+    uint8_t xb[256 * 2];
+    for (int i = 0; i < n; i++) ct_cv_store_i(dt, xb, i, vals[i]);
+    for (int i = 0; i < n; i++)
+        CHECK(ct_cv_load_i(dt, xb, i) == vals[i], "%s load %lld", name, (long long)vals[i]);
+    for (int op = 0; op < CT_EW_ISNAN; op++)
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                if (op >= CT_EW_NOT && j > 0) continue;
+                const int64_t a = vals[i], b = vals[j];
+                if (op <= CT_EW_GE) {
+                    uint8_t o = 2;
+                    ct_ew_elem(op, dt, &o, 0, xb, i, xb, j);
+                    CHECK(o == ref_cmp(op, (double)a, (double)b), "%s cmp %d: %lld %lld -> %d",
+                          name, op, (long long)a, (long long)b, o);
+                    continue;
+                }
+                uint8_t o[2] = {0xa5, 0xa5}, guard[2] = {0x5a, 0x5a};
+                ct_ew_elem(op, dt, o, 0, xb, i, xb, j);
+                const int64_t got = ct_cv_load_i(dt, o, 0), want = ref_narrow(op, w, sgn, a, b);
+                CHECK(got == want, "%s op %d: %lld, %lld -> %lld, want %lld", name, op,
+                      (long long)a, (long long)b, (long long)got, (long long)want);
+                CHECK(guard[0] == 0x5a && guard[1] == 0x5a, "%s op %d wrote past", name, op);
+            }
+    /* float32 -> the dtype: truncation toward zero, saturation, NaN -> 0 (jax 0.10, CPU) */
+    const double hi = (double)(lo + span - 1);
+    const float fv[] = {NAN, INFINITY, -INFINITY, -1.7f, -0.5f, 0.9f, 127.9f, 128.0f, 255.5f,
+                        256.0f, -129.0f, -128.5f, 32767.5f, 32768.0f, -32768.5f, 65535.9f,
+                        65536.0f, 1e10f, -1e10f, 3e9f};
+    uint8_t y[64];   /* ct_cv_elem writes element i of y */
+    for (size_t i = 0; i < sizeof fv / sizeof fv[0]; i++) {
+        ct_cv_elem(CT_F32, fv, dt, y, (int64_t)i);
+        double t = isnan(fv[i]) ? 0.0 : trunc((double)fv[i]);
+        double want = t < (double)lo ? (double)lo : (t > hi ? hi : t);
+        CHECK((double)ct_cv_load_i(dt, y, (int64_t)i) == want, "%s from %g -> %lld, want %g",
+              name, fv[i], (long long)ct_cv_load_i(dt, y, (int64_t)i), want);
+    }
+    /* int32 -> the dtype wraps; the dtype -> int32 extends */
+    const int32_t iv[] = {INT32_MIN, -40000, -129, -1, 0, 127, 128, 255, 256, 65535, 65536, INT32_MAX};
+    int32_t back[16];
+    for (size_t i = 0; i < sizeof iv / sizeof iv[0]; i++) {
+        ct_cv_elem(CT_I32, iv, dt, y, (int64_t)i);
+        ct_cv_elem(dt, y, CT_I32, back, (int64_t)i);
+        CHECK(back[i] == wrap_w(iv[i], w, sgn), "%s from int32 %d -> %d", name, iv[i], back[i]);
+    }
+    CHECK(ct_ew_red_identity(CT_RED_MAX, dt) == lo, "%s max identity", name);
+}
+
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 /* DAZ as XLA's CPU does it: a subnormal is a zero of its sign */
@@ -188,6 +275,10 @@ static void reductions(void) {
 int main(void) {
     ints(CT_I32);
     ints(CT_U32);
+    narrow(CT_U8, 8, 0, "uint8");
+    narrow(CT_I8, 8, 1, "int8");
+    narrow(CT_I16, 16, 1, "int16");
+    narrow(CT_U16, 16, 0, "uint16");
     floats();
     reductions();
     printf("test_ewise_math: %d checks, %d failures\n", checks, failures);

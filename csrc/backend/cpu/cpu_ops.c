@@ -484,12 +484,34 @@ ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, i
 #define PAR_SIMD "omp parallel for simd schedule(static) if (n > PAR_MIN)"
 #define PAR_PLAIN "omp parallel for schedule(static) if (n > PAR_MIN)"
 
+/* A conversion loop with both dtypes compile-time constants at each call site below, so the
+ * element function folds to one load, conversion and store. */
+static inline __attribute__((always_inline)) void cv_loop_t(int sdt, int ddt, int64_t n,
+                                                            const void *x, void *y) {
+    _Pragma(PAR_PLAIN)
+    for (int64_t i = 0; i < n; i++) ct_cv_elem(sdt, x, ddt, y, i);
+}
+
+/* The narrow ints to and from float32 (pixels in, quantised values out) on loops of their
+ * own; 1 if the pair was one of them. */
+static int cv_narrow_f32(int sdt, int ddt, int64_t n, const void *x, void *y) {
+#define CV_CASE(S, D)                                                                       \
+    if (sdt == S && ddt == D) {                                                             \
+        cv_loop_t(S, D, n, x, y);                                                           \
+        return 1;                                                                           \
+    }
+    CV_CASE(CT_U8, CT_F32) CV_CASE(CT_I8, CT_F32) CV_CASE(CT_I16, CT_F32) CV_CASE(CT_U16, CT_F32)
+    CV_CASE(CT_F32, CT_U8) CV_CASE(CT_F32, CT_I8) CV_CASE(CT_F32, CT_I16) CV_CASE(CT_F32, CT_U16)
+#undef CV_CASE
+    return 0;
+}
+
 ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
                          void *y) {
     (void)dev;
-    /* The float32 <-> 16-bit float pairs (mixed precision's casts) get loops of their own
-     * (bfloat16's vectorise; float16's branch per element); every other pair goes through
-     * the generic element function. */
+    /* The float32 <-> 16-bit float pairs (mixed precision's casts) and float32 <-> the
+     * narrow ints get loops of their own (bfloat16's vectorise; float16's branch per
+     * element); every other pair goes through the generic element function. */
     if (src_dtype == CT_F32 && dst_dtype == CT_BF16)
         CONVERT_LOOP(PAR_SIMD, float, uint16_t, ct_rm_f32_to_bf16);
     else if (src_dtype == CT_F32 && dst_dtype == CT_F16)
@@ -498,7 +520,7 @@ ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x
         CONVERT_LOOP(PAR_SIMD, uint16_t, float, ct_rm_bf16_to_f32);
     else if (src_dtype == CT_F16 && dst_dtype == CT_F32)
         CONVERT_LOOP(PAR_PLAIN, uint16_t, float, ct_rm_f16_to_f32);
-    else {
+    else if (!cv_narrow_f32(src_dtype, dst_dtype, n, x, y)) {
         _Pragma(PAR_PLAIN)
         for (int64_t i = 0; i < n; i++) ct_cv_elem(src_dtype, x, dst_dtype, y, i);
     }
@@ -550,6 +572,10 @@ static void ew_row(int op, int dt, int64_t n, void *out, int64_t o0, const void 
     case CT_BF16: EW_OPS(CT_BF16); break;
     case CT_I32: EW_OPS(CT_I32); break;
     case CT_U32: EW_OPS(CT_U32); break;
+    case CT_U8: EW_OPS(CT_U8); break;
+    case CT_I8: EW_OPS(CT_I8); break;
+    case CT_I16: EW_OPS(CT_I16); break;
+    case CT_U16: EW_OPS(CT_U16); break;
     default: EW_OPS(CT_BOOL); break;
     }
 }

@@ -27,6 +27,10 @@ static void convert_from(int d, cudaStream_t s, long long n, const void *x, void
     case CT_BF16: convert_kernel<S, CT_BF16><<<g, 256, 0, s>>>(n, x, y); break;
     case CT_I32: convert_kernel<S, CT_I32><<<g, 256, 0, s>>>(n, x, y); break;
     case CT_U32: convert_kernel<S, CT_U32><<<g, 256, 0, s>>>(n, x, y); break;
+    case CT_U8: convert_kernel<S, CT_U8><<<g, 256, 0, s>>>(n, x, y); break;
+    case CT_I8: convert_kernel<S, CT_I8><<<g, 256, 0, s>>>(n, x, y); break;
+    case CT_I16: convert_kernel<S, CT_I16><<<g, 256, 0, s>>>(n, x, y); break;
+    case CT_U16: convert_kernel<S, CT_U16><<<g, 256, 0, s>>>(n, x, y); break;
     default: convert_kernel<S, CT_BOOL><<<g, 256, 0, s>>>(n, x, y); break;
     }
 }
@@ -42,6 +46,10 @@ extern "C" ct_status ct_cuda_convert(ct_device *dev, int64_t n, int sdt, const v
     case CT_BF16: convert_from<CT_BF16>(ddt, s, n, x, y); break;
     case CT_I32: convert_from<CT_I32>(ddt, s, n, x, y); break;
     case CT_U32: convert_from<CT_U32>(ddt, s, n, x, y); break;
+    case CT_U8: convert_from<CT_U8>(ddt, s, n, x, y); break;
+    case CT_I8: convert_from<CT_I8>(ddt, s, n, x, y); break;
+    case CT_I16: convert_from<CT_I16>(ddt, s, n, x, y); break;
+    case CT_U16: convert_from<CT_U16>(ddt, s, n, x, y); break;
     default: convert_from<CT_BOOL>(ddt, s, n, x, y); break;
     }
     CT_CUDA_TRY(cudaGetLastError());

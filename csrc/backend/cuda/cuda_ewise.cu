@@ -86,6 +86,10 @@ extern "C" ct_status ct_cuda_ewise(ct_device *dev, int op, int dtype, int ndim,
     case CT_BF16: ewise_launch<CT_BF16>(s, op, dense, n, out, a, b, g); break;
     case CT_I32: ewise_launch<CT_I32>(s, op, dense, n, out, a, b, g); break;
     case CT_U32: ewise_launch<CT_U32>(s, op, dense, n, out, a, b, g); break;
+    case CT_U8: ewise_launch<CT_U8>(s, op, dense, n, out, a, b, g); break;
+    case CT_I8: ewise_launch<CT_I8>(s, op, dense, n, out, a, b, g); break;
+    case CT_I16: ewise_launch<CT_I16>(s, op, dense, n, out, a, b, g); break;
+    case CT_U16: ewise_launch<CT_U16>(s, op, dense, n, out, a, b, g); break;
     default: ewise_launch<CT_BOOL>(s, op, dense, n, out, a, b, g); break;
     }
     CT_CUDA_TRY(cudaGetLastError());
@@ -146,9 +150,15 @@ extern "C" ct_status ct_cuda_reduce_typed(ct_device *dev, int op, int dtype, int
     if (nout == 0) return CT_OK;
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
     cudaStream_t s = ct_cuda_stream(dev);
-    if (dtype == CT_I32) reduce_typed_launch<CT_I32>(s, op, nout, p, x, out);
-    else if (dtype == CT_U32) reduce_typed_launch<CT_U32>(s, op, nout, p, x, out);
-    else reduce_typed_launch<CT_BOOL>(s, op, nout, p, x, out);
+    switch (dtype) {
+    case CT_I32: reduce_typed_launch<CT_I32>(s, op, nout, p, x, out); break;
+    case CT_U32: reduce_typed_launch<CT_U32>(s, op, nout, p, x, out); break;
+    case CT_U8: reduce_typed_launch<CT_U8>(s, op, nout, p, x, out); break;
+    case CT_I8: reduce_typed_launch<CT_I8>(s, op, nout, p, x, out); break;
+    case CT_I16: reduce_typed_launch<CT_I16>(s, op, nout, p, x, out); break;
+    case CT_U16: reduce_typed_launch<CT_U16>(s, op, nout, p, x, out); break;
+    default: reduce_typed_launch<CT_BOOL>(s, op, nout, p, x, out); break;
+    }
     CT_CUDA_TRY(cudaGetLastError());
     return CT_OK;
 }

@@ -3,7 +3,7 @@
 ``nn.Dense(..., dtype=jnp.bfloat16)``) casts its inputs and parameters before computing.
 
 The dtypes are those ctrainstate stores: float32, bfloat16, float16 for floats (int32,
-uint32 and bool for the rest). jax's promotion among them: a 16-bit float with float32 is
+uint32, int16, uint16, int8, uint8 and bool for the rest). jax's promotion among them: a 16-bit float with float32 is
 float32, bfloat16 with float16 is float32, an integer with a float is the float, and Python
 scalars are weak (they take the other operand's dtype).
 
@@ -65,10 +65,10 @@ def canonicalize_dtype(*args, dtype=None, inexact: bool = True) -> np.dtype:
         return float32
     if not others:
         return _dtypes.int32
-    if len(others) == 1:
-        return next(iter(others))
-    raise TypeError(f"canonicalize_dtype: no common integer dtype for {sorted(map(str, others))} "
-                    f"(pass dtype=)")
+    res = None
+    for dt in others:       # jax's join: uint8 with int8 is int16
+        res = dt if res is None else _dtypes.promote(res, dt)
+    return res
 
 
 def _cast(x, dtype):

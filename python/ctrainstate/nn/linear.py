@@ -466,8 +466,8 @@ class Embed(Module):
             raise ValueError(f"Embed: ids must be in [{lo}, {n}) for num_embeddings={n} (a "
                              f"negative id counts from the end), got {bad.size} outside, e.g. "
                              f"{bad.reshape(-1)[0]} (ids span [{idx.min()}, {idx.max()}])")
-        if idx.size and idx.min() < 0:
-            idx = np.where(idx < 0, idx + n, idx)
+        if idx.size and idx.min() < 0:    # (in int64: int8 ids + n would wrap)
+            idx = np.where(idx < 0, idx.astype(np.int64) + n, idx)
         embedding, = promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
         return cnp.take_rows(embedding, idx)
 

@@ -109,6 +109,7 @@ void ct_threefry2x32_keys(size_t n, const uint32_t *restrict k0, const uint32_t 
 
 void ct_keys_split(size_t n, const uint32_t *k0, const uint32_t *k1, uint64_t num,
                    uint32_t *out) {
+    if (n == 0) return; /* no keys: nothing to write, however many splits */
     for (uint64_t j = 0; j < num; j++)
         ct_threefry2x32_keys(n, k0, k1, (uint32_t)(j >> 32), (uint32_t)j, out + 2 * j * n,
                              out + (2 * j + 1) * n);

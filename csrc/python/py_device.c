@@ -41,9 +41,9 @@ static PyObject *py_device_ids(PyObject *self, PyObject *arg) {
 }
 
 static ct_device *device_arg(PyObject *arg) {
-    long id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
-    ct_device *d = ct_device_by_id((int)id);
+    int id;
+    if (!ct_py_conv_int(arg, &id)) return NULL;
+    ct_device *d = ct_device_by_id(id);
     if (d == NULL) ct_py_raise(CT_EINVAL);
     return d;
 }

@@ -112,8 +112,9 @@ def gen(kind):
     if kind == "bufs" and ctx["coherent"]:
         return shard_bufs()
     if kind == "fresh":
-        return [C.Buffer(rng.randrange(ndev), rng.choice(SHAPES), rng.randrange(6))
-                for _ in range(rng.choice([0, 1, 2]))] + ([rng.choice(JUNK)] if rng.random() < 0.1 else [])
+        out = [C.Buffer(rng.randrange(ndev), rng.choice(SHAPES), rng.randrange(6))
+               for _ in range(rng.choice([0, 1, 2]))]
+        return out + ([rng.choice(JUNK)] if rng.random() < 0.1 else [])
     if kind == "buf" and ctx["coherent"]:
         return shard_bufs()[0]
     if kind == "host" and ctx["coherent"]:
@@ -145,7 +146,8 @@ def gen(kind):
     if kind == "groups":
         return [gen("bufs") for _ in range(rng.choice([0, 1, 2]))]
     if kind == "stages":
-        return [(rng.choice(SMALL + [99]), [rng.choice(FLOATS) for _ in range(rng.choice([0, 2, 4, 9]))])
+        return [(rng.choice(SMALL + [99]),
+                 [rng.choice(FLOATS) for _ in range(rng.choice([0, 2, 4, 9]))])
                 for _ in range(rng.choice([0, 1, 2]))]
     if kind == "block":
         geom = None
@@ -157,7 +159,8 @@ def gen(kind):
                rng.choice(SMALL), rng.choice([True, False]))
         return blk + (geom,) if geom is not None or rng.random() < 0.3 else blk
     if kind == "bgroups":
-        return [[gen("block") for _ in range(rng.choice([0, 1, 2]))] for _ in range(rng.choice([0, 1, 2]))]
+        return [[gen("block") for _ in range(rng.choice([0, 1, 2]))]
+                for _ in range(rng.choice([0, 1, 2]))]
     if kind == "rules":
         return rng.choice([(), (("batch", "x"),), (("a", None), ("b", ("x", "y"))), None, "x",
                            ((1, 2),), (("a",),)])
@@ -309,5 +312,5 @@ def test_bindings_fuzz_returns_or_raises_documented_errors(batch):
                           "CTRAINSTATE_CPU_DEVICE_MEMORY": str(64 << 20)})
     tail = "\n".join(r.stdout.splitlines()[-5:])
     assert r.returncode == 0, f"exit {r.returncode}\n{tail}\n{r.stderr[-3000:]}"
-    assert f"done 0" in r.stdout
+    assert "done 0" in r.stdout
     assert [l for l in r.stdout.splitlines() if l.startswith("BAD")] == []

@@ -166,6 +166,19 @@ def gen(kind):
                            ((1, 2),), (("a",),)])
     if kind == "lnames":
         return rng.choice([None, (), ("batch",), ("a", None), ("a", "a"), (1,), "ab"])
+    if kind == "dlpack":
+        # a DLPack capsule of a numpy array (any dtype, strided, byte-swapped) or a Buffer
+        if rng.random() < 0.3:
+            try:
+                return rng.choice(buffers).__dlpack__()
+            except ALLOWED:
+                return None
+        a = rng.choice(host_pool() + [np.zeros((2, 3), np.float32)[:, ::-1],
+                                      np.zeros((3, 2), np.float32).T])
+        try:
+            return a.__dlpack__()
+        except (BufferError, TypeError, ValueError):
+            return a
     if kind == "capsule":
         return rng.choice([None, 1, "x", np._core.multiarray._ARRAY_API])
     if kind == "str":
@@ -179,7 +192,7 @@ SIGS = {
     "layout": ["ints", "names", "ints", "spec", "ints"],
     "copy_from_host": ["buf", "host", "ints"], "copy_to_host": ["buf", "host", "ints"],
     "copy_overlap": ["buf", "ints", "buf", "ints"], "copy_bytes": ["buf", "buf"],
-    "gpu_status": [], "move_arrays": ["any"], "dlpack_copy_into": ["buf", "any"],
+    "gpu_status": [], "move_arrays": ["any"], "dlpack_copy_into": ["buf", "dlpack"],
     "fill_bits32": ["bufs", "u32"], "op_convert": ["bufs", "bufs"],
     "op_unary": ["int", "float", "float", "bufs", "bufs"],
     "op_binary": ["int", "bufs", "bufs", "bufs"], "op_reduce": ["bufs", "int", "u32", "bufs"],
@@ -251,6 +264,7 @@ VALID = {
     "mesh_check": lambda: [(2,), ("x",), (0, 1)],
     "layout": lambda: [(2,), ("x",), (0, 1), (("x",),), (4, 3)],
     "xla_math": lambda: [0, np.ones(4, np.float32)],
+    "dlpack_copy_into": lambda: [B((2, 3)), np.ones((2, 3), np.float32).__dlpack__()],
     "xla_pow": lambda: [np.ones(4, np.float32), np.full(4, 2.0, np.float32)],
     # adam (kind 1: b1 b2 eps eps_root bc1 bc2 mode bc1_next; slots mu, nu) then scale (0),
     # or factored (kind 12: decay_rate_t eps; slots v_row, v_col, v) on a 4 x 3 leaf
@@ -290,7 +304,18 @@ for i in range(N_CALLS):
     except BaseException as e:
         bad += 1
         print(f"BAD {name}{tuple(args)!r}: {type(e).__name__}: {e}", flush=True)
-    # Buffer(): the constructor, and delete() on a live or dead one
+    # a Buffer's DLPack export with odd arguments (the capsule is dropped unused)
+    if rng.random() < 0.03:
+        try:
+            rng.choice(buffers).__dlpack__(stream=gen("any"), max_version=gen("any"),
+                                           dl_device=gen("any"), copy=gen("any"))
+            rng.choice(buffers).__dlpack_device__()
+        except ALLOWED:
+            pass
+        except BaseException as e:
+            bad += 1
+            print(f"BAD __dlpack__: {type(e).__name__}: {e}", flush=True)
+    # Buffer(): the constructor
     if rng.random() < 0.05:
         try:
             C.Buffer(rng.choice(SMALL + EDGE), gen("ints"), rng.choice(SMALL + EDGE))

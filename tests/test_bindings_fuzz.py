@@ -179,6 +179,11 @@ def gen(kind):
             return a.__dlpack__()
         except (BufferError, TypeError, ValueError):
             return a
+    if kind == "cls":
+        return rng.choice([SlotsLike, int, type, object, np.ndarray, cts.Array])
+    if kind == "arrays":
+        return [slots_like() if rng.random() < 0.7 else pick_any()
+                for _ in range(rng.choice([0, 1, 2]))]
     if kind == "capsule":
         return rng.choice([None, 1, "x", np._core.multiarray._ARRAY_API])
     if kind == "str":
@@ -192,7 +197,8 @@ SIGS = {
     "layout": ["ints", "names", "ints", "spec", "ints"],
     "copy_from_host": ["buf", "host", "ints"], "copy_to_host": ["buf", "host", "ints"],
     "copy_overlap": ["buf", "ints", "buf", "ints"], "copy_bytes": ["buf", "buf"],
-    "gpu_status": [], "move_arrays": ["any"], "dlpack_copy_into": ["buf", "dlpack"],
+    "gpu_status": [], "move_arrays": ["arrays"], "array_type_register": ["cls"],
+    "dlpack_copy_into": ["buf", "dlpack"],
     "fill_bits32": ["bufs", "u32"], "op_convert": ["bufs", "bufs"],
     "op_unary": ["int", "float", "float", "bufs", "bufs"],
     "op_binary": ["int", "bufs", "bufs", "bufs"], "op_reduce": ["bufs", "int", "u32", "bufs"],
@@ -215,10 +221,21 @@ SIGS = {
     "xla_math": ["int", "host"], "xla_pow": ["host", "host"], "random_cpu_path": [],
     "optim_step": ["stages", "bgroups", "int", "any"], "optim_reference": ["stages", "block"],
 }
-# the bindings _C.pyi lists, less those the fuzz leaves alone: array_type_register would
-# replace the Array class the rest of the process uses, _rules_set_unconstrained its sentinel
-SKIP = {"array_type_register", "_rules_set_unconstrained", "ResourceExhaustedError",
-        "DonatedBufferError", "Buffer", "axis_rules"}
+# the bindings _C.pyi lists, less the classes (Buffer's constructor and methods are called
+# below) and _rules_set_unconstrained, which sets the sentinel that the Python layer passes
+# for PartitionSpec.UNCONSTRAINED (any object is valid there)
+SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError", "Buffer",
+        "axis_rules"}
+
+class SlotsLike:  # an Array-like class that array_type_register accepts
+    __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",
+                 "_base", "_donated")
+
+def slots_like():
+    o = SlotsLike()
+    for name in SlotsLike.__slots__[:rng.randrange(len(SlotsLike.__slots__) + 1)]:
+        setattr(o, name, rng.choice([None, False, True, 1, "x"]))
+    return o
 public = {n for n in dir(C) if not n.startswith("__") and callable(getattr(C, n))} - SKIP
 missing = public - set(SIGS)
 assert not missing, f"bindings without a fuzz signature: {sorted(missing)}"

@@ -25,6 +25,7 @@ faulthandler.enable()
 import numpy as np
 import ctrainstate as cts
 C = cts._C
+print("module", C.__file__, flush=True)
 
 ALLOWED = (ValueError, TypeError, OverflowError, RuntimeError, MemoryError, BufferError)
 rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else SEED_BATCH)
@@ -353,6 +354,9 @@ def test_bindings_fuzz_returns_or_raises_documented_errors(batch):
     r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "2",
                           "CTRAINSTATE_CPU_DEVICE_MEMORY": str(64 << 20)})
     tail = "\n".join(r.stdout.splitlines()[-5:])
+    # the child fuzzes the build this process tests (under tools/sanitize.sh: the ASan one)
+    import ctrainstate as cts
+    assert r.stdout.startswith(f"module {cts._C.__file__}\n"), r.stdout[:300] + r.stderr[-3000:]
     assert r.returncode == 0, f"exit {r.returncode}\n{tail}\n{r.stderr[-3000:]}"
     assert "done 0" in r.stdout
     assert [l for l in r.stdout.splitlines() if l.startswith("BAD")] == []

@@ -516,3 +516,21 @@ except KeyboardInterrupt:
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("interrupted"), r.stdout
     assert float(r.stdout.split()[-1]) < 20, r.stdout
+
+
+def test_allreduce_with_a_bad_group_changes_no_shard():
+    # the second group's shards differ in size: the first group must not be reduced either
+    bufs = [_C.Buffer(i, (4,), 0) for i in range(2)]
+    for i, b in enumerate(bufs):
+        _C.copy_from_host(b, np.full(4, i + 1, np.float32), (0,))
+    bad = [_C.Buffer(2, (4,), 0), _C.Buffer(3, (5,), 0)]
+    with pytest.raises(ValueError, match="differ in size"):
+        _C.op_allreduce([bufs, bad], 0)
+    for i, b in enumerate(bufs):
+        h = np.empty(4, np.float32)
+        _C.copy_to_host(b, h, (0,))
+        np.testing.assert_array_equal(h, np.full(4, i + 1, np.float32))
+    _C.op_allreduce([bufs], 0)
+    h = np.empty(4, np.float32)
+    _C.copy_to_host(bufs[1], h, (0,))
+    np.testing.assert_array_equal(h, np.full(4, 3, np.float32))

@@ -478,6 +478,26 @@ out:
     return ret;
 }
 
+/* A group of an all-reduce: at least one shard, all of one size and one backend. */
+static int allreduce_group_check(const buf_list *bl) {
+    if (bl->n == 0) {
+        PyErr_SetString(PyExc_ValueError, "all-reduce: a group has no shards");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < bl->n; i++) {
+        if (bl->b[i]->nbytes != bl->b[0]->nbytes) {
+            PyErr_SetString(PyExc_ValueError, "all-reduce: shards of a group differ in size");
+            return -1;
+        }
+        if (bl->b[i]->dev->backend != bl->b[0]->dev->backend) {
+            PyErr_SetString(PyExc_ValueError, "all-reduce: a group spans different backends");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Every group is checked before any is reduced: a bad group leaves all shards as they were. */
 static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *arg;
@@ -487,35 +507,45 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "op_allreduce: unknown reduction %d", op);
         return NULL;
     }
-    PyObject *groups = PySequence_Fast(arg, "op_allreduce needs a list of groups");
+    if (!PyList_Check(arg) && !PyTuple_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "op_allreduce needs a list of groups, got %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    PyObject *groups = PySequence_Tuple(arg); /* fixed while the GIL is released below */
     if (groups == NULL) return NULL;
-    Py_ssize_t ng = PySequence_Fast_GET_SIZE(groups);
-    ct_status st = CT_OK;
-    for (Py_ssize_t g = 0; g < ng && st == CT_OK; g++) {
-        BUF_LIST(bl);
-        if (get_buffers(PySequence_Fast_GET_ITEM(groups, g), &bl, "all-reduce group", 1) < 0) {
-            Py_DECREF(groups);
-            return NULL;
-        }
-        ct_device *devs[MAX_SHARDS];
-        float *bufs[MAX_SHARDS];
-        for (Py_ssize_t i = 0; i < bl.n; i++) {
-            if (bl.b[i]->nbytes != bl.b[0]->nbytes) {
+    const Py_ssize_t ng = PyTuple_GET_SIZE(groups);
+    for (int run = 0; run < 2; run++) { /* run 0 checks every group, run 1 reduces them */
+        for (Py_ssize_t g = 0; g < ng; g++) {
+            BUF_LIST(bl);
+            if (get_buffers(PyTuple_GET_ITEM(groups, g), &bl, "all-reduce group", 1) < 0 ||
+                allreduce_group_check(&bl) < 0) {
                 put_buffers(&bl);
                 Py_DECREF(groups);
-                PyErr_SetString(PyExc_ValueError, "all-reduce: shards of a group differ in size");
                 return NULL;
             }
-            devs[i] = bl.b[i]->dev;
-            bufs[i] = bl.b[i]->data;
+            if (run == 0) {
+                put_buffers(&bl);
+                continue;
+            }
+            ct_device *devs[MAX_SHARDS];
+            float *bufs[MAX_SHARDS];
+            for (Py_ssize_t i = 0; i < bl.n; i++) {
+                devs[i] = bl.b[i]->dev;
+                bufs[i] = bl.b[i]->data;
+            }
+            ct_status st;
+            Py_BEGIN_ALLOW_THREADS
+            st = ct_op_allreduce(devs, bufs, (int)bl.n, nelem(bl.b[0]), op);
+            Py_END_ALLOW_THREADS
+            put_buffers(&bl);
+            if (st != CT_OK) {
+                Py_DECREF(groups);
+                return ct_py_raise(st);
+            }
         }
-        Py_BEGIN_ALLOW_THREADS
-        st = ct_op_allreduce(devs, bufs, (int)bl.n, bl.n ? nelem(bl.b[0]) : 0, op);
-        Py_END_ALLOW_THREADS
-        put_buffers(&bl);
     }
     Py_DECREF(groups);
-    if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
 }
 

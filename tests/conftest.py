@@ -114,9 +114,11 @@ def run_python(code: str, env: dict | None = None) -> subprocess.CompletedProces
     e = dict(os.environ)
     for k in ("CTRAINSTATE_NUM_CPU_DEVICES", "CTRAINSTATE_CPU_DEVICE_MEMORY"):
         e.pop(k, None)
-    if os.environ.get("CTRAINSTATE_SANITIZED") != "1":   # this checkout's package, as above
+    if os.environ.get("CTRAINSTATE_SANITIZED") != "1":
+        # the package of this checkout, as in this process (under tools/sanitize.sh,
+        # PYTHONPATH already names the sanitized build)
         here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
-        e["PYTHONPATH"] = os.pathsep.join(p for p in (here, e.get("PYTHONPATH")) if p)
+        e["PYTHONPATH"] = os.pathsep.join([here] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
     e.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
                           timeout=120)

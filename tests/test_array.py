@@ -688,3 +688,70 @@ def _at_set(h, idx, v):
     h = h.copy()
     h[idx] = v
     return h
+
+
+def test_delete_is_all_or_nothing_when_one_shard_has_a_view():
+    m = mesh_of((8,))
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    a = cts.device_put(x, NamedSharding(m, P("x")))
+    view = a.addressable_shards[5].data   # a numpy view of one shard only
+    with pytest.raises(RuntimeError, match="live view"):
+        a.delete()
+    # nothing was freed: every shard still holds its values
+    assert not a.is_deleted()
+    np.testing.assert_array_equal(np.asarray(a), x)
+    del view
+    gc.collect()
+    a.delete()
+    assert a.is_deleted()
+    with pytest.raises(cts.DonatedBufferError):
+        np.asarray(a)
+
+
+# The main thread runs one long matmul on an Array's buffers (the GIL released); another
+# thread deletes that Array meanwhile, then interrupts the main thread to end the product.
+# In a fresh interpreter: a delete that freed the memory under the kernel could crash it.
+_DELETE_WHILE_COMPUTING = """
+import os, signal, threading, time
+import numpy as np
+import ctrainstate as cts
+C = cts._C
+K = 1 << 20
+a = cts.device_put(np.ones((8, K), np.float32))
+b = cts.device_put(np.ones((K, 8), np.float32))
+buf_a, buf_b = a._blocks[0][1], b._blocks[0][1]
+batch = 1 << 14
+c = C.Buffer(buf_a.device_id, (batch * 64,), 0)
+result = []
+def deleter():
+    time.sleep(0.5)
+    try:
+        a.delete()
+        result.append("deleted")
+    except RuntimeError as e:
+        result.append("refused: " + str(e))
+    os.kill(os.getpid(), signal.SIGINT)
+t = threading.Thread(target=deleter)
+t0 = time.monotonic()
+t.start()
+try:
+    C.op_matmul([buf_a], [buf_b], [c], batch, 8, 8, K, 0, 0, 0, 0, 1.0, 0.0)
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted after %.1f s" % (time.monotonic() - t0))
+t.join()
+print(result[0])
+print("deleted now:", a.is_deleted())
+a.delete()
+print("deleted after:", a.is_deleted())
+"""
+
+
+def test_delete_refused_while_another_thread_computes_on_the_array():
+    from conftest import run_python
+    r = run_python(_DELETE_WHILE_COMPUTING, {"CTRAINSTATE_NUM_CPU_DEVICES": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("interrupted after"), r.stdout
+    assert lines[1].startswith("refused: ") and "in another thread" in lines[1], r.stdout
+    assert lines[2:] == ["deleted now: False", "deleted after: True"], r.stdout

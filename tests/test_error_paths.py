@@ -397,3 +397,140 @@ def test_adafactor_with_params_on_different_placements(kind):
     got, want = run(_placed_params(kind)), run(_placed_params("one_device"))
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7)
+
+
+# --- private bindings that trusted their arguments ---------------------------------------
+# Each crashed (SIGFPE, SIGSEGV), hung or answered for the wrong device. They run in a fresh
+# interpreter, so a crash fails the test instead of ending pytest.
+
+_BINDING_CASES = r"""
+import numpy as np
+import ctrainstate as cts
+C = cts._C
+F32, I32 = 0, 3
+def case(name, fn):
+    try:
+        fn()
+        print(name, "returned")
+    except (ValueError, TypeError, OverflowError) as e:
+        print(name, type(e).__name__, str(e).splitlines()[0])
+tab, ids, out = C.Buffer(0, (4, 3), F32), C.Buffer(0, (2,), I32), C.Buffer(0, (2, 3), F32)
+C.copy_from_host(ids, np.array([0, 1], np.int32), (0,))
+# a row width whose byte size wrapped to 0 divided by zero
+case("gather_words", lambda: C.op_gather_rows([tab], [ids], [out], [0], 2**62))
+# plan [hit | start | pos] with pos out of the gradient's rows, and a start past the end
+plan, g = C.Buffer(0, (5,), I32), C.Buffer(0, (2, 3), F32)
+C.copy_from_host(plan, np.array([1, 0, 2, 0, 1 << 30], np.int32), (0,))
+case("scatter_pos", lambda: C.op_scatter_add_rows([tab], [plan], [g], [0], 1))
+C.copy_from_host(plan, np.array([1, 0, 1 << 30, 0, 1], np.int32), (0,))
+case("scatter_start", lambda: C.op_scatter_add_rows([tab], [plan], [g], [0], 1))
+C.copy_from_host(plan, np.array([1, 0, 2, 1, 0], np.int32), (0,))
+case("scatter_ok", lambda: C.op_scatter_add_rows([tab], [plan], [g], [0], 1))
+case("random_bits_object", lambda: C.random_bits(np.empty(16, object), 0, 0, (16,), (0,), 64))
+case("random_fill_key", lambda: C.random_fill(np.empty(4, np.float32), 2**32, 0, (4,), (0,), 0,
+                                              F32, 0.0, 1.0, 0.0, 0.0, 0.5, None))
+case("keys_split_empty", lambda: C.keys_split(np.empty(0, np.uint32), np.empty(0, np.uint32),
+                                              2**40))
+case("memory_stats", lambda: C.memory_stats(2**32))
+case("synchronize", lambda: C.synchronize(-2**40))
+case("transpose_perm", lambda: C.op_transpose([tab], [2**32 + 1, 0], [tab]))
+case("fill_bits32", lambda: C.fill_bits32([tab], 2**32))
+case("reduce_axes", lambda: C.op_reduce([tab], 0, 2**32 + 1, [C.Buffer(0, (3,), F32)]))
+case("copy_to_host_object", lambda: C.copy_to_host(ids, np.empty(2, object), (0,)))
+case("mesh_ids", lambda: C.mesh_check((1,), ("x",), (2**32,)))
+case("set_blas_sgemm", lambda: C.set_blas_sgemm(np._core.multiarray._ARRAY_API))
+"""
+
+
+def test_private_bindings_reject_bad_arguments():
+    from conftest import run_python
+    r = run_python(_BINDING_CASES, {"CTRAINSTATE_NUM_CPU_DEVICES": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    want = {
+        "gather_words": "ValueError op_gather_rows: row width",
+        "scatter_pos": "ValueError row scatter plan: pos[1]",
+        "scatter_start": "ValueError row scatter plan: start[1]",
+        "scatter_ok": "returned",
+        "random_bits_object": "TypeError out: an array of Python objects",
+        "random_fill_key": "OverflowError 4294967296 is not a 32-bit unsigned integer",
+        "keys_split_empty": "returned",
+        "memory_stats": "OverflowError 4294967296 does not fit in a C int",
+        "synchronize": "OverflowError",
+        "transpose_perm": "ValueError transpose: axis 4294967297 is out of range",
+        "fill_bits32": "OverflowError 4294967296 is not a 32-bit unsigned integer",
+        "reduce_axes": "OverflowError",
+        "copy_to_host_object": "TypeError the host array holds Python objects",
+        "mesh_ids": "OverflowError 4294967296 does not fit in a C int",
+        "set_blas_sgemm": "TypeError set_blas_sgemm: the capsule",
+    }
+    assert set(got) == set(want), r.stdout
+    for name, start in want.items():
+        assert got[name].startswith(start), (name, got[name])
+
+
+# --- matmul of empty batched Arrays --------------------------------------------------------
+# A batch of 2**40 empty products looped in C for hours; zero-size work returns at once.
+
+def test_matmul_of_empty_batched_arrays_returns_at_once():
+    from conftest import run_python
+    code = """
+import time
+import numpy as np
+import ctrainstate as cts
+cnp = cts.numpy
+t0 = time.monotonic()
+for a, b in [((2**40, 0, 0), (2**40, 0, 3)), ((2**40, 3, 0), (2**40, 0, 0)),
+             ((2**40, 0, 5), (2**40, 5, 0))]:
+    z = cnp.zeros(a) @ cnp.zeros(b)
+    assert z.shape == (2**40, a[1], b[2]) and np.asarray(z).size == 0
+z = cnp.ones((4096, 2, 0)) @ cnp.ones((4096, 0, 3))   # k = 0: zeros, not garbage
+assert z.shape == (4096, 2, 3) and not np.asarray(z).any()
+print("elapsed %.1f" % (time.monotonic() - t0))
+"""
+    r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert float(r.stdout.split()[-1]) < 30, r.stdout
+
+
+def test_long_batched_matmul_stops_on_keyboard_interrupt():
+    # 2**14 products of (8 x 2**20) @ (2**20 x 8): minutes of work; SIGINT after 0.5 s
+    from conftest import run_python
+    code = """
+import os, signal, threading, time
+import ctrainstate as cts
+C = cts._C
+K, batch = 1 << 20, 1 << 14
+a, b = C.Buffer(0, (8 * K,), 0), C.Buffer(0, (8 * K,), 0)
+C.fill_bits32([a, b], 0)
+c = C.Buffer(0, (batch * 64,), 0)
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    C.op_matmul([a], [b], [c], batch, 8, 8, K, 0, 0, 0, 0, 1.0, 0.0)
+    print("finished")
+except KeyboardInterrupt:
+    print("interrupted %.1f" % (time.monotonic() - t0))
+"""
+    r = run_python(code, {"CTRAINSTATE_NUM_CPU_DEVICES": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("interrupted"), r.stdout
+    assert float(r.stdout.split()[-1]) < 20, r.stdout
+
+
+def test_allreduce_with_a_bad_group_changes_no_shard():
+    # the second group's shards differ in size: the first group must not be reduced either
+    bufs = [_C.Buffer(i, (4,), 0) for i in range(2)]
+    for i, b in enumerate(bufs):
+        _C.copy_from_host(b, np.full(4, i + 1, np.float32), (0,))
+    bad = [_C.Buffer(2, (4,), 0), _C.Buffer(3, (5,), 0)]
+    with pytest.raises(ValueError, match="differ in size"):
+        _C.op_allreduce([bufs, bad], 0)
+    for i, b in enumerate(bufs):
+        h = np.empty(4, np.float32)
+        _C.copy_to_host(b, h, (0,))
+        np.testing.assert_array_equal(h, np.full(4, i + 1, np.float32))
+    _C.op_allreduce([bufs], 0)
+    h = np.empty(4, np.float32)
+    _C.copy_to_host(bufs[1], h, (0,))
+    np.testing.assert_array_equal(h, np.full(4, 3, np.float32))

@@ -5,6 +5,7 @@
 
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #include "ct_layout.h"
 
@@ -83,11 +84,49 @@ ct_status ct_op_gather_rows(ct_device *dev, const float *table, int64_t nrows, i
     return dev->backend->gather_rows(dev, table, nrows, ncols, row0, ids, nids, out);
 }
 
+/* A scatter plan's start (nhit + 1) and pos (npos) in host memory: the kernels read
+ * pos[start[0] .. start[nhit]) and then g rows pos[k] without checks of their own. */
+static ct_status scatter_plan_check(const int32_t *start, int64_t nhit, const int32_t *pos,
+                                    int64_t npos) {
+    if (start[0] < 0)
+        return ct_set_error(CT_EINVAL, "row scatter plan: start[0] is %" PRId32 ", not >= 0",
+                            start[0]);
+    for (int64_t u = 0; u < nhit; u++)
+        if (start[u + 1] < start[u] || start[u + 1] > npos)
+            return ct_set_error(CT_EINVAL, "row scatter plan: start[%" PRId64 "] = %" PRId32
+                                " is not in [start[%" PRId64 "], %" PRId64 "]",
+                                u + 1, start[u + 1], u, npos);
+    for (int64_t k = 0; k < npos; k++)
+        if (pos[k] < 0 || pos[k] >= npos)
+            return ct_set_error(CT_EINVAL, "row scatter plan: pos[%" PRId64 "] = %" PRId32
+                                " is not a row of the %" PRId64 " gradient rows", k, pos[k], npos);
+    return CT_OK;
+}
+
+/* The plan check on a copy in host memory when the plan lives on a device. */
+static ct_status scatter_plan_check_dev(ct_device *dev, const int32_t *start, int64_t nhit,
+                                        const int32_t *pos, int64_t npos) {
+    if (dev->platform == CT_PLATFORM_CPU) return scatter_plan_check(start, nhit, pos, npos);
+    int32_t *h = malloc((size_t)(nhit + 1 + npos) * sizeof(int32_t));
+    if (h == NULL)
+        return ct_set_error(CT_EOOM, "RESOURCE_EXHAUSTED: host out of memory for a %" PRId64
+                                     "-entry row scatter plan", nhit + 1 + npos);
+    const int64_t n1 = nhit + 1, st4 = 4;
+    ct_status st = dev->backend->copy_block(NULL, dev, 1, &n1, 4, h, &st4, start, &st4);
+    if (st == CT_OK && npos > 0)
+        st = dev->backend->copy_block(NULL, dev, 1, &npos, 4, h + n1, &st4, pos, &st4);
+    if (st == CT_OK) st = scatter_plan_check(h, nhit, h + n1, npos);
+    free(h);
+    return st;
+}
+
 ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
                                  int64_t row0, const int32_t *hit, const int32_t *start,
-                                 int64_t nhit, const int32_t *pos, const float *g) {
-    if (nrows < 0 || ncols < 0 || nhit < 0) return ct_set_error(CT_EINVAL, "negative row-scatter size");
+                                 int64_t nhit, const int32_t *pos, int64_t npos, const float *g) {
+    if (nrows < 0 || ncols < 0 || nhit < 0 || npos < 0)
+        return ct_set_error(CT_EINVAL, "negative row-scatter size");
     CT_TRY(need(dev, (const void *)dev->backend->scatter_add_rows, "row scatters (embedding gradients)"));
+    CT_TRY(scatter_plan_check_dev(dev, start, nhit, pos, npos));
     return dev->backend->scatter_add_rows(dev, table, nrows, ncols, row0, hit, start, nhit, pos, g);
 }
 

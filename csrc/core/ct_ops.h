@@ -154,9 +154,11 @@ ct_status ct_op_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, u
  * terms in the same order: the same bits everywhere. */
 ct_status ct_op_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
                             int64_t row0, const int32_t *ids, int64_t nids, float *out);
+/* `npos`: the rows of g (entries of pos). The plan is checked first (start non-decreasing
+ * from 0 to at most npos, every pos in [0, npos)): CT_EINVAL, nothing added, if not. */
 ct_status ct_op_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, int64_t ncols,
                                  int64_t row0, const int32_t *hit, const int32_t *start,
-                                 int64_t nhit, const int32_t *pos, const float *g);
+                                 int64_t nhit, const int32_t *pos, int64_t npos, const float *g);
 
 /* Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C, op = transpose when set.
  * `prec` (CT_PREC_*, ct_prec_math.h): CT_PREC_F32 multiplies the float32 operands as they

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "ct_device.h"
+#include "ct_par.h"
 #include "ct_simd.h"
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
@@ -628,7 +629,7 @@ static void run_apply(const step_env *e) {
     for (int gi = 0; gi < e->ngroups; gi++) {
         const task_table *tt = &e->tt[gi];
         const ct_opt_group *grp = &e->groups[gi];
-#pragma omp parallel for schedule(dynamic, 1) if (tt->nelem >= CT_OPT_PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ct_par_threads(tt->nelem >= CT_OPT_PAR_MIN))
         for (int64_t j = 0; j < tt->n; j++) {
             const ct_opt_task *t = &tt->t[j];
             task_apply(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n);
@@ -644,7 +645,7 @@ static void reduce_pass(step_env *e, int k, int p_only) {
         const task_table *tt = &e->tt[gi];
         const ct_opt_group *grp = &e->groups[gi];
         acc_line *acc = e->acc[gi];
-#pragma omp parallel for schedule(dynamic, 1) if (tt->nelem >= CT_OPT_PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ct_par_threads(tt->nelem >= CT_OPT_PAR_MIN))
         for (int64_t j = 0; j < tt->n; j++) {
             const ct_opt_task *t = &tt->t[j];
             if (!grp->blocks[t->block].counts) continue; /* a replica: its sums are not used */
@@ -686,7 +687,7 @@ static void factored_pass(step_env *e, int k) {
                 ntask += fb[base + i].nseg;
                 nelem += grp->blocks[i].n;
             }
-#pragma omp parallel for schedule(dynamic, 1) if (nelem >= CT_OPT_PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ct_par_threads(nelem >= CT_OPT_PAR_MIN))
         for (int64_t j = 0; j < ntask; j++) {
             int64_t r = j;
             int i = 0;

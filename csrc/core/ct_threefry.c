@@ -11,6 +11,7 @@
 
 #include <string.h>
 
+#include "ct_par.h"
 #include "ct_random_math.h"
 #include "ct_simd.h"
 
@@ -108,6 +109,7 @@ void ct_threefry2x32_keys(size_t n, const uint32_t *restrict k0, const uint32_t 
 
 void ct_keys_split(size_t n, const uint32_t *k0, const uint32_t *k1, uint64_t num,
                    uint32_t *out) {
+    if (n == 0) return; /* no keys: nothing to write, however many splits */
     for (uint64_t j = 0; j < num; j++)
         ct_threefry2x32_keys(n, k0, k1, (uint32_t)(j >> 32), (uint32_t)j, out + 2 * j * n,
                              out + (2 * j + 1) * n);
@@ -188,7 +190,7 @@ void ct_block_for_each_run(int ndim, const int64_t *global_shape, const int64_t 
     const uint64_t inner = (uint64_t)block_shape[ndim - 1];
     const int64_t nchunks = (int64_t)((total + CT_CHUNK - 1) / CT_CHUNK);
 
-#pragma omp parallel for schedule(static) if (nchunks > 1)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nchunks > 1))
     for (int64_t c = 0; c < nchunks; c++) {
         uint64_t off = (uint64_t)c * CT_CHUNK;
         uint64_t end = off + CT_CHUNK < total ? off + CT_CHUNK : total;

@@ -41,6 +41,7 @@ typedef struct {
     int ndim;
     int64_t shape[CT_MAX_NDIM];
     Py_ssize_t exports; /* live buffer-protocol views */
+    Py_ssize_t busy;    /* calls using the memory without the GIL (ct_py_pin) */
     int deleted;
     PyObject *weakreflist;
 } ct_py_buffer;
@@ -49,6 +50,24 @@ extern PyTypeObject ct_py_BufferType;
 
 /* The live buffer behind `obj`, or NULL with TypeError / DonatedBufferError set. */
 ct_py_buffer *ct_py_buffer_check(PyObject *obj, const char *what);
+
+/* Pin a buffer that a call will use without the GIL: a reference and a busy count, so that
+ * neither deallocation nor delete() frees the memory meanwhile (delete() raises instead).
+ * Both with the GIL held; every pin is undone by one ct_py_unpin. */
+static inline void ct_py_pin(ct_py_buffer *b) {
+    Py_INCREF(b);
+    b->busy++;
+}
+static inline void ct_py_unpin(ct_py_buffer *b) {
+    b->busy--;
+    Py_DECREF(b);
+}
+
+/* PyArg "O&" converters that reject what does not fit instead of truncating it: an integer
+ * (anything with __index__) in [0, 2**32) into a uint32_t, in [INT_MIN, INT_MAX] into an
+ * int; OverflowError / TypeError otherwise. */
+int ct_py_conv_u32(PyObject *obj, void *out);
+int ct_py_conv_int(PyObject *obj, void *out);
 
 /* Convert a Python sequence of ints into int64 values; returns ndim or -1 with an exception. */
 int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);

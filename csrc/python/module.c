@@ -59,6 +59,41 @@ int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what) {
     return (int)n;
 }
 
+int ct_py_conv_u32(PyObject *obj, void *out) {
+    PyObject *idx = PyNumber_Index(obj);
+    if (idx == NULL) return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+    Py_DECREF(idx);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_OverflowError, "%R is not a 32-bit unsigned integer", obj);
+        }
+        return 0;
+    }
+    if (v > UINT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R is not a 32-bit unsigned integer", obj);
+        return 0;
+    }
+    *(uint32_t *)out = (uint32_t)v;
+    return 1;
+}
+
+int ct_py_conv_int(PyObject *obj, void *out) {
+    PyObject *idx = PyNumber_Index(obj);
+    if (idx == NULL) return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    Py_DECREF(idx);
+    if (v == -1 && PyErr_Occurred()) return 0;
+    if (overflow != 0 || v < INT_MIN || v > INT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R does not fit in a C int", obj);
+        return 0;
+    }
+    *(int *)out = (int)v;
+    return 1;
+}
+
 static struct PyModuleDef ct_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "ctrainstate._C",

@@ -45,7 +45,15 @@ static PyObject *py_array_type_register(PyObject *self, PyObject *cls) {
     Py_ssize_t off[S_COUNT];
     for (int s = 0; s < S_COUNT; s++) {
         PyObject *d = PyObject_GetAttrString(cls, slot_names[s]);
-        if (d == NULL) return NULL;
+        if (d == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear();
+                return PyErr_Format(PyExc_TypeError,
+                                    "array_type_register: %s has no __slots__ member %s",
+                                    t->tp_name, slot_names[s]);
+            }
+            return NULL;
+        }
         const int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
                        ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
                        PyType_IsSubtype(t, ((PyDescrObject *)d)->d_type);

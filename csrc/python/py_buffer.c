@@ -3,8 +3,9 @@
  *
  * A Buffer is the storage of one shard. It owns `nbytes` bytes on one device,
  * accounted by ct_device_alloc. CPU buffers export the buffer protocol (raw
- * bytes, writable) so numpy views need no copy; a buffer with live views
- * cannot be deleted.
+ * bytes, writable) so numpy views need no copy; a buffer with live views, or
+ * one that a call is using without the GIL (pinned: ct_py_pin), cannot be
+ * deleted.
  */
 #include "ct_py.h"
 
@@ -84,17 +85,64 @@ static void buffer_dealloc(ct_py_buffer *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *buffer_delete(ct_py_buffer *self, PyObject *noargs) {
-    (void)noargs;
+/* 0 if the memory of `self` may be freed now, else -1 with RuntimeError set. */
+static int buffer_deletable(const ct_py_buffer *self) {
     if (self->exports > 0) {
         PyErr_Format(PyExc_RuntimeError,
                      "cannot delete a buffer with %zd live view(s) (numpy or DLPack); drop them first",
                      self->exports);
-        return NULL;
+        return -1;
     }
+    if (self->busy > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "cannot delete a buffer that an operation running in another thread is "
+                        "using; delete it after that operation returns");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *buffer_delete(ct_py_buffer *self, PyObject *noargs) {
+    (void)noargs;
+    if (buffer_deletable(self) < 0) return NULL;
     buffer_release_memory(self);
     Py_RETURN_NONE;
 }
+
+/* delete_buffers(buffers): every buffer checked first, then all freed, or none (an Array's
+ * shards: no Array left with some shards freed). Already deleted ones are skipped. */
+static PyObject *py_delete_buffers(PyObject *self, PyObject *seq) {
+    (void)self;
+    PyObject *fast = PySequence_Fast(seq, "delete_buffers needs a sequence of Buffers");
+    if (fast == NULL) return NULL;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyObject_TypeCheck(o, &ct_py_BufferType)) {
+            PyErr_Format(PyExc_TypeError, "delete_buffers: item %zd is a %.100s, not a "
+                         "ctrainstate._C.Buffer", i, Py_TYPE(o)->tp_name);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        if (buffer_deletable((ct_py_buffer *)o) < 0) {
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    /* nothing below runs Python code: the checks still hold */
+    for (Py_ssize_t i = 0; i < n; i++)
+        buffer_release_memory((ct_py_buffer *)PySequence_Fast_GET_ITEM(fast, i));
+    Py_DECREF(fast);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef buffer_module_methods[] = {
+    {"delete_buffers", py_delete_buffers, METH_O,
+     "delete_buffers($module, buffers, /)\n--\n\nFree the memory of every Buffer in the "
+     "sequence, or of none: fails (RuntimeError) if any has live views or is in use by an "
+     "operation in another thread."},
+    {NULL, NULL, 0, NULL},
+};
 
 static int buffer_getbuffer(ct_py_buffer *self, Py_buffer *view, int flags) {
     if (self->deleted) {
@@ -187,5 +235,6 @@ PyTypeObject ct_py_BufferType = {
 
 int ct_py_init_buffer(PyObject *m) {
     if (PyType_Ready(&ct_py_BufferType) < 0) return -1;
+    if (PyModule_AddFunctions(m, buffer_module_methods) < 0) return -1;
     return PyModule_AddObjectRef(m, "Buffer", (PyObject *)&ct_py_BufferType);
 }

@@ -5,6 +5,8 @@
 
 #include <string.h>
 
+#include "../core/ct_par.h"
+
 static int parse_platform(const char *s, ct_platform *out) {
     if (strcmp(s, "cpu") == 0) *out = CT_PLATFORM_CPU;
     else if (strcmp(s, "gpu") == 0 || strcmp(s, "cuda") == 0) *out = CT_PLATFORM_GPU;
@@ -39,9 +41,9 @@ static PyObject *py_device_ids(PyObject *self, PyObject *arg) {
 }
 
 static ct_device *device_arg(PyObject *arg) {
-    long id = PyLong_AsLong(arg);
-    if (id == -1 && PyErr_Occurred()) return NULL;
-    ct_device *d = ct_device_by_id((int)id);
+    int id;
+    if (!ct_py_conv_int(arg, &id)) return NULL;
+    ct_device *d = ct_device_by_id(id);
     if (d == NULL) ct_py_raise(CT_EINVAL);
     return d;
 }
@@ -91,7 +93,17 @@ static PyObject *py_device_ordinal(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(d->ordinal);
 }
 
+static PyObject *py_forked_single_threaded(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(ct_par_forked_single());
+}
+
 static PyMethodDef device_methods[] = {
+    {"forked_single_threaded", py_forked_single_threaded, METH_NOARGS,
+     "forked_single_threaded($module, /)\n--\n\nWhether this process is a fork()ed child of a "
+     "process that had started the OpenMP thread pool: CPU kernels run on one thread here "
+     "(the pool does not survive fork)."},
     {"device_ordinal", py_device_ordinal, METH_O,
      "device_ordinal($module, device_id, /)\n--\n\nThe physical GPU (or 0) a device lives on."},
     {"gpu_status", py_gpu_status, METH_NOARGS,

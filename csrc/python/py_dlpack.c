@@ -163,10 +163,12 @@ static PyObject *py_dlpack_copy_into(PyObject *self, PyObject *args) {
     ct_device *src_dev = src_on_gpu ? b->dev : NULL; /* same GPU: device-to-device */
     const ct_backend *be = b->dev->backend;
     ct_status st;
+    ct_py_pin(b);
     Py_BEGIN_ALLOW_THREADS
     st = be->copy_block(b->dev, src_dev, b->ndim, b->shape, isz, b->data, dst_strides, src,
                         src_strides);
     Py_END_ALLOW_THREADS
+    ct_py_unpin(b);
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
 }

@@ -82,13 +82,11 @@ static int parse_mesh(PyObject *shape_obj, PyObject *names_obj, PyObject *ids_ob
         return -1;
     }
     for (Py_ssize_t i = 0; i < nids; i++) {
-        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(ids, i));
-        if (v == -1 && PyErr_Occurred()) {
+        if (!ct_py_conv_int(PySequence_Fast_GET_ITEM(ids, i), &cids[i])) {
             PyMem_Free(cids);
             Py_DECREF(ids);
             return -1;
         }
-        cids[i] = (int)v;
     }
     Py_DECREF(ids);
     ct_status st = ct_mesh_init(mesh, ndim, shape, (int)nn, cnames, cids);
@@ -233,6 +231,11 @@ static PyArrayObject *host_arg(PyObject *obj, ct_py_buffer *buf, const int64_t *
         return NULL;
     }
     PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyDataType_REFCHK(PyArray_DESCR(a))) {
+        PyErr_SetString(PyExc_TypeError, "the host array holds Python objects; shards hold raw "
+                                         "numbers");
+        return NULL;
+    }
     if (PyArray_NDIM(a) != buf->ndim || nstart != buf->ndim) {
         PyErr_Format(PyExc_ValueError, "rank mismatch: host array %d, shard %d, start %d",
                      PyArray_NDIM(a), buf->ndim, nstart);
@@ -265,17 +268,20 @@ static PyArrayObject *host_arg(PyObject *obj, ct_py_buffer *buf, const int64_t *
 static PyObject *py_copy_host(PyObject *args, int to_host) {
     PyObject *bobj, *hobj, *sobj;
     if (!PyArg_ParseTuple(args, "OOO", &bobj, &hobj, &sobj)) return NULL;
-    ct_py_buffer *buf = ct_py_buffer_check(bobj, "buffer");
-    if (buf == NULL) return NULL;
+    /* the start first: reading it may run Python code (__index__), which could delete the
+     * buffer after its check */
     int64_t start[CT_MAX_NDIM];
     int n = ct_py_int64_seq(sobj, start, CT_MAX_NDIM, "start");
     if (n < 0) return NULL;
+    ct_py_buffer *buf = ct_py_buffer_check(bobj, "buffer");
+    if (buf == NULL) return NULL;
     PyArrayObject *a = host_arg(hobj, buf, start, n, to_host);
     if (a == NULL) return NULL;
     int64_t strides[CT_MAX_NDIM];
     for (int d = 0; d < buf->ndim; d++) strides[d] = (int64_t)PyArray_STRIDE(a, d);
     size_t isz = ct_dtype_size(buf->dtype);
     ct_status st;
+    ct_py_pin(buf);
     Py_BEGIN_ALLOW_THREADS
     if (to_host)
         st = ct_copy_to_global(buf->dev, buf->ndim, isz, PyArray_DATA(a), strides, buf->data, start,
@@ -284,6 +290,7 @@ static PyObject *py_copy_host(PyObject *args, int to_host) {
         st = ct_copy_from_global(buf->dev, buf->ndim, isz, buf->data, start, buf->shape, PyArray_DATA(a),
                                  strides);
     Py_END_ALLOW_THREADS
+    ct_py_unpin(buf);
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
 }
@@ -302,15 +309,15 @@ static PyObject *py_copy_overlap(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *dobj, *dsobj, *sobj, *ssobj;
     if (!PyArg_ParseTuple(args, "OOOO:copy_overlap", &dobj, &dsobj, &sobj, &ssobj)) return NULL;
-    ct_py_buffer *dst = ct_py_buffer_check(dobj, "destination buffer");
-    if (dst == NULL) return NULL;
-    ct_py_buffer *src = ct_py_buffer_check(sobj, "source buffer");
-    if (src == NULL) return NULL;
     int64_t ds[CT_MAX_NDIM], ss[CT_MAX_NDIM];
     int nd = ct_py_int64_seq(dsobj, ds, CT_MAX_NDIM, "destination start");
     if (nd < 0) return NULL;
     int ns = ct_py_int64_seq(ssobj, ss, CT_MAX_NDIM, "source start");
     if (ns < 0) return NULL;
+    ct_py_buffer *dst = ct_py_buffer_check(dobj, "destination buffer");
+    if (dst == NULL) return NULL;
+    ct_py_buffer *src = ct_py_buffer_check(sobj, "source buffer");
+    if (src == NULL) return NULL;
     if (nd != dst->ndim || ns != src->ndim || dst->ndim != src->ndim ||
         dst->dtype != src->dtype) {
         PyErr_SetString(PyExc_ValueError, "copy_overlap: rank or dtype mismatch between shards");
@@ -318,10 +325,14 @@ static PyObject *py_copy_overlap(PyObject *self, PyObject *args) {
     }
     int64_t copied = 0;
     ct_status st;
+    ct_py_pin(dst);
+    ct_py_pin(src);
     Py_BEGIN_ALLOW_THREADS
     st = ct_copy_overlap(dst->dev, src->dev, dst->ndim, ct_dtype_size(dst->dtype), dst->data, ds,
                          dst->shape, src->data, ss, src->shape, &copied);
     Py_END_ALLOW_THREADS
+    ct_py_unpin(src);
+    ct_py_unpin(dst);
     if (st != CT_OK) return ct_py_raise(st);
     return PyLong_FromLongLong((long long)copied);
 }
@@ -342,9 +353,13 @@ static PyObject *py_copy_bytes(PyObject *self, PyObject *args) {
     const ct_backend *be =
         dst->dev->platform != CT_PLATFORM_CPU ? dst->dev->backend : src->dev->backend;
     ct_status st;
+    ct_py_pin(dst);
+    ct_py_pin(src);
     Py_BEGIN_ALLOW_THREADS
     st = be->copy_block(dst->dev, src->dev, 1, &n, 1, dst->data, &one, src->data, &one);
     Py_END_ALLOW_THREADS
+    ct_py_unpin(src);
+    ct_py_unpin(dst);
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
 }

@@ -4,6 +4,9 @@
  * Each function takes lists of Buffers, one entry per shard, and runs the op
  * on every shard in one call with the GIL released. Which shards meet and
  * which collectives follow is decided by the Python layer (ctrainstate.numpy).
+ * The buffers of a call are pinned (ct_py_pin) from the moment they are read
+ * from the lists until the call returns: another thread may drop the lists or
+ * delete the Arrays while the kernels run.
  */
 #include "ct_py.h"
 
@@ -13,11 +16,24 @@
 
 #define MAX_SHARDS CT_MAX_DEVICES
 
+/* The pinned buffers of one list argument. Declared with BUF_LIST (only n is set: the
+ * array is large) and released with put_buffers on every path out of the binding. */
 typedef struct {
     Py_ssize_t n;
     ct_py_buffer *b[MAX_SHARDS];
 } buf_list;
 
+#define BUF_LIST(name) \
+    buf_list name;     \
+    name.n = 0
+
+static void put_buffers(buf_list *l) {
+    for (Py_ssize_t i = 0; i < l->n; i++) ct_py_unpin(l->b[i]);
+    l->n = 0;
+}
+
+/* Read and pin the buffers of `seq` into `out` (empty on entry); on failure none stays
+ * pinned. */
 static int get_buffers(PyObject *seq, buf_list *out, const char *what, int f32_only) {
     PyObject *fast = PySequence_Fast(seq, what);
     if (fast == NULL) return -1;
@@ -29,20 +45,20 @@ static int get_buffers(PyObject *seq, buf_list *out, const char *what, int f32_o
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         ct_py_buffer *b = ct_py_buffer_check(PySequence_Fast_GET_ITEM(fast, i), what);
-        if (b == NULL) {
-            Py_DECREF(fast);
-            return -1;
-        }
-        if (f32_only && b->dtype != CT_F32) {
-            Py_DECREF(fast);
+        if (b != NULL && f32_only && b->dtype != CT_F32) {
             PyErr_Format(PyExc_TypeError, "%s: ops compute in float32, got %s", what,
                          ct_dtype_name(b->dtype));
+            b = NULL;
+        }
+        if (b == NULL) {
+            Py_DECREF(fast);
+            put_buffers(out);
             return -1;
         }
-        out->b[i] = b;
+        ct_py_pin(b);
+        out->b[out->n++] = b;
     }
-    out->n = n;
-    Py_DECREF(fast); /* the caller's list keeps the buffers alive */
+    Py_DECREF(fast);
     return 0;
 }
 
@@ -56,20 +72,32 @@ static int same_len(const buf_list *a, const buf_list *b, const char *what) {
 
 static int64_t nelem(const ct_py_buffer *b) { return (int64_t)(b->nbytes / ct_dtype_size(b->dtype)); }
 
+/* A reduction's axis mask names only dims of the shard (bit d: dim d). */
+static int axes_outside(uint32_t axes, int ndim, const char *what) {
+    if (ndim < 32 && (axes >> ndim) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: axes mask 0x%x names dims outside rank %d", what,
+                     (unsigned)axes, ndim);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_op_unary(PyObject *self, PyObject *args) {
     (void)self;
     int op;
     float alpha, beta;
     PyObject *xo, *yo;
     if (!PyArg_ParseTuple(args, "iffOO:op_unary", &op, &alpha, &beta, &xo, &yo)) return NULL;
-    buf_list xs, ys;
+    PyObject *ret = NULL;
+    BUF_LIST(xs);
+    BUF_LIST(ys);
     if (get_buffers(xo, &xs, "op_unary input", 1) < 0 || get_buffers(yo, &ys, "op_unary output", 1) < 0 ||
         same_len(&xs, &ys, "op_unary") < 0)
-        return NULL;
+        goto out;
     for (Py_ssize_t i = 0; i < xs.n; i++)
         if (xs.b[i]->nbytes != ys.b[i]->nbytes || xs.b[i]->dev != ys.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError, "op_unary: input and output shards differ");
-            return NULL;
+            goto out;
         }
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
@@ -77,8 +105,12 @@ static PyObject *py_op_unary(PyObject *self, PyObject *args) {
         st = ct_op_unary(xs.b[i]->dev, op, alpha, beta, nelem(xs.b[i]), xs.b[i]->data,
                          ys.b[i]->data);
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&xs);
+    put_buffers(&ys);
+    return ret;
 }
 
 /* ys[i] = xs[i] converted to ys[i]'s dtype (ct_op_convert), shard by shard on each shard's
@@ -87,15 +119,17 @@ static PyObject *py_op_convert(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *yo;
     if (!PyArg_ParseTuple(args, "OO:op_convert", &xo, &yo)) return NULL;
-    buf_list xs, ys;
+    PyObject *ret = NULL;
+    BUF_LIST(xs);
+    BUF_LIST(ys);
     if (get_buffers(xo, &xs, "op_convert input", 0) < 0 ||
         get_buffers(yo, &ys, "op_convert output", 0) < 0 || same_len(&xs, &ys, "op_convert") < 0)
-        return NULL;
+        goto out;
     for (Py_ssize_t i = 0; i < xs.n; i++)
         if (nelem(xs.b[i]) != nelem(ys.b[i]) || xs.b[i]->dev != ys.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError,
                             "op_convert: input and output shards differ in size or device");
-            return NULL;
+            goto out;
         }
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
@@ -103,8 +137,12 @@ static PyObject *py_op_convert(PyObject *self, PyObject *args) {
         st = ct_op_convert(xs.b[i]->dev, nelem(xs.b[i]), (int)xs.b[i]->dtype, xs.b[i]->data,
                            (int)ys.b[i]->dtype, ys.b[i]->data);
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&xs);
+    put_buffers(&ys);
+    return ret;
 }
 
 /* Every 4-byte element of each buffer set to the 32-bit pattern `bits`, on the buffer's own
@@ -115,18 +153,18 @@ static PyObject *py_op_convert(PyObject *self, PyObject *args) {
 static PyObject *py_fill_bits32(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *bo;
-    unsigned int bits;
-    if (!PyArg_ParseTuple(args, "OI:fill_bits32", &bo, &bits)) return NULL;
-    buf_list bs;
-    if (get_buffers(bo, &bs, "fill_bits32", 0) < 0) return NULL;
+    uint32_t u;
+    if (!PyArg_ParseTuple(args, "OO&:fill_bits32", &bo, ct_py_conv_u32, &u)) return NULL;
+    PyObject *ret = NULL;
+    BUF_LIST(bs);
+    if (get_buffers(bo, &bs, "fill_bits32", 0) < 0) goto out;
     for (Py_ssize_t i = 0; i < bs.n; i++)
         if (ct_dtype_size(bs.b[i]->dtype) != 4) {
             PyErr_Format(PyExc_TypeError, "fill_bits32: needs 4-byte elements, got %s",
                          ct_dtype_name(bs.b[i]->dtype));
-            return NULL;
+            goto out;
         }
     float beta;
-    uint32_t u = (uint32_t)bits;
     memcpy(&beta, &u, sizeof beta);
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
@@ -134,8 +172,11 @@ static PyObject *py_fill_bits32(PyObject *self, PyObject *args) {
         st = ct_op_unary(bs.b[i]->dev, CT_UN_AFFINE, 0.0f, beta, (int64_t)(bs.b[i]->nbytes / 4),
                          bs.b[i]->data, bs.b[i]->data);
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&bs);
+    return ret;
 }
 
 static PyObject *py_op_binary(PyObject *self, PyObject *args) {
@@ -143,11 +184,14 @@ static PyObject *py_op_binary(PyObject *self, PyObject *args) {
     int op;
     PyObject *oo, *ao, *bo;
     if (!PyArg_ParseTuple(args, "iOOO:op_binary", &op, &oo, &ao, &bo)) return NULL;
-    buf_list os, as, bs;
+    PyObject *ret = NULL;
+    BUF_LIST(os);
+    BUF_LIST(as);
+    BUF_LIST(bs);
     if (get_buffers(oo, &os, "op_binary output", 1) < 0 || get_buffers(ao, &as, "op_binary lhs", 1) < 0 ||
         get_buffers(bo, &bs, "op_binary rhs", 1) < 0 || same_len(&os, &as, "op_binary") < 0 ||
         same_len(&os, &bs, "op_binary") < 0)
-        return NULL;
+        goto out;
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < os.n && st == CT_OK; i++) {
@@ -163,8 +207,13 @@ static PyObject *py_op_binary(PyObject *self, PyObject *args) {
             st = ct_op_binary(o->dev, op, o->ndim, o->shape, o->data, a->data, sa, b->data, sb);
     }
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&os);
+    put_buffers(&as);
+    put_buffers(&bs);
+    return ret;
 }
 
 /* outs[i] = op(lhs[i], rhs[i]) (ct_op_ewise) with numpy broadcasting of the shard shapes;
@@ -185,29 +234,32 @@ static PyObject *py_op_ewise(PyObject *self, PyObject *args) {
                      unary ? "is unary: rhs must be None" : "needs a rhs");
         return NULL;
     }
-    buf_list os, as, bs;
+    PyObject *ret = NULL;
+    BUF_LIST(os);
+    BUF_LIST(as);
+    BUF_LIST(bs);
     if (get_buffers(oo, &os, "op_ewise output", 0) < 0 || get_buffers(ao, &as, "op_ewise lhs", 0) < 0 ||
         same_len(&os, &as, "op_ewise") < 0)
-        return NULL;
+        goto out;
     if (!unary && (get_buffers(bo, &bs, "op_ewise rhs", 0) < 0 || same_len(&os, &bs, "op_ewise") < 0))
-        return NULL;
+        goto out;
     for (Py_ssize_t i = 0; i < os.n; i++) {
         int dt = (int)as.b[i]->dtype;
         if (!unary && (int)bs.b[i]->dtype != dt) {
             PyErr_Format(PyExc_TypeError, "op_ewise: operands of dtypes %s and %s (convert first)",
                          ct_dtype_name(as.b[i]->dtype), ct_dtype_name(bs.b[i]->dtype));
-            return NULL;
+            goto out;
         }
         if (!ct_ewise_supported(op, dt)) {
             PyErr_Format(PyExc_TypeError, "op_ewise: op %d does not accept dtype %s", op,
                          ct_dtype_name((ct_dtype)dt));
-            return NULL;
+            goto out;
         }
         if ((int)os.b[i]->dtype != ct_ewise_out_dtype(op, dt)) {
             PyErr_Format(PyExc_TypeError, "op_ewise: output of dtype %s where %s is needed",
                          ct_dtype_name(os.b[i]->dtype),
                          ct_dtype_name((ct_dtype)ct_ewise_out_dtype(op, dt)));
-            return NULL;
+            goto out;
         }
     }
     ct_status st = CT_OK;
@@ -226,8 +278,13 @@ static PyObject *py_op_ewise(PyObject *self, PyObject *args) {
                              b->data, sb);
     }
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&os);
+    put_buffers(&as);
+    put_buffers(&bs);
+    return ret;
 }
 
 /* outs[i] = the wrapping sum (op 0) or maximum (op 1) of the int32 / uint32 / bool shard
@@ -235,29 +292,33 @@ static PyObject *py_op_ewise(PyObject *self, PyObject *args) {
 static PyObject *py_op_reduce_typed(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *oo;
-    unsigned int axes;
+    uint32_t axes;
     int op;
-    if (!PyArg_ParseTuple(args, "OiIO:op_reduce_typed", &xo, &op, &axes, &oo)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiO&O:op_reduce_typed", &xo, &op, ct_py_conv_u32, &axes, &oo))
+        return NULL;
     if (op < 0 || op >= CT_RED_COUNT) {
         PyErr_Format(PyExc_ValueError, "op_reduce_typed: unknown reduction %d", op);
         return NULL;
     }
-    buf_list xs, os;
+    PyObject *ret = NULL;
+    BUF_LIST(xs);
+    BUF_LIST(os);
     if (get_buffers(xo, &xs, "op_reduce_typed input", 0) < 0 ||
         get_buffers(oo, &os, "op_reduce_typed output", 0) < 0 ||
         same_len(&xs, &os, "op_reduce_typed") < 0)
-        return NULL;
+        goto out;
     for (Py_ssize_t i = 0; i < xs.n; i++) {
+        if (axes_outside(axes, xs.b[i]->ndim, "op_reduce_typed") < 0) goto out;
         int64_t want = 1;
         for (int d = 0; d < xs.b[i]->ndim; d++)
             if (!(axes & (1u << d))) want *= xs.b[i]->shape[d];
         if (os.b[i]->dtype != xs.b[i]->dtype) {
             PyErr_SetString(PyExc_TypeError, "op_reduce_typed: output dtype differs from the input's");
-            return NULL;
+            goto out;
         }
         if (nelem(os.b[i]) != want || os.b[i]->dev != xs.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError, "op_reduce_typed: output shard has the wrong size");
-            return NULL;
+            goto out;
         }
     }
     ct_status st = CT_OK;
@@ -266,31 +327,39 @@ static PyObject *py_op_reduce_typed(PyObject *self, PyObject *args) {
         st = ct_op_reduce_typed(xs.b[i]->dev, op, (int)xs.b[i]->dtype, xs.b[i]->ndim,
                                 xs.b[i]->shape, axes, xs.b[i]->data, os.b[i]->data);
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&xs);
+    put_buffers(&os);
+    return ret;
 }
 
 static PyObject *py_op_reduce(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *oo;
-    unsigned int axes;
+    uint32_t axes;
     int op;
-    if (!PyArg_ParseTuple(args, "OiIO:op_reduce", &xo, &op, &axes, &oo)) return NULL;
+    if (!PyArg_ParseTuple(args, "OiO&O:op_reduce", &xo, &op, ct_py_conv_u32, &axes, &oo))
+        return NULL;
     if (op < 0 || op >= CT_RED_COUNT) {
         PyErr_Format(PyExc_ValueError, "op_reduce: unknown reduction %d", op);
         return NULL;
     }
-    buf_list xs, os;
+    PyObject *ret = NULL;
+    BUF_LIST(xs);
+    BUF_LIST(os);
     if (get_buffers(xo, &xs, "op_reduce input", 1) < 0 ||
         get_buffers(oo, &os, "op_reduce output", 1) < 0 || same_len(&xs, &os, "op_reduce") < 0)
-        return NULL;
+        goto out;
     for (Py_ssize_t i = 0; i < xs.n; i++) {
+        if (axes_outside(axes, xs.b[i]->ndim, "op_reduce") < 0) goto out;
         int64_t want = 1;
         for (int d = 0; d < xs.b[i]->ndim; d++)
             if (!(axes & (1u << d))) want *= xs.b[i]->shape[d];
         if (nelem(os.b[i]) != want || os.b[i]->dev != xs.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError, "op_reduce: output shard has the wrong size");
-            return NULL;
+            goto out;
         }
     }
     ct_status st = CT_OK;
@@ -299,8 +368,12 @@ static PyObject *py_op_reduce(PyObject *self, PyObject *args) {
         st = ct_op_reduce(xs.b[i]->dev, op, xs.b[i]->ndim, xs.b[i]->shape, axes, xs.b[i]->data,
                           os.b[i]->data);
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&xs);
+    put_buffers(&os);
+    return ret;
 }
 
 /* *out = a * b * c for non-negative operands; -1 when that overflows int64. */
@@ -320,9 +393,17 @@ static int span(int64_t batch, int64_t stride, int64_t rows, int64_t cols, int64
     return 0;
 }
 
+/* Products of one chunk of a batched matmul: about this many multiply-adds (at least one
+ * product) run between two looks at Python's signal flag, so that Ctrl-C stops a long
+ * batch within a fraction of a second. */
+#define MATMUL_CHUNK_MACS ((int64_t)1 << 26)
+
 /* Batched matmul over shards: for every shard, `batch` products
  * C[b] (m x n) = alpha * op(A[b]) op(B[b]) + beta * C[b]; a zero batch stride
- * broadcasts an operand over the batch. `prec`: CT_PREC_* (ct_prec_math.h). */
+ * broadcasts an operand over the batch. `prec`: CT_PREC_* (ct_prec_math.h).
+ * An empty C (m or n zero) returns at once, whatever the batch; a long batch runs in
+ * chunks with the GIL released, and a pending signal (KeyboardInterrupt) stops it between
+ * two chunks. */
 static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *ao, *bo, *co;
@@ -351,32 +432,72 @@ static PyObject *py_op_matmul(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (batch == 0) need_a = need_b = need_c = 0;
-    buf_list as, bs, cs;
+    PyObject *ret = NULL;
+    BUF_LIST(as);
+    BUF_LIST(bs);
+    BUF_LIST(cs);
     if (get_buffers(ao, &as, "matmul lhs", 1) < 0 || get_buffers(bo, &bs, "matmul rhs", 1) < 0 ||
         get_buffers(co, &cs, "matmul out", 1) < 0 || same_len(&as, &bs, "matmul") < 0 ||
         same_len(&as, &cs, "matmul") < 0)
-        return NULL;
+        goto out;
     for (Py_ssize_t i = 0; i < as.n; i++) {
         if (nelem(cs.b[i]) < need_c || nelem(as.b[i]) < need_a || nelem(bs.b[i]) < need_b ||
             as.b[i]->dev != cs.b[i]->dev || bs.b[i]->dev != cs.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError, "matmul: shard sizes do not match the product");
-            return NULL;
+            goto out;
         }
     }
+    if (m == 0 || n == 0) batch = 0; /* C is empty: nothing to compute or write */
+    /* products per chunk: m * n * max(k, 1) multiply-adds each (no overflow: m * n <= the
+     * elements of C, and k < 2**63) */
+    int64_t macs = 1;
+    if (batch > 0 && __builtin_mul_overflow((int64_t)m * n, k > 0 ? k : 1, &macs))
+        macs = INT64_MAX;
+    const int64_t chunk = macs >= MATMUL_CHUNK_MACS ? 1 : MATMUL_CHUNK_MACS / macs;
     ct_status st = CT_OK;
-    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < as.n && st == CT_OK; i++) {
         const float *a = as.b[i]->data, *b = bs.b[i]->data;
         float *c = cs.b[i]->data;
-        for (long long t = 0; t < batch && st == CT_OK; t++)
-            st = ct_op_gemm(cs.b[i]->dev, ta, tb, m, n, k, alpha, a + t * sa, ta ? m : k,
-                            b + t * sb, tb ? k : n, beta, c + t * m * n, n, prec);
+        ct_device *dev = cs.b[i]->dev;
+        for (int64_t t0 = 0; t0 < batch && st == CT_OK; t0 += chunk) {
+            const int64_t t1 = batch - t0 < chunk ? batch : t0 + chunk;
+            if (t0 > 0 && PyErr_CheckSignals() < 0) goto out;
+            Py_BEGIN_ALLOW_THREADS
+            for (int64_t t = t0; t < t1 && st == CT_OK; t++)
+                st = ct_op_gemm(dev, ta, tb, m, n, k, alpha, a + t * sa, ta ? m : k, b + t * sb,
+                                tb ? k : n, beta, c + t * m * n, n, prec);
+            Py_END_ALLOW_THREADS
+        }
     }
-    Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&as);
+    put_buffers(&bs);
+    put_buffers(&cs);
+    return ret;
 }
 
+/* A group of an all-reduce: at least one shard, all of one size and one backend. */
+static int allreduce_group_check(const buf_list *bl) {
+    if (bl->n == 0) {
+        PyErr_SetString(PyExc_ValueError, "all-reduce: a group has no shards");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < bl->n; i++) {
+        if (bl->b[i]->nbytes != bl->b[0]->nbytes) {
+            PyErr_SetString(PyExc_ValueError, "all-reduce: shards of a group differ in size");
+            return -1;
+        }
+        if (bl->b[i]->dev->backend != bl->b[0]->dev->backend) {
+            PyErr_SetString(PyExc_ValueError, "all-reduce: a group spans different backends");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Every group is checked before any is reduced: a bad group leaves all shards as they were. */
 static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *arg;
@@ -386,33 +507,45 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "op_allreduce: unknown reduction %d", op);
         return NULL;
     }
-    PyObject *groups = PySequence_Fast(arg, "op_allreduce needs a list of groups");
+    if (!PyList_Check(arg) && !PyTuple_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "op_allreduce needs a list of groups, got %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    PyObject *groups = PySequence_Tuple(arg); /* fixed while the GIL is released below */
     if (groups == NULL) return NULL;
-    Py_ssize_t ng = PySequence_Fast_GET_SIZE(groups);
-    ct_status st = CT_OK;
-    for (Py_ssize_t g = 0; g < ng && st == CT_OK; g++) {
-        buf_list bl;
-        if (get_buffers(PySequence_Fast_GET_ITEM(groups, g), &bl, "all-reduce group", 1) < 0) {
-            Py_DECREF(groups);
-            return NULL;
-        }
-        ct_device *devs[MAX_SHARDS];
-        float *bufs[MAX_SHARDS];
-        for (Py_ssize_t i = 0; i < bl.n; i++) {
-            if (bl.b[i]->nbytes != bl.b[0]->nbytes) {
+    const Py_ssize_t ng = PyTuple_GET_SIZE(groups);
+    for (int run = 0; run < 2; run++) { /* run 0 checks every group, run 1 reduces them */
+        for (Py_ssize_t g = 0; g < ng; g++) {
+            BUF_LIST(bl);
+            if (get_buffers(PyTuple_GET_ITEM(groups, g), &bl, "all-reduce group", 1) < 0 ||
+                allreduce_group_check(&bl) < 0) {
+                put_buffers(&bl);
                 Py_DECREF(groups);
-                PyErr_SetString(PyExc_ValueError, "all-reduce: shards of a group differ in size");
                 return NULL;
             }
-            devs[i] = bl.b[i]->dev;
-            bufs[i] = bl.b[i]->data;
+            if (run == 0) {
+                put_buffers(&bl);
+                continue;
+            }
+            ct_device *devs[MAX_SHARDS];
+            float *bufs[MAX_SHARDS];
+            for (Py_ssize_t i = 0; i < bl.n; i++) {
+                devs[i] = bl.b[i]->dev;
+                bufs[i] = bl.b[i]->data;
+            }
+            ct_status st;
+            Py_BEGIN_ALLOW_THREADS
+            st = ct_op_allreduce(devs, bufs, (int)bl.n, nelem(bl.b[0]), op);
+            Py_END_ALLOW_THREADS
+            put_buffers(&bl);
+            if (st != CT_OK) {
+                Py_DECREF(groups);
+                return ct_py_raise(st);
+            }
         }
-        Py_BEGIN_ALLOW_THREADS
-        st = ct_op_allreduce(devs, bufs, (int)bl.n, bl.n ? nelem(bl.b[0]) : 0, op);
-        Py_END_ALLOW_THREADS
     }
     Py_DECREF(groups);
-    if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
 }
 
@@ -434,37 +567,57 @@ static PyObject *rows_op(PyObject *args, int scatter) {
         PyErr_Format(PyExc_ValueError, "%s: negative %s", what, nhit < 0 ? "row count" : "row width");
         return NULL;
     }
-    buf_list ts, is, rs;
-    const int f32 = words == 0; /* rows of words: any dtype */
-    if (get_buffers(to, &ts, what, f32) < 0 || get_buffers(io, &is, what, 0) < 0 ||
-        get_buffers(ro, &rs, what, f32) < 0 || same_len(&ts, &is, what) < 0 ||
-        same_len(&ts, &rs, what) < 0)
+    if (words > INT32_MAX || nhit > INT32_MAX) { /* rows are int32-indexed; no size overflows */
+        PyErr_Format(PyExc_ValueError, "%s: %s %zd is out of range", what,
+                     words > INT32_MAX ? "row width" : "row count",
+                     words > INT32_MAX ? words : nhit);
         return NULL;
+    }
+    /* the row offsets first: reading them may run Python code (__index__) */
     PyObject *offs = PySequence_Fast(oo, "row offsets must be a sequence of ints");
     if (offs == NULL) return NULL;
-    if (PySequence_Fast_GET_SIZE(offs) != ts.n) {
+    const Py_ssize_t noffs = PySequence_Fast_GET_SIZE(offs);
+    if (noffs > MAX_SHARDS) {
         Py_DECREF(offs);
-        PyErr_Format(PyExc_ValueError, "%s: %zd row offsets for %zd shards", what,
-                     PySequence_Fast_GET_SIZE(offs), ts.n);
+        PyErr_Format(PyExc_ValueError, "%s: too many row offsets", what);
         return NULL;
     }
     int64_t row0[MAX_SHARDS];
-    for (Py_ssize_t i = 0; i < ts.n; i++) {
-        row0[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(offs, i));
+    for (Py_ssize_t i = 0; i < noffs; i++) {
+        PyObject *idx = PyNumber_Index(PySequence_Fast_GET_ITEM(offs, i));
+        row0[i] = idx == NULL ? -1 : PyLong_AsLongLong(idx);
+        Py_XDECREF(idx);
         if (row0[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(offs);
             return NULL;
         }
+    }
+    Py_DECREF(offs);
+    PyObject *ret = NULL;
+    BUF_LIST(ts);
+    BUF_LIST(is);
+    BUF_LIST(rs);
+    const int f32 = words == 0; /* rows of words: any dtype */
+    if (get_buffers(to, &ts, what, f32) < 0 || get_buffers(io, &is, what, 0) < 0 ||
+        get_buffers(ro, &rs, what, f32) < 0 || same_len(&ts, &is, what) < 0 ||
+        same_len(&ts, &rs, what) < 0)
+        goto out;
+    if (noffs != ts.n) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd row offsets for %zd shards", what, noffs, ts.n);
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < ts.n; i++) {
         const ct_py_buffer *t = ts.b[i], *id = is.b[i], *r = rs.b[i];
         if (words > 0) { /* rows of `words` 32-bit words: sizes in bytes */
             const int64_t n = nelem(id), rb = 4 * (int64_t)words;
+            int64_t rbytes;
             if (id->dtype != CT_I32 || t->dev != id->dev || t->dev != r->dev ||
-                t->nbytes % (size_t)rb != 0 || r->nbytes != (size_t)(n * rb)) {
-                Py_DECREF(offs);
+                t->nbytes % (size_t)rb != 0 || __builtin_mul_overflow(n, rb, &rbytes) ||
+                r->nbytes != (size_t)rbytes) {
                 PyErr_Format(PyExc_ValueError, "%s: shard %zd: need a table of whole rows of "
                              "%zd words, int32 ids and len(ids) rows out, on one device", what,
                              i, words);
-                return NULL;
+                goto out;
             }
             continue;
         }
@@ -473,13 +626,11 @@ static PyObject *rows_op(PyObject *args, int scatter) {
         const int64_t nidx = scatter ? 2 * (int64_t)nhit + 1 + n : n;
         if (t->ndim != 2 || id->dtype != CT_I32 || t->dev != id->dev || t->dev != r->dev ||
             nelem(r) != n * nc || nelem(id) != nidx) {
-            Py_DECREF(offs);
             PyErr_Format(PyExc_ValueError, "%s: shard %zd: need a 2-d table, int32 ids and rows "
                          "of len(ids) x columns on one device", what, i);
-            return NULL;
+            goto out;
         }
     }
-    Py_DECREF(offs);
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < ts.n && st == CT_OK; i++) {
@@ -488,7 +639,7 @@ static PyObject *rows_op(PyObject *args, int scatter) {
         if (scatter)
             st = ct_op_scatter_add_rows(t->dev, t->data, t->shape[0], t->shape[1], row0[i], idx,
                                         idx + nhit, (int64_t)nhit, idx + 2 * nhit + 1,
-                                        rs.b[i]->data);
+                                        nelem(is.b[i]) - 2 * (int64_t)nhit - 1, rs.b[i]->data);
         else if (words > 0)
             st = ct_op_gather_rows(t->dev, t->data, (int64_t)(t->nbytes / (4 * (size_t)words)),
                                    (int64_t)words, row0[i], is.b[i]->data, nelem(is.b[i]),
@@ -498,8 +649,13 @@ static PyObject *rows_op(PyObject *args, int scatter) {
                                    is.b[i]->data, nelem(is.b[i]), rs.b[i]->data);
     }
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&ts);
+    put_buffers(&is);
+    put_buffers(&rs);
+    return ret;
 }
 
 static PyObject *py_op_gather_rows(PyObject *self, PyObject *args) {
@@ -516,20 +672,30 @@ static PyObject *py_op_transpose(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *xo, *yo, *po;
     if (!PyArg_ParseTuple(args, "OOO:op_transpose", &xo, &po, &yo)) return NULL;
-    buf_list xs, ys;
-    if (get_buffers(xo, &xs, "transpose input", 0) < 0 || get_buffers(yo, &ys, "transpose output", 0) < 0 ||
-        same_len(&xs, &ys, "transpose") < 0)
-        return NULL;
+    /* the permutation first: reading it may run Python code (__index__) */
     int64_t perm64[CT_MAX_NDIM];
     int np_ = ct_py_int64_seq(po, perm64, CT_MAX_NDIM, "perm");
     if (np_ < 0) return NULL;
     int perm[CT_MAX_NDIM];
-    for (int i = 0; i < np_; i++) perm[i] = (int)perm64[i];
+    for (int i = 0; i < np_; i++) {
+        if (perm64[i] < 0 || perm64[i] >= np_) {
+            PyErr_Format(PyExc_ValueError, "transpose: axis %lld is out of range for rank %d",
+                         (long long)perm64[i], np_);
+            return NULL;
+        }
+        perm[i] = (int)perm64[i];
+    }
+    PyObject *ret = NULL;
+    BUF_LIST(xs);
+    BUF_LIST(ys);
+    if (get_buffers(xo, &xs, "transpose input", 0) < 0 || get_buffers(yo, &ys, "transpose output", 0) < 0 ||
+        same_len(&xs, &ys, "transpose") < 0)
+        goto out;
     for (Py_ssize_t i = 0; i < xs.n; i++)
         if (xs.b[i]->ndim != np_ || xs.b[i]->nbytes != ys.b[i]->nbytes ||
             xs.b[i]->dtype != ys.b[i]->dtype || xs.b[i]->dev != ys.b[i]->dev) {
             PyErr_SetString(PyExc_ValueError, "transpose: shard shapes do not match");
-            return NULL;
+            goto out;
         }
     ct_status st = CT_OK;
     Py_BEGIN_ALLOW_THREADS
@@ -537,8 +703,12 @@ static PyObject *py_op_transpose(PyObject *self, PyObject *args) {
         st = ct_op_transpose(xs.b[i]->dev, np_, xs.b[i]->shape, perm, ct_dtype_size(xs.b[i]->dtype),
                              xs.b[i]->data, ys.b[i]->data);
     Py_END_ALLOW_THREADS
-    if (st != CT_OK) return ct_py_raise(st);
-    Py_RETURN_NONE;
+    if (st != CT_OK) ct_py_raise(st);
+    else ret = Py_NewRef(Py_None);
+out:
+    put_buffers(&xs);
+    put_buffers(&ys);
+    return ret;
 }
 
 static PyObject *py_set_blas_sgemm(PyObject *self, PyObject *arg) {
@@ -551,7 +721,20 @@ static PyObject *py_set_blas_sgemm(PyObject *self, PyObject *arg) {
         PyErr_SetString(PyExc_TypeError, "set_blas_sgemm needs a PyCapsule holding sgemm or None");
         return NULL;
     }
-    void *p = PyCapsule_GetPointer(arg, PyCapsule_GetName(arg));
+    /* Cython names a capsule by the C signature of what it holds: only a Fortran-ABI sgemm
+     * (scipy.linalg.cython_blas's, 13 pointer parameters) is called through this pointer */
+    static const char sig[] = "void (char *, char *, int *, int *, int *, ";
+    const char *name = PyCapsule_GetName(arg);
+    if (name == NULL && PyErr_Occurred()) return NULL;
+    int commas = 0;
+    for (const char *q = name; q != NULL && *q; q++) commas += *q == ',';
+    if (name == NULL || strncmp(name, sig, sizeof sig - 1) != 0 || commas != 12) {
+        PyErr_Format(PyExc_TypeError, "set_blas_sgemm: the capsule (named %s) does not hold a "
+                     "Fortran-ABI sgemm such as scipy.linalg.cython_blas's",
+                     name ? name : "NULL");
+        return NULL;
+    }
+    void *p = PyCapsule_GetPointer(arg, name);
     if (p == NULL) return NULL;
     ct_sgemm_fn fn;
     memcpy(&fn, &p, sizeof fn);

@@ -59,7 +59,7 @@ fail:
     return -1;
 }
 
-/* Pinned buffers of one call. */
+/* Pinned buffers of one call (ct_py_pin: neither freed nor deleted while the step runs). */
 typedef struct {
     ct_py_buffer **v;
     Py_ssize_t n, cap;
@@ -77,12 +77,12 @@ static int pin(pin_list *pl, ct_py_buffer *b) {
         pl->cap = cap;
     }
     pl->v[pl->n++] = b;
-    b->exports++;
+    ct_py_pin(b);
     return 0;
 }
 
 static void unpin_all(pin_list *pl) {
-    for (Py_ssize_t i = 0; i < pl->n; i++) pl->v[i]->exports--;
+    for (Py_ssize_t i = 0; i < pl->n; i++) ct_py_unpin(pl->v[i]);
     PyMem_Free(pl->v);
 }
 
@@ -182,7 +182,7 @@ static int parse_geom(PyObject *t, ct_opt_geom *g) {
 static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int nslots,
                        pin_list *pl, ct_device **dev) {
     PyObject *p, *g, *out, *slots, *geom = Py_None;
-    unsigned long active;
+    uint32_t active;
     int leaf, counts;
     if (!PyTuple_Check(t)) {
         PyErr_Format(PyExc_TypeError,
@@ -190,8 +190,8 @@ static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int n
                      "counts[, geometry]) tuple, got %.100s", Py_TYPE(t)->tp_name);
         return -1;
     }
-    if (!PyArg_ParseTuple(t, "OOOOkip|O:block", &p, &g, &out, &slots, &active, &leaf, &counts,
-                          &geom))
+    if (!PyArg_ParseTuple(t, "OOOOO&ip|O:block", &p, &g, &out, &slots, ct_py_conv_u32, &active,
+                          &leaf, &counts, &geom))
         return -1;
     memset(b, 0, sizeof *b);
     int64_t n = -1;
@@ -220,7 +220,7 @@ static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int n
     }
     Py_DECREF(sf);
     b->n = n;
-    b->active = (uint32_t)active;
+    b->active = active;
     b->leaf = leaf;
     b->counts = counts;
     return 0;

@@ -18,14 +18,20 @@ typedef struct {
     int ndim;
     int64_t shape[CT_RANDOM_MAX_NDIM];
     size_t itemsize;
-    PyObject *keep; /* reference held while filling */
+    ct_py_buffer *pinned; /* a Buffer target, pinned (ct_py_pin) until put_target */
 } out_target;
+
+static void put_target(out_target *t) {
+    if (t->pinned != NULL) ct_py_unpin(t->pinned);
+    t->pinned = NULL;
+}
 
 /* A writable destination: a live _C.Buffer (CPU memory, or GPU memory when
  * `device_ok` and its backend has a random kernel) or a C-contiguous,
  * aligned, writeable, native-order numpy array. */
 static int get_target(PyObject *obj, out_target *t, const char *what, int device_ok) {
     t->dev = NULL;
+    t->pinned = NULL;
     if (PyObject_TypeCheck(obj, &ct_py_BufferType)) {
         ct_py_buffer *b = ct_py_buffer_check(obj, what);
         if (b == NULL) return -1;
@@ -46,11 +52,17 @@ static int get_target(PyObject *obj, out_target *t, const char *what, int device
         t->ndim = b->ndim;
         memcpy(t->shape, b->shape, sizeof(int64_t) * (size_t)b->ndim);
         t->itemsize = ct_dtype_size(b->dtype);
-        t->keep = obj;
+        ct_py_pin(b);
+        t->pinned = b;
         return 0;
     }
     if (PyArray_Check(obj)) {
         PyArrayObject *a = (PyArrayObject *)obj;
+        if (PyDataType_REFCHK(PyArray_DESCR(a))) {
+            PyErr_Format(PyExc_TypeError, "%s: an array of Python objects cannot hold random "
+                         "numbers", what);
+            return -1;
+        }
         if (!PyArray_ISCARRAY(a) || !PyArray_ISNOTSWAPPED(a)) {
             PyErr_Format(PyExc_ValueError,
                          "%s must be a C-contiguous, aligned, writeable, native-order array",
@@ -65,7 +77,6 @@ static int get_target(PyObject *obj, out_target *t, const char *what, int device
         t->ndim = PyArray_NDIM(a);
         for (int d = 0; d < t->ndim; d++) t->shape[d] = (int64_t)PyArray_DIM(a, d);
         t->itemsize = (size_t)PyArray_ITEMSIZE(a);
-        t->keep = obj;
         return 0;
     }
     PyErr_Format(PyExc_TypeError, "%s must be a ctrainstate._C.Buffer or a numpy array, got %.100s",
@@ -73,18 +84,26 @@ static int get_target(PyObject *obj, out_target *t, const char *what, int device
     return -1;
 }
 
-/* Parse global shape and start, which must match the target's rank. */
-static int get_block(const out_target *t, PyObject *gshape_obj, PyObject *start_obj,
-                     int64_t *gshape, int64_t *start) {
+/* Parse global shape and start (before the target: reading them may run Python code);
+ * returns their rank, or -1 with an exception set. */
+static int get_block(PyObject *gshape_obj, PyObject *start_obj, int64_t *gshape, int64_t *start) {
     int n1 = ct_py_int64_seq(gshape_obj, gshape, CT_RANDOM_MAX_NDIM, "global_shape");
     if (n1 < 0) return -1;
     int n2 = ct_py_int64_seq(start_obj, start, CT_RANDOM_MAX_NDIM, "start");
     if (n2 < 0) return -1;
-    if (n1 != t->ndim || n2 != t->ndim) {
+    if (n1 != n2) {
+        PyErr_Format(PyExc_ValueError, "global_shape has rank %d and start rank %d", n1, n2);
+        return -1;
+    }
+    return n1;
+}
+
+/* The block's rank must be the target's. */
+static int same_rank(const out_target *t, int rank) {
+    if (rank != t->ndim) {
         PyErr_Format(PyExc_ValueError,
-                     "global_shape has rank %d and start rank %d, but the output block has "
-                     "rank %d",
-                     n1, n2, t->ndim);
+                     "global_shape and start have rank %d, but the output block has rank %d",
+                     rank, t->ndim);
         return -1;
     }
     return 0;
@@ -98,9 +117,10 @@ PyDoc_STRVAR(key_split_doc,
 
 static PyObject *py_key_split(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned int k0, k1;
+    uint32_t k0, k1;
     long long num;
-    if (!PyArg_ParseTuple(args, "IIL:key_split", &k0, &k1, &num)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&O&L:key_split", ct_py_conv_u32, &k0, ct_py_conv_u32, &k1, &num))
+        return NULL;
     if (num < 0) {
         PyErr_Format(PyExc_ValueError, "split: num must be >= 0, got %lld", num);
         return NULL;
@@ -122,8 +142,10 @@ PyDoc_STRVAR(key_fold_in_doc,
 
 static PyObject *py_key_fold_in(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned int k0, k1, data;
-    if (!PyArg_ParseTuple(args, "III:key_fold_in", &k0, &k1, &data)) return NULL;
+    uint32_t k0, k1, data;
+    if (!PyArg_ParseTuple(args, "O&O&O&:key_fold_in", ct_py_conv_u32, &k0, ct_py_conv_u32, &k1,
+                          ct_py_conv_u32, &data))
+        return NULL;
     uint32_t key[2] = { k0, k1 }, out[2];
     ct_key_fold_in(key, data, out);
     return Py_BuildValue("(II)", (unsigned int)out[0], (unsigned int)out[1]);
@@ -139,27 +161,32 @@ PyDoc_STRVAR(random_bits_doc,
 static PyObject *py_random_bits(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *out_obj, *gshape_obj, *start_obj;
-    unsigned int k0, k1;
+    uint32_t k0, k1;
     int bit_width;
-    if (!PyArg_ParseTuple(args, "OIIOOi:random_bits", &out_obj, &k0, &k1, &gshape_obj,
-                          &start_obj, &bit_width))
+    if (!PyArg_ParseTuple(args, "OO&O&OOi:random_bits", &out_obj, ct_py_conv_u32, &k0,
+                          ct_py_conv_u32, &k1, &gshape_obj, &start_obj, &bit_width))
         return NULL;
     out_target t;
     int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
-    if (get_target(out_obj, &t, "out", 0) < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
-        return NULL;
+    const int rank = get_block(gshape_obj, start_obj, gshape, start);
+    if (rank < 0 || get_target(out_obj, &t, "out", 0) < 0) return NULL;
+    if (same_rank(&t, rank) < 0) goto fail;
     if (t.itemsize * 8 != (size_t)bit_width) {
         PyErr_Format(PyExc_TypeError, "random_bits: %d-bit values into %zu-byte elements",
                      bit_width, t.itemsize);
-        return NULL;
+        goto fail;
     }
     uint32_t key[2] = { k0, k1 };
     ct_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ct_random_bits_block(key, t.ndim, gshape, start, t.shape, bit_width, t.data);
     Py_END_ALLOW_THREADS
+    put_target(&t);
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
+fail:
+    put_target(&t);
+    return NULL;
 }
 
 /* A checked sampler from random_fill's / random_keyed's arguments, whose output
@@ -220,21 +247,24 @@ static PyObject *py_random_on_device(PyObject *self, PyObject *obj) {
 static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *out_obj, *gshape_obj, *start_obj, *scale_obj;
-    unsigned int k0, k1;
+    uint32_t k0, k1;
     int dist, dtype;
     double minval, maxval, lower, upper, p;
-    if (!PyArg_ParseTuple(args, "OIIOOiidddddO:random_fill", &out_obj, &k0, &k1, &gshape_obj,
-                          &start_obj, &dist, &dtype, &minval, &maxval, &lower, &upper, &p,
-                          &scale_obj))
+    if (!PyArg_ParseTuple(args, "OO&O&OOiidddddO:random_fill", &out_obj, ct_py_conv_u32, &k0,
+                          ct_py_conv_u32, &k1, &gshape_obj, &start_obj, &dist, &dtype, &minval,
+                          &maxval, &lower, &upper, &p, &scale_obj))
         return NULL;
     out_target t;
     int64_t gshape[CT_RANDOM_MAX_NDIM], start[CT_RANDOM_MAX_NDIM];
-    if (get_target(out_obj, &t, "out", 1) < 0 || get_block(&t, gshape_obj, start_obj, gshape, start) < 0)
-        return NULL;
+    const int rank = get_block(gshape_obj, start_obj, gshape, start);
+    if (rank < 0 || get_target(out_obj, &t, "out", 1) < 0) return NULL;
     ct_sampler s;
-    if (make_sampler(&s, dist, dtype, minval, maxval, lower, upper, p, scale_obj, t.itemsize,
-                     "random_fill") < 0)
+    if (same_rank(&t, rank) < 0 ||
+        make_sampler(&s, dist, dtype, minval, maxval, lower, upper, p, scale_obj, t.itemsize,
+                     "random_fill") < 0) {
+        put_target(&t);
         return NULL;
+    }
     ct_status st;
     uint32_t key[2] = { k0, k1 };
     Py_BEGIN_ALLOW_THREADS
@@ -243,6 +273,7 @@ static PyObject *py_random_fill(PyObject *self, PyObject *args) {
     else
         st = ct_random_fill_block(key, &s, t.ndim, gshape, start, t.shape, t.data);
     Py_END_ALLOW_THREADS
+    put_target(&t);
     if (st != CT_OK) return ct_py_raise(st);
     Py_RETURN_NONE;
 }
@@ -334,7 +365,7 @@ static PyObject *py_random_keyed(PyObject *self, PyObject *args) {
         return NULL;
     }
     out_target t;
-    if (get_target(out_obj, &t, "out", 0) < 0) return NULL;
+    if (get_target(out_obj, &t, "out", 0) < 0) return NULL; /* a numpy array: nothing pinned */
     ct_sampler s;
     if (make_sampler(&s, dist, dtype, minval, maxval, lower, upper, p, scale_obj, t.itemsize,
                      "random_keyed") < 0)

@@ -22,6 +22,23 @@ if _cuda_libs and not os.environ.get("CTRAINSTATE_CUDA_BACKEND"):
     os.environ["CTRAINSTATE_CUDA_BACKEND"] = _cuda_libs[0]
 
 
+def _warn_forked_single_threaded() -> None:
+    """In a fork()ed child of a process that ran multi-threaded CPU kernels, say once that
+    they run on one thread here: OpenMP's thread pool does not survive fork, and a kernel
+    that waited for it would hang (the C core runs such a child's kernels on one thread)."""
+    if _C.forked_single_threaded():
+        import warnings
+        warnings.warn(
+            "ctrainstate: this process was fork()ed after CPU kernels had started OpenMP "
+            "threads, which do not survive fork; kernels run on one thread in this process. "
+            "Use the 'spawn' or 'forkserver' start method (multiprocessing.get_context('spawn'), "
+            "DataLoader(multiprocessing_context='spawn')) for parallel kernels in workers.",
+            RuntimeWarning, stacklevel=2)
+
+
+os.register_at_fork(after_in_child=_warn_forked_single_threaded)
+
+
 def _nccl_from_wheel() -> str | None:
     """libnccl.so.2 of the nvidia-nccl-cu13 (or -cu12) wheel, if one is installed."""
     import importlib.util

@@ -136,12 +136,13 @@ class Array(OperatorsMixin):
 
     def delete(self) -> None:
         """Free the device memory now; later use raises ``DonatedBufferError``. A view of
-        another Array's shard (a GPU ``Shard.data``) only becomes unusable itself."""
+        another Array's shard (a GPU ``Shard.data``) only becomes unusable itself. All
+        shards are freed or none: ``RuntimeError`` (nothing freed) while a numpy view of a
+        shard is alive or an operation in another thread is using one."""
         if self._base is not None:
             self._donated = True
             return
-        for _, buf, _, _ in self._blocks:
-            buf.delete()
+        _C.delete_buffers([buf for _, buf, _, _ in self._blocks])
 
     def _check_not_view(self):
         if self._base is not None:

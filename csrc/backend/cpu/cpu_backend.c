@@ -17,6 +17,7 @@
 #include "../../core/ct_backend.h"
 #include "../../core/ct_device.h"
 #include "../../core/ct_ops_math.h"
+#include "../../core/ct_par.h"
 #include "cpu_ops.h"
 
 #define CT_CPU_ALIGN 64
@@ -146,7 +147,7 @@ static ct_status cpu_copy_block(struct ct_device *dst_dev, struct ct_device *src
     char *d0 = (char *)dst;
     const char *s0 = (const char *)src;
     const size_t bytes = (size_t)total * itemsize;
-#pragma omp parallel for schedule(static) if (bytes > (1u << 20))
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(bytes > (1u << 20)))
     for (int64_t r = 0; r < rows; r++) {
         /* Decompose r into outer coordinates (row-major). */
         int64_t doff, soff; /* outer coordinates of row r */

@@ -22,6 +22,7 @@
 #include "../../core/ct_layout.h"
 #include "../../core/ct_ops.h"
 #include "../../core/ct_ops_math.h"
+#include "../../core/ct_par.h"
 #include "../../core/ct_prec_math.h"
 #include "cpu_ops.h"
 #include "cpu_vmath.h"
@@ -41,7 +42,7 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     (void)dev;
 #define LOOP(expr)                                                   \
     do {                                                             \
-        _Pragma("omp parallel for simd schedule(static) if (n > PAR_MIN)") \
+        _Pragma("omp parallel for simd schedule(static) num_threads(ct_par_threads(n > PAR_MIN))") \
         for (int64_t i = 0; i < n; i++) {                            \
             float v = x[i];                                          \
             y[i] = (expr);                                           \
@@ -50,7 +51,7 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     switch (op) {
     case CT_UN_AFFINE:
         if (alpha == 0.0f) { /* a fill: must not read x (it may be uninitialised) */
-            _Pragma("omp parallel for simd schedule(static) if (n > PAR_MIN)")
+            _Pragma("omp parallel for simd schedule(static) num_threads(ct_par_threads(n > PAR_MIN))")
             for (int64_t i = 0; i < n; i++) y[i] = beta;
         } else {
             LOOP(alpha * v + beta);
@@ -160,7 +161,7 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
     const int64_t inner = shape[ndim - 1];
     const int64_t rows = total / inner;
     const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
-#pragma omp parallel for schedule(static) if (total > PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(total > PAR_MIN))
     for (int64_t r = 0; r < rows; r++) {
         int64_t ao, bo; /* outer coordinates of row r */
         ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
@@ -213,7 +214,7 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
         /* rows of the innermost (kept) dim */
         int64_t inner = shape[ndim - 1];
         int64_t orows = nout / inner;
-#pragma omp parallel for schedule(static) if (nout * nred > PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nout * nred > PAR_MIN))
         for (int64_t r = 0; r < orows; r++) {
             float *o = out + r * inner;
             const int64_t base = unravel_offset(r, nk - 1, kept, kstride, 0);
@@ -231,7 +232,7 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
         }
         return CT_OK;
     }
-#pragma omp parallel for schedule(static) if (nout * nred > PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nout * nred > PAR_MIN))
     for (int64_t q = 0; q < nout; q++) {
         const int64_t base = unravel_offset(q, nk, kept, kstride, 0);
         if (max) { /* exact in float: no wider accumulator, any order */
@@ -274,7 +275,7 @@ static inline __attribute__((always_inline)) void gemm_kernel(int ta, int tb, in
                                                               int64_t ldb, float beta, float *c,
                                                               int64_t ldc, int drop) {
     enum { KB = 256 };
-#pragma omp parallel for schedule(static) if (m * n * k > 1000000)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(m * n * k > 1000000))
     for (int64_t i = 0; i < m; i++) {
         float *ci = c + i * ldc;
         if (beta == 0.0f) memset(ci, 0, (size_t)n * sizeof(float));
@@ -318,7 +319,7 @@ static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, 
                                    int64_t k, float alpha, const float *a, int64_t lda,
                                    const float *b, int64_t ldb, float beta, float *c,
                                    int64_t ldc, int drop) {
-    const int nt = omp_get_max_threads();
+    const int nt = ct_par_max_threads();
     const int64_t kt = k < TILE_K ? k : TILE_K, ntl = n < TILE_N ? n : TILE_N;
     /* row slices: at most TILE_M rows, and no more slices than it takes to keep every thread
      * busy (each slice makes the BLAS pack the tile of op(B) again) */
@@ -339,7 +340,7 @@ static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, 
         for (int64_t n0 = 0; n0 < n; n0 += ntl) {
             const int64_t nb = n - n0 < ntl ? n - n0 : ntl;
             const int par = mchunks > 1 && 2 * m * nb * kb >= (1 << 22);
-#pragma omp parallel num_threads(nt) if (par)
+#pragma omp parallel num_threads(ct_par_team(par ? nt : 1))
             {
                 /* op(B)[k0 + p, n0 + j] -> bs[p * nb + j] */
                 if (!tb) {
@@ -394,10 +395,10 @@ ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int6
         /* The BLAS runs single-threaded (the bindings ask it to): OpenMP splits the rows of C,
          * so one threading runtime owns the cores (two pools spinning on two cores halve
          * the speed of both). */
-        int nt = omp_get_max_threads();
+        int nt = ct_par_max_threads();
         int64_t flops = 2 * m * n * k;
         int parts = (flops < (1 << 22) || m < 2 * nt) ? 1 : nt;
-#pragma omp parallel for schedule(static) num_threads(parts) if (parts > 1)
+#pragma omp parallel for schedule(static) num_threads(ct_par_team(parts))
         for (int t = 0; t < parts; t++) {
             int64_t r0 = m * t / parts, r1 = m * (t + 1) / parts;
             int im = (int)(r1 - r0);
@@ -418,7 +419,7 @@ ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t co
     if (nbufs == 1) return CT_OK;
     enum { CH = 4096 };
     int64_t nch = (count + CH - 1) / CH;
-#pragma omp parallel for schedule(static) if (count * nbufs > PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(count * nbufs > PAR_MIN))
     for (int64_t ch = 0; ch < nch; ch++) {
         int64_t lo = ch * CH, hi = lo + CH < count ? lo + CH : count;
         float acc[CH];
@@ -444,7 +445,7 @@ ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t co
 ct_status ct_cpu_gather_rows(ct_device *dev, const float *table, int64_t nrows, int64_t ncols,
                              int64_t row0, const int32_t *ids, int64_t nids, float *out) {
     (void)dev;
-#pragma omp parallel for schedule(static) if (nids * ncols > PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nids * ncols > PAR_MIN))
     for (int64_t i = 0; i < nids; i++) {
         const int64_t r = (int64_t)ids[i] - row0;
         float *o = out + i * ncols;
@@ -459,7 +460,7 @@ ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, i
                                   int64_t nhit, const int32_t *pos, const float *g) {
     (void)dev;
     /* threads own distinct rows; each adds its row's terms in order */
-#pragma omp parallel for schedule(dynamic, 16) if (nhit * ncols > PAR_MIN)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(ct_par_threads(nhit * ncols > PAR_MIN))
     for (int64_t u = 0; u < nhit; u++) {
         const int64_t r = (int64_t)hit[u] - row0;
         if (r < 0 || r >= nrows) continue;
@@ -481,8 +482,8 @@ ct_status ct_cpu_scatter_add_rows(ct_device *dev, float *table, int64_t nrows, i
         out_t *ys_ = (out_t *)y;                                               \
         _Pragma(pragma) for (int64_t i = 0; i < n; i++) ys_[i] = fn(xs_[i]);  \
     } while (0)
-#define PAR_SIMD "omp parallel for simd schedule(static) if (n > PAR_MIN)"
-#define PAR_PLAIN "omp parallel for schedule(static) if (n > PAR_MIN)"
+#define PAR_SIMD "omp parallel for simd schedule(static) num_threads(ct_par_threads(n > PAR_MIN))"
+#define PAR_PLAIN "omp parallel for schedule(static) num_threads(ct_par_threads(n > PAR_MIN))"
 
 /* A conversion loop with both dtypes compile-time constants at each call site below, so the
  * element function folds to one load, conversion and store. */
@@ -598,7 +599,7 @@ ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_
     const int64_t inner = shape[ndim - 1];
     const int64_t rows = total / inner;
     const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
-#pragma omp parallel for schedule(static) if (total > PAR_MIN)
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(total > PAR_MIN))
     for (int64_t r = 0; r < rows; r++) {
         int64_t ao, bo;
         ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
@@ -614,8 +615,8 @@ ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const
     ct_ew_red_plan_init(&p, ndim, shape, axes);
     int64_t nout = 1;
     for (int j = 0; j < p.nk; j++) nout *= p.kdim[j];
-    if (nout >= omp_get_max_threads() || nout * p.nred <= PAR_MIN) {
-#pragma omp parallel for schedule(static) if (nout * p.nred > PAR_MIN)
+    if (nout >= ct_par_max_threads() || nout * p.nred <= PAR_MIN) {
+#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nout * p.nred > PAR_MIN))
         for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dtype, &p, x, out, q);
         return CT_OK;
     }
@@ -624,7 +625,7 @@ ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const
     for (int64_t q = 0; q < nout; q++) {
         const int64_t base = ct_ew_unravel(q, p.nk, p.kdim, p.kstr);
         int64_t acc = ct_ew_red_identity(op, dtype);
-#pragma omp parallel
+#pragma omp parallel num_threads(ct_par_threads(1))
         {
             int64_t mine = ct_ew_red_identity(op, dtype);
 #pragma omp for schedule(static) nowait

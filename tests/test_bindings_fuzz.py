@@ -186,7 +186,9 @@ def gen(kind):
         return [slots_like() if rng.random() < 0.7 else pick_any()
                 for _ in range(rng.choice([0, 1, 2]))]
     if kind == "capsule":
-        return rng.choice([None, 1, "x", np._core.multiarray._ARRAY_API])
+        # (numpy 2 keeps its C API capsule in numpy._core, numpy 1 in numpy.core)
+        core = getattr(np, "_core", None) or np.core
+        return rng.choice([None, 1, "x", core.multiarray._ARRAY_API])
     if kind == "str":
         return rng.choice(["cpu", "gpu", "cuda", "", "tpu", "cpu\0"])
     return pick_any()

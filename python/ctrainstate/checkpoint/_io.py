@@ -32,6 +32,8 @@ _FROM_CODE = {v: k for k, v in ST_CODE.items()}
 #: Slices are cut so that each holds at most this many bytes: a restore onto another sharding
 #: reads one slice at a time into a scratch buffer of this size (its checksum covers it whole).
 SLICE_BYTES = 16 << 20
+#: Runs shorter than this are read with their neighbours rather than one syscall each.
+TINY_RUN = 64
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -249,14 +251,26 @@ def read_box(src: Source, lo, hi, out: np.ndarray, scratch: np.ndarray,
             out[...] = buf.view(src.dtype).reshape(ext)
             return
     else:
+        # runs: for each index of the dims before the last partial one, a contiguous range
+        t = max(d for d in range(n) if ext[d] != src.shape[d])
+        run_bytes = ext[t] * src.strides[t]
         end = sum((h - 1) * s for h, s in zip(hi, src.strides)) + src.itemsize
         span = end - start
-        if span <= limit and (span <= 4 * nbytes or nbytes // max(1, math.prod(ext[:-1])) < 65536):
+        if span <= limit and (span <= 2 * nbytes or run_bytes < TINY_RUN):
+            # one read of the span holding the box, when little of it is not the box's (or
+            # the runs are too short to read one by one)
             buf = scratch[:span]
             src.read(memoryview(buf), start)
             view = np.lib.stride_tricks.as_strided(buf.view(src.dtype), shape=ext,
                                                    strides=src.strides, writeable=False)
             out[...] = view
+            return
+        if run_bytes >= TINY_RUN:   # each run read on its own: only the box's bytes
+            for idx in np.ndindex(*ext[:t]):
+                sub_lo = [l + i for l, i in zip(lo, idx)] + list(lo[t:])
+                sub_hi = [l + 1 for l in sub_lo[:t]] + list(hi[t:])
+                read_box(src, sub_lo, sub_hi, out[tuple(slice(i, i + 1) for i in idx)],
+                         scratch, limit)
             return
     d = next(i for i, e in enumerate(ext) if e > 1)
     per = max(1, limit // src.strides[d])

@@ -32,7 +32,8 @@ import numpy as np
 from .. import _C
 from .._abstract import ShapeDtypeStruct
 from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
-from ..sharding import NamedSharding, SingleDeviceSharding
+from ..sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from ..tree_util import tree_leaves
 from . import _io
 
 FORMAT = "ctrainstate.checkpoint"
@@ -89,6 +90,16 @@ def _sharding_record(s):
 _JSON_SCALARS = (bool, int, float, str, type(None))
 
 
+def _static(leaf) -> bool:
+    """A leaf of the state dict that holds no data: a PartitionSpec, or a pytree node with no
+    leaves (t5x's ``AxisMetadata`` in ``params_axes``)."""
+    if isinstance(leaf, PartitionSpec):
+        return True
+    if isinstance(leaf, (Array, ShapeDtypeStruct, np.ndarray, np.generic) + _JSON_SCALARS):
+        return False
+    return tree_leaves(leaf) == []
+
+
 # --- saving -----------------------------------------------------------------------------------
 
 class _Block:
@@ -133,6 +144,9 @@ class SavePlan:
                 continue
             if isinstance(leaf, _JSON_SCALARS) and not isinstance(leaf, np.generic):
                 self.leaves.append({"keys": list(keys), "kind": "value", "value": leaf})
+                continue
+            if _static(leaf):   # metadata without data (axis names): the target's is kept
+                self.leaves.append({"keys": list(keys), "kind": "static", "repr": repr(leaf)})
                 continue
             if isinstance(leaf, ShapeDtypeStruct):
                 raise TypeError(f"checkpoint: {name} is a ShapeDtypeStruct (an abstract array "
@@ -433,6 +447,8 @@ def _restore_leaf(reader, entry, keys, target, cast):
     kind = entry["kind"]
     if kind == "empty_dict":
         return {} if target is None or isinstance(target, dict) else target
+    if kind == "static":
+        return target if target is not None else entry["repr"]
     if kind == "value":
         v = entry["value"]
         if isinstance(target, (Array, ShapeDtypeStruct)) and target.sharding is not None \

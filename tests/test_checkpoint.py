@@ -325,11 +325,11 @@ def _small_state(seed):
                        for i in range(3)}}
 
 
-_EVENTS = ("write", "fsync", "rename", "mkdir", "unlink", "rmdir")
+_EVENTS = ("write", "pwrite", "fsync", "rename", "mkdir", "unlink", "rmdir")
 
 
 def _arm(n):
-    """Patch os so that the n-th durable step (a write, fsync, rename, mkdir, unlink or rmdir)
+    """Patch os so that the n-th durable step (a write, pwrite, fsync, rename, mkdir, unlink, rmdir)
     kills this process with SIGKILL just before it runs; n=0 only counts."""
     count = [0]
     for ev in _EVENTS:

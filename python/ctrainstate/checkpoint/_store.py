@@ -8,7 +8,8 @@ Layout of a committed step directory::
 ``index.json`` lists the state dict's leaves in tree order. An array leaf records its global
 shape, dtype, the sharding it had, and its slices: each a box of the global array (``index``:
 ``[lo, hi)`` per dimension), the file and the absolute byte range holding it, the safetensors
-tensor name, and the CRC-32 (zlib) of its bytes. Slices are keyed by global index ranges
+tensor name, and the checksum of its bytes (XXH3-64, or CRC-32 where the ``xxhash``
+package is missing; the index's ``checksum`` names it). Slices are keyed by global index ranges
 only, so files written by several processes combine into one index, and a reader on any
 mesh finds the bytes of its own block. Each unique block is written once (replicas, whose
 ``replica_id`` is not 0, write nothing), cut into C-contiguous slices of at most
@@ -24,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 import uuid
 
@@ -211,24 +213,33 @@ def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
                 tensors.append((tname, _io.st_code(b.dtype), pshape, nbytes))
                 pieces.append((b, boff, nbytes, sl))
     header = _io.safetensors_header(tensors, {"format": FORMAT})
+    pos = len(header)
+    by_block: dict = {}
+    for b, boff, nbytes, sl in pieces:
+        sl["offsets"] = [pos, pos + nbytes]
+        pos += nbytes
+        by_block.setdefault(id(b), (b, []))[1].append((boff, nbytes, sl))
     path = os.path.join(directory, plan.file)
+    hash_fn = _io.checksum_fn(_io.DEFAULT_CHECKSUM)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def write_block(b, items):
+        # a block's bytes are fetched once (a GPU block is copied to the host here), then
+        # each of its slices goes to its place in the file with its checksum
+        data = b.data().reshape(-1).view(np.uint8)
+        for boff, nbytes, sl in items:
+            mv = memoryview(data[boff:boff + nbytes])
+            _io.pwrite_all(fd, mv, sl["offsets"][0])
+            sl["checksum"] = hash_fn(mv)
+
     try:
         _io.write_all(fd, header)
-        pos, current, data = len(header), None, None
-        for b, boff, nbytes, sl in pieces:
-            if b is not current:
-                current, data = b, b.data().reshape(-1).view(np.uint8)
-            mv = memoryview(data[boff:boff + nbytes])
-            _io.write_all(fd, mv)
-            sl["offsets"] = [pos, pos + nbytes]
-            sl["crc32"] = _io.checksum(mv)
-            pos += nbytes
-        current = data = None
+        _io.run_parallel([lambda b=b, items=items: write_block(b, items)
+                          for b, items in by_block.values()])
         os.fsync(fd)
     finally:
         os.close(fd)
-    index = {"format": FORMAT, "version": VERSION, "checksum": "crc32",
+    index = {"format": FORMAT, "version": VERSION, "checksum": _io.DEFAULT_CHECKSUM,
              "metadata": metadata, "leaves": plan.leaves}
     _io.write_json(os.path.join(directory, INDEX), index)
     _io.fsync_dir(directory)
@@ -324,28 +335,33 @@ class _Files:
 
 
 class _Reader:
-    """Reads array entries of one index onto shardings, slice by slice, checking each slice's
-    checksum. One scratch buffer of SLICE_BYTES serves every slice that is not read straight
-    into its destination."""
+    """Reads array entries of one index onto shardings, slice by slice and several slices at
+    a time (``_io.workers()`` threads), checking each slice's checksum. A slice that is not
+    read straight into its destination goes through its thread's scratch buffer
+    (SLICE_BYTES)."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, checksum: str):
         self.files = _Files(directory)
         self.directory = directory
-        self._scratch = None
+        self.hash_fn = _io.checksum_fn(checksum)
+        self._local = threading.local()
+        self._lock = threading.Lock()
 
     def scratch(self, n):
-        if self._scratch is None or len(self._scratch) < n:
-            self._scratch = np.empty(max(n, _io.SLICE_BYTES), np.uint8)
-        return self._scratch[:n]
+        buf = getattr(self._local, "scratch", None)
+        if buf is None or len(buf) < n:
+            buf = self._local.scratch = np.empty(max(n, _io.SLICE_BYTES), np.uint8)
+        return buf[:n]
 
     def _read_slice(self, sl, name, mv):
         lo, hi = sl["offsets"]
         if hi - lo != len(mv):
             raise CorruptCheckpointError(f"array '{name}': slice {sl['index']} has "
                                          f"{hi - lo} bytes in the index, {len(mv)} expected")
-        fd = self.files.fd(sl["file"], f"array '{name}'")
+        with self._lock:
+            fd = self.files.fd(sl["file"], f"array '{name}'")
         _io.pread_into(fd, mv, lo, f"array '{name}' in {sl['file']}")
-        if _io.checksum(mv) != sl["crc32"]:
+        if self.hash_fn(mv) != sl["checksum"]:
             raise CorruptCheckpointError(
                 f"checksum mismatch in array '{name}': slice {sl['index']} "
                 f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "
@@ -354,10 +370,11 @@ class _Reader:
     def fill(self, entry, name, targets, dtype):
         """Fill ``targets`` — a list of (lo, shape, writable ndarray of ``dtype``) blocks of
         the global array — from the entry's slices. Each slice is read once: straight into its
-        block when it is a contiguous run of one block, else into the scratch buffer and
-        copied (cast to ``dtype`` when it differs from the saved one)."""
+        block when it is a contiguous run of one block, else into a scratch buffer and copied
+        (cast to ``dtype`` when it differs from the saved one) into every block it meets."""
         saved = _io.np_dtype(entry["dtype"])
         covered = [0] * len(targets)
+        tasks = []
         for sl in entry["slices"]:
             slo = tuple(a for a, _ in sl["index"])
             shi = tuple(b for _, b in sl["index"])
@@ -368,32 +385,34 @@ class _Reader:
                 box = _io.intersect(slo, shi, tlo, thi)
                 if box is not None:
                     hits.append((i, box))
+                    covered[i] += math.prod(h - l for l, h in zip(*box))
             if not hits:
                 continue
             nbytes = math.prod(sshape) * saved.itemsize
             if len(hits) == 1 and saved == dtype and hits[0][1] == (slo, shi):
-                i = hits[0][0]
-                tlo, tshape, arr = targets[i]
+                tlo, tshape, arr = targets[hits[0][0]]
                 off = _io.contiguous_offset(slo, shi, tlo, tshape)
                 if off is not None:
-                    flat = arr.reshape(-1).view(np.uint8)
                     b0 = off * saved.itemsize
-                    self._read_slice(sl, name, memoryview(flat[b0:b0 + nbytes]))
-                    covered[i] += math.prod(sshape)
+                    mv = memoryview(arr.reshape(-1).view(np.uint8)[b0:b0 + nbytes])
+                    tasks.append(lambda sl=sl, mv=mv: self._read_slice(sl, name, mv))
                     continue
-            buf = self.scratch(nbytes)
-            self._read_slice(sl, name, memoryview(buf))
-            src = buf.view(saved).reshape(sshape)
-            for i, (lo, hi) in hits:
-                tlo, tshape, arr = targets[i]
-                arr[_io.slices_of(lo, hi, tlo)] = src[_io.slices_of(lo, hi, slo)]
-                covered[i] += math.prod(h - l for l, h in zip(lo, hi))
+
+            def via_scratch(sl=sl, hits=hits, slo=slo, sshape=sshape, nbytes=nbytes):
+                buf = self.scratch(nbytes)
+                self._read_slice(sl, name, memoryview(buf))
+                src = buf.view(saved).reshape(sshape)
+                for i, (lo, hi) in hits:
+                    tlo, tshape, arr = targets[i]
+                    arr[_io.slices_of(lo, hi, tlo)] = src[_io.slices_of(lo, hi, slo)]
+            tasks.append(via_scratch)
         for (tlo, tshape, _), c in zip(targets, covered):
             if c != math.prod(tshape):
                 raise CorruptCheckpointError(
                     f"array '{name}': the checkpoint's slices cover {c} of the "
                     f"{math.prod(tshape)} elements of the block at {list(tlo)} (slices are "
                     f"missing or overlap)")
+        _io.run_parallel(tasks)
 
     def host(self, entry, name, dtype=None):
         """The whole array on the host (a numpy array)."""
@@ -474,7 +493,7 @@ def restore_dir(directory: str, target_sd=None, *, cast: bool = False):
     numpy target gives a host array); without one, arrays come back as host numpy arrays."""
     index = read_index(directory)
     saved = {tuple(e["keys"]): e for e in index["leaves"]}
-    reader = _Reader(directory)
+    reader = _Reader(directory, index["checksum"])
     try:
         if target_sd is None:
             items = [(keys, _restore_leaf(reader, e, keys, None, cast))

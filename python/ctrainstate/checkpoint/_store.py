@@ -465,7 +465,10 @@ def _restore_leaf(reader, entry, keys, target, cast):
     name = path_name(keys)
     kind = entry["kind"]
     if kind == "empty_dict":
-        return {} if target is None or isinstance(target, dict) else target
+        if target is None or (isinstance(target, dict) and not target):
+            return {}
+        raise ValueError(f"checkpoint: {name} is an empty dict in the checkpoint, the target "
+                         f"a {type(target).__name__}")
     if kind == "static":
         return target if target is not None else entry["repr"]
     if kind == "value":

@@ -181,6 +181,9 @@ class CheckpointManager:
     state is copied to the host, and the files are written by a background thread. An error
     there is raised by the next ``save`` or by ``wait_until_finished``. ``restore(step,
     target)`` reads onto the shardings of ``target`` (a state, or ``eval_shape`` of one).
+    ``checkpointers``, orbax's older second argument (``CheckpointManager(dir,
+    PyTreeCheckpointer(), options)``), is accepted and has no effect: there is one format.
+    ``metadata`` (JSON values) is stored with every step.
 
     >>> import tempfile, numpy as np, ctrainstate as cts
     >>> from ctrainstate import checkpoint as ocp
@@ -198,7 +201,7 @@ class CheckpointManager:
     """
 
     def __init__(self, directory, checkpointers=None,
-                 options: CheckpointManagerOptions | None = None, metadata=None, **kwargs):
+                 options: CheckpointManagerOptions | None = None, metadata=None):
         self._directory = os.path.abspath(os.fspath(directory))
         self._options = options or CheckpointManagerOptions()
         o = self._options
@@ -388,7 +391,7 @@ class StandardCheckpointer:
 
     _async_default = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self):
         self._async = AsyncManager()
 
     def save(self, directory, item=None, *, args=None, force: bool = False) -> None:

@@ -105,21 +105,25 @@ def _static(leaf) -> bool:
 # --- saving -----------------------------------------------------------------------------------
 
 class _Block:
-    """One unique block of an array leaf: where it sits and how to get its bytes."""
-    __slots__ = ("lo", "shape", "dtype", "host", "buf", "device")
+    """One unique block of an array leaf: where it sits and how to get its bytes. ``dtype`` is
+    the dtype written (``src_dtype`` the device's, when a save casts)."""
+    __slots__ = ("lo", "shape", "dtype", "src_dtype", "host", "buf", "device")
 
-    def __init__(self, lo, shape, dtype, host=None, buf=None, device=None):
+    def __init__(self, lo, shape, dtype, host=None, buf=None, device=None, src_dtype=None):
         self.lo, self.shape, self.dtype = tuple(lo), tuple(shape), np.dtype(dtype)
+        self.src_dtype = np.dtype(src_dtype or dtype)
         self.host, self.buf, self.device = host, buf, device
 
     def data(self) -> np.ndarray:
-        """The block as a C-contiguous host array: the snapshot, a view of a CPU device's
-        buffer, or a copy from another device made now."""
+        """The block as a C-contiguous host array of ``dtype``: the snapshot, a view of a CPU
+        device's buffer, or a copy from another device (cast, if asked) made now."""
         if self.host is not None:
             return self.host
         if self.device.platform == "cpu":
-            return _buffer_view(self.buf, self.shape, self.dtype)
-        return _copy_to_host(self.buf, self.shape, self.dtype)
+            out = _buffer_view(self.buf, self.shape, self.src_dtype)
+        else:
+            out = _copy_to_host(self.buf, self.shape, self.src_dtype)
+        return out if self.src_dtype == self.dtype else out.astype(self.dtype)
 
 
 def _copy_to_host(buf, shape, dtype) -> np.ndarray:
@@ -161,11 +165,11 @@ class SavePlan:
                 for dev, buf, start, rid in leaf._blocks:
                     if rid != 0:
                         continue   # a replica: its first copy is written instead
-                    b = _Block(start, leaf._shard_shape, leaf.dtype, buf=buf, device=dev)
-                    if snapshot or dtype != leaf.dtype:   # the device-to-host copy
+                    b = _Block(start, leaf._shard_shape, dtype, buf=buf, device=dev,
+                               src_dtype=leaf.dtype)
+                    if snapshot:   # the device-to-host copy, before save returns
                         host = _copy_to_host(buf, leaf._shard_shape, leaf.dtype)
                         b.host = host if dtype == leaf.dtype else host.astype(dtype)
-                        b.dtype = dtype
                     blocks.append(b)
                 shape, sharding = leaf.shape, _sharding_record(leaf.sharding)
             else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import numpy as np
 
 from .. import _C
@@ -260,31 +261,48 @@ def _flat(tree, keys=()):
 
 
 def _place(stored: _Stored, name, shape, dtype, sharding) -> Array:
-    """An Array of ``sharding`` whose every block is read from the byte runs it covers."""
+    """An Array of ``sharding`` whose every block is read from the byte runs it covers: on
+    CPU devices straight into the device buffers (a few blocks at a time), on others through
+    one host block at a time."""
     shard_shape, blocks = _alloc_blocks(shape, dtype, sharding)
     src = _io.Source(stored.fd, stored.segments, stored.shape, stored.dtype,
                      f"{name} in {stored.file}")
-    scratch = np.empty(_io.SLICE_BYTES, np.uint8)
-    firsts = {}
+    local = threading.local()
+
+    def scratch():
+        if getattr(local, "buf", None) is None:
+            local.buf = np.empty(_io.SLICE_BYTES, np.uint8)
+        return local.buf
+
+    def read(lo, out):
+        hi = tuple(a + n for a, n in zip(lo, shard_shape))
+        _io.read_box(src, lo, hi, out, scratch())
+
+    def cast_into(lo, view):
+        host = np.empty(shard_shape, stored.dtype)
+        read(lo, host)
+        view[...] = host
+
+    firsts, direct, staged = {}, [], []
     for dev, buf, start, rid in blocks:
         if rid != 0:
             continue
-        firsts[tuple(start)] = buf
         lo = tuple(start)
-        hi = tuple(a + n for a, n in zip(lo, shard_shape))
-        if dev.platform == "cpu" and dtype == stored.dtype:
-            read_box_into = _buffer_view(buf, shard_shape, dtype)
-            _io.read_box(src, lo, hi, read_box_into, scratch)
-            continue
+        firsts[lo] = buf
+        if dev.platform == "cpu":
+            view = _buffer_view(buf, shard_shape, dtype)
+            direct.append(lambda lo=lo, v=view: read(lo, v) if dtype == stored.dtype
+                          else cast_into(lo, v))
+        else:
+            staged.append((lo, buf))
+    _io.run_parallel(direct)
+    for lo, buf in staged:
         host = np.empty(shard_shape, stored.dtype)
-        _io.read_box(src, lo, hi, host, scratch)
+        read(lo, host)
         if dtype != stored.dtype:
             host = host.astype(dtype)
-        if dev.platform == "cpu":
-            _buffer_view(buf, shard_shape, dtype)[...] = host
-        else:
-            _C.copy_from_host(buf, host.view(np.uint8) if dtype == np.bool_ else host,
-                              (0,) * len(shard_shape))
+        _C.copy_from_host(buf, host.view(np.uint8) if dtype == np.bool_ else host,
+                          (0,) * len(shard_shape))
     for dev, buf, start, rid in blocks:
         if rid != 0:
             _C.copy_bytes(buf, firsts[tuple(start)])

@@ -487,6 +487,11 @@ def _restore_leaf(reader, entry, keys, target, cast):
     if isinstance(target, (Array, ShapeDtypeStruct)):
         _check_fits(entry, name, target.shape, target.dtype, cast)
         sharding = target.sharding if target.sharding is not None else _as_sharding(None)
+        try:
+            sharding.shard_shape(tuple(target.shape))
+        except ValueError as e:
+            raise ValueError(f"checkpoint: the target sharding of {name} does not fit its "
+                             f"shape {tuple(target.shape)}: {e}") from None
         return reader.array(entry, name, tuple(target.shape), np.dtype(target.dtype), sharding)
     if isinstance(target, np.ndarray):
         _check_fits(entry, name, target.shape, target.dtype, cast)

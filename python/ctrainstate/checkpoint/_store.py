@@ -140,8 +140,8 @@ class SavePlan:
 
     def __init__(self, state_dict, *, snapshot: bool, process_index: int = 0,
                  cast=None):
-        self.leaves = []     # (keys, kind, payload)
-        self.arrays = []     # (keys, shape, dtype, sharding record, [_Block])
+        self.leaves = []     # the index's leaf entries, in tree order
+        self.arrays = []     # (array leaf entry, [_Block]): what goes into the file
         self.file = f"arrays.p{process_index:05d}.safetensors"
         for keys, leaf in flatten(state_dict):
             name = path_name(keys)
@@ -238,8 +238,15 @@ def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
 
     try:
         _io.write_all(fd, header)
+        # blocks already on the host (snapshots, CPU devices) a few at a time; blocks copied
+        # from GPU devices one at a time, so the host holds one such block at once
+        on_host = [(b, items) for b, items in by_block.values()
+                   if b.host is not None or b.device.platform == "cpu"]
         _io.run_parallel([lambda b=b, items=items: write_block(b, items)
-                          for b, items in by_block.values()])
+                          for b, items in on_host])
+        for b, items in by_block.values():
+            if not (b.host is not None or b.device.platform == "cpu"):
+                write_block(b, items)
         os.fsync(fd)
     finally:
         os.close(fd)

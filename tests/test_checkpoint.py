@@ -97,7 +97,19 @@ def t5x_state():
     return init.from_scratch(crandom.PRNGKey(0)), partitioner
 
 
-EXAMPLES = {"siren": siren_state, "flax_guide_mlp": flax_guide_state,
+def bloom_params():
+    ex = _example("bloom_sharding")
+    from ctrainstate import hf
+    model = ex.Bloom(256, 64, 8, 2)
+    ids = np.ones((1, 1), np.int32)
+    params = cts.tree_util.tree_map(np.asarray, model.init(crandom.PRNGKey(0), ids)["params"])
+    shapes = cts.eval_shape(lambda: ex.InferenceState.create(model.init(crandom.PRNGKey(0), ids)))
+    partitioner = ex.partitioning.PjitPartitioner(4, logical_axis_rules=ex.logical_axis_rules_full)
+    spec = partitioner.get_mesh_axes(shapes).params
+    return partitioner.partition(hf.to_bf16, (spec,), spec)(params)   # sharded bfloat16
+
+
+EXAMPLES = {"siren": siren_state, "bloom_sharding": bloom_params, "flax_guide_mlp": flax_guide_state,
             "hf_model_parallel": hf_state, "t5x_partitioner": lambda: t5x_state()[0]}
 
 

@@ -68,17 +68,52 @@ def _xxh3():
 DEFAULT_CHECKSUM = "xxh3_64" if _xxh3() is not None else "crc32"
 
 
-def checksum_fn(name: str):
-    """The function (buffer -> int) of a checksum named in an index."""
+class _Crc32:
+    """zlib's CRC-32 with xxhash's streaming interface (update / intdigest)."""
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def intdigest(self) -> int:
+        return self.value
+
+
+def hasher(name: str):
+    """A streaming checksum of the kind an index names: ``update(bytes)``, ``intdigest()``."""
     if name == "crc32":
-        return zlib.crc32
+        return _Crc32()
     if name == "xxh3_64":
-        f = _xxh3()
-        if f is None:
+        if _xxh3() is None:
             raise ImportError("this checkpoint's checksums are XXH3-64: verifying them needs "
                               "the xxhash package (pip install xxhash)")
-        return f
+        import xxhash
+        return xxhash.xxh3_64()
     raise ValueError(f"unknown checksum {name!r} (known: 'xxh3_64', 'crc32')")
+
+
+#: Bytes moved between a read or write and its checksum update: small enough to stay in the
+#: CPU's cache, so the checksum reads them from there rather than from memory again.
+HASH_CHUNK = 1 << 20
+
+
+def read_hashed(fd: int, mv: memoryview, offset: int, h, what) -> None:
+    """Fill ``mv`` from ``fd`` at ``offset`` and feed every byte to the checksum ``h``."""
+    for a in range(0, len(mv), HASH_CHUNK):
+        part = mv[a:a + HASH_CHUNK]
+        pread_into(fd, part, offset + a, what)
+        h.update(part)
+
+
+def write_hashed(fd: int, mv: memoryview, offset: int, h) -> None:
+    """Write ``mv`` to ``fd`` at ``offset`` and feed every byte to the checksum ``h``."""
+    for a in range(0, len(mv), HASH_CHUNK):
+        part = mv[a:a + HASH_CHUNK]
+        pwrite_all(fd, part, offset + a)
+        h.update(part)
 
 
 # --- boxes: (lo, hi) per dimension ------------------------------------------------------------

@@ -224,7 +224,7 @@ def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
         pos += nbytes
         by_block.setdefault(id(b), (b, []))[1].append((boff, nbytes, sl))
     path = os.path.join(directory, plan.file)
-    hash_fn = _io.checksum_fn(_io.DEFAULT_CHECKSUM)
+    _io.hasher(_io.DEFAULT_CHECKSUM)   # an unknown or missing checksum fails before writing
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
     def write_block(b, items):
@@ -232,9 +232,9 @@ def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
         # each of its slices goes to its place in the file with its checksum
         data = b.data().reshape(-1).view(np.uint8)
         for boff, nbytes, sl in items:
-            mv = memoryview(data[boff:boff + nbytes])
-            _io.pwrite_all(fd, mv, sl["offsets"][0])
-            sl["checksum"] = hash_fn(mv)
+            h = _io.hasher(_io.DEFAULT_CHECKSUM)
+            _io.write_hashed(fd, memoryview(data[boff:boff + nbytes]), sl["offsets"][0], h)
+            sl["checksum"] = h.intdigest()
 
     try:
         _io.write_all(fd, header)
@@ -354,7 +354,8 @@ class _Reader:
     def __init__(self, directory, checksum: str):
         self.files = _Files(directory)
         self.directory = directory
-        self.hash_fn = _io.checksum_fn(checksum)
+        self.checksum = checksum
+        _io.hasher(checksum)   # an unknown checksum, or xxhash missing, fails before reading
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -371,8 +372,9 @@ class _Reader:
                                          f"{hi - lo} bytes in the index, {len(mv)} expected")
         with self._lock:
             fd = self.files.fd(sl["file"], f"array '{name}'")
-        _io.pread_into(fd, mv, lo, f"array '{name}' in {sl['file']}")
-        if self.hash_fn(mv) != sl["checksum"]:
+        h = _io.hasher(self.checksum)
+        _io.read_hashed(fd, mv, lo, h, f"array '{name}' in {sl['file']}")
+        if h.intdigest() != sl["checksum"]:
             raise CorruptCheckpointError(
                 f"checksum mismatch in array '{name}': slice {sl['index']} "
                 f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "

@@ -138,8 +138,11 @@ class SavePlan:
     caller may change or donate its arrays as soon as the plan exists); written by
     :func:`write_plan`, in any thread."""
 
-    def __init__(self, state_dict, *, snapshot: bool, process_index: int = 0,
+    def __init__(self, state_dict, *, snapshot: bool, process_index: int | None = None,
                  cast=None):
+        if process_index is None:
+            from .._devices import process_index as _process_index
+            process_index = _process_index()
         self.leaves = []     # the index's leaf entries, in tree order
         self.arrays = []     # (array leaf entry, [_Block]): what goes into the file
         self.file = f"arrays.p{process_index:05d}.safetensors"

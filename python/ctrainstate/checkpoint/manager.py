@@ -16,7 +16,7 @@ import numpy as np
 
 from .._abstract import ShapeDtypeStruct
 from ..array import Array
-from ..t5x.serialization import from_state_dict, to_state_dict
+from ..serialization import from_state_dict, to_state_dict
 from . import _io, _store
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "StandardCheckpointer",
@@ -538,7 +538,9 @@ class T5xCheckpointer:
     ``eval_shape`` of one), cast to its dtype, then to ``restore_dtype`` if given.
     ``state_transformation_fns`` are called ``fn(state_dict, target_state_dict)`` in order on
     restore (before saving, on the state dict to be written). Dataset iterators are not
-    checkpointed (``dataset_iterator`` must be None).
+    checkpointed (``dataset_iterator`` must be None); ``fallback_state``,
+    ``lazy_parameters`` and ``concurrent_gb`` are accepted and have no effect (every array is
+    read onto its sharding when ``restore`` runs, one slice at a time).
     """
 
     def __init__(self, train_state, partitioner=None, checkpoints_dir="",

@@ -343,7 +343,7 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
         tree = _open_any(path, fds, sep)
         stored = dict(_flat(tree))
         if target is not None:
-            from ..t5x.serialization import to_state_dict
+            from ..serialization import to_state_dict
             tflat = dict(_store.flatten(to_state_dict(target)))
             missing = sorted("/".join(k) for k in tflat if k not in stored
                              and not (isinstance(tflat[k], dict) and not tflat[k]))

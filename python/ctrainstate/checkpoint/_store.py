@@ -351,8 +351,8 @@ class _Files:
 class _Reader:
     """Reads array entries of one index onto shardings, slice by slice and several slices at
     a time (``_io.workers()`` threads), checking each slice's checksum. A slice that is not
-    read straight into its destination goes through its thread's scratch buffer
-    (SLICE_BYTES)."""
+    read straight into its destination goes through its thread's scratch buffer (at most
+    SLICE_BYTES)."""
 
     def __init__(self, directory, checksum: str):
         self.files = _Files(directory)
@@ -364,8 +364,8 @@ class _Reader:
 
     def scratch(self, n):
         buf = getattr(self._local, "scratch", None)
-        if buf is None or len(buf) < n:
-            buf = self._local.scratch = np.empty(max(n, _io.SLICE_BYTES), np.uint8)
+        if buf is None or len(buf) < n:   # grows to the largest slice this thread reads
+            buf = self._local.scratch = np.empty(n, np.uint8)
         return buf[:n]
 
     def _read_slice(self, sl, name, mv):

@@ -29,7 +29,8 @@ ctrainstate:
 * an async save: how long ``save`` blocks the caller, against a bare device-to-host copy of
   every block (np.empty + _C.copy_to_host), the snapshot it needs, timed alternately.
 
-Times are the best of --reps (a fresh checkpoint directory each).
+Times are the best of --reps (a fresh checkpoint directory each). The checkpoint I/O uses
+CTRAINSTATE_CHECKPOINT_THREADS threads (default 1).
 """
 import argparse
 import os

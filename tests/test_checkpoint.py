@@ -218,7 +218,9 @@ def test_example_state_round_trips_across_meshes(tmp_path, example):
         assert_bit_exact(state, m.restore(1, state))
 
 
-def test_resharding_moves_dims_and_reads_each_slice_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_resharding_moves_dims_and_reads_each_slice_once(tmp_path, monkeypatch, threads):
+    monkeypatch.setenv("CTRAINSTATE_CHECKPOINT_THREADS", threads)
     x = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
     a = cts.device_put(x, NamedSharding(mesh24(), P("data", "model")))
     ocp.StandardCheckpointer().save(tmp_path / "c", {"a": a})

@@ -430,10 +430,12 @@ def test_manager_policies(tmp_path):
         m.wait_until_finished()
         assert m.all_steps() == [4, 8, 10] and m.latest_step() == 10
         assert not m.should_save(10) and m.should_save(12) and not m.should_save(11)
-        assert m.save(11, s, force=True)
+        assert m.save(11, s, force=True, metrics={"loss": np.float32(0.5)},
+                      custom_metadata={"run": "a"})
         with pytest.raises(ocp.StepAlreadyExistsError):
             m.save(11, s, force=True)
-        assert m.metadata(11)["step"] == 11
+        md = m.metadata(11)
+        assert md["step"] == 11 and md["metrics"] == {"loss": 0.5} and md["custom"] == {"run": "a"}
         assert m.item_metadata(11)["params"]["w0"].shape == (16, 32)
         m.delete(4)
         m.wait_until_finished()

@@ -248,7 +248,8 @@ class CheckpointManager:
 
         Waits for the previous background save (raising its error, if any), removes what
         interrupted saves left, and, unless ``force``, skips steps :meth:`should_save` refuses.
-        A step that already exists raises :class:`StepAlreadyExistsError`."""
+        A step that already exists raises :class:`StepAlreadyExistsError`. ``metrics`` (a dict
+        of scalars) and ``custom_metadata`` are stored in the step's metadata."""
         if args is not None:
             if items is not None:
                 raise ValueError("CheckpointManager.save: pass the state as items or as args, "
@@ -270,6 +271,8 @@ class CheckpointManager:
         md = _metadata(step, custom_metadata)
         if self._metadata is not None:
             md["manager"] = self._metadata
+        if metrics is not None:   # kept with the step (orbax's best_fn retention is not done)
+            md["metrics"] = {str(k): float(np.asarray(v)) for k, v in dict(metrics).items()}
         plan = _store.SavePlan(to_state_dict(items),
                                snapshot=self._options.enable_async_checkpointing)
         final = self._path(step)

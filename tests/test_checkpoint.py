@@ -782,3 +782,49 @@ def test_save_and_restore_never_hold_the_array_on_the_host(tmp_path):
     # a scratch buffer of one slice (here a whole 8 MiB shard) per I/O thread
     assert p_cols <= _io.workers() * (a.nbytes // 8) + (1 << 20) < a.nbytes
     assert np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
+
+
+@pytest.mark.parity
+def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path):
+    """A Flax (linen, on jax) model's params written by flax.serialization.msgpack_serialize
+    load into the same ctrainstate model's params, born with the shardings its init under
+    logical axis rules would give them (the target is eval_shape of that init, boxes and
+    all)."""
+    jax = pytest.importorskip("jax")
+    flax_nn = pytest.importorskip("flax.linen")
+    flax_ser = pytest.importorskip("flax.serialization")
+    from ctrainstate import nn
+
+    class FlaxMLP(flax_nn.Module):
+        @flax_nn.compact
+        def __call__(self, x):
+            x = flax_nn.Dense(64, name="up")(x)
+            return flax_nn.Dense(16, name="down")(flax_nn.relu(x))
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            k1 = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+            k2 = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("mlp", "embed"))
+            b1 = nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",))
+            x = nn.Dense(64, kernel_init=k1, bias_init=b1, name="up")(x)
+            return nn.Dense(16, kernel_init=k2, name="down")(nn.relu(x))
+
+    x = np.ones((2, 16), np.float32)
+    ref = jax.device_get(FlaxMLP().init(jax.random.PRNGKey(0), x)["params"])
+    (tmp_path / "flax_model.msgpack").write_bytes(flax_ser.msgpack_serialize(dict(ref)))
+    mesh = mesh24()
+    with mesh, nn.logical_axis_rules((("mlp", "model"), ("embed", None))):
+        target = cts.eval_shape(MLP().init, crandom.PRNGKey(0), x)["params"]
+    params = ocp.load_pretrained_params(tmp_path, target)
+    k = params["up"]["kernel"]
+    assert k.sharding == NamedSharding(mesh, P(None, "model"))
+    assert params["down"]["kernel"].sharding == NamedSharding(mesh, P("model", None))
+    for layer in ("up", "down"):
+        for name in ("kernel", "bias"):
+            assert np.asarray(params[layer][name]).tobytes() == \
+                np.asarray(ref[layer][name]).tobytes(), (layer, name)
+    # and the model runs on them
+    y = MLP().apply({"params": params}, cts.device_put(x))
+    want = FlaxMLP().apply({"params": ref}, x)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -320,7 +320,8 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
 
     Where each array goes, in order of precedence: ``target``, a params tree of Arrays or
     ``ShapeDtypeStruct`` (``eval_shape`` of an init under a mesh and axis rules), whose
-    shardings, shapes and dtypes the file must match (``cast=True`` converts dtypes);
+    shardings, shapes and dtypes the file must match (``cast=True`` converts dtypes; the
+    ``nn.Partitioned`` boxes of an ``eval_shape(model.init, ...)`` are looked through);
     ``rules`` with ``mesh``, HF's regex partition rules (``(regex tuple, PartitionSpec)``, as
     :func:`ctrainstate.hf.partitions.set_partitions` takes them); ``mesh`` alone: replicated
     over it; else the default device. ``dtype`` converts every floating array. Each device
@@ -343,8 +344,9 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
         tree = _open_any(path, fds, sep)
         stored = dict(_flat(tree))
         if target is not None:
+            from ..nn.meta import unbox
             from ..serialization import to_state_dict
-            tflat = dict(_store.flatten(to_state_dict(target)))
+            tflat = dict(_store.flatten(to_state_dict(unbox(target))))
             missing = sorted("/".join(k) for k in tflat if k not in stored
                              and not (isinstance(tflat[k], dict) and not tflat[k]))
             extra = sorted("/".join(k) for k in stored if k not in tflat)

@@ -317,7 +317,14 @@ def test_a_flipped_byte_in_any_array_raises_naming_it(tmp_path):
         with pytest.raises(ocp.CorruptCheckpointError,
                            match=f"checksum mismatch in array '{name}'"):
             ocp.StandardCheckpointer().restore(bad, retarget(state, cts.make_mesh((8,), ("x",))))
-    # a truncated file and a missing file are errors too, never silent
+    # a malformed index entry, a truncated file and a missing file are errors too
+    idx = json.load(open(bad / "index.json"))
+    broken = json.loads(json.dumps(idx))
+    del next(e for e in broken["leaves"] if e["kind"] == "array")["slices"][0]["offsets"]
+    json.dump(broken, open(bad / "index.json", "w"))
+    with pytest.raises(ocp.CorruptCheckpointError, match="is malformed"):
+        ocp.StandardCheckpointer().restore(bad, state)
+    json.dump(idx, open(bad / "index.json", "w"))
     bad = tmp_path / "bad"
     with open(bad / "arrays.p00000.safetensors", "r+b") as f:
         f.truncate(os.path.getsize(bad / "arrays.p00000.safetensors") - 3)

@@ -516,13 +516,22 @@ def restore_dir(directory: str, target_sd=None, *, cast: bool = False):
     against and placed like its target leaf (an Array's or ShapeDtypeStruct's sharding; a
     numpy target gives a host array); without one, arrays come back as host numpy arrays."""
     index = read_index(directory)
-    saved = {tuple(e["keys"]): e for e in index["leaves"]}
-    reader = _Reader(directory, index["checksum"])
+    try:
+        saved = {tuple(e["keys"]): e for e in index["leaves"]}
+        checksum = index["checksum"]
+    except (KeyError, TypeError) as e:
+        raise CorruptCheckpointError(f"{directory}/{INDEX} is malformed ({e!r})") from None
+    reader = _Reader(directory, checksum)
+
+    def leaf(e, keys, t):
+        try:
+            return _restore_leaf(reader, e, keys, t, cast)
+        except (KeyError, TypeError, IndexError) as err:   # an entry missing a field
+            raise CorruptCheckpointError(f"{directory}/{INDEX}: the entry of "
+                                         f"{path_name(keys)} is malformed ({err!r})") from None
     try:
         if target_sd is None:
-            items = [(keys, _restore_leaf(reader, e, keys, None, cast))
-                     for keys, e in saved.items()]
-            return unflatten(items)
+            return unflatten([(keys, leaf(e, keys, None)) for keys, e in saved.items()])
         targets = flatten(target_sd)
         want = {keys for keys, _ in targets}
         extra = sorted(path_name(k) for k in saved if k not in want
@@ -538,7 +547,7 @@ def restore_dir(directory: str, target_sd=None, *, cast: bool = False):
                     items.append((keys, {}))
                     continue
                 raise ValueError(f"checkpoint {directory} has no entry {path_name(keys)}")
-            items.append((keys, _restore_leaf(reader, e, keys, t, cast)))
+            items.append((keys, leaf(e, keys, t)))
         return unflatten(items)
     finally:
         reader.close()

@@ -786,8 +786,8 @@ def test_save_and_restore_never_hold_the_array_on_the_host(tmp_path):
     assert p_same < 1 << 20 and np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
     cols = {"a": cts.ShapeDtypeStruct(a.shape, a.dtype, NamedSharding(mesh8, P(None, "x")))}
     p_cols, r = peak(lambda: m.restore(1, cols))
-    # a scratch buffer of one slice (here a whole 8 MiB shard) per I/O thread
-    assert p_cols <= _io.workers() * (a.nbytes // 8) + (1 << 20) < a.nbytes
+    # a scratch buffer of one slice per I/O thread
+    assert p_cols <= _io.workers() * _io.SLICE_BYTES + (1 << 20) < a.nbytes // 8
     assert np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
 
 

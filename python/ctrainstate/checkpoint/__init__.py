@@ -1,7 +1,7 @@
 """Checkpoints: sharded, atomic, checksummed, asynchronous; restored onto any mesh.
 
 A checkpoint is a directory: the arrays in safetensors files (each unique block written once,
-by the process holding it, cut into slices of at most 16 MiB) and ``index.json`` — the tree
+by the process holding it, cut into slices of at most 4 MiB) and ``index.json`` — the tree
 paths ('/'-joined state-dict keys), global shapes, dtypes, each array's sharding at save
 time, the file, byte range and checksum (XXH3-64) of every slice (each slice keyed by its global index
 range), the values of non-array leaves, and the step's metadata. Every file opens with the

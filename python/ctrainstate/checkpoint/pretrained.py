@@ -326,7 +326,7 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
     :func:`ctrainstate.hf.partitions.set_partitions` takes them); ``mesh`` alone: replicated
     over it; else the default device. ``dtype`` converts every floating array. Each device
     reads only the byte runs of its own block (``pread``), so host memory beyond the result
-    stays within one scratch buffer (16 MiB) per array, one block on GPU devices.
+    stays within a scratch buffer (4 MiB) per I/O thread, one block on GPU devices.
 
     >>> import os, tempfile, numpy as np, ctrainstate as cts
     >>> from safetensors.numpy import save_file

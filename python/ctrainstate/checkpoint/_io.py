@@ -5,7 +5,7 @@ tensor's dtype, shape and byte range, then the raw C-order bytes) is written her
 through ``safetensors.numpy.save_file``, which builds each tensor's ``bytes`` first (a full
 host copy of the state) and does not fsync. Writing the header ourselves lets every slice go
 from its device block (or its snapshot) to the file without a copy, with its checksum taken
-on the way, several slices at a time. Every file written this way is a plain safetensors file (the tests read them with
+on the way (slices on ``workers()`` threads). Every file written this way is a plain safetensors file (the tests read them with
 ``safetensors.numpy.load_file``). Reading goes through ``pread`` of the byte ranges a device
 needs, so no file is ever mapped or read whole.
 """

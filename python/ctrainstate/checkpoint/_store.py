@@ -349,8 +349,8 @@ class _Files:
 
 
 class _Reader:
-    """Reads array entries of one index onto shardings, slice by slice and several slices at
-    a time (``_io.workers()`` threads), checking each slice's checksum. A slice that is not
+    """Reads array entries of one index onto shardings, slice by slice (on ``_io.workers()``
+    threads), checking each slice's checksum. A slice that is not
     read straight into its destination goes through its thread's scratch buffer (at most
     SLICE_BYTES)."""
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run tests/test_gpu.py on machines without a GPU, against a host emulation of the
-# CUDA backend (tests/mock_gpu/mock_backend.cpp) loaded in place of
+# Run tests/test_gpu.py (and tests/test_checkpoint.py's GPU test) on machines without a GPU,
+# against a host emulation of the CUDA backend (tests/mock_gpu/mock_backend.cpp) loaded in place of
 # ctrainstate/_cuda_backend*.so through CTRAINSTATE_CUDA_BACKEND.
 #
 # What this checks: the core's and the Python layer's GPU code paths (device
@@ -29,3 +29,5 @@ echo "-- tests/test_gpu.py on the emulated backend, CTRAINSTATE_GPU_SPLIT=4"
 CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
 echo "-- two emulated physical GPUs (MOCK_NGPU=2)"
 MOCK_NGPU=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
+echo "-- checkpoints saved from and restored onto emulated GPU devices, CTRAINSTATE_GPU_SPLIT=4"
+CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider -m gpu tests/test_checkpoint.py "$@"

@@ -36,6 +36,12 @@ from ._jit import jit, pjit
 from ._pmap import device_put_replicated, device_put_sharded, pmap
 from ._vmap import vmap
 from . import optim, train_state, lax, serialization, struct, traverse_util, core, debug
+# `checkpoint` names the checkpoint package, which is also callable as jax.checkpoint (remat);
+# `remat` names the same object, as jax.remat is jax.checkpoint. (`from . import checkpoint`
+# alone would find _remat's function under that name and import nothing.)
+from .checkpoint import CheckpointManager as _CheckpointManager  # noqa: F401
+from . import checkpoint  # noqa: E402
+remat = checkpoint
 from .lax import with_sharding_constraint
 
 __version__ = "0.1.0"

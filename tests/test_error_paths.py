@@ -438,7 +438,8 @@ case("fill_bits32", lambda: C.fill_bits32([tab], 2**32))
 case("reduce_axes", lambda: C.op_reduce([tab], 0, 2**32 + 1, [C.Buffer(0, (3,), F32)]))
 case("copy_to_host_object", lambda: C.copy_to_host(ids, np.empty(2, object), (0,)))
 case("mesh_ids", lambda: C.mesh_check((1,), ("x",), (2**32,)))
-case("set_blas_sgemm", lambda: C.set_blas_sgemm(np._core.multiarray._ARRAY_API))
+case("set_blas_sgemm", lambda: C.set_blas_sgemm(  # numpy 2: numpy._core; numpy 1: numpy.core
+    (getattr(np, "_core", None) or np.core).multiarray._ARRAY_API))
 """
 
 

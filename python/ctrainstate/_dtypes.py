@@ -48,17 +48,19 @@ _LATTICE = {
 }
 
 
-def _above(node):
+def _reachable(lattice, node) -> frozenset:
+    """``node`` and every type above it in a promotion ``lattice`` ({type: types right
+    above it}); the least upper bound of two types is the least type both reach."""
     seen, todo = {node}, [node]
     while todo:
-        for nxt in _LATTICE[todo.pop()]:
+        for nxt in lattice[todo.pop()]:
             if nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)
     return frozenset(seen)
 
 
-_ABOVE = {n: _above(n) for n in _LATTICE}
+_ABOVE = {n: _reachable(_LATTICE, n) for n in _LATTICE}
 
 
 def promote(a, b) -> np.dtype:

@@ -141,17 +141,9 @@ _LATTICE = {
 _WEAK_DEFAULT = {_WI: _I64, _WF: _F64, _WC: _C128}
 
 
-def _upper(node):
-    seen, todo = {node}, [node]
-    while todo:
-        for nxt in _LATTICE[todo.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
 
 
-_UPPER = {n: _upper(n) for n in _LATTICE}
+_UPPER = {n: _dtypes._reachable(_LATTICE, n) for n in _LATTICE}
 
 
 def _lattice_node(t, who):

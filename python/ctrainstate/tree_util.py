@@ -485,6 +485,22 @@ def _flatten_up_to_loose(treedef, tree, path):
     return out
 
 
+def _leaves_as(treedef, tree, leaf_type):
+    """The leaves of ``tree`` when it has exactly ``treedef``'s structure and every leaf is of
+    ``leaf_type``, else None: a known structure's check and flatten in one C++ pass (a few
+    microseconds for a tree that a full flatten, sorting each dict's keys, takes ten times
+    longer on). For hot paths that expect a structure (an optimizer step's grads and state);
+    None sends them to their general path."""
+    try:
+        leaves = treedef.flatten_up_to(tree)
+    except (ValueError, TypeError):
+        return None
+    for x in leaves:     # (a subtree where treedef has a leaf is not of leaf_type)
+        if type(x) is not leaf_type:
+            return None
+    return leaves
+
+
 def _node_desc(td) -> str:
     t = td.type
     name = t.__name__ if t is not None else "leaf"

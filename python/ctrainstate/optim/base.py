@@ -35,7 +35,7 @@ import numpy as np
 from .. import _C, _dtypes
 from ..array import Array, DonatedBufferError, device_put
 from ..sharding import NamedSharding, PartitionSpec, default_sharding
-from ..tree_util import (keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
+from ..tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
                          tree_map, tree_structure, tree_unflatten)
 
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
@@ -297,7 +297,9 @@ def _own_arrays(xs, cow=None, claims=None) -> list:
            for x in xs]
     if claims is not None:
         claims.extend(out)
-    if _BORROWED and cow is not None:
+    # (the ids first, in one C-level pass: a state's own Arrays are never borrowed after its
+    # first step, while the caller's still are, so the per-leaf lookup runs only then)
+    if cow is not None and _BORROWED_IDS and not _BORROWED_IDS.isdisjoint(map(id, out)):
         out = [_cow_copy(a, cow) if _BORROWED.get(id(a)) is a else a for a in out]
     return out
 
@@ -307,6 +309,8 @@ def _own_arrays(xs, cow=None, claims=None) -> list:
 # Arrays the caller still holds although a train state refers to them (the params given to
 # TrainState.create), by id; an entry goes when its Array is garbage collected.
 _BORROWED: "weakref.WeakValueDictionary[int, Array]" = weakref.WeakValueDictionary()
+# their ids (a set: one C-level disjointness test per step); an id leaves with its Array
+_BORROWED_IDS: set = set()
 
 
 def mark_borrowed(tree) -> None:
@@ -315,8 +319,10 @@ def mark_borrowed(tree) -> None:
     a copy of each, once (copy on write), so eager code that reuses the Arrays it passed to
     ``TrainState.create`` keeps working."""
     for x in tree_leaves(tree):
-        if type(x) is Array:
+        if type(x) is Array and _BORROWED.get(id(x)) is not x:
             _BORROWED[id(x)] = x
+            _BORROWED_IDS.add(id(x))
+            weakref.finalize(x, _BORROWED_IDS.discard, id(x))
 
 
 def is_borrowed(x) -> bool:
@@ -468,8 +474,10 @@ class FuseContext:
     counters and prepare state arrays (copies in functional mode, the arrays
     themselves — donated afterwards — in place)."""
 
-    def __init__(self, params_leaves, params_tree, inplace, tree=None, cow=None, claims=None):
+    def __init__(self, params_leaves, params_tree, inplace, tree=None, cow=None, claims=None,
+                 pdef=None):
         self.leaves = params_leaves      # Arrays (or None when no params were given)
+        self.pdef = pdef                 # the params' (or updates') treedef
         self.params = params_tree
         self.tree = tree if tree is not None else params_tree  # params, else the updates
         self.nleaves = len(params_leaves)
@@ -495,7 +503,13 @@ class FuseContext:
     def slot(self, tree, same_shape=True):
         """Prepare a per-param state tree: returns (per-leaf list for the kernel, rebuild()).
         ``same_shape=False``: arrays of another shape (factored statistics; the core checks)."""
-        leaves, td = tree_flatten(tree)
+        leaves = None
+        if self.pdef is not None and self.nleaves and all(self.active):
+            leaves = _leaves_as(self.pdef, tree, Array)     # the params' structure: the usual
+        if leaves is None:
+            leaves, td = tree_flatten(tree)
+        else:
+            td = self.pdef
         if len(leaves) != sum(self.active):
             raise ValueError(
                 f"optimizer state has {len(leaves)} arrays where the params have "
@@ -628,8 +642,8 @@ def _fast_grads(grads, pdef, p_leaves, seen=None):
     """The grads' leaves when they are Arrays placed exactly like the params (the common
     training-loop case: no checks with paths, no resharding), else None. ``seen``: a Plan's
     (grads' shardings, params' shardings) of its last step, pairs found equal then."""
-    g_leaves, gdef = tree_flatten(grads)
-    if gdef != pdef:
+    g_leaves = _leaves_as(pdef, grads, Array)
+    if g_leaves is None:
         return None
     seen_g, seen_p = seen if seen is not None and len(seen[0]) == len(g_leaves) else ((), ())
     for i, (g, p) in enumerate(zip(g_leaves, p_leaves)):
@@ -822,7 +836,12 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     nothing has been written then). Borrowed params (:func:`mark_borrowed`) are updated in
     copies."""
     ref = params if params is not None else updates
-    leaves, pdef = tree_flatten(ref)
+    leaves = None
+    if plan is not None:          # the last step's structure (a Plan's key holds its treedef)
+        pdef = plan.key[0]
+        leaves = _leaves_as(pdef, ref, Array)
+    if leaves is None:
+        leaves, pdef = tree_flatten(ref)
     cow = {} if inplace and _BORROWED else None
     claims = [] if inplace else None
     p_leaves = _own_arrays(leaves, cow, claims) if inplace else _live_arrays(leaves)
@@ -840,7 +859,8 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     g_leaves = _fast_grads(updates, pdef, p_leaves, plan.gshard if plan is not None else None)
     if g_leaves is None:
         g_leaves = check_grads(updates, paths(), pdef, p_leaves)
-    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref, cow, claims)
+    ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref, cow, claims,
+                      pdef)
     stages, rebuild = tx._fuse(state, ctx)
     wide = _Widen()
     needs_wide = wide.needed(p_leaves, g_leaves, stages)

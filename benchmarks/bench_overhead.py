@@ -7,8 +7,9 @@ the bindings, the launch. On a GPU that share decides whether the host or the GP
 pace (issue #6's 148-leaf GPT-2 step was host-bound on the H200), so it is measured here on
 CPU devices, where it can be measured on any machine:
 
-* ``TrainState.apply_gradients`` with AdamW on 148 leaves of 16 elements, and the same step
-  through t5x's ``OptaxWrapper`` (``Optimizer.apply_gradient``): median, 10th and 90th
+* ``TrainState.apply_gradients`` with AdamW on 148 leaves of 16 elements (one dict, and
+  GPT-2's shape: 74 dicts of a (4, 4) kernel and a bias), and the same step through t5x's
+  ``OptaxWrapper`` (``Optimizer.apply_gradient``): median, 10th and 90th
   percentiles and minimum over ``--steps`` steps after 20 warm-up steps, with Python's
   garbage collector on (as in a training loop) and off (its gen-0 collections are most of the
   gap between p10 and the median: a step allocates a few hundred Arrays, lists and tuples);
@@ -59,14 +60,24 @@ def _steppers():
 
     def t5x_step():
         opt[0] = opt[0].apply_gradient(g)
+
+    # the same leaf count in GPT-2's shape: 74 layers of {kernel, bias} (nested dicts)
+    nested = {f"layer{i}": {"kernel": np.ones((4, 4), np.float32), "bias": np.ones(4, np.float32)}
+              for i in range(LEAVES // 2)}
+    gn = cts.device_put(cts.tree_util.tree_map(lambda a: np.full(a.shape, 0.1, np.float32), nested))
+    stn = [TrainState.create(apply_fn=None, params=nested, tx=tx())]
+
+    def nested_step():
+        stn[0] = stn[0].apply_gradients(grads=gn)
     return [("TrainState.apply_gradients", ts_step),
-            ("t5x Optimizer.apply_gradient (OptaxWrapper)", t5x_step)]
+            ("t5x Optimizer.apply_gradient (OptaxWrapper)", t5x_step),
+            ("TrainState.apply_gradients, 74 x {kernel, bias}", nested_step)]
 
 
 def run_steps(steps):
     print(f"## optimizer step, AdamW on {LEAVES} leaves x 16 elements, 1 CPU device: "
           f"ms per step over {steps} steps")
-    print(f"{'step':46s} {'gc':>4s} {'median':>8s} {'p10':>7s} {'p90':>7s} {'min':>7s}")
+    print(f"{'step':50s} {'gc':>4s} {'median':>8s} {'p10':>7s} {'p90':>7s} {'min':>7s}")
     for name, step in _steppers():
         for _ in range(20):
             step()
@@ -77,7 +88,7 @@ def run_steps(steps):
                 med, p10, p90, mn = _percentiles(step, steps)
             finally:
                 gc.enable()
-            print(f"{name:46s} {'on' if gc_on else 'off':>4s} {med:8.3f} {p10:7.3f} {p90:7.3f} "
+            print(f"{name:50s} {'on' if gc_on else 'off':>4s} {med:8.3f} {p10:7.3f} {p90:7.3f} "
                   f"{mn:7.3f}")
 
 

@@ -74,7 +74,7 @@ def logical_axis_rules(rules: LogicalRules, strict: bool = False):
     on exit, also on an exception; ``with ... as x`` gives ``None``. By default a logical
     name that matches no rule is replicated, as Flax does. With ``strict=True`` such a name
     raises a ``ValueError`` naming the parameter (or constraint) and the name, wherever
-    these rules resolve names: a typo in a rule table or an annotation no longer shards
+    these rules resolve names, so a typo in a rule table or an annotation cannot shard
     nothing silently. Strictness belongs to these rules: a nested ``axis_rules(other)``
     is not strict unless it says so. (A default context is the C type
     ``ctrainstate._C.axis_rules``.)

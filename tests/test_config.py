@@ -1,6 +1,7 @@
 """ctrainstate.config: jax.config's update/read, device settings read once per process."""
 import textwrap
 
+import numpy as np
 import pytest
 
 import ctrainstate as cts
@@ -129,3 +130,38 @@ def test_config_same_device_count_in_this_process_is_a_no_op():
     cts.config.update("jax_num_cpu_devices", cts.device_count("cpu"))
     with pytest.raises(RuntimeError, match="already created"):
         cts.config.update("jax_num_cpu_devices", cts.device_count("cpu") + 1)
+
+
+def test_config_default_matmul_precision_is_process_wide_under_the_context():
+    import threading
+    x = np.array([[1 + 2.0 ** -9]], np.float32)     # bfloat16 rounds the 2^-9 away
+    one = np.ones((1, 1), np.float32)
+
+    def product():
+        return float(np.asarray(cts.device_put(x) @ one)[0, 0])
+    assert product() == 1 + 2.0 ** -9 and cts.config.jax_default_matmul_precision is None
+    cts.config.update("jax_default_matmul_precision", "bfloat16")
+    try:
+        assert cts.config.read("jax_default_matmul_precision") == "bfloat16"
+        assert product() == 1.0
+        got = []
+        t = threading.Thread(target=lambda: got.append(product()))   # every thread
+        t.start()
+        t.join()
+        assert got == [1.0]
+        with cts.default_matmul_precision("float32"):    # a block still overrides it
+            assert product() == 1 + 2.0 ** -9
+        assert product() == 1.0
+        with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+            cts.config.update("jax_default_matmul_precision", "fp8")
+    finally:
+        cts.config.update("jax_default_matmul_precision", None)
+    assert product() == 1 + 2.0 ** -9
+
+
+def test_config_debug_nans_false_is_accepted_true_raises():
+    for name in ("jax_debug_nans", "jax_debug_infs"):
+        cts.config.update(name, False)
+        assert cts.config.read(name) is False
+        with pytest.raises(ValueError, match="does not check each op's result"):
+            cts.config.update(name, True)

@@ -173,21 +173,41 @@ def mode_name(code: int) -> str:
     return _MODE_NAMES[code]
 
 
+# The process-wide default (``config.update("jax_default_matmul_precision", ...)``), under
+# every thread's ``default_matmul_precision`` blocks.
+_process_default = F32
+
+
 def current_default() -> int:
     """The calling thread's default mode code (what ``precision=None`` resolves to now)."""
-    return getattr(_tls, "default", F32)
+    return getattr(_tls, "default", _process_default)
+
+
+def set_process_default(name) -> None:
+    """The process-wide default for ``precision=None`` (``None``: float32), as jax's
+    ``jax_default_matmul_precision`` option; ``default_matmul_precision`` blocks override it."""
+    global _process_default
+    _process_default = F32 if name is None else _one(name, "jax_default_matmul_precision")
+
+
+def process_default_name():
+    """The name set by :func:`set_process_default` (None for float32, the default)."""
+    return None if _process_default == F32 else _MODE_NAMES[_process_default]
 
 
 @contextlib.contextmanager
 def default_mode(code: int):
     """Internal: run a block with the thread's default mode set to ``code`` (a checkpointed
     function run again for the backward pass gets the default its first run had)."""
-    prev = getattr(_tls, "default", F32)
+    prev = getattr(_tls, "default", None)    # None: the thread follows the process default
     _tls.default = code
     try:
         yield
     finally:
-        _tls.default = prev
+        if prev is None:
+            del _tls.default
+        else:
+            _tls.default = prev
 
 
 @contextlib.contextmanager

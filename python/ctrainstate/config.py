@@ -28,6 +28,13 @@ something here.
     element's global index on every mesh; ``False`` raises ``ValueError``.
 ``jax_default_prng_impl``
     Only ``"threefry2x32"``.
+``jax_default_matmul_precision``
+    The default precision of matrix products called with ``precision=None``, process-wide
+    (``'float32'``/``'highest'``, ``'tensorfloat32'``/``'high'``, ``'bfloat16'``,
+    ``'default'``, or None for float32); ``default_matmul_precision`` blocks override it.
+``jax_debug_nans`` / ``jax_debug_infs``
+    Only ``False``: ctrainstate does not check every op's result for NaNs or infinities;
+    ``True`` raises ``ValueError``.
 ``jax_disable_jit``
     ``jit`` runs eagerly either way; with ``True`` a jitted function also runs as outside
     ``jit`` (a non-dividing sharding is an error, as it is eagerly).
@@ -55,6 +62,8 @@ _values = {
     "jax_threefry_partitionable": True,
     "jax_default_prng_impl": "threefry2x32",
     "jax_disable_jit": False,
+    "jax_debug_nans": False,
+    "jax_debug_infs": False,
 }
 
 _ENV = {
@@ -64,7 +73,8 @@ _ENV = {
 }
 _ALIASES = {"jax_num_cpu_devices": "ctrainstate_num_cpu_devices"}
 
-_NAMES = sorted(set(_values) | set(_ENV) | set(_ALIASES) | {"jax_platforms"})
+_NAMES = sorted(set(_values) | set(_ENV) | set(_ALIASES)
+                | {"jax_platforms", "jax_default_matmul_precision"})
 
 
 def _unknown(name) -> AttributeError:
@@ -162,6 +172,14 @@ def update(name: str, value) -> None:
                              f"'threefry2x32' only")
     elif key == "jax_disable_jit":
         _values[key] = bool(value)
+    elif key == "jax_default_matmul_precision":
+        from . import _precision
+        _precision.set_process_default(value)
+    elif key in ("jax_debug_nans", "jax_debug_infs"):
+        if value:
+            raise ValueError(f"config.update({name!r}, {value!r}): ctrainstate does not check "
+                             f"each op's result for NaNs or infinities (use jnp.isfinite on "
+                             f"the values you want to check)")
     else:
         raise _unknown(name)
 
@@ -186,6 +204,9 @@ def read(name: str):
         return int(v) if v else (1 if key == "ctrainstate_gpu_split" else None)
     if key == "jax_platforms":
         return None if _devices._platforms is None else ",".join(_devices._platforms)
+    if key == "jax_default_matmul_precision":
+        from . import _precision
+        return _precision.process_default_name()
     if key in _values:
         return _values[key]
     raise _unknown(name)

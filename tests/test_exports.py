@@ -50,7 +50,9 @@ def _problems(name: str) -> list:
         elif _foreign(n, getattr(mod, n)):
             out.append(f"__all__ lists {n!r} ({_foreign(n, getattr(mod, n))})")
     for n in dir(mod):
-        if n.startswith("_"):
+        # ('@py_builtins', '@pytest_ar': pytest's assertion rewriter adds these to the modules
+        # of a distribution with a pytest plugin, as ctrainstate is; they are no identifiers)
+        if n.startswith(("_", "@")):
             continue
         why = _foreign(n, getattr(mod, n, None))
         if why:

@@ -15,7 +15,7 @@ def _pytest(args, cwd):
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
-                           "ctrainstate.pytest_plugin"] + args, cwd=cwd, env=env,
+                           "ctrainstate_pytest"] + args, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -1,4 +1,9 @@
-"""A pytest plugin for tests of sharded code (active wherever ctrainstate is installed).
+"""ctrainstate's pytest plugin for tests of sharded code (active wherever ctrainstate is
+installed).
+
+A module of its own, outside the ``ctrainstate`` package: pytest loads plugins before a test
+suite's conftest runs, and this one imports ctrainstate only when a test uses it, so a
+conftest can still choose which ctrainstate a suite imports (and pytest starts no slower).
 
 The number of CPU virtual devices is read once per process, when devices are first used, so
 one pytest session cannot give one module 8 devices and another 4 by setting
@@ -18,9 +23,8 @@ would silently run with its count. Here a test says what it needs:
 Subprocess runs cost an interpreter start (about a second) each; group tests that share a
 count in one module with a module-level mark, and give the most common count first.
 
-The plugin is registered as the ``pytest11`` entry point ``ctrainstate.pytest_plugin``; where
-ctrainstate is not installed (only on ``PYTHONPATH``), load it with
-``-p ctrainstate.pytest_plugin``.
+The plugin is registered as the ``pytest11`` entry point ``ctrainstate_pytest``; where
+ctrainstate is not installed (only on ``PYTHONPATH``), load it with ``-p ctrainstate_pytest``.
 """
 from __future__ import annotations
 
@@ -29,9 +33,6 @@ import subprocess
 import sys
 
 import pytest
-
-__all__ = ["pytest_configure", "pytest_runtest_setup", "pytest_pyfunc_call", "cpu_devices",
-           "mesh"]
 
 _ENV = "CTRAINSTATE_NUM_CPU_DEVICES"
 _CHILD = "CTRAINSTATE_PYTEST_DEVICES_CHILD"
@@ -120,7 +121,3 @@ def mesh(request):
         return cts.make_mesh(tuple(shape), tuple(axis_names))
     return make
 
-
-from ._exports import module_dir as _module_dir  # noqa: E402
-
-__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -50,7 +50,7 @@ def test_all_equal_checks_dtypes_and_names_the_first_differing_element():
     b[1, 2] = 9
     with pytest.raises(AssertionError, match=re.escape(
             "Trees 0 and 1 differ in leaves 'a': 1 of 6 elements differ (first at index "
-            "(1, 2): np.int32(5) != np.int32(9))")):
+            "(1, 2): 5 != 9)")):
         testing.assert_trees_all_equal({"a": a}, {"a": b})
     with pytest.raises(AssertionError, match="dtypes int32 and float32"):
         testing.assert_trees_all_equal([a], [a.astype(np.float32)])

@@ -79,7 +79,7 @@ def _leaf_error(a, b, rtol, atol):
                 bad = int(_np.size(same) - _np.count_nonzero(same))
                 first = tuple(int(i) for i in _np.argwhere(~_np.asarray(same))[0])
                 return (f"{bad} of {x.size} elements differ (first at index {first}: "
-                        f"{x[first]!r} != {y[first]!r})")
+                        f"{x[first].item()!r} != {y[first].item()!r})")
             return ""
         return "" if ha == hb or (ha != ha and hb != hb) else f"{ha!r} != {hb!r}"
     try:

@@ -14,17 +14,13 @@ ShapeDtypeStruct(shape=(5, 3), dtype=float32)
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import numpy as np
 
 from ._operators import OperatorsMixin
+from ._trace_state import Depth
 from .tree_util import register_leaf_type
 
 __all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]
-
-_tls = threading.local()
 
 
 class ShapeDtypeStruct(OperatorsMixin):
@@ -118,18 +114,17 @@ class ShapeDtypeStruct(OperatorsMixin):
 register_leaf_type(ShapeDtypeStruct)
 
 
+_abstract = Depth()
+
+
 def is_abstract() -> bool:
     """True inside :func:`eval_shape`: array creation returns ShapeDtypeStructs."""
-    return getattr(_tls, "depth", 0) > 0
+    return _abstract.active()
 
 
-@contextlib.contextmanager
 def abstract_mode():
-    _tls.depth = getattr(_tls, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _tls.depth -= 1
+    """The block in which array creation returns ShapeDtypeStructs (per thread; nests)."""
+    return _abstract.scope()
 
 
 def to_abstract(x):

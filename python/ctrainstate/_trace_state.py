@@ -1,4 +1,5 @@
-"""Whether the calling thread is inside a ``jit`` / ``pjit`` call (a thread-local depth).
+"""Thread-local modes that nest: whether the calling thread is inside a ``jit`` / ``pjit``
+call (and so inside ``eval_shape``, which traces as jit does).
 
 Some behaviour differs under ``jit`` as it does in jax: a sharding that does not divide a
 dimension is an error for an eager ``device_put`` but is replicated along that dimension
@@ -10,19 +11,36 @@ from __future__ import annotations
 import contextlib
 import threading
 
-_state = threading.local()
+
+class Depth:
+    """A nesting depth per thread: ``with depth.scope():`` enters the mode (blocks nest and
+    leave it on exceptions too), ``depth.active()`` asks whether this thread is in it."""
+
+    __slots__ = ("_tls",)
+
+    def __init__(self):
+        self._tls = threading.local()
+
+    def active(self) -> bool:
+        return getattr(self._tls, "depth", 0) > 0
+
+    @contextlib.contextmanager
+    def scope(self):
+        self._tls.depth = getattr(self._tls, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._tls.depth -= 1
+
+
+_jit = Depth()
 
 
 def in_jit() -> bool:
     """True while this thread runs a function called through ``jit`` / ``pjit``."""
-    return getattr(_state, "depth", 0) > 0
+    return _jit.active()
 
 
-@contextlib.contextmanager
 def jit_scope():
     """Marks this thread as inside ``jit`` for the duration (nests)."""
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
+    return _jit.scope()

@@ -27,7 +27,8 @@ import ctrainstate as cts
 C = cts._C
 print("module", C.__file__, flush=True)
 
-ALLOWED = (ValueError, TypeError, OverflowError, RuntimeError, MemoryError, BufferError)
+ALLOWED = (ValueError, TypeError, OverflowError, RuntimeError, MemoryError, BufferError,
+           cts.DonatedBufferError)
 rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else SEED_BATCH)
 
 # --- argument pools --------------------------------------------------------------------
@@ -223,6 +224,10 @@ SIGS = {
                      "float", "any"],
     "xla_math": ["int", "host"], "xla_pow": ["host", "host"], "random_cpu_path": [],
     "optim_step": ["stages", "bgroups", "int", "any"], "optim_reference": ["stages", "block"],
+    "OptimPlan": ["stages", "bgroups", "bgroups", "int", "arrays", "arrays", "int", "ints",
+                  "any", "any"],
+    # the step of a plan built by a real TrainState step (plan_parts below)
+    "OptimPlan.step": ["arrays", "arrays", "any", "int", "arrays"],
 }
 # the bindings _C.pyi lists, less the classes (Buffer's constructor and methods are called
 # below) and _rules_set_unconstrained, which sets the sentinel that the Python layer passes
@@ -296,6 +301,37 @@ VALID = {
                                        0, True)],
 }
 
+from ctrainstate import optim as _optim
+from ctrainstate.train_state import TrainState as _TS
+import threading as _threading
+
+def plan_parts():
+    # (plan, its state's Arrays, grads leaves) after one TrainState step of adam (2 stages);
+    # the fuzz may have registered another class as the Array type: the real one again
+    C.array_type_register(cts.Array)
+    s = _TS.create(apply_fn=None, params={"w": np.ones(3, np.float32)}, tx=_optim.adam(0.1))
+    g = cts.device_put({"w": np.ones(3, np.float32)})
+    s = s.apply_gradients(grads=g)
+    return s.__dict__["_ct_plan"].fast.cplan, s.__dict__["_ct_cur"], [g["w"]]
+
+_plan = {}
+def plan_call(args):
+    return _plan["p"].step(*args)
+
+def valid_plan_step():
+    if "p" not in _plan or rng.random() < 0.2:
+        _plan["p"], _plan["cur"], _plan["g"] = plan_parts()
+    return [_plan["p"].arrays, list(_plan["g"]),
+            [[0.9, 0.999, 1e-8, 0.0, 0.1, 0.001, 0.0, 0.19], [-0.1]], np.int32(2)]
+
+def valid_plan():
+    p, cur, g = plan_parts()
+    return [[(1, [0.9, 0.999, 1e-8, 0.0, 0.1, 0.001, 0.0, 0.19]), (0, [-0.1])],
+            [[(cur[0]._blocks[0][1], None, None, [cur[2]._blocks[0][1], cur[3]._blocks[0][1]],
+               3, 0, True)]], [[(0, 0)]], 1, g, list(cur), 1, [1], _threading.Lock(), set()]
+VALID["OptimPlan.step"] = valid_plan_step
+VALID["OptimPlan"] = valid_plan
+
 names = sorted(SIGS)
 bad = 0
 for i in range(N_CALLS):
@@ -318,7 +354,12 @@ for i in range(N_CALLS):
         args.pop()
     print(i, name, flush=True)
     try:
-        getattr(C, name)(*args)
+        if name == "OptimPlan.step":
+            if "p" not in _plan:
+                _plan["p"], _plan["cur"], _plan["g"] = plan_parts()
+            plan_call(args)
+        else:
+            getattr(C, name)(*args)
     except ALLOWED:
         pass
     except BaseException as e:

@@ -72,6 +72,22 @@ int ct_py_conv_int(PyObject *obj, void *out);
 /* Convert a Python sequence of ints into int64 values; returns ndim or -1 with an exception. */
 int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 
+/* ctrainstate.Array (a Python class with __slots__), read and written by slot offset
+ * (py_array.c; the offsets are registered once by `_C.array_type_register`). */
+enum {
+    CT_PY_A_SHAPE, CT_PY_A_DTYPE, CT_PY_A_SHARDING, CT_PY_A_BLOCKS, CT_PY_A_SHARD_SHAPE,
+    CT_PY_A_HOST_SCALAR, CT_PY_A_BASE, CT_PY_A_DONATED, CT_PY_A_COUNT
+};
+/* The registered class, or NULL (RuntimeError set) before registration. */
+PyTypeObject *ct_py_array_type(void);
+/* The address of slot s (CT_PY_A_*) of Array a: a borrowed value, NULL while unset. */
+PyObject **ct_py_array_slot(PyObject *a, int s);
+/* New Arrays owning items[i]'s blocks, the old ones marked donated (Array._moved_all).
+ * Every item must be an Array that is neither donated nor a view: otherwise nothing
+ * changes, *bad is its index and NULL is returned without an exception (TypeError for a
+ * non-Array; *bad = -1 then, and on MemoryError). */
+PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *bad);
+
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);
 int ct_py_init_layout(PyObject *m);
@@ -80,6 +96,7 @@ int ct_py_init_dlpack(PyObject *m);
 int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resolution */
 int ct_py_init_random(PyObject *m);
 int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
+int ct_py_init_optim_plan(PyObject *m); /* py_optim_plan.c: the persistent step plan */
 int ct_py_init_array(PyObject *m);  /* py_array.c: moving Arrays' buffers (in-place steps) */
 
 #endif /* CT_PY_H */

@@ -132,6 +132,7 @@ static const ct_py_init_fn ct_py_parts[] = {
     ct_py_init_rules,
     ct_py_init_random,
     ct_py_init_optim,
+    ct_py_init_optim_plan,
     ct_py_init_array,
 };
 

@@ -23,18 +23,26 @@
 
 #include <structmember.h>
 
-/* The slots, in this order: copied (shape .. host scalar), then the two that are set. */
-enum { S_SHAPE, S_DTYPE, S_SHARDING, S_BLOCKS, S_SHARD_SHAPE, S_HOST_SCALAR, S_BASE, S_DONATED,
-       S_COUNT };
+/* The slots (ct_py.h's CT_PY_A_*), in this order: copied (shape .. host scalar), then the
+ * two that are set. */
+enum { S_BASE = CT_PY_A_BASE, S_DONATED = CT_PY_A_DONATED, S_COUNT = CT_PY_A_COUNT };
 static const char *const slot_names[S_COUNT] = {"_shape",       "_dtype",       "_sharding",
                                                 "_blocks",      "_shard_shape", "_host_scalar",
                                                 "_base",        "_donated"};
-#define S_COPIED S_BASE /* slots [0, S_COPIED) are copied */
 
 static PyTypeObject *array_type; /* a strong reference, set once */
 static Py_ssize_t slot_off[S_COUNT];
 
 static PyObject **slot_at(PyObject *o, int s) { return (PyObject **)((char *)o + slot_off[s]); }
+
+PyObject **ct_py_array_slot(PyObject *a, int s) { return slot_at(a, s); }
+
+PyTypeObject *ct_py_array_type(void) {
+    if (array_type == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "ctrainstate.Array is not registered "
+                                            "(_C.array_type_register was not called)");
+    return array_type;
+}
 
 static PyObject *py_array_type_register(PyObject *self, PyObject *cls) {
     (void)self;
@@ -73,49 +81,33 @@ static PyObject *py_array_type_register(PyObject *self, PyObject *cls) {
     Py_RETURN_NONE;
 }
 
-static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
-    (void)self;
-    if (array_type == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "move_arrays: array_type_register was not called");
-    if (!PyList_Check(arg) && !PyTuple_Check(arg))
-        return PyErr_Format(PyExc_TypeError, "move_arrays: expected a list of Arrays, got %s",
-                            Py_TYPE(arg)->tp_name);
-    /* a tuple of our own: the items stay alive and in place whatever code runs below (a
-     * garbage collection during tp_alloc may run finalizers) */
-    PyObject *seq = PySequence_Tuple(arg);
-    if (seq == NULL) return NULL;
-    const Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
+PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *bad) {
+    *bad = -1;
+    if (ct_py_array_type() == NULL) return NULL;
     /* every check before any change */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = items[i];
-        if (!PyObject_TypeCheck(a, array_type)) {
-            Py_DECREF(seq);
+        if (!PyObject_TypeCheck(a, array_type))
             return PyErr_Format(PyExc_TypeError, "move_arrays: item %zd is a %s, not an Array", i,
                                 Py_TYPE(a)->tp_name);
-        }
         /* identity tests only (no __bool__ runs): anything but False / None (unset
          * included) is left to the caller's Array._moved, which raises for it */
         PyObject *don = *slot_at(a, S_DONATED), *base = *slot_at(a, S_BASE);
         if (don != Py_False || base != Py_None) {
-            Py_DECREF(seq);
-            return PyLong_FromSsize_t(i);
+            *bad = i;
+            return NULL;
         }
     }
     PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
+    if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *nw = array_type->tp_alloc(array_type, 0);
         if (nw == NULL) { /* nothing donated yet: the old Arrays stay as they were */
             Py_DECREF(out);
-            Py_DECREF(seq);
             return NULL;
         }
         PyObject *a = items[i];
-        for (int s = 0; s < S_COPIED; s++) *slot_at(nw, s) = Py_XNewRef(*slot_at(a, s));
+        for (int s = 0; s < S_BASE; s++) *slot_at(nw, s) = Py_XNewRef(*slot_at(a, s));
         *slot_at(nw, S_BASE) = Py_NewRef(Py_None);
         *slot_at(nw, S_DONATED) = Py_NewRef(Py_False);
         PyList_SET_ITEM(out, i, nw);
@@ -126,7 +118,22 @@ static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
         *d = Py_NewRef(Py_True);
         Py_XDECREF(was);
     }
+    return out;
+}
+
+static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyList_Check(arg) && !PyTuple_Check(arg))
+        return PyErr_Format(PyExc_TypeError, "move_arrays: expected a list of Arrays, got %s",
+                            Py_TYPE(arg)->tp_name);
+    /* a tuple of our own: the items stay alive and in place whatever code runs below (a
+     * garbage collection during tp_alloc may run finalizers) */
+    PyObject *seq = PySequence_Tuple(arg);
+    if (seq == NULL) return NULL;
+    Py_ssize_t bad;
+    PyObject *out = ct_py_move_arrays(&PyTuple_GET_ITEM(seq, 0), PyTuple_GET_SIZE(seq), &bad);
     Py_DECREF(seq);
+    if (out == NULL && bad >= 0) return PyLong_FromSsize_t(bad);
     return out;
 }
 

@@ -12,9 +12,9 @@
 
 #include <string.h>
 
-#include "../core/ct_optim.h"
+#include "py_optim.h"
 
-static int parse_stages(PyObject *seq, ct_opt_stage *st, int *nst) {
+int ct_py_optim_parse_stages(PyObject *seq, ct_opt_stage *st, int *nst) {
     PyObject *fast = PySequence_Fast(seq, "stages must be a sequence");
     if (fast == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -59,13 +59,7 @@ fail:
     return -1;
 }
 
-/* Pinned buffers of one call (ct_py_pin: neither freed nor deleted while the step runs). */
-typedef struct {
-    ct_py_buffer **v;
-    Py_ssize_t n, cap;
-} pin_list;
-
-static int pin(pin_list *pl, ct_py_buffer *b) {
+int ct_py_pin_add(ct_py_pin_list *pl, ct_py_buffer *b) {
     if (pl->n == pl->cap) {
         Py_ssize_t cap = pl->cap ? 2 * pl->cap : 64;
         ct_py_buffer **v = PyMem_Realloc(pl->v, (size_t)cap * sizeof *v);
@@ -81,16 +75,18 @@ static int pin(pin_list *pl, ct_py_buffer *b) {
     return 0;
 }
 
-static void unpin_all(pin_list *pl) {
+void ct_py_pin_release(ct_py_pin_list *pl) {
     for (Py_ssize_t i = 0; i < pl->n; i++) ct_py_unpin(pl->v[i]);
     PyMem_Free(pl->v);
+    pl->v = NULL;
+    pl->n = pl->cap = 0;
 }
 
 /* A float32 buffer of n elements (n < 0: any, returned), or NULL with an exception.
  * *dev: the device of the group so far (NULL: none yet); a buffer on another
  * GPU device than the group's is refused, and GPU buffers only where allowed
  * (*dev is NULL for the reference, which reads host memory). */
-static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *pl,
+static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, ct_py_pin_list *pl,
                          ct_device **dev) {
     ct_py_buffer *b = ct_py_buffer_check(obj, what);
     if (b == NULL) return NULL;
@@ -123,7 +119,7 @@ static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, pin_list *
         return NULL;
     }
     *n = m;
-    if (pin(pl, b) < 0) return NULL;
+    if (ct_py_pin_add(pl, b) < 0) return NULL;
     return (float *)b->data;
 }
 
@@ -179,8 +175,8 @@ static int parse_geom(PyObject *t, ct_opt_geom *g) {
 }
 
 /* block tuple: (p, g, out, slots, active, leaf, counts[, geom]) */
-static int parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int nslots,
-                       pin_list *pl, ct_device **dev) {
+int ct_py_optim_parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, int nslots,
+                            ct_py_pin_list *pl, ct_device **dev) {
     PyObject *p, *g, *out, *slots, *geom = Py_None;
     uint32_t active;
     int leaf, counts;
@@ -239,7 +235,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
         return NULL;
     ct_opt_stage st[CT_OPT_MAX_STAGES];
     int nst = 0;
-    if (parse_stages(stages_obj, st, &nst) < 0) return NULL;
+    if (ct_py_optim_parse_stages(stages_obj, st, &nst) < 0) return NULL;
     ct_status cs = ct_optim_check(st, nst);
     if (cs != CT_OK) return ct_py_raise(cs);
     int nslots = 0;
@@ -249,7 +245,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     if (gf == NULL) return NULL;
     Py_ssize_t ng = PySequence_Fast_GET_SIZE(gf);
     ct_opt_group *gr = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof *gr);
-    pin_list pl = {0};
+    ct_py_pin_list pl = {0};
     PyObject *result = NULL, *gdf = NULL;
     if (gr == NULL) {
         PyErr_NoMemory();
@@ -292,7 +288,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
             goto done;
         }
         for (Py_ssize_t j = 0; j < nb; j++) {
-            if (parse_block(PySequence_Fast_GET_ITEM(bf, j),
+            if (ct_py_optim_parse_block(PySequence_Fast_GET_ITEM(bf, j),
                             ggf != NULL ? PySequence_Fast_GET_ITEM(ggf, j) : NULL,
                             &gr[i].blocks[j], nslots, &pl, &gr[i].dev) < 0) {
                 Py_XDECREF(ggf);
@@ -321,7 +317,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(result, k, v);
     }
 done:
-    unpin_all(&pl);
+    ct_py_pin_release(&pl);
     if (gr != NULL) free_groups(gr, ng);
     Py_XDECREF(gdf);
     Py_DECREF(gf);
@@ -334,21 +330,21 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO:optim_reference", &stages_obj, &block_obj)) return NULL;
     ct_opt_stage st[CT_OPT_MAX_STAGES];
     int nst = 0;
-    if (parse_stages(stages_obj, st, &nst) < 0) return NULL;
+    if (ct_py_optim_parse_stages(stages_obj, st, &nst) < 0) return NULL;
     ct_status cs = ct_optim_check(st, nst);
     if (cs != CT_OK) return ct_py_raise(cs);
     int nslots = 0;
     for (int k = 0; k < nst; k++) nslots += ct_opt_kind_nslots(st[k].kind);
-    pin_list pl = {0};
+    ct_py_pin_list pl = {0};
     ct_opt_block b;
-    if (parse_block(block_obj, NULL, &b, nslots, &pl, NULL) < 0) {
-        unpin_all(&pl);
+    if (ct_py_optim_parse_block(block_obj, NULL, &b, nslots, &pl, NULL) < 0) {
+        ct_py_pin_release(&pl);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
     cs = ct_optim_reference(st, nst, &b);
     Py_END_ALLOW_THREADS
-    unpin_all(&pl);
+    ct_py_pin_release(&pl);
     if (cs != CT_OK) return ct_py_raise(cs);
     Py_RETURN_NONE;
 }

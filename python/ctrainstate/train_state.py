@@ -179,8 +179,17 @@ def _adopt(old, new) -> None:
     instead of an unusable state."""
     for f in dataclasses.fields(old):
         object.__setattr__(old, f.name, getattr(new, f.name))
-    if hasattr(old, "__dict__") and "_ct_plan" in getattr(new, "__dict__", {}):
-        object.__setattr__(old, "_ct_plan", new.__dict__["_ct_plan"])
+    if hasattr(old, "__dict__"):
+        for k in ("_ct_plan", "_ct_cur"):
+            if k in getattr(new, "__dict__", {}):
+                object.__setattr__(old, k, new.__dict__[k])
+
+
+def _plain_fields(cls) -> bool:
+    """Whether a state of ``cls`` can be copied by its ``__dict__`` (what
+    ``dataclasses.replace`` does but for ``__post_init__`` and fields not in ``__init__``)."""
+    return (not hasattr(cls, "__post_init__") and "__slots__" not in cls.__dict__
+            and all(f.init for f in dataclasses.fields(cls)))
 
 
 class TrainState(PyTreeNode):
@@ -221,6 +230,13 @@ class TrainState(PyTreeNode):
         """
         if kwargs:   # checked before the in-place kernel: a failing replace after it would
             _check_replace(self, kwargs)   # leave this state donated and no new one
+        d = getattr(self, "__dict__", None)
+        last = d.get("_ct_plan") if d is not None else None
+        if last is not None and last.fast is not None and "_ct_cur" in d:
+            # the persistent plan of the last step (optim.base.FastPlan): one C call
+            new = self._fast_step(last.fast, d, grads, kwargs)
+            if new is not None:
+                return new
         new_step = self.step + 1
         if _OWG in (grads if isinstance(grads, dict) else {}):
             g, p = grads["params"], self.params["params"]
@@ -248,6 +264,34 @@ class TrainState(PyTreeNode):
             raise
         return new
 
+    def _fast_step(self, fast, d, grads, kwargs):
+        """The step through ``fast`` (optim.base.FastPlan), or None when it declines (nothing
+        changed then: the general path runs). The new state is this one's copy with the
+        stepped fields; Ctrl-C is held back from the kernel's start to the return."""
+        guard = _DeferInterrupt()
+        guard.arm()
+        try:
+            r = fast.step(d["_ct_cur"], grads)
+            if r is None:
+                guard.release()
+                return None
+            new = object.__new__(type(self))
+            nd = new.__dict__
+            nd.update(d)
+            nd["_ct_cur"], nd["params"], nd["opt_state"] = r
+            nd["step"] = self.step + 1
+            if kwargs:
+                nd.update(kwargs)
+        except BaseException:
+            guard.release()
+            raise
+        try:
+            guard.release()
+        except BaseException:
+            _adopt(self, new)
+            raise
+        return new
+
     def _stepped(self, grads, new_step, new_p, new_opt_state, plan, kwargs):
         """The state after a step: new params (the ``_overwrite_with_gradient`` collection
         taken from ``grads``), optimizer state, ``step`` and ``kwargs``."""
@@ -259,6 +303,9 @@ class TrainState(PyTreeNode):
         if plan is not None and hasattr(new, "__dict__"):
             # the kernel's block tuples, reused by the next step while the buffers are these
             object.__setattr__(new, "_ct_plan", plan)
+            if plan.fast is not None and new_params is new_p and _plain_fields(type(new)):
+                # the persistent plan: the next steps are one C call each (see _fast_step)
+                object.__setattr__(new, "_ct_cur", plan.fast.cplan.arrays)
         return new
 
     @classmethod

@@ -320,6 +320,7 @@ def mark_borrowed(tree) -> None:
     ``TrainState.create`` keeps working."""
     for x in tree_leaves(tree):
         if type(x) is Array and _BORROWED.get(id(x)) is not x:
+            _BORROW_EPOCH[0] += 1
             _BORROWED[id(x)] = x
             _BORROWED_IDS.add(id(x))
             weakref.finalize(x, _BORROWED_IDS.discard, id(x))
@@ -382,8 +383,7 @@ def _release(ids) -> None:
 def _reset_claims_in_child() -> None:
     """A forked child has only the forking thread: no step of another thread runs there,
     and a lock another thread held at the fork would never be released."""
-    global _CLAIM_LOCK
-    _CLAIM_LOCK = threading.Lock()
+    _CLAIM_LOCK._at_fork_reinit()   # the same object: persistent plans (FastPlan) hold it
     _CLAIMED.clear()
 
 
@@ -453,19 +453,30 @@ def apply_updates(params, updates):
 # --- the fused step -----------------------------------------------------------------------------
 
 
+# A stage's ``at`` for scalars that do not change from step to step.
+CONST = "const"
+
+
 class Stage:
     """One stage of the fused kernel: a kind, its per-step scalars, its state arrays
-    (``slots[q][leaf]``: Array or None where masked out) and the leaves it is active on."""
+    (``slots[q][leaf]``: Array or None where masked out) and the leaves it is active on.
 
-    __slots__ = ("kind", "scalars", "slots", "active", "result", "geom")
+    ``at`` says how the scalars of later steps follow (what lets an in-place step run from a
+    persistent plan, :class:`FastPlan`, without calling the transform again): ``CONST`` (the
+    same every step), or ``at(c)`` giving the scalars of the step whose counter reads ``c``
+    before it (the value ``ctx.count`` returned; the transform's counter goes to
+    ``safe_increment(c)``). None (the default): not known, every step runs the transform."""
 
-    def __init__(self, kind, scalars=(), slots=(), active=None):
+    __slots__ = ("kind", "scalars", "slots", "active", "result", "geom", "at")
+
+    def __init__(self, kind, scalars=(), slots=(), active=None, at=None):
         self.geom = None                 # FACTORED: per leaf (d0, d1) or None
         self.kind = kind
         self.scalars = tuple(float(s) for s in scalars)
         self.slots = list(slots)
         self.active = active
         self.result = None
+        self.at = at
 
 
 class FuseContext:
@@ -487,6 +498,13 @@ class FuseContext:
         self._slot_defs = []             # (treedef, tree) of the per-param state trees taken
         self._cow = cow                  # in place: copies of borrowed Arrays (_own_arrays)
         self._claims = claims            # in place: the Arrays the step updates (_claim)
+        # what a FastPlan needs to know of this step's state (in place): the counters read
+        # (Array, value), the scalars written (new Array, value, dtype), the new Arrays of
+        # the slots and of the state kept as it was
+        self._counted = []
+        self._scalars_new = []
+        self._slot_news = []
+        self._kept = []
         # (in place, run_fused took params_leaves through _own_arrays, and slot() takes the
         # state's arrays through it: views were refused before any kernel writes)
 
@@ -533,6 +551,7 @@ class FuseContext:
                                      f"param {p.shape}")
         if self.inplace:
             news = []
+            self._slot_news.append(news)
 
             def finish():
                 news[:] = Array._moved_all(arrs)
@@ -565,7 +584,9 @@ class FuseContext:
         """The value of a counter of the state (updated in place by :meth:`new_scalar`)."""
         if self._claims is not None and type(x) is Array:
             self._claims.append(x)
-        return int(read_scalar(x))
+        c = int(read_scalar(x))
+        self._counted.append(c)
+        return c
 
     def new_scalar(self, old, value, dtype=np.int32):
         """The next value of a scalar state entry (in place when donating). A view of another
@@ -582,8 +603,11 @@ class FuseContext:
                     _fill(buf, (), old.dtype, value)
             new = rewrap(old)
             new._host_scalar = v[()]
-            return new
-        return scalar(value, dtype, self.params, sharding=old.sharding if isinstance(old, Array) else None)
+        else:
+            new = scalar(value, dtype, self.params,
+                         sharding=old.sharding if isinstance(old, Array) else None)
+        self._scalars_new.append((new, value, np.dtype(dtype)))
+        return new
 
     def keep(self, tree):
         """State left as it is (rewrapped when donating; a view, which cannot be donated, is
@@ -591,8 +615,10 @@ class FuseContext:
         if not self.inplace:
             return tree
         leaves, td = tree_flatten(tree)
-        return tree_unflatten(td, [rewrap(x) if isinstance(x, Array) and x._base is None
-                                   and not is_borrowed(x) else x for x in leaves])
+        new = [rewrap(x) if isinstance(x, Array) and x._base is None and not is_borrowed(x)
+               else x for x in leaves]
+        self._kept.extend(n for n, o in zip(new, leaves) if n is not o)
+        return tree_unflatten(td, new)
 
 
 def _first_mismatch(paths_a, paths_b):
@@ -664,15 +690,126 @@ class Plan:
     A plan lives on the TrainState that a step returns (``TrainState._ct_plan``), so it
     keeps no buffer alive longer than the state that owns them."""
 
-    __slots__ = ("key", "ident", "groups", "order", "gshard")
+    __slots__ = ("key", "ident", "groups", "order", "gshard", "fast")
 
     def __init__(self, key, ident, groups, order):
         self.key, self.ident, self.groups, self.order = key, ident, groups, order
         self.gshard = None   # the last step's (grads' shardings, params' shardings): equal
+        self.fast = None     # a FastPlan of the state the last step returned, when it has one
 
     def matches(self, key, ident) -> bool:
         return (self.key == key and len(self.ident) == len(ident)
                 and all(map(operator.is_, self.ident, ident)))
+
+
+# --- the persistent step plan ------------------------------------------------------------------
+
+# Bumped by mark_borrowed: a FastPlan built before the caller borrowed some of its Arrays is
+# not used again (the general step copies borrowed Arrays instead of writing them).
+_BORROW_EPOCH = [0]
+
+
+class FastPlan:
+    """An in-place step as one C call (``_C.OptimPlan``): what TrainState.apply_gradients
+    (and t5x's Optimizer.apply_gradient) runs while the state is the one the last step
+    returned. Built after a general step (:func:`run_fused` with ``want_plan``) when every
+    stage says how its scalars follow (``Stage.at``) and the optimizer state holds only the
+    kernel's state arrays, int32 step counters (all at one value, each advanced by one per
+    step) and Arrays kept as they are. It holds the params' and the state's treedefs, the
+    C plan and the counters' value; a step flattens the grads against the params' treedef
+    (C++), computes the stages' scalars, and makes one C call that checks the grads' placement
+    and the state's Arrays, runs the kernel and hands the Arrays on. ``step`` returns None
+    (nothing done) whenever the general path must decide: grads of another structure,
+    placement or dtype, a state not stepped by this plan, Arrays borrowed since."""
+
+    __slots__ = ("cplan", "pdef", "sdef", "nparams", "scalars", "count", "epoch")
+
+    def __init__(self, cplan, pdef, sdef, nparams, scalars, count):
+        self.cplan, self.pdef, self.sdef, self.nparams = cplan, pdef, sdef, nparams
+        self.scalars = scalars   # per stage: (constant scalars, None) or (None, at)
+        self.count = count       # the counters' value before the next step (None: none)
+        self.epoch = _BORROW_EPOCH[0]
+
+    def step(self, arrays, grads, params=None):
+        """``(arrays, params, opt_state)`` after one step of the state holding ``arrays``
+        (the list the last step returned), or None (nothing changed). ``params``: the params
+        tree when the caller keeps it apart from the state (t5x); it must hold the state's
+        own param Arrays."""
+        if self.epoch != _BORROW_EPOCH[0]:
+            return None
+        try:
+            g = self.pdef.flatten_up_to(grads)
+            p = None if params is None else self.pdef.flatten_up_to(params)
+        except (ValueError, TypeError):
+            return None
+        c = self.count
+        if c is None:
+            new = self.cplan.step(arrays, g, [s for s, _ in self.scalars], 0, p)
+        elif c < _INT32_MAX - 1:
+            new = self.cplan.step(arrays, g, [s if f is None else f(c) for s, f in self.scalars],
+                                  np.int32(c + 1), p)
+        else:   # a saturating counter: the general path
+            return None
+        if new is None:
+            return None
+        if c is not None:
+            self.count = c + 1
+        n = self.nparams
+        return new, self.pdef.unflatten(new[:n]), self.sdef.unflatten(new[n:])
+
+
+def _build_fast_plan(stages, ctx, plan, pdef, new_p, new_state, g_leaves):
+    """A :class:`FastPlan` for the state an in-place step just made, or None when this
+    optimizer cannot run from one (a stage without ``at``, a state entry written with
+    another value than its counter's next one, leaves that are not Arrays...)."""
+    if any(s.at is None for s in stages) or any(s.result is None for s in stages):
+        return None
+    values = set(ctx._counted)
+    if len(values) > 1:
+        return None
+    c0 = values.pop() if values else None
+    scalars = []
+    for s in stages:
+        if s.at is CONST:
+            scalars.append((s.scalars, None))
+            continue
+        if c0 is None:
+            return None
+        try:   # the annotation is checked against this step's own scalars
+            again = tuple(float(v) for v in s.at(c0))
+        except Exception:   # noqa: BLE001 - an annotation that does not work: no plan
+            return None
+        if again != s.scalars:
+            return None
+        scalars.append((None, s.at))
+    roles = {id(a): a for news in ctx._slot_news for a in news}
+    roles.update((id(a), a) for a in ctx._kept)
+    counters = {}
+    for new, value, dt in ctx._scalars_new:
+        if (c0 is None or dt != np.int32 or type(new) is not Array or new._shape != ()
+                or int(value) != c0 + 1):
+            return None
+        counters[id(new)] = new
+    s_leaves, sdef = tree_flatten(new_state)
+    nparams = len(new_p)
+    idx, seen = [], set()
+    for j, x in enumerate(s_leaves):
+        if type(x) is not Array or id(x) in seen:
+            return None
+        seen.add(id(x))
+        if counters.get(id(x)) is x:
+            idx.append(nparams + j)
+        elif roles.get(id(x)) is not x:
+            return None
+    if len(idx) != len(counters) or any(is_borrowed(a) for a in new_p):
+        return None
+    try:
+        cplan = _C.OptimPlan([(s.kind, s.scalars) for s in stages], plan.groups, plan.order,
+                             nparams, list(g_leaves), list(new_p) + s_leaves, nparams, idx,
+                             _CLAIM_LOCK, _CLAIMED)
+    except (TypeError, ValueError):
+        return None
+    return FastPlan(cplan, pdef, sdef, nparams, scalars, None if c0 is None else c0 + 1)
 
 
 def _check_no_shared_buffers(p_leaves, stages, paths):
@@ -947,7 +1084,10 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leave
         f()
     new_state = rebuild()
     if inplace:
-        out = tree_unflatten(pdef, Array._moved_all(p_leaves)), new_state
+        new_p = Array._moved_all(p_leaves)
+        out = tree_unflatten(pdef, new_p), new_state
+        if want_plan and plan is not None and have_params:
+            plan.fast = _build_fast_plan(stages, ctx, plan, pdef, new_p, new_state, g_leaves)
     else:
         out = tree_unflatten(pdef, outs), new_state
     return out + (plan,) if want_plan else out

@@ -24,7 +24,7 @@ from .. import _dtypes
 from ..array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
-                   GradientTransformationExtraArgs, Stage, _scalar_sharding, full_like, identity,
+                   GradientTransformationExtraArgs, Stage, CONST, _scalar_sharding, full_like, identity,
                    safe_increment, scalar, to_array, zeros_like)
 
 __all__ = [
@@ -148,7 +148,8 @@ def _expect_state(state, cls, who):
 
 def _stateless(kind, scalars_fn) -> GradientTransformation:
     def fuse(state, ctx):
-        return [Stage(kind, scalars_fn(), active=ctx.snapshot())], lambda advance=True: state
+        return ([Stage(kind, scalars_fn(), active=ctx.snapshot(), at=CONST)],
+                lambda advance=True: state)
     return GradientTransformationExtraArgs(lambda params: EmptyState(), fuse=fuse)
 
 
@@ -241,6 +242,11 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
         return state_cls(count=_count0(params), mu=tree_map(lambda p: full_like(p, initial), params),
                          nu=tree_map(lambda p: full_like(p, initial), params))
 
+    def scalars_at(c):   # the stage's scalars for the step whose count reads c before it
+        t = safe_increment(c)
+        return [b1, b2, eps, eps_root, _bc(b1, t), _bc(b2, t), mode_fn(t),
+                _bc(b1, safe_increment(t))]
+
     def fuse(state, ctx):
         _expect_state(state, state_cls, who)
         c = ctx.count(state.count)
@@ -248,8 +254,7 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
         mu, mu_rb = ctx.slot(state.mu)
         nu, nu_rb = ctx.slot(state.nu)
         active = ctx.snapshot()
-        stages = [Stage(kind, [b1, b2, eps, eps_root, _bc(b1, t), _bc(b2, t), mode_fn(t),
-                               _bc(b1, safe_increment(t))], [mu, nu], active)]
+        stages = [Stage(kind, scalars_at(c), [mu, nu], active, at=scalars_at)]
         if extra is not None:
             stages += [Stage(k, sc, active=active) for k, sc in extra(t)]
 
@@ -293,15 +298,17 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
         return ScaleByAmsgradState(count=_count0(params), mu=_zeros_tree(params, mu_dtype),
                                    nu=_zeros_tree(params), nu_max=_zeros_tree(params))
 
+    def scalars_at(c):
+        t = safe_increment(c)
+        return [b1, b2, eps, eps_root, _bc(b1, t) if bias_correction_mu else 1.0,
+                _bc(b2, t) if bias_correction_nu else 1.0, 0.0, 1.0]
+
     def fuse(state, ctx):
         _expect_state(state, ScaleByAmsgradState, "scale_by_amsgrad")
         c = ctx.count(state.count)
         t = safe_increment(c)
         slots = [ctx.slot(state.mu), ctx.slot(state.nu), ctx.slot(state.nu_max)]
-        bc1 = _bc(b1, t) if bias_correction_mu else 1.0
-        bc2 = _bc(b2, t) if bias_correction_nu else 1.0
-        st = Stage(AMSGRAD, [b1, b2, eps, eps_root, bc1, bc2, 0.0, 1.0], [a for a, _ in slots],
-                   ctx.snapshot())
+        st = Stage(AMSGRAD, scalars_at(c), [a for a, _ in slots], ctx.snapshot(), at=scalars_at)
 
         def rebuild(advance=True):
             return ScaleByAmsgradState(ctx.new_scalar(state.count, t if advance else c),
@@ -384,7 +391,7 @@ def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None, *, mode="hard", smooth_beta=1.
         _expect_state(state, ScaleByLionState, "scale_by_lion")
         c = ctx.count(state.count)
         mu, mu_rb = ctx.slot(state.mu)
-        st = Stage(LION, [b1, b2], [mu], ctx.snapshot())
+        st = Stage(LION, [b1, b2], [mu], ctx.snapshot(), at=CONST)
         return [st], lambda advance=True: ScaleByLionState(
             ctx.new_scalar(state.count, safe_increment(c) if advance else c), mu_rb())
     return GradientTransformationExtraArgs(init, fuse=fuse)
@@ -409,6 +416,9 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
             return counted(count=_count0(params), **m)
         return plain(**m)
 
+    def scalars_at(c):
+        return [decay, eps, float(bool(eps_in_sqrt)), _bc(decay, safe_increment(c))]
+
     def fuse(state, ctx):
         _expect_state(state, counted if bias_correction else plain,
                       "scale_by_stddev" if centered else "scale_by_rms")
@@ -416,11 +426,10 @@ def _rms_like(centered, decay, eps, initial_scale, eps_in_sqrt, bias_correction)
         if bias_correction:
             c = ctx.count(state.count)
             t = safe_increment(c)
-            bc = _bc(decay, t)
+            st = Stage(kind, scalars_at(c), [a for a, _ in slots], ctx.snapshot(), at=scalars_at)
         else:
-            bc = 1.0
-        st = Stage(kind, [decay, eps, float(bool(eps_in_sqrt)), bc], [a for a, _ in slots],
-                   ctx.snapshot())
+            st = Stage(kind, [decay, eps, float(bool(eps_in_sqrt)), 1.0], [a for a, _ in slots],
+                       ctx.snapshot(), at=CONST)
 
         def rebuild(advance=True):
             m = [rb() for _, rb in slots]
@@ -456,7 +465,8 @@ def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7) -> GradientTransformat
     def fuse(state, ctx):
         _expect_state(state, ScaleByRssState, "scale_by_rss")
         acc, rb = ctx.slot(state.sum_of_squares)
-        return [Stage(RSS, [eps], [acc], ctx.snapshot())], lambda advance=True: ScaleByRssState(rb())
+        return ([Stage(RSS, [eps], [acc], ctx.snapshot(), at=CONST)],
+                lambda advance=True: ScaleByRssState(rb()))
     return GradientTransformationExtraArgs(init, fuse=fuse)
 
 
@@ -471,7 +481,7 @@ def trace(decay, nesterov=False, accumulator_dtype=None) -> GradientTransformati
     def fuse(state, ctx):
         _expect_state(state, TraceState, "trace")
         t, rb = ctx.slot(state.trace)
-        return ([Stage(TRACE, [decay, float(bool(nesterov))], [t], ctx.snapshot())],
+        return ([Stage(TRACE, [decay, float(bool(nesterov))], [t], ctx.snapshot(), at=CONST)],
                 lambda advance=True: TraceState(rb()))
     return GradientTransformationExtraArgs(init, fuse=fuse)
 
@@ -484,12 +494,15 @@ def ema(decay, debias=True, accumulator_dtype=None) -> GradientTransformation:
     def init(params):
         return EmaState(count=_count0(params), ema=_zeros_tree(params, accumulator_dtype))
 
+    def scalars_at(c):
+        return [decay, _bc(decay, safe_increment(c)) if debias else 1.0]
+
     def fuse(state, ctx):
         _expect_state(state, EmaState, "ema")
         c = ctx.count(state.count)
         t = safe_increment(c)
         e, rb = ctx.slot(state.ema)
-        st = Stage(EMA, [decay, _bc(decay, t) if debias else 1.0], [e], ctx.snapshot())
+        st = Stage(EMA, scalars_at(c), [e], ctx.snapshot(), at=scalars_at)
         return [st], lambda advance=True: EmaState(
             ctx.new_scalar(state.count, t if advance else c), rb())
     return GradientTransformationExtraArgs(init, fuse=fuse)
@@ -509,12 +522,13 @@ def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
         if callable(weight_decay):
             _expect_state(state, WeightDecaySchedule, "add_decayed_weights")
             c = ctx.count(state.count)
-            wd = float(_f32(weight_decay(c)))
-            return [Stage(DECAY, [wd], active=ctx.snapshot())], lambda advance=True: \
+            at = lambda c: [float(_f32(weight_decay(c)))]   # noqa: E731
+            return [Stage(DECAY, at(c), active=ctx.snapshot(), at=at)], lambda advance=True: \
                 WeightDecaySchedule(ctx.new_scalar(state.count, safe_increment(c) if advance else c))
         if isinstance(weight_decay, (int, float)) and weight_decay == 0.0:
             return [], lambda advance=True: state
-        return [Stage(DECAY, [weight_decay], active=ctx.snapshot())], lambda advance=True: state
+        return ([Stage(DECAY, [weight_decay], active=ctx.snapshot(), at=CONST)],
+                lambda advance=True: state)
     tx = GradientTransformationExtraArgs(init, fuse=fuse)
     if mask is not None:
         from .combine import masked
@@ -531,8 +545,8 @@ def scale_by_schedule(step_size_fn) -> GradientTransformation:
     def fuse(state, ctx):
         _expect_state(state, ScaleByScheduleState, "scale_by_schedule")
         c = ctx.count(state.count)
-        s = float(_f32(step_size_fn(c)))
-        return [Stage(SCALE, [s], active=ctx.snapshot())], lambda advance=True: \
+        at = lambda c: [float(_f32(step_size_fn(c)))]   # noqa: E731
+        return [Stage(SCALE, at(c), active=ctx.snapshot(), at=at)], lambda advance=True: \
             ScaleByScheduleState(ctx.new_scalar(state.count, safe_increment(c) if advance else c))
     return GradientTransformationExtraArgs(init, fuse=fuse)
 
@@ -645,7 +659,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
             raise ValueError("scale_by_factored_rms needs params (tx.update(updates, state, params))")
         _expect_state(state, FactoredState, "scale_by_factored_rms")
         c = ctx.count(state.count)
-        drt = float(_f32(decay_rate_fn(c - step_offset, decay_rate)))
+        at = lambda c: [float(_f32(decay_rate_fn(c - step_offset, decay_rate))), epsilon]  # noqa: E731
         vr, vr_rb = ctx.slot(state.v_row, same_shape=False)
         vc, vc_rb = ctx.slot(state.v_col, same_shape=False)
         v, v_rb = ctx.slot(state.v, same_shape=False)
@@ -653,7 +667,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
         for p in ctx.leaves:
             fd = _factored_dims(tuple(p.shape), factored, min_dim_size_to_factor)
             geom.append(None if fd is None else (fd[1], fd[0]))   # (d0, d1)
-        st = Stage(FACTORED, [drt, epsilon], [vr, vc, v], ctx.snapshot())
+        st = Stage(FACTORED, at(c), [vr, vc, v], ctx.snapshot(), at=at)
         st.geom = geom
         return [st], lambda advance=True: FactoredState(
             ctx.new_scalar(state.count, safe_increment(c) if advance else c), vr_rb(), vc_rb(),
@@ -676,7 +690,8 @@ def scale_by_param_block_rms(min_scale=1e-3) -> GradientTransformation:
     def fuse(state, ctx):
         if ctx.params is None:
             raise ValueError("scale_by_param_block_rms needs params")
-        return [Stage(PARAM_RMS, [min_scale], active=ctx.snapshot())], lambda advance=True: state
+        return ([Stage(PARAM_RMS, [min_scale], active=ctx.snapshot(), at=CONST)],
+                lambda advance=True: state)
     return GradientTransformationExtraArgs(lambda params: EmptyState(), fuse=fuse)
 
 

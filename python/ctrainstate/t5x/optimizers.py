@@ -303,6 +303,15 @@ class OptaxWrapper(OptimizerDef):
         del hyper_params
         tx = self.optax_optimizer
         plan = None
+        d = getattr(state, '__dict__', {})
+        last = d.get('_ct_plan')
+        if last is not None and last.fast is not None and '_ct_cur' in d:
+            # the persistent plan of the last step (optim.base.FastPlan): one C call
+            r = last.fast.step(d['_ct_cur'], grads, params)
+            if r is not None:
+                new_state = OptimizerState(_next_step(state.step), r[2])
+                new_state.__dict__['_ct_plan'], new_state.__dict__['_ct_cur'] = last, r[0]
+                return r[1], new_state
         if getattr(tx, 'fusable', False) and not _abstract_tree(params):
             # the kernel's block list of the last step, reused while the buffers are the same
             # (see ctrainstate.optim.base.Plan); it lives on the state this step returns
@@ -315,6 +324,8 @@ class OptaxWrapper(OptimizerDef):
         new_state = OptimizerState(_next_step(state.step), new_ps)
         if plan is not None and hasattr(new_state, '__dict__'):
             object.__setattr__(new_state, '_ct_plan', plan)
+            if plan.fast is not None:
+                object.__setattr__(new_state, '_ct_cur', plan.fast.cplan.arrays)
         return new_params, new_state
 
     def derive_logical_axes(self, optimizer, param_logical_axes):

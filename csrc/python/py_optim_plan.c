@@ -1,0 +1,608 @@
+/*
+ * py_optim_plan.c — ctrainstate._C.OptimPlan: a persistent fused optimizer step.
+ *
+ * An in-place step (TrainState.apply_gradients) updates the same param and state buffers
+ * step after step; only the grads and a few per-step scalars (bias corrections, a
+ * schedule's value) change. The Python layer builds a plan once, after a step it ran the
+ * general way (python/ctrainstate/optim/base.py, `_build_fast_plan`): the stages, every
+ * device's blocks with their param and state buffers, where each block's grads come from,
+ * the state's Arrays (params first, then the optimizer state's leaves in tree order) and
+ * which of them are step counters. Each later step is one call:
+ *
+ *   plan.step(arrays, grads, scalars, count) -> new arrays, or None
+ *
+ *   arrays   the list this plan returned last (the state being stepped holds it); any
+ *            other list is an older state, whose Arrays were donated: DonatedBufferError
+ *   grads    the grads' leaves in the params' order (a flat list)
+ *   scalars  one sequence of floats per stage (this step's values)
+ *   count    the counters' new value as a numpy int32 scalar (their host copy)
+ *
+ * Everything is checked before anything is written, in C, without calling Python: each
+ * Array of `arrays` is neither donated nor deleted, each grads leaf is an Array of the
+ * recorded global shape whose blocks lie on the recorded devices at the recorded starts,
+ * with the recorded byte size and dtype. A grads tree placed otherwise (another sharding,
+ * numpy leaves, a donated Array) returns None: the caller takes the general path, which
+ * validates, reshards or raises with paths in its messages. The step then claims the
+ * state (the same claim as the general path's `_claim`, so two threads never step one
+ * state), pins every buffer, runs ct_optim_step with the GIL released, writes the counters
+ * and hands every Array's buffers on to new Arrays (the old ones are marked donated), as
+ * `Array._moved_all` does. No Python code runs between the kernel and the commit, so a
+ * KeyboardInterrupt is seen either before the step (nothing changed) or after it.
+ */
+#include "py_optim.h"
+
+#include <string.h>
+
+#include "../core/ct_ops.h"
+
+typedef struct {
+    PyObject_HEAD
+    ct_opt_stage st[CT_OPT_MAX_STAGES];
+    int nstages;
+    ct_opt_group *groups;
+    int ngroups, nleaves;
+    Py_ssize_t nblocks;      /* all groups' blocks */
+    int32_t *g_leaf, *g_blk; /* per block (groups in order): the grads leaf and its block */
+    PyObject **g_dev;        /* per block: the device object of the grads block (strong) */
+    PyObject **g_start;      /* per block: its start tuple (strong) */
+    size_t *g_nbytes;
+    int *g_dtype;
+    PyObject **g_shape;      /* per leaf: the grads' global shape (strong) */
+    Py_ssize_t *g_nblk;      /* per leaf: blocks of the grads Array */
+    ct_py_pin_list refs;     /* the param and state buffers: references; pinned per step */
+    PyObject *cur;           /* the Arrays of the latest step: params, then the state */
+    Py_ssize_t nparams, narrays;
+    Py_ssize_t *counters, ncounters; /* indices into cur of the int32 step counters */
+    PyObject *claim_lock, *claimed;  /* optim.base's _CLAIM_LOCK and _CLAIMED */
+    int busy;
+    int refs_plain;          /* refs hold references only (their pins undone, see plan_init) */
+    PyObject *weakreflist;
+} optim_plan;
+
+static void plan_clear_fields(optim_plan *p) {
+    if (p->groups != NULL) {
+        for (int i = 0; i < p->ngroups; i++) PyMem_Free(p->groups[i].blocks);
+        PyMem_Free(p->groups);
+        p->groups = NULL;
+    }
+    for (Py_ssize_t k = 0; k < p->nblocks; k++) {
+        if (p->g_dev != NULL) Py_CLEAR(p->g_dev[k]);
+        if (p->g_start != NULL) Py_CLEAR(p->g_start[k]);
+    }
+    if (p->g_shape != NULL)
+        for (int i = 0; i < p->nleaves; i++) Py_CLEAR(p->g_shape[i]);
+    PyMem_Free(p->g_leaf);
+    PyMem_Free(p->g_blk);
+    PyMem_Free(p->g_dev);
+    PyMem_Free(p->g_start);
+    PyMem_Free(p->g_nbytes);
+    PyMem_Free(p->g_dtype);
+    PyMem_Free(p->g_shape);
+    PyMem_Free(p->g_nblk);
+    PyMem_Free(p->counters);
+    p->g_leaf = p->g_blk = NULL;
+    p->g_dev = p->g_start = p->g_shape = NULL;
+    p->g_nbytes = NULL;
+    p->g_dtype = NULL;
+    p->g_nblk = p->counters = NULL;
+    p->nblocks = 0;
+    if (p->refs_plain) /* ct_py_pin_release undoes pins */
+        for (Py_ssize_t r = 0; r < p->refs.n; r++) p->refs.v[r]->busy++;
+    p->refs_plain = 0;
+    ct_py_pin_release(&p->refs);
+    Py_CLEAR(p->cur);
+    Py_CLEAR(p->claim_lock);
+    Py_CLEAR(p->claimed);
+}
+
+static void plan_dealloc(optim_plan *p) {
+    PyObject_GC_UnTrack(p);
+    if (p->weakreflist != NULL) PyObject_ClearWeakRefs((PyObject *)p);
+    plan_clear_fields(p);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static int plan_traverse(optim_plan *p, visitproc visit, void *arg) {
+    Py_VISIT(p->cur);
+    Py_VISIT(p->claim_lock);
+    Py_VISIT(p->claimed);
+    return 0;
+}
+
+static int plan_tp_clear(optim_plan *p) {
+    if (p->busy) return 0; /* (a step without the GIL holds the buffers: never while busy) */
+    Py_CLEAR(p->cur);
+    return 0;
+}
+
+/* The i-th block tuple (dev, buffer, start, replica) of Array a, or NULL (no exception). */
+static PyObject *array_block(PyObject *a, Py_ssize_t i) {
+    PyObject *bl = *ct_py_array_slot(a, CT_PY_A_BLOCKS);
+    if (bl == NULL || !PyList_Check(bl) || i >= PyList_GET_SIZE(bl)) return NULL;
+    PyObject *t = PyList_GET_ITEM(bl, i);
+    return (PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 4) ? t : NULL;
+}
+
+static int is_live_buffer(PyObject *o) {
+    return Py_IS_TYPE(o, &ct_py_BufferType) && !((ct_py_buffer *)o)->deleted;
+}
+
+/* OptimPlan(stages, groups, order, nleaves, grads, arrays, nparams, counters, lock, claimed)
+ *   stages  [(kind, scalars)]; groups: per device, block tuples as _C.optim_step takes them
+ *   (their g: None); order: per group, (leaf, block) of each block; grads: this step's grads
+ *   Arrays, one per leaf (what later grads must look like); arrays: the state's Arrays after
+ *   this step; counters: indices into arrays of the int32 counters. */
+static int plan_init(optim_plan *self, PyObject *args, PyObject *kw) {
+    PyObject *stages, *groups, *order, *grads, *arrays, *counters, *lock, *claimed;
+    int nleaves;
+    Py_ssize_t nparams;
+    if (kw != NULL && PyDict_GET_SIZE(kw) != 0) {
+        PyErr_SetString(PyExc_TypeError, "OptimPlan takes no keyword arguments");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OO!O!iO!O!nO!OO!:OptimPlan", &stages, &PyList_Type, &groups,
+                          &PyList_Type, &order, &nleaves, &PyList_Type, &grads, &PyList_Type,
+                          &arrays, &nparams, &PyList_Type, &counters, &lock, &PySet_Type,
+                          &claimed))
+        return -1;
+    if (self->groups != NULL || self->cur != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "OptimPlan is initialised once");
+        return -1;
+    }
+    if (ct_py_array_type() == NULL) return -1;
+    if (ct_py_optim_parse_stages(stages, self->st, &self->nstages) < 0) return -1;
+    ct_status cs = ct_optim_check(self->st, self->nstages);
+    if (cs != CT_OK) {
+        ct_py_raise(cs);
+        return -1;
+    }
+    int nslots = 0;
+    for (int k = 0; k < self->nstages; k++) nslots += ct_opt_kind_nslots(self->st[k].kind);
+    const Py_ssize_t ng = PyList_GET_SIZE(groups);
+    if (PyList_GET_SIZE(order) != ng || PyList_GET_SIZE(grads) != nleaves || nleaves < 0 ||
+        nparams != nleaves || PyList_GET_SIZE(arrays) < nparams) {
+        PyErr_SetString(PyExc_ValueError, "OptimPlan: groups, order, grads and arrays disagree");
+        return -1;
+    }
+    self->nleaves = nleaves;
+    self->nparams = nparams;
+    Py_ssize_t nb = 0;
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        PyObject *gi = PyList_GET_ITEM(groups, i), *oi = PyList_GET_ITEM(order, i);
+        if (!PyList_Check(gi) || !PyList_Check(oi) || PyList_GET_SIZE(gi) != PyList_GET_SIZE(oi)) {
+            PyErr_SetString(PyExc_ValueError, "OptimPlan: a group and its order differ");
+            return -1;
+        }
+        nb += PyList_GET_SIZE(gi);
+    }
+    self->groups = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof *self->groups);
+    self->g_leaf = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(int32_t));
+    self->g_blk = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(int32_t));
+    self->g_dev = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(PyObject *));
+    self->g_start = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(PyObject *));
+    self->g_nbytes = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(size_t));
+    self->g_dtype = PyMem_Calloc((size_t)(nb > 0 ? nb : 1), sizeof(int));
+    self->g_shape = PyMem_Calloc((size_t)(nleaves > 0 ? nleaves : 1), sizeof(PyObject *));
+    self->g_nblk = PyMem_Calloc((size_t)(nleaves > 0 ? nleaves : 1), sizeof(Py_ssize_t));
+    if (self->groups == NULL || self->g_leaf == NULL || self->g_blk == NULL ||
+        self->g_dev == NULL || self->g_start == NULL || self->g_nbytes == NULL ||
+        self->g_dtype == NULL || self->g_shape == NULL || self->g_nblk == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ngroups = (int)ng;
+    self->nblocks = nb;
+    for (int i = 0; i < nleaves; i++) {
+        PyObject *g = PyList_GET_ITEM(grads, i);
+        if (!Py_IS_TYPE(g, ct_py_array_type())) {
+            PyErr_Format(PyExc_TypeError, "OptimPlan: grads leaf %d is not an Array", i);
+            return -1;
+        }
+        PyObject *shape = *ct_py_array_slot(g, CT_PY_A_SHAPE);
+        PyObject *bl = *ct_py_array_slot(g, CT_PY_A_BLOCKS);
+        if (shape == NULL || bl == NULL || !PyList_Check(bl)) {
+            PyErr_Format(PyExc_TypeError, "OptimPlan: grads leaf %d is not set up", i);
+            return -1;
+        }
+        self->g_shape[i] = Py_NewRef(shape);
+        self->g_nblk[i] = PyList_GET_SIZE(bl);
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        PyObject *gi = PyList_GET_ITEM(groups, i), *oi = PyList_GET_ITEM(order, i);
+        const Py_ssize_t n = PyList_GET_SIZE(gi);
+        self->groups[i].blocks = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(ct_opt_block));
+        if (self->groups[i].blocks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->groups[i].nblocks = (int)n;
+        for (Py_ssize_t j = 0; j < n; j++, k++) {
+            int leaf, blk;
+            if (!PyArg_ParseTuple(PyList_GET_ITEM(oi, j), "ii:order", &leaf, &blk)) return -1;
+            if (leaf < 0 || leaf >= nleaves || blk < 0 || blk >= self->g_nblk[leaf]) {
+                PyErr_SetString(PyExc_ValueError, "OptimPlan: order names a missing grads block");
+                return -1;
+            }
+            PyObject *t = array_block(PyList_GET_ITEM(grads, leaf), blk);
+            if (t == NULL || !is_live_buffer(PyTuple_GET_ITEM(t, 1))) {
+                PyErr_Format(PyExc_ValueError, "OptimPlan: grads leaf %d block %d is not live",
+                             leaf, blk);
+                return -1;
+            }
+            ct_py_buffer *gb = (ct_py_buffer *)PyTuple_GET_ITEM(t, 1);
+            self->g_leaf[k] = leaf;
+            self->g_blk[k] = blk;
+            self->g_dev[k] = Py_NewRef(PyTuple_GET_ITEM(t, 0));
+            self->g_start[k] = Py_NewRef(PyTuple_GET_ITEM(t, 2));
+            self->g_nbytes[k] = gb->nbytes;
+            self->g_dtype[k] = (int)gb->dtype;
+            /* parse with the grads buffer (sizes checked against the param), then forget it:
+             * the grads are pinned per step */
+            const Py_ssize_t before = self->refs.n;
+            if (ct_py_optim_parse_block(PyList_GET_ITEM(gi, j), (PyObject *)gb,
+                                        &self->groups[i].blocks[j], nslots, &self->refs,
+                                        &self->groups[i].dev) < 0)
+                return -1;
+            for (Py_ssize_t r = before; r < self->refs.n; r++) {
+                if (self->refs.v[r] == gb) { /* drop the grads' pin, keep the rest */
+                    ct_py_unpin(gb);
+                    self->refs.v[r] = self->refs.v[--self->refs.n];
+                    break;
+                }
+            }
+            self->groups[i].blocks[j].g = NULL;
+        }
+    }
+    /* the buffers stay referenced but not pinned (delete() works; a step checks and pins) */
+    for (Py_ssize_t r = 0; r < self->refs.n; r++) self->refs.v[r]->busy--;
+    self->refs_plain = 1;
+    const Py_ssize_t na = PyList_GET_SIZE(arrays);
+    for (Py_ssize_t i = 0; i < na; i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(arrays, i), ct_py_array_type())) {
+            PyErr_Format(PyExc_TypeError, "OptimPlan: arrays[%zd] is not an Array", i);
+            return -1;
+        }
+    const Py_ssize_t nc = PyList_GET_SIZE(counters);
+    self->counters = PyMem_Calloc((size_t)(nc > 0 ? nc : 1), sizeof(Py_ssize_t));
+    if (self->counters == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        Py_ssize_t ix = PyLong_AsSsize_t(PyList_GET_ITEM(counters, c));
+        if (ix == -1 && PyErr_Occurred()) return -1;
+        if (ix < nparams || ix >= na) {
+            PyErr_SetString(PyExc_ValueError, "OptimPlan: a counter index is out of range");
+            return -1;
+        }
+        PyObject *bl = *ct_py_array_slot(PyList_GET_ITEM(arrays, ix), CT_PY_A_BLOCKS);
+        for (Py_ssize_t b = 0; bl != NULL && PyList_Check(bl) && b < PyList_GET_SIZE(bl); b++) {
+            PyObject *t = array_block(PyList_GET_ITEM(arrays, ix), b);
+            if (t == NULL || !is_live_buffer(PyTuple_GET_ITEM(t, 1)) ||
+                ct_dtype_size(((ct_py_buffer *)PyTuple_GET_ITEM(t, 1))->dtype) != 4) {
+                PyErr_SetString(PyExc_ValueError, "OptimPlan: a counter is not a live 4-byte Array");
+                return -1;
+            }
+        }
+        self->counters[c] = ix;
+    }
+    self->ncounters = nc;
+    self->narrays = na;
+    self->cur = Py_NewRef(arrays);
+    self->claim_lock = Py_NewRef(lock);
+    self->claimed = Py_NewRef(claimed);
+    return 0;
+}
+
+static PyObject *donated(const char *msg) {
+    PyErr_SetString(ct_py_DonatedBufferError, msg);
+    return NULL;
+}
+
+static const char MSG_DONATED[] =
+    "this train state's Arrays were donated: its params and optimizer state now belong to the "
+    "state a previous apply_gradients returned; use that one";
+static const char MSG_BUSY[] =
+    "this train state is being stepped by another apply_gradients call (in another thread) or "
+    "was stepped already: its params and optimizer state were donated to that step's result. "
+    "Step each state once, from one thread, and use the state it returns";
+
+/* Claim (add == 1) or release (add == 0) key in the claimed set under the lock. */
+static int claim(optim_plan *self, PyObject *key, int add) {
+    PyObject *r = PyObject_CallMethod(self->claim_lock, "acquire", NULL);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    int rc = 0;
+    if (add) {
+        rc = PySet_Contains(self->claimed, key);
+        if (rc == 1) {
+            donated(MSG_BUSY);
+            rc = -1;
+        } else if (rc == 0) {
+            rc = PySet_Add(self->claimed, key);
+        }
+    } else {
+        rc = PySet_Discard(self->claimed, key) < 0 ? -1 : 0;
+    }
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    r = PyObject_CallMethod(self->claim_lock, "release", NULL);
+    Py_XDECREF(r);
+    if (et != NULL) {
+        if (r == NULL) PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+    return (r == NULL || rc < 0) ? -1 : 0;
+}
+
+static int set_scalars(optim_plan *self, PyObject *scalars) {
+    if (!PyList_Check(scalars) || PyList_GET_SIZE(scalars) != self->nstages) {
+        PyErr_Format(PyExc_ValueError, "OptimPlan.step: scalars must be a list of %d sequences",
+                     self->nstages);
+        return -1;
+    }
+    for (int k = 0; k < self->nstages; k++) {
+        PyObject *f = PySequence_Fast(PyList_GET_ITEM(scalars, k), "stage scalars must be a sequence");
+        if (f == NULL) return -1;
+        const Py_ssize_t m = PySequence_Fast_GET_SIZE(f);
+        if (m > CT_OPT_NSCALARS) {
+            Py_DECREF(f);
+            PyErr_Format(PyExc_ValueError, "stage %d has %zd scalars; at most %d", k, m,
+                         CT_OPT_NSCALARS);
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < CT_OPT_NSCALARS; j++) {
+            double v = 0.0;
+            if (j < m) {
+                v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(f, j));
+                if (v == -1.0 && PyErr_Occurred()) {
+                    Py_DECREF(f);
+                    return -1;
+                }
+            }
+            self->st[k].s[j] = v;
+        }
+        Py_DECREF(f);
+    }
+    return 0;
+}
+
+/* The grads buffer of block k when grads leaf g_leaf[k] is placed as recorded, else NULL
+ * (no exception): its device and start, byte size and dtype. */
+static ct_py_buffer *grads_block(optim_plan *self, PyObject *grads, Py_ssize_t k) {
+    PyObject *t = array_block(PyList_GET_ITEM(grads, self->g_leaf[k]), self->g_blk[k]);
+    if (t == NULL || PyTuple_GET_ITEM(t, 0) != self->g_dev[k]) return NULL;
+    PyObject *buf = PyTuple_GET_ITEM(t, 1), *start = PyTuple_GET_ITEM(t, 2);
+    if (!is_live_buffer(buf)) return NULL;
+    ct_py_buffer *b = (ct_py_buffer *)buf;
+    if (b->nbytes != self->g_nbytes[k] || (int)b->dtype != self->g_dtype[k]) return NULL;
+    if (start != self->g_start[k]) {
+        int eq = PyTuple_CheckExact(start) ? PyObject_RichCompareBool(start, self->g_start[k], Py_EQ)
+                                           : 0;
+        if (eq != 1) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    return b;
+}
+
+/* Whether every grads leaf is a live Array of the recorded shape and block count. */
+static int grads_match(optim_plan *self, PyObject *grads) {
+    PyTypeObject *at = ct_py_array_type();
+    for (int i = 0; i < self->nleaves; i++) {
+        PyObject *g = PyList_GET_ITEM(grads, i);
+        if (!Py_IS_TYPE(g, at) || *ct_py_array_slot(g, CT_PY_A_DONATED) != Py_False) return 0;
+        PyObject *shape = *ct_py_array_slot(g, CT_PY_A_SHAPE);
+        if (shape != self->g_shape[i]) {
+            if (shape == NULL || !PyTuple_CheckExact(shape)) return 0;
+            int eq = PyObject_RichCompareBool(shape, self->g_shape[i], Py_EQ);
+            if (eq != 1) {
+                PyErr_Clear();
+                return 0;
+            }
+        }
+        PyObject *bl = *ct_py_array_slot(g, CT_PY_A_BLOCKS);
+        if (bl == NULL || !PyList_Check(bl) || PyList_GET_SIZE(bl) != self->g_nblk[i]) return 0;
+    }
+    return 1;
+}
+
+/* Write value (4 bytes) into every element of each counter's buffers. */
+static ct_status write_counters(optim_plan *self, PyObject *arrays, uint32_t bits) {
+    float beta;
+    memcpy(&beta, &bits, sizeof beta);
+    for (Py_ssize_t c = 0; c < self->ncounters; c++) {
+        PyObject *a = PyList_GET_ITEM(arrays, self->counters[c]);
+        PyObject *bl = *ct_py_array_slot(a, CT_PY_A_BLOCKS);
+        for (Py_ssize_t b = 0; b < PyList_GET_SIZE(bl); b++) {
+            ct_py_buffer *buf = (ct_py_buffer *)PyTuple_GET_ITEM(PyList_GET_ITEM(bl, b), 1);
+            ct_status st = ct_op_unary(buf->dev, CT_UN_AFFINE, 0.0f, beta,
+                                       (int64_t)(buf->nbytes / 4), buf->data, buf->data);
+            if (st != CT_OK) return st;
+        }
+    }
+    return CT_OK;
+}
+
+static PyObject *plan_step(optim_plan *self, PyObject *args) {
+    PyObject *arrays, *grads, *scalars, *count, *params = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!OO|O:step", &PyList_Type, &arrays, &PyList_Type, &grads,
+                          &scalars, &count, &params))
+        return NULL;
+    if (self->cur == NULL) return PyErr_Format(PyExc_RuntimeError, "OptimPlan is not initialised");
+    if (self->busy) return donated(MSG_BUSY);
+    if (arrays != self->cur) { /* an earlier state: donated, or a plan it does not own */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arrays); i++) {
+            PyObject *a = PyList_GET_ITEM(arrays, i);
+            if (Py_IS_TYPE(a, ct_py_array_type()) &&
+                *ct_py_array_slot(a, CT_PY_A_DONATED) == Py_True)
+                return donated(MSG_DONATED);
+        }
+        Py_RETURN_NONE;
+    }
+    /* every check, nothing changed yet (the list is the plan's own, but it is a Python list:
+     * checked as anything else) */
+    const Py_ssize_t na = PyList_GET_SIZE(arrays);
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    if (na != self->narrays) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < na; i++) {
+        PyObject *a = PyList_GET_ITEM(arrays, i);
+        if (!Py_IS_TYPE(a, at) || *ct_py_array_slot(a, CT_PY_A_DONATED) != Py_False ||
+            *ct_py_array_slot(a, CT_PY_A_BASE) != Py_None)
+            Py_RETURN_NONE; /* the general path raises for it */
+    }
+    for (Py_ssize_t c = 0; c < self->ncounters; c++) {
+        PyObject *a = PyList_GET_ITEM(arrays, self->counters[c]);
+        PyObject *bl = *ct_py_array_slot(a, CT_PY_A_BLOCKS);
+        if (bl == NULL || !PyList_Check(bl)) Py_RETURN_NONE;
+        for (Py_ssize_t b = 0; b < PyList_GET_SIZE(bl); b++) {
+            PyObject *t = array_block(a, b);
+            if (t == NULL || !is_live_buffer(PyTuple_GET_ITEM(t, 1)) ||
+                ct_dtype_size(((ct_py_buffer *)PyTuple_GET_ITEM(t, 1))->dtype) != 4)
+                Py_RETURN_NONE;
+        }
+    }
+    for (Py_ssize_t r = 0; r < self->refs.n; r++)
+        if (self->refs.v[r]->deleted) Py_RETURN_NONE;
+    if (params != Py_None) { /* params given apart from the state (t5x): these very Arrays */
+        if (!PyList_Check(params) || PyList_GET_SIZE(params) != self->nparams) Py_RETURN_NONE;
+        for (Py_ssize_t i = 0; i < self->nparams; i++)
+            if (PyList_GET_ITEM(params, i) != PyList_GET_ITEM(arrays, i)) Py_RETURN_NONE;
+    }
+    if (PyList_GET_SIZE(grads) != self->nleaves || !grads_match(self, grads)) Py_RETURN_NONE;
+    ct_py_buffer **gb = PyMem_Malloc((size_t)(self->nblocks > 0 ? self->nblocks : 1) * sizeof *gb);
+    if (gb == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < self->nblocks; k++)
+        if ((gb[k] = grads_block(self, grads, k)) == NULL) {
+            PyMem_Free(gb);
+            Py_RETURN_NONE;
+        }
+    long long cv = PyLong_AsLongLong(count);
+    if ((cv == -1 && PyErr_Occurred()) || set_scalars(self, scalars) < 0) {
+        PyMem_Free(gb);
+        return NULL;
+    }
+    if (cv < INT32_MIN || cv > INT32_MAX) {
+        PyMem_Free(gb);
+        return PyErr_Format(PyExc_OverflowError, "OptimPlan.step: count %lld is not an int32", cv);
+    }
+    /* claim: the key of the general path's _claim (its first Array's block list) */
+    PyObject *key = na > 0 ? PyLong_FromVoidPtr(*ct_py_array_slot(PyList_GET_ITEM(arrays, 0),
+                                                                   CT_PY_A_BLOCKS))
+                           : NULL;
+    if (na > 0 && (key == NULL || claim(self, key, 1) < 0)) {
+        Py_XDECREF(key);
+        PyMem_Free(gb);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < self->nblocks; k++) ct_py_pin(gb[k]);
+    for (Py_ssize_t r = 0; r < self->refs.n; r++) ct_py_pin(self->refs.v[r]);
+    Py_ssize_t k = 0;
+    for (int i = 0; i < self->ngroups; i++)
+        for (int j = 0; j < self->groups[i].nblocks; j++, k++)
+            self->groups[i].blocks[j].g = (const float *)gb[k]->data;
+    self->busy = 1;
+    ct_status cs;
+    Py_INCREF(self);
+    Py_BEGIN_ALLOW_THREADS
+    cs = ct_optim_step(self->st, self->nstages, self->groups, self->ngroups, self->nleaves);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    for (Py_ssize_t b = 0; b < self->nblocks; b++) ct_py_unpin(gb[b]);
+    for (Py_ssize_t r = 0; r < self->refs.n; r++) ct_py_unpin(self->refs.v[r]);
+    for (int i = 0; i < self->ngroups; i++)
+        for (int j = 0; j < self->groups[i].nblocks; j++) self->groups[i].blocks[j].g = NULL;
+    PyMem_Free(gb);
+    PyObject *out = NULL;
+    if (cs != CT_OK) {
+        ct_py_raise(cs);
+        goto done;
+    }
+    /* commit: the counters, then the Arrays handed on (cannot fail but for memory) */
+    uint32_t bits = (uint32_t)(int32_t)cv;
+    cs = write_counters(self, arrays, bits);
+    if (cs != CT_OK) {
+        ct_py_raise(cs);
+        goto done;
+    }
+    Py_ssize_t bad;
+    out = ct_py_move_arrays(&PyList_GET_ITEM(arrays, 0), na, &bad);
+    if (out == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_RuntimeError, "OptimPlan.step: Array %zd could not be moved", bad);
+        goto done;
+    }
+    for (Py_ssize_t c = 0; c < self->ncounters; c++) {
+        PyObject **hs = ct_py_array_slot(PyList_GET_ITEM(out, self->counters[c]),
+                                         CT_PY_A_HOST_SCALAR);
+        Py_XSETREF(*hs, Py_NewRef(count));
+    }
+    Py_SETREF(self->cur, Py_NewRef(out));
+done:
+    if (key != NULL) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (claim(self, key, 0) < 0) { /* (only a failing lock: the step stays committed) */
+            PyErr_Clear();
+        }
+        if (et != NULL) PyErr_Restore(et, ev, tb);
+        Py_DECREF(key);
+    }
+    Py_DECREF(self);
+    return out;
+}
+
+static PyObject *plan_get_arrays(optim_plan *self, void *closure) {
+    (void)closure;
+    if (self->cur == NULL) Py_RETURN_NONE;
+    return Py_NewRef(self->cur);
+}
+
+static PyObject *plan_get_nblocks(optim_plan *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSsize_t(self->nblocks);
+}
+
+static PyMethodDef plan_methods[] = {
+    {"step", (PyCFunction)plan_step, METH_VARARGS,
+     "step(arrays, grads, scalars, count, params=None, /)\n--\n\n"
+     "One in-place step. arrays: the list the plan returned last (another list: its Arrays\n"
+     "were donated, DonatedBufferError); grads: the grads' leaves in the params' order;\n"
+     "scalars: one sequence per stage; count: the counters' new value (a numpy int32);\n"
+     "params: the params' leaves when given apart from the state (they must be arrays').\n"
+     "Returns the new Arrays (the given ones are donated), or None when the grads or the\n"
+     "state are not as the plan recorded (nothing changed: take the general path)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef plan_getset[] = {
+    {"arrays", (getter)plan_get_arrays, NULL, "the Arrays of the latest step", NULL},
+    {"nblocks", (getter)plan_get_nblocks, NULL, "blocks of the kernel (all devices)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject OptimPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ctrainstate._C.OptimPlan",
+    .tp_basicsize = sizeof(optim_plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "OptimPlan(stages, groups, order, nleaves, grads, arrays, nparams, counters, "
+              "lock, claimed)\n--\n\nA persistent in-place fused optimizer step (see "
+              "csrc/python/py_optim_plan.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)plan_init,
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_traverse = (traverseproc)plan_traverse,
+    .tp_clear = (inquiry)plan_tp_clear,
+    .tp_methods = plan_methods,
+    .tp_getset = plan_getset,
+    .tp_weaklistoffset = offsetof(optim_plan, weakreflist),
+};
+
+int ct_py_init_optim_plan(PyObject *m) {
+    if (PyType_Ready(&OptimPlanType) < 0) return -1;
+    return PyModule_AddObjectRef(m, "OptimPlan", (PyObject *)&OptimPlanType);
+}

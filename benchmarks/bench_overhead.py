@@ -8,16 +8,22 @@ pace (issue #6's 148-leaf GPT-2 step was host-bound on the H200), so it is measu
 CPU devices, where it can be measured on any machine:
 
 * ``TrainState.apply_gradients`` with AdamW on 148 leaves of 16 elements (one dict, and
-  GPT-2's shape: 74 dicts of a (4, 4) kernel and a bias), and the same step through t5x's
-  ``OptaxWrapper`` (``Optimizer.apply_gradient``): median, 10th and 90th
-  percentiles and minimum over ``--steps`` steps after 20 warm-up steps, with Python's
-  garbage collector on (as in a training loop) and off (its gen-0 collections are most of the
-  gap between p10 and the median: a step allocates a few hundred Arrays, lists and tuples);
+  GPT-2's shape: 74 dicts of a (4, 4) kernel and a bias; and (2, 8) leaves sharded over a
+  2x4 mesh of CPU devices), and the same step through t5x's ``OptaxWrapper``
+  (``Optimizer.apply_gradient``): median, 10th and 90th percentiles and minimum over
+  ``--steps`` steps after 20 warm-up steps (the first runs the general path and builds the
+  persistent plan the others run from), with Python's garbage collector on (as in a
+  training loop) and off;
+* the peer, when jax, flax and optax are installed: Flax's ``TrainState.apply_gradients``
+  with ``optax.adamw`` on the same 148 leaves, jitted with the state donated, on jax-cpu,
+  timed the same way, each step waited for (``block_until_ready``: ctrainstate's step is
+  synchronous); the ratio of the medians is printed (issue #30's goal: <= 0.1x, and
+  <= 40 us on 1 device, <= 80 us on the 2x4 mesh);
 * single ops on tiny arrays (1 device, and a 2x4 mesh of CPU devices): the best of 5 rounds
   of ``--calls`` calls (``timeit``).
 
-There is no peer here: the figures are compared with an earlier commit run the same way in
-the same session (benchmarks/RESULTS.md).
+The single ops have no peer here: they are compared with an earlier commit run the same way
+in the same session (benchmarks/RESULTS.md).
 """
 import argparse
 import gc
@@ -69,16 +75,52 @@ def _steppers():
 
     def nested_step():
         stn[0] = stn[0].apply_gradients(grads=gn)
+
+    # 148 (2, 8) leaves sharded over a 2x4 mesh: 8 blocks of (1, 2) each, on 8 devices
+    mesh = cts.Mesh(np.array(cts.devices()[:8]).reshape(2, 4), ("x", "y"))
+    sh = cts.NamedSharding(mesh, cts.P("x", "y"))
+    pm = {f"l{i}": cts.device_put(np.ones((2, 8), np.float32), sh) for i in range(LEAVES)}
+    gm = {f"l{i}": cts.device_put(np.full((2, 8), 0.1, np.float32), sh) for i in range(LEAVES)}
+    stm = [TrainState.create(apply_fn=None, params=pm, tx=tx())]
+
+    def mesh_step():
+        stm[0] = stm[0].apply_gradients(grads=gm)
     return [("TrainState.apply_gradients", ts_step),
             ("t5x Optimizer.apply_gradient (OptaxWrapper)", t5x_step),
-            ("TrainState.apply_gradients, 74 x {kernel, bias}", nested_step)]
+            ("TrainState.apply_gradients, 74 x {kernel, bias}", nested_step),
+            ("TrainState.apply_gradients, 2x4 mesh, (2, 8) leaves", mesh_step)]
+
+
+def _optax_stepper():
+    """Flax's TrainState with optax.adamw on the same leaves, jitted (state donated)."""
+    try:
+        import jax
+        import optax
+        from flax.training import train_state
+    except ImportError:
+        return None
+    cpu = jax.devices("cpu")[0]
+    params = {f"l{i}": jax.device_put(np.ones(16, np.float32), cpu) for i in range(LEAVES)}
+    g = {f"l{i}": jax.device_put(np.ones(16, np.float32), cpu) for i in range(LEAVES)}
+    st = [train_state.TrainState.create(
+        apply_fn=None, params=params, tx=optax.adamw(1e-3, 0.9, 0.999, 1e-8, weight_decay=0.01))]
+    step = jax.jit(lambda s, grads: s.apply_gradients(grads=grads), donate_argnums=0)
+
+    def optax_step():
+        st[0] = jax.block_until_ready(step(st[0], g))
+    return optax_step
 
 
 def run_steps(steps):
     print(f"## optimizer step, AdamW on {LEAVES} leaves x 16 elements, 1 CPU device: "
           f"ms per step over {steps} steps")
     print(f"{'step':50s} {'gc':>4s} {'median':>8s} {'p10':>7s} {'p90':>7s} {'min':>7s}")
-    for name, step in _steppers():
+    steppers = _steppers()
+    peer = _optax_stepper()
+    if peer is not None:
+        steppers.append(("peer: Flax TrainState + optax.adamw, jit (jax-cpu)", peer))
+    medians = {}
+    for name, step in steppers:
         for _ in range(20):
             step()
         for gc_on in (True, False):
@@ -88,8 +130,19 @@ def run_steps(steps):
                 med, p10, p90, mn = _percentiles(step, steps)
             finally:
                 gc.enable()
+            medians.setdefault(name, med)
             print(f"{name:50s} {'on' if gc_on else 'off':>4s} {med:8.3f} {p10:7.3f} {p90:7.3f} "
                   f"{mn:7.3f}")
+    ours = medians["TrainState.apply_gradients"]
+    mesh = medians["TrainState.apply_gradients, 2x4 mesh, (2, 8) leaves"]
+    print(f"\nTrainState step, 1 device: {ours * 1e3:.1f} us (goal <= 40); 2x4 mesh: "
+          f"{mesh * 1e3:.1f} us (goal <= 80)")
+    if peer is not None:
+        theirs = medians["peer: Flax TrainState + optax.adamw, jit (jax-cpu)"]
+        print(f"ratio to the jitted optax step (medians, gc on): {ours / theirs:.3f}x "
+              f"(goal <= 0.1x)")
+    else:
+        print("jax / flax / optax not installed: no peer")
 
 
 def run_ops(calls):

@@ -1449,3 +1449,36 @@ def test_reductions_and_broadcasts_walk_in_order_on_gpu():
         gx, gy = cts.device_put(x, gpus()[0]), cts.device_put(y, gpus()[0])
         for op, ref in ((cnp.add, np.add), (cnp.multiply, np.multiply), (cnp.maximum, np.maximum)):
             assert np.asarray(op(gx, gy)).tobytes() == ref(x, y).astype(np.float32).tobytes(), (xs, ys)
+
+
+@pytest.mark.parametrize("name", ["adamw", "clip_adamw", "lamb", "sgd_nesterov"])
+def test_optim_steady_state_runs_from_the_persistent_plan(name, monkeypatch):
+    """After the first step, TrainState.apply_gradients on GPU devices runs from the
+    persistent plan (optim.base.FastPlan over _C.OptimPlan: one C call, the GPU kernels'
+    launches inside it), with the bits of the same steps on CPU devices."""
+    from ctrainstate.train_state import TrainState
+    import ctrainstate.train_state as ts
+    n = min(2, len(gpus()))
+    m = gpu_mesh((n,), ("x",))
+    cm = Mesh(np.array(cts.devices("cpu")[:n], dtype=object).reshape(n), ("x",))
+    rng = np.random.default_rng(4)
+    tree = _opt_tree(rng)
+    grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in tree.items()}
+             for _ in range(4)]
+    calls = []
+    real = ts.run_fused
+    monkeypatch.setattr(ts, "run_fused", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run(mesh):
+        sh = {k: NamedSharding(mesh, P("x") if v.ndim and v.shape[0] % n == 0 else P())
+              for k, v in tree.items()}
+        s = TrainState.create(apply_fn=None, params=cts.device_put(tree, sh),
+                              tx=_OPT_CASES[name]())
+        for g in grads:
+            s = s.apply_gradients(grads=cts.device_put(g, sh))
+        assert s.__dict__["_ct_plan"].fast is not None
+        return [np.asarray(x).tobytes() for x in cts.tree_util.tree_leaves((s.params, s.opt_state))]
+
+    got = run(m)
+    assert len(calls) == 1, calls   # the first step only: the others ran from the plan
+    assert got == run(cm)

@@ -34,15 +34,17 @@ PyObject *ct_py_raise(ct_status st);
 /* A block of device memory owned by one device (see py_buffer.c). */
 typedef struct {
     PyObject_HEAD
+    /* what a step reads of every buffer first, in the refcount's cache line */
+    Py_ssize_t busy;    /* calls using the memory without the GIL (ct_py_pin) */
+    int deleted;
+    ct_dtype dtype;
+    Py_ssize_t plan_refs; /* persistent optimizer plans holding it (py_optim_plan.c) */
     ct_device *dev;
     void *data;
     size_t nbytes;
-    ct_dtype dtype;
     int ndim;
     int64_t shape[CT_MAX_NDIM];
     Py_ssize_t exports; /* live buffer-protocol views */
-    Py_ssize_t busy;    /* calls using the memory without the GIL (ct_py_pin) */
-    int deleted;
     PyObject *weakreflist;
 } ct_py_buffer;
 
@@ -62,6 +64,14 @@ static inline void ct_py_unpin(ct_py_buffer *b) {
     b->busy--;
     Py_DECREF(b);
 }
+
+/* Persistent optimizer plans (_C.OptimPlan) stepping now, without the GIL. A buffer that a
+ * plan holds (plan_refs > 0) is not deleted while any plan steps: a plan does not pin its
+ * thousands of buffers one by one per step (py_optim_plan.c). Changed with the GIL held. */
+extern Py_ssize_t ct_py_plans_running;
+/* Deletions of buffers that plans hold, ever: a plan looks for deleted buffers among its
+ * own only when this changed since it last looked. */
+extern uint64_t ct_py_plan_deletions;
 
 /* PyArg "O&" converters that reject what does not fit instead of truncating it: an integer
  * (anything with __index__) in [0, 2**32) into a uint32_t, in [INT_MIN, INT_MAX] into an

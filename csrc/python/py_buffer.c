@@ -76,6 +76,7 @@ static void buffer_release_memory(ct_py_buffer *self) {
         ct_device_free(self->dev, self->data, self->nbytes);
         self->data = NULL;
         self->deleted = 1;
+        if (self->plan_refs > 0) ct_py_plan_deletions++; /* plans check their buffers again */
     }
 }
 
@@ -93,7 +94,7 @@ static int buffer_deletable(const ct_py_buffer *self) {
                      self->exports);
         return -1;
     }
-    if (self->busy > 0) {
+    if (self->busy > 0 || (self->plan_refs > 0 && ct_py_plans_running > 0)) {
         PyErr_SetString(PyExc_RuntimeError,
                         "cannot delete a buffer that an operation running in another thread is "
                         "using; delete it after that operation returns");

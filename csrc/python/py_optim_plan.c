@@ -35,6 +35,9 @@
 
 #include "../core/ct_ops.h"
 
+Py_ssize_t ct_py_plans_running;
+uint64_t ct_py_plan_deletions;
+
 typedef struct {
     PyObject_HEAD
     ct_opt_stage st[CT_OPT_MAX_STAGES];
@@ -55,7 +58,8 @@ typedef struct {
     Py_ssize_t *counters, ncounters; /* indices into cur of the int32 step counters */
     PyObject *claim_lock, *claimed;  /* optim.base's _CLAIM_LOCK and _CLAIMED */
     int busy;
-    int refs_plain;          /* refs hold references only (their pins undone, see plan_init) */
+    uint64_t deletions_seen; /* ct_py_plan_deletions when no buffer of refs was deleted */
+    int refs_plain;          /* refs hold references and plan_refs (pins undone, plan_init) */
     PyObject *weakreflist;
 } optim_plan;
 
@@ -87,7 +91,10 @@ static void plan_clear_fields(optim_plan *p) {
     p->g_nblk = p->counters = NULL;
     p->nblocks = 0;
     if (p->refs_plain) /* ct_py_pin_release undoes pins */
-        for (Py_ssize_t r = 0; r < p->refs.n; r++) p->refs.v[r]->busy++;
+        for (Py_ssize_t r = 0; r < p->refs.n; r++) {
+            p->refs.v[r]->busy++;
+            p->refs.v[r]->plan_refs--;
+        }
     p->refs_plain = 0;
     ct_py_pin_release(&p->refs);
     Py_CLEAR(p->cur);
@@ -254,8 +261,12 @@ static int plan_init(optim_plan *self, PyObject *args, PyObject *kw) {
             self->groups[i].blocks[j].g = NULL;
         }
     }
-    /* the buffers stay referenced but not pinned (delete() works; a step checks and pins) */
-    for (Py_ssize_t r = 0; r < self->refs.n; r++) self->refs.v[r]->busy--;
+    /* the buffers stay referenced but not pinned: delete() works between steps, not while a
+     * plan steps (ct_py_plans_running); a step checks that none was deleted */
+    for (Py_ssize_t r = 0; r < self->refs.n; r++) {
+        self->refs.v[r]->busy--;
+        self->refs.v[r]->plan_refs++;
+    }
     self->refs_plain = 1;
     const Py_ssize_t na = PyList_GET_SIZE(arrays);
     for (Py_ssize_t i = 0; i < na; i++)
@@ -465,8 +476,6 @@ static PyObject *plan_step(optim_plan *self, PyObject *args) {
                 Py_RETURN_NONE;
         }
     }
-    for (Py_ssize_t r = 0; r < self->refs.n; r++)
-        if (self->refs.v[r]->deleted) Py_RETURN_NONE;
     if (params != Py_None) { /* params given apart from the state (t5x): these very Arrays */
         if (!PyList_Check(params) || PyList_GET_SIZE(params) != self->nparams) Py_RETURN_NONE;
         for (Py_ssize_t i = 0; i < self->nparams; i++)
@@ -498,21 +507,35 @@ static PyObject *plan_step(optim_plan *self, PyObject *args) {
         PyMem_Free(gb);
         return NULL;
     }
+    /* the plan's own buffers: referenced, and not deletable while it steps (plan_refs,
+     * ct_py_plans_running); a deleted one sends the step to the general path, which raises */
+    ct_py_buffer **refs = self->refs.v;
+    for (Py_ssize_t r = 0; self->deletions_seen != ct_py_plan_deletions && r < self->refs.n; r++) {
+        if (refs[r]->deleted) {
+            PyMem_Free(gb);
+            if (key != NULL) {
+                if (claim(self, key, 0) < 0) PyErr_Clear();
+                Py_DECREF(key);
+            }
+            Py_RETURN_NONE;
+        }
+    }
+    self->deletions_seen = ct_py_plan_deletions; /* (none of its own is deleted) */
     for (Py_ssize_t k = 0; k < self->nblocks; k++) ct_py_pin(gb[k]);
-    for (Py_ssize_t r = 0; r < self->refs.n; r++) ct_py_pin(self->refs.v[r]);
     Py_ssize_t k = 0;
     for (int i = 0; i < self->ngroups; i++)
         for (int j = 0; j < self->groups[i].nblocks; j++, k++)
             self->groups[i].blocks[j].g = (const float *)gb[k]->data;
     self->busy = 1;
+    ct_py_plans_running++;
     ct_status cs;
     Py_INCREF(self);
     Py_BEGIN_ALLOW_THREADS
     cs = ct_optim_step(self->st, self->nstages, self->groups, self->ngroups, self->nleaves);
     Py_END_ALLOW_THREADS
     self->busy = 0;
+    ct_py_plans_running--;
     for (Py_ssize_t b = 0; b < self->nblocks; b++) ct_py_unpin(gb[b]);
-    for (Py_ssize_t r = 0; r < self->refs.n; r++) ct_py_unpin(self->refs.v[r]);
     for (int i = 0; i < self->ngroups; i++)
         for (int j = 0; j < self->groups[i].nblocks; j++) self->groups[i].blocks[j].g = NULL;
     PyMem_Free(gb);

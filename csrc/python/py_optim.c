@@ -365,4 +365,46 @@ static PyMethodDef optim_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ct_py_init_optim(PyObject *m) { return PyModule_AddFunctions(m, optim_methods); }
+/* _C.optim_kinds ({name: code}, the ct_opt_kind enum) and _C.optim_nslots (state slots per
+ * kind, by code): the Python layer reads the stage kinds from here instead of copying them. */
+static int add_kinds(PyObject *m) {
+    static const struct { const char *name; int kind; } kinds[] = {
+        {"SCALE", CT_OPT_SCALE}, {"ADAM", CT_OPT_ADAM}, {"DECAY", CT_OPT_DECAY},
+        {"TRACE", CT_OPT_TRACE}, {"LION", CT_OPT_LION}, {"RMS", CT_OPT_RMS},
+        {"RSS", CT_OPT_RSS}, {"CLIP", CT_OPT_CLIP}, {"GLOBAL_NORM", CT_OPT_GLOBAL_NORM},
+        {"TRUST_RATIO", CT_OPT_TRUST_RATIO}, {"FINITE_GATE", CT_OPT_FINITE_GATE},
+        {"EMA", CT_OPT_EMA}, {"FACTORED", CT_OPT_FACTORED}, {"BLOCK_RMS", CT_OPT_BLOCK_RMS},
+        {"PARAM_RMS", CT_OPT_PARAM_RMS}, {"ZERO", CT_OPT_ZERO}, {"BELIEF", CT_OPT_BELIEF},
+        {"YOGI", CT_OPT_YOGI}, {"STDDEV", CT_OPT_STDDEV}, {"ACCUM", CT_OPT_ACCUM},
+        {"ADAMAX", CT_OPT_ADAMAX}, {"AMSGRAD", CT_OPT_AMSGRAD},
+    };
+    _Static_assert(sizeof kinds / sizeof kinds[0] == CT_OPT_NUM_KINDS,
+                   "every ct_opt_kind has a name here");
+    PyObject *d = PyDict_New(), *ns = PyTuple_New(CT_OPT_NUM_KINDS);
+    int rc = -1;
+    if (d == NULL || ns == NULL) goto out;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        PyObject *v = PyLong_FromLong(kinds[i].kind);
+        if (v == NULL || PyDict_SetItemString(d, kinds[i].name, v) < 0) {
+            Py_XDECREF(v);
+            goto out;
+        }
+        Py_DECREF(v);
+    }
+    for (int k = 0; k < CT_OPT_NUM_KINDS; k++) {
+        PyObject *v = PyLong_FromLong(ct_opt_kind_nslots(k));
+        if (v == NULL) goto out;
+        PyTuple_SET_ITEM(ns, k, v);
+    }
+    rc = (PyModule_AddObjectRef(m, "optim_kinds", d) < 0 ||
+          PyModule_AddObjectRef(m, "optim_nslots", ns) < 0) ? -1 : 0;
+out:
+    Py_XDECREF(d);
+    Py_XDECREF(ns);
+    return rc;
+}
+
+int ct_py_init_optim(PyObject *m) {
+    if (add_kinds(m) < 0) return -1;
+    return PyModule_AddFunctions(m, optim_methods);
+}

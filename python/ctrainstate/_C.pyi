@@ -118,3 +118,17 @@ _Block = (tuple[Buffer | None, Buffer | None, Buffer | None, Sequence[Buffer | N
 def optim_step(stages: Sequence[tuple[int, Sequence[float]]], groups: Sequence[Sequence[_Block]],
                nleaves: int, grads: Sequence[Sequence[Buffer]] | None = None, /) -> list[float]: ...
 def optim_reference(stages: Sequence[tuple[int, Sequence[float]]], block: _Block, /) -> None: ...
+optim_kinds: dict[str, int]   # ct_opt_kind: stage kind codes by name
+optim_nslots: tuple[int, ...]  # state slots per leaf of each stage kind, by code
+
+
+class OptimPlan:
+    """A persistent in-place fused optimizer step (csrc/python/py_optim_plan.c)."""
+    arrays: list | None
+    nblocks: int
+    def __init__(self, stages: Sequence[tuple[int, Sequence[float]]],
+                 groups: list[list[_Block]], order: list[list[tuple[int, int]]], nleaves: int,
+                 grads: list, arrays: list, nparams: int, counters: list[int], lock: Any,
+                 claimed: set, /) -> None: ...
+    def step(self, arrays: list, grads: list, scalars: list[Sequence[float]], count: Any,
+             params: list | None = ..., /) -> list | None: ...

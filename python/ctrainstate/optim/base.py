@@ -41,14 +41,15 @@ from ..tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_pat
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
            "identity", "apply_updates", "safe_increment", "with_extra_args_support"]
 
-# Stage kinds (ct_opt_kind in csrc/core/ct_optim.h).
+# Stage kinds (ct_opt_kind in csrc/core/ct_optim.h, read from the extension) and the state
+# slots each owns per leaf.
 (SCALE, ADAM, DECAY, TRACE, LION, RMS, RSS, CLIP, GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, EMA,
- FACTORED, BLOCK_RMS, PARAM_RMS, ZERO, BELIEF, YOGI, STDDEV, ACCUM, ADAMAX,
- AMSGRAD) = range(22)
-NSLOTS = {SCALE: 0, ADAM: 2, DECAY: 0, TRACE: 1, LION: 1, RMS: 1, RSS: 1, CLIP: 0,
-          GLOBAL_NORM: 0, TRUST_RATIO: 0, FINITE_GATE: 0, EMA: 1, FACTORED: 3, BLOCK_RMS: 0,
-          PARAM_RMS: 0, ZERO: 0, BELIEF: 2, YOGI: 2, STDDEV: 2, ACCUM: 1, ADAMAX: 2,
-          AMSGRAD: 3}
+ FACTORED, BLOCK_RMS, PARAM_RMS, ZERO, BELIEF, YOGI, STDDEV, ACCUM, ADAMAX, AMSGRAD) = (
+    _C.optim_kinds[n] for n in (
+        "SCALE", "ADAM", "DECAY", "TRACE", "LION", "RMS", "RSS", "CLIP", "GLOBAL_NORM",
+        "TRUST_RATIO", "FINITE_GATE", "EMA", "FACTORED", "BLOCK_RMS", "PARAM_RMS", "ZERO",
+        "BELIEF", "YOGI", "STDDEV", "ACCUM", "ADAMAX", "AMSGRAD"))
+NSLOTS = dict(enumerate(_C.optim_nslots))
 _INT32_MAX = 2**31 - 1
 _NEEDS_PARAMS = (DECAY, TRUST_RATIO, PARAM_RMS)   # kind_needs_params in csrc/core/ct_optim.c
 

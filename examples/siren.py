@@ -19,7 +19,7 @@ needed; ``--out`` chooses another path). The last line printed is the PSNR.
 With the ``examples`` extra installed (``pip install -e '.[examples]'``: tqdm and
 matplotlib) training shows a tqdm progress bar with the loss and PSNR, and a figure
 of the loss and PSNR curves beside the target and the reconstruction goes to
-``out/siren_training.png`` (``--plot``). Without them the script prints the loss and
+``out/siren_training.png`` (beside ``--out``; ``--plot`` chooses another path). Without them the script prints the loss and
 PSNR every tenth of the run and writes no figure; the training and its results are
 the same. ``examples/notebooks/siren.ipynb`` is this run in a notebook.
 """
@@ -46,11 +46,14 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join("out", "siren_reconstruction.png"),
                    help="where to write the reconstruction (default out/siren_reconstruction.png; "
                         "its folder is made if needed)")
-    p.add_argument("--plot", default=os.path.join("out", "siren_training.png"),
+    p.add_argument("--plot", default=None,
                    help="where to write the loss/PSNR curves and the images side by side when "
-                        "matplotlib is installed (default out/siren_training.png; '' for none)")
+                        "matplotlib is installed (default: siren_training.png beside --out; "
+                        "'' for none)")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     args = p.parse_args(argv)
+    if args.plot is None:
+        args.plot = os.path.join(os.path.dirname(args.out), "siren_training.png")
     try:
         args.data, args.model = (int(v) for v in args.mesh.lower().split("x"))
     except ValueError:

@@ -29,15 +29,17 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def run_siren(tmp_path, block):
+def run_siren(tmp_path, block, args=None):
+    if args is None:
+        args = [*SMALL, "--out", str(tmp_path / "recon.png"),
+                "--plot", str(tmp_path / "plot" / "fig.png")]
     env = dict(os.environ, BLOCK="1" if block else "0")
     env.pop("CTRAINSTATE_NUM_CPU_DEVICES", None)
     env.pop("MPLBACKEND", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "python")] + [p for p in [env.get("PYTHONPATH")] if p])
     r = subprocess.run(
-        [sys.executable, "-c", RUNNER, os.path.join(ROOT, "examples", "siren.py"), *SMALL,
-         "--out", str(tmp_path / "recon.png"), "--plot", str(tmp_path / "plot" / "fig.png")],
+        [sys.executable, "-c", RUNNER, os.path.join(ROOT, "examples", "siren.py"), *args],
         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
@@ -61,12 +63,16 @@ def test_siren_without_tqdm_and_matplotlib(tmp_path):
     psnr_line(r.stdout)
 
 
-def test_siren_with_tqdm_and_matplotlib(tmp_path):
-    for m in ("tqdm", "matplotlib"):
+def need(*modules):
+    for m in modules:
         if os.environ.get("CTRAINSTATE_REQUIRE_NOTEBOOKS") == "1":
             importlib.import_module(m)
         else:
             pytest.importorskip(m)
+
+
+def test_siren_with_tqdm_and_matplotlib(tmp_path):
+    need("tqdm", "matplotlib")
     with_extra = run_siren(tmp_path, block=False)
     # tqdm's bar on stderr, refreshed once per tenth of the run (stderr is not a terminal)
     err = with_extra.stderr
@@ -84,3 +90,11 @@ def test_siren_with_tqdm_and_matplotlib(tmp_path):
     (tmp_path / "b").mkdir()
     without = run_siren(tmp_path / "b", block=True)
     assert psnr_line(with_extra.stdout) == psnr_line(without.stdout)
+
+
+def test_siren_figure_goes_beside_the_reconstruction_by_default(tmp_path):
+    need("matplotlib")
+    r = run_siren(tmp_path, block=False, args=["--steps", "2", "--size", "8", "--hidden", "8",
+                                                "--mesh", "1x2", "--out", str(tmp_path / "a" / "r.png")])
+    fig = tmp_path / "a" / "siren_training.png"
+    assert f"wrote {fig} (" in r.stdout and fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -15,6 +15,13 @@ ones end in an all-reduce over ``model``. Training uses
 The default image is generated (no download). The reconstruction goes to
 ``out/siren_reconstruction.png`` under the current directory (the folder is made if
 needed; ``--out`` chooses another path). The last line printed is the PSNR.
+
+With the ``examples`` extra installed (``pip install -e '.[examples]'``: tqdm and
+matplotlib) training shows a tqdm progress bar with the loss and PSNR, and a figure
+of the loss and PSNR curves beside the target and the reconstruction goes to
+``out/siren_training.png`` (beside ``--out``; ``--plot`` chooses another path). Without them the script prints the loss and
+PSNR every tenth of the run and writes no figure; the training and its results are
+the same. ``examples/notebooks/siren.ipynb`` is this run in a notebook.
 """
 from __future__ import annotations
 
@@ -39,8 +46,14 @@ def parse_args(argv=None):
     p.add_argument("--out", default=os.path.join("out", "siren_reconstruction.png"),
                    help="where to write the reconstruction (default out/siren_reconstruction.png; "
                         "its folder is made if needed)")
+    p.add_argument("--plot", default=None,
+                   help="where to write the loss/PSNR curves and the images side by side when "
+                        "matplotlib is installed (default: siren_training.png beside --out; "
+                        "'' for none)")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     args = p.parse_args(argv)
+    if args.plot is None:
+        args.plot = os.path.join(os.path.dirname(args.out), "siren_training.png")
     try:
         args.data, args.model = (int(v) for v in args.mesh.lower().split("x"))
     except ValueError:
@@ -157,10 +170,70 @@ def psnr(mse01: float) -> float:
     return float("inf") if mse01 <= 0 else 10.0 * math.log10(1.0 / mse01)
 
 
-def progress(step, total, loss, db, width=30):
-    done = int(width * step / total)
-    bar = "#" * done + "-" * (width - done)
-    return f"[{bar}] step {step:5d}/{total}  loss {loss:.5f}  PSNR {db:6.2f} dB"
+class Progress:
+    """The training loop's progress: a tqdm bar with the loss and PSNR where tqdm is
+    installed (on stderr; refreshed once per tenth of the run where stderr is not a
+    terminal, so a log keeps ten updates), else a line every tenth of the run."""
+
+    def __init__(self, total: int):
+        self.total, self.every = total, max(1, total // 10)
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            self.bar = None
+        else:
+            quiet = {} if sys.stderr.isatty() else {"mininterval": 0, "miniters": self.every}
+            self.bar = tqdm(total=total, desc="SIREN", unit="step", **quiet)
+
+    def update(self, step: int, loss: float) -> None:
+        db = psnr(loss / 4.0)
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.5f}  PSNR {db:6.2f} dB", refresh=False)
+            self.bar.update(1)
+        elif step % self.every == 0 or step == self.total:
+            print(f"step {step:5d}/{self.total}  loss {loss:.5f}  PSNR {db:6.2f} dB", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def plot(path: str, img: np.ndarray, recon: np.ndarray, losses) -> bool:
+    """Write the loss and PSNR curves and the target beside the reconstruction to ``path``
+    with matplotlib; False (nothing written) where matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = figure(img, recon, losses)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def figure(img: np.ndarray, recon: np.ndarray, losses):
+    """A matplotlib figure: the loss (log scale) and PSNR per step, then the target and the
+    reconstruction side by side. ``losses`` are the training losses on [-1, 1] targets."""
+    import matplotlib.pyplot as plt
+    losses = np.asarray(losses, np.float64)
+    steps = np.arange(1, len(losses) + 1)
+    fig, axs = plt.subplots(1, 4, figsize=(14, 3.4), width_ratios=(1.3, 1.3, 1, 1))
+    axs[0].semilogy(steps, losses)
+    axs[0].set(title="loss (MSE on [-1, 1])", xlabel="step")
+    axs[1].plot(steps, [psnr(v / 4.0) for v in losses], color="tab:green")
+    axs[1].set(title="PSNR (dB)", xlabel="step")
+    for ax in axs[:2]:
+        ax.grid(alpha=0.3)
+    for ax, im, title in ((axs[2], img, "target"), (axs[3], recon, "reconstruction")):
+        ax.imshow(np.clip(im if im.shape[-1] == 3 else im[..., 0], 0, 1),
+                  cmap=None if im.shape[-1] == 3 else "gray", interpolation="nearest")
+        ax.set_title(title)
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
 
 
 def pick_devices(args):
@@ -213,18 +286,15 @@ def main(args):
             return cnp.mean(cnp.square(pred - target_d))
 
         grad_fn = cts.value_and_grad(loss_fn)
-        tty = sys.stdout.isatty()
-        every = max(1, args.steps // 10)
-        loss = float("nan")
+        losses = []
+        bar = Progress(args.steps)
         t_train = time.perf_counter()
         for step in range(1, args.steps + 1):
             loss_v, grads = grad_fn(state.params)
             state = state.apply_gradients(grads=grads)
-            if step % every == 0 or step == args.steps or tty:
-                loss = float(loss_v)
-                line = progress(step, args.steps, loss, psnr(loss / 4.0))
-                print("\r" + line if tty else line, end="" if tty and step < args.steps else "\n",
-                      flush=True)
+            losses.append(float(loss_v))
+            bar.update(step, losses[-1])
+        bar.close()
         t_train = time.perf_counter() - t_train
         pred = np.asarray(state.apply_fn({"params": state.params}, coords_d))
     recon = np.clip((pred + 1.0) / 2.0, 0.0, 1.0).reshape(h, w, c)
@@ -233,6 +303,11 @@ def main(args):
     write_png(args.out, recon if c == 3 else recon[:, :, 0])
     print(f"wrote {args.out}; {args.steps} steps in {t_train:.1f} s "
           f"({1e3 * t_train / max(args.steps, 1):.1f} ms/step), total {time.perf_counter() - t0:.1f} s")
+    if args.plot:
+        if plot(args.plot, img, recon, losses):
+            print(f"wrote {args.plot} (loss and PSNR curves, target and reconstruction)")
+        else:
+            print(f"no {args.plot}: matplotlib is not installed (pip install -e '.[examples]')")
     print(f"PSNR: {psnr(mse01):.2f} dB")
     return psnr(mse01)
 

@@ -151,3 +151,18 @@ def test_assert_mesh_invariant_passes_on_sharded_random_and_names_differing_mesh
                                       meshes)
     with pytest.raises(ValueError, match="at least two meshes"):
         testing.assert_mesh_invariant(draw, meshes[:1])
+
+
+def test_assert_tree_shardings_pairs_axes_in_other_containers_by_path():
+    # get_axis_names gives a FrozenDict; params are a dict: paired by key path, and a
+    # wrongly sharded leaf is still reported
+    from ctrainstate.core import FrozenDict
+    mesh = cts.Mesh(np.array(cts.devices()[:2]), ("model",))
+    w = cts.device_put(np.zeros((4, 2), np.float32), cts.NamedSharding(mesh, cts.P(None, "model")))
+    axes = FrozenDict({"dense": {"w": cts.P("embed", "mlp")}})
+    testing.assert_tree_shardings({"dense": {"w": w}}, axes, (("mlp", "model"),))
+    with pytest.raises(AssertionError, match="dense"):
+        testing.assert_tree_shardings({"dense": {"w": w}}, axes, (("embed", "model"),))
+    with pytest.raises(ValueError, match="structure"):
+        testing.assert_tree_shardings({"dense": {"w": w}}, FrozenDict({"other": {"w": None}}),
+                                      (("mlp", "model"),))

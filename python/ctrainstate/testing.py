@@ -235,6 +235,23 @@ def _is_box(x) -> bool:
     return isinstance(x, Partitioned)
 
 
+def _names_by_path(pl, axes):
+    """The axis names of each (path, leaf) of ``pl`` looked up in ``axes`` by key path
+    (``keystr``), or None when one is missing."""
+    def is_names(x):
+        return x is None or isinstance(x, _P) or (
+            isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x))
+    ax, _ = _tu.tree_flatten_with_path(axes, is_leaf=is_names)
+    by = {_tu.keystr(p): n for p, n in ax}
+    out = []
+    for p, _ in pl:
+        k = _tu.keystr(p)
+        if k not in by:
+            return None
+        out.append(by[k])
+    return out
+
+
 def assert_tree_shardings(tree, axes=None, rules=None, *, mesh: _Mesh | None = None) -> None:
     """Every Array of ``tree`` is sharded as its logical axis names resolve under ``rules``
     (default: the active ``axis_rules``) over ``mesh`` (default: the active mesh, else the
@@ -267,8 +284,12 @@ def assert_tree_shardings(tree, axes=None, rules=None, *, mesh: _Mesh | None = N
         try:
             names = _tu._flatten_up_to(td, axes)
         except ValueError as e:
-            raise ValueError(f"assert_tree_shardings: `axes` does not have the tree's "
-                             f"structure: {e}") from None
+            # the same paths in other containers (a FrozenDict of axes from get_axis_names
+            # for a dict of params): paired by path
+            names = _names_by_path(pl, axes)
+            if names is None:
+                raise ValueError(f"assert_tree_shardings: `axes` does not have the tree's "
+                                 f"structure: {e}") from None
         items = [(p, v, None if n is None else tuple(n), True, None)
                  for (p, v), n in zip(pl, names)]
     for p, value, names, logical, box_rules in items:

@@ -288,3 +288,27 @@ def test_python_calls_per_plan_step_are_few_and_independent_of_the_leaves(leaves
     # the general path makes hundreds (it walks the trees): the count measures the plan
     state[0].__dict__.pop("_ct_cur")
     assert _python_calls(step) > 60
+
+
+def test_dict_params_are_flattened_and_rebuilt_by_the_plan():
+    # plain nested dicts: the C plan walks them itself; a grads tree with another key, a
+    # missing key or another container declines to the general path (same errors as ever)
+    from ctrainstate.core import FrozenDict
+    params = {"b": {"y": np.ones(2, np.float32), "x": np.ones(3, np.float32)},
+              "a": np.ones(4, np.float32)}
+    state = TrainState.create(apply_fn=None, params=params, tx=optim.sgd(0.5))
+    g = cts.device_put(cts.tree_util.tree_map(np.ones_like, params))
+    state = state.apply_gradients(grads=g).apply_gradients(grads=g)
+    fast = state.__dict__["_ct_plan"].fast
+    assert fast.dicts
+    s3 = state.apply_gradients(grads=g)
+    assert list(s3.params) == ["a", "b"] and list(s3.params["b"]) == ["x", "y"]
+    assert np.asarray(s3.params["b"]["x"]).tolist() == [-0.5] * 3
+    with pytest.raises(ValueError, match="structure of params"):
+        s3.apply_gradients(grads={"a": g["a"], "b": {"x": g["b"]["x"], "z": g["b"]["y"]}})
+    with pytest.raises(ValueError, match="structure of params"):
+        s3.apply_gradients(grads={"a": g["a"], "b": {"x": g["b"]["x"]}})
+    with pytest.raises(ValueError, match="structure of params"):
+        s3.apply_gradients(grads=FrozenDict(g))
+    s4 = s3.apply_gradients(grads=g)
+    assert np.asarray(s4.params["a"]).tolist() == [-1.0] * 4

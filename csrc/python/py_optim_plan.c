@@ -57,6 +57,7 @@ typedef struct {
     Py_ssize_t nparams, narrays;
     Py_ssize_t *counters, ncounters; /* indices into cur of the int32 step counters */
     PyObject *claim_lock, *claimed;  /* optim.base's _CLAIM_LOCK and _CLAIMED */
+    PyObject *prog;          /* the params' dict structure (prog_flatten), or NULL */
     int busy;
     uint64_t deletions_seen; /* ct_py_plan_deletions when no buffer of refs was deleted */
     int refs_plain;          /* refs hold references and plan_refs (pins undone, plan_init) */
@@ -100,6 +101,7 @@ static void plan_clear_fields(optim_plan *p) {
     Py_CLEAR(p->cur);
     Py_CLEAR(p->claim_lock);
     Py_CLEAR(p->claimed);
+    Py_CLEAR(p->prog);
 }
 
 static void plan_dealloc(optim_plan *p) {
@@ -111,6 +113,7 @@ static void plan_dealloc(optim_plan *p) {
 
 static int plan_traverse(optim_plan *p, visitproc visit, void *arg) {
     Py_VISIT(p->cur);
+    Py_VISIT(p->prog);
     Py_VISIT(p->claim_lock);
     Py_VISIT(p->claimed);
     return 0;
@@ -132,6 +135,61 @@ static PyObject *array_block(PyObject *a, Py_ssize_t i) {
 
 static int is_live_buffer(PyObject *o) {
     return Py_IS_TYPE(o, &ct_py_BufferType) && !((ct_py_buffer *)o)->deleted;
+}
+
+/* The params' structure when it is made of plain dicts only (the usual Flax params): a
+ * "program", None for a leaf, else a tuple of (key, program) pairs in the treedef's (sorted)
+ * key order. flatten / unflatten follow it with dict lookups, no sorting of keys. */
+static int prog_flatten(PyObject *prog, PyObject *tree, PyObject **out, Py_ssize_t *i,
+                        Py_ssize_t n) {
+    if (prog == Py_None) {
+        if (*i >= n) return 0;
+        out[(*i)++] = tree; /* borrowed: the tree holds it while the step runs */
+        return 1;
+    }
+    if (!PyDict_CheckExact(tree) || PyDict_GET_SIZE(tree) != PyTuple_GET_SIZE(prog)) return 0;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(prog); j++) {
+        PyObject *kv = PyTuple_GET_ITEM(prog, j);
+        PyObject *v = PyDict_GetItemWithError(tree, PyTuple_GET_ITEM(kv, 0));
+        if (v == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (!prog_flatten(PyTuple_GET_ITEM(kv, 1), v, out, i, n)) return 0;
+    }
+    return 1;
+}
+
+static PyObject *prog_unflatten(PyObject *prog, PyObject *leaves, Py_ssize_t *i) {
+    if (prog == Py_None) return Py_NewRef(PyList_GET_ITEM(leaves, (*i)++));
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(prog); j++) {
+        PyObject *kv = PyTuple_GET_ITEM(prog, j);
+        PyObject *v = prog_unflatten(PyTuple_GET_ITEM(kv, 1), leaves, i);
+        if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(kv, 0), v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+/* Whether prog is a well-formed program of n leaves (checked once, at set_structure). */
+static Py_ssize_t prog_leaves(PyObject *prog) {
+    if (prog == Py_None) return 1;
+    if (!PyTuple_CheckExact(prog)) return -1;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(prog); j++) {
+        PyObject *kv = PyTuple_GET_ITEM(prog, j);
+        if (!PyTuple_CheckExact(kv) || PyTuple_GET_SIZE(kv) != 2) return -1;
+        Py_ssize_t m = prog_leaves(PyTuple_GET_ITEM(kv, 1));
+        if (m < 0) return -1;
+        n += m;
+    }
+    return n;
 }
 
 /* OptimPlan(stages, groups, order, nleaves, grads, arrays, nparams, counters, lock, claimed)
@@ -437,11 +495,78 @@ static ct_status write_counters(optim_plan *self, PyObject *arrays, uint32_t bit
     return CT_OK;
 }
 
+static PyObject *step_core(optim_plan *self, PyObject *arrays, PyObject *grads,
+                           PyObject *scalars, PyObject *count, PyObject *params);
+
 static PyObject *plan_step(optim_plan *self, PyObject *args) {
     PyObject *arrays, *grads, *scalars, *count, *params = Py_None;
     if (!PyArg_ParseTuple(args, "O!O!OO|O:step", &PyList_Type, &arrays, &PyList_Type, &grads,
                           &scalars, &count, &params))
         return NULL;
+    return step_core(self, arrays, grads, scalars, count, params);
+}
+
+/* A new list of the leaves of tree by the plan's program, or NULL (no exception) when the
+ * tree does not have that structure. */
+static PyObject *prog_leaves_list(optim_plan *self, PyObject *tree) {
+    const Py_ssize_t n = self->nparams;
+    PyObject **tmp = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof *tmp);
+    if (tmp == NULL) return PyErr_NoMemory();
+    Py_ssize_t i = 0;
+    PyObject *out = NULL;
+    if (prog_flatten(self->prog, tree, tmp, &i, n) && i == n && (out = PyList_New(n)) != NULL)
+        for (Py_ssize_t j = 0; j < n; j++) PyList_SET_ITEM(out, j, Py_NewRef(tmp[j]));
+    PyMem_Free(tmp);
+    return out;
+}
+
+/* step_tree(arrays, grads, scalars, count, params=None): step with the grads (and params)
+ * given as trees of the plan's dict structure (set_structure); returns (arrays, params tree)
+ * or None (another structure: nothing done). */
+static PyObject *plan_step_tree(optim_plan *self, PyObject *args) {
+    PyObject *arrays, *gtree, *scalars, *count, *ptree = Py_None;
+    if (!PyArg_ParseTuple(args, "O!OOO|O:step_tree", &PyList_Type, &arrays, &gtree, &scalars,
+                          &count, &ptree))
+        return NULL;
+    if (self->prog == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "OptimPlan.step_tree: no structure was set");
+    PyObject *g = prog_leaves_list(self, gtree);
+    if (g == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *p = Py_None;
+    if (ptree != Py_None && (p = prog_leaves_list(self, ptree)) == NULL) {
+        Py_DECREF(g);
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *new = step_core(self, arrays, g, scalars, count, p);
+    Py_DECREF(g);
+    if (p != Py_None) Py_DECREF(p);
+    if (new == NULL || new == Py_None) return new;
+    Py_ssize_t i = 0;
+    PyObject *tree = prog_unflatten(self->prog, new, &i);
+    if (tree == NULL) { /* (memory only: the step is committed; its Arrays are in the plan) */
+        Py_DECREF(new);
+        return NULL;
+    }
+    PyObject *r = PyTuple_Pack(2, new, tree);
+    Py_DECREF(new);
+    Py_DECREF(tree);
+    return r;
+}
+
+static PyObject *plan_set_structure(optim_plan *self, PyObject *prog) {
+    if (prog_leaves(prog) != self->nparams || prog == Py_None)
+        return PyErr_Format(PyExc_ValueError, "OptimPlan.set_structure: not a dict structure "
+                            "of %zd leaves", self->nparams);
+    Py_XSETREF(self->prog, Py_NewRef(prog));
+    Py_RETURN_NONE;
+}
+
+static PyObject *step_core(optim_plan *self, PyObject *arrays, PyObject *grads,
+                           PyObject *scalars, PyObject *count, PyObject *params) {
     if (self->cur == NULL) return PyErr_Format(PyExc_RuntimeError, "OptimPlan is not initialised");
     if (self->busy) return donated(MSG_BUSY);
     if (arrays != self->cur) { /* an earlier state: donated, or a plan it does not own */
@@ -590,6 +715,14 @@ static PyObject *plan_get_nblocks(optim_plan *self, void *closure) {
 }
 
 static PyMethodDef plan_methods[] = {
+    {"step_tree", (PyCFunction)plan_step_tree, METH_VARARGS,
+     "step_tree(arrays, grads, scalars, count, params=None, /)\n--\n\n"
+     "step() with the grads (and params) as trees of the structure set_structure gave;\n"
+     "returns (arrays, params tree), or None when a tree has another structure."},
+    {"set_structure", (PyCFunction)plan_set_structure, METH_O,
+     "set_structure(program, /)\n--\n\n"
+     "The params' structure when it is plain dicts: None for a leaf, else a tuple of\n"
+     "(key, program) pairs in the params' (sorted) key order."},
     {"step", (PyCFunction)plan_step, METH_VARARGS,
      "step(arrays, grads, scalars, count, params=None, /)\n--\n\n"
      "One in-place step. arrays: the list the plan returned last (another list: its Arrays\n"

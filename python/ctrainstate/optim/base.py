@@ -31,6 +31,7 @@ import weakref
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
+import optree
 
 from .. import _C, _dtypes
 from ..array import Array, DonatedBufferError, device_put
@@ -723,13 +724,22 @@ class FastPlan:
     (nothing done) whenever the general path must decide: grads of another structure,
     placement or dtype, a state not stepped by this plan, Arrays borrowed since."""
 
-    __slots__ = ("cplan", "pdef", "sdef", "nparams", "scalars", "count", "epoch")
+    __slots__ = ("cplan", "pdef", "sdef", "nparams", "scalars", "count", "epoch", "dicts")
 
     def __init__(self, cplan, pdef, sdef, nparams, scalars, count):
         self.cplan, self.pdef, self.sdef, self.nparams = cplan, pdef, sdef, nparams
         self.scalars = scalars   # per stage: (constant scalars, None) or (None, at)
         self.count = count       # the counters' value before the next step (None: none)
         self.epoch = _BORROW_EPOCH[0]
+        # params of plain dicts (Flax's): the C plan flattens the grads and builds the
+        # params' dicts itself
+        try:
+            prog = _dict_program(pdef)
+        except _NotDicts:
+            prog = None
+        self.dicts = prog is not None
+        if self.dicts:
+            cplan.set_structure(prog)
 
     def step(self, arrays, grads, params=None):
         """``(arrays, params, opt_state)`` after one step of the state holding ``arrays``
@@ -738,6 +748,21 @@ class FastPlan:
         own param Arrays."""
         if self.epoch != _BORROW_EPOCH[0]:
             return None
+        if self.dicts:
+            c = self.count
+            if c is None:
+                r = self.cplan.step_tree(arrays, grads, [s for s, _ in self.scalars], 0, params)
+            elif c < _INT32_MAX - 1:
+                r = self.cplan.step_tree(
+                    arrays, grads, [s if f is None else f(c) for s, f in self.scalars],
+                    np.int32(c + 1), params)
+            else:
+                return None
+            if r is None:
+                return None
+            if c is not None:
+                self.count = c + 1
+            return r[0], r[1], self.sdef.unflatten(r[0][self.nparams:])
         try:
             g = self.pdef.flatten_up_to(grads)
             p = None if params is None else self.pdef.flatten_up_to(params)
@@ -757,6 +782,20 @@ class FastPlan:
             self.count = c + 1
         n = self.nparams
         return new, self.pdef.unflatten(new[:n]), self.sdef.unflatten(new[n:])
+
+
+def _dict_program(td):
+    """The structure of a tree of plain dicts as nested ``((key, program), ...)`` tuples in
+    the treedef's key order (None for a leaf), or None when another node type is in it."""
+    if optree.treespec_is_leaf(td):
+        return None
+    if td.type is not dict:
+        raise _NotDicts
+    return tuple((k, _dict_program(c)) for k, c in zip(td.entries(), td.children()))
+
+
+class _NotDicts(Exception):
+    pass
 
 
 def _build_fast_plan(stages, ctx, plan, pdef, new_p, new_state, g_leaves):

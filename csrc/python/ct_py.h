@@ -81,5 +81,6 @@ int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resoluti
 int ct_py_init_random(PyObject *m);
 int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
 int ct_py_init_array(PyObject *m);  /* py_array.c: moving Arrays' buffers (in-place steps) */
+int ct_py_init_dist(PyObject *m);   /* py_dist.c: MPI process engine, host collectives */
 
 #endif /* CT_PY_H */

@@ -10,22 +10,27 @@
  * libraries on its ABI (Intel MPI, MVAPICH, Cray MPICH) use integer handles and are not
  * supported: loading one fails with an error that says so.
  *
- * Every collective is non-blocking MPI (MPI_Iallreduce, ...) completed by polling MPI_Test
- * against a deadline, so that a peer that died or never arrives makes the others fail with
- * CT_DIST_TIMEOUT after `timeout_s` seconds instead of waiting forever (Open MPI's blocking
- * collectives never time out). MPI cannot cancel a started collective: after a timeout, an
- * MPI error or an interruption the engine is *broken*: the request stays pending, every later
- * collective fails at once with the first failure's message, and ct_dist_finalize skips
- * MPI_Finalize (which would wait for the missing peer). The buffers of the failed call must
- * then stay allocated (MPI may still write them if anything progresses MPI later); the
- * bindings keep them alive.
+ * Every collective is non-blocking MPI completed by polling MPI_Test(all) against a deadline
+ * (ct_dist.c says which MPI calls carry which collective, and why all-reduce, all-gather and
+ * reduce-scatter are written on point-to-point messages), so that a peer that died or never
+ * arrives makes the others fail after `timeout_s` seconds instead of waiting forever (Open
+ * MPI's blocking collectives never time out). MPI cannot cancel a started collective: after a
+ * timeout, an MPI error or an interruption the engine is *broken*: the requests stay pending,
+ * every later collective fails at once with the first failure's message, and
+ * ct_dist_finalize skips MPI_Finalize (which would wait for the missing peer). The buffers of
+ * the failed call must then stay allocated (MPI may still write them if anything progresses
+ * MPI later); the bindings keep them alive.
+ *
+ * Reductions have one order: ((x_0 op x_1) op x_2) ... op x_{n-1} over processes 0..n-1,
+ * whatever the size, so results are reproducible run to run and do not depend on MPI's
+ * tuning.
  *
  * One engine per process; calls are serialised by a mutex (the caller needs no lock, but every
  * process must issue the same collectives in the same order, as MPI requires). The
  * communicator is a duplicate of MPI_COMM_WORLD, so MPI code of the user's (mpi4py) in the
  * same process does not mix with ours. Where MPI was initialised before ct_dist_init (mpi4py
  * imported first), the engine uses it and leaves MPI_Finalize to its owner. A forked child
- * of an initialised process cannot use MPI: its calls fail with CT_EINVAL.
+ * of an initialised process cannot use MPI: its calls fail with CT_EDEVICE.
  */
 #ifndef CT_DIST_H
 #define CT_DIST_H

@@ -304,10 +304,7 @@ def _require(what: str) -> None:
 
 
 def _host(x, what: str) -> _np.ndarray:
-    if (isinstance(x, _np.ndarray) and x.flags.c_contiguous and x.flags.aligned
-            and x.dtype.isnative):
-        return x
-    a = _np.asarray(x)
+    a = x if isinstance(x, _np.ndarray) else _np.asarray(x)
     if a.dtype.hasobject:
         raise TypeError(f"{what}: an array of Python objects cannot be sent to other processes")
     if not a.dtype.isnative:

@@ -218,7 +218,7 @@ static ct_status resolve(void) {
     int len = 0;
     if (a.Get_library_version(ver, &len) == 0) {
         ver[strcspn(ver, "\n,")] = '\0';
-        snprintf(g.version, sizeof g.version, "%s", ver);
+        snprintf(g.version, sizeof g.version, "%.500s", ver);
     }
     return CT_OK;
 }

@@ -1,7 +1,7 @@
 """Build script for ctrainstate's C extension, ctrainstate._C, and (when a CUDA
 toolkit is found) the CUDA backend library ctrainstate._cuda_backend.
 
-Every C file under csrc/core, csrc/backend/cpu and csrc/python is compiled as
+Every C file under csrc/core, csrc/process, csrc/backend/cpu and csrc/python is compiled as
 C11 against the NumPy C API, with OpenMP. The CUDA backend (csrc/backend/cuda)
 is compiled by nvcc for sm_90 plus PTX and linked with cudart and cuBLAS into a
 separate shared library that the core loads with dlopen() only when GPUs are
@@ -34,7 +34,7 @@ def _flag(name):
 
 def _sources():
     files = []
-    for p in ["csrc/core", "csrc/backend/cpu", "csrc/python"]:
+    for p in ["csrc/core", "csrc/process", "csrc/backend/cpu", "csrc/python"]:
         files += sorted(glob.glob(os.path.join(p, "*.c")))
     return files
 

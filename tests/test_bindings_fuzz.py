@@ -192,6 +192,8 @@ def gen(kind):
         return rng.choice([None, 1, "x", core.multiarray._ARRAY_API])
     if kind == "str":
         return rng.choice(["cpu", "gpu", "cuda", "", "tpu", "cpu\0"])
+    if kind == "op":
+        return rng.choice(["sum", "max", "min", "prod", "", "sum\0", None, 0])
     return pick_any()
 
 SIGS = {
@@ -228,12 +230,18 @@ SIGS = {
                   "any", "any"],
     # the step of a plan built by a real TrainState step (plan_parts below)
     "OptimPlan.step": ["arrays", "arrays", "any", "int", "arrays"],
+    "dist_shutdown": [], "dist_info": [], "dist_allreduce": ["host", "host", "op", "float"],
+    "dist_allgather": ["host", "host", "float"],
+    "dist_reduce_scatter": ["host", "host", "op", "float"],
+    "dist_broadcast": ["host", "int", "float"], "dist_barrier": ["float"],
 }
 # the bindings _C.pyi lists, less the classes (Buffer's constructor and methods are called
 # below) and _rules_set_unconstrained, which sets the sentinel that the Python layer passes
-# for PartitionSpec.UNCONSTRAINED (any object is valid there)
+# for PartitionSpec.UNCONSTRAINED (any object is valid there), and dist_initialize, which
+# starts MPI (once per process: tests/test_distributed.py checks its arguments); the other
+# dist_* bindings are fuzzed with the engine not initialized
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError", "Buffer",
-        "axis_rules"}
+        "axis_rules", "dist_initialize"}
 
 class SlotsLike:  # an Array-like class that array_type_register accepts
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",

@@ -108,5 +108,6 @@ int ct_py_init_random(PyObject *m);
 int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
 int ct_py_init_optim_plan(PyObject *m); /* py_optim_plan.c: the persistent step plan */
 int ct_py_init_array(PyObject *m);  /* py_array.c: moving Arrays' buffers (in-place steps) */
+int ct_py_init_dist(PyObject *m);   /* py_dist.c: MPI process engine, host collectives */
 
 #endif /* CT_PY_H */

@@ -2,6 +2,8 @@
  * ct_optim.c — the fused multi-tensor optimizer driver and its stages.
  *
  * See ct_optim.h for the model. Layout of this file:
+ *   --- conversions  16-bit operands to and from float32 chunks (hand-written
+ *                    F16C / AVX-512 paths for float16, see there)
  *   --- stages       one static inline function per elementwise stage, on a chunk
  *   --- factored     adafactor's factored statistics: block geometry, the
  *                    statistics of a chunk, cross-block sums, the factors
@@ -20,6 +22,12 @@
  * handed out dynamically: a 38.6M-element embedding becomes ~600 tasks and a
  * 768-element bias one, so leaves of very different sizes balance, and a core
  * taken by another process does not hold up a static half.
+ *
+ * 16-bit operands. A bfloat16 / float16 array (params, grads, updates, a
+ * state slot) is widened chunk by chunk into float32 scratch beside u (L1),
+ * the stages run on the scratch exactly as on a float32 array, and what a
+ * stage wrote is rounded once and stored (--- conversions). A float32 array is
+ * used in place, as before: its path does not change.
  */
 #include "ct_optim.h"
 
@@ -27,9 +35,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ct_convert_math.h"
 #include "ct_device.h"
 #include "ct_par.h"
 #include "ct_simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CT_OPT_X86 1
+#else
+#define CT_OPT_X86 0
+#endif
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_SCALE] = 0, [CT_OPT_ADAM] = 2, [CT_OPT_DECAY] = 0, [CT_OPT_TRACE] = 1,
@@ -55,13 +71,206 @@ static int kind_needs_params(int kind) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// conversions
+//
+// The exact definitions are ct_random_math.h's (also those of op_convert): widening is exact
+// (a float16 signalling NaN stays signalling), narrowing rounds to nearest even, a float16
+// NaN becomes 0x7e00 with its sign, a bfloat16 NaN keeps its top 16 bits with the quiet bit
+// set. bfloat16 is shifts and an add: plain loops, vectorised by GCC in each ISA clone of the
+// task functions. float16: vcvtph2ps / vcvtps2ph (F16C; 16 lanes with AVX-512, 8 with AVX2)
+// where the CPU has them, picked once like ct_random.c's paths. They differ from the
+// definition only on NaNs (F16C quiets a signalling NaN when widening and keeps a NaN's
+// payload when narrowing): a vector holding a NaN, rare, is redone element by element.
+
+#define CT_INLINE static inline __attribute__((always_inline))
+
+typedef enum { CVT_PORTABLE = 0, CVT_AVX2 = 1, CVT_AVX512 = 2 } cvt_path_t;
+
+static void f16_load_portable(const uint16_t *restrict x, int64_t n, float *restrict y) {
+    for (int64_t i = 0; i < n; i++) y[i] = ct_rm_f16_to_f32(x[i]);
+}
+
+static void f16_store_portable(const float *restrict x, int64_t n, uint16_t *restrict y) {
+    for (int64_t i = 0; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
+}
+
+#if CT_OPT_X86
+#define CT_OPT_AVX512 __attribute__((target("avx512f,avx512vl,f16c")))
+#define CT_OPT_AVX2 __attribute__((target("avx2,f16c")))
+
+CT_OPT_AVX512 static void f16_load_avx512(const uint16_t *restrict x, int64_t n,
+                                          float *restrict y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
+        if (_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q) != 0) {
+            for (int j = 0; j < 16; j++) y[i + j] = ct_rm_f16_to_f32(x[i + j]);
+            continue;
+        }
+        _mm512_storeu_ps(y + i, f);
+    }
+    for (; i < n; i++) y[i] = ct_rm_f16_to_f32(x[i]);
+}
+
+CT_OPT_AVX512 static void f16_store_avx512(const float *restrict x, int64_t n,
+                                           uint16_t *restrict y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 f = _mm512_loadu_ps(x + i);
+        if (_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q) != 0) {
+            for (int j = 0; j < 16; j++) y[i + j] = ct_rm_f32_to_f16(x[i + j]);
+            continue;
+        }
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
+}
+
+CT_OPT_AVX2 static void f16_load_avx2(const uint16_t *restrict x, int64_t n, float *restrict y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)) != 0) {
+            for (int j = 0; j < 8; j++) y[i + j] = ct_rm_f16_to_f32(x[i + j]);
+            continue;
+        }
+        _mm256_storeu_ps(y + i, f);
+    }
+    for (; i < n; i++) y[i] = ct_rm_f16_to_f32(x[i]);
+}
+
+CT_OPT_AVX2 static void f16_store_avx2(const float *restrict x, int64_t n, uint16_t *restrict y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 f = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)) != 0) {
+            for (int j = 0; j < 8; j++) y[i + j] = ct_rm_f32_to_f16(x[i + j]);
+            continue;
+        }
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
+}
+
+static int cvt_env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
+}
+#endif
+
+/* The widest path the CPU has that is not above `want`. */
+static cvt_path_t cvt_supported(int want) {
+#if CT_OPT_X86
+    __builtin_cpu_init();
+    if (want >= CVT_AVX512 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
+        return CVT_AVX512;
+    if (want >= CVT_AVX2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        return CVT_AVX2;
+#else
+    (void)want;
+#endif
+    return CVT_PORTABLE;
+}
+
+/* The driver's path, picked once (a benign race: every thread computes the same value). */
+static cvt_path_t cvt_path(void) {
+    static int path = -1;
+    if (path < 0) {
+        int want = CVT_AVX512;
+#if CT_OPT_X86
+        if (cvt_env_flag("CTRAINSTATE_NO_AVX512")) want = CVT_AVX2;
+        if (cvt_env_flag("CTRAINSTATE_NO_AVX2")) want = CVT_PORTABLE;
+#endif
+        path = (int)cvt_supported(want);
+    }
+    return (cvt_path_t)path;
+}
+
+static void f16_load(cvt_path_t path, const uint16_t *x, int64_t n, float *y) {
+#if CT_OPT_X86
+    if (path == CVT_AVX512) {
+        f16_load_avx512(x, n, y);
+        return;
+    }
+    if (path == CVT_AVX2) {
+        f16_load_avx2(x, n, y);
+        return;
+    }
+#endif
+    (void)path;
+    f16_load_portable(x, n, y);
+}
+
+static void f16_store(cvt_path_t path, const float *x, int64_t n, uint16_t *y) {
+#if CT_OPT_X86
+    if (path == CVT_AVX512) {
+        f16_store_avx512(x, n, y);
+        return;
+    }
+    if (path == CVT_AVX2) {
+        f16_store_avx2(x, n, y);
+        return;
+    }
+#endif
+    (void)path;
+    f16_store_portable(x, n, y);
+}
+
+/* ct_rm_f32_to_bf16 as a select, so the loops below vectorise. */
+CT_INLINE uint16_t bf16_round(float f) {
+    const uint32_t u = ct_rm_f2u(f);
+    const uint16_t nan = (uint16_t)((u >> 16) | 0x40u);
+    const uint16_t r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+}
+
+/* y[0, n) = elements [off, off + n) of x (dtype dt) as float32. */
+CT_INLINE void cvt_load(int dt, const void *x, int64_t off, int64_t n, float *restrict y) {
+    if (dt == CT_BF16) {
+        const uint16_t *restrict h = (const uint16_t *)x + off;
+        for (int64_t i = 0; i < n; i++) y[i] = ct_rm_bf16_to_f32(h[i]);
+    } else if (dt == CT_F16) {
+        f16_load(cvt_path(), (const uint16_t *)x + off, n, y);
+    } else {
+        memcpy(y, (const float *)x + off, (size_t)n * sizeof *y);
+    }
+}
+
+/* Elements [off, off + n) of y (dtype dt) = x[0, n) rounded to dt. */
+CT_INLINE void cvt_store(int dt, const float *restrict x, int64_t n, void *y, int64_t off) {
+    if (dt == CT_BF16) {
+        uint16_t *restrict h = (uint16_t *)y + off;
+        for (int64_t i = 0; i < n; i++) h[i] = bf16_round(x[i]);
+    } else if (dt == CT_F16) {
+        f16_store(cvt_path(), x, n, (uint16_t *)y + off);
+    } else {
+        memcpy((float *)y + off, x, (size_t)n * sizeof *x);
+    }
+}
+
+int ct_opt_cvt_load(int path, int dt, const void *x, int64_t n, float *y) {
+    const cvt_path_t pt = path < 0 ? cvt_path() : cvt_supported(path);
+    if (dt == CT_F16) f16_load(pt, (const uint16_t *)x, n, y);
+    else cvt_load(dt, x, 0, n, y);
+    return (int)pt;
+}
+
+int ct_opt_cvt_store(int path, int dt, const float *x, int64_t n, void *y) {
+    const cvt_path_t pt = path < 0 ? cvt_path() : cvt_supported(path);
+    if (dt == CT_F16) f16_store(pt, x, n, (uint16_t *)y);
+    else cvt_store(dt, x, n, y, 0);
+    return (int)pt;
+}
+
+// ---------------------------------------------------------------------------------------------
 // stages
 //
 // Each works on n elements of the chunk u (in place). `W` is a compile-time
 // constant after inlining: 1 writes the stage's state, 0 (the read-only
 // reduction passes) only computes u.
-
-#define CT_INLINE static inline __attribute__((always_inline))
 
 /* Double sums over NL fixed lanes: vectorised with independent accumulators
  * (the add latency does not bind), in an order that does not depend on the
@@ -420,19 +629,60 @@ typedef struct {
     int acc_p;                        /* reduction pass also sums p^2 */
 } ct_opt_ctx;
 
-/* u = the update after stages [0, upto) on chunk [off, off+n) of block b
- * (global index bid); W: write the stages' state. */
+/* Float32 chunks of one task: u, and the float32 views of 16-bit operands (params, up to
+ * three slots of the stage running). */
+typedef struct {
+    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    float p[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    float s[3][CT_OPT_CHUNK] __attribute__((aligned(64)));
+} chunk_buf;
+
+/* Elements [off, off+n) of slot q of block b as float32: the slot itself when it is
+ * float32, else widened into buf. */
+CT_INLINE float *slot_open(const ct_opt_block *b, int q, int64_t off, int64_t n, float *buf) {
+    if (b->slot_dt[q] == CT_F32) return (float *)b->slot[q] + off;
+    cvt_load(b->slot_dt[q], b->slot[q], off, n, buf);
+    return buf;
+}
+
+/* After a stage wrote slot q through slot_open's view: a 16-bit slot is stored, rounded. */
+CT_INLINE void slot_close(const ct_opt_block *b, int q, int64_t off, int64_t n, const float *buf) {
+    if (b->slot_dt[q] != CT_F32) cvt_store(b->slot_dt[q], buf, n, b->slot[q], off);
+}
+
+/* Whether a stage in [0, upto) that reads p (DECAY) runs on block b. */
+static inline int reads_p(const ct_opt_ctx *c, const ct_opt_block *b, int upto) {
+    for (int k = 0; k < upto; k++)
+        if (((b->active >> k) & 1u) && !((c->skip >> k) & 1u) && c->st[k].kind == CT_OPT_DECAY)
+            return 1;
+    return 0;
+}
+
+/* Elements [off, off+n) of block b's params as float32 (b->p in place when it is float32,
+ * else widened into buf). */
+CT_INLINE float *params_view(const ct_opt_block *b, int64_t off, int64_t n, float *buf) {
+    if (b->p_dt == CT_F32) return (float *)b->p + off;
+    cvt_load(b->p_dt, b->p, off, n, buf);
+    return buf;
+}
+
+/* buf->u = the update after stages [0, upto) on chunk [off, off+n) of block b
+ * (global index bid); p: the chunk's params as float32 (NULL unless a stage reads them);
+ * W: write the stages' state. */
 CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid, int64_t off,
-                         int64_t n, int upto, float *restrict u, const int W) {
-    const float *p = b->p ? b->p + off : NULL;
-    memcpy(u, b->g + off, (size_t)n * sizeof *u);
+                         int64_t n, int upto, chunk_buf *buf, const float *p, const int W) {
+    float *restrict u = buf->u;
+    cvt_load(b->g_dt, b->g, off, n, u);
     for (int k = 0; k < upto; k++) {
         if (!((b->active >> k) & 1u) || ((c->skip >> k) & 1u)) continue;
         const ct_opt_stage *s = &c->st[k];
         const int o = c->slot_off[k];
-        float *s0 = kind_nslots[s->kind] > 0 ? b->slot[o] + off : NULL;
-        float *s1 = kind_nslots[s->kind] > 1 ? b->slot[o + 1] + off : NULL;
-        float *s2 = kind_nslots[s->kind] > 2 && s->kind != CT_OPT_FACTORED ? b->slot[o + 2] + off : NULL;
+        /* the slots read per element: FACTORED's v only on a leaf that is not factored */
+        int q0 = 0, q1 = kind_nslots[s->kind];
+        if (s->kind == CT_OPT_FACTORED) q0 = b->geom.ndim == 0 ? 2 : q1;
+        float *sv[3] = {NULL, NULL, NULL};
+        for (int q = q0; q < q1; q++) sv[q] = slot_open(b, o + q, off, n, buf->s[q]);
+        float *s0 = sv[0], *s1 = sv[1], *s2 = sv[2];
         switch (s->kind) {
         case CT_OPT_SCALE: st_scale(u, n, (float)s->s[0]); break;
         case CT_OPT_ZERO: memset(u, 0, (size_t)n * sizeof *u); break;
@@ -464,7 +714,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
             break;
         case CT_OPT_FACTORED:
             if (b->geom.ndim == 0) {
-                st_unfactored(u, b->slot[o + 2] + off, n, s->s, W);
+                st_unfactored(u, s2, n, s->s, W);
             } else {
                 const fgeom f = fgeom_of(&b->geom);
                 st_factored(u, off, n, &f, &c->fac[k][bid]);
@@ -472,6 +722,8 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
             break;
         default: break;
         }
+        if (W)
+            for (int q = q0; q < q1; q++) slot_close(b, o + q, off, n, buf->s[q]);
     }
 }
 
@@ -486,15 +738,19 @@ static inline int any_stage(const ct_opt_ctx *c, const ct_opt_block *b, int upto
 /* The fused pass on one task: every stage, then p += u (or out = u). */
 CT_MULTIVERSION static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t off, int64_t n) {
-    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    chunk_buf buf;
+    const int need_p = b->out == NULL || reads_p(c, b, c->nstages);
     for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
-        compute_u(c, b, bid, o, m, c->nstages, u, 1);
+        float *pv = need_p ? params_view(b, o, m, buf.p) : NULL;
+        compute_u(c, b, bid, o, m, c->nstages, &buf, pv, 1);
         if (b->out != NULL) {
-            memcpy(b->out + o, u, (size_t)m * sizeof *u);
+            cvt_store(b->out_dt, buf.u, m, b->out, o);
         } else {
-            float *restrict pw = b->p + o;
+            float *restrict pw = pv;
+            const float *restrict u = buf.u;
             for (int64_t i = 0; i < m; i++) pw[i] = pw[i] + u[i];
+            if (b->p_dt != CT_F32) cvt_store(b->p_dt, pw, m, b->p, o);
         }
     }
 }
@@ -511,22 +767,26 @@ CT_INLINE void sumsq_lanes(const float *restrict x, int64_t m, double *restrict 
 CT_MULTIVERSION static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                       int64_t off, int64_t n, int upto, int p_only,
                                       double *acc) {
-    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    chunk_buf buf;
     double su[NL] = {0}, sp[NL] = {0};
     int64_t bad = 0;
-    const int direct = !any_stage(c, b, upto);
+    /* float32 grads that no stage changes are read in place */
+    const int direct = !any_stage(c, b, upto) && b->g_dt == CT_F32;
+    const int sum_p = c->acc_p && b->p != NULL;
+    const int need_p = sum_p || (!p_only && reads_p(c, b, upto));
     for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
+        const float *pv = need_p ? params_view(b, o, m, buf.p) : NULL;
         if (!p_only) {
-            const float *x = b->g + o;
+            const float *x = (const float *)b->g + o;
             if (direct == 0) {
-                compute_u(c, b, bid, o, m, upto, u, 0);
-                x = u;
+                compute_u(c, b, bid, o, m, upto, &buf, pv, 0);
+                x = buf.u;
             }
             sumsq_lanes(x, m, su);
             for (int64_t i = 0; i < m; i++) bad += !isfinite(x[i]);
         }
-        if (c->acc_p && b->p != NULL) sumsq_lanes(b->p + o, m, sp);
+        if (sum_p) sumsq_lanes(pv, m, sp);
     }
     acc[0] = lanes_sum(su);
     acc[1] = lanes_sum(sp);
@@ -537,17 +797,19 @@ CT_MULTIVERSION static void task_reduce(const ct_opt_ctx *c, const ct_opt_block 
  * entering stage k: nohi entries of these lines, nolo into this segment's partial. */
 CT_MULTIVERSION static void task_stats(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t l0, int64_t l1, int k, double *nolo, double *nohi) {
-    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    chunk_buf buf;
     const fgeom f = fgeom_of(&b->geom);
     const float eps = (float)c->st[k].s[1];
-    const int direct = !any_stage(c, b, k);
+    const int direct = !any_stage(c, b, k) && b->g_dt == CT_F32;
+    const int need_p = reads_p(c, b, k);
     for (int64_t line = l0; line < l1; line++)
         for (int64_t j = 0; j < f.L; j += CT_OPT_CHUNK) {
             const int64_t m = f.L - j < CT_OPT_CHUNK ? f.L - j : CT_OPT_CHUNK;
-            const float *x = b->g + line * f.L + j;
+            const float *x = (const float *)b->g + line * f.L + j;
             if (!direct) {
-                compute_u(c, b, bid, line * f.L + j, m, k, u, 0);
-                x = u;
+                const float *pv = need_p ? params_view(b, line * f.L + j, m, buf.p) : NULL;
+                compute_u(c, b, bid, line * f.L + j, m, k, &buf, pv, 0);
+                x = buf.u;
             }
             stats_run(x, m, line, j, &f, eps, nolo, nohi);
         }
@@ -736,7 +998,8 @@ static void factored_combine(step_env *e, int k) {
             if (same_start(g, &bj->geom, x->f.hi, -1) && np_hi < CT_OPT_MAX_PEERS) phi[np_hi++] = fb[j].nohi;
         }
         const double nlo = (double)g->shape[x->f.lo], nhi = (double)g->shape[x->f.hi];
-        float *vr = b->slot[o], *vc = b->slot[o + 1];
+        void *vr = b->slot[o], *vc = b->slot[o + 1];
+        const int dr = b->slot_dt[o], dc = b->slot_dt[o + 1];
         float *rowbuf = x->f.d0_is_lo ? fac[i].nolo : fac[i].nohi;
         float *colbuf = x->f.d0_is_lo ? fac[i].nohi : fac[i].nolo;
         for (int64_t q = 0; q < x->f.n_nolo; q++) {
@@ -751,10 +1014,13 @@ static void factored_combine(step_env *e, int k) {
         }
         const int64_t nrow = x->f.d0_is_lo ? x->f.n_nolo : x->f.n_nohi;
         const int64_t ncol = x->f.d0_is_lo ? x->f.n_nohi : x->f.n_nolo;
-        for (int64_t q = 0; q < nrow; q++) rowbuf[q] = drt * vr[q] + cdrt * rowbuf[q];
-        for (int64_t q = 0; q < ncol; q++) colbuf[q] = drt * vc[q] + cdrt * colbuf[q];
-        memcpy(vr, rowbuf, (size_t)nrow * sizeof *vr);
-        memcpy(vc, colbuf, (size_t)ncol * sizeof *vc);
+        for (int64_t q = 0; q < nrow; q++)
+            rowbuf[q] = drt * ct_cv_load_f(dr, vr, q) + cdrt * rowbuf[q];
+        for (int64_t q = 0; q < ncol; q++)
+            colbuf[q] = drt * ct_cv_load_f(dc, vc, q) + cdrt * colbuf[q];
+        /* stored in the slots' dtypes; the factors below use the float32 values */
+        cvt_store(dr, rowbuf, nrow, vr, 0);
+        cvt_store(dc, colbuf, ncol, vc, 0);
     }
     /* B: each block's new v_row summed over its part of d1. */
     for (int64_t i = 0; i < e->nb; i++) {
@@ -862,6 +1128,24 @@ static ct_status check_geom(const ct_opt_block *b, int k, int o) {
     return CT_OK;
 }
 
+static int float_dtype(int dt) { return dt == CT_F32 || dt == CT_BF16 || dt == CT_F16; }
+
+/* The dtypes of block b's arrays (those it has): float32, bfloat16 or float16. */
+static ct_status check_dtypes(const ct_opt_block *b, const char *where) {
+    const char *bad = NULL;
+    int dt = CT_F32;
+    if (b->p != NULL && !float_dtype(dt = b->p_dt)) bad = "params";
+    else if (b->g != NULL && !float_dtype(dt = b->g_dt)) bad = "grads";
+    else if (b->out != NULL && !float_dtype(dt = b->out_dt)) bad = "updates";
+    for (int q = 0; bad == NULL && q < CT_OPT_MAX_SLOTS; q++)
+        if (b->slot[q] != NULL && !float_dtype(dt = b->slot_dt[q])) bad = "a state array";
+    if (bad == NULL) return CT_OK;
+    return ct_set_error(CT_ETYPE, "optimizer%s: %s of leaf %d %s %s; the fused optimizers take "
+                        "float32, bfloat16 or float16", where, bad, b->leaf,
+                        bad[0] == 'a' ? "is" : "are",
+                        ct_dtype_name((ct_dtype)dt));
+}
+
 static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, int ngroups,
                               int nleaves) {
     for (int gi = 0; gi < ngroups; gi++) {
@@ -869,6 +1153,7 @@ static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, i
             const ct_opt_block *b = &groups[gi].blocks[i];
             if (b->n < 0 || b->leaf < 0 || b->leaf >= nleaves)
                 return ct_set_error(CT_EINVAL, "optimizer: block %d of group %d is malformed", i, gi);
+            CT_TRY(check_dtypes(b, ""));
             if (b->n == 0) continue;
             if (b->g == NULL || (b->out == NULL && b->p == NULL))
                 return ct_set_error(CT_EINVAL, "optimizer: block %d of group %d lacks grads or params", i, gi);
@@ -1210,6 +1495,7 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
     }
     if (b->n > 0 && (b->g == NULL || (b->out == NULL && b->p == NULL)))
         return ct_set_error(CT_EINVAL, "optimizer reference: the block lacks grads or params");
+    CT_TRY(check_dtypes(b, " reference"));
     for (int k = 0; k < nstages; k++) {
         if (!((b->active >> k) & 1u)) continue;
         if (kind_needs_params(stages[k].kind) && b->p == NULL)
@@ -1220,18 +1506,22 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                                     "missing or not of %lld elements", k, q, (long long)b->n);
     }
     for (int64_t i = 0; i < b->n; i++) {
-        float u = b->g[i];
+        float u = ct_cv_load_f(b->g_dt, b->g, i);
+        const float pi = b->p != NULL ? ct_cv_load_f(b->p_dt, b->p, i) : 0.0f;
         for (int k = 0; k < nstages; k++) {
             if (!((b->active >> k) & 1u)) continue;
             const double *s = stages[k].s;
-            float *a = kind_nslots[stages[k].kind] > 0 ? &b->slot[off[k]][i] : NULL;
-            float *v = kind_nslots[stages[k].kind] > 1 ? &b->slot[off[k] + 1][i] : NULL;
-            float *x3 = kind_nslots[stages[k].kind] > 2 ? &b->slot[off[k] + 2][i] : NULL;
+            const int ns = kind_nslots[stages[k].kind];
+            float sv[3] = {0.0f, 0.0f, 0.0f}; /* the element of each slot, as float32 */
+            for (int q = 0; q < ns; q++) sv[q] = ct_cv_load_f(b->slot_dt[off[k] + q], b->slot[off[k] + q], i);
+            float *a = ns > 0 ? &sv[0] : NULL;
+            float *v = ns > 1 ? &sv[1] : NULL;
+            float *x3 = ns > 2 ? &sv[2] : NULL;
             float g = u;
             switch (stages[k].kind) {
             case CT_OPT_SCALE: u = (float)s[0] * u; break;
             case CT_OPT_ZERO: u = 0.0f; break;
-            case CT_OPT_DECAY: u = u + (float)s[0] * b->p[i]; break;
+            case CT_OPT_DECAY: u = u + (float)s[0] * pi; break;
             case CT_OPT_CLIP: u = fminf(fmaxf(u, -(float)s[0]), (float)s[0]); break;
             case CT_OPT_ADAM: {
                 float b1 = (float)s[0], b2 = (float)s[1];
@@ -1320,9 +1610,11 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 break;
             default: break;
             }
+            for (int q = 0; q < ns; q++) /* rounded once to the slot's dtype */
+                ct_cv_store_f(b->slot_dt[off[k] + q], b->slot[off[k] + q], i, sv[q]);
         }
-        if (b->out != NULL) b->out[i] = u;
-        else b->p[i] = b->p[i] + u;
+        if (b->out != NULL) ct_cv_store_f(b->out_dt, b->out, i, u);
+        else ct_cv_store_f(b->p_dt, b->p, i, pi + u);
     }
     return CT_OK;
 }

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ct_convert_math.h"
 #include "ct_device.h"
 #include "ct_optim.h"
 #include "ct_optim_math.h"
@@ -237,7 +238,8 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
         }
         if (ps->reduce && !b->counts) continue;
         for (int64_t e = 0; e < b->n; e++) {
-            float u = b->g[e], p = b->p ? b->p[e] : 0.0f;
+            float u = ct_cv_load_f(b->g_dt, b->g, e);
+            float p = b->p ? ct_cv_load_f(b->p_dt, b->p, e) : 0.0f;
             for (int k = 0; k < ps->upto; k++) {
                 if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
                 if (ct_om_is_leafwise(ps->kind[k])) {
@@ -245,14 +247,12 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                     u = ct_om_leaf_apply(ps->kind[k], ps->blk_f[i * CT_OPT_MAX_STAGES + k], u);
                     continue;
                 }
-                const int ns = ct_om_nslots(ps->kind[k]);
-                float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
-                float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
-                float x = ns > 2 ? b->slot[ps->slot_off[k] + 2][e] : 0.0f;
-                u = ct_om_stage(ps->kind[k], cst[k], u, p, &a, &c, &x, !ps->reduce);
-                if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
-                if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
-                if (!ps->reduce && ns > 2) b->slot[ps->slot_off[k] + 2][e] = x;
+                const int ns = ct_om_nslots(ps->kind[k]), o = ps->slot_off[k];
+                float sv[3] = {0.0f, 0.0f, 0.0f};
+                for (int q = 0; q < ns; q++) sv[q] = ct_cv_load_f(b->slot_dt[o + q], b->slot[o + q], e);
+                u = ct_om_stage(ps->kind[k], cst[k], u, p, &sv[0], &sv[1], &sv[2], !ps->reduce);
+                for (int q = 0; !ps->reduce && q < ns; q++)
+                    ct_cv_store_f(b->slot_dt[o + q], b->slot[o + q], e, sv[q]);
             }
             if (ps->reduce == 3) {
                 ps->blk_acc[3 * i] += (double)u * (double)u;
@@ -262,9 +262,9 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                 acc[0] += (double)u * (double)u;
                 acc[1] += isfinite(u) ? 0.0 : 1.0;
             } else if (b->out) {
-                b->out[e] = u;
+                ct_cv_store_f(b->out_dt, b->out, e, u);
             } else {
-                b->p[e] = p + u;
+                ct_cv_store_f(b->p_dt, b->p, e, p + u);
             }
         }
     }

@@ -27,7 +27,10 @@
  * state slot) is widened chunk by chunk into float32 scratch beside u (L1),
  * the stages run on the scratch exactly as on a float32 array, and what a
  * stage wrote is rounded once and stored (--- conversions). A float32 array is
- * used in place, as before: its path does not change.
+ * used in place, as before: its path does not change. AdamW on a block with a
+ * 16-bit array takes a one-pass AVX-512 loop instead (adamw16, before
+ * task_apply): the chunk path's extra passes would make a bfloat16 step as slow
+ * as a float32 one, with half the bytes.
  */
 #include "ct_optim.h"
 
@@ -153,12 +156,12 @@ CT_OPT_AVX2 static void f16_store_avx2(const float *restrict x, int64_t n, uint1
     }
     for (; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
 }
+#endif
 
 static int cvt_env_flag(const char *name) {
     const char *v = getenv(name);
     return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
 }
-#endif
 
 /* The widest path the CPU has that is not above `want`. */
 static cvt_path_t cvt_supported(int want) {
@@ -627,6 +630,7 @@ typedef struct {
     float *leaf_f[CT_OPT_MAX_STAGES]; /* TRUST_RATIO, PARAM_RMS: per-leaf factor; BLOCK_RMS: divisor */
     ffac *fac[CT_OPT_MAX_STAGES];     /* FACTORED: factors per global block index */
     int acc_p;                        /* reduction pass also sums p^2 */
+    int no_fused;                     /* CTRAINSTATE_OPT_NO_FUSED16: adamw16 off (tests) */
 } ct_opt_ctx;
 
 /* Float32 chunks of one task: u, and the float32 views of 16-bit operands (params, up to
@@ -735,12 +739,202 @@ static inline int any_stage(const ct_opt_ctx *c, const ct_opt_block *b, int upto
     return 0;
 }
 
+/* AdamW on a block with 16-bit arrays, in one pass (llm.c's adamw_update<Tp, Tg>).
+ *
+ * The chunk path above widens each 16-bit array of a chunk into L1 scratch, runs each stage
+ * as its own loop and rounds the results back: about ten passes over L1 per chunk, and the
+ * widening and rounding passes stall on memory without the arithmetic to hide it. For the
+ * chain most steps run, AdamW (optax.adamw / adam, optionally after clip_by_global_norm or
+ * behind a gate that passes), this loop takes 16 elements at a time through the whole step
+ * in AVX-512 registers: each array loaded in its dtype and widened, Adam, weight decay, the
+ * learning rate, p + u (or u to the updates), the results rounded and stored. The same
+ * float32 operations in the same order as st_adam, st_decay, st_scale and the apply loop
+ * (fp-contract is off for this file: no FMA), and the same conversions (--- conversions; a
+ * float16 vector holding a NaN is converted element by element), so the bits are those of
+ * the chunk path. Used where the CPU has AVX-512 (the conversions' path) and a block has a
+ * 16-bit array; float32 blocks keep the chunk path. Elements past the last multiple of 16 of
+ * a task take the chunk path. */
+typedef struct {
+    const void *g;
+    void *p, *m, *v, *out;
+    int gdt, pdt, mdt, vdt, odt;
+    int clip, decay, scale;
+    float nrm, mx, b1, b2, c1, c2, ibc1, ibc2, eps, eps_root, wd, sc;
+} adamw16_args;
+
+/* Whether block b's fused pass is AdamW: active stages that run, in order, an optional
+ * GLOBAL_NORM, ADAM without nesterov / moment-only, an optional DECAY, an optional SCALE (a
+ * FINITE_GATE that lets the step through anywhere); then *a holds its arguments. */
+static int adamw16_chain(const ct_opt_ctx *c, const ct_opt_block *b, adamw16_args *a) {
+    int at = 0; /* the next expected position: 0 norm, 1 adam, 2 decay, 3 scale, 4 done */
+    memset(a, 0, sizeof *a);
+    for (int k = 0; k < c->nstages; k++) {
+        if (!((b->active >> k) & 1u) || ((c->skip >> k) & 1u)) continue;
+        const ct_opt_stage *s = &c->st[k];
+        switch (s->kind) {
+        case CT_OPT_FINITE_GATE:
+            if ((c->zero >> k) & 1u) return 0;
+            break;
+        case CT_OPT_GLOBAL_NORM:
+            if (at > 0) return 0;
+            at = 1;
+            a->clip = c->clip[k];
+            a->nrm = c->norm[k];
+            a->mx = (float)s->s[0];
+            break;
+        case CT_OPT_ADAM: {
+            if (at > 1 || ((int)s->s[6] & 3) != 0) return 0;
+            at = 2;
+            const int o = c->slot_off[k];
+            a->m = b->slot[o];
+            a->v = b->slot[o + 1];
+            a->mdt = b->slot_dt[o];
+            a->vdt = b->slot_dt[o + 1];
+            /* st_adam's constants */
+            a->b1 = (float)s->s[0];
+            a->b2 = (float)s->s[1];
+            a->eps = (float)s->s[2];
+            a->eps_root = (float)s->s[3];
+            a->c1 = 1.0f - a->b1;
+            a->c2 = 1.0f - a->b2;
+            a->ibc1 = 1.0f / (float)s->s[4];
+            a->ibc2 = 1.0f / (float)s->s[5];
+            break;
+        }
+        case CT_OPT_DECAY:
+            if (at != 2) return 0;
+            at = 3;
+            a->decay = 1;
+            a->wd = (float)s->s[0];
+            break;
+        case CT_OPT_SCALE:
+            if (at < 2 || at > 3) return 0;
+            at = 4;
+            a->scale = 1;
+            a->sc = (float)s->s[0];
+            break;
+        default: return 0;
+        }
+    }
+    if (at < 2) return 0;
+    a->g = b->g;
+    a->gdt = b->g_dt;
+    a->p = b->p;
+    a->pdt = b->p_dt;
+    a->out = b->out;
+    a->odt = b->out_dt;
+    return 1;
+}
+
+#if CT_OPT_X86
+/* 16 elements from i of x (dtype dt) as float32 (cvt_load's bits). */
+CT_OPT_AVX512 static inline __m512 v16_load(int dt, const void *x, int64_t i) {
+    if (dt == CT_F32) return _mm512_loadu_ps((const float *)x + i);
+    const uint16_t *h = (const uint16_t *)x + i;
+    const __m256i w = _mm256_loadu_si256((const __m256i *)h);
+    if (dt == CT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+    const __m512 f = _mm512_cvtph_ps(w);
+    if (_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q) == 0) return f;
+    float t[16];
+    for (int j = 0; j < 16; j++) t[j] = ct_rm_f16_to_f32(h[j]);
+    return _mm512_loadu_ps(t);
+}
+
+/* Elements [i, i + 16) of x (dtype dt) = f rounded to dt (cvt_store's bits). */
+CT_OPT_AVX512 static inline void v16_store(int dt, void *x, int64_t i, __m512 f) {
+    if (dt == CT_F32) {
+        _mm512_storeu_ps((float *)x + i, f);
+        return;
+    }
+    uint16_t *h = (uint16_t *)x + i;
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    if (dt == CT_BF16) { /* bf16_round: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN: quiet */
+        const __m512i u = _mm512_castps_si512(f), hi = _mm512_srli_epi32(u, 16);
+        const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+        r = _mm512_srli_epi32(r, 16);
+        r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256((__m256i *)h, _mm512_cvtepi32_epi16(r));
+        return;
+    }
+    if (nan == 0) {
+        _mm256_storeu_si256((__m256i *)h,
+                            _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        return;
+    }
+    float t[16];
+    _mm512_storeu_ps(t, f);
+    for (int j = 0; j < 16; j++) h[j] = ct_rm_f32_to_f16(t[j]);
+}
+
+/* Elements [i0, i0 + 16 * (n / 16)) of the block; returns how many. */
+CT_OPT_AVX512 static int64_t adamw16_avx512(const adamw16_args *a, int64_t i0, int64_t n) {
+    const __m512 b1 = _mm512_set1_ps(a->b1), b2 = _mm512_set1_ps(a->b2);
+    const __m512 c1 = _mm512_set1_ps(a->c1), c2 = _mm512_set1_ps(a->c2);
+    const __m512 ibc1 = _mm512_set1_ps(a->ibc1), ibc2 = _mm512_set1_ps(a->ibc2);
+    const __m512 eps = _mm512_set1_ps(a->eps), eps_root = _mm512_set1_ps(a->eps_root);
+    const __m512 wd = _mm512_set1_ps(a->wd), sc = _mm512_set1_ps(a->sc);
+    const __m512 nrm = _mm512_set1_ps(a->nrm), mx = _mm512_set1_ps(a->mx);
+    const int need_p = a->decay || a->out == NULL;
+    const int64_t end = i0 + (n & ~(int64_t)15);
+    for (int64_t i = i0; i < end; i += 16) {
+        __m512 g = v16_load(a->gdt, a->g, i);
+        if (a->clip) g = _mm512_mul_ps(_mm512_div_ps(g, nrm), mx); /* (u / norm) * max_norm */
+        const __m512 m = v16_load(a->mdt, a->m, i), v = v16_load(a->vdt, a->v, i);
+        const __m512 p = need_p ? v16_load(a->pdt, a->p, i) : _mm512_setzero_ps();
+        /* st_adam: mi = c1 g + b1 m, vi = c2 (g g) + b2 v, u = (mi ibc1) / (sqrt(vi ibc2 + eps_root) + eps) */
+        const __m512 mi = _mm512_add_ps(_mm512_mul_ps(c1, g), _mm512_mul_ps(b1, m));
+        const __m512 vi = _mm512_add_ps(_mm512_mul_ps(c2, _mm512_mul_ps(g, g)), _mm512_mul_ps(b2, v));
+        const __m512 den = _mm512_add_ps(
+            _mm512_sqrt_ps(_mm512_add_ps(_mm512_mul_ps(vi, ibc2), eps_root)), eps);
+        __m512 u = _mm512_div_ps(_mm512_mul_ps(mi, ibc1), den);
+        v16_store(a->mdt, a->m, i, mi);
+        v16_store(a->vdt, a->v, i, vi);
+        if (a->decay) u = _mm512_add_ps(u, _mm512_mul_ps(wd, p)); /* st_decay: u + wd p */
+        if (a->scale) u = _mm512_mul_ps(sc, u);                    /* st_scale: s u */
+        if (a->out != NULL) v16_store(a->odt, a->out, i, u);
+        else v16_store(a->pdt, a->p, i, _mm512_add_ps(p, u)); /* p + u */
+    }
+    return end - i0;
+}
+#endif
+
+/* CTRAINSTATE_OPT_NO_FUSED16=1 turns adamw16 off (read once): every block takes the chunk
+ * path, for tests and benchmarks that compare the two. */
+static int adamw16_off(void) {
+    static int off = -1; /* a benign race: every thread computes the same value */
+    if (off < 0) off = cvt_env_flag("CTRAINSTATE_OPT_NO_FUSED16");
+    return off;
+}
+
+/* Elements [off, off + n) of block b through adamw16 where it applies; returns how many
+ * (a multiple of 16 from off; 0: the chunk path takes them all). */
+static int64_t adamw16(const ct_opt_ctx *c, const ct_opt_block *b, int64_t off, int64_t n) {
+#if CT_OPT_X86
+    if (n < 16 || cvt_path() != CVT_AVX512 || c->no_fused) return 0;
+    int lowp = b->g_dt != CT_F32 || (b->out != NULL && b->out_dt != CT_F32) ||
+               (b->p != NULL && b->p_dt != CT_F32);
+    adamw16_args a;
+    if (!adamw16_chain(c, b, &a)) return 0;
+    lowp |= a.mdt != CT_F32 || a.vdt != CT_F32;
+    if (!lowp) return 0; /* float32 blocks: the chunk path, as before */
+    return adamw16_avx512(&a, off, n);
+#else
+    (void)c;
+    (void)b;
+    (void)off;
+    (void)n;
+    return 0;
+#endif
+}
+
 /* The fused pass on one task: every stage, then p += u (or out = u). */
 CT_MULTIVERSION static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t off, int64_t n) {
     chunk_buf buf;
     const int need_p = b->out == NULL || reads_p(c, b, c->nstages);
-    for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
+    const int64_t done = adamw16(c, b, off, n);
+    for (int64_t o = off + done; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
         float *pv = need_p ? params_view(b, o, m, buf.p) : NULL;
         compute_u(c, b, bid, o, m, c->nstages, &buf, pv, 1);
@@ -1319,6 +1513,7 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
     ct_opt_ctx *c = &e.c;
     c->st = stages;
     c->nstages = nstages;
+    c->no_fused = adamw16_off();
     for (int k = 0, off = 0; k < nstages; k++) {
         c->slot_off[k] = off;
         off += kind_nslots[stages[k].kind];

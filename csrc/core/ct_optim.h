@@ -63,7 +63,8 @@
  * Operand dtypes. Params, grads, updates and each state slot of a block is
  * float32, bfloat16 or float16, each with its own dtype (ct_opt_block's *_dt;
  * a zeroed block is all float32). The kernels load a 16-bit operand in its
- * own dtype and widen it exactly to float32 in registers (CPU: a chunk in L1),
+ * own dtype and widen it exactly to float32 in registers (CPU: a chunk in L1;
+ * AdamW chains on CPUs with AVX-512: 16 elements in registers, one pass),
  * compute in float32 as for float32 operands, and round what they store once,
  * to nearest even, to the operand's dtype (ct_random_math.h's conversions,
  * NaNs included): a 16-bit state slot is read, updated in float32 and

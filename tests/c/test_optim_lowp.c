@@ -10,13 +10,16 @@
  * 2. A step with 16-bit operands against the float32 step on widened copies, rounded once to
  *    each operand's dtype afterwards: random chains of elementwise and reduction stages
  *    (global norm, finite gate, trust ratio, block / param RMS, adafactor's factored moments),
- *    a random dtype per operand, apply and emit modes, leaves spanning many chunks and tasks,
- *    a leaf split over two devices and one replicated, a few steps each. Params, updates,
- *    every state slot and the stage results must agree exactly.
+ *    and AdamW chains (the driver's one-pass adamw16 path where the CPU has AVX-512; the
+ *    float32 run takes the chunk path), a random dtype per operand, apply and emit modes,
+ *    leaves spanning many chunks and tasks, a leaf split over two devices and one
+ *    replicated, a few steps each. Params, updates, every state slot and the stage results
+ *    must agree exactly.
  * 3. The scalar reference (ct_optim_reference) with 16-bit operands against the driver.
  * 4. Errors: an operand of another dtype is refused (CT_ETYPE) before anything is written.
  *
- *   make -C tests/c test   (runs this on each conversion path: CTRAINSTATE_NO_AVX512 / _AVX2)
+ *   make -C tests/c test   (runs this on each conversion path: CTRAINSTATE_NO_AVX512 / _AVX2,
+ *                           and without adamw16: CTRAINSTATE_OPT_NO_FUSED16)
  */
 #include <math.h>
 #include <stdint.h>
@@ -297,12 +300,21 @@ static void make_geom(int leaf, int fact, ct_opt_geom *g) {
 
 static int rand_dt(void) { return dtypes[next() % 3]; }
 
-static void step_trial(int trial) {
+/* adamw: the chain is AdamW's (ct_optim.c's adamw16 path on CPUs with AVX-512): an optional
+ * clip_by_global_norm or gate, adam (plain), weight decay, the learning rate. */
+static void step_trial(int trial, int adamw) {
     ct_opt_stage st[10];
     int nst = 1 + (int)(next() % 7), nslots = 0, off[10], fact = -1;
     const int emit = next() % 3 == 0, nan_grad = next() % 6 == 0;
+    int chain[4] = {-1, CT_OPT_ADAM, CT_OPT_DECAY, CT_OPT_SCALE};
+    if (adamw) {
+        const int lead = (int)(next() % 3);
+        chain[0] = lead == 0 ? -1 : (lead == 1 ? CT_OPT_GLOBAL_NORM : CT_OPT_FINITE_GATE);
+        nst = chain[0] < 0 ? 3 : 4;
+    }
     for (int k = 0; k < nst; k++) {
         int kind = next() % 3 == 0 ? reductions[next() % 6] : elementwise[next() % 16];
+        if (adamw) kind = chain[k + (nst == 3)];
         if (kind == CT_OPT_FACTORED && fact >= 0) kind = CT_OPT_GLOBAL_NORM;
         if (nslots + ct_opt_kind_nslots(kind) > CT_OPT_MAX_SLOTS) kind = CT_OPT_SCALE;
         if (kind == CT_OPT_FACTORED) fact = k;
@@ -316,6 +328,7 @@ static void step_trial(int trial) {
     int pdt[NLEAF], gdt[NLEAF], odt[NLEAF], sdt[NLEAF][CT_OPT_MAX_SLOTS];
     for (int l = 0; l < NLEAF; l++) {
         active[l] = (uint32_t)(next() & ((1u << nst) - 1)) | (next() % 3 ? (1u << nst) - 1 : 0u);
+        if (adamw && next() % 4 != 0) active[l] = (1u << nst) - 1; /* masks: weight decay off */
         pdt[l] = rand_dt();
         gdt[l] = next() % 2 ? pdt[l] : rand_dt();
         odt[l] = rand_dt();
@@ -323,6 +336,8 @@ static void step_trial(int trial) {
     }
     /* a gate covers stages after it: keep its coverage inside the chain */
     for (int k = 0; k < nst; k++) random_scalars(st[k].kind, st[k].s, 1, k + 1, nst);
+    for (int k = 0; adamw && k < nst; k++)
+        if (st[k].kind == CT_OPT_ADAM && next() % 4 != 0) st[k].s[6] = 0; /* mostly plain adam */
     /* the blocks, each once per run; block 5 is leaf 3's replica on device 1 */
     tblock tb[NBLK + 1];
     const int nb = NBLK + 1;
@@ -351,17 +366,25 @@ static void step_trial(int trial) {
     memcpy(tb[NBLK].p.x, tb[3].p.x, (size_t)tb[3].n * ct_dtype_size((ct_dtype)tb[3].p.dt));
     for (int t = 1; t <= 3; t++) {
         for (int k = 0; k < nst; k++)
-            if (st[k].kind != CT_OPT_FINITE_GATE) random_scalars(st[k].kind, st[k].s, t, k + 1, nst);
+            if (st[k].kind != CT_OPT_FINITE_GATE) {
+                const double mode = st[k].s[6];
+                random_scalars(st[k].kind, st[k].s, t, k + 1, nst);
+                if (adamw && st[k].kind == CT_OPT_ADAM) st[k].s[6] = mode;
+            }
         for (int i = 0; i < nb; i++) {
             tblock *b = &tb[i];
             for (int64_t e = 0; e < b->n; e++)
                 arr_set(&b->g, e, gauss() * (e % 11 == 0 ? 1e-3f : (e % 13 == 0 ? 30.0f : 1.0f)));
             if (i == NBLK) memcpy(b->g.x, tb[3].g.x, (size_t)b->n * ct_dtype_size((ct_dtype)b->g.dt));
         }
-        if (nan_grad && t == 2) { /* a NaN (float16: signalling, once) for the finite gate */
+        if (nan_grad && t == 2) { /* NaNs for the finite gate: signalling ones, and a float32
+                                   * payload in the low 16 bits (bfloat16 rounding must not
+                                   * carry into it) */
             arr *g = &tb[1].g;
             if (g->dt == CT_F16) ((uint16_t *)g->x)[100] = 0x7d01u;
-            else arr_set(g, 100, NAN);
+            else if (g->dt == CT_BF16) ((uint16_t *)g->x)[100] = 0xffa1u;
+            else ((float *)g->x)[100] = u2f(0x7fc0ffffu);
+            for (int64_t e = 200; e < 240; e++) arr_set(g, e, NAN);
         }
         for (int i = 0; i < nb; i++) {
             arr_widen(&tb[i].p);
@@ -541,7 +564,8 @@ static void errors(void) {
 
 int main(void) {
     conversions();
-    for (int trial = 0; trial < 150 && failures < 20; trial++) step_trial(trial);
+    for (int trial = 0; trial < 150 && failures < 20; trial++) step_trial(trial, 0);
+    for (int trial = 0; trial < 150 && failures < 20; trial++) step_trial(1000 + trial, 1);
     for (int trial = 0; trial < 60 && failures < 20; trial++) reference_trial(trial);
     errors();
     printf("test_optim_lowp: %d checks, %d failures (16-bit steps bit-exact vs float32 + rounding)\n",

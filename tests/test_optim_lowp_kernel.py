@@ -307,13 +307,30 @@ def _gpus():
         return []
 
 
+# cuda_optim.cu's launch settings (read at each launch): the chain kernels (default), the
+# generic kernel, its prefetch / unroll / one-CTA-per-tile forms, the 16-byte form's setting
+_SETTINGS = {
+    "default": {},
+    "generic": {"CTRAINSTATE_OPT_CHAIN": "0"},
+    "generic-prefetch-unroll1-cta-per-tile": {"CTRAINSTATE_OPT_CHAIN": "0", "CTRAINSTATE_OPT_PREFETCH": "1",
+                                              "CTRAINSTATE_OPT_UNROLL": "1", "CTRAINSTATE_OPT_WAVES": "0"},
+    "chain-unroll1-vstore": {"CTRAINSTATE_OPT_UNROLL": "1", "CTRAINSTATE_OPT_VSTORE": "1"},
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["adamw_bf16", "adamw_mixed", "clip_adamw_f16", "lamb_bf16",
-                                  "emit_bf16", "adafactor_bf16"])
-def test_gpu_16bit_step_matches_cpu(case):
+@pytest.mark.parametrize("case,setting", [
+    (c, "default") for c in ["adamw_bf16", "adamw_mixed", "clip_adamw_f16", "lamb_bf16",
+                             "emit_bf16", "adafactor_bf16"]] + [
+    (c, s) for c in ["adamw_bf16", "clip_adamw_f16", "emit_bf16"] for s in list(_SETTINGS)[1:]])
+def test_gpu_16bit_step_matches_cpu(case, setting, monkeypatch):
+    """The GPU kernels (the chain kernels' and the generic kernel's 16-bit forms, each launch
+    setting) give the CPU devices' bits."""
     gpus = _gpus()
     if not gpus:
         pytest.skip("no GPU devices")
+    for k, v in _SETTINGS[setting].items():
+        monkeypatch.setenv(k, v)
 
     def blocks():
         r = np.random.default_rng(9)

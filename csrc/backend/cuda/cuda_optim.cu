@@ -287,9 +287,9 @@ __device__ __forceinline__ slot3 slot_ptrs(const opt_params &P, const opt_desc *
     r.a = ns > 0 && s0 <= 0 ? d->slot[o] : nullptr;
     r.b = ns > 1 && s0 <= 1 ? d->slot[o + 1] : nullptr;
     r.x = ns > 2 ? d->slot[o + 2] : nullptr;
-    r.adt = r.a ? d->sdt[o] : CT_F32;
-    r.bdt = r.b ? d->sdt[o + 1] : CT_F32;
-    r.xdt = r.x ? d->sdt[o + 2] : CT_F32;
+    r.adt = r.a ? (int)d->sdt[o] : (int)CT_F32;
+    r.bdt = r.b ? (int)d->sdt[o + 1] : (int)CT_F32;
+    r.xdt = r.x ? (int)d->sdt[o + 2] : (int)CT_F32;
     return r;
 }
 
@@ -525,7 +525,8 @@ __device__ __forceinline__ void chain_stage(int k, const opt_params &P,
     const int o = P.slot_off[k];
     void *sa = ns > 0 ? d->slot[o] : nullptr;
     void *sb = ns > 1 ? d->slot[o + 1] : nullptr;
-    const int adt = ns > 0 && LP ? d->sdt[o] : CT_F32, bdt = ns > 1 && LP ? d->sdt[o + 1] : CT_F32;
+    const int adt = ns > 0 && LP ? (int)d->sdt[o] : (int)CT_F32;
+    const int bdt = ns > 1 && LP ? (int)d->sdt[o + 1] : (int)CT_F32;
     if (ns > 0) ldx<L, LP>(sa, adt, e, a);
     if (ns > 1) ldx<L, LP>(sb, bdt, e, b);
 #pragma unroll

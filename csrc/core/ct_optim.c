@@ -7,7 +7,9 @@
  *   --- stages       one static inline function per elementwise stage, on a chunk
  *   --- factored     adafactor's factored statistics: block geometry, the
  *                    statistics of a chunk, cross-block sums, the factors
- *   --- tasks        the per-task work of each pass, compiled once per ISA
+ *   --- tasks        the per-task work of each pass, compiled once per ISA, and
+ *                    adamw16: AdamW on blocks with 16-bit arrays in one hand-written
+ *                    AVX-512 pass (the chunk path is twice as slow there)
  *   --- driver       task tables, reduction passes, the fused pass
  *   --- reference    a plain one-element-at-a-time version for the tests
  *

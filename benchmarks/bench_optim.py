@@ -16,8 +16,13 @@ Every implementation and copy runs once per rep, round-robin, so that on a
 shared machine they all see the same load; medians are reported.
 
     python benchmarks/bench_optim.py [--reps 7] [--skip-tree] [--skip-adafactor] [--overhead-only]
-    python benchmarks/bench_optim.py --lowp [--reps 7]   # bfloat16 params / state vs float32
+    python benchmarks/bench_optim.py --lowp [--reps 7]   # 16-bit arrays vs float32 (run_lowp)
     python benchmarks/bench_optim.py --gpu [--reps 7]
+
+--lowp: AdamW on a flat 2^24 leaf with bfloat16 / float16 arrays against float32 in the same
+run: the fused kernel alone (_C.optim_step), in GB/s of the bytes the step must move (28 per
+param in float32, 14 in all-bfloat16; wall and CPU time), the ratio to float32's GB/s (issue
+#30: all-bfloat16 >= 0.90x), then TrainState.apply_gradients end to end and optax.
 
 --gpu: AdamW on one GPU device (csrc/backend/cuda/cuda_optim.cu): a flat 2^28 fp32 leaf and
 the 148-leaf GPT-2-small tree. Each rep times --gpu-steps steps between device
@@ -478,28 +483,66 @@ def run_gpu(args):
         print("best: " + "; ".join(parts))
 
 
+def _kernel_adamw(n, dts, rng):
+    """One AdamW step of the fused kernel itself (_C.optim_step, apply mode) on a flat block of
+    n params on CPU device 0, each array (p, g, m, v) in its dtype of dts. Returns (step,
+    bytes the step must move per param: p, m, v read and written, g read)."""
+    from ctrainstate import _C, _dtypes
+    from ctrainstate.optim import base
+    dev = cts.devices("cpu")[0]
+    bufs = []
+    for name, dt in zip("pgmv", dts):
+        x = (rng.standard_normal(n, dtype=np.float32) if name in "pg" else
+             np.abs(rng.standard_normal(n, dtype=np.float32)) * np.float32(1e-3)).astype(dt)
+        b = _C.Buffer(dev.id, (n,), _dtypes.code(np.dtype(dt)))
+        _C.copy_from_host(b, x, (0,))
+        bufs.append(b)
+    t = 10
+    stages = [(base.ADAM, (B1, B2, EPS, 0.0, 1 - B1 ** t, 1 - B2 ** t, 0.0, 1 - B1 ** (t + 1))),
+              (base.DECAY, (WD,)), (base.SCALE, (-LR,))]
+    groups = [[(bufs[0], bufs[1], None, bufs[2:], 7, 0, True)]]
+    sizes = [np.dtype(dt).itemsize for dt in dts]
+    nbytes = 2 * sizes[0] + sizes[1] + 2 * sizes[2] + 2 * sizes[3]
+
+    def step():
+        _C.optim_step(stages, groups, 1)
+    return step, nbytes
+
+
 def run_lowp(reps):
-    """AdamW on a flat 2^24 leaf with 16-bit params / state (float32 working copies inside the
-    step, rounded once when stored) against the same step in float32, and optax with the same
-    dtypes on jax-cpu when installed."""
+    """AdamW on a flat 2^24 leaf with 16-bit arrays against float32, in the same run
+    (round-robin reps): the fused kernel alone (_C.optim_step: each array loaded and stored in
+    its own dtype, float32 arithmetic in registers) in GB/s of the bytes the step must move
+    (all bfloat16: 14 bytes/param, float32: 28), and the ratio of each to float32's GB/s
+    (issue #30's goal: all-bfloat16 >= 0.90x); then TrainState.apply_gradients end to end,
+    and optax with the same dtypes on jax-cpu when installed."""
     import ml_dtypes
-    bf = ml_dtypes.bfloat16
+    bf = np.dtype(ml_dtypes.bfloat16)
+    f16, f32 = np.dtype(np.float16), np.dtype(np.float32)
     n = 1 << 24
     rng = np.random.default_rng(0)
+    # p, g, m, v
+    kcases = {"float32 (p, g, m, v)": (f32, f32, f32, f32),
+              "bfloat16 (p, g, m, v)": (bf, bf, bf, bf),
+              "float16 (p, g, m, v)": (f16, f16, f16, f16),
+              "float32 p, g, v; bfloat16 m": (f32, f32, bf, f32),
+              "bfloat16 p; float32 g, m, v": (bf, f32, f32, f32)}
+    steps, nbytes = {}, {}
+    for label, dts in kcases.items():
+        steps[("kernel", label)], nbytes[label] = _kernel_adamw(n, dts, rng)
     p32 = rng.standard_normal(n, dtype=np.float32)
     g32 = rng.standard_normal(n, dtype=np.float32)
-    cases = {"float32 (params, grads, m, v)": (np.float32, None, 28),
-             "bfloat16 params, grads, m, v": (bf, None, 14),
-             "float32 params, bfloat16 mu": (np.float32, bf, 26)}
-    steps, peers = {}, {}
-    for label, (dt, mu, _) in cases.items():
+    tcases = {"float32 (p, g, m, v)": (np.float32, None), "bfloat16 (p, g, m, v)": (bf, bf),
+              "float32 p, g, v; bfloat16 m": (np.float32, bf)}
+    peers = {}
+    for label, (dt, mu) in tcases.items():
         tx = optim.adamw(LR, B1, B2, EPS, weight_decay=WD, mu_dtype=mu)
         st = [TrainState.create(apply_fn=None, params={"w": p32.astype(dt)}, tx=tx)]
         g = cts.device_put({"w": g32.astype(dt)})
 
         def step(st=st, g=g):
             st[0] = st[0].apply_gradients(grads=g)
-        steps[label] = step
+        steps[("train_state", label)] = step
         try:
             import jax
             import jax.numpy as jnp
@@ -519,20 +562,53 @@ def run_lowp(reps):
             def peer(op=op, os_=os_, og=og, ostep=ostep):
                 op[0], os_[0] = ostep(op[0], os_[0], og)
                 jax.block_until_ready(op[0])
-            peers[label] = peer
+            peers[("optax", label)] = peer
         except ImportError:
             pass
-    t = interleaved({**{("ct", k): v for k, v in steps.items()},
-                     **{("optax", k): v for k, v in peers.items()}}, reps)
-    t0 = t[("ct", "float32 (params, grads, m, v)")]
-    print(f"\n## AdamW, flat 2^24, 16-bit params / state (load average {os.getloadavg()[0]:.2f})")
-    print(f"{'dtypes':34s} {'B/param':>7s} {'ms/step':>9s} {'vs f32':>7s} {'optax ms':>9s} "
-          f"{'optax/ours':>10s}")
-    for label, (_, _, nb) in cases.items():
-        tc = t[("ct", label)]
+    # wall and CPU time (all threads) of each call, round-robin in a new order each rep (what
+    # runs after optax's step finds the caches cold); on a shared machine the CPU time is the
+    # steadier of the two (a descheduled thread adds to the wall time only)
+    calls = {**steps, **peers}
+    for _ in range(2):
+        for fn in calls.values():
+            fn()
+    wall = {k: [] for k in calls}
+    cpu = {k: [] for k in calls}
+    order = list(calls)
+    shuffle = np.random.default_rng(1)
+    for _ in range(reps):
+        shuffle.shuffle(order)
+        for k in order:
+            fn = calls[k]
+            c0, t0_ = time.process_time(), time.perf_counter()
+            fn()
+            wall[k].append(time.perf_counter() - t0_)
+            cpu[k].append(time.process_time() - c0)
+    t = {k: float(np.median(v)) for k, v in wall.items()}
+    tc_ = {k: float(np.median(v)) for k, v in cpu.items()}
+    f32k, bfk = ("kernel", "float32 (p, g, m, v)"), ("kernel", "bfloat16 (p, g, m, v)")
+    gb0, gc0 = (nbytes[f32k[1]] * n / x[f32k] / 1e9 for x in (t, tc_))
+    print(f"\n## AdamW, flat 2^24, 16-bit arrays in the fused kernel (_C.optim_step, in place); "
+          f"threads {os.environ.get('OMP_NUM_THREADS', 'default')}, cpus {os.cpu_count()}, "
+          f"load average {os.getloadavg()[0]:.2f}, median of {reps}")
+    print(f"{'dtypes':32s} {'B/param':>7s} {'ms/step':>8s} {'GB/s':>6s} {'vs f32':>7s} "
+          f"{'CPU ms':>7s} {'GB/CPU-s':>8s} {'vs f32':>7s}")
+    for label in kcases:
+        k = ("kernel", label)
+        gb, gc = nbytes[label] * n / t[k] / 1e9, nbytes[label] * n / tc_[k] / 1e9
+        print(f"{label:32s} {nbytes[label]:7d} {t[k] * 1e3:8.2f} {gb:6.2f} {gb / gb0:6.2f}x "
+              f"{tc_[k] * 1e3:7.2f} {gc:8.2f} {gc / gc0:6.2f}x")
+    gb_bf, gc_bf = (nbytes[bfk[1]] * n / x[bfk] / 1e9 for x in (t, tc_))
+    print(f"all-bfloat16 GB/s / float32 GB/s = {gb_bf / gb0:.2f}x wall, {gc_bf / gc0:.2f}x CPU time "
+          f"(goal >= 0.90x)")
+    t0 = t[("train_state", "float32 (p, g, m, v)")]
+    print(f"\n## the same through TrainState.apply_gradients (end to end), and optax on jax-cpu")
+    print(f"{'dtypes':32s} {'ms/step':>9s} {'vs f32':>7s} {'optax ms':>9s} {'optax/ours':>10s}")
+    for label in tcases:
+        tc = t[("train_state", label)]
         to = t.get(("optax", label))
         ot = f"{to * 1e3:9.2f} {to / tc:9.2f}x" if to is not None else f"{'-':>9s} {'-':>10s}"
-        print(f"{label:34s} {nb:7d} {tc * 1e3:9.2f} {tc / t0:6.2f}x {ot}")
+        print(f"{label:32s} {tc * 1e3:9.2f} {tc / t0:6.2f}x {ot}")
 
 
 def main():
@@ -543,7 +619,8 @@ def main():
     ap.add_argument("--overhead-only", action="store_true",
                     help="only the per-step Python overhead case (148 tiny leaves)")
     ap.add_argument("--lowp", action="store_true",
-                    help="only AdamW with bfloat16 params / state against float32 (flat 2^24)")
+                    help="only AdamW with 16-bit params / grads / state against float32 (flat 2^24): "
+                         "the kernel's GB/s and TrainState end to end")
     ap.add_argument("--gpu", action="store_true", help="AdamW on one GPU device (see the module doc)")
     ap.add_argument("--gpu-steps", type=int, default=20, help="--gpu: steps per timed rep")
     ap.add_argument("--gpu-flat-log2", type=int, default=28, help="--gpu: log2 params of the flat case")

@@ -312,3 +312,26 @@ def test_dict_params_are_flattened_and_rebuilt_by_the_plan():
         s3.apply_gradients(grads=FrozenDict(g))
     s4 = s3.apply_gradients(grads=g)
     assert np.asarray(s4.params["a"]).tolist() == [-1.0] * 4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_plan_steps_of_16_bit_state_equal_the_general_steps(dtype):
+    # 16-bit params, grads and moments are loaded and stored in their dtype by the kernel:
+    # the plan runs them too, with the general in-place path's bits
+    import ml_dtypes
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    rng = np.random.default_rng(6)
+    params = {"w": rng.standard_normal((4, 8)).astype(dt), "b": rng.standard_normal(8).astype(dt)}
+    grads = [cts.device_put({k: rng.standard_normal(v.shape).astype(dt)
+                             for k, v in params.items()}) for _ in range(4)]
+    runs = []
+    for use_plan in (True, False):
+        s = TrainState.create(apply_fn=None, params=params,
+                              tx=optim.adamw(1e-2, weight_decay=0.1, mu_dtype=dt))
+        for g in grads:
+            if not use_plan:
+                s.__dict__.pop("_ct_cur", None)
+            s = s.apply_gradients(grads=g)
+        assert (s.__dict__["_ct_plan"].fast is not None) and s.params["w"].dtype == dt
+        runs.append(_bits((s.params, s.opt_state)))
+    assert runs[0] == runs[1]

@@ -2,10 +2,14 @@
  * ct_optim.c — the fused multi-tensor optimizer driver and its stages.
  *
  * See ct_optim.h for the model. Layout of this file:
+ *   --- conversions  16-bit operands to and from float32 chunks (hand-written
+ *                    F16C / AVX-512 paths for float16, see there)
  *   --- stages       one static inline function per elementwise stage, on a chunk
  *   --- factored     adafactor's factored statistics: block geometry, the
  *                    statistics of a chunk, cross-block sums, the factors
- *   --- tasks        the per-task work of each pass, compiled once per ISA
+ *   --- tasks        the per-task work of each pass, compiled once per ISA, and
+ *                    adamw16: AdamW on blocks with 16-bit arrays in one hand-written
+ *                    AVX-512 pass (the chunk path is twice as slow there)
  *   --- driver       task tables, reduction passes, the fused pass
  *   --- reference    a plain one-element-at-a-time version for the tests
  *
@@ -20,6 +24,15 @@
  * handed out dynamically: a 38.6M-element embedding becomes ~600 tasks and a
  * 768-element bias one, so leaves of very different sizes balance, and a core
  * taken by another process does not hold up a static half.
+ *
+ * 16-bit operands. A bfloat16 / float16 array (params, grads, updates, a
+ * state slot) is widened chunk by chunk into float32 scratch beside u (L1),
+ * the stages run on the scratch exactly as on a float32 array, and what a
+ * stage wrote is rounded once and stored (--- conversions). A float32 array is
+ * used in place, as before: its path does not change. AdamW on a block with a
+ * 16-bit array takes a one-pass AVX-512 loop instead (adamw16, before
+ * task_apply): the chunk path's extra passes would make a bfloat16 step as slow
+ * as a float32 one, with half the bytes.
  */
 #include "ct_optim.h"
 
@@ -27,9 +40,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ct_convert_math.h"
 #include "ct_device.h"
 #include "ct_par.h"
 #include "ct_simd.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CT_OPT_X86 1
+#else
+#define CT_OPT_X86 0
+#endif
 
 static const int kind_nslots[CT_OPT_NUM_KINDS] = {
     [CT_OPT_SCALE] = 0, [CT_OPT_ADAM] = 2, [CT_OPT_DECAY] = 0, [CT_OPT_TRACE] = 1,
@@ -55,13 +76,206 @@ static int kind_needs_params(int kind) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// conversions
+//
+// The exact definitions are ct_random_math.h's (also those of op_convert): widening is exact
+// (a float16 signalling NaN stays signalling), narrowing rounds to nearest even, a float16
+// NaN becomes 0x7e00 with its sign, a bfloat16 NaN keeps its top 16 bits with the quiet bit
+// set. bfloat16 is shifts and an add: plain loops, vectorised by GCC in each ISA clone of the
+// task functions. float16: vcvtph2ps / vcvtps2ph (F16C; 16 lanes with AVX-512, 8 with AVX2)
+// where the CPU has them, picked once like ct_random.c's paths. They differ from the
+// definition only on NaNs (F16C quiets a signalling NaN when widening and keeps a NaN's
+// payload when narrowing): a vector holding a NaN, rare, is redone element by element.
+
+#define CT_INLINE static inline __attribute__((always_inline))
+
+typedef enum { CVT_PORTABLE = 0, CVT_AVX2 = 1, CVT_AVX512 = 2 } cvt_path_t;
+
+static void f16_load_portable(const uint16_t *restrict x, int64_t n, float *restrict y) {
+    for (int64_t i = 0; i < n; i++) y[i] = ct_rm_f16_to_f32(x[i]);
+}
+
+static void f16_store_portable(const float *restrict x, int64_t n, uint16_t *restrict y) {
+    for (int64_t i = 0; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
+}
+
+#if CT_OPT_X86
+#define CT_OPT_AVX512 __attribute__((target("avx512f,avx512vl,f16c")))
+#define CT_OPT_AVX2 __attribute__((target("avx2,f16c")))
+
+CT_OPT_AVX512 static void f16_load_avx512(const uint16_t *restrict x, int64_t n,
+                                          float *restrict y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 f = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
+        if (_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q) != 0) {
+            for (int j = 0; j < 16; j++) y[i + j] = ct_rm_f16_to_f32(x[i + j]);
+            continue;
+        }
+        _mm512_storeu_ps(y + i, f);
+    }
+    for (; i < n; i++) y[i] = ct_rm_f16_to_f32(x[i]);
+}
+
+CT_OPT_AVX512 static void f16_store_avx512(const float *restrict x, int64_t n,
+                                           uint16_t *restrict y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 f = _mm512_loadu_ps(x + i);
+        if (_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q) != 0) {
+            for (int j = 0; j < 16; j++) y[i + j] = ct_rm_f32_to_f16(x[i + j]);
+            continue;
+        }
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
+}
+
+CT_OPT_AVX2 static void f16_load_avx2(const uint16_t *restrict x, int64_t n, float *restrict y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)) != 0) {
+            for (int j = 0; j < 8; j++) y[i + j] = ct_rm_f16_to_f32(x[i + j]);
+            continue;
+        }
+        _mm256_storeu_ps(y + i, f);
+    }
+    for (; i < n; i++) y[i] = ct_rm_f16_to_f32(x[i]);
+}
+
+CT_OPT_AVX2 static void f16_store_avx2(const float *restrict x, int64_t n, uint16_t *restrict y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 f = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)) != 0) {
+            for (int j = 0; j < 8; j++) y[i + j] = ct_rm_f32_to_f16(x[i + j]);
+            continue;
+        }
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; i++) y[i] = ct_rm_f32_to_f16(x[i]);
+}
+#endif
+
+static int cvt_env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
+}
+
+/* The widest path the CPU has that is not above `want`. */
+static cvt_path_t cvt_supported(int want) {
+#if CT_OPT_X86
+    __builtin_cpu_init();
+    if (want >= CVT_AVX512 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
+        return CVT_AVX512;
+    if (want >= CVT_AVX2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        return CVT_AVX2;
+#else
+    (void)want;
+#endif
+    return CVT_PORTABLE;
+}
+
+/* The driver's path, picked once (a benign race: every thread computes the same value). */
+static cvt_path_t cvt_path(void) {
+    static int path = -1;
+    if (path < 0) {
+        int want = CVT_AVX512;
+#if CT_OPT_X86
+        if (cvt_env_flag("CTRAINSTATE_NO_AVX512")) want = CVT_AVX2;
+        if (cvt_env_flag("CTRAINSTATE_NO_AVX2")) want = CVT_PORTABLE;
+#endif
+        path = (int)cvt_supported(want);
+    }
+    return (cvt_path_t)path;
+}
+
+static void f16_load(cvt_path_t path, const uint16_t *x, int64_t n, float *y) {
+#if CT_OPT_X86
+    if (path == CVT_AVX512) {
+        f16_load_avx512(x, n, y);
+        return;
+    }
+    if (path == CVT_AVX2) {
+        f16_load_avx2(x, n, y);
+        return;
+    }
+#endif
+    (void)path;
+    f16_load_portable(x, n, y);
+}
+
+static void f16_store(cvt_path_t path, const float *x, int64_t n, uint16_t *y) {
+#if CT_OPT_X86
+    if (path == CVT_AVX512) {
+        f16_store_avx512(x, n, y);
+        return;
+    }
+    if (path == CVT_AVX2) {
+        f16_store_avx2(x, n, y);
+        return;
+    }
+#endif
+    (void)path;
+    f16_store_portable(x, n, y);
+}
+
+/* ct_rm_f32_to_bf16 as a select, so the loops below vectorise. */
+CT_INLINE uint16_t bf16_round(float f) {
+    const uint32_t u = ct_rm_f2u(f);
+    const uint16_t nan = (uint16_t)((u >> 16) | 0x40u);
+    const uint16_t r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+}
+
+/* y[0, n) = elements [off, off + n) of x (dtype dt) as float32. */
+CT_INLINE void cvt_load(int dt, const void *x, int64_t off, int64_t n, float *restrict y) {
+    if (dt == CT_BF16) {
+        const uint16_t *restrict h = (const uint16_t *)x + off;
+        for (int64_t i = 0; i < n; i++) y[i] = ct_rm_bf16_to_f32(h[i]);
+    } else if (dt == CT_F16) {
+        f16_load(cvt_path(), (const uint16_t *)x + off, n, y);
+    } else {
+        memcpy(y, (const float *)x + off, (size_t)n * sizeof *y);
+    }
+}
+
+/* Elements [off, off + n) of y (dtype dt) = x[0, n) rounded to dt. */
+CT_INLINE void cvt_store(int dt, const float *restrict x, int64_t n, void *y, int64_t off) {
+    if (dt == CT_BF16) {
+        uint16_t *restrict h = (uint16_t *)y + off;
+        for (int64_t i = 0; i < n; i++) h[i] = bf16_round(x[i]);
+    } else if (dt == CT_F16) {
+        f16_store(cvt_path(), x, n, (uint16_t *)y + off);
+    } else {
+        memcpy((float *)y + off, x, (size_t)n * sizeof *x);
+    }
+}
+
+int ct_opt_cvt_load(int path, int dt, const void *x, int64_t n, float *y) {
+    const cvt_path_t pt = path < 0 ? cvt_path() : cvt_supported(path);
+    if (dt == CT_F16) f16_load(pt, (const uint16_t *)x, n, y);
+    else cvt_load(dt, x, 0, n, y);
+    return (int)pt;
+}
+
+int ct_opt_cvt_store(int path, int dt, const float *x, int64_t n, void *y) {
+    const cvt_path_t pt = path < 0 ? cvt_path() : cvt_supported(path);
+    if (dt == CT_F16) f16_store(pt, x, n, (uint16_t *)y);
+    else cvt_store(dt, x, n, y, 0);
+    return (int)pt;
+}
+
+// ---------------------------------------------------------------------------------------------
 // stages
 //
 // Each works on n elements of the chunk u (in place). `W` is a compile-time
 // constant after inlining: 1 writes the stage's state, 0 (the read-only
 // reduction passes) only computes u.
-
-#define CT_INLINE static inline __attribute__((always_inline))
 
 /* Double sums over NL fixed lanes: vectorised with independent accumulators
  * (the add latency does not bind), in an order that does not depend on the
@@ -418,21 +632,63 @@ typedef struct {
     float *leaf_f[CT_OPT_MAX_STAGES]; /* TRUST_RATIO, PARAM_RMS: per-leaf factor; BLOCK_RMS: divisor */
     ffac *fac[CT_OPT_MAX_STAGES];     /* FACTORED: factors per global block index */
     int acc_p;                        /* reduction pass also sums p^2 */
+    int no_fused;                     /* CTRAINSTATE_OPT_NO_FUSED16: adamw16 off (tests) */
 } ct_opt_ctx;
 
-/* u = the update after stages [0, upto) on chunk [off, off+n) of block b
- * (global index bid); W: write the stages' state. */
+/* Float32 chunks of one task: u, and the float32 views of 16-bit operands (params, up to
+ * three slots of the stage running). */
+typedef struct {
+    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    float p[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    float s[3][CT_OPT_CHUNK] __attribute__((aligned(64)));
+} chunk_buf;
+
+/* Elements [off, off+n) of slot q of block b as float32: the slot itself when it is
+ * float32, else widened into buf. */
+CT_INLINE float *slot_open(const ct_opt_block *b, int q, int64_t off, int64_t n, float *buf) {
+    if (b->slot_dt[q] == CT_F32) return (float *)b->slot[q] + off;
+    cvt_load(b->slot_dt[q], b->slot[q], off, n, buf);
+    return buf;
+}
+
+/* After a stage wrote slot q through slot_open's view: a 16-bit slot is stored, rounded. */
+CT_INLINE void slot_close(const ct_opt_block *b, int q, int64_t off, int64_t n, const float *buf) {
+    if (b->slot_dt[q] != CT_F32) cvt_store(b->slot_dt[q], buf, n, b->slot[q], off);
+}
+
+/* Whether a stage in [0, upto) that reads p (DECAY) runs on block b. */
+static inline int reads_p(const ct_opt_ctx *c, const ct_opt_block *b, int upto) {
+    for (int k = 0; k < upto; k++)
+        if (((b->active >> k) & 1u) && !((c->skip >> k) & 1u) && c->st[k].kind == CT_OPT_DECAY)
+            return 1;
+    return 0;
+}
+
+/* Elements [off, off+n) of block b's params as float32 (b->p in place when it is float32,
+ * else widened into buf). */
+CT_INLINE float *params_view(const ct_opt_block *b, int64_t off, int64_t n, float *buf) {
+    if (b->p_dt == CT_F32) return (float *)b->p + off;
+    cvt_load(b->p_dt, b->p, off, n, buf);
+    return buf;
+}
+
+/* buf->u = the update after stages [0, upto) on chunk [off, off+n) of block b
+ * (global index bid); p: the chunk's params as float32 (NULL unless a stage reads them);
+ * W: write the stages' state. */
 CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid, int64_t off,
-                         int64_t n, int upto, float *restrict u, const int W) {
-    const float *p = b->p ? b->p + off : NULL;
-    memcpy(u, b->g + off, (size_t)n * sizeof *u);
+                         int64_t n, int upto, chunk_buf *buf, const float *p, const int W) {
+    float *restrict u = buf->u;
+    cvt_load(b->g_dt, b->g, off, n, u);
     for (int k = 0; k < upto; k++) {
         if (!((b->active >> k) & 1u) || ((c->skip >> k) & 1u)) continue;
         const ct_opt_stage *s = &c->st[k];
         const int o = c->slot_off[k];
-        float *s0 = kind_nslots[s->kind] > 0 ? b->slot[o] + off : NULL;
-        float *s1 = kind_nslots[s->kind] > 1 ? b->slot[o + 1] + off : NULL;
-        float *s2 = kind_nslots[s->kind] > 2 && s->kind != CT_OPT_FACTORED ? b->slot[o + 2] + off : NULL;
+        /* the slots read per element: FACTORED's v only on a leaf that is not factored */
+        int q0 = 0, q1 = kind_nslots[s->kind];
+        if (s->kind == CT_OPT_FACTORED) q0 = b->geom.ndim == 0 ? 2 : q1;
+        float *sv[3] = {NULL, NULL, NULL};
+        for (int q = q0; q < q1; q++) sv[q] = slot_open(b, o + q, off, n, buf->s[q]);
+        float *s0 = sv[0], *s1 = sv[1], *s2 = sv[2];
         switch (s->kind) {
         case CT_OPT_SCALE: st_scale(u, n, (float)s->s[0]); break;
         case CT_OPT_ZERO: memset(u, 0, (size_t)n * sizeof *u); break;
@@ -464,7 +720,7 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
             break;
         case CT_OPT_FACTORED:
             if (b->geom.ndim == 0) {
-                st_unfactored(u, b->slot[o + 2] + off, n, s->s, W);
+                st_unfactored(u, s2, n, s->s, W);
             } else {
                 const fgeom f = fgeom_of(&b->geom);
                 st_factored(u, off, n, &f, &c->fac[k][bid]);
@@ -472,6 +728,8 @@ CT_INLINE void compute_u(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid
             break;
         default: break;
         }
+        if (W)
+            for (int q = q0; q < q1; q++) slot_close(b, o + q, off, n, buf->s[q]);
     }
 }
 
@@ -483,18 +741,240 @@ static inline int any_stage(const ct_opt_ctx *c, const ct_opt_block *b, int upto
     return 0;
 }
 
+/* AdamW on a block with 16-bit arrays, in one pass (llm.c's adamw_update<Tp, Tg>).
+ *
+ * The chunk path above widens each 16-bit array of a chunk into L1 scratch, runs each stage
+ * as its own loop and rounds the results back: about ten passes over L1 per chunk, and the
+ * widening and rounding passes stall on memory without the arithmetic to hide it. For the
+ * chain most steps run, AdamW (optax.adamw / adam, optionally after clip_by_global_norm or
+ * behind a gate that passes), this loop takes 16 elements at a time through the whole step
+ * in AVX-512 registers: each array loaded in its dtype and widened, Adam, weight decay, the
+ * learning rate, p + u (or u to the updates), the results rounded and stored. The same
+ * float32 operations in the same order as st_adam, st_decay, st_scale and the apply loop
+ * (fp-contract is off for this file: no FMA), and the same conversions (--- conversions; a
+ * float16 vector holding a NaN is converted element by element), so the bits are those of
+ * the chunk path. Used where the CPU has AVX-512 (the conversions' path) and a block has a
+ * 16-bit array; float32 blocks keep the chunk path. Elements past the last multiple of 16 of
+ * a task take the chunk path. */
+typedef struct {
+    const void *g;
+    void *p, *m, *v, *out;
+    int gdt, pdt, mdt, vdt, odt;
+    int clip, decay, scale;
+    float nrm, mx, b1, b2, c1, c2, ibc1, ibc2, eps, eps_root, wd, sc;
+} adamw16_args;
+
+/* Whether block b's fused pass is AdamW: active stages that run, in order, an optional
+ * GLOBAL_NORM, ADAM without nesterov / moment-only, an optional DECAY, an optional SCALE (a
+ * FINITE_GATE that lets the step through anywhere); then *a holds its arguments. */
+static int adamw16_chain(const ct_opt_ctx *c, const ct_opt_block *b, adamw16_args *a) {
+    int at = 0; /* the next expected position: 0 norm, 1 adam, 2 decay, 3 scale, 4 done */
+    memset(a, 0, sizeof *a);
+    for (int k = 0; k < c->nstages; k++) {
+        if (!((b->active >> k) & 1u) || ((c->skip >> k) & 1u)) continue;
+        const ct_opt_stage *s = &c->st[k];
+        switch (s->kind) {
+        case CT_OPT_FINITE_GATE:
+            if ((c->zero >> k) & 1u) return 0;
+            break;
+        case CT_OPT_GLOBAL_NORM:
+            if (at > 0) return 0;
+            at = 1;
+            a->clip = c->clip[k];
+            a->nrm = c->norm[k];
+            a->mx = (float)s->s[0];
+            break;
+        case CT_OPT_ADAM: {
+            if (at > 1 || ((int)s->s[6] & 3) != 0) return 0;
+            at = 2;
+            const int o = c->slot_off[k];
+            a->m = b->slot[o];
+            a->v = b->slot[o + 1];
+            a->mdt = b->slot_dt[o];
+            a->vdt = b->slot_dt[o + 1];
+            /* st_adam's constants */
+            a->b1 = (float)s->s[0];
+            a->b2 = (float)s->s[1];
+            a->eps = (float)s->s[2];
+            a->eps_root = (float)s->s[3];
+            a->c1 = 1.0f - a->b1;
+            a->c2 = 1.0f - a->b2;
+            a->ibc1 = 1.0f / (float)s->s[4];
+            a->ibc2 = 1.0f / (float)s->s[5];
+            break;
+        }
+        case CT_OPT_DECAY:
+            if (at != 2) return 0;
+            at = 3;
+            a->decay = 1;
+            a->wd = (float)s->s[0];
+            break;
+        case CT_OPT_SCALE:
+            if (at < 2 || at > 3) return 0;
+            at = 4;
+            a->scale = 1;
+            a->sc = (float)s->s[0];
+            break;
+        default: return 0;
+        }
+    }
+    if (at < 2) return 0;
+    a->g = b->g;
+    a->gdt = b->g_dt;
+    a->p = b->p;
+    a->pdt = b->p_dt;
+    a->out = b->out;
+    a->odt = b->out_dt;
+    return 1;
+}
+
+#if CT_OPT_X86
+#define CT_OPT_AVX512BW __attribute__((target("avx512f,avx512vl,avx512bw,f16c")))
+
+/* 16 elements from i of x (dtype dt) as float32, for adamw16_loop. float16 through F16C,
+ * which widens a signalling NaN to its quiet twin where cvt_load keeps it signalling: the
+ * loop only uses a loaded value as an operand of +, *, / or sqrt, which quiet a signalling
+ * NaN (and pick between two NaNs by position, not by kind), so its results are the same. */
+CT_OPT_AVX512BW static inline __m512 v16_load(int dt, const void *x, int64_t i) {
+    if (dt == CT_F32) return _mm512_loadu_ps((const float *)x + i);
+    const __m256i w = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i));
+    if (dt == CT_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+    return _mm512_cvtph_ps(w);
+}
+
+/* Elements [i, i + 16) of x (dtype dt) = f rounded to dt (cvt_store's bits). */
+CT_OPT_AVX512BW static inline void v16_store(int dt, void *x, int64_t i, __m512 f) {
+    if (dt == CT_F32) {
+        _mm512_storeu_ps((float *)x + i, f);
+        return;
+    }
+    __m256i *h = (__m256i *)((uint16_t *)x + i);
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    const __m512i u = _mm512_castps_si512(f), hi = _mm512_srli_epi32(u, 16);
+    if (dt == CT_BF16) { /* bf16_round: (u + 0x7fff + ((u >> 16) & 1)) >> 16, NaN: quiet */
+        const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+        r = _mm512_srli_epi32(r, 16);
+        r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256(h, _mm512_cvtepi32_epi16(r));
+        return;
+    }
+    /* float16: vcvtps2ph rounds to nearest even; a NaN becomes 0x7e00 with its sign */
+    const __m256i r = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)),
+                                         _mm512_set1_epi32(0x7e00));
+    _mm256_storeu_si256(h, _mm256_mask_blend_epi16(nan, r, _mm512_cvtepi32_epi16(qnan)));
+}
+
+/* Elements [i0, i0 + 16 * (n / 16)) of the block, the arrays of the dtypes given (a's, or
+ * constants: see adamw16_avx512); returns how many. */
+CT_OPT_AVX512BW static inline __attribute__((always_inline)) int64_t
+adamw16_loop(const adamw16_args *a, int64_t i0, int64_t n, const int gdt, const int pdt,
+             const int mdt, const int vdt, const int odt) {
+    const __m512 b1 = _mm512_set1_ps(a->b1), b2 = _mm512_set1_ps(a->b2);
+    const __m512 c1 = _mm512_set1_ps(a->c1), c2 = _mm512_set1_ps(a->c2);
+    const __m512 ibc1 = _mm512_set1_ps(a->ibc1), ibc2 = _mm512_set1_ps(a->ibc2);
+    const __m512 eps = _mm512_set1_ps(a->eps), eps_root = _mm512_set1_ps(a->eps_root);
+    const __m512 wd = _mm512_set1_ps(a->wd), sc = _mm512_set1_ps(a->sc);
+    const __m512 nrm = _mm512_set1_ps(a->nrm), mx = _mm512_set1_ps(a->mx);
+    const int need_p = a->decay || a->out == NULL;
+    const int64_t end = i0 + (n & ~(int64_t)15);
+    for (int64_t i = i0; i < end; i += 16) {
+        __m512 g = v16_load(gdt, a->g, i);
+        if (a->clip) g = _mm512_mul_ps(_mm512_div_ps(g, nrm), mx); /* (u / norm) * max_norm */
+        const __m512 m = v16_load(mdt, a->m, i), v = v16_load(vdt, a->v, i);
+        const __m512 p = need_p ? v16_load(pdt, a->p, i) : _mm512_setzero_ps();
+        /* st_adam: mi = c1 g + b1 m, vi = c2 (g g) + b2 v, u = (mi ibc1) / (sqrt(vi ibc2 + eps_root) + eps) */
+        const __m512 mi = _mm512_add_ps(_mm512_mul_ps(c1, g), _mm512_mul_ps(b1, m));
+        const __m512 vi = _mm512_add_ps(_mm512_mul_ps(c2, _mm512_mul_ps(g, g)), _mm512_mul_ps(b2, v));
+        const __m512 den = _mm512_add_ps(
+            _mm512_sqrt_ps(_mm512_add_ps(_mm512_mul_ps(vi, ibc2), eps_root)), eps);
+        __m512 u = _mm512_div_ps(_mm512_mul_ps(mi, ibc1), den);
+        v16_store(mdt, a->m, i, mi);
+        v16_store(vdt, a->v, i, vi);
+        if (a->decay) u = _mm512_add_ps(u, _mm512_mul_ps(wd, p)); /* st_decay: u + wd p */
+        if (a->scale) u = _mm512_mul_ps(sc, u);                    /* st_scale: s u */
+        if (a->out != NULL) v16_store(odt, a->out, i, u);
+        else v16_store(pdt, a->p, i, _mm512_add_ps(p, u)); /* p + u */
+    }
+    return end - i0;
+}
+
+/* adamw16_loop with the dtypes as constants for the usual combinations (all bfloat16, all
+ * float16, optax's mu_dtype: float32 with a bfloat16 first moment), so each load and store
+ * compiles to its conversion alone; others read the dtypes per vector (about a fifth
+ * slower in cache). */
+CT_OPT_AVX512BW static int64_t adamw16_avx512(const adamw16_args *a, int64_t i0, int64_t n) {
+    const int same = a->gdt == a->pdt && a->gdt == a->mdt && a->gdt == a->vdt &&
+                     (a->out == NULL || a->odt == a->gdt);
+    if (same && a->gdt == CT_BF16)
+        return adamw16_loop(a, i0, n, CT_BF16, CT_BF16, CT_BF16, CT_BF16, CT_BF16);
+    if (same && a->gdt == CT_F16)
+        return adamw16_loop(a, i0, n, CT_F16, CT_F16, CT_F16, CT_F16, CT_F16);
+    if (a->gdt == CT_F32 && a->pdt == CT_F32 && a->mdt == CT_BF16 && a->vdt == CT_F32 &&
+        (a->out == NULL || a->odt == CT_F32))
+        return adamw16_loop(a, i0, n, CT_F32, CT_F32, CT_BF16, CT_F32, CT_F32);
+    return adamw16_loop(a, i0, n, a->gdt, a->pdt, a->mdt, a->vdt, a->odt);
+}
+#endif
+
+#if CT_OPT_X86
+static int avx512bw(void) {
+    static int have = -1; /* a benign race, as below */
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx512bw") != 0;
+    }
+    return have;
+}
+#endif
+
+/* CTRAINSTATE_OPT_NO_FUSED16=1 turns adamw16 off (read once): every block takes the chunk
+ * path, for tests and benchmarks that compare the two. */
+static int adamw16_off(void) {
+    static int off = -1; /* a benign race: every thread computes the same value */
+    if (off < 0) off = cvt_env_flag("CTRAINSTATE_OPT_NO_FUSED16");
+    return off;
+}
+
+/* Elements [off, off + n) of block b through adamw16 where it applies; returns how many
+ * (a multiple of 16 from off; 0: the chunk path takes them all). */
+static int64_t adamw16(const ct_opt_ctx *c, const ct_opt_block *b, int64_t off, int64_t n) {
+#if CT_OPT_X86
+    if (n < 16 || cvt_path() != CVT_AVX512 || !avx512bw() || c->no_fused) return 0;
+    int lowp = b->g_dt != CT_F32 || (b->out != NULL && b->out_dt != CT_F32) ||
+               (b->p != NULL && b->p_dt != CT_F32);
+    adamw16_args a;
+    if (!adamw16_chain(c, b, &a)) return 0;
+    lowp |= a.mdt != CT_F32 || a.vdt != CT_F32;
+    if (!lowp) return 0; /* float32 blocks: the chunk path, as before */
+    return adamw16_avx512(&a, off, n);
+#else
+    (void)c;
+    (void)b;
+    (void)off;
+    (void)n;
+    return 0;
+#endif
+}
+
 /* The fused pass on one task: every stage, then p += u (or out = u). */
 CT_MULTIVERSION static void task_apply(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t off, int64_t n) {
-    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
-    for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
+    chunk_buf buf;
+    const int need_p = b->out == NULL || reads_p(c, b, c->nstages);
+    const int64_t done = adamw16(c, b, off, n);
+    for (int64_t o = off + done; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
-        compute_u(c, b, bid, o, m, c->nstages, u, 1);
+        float *pv = need_p ? params_view(b, o, m, buf.p) : NULL;
+        compute_u(c, b, bid, o, m, c->nstages, &buf, pv, 1);
         if (b->out != NULL) {
-            memcpy(b->out + o, u, (size_t)m * sizeof *u);
+            cvt_store(b->out_dt, buf.u, m, b->out, o);
         } else {
-            float *restrict pw = b->p + o;
+            float *restrict pw = pv;
+            const float *restrict u = buf.u;
             for (int64_t i = 0; i < m; i++) pw[i] = pw[i] + u[i];
+            if (b->p_dt != CT_F32) cvt_store(b->p_dt, pw, m, b->p, o);
         }
     }
 }
@@ -511,22 +991,26 @@ CT_INLINE void sumsq_lanes(const float *restrict x, int64_t m, double *restrict 
 CT_MULTIVERSION static void task_reduce(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                       int64_t off, int64_t n, int upto, int p_only,
                                       double *acc) {
-    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    chunk_buf buf;
     double su[NL] = {0}, sp[NL] = {0};
     int64_t bad = 0;
-    const int direct = !any_stage(c, b, upto);
+    /* float32 grads that no stage changes are read in place */
+    const int direct = !any_stage(c, b, upto) && b->g_dt == CT_F32;
+    const int sum_p = c->acc_p && b->p != NULL;
+    const int need_p = sum_p || (!p_only && reads_p(c, b, upto));
     for (int64_t o = off; o < off + n; o += CT_OPT_CHUNK) {
         const int64_t m = off + n - o < CT_OPT_CHUNK ? off + n - o : CT_OPT_CHUNK;
+        const float *pv = need_p ? params_view(b, o, m, buf.p) : NULL;
         if (!p_only) {
-            const float *x = b->g + o;
+            const float *x = (const float *)b->g + o;
             if (direct == 0) {
-                compute_u(c, b, bid, o, m, upto, u, 0);
-                x = u;
+                compute_u(c, b, bid, o, m, upto, &buf, pv, 0);
+                x = buf.u;
             }
             sumsq_lanes(x, m, su);
             for (int64_t i = 0; i < m; i++) bad += !isfinite(x[i]);
         }
-        if (c->acc_p && b->p != NULL) sumsq_lanes(b->p + o, m, sp);
+        if (sum_p) sumsq_lanes(pv, m, sp);
     }
     acc[0] = lanes_sum(su);
     acc[1] = lanes_sum(sp);
@@ -537,17 +1021,19 @@ CT_MULTIVERSION static void task_reduce(const ct_opt_ctx *c, const ct_opt_block 
  * entering stage k: nohi entries of these lines, nolo into this segment's partial. */
 CT_MULTIVERSION static void task_stats(const ct_opt_ctx *c, const ct_opt_block *b, int64_t bid,
                                      int64_t l0, int64_t l1, int k, double *nolo, double *nohi) {
-    float u[CT_OPT_CHUNK] __attribute__((aligned(64)));
+    chunk_buf buf;
     const fgeom f = fgeom_of(&b->geom);
     const float eps = (float)c->st[k].s[1];
-    const int direct = !any_stage(c, b, k);
+    const int direct = !any_stage(c, b, k) && b->g_dt == CT_F32;
+    const int need_p = reads_p(c, b, k);
     for (int64_t line = l0; line < l1; line++)
         for (int64_t j = 0; j < f.L; j += CT_OPT_CHUNK) {
             const int64_t m = f.L - j < CT_OPT_CHUNK ? f.L - j : CT_OPT_CHUNK;
-            const float *x = b->g + line * f.L + j;
+            const float *x = (const float *)b->g + line * f.L + j;
             if (!direct) {
-                compute_u(c, b, bid, line * f.L + j, m, k, u, 0);
-                x = u;
+                const float *pv = need_p ? params_view(b, line * f.L + j, m, buf.p) : NULL;
+                compute_u(c, b, bid, line * f.L + j, m, k, &buf, pv, 0);
+                x = buf.u;
             }
             stats_run(x, m, line, j, &f, eps, nolo, nohi);
         }
@@ -736,7 +1222,8 @@ static void factored_combine(step_env *e, int k) {
             if (same_start(g, &bj->geom, x->f.hi, -1) && np_hi < CT_OPT_MAX_PEERS) phi[np_hi++] = fb[j].nohi;
         }
         const double nlo = (double)g->shape[x->f.lo], nhi = (double)g->shape[x->f.hi];
-        float *vr = b->slot[o], *vc = b->slot[o + 1];
+        void *vr = b->slot[o], *vc = b->slot[o + 1];
+        const int dr = b->slot_dt[o], dc = b->slot_dt[o + 1];
         float *rowbuf = x->f.d0_is_lo ? fac[i].nolo : fac[i].nohi;
         float *colbuf = x->f.d0_is_lo ? fac[i].nohi : fac[i].nolo;
         for (int64_t q = 0; q < x->f.n_nolo; q++) {
@@ -751,10 +1238,13 @@ static void factored_combine(step_env *e, int k) {
         }
         const int64_t nrow = x->f.d0_is_lo ? x->f.n_nolo : x->f.n_nohi;
         const int64_t ncol = x->f.d0_is_lo ? x->f.n_nohi : x->f.n_nolo;
-        for (int64_t q = 0; q < nrow; q++) rowbuf[q] = drt * vr[q] + cdrt * rowbuf[q];
-        for (int64_t q = 0; q < ncol; q++) colbuf[q] = drt * vc[q] + cdrt * colbuf[q];
-        memcpy(vr, rowbuf, (size_t)nrow * sizeof *vr);
-        memcpy(vc, colbuf, (size_t)ncol * sizeof *vc);
+        for (int64_t q = 0; q < nrow; q++)
+            rowbuf[q] = drt * ct_cv_load_f(dr, vr, q) + cdrt * rowbuf[q];
+        for (int64_t q = 0; q < ncol; q++)
+            colbuf[q] = drt * ct_cv_load_f(dc, vc, q) + cdrt * colbuf[q];
+        /* stored in the slots' dtypes; the factors below use the float32 values */
+        cvt_store(dr, rowbuf, nrow, vr, 0);
+        cvt_store(dc, colbuf, ncol, vc, 0);
     }
     /* B: each block's new v_row summed over its part of d1. */
     for (int64_t i = 0; i < e->nb; i++) {
@@ -862,6 +1352,24 @@ static ct_status check_geom(const ct_opt_block *b, int k, int o) {
     return CT_OK;
 }
 
+static int float_dtype(int dt) { return dt == CT_F32 || dt == CT_BF16 || dt == CT_F16; }
+
+/* The dtypes of block b's arrays (those it has): float32, bfloat16 or float16. */
+static ct_status check_dtypes(const ct_opt_block *b, const char *where) {
+    const char *bad = NULL;
+    int dt = CT_F32;
+    if (b->p != NULL && !float_dtype(dt = b->p_dt)) bad = "params";
+    else if (b->g != NULL && !float_dtype(dt = b->g_dt)) bad = "grads";
+    else if (b->out != NULL && !float_dtype(dt = b->out_dt)) bad = "updates";
+    for (int q = 0; bad == NULL && q < CT_OPT_MAX_SLOTS; q++)
+        if (b->slot[q] != NULL && !float_dtype(dt = b->slot_dt[q])) bad = "a state array";
+    if (bad == NULL) return CT_OK;
+    return ct_set_error(CT_ETYPE, "optimizer%s: %s of leaf %d %s %s; the fused optimizers take "
+                        "float32, bfloat16 or float16", where, bad, b->leaf,
+                        bad[0] == 'a' ? "is" : "are",
+                        ct_dtype_name((ct_dtype)dt));
+}
+
 static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, int ngroups,
                               int nleaves) {
     for (int gi = 0; gi < ngroups; gi++) {
@@ -869,6 +1377,7 @@ static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, i
             const ct_opt_block *b = &groups[gi].blocks[i];
             if (b->n < 0 || b->leaf < 0 || b->leaf >= nleaves)
                 return ct_set_error(CT_EINVAL, "optimizer: block %d of group %d is malformed", i, gi);
+            CT_TRY(check_dtypes(b, ""));
             if (b->n == 0) continue;
             if (b->g == NULL || (b->out == NULL && b->p == NULL))
                 return ct_set_error(CT_EINVAL, "optimizer: block %d of group %d lacks grads or params", i, gi);
@@ -1034,6 +1543,7 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
     ct_opt_ctx *c = &e.c;
     c->st = stages;
     c->nstages = nstages;
+    c->no_fused = adamw16_off();
     for (int k = 0, off = 0; k < nstages; k++) {
         c->slot_off[k] = off;
         off += kind_nslots[stages[k].kind];
@@ -1210,6 +1720,7 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
     }
     if (b->n > 0 && (b->g == NULL || (b->out == NULL && b->p == NULL)))
         return ct_set_error(CT_EINVAL, "optimizer reference: the block lacks grads or params");
+    CT_TRY(check_dtypes(b, " reference"));
     for (int k = 0; k < nstages; k++) {
         if (!((b->active >> k) & 1u)) continue;
         if (kind_needs_params(stages[k].kind) && b->p == NULL)
@@ -1220,18 +1731,22 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                                     "missing or not of %lld elements", k, q, (long long)b->n);
     }
     for (int64_t i = 0; i < b->n; i++) {
-        float u = b->g[i];
+        float u = ct_cv_load_f(b->g_dt, b->g, i);
+        const float pi = b->p != NULL ? ct_cv_load_f(b->p_dt, b->p, i) : 0.0f;
         for (int k = 0; k < nstages; k++) {
             if (!((b->active >> k) & 1u)) continue;
             const double *s = stages[k].s;
-            float *a = kind_nslots[stages[k].kind] > 0 ? &b->slot[off[k]][i] : NULL;
-            float *v = kind_nslots[stages[k].kind] > 1 ? &b->slot[off[k] + 1][i] : NULL;
-            float *x3 = kind_nslots[stages[k].kind] > 2 ? &b->slot[off[k] + 2][i] : NULL;
+            const int ns = kind_nslots[stages[k].kind];
+            float sv[3] = {0.0f, 0.0f, 0.0f}; /* the element of each slot, as float32 */
+            for (int q = 0; q < ns; q++) sv[q] = ct_cv_load_f(b->slot_dt[off[k] + q], b->slot[off[k] + q], i);
+            float *a = ns > 0 ? &sv[0] : NULL;
+            float *v = ns > 1 ? &sv[1] : NULL;
+            float *x3 = ns > 2 ? &sv[2] : NULL;
             float g = u;
             switch (stages[k].kind) {
             case CT_OPT_SCALE: u = (float)s[0] * u; break;
             case CT_OPT_ZERO: u = 0.0f; break;
-            case CT_OPT_DECAY: u = u + (float)s[0] * b->p[i]; break;
+            case CT_OPT_DECAY: u = u + (float)s[0] * pi; break;
             case CT_OPT_CLIP: u = fminf(fmaxf(u, -(float)s[0]), (float)s[0]); break;
             case CT_OPT_ADAM: {
                 float b1 = (float)s[0], b2 = (float)s[1];
@@ -1320,9 +1835,11 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
                 break;
             default: break;
             }
+            for (int q = 0; q < ns; q++) /* rounded once to the slot's dtype */
+                ct_cv_store_f(b->slot_dt[off[k] + q], b->slot[off[k] + q], i, sv[q]);
         }
-        if (b->out != NULL) b->out[i] = u;
-        else b->p[i] = b->p[i] + u;
+        if (b->out != NULL) ct_cv_store_f(b->out_dt, b->out, i, u);
+        else ct_cv_store_f(b->p_dt, b->p, i, pi + u);
     }
     return CT_OK;
 }

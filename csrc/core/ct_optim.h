@@ -58,20 +58,38 @@
  * Numerics follow optax: fp32 arithmetic in the same operation order
  * (e.g. Adam: mu/(1-b1^t) / (sqrt(nu/(1-b2^t) + eps_root) + eps)). Per-step
  * scalars (learning rate from a schedule, bias corrections) are computed once
- * per step by the caller and passed in `ct_opt_stage.s`. Params, grads and
- * slots are fp32.
+ * per step by the caller and passed in `ct_opt_stage.s`.
+ *
+ * Operand dtypes. Params, grads, updates and each state slot of a block is
+ * float32, bfloat16 or float16, each with its own dtype (ct_opt_block's *_dt;
+ * a zeroed block is all float32). The kernels load a 16-bit operand in its
+ * own dtype and widen it exactly to float32 in registers (CPU: a chunk in L1;
+ * AdamW chains on CPUs with AVX-512: 16 elements in registers, one pass),
+ * compute in float32 as for float32 operands, and round what they store once,
+ * to nearest even, to the operand's dtype (ct_random_math.h's conversions,
+ * NaNs included): a 16-bit state slot is read, updated in float32 and
+ * rounded when stored; 16-bit params are updated as p + u in float32 and
+ * rounded once; emit mode rounds u to the updates' dtype. So a step is bit
+ * for bit "widen every operand to float32, run the float32 step, round what
+ * it wrote to each operand's dtype" (llm.c's adamw_update<Tp, Tg>), without
+ * the float32 copies: all-bfloat16 AdamW moves 14 bytes per parameter.
+ * Reductions (norms, trust ratios, the finite gate, adafactor's statistics,
+ * per-leaf RMS) read 16-bit operands the same way. Other dtypes are refused
+ * (CT_ETYPE).
  */
 #ifndef CT_OPTIM_H
 #define CT_OPTIM_H
 
 #include <stdint.h>
 
+#include "ct_dtype.h"
 #include "ct_status.h"
 
 #define CT_OPT_MAX_STAGES 32
 #define CT_OPT_MAX_SLOTS 16   /* state arrays per leaf, all stages together */
 #define CT_OPT_NSCALARS 8
-#define CT_OPT_CHUNK 2048     /* elements per chunk: u lives in 8 KiB of stack */
+#define CT_OPT_CHUNK 2048     /* elements per chunk: u (and the float32 views of 16-bit
+                                 arrays) live in 8 KiB of stack each */
 #define CT_OPT_MAX_DIMS 8     /* rank of a factored (adafactor) leaf */
 
 typedef enum {
@@ -126,18 +144,21 @@ typedef struct {
     int64_t bshape[CT_OPT_MAX_DIMS];  /* block shape (product n) */
 } ct_opt_geom;
 
-/* One block (the part of one leaf on one device). */
+/* One block (the part of one leaf on one device). Each array has a dtype (ct_dtype): CT_F32,
+ * CT_BF16 or CT_F16 (0, CT_F32, in a zeroed block); n and slot_n count elements. */
 typedef struct {
     int64_t n;                        /* elements */
-    float *p;                         /* params: read; updated in place in apply mode */
-    const float *g;                   /* gradients */
-    float *out;                       /* emit mode: updates written here (p untouched) */
-    float *slot[CT_OPT_MAX_SLOTS];    /* state arrays in stage order (NULL where inactive) */
+    void *p;                          /* params: read; updated in place in apply mode */
+    const void *g;                    /* gradients */
+    void *out;                        /* emit mode: updates written here (p untouched) */
+    void *slot[CT_OPT_MAX_SLOTS];     /* state arrays in stage order (NULL where inactive) */
     int64_t slot_n[CT_OPT_MAX_SLOTS]; /* their elements (n, except FACTORED's) */
     ct_opt_geom geom;                 /* FACTORED leaves only */
     uint32_t active;                  /* bit i set: stage i applies to this leaf */
     int leaf;                         /* global leaf index, for per-leaf reductions */
     int counts;                       /* 1 for replica 0 of its global block */
+    uint8_t p_dt, g_dt, out_dt;       /* dtypes of p, g, out */
+    uint8_t slot_dt[CT_OPT_MAX_SLOTS]; /* and of each slot */
 } ct_opt_block;
 
 struct ct_device;
@@ -232,7 +253,8 @@ ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_g
 /* For GPU drivers: FACTORED stage k of a step from statistics computed elsewhere (the CPU
  * driver's own combine step). blocks: the step's nb blocks in global order (group after group)
  * as host views: geom, n, active, counts and leaf as in the step, slot[o] and slot[o + 1]
- * (o: stage k's first slot) host copies of v_row and v_col, updated in place. stat[i], for
+ * (o: stage k's first slot) host copies of v_row and v_col in their dtypes (slot_dt),
+ * updated in place. stat[i], for
  * each block that counts and is factored and active: its statistics of (u^2 + eps) for the u
  * entering stage k, n_nolo sums over the lower factored dim followed by n_nohi sums over the
  * higher one (ct_om_fgeom's sizes). fac[i], for each factored active block: n_nolo + n_nohi
@@ -243,7 +265,17 @@ ct_status ct_opt_factored_combine(const ct_opt_stage *stages, int nstages, int k
 
 /* Plain scalar reference of one fused step on one block (no chunking, no
  * threads, double-free of clever tricks): for tests of the fast driver. Only
- * elementwise stages (no reduction stages). */
+ * elementwise stages (no reduction stages). 16-bit operands element by element
+ * (ct_convert_math.h's loads and stores). */
 ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_block *b);
+
+/* The CPU driver's chunk conversions, for tests: y[0, n) = x[0, n) of dtype dt (CT_F32,
+ * CT_BF16, CT_F16) widened to float32 (load), or x rounded to dt (store), on conversion
+ * path `path`: 0 portable C, 1 AVX2 with F16C, 2 AVX-512 (a path the CPU lacks falls back
+ * to the next narrower one), -1 the driver's own (the widest the CPU has, less those turned
+ * off by CTRAINSTATE_NO_AVX512 / CTRAINSTATE_NO_AVX2). Every path gives the same bits.
+ * Return the path that ran. */
+int ct_opt_cvt_load(int path, int dt, const void *x, int64_t n, float *y);
+int ct_opt_cvt_store(int path, int dt, const float *x, int64_t n, void *y);
 
 #endif /* CT_OPTIM_H */

@@ -46,7 +46,9 @@
  * through host staging instead: every array of every block is copied to host
  * memory, the CPU driver runs the step there, and what it wrote (params or
  * updates, state) is copied back. Correct (the CPU driver's results) but bound
- * by the copies; allocated before anything is written.
+ * by the copies; allocated before anything is written. Every array travels in
+ * its own dtype (16-bit ones too: ct_optim.h), and so do adafactor's v_row /
+ * v_col on their way through the host.
  * So a chain without reductions costs one launch per device and no sync; a
  * clip_by_global_norm chain one extra read of g per device and no sync either;
  * apply_if_finite one sync; adafactor (defaults) four waits per device,
@@ -69,17 +71,23 @@
 #include "ct_optim.h"
 #include "ct_optim_math.h"
 
-/* The arrays of one block (host staging). */
+/* The arrays of one block (host staging), in their dtypes. */
 typedef struct {
-    float *p, *g, *out, *slot[CT_OPT_MAX_SLOTS];
+    void *p, *g, *out, *slot[CT_OPT_MAX_SLOTS];
 } staged_block;
 
+/* n elements of dtype dt. */
 static ct_status stage_copy(struct ct_device *dst_dev, struct ct_device *src_dev, void *dst,
-                            const void *src, int64_t n, struct ct_device *dev) {
+                            const void *src, int64_t n, int dt, struct ct_device *dev) {
     if (n <= 0 || dst == NULL || src == NULL) return CT_OK;
-    const int64_t stride = (int64_t)sizeof(float);
-    return dev->backend->copy_block(dst_dev, src_dev, 1, &n, sizeof(float), dst, &stride, src,
+    const int64_t stride = (int64_t)ct_dtype_size((ct_dtype)dt);
+    return dev->backend->copy_block(dst_dev, src_dev, 1, &n, (size_t)stride, dst, &stride, src,
                                     &stride);
+}
+
+/* Bytes of n (at least 1) elements of dtype dt. */
+static size_t dt_bytes(int64_t n, int dt) {
+    return (size_t)(n > 0 ? n : 1) * ct_dtype_size((ct_dtype)dt);
 }
 
 /* A step with a stage the GPU passes do not implement: through host memory and the CPU
@@ -105,16 +113,13 @@ static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_op
         hg[gi].dev = NULL; /* the CPU driver */
         for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
             const ct_opt_block *b = &groups[gi].blocks[i];
-            hb[j] = *b;
-            size_t n = (size_t)(b->n > 0 ? b->n : 1);
-            if (b->p) st = (sb[j].p = malloc(n * sizeof(float))) ? st : CT_EOOM;
-            if (b->g) st = (sb[j].g = malloc(n * sizeof(float))) ? st : CT_EOOM;
-            if (b->out) st = (sb[j].out = malloc(n * sizeof(float))) ? st : CT_EOOM;
+            hb[j] = *b; /* the dtypes too */
+            if (b->p) st = (sb[j].p = malloc(dt_bytes(b->n, b->p_dt))) ? st : CT_EOOM;
+            if (b->g) st = (sb[j].g = malloc(dt_bytes(b->n, b->g_dt))) ? st : CT_EOOM;
+            if (b->out) st = (sb[j].out = malloc(dt_bytes(b->n, b->out_dt))) ? st : CT_EOOM;
             for (int q = 0; q < CT_OPT_MAX_SLOTS && st == CT_OK; q++)
-                if (b->slot[q]) {
-                    size_t sn = (size_t)(b->slot_n[q] > 0 ? b->slot_n[q] : 1);
-                    st = (sb[j].slot[q] = malloc(sn * sizeof(float))) ? st : CT_EOOM;
-                }
+                if (b->slot[q])
+                    st = (sb[j].slot[q] = malloc(dt_bytes(b->slot_n[q], b->slot_dt[q]))) ? st : CT_EOOM;
             hb[j].p = sb[j].p;
             hb[j].g = sb[j].g;
             hb[j].out = sb[j].out;
@@ -128,10 +133,11 @@ static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_op
         for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
             const ct_opt_block *b = &groups[gi].blocks[i];
             ct_device *dev = groups[gi].dev;
-            st = stage_copy(NULL, dev, sb[j].p, b->p, b->n, dev);
-            if (st == CT_OK) st = stage_copy(NULL, dev, sb[j].g, b->g, b->n, dev);
+            st = stage_copy(NULL, dev, sb[j].p, b->p, b->n, b->p_dt, dev);
+            if (st == CT_OK) st = stage_copy(NULL, dev, sb[j].g, b->g, b->n, b->g_dt, dev);
             for (int q = 0; q < CT_OPT_MAX_SLOTS && st == CT_OK; q++)
-                st = stage_copy(NULL, dev, sb[j].slot[q], b->slot[q], b->slot_n[q], dev);
+                st = stage_copy(NULL, dev, sb[j].slot[q], b->slot[q], b->slot_n[q], b->slot_dt[q],
+                                dev);
         }
     if (st == CT_OK) st = ct_optim_step(stages, nstages, hg, ngroups, nleaves);
     /* up: what it wrote (params or updates, and the state) */
@@ -140,10 +146,11 @@ static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_op
         for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
             const ct_opt_block *b = &groups[gi].blocks[i];
             ct_device *dev = groups[gi].dev;
-            if (b->out) st = stage_copy(dev, NULL, b->out, sb[j].out, b->n, dev);
-            else st = stage_copy(dev, NULL, b->p, sb[j].p, b->n, dev);
+            if (b->out) st = stage_copy(dev, NULL, b->out, sb[j].out, b->n, b->out_dt, dev);
+            else st = stage_copy(dev, NULL, b->p, sb[j].p, b->n, b->p_dt, dev);
             for (int q = 0; q < CT_OPT_MAX_SLOTS && st == CT_OK; q++)
-                st = stage_copy(dev, NULL, b->slot[q], sb[j].slot[q], b->slot_n[q], dev);
+                st = stage_copy(dev, NULL, b->slot[q], sb[j].slot[q], b->slot_n[q], b->slot_dt[q],
+                                dev);
         }
     for (int64_t k = 0; sb != NULL && k < nblk; k++) {
         free(sb[k].p);
@@ -172,7 +179,7 @@ typedef struct {
     ct_device **dev;       /* each block's device */
     double **stat;         /* statistics (blocks that count), host */
     float **fac;           /* factors, host */
-    float **vrow, **vcol;  /* host copies of v_row / v_col */
+    void **vrow, **vcol;   /* host copies of v_row / v_col (in their dtypes) */
     float **dfac;          /* factors on the block's device */
     size_t *dfac_bytes;
     void **seg_dst;        /* one device's batch of copies (copy_segments): 3 per block */
@@ -239,8 +246,8 @@ static ct_status init_fact_bufs(fact_bufs *fb, int k, int slot_off, const ct_opt
             if (b->counts && (fb->stat[i] = calloc(ns, sizeof(double))) == NULL)
                 return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
             fb->fac[i] = malloc(ns * sizeof(float));
-            fb->vrow[i] = malloc((size_t)(b->slot_n[slot_off] > 0 ? b->slot_n[slot_off] : 1) * sizeof(float));
-            fb->vcol[i] = malloc((size_t)(b->slot_n[slot_off + 1] > 0 ? b->slot_n[slot_off + 1] : 1) * sizeof(float));
+            fb->vrow[i] = malloc(dt_bytes(b->slot_n[slot_off], b->slot_dt[slot_off]));
+            fb->vcol[i] = malloc(dt_bytes(b->slot_n[slot_off + 1], b->slot_dt[slot_off + 1]));
             if (!fb->fac[i] || !fb->vrow[i] || !fb->vcol[i])
                 return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
             fb->hb[i].slot[slot_off] = fb->vrow[i];
@@ -473,8 +480,9 @@ static ct_status fact_copies(fact_bufs *fb, int o, const ct_opt_group *groups, i
                 const ct_opt_block *b = fb->db[i];
                 void *host[3] = {fb->vrow[i], fb->vcol[i], fb->fac[i]};
                 void *dev[3] = {b->slot[o], b->slot[o + 1], fb->dfac[i]};
-                const size_t bytes[3] = {(size_t)b->slot_n[o] * sizeof(float),
-                                         (size_t)b->slot_n[o + 1] * sizeof(float),
+                const size_t bytes[3] = {(size_t)b->slot_n[o] * ct_dtype_size((ct_dtype)b->slot_dt[o]),
+                                         (size_t)b->slot_n[o + 1] *
+                                             ct_dtype_size((ct_dtype)b->slot_dt[o + 1]),
                                          fb->dfac_bytes[i]};
                 for (int q = 0; q < (up ? 3 : 2); q++) {
                     if (bytes[q] == 0) continue;

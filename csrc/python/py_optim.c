@@ -82,16 +82,17 @@ void ct_py_pin_release(ct_py_pin_list *pl) {
     pl->n = pl->cap = 0;
 }
 
-/* A float32 buffer of n elements (n < 0: any, returned), or NULL with an exception.
- * *dev: the device of the group so far (NULL: none yet); a buffer on another
- * GPU device than the group's is refused, and GPU buffers only where allowed
- * (*dev is NULL for the reference, which reads host memory). */
-static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, ct_py_pin_list *pl,
-                         ct_device **dev) {
+/* A float32, bfloat16 or float16 buffer of n elements (n < 0: any, returned), or NULL
+ * with an exception; *dt: its dtype. *dev: the device of the group so far (NULL: none
+ * yet); a buffer on another GPU device than the group's is refused, and GPU buffers only
+ * where allowed (*dev is NULL for the reference, which reads host memory). */
+static void *float_buffer(PyObject *obj, int64_t *n, const char *what, ct_py_pin_list *pl,
+                          ct_device **dev, uint8_t *dt) {
     ct_py_buffer *b = ct_py_buffer_check(obj, what);
     if (b == NULL) return NULL;
-    if (b->dtype != CT_F32) {
-        PyErr_Format(PyExc_TypeError, "%s must be float32, got %s", what, ct_dtype_name(b->dtype));
+    if (b->dtype != CT_F32 && b->dtype != CT_BF16 && b->dtype != CT_F16) {
+        PyErr_Format(PyExc_TypeError, "%s must be float32, bfloat16 or float16, got %s", what,
+                     ct_dtype_name(b->dtype));
         return NULL;
     }
     if (b->dev->platform != CT_PLATFORM_CPU) {
@@ -112,7 +113,7 @@ static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, ct_py_pin_
             return NULL;
         }
     }
-    int64_t m = (int64_t)(b->nbytes / 4);
+    int64_t m = (int64_t)(b->nbytes / ct_dtype_size(b->dtype));
     if (*n >= 0 && m != *n) {
         PyErr_Format(PyExc_ValueError, "%s has %lld elements, expected %lld", what, (long long)m,
                      (long long)*n);
@@ -120,7 +121,8 @@ static float *f32_buffer(PyObject *obj, int64_t *n, const char *what, ct_py_pin_
     }
     *n = m;
     if (ct_py_pin_add(pl, b) < 0) return NULL;
-    return (float *)b->data;
+    *dt = (uint8_t)b->dtype;
+    return b->data;
 }
 
 static int parse_dims(PyObject *seq, int64_t *out, int ndim, const char *what) {
@@ -192,9 +194,12 @@ int ct_py_optim_parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, 
     memset(b, 0, sizeof *b);
     int64_t n = -1;
     if (g_override != NULL) g = g_override;
-    if ((b->g = f32_buffer(g, &n, "grads block", pl, dev)) == NULL) return -1;
-    if (p != Py_None && (b->p = f32_buffer(p, &n, "params block", pl, dev)) == NULL) return -1;
-    if (out != Py_None && (b->out = f32_buffer(out, &n, "updates block", pl, dev)) == NULL) return -1;
+    if ((b->g = float_buffer(g, &n, "grads block", pl, dev, &b->g_dt)) == NULL) return -1;
+    if (p != Py_None && (b->p = float_buffer(p, &n, "params block", pl, dev, &b->p_dt)) == NULL)
+        return -1;
+    if (out != Py_None &&
+        (b->out = float_buffer(out, &n, "updates block", pl, dev, &b->out_dt)) == NULL)
+        return -1;
     if (parse_geom(geom, &b->geom) < 0) return -1;
     PyObject *sf = PySequence_Fast(slots, "block slots must be a sequence");
     if (sf == NULL) return -1;
@@ -208,7 +213,8 @@ int ct_py_optim_parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, 
         PyObject *s = PySequence_Fast_GET_ITEM(sf, q);
         if (s == Py_None) continue;
         int64_t m = -1; /* sizes are checked by the core (factored statistics differ) */
-        if ((b->slot[q] = f32_buffer(s, &m, "optimizer state block", pl, dev)) == NULL) {
+        if ((b->slot[q] = float_buffer(s, &m, "optimizer state block", pl, dev, &b->slot_dt[q])) ==
+            NULL) {
             Py_DECREF(sf);
             return -1;
         }

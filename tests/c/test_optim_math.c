@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ct_convert_math.h"
 #include "ct_device.h"
 #include "ct_optim.h"
 #include "ct_optim_math.h"
@@ -237,7 +238,8 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
         }
         if (ps->reduce && !b->counts) continue;
         for (int64_t e = 0; e < b->n; e++) {
-            float u = b->g[e], p = b->p ? b->p[e] : 0.0f;
+            float u = ct_cv_load_f(b->g_dt, b->g, e);
+            float p = b->p ? ct_cv_load_f(b->p_dt, b->p, e) : 0.0f;
             for (int k = 0; k < ps->upto; k++) {
                 if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
                 if (ct_om_is_leafwise(ps->kind[k])) {
@@ -245,14 +247,12 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                     u = ct_om_leaf_apply(ps->kind[k], ps->blk_f[i * CT_OPT_MAX_STAGES + k], u);
                     continue;
                 }
-                const int ns = ct_om_nslots(ps->kind[k]);
-                float a = ns > 0 ? b->slot[ps->slot_off[k]][e] : 0.0f;
-                float c = ns > 1 ? b->slot[ps->slot_off[k] + 1][e] : 0.0f;
-                float x = ns > 2 ? b->slot[ps->slot_off[k] + 2][e] : 0.0f;
-                u = ct_om_stage(ps->kind[k], cst[k], u, p, &a, &c, &x, !ps->reduce);
-                if (!ps->reduce && ns > 0) b->slot[ps->slot_off[k]][e] = a;
-                if (!ps->reduce && ns > 1) b->slot[ps->slot_off[k] + 1][e] = c;
-                if (!ps->reduce && ns > 2) b->slot[ps->slot_off[k] + 2][e] = x;
+                const int ns = ct_om_nslots(ps->kind[k]), o = ps->slot_off[k];
+                float sv[3] = {0.0f, 0.0f, 0.0f};
+                for (int q = 0; q < ns; q++) sv[q] = ct_cv_load_f(b->slot_dt[o + q], b->slot[o + q], e);
+                u = ct_om_stage(ps->kind[k], cst[k], u, p, &sv[0], &sv[1], &sv[2], !ps->reduce);
+                for (int q = 0; !ps->reduce && q < ns; q++)
+                    ct_cv_store_f(b->slot_dt[o + q], b->slot[o + q], e, sv[q]);
             }
             if (ps->reduce == 3) {
                 ps->blk_acc[3 * i] += (double)u * (double)u;
@@ -262,9 +262,9 @@ static ct_status fake_pass(struct ct_device *dev, const struct ct_opt_pass *ps, 
                 acc[0] += (double)u * (double)u;
                 acc[1] += isfinite(u) ? 0.0 : 1.0;
             } else if (b->out) {
-                b->out[e] = u;
+                ct_cv_store_f(b->out_dt, b->out, e, u);
             } else {
-                b->p[e] = p + u;
+                ct_cv_store_f(b->p_dt, b->p, e, p + u);
             }
         }
     }
@@ -448,6 +448,109 @@ static void device_driver(int gate, int with_nan, int host_norm, int leafwise) {
             }
 }
 
+/* The GPU sequencing with 16-bit arrays (the fake pass loads and stores each in its dtype, as
+ * cuda_optim.cu): an elementwise chain, then a factored step through host staging, each bit for
+ * bit against the CPU driver on the same 16-bit arrays. dt: p, g, m, v dtypes; emit: updates
+ * written to an out array of dtype dt[4]. */
+static void device_lowp(const int *dt, int emit) {
+    setenv("CTRAINSTATE_HOST_NORM", "0", 1);
+    static ct_backend fake;
+    memset(&fake, 0, sizeof fake);
+    fake.name = "fake-gpu";
+    fake.platform = CT_PLATFORM_GPU;
+    fake.optim_pass = fake_pass;
+    fake.copy_block = fake_copy;
+    static ct_device dev[2];
+    memset(dev, 0, sizeof dev);
+    for (int d = 0; d < 2; d++) {
+        dev[d].id = 100 + d;
+        dev[d].platform = CT_PLATFORM_GPU;
+        dev[d].backend = &fake;
+    }
+    enum { NA = 301, NB = 45, NARR = 5 };
+    const int64_t n[2] = {NA, NB};
+    /* [copy][device][leaf][array: p g m v out] */
+    void *x[2][2][2][NARR];
+    for (int d = 0; d < 2; d++)
+        for (int l = 0; l < 2; l++)
+            for (int a = 0; a < NARR; a++) {
+                const size_t bytes = (size_t)n[l] * ct_dtype_size((ct_dtype)dt[a]);
+                x[0][d][l][a] = calloc(1, bytes);
+                x[1][d][l][a] = calloc(1, bytes);
+                for (int64_t i = 0; i < n[l] && a < 2; i++)
+                    ct_cv_store_f(dt[a], x[0][d][l][a], i, gauss());
+                if (l == 1 && d == 1) memcpy(x[0][1][1][a], x[0][0][1][a], bytes); /* the replica */
+                memcpy(x[1][d][l][a], x[0][d][l][a], bytes);
+            }
+    ct_opt_block blk[2][2][2];
+    ct_opt_group grp[2][2];
+    memset(blk, 0, sizeof blk);
+    for (int cp = 0; cp < 2; cp++)
+        for (int d = 0; d < 2; d++) {
+            for (int l = 0; l < 2; l++) {
+                ct_opt_block *b = &blk[cp][d][l];
+                b->n = n[l];
+                b->p = x[cp][d][l][0];
+                b->g = x[cp][d][l][1];
+                b->out = emit ? x[cp][d][l][4] : NULL;
+                b->p_dt = (uint8_t)dt[0];
+                b->g_dt = (uint8_t)dt[1];
+                b->out_dt = (uint8_t)dt[4];
+                for (int q = 0; q < 3; q++) { /* adam's m, v; adafactor's v_row, v_col, v */
+                    b->slot[q] = x[cp][d][l][2 + (q == 1)];
+                    b->slot_dt[q] = (uint8_t)dt[2 + (q == 1)];
+                    b->slot_n[q] = n[l];
+                }
+                b->active = 7u;
+                b->leaf = l == 0 ? d : 2;
+                b->counts = !(l == 1 && d == 1);
+            }
+            grp[cp][d].blocks = blk[cp][d];
+            grp[cp][d].nblocks = 2;
+            grp[cp][d].dev = cp == 0 ? &dev[d] : NULL;
+        }
+    ct_opt_stage st[3];
+    memset(st, 0, sizeof st);
+    st[0].kind = CT_OPT_ADAM;
+    random_scalars(CT_OPT_ADAM, st[0].s, 3);
+    st[1].kind = CT_OPT_DECAY;
+    st[1].s[0] = 0.05;
+    st[2].kind = CT_OPT_SCALE;
+    st[2].s[0] = -0.01;
+    for (int step = 0; step < 2; step++) {
+        if (step == 1) { /* adafactor on unfactored leaves: v is slot 2 (here m's array) */
+            st[0].kind = CT_OPT_FACTORED;
+            st[0].s[0] = 0.8;
+            st[0].s[1] = 1e-30;
+            for (int cp = 0; cp < 2; cp++)
+                for (int d = 0; d < 2; d++)
+                    for (int l = 0; l < 2; l++) blk[cp][d][l].slot_n[0] = blk[cp][d][l].slot_n[1] = 1;
+        }
+        fake_calls = fake_copies = 0;
+        ct_opt_stage a[3], b[3];
+        memcpy(a, st, sizeof st);
+        memcpy(b, st, sizeof st);
+        CHECK(ct_optim_step(a, 3, grp[0], 2, 3) == CT_OK, "device 16-bit: step %d: %s", step,
+              ct_last_error());
+        CHECK(ct_optim_step(b, 3, grp[1], 2, 3) == CT_OK, "device 16-bit: cpu step %d", step);
+        CHECK(step == 0 ? fake_calls == 2 : (fake_calls == 0 && fake_copies > 0),
+              "device 16-bit: step %d ran %d passes, %d copies", step, fake_calls, fake_copies);
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 2; l++)
+                for (int ar = 0; ar < NARR; ar++)
+                    CHECK(memcmp(x[0][d][l][ar], x[1][d][l][ar],
+                                 (size_t)n[l] * ct_dtype_size((ct_dtype)dt[ar])) == 0,
+                          "device 16-bit (%s %s %s %s, emit %d): step %d: array %d of [%d][%d] differs",
+                          ct_dtype_name((ct_dtype)dt[0]), ct_dtype_name((ct_dtype)dt[1]),
+                          ct_dtype_name((ct_dtype)dt[2]), ct_dtype_name((ct_dtype)dt[3]), emit,
+                          step, ar, d, l);
+    }
+    for (int cp = 0; cp < 2; cp++)
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 2; l++)
+                for (int a = 0; a < NARR; a++) free(x[cp][d][l][a]);
+}
+
 int main(void) {
     for (int trial = 0; trial < 400; trial++) one_chain(trial);
     readonly_form();
@@ -459,6 +562,14 @@ int main(void) {
             device_driver(2, 0, host, leafwise);
             device_driver(2, 1, host, leafwise);
         }
+    }
+    const int lowp[4][5] = {{CT_BF16, CT_BF16, CT_BF16, CT_F32, CT_BF16},
+                            {CT_F16, CT_F32, CT_F16, CT_F16, CT_F32},
+                            {CT_F32, CT_BF16, CT_BF16, CT_BF16, CT_F16},
+                            {CT_F16, CT_F16, CT_F16, CT_F16, CT_F16}};
+    for (int j = 0; j < 4; j++) {
+        device_lowp(lowp[j], 0);
+        device_lowp(lowp[j], 1);
     }
     printf("test_optim_math: %d checks, %d failures (bit-exact vs ct_optim_reference)\n", checks,
            failures);

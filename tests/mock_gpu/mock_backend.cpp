@@ -214,22 +214,24 @@ static ct_status m_scatter_add_rows(ct_device *dev, float *table, int64_t nrows,
 #define OPT_TILE (OPT_TPB * 4 * 2)
 #define OPT_RED_CTAS 1024
 struct opt_desc {
-    float *p; const float *g; float *out; float *slot[CT_OPT_MAX_SLOTS];
+    void *p; const void *g; void *out; void *slot[CT_OPT_MAX_SLOTS];
     long long n, tile0; unsigned active; int vec, need_p, pad;
     float f[CT_OPT_MAX_STAGES];   // per-leaf stages: the block's factor
+    int pdt, gdt, odt, sdt[CT_OPT_MAX_SLOTS];   // dtypes (float32, bfloat16, float16)
 };
 struct opt_params {
     int nstages, upto, nblocks; unsigned skip; long long ntiles;
     int kind[CT_OPT_MAX_STAGES]; int slot_off[CT_OPT_MAX_STAGES]; float c[CT_OPT_MAX_STAGES][CT_OM_NC];
 };
-template <int L> static void ld(const float *x, float *v) { for (int j = 0; j < L; j++) v[j] = R(x)[j]; }
-template <int L> static void st(float *x, const float *v) { for (int j = 0; j < L; j++) R(x)[j] = v[j]; }
+// elements [e, e+L) of x (dtype dt), widened / rounded as cuda_optim.cu's ldx / stx
+template <int L> static void ld(const void *x, int dt, long long e, float *v) { for (int j = 0; j < L; j++) v[j] = ct_cv_load_f(dt, R(x), e + j); }
+template <int L> static void st(void *x, int dt, long long e, const float *v) { for (int j = 0; j < L; j++) ct_cv_store_f(dt, R(x), e + j, v[j]); }
 template <int L, bool RED>
 static void run_elems(const opt_params &P, const opt_desc *d, long long e, double &ss, double &bad) {
     float u[L], p[L];
-    ld<L>(d->g + e, u);
+    ld<L>(d->g, d->gdt, e, u);
     for (int j = 0; j < L; j++) p[j] = 0.0f;
-    if (d->need_p) ld<L>(d->p + e, p);
+    if (d->need_p) ld<L>(d->p, d->pdt, e, p);
     for (int k = 0; k < P.upto; k++) {
         if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
         const int kind = P.kind[k];
@@ -240,22 +242,24 @@ static void run_elems(const opt_params &P, const opt_desc *d, long long e, doubl
         const int ns = ct_om_nslots(kind);
         float a[L], b[L], x[L];
         for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
-        float *sa = ns > 0 ? d->slot[P.slot_off[k]] + e : nullptr;
-        float *sb = ns > 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
-        float *sx = ns > 2 ? d->slot[P.slot_off[k] + 2] + e : nullptr;
-        if (ns > 0) ld<L>(sa, a);
-        if (ns > 1) ld<L>(sb, b);
-        if (ns > 2) ld<L>(sx, x);
+        const int o = P.slot_off[k];
+        if (ns > 0) ld<L>(d->slot[o], d->sdt[o], e, a);
+        if (ns > 1) ld<L>(d->slot[o + 1], d->sdt[o + 1], e, b);
+        if (ns > 2) ld<L>(d->slot[o + 2], d->sdt[o + 2], e, x);
         for (int j = 0; j < L; j++) u[j] = ct_om_stage(kind, P.c[k], u[j], p[j], &a[j], &b[j], &x[j], !RED);
-        if (!RED) { if (ns > 0) st<L>(sa, a); if (ns > 1) st<L>(sb, b); if (ns > 2) st<L>(sx, x); }
+        if (!RED) {
+            if (ns > 0) st<L>(d->slot[o], d->sdt[o], e, a);
+            if (ns > 1) st<L>(d->slot[o + 1], d->sdt[o + 1], e, b);
+            if (ns > 2) st<L>(d->slot[o + 2], d->sdt[o + 2], e, x);
+        }
     }
     if (RED) {
         for (int j = 0; j < L; j++) { ss += (double)u[j] * (double)u[j]; bad += isfinite(u[j]) ? 0.0 : 1.0; }
     } else if (d->out != nullptr) {
-        st<L>(d->out + e, u);
+        st<L>(d->out, d->odt, e, u);
     } else {
         for (int j = 0; j < L; j++) p[j] = p[j] + u[j];
-        st<L>(d->p + e, p);
+        st<L>(d->p, d->pdt, e, p);
     }
 }
 template <bool RED>
@@ -322,6 +326,8 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
         if (ps->blk_f != nullptr)
             for (int k = 0; k < CT_OPT_MAX_STAGES; k++) d.f[k] = ps->blk_f[(size_t)i * CT_OPT_MAX_STAGES + k];
         d.p = b->p; d.g = b->g; d.out = ps->reduce ? nullptr : b->out; d.n = b->n; d.tile0 = tiles; d.active = b->active;
+        d.pdt = b->p_dt; d.gdt = b->g_dt; d.odt = b->out_dt;
+        for (int q = 0; q < CT_OPT_MAX_SLOTS; q++) d.sdt[q] = b->slot_dt[q];
         int vec = is_aligned(b->g), need_p = !ps->reduce && b->out == nullptr;
         if (!ps->reduce && b->out != nullptr) vec &= is_aligned(b->out);
         for (int k = 0; k < ps->upto; k++) {
@@ -351,7 +357,7 @@ static ct_status m_optim(ct_device *dev, const ct_opt_pass *ps, double *acc) {
                 run_elems<1, true>(P, &d1, e, ss, bad);
                 ps->blk_acc[3 * i] += ss;
                 ps->blk_acc[3 * i + 2] += bad;
-                if (sum_p) { float pv = R(d1.p)[e]; ps->blk_acc[3 * i + 1] += (double)pv * pv; }
+                if (sum_p) { float pv = ct_cv_load_f(d1.pdt, R(d1.p), e); ps->blk_acc[3 * i + 1] += (double)pv * pv; }
             }
         }
         return CT_OK;

@@ -20,6 +20,15 @@
  * fp32 AdamW moves 28 bytes per parameter and nothing else: the kernel is
  * memory-bound.
  *
+ * 16-bit operands (bfloat16 / float16 params, grads, updates or state slots, each
+ * with its own dtype in the descriptor): loaded in their dtype (8 bytes per quad
+ * instead of 16), widened exactly to float32 in registers, and what is stored is
+ * rounded once to nearest even with ct_random_math.h's conversions, the CPU
+ * driver's definitions: the same bits as the CPU (ct_optim.h). A pass whose
+ * blocks are all float32 runs kernels compiled for float32 alone (template LP
+ * false: the loads and stores above, unchanged); a pass with a 16-bit operand
+ * runs their LP forms, which read each array's dtype from its descriptor.
+ *
  * Numerics: this file is compiled with -fmad=false (setup.py) and default
  * IEEE division and sqrt, so each element is bit-identical to the CPU
  * reference. Reductions sum u^2 in double per thread, then per CTA in a fixed
@@ -59,6 +68,7 @@
 extern "C" {
 #include "../../core/ct_optim.h"
 #include "../../core/ct_optim_math.h"
+#include "../../core/ct_random_math.h" /* the float16 / bfloat16 conversions */
 }
 
 #define OPT_TPB 256
@@ -68,16 +78,19 @@ extern "C" {
 // --- descriptors ------------------------------------------------------------------------
 
 struct opt_desc {
-    float *p;
-    const float *g;
-    float *out;
-    float *slot[CT_OPT_MAX_SLOTS];
+    void *p;
+    const void *g;
+    void *out;
+    void *slot[CT_OPT_MAX_SLOTS];
     long long n;
     long long tile0;  /* first tile of this block in the launch */
     unsigned active;
-    int vec;          /* every pointer used is 16-byte aligned: float4 path */
+    int vec;          /* every pointer used is aligned to a quad (16 bytes of float32, 8 of a
+                       * 16-bit dtype): the quad path */
     int need_p;       /* p is read (DECAY, or p += u, or a per-leaf sum of p^2) */
     int pad;
+    unsigned char pdt, gdt, odt, pad2; /* dtypes (ct_dtype) of p, g, out */
+    unsigned char sdt[CT_OPT_MAX_SLOTS]; /* and of each slot */
     float f[CT_OPT_MAX_STAGES]; /* per-leaf stages: this block's factor (ct_om_leaf_apply) */
     /* adafactor (the step's FACTORED stage): the block's geometry if it is factored, and
      * once computed its row / column factors (device memory; NULL: not factored, or not yet) */
@@ -197,6 +210,56 @@ __device__ __forceinline__ void st(float *x, const float *v) {
     }
 }
 
+/* A 16-bit element widened to float32 (exact), and a float32 rounded to nearest even to a
+ * 16-bit dtype: ct_random_math.h's conversions, those of the CPU driver. */
+__device__ __forceinline__ float w16(int dt, unsigned short h) {
+    return dt == CT_BF16 ? ct_rm_bf16_to_f32(h) : ct_rm_f16_to_f32(h);
+}
+
+__device__ __forceinline__ unsigned r16(int dt, float f) {
+    return dt == CT_BF16 ? ct_rm_f32_to_bf16(f) : ct_rm_f32_to_f16(f);
+}
+
+/* Elements [e, e+L) (goff<L>'s layout) of array x of dtype dt, as float32. LP false: x is
+ * float32, and this is ld<L, VS> on it. A 16-bit quad is one 8-byte load. */
+template <int L, bool LP, bool VS = false>
+__device__ __forceinline__ void ldx(const void *x, int dt, long long e, float *v) {
+    if (!LP || dt == CT_F32) {
+        ld<L, VS>(static_cast<const float *>(x) + e, v);
+    } else if (L == 1) {
+        v[0] = w16(dt, static_cast<const unsigned short *>(x)[e]);
+    } else {
+        const unsigned short *h = static_cast<const unsigned short *>(x) + e;
+#pragma unroll
+        for (int q = 0; q < L / 4; q++) {
+            const uint2 t = *reinterpret_cast<const uint2 *>(h + q * OPT_GS);
+            v[4 * q] = w16(dt, (unsigned short)(t.x & 0xffffu));
+            v[4 * q + 1] = w16(dt, (unsigned short)(t.x >> 16));
+            v[4 * q + 2] = w16(dt, (unsigned short)(t.y & 0xffffu));
+            v[4 * q + 3] = w16(dt, (unsigned short)(t.y >> 16));
+        }
+    }
+}
+
+/* Elements [e, e+L) of array x of dtype dt = v, rounded to dt (LP false: st<L, VS>). */
+template <int L, bool LP, bool VS = false>
+__device__ __forceinline__ void stx(void *x, int dt, long long e, const float *v) {
+    if (!LP || dt == CT_F32) {
+        st<L, VS>(static_cast<float *>(x) + e, v);
+    } else if (L == 1) {
+        static_cast<unsigned short *>(x)[e] = (unsigned short)r16(dt, v[0]);
+    } else {
+        unsigned short *h = static_cast<unsigned short *>(x) + e;
+#pragma unroll
+        for (int q = 0; q < L / 4; q++) {
+            uint2 t;
+            t.x = r16(dt, v[4 * q]) | (r16(dt, v[4 * q + 1]) << 16);
+            t.y = r16(dt, v[4 * q + 2]) | (r16(dt, v[4 * q + 3]) << 16);
+            *reinterpret_cast<uint2 *>(h + q * OPT_GS) = t;
+        }
+    }
+}
+
 /* The first stage of [0, upto) that reads state slots per element in block d (-1: none).
  * compute_u issues that stage's slot loads together with the loads of g and p, so the
  * common chains (one stateful stage: adam, adamw, lion, momentum, rmsprop...) wait for
@@ -211,34 +274,43 @@ __device__ __forceinline__ int first_slot_stage(const opt_params &P, const opt_d
     return -1;
 }
 
-/* Slot pointers of stage k at element e of block d (NULL: that slot is not per element). */
-__device__ __forceinline__ void slot_ptrs(const opt_params &P, const opt_desc *d, int k,
-                                          long long e, float **sa, float **sb, float **sx) {
-    const int kind = P.kind[k];
+/* Stage k's slots of block d (NULL: that slot is not per element) and their dtypes. */
+struct slot3 {
+    void *a, *b, *x;
+    int adt, bdt, xdt;
+};
+
+__device__ __forceinline__ slot3 slot_ptrs(const opt_params &P, const opt_desc *d, int k) {
+    const int kind = P.kind[k], o = P.slot_off[k];
     const int ns = ct_om_nslots(kind), s0 = kind == CT_OPT_FACTORED ? 2 : 0;
-    *sa = ns > 0 && s0 <= 0 ? d->slot[P.slot_off[k]] + e : nullptr;
-    *sb = ns > 1 && s0 <= 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
-    *sx = ns > 2 ? d->slot[P.slot_off[k] + 2] + e : nullptr;
+    slot3 r;
+    r.a = ns > 0 && s0 <= 0 ? d->slot[o] : nullptr;
+    r.b = ns > 1 && s0 <= 1 ? d->slot[o + 1] : nullptr;
+    r.x = ns > 2 ? d->slot[o + 2] : nullptr;
+    r.adt = r.a ? (int)d->sdt[o] : (int)CT_F32;
+    r.bdt = r.b ? (int)d->sdt[o + 1] : (int)CT_F32;
+    r.xdt = r.x ? (int)d->sdt[o + 2] : (int)CT_F32;
+    return r;
 }
 
 /* u (and p) of elements [e, e+L) of block d after stages [0, upto); state written unless
  * RED. C: the stages' fp32 constants (P.c with the device-resident norms filled in); k0:
- * first_slot_stage(P, d). */
-template <int L, bool RED>
+ * first_slot_stage(P, d). LP: the arrays may be 16-bit (ldx / stx). */
+template <int L, bool RED, bool LP>
 __device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[CT_OM_NC],
                                           const opt_desc *d, int k0, long long e, float *u,
                                           float *p) {
     /* every load the first stateful stage needs is issued before any is used */
     float a0[L], b0[L];
-    float *sa0 = nullptr, *sb0 = nullptr, *sx0 = nullptr;
+    slot3 s0 = {nullptr, nullptr, nullptr, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < L; j++) p[j] = a0[j] = b0[j] = 0.0f;
-    ld<L>(d->g + e, u);
-    if (d->need_p) ld<L>(d->p + e, p);
+    ldx<L, LP>(d->g, d->gdt, e, u);
+    if (d->need_p) ldx<L, LP>(d->p, d->pdt, e, p);
     if (k0 >= 0) {
-        slot_ptrs(P, d, k0, e, &sa0, &sb0, &sx0);
-        if (sa0) ld<L>(sa0, a0);
-        if (sb0) ld<L>(sb0, b0); /* a third slot (rare) is loaded in the stage loop */
+        s0 = slot_ptrs(P, d, k0);
+        if (s0.a) ldx<L, LP>(s0.a, s0.adt, e, a0);
+        if (s0.b) ldx<L, LP>(s0.b, s0.bdt, e, b0); /* a third slot (rare) is loaded in the stage loop */
     }
     for (int k = 0; k < P.upto; k++) {
         if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) continue;
@@ -255,44 +327,42 @@ __device__ __forceinline__ void compute_u(const opt_params &P, const float (*C)[
         }
         /* FACTORED on a leaf that is not factored: only its third slot (v) is per element */
         float a[L], b[L], x[L];
-        float *sa, *sb, *sx;
+        slot3 sl;
         if (k == k0) {
-            sa = sa0;
-            sb = sb0;
-            sx = sx0;
+            sl = s0;
 #pragma unroll
             for (int j = 0; j < L; j++) {
                 a[j] = a0[j];
                 b[j] = b0[j];
                 x[j] = 0.0f;
             }
-            if (sx) ld<L>(sx, x);
+            if (sl.x) ldx<L, LP>(sl.x, sl.xdt, e, x);
         } else {
-            slot_ptrs(P, d, k, e, &sa, &sb, &sx);
+            sl = slot_ptrs(P, d, k);
 #pragma unroll
             for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
-            if (sa) ld<L>(sa, a);
-            if (sb) ld<L>(sb, b);
-            if (sx) ld<L>(sx, x);
+            if (sl.a) ldx<L, LP>(sl.a, sl.adt, e, a);
+            if (sl.b) ldx<L, LP>(sl.b, sl.bdt, e, b);
+            if (sl.x) ldx<L, LP>(sl.x, sl.xdt, e, x);
         }
 #pragma unroll
         for (int j = 0; j < L; j++)
             u[j] = ct_om_stage(kind, C[k], u[j], p[j], &a[j], &b[j], &x[j], !RED);
         if (!RED) {
-            if (sa) st<L>(sa, a);
-            if (sb) st<L>(sb, b);
-            if (sx) st<L>(sx, x);
+            if (sl.a) stx<L, LP>(sl.a, sl.adt, e, a);
+            if (sl.b) stx<L, LP>(sl.b, sl.bdt, e, b);
+            if (sl.x) stx<L, LP>(sl.x, sl.xdt, e, x);
         }
     }
 }
 
 /* Elements [e, e+L) of block d: stages [0, upto), then apply or accumulate. */
-template <int L, bool RED>
+template <int L, bool RED, bool LP>
 __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[CT_OM_NC],
                                           const opt_desc *d, int k0, long long e, double &ss,
                                           double &bad, double &pp) {
     float u[L], p[L];
-    compute_u<L, RED>(P, C, d, k0, e, u, p);
+    compute_u<L, RED, LP>(P, C, d, k0, e, u, p);
     if (RED) {
 #pragma unroll
         for (int j = 0; j < L; j++) {
@@ -301,11 +371,11 @@ __device__ __forceinline__ void run_elems(const opt_params &P, const float (*C)[
             pp += (double)p[j] * (double)p[j]; /* 0 unless p was loaded (need_p) */
         }
     } else if (d->out != nullptr) {
-        st<L>(d->out + e, u);
+        stx<L, LP>(d->out, d->odt, e, u);
     } else {
 #pragma unroll
         for (int j = 0; j < L; j++) p[j] = p[j] + u[j];
-        st<L>(d->p + e, p);
+        stx<L, LP>(d->p, d->pdt, e, p);
     }
 }
 
@@ -340,7 +410,7 @@ __device__ __forceinline__ int opt_tile_block(const opt_params &P, const opt_des
     return lo;
 }
 
-template <bool RED, bool PRE, int U>
+template <bool RED, bool PRE, int U, bool LP>
 __global__ void __launch_bounds__(OPT_TPB)
 opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D, double *part) {
     __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
@@ -359,17 +429,17 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
          * the loads in flight per thread); elsewhere quad by quad */
         for (long long e0 = base + 4LL * threadIdx.x; e0 < end; e0 += (long long)U * OPT_GS) {
             if (U == 2 && d->vec && e0 + OPT_GS + 4 <= end) {
-                run_elems<U == 2 ? 8 : 4, RED>(P, C, d, k0, e0, ss, bad, pp);
+                run_elems<U == 2 ? 8 : 4, RED, LP>(P, C, d, k0, e0, ss, bad, pp);
                 continue;
             }
             for (int q = 0; q < U; q++) {
                 const long long e = e0 + (long long)q * OPT_GS;
                 if (e >= end) break;
                 if (d->vec && e + 4 <= end) {
-                    run_elems<4, RED>(P, C, d, k0, e, ss, bad, pp);
+                    run_elems<4, RED, LP>(P, C, d, k0, e, ss, bad, pp);
                 } else {
                     for (long long i = e; i < end && i < e + 4; i++)
-                        run_elems<1, RED>(P, C, d, k0, i, ss, bad, pp);
+                        run_elems<1, RED, LP>(P, C, d, k0, i, ss, bad, pp);
                 }
             }
         }
@@ -443,7 +513,7 @@ __device__ constexpr int chain_nslots() {
 
 /* Stage k (of kind KIND, not per-leaf, not FACTORED) on elements [e, e+L) of block d: as
  * compute_u's stage loop body. */
-template <int KIND, int L>
+template <int KIND, int L, bool LP>
 __device__ __forceinline__ void chain_stage(int k, const opt_params &P,
                                             const float (*C)[CT_OM_NC], const opt_desc *d,
                                             long long e, float *u, const float *p) {
@@ -452,37 +522,40 @@ __device__ __forceinline__ void chain_stage(int k, const opt_params &P,
     float a[L], b[L], x[L];
 #pragma unroll
     for (int j = 0; j < L; j++) a[j] = b[j] = x[j] = 0.0f;
-    float *sa = ns > 0 ? d->slot[P.slot_off[k]] + e : nullptr;
-    float *sb = ns > 1 ? d->slot[P.slot_off[k] + 1] + e : nullptr;
-    if (ns > 0) ld<L>(sa, a);
-    if (ns > 1) ld<L>(sb, b);
+    const int o = P.slot_off[k];
+    void *sa = ns > 0 ? d->slot[o] : nullptr;
+    void *sb = ns > 1 ? d->slot[o + 1] : nullptr;
+    const int adt = ns > 0 && LP ? (int)d->sdt[o] : (int)CT_F32;
+    const int bdt = ns > 1 && LP ? (int)d->sdt[o + 1] : (int)CT_F32;
+    if (ns > 0) ldx<L, LP>(sa, adt, e, a);
+    if (ns > 1) ldx<L, LP>(sb, bdt, e, b);
 #pragma unroll
     for (int j = 0; j < L; j++) u[j] = ct_om_stage(KIND, C[k], u[j], p[j], &a[j], &b[j], &x[j], 1);
-    if (ns > 0) st<L>(sa, a);
-    if (ns > 1) st<L>(sb, b);
+    if (ns > 0) stx<L, LP>(sa, adt, e, a);
+    if (ns > 1) stx<L, LP>(sb, bdt, e, b);
 }
 
 /* Elements [e, e+L) of block d through the chain, then p += u in place (or out = u): as
- * run_elems<L, false>. The stages run over all L elements in turn, and everything is stored
- * at the end: the stores are as nvcc compiles a float4 assignment (st, VS false). */
-template <class CH, int L>
+ * run_elems<L, false, LP>. The stages run over all L elements in turn, and everything is
+ * stored at the end: the stores are as nvcc compiles a float4 assignment (st, VS false). */
+template <class CH, int L, bool LP>
 __device__ __forceinline__ void chain_elems(const opt_params &P, const float (*C)[CT_OM_NC],
                                             const opt_desc *d, long long e) {
     float u[L], p[L];
 #pragma unroll
     for (int j = 0; j < L; j++) p[j] = 0.0f;
-    ld<L>(d->g + e, u);
-    if (d->need_p) ld<L>(d->p + e, p);
-    chain_stage<CH::k0, L>(0, P, C, d, e, u, p);
-    if constexpr (CH::k1 >= 0) chain_stage<CH::k1, L>(1, P, C, d, e, u, p);
-    if constexpr (CH::k2 >= 0) chain_stage<CH::k2, L>(2, P, C, d, e, u, p);
-    if constexpr (CH::k3 >= 0) chain_stage<CH::k3, L>(3, P, C, d, e, u, p);
+    ldx<L, LP>(d->g, d->gdt, e, u);
+    if (d->need_p) ldx<L, LP>(d->p, d->pdt, e, p);
+    chain_stage<CH::k0, L, LP>(0, P, C, d, e, u, p);
+    if constexpr (CH::k1 >= 0) chain_stage<CH::k1, L, LP>(1, P, C, d, e, u, p);
+    if constexpr (CH::k2 >= 0) chain_stage<CH::k2, L, LP>(2, P, C, d, e, u, p);
+    if constexpr (CH::k3 >= 0) chain_stage<CH::k3, L, LP>(3, P, C, d, e, u, p);
     if (d->out != nullptr) {
-        st<L>(d->out + e, u);
+        stx<L, LP>(d->out, d->odt, e, u);
     } else {
 #pragma unroll
         for (int j = 0; j < L; j++) p[j] = p[j] + u[j];
-        st<L>(d->p + e, p);
+        stx<L, LP>(d->p, d->pdt, e, p);
     }
 }
 
@@ -498,8 +571,8 @@ __device__ __forceinline__ bool chain_load_q(int k, const opt_params &P, const o
 #pragma unroll
     for (int j = 0; j < L; j++) a[j] = b[j] = 0.0f;
     if (!((d->active >> k) & 1u) || ((P.skip >> k) & 1u)) return false;
-    if (ns > 0) ld<L, true>(d->slot[P.slot_off[k]] + e, a);
-    if (ns > 1) ld<L, true>(d->slot[P.slot_off[k] + 1] + e, b);
+    if (ns > 0) ld<L, true>(static_cast<const float *>(d->slot[P.slot_off[k]]) + e, a);
+    if (ns > 1) ld<L, true>(static_cast<const float *>(d->slot[P.slot_off[k] + 1]) + e, b);
     return true;
 }
 
@@ -518,8 +591,8 @@ __device__ __forceinline__ void chain_apply_q(int k, bool on, const opt_params &
         x[j] = 0.0f;
         u[j] = ct_om_stage(KIND, C[k], u[j], p[j], &a[j], &b[j], &x[j], 1);
     }
-    if (ns > 0) st<W, true>(d->slot[P.slot_off[k]] + e, a);
-    if (ns > 1) st<W, true>(d->slot[P.slot_off[k] + 1] + e, b);
+    if (ns > 0) st<W, true>(static_cast<float *>(d->slot[P.slot_off[k]]) + e, a);
+    if (ns > 1) st<W, true>(static_cast<float *>(d->slot[P.slot_off[k] + 1]) + e, b);
 }
 
 template <class CH, int L>
@@ -530,8 +603,8 @@ __device__ __forceinline__ void chain_elems_q(const opt_params &P, const float (
     bool on[4] = {false, false, false, false};
 #pragma unroll
     for (int j = 0; j < L; j++) p[j] = 0.0f;
-    ld<L, true>(d->g + e, u);
-    if (d->need_p) ld<L, true>(d->p + e, p);
+    ld<L, true>(static_cast<const float *>(d->g) + e, u);
+    if (d->need_p) ld<L, true>(static_cast<const float *>(d->p) + e, p);
     on[0] = chain_load_q<CH::k0, L>(0, P, d, e, a[0], b[0]);
     if constexpr (CH::k1 >= 0) on[1] = chain_load_q<CH::k1, L>(1, P, d, e, a[1], b[1]);
     if constexpr (CH::k2 >= 0) on[2] = chain_load_q<CH::k2, L>(2, P, d, e, a[2], b[2]);
@@ -548,25 +621,27 @@ __device__ __forceinline__ void chain_elems_q(const opt_params &P, const float (
         if constexpr (CH::k3 >= 0)
             chain_apply_q<CH::k3, W>(3, on[3], P, C, d, eq, uq, pq, a[3] + q * W, b[3] + q * W);
         if (d->out != nullptr) {
-            st<W, true>(d->out + eq, uq);
+            st<W, true>(static_cast<float *>(d->out) + eq, uq);
         } else {
 #pragma unroll
             for (int j = 0; j < W; j++) pq[j] = pq[j] + uq[j];
-            st<W, true>(d->p + eq, pq);
+            st<W, true>(static_cast<float *>(d->p) + eq, pq);
         }
     }
 }
 
-template <class CH, int L, bool VS>
+/* LP: the arrays may be 16-bit (chain_elems only: the VS form is float32's) */
+template <class CH, int L, bool VS, bool LP>
 __device__ __forceinline__ void chain_group(const opt_params &P, const float (*C)[CT_OM_NC],
                                             const opt_desc *d, long long e) {
+    static_assert(!(VS && LP), "the 16-byte form is for float32 arrays");
     if (VS) chain_elems_q<CH, L>(P, C, d, e);
-    else chain_elems<CH, L>(P, C, d, e);
+    else chain_elems<CH, L, LP>(P, C, d, e);
 }
 
 /* The tiles of CTA blockIdx.x (as opt_kernel's loop), each element group through chain_group;
  * C: the stages' constants. */
-template <class CH, int U, bool VS>
+template <class CH, int U, bool VS, bool LP>
 __device__ __forceinline__ void chain_tiles(const opt_params &P, const float (*C)[CT_OM_NC],
                                             const opt_desc *__restrict__ D) {
     int cur = -1;
@@ -577,16 +652,16 @@ __device__ __forceinline__ void chain_tiles(const opt_params &P, const float (*C
         const long long end = base + OPT_TILE < d->n ? base + OPT_TILE : d->n;
         for (long long e0 = base + 4LL * threadIdx.x; e0 < end; e0 += (long long)U * OPT_GS) {
             if (U == 2 && d->vec && e0 + OPT_GS + 4 <= end) {
-                chain_group<CH, U == 2 ? 8 : 4, VS>(P, C, d, e0);
+                chain_group<CH, U == 2 ? 8 : 4, VS, LP>(P, C, d, e0);
                 continue;
             }
             for (int q = 0; q < U; q++) {
                 const long long e = e0 + (long long)q * OPT_GS;
                 if (e >= end) break;
                 if (d->vec && e + 4 <= end) {
-                    chain_group<CH, 4, VS>(P, C, d, e);
+                    chain_group<CH, 4, VS, LP>(P, C, d, e);
                 } else {
-                    for (long long i = e; i < end && i < e + 4; i++) chain_group<CH, 1, VS>(P, C, d, i);
+                    for (long long i = e; i < end && i < e + 4; i++) chain_group<CH, 1, VS, LP>(P, C, d, i);
                 }
             }
         }
@@ -605,17 +680,32 @@ __device__ __forceinline__ void chain_tiles(const opt_params &P, const float (*C
  * form; one 4-byte spill per tile unrolled once), 60 and 47 with 16-byte loads and stores;
  * without the bounds ptxas took 62 and 46, and 71 (3 CTAs per SM) and 48, or spilled 60
  * bytes with the constants in the constant bank. */
-template <class CH, int U, bool VS>
-__global__ void __launch_bounds__(OPT_TPB, U == 2 ? 4 : 5)
-opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
+template <class CH, int U, bool VS, bool LP>
+__device__ __forceinline__ void chain_body(const opt_params &P, const opt_desc *__restrict__ D) {
     if constexpr (CH::k0 == CT_OPT_GLOBAL_NORM || CH::k1 == CT_OPT_GLOBAL_NORM ||
                   CH::k2 == CT_OPT_GLOBAL_NORM || CH::k3 == CT_OPT_GLOBAL_NORM) {
         __shared__ float C[CT_OPT_MAX_STAGES][CT_OM_NC];
         load_consts(P, C);
-        chain_tiles<CH, U, VS>(P, C, D);
+        chain_tiles<CH, U, VS, LP>(P, C, D);
     } else {
-        chain_tiles<CH, U, VS>(P, P.c, D);
+        chain_tiles<CH, U, VS, LP>(P, P.c, D);
     }
+}
+
+template <class CH, int U, bool VS>
+__global__ void __launch_bounds__(OPT_TPB, U == 2 ? 4 : 5)
+opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
+    chain_body<CH, U, VS, false>(P, D);
+}
+
+/* The chain kernels of passes with 16-bit arrays (ldx / stx: each array in its dtype), in the
+ * default form only (CTRAINSTATE_OPT_VSTORE does not apply to them). A kernel of its own name
+ * (not a template argument of opt_chain_kernel): tests/test_cuda_codegen.py reads the float32
+ * kernels' PTX by their names. Same bounds: not measured on a GPU yet. */
+template <class CH, int U>
+__global__ void __launch_bounds__(OPT_TPB, U == 2 ? 4 : 5)
+opt_chain16_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D) {
+    chain_body<CH, U, false, true>(P, D);
 }
 
 template <class CH>
@@ -639,9 +729,18 @@ static int chain_id(const opt_params &P) {
     return -1;
 }
 
-/* CTAs of chain `id`'s kernel (unrolled 1 or 2 times, VS: 16-byte stores) resident per SM. */
-template <int U, bool VS>
+/* CTAs of chain `id`'s kernel (unrolled 1 or 2 times, VS: 16-byte stores; LP: the 16-bit
+ * kernel, VS ignored) resident per SM. */
+template <int U, bool VS, bool LP>
 static cudaError_t chain_occupancy(int id, int *n) {
+    if (LP) switch (id) {
+    case 0: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain16_kernel<chain_adamw, U>, OPT_TPB, 0);
+    case 1: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain16_kernel<chain_adam, U>, OPT_TPB, 0);
+    case 2: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain16_kernel<chain_clip_adamw, U>, OPT_TPB, 0);
+    case 3: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain16_kernel<chain_clip_adam, U>, OPT_TPB, 0);
+    case 4: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain16_kernel<chain_momentum, U>, OPT_TPB, 0);
+    default: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain16_kernel<chain_sgd, U>, OPT_TPB, 0);
+    }
     switch (id) {
     case 0: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adamw, U, VS>, OPT_TPB, 0);
     case 1: return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, opt_chain_kernel<chain_adam, U, VS>, OPT_TPB, 0);
@@ -661,10 +760,21 @@ extern "C" __attribute__((visibility("default"))) long long ct_cuda_optim_chain_
 }
 
 /* Launch chain `id`'s kernel (0 <= id < OPT_NCHAINS), unrolled 1 or 2 times, VS: 16-byte
- * stores. */
-template <int U, bool VS>
+ * stores; LP: the 16-bit kernel (VS ignored). */
+template <int U, bool VS, bool LP>
 static void chain_launch(int id, unsigned grid, cudaStream_t s, const opt_params &P,
                          const opt_desc *table) {
+    if (LP) {
+        switch (id) {
+        case 0: opt_chain16_kernel<chain_adamw, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+        case 1: opt_chain16_kernel<chain_adam, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+        case 2: opt_chain16_kernel<chain_clip_adamw, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+        case 3: opt_chain16_kernel<chain_clip_adam, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+        case 4: opt_chain16_kernel<chain_momentum, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+        default: opt_chain16_kernel<chain_sgd, U><<<grid, OPT_TPB, 0, s>>>(P, table); break;
+        }
+        return;
+    }
     switch (id) {
     case 0: opt_chain_kernel<chain_adamw, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
     case 1: opt_chain_kernel<chain_adam, U, VS><<<grid, OPT_TPB, 0, s>>>(P, table); break;
@@ -694,7 +804,7 @@ __global__ void norm_to_board(const double *part, unsigned nparts, double *slot)
 __device__ __forceinline__ double fstat_x(const opt_params &P, const float (*C)[CT_OM_NC],
                                           const opt_desc *d, long long idx, float eps) {
     float u, p;
-    compute_u<1, true>(P, C, d, -1, idx, &u, &p); /* no prefetch: the slots in the stage loop */
+    compute_u<1, true, true>(P, C, d, -1, idx, &u, &p); /* no prefetch: the slots in the stage loop */
     const float x = u * u + eps;
     return (double)x;
 }
@@ -832,10 +942,8 @@ struct opt_cache {
     int blk_cap = 0;
     double *d_fstat = nullptr;  /* adafactor statistics of one pass (device) */
     long long fstat_cap = 0;
-    /* main_grid: CTAs per SM of each update-pass kernel: the generic kernel's four variants,
-     * then per chain its four forms (default, 16-byte) x (unrolled once, twice) (0: not
-     * asked yet) */
-    int per_sm[4 + 4 * OPT_NCHAINS] = {};
+    /* main_grid: CTAs per SM of each update-pass kernel (occ_index; 0: not asked yet) */
+    int per_sm[8 + 6 * OPT_NCHAINS] = {};
     int sms = 0;                  /* and the device's SMs (0: not asked yet) */
 };
 
@@ -897,13 +1005,18 @@ static ct_status wait_board(const ct_device *dev) {
     return CT_OK;
 }
 
-static int is_aligned(const void *x) { return ((uintptr_t)x & 15u) == 0; }
+/* Whether a quad (4 elements) of dtype dt at x is one aligned access. */
+static int is_aligned(const void *x, int dt) {
+    return ((uintptr_t)x & (dt == CT_F32 ? 15u : 7u)) == 0;
+}
 
 /* Build the descriptors of the pass into scratch (host), count tiles; src[j]: the index in
- * ps->blocks of descriptor j. */
-static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long *ntiles) {
+ * ps->blocks of descriptor j; *lowp: some descriptor has a 16-bit array. */
+static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long *ntiles,
+                      int *lowp) {
     int m = 0;
     long long tiles = 0;
+    *lowp = 0;
     /* a per-leaf reduction of TRUST_RATIO or PARAM_RMS also sums p^2 */
     const int sum_p = ps->reduce == 3 && (ps->kind[ps->upto] == CT_OPT_TRUST_RATIO ||
                                           ps->kind[ps->upto] == CT_OPT_PARAM_RMS);
@@ -930,21 +1043,35 @@ static int build_desc(const ct_opt_pass *ps, opt_desc *out, int *src, long long 
         d.n = b->n;
         d.tile0 = tiles;
         d.active = b->active;
-        int vec = is_aligned(b->g), need_p = (!ps->reduce && b->out == nullptr) || sum_p;
-        if (!ps->reduce && b->out != nullptr) vec &= is_aligned(b->out);
+        d.gdt = b->g_dt;
+        int vec = is_aligned(b->g, b->g_dt), need_p = (!ps->reduce && b->out == nullptr) || sum_p;
+        int lp = b->g_dt != CT_F32;
+        if (!ps->reduce && b->out != nullptr) {
+            d.odt = b->out_dt;
+            vec &= is_aligned(b->out, b->out_dt);
+            lp |= b->out_dt != CT_F32;
+        }
         for (int k = 0; k < ps->upto; k++) {
             if (!((b->active >> k) & 1u) || ((ps->skip >> k) & 1u)) continue;
             need_p |= ps->kind[k] == CT_OPT_DECAY;
             /* FACTORED: v_row / v_col are not per element; v only on leaves not factored */
             const int q0 = ps->kind[k] == CT_OPT_FACTORED ? (b->geom.ndim > 0 ? 3 : 2) : 0;
             for (int q = q0; q < ct_om_nslots(ps->kind[k]); q++) {
-                d.slot[ps->slot_off[k] + q] = b->slot[ps->slot_off[k] + q];
-                vec &= is_aligned(b->slot[ps->slot_off[k] + q]);
+                const int i = ps->slot_off[k] + q;
+                d.slot[i] = b->slot[i];
+                d.sdt[i] = b->slot_dt[i];
+                vec &= is_aligned(b->slot[i], b->slot_dt[i]);
+                lp |= b->slot_dt[i] != CT_F32;
             }
         }
-        if (need_p) vec &= is_aligned(b->p);
+        if (need_p) {
+            d.pdt = b->p_dt;
+            vec &= is_aligned(b->p, b->p_dt);
+            lp |= b->p_dt != CT_F32;
+        }
         d.need_p = need_p;
         d.vec = vec;
+        *lowp |= lp;
         tiles += (b->n + OPT_TILE - 1) / OPT_TILE;
     }
     *ntiles = tiles;
@@ -998,12 +1125,12 @@ static ct_status upload(ct_device *dev, opt_table *ts, unsigned long long *clock
 
 static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
                              const opt_desc *table, int m, const int *src, unsigned reads,
-                             double *board_d, double *acc);
+                             double *board_d, double *acc, int lowp);
 
 /* The per-leaf reduction pass (reduce = 3): per-tile sums, per-descriptor sums in tile order,
  * one copy to the host (the pass waits), then ps->blk_acc in ps->blocks order. */
 static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
-                           const opt_desc *table, int m, const int *src) {
+                           const opt_desc *table, int m, const int *src, int lowp) {
     cudaStream_t s = ct_cuda_stream(dev);
     for (int i = 0; i < 3 * ps->nblocks; i++) ps->blk_acc[i] = 0.0;
     if (m == 0 || P.ntiles == 0) { /* nothing to sum; later board writes still order after it */
@@ -1037,7 +1164,8 @@ static ct_status leaf_pass(ct_device *dev, opt_cache *cache, const ct_opt_pass *
     }
     P.per_tile = 1;
     const unsigned grid = P.ntiles > 0x7fffffffLL ? 0x7fffffffu : (unsigned)P.ntiles;
-    opt_kernel<true, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
+    if (lowp) opt_kernel<true, false, 1, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
+    else opt_kernel<true, false, 1, false><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_tiles);
     CT_CUDA_TRY(cudaGetLastError());
     sum_tiles<<<(unsigned)((m + 127) / 128), 128, 0, s>>>(table, m, cache->d_tiles,
                                                           cache->d_blk);
@@ -1177,14 +1305,15 @@ static ct_status optim_pass_locked(ct_device *dev, opt_cache *cache, const ct_op
                                        ps->nblocks);
     }
     long long ntiles = 0;
-    const int m = build_desc(ps, scratch, src, &ntiles);
+    int lowp = 0;
+    const int m = build_desc(ps, scratch, src, &ntiles, &lowp);
     P.nblocks = m;
     P.ntiles = ntiles;
     ct_status st = CT_OK;
     const opt_desc *table = nullptr;
     if (m > 0) st = upload(dev, cache->tab[ps->reduce ? 1 : 0], &cache->clock, scratch, m, &table);
     free(scratch);
-    if (st == CT_OK) st = pass_launch(dev, cache, ps, P, table, m, src, reads, board_d, acc);
+    if (st == CT_OK) st = pass_launch(dev, cache, ps, P, table, m, src, reads, board_d, acc, lowp);
     free(src);
     return st;
 }
@@ -1226,9 +1355,20 @@ static int launch_variant() {
     return (pre == 1 ? 1 : 0) | (un == 1 ? 0 : 2) | (vs == 1 ? 4 : 0); /* other values: the defaults */
 }
 
-/* chain: chain_id's id (-1: the generic kernel, in `variant`) */
+/* The kernel of an update pass as an index of opt_cache.per_sm: the generic kernel's four
+ * variants (launch_variant & 3) for float32 passes, then for 16-bit ones (lowp), then per
+ * chain its four float32 forms (default, 16-byte) x (unrolled once, twice) and its two
+ * 16-bit ones (unrolled once, twice). */
+static int occ_index(int variant, int chain, int lowp) {
+    const int two = (variant & 2) != 0, vs = (variant & 4) != 0;
+    if (chain < 0) return (variant & 3) + (lowp ? 4 : 0);
+    return 8 + 6 * chain + (lowp ? 4 + two : 2 * vs + two);
+}
+
+/* chain: chain_id's id (-1: the generic kernel, in `variant`); lowp: the pass has 16-bit
+ * arrays (their kernels) */
 static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, int chain,
-                          long long ntiles) {
+                          long long ntiles, int lowp) {
     long long waves = 1;
     if (const char *e = getenv("CTRAINSTATE_OPT_WAVES")) {
         char *end = nullptr;
@@ -1238,18 +1378,24 @@ static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, i
     long long grid = ntiles;
     if (waves > 0) {
         const int two = (variant & 2) != 0, vs = (variant & 4) != 0;
-        int &r = cache->per_sm[chain >= 0 ? 4 + 4 * chain + 2 * vs + two : (variant & 3)]; /* under cache->mu */
+        int &r = cache->per_sm[occ_index(variant, chain, lowp)]; /* under cache->mu */
         if (r == 0) {
             int n = 0;
             cudaError_t e;
-            if (chain >= 0)
-                e = vs ? (two ? chain_occupancy<2, true>(chain, &n) : chain_occupancy<1, true>(chain, &n))
-                       : (two ? chain_occupancy<2, false>(chain, &n) : chain_occupancy<1, false>(chain, &n));
-            else switch (variant & 3) {
-            case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 1>, OPT_TPB, 0); break;
-            case 1: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 1>, OPT_TPB, 0); break;
-            case 2: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 2>, OPT_TPB, 0); break;
-            default: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 2>, OPT_TPB, 0); break;
+            if (chain >= 0 && lowp)
+                e = two ? chain_occupancy<2, false, true>(chain, &n) : chain_occupancy<1, false, true>(chain, &n);
+            else if (chain >= 0)
+                e = vs ? (two ? chain_occupancy<2, true, false>(chain, &n) : chain_occupancy<1, true, false>(chain, &n))
+                       : (two ? chain_occupancy<2, false, false>(chain, &n) : chain_occupancy<1, false, false>(chain, &n));
+            else switch ((variant & 3) | (lowp ? 4 : 0)) {
+            case 0: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 1, false>, OPT_TPB, 0); break;
+            case 1: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 1, false>, OPT_TPB, 0); break;
+            case 2: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 2, false>, OPT_TPB, 0); break;
+            case 3: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 2, false>, OPT_TPB, 0); break;
+            case 4: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 1, true>, OPT_TPB, 0); break;
+            case 5: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 1, true>, OPT_TPB, 0); break;
+            case 6: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, false, 2, true>, OPT_TPB, 0); break;
+            default: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opt_kernel<false, true, 2, true>, OPT_TPB, 0); break;
             }
             if (e != cudaSuccess || n <= 0) {
                 cudaGetLastError();
@@ -1276,7 +1422,7 @@ static unsigned main_grid(const ct_device *dev, opt_cache *cache, int variant, i
 /* Launch the pass (descriptors uploaded): norms first, then the kernel(s) of its kind. */
 static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass *ps, opt_params P,
                              const opt_desc *table, int m, const int *src, unsigned reads,
-                             double *board_d, double *acc) {
+                             double *board_d, double *acc, int lowp) {
     const long long ntiles = P.ntiles;
     const int to_board = ps->reduce == 2;
     cudaStream_t s = ct_cuda_stream(dev);
@@ -1297,27 +1443,34 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
         CT_CUDA_TRY(cudaGetLastError());
         P.normc = cache->d_normc;
     }
-    if (ps->reduce == 3) return leaf_pass(dev, cache, ps, P, table, m, src);
+    if (ps->reduce == 3) return leaf_pass(dev, cache, ps, P, table, m, src, lowp);
     if (ps->reduce == 4) return fstat_pass(dev, cache, ps, P, table, m, src);
     if (!ps->reduce) {
         if (ntiles > 0) {
-            const int v = launch_variant();
+            /* 16-bit passes: the chain kernels' default form (no 16-byte form) */
+            const int v = lowp ? launch_variant() & 3 : launch_variant();
             const int ch = env_flag("CTRAINSTATE_OPT_CHAIN", 1) == 0 ? -1 : chain_id(P);
-            const unsigned grid = main_grid(dev, cache, v, ch, ntiles);
+            const unsigned grid = main_grid(dev, cache, v, ch, ntiles, lowp);
             if (ch >= 0) {
-                switch (v & 6) {
-                case 0: chain_launch<1, false>(ch, grid, s, P, table); break;
-                case 2: chain_launch<2, false>(ch, grid, s, P, table); break;
-                case 4: chain_launch<1, true>(ch, grid, s, P, table); break;
-                default: chain_launch<2, true>(ch, grid, s, P, table); break;
+                switch ((v & 6) | (lowp ? 1 : 0)) {
+                case 0: chain_launch<1, false, false>(ch, grid, s, P, table); break;
+                case 1: chain_launch<1, false, true>(ch, grid, s, P, table); break;
+                case 2: chain_launch<2, false, false>(ch, grid, s, P, table); break;
+                case 3: chain_launch<2, false, true>(ch, grid, s, P, table); break;
+                case 4: chain_launch<1, true, false>(ch, grid, s, P, table); break;
+                default: chain_launch<2, true, false>(ch, grid, s, P, table); break;
                 }
                 CT_CUDA_TRY(cudaGetLastError());
                 g_chain_launches++;
-            } else switch (v & 3) {
-            case 0: opt_kernel<false, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
-            case 1: opt_kernel<false, true, 1><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
-            case 2: opt_kernel<false, false, 2><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
-            default: opt_kernel<false, true, 2><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            } else switch ((v & 3) | (lowp ? 4 : 0)) {
+            case 0: opt_kernel<false, false, 1, false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 1: opt_kernel<false, true, 1, false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 2: opt_kernel<false, false, 2, false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 3: opt_kernel<false, true, 2, false><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 4: opt_kernel<false, false, 1, true><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 5: opt_kernel<false, true, 1, true><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            case 6: opt_kernel<false, false, 2, true><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
+            default: opt_kernel<false, true, 2, true><<<grid, OPT_TPB, 0, s>>>(P, table, nullptr); break;
             }
             CT_CUDA_TRY(cudaGetLastError());
         }
@@ -1330,7 +1483,8 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
             CT_CUDA_TRY(cudaMalloc((void **)&cache->d_part, 2 * OPT_RED_CTAS * sizeof(double)));
         const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
         if (grid > 0) {
-            opt_kernel<true, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+            if (lowp) opt_kernel<true, false, 1, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+            else opt_kernel<true, false, 1, false><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
             CT_CUDA_TRY(cudaGetLastError());
         }
         CT_TRY(wait_board(dev)); /* no pass of an earlier step still reads the board */
@@ -1351,7 +1505,8 @@ static ct_status pass_launch(ct_device *dev, opt_cache *cache, const ct_opt_pass
     if (cache->h_part == nullptr) /* checked apart: a failed pinned allocation is retried */
         CT_CUDA_TRY(cudaMallocHost((void **)&cache->h_part, 2 * OPT_RED_CTAS * sizeof(double)));
     const unsigned grid = ntiles < OPT_RED_CTAS ? (unsigned)ntiles : OPT_RED_CTAS;
-    opt_kernel<true, false, 1><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+    if (lowp) opt_kernel<true, false, 1, true><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
+    else opt_kernel<true, false, 1, false><<<grid, OPT_TPB, 0, s>>>(P, table, cache->d_part);
     CT_CUDA_TRY(cudaGetLastError());
     CT_CUDA_TRY(cudaMemcpyAsync(cache->h_part, cache->d_part, 2 * grid * sizeof(double),
                                 cudaMemcpyDeviceToHost, s));

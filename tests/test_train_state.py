@@ -650,7 +650,9 @@ def test_ctrl_c_from_a_timer_never_half_applies_a_step():
         timer.join()
         w = np.asarray(s.params["w"])
         np.testing.assert_array_equal(w, -float(s.step))
-        np.testing.assert_array_equal(np.asarray(s.opt_state[0].trace["w"]), 1.0)
+        # (the timer may fire before the first step of the run: the state is then the first)
+        np.testing.assert_array_equal(np.asarray(s.opt_state[0].trace["w"]),
+                                      1.0 if s.step else 0.0)
     assert interrupts == 12
 
 

@@ -1115,7 +1115,14 @@ static void run_apply(const step_env *e) {
     for (int gi = 0; gi < e->ngroups; gi++) {
         const task_table *tt = &e->tt[gi];
         const ct_opt_group *grp = &e->groups[gi];
-#pragma omp parallel for schedule(dynamic, 1) num_threads(ct_par_threads(tt->nelem >= CT_OPT_PAR_MIN))
+        if (tt->nelem < CT_OPT_PAR_MIN) { /* one thread: no parallel region to open */
+            for (int64_t j = 0; j < tt->n; j++) {
+                const ct_opt_task *t = &tt->t[j];
+                task_apply(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n);
+            }
+            continue;
+        }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ct_par_threads(1))
         for (int64_t j = 0; j < tt->n; j++) {
             const ct_opt_task *t = &tt->t[j];
             task_apply(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n);
@@ -1533,14 +1540,82 @@ float ct_opt_leaf_factor(int kind, const double *s, double sum_u2, double sum_p2
     }
 }
 
-ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                        int ngroups, int nleaves) {
+/* The reduction passes and the fused pass of one step over e's blocks (stages: this
+ * step's scalars; e->c is reset for them). Fails only on allocation failure, before
+ * writing anything. */
+static ct_status run_passes(step_env *e, ct_opt_stage *stages, int nstages, int nleaves) {
+    ct_opt_ctx *c = &e->c;
+    c->st = stages;
+    c->skip = 0;
+    c->zero = 0;
+    c->acc_p = 0;
+    int want_p2 = 0, have_p2 = 0;
+    double *p2 = NULL; /* per-leaf sums of a reduce pass that also summed p^2 */
+    for (int k = 0; k < nstages; k++) want_p2 |= stages[k].kind == CT_OPT_PARAM_RMS;
+    if (want_p2 && (p2 = malloc((size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2)) == NULL) {
+        return OOM();
+    }
+    for (int k = 0; k < nstages; k++) {
+        const int kind = stages[k].kind;
+        if (!kind_is_reduction(kind) || ((c->skip >> k) & 1u)) continue;
+        if (kind == CT_OPT_FACTORED) {
+            factored_pass(e, k);
+            continue;
+        }
+        /* p is not changed before the fused pass, so per-leaf sum p^2 (PARAM_RMS)
+         * rides along with the first reduce pass that reads p anyway or can:
+         * adafactor's block-RMS pass then streams g and p together and the
+         * param-RMS pass is not run. */
+        const int p_only = kind == CT_OPT_PARAM_RMS;
+        if (p_only && have_p2) {
+            memcpy(e->leaf_acc, p2, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
+        } else {
+            c->acc_p = kind == CT_OPT_TRUST_RATIO || p_only || (want_p2 && !have_p2);
+            reduce_pass(e, k, p_only);
+            if (c->acc_p && want_p2 && !have_p2) {
+                memcpy(p2, e->leaf_acc, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
+                have_p2 = 1;
+            }
+            c->acc_p = 0;
+        }
+        const double *la = e->leaf_acc;
+        if (kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_BLOCK_RMS || kind == CT_OPT_PARAM_RMS) {
+            for (int l = 0; l < nleaves; l++)
+                c->leaf_f[k][l] = ct_opt_leaf_factor(kind, stages[k].s, la[3 * l], la[3 * l + 1],
+                                                     e->leaf_n[l]);
+        } else if (kind == CT_OPT_GLOBAL_NORM) {
+            double ss = 0.0; /* over the leaves the stage is active on (masked / partition) */
+            for (int l = 0; l < nleaves; l++) ss += leaf_on(e, l, k) ? la[3 * l] : 0.0;
+            float nrm = (float)sqrt(ss);
+            c->norm[k] = nrm;
+            c->clip[k] = !(nrm < (float)stages[k].s[0]);
+            stages[k].result = nrm;
+        } else { /* FINITE_GATE */
+            double bad = 0.0;
+            for (int l = 0; l < nleaves; l++) bad += leaf_on(e, l, k) ? la[3 * l + 2] : 0.0;
+            int finite = bad == 0.0;
+            stages[k].result = finite;
+            if (!finite && stages[k].s[1] == 0.0) { /* reject: zero updates, inner untouched */
+                c->zero |= 1u << k;
+                int cov = (int)stages[k].s[0];
+                for (int q = k + 1; q <= k + cov; q++) c->skip |= 1u << q;
+            }
+        }
+    }
+    run_apply(e);
+    free(p2);
+    return CT_OK;
+}
+
+/* Check a step's stages and blocks and make its driver tables (e, on CPU devices); *gpu:
+ * 1 when every group is on GPU devices (e is then not made). */
+static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
+                            const ct_opt_group *groups, int ngroups, int nleaves, int *gpu) {
     CT_TRY(ct_optim_check(stages, nstages));
     if (nleaves < 0) return ct_set_error(CT_EINVAL, "optimizer: negative leaf count");
     if (ngroups < 0) return ct_set_error(CT_EINVAL, "optimizer: negative group count");
-    step_env e;
-    memset(&e, 0, sizeof e);
-    ct_opt_ctx *c = &e.c;
+    memset(e, 0, sizeof *e);
+    ct_opt_ctx *c = &e->c;
     c->st = stages;
     c->nstages = nstages;
     c->no_fused = adamw16_off();
@@ -1555,73 +1630,79 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
     if (ngpu > 0 && ngpu < ngroups)
         return ct_set_error(CT_EINVAL, "optimizer: a step mixes CPU and GPU devices (%d of %d "
                             "device groups on GPUs); keep a train state on one platform", ngpu, ngroups);
-    if (ngpu > 0) return ct_optim_step_device(stages, nstages, groups, ngroups);
-    e.groups = groups;
-    e.ngroups = ngroups;
-    e.nleaves = nleaves;
-    ct_status st = env_init(&e);
+    *gpu = ngpu > 0;
+    if (*gpu) return CT_OK;
+    e->groups = groups;
+    e->ngroups = ngroups;
+    e->nleaves = nleaves;
+    ct_status st = env_init(e);
+    if (st != CT_OK) env_free(e);
+    return st;
+}
+
+ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                        int ngroups, int nleaves) {
+    step_env e;
+    int gpu = 0;
+    CT_TRY(step_setup(&e, stages, nstages, groups, ngroups, nleaves, &gpu));
+    if (gpu) return ct_optim_step_device(stages, nstages, groups, ngroups);
+    ct_status st = run_passes(&e, stages, nstages, nleaves);
+    env_free(&e);
+    return st;
+}
+
+struct ct_optim_prepared {
+    step_env e;        /* CPU groups without a FACTORED stage: kept from step to step */
+    int keep;          /* e is kept */
+    const ct_opt_group *groups;
+    int ngroups, nleaves, nstages;
+    int kind[CT_OPT_MAX_STAGES];
+};
+
+ct_status ct_optim_prepare(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                           int ngroups, int nleaves, ct_optim_prepared **out) {
+    *out = NULL;
+    ct_optim_prepared *p = calloc(1, sizeof *p);
+    if (p == NULL) return OOM();
+    int gpu = 0;
+    ct_status st = step_setup(&p->e, stages, nstages, groups, ngroups, nleaves, &gpu);
     if (st != CT_OK) {
-        env_free(&e);
+        free(p);
         return st;
     }
-    int want_p2 = 0, have_p2 = 0;
-    double *p2 = NULL; /* per-leaf sums of a reduce pass that also summed p^2 */
-    for (int k = 0; k < nstages; k++) want_p2 |= stages[k].kind == CT_OPT_PARAM_RMS;
-    if (want_p2 && (p2 = malloc((size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2)) == NULL) {
-        env_free(&e);
-        return OOM();
-    }
+    p->keep = !gpu;
     for (int k = 0; k < nstages; k++) {
-        const int kind = stages[k].kind;
-        if (!kind_is_reduction(kind) || ((c->skip >> k) & 1u)) continue;
-        if (kind == CT_OPT_FACTORED) {
-            factored_pass(&e, k);
-            continue;
-        }
-        /* p is not changed before the fused pass, so per-leaf sum p^2 (PARAM_RMS)
-         * rides along with the first reduce pass that reads p anyway or can:
-         * adafactor's block-RMS pass then streams g and p together and the
-         * param-RMS pass is not run. */
-        const int p_only = kind == CT_OPT_PARAM_RMS;
-        if (p_only && have_p2) {
-            memcpy(e.leaf_acc, p2, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
-        } else {
-            c->acc_p = kind == CT_OPT_TRUST_RATIO || p_only || (want_p2 && !have_p2);
-            reduce_pass(&e, k, p_only);
-            if (c->acc_p && want_p2 && !have_p2) {
-                memcpy(p2, e.leaf_acc, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
-                have_p2 = 1;
-            }
-            c->acc_p = 0;
-        }
-        const double *la = e.leaf_acc;
-        if (kind == CT_OPT_TRUST_RATIO || kind == CT_OPT_BLOCK_RMS || kind == CT_OPT_PARAM_RMS) {
-            for (int l = 0; l < nleaves; l++)
-                c->leaf_f[k][l] = ct_opt_leaf_factor(kind, stages[k].s, la[3 * l], la[3 * l + 1],
-                                                     e.leaf_n[l]);
-        } else if (kind == CT_OPT_GLOBAL_NORM) {
-            double ss = 0.0; /* over the leaves the stage is active on (masked / partition) */
-            for (int l = 0; l < nleaves; l++) ss += leaf_on(&e, l, k) ? la[3 * l] : 0.0;
-            float nrm = (float)sqrt(ss);
-            c->norm[k] = nrm;
-            c->clip[k] = !(nrm < (float)stages[k].s[0]);
-            stages[k].result = nrm;
-        } else { /* FINITE_GATE */
-            double bad = 0.0;
-            for (int l = 0; l < nleaves; l++) bad += leaf_on(&e, l, k) ? la[3 * l + 2] : 0.0;
-            int finite = bad == 0.0;
-            stages[k].result = finite;
-            if (!finite && stages[k].s[1] == 0.0) { /* reject: zero updates, inner untouched */
-                c->zero |= 1u << k;
-                int cov = (int)stages[k].s[0];
-                for (int q = k + 1; q <= k + cov; q++) c->skip |= 1u << q;
-            }
-        }
+        p->kind[k] = stages[k].kind;
+        if (stages[k].kind == CT_OPT_FACTORED) p->keep = 0; /* its scratch is made per step */
     }
-    run_apply(&e);
-    free(p2);
-    env_free(&e);
+    if (!p->keep && !gpu) env_free(&p->e);
+    p->groups = groups;
+    p->ngroups = ngroups;
+    p->nleaves = nleaves;
+    p->nstages = nstages;
+    *out = p;
     return CT_OK;
+}
+
+ct_status ct_optim_run(ct_optim_prepared *p, ct_opt_stage *stages, int nstages) {
+    if (nstages != p->nstages)
+        return ct_set_error(CT_EINVAL, "optimizer: a prepared step of %d stages run with %d",
+                            p->nstages, nstages);
+    for (int k = 0; k < nstages; k++)
+        if (stages[k].kind != p->kind[k])
+            return ct_set_error(CT_EINVAL, "optimizer: stage %d of a prepared step changed kind", k);
+    for (int gi = 0; gi < p->ngroups; gi++)
+        for (int i = 0; i < p->groups[gi].nblocks; i++)
+            if (p->groups[gi].blocks[i].g == NULL && p->groups[gi].blocks[i].n > 0)
+                return ct_set_error(CT_EINVAL, "optimizer: block %d of group %d has no grads", i, gi);
+    if (!p->keep) return ct_optim_step(stages, nstages, p->groups, p->ngroups, p->nleaves);
+    return run_passes(&p->e, stages, nstages, p->nleaves);
+}
+
+void ct_optim_prepared_free(ct_optim_prepared *p) {
+    if (p == NULL) return;
+    if (p->keep) env_free(&p->e);
+    free(p);
 }
 
 ct_status ct_opt_factored_combine(const ct_opt_stage *stages, int nstages, int k,

@@ -245,6 +245,19 @@ ct_status ct_optim_check(const ct_opt_stage *stages, int nstages);
 ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                         int ngroups, int nleaves);
 
+/* A step prepared once and run many times over the same blocks (a persistent plan,
+ * csrc/python/py_optim_plan.c): ct_optim_prepare checks the stages and the blocks and, on
+ * CPU devices, makes the driver's tables (tasks, per-leaf lists); ct_optim_run runs a step
+ * with this step's scalars (same kinds) after the caller set every block's g (the only
+ * field that may change between runs; the groups' memory stays the caller's and must
+ * outlive the prepared step). On GPU devices, and with a FACTORED stage, a run is
+ * ct_optim_step. */
+typedef struct ct_optim_prepared ct_optim_prepared;
+ct_status ct_optim_prepare(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                           int ngroups, int nleaves, ct_optim_prepared **out);
+ct_status ct_optim_run(ct_optim_prepared *p, ct_opt_stage *stages, int nstages);
+void ct_optim_prepared_free(ct_optim_prepared *p);
+
 /* ct_optim_step for groups on GPU devices (ct_optim_device.c): the stages
  * and blocks were checked by ct_optim_step. */
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,

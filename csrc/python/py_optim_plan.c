@@ -58,6 +58,7 @@ typedef struct {
     Py_ssize_t *counters, ncounters; /* indices into cur of the int32 step counters */
     PyObject *claim_lock, *claimed;  /* optim.base's _CLAIM_LOCK and _CLAIMED */
     PyObject *prog;          /* the params' dict structure (prog_flatten), or NULL */
+    ct_optim_prepared *prep; /* the core's tables of the step (ct_optim_prepare) */
     int busy;
     uint64_t deletions_seen; /* ct_py_plan_deletions when no buffer of refs was deleted */
     int refs_plain;          /* refs hold references and plan_refs (pins undone, plan_init) */
@@ -65,6 +66,8 @@ typedef struct {
 } optim_plan;
 
 static void plan_clear_fields(optim_plan *p) {
+    ct_optim_prepared_free(p->prep);
+    p->prep = NULL;
     if (p->groups != NULL) {
         for (int i = 0; i < p->ngroups; i++) PyMem_Free(p->groups[i].blocks);
         PyMem_Free(p->groups);
@@ -316,8 +319,16 @@ static int plan_init(optim_plan *self, PyObject *args, PyObject *kw) {
                     break;
                 }
             }
-            self->groups[i].blocks[j].g = NULL;
         }
+    }
+    /* the core's tables, made once (the blocks' grads are set: they are checked too) */
+    ct_status pst = ct_optim_prepare(self->st, self->nstages, self->groups, self->ngroups,
+                                     nleaves, &self->prep);
+    for (int i = 0; i < self->ngroups; i++)
+        for (int j = 0; j < self->groups[i].nblocks; j++) self->groups[i].blocks[j].g = NULL;
+    if (pst != CT_OK) {
+        ct_py_raise(pst);
+        return -1;
     }
     /* the buffers stay referenced but not pinned: delete() works between steps, not while a
      * plan steps (ct_py_plans_running); a step checks that none was deleted */
@@ -656,7 +667,7 @@ static PyObject *step_core(optim_plan *self, PyObject *arrays, PyObject *grads,
     ct_status cs;
     Py_INCREF(self);
     Py_BEGIN_ALLOW_THREADS
-    cs = ct_optim_step(self->st, self->nstages, self->groups, self->ngroups, self->nleaves);
+    cs = ct_optim_run(self->prep, self->st, self->nstages);
     Py_END_ALLOW_THREADS
     self->busy = 0;
     ct_py_plans_running--;

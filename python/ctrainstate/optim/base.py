@@ -18,8 +18,10 @@ Two entry points run the fused kernel:
   claims its buffers before the kernel (:func:`_claim`), so the same state is
   never stepped twice at once.
 
-The kernel computes in float32. bfloat16 / float16 params, grads and state are run
-through float32 working copies and rounded once when written back (:class:`_Widen`).
+The kernel computes in float32. bfloat16 / float16 params, grads, updates and state are
+loaded and stored by the kernel in their own dtypes: each is widened to float32 in
+registers, and what the step writes is rounded once to the array's dtype (optax's
+``mu_dtype`` state, 16-bit params updated as ``(p + u).astype(p.dtype)``).
 """
 from __future__ import annotations
 
@@ -769,62 +771,6 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
 _FLOATS = (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
 
 
-class _Widen:
-    """float32 working copies of a step's 16-bit float operands (params, grads, state).
-
-    The fused kernel computes in float32. A bfloat16 / float16 param, grad or state array
-    is converted to a float32 copy on its own devices, the kernel runs on the copies, and
-    the arrays it writes (state; params in place) are converted back, rounding once to
-    nearest even. So a state kept in 16 bits (``mu_dtype=bfloat16``) is rounded when it is
-    stored while the step's update uses its float32 value, as optax does; 16-bit params
-    are updated in float32 and rounded once. Cost: 4 bytes per element of each 16-bit
-    operand for the step's duration, and one conversion pass each way. Nothing is written
-    back if the kernel fails."""
-
-    __slots__ = ("any", "_back")
-
-    def __init__(self):
-        self.any = False
-        self._back = []
-
-    @staticmethod
-    def needed(p_leaves, g_leaves, stages) -> bool:
-        f32 = _dtypes.float32
-
-        def other(arrays):   # (dtype objects of builtin types are singletons: `is` first)
-            for a in arrays:
-                if a is not None and a._dtype is not f32 and a._dtype != f32:
-                    return True
-            return False
-        return (other(p_leaves) or other(g_leaves)
-                or any(other(q) for s in stages for q in s.slots))
-
-    def __call__(self, a, back=False):
-        if a is None or a.dtype == _dtypes.float32:
-            return a
-        if a.dtype not in _FLOATS:
-            raise TypeError(f"optimizer state array of dtype {a.dtype}: the optimizers keep "
-                            f"float state (float32, bfloat16 or float16)")
-        w = _narrow(a, _dtypes.float32)
-        self.any = True
-        if back:
-            self._back.append((w, a))
-        return w
-
-    def write_back(self):
-        for w, a in self._back:
-            _C.op_convert([b for _, b, _, _ in w._blocks], [b for _, b, _, _ in a._blocks])
-        self._back.clear()
-
-
-def _narrow(x: Array, dtype) -> Array:
-    """``x`` converted to ``dtype`` on its own devices (a new Array, same sharding)."""
-    blocks = [(d, _C.Buffer(d.id, x._shard_shape, _dtypes.code(dtype)), st, r)
-              for d, _, st, r in x._blocks]
-    _C.op_convert([b for _, b, _, _ in x._blocks], [b for _, b, _, _ in blocks])
-    return Array._create(x.shape, np.dtype(dtype), x.sharding, blocks)
-
-
 def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False,
               before_kernel=None):
     """Run the fused kernel for ``tx``. Returns (new_params or updates, new_state), and the
@@ -862,12 +808,10 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
     ctx = FuseContext(p_leaves, params if params is not None else None, inplace, ref, cow, claims,
                       pdef)
     stages, rebuild = tx._fuse(state, ctx)
-    wide = _Widen()
-    needs_wide = wide.needed(p_leaves, g_leaves, stages)
     have_params = params is not None
     reuse = False
-    key = ident = out_dt = final_p = None
-    if inplace and not needs_wide:
+    key = ident = out_dt = None
+    if inplace:
         key = (pdef, have_params, tuple(
             (s.kind, None if s.active is None else tuple(s.active),
              None if s.geom is None else tuple(s.geom)) for s in stages))
@@ -880,18 +824,11 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         ctx.check_slots(pdef)
     if inplace and not reuse:
         _check_no_shared_buffers(p_leaves, stages, paths)
-    if needs_wide:
-        # 16-bit float params, grads or state: the kernel runs on float32 working copies,
-        # which are converted back (rounded once) only after it succeeded
-        final_p, p_leaves = p_leaves, [wide(p, back=inplace) for p in p_leaves]
+    if not inplace:
         # updates (functional mode): the params' dtype when the grads have it, else float32
         # (optax promotes 16-bit with float32 to float32; bfloat16 with float16 too)
         out_dt = [p.dtype if p.dtype == g.dtype else _dtypes.float32
-                  for p, g in zip(final_p, g_leaves)]
-        g_leaves = [wide(g) for g in g_leaves]
-        for s in stages:
-            s.slots = [[wide(a, back=True) for a in q] for q in s.slots]
-        plan = None
+                  for p, g in zip(p_leaves, g_leaves)]
     if not have_params and any(s.kind in _NEEDS_PARAMS for s in stages):
         raise ValueError(
             "this optimizer reads the current params (weight decay: adamw, "
@@ -902,47 +839,37 @@ def run_fused(tx, updates, state, params, *, inplace, plan=None, want_plan=False
         before_kernel()
     claimed = _claim(claims) if inplace else None
     try:
-        return _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leaves,
+        return _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves,
                                   pdef, paths, have_params, plan, reuse, key, ident, want_plan,
-                                  out_dt, final_p)
+                                  out_dt)
     finally:
         if claimed is not None:
             _release(claimed)
 
 
-def _kernel_and_commit(stages, stage_args, ctx, rebuild, wide, p_leaves, g_leaves, pdef, paths,
-                       have_params, plan, reuse, key, ident, want_plan, out_dt, final_p):
+def _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves, pdef, paths,
+                       have_params, plan, reuse, key, ident, want_plan, out_dt):
     """The second half of :func:`run_fused`, after every check: the kernel, then the new
     params and state (in place: the old Arrays donated to them)."""
     inplace = ctx.inplace
     nleaves = len(p_leaves)
-    if inplace and not wide.any:
+    if inplace:
         if not reuse:
             groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)
             plan = Plan(key, ident, groups, order)
         grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in plan.order]
         results = _C.optim_step(stage_args, plan.groups, nleaves, grads)
         plan.gshard = ([g._sharding for g in g_leaves], [p._sharding for p in p_leaves])
-    elif inplace:   # float32 working copies: a plan of them would keep them alive
-        groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)
-        grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in order]
-        results = _C.optim_step(stage_args, groups, nleaves, grads)
     else:
         plan = None
-        outs = [Array._create(p.shape, p.dtype, p.sharding,
-                              [(d, _C.Buffer(d.id, p._shard_shape, 0), st, r)
+        outs = [Array._create(p.shape, np.dtype(dt), p.sharding,
+                              [(d, _C.Buffer(d.id, p._shard_shape, _dtypes.code(dt)), st, r)
                                for d, _, st, r in p._blocks])
-                for p in p_leaves]
+                for p, dt in zip(p_leaves, out_dt)]
         groups, _ = _build_groups(stages, p_leaves, g_leaves, paths, outs, False, have_params)
         results = _C.optim_step(stage_args, groups, nleaves)
     for s, r in zip(stages, results):
         s.result = r
-    if wide.any:
-        wide.write_back()
-        if not inplace:
-            outs = [o if dt == _dtypes.float32 else _narrow(o, dt)
-                    for o, dt in zip(outs, out_dt)]
-        p_leaves = final_p
     for f in ctx._finish:
         f()
     new_state = rebuild()

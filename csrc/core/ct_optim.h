@@ -285,9 +285,10 @@ ct_status ct_optim_reference(const ct_opt_stage *stages, int nstages, ct_opt_blo
 /* The CPU driver's chunk conversions, for tests: y[0, n) = x[0, n) of dtype dt (CT_F32,
  * CT_BF16, CT_F16) widened to float32 (load), or x rounded to dt (store), on conversion
  * path `path`: 0 portable C, 1 AVX2 with F16C, 2 AVX-512 (a path the CPU lacks falls back
- * to the next narrower one), -1 the driver's own (the widest the CPU has, less those turned
- * off by CTRAINSTATE_NO_AVX512 / CTRAINSTATE_NO_AVX2). Every path gives the same bits.
- * Return the path that ran. */
+ * to the next narrower one), 3 (stores to bfloat16) the AVX512_BF16 rounding of the AdamW
+ * loop, -1 the driver's own (the widest the CPU has, less those turned off by
+ * CTRAINSTATE_NO_AVX512 / CTRAINSTATE_NO_AVX2). Every path gives the same bits. Return the
+ * path that ran. */
 int ct_opt_cvt_load(int path, int dt, const void *x, int64_t n, float *y);
 int ct_opt_cvt_store(int path, int dt, const float *x, int64_t n, void *y);
 

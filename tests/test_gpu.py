@@ -1207,8 +1207,8 @@ def test_bfloat16_ops_on_a_gpu_mesh_match_cpu():
     ("adamw", ml_dtypes.bfloat16, None), ("clip_adamw", ml_dtypes.bfloat16, None),
     ("lion", np.float16, None), ("adamw", np.float32, ml_dtypes.bfloat16)])
 def test_optim_16bit_on_gpu_is_bit_identical_to_cpu(name, dtype, mu_dtype):
-    """16-bit params / moments: the float32 working copies, the kernel and the rounding back
-    run on the GPU (the convert kernel) and give the CPU devices' bits."""
+    """16-bit params / moments, loaded and stored in their dtype by the GPU's fused kernel,
+    give the CPU devices' bits."""
     make = {"adamw": lambda: optim.adamw(1e-2, weight_decay=0.1, mu_dtype=mu_dtype),
             "clip_adamw": lambda: _chain_clip(optim.adamw(1e-2, mu_dtype=mu_dtype)),
             "lion": lambda: optim.lion(1e-3, mu_dtype=mu_dtype)}[name]

@@ -1,8 +1,8 @@
 """16-bit float params, grads and optimizer state in the fused optimizers.
 
-The fused kernel computes in float32; bfloat16 / float16 params, grads and state are
-converted to float32 working copies, and what the step writes is rounded once to the
-array's own dtype (ctrainstate.optim.base._Widen). Checked here:
+The fused kernel computes in float32; it loads bfloat16 / float16 params, grads and state
+in their own dtype, and what the step writes is rounded once to the array's own dtype.
+Checked here:
 
 * exactly: a 16-bit step gives the bits of the float32 step on the converted inputs,
   rounded to each array's dtype (every optimizer case of tests/optim_cases.py, bfloat16 and

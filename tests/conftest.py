@@ -131,7 +131,7 @@ class _LiveImportGuard:
 
 
 _guard = None
-_wholly_live_modules = []
+_wholly_live_modules = set()
 
 
 def pytest_addoption(parser):
@@ -187,7 +187,7 @@ def pytest_ignore_collect(collection_path, config):
         return None
     info = _analyzer.info(str(collection_path))
     if info is not None and info.whole:
-        _wholly_live_modules.append(collection_path.name)
+        _wholly_live_modules.add(collection_path.name)
         return True
     return None
 
@@ -218,6 +218,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("parity") is None and uses_jax_live(item):
             item.add_marker(pytest.mark.parity)
+    if config.getoption("--record-vectors"):  # only the live twins of jax_ref tests record
+        keep = [i for i in items if getattr(i, "callspec", None) is not None
+                and i.callspec.params.get("jax_ref") == "live"]
+        drop = [i for i in items if i not in set(keep)]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
@@ -256,7 +263,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _live_allowed(config):
         return
     n = len(terminalreporter.stats.get("deselected", ()))
-    extra = (f" and {len(_wholly_live_modules)} modules ({', '.join(_wholly_live_modules)})"
+    extra = (f" and {len(_wholly_live_modules)} modules ({', '.join(sorted(_wholly_live_modules))})"
              if _wholly_live_modules else "")
     terminalreporter.write_line(
         f"live jax/flax/optax parity tests: {n} deselected{extra}; jax not imported "
@@ -270,6 +277,7 @@ def pytest_sessionfinish(session, exitstatus):
         tr = config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None:
             for p in written:
+                tr.ensure_newline()
                 tr.write_line(f"recorded: {os.path.relpath(p)}")
     if _live_allowed(config) or os.environ.get("CTRAINSTATE_SANITIZED") == "1":
         return
@@ -314,8 +322,10 @@ _store = _recorded.Store()
 class JaxRef:
     """jax's side of a comparison, live or recorded (see tests/recorded.py)."""
 
-    def __init__(self, request, live: bool):
+    def __init__(self, request, live: bool, jax_module=None):
         self.live = live
+        self.jax = jax_module   # the jax module in the live twin (None in the recorded one)
+        self._jax = jax_module
         node = request.node
         name = node.name
         for a, b in (("[live]", ""), ("[recorded]", ""), ("-live]", "]"), ("-recorded]", "]"),
@@ -327,8 +337,8 @@ class JaxRef:
         self._seen = set()
 
     def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0):
-        """jax's value for `key` of this test: `fn()` when live (checked against the recording,
-        bit for bit unless rtol/atol), else the recording."""
+        """jax's value for `key` of this test: `fn(jax)` when live (checked against the
+        recording, bit for bit unless rtol/atol), else the recording."""
         full = self._prefix + str(key)
         if full in self._seen:
             raise AssertionError(f"jax_ref key {key!r} used twice in one test")
@@ -339,7 +349,7 @@ class JaxRef:
             except KeyError:
                 pytest.fail(f"no recorded value {full!r} in {_store.path(self._module)}: run "
                             "`python tools/record_vectors.py` (with the pinned jax)", pytrace=False)
-        value = _recorded.to_numpy(fn())
+        value = _recorded.to_numpy(fn(self._jax))
         if self._record:
             _store.put(self._module, self._prefix, full, value)
             return value
@@ -356,12 +366,11 @@ class JaxRef:
 
 @pytest.fixture(params=["recorded", pytest.param("live", marks=pytest.mark.parity)])
 def jax_ref(request):
-    """jax's values for a comparison: `jax_ref(key, lambda: <jax computes it>)`. The test runs
+    """jax's values for a comparison: `jax_ref(key, lambda jax: <jax computes it>)`. The test runs
     twice: `[recorded]` against tests/data/recorded/<module>.npz (no jax), `[live]` (marked
     `parity`) against jax itself, checking the recording too."""
     if request.param == "live":
-        pytest.importorskip("jax")
-        return JaxRef(request, True)
+        return JaxRef(request, True, pytest.importorskip("jax"))
     return JaxRef(request, False)
 
 

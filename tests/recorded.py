@@ -1,12 +1,12 @@
 """Recorded jax/flax/optax values: the store behind conftest's `jax_ref` fixture.
 
-A test that compares with jax asks ``jax_ref(key, fn)`` for each value of jax's side. The fixture
+A test that compares with jax asks ``jax_ref(key, lambda jax: ...)`` for each value of jax's side. The fixture
 has two parameters, so the test runs twice:
 
 - ``[recorded]`` (the README's test command): returns the value recorded for that key in
   ``tests/data/recorded/<test module>.npz``; ``fn`` is not called and jax is not imported. A
   missing recording fails the test.
-- ``[live]`` (marked ``parity``): calls ``fn()`` (jax computes it) and checks that the recording
+- ``[live]`` (marked ``parity``): calls ``fn(jax)`` (jax computes it) and checks that the recording
   holds the same value (bit for bit unless the call gives ``rtol``/``atol``), so a stale or
   missing recording fails the parity run; under ``--record-vectors`` (tools/record_vectors.py)
   it stores the value instead.
@@ -52,7 +52,7 @@ def _flatten(v, leaves: list, xs: list | None = None):
         spec["x"] = a.dtype.name
         a = a.view(f"u{a.dtype.itemsize}")
     spec["a"] = len(leaves)
-    leaves.append(np.ascontiguousarray(a))
+    leaves.append(np.asarray(a, order="C"))  # (ascontiguousarray would make 0-d 1-d)
     if xs is not None:
         xs.append(spec.get("x"))
     return spec
@@ -192,3 +192,16 @@ def versions() -> dict:
 def read_meta(path: str) -> dict:
     with np.load(path, allow_pickle=False) as f:
         return json.loads(str(f[META][()])) if META in f.files else {}
+
+
+def bits_digest(a) -> str:
+    """A digest of an array's dtype, shape and bits, every NaN counted as one (for recording a
+    large exact result as a short string)."""
+    import hashlib
+    a = np.asarray(a, order="C")
+    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+        a = a.copy()
+        a[np.isnan(a.astype(np.float32))] = np.nan
+    h = hashlib.sha256(f"{a.dtype.name}{a.shape}".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()

@@ -70,7 +70,7 @@ def test_each_way_of_using_jax_is_seen(tmp_path):
             importlib.import_module("optax")
 
         def test_jax_ref_argument_only(jax_ref):
-            jax_ref("k", lambda: _jax().ones(3))
+            jax_ref("k", lambda jax: _jax().ones(3))
 
         def test_numpy_only():
             np.ones(3)
@@ -172,7 +172,7 @@ def test_hides_its_import():
 
 def test_jax_ref_twins(jax_ref):
     got = np.arange(3, dtype=np.float32) * 2
-    want = jax_ref("double", lambda: np.arange(3, dtype=np.float32) * 2)
+    want = jax_ref("double", lambda jax: jax.numpy.arange(3, dtype="float32") * 2)
     np.testing.assert_array_equal(got, want)
 
 

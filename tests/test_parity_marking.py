@@ -119,7 +119,7 @@ def test_a_module_that_needs_jax_is_live_as_a_whole(tmp_path, src):
 # tests of the suite that use jax in the different ways above (and do not carry a hand-written
 # mark): the analysis must call each of them live, and the numpy-only neighbours not
 _SUITE_LIVE = [
-    ("test_random_more.py", "test_live_parity_matrix_samplers"),   # importorskip in the body
+    ("test_random_discrete.py", "test_live_parity_key_helpers"),   # importorskip in the body
     ("test_more_ops.py", "test_gradients_at_the_kinks_match_jax"),  # a module-level helper
     ("test_optim_more.py", "test_safe_norm_and_rms_match_optax"),  # a module-level try-import
     ("test_scan_vmap.py", "test_p9_matches_flax"),

@@ -319,58 +319,13 @@ def optax():
 _store = _recorded.Store()
 
 
-class JaxRef:
-    """jax's side of a comparison, live or recorded (see tests/recorded.py)."""
-
-    def __init__(self, request, live: bool, jax_module=None):
-        self.live = live
-        self.jax = jax_module   # the jax module in the live twin (None in the recorded one)
-        self._jax = jax_module
-        node = request.node
-        name = node.name
-        for a, b in (("[live]", ""), ("[recorded]", ""), ("-live]", "]"), ("-recorded]", "]"),
-                     ("[live-", "["), ("[recorded-", "["), ("-live-", "-"), ("-recorded-", "-")):
-            name = name.replace(a, b)
-        self._prefix = name + "/"
-        self._module = os.path.splitext(os.path.basename(str(node.path)))[0]
-        self._record = request.config.getoption("--record-vectors")
-        self._seen = set()
-
-    def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0, recorded=None):
-        """jax's value for `key` of this test: `fn(jax)` when live (checked against the
-        recording, bit for bit unless rtol/atol), else the recording. `recorded`: the recording
-        itself, from a file of its own (tests/data/optax_vectors.npz ...), instead of the
-        store's."""
-        full = self._prefix + str(key)
-        if full in self._seen:
-            raise AssertionError(f"jax_ref key {key!r} used twice in one test")
-        self._seen.add(full)
-        if recorded is not None:
-            if not self.live:
-                return recorded
-            value = _recorded.to_numpy(fn(self._jax))
-            if not self._record:  # (its own generator rewrites that file)
-                _recorded._same(recorded, value, rtol, atol, f"recorded {full!r} against live jax")
-            return value
-        if not self.live:
-            try:
-                return _store.get(self._module, full)
-            except KeyError:
-                pytest.fail(f"no recorded value {full!r} in {_store.path(self._module)}: run "
-                            "`python tools/record_vectors.py` (with the pinned jax)", pytrace=False)
-        value = _recorded.to_numpy(fn(self._jax))
-        if self._record:
-            _store.put(self._module, self._prefix, full, value)
-            return value
-        try:
-            want = _store.get(self._module, full)
-        except KeyError:
-            pytest.fail(f"no recorded value {full!r} in {_store.path(self._module)} (the recorded "
-                        "twin of this test would fail): run `python tools/record_vectors.py`",
-                        pytrace=False)
-        _recorded._same(want, value, rtol, atol,
-                        f"recorded {full!r} ({_store.path(self._module)}) against live jax")
-        return value
+def _test_key(node) -> str:
+    """The test's name without jax_ref's parameter: its twins share their recordings."""
+    name = node.name
+    for a, b in (("[live]", ""), ("[recorded]", ""), ("-live]", "]"), ("-recorded]", "]"),
+                 ("[live-", "["), ("[recorded-", "["), ("-live-", "-"), ("-recorded-", "-")):
+        name = name.replace(a, b)
+    return name
 
 
 @pytest.fixture(params=["recorded", pytest.param("live", marks=pytest.mark.parity)])
@@ -378,9 +333,11 @@ def jax_ref(request):
     """jax's values for a comparison: `jax_ref(key, lambda jax: <jax computes it>)`. The test runs
     twice: `[recorded]` against tests/data/recorded/<module>.npz (no jax), `[live]` (marked
     `parity`) against jax itself, checking the recording too."""
-    if request.param == "live":
-        return JaxRef(request, True, pytest.importorskip("jax"))
-    return JaxRef(request, False)
+    module = os.path.splitext(os.path.basename(str(request.node.path)))[0]
+    live = request.param == "live"
+    return _recorded.JaxRef(_store, module, _test_key(request.node), live,
+                            request.config.getoption("--record-vectors"),
+                            pytest.importorskip("jax") if live else None)
 
 
 @pytest.fixture

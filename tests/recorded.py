@@ -13,9 +13,9 @@ has two parameters, so the test runs twice:
 
 Values are arrays (any numpy or ml_dtypes dtype, jax arrays), Python scalars and strings, None,
 and dicts / lists / tuples of them. Keys are per test (the test's name, with its parameters
-other than jax_ref's, is the prefix). A file is a plain .npz: for each key, an entry ``KEY`` with
-the value's structure as JSON, and ``KEY#i`` for its i-th array (16-bit and 8-bit float dtypes
-stored as unsigned integers of their width); ``__meta__`` holds the jax/flax/optax versions.
+other than jax_ref's). A file is a plain .npz (see Store: per test, a JSON index and one blob
+of bytes; 16-bit and 8-bit float dtypes stored as unsigned integers of their width);
+``__meta__`` holds the jax/flax/optax versions.
 """
 from __future__ import annotations
 
@@ -112,12 +112,15 @@ def _same(want, got, rtol, atol, where):
 
 class Store:
     """The recordings of one session: read lazily per module, written at the end in record
-    mode."""
+    mode. A file holds, per test (its key prefix P), an entry ``P`` with the JSON of each key's
+    structure and leaves (offset, size, dtype, shape) and an entry ``P#`` with all the leaves'
+    bytes (one blob a test: a few thousand small keys cost a few kilobytes, not an npz member
+    each)."""
 
     def __init__(self):
         self._files: dict[str, object] = {}
-        self._new: dict[str, dict[str, tuple]] = {}   # module -> key -> (spec, leaves)
-        self._replaced: dict[str, set[str]] = {}      # module -> test prefixes recorded anew
+        self._tests: dict[tuple, tuple] = {}         # (module, prefix) -> (index, blob)
+        self._new: dict[str, dict[str, dict]] = {}   # module -> prefix -> key -> (spec, leaves)
 
     @staticmethod
     def path(module: str) -> str:
@@ -129,54 +132,112 @@ class Store:
             self._files[module] = np.load(p, allow_pickle=False) if os.path.exists(p) else None
         return self._files[module]
 
-    def get(self, module: str, key: str):
+    def get(self, module: str, prefix: str, key: str):
         """The recorded value, or raise KeyError."""
-        f = self._file(module)
-        if f is None or key not in f.files:
+        if (module, prefix) not in self._tests:
+            f = self._file(module)
+            if f is None or prefix not in f.files:
+                raise KeyError(key)
+            self._tests[module, prefix] = (json.loads(str(f[prefix][()])), f[prefix + "#"])
+        index, blob = self._tests[module, prefix]
+        if key not in index:
             raise KeyError(key)
-        spec = json.loads(str(f[key][()]))
-        leaves = []
-        i = 0
-        while f"{key}#{i}" in f.files:
-            leaves.append(f[f"{key}#{i}"])
-            i += 1
+        spec, table = index[key]
+        leaves = [blob[off:off + n].view(np.dtype(dt)).reshape(shape)
+                  for off, n, dt, shape in table]
         return _unflatten(spec, leaves)
 
     def put(self, module: str, prefix: str, key: str, value) -> None:
         leaves: list = []
         spec = _flatten(value, leaves)
-        mod = self._new.setdefault(module, {})
-        if key in mod and (mod[key][0] != spec or any(
-                a.tobytes() != b.tobytes() for a, b in zip(mod[key][1], leaves))):
-            raise AssertionError(f"{module}: key {key} recorded twice with different values")
-        mod[key] = (spec, leaves)
-        self._replaced.setdefault(module, set()).add(prefix)
+        self._new.setdefault(module, {}).setdefault(prefix, {})[key] = (spec, leaves)
 
     def write(self, meta: dict) -> list[str]:
-        """Write the modules recorded in this session (keys of the tests recorded anew replace
-        theirs; other tests' keys are kept). Returns the paths written."""
+        """Write the modules recorded in this session (the tests recorded anew replace theirs;
+        other tests' recordings are kept). Returns the paths written."""
         os.makedirs(DIR, exist_ok=True)
         written = []
-        for module, new in sorted(self._new.items()):
+        for module, tests in sorted(self._new.items()):
             out = {}
             old = self._file(module)
-            prefixes = self._replaced[module]
             if old is not None:
                 for k in old.files:
-                    if k == META or any(k.startswith(p) for p in prefixes):
-                        continue
-                    out[k] = old[k]
+                    if k != META and k.rstrip("#") not in tests:
+                        out[k] = old[k]
                 old.close()
                 self._files.pop(module, None)
-            for key, (spec, leaves) in new.items():
-                out[key] = np.array(json.dumps(spec, sort_keys=True))
-                for i, a in enumerate(leaves):
-                    out[f"{key}#{i}"] = a
+            for prefix, keys in sorted(tests.items()):
+                index, parts, off = {}, [], 0
+                for key, (spec, leaves) in keys.items():
+                    table = []
+                    for a in leaves:
+                        b = a.tobytes()
+                        table.append([off, len(b), a.dtype.str, list(a.shape)])
+                        parts.append(b)
+                        off += len(b)
+                    index[key] = [spec, table]
+                out[prefix] = np.array(json.dumps(index, sort_keys=True))
+                out[prefix + "#"] = np.frombuffer(b"".join(parts), np.uint8)
             out[META] = np.array(json.dumps(meta, sort_keys=True))
             p = self.path(module)
             np.savez_compressed(p, **out)
             written.append(p)
         return written
+
+
+class JaxRef:
+    """jax's side of a comparison in one test, live or recorded: conftest's `jax_ref` fixture."""
+
+    def __init__(self, store: Store, module: str, test: str, live: bool, record: bool,
+                 jax_module=None):
+        self.live = live
+        self.jax = jax_module   # the jax module in the live twin (None in the recorded one)
+        self._store, self._module, self._prefix, self._record = store, module, test, record
+        self._seen: dict = {}
+
+    def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0, recorded=None):
+        """jax's value for `key` of this test: `fn(jax)` when live (checked against the
+        recording, bit for bit unless rtol/atol), else the recording. `recorded`: the recording
+        itself, from a file of its own (tests/data/optax_vectors.npz ...), instead of the
+        store's. A key asked for again in the same test gives the same value (fn not called)."""
+        key = str(key)
+        if key in self._seen:
+            return self._seen[key]
+        value = self._get(key, fn, rtol, atol, recorded)
+        self._seen[key] = value
+        return value
+
+    def _get(self, key, fn, rtol, atol, recorded):
+        import pytest
+        where = f"{self._prefix!r} key {key!r} ({self.path})"
+        if recorded is not None:
+            if not self.live:
+                return recorded
+            value = to_numpy(fn(self.jax))
+            if not self._record:  # (its own generator rewrites that file)
+                _same(recorded, value, rtol, atol, f"recorded {where} against live jax")
+            return value
+        if not self.live:
+            try:
+                return self._store.get(self._module, self._prefix, key)
+            except KeyError:
+                pytest.fail(f"no recorded value for {where}: run `python tools/record_vectors.py` "
+                            "(with the pinned jax)", pytrace=False)
+        value = to_numpy(fn(self.jax))
+        if self._record:
+            self._store.put(self._module, self._prefix, key, value)
+            return value
+        try:
+            want = self._store.get(self._module, self._prefix, key)
+        except KeyError:
+            pytest.fail(f"no recorded value for {where} (the recorded twin of this test would "
+                        "fail): run `python tools/record_vectors.py`", pytrace=False)
+        _same(want, value, rtol, atol, f"recorded {where} against live jax")
+        return value
+
+    @property
+    def path(self):
+        return os.path.relpath(self._store.path(self._module))
 
 
 def versions() -> dict:

@@ -202,7 +202,7 @@ def test_the_readme_command_deselects_live_tests_and_fails_hidden_jax(tmp_path):
     rec.mkdir(parents=True)
     import recorded
     store = recorded.Store()
-    store.put("test_probe", "test_jax_ref_twins/", "test_jax_ref_twins/double",
+    store.put("test_probe", "test_jax_ref_twins", "double",
               __import__("numpy").arange(3, dtype="float32") * 2)
     recorded.DIR, old = str(rec), recorded.DIR
     try:

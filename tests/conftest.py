@@ -328,6 +328,14 @@ def _test_key(node) -> str:
     return name
 
 
+@pytest.fixture
+def twin_seed(request) -> int:
+    """A seed of this test's own (the same in its recorded and live twins, whatever ran
+    before): for a module whose tests draw inputs from a shared generator."""
+    import zlib
+    return zlib.crc32(_test_key(request.node).encode())
+
+
 @pytest.fixture(params=["recorded", pytest.param("live", marks=pytest.mark.parity)])
 def jax_ref(request):
     """jax's values for a comparison: `jax_ref(key, lambda jax: <jax computes it>)`. The test runs

@@ -266,3 +266,30 @@ def bits_digest(a) -> str:
     h = hashlib.sha256(f"{a.dtype.name}{a.shape}".encode())
     h.update(a.tobytes())
     return h.hexdigest()
+
+
+def exact_record(a, every: int = 97) -> dict:
+    """A large exact result recorded small: the digest of its bits (bits_digest) and every
+    `every`-th element (for a readable failure). Compare with assert_exact."""
+    a = np.asarray(a)
+    return {"digest": bits_digest(a), "sample": a.reshape(-1)[::every].copy()}
+
+
+def assert_exact(got, rec: dict, what: str = "", every: int = 97) -> None:
+    """got has the dtype, shape and bits of the result recorded by exact_record (a NaN
+    matches any NaN)."""
+    got = np.asarray(got)
+    if bits_digest(got) == rec["digest"]:
+        return
+    g, w = got.reshape(-1)[::every], np.asarray(rec["sample"])
+    if g.dtype == w.dtype and g.shape == w.shape:
+        bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[g.dtype.itemsize]
+        same = g.view(bits) == w.view(bits)
+        if g.dtype.kind == "f" or g.dtype.name == "bfloat16":
+            same |= np.isnan(g.astype(np.float32)) & np.isnan(w.astype(np.float32))
+        bad = np.flatnonzero(~same)
+        if bad.size:
+            raise AssertionError(f"{what}: differs from jax's recorded bits at flat indices "
+                                 f"{(bad[:4] * every).tolist()}: got {g[bad[:4]]}, want {w[bad[:4]]}")
+    raise AssertionError(f"{what}: differs from jax's recorded bits (dtype {got.dtype}, shape "
+                         f"{got.shape}; not at any {every}th element)")

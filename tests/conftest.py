@@ -139,6 +139,9 @@ def pytest_addoption(parser):
     g.addoption("--parity", action="store_true", default=False,
                 help="also run the live jax/flax/optax parity tests (deselected by default, with "
                      "jax not imported; `-m parity` runs only them)")
+    g.addoption("--shard", default=None, metavar="I/N",
+                help="only the tests of every N-th test module, from the I-th (0-based) of the "
+                     "modules selected, in path order (CI splits the parity tests in two)")
     g.addoption("--record-vectors", action="store_true", default=False,
                 help="store the live values that `jax_ref` tests compare against in "
                      "tests/data/recorded/ (tools/record_vectors.py)")
@@ -218,6 +221,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("parity") is None and uses_jax_live(item):
             item.add_marker(pytest.mark.parity)
+    shard = config.getoption("--shard")
+    if shard:
+        i, n = (int(v) for v in shard.split("/"))
+        modules = sorted({str(it.path) for it in items})
+        mine = set(modules[i::n])
+        drop = [it for it in items if str(it.path) not in mine]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = [it for it in items if str(it.path) in mine]
     if config.getoption("--record-vectors"):  # only the live twins of jax_ref tests record
         keep = [i for i in items if getattr(i, "callspec", None) is not None
                 and i.callspec.params.get("jax_ref") == "live"]

@@ -27,6 +27,7 @@ import numpy as np
 
 DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recorded")
 META = "__meta__"
+SHARED = "__shared__"   # the prefix of jax_ref(..., shared=True) keys
 _SCALARS = (bool, int, float, complex, str)
 
 
@@ -160,6 +161,13 @@ class Store:
         for module, tests in sorted(self._new.items()):
             out = {}
             old = self._file(module)
+            if old is not None and SHARED in tests and SHARED in old.files:
+                # shared keys of tests not run this time are kept
+                for key in json.loads(str(old[SHARED][()])):
+                    if key not in tests[SHARED]:
+                        v = self.get(module, SHARED, key)
+                        leaves: list = []
+                        tests[SHARED][key] = (_flatten(v, leaves), leaves)
             if old is not None:
                 for k in old.files:
                     if k != META and k.rstrip("#") not in tests:
@@ -195,21 +203,25 @@ class JaxRef:
         self._store, self._module, self._prefix, self._record = store, module, test, record
         self._seen: dict = {}
 
-    def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0, recorded=None):
+    def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0, recorded=None,
+                 shared: bool = False):
         """jax's value for `key` of this test: `fn(jax)` when live (checked against the
         recording, bit for bit unless rtol/atol), else the recording. `recorded`: the recording
         itself, from a file of its own (tests/data/optax_vectors.npz ...), instead of the
-        store's. A key asked for again in the same test gives the same value (fn not called)."""
+        store's. `shared`: the key is the module's, not this test's (one recording for the
+        parametrizations of a test that compare with the same jax value). A key asked for again
+        in the same test gives the same value (fn not called)."""
         key = str(key)
-        if key in self._seen:
-            return self._seen[key]
-        value = self._get(key, fn, rtol, atol, recorded)
-        self._seen[key] = value
+        prefix = SHARED if shared else self._prefix
+        if (prefix, key) in self._seen:
+            return self._seen[prefix, key]
+        value = self._get(prefix, key, fn, rtol, atol, recorded)
+        self._seen[prefix, key] = value
         return value
 
-    def _get(self, key, fn, rtol, atol, recorded):
+    def _get(self, prefix, key, fn, rtol, atol, recorded):
         import pytest
-        where = f"{self._prefix!r} key {key!r} ({self.path})"
+        where = f"{prefix!r} key {key!r} ({self.path})"
         if recorded is not None:
             if not self.live:
                 return recorded
@@ -219,16 +231,16 @@ class JaxRef:
             return value
         if not self.live:
             try:
-                return self._store.get(self._module, self._prefix, key)
+                return self._store.get(self._module, prefix, key)
             except KeyError:
                 pytest.fail(f"no recorded value for {where}: run `python tools/record_vectors.py` "
                             "(with the pinned jax)", pytrace=False)
         value = to_numpy(fn(self.jax))
         if self._record:
-            self._store.put(self._module, self._prefix, key, value)
+            self._store.put(self._module, prefix, key, value)
             return value
         try:
-            want = self._store.get(self._module, self._prefix, key)
+            want = self._store.get(self._module, prefix, key)
         except KeyError:
             pytest.fail(f"no recorded value for {where} (the recorded twin of this test would "
                         "fail): run `python tools/record_vectors.py`", pytrace=False)

@@ -99,14 +99,54 @@ def _bound_names(stmt: ast.stmt) -> set[str]:
     return out
 
 
+def _local_names(fn) -> set[str]:
+    """The names a function or lambda binds itself (its parameters, and what its body assigns,
+    imports, defines or loops over, outside nested functions): Python's local scope, which
+    hides a module-level name of the same spelling (``import ctrainstate.numpy as jnp``)."""
+    a = fn.args
+    out = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+    out |= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
+    if isinstance(fn, ast.Lambda):
+        return out
+    declared = set()
+    for st in fn.body:
+        for n in ast.walk(st) if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                     ast.ClassDef)) else [st]:
+            if isinstance(n, (ast.Global, ast.Nonlocal)):
+                declared |= set(n.names)
+        out |= _bound_names(st)
+    return out - declared
+
+
 def _refs(node: ast.AST, names: set[str], modules: dict[str, set[str]]) -> bool:
-    """node refers to one of names, or to ALIAS.attr with attr among modules[ALIAS]."""
-    for n in _walk(node):
-        if isinstance(n, ast.Name) and n.id in names:
+    """node refers to one of names, or to ALIAS.attr with attr among modules[ALIAS], where those
+    are not hidden by a function's own local of the same name."""
+    todo = [(node, names, modules)]
+    while todo:
+        n, nm, md = todo.pop()
+        if isinstance(n, ast.Name) and n.id in nm:
             return True
         if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                and n.attr in modules.get(n.value.id, ())):
+                and n.attr in md.get(n.value.id, ())):
             return True
+        if isinstance(n, ast.Call) and _callee(n) == "jax_ref":
+            children = [n.func] + n.args[:1]
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            # decorators and defaults are evaluated outside; the body sees the locals
+            outer = list(n.args.defaults) + [d for d in n.args.kw_defaults if d is not None]
+            if not isinstance(n, ast.Lambda):
+                outer += n.decorator_list
+            for c in outer:
+                todo.append((c, nm, md))
+            local = _local_names(n)
+            inner_nm = nm - local
+            inner_md = {k: v for k, v in md.items() if k not in local}
+            body = [n.body] if isinstance(n, ast.Lambda) else n.body
+            todo.extend((c, inner_nm, inner_md) for c in body)
+            continue
+        else:
+            children = list(ast.iter_child_nodes(n))
+        todo.extend((c, nm, md) for c in children)
     return False
 
 
@@ -190,11 +230,17 @@ def _class_method_live(c: ast.ClassDef, name: str, tainted, modules) -> bool:
             members.setdefault(n, []).append(s)
     live = {n for n, ss in members.items()
             if any(_imports_live(s) or _refs(s, tainted, modules) for s in ss)}
+
+    def calls_live(s):   # a method's body (where `self` is its parameter) uses self.<live>
+        parts = (s.body + s.decorator_list if isinstance(s, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef)) else [s])
+        return any(_refs(p, set(), {"self": live, "cls": live}) for p in parts)
+
     changed = True
     while changed:  # methods that call self.<live member>
         changed = False
         for n, ss in members.items():
-            if n not in live and any(_refs(s, set(), {"self": live, "cls": live}) for s in ss):
+            if n not in live and any(calls_live(s) for s in ss):
                 live.add(n)
                 changed = True
     return name in live or any(_imports_live(d) or _refs(d, tainted, modules)

@@ -76,6 +76,13 @@ def test_each_way_of_using_jax_is_seen(tmp_path):
             np.ones(3)
             plain()
 
+        def test_a_local_of_the_same_name():
+            import numpy as optax   # a local: not the module-level optax
+            optax.ones(3)
+
+        def test_a_parameter_of_the_same_name(optax=None):
+            return optax
+
         class TestGroup:
             def _live(self):
                 return pytest.importorskip("jax")
@@ -98,7 +105,8 @@ def test_each_way_of_using_jax_is_seen(tmp_path):
             "test_import_module"]
     for name in live:
         assert info.uses_jax(name), name
-    for name in ("test_numpy_only", "test_jax_ref_argument_only"):
+    for name in ("test_numpy_only", "test_jax_ref_argument_only", "test_a_local_of_the_same_name",
+                 "test_a_parameter_of_the_same_name"):
         assert not info.uses_jax(name), name
     assert info.uses_jax("test_calls_live_method", "TestGroup")
     assert not info.uses_jax("test_plain", "TestGroup")
@@ -120,14 +128,16 @@ def test_a_module_that_needs_jax_is_live_as_a_whole(tmp_path, src):
 # mark): the analysis must call each of them live, and the numpy-only neighbours not
 _SUITE_LIVE = [
     ("test_random_discrete.py", "test_live_parity_key_helpers"),   # importorskip in the body
-    ("test_more_ops.py", "test_gradients_at_the_kinks_match_jax"),  # a module-level helper
-    ("test_optim_more.py", "test_safe_norm_and_rms_match_optax"),  # a module-level try-import
+    ("test_softmax.py", "test_max_matches_jax"),                   # a module-level helper
+    ("test_numpy_more.py", "test_values_and_dtypes_match_jax"),    # a module-level try-import
     ("test_scan_vmap.py", "test_p9_matches_flax"),
 ]
 _SUITE_PLAIN = [
     ("test_random_more.py", "test_rademacher_signs"),
     ("test_optim_more.py", "test_transforms_without_jax_hand_computed"),
     ("test_array.py", "test_replicas_are_separate_buffers"),
+    # `import ctrainstate.numpy as jnp` inside: a local, not the module's jax.numpy
+    ("test_numpy_more.py", "test_jnp_ndarray_is_the_array_type"),
 ]
 
 

@@ -202,15 +202,22 @@ class JaxRef:
         self.jax = jax_module   # the jax module in the live twin (None in the recorded one)
         self._store, self._module, self._prefix, self._record = store, module, test, record
         self._seen: dict = {}
+        self._count = 0
 
     def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0, recorded=None,
                  shared: bool = False):
         """jax's value for `key` of this test: `fn(jax)` when live (checked against the
-        recording, bit for bit unless rtol/atol), else the recording. `recorded`: the recording
+        recording, bit for bit unless rtol/atol), else the recording. fn's parameters may
+        instead name the modules it wants (`lambda jnp: jnp.sin(x)`: jax.numpy; see _call).
+        `key` None: the call's number in this test (call jax_ref unconditionally then, so
+        that both twins count alike). `recorded`: the recording
         itself, from a file of its own (tests/data/optax_vectors.npz ...), instead of the
         store's. `shared`: the key is the module's, not this test's (one recording for the
         parametrizations of a test that compare with the same jax value). A key asked for again
         in the same test gives the same value (fn not called)."""
+        if key is None:   # the next of this test's calls (the same order in both twins)
+            key = f"#{self._count}"
+            self._count += 1
         key = str(key)
         prefix = SHARED if shared else self._prefix
         if (prefix, key) in self._seen:
@@ -225,7 +232,7 @@ class JaxRef:
         if recorded is not None:
             if not self.live:
                 return recorded
-            value = to_numpy(fn(self.jax))
+            value = to_numpy(self._call(fn))
             if not self._record:  # (its own generator rewrites that file)
                 _same(recorded, value, rtol, atol, f"recorded {where} against live jax")
             return value
@@ -235,7 +242,7 @@ class JaxRef:
             except KeyError:
                 pytest.fail(f"no recorded value for {where}: run `python tools/record_vectors.py` "
                             "(with the pinned jax)", pytrace=False)
-        value = to_numpy(fn(self.jax))
+        value = to_numpy(self._call(fn))
         if self._record:
             self._store.put(self._module, prefix, key, value)
             return value
@@ -246,6 +253,22 @@ class JaxRef:
                         "fail): run `python tools/record_vectors.py`", pytrace=False)
         _same(want, value, rtol, atol, f"recorded {where} against live jax")
         return value
+
+    _MODULES = {"jax": "jax", "jnp": "jax.numpy", "lax": "jax.lax", "optax": "optax",
+                "flax": "flax", "linen": "flax.linen", "fnn": "flax.linen"}
+
+    def _call(self, fn):
+        """fn(jax), or fn with the modules its parameters name (`lambda jnp: ...` gets
+        jax.numpy; jax, jnp, lax, optax, flax, linen / fnn)."""
+        import importlib
+        import inspect
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = ["jax"]
+        if names and all(n in self._MODULES for n in names):
+            return fn(**{n: importlib.import_module(self._MODULES[n]) for n in names})
+        return fn(self.jax)
 
     @property
     def path(self):

@@ -254,12 +254,13 @@ class JaxRef:
         _same(want, value, rtol, atol, f"recorded {where} against live jax")
         return value
 
-    _MODULES = {"jax": "jax", "jnp": "jax.numpy", "lax": "jax.lax", "optax": "optax",
+    _MODULES = {"jax": "jax", "jnp": "jax.numpy", "lax": "jax.lax", "jlax": "jax.lax",
+                "optax": "optax",
                 "flax": "flax", "linen": "flax.linen", "fnn": "flax.linen"}
 
     def _call(self, fn):
         """fn(jax), or fn with the modules its parameters name (`lambda jnp: ...` gets
-        jax.numpy; jax, jnp, lax, optax, flax, linen / fnn)."""
+        jax.numpy; jax, jnp, lax / jlax, optax, flax, linen / fnn)."""
         import importlib
         import inspect
         try:

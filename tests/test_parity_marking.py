@@ -124,12 +124,12 @@ def test_a_module_that_needs_jax_is_live_as_a_whole(tmp_path, src):
     assert info.whole and info.uses_jax("test_a")
 
 
-# tests of the suite that use jax in the different ways above (and do not carry a hand-written
-# mark): the analysis must call each of them live, and the numpy-only neighbours not
+# tests of the suite that use jax in the different ways above and have no recorded twin: the
+# analysis must call each of them live, and the numpy-only neighbours not
 _SUITE_LIVE = [
     ("test_random_discrete.py", "test_live_parity_key_helpers"),   # importorskip in the body
     ("test_softmax.py", "test_max_matches_jax"),                   # a module-level helper
-    ("test_numpy_more.py", "test_values_and_dtypes_match_jax"),    # a module-level try-import
+    ("test_attention_flax.py", "test_mha_init_params_match_flax"),  # a helper importing flax
     ("test_scan_vmap.py", "test_p9_matches_flax"),
 ]
 _SUITE_PLAIN = [

@@ -632,7 +632,6 @@ def test_astype_to_and_from_narrow_ints(narrow, other):
                                       err_msg=f"{np.dtype(src)} -> {np.dtype(dst)}: {x}")
 
 
-@pytest.mark.parity
 def test_astype_narrow_ints_match_jax():
     jnp = pytest.importorskip("jax.numpy")
     for narrow in NARROW_INTS:

@@ -792,7 +792,6 @@ def test_save_and_restore_never_hold_the_array_on_the_host(tmp_path):
     assert np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
 
 
-@pytest.mark.parity
 def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path):
     """A Flax (linen, on jax) model's params written by flax.serialization.msgpack_serialize
     load into the same ctrainstate model's params, born with the shardings its init under

@@ -167,7 +167,6 @@ def test_regression_losses_refuse_broadcasting_targets(fn):
     np.testing.assert_allclose(np.asarray(f(p, np.ones((2, 3), np.float32))), scale * (p - 1) ** 2)
 
 
-@pytest.mark.parity
 @pytest.mark.parametrize("fn", ["squared_error", "l2_loss"])
 def test_regression_losses_shape_check_matches_optax(fn):
     optax = pytest.importorskip("optax")
@@ -519,7 +518,6 @@ def test_state_of_other_params_paths_is_refused_before_anything_runs():
     tx2.update(pb, st2, pb)
 
 
-@pytest.mark.parity
 def test_state_of_other_params_paths_fails_in_optax_too():
     optax = pytest.importorskip("optax")
     jnp = pytest.importorskip("jax.numpy")

@@ -104,7 +104,6 @@ def test_permutation_is_a_permutation():
 
 
 
-@pytest.mark.parity
 def test_reference_jax_rounds_each_float16_op():
     """The live float16 parity below assumes that jax rounds each float16 multiply and add, as
     its HLO says. XLA on a CPU with AVX512-FP16 fuses them into one FMA unless capped at AVX2

@@ -448,7 +448,6 @@ def test_parity_multinomial(jax_ref):
         _same(multinomial(R.PRNGKey(s), n, p), want, f"multinomial seed {s}")
 
 
-@pytest.mark.parity
 def test_live_parity_key_helpers():
     jax = pytest.importorskip("jax")
     k = jax.random.PRNGKey(3)

@@ -231,3 +231,53 @@ def test_minus_m_parity_selects_exactly_the_live_tests(tmp_path):
     got = sorted(re.findall(r"test_probe.py::(\S+)", out))
     assert got == ["test_jax_ref_twins[live]", "test_uses_a_module_level_import",
                    "test_uses_the_jax_fixture"], out
+
+
+# --- the recordings -----------------------------------------------------------------------
+
+def _pins():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "record_vectors", os.path.join(ROOT, "tools", "record_vectors.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.pins()
+
+
+def test_recordings_are_of_the_pinned_versions():
+    """Every recording was made with the jax / flax / optax that .ci/run pins (the versions
+    its live twins compare with in CI): tools/record_vectors.py refuses others."""
+    import numpy as np
+    import recorded
+    pins = _pins()
+    pins_of = {"jax": pins["jax"], "jaxlib": pins["jax"], "flax": pins["flax"],
+               "optax": pins["optax"]}
+    files = sorted(f for f in os.listdir(recorded.DIR) if f.endswith(".npz"))
+    assert files
+    for f in files:
+        meta = recorded.read_meta(os.path.join(recorded.DIR, f))
+        assert meta.get("jax") == pins["jax"], (f, meta)
+        for k, v in meta.items():
+            assert v == pins_of[k], (f, k, v, pins)
+    with np.load(os.path.join(HERE, "data", "optax_vectors.npz")) as z:
+        assert str(z["meta/optax_version"]) == pins["optax"]
+    with open(os.path.join(HERE, "data", "random_vectors.txt")) as fh:
+        assert fh.readline().split()[-1] == pins["jax"]
+
+
+def test_every_recording_belongs_to_a_test():
+    """A recording whose test module or test is gone (renamed, removed) is stale: rerun
+    tools/record_vectors.py (it rewrites the modules it records) or delete it."""
+    import numpy as np
+    import recorded
+    for f in sorted(os.listdir(recorded.DIR)):
+        if not f.endswith(".npz"):
+            continue
+        path = os.path.join(HERE, f[:-4] + ".py")
+        assert os.path.exists(path), f"{f}: no tests/{f[:-4]}.py"
+        src = open(path, encoding="utf-8").read()
+        with np.load(os.path.join(recorded.DIR, f)) as z:
+            tests = {k.split("[")[0] for k in z.files
+                     if k not in (recorded.META, recorded.SHARED) and not k.endswith("#")}
+        for t in tests:
+            assert re.search(rf"^def {re.escape(t)}\(", src, re.M), f"{f}: no test {t}"

@@ -188,9 +188,24 @@ class Store:
                 out[prefix + "#"] = np.frombuffer(b"".join(parts), np.uint8)
             out[META] = np.array(json.dumps(meta, sort_keys=True))
             p = self.path(module)
-            np.savez_compressed(p, **out)
+            _savez(p, out)
             written.append(p)
         return written
+
+
+def _savez(path: str, arrays: dict) -> None:
+    """np.savez_compressed, byte for byte the same for the same arrays (entries sorted, no
+    timestamps): recording anew with the same jax leaves git nothing to show."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in sorted(arrays):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.asanyarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, buf.getvalue())
 
 
 class JaxRef:

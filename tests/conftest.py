@@ -140,8 +140,8 @@ def pytest_addoption(parser):
                 help="also run the live jax/flax/optax parity tests (deselected by default, with "
                      "jax not imported; `-m parity` runs only them)")
     g.addoption("--shard", default=None, metavar="I/N",
-                help="only the tests of every N-th test module, from the I-th (0-based) of the "
-                     "modules selected, in path order (CI splits the parity tests in two)")
+                help="the I-th (0-based) of N parts of the tests selected, whole modules each, "
+                     "of about equal numbers of tests (CI runs the parity tests in two)")
     g.addoption("--record-vectors", action="store_true", default=False,
                 help="store the live values that `jax_ref` tests compare against in "
                      "tests/data/recorded/ (tools/record_vectors.py)")
@@ -159,6 +159,9 @@ def _live_allowed(config) -> bool:
 
 def pytest_configure(config):
     global _guard
+    if config.getoption("--shard"):
+        i, n = (int(v) for v in config.getoption("--shard").split("/"))
+        config.pluginmanager.register(_Shard(i, n), "ctrainstate-shard")
     if _live_allowed(config):
         _cap_xla_isa()
         return
@@ -221,15 +224,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("parity") is None and uses_jax_live(item):
             item.add_marker(pytest.mark.parity)
-    shard = config.getoption("--shard")
-    if shard:
-        i, n = (int(v) for v in shard.split("/"))
-        modules = sorted({str(it.path) for it in items})
-        mine = set(modules[i::n])
-        drop = [it for it in items if str(it.path) not in mine]
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-            items[:] = [it for it in items if str(it.path) in mine]
     if config.getoption("--record-vectors"):  # only the live twins of jax_ref tests record
         keep = [i for i in items if getattr(i, "callspec", None) is not None
                 and i.callspec.params.get("jax_ref") == "live"]
@@ -243,6 +237,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class _Shard:
+    """--shard I/N (a plugin of its own: its hook runs after `-m` has deselected)."""
+
+    def __init__(self, i, n):
+        self.i, self.n = i, n
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        _shard(config, items, self.i, self.n)
+
+
+def _shard(config, items, i, n):
+    # whole modules (their tests share jax's compiled programs), the largest first, each to
+    # the shard with the fewest tests so far: shards of about equal size
+    sizes = {}
+    for it in items:
+        sizes[str(it.path)] = sizes.get(str(it.path), 0) + 1
+    load, mine = [0] * n, set()
+    for path in sorted(sizes, key=lambda p: (-sizes[p], p)):
+        k = load.index(min(load))
+        load[k] += sizes[path]
+        if k == i:
+            mine.add(path)
+    drop = [it for it in items if str(it.path) not in mine]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if str(it.path) in mine]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -31,6 +31,16 @@ SHARED = "__shared__"   # the prefix of jax_ref(..., shared=True) keys
 _SCALARS = (bool, int, float, complex, str)
 
 
+def dtype(name: str) -> np.dtype:
+    """The dtype of that name, ml_dtypes' (bfloat16, float8_*) too, whatever the version of
+    numpy / ml_dtypes (np.dtype("bfloat16") needs a recent ml_dtypes)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, name))
+
+
 def _flatten(v, leaves: list, xs: list | None = None):
     if isinstance(v, dict):
         if not all(isinstance(k, str) for k in v):
@@ -70,8 +80,7 @@ def _unflatten(spec, leaves):
         return None
     a = leaves[spec["a"]]
     if "x" in spec:
-        import ml_dtypes  # noqa: F401  (registers the dtype names)
-        a = a.view(np.dtype(spec["x"]))
+        a = a.view(dtype(spec["x"]))
     if "s" in spec:
         return {"bool": bool, "int": int, "float": float, "complex": complex,
                 "str": str}[spec["s"]](a[()])
@@ -97,8 +106,7 @@ def _same(want, got, rtol, atol, where):
         if a.shape != b.shape:
             raise AssertionError(f"{what}: recorded shape {a.shape} != live {b.shape}")
         if x is not None:  # a 16/8-bit float kept as its bits
-            import ml_dtypes  # noqa: F401
-            a, b = a.view(np.dtype(x)), b.view(np.dtype(x))
+            a, b = a.view(dtype(x)), b.view(dtype(x))
         if (rtol or atol) and (a.dtype.kind in "fc" or x is not None):
             a64, b64 = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64), \
                 b.astype(np.complex128 if b.dtype.kind == "c" else np.float64)

@@ -12,7 +12,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P
-from recorded import assert_exact, exact_record
+from recorded import assert_exact, exact_record, dtype as rec_dtype
 from conftest import assert_same_bits, on_gpu
 
 BF16 = ml_dtypes.bfloat16
@@ -849,7 +849,7 @@ def test_result_type_takes_dtypes_as_jax(jax_ref):
     with pytest.raises(TypeError, match="not a dtype ctrainstate stores"):
         cnp.result_type(np.complex64)
     for args in cases:
-        assert cnp.result_type(*args) == np.dtype(jax_ref(
+        assert cnp.result_type(*args) == rec_dtype(jax_ref(
             None, lambda jnp: np.dtype(jnp.result_type(*args)).name)), args
 
 
@@ -905,7 +905,7 @@ def test_narrow_promotion(dt):
 def test_narrow_promotion_table_is_jaxs(jax_ref):
     for dt, row in NARROW_PROMOTE.items():
         for col, want in zip(_COLS, row):
-            got = np.dtype(jax_ref(None, lambda jnp: np.dtype(jnp.promote_types(dt, col)).name))
+            got = rec_dtype(jax_ref(None, lambda jnp: np.dtype(jnp.promote_types(dt, col)).name))
             assert (np.dtype(I32) if got == np.int64 else got) == np.dtype(want), (dt, col)
 
 
@@ -1078,7 +1078,7 @@ def test_narrow_ops_match_jax(jax_ref):
                 b = np.where(np.abs(b.astype(np.float32)) < np.finfo(np.float32).tiny, 0, b).astype(other)
             pairs = [(a, b), (b, a)]
             for x, y in pairs:
-                res_dt = np.dtype(jax_ref(None, lambda jnp: np.dtype(
+                res_dt = rec_dtype(jax_ref(None, lambda jnp: np.dtype(
                     jnp.result_type(x.dtype, y.dtype)).name))
                 fl = res_dt in (np.dtype(F32), np.dtype(BF16), np.dtype(F16))
                 # (bitwise ops of floats raise in both; a 16-bit float floor_divide /
@@ -1092,7 +1092,7 @@ def test_narrow_ops_match_jax(jax_ref):
                     got = getattr(cnp, n)(put(x), put(y))
                     assert_same_bits(got, np.asarray(want), False, f"{n} {x.dtype} {y.dtype}")
             for x, y in pairs:
-                assert cnp.true_divide(put(x), put(y)).dtype == np.dtype(jax_ref(
+                assert cnp.true_divide(put(x), put(y)).dtype == rec_dtype(jax_ref(
                     None, lambda jnp: jnp.true_divide(x, y).dtype.name))
         a = narrow_values(dt, (4, 12), 12)
         for n in ("negative", "abs", "invert", "logical_not", "isnan", "isfinite", "signbit",

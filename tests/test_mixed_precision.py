@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import flat_tree
+from recorded import dtype as rec_dtype
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
@@ -536,7 +537,7 @@ def test_joins_promote_16_bit_floats_as_jax(jax_ref):
     g = cts.grad(lambda a: cnp.sum(cnp.concatenate([a, f]) * 2.0))(b)   # through the cast
     assert g.dtype == BF16 and _f32(g).tolist() == [2.0, 2.0]
     for parts in ([b, f], [b, h], [b, i]):
-        assert cnp.concatenate(parts).dtype == np.dtype(jax_ref(None, lambda jnp: jnp.concatenate(
+        assert cnp.concatenate(parts).dtype == rec_dtype(jax_ref(None, lambda jnp: jnp.concatenate(
             [jnp.asarray(np.asarray(p)) for p in parts]).dtype.name))
 
 

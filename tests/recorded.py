@@ -316,13 +316,18 @@ def read_meta(path: str) -> dict:
 
 def bits_digest(a) -> str:
     """A digest of an array's dtype, shape and bits, every NaN counted as one (for recording a
-    large exact result as a short string)."""
+    large exact result as a short string). NaNs are replaced in the bits themselves, so the
+    digest does not depend on the NaN numpy / ml_dtypes write."""
     import hashlib
     a = np.asarray(a, order="C")
-    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
-        a = a.copy()
-        a[np.isnan(a.astype(np.float32))] = np.nan
-    h = hashlib.sha256(f"{a.dtype.name}{a.shape}".encode())
+    head = f"{a.dtype.name}{a.shape}"
+    if a.dtype.kind in "fV" or a.dtype.name == "bfloat16":
+        nan = np.isnan(a.astype(np.float32))
+        a = a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+        if nan.any():
+            a = a.copy()
+            a[nan] = np.iinfo(a.dtype).max
+    h = hashlib.sha256(head.encode())
     h.update(a.tobytes())
     return h.hexdigest()
 

@@ -53,10 +53,15 @@ def _xla_accepts(flags: str) -> bool:
         return False
 
 
-if _host_has_native_float16() and "xla_cpu_max_isa" not in os.environ["XLA_FLAGS"]:
-    _capped = os.environ["XLA_FLAGS"] + " --xla_cpu_max_isa=AVX2"
-    if os.environ.get("CTRAINSTATE_SANITIZED") != "1" and _xla_accepts(_capped):
-        os.environ["XLA_FLAGS"] = _capped
+def _cap_xla_isa() -> None:
+    """On an AVX512-FP16 host, XLA capped at AVX2 (for the live parity tests only: called from
+    pytest_configure when they may run, before anything imports jax)."""
+    if _host_has_native_float16() and "xla_cpu_max_isa" not in os.environ["XLA_FLAGS"]:
+        capped = os.environ["XLA_FLAGS"] + " --xla_cpu_max_isa=AVX2"
+        if os.environ.get("CTRAINSTATE_SANITIZED") != "1" and _xla_accepts(capped):
+            os.environ["XLA_FLAGS"] = capped
+
+
 # jax's persistent compilation cache. The parity tests spend most of their time in XLA
 # compiling the jax side; with the compiled programs kept on disk, a second pytest process (CI's
 # rerun of the CPU suites on emulated GPU devices, a developer's rerun) loads them instead. The
@@ -88,13 +93,294 @@ def _has_gpu():
         return False
 
 
+# --- live jax / flax / optax: the `parity` marker -------------------------------------------
+#
+# A test that uses jax, flax or optax live is marked `parity` here, never by hand: when it asks
+# for one of the fixtures `jax`, `jnp`, `flax`, `optax` below, for the live side of `jax_ref`,
+# or when tests/parity_marking.py finds that it imports them (directly, through a helper, or
+# through names its module binds by importing them). The README's test command
+# (`python -m pytest -x -q tests`) deselects those tests (as `-m "not parity"`) and blocks the
+# import of jax, flax and optax: a test that tries one anyway fails, so the marking cannot miss
+# a test silently, and the run compiles no jax program. `-m parity` runs only the live tests
+# (CI's parity stage), `--parity` runs everything; so does naming tests by node id
+# (`tests/test_x.py::test_y`), and any other `-m` expression is taken as given (jax not blocked).
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity_marking  # noqa: E402
+import recorded as _recorded  # noqa: E402
+
+LIVE_FIXTURES = frozenset({"jax", "jnp", "flax", "optax"})
+_analyzer = parity_marking.Analyzer()
+
+
+class _LiveImportGuard:
+    """A sys.meta_path finder that refuses jax, jaxlib, flax and optax (as if not installed:
+    ModuleNotFoundError) and notes which test asked."""
+
+    def __init__(self):
+        self.current = None       # the node id of the running test (None while collecting)
+        self.attempts = {}        # node id -> modules it tried
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in parity_marking.LIVE_ROOTS:
+            self.attempts.setdefault(self.current, []).append(fullname)
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r} (blocked: the README's test command runs without "
+                "jax; `python -m pytest -m parity tests` runs the live parity tests)", name=fullname)
+        return None
+
+
+_guard = None
+_wholly_live_modules = set()
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("ctrainstate")
+    g.addoption("--parity", action="store_true", default=False,
+                help="also run the live jax/flax/optax parity tests (deselected by default, with "
+                     "jax not imported; `-m parity` runs only them)")
+    g.addoption("--shard", default=None, metavar="I/N",
+                help="the I-th (0-based) of N parts of the tests selected, whole modules each, "
+                     "of about equal numbers of tests (CI runs the parity tests in two)")
+    g.addoption("--record-vectors", action="store_true", default=False,
+                help="store the live values that `jax_ref` tests compare against in "
+                     "tests/data/recorded/ (tools/record_vectors.py)")
+
+
+def _live_allowed(config) -> bool:
+    """Whether this run may use jax (decided once, in pytest_configure)."""
+    live = getattr(config, "_ctrainstate_live", None)
+    if live is None:
+        live = config._ctrainstate_live = bool(
+            config.getoption("--parity") or config.getoption("--record-vectors")
+            or config.option.markexpr or any("::" in str(a) for a in config.args))
+    return live
+
+
+def pytest_configure(config):
+    global _guard
+    if config.getoption("--shard"):
+        i, n = (int(v) for v in config.getoption("--shard").split("/"))
+        config.pluginmanager.register(_Shard(i, n), "ctrainstate-shard")
+    if _live_allowed(config):
+        _cap_xla_isa()
+        return
+    config.option.markexpr = "not parity"
+    if os.environ.get("CTRAINSTATE_SANITIZED") != "1":  # there sys.modules already blocks them
+        _guard = _LiveImportGuard()
+        sys.meta_path.insert(0, _guard)
+
+
+def pytest_unconfigure(config):
+    global _guard
+    if _guard is not None and _guard in sys.meta_path:
+        sys.meta_path.remove(_guard)
+    _guard = None
+
+
+def pytest_report_header(config):
+    if _live_allowed(config):
+        return "live jax/flax/optax parity tests: as selected"
+    return ("live jax/flax/optax parity tests: deselected, jax not imported "
+            "(`-m parity` runs them, `--parity` runs everything)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    # a module that cannot be imported without jax, when jax is blocked: not collected at all
+    # (its tests are all live parity tests)
+    if (_live_allowed(config) or collection_path.suffix != ".py"
+            or not collection_path.name.startswith("test_")):
+        return None
+    info = _analyzer.info(str(collection_path))
+    if info is not None and info.whole:
+        _wholly_live_modules.add(collection_path.name)
+        return True
+    return None
+
+
+def uses_jax_live(item) -> bool:
+    """Whether the test item uses jax, flax or optax live (see the comment above)."""
+    if item.get_closest_marker("parity") is not None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("jax_ref") == "recorded":
+        return False  # the recorded twin: it must run without jax (else the guard fails it)
+    names = set(getattr(item, "fixturenames", ()))
+    if names & LIVE_FIXTURES:
+        return True
+    fn = getattr(item, "originalname", None)
+    path = getattr(item, "path", None)
+    if fn is None or path is None:
+        return False
+    info = _analyzer.info(str(path))
+    if info is None:
+        return False
+    cls = item.cls.__name__ if getattr(item, "cls", None) is not None else None
+    return info.uses_jax(fn, cls) or bool(names & info.tainted)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("parity") is None and uses_jax_live(item):
+            item.add_marker(pytest.mark.parity)
+    if config.getoption("--record-vectors"):  # only the live twins of jax_ref tests record
+        keep = [i for i in items if getattr(i, "callspec", None) is not None
+                and i.callspec.params.get("jax_ref") == "live"]
+        drop = [i for i in items if i not in set(keep)]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class _Shard:
+    """--shard I/N (a plugin of its own: its hook runs after `-m` has deselected)."""
+
+    def __init__(self, i, n):
+        self.i, self.n = i, n
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        _shard(config, items, self.i, self.n)
+
+
+def _shard(config, items, i, n):
+    # whole modules (their tests share jax's compiled programs), the largest first, each to
+    # the shard with the fewest tests so far: shards of about equal size
+    sizes = {}
+    for it in items:
+        sizes[str(it.path)] = sizes.get(str(it.path), 0) + 1
+    load, mine = [0] * n, set()
+    for path in sorted(sizes, key=lambda p: (-sizes[p], p)):
+        k = load.index(min(load))
+        load[k] += sizes[path]
+        if k == i:
+            mine.add(path)
+    drop = [it for it in items if str(it.path) not in mine]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if str(it.path) in mine]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _guard is not None:
+        _guard.current = item.nodeid
+    try:
+        yield
+    finally:
+        if _guard is not None:
+            _guard.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if _guard is None:
+        return
+    tried = _guard.attempts.pop(item.nodeid, None)
+    if tried and item.get_closest_marker("parity") is None:
+        rep = outcome.get_result()
+        rep.outcome = "failed"
+        rep.longrepr = (
+            f"{item.nodeid} imports {', '.join(sorted(set(tried)))} but is not marked `parity`: "
+            "ask for conftest's `jax`/`jnp`/`flax`/`optax` fixture (or `jax_ref`), or see why "
+            "tests/parity_marking.py does not see its use of jax")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _live_allowed(config):
+        return
+    n = len(terminalreporter.stats.get("deselected", ()))
+    extra = (f" and {len(_wholly_live_modules)} modules ({', '.join(sorted(_wholly_live_modules))})"
+             if _wholly_live_modules else "")
+    terminalreporter.write_line(
+        f"live jax/flax/optax parity tests: {n} deselected{extra}; jax not imported "
+        "(`python -m pytest -m parity tests` runs them)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if config.getoption("--record-vectors"):
+        written = _store.write(_recorded.versions())
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            for p in written:
+                tr.ensure_newline()
+                tr.write_line(f"recorded: {os.path.relpath(p)}")
+    if _live_allowed(config) or os.environ.get("CTRAINSTATE_SANITIZED") == "1":
+        return
+    leaked = sorted(m for m in parity_marking.LIVE_ROOTS if sys.modules.get(m) is not None)
+    if leaked:  # the guard was bypassed (a module put into sys.modules by hand, ...)
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line(f"ERROR: {', '.join(leaked)} imported in a run without live parity")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- fixtures for live jax ------------------------------------------------------------------
+
+@pytest.fixture
+def jax():
+    """jax (the test is marked `parity`; it skips without jax)."""
+    return pytest.importorskip("jax")
+
+
+@pytest.fixture
+def jnp(jax):
+    """jax.numpy (the test is marked `parity`)."""
+    return pytest.importorskip("jax.numpy")
+
+
+@pytest.fixture
+def flax():
+    """flax (the test is marked `parity`)."""
+    return pytest.importorskip("flax")
+
+
+@pytest.fixture
+def optax():
+    """optax (the test is marked `parity`)."""
+    pytest.importorskip("jax")
+    return pytest.importorskip("optax")
+
+
+_store = _recorded.Store()
+
+
+def _test_key(node) -> str:
+    """The test's name without jax_ref's parameter: its twins share their recordings."""
+    name = node.name
+    for a, b in (("[live]", ""), ("[recorded]", ""), ("-live]", "]"), ("-recorded]", "]"),
+                 ("[live-", "["), ("[recorded-", "["), ("-live-", "-"), ("-recorded-", "-")):
+        name = name.replace(a, b)
+    return name
+
+
+@pytest.fixture
+def twin_seed(request) -> int:
+    """A seed of this test's own (the same in its recorded and live twins, whatever ran
+    before): for a module whose tests draw inputs from a shared generator."""
+    import zlib
+    return zlib.crc32(_test_key(request.node).encode())
+
+
+@pytest.fixture(params=["recorded", pytest.param("live", marks=pytest.mark.parity)])
+def jax_ref(request):
+    """jax's values for a comparison: `jax_ref(key, lambda jax: <jax computes it>)`. The test runs
+    twice: `[recorded]` against tests/data/recorded/<module>.npz (no jax), `[live]` (marked
+    `parity`) against jax itself, checking the recording too."""
+    module = os.path.splitext(os.path.basename(str(request.node.path)))[0]
+    live = request.param == "live"
+    return _recorded.JaxRef(_store, module, _test_key(request.node), live,
+                            request.config.getoption("--record-vectors"),
+                            pytest.importorskip("jax") if live else None)
 
 
 @pytest.fixture

@@ -75,7 +75,6 @@ def test_einsum_from_definition():
         nn.Einsum((5, 2), "abc,cd->abd").init(KEY, x, "abc,cd->abd")
 
 
-@pytest.mark.parity
 def test_einsum_matches_flax():
     fnn = _flax()
     import jax
@@ -103,7 +102,6 @@ def test_prelu_soft_sign_normalize():
     assert nn.normalize is nn.standardize
 
 
-@pytest.mark.parity
 def test_prelu_matches_flax():
     fnn = _flax()
     import jax
@@ -174,7 +172,6 @@ def test_spectral_norm_sigma_is_the_largest_singular_value():
     _same(upd["batch_stats"], v["batch_stats"])
 
 
-@pytest.mark.parity
 @pytest.mark.parametrize("kind,kw", [("weight", {}), ("spectral", {"n_steps": 3})])
 def test_weight_and_spectral_norm_match_flax(kind, kw):
     fnn = _flax()
@@ -277,7 +274,6 @@ def test_lifted_grad_inside_cts_grad_sees_the_module_gradient():
                                rtol=1e-6)
 
 
-@pytest.mark.parity
 def test_lifted_autodiff_matches_flax():
     fnn = _flax()
     import jax
@@ -351,7 +347,6 @@ def test_cond_and_switch_pick_the_branch():
         OneSided().init(KEY, X)
 
 
-@pytest.mark.parity
 def test_cond_and_switch_match_flax():
     fnn = _flax()
     import jax
@@ -399,7 +394,6 @@ def test_while_loop_carries_variables():
     assert float(np.asarray(upd["state"]["acc"])) == float(np.asarray(v["state"]["acc"])) + 3
 
 
-@pytest.mark.parity
 def test_while_loop_matches_flax():
     fnn = _flax()
     import jax
@@ -499,7 +493,6 @@ def test_share_scope_and_function_forms():
         pass
 
 
-@pytest.mark.parity
 def test_jit_and_share_scope_and_function_forms_match_flax():
     fnn = _flax()
     import jax

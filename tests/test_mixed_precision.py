@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from conftest import flat_tree
+from recorded import dtype as rec_dtype
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
@@ -458,7 +459,7 @@ def test_indexing_of_16_bit_floats_matches_jax():
 
 # --- review fixes: composite reductions, dropout multiplier, .at values, keywords --------------
 
-def test_var_and_std_of_16_bit_floats_round_once():
+def test_var_and_std_of_16_bit_floats_round_once(jax_ref):
     """jnp.var/std upcast 16-bit floats: var of values near 200 (where bfloat16's spacing is 1)
     is that of the float32 widening, rounded once -- not a chain of bfloat16 roundings."""
     y = (np.random.default_rng(16).standard_normal(4096) + 200.4).astype(BF16)
@@ -467,11 +468,11 @@ def test_var_and_std_of_16_bit_floats_round_once():
         out = f(cts.device_put(y))
         assert out.dtype == BF16
         assert abs(float(out) - ref) <= 2 ** -7 * ref, (f.__name__, float(out), ref)
-    jnp = pytest.importorskip("jax.numpy")
-    assert float(cnp.var(cts.device_put(y))) == float(jnp.var(jnp.asarray(y)))
+    assert float(cnp.var(cts.device_put(y))) == float(jax_ref("var", lambda jnp: jnp.var(
+        jnp.asarray(y))))
 
 
-def test_attention_dropout_multiplier_is_in_the_compute_dtype():
+def test_attention_dropout_multiplier_is_in_the_compute_dtype(jax_ref):
     """Flax: multiplier = keep.astype(dtype) / asarray(keep_prob, dtype), in the compute dtype
     even when force_fp32_for_softmax leaves the weights float32: kept weights are the undropped
     ones times bf16(1) / bf16(0.9), exactly."""
@@ -486,11 +487,10 @@ def test_attention_dropout_multiplier_is_in_the_compute_dtype():
     kept = d != 0
     assert kept.any() and (~kept).any()
     np.testing.assert_array_equal(d[kept], full[kept] * mult)
-    fnn = pytest.importorskip("flax.linen")
-    jax = pytest.importorskip("jax")
-    jd = fnn.dot_product_attention_weights(q, k, dropout_rng=jax.numpy.asarray(np.asarray(key)),
-                                           dropout_rate=0.1, force_fp32_for_softmax=True)
-    np.testing.assert_allclose(d, np.asarray(jd), rtol=1e-6, atol=1e-7)
+    jd = jax_ref("flax", lambda jax, fnn: fnn.dot_product_attention_weights(
+        q, k, dropout_rng=jax.numpy.asarray(np.asarray(key)), dropout_rate=0.1,
+        force_fp32_for_softmax=True))
+    np.testing.assert_allclose(d, jd, rtol=1e-6, atol=1e-7)
 
 
 def test_at_on_float32_casts_16_bit_array_values():
@@ -523,7 +523,7 @@ def test_stop_gradient_keeps_every_bit():
         np.testing.assert_array_equal(np.asarray(seen[0]).view(np.uint16), bits)
 
 
-def test_joins_promote_16_bit_floats_as_jax():
+def test_joins_promote_16_bit_floats_as_jax(jax_ref):
     b = cts.device_put(np.array([1.5, -2.0], BF16))
     f = cts.device_put(np.array([0.1], np.float32))
     h = cts.device_put(np.array([3.0], F16))
@@ -536,10 +536,9 @@ def test_joins_promote_16_bit_floats_as_jax():
         _same(_host(out), want)
     g = cts.grad(lambda a: cnp.sum(cnp.concatenate([a, f]) * 2.0))(b)   # through the cast
     assert g.dtype == BF16 and _f32(g).tolist() == [2.0, 2.0]
-    jnp = pytest.importorskip("jax.numpy")
     for parts in ([b, f], [b, h], [b, i]):
-        assert cnp.concatenate(parts).dtype == jnp.concatenate(
-            [jnp.asarray(np.asarray(p)) for p in parts]).dtype
+        assert cnp.concatenate(parts).dtype == rec_dtype(jax_ref(None, lambda jnp: jnp.concatenate(
+            [jnp.asarray(np.asarray(p)) for p in parts]).dtype.name))
 
 
 @pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])

@@ -259,7 +259,7 @@ def _dense_general_batched_ref(x, kernel, bias, nb, axes):
 
 @pytest.mark.parametrize("batch_dims,axis,features", [
     ((0,), -1, 5), ((0, 1), -1, (2, 3)), ((0,), (1, 3), 4), ((0,), 2, 3)])
-def test_dense_general_batch_dims(batch_dims, axis, features):
+def test_dense_general_batch_dims(batch_dims, axis, features, jax_ref):
     """Flax's batch_dims: a kernel and bias per batch index, initialised on Flax's flattened
     shapes; the output against numpy's einsum of the same parameters, the gradient through
     it, and (where installed) flax's parameters and output for the same key."""
@@ -292,15 +292,17 @@ def test_dense_general_batch_dims(batch_dims, axis, features):
         dn = _dense_general_batched_ref(x, (kk - d).reshape(k.shape), b, nb, axes)
         fd = float(((up - dn) * w).sum() / (2 * eps))
         assert abs(float(np.asarray(g["kernel"]).reshape(-1)[j]) - fd) <= 1e-3 * (1 + abs(fd))
-    fnn = pytest.importorskip("flax.linen")
-    jax = pytest.importorskip("jax")
-    fm = fnn.DenseGeneral(features, axis=axis, batch_dims=batch_dims,
-                          bias_init=jax.nn.initializers.normal(0.5))
-    fv = fm.init(jax.random.PRNGKey(2), x)["params"]
-    np.testing.assert_array_equal(k, np.asarray(fv["kernel"]))
-    np.testing.assert_array_equal(b, np.asarray(fv["bias"]))
-    np.testing.assert_allclose(np.asarray(y), np.asarray(fm.apply({"params": fv}, x)),
-                               rtol=1e-5, atol=1e-5)
+    def flax_side(jax):
+        fnn = pytest.importorskip("flax.linen")
+        fm = fnn.DenseGeneral(features, axis=axis, batch_dims=batch_dims,
+                              bias_init=jax.nn.initializers.normal(0.5))
+        fv = fm.init(jax.random.PRNGKey(2), x)["params"]
+        return {"kernel": fv["kernel"], "bias": fv["bias"], "y": fm.apply({"params": fv}, x)}
+
+    want = jax_ref("flax", flax_side)
+    np.testing.assert_array_equal(k, want["kernel"])
+    np.testing.assert_array_equal(b, want["bias"])
+    np.testing.assert_allclose(np.asarray(y), want["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_dense_general_batch_dims_errors():
@@ -352,7 +354,7 @@ def _tree_np(t):
     return np.asarray(t)
 
 
-def test_capture_intermediates():
+def test_capture_intermediates(jax_ref):
     """Flax's capture_intermediates: every __call__'s output in 'intermediates' (a tuple per
     call site), a filter function choosing methods; 'intermediates' becomes mutable, so apply
     returns (output, variables) even with mutable=False."""
@@ -384,11 +386,13 @@ def test_capture_intermediates():
     assert "intermediates" in vi and "params" in vi
     with pytest.raises(TypeError, match="capture_intermediates must be a bool or a function"):
         Net().apply(v, x, capture_intermediates="yes")
-    fnn = pytest.importorskip("flax.linen")
-    jnp = pytest.importorskip("jax.numpy")
-    fy, fst = _capture_model(fnn)().apply({"params": _tree_np(p)}, jnp.asarray(x),
-                                          capture_intermediates=True)
-    got, want = _flat(_tree_np(st["intermediates"])), _flat(_tree_np(fst["intermediates"]))
+    def flax_side(jax):
+        fnn = pytest.importorskip("flax.linen")
+        fy, fst = _capture_model(fnn)().apply({"params": _tree_np(p)}, jax.numpy.asarray(x),
+                                              capture_intermediates=True)
+        return _flat(_tree_np(fst["intermediates"]))
+
+    got, want = _flat(_tree_np(st["intermediates"])), jax_ref("flax", flax_side)
     assert sorted(got) == sorted(want)
     for k in got:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -4,8 +4,8 @@ them (softplus ... standardize, gelu(approximate=False)), ravel / outer / inner 
 tensordot / linalg.norm, and the ``.at[]`` updates subtract / min / max / power / apply.
 
 Every value is checked against an independent float64 reference (math / numpy formulas,
-rounded once to float32) to a stated number of ulps and, when jax is installed, against live
-jax; gradients against central finite differences of our own function and against
+rounded once to float32) to a stated number of ulps and against jax (its values recorded in
+tests/data/recorded, live in each test's twin marked `parity`: `jax_ref`); gradients against central finite differences of our own function and against
 ``jax.grad``; bfloat16 / float16 inputs against the float32 op rounded once; sharded operands
 against the single-device bits.
 """
@@ -20,13 +20,10 @@ import ctrainstate.numpy as cnp
 from ctrainstate import P, nn
 from ctrainstate.scipy import special
 from conftest import assert_same_bits, on_gpu
+from recorded import assert_exact, exact_record
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
-
-
-def _jax():
-    return pytest.importorskip("jax")
 
 
 def _ord(a):
@@ -64,6 +61,14 @@ def _f64(fn):
 _vec_erf = np.vectorize(math.erf)
 _vec_erfc = np.vectorize(math.erfc)
 _RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _own_rng(twin_seed):
+    """Each test draws its inputs from a stream of its own: the same in its recorded and live
+    twins (jax's side is recorded for those inputs), whichever tests ran before."""
+    global _RNG
+    _RNG = np.random.default_rng(twin_seed)
 
 
 def _special_values():
@@ -115,7 +120,7 @@ def _jfn(jax, dotted):
 
 
 @pytest.mark.parametrize("name", sorted(_UNARY))
-def test_unary_values_against_float64_and_jax(name):
+def test_unary_values_against_float64_and_jax(name, jax_ref):
     ours, ref, jname, x, n_ref, n_jax, _ = _UNARY[name]
     x = np.r_[x, _special_values()]
     res = ours(x)
@@ -125,19 +130,16 @@ def test_unary_values_against_float64_and_jax(name):
     if name == "erfc" and on_gpu(res):
         n_ref = 4   # CUDA documents erfcf within 4 ulp (log1pf 1, expm1f 1, erff 2)
     _assert_ulps(got, want, n_ref, name)
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
     xn = _normal(x)
     with np.errstate(all="ignore"):
         r = _f64(ref)(xn)
         xn = xn[~((r != 0) & (np.abs(r) < np.finfo(np.float32).tiny))]   # subnormal results
-    _assert_ulps(np.asarray(ours(xn)), np.asarray(_jfn(jax, jname)(xn)), n_jax, name + " vs jax")
+    _assert_ulps(np.asarray(ours(xn)), jax_ref("values", lambda jax: _jfn(jax, jname)(xn)), n_jax,
+                 name + " vs jax")
 
 
 @pytest.mark.parametrize("name", sorted(_EXACT))
-def test_exact_roundings_are_bit_identical(name):
+def test_exact_roundings_are_bit_identical(name, jax_ref):
     ours, ref, jname = _EXACT[name]
     x = np.r_[_HALVES, _RNG.uniform(-50, 50, 500).astype(np.float32), _special_values()]
     got = np.asarray(ours(x))
@@ -147,26 +149,19 @@ def test_exact_roundings_are_bit_identical(name):
     if name == "sign":   # numpy's sign(-0.0) is 0.0 on some builds: compare with zeros equal
         np.testing.assert_array_equal(got, want)
         assert np.signbit(got[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
     xn = _normal(x)
-    assert np.asarray(ours(xn)).tobytes() == np.asarray(_jfn(jax, jname)(xn)).tobytes(), name
+    assert np.asarray(ours(xn)).tobytes() == jax_ref(
+        "values", lambda jax: _jfn(jax, jname)(xn)).tobytes(), name
 
 
-def test_round_with_decimals_matches_jax_and_numpy():
+def test_round_with_decimals_matches_jax_and_numpy(jax_ref):
     x = np.array([1.2345, -2.5, 17.5, -17.5, 0.125, 1234.5678, 1e-3], np.float32)
     for d in (1, 2, -1, -2):
         got = np.asarray(cnp.round(x, d))
         f = np.float32(10.0 ** d)   # jnp's formula, spelled in numpy float32
         want = (np.round(x * f) / f).astype(np.float32)
         assert got.tobytes() == want.tobytes(), d
-        try:
-            jnp = _jax().numpy
-        except pytest.skip.Exception:
-            continue
-        assert got.tobytes() == np.asarray(jnp.round(x, d)).tobytes(), d
+        assert got.tobytes() == jax_ref(d, lambda jax: jax.numpy.round(x, d)).tobytes(), d
     with pytest.raises(TypeError, match="decimals must be an int"):
         cnp.round(x, 1.5)
 
@@ -183,7 +178,7 @@ def _fd(f, x, h):
 
 
 @pytest.mark.parametrize("name", sorted(_UNARY))
-def test_unary_gradients(name):
+def test_unary_gradients(name, jax_ref):
     ours, _, jname, x, _, _, deriv = _UNARY[name]
     x = x[(np.abs(x) > 1e-3)][:400]            # away from reciprocal's pole for the FD
     g = _grad(ours, x)
@@ -193,11 +188,7 @@ def test_unary_gradients(name):
     h = np.float32(1e-3) * np.maximum(1.0, np.abs(x))
     fd = _fd(ours, x, h)
     np.testing.assert_allclose(g, fd, rtol=2e-2, atol=2e-3 * np.abs(want).max())
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    gj = np.asarray(jax.grad(lambda v: _jfn(jax, jname)(v).sum())(x))
+    gj = jax_ref("grad", lambda jax: jax.grad(lambda v: _jfn(jax, jname)(v).sum())(x))
     # expm1's gradient is expm1(x) + 1 in both: where x << 0 the + 1 cancels, and a difference
     # of an ulp or two between the backends' expm1 near -1 (ulp 2^-24; CUDA 1 ulp, glibc 2)
     # stays an absolute one in a gradient near 0, beyond any rtol: atol 3 * 2^-23 (3 ulp of 1.0)
@@ -205,20 +196,17 @@ def test_unary_gradients(name):
 
 
 @pytest.mark.parametrize("name", sorted(_EXACT))
-def test_roundings_and_sign_have_zero_gradient(name):
+def test_roundings_and_sign_have_zero_gradient(name, jax_ref):
     ours, _, jname = _EXACT[name]
     x = np.array([-2.3, -0.7, 0.2, 1.3, 3.9], np.float32)
     g = _grad(ours, x)
     assert g.tolist() == [0.0] * 5
     assert np.abs(_fd(ours, x, np.float32(1e-3))).max() == 0.0   # piecewise constant there
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    assert np.asarray(jax.grad(lambda v: _jfn(jax, jname)(v).sum())(x)).tolist() == g.tolist()
+    assert jax_ref("grad", lambda jax: jax.grad(lambda v: _jfn(jax, jname)(v).sum())(x)).tolist() \
+        == g.tolist()
 
 
-def test_power_with_array_exponents():
+def test_power_with_array_exponents(jax_ref):
     x = np.array([2.0, 3.0, 0.5, 0.0, 4.0, -2.0], np.float32)
     p = np.array([3.0, 0.5, -1.0, 2.0, 0.0, 2.0], np.float32)
     got = np.asarray(cnp.power(x, p))
@@ -231,17 +219,14 @@ def test_power_with_array_exponents():
         wp = np.where(x64 == 0, 0.0, np.log(np.where(x64 == 0, 1.0, x64)) * np.power(x64, p64))
     np.testing.assert_allclose(gx, wx, rtol=1e-6)
     np.testing.assert_allclose(gp, wp, rtol=1e-6)     # log(-2) is NaN in both
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    jgx, jgp = jax.grad(lambda a, b: jax.numpy.power(a, b).sum(), (0, 1))(x, p)
-    np.testing.assert_allclose(gx, np.asarray(jgx), rtol=1e-6)
-    np.testing.assert_allclose(gp, np.asarray(jgp), rtol=1e-6)
-    _assert_ulps(got, np.asarray(jax.numpy.power(x, p)), 2)
+    jgx, jgp = jax_ref("grad", lambda jax: jax.grad(lambda a, b: jax.numpy.power(a, b).sum(),
+                                                    (0, 1))(x, p))
+    np.testing.assert_allclose(gx, jgx, rtol=1e-6)
+    np.testing.assert_allclose(gp, jgp, rtol=1e-6)
+    _assert_ulps(got, jax_ref("power", lambda jax: jax.numpy.power(x, p)), 2)
 
 
-def test_power_by_0_1_2_and_minus_1_is_exact():
+def test_power_by_0_1_2_and_minus_1_is_exact(jax_ref):
     """x ** 2 is x * x, x ** -1 is 1 / x, x ** 1 is x and x ** 0 is 1 (NaN ** 0 too) bit for
     bit, for a scalar and an array exponent: jax under jit rewrites a constant exponent so
     (XLA's algebraic simplifier), and CUDA's powf (4 ulp) would not give x * x."""
@@ -255,15 +240,12 @@ def test_power_by_0_1_2_and_minus_1_is_exact():
             # NaN ** 2 on GPU devices is CUDA's canonical NaN (README: NaN bits are the backend's)
             assert_same_bits(got, want, on_gpu(got), err_msg=str(p))
     assert np.asarray(cnp.power(np.float32(np.nan), 0.0)).tolist() == 1.0
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
     for p, want in refs.items():   # jax's values for a constant exponent under jit
-        j = np.asarray(jax.jit(lambda v: v ** p)(x))
+        j = jax_ref(f"x ** {p}", lambda jax: jax.jit(lambda v: v ** p)(x))
         normal = ~(np.abs(want) < np.finfo(np.float32).tiny) | (want == 0)   # XLA's CPU flushes
         assert j[normal].tobytes() == want[normal].tobytes(), p              # 1 / 3e38 to 0
-    assert float(jax.numpy.power(np.float32(np.nan), np.float32(0.0))) == 1.0
+    assert float(jax_ref("nan ** 0", lambda jax: jax.numpy.power(np.float32(np.nan),
+                                                                  np.float32(0.0)))) == 1.0
 
 
 # --- activations -----------------------------------------------------------------------------
@@ -318,18 +300,14 @@ def _act_inputs():
 
 
 @pytest.mark.parametrize("name", sorted(_ACT))
-def test_activation_values(name):
+def test_activation_values(name, jax_ref):
     ours, ref, jname, kw, n_ulp, _ = _ACT[name]
     x = _act_inputs()
     got = np.asarray(ours(x))
     want = ref(x.astype(np.float64)).astype(np.float32)
     _assert_ulps(got, want, n_ulp, name)
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
     xs = np.r_[x, [np.inf, -np.inf, np.nan]].astype(np.float32)
-    jw = np.asarray(getattr(jax.nn, jname)(xs, **kw))
+    jw = jax_ref("values", lambda jax: getattr(jax.nn, jname)(xs, **kw))
     # XLA's erfc is less accurate in the far tail (see _UNARY["erfc"]): gelu's exact form
     # inherits it for x < -8
     n_jax = 64 if name == "gelu_exact" else n_ulp + 2
@@ -337,7 +315,7 @@ def test_activation_values(name):
 
 
 @pytest.mark.parametrize("name", sorted(_ACT))
-def test_activation_gradients(name):
+def test_activation_gradients(name, jax_ref):
     ours, _, jname, kw, _, deriv = _ACT[name]
     x = _act_inputs()
     kinks = {-3.0, -1.0, 0.0, 1.0, 3.0, 6.0}
@@ -346,15 +324,11 @@ def test_activation_gradients(name):
     np.testing.assert_allclose(g, deriv(smooth.astype(np.float64)), rtol=2e-6, atol=1e-7)
     fd = _fd(ours, smooth, np.float32(1e-2))
     np.testing.assert_allclose(g, fd, rtol=1e-2, atol=2e-3)
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    gj = np.asarray(jax.grad(lambda v: getattr(jax.nn, jname)(v, **kw).sum())(x))
+    gj = jax_ref("grad", lambda jax: jax.grad(lambda v: getattr(jax.nn, jname)(v, **kw).sum())(x))
     np.testing.assert_allclose(_grad(ours, x), gj, rtol=2e-6, atol=1e-7)
 
 
-def test_gradients_at_the_kinks_match_jax():
+def test_gradients_at_the_kinks_match_jax(jax_ref):
     """jax's choices, measured with jax 0.10.2 (and required without jax: these literals are
     those measurements): relu6' is 0 at 0 and 6; hard_tanh' is 1 at -1 and 1; hard_sigmoid'
     is 0 at -3 and 3; elu' (alpha 1) and celu' are 1 at 0."""
@@ -366,15 +340,11 @@ def test_gradients_at_the_kinks_match_jax():
     for f, x, want, jname, kw in cases:
         x = np.array(x, np.float32)
         assert _grad(f, x).tolist() == want, jname
-        try:
-            jax = _jax()
-        except pytest.skip.Exception:
-            continue
-        gj = jax.grad(lambda v: getattr(jax.nn, jname)(v, **kw).sum())(x)
+        gj = jax_ref(jname, lambda jax: jax.grad(lambda v: getattr(jax.nn, jname)(v, **kw).sum())(x))
         assert np.asarray(gj).tolist() == want, jname
 
 
-def test_glu_and_standardize():
+def test_glu_and_standardize(jax_ref):
     x = _RNG.standard_normal((3, 4, 6)).astype(np.float32)
     x64 = x.astype(np.float64)
     for axis in (-1, 1):
@@ -397,20 +367,17 @@ def test_glu_and_standardize():
     sb = 1 / (1 + np.exp(-b))
     np.testing.assert_allclose(gx, np.concatenate([2 * sb, 2 * a * sb * (1 - sb)], -1),
                                rtol=1e-5, atol=1e-6)
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    _assert_ulps(np.asarray(nn.glu(x)), np.asarray(jax.nn.glu(x)), 2, "glu vs jax")
-    np.testing.assert_allclose(gx, np.asarray(jax.grad(lambda v: (jax.nn.glu(v) * 2.0).sum())(x)),
-                               rtol=1e-6, atol=1e-7)
+    _assert_ulps(np.asarray(nn.glu(x)), jax_ref("glu", lambda jax: jax.nn.glu(x)), 2, "glu vs jax")
+    np.testing.assert_allclose(gx, jax_ref("grad glu", lambda jax: jax.grad(
+        lambda v: (jax.nn.glu(v) * 2.0).sum())(x)), rtol=1e-6, atol=1e-7)
     for alg in ("fast", "stable"):
         np.testing.assert_allclose(np.asarray(nn.standardize(x, algorithm=alg)),
-                                   np.asarray(jax.nn.standardize(x, algorithm=alg)),
-                                   rtol=1e-5, atol=1e-5)
+                                   jax_ref(f"standardize {alg}", lambda jax: jax.nn.standardize(
+                                       x, algorithm=alg)), rtol=1e-5, atol=1e-5)
         w = np.asarray(x * 0.5 + 1.0)
         ours = np.asarray(cts.grad(lambda v: cnp.sum(nn.standardize(v, algorithm=alg) * w))(x))
-        theirs = np.asarray(jax.grad(lambda v: (jax.nn.standardize(v, algorithm=alg) * w).sum())(x))
+        theirs = jax_ref(f"grad standardize {alg}", lambda jax: jax.grad(
+            lambda v: (jax.nn.standardize(v, algorithm=alg) * w).sum())(x))
         np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
@@ -510,7 +477,7 @@ def test_sharded_operands_give_the_single_device_bits(mesh_shape, spec):
 
 # --- ravel, outer, inner, vdot, tensordot, linalg.norm ------------------------------------------
 
-def test_products_against_numpy_and_jax():
+def test_products_against_numpy_and_jax(jax_ref):
     a = _RNG.standard_normal((2, 3, 4)).astype(np.float32)
     b = _RNG.standard_normal((4, 3, 5)).astype(np.float32)
     b64 = b.astype(np.float64)
@@ -537,13 +504,9 @@ def test_products_against_numpy_and_jax():
     # gradients: tensordot's against numpy's formula
     g = np.asarray(cts.grad(lambda p: cnp.sum(cnp.tensordot(p, b, ([1, 2], [1, 0]))))(a))
     np.testing.assert_allclose(g, np.broadcast_to(b64.sum(axis=2).T, a.shape), rtol=1e-5, atol=1e-5)
-    try:
-        jnp = _jax().numpy
-    except pytest.skip.Exception:
-        return
-    for f, (p, q) in cases:
-        np.testing.assert_allclose(np.asarray(f(cnp, p, q)), np.asarray(f(jnp, p, q)),
-                                   rtol=2e-6, atol=2e-6)
+    for i, (f, (p, q)) in enumerate(cases):
+        np.testing.assert_allclose(np.asarray(f(cnp, p, q)), jax_ref(
+            i, lambda jax: f(jax.numpy, p, q)), rtol=2e-6, atol=2e-6)
 
 
 _NORMS = [(None, None), (2, 0), (1, 1), (np.inf, -1), (-np.inf, 0), (0, 1), (3, -1),
@@ -552,7 +515,7 @@ _NORMS = [(None, None), (2, 0), (1, 1), (np.inf, -1), (-np.inf, 0), (0, 1), (3, 
 
 
 @pytest.mark.parametrize("ord_,axis", _NORMS, ids=str)
-def test_linalg_norm(ord_, axis):
+def test_linalg_norm(ord_, axis, jax_ref):
     x = _RNG.standard_normal((3, 4, 5)).astype(np.float32)
     x[0, 0, 0] = 0.0
     kw = {} if axis is None else {"axis": axis}
@@ -562,13 +525,10 @@ def test_linalg_norm(ord_, axis):
     kd = cnp.linalg.norm(x, ord=ord_, keepdims=True, **kw)
     assert kd.shape == np.linalg.norm(x, ord=ord_, keepdims=True, **kw).shape
     g = np.asarray(cts.grad(lambda v: cnp.sum(cnp.linalg.norm(v, ord=ord_, **kw)))(x))
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.numpy.linalg.norm(x, ord=ord_, **kw)),
-                               rtol=3e-6)
-    gj = np.asarray(jax.grad(lambda v: jax.numpy.linalg.norm(v, ord=ord_, **kw).sum())(x))
+    np.testing.assert_allclose(np.asarray(got), jax_ref(
+        "norm", lambda jax: jax.numpy.linalg.norm(x, ord=ord_, **kw)), rtol=3e-6)
+    gj = jax_ref("grad", lambda jax: jax.grad(
+        lambda v: jax.numpy.linalg.norm(v, ord=ord_, **kw).sum())(x))
     np.testing.assert_allclose(g, gj, rtol=2e-5, atol=1e-6)
 
 
@@ -623,7 +583,7 @@ _AT_INDICES = {"repeated": [1, 1, 3], "negative": [-1, 0, -4], "out_of_range": [
 
 @pytest.mark.parametrize("kind", ["subtract", "min", "max", "power", "mul", "apply"])
 @pytest.mark.parametrize("which", sorted(_AT_INDICES))
-def test_at_updates_match_numpy_and_jax(kind, which):
+def test_at_updates_match_numpy_and_jax(kind, which, jax_ref):
     # small integers and halves: every intermediate is exact, so the order of rounding cannot
     # hide a wrong semantics, and the numpy reference is exact
     x = np.array([[1.0, 2.0], [3.0, -2.0], [0.5, 4.0], [2.0, 1.5]], np.float32)
@@ -640,13 +600,11 @@ def test_at_updates_match_numpy_and_jax(kind, which):
         got = np.asarray(getattr(X.at[idx], kind)(v))
     want = _np_at(x, idx, kind, v, fn_n)
     np.testing.assert_array_equal(got, want.astype(np.float32))
-    try:
-        jnp = _jax().numpy
-    except pytest.skip.Exception:
-        return
-    J = jnp.asarray(x).at[jnp.asarray(idx)]
-    jw = np.asarray(J.apply(fn_n) if kind == "apply" else getattr(J, kind)(v))
-    np.testing.assert_array_equal(got, jw)
+    def theirs(jax):
+        J = jax.numpy.asarray(x).at[jax.numpy.asarray(idx)]
+        return J.apply(fn_n) if kind == "apply" else getattr(J, kind)(v)
+
+    np.testing.assert_array_equal(got, jax_ref("values", theirs))
 
 
 def test_at_updates_with_slices_and_scalars():
@@ -692,7 +650,7 @@ def test_at_16_bit_and_eval_shape():
 
 
 @pytest.mark.parametrize("kind", ["subtract", "min", "max", "power", "mul"])
-def test_at_gradients_match_jax(kind):
+def test_at_gradients_match_jax(kind, jax_ref):
     """Gradients to x and to the values; jax gives power / mul gradients only for unique
     indices (NotImplementedError otherwise), so those are compared with unique indices and,
     with duplicates, against finite differences."""
@@ -717,19 +675,15 @@ def test_at_gradients_match_jax(kind):
         np.testing.assert_allclose(g_dup[0], fx, rtol=2e-2, atol=2e-2)
         np.testing.assert_allclose(g_dup[1], fv, rtol=2e-2, atol=2e-2)
     assert g_dup[1][4] == 0.0        # the out-of-range entry gets no gradient
-    try:
-        jax = _jax()
-    except pytest.skip.Exception:
-        return
-    jnp = jax.numpy
 
-    def theirs(idx, v, unique):
+    def theirs(jax, idx, v, unique):
+        jnp = jax.numpy
         return [np.asarray(t) for t in jax.grad(
             lambda a, b: (getattr(a.at[jnp.asarray(idx)], kind)(b, unique_indices=unique) * w).sum(),
             (0, 1))(x, v)]
 
     for idx, v, u in ((uniq, vd[:3], True),) + (((dup, vd, False),) if kind in ("subtract", "min", "max") else ()):
-        for a, b in zip(ours(idx, v), theirs(idx, v, u)):
+        for a, b in zip(ours(idx, v), jax_ref(f"unique={u}", lambda jax: theirs(jax, idx, v, u))):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -789,27 +743,40 @@ def _is_subnormal(v):
     return (v > 0) & (v < np.finfo(np.float32).tiny)
 
 
-def test_integer_exponent_is_jaxs_integer_pow():
+def test_integer_exponent_is_jaxs_integer_pow(jax_ref):
     """``x ** n`` / ``power(x, n)`` for a Python or numpy integer n is jax's lax.integer_pow:
     repeated squaring, 1 / that for n < 0, ones for n == 0 (NaN ** 0 too), and its gradient
     ``g * (n * x ** (n - 1))``: jax's bits (elements where XLA's CPU flushes a subnormal
     result to zero excepted)."""
-    jax = _jax()
-    jnp = jax.numpy
     x = np.r_[_RNG.standard_normal(3000).astype(np.float32) * 3,
               np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-20, 3e10, -1.5])].astype(np.float32)
     X = cts.device_put(x)
+
+    def theirs(jax, n):
+        jnp = jax.numpy
+        return (np.asarray(jnp.power(jnp.asarray(x), n)),
+                np.asarray(jax.grad(lambda v: jnp.sum(jnp.power(v, n)))(jnp.asarray(x))))
+
+    def flushed(v):   # XLA's CPU flushes subnormal results to zero (of either sign)
+        v = np.asarray(v)
+        return np.where(_is_subnormal(v) | (v == 0), np.float32(0), v).astype(np.float32)
+
     for n in range(-5, 8):
-        want = np.asarray(jnp.power(jnp.asarray(x), n))
-        for got in (cnp.power(X, n), X ** n, cnp.power(X, np.int32(n))):
-            g = np.asarray(got)
-            keep = ~_is_subnormal(want) & ~_is_subnormal(g)   # XLA's CPU: subnormal -> 0
-            assert_same_bits(g[keep], want[keep], on_gpu(got), err_msg=str(n))
-            assert np.all(want[~keep] == 0) or np.all(_is_subnormal(want[~keep])), n
-        gw = np.asarray(jax.grad(lambda v: jnp.sum(jnp.power(v, n)))(jnp.asarray(x)))
         gg = cts.grad(lambda v: cnp.sum(cnp.power(v, n)))(X)
-        keep = ~_is_subnormal(gw) & ~_is_subnormal(np.asarray(gg))
-        assert_same_bits(np.asarray(gg)[keep], gw[keep], on_gpu(gg), err_msg=f"grad {n}")
+        if jax_ref.live:   # jax's values themselves
+            want, gw = theirs(jax_ref.jax, n)
+            for got in (cnp.power(X, n), X ** n, cnp.power(X, np.int32(n))):
+                g = np.asarray(got)
+                keep = ~_is_subnormal(want) & ~_is_subnormal(g)   # XLA's CPU: subnormal -> 0
+                assert_same_bits(g[keep], want[keep], on_gpu(got), err_msg=str(n))
+                assert np.all(want[~keep] == 0) or np.all(_is_subnormal(want[~keep])), n
+            keep = ~_is_subnormal(gw) & ~_is_subnormal(np.asarray(gg))
+            assert_same_bits(np.asarray(gg)[keep], gw[keep], on_gpu(gg), err_msg=f"grad {n}")
+        # recorded: the bits with subnormals and zeros as +0 (every NaN as one)
+        rec = jax_ref(n, lambda jax: [exact_record(flushed(w)) for w in theirs(jax, n)])
+        for got in (cnp.power(X, n), X ** n, cnp.power(X, np.int32(n))):
+            assert_exact(flushed(got), rec[0], f"x ** {n}")
+        assert_exact(flushed(gg), rec[1], f"grad {n}")
     # not the float path: x ** 3 is x * x * x here, where powf may round differently
     third = np.asarray(X ** 3)
     assert np.array_equal(third[:3000], (x[:3000] * x[:3000]) * x[:3000])
@@ -834,7 +801,7 @@ def _ipow_round_each(x, n):
 
 
 @pytest.mark.parametrize("dt", [ml_dtypes.bfloat16, np.float16], ids=["bfloat16", "float16"])
-def test_16_bit_integer_power_rounds_every_step_as_jax(dt):
+def test_16_bit_integer_power_rounds_every_step_as_jax(dt, jax_ref):
     """x ** n for a 16-bit x and an integer n is jax's integer_pow in that dtype (each
     squaring and product rounded), not one float32 power rounded once; its gradient
     g * (n * x ** (n - 1)) rounds each product too. Against the definition in numpy and,
@@ -859,13 +826,13 @@ def test_16_bit_integer_power_rounds_every_step_as_jax(dt):
             once = np.power(x.astype(np.float32), np.float32(n)).astype(dt)
         once_differs |= bool((once.view(np.uint16) != np.asarray(got).view(np.uint16)).any())
     assert once_differs   # the inputs tell the two roundings apart
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
-    for n in range(-5, 9):
-        same(X ** n, jnp.asarray(x) ** n, f"jax x ** {n}")
-        gj = jax.grad(lambda v: jnp.sum((v ** n).astype(jnp.float32)))(jnp.asarray(x))
+    for n in range(-5, 9):   # jax's bits (recorded as digests: NaN matches any NaN)
+        want = jax_ref(n, lambda jax: [exact_record(w) for w in (
+            jax.numpy.asarray(x) ** n, jax.grad(lambda v: jax.numpy.sum(
+                (v ** n).astype(jax.numpy.float32)))(jax.numpy.asarray(x)))])
+        assert_exact(X ** n, want[0], f"jax x ** {n}")
         gc = cts.grad(lambda v: cnp.sum((v ** n).astype(np.float32)))(X)
-        same(gc, gj, f"jax grad {n}")
+        assert_exact(gc, want[1], f"jax grad {n}")
 
 
 def test_isclose_allclose_hstack_vstack_diff_match_numpy():

@@ -34,7 +34,6 @@ def test_dense_general_axis_out_of_order_is_sorted_like_flax():
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parity
 def test_dense_general_axis_out_of_order_matches_flax():
     fnn, jnp = _flax(), _jnp()
     x = np.random.RandomState(1).randn(2, 3, 4, 2).astype(np.float32)
@@ -109,7 +108,6 @@ def test_variables_sharing_a_name_across_collections_is_allowed():
                                   np.full((2, 3), 3.0, np.float32))
 
 
-@pytest.mark.parity
 def test_variable_and_submodule_sharing_a_name_matches_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -175,7 +173,6 @@ def test_submodule_variables_are_its_own_subtree():
                                   np.asarray(sv["params"]["enc"]["kernel"]))
 
 
-@pytest.mark.parity
 def test_submodule_variables_match_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -272,7 +269,6 @@ def test_param_shape_check_keys_closures_by_what_they_compute(monkeypatch):
     Net2().apply(v, x)                    # a new Holder per call: a new key, still right
 
 
-@pytest.mark.parity
 def test_existing_param_of_the_wrong_shape_matches_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -399,7 +395,6 @@ def test_unbind_get_put_variable_and_has_rng():
         S().apply({}, x)
 
 
-@pytest.mark.parity
 def test_parent_none_copy_clone_unbind_match_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -449,7 +444,6 @@ def test_helper_method_called_from_compact_creates_submodules():
         m.apply(v, x, method="block")
 
 
-@pytest.mark.parity
 def _init_both(make):
     """The model ``make(lib)`` initialised by flax and by ctrainstate on ones((2, 3)); the
     param paths and kernels must be the same. Returns (flax variables, ours, x)."""
@@ -535,7 +529,6 @@ def test_nowrap_helper_builds_submodules_for_its_caller():
     assert np.asarray(nn.zeros_init()(None, (1,))).tolist() == [0.0]
 
 
-@pytest.mark.parity
 def test_nowrap_helper_matches_flax():
     _init_both(_nowrap_model)
 
@@ -588,7 +581,6 @@ def test_bound_module_attributes_are_frozen():
         Mut().init(random.PRNGKey(0), x)
 
 
-@pytest.mark.parity
 def test_bound_module_attributes_are_frozen_like_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -641,7 +633,6 @@ def test_compact_submodule_may_not_reuse_a_setup_name():
                                          "Ok_0/d/bias", "Ok_0/d/kernel"]
 
 
-@pytest.mark.parity
 def test_compact_submodule_may_not_reuse_a_setup_name_like_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -673,7 +664,6 @@ def test_compact_param_may_not_reuse_a_setup_param_name():
         _setup_param_clash(nn).init(random.PRNGKey(0), x)
 
 
-@pytest.mark.parity
 def test_compact_param_may_not_reuse_a_setup_param_name_like_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -733,7 +723,6 @@ def test_setup_submodule_recreated_by_a_second_parent_call():
     np.testing.assert_array_equal(np.asarray(twice.apply(tv, ids)), 2 * table[ids])
 
 
-@pytest.mark.parity
 def test_setup_submodule_recreated_by_a_second_parent_call_matches_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -787,7 +776,6 @@ def test_setting_a_field_in_setup_is_refused():
             m.init(random.PRNGKey(0), x)
 
 
-@pytest.mark.parity
 def test_setting_a_field_in_setup_is_refused_like_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -840,7 +828,6 @@ def test_declaring_outside_setup_or_compact_is_refused():
     assert sorted(v["params"]) == ["a", "b"]
 
 
-@pytest.mark.parity
 def test_declaring_outside_setup_or_compact_is_refused_like_flax():
     fnn, jnp = _flax(), _jnp()
     import jax
@@ -884,7 +871,6 @@ def test_dropout_of_integers_is_a_clear_type_error():
     assert nn.Dropout(0.5, deterministic=True).apply({}, x) is x
 
 
-@pytest.mark.parity
 def test_dropout_of_integers_fails_in_flax_too():
     jax = pytest.importorskip("jax")
     fnn = _flax()

@@ -1,6 +1,6 @@
 """ctrainstate.numpy's utility, creation, NaN-reduction and order-statistic names
 (ctrainstate/_numpy_extra.py): values against numpy (an independent implementation) and,
-when installed, live jax (values and result dtypes); sharded operands against the
+jax (recorded; live in the twins marked `parity`: values and result dtypes); sharded operands against the
 single-device result; gradients against jax.grad and against gradients derived by hand;
 bad arguments raise clear errors (jax's error type where jax raises)."""
 import contextlib
@@ -11,14 +11,8 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
+from recorded import dtype as rec_dtype
 
-try:
-    import jax
-    import jax.numpy as jnp
-except ImportError:   # the parity checks skip; the numpy ones still run
-    jax = jnp = None
-
-needs_jax = pytest.mark.skipif(jax is None, reason="jax is not installed")
 
 rng = np.random.default_rng(7)
 # NaNs scattered in, one row entirely NaN, no two equal finite values in a row (no ties)
@@ -40,7 +34,7 @@ def host(v):
     return np.asarray(v)
 
 
-def _jaxed(v):
+def _jaxed(jnp, v):
     return jnp.asarray(v) if isinstance(v, np.ndarray) else v
 
 
@@ -233,11 +227,12 @@ def test_values_match_numpy(name, call, inputs, override):
     _check_value(got, _np_value(name, call, inputs, override), name)
 
 
-def _jax_value(call, inputs):
+def _jax_value(jax, call, inputs):
     """jax's value of a case: the call compiled as one program (one XLA compile instead of one
     per primitive run eagerly), or run eagerly where jit cannot take it (shapes that depend on
     values, non-array inputs)."""
-    args = list(map(_jaxed, inputs))
+    jnp = jax.numpy
+    args = [_jaxed(jnp, v) for v in inputs]
     if all(isinstance(a, jax.Array) for a in args):
         try:
             return jax.jit(lambda *a: call(jnp, *a))(*args)
@@ -248,13 +243,12 @@ def _jax_value(call, inputs):
     return call(jnp, *args)
 
 
-@needs_jax
-def test_values_and_dtypes_match_jax():
+def test_values_and_dtypes_match_jax(jax_ref):
     for name, call, inputs, _ in CASES:
         if name in JAX_FAILS:
             continue
         got = call(cnp, *inputs)
-        want = _jax_value(call, inputs)
+        want = jax_ref(name, lambda jax: _jax_value(jax, call, inputs))
         _check_value(got, want, name)
         assert _dtypes_of(got) == _dtypes_of(want), (name, _dtypes_of(got), _dtypes_of(want))
 
@@ -279,7 +273,7 @@ LOWP_CASES = [
 
 @pytest.mark.parametrize("dt", [cnp.bfloat16, cnp.float16], ids=["bf16", "f16"])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy's all-NaN-slice warnings
-def test_16bit_floats_keep_their_dtype(dt):
+def test_16bit_floats_keep_their_dtype(dt, jax_ref):
     x = XN.astype(np.dtype(dt))
     ref = XN.astype(np.float64)
     for name, call in LOWP_CASES:
@@ -293,14 +287,13 @@ def test_16bit_floats_keep_their_dtype(dt):
     got = np.asarray(cnp.nan_to_num(np.array([np.inf, -np.inf, np.nan], np.dtype(dt))))
     fi = np.finfo(np.dtype(dt)) if dt == cnp.float16 else cnp.finfo(dt)
     assert got.astype(np.float64).tolist() == [float(fi.max), float(fi.min), 0.0]
-    if jax is not None:
-        for name, call in LOWP_CASES:
-            want = call(jnp, jnp.asarray(x))
-            got = call(cnp, x)
-            assert got.dtype == want.dtype, name
-            np.testing.assert_allclose(np.asarray(got).astype(np.float64),
-                                       np.asarray(want).astype(np.float64), rtol=1e-2,
-                                       atol=1e-2, equal_nan=True, err_msg=name)
+    for name, call in LOWP_CASES:
+        want = jax_ref(name, lambda jnp: call(jnp, jnp.asarray(x)))
+        got = call(cnp, x)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_allclose(np.asarray(got).astype(np.float64),
+                                   np.asarray(want).astype(np.float64), rtol=1e-2,
+                                   atol=1e-2, equal_nan=True, err_msg=name)
 
 
 # --- dtypes and introspection ---------------------------------------------------------------
@@ -367,14 +360,15 @@ def _np_lub(a, b):
     return np.result_type(da, db)
 
 
-def test_promote_types_is_jax_lattice():
-    for a in DTS:
-        for b in DTS:
+def test_promote_types_is_jax_lattice(jax_ref):
+    theirs = jax_ref("promote_types", lambda jnp: [[np.dtype(jnp.promote_types(a, b)).name
+                                                    for b in DTS] for a in DTS])
+    for a, row in zip(DTS, theirs, strict=True):
+        for b, want in zip(DTS, row, strict=True):
             got = cnp.promote_types(a, b)
             assert got == _np_lub(a, b), (a, b, got, _np_lub(a, b))
             assert got == cnp.promote_types(b, a)
-            if jax is not None:
-                assert got == jnp.promote_types(a, b), (a, b, got, jnp.promote_types(a, b))
+            assert got == rec_dtype(want), (a, b, got, want)
     # the brief's examples, by name
     assert cnp.promote_types(cnp.bfloat16, cnp.float16) == np.float32
     assert cnp.promote_types(cnp.int32, cnp.float32) == np.float32
@@ -383,7 +377,21 @@ def test_promote_types_is_jax_lattice():
         cnp.promote_types(np.dtype("U3"), np.int32)
 
 
-def test_dtype_introspection():
+def _jax_introspection(jnp):
+    return {"finfo": [[float(jnp.finfo(t).max), float(jnp.finfo(t).tiny)]
+                      for t in (cnp.bfloat16, np.float16, np.float32)],
+            "can_cast": [bool(jnp.can_cast(a, b)) for a, b in _CASTS],
+            "issubdtype": [[bool(jnp.issubdtype(t, k)) for k in _SUBDTYPES] for t in DTS[:-3]],
+            "isdtype": [[bool(jnp.isdtype(t, k)) for k in _KINDS] for t in DTS[:-3]]}
+
+
+_CASTS = ((np.int32, np.float32), (cnp.bfloat16, np.float16), (np.uint8, np.int8))
+_SUBDTYPES = (np.floating, np.integer, np.inexact, np.number, np.signedinteger)
+_KINDS = ("bool", "signed integer", "unsigned integer", "integral", "real floating",
+          "complex floating", "numeric")
+
+
+def test_dtype_introspection(jax_ref):
     assert cnp.finfo(cnp.bfloat16).eps == 2.0 ** -7 and cnp.finfo(cnp.bfloat16).bits == 16
     assert float(cnp.finfo(np.float16).max) == 65504.0
     x = cts.device_put(np.ones(2, np.float32))
@@ -410,17 +418,13 @@ def test_dtype_introspection():
     xs = cts.device_put(Y)
     assert (cnp.ndim(xs), cnp.shape(xs), cnp.size(xs), cnp.size(xs, 1)) == (2, (5, 6), 30, 6)
     assert (cnp.ndim([[1, 2]]), cnp.shape([[1, 2]]), cnp.size(3.0)) == (2, (1, 2), 1)
-    if jax is not None:
-        for t in (cnp.bfloat16, np.float16, np.float32):
-            assert cnp.finfo(t).max == jnp.finfo(t).max and cnp.finfo(t).tiny == jnp.finfo(t).tiny
-        for a, b in ((np.int32, np.float32), (cnp.bfloat16, np.float16), (np.uint8, np.int8)):
-            assert cnp.can_cast(a, b) == jnp.can_cast(a, b)
-        for t in DTS[:-3]:
-            for k in (np.floating, np.integer, np.inexact, np.number, np.signedinteger):
-                assert cnp.issubdtype(t, k) == jnp.issubdtype(t, k), (t, k)
-            for k in ("bool", "signed integer", "unsigned integer", "integral", "real floating",
-                      "complex floating", "numeric"):
-                assert cnp.isdtype(t, k) == jnp.isdtype(t, k), (t, k)
+    theirs = jax_ref("introspection", _jax_introspection)
+    for t, (mx, tiny) in zip((cnp.bfloat16, np.float16, np.float32), theirs["finfo"], strict=True):
+        assert float(cnp.finfo(t).max) == mx and float(cnp.finfo(t).tiny) == tiny
+    assert [bool(cnp.can_cast(a, b)) for a, b in _CASTS] == theirs["can_cast"]
+    for t, sub, kinds in zip(DTS[:-3], theirs["issubdtype"], theirs["isdtype"], strict=True):
+        assert [bool(cnp.issubdtype(t, k)) for k in _SUBDTYPES] == sub, t
+        assert [bool(cnp.isdtype(t, k)) for k in _KINDS] == kinds, t
     assert cnp.broadcast_shapes((2, 1), (3,), 1) == (2, 3)
     with pytest.raises(ValueError, match="Incompatible shapes"):
         cnp.broadcast_shapes((2,), (3,))
@@ -551,8 +555,7 @@ def test_gradients_by_hand():
     np.testing.assert_array_equal(g, want)
 
 
-@needs_jax
-def test_gradients_match_jax():
+def test_gradients_match_jax(jax_ref):
     for name, call in GRADS:
         shapes = {}
 
@@ -560,7 +563,8 @@ def test_gradients_match_jax():
             return _shapes.setdefault(tuple(s), _cotangent(tuple(s)))
         g = np.asarray(cts.grad(_loss(cnp, call, r_of))(cts.device_put(XG)))
         # one compiled program per case (the eager jax.grad compiles each primitive)
-        want = np.asarray(jax.jit(jax.grad(_loss(jnp, call, r_of)))(jnp.asarray(XG)))
+        want = jax_ref(name, lambda jax, jnp: jax.jit(jax.grad(_loss(jnp, call, r_of)))(
+            jnp.asarray(XG)))
         np.testing.assert_allclose(g, want, rtol=2e-5, atol=2e-6, err_msg=name)
         # at the NaNs exactly jax's value (0 for the NaN-skipping reductions)
         np.testing.assert_array_equal(g[np.isnan(XG)], want[np.isnan(XG)], err_msg=name)
@@ -616,12 +620,17 @@ OUR_ERRORS = [
 
 
 @pytest.mark.parametrize("call,err,match", ERRORS, ids=[f"jax{i}" for i in range(len(ERRORS))])
-def test_errors_as_jax(call, err, match):
+def test_errors_as_jax(call, err, match, jax_ref):
     with pytest.raises(err, match=match):
         call(cnp)
-    if jax is not None:
-        with pytest.raises(err):
+
+    def jax_error(jnp):   # the class names of what jax raises (None: it raises nothing)
+        try:
             call(jnp)
+        except Exception as e:   # noqa: BLE001 - its type is compared
+            return [c.__name__ for c in type(e).__mro__]
+        return None
+    assert err.__name__ in (jax_ref("error", jax_error) or []), "jax raises another type"
 
 
 @pytest.mark.parametrize("call,err,match", OUR_ERRORS,

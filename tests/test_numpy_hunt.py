@@ -51,7 +51,6 @@ def test_dot_abstract_shape():
     assert tuple(out.shape) == (2, 3, 2, 5)
 
 
-@pytest.mark.parity
 def test_dot_parity_with_jax():
     jnp = pytest.importorskip("jax.numpy")
     rng = np.random.default_rng(2)
@@ -88,7 +87,6 @@ def test_float_unaries_of_ints_promote(name):
     np.testing.assert_allclose(np.asarray(got), getattr(np, name)(x.astype(np.float64)), rtol=1e-6)
 
 
-@pytest.mark.parity
 def test_var_std_of_ints_parity():
     jnp = pytest.importorskip("jax.numpy")
     x = (np.arange(32).reshape(4, 8) * 7 % 5).astype(np.int32)
@@ -115,7 +113,6 @@ def test_pow_by_strong_numpy_float_promotes():
     assert got.dtype == np.float32 and np.asarray(got).tolist() == [1.0, 4.0, 9.0]
 
 
-@pytest.mark.parity
 def test_pow_by_numpy_scalar_parity():
     jnp = pytest.importorskip("jax.numpy")
     for x in (np.array([1.5, 2.0, -3.0], np.float16), np.array([1.5, 2.0], jnp.bfloat16)):
@@ -158,7 +155,6 @@ def test_broadcast_to_int_and_bool(dtype):
     assert cnp.broadcast_to(2, (3,)).dtype == np.int32
 
 
-@pytest.mark.parity
 def test_broadcast_to_parity():
     jnp = pytest.importorskip("jax.numpy")
     for x in (np.array([[True], [False], [True]]), np.arange(3, dtype=np.int32)[:, None], True, 3):
@@ -238,7 +234,6 @@ def test_int_at_updates_cast_like_jax(spec):
         b.at[0].add(True)
 
 
-@pytest.mark.parity
 @pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
 def test_int_at_updates_parity():
     jnp = pytest.importorskip("jax.numpy")
@@ -296,7 +291,6 @@ def test_array_methods_delegate_to_numpy_functions():
     np.testing.assert_array_equal(np.asarray(a.swapaxes(0, 1)), x.T)
 
 
-@pytest.mark.parity
 def test_var_std_ddof_and_methods_parity():
     jnp = pytest.importorskip("jax.numpy")
     x = np.random.default_rng(8).standard_normal((8, 8)).astype(np.float32)
@@ -346,7 +340,6 @@ def test_sum_mean_where(axis):
         cnp.mean(x, where=m[:3])
 
 
-@pytest.mark.parity
 def test_sum_mean_where_parity():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
@@ -451,7 +444,6 @@ def test_dtype_names_convert_arrays():
     assert cnp.zeros(2, cnp.int32).dtype == np.int32 and a.astype(cnp.bfloat16).dtype == cnp.bfloat16
 
 
-@pytest.mark.parity
 def test_dtype_names_parity():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

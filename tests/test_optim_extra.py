@@ -344,11 +344,7 @@ PARITY = sorted(CASES) + ["optimistic_adam"]
 
 
 @pytest.mark.parametrize("name", PARITY)
-def test_matches_optax(name):
-    pytest.importorskip("optax")
-    import jax
-    import jax.numpy as jnp
-    import optax
+def test_matches_optax(name, jax_ref):
     if name == "optimistic_adam":
         def make(o):
             with warnings.catch_warnings():
@@ -360,20 +356,27 @@ def test_matches_optax(name):
     # roundings differ from XLA's by up to ~1e-5 relative (test_optim_more's nadam bound)
     rtol = 1e-5 if name == "optimistic_adam" else 1e-6
     ours, ours_state = _run(make(optim))
-    tx = make(optax)
-    params = jax.tree.map(jnp.asarray, P0)
-    state = tx.init(params)
-    theirs = []
-    for i in range(STEPS):
-        u, state = tx.update(jax.tree.map(jnp.asarray, _grads(i)), state, params)
-        theirs.append(jax.tree.map(np.asarray, u))
-        params = optax.apply_updates(params, u)
-    for a, b in zip(ours, theirs):
-        for x, y in zip(_leaves(a), jax.tree.leaves(b)):
+
+    def run_optax(jax):
+        optax = pytest.importorskip("optax")
+        jnp = jax.numpy
+        tx = make(optax)
+        params = jax.tree.map(jnp.asarray, P0)
+        state = tx.init(params)
+        updates = []
+        for i in range(STEPS):
+            u, state = tx.update(jax.tree.map(jnp.asarray, _grads(i)), state, params)
+            updates.append(jax.tree.leaves(u))
+            params = optax.apply_updates(params, u)
+        return {"updates": updates, "fields": _fields(state), "state": jax.tree.leaves(state)}
+
+    theirs = jax_ref("optax", run_optax)
+    for a, b in zip(ours, theirs["updates"], strict=True):
+        for x, y in zip(_leaves(a), b, strict=True):
             assert x.shape == y.shape and x.dtype == y.dtype
             np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * max(np.abs(y).max(), 1e-3))
-    assert _fields(ours_state) == _fields(state)
-    for x, y in zip(_leaves(ours_state), jax.tree.leaves(state)):
+    assert _fields(ours_state) == theirs["fields"]
+    for x, y in zip(_leaves(ours_state), theirs["state"], strict=True):
         x, y = np.asarray(x), np.asarray(y)
         assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
         np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * max(np.abs(y).max(), 1e-3))

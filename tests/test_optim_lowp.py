@@ -161,9 +161,9 @@ def _run_ours_bf16(tx, gk, steps):
 
 
 @pytest.mark.parametrize("name", sorted(set(oc.CASES) - _INJECT))
-def test_bfloat16_params_match_optax(name):
+def test_bfloat16_params_match_optax(name, jax_ref):
     make, gk = oc.CASES[name]
-    ref, ref_dt = _run_optax_bf16(make, gk, 4)
+    ref, ref_dt = jax_ref("optax", lambda jax: _run_optax_bf16(make, gk, 4))
     ours, our_dt = _run_ours_bf16(make(optim), gk, 4)
     assert our_dt == ref_dt, f"{name}: state dtypes {our_dt} vs optax {ref_dt}"
     assert np.isfinite(ref).all() and np.isfinite(ours).all()
@@ -172,22 +172,24 @@ def test_bfloat16_params_match_optax(name):
 
 
 @pytest.mark.parametrize("name", sorted(_INJECT))
-def test_inject_hyperparams_float32(name):
+def test_inject_hyperparams_float32(name, jax_ref):
     """ctrainstate keeps injected hyperparameters in float32 with bfloat16 params, as optax
     does when asked with hyperparam_dtype=float32."""
-    jnp = pytest.importorskip("jax.numpy")
     make, gk = oc.CASES[name]
 
-    def make_f32(o):
-        orig = o.inject_hyperparams
+    def theirs(jax):
+        def make_f32(o):
+            orig = o.inject_hyperparams
 
-        class _O:
-            def __getattr__(self, a):
-                if a == "inject_hyperparams":
-                    return lambda f, **k: orig(f, hyperparam_dtype=jnp.float32, **k)
-                return getattr(o, a)
-        return make(_O())
-    ref, ref_dt = _run_optax_bf16(make_f32, gk, 4)
+            class _O:
+                def __getattr__(self, a):
+                    if a == "inject_hyperparams":
+                        return lambda f, **k: orig(f, hyperparam_dtype=jax.numpy.float32, **k)
+                    return getattr(o, a)
+            return make(_O())
+        return _run_optax_bf16(make_f32, gk, 4)
+
+    ref, ref_dt = jax_ref("optax", theirs)
     ours, our_dt = _run_ours_bf16(make(optim), gk, 4)
     assert our_dt == ref_dt
     assert _ulps_bf16(ours, ref).max() <= 2.0
@@ -208,7 +210,7 @@ _STATE_DTYPE_CASES = {
 
 @pytest.mark.parametrize("dtype", sorted(LOWP))
 @pytest.mark.parametrize("name", sorted(_STATE_DTYPE_CASES))
-def test_16bit_state_with_float32_params(name, dtype):
+def test_16bit_state_with_float32_params(name, dtype, jax_ref):
     """float32 params with a 16-bit first moment / trace / accumulator (optax's mu_dtype,
     accumulator_dtype): the state dtypes are optax's, and each step is optax's float32 step
     with those moments rounded to their dtype when stored (20 steps).
@@ -216,34 +218,40 @@ def test_16bit_state_with_float32_params(name, dtype):
     optax itself differs a little: it multiplies the stored 16-bit moment by its decay in the
     moment's dtype (jax's weak-type promotion turns b1 = 0.9 into bfloat16 0.8984375), where
     the kernel keeps the float32 constants."""
-    jax = pytest.importorskip("jax")
-    jnp = pytest.importorskip("jax.numpy")
-    optax = pytest.importorskip("optax")
     dt = LOWP[dtype]
-    jdt = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}[dtype]
-    params = jax.tree.map(jnp.asarray, oc.init_params())
     tx = _STATE_DTYPE_CASES[name](optim, dt)
     ts = TrainState.create(apply_fn=None, params=cts.device_put(oc.init_params()), tx=tx)
-    ref_dt = [str(x.dtype) for x in
-              jax.tree.leaves(_STATE_DTYPE_CASES[name](optax, jdt).init(params))]
     our_dt = [str(x.dtype) for x in tree_leaves(ts.opt_state) if hasattr(x, "dtype")]
-    assert our_dt == ref_dt
-    assert str(dt) in our_dt
-    txo = _STATE_DTYPE_CASES[name](optax, None)   # float32 state, rounded below
-    sto = txo.init(params)
     low = [d == str(dt) for d in our_dt]
 
-    @jax.jit
-    def step(params, state, grads):
-        u, state = txo.update(grads, state, params)
-        leaves, td = jax.tree.flatten(state)
-        leaves = [x.astype(jdt).astype(x.dtype) if lo else x for x, lo in zip(leaves, low)]
-        return optax.apply_updates(params, u), jax.tree.unflatten(td, leaves)
+    def theirs(jax):
+        jnp = jax.numpy
+        optax = pytest.importorskip("optax")
+        jdt = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}[dtype]
+        params = jax.tree.map(jnp.asarray, oc.init_params())
+        ref_dt = [str(x.dtype) for x in
+                  jax.tree.leaves(_STATE_DTYPE_CASES[name](optax, jdt).init(params))]
+        txo = _STATE_DTYPE_CASES[name](optax, None)   # float32 state, rounded below
+        sto = txo.init(params)
 
+        @jax.jit
+        def step(params, state, grads):
+            u, state = txo.update(grads, state, params)
+            leaves, td = jax.tree.flatten(state)
+            leaves = [x.astype(jdt).astype(x.dtype) if lo else x for x, lo in zip(leaves, low)]
+            return optax.apply_updates(params, u), jax.tree.unflatten(td, leaves)
+
+        for i in range(20):
+            params, sto = step(params, sto, jax.tree.map(jnp.asarray, oc.grads_for(i)))
+        return {"dtypes": ref_dt, "params": oc.flat(jax.tree.map(np.asarray, params)),
+                "state": jax.tree.leaves(sto)}
+
+    want = jax_ref("optax", theirs)
+    assert our_dt == want["dtypes"]
+    assert str(dt) in our_dt
     for i in range(20):
-        params, sto = step(params, sto, jax.tree.map(jnp.asarray, oc.grads_for(i)))
         ts = ts.apply_gradients(grads=oc.grads_for(i))
-    ref = oc.flat(jax.tree.map(np.asarray, params))
+    ref = want["params"]
     np.testing.assert_allclose(oc.flat(_host(ts.params)), ref, rtol=1e-5,
                                atol=1e-5 * np.abs(ref).max())
     # the 16-bit moments: within 2 ulps of their format at the leaf's largest magnitude. A
@@ -251,7 +259,7 @@ def test_16bit_state_with_float32_params(name, dtype):
     # across a tie; the moment then carries that absolute difference on (decaying by b per
     # step) while its own value may shrink, so it is measured at the leaf's scale.
     ours = [x for x in tree_leaves(ts.opt_state) if hasattr(x, "dtype")]
-    for a, b, lo in zip(ours, jax.tree.leaves(sto), low):
+    for a, b, lo in zip(ours, want["state"], low):
         if lo:
             a32, b32 = np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32)
             ulp = float(np.spacing(np.abs(b32).max().astype(dt)))

@@ -2,7 +2,8 @@
 numpy reference written from optax's formula and against live optax (values and jax.grad),
 sharded inputs against one device, 16-bit dtypes; each transform stepped against optax on
 the same grads (functional update and TrainState.apply_gradients), its state structure and
-its errors. The live-optax parts skip without jax."""
+its errors. The optax sides are recorded (tests/data/recorded; `jax_ref`), and compared live
+in each test's twin marked `parity`."""
 import warnings
 
 import numpy as np
@@ -178,16 +179,12 @@ def test_loss_matches_float64_reference(case):
     np.testing.assert_allclose(ours, want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()))
 
 
-@needs_jax
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_loss_value_and_grad_match_optax(case):
+def test_loss_value_and_grad_match_optax(case, jax_ref):
     args, kw, _, argnum = CASES[case]
     name = _fn(case)
-    ours_f, theirs_f = getattr(optim.losses, name), getattr(optax.losses, name)
+    ours_f = getattr(optim.losses, name)
     ours = np.asarray(ours_f(*args, **kw))
-    theirs = np.asarray(theirs_f(*[jnp.asarray(a) if isinstance(a, np.ndarray) else a
-                                   for a in args], **kw))
-    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
     def loss(f, conv):
         def g(a):
@@ -195,8 +192,15 @@ def test_loss_value_and_grad_match_optax(case):
             xs[argnum] = a
             return f(*xs, **kw).sum()
         return g
+
+    def theirs_f(jax):
+        f = getattr(optax.losses, name)
+        return (f(*[jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in args], **kw),
+                jax.grad(loss(f, jnp.asarray))(jnp.asarray(args[argnum])))
+
+    theirs, gr = jax_ref("value, grad", theirs_f)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     g = np.asarray(cts.grad(loss(ours_f, lambda x: x))(cts.device_put(args[argnum])))
-    gr = np.asarray(jax.grad(loss(theirs_f, jnp.asarray))(jnp.asarray(args[argnum])))
     np.testing.assert_allclose(g, gr, rtol=1e-5, atol=1e-6)
 
 
@@ -224,9 +228,8 @@ EDGES = [
 ]
 
 
-@needs_jax
 @pytest.mark.parametrize("i", range(len(EDGES)))
-def test_loss_gradients_at_edges_match_optax(i):
+def test_loss_gradients_at_edges_match_optax(i, jax_ref):
     name, args, kw, argnum = EDGES[i]
 
     def loss(f, conv):
@@ -236,12 +239,12 @@ def test_loss_gradients_at_edges_match_optax(i):
             return f(*xs, **kw).sum()
         return g
     ours = np.asarray(getattr(optim.losses, name)(*args, **kw))
-    theirs = np.asarray(getattr(optax.losses, name)(*map(jnp.asarray, args), **kw))
+    theirs, gr = jax_ref("value, grad", lambda jax: (
+        getattr(optax.losses, name)(*map(jnp.asarray, args), **kw),
+        jax.grad(loss(getattr(optax.losses, name), jnp.asarray))(jnp.asarray(args[argnum]))))
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
     g = np.asarray(cts.grad(loss(getattr(optim.losses, name), lambda x: x))(
         cts.device_put(args[argnum])))
-    gr = np.asarray(jax.grad(loss(getattr(optax.losses, name), jnp.asarray))(
-        jnp.asarray(args[argnum])))
     np.testing.assert_allclose(g, gr, rtol=1e-6, atol=1e-7)
 
 
@@ -288,7 +291,7 @@ BF16_CASES = ["sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "huber_loss"
 
 
 @pytest.mark.parametrize("name", BF16_CASES)
-def test_loss_bfloat16_inputs_keep_bfloat16(name):
+def test_loss_bfloat16_inputs_keep_bfloat16(name, jax_ref):
     args, kw, ref, _ = CASES[name]
     bf = cts.numpy.bfloat16
     a16 = [a.astype(bf) if isinstance(a, np.ndarray) and a.dtype == f32 else a for a in args]
@@ -300,10 +303,10 @@ def test_loss_bfloat16_inputs_keep_bfloat16(name):
                  for a in a16], **kw)
     np.testing.assert_allclose(np.asarray(out, f32), want, rtol=2e-2,
                                atol=2e-2 * max(1.0, np.abs(want).max()))
-    if HAVE_JAX and name != "multiclass_hinge_loss":
-        theirs = getattr(optax.losses, name)(*[jnp.asarray(a) if isinstance(a, np.ndarray) else a
-                                               for a in a16], **kw)
-        assert str(theirs.dtype) == "bfloat16"
+    if name != "multiclass_hinge_loss":   # optax keeps bfloat16 too
+        assert jax_ref("optax dtype", lambda jax: str(getattr(optax.losses, name)(
+            *[jnp.asarray(a) if isinstance(a, np.ndarray) else a for a in a16], **kw).dtype)) \
+            == "bfloat16"
 
 
 def test_loss_errors():
@@ -376,8 +379,9 @@ def _run_optax(tx, steps=STEPS, params=None, grads=_grads):
     return _np(params), state
 
 
-def _close(a, b, rtol=1e-5):
-    la, lb = cts.tree_util.tree_leaves(a), jax.tree.leaves(b)
+def _close(a, lb, rtol=1e-5):
+    """ours (a tree) against optax's leaves (recorded, or jax.tree.leaves of its tree)."""
+    la = cts.tree_util.tree_leaves(a)
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         y = np.asarray(y, f32)
@@ -419,14 +423,19 @@ TX_CASES = {
 }
 
 
-@needs_jax
+def _optax_result(params, state):
+    """optax's params and state as recorded: leaves, and the state's structure (_fields)."""
+    return {"params": jax.tree.leaves(params), "fields": _fields(state),
+            "state": jax.tree.leaves(state)}
+
+
 @pytest.mark.parametrize("name", sorted(TX_CASES))
-def test_transform_steps_match_optax(name):
+def test_transform_steps_match_optax(name, jax_ref):
     ours_p, ours_s = _run_ours(TX_CASES[name](optim))
-    theirs_p, theirs_s = _run_optax(TX_CASES[name](optax))
-    _close(ours_p, theirs_p)
-    assert _fields(ours_s) == _fields(theirs_s)
-    _close(ours_s, theirs_s)
+    theirs = jax_ref("steps", lambda jax: _optax_result(*_run_optax(TX_CASES[name](optax))))
+    _close(ours_p, theirs["params"])
+    assert _fields(ours_s) == theirs["fields"]
+    _close(ours_s, theirs["state"])
 
 
 @pytest.mark.parametrize("name", sorted(TX_CASES))
@@ -494,24 +503,34 @@ def test_sharded_transforms_equal_one_device():
         _close_np(got, want)
 
 
-@needs_jax
-def test_lookahead_matches_optax():
+def _optax_lookahead(reset):
+    """optax's lookahead: the state's structure, then each step's params and state leaves."""
+    theirs_tx = optax.lookahead(optax.adam(0.1), sync_period=2, slow_step_size=0.5,
+                                reset_state=reset)
+    q = optax.LookaheadParams.init_synced({"a": jnp.asarray(P0["a"])})
+    t = theirs_tx.init(q)
+    out = {"fields": _fields(t), "steps": []}
+    for i in range(STEPS):
+        v, t = theirs_tx.update({"a": jnp.asarray(_grads(i)["a"])}, t, q)
+        q = optax.apply_updates(q, v)
+        out["steps"].append((jax.tree.leaves(q), jax.tree.leaves(t)))
+    return out
+
+
+def test_lookahead_matches_optax(jax_ref):
     for reset in (False, True):
         ours_tx = optim.lookahead(optim.adam(0.1), sync_period=2, slow_step_size=0.5,
                                   reset_state=reset)
-        theirs_tx = optax.lookahead(optax.adam(0.1), sync_period=2, slow_step_size=0.5,
-                                    reset_state=reset)
+        theirs = jax_ref(f"reset={reset}", lambda jax: _optax_lookahead(reset))
         p = optim.LookaheadParams.init_synced(cts.device_put({"a": P0["a"]}))
-        q = optax.LookaheadParams.init_synced({"a": jnp.asarray(P0["a"])})
-        s, t = ours_tx.init(p), theirs_tx.init(q)
-        assert _fields(s) == _fields(t)
+        s = ours_tx.init(p)
+        assert _fields(s) == theirs["fields"]
         for i in range(STEPS):
             g = {"a": _grads(i)["a"]}
             u, s = ours_tx.update(g, s, p)
             p = optim.apply_updates(p, u)
-            v, t = theirs_tx.update({"a": jnp.asarray(g["a"])}, t, q)
-            q = optax.apply_updates(q, v)
             assert isinstance(p, optim.LookaheadParams)
+            q, t = theirs["steps"][i]
             _close(p, q)
             _close(s, t)
 
@@ -531,18 +550,23 @@ def test_lookahead_train_state_and_errors():
         tx.update({"w": np.ones(2, f32)}, tx.init(params), {"w": np.ones(2, f32)})
 
 
-@needs_jax
-def test_tree_map_params_matches_optax():
-    for make in (lambda o: o.adam(0.1), lambda o: o.chain(o.apply_every(2), o.signum(0.1)),
-                 lambda o: o.zero_nans()):
+def test_tree_map_params_matches_optax(jax_ref):
+    for i, make in enumerate((lambda o: o.adam(0.1),
+                              lambda o: o.chain(o.apply_every(2), o.signum(0.1)),
+                              lambda o: o.zero_nans())):
         ours = optim.tree_map_params(make(optim), lambda p, s: ("spec", s), make(optim).init(
             cts.device_put(P0)), {"a": 1, "b": {"c": 2, "d": 3}},
             transform_non_params=lambda v: None)
-        theirs = optax.tree_map_params(make(optax), lambda p, s: ("spec", s), make(optax).init(
-            jax.tree.map(jnp.asarray, P0)), {"a": 1, "b": {"c": 2, "d": 3}},
-            transform_non_params=lambda v: None)
-        assert _fields(ours) == _fields(theirs)
-        assert cts.tree_util.tree_leaves(ours) == jax.tree.leaves(theirs)
+
+        def theirs_f(jax):
+            t = optax.tree_map_params(make(optax), lambda p, s: ("spec", s), make(optax).init(
+                jax.tree.map(jnp.asarray, P0)), {"a": 1, "b": {"c": 2, "d": 3}},
+                transform_non_params=lambda v: None)
+            return {"fields": _fields(t), "leaves": jax.tree.leaves(t)}
+
+        theirs = jax_ref(i, theirs_f)
+        assert _fields(ours) == theirs["fields"]
+        assert cts.tree_util.tree_leaves(ours) == theirs["leaves"]
 
 
 def test_tree_map_params_without_jax():
@@ -555,23 +579,24 @@ def test_tree_map_params_without_jax():
         optim.tree_map_params(3, lambda p: p, st)
 
 
-@needs_jax
-def test_safe_norm_and_rms_match_optax():
+def test_safe_norm_and_rms_match_optax(jax_ref):
     x = np.array([[3., 4.], [0., 0.]], f32)
-    for args in [(1.0,), (6.0,), (0.5, None, 1, True)]:
+    for i, args in enumerate([(1.0,), (6.0,), (0.5, None, 1, True)]):
         ours = optim.safe_norm(x, *args)
-        theirs = optax.safe_norm(jnp.asarray(x), *args)
-        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6)
+        theirs, gr = jax_ref(f"safe_norm {i}", lambda jax: (
+            optax.safe_norm(jnp.asarray(x), *args),
+            jax.grad(lambda a: jnp.sum(optax.safe_norm(a, *args)))(jnp.asarray(x))))
+        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6)
         g = cts.grad(lambda a: cts.numpy.sum(optim.safe_norm(a, *args)))(cts.device_put(x))
-        gr = jax.grad(lambda a: jnp.sum(optax.safe_norm(a, *args)))(jnp.asarray(x))
-        np.testing.assert_allclose(np.asarray(g), np.asarray(gr), rtol=1e-6, atol=1e-7)
-    for m, v in ((1.0, x), (5.0, x), (0.0, np.zeros((2, 2), f32))):
+        np.testing.assert_allclose(np.asarray(g), gr, rtol=1e-6, atol=1e-7)
+    for i, (m, v) in enumerate(((1.0, x), (5.0, x), (0.0, np.zeros((2, 2), f32)))):
             ours = optim.safe_root_mean_squares(v, m)
-            theirs = optax.safe_root_mean_squares(jnp.asarray(v), m)
-            np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6)
+            theirs, gr = jax_ref(f"rms {i}", lambda jax: (
+                optax.safe_root_mean_squares(jnp.asarray(v), m),
+                jax.grad(lambda a: optax.safe_root_mean_squares(a, m))(jnp.asarray(v))))
+            np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-6)
             g = cts.grad(lambda a: optim.safe_root_mean_squares(a, m))(cts.device_put(v))
-            gr = jax.grad(lambda a: optax.safe_root_mean_squares(a, m))(jnp.asarray(v))
-            np.testing.assert_allclose(np.asarray(g), np.asarray(gr), rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(np.asarray(g), gr, rtol=1e-6, atol=1e-7)
 
 
 def test_safe_norm_gradient_is_zero_not_nan_below_min():
@@ -615,7 +640,7 @@ def test_transform_errors_and_fusion():
     assert np.asarray(u["w"]).tolist() == [-1., -1.] and int(np.asarray(st.step)) == 2
 
 
-def test_every_new_name_is_exported_and_documented():
+def test_every_new_name_is_exported_and_documented(jax_ref):
     names = ["sigmoid_binary_cross_entropy", "sigmoid_focal_loss", "huber_loss", "log_cosh",
              "hinge_loss", "kl_divergence", "convex_kl_divergence", "cosine_similarity",
              "cosine_distance", "smooth_labels", "safe_softmax_cross_entropy", "ntxent",
@@ -628,10 +653,10 @@ def test_every_new_name_is_exported_and_documented():
     for n in names:
         assert n in optim.__all__, n
         assert getattr(optim, n).__doc__, n
-        if HAVE_JAX:
-            assert hasattr(optax, n), n
-    for n in ["multiclass_hinge_loss", "perceptron_loss", "multiclass_perceptron_loss",
-              "kl_divergence_with_log_targets", "poly_loss_cross_entropy", "triplet_margin_loss"]:
+    losses = ["multiclass_hinge_loss", "perceptron_loss", "multiclass_perceptron_loss",
+              "kl_divergence_with_log_targets", "poly_loss_cross_entropy", "triplet_margin_loss"]
+    for n in losses:
         assert getattr(optim.losses, n).__doc__, n
-        if HAVE_JAX:
-            assert hasattr(optax.losses, n), n
+    # optax's names, all of them
+    assert jax_ref("missing from optax", lambda jax: [n for n in names if not hasattr(optax, n)]
+                   + [n for n in losses if not hasattr(optax.losses, n)]) == []

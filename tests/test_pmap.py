@@ -526,7 +526,7 @@ def test_pad_shard_unpad_evaluates_batches_of_any_size():
                                    "y": np.ones((3,), np.float32)})
 
 
-def test_psum_scatter_values_gradients_and_live_jax():
+def test_psum_scatter_values_gradients_and_live_jax(jax_ref):
     x = np.arange(N * N * 2, dtype=np.float32).reshape(N, N, 2) - 7.0   # replica j: x[j]
     total = x.sum(0)                                                    # (N, 2)
     got = cts.pmap(lambda v: lax.psum_scatter(v, "i"), "i")(x)
@@ -546,15 +546,20 @@ def test_psum_scatter_values_gradients_and_live_jax():
         cts.pmap(lambda v: lax.psum_scatter(v, "i"), "i")(np.ones((N, 3), np.float32))
     with pytest.raises(ValueError, match="must be a multiple of the axis size 4"):
         cts.pmap(lambda v: lax.psum_scatter(v, "i", tiled=True), "i")(np.ones((N, 6), np.float32))
-    jax = _jax()
-    _xla_devices(jax, N)
-    jl = jax.lax
-    for kw, arr in (({}, x), ({"tiled": True}, xt), ({"scatter_dimension": 1}, np.swapaxes(x, 1, 2))):
-        want = jax.pmap(lambda v: jl.psum_scatter(jax.numpy.sin(v), "i", **kw), "i")(arr)
+    cases = (({}, x), ({"tiled": True}, xt), ({"scatter_dimension": 1}, np.swapaxes(x, 1, 2)))
+
+    def theirs(jax):
+        _xla_devices(jax, N)
+        jl = jax.lax
+        out = [jax.pmap(lambda v: jl.psum_scatter(jax.numpy.sin(v), "i", **kw), "i")(arr)
+               for kw, arr in cases]
+        return out + [jax.pmap(jax.grad(lambda v: jax.numpy.sum(
+            jl.psum_scatter(v * v, "i") * (jl.axis_index("i") + 1.0))), "i")(x)]
+
+    wants = jax_ref("jax.pmap", theirs)
+    for (kw, arr), want in zip(cases, wants[:3], strict=True):
         got = cts.pmap(lambda v: lax.psum_scatter(cnp.sin(v), "i", **kw), "i")(arr)
-        np.testing.assert_allclose(host(got), np.asarray(want), rtol=1e-6, atol=1e-6)
-    want = jax.pmap(jax.grad(lambda v: jax.numpy.sum(
-        jl.psum_scatter(v * v, "i") * (jl.axis_index("i") + 1.0))), "i")(x)
+        np.testing.assert_allclose(host(got), want, rtol=1e-6, atol=1e-6)
     got = cts.pmap(cts.grad(lambda v: cnp.sum(
         lax.psum_scatter(v * v, "i") * (lax.axis_index("i") + 1.0))), "i")(x)
-    np.testing.assert_allclose(host(got), np.asarray(want), rtol=1e-6)
+    np.testing.assert_allclose(host(got), wants[3], rtol=1e-6)

@@ -114,7 +114,6 @@ def test_clm_flax_recipe():
     assert all(np.isfinite(losses)) and losses[-1] < 0.7 * losses[0], losses
 
 
-@pytest.mark.parity
 def test_flax_originals_give_the_same_params():
     jax = pytest.importorskip("jax")
     pytest.importorskip("flax")

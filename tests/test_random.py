@@ -104,7 +104,6 @@ def test_permutation_is_a_permutation():
 
 
 
-@pytest.mark.parity
 def test_reference_jax_rounds_each_float16_op():
     """The live float16 parity below assumes that jax rounds each float16 multiply and add, as
     its HLO says. XLA on a CPU with AVX512-FP16 fuses them into one FMA unless capped at AVX2
@@ -122,41 +121,49 @@ def test_reference_jax_rounds_each_float16_op():
         f"XLA_FLAGS={os.environ.get('XLA_FLAGS')!r}")
 
 
-@pytest.mark.parity
-def test_live_parity_random_keys_and_shapes():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_parity_random_keys_and_shapes(jax_ref):
     rng = np.random.default_rng(1234)
     shapes = [(), (1,), (5,), (11,), (3, 7), (2, 3, 5), (1, 13, 3), (4, 0), (33, 65)]
     names = list(DTYPES)
     # One float dtype per trial, so that each (shape, dtype) pair costs jax one compile of each
-    # sampler (most of this test's time): every dtype meets four of the shapes, the pairs
+    # sampler (most of the live twin's time): every dtype meets four of the shapes, the pairs
     # differ between the two passes over the shapes, and a new key and new bounds come each trial.
     for trial in range(12):
         seed = int(rng.integers(0, 2 ** 31))
-        k = jax.random.PRNGKey(seed)
-        kk = jax.random.fold_in(k, trial)
-        key = np.asarray(kk)
+        key = np.asarray(R.fold_in(R.PRNGKey(seed), trial))
         shape = shapes[trial % len(shapes)]
         name = names[(trial + trial // len(shapes)) % len(names)]
         dt = DTYPES[name]
-        jdt = getattr(jnp, name)
         mn, mx = sorted(rng.uniform(-5, 5, 2).tolist())
-        assert (raw(R.uniform(key, shape, dt, mn, mx)) ==
-                raw(jax.random.uniform(kk, shape, jdt, mn, mx))).all()
-        assert (raw(R.normal(key, shape, dt)) == raw(jax.random.normal(kk, shape, jdt))).all()
         lo, hi = sorted(rng.uniform(-3, 3, 2).tolist())
-        assert (raw(R.truncated_normal(key, lo, hi, shape, dt)) ==
-                raw(jax.random.truncated_normal(kk, lo, hi, shape, jdt))).all(), (lo, hi)
         p = dt.type(rng.uniform())
-        assert (R.bernoulli(key, p, shape) == np.asarray(jax.random.bernoulli(kk, p, shape))).all()
         small = dt.type(10.0 ** rng.uniform(-7, 0))
-        assert (R.bernoulli(key, small, shape, mode="high") ==
-                np.asarray(jax.random.bernoulli(kk, small, shape, mode="high"))).all(), (name, small)
-        assert (R.bits(key, shape) == np.asarray(jax.random.bits(kk, shape))).all()
-        assert (R.split(key, 3) == np.asarray(jax.random.split(kk, 3))).all()
-        assert (R.permutation(key, 50) == np.asarray(jax.random.permutation(kk, 50))).all()
-        assert (R.key_data(jax.random.key(seed)) == np.asarray(jax.random.PRNGKey(seed))).all()
+
+        def theirs(jax):
+            jdt = getattr(jax.numpy, name)
+            kk = jax.random.fold_in(jax.random.PRNGKey(seed), trial)
+            return {"key": kk, "uniform": jax.random.uniform(kk, shape, jdt, mn, mx),
+                    "normal": jax.random.normal(kk, shape, jdt),
+                    "truncated_normal": jax.random.truncated_normal(kk, lo, hi, shape, jdt),
+                    "bernoulli": jax.random.bernoulli(kk, p, shape),
+                    "bernoulli_high": jax.random.bernoulli(kk, small, shape, mode="high"),
+                    "bits": jax.random.bits(kk, shape), "split": jax.random.split(kk, 3),
+                    "permutation": jax.random.permutation(kk, 50),
+                    "key_data": jax.random.key_data(jax.random.key(seed))}
+
+        want = jax_ref(trial, theirs)
+        assert (key == want["key"]).all()
+        assert (raw(R.uniform(key, shape, dt, mn, mx)) == raw(want["uniform"])).all()
+        assert (raw(R.normal(key, shape, dt)) == raw(want["normal"])).all()
+        assert (raw(R.truncated_normal(key, lo, hi, shape, dt)) ==
+                raw(want["truncated_normal"])).all(), (lo, hi)
+        assert (R.bernoulli(key, p, shape) == want["bernoulli"]).all()
+        assert (R.bernoulli(key, small, shape, mode="high") == want["bernoulli_high"]).all(), (
+            name, small)
+        assert (R.bits(key, shape) == want["bits"]).all()
+        assert (R.split(key, 3) == want["split"]).all()
+        assert (R.permutation(key, 50) == want["permutation"]).all()
+        assert (R.key_data(R.PRNGKey(seed)) == want["key_data"]).all()
 
 
 # --- mesh invariance ---------------------------------------------------------------
@@ -341,19 +348,19 @@ def test_narrow_randint_recorded_and_sharded(case):
     np.testing.assert_array_equal(np.asarray(sh).ravel(), want)
 
 
-@pytest.mark.parity
 @pytest.mark.parametrize("dt", [np.uint8, np.int8, np.int16, np.uint16], ids=lambda d: np.dtype(d).name)
-def test_narrow_bits_and_randint_match_live_jax(dt):
-    jax = pytest.importorskip("jax")
+def test_narrow_bits_and_randint_match_jax(dt, jax_ref):
     info = np.iinfo(dt)
     s = _mesh_sharding()
     for seed in (0, 11):
         if info.min == 0:
-            want = np.asarray(jax.random.bits(jax.random.PRNGKey(seed), (6, 8), dt))
+            want = jax_ref(f"bits/{seed}",
+                           lambda jax: jax.random.bits(jax.random.PRNGKey(seed), (6, 8), dt))
             np.testing.assert_array_equal(np.asarray(R.bits(R.PRNGKey(seed), (6, 8), dt,
                                                             out_sharding=s)), want)
         for lo, hi in ((int(info.min), int(info.max) + 1), (0, 10), (-3, 70000), (int(info.max) - 5, 2 ** 20)):
-            want = np.asarray(jax.random.randint(jax.random.PRNGKey(seed), (6, 8), lo, hi, dt))
+            want = jax_ref(f"randint/{seed}/{lo}/{hi}", lambda jax: jax.random.randint(
+                jax.random.PRNGKey(seed), (6, 8), lo, hi, dt))
             got = R.randint(R.PRNGKey(seed), (6, 8), lo, hi, dt, out_sharding=s)
             assert got.dtype == want.dtype
             np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{lo} {hi}")

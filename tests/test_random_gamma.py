@@ -20,6 +20,7 @@ from ctrainstate import random as R
 from ctrainstate import _random_gamma as G
 from ctrainstate._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,
                                        generalized_normal, loggamma, t)
+from recorded import bits_digest
 from sampler_checks import cdf_ok, mean_ok
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -549,36 +550,43 @@ def _xla_rsqrt(jax):
 _F32_TOL = {"t 0-d": 2e-6, "loggamma[]": 5e-7}
 
 
-@pytest.mark.parity
-def test_live_parity(monkeypatch):
+def test_parity(monkeypatch, jax_ref):
     """float32: every sampler; float16 / bfloat16: gamma and loggamma (the loop itself; the
-    samplers built on it were measured alike, see _random_gamma.py). One jitted program."""
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+    samplers built on it were measured alike, see _random_gamma.py). One jitted program.
+    Live, also with XLA's rsqrt substituted (CPU-model dependent): the same bits."""
     params = {F32: _params(F32), F16: _params(F16, 1), BF16: _params(BF16, 2)}
-    prog = jax.jit(lambda k, p32, p16, pb16: (
-        _samplers(jax.random, jnp.float32, k, *p32),
-        _samplers16(jax.random, jnp.float16, k, *p16),
-        _samplers16(jax.random, jnp.bfloat16, k, *pb16)))
-    rsqrt = _xla_rsqrt(jax)
-    for seed in (0, 42):
-        kk = jax.random.PRNGKey(seed)
-        outs = prog(kk, params[F32], params[F16], params[BF16])
+    seeds = (0, 42)
+
+    def run_jax(jax):
+        jnp = jax.numpy
+        prog = jax.jit(lambda k, p32, p16, pb16: (
+            _samplers(jax.random, jnp.float32, k, *p32),
+            _samplers16(jax.random, jnp.float16, k, *p16),
+            _samplers16(jax.random, jnp.bfloat16, k, *pb16)))
+        return [prog(jax.random.PRNGKey(seed), params[F32], params[F16], params[BF16])
+                for seed in seeds]
+
+    rsqrt = _xla_rsqrt(jax_ref.jax) if jax_ref.live else None
+    for seed, outs in zip(seeds, jax_ref("samplers", run_jax)):
+        kk = R.PRNGKey(seed)
         for dt, theirs, which in zip((F32, F16, BF16), outs, (_samplers, _samplers16,
                                                             _samplers16)):
-            with monkeypatch.context() as m:       # XLA's rsqrt: the same bits
-                m.setattr(G, "_rsqrt", rsqrt)
-                exact = which(G, dt, np.asarray(kk), *params[dt])
-            shipped = which(G, dt, np.asarray(kk), *params[dt])
+            if rsqrt is not None:
+                with monkeypatch.context() as m:       # XLA's rsqrt: the same bits
+                    m.setattr(G, "_rsqrt", rsqrt)
+                    exact = which(G, dt, kk, *params[dt])
+            shipped = which(G, dt, kk, *params[dt])
             for name, y in theirs.items():
                 y = np.asarray(y)
                 where = f"{name} {dt.name} key {seed}"
-                x = exact[name]
-                assert x.dtype == y.dtype == dt and x.shape == y.shape, where
-                u, same = _ulps(x, y, dt)
-                assert same.all(), (where, x[~same][:4], y[~same][:4])
+                if rsqrt is not None:
+                    x = exact[name]
+                    assert x.dtype == y.dtype == dt and x.shape == y.shape, where
+                    u, same = _ulps(x, y, dt)
+                    assert same.all(), (where, x[~same][:4], y[~same][:4])
                 # as shipped (the correctly rounded rsqrt): the documented closeness
                 x = shipped[name]
+                assert x.dtype == y.dtype == dt and x.shape == y.shape, where
                 if dt != F32:
                     u, same = _ulps(x, y, dt)
                     assert same.all(), where
@@ -590,60 +598,79 @@ def test_live_parity(monkeypatch):
                 assert err.max(initial=0) <= _F32_TOL.get(name, 6e-6), where
 
 
-@pytest.mark.parity
-def test_live_parity_ball(monkeypatch):
+def test_parity_ball(monkeypatch, jax_ref):
     """ball on its own (inside a larger jitted program XLA fuses its norm differently).
-    With XLA's rsqrt substituted: jax's bits (pow is the C library's powf on both sides,
+    Live, with XLA's rsqrt substituted: jax's bits (pow is the C library's powf on both sides,
     whatever numpy's float32 power does on this CPU; measured alike with XLA generating
     AVX-512 and AVX2 code). As shipped, the gamma loop's ``c = 1 / sqrt(9 d)`` is correctly
     rounded, where XLA refines the CPU's ``rsqrtss`` estimate, whose last bit depends on the
     CPU model (jax's side): there the samples are within gamma's documented 6e-6 relative."""
-    jax = pytest.importorskip("jax")
-    rsqrt = _xla_rsqrt(jax)
+    rsqrt = _xla_rsqrt(jax_ref.jax) if jax_ref.live else None
     for seed in (0, 42):         # (jax.random.ball is jitted: the second key is no compile)
-        kk = jax.random.PRNGKey(seed)
-        y = np.asarray(jax.random.ball(kk, 3, 1.7, (301,)))
-        with monkeypatch.context() as m:
-            m.setattr(G, "_rsqrt", rsqrt)
-            x = ball(np.asarray(kk), 3, 1.7, (301,))
+        kk = R.PRNGKey(seed)
+        y = jax_ref(seed, lambda jax: jax.random.ball(jax.random.PRNGKey(seed), 3, 1.7, (301,)))
+        if rsqrt is not None:
+            with monkeypatch.context() as m:
+                m.setattr(G, "_rsqrt", rsqrt)
+                x = ball(kk, 3, 1.7, (301,))
+            assert x.dtype == y.dtype and x.shape == y.shape == (301, 3)
+            u, same = _ulps(x, y, F32)
+            assert same.all(), (seed, x[~same][:4], y[~same][:4])
+        x = ball(kk, 3, 1.7, (301,))
         assert x.dtype == y.dtype and x.shape == y.shape == (301, 3)
-        u, same = _ulps(x, y, F32)
-        assert same.all(), (seed, x[~same][:4], y[~same][:4])
-        x64, y64 = ball(np.asarray(kk), 3, 1.7, (301,)).astype(np.float64), y.astype(np.float64)
+        x64, y64 = x.astype(np.float64), y.astype(np.float64)
         err = np.abs(x64 - y64) / np.maximum(np.abs(y64), np.finfo(np.float32).tiny)
         assert err.max() <= 6e-6, seed
 
 
-@pytest.mark.parity
-def test_live_parity_pow():
+def _exact_ref(jax_ref, key, fn, inputs):
+    """jax's exact float32 results fn(jax)(*args) for each args of inputs (one compile),
+    recorded as digests of their bits plus every 97th element (for a readable failure)."""
+    def theirs(jax):
+        f = fn(jax)
+        outs = [np.asarray(f(*args)) for args in inputs]
+        return [{"digest": bits_digest(o), "sample": o.reshape(-1)[::97]} for o in outs]
+    return jax_ref(key, theirs)
+
+
+def _same_as_recorded(got, want, what):
+    """got (ours) has the bits of jax's result recorded by _exact_ref (NaN: any NaN)."""
+    if bits_digest(got) == want["digest"]:
+        return
+    g, w = got.reshape(-1)[::97], want["sample"]
+    same = (g.view(np.uint32) == w.view(np.uint32)) | (np.isnan(g) & np.isnan(w))
+    assert same.all(), (what, np.flatnonzero(~same)[:4] * 97, g[~same][:4], w[~same][:4])
+    raise AssertionError(f"{what}: differs from jax's recorded bits (not at every 97th element)")
+
+
+def test_parity_pow(jax_ref):
     """_pow (powf under flushed denormals, in the C core) gives jax.lax.pow's bits for every
     kind of float32 pair: random bit patterns (subnormals, infinities, NaNs) and ordinary
     bases and exponents."""
-    jax = pytest.importorskip("jax")
     rng = np.random.default_rng(0)
     words = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
     ordinary = rng.uniform(0, 4, 100_000).astype(np.float32)
     expo = rng.uniform(-6, 6, 100_000).astype(np.float32)
-    pow_ = jax.jit(jax.lax.pow)
-    for x, y in ((words[:100_000], words[100_000:]), (ordinary, expo),
-                 (-ordinary, np.round(expo)), (np.float32(1e-40) * ordinary, expo)):
-        got, want = G._pow(x, y), np.asarray(pow_(x, y))
-        same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
-        assert same.all(), (x[~same][:4], y[~same][:4], got[~same][:4], want[~same][:4])
+    pairs = [(words[:100_000], words[100_000:]), (ordinary, expo), (-ordinary, np.round(expo)),
+             (np.float32(1e-40) * ordinary, expo)]
+    wants = _exact_ref(jax_ref, "pow", lambda jax: jax.jit(jax.lax.pow), pairs)
+    for i, ((x, y), want) in enumerate(zip(pairs, wants)):
+        _same_as_recorded(G._pow(x, y), want, f"pow pair {i}")
 
 
-@pytest.mark.parity
-def test_live_parity_xla_math():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_parity_xla_math(jax_ref):
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.uniform(-100, 100, 200_000), rng.uniform(-2, 2, 200_000),
                         [np.inf, -np.inf, np.nan, 0.0, -0.0, 88.7, 88.72284, 88.8, 89.0,
                          -87.3, -87.8, -90.0, 1e-30, -1e-30]]).astype(np.float32)
-    got, want = G._exp(x), np.asarray(jax.jit(jnp.exp)(x))
-    assert ((got == want) | (np.isnan(got) & np.isnan(want))).all()
-    # rsqrt: XLA's is within 2 ulp of the correctly rounded one
+    want, = _exact_ref(jax_ref, "exp", lambda jax: jax.jit(jax.numpy.exp), [(x,)])
+    _same_as_recorded(G._exp(x), want, "exp")
+    # rsqrt: XLA's is within 2 ulp of the correctly rounded one (recorded: every 10th input)
     d = rng.uniform(0.6, 1e4, 100_000).astype(np.float32)
-    diff = (G._rsqrt(d).view(np.int32).astype(np.int64)
-            - np.asarray(jax.jit(jax.lax.rsqrt)(d)).view(np.int32))
-    assert np.abs(diff).max() <= 2
+    if jax_ref.live:
+        jax = jax_ref.jax
+        want = np.asarray(jax.jit(jax.lax.rsqrt)(d))
+        assert np.abs(G._rsqrt(d).view(np.int32).astype(np.int64) - want.view(np.int32)).max() <= 2
+    d = d[::10]
+    want = jax_ref("rsqrt", lambda jax: jax.jit(jax.lax.rsqrt)(d))
+    assert np.abs(G._rsqrt(d).view(np.int32).astype(np.int64) - want.view(np.int32)).max() <= 2

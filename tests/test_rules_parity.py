@@ -1,19 +1,17 @@
 """Parity with Flax: random rule tables and logical specs resolved by ctrainstate and by
-flax.linen (results, error types and error messages). Skips without jax/flax."""
+flax.linen (results, error types and error messages). Flax's side is recorded
+(tests/data/recorded, as JSON) and compared live in each test's twin marked `parity`
+(`jax_ref`)."""
+import importlib
+import json
 import random
 
 import pytest
 
-flax_spmd = pytest.importorskip('flax.linen.spmd')
-jax_sharding = pytest.importorskip('jax.sharding')
+from ctrainstate import nn
+from ctrainstate.nn import spmd
+from ctrainstate.sharding import PartitionSpec as P
 
-from ctrainstate import nn  # noqa: E402
-from ctrainstate.nn import spmd  # noqa: E402
-from ctrainstate.sharding import PartitionSpec as P  # noqa: E402
-
-pytestmark = pytest.mark.parity
-
-JP = jax_sharding.PartitionSpec
 LOGICAL = ['a', 'b', 'c', 'd', 'e']
 MESH = ['x', 'y', 'z']
 
@@ -87,37 +85,68 @@ def _cases(seed, n):
         yield names, rules
 
 
-@pytest.mark.parametrize('seed', [0, 1])
-def test_random_tables_match_flax(seed):
-    mismatches = []
+def _json(x):
+    """x as recorded (through JSON: tuples read back as lists)."""
+    return json.loads(json.dumps(x))
+
+
+def _flax(jax):
+    return importlib.import_module('flax.linen.spmd'), jax.sharding.PartitionSpec
+
+
+def _flax_tables(jax, seed):
+    flax_spmd, JP = _flax(jax)
+    out = []
     for names, rules in _cases(seed, 2500):
         f_names, f_rules = _to(JP.UNCONSTRAINED, names), _to(JP.UNCONSTRAINED, rules)
+        out.append(_run(lambda: _norm(flax_spmd._logical_to_mesh_axes(f_names, f_rules),
+                                      JP.UNCONSTRAINED, flax_spmd._unassigned_axis)))
+    return json.dumps(out)
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_random_tables_match_flax(seed, jax_ref):
+    wants = json.loads(jax_ref('results', lambda jax: _flax_tables(jax, seed)))
+    mismatches = []
+    for (names, rules), want in zip(_cases(seed, 2500), wants, strict=True):
         c_names, c_rules = _to(P.UNCONSTRAINED, names), _to(P.UNCONSTRAINED, rules)
-        want = _run(lambda: _norm(flax_spmd._logical_to_mesh_axes(f_names, f_rules),
-                                  JP.UNCONSTRAINED, flax_spmd._unassigned_axis))
-        got = _run(lambda: _norm(spmd._logical_to_mesh_axes(c_names, c_rules),
-                                 P.UNCONSTRAINED, spmd._unassigned_axis))
+        got = _json(_run(lambda: _norm(spmd._logical_to_mesh_axes(c_names, c_rules),
+                                       P.UNCONSTRAINED, spmd._unassigned_axis)))
         if want != got:
             mismatches.append((names, rules, want, got))
     assert mismatches == [], mismatches[:5]
 
 
-def test_public_results_match_flax():
+def _flax_public(jax):
+    flax_spmd, JP = _flax(jax)
+    out = []
     for names, rules in _cases(7, 500):
         f = _run(lambda: flax_spmd.logical_to_mesh_axes(_to(JP.UNCONSTRAINED, names),
                                                         _to(JP.UNCONSTRAINED, rules)))
+        out.append(f if f[0] == 'err' else ('ok', _squash(_norm(tuple(f[1]), JP.UNCONSTRAINED,
+                                                                None))))
+    return json.dumps(out)
+
+
+def test_public_results_match_flax(jax_ref):
+    wants = json.loads(jax_ref('results', _flax_public))
+    for (names, rules), f in zip(_cases(7, 500), wants, strict=True):
         c = _run(lambda: nn.logical_to_mesh_axes(_to(P.UNCONSTRAINED, names),
                                                  _to(P.UNCONSTRAINED, rules)))
         if f[0] == 'err':
-            assert c[0] == 'err' and c[1:] == f[1:]
+            assert c[0] == 'err' and list(c[1:]) == f[1:]
         else:
             assert c[0] == 'ok'
-            assert _squash(_norm(c[1], P.UNCONSTRAINED, None)) == _squash(
-                _norm(tuple(f[1]), JP.UNCONSTRAINED, None))
+            assert _json(_squash(_norm(c[1], P.UNCONSTRAINED, None))) == f[1]
 
 
 @pytest.mark.parametrize('rules', [{'a': 'x'}, None, 'ab', (('a', 'x', 'y'),)])
-def test_bad_rules_objects_match_flax(rules):
-    f = _run(lambda: flax_spmd.logical_to_mesh_axes(('a', 'b'), rules if rules is not None else ()))
+def test_bad_rules_objects_match_flax(rules, jax_ref):
+    def flax_side(jax):   # 'ok', or 'err' and the exception's type
+        r = _run(lambda: _flax(jax)[0].logical_to_mesh_axes(('a', 'b'), rules if rules is not None
+                                                            else ()))
+        return json.dumps(r[:1] if r[0] == 'ok' else r[:2])
+
+    f = json.loads(jax_ref('result', flax_side))
     c = _run(lambda: nn.logical_to_mesh_axes(('a', 'b'), rules if rules is not None else ()))
     assert f[0] == c[0] and (f[0] == 'ok' or f[1] == c[1])

@@ -1,4 +1,5 @@
 """Mesh, PartitionSpec and NamedSharding: semantics, layout and validation."""
+import json
 import pickle
 import threading
 
@@ -240,31 +241,51 @@ def test_layout_tiles_the_array_with_replica_ids(shape):
         assert len(by_block) * nrep == 8
 
 
-def test_layout_matches_jax_when_installed():
-    jax = pytest.importorskip("jax")
+def _slices(idx):
+    """A tuple of slices as JSON-able [start, stop, step] triples."""
+    return [[sl.start, sl.stop, sl.step] for sl in idx]
+
+
+def _jax_layouts(jax, shape, names, specs, gshape):
+    """jax's layout of each spec on a mesh of its 8 CPU devices, as JSON."""
+    from jax.sharding import Mesh as JMesh, NamedSharding as JNS, PartitionSpec as JP
     if jax.device_count() < 8:
         pytest.skip("jax has fewer than 8 CPU devices")
-    from jax.sharding import Mesh as JMesh, NamedSharding as JNS, PartitionSpec as JP
+    jm = JMesh(np.array(jax.devices()[:8]).reshape(shape), names)
+    x = np.arange(np.prod(gshape), dtype=np.float32).reshape(gshape)
+    out = []
+    for spec in specs:
+        theirs = JNS(jm, JP(*spec))
+        ja = jax.device_put(x, theirs)
+        out.append({"map": {str(d.id): _slices(i) for d, i in
+                            theirs.devices_indices_map(gshape).items()},
+                    "shards": {str(sh.device.id): _slices(sh.index) for sh in ja.addressable_shards},
+                    "shard_shape": list(theirs.shard_shape(gshape)),
+                    "replicated": bool(theirs.is_fully_replicated)})
+    return json.dumps(out)
+
+
+def test_layout_matches_jax(jax_ref):
     rng = np.random.default_rng(1)
+    gshape = (8, 16, 8)
+    x = np.arange(np.prod(gshape), dtype=np.float32).reshape(gshape)
     for shape in MESHES:
         names = MESHES[shape]
         m = mesh_of(shape)
-        jm = JMesh(np.array(jax.devices()[:8]).reshape(shape), names)
-        for spec in _random_specs(m, 3, rng, 10):
+        specs = list(_random_specs(m, 3, rng, 10))
+        wants = json.loads(jax_ref(str(shape), lambda jax: _jax_layouts(
+            jax, shape, names, specs, gshape)))
+        for spec, want in zip(specs, wants, strict=True):
             ours = NamedSharding(m, spec)
-            theirs = JNS(jm, JP(*spec))
-            gshape = (8, 16, 8)
-            oi = {d.id: idx for d, idx in ours.devices_indices_map(gshape).items()}
-            ti = {d.id: idx for d, idx in theirs.devices_indices_map(gshape).items()}
-            assert oi == ti, spec  # the same slices, slice(None) for unsplit dimensions
+            # the same slices, slice(None) for unsplit dimensions
+            assert {str(d.id): _slices(i) for d, i in ours.devices_indices_map(gshape).items()} \
+                == want["map"], spec
             # Array.addressable_shards spells them as jax's Shard.index does
-            x = np.arange(np.prod(gshape), dtype=np.float32).reshape(gshape)
-            ja = jax.device_put(x, theirs)
             ca = cts.device_put(x, ours)
-            assert {s.device.id: s.index for s in ca.addressable_shards} == \
-                {s.device.id: s.index for s in ja.addressable_shards}, spec
-            assert ours.shard_shape(gshape) == theirs.shard_shape(gshape)
-            assert ours.is_fully_replicated == theirs.is_fully_replicated
+            assert {str(sh.device.id): _slices(sh.index) for sh in ca.addressable_shards} == \
+                want["shards"], spec
+            assert list(ours.shard_shape(gshape)) == want["shard_shape"]
+            assert ours.is_fully_replicated == want["replicated"]
 
 
 def test_zero_size_split_dimension_index_is_a_slice_as_in_jax():

@@ -105,7 +105,6 @@ def test_eval_shape_and_errors():
         cnp.argsort(x, axis=2)
 
 
-@pytest.mark.parity
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_matches_jax(dt):
     jax = pytest.importorskip("jax")

@@ -236,7 +236,6 @@ def test_as_logical_axes_keeps_flax_mutables_axes():
 
 # --- hf.train_state: flax.training.common_utils helpers ----------------------------------------
 
-@pytest.mark.parity
 def test_onehot_matches_flax():
     """flax.training.common_utils.onehot (t5x_hf.md §1.5 "onehot, get_metrics, stack_forest:
     helpers used by HF"): float32, a new last axis, on/off values. ctrainstate.hf had none."""
@@ -250,7 +249,6 @@ def test_onehot_matches_flax():
         np.testing.assert_array_equal(np.asarray(hf.onehot(labels, 5, **kw)), want)
 
 
-@pytest.mark.parity
 def test_get_metrics_and_stack_forest_match_flax():
     """flax's get_metrics: copy 0 of each replicated leaf, on the host, stacked over the
     list of steps; stack_forest stacks matching leaves (t5x_hf.md §1.5, §3.3 step 8)."""
@@ -440,7 +438,6 @@ def test_multi_optimizer_axes_skip_a_sub_optimizer_without_derive():
     assert ma.params['dec']['kernel'] == P(None, 'model')
 
 
-@pytest.mark.parity
 @pytest.mark.filterwarnings('ignore:`flax.traverse_util.Traversal` will be deprecated')
 def test_model_param_traversal_in_traverse_util_matches_flax():
     """t5x's MultiOptimizer docstring (t5x_hf.md §1.3) builds its traversals with

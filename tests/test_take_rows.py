@@ -114,7 +114,6 @@ def test_embed_negative_ids_count_from_the_end():
         one.apply({"params": p1}, np.array([0, -1]))
 
 
-@pytest.mark.parity
 def test_embed_negative_ids_match_flax():
     flax_nn = pytest.importorskip("flax.linen")
     jnp = pytest.importorskip("jax.numpy")

@@ -1,0 +1,359 @@
+"""Recorded jax/flax/optax values: the store behind conftest's `jax_ref` fixture.
+
+A test that compares with jax asks ``jax_ref(key, lambda jax: ...)`` for each value of jax's side. The fixture
+has two parameters, so the test runs twice:
+
+- ``[recorded]`` (the README's test command): returns the value recorded for that key in
+  ``tests/data/recorded/<test module>.npz``; ``fn`` is not called and jax is not imported. A
+  missing recording fails the test.
+- ``[live]`` (marked ``parity``): calls ``fn(jax)`` (jax computes it) and checks that the recording
+  holds the same value (bit for bit unless the call gives ``rtol``/``atol``), so a stale or
+  missing recording fails the parity run; under ``--record-vectors`` (tools/record_vectors.py)
+  it stores the value instead.
+
+Values are arrays (any numpy or ml_dtypes dtype, jax arrays), Python scalars and strings, None,
+and dicts / lists / tuples of them. Keys are per test (the test's name, with its parameters
+other than jax_ref's). A file is a plain .npz (see Store: per test, a JSON index and one blob
+of bytes; 16-bit and 8-bit float dtypes stored as unsigned integers of their width);
+``__meta__`` holds the jax/flax/optax versions.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recorded")
+META = "__meta__"
+SHARED = "__shared__"   # the prefix of jax_ref(..., shared=True) keys
+_SCALARS = (bool, int, float, complex, str)
+
+
+def dtype(name: str) -> np.dtype:
+    """The dtype of that name, ml_dtypes' (bfloat16, float8_*) too, whatever the version of
+    numpy / ml_dtypes (np.dtype("bfloat16") needs a recent ml_dtypes)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _flatten(v, leaves: list, xs: list | None = None):
+    if isinstance(v, dict):
+        if not all(isinstance(k, str) for k in v):
+            raise TypeError(f"recorded dict keys must be str, got {list(v)}")
+        return {"d": [[k, _flatten(x, leaves, xs)] for k, x in v.items()]}
+    if isinstance(v, (list, tuple)):
+        return {"t" if isinstance(v, tuple) else "l": [_flatten(x, leaves, xs) for x in v]}
+    if v is None:
+        return {"n": 0}
+    spec = {}
+    if isinstance(v, _SCALARS) and not isinstance(v, np.generic):
+        spec["s"] = type(v).__name__
+    a = np.asarray(v)
+    if a.dtype.kind == "O":
+        raise TypeError(f"cannot record a value of type {type(v).__name__}")
+    if a.dtype.kind == "V" or type(a.dtype).__module__.startswith("ml_dtypes") or \
+            a.dtype.name in ("bfloat16",) or a.dtype.name.startswith("float8") or \
+            a.dtype.name.startswith("float4") or a.dtype.name.startswith("int4") or \
+            a.dtype.name.startswith("uint4"):
+        spec["x"] = a.dtype.name
+        a = a.view(f"u{a.dtype.itemsize}")
+    spec["a"] = len(leaves)
+    leaves.append(np.asarray(a, order="C"))  # (ascontiguousarray would make 0-d 1-d)
+    if xs is not None:
+        xs.append(spec.get("x"))
+    return spec
+
+
+def _unflatten(spec, leaves):
+    if "d" in spec:
+        return {k: _unflatten(s, leaves) for k, s in spec["d"]}
+    if "t" in spec:
+        return tuple(_unflatten(s, leaves) for s in spec["t"])
+    if "l" in spec:
+        return [_unflatten(s, leaves) for s in spec["l"]]
+    if "n" in spec:
+        return None
+    a = leaves[spec["a"]]
+    if "x" in spec:
+        a = a.view(dtype(spec["x"]))
+    if "s" in spec:
+        return {"bool": bool, "int": int, "float": float, "complex": complex,
+                "str": str}[spec["s"]](a[()])
+    return a
+
+
+def to_numpy(v):
+    """v (jax arrays and all) as it will read back from a recording."""
+    leaves: list = []
+    spec = _flatten(v, leaves)
+    return _unflatten(json.loads(json.dumps(spec)), leaves)
+
+
+def _same(want, got, rtol, atol, where):
+    """Raise AssertionError if got (live) differs from want (recorded): bit for bit, or within
+    rtol/atol for floating-point leaves when either is given."""
+    lw, lg, xs = [], [], []
+    sw, sg = _flatten(want, lw, xs), _flatten(got, lg)
+    if sw != sg:
+        raise AssertionError(f"{where}: recorded structure/dtype {sw} != live {sg}")
+    for i, (a, b, x) in enumerate(zip(lw, lg, xs)):
+        what = f"{where}: leaf {i}"
+        if a.shape != b.shape:
+            raise AssertionError(f"{what}: recorded shape {a.shape} != live {b.shape}")
+        if x is not None:  # a 16/8-bit float kept as its bits
+            a, b = a.view(dtype(x)), b.view(dtype(x))
+        if (rtol or atol) and (a.dtype.kind in "fc" or x is not None):
+            a64, b64 = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64), \
+                b.astype(np.complex128 if b.dtype.kind == "c" else np.float64)
+            np.testing.assert_allclose(b64, a64, rtol=rtol, atol=atol, equal_nan=True,
+                                       err_msg=what)
+        elif a.dtype.kind in "US":
+            np.testing.assert_array_equal(b, a, err_msg=what)
+        elif a.tobytes() != b.tobytes():
+            np.testing.assert_array_equal(b, a, err_msg=f"{what} (bits)")
+            raise AssertionError(f"{what}: the same values, different bits")
+
+
+class Store:
+    """The recordings of one session: read lazily per module, written at the end in record
+    mode. A file holds, per test (its key prefix P), an entry ``P`` with the JSON of each key's
+    structure and leaves (offset, size, dtype, shape) and an entry ``P#`` with all the leaves'
+    bytes (one blob a test: a few thousand small keys cost a few kilobytes, not an npz member
+    each)."""
+
+    def __init__(self):
+        self._files: dict[str, object] = {}
+        self._tests: dict[tuple, tuple] = {}         # (module, prefix) -> (index, blob)
+        self._new: dict[str, dict[str, dict]] = {}   # module -> prefix -> key -> (spec, leaves)
+
+    @staticmethod
+    def path(module: str) -> str:
+        return os.path.join(DIR, module + ".npz")
+
+    def _file(self, module):
+        if module not in self._files:
+            p = self.path(module)
+            self._files[module] = np.load(p, allow_pickle=False) if os.path.exists(p) else None
+        return self._files[module]
+
+    def get(self, module: str, prefix: str, key: str):
+        """The recorded value, or raise KeyError."""
+        if (module, prefix) not in self._tests:
+            f = self._file(module)
+            if f is None or prefix not in f.files:
+                raise KeyError(key)
+            self._tests[module, prefix] = (json.loads(str(f[prefix][()])), f[prefix + "#"])
+        index, blob = self._tests[module, prefix]
+        if key not in index:
+            raise KeyError(key)
+        spec, table = index[key]
+        leaves = [blob[off:off + n].view(np.dtype(dt)).reshape(shape)
+                  for off, n, dt, shape in table]
+        return _unflatten(spec, leaves)
+
+    def put(self, module: str, prefix: str, key: str, value) -> None:
+        leaves: list = []
+        spec = _flatten(value, leaves)
+        self._new.setdefault(module, {}).setdefault(prefix, {})[key] = (spec, leaves)
+
+    def write(self, meta: dict) -> list[str]:
+        """Write the modules recorded in this session (the tests recorded anew replace theirs;
+        other tests' recordings are kept). Returns the paths written."""
+        os.makedirs(DIR, exist_ok=True)
+        written = []
+        for module, tests in sorted(self._new.items()):
+            out = {}
+            old = self._file(module)
+            if old is not None and SHARED in tests and SHARED in old.files:
+                # shared keys of tests not run this time are kept
+                for key in json.loads(str(old[SHARED][()])):
+                    if key not in tests[SHARED]:
+                        v = self.get(module, SHARED, key)
+                        leaves: list = []
+                        tests[SHARED][key] = (_flatten(v, leaves), leaves)
+            if old is not None:
+                for k in old.files:
+                    if k != META and k.rstrip("#") not in tests:
+                        out[k] = old[k]
+                old.close()
+                self._files.pop(module, None)
+            for prefix, keys in sorted(tests.items()):
+                index, parts, off = {}, [], 0
+                for key, (spec, leaves) in keys.items():
+                    table = []
+                    for a in leaves:
+                        b = a.tobytes()
+                        table.append([off, len(b), a.dtype.str, list(a.shape)])
+                        parts.append(b)
+                        off += len(b)
+                    index[key] = [spec, table]
+                out[prefix] = np.array(json.dumps(index, sort_keys=True))
+                out[prefix + "#"] = np.frombuffer(b"".join(parts), np.uint8)
+            out[META] = np.array(json.dumps(meta, sort_keys=True))
+            p = self.path(module)
+            _savez(p, out)
+            written.append(p)
+        return written
+
+
+def _savez(path: str, arrays: dict) -> None:
+    """np.savez_compressed, byte for byte the same for the same arrays (entries sorted, no
+    timestamps): recording anew with the same jax leaves git nothing to show."""
+    import io
+    import zipfile
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in sorted(arrays):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.asanyarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, buf.getvalue())
+
+
+class JaxRef:
+    """jax's side of a comparison in one test, live or recorded: conftest's `jax_ref` fixture."""
+
+    def __init__(self, store: Store, module: str, test: str, live: bool, record: bool,
+                 jax_module=None):
+        self.live = live
+        self.jax = jax_module   # the jax module in the live twin (None in the recorded one)
+        self._store, self._module, self._prefix, self._record = store, module, test, record
+        self._seen: dict = {}
+        self._count = 0
+
+    def __call__(self, key, fn, *, rtol: float = 0.0, atol: float = 0.0, recorded=None,
+                 shared: bool = False):
+        """jax's value for `key` of this test: `fn(jax)` when live (checked against the
+        recording, bit for bit unless rtol/atol), else the recording. fn's parameters may
+        instead name the modules it wants (`lambda jnp: jnp.sin(x)`: jax.numpy; see _call).
+        `key` None: the call's number in this test (call jax_ref unconditionally then, so
+        that both twins count alike). `recorded`: the recording
+        itself, from a file of its own (tests/data/optax_vectors.npz ...), instead of the
+        store's. `shared`: the key is the module's, not this test's (one recording for the
+        parametrizations of a test that compare with the same jax value). A key asked for again
+        in the same test gives the same value (fn not called)."""
+        if key is None:   # the next of this test's calls (the same order in both twins)
+            key = f"#{self._count}"
+            self._count += 1
+        key = str(key)
+        prefix = SHARED if shared else self._prefix
+        if (prefix, key) in self._seen:
+            return self._seen[prefix, key]
+        value = self._get(prefix, key, fn, rtol, atol, recorded)
+        self._seen[prefix, key] = value
+        return value
+
+    def _get(self, prefix, key, fn, rtol, atol, recorded):
+        import pytest
+        where = f"{prefix!r} key {key!r} ({self.path})"
+        if recorded is not None:
+            if not self.live:
+                return recorded
+            value = to_numpy(self._call(fn))
+            if not self._record:  # (its own generator rewrites that file)
+                _same(recorded, value, rtol, atol, f"recorded {where} against live jax")
+            return value
+        if not self.live:
+            try:
+                return self._store.get(self._module, prefix, key)
+            except KeyError:
+                pytest.fail(f"no recorded value for {where}: run `python tools/record_vectors.py` "
+                            "(with the pinned jax)", pytrace=False)
+        value = to_numpy(self._call(fn))
+        if self._record:
+            self._store.put(self._module, prefix, key, value)
+            return value
+        try:
+            want = self._store.get(self._module, prefix, key)
+        except KeyError:
+            pytest.fail(f"no recorded value for {where} (the recorded twin of this test would "
+                        "fail): run `python tools/record_vectors.py`", pytrace=False)
+        _same(want, value, rtol, atol, f"recorded {where} against live jax")
+        return value
+
+    _MODULES = {"jax": "jax", "jnp": "jax.numpy", "lax": "jax.lax", "jlax": "jax.lax",
+                "optax": "optax",
+                "flax": "flax", "linen": "flax.linen", "fnn": "flax.linen"}
+
+    def _call(self, fn):
+        """fn(jax), or fn with the modules its parameters name (`lambda jnp: ...` gets
+        jax.numpy; jax, jnp, lax / jlax, optax, flax, linen / fnn)."""
+        import importlib
+        import inspect
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = ["jax"]
+        if names and all(n in self._MODULES for n in names):
+            return fn(**{n: importlib.import_module(self._MODULES[n]) for n in names})
+        return fn(self.jax)
+
+    @property
+    def path(self):
+        return os.path.relpath(self._store.path(self._module))
+
+
+def versions() -> dict:
+    """The installed jax, jaxlib, flax and optax versions (those that are imported)."""
+    out = {}
+    for m in ("jax", "jaxlib", "flax", "optax"):
+        mod = sys.modules.get(m)
+        if mod is not None:
+            out[m] = getattr(mod, "__version__", "?")
+    return out
+
+
+def read_meta(path: str) -> dict:
+    with np.load(path, allow_pickle=False) as f:
+        return json.loads(str(f[META][()])) if META in f.files else {}
+
+
+def bits_digest(a) -> str:
+    """A digest of an array's dtype, shape and bits, every NaN counted as one (for recording a
+    large exact result as a short string). NaNs are replaced in the bits themselves, so the
+    digest does not depend on the NaN numpy / ml_dtypes write."""
+    import hashlib
+    a = np.asarray(a, order="C")
+    head = f"{a.dtype.name}{a.shape}"
+    if a.dtype.kind in "fV" or a.dtype.name == "bfloat16":
+        nan = np.isnan(a.astype(np.float32))
+        a = a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+        if nan.any():
+            a = a.copy()
+            a[nan] = np.iinfo(a.dtype).max
+    h = hashlib.sha256(head.encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def exact_record(a, every: int = 97) -> dict:
+    """A large exact result recorded small: the digest of its bits (bits_digest) and every
+    `every`-th element (for a readable failure). Compare with assert_exact."""
+    a = np.asarray(a)
+    return {"digest": bits_digest(a), "sample": a.reshape(-1)[::every].copy()}
+
+
+def assert_exact(got, rec: dict, what: str = "", every: int = 97) -> None:
+    """got has the dtype, shape and bits of the result recorded by exact_record (a NaN
+    matches any NaN)."""
+    got = np.asarray(got)
+    if bits_digest(got) == rec["digest"]:
+        return
+    g, w = got.reshape(-1)[::every], np.asarray(rec["sample"])
+    if g.dtype == w.dtype and g.shape == w.shape:
+        bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[g.dtype.itemsize]
+        same = g.view(bits) == w.view(bits)
+        if g.dtype.kind == "f" or g.dtype.name == "bfloat16":
+            same |= np.isnan(g.astype(np.float32)) & np.isnan(w.astype(np.float32))
+        bad = np.flatnonzero(~same)
+        if bad.size:
+            raise AssertionError(f"{what}: differs from jax's recorded bits at flat indices "
+                                 f"{(bad[:4] * every).tolist()}: got {g[bad[:4]]}, want {w[bad[:4]]}")
+    raise AssertionError(f"{what}: differs from jax's recorded bits (dtype {got.dtype}, shape "
+                         f"{got.shape}; not at any {every}th element)")

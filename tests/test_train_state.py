@@ -645,6 +645,9 @@ def test_ctrl_c_from_a_timer_never_half_applies_a_step():
             timer.start()
             while True:   # until the timer's SIGINT
                 s = s.apply_gradients(grads=g)
+                # (as a loop reading its loss does: on (emulated) GPU devices a step returns
+                # once its kernels are queued, and a queue of thousands would run at the read)
+                s.params["w"].block_until_ready()
         except KeyboardInterrupt:
             interrupts += 1
         timer.join()

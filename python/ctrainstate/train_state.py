@@ -162,6 +162,17 @@ class _DeferInterrupt:
         if self._pending:
             self.release()
 
+    def commit(self, old, new):
+        """:meth:`release` once a step is committed: when it re-raises a held Ctrl-C, the
+        state object ``old`` (whose Arrays the step donated) first becomes ``new``
+        (:func:`_adopt`). Returns ``new``."""
+        try:
+            self.release()
+        except BaseException:
+            _adopt(old, new)
+            raise
+        return new
+
     def release(self) -> None:
         if not self._armed:
             return
@@ -257,12 +268,7 @@ class TrainState(PyTreeNode):
         except BaseException:
             guard.release()
             raise
-        try:
-            guard.release()
-        except BaseException:
-            _adopt(self, new)
-            raise
-        return new
+        return guard.commit(self, new)
 
     def _fast_step(self, fast, d, grads, kwargs):
         """The step through ``fast`` (optim.base.FastPlan), or None when it declines (nothing
@@ -285,12 +291,7 @@ class TrainState(PyTreeNode):
         except BaseException:
             guard.release()
             raise
-        try:
-            guard.release()
-        except BaseException:
-            _adopt(self, new)
-            raise
-        return new
+        return guard.commit(self, new)
 
     def _stepped(self, grads, new_step, new_p, new_opt_state, plan, kwargs):
         """The state after a step: new params (the ``_overwrite_with_gradient`` collection

@@ -203,7 +203,8 @@ SIGS = {
     "layout": ["ints", "names", "ints", "spec", "ints"],
     "copy_from_host": ["buf", "host", "ints"], "copy_to_host": ["buf", "host", "ints"],
     "copy_overlap": ["buf", "ints", "buf", "ints"], "copy_bytes": ["buf", "buf"],
-    "gpu_status": [], "move_arrays": ["arrays"], "array_type_register": ["cls"],
+    "gpu_status": [], "move_arrays": ["arrays"], "array_type_extend": ["any"],
+    "Primitive": ["str", "int", "any", "any", "any"],
     "dlpack_copy_into": ["buf", "dlpack"],
     "fill_bits32": ["bufs", "u32"], "op_convert": ["bufs", "bufs"],
     "op_unary": ["int", "float", "float", "bufs", "bufs"],
@@ -241,9 +242,12 @@ SIGS = {
 # starts MPI (once per process: tests/test_distributed.py checks its arguments); the other
 # dist_* bindings are fuzzed with the engine not initialized
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError", "Buffer",
-        "axis_rules", "dist_initialize"}
+        "axis_rules", "dist_initialize", "Array", "dispatch_register"}
+# (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
+# dispatch_register: replaces the primitives behind the Array's operators, which the fuzz
+# itself uses; its argument checks are tested in tests/ops/test_dispatch.py)
 
-class SlotsLike:  # an Array-like class that array_type_register accepts
+class SlotsLike:  # an Array-like class with the Array's field names (move_arrays refuses it)
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",
                  "_base", "_donated")
 
@@ -315,8 +319,6 @@ import threading as _threading
 
 def plan_parts():
     # (plan, its state's Arrays, grads leaves) after one TrainState step of adam (2 stages);
-    # the fuzz may have registered another class as the Array type: the real one again
-    C.array_type_register(cts.Array)
     s = _TS.create(apply_fn=None, params={"w": np.ones(3, np.float32)}, tx=_optim.adam(0.1))
     g = cts.device_put({"w": np.ones(3, np.float32)})
     s = s.apply_gradients(grads=g)

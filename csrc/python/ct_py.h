@@ -82,21 +82,52 @@ int ct_py_conv_int(PyObject *obj, void *out);
 /* Convert a Python sequence of ints into int64 values; returns ndim or -1 with an exception. */
 int ct_py_int64_seq(PyObject *seq, int64_t *out, int max, const char *what);
 
-/* ctrainstate.Array (a Python class with __slots__), read and written by slot offset
- * (py_array.c; the offsets are registered once by `_C.array_type_register`). */
+/* ctrainstate.Array, a C type (py_array.c). The Python layer reads and writes the fields by
+ * their member names (_shape, _dtype, ...); every field is set once an Array exists. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *shape;       /* tuple of ints */
+    PyObject *dtype;       /* numpy dtype */
+    PyObject *sharding;
+    PyObject *blocks;      /* list of (device, _C.Buffer, start, replica_id) */
+    PyObject *shard_shape; /* tuple */
+    PyObject *host_scalar; /* the host value of a 0-d counter, or None */
+    PyObject *base;        /* the Array this one views, or None */
+    PyObject *donated;     /* False, or True once donated */
+    PyObject *weakreflist;
+} ct_py_array;
+
 enum {
     CT_PY_A_SHAPE, CT_PY_A_DTYPE, CT_PY_A_SHARDING, CT_PY_A_BLOCKS, CT_PY_A_SHARD_SHAPE,
     CT_PY_A_HOST_SCALAR, CT_PY_A_BASE, CT_PY_A_DONATED, CT_PY_A_COUNT
 };
-/* The registered class, or NULL (RuntimeError set) before registration. */
+/* The Array type, or NULL (RuntimeError set) before module init. */
 PyTypeObject *ct_py_array_type(void);
-/* The address of slot s (CT_PY_A_*) of Array a: a borrowed value, NULL while unset. */
+/* The address of field s (CT_PY_A_*) of Array a: a borrowed value. */
 PyObject **ct_py_array_slot(PyObject *a, int s);
+/* A new Array with the given fields (references stolen, released on failure), host scalar
+ * and base None, not donated. */
+PyObject *ct_py_array_new(PyObject *shape, PyObject *dtype, PyObject *sharding, PyObject *blocks,
+                          PyObject *shard_shape);
+/* 0 when the Array is neither donated nor holds a deleted buffer, else -1 with
+ * DonatedBufferError. */
+int ct_py_array_check_alive(PyObject *a);
 /* New Arrays owning items[i]'s blocks, the old ones marked donated (Array._moved_all).
  * Every item must be an Array that is neither donated nor a view: otherwise nothing
  * changes, *bad is its index and NULL is returned without an exception (TypeError for a
  * non-Array; *bad = -1 then, and on MemoryError). */
 PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *bad);
+
+/* A new Buffer of `shape` and `dtype` on `dev` (uninitialised); NULL with an exception. */
+ct_py_buffer *ct_py_buffer_alloc(ct_device *dev, int ndim, const int64_t *shape, ct_dtype dtype);
+
+/* The Array's arithmetic slots (py_dispatch.c): the primitives add, subtract, multiply,
+ * divide, negative, each with its C plan cache, the Python op on a miss. */
+PyObject *ct_py_array_nb_add(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_subtract(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_multiply(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_true_divide(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_negative(PyObject *a);
 
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);
@@ -107,7 +138,8 @@ int ct_py_init_rules(PyObject *m);  /* py_rules.c: axis rules context + resoluti
 int ct_py_init_random(PyObject *m);
 int ct_py_init_optim(PyObject *m);  /* py_optim.c: fused optimizer step */
 int ct_py_init_optim_plan(PyObject *m); /* py_optim_plan.c: the persistent step plan */
-int ct_py_init_array(PyObject *m);  /* py_array.c: moving Arrays' buffers (in-place steps) */
+int ct_py_init_array(PyObject *m);  /* py_array.c: the Array type; moving Arrays' buffers */
+int ct_py_init_dispatch(PyObject *m); /* py_dispatch.c: primitives, their plan caches */
 int ct_py_init_dist(PyObject *m);   /* py_dist.c: MPI process engine, host collectives */
 
 #endif /* CT_PY_H */

@@ -1,84 +1,211 @@
 /*
- * py_array.c — the host-side hot loop of an in-place optimizer step: handing
- * every param and state Array's buffers to a new Array (ctrainstate.Array is
- * a Python class with __slots__; see python/ctrainstate/array.py).
+ * py_array.c — ctrainstate.Array, a C type (PyType_FromSpec), and the host-side hot loop of
+ * an in-place optimizer step (handing Arrays' buffers to new Arrays).
  *
- * An in-place step donates each param and state Array and returns new Arrays
- * that own the same blocks: `Array._moved_all`. For a 148-leaf AdamW state that
- * is 444 objects per step, and in Python each costs an allocation and eight
- * slot stores (~0.17 us, 77 us a step on the 2-core VM, about a fifth of the
- * step's host time). Here the slots are copied by their offsets, which
- * `array_type_register` reads once from the class's member descriptors.
+ * An Array is a global shape and dtype, a sharding, and one block per device of the sharding:
+ * `_blocks`, a list of (device, _C.Buffer, start, replica_id) tuples. The fields are C
+ * members (ct_py_array, ct_py.h) that the Python layer reads and writes by their historical
+ * names (`_shape`, `_dtype`, `_sharding`, `_blocks`, `_shard_shape`, `_host_scalar`, `_base`,
+ * `_donated`); the C code (the dispatcher, the optimizer plans) reads them directly.
  *
- *   array_type_register(cls)   cls: the Array class (its slots are looked up by name)
- *   move_arrays(arrays)        a list of new Arrays, each with its old one's slots
- *                              (shape, dtype, sharding, blocks, shard shape, host
- *                              scalar), _base None and _donated False; every old one
- *                              marked _donated. If any Array is not exactly _donated
- *                              False and _base None (donated, or a view), nothing is
- *                              changed and its index is returned instead (the caller
- *                              raises the error).
+ * What runs on every call is C: the arithmetic slots (+ - * / and unary -, through the
+ * primitives of py_dispatch.c), `shape`, `dtype`, `ndim`, `sharding`, `_check_alive`,
+ * `_create`, `_moved`. The rest (repr, indexing, conversions, pickling, notebook views) is
+ * Python, written in python/ctrainstate/array.py and attached to this type once at import by
+ * `_C.array_type_extend`; after that the type is immutable. It has no subclasses.
+ *
+ *   Array._create(shape, dtype, sharding, blocks)   a new Array (shard shape from sharding)
+ *   a._moved()                                      a new Array owning a's blocks; a donated
+ *   move_arrays(arrays)                             [a._moved() for a in arrays], all or none
+ *   array_type_extend(namespace)                    attach the Python methods, then freeze
  */
 #include "ct_py.h"
 
+#include <stddef.h>
 #include <structmember.h>
 
-/* The slots (ct_py.h's CT_PY_A_*), in this order: copied (shape .. host scalar), then the
- * two that are set. */
-enum { S_BASE = CT_PY_A_BASE, S_DONATED = CT_PY_A_DONATED, S_COUNT = CT_PY_A_COUNT };
-static const char *const slot_names[S_COUNT] = {"_shape",       "_dtype",       "_sharding",
-                                                "_blocks",      "_shard_shape", "_host_scalar",
-                                                "_base",        "_donated"};
+static PyTypeObject *array_type; /* a strong reference, set once at module init */
 
-static PyTypeObject *array_type; /* a strong reference, set once */
-static Py_ssize_t slot_off[S_COUNT];
+static const Py_ssize_t slot_off[CT_PY_A_COUNT] = {
+    offsetof(ct_py_array, shape),       offsetof(ct_py_array, dtype),
+    offsetof(ct_py_array, sharding),    offsetof(ct_py_array, blocks),
+    offsetof(ct_py_array, shard_shape), offsetof(ct_py_array, host_scalar),
+    offsetof(ct_py_array, base),        offsetof(ct_py_array, donated),
+};
 
-static PyObject **slot_at(PyObject *o, int s) { return (PyObject **)((char *)o + slot_off[s]); }
-
-PyObject **ct_py_array_slot(PyObject *a, int s) { return slot_at(a, s); }
+PyObject **ct_py_array_slot(PyObject *a, int s) { return (PyObject **)((char *)a + slot_off[s]); }
 
 PyTypeObject *ct_py_array_type(void) {
     if (array_type == NULL)
-        PyErr_SetString(PyExc_RuntimeError, "ctrainstate.Array is not registered "
-                                            "(_C.array_type_register was not called)");
+        PyErr_SetString(PyExc_RuntimeError, "ctrainstate._C.Array is not initialised");
     return array_type;
 }
 
-static PyObject *py_array_type_register(PyObject *self, PyObject *cls) {
-    (void)self;
-    if (!PyType_Check(cls))
-        return PyErr_Format(PyExc_TypeError, "array_type_register: expected a class, got %s",
-                            Py_TYPE(cls)->tp_name);
-    PyTypeObject *t = (PyTypeObject *)cls;
-    Py_ssize_t off[S_COUNT];
-    for (int s = 0; s < S_COUNT; s++) {
-        PyObject *d = PyObject_GetAttrString(cls, slot_names[s]);
-        if (d == NULL) {
-            if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-                PyErr_Clear();
-                return PyErr_Format(PyExc_TypeError,
-                                    "array_type_register: %s has no __slots__ member %s",
-                                    t->tp_name, slot_names[s]);
-            }
-            return NULL;
-        }
-        const int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                       ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
-                       PyType_IsSubtype(t, ((PyDescrObject *)d)->d_type);
-        if (ok) off[s] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok)
-            return PyErr_Format(PyExc_TypeError,
-                                "array_type_register: %s.%s is not a __slots__ member",
-                                t->tp_name, slot_names[s]);
-        if (off[s] <= 0 || off[s] + (Py_ssize_t)sizeof(PyObject *) > t->tp_basicsize)
-            return PyErr_Format(PyExc_ValueError, "array_type_register: bad offset of %s.%s",
-                                t->tp_name, slot_names[s]);
+/* A new Array with every field set (references stolen); NULL on MemoryError (the stolen
+ * references are released). */
+PyObject *ct_py_array_new(PyObject *shape, PyObject *dtype, PyObject *sharding, PyObject *blocks,
+                          PyObject *shard_shape) {
+    ct_py_array *a = (ct_py_array *)array_type->tp_alloc(array_type, 0);
+    if (a == NULL) {
+        Py_XDECREF(shape);
+        Py_XDECREF(dtype);
+        Py_XDECREF(sharding);
+        Py_XDECREF(blocks);
+        Py_XDECREF(shard_shape);
+        return NULL;
     }
-    Py_INCREF(cls);
-    Py_XSETREF(array_type, t);
-    memcpy(slot_off, off, sizeof off);
+    a->shape = shape;
+    a->dtype = dtype;
+    a->sharding = sharding;
+    a->blocks = blocks;
+    a->shard_shape = shard_shape;
+    a->host_scalar = Py_NewRef(Py_None);
+    a->base = Py_NewRef(Py_None);
+    a->donated = Py_NewRef(Py_False);
+    return (PyObject *)a;
+}
+
+static PyObject *array_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)type;
+    (void)args;
+    (void)kwds;
+    PyErr_SetString(PyExc_TypeError,
+                    "Arrays are created with ctrainstate.device_put(...) or ctrainstate ops");
+    return NULL;
+}
+
+static void array_dealloc(ct_py_array *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->weakreflist != NULL) PyObject_ClearWeakRefs((PyObject *)self);
+    Py_CLEAR(self->shape);
+    Py_CLEAR(self->dtype);
+    Py_CLEAR(self->sharding);
+    Py_CLEAR(self->blocks);
+    Py_CLEAR(self->shard_shape);
+    Py_CLEAR(self->host_scalar);
+    Py_CLEAR(self->base);
+    Py_CLEAR(self->donated);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* Array._create(shape, dtype, sharding, blocks): blocks is a list of (device, buffer, start,
+ * replica_id), one per device of the sharding (taken as it is, not copied). */
+static PyObject *array_create(PyObject *cls, PyObject *const *args, Py_ssize_t nargs) {
+    (void)cls;
+    if (nargs != 4)
+        return PyErr_Format(PyExc_TypeError, "Array._create takes 4 arguments (%zd given)", nargs);
+    PyObject *shape = PySequence_Tuple(args[0]);
+    if (shape == NULL) return NULL;
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter(args[1], &descr)) {
+        Py_DECREF(shape);
+        return NULL;
+    }
+    PyObject *ss = PyObject_CallMethod(args[2], "shard_shape", "(O)", shape);
+    if (ss == NULL) {
+        Py_DECREF(shape);
+        Py_DECREF(descr);
+        return NULL;
+    }
+    return ct_py_array_new(shape, (PyObject *)descr, Py_NewRef(args[2]), Py_NewRef(args[3]), ss);
+}
+
+static PyObject *donated_error(void) {
+    PyErr_SetString(ct_py_DonatedBufferError,
+                    "this Array was donated: its buffers now belong to the result of the call it "
+                    "was passed to (e.g. TrainState.apply_gradients updates params and optimizer "
+                    "state in place); use the returned value instead");
+    return NULL;
+}
+
+/* 0 when the Array may be read: not donated, no block deleted; else -1 with
+ * DonatedBufferError (the messages of the Python layer). */
+int ct_py_array_check_alive(PyObject *o) {
+    ct_py_array *a = (ct_py_array *)o;
+    if (a->donated == NULL || a->blocks == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "Array has no blocks");
+        return -1;
+    }
+    if (a->donated != Py_False) {
+        int t = PyObject_IsTrue(a->donated);
+        if (t < 0) return -1;
+        if (t) {
+            donated_error();
+            return -1;
+        }
+    }
+    PyObject *fast = PySequence_Fast(a->blocks, "Array._blocks");
+    if (fast == NULL) return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *blk = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyTuple_Check(blk) || PyTuple_GET_SIZE(blk) < 2) continue;
+        PyObject *b = PyTuple_GET_ITEM(blk, 1);
+        int deleted;
+        if (Py_IS_TYPE(b, &ct_py_BufferType)) {
+            deleted = ((ct_py_buffer *)b)->deleted;
+        } else { /* another buffer type (a test's stand-in): ask it */
+            PyObject *d = PyObject_GetAttrString(b, "is_deleted");
+            if (d == NULL) {
+                Py_DECREF(fast);
+                return -1;
+            }
+            deleted = PyObject_IsTrue(d);
+            Py_DECREF(d);
+            if (deleted < 0) {
+                Py_DECREF(fast);
+                return -1;
+            }
+        }
+        if (deleted) {
+            Py_DECREF(fast);
+            PyErr_SetString(ct_py_DonatedBufferError, "this Array has been deleted");
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *array_check_alive(PyObject *self, PyObject *noargs) {
+    (void)noargs;
+    if (ct_py_array_check_alive(self) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *view_error(void) {
+    PyErr_SetString(PyExc_ValueError,
+                    "this Array is a view of another Array's shard (Shard.data): it cannot be "
+                    "donated or updated in place (e.g. as TrainState params); pass a copy, "
+                    "cts.device_put(np.asarray(x), x.sharding)");
+    return NULL;
+}
+
+/* a._moved(): a new Array owning a's blocks (the same list); a is donated. Only donation is
+ * checked (the callers validated the buffers earlier in the same step; a deleted buffer
+ * still raises when the new Array is used). */
+static PyObject *array_moved(PyObject *self, PyObject *noargs) {
+    (void)noargs;
+    ct_py_array *a = (ct_py_array *)self;
+    if (a->donated != Py_False) {
+        int t = PyObject_IsTrue(a->donated);
+        if (t < 0) return NULL;
+        if (t) return donated_error();
+    }
+    if (a->base != Py_None) return view_error();
+    ct_py_array *nw = (ct_py_array *)array_type->tp_alloc(array_type, 0);
+    if (nw == NULL) return NULL;
+    nw->shape = Py_XNewRef(a->shape);
+    nw->dtype = Py_XNewRef(a->dtype);
+    nw->sharding = Py_XNewRef(a->sharding);
+    nw->blocks = Py_XNewRef(a->blocks);
+    nw->shard_shape = Py_XNewRef(a->shard_shape);
+    nw->host_scalar = Py_XNewRef(a->host_scalar); /* same buffers, same value */
+    nw->base = Py_NewRef(Py_None);
+    nw->donated = Py_NewRef(Py_False);
+    Py_XSETREF(a->donated, Py_NewRef(Py_True));
+    return (PyObject *)nw;
 }
 
 PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *bad) {
@@ -87,13 +214,13 @@ PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *ba
     /* every check before any change */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = items[i];
-        if (!PyObject_TypeCheck(a, array_type))
+        if (!Py_IS_TYPE(a, array_type))
             return PyErr_Format(PyExc_TypeError, "move_arrays: item %zd is a %s, not an Array", i,
                                 Py_TYPE(a)->tp_name);
         /* identity tests only (no __bool__ runs): anything but False / None (unset
          * included) is left to the caller's Array._moved, which raises for it */
-        PyObject *don = *slot_at(a, S_DONATED), *base = *slot_at(a, S_BASE);
-        if (don != Py_False || base != Py_None) {
+        ct_py_array *x = (ct_py_array *)a;
+        if (x->donated != Py_False || x->base != Py_None) {
             *bad = i;
             return NULL;
         }
@@ -101,23 +228,24 @@ PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *ba
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *nw = array_type->tp_alloc(array_type, 0);
+        ct_py_array *nw = (ct_py_array *)array_type->tp_alloc(array_type, 0);
         if (nw == NULL) { /* nothing donated yet: the old Arrays stay as they were */
             Py_DECREF(out);
             return NULL;
         }
-        PyObject *a = items[i];
-        for (int s = 0; s < S_BASE; s++) *slot_at(nw, s) = Py_XNewRef(*slot_at(a, s));
-        *slot_at(nw, S_BASE) = Py_NewRef(Py_None);
-        *slot_at(nw, S_DONATED) = Py_NewRef(Py_False);
-        PyList_SET_ITEM(out, i, nw);
+        ct_py_array *a = (ct_py_array *)items[i];
+        nw->shape = Py_XNewRef(a->shape);
+        nw->dtype = Py_XNewRef(a->dtype);
+        nw->sharding = Py_XNewRef(a->sharding);
+        nw->blocks = Py_XNewRef(a->blocks);
+        nw->shard_shape = Py_XNewRef(a->shard_shape);
+        nw->host_scalar = Py_XNewRef(a->host_scalar);
+        nw->base = Py_NewRef(Py_None);
+        nw->donated = Py_NewRef(Py_False);
+        PyList_SET_ITEM(out, i, (PyObject *)nw);
     }
-    for (Py_ssize_t i = 0; i < n; i++) { /* the new Arrays exist: now donate the old ones */
-        PyObject **d = slot_at(items[i], S_DONATED);
-        PyObject *was = *d;
-        *d = Py_NewRef(Py_True);
-        Py_XDECREF(was);
-    }
+    for (Py_ssize_t i = 0; i < n; i++) /* the new Arrays exist: now donate the old ones */
+        Py_XSETREF(((ct_py_array *)items[i])->donated, Py_NewRef(Py_True));
     return out;
 }
 
@@ -137,15 +265,152 @@ static PyObject *py_move_arrays(PyObject *self, PyObject *arg) {
     return out;
 }
 
+static PyObject *unset(const char *name) {
+    return PyErr_Format(PyExc_AttributeError, "Array field %s is unset", name);
+}
+
+static PyObject *array_get_shape(ct_py_array *self, void *c) {
+    (void)c;
+    return self->shape ? Py_NewRef(self->shape) : unset("_shape");
+}
+
+static PyObject *array_get_dtype(ct_py_array *self, void *c) {
+    (void)c;
+    return self->dtype ? Py_NewRef(self->dtype) : unset("_dtype");
+}
+
+static PyObject *array_get_sharding(ct_py_array *self, void *c) {
+    (void)c;
+    return self->sharding ? Py_NewRef(self->sharding) : unset("_sharding");
+}
+
+static PyObject *array_get_ndim(ct_py_array *self, void *c) {
+    (void)c;
+    if (self->shape == NULL) return unset("_shape");
+    Py_ssize_t n = PyObject_Length(self->shape);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+static PyMemberDef array_members[] = {
+    {"_shape", T_OBJECT_EX, offsetof(ct_py_array, shape), 0, "The global shape (a tuple)."},
+    {"_dtype", T_OBJECT_EX, offsetof(ct_py_array, dtype), 0, "The numpy dtype."},
+    {"_sharding", T_OBJECT_EX, offsetof(ct_py_array, sharding), 0, "The Sharding."},
+    {"_blocks", T_OBJECT_EX, offsetof(ct_py_array, blocks), 0,
+     "One (device, _C.Buffer, start, replica_id) per device of the sharding."},
+    {"_shard_shape", T_OBJECT_EX, offsetof(ct_py_array, shard_shape), 0,
+     "The shape of each device's block."},
+    {"_host_scalar", T_OBJECT_EX, offsetof(ct_py_array, host_scalar), 0,
+     "The value of a 0-d Array whose every write went through the optimizers' counter helpers "
+     "(no device read needed); None: unknown."},
+    {"_base", T_OBJECT_EX, offsetof(ct_py_array, base), 0,
+     "The Array whose buffer this one views (a GPU Shard.data), or None."},
+    {"_donated", T_OBJECT_EX, offsetof(ct_py_array, donated), 0,
+     "True once the buffers were handed to another Array (donation) or the view was deleted."},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(ct_py_array, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef array_getset[] = {
+    {"shape", (getter)array_get_shape, NULL, "The global shape.", NULL},
+    {"dtype", (getter)array_get_dtype, NULL, "The dtype (numpy).", NULL},
+    {"sharding", (getter)array_get_sharding, NULL, "How the Array is laid out on devices.", NULL},
+    {"ndim", (getter)array_get_ndim, NULL, "The number of dimensions.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef array_type_methods[] = {
+    {"_create", (PyCFunction)(void (*)(void))array_create, METH_FASTCALL | METH_CLASS,
+     "_create(shape, dtype, sharding, blocks)\n--\n\n"
+     "A new Array; blocks: a list of (device, buffer, start, replica_id), one per device of "
+     "the sharding."},
+    {"_moved", array_moved, METH_NOARGS,
+     "_moved($self, /)\n--\n\n"
+     "A new Array owning this one's buffers (the same blocks); this one becomes donated."},
+    {"_check_alive", array_check_alive, METH_NOARGS,
+     "_check_alive($self, /)\n--\n\n"
+     "DonatedBufferError if the Array was donated or a buffer deleted."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Slots from py_dispatch.c: the arithmetic operators go through the primitives. */
+static PyType_Slot array_slots[] = {
+    {Py_tp_new, array_tp_new},
+    {Py_tp_dealloc, array_dealloc},
+    {Py_tp_members, array_members},
+    {Py_tp_getset, array_getset},
+    {Py_tp_methods, array_type_methods},
+    {Py_nb_add, ct_py_array_nb_add},
+    {Py_nb_subtract, ct_py_array_nb_subtract},
+    {Py_nb_multiply, ct_py_array_nb_multiply},
+    {Py_nb_true_divide, ct_py_array_nb_true_divide},
+    {Py_nb_negative, ct_py_array_nb_negative},
+    {0, NULL},
+};
+
+static PyType_Spec array_spec = {
+    .name = "ctrainstate.Array",
+    .basicsize = sizeof(ct_py_array),
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = array_slots,
+};
+
+/* array_type_extend(namespace): set every entry of `namespace` (a class's __dict__ merged
+ * over its bases, from python/ctrainstate/array.py) that the C type does not define itself
+ * as an attribute of the type (dunder methods update the type's slots), then make the type
+ * immutable. Once only. */
+static PyObject *py_array_type_extend(PyObject *self, PyObject *ns) {
+    (void)self;
+    if (ct_py_array_type() == NULL) return NULL;
+    if (array_type->tp_flags & Py_TPFLAGS_IMMUTABLETYPE) {
+        PyErr_SetString(PyExc_RuntimeError, "array_type_extend: the Array type is already complete");
+        return NULL;
+    }
+    if (!PyDict_Check(ns))
+        return PyErr_Format(PyExc_TypeError, "array_type_extend: expected a dict, got %s",
+                            Py_TYPE(ns)->tp_name);
+    static const char *const skip[] = {"__module__", "__qualname__", "__dict__", "__weakref__",
+                                       "__slots__", "__init__", "__new__", "__init_subclass__",
+                                       "__subclasshook__", "__class__", "__getattribute__",
+                                       "__setattr__", "__delattr__", NULL};
+    PyObject *own = array_type->tp_dict;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(ns, &pos, &key, &value)) {
+        if (!PyUnicode_Check(key)) continue;
+        int skipped = 0;
+        for (int i = 0; skip[i] != NULL && !skipped; i++)
+            skipped = PyUnicode_CompareWithASCIIString(key, skip[i]) == 0;
+        if (skipped) continue;
+        if (PyUnicode_CompareWithASCIIString(key, "__doc__") != 0) {
+            PyObject *have = PyDict_GetItemWithError(own, key);
+            if (have == NULL && PyErr_Occurred()) return NULL;
+            if (have != NULL) continue; /* defined in C */
+        }
+        if (PyObject_SetAttr((PyObject *)array_type, key, value) < 0) return NULL;
+    }
+    array_type->tp_flags |= Py_TPFLAGS_IMMUTABLETYPE;
+    PyType_Modified(array_type);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef array_methods[] = {
-    {"array_type_register", py_array_type_register, METH_O,
-     "array_type_register(cls, /)\n--\n\n"
-     "Register ctrainstate.Array (its __slots__ offsets) for move_arrays."},
     {"move_arrays", py_move_arrays, METH_O,
      "move_arrays(arrays, /)\n--\n\n"
      "New Arrays owning the given Arrays' buffers; the given ones are marked donated. If one\n"
      "is already donated or is a view, nothing changes and its index is returned."},
+    {"array_type_extend", py_array_type_extend, METH_O,
+     "array_type_extend(namespace, /)\n--\n\n"
+     "Attach the Python methods in `namespace` (those the C type does not define) to\n"
+     "ctrainstate.Array, then make the type immutable. Once, at import."},
     {NULL, NULL, 0, NULL},
 };
 
-int ct_py_init_array(PyObject *m) { return PyModule_AddFunctions(m, array_methods); }
+int ct_py_init_array(PyObject *m) {
+    if (PyModule_AddFunctions(m, array_methods) < 0) return -1;
+    PyObject *t = PyType_FromSpec(&array_spec);
+    if (t == NULL) return -1;
+    array_type = (PyTypeObject *)t; /* the module keeps another reference */
+    /* __module__ is "ctrainstate" (from the dotted name): repr, pickling by reference */
+    return PyModule_AddObjectRef(m, "Array", t);
+}

@@ -25,6 +25,29 @@ ct_py_buffer *ct_py_buffer_check(PyObject *obj, const char *what) {
     return b;
 }
 
+/* A Buffer of n bytes on dev (shape and dtype checked by the caller). */
+static ct_py_buffer *buffer_make(PyTypeObject *type, ct_device *dev, int ndim,
+                                 const int64_t *shape, ct_dtype dtype, size_t n) {
+    void *data = NULL;
+    ct_status st = ct_device_alloc(dev, n, &data);
+    if (st != CT_OK) {
+        ct_py_raise(st);
+        return NULL;
+    }
+    ct_py_buffer *self = (ct_py_buffer *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        ct_device_free(dev, data, n);
+        return NULL;
+    }
+    self->dev = dev;
+    self->data = data;
+    self->nbytes = n;
+    self->dtype = dtype;
+    self->ndim = ndim;
+    if (ndim > 0) memcpy(self->shape, shape, (size_t)ndim * sizeof shape[0]);
+    return self;
+}
+
 static PyObject *buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"device_id", "shape", "dtype", NULL};
     int device_id, dtype;
@@ -54,21 +77,13 @@ static PyObject *buffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     }
     ct_device *dev = ct_device_by_id(device_id);
     if (dev == NULL) return ct_py_raise(CT_EINVAL);
-    void *data = NULL;
-    ct_status st = ct_device_alloc(dev, n, &data);
-    if (st != CT_OK) return ct_py_raise(st);
-    ct_py_buffer *self = (ct_py_buffer *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        ct_device_free(dev, data, n);
-        return NULL;
-    }
-    self->dev = dev;
-    self->data = data;
-    self->nbytes = n;
-    self->dtype = (ct_dtype)dtype;
-    self->ndim = ndim;
-    memcpy(self->shape, shape, (size_t)ndim * sizeof shape[0]);
-    return (PyObject *)self;
+    return (PyObject *)buffer_make(type, dev, ndim, shape, (ct_dtype)dtype, n);
+}
+
+ct_py_buffer *ct_py_buffer_alloc(ct_device *dev, int ndim, const int64_t *shape, ct_dtype dtype) {
+    size_t n = ct_dtype_size(dtype);
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i]; /* the callers' shapes were checked */
+    return buffer_make(&ct_py_BufferType, dev, ndim, shape, dtype, n);
 }
 
 static void buffer_release_memory(ct_py_buffer *self) {

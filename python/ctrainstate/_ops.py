@@ -114,7 +114,15 @@ class _Tape:
         self.keep.append(a)
 
 
-_tls = threading.local()
+class _TapeLocal(threading.local):
+    """This thread's stack of tapes (``tapes``: None until a differentiated call opens one).
+    The class attribute makes ``_tls.tapes`` None on a thread that never set it, so the C
+    dispatcher (py_dispatch.c) reads it without raising AttributeError."""
+
+    tapes = None
+
+
+_tls = _TapeLocal()
 
 
 def _tape() -> _Tape | None:
@@ -2289,3 +2297,137 @@ _dtype_policies()
 _abstract_rules()
 _fast_f32_paths()
 power = _lowp_integer_power(power)
+
+
+# --- primitives: the C path of the common ops (csrc/python/py_dispatch.c) -----------------
+# Each op below becomes a ``_C.Primitive``: a call whose operands are live Arrays (and Python
+# scalars where the op takes them), without keywords and with no tape recording, runs from a
+# plan cached in C (no Python); the first call of a kind asks the planner here, which reuses
+# the ops' own layout rules, and any other call runs the Python op above (the fallback).
+
+_K = _C.dispatch_kinds
+_SR = _C.dispatch_scalar_rules
+_EW = {"add": 6, "subtract": 7, "multiply": 8, "maximum": 9, "minimum": 10}  # CT_EW_* (ct_ops.h)
+_EW_DTYPES = (_dtypes.bfloat16, _dtypes.float16, np.dtype(np.int32))
+
+
+def _plan_out(kind, op, shape, dtype, place, norm, red_mask=0, groups=(), red_op=0):
+    """A plan tuple (py_dispatch.c) for an output of ``shape`` with per-dimension axes
+    ``norm`` on ``place``, allocated as :func:`_new` allocates it."""
+    sharding = _sharding_for(place, norm)
+    shard_shape, layout, _ = sharding._layout(tuple(shape))
+    return (kind, op, tuple(shape), np.dtype(dtype), _dtypes.code(dtype), sharding,
+            tuple(shard_shape), [(dev, start, rid) for dev, start, rid in layout], red_mask,
+            [list(g) for g in groups], red_op)
+
+
+def _same_devices(a: Array, plan) -> bool:
+    """Whether ``a``'s blocks are on the plan's output devices, in the same order (the C
+    path pairs blocks by position)."""
+    blocks = a._blocks
+    return (type(blocks) is list and len(blocks) == len(plan[7]) and
+            builtins.all(b[0] is p[0] for b, p in zip(blocks, plan[7])))
+
+
+def _plan_unary(op):
+    def plan(x):
+        if x._dtype is not _DT_F32 or x._donated is not False:
+            return None
+        p = _plan_out(_K["UNARY"], op, x._shape, _DT_F32, _place_of(x),
+                      _norm(x._sharding, len(x._shape)))
+        return p if _same_devices(x, p) else None
+    return plan
+
+
+def _plan_binary(name, op_f32, rules):
+    """Planner of a binary op: float32 Arrays (op_f32, broadcasting), two Arrays of one
+    16-bit float or int32 dtype (the typed kernel, one rounding: the bits of the Python
+    path's convert / float32 op / round), or a float32 Array and a Python scalar (``rules``:
+    the scalar rule with the scalar on the right, on the left; None: no C path)."""
+    ew = _EW.get(name)
+
+    def plan(a, b):
+        if type(a) is not Array or type(b) is not Array:
+            x, rule = (a, rules[0]) if type(a) is Array else (b, rules[1])
+            if rule is None or x._dtype is not _DT_F32:
+                return None
+            p = _plan_out(_K["SCALAR"], rule, x._shape, _DT_F32, _place_of(x),
+                          _norm(x._sharding, len(x._shape)))
+            return p if _same_devices(x, p) else None
+        dt = a._dtype
+        if dt != b._dtype:
+            return None
+        if dt is _DT_F32:
+            kind, op = _K["BINARY"], op_f32
+        elif ew is not None and dt in _EW_DTYPES:
+            kind, op = _K["EWISE"], ew
+        else:
+            return None
+        try:
+            place, shape, out, _, _, stay_a, stay_b = _id_cached(
+                _BIN_LAYOUTS, (a._shape, b._shape, id(a._sharding), id(b._sharding)),
+                a._sharding, b._sharding, _binary_plan, a, b)
+        except ValueError:   # shapes that do not broadcast, operands on two meshes
+            return None
+        if not (stay_a and stay_b):
+            return None
+        p = _plan_out(kind, op, shape, dt, place, out)
+        return p if _same_devices(a, p) and _same_devices(b, p) else None
+    return plan
+
+
+def _plan_sum(x):
+    """``sum(x)`` over every axis of a float32 Array: as :func:`_reduce_raw`."""
+    if x._dtype is not _DT_F32:
+        return None
+    nd = len(x._shape)
+    xn = _norm(x._sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    place = _place_of(x)
+    groups: list = []
+    axes = tuple(m for d in range(nd) for m in xn[d])
+    if axes and isinstance(x._sharding, NamedSharding):
+        mesh = x._sharding.mesh
+        groups = _id_cached(_AR_GROUPS, (id(mesh), axes), mesh, None, _allreduce_groups,
+                            mesh, axes)
+    p = _plan_out(_K["REDUCE"], _RED_SUM, (), _DT_F32, place, [], red_mask=(1 << nd) - 1,
+                  groups=groups, red_op=_RED_SUM)
+    return p if _same_devices(x, p) else None
+
+
+_UNARY_PRIMS = {"negative": U_NEG, "sin": U_SIN, "cos": U_COS, "tanh": U_TANH,
+                "relu": U_RELU, "gelu": U_GELU, "exp": U_EXP, "log": U_LOG, "sqrt": U_SQRT,
+                "rsqrt": U_RSQRT, "square": U_SQUARE, "sigmoid": U_SIGMOID, "abs": U_ABS,
+                "log1p": U_LOG1P, "expm1": U_EXPM1, "erf": U_ERF, "erfc": U_ERFC,
+                "floor": U_FLOOR, "ceil": U_CEIL, "trunc": U_TRUNC, "sign": U_SIGN,
+                "round": U_ROUND}
+_BINARY_PRIMS = {"add": (B_ADD, (_SR["ADD"], _SR["ADD"])),
+                 "subtract": (B_SUB, (_SR["SUB_R"], _SR["SUB_L"])),
+                 "multiply": (B_MUL, (_SR["MUL"], _SR["MUL"])),
+                 "divide": (B_DIV, (_SR["DIV_R"], _SR["DIV_L"])),
+                 "maximum": (B_MAX, (None, None)),
+                 "minimum": (B_MIN, (None, None))}
+
+
+def _primitive(name, nin, planner):
+    f = globals()[name]
+    p = _C.Primitive(name, nin, f, planner, f.__doc__)
+    p.__module__ = f.__module__
+    p.__dict__.update({k: v for k, v in getattr(f, "__dict__", {}).items()
+                       if k != "__wrapped__"})
+    globals()[name] = p
+    return p
+
+
+def _make_primitives():
+    for name, op in _UNARY_PRIMS.items():
+        _primitive(name, 1, _plan_unary(op))
+    for name, (op, rules) in _BINARY_PRIMS.items():
+        _primitive(name, 2, _plan_binary(name, op, rules))
+    _primitive("sum", 1, _plan_sum)
+    g = globals()
+    g["around"] = g["round"]
+    _C.dispatch_register(_tls, g["add"], g["subtract"], g["multiply"], g["divide"],
+                         g["negative"])
+
+
+_make_primitives()

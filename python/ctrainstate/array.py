@@ -49,16 +49,20 @@ def _buffer_view(buf, shape, dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8).view(dtype).reshape(shape)
 
 
-class Array(OperatorsMixin):
+class _ArrayMethods(OperatorsMixin):
     """A global array stored as per-device shards.
 
     Attributes mirror ``jax.Array``: ``shape``, ``dtype``, ``ndim``, ``size``,
     ``nbytes`` (of the global array), ``sharding``, ``addressable_shards``,
     ``is_fully_replicated``. ``np.asarray(a)`` gathers.
+
+    ``Array`` is a C type (``ctrainstate._C.Array``): its fields, ``shape``, ``dtype``,
+    ``ndim``, ``sharding``, the arithmetic operators (through the ops' C plan caches),
+    ``_create``, ``_moved`` and ``_check_alive`` are C; the methods below are attached to it
+    once at import (``_C.array_type_extend``), after which the type is immutable.
     """
 
-    __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_donated",
-                 "__weakref__", "_host_scalar", "_base")
+    __slots__ = ()
 
     # As jax.Array: numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's
     # matmul, differentiated and sharded) because the priority is higher than ndarray's, while
@@ -66,39 +70,7 @@ class Array(OperatorsMixin):
     # it with ``__array__`` (a gather to the host) and return numpy arrays.
     __array_priority__ = 100
 
-    def __init__(self, *args, **kwargs):
-        raise TypeError("Arrays are created with ctrainstate.device_put(...) or ctrainstate ops")
-
-    @classmethod
-    def _create(cls, shape, dtype, sharding, blocks):
-        """blocks: list of (device, buffer, start, replica_id), one per sharding device."""
-        self = object.__new__(cls)
-        self._shape = tuple(shape)
-        self._dtype = np.dtype(dtype)
-        self._sharding = sharding
-        self._blocks = blocks
-        self._shard_shape = sharding.shard_shape(shape)
-        self._donated = False
-        self._base = None  # the Array whose buffer this one views (a GPU Shard.data), or None
-        # The value of a 0-d Array whose every write went through ctrainstate.optim's
-        # counter helpers (optim.base.scalar / FuseContext.new_scalar), so reading it needs
-        # no device read (a GPU synchronisation); None: unknown, read the device.
-        self._host_scalar = None
-        return self
-
-    # --- metadata ---------------------------------------------------------------
-    @property
-    def shape(self) -> tuple:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self._dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
+    # --- metadata (shape, dtype, ndim, sharding: C) ------------------------------------
     @property
     def size(self) -> int:
         return int(np.prod(self._shape, dtype=np.int64))
@@ -106,10 +78,6 @@ class Array(OperatorsMixin):
     @property
     def nbytes(self) -> int:
         return self.size * self._dtype.itemsize
-
-    @property
-    def sharding(self) -> Sharding:
-        return self._sharding
 
     @property
     def is_fully_replicated(self) -> bool:
@@ -121,16 +89,6 @@ class Array(OperatorsMixin):
         return self._shape[0]
 
     # --- liveness -----------------------------------------------------------------
-    def _check_alive(self):
-        if self._donated:
-            raise DonatedBufferError(
-                "this Array was donated: its buffers now belong to the result of the call it "
-                "was passed to (e.g. TrainState.apply_gradients updates params and optimizer "
-                "state in place); use the returned value instead")
-        for _, buf, _, _ in self._blocks:
-            if buf.is_deleted:
-                raise DonatedBufferError("this Array has been deleted")
-
     def is_deleted(self) -> bool:
         return self._donated or any(b.is_deleted for _, b, _, _ in self._blocks)
 
@@ -157,23 +115,6 @@ class Array(OperatorsMixin):
         self._check_not_view()
         self._donated = True
         return self._blocks
-
-    def _moved(self) -> "Array":
-        """A new Array owning this one's buffers (same blocks list); this one is donated.
-        Cheaper than _create: the layout is not recomputed, and only donation is checked
-        (callers validated the buffers earlier in the same step; a deleted buffer still
-        raises when the new Array is used)."""
-        if self._donated:
-            self._check_alive()
-        self._check_not_view()
-        self._donated = True
-        blocks = self._blocks
-        new = object.__new__(Array)
-        new._base = None
-        new._shape, new._dtype, new._sharding = self._shape, self._dtype, self._sharding
-        new._blocks, new._shard_shape, new._donated = blocks, self._shard_shape, False
-        new._host_scalar = self._host_scalar   # same buffers, same value
-        return new
 
     @staticmethod
     def _moved_all(arrays) -> list:
@@ -520,10 +461,27 @@ class Array(OperatorsMixin):
         return _sharding_html(self)
 
 
+Array = _C.Array
+
+
+def _extend_array_type():
+    """Attach _ArrayMethods (with OperatorsMixin's methods) to the C type, once."""
+    ns: dict = {}
+    for klass in reversed(_ArrayMethods.__mro__[:-1]):
+        ns.update(vars(klass))
+    for name, v in ns.items():
+        f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+        if hasattr(f, "__qualname__") and getattr(f, "__module__", None) in (
+                __name__, "ctrainstate._operators"):
+            try:
+                f.__qualname__ = f"Array.{name}"
+            except (AttributeError, TypeError):
+                pass
+    _C.array_type_extend(ns)
+
+
+_extend_array_type()
 register_leaf_type(Array)
-
-
-_C.array_type_register(Array)   # Array._moved_all's C loop copies these __slots__
 
 def _sharding_state(s: Sharding):
     """A sharding as plain data (device ids, axis names, spec) for pickling; None for a

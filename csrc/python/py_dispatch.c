@@ -1,0 +1,737 @@
+/*
+ * py_dispatch.c — _C.Primitive: an op whose every call after the first of its kind runs in C.
+ *
+ * A primitive (ctrainstate.numpy.add, sin, sum, ..., and the Array's + - * / -) holds
+ *   - the Python op (`fallback`): the general path, with every check, error message,
+ *     resharding, dtype policy and autodiff rule;
+ *   - a planner (Python): given operands, the plan of their kind — output shape, dtype,
+ *     sharding and blocks, the kernel, the reduction and the all-reduce groups — or None
+ *     when this kind of call has no C path;
+ *   - a cache of plans keyed by the operands' (shape, dtype, sharding object), or for a
+ *     Python scalar operand its side.
+ * A call whose operands are live Arrays (and Python float / int scalars where the op takes
+ * them), with no keyword arguments, on a thread with no autodiff tape recording, looks its
+ * plan up, checks every block's buffer (type, device, not deleted), allocates the outputs,
+ * runs the kernels (the GIL released above CT_DISPATCH_GIL_ELEMS elements, the buffers
+ * pinned meanwhile) and the all-reduces, and returns the new Array: no Python code runs.
+ * Anything else — another operand type, a keyword, a donated or deleted operand, an active
+ * tape, a value-dependent case (x * 0.0) — calls the Python op, which decides and raises.
+ * Both paths run the same kernels in the same order, so the results are the same bits.
+ *
+ *   Primitive(name, nin, fallback, planner, doc)   (nin: 1 or 2 operands)
+ *   dispatch_register(tls, add, subtract, multiply, divide, negative)
+ *       tls: the threading.local whose `tapes` stack says whether a tape records on this
+ *       thread (ctrainstate._ops._tls); the five primitives behind the Array's operators.
+ *
+ * Plan tuples (the planner's result):
+ *   (kind, op, out_shape, out_dtype, out_dtype_code, out_sharding, out_shard_shape,
+ *    blocks, red_mask, groups, red_op)
+ *   kind   K_UNARY (ct_op_unary op), K_BINARY (ct_op_binary op, float32), K_EWISE (ct_op_ewise
+ *          op in the operands' dtype), K_REDUCE (ct_op_reduce op over red_mask; a copy when
+ *          0), K_SCALAR (an Array and a Python scalar: `op` is a S_* rule giving the affine or
+ *          reciprocal kernel's constants from the scalar at each call)
+ *   blocks a list of (device, start, replica_id), the output's blocks in the operands' block
+ *          order; groups: lists of block positions to all-reduce with red_op after the kernels.
+ */
+#include "ct_py.h"
+
+#include <math.h>
+#include <string.h>
+#include <structmember.h>
+
+#include "../core/ct_ops.h"
+
+enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_COUNT };
+/* K_SCALAR rules: the constants of `array (op) s` / `s (op) array` */
+enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
+
+#define NCACHE 8
+#define MAXB CT_MAX_DEVICES
+/* Kernels on fewer elements than this (all blocks together) run with the GIL held: on tiny
+ * arrays releasing and taking it back costs more than the kernel. */
+#define CT_DISPATCH_GIL_ELEMS ((int64_t)1 << 15)
+
+typedef struct {
+    int used, fast;
+    /* key: the operands' (shape, dtype, sharding); for a scalar operand the shape is NULL
+     * and `side` says which (1: b is the scalar, 2: a is) */
+    PyObject *ka_shape, *ka_dtype, *ka_sharding;
+    PyObject *kb_shape, *kb_dtype, *kb_sharding;
+    int side;
+    /* plan */
+    int kind, op, red_op, out_dt, out_ndim, nblk, ngroups;
+    uint32_t red_mask;
+    int64_t out_sdims[CT_MAX_NDIM];
+    int64_t out_elems; /* elements of one output block */
+    PyObject *out_shape, *out_dtype, *out_sharding, *out_shard_shape;
+    PyObject *bdev[MAXB], *bstart[MAXB], *brid[MAXB];
+    ct_device *cdev[MAXB];
+    int gstart[MAXB + 1], gpos[MAXB]; /* group g: gpos[gstart[g] .. gstart[g + 1]) */
+} plan_entry;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *name, *fallback, *planner, *doc, *dict;
+    int nin;
+    int next; /* the cache entry replaced at the next miss */
+    unsigned long long hits, misses, falls;
+    plan_entry cache[NCACHE];
+} prim;
+
+static PyTypeObject *prim_type;
+static PyObject *tape_tls;                 /* ctrainstate._ops._tls */
+static PyObject *tapes_name;               /* "tapes" */
+static PyObject *slot_prims[5];            /* add, subtract, multiply, divide, negative */
+
+static void entry_clear(plan_entry *e) {
+    Py_CLEAR(e->ka_shape);
+    Py_CLEAR(e->ka_dtype);
+    Py_CLEAR(e->ka_sharding);
+    Py_CLEAR(e->kb_shape);
+    Py_CLEAR(e->kb_dtype);
+    Py_CLEAR(e->kb_sharding);
+    Py_CLEAR(e->out_shape);
+    Py_CLEAR(e->out_dtype);
+    Py_CLEAR(e->out_sharding);
+    Py_CLEAR(e->out_shard_shape);
+    for (int i = 0; i < e->nblk; i++) {
+        Py_CLEAR(e->bdev[i]);
+        Py_CLEAR(e->bstart[i]);
+        Py_CLEAR(e->brid[i]);
+    }
+    e->used = e->fast = 0;
+    e->nblk = e->ngroups = 0;
+}
+
+/* Whether an autodiff tape records on this thread: ctrainstate._ops._tape() is not None,
+ * i.e. `_tls.tapes` is a non-empty list whose last entry is not None. -1 on error. */
+static int tape_active(void) {
+    if (tape_tls == NULL) return 1; /* not registered: never take the C path */
+    /* (the thread-local's class has `tapes = None`: a thread that never opened a tape
+     * reads that, and no AttributeError is made) */
+    PyObject *stack = PyObject_GetAttr(tape_tls, tapes_name);
+    if (stack == NULL) return -1;
+    if (stack == Py_None) {
+        Py_DECREF(stack);
+        return 0;
+    }
+    int active;
+    if (PyList_CheckExact(stack))
+        active = PyList_GET_SIZE(stack) > 0 &&
+                 PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != Py_None;
+    else
+        active = 1; /* something else: let the Python op read it */
+    Py_DECREF(stack);
+    return active;
+}
+
+static int same_shape(PyObject *x, PyObject *y) {
+    if (x == y) return 1;
+    if (!PyTuple_CheckExact(x) || !PyTuple_CheckExact(y)) return 0;
+    const Py_ssize_t n = PyTuple_GET_SIZE(x);
+    if (PyTuple_GET_SIZE(y) != n) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *u = PyTuple_GET_ITEM(x, i), *v = PyTuple_GET_ITEM(y, i);
+        if (u == v) continue;
+        if (!PyLong_CheckExact(u) || !PyLong_CheckExact(v)) return 0;
+        int overflow_u, overflow_v;
+        long long a = PyLong_AsLongLongAndOverflow(u, &overflow_u);
+        long long b = PyLong_AsLongLongAndOverflow(v, &overflow_v);
+        if (overflow_u || overflow_v || a != b) return 0;
+    }
+    return 1;
+}
+
+static int is_scalar(PyObject *o) { return PyFloat_CheckExact(o) || PyLong_CheckExact(o); }
+
+static int key_match(const plan_entry *e, const ct_py_array *a, const ct_py_array *b, int side) {
+    if (!e->used || e->side != side) return 0;
+    if (e->ka_sharding != a->sharding || e->ka_dtype != a->dtype || !same_shape(e->ka_shape, a->shape))
+        return 0;
+    if (b != NULL &&
+        (e->kb_sharding != b->sharding || e->kb_dtype != b->dtype || !same_shape(e->kb_shape, b->shape)))
+        return 0;
+    return 1;
+}
+
+static int as_int(PyObject *o, int *out) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "plan: value out of range");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static PyObject *plan_error(const char *what) {
+    return PyErr_Format(PyExc_ValueError, "Primitive planner returned a bad plan: %s", what);
+}
+
+/* Fill e's plan from the planner's tuple (see the top of the file); -1 with an exception. */
+static int entry_set_plan(plan_entry *e, PyObject *t) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 11) {
+        plan_error("not an 11-tuple");
+        return -1;
+    }
+    int kind, op, dt, red_op;
+    if (as_int(PyTuple_GET_ITEM(t, 0), &kind) < 0 || as_int(PyTuple_GET_ITEM(t, 1), &op) < 0 ||
+        as_int(PyTuple_GET_ITEM(t, 4), &dt) < 0 || as_int(PyTuple_GET_ITEM(t, 10), &red_op) < 0)
+        return -1;
+    if (kind < 0 || kind >= K_COUNT || dt < 0 || dt >= CT_NUM_DTYPES || red_op < 0 ||
+        red_op >= CT_RED_COUNT || (kind == K_SCALAR && (op < 0 || op >= S_COUNT))) {
+        plan_error("kind, dtype or reduction out of range");
+        return -1;
+    }
+    PyObject *shard_shape = PyTuple_GET_ITEM(t, 6), *blocks = PyTuple_GET_ITEM(t, 7);
+    int ndim = ct_py_int64_seq(shard_shape, e->out_sdims, CT_MAX_NDIM, "plan shard shape");
+    if (ndim < 0) return -1;
+    int64_t elems = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (e->out_sdims[d] < 0) {
+            plan_error("negative dimension");
+            return -1;
+        }
+        elems *= e->out_sdims[d];
+    }
+    if (!PyList_Check(blocks) || PyList_GET_SIZE(blocks) < 1 || PyList_GET_SIZE(blocks) > MAXB) {
+        plan_error("blocks");
+        return -1;
+    }
+    unsigned long mask = PyLong_AsUnsignedLongMask(PyTuple_GET_ITEM(t, 8));
+    if (mask == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    const int nblk = (int)PyList_GET_SIZE(blocks);
+    for (int i = 0; i < nblk; i++) {
+        PyObject *b = PyList_GET_ITEM(blocks, i);
+        if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 3) {
+            plan_error("a block is not (device, start, replica_id)");
+            return -1;
+        }
+        PyObject *devid = PyObject_GetAttrString(PyTuple_GET_ITEM(b, 0), "id");
+        if (devid == NULL) return -1;
+        int id;
+        int r = as_int(devid, &id);
+        Py_DECREF(devid);
+        if (r < 0) return -1;
+        ct_device *cd = ct_device_by_id(id);
+        if (cd == NULL) {
+            ct_py_raise(CT_EINVAL);
+            return -1;
+        }
+        e->cdev[i] = cd;
+    }
+    /* all-reduce groups */
+    PyObject *groups = PySequence_Fast(PyTuple_GET_ITEM(t, 9), "plan groups");
+    if (groups == NULL) return -1;
+    int ng = (int)PySequence_Fast_GET_SIZE(groups), k = 0;
+    if (ng > MAXB) {
+        Py_DECREF(groups);
+        plan_error("too many groups");
+        return -1;
+    }
+    for (int g = 0; g < ng; g++) {
+        PyObject *grp = PySequence_Fast(PySequence_Fast_GET_ITEM(groups, g), "plan group");
+        if (grp == NULL) {
+            Py_DECREF(groups);
+            return -1;
+        }
+        e->gstart[g] = k;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(grp); j++) {
+            int pos;
+            if (as_int(PySequence_Fast_GET_ITEM(grp, j), &pos) < 0 || pos < 0 || pos >= nblk ||
+                k >= MAXB) {
+                if (!PyErr_Occurred()) plan_error("group position");
+                Py_DECREF(grp);
+                Py_DECREF(groups);
+                return -1;
+            }
+            e->gpos[k++] = pos;
+        }
+        Py_DECREF(grp);
+    }
+    e->gstart[ng] = k;
+    Py_DECREF(groups);
+    /* commit */
+    e->kind = kind;
+    e->op = op;
+    e->red_op = red_op;
+    e->out_dt = dt;
+    e->out_ndim = ndim;
+    e->out_elems = elems;
+    e->red_mask = (uint32_t)mask;
+    e->ngroups = ng;
+    e->nblk = nblk;
+    for (int i = 0; i < nblk; i++) {
+        PyObject *b = PyList_GET_ITEM(blocks, i);
+        e->bdev[i] = Py_NewRef(PyTuple_GET_ITEM(b, 0));
+        e->bstart[i] = Py_NewRef(PyTuple_GET_ITEM(b, 1));
+        e->brid[i] = Py_NewRef(PyTuple_GET_ITEM(b, 2));
+    }
+    e->out_shape = Py_NewRef(PyTuple_GET_ITEM(t, 2));
+    e->out_dtype = Py_NewRef(PyTuple_GET_ITEM(t, 3));
+    e->out_sharding = Py_NewRef(PyTuple_GET_ITEM(t, 5));
+    e->out_shard_shape = Py_NewRef(shard_shape);
+    e->fast = 1;
+    return 0;
+}
+
+/* The cache entry for these operands, planned on a miss; NULL with an exception set, or
+ * NULL without one when the planner said no (that answer is cached too). */
+static plan_entry *lookup(prim *p, ct_py_array *a, ct_py_array *b, int side, PyObject *const *args) {
+    for (int i = 0; i < NCACHE; i++) {
+        plan_entry *e = &p->cache[i];
+        if (key_match(e, a, b, side)) {
+            p->hits++;
+            return e->fast ? e : NULL;
+        }
+    }
+    p->misses++;
+    PyObject *plan = PyObject_Vectorcall(p->planner, args, (size_t)p->nin, NULL);
+    if (plan == NULL) return NULL;
+    plan_entry *e = &p->cache[p->next];
+    p->next = (p->next + 1) % NCACHE;
+    entry_clear(e);
+    if (plan != Py_None && entry_set_plan(e, plan) < 0) {
+        Py_DECREF(plan);
+        entry_clear(e);
+        return NULL;
+    }
+    Py_DECREF(plan);
+    e->ka_shape = Py_NewRef(a->shape);
+    e->ka_dtype = Py_NewRef(a->dtype);
+    e->ka_sharding = Py_NewRef(a->sharding);
+    if (b != NULL) {
+        e->kb_shape = Py_NewRef(b->shape);
+        e->kb_dtype = Py_NewRef(b->dtype);
+        e->kb_sharding = Py_NewRef(b->sharding);
+    }
+    e->side = side;
+    e->used = 1;
+    return e->fast ? e : NULL;
+}
+
+/* The n live buffers of Array x's blocks on the plan's devices; 0, or 1 when x does not fit
+ * (the Python op decides). */
+static int operand_buffers(const ct_py_array *x, const plan_entry *e, ct_py_buffer **out) {
+    PyObject *bl = x->blocks;
+    if (bl == NULL || !PyList_CheckExact(bl) || PyList_GET_SIZE(bl) != e->nblk) return 1;
+    for (int i = 0; i < e->nblk; i++) {
+        PyObject *t = PyList_GET_ITEM(bl, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4) return 1;
+        PyObject *b = PyTuple_GET_ITEM(t, 1);
+        if (!Py_IS_TYPE(b, &ct_py_BufferType)) return 1;
+        ct_py_buffer *buf = (ct_py_buffer *)b;
+        if (buf->deleted || buf->dev != e->cdev[i]) return 1;
+        out[i] = buf;
+    }
+    return 0;
+}
+
+static int64_t nelem(const ct_py_buffer *b) { return (int64_t)(b->nbytes / ct_dtype_size(b->dtype)); }
+
+/* The kernels of one block. */
+static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_buffer *y,
+                           ct_py_buffer *o, float alpha, float beta) {
+    ct_device *dev = e->cdev[i];
+    int64_t sa[CT_MAX_NDIM], sb[CT_MAX_NDIM];
+    ct_status st;
+    switch (e->kind) {
+    case K_UNARY:
+    case K_SCALAR:
+        return ct_op_unary(dev, e->op == S_DIV_L && e->kind == K_SCALAR ? CT_UN_RDIV :
+                                e->kind == K_SCALAR ? CT_UN_AFFINE : e->op,
+                           alpha, beta, nelem(o), x->data, o->data);
+    case K_BINARY:
+    case K_EWISE:
+        st = ct_broadcast_strides(o->ndim, o->shape, x->ndim, x->shape, sa);
+        if (st == CT_OK) st = ct_broadcast_strides(o->ndim, o->shape, y->ndim, y->shape, sb);
+        if (st != CT_OK) return st;
+        if (e->kind == K_BINARY)
+            return ct_op_binary(dev, e->op, o->ndim, o->shape, o->data, x->data, sa, y->data, sb);
+        return ct_op_ewise(dev, e->op, (int)x->dtype, o->ndim, o->shape, o->data, x->data, sa,
+                           y->data, sb);
+    case K_REDUCE:
+        if (e->red_mask == 0)
+            return ct_op_unary(dev, CT_UN_AFFINE, 1.0f, 0.0f, nelem(o), x->data, o->data);
+        return ct_op_reduce(dev, e->op, x->ndim, x->shape, e->red_mask, x->data, o->data);
+    }
+    return ct_set_error(CT_EINVAL, "dispatch: unknown plan kind");
+}
+
+/* The kernels of every block, then the all-reduces. */
+static ct_status run_plan(const plan_entry *e, ct_py_buffer **xs, ct_py_buffer **ys,
+                          ct_py_buffer **os, float alpha, float beta) {
+    ct_status st = CT_OK;
+    for (int i = 0; i < e->nblk && st == CT_OK; i++)
+        st = run_block(e, i, xs[i], ys != NULL ? ys[i] : NULL, os[i], alpha, beta);
+    for (int g = 0; g < e->ngroups && st == CT_OK; g++) {
+        ct_device *devs[MAXB];
+        float *bufs[MAXB];
+        int n = 0;
+        for (int k = e->gstart[g]; k < e->gstart[g + 1]; k++, n++) {
+            devs[n] = os[e->gpos[k]]->dev;
+            bufs[n] = os[e->gpos[k]]->data;
+        }
+        if (n > 1) st = ct_op_allreduce(devs, bufs, n, e->out_elems, e->red_op);
+    }
+    return st;
+}
+
+/* The affine (or reciprocal) constants of `a (op) s` / `s (op) a`, as the Python op computes
+ * them (in double, then rounded to float); 1 when this value takes the Python op's other
+ * path (a product with 0, a quotient by inf), -1 on error. */
+static int scalar_consts(int rule, PyObject *s, float *alpha, float *beta) {
+    double v = PyFloat_AsDouble(s);
+    if (v == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+        PyErr_Clear();
+        return 1; /* the Python op raises its own error */
+    }
+    switch (rule) {
+    case S_ADD: *alpha = 1.0f; *beta = (float)v; return 0;
+    case S_SUB_R: *alpha = 1.0f; *beta = (float)(-v); return 0;
+    case S_SUB_L: *alpha = -1.0f; *beta = (float)v; return 0;
+    case S_MUL:
+        if (v == 0.0) return 1;
+        *alpha = (float)v;
+        *beta = -0.0f;
+        return 0;
+    case S_DIV_R: {
+        double t = v != 0.0 ? 1.0 / v : copysign(INFINITY, v);
+        if (t == 0.0) return 1;
+        *alpha = (float)t;
+        *beta = -0.0f;
+        return 0;
+    }
+    case S_DIV_L: *alpha = (float)v; *beta = 0.0f; return 0;
+    }
+    return 1;
+}
+
+/* The C path; NULL without an exception when the call is the Python op's. */
+static PyObject *fast_call(prim *p, PyObject *const *args) {
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    ct_py_array *a, *b = NULL;
+    PyObject *scalar = NULL;
+    int side = 0;
+    if (p->nin == 1) {
+        if (!Py_IS_TYPE(args[0], at)) return NULL;
+        a = (ct_py_array *)args[0];
+    } else if (Py_IS_TYPE(args[0], at)) {
+        a = (ct_py_array *)args[0];
+        if (Py_IS_TYPE(args[1], at)) b = (ct_py_array *)args[1];
+        else if (is_scalar(args[1])) scalar = args[1], side = 1;
+        else return NULL;
+    } else if (Py_IS_TYPE(args[1], at) && is_scalar(args[0])) {
+        a = (ct_py_array *)args[1];
+        scalar = args[0];
+        side = 2;
+    } else {
+        return NULL;
+    }
+    if (a->donated != Py_False || (b != NULL && b->donated != Py_False)) return NULL;
+    int tape = tape_active();
+    if (tape != 0) {
+        if (tape < 0) PyErr_Clear();
+        return NULL;
+    }
+    plan_entry *e = lookup(p, a, b, side, args);
+    if (e == NULL) return NULL; /* the planner's exception, if any, propagates */
+    float alpha = 0.0f, beta = 0.0f;
+    if (e->kind == K_SCALAR) {
+        if (scalar == NULL) return NULL;
+        int r = scalar_consts(e->op, scalar, &alpha, &beta);
+        if (r != 0) return NULL; /* (an error stays set and propagates) */
+    } else if (scalar != NULL || (e->kind == K_BINARY || e->kind == K_EWISE) != (b != NULL)) {
+        return NULL;
+    }
+    ct_py_buffer *xs[MAXB], *ys[MAXB], *os[MAXB];
+    if (operand_buffers(a, e, xs) != 0 || (b != NULL && operand_buffers(b, e, ys) != 0))
+        return NULL;
+    for (int i = 0; i < e->nblk; i++) { /* the kernels' operand dtypes and sizes */
+        if (e->kind == K_EWISE) {
+            if (ys[i]->dtype != xs[i]->dtype) return NULL;
+        } else if (xs[i]->dtype != CT_F32 || (b != NULL && ys[i]->dtype != CT_F32)) {
+            return NULL;
+        }
+        if ((e->kind == K_UNARY || e->kind == K_SCALAR) && nelem(xs[i]) != e->out_elems)
+            return NULL;
+    }
+    int made = 0;
+    for (; made < e->nblk; made++) {
+        os[made] = ct_py_buffer_alloc(e->cdev[made], e->out_ndim, e->out_sdims, (ct_dtype)e->out_dt);
+        if (os[made] == NULL) break;
+    }
+    PyObject *blocks = NULL;
+    if (made < e->nblk) goto fail;
+    ct_status st;
+    if (e->out_elems * e->nblk < CT_DISPATCH_GIL_ELEMS) {
+        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta);
+    } else { /* pinned: another thread may drop or delete the operands meanwhile */
+        for (int i = 0; i < e->nblk; i++) {
+            ct_py_pin(xs[i]);
+            if (b != NULL) ct_py_pin(ys[i]);
+        }
+        Py_BEGIN_ALLOW_THREADS
+        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta);
+        Py_END_ALLOW_THREADS
+        for (int i = 0; i < e->nblk; i++) {
+            ct_py_unpin(xs[i]);
+            if (b != NULL) ct_py_unpin(ys[i]);
+        }
+    }
+    if (st != CT_OK) {
+        ct_py_raise(st);
+        goto fail;
+    }
+    blocks = PyList_New(e->nblk);
+    if (blocks == NULL) goto fail;
+    for (int i = 0; i < e->nblk; i++) {
+        PyObject *t = PyTuple_New(4);
+        if (t == NULL) goto fail;
+        PyTuple_SET_ITEM(t, 0, Py_NewRef(e->bdev[i]));
+        PyTuple_SET_ITEM(t, 1, (PyObject *)os[i]); /* the reference moves into the tuple */
+        PyTuple_SET_ITEM(t, 2, Py_NewRef(e->bstart[i]));
+        PyTuple_SET_ITEM(t, 3, Py_NewRef(e->brid[i]));
+        os[i] = NULL;
+        PyList_SET_ITEM(blocks, i, t);
+    }
+    return ct_py_array_new(Py_NewRef(e->out_shape), Py_NewRef(e->out_dtype),
+                           Py_NewRef(e->out_sharding), blocks, Py_NewRef(e->out_shard_shape));
+fail:
+    Py_XDECREF(blocks);
+    for (int i = 0; i < made; i++) Py_XDECREF(os[i]);
+    return NULL;
+}
+
+static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    prim *p = (prim *)self;
+    if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin) {
+        PyObject *r = fast_call(p, args);
+        if (r != NULL || PyErr_Occurred()) return r;
+    }
+    p->falls++;
+    return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"name", "nin", "fallback", "planner", "doc", NULL};
+    PyObject *name, *fallback, *planner, *doc = Py_None;
+    int nin;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|O:Primitive", kwlist, &name, &nin,
+                                     &fallback, &planner, &doc))
+        return NULL;
+    if (nin != 1 && nin != 2)
+        return PyErr_Format(PyExc_ValueError, "Primitive: nin must be 1 or 2, got %d", nin);
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(planner))
+        return PyErr_Format(PyExc_TypeError, "Primitive: fallback and planner must be callable");
+    prim *p = (prim *)type->tp_alloc(type, 0);
+    if (p == NULL) return NULL;
+    p->vectorcall = prim_vectorcall;
+    p->name = Py_NewRef(name);
+    p->fallback = Py_NewRef(fallback);
+    p->planner = Py_NewRef(planner);
+    p->doc = Py_NewRef(doc);
+    p->nin = nin;
+    return (PyObject *)p;
+}
+
+static void prim_clear_cache(prim *p) {
+    for (int i = 0; i < NCACHE; i++) entry_clear(&p->cache[i]);
+    p->next = 0;
+}
+
+static int prim_traverse(prim *p, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(p));
+    Py_VISIT(p->fallback);
+    Py_VISIT(p->planner);
+    Py_VISIT(p->dict);
+    return 0;
+}
+
+static int prim_clear(prim *p) {
+    Py_CLEAR(p->fallback);
+    Py_CLEAR(p->planner);
+    Py_CLEAR(p->dict);
+    prim_clear_cache(p);
+    return 0;
+}
+
+static void prim_dealloc(prim *p) {
+    PyObject_GC_UnTrack(p);
+    prim_clear(p);
+    Py_CLEAR(p->name);
+    Py_CLEAR(p->doc);
+    PyTypeObject *tp = Py_TYPE(p);
+    tp->tp_free((PyObject *)p);
+    Py_DECREF(tp);
+}
+
+static PyObject *prim_repr(prim *p) { return PyUnicode_FromFormat("<ctrainstate primitive %U>", p->name); }
+
+static PyObject *prim_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)obj;
+    (void)type;
+    return Py_NewRef(self); /* as a builtin function: not bound when set on a class */
+}
+
+static PyObject *prim_cache_info(prim *p, PyObject *noargs) {
+    (void)noargs;
+    int used = 0;
+    for (int i = 0; i < NCACHE; i++) used += p->cache[i].used;
+    return Py_BuildValue("{sKsKsKsisi}", "hits", p->hits, "misses", p->misses, "fallbacks", p->falls,
+                         "entries", used, "size", NCACHE);
+}
+
+static PyObject *prim_cache_clear(prim *p, PyObject *noargs) {
+    (void)noargs;
+    prim_clear_cache(p);
+    p->hits = p->misses = p->falls = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *prim_get_doc(prim *p, void *c) {
+    (void)c;
+    return Py_NewRef(p->doc);
+}
+
+static int prim_set_doc(prim *p, PyObject *v, void *c) {
+    (void)c;
+    Py_XSETREF(p->doc, Py_NewRef(v != NULL ? v : Py_None));
+    return 0;
+}
+
+static PyObject *prim_get_name(prim *p, void *c) {
+    (void)c;
+    return Py_NewRef(p->name);
+}
+
+static PyObject *prim_get_wrapped(prim *p, void *c) {
+    (void)c;
+    return Py_NewRef(p->fallback);
+}
+
+static PyMethodDef prim_methods[] = {
+    {"cache_info", (PyCFunction)prim_cache_info, METH_NOARGS,
+     "cache_info($self, /)\n--\n\nPlan-cache counters: hits, misses (planned), fallbacks (calls "
+     "that ran the Python op), entries, size."},
+    {"cache_clear", (PyCFunction)prim_cache_clear, METH_NOARGS,
+     "cache_clear($self, /)\n--\n\nDrop every cached plan and reset the counters."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef prim_getset[] = {
+    {"__doc__", (getter)prim_get_doc, (setter)prim_set_doc, NULL, NULL},
+    {"__name__", (getter)prim_get_name, NULL, NULL, NULL},
+    {"__qualname__", (getter)prim_get_name, NULL, NULL, NULL},
+    {"__wrapped__", (getter)prim_get_wrapped, NULL, "The Python op (the general path).", NULL},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef prim_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(prim, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(prim, dict), READONLY, NULL},
+    {"planner", T_OBJECT, offsetof(prim, planner), READONLY, "The planner (Python)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot prim_slots[] = {
+    {Py_tp_new, prim_new},
+    {Py_tp_dealloc, prim_dealloc},
+    {Py_tp_traverse, prim_traverse},
+    {Py_tp_clear, prim_clear},
+    {Py_tp_repr, prim_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, prim_get},
+    {Py_tp_methods, prim_methods},
+    {Py_tp_getset, prim_getset},
+    {Py_tp_members, prim_members},
+    {0, NULL},
+};
+
+static PyType_Spec prim_spec = {
+    .name = "ctrainstate._C.Primitive",
+    .basicsize = sizeof(prim),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = prim_slots,
+};
+
+/* The Array's operators: the registered primitive, or (before registration) TypeError. */
+static PyObject *slot_call(int k, PyObject *const *args, size_t n) {
+    PyObject *f = slot_prims[k];
+    if (f == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "ctrainstate ops are not loaded yet");
+    return PyObject_Vectorcall(f, args, n, NULL);
+}
+
+PyObject *ct_py_array_nb_add(PyObject *a, PyObject *b) {
+    PyObject *args[2] = {a, b};
+    return slot_call(0, args, 2);
+}
+PyObject *ct_py_array_nb_subtract(PyObject *a, PyObject *b) {
+    PyObject *args[2] = {a, b};
+    return slot_call(1, args, 2);
+}
+PyObject *ct_py_array_nb_multiply(PyObject *a, PyObject *b) {
+    PyObject *args[2] = {a, b};
+    return slot_call(2, args, 2);
+}
+PyObject *ct_py_array_nb_true_divide(PyObject *a, PyObject *b) {
+    PyObject *args[2] = {a, b};
+    return slot_call(3, args, 2);
+}
+PyObject *ct_py_array_nb_negative(PyObject *a) {
+    PyObject *args[1] = {a};
+    return slot_call(4, args, 1);
+}
+
+static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 6)
+        return PyErr_Format(PyExc_TypeError, "dispatch_register takes 6 arguments (%zd given)", n);
+    for (int i = 1; i < 6; i++)
+        if (!PyCallable_Check(args[i]))
+            return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
+    Py_XSETREF(tape_tls, Py_NewRef(args[0]));
+    for (int i = 0; i < 5; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 1]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef dispatch_methods[] = {
+    {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
+     "dispatch_register(tls, add, subtract, multiply, divide, negative, /)\n--\n\n"
+     "Register the thread-local holding the autodiff tape stack (`tapes`) and the primitives\n"
+     "behind the Array's + - * / and unary -."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ct_py_init_dispatch(PyObject *m) {
+    tapes_name = PyUnicode_InternFromString("tapes");
+    if (tapes_name == NULL) return -1;
+    if (PyModule_AddFunctions(m, dispatch_methods) < 0) return -1;
+    PyObject *t = PyType_FromSpec(&prim_spec);
+    if (t == NULL) return -1;
+    prim_type = (PyTypeObject *)t;
+    if (PyModule_AddObjectRef(m, "Primitive", t) < 0) return -1;
+    PyObject *kinds = Py_BuildValue("{sisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY, "EWISE",
+                                    K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR);
+    if (kinds == NULL || PyModule_AddObject(m, "dispatch_kinds", kinds) < 0) {
+        Py_XDECREF(kinds);
+        return -1;
+    }
+    PyObject *rules = Py_BuildValue("{sisisisisisi}", "ADD", S_ADD, "SUB_R", S_SUB_R, "SUB_L",
+                                    S_SUB_L, "MUL", S_MUL, "DIV_R", S_DIV_R, "DIV_L", S_DIV_L);
+    if (rules == NULL || PyModule_AddObject(m, "dispatch_scalar_rules", rules) < 0) {
+        Py_XDECREF(rules);
+        return -1;
+    }
+    return 0;
+}

@@ -797,4 +797,79 @@ static PyMethodDef ops_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ct_py_init_ops(PyObject *m) { return PyModule_AddFunctions(m, ops_methods); }
+/* _C.op_codes: {"unary": {name: code}, "binary": ..., "ewise": ..., "reduce": ...,
+ * "precision": ...}, the ct_ops.h (and ct_prec_math.h) enums by their names without the prefix: the Python layer reads the kernels'
+ * codes here instead of copying them. */
+#define NAMED(prefix, x) {#x, prefix##x}
+typedef struct {
+    const char *name;
+    int code;
+} named_code;
+
+static const named_code unary_codes[] = {
+    NAMED(CT_UN_, AFFINE), NAMED(CT_UN_, NEG), NAMED(CT_UN_, SIN), NAMED(CT_UN_, COS),
+    NAMED(CT_UN_, TANH), NAMED(CT_UN_, RELU), NAMED(CT_UN_, STEP), NAMED(CT_UN_, GELU),
+    NAMED(CT_UN_, GELU_GRAD), NAMED(CT_UN_, EXP), NAMED(CT_UN_, LOG), NAMED(CT_UN_, SQRT),
+    NAMED(CT_UN_, RSQRT), NAMED(CT_UN_, SQUARE), NAMED(CT_UN_, SIGMOID), NAMED(CT_UN_, ABS),
+    NAMED(CT_UN_, SIGN), NAMED(CT_UN_, POW), NAMED(CT_UN_, RDIV), NAMED(CT_UN_, LOG1P),
+    NAMED(CT_UN_, EXPM1), NAMED(CT_UN_, ERF), NAMED(CT_UN_, FLOOR), NAMED(CT_UN_, CEIL),
+    NAMED(CT_UN_, ROUND), NAMED(CT_UN_, TRUNC), NAMED(CT_UN_, ERFC), NAMED(CT_UN_, SINH),
+    NAMED(CT_UN_, COSH), NAMED(CT_UN_, TAN), NAMED(CT_UN_, ASIN), NAMED(CT_UN_, ACOS),
+    NAMED(CT_UN_, ATAN), NAMED(CT_UN_, ASINH), NAMED(CT_UN_, ACOSH), NAMED(CT_UN_, ATANH),
+    NAMED(CT_UN_, CBRT), NAMED(CT_UN_, EXP2), NAMED(CT_UN_, SIGNBIT),
+};
+_Static_assert(sizeof unary_codes / sizeof unary_codes[0] == CT_UN_COUNT, "every unary op named");
+
+static const named_code binary_codes[] = {
+    NAMED(CT_BIN_, ADD), NAMED(CT_BIN_, SUB), NAMED(CT_BIN_, MUL), NAMED(CT_BIN_, DIV),
+    NAMED(CT_BIN_, MAX), NAMED(CT_BIN_, MIN), NAMED(CT_BIN_, GT), NAMED(CT_BIN_, KEEP),
+    NAMED(CT_BIN_, POW), NAMED(CT_BIN_, ATAN2), NAMED(CT_BIN_, NEXTAFTER), NAMED(CT_BIN_, FMOD),
+    NAMED(CT_BIN_, LDEXP), NAMED(CT_BIN_, PICK),
+};
+_Static_assert(sizeof binary_codes / sizeof binary_codes[0] == CT_BIN_COUNT, "every binary op named");
+
+static const named_code ewise_codes[] = {
+    NAMED(CT_EW_, EQ), NAMED(CT_EW_, NE), NAMED(CT_EW_, LT), NAMED(CT_EW_, LE),
+    NAMED(CT_EW_, GT), NAMED(CT_EW_, GE), NAMED(CT_EW_, ADD), NAMED(CT_EW_, SUB),
+    NAMED(CT_EW_, MUL), NAMED(CT_EW_, MAX), NAMED(CT_EW_, MIN), NAMED(CT_EW_, FLOORDIV),
+    NAMED(CT_EW_, REM), NAMED(CT_EW_, AND), NAMED(CT_EW_, OR), NAMED(CT_EW_, XOR),
+    NAMED(CT_EW_, SHL), NAMED(CT_EW_, SHR), NAMED(CT_EW_, NOT), NAMED(CT_EW_, NEG),
+    NAMED(CT_EW_, ABS), NAMED(CT_EW_, ISNAN), NAMED(CT_EW_, ISINF), NAMED(CT_EW_, ISFINITE),
+};
+_Static_assert(sizeof ewise_codes / sizeof ewise_codes[0] == CT_EW_COUNT, "every typed op named");
+
+static const named_code reduce_codes[] = {NAMED(CT_RED_, SUM), NAMED(CT_RED_, MAX)};
+static const named_code precision_codes[] = {NAMED(CT_PREC_, F32), NAMED(CT_PREC_, TF32),
+                                             NAMED(CT_PREC_, BF16)};
+_Static_assert(sizeof reduce_codes / sizeof reduce_codes[0] == CT_RED_COUNT, "every reduction named");
+
+static PyObject *codes_dict(const named_code *c, size_t n) {
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLong(c[i].code);
+        if (v == NULL || PyDict_SetItemString(d, c[i].name, v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+#define CODES(a) codes_dict(a, sizeof a / sizeof a[0])
+
+int ct_py_init_ops(PyObject *m) {
+    if (PyModule_AddFunctions(m, ops_methods) < 0) return -1;
+    PyObject *u = CODES(unary_codes), *b = CODES(binary_codes), *e = CODES(ewise_codes),
+             *r = CODES(reduce_codes), *p = CODES(precision_codes);
+    PyObject *all = (u && b && e && r && p)
+                        ? Py_BuildValue("{sOsOsOsOsO}", "unary", u, "binary", b, "ewise", e,
+                                        "reduce", r, "precision", p)
+                        : NULL;
+    Py_XDECREF(p);
+    Py_XDECREF(u);
+    Py_XDECREF(b);
+    Py_XDECREF(e);
+    Py_XDECREF(r);
+    if (all == NULL) return -1;
+    int rc = PyModule_AddObjectRef(m, "op_codes", all);
+    Py_DECREF(all);
+    return rc;
+}

@@ -97,6 +97,7 @@ class Primitive:
     def cache_info(self) -> dict[str, int]: ...
     def cache_clear(self) -> None: ...
 
+op_codes: dict[str, dict[str, int]]
 dispatch_kinds: dict[str, int]
 dispatch_scalar_rules: dict[str, int]
 def dispatch_register(tls: Any, add: Callable[..., Any], subtract: Callable[..., Any],

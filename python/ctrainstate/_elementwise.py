@@ -52,10 +52,12 @@ from . import _C, _dtypes
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
 
-# ct_ewise_op (csrc/core/ct_ops.h)
+# ct_ewise_op and the reductions (csrc/core/ct_ops.h), read from _C.op_codes
 (EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, MAX, MIN, FLOORDIV, REM, AND, OR, XOR, SHL, SHR,
- NOT, NEG, ABS, ISNAN, ISINF, ISFINITE) = range(24)
-_RED_SUM, _RED_MAX = range(2)
+ NOT, NEG, ABS, ISNAN, ISINF, ISFINITE) = (_C.op_codes["ewise"][n] for n in (
+    "EQ", "NE", "LT", "LE", "GT", "GE", "ADD", "SUB", "MUL", "MAX", "MIN", "FLOORDIV", "REM",
+    "AND", "OR", "XOR", "SHL", "SHR", "NOT", "NEG", "ABS", "ISNAN", "ISINF", "ISFINITE"))
+_RED_SUM, _RED_MAX = _C.op_codes["reduce"]["SUM"], _C.op_codes["reduce"]["MAX"]
 
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16
 _I32, _U32, _BOOL = _dtypes.int32, _dtypes.uint32, _dtypes.bool_

@@ -50,15 +50,18 @@ import functools
 
 import numpy as np
 
-from . import _dtypes
+from . import _C, _dtypes
 from . import _elementwise as _ew
 from . import _ops as _o
 from .array import Array
 
-# ABI 7 codes (csrc/core/ct_ops.h), after CT_UN_ERFC and CT_BIN_POW
+# the ABI 7 kernels' codes (csrc/core/ct_ops.h), read from _C.op_codes
 (U_SINH, U_COSH, U_TAN, U_ASIN, U_ACOS, U_ATAN, U_ASINH, U_ACOSH, U_ATANH, U_CBRT, U_EXP2,
- U_SIGNBIT) = range(_o.U_ERFC + 1, _o.U_ERFC + 13)
-B_ATAN2, B_NEXTAFTER, B_FMOD, B_LDEXP = range(_o.B_POW + 1, _o.B_POW + 5)
+ U_SIGNBIT) = (_C.op_codes["unary"][n] for n in (
+    "SINH", "COSH", "TAN", "ASIN", "ACOS", "ATAN", "ASINH", "ACOSH", "ATANH", "CBRT", "EXP2",
+    "SIGNBIT"))
+B_ATAN2, B_NEXTAFTER, B_FMOD, B_LDEXP = (_C.op_codes["binary"][n] for n in (
+    "ATAN2", "NEXTAFTER", "FMOD", "LDEXP"))
 
 _F32 = _dtypes.float32
 _FLOATS = (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)

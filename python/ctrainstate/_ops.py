@@ -39,13 +39,17 @@ from ._precision import resolve_precision as _resolve_precision
 from .array import Array, _as_sharding, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
 
-# unary op codes (csrc/core/ct_ops.h)
+# the kernels' op codes (csrc/core/ct_ops.h), read from _C.op_codes
+_UN, _BIN = _C.op_codes["unary"], _C.op_codes["binary"]
 (U_AFFINE, U_NEG, U_SIN, U_COS, U_TANH, U_RELU, U_STEP, U_GELU, U_GELU_GRAD, U_EXP, U_LOG,
  U_SQRT, U_RSQRT, U_SQUARE, U_SIGMOID, U_ABS, U_SIGN, U_POW, U_RDIV,
- U_LOG1P, U_EXPM1, U_ERF, U_FLOOR, U_CEIL, U_ROUND, U_TRUNC, U_ERFC) = range(27)
-B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT, B_KEEP, B_POW = range(9)
-B_PICK = 13   # ABI 8 (after _math_extra's B_ATAN2 .. B_LDEXP): a where the mask is set, else -0.0
-_RED_SUM, _RED_MAX = range(2)  # reductions (CT_RED_*)
+ U_LOG1P, U_EXPM1, U_ERF, U_FLOOR, U_CEIL, U_ROUND, U_TRUNC, U_ERFC) = (
+    _UN[n] for n in ("AFFINE", "NEG", "SIN", "COS", "TANH", "RELU", "STEP", "GELU", "GELU_GRAD",
+                     "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "SIGMOID", "ABS", "SIGN", "POW",
+                     "RDIV", "LOG1P", "EXPM1", "ERF", "FLOOR", "CEIL", "ROUND", "TRUNC", "ERFC"))
+B_ADD, B_SUB, B_MUL, B_DIV, B_MAX, B_MIN, B_GT, B_KEEP, B_POW, B_PICK = (
+    _BIN[n] for n in ("ADD", "SUB", "MUL", "DIV", "MAX", "MIN", "GT", "KEEP", "POW", "PICK"))
+_RED_SUM, _RED_MAX = _C.op_codes["reduce"]["SUM"], _C.op_codes["reduce"]["MAX"]
 
 
 # --- BLAS -----------------------------------------------------------------------------
@@ -2307,7 +2311,9 @@ power = _lowp_integer_power(power)
 
 _K = _C.dispatch_kinds
 _SR = _C.dispatch_scalar_rules
-_EW = {"add": 6, "subtract": 7, "multiply": 8, "maximum": 9, "minimum": 10}  # CT_EW_* (ct_ops.h)
+_EW = {name: _C.op_codes["ewise"][code] for name, code in (
+    ("add", "ADD"), ("subtract", "SUB"), ("multiply", "MUL"), ("maximum", "MAX"),
+    ("minimum", "MIN"))}
 _EW_DTYPES = (_dtypes.bfloat16, _dtypes.float16, np.dtype(np.int32))
 
 

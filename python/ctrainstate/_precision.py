@@ -68,9 +68,11 @@ import contextlib
 import enum
 import threading
 
+from . import _C
+
 __all__ = ["Precision", "default_matmul_precision", "resolve_precision"]
 
-F32, TF32, BF16 = 0, 1, 2  # CT_PREC_* (csrc/core/ct_prec_math.h)
+F32, TF32, BF16 = (_C.op_codes["precision"][n] for n in ("F32", "TF32", "BF16"))  # CT_PREC_*
 _MODE_NAMES = {F32: "float32", TF32: "tensorfloat32", BF16: "bfloat16"}
 
 

@@ -294,3 +294,26 @@ def test_cache_keeps_at_most_its_size_and_replans():
     assert info["entries"] == info["size"] and info["misses"] == len(x)
     for a in x:
         np.testing.assert_array_equal(np.asarray(_ops.cos(a)), np.cos(np.ones(a.shape, np.float32)))
+
+
+def test_kernel_codes_are_read_from_C_not_copied():
+    """The Python layer takes the kernels' enum values from _C.op_codes: no module-level
+    ``A, B, ... = range(N)`` copies of a C enum anywhere in the package."""
+    import ast
+    import pathlib
+    from ctrainstate import _elementwise, _math_extra, _precision
+    codes = _C.op_codes
+    assert _ops.U_ERFC == codes["unary"]["ERFC"] and _ops.B_PICK == codes["binary"]["PICK"]
+    assert _math_extra.U_SIGNBIT == codes["unary"]["SIGNBIT"]
+    assert _elementwise.ISFINITE == codes["ewise"]["ISFINITE"]
+    assert _precision.BF16 == codes["precision"]["BF16"]
+    assert len(set(codes["unary"].values())) == len(codes["unary"])
+    root = pathlib.Path(cts.__file__).parent
+    copies = []
+    for path in root.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+                    and isinstance(node.value, ast.Call)
+                    and getattr(node.value.func, "id", None) == "range"):
+                copies.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert copies == []

@@ -73,6 +73,8 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *name, *fallback, *planner, *doc, *dict;
+    PyObject *vjp; /* the tape rule (g, out, *operands) -> cotangents of the Array operands;
+                    * NULL: a recording tape sends calls to the fallback */
     int nin;
     int next; /* the cache entry replaced at the next miss */
     unsigned long long hits, misses, falls;
@@ -81,7 +83,9 @@ typedef struct {
 
 static PyTypeObject *prim_type;
 static PyObject *tape_tls;                 /* ctrainstate._ops._tls */
-static PyObject *tapes_name;               /* "tapes" */
+static PyObject *tape_type;                /* ctrainstate._ops._Tape */
+static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name, *nodes_name;
+static PyTypeObject *node_vjp_type;
 static PyObject *slot_prims[5];            /* add, subtract, multiply, divide, negative */
 
 static void entry_clear(plan_entry *e) {
@@ -104,26 +108,27 @@ static void entry_clear(plan_entry *e) {
     e->nblk = e->ngroups = 0;
 }
 
-/* Whether an autodiff tape records on this thread: ctrainstate._ops._tape() is not None,
- * i.e. `_tls.tapes` is a non-empty list whose last entry is not None. -1 on error. */
-static int tape_active(void) {
+/* The tape recording on this thread: ctrainstate._ops._tape(), the last entry of
+ * `_tls.tapes` when that is a non-empty list. Returns 0 with *tape NULL (none) or a new
+ * reference; 1 when the stack is something else (the Python op reads it); -1 on error. */
+static int top_tape(PyObject **tape) {
+    *tape = NULL;
     if (tape_tls == NULL) return 1; /* not registered: never take the C path */
     /* (the thread-local's class has `tapes = None`: a thread that never opened a tape
      * reads that, and no AttributeError is made) */
     PyObject *stack = PyObject_GetAttr(tape_tls, tapes_name);
     if (stack == NULL) return -1;
+    int rc = 0;
     if (stack == Py_None) {
-        Py_DECREF(stack);
-        return 0;
+    } else if (PyList_CheckExact(stack)) {
+        const Py_ssize_t n = PyList_GET_SIZE(stack);
+        PyObject *top = n > 0 ? PyList_GET_ITEM(stack, n - 1) : Py_None;
+        if (top != Py_None) *tape = Py_NewRef(top);
+    } else {
+        rc = 1;
     }
-    int active;
-    if (PyList_CheckExact(stack))
-        active = PyList_GET_SIZE(stack) > 0 &&
-                 PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1) != Py_None;
-    else
-        active = 1; /* something else: let the Python op read it */
     Py_DECREF(stack);
-    return active;
+    return rc;
 }
 
 static int same_shape(PyObject *x, PyObject *y) {
@@ -410,6 +415,136 @@ static int scalar_consts(int rule, PyObject *s, float *alpha, float *beta) {
     return 1;
 }
 
+/* The vjp of a node the C path records: calling it with the output's cotangent g runs the
+ * primitive's tape rule, rule(g, out, *operands). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *rule, *out, *args; /* args: the call's operands (Arrays and scalars) */
+} node_vjp;
+
+static PyObject *node_vjp_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    node_vjp *v = (node_vjp *)self;
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 1)
+        return PyErr_Format(PyExc_TypeError, "a tape node's vjp takes one cotangent");
+    PyObject *call[4];
+    const Py_ssize_t n = PyTuple_GET_SIZE(v->args);
+    call[0] = args[0];
+    call[1] = v->out;
+    for (Py_ssize_t i = 0; i < n; i++) call[2 + i] = PyTuple_GET_ITEM(v->args, i);
+    return PyObject_Vectorcall(v->rule, call, (size_t)(2 + n), NULL);
+}
+
+static int node_vjp_traverse(node_vjp *v, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(v));
+    Py_VISIT(v->rule);
+    Py_VISIT(v->out);
+    Py_VISIT(v->args);
+    return 0;
+}
+
+static int node_vjp_clear(node_vjp *v) {
+    Py_CLEAR(v->rule);
+    Py_CLEAR(v->out);
+    Py_CLEAR(v->args);
+    return 0;
+}
+
+static void node_vjp_dealloc(node_vjp *v) {
+    PyObject_GC_UnTrack(v);
+    node_vjp_clear(v);
+    PyTypeObject *tp = Py_TYPE(v);
+    tp->tp_free((PyObject *)v);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef node_vjp_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(node_vjp, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot node_vjp_slots[] = {
+    {Py_tp_dealloc, node_vjp_dealloc},
+    {Py_tp_traverse, node_vjp_traverse},
+    {Py_tp_clear, node_vjp_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, node_vjp_members},
+    {0, NULL},
+};
+
+static PyType_Spec node_vjp_spec = {
+    .name = "ctrainstate._C.NodeVjp",
+    .basicsize = sizeof(node_vjp),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = node_vjp_slots,
+};
+
+/* Whether the C path may record on `tape`: a plain _Tape of no enclosing differentiated call
+ * (an op of a nested value_and_grad is checked by the Python op). 1 yes, 0 no, -1 error. */
+static int tape_recordable(PyObject *tape) {
+    if ((PyObject *)Py_TYPE(tape) != tape_type) return 0;
+    PyObject *outer = PyObject_GetAttr(tape, outer_name);
+    if (outer == NULL) return -1;
+    int ok = PyTuple_CheckExact(outer) && PyTuple_GET_SIZE(outer) == 0;
+    Py_DECREF(outer);
+    return ok;
+}
+
+/* 1 if id(x) is in the tape's tracked set, 0 if not, -1 on error. */
+static int is_tracked(PyObject *tracked, PyObject *x) {
+    PyObject *id = PyLong_FromVoidPtr(x);
+    if (id == NULL) return -1;
+    int r = PySet_Contains(tracked, id);
+    Py_DECREF(id);
+    return r;
+}
+
+/* As _ops._record: the node (out, inputs, vjp) on the tape and out tracked. */
+static int record(prim *p, PyObject *tape, PyObject *out, PyObject *const *args, PyObject *a,
+                  PyObject *b) {
+    PyObject *tracked = PyObject_GetAttr(tape, tracked_name);
+    PyObject *keep = PyObject_GetAttr(tape, keep_name);
+    PyObject *nodes = PyObject_GetAttr(tape, nodes_name);
+    PyObject *id = NULL, *inputs = NULL, *node = NULL;
+    node_vjp *v = NULL;
+    int rc = -1;
+    if (tracked == NULL || keep == NULL || nodes == NULL) goto out;
+    if (!PySet_Check(tracked) || !PyList_Check(keep) || !PyList_Check(nodes)) {
+        PyErr_SetString(PyExc_TypeError, "dispatch: a tape's tracked/keep/nodes changed type");
+        goto out;
+    }
+    id = PyLong_FromVoidPtr(out);
+    inputs = b != NULL ? PyTuple_Pack(2, a, b) : PyTuple_Pack(1, a);
+    v = PyObject_GC_New(node_vjp, node_vjp_type); /* (it takes a reference to the type) */
+    if (v != NULL) v->rule = v->out = v->args = NULL;
+    if (id == NULL || inputs == NULL || v == NULL) goto out;
+    v->vectorcall = node_vjp_call;
+    v->rule = Py_NewRef(p->vjp);
+    v->out = Py_NewRef(out);
+    v->args = PyTuple_New(p->nin);
+    if (v->args == NULL) goto out;
+    for (int i = 0; i < p->nin; i++) PyTuple_SET_ITEM(v->args, i, Py_NewRef(args[i]));
+    PyObject_GC_Track(v);
+    node = PyTuple_Pack(3, out, inputs, (PyObject *)v);
+    if (node == NULL || PySet_Add(tracked, id) < 0 || PyList_Append(keep, out) < 0 ||
+        PyList_Append(nodes, node) < 0)
+        goto out;
+    rc = 0;
+out:
+    Py_XDECREF(tracked);
+    Py_XDECREF(keep);
+    Py_XDECREF(nodes);
+    Py_XDECREF(id);
+    Py_XDECREF(inputs);
+    Py_XDECREF((PyObject *)v);
+    Py_XDECREF(node);
+    return rc;
+}
+
+static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *scalar, int side,
+                          PyObject *const *args, int track);
+
 /* The C path; NULL without an exception when the call is the Python op's. */
 static PyObject *fast_call(prim *p, PyObject *const *args) {
     PyTypeObject *at = ct_py_array_type();
@@ -436,13 +571,45 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
         return NULL;
     }
     if (a->donated != Py_False || (b != NULL && b->donated != Py_False)) return NULL;
-    int tape = tape_active();
-    if (tape != 0) {
-        if (tape < 0) PyErr_Clear();
+    PyObject *tape;
+    int tr = top_tape(&tape);
+    if (tr != 0) {
+        if (tr < 0) PyErr_Clear();
         return NULL;
     }
+    /* with a tape recording: the C path records the node itself when the primitive has a
+     * tape rule and the tape is a plain one; otherwise the Python op runs */
+    int track = 0;
+    if (tape != NULL) {
+        int ok = p->vjp != NULL ? tape_recordable(tape) : 0;
+        PyObject *tracked = ok > 0 ? PyObject_GetAttr(tape, tracked_name) : NULL;
+        if (tracked != NULL && PySet_Check(tracked)) {
+            track = is_tracked(tracked, (PyObject *)a);
+            if (track == 0 && b != NULL) track = is_tracked(tracked, (PyObject *)b);
+        } else {
+            track = -1;
+        }
+        Py_XDECREF(tracked);
+        if (track < 0) {
+            PyErr_Clear();
+            Py_DECREF(tape);
+            return NULL;
+        }
+        if (!track) Py_CLEAR(tape); /* nothing to record: as without a tape */
+    }
+    PyObject *res = fast_run(p, a, b, scalar, side, args, track);
+    if (res != NULL && tape != NULL && record(p, tape, res, args, (PyObject *)a, (PyObject *)b) < 0)
+        Py_CLEAR(res);
+    Py_XDECREF(tape);
+    return res;
+}
+
+/* The plan and kernels of fast_call; NULL without an exception: the Python op's call. */
+static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *scalar, int side,
+                          PyObject *const *args, int track) {
     plan_entry *e = lookup(p, a, b, side, args);
     if (e == NULL) return NULL; /* the planner's exception, if any, propagates */
+    if (track && e->kind == K_EWISE) return NULL; /* (16-bit and int ops record in Python) */
     float alpha = 0.0f, beta = 0.0f;
     if (e->kind == K_SCALAR) {
         if (scalar == NULL) return NULL;
@@ -522,12 +689,14 @@ static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t n
 }
 
 static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"name", "nin", "fallback", "planner", "doc", NULL};
-    PyObject *name, *fallback, *planner, *doc = Py_None;
+    static char *kwlist[] = {"name", "nin", "fallback", "planner", "doc", "vjp", NULL};
+    PyObject *name, *fallback, *planner, *doc = Py_None, *vjp = Py_None;
     int nin;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|O:Primitive", kwlist, &name, &nin,
-                                     &fallback, &planner, &doc))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|OO:Primitive", kwlist, &name, &nin,
+                                     &fallback, &planner, &doc, &vjp))
         return NULL;
+    if (vjp != Py_None && !PyCallable_Check(vjp))
+        return PyErr_Format(PyExc_TypeError, "Primitive: vjp must be callable or None");
     if (nin != 1 && nin != 2)
         return PyErr_Format(PyExc_ValueError, "Primitive: nin must be 1 or 2, got %d", nin);
     if (!PyCallable_Check(fallback) || !PyCallable_Check(planner))
@@ -539,6 +708,7 @@ static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     p->fallback = Py_NewRef(fallback);
     p->planner = Py_NewRef(planner);
     p->doc = Py_NewRef(doc);
+    p->vjp = vjp != Py_None ? Py_NewRef(vjp) : NULL;
     p->nin = nin;
     return (PyObject *)p;
 }
@@ -552,6 +722,7 @@ static int prim_traverse(prim *p, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(p));
     Py_VISIT(p->fallback);
     Py_VISIT(p->planner);
+    Py_VISIT(p->vjp);
     Py_VISIT(p->dict);
     return 0;
 }
@@ -559,6 +730,7 @@ static int prim_traverse(prim *p, visitproc visit, void *arg) {
 static int prim_clear(prim *p) {
     Py_CLEAR(p->fallback);
     Py_CLEAR(p->planner);
+    Py_CLEAR(p->vjp);
     Py_CLEAR(p->dict);
     prim_clear_cache(p);
     return 0;
@@ -640,6 +812,8 @@ static PyMemberDef prim_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(prim, vectorcall), READONLY, NULL},
     {"__dictoffset__", T_PYSSIZET, offsetof(prim, dict), READONLY, NULL},
     {"planner", T_OBJECT, offsetof(prim, planner), READONLY, "The planner (Python)."},
+    {"vjp", T_OBJECT, offsetof(prim, vjp), READONLY,
+     "The tape rule (g, out, *operands) -> cotangents of the Array operands, or None."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -695,27 +869,36 @@ PyObject *ct_py_array_nb_negative(PyObject *a) {
 
 static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (n != 6)
-        return PyErr_Format(PyExc_TypeError, "dispatch_register takes 6 arguments (%zd given)", n);
-    for (int i = 1; i < 6; i++)
+    if (n != 7)
+        return PyErr_Format(PyExc_TypeError, "dispatch_register takes 7 arguments (%zd given)", n);
+    if (!PyType_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "dispatch_register: the tape type must be a class");
+    for (int i = 2; i < 7; i++)
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
-    for (int i = 0; i < 5; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 1]));
+    Py_XSETREF(tape_type, Py_NewRef(args[1]));
+    for (int i = 0; i < 5; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 2]));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef dispatch_methods[] = {
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
-     "dispatch_register(tls, add, subtract, multiply, divide, negative, /)\n--\n\n"
-     "Register the thread-local holding the autodiff tape stack (`tapes`) and the primitives\n"
-     "behind the Array's + - * / and unary -."},
+     "dispatch_register(tls, tape_type, add, subtract, multiply, divide, negative, /)\n--\n\n"
+     "Register the thread-local holding the autodiff tape stack (`tapes`), the tape class the\n"
+     "C path records on, and the primitives behind the Array's + - * / and unary -."},
     {NULL, NULL, 0, NULL},
 };
 
 int ct_py_init_dispatch(PyObject *m) {
     tapes_name = PyUnicode_InternFromString("tapes");
-    if (tapes_name == NULL) return -1;
+    outer_name = PyUnicode_InternFromString("outer");
+    tracked_name = PyUnicode_InternFromString("tracked");
+    keep_name = PyUnicode_InternFromString("keep");
+    nodes_name = PyUnicode_InternFromString("nodes");
+    if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name) return -1;
+    node_vjp_type = (PyTypeObject *)PyType_FromSpec(&node_vjp_spec);
+    if (node_vjp_type == NULL) return -1;
     if (PyModule_AddFunctions(m, dispatch_methods) < 0) return -1;
     PyObject *t = PyType_FromSpec(&prim_spec);
     if (t == NULL) return -1;

@@ -513,22 +513,61 @@ def _is_scalar(x):
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
 
 
+# the derivatives of the binary ops: (g, a, b, out) -> the cotangent of one operand (before
+# un-broadcasting), and of their scalar forms (g, x, out) -> x's cotangent; shared by the
+# Python ops and the C path's tape records (_BINARY_VJPS)
+def _d_pass(g, *_):
+    return g
+
+
+def _d_neg(g, *_):
+    return negative(g)
+
+
+def _d_mul_a(g, x, y, o):
+    return multiply(g, y)
+
+
+def _d_mul_b(g, x, y, o):
+    return multiply(g, x)
+
+
+def _d_div_a(g, x, y, o):
+    return divide(g, y)
+
+
+def _d_div_b(g, x, y, o):
+    return negative(multiply(g, divide(o, y)))
+
+
+def _d_rdiv(g, x, y):   # s / x (y: the output)
+    return multiply(g, multiply(y, divide(-1.0, x)))
+
+
+def _d_max_a(g, x, y, o):
+    return multiply(g, _share(x, y))
+
+
+def _d_max_b(g, x, y, o):
+    return multiply(g, _share(y, x))
+
+
 def add(a, b) -> Array:
     """Elementwise ``a + b`` with numpy broadcasting."""
     if _is_scalar(b) and isinstance(a, Array):
-        return _unary(U_AFFINE, a, 1.0, float(b), vjp=lambda g, x, y: g)
+        return _unary(U_AFFINE, a, 1.0, float(b), vjp=_d_pass)
     if _is_scalar(a) and isinstance(b, Array):
         return add(b, a)
-    return _binary(B_ADD, a, b, lambda g, x, y, o: g, lambda g, x, y, o: g)
+    return _binary(B_ADD, a, b, _d_pass, _d_pass)
 
 
 def subtract(a, b) -> Array:
     """Elementwise ``a - b``."""
     if _is_scalar(b) and isinstance(a, Array):
-        return _unary(U_AFFINE, a, 1.0, -float(b), vjp=lambda g, x, y: g)
+        return _unary(U_AFFINE, a, 1.0, -float(b), vjp=_d_pass)
     if _is_scalar(a) and isinstance(b, Array):
-        return _unary(U_AFFINE, b, -1.0, float(a), vjp=lambda g, x, y: negative(g))
-    return _binary(B_SUB, a, b, lambda g, x, y, o: g, lambda g, x, y, o: negative(g))
+        return _unary(U_AFFINE, b, -1.0, float(a), vjp=_d_neg)
+    return _binary(B_SUB, a, b, _d_pass, _d_neg)
 
 
 def multiply(a, b) -> Array:
@@ -542,7 +581,7 @@ def multiply(a, b) -> Array:
         return _unary(U_AFFINE, a, s, -0.0, vjp=lambda g, x, y: multiply(g, s))
     if _is_scalar(a) and isinstance(b, Array):
         return multiply(b, a)
-    return _binary(B_MUL, a, b, lambda g, x, y, o: multiply(g, y), lambda g, x, y, o: multiply(g, x))
+    return _binary(B_MUL, a, b, _d_mul_a, _d_mul_b)
 
 
 def divide(a, b) -> Array:
@@ -552,10 +591,8 @@ def divide(a, b) -> Array:
         return multiply(a, 1.0 / s if s != 0.0 else math.copysign(math.inf, s))
     if _is_scalar(a) and isinstance(b, Array):
         s = float(a)
-        return _unary(U_RDIV, b, s, 0.0,
-                      vjp=lambda g, x, y: multiply(g, multiply(y, divide(-1.0, x))))
-    return _binary(B_DIV, a, b, lambda g, x, y, o: divide(g, y),
-                   lambda g, x, y, o: negative(multiply(g, divide(o, y))))
+        return _unary(U_RDIV, b, s, 0.0, vjp=_d_rdiv)
+    return _binary(B_DIV, a, b, _d_div_a, _d_div_b)
 
 
 def _share(x: Array, y: Array) -> Array:
@@ -576,16 +613,14 @@ def maximum(a, b) -> Array:
     """Elementwise maximum, a NaN on either side giving NaN (``jnp.maximum``); the gradient
     goes to the larger operand, split 0.5 / 0.5 at ties, and nowhere where the output is NaN,
     as in jax."""
-    return _binary(B_MAX, a, b, lambda g, x, y, o: multiply(g, _share(x, y)),
-                   lambda g, x, y, o: multiply(g, _share(y, x)))
+    return _binary(B_MAX, a, b, _d_max_a, _d_max_b)
 
 
 def minimum(a, b) -> Array:
     """Elementwise minimum, a NaN on either side giving NaN (``jnp.minimum``); the gradient
     goes to the smaller operand, split 0.5 / 0.5 at ties, and nowhere where the output is NaN,
     as in jax."""
-    return _binary(B_MIN, a, b, lambda g, x, y, o: multiply(g, _share(y, x)),
-                   lambda g, x, y, o: multiply(g, _share(x, y)))
+    return _binary(B_MIN, a, b, _d_max_b, _d_max_a)
 
 
 def _keep(a, mask) -> Array:
@@ -641,24 +676,48 @@ def where(condition, x=None, y=None) -> Array:
     return add(_pick(x, c), _pick(y, not_c))
 
 
+def _d_negative(g, x, y):
+    return negative(g)
+
+
 def negative(x) -> Array:
-    return _unary(U_NEG, x, vjp=lambda g, x, y: negative(g))
+    return _unary(U_NEG, x, vjp=_d_negative)
+
+
+def _d_sin(g, x, y):
+    return multiply(g, cos(x))
 
 
 def sin(x) -> Array:
-    return _unary(U_SIN, x, vjp=lambda g, x, y: multiply(g, cos(x)))
+    return _unary(U_SIN, x, vjp=_d_sin)
+
+
+def _d_cos(g, x, y):
+    return negative(multiply(g, sin(x)))
 
 
 def cos(x) -> Array:
-    return _unary(U_COS, x, vjp=lambda g, x, y: negative(multiply(g, sin(x))))
+    return _unary(U_COS, x, vjp=_d_cos)
+
+
+def _d_tanh(g, x, y):
+    return multiply(g, subtract(1.0, square(y)))
 
 
 def tanh(x) -> Array:
-    return _unary(U_TANH, x, vjp=lambda g, x, y: multiply(g, subtract(1.0, square(y))))
+    return _unary(U_TANH, x, vjp=_d_tanh)
+
+
+def _d_relu(g, x, y):
+    return multiply(g, _unary_raw(U_STEP, x))
 
 
 def relu(x) -> Array:
-    return _unary(U_RELU, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_STEP, x)))
+    return _unary(U_RELU, x, vjp=_d_relu)
+
+
+def _d_gelu(g, x, y):
+    return multiply(g, _unary_raw(U_GELU_GRAD, x))
 
 
 def gelu(x, approximate: bool = True) -> Array:
@@ -667,7 +726,7 @@ def gelu(x, approximate: bool = True) -> Array:
     ``approximate=False``: the exact ``0.5 x erfc(-x / sqrt(2))``, jax's formula (erfc keeps
     the relative accuracy for large negative x), composed from differentiable ops."""
     if approximate:
-        return _unary(U_GELU, x, vjp=lambda g, x, y: multiply(g, _unary_raw(U_GELU_GRAD, x)))
+        return _unary(U_GELU, x, vjp=_d_gelu)
     x = _lift(x)
     place = _place_of(x)
     half = _lift(np.float32(0.5), place)
@@ -675,37 +734,63 @@ def gelu(x, approximate: bool = True) -> Array:
     return multiply(multiply(half, x), erfc(multiply(negative(x), sqrt_half)))
 
 
+def _d_exp(g, x, y):
+    return multiply(g, y)
+
+
 def exp(x) -> Array:
-    return _unary(U_EXP, x, vjp=lambda g, x, y: multiply(g, y))
+    return _unary(U_EXP, x, vjp=_d_exp)
+
+
+def _d_log(g, x, y):
+    return divide(g, x)
 
 
 def log(x) -> Array:
-    return _unary(U_LOG, x, vjp=lambda g, x, y: divide(g, x))
+    return _unary(U_LOG, x, vjp=_d_log)
+
+
+def _d_sqrt(g, x, y):
+    return divide(multiply(g, 0.5), y)
 
 
 def sqrt(x) -> Array:
-    return _unary(U_SQRT, x, vjp=lambda g, x, y: divide(multiply(g, 0.5), y))
+    return _unary(U_SQRT, x, vjp=_d_sqrt)
+
+
+def _d_rsqrt(g, x, y):
+    return multiply(g, multiply(_unary_raw(U_POW, y, 3.0), -0.5))
 
 
 def rsqrt(x) -> Array:
-    return _unary(U_RSQRT, x, vjp=lambda g, x, y: multiply(g, multiply(_unary_raw(U_POW, y, 3.0), -0.5)))
+    return _unary(U_RSQRT, x, vjp=_d_rsqrt)
+
+
+def _d_square(g, x, y):
+    return multiply(g, multiply(x, 2.0))
 
 
 def square(x) -> Array:
-    return _unary(U_SQUARE, x, vjp=lambda g, x, y: multiply(g, multiply(x, 2.0)))
+    return _unary(U_SQUARE, x, vjp=_d_square)
+
+
+def _d_sigmoid(g, x, y):
+    return multiply(g, multiply(y, subtract(1.0, y)))
 
 
 def sigmoid(x) -> Array:
-    return _unary(U_SIGMOID, x, vjp=lambda g, x, y: multiply(g, multiply(y, subtract(1.0, y))))
+    return _unary(U_SIGMOID, x, vjp=_d_sigmoid)
+
+
+def _d_abs(g, x, y):
+    neg = _binary_raw(B_GT, _lift(0.0, _place_of(x)), x)       # 1 where x < 0
+    return multiply(g, _unary_raw(U_AFFINE, neg, -2.0, 1.0))   # 1 - 2 [x < 0]
 
 
 def abs(x) -> Array:  # noqa: A001 - numpy's name
     """``|x|``. Gradient as jax's: ``g`` where ``x >= 0`` (so 1 at 0 and -0.0, not 0), ``-g``
     where ``x < 0``."""
-    def vjp(g, x, y):
-        neg = _binary_raw(B_GT, _lift(0.0, _place_of(x)), x)       # 1 where x < 0
-        return multiply(g, _unary_raw(U_AFFINE, neg, -2.0, 1.0))   # 1 - 2 [x < 0]
-    return _unary(U_ABS, x, vjp=vjp)
+    return _unary(U_ABS, x, vjp=_d_abs)
 
 
 def power(x, p) -> Array:
@@ -802,32 +887,50 @@ def _nonzero(x: Array) -> Array:
 _TWO_OVER_SQRT_PI = 1.1283791670955126
 
 
+def _d_log1p(g, x, y):
+    return divide(g, add(x, 1.0))
+
+
 def log1p(x) -> Array:
     """``log(1 + x)``, accurate for ``|x|`` near 0 (``jnp.log1p``)."""
-    return _unary(U_LOG1P, x, vjp=lambda g, x, y: divide(g, add(x, 1.0)))
+    return _unary(U_LOG1P, x, vjp=_d_log1p)
+
+
+def _d_expm1(g, x, y):
+    return multiply(g, add(y, 1.0))
 
 
 def expm1(x) -> Array:
     """``exp(x) - 1``, accurate for ``|x|`` near 0 (``jnp.expm1``); gradient ``exp(x)``."""
-    return _unary(U_EXPM1, x, vjp=lambda g, x, y: multiply(g, add(y, 1.0)))
+    return _unary(U_EXPM1, x, vjp=_d_expm1)
+
+
+def _d_erf(g, x, y):
+    return multiply( g, multiply(exp(negative(square(x))), _TWO_OVER_SQRT_PI))
 
 
 def erf(x) -> Array:
     """The error function (``jax.scipy.special.erf`` / ``jax.lax.erf``); gradient
     ``2 / sqrt(pi) * exp(-x**2)``."""
-    return _unary(U_ERF, x, vjp=lambda g, x, y: multiply(
-        g, multiply(exp(negative(square(x))), _TWO_OVER_SQRT_PI)))
+    return _unary(U_ERF, x, vjp=_d_erf)
+
+
+def _d_erfc(g, x, y):
+    return multiply( g, multiply(exp(negative(square(x))), -_TWO_OVER_SQRT_PI))
 
 
 def erfc(x) -> Array:
     """``1 - erf(x)``, accurate where erf is near 1 (``jax.scipy.special.erfc`` /
     ``jax.lax.erfc``)."""
-    return _unary(U_ERFC, x, vjp=lambda g, x, y: multiply(
-        g, multiply(exp(negative(square(x))), -_TWO_OVER_SQRT_PI)))
+    return _unary(U_ERFC, x, vjp=_d_erfc)
+
+
+def _d_zero(g, x, y):
+    return _unary_raw(U_AFFINE, g, 0.0, 0.0)
 
 
 def _zero_grad(op, x) -> Array:
-    return _unary(op, x, vjp=lambda g, x, y: _unary_raw(U_AFFINE, g, 0.0, 0.0))
+    return _unary(op, x, vjp=_d_zero)
 
 
 def floor(x) -> Array:
@@ -2414,9 +2517,62 @@ _BINARY_PRIMS = {"add": (B_ADD, (_SR["ADD"], _SR["ADD"])),
                  "minimum": (B_MIN, (None, None))}
 
 
-def _primitive(name, nin, planner):
+def _rule_unary(d):
+    """The tape rule of a unary primitive's C path: as ``_unary`` records ``d``."""
+    def rule(g, out, x):
+        return (d(g, x, out),)
+    return rule
+
+
+def _rule_binary(da, db, scalar_r, scalar_l):
+    """The tape rule of a binary primitive's C path: as ``_binary`` records ``da`` / ``db``
+    (then un-broadcast), and for an Array and a Python scalar as the op's scalar form does
+    (``scalar_r(g, x, s, out)`` for ``x (op) s``, ``scalar_l`` for ``s (op) x``)."""
+    def rule(g, out, a, b):
+        if type(a) is Array and type(b) is Array:
+            return (_unbroadcast(da(g, a, b, out), a.shape),
+                    _unbroadcast(db(g, a, b, out), b.shape))
+        if type(a) is Array:
+            return (scalar_r(g, a, b, out),)
+        return (scalar_l(g, b, a, out),)
+    return rule
+
+
+def _d_scaled(g, x, s, out):          # x * s, s * x
+    return multiply(g, float(s))
+
+
+def _d_over(g, x, s, out):            # x / s: multiply(x, 1 / s)
+    s = float(s)
+    return multiply(g, 1.0 / s if s != 0.0 else math.copysign(math.inf, s))
+
+
+def _d_rdiv_s(g, x, s, out):          # s / x
+    return _d_rdiv(g, x, out)
+
+
+def _rule_sum(g, out, x):
+    """The tape rule of ``sum(x)`` over every axis: as :func:`sum` records it."""
+    return (broadcast_to(reshape(g, [1] * x.ndim), x.shape),)
+
+
+_UNARY_VJPS = {"negative": _d_negative, "sin": _d_sin, "cos": _d_cos, "tanh": _d_tanh,
+               "relu": _d_relu, "gelu": _d_gelu, "exp": _d_exp, "log": _d_log,
+               "sqrt": _d_sqrt, "rsqrt": _d_rsqrt, "square": _d_square,
+               "sigmoid": _d_sigmoid, "abs": _d_abs, "log1p": _d_log1p, "expm1": _d_expm1,
+               "erf": _d_erf, "erfc": _d_erfc, "floor": _d_zero, "ceil": _d_zero,
+               "trunc": _d_zero, "sign": _d_zero, "round": _d_zero}
+_BINARY_VJPS = {"add": (_d_pass, _d_pass, _d_pass, _d_pass),
+                "subtract": (_d_pass, _d_neg, _d_pass, _d_neg),
+                "multiply": (_d_mul_a, _d_mul_b, _d_scaled, _d_scaled),
+                "divide": (_d_div_a, _d_div_b, _d_over, _d_rdiv_s),
+                "maximum": (_d_max_a, _d_max_b, None, None),
+                "minimum": (_d_max_b, _d_max_a, None, None)}
+
+
+def _primitive(name, nin, planner, vjp=None):
     f = globals()[name]
-    p = _C.Primitive(name, nin, f, planner, f.__doc__)
+    p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp)
     p.__module__ = f.__module__
     p.__dict__.update({k: v for k, v in getattr(f, "__dict__", {}).items()
                        if k != "__wrapped__"})
@@ -2426,13 +2582,13 @@ def _primitive(name, nin, planner):
 
 def _make_primitives():
     for name, op in _UNARY_PRIMS.items():
-        _primitive(name, 1, _plan_unary(op))
+        _primitive(name, 1, _plan_unary(op), _rule_unary(_UNARY_VJPS[name]))
     for name, (op, rules) in _BINARY_PRIMS.items():
-        _primitive(name, 2, _plan_binary(name, op, rules))
-    _primitive("sum", 1, _plan_sum)
+        _primitive(name, 2, _plan_binary(name, op, rules), _rule_binary(*_BINARY_VJPS[name]))
+    _primitive("sum", 1, _plan_sum, _rule_sum)
     g = globals()
     g["around"] = g["round"]
-    _C.dispatch_register(_tls, g["add"], g["subtract"], g["multiply"], g["divide"],
+    _C.dispatch_register(_tls, _Tape, g["add"], g["subtract"], g["multiply"], g["divide"],
                          g["negative"])
 
 

@@ -125,7 +125,7 @@ def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # n
 
 
 # sum(x) of a float32 Array runs from a plan cached in C (ctrainstate._ops' primitives)
-sum = _C.Primitive("sum", 1, sum, _o._plan_sum, sum.__doc__)  # noqa: A001
+sum = _C.Primitive("sum", 1, sum, _o._plan_sum, sum.__doc__, _o._rule_sum)  # noqa: A001
 sum.__module__ = __name__
 
 

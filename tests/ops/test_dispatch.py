@@ -181,18 +181,66 @@ def test_no_python_runs_below_the_public_function_on_a_plan_hit():
         assert _python_calls(f) == [], name
 
 
-def test_a_recording_tape_takes_the_python_op_and_gradients_stay_right():
-    x = cts.device_put(np.float32([0.5, -1.0, 2.0]))
+def _loss_with(ops):
+    """A loss of every primitive with a tape rule, written with ``ops[name]`` (the
+    primitives, or their Python ops): broadcasting, scalars on both sides, a 2x4 mesh."""
+    def loss(w, b):
+        u = ops["multiply"](ops["add"](w, b), 0.5)                 # (8, 16) + (16,)
+        u = ops["subtract"](2.0, ops["divide"](u, 3.0))
+        u = ops["maximum"](ops["tanh"](u), ops["minimum"](ops["sin"](w), 0.25 + 0 * w))
+        u = ops["add"](u, ops["divide"](1.5, ops["add"](ops["square"](w), 1.0)))
+        v = ops["sigmoid"](ops["gelu"](u))
+        for name in ("exp", "sqrt", "rsqrt", "log", "log1p", "expm1", "erf", "erfc", "abs",
+                     "relu", "negative", "cos", "floor", "ceil", "trunc", "sign", "round"):
+            arg = ops["add"](ops["abs"](v), 0.5) if name in ("sqrt", "rsqrt", "log") else v
+            v = ops["add"](v, ops["multiply"](ops[name](arg), 0.01))
+        return ops["sum"](ops["multiply"](v, v))
+    return loss
 
-    def loss(x):
-        return cnp.sum(cnp.sin(x) * x + 2.0 * x)
+
+def test_the_c_path_records_on_the_tape_with_the_python_ops_gradients():
+    """Under value_and_grad the primitives record their nodes in C; the value and the
+    gradients are bit for bit those of the Python ops (their own records)."""
+    rng = np.random.default_rng(5)
+    for sh_w, sh_b in ((None, None), (_mesh_sharding(("x", "y")), _mesh_sharding(("y",)))):
+        w = cts.device_put(rng.standard_normal((8, 16)).astype(np.float32), sh_w)
+        b = cts.device_put(rng.standard_normal((16,)).astype(np.float32), sh_b)
+        names = UNARY + BINARY + ["sum"]
+        prims = {n: getattr(_ops, n) for n in names}
+        python = {n: p.__wrapped__ for n, p in prims.items()}
+        before = {n: p.cache_info() for n, p in prims.items()}
+        v1, g1 = cts.value_and_grad(_loss_with(prims), argnums=(0, 1))(w, b)
+        after = {n: p.cache_info() for n, p in prims.items()}
+        # every primitive ran from its plan at least once while the tape recorded
+        hit = [n for n in names if after[n]["hits"] + after[n]["misses"] >
+               before[n]["hits"] + before[n]["misses"]]
+        assert sorted(hit) == sorted(names)
+        v2, g2 = cts.value_and_grad(_loss_with(python), argnums=(0, 1))(w, b)
+        assert _bits(v1) == _bits(v2)
+        for x, y in zip(g1, g2):
+            _same(x, y)
+        assert np.isfinite(np.asarray(g1[0])).all() and np.abs(np.asarray(g1[0])).sum() > 0
+
+
+def test_a_tape_rule_less_primitive_or_a_nested_tape_takes_the_python_op():
+    x = cts.device_put(np.float32([0.5, -1.0, 2.0]))
+    bf = cnp.astype(x, cnp.bfloat16)
+    before = _ops.add.cache_info()["fallbacks"]
+    v, g = cts.value_and_grad(lambda x: cnp.sum(cnp.astype(cnp.astype(x, cnp.bfloat16) + bf,
+                                                           np.float32)))(x)
+    assert _ops.add.cache_info()["fallbacks"] == before + 1   # a 16-bit op records in Python
+    np.testing.assert_array_equal(np.asarray(g), [1.0, 1.0, 1.0])
+
+    def outer(x):
+        from ctrainstate import lax
+        inner = cts.grad(lambda y: cnp.sum(cnp.sin(y)))(lax.stop_gradient(x))
+        return cnp.sum(cnp.sin(x)) + cnp.sum(inner)
 
     before = _ops.sin.cache_info()["fallbacks"]
-    v, g = cts.value_and_grad(loss)(x)
-    assert _ops.sin.cache_info()["fallbacks"] > before
+    v, g = cts.value_and_grad(outer)(x)
+    assert _ops.sin.cache_info()["fallbacks"] > before        # the inner tape has an outer
     h = np.float32([0.5, -1.0, 2.0])
-    np.testing.assert_allclose(float(v), float(np.sum(np.sin(h) * h + 2 * h)), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(g), np.cos(h) * h + np.sin(h) + 2, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(g), np.cos(h), rtol=1e-6)
 
 
 def test_the_tape_is_per_thread():
@@ -279,9 +327,13 @@ def test_a_planner_that_says_no_or_returns_a_bad_plan():
         _C.Primitive("p", 3, fallback, fallback)
     with pytest.raises(TypeError, match="callable"):
         _C.Primitive("p", 1, fallback, 3)
+    with pytest.raises(TypeError, match="vjp"):
+        _C.Primitive("p", 1, fallback, fallback, None, 3)
     with pytest.raises(TypeError):
-        _C.dispatch_register(None, 1, 2, 3, 4, 5)
-    with pytest.raises(TypeError, match="6 arguments"):
+        _C.dispatch_register(None, int, 1, 2, 3, 4, 5)
+    with pytest.raises(TypeError, match="class"):
+        _C.dispatch_register(None, 1, _ops.add, _ops.add, _ops.add, _ops.add, _ops.add)
+    with pytest.raises(TypeError, match="7 arguments"):
         _C.dispatch_register(None)
 
 

@@ -38,7 +38,7 @@ def _host_has_native_float16() -> bool:
 # multiply and the add after it into one float16 FMA with a single rounding. jax's float16
 # uniform(minval, maxval), truncated_normal and the initializers built on them then differ by
 # an ulp in the uniform step (measured on a Sapphire Rapids VM: 52913 of 100000 `a * c1 + c2`
-# differ from the per-op rounding; tests/test_random.py's live parity failed there). Capping
+# differ from the per-op rounding; tests/random/test_random.py's live parity failed there). Capping
 # XLA at AVX2 restores the per-op rounding (measured: 0 differences), so the live parity tests
 # compare against the same jax values on every host. It changes which vector instructions
 # XLA picks, not the HLO: float32 results were the same in the full suite.

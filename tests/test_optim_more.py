@@ -385,7 +385,7 @@ def _close(a, lb, rtol=1e-5):
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         y = np.asarray(y, f32)
-        # optax's relative bound (tests/test_optim_parity.py): single float32 roundings of
+        # optax's relative bound (tests/optim/test_optim_parity.py): single float32 roundings of
         # the fused kernel and XLA differ, adam's steps scale them up to ~1e-6 of the leaf
         scale = np.nanmax(np.abs(y)) if y.size and np.isfinite(y).any() else 1.0
         np.testing.assert_allclose(np.asarray(x, f32), y, rtol=rtol, atol=rtol * max(scale, 0.1))

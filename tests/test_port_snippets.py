@@ -154,7 +154,7 @@ def test_array_host_conversions():
     c = x.copy()
     assert c is not x and c.sharding == x.sharding
     np.testing.assert_array_equal(np.asarray(c), a)
-    np.testing.assert_array_equal(np.asarray(x[0]), a[0])  # basic indexing: tests/test_slicing.py
+    np.testing.assert_array_equal(np.asarray(x[0]), a[0])  # basic indexing: tests/array/test_slicing.py
     with pytest.raises(TypeError, match="np.asarray"):
         list(x)
     with pytest.raises(TypeError, match="out="):

@@ -7,7 +7,7 @@ import pytest
 
 from ctrainstate import P
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(args, timeout=300):

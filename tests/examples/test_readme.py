@@ -16,7 +16,7 @@ HTML comments just before a fence (blank lines between allowed) change that:
   printed, exactly;
 - `<!-- test: pytest -->`: the block is a user's test module; it runs under pytest with
   ctrainstate's plugin and all its tests must pass;
-- `<!-- snippet: NAME -->`: a porting recipe; tests/test_porting.py runs it (checked here: it
+- `<!-- snippet: NAME -->`: a porting recipe; tests/examples/test_porting.py runs it (checked here: it
   must execute NAME), the Flax originals only where jax and flax are installed;
 - `<!-- test: skip REASON -->`: not run (it needs t5x, or it is a fragment of another
   project's script); reported as a skipped test with REASON.
@@ -37,7 +37,7 @@ import tokenize
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 LANGS = ("python", "bash", "text")
 
@@ -265,7 +265,7 @@ def test_pytest_block_passes(block, tmp_path):
 
 
 def porting_executes():
-    """The snippet names tests/test_porting.py executes."""
+    """The snippet names tests/examples/test_porting.py executes."""
     src = open(os.path.join(ROOT, "tests", "test_porting.py")).read()
     names = set(re.findall(r'exec\(compile\(s\["([^"]+)"\]', src))
     for args in re.findall(r"run_ct\(([^)]*)\)", src):

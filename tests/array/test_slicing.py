@@ -1,7 +1,7 @@
 """Basic indexing (x[ints, slices, None, ...]) and concatenate/stack/split on sharded Arrays:
 values equal numpy's on every mesh and spec, the unsliced dimensions keep their mesh axes,
 gradients equal numpy scatters of the cotangent, any dtype, clear errors. Slice steps,
-integer arrays and masks: tests/test_slicing_advanced.py."""
+integer arrays and masks: tests/array/test_slicing_advanced.py."""
 import numpy as np
 import pytest
 
@@ -151,7 +151,7 @@ def test_eval_shape():
 
 def test_errors():
     x = cts.device_put(np.zeros((4, 5), np.float32))
-    # slice steps, integer arrays and boolean masks work now: tests/test_slicing_advanced.py
+    # slice steps, integer arrays and boolean masks work now: tests/array/test_slicing_advanced.py
     with pytest.raises(IndexError, match="index 4 is out of bounds for axis 0 with size 4"):
         x[4]
     with pytest.raises(IndexError, match="index -6 is out of bounds for axis 1 with size 5"):

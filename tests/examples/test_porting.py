@@ -9,7 +9,7 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import P
 
-DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
 
 
 def snippets():

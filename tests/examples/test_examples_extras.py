@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--steps", "20", "--size", "16", "--hidden", "32", "--lr", "1e-3", "--mesh", "2x4"]
 
 # runs examples/siren.py as `python examples/siren.py ARGS`, with tqdm and matplotlib made

@@ -27,7 +27,8 @@ def assert_close(ours, ref, msg=""):
     ref = np.asarray(ref)
     scale = np.nanmax(np.abs(ref)) if np.isfinite(ref).any() else 1.0
     np.testing.assert_allclose(ours, ref, rtol=RTOL, atol=RTOL * scale, err_msg=msg)
-_VEC = np.load(os.path.join(os.path.dirname(__file__), "data", "optax_vectors.npz"))
+_VEC = np.load(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                            "optax_vectors.npz"))
 _live = {}
 
 

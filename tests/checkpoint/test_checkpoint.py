@@ -20,7 +20,7 @@ from ctrainstate.checkpoint import _io, _store
 from ctrainstate.train_state import TrainState
 from recorded import bits_digest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _example(name):

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import run_python
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(ROOT, "tests", "mpi")
 
 pytestmark = [

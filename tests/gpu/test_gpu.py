@@ -1080,7 +1080,8 @@ def test_device_norms_of_train_states_on_other_devices_do_not_mix():
 
 # --- the examples on GPU devices (issue #8: "and on GPUs") -------------------------------------
 
-_ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+_ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.dirname(
+    __import__("os").path.abspath(__file__))))
 
 # (args, GPU devices needed, a line the output must contain)
 _EXAMPLES = {

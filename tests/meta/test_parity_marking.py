@@ -13,8 +13,14 @@ import pytest
 
 import parity_marking
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 ROOT = os.path.dirname(HERE)
+
+
+def _module_path(name: str) -> str:
+    """tests/<layer>/<name>: the test module of that file name, whatever its layer."""
+    found = [os.path.join(d, name) for d, _, files in os.walk(HERE) if name in files]
+    return found[0] if len(found) == 1 else os.path.join(HERE, name)
 
 
 def _info(tmp_path, src, name="test_mod.py", helpers=None):
@@ -133,7 +139,7 @@ _SUITE_LIVE = [
     ("test_scan_vmap.py", "test_p9_matches_flax"),
 ]
 _SUITE_PLAIN = [
-    ("test_random_more.py", "test_rademacher_signs"),
+    ("test_random_dist.py", "test_rademacher_signs"),
     ("test_optim_more.py", "test_transforms_without_jax_hand_computed"),
     ("test_array.py", "test_replicas_are_separate_buffers"),
     # `import ctrainstate.numpy as jnp` inside: a local, not the module's jax.numpy
@@ -143,7 +149,7 @@ _SUITE_PLAIN = [
 
 @pytest.mark.parametrize("module,test", _SUITE_LIVE + _SUITE_PLAIN)
 def test_the_suites_live_tests_are_seen(module, test):
-    path = os.path.join(HERE, module)
+    path = _module_path(module)
     src = open(path, encoding="utf-8").read()
     if not re.search(rf"^def {test}\(", src, re.M):
         pytest.fail(f"{module}::{test} is gone: pick another sample for this test")
@@ -273,8 +279,8 @@ def test_every_recording_belongs_to_a_test():
     for f in sorted(os.listdir(recorded.DIR)):
         if not f.endswith(".npz"):
             continue
-        path = os.path.join(HERE, f[:-4] + ".py")
-        assert os.path.exists(path), f"{f}: no tests/{f[:-4]}.py"
+        path = _module_path(f[:-4] + ".py")
+        assert os.path.exists(path), f"{f}: no tests/<layer>/{f[:-4]}.py"
         src = open(path, encoding="utf-8").read()
         with np.load(os.path.join(recorded.DIR, f)) as z:
             tests = {k.split("[")[0] for k in z.files

@@ -238,7 +238,7 @@ SIGS = {
 # the bindings _C.pyi lists, less the classes (Buffer's constructor and methods are called
 # below) and _rules_set_unconstrained, which sets the sentinel that the Python layer passes
 # for PartitionSpec.UNCONSTRAINED (any object is valid there), and dist_initialize, which
-# starts MPI (once per process: tests/test_distributed.py checks its arguments); the other
+# starts MPI (once per process: tests/distributed/test_distributed.py checks its arguments); the other
 # dist_* bindings are fuzzed with the engine not initialized
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError", "Buffer",
         "axis_rules", "dist_initialize"}

@@ -15,10 +15,11 @@ from ctrainstate.core import unfreeze
 from ctrainstate.train_state import TrainState
 from conftest import bytes_in_use, flat_tree as _flat
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "data"))
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # tests/data
+sys.path.insert(0, DATA)
 from make_flax_module_vectors import cases  # noqa: E402
 
-VECTORS = np.load(os.path.join(os.path.dirname(__file__), "data", "flax_module_vectors.npz"))
+VECTORS = np.load(os.path.join(DATA, "flax_module_vectors.npz"))
 
 
 

@@ -756,3 +756,124 @@ def test_delete_refused_while_another_thread_computes_on_the_array():
     assert lines[0].startswith("interrupted after"), r.stdout
     assert lines[1].startswith("refused: ") and "in another thread" in lines[1], r.stdout
     assert lines[2:] == ["deleted now: False", "deleted after: True"], r.stdout
+
+
+# --- asarray of a list of Arrays (found probing ctrainstate.numpy against jax)
+
+def test_asarray_list_of_arrays_to_bfloat16():
+    vals = [cts.device_put(np.float32(1.1)), cts.device_put(np.float32(2.5))]
+    for dt in (cnp.bfloat16, np.float16):
+        for f in (cnp.asarray, cnp.array):
+            got = f(vals, dtype=dt)
+            assert got.dtype == dt
+            # numpy: the float32 values rounded once to dt
+            np.testing.assert_array_equal(np.asarray(got),
+                                          np.array([1.1, 2.5], np.float32).astype(dt))
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+def _jax():
+    return pytest.importorskip("jax")
+
+
+def _loss_array(value=1.8136346):
+    return cts.device_put(np.float32(value))
+
+
+def test_scalar_array_prints_and_formats_like_its_value():
+    loss = _loss_array(2.5)
+    # jax: f"{loss:.4f}" -> '2.5000', str(loss) -> '2.5'
+    assert f"{loss:.4f}" == "2.5000"
+    assert f"{loss}" == "2.5" and str(loss) == "2.5"
+    assert repr(loss).startswith("Array(2.5, dtype=float32")
+    step = cts.device_put(np.int32(7))
+    assert f"{step:03d}" == "007" and str(step) == "7"
+    from ctrainstate.hf.cast import cast
+    assert f"{cast(loss, 'bfloat16'):.1f}" == "2.5"          # 0-d bfloat16 casts and formats
+    lr = cts.device_put(np.float32(0.9))                     # numpy's shortest digits, as jax
+    assert str(lr) == f"{lr}" == "0.9" and repr(lr).startswith("Array(0.9, dtype=float32")
+    x = cts.device_put(np.ones((2, 3), np.float32))
+    assert f"{x}" == str(x) == "[[1. 1. 1.]\n [1. 1. 1.]]"   # jax: format(ndarray, "")
+    with pytest.raises(TypeError, match="np.asarray"):
+        f"{x:.2f}"
+
+
+_BF16_VALUES = (0.1, 1.0, 12345.0, 1e10, 2.5e-8, -0.0, 1 / 3)
+
+
+def test_scalar_bfloat16_prints_like_jax():
+    from ctrainstate.hf.cast import cast
+    # derived: jax prints a bfloat16 scalar as ml_dtypes does, with 6 significant digits
+    # (%g): bfloat16(0.1) = 0.10009765625 -> 0.100098; 12345 rounds to 12352
+    want = ["0.100098", "1", "12352", "9.99922e+09", "2.50293e-08", "-0", "0.333984"]
+    got = [str(cast(cts.device_put(np.float32(v)), "bfloat16")) for v in _BF16_VALUES]
+    assert got == want
+    b = cast(cts.device_put(np.float32(0.1)), "bfloat16")
+    assert repr(b) == "Array(0.100098, dtype=bfloat16)"
+    assert f"{b}" == "0.100098" and f"{b:.3f}" == "0.100"
+    assert str(cast(cts.device_put(np.float32(0.1)), "float16")) == "0.1"
+
+
+def test_scalar_bfloat16_prints_match_jax():
+    jnp = _jax().numpy
+    from ctrainstate.hf.cast import cast
+    for v in _BF16_VALUES:
+        ours = cast(cts.device_put(np.float32(v)), "bfloat16")
+        theirs = jnp.asarray(v, jnp.bfloat16)
+        assert str(ours) == str(theirs)
+        assert repr(ours) == repr(theirs)
+        assert f"{ours:.4g}" == f"{theirs:.4g}"
+
+
+def test_scalar_array_comparisons():
+    loss, best = _loss_array(0.5), _loss_array(0.75)
+    assert loss < best and best > loss and loss <= 0.5 and loss >= 0.5
+    assert loss == 0.5 and loss != 0.25 and 1.0 > loss
+    assert (loss == _loss_array(0.5)) and not (loss == best)
+    assert (loss == "0.5") is False                  # not a number: identity, like Python
+    x = cts.device_put(np.arange(4, dtype=np.float32))
+    # elementwise comparisons give bool Arrays (jax); their truth value is ambiguous
+    assert np.asarray(x == 3).tolist() == [False, False, False, True]
+    assert np.asarray(loss < x).tolist() == [False, True, True, True]
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(x > 3)
+
+
+def test_scalar_array_comparisons_match_jax():
+    jax = _jax()
+    import operator
+    for op in (operator.lt, operator.le, operator.gt, operator.ge, operator.eq, operator.ne):
+        for a, b in ((0.5, 0.75), (0.75, 0.5), (0.5, 0.5)):
+            want = bool(op(jax.numpy.float32(a), jax.numpy.float32(b)))
+            assert bool(op(_loss_array(a), _loss_array(b))) == want
+            assert bool(op(_loss_array(a), b)) == want
+    assert f"{jax.numpy.float32(2.5):.3f}" == f"{_loss_array(2.5):.3f}"
+
+
+def test_array_host_conversions():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = cts.device_put(a, cts.NamedSharding(cts.make_mesh((2,), ("d",)), cts.P("d")))
+    assert x.tolist() == a.tolist()
+    assert float(np.mean(x)) == 2.5 and float(np.sum(x)) == 15.0   # numpy calls x.mean(dtype=, out=)
+    h = x.astype(np.float16)
+    assert h.dtype == np.float16 and h.sharding == x.sharding
+    np.testing.assert_array_equal(np.asarray(h), a.astype(np.float16))
+    assert x.astype(np.float32) is x
+    c = x.copy()
+    assert c is not x and c.sharding == x.sharding
+    np.testing.assert_array_equal(np.asarray(c), a)
+    np.testing.assert_array_equal(np.asarray(x[0]), a[0])  # basic indexing: tests/array/test_slicing.py
+    with pytest.raises(TypeError, match="np.asarray"):
+        list(x)
+    with pytest.raises(TypeError, match="out="):
+        np.sum(x, out=np.zeros(()))
+
+
+def test_device_get():
+    x = cts.device_put(np.arange(3, dtype=np.float32))
+    out = cts.device_get({"x": x, "n": 3, "h": np.ones(2)})
+    assert isinstance(out["x"], np.ndarray) and out["x"].tolist() == [0.0, 1.0, 2.0]
+    assert out["n"] == 3 and out["h"].tolist() == [1.0, 1.0]

@@ -361,3 +361,145 @@ def test_make_mesh_wrong_argument_types_name_the_argument(call, msg):
 def test_make_mesh_takes_a_device_array():
     devs = np.array(cts.devices()[:4], dtype=object).reshape(2, 2)
     assert cts.make_mesh((4,), ("x",), devices=devs).device_ids.tolist() == [0, 1, 2, 3]
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+def _jax():
+    return pytest.importorskip("jax")
+
+
+def _equiv_cases(Mesh, NS, P, SDS, devs):
+    m24 = Mesh(np.array(devs[:8]).reshape(2, 4), ("data", "model"))
+    m42 = Mesh(np.array(devs[:8]).reshape(4, 2), ("a", "b"))
+    m8 = Mesh(np.array(devs[:8]), ("x",))
+    m1 = Mesh(np.array(devs[:1]), ("x",))
+    return [
+        (NS(m24, P("data")), NS(m24, P("data", None)), 2),          # trailing None
+        (NS(m24, P("data")), NS(m24, P("data", "model")), 2),
+        (NS(m24, P(("data", "model"))), NS(m8, P("x")), 1),         # same devices, same order
+        (NS(m24, P()), NS(m42, P()), 2),                            # replicated on 8 either way
+        (NS(m24, P("model")), NS(m24, P(None, "model")), 2),
+        (NS(m1, P("x")), SDS(devs[0]), 2),                          # one device
+        (NS(m1, P()), SDS(devs[1]), 1),
+    ]
+
+
+def test_is_equivalent_to():
+    got = [a.is_equivalent_to(b, nd) for a, b, nd in _equiv_cases(
+        cts.Mesh, cts.NamedSharding, cts.P, cts.SingleDeviceSharding, cts.devices())]
+    # derived: which cases put every element on the same devices
+    assert got == [True, False, True, True, False, True, False]
+
+
+def test_is_equivalent_to_matches_jax():
+    jax = _jax()
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 XLA CPU devices")
+    want = [a.is_equivalent_to(b, nd) for a, b, nd in _equiv_cases(
+        Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, jax.devices())]
+    got = [a.is_equivalent_to(b, nd) for a, b, nd in _equiv_cases(
+        cts.Mesh, cts.NamedSharding, cts.P, cts.SingleDeviceSharding, cts.devices())]
+    assert got == want
+
+
+def test_set_mesh_context_and_setter():
+    from ctrainstate import partitioning as nn_partitioning
+    m = cts.make_mesh((2, 4), ("data", "model"))
+    m2 = cts.make_mesh((8,), ("x",))
+    assert cts.get_mesh() is None
+    with cts.set_mesh(m) as entered:
+        assert entered is m and cts.get_mesh() is m
+        x = cts.device_put(np.ones((8, 4), np.float32), cts.P("data"))   # a spec on the set mesh
+        assert x.sharding == cts.NamedSharding(m, cts.P("data"))
+        with nn_partitioning.axis_rules((("batch", "data"),)):
+            y = nn_partitioning.with_sharding_constraint(cts.device_put(np.ones((8, 2), np.float32)),
+                                                         ("batch", None))
+        assert y.sharding == cts.NamedSharding(m, cts.P("data", None))
+        with cts.set_mesh(m2):
+            assert cts.get_mesh() is m2
+        assert cts.get_mesh() is m
+        with cts.set_mesh(None):
+            assert cts.get_mesh() is None
+    assert cts.get_mesh() is None
+    cts.set_mesh(m)                      # the setter form stays until replaced
+    try:
+        assert cts.get_mesh() is m
+    finally:
+        cts.set_mesh(None)
+    assert cts.get_mesh() is None
+    with pytest.raises(TypeError):
+        cts.set_mesh("data")
+
+
+def _set_mesh_sequence(make_mesh, set_mesh, current):
+    """Mesh axis names seen along a sequence of setter / with-block uses (ctrainstate or JAX)."""
+    a, b = make_mesh((8,), ("x",)), make_mesh((2, 4), ("d", "m"))
+    seen = []
+    for _ in range(1000):
+        set_mesh(a)                     # the setter replaces; it does not stack
+    seen.append(current())
+    set_mesh(None)
+    seen.append(current())
+    with a:
+        set_mesh(b)                     # inside a `with mesh:` block: no error at its exit
+        seen.append(current())
+    seen.append(current())              # the setter's mesh stays after the block
+    set_mesh(a)
+    with set_mesh(b):
+        seen.append(current())
+        set_mesh(None)
+        seen.append(current())
+    seen.append(current())              # the value before `with set_mesh(b)` is back
+    set_mesh(None)
+    seen.append(current())
+    return seen
+
+
+_SET_MESH_SEEN = [("x",), (), ("d", "m"), ("d", "m"), ("d", "m"), (), ("x",), ()]
+
+
+def test_set_mesh_setter_replaces_and_nests_with_mesh_blocks():
+    from ctrainstate import sharding
+    names = lambda: tuple(cts.get_mesh().axis_names) if cts.get_mesh() is not None else ()
+    try:
+        assert _set_mesh_sequence(cts.make_mesh, cts.set_mesh, names) == _SET_MESH_SEEN
+        assert sharding._mesh_stack() == []          # 1000 setter calls left nothing behind
+        m = cts.make_mesh((2, 4), ("d", "m"))
+        with cts.make_mesh((8,), ("x",)):
+            cts.set_mesh(m)
+            x = cts.device_put(np.ones((8, 4), np.float32), cts.P("d"))   # on the set mesh
+        assert x.sharding == cts.NamedSharding(m, cts.P("d"))
+    finally:
+        cts.set_mesh(None)
+
+
+def test_set_mesh_sequence_matches_jax():
+    jax = _jax()
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 JAX CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    import warnings
+    names = lambda: tuple(jax.sharding.get_abstract_mesh().axis_names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)       # jax's `with mesh:`
+        try:
+            assert _set_mesh_sequence(jax.make_mesh, jax.set_mesh, names) == _SET_MESH_SEEN
+        finally:
+            jax.set_mesh(None)
+
+
+def test_device_put_partition_spec_on_active_mesh():
+    m = cts.make_mesh((2, 4), ("data", "model"))
+    a = np.arange(32, dtype=np.float32).reshape(8, 4)
+    with pytest.raises(ValueError, match="no active mesh"):
+        cts.device_put(a, cts.P("data"))
+    with m:
+        x = cts.device_put(a, cts.P("data", "model"))
+        t = cts.device_put({"a": a, "b": a}, {"a": cts.P(), "b": cts.P("model")})
+    assert x.sharding == cts.NamedSharding(m, cts.P("data", "model"))
+    assert t["a"].sharding == cts.NamedSharding(m, cts.P())
+    assert t["b"].sharding == cts.NamedSharding(m, cts.P("model"))
+    np.testing.assert_array_equal(np.asarray(t["b"]), a)

@@ -420,3 +420,254 @@ def test_at_modes_with_python_int_indices_and_clip_gradient():
     np.testing.assert_array_equal(np.asarray(g), [2, 0, 0, 3])
     g = cts.grad(lambda t: cnp.sum(t[i]))(v)
     np.testing.assert_array_equal(np.asarray(g), [1, 0, 0, 2])
+
+
+# --- x.at[...] updates of integer Arrays (found probing ctrainstate.numpy against jax)
+
+def _mesh_sharding(spec):
+    return cts.NamedSharding(cts.make_mesh((2, 4), ("data", "model")), cts.P(*spec))
+
+
+def _shift_tokens_right(ids, np_, start=7, pad=0):
+    s = np_.zeros_like(ids)
+    s = s.at[:, 1:].set(ids[:, :-1])
+    s = s.at[:, 0].set(start)
+    return np_.where(s == -100, pad, s)
+
+
+@pytest.mark.parametrize("spec", [None, ("data", "model")])
+def test_int_at_updates_cast_like_jax(spec):
+    x = np.arange(-12, 20, dtype=np.int32).reshape(4, 8)
+    a = cts.device_put(x) if spec is None else cts.device_put(x, _mesh_sharding(spec))
+    # numpy references: set casts the value (2.7 -> 2); arithmetic runs in float32 for a
+    # float value, then truncates back to int32 (as jax's scatter on the promoted values)
+    ref = x.copy(); ref[0] = 2
+    np.testing.assert_array_equal(np.asarray(a.at[0].set(2.7)), ref)
+    ref = x.copy(); ref[:, 1:] += 3
+    np.testing.assert_array_equal(np.asarray(a.at[:, 1:].add(3)), ref)
+    ref = x.copy(); ref[1] = (ref[1] + np.float32(2.7)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(a.at[1].add(2.7)), ref)
+    ref = x.copy(); ref[..., -1] = np.minimum(ref[..., -1], 0)
+    np.testing.assert_array_equal(np.asarray(a.at[..., -1].min(0)), ref)
+    ref = x.copy(); ref[2, 3] *= -2
+    np.testing.assert_array_equal(np.asarray(a.at[2, 3].multiply(-2)), ref)
+    ref = x.copy(); ref[:, 0] = np.arange(4)
+    np.testing.assert_array_equal(np.asarray(a.at[:, 0].set(np.arange(4, dtype=np.int32))), ref)
+    b = cts.device_put(x > 0)
+    ref = x > 0; ref[1:3] = True
+    got = b.at[1:3].set(True)
+    assert got.dtype == np.bool_
+    np.testing.assert_array_equal(np.asarray(got), ref)
+    assert np.asarray(a).tolist() == x.tolist()      # functional: x unchanged
+    with pytest.raises(TypeError, match="astype"):
+        a.at[np.array([0, 2])].set(1)                 # advanced index: not here
+    with pytest.raises(TypeError, match="astype"):
+        b.at[0].add(True)
+
+
+@pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
+def test_int_at_updates_parity():
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(5)
+    for x in (rng.integers(-5, 5, (4, 8)).astype(np.int32), rng.integers(0, 9, (4, 8)).astype(np.uint32)):
+        for idx in [(0,), (slice(None), 0), (slice(None), slice(1, None)), (Ellipsis, -1), (1, 2)]:
+            for meth in ("set", "add", "subtract", "multiply", "min", "max"):
+                for v in (3, 2.7, np.int32(2)):
+                    want = getattr(jnp.asarray(x).at[idx], meth)(v)
+                    got = getattr(cts.device_put(x).at[idx], meth)(v)
+                    assert got.dtype == want.dtype
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
+                                                  err_msg=f"{x.dtype} {idx} {meth} {v}")
+    ids = rng.integers(-100, 50, (4, 8)).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(_shift_tokens_right(cts.device_put(ids), cnp)),
+                                  np.asarray(_shift_tokens_right(jnp.asarray(ids), jnp)))
+
+
+# --- x.at[idx].<op>() of every op (set, add, multiply, divide, power, min, max, apply, get): values
+# against numpy one index entry at a time and jax (recorded; live twins marked `parity`), 16-bit
+# dtypes, eval_shape, gradients against jax and finite differences
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+_RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _own_rng(twin_seed):
+    """Each test draws its inputs from a stream of its own: the same in its recorded and live
+    twins (jax's side is recorded for those inputs), whichever tests ran before."""
+    global _RNG
+    _RNG = np.random.default_rng(twin_seed)
+
+
+def _fd_tree(f, x, h=1e-2):
+    out = np.zeros(x.shape)
+    for i in np.ndindex(x.shape):
+        e = np.zeros(x.shape, np.float32)
+        e[i] = h
+        out[i] = (float(np.asarray(f(x + e))) - float(np.asarray(f(x - e)))) / (2 * h)
+    return out
+
+
+def _np_at_more_ops(x, idx, kind, v, fn=None):
+    """Independent reference: numpy, one index entry at a time in index order; negative
+    entries wrap, out-of-range ones are dropped (jax's default update mode)."""
+    out = x.astype(np.float64).copy()
+    pos = np.arange(x.shape[0])
+    idx = np.asarray(idx)
+    vv = np.broadcast_to(np.asarray(v, np.float64), idx.shape + x.shape[1:])
+    for k, i in enumerate(idx):
+        if not -x.shape[0] <= i < x.shape[0]:
+            continue
+        r = pos[i]
+        cur = out[r]
+        val = vv[k]
+        out[r] = {"subtract": lambda: cur - val, "min": lambda: np.minimum(cur, val),
+                  "max": lambda: np.maximum(cur, val), "power": lambda: cur ** val,
+                  "mul": lambda: cur * val, "apply": lambda: fn(cur)}[kind]()
+    return out
+
+
+_AT_INDICES = {"repeated": [1, 1, 3], "negative": [-1, 0, -4], "out_of_range": [2, 7, -9, 2],
+               "mixed": [3, -1, 1, 3, 0, 5]}
+
+
+@pytest.mark.parametrize("kind", ["subtract", "min", "max", "power", "mul", "apply"])
+@pytest.mark.parametrize("which", sorted(_AT_INDICES))
+def test_at_updates_match_numpy_and_jax(kind, which, jax_ref):
+    # small integers and halves: every intermediate is exact, so the order of rounding cannot
+    # hide a wrong semantics, and the numpy reference is exact
+    x = np.array([[1.0, 2.0], [3.0, -2.0], [0.5, 4.0], [2.0, 1.5]], np.float32)
+    idx = np.array(_AT_INDICES[which])
+    v = np.array([[2.0, -1.0], [0.5, 3.0], [-2.5, 2.0], [1.0, 1.0], [3.0, 0.5], [2.0, 2.0]],
+                 np.float32)[:len(idx)]
+    if kind == "power":
+        v = np.abs(np.round(v))      # integer exponents: exact powers of the small values
+    fn_c, fn_n = (lambda t: t * 2.0 + 1.0), (lambda t: t * 2.0 + 1.0)
+    X = cts.device_put(x)
+    if kind == "apply":
+        got = np.asarray(X.at[idx].apply(fn_c))
+    else:
+        got = np.asarray(getattr(X.at[idx], kind)(v))
+    want = _np_at_more_ops(x, idx, kind, v, fn_n)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+    def theirs(jax):
+        J = jax.numpy.asarray(x).at[jax.numpy.asarray(idx)]
+        return J.apply(fn_n) if kind == "apply" else getattr(J, kind)(v)
+
+    np.testing.assert_array_equal(got, jax_ref("values", theirs))
+
+
+def test_at_updates_with_slices_and_scalars():
+    x = _RNG.standard_normal((4, 5)).astype(np.float32)
+    X = cts.device_put(x)
+    np.testing.assert_array_equal(np.asarray(X.at[1:3, ::2].subtract(1.5)),
+                                  _slice_ref(x, (slice(1, 3), slice(None, None, 2)), lambda t: t - np.float32(1.5)))
+    np.testing.assert_array_equal(np.asarray(X.at[:, 1].min(0.0)),
+                                  _slice_ref(x, (slice(None), 1), lambda t: np.minimum(t, 0)))
+    np.testing.assert_array_equal(np.asarray(X.at[2].max(0.25)),
+                                  _slice_ref(x, 2, lambda t: np.maximum(t, np.float32(0.25))))
+    np.testing.assert_array_equal(np.asarray(X.at[0, :3].power(2.0)),
+                                  _slice_ref(x, (0, slice(0, 3)), lambda t: t * t))
+    got = np.asarray(X.at[1:, 2:].apply(cnp.floor))
+    np.testing.assert_array_equal(got, _slice_ref(x, (slice(1, None), slice(2, None)), np.floor))
+    with pytest.raises(ValueError, match="must be elementwise"):
+        X.at[1].apply(lambda t: cnp.sum(t))
+
+
+def _slice_ref(x, idx, f):
+    out = x.copy()
+    out[idx] = f(out[idx])
+    return out
+
+
+def test_at_16_bit_and_eval_shape():
+    x = np.array([3.0, 1.125, 2.0, 0.5], BF16)
+    X = cts.device_put(x)
+    idx = np.array([0, 1, 1])
+    v = np.array([2.5, 3.0, 0.5], np.float32)
+    got = X.at[idx].power(v)
+    assert got.dtype == BF16
+    ref = x.astype(np.float64)
+    vb = v.astype(BF16).astype(np.float64)
+    ref[0] = ref[0] ** vb[0]
+    ref[1] = (ref[1] ** vb[1]) ** vb[2]     # the float32 widening, rounded once at the end
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                  ref.astype(np.float32).astype(BF16).astype(np.float32))
+    a = X.at[idx].apply(lambda t: t * 3.0)
+    assert a.dtype == BF16
+    s = cts.eval_shape(lambda a: a.at[np.array([0, 0])].max(1.0), cts.ShapeDtypeStruct((4,), np.float32))
+    assert s.shape == (4,)
+
+
+@pytest.mark.parametrize("kind", ["subtract", "min", "max", "power", "mul"])
+def test_at_gradients_match_jax(kind, jax_ref):
+    """Gradients to x and to the values; jax gives power / mul gradients only for unique
+    indices (NotImplementedError otherwise), so those are compared with unique indices and,
+    with duplicates, against finite differences."""
+    x = np.array([1.5, 2.0, 3.0, 4.0, 0.75], np.float32)
+    w = np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32)
+    dup = np.array([1, 1, -1, 0, 9])             # a duplicate, a negative, one out of range
+    uniq = np.array([1, -1, 0])
+    vals = {"subtract": [0.5, 0.25, 1.0, 1.0, 7.0], "min": [1.0, 0.5, 4.0, 2.0, 0.0],
+            "max": [3.0, 5.0, 4.0, 0.5, 9.0], "power": [2.0, 1.5, 0.5, 3.0, 2.0],
+            "mul": [3.0, 0.5, 2.0, 1.5, 4.0]}
+    vd = np.array(vals[kind], np.float32)
+
+    def ours(idx, v):
+        return [np.asarray(t) for t in cts.grad(
+            lambda a, b: cnp.sum(getattr(a.at[idx], kind)(b) * w), (0, 1))(x, v)]
+
+    g_dup = ours(dup, vd)
+    # finite differences of our own function (both x and the values)
+    fx = _fd_tree(lambda a: cnp.sum(getattr(cts.device_put(a).at[dup], kind)(vd) * w), x, 1e-3)
+    fv = _fd_tree(lambda b: cnp.sum(getattr(cts.device_put(x).at[dup], kind)(b) * w), vd, 1e-3)
+    if kind not in ("min", "max"):   # (kinks at the ties of min/max)
+        np.testing.assert_allclose(g_dup[0], fx, rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(g_dup[1], fv, rtol=2e-2, atol=2e-2)
+    assert g_dup[1][4] == 0.0        # the out-of-range entry gets no gradient
+
+    def theirs(jax, idx, v, unique):
+        jnp = jax.numpy
+        return [np.asarray(t) for t in jax.grad(
+            lambda a, b: (getattr(a.at[jnp.asarray(idx)], kind)(b, unique_indices=unique) * w).sum(),
+            (0, 1))(x, v)]
+
+    for idx, v, u in ((uniq, vd[:3], True),) + (((dup, vd, False),) if kind in ("subtract", "min", "max") else ()):
+        for a, b in zip(ours(idx, v), jax_ref(f"unique={u}", lambda jax: theirs(jax, idx, v, u))):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_at_min_max_ties_split_like_jax():
+    """A tie between x and one value splits the cotangent 0.5 / 0.5 (jax's rule, measured);
+    with duplicates the order of the values does not change the result."""
+    x = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    idx = np.array([0, 0, 1, -1])
+    v = np.array([1.0, 0.5, 5.0, 4.0], np.float32)
+    w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+    gx, gv = (np.asarray(t) for t in cts.grad(
+        lambda a, b: cnp.sum(a.at[idx].min(b) * w), (0, 1))(x, v))
+    assert gx.tolist() == [0.0, 2.0, 3.0, 2.0] and gv.tolist() == [0.0, 1.0, 0.0, 2.0]
+    gx, gv = (np.asarray(t) for t in cts.grad(
+        lambda a, b: cnp.sum(a.at[idx].max(b) * w), (0, 1))(x, v))
+    assert gx.tolist() == [0.5, 0.0, 3.0, 2.0] and gv.tolist() == [0.5, 0.0, 2.0, 2.0]
+    X = cts.device_put(x)
+    perm = np.array([3, 2, 1, 0])
+    for kind in ("min", "max"):
+        a = np.asarray(getattr(X.at[idx], kind)(v))
+        b = np.asarray(getattr(X.at[idx[perm]], kind)(v[perm]))
+        assert a.tobytes() == b.tobytes()
+
+
+def test_at_apply_gradient_against_finite_differences():
+    """jax has no gradient for .at[].apply (scatter_apply JVP not implemented); ours goes
+    through fn once per occurrence: d/dx sin(sin(x)) for a repeated index."""
+    x = np.array([0.3, 1.1, -0.7, 2.0], np.float32)
+    idx = np.array([1, 1, 3, 8])
+    g = np.asarray(cts.grad(lambda a: cnp.sum(a.at[idx].apply(cnp.sin)))(x))
+    x64 = x.astype(np.float64)
+    want = np.array([1.0, np.cos(np.sin(x64[1])) * np.cos(x64[1]), 1.0, np.cos(x64[3])])
+    np.testing.assert_allclose(g, want, rtol=1e-6)
+    fd = _fd_tree(lambda a: cnp.sum(cts.device_put(a).at[idx].apply(cnp.sin)), x, 1e-3)
+    np.testing.assert_allclose(g, fd, rtol=1e-2, atol=1e-3)

@@ -203,3 +203,38 @@ def test_cuda_backend_loads_nccl_at_run_time():
         assert int(v) >= 20000, r.stdout
     except OSError:
         assert int(v) == 0 and "/nonexistent/libnccl.so.2" in why, r.stdout
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+def _jax():
+    return pytest.importorskip("jax")
+
+
+def test_device_process_index():
+    # t5x's get_coords / bounds_from_last_device read device.process_index: every device
+    # belongs to the one process, whose devices are exactly local_devices()
+    devs = cts.devices()
+    assert cts.process_count() == 1 and cts.process_index() == 0
+    assert [d.process_index for d in devs] == [cts.process_index()] * cts.device_count()
+    assert [d.host_id for d in devs] == [d.process_index for d in devs]
+    assert [d for d in devs if d.process_index == cts.process_index()] == cts.local_devices()
+    assert cts.local_devices(process_index=0) == cts.local_devices()
+    with pytest.raises(ValueError, match="process_index 1"):
+        cts.local_devices(process_index=1)
+    assert len({d.id for d in devs}) == len(devs)
+    from ctrainstate.t5x import partitioning as t5p
+    coords = [t5p.get_coords(d) for d in devs]
+    assert len(set(coords)) == len(devs) and {c[0] for c in coords} == {0}
+
+
+def test_device_attributes_match_jax():
+    jax = _jax()
+    attrs = lambda d: (d.id, d.process_index, d.host_id, d.platform, d.device_kind)
+    theirs, ours = jax.devices("cpu"), cts.devices("cpu")
+    n = min(len(theirs), len(ours))
+    assert n >= 1
+    assert [attrs(d) for d in ours[:n]] == [attrs(d) for d in theirs[:n]]
+    assert (cts.process_index(), cts.process_count()) == (jax.process_index(), jax.process_count())

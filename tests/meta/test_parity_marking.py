@@ -140,7 +140,7 @@ _SUITE_LIVE = [
 ]
 _SUITE_PLAIN = [
     ("test_random_dist.py", "test_rademacher_signs"),
-    ("test_optim_more.py", "test_transforms_without_jax_hand_computed"),
+    ("test_optim_transforms.py", "test_transforms_without_jax_hand_computed"),
     ("test_array.py", "test_replicas_are_separate_buffers"),
     # `import ctrainstate.numpy as jnp` inside: a local, not the module's jax.numpy
     ("test_numpy_more.py", "test_jnp_ndarray_is_the_array_type"),

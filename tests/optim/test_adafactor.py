@@ -8,6 +8,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.optim as optim
 from ctrainstate.train_state import TrainState
+from ctrainstate.tree_util import tree_leaves
 
 P = cts.P
 STEPS = 6
@@ -139,3 +140,67 @@ def test_mesh_results_identical_to_single_device():
         for k in SHAPES:
             np.testing.assert_allclose(np.asarray(other.params[k]), np.asarray(single.params[k]),
                                        rtol=1e-6, atol=1e-7, err_msg=f"{k} on {kind}")
+
+
+# --- optax-parity regressions of adafactor (found probing ctrainstate.optim against optax 0.2.8)
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_adafactor_non_finite_grad_matches_optax(bad, jax_ref):
+    rng = np.random.default_rng(2)
+    p = {"m": rng.standard_normal((4, 6)).astype(np.float32),
+         "v": rng.standard_normal(5).astype(np.float32)}
+    g = {"m": rng.standard_normal((4, 6)).astype(np.float32),
+         "v": rng.standard_normal(5).astype(np.float32)}
+    g["m"][1, 2] = bad
+    g["v"][3] = bad
+    for i, make in enumerate((lambda o: o.adafactor(0.1, min_dim_size_to_factor=2),  # factored "m"
+                              lambda o: o.adafactor(0.1),                            # nothing factored
+                              lambda o: o.chain(o.clip_by_block_rms(0.5), o.scale(-1.0)))):
+        def theirs(jax):
+            txo = make(__import__("optax"))
+            pj = jax.tree.map(jax.numpy.asarray, p)
+            return dict(txo.update(jax.tree.map(jax.numpy.asarray, g), txo.init(pj), pj)[0])
+
+        uo = jax_ref(i, theirs)
+        txc = make(optim)
+        uc, _ = txc.update(g, txc.init(p), p)
+        for k in p:
+            np.testing.assert_allclose(np.asarray(uc[k]), np.asarray(uo[k]), rtol=1e-5,
+                                       atol=1e-7, equal_nan=True, err_msg=k)
+
+
+@pytest.mark.parametrize("min_dim", [4, 128])   # factored leaves, and none factored
+def test_eval_shape_of_adafactor_init(min_dim):
+    # jax.eval_shape(optax.adafactor(...).init, params) is how t5x / Flax scripts get the
+    # optimizer state's shapes for its partition specs; scale_by_factored_rms's init called
+    # to_array on the ShapeDtypeStructs and raised "dtype object is not supported". The
+    # abstract state must be the concrete one's shapes, dtypes and shardings, on a mesh too.
+    from ctrainstate.t5x.optimizers import OptaxWrapper
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    sharded = {"a": cts.device_put(np.ones((8, 16), np.float32),
+                                   cts.NamedSharding(mesh, cts.P("data", "model"))),
+               "b": cts.device_put(np.ones(16, np.float32), cts.NamedSharding(mesh, cts.P("model")))}
+    tx = optim.adafactor(0.1, min_dim_size_to_factor=min_dim, momentum=0.9)
+    abstract = cts.eval_shape(tx.init, sharded)
+    concrete = tx.init(sharded)
+    assert [(tuple(x.shape), x.dtype, x.sharding) for x in tree_leaves(abstract)] == \
+        [(tuple(x.shape), x.dtype, x.sharding) for x in tree_leaves(concrete)]
+    st = cts.eval_shape(lambda: FlaxOptimTrainState.create(
+        OptaxWrapper(tx), {"params": {"w": np.ones((16, 16), np.float32)}}))
+    assert isinstance(st, FlaxOptimTrainState)
+
+
+def _shapes(jax, leaves):
+    return [[list(x.shape), str(x.dtype)] for x in leaves]
+
+
+@pytest.mark.parametrize("min_dim", [4, 128])
+def test_eval_shape_of_adafactor_init_matches_optax(min_dim, jax_ref):
+    p = {"a": np.ones((8, 16), np.float32), "b": np.ones(16, np.float32),
+         "c": np.ones((4, 6, 5), np.float32)}
+    want = jax_ref("shapes", lambda jax: _shapes(jax, jax.tree.leaves(jax.eval_shape(
+        __import__("optax").adafactor(0.1, min_dim_size_to_factor=min_dim).init,
+        jax.tree.map(jax.numpy.asarray, p)))))
+    got = cts.eval_shape(optim.adafactor(0.1, min_dim_size_to_factor=min_dim).init, p)
+    assert _shapes(None, tree_leaves(got)) == want

@@ -213,3 +213,107 @@ def test_every_transformation_takes_extra_args():
         assert isinstance(tx, optim.GradientTransformationExtraArgs), name
         kinds = [p.kind for p in inspect.signature(tx.update).parameters.values()]
         assert inspect.Parameter.VAR_KEYWORD in kinds, name
+
+
+# --- optax-parity regressions of the states a transformation accepts (found probing
+# ctrainstate.optim against optax 0.2.8): each compared with live optax (`parity`) or with values
+# derived by hand.
+
+@pytest.mark.parametrize("make_tx,make_other,who", [
+    (lambda: optim.adam(0.1), lambda: optim.sgd(0.1, momentum=0.9), "scale_by_adam"),
+    (lambda: optim.sgd(0.1, momentum=0.9), lambda: optim.adam(0.1), "trace"),
+    (lambda: optim.amsgrad(0.1), lambda: optim.adam(0.1), "scale_by_amsgrad"),
+    (lambda: optim.apply_if_finite(optim.adam(0.1), 1), lambda: optim.adam(0.1), "apply_if_finite"),
+    (lambda: optim.masked(optim.adam(0.1), {"a": True, "b": False}), lambda: optim.adam(0.1),
+     "masked"),
+    (lambda: optim.chain(optim.add_decayed_weights(optim.linear_schedule(0.1, 0.0, 3)),
+                         optim.scale(-1.0)), lambda: optim.adam(0.1), "add_decayed_weights"),
+    (lambda: optim.noisy_sgd(0.1), lambda: optim.adam(0.1), "add_noise"),
+])
+def test_state_of_another_transformation_is_a_clear_type_error(make_tx, make_other, who):
+    # an optimizer swapped while its old state is kept (a checkpoint of another run): optax
+    # fails with an AttributeError on a missing field; ctrainstate read `state.count` of a
+    # TraceState (tuple.count, a method) and raised "int() argument must be ... not
+    # 'builtin_function_or_method'". DESIGN.md: a clear error, naming the transformation.
+    p = {"a": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    g = {"a": np.full((2, 3), 0.5, np.float32), "b": np.full(3, 0.5, np.float32)}
+    tx, other = make_tx(), make_other()
+    with pytest.raises(TypeError, match=rf"{who}: expected its state .*was the state built by"):
+        tx.update(g, other.init(p), p)
+    ts = TrainState.create(apply_fn=None, params=p, tx=other)
+    before = [np.asarray(x).copy() for x in tree_leaves(ts.opt_state)]
+    with pytest.raises(TypeError, match=who):
+        ts.replace(tx=tx).apply_gradients(grads=g)
+    # nothing donated or written: the old state still steps with its own optimizer
+    assert [np.asarray(x).tolist() for x in tree_leaves(ts.opt_state)] == \
+        [b.tolist() for b in before]
+    ts.apply_gradients(grads=g)
+
+
+def test_state_with_the_same_fields_is_accepted():
+    # a state rebuilt as another NamedTuple class with the same fields (what a checkpoint
+    # library may restore) still steps, and gives the same update as the original state
+    import collections
+    p = {"w": np.ones(3, np.float32)}
+    g = {"w": np.array([0.5, -1.0, 2.0], np.float32)}
+    tx = optim.adam(0.1)
+    st = tx.init(p)
+    Same = collections.namedtuple("ScaleByAdamState", ["count", "mu", "nu"])
+    u1, _ = tx.update(g, st, p)
+    u2, _ = tx.update(g, (Same(*st[0]), st[1]), p)
+    np.testing.assert_array_equal(np.asarray(u1["w"]), np.asarray(u2["w"]))
+    # adam's first step is -lr * sign(g) (mu_hat / sqrt(nu_hat) = g / |g|, eps aside)
+    np.testing.assert_allclose(np.asarray(u1["w"]), [-0.1, 0.1, -0.1], rtol=1e-6)
+
+
+def test_state_of_other_params_paths_is_refused_before_anything_runs():
+    # optax's tree_map raises a pytree structure error for a state built for params of other
+    # paths; the fused step paired the arrays by position and stepped them silently (same
+    # count, same shapes). Now a ValueError naming the first differing path, in tx.update and
+    # in TrainState.apply_gradients, and the state given is left as it was.
+    from ctrainstate.train_state import TrainState
+    pa = {"a": np.ones(3, np.float32), "b": np.full(3, 2.0, np.float32)}
+    pb = {"x": np.ones(3, np.float32), "y": np.full(3, 2.0, np.float32)}
+    tx = optim.adam(0.1)
+    st = tx.init(pa)
+    with pytest.raises(ValueError, match=r"state array \['a'\] where the params have \['x'\]"):
+        tx.update(pb, st, pb)
+    ts = TrainState.create(apply_fn=None, params=pb, tx=tx)
+    bad = ts.replace(opt_state=tx.init(pa))
+    with pytest.raises(ValueError, match="does not match the params' tree"):
+        bad.apply_gradients(grads=pb)
+    assert int(np.asarray(bad.opt_state[0].count)) == 0      # nothing stepped or donated
+    assert (np.asarray(bad.params["x"]) == 1.0).all()
+    assert int(ts.apply_gradients(grads=pb).step) == 1       # the right state still works
+    # a mask (partition / masked) keeps its own, smaller state trees: still accepted
+    tx2 = optim.masked(optim.adam(0.1), {"x": True, "y": False})
+    st2 = tx2.init(pb)
+    tx2.update(pb, st2, pb)
+
+
+def test_state_of_other_params_paths_fails_in_optax_too():
+    optax = pytest.importorskip("optax")
+    jnp = pytest.importorskip("jax.numpy")
+    pa = {"a": jnp.ones(3), "b": jnp.ones(3)}
+    pb = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    st = optax.adam(0.1).init(pa)
+    with pytest.raises(ValueError):
+        optax.adam(0.1).update(pb, st, pb)
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "add_decayed_weights"])
+def test_update_without_params_says_to_pass_them(name):
+    from ctrainstate import optim
+    tx = {"adamw": lambda: optim.adamw(1e-3), "lamb": lambda: optim.lamb(1e-3),
+          "add_decayed_weights": lambda: optim.add_decayed_weights(1e-4)}[name]()
+    p = {"w": np.ones(3, np.float32)}
+    st = tx.init(p)
+    # optax raises a ValueError too ("...requires the current value of parameters...")
+    with pytest.raises(ValueError, match=r"tx.update\(updates, state, params\)"):
+        tx.update({"w": np.ones(3, np.float32)}, st)
+    u, _ = tx.update({"w": np.ones(3, np.float32)}, st, p)      # with params it runs
+    assert np.isfinite(np.asarray(u["w"])).all()

@@ -506,3 +506,140 @@ def test_callable_pytree_mask_is_a_mask_tree_not_a_function():
         u, _ = tx.update(g, tx.init(p), p)
         assert not np.allclose(np.asarray(u["a"]), 2.0)
         np.testing.assert_array_equal(np.asarray(u["b"]), 2.0)
+
+
+# --- optax-parity regressions of chain, masked and apply_if_finite (found probing ctrainstate.optim
+# against optax 0.2.8): each compared with live optax (`parity`) or with values derived by hand.
+
+def _short_chain():
+    p = {"b": np.ones(3, np.float32)}
+    return optim.chain(optim.sgd(1.0), optim.clip(1.0)), p, {"b": np.full(3, 5.0, np.float32)}
+
+
+def test_chain_refuses_a_state_with_missing_entries():
+    # optax.chain raises ValueError("The number of updates and states has to be the same in
+    # chain! ..."); the fused chain zipped transforms with state entries and silently dropped
+    # the clip (update -5 instead of -1)
+    tx, p, g = _short_chain()
+    st = tx.init(p)
+    u, _ = tx.update(g, st, p)
+    np.testing.assert_array_equal(np.asarray(u["b"]), [-1.0] * 3)   # sgd(1) then clip(1)
+    for bad in (st[:1], st + (optim.EmptyState(),), ()):
+        with pytest.raises(ValueError, match="number of updates and states"):
+            tx.update(g, bad, p)
+    # the unfused chain (a user transform inside) too
+    tx2 = optim.chain(optim.stateless(lambda u, p: u), optim.clip(1.0))
+    with pytest.raises(ValueError, match="number of updates and states"):
+        tx2.update(g, tx2.init(p)[:1], p)
+
+
+def test_chain_short_state_in_train_state_leaves_it_untouched():
+    tx, p, g = _short_chain()
+    ts = TrainState.create(apply_fn=None, params=p, tx=tx)
+    bad = ts.replace(opt_state=ts.opt_state[:1])
+    with pytest.raises(ValueError, match="number of updates and states"):
+        bad.apply_gradients(grads=g)
+    # nothing was donated or written: the same state still steps
+    np.testing.assert_array_equal(np.asarray(bad.params["b"]), [1.0] * 3)
+    ts = ts.apply_gradients(grads=g)
+    np.testing.assert_array_equal(np.asarray(ts.params["b"]), [0.0] * 3)
+
+
+def _optax_short_state_error(jax):
+    import optax
+    tx = optax.chain(optax.sgd(1.0), optax.clip(1.0))
+    p = {"b": jax.numpy.ones(3)}
+    try:
+        tx.update(p, tx.init(p)[:1], p)
+    except Exception as e:   # noqa: BLE001 - its type and message are compared
+        return [type(e).__name__, str(e)]
+    return None
+
+
+def test_chain_short_state_raises_as_optax(jax_ref):
+    etype, msg = jax_ref("optax's error", _optax_short_state_error)
+    assert etype == "ValueError" and "number of updates and states" in msg
+    tx = optim.chain(optim.sgd(1.0), optim.clip(1.0))
+    p = {"b": np.ones(3, np.float32)}
+    with pytest.raises(ValueError, match="number of updates and states"):
+        tx.update(p, tx.init(p)[:1], p)
+
+
+def _aif_inject(lib):
+    return lib.apply_if_finite(lib.inject_hyperparams(lib.sgd)(
+        learning_rate=lib.linear_schedule(0.4, 0.0, 4), momentum=0.5), 3)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_rejected_step_keeps_injected_hyperparams(in_place):
+    # optax's apply_if_finite keeps the whole inner state on a rejected step. The fused
+    # inject_hyperparams wrote this step's schedule value (0.3 = linear 0.4 -> 0 at count 1)
+    # into hyperparams although its counts did not advance. By hand: step 0 stores lr(0)=0.4,
+    # the rejected step 1 keeps 0.4 (counts 1), step 2 stores lr(1) = 0.3 (counts 2).
+    p = {"w": np.ones(2, np.float32)}
+    good = {"w": np.ones(2, np.float32)}
+    bad = {"w": np.array([np.nan, 1.0], np.float32)}
+    tx = _aif_inject(optim)
+    if in_place:
+        ts = TrainState.create(apply_fn=None, params=p, tx=tx)
+        seen = []
+        for g in (good, bad, good):
+            ts = ts.apply_gradients(grads=g)
+            inj = ts.opt_state.inner_state
+            seen.append((float(np.asarray(inj.hyperparams["learning_rate"])),
+                         int(np.asarray(inj.count)),
+                         int(np.asarray(inj.hyperparams_states["learning_rate"].count))))
+    else:
+        st, seen = tx.init(p), []
+        for g in (good, bad, good):
+            _, st = tx.update(g, st, p)
+            inj = st.inner_state
+            seen.append((float(np.asarray(inj.hyperparams["learning_rate"])),
+                         int(np.asarray(inj.count)),
+                         int(np.asarray(inj.hyperparams_states["learning_rate"].count))))
+    np.testing.assert_allclose([s[0] for s in seen], [0.4, 0.4, 0.3], rtol=1e-6)
+    assert [s[1:] for s in seen] == [(1, 1), (1, 1), (2, 2)]
+
+
+def _optax_aif_steps(jax, p, gs):
+    """optax's state leaves and params after each step."""
+    optax = __import__("optax")
+    txo = _aif_inject(optax)
+    pj = jax.tree.map(jax.numpy.asarray, p)
+    so = txo.init(pj)
+    out = []
+    for g in gs:
+        uo, so = txo.update(jax.tree.map(jax.numpy.asarray, g), so, pj)
+        pj = optax.apply_updates(pj, uo)
+        out.append((jax.tree.leaves(so), pj["w"]))
+    return out
+
+
+def test_rejected_step_keeps_injected_hyperparams_as_optax(jax_ref):
+    rng = np.random.default_rng(4)
+    p = {"w": rng.standard_normal(3).astype(np.float32)}
+    gs = [{"w": rng.standard_normal(3).astype(np.float32)} for _ in range(6)]
+    for i in (1, 3, 4):
+        gs[i]["w"][0] = np.nan
+    ts = TrainState.create(apply_fn=None, params=p, tx=_aif_inject(optim))
+    for g, (state, w) in zip(gs, jax_ref("steps", lambda jax: _optax_aif_steps(jax, p, gs)),
+                             strict=True):
+        ts = ts.apply_gradients(grads=g)
+        leaves = tree_leaves(ts.opt_state)
+        assert len(leaves) == len(state)
+        for a, b in zip(state, leaves):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, equal_nan=True)
+        np.testing.assert_allclose(np.asarray(ts.params["w"]), w, rtol=1e-6)
+
+
+def test_masked_accepts_optax_keyword():
+    # optax.masked(inner, mask, *, mask_compatible_extra_args=False): an optax script passing
+    # it got a TypeError (partition already accepted the same keyword). Same result either
+    # way; by hand: sgd(0.5) on the masked leaf, the other passes through unchanged.
+    p = {"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}
+    for flag in (False, True):
+        tx = optim.masked(optim.sgd(0.5), {"a": True, "b": False},
+                          mask_compatible_extra_args=flag)
+        u, _ = tx.update(p, tx.init(p), p)
+        assert np.asarray(u["a"]).tolist() == [-0.5, -0.5]
+        assert np.asarray(u["b"]).tolist() == [1.0, 1.0]

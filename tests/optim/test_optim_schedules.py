@@ -95,3 +95,111 @@ def test_cosine_decay_schedule_with_exponent_of_an_array_step():
     np.testing.assert_allclose(out, want, rtol=1e-6)
     np.testing.assert_allclose(optim.linear_schedule(1.0, 0.0, 4)(np.arange(6)),
                                [1.0, 0.75, 0.5, 0.25, 0.0, 0.0])
+
+
+# --- optax-parity regressions of the schedules (found probing ctrainstate.optim against optax
+# 0.2.8)
+
+def test_piecewise_interpolate_float_boundaries_are_not_truncated():
+    # optax stacks the boundaries into an array, so {2.5: 0.5, 6.5: 0.1} interpolates over
+    # [0, 2.5) and [2.5, 6.5); they were truncated to 2 and 6. By hand (values 1, 0.5, 0.05):
+    # count 1: 1 + (0.5 - 1) * 1/2.5 = 0.8; count 4: 0.5 + (0.05 - 0.5) * 1.5/4 = 0.33125;
+    # cosine, count 1: 0.5 + (1 - 0.5) / 2 * (cos(pi * 0.4) + 1)
+    lin = optim.piecewise_interpolate_schedule("linear", 1.0, {2.5: 0.5, 6.5: 0.1})
+    for c, want in ((0, 1.0), (1, 0.8), (2, 0.6), (2.5, 0.5), (4, 0.33125), (6.5, 0.05), (9, 0.05)):
+        np.testing.assert_allclose(float(lin(c)), want, rtol=1e-6, err_msg=str(c))
+    cos = optim.piecewise_interpolate_schedule("cosine", 1.0, {2.5: 0.5, 6.5: 0.1})
+    np.testing.assert_allclose(float(cos(1)), 0.5 + 0.25 * (np.cos(np.pi * 0.4) + 1), rtol=1e-6)
+    # integer boundaries are unchanged: {4: 0.1, 8: 0.01} is optax's docstring example
+    s = optim.piecewise_interpolate_schedule("linear", 1.0, {4: 0.1, 8: 0.01})
+    np.testing.assert_allclose([float(s(i)) for i in range(0, 11, 2)],
+                               [1.0, 0.55, 0.1, 0.0505, 0.001, 0.001], rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_piecewise_interpolate_float_boundaries_match_optax(kind, jax_ref):
+    bs = {2.5: 0.5, 6.5: 0.1, 7: 3.0, 0.3 * 31: 0.2}
+    counts = list(range(-1, 13)) + [2.4, 2.5, 6.75, 9.3]
+
+    def theirs(jax):
+        so = __import__("optax").piecewise_interpolate_schedule(kind, 1.0, bs)
+        return [float(so(c)) for c in counts]
+
+    sc = optim.piecewise_interpolate_schedule(kind, 1.0, bs)
+    for c, want in zip(counts, jax_ref("values", theirs), strict=True):
+        np.testing.assert_allclose(float(sc(c)), want, rtol=1e-6, atol=1e-7, err_msg=str(c))
+
+
+def test_join_schedules_passes_integer_counts():
+    # optax passes `step - boundary` (an int32 count) to each later schedule; ctrainstate
+    # passed a float, so a schedule indexing a table with its count raised TypeError (list
+    # indices must be integers). By hand: 1.0 before the boundary 2, then table[count - 2].
+    table = [0.5, 0.4, 0.3, 0.2]
+    seen = []
+
+    def from_table(c):
+        seen.append(c)
+        return table[min(c, 3)]
+    s = optim.join_schedules([optim.constant_schedule(1.0), from_table], [2])
+    assert [float(s(i)) for i in range(7)] == [1.0, 1.0, 0.5, 0.4, 0.3, 0.2, 0.2]
+    assert all(type(c) is int for c in seen)
+    assert float(s(np.int32(4))) == 0.3
+    # through an optimizer (the count is the state's)
+    tx = optim.sgd(s)
+    p = {"w": np.ones(2, np.float32)}
+    st, got = tx.init(p), []
+    for _ in range(5):
+        u, st = tx.update(p, st, p)
+        got.append(float(np.asarray(u["w"])[0]))
+    np.testing.assert_allclose(got, [-1.0, -1.0, -0.5, -0.4, -0.3], rtol=1e-6)
+    # a float count still gives a float offset (optax: step - boundary in floats)
+    lin = optim.join_schedules([optim.constant_schedule(0.0), lambda c: c], [2])
+    assert float(lin(3.5)) == 1.5
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+def _schedules(o):
+    return {
+        "pwi_lin": o.piecewise_interpolate_schedule("linear", 1.0, {4: 0.1, 8: 0.01}),
+        "pwi_cos": o.piecewise_interpolate_schedule("cosine", 2.0, {3: 0.5, 5: 0.0, 9: 3.0}),
+        "pwi_none": o.piecewise_interpolate_schedule("linear", 0.3),
+        "lin1c": o.linear_onecycle_schedule(20, 0.1),
+        "cos1c": o.cosine_onecycle_schedule(17, 0.05, pct_start=0.2),
+        "wconst": o.warmup_constant_schedule(0.0, 1.0, 4),
+        "wexp": o.warmup_exponential_decay_schedule(0.0, 1.0, 3, 2, 0.5, transition_begin=1,
+                                                    staircase=True, end_value=0.1),
+        "sgdr": o.sgdr_schedule([
+            dict(init_value=0.0, peak_value=1.0, warmup_steps=2, decay_steps=6),
+            dict(init_value=0.1, peak_value=0.5, warmup_steps=1, decay_steps=5, end_value=0.05)]),
+    }
+
+
+def test_more_schedules_derived_values():
+    from ctrainstate import optim
+    s = _schedules(optim)
+    # optax's docstring: linear interpolation between the accumulated values 1, 0.1, 0.001
+    assert [round(s["pwi_lin"](i), 6) for i in range(0, 11, 2)] == [1.0, 0.55, 0.1, 0.0505,
+                                                                    0.001, 0.001]
+    assert s["pwi_none"](0) == pytest.approx(0.3) and s["pwi_none"](100) == pytest.approx(0.3)
+    # onecycle: peak/25 at 0, peak at int(0.3 * 20) = 6, peak/25 at 17, peak/25/1e4 at 20
+    assert s["lin1c"](0) == pytest.approx(0.004) and s["lin1c"](6) == pytest.approx(0.1)
+    assert s["lin1c"](17) == pytest.approx(0.004) and s["lin1c"](20) == pytest.approx(4e-7)
+    assert s["cos1c"](3) == pytest.approx(0.05) and s["cos1c"](17) == pytest.approx(0.05 / 25 / 1e4)
+    assert s["wconst"](2) == pytest.approx(0.5) and s["wconst"](50) == 1.0
+    # sgdr: the second cycle starts at step 6 with its own warmup from 0.1
+    assert s["sgdr"](6) == pytest.approx(0.1) and s["sgdr"](7) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="interpolate_type"):
+        optim.piecewise_interpolate_schedule("quadratic", 1.0)
+
+
+def test_more_schedules_match_optax():
+    optax = pytest.importorskip("optax")
+    from ctrainstate import optim
+    want, got = _schedules(optax), _schedules(optim)
+    for k in want:
+        a = np.array([float(want[k](i)) for i in range(25)])
+        b = np.array([float(got[k](i)) for i in range(25)])
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-12, err_msg=k)

@@ -108,3 +108,47 @@ def test_gptj_table():
     assert h['mlp']['fc_out'] == {'kernel': P('mp', None), 'bias': None}
     assert s['lm_head'] == {'kernel': P(None, 'mp'), 'bias': P('mp')}
     assert h['ln_1'] == {'scale': None, 'bias': None}
+
+
+# --- regression tests for parity bugs found in set_partitions (expectations from
+# shared/reference/t5x_hf.md)
+
+def test_set_partitions_defaults_to_the_gpt_neo_table():
+    """HF partitions.py: ``set_partitions(in_dict)`` takes only the params and applies
+    ``_get_partition_rules()``, the GPT-Neo table (t5x_hf.md §1.7, §2.5; F-H1). ctrainstate
+    required the rules (TypeError on the original call)."""
+    from ctrainstate.hf.partitions import set_partitions
+    z = np.zeros
+    params = {'transformer': {
+        'wte': {'embedding': z((16, 4))}, 'wpe': {'embedding': z((8, 4))},
+        'h': {'0': {'attn': {'attention': {'q_proj': {'kernel': z((4, 4))},
+                                           'out_proj': {'kernel': z((4, 4)), 'bias': z(4)}}},
+                    'mlp': {'c_fc': {'kernel': z((4, 8)), 'bias': z(8)},
+                            'c_proj': {'kernel': z((8, 4)), 'bias': z(4)}},
+                    'ln_1': {'scale': z(4), 'bias': z(4)}}},
+        'ln_f': {'scale': z(4), 'bias': z(4)}}}
+    t = set_partitions(params)['transformer']
+    assert t['wte']['embedding'] == P('mp', None) and t['wpe']['embedding'] == P('mp', None)
+    h = t['h']['0']
+    assert h['attn']['attention']['q_proj']['kernel'] == P(None, 'mp')
+    assert h['attn']['attention']['out_proj'] == {'kernel': P('mp', None), 'bias': None}
+    assert h['mlp']['c_fc'] == {'kernel': P(None, 'mp'), 'bias': P('mp')}
+    assert h['mlp']['c_proj'] == {'kernel': P('mp', None), 'bias': None}
+    assert h['ln_1'] == {'scale': None, 'bias': None} and t['ln_f'] == {'scale': None, 'bias': None}
+
+
+def test_set_partitions_rule_with_a_string_instead_of_a_tuple():
+    """``(('wte'), P('mp', None))`` is the classic missing comma: HF's ``_match`` then
+    compiles each *character* as a regex (t5x_hf.md §1.7: one regex per key of a window), so
+    the rule silently matches windows of one-letter keys. ctrainstate raises and says how to
+    write the rule; a rule that is not a pair is named too."""
+    from ctrainstate.hf.partitions import set_partitions
+    params = {'transformer': {'wte': {'embedding': np.zeros((8, 4))}}}
+    with pytest.raises(ValueError, match=r"partition rule 0: the regexes 'wte' are one string"
+                                         r".*write \('wte',\)"):
+        set_partitions(params, [(('wte'), P('mp', None))])
+    with pytest.raises(ValueError, match=r"partition rule 1 = \('embedding',\) is not a "
+                                         r"\(regex_tuple, spec\) pair"):
+        set_partitions(params, [(('wte',), None), ('embedding',)])
+    assert set_partitions(params, [(('wte',), P('mp', None))]) == {
+        'transformer': {'wte': {'embedding': P('mp', None)}}}

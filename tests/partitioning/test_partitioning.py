@@ -4,6 +4,7 @@ scope, and real resharding of Arrays under a mesh.
 Expected values: shared/reference/flax_partitioning.md §3.3 and §3.4.
 """
 import os
+import ctrainstate.numpy as cnp
 
 os.environ.setdefault('CTRAINSTATE_NUM_CPU_DEVICES', '4')
 
@@ -591,3 +592,69 @@ def test_lax_with_sharding_constraint_under_jit_replicates_a_dimension_the_axis_
         np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
         with pytest.raises(ValueError, match="not divisible"):
             lax.with_sharding_constraint(x, P('model', 'data'))      # eager: an error
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+def _jax():
+    return pytest.importorskip("jax")
+
+
+def test_lax_with_sharding_constraint():
+    from ctrainstate import lax
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    s = cts.NamedSharding(mesh, cts.P("data", "model"))
+    a = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = cts.device_put(a)
+    y = lax.with_sharding_constraint(x, s)
+    assert y.sharding == s and y.addressable_shards[5].index == (slice(4, 8), slice(1, 2))
+    np.testing.assert_array_equal(np.asarray(y), a)
+    with mesh:                                             # a PartitionSpec uses the active mesh
+        t = cts.with_sharding_constraint({"a": x, "b": [x]}, {"a": cts.P("model"), "b": cts.P()})
+    assert t["a"].sharding == cts.NamedSharding(mesh, cts.P("model"))
+    assert t["b"][0].sharding == cts.NamedSharding(mesh, cts.P())
+    with pytest.raises(ValueError, match="with mesh"):
+        lax.with_sharding_constraint(x, cts.P("data"))
+    ids = lax.with_sharding_constraint({"ids": np.arange(8, dtype=np.int32), "n": 3},
+                                       {"ids": cts.NamedSharding(mesh, cts.P("data")),
+                                        "n": cts.NamedSharding(mesh, cts.P())})
+    assert ids["ids"].dtype == np.int32 and ids["ids"].sharding.spec == cts.P("data")
+    assert ids["ids"].tolist() == list(range(8)) and int(ids["n"]) == 3
+    # differentiable: the gradient comes back with the input's sharding
+    g = cts.grad(lambda v: cnp.sum(cnp.square(lax.with_sharding_constraint(v, s))))(x)
+    assert g.sharding == x.sharding
+    np.testing.assert_allclose(np.asarray(g), 2 * a)
+
+
+def test_with_sharding_constraint_device_and_single_device_sharding():
+    from ctrainstate import lax
+    from ctrainstate.sharding import SingleDeviceSharding
+    mesh = cts.make_mesh((8,), ("x",))
+    a = np.arange(8, dtype=np.float32)
+    x = cts.device_put(a, cts.NamedSharding(mesh, cts.P("x")))
+    # a SingleDeviceSharding places on that device (as in JAX); differentiable
+    s3 = SingleDeviceSharding(cts.devices()[3])
+    y = lax.with_sharding_constraint(x, s3)
+    assert y.sharding == s3 and [sh.device.id for sh in y.addressable_shards] == [3]
+    np.testing.assert_array_equal(np.asarray(y), a)
+    g = cts.grad(lambda v: cnp.sum(cnp.square(lax.with_sharding_constraint(v, s3))))(x)
+    assert g.sharding == x.sharding and np.asarray(g).tolist() == (2 * a).tolist()
+    # a bare Device (or a string) is a TypeError naming it, as in JAX; not "outside a mesh"
+    with mesh:
+        with pytest.raises(TypeError, match=r"got Device CpuDevice.*SingleDeviceSharding\("):
+            lax.with_sharding_constraint(x, cts.devices()[3])
+    with pytest.raises(TypeError, match="got Device CpuDevice"):
+        lax.with_sharding_constraint(x, cts.devices()[3])
+    with pytest.raises(TypeError, match="got str"):
+        lax.with_sharding_constraint(x, "x")
+
+
+def test_with_sharding_constraint_device_matches_jax():
+    jax = _jax()
+    from jax.sharding import SingleDeviceSharding as JSDS
+    y = jax.lax.with_sharding_constraint(jax.numpy.ones(8), JSDS(jax.devices()[3]))
+    assert [d.id for d in y.devices()] == [3]
+    with pytest.raises(TypeError):
+        jax.lax.with_sharding_constraint(jax.numpy.ones(8), jax.devices()[3])

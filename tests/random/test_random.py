@@ -7,6 +7,7 @@ import pytest
 
 import ctrainstate as cts
 from ctrainstate import random as R
+from ctrainstate import random
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
@@ -364,3 +365,67 @@ def test_narrow_bits_and_randint_match_jax(dt, jax_ref):
             got = R.randint(R.PRNGKey(seed), (6, 8), lo, hi, dt, out_sharding=s)
             assert got.dtype == want.dtype
             np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{lo} {hi}")
+
+
+# --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
+# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
+# by hand
+
+def _jax():
+    return pytest.importorskip("jax")
+
+
+# recorded from jax 0.10.2 (jax.random.randint on CPU)
+_RANDINT_JAX = [
+    ((0, (6,), 0, 10, None), [9, 0, 2, 3, 1, 7]),
+    ((42, (5,), -2**31, 2**31 - 1, None),
+     [977810628, 1236381714, -1367112521, -1019495231, -1671904627]),
+    ((1, (8,), 0, 256, np.uint8), [252, 175, 224, 105, 160, 172, 22, 149]),
+]
+
+_RANDINT_CASES = [((6,), 0, 10, None), ((1000,), -5, 5, None), ((3, 4), 0, 2**31 - 1, None),
+                  ((50,), -2**31, 2**31 - 1, None), ((50,), 5, 5, None), ((50,), 7, 3, None),
+                  ((100,), 0, 256, np.uint8), ((100,), -100, 100, np.int8),
+                  ((100,), 0, 70000, np.int16), ((100,), 3, 1000, np.uint32), ((7,), 0, 1, None),
+                  ((100,), 0, 65537, None), ((100,), 2.7, 9.9, None)]
+
+
+def test_randint_recorded_and_properties():
+    for (seed, shape, lo, hi, dt), want in _RANDINT_JAX:
+        got = random.randint(random.PRNGKey(seed), shape, lo, hi, dt)
+        assert got.tolist() == want
+    x = random.randint(random.PRNGKey(3), (2000,), -5, 5)
+    assert x.dtype == np.int32 and x.min() == -5 and x.max() == 4
+    assert (random.randint(random.PRNGKey(3), (9,), 7, 3) == 7).all()     # empty span: minval
+    u = random.randint(random.PRNGKey(3), (4000,), 0, 256, np.uint8)      # maxval one past uint8
+    assert u.dtype == np.uint8 and u.max() == 255
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    s = cts.NamedSharding(mesh, cts.P("data"))
+    sh = random.randint(random.PRNGKey(0), (8, 2), 0, 10, out_sharding=s)
+    assert sh.sharding == s
+    np.testing.assert_array_equal(np.asarray(sh), random.randint(random.PRNGKey(0), (8, 2), 0, 10))
+    with pytest.raises(ValueError, match="scalar"):
+        random.randint(random.PRNGKey(0), (2,), np.zeros(2, np.int32), 5)
+    assert random.wrap_key_data(np.array([1, 2], np.uint32)).tolist() == [1, 2]
+
+
+def test_randint_matches_jax():
+    jax = _jax()
+    for shape, lo, hi, dt in _RANDINT_CASES:
+        for seed in (0, 42):
+            want = np.asarray(jax.random.randint(jax.random.PRNGKey(seed), shape, lo, hi,
+                                                 dt if dt else int))
+            got = random.randint(random.PRNGKey(seed), shape, lo, hi, dt)
+            assert got.dtype == want.dtype, (shape, lo, hi, dt)
+            np.testing.assert_array_equal(got, want, err_msg=str((shape, lo, hi, dt, seed)))
+
+
+def test_permutation_of_an_array_narrows_like_jax(jax_ref):
+    x = np.arange(10) * 2                        # int64 on the host
+    out = random.permutation(random.PRNGKey(42), x)
+    assert out.dtype == np.int32                  # JAX without x64
+    assert sorted(out.tolist()) == sorted(x.tolist())
+    assert random.permutation(random.PRNGKey(0), np.ones(3)).dtype == np.float32
+    want = jax_ref("permutation", lambda jax: jax.random.permutation(jax.random.PRNGKey(42), x))
+    assert want.dtype == out.dtype
+    np.testing.assert_array_equal(out, want)

@@ -264,3 +264,48 @@ def test_create_keeps_flax_mutables_as_given():
     m = np.ones(3, np.float32)
     s = FlaxOptimTrainState.create(optimizers.sgd(0.1), dict(VARS, mutables=m))
     assert s.flax_mutables['mutables'] is m
+
+
+# --- regression tests for parity bugs found in FlaxOptimTrainState (shared/reference/t5x_hf.md)
+
+def test_as_logical_axes_keeps_flax_mutables_axes():
+    """t5x FlaxOptimTrainState.as_logical_axes returns
+    ``FlaxOptimTrainState(_optimizer=..., flax_mutables=get_axis_names(axes),
+    flax_mutables_axes=self.flax_mutables_axes)`` (params_axes None, F-T10); ctrainstate set
+    flax_mutables_axes to None, so ``partitioner.get_mesh_axes(state).flax_mutables_axes``
+    differed from t5x's. The metadata has no leaves, so the axes still serve as a pjit spec."""
+    from ctrainstate.partitioning import AxisMetadata
+    from ctrainstate.t5x import partitioning
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    axes = {'dense': {'output_grad_axes': AxisMetadata(('mlp',))}}
+    s = FlaxOptimTrainState.create(optimizers.adam(0.1), {
+        'params': {'w': np.ones(16, np.float32)},
+        'params_axes': {'w_axes': AxisMetadata(('mlp',))},
+        'grads': {'dense': {'output_grad': np.zeros(16, np.float32)}}, 'grads_axes': axes})
+    la = s.as_logical_axes()
+    assert la.params_axes is None
+    assert la.flax_mutables_axes == {'grads': axes}
+    p = partitioning.PjitPartitioner(num_partitions=1)
+    ma = p.get_mesh_axes(s)
+    assert ma.flax_mutables_axes == {'grads': axes}
+    assert ma.flax_mutables == {'grads': {'dense': {'output_grad': P('model')}}}
+    moved = p.move_params_to_devices(s, ma)
+    assert moved.flax_mutables['grads']['dense']['output_grad'].sharding.spec == P('model')
+
+
+def test_replace_params_of_another_tree_is_an_error():
+    """FlaxOptimTrainState.replace_params swaps the optimizer target (t5x_hf.md §1.2, F-T7).
+    With params of other paths, jax's optax update fails on the mismatched trees; ctrainstate's
+    fused step silently updated 'v' with the state kept for 'w'. The swap itself now raises,
+    naming the paths or the shape, and leaves the state usable."""
+    from ctrainstate.t5x.train_state import FlaxOptimTrainState
+    s = FlaxOptimTrainState.create(optimizers.adam(0.1), {'params': {'w': np.ones(4, np.float32)}})
+    with pytest.raises(ValueError, match=r"missing \['w'\], unexpected \['v'\]"):
+        s.replace_params({'v': np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match=r"replace_params: w has shape \(5,\), the optimizer "
+                                         r"state is for shape \(4,\)"):
+        s.replace_params({'w': np.ones(5, np.float32)})
+    s2 = s.replace_params({'w': np.zeros(4, np.float32)}).apply_gradient(
+        {'w': np.ones(4, np.float32)}, learning_rate=0.1)
+    # by hand: adam's first step moves each weight by -lr (unit gradients)
+    np.testing.assert_allclose(np.asarray(s2.params['w']), -0.1, rtol=1e-5)

@@ -12,6 +12,7 @@ import ctrainstate.optim as optim
 from ctrainstate.train_state import TrainState, field
 
 from conftest import bytes_in_use
+from ctrainstate import serialization
 
 
 def _params():
@@ -715,3 +716,20 @@ def test_state_made_on_host_params_stepped_with_sharded_params_is_a_clear_error(
     sharded_state = tx.init({"w": cts.device_put(np.ones((8, 4), np.float32), sharded)})
     with pytest.raises(ValueError, match=r"\(state NamedSharding.*param SingleDeviceSharding"):
         tx.update(g, sharded_state, cts.device_put({"w": np.ones((8, 4), np.float32)}))
+
+
+# --- a checkpoint of another optimizer's state
+
+def test_train_state_checkpoint_of_another_optimizer_names_the_path():
+    pytest.importorskip("msgpack")
+    from ctrainstate import optim
+    from ctrainstate.train_state import TrainState
+    p = {"dense": {"kernel": np.ones((2, 3), np.float32), "bias": np.zeros(3, np.float32)}}
+    adam = TrainState.create(apply_fn=None, params=p, tx=optim.adam(1e-3))
+    chain = TrainState.create(apply_fn=None, params=p, tx=optim.chain(
+        optim.clip_by_global_norm(1.0), optim.adam(1e-3)))
+    # adam's state {'0': {count, mu, nu}, '1': {}} read into chain's (EmptyState, (adam, ...)):
+    # EmptyState took the adam fields silently before
+    with pytest.raises(ValueError, match=r"\['count', 'mu', 'nu'\].*EmptyState.*at opt_state/0"):
+        serialization.from_bytes(chain, serialization.to_bytes(adam))
+    assert np.asarray(chain.opt_state[1][0].mu["dense"]["kernel"]).sum() == 0   # untouched

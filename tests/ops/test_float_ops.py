@@ -1,14 +1,10 @@
-"""The float functions of jax.numpy / jax.scipy.special (log1p, expm1, erf, erfc, floor, ceil,
-round, trunc, sign, reciprocal, power with array exponents), the jax.nn activations built on
-them (softplus ... standardize, gelu(approximate=False)), ravel / outer / inner / vdot /
-tensordot / linalg.norm, and the ``.at[]`` updates subtract / min / max / power / apply.
+"""The float functions of jax.numpy / jax.scipy.special in ctrainstate (log1p, expm1, erf, erfc, floor,
+ceil, round, trunc, sign, reciprocal, power with array exponents, integer powers, isclose ...):
+values against float64 numpy references (ulp bounds) and jax (recorded in tests/data/recorded, live
+in each test's twin marked `parity`: `jax_ref`); gradients against central finite differences of
+our own function and against jax; 16-bit inputs rounded once; eval_shape; sharded operands give the
+single-device bits."""
 
-Every value is checked against an independent float64 reference (math / numpy formulas,
-rounded once to float32) to a stated number of ulps and against jax (its values recorded in
-tests/data/recorded, live in each test's twin marked `parity`: `jax_ref`); gradients against central finite differences of our own function and against
-``jax.grad``; bfloat16 / float16 inputs against the float32 op rounded once; sharded operands
-against the single-device bits.
-"""
 import math
 
 import ml_dtypes
@@ -17,10 +13,14 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate import P, nn
+from ctrainstate import P
+from ctrainstate import nn
 from ctrainstate.scipy import special
-from conftest import assert_same_bits, on_gpu
-from recorded import assert_exact, exact_record
+from conftest import assert_same_bits
+from conftest import on_gpu
+from recorded import assert_exact
+from recorded import exact_record
+
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -248,139 +248,6 @@ def test_power_by_0_1_2_and_minus_1_is_exact(jax_ref):
                                                                   np.float32(0.0)))) == 1.0
 
 
-# --- activations -----------------------------------------------------------------------------
-
-_SA, _SS = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
-
-
-def _elu64(x, a=1.0):
-    return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0)))
-
-
-# name: (ours, float64 reference, jax.nn name, kwargs, ulps vs reference (relative),
-#        float64 derivative)
-_ACT = {
-    "softplus": (nn.softplus, lambda x: np.logaddexp(x, 0), "softplus", {}, 4,
-                 lambda x: 1 / (1 + np.exp(-x))),
-    "log_sigmoid": (nn.log_sigmoid, lambda x: -np.logaddexp(0, -x), "log_sigmoid", {}, 4,
-                    lambda x: 1 / (1 + np.exp(x))),
-    "elu": (nn.elu, _elu64, "elu", {}, 4, lambda x: np.where(x > 0, 1.0, np.exp(x))),
-    "elu_a2": (lambda x: nn.elu(x, 2.0), lambda x: _elu64(x, 2.0), "elu", {"alpha": 2.0}, 4,
-               lambda x: np.where(x > 0, 1.0, 2.0 * np.exp(x))),
-    "celu": (lambda x: nn.celu(x, 1.5),
-             lambda x: np.maximum(x, 0) + 1.5 * np.expm1(np.minimum(x, 0) / 1.5), "celu",
-             {"alpha": 1.5}, 4, lambda x: np.where(x > 0, 1.0, np.exp(x / 1.5))),
-    "selu": (nn.selu, lambda x: _SS * _elu64(x, _SA), "selu", {}, 4,
-             lambda x: _SS * np.where(x > 0, 1.0, _SA * np.exp(x))),
-    "relu6": (nn.relu6, lambda x: np.clip(x, 0, 6), "relu6", {}, 0,
-              lambda x: ((x > 0) & (x < 6)).astype(np.float64)),
-    "hard_tanh": (nn.hard_tanh, lambda x: np.clip(x, -1, 1), "hard_tanh", {}, 0,
-                  lambda x: ((x >= -1) & (x <= 1)).astype(np.float64)),
-    "hard_sigmoid": (nn.hard_sigmoid, lambda x: np.clip(x + 3, 0, 6) / 6, "hard_sigmoid", {}, 2,
-                     lambda x: ((x > -3) & (x < 3)) / 6.0),
-    "hard_silu": (nn.hard_silu, lambda x: x * np.clip(x + 3, 0, 6) / 6, "hard_silu", {}, 3,
-                  lambda x: np.clip(x + 3, 0, 6) / 6 + x * ((x > -3) & (x < 3)) / 6.0),
-    "silu": (nn.silu, lambda x: x / (1 + np.exp(-x)), "silu", {}, 4,
-             lambda x: 1 / (1 + np.exp(-x)) * (1 + x * (1 - 1 / (1 + np.exp(-x))))),
-    "gelu_exact": (lambda x: nn.gelu(x, approximate=False),
-                   # erfc at the float32 argument -x * f32(sqrt(1/2)) that jax's formula
-                   # evaluates (for x near -11 that rounding alone moves the result ~1e-5)
-                   lambda x: 0.5 * x * _vec_erfc(
-                       ((-x).astype(np.float32) * np.float32(np.sqrt(0.5))).astype(np.float64)),
-                   "gelu",
-                   {"approximate": False}, 6,
-                   lambda x: 0.5 * _vec_erfc(-x / np.sqrt(2))
-                   + x * np.exp(-x * x / 2) / np.sqrt(2 * np.pi)),
-}
-
-
-def _act_inputs():
-    x = np.r_[_RNG.uniform(-12, 12, 600), [-30, -6, -3, -1, 0, 1, 3, 6, 30, 1e-6, -1e-6]]
-    return x.astype(np.float32)
-
-
-@pytest.mark.parametrize("name", sorted(_ACT))
-def test_activation_values(name, jax_ref):
-    ours, ref, jname, kw, n_ulp, _ = _ACT[name]
-    x = _act_inputs()
-    got = np.asarray(ours(x))
-    want = ref(x.astype(np.float64)).astype(np.float32)
-    _assert_ulps(got, want, n_ulp, name)
-    xs = np.r_[x, [np.inf, -np.inf, np.nan]].astype(np.float32)
-    jw = jax_ref("values", lambda jax: getattr(jax.nn, jname)(xs, **kw))
-    # XLA's erfc is less accurate in the far tail (see _UNARY["erfc"]): gelu's exact form
-    # inherits it for x < -8
-    n_jax = 64 if name == "gelu_exact" else n_ulp + 2
-    _assert_ulps(np.asarray(ours(xs)), jw, n_jax, name + " vs jax")
-
-
-@pytest.mark.parametrize("name", sorted(_ACT))
-def test_activation_gradients(name, jax_ref):
-    ours, _, jname, kw, _, deriv = _ACT[name]
-    x = _act_inputs()
-    kinks = {-3.0, -1.0, 0.0, 1.0, 3.0, 6.0}
-    smooth = x[[all(abs(float(v) - k) > 2e-2 for k in kinks) for v in x]]
-    g = _grad(ours, smooth)
-    np.testing.assert_allclose(g, deriv(smooth.astype(np.float64)), rtol=2e-6, atol=1e-7)
-    fd = _fd(ours, smooth, np.float32(1e-2))
-    np.testing.assert_allclose(g, fd, rtol=1e-2, atol=2e-3)
-    gj = jax_ref("grad", lambda jax: jax.grad(lambda v: getattr(jax.nn, jname)(v, **kw).sum())(x))
-    np.testing.assert_allclose(_grad(ours, x), gj, rtol=2e-6, atol=1e-7)
-
-
-def test_gradients_at_the_kinks_match_jax(jax_ref):
-    """jax's choices, measured with jax 0.10.2 (and required without jax: these literals are
-    those measurements): relu6' is 0 at 0 and 6; hard_tanh' is 1 at -1 and 1; hard_sigmoid'
-    is 0 at -3 and 3; elu' (alpha 1) and celu' are 1 at 0."""
-    cases = [(nn.relu6, [0.0, 6.0], [0.0, 0.0], "relu6", {}),
-             (nn.hard_tanh, [-1.0, 1.0], [1.0, 1.0], "hard_tanh", {}),
-             (nn.hard_sigmoid, [-3.0, 3.0], [0.0, 0.0], "hard_sigmoid", {}),
-             (nn.elu, [0.0, -0.0], [1.0, 1.0], "elu", {}),
-             (lambda v: nn.celu(v, 2.0), [0.0], [1.0], "celu", {"alpha": 2.0})]
-    for f, x, want, jname, kw in cases:
-        x = np.array(x, np.float32)
-        assert _grad(f, x).tolist() == want, jname
-        gj = jax_ref(jname, lambda jax: jax.grad(lambda v: getattr(jax.nn, jname)(v, **kw).sum())(x))
-        assert np.asarray(gj).tolist() == want, jname
-
-
-def test_glu_and_standardize(jax_ref):
-    x = _RNG.standard_normal((3, 4, 6)).astype(np.float32)
-    x64 = x.astype(np.float64)
-    for axis in (-1, 1):
-        a, b = np.split(x64, 2, axis=axis)
-        _assert_ulps(np.asarray(nn.glu(x, axis=axis)), (a / (1 + np.exp(-b))).astype(np.float32),
-                     4, "glu")
-    with pytest.raises(ValueError, match="odd size"):
-        nn.glu(x[..., :5])
-    for alg in ("fast", "stable"):
-        m = x64.mean(-1, keepdims=True)
-        want = (x64 - m) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
-        np.testing.assert_allclose(np.asarray(nn.standardize(x, algorithm=alg)), want,
-                                   rtol=2e-5, atol=2e-5)
-    with pytest.raises(ValueError, match="unknown algorithm"):
-        nn.standardize(x, algorithm="exact")
-    with pytest.raises(NotImplementedError, match="where"):
-        nn.standardize(x, where=np.ones(x.shape, bool))
-    gx = np.asarray(cts.grad(lambda v: cnp.sum(nn.glu(v) * 2.0))(x))
-    a, b = np.split(x64, 2, axis=-1)
-    sb = 1 / (1 + np.exp(-b))
-    np.testing.assert_allclose(gx, np.concatenate([2 * sb, 2 * a * sb * (1 - sb)], -1),
-                               rtol=1e-5, atol=1e-6)
-    _assert_ulps(np.asarray(nn.glu(x)), jax_ref("glu", lambda jax: jax.nn.glu(x)), 2, "glu vs jax")
-    np.testing.assert_allclose(gx, jax_ref("grad glu", lambda jax: jax.grad(
-        lambda v: (jax.nn.glu(v) * 2.0).sum())(x)), rtol=1e-6, atol=1e-7)
-    for alg in ("fast", "stable"):
-        np.testing.assert_allclose(np.asarray(nn.standardize(x, algorithm=alg)),
-                                   jax_ref(f"standardize {alg}", lambda jax: jax.nn.standardize(
-                                       x, algorithm=alg)), rtol=1e-5, atol=1e-5)
-        w = np.asarray(x * 0.5 + 1.0)
-        ours = np.asarray(cts.grad(lambda v: cnp.sum(nn.standardize(v, algorithm=alg) * w))(x))
-        theirs = jax_ref(f"grad standardize {alg}", lambda jax: jax.grad(
-            lambda v: (jax.nn.standardize(v, algorithm=alg) * w).sum())(x))
-        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
-
-
 def test_jax_names_exist_where_jax_has_them():
     import ctrainstate.lax as clax
     for mod, names in ((cnp, ["log1p", "expm1", "floor", "ceil", "round", "around", "trunc",
@@ -396,8 +263,6 @@ def test_jax_names_exist_where_jax_has_them():
             assert n in mod.__all__, n
     assert nn.hard_swish is nn.hard_silu and nn.swish is nn.silu
 
-
-# --- 16-bit floats -----------------------------------------------------------------------------
 
 _ONE_ROUNDING = [cnp.log1p, cnp.expm1, special.erf, special.erfc, cnp.floor, cnp.ceil, cnp.round,
                  cnp.trunc, cnp.sign, cnp.reciprocal, nn.softplus, nn.log_sigmoid, nn.elu,
@@ -440,8 +305,6 @@ def test_eval_shape_gives_shapes_and_dtypes():
             assert (tuple(real.shape), real.dtype) == (shape, np.dtype(dt)), f
 
 
-# --- sharded operands ---------------------------------------------------------------------------
-
 _ELEMENTWISE = [cnp.log1p, cnp.expm1, special.erf, special.erfc, cnp.floor, cnp.ceil, cnp.round,
                 cnp.trunc, cnp.sign, cnp.reciprocal, nn.softplus, nn.log_sigmoid, nn.elu,
                 nn.celu, nn.selu, nn.relu6, nn.hard_tanh, nn.hard_sigmoid, nn.hard_silu,
@@ -473,252 +336,6 @@ def test_sharded_operands_give_the_single_device_bits(mesh_shape, spec):
         assert np.asarray(getattr(shb.at[idx], kind)(v)).tobytes() == want.tobytes(), kind
     want = np.asarray(single.at[idx].apply(cnp.sin))
     assert np.asarray(sharded.at[idx].apply(cnp.sin)).tobytes() == want.tobytes()
-
-
-# --- ravel, outer, inner, vdot, tensordot, linalg.norm ------------------------------------------
-
-def test_products_against_numpy_and_jax(jax_ref):
-    a = _RNG.standard_normal((2, 3, 4)).astype(np.float32)
-    b = _RNG.standard_normal((4, 3, 5)).astype(np.float32)
-    b64 = b.astype(np.float64)
-    cases = [
-        (lambda m, p, q: m.ravel(p), (a, a)),
-        (lambda m, p, q: m.outer(p[0], q[:, 0]), (a, b)),
-        (lambda m, p, q: m.inner(p, p), (a, a)),
-        (lambda m, p, q: m.inner(p, 2.0), (a, a)),
-        (lambda m, p, q: m.vdot(p, p), (a, a)),
-        (lambda m, p, q: m.tensordot(p, q, ([1, 2], [1, 0])), (a, b)),
-        (lambda m, p, q: m.tensordot(p[0], q[:, 0], 1), (a, b)),
-        (lambda m, p, q: m.tensordot(p[0, 0], q[0, 0], 0), (a, b)),
-        (lambda m, p, q: m.tensordot(p, q, (2, 0)), (a, b)),
-    ]
-    for f, (p, q) in cases:
-        got = np.asarray(f(cnp, p, q))
-        want = f(np, p.astype(np.float64), q.astype(np.float64))
-        assert got.shape == np.shape(want)
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
-    with pytest.raises(ValueError, match="contracted dimensions differ"):
-        cnp.tensordot(a, b, ([0], [0]))
-    with pytest.raises(ValueError, match="elements"):
-        cnp.vdot(a, b)
-    # gradients: tensordot's against numpy's formula
-    g = np.asarray(cts.grad(lambda p: cnp.sum(cnp.tensordot(p, b, ([1, 2], [1, 0]))))(a))
-    np.testing.assert_allclose(g, np.broadcast_to(b64.sum(axis=2).T, a.shape), rtol=1e-5, atol=1e-5)
-    for i, (f, (p, q)) in enumerate(cases):
-        np.testing.assert_allclose(np.asarray(f(cnp, p, q)), jax_ref(
-            i, lambda jax: f(jax.numpy, p, q)), rtol=2e-6, atol=2e-6)
-
-
-_NORMS = [(None, None), (2, 0), (1, 1), (np.inf, -1), (-np.inf, 0), (0, 1), (3, -1),
-          (0.5, 0), ("fro", (0, 1)), (None, (1, 2)), (1, (0, 2)), (-1, (1, 0)),
-          (np.inf, (0, 1)), (-np.inf, (2, 1))]
-
-
-@pytest.mark.parametrize("ord_,axis", _NORMS, ids=str)
-def test_linalg_norm(ord_, axis, jax_ref):
-    x = _RNG.standard_normal((3, 4, 5)).astype(np.float32)
-    x[0, 0, 0] = 0.0
-    kw = {} if axis is None else {"axis": axis}
-    want = np.linalg.norm(x.astype(np.float64), ord=ord_, **kw)
-    got = cnp.linalg.norm(x, ord=ord_, **kw)
-    np.testing.assert_allclose(np.asarray(got), want, rtol=3e-6)
-    kd = cnp.linalg.norm(x, ord=ord_, keepdims=True, **kw)
-    assert kd.shape == np.linalg.norm(x, ord=ord_, keepdims=True, **kw).shape
-    g = np.asarray(cts.grad(lambda v: cnp.sum(cnp.linalg.norm(v, ord=ord_, **kw)))(x))
-    np.testing.assert_allclose(np.asarray(got), jax_ref(
-        "norm", lambda jax: jax.numpy.linalg.norm(x, ord=ord_, **kw)), rtol=3e-6)
-    gj = jax_ref("grad", lambda jax: jax.grad(
-        lambda v: jax.numpy.linalg.norm(v, ord=ord_, **kw).sum())(x))
-    np.testing.assert_allclose(g, gj, rtol=2e-5, atol=1e-6)
-
-
-def test_linalg_norm_errors_and_fd_gradient():
-    x = _RNG.standard_normal((3, 4)).astype(np.float32)
-    for o in ("nuc", 2, -2):
-        with pytest.raises(NotImplementedError, match="singular values"):
-            cnp.linalg.norm(x, ord=o)
-    with pytest.raises(ValueError, match="improper number of axes"):
-        cnp.linalg.norm(np.ones((2, 2, 2), np.float32), ord=1)
-    with pytest.raises(ValueError, match="invalid order"):
-        cnp.linalg.norm(x[0], ord="fro")
-    with pytest.raises(ValueError, match="out of bounds"):
-        cnp.linalg.norm(x, axis=3)
-    g = np.asarray(cts.grad(lambda v: cnp.linalg.norm(v))(x))
-    np.testing.assert_allclose(g, _fd_tree(lambda v: cnp.linalg.norm(v), x), rtol=1e-2, atol=1e-3)
-
-
-def _fd_tree(f, x, h=1e-2):
-    out = np.zeros(x.shape)
-    for i in np.ndindex(x.shape):
-        e = np.zeros(x.shape, np.float32)
-        e[i] = h
-        out[i] = (float(np.asarray(f(x + e))) - float(np.asarray(f(x - e)))) / (2 * h)
-    return out
-
-
-# --- .at[] updates ---------------------------------------------------------------------------
-
-def _np_at(x, idx, kind, v, fn=None):
-    """Independent reference: numpy, one index entry at a time in index order; negative
-    entries wrap, out-of-range ones are dropped (jax's default update mode)."""
-    out = x.astype(np.float64).copy()
-    pos = np.arange(x.shape[0])
-    idx = np.asarray(idx)
-    vv = np.broadcast_to(np.asarray(v, np.float64), idx.shape + x.shape[1:])
-    for k, i in enumerate(idx):
-        if not -x.shape[0] <= i < x.shape[0]:
-            continue
-        r = pos[i]
-        cur = out[r]
-        val = vv[k]
-        out[r] = {"subtract": lambda: cur - val, "min": lambda: np.minimum(cur, val),
-                  "max": lambda: np.maximum(cur, val), "power": lambda: cur ** val,
-                  "mul": lambda: cur * val, "apply": lambda: fn(cur)}[kind]()
-    return out
-
-
-_AT_INDICES = {"repeated": [1, 1, 3], "negative": [-1, 0, -4], "out_of_range": [2, 7, -9, 2],
-               "mixed": [3, -1, 1, 3, 0, 5]}
-
-
-@pytest.mark.parametrize("kind", ["subtract", "min", "max", "power", "mul", "apply"])
-@pytest.mark.parametrize("which", sorted(_AT_INDICES))
-def test_at_updates_match_numpy_and_jax(kind, which, jax_ref):
-    # small integers and halves: every intermediate is exact, so the order of rounding cannot
-    # hide a wrong semantics, and the numpy reference is exact
-    x = np.array([[1.0, 2.0], [3.0, -2.0], [0.5, 4.0], [2.0, 1.5]], np.float32)
-    idx = np.array(_AT_INDICES[which])
-    v = np.array([[2.0, -1.0], [0.5, 3.0], [-2.5, 2.0], [1.0, 1.0], [3.0, 0.5], [2.0, 2.0]],
-                 np.float32)[:len(idx)]
-    if kind == "power":
-        v = np.abs(np.round(v))      # integer exponents: exact powers of the small values
-    fn_c, fn_n = (lambda t: t * 2.0 + 1.0), (lambda t: t * 2.0 + 1.0)
-    X = cts.device_put(x)
-    if kind == "apply":
-        got = np.asarray(X.at[idx].apply(fn_c))
-    else:
-        got = np.asarray(getattr(X.at[idx], kind)(v))
-    want = _np_at(x, idx, kind, v, fn_n)
-    np.testing.assert_array_equal(got, want.astype(np.float32))
-    def theirs(jax):
-        J = jax.numpy.asarray(x).at[jax.numpy.asarray(idx)]
-        return J.apply(fn_n) if kind == "apply" else getattr(J, kind)(v)
-
-    np.testing.assert_array_equal(got, jax_ref("values", theirs))
-
-
-def test_at_updates_with_slices_and_scalars():
-    x = _RNG.standard_normal((4, 5)).astype(np.float32)
-    X = cts.device_put(x)
-    np.testing.assert_array_equal(np.asarray(X.at[1:3, ::2].subtract(1.5)),
-                                  _slice_ref(x, (slice(1, 3), slice(None, None, 2)), lambda t: t - np.float32(1.5)))
-    np.testing.assert_array_equal(np.asarray(X.at[:, 1].min(0.0)),
-                                  _slice_ref(x, (slice(None), 1), lambda t: np.minimum(t, 0)))
-    np.testing.assert_array_equal(np.asarray(X.at[2].max(0.25)),
-                                  _slice_ref(x, 2, lambda t: np.maximum(t, np.float32(0.25))))
-    np.testing.assert_array_equal(np.asarray(X.at[0, :3].power(2.0)),
-                                  _slice_ref(x, (0, slice(0, 3)), lambda t: t * t))
-    got = np.asarray(X.at[1:, 2:].apply(cnp.floor))
-    np.testing.assert_array_equal(got, _slice_ref(x, (slice(1, None), slice(2, None)), np.floor))
-    with pytest.raises(ValueError, match="must be elementwise"):
-        X.at[1].apply(lambda t: cnp.sum(t))
-
-
-def _slice_ref(x, idx, f):
-    out = x.copy()
-    out[idx] = f(out[idx])
-    return out
-
-
-def test_at_16_bit_and_eval_shape():
-    x = np.array([3.0, 1.125, 2.0, 0.5], BF16)
-    X = cts.device_put(x)
-    idx = np.array([0, 1, 1])
-    v = np.array([2.5, 3.0, 0.5], np.float32)
-    got = X.at[idx].power(v)
-    assert got.dtype == BF16
-    ref = x.astype(np.float64)
-    vb = v.astype(BF16).astype(np.float64)
-    ref[0] = ref[0] ** vb[0]
-    ref[1] = (ref[1] ** vb[1]) ** vb[2]     # the float32 widening, rounded once at the end
-    np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
-                                  ref.astype(np.float32).astype(BF16).astype(np.float32))
-    a = X.at[idx].apply(lambda t: t * 3.0)
-    assert a.dtype == BF16
-    s = cts.eval_shape(lambda a: a.at[np.array([0, 0])].max(1.0), cts.ShapeDtypeStruct((4,), np.float32))
-    assert s.shape == (4,)
-
-
-@pytest.mark.parametrize("kind", ["subtract", "min", "max", "power", "mul"])
-def test_at_gradients_match_jax(kind, jax_ref):
-    """Gradients to x and to the values; jax gives power / mul gradients only for unique
-    indices (NotImplementedError otherwise), so those are compared with unique indices and,
-    with duplicates, against finite differences."""
-    x = np.array([1.5, 2.0, 3.0, 4.0, 0.75], np.float32)
-    w = np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32)
-    dup = np.array([1, 1, -1, 0, 9])             # a duplicate, a negative, one out of range
-    uniq = np.array([1, -1, 0])
-    vals = {"subtract": [0.5, 0.25, 1.0, 1.0, 7.0], "min": [1.0, 0.5, 4.0, 2.0, 0.0],
-            "max": [3.0, 5.0, 4.0, 0.5, 9.0], "power": [2.0, 1.5, 0.5, 3.0, 2.0],
-            "mul": [3.0, 0.5, 2.0, 1.5, 4.0]}
-    vd = np.array(vals[kind], np.float32)
-
-    def ours(idx, v):
-        return [np.asarray(t) for t in cts.grad(
-            lambda a, b: cnp.sum(getattr(a.at[idx], kind)(b) * w), (0, 1))(x, v)]
-
-    g_dup = ours(dup, vd)
-    # finite differences of our own function (both x and the values)
-    fx = _fd_tree(lambda a: cnp.sum(getattr(cts.device_put(a).at[dup], kind)(vd) * w), x, 1e-3)
-    fv = _fd_tree(lambda b: cnp.sum(getattr(cts.device_put(x).at[dup], kind)(b) * w), vd, 1e-3)
-    if kind not in ("min", "max"):   # (kinks at the ties of min/max)
-        np.testing.assert_allclose(g_dup[0], fx, rtol=2e-2, atol=2e-2)
-        np.testing.assert_allclose(g_dup[1], fv, rtol=2e-2, atol=2e-2)
-    assert g_dup[1][4] == 0.0        # the out-of-range entry gets no gradient
-
-    def theirs(jax, idx, v, unique):
-        jnp = jax.numpy
-        return [np.asarray(t) for t in jax.grad(
-            lambda a, b: (getattr(a.at[jnp.asarray(idx)], kind)(b, unique_indices=unique) * w).sum(),
-            (0, 1))(x, v)]
-
-    for idx, v, u in ((uniq, vd[:3], True),) + (((dup, vd, False),) if kind in ("subtract", "min", "max") else ()):
-        for a, b in zip(ours(idx, v), jax_ref(f"unique={u}", lambda jax: theirs(jax, idx, v, u))):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-
-
-def test_at_min_max_ties_split_like_jax():
-    """A tie between x and one value splits the cotangent 0.5 / 0.5 (jax's rule, measured);
-    with duplicates the order of the values does not change the result."""
-    x = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-    idx = np.array([0, 0, 1, -1])
-    v = np.array([1.0, 0.5, 5.0, 4.0], np.float32)
-    w = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-    gx, gv = (np.asarray(t) for t in cts.grad(
-        lambda a, b: cnp.sum(a.at[idx].min(b) * w), (0, 1))(x, v))
-    assert gx.tolist() == [0.0, 2.0, 3.0, 2.0] and gv.tolist() == [0.0, 1.0, 0.0, 2.0]
-    gx, gv = (np.asarray(t) for t in cts.grad(
-        lambda a, b: cnp.sum(a.at[idx].max(b) * w), (0, 1))(x, v))
-    assert gx.tolist() == [0.5, 0.0, 3.0, 2.0] and gv.tolist() == [0.5, 0.0, 2.0, 2.0]
-    X = cts.device_put(x)
-    perm = np.array([3, 2, 1, 0])
-    for kind in ("min", "max"):
-        a = np.asarray(getattr(X.at[idx], kind)(v))
-        b = np.asarray(getattr(X.at[idx[perm]], kind)(v[perm]))
-        assert a.tobytes() == b.tobytes()
-
-
-def test_at_apply_gradient_against_finite_differences():
-    """jax has no gradient for .at[].apply (scatter_apply JVP not implemented); ours goes
-    through fn once per occurrence: d/dx sin(sin(x)) for a repeated index."""
-    x = np.array([0.3, 1.1, -0.7, 2.0], np.float32)
-    idx = np.array([1, 1, 3, 8])
-    g = np.asarray(cts.grad(lambda a: cnp.sum(a.at[idx].apply(cnp.sin)))(x))
-    x64 = x.astype(np.float64)
-    want = np.array([1.0, np.cos(np.sin(x64[1])) * np.cos(x64[1]), 1.0, np.cos(x64[3])])
-    np.testing.assert_allclose(g, want, rtol=1e-6)
-    fd = _fd_tree(lambda a: cnp.sum(cts.device_put(a).at[idx].apply(cnp.sin)), x, 1e-3)
-    np.testing.assert_allclose(g, fd, rtol=1e-2, atol=1e-3)
 
 
 def test_pow_operator_with_array_exponents_and_scalar_base():

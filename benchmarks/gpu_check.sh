@@ -166,8 +166,8 @@ CTRAINSTATE_GPU_SPLIT=8 bstep "scan/vmap on gpu (split 8)" tests_scan_vmap_on_gp
 # comparisons / integer ops, the float functions of ABI 6, data movement and 16-bit optimizer
 # steps on GPU devices, jax (their parity reference) on its CPU as in CI
 JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 bstep "new ops on gpu (split 8)" tests_new_ops_on_gpu.log 120 \
-    "$PY" -m pytest -q -rf tests/ops/test_int_bool_ops.py tests/test_more_ops.py tests/array/test_move_ops.py \
-    tests/optim/test_optim_lowp.py
+    "$PY" -m pytest -q -rf tests/ops/test_int_bool_ops.py tests/ops/test_float_ops.py tests/nn/test_activation.py \
+    tests/ops/test_linalg.py tests/array/test_move_ops.py tests/optim/test_optim_lowp.py
 # which float16 roundings the image's jax makes in truncated_normal (its live parity tests
 # differ from ctrainstate there, not with the jax 0.10.2 of CI): jax on its CPU, no GPU use
 JAX_PLATFORMS=cpu bstep "jax float16 probe" jax_f16_probe.log 60 "$PY" tools/jax_f16_probe.py

@@ -103,7 +103,7 @@ def _has_gpu():
 # import of jax, flax and optax: a test that tries one anyway fails, so the marking cannot miss
 # a test silently, and the run compiles no jax program. `-m parity` runs only the live tests
 # (CI's parity stage), `--parity` runs everything; so does naming tests by node id
-# (`tests/test_x.py::test_y`), and any other `-m` expression is taken as given (jax not blocked).
+# (`tests/<layer>/test_x.py::test_y`), and any other `-m` expression is taken as given (jax not blocked).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity_marking  # noqa: E402

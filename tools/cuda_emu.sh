@@ -111,11 +111,12 @@ run() {  # run NAME [pytest args...]
             tests/ops/test_softmax.py tests/ops/test_nan_and_ties.py tests/array/test_take_rows.py tests/autodiff/test_remat.py tests/array/test_slicing.py \
             tests/ops/test_argmax_categorical.py tests/nn/test_attention.py tests/ops/test_matmul_precision.py \
             tests/array/test_slicing_advanced.py tests/ops/test_mixed_precision.py tests/ops/test_int_bool_ops.py \
-            tests/test_more_ops.py tests/array/test_move_ops.py tests/optim/test_optim_lowp.py tests/ops/test_sort.py \
+            tests/ops/test_float_ops.py tests/nn/test_activation.py tests/ops/test_linalg.py \
+            tests/array/test_move_ops.py tests/optim/test_optim_lowp.py tests/ops/test_sort.py \
             tests/ops/test_numpy_math.py tests/autodiff/test_pmap.py tests/autodiff/test_vmap.py tests/ops/test_lax.py \
             tests/ops/test_conv_local.py tests/nn/test_recurrent.py tests/nn/test_linen.py \
             tests/random/test_random_dist.py tests/ops/test_numpy_more.py tests/autodiff/test_custom_vjp.py \
-            tests/test_optim_extra.py ;;
+            tests/optim/test_optim_alias.py ;;
     scan8)
         # scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
         # the cases left compare meshes with one device, scan over remat, the reference's P9/P11)

@@ -266,7 +266,7 @@ def test_pytest_block_passes(block, tmp_path):
 
 def porting_executes():
     """The snippet names tests/examples/test_porting.py executes."""
-    src = open(os.path.join(ROOT, "tests", "test_porting.py")).read()
+    src = open(os.path.join(ROOT, "tests", "examples", "test_porting.py")).read()
     names = set(re.findall(r'exec\(compile\(s\["([^"]+)"\]', src))
     for args in re.findall(r"run_ct\(([^)]*)\)", src):
         names |= set(re.findall(r'"([^"]+)"', args))

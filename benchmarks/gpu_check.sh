@@ -154,20 +154,20 @@ CTRAINSTATE_GPU_SPLIT=4 CTRAINSTATE_HOST_NORM=1 bstep "tests gpu (host norm)" te
 # jax, their live parity reference, runs on its CPU as in CI (jax on the GPU computes float16
 # erf_inv / truncated_normal to other bits than the recorded jax-cpu ones).
 JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 bstep "cpu suites on gpu (split 8)" tests_cpu_suites_on_gpu.log 180 \
-    "$PY" -m pytest -q -rf tests/test_ops.py tests/test_modules.py tests/test_optim_parity.py \
-    tests/test_optim_combine.py tests/test_train_state.py tests/test_initializers.py \
-    tests/test_random.py tests/test_hf_model_parallel.py tests/test_t5x_train_state.py \
-    tests/test_partitioning.py tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
-    tests/test_argmax_categorical.py tests/test_attention.py tests/test_mixed_precision.py \
-    tests/test_slicing_advanced.py
+    "$PY" -m pytest -q -rf tests/ops/test_ops.py tests/nn/test_modules.py tests/optim/test_optim_parity.py \
+    tests/optim/test_optim_combine.py tests/train_state/test_train_state.py tests/nn/test_initializers.py \
+    tests/random/test_random.py tests/hf/test_hf_model_parallel.py tests/t5x/test_t5x_train_state.py \
+    tests/partitioning/test_partitioning.py tests/ops/test_softmax.py tests/ops/test_nan_and_ties.py tests/array/test_take_rows.py tests/autodiff/test_remat.py tests/array/test_slicing.py \
+    tests/ops/test_argmax_categorical.py tests/nn/test_attention.py tests/ops/test_mixed_precision.py \
+    tests/array/test_slicing_advanced.py
 # nn.scan / nn.vmap on GPU devices, less the live-flax parity cases (jax compiles, no GPU use)
 CTRAINSTATE_GPU_SPLIT=8 bstep "scan/vmap on gpu (split 8)" tests_scan_vmap_on_gpu.log 60 \
-    "$PY" -m pytest -q -rf tests/test_scan_vmap.py -k "not match"
+    "$PY" -m pytest -q -rf tests/nn/test_scan_vmap.py -k "not match"
 # comparisons / integer ops, the float functions of ABI 6, data movement and 16-bit optimizer
 # steps on GPU devices, jax (their parity reference) on its CPU as in CI
 JAX_PLATFORMS=cpu CTRAINSTATE_GPU_SPLIT=8 bstep "new ops on gpu (split 8)" tests_new_ops_on_gpu.log 120 \
-    "$PY" -m pytest -q -rf tests/test_int_bool_ops.py tests/test_more_ops.py tests/test_move_ops.py \
-    tests/test_optim_lowp.py
+    "$PY" -m pytest -q -rf tests/ops/test_int_bool_ops.py tests/ops/test_float_ops.py tests/nn/test_activation.py \
+    tests/ops/test_linalg.py tests/array/test_move_ops.py tests/optim/test_optim_lowp.py
 # which float16 roundings the image's jax makes in truncated_normal (its live parity tests
 # differ from ctrainstate there, not with the jax 0.10.2 of CI): jax on its CPU, no GPU use
 JAX_PLATFORMS=cpu bstep "jax float16 probe" jax_f16_probe.log 60 "$PY" tools/jax_f16_probe.py

@@ -38,7 +38,7 @@ def _host_has_native_float16() -> bool:
 # multiply and the add after it into one float16 FMA with a single rounding. jax's float16
 # uniform(minval, maxval), truncated_normal and the initializers built on them then differ by
 # an ulp in the uniform step (measured on a Sapphire Rapids VM: 52913 of 100000 `a * c1 + c2`
-# differ from the per-op rounding; tests/test_random.py's live parity failed there). Capping
+# differ from the per-op rounding; tests/random/test_random.py's live parity failed there). Capping
 # XLA at AVX2 restores the per-op rounding (measured: 0 differences), so the live parity tests
 # compare against the same jax values on every host. It changes which vector instructions
 # XLA picks, not the HLO: float32 results were the same in the full suite.
@@ -103,7 +103,7 @@ def _has_gpu():
 # import of jax, flax and optax: a test that tries one anyway fails, so the marking cannot miss
 # a test silently, and the run compiles no jax program. `-m parity` runs only the live tests
 # (CI's parity stage), `--parity` runs everything; so does naming tests by node id
-# (`tests/test_x.py::test_y`), and any other `-m` expression is taken as given (jax not blocked).
+# (`tests/<layer>/test_x.py::test_y`), and any other `-m` expression is taken as given (jax not blocked).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import parity_marking  # noqa: E402

@@ -1,4 +1,4 @@
-"""Parity cases shared by tests/test_optim_parity.py and tests/data/gen_optax_vectors.py.
+"""Parity cases shared by tests/optim/test_optim_parity.py and tests/data/gen_optax_vectors.py.
 
 Each case builds its optimizer from a module with optax's API (``optax`` or
 ``ctrainstate.optim``), so the same line describes both sides. Grads are

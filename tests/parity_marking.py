@@ -150,6 +150,9 @@ def _refs(node: ast.AST, names: set[str], modules: dict[str, set[str]]) -> bool:
     return False
 
 
+_TESTS = os.path.dirname(os.path.abspath(__file__))  # tests/, where the helper modules are
+
+
 class ModuleInfo:
     """What one test (or helper) module's AST says about its use of jax."""
 
@@ -160,18 +163,30 @@ class ModuleInfo:
         self.whole = False        # every test of the module uses jax
         self.tainted: set[str] = set()  # module-level names that use jax
         here = os.path.dirname(path)
+        # a helper module is beside the test module or in tests/ (the test modules live in
+        # tests/<layer>/ and import the helpers of tests/ as top-level modules)
+        dirs = [here] + ([_TESTS] if os.path.abspath(here) != _TESTS else [])
+
+        def helper(name):
+            if helper_info is None:
+                return None
+            for d in dirs:
+                if os.path.isfile(os.path.join(d, name + ".py")):
+                    return helper_info(os.path.join(d, name + ".py"))
+            return None
+
         modules: dict[str, set[str]] = {}  # alias of a helper module -> its tainted names
         stmts = list(tree.body)
         # helper modules of tests/ (optim_cases, sampler_checks, ...): their tainted names
         for s in stmts:
             if isinstance(s, ast.Import):
                 for a in s.names:
-                    h = helper_info(os.path.join(here, a.name + ".py")) if helper_info else None
+                    h = helper(a.name)
                     if h is not None:
                         modules[a.asname or a.name] = h.tainted
                         self.whole |= h.whole
             elif isinstance(s, ast.ImportFrom) and s.level == 0 and s.module:
-                h = helper_info(os.path.join(here, s.module + ".py")) if helper_info else None
+                h = helper(s.module)
                 if h is not None:
                     self.whole |= h.whole
                     for a in s.names:

@@ -1,4 +1,4 @@
-"""Checks shared by the sampler tests (test_random_more.py, test_random_gamma.py,
+"""Checks shared by the sampler tests (test_random_dist.py, test_random_gamma.py,
 test_random_discrete.py): a sample mean or an empirical CDF point against its closed form,
 within a number of standard errors of the estimate (so a test fails on a wrong distribution,
 not on sampling noise), and a sharded sampler against its unsharded result."""

@@ -2,7 +2,7 @@
 # Run the CUDA backend's own sources (csrc/backend/cuda/*.cu: kernels, launch
 # configurations, streams, events, the optimizer's device-resident norms) on a
 # machine without a GPU, against a host emulation of the CUDA runtime and cuBLAS
-# (tests/cuda_emu), and run tests/test_gpu.py against the result.
+# (tests/cuda_emu), and run tests/gpu/test_gpu.py against the result.
 #
 # How: tests/cuda_emu/rewrite_launches.py turns each `kernel<<<...>>>(...)` into a
 # call of the emulator's launcher; the sources then compile with g++ against
@@ -86,50 +86,51 @@ pt=(python -m pytest -q -p no:cacheprovider)
 # test_fused_launch_settings_give_the_same_bits uses the first device alone (the kernels'
 # launch settings, one device's schedule); the examples are whole training runs, kept where
 # their collectives differ (4 and 8 logical devices of one GPU; two GPUs with NCCL between).
-once=(--deselect tests/test_gpu.py::test_fused_launch_settings_give_the_same_bits)
-examples=(--deselect tests/test_gpu.py::test_example_runs_on_gpu_devices)
+once=(--deselect tests/gpu/test_gpu.py::test_fused_launch_settings_give_the_same_bits)
+examples=(--deselect tests/gpu/test_gpu.py::test_example_runs_on_gpu_devices)
 
 run() {  # run NAME [pytest args...]
     local name=$1
     shift
     case $name in
     split4)
-        echo "-- tests/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=4"
-        CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py "$@" ;;
+        echo "-- tests/gpu/test_gpu.py on the CUDA sources under emulation, CTRAINSTATE_GPU_SPLIT=4"
+        CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/gpu/test_gpu.py "$@" ;;
     split1)
         echo "-- the same with CTRAINSTATE_GPU_SPLIT=1 (without the launch-settings case and the examples)"
-        CTRAINSTATE_GPU_SPLIT=1 "${pt[@]}" tests/test_gpu.py "${once[@]}" "${examples[@]}" "$@" ;;
+        CTRAINSTATE_GPU_SPLIT=1 "${pt[@]}" tests/gpu/test_gpu.py "${once[@]}" "${examples[@]}" "$@" ;;
     eager)
         echo "-- split 4, every queued operation run when issued (CT_EMU_SCHEDULE=eager; without the"
         echo "   launch-settings case and the examples)"
-        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/test_gpu.py "${once[@]}" \
+        CT_EMU_SCHEDULE=eager CTRAINSTATE_GPU_SPLIT=4 "${pt[@]}" tests/gpu/test_gpu.py "${once[@]}" \
             "${examples[@]}" "$@" ;;
     cpu8)
         echo "-- CPU suites that are device-generic, on 8 emulated GPU devices (the default backend)"
-        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_ops.py \
-            tests/test_modules.py tests/test_optim_combine.py tests/test_train_state.py \
-            tests/test_softmax.py tests/test_nan_and_ties.py tests/test_take_rows.py tests/test_remat.py tests/test_slicing.py \
-            tests/test_argmax_categorical.py tests/test_attention.py tests/test_matmul_precision.py \
-            tests/test_slicing_advanced.py tests/test_mixed_precision.py tests/test_int_bool_ops.py \
-            tests/test_more_ops.py tests/test_move_ops.py tests/test_optim_lowp.py tests/test_sort.py \
-            tests/test_numpy_math.py tests/test_pmap.py tests/test_vmap.py tests/test_lax_more.py \
-            tests/test_conv_local.py tests/test_recurrent.py tests/test_linen_more.py \
-            tests/test_random_more.py tests/test_numpy_more.py tests/test_custom_vjp.py \
-            tests/test_optim_extra.py ;;
+        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/ops/test_ops.py \
+            tests/nn/test_modules.py tests/optim/test_optim_combine.py tests/train_state/test_train_state.py \
+            tests/ops/test_softmax.py tests/ops/test_nan_and_ties.py tests/array/test_take_rows.py tests/autodiff/test_remat.py tests/array/test_slicing.py \
+            tests/ops/test_argmax_categorical.py tests/nn/test_attention.py tests/ops/test_matmul_precision.py \
+            tests/array/test_slicing_advanced.py tests/ops/test_mixed_precision.py tests/ops/test_int_bool_ops.py \
+            tests/ops/test_float_ops.py tests/nn/test_activation.py tests/ops/test_linalg.py \
+            tests/array/test_move_ops.py tests/optim/test_optim_lowp.py tests/ops/test_sort.py \
+            tests/ops/test_numpy_math.py tests/autodiff/test_pmap.py tests/autodiff/test_vmap.py tests/ops/test_lax.py \
+            tests/ops/test_conv_local.py tests/nn/test_recurrent.py tests/nn/test_linen.py \
+            tests/random/test_random_dist.py tests/ops/test_numpy_more.py tests/autodiff/test_custom_vjp.py \
+            tests/optim/test_optim_alias.py ;;
     scan8)
         # scan/vmap: without its live-flax parity cases (jax's compiles take most of that file's time;
         # the cases left compare meshes with one device, scan over remat, the reference's P9/P11)
-        echo "-- tests/test_scan_vmap.py on 8 emulated GPU devices, without its live-flax cases"
-        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_scan_vmap.py -k "not match" ;;
+        echo "-- tests/nn/test_scan_vmap.py on 8 emulated GPU devices, without its live-flax cases"
+        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/nn/test_scan_vmap.py -k "not match" ;;
     examples8)
         echo "-- the examples on 8 logical devices of one emulated GPU (CTRAINSTATE_GPU_SPLIT=8)"
-        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/test_gpu.py -k example "$@" ;;
+        CTRAINSTATE_GPU_SPLIT=8 "${pt[@]}" tests/gpu/test_gpu.py -k example "$@" ;;
     ngpu2_split1|ngpu2_split2)
         local skip=("${once[@]}")
         [ "$name" = ngpu2_split2 ] || skip+=("${examples[@]}")
         echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split};"
         echo "   without the launch-settings case${skip[2]:+ and the examples})"
-        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/test_gpu.py "${skip[@]}" "$@" ;;
+        CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/gpu/test_gpu.py "${skip[@]}" "$@" ;;
     bench)
         echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
         PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" bench ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run tests/test_gpu.py (and tests/test_checkpoint.py's GPU test) on machines without a GPU,
+# Run tests/gpu/test_gpu.py (and tests/checkpoint/test_checkpoint.py's GPU test) on machines without a GPU,
 # against a host emulation of the CUDA backend (tests/mock_gpu/mock_backend.cpp) loaded in place of
 # ctrainstate/_cuda_backend*.so through CTRAINSTATE_CUDA_BACKEND.
 #
@@ -25,9 +25,9 @@ export CTRAINSTATE_CUDA_BACKEND="$work/mock_backend.so"
 # Logical devices sharing a GPU, and two physical GPUs: the layouts whose host-side paths
 # differ most. One unsplit GPU and the examples on 8 logical devices run on the CUDA sources
 # themselves in tools/cuda_emu.sh (its split1 and examples8 runs).
-echo "-- tests/test_gpu.py on the emulated backend, CTRAINSTATE_GPU_SPLIT=4"
-CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
+echo "-- tests/gpu/test_gpu.py on the emulated backend, CTRAINSTATE_GPU_SPLIT=4"
+CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py "$@"
 echo "-- two emulated physical GPUs (MOCK_NGPU=2)"
-MOCK_NGPU=2 python -m pytest -q -p no:cacheprovider tests/test_gpu.py "$@"
+MOCK_NGPU=2 python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py "$@"
 echo "-- checkpoints saved from and restored onto emulated GPU devices, CTRAINSTATE_GPU_SPLIT=4"
-CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider -m gpu tests/test_checkpoint.py "$@"
+CTRAINSTATE_GPU_SPLIT=4 python -m pytest -q -p no:cacheprovider -m gpu tests/checkpoint/test_checkpoint.py "$@"

@@ -12,7 +12,7 @@ stage) checks those recordings against jax itself. This script runs the live twi
 --no-legacy) the generators of the older recordings: tests/data/gen_optax_vectors.py
 (optax_vectors.npz), make_flax_module_vectors.py (flax_module_vectors.npz) and
 make_random_vectors.py (random_vectors.txt, also read by the C tests). Recordings hold the
-versions they were made with; tests/test_parity_marking.py checks that they are the pins.
+versions they were made with; tests/meta/test_parity_marking.py checks that they are the pins.
 """
 import argparse
 import os

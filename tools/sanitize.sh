@@ -20,7 +20,7 @@ asan=$(gcc -print-file-name=libasan.so)
 ubsan=$(gcc -print-file-name=libubsan.so)
 export LD_PRELOAD="$asan:$ubsan"
 # allocator_may_return_null: a request beyond what ASan's allocator serves (numpy asked for
-# terabytes by a test of a size check, tests/test_bindings_fuzz.py) returns NULL, which numpy
+# terabytes by a test of a size check, tests/meta/test_bindings_fuzz.py) returns NULL, which numpy
 # raises as MemoryError, as the plain build does, instead of aborting the process
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

@@ -1168,7 +1168,7 @@ extern "C" __attribute__((visibility("default"))) void cuda_emu_nccl_stats(long 
 /* --- what a test may ask ------------------------------------------------------------------------ */
 
 /* (host synchronisations, host->device copies from pageable memory, device->host copies to
- * pageable memory), read by tests/test_gpu.py through ctypes, like the mock backend's. */
+ * pageable memory), read by tests/gpu/test_gpu.py through ctypes, like the mock backend's. */
 extern "C" __attribute__((visibility("default"))) void mock_gpu_stats(long long *out) {
     out[0] = n_sync.load();
     out[1] = n_h2d.load();

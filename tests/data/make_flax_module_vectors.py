@@ -1,7 +1,7 @@
 """Generate tests/data/flax_module_vectors.npz from flax.linen (run once; needs jax + flax).
 
 Each case: a module, a seed and an input; stored are every parameter after
-init and the output of apply, so tests/test_modules.py can check ctrainstate's
+init and the output of apply, so tests/nn/test_modules.py can check ctrainstate's
 modules against Flax without Flax installed.
 
     python tests/data/make_flax_module_vectors.py

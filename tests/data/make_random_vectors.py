@@ -2,7 +2,7 @@
 
     python3 tests/data/make_random_vectors.py
 
-Text format, one case per line, read by tests/c/test_random.c and tests/test_random.py:
+Text format, one case per line, read by tests/c/test_random.c and tests/random/test_random.py:
     split   k0 k1 num                         : 2*num hex words
     fold_in k0 k1 data                        : 2 hex words
     sample  dist dtype k0 k1 minval maxval lower upper p has_scale scale ndim dims... : count hex

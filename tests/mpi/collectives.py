@@ -1,4 +1,4 @@
-"""Run under mpirun (tests/test_distributed_mpi.py): every host collective of
+"""Run under mpirun (tests/distributed/test_distributed_mpi.py): every host collective of
 ctrainstate.distributed and every function of experimental.multihost_utils, checked against
 numpy on values every process can compute for every other process (process p's input is a
 function of p). Prints "OK <process> <count>" at the end; any failure raises (non-zero exit).

@@ -1,4 +1,4 @@
-"""Run under mpirun (tests/test_distributed_mpi.py): a process that fails mid-collective, and
+"""Run under mpirun (tests/distributed/test_distributed_mpi.py): a process that fails mid-collective, and
 what the others do. Every process prints what happened to it:
 
     RAISED <process> <exception type> <seconds waited> <engine failure kind> [step i:] <message>

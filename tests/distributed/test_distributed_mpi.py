@@ -1,0 +1,262 @@
+"""ctrainstate.distributed across processes, on Open MPI: the scripts in tests/mpi/ under
+`mpirun -n 2` and `mpirun -n 4 --oversubscribe` (each process with 2 CPU devices), a process
+that dies or hangs mid-collective, Ctrl-C, and MPI started without a launcher (a world of
+one) in a child process.
+
+Skipped when mpirun is not installed (Debian: apt-get install openmpi-bin libopenmpi-dev),
+and when CTRAINSTATE_TEST_MPI=0 (CI runs these tests in a stage of their own, not in every
+pytest run). The single-process tests are in test_distributed.py.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run_python
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "tests", "mpi")
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("mpirun") is None,
+                       reason="mpirun not found: install Open MPI (Debian: apt-get install "
+                              "openmpi-bin libopenmpi-dev) to run the multi-process tests"),
+    pytest.mark.skipif(os.environ.get("CTRAINSTATE_TEST_MPI") == "0",
+                       reason="multi-process tests turned off by CTRAINSTATE_TEST_MPI=0 (CI runs "
+                              "them in their own stage)"),
+    pytest.mark.skipif(os.environ.get("CTRAINSTATE_SANITIZED") == "1",
+                       reason="mpirun and Open MPI are not built for ASan, whose LD_PRELOAD "
+                              "would reach them"),
+]
+
+
+def _env(**extra):
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_")) or k in (
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            del e[k]
+    e["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "python")] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    e.update(CTRAINSTATE_NUM_CPU_DEVICES="2", OMPI_ALLOW_RUN_AS_ROOT="1",
+             OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+    e.update(extra)
+    return e
+
+
+def _mpirun(n, *args, flags=(), timeout=120, out=None):
+    """Run a script under mpirun: (CompletedProcess, seconds, what the processes reported).
+    The scripts write their result lines to files in `out` too (CT_TEST_OUT), one per
+    process, since mpirun's forwarding of their output may merge lines."""
+    cmd = ["mpirun", "-n", str(n), "--oversubscribe", *flags, sys.executable, *args]
+    env = _env(CT_TEST_OUT=str(out)) if out is not None else _env()
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    lines = ""
+    if out is not None:
+        lines = "".join(open(os.path.join(out, f)).read() for f in sorted(os.listdir(out)))
+    return r, time.monotonic() - t0, lines
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_every_collective_across_processes(n, tmp_path):
+    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, "collectives.py"), out=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
+    assert oks == list(range(n)), out[-6000:]
+    counts = {int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)}
+    assert len(counts) == 1 and counts.pop() > 150  # the same checks ran everywhere
+
+
+TIMEOUT = 3.0
+SLACK = 2.5  # a loaded 2-core machine: scheduling, and the poll interval
+
+
+def _raised(stdout):
+    """{process: (exception type, seconds waited, failure kind)} from fault.py's RAISED lines
+    (the seconds of the collective that raised)."""
+    return {int(m.group(1)): (m.group(2), float(m.group(3)), m.group(4))
+            for m in re.finditer(r"^RAISED (\d+) (\w+) ([\d.]+) (\w+) ", stdout, re.M)}
+
+
+def test_a_process_that_exits_mid_collective_makes_the_others_raise(tmp_path):
+    # process 1 exits while in an allreduce that process 3 has not yet joined. Under
+    # --enable-recovery mpirun keeps the survivors running (plain mpirun ends them itself when
+    # a process dies). A survivor whose part had completed before process 1 died goes on to
+    # the next allreduce; each survivor raises within the timeout of the collective it is in,
+    # within its first two collectives, and none waits longer
+    r, wall, lines = _mpirun(4, os.path.join(SCRIPTS, "fault.py"), "exit", str(TIMEOUT),
+                             flags=("--enable-recovery",), timeout=90, out=tmp_path)
+    out = lines + r.stdout[-3000:] + r.stderr[-2000:]
+    raised = _raised(lines)
+    assert set(raised) == {0, 2, 3}, out
+    assert "COMPLETED" not in lines, out
+    for p, (kind, waited, failure) in raised.items():
+        assert kind in ("TimeoutError", "RuntimeError"), out
+        assert failure == ("timeout" if kind == "TimeoutError" else "mpi"), out
+        assert waited < TIMEOUT + SLACK, (p, waited)
+        assert re.search(rf"^RAISED {p} .* step [01]: ", lines, re.M), out
+        # and the engine refuses the next collective at once
+        assert re.search(rf"^AFTER {p} RuntimeError .*unusable after an earlier failure",
+                         lines, re.M), out
+    assert wall < 60, wall
+
+
+def test_a_process_that_hangs_makes_the_others_time_out(tmp_path):
+    # process 1 never joins (it sleeps 120 s): the others raise TimeoutError after the
+    # timeout, exit with status 1, and mpirun then ends process 1: the job ends long before
+    # the sleep would
+    r, wall, lines = _mpirun(4, os.path.join(SCRIPTS, "fault.py"), "hang", str(TIMEOUT),
+                             timeout=110, out=tmp_path)
+    out = lines + r.stdout[-3000:] + r.stderr[-2000:]
+    raised = _raised(lines)
+    assert r.returncode != 0, out
+    # mpirun may end the slower survivors before they report: at least one reports, and what
+    # is reported is a timeout after the timeout
+    assert raised and set(raised) <= {0, 2, 3}, out
+    for p, (kind, waited, failure) in raised.items():
+        assert (kind, failure) == ("TimeoutError", "timeout"), out
+        assert TIMEOUT - 0.05 <= waited < TIMEOUT + SLACK, (p, waited)
+    assert "did not complete within its timeout of 3 s" in lines
+    assert wall < 60, wall
+
+
+def test_processes_that_pass_different_shapes_raise(tmp_path):
+    # process 0 passes 3 elements to an allgather, processes 1 and 2 pass 4: each process
+    # checks what it received, and all raise at once (no timeout), naming the difference
+    r, _, lines = _mpirun(3, os.path.join(SCRIPTS, "fault.py"), "mismatch", "30", timeout=90,
+                          out=tmp_path)
+    out = lines + r.stdout[-3000:] + r.stderr[-2000:]
+    raised = _raised(lines)
+    assert set(raised) == {0, 1, 2}, out
+    for p, (kind, waited, failure) in raised.items():
+        assert (kind, failure) == ("RuntimeError", "mpi") and waited < 10, out
+    assert "process 0 sent 12 bytes where 16 were expected" in lines, out
+    assert "MPI_ERR_TRUNCATE" in lines and "different shapes or dtypes" in lines, out
+
+
+def _start_sigint_job():
+    p = subprocess.Popen(["mpirun", "-n", "2", "--oversubscribe", sys.executable,
+                          os.path.join(SCRIPTS, "fault.py"), "sigint", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=_env(), cwd=ROOT, start_new_session=True)
+    line = p.stdout.readline()
+    if not line.startswith("PID "):
+        p.kill()
+        pytest.fail(f"fault.py sigint did not start: {line}{p.stdout.read()[-3000:]}")
+    time.sleep(0.5)  # in the barrier
+    return p, int(line.split()[1])
+
+
+def _gone(pid, within):
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_stops_a_waiting_collective():
+    p, pid = _start_sigint_job()
+    try:
+        os.kill(pid, signal.SIGINT)
+        out = p.communicate(timeout=60)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    m = re.search(r"INTERRUPTED 0 ([\d.]+) interrupted", out)
+    assert m, out[-4000:]
+    assert float(m.group(1)) < 5, out[-4000:]
+
+
+def test_ctrl_c_to_mpirun_stops_every_process():
+    p, pid = _start_sigint_job()
+    try:
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=30)
+        assert time.monotonic() - t0 < 15
+        assert _gone(pid, 10), "process 0 outlived mpirun"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+# --- MPI without a launcher: a world of one, in a child process -------------------------
+
+def _child(code, **env):
+    r = run_python(code, _env(**env))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_one_process_without_a_launcher():
+    out = _child("""
+import numpy as np
+import ctrainstate.distributed as d
+from ctrainstate import _C
+d.initialize(num_processes=1, process_id=0, local_device_ids=[0], timeout=5)
+print(d.is_initialized(), d.process_index(), d.process_count(), d.default_timeout())
+info = _C.dist_info()
+print(info['owns_mpi'], info['library'].split('/')[-1].startswith('libmpi'))
+print(d.allreduce(np.arange(3.0), 'max').tolist(), d.allgather(np.int32(4)).tolist(),
+      d.reduce_scatter(np.arange(4), 'min').tolist(), d.broadcast([1, 2]).tolist())
+d.barrier(timeout=1)
+try:
+    d.initialize(num_processes=1, process_id=0)
+except RuntimeError as e:
+    print('again:', e)
+d.shutdown()
+print(d.is_initialized(), d.process_count())
+try:
+    d.initialize(num_processes=1, process_id=0)
+except RuntimeError as e:
+    print('after shutdown:', e)
+""")
+    lines = out.splitlines()
+    assert lines[0] == "True 0 1 5.0", out
+    assert lines[1] == "True True", out
+    assert lines[2] == "[0.0, 1.0, 2.0] [4] [0, 1, 2, 3] [1, 2]", out
+    assert lines[3].startswith("again: ctrainstate.distributed.initialize should only be called once")
+    assert lines[4] == "False 1", out
+    assert "after shutdown: MPI was finalized in this process by shutdown()" in lines[5], out
+
+
+def test_a_world_smaller_than_asked_raises():
+    # two processes asked for (explicitly, then by torchrun-style variables), but the process
+    # was not started by an MPI launcher: MPI makes a world of one, and initialize says so
+    # instead of waiting for a peer that never comes
+    code = """
+import ctrainstate.distributed as d
+try:
+    d.initialize({args})
+except ValueError as e:
+    print(e)
+print(d.is_initialized())
+"""
+    out = _child(code.format(args="num_processes=2, process_id=1"))
+    assert "MPI started a world of 1 process with this one as process 0, but process 1 of 2 " \
+           "was expected" in out, out
+    assert "mpirun -n N" in out and "from: arguments" in out, out
+    assert out.strip().endswith("False")
+    out = _child(code.format(args=""), RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT="29500")
+    assert "process 0 of 2 was expected" in out, out
+    assert "torchrun-style: RANK/WORLD_SIZE" in out and "not supported yet" in out, out
+
+
+def test_bench_collectives_runs():
+    r, _, _ = _mpirun(2, os.path.join(ROOT, "benchmarks", "bench_collectives.py"), "--max-bytes",
+                   "64KiB", "--iters", "3")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    rows = [l for l in r.stdout.splitlines() if re.match(r"\s*(all_reduce|all_gather|reduce_scatter)\s", l)]
+    assert len(rows) == 3 * 7, r.stdout  # 1 KiB .. 64 KiB, three collectives

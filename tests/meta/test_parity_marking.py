@@ -1,0 +1,289 @@
+"""The `parity` marker is applied by tests/conftest.py and tests/parity_marking.py, not by hand:
+the analysis on each way a test can use jax, a sample of the suite's own live tests, and the
+README's test command's guard (in a child pytest on a scratch copy of the test configuration).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import parity_marking
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+ROOT = os.path.dirname(HERE)
+
+
+def _module_path(name: str) -> str:
+    """tests/<layer>/<name>: the test module of that file name, whatever its layer."""
+    found = [os.path.join(d, name) for d, _, files in os.walk(HERE) if name in files]
+    return found[0] if len(found) == 1 else os.path.join(HERE, name)
+
+
+def _info(tmp_path, src, name="test_mod.py", helpers=None):
+    for hname, hsrc in (helpers or {}).items():
+        (tmp_path / hname).write_text(textwrap.dedent(hsrc))
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(src))
+    return parity_marking.Analyzer().info(str(p))
+
+
+def test_each_way_of_using_jax_is_seen(tmp_path):
+    info = _info(tmp_path, '''
+        import numpy as np
+        import pytest
+        import helper_mod as hm
+        from helper_mod import run_live, plain
+        try:
+            import optax
+            HAVE_OPTAX = True
+        except ImportError:
+            HAVE_OPTAX = False
+
+        def _jax():
+            return pytest.importorskip("jax.numpy")
+
+        def _via_helper():
+            return _jax().ones(3)
+
+        def test_importorskip():
+            jax = pytest.importorskip("jax")
+
+        def test_import_in_body():
+            from flax import linen
+
+        def test_helper():
+            _via_helper()
+
+        @pytest.mark.skipif(not HAVE_OPTAX, reason="no optax")
+        def test_flag_in_decorator():
+            pass
+
+        def test_module_name():
+            optax.adam(1.0)
+
+        def test_other_module_function():
+            run_live()
+
+        def test_other_module_attribute():
+            hm.run_live()
+
+        def test_import_module():
+            import importlib
+            importlib.import_module("optax")
+
+        def test_jax_ref_argument_only(jax_ref):
+            jax_ref("k", lambda jax: _jax().ones(3))
+
+        def test_numpy_only():
+            np.ones(3)
+            plain()
+
+        def test_a_local_of_the_same_name():
+            import numpy as optax   # a local: not the module-level optax
+            optax.ones(3)
+
+        def test_a_parameter_of_the_same_name(optax=None):
+            return optax
+
+        class TestGroup:
+            def _live(self):
+                return pytest.importorskip("jax")
+
+            def test_calls_live_method(self):
+                self._live()
+
+            def test_plain(self):
+                pass
+        ''', helpers={"helper_mod.py": '''
+        def run_live():
+            import jax
+            return jax
+
+        def plain():
+            return 1
+        '''})
+    live = ["test_importorskip", "test_import_in_body", "test_helper", "test_flag_in_decorator",
+            "test_module_name", "test_other_module_function", "test_other_module_attribute",
+            "test_import_module"]
+    for name in live:
+        assert info.uses_jax(name), name
+    for name in ("test_numpy_only", "test_jax_ref_argument_only", "test_a_local_of_the_same_name",
+                 "test_a_parameter_of_the_same_name"):
+        assert not info.uses_jax(name), name
+    assert info.uses_jax("test_calls_live_method", "TestGroup")
+    assert not info.uses_jax("test_plain", "TestGroup")
+    assert not info.whole
+
+
+@pytest.mark.parametrize("src", [
+    "import jax\ndef test_a():\n    pass\n",
+    "import pytest\nflax = pytest.importorskip('flax')\ndef test_a():\n    pass\n",
+    "import pytest\ntry:\n    import jax\nexcept ImportError:\n    jax = None\n"
+    "pytestmark = pytest.mark.skipif(jax is None, reason='no jax')\ndef test_a():\n    pass\n",
+])
+def test_a_module_that_needs_jax_is_live_as_a_whole(tmp_path, src):
+    info = _info(tmp_path, src)
+    assert info.whole and info.uses_jax("test_a")
+
+
+# tests of the suite that use jax in the different ways above and have no recorded twin: the
+# analysis must call each of them live, and the numpy-only neighbours not
+_SUITE_LIVE = [
+    ("test_random_discrete.py", "test_live_parity_key_helpers"),   # importorskip in the body
+    ("test_softmax.py", "test_max_matches_jax"),                   # a module-level helper
+    ("test_attention_flax.py", "test_mha_init_params_match_flax"),  # a helper importing flax
+    ("test_scan_vmap.py", "test_p9_matches_flax"),
+]
+_SUITE_PLAIN = [
+    ("test_random_dist.py", "test_rademacher_signs"),
+    ("test_optim_transforms.py", "test_transforms_without_jax_hand_computed"),
+    ("test_array.py", "test_replicas_are_separate_buffers"),
+    # `import ctrainstate.numpy as jnp` inside: a local, not the module's jax.numpy
+    ("test_numpy_more.py", "test_jnp_ndarray_is_the_array_type"),
+]
+
+
+@pytest.mark.parametrize("module,test", _SUITE_LIVE + _SUITE_PLAIN)
+def test_the_suites_live_tests_are_seen(module, test):
+    path = _module_path(module)
+    src = open(path, encoding="utf-8").read()
+    if not re.search(rf"^def {test}\(", src, re.M):
+        pytest.fail(f"{module}::{test} is gone: pick another sample for this test")
+    want = (module, test) in _SUITE_LIVE
+    assert parity_marking.Analyzer().info(path).uses_jax(test) is want
+
+
+_PROBE = '''
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+try:
+    import optax
+except ImportError:
+    optax = None
+
+
+def test_numpy_only():
+    assert np.ones(3).sum() == 3
+
+
+def test_uses_the_jax_fixture(jax):
+    assert jax.numpy.ones(3).sum() == 3
+
+
+def test_uses_a_module_level_import():
+    assert optax is not None
+
+
+def test_hides_its_import():
+    pytest.importorskip("ja" + "x")   # the analysis cannot see this name: the guard does
+
+
+def test_jax_ref_twins(jax_ref):
+    got = np.arange(3, dtype=np.float32) * 2
+    want = jax_ref("double", lambda jax: jax.numpy.arange(3, dtype="float32") * 2)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_z_no_jax_was_imported():
+    assert "jax" not in sys.modules and "optax" not in sys.modules
+'''
+
+
+def _probe(tmp_path, *args):
+    for f in ("conftest.py", "parity_marking.py", "recorded.py"):
+        shutil.copy(os.path.join(HERE, f), tmp_path / f)
+    (tmp_path / "test_probe.py").write_text(_PROBE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ
+                                         else [])))
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("CTRAINSTATE_SANITIZED", None)  # the guard, not tools/sanitize.sh's blocking
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-o", "addopts=", "--rootdir", str(tmp_path), *args, "test_probe.py"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    return r.stdout + r.stderr
+
+
+def test_the_readme_command_deselects_live_tests_and_fails_hidden_jax(tmp_path):
+    # the recorded twin of test_jax_ref_twins reads its value from data/recorded/test_probe.npz
+    rec = tmp_path / "data" / "recorded"
+    rec.mkdir(parents=True)
+    import recorded
+    store = recorded.Store()
+    store.put("test_probe", "test_jax_ref_twins", "double",
+              __import__("numpy").arange(3, dtype="float32") * 2)
+    recorded.DIR, old = str(rec), recorded.DIR
+    try:
+        store.write({"jax": "probe"})
+    finally:
+        recorded.DIR = old
+    out = _probe(tmp_path, "-rf")
+    # deselected: the fixture user, the module-level-import user, the live twin
+    assert re.search(r"\b1 failed, 3 passed, 3 deselected\b", out), out
+    assert "FAILED test_probe.py::test_hides_its_import" in out, out
+    assert "imports jax but is not marked `parity`" in out, out
+
+
+def test_minus_m_parity_selects_exactly_the_live_tests(tmp_path):
+    out = _probe(tmp_path, "-m", "parity", "--collect-only")
+    got = sorted(re.findall(r"test_probe.py::(\S+)", out))
+    assert got == ["test_jax_ref_twins[live]", "test_uses_a_module_level_import",
+                   "test_uses_the_jax_fixture"], out
+
+
+# --- the recordings -----------------------------------------------------------------------
+
+def _pins():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "record_vectors", os.path.join(ROOT, "tools", "record_vectors.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.pins()
+
+
+def test_recordings_are_of_the_pinned_versions():
+    """Every recording was made with the jax / flax / optax that .ci/run pins (the versions
+    its live twins compare with in CI): tools/record_vectors.py refuses others."""
+    import numpy as np
+    import recorded
+    pins = _pins()
+    pins_of = {"jax": pins["jax"], "jaxlib": pins["jax"], "flax": pins["flax"],
+               "optax": pins["optax"]}
+    files = sorted(f for f in os.listdir(recorded.DIR) if f.endswith(".npz"))
+    assert files
+    for f in files:
+        meta = recorded.read_meta(os.path.join(recorded.DIR, f))
+        assert meta.get("jax") == pins["jax"], (f, meta)
+        for k, v in meta.items():
+            assert v == pins_of[k], (f, k, v, pins)
+    with np.load(os.path.join(HERE, "data", "optax_vectors.npz")) as z:
+        assert str(z["meta/optax_version"]) == pins["optax"]
+    with open(os.path.join(HERE, "data", "random_vectors.txt")) as fh:
+        assert fh.readline().split()[-1] == pins["jax"]
+
+
+def test_every_recording_belongs_to_a_test():
+    """A recording whose test module or test is gone (renamed, removed) is stale: rerun
+    tools/record_vectors.py (it rewrites the modules it records) or delete it."""
+    import numpy as np
+    import recorded
+    for f in sorted(os.listdir(recorded.DIR)):
+        if not f.endswith(".npz"):
+            continue
+        path = _module_path(f[:-4] + ".py")
+        assert os.path.exists(path), f"{f}: no tests/<layer>/{f[:-4]}.py"
+        src = open(path, encoding="utf-8").read()
+        with np.load(os.path.join(recorded.DIR, f)) as z:
+            tests = {k.split("[")[0] for k in z.files
+                     if k not in (recorded.META, recorded.SHARED) and not k.endswith("#")}
+        for t in tests:
+            assert re.search(rf"^def {re.escape(t)}\(", src, re.M), f"{f}: no test {t}"

@@ -17,7 +17,7 @@ Each follows jax's definition (``jax/_src/numpy/ufuncs.py``, ``jax/_src/lax/lax.
 * ``signbit`` and ``ldexp`` (bit manipulations in jax: ``bitcast_convert_type``, ``frexp``)
   are exact kernels here: the sign bit, and ``ldexpf`` (one rounding).
 
-Accuracy (float32, measured by tests/test_numpy_math.py and tests/c/test_ops_math.c over
+Accuracy (float32, measured by tests/ops/test_numpy_math.py and tests/c/test_ops_math.c over
 dense samples of float32 inputs with ±0, ±inf, NaN and the domain edges): the kernels are
 within 2 ulp of the float64 function rounded to float32 (glibc: sinh, cosh, asinh, acosh,
 atanh 2; tan, asin, acos, atan, atan2, cbrt, exp2 1), ``signbit fmod nextafter ldexp`` are
@@ -32,7 +32,7 @@ ctrainstate's float ops (XLA's CPU flushes them to zero: ``jnp.cbrt(1e-40)`` is 
 ``4.6e-14`` there, ``jnp.fmod(3., 1e-40)`` is NaN). Sharded operands keep their sharding;
 binary functions broadcast and reshard as ``add`` does.
 
-Measured against jax 0.10 on CPU (tests/test_numpy_math.py): within 2 ulp of jax's
+Measured against jax 0.10 on CPU (tests/ops/test_numpy_math.py): within 2 ulp of jax's
 results (arccosh 3; the exact functions and ``deg2rad`` / ``rad2deg`` bit for bit) wherever
 jax is itself within 2 ulp of float64; XLA's own errors are larger in places: sinh / cosh up
 to 24 ulp near ``|x| = 85``, exp2 up to 63, asin and exp2 flush results near the smallest

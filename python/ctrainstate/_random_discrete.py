@@ -29,7 +29,7 @@ over the whole array finds only the number of rounds (first acceptances). Then e
 computes its own block, so the values are the same on every mesh.
 
 How close to JAX (measured against jax 0.10.2 on CPU, an x86-64 with FMA; the live parity
-checks in tests/test_random_discrete.py): the same values. 0 differences in 12 million poisson
+checks in tests/random/test_random_discrete.py): the same values. 0 differences in 12 million poisson
 samples (``lam`` from 0.001 to 1e7, per element and broadcast, both algorithms), 10.8 million
 binomial samples (float32, float16 and bfloat16 ``p``; scalar, per-element and mixed
 parameters; both algorithms) and 1.2 million multinomial counts (5 and 20 categories, float32

@@ -5,7 +5,7 @@ with the same key, shape and dtype as ``jax.random`` (0.10.2) and applies JAX's 
 op in float32, rounded to the sampling dtype after every op (XLA's CPU rule for float16 /
 bfloat16 arithmetic), with XLA's float32 ``log``/``log1p`` from the C core.
 
-How close to JAX (measured against jax 0.10.2 on CPU; tests/test_random_more.py):
+How close to JAX (measured against jax 0.10.2 on CPU; tests/random/test_random_dist.py):
 
 - float32, bit-identical: exponential, laplace, logistic, rademacher, rayleigh, triangular,
   geometric (formulas of correctly rounded ops and log/log1p).

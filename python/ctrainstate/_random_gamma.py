@@ -17,7 +17,7 @@ subnormal results flushed to zero, XLA's ``exp`` reproduced (``_exp``), ``pow`` 
 float16 / bfloat16 values rounded after each op (bfloat16 keeps float32 where XLA does).
 
 How close to JAX (measured against jax 0.10.2 on an AMD EPYC CPU, 100 000 samples per
-sampler with random parameters; tests/test_random_gamma.py asserts it):
+sampler with random parameters; tests/random/test_random_gamma.py asserts it):
 
 - float16 and bfloat16: bit-identical, except ball (within 2 ulp: XLA's fused reduction
   keeps float32 values and has its own math), dirichlet on large arrays (XLA
@@ -148,7 +148,7 @@ _EXP_P = (_h(0x39506967), _h(0x3AB743CE), _h(0x3C088908), _h(0x3D2AA9C1), _h(0x3
 
 def _exp(x):
     """XLA's float32 exp (Cephes' expf; every multiply-add fused, as LLVM contracts them):
-    bit-identical to jnp.exp on CPU (checked on 2 million values, tests/test_random_gamma.py)."""
+    bit-identical to jnp.exp on CPU (checked on 2 million values, tests/random/test_random_gamma.py)."""
     x = np.asarray(x, _F32)
     with np.errstate(all="ignore"):
         x = np.where(x < _F32.type(-87.8), _F32.type(-87.8), x)    # NaN stays NaN

@@ -186,7 +186,7 @@ __device__ __forceinline__ void ld(const float *x, float *v) {
  * load through the same address register (the state slots), not for p or out, whose
  * pointers it reloads from the descriptor: four store instructions, and four partial-sector
  * L2 writes, where one would do. Both forms are built (CTRAINSTATE_OPT_VSTORE picks;
- * tests/test_cuda_codegen.py checks the PTX). Volatile, no "memory" clobber: see ld_v4. */
+ * tests/gpu/test_cuda_codegen.py checks the PTX). Volatile, no "memory" clobber: see ld_v4. */
 __device__ __forceinline__ void st_v4(float *x, float4 t) {
 #ifdef CT_CUDA_EMU_RUNTIME_H
     *reinterpret_cast<float4 *>(x) = t;
@@ -482,7 +482,7 @@ opt_kernel(const __grid_constant__ opt_params P, const opt_desc *__restrict__ D,
  * kernel's compute_u for the same constants, masks and skip bits; tiles, element groups and
  * the block walk are the generic kernel's (opt_tile_block). Only the update pass (no
  * reductions, no adafactor factors, no per-leaf stages) takes this path; anything else, or
- * CTRAINSTATE_OPT_CHAIN=0, runs opt_kernel. tests/test_gpu.py compares the two bit for bit
+ * CTRAINSTATE_OPT_CHAIN=0, runs opt_kernel. tests/gpu/test_gpu.py compares the two bit for bit
  * and counts these launches (ct_cuda_optim_chain_launches).
  */
 
@@ -700,7 +700,7 @@ opt_chain_kernel(const __grid_constant__ opt_params P, const opt_desc *__restric
 
 /* The chain kernels of passes with 16-bit arrays (ldx / stx: each array in its dtype), in the
  * default form only (CTRAINSTATE_OPT_VSTORE does not apply to them). A kernel of its own name
- * (not a template argument of opt_chain_kernel): tests/test_cuda_codegen.py reads the float32
+ * (not a template argument of opt_chain_kernel): tests/gpu/test_cuda_codegen.py reads the float32
  * kernels' PTX by their names. Same bounds: not measured on a GPU yet. */
 template <class CH, int U>
 __global__ void __launch_bounds__(OPT_TPB, U == 2 ? 4 : 5)

@@ -122,12 +122,13 @@ PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *ba
 ct_py_buffer *ct_py_buffer_alloc(ct_device *dev, int ndim, const int64_t *shape, ct_dtype dtype);
 
 /* The Array's arithmetic slots (py_dispatch.c): the primitives add, subtract, multiply,
- * divide, negative, each with its C plan cache, the Python op on a miss. */
+ * divide, negative, matmul, each with its C plan cache, the Python op on a miss. */
 PyObject *ct_py_array_nb_add(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_subtract(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_multiply(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_true_divide(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_negative(PyObject *a);
+PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b);
 
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);

@@ -9,7 +9,7 @@
  * `_donated`); the C code (the dispatcher, the optimizer plans) reads them directly.
  *
  * What runs on every call is C: the arithmetic slots (+ - * / and unary -, through the
- * primitives of py_dispatch.c), `shape`, `dtype`, `ndim`, `sharding`, `_check_alive`,
+ * primitives of py_dispatch.c; @ too), `shape`, `dtype`, `ndim`, `sharding`, `_check_alive`,
  * `_create`, `_moved`. The rest (repr, indexing, conversions, pickling, notebook views) is
  * Python, written in python/ctrainstate/array.py and attached to this type once at import by
  * `_C.array_type_extend`; after that the type is immutable. It has no subclasses.
@@ -344,6 +344,7 @@ static PyType_Slot array_slots[] = {
     {Py_nb_multiply, ct_py_array_nb_multiply},
     {Py_nb_true_divide, ct_py_array_nb_true_divide},
     {Py_nb_negative, ct_py_array_nb_negative},
+    {Py_nb_matrix_multiply, ct_py_array_nb_matmul},
     {0, NULL},
 };
 

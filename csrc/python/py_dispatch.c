@@ -41,7 +41,7 @@
 
 #include "../core/ct_ops.h"
 
-enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_COUNT };
+enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COUNT };
 /* K_SCALAR rules: the constants of `array (op) s` / `s (op) array` */
 enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
@@ -63,6 +63,7 @@ typedef struct {
     uint32_t red_mask;
     int64_t out_sdims[CT_MAX_NDIM];
     int64_t out_elems; /* elements of one output block */
+    int64_t mnk[3];    /* K_MATMUL: one GEMM per block, (m x k) @ (k x n) */
     PyObject *out_shape, *out_dtype, *out_sharding, *out_shard_shape;
     PyObject *bdev[MAXB], *bstart[MAXB], *brid[MAXB];
     ct_device *cdev[MAXB];
@@ -75,6 +76,7 @@ typedef struct {
     PyObject *name, *fallback, *planner, *doc, *dict;
     PyObject *vjp; /* the tape rule (g, out, *operands) -> cotangents of the Array operands;
                     * NULL: a recording tape sends calls to the fallback */
+    PyObject *none_kw; /* keyword names whose None value is the default (a tuple), or NULL */
     int nin;
     int next; /* the cache entry replaced at the next miss */
     unsigned long long hits, misses, falls;
@@ -83,10 +85,13 @@ typedef struct {
 
 static PyTypeObject *prim_type;
 static PyObject *tape_tls;                 /* ctrainstate._ops._tls */
+static PyObject *prec_tls;                 /* ctrainstate._precision._tls */
+static PyObject *default_name, *process_name;
 static PyObject *tape_type;                /* ctrainstate._ops._Tape */
 static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name, *nodes_name;
 static PyTypeObject *node_vjp_type;
-static PyObject *slot_prims[5];            /* add, subtract, multiply, divide, negative */
+#define NSLOT 6
+static PyObject *slot_prims[NSLOT];        /* add, subtract, multiply, divide, negative, matmul */
 
 static void entry_clear(plan_entry *e) {
     Py_CLEAR(e->ka_shape);
@@ -129,6 +134,22 @@ static int top_tape(PyObject **tape) {
     }
     Py_DECREF(stack);
     return rc;
+}
+
+/* The calling thread's matrix-product precision for precision=None (_precision.
+ * current_default()): its `default`, else the process's; -1 on error. */
+static int current_precision(void) {
+    if (prec_tls == NULL) return -1;
+    PyObject *d = PyObject_GetAttr(prec_tls, default_name);
+    if (d == Py_None) {
+        Py_DECREF(d);
+        d = PyObject_GetAttr(prec_tls, process_name);
+    }
+    if (d == NULL) return -1;
+    long v = PyLong_Check(d) ? PyLong_AsLong(d) : -1;
+    Py_DECREF(d);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    return (int)v;
 }
 
 static int same_shape(PyObject *x, PyObject *y) {
@@ -177,10 +198,12 @@ static PyObject *plan_error(const char *what) {
 
 /* Fill e's plan from the planner's tuple (see the top of the file); -1 with an exception. */
 static int entry_set_plan(plan_entry *e, PyObject *t) {
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 11) {
-        plan_error("not an 11-tuple");
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 12) {
+        plan_error("not a 12-tuple");
         return -1;
     }
+    int64_t mnk[3] = {0, 0, 0};
+    if (ct_py_int64_seq(PyTuple_GET_ITEM(t, 11), mnk, 3, "plan extra") < 0) return -1;
     int kind, op, dt, red_op;
     if (as_int(PyTuple_GET_ITEM(t, 0), &kind) < 0 || as_int(PyTuple_GET_ITEM(t, 1), &op) < 0 ||
         as_int(PyTuple_GET_ITEM(t, 4), &dt) < 0 || as_int(PyTuple_GET_ITEM(t, 10), &red_op) < 0)
@@ -266,6 +289,11 @@ static int entry_set_plan(plan_entry *e, PyObject *t) {
     e->out_ndim = ndim;
     e->out_elems = elems;
     e->red_mask = (uint32_t)mask;
+    memcpy(e->mnk, mnk, sizeof mnk);
+    if (kind == K_MATMUL && (mnk[0] < 0 || mnk[1] < 0 || mnk[2] < 0 || mnk[0] * mnk[1] != elems)) {
+        plan_error("matmul geometry");
+        return -1;
+    }
     e->ngroups = ng;
     e->nblk = nblk;
     for (int i = 0; i < nblk; i++) {
@@ -336,9 +364,10 @@ static int operand_buffers(const ct_py_array *x, const plan_entry *e, ct_py_buff
 
 static int64_t nelem(const ct_py_buffer *b) { return (int64_t)(b->nbytes / ct_dtype_size(b->dtype)); }
 
-/* The kernels of one block. */
+/* The kernels of one block (alpha, beta: K_SCALAR's constants; K_MATMUL: alpha unused, the
+ * precision code in `prec`). */
 static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_buffer *y,
-                           ct_py_buffer *o, float alpha, float beta) {
+                           ct_py_buffer *o, float alpha, float beta, int prec) {
     ct_device *dev = e->cdev[i];
     int64_t sa[CT_MAX_NDIM], sb[CT_MAX_NDIM];
     ct_status st;
@@ -361,16 +390,20 @@ static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_bu
         if (e->red_mask == 0)
             return ct_op_unary(dev, CT_UN_AFFINE, 1.0f, 0.0f, nelem(o), x->data, o->data);
         return ct_op_reduce(dev, e->op, x->ndim, x->shape, e->red_mask, x->data, o->data);
+    case K_MATMUL: {
+        const int64_t m = e->mnk[0], n = e->mnk[1], k = e->mnk[2];
+        return ct_op_gemm(dev, 0, 0, m, n, k, 1.0f, x->data, k, y->data, n, 0.0f, o->data, n, prec);
+    }
     }
     return ct_set_error(CT_EINVAL, "dispatch: unknown plan kind");
 }
 
 /* The kernels of every block, then the all-reduces. */
 static ct_status run_plan(const plan_entry *e, ct_py_buffer **xs, ct_py_buffer **ys,
-                          ct_py_buffer **os, float alpha, float beta) {
+                          ct_py_buffer **os, float alpha, float beta, int prec) {
     ct_status st = CT_OK;
     for (int i = 0; i < e->nblk && st == CT_OK; i++)
-        st = run_block(e, i, xs[i], ys != NULL ? ys[i] : NULL, os[i], alpha, beta);
+        st = run_block(e, i, xs[i], ys != NULL ? ys[i] : NULL, os[i], alpha, beta, prec);
     for (int g = 0; g < e->ngroups && st == CT_OK; g++) {
         ct_device *devs[MAXB];
         float *bufs[MAXB];
@@ -615,12 +648,24 @@ static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *sca
         if (scalar == NULL) return NULL;
         int r = scalar_consts(e->op, scalar, &alpha, &beta);
         if (r != 0) return NULL; /* (an error stays set and propagates) */
-    } else if (scalar != NULL || (e->kind == K_BINARY || e->kind == K_EWISE) != (b != NULL)) {
+    } else if (scalar != NULL ||
+               (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != (b != NULL)) {
         return NULL;
     }
     ct_py_buffer *xs[MAXB], *ys[MAXB], *os[MAXB];
     if (operand_buffers(a, e, xs) != 0 || (b != NULL && operand_buffers(b, e, ys) != 0))
         return NULL;
+    int prec = 0;
+    if (e->kind == K_MATMUL) { /* the product's precision: float32 only on this path */
+        prec = current_precision();
+        if (prec != CT_PREC_F32) {
+            if (prec < 0) PyErr_Clear();
+            return NULL;
+        }
+        for (int i = 0; i < e->nblk; i++)
+            if (nelem(xs[i]) != e->mnk[0] * e->mnk[2] || nelem(ys[i]) != e->mnk[2] * e->mnk[1])
+                return NULL;
+    }
     for (int i = 0; i < e->nblk; i++) { /* the kernels' operand dtypes and sizes */
         if (e->kind == K_EWISE) {
             if (ys[i]->dtype != xs[i]->dtype) return NULL;
@@ -638,15 +683,16 @@ static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *sca
     PyObject *blocks = NULL;
     if (made < e->nblk) goto fail;
     ct_status st;
-    if (e->out_elems * e->nblk < CT_DISPATCH_GIL_ELEMS) {
-        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta);
+    const int64_t work = e->out_elems * e->nblk * (e->kind == K_MATMUL ? e->mnk[2] : 1);
+    if (work < CT_DISPATCH_GIL_ELEMS) {
+        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta, prec);
     } else { /* pinned: another thread may drop or delete the operands meanwhile */
         for (int i = 0; i < e->nblk; i++) {
             ct_py_pin(xs[i]);
             if (b != NULL) ct_py_pin(ys[i]);
         }
         Py_BEGIN_ALLOW_THREADS
-        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta);
+        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta, prec);
         Py_END_ALLOW_THREADS
         for (int i = 0; i < e->nblk; i++) {
             ct_py_unpin(xs[i]);
@@ -677,10 +723,28 @@ fail:
     return NULL;
 }
 
+/* Whether the keywords of a call are only those the primitive accepts with the value None
+ * (their default: matmul's precision=None). */
+static int none_keywords(const prim *p, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames == NULL) return 1;
+    if (p->none_kw == NULL) return 0;
+    const Py_ssize_t npos = PyVectorcall_NARGS(nargsf), nkw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (args[npos + i] != Py_None) return 0;
+        int found = PySequence_Contains(p->none_kw, PyTuple_GET_ITEM(kwnames, i));
+        if (found != 1) {
+            if (found < 0) PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     prim *p = (prim *)self;
-    if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin) {
+    if (PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin &&
+        none_keywords(p, args, nargsf, kwnames)) {
         PyObject *r = fast_call(p, args);
         if (r != NULL || PyErr_Occurred()) return r;
     }
@@ -689,11 +753,12 @@ static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t n
 }
 
 static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"name", "nin", "fallback", "planner", "doc", "vjp", NULL};
-    PyObject *name, *fallback, *planner, *doc = Py_None, *vjp = Py_None;
+    static char *kwlist[] = {"name", "nin", "fallback", "planner", "doc", "vjp", "none_keywords",
+                             NULL};
+    PyObject *name, *fallback, *planner, *doc = Py_None, *vjp = Py_None, *none_kw = NULL;
     int nin;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|OO:Primitive", kwlist, &name, &nin,
-                                     &fallback, &planner, &doc, &vjp))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|OOO!:Primitive", kwlist, &name, &nin,
+                                     &fallback, &planner, &doc, &vjp, &PyTuple_Type, &none_kw))
         return NULL;
     if (vjp != Py_None && !PyCallable_Check(vjp))
         return PyErr_Format(PyExc_TypeError, "Primitive: vjp must be callable or None");
@@ -709,6 +774,7 @@ static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     p->planner = Py_NewRef(planner);
     p->doc = Py_NewRef(doc);
     p->vjp = vjp != Py_None ? Py_NewRef(vjp) : NULL;
+    p->none_kw = none_kw != NULL && PyTuple_GET_SIZE(none_kw) > 0 ? Py_NewRef(none_kw) : NULL;
     p->nin = nin;
     return (PyObject *)p;
 }
@@ -741,6 +807,7 @@ static void prim_dealloc(prim *p) {
     prim_clear(p);
     Py_CLEAR(p->name);
     Py_CLEAR(p->doc);
+    Py_CLEAR(p->none_kw);
     PyTypeObject *tp = Py_TYPE(p);
     tp->tp_free((PyObject *)p);
     Py_DECREF(tp);
@@ -866,27 +933,35 @@ PyObject *ct_py_array_nb_negative(PyObject *a) {
     PyObject *args[1] = {a};
     return slot_call(4, args, 1);
 }
+PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b) {
+    PyObject *args[2] = {a, b};
+    return slot_call(5, args, 2);
+}
 
 static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (n != 7)
-        return PyErr_Format(PyExc_TypeError, "dispatch_register takes 7 arguments (%zd given)", n);
+    if (n != 3 + NSLOT)
+        return PyErr_Format(PyExc_TypeError, "dispatch_register takes %d arguments (%zd given)",
+                            3 + NSLOT, n);
     if (!PyType_Check(args[1]))
         return PyErr_Format(PyExc_TypeError, "dispatch_register: the tape type must be a class");
-    for (int i = 2; i < 7; i++)
+    for (int i = 3; i < 3 + NSLOT; i++)
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
     Py_XSETREF(tape_type, Py_NewRef(args[1]));
-    for (int i = 0; i < 5; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 2]));
+    Py_XSETREF(prec_tls, Py_NewRef(args[2]));
+    for (int i = 0; i < NSLOT; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 3]));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef dispatch_methods[] = {
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
-     "dispatch_register(tls, tape_type, add, subtract, multiply, divide, negative, /)\n--\n\n"
+     "dispatch_register(tls, tape_type, precision_tls, add, subtract, multiply, divide,\n"
+     "                  negative, matmul, /)\n--\n\n"
      "Register the thread-local holding the autodiff tape stack (`tapes`), the tape class the\n"
-     "C path records on, and the primitives behind the Array's + - * / and unary -."},
+     "C path records on, the thread-local of the matmul precision (`default`, `process`), and\n"
+     "the primitives behind the Array's + - * / @ and unary -."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -896,7 +971,11 @@ int ct_py_init_dispatch(PyObject *m) {
     tracked_name = PyUnicode_InternFromString("tracked");
     keep_name = PyUnicode_InternFromString("keep");
     nodes_name = PyUnicode_InternFromString("nodes");
-    if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name) return -1;
+    default_name = PyUnicode_InternFromString("default");
+    process_name = PyUnicode_InternFromString("process");
+    if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
+        !default_name || !process_name)
+        return -1;
     node_vjp_type = (PyTypeObject *)PyType_FromSpec(&node_vjp_spec);
     if (node_vjp_type == NULL) return -1;
     if (PyModule_AddFunctions(m, dispatch_methods) < 0) return -1;
@@ -904,8 +983,9 @@ int ct_py_init_dispatch(PyObject *m) {
     if (t == NULL) return -1;
     prim_type = (PyTypeObject *)t;
     if (PyModule_AddObjectRef(m, "Primitive", t) < 0) return -1;
-    PyObject *kinds = Py_BuildValue("{sisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY, "EWISE",
-                                    K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR);
+    PyObject *kinds = Py_BuildValue("{sisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY, "EWISE",
+                                    K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR, "MATMUL",
+                                    K_MATMUL);
     if (kinds == NULL || PyModule_AddObject(m, "dispatch_kinds", kinds) < 0) {
         Py_XDECREF(kinds);
         return -1;

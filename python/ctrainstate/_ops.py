@@ -35,7 +35,8 @@ import numpy as np
 
 from . import _C, _dtypes
 from ._devices import Device
-from ._precision import resolve_precision as _resolve_precision
+from . import _precision
+from ._precision import F32 as _precision_F32, resolve_precision as _resolve_precision
 from .array import Array, _as_sharding, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
 
@@ -1598,24 +1599,25 @@ def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), batch, m_loc, n_loc, k_loc,
                      m_loc * k_loc, k_loc * n_loc, int(ta), int(tb), 1.0, 0.0, prec)
     _allreduce(out, kax)
-    bshape = _tview([()] * b.ndim, b.shape, tb)[1]
+    return _record(out, (a, b), lambda g: _matmul_grads(g, a, b, ta, tb, prec))
 
-    def vjp(g):
-        # d op(a) = g @ op(b)^T ; d op(b) = op(a)^T @ g, expressed on the stored operands.
-        if len(bshape) == 2:
-            # stored a is (K, M) when ta: its gradient is op(b) @ g^T
-            ga = _matmul(g, b, False, not tb, prec) if not ta else _matmul(b, g, tb, True, prec)
-            g2d = reshape(g, (math.prod(g.shape[:-1]), g.shape[-1])) if g.ndim > 2 else g
-            a2d = reshape(a, (math.prod(a.shape[:-1]), a.shape[-1])) if a.ndim > 2 else a
-            if tb:  # stored b is (N, K): gradient g^T @ op(a)
-                gb = _matmul(g2d, a2d, True, ta, prec)
-            else:
-                gb = _matmul(a2d, g2d, not ta, False, prec)
+
+def _matmul_grads(g: Array, a: Array, b: Array, ta: bool, tb: bool, prec: int) -> tuple:
+    """The cotangents of the stored operands of ``op(a) @ op(b)`` from the output's ``g``:
+    d op(a) = g @ op(b)^T, d op(b) = op(a)^T @ g, in the forward's precision."""
+    if b.ndim == 2:
+        # stored a is (K, M) when ta: its gradient is op(b) @ g^T
+        ga = _matmul(g, b, False, not tb, prec) if not ta else _matmul(b, g, tb, True, prec)
+        g2d = reshape(g, (math.prod(g.shape[:-1]), g.shape[-1])) if g.ndim > 2 else g
+        a2d = reshape(a, (math.prod(a.shape[:-1]), a.shape[-1])) if a.ndim > 2 else a
+        if tb:  # stored b is (N, K): gradient g^T @ op(a)
+            gb = _matmul(g2d, a2d, True, ta, prec)
         else:
-            ga = _matmul_nd(g, _swap_last(b), prec)
-            gb = _matmul_nd(_swap_last(a), g, prec)
-        return ga, gb
-    return _record(out, (a, b), vjp)
+            gb = _matmul(a2d, g2d, not ta, False, prec)
+    else:
+        ga = _matmul_nd(g, _swap_last(b), prec)
+        gb = _matmul_nd(_swap_last(a), g, prec)
+    return ga, gb
 
 
 def take_rows(table, ids) -> Array:
@@ -2420,14 +2422,15 @@ _EW = {name: _C.op_codes["ewise"][code] for name, code in (
 _EW_DTYPES = (_dtypes.bfloat16, _dtypes.float16, np.dtype(np.int32))
 
 
-def _plan_out(kind, op, shape, dtype, place, norm, red_mask=0, groups=(), red_op=0):
+def _plan_out(kind, op, shape, dtype, place, norm, red_mask=0, groups=(), red_op=0,
+              mnk=()):
     """A plan tuple (py_dispatch.c) for an output of ``shape`` with per-dimension axes
     ``norm`` on ``place``, allocated as :func:`_new` allocates it."""
     sharding = _sharding_for(place, norm)
     shard_shape, layout, _ = sharding._layout(tuple(shape))
     return (kind, op, tuple(shape), np.dtype(dtype), _dtypes.code(dtype), sharding,
             tuple(shard_shape), [(dev, start, rid) for dev, start, rid in layout], red_mask,
-            [list(g) for g in groups], red_op)
+            [list(g) for g in groups], red_op, tuple(mnk))
 
 
 def _same_devices(a: Array, plan) -> bool:
@@ -2503,6 +2506,39 @@ def _plan_sum(x):
     return p if _same_devices(x, p) else None
 
 
+def _plan_matmul(a, b):
+    """``a @ b`` of float32 Arrays, ``a`` (..., M, K) and ``b`` (K, N), both already laid out
+    as :func:`_matmul` wants them: one GEMM per device (a's batch folded into M), then the
+    all-reduce over the mesh axes of a sharded K. The precision (float32 only on the C path)
+    is checked at every call."""
+    if (type(a) is not Array or type(b) is not Array or a._dtype is not _DT_F32
+            or b._dtype is not _DT_F32 or len(a._shape) < 2 or len(b._shape) != 2
+            or a._shape[-1] != b._shape[0]):
+        return None
+    try:
+        (place, _, _, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
+         b2d) = _id_cached(_MM_PLANS, (a._shape, b._shape, id(a._sharding), id(b._sharding),
+                                       False, False), a._sharding, b._sharding, _matmul_plan,
+                           a, b, False, False)
+    except ValueError:
+        return None
+    if not (stay_a and stay_b and b2d):
+        return None
+    _ensure_blas()
+    groups: list = []
+    if kax and not isinstance(place, Device):
+        groups = _id_cached(_AR_GROUPS, (id(place), tuple(kax)), place, None,
+                            _allreduce_groups, place, tuple(kax))
+    p = _plan_out(_K["MATMUL"], 0, out_shape, _DT_F32, place, out_norm, groups=groups,
+                  red_op=_RED_SUM, mnk=(batch * m_loc, n_loc, k_loc))
+    return p if _same_devices(a, p) and _same_devices(b, p) else None
+
+
+def _rule_matmul(g, out, a, b):
+    """The tape rule of ``a @ b`` on the C path (float32 products)."""
+    return _matmul_grads(g, a, b, False, False, _precision_F32)
+
+
 _UNARY_PRIMS = {"negative": U_NEG, "sin": U_SIN, "cos": U_COS, "tanh": U_TANH,
                 "relu": U_RELU, "gelu": U_GELU, "exp": U_EXP, "log": U_LOG, "sqrt": U_SQRT,
                 "rsqrt": U_RSQRT, "square": U_SQUARE, "sigmoid": U_SIGMOID, "abs": U_ABS,
@@ -2570,9 +2606,9 @@ _BINARY_VJPS = {"add": (_d_pass, _d_pass, _d_pass, _d_pass),
                 "minimum": (_d_max_b, _d_max_a, None, None)}
 
 
-def _primitive(name, nin, planner, vjp=None):
+def _primitive(name, nin, planner, vjp=None, none_keywords=()):
     f = globals()[name]
-    p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp)
+    p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp, tuple(none_keywords))
     p.__module__ = f.__module__
     p.__dict__.update({k: v for k, v in getattr(f, "__dict__", {}).items()
                        if k != "__wrapped__"})
@@ -2586,10 +2622,11 @@ def _make_primitives():
     for name, (op, rules) in _BINARY_PRIMS.items():
         _primitive(name, 2, _plan_binary(name, op, rules), _rule_binary(*_BINARY_VJPS[name]))
     _primitive("sum", 1, _plan_sum, _rule_sum)
+    _primitive("matmul", 2, _plan_matmul, _rule_matmul, none_keywords=("precision",))
     g = globals()
     g["around"] = g["round"]
-    _C.dispatch_register(_tls, _Tape, g["add"], g["subtract"], g["multiply"], g["divide"],
-                         g["negative"])
+    _C.dispatch_register(_tls, _Tape, _precision._tls, g["add"], g["subtract"], g["multiply"],
+                         g["divide"], g["negative"], g["matmul"])
 
 
 _make_primitives()

@@ -124,7 +124,16 @@ _ACCEPTED = ("None, ctrainstate.lax.Precision.DEFAULT / HIGH / HIGHEST, one of t
              + ", ".join(repr(s) for s in _STRING_MODE)
              + ", or a pair (lhs, rhs) of these that give the same mode")
 
-_tls = threading.local()
+class _PrecisionLocal(threading.local):
+    """This thread's ``default`` mode code (None: follow the process default ``process``, a
+    class attribute, set by :func:`set_process_default`). Both are attributes so that the C
+    dispatcher (py_dispatch.c) reads the effective mode without running Python."""
+
+    default = None
+    process = F32
+
+
+_tls = _PrecisionLocal()
 
 
 def _one(p, what):
@@ -176,38 +185,38 @@ def mode_name(code: int) -> str:
 
 
 # The process-wide default (``config.update("jax_default_matmul_precision", ...)``), under
-# every thread's ``default_matmul_precision`` blocks.
-_process_default = F32
+# every thread's ``default_matmul_precision`` blocks: _PrecisionLocal.process.
 
 
 def current_default() -> int:
     """The calling thread's default mode code (what ``precision=None`` resolves to now)."""
-    return getattr(_tls, "default", _process_default)
+    d = _tls.default
+    return _PrecisionLocal.process if d is None else d
 
 
 def set_process_default(name) -> None:
     """The process-wide default for ``precision=None`` (``None``: float32), as jax's
     ``jax_default_matmul_precision`` option; ``default_matmul_precision`` blocks override it."""
-    global _process_default
-    _process_default = F32 if name is None else _one(name, "jax_default_matmul_precision")
+    _PrecisionLocal.process = F32 if name is None else _one(name, "jax_default_matmul_precision")
 
 
 def process_default_name():
     """The name set by :func:`set_process_default` (None for float32, the default)."""
-    return None if _process_default == F32 else _MODE_NAMES[_process_default]
+    p = _PrecisionLocal.process
+    return None if p == F32 else _MODE_NAMES[p]
 
 
 @contextlib.contextmanager
 def default_mode(code: int):
     """Internal: run a block with the thread's default mode set to ``code`` (a checkpointed
     function run again for the backward pass gets the default its first run had)."""
-    prev = getattr(_tls, "default", None)    # None: the thread follows the process default
+    prev = _tls.__dict__.get("default")    # None: the thread follows the process default
     _tls.default = code
     try:
         yield
     finally:
         if prev is None:
-            del _tls.default
+            _tls.__dict__.pop("default", None)
         else:
             _tls.default = prev
 

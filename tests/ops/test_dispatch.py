@@ -151,6 +151,53 @@ def test_sum_c_path_equals_python_op(where):
     _same(_run_fast(cnp.sum, s0), cnp.sum.__wrapped__(s0))
 
 
+@pytest.mark.parametrize("case", ["one device", "batched a", "mesh: rows and columns",
+                                  "mesh: K sharded (all-reduce)", "mesh: data x model"])
+def test_matmul_c_path_equals_python_op(case):
+    rng = np.random.default_rng(6)
+    if case == "one device":
+        a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 4))
+        sa = sb = None
+    elif case == "batched a":
+        a, b = rng.standard_normal((2, 8, 16)), rng.standard_normal((16, 4))
+        sa = sb = None
+    elif case == "mesh: rows and columns":
+        a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+        sa, sb = _mesh_sharding(("x", None)), _mesh_sharding((None, "y"))
+    elif case == "mesh: K sharded (all-reduce)":
+        a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+        sa, sb = _mesh_sharding((None, "y")), _mesh_sharding(("y", None))
+    else:
+        a, b = rng.standard_normal((8, 16)), rng.standard_normal((16, 8))
+        sa, sb = _mesh_sharding(("x", "y")), _mesh_sharding(("y", None))
+    a = cts.device_put(a.astype(np.float32), sa)
+    b = cts.device_put(b.astype(np.float32), sb)
+    prim = _ops.matmul
+    fast = _run_fast(prim, a, b)
+    _same(fast, prim.__wrapped__(a, b))
+    _same(_run_fast(prim, a, b), a @ b)
+    np.testing.assert_allclose(np.asarray(fast), np.asarray(a) @ np.asarray(b), rtol=2e-5,
+                               atol=1e-5)
+
+
+def test_matmul_precision_decides_per_call():
+    """The C path runs float32 products only: precision=None is accepted as a keyword; a
+    default_matmul_precision block or another precision= takes the Python op (TF32's
+    rounding), on the same cached plan."""
+    x = cts.device_put(np.array([[1 + 2.0 ** -12, 1.0]], np.float32))
+    eye = cts.device_put(np.eye(2, dtype=np.float32))
+    exact = _run_fast(cnp.matmul, x, eye)
+    assert np.asarray(exact).tolist() == [[1 + 2.0 ** -12, 1.0]]
+    before = cnp.matmul.cache_info()
+    assert (cnp.matmul(x, eye, precision=None)).tolist() == exact.tolist()
+    assert cnp.matmul.cache_info()["hits"] == before["hits"] + 1
+    with cts.default_matmul_precision("tensorfloat32"):
+        assert (x @ eye).tolist() == [[1.0, 1.0]]
+    assert cnp.matmul(x, eye, precision="tensorfloat32").tolist() == [[1.0, 1.0]]
+    assert cnp.matmul.cache_info()["fallbacks"] == before["fallbacks"] + 2
+    assert (x @ eye).tolist() == exact.tolist()
+
+
 def _python_calls(f):
     calls = []
 
@@ -172,11 +219,15 @@ def test_no_python_runs_below_the_public_function_on_a_plan_hit():
     ab, bb = cnp.astype(a, cnp.bfloat16), cnp.astype(a, cnp.bfloat16)
     ai, bi = cnp.astype(a, np.int32), cnp.astype(a, np.int32)
     am = cts.device_put(np.ones((8, 16), np.float32), _mesh_sharding(("x", "y")))
+    w = cts.device_put(np.ones((16, 4), np.float32))
+    wm = cts.device_put(np.ones((16, 8), np.float32), _mesh_sharding(("y", None)))
     cases = {"a + b": lambda: a + b, "sin(a)": lambda: cnp.sin(a), "sum(a)": lambda: cnp.sum(a),
              "bf16 add": lambda: ab + bb, "int32 add": lambda: ai + bi,
              "mesh mul": lambda: am * am, "mesh sum": lambda: cnp.sum(am),
              "2.0 * a": lambda: 2.0 * a, "1 - a": lambda: 1 - a, "-a": lambda: -a,
-             "maximum": lambda: cnp.maximum(a, b), "tanh": lambda: cnp.tanh(am)}
+             "maximum": lambda: cnp.maximum(a, b), "tanh": lambda: cnp.tanh(am),
+             "a @ w": lambda: a @ w, "matmul(a, w, precision=None)":
+                 lambda: cnp.matmul(a, w, precision=None), "mesh @": lambda: am @ wm}
     for name, f in cases.items():
         assert _python_calls(f) == [], name
 
@@ -194,7 +245,8 @@ def _loss_with(ops):
                      "relu", "negative", "cos", "floor", "ceil", "trunc", "sign", "round"):
             arg = ops["add"](ops["abs"](v), 0.5) if name in ("sqrt", "rsqrt", "log") else v
             v = ops["add"](v, ops["multiply"](ops[name](arg), 0.01))
-        return ops["sum"](ops["multiply"](v, v))
+        k = cts.device_put(np.linspace(-1, 1, 16 * 4, dtype=np.float32).reshape(16, 4))
+        return ops["sum"](ops["matmul"](ops["multiply"](v, v), k))
     return loss
 
 
@@ -205,7 +257,7 @@ def test_the_c_path_records_on_the_tape_with_the_python_ops_gradients():
     for sh_w, sh_b in ((None, None), (_mesh_sharding(("x", "y")), _mesh_sharding(("y",)))):
         w = cts.device_put(rng.standard_normal((8, 16)).astype(np.float32), sh_w)
         b = cts.device_put(rng.standard_normal((16,)).astype(np.float32), sh_b)
-        names = UNARY + BINARY + ["sum"]
+        names = UNARY + BINARY + ["sum", "matmul"]
         prims = {n: getattr(_ops, n) for n in names}
         python = {n: p.__wrapped__ for n, p in prims.items()}
         before = {n: p.cache_info() for n, p in prims.items()}
@@ -330,10 +382,10 @@ def test_a_planner_that_says_no_or_returns_a_bad_plan():
     with pytest.raises(TypeError, match="vjp"):
         _C.Primitive("p", 1, fallback, fallback, None, 3)
     with pytest.raises(TypeError):
-        _C.dispatch_register(None, int, 1, 2, 3, 4, 5)
+        _C.dispatch_register(None, int, None, 1, 2, 3, 4, 5, 6)
     with pytest.raises(TypeError, match="class"):
-        _C.dispatch_register(None, 1, _ops.add, _ops.add, _ops.add, _ops.add, _ops.add)
-    with pytest.raises(TypeError, match="7 arguments"):
+        _C.dispatch_register(None, 1, None, *[_ops.add] * 6)
+    with pytest.raises(TypeError, match="9 arguments"):
         _C.dispatch_register(None)
 
 

@@ -390,9 +390,11 @@ static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_bu
         if (e->red_mask == 0)
             return ct_op_unary(dev, CT_UN_AFFINE, 1.0f, 0.0f, nelem(o), x->data, o->data);
         return ct_op_reduce(dev, e->op, x->ndim, x->shape, e->red_mask, x->data, o->data);
-    case K_MATMUL: {
+    case K_MATMUL: { /* op: bit 0 transposes the stored a (k x m), bit 1 the stored b (n x k) */
         const int64_t m = e->mnk[0], n = e->mnk[1], k = e->mnk[2];
-        return ct_op_gemm(dev, 0, 0, m, n, k, 1.0f, x->data, k, y->data, n, 0.0f, o->data, n, prec);
+        const int ta = e->op & 1, tb = (e->op >> 1) & 1;
+        return ct_op_gemm(dev, ta, tb, m, n, k, 1.0f, x->data, ta ? m : k, y->data, tb ? k : n,
+                          0.0f, o->data, n, prec);
     }
     }
     return ct_set_error(CT_EINVAL, "dispatch: unknown plan kind");

@@ -1606,14 +1606,18 @@ def _matmul_grads(g: Array, a: Array, b: Array, ta: bool, tb: bool, prec: int) -
     """The cotangents of the stored operands of ``op(a) @ op(b)`` from the output's ``g``:
     d op(a) = g @ op(b)^T, d op(b) = op(a)^T @ g, in the forward's precision."""
     if b.ndim == 2:
+        # float32 products with no tape recording run from C plans (_MM_T); a product of
+        # another precision, or one recorded, is _matmul's
+        mm = ((lambda x, y, t1, t2: _MM_T[t1, t2](x, y)) if prec == _precision_F32
+              and _tape() is None else (lambda x, y, t1, t2: _matmul(x, y, t1, t2, prec)))
         # stored a is (K, M) when ta: its gradient is op(b) @ g^T
-        ga = _matmul(g, b, False, not tb, prec) if not ta else _matmul(b, g, tb, True, prec)
+        ga = mm(g, b, False, not tb) if not ta else mm(b, g, tb, True)
         g2d = reshape(g, (math.prod(g.shape[:-1]), g.shape[-1])) if g.ndim > 2 else g
         a2d = reshape(a, (math.prod(a.shape[:-1]), a.shape[-1])) if a.ndim > 2 else a
         if tb:  # stored b is (N, K): gradient g^T @ op(a)
-            gb = _matmul(g2d, a2d, True, ta, prec)
+            gb = mm(g2d, a2d, True, ta)
         else:
-            gb = _matmul(a2d, g2d, not ta, False, prec)
+            gb = mm(a2d, g2d, not ta, False)
     else:
         ga = _matmul_nd(g, _swap_last(b), prec)
         gb = _matmul_nd(_swap_last(a), g, prec)
@@ -2506,37 +2510,56 @@ def _plan_sum(x):
     return p if _same_devices(x, p) else None
 
 
-def _plan_matmul(a, b):
-    """``a @ b`` of float32 Arrays, ``a`` (..., M, K) and ``b`` (K, N), both already laid out
-    as :func:`_matmul` wants them: one GEMM per device (a's batch folded into M), then the
-    all-reduce over the mesh axes of a sharded K. The precision (float32 only on the C path)
-    is checked at every call."""
-    if (type(a) is not Array or type(b) is not Array or a._dtype is not _DT_F32
-            or b._dtype is not _DT_F32 or len(a._shape) < 2 or len(b._shape) != 2
-            or a._shape[-1] != b._shape[0]):
-        return None
-    try:
-        (place, _, _, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
-         b2d) = _id_cached(_MM_PLANS, (a._shape, b._shape, id(a._sharding), id(b._sharding),
-                                       False, False), a._sharding, b._sharding, _matmul_plan,
-                           a, b, False, False)
-    except ValueError:
-        return None
-    if not (stay_a and stay_b and b2d):
-        return None
-    _ensure_blas()
-    groups: list = []
-    if kax and not isinstance(place, Device):
-        groups = _id_cached(_AR_GROUPS, (id(place), tuple(kax)), place, None,
-                            _allreduce_groups, place, tuple(kax))
-    p = _plan_out(_K["MATMUL"], 0, out_shape, _DT_F32, place, out_norm, groups=groups,
-                  red_op=_RED_SUM, mnk=(batch * m_loc, n_loc, k_loc))
-    return p if _same_devices(a, p) and _same_devices(b, p) else None
+def _plan_matmul_t(ta: bool, tb: bool):
+    """Planner of ``op(a) @ op(b)`` of float32 Arrays (:func:`_matmul`; op transposes a stored
+    2-d operand), ``b`` 2-d, both already laid out as :func:`_matmul` wants them: one GEMM
+    per device (a's batch folded into M), then the all-reduce over the mesh axes of a
+    sharded K. The precision (float32 only on the C path) is checked at every call."""
+    def plan(a, b):
+        if (type(a) is not Array or type(b) is not Array or a._dtype is not _DT_F32
+                or b._dtype is not _DT_F32 or len(a._shape) < 2 or len(b._shape) != 2
+                or (ta and len(a._shape) != 2)
+                or a._shape[-2 if ta else -1] != b._shape[1 if tb else 0]):
+            return None
+        try:
+            (place, _, _, stay_a, stay_b, out_shape, out_norm, kax, batch, m_loc, n_loc, k_loc,
+             b2d) = _id_cached(_MM_PLANS, (a._shape, b._shape, id(a._sharding),
+                                           id(b._sharding), ta, tb), a._sharding,
+                               b._sharding, _matmul_plan, a, b, ta, tb)
+        except ValueError:
+            return None
+        if not (stay_a and stay_b and b2d):
+            return None
+        _ensure_blas()
+        groups: list = []
+        if kax and not isinstance(place, Device):
+            groups = _id_cached(_AR_GROUPS, (id(place), tuple(kax)), place, None,
+                                _allreduce_groups, place, tuple(kax))
+        p = _plan_out(_K["MATMUL"], int(ta) | int(tb) << 1, out_shape, _DT_F32, place,
+                      out_norm, groups=groups, red_op=_RED_SUM,
+                      mnk=(batch * m_loc, n_loc, k_loc))
+        return p if _same_devices(a, p) and _same_devices(b, p) else None
+    return plan
 
 
 def _rule_matmul(g, out, a, b):
     """The tape rule of ``a @ b`` on the C path (float32 products)."""
     return _matmul_grads(g, a, b, False, False, _precision_F32)
+
+
+def _mm_python(ta: bool, tb: bool):
+    def mm(a, b):
+        return _matmul(a, b, ta, tb, _precision_F32)
+    mm.__name__ = mm.__qualname__ = f"_matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}"
+    mm.__doc__ = (f"``_matmul(a, b, {ta}, {tb})`` in float32 (the gradients' products): a C "
+                  f"plan, or the Python op")
+    return mm
+
+
+# the transposed float32 products of matmul's gradients (_matmul_grads): from C plans
+_MM_T = {(ta, tb): _C.Primitive(f"_matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}", 2,
+                                _mm_python(ta, tb), _plan_matmul_t(ta, tb))
+         for ta in (False, True) for tb in (False, True) if ta or tb}
 
 
 _UNARY_PRIMS = {"negative": U_NEG, "sin": U_SIN, "cos": U_COS, "tanh": U_TANH,
@@ -2622,7 +2645,8 @@ def _make_primitives():
     for name, (op, rules) in _BINARY_PRIMS.items():
         _primitive(name, 2, _plan_binary(name, op, rules), _rule_binary(*_BINARY_VJPS[name]))
     _primitive("sum", 1, _plan_sum, _rule_sum)
-    _primitive("matmul", 2, _plan_matmul, _rule_matmul, none_keywords=("precision",))
+    _primitive("matmul", 2, _plan_matmul_t(False, False), _rule_matmul,
+               none_keywords=("precision",))
     g = globals()
     g["around"] = g["round"]
     _C.dispatch_register(_tls, _Tape, _precision._tls, g["add"], g["subtract"], g["multiply"],

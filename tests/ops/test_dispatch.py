@@ -180,6 +180,27 @@ def test_matmul_c_path_equals_python_op(case):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("t", [(False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("mesh", [False, True])
+def test_transposed_gradient_products_c_path_equals_python_op(t, mesh):
+    """The products of matmul's gradients (op(a) @ op(b), stored operands transposed in the
+    GEMM) run from C plans with the bits of _matmul."""
+    ta, tb = t
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((16, 8) if ta else (8, 16)).astype(np.float32)
+    b = rng.standard_normal((4, 16) if tb else (16, 4)).astype(np.float32)
+    if mesh:
+        a = cts.device_put(a, _mesh_sharding(("y", "x") if ta else ("x", "y")))
+        b = cts.device_put(b, _mesh_sharding((None, "y") if tb else ("y", None)))
+    else:
+        a, b = cts.device_put(a), cts.device_put(b)
+    prim = _ops._MM_T[ta, tb]
+    fast = _run_fast(prim, a, b)
+    _same(fast, prim.__wrapped__(a, b))
+    want = (np.asarray(a).T if ta else np.asarray(a)) @ (np.asarray(b).T if tb else np.asarray(b))
+    np.testing.assert_allclose(np.asarray(fast), want, rtol=2e-5, atol=1e-5)
+
+
 def test_matmul_precision_decides_per_call():
     """The C path runs float32 products only: precision=None is accepted as a keyword; a
     default_matmul_precision block or another precision= takes the Python op (TF32's

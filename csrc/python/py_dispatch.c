@@ -45,7 +45,7 @@ enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COUNT };
 /* K_SCALAR rules: the constants of `array (op) s` / `s (op) array` */
 enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
-#define NCACHE 8
+#define NCACHE 32
 #define MAXB CT_MAX_DEVICES
 /* Kernels on fewer elements than this (all blocks together) run with the GIL held: on tiny
  * arrays releasing and taking it back costs more than the kernel. */
@@ -86,7 +86,8 @@ typedef struct {
 static PyTypeObject *prim_type;
 static PyObject *tape_tls;                 /* ctrainstate._ops._tls */
 static PyObject *prec_tls;                 /* ctrainstate._precision._tls */
-static PyObject *default_name, *process_name;
+static PyObject *default_name, *process_name, *mesh_name, *norm_name;
+static PyObject *named_sharding_type;      /* ctrainstate.sharding.NamedSharding */
 static PyObject *tape_type;                /* ctrainstate._ops._Tape */
 static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name, *nodes_name;
 static PyTypeObject *node_vjp_type;
@@ -171,14 +172,62 @@ static int same_shape(PyObject *x, PyObject *y) {
 
 static int is_scalar(PyObject *o) { return PyFloat_CheckExact(o) || PyLong_CheckExact(o); }
 
+/* The number of entries of a NamedSharding's `_norm` (per-dimension mesh axes) up to its
+ * last non-empty one. */
+static Py_ssize_t norm_len(PyObject *norm) {
+    Py_ssize_t n = PyTuple_GET_SIZE(norm);
+    while (n > 0) {
+        PyObject *e = PyTuple_GET_ITEM(norm, n - 1);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 0) break;
+        n--;
+    }
+    return n;
+}
+
+/* Whether two sharding objects lay an Array out the same way, so a plan made for one serves
+ * the other: the same object, or two NamedShardings of the same mesh object whose
+ * per-dimension mesh axes (`_norm`) are equal up to trailing unsharded dimensions (as
+ * NamedSharding.__eq__). A sharding constraint, a device_put or a reshard back makes a new
+ * but equal object every step. Compared without running Python code. */
+static int same_layout(PyObject *s, PyObject *t) {
+    if (s == t) return 1;
+    if (Py_TYPE(s) != Py_TYPE(t) || named_sharding_type == NULL ||
+        (PyObject *)Py_TYPE(s) != named_sharding_type)
+        return 0;
+    PyObject *ds = PyObject_GenericGetDict(s, NULL), *dt = PyObject_GenericGetDict(t, NULL);
+    int same = 0;
+    if (ds != NULL && dt != NULL) {
+        PyObject *ms = PyDict_GetItemWithError(ds, mesh_name);
+        PyObject *mt = ms != NULL ? PyDict_GetItemWithError(dt, mesh_name) : NULL;
+        PyObject *ns = PyDict_GetItemWithError(ds, norm_name);
+        PyObject *nt = PyDict_GetItemWithError(dt, norm_name);
+        if (ms != NULL && ms == mt && ns != NULL && nt != NULL && PyTuple_CheckExact(ns) &&
+            PyTuple_CheckExact(nt)) {
+            const Py_ssize_t n = norm_len(ns);
+            same = n == norm_len(nt);
+            for (Py_ssize_t i = 0; same && i < n; i++) {
+                int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ns, i), PyTuple_GET_ITEM(nt, i),
+                                                  Py_EQ);
+                same = eq == 1;
+            }
+        }
+    }
+    Py_XDECREF(ds);
+    Py_XDECREF(dt);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        same = 0;
+    }
+    return same;
+}
+
 static int key_match(const plan_entry *e, const ct_py_array *a, const ct_py_array *b, int side) {
     if (!e->used || e->side != side) return 0;
-    if (e->ka_sharding != a->sharding || e->ka_dtype != a->dtype || !same_shape(e->ka_shape, a->shape))
-        return 0;
-    if (b != NULL &&
-        (e->kb_sharding != b->sharding || e->kb_dtype != b->dtype || !same_shape(e->kb_shape, b->shape)))
-        return 0;
-    return 1;
+    if (e->ka_dtype != a->dtype || !same_shape(e->ka_shape, a->shape)) return 0;
+    if (b != NULL && (e->kb_dtype != b->dtype || !same_shape(e->kb_shape, b->shape))) return 0;
+    if (e->ka_sharding == a->sharding && (b == NULL || e->kb_sharding == b->sharding)) return 1;
+    return same_layout(e->ka_sharding, a->sharding) &&
+           (b == NULL || same_layout(e->kb_sharding, b->sharding));
 }
 
 static int as_int(PyObject *o, int *out) {
@@ -942,28 +991,31 @@ PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b) {
 
 static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (n != 3 + NSLOT)
+    if (n != 4 + NSLOT)
         return PyErr_Format(PyExc_TypeError, "dispatch_register takes %d arguments (%zd given)",
-                            3 + NSLOT, n);
-    if (!PyType_Check(args[1]))
-        return PyErr_Format(PyExc_TypeError, "dispatch_register: the tape type must be a class");
-    for (int i = 3; i < 3 + NSLOT; i++)
+                            4 + NSLOT, n);
+    if (!PyType_Check(args[1]) || !PyType_Check(args[3]))
+        return PyErr_Format(PyExc_TypeError,
+                            "dispatch_register: the tape type and the sharding type must be classes");
+    for (int i = 4; i < 4 + NSLOT; i++)
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
     Py_XSETREF(tape_type, Py_NewRef(args[1]));
     Py_XSETREF(prec_tls, Py_NewRef(args[2]));
-    for (int i = 0; i < NSLOT; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 3]));
+    Py_XSETREF(named_sharding_type, Py_NewRef(args[3]));
+    for (int i = 0; i < NSLOT; i++) Py_XSETREF(slot_prims[i], Py_NewRef(args[i + 4]));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef dispatch_methods[] = {
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
-     "dispatch_register(tls, tape_type, precision_tls, add, subtract, multiply, divide,\n"
-     "                  negative, matmul, /)\n--\n\n"
+     "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
+     "                  multiply, divide, negative, matmul, /)\n--\n\n"
      "Register the thread-local holding the autodiff tape stack (`tapes`), the tape class the\n"
-     "C path records on, the thread-local of the matmul precision (`default`, `process`), and\n"
-     "the primitives behind the Array's + - * / @ and unary -."},
+     "C path records on, the thread-local of the matmul precision (`default`, `process`), the\n"
+     "NamedSharding class (equal ones share plans), and the primitives behind the Array's\n"
+     "+ - * / @ and unary -."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -975,8 +1027,10 @@ int ct_py_init_dispatch(PyObject *m) {
     nodes_name = PyUnicode_InternFromString("nodes");
     default_name = PyUnicode_InternFromString("default");
     process_name = PyUnicode_InternFromString("process");
+    mesh_name = PyUnicode_InternFromString("mesh");
+    norm_name = PyUnicode_InternFromString("_norm");
     if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
-        !default_name || !process_name)
+        !default_name || !process_name || !mesh_name || !norm_name)
         return -1;
     node_vjp_type = (PyTypeObject *)PyType_FromSpec(&node_vjp_spec);
     if (node_vjp_type == NULL) return -1;

@@ -105,7 +105,8 @@ class Primitive:
 op_codes: dict[str, dict[str, int]]
 dispatch_kinds: dict[str, int]
 dispatch_scalar_rules: dict[str, int]
-def dispatch_register(tls: Any, tape_type: type, precision_tls: Any, add: Callable[..., Any],
+def dispatch_register(tls: Any, tape_type: type, precision_tls: Any, named_sharding: type,
+                      add: Callable[..., Any],
                       subtract: Callable[..., Any], multiply: Callable[..., Any],
                       divide: Callable[..., Any], negative: Callable[..., Any],
                       matmul: Callable[..., Any], /) -> None: ...

@@ -2649,8 +2649,8 @@ def _make_primitives():
                none_keywords=("precision",))
     g = globals()
     g["around"] = g["round"]
-    _C.dispatch_register(_tls, _Tape, _precision._tls, g["add"], g["subtract"], g["multiply"],
-                         g["divide"], g["negative"], g["matmul"])
+    _C.dispatch_register(_tls, _Tape, _precision._tls, NamedSharding, g["add"], g["subtract"],
+                         g["multiply"], g["divide"], g["negative"], g["matmul"])
 
 
 _make_primitives()

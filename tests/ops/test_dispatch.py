@@ -403,15 +403,34 @@ def test_a_planner_that_says_no_or_returns_a_bad_plan():
     with pytest.raises(TypeError, match="vjp"):
         _C.Primitive("p", 1, fallback, fallback, None, 3)
     with pytest.raises(TypeError):
-        _C.dispatch_register(None, int, None, 1, 2, 3, 4, 5, 6)
-    with pytest.raises(TypeError, match="class"):
-        _C.dispatch_register(None, 1, None, *[_ops.add] * 6)
-    with pytest.raises(TypeError, match="9 arguments"):
+        _C.dispatch_register(None, int, None, int, 1, 2, 3, 4, 5, 6)
+    with pytest.raises(TypeError, match="classes"):
+        _C.dispatch_register(None, 1, None, int, *[_ops.add] * 6)
+    with pytest.raises(TypeError, match="10 arguments"):
         _C.dispatch_register(None)
 
 
+def test_equal_shardings_share_a_plan():
+    """A new NamedSharding object equal to the planned one (a sharding constraint or a
+    device_put makes one every step) hits the plan; a different layout does not."""
+    mesh = cts.Mesh(np.array(cts.devices()[:8]).reshape(2, 4), ("x", "y"))
+    x = cts.device_put(np.ones((8, 16), np.float32), cts.NamedSharding(mesh, cts.P("x", None)))
+    _ops.exp(x)
+    before = _ops.exp.cache_info()
+    y = cts.device_put(np.ones((8, 16), np.float32), cts.NamedSharding(mesh, cts.P("x")))
+    assert y.sharding is not x.sharding and y.sharding == x.sharding
+    _same(_ops.exp(y), _ops.exp.__wrapped__(y))
+    assert _ops.exp.cache_info()["hits"] == before["hits"] + 1
+    z = cts.device_put(np.ones((8, 16), np.float32), cts.NamedSharding(mesh, cts.P(None, "y")))
+    _same(_ops.exp(z), _ops.exp.__wrapped__(z))
+    assert _ops.exp.cache_info()["misses"] == before["misses"] + 1
+    other = cts.Mesh(np.array(cts.devices()[:8]).reshape(2, 4), ("x", "y"))  # another mesh object
+    w = cts.device_put(np.ones((8, 16), np.float32), cts.NamedSharding(other, cts.P("x")))
+    _same(_ops.exp(w), _ops.exp.__wrapped__(w))
+
+
 def test_cache_keeps_at_most_its_size_and_replans():
-    x = [cts.device_put(np.ones((n,), np.float32)) for n in range(1, 12)]
+    x = [cts.device_put(np.ones((n,), np.float32)) for n in range(1, 40)]
     _ops.cos.cache_clear()
     for a in x:
         _ops.cos(a)

@@ -7,6 +7,7 @@ import pytest
 
 import ctrainstate as cts
 from ctrainstate import random as R
+from ctrainstate import _random_core
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
@@ -48,14 +49,14 @@ def _run(head, out_sharding=None):
     sc = scale if has_scale else None
     if dist == "bernoulli":
         return R.bernoulli(key, dt.type(p), shape, out_sharding=out_sharding), shape
-    code = {"uniform": R._UNIFORM, "normal": R._NORMAL, "truncated_normal": R._TRUNCATED_NORMAL}
+    code = {"uniform": _random_core._UNIFORM, "normal": _random_core._NORMAL, "truncated_normal": _random_core._TRUNCATED_NORMAL}
     if sc is None and dist == "uniform":
         return R.uniform(key, shape, dt, mn, mx, out_sharding=out_sharding), shape
     if sc is None and dist == "normal":
         return R.normal(key, shape, dt, out_sharding=out_sharding), shape
     if sc is None:
         return R.truncated_normal(key, lo, hi, shape, dt, out_sharding=out_sharding), shape
-    return R._sample(key, shape, dt, out_sharding, code[dist], minval=mn, maxval=mx, lower=lo,
+    return _random_core._sample(key, shape, dt, out_sharding, code[dist], minval=mn, maxval=mx, lower=lo,
                      upper=hi, scale=sc), shape
 
 

@@ -75,7 +75,7 @@ import numpy as np
 from . import _dtypes
 from ._random_dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_of,
                            _fma, _log, _log1p, _param, _rounder, _to_int)
-from .random import _UNIFORM, _key_words, split
+from ._random_core import _UNIFORM, _key_words, split
 
 __all__ = ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
 

@@ -35,7 +35,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _C, _dtypes
-from .random import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _produce,
+from ._random_core import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _produce,
                      _shape, _xla_log, split)
 
 __all__ = [
@@ -615,7 +615,7 @@ def multivariate_normal(k, mean, cov, shape=None, dtype=None, method: str = "cho
     else:
         shape = _shape(shape)
         _check_shape("normal", shape, mean.shape[:-1], cov.shape[:-2])
-    from .random import normal
+    from ._random_core import normal
     c = cov.astype(base).astype(_F32)
     with np.errstate(all="ignore"):
         if method == "cholesky":
@@ -668,7 +668,7 @@ def orthogonal(k, n: int, shape=(), dtype=None, m: int | None = None, *, out_sha
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
             raise TypeError(f"orthogonal: {name} must be a non-negative integer, got {v!r}")
     n, mm = int(n), int(mm)
-    from .random import normal
+    from ._random_core import normal
     z = normal(k, (*shape, max(n, mm), min(n, mm)), dt).astype(_F32)
     if z.size == 0:
         x = np.zeros(z.shape, _F32)

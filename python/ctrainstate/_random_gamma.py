@@ -61,7 +61,7 @@ from . import _C, _dtypes
 from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma,
                            _elementwise, _float_of, _is_weak, _log, _log1p, _param,
                            _result_shape, _rounder)
-from .random import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
+from ._random_core import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
 
 __all__ = ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
            "generalized_normal", "ball"]

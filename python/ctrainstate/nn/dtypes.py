@@ -88,6 +88,22 @@ def promote_dtype(*args, dtype=None, inexact: bool = True) -> list:
     return [_cast(x, dt) for x in args]
 
 
+def _check_dtype(module) -> None:
+    """A layer's ``dtype`` / ``param_dtype`` fields checked now, so a bad value names the
+    layer: a float dtype ctrainstate stores (float32, bfloat16, float16) or ``None``."""
+    for field in ("dtype", "param_dtype"):
+        dt = getattr(module, field, None)
+        if dt is None:
+            continue
+        try:
+            ok = _dtypes.canonicalize(dt) in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{type(module).__name__}({field}={dt!r}): expected float32, "
+                            f"bfloat16 or float16 (or None)")
+
+
 from .._exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

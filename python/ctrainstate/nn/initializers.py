@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import _dtypes
-from .. import random as _random
+from .. import _random_core as _random
 
 __all__ = [
     "zeros", "ones", "constant", "normal", "uniform", "truncated_normal", "variance_scaling",

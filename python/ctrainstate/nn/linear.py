@@ -19,7 +19,7 @@ from .. import numpy as cnp
 from .._move import _int
 from ..array import Array, device_put
 from . import initializers
-from .dtypes import promote_dtype
+from .dtypes import _check_dtype, promote_dtype
 from .module import Module, compact
 
 default_kernel_init = initializers.lecun_normal()
@@ -29,22 +29,6 @@ __all__ = ["Dense", "DenseGeneral", "Einsum", "Embed", "LayerNorm"]
 
 def _in_features(x) -> int:
     return int(np.shape(x)[-1])
-
-
-def _check_dtype(module) -> None:
-    """A layer's ``dtype`` / ``param_dtype`` fields checked now, so a bad value names the
-    layer: a float dtype ctrainstate stores (float32, bfloat16, float16) or ``None``."""
-    for field in ("dtype", "param_dtype"):
-        dt = getattr(module, field, None)
-        if dt is None:
-            continue
-        try:
-            ok = _dtypes.canonicalize(dt) in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
-        except TypeError:
-            ok = False
-        if not ok:
-            raise TypeError(f"{type(module).__name__}({field}={dt!r}): expected float32, "
-                            f"bfloat16 or float16 (or None)")
 
 
 def _precision(module):

@@ -31,7 +31,7 @@ from .. import numpy as cnp
 from ..array import Array
 from . import initializers
 from .dtypes import canonicalize_dtype, promote_dtype
-from .linear import _check_dtype
+from .dtypes import _check_dtype
 from .module import Module, compact
 
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "WeightNorm",

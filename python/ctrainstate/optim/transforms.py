@@ -709,7 +709,7 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
     generates only its shard and the noise equals optax's bit for bit. Not fused: the
     noise is generated, then added by a separate elementwise op per leaf.
     """
-    from .. import random as _random
+    from .. import _random_core as _random
     _check_numbers("add_noise", eta=eta, gamma=gamma)
     if seed is not None:
         if key is not None:
@@ -887,7 +887,7 @@ def _cnp():
 
 
 def device_put(x, sharding):
-    from .. import device_put as _put
+    from ..array import device_put as _put
     return _put(x, sharding)
 
 

@@ -13,12 +13,18 @@ axis_rules(...)`` carry the sharding they would be born with.
 ShapeDtypeStruct(shape=(5, 3), dtype=float32)
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_abstract', __name__)   # lower layers call into this module through _hooks.upper
 
 import numpy as np
 
 from ._operators import OperatorsMixin
 from ._trace_state import Depth
 from .tree_util import register_leaf_type
+from . import _dtypes
+from ._trace_state import jit_scope
+from .tree_util import tree_map
+from ._hooks import upper as _upper
 
 __all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]
 
@@ -48,29 +54,29 @@ class ShapeDtypeStruct(OperatorsMixin):
         if isinstance(other, ShapeDtypeStruct) or other is None or isinstance(other, str):
             return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape
                     and self.dtype == other.dtype and self.sharding == other.sharding)
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return _elementwise.equal(self, other)
 
     def __ne__(self, other):
         if isinstance(other, ShapeDtypeStruct) or other is None or isinstance(other, str):
             return not self.__eq__(other)
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return _elementwise.not_equal(self, other)
 
     def __lt__(self, other):
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return _elementwise.less(self, other)
 
     def __le__(self, other):
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return _elementwise.less_equal(self, other)
 
     def __gt__(self, other):
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return _elementwise.greater(self, other)
 
     def __ge__(self, other):
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return _elementwise.greater_equal(self, other)
 
     def __hash__(self):
@@ -86,18 +92,18 @@ class ShapeDtypeStruct(OperatorsMixin):
         return self.shape[0]
 
     def __getitem__(self, idx):
-        from ._slicing import getitem
+        getitem = _upper('_slicing').getitem
         return getitem(self, idx)
 
     @property
     def at(self):
-        from ._slicing import _IndexUpdateHelper
+        _IndexUpdateHelper = _upper('_slicing')._IndexUpdateHelper
         return _IndexUpdateHelper(self)
 
     # the Array methods a model's __call__ uses, so eval_shape(model.init, ...) runs it
     def astype(self, dtype):
         """The struct of ``x.astype(dtype)`` (as the Array method, under eval_shape)."""
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.astype(self, dtype)
 
     def copy(self):
@@ -129,13 +135,12 @@ def abstract_mode():
 
 def to_abstract(x):
     """ShapeDtypeStruct of an array-like leaf (others unchanged)."""
-    from .array import Array
+    Array = _upper('array').Array
     if isinstance(x, ShapeDtypeStruct):
         return x
     if isinstance(x, Array):
         return ShapeDtypeStruct(x.shape, x.dtype, x.sharding)
     if isinstance(x, (np.ndarray, np.generic)):
-        from . import _dtypes
         dt = x.dtype
         try:
             dt = _dtypes.canonicalize(dt)
@@ -153,7 +158,6 @@ def eval_shape(fn, *args, **kwargs):
     0-d ShapeDtypeStructs as jax's tracers do (int -> int32, float -> float32,
     bool -> bool), e.g. ``TrainState.create``'s ``step=0``.
     """
-    from .tree_util import tree_map
 
     def conv(x):
         if isinstance(x, np.ndarray) and x.dtype == np.uint32 and x.shape == (2,):
@@ -175,7 +179,6 @@ def eval_shape(fn, *args, **kwargs):
 
     args = tree_map(conv, args)
     kwargs = tree_map(conv, kwargs)
-    from ._trace_state import jit_scope
     with abstract_mode(), jit_scope():   # jax's eval_shape traces as jit does
         out = fn(*args, **kwargs)
     return tree_map(out_leaf, out)

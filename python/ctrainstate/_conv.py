@@ -41,6 +41,10 @@ import numpy as np
 from . import _dtypes
 from . import numpy as cnp
 from .array import Array
+from ._move import flip, pad
+from ._precision import resolve_precision
+from ._slicing import concatenate, stack
+from ._hooks import upper as _upper
 
 __all__ = ["conv_general_dilated", "conv_general_dilated_local",
            "conv_general_dilated_patches", "conv", "conv_with_general_padding", "conv_transpose",
@@ -187,7 +191,6 @@ def _dilate(x, axis, d, fill):
     y = cnp.expand_dims(x, axis + 1)
     pw = [(0, 0)] * y.ndim
     pw[axis + 1] = (0, d - 1)
-    from ._move import pad
     y = pad(y, pw, constant_values=fill)
     shape = list(x.shape)
     shape[axis] = n * d
@@ -199,7 +202,6 @@ def _dilate(x, axis, d, fill):
 
 def _pad_crop(x, axes, pads, fill):
     """``x`` padded with ``fill`` by ``(lo, hi)`` on each of ``axes``; negative amounts crop."""
-    from ._move import pad
     grow = [(0, 0)] * x.ndim
     crop = [slice(None)] * x.ndim
     any_grow = any_crop = False
@@ -360,7 +362,6 @@ def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
         wins = _windows(x, sp_axes, ksp, strides, rdil, out)
         # joined along the features: (N, out..., kpos * C) in (position, feature) order,
         # the row-major flattening of the kernel's (spatial..., I): no stack, no reshape copy
-        from ._slicing import concatenate
         patches = concatenate(wins, axis=-1) if kpos > 1 else wins[0]
         if groups == 1:
             y = cnp.matmul(patches, cnp.reshape(w, (kpos * kin, cout)), precision=precision)
@@ -416,7 +417,6 @@ def _patches(lhs, filter_shape, window_strides, padding, lhs_dilation, rhs_dilat
     wins = _windows(x, tuple(range(1, nsp + 1)), ksp, strides, rdil, out)
     if kpos == 1:
         return wins[0], dn
-    from ._slicing import stack
     p = stack(wins, axis=-1)                    # (N, out..., C, kpos): spatial-index order
     base = 1 + nsp + 1                          # the first offset axis
     p = cnp.reshape(p, (n,) + tuple(out) + (c,) + tuple(ksp))
@@ -441,7 +441,6 @@ def conv_general_dilated_patches(lhs, filter_shape, window_strides, padding,
     >>> np.asarray(lax.conv_general_dilated_patches(x, (2,), (1,), 'VALID'))[0].tolist()
     [[0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
     """
-    from ._precision import resolve_precision
     resolve_precision(precision, "conv_general_dilated_patches")
     lhs = cnp.asarray(lhs)
     if not _is_float(lhs.dtype):
@@ -563,7 +562,6 @@ def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numb
     else:
         pads = _explicit_pads(padding, nsp, "conv_transpose")
     if transpose_kernel:
-        from ._move import flip
         rhs = flip(rhs, axis=tuple(dn.rhs_spec[2:]))
         perm = list(range(nd))
         o, i = dn.rhs_spec[0], dn.rhs_spec[1]
@@ -579,7 +577,7 @@ def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numb
 def _reducer_kind(computation):
     """'add', 'max', 'min' or 'mul' for the known monoid functions, else None."""
     import operator as _op
-    from . import lax as _lax
+    _lax = _upper('lax')
     for mod, names in ((cnp, {"add": "add", "maximum": "max", "minimum": "min",
                               "multiply": "mul"}),
                        (_lax, {"add": "add", "max": "max", "min": "min", "mul": "mul"})):

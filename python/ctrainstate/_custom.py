@@ -23,12 +23,14 @@ from typing import Callable
 import numpy as np
 
 from .array import Array
+from . import _ops as o, numpy as cnp
+from ._slicing import stack
+from .tree_util import tree_flatten, tree_unflatten
 
 __all__ = ["vjp", "custom_vjp", "jacrev", "jacobian"]
 
 
 def _ops():
-    from . import _ops as o
     return o
 
 
@@ -47,7 +49,6 @@ def vjp(fun: Callable, *primals, has_aux: bool = False):
     >>> [np.asarray(g).tolist() for g in f_vjp(np.float32([1, 10]))]
     [[3.0, 40.0], [1.0, 20.0]]
     """
-    from .tree_util import tree_flatten, tree_unflatten
     o = _ops()
     tape, stack = o._open_tape()
     enclosing = tape.outer
@@ -177,7 +178,6 @@ class custom_vjp:
         return tuple(bound.args)
 
     def __call__(self, *args, **kwargs):
-        from .tree_util import tree_flatten, tree_unflatten
         o = _ops()
         if self.fwd is None:
             raise AttributeError(f"No VJP defined for custom_vjp function "
@@ -269,7 +269,6 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
     >>> np.asarray(cts.jacrev(lambda x: x * x)(np.float32([1, 2]))).tolist()
     [[2.0, 0.0], [0.0, 4.0]]
     """
-    from .tree_util import tree_flatten, tree_unflatten
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
@@ -314,11 +313,9 @@ def jacrev(fun: Callable, argnums=0, has_aux: bool = False):
                 for m, x in enumerate(leaves):
                     shape = tuple(y.shape) + tuple(np.shape(x))
                     if n == 0:
-                        from . import numpy as cnp
                         bl.append(cnp.zeros(shape, x.dtype))   # a cotangent's dtype
                         continue
                     col = [tree_flatten(r[j])[0][m] for r in rows]
-                    from ._slicing import stack
                     bl.append(o.reshape(stack(col, axis=0), shape))
                 blocks.append(tree_unflatten(td, bl))
             per_out.append(blocks[0] if single else tuple(blocks))

@@ -42,6 +42,8 @@ differentiable: their results are bool or integer Arrays that carry no gradient,
 ([44, 103], 'uint32', 'int16')
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_elementwise', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
 import functools
@@ -51,6 +53,10 @@ import numpy as np
 from . import _C, _dtypes
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
+from ._abstract import ShapeDtypeStruct
+from ._devices import Device, devices
+from ._slicing import concatenate, split, stack
+from ._hooks import upper as _upper
 
 # ct_ewise_op and the reductions (csrc/core/ct_ops.h), read from _C.op_codes
 (EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, MAX, MIN, FLOORDIV, REM, AND, OR, XOR, SHL, SHR,
@@ -67,7 +73,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def _o():
-    from . import _ops
+    _ops = _upper('_ops')
     return _ops
 
 
@@ -80,7 +86,6 @@ def _kind(dt) -> int:
 def _strong_dtype(v):
     """The dtype of a strongly typed operand (Array, ShapeDtypeStruct, numpy value, Python
     bool), None for a weak Python int / float; TypeError for anything else."""
-    from ._abstract import ShapeDtypeStruct
     if isinstance(v, (Array, ShapeDtypeStruct)):
         return np.dtype(v.dtype)
     if isinstance(v, (bool, np.bool_)):
@@ -92,7 +97,7 @@ def _strong_dtype(v):
             return _dtypes.canonicalize(v)
         except TypeError:
             raise TypeError(f"{v!r} is not a dtype ctrainstate stores") from None
-    from . import _ops
+    _ops = _upper('_ops')
     _ops._check_host_operand(v)   # numbers only (not None, a string, an object array)
     return _dtypes.canonicalize(np.asarray(v).dtype)
 
@@ -138,7 +143,6 @@ def _place_for(vals):
     if place is None:
         place = get_mesh()
     if place is None:
-        from ._devices import devices
         place = devices()[0]
     return place
 
@@ -158,7 +162,6 @@ def _as(v, dt, place) -> Array:
             host = host.astype(np.int64).astype(dt)   # wraps, as jax's canonicalisation
         else:
             host = host.astype(dt)
-    from ._devices import Device
     if isinstance(place, Device):
         return device_put(host, SingleDeviceSharding(place))
     return device_put(host, NamedSharding(place, PartitionSpec()))
@@ -220,7 +223,6 @@ def _abstract(rule_dtype, reduce=False):
     def deco(fn):
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            from ._abstract import ShapeDtypeStruct
             if builtins.any(isinstance(a, ShapeDtypeStruct) for a in args):
                 if reduce:
                     shape = _o()._rule_reduce(*args, **kwargs)
@@ -661,7 +663,6 @@ def _scan(x, axis, name) -> Array:
     """cumsum / cumprod (and lax's cummax / cummin): a Hillis-Steele scan along one axis (see
     cumsum)."""
     o = _o()
-    from ._abstract import ShapeDtypeStruct
     if isinstance(x, ShapeDtypeStruct):   # eval_shape
         dt = _I32 if x.dtype == _BOOL else x.dtype
         if axis is None:
@@ -683,7 +684,6 @@ def _scan(x, axis, name) -> Array:
         want = list(xn)
         want[ax] = ()
         x = o.with_sharding(x, o._sharding_for(o._place_of(x), want))
-    from ._slicing import concatenate, split
     floats = x.dtype in _FLOATS
     if name == "cumsum":
         combine = o.add if floats else (lambda p, q: _ewise_raw(ADD, p, q))
@@ -717,8 +717,8 @@ def _assoc_scan(x: Array, ax: int, combine) -> Array:
     interleaved by stacking, so the values are exactly ``combine``'s (a ``-0.0`` stays): the
     same binary tree gives the same gradient where ``combine``'s depends on the grouping
     (``maximum`` at ties)."""
-    from ._lax_control import _axis_slice, _prefix_scan
-    from ._slicing import concatenate, stack
+    _axis_slice = _upper('_lax_control')._axis_slice
+    _prefix_scan = _upper('_lax_control')._prefix_scan
     o = _o()
 
     def interleave(even, odd):

@@ -31,6 +31,7 @@ from ._abstract import ShapeDtypeStruct
 from ._trace_state import jit_scope
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
+from ._devices import _normalize_backend
 
 __all__ = ["jit", "pjit"]
 
@@ -223,7 +224,6 @@ def _check_no_effect(who, donate_argnums, donate_argnames, keep_unused, device, 
     _argnums(donate_argnums, "donate_argnums")
     _argnames(donate_argnames, "donate_argnames")
     if backend is not None:
-        from ._devices import _normalize_backend
         _normalize_backend(backend)
     if compiler_options is not None and not isinstance(compiler_options, dict):
         raise TypeError(f"{who}: compiler_options must be a dict, got "

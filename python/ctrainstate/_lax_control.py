@@ -26,6 +26,8 @@ results are whatever the body returned (a Python scalar carry stays a Python sca
 (3.0, [0.0, 0.0, 2.0])
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_lax_control', __name__)   # lower layers call into this module through _hooks.upper
 
 import operator
 
@@ -35,6 +37,10 @@ from . import _dtypes
 from ._abstract import ShapeDtypeStruct, is_abstract
 from .array import Array
 from .tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from . import numpy as cnp
+from ._abstract import eval_shape
+from ._lax_ops import pad, rev
+from ._slicing import concatenate, getitem, stack
 
 _NO_OPERAND = object()
 
@@ -306,7 +312,6 @@ def _step(x, i):
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(x.shape[1:], x.dtype)
     if isinstance(x, Array):
-        from ._slicing import getitem
         return getitem(x, i)
     return np.asarray(x)[i]
 
@@ -321,9 +326,7 @@ def _stack(col, who):
     if any(isinstance(v, ShapeDtypeStruct) for v in col):
         t = types[0]
         return ShapeDtypeStruct((len(col),) + t[0], t[1])
-    from . import numpy as cnp
     if any(isinstance(v, Array) for v in col):
-        from ._slicing import stack
         return stack(list(col), 0)
     if any(t is None for t in types):
         raise TypeError(f"{who}: the body returned a non-array value {col[0]!r} among its "
@@ -383,7 +386,6 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
     for i in (range(length - 1, -1, -1) if reverse else range(length)):
         carry, ys[i] = run(carry, i)
     if length == 0:
-        from ._abstract import eval_shape
         x0 = tree_unflatten(xtd, [ShapeDtypeStruct(tuple(np.shape(v) if not hasattr(v, "shape")
                                                          else v.shape)[1:],
                                                    _leaf_type(v)[1] if _leaf_type(v) else
@@ -391,7 +393,6 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
         out = eval_shape(f, init, x0)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(f"scan body output must be a pair, got {out!r}.")
-        from . import numpy as cnp
         empty = [ShapeDtypeStruct((0,) + s.shape, s.dtype) if is_abstract() else
                  cnp.zeros((0,) + s.shape, s.dtype) for s in tree_flatten(out[1])[0]]
         return carry, tree_unflatten(tree_flatten(out[1])[1], empty)
@@ -441,8 +442,6 @@ def associative_scan(fn, elems, reverse=False, axis=0):
     >>> np.asarray(lax.associative_scan(lambda a, b: a + b, np.arange(1, 6, dtype=np.float32))).tolist()
     [1.0, 3.0, 6.0, 10.0, 15.0]
     """
-    from . import numpy as cnp
-    from ._lax_ops import pad, rev
     if not callable(fn):
         raise TypeError(f"associative_scan: fn must be callable, got {type(fn).__name__}")
     flat, tree = tree_flatten(elems)
@@ -506,7 +505,6 @@ def _prefix_scan(es, ax, combine, interleave):
     """jax's ``associative_scan`` recursion over the list of arrays ``es`` along ``ax``:
     ``combine(a_list, b_list)`` combines lists of slices, ``interleave(even, odd)`` merges two
     halves (even positions first). Shared by :func:`associative_scan` and ``lax.cummax``."""
-    from ._slicing import concatenate
     sl = _axis_slice
     m = int(es[0].shape[ax])
     if m < 2:

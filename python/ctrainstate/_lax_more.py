@@ -28,6 +28,7 @@ from . import _dtypes
 from ._abstract import ShapeDtypeStruct
 from ._lax_ops import (ANY, FLOAT, _BOOL, _I32, _INTS, _U32, _abstract, _binary, _meta,
                        _np_ops, _placed, _unary)
+from ._lax_ops import dot_general, integer_pow
 
 __all__ = ["RoundingMethod", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
            "bitwise_xor", "bitwise_not", "shift_left", "shift_right_logical",
@@ -287,7 +288,6 @@ def nextafter(x1, x2):
 def reciprocal(x):
     """``jax.lax.reciprocal``: ``1 / x`` (``integer_pow(x, -1)``; integers are refused, as
     jax's integer_pow refuses negative powers of them)."""
-    from ._lax_ops import integer_pow
     return integer_pow(x, -1)
 
 
@@ -318,7 +318,6 @@ def dot(lhs, rhs, precision=None, preferred_element_type=None):
     product (``lhs``'s last dimension against ``rhs``'s first); other ranks need
     :func:`~ctrainstate.lax.dot_general`, as in jax. ``precision`` and
     ``preferred_element_type`` as ``dot_general``'s."""
-    from ._lax_ops import dot_general
     (ls, _), (rs, _) = _meta(lhs, "dot"), _meta(rhs, "dot")
     if 1 <= len(ls) <= 2 and 1 <= len(rs) <= 2 and ls[-1] == rs[0]:
         return dot_general(lhs, rhs, (((len(ls) - 1,), (0,)), ((), ())), precision=precision,
@@ -331,7 +330,6 @@ def dot(lhs, rhs, precision=None, preferred_element_type=None):
 def batch_matmul(lhs, rhs, precision=None):
     """``jax.lax.batch_matmul``: matrix products over the leading batch dimensions (operands
     of one rank >= 2, equal batch dimensions)."""
-    from ._lax_ops import dot_general
     (ls, _), (rs, _) = _meta(lhs, "batch_matmul"), _meta(rhs, "batch_matmul")
     if len(ls) != len(rs):
         raise ValueError(f"Arguments to batch_matmul must have same ndim, got {len(ls)}, "

@@ -29,6 +29,11 @@ import numpy as np
 from . import _dtypes
 from ._abstract import ShapeDtypeStruct, is_abstract
 from .array import Array
+from . import _elementwise as ew, _ops as o, numpy as cnp
+from ._move import _argsort_host, _placed_like, _prod_f32, _sort_keys, flip, prod, take_along_axis
+from ._slicing import _fresh as fresh, concatenate as join, getitem
+from .array import device_put
+from ._hooks import upper as _upper
 
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16
 _I32, _U32, _BOOL = _dtypes.int32, _dtypes.uint32, _dtypes.bool_
@@ -45,12 +50,10 @@ ANY = (_FLOATS + _INTS + (_BOOL,), "any dtype")
 
 
 def _ops():
-    from . import _ops as o
     return o
 
 
 def _np_ops():
-    from . import numpy as cnp
     return cnp
 
 
@@ -95,7 +98,6 @@ def _placed(v, dt):
 def _fresh(x):
     """A new Array equal to ``x`` (recorded as the identity for floats), for an op that
     changes nothing: the result is never the caller's own Array."""
-    from ._slicing import _fresh as fresh
     return fresh(x)
 
 
@@ -243,7 +245,6 @@ def _int_div(a, b):
     """Integer division truncated toward zero (C's ``/``, XLA's Div): from jnp's floor
     division, plus 1 where the remainder is non-zero and the operands' signs differ; a zero
     divisor gives -1 (uint32: all ones), ``INT_MIN / -1`` wraps to INT_MIN, as XLA."""
-    from . import _elementwise as ew
     cnp = _np_ops()
     q = ew.floor_divide(a, b)
     dt = q.dtype
@@ -274,7 +275,6 @@ def rem(x, y):
     ``rem(INT_MIN, -1) == 0`` (XLA's). Floats: exact (``|x| fmod |y|`` with ``x``'s sign,
     ``-0.0`` kept), NaN for ``y == 0``; differentiable as jax's (``d/dx = 1``,
     ``d/dy = -trunc(x / y)``)."""
-    from . import _elementwise as ew
 
     def f(a, b, dt):
         cnp = _np_ops()
@@ -488,7 +488,7 @@ def broadcast_in_dim(operand, shape, broadcast_dimensions, *, out_sharding=None)
     if out is operand:
         out = _fresh(out)
     if out_sharding is not None:
-        from .lax import with_sharding_constraint
+        with_sharding_constraint = _upper('lax').with_sharding_constraint
         out = with_sharding_constraint(out, out_sharding)
     return out
 
@@ -524,7 +524,6 @@ def broadcasted_iota(dtype, shape, dimension, *, out_sharding=None):
     along[d] = shape[d]
     host = np.broadcast_to(np.arange(shape[d]).reshape(along), shape).astype(dt)
     if out_sharding is not None:
-        from .array import device_put
         return device_put(np.ascontiguousarray(host), out_sharding)
     return _np_ops().asarray(host)
 
@@ -547,7 +546,6 @@ def full(shape, fill_value, dtype=None, *, sharding=None):
         return ShapeDtypeStruct(shape, dt, sharding)
     host = np.full(shape, np.asarray(fill_value), dt)
     if sharding is not None:
-        from .array import device_put
         return device_put(host, sharding)
     return _np_ops().asarray(host)
 
@@ -591,7 +589,7 @@ def reshape(operand, new_sizes, dimensions=None, *, out_sharding=None):
         x = o.transpose(x, perm)
     out = o.reshape(x, new)
     if out_sharding is not None:
-        from .lax import with_sharding_constraint
+        with_sharding_constraint = _upper('lax').with_sharding_constraint
         out = with_sharding_constraint(out, out_sharding)
     return out
 
@@ -676,7 +674,6 @@ def concatenate(operands, dimension):
     out_shape = shapes[0][:d] + (sum(s[d] for s in shapes),) + shapes[0][d + 1:]
     if _abstract(*ops_):
         return ShapeDtypeStruct(out_shape, dt)
-    from ._slicing import concatenate as join
     if len(ops_) == 1:
         return _fresh(_placed(ops_[0], dt))
     return join([_data(v, dt) for v in ops_], d)
@@ -723,8 +720,6 @@ def pad(operand, padding_value, padding_config):
                          f"{shape}")
     if _abstract(operand, padding_value):
         return ShapeDtypeStruct(out_shape, dt)
-    from ._move import _placed_like
-    from ._slicing import concatenate as join, getitem
     o = _ops()
     x = _placed(operand, dt)
     pv = padding_value if isinstance(padding_value, Array) else None
@@ -792,7 +787,6 @@ def slice(operand, start_indices, limit_indices, strides=None):  # noqa: A001 - 
     out_shape = tuple(-(-(lm - s) // k) for s, lm, k in zip(st, lim, sd))
     if _abstract(operand):
         return ShapeDtypeStruct(out_shape, dt)
-    from ._slicing import getitem
     x = _placed(operand, dt)
     y = getitem(x, tuple(_S(s, lm, k) for s, lm, k in zip(st, lim, sd)))
     return y if y is not x else _fresh(x)
@@ -850,7 +844,6 @@ def rev(operand, dimensions):
     x = _placed(operand, dt)
     if not dims:
         return _fresh(x)
-    from ._move import flip
     return flip(x, dims)
 
 
@@ -903,7 +896,6 @@ def reduce_prod(operand, axes):
     """``jax.lax.reduce_prod``: the product over ``axes`` (floats through ``jnp.prod``'s
     product tree, differentiable; integers wrap)."""
     def f(x, a):
-        from ._move import _prod_f32, prod
         if x.dtype in _FLOATS:
             return prod(x, axis=a)
         if any(x.shape[d] == 0 for d in a):
@@ -944,8 +936,6 @@ def argmin(operand, axis, index_dtype):
 # --- cumulative ops --------------------------------------------------------------------------
 
 def _cumulative(who, operand, axis, reverse):
-    from . import _elementwise as ew
-    from ._move import flip
     shape, dt = _meta(operand, who)
     _check_kind(who, dt, (_FLOATS + _INTS, "subtypes of number"))
     try:
@@ -1001,7 +991,6 @@ def sort(operand, dimension=-1, is_stable=True, num_keys=1):
     The permutation is computed on the host; the values are gathered on the devices,
     differentiably (:func:`ctrainstate.numpy.sort`)."""
     del is_stable
-    from ._move import _sort_keys, take_along_axis
     if isinstance(operand, (Array, ShapeDtypeStruct, np.ndarray)) or np.isscalar(operand):
         if num_keys != 1:
             raise ValueError(f"num_keys={num_keys} must equal 1 for a single operand.")
@@ -1047,7 +1036,6 @@ def top_k(operand, k, *, axis=-1):
     descending order and their int32 indices; ties go to the lower index, a NaN counts as the
     largest (jax's). The order is computed on the host; the values are a differentiable
     gather on the devices."""
-    from ._move import _argsort_host, take_along_axis
     who = "top_k"
     shape, dt = _meta(operand, who)
     nd = len(shape)
@@ -1168,6 +1156,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     if r.dtype != res_dt:
         r = o.astype(r, res_dt)
     if out_sharding is not None:
-        from .lax import with_sharding_constraint
+        with_sharding_constraint = _upper('lax').with_sharding_constraint
         r = with_sharding_constraint(r, out_sharding)
     return r

@@ -22,12 +22,13 @@ import math
 import numpy as np
 
 from . import _ops
+from ._abstract import ShapeDtypeStruct
+from ._move import _axis
 
 __all__ = ["norm", "vector_norm", "matrix_norm"]
 
 
 def _canon_axis(a, ndim: int) -> int:
-    from ._move import _axis
     return _axis(a, ndim, "norm")
 
 
@@ -139,7 +140,6 @@ def _norm_rule(x, ord=None, axis=None, keepdims: bool = False):  # noqa: A002
 
 
 def _with_abstract(fn, rule):
-    from ._abstract import ShapeDtypeStruct
     return _ops._with_rule(fn, rule, ShapeDtypeStruct)
 
 

@@ -54,6 +54,7 @@ from . import _C, _dtypes
 from . import _elementwise as _ew
 from . import _ops as _o
 from .array import Array
+from ._abstract import ShapeDtypeStruct
 
 # the ABI 7 kernels' codes (csrc/core/ct_ops.h), read from _C.op_codes
 (U_SINH, U_COSH, U_TAN, U_ASIN, U_ACOS, U_ATAN, U_ASINH, U_ACOSH, U_ATANH, U_CBRT, U_EXP2,
@@ -85,7 +86,6 @@ def _float_result(vals, who):
 
 
 def _abstract(vals, dtype):
-    from ._abstract import ShapeDtypeStruct
     shape: tuple = ()
     for v in vals:
         shape = tuple(np.broadcast_shapes(shape, _shape_of(v)))
@@ -93,7 +93,6 @@ def _abstract(vals, dtype):
 
 
 def _any_abstract(vals) -> bool:
-    from ._abstract import ShapeDtypeStruct
     return any(isinstance(v, ShapeDtypeStruct) for v in vals)
 
 

@@ -34,6 +34,8 @@ the argument and the shapes.
 [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_move', __name__)   # lower layers call into this module through _hooks.upper
 
 import math
 import operator
@@ -43,6 +45,11 @@ import numpy as np
 from . import _dtypes
 from ._slicing import concatenate, getitem
 from .array import Array
+from . import _ops
+from ._abstract import ShapeDtypeStruct
+from ._elementwise import sum_dtype
+from ._slicing import _layout_of as lo
+from .array import device_put
 
 __all__ = [
     "take", "take_along_axis", "repeat", "tile", "flip", "fliplr", "flipud", "roll", "pad",
@@ -52,12 +59,10 @@ __all__ = [
 
 
 def _o():
-    from . import _ops
     return _ops
 
 
 def _sds():
-    from ._abstract import ShapeDtypeStruct
     return ShapeDtypeStruct
 
 
@@ -645,7 +650,6 @@ def _placed_like(y, host, d):
     """The host block ``host`` (``y``'s shape but in dimension ``d``) laid out as ``y`` with
     ``d`` unsharded: each device receives only its block, and ``concatenate`` keeps ``y``'s
     other mesh axes."""
-    from .array import device_put
     place, norm = _layout_of(y)
     norm[d] = ()
     return device_put(host, _o()._sharding_for(place, norm))
@@ -668,7 +672,6 @@ def _tri(m, k, who, lower: bool):
         # a select against the mask (exact: kept elements keep their bits), the mask placed
         # with m's layout of its last two dimensions (each device receives only its block)
         place, norm = _layout_of(m)
-        from .array import device_put
         mask = device_put(keep.astype(np.float32), o._sharding_for(place, norm[-2:]))
         return o._keep(m, mask)
     # other dtypes: a gather from m joined with a zero column (column M): exact bits
@@ -681,7 +684,6 @@ def _tri(m, k, who, lower: bool):
 
 
 def _layout_of(x):
-    from ._slicing import _layout_of as lo
     return lo(x)
 
 
@@ -728,7 +730,6 @@ def eye(N, M=None, k=0, dtype=None, *, device=None):
     if N < 0 or M < 0:
         raise ValueError(f"{who}: negative dimensions are not allowed, got N={N}, M={M}")
     dt = _dtypes.canonicalize(dtype) if dtype is not None else _dtypes.float32
-    from .array import device_put
     return device_put(np.eye(N, M, k, dtype=dt), device)
 
 
@@ -930,7 +931,6 @@ def prod(a, axis=None, keepdims=False):
     a = _operand(a, "prod")
     o = _o()
     if a.dtype not in o._FLOATS:    # the typed multiply kernel: wrapping, exact in any order
-        from ._elementwise import sum_dtype
         wide = sum_dtype(a.dtype)
         return _prod_f32(a if a.dtype == wide else o.astype(a, wide), axis, keepdims)
     if _is_abstract(a) or a.dtype == np.float32:

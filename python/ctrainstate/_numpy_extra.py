@@ -35,6 +35,12 @@ import ml_dtypes
 import numpy as np
 
 from . import _dtypes
+from . import _ops
+from ._move import (_axes, _axis, _int, _operand as op, flip, moveaxis, sort, swapaxes, take,
+                    take_along_axis)
+from ._slicing import getitem
+from .array import Array, device_put
+from ._hooks import upper as _upper
 
 __all__ = [
     # dtypes and introspection
@@ -59,17 +65,15 @@ __all__ = [
 
 
 def _o():
-    from . import _ops
     return _ops
 
 
 def _cnp():
-    from . import numpy as cnp
+    cnp = _upper('numpy')
     return cnp
 
 
 def _operand(x, who, name="a"):
-    from ._move import _operand as op
     return op(x, who, name)
 
 
@@ -258,7 +262,6 @@ def size(a, axis=None):
     s = _shape_of(a)
     if axis is None:
         return math.prod(s)
-    from ._move import _axis
     return s[_axis(axis, len(s), "size", s)]
 
 
@@ -283,7 +286,6 @@ def identity(n, dtype=None):
 def tri(N, M=None, k=0, dtype=None):
     """``jnp.tri``: an ``N`` x ``M`` Array with ones at and below the ``k``-th diagonal,
     float32 by default."""
-    from ._move import _int
     N = _int(N, "tri", "N")
     M = N if M is None else _int(M, "tri", "M")
     k = _int(k, "tri", "k")
@@ -294,7 +296,6 @@ def tri(N, M=None, k=0, dtype=None):
 
 
 def _tri_indices(n, k, m, who, fn):
-    from ._move import _int
     n = _int(n, who, "n")
     k = _int(k, who, "k")
     m = n if m is None else _int(m, who, "m")
@@ -387,7 +388,6 @@ def _spaced_host(v, who):
 def logspace(start, stop, num=50, endpoint=True, base=10.0, dtype=None, axis=0):
     """``jnp.logspace``: ``base ** linspace(start, stop, num)``, float32 by default (computed
     in float64 on the host and rounded once; an integer ``dtype`` truncates)."""
-    from ._move import _int
     num = _int(num, "logspace", "num")
     if num < 0:
         raise ValueError(f"logspace: number of samples, {num}, must be non-negative")
@@ -401,7 +401,6 @@ def geomspace(start, stop, num=50, endpoint=True, dtype=None, axis=0):
     """``jnp.geomspace``: ``num`` values in geometric progression from ``start`` to ``stop``,
     float32 by default (float64 on the host, rounded once). A ``start`` or ``stop`` of zero
     raises ``ValueError`` (numpy's rule; jax returns NaNs)."""
-    from ._move import _int
     num = _int(num, "geomspace", "num")
     if num < 0:
         raise ValueError(f"geomspace: number of samples, {num}, must be non-negative")
@@ -610,7 +609,6 @@ def average(a, axis=None, weights=None, returned=False, keepdims=False):
     if tuple(w.shape) != tuple(a.shape):
         if axis is None:
             raise ValueError("Axis must be specified when shapes of a and weights differ.")
-        from ._move import _axis
         ax = _axis(axis, len(a.shape), "average", a.shape)
         if len(w.shape) != 1 or w.shape[0] != a.shape[ax]:
             raise ValueError("Shape of weights must be consistent with shape of a along "
@@ -630,7 +628,6 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     ``axisb`` (``axis`` sets all three), broadcast over the other dimensions; two 2-vectors
     give the scalar z component. Built from slices, products and ``stack``:
     differentiable."""
-    from ._move import _axis, moveaxis
     cnp = _cnp()
     a, b = _operand(a, "cross", "a"), _operand(b, "cross", "b")
     if axis is not None:
@@ -639,7 +636,6 @@ def cross(a, b, axisa=-1, axisb=-1, axisc=-1, axis=None):
     b = moveaxis(b, _axis(axisb, len(b.shape), "cross", b.shape, "axisb"), -1)
     if a.shape[-1] not in (2, 3) or b.shape[-1] not in (2, 3):
         raise ValueError("Dimension must be either 2 or 3 for cross product")
-    from ._slicing import getitem
 
     def comp(v, i):
         return getitem(v, (Ellipsis, i)) if i < v.shape[-1] else None
@@ -680,7 +676,6 @@ def kron(a, b):
 def rot90(m, k=1, axes=(0, 1)):
     """``jnp.rot90``: ``m`` rotated by 90 degrees ``k`` times in the plane of ``axes`` (from
     the first axis towards the second): flips and an axis swap, exact for every dtype."""
-    from ._move import _axis, _int, flip, swapaxes
     m = _operand(m, "rot90", "m")
     nd = len(m.shape)
     if nd < 2:
@@ -1009,7 +1004,6 @@ def quantile(a, q, axis=None, out=None, overwrite_input=False, method="linear",
 
 
 def _quantile(a, qh, axis, method, keepdims, who, nan=False):
-    from ._move import _axes, moveaxis, sort, take
     cnp = _cnp()
     a = _operand(a, who)
     if np.any(~((qh >= 0) & (qh <= 1))):
@@ -1094,7 +1088,6 @@ def _nan_order_statistics(s, qh, method, n):
     the order statistics at ``floor`` / ``ceil`` (clamped to ``[0, count - 1]``) gathered per
     row, interpolated as the method says; a row of NaNs only gives NaN. The counts are read
     to the host (one number per row) to plan the gathers."""
-    from ._move import moveaxis, take_along_axis
     cnp = _cnp()
     rows = tuple(s.shape[:-1])
     cnt = np.asarray(cnp.sum(cnp.logical_not(cnp.isnan(s)), axis=-1)).astype(np.float32)
@@ -1192,14 +1185,12 @@ def searchsorted(a, v, side="left", sorter=None, *, method="scan"):
     if dt.kind == "f":   # -0.0 == 0.0 (numpy agrees), NaNs last (numpy agrees)
         ah, vh = ah + dt.type(0), vh + dt.type(0)
     idx = np.searchsorted(ah, vh, side=side).astype(np.int32)
-    from .array import Array, device_put
     if isinstance(v, Array):
         return device_put(np.asarray(idx), vx.sharding)
     return _host_place(idx)
 
 
 def _size_arg(size, who):
-    from ._move import _int
     s = _int(size, who, "size")
     if s < 0:
         raise ValueError(f"{who}: size must be non-negative, got {s}")

@@ -29,6 +29,8 @@ operand, ``imag`` its zeros.
 [5.0, 25.0]
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_numpy_more', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
 import collections
@@ -39,6 +41,11 @@ import numpy as np
 
 from . import _dtypes
 from ._numpy_extra import _cnp, _o, _operand   # the lazy module accessors, shared
+from . import _elementwise, _math_extra
+from ._move import _axes, _axis as a, _int as i, take_along_axis
+from ._slicing import getitem
+from .array import Array
+from ._hooks import upper as _upper
 
 __all__ = [
     # NumPy-2 / array-API aliases
@@ -69,12 +76,10 @@ __all__ = [
 
 
 def _int(v, who, name):
-    from ._move import _int as i
     return i(v, who, name)
 
 
 def _axis(axis, nd, who, shape=None, name="axis"):
-    from ._move import _axis as a
     return a(axis, nd, who, shape, name)
 
 
@@ -109,7 +114,6 @@ def _along(axis, idx):
 
 
 def _getitem(a, idx):
-    from ._slicing import getitem
     return getitem(a, idx)
 
 
@@ -125,7 +129,6 @@ def _is_int(dt):
 # --- NumPy-2 / array-API aliases ------------------------------------------------------------------
 
 def _math(name):
-    from . import _math_extra
     return getattr(_math_extra, name)
 
 
@@ -139,7 +142,6 @@ atanh = _math("arctanh")
 
 
 def _ew(name):
-    from . import _elementwise
     return getattr(_elementwise, name)
 
 
@@ -185,7 +187,6 @@ index_exp = np.index_exp
 def isscalar(element):
     """``jnp.isscalar``: True for Python and numpy scalars and for 0-d arrays (Arrays and
     numpy arrays); False for lists and everything else."""
-    from .array import Array
     if np.isscalar(element):
         return True
     if isinstance(element, (np.ndarray, Array)):
@@ -197,7 +198,6 @@ def iterable(y):
     """``jnp.iterable``: whether ``iter(y)`` succeeds; an Array of at least one dimension
     counts as iterable, as a jax Array does (it iterates over its first axis), though this
     project's Arrays refuse ``iter`` (a host loop over device slices)."""
-    from .array import Array
     if isinstance(y, Array):
         return len(y.shape) > 0
     try:
@@ -254,7 +254,7 @@ def frexp(x, /):
     m = cnp.ldexp(g, cnp.negative(e))
     m = cnp.where(special, f, m)
     e = cnp.where(special, 0, cnp.subtract(e, s))
-    from .lax import stop_gradient
+    stop_gradient = _upper('lax').stop_gradient
     m = stop_gradient(m)
     return _as(m, dt), e
 
@@ -335,7 +335,6 @@ def _int_pair(x1, x2, who):
     if not _is_int(rdt):
         raise ValueError(f"Arguments to jax.numpy.{who} must be integers.")
     a, b = _as(_operand(x1, who, "x1"), rdt), _as(_operand(x2, who, "x2"), rdt)
-    from .array import Array
     if isinstance(x2, Array) and not isinstance(x1, Array):
         a = cnp.asarray(a, device=b.sharding)
     return cnp.broadcast_arrays(a, b)
@@ -711,7 +710,6 @@ def trim_zeros(filt, trim="fb", axis=None):
     if axis is None:
         axes = set(range(nd))
     else:
-        from ._move import _axes
         axes = set(_axes(axis, nd, "trim_zeros", x.shape))
     t = trim.lower()
     if not axes or ("f" not in t and "b" not in t):
@@ -944,7 +942,6 @@ def partition(a, kth, axis=-1):
     smallest elements in ascending order, then the ``n - kth - 1`` largest in descending
     order (numpy leaves both parts unordered; the element at ``kth`` agrees). The positions
     are planned on the host, the values gathered: differentiable."""
-    from ._move import take_along_axis
     a, ax, n, k, h, bottom = _partition_plan(a, kth, axis, "partition")
     top = np.take(_stable_desc(h, ax), np.arange(n - k - 1), axis=ax)
     return take_along_axis(a, np.concatenate([bottom, top], ax), axis=ax)
@@ -1500,7 +1497,6 @@ def gradient(f, *varargs, axis=None, edge_order=None):
     if axis is None:
         axes = tuple(range(nd))
     else:
-        from ._move import _axes
         axes = _axes(axis, nd, "gradient", a.shape)
     if not axes:
         return []

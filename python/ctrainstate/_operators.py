@@ -6,15 +6,17 @@
 from __future__ import annotations
 
 import numpy as np
+from . import _dtypes
+from ._hooks import upper as _upper
 
 
-_MODS: dict = {}   # the op modules, imported on first use (they import this one)
+_MODS: dict = {}   # the op modules (an upper layer: looked up in _hooks on first use)
 
 
 def _ops():
     m = _MODS.get("ops")
     if m is None:
-        from . import _ops as m
+        m = _upper('_ops')
         _MODS["ops"] = m
     return m
 
@@ -22,7 +24,7 @@ def _ops():
 def _ew():
     m = _MODS.get("ew")
     if m is None:
-        from . import _elementwise as m
+        m = _upper('_elementwise')
         _MODS["ew"] = m
     return m
 
@@ -130,7 +132,7 @@ class OperatorsMixin:
     @property
     def mT(self):
         """The last two dimensions swapped (``jax.Array.mT``)."""
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.swapaxes(self, -1, -2)
 
     def transpose(self, *axes):
@@ -138,11 +140,11 @@ class OperatorsMixin:
         ``x.transpose((1, 0))``."""
         if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
             axes = axes[0]
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.transpose(self, axes if axes else None)
 
     def squeeze(self, axis=None):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.squeeze(self, axis)
 
     def flatten(self):
@@ -152,7 +154,7 @@ class OperatorsMixin:
         return _ops().reshape(self, (-1,))
 
     def clip(self, min=None, max=None):  # noqa: A002 - jax's parameter names
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.clip(self, min, max)
 
     def __pos__(self):
@@ -173,7 +175,7 @@ class OperatorsMixin:
     # dtype/out: what np.sum(x) / np.mean(x) pass to the method
     def sum(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
         if where is not None:
-            from . import numpy as cnp
+            cnp = _upper('numpy')
             return cnp.sum(self, axis, dtype, out, keepdims, where=where)
         res = _ops().sum(reduce_operand("sum", self, dtype, out), axis=axis, keepdims=keepdims)
         if dtype is not None and res.dtype != np.dtype(dtype):
@@ -182,7 +184,7 @@ class OperatorsMixin:
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
         if where is not None:
-            from . import numpy as cnp
+            cnp = _upper('numpy')
             return cnp.mean(self, axis, dtype, out, keepdims, where=where)
         return _ops().mean(reduce_operand("mean", self, dtype, out), axis=axis,
                            keepdims=keepdims)
@@ -205,17 +207,17 @@ class OperatorsMixin:
         return _ops().argmin(self, axis=axis, keepdims=keepdims)
 
     def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.var(reduce_operand("var", self, dtype, out), axis=axis, keepdims=keepdims,
                        ddof=ddof)
 
     def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.std(reduce_operand("std", self, dtype, out), axis=axis, keepdims=keepdims,
                        ddof=ddof)
 
     def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.prod(reduce_operand("prod", self, dtype, out), axis=axis, keepdims=keepdims)
 
     def cumsum(self, axis=None, dtype=None, out=None):
@@ -232,25 +234,25 @@ class OperatorsMixin:
         return _ops().dot(self, b, precision=precision)
 
     def swapaxes(self, axis1, axis2):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.swapaxes(self, axis1, axis2)
 
     def take(self, indices, axis=None, out=None, mode=None, unique_indices=False,
              indices_are_sorted=False, fill_value=None):
         _check_reduce_args("take", None, out)
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
 
     def repeat(self, repeats, axis=None, *, total_repeat_length=None):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.repeat(self, repeats, axis, total_repeat_length=total_repeat_length)
 
     def sort(self, axis=-1, *, kind=None, order=None, stable=True, descending=False):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.sort(self, axis, kind=kind, order=order, stable=stable, descending=descending)
 
     def argsort(self, axis=-1, *, kind=None, order=None, stable=True, descending=False):
-        from . import numpy as cnp
+        cnp = _upper('numpy')
         return cnp.argsort(self, axis, kind=kind, order=order, stable=stable,
                            descending=descending)
 
@@ -274,11 +276,10 @@ def reduce_operand(name, x, dtype, out):
     _check_reduce_args(name, dtype, out)
     if dtype is None:
         return x
-    from . import _dtypes
     dt = _dtypes.canonicalize(dtype)
     if np.dtype(getattr(x, "dtype", np.asarray(x).dtype)) == dt:
         return x
-    from ._abstract import ShapeDtypeStruct
+    ShapeDtypeStruct = _upper('_abstract').ShapeDtypeStruct
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(x.shape, dt, x.sharding)
     return _ops().astype(x, dt)

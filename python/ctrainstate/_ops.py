@@ -23,6 +23,8 @@ float) go to the typed kernels of :mod:`ctrainstate._elementwise`, which also ho
 comparisons and boolean ops.
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_ops', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
 import math
@@ -38,6 +40,14 @@ from ._devices import Device
 from ._precision import resolve_precision as _resolve_precision
 from .array import Array, _as_sharding, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
+from . import _elementwise
+from . import _elementwise as ew
+from ._abstract import ShapeDtypeStruct
+from ._devices import devices
+from ._elementwise import result_type, sum_dtype
+from .array import _alloc_blocks
+from .tree_util import tree_flatten, tree_map, tree_unflatten
+from ._hooks import upper as _upper
 
 # the kernels' op codes (csrc/core/ct_ops.h), read from _C.op_codes
 _UN, _BIN = _C.op_codes["unary"], _C.op_codes["binary"]
@@ -316,7 +326,6 @@ def _lift(x, place=None) -> Array:
     if place is None:
         place = get_mesh()
     if place is None:
-        from ._devices import devices
         place = devices()[0]
     if isinstance(place, Device):
         return device_put(arr, SingleDeviceSharding(place))
@@ -338,7 +347,6 @@ def _lift_any(x, place=None) -> Array:
     if place is None:
         place = get_mesh()
     if place is None:
-        from ._devices import devices
         return device_put(arr, SingleDeviceSharding(devices()[0]))
     if isinstance(place, Device):
         return device_put(arr, SingleDeviceSharding(place))
@@ -624,7 +632,6 @@ def where(condition, x=None, y=None) -> Array:
     if isinstance(condition, Array):
         if condition.dtype in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16):
             # a float condition is `condition != 0` as jax's (a subnormal counts as zero)
-            from . import _elementwise
             condition = _elementwise.not_equal(condition, 0)
         if condition.dtype != np.float32:   # a bool/int mask Array: its nonzeros, as float32
             condition = condition.astype(np.float32)
@@ -1035,7 +1042,6 @@ def _arg_operand(a, name) -> Array:
     if isinstance(a, Array):
         a._check_alive()
         return a
-    from ._abstract import ShapeDtypeStruct
     if isinstance(a, ShapeDtypeStruct):
         raise TypeError(f"{name} of a ShapeDtypeStruct outside eval_shape")
     host = np.asarray(a)
@@ -1044,7 +1050,6 @@ def _arg_operand(a, name) -> Array:
     host = host.astype(_dtypes.canonicalize(host.dtype), copy=False)
     place = get_mesh()
     if place is None:
-        from ._devices import devices
         place = devices()[0]
     return device_put(host, _sharding_for(place, [()] * host.ndim))
 
@@ -1184,7 +1189,6 @@ def _arg_assemble(shape, sharding, found) -> Array:
 def stop_gradient(x):
     """``jax.lax.stop_gradient``: the same values, with no gradient flowing back (a pytree of
     Arrays works leaf by leaf; numpy leaves pass through)."""
-    from .tree_util import tree_map
     if _tape() is None:  # nothing is being differentiated: the values themselves
         return x
     # inside value_and_grad: an untracked copy (not an alias: it must not see later in-place
@@ -1588,7 +1592,7 @@ def dot(a, b, *, precision=None) -> Array:
     _resolve_precision(precision, "matmul")
     if not na or not nb:
         return multiply(a, b)
-    from .numpy import tensordot
+    tensordot = _upper('numpy').tensordot
     return tensordot(a, b, ([na - 1], [nb - 2]), precision=precision)
 
 
@@ -1664,7 +1668,6 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
     >>> float(v), np.asarray(g).tolist()
     (5.0, [2.0, 4.0])
     """
-    from .tree_util import tree_flatten, tree_unflatten
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
@@ -1915,7 +1918,6 @@ _LOWP = (_dtypes.bfloat16, _dtypes.float16)
 
 def _convert(x: Array, dtype) -> Array:
     """``x`` converted to ``dtype`` on its own devices (same sharding), not recorded."""
-    from .array import _alloc_blocks
     _, blocks = _alloc_blocks(x.shape, dtype, x.sharding)
     out = Array._create(x.shape, np.dtype(dtype), x.sharding, blocks)
     _C.op_convert(_bufs(x), _bufs(out))
@@ -1945,14 +1947,12 @@ def astype(x, dtype) -> Array:
     >>> np.asarray(cnp.astype(np.array([3e9, -1.7, np.nan], np.float32), cnp.int32)).tolist()
     [2147483647, -1, 0]
     """
-    from ._abstract import ShapeDtypeStruct
     dtype = _dtypes.canonicalize(dtype)
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(x.shape, dtype, x.sharding)
     if not isinstance(x, Array):
         place = get_mesh()
         if place is None:
-            from ._devices import devices
             x = device_put(np.asarray(x, dtype=_dtypes.canonicalize(np.asarray(x).dtype)),
                            devices()[0])
         else:
@@ -1970,7 +1970,6 @@ def astype(x, dtype) -> Array:
 def _operand_dtype(v):
     """(dtype, weak) of an op operand for dtype promotion: Python scalars are weak (None
     for ints and bools, float32 for floats); numpy values are narrowed as device_put does."""
-    from ._abstract import ShapeDtypeStruct
     if isinstance(v, (Array, ShapeDtypeStruct)):
         return np.dtype(v.dtype), False
     if isinstance(v, (bool, int)):
@@ -2000,7 +1999,6 @@ def _result_dtype(vals, who: str):
         elif isinstance(v, Array) or type(v).__name__ == "ShapeDtypeStruct":
             int_array = dt
     if not strong and not weak_float and int_array is not None:
-        from ._elementwise import result_type   # integer / bool operands: jax's own dtype
         return result_type(*vals, who=who)
     if len(strong) == 1:
         return next(iter(strong))
@@ -2144,7 +2142,6 @@ def _int_dispatch(fn, name, pos):
     operand is an integer or bool Array (or numpy value) and jax's promotion of the data
     operands is not a float dtype; float results keep the float path."""
     import functools
-    from . import _elementwise as ew
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -2198,13 +2195,11 @@ def _abstract_dtype(fn, args, kwargs):
         if fn.__name__ in ("mean", "divide"):
             return _dtypes.float32
         if fn.__name__ == "sum":
-            from ._elementwise import sum_dtype
             return sum_dtype(dt)
     return dt
 
 
 def _abstract_rules():
-    from ._abstract import ShapeDtypeStruct
     rules = {
         "add": _rule_bcast, "subtract": _rule_bcast, "multiply": _rule_bcast,
         "divide": _rule_bcast, "maximum": _rule_bcast, "minimum": _rule_bcast,

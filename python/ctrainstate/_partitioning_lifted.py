@@ -36,13 +36,16 @@ from . import tree_util
 from .nn import lifted as _lifted
 from .nn import transforms as _transforms
 from .nn.lifted import In as ScanIn, Out as ScanOut  # noqa: N814  (Flax's names)
+from . import _remat
+from .nn.spmd import _is_logical_spec as f, with_logical_constraint
+from ._hooks import upper as _upper
 
 __all__ = ['scan_with_axes', 'vmap_with_axes', 'remat', 'core_remat_static', 'ScanIn',
            'ScanOut']
 
 
 def _axis_metadata_cls():
-    from .partitioning import AxisMetadata
+    AxisMetadata = _upper('partitioning').AxisMetadata
     return AxisMetadata
 
 
@@ -54,7 +57,6 @@ def _tree_map_axes(fn, tree):
 
 
 def _is_logical_spec(x):
-    from .nn.spmd import _is_logical_spec as f
     return f(x)
 
 
@@ -92,7 +94,6 @@ def _set_subtree(scope, col, tree):
 def _constrain_values(scope, col: str, axes_tree):
     """Constrain each value of ``col`` at ``scope`` to the logical names of its
     ``<name>_axes`` entry (the sharding that ``param_with_axes`` gives a new parameter)."""
-    from .nn.spmd import with_logical_constraint
     cls = _axis_metadata_cls()
     values = _get_subtree(scope, col)
     if values is None or not scope.is_mutable_collection(col):
@@ -256,7 +257,6 @@ def core_remat_static(fn, variables=True, rngs=True, concrete: bool = False,
                       prevent_cse: bool = True, static_argnums=(), policy=None):
     """The functional form: ``fn(scope, *args)`` rematerialised (see :func:`remat`); the
     scope tree's RNG counters are replayed when it runs again in the backward pass."""
-    from . import _remat
     if concrete:
         raise NotImplementedError('The concrete argument is deprecated. Use static_argnums '
                                   'instead.')

@@ -45,6 +45,8 @@ import numpy as np
 from . import _C, tree_util
 from .array import Array, device_put
 from .sharding import Mesh, NamedSharding, PartitionSpec
+from . import _dtypes, _ops, _precision, numpy as cnp
+from ._devices import local_devices
 
 __all__ = ["pmap", "device_put_sharded", "device_put_replicated", "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "axis_index"]
@@ -143,7 +145,6 @@ class _Group:
         self.pending = [None] * self.n
         if kind == "return":
             return True
-        from . import _ops
         saved = getattr(_ops._tls, "tapes", None)
         _ops._tls.tapes = None      # the reduction itself is not differentiated (see _record)
         try:
@@ -177,7 +178,6 @@ def _block_copy(src, shape, dtype, dev, mesh) -> Array:
     """A new one-block Array of ``shape`` on ``dev`` (replicated over the one-device
     ``mesh``) holding a device copy of the buffer ``src`` (as many bytes): the replicas'
     inputs and the collectives' copies, without the general layout machinery."""
-    from . import _dtypes
     shape = tuple(shape)
     new = _C.Buffer(dev.id, shape, _dtypes.code(dtype))
     _C.copy_bytes(new, src)
@@ -215,11 +215,9 @@ def _leafwise(fn, allreduce_op=None):
             else:
                 per_leaf[k] = fn(g, xs)
         if fast:
-            from . import _ops
             _C.op_allreduce([[_ops._bufs(a)[0] for a in per_leaf[k]] for k in fast],
                             allreduce_op)
             if fn is _PMEAN:
-                from . import numpy as cnp
                 for k in fast:
                     per_leaf[k] = [cnp.true_divide(a, g.n) for a in per_leaf[k]]
         return [tree_util.tree_unflatten(td, [r[j] for r in per_leaf]) for j in range(g.n)]
@@ -234,7 +232,6 @@ def _combine(op):
             if isinstance(r, (int, float)):
                 return [r] * g.n                # psum(1, name): the axis size, a Python int
             return [device_put(r, NamedSharding(m, PartitionSpec())) for m in g.meshes]
-        from . import numpy as cnp
         binop = {"psum": cnp.add, "pmean": cnp.add, "pmax": cnp.maximum,
                  "pmin": cnp.minimum}[op]
         acc = _on(xs[0], g, 0) if isinstance(xs[0], Array) else xs[0]
@@ -280,7 +277,6 @@ def _with_options(fn):
 
 def _gather(g, xs, opts):
     """all_gather: the replicas' values stacked (or concatenated) along ``axis``, on each."""
-    from . import numpy as cnp
     axis, tiled = opts
     xs = [_on(x, g, 0) for x in xs]
     whole = cnp.concatenate(xs, axis=axis) if tiled else cnp.stack(xs, axis=axis)
@@ -289,7 +285,6 @@ def _gather(g, xs, opts):
 
 def _scatter(g, xs, opts):
     """psum_scatter: the replicas' sum, split along ``dim``; replica ``j`` keeps part ``j``."""
-    from . import numpy as cnp
     dim, tiled = opts
     total = _on(xs[0], g, 0)
     for x in xs[1:]:
@@ -306,7 +301,6 @@ def _scatter(g, xs, opts):
 def _permute(g, xs, perm):
     """ppermute: replica ``d`` gets the value of ``s`` for ``(s, d)`` in ``perm``, else zeros
     (as jax)."""
-    from . import numpy as cnp
     src_of = {dst: src for src, dst in perm}
     return [_on(xs[src_of[j]], g, j) if j in src_of else _on(cnp.zeros_like(xs[j]), g, j)
             for j in range(g.n)]
@@ -358,7 +352,6 @@ def _record_collective(outs, ins, vjp_leaf):
     """Each Array result of a collective on this replica's tape: its cotangent is
     ``vjp_leaf(g)`` (itself a collective, which every replica's backward pass reaches in the
     same order)."""
-    from . import _ops
     if _ops._tape() is None:
         return
     for o, x in zip(tree_util.tree_leaves(outs), tree_util.tree_leaves(ins)):
@@ -419,7 +412,6 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
                    f"{_structure_key(x)})", (x, (axis, tiled)))
 
     def vjp_leaf(ct, _i=i, _axis=axis, _tiled=tiled):
-        from . import numpy as cnp
         total = psum(ct, axis_name)
         if _tiled:
             k = total.shape[_axis % total.ndim] // g.n
@@ -556,7 +548,6 @@ def _slice_for(x, axis, i, mesh, dev):
 def _stack(outs, out_axis, group, out_mesh):
     """The replicas' values of one output leaf stacked along ``out_axis`` over ``out_mesh``:
     one device copy per replica into its block (no gather)."""
-    from . import _ops
     if out_axis is None:
         return outs[0]
     arrays = [v if (isinstance(v, Array) and len(v._blocks) == 1
@@ -581,7 +572,6 @@ def _stack(outs, out_axis, group, out_mesh):
     for _, dst, start, _ in out._blocks:      # block j: slice j, on devices[j]
         _C.copy_bytes(dst, _ops._bufs(arrays[start[0]])[0])
     if out_axis % nd != 0:
-        from . import numpy as cnp
         out = cnp.moveaxis(out, 0, out_axis % nd)
     return out
 
@@ -687,8 +677,6 @@ def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
 
     @functools.wraps(fun)
     def mapped(*args, **kwargs):
-        from . import _ops, _precision
-        from ._devices import local_devices
         if _bound():
             raise NotImplementedError("pmap inside a pmapped function (nested pmap) is not "
                                       "supported")

@@ -10,6 +10,10 @@ import ml_dtypes
 import numpy as np
 
 from . import _C, _dtypes
+from . import _ops
+from ._abstract import is_abstract, ShapeDtypeStruct
+from .array import _fill_array, Array, device_put
+from .sharding import Sharding
 
 __all__ = [
     "PRNGKey", "key", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform",
@@ -192,15 +196,12 @@ def _produce(shape, dtype, out_sharding, fill, device_fill=False):
     ``device_fill``: ``fill`` is a ``_C.random_fill`` that may write GPU buffers
     directly (with the device's kernel), bit-identical to the host fill.
     """
-    from ._abstract import ShapeDtypeStruct, is_abstract
     if out_sharding is None:
         if is_abstract():
             return ShapeDtypeStruct(shape, dtype)
         out = np.empty(shape, dtype)
         fill(out, shape, (0,) * len(shape))
         return out
-    from .array import _fill_array
-    from .sharding import Sharding
     if not isinstance(out_sharding, Sharding):
         raise TypeError(f"out_sharding must be a NamedSharding, got {type(out_sharding).__name__}")
     return _fill_array(shape, dtype, out_sharding,
@@ -363,7 +364,6 @@ def permutation(k, x, axis: int = 0, independent: bool = False, *, out_sharding=
         out = np.take(arr, idx, axis=axis)
     if out_sharding is None:
         return out
-    from .array import device_put
     return device_put(out, out_sharding)
 
 
@@ -432,7 +432,6 @@ def randint(k, shape, minval, maxval, dtype=None, *, out_sharding=None):
         vals = (np.asarray(lo_v).astype(sample_dt) + off.astype(sample_dt)).astype(sample_dt)
     vals = vals.astype(dt)
     if out_sharding is not None:
-        from .array import device_put
         return device_put(vals, out_sharding)
     return vals
 
@@ -558,8 +557,6 @@ def categorical(k, logits, axis: int = -1, shape=None, replace: bool = True, mod
     >>> np.round(np.bincount(s, minlength=3) / 10000, 1).tolist()
     [0.1, 0.6, 0.3]
     """
-    from ._abstract import ShapeDtypeStruct, is_abstract
-    from .array import Array
     _key_words(k)
     on_device = isinstance(logits, Array)
     if on_device:
@@ -611,7 +608,6 @@ def categorical(k, logits, axis: int = -1, shape=None, replace: bool = True, mod
         if not on_device:
             z = (gumbel(k, gshape, dt, mode) + logits).astype(np.float32)
             return np.asarray(np.argmax(z, axis=ax), dtype=np.int32)
-        from . import _ops
         place = _ops._place_of(logits)
         ln = _ops._norm(logits.sharding, nd) if _ops._mesh_key(logits)[0] == "mesh" else [()] * nd
         off = len(gshape) - nd
@@ -619,7 +615,6 @@ def categorical(k, logits, axis: int = -1, shape=None, replace: bool = True, mod
         g = gumbel(k, gshape, dt, mode, out_sharding=_ops._sharding_for(place, gnorm))
         return _ops.argmax(_ops._binary_raw(_ops.B_ADD, g, logits), axis=ax)
     if on_device:
-        from . import _ops
         g = gumbel(k, lshape, dt, mode, out_sharding=logits.sharding)
         z = np.asarray(_ops._binary_raw(_ops.B_ADD, logits, g))
     else:
@@ -627,8 +622,6 @@ def categorical(k, logits, axis: int = -1, shape=None, replace: bool = True, mod
     idx = _top_k_indices(np.moveaxis(z, axis, -1), kk)          # (*batch, k)
     out = np.moveaxis(idx, -1, 0).reshape(shape)
     if on_device:
-        from . import _ops
-        from .array import device_put
         return device_put(out, _ops._sharding_for(_ops._place_of(logits), [()] * len(shape)))
     return out
 
@@ -742,5 +735,4 @@ def choice(k, a, shape=(), replace: bool = True, p=None, axis: int = 0, mode=Non
 def _placed(x: np.ndarray, out_sharding):
     if out_sharding is None:
         return x
-    from .array import device_put
     return device_put(x, out_sharding)

@@ -76,6 +76,9 @@ from . import _dtypes
 from ._random_dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_of,
                            _fma, _log, _log1p, _param, _rounder, _to_int)
 from ._random_core import _UNIFORM, _key_words, split
+from ._abstract import is_abstract, ShapeDtypeStruct
+from ._random_dist import _elementwise
+from .array import device_put
 
 __all__ = ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
 
@@ -118,7 +121,6 @@ def _key(name, k):
 def _arraylike(v) -> bool:
     """jax's notion of an array argument: arrays and scalars (not lists or tuples), and the
     ShapeDtypeStructs that stand for arrays under eval_shape."""
-    from ._abstract import ShapeDtypeStruct
     if isinstance(v, (np.ndarray, np.generic, bool, int, float, complex, ShapeDtypeStruct)):
         return True
     return hasattr(v, "__jax_array__") or (hasattr(v, "__array__") and hasattr(v, "dtype")
@@ -160,7 +162,6 @@ def _broadcast_to_check(dt, arr_shape, shape) -> None:
 def _float_dtype_of(v):
     """The float dtype a parameter carries in jax's promotion, or None (Python numbers,
     integers, booleans)."""
-    from ._abstract import ShapeDtypeStruct
     if isinstance(v, ShapeDtypeStruct):
         dt = _dtypes._NARROW.get(v.dtype, v.dtype)
         return dt if dt.kind == "f" or dt in _HALF else None
@@ -168,7 +169,6 @@ def _float_dtype_of(v):
 
 
 def _abstract() -> bool:
-    from ._abstract import is_abstract
     return is_abstract()
 
 
@@ -186,8 +186,6 @@ def _elementwise_iters(shape, out_dt, out_sharding, compute, first_pass):
     """Run ``compute(g, s, b, n_iters)`` per block (see _random_dist._elementwise). With
     ``out_sharding`` and a ``first_pass(g, s, b)`` (the rounds a block needs), the rounds of
     the whole array are found first, over slabs of at most _CHUNK elements."""
-    from ._abstract import is_abstract
-    from ._random_dist import _elementwise
     n_iters = None
     if out_sharding is not None and first_pass is not None and not is_abstract():
         n_iters = 0
@@ -667,10 +665,8 @@ def multinomial(key, n, p, *, shape=None, dtype=None, unroll=1, out_sharding=Non
         raise ValueError("axis -1 is out of bounds for array of dimension 0")
     dt = _F32 if dtype is None else _user_dtype(dtype)
     if _abstract():
-        from ._abstract import ShapeDtypeStruct
         if out_sharding is None:
             return ShapeDtypeStruct(shape, dt)
-        from .array import device_put
         return device_put(ShapeDtypeStruct(shape, dt), out_sharding)
     r = _rounder(cdt)
     pk = np.moveaxis(np.broadcast_to(pa.astype(cdt).astype(_F32), shape), -1, 0)
@@ -700,7 +696,6 @@ def multinomial(key, n, p, *, shape=None, dtype=None, unroll=1, out_sharding=Non
         out = out.astype(dt)
     if out_sharding is None:
         return out
-    from .array import device_put
     return device_put(out, out_sharding)
 
 

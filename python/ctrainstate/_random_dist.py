@@ -37,6 +37,9 @@ import numpy as np
 from . import _C, _dtypes
 from ._random_core import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _produce,
                      _shape, _xla_log, split)
+from ._abstract import is_abstract, ShapeDtypeStruct
+from ._random_core import normal
+from .array import device_put
 
 __all__ = [
     "exponential", "laplace", "logistic", "cauchy", "rademacher", "lognormal", "maxwell",
@@ -104,7 +107,6 @@ def _param(v, name):
     """A real-valued parameter as a numpy array (float64 narrowed to float32, as JAX). A
     ShapeDtypeStruct stands for an array only under eval_shape, as zeros of its shape and
     dtype (they shape the abstract result); anywhere else it has no values and is refused."""
-    from ._abstract import ShapeDtypeStruct, is_abstract
     if isinstance(v, ShapeDtypeStruct):
         if not is_abstract():
             raise TypeError(f"{name}: a ShapeDtypeStruct has no values (use it under "
@@ -570,7 +572,6 @@ def double_sided_maxwell(k, loc, scale, shape=(), dtype=None, *, out_sharding=No
 def _placed(x, out_sharding):
     if out_sharding is None:
         return x
-    from .array import device_put
     return device_put(x, out_sharding)
 
 
@@ -615,7 +616,6 @@ def multivariate_normal(k, mean, cov, shape=None, dtype=None, method: str = "cho
     else:
         shape = _shape(shape)
         _check_shape("normal", shape, mean.shape[:-1], cov.shape[:-2])
-    from ._random_core import normal
     c = cov.astype(base).astype(_F32)
     with np.errstate(all="ignore"):
         if method == "cholesky":
@@ -668,7 +668,6 @@ def orthogonal(k, n: int, shape=(), dtype=None, m: int | None = None, *, out_sha
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
             raise TypeError(f"orthogonal: {name} must be a non-negative integer, got {v!r}")
     n, mm = int(n), int(mm)
-    from ._random_core import normal
     z = normal(k, (*shape, max(n, mm), min(n, mm)), dt).astype(_F32)
     if z.size == 0:
         x = np.zeros(z.shape, _F32)

@@ -62,6 +62,8 @@ from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw
                            _elementwise, _float_of, _is_weak, _log, _log1p, _param,
                            _result_shape, _rounder)
 from ._random_core import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
+from . import _ops
+from .array import Array
 
 __all__ = ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
            "generalized_normal", "ball"]
@@ -75,8 +77,6 @@ _FLOATS = (_F32,) + _HALF
 def _no_grad(name, **params):
     """Refuse a parameter a value_and_grad / grad is differentiating: its gradient (jax's
     implicit reparameterisation) is not implemented, and it must not silently be zero."""
-    from . import _ops
-    from .array import Array
     tapes = [t for t in (getattr(_ops._tls, "tapes", None) or []) if t is not None]
     for tape in tapes:
         for pname, v in params.items():

@@ -28,6 +28,9 @@ from typing import Callable
 
 from .array import Array
 from .tree_util import tree_flatten
+from . import _ops, sharding
+from ._precision import current_default, default_mode
+from ._hooks import upper as _upper
 
 __all__ = ["checkpoint", "remat", "checkpoint_policies"]
 
@@ -111,16 +114,14 @@ def _capture_context():
     """The thread's mesh context (``with mesh:`` stack and ``set_mesh``) and logical axis
     rules: what a checkpointed function may read, which the backward pass must give back to
     its second run (the forward may have entered them inside the differentiated function)."""
-    from . import sharding
-    from .nn import spmd
+    spmd = _upper('nn.spmd')
     return (list(sharding._mesh_stack()), sharding._mesh_tls.__dict__.get("set"),
             spmd.get_logical_axis_rules())
 
 
 @contextlib.contextmanager
 def _entered(context):
-    from . import sharding
-    from .nn import spmd
+    spmd = _upper('nn.spmd')
     saved = _capture_context()
     stack, mset, rules = context
     sharding._mesh_stack()[:] = stack
@@ -147,8 +148,6 @@ def remat_call(fn: Callable, args: tuple, kwargs: dict, before_rerun=None, after
     (see the module docstring). ``before_rerun()`` returns a token passed to
     ``after_rerun(token)``: hooks that put caller state (e.g. a module's RNG counters) back
     as it was at the first run while the second one runs."""
-    from . import _ops
-    from ._precision import current_default, default_mode
 
     outer = _ops._tape()
     if outer is None:

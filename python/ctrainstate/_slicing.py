@@ -66,6 +66,8 @@ updates run on the float32 widening and round back (exact for gathers and sets).
 [[0.0, 1.0, 2.0, 3.0], [8.0, 9.0, 10.0, 11.0]]
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('_slicing', __name__)   # lower layers call into this module through _hooks.upper
 
 import math
 import operator
@@ -74,12 +76,15 @@ import numpy as np
 
 from . import _C, _dtypes
 from .array import Array, _alloc_blocks
+from ._abstract import ShapeDtypeStruct
+from .array import device_put
+from ._hooks import upper as _upper
 
 __all__ = ["getitem", "concatenate", "stack", "split", "array_split"]
 
 
 def _o():
-    from . import _ops
+    _ops = _upper('_ops')
     return _ops
 
 
@@ -101,7 +106,6 @@ def _to(x: Array, place, norm) -> Array:
     o = _o()
     if x.dtype == np.float32:
         return o._to(x, place, norm)
-    from .array import device_put
     want = o._sharding_for(place, norm)
     return x if x.sharding == want else device_put(x, want)
 
@@ -305,7 +309,6 @@ def _from_host(a, i):
 def _normalize(idx) -> tuple:
     """``idx`` as a tuple of ints, slices, None, ..., _IntArray, _Mask and _Abstract. Lists,
     numpy arrays and Arrays are read to the host (an index's values plan the copies)."""
-    from ._abstract import ShapeDtypeStruct
     if isinstance(idx, list):
         idx = (idx,)  # a list is one index array, as in numpy >= 1.23 (jax refuses it)
     elif not isinstance(idx, tuple):
@@ -412,7 +415,6 @@ def getitem(x, idx):
     """``x[idx]``: numpy indexing -- basic (ints, slices of any step, ``None``, ``...``) and
     advanced (integer arrays, boolean masks) -- with jax's conventions (see the module's
     docstring); differentiable for the float dtypes."""
-    from ._abstract import ShapeDtypeStruct
     nidx = _normalize(idx)
     if not _is_basic(nidx):
         adv = _Advanced(tuple(x.shape), nidx)
@@ -986,7 +988,6 @@ class _IndexUpdateRef:
         return self
 
     def _update(self, v, kind, fn=None):
-        from ._abstract import ShapeDtypeStruct
         x = self.array
         nidx = _normalize(self.index)
         adv = None if _is_basic(nidx) else _Advanced(tuple(x.shape), nidx)
@@ -1086,7 +1087,7 @@ def _update_typed(x: Array, v, kind: str, adv, starts, sizes, out_shape) -> Arra
 
 
 def _o_ew():
-    from . import _elementwise
+    _elementwise = _upper('_elementwise')
     return _elementwise
 
 
@@ -1118,7 +1119,7 @@ def _default_fill(dtype):
 
 
 def _o_move():
-    from . import _move
+    _move = _upper('_move')
     return _move
 
 
@@ -1299,14 +1300,12 @@ def _occurrence_ranks(sels, written) -> list:
 # --- joins ----------------------------------------------------------------------------------
 
 def _operands(arrays, who):
-    from ._abstract import ShapeDtypeStruct
     arrays = list(arrays)
     if not arrays:
         raise ValueError(f"{who}: need at least one array")
     if any(isinstance(a, ShapeDtypeStruct) for a in arrays):
         return arrays, True
     o = _o()
-    from . import _dtypes
     hosts = {k: np.asarray(a) for k, a in enumerate(arrays) if not isinstance(a, Array)}
     # the operands' promoted dtype, as jax: with a float among them jax's float promotion
     # (bfloat16 with float16 or float32 -> float32, an integer with a float -> the float);
@@ -1327,7 +1326,6 @@ def _operands(arrays, who):
             a._check_alive()
             out.append(a if a.dtype == dt else o.astype(a, dt))
         else:
-            from .array import device_put
             h = hosts[len(out)].astype(dt)
             out.append(o._lift(h, place) if dt == np.float32 else device_put(
                 h, o._sharding_for(place if place is not None else o._place_of(o._lift(0.0)), [()] * h.ndim)))
@@ -1358,7 +1356,6 @@ def concatenate(arrays, axis: int = 0):
     total = sum(a.shape[axis] for a in arrays)
     shape = tuple(total if j == axis else s for j, s in enumerate(arrays[0].shape))
     if abstract:
-        from ._abstract import ShapeDtypeStruct
         return ShapeDtypeStruct(shape, arrays[0].dtype)
     if len(arrays) == 1:
         return _fresh(arrays[0])
@@ -1397,7 +1394,6 @@ def stack(arrays, axis: int = 0):
             raise ValueError(f"stack: all arrays must have the same shape; operand 0 has "
                              f"{tuple(arrays[0].shape)}, operand {k} has {tuple(a.shape)}")
     if abstract:
-        from ._abstract import ShapeDtypeStruct
         s = list(arrays[0].shape)
         s.insert(axis, len(arrays))
         return ShapeDtypeStruct(tuple(s), arrays[0].dtype)
@@ -1435,7 +1431,6 @@ def array_split(x, indices_or_sections, axis: int = 0):
 
 
 def _split(x, indices_or_sections, axis, who, even):
-    from ._abstract import ShapeDtypeStruct
     if not isinstance(x, (Array, ShapeDtypeStruct)):   # a numpy array, a list or a number are
         x = _o()._lift_any(x)                          # placed, as jnp (None, str: TypeError)
     nd = len(x.shape)

@@ -34,6 +34,8 @@ import numpy as np
 from . import tree_util
 from ._pmap import _axes_of, _map_size, _tls
 from .array import Array
+from . import numpy as cnp
+from ._abstract import eval_shape, ShapeDtypeStruct
 
 __all__ = ["vmap"]
 
@@ -48,7 +50,6 @@ def _element(x, axis, i):
 
 
 def _abstract_element(x, axis):
-    from ._abstract import ShapeDtypeStruct
     if axis is None:
         return x
     shape = np.shape(x)
@@ -77,7 +78,6 @@ def _out_axes_list(out_axes, tree):
 
 
 def _stack(values, axis, n, where):
-    from . import numpy as cnp
     first = values[0]
     nd = np.ndim(first) + 1
     if axis is None:
@@ -158,8 +158,6 @@ def vmap(fun: Callable, in_axes=0, out_axes=0, axis_name=None, axis_size: int | 
         return tree_util.tree_unflatten(tree_util.tree_structure(outs[0]), stacked)
 
     def _empty(call, all_leaves, all_axes):
-        from . import numpy as cnp
-        from ._abstract import eval_shape
         abstract = [_abstract_element(v, a) for v, a in zip(all_leaves, all_axes)]
         shapes = eval_shape(lambda *vals: call(list(vals)), *abstract)
         o_leaves, o_axes = _out_axes_list(out_axes, shapes)

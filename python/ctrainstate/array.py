@@ -13,6 +13,8 @@ full copy is made, on the host, because the user asked for it.
 5.0
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('array', __name__)   # lower layers call into this module through _hooks.upper
 
 import html
 from typing import Any, Callable, NamedTuple
@@ -25,6 +27,11 @@ from ._operators import OperatorsMixin
 from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
                        default_sharding, shard_index)
 from .tree_util import register_leaf_type, tree_leaves, tree_map
+from ._abstract import is_abstract, ShapeDtypeStruct
+from ._devices import _by_id, _device_by_id, _ids, devices, devices as _devices
+from .sharding import get_mesh, Mesh
+from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
+from ._hooks import upper as _upper
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
            "visualize_sharding",
@@ -327,7 +334,7 @@ class _ArrayMethods(OperatorsMixin):
     def _compare(self, other, name):
         if not isinstance(other, (Array, int, float, bool, np.generic, np.ndarray)):
             return NotImplemented
-        from . import _elementwise
+        _elementwise = _upper('_elementwise')
         return getattr(_elementwise, name)(self, other)
 
     def __eq__(self, other):
@@ -359,7 +366,7 @@ class _ArrayMethods(OperatorsMixin):
         clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
         Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see
         :mod:`ctrainstate._slicing`)."""
-        from ._slicing import getitem
+        getitem = _upper('_slicing').getitem
         return getitem(self, idx)
 
     @property
@@ -368,7 +375,7 @@ class _ArrayMethods(OperatorsMixin):
         ``.multiply(v)``, ``.divide(v)``, ``.get()`` for any index ``x[idx]`` takes (float32
         Arrays; duplicate indices accumulate in add/multiply, the last value wins in set;
         out-of-range index entries are dropped, as in jax)."""
-        from ._slicing import _IndexUpdateHelper
+        _IndexUpdateHelper = _upper('_slicing')._IndexUpdateHelper
         return _IndexUpdateHelper(self)
 
     def __iter__(self):
@@ -387,23 +394,23 @@ class _ArrayMethods(OperatorsMixin):
         (nothing is gathered): :func:`ctrainstate.numpy.astype` (jax's conversion rules;
         differentiable between float dtypes). An Array already of ``dtype`` is returned as
         it is."""
-        from ._ops import astype
+        astype = _upper('_ops').astype
         return astype(self, dtype)
 
     def conj(self) -> "Array":
         """``jnp.conj(x)``: for the real dtypes ctrainstate stores, the Array itself."""
-        from ._numpy_more import conj
+        conj = _upper('_numpy_more').conj
         return conj(self)
 
     def conjugate(self) -> "Array":
         """``jnp.conjugate(x)``: for real dtypes, the Array itself."""
-        from ._numpy_more import conjugate
+        conjugate = _upper('_numpy_more').conjugate
         return conjugate(self)
 
     @property
     def real(self) -> "Array":
         """``jnp.real(x)``: for real dtypes, the Array itself."""
-        from ._numpy_more import real
+        real = _upper('_numpy_more').real
         return real(self)
 
     @property
@@ -416,12 +423,12 @@ class _ArrayMethods(OperatorsMixin):
         >>> x.real.tolist(), x.imag.tolist(), x.conj().tolist()
         ([1.0, -2.0], [0.0, 0.0], [1.0, -2.0])
         """
-        from ._numpy_more import imag
+        imag = _upper('_numpy_more').imag
         return imag(self)
 
     def copy(self) -> "Array":
         """A new Array with the same sharding and a copy of every block."""
-        from .optim.base import copy_array
+        copy_array = _upper('optim.base').copy_array
         return copy_array(self)
 
     def __copy__(self) -> "Array":
@@ -496,7 +503,6 @@ def _sharding_state(s: Sharding):
 def _unpickle_array(host: np.ndarray, state) -> Array:
     """Place the values of a pickled Array by ``state`` (see :meth:`Array.__reduce__`)."""
     import warnings
-    from ._devices import _device_by_id, devices
     if state is None:
         return device_put(host, devices()[0])
     kind, rest = state[0], state[1:]
@@ -511,7 +517,6 @@ def _unpickle_array(host: np.ndarray, state) -> Array:
     if kind == "single":
         return device_put(host, _device_by_id(rest[0]))
     id_grid, names, spec = rest
-    from .sharding import Mesh
     devs = np.empty(len(ids), dtype=object)
     devs[:] = [_device_by_id(i) for i in ids]
     mesh = Mesh(devs.reshape(np.shape(id_grid)), names)
@@ -519,7 +524,6 @@ def _unpickle_array(host: np.ndarray, state) -> Array:
 
 
 def _gpu_devices() -> list:
-    from ._devices import _ids, _by_id
     return [_by_id[i] for i in _ids("gpu")]
 
 
@@ -595,7 +599,6 @@ def _reshard(a: Array, sharding: Sharding) -> Array:
 
 
 def _spec_on_active_mesh(spec) -> NamedSharding:
-    from .sharding import get_mesh
     mesh = get_mesh()
     if mesh is None:
         raise ValueError(f"device_put got {spec!r} with no active mesh: use it inside "
@@ -627,7 +630,6 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     if isinstance(sharding, PartitionSpec):
         sharding = _spec_on_active_mesh(sharding)
     if sharding is not None and not isinstance(sharding, (Sharding, Device)):
-        from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
         if not isinstance(sharding, (list, tuple, dict)) and not hasattr(sharding, "__dict__"):
             raise TypeError(f"device_put: expected a NamedSharding, SingleDeviceSharding, Device "
                             f"or a pytree of them, got {type(sharding).__name__}")
@@ -643,7 +645,6 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
         subtrees = _flatten_up_to(s_td, x)  # x's subtrees at the sharding tree's leaves
         return tree_unflatten(s_td, [device_put(xs, sv, may_alias=may_alias, donate=donate)
                                      for xs, sv in zip(subtrees, s_leaves)])
-    from ._abstract import ShapeDtypeStruct, is_abstract
     if isinstance(x, ShapeDtypeStruct) or (is_abstract() and isinstance(
             x, (Array, np.ndarray, np.generic, int, float, bool))):
         s = _as_sharding(sharding) if sharding is not None else getattr(x, "sharding", None)
@@ -654,7 +655,6 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
         return ShapeDtypeStruct(shape, dtype, s)
     if not isinstance(x, (Array, np.ndarray, np.generic, int, float, bool)) and not (
             isinstance(x, (list, tuple, dict)) and _is_numeric_list(x)):
-        from .tree_util import tree_flatten, tree_map
         leaves, _ = tree_flatten(x)
         if not (len(leaves) == 1 and leaves[0] is x):
             return tree_map(lambda leaf: device_put(leaf, sharding), x)  # pytrees of arrays
@@ -722,7 +722,6 @@ def from_dlpack(x, device=None) -> Array:
         return device_put(np.from_dlpack(x), device)
     if int(dev_type) not in (2, 13):
         raise ValueError(f"DLPack device type {dev_type} is not supported")
-    from ._devices import devices as _devices
     gpus = [d for d in _devices("gpu") if _C.device_ordinal(d.id) == int(dev_id)]
     if device is None:
         if not gpus:
@@ -756,7 +755,6 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
     """
     dtype = _dtypes.canonicalize(dtype)
     sharding = _as_sharding(sharding)
-    from ._abstract import ShapeDtypeStruct, is_abstract
     if is_abstract():
         sharding.shard_shape(tuple(shape))  # validate
         return ShapeDtypeStruct(shape, dtype, sharding)

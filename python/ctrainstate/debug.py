@@ -15,6 +15,8 @@ import builtins
 from typing import Callable
 
 from .array import visualize_array_sharding, visualize_sharding
+from .array import Array
+from .tree_util import tree_map
 
 __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding",
            "inspect_array_sharding"]
@@ -22,8 +24,6 @@ __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding"
 
 def _host(tree):
     import numpy as np
-    from .array import Array
-    from .tree_util import tree_map
     return tree_map(lambda v: np.asarray(v) if isinstance(v, Array) else v, tree)
 
 
@@ -51,7 +51,6 @@ def inspect_array_sharding(value, *, callback: Callable) -> None:
     >>> seen
     [SingleDeviceSharding(device=CpuDevice(id=0))]
     """
-    from .array import Array
     if not callable(callback):
         raise TypeError(f"inspect_array_sharding: callback must be callable, got "
                         f"{type(callback).__name__}")

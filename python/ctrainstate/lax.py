@@ -26,6 +26,8 @@ back to the input's sharding. numpy leaves are placed like Arrays.
 PartitionSpec('data',)
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('lax', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
 
@@ -41,11 +43,14 @@ from ._ops import stop_gradient  # noqa: E402,F401
 # jax.lax's elementwise functions that ctrainstate.numpy also has (the same kernels; lax.round,
 # whose default rounds halves away from zero unlike jnp.round, is not among them)
 from ._ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
+from . import _dtypes, _ops, _slicing
+from ._abstract import is_abstract
+from ._move import _axis as one_axis
+from ._ops import with_sharding
 
 
 def _abstract_dtype(operand):
     """The dtype an operand has once placed (host values narrowed as device_put does)."""
-    from . import _dtypes
     if isinstance(operand, (Array, ShapeDtypeStruct)):
         return operand.dtype
     return _dtypes.canonicalize(np.asarray(operand).dtype)
@@ -114,7 +119,6 @@ def _as_sharding(spec) -> Sharding:
 
 def with_sharding_constraint(x, shardings):
     """``x`` with every Array placed by ``shardings`` (see the module docstring)."""
-    from ._ops import with_sharding
 
     def constrain(spec, subtree):
         s0 = _as_sharding(spec)
@@ -226,7 +230,6 @@ def _starts(operand_shape, start_indices, sizes, allow_negative, who: str, abstr
 def _lowp_on_tape(*xs) -> bool:
     """16-bit floats under a gradient trace: the copies run on float32 views (exact for
     these dtypes) so that the cotangents flow through recorded conversions."""
-    from . import _ops
     return _ops._tape() is not None and any(
         isinstance(x, Array) and x.dtype in _ops._LOWP for x in xs)
 
@@ -234,7 +237,6 @@ def _lowp_on_tape(*xs) -> bool:
 def _place_host(x, like: Array | None, dtype=None):
     """A host operand (numpy or Python scalar) as an Array: replicated where ``like`` lives,
     else as ``device_put`` places it. 64-bit types narrow as jax's (float64 -> float32)."""
-    from . import _dtypes, _ops
     h = np.asarray(x)
     h = h.astype(dtype if dtype is not None else _dtypes.canonicalize(h.dtype))
     if like is None:
@@ -261,8 +263,6 @@ def dynamic_slice(operand, start_indices, slice_sizes, *, allow_negative_indices
     >>> np.asarray(lax.dynamic_slice(x, (1, 1), (2, 4))).tolist()    # start clamped to (1, 0)
     [[4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]
     """
-    from . import _ops, _slicing
-    from ._abstract import is_abstract
     who = "dynamic_slice"
     shape = (tuple(operand.shape) if isinstance(operand, (Array, ShapeDtypeStruct))
              else np.shape(operand))
@@ -315,8 +315,6 @@ def dynamic_update_slice(operand, update, start_indices, *, allow_negative_indic
     >>> np.asarray(lax.dynamic_update_slice(x, np.ones(3, np.float32), (5,))).tolist()
     [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     """
-    from . import _dtypes, _ops, _slicing
-    from ._abstract import is_abstract
     who = "dynamic_update_slice"
 
     def meta(v):
@@ -360,7 +358,6 @@ def dynamic_update_slice(operand, update, start_indices, *, allow_negative_indic
 # --- the one-dimension forms (jax.lax.dynamic_*_in_dim) -------------------------------------
 
 def _axis(axis, ndim: int, who: str) -> int:
-    from ._move import _axis as one_axis
     return one_axis(axis, ndim, who)
 
 
@@ -397,7 +394,6 @@ def dynamic_index_in_dim(operand, index, axis: int = 0, keepdims: bool = True, *
                                allow_negative_indices=allow_negative_indices)
     if keepdims:
         return out
-    from . import _ops
     new = tuple(n for d, n in enumerate(out.shape) if d != ax)
     if isinstance(out, ShapeDtypeStruct):
         return ShapeDtypeStruct(new, out.dtype)
@@ -424,7 +420,6 @@ def dynamic_update_index_in_dim(operand, update, index, axis: int, *,
     ax = _axis(axis, len(shape), "dynamic_update_index_in_dim")
     ushape = _shape_of(update)
     if len(ushape) == len(shape) - 1:
-        from . import _ops
         new = ushape[:ax] + (1,) + ushape[ax:]
         if isinstance(update, ShapeDtypeStruct):
             update = ShapeDtypeStruct(new, update.dtype)

@@ -18,6 +18,8 @@ jax's results (:mod:`ctrainstate._elementwise`).
 >>> np.asarray(cnp.sum(x * 2.0, axis=0)).tolist()
 [6.0, 10.0, 14.0]
 """
+from ._hooks import provide as _provide
+_provide('numpy', __name__)   # lower layers call into this module through _hooks.upper
 import numpy as _np
 
 from ._ops import (  # noqa: F401
@@ -101,6 +103,10 @@ from ._math_extra import (  # noqa: F401
 )
 from . import _C, _ops as _o
 from ._operators import reduce_operand as _reduce_operand
+from . import _dtypes
+from ._abstract import is_abstract, ShapeDtypeStruct, ShapeDtypeStruct as _SDS
+from ._slicing import getitem
+from .array import _buffer_view, _fill_array, Array, check_python_ints, device_put
 
 
 def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # noqa: A001
@@ -352,7 +358,6 @@ vdot = _o._with_dtype_policy(vdot, (0, 1))
 def _products_abstract_rules():
     """Inside ``eval_shape`` these return ShapeDtypeStructs of jnp's result shapes."""
     import math as _math
-    from ._abstract import ShapeDtypeStruct as _SDS
 
     def size(x):
         return _math.prod(_o._shp(x))
@@ -471,7 +476,6 @@ nan = _np.nan
 
 
 def _place(host, device):
-    from .array import device_put
     return device_put(host, device)
 
 
@@ -483,7 +487,6 @@ def _default_dtype(dtype, like_float=True):
 
 def asarray(a, dtype=None, *, device=None):
     """``a`` as an Array (an Array of that dtype and placement is returned as it is)."""
-    from .array import Array
     if isinstance(a, Array):
         if dtype is not None and _dt.canonicalize(dtype) != a.dtype:
             a = a.astype(dtype)
@@ -495,14 +498,12 @@ def asarray(a, dtype=None, *, device=None):
             raise
         host = _np.asarray(a).astype(_dt.canonicalize(dtype))
     if dtype is None:
-        from .array import check_python_ints
         check_python_ints(a, host)
     return _place(host, device)
 
 
 def array(a, dtype=None, copy: bool = True, *, device=None):
     """A new Array holding ``a`` (``jnp.array``: an Array argument is copied)."""
-    from .array import Array
     if isinstance(a, Array):
         out = asarray(a, dtype, device=device)
         return out.copy() if (out is a and copy) else out
@@ -551,8 +552,6 @@ def linspace(start, stop, num: int = 50, endpoint: bool = True, dtype=None, *, d
 
 
 def _full_like(x, value, dtype, shape):
-    from ._abstract import ShapeDtypeStruct, is_abstract
-    from .array import Array, _buffer_view, _fill_array
     src = x.dtype if hasattr(x, "dtype") else _np.asarray(x).dtype
     dt = _dt.canonicalize(dtype if dtype is not None else src)
     value = _np.asarray(value)
@@ -598,7 +597,6 @@ def full_like(a, fill_value, dtype=None, shape=None):
 
 def _shape(shape):
     """``shape`` as a tuple of ints; as jnp, sizes must be integers (``(2.5,)`` is no shape)."""
-    from . import _dtypes
     return _dtypes.int_tuple(shape, "shape", scalar=True)
 
 
@@ -700,7 +698,6 @@ def vstack(tup):
 
 def diff(a, n=1, axis=-1):
     """``jnp.diff``: the ``n``-th forward difference along ``axis``."""
-    from ._slicing import getitem
     n = _operator_index(n, "diff: n")
     if n < 0:
         raise ValueError(f"diff: order n must be non-negative, got {n}")

@@ -28,6 +28,8 @@ True
 {'wi': PartitionSpec(None, 'model')}
 """
 from __future__ import annotations
+from ._hooks import provide as _provide
+_provide('partitioning', __name__)   # lower layers call into this module through _hooks.upper
 
 # Non-API names are imported under private aliases: this module's public names are
 # exactly its __all__ (the API of flax.linen.partitioning).
@@ -51,6 +53,10 @@ from .nn.spmd import (  # noqa: F401  (re-exports)
     _is_logical_spec,
 )
 from .sharding import PartitionSpec as _PartitionSpec
+from ._trace_state import in_jit as _in_jit
+from .nn.module import current_module as _current_module
+from .nn.module import sharded_initializer as _sharded_initializer
+from .sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
 
 axis_rules = _spmd.logical_axis_rules
 set_axis_rules = _spmd.set_logical_axis_rules
@@ -125,8 +131,7 @@ def _param_with_axes_sow_reduce_fn(x, y):
 
 def _resolve_module(module):
     if module is None:
-        from .nn.module import current_module
-        module = current_module()
+        module = _current_module()
     if module is None:
         module = _current_scope()
         if module is None:
@@ -160,9 +165,8 @@ def _check_born_shape(where: str, axes, sharding, shape) -> None:
     """A parameter born with ``sharding`` (resolved from ``axes``) fits it: its rank is
     the axes' and, outside ``jit`` (where such a dimension is replicated instead), its mesh
     axes divide their dimensions."""
-    from ._trace_state import in_jit
     _check_spec_rank(where, axes, shape)
-    if in_jit():
+    if _in_jit():
         return
     for i, mesh_axes, parts in _spmd._uneven_dims(sharding, shape):
         raise ValueError(
@@ -216,10 +220,9 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
         sharding = _born_sharding(axes)
         init = init_fn
         if sharding is not None:
-            from .nn.module import sharded_initializer
             # rank and divisibility are checked before the sharded value is laid out, so a
             # wrong one is reported with the parameter's path rather than by the layout
-            init = sharded_initializer(
+            init = _sharded_initializer(
                 init_fn, sharding,
                 check_shape=lambda shape: _check_born_shape(where, axes, sharding, shape))
         value = module.param(name, init, *init_args, **init_kwargs)
@@ -234,14 +237,13 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
 def _born_sharding(axes):
     """The NamedSharding a parameter with logical ``axes`` is created with: under an active
     mesh, the axes resolved through the active rules; otherwise None (default placement)."""
-    from .sharding import NamedSharding, get_mesh
-    mesh = get_mesh()
+    mesh = _get_mesh()
     if mesh is None or axes is None or not _is_logical_spec(axes):
         return None
     spec = logical_to_mesh_axes(tuple(axes))
     if spec is None or any(e is _PartitionSpec.UNCONSTRAINED for e in spec):
         return None
-    return NamedSharding(mesh, spec)
+    return _NamedSharding(mesh, spec)
 
 
 class PartitionedVariable(_Variable):

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _C, _dtypes
 from ._devices import Device, devices as _all_devices
+from ._trace_state import in_jit
 
 __all__ = [
     "Mesh",
@@ -501,7 +502,6 @@ def _replicate_uneven(sharding, shape):
     ...     _replicate_uneven(s, (7, 2)).spec
     PartitionSpec('mp', None)
     """
-    from ._trace_state import in_jit
     if not in_jit() or not isinstance(sharding, NamedSharding):
         return sharding
     uneven = _uneven_dims(sharding, shape)

@@ -20,6 +20,7 @@ from .. import _dtypes
 from .._abstract import ShapeDtypeStruct
 from ..array import Array
 from ..tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
+from .._ops import astype
 
 __all__ = ['cast', 'to_bf16', 'to_fp16', 'to_fp32']
 
@@ -31,7 +32,6 @@ def cast(x, dtype):
         return ShapeDtypeStruct(x.shape, dtype, x.sharding)
     if not isinstance(x, Array):
         return np.asarray(x).astype(dtype)
-    from .._ops import astype
     return astype(x, dtype)
 
 

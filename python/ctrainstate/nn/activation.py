@@ -31,6 +31,9 @@ from typing import Any
 from .. import _dtypes, _ops
 from ..array import device_put
 from .module import Module as _Module, compact as _compact
+from .. import numpy as cnp
+from .._abstract import ShapeDtypeStruct
+from .._slicing import split
 
 __all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp",
            "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
@@ -229,7 +232,6 @@ hard_swish = hard_silu
 def glu(x, axis: int = -1):
     """Gated linear unit: ``x1 * sigmoid(x2)`` with ``x1, x2`` the two halves of ``x`` along
     ``axis`` (jax.nn.glu); that dimension must be even."""
-    from .._slicing import split
     x = _ops._lift(x)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"glu: axis must be an int, got {axis!r}")
@@ -297,7 +299,6 @@ soft_sign = _ops._with_dtype_policy(soft_sign)
 
 def _abstract_rules():
     """Inside ``eval_shape`` (ShapeDtypeStruct arguments) these return ShapeDtypeStructs."""
-    from .._abstract import ShapeDtypeStruct
     g = globals()
     for name in ("silu", "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
                  "hard_sigmoid", "hard_silu", "standardize", "soft_sign"):
@@ -338,7 +339,6 @@ class PReLU(_Module):
 
     @_compact
     def __call__(self, inputs):
-        from .. import numpy as cnp
         slope = self.param("negative_slope",
                            lambda k: device_put(np.asarray(self.negative_slope_init,
                                                            self.param_dtype)))

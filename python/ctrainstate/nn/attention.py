@@ -63,6 +63,7 @@ from .module import Module, compact
 from .normalization import LayerNorm
 from .scope import ScopeVariableNotFoundError
 from .stochastic import merge_param
+from .. import _elementwise
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention",
            "MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention",
@@ -638,7 +639,6 @@ def make_attention_mask(query_input, key_input, pairwise_fn: Callable = np.multi
                 f"can: {sorted(_PAIRWISE)}); build the mask from host arrays, e.g. "
                 f"make_attention_mask(np.asarray(q), np.asarray(k), ...)")
         if not _is_multiply(pairwise_fn):   # a comparison (segment ids, positions): any dtypes
-            from .. import _elementwise
             place = next(_ops._place_of(v) for v in (query_input, key_input) if isinstance(v, Array))
             q, k = (v if isinstance(v, Array) else _ops._lift_any(v, place)
                     for v in (query_input, key_input))

@@ -22,6 +22,7 @@ from . import initializers
 from .dtypes import promote_dtype
 from .linear import _check_dtype, _precision, default_kernel_init
 from .module import Module, compact
+from .._conv import _explicit_pads, _out_sizes
 
 __all__ = ["Conv", "ConvLocal", "ConvTranspose", "canonicalize_padding"]
 
@@ -170,7 +171,6 @@ class Conv(_Conv):
 def _local_out_spatial(module, x, ks, strides, padding, idil, kdil):
     """The output's spatial sizes of the convolution ``module`` computes on ``x`` (Flax's
     ``eval_shape`` of a shared convolution, as arithmetic)."""
-    from .._conv import _explicit_pads, _out_sizes
     sizes = [int(d) for d in np.shape(x)[1:-1]]
     if isinstance(padding, str):
         if any(d != 1 for d in idil):

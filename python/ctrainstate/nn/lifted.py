@@ -63,6 +63,10 @@ from . import meta
 from . import module as _module
 from .module import Module, ModuleScope
 from .scope import in_filter
+from .. import _ops, _slicing
+from .._slicing import getitem
+from ..nn import spmd
+from ..sharding import get_mesh, PartitionSpec
 
 __all__ = ["scan", "vmap", "broadcast", "In", "Out"]
 
@@ -209,12 +213,10 @@ def _write_back(scope, store: dict):
 def _no_tape():
     """Run without recording on the active tape (``ctrainstate._ops._no_tape``: a throw-away
     pass, a vjp's own ops)."""
-    from .. import _ops
     return _ops._no_tape()
 
 
 def _tracked(x) -> bool:
-    from .. import _ops
     t = _ops._tape()
     return t is not None and isinstance(x, Array) and id(x) in t.tracked
 
@@ -226,7 +228,6 @@ def _index(axis: int, i: int) -> tuple:
 def _unstack_tracked(x: Array, axis: int) -> list:
     """The slices of ``x`` along ``axis`` as one tape node: its vjp stacks the slices'
     cotangents (zeros where a slice got none) into one array in ``x``'s layout."""
-    from .. import _ops, _slicing
     with _no_tape():
         parts = [_slicing.getitem(x, _index(axis, i)) for i in range(x.shape[axis])]
     place, norm = _slicing._layout_of(x)
@@ -270,7 +271,6 @@ class _Slicer:
             return self.parts[i]
         x = self.x
         if isinstance(x, (Array, _abstract.ShapeDtypeStruct)):
-            from .._slicing import getitem
             return getitem(x, _index(self.axis, i))
         return np.take(np.asarray(x), i, axis=self.axis)
 
@@ -294,7 +294,6 @@ def _slicers(tree, axis, n, who):
 
 
 def _stack_leaves(xs, axis):
-    from .. import _slicing
     if any(isinstance(x, (Array, _abstract.ShapeDtypeStruct)) for x in xs):
         return _slicing.stack(list(xs), axis)
     return np.stack([np.asarray(x) for x in xs], axis)
@@ -330,8 +329,6 @@ def _stack_trees(trees: list, axis: int, who: str):
 def _reshard_boxes(tree):
     """Each box's value resharded to the box's spec (a ``LogicallyPartitioned`` through the
     rules, a ``Partitioned`` when its names are axes of the mesh) when a mesh is in reach."""
-    from ..sharding import PartitionSpec, get_mesh
-    from . import spmd
 
     def fix(box):
         v = box.value

@@ -21,6 +21,13 @@ from ..array import Array, device_put
 from . import initializers
 from .dtypes import _check_dtype, promote_dtype
 from .module import Module, compact
+from .._abstract import ShapeDtypeStruct
+from .._precision import resolve_precision
+from ..nn.module import _accepts_out_sharding, sharded_initializer
+from ..nn.spmd import _replicate_uneven
+from ..nn.stochastic import merge_param
+from ..partitioning import param_with_axes
+from ..sharding import NamedSharding, PartitionSpec
 
 default_kernel_init = initializers.lecun_normal()
 
@@ -34,7 +41,6 @@ def _in_features(x) -> int:
 def _precision(module):
     """``module.precision``, checked now so a bad value names the module (the product
     resolves it again: ``None`` is the thread's default, see :mod:`ctrainstate._precision`)."""
-    from .._precision import resolve_precision
     resolve_precision(module.precision, f"{type(module).__name__}(precision=...)")
     return module.precision
 
@@ -224,7 +230,6 @@ class DenseGeneral(Module):
 
     def _declare(self, name, init, shape, axes):
         if axes:
-            from ..partitioning import param_with_axes
             return param_with_axes(name, init, shape, self.param_dtype, axes=axes, module=self)
         return self.param(name, init, shape, self.param_dtype)
 
@@ -239,8 +244,6 @@ def _flat_init(init_fn, flat_shape):
     initializer boxed by ``with_partitioning`` / ``with_logical_partitioning`` gets its
     names applied to the requested (not the flat) shape, as Flax's ``replace_boxed`` does:
     under a mesh the parameter is born sharded as those names say."""
-    from .module import _accepts_out_sharding, sharded_initializer
-    from .spmd import _replicate_uneven
     boxing = getattr(init_fn, "_ct_boxing", None)
 
     def init(key, shape, dtype=np.float32, out_sharding=None):
@@ -260,7 +263,6 @@ def _flat_init(init_fn, flat_shape):
             v = sharded_initializer(init_fn, flat_sharding)(key, tuple(flat_shape), dtype)
         else:
             v = init_fn(key, tuple(flat_shape), dtype)
-        from .._abstract import ShapeDtypeStruct
         if isinstance(v, ShapeDtypeStruct):
             return ShapeDtypeStruct(shape, v.dtype, out_sharding)
         if isinstance(v, Array) and v.dtype == np.float32:
@@ -280,7 +282,6 @@ def _flat_sharding(sharding, shape, flat_shape):
     """The sharding of the flat (2-d) initializer output whose blocks, reshaped, are the
     blocks of ``sharding`` on ``shape``; None when there is none (a sharded dimension not
     leading its flattened group, or not divisible) or no sharding is asked."""
-    from ..sharding import NamedSharding, PartitionSpec
     if not isinstance(sharding, NamedSharding):
         return None
     spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
@@ -367,7 +368,6 @@ class Einsum(Module):
 
     @compact
     def __call__(self, inputs, einsum_str=None):
-        from .stochastic import merge_param
         _check_dtype(self)
         precision = _precision(self)
         if self.preferred_element_type is not None:
@@ -422,7 +422,6 @@ class Embed(Module):
         _check_dtype(self)
         shape = (self.num_embeddings, self.features)
         if self.embedding_axes:
-            from ..partitioning import param_with_axes
             self.embedding = param_with_axes("embedding", self.embedding_init, shape,
                                              self.param_dtype, axes=tuple(self.embedding_axes),
                                              module=self)
@@ -431,7 +430,6 @@ class Embed(Module):
 
     def __call__(self, inputs):
         _check_dtype(self)
-        from .._abstract import ShapeDtypeStruct
         if isinstance(inputs, ShapeDtypeStruct):     # eval_shape: ids without values
             if not np.issubdtype(np.dtype(inputs.dtype), np.integer):
                 raise TypeError(f"Embed expects integer inputs, got {inputs.dtype}")

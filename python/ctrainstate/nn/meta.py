@@ -20,6 +20,11 @@ from typing import Any, Callable
 
 from .. import tree_util
 from ..sharding import NamedSharding, PartitionSpec
+from .. import sharding as _sh
+from .._ops import with_sharding
+from ..array import Array, device_put
+from ..sharding import get_mesh
+from .._hooks import upper as _upper
 
 PARTITION_NAME = 'partition_name'
 
@@ -127,7 +132,6 @@ def replace_boxed(tree: Any, updates: Any) -> Any:
 
 
 def _global_mesh():
-    from .. import sharding as _sh
     return _sh.get_mesh()
 
 
@@ -180,14 +184,12 @@ class Partitioned(AxisMetadata):
     def unbox(self, apply_constraint=True):
         """Return the value, resharded to this box's spec when a mesh is in reach."""
         if apply_constraint and (self.mesh is not None or _global_mesh() is not None):
-            from ..array import Array, device_put
             mesh = self.mesh if self.mesh is not None else _global_mesh()
             if isinstance(self.value, Array):
-                from .spmd import _replicate_uneven   # under jit, as XLA keeps the constraint
+                _replicate_uneven = _upper('nn.spmd')._replicate_uneven
                 target = _replicate_uneven(NamedSharding(mesh, self.get_partition_spec()),
                                            self.value.shape)
                 if self.value.sharding != target:
-                    from .._ops import with_sharding  # differentiable reshard
                     return with_sharding(self.value, target)
         return self.value
 
@@ -244,16 +246,14 @@ def with_partitioning(fn: Callable[..., Any], names, mesh=None) -> Callable[...,
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ..sharding import NamedSharding, PartitionSpec, get_mesh
         m = mesh if mesh is not None else get_mesh()
         init = fn
         if m is not None and 'out_sharding' not in kwargs:  # born sharded
-            from .module import sharded_initializer
+            sharded_initializer = _upper('nn.module').sharded_initializer
             init = sharded_initializer(fn, NamedSharding(m, PartitionSpec(*names)))
         return Partitioned(init(*args, **kwargs), names, mesh=mesh)
 
     def born():
-        from ..sharding import NamedSharding, PartitionSpec, get_mesh
         m = mesh if mesh is not None else get_mesh()
         return NamedSharding(m, PartitionSpec(*names)) if m is not None else None
 

@@ -33,6 +33,8 @@ default device.
 (2, 1)
 """
 from __future__ import annotations
+from .._hooks import provide as _provide
+_provide('nn.module', __name__)   # lower layers call into this module through _hooks.upper
 
 import contextlib
 import dataclasses
@@ -50,6 +52,9 @@ from ..sharding import NamedSharding, get_mesh
 from . import meta
 from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
+from ..core import FrozenDict
+from ..nn.spmd import _replicate_uneven
+from ..nn.summary import tabulate
 
 __all__ = ["Module", "compact", "nowrap", "ModuleScope", "current_module", "fold_in_static",
            "sharded_initializer"]
@@ -759,7 +764,6 @@ class Module:
         >>> print(nn.Dense(3).tabulate(random.PRNGKey(0), np.ones((2, 4), np.float32)).strip().splitlines()[-1].strip())
         Total Parameters: 15 (60 B)
         """
-        from .summary import tabulate
         return tabulate(self, rngs, depth=depth, show_repeated=show_repeated, mutable=mutable,
                         console_kwargs=console_kwargs, table_kwargs=table_kwargs,
                         column_kwargs=column_kwargs, compute_flops=compute_flops,
@@ -827,7 +831,6 @@ def _freeze_attr(val):
     """A bound module's attribute as Flax keeps it (``_freeze_attr``): lists become tuples and
     dicts ``FrozenDict``, recursively (namedtuples and PartitionSpecs keep their type)."""
     if isinstance(val, dict):
-        from ..core import FrozenDict
         return FrozenDict({k: _freeze_attr(v) for k, v in val.items()})
     if isinstance(val, tuple):
         if hasattr(val, "_fields") or type(val).__name__ == "PartitionSpec":
@@ -886,7 +889,6 @@ def sharded_initializer(init_fn: Callable, sharding, check_shape: Callable | Non
     """
     if sharding is None:
         return init_fn
-    from .spmd import _replicate_uneven
 
     def init(key, *args, **kwargs):
         if _accepts_out_sharding(init_fn):

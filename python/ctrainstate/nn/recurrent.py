@@ -44,6 +44,7 @@ from .dtypes import promote_dtype
 from .linear import Dense, default_kernel_init
 from .lifted import scan as _scan
 from .module import Module, compact, nowrap
+from .._abstract import eval_shape
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell", "MGUCell",
            "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences", "DenseParams"]
@@ -685,7 +686,6 @@ class RNN(Module):
 def _check_initial_carry(cell, carry, input_shape, who):
     """A given ``initial_carry`` against the structure and shapes ``initialize_carry`` makes
     (skipped for a cell without ``initialize_carry``)."""
-    from .._abstract import eval_shape
     try:
         want = eval_shape(lambda: cell.initialize_carry(_random.key(0), input_shape))
     except NotImplementedError:

@@ -30,6 +30,8 @@ import types
 from typing import Any, Callable, Iterable
 
 from . import meta
+from .._abstract import abstract_mode
+from ..tree_util import tree_leaves
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
            'ScopeParamShapeError',
@@ -150,7 +152,6 @@ def _leaves(value) -> list:
     """The unboxed leaves of a parameter value (one array, the common case, without a walk)."""
     if hasattr(value, 'shape') and not meta.is_axis_metadata(value):
         return [value]
-    from ..tree_util import tree_leaves
     return tree_leaves(meta.unbox(value))
 
 
@@ -158,7 +159,6 @@ def _expected_shapes(init_fn, init_args, init_kwargs):
     """The leaf shapes of ``init_fn(key, *init_args, **init_kwargs)`` made abstractly (Flax's
     ``jax.eval_shape`` of the initializer), or None when it cannot run abstractly."""
     import numpy as np
-    from .._abstract import abstract_mode
     try:
         with abstract_mode():
             value = init_fn(np.zeros(2, np.uint32), *init_args, **init_kwargs)

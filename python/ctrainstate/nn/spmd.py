@@ -16,6 +16,8 @@ claims a dimension; unmatched names resolve to ``None``; non-string entries
 PartitionSpec('data', 'model', None)
 """
 from __future__ import annotations
+from .._hooks import provide as _provide
+_provide('nn.spmd', __name__)   # lower layers call into this module through _hooks.upper
 
 import contextlib
 import enum
@@ -29,6 +31,10 @@ from .. import _C
 from .. import tree_util
 from ..sharding import NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims  # noqa: F401
 from . import meta
+from .._ops import with_sharding
+from ..array import Array, device_put
+from ..sharding import get_mesh
+from .._hooks import upper as _upper
 
 _C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)
 
@@ -309,8 +315,6 @@ def _with_sharding_constraint(x, axis_resources, mesh=None):
     a pytree: every Array leaf is constrained. Kept as a separate function so
     tests can mock it.
     """
-    from ..array import Array
-    from ..sharding import get_mesh
     if mesh is None:
         mesh = get_mesh()
     if mesh is None:
@@ -323,7 +327,6 @@ def _with_sharding_constraint(x, axis_resources, mesh=None):
 
 
 def _constrain_array(x, axis_resources, mesh):
-    from ..array import device_put
     spec = PartitionSpec() if axis_resources is None else axis_resources
     if any(e is PartitionSpec.UNCONSTRAINED for e in spec):
         cur = x.sharding
@@ -345,7 +348,6 @@ def _constrain_array(x, axis_resources, mesh):
     target = _replicate_uneven(NamedSharding(mesh, spec), x.shape)
     if x.sharding == target:
         return x
-    from .._ops import with_sharding  # differentiable: the cotangent goes back to x's sharding
     if x.dtype == np.float32:
         return with_sharding(x, target)
     return device_put(x, target)
@@ -442,7 +444,6 @@ class LogicallyPartitioned(meta.Partitioned):
 
     def unbox(self, apply_constraint=True):
         """Return the value, constrained to the resolved spec when a mesh is in reach."""
-        from ..sharding import get_mesh
         if apply_constraint and (get_mesh() is not None or self.mesh is not None):
             return with_logical_constraint(self.value, self.get_partition_spec(), rules=self.rules,
                                            mesh=self.mesh)
@@ -469,7 +470,6 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ..sharding import NamedSharding, get_mesh
         if _is_strict(rules):   # a typo is reported at init, with or without a mesh
             logical_to_mesh_axes(tuple(names), rules)
         m = mesh if mesh is not None else get_mesh()
@@ -477,12 +477,11 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
         if m is not None and 'out_sharding' not in kwargs:  # born sharded
             spec = logical_to_mesh_axes(tuple(names), rules)
             if spec is not None and all(e is not PartitionSpec.UNCONSTRAINED for e in spec):
-                from .module import sharded_initializer
+                sharded_initializer = _upper('nn.module').sharded_initializer
                 init = sharded_initializer(fn, NamedSharding(m, spec))
         return LogicallyPartitioned(init(*args, **kwargs), names, mesh=mesh, rules=rules)
 
     def born():
-        from ..sharding import NamedSharding, get_mesh
         m = mesh if mesh is not None else get_mesh()
         if m is None:
             return None

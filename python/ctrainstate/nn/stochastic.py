@@ -28,6 +28,8 @@ from .. import random as _random
 from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
 from .module import Module, compact
+from .. import numpy as cnp
+from .._abstract import ShapeDtypeStruct
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16), _dtypes.bfloat16, np.dtype(np.float64))
 
@@ -64,7 +66,6 @@ class Dropout(Module):
         deterministic = merge_param("deterministic", self.deterministic, deterministic)
         if self.rate == 0.0 or deterministic:
             return inputs
-        from .._abstract import ShapeDtypeStruct
         if isinstance(inputs, ShapeDtypeStruct):  # eval_shape / a scan's first trace
             if self.rate != 1.0 and rng is None:
                 self.make_rng(self.rng_collection)  # the key is drawn, as in Flax's trace
@@ -107,7 +108,6 @@ class Dropout(Module):
 
 def _host_input(inputs):
     """A host input placed with its own float dtype (bfloat16 / float16 kept, as Flax)."""
-    from .. import numpy as cnp
     return cnp.asarray(inputs)
 
 

@@ -27,6 +27,11 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from .._abstract import eval_shape
+from ..core import FrozenDict
+from ..nn.meta import AxisMetadata
+from ..tree_util import tree_leaves
+from .._hooks import upper as _upper
 
 __all__ = ["tabulate"]
 
@@ -78,8 +83,6 @@ def _array_repr(x) -> str | None:
 def _value_lines(v, indent: int = 0) -> list[str]:
     """A value as the lines of Flax's yaml rendering: arrays as ``dtype[shape]``, mappings as
     ``key: value`` (nested ones indented), sequences as ``- item``."""
-    from ..core import FrozenDict
-    from .meta import AxisMetadata
     pad = " " * indent
     if isinstance(v, AxisMetadata):
         # Flax: the boxed array, then its logical names (if any) as ``P(...)``
@@ -115,7 +118,6 @@ def _value_lines(v, indent: int = 0) -> list[str]:
 
 
 def _leaves(tree):
-    from ..tree_util import tree_leaves
     return tree_leaves(tree)
 
 
@@ -298,8 +300,7 @@ def tabulate(module, rngs, depth=None, show_repeated=False, mutable=None, consol
     >>> text.strip().splitlines()[-1].strip()
     'Total Parameters: 50 (200 B)'
     """
-    from .._abstract import eval_shape
-    from . import module as _module
+    _module = _upper('nn.module')
     _check_unsupported(console_kwargs, table_kwargs, column_kwargs, compute_flops,
                        compute_vjp_flops)
     if depth is not None and (not isinstance(depth, (int, np.integer)) or depth < 0):

@@ -30,6 +30,7 @@ from .. import _remat
 from . import module as _module
 from . import scope as _scope
 from .module import Module
+from .. import _ops
 
 __all__ = ["remat", "checkpoint"]
 
@@ -76,7 +77,6 @@ def _checkpointed(method, name: str, static_argnums, lifted_fn: bool = False):
     second run makes the same submodule names (``Dense_0``, not ``Dense_2``)."""
     @functools.wraps(method)
     def wrapped(self, *args, **kwargs):
-        from .. import _ops
         if lifted_fn and not isinstance(self, Module):
             raise TypeError(f"nn.remat({name}): a function target takes a Module as its "
                             f"first argument (as in Flax), got {type(self).__name__}")

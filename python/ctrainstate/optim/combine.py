@@ -10,6 +10,8 @@ pass counts non-finite updates; when rejected the inner stages are skipped,
 their state is left untouched and the updates are zero).
 """
 from __future__ import annotations
+from .._hooks import provide as _provide
+_provide('optim.combine', __name__)   # lower layers call into this module through _hooks.upper
 
 from typing import Any, NamedTuple
 
@@ -22,6 +24,7 @@ from .base import (FINITE_GATE, ZERO, GradientTransformation, GradientTransforma
                    zeros_like)
 from .transforms import _expect_state, set_to_zero
 from .utils import _ParamsPlaceholder
+from ..optim.base import run_fused
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
            "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState",
@@ -391,7 +394,6 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
         _expect_state(state, ConditionallyMaskState, "conditionally_mask")
         step = int(read_scalar(state.step))
         if fuse is not None and not extra_args:
-            from .base import run_fused
             return run_fused(tx, updates, state, params, inplace=False)
         if decide(step, extra_args if forward_extra_args else {}):
             updates, inner_state = call_update(inner, updates, state.inner_state, params,

@@ -17,6 +17,7 @@ import numpy as np
 from .. import _ops
 from ..tree_util import tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs, scalar
+from .. import numpy as cnp
 
 __all__ = ["NonNegativeParamsState", "keep_params_nonnegative", "ZeroNansState", "zero_nans"]
 
@@ -51,7 +52,6 @@ class ZeroNansState(NamedTuple):
 def zero_nans() -> GradientTransformation:
     """Replace NaN updates by 0 and record, per leaf, whether there was one
     (optax.zero_nans; infinities pass). State: ZeroNansState(found_nan)."""
-    from .. import numpy as cnp
 
     def init(params):
         return ZeroNansState(found_nan=tree_map(

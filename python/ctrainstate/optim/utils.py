@@ -20,6 +20,9 @@ from typing import Any, Callable
 from .. import _ops
 from ..tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
+from .. import numpy as cnp
+from ..nn.activation import log_softmax
+from ..tree_util import register_pytree_node
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
@@ -57,7 +60,6 @@ def softmax_cross_entropy(logits, labels, axis=-1, where=None):
     """``-sum(labels * log_softmax(logits), axis)`` (optax's, stable: the log-softmax is
     shifted by the maximum). ``labels`` are probabilities of ``logits``' shape; over a class
     dimension sharded on mesh axes the reductions end in all-reduces over them."""
-    from ..nn.activation import log_softmax
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy: where= is not supported; weight the "
                                   "per-example losses instead")
@@ -160,7 +162,6 @@ def safe_norm(x, min_norm, ord=None, axis=None, keepdims=False):  # noqa: A002 -
     """``maximum(linalg.norm(x, ord, axis), min_norm)`` with a gradient of 0, not NaN, where
     the norm is at most ``min_norm`` (optax.safe_norm: ``x`` is replaced by ones there before
     the norm that is differentiated)."""
-    from .. import numpy as cnp
     x = _ops._lift(x) if not hasattr(x, "_blocks") else x
     norm = cnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
     x = _ops.where(norm <= min_norm, _ops.ones_like(x), x)
@@ -185,7 +186,6 @@ class _ParamsPlaceholder:
 
 
 def _register_placeholder():
-    from ..tree_util import register_pytree_node
     register_pytree_node(_ParamsPlaceholder, lambda _: ((), None),
                          lambda aux, children: _ParamsPlaceholder())
 

@@ -35,6 +35,7 @@ from ..train_state import PyTreeNode, field
 from ..traverse_util import ModelParamTraversal
 from ..tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
 from .serialization import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
+from ..tree_util import _flatten_up_to as f
 
 __all__ = [
     'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',
@@ -106,7 +107,6 @@ class OptimizerDef:
 
 
 def _flatten_up_to(td, tree):
-    from ..tree_util import _flatten_up_to as f
     return f(td, tree)
 
 

@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable
 
 from ..sharding import PartitionSpec
+from ..tree_util import Partial
 
 __all__ = ['to_state_dict', 'from_state_dict', 'flatten_dict', 'unflatten_dict',
            'register_serialization_state', 'is_serializable', 'current_path']
@@ -78,7 +79,6 @@ def _is_leaf(x) -> bool:
 
 
 def _register_partial():
-    from ..tree_util import Partial   # Flax registers jax.tree_util.Partial likewise
     register_serialization_state(
         Partial, lambda x: {'args': to_state_dict(x.args), 'keywords': to_state_dict(x.keywords)},
         lambda x, sd: Partial(x.func, *from_state_dict(x.args, sd['args']),

@@ -31,7 +31,8 @@ import numpy as np
 
 import _timing
 import ctrainstate as cts
-from ctrainstate import _C, _dtypes
+from ctrainstate import _C
+from ctrainstate._src.base import dtypes as _dtypes
 from ctrainstate import random as R
 
 

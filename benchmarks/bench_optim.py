@@ -487,7 +487,8 @@ def _kernel_adamw(n, dts, rng):
     """One AdamW step of the fused kernel itself (_C.optim_step, apply mode) on a flat block of
     n params on CPU device 0, each array (p, g, m, v) in its dtype of dts. Returns (step,
     bytes the step must move per param: p, m, v read and written, g read)."""
-    from ctrainstate import _C, _dtypes
+    from ctrainstate import _C
+    from ctrainstate._src.base import dtypes as _dtypes
     from ctrainstate.optim import base
     dev = cts.devices("cpu")[0]
     bufs = []

@@ -306,7 +306,7 @@ def _emulated_cublas():
     mock_backend.so / cuda_backend_emu.so): both round the inputs exactly as the CPU backend
     does (core/ct_prec_math.h). A real GPU's tensor cores convert float32 inputs in a way
     cuBLAS does not document (nearest or truncation; and FAST_16BF allows TF32 instead of
-    bfloat16), so there only bounds are checked. ctrainstate._devices sets
+    bfloat16), so there only bounds are checked. ctrainstate._src.base.devices sets
     CTRAINSTATE_CUDA_BACKEND itself to the package's own _cuda_backend*.so: that one is the
     real backend, not an emulation."""
     import glob
@@ -419,7 +419,7 @@ def test_allreduce_over_every_group_shape(op):
     if len(g) < 2:
         pytest.skip("needs 2 GPU devices (set CTRAINSTATE_GPU_SPLIT)")
     rng = np.random.default_rng(11)
-    code = cts._dtypes.code(np.dtype(np.float32))
+    code = cts._src.base.dtypes.code(np.dtype(np.float32))
     shape = (37, 5)
     # all devices; the first two; every other one (a strided mesh axis); the last three
     groups = [list(range(len(g))), [0, 1], list(range(0, len(g), 2)), list(range(len(g)))[-3:]]
@@ -808,7 +808,7 @@ def _gpu_shardings():
 
 
 def test_gpu_buffers_are_filled_on_the_device():
-    buf = cts._C.Buffer(gpus()[0].id, (8,), cts._dtypes.code(np.float32))
+    buf = cts._C.Buffer(gpus()[0].id, (8,), cts._src.base.dtypes.code(np.float32))
     assert cts._C.random_on_device(buf)
 
 
@@ -837,9 +837,9 @@ def test_random_on_gpu_is_bit_identical_to_cpu(name, dt, shape):
 @pytest.mark.parametrize("dt", _RAND_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_random_fill_gpu_blocks_past_2_32_and_odd_offsets(dist, dt):
     """Counters past 2^32 (JAX's high word), a strided (column) block, odd sizes."""
-    code = cts._dtypes.code(np.dtype(dt))
+    code = cts._src.base.dtypes.code(np.dtype(dt))
     out_dt = np.uint8 if dist == 3 else np.dtype(dt)
-    out_code = cts._dtypes.code(np.bool_) if dist == 3 else code
+    out_code = cts._src.base.dtypes.code(np.bool_) if dist == 3 else code
     cases = [((3, 2 ** 31 + 5), (1, 2 ** 31 - 35), (2, 40)),
              ((5, 77, 13), (1, 3, 2), (3, 70, 11)),
              ((1001,), (0,), (1001,)),

@@ -1,12 +1,13 @@
 """The package's Python is in one-way layers (docs: DESIGN.md, "Layers"): no import cycle among
 its modules, counting the imports inside functions; no function-level import of a ctrainstate
 module at all; every module imports only from its own layer or lower ones. An upward call goes
-through ``ctrainstate._hooks`` (the upper module registers itself, the lower one looks it up),
+through ``ctrainstate._src.base.hooks`` (the upper module registers itself, the lower one
+looks it up),
 and the keys looked up there must be provided by a module of a higher (or the same) layer.
 
 The graph is read from the source with ``ast`` (module level and inside functions and methods,
-relative and absolute, ``from . import x`` resolved to the module ``x``). A self-test runs the same code on a small package with
-a cycle, so the check is known to fail when it should.
+relative and absolute, ``from . import x`` resolved to the module ``x``). A self-test runs the
+same code on a small package with a cycle, so the check is known to fail when it should.
 """
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent / "python" / PKG
 # bottom to top; a module may import modules of its own layer or of a layer listed before it.
 # Patterns name modules relative to the package ("nn.*": nn's submodules).
 LAYERS = [
-    ("base", "_C _cuda_backend _hooks _exports _trace_state _dtypes _devices config _precision "
-             "tree_util tree traverse_util _src _src.base _src.base.*"),
+    ("base", "_C _cuda_backend config tree_util tree traverse_util _src _src.base _src.base.*"),
     ("array", "sharding mesh_utils _operators _abstract array _src.array _src.array.*"),
     ("ops", "_ops _elementwise _math_extra _linalg _slicing _move scipy scipy.* "
             "_src.ops _src.ops.*"),
@@ -241,7 +241,7 @@ def test_every_provider_is_registered_by_import_ctrainstate(package_graph):
     """The lower layers' lookups run after ``import ctrainstate``: every provider they look up
     must be imported by it."""
     import ctrainstate  # noqa: F401
-    from ctrainstate import _hooks
+    from ctrainstate._src.base import hooks as _hooks
     _, _, lookups, providers = package_graph
     missing = sorted({key for _, key in lookups} - set(_hooks.provided()))
     assert not missing, missing

@@ -230,7 +230,8 @@ def test_memory_bound_for_sharded_normal():
 
 def test_random_on_device_is_false_for_cpu_buffers():
     """CPU buffers are filled by the core on the host; only GPU backends have a kernel."""
-    from ctrainstate import _C, _dtypes
+    from ctrainstate import _C
+    from ctrainstate._src.base import dtypes as _dtypes
     buf = _C.Buffer(cts.devices("cpu")[0].id, (4,), _dtypes.code(np.float32))
     assert _C.random_on_device(buf) is False
     with pytest.raises(TypeError):

@@ -149,7 +149,8 @@ def test_generalized_normal_and_ball():
 # --- the numpy PRNG pieces, against the C core and exact arithmetic --------------------------
 
 def test_keyed_bindings_check_their_arguments():
-    from ctrainstate import _C, _dtypes
+    from ctrainstate import _C
+    from ctrainstate._src.base import dtypes as _dtypes
     keys = R.split(KEY, 6)
     k0, k1 = keys[:, 0].copy(), keys[:, 1].copy()
     out = np.empty(6, F32)

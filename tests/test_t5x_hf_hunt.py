@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import ctrainstate as cts
-from ctrainstate import P, _dtypes, hf, optim
+from ctrainstate import P, hf, optim
+from ctrainstate._src.base import dtypes as _dtypes
 from ctrainstate.t5x import adafactor, optimizers
 
 BF16 = _dtypes.bfloat16

@@ -7,18 +7,9 @@ True
 """
 from . import _C, config
 from ._C import DonatedBufferError, ResourceExhaustedError
-from ._devices import (
-    Device,
-    default_backend,
-    device_count,
-    devices,
-    gpu_status,
-    local_device_count,
-    local_devices,
-    process_count,
-    process_index,
-    reset_peak_memory_stats,
-)
+from ._src.base.devices import (Device, default_backend, device_count, devices, gpu_status,
+                                local_device_count, local_devices, process_count, process_index,
+                                reset_peak_memory_stats)
 from . import tree_util, tree, sharding, mesh_utils
 from .sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh,
                        set_mesh)
@@ -30,7 +21,7 @@ from . import numpy
 from ._ops import grad, value_and_grad
 from ._custom import custom_vjp, jacobian, jacrev, vjp
 from ._remat import checkpoint, checkpoint_policies, remat
-from ._precision import default_matmul_precision
+from ._src.base.precision import default_matmul_precision
 from ._abstract import ShapeDtypeStruct, eval_shape
 from ._jit import jit, pjit
 from ._pmap import device_put_replicated, device_put_sharded, pmap

@@ -12,7 +12,7 @@ kernel positions * in features)``, and one matrix product with the kernel reshap
 one product per group, an ``einsum``). Every step is an Array op on the tape, so the
 gradients with respect to the input and the kernel are the transposed convolutions jax's
 rules give, and the product runs on the BLAS (CPU) or cuBLAS (GPU) with the ``precision=``
-of the matrix products (see :mod:`ctrainstate._precision`). The patches hold each input
+of the matrix products (see :mod:`ctrainstate._src.base.precision`). The patches hold each input
 element once per kernel position that reads it: about ``prod(kernel) / prod(strides)``
 times the input, the price of one large product instead of many small ones. A locally
 connected convolution stacks the same slices in jax's patch order (input feature first) and
@@ -38,13 +38,13 @@ import operator
 
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from . import numpy as cnp
 from .array import Array
 from ._move import flip, pad
-from ._precision import resolve_precision
+from ._src.base.precision import resolve_precision
 from ._slicing import concatenate, stack
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 __all__ = ["conv_general_dilated", "conv_general_dilated_local",
            "conv_general_dilated_patches", "conv", "conv_with_general_padding", "conv_transpose",

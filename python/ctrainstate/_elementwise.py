@@ -42,7 +42,7 @@ differentiable: their results are bool or integer Arrays that carry no gradient,
 ([44, 103], 'uint32', 'int16')
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('_elementwise', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -50,13 +50,14 @@ import functools
 
 import numpy as np
 
-from . import _C, _dtypes
+from . import _C
+from ._src.base import dtypes as _dtypes
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
 from ._abstract import ShapeDtypeStruct
-from ._devices import Device, devices
+from ._src.base.devices import Device, devices
 from ._slicing import concatenate, split, stack
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 # ct_ewise_op and the reductions (csrc/core/ct_ops.h), read from _C.op_codes
 (EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, MAX, MIN, FLOORDIV, REM, AND, OR, XOR, SHL, SHR,

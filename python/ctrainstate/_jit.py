@@ -28,10 +28,10 @@ from typing import Any, Callable, Sequence
 
 from . import config as _config, tree_util
 from ._abstract import ShapeDtypeStruct
-from ._trace_state import jit_scope
+from ._src.base.trace_state import jit_scope
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
-from ._devices import _normalize_backend
+from ._src.base.devices import _normalize_backend
 
 __all__ = ["jit", "pjit"]
 

@@ -26,14 +26,14 @@ results are whatever the body returned (a Python scalar carry stays a Python sca
 (3.0, [0.0, 0.0, 2.0])
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('_lax_control', __name__)   # lower layers call into this module through _hooks.upper
 
 import operator
 
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._abstract import ShapeDtypeStruct, is_abstract
 from .array import Array
 from .tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten

@@ -24,7 +24,7 @@ import operator
 
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._abstract import ShapeDtypeStruct
 from ._lax_ops import (ANY, FLOAT, _BOOL, _I32, _INTS, _U32, _abstract, _binary, _meta,
                        _np_ops, _placed, _unary)

@@ -26,14 +26,14 @@ import operator
 
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._abstract import ShapeDtypeStruct, is_abstract
 from .array import Array
 from . import _elementwise as ew, _ops as o, numpy as cnp
 from ._move import _argsort_host, _placed_like, _prod_f32, _sort_keys, flip, prod, take_along_axis
 from ._slicing import _fresh as fresh, concatenate as join, getitem
 from .array import device_put
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16
 _I32, _U32, _BOOL = _dtypes.int32, _dtypes.uint32, _dtypes.bool_

@@ -50,7 +50,8 @@ import functools
 
 import numpy as np
 
-from . import _C, _dtypes
+from . import _C
+from ._src.base import dtypes as _dtypes
 from . import _elementwise as _ew
 from . import _ops as _o
 from .array import Array

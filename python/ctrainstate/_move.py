@@ -34,7 +34,7 @@ the argument and the shapes.
 [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('_move', __name__)   # lower layers call into this module through _hooks.upper
 
 import math
@@ -42,7 +42,7 @@ import operator
 
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._slicing import concatenate, getitem
 from .array import Array
 from . import _ops

@@ -34,13 +34,13 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from . import _ops
 from ._move import (_axes, _axis, _int, _operand as op, flip, moveaxis, sort, swapaxes, take,
                     take_along_axis)
 from ._slicing import getitem
 from .array import Array, device_put
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 __all__ = [
     # dtypes and introspection

@@ -29,7 +29,7 @@ operand, ``imag`` its zeros.
 [5.0, 25.0]
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('_numpy_more', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -39,13 +39,13 @@ import operator
 
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._numpy_extra import _cnp, _o, _operand   # the lazy module accessors, shared
 from . import _elementwise, _math_extra
 from ._move import _axes, _axis as a, _int as i, take_along_axis
 from ._slicing import getitem
 from .array import Array
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 __all__ = [
     # NumPy-2 / array-API aliases

@@ -17,13 +17,13 @@ The propagation rules are those of tensor and data parallelism:
 When a :func:`value_and_grad` trace is active, each op also records its
 vector-Jacobian product on the tape. Arithmetic is float32 (bfloat16 / float16 operands are
 converted, computed in float32 and rounded back per op: see "dtypes" below); matrix products
-take a ``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._precision`).
+take a ``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._src.base.precision`).
 Integer and bool operands (``add``, ``sum``, ``where``, ... when jax's promotion is not a
 float) go to the typed kernels of :mod:`ctrainstate._elementwise`, which also holds the
 comparisons and boolean ops.
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('_ops', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -35,19 +35,20 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _C, _dtypes
-from ._devices import Device
-from ._precision import resolve_precision as _resolve_precision
+from . import _C
+from ._src.base import dtypes as _dtypes
+from ._src.base.devices import Device
+from ._src.base.precision import resolve_precision as _resolve_precision
 from .array import Array, _as_sharding, device_put
 from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
 from . import _elementwise
 from . import _elementwise as ew
 from ._abstract import ShapeDtypeStruct
-from ._devices import devices
+from ._src.base.devices import devices
 from ._elementwise import result_type, sum_dtype
 from .array import _alloc_blocks
 from .tree_util import tree_flatten, tree_map, tree_unflatten
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 # the kernels' op codes (csrc/core/ct_ops.h), read from _C.op_codes
 _UN, _BIN = _C.op_codes["unary"], _C.op_codes["binary"]
@@ -1390,7 +1391,7 @@ def matmul(a, b, *, precision=None) -> Array:
     :func:`ctrainstate.default_matmul_precision` says otherwise), a
     :class:`ctrainstate.lax.Precision`, ``'float32'`` / ``'highest'``, ``'tensorfloat32'`` /
     ``'high'`` (operands rounded to TF32, float32 accumulation), ``'bfloat16'`` (rounded to
-    bfloat16), ... — the table is in :mod:`ctrainstate._precision`. ``Precision.DEFAULT`` is
+    bfloat16), ... — the table is in :mod:`ctrainstate._src.base.precision`. ``Precision.DEFAULT`` is
     full float32 here on every backend, unlike jax on GPUs (TF32). The gradient's products
     use the same precision; each shard's partial product is rounded the same way, so a
     sharded product equals the single-device one up to float32 summation order.

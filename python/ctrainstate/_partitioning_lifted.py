@@ -38,7 +38,7 @@ from .nn import transforms as _transforms
 from .nn.lifted import In as ScanIn, Out as ScanOut  # noqa: N814  (Flax's names)
 from . import _remat
 from .nn.spmd import _is_logical_spec as f, with_logical_constraint
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 __all__ = ['scan_with_axes', 'vmap_with_axes', 'remat', 'core_remat_static', 'ScanIn',
            'ScanOut']

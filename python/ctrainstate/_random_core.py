@@ -9,7 +9,8 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from . import _C, _dtypes
+from . import _C
+from ._src.base import dtypes as _dtypes
 from . import _ops
 from ._abstract import is_abstract, ShapeDtypeStruct
 from .array import _fill_array, Array, device_put

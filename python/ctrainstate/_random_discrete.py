@@ -72,7 +72,7 @@ import operator
 import ml_dtypes
 import numpy as np
 
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._random_dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_of,
                            _fma, _log, _log1p, _param, _rounder, _to_int)
 from ._random_core import _UNIFORM, _key_words, split

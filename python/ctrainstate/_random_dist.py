@@ -34,7 +34,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import _C, _dtypes
+from . import _C
+from ._src.base import dtypes as _dtypes
 from ._random_core import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _produce,
                      _shape, _xla_log, split)
 from ._abstract import is_abstract, ShapeDtypeStruct

@@ -57,7 +57,8 @@ import operator
 
 import numpy as np
 
-from . import _C, _dtypes
+from . import _C
+from ._src.base import dtypes as _dtypes
 from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma,
                            _elementwise, _float_of, _is_weak, _log, _log1p, _param,
                            _result_shape, _rounder)

@@ -29,8 +29,8 @@ from typing import Callable
 from .array import Array
 from .tree_util import tree_flatten
 from . import _ops, sharding
-from ._precision import current_default, default_mode
-from ._hooks import upper as _upper
+from ._src.base.precision import current_default, default_mode
+from ._src.base.hooks import upper as _upper
 
 __all__ = ["checkpoint", "remat", "checkpoint_policies"]
 

@@ -13,7 +13,7 @@ full copy is made, on the host, because the user asked for it.
 5.0
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('array', __name__)   # lower layers call into this module through _hooks.upper
 
 import html
@@ -21,17 +21,18 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import _C, _dtypes
-from ._devices import Device
+from . import _C
+from ._src.base import dtypes as _dtypes
+from ._src.base.devices import Device
 from ._operators import OperatorsMixin
 from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
                        default_sharding, shard_index)
 from .tree_util import register_leaf_type, tree_leaves, tree_map
 from ._abstract import is_abstract, ShapeDtypeStruct
-from ._devices import _by_id, _device_by_id, _ids, devices, devices as _devices
+from ._src.base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
 from .sharding import get_mesh, Mesh
 from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
-from ._hooks import upper as _upper
+from ._src.base.hooks import upper as _upper
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
            "visualize_sharding",
@@ -889,6 +890,6 @@ def _sharding_html(a: Array) -> str:
             f"{''.join(body)}</table></div>")
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -53,8 +53,9 @@ from __future__ import annotations
 
 import os as _os
 
-from . import _devices
-from . import _C as C, _precision
+from ._src.base import devices as _devices
+from . import _C as C
+from ._src.base import precision as _precision
 
 __all__ = ["update", "read"]
 

@@ -159,6 +159,6 @@ def pretty_repr(x: Any, num_spaces: int = 4) -> str:
     return rec(x)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -59,6 +59,6 @@ def inspect_array_sharding(value, *, callback: Callable) -> None:
     callback(value.sharding)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,6 +1,6 @@
 """The ``jax.lax`` names a sharded training script uses: ``with_sharding_constraint``,
 ``stop_gradient``, ``Precision`` (the ``precision=`` of matrix products: DEFAULT and HIGHEST
-are float32 here, HIGH is TF32; see :mod:`ctrainstate._precision`), and ``dynamic_slice`` /
+are float32 here, HIGH is TF32; see :mod:`ctrainstate._src.base.precision`), and ``dynamic_slice`` /
 ``dynamic_update_slice`` (a region at start indices known at run time, e.g. a decoding
 cache's position; see :func:`dynamic_update_slice`), and the elementwise ``erf``, ``erfc``,
 ``log1p``, ``expm1``, ``floor``, ``ceil`` and ``sign`` (those of :mod:`ctrainstate.numpy`).
@@ -26,7 +26,7 @@ back to the input's sharding. numpy leaves are placed like Arrays.
 PartitionSpec('data',)
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('lax', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -35,7 +35,7 @@ import numpy as np
 
 from . import tree_util
 from ._abstract import ShapeDtypeStruct
-from ._devices import Device
+from ._src.base.devices import Device
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, _replicate_uneven, get_mesh
 
@@ -43,7 +43,8 @@ from ._ops import stop_gradient  # noqa: E402,F401
 # jax.lax's elementwise functions that ctrainstate.numpy also has (the same kernels; lax.round,
 # whose default rounds halves away from zero unlike jnp.round, is not among them)
 from ._ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
-from . import _dtypes, _ops, _slicing
+from ._src.base import dtypes as _dtypes
+from . import _ops, _slicing
 from ._abstract import is_abstract
 from ._move import _axis as one_axis
 from ._ops import with_sharding
@@ -54,7 +55,7 @@ def _abstract_dtype(operand):
     if isinstance(operand, (Array, ShapeDtypeStruct)):
         return operand.dtype
     return _dtypes.canonicalize(np.asarray(operand).dtype)
-from ._precision import Precision  # noqa: E402,F401
+from ._src.base.precision import Precision  # noqa: E402,F401
 from ._lax_more import (  # noqa: E402,F401
     RoundingMethod, acos, acosh, asin, asinh, atan, atan2, atanh, batch_matmul, bitwise_and,
     bitwise_not, bitwise_or, bitwise_xor, cbrt, clz, cosh, dot, eq, exp2, ge, gt, is_finite,
@@ -455,6 +456,6 @@ __all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "ps
             "psum_scatter"]
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

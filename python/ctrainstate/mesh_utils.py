@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ._devices import Device, devices as _devices
-from . import _dtypes
+from ._src.base.devices import Device, devices as _devices
+from ._src.base import dtypes as _dtypes
 from .sharding import Mesh
 
 __all__ = ["create_device_mesh", "make_mesh"]
@@ -96,6 +96,6 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
     return Mesh(create_device_mesh(shape, devs[:need]), tuple(axis_names))
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -18,7 +18,7 @@ jax's results (:mod:`ctrainstate._elementwise`).
 >>> np.asarray(cnp.sum(x * 2.0, axis=0)).tolist()
 [6.0, 10.0, 14.0]
 """
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('numpy', __name__)   # lower layers call into this module through _hooks.upper
 import numpy as _np
 
@@ -103,7 +103,7 @@ from ._math_extra import (  # noqa: F401
 )
 from . import _C, _ops as _o
 from ._operators import reduce_operand as _reduce_operand
-from . import _dtypes
+from ._src.base import dtypes as _dtypes
 from ._abstract import is_abstract, ShapeDtypeStruct, ShapeDtypeStruct as _SDS
 from ._slicing import getitem
 from .array import _buffer_view, _fill_array, Array, check_python_ints, device_put
@@ -422,7 +422,7 @@ def squeeze(x, axis=None):
 # Sharding) when given, else replicated over the active mesh, else on the default device.
 # Without ``dtype``, floats are float32 and integers int32 (JAX without x64).
 
-from . import _dtypes as _dt  # noqa: E402
+from ._src.base import dtypes as _dt  # noqa: E402
 
 class _ScalarMeta(type):
     """jnp's scalar types: ``jnp.float32`` is a dtype (``np.dtype(jnp.float32)``,

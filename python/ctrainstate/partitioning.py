@@ -28,7 +28,7 @@ True
 {'wi': PartitionSpec(None, 'model')}
 """
 from __future__ import annotations
-from ._hooks import provide as _provide
+from ._src.base.hooks import provide as _provide
 _provide('partitioning', __name__)   # lower layers call into this module through _hooks.upper
 
 # Non-API names are imported under private aliases: this module's public names are
@@ -53,7 +53,7 @@ from .nn.spmd import (  # noqa: F401  (re-exports)
     _is_logical_spec,
 )
 from .sharding import PartitionSpec as _PartitionSpec
-from ._trace_state import in_jit as _in_jit
+from ._src.base.trace_state import in_jit as _in_jit
 from .nn.module import current_module as _current_module
 from .nn.module import sharded_initializer as _sharded_initializer
 from .sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
@@ -384,6 +384,6 @@ from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)
 )
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -79,6 +79,6 @@ from ._random_discrete import (binomial, clone, key_dtype, key_impl,  # noqa: E4
 __all__ += ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._abstract import ShapeDtypeStruct
-from ._dtypes import bfloat16
+from ._src.base.dtypes import bfloat16
 from .array import Array, device_put
 from .nn.meta import Partitioned
 from .nn.spmd import LogicallyPartitioned
@@ -214,6 +214,6 @@ def _in_order(td, x, like):
     return node.unflatten(kids)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -22,9 +22,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import _C, _dtypes
-from ._devices import Device, devices as _all_devices
-from ._trace_state import in_jit
+from . import _C
+from ._src.base import dtypes as _dtypes
+from ._src.base.devices import Device, devices as _all_devices
+from ._src.base.trace_state import in_jit
 
 __all__ = [
     "Mesh",
@@ -493,7 +494,7 @@ def _replicate_uneven(sharding, shape):
     replicated instead. An eager placement of such a spec raises, as ``jax.device_put`` does.
 
     >>> import numpy as np, ctrainstate as cts
-    >>> from ctrainstate._trace_state import jit_scope
+    >>> from ctrainstate._src.base.trace_state import jit_scope
     >>> mesh = cts.Mesh(np.array(cts.devices()[:1]).reshape(1), ('mp',))
     >>> s = cts.NamedSharding(mesh, cts.P('mp', None))
     >>> _replicate_uneven(s, (7, 2)) is s   # outside jit: as given
@@ -530,6 +531,6 @@ def _uneven_dims(sharding, shape) -> list:
     return out
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -349,6 +349,6 @@ def assert_mesh_invariant(fn: Callable[[], Any], meshes: Sequence[_Mesh]) -> lis
     return outs
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -679,6 +679,6 @@ def tree_reduce_associative(operation: Callable, tree, *, identity: Any = _UNSPE
     return reduce(tree_leaves(tree, is_leaf=is_leaf))
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -301,7 +301,8 @@ def test_kernel_codes_are_read_from_C_not_copied():
     ``A, B, ... = range(N)`` copies of a C enum anywhere in the package."""
     import ast
     import pathlib
-    from ctrainstate import _elementwise, _math_extra, _precision
+    from ctrainstate import _elementwise, _math_extra
+    from ctrainstate._src.base import precision as _precision
     codes = _C.op_codes
     assert _ops.U_ERFC == codes["unary"]["ERFC"] and _ops.B_PICK == codes["binary"]["PICK"]
     assert _math_extra.U_SIGNBIT == codes["unary"]["SIGNBIT"]

@@ -37,7 +37,7 @@ from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
 from ..sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from ..tree_util import tree_leaves
 from . import _io
-from .._devices import process_index as _process_index
+from .._src.base.devices import process_index as _process_index
 
 FORMAT = "ctrainstate.checkpoint"
 VERSION = 1

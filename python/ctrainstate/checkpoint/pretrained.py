@@ -394,6 +394,6 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
             os.close(fd)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes
+from .._src.base import dtypes as _dtypes
 from .._abstract import ShapeDtypeStruct
 from ..array import Array
 from ..tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
@@ -70,6 +70,6 @@ def to_fp32(params, mask=None):
     return _floats_to(params, np.float32, mask)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -17,6 +17,6 @@ from .._partition_rules import Rules, gpt_neo_rules, gptj_rules, match, set_part
 
 __all__ = ['match', 'set_partitions', 'gpt_neo_rules', 'gptj_rules', 'Rules']
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import random
-from .._devices import local_device_count, local_devices
+from .._src.base.devices import local_device_count, local_devices
 from ..array import Array, device_put
 from ..train_state import TrainState as _FlaxTrainState
 from ..tree_util import tree_map
@@ -220,6 +220,6 @@ class TrainState(_FlaxTrainState):
         return replicate(self).replace(dropout_rng=shard_prng_key(self.dropout_rng))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -28,7 +28,8 @@ import numpy as np
 
 from typing import Any
 
-from .. import _dtypes, _ops
+from .._src.base import dtypes as _dtypes
+from .. import _ops
 from ..array import device_put
 from .module import Module as _Module, compact as _compact
 from .. import numpy as cnp
@@ -347,6 +348,6 @@ class PReLU(_Module):
         return cnp.where(cnp.greater_equal(x, 0.0), x, cnp.multiply(slope, x))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

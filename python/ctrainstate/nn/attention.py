@@ -48,7 +48,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import _dtypes, _ops
+from .._src.base import dtypes as _dtypes
+from .. import _ops
 from .. import lax as _lax
 from .. import numpy as cnp
 from .. import random as _random
@@ -712,6 +713,6 @@ def combine_masks(*masks, dtype=np.float32):
     return out if dt == np.float32 else out.astype(dt)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

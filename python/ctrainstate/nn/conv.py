@@ -336,6 +336,6 @@ class ConvTranspose(Module):
         return _finish(y, bias, batch_shape)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes, _ops
+from .._src.base import dtypes as _dtypes
+from .. import _ops
 from .._abstract import ShapeDtypeStruct
 from ..array import Array
 
@@ -104,6 +105,6 @@ def _check_dtype(module) -> None:
                             f"bfloat16 or float16 (or None)")
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import _dtypes
+from .._src.base import dtypes as _dtypes
 from .. import _random_core as _random
 from .._abstract import is_abstract, ShapeDtypeStruct
 from ..array import _fill_array, device_put
@@ -269,6 +269,6 @@ def orthogonal(scale=1.0, column_axis: int = -1, dtype=np.float32) -> Initialize
     return init
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

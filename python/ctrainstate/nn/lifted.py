@@ -1056,6 +1056,6 @@ def vmap(target, variable_axes: Mapping = {}, split_rngs: Mapping = {}, in_axes=
     return _lift_class("vmap", "Vmap", target, _method_configs(methods, cfg, make), _vmap_call)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

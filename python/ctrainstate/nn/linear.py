@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import _dtypes
+from .._src.base import dtypes as _dtypes
 from .. import numpy as cnp
 from .._move import _int
 from ..array import Array, device_put
@@ -22,7 +22,7 @@ from . import initializers
 from .dtypes import _check_dtype, promote_dtype
 from .module import Module, compact
 from .._abstract import ShapeDtypeStruct
-from .._precision import resolve_precision
+from .._src.base.precision import resolve_precision
 from ..nn.module import _accepts_out_sharding, sharded_initializer
 from ..nn.spmd import _replicate_uneven
 from ..nn.stochastic import merge_param
@@ -40,7 +40,7 @@ def _in_features(x) -> int:
 
 def _precision(module):
     """``module.precision``, checked now so a bad value names the module (the product
-    resolves it again: ``None`` is the thread's default, see :mod:`ctrainstate._precision`)."""
+    resolves it again: ``None`` is the thread's default, see :mod:`ctrainstate._src.base.precision`)."""
     resolve_precision(module.precision, f"{type(module).__name__}(precision=...)")
     return module.precision
 
@@ -463,6 +463,6 @@ class Embed(Module):
 from .normalization import LayerNorm  # noqa: E402,F401
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

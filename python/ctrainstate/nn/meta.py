@@ -24,7 +24,7 @@ from .. import sharding as _sh
 from .._ops import with_sharding
 from ..array import Array, device_put
 from ..sharding import get_mesh
-from .._hooks import upper as _upper
+from .._src.base.hooks import upper as _upper
 
 PARTITION_NAME = 'partition_name'
 
@@ -305,6 +305,6 @@ def get_sharding(tree: Any, mesh) -> Any:
     return tree_util.tree_map(f, tree, is_leaf=is_axis_metadata)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

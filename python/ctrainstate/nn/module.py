@@ -33,7 +33,7 @@ default device.
 (2, 1)
 """
 from __future__ import annotations
-from .._hooks import provide as _provide
+from .._src.base.hooks import provide as _provide
 _provide('nn.module', __name__)   # lower layers call into this module through _hooks.upper
 
 import contextlib
@@ -921,6 +921,6 @@ def _shape_argument(args, kwargs):
     return tuple(int(d) for d in shape)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

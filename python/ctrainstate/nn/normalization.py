@@ -589,6 +589,6 @@ class SpectralNorm(Module):
         return _as_dtype(value_bar, canonicalize_dtype(vs, u0, v0, sigma, dtype=self.dtype))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

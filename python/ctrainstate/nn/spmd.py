@@ -16,7 +16,7 @@ claims a dimension; unmatched names resolve to ``None``; non-string entries
 PartitionSpec('data', 'model', None)
 """
 from __future__ import annotations
-from .._hooks import provide as _provide
+from .._src.base.hooks import provide as _provide
 _provide('nn.spmd', __name__)   # lower layers call into this module through _hooks.upper
 
 import contextlib
@@ -34,7 +34,7 @@ from . import meta
 from .._ops import with_sharding
 from ..array import Array, device_put
 from ..sharding import get_mesh
-from .._hooks import upper as _upper
+from .._src.base.hooks import upper as _upper
 
 _C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)
 
@@ -496,6 +496,6 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
     return wrapper
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import _dtypes, _ops
+from .._src.base import dtypes as _dtypes
+from .. import _ops
 from .. import random as _random
 from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
@@ -111,6 +112,6 @@ def _host_input(inputs):
     return cnp.asarray(inputs)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -31,7 +31,7 @@ from .._abstract import eval_shape
 from ..core import FrozenDict
 from ..nn.meta import AxisMetadata
 from ..tree_util import tree_leaves
-from .._hooks import upper as _upper
+from .._src.base.hooks import upper as _upper
 
 __all__ = ["tabulate"]
 
@@ -329,6 +329,6 @@ def tabulate(module, rngs, depth=None, show_repeated=False, mutable=None, consol
     return table_fn
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

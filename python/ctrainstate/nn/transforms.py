@@ -173,6 +173,6 @@ def remat(target, variables=True, rngs=True, concrete: bool = False, prevent_cse
 checkpoint = remat
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -635,6 +635,6 @@ def override_named_call(enable: bool = True):
         _NAMED_CALL[0] = prev
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -24,7 +24,7 @@ registers, and what the step writes is rounded once to the array's dtype (optax'
 ``mu_dtype`` state, 16-bit params updated as ``(p + u).astype(p.dtype)``).
 """
 from __future__ import annotations
-from .._hooks import provide as _provide
+from .._src.base.hooks import provide as _provide
 _provide('optim.base', __name__)   # lower layers call into this module through _hooks.upper
 
 import inspect
@@ -37,7 +37,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import optree
 
-from .. import _C, _dtypes
+from .. import _C
+from .._src.base import dtypes as _dtypes
 from ..array import Array, DonatedBufferError, device_put
 from ..sharding import NamedSharding, PartitionSpec, default_sharding
 from ..tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
@@ -1060,6 +1061,6 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves, pde
     return out + (plan,) if want_plan else out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -10,7 +10,7 @@ pass counts non-finite updates; when rejected the inner stages are skipped,
 their state is left untouched and the updates are zero).
 """
 from __future__ import annotations
-from .._hooks import provide as _provide
+from .._src.base.hooks import provide as _provide
 _provide('optim.combine', __name__)   # lower layers call into this module through _hooks.upper
 
 from typing import Any, NamedTuple
@@ -408,6 +408,6 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
     return tx
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -28,7 +28,8 @@ import numpy as np
 from .. import _ops
 from .utils import (l2_loss, softmax_cross_entropy, softmax_cross_entropy_with_integer_labels,
                     squared_error)
-from .. import _dtypes, numpy as cnp
+from .._src.base import dtypes as _dtypes
+from .. import numpy as cnp
 from ..nn.activation import log_sigmoid, log_softmax, softmax
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
@@ -483,6 +484,6 @@ def ntxent(embeddings, labels, temperature=0.07):
     return _ntxent_p(embeddings, lab, temperature)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .. import _dtypes
+from .._src.base import dtypes as _dtypes
 from ..array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
@@ -32,7 +32,7 @@ from ..array import device_put as _put
 from ..optim.base import read_scalar
 from ..optim.utils import safe_norm
 from ..sharding import NamedSharding, PartitionSpec
-from .._hooks import upper as _upper
+from .._src.base.hooks import upper as _upper
 
 __all__ = [
     "ScaleByAdamState", "ScaleByLionState", "ScaleByRmsState", "ScaleByRmsWithCountState",
@@ -1173,6 +1173,6 @@ __all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",
             "ScaleByDistanceOverGradientsState", "scale_by_distance_over_gradients"]
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

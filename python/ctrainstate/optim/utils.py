@@ -224,6 +224,6 @@ softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
     softmax_cross_entropy_with_integer_labels, (0,))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

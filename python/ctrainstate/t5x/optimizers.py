@@ -526,6 +526,6 @@ def _per_param(param_states, sub_params, opt) -> dict:
     return out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

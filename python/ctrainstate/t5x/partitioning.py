@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _devices
+from .._src.base import devices as _devices
 from .. import partitioning as flax_partitioning
 from .._jit import pjit as _pjit
 from ..mesh_utils import create_device_mesh
@@ -621,6 +621,6 @@ def host_local_array_to_global_array(arr_tree, mesh, pspecs):
                     is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -206,6 +206,6 @@ def unflatten_dict(flat: dict, sep: str | None = None) -> dict:
     return out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

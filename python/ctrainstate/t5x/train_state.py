@@ -262,6 +262,6 @@ class InferenceState(PyTreeNode):
             flax_mutables=flax_partitioning.get_axis_names(self.flax_mutables_axes or EMPTY_DICT))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

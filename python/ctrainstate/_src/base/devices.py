@@ -13,11 +13,12 @@ import glob
 import os
 import threading
 
-from . import _C
+from ... import _C
 
 # The CUDA backend is a separate library that the core loads with dlopen() the
 # first time devices are used; tell it where the library is (if it was built).
-_cuda_libs = glob.glob(os.path.join(os.path.dirname(__file__), "_cuda_backend*.so"))
+_cuda_libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                                    "_cuda_backend*.so"))   # in the package directory
 if _cuda_libs and not os.environ.get("CTRAINSTATE_CUDA_BACKEND"):
     os.environ["CTRAINSTATE_CUDA_BACKEND"] = _cuda_libs[0]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from . import _C
+from ... import _C
 
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)

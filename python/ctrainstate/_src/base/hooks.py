@@ -8,7 +8,7 @@ module registers itself here when it is imported (:func:`provide`, first thing i
 module) and the lower one looks it up at call time (:func:`upper`). ``import ctrainstate``
 imports every layer, so by the time any function runs every provider is registered.
 
->>> from ctrainstate import _hooks
+>>> from ctrainstate._src.base import hooks as _hooks
 >>> _hooks.upper("numpy").__name__
 'ctrainstate.numpy'
 """

@@ -68,7 +68,7 @@ import contextlib
 import enum
 import threading
 
-from . import _C
+from ... import _C
 
 __all__ = ["Precision", "default_matmul_precision", "resolve_precision"]
 
@@ -80,7 +80,7 @@ class Precision(enum.Enum):
     """``jax.lax.Precision``: DEFAULT, HIGH, HIGHEST (string aliases as in jax).
 
     In ctrainstate DEFAULT and HIGHEST are float32 and HIGH is TF32 (see
-    :mod:`ctrainstate._precision` for the table and how it differs from jax).
+    :mod:`ctrainstate._src.base.precision` for the table and how it differs from jax).
 
     >>> from ctrainstate.lax import Precision
     >>> Precision('tensorfloat32'), Precision.HIGHEST

@@ -8,9 +8,10 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate import _C, _ops
+from ctrainstate import _C
+from ctrainstate._src.ops import ops as _ops
 from ctrainstate import random as R
-from ctrainstate import _random_core
+from ctrainstate._src.random import core as _random_core
 from recorded import bits_digest
 
 NAN, INF = np.nan, np.inf

@@ -126,7 +126,7 @@ def test_abi6_unary_ops_match_cpu(name):
     same bits (signs of zeros, NaN, halves to even); log1p / expm1 / erf / erfc are each
     backend's libm: CUDA documents log1pf and expm1f within 1 ulp, erff 2 and erfcf 4 of the
     true value, glibc's are within 2 here, so they differ by at most 4 ulp (erfc: 6)."""
-    from ctrainstate import _ops
+    from ctrainstate._src.ops import ops as _ops
     rng = np.random.default_rng(3)
     x = np.r_[rng.uniform(-6, 6, 4000), [0.5, 1.5, 2.5, -0.5, -2.5, 0.0, -0.0, np.nan, np.inf,
                                          -np.inf, 1e-7, -1e-30, 2.0 ** 23 - 0.5]]
@@ -1251,7 +1251,7 @@ def _ew_values(dt, shape, seed):
 
 def _ew_cases(dt):
     """(name, fn) of the typed ops that accept operands of dtype dt."""
-    import ctrainstate._elementwise as ew
+    import ctrainstate._src.ops.elementwise as ew
     cases = [(n, getattr(ew, n)) for n in ("equal", "not_equal", "less", "less_equal",
                                            "greater", "greater_equal", "logical_and",
                                            "logical_xor")]
@@ -1273,7 +1273,7 @@ def test_typed_elementwise_on_gpu_matches_cpu(dt):
     """The CUDA ewise kernel gives the CPU kernel's bits for every op and dtype, dense and
     broadcast (zero divisors, shifts past the width, NaN, subnormals, wraparound), except
     a NaN result's sign and payload (CUDA's canonical NaN: conftest.assert_same_bits)."""
-    import ctrainstate._elementwise as ew
+    import ctrainstate._src.ops.elementwise as ew
     a, b = _ew_values(dt, (37, 19), 1), _ew_values(dt, (19,), 2)
     b2 = _ew_values(dt, (37, 19), 3)
     cpu = cts.devices("cpu")[0]
@@ -1300,7 +1300,7 @@ def test_typed_elementwise_on_gpu_matches_cpu(dt):
 def test_int_reductions_and_cumsum_on_a_gpu_mesh_match_cpu(dt):
     """Integer sums (wrapping), max, min, any/all and cumsum on a GPU mesh, the reduced axis
     sharded (partial results combined across devices), give the single CPU device's bits."""
-    import ctrainstate._elementwise as ew
+    import ctrainstate._src.ops.elementwise as ew
     n = min(4, len(gpus()))
     m = gpu_mesh((n,), ("x",))
     x = _ew_values(dt, (8 * n, 13), 4)

@@ -25,7 +25,8 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate import NamedSharding, P, _C, _ops, nn, random
+from ctrainstate import NamedSharding, P, _C, nn, random
+from ctrainstate._src.ops import ops as _ops
 from ctrainstate.lax import Precision
 
 MANTISSA = {"float32": 23, "tensorfloat32": 10, "bfloat16": 7}

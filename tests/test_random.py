@@ -7,7 +7,7 @@ import pytest
 
 import ctrainstate as cts
 from ctrainstate import random as R
-from ctrainstate import _random_core
+from ctrainstate._src.random import core as _random_core
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),

@@ -17,9 +17,9 @@ import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import lax
 from ctrainstate import random as R
-from ctrainstate import _random_core
-from ctrainstate import _random_gamma as G
-from ctrainstate._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,
+from ctrainstate._src.random import core as _random_core
+from ctrainstate._src.random import gamma as G
+from ctrainstate._src.random.gamma import (ball, beta, chisquare, dirichlet, f, gamma,
                                        generalized_normal, loggamma, t)
 from recorded import bits_digest
 from sampler_checks import cdf_ok, mean_ok

@@ -882,7 +882,7 @@ def test_scan_under_eval_shape():
     assert shapes['params_axes']['layers']['wi_axes'] == AxisMetadata(('layers', 'embed', 'mlp'))
 
 
-@pytest.mark.parametrize("name", ["ctrainstate.nn.lifted", "ctrainstate._partitioning_lifted",
+@pytest.mark.parametrize("name", ["ctrainstate.nn.lifted", "ctrainstate._src.partitioning.lifted",
                                   "ctrainstate.nn.stochastic"])
 def test_doctests(name):
     res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)

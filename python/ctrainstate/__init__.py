@@ -18,14 +18,14 @@ from .mesh_utils import make_mesh
 from .array import (Array, Shard, block_until_ready, device_get, device_put, from_dlpack,
                     visualize_array_sharding)
 from . import numpy
-from ._ops import grad, value_and_grad
-from ._custom import custom_vjp, jacobian, jacrev, vjp
-from ._remat import checkpoint, checkpoint_policies, remat
+from ._src.ops.ops import grad, value_and_grad
+from ._src.autodiff.custom import custom_vjp, jacobian, jacrev, vjp
+from ._src.autodiff.remat import checkpoint, checkpoint_policies, remat
 from ._src.base.precision import default_matmul_precision
-from ._abstract import ShapeDtypeStruct, eval_shape
-from ._jit import jit, pjit
-from ._pmap import device_put_replicated, device_put_sharded, pmap
-from ._vmap import vmap
+from ._src.array.abstract import ShapeDtypeStruct, eval_shape
+from ._src.jit.jit import jit, pjit
+from ._src.numpy_lax.pmap import device_put_replicated, device_put_sharded, pmap
+from ._src.numpy_lax.vmap import vmap
 from . import optim, train_state, lax, serialization, struct, traverse_util, core, debug
 from . import distributed
 # `checkpoint` names the checkpoint package, which is also callable as jax.checkpoint (remat);

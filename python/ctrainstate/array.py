@@ -24,11 +24,11 @@ import numpy as np
 from . import _C
 from ._src.base import dtypes as _dtypes
 from ._src.base.devices import Device
-from ._operators import OperatorsMixin
+from ._src.array.operators import OperatorsMixin
 from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
                        default_sharding, shard_index)
 from .tree_util import register_leaf_type, tree_leaves, tree_map
-from ._abstract import is_abstract, ShapeDtypeStruct
+from ._src.array.abstract import is_abstract, ShapeDtypeStruct
 from ._src.base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
 from .sharding import get_mesh, Mesh
 from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
@@ -358,7 +358,7 @@ class _ArrayMethods(OperatorsMixin):
 
     __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
 
-    # --- indexing (numpy's basic and advanced indices): ctrainstate._slicing ------------------
+    # --- indexing (numpy's basic and advanced indices): ctrainstate._src.ops.slicing ------------------
     def __getitem__(self, idx):
         """``x[idx]`` with numpy's indexing, as ``jax.Array`` (any dtype; differentiable for
         float32): ints, slices of any step, ``None``, ``...``, integer arrays (numpy arrays,
@@ -366,7 +366,7 @@ class _ArrayMethods(OperatorsMixin):
         boolean masks with concrete values. Out-of-range entries of an index array are
         clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
         Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see
-        :mod:`ctrainstate._slicing`)."""
+        :mod:`ctrainstate._src.ops.slicing`)."""
         getitem = _upper('_slicing').getitem
         return getitem(self, idx)
 
@@ -480,7 +480,7 @@ def _extend_array_type():
     for name, v in ns.items():
         f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
         if hasattr(f, "__qualname__") and getattr(f, "__module__", None) in (
-                __name__, "ctrainstate._operators"):
+                __name__, "ctrainstate._src.array.operators"):
             try:
                 f.__qualname__ = f"Array.{name}"
             except (AttributeError, TypeError):

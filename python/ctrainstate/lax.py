@@ -6,10 +6,10 @@ cache's position; see :func:`dynamic_update_slice`), and the elementwise ``erf``
 ``log1p``, ``expm1``, ``floor``, ``ceil`` and ``sign`` (those of :mod:`ctrainstate.numpy`).
 
 Control flow (``fori_loop``, ``while_loop``, ``cond``, ``switch``, ``scan``, ``map``) runs
-eagerly on the host, differentiably, with jax's carry checks (:mod:`ctrainstate._lax_control`).
+eagerly on the host, differentiably, with jax's carry checks (:mod:`ctrainstate._src.numpy_lax.lax_control`).
 The primitives (``add`` ... ``dot_general``, ``pad``, ``slice``, ``select``, ``reduce_*``,
 ``cum*``, ``sort``, ``top_k``, ...) keep lax's strictness: one dtype, no rank broadcasting,
-non-negative axes, jax's error messages (:mod:`ctrainstate._lax_ops`).
+non-negative axes, jax's error messages (:mod:`ctrainstate._src.numpy_lax.lax_ops`).
 
 ``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
 sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
@@ -34,20 +34,20 @@ import builtins
 import numpy as np
 
 from . import tree_util
-from ._abstract import ShapeDtypeStruct
+from ._src.array.abstract import ShapeDtypeStruct
 from ._src.base.devices import Device
 from .array import Array, device_put
 from .sharding import NamedSharding, PartitionSpec, Sharding, _replicate_uneven, get_mesh
 
-from ._ops import stop_gradient  # noqa: E402,F401
+from ._src.ops.ops import stop_gradient  # noqa: E402,F401
 # jax.lax's elementwise functions that ctrainstate.numpy also has (the same kernels; lax.round,
 # whose default rounds halves away from zero unlike jnp.round, is not among them)
-from ._ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
+from ._src.ops.ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
 from ._src.base import dtypes as _dtypes
-from . import _ops, _slicing
-from ._abstract import is_abstract
-from ._move import _axis as one_axis
-from ._ops import with_sharding
+from ._src.ops import ops as _ops, slicing as _slicing
+from ._src.array.abstract import is_abstract
+from ._src.ops.move import _axis as one_axis
+from ._src.ops.ops import with_sharding
 
 
 def _abstract_dtype(operand):
@@ -56,23 +56,27 @@ def _abstract_dtype(operand):
         return operand.dtype
     return _dtypes.canonicalize(np.asarray(operand).dtype)
 from ._src.base.precision import Precision  # noqa: E402,F401
-from ._lax_more import (  # noqa: E402,F401
-    RoundingMethod, acos, acosh, asin, asinh, atan, atan2, atanh, batch_matmul, bitwise_and,
-    bitwise_not, bitwise_or, bitwise_xor, cbrt, clz, cosh, dot, eq, exp2, ge, gt, is_finite,
-    le, lt, ne, nextafter, population_count, reciprocal, reduce_and, reduce_or, reduce_xor,
-    round, shift_left, shift_right_arithmetic, shift_right_logical, sinh, split, tan)
+from ._src.numpy_lax.lax_more import (RoundingMethod, acos, acosh, asin, asinh, atan, atan2, atanh,
+                                      batch_matmul, bitwise_and, bitwise_not, bitwise_or,
+                                      bitwise_xor, cbrt, clz, cosh, dot, eq, exp2, ge, gt,
+                                      is_finite, le, lt, ne, nextafter, population_count,
+                                      reciprocal, reduce_and, reduce_or, reduce_xor, round,
+                                      shift_left, shift_right_arithmetic, shift_right_logical,
+                                      sinh, split, tan)
 
-# control flow, run eagerly (see ctrainstate._lax_control), and the strict primitives
-# (no implicit promotion or rank broadcasting; see ctrainstate._lax_ops)
-from ._lax_control import (associative_scan, cond, fori_loop, map, scan, switch,  # noqa: E402,F401
-                           while_loop)
-from ._lax_ops import (  # noqa: E402,F401
-    abs, add, argmax, argmin, broadcast, broadcast_in_dim, broadcasted_iota, clamp,
-    concatenate, convert_element_type, cos, cummax, cummin, cumprod, cumsum, div, dot_general,
-    exp, expand_dims, full, full_like, index_in_dim, integer_pow, iota, log, logistic, max,
-    min, mul, neg, pad, pow, reduce_max, reduce_min, reduce_prod, reduce_sum, rem, reshape,
-    rev, rsqrt, select, select_n, sin, slice, slice_in_dim, sort, sort_key_val, sqrt, square,
-    squeeze, sub, tanh, top_k, transpose)
+# control flow, run eagerly (see ctrainstate._src.numpy_lax.lax_control), and the strict primitives
+# (no implicit promotion or rank broadcasting; see ctrainstate._src.numpy_lax.lax_ops)
+from ._src.numpy_lax.lax_control import (associative_scan, cond, fori_loop, map, scan, switch,
+                                         while_loop)
+from ._src.numpy_lax.lax_ops import (abs, add, argmax, argmin, broadcast, broadcast_in_dim,
+                                     broadcasted_iota, clamp, concatenate, convert_element_type,
+                                     cos, cummax, cummin, cumprod, cumsum, div, dot_general, exp,
+                                     expand_dims, full, full_like, index_in_dim, integer_pow, iota,
+                                     log, logistic, max, min, mul, neg, pad, pow, reduce_max,
+                                     reduce_min, reduce_prod, reduce_sum, rem, reshape, rev, rsqrt,
+                                     select, select_n, sin, slice, slice_in_dim, sort,
+                                     sort_key_val, sqrt, square, squeeze, sub, tanh, top_k,
+                                     transpose)
 
 __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
            "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
@@ -87,7 +91,7 @@ __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_sl
            "rem", "reshape", "rev", "rsqrt", "select", "select_n", "sin", "slice",
            "slice_in_dim", "sort", "sort_key_val", "sqrt", "square", "squeeze", "sub", "tanh",
            "top_k", "transpose",
-           # ctrainstate._lax_more
+           # ctrainstate._src.numpy_lax.lax_more
            "RoundingMethod", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
            "bitwise_xor", "bitwise_not", "shift_left", "shift_right_logical",
            "shift_right_arithmetic", "population_count", "clz", "reduce_and", "reduce_or",
@@ -431,26 +435,18 @@ def dynamic_update_index_in_dim(operand, update, index, axis: int, *,
     return dynamic_update_slice_in_dim(operand, update, index, ax,
                                        allow_negative_indices=allow_negative_indices)
 
-from ._conv import (  # noqa: E402
-    ConvDimensionNumbers,
-    conv,
-    conv_dimension_numbers,
-    conv_general_dilated,
-    conv_general_dilated_local,
-    conv_general_dilated_patches,
-    conv_transpose,
-    conv_with_general_padding,
-    padtype_to_pads,
-    reduce_window,
-)
+from ._src.numpy_lax.conv import (ConvDimensionNumbers, conv, conv_dimension_numbers,
+                                  conv_general_dilated, conv_general_dilated_local,
+                                  conv_general_dilated_patches, conv_transpose,
+                                  conv_with_general_padding, padtype_to_pads, reduce_window)
 
 __all__ += ["ConvDimensionNumbers", "conv", "conv_dimension_numbers", "conv_general_dilated",
             "conv_general_dilated_local", "conv_general_dilated_patches",
             "conv_transpose", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
 
-# the collectives over a pmap axis (ctrainstate._pmap)
-from ._pmap import (all_gather, axis_index, pmax, pmean, pmin, ppermute, psum,  # noqa: E402
-                    psum_scatter)
+# the collectives over a pmap axis (ctrainstate._src.numpy_lax.pmap)
+from ._src.numpy_lax.pmap import (all_gather, axis_index, pmax, pmean, pmin, ppermute, psum,
+                                  psum_scatter)
 
 __all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "psum",
             "psum_scatter"]

@@ -3,7 +3,7 @@
 The names follow ``jax.numpy``. Operands may be Arrays, numpy arrays or Python
 scalars (placed replicated on the Arrays' mesh). Sharding propagation, the
 collectives it implies and the autodiff rules are described in
-:mod:`ctrainstate._ops`. Arithmetic is float32; bfloat16 / float16 Arrays follow jax's
+:mod:`ctrainstate._src.ops.ops`. Arithmetic is float32; bfloat16 / float16 Arrays follow jax's
 dtype promotion and are computed in float32 and rounded once per op (``astype`` converts
 on the devices). Comparisons (``equal``, ``greater``, ... and ``== < >`` on Arrays) return bool
 Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / ``remainder``
@@ -11,7 +11,7 @@ Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / `
 ``add`` / ``subtract`` / ``multiply`` / ``maximum`` / ``minimum`` / ``negative`` / ``abs`` /
 ``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / int16 / uint16 / int8 / uint8 /
 bool Arrays compute in the operands' own (jax-promoted) dtype on each device's blocks, with
-jax's results (:mod:`ctrainstate._elementwise`).
+jax's results (:mod:`ctrainstate._src.ops.elementwise`).
 
 >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
 >>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
@@ -22,90 +22,22 @@ from ._src.base.hooks import provide as _provide
 _provide('numpy', __name__)   # lower layers call into this module through _hooks.upper
 import numpy as _np
 
-from ._ops import (  # noqa: F401
-    abs,
-    add,
-    around,
-    ceil,
-    expm1,
-    floor,
-    log1p,
-    reciprocal,
-    round,
-    sign,
-    trunc,
-    argmax,
-    argmin,
-    astype,
-    broadcast_to,
-    cos,
-    divide,
-    dot,
-    einsum,
-    exp,
-    expand_dims,
-    gelu,
-    log,
-    matmul,
-    max,
-    maximum,
-    min,
-    minimum,
-    multiply,
-    negative,
-    power,
-    relu,
-    reshape,
-    rsqrt,
-    sigmoid,
-    sin,
-    sqrt,
-    square,
-    subtract,
-    take_rows,
-    tanh,
-    where,
-    transpose,
-    with_sharding,
-)
-from ._math_extra import (  # noqa: F401
-    arccos,
-    arccosh,
-    arcsin,
-    arcsinh,
-    arctan,
-    arctan2,
-    arctanh,
-    cbrt,
-    copysign,
-    cosh,
-    deg2rad,
-    degrees,
-    exp2,
-    float_power,
-    fmax,
-    fmin,
-    fmod,
-    heaviside,
-    hypot,
-    ldexp,
-    log10,
-    log2,
-    logaddexp,
-    logaddexp2,
-    nextafter,
-    rad2deg,
-    radians,
-    signbit,
-    sinc,
-    sinh,
-    tan,
-)
-from . import _C, _ops as _o
-from ._operators import reduce_operand as _reduce_operand
+from ._src.ops.ops import (abs, add, around, ceil, expm1, floor, log1p, reciprocal, round, sign,
+                           trunc, argmax, argmin, astype, broadcast_to, cos, divide, dot, einsum,
+                           exp, expand_dims, gelu, log, matmul, max, maximum, min, minimum,
+                           multiply, negative, power, relu, reshape, rsqrt, sigmoid, sin, sqrt,
+                           square, subtract, take_rows, tanh, where, transpose, with_sharding)
+from ._src.ops.math_extra import (arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, cbrt,
+                                  copysign, cosh, deg2rad, degrees, exp2, float_power, fmax, fmin,
+                                  fmod, heaviside, hypot, ldexp, log10, log2, logaddexp,
+                                  logaddexp2, nextafter, rad2deg, radians, signbit, sinc, sinh,
+                                  tan)
+from . import _C
+from ._src.ops import ops as _o
+from ._src.array.operators import reduce_operand as _reduce_operand
 from ._src.base import dtypes as _dtypes
-from ._abstract import is_abstract, ShapeDtypeStruct, ShapeDtypeStruct as _SDS
-from ._slicing import getitem
+from ._src.array.abstract import is_abstract, ShapeDtypeStruct, ShapeDtypeStruct as _SDS
+from ._src.ops.slicing import getitem
 from .array import _buffer_view, _fill_array, Array, check_python_ints, device_put
 
 
@@ -113,7 +45,7 @@ def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # n
     """``jnp.sum``: the sum over ``axis`` (a dimension sharded over mesh axes ends in an
     all-reduce over them); ``dtype=`` converts ``a`` first and accumulates in it (jnp's);
     int32 sums wrap, bools and int8 / int16 sum as int32, uint8 / uint16 as uint32;
-    ``where=`` (a bool mask broadcast to ``a``) sums only the elements it selects. See :func:`ctrainstate._ops.sum`.
+    ``where=`` (a bool mask broadcast to ``a``) sums only the elements it selects. See :func:`ctrainstate._src.ops.ops.sum`.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
     >>> np.asarray(cnp.sum(np.array([True, True, False]), dtype=cnp.float32)).item()
@@ -130,7 +62,7 @@ def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # n
     return res
 
 
-# sum(x) of a float32 Array runs from a plan cached in C (ctrainstate._ops' primitives)
+# sum(x) of a float32 Array runs from a plan cached in C (ctrainstate._src.ops.ops' primitives)
 sum = _C.Primitive("sum", 1, sum, _o._plan_sum, sum.__doc__)  # noqa: A001
 sum.__module__ = __name__
 
@@ -138,7 +70,7 @@ sum.__module__ = __name__
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
     """``jnp.mean`` over ``axis`` (ints and bools give float32); ``dtype=`` converts ``a``
     first; ``where=`` (a bool mask broadcast to ``a``): the sum of the selected elements over
-    their count (NaN where none is selected, as jnp). See :func:`ctrainstate._ops.mean`."""
+    their count (NaN where none is selected, as jnp). See :func:`ctrainstate._src.ops.ops.mean`."""
     a = _reduce_operand("mean", a, dtype, out)
     if where is None:
         return _o.mean(a, axis=axis, keepdims=keepdims)
@@ -162,62 +94,16 @@ def _masked(a, where, who):
         raise ValueError(f"{who}: where= of shape {tuple(_np.shape(where))} does not broadcast "
                          f"to the operand's shape {shape}")
     return _o.where(where, a, False if getattr(a, "dtype", None) == _np.bool_ else 0)
-from . import _linalg as linalg  # noqa: F401
-from ._elementwise import (  # noqa: F401
-    all,
-    any,
-    bitwise_and,
-    bitwise_not,
-    bitwise_or,
-    bitwise_xor,
-    cumprod,
-    cumsum,
-    equal,
-    floor_divide,
-    greater,
-    greater_equal,
-    invert,
-    isfinite,
-    isinf,
-    isnan,
-    left_shift,
-    less,
-    less_equal,
-    logical_and,
-    logical_not,
-    logical_or,
-    logical_xor,
-    mod,
-    not_equal,
-    remainder,
-    result_type,
-    right_shift,
-)
-from ._slicing import array_split, concatenate, split, stack  # noqa: F401
-from ._move import (  # noqa: F401
-    atleast_1d,
-    atleast_2d,
-    atleast_3d,
-    diag,
-    diagonal,
-    eye,
-    flip,
-    fliplr,
-    flipud,
-    moveaxis,
-    pad,
-    prod,
-    repeat,
-    roll,
-    swapaxes,
-    take,
-    take_along_axis,
-    sort,
-    argsort,
-    tile,
-    tril,
-    triu,
-)
+from ._src.ops import linalg  # noqa: F401
+from ._src.ops.elementwise import (all, any, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
+                                   cumprod, cumsum, equal, floor_divide, greater, greater_equal,
+                                   invert, isfinite, isinf, isnan, left_shift, less, less_equal,
+                                   logical_and, logical_not, logical_or, logical_xor, mod,
+                                   not_equal, remainder, result_type, right_shift)
+from ._src.ops.slicing import array_split, concatenate, split, stack  # noqa: F401
+from ._src.ops.move import (atleast_1d, atleast_2d, atleast_3d, diag, diagonal, eye, flip, fliplr,
+                            flipud, moveaxis, pad, prod, repeat, roll, swapaxes, take,
+                            take_along_axis, sort, argsort, tile, tril, triu)
 
 amax, amin = max, min
 
@@ -620,7 +506,7 @@ __all__ += [
     "left_shift", "less", "less_equal", "logical_and", "logical_not", "logical_or",
     "logical_xor", "mod", "not_equal", "remainder", "result_type", "right_shift",
 ]
-__all__ += [  # ctrainstate._math_extra
+__all__ += [  # ctrainstate._src.ops.math_extra
     "arccos",
     "arccosh",
     "arcsin",
@@ -723,12 +609,12 @@ def _operator_index(v, what):
 # --- the rest of jax.numpy's utility, creation, NaN-reduction and order-statistic names ---------
 # (ctrainstate/_numpy_extra.py, names in its __all__; its ``where`` replaces the select-only one
 # above and takes the one-argument form)
-from . import _numpy_extra as _extra  # noqa: E402
+from ._src.numpy_lax import numpy_extra as _extra  # noqa: E402
 globals().update({_n: getattr(_extra, _n) for _n in _extra.__all__})
 __all__ += _extra.__all__
 
 # --- NumPy-2 aliases, set operations, binning, insertion / deletion, convolution, statistics,
 # polynomials (ctrainstate/_numpy_more.py, names in its __all__)
-from . import _numpy_more as _more  # noqa: E402
+from ._src.numpy_lax import numpy_more as _more  # noqa: E402
 globals().update({_n: getattr(_more, _n) for _n in _more.__all__})
 __all__ += _more.__all__

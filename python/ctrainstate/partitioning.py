@@ -374,14 +374,8 @@ def get_axis_names(axes_metadata) -> _FrozenDict:
     return _FrozenDict(out)
 
 
-from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)
-    ScanIn,
-    ScanOut,
-    core_remat_static,
-    remat,
-    scan_with_axes,
-    vmap_with_axes,
-)
+from ._src.partitioning.lifted import (ScanIn, ScanOut, core_remat_static, remat, scan_with_axes,
+                                       vmap_with_axes)
 
 
 from ._src.base.exports import module_dir as _module_dir  # noqa: E402

@@ -45,17 +45,16 @@ with the same bits on any mesh. Without ``out_sharding`` the result is a host
 >>> x.shape, str(x.dtype)
 ((2, 3), 'float32')
 """
-from ._random_core import *  # noqa: F401,F403
-from ._random_core import __all__ as _core_all
+from ._src.random.core import *  # noqa: F401,F403
+from ._src.random.core import __all__ as _core_all
 
 __all__ = list(_core_all)
 
 # --- more samplers (transforms of uniform / normal draws; see _random_dist.py) --------------
 
-from ._random_dist import (cauchy, double_sided_maxwell, exponential, geometric,  # noqa: E402
-                           laplace, logistic, lognormal, maxwell, multivariate_normal,
-                           orthogonal, pareto, rademacher, rayleigh, triangular, wald,
-                           weibull_min)
+from ._src.random.dist import (cauchy, double_sided_maxwell, exponential, geometric, laplace,
+                               logistic, lognormal, maxwell, multivariate_normal, orthogonal,
+                               pareto, rademacher, rayleigh, triangular, wald, weibull_min)
 
 __all__ += [
     "exponential", "laplace", "logistic", "cauchy", "rademacher", "lognormal", "maxwell",
@@ -65,16 +64,15 @@ __all__ += [
 
 # --- the gamma family (Marsaglia-Tsang rejection per element; see _random_gamma.py) ---------
 
-from ._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,  # noqa: E402
-                            generalized_normal, loggamma, t)
+from ._src.random.gamma import (ball, beta, chisquare, dirichlet, f, gamma, generalized_normal,
+                                loggamma, t)
 
 __all__ += ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
             "generalized_normal", "ball"]
 
 # --- discrete rejection samplers and key helpers (see _random_discrete.py) -------------------
 
-from ._random_discrete import (binomial, clone, key_dtype, key_impl,  # noqa: E402
-                               multinomial, poisson)
+from ._src.random.discrete import binomial, clone, key_dtype, key_impl, multinomial, poisson
 
 __all__ += ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
 

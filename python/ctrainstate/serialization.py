@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._abstract import ShapeDtypeStruct
+from ._src.array.abstract import ShapeDtypeStruct
 from ._src.base.dtypes import bfloat16
 from .array import Array, device_put
 from .nn.meta import Partitioned

@@ -48,7 +48,7 @@ from .manager import (AsyncCheckpointer, AsyncManager, CheckpointManager,
                       PyTreeCheckpointer, StandardCheckpointer, StepAlreadyExistsError,
                       available_steps, latest_checkpoint, restore_checkpoint, save_checkpoint)
 from .pretrained import load_pretrained_params, read_pretrained_shapes
-from .._remat import checkpoint as _remat_checkpoint
+from .._src.autodiff.remat import checkpoint as _remat_checkpoint
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "args", "StandardCheckpointer",
            "AsyncCheckpointer", "PyTreeCheckpointer", "Checkpointer", "AsyncManager",

@@ -32,7 +32,7 @@ import uuid
 import numpy as np
 
 from .. import _C
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
 from ..sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from ..tree_util import tree_leaves

@@ -19,8 +19,8 @@ import threading
 import numpy as np
 
 from .. import _C
-from .._abstract import ShapeDtypeStruct
-from .._partition_rules import set_partitions
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.partitioning.rules import set_partitions
 from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view
 from ..sharding import Mesh, NamedSharding, PartitionSpec
 from . import _io, _store

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 from ..array import Array
 from ..tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
-from .._ops import astype
+from .._src.ops.ops import astype
 
 __all__ = ['cast', 'to_bf16', 'to_fp16', 'to_fp32']
 

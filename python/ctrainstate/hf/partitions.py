@@ -13,7 +13,7 @@ matches. Specs use the mesh axes ``('dp', 'mp')`` of the original scripts.
 >>> set_partitions(params, gpt_neo_rules())
 {'transformer': {'wte': {'embedding': PartitionSpec('mp', None)}, 'ln_f': {'scale': None, 'bias': None}}}
 """
-from .._partition_rules import Rules, gpt_neo_rules, gptj_rules, match, set_partitions
+from .._src.partitioning.rules import Rules, gpt_neo_rules, gptj_rules, match, set_partitions
 
 __all__ = ['match', 'set_partitions', 'gpt_neo_rules', 'gptj_rules', 'Rules']
 

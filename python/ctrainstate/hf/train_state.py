@@ -28,7 +28,7 @@ from ..array import Array, device_put
 from ..train_state import TrainState as _FlaxTrainState
 from ..tree_util import tree_map
 from .. import numpy as jnp
-from .._pmap import device_put_replicated, device_put_sharded
+from .._src.numpy_lax.pmap import device_put_replicated, device_put_sharded
 from ..array import device_get
 from ..tree_util import keystr, tree_leaves, tree_map_with_path
 

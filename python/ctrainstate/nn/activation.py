@@ -29,12 +29,12 @@ import numpy as np
 from typing import Any
 
 from .._src.base import dtypes as _dtypes
-from .. import _ops
+from .._src.ops import ops as _ops
 from ..array import device_put
 from .module import Module as _Module, compact as _compact
 from .. import numpy as cnp
-from .._abstract import ShapeDtypeStruct
-from .._slicing import split
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.ops.slicing import split
 
 __all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp",
            "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
@@ -271,7 +271,7 @@ def standardize(x, axis=-1, mean=None, variance=None, epsilon: float = 1e-5, whe
 
 
 # 16-bit float inputs: computed in float32, the result rounded once to the input's dtype
-# (ctrainstate._ops's dtype policy)
+# (ctrainstate._src.ops.ops's dtype policy)
 silu = _ops._with_dtype_policy(silu)
 swish = silu
 softplus = _ops._with_dtype_policy(softplus)

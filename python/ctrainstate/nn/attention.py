@@ -49,11 +49,11 @@ from typing import Any, Callable
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .. import _ops
+from .._src.ops import ops as _ops
 from .. import lax as _lax
 from .. import numpy as cnp
 from .. import random as _random
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
 from . import initializers
@@ -64,7 +64,7 @@ from .module import Module, compact
 from .normalization import LayerNorm
 from .scope import ScopeVariableNotFoundError
 from .stochastic import merge_param
-from .. import _elementwise
+from .._src.ops import elementwise as _elementwise
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention",
            "MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention",
@@ -157,7 +157,7 @@ def dot_product_attention_weights(query, key, bias=None, mask=None, broadcast_dr
     is False and ``dropout_rate > 0``) needs ``dropout_rng``. ``module``: sow the weights
     into its ``'intermediates'``. ``dtype``: the compute dtype (Flax's ``promote_dtype`` of
     query and key; 16-bit floats run per op in float32 and round back, see
-    :mod:`ctrainstate._ops`); ``force_fp32_for_softmax`` keeps float32 weights;
+    :mod:`ctrainstate._src.ops.ops`); ``force_fp32_for_softmax`` keeps float32 weights;
     ``einsum``: a callable used instead of the einsum (called with Flax's ``...``
     subscripts); ``einsum_dot_general`` is not supported.
 

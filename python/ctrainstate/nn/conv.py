@@ -22,7 +22,7 @@ from . import initializers
 from .dtypes import promote_dtype
 from .linear import _check_dtype, _precision, default_kernel_init
 from .module import Module, compact
-from .._conv import _explicit_pads, _out_sizes
+from .._src.numpy_lax.conv import _explicit_pads, _out_sizes
 
 __all__ = ["Conv", "ConvLocal", "ConvTranspose", "canonicalize_padding"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .. import _ops
-from .._abstract import ShapeDtypeStruct
+from .._src.ops import ops as _ops
+from .._src.array.abstract import ShapeDtypeStruct
 from ..array import Array
 
 bfloat16 = _dtypes.bfloat16

@@ -28,8 +28,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .. import _random_core as _random
-from .._abstract import is_abstract, ShapeDtypeStruct
+from .._src.random import core as _random
+from .._src.array.abstract import is_abstract, ShapeDtypeStruct
 from ..array import _fill_array, device_put
 
 __all__ = [

@@ -55,7 +55,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import _abstract
+from .._src.array import abstract as _abstract
 from .. import random as _random
 from ..array import Array
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
@@ -63,8 +63,8 @@ from . import meta
 from . import module as _module
 from .module import Module, ModuleScope
 from .scope import in_filter
-from .. import _ops, _slicing
-from .._slicing import getitem
+from .._src.ops import ops as _ops, slicing as _slicing
+from .._src.ops.slicing import getitem
 from ..nn import spmd
 from ..sharding import get_mesh, PartitionSpec
 
@@ -211,7 +211,7 @@ def _write_back(scope, store: dict):
 # --- the tape -------------------------------------------------------------------------------------
 
 def _no_tape():
-    """Run without recording on the active tape (``ctrainstate._ops._no_tape``: a throw-away
+    """Run without recording on the active tape (``ctrainstate._src.ops.ops._no_tape``: a throw-away
     pass, a vjp's own ops)."""
     return _ops._no_tape()
 

@@ -16,12 +16,12 @@ import numpy as np
 
 from .._src.base import dtypes as _dtypes
 from .. import numpy as cnp
-from .._move import _int
+from .._src.ops.move import _int
 from ..array import Array, device_put
 from . import initializers
 from .dtypes import _check_dtype, promote_dtype
 from .module import Module, compact
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 from .._src.base.precision import resolve_precision
 from ..nn.module import _accepts_out_sharding, sharded_initializer
 from ..nn.spmd import _replicate_uneven
@@ -52,7 +52,7 @@ class Dense(Module):
     (``promote_dtype``) and the output has it, e.g. ``dtype=jnp.bfloat16`` for mixed
     precision with float32 parameters (``param_dtype``); ``None`` promotes the operands'
     dtypes. 16-bit products accumulate in float32 and round once (see
-    :mod:`ctrainstate._ops`).
+    :mod:`ctrainstate._src.ops.ops`).
 
     ``precision`` is the product's (``jnp.matmul``'s ``precision=``, Flax's field): ``None``
     (the thread's default: float32 unless ``default_matmul_precision`` says otherwise),

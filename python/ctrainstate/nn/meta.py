@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .. import tree_util
 from ..sharding import NamedSharding, PartitionSpec
 from .. import sharding as _sh
-from .._ops import with_sharding
+from .._src.ops.ops import with_sharding
 from ..array import Array, device_put
 from ..sharding import get_mesh
 from .._src.base.hooks import upper as _upper

@@ -34,8 +34,8 @@ from .dtypes import canonicalize_dtype, promote_dtype
 from .dtypes import _check_dtype
 from .module import Module, compact
 from .. import random as _random
-from .._ops import stop_gradient
-from .._pmap import _bound, pmean
+from .._src.ops.ops import stop_gradient
+from .._src.numpy_lax.pmap import _bound, pmean
 from ..nn.stochastic import merge_param
 from ..nn.transforms_more import map_variables
 

@@ -44,7 +44,7 @@ from .dtypes import promote_dtype
 from .linear import Dense, default_kernel_init
 from .lifted import scan as _scan
 from .module import Module, compact, nowrap
-from .._abstract import eval_shape
+from .._src.array.abstract import eval_shape
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell", "MGUCell",
            "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences", "DenseParams"]

@@ -30,7 +30,7 @@ import types
 from typing import Any, Callable, Iterable
 
 from . import meta
-from .._abstract import abstract_mode
+from .._src.array.abstract import abstract_mode
 from ..tree_util import tree_leaves
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',

@@ -31,7 +31,7 @@ from .. import _C
 from .. import tree_util
 from ..sharding import NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims  # noqa: F401
 from . import meta
-from .._ops import with_sharding
+from .._src.ops.ops import with_sharding
 from ..array import Array, device_put
 from ..sharding import get_mesh
 from .._src.base.hooks import upper as _upper

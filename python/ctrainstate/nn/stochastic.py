@@ -24,13 +24,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .. import _ops
+from .._src.ops import ops as _ops
 from .. import random as _random
 from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
 from .module import Module, compact
 from .. import numpy as cnp
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16), _dtypes.bfloat16, np.dtype(np.float64))
 

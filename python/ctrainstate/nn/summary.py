@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from .._abstract import eval_shape
+from .._src.array.abstract import eval_shape
 from ..core import FrozenDict
 from ..nn.meta import AxisMetadata
 from ..tree_util import tree_leaves

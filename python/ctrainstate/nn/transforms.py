@@ -26,11 +26,11 @@ from __future__ import annotations
 import functools
 import inspect
 
-from .. import _remat
+from .._src.autodiff import remat as _remat
 from . import module as _module
 from . import scope as _scope
 from .module import Module
-from .. import _ops
+from .._src.ops import ops as _ops
 
 __all__ = ["remat", "checkpoint"]
 

@@ -37,14 +37,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import _ops
+from .._src.ops import ops as _ops
 from ..tree_util import tree_flatten, tree_unflatten
 from . import module as _module
 from .lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
                      _no_adopt, _no_tape, _present, _seed_store, _write_back)
 from .module import Module
 from .scope import DenyList, in_filter
-from .._lax_control import _check_carry, _check_same_outputs, _host_scalar, _predicate
+from .._src.numpy_lax.lax_control import (_check_carry, _check_same_outputs, _host_scalar,
+                                          _predicate)
 
 __all__ = ["map_variables", "vjp", "value_and_grad", "grad", "jvp", "cond", "switch",
            "while_loop", "jit", "apply", "init", "init_with_output", "share_scope",

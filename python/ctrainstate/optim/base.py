@@ -43,7 +43,7 @@ from ..array import Array, DonatedBufferError, device_put
 from ..sharding import NamedSharding, PartitionSpec, default_sharding
 from ..tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
                          tree_map, tree_structure, tree_unflatten)
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
            "identity", "apply_updates", "safe_increment", "with_extra_args_support"]
@@ -244,8 +244,8 @@ def full_like(x, value, dtype=None) -> Array:
     return Array._create(x.shape, dtype, x.sharding, blocks)
 
 
-_B_ADD = 0  # ct_ops.h CT_BIN_ADD (ctrainstate._ops.B_ADD)
-_U_AFFINE = 0  # ct_ops.h CT_UN_AFFINE (ctrainstate._ops.U_AFFINE): alpha*x + beta, x unread at alpha 0
+_B_ADD = 0  # ct_ops.h CT_BIN_ADD (ctrainstate._src.ops.ops.B_ADD)
+_U_AFFINE = 0  # ct_ops.h CT_UN_AFFINE (ctrainstate._src.ops.ops.U_AFFINE): alpha*x + beta, x unread at alpha 0
 
 
 def _fill(buf, shape, dtype, value) -> None:

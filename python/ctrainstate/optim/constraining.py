@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _ops
+from .._src.ops import ops as _ops
 from ..tree_util import tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs, scalar
 from .. import numpy as cnp

@@ -5,7 +5,7 @@ optax uses a stable formula (``log_sigmoid``, ``logsumexp`` with weights, a cust
 the same formula, and so the same gradient, is used here.
 
 16-bit float inputs are computed in float32 and the loss rounded once to their dtype (the
-``ctrainstate._ops`` dtype policy); optax's sigmoid losses cast the labels to the logits'
+``ctrainstate._src.ops.ops`` dtype policy); optax's sigmoid losses cast the labels to the logits'
 dtype first, and so do these.
 
 Differences from optax, all on inputs optax silently accepts: ``huber_loss``, ``log_cosh``
@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from .. import _ops
+from .._src.ops import ops as _ops
 from .utils import (l2_loss, softmax_cross_entropy, softmax_cross_entropy_with_integer_labels,
                     squared_error)
 from .._src.base import dtypes as _dtypes

@@ -26,8 +26,10 @@ from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
                    GradientTransformationExtraArgs, Stage, CONST, _scalar_sharding, full_like, identity,
                    safe_increment, scalar, to_array, zeros_like)
-from .. import _ops, _random_core as _random, numpy as cnp
-from .._abstract import ShapeDtypeStruct
+from .._src.ops import ops as _ops
+from .._src.random import core as _random
+from .. import numpy as cnp
+from .._src.array.abstract import ShapeDtypeStruct
 from ..array import device_put as _put
 from ..optim.base import read_scalar
 from ..optim.utils import safe_norm

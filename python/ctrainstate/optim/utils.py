@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import _ops
+from .._src.ops import ops as _ops
 from ..tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
 from .. import numpy as cnp
@@ -218,7 +218,7 @@ def tree_map_params(initable, f, state, /, *rest, transform_non_params=None, is_
 
 
 # 16-bit float logits: computed in float32, the loss rounded once to their dtype
-# (ctrainstate._ops's dtype policy)
+# (ctrainstate._src.ops.ops's dtype policy)
 softmax_cross_entropy = _ops._with_dtype_policy(softmax_cross_entropy, (0, 1))
 softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
     softmax_cross_entropy_with_integer_labels, (0,))

@@ -21,7 +21,7 @@ from ..array import Array
 from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .base import (ACCUM, GradientTransformation, GradientTransformationExtraArgs, Stage,
                    call_update, read_scalar, safe_increment, scalar, zeros_like)
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 from ..optim.transforms import _state_dtype
 
 __all__ = ["MultiSteps", "MultiStepsState", "skip_not_finite", "skip_large_updates"]

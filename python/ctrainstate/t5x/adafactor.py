@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .._abstract import ShapeDtypeStruct, is_abstract
+from .._src.array.abstract import ShapeDtypeStruct, is_abstract
 from ..array import device_put
 from ..optim.base import full_like
 from ..sharding import NamedSharding, PartitionSpec

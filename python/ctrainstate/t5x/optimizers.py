@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import optim
-from .._abstract import ShapeDtypeStruct
+from .._src.array.abstract import ShapeDtypeStruct
 from ..array import Array, device_put
 from ..core import FrozenDict, freeze
 from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar

@@ -31,7 +31,7 @@ import numpy as np
 
 from .._src.base import devices as _devices
 from .. import partitioning as flax_partitioning
-from .._jit import pjit as _pjit
+from .._src.jit.jit import pjit as _pjit
 from ..mesh_utils import create_device_mesh
 from ..sharding import Mesh, PartitionSpec
 from ..tree_util import tree_map

@@ -12,7 +12,7 @@ FrozenDict({
 """
 from __future__ import annotations
 
-from .._abstract import eval_shape
+from .._src.array.abstract import eval_shape
 from ..core import freeze
 from .train_state import FlaxOptimTrainState, InferenceState
 from .. import partitioning as flax_partitioning, random

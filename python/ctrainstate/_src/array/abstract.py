@@ -13,18 +13,18 @@ axis_rules(...)`` carry the sharding they would be born with.
 ShapeDtypeStruct(shape=(5, 3), dtype=float32)
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_abstract', __name__)   # lower layers call into this module through _hooks.upper
 
 import numpy as np
 
-from ._operators import OperatorsMixin
-from ._src.base.trace_state import Depth
-from .tree_util import register_leaf_type
-from ._src.base import dtypes as _dtypes
-from ._src.base.trace_state import jit_scope
-from .tree_util import tree_map
-from ._src.base.hooks import upper as _upper
+from .operators import OperatorsMixin
+from ..base.trace_state import Depth
+from ...tree_util import register_leaf_type
+from ..base import dtypes as _dtypes
+from ..base.trace_state import jit_scope
+from ...tree_util import tree_map
+from ..base.hooks import upper as _upper
 
 __all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]
 

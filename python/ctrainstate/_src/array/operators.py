@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import numpy as np
-from ._src.base import dtypes as _dtypes
-from ._src.base.hooks import upper as _upper
+from ..base import dtypes as _dtypes
+from ..base.hooks import upper as _upper
 
 
 _MODS: dict = {}   # the op modules (an upper layer: looked up in _hooks on first use)

@@ -22,10 +22,11 @@ from typing import Callable
 
 import numpy as np
 
-from .array import Array
-from . import _ops as o, numpy as cnp
-from ._slicing import stack
-from .tree_util import tree_flatten, tree_unflatten
+from ...array import Array
+from ..ops import ops as o
+from ... import numpy as cnp
+from ..ops.slicing import stack
+from ...tree_util import tree_flatten, tree_unflatten
 
 __all__ = ["vjp", "custom_vjp", "jacrev", "jacobian"]
 

@@ -26,11 +26,12 @@ import threading
 import types
 from typing import Callable
 
-from .array import Array
-from .tree_util import tree_flatten
-from . import _ops, sharding
-from ._src.base.precision import current_default, default_mode
-from ._src.base.hooks import upper as _upper
+from ...array import Array
+from ...tree_util import tree_flatten
+from ..ops import ops as _ops
+from ... import sharding
+from ..base.precision import current_default, default_mode
+from ..base.hooks import upper as _upper
 
 __all__ = ["checkpoint", "remat", "checkpoint_policies"]
 

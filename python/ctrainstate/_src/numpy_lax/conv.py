@@ -38,13 +38,13 @@ import operator
 
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from . import numpy as cnp
-from .array import Array
-from ._move import flip, pad
-from ._src.base.precision import resolve_precision
-from ._slicing import concatenate, stack
-from ._src.base.hooks import upper as _upper
+from ..base import dtypes as _dtypes
+from ... import numpy as cnp
+from ...array import Array
+from ..ops.move import flip, pad
+from ..base.precision import resolve_precision
+from ..ops.slicing import concatenate, stack
+from ..base.hooks import upper as _upper
 
 __all__ = ["conv_general_dilated", "conv_general_dilated_local",
            "conv_general_dilated_patches", "conv", "conv_with_general_padding", "conv_transpose",

@@ -26,21 +26,21 @@ results are whatever the body returned (a Python scalar carry stays a Python sca
 (3.0, [0.0, 0.0, 2.0])
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_lax_control', __name__)   # lower layers call into this module through _hooks.upper
 
 import operator
 
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from ._abstract import ShapeDtypeStruct, is_abstract
-from .array import Array
-from .tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
-from . import numpy as cnp
-from ._abstract import eval_shape
-from ._lax_ops import pad, rev
-from ._slicing import concatenate, getitem, stack
+from ..base import dtypes as _dtypes
+from ..array.abstract import ShapeDtypeStruct, is_abstract
+from ...array import Array
+from ...tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from ... import numpy as cnp
+from ..array.abstract import eval_shape
+from .lax_ops import pad, rev
+from ..ops.slicing import concatenate, getitem, stack
 
 _NO_OPERAND = object()
 

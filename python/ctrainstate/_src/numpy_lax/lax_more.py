@@ -1,4 +1,4 @@
-"""More of ``jax.lax``'s primitives, with the strictness of :mod:`ctrainstate._lax_ops` (one
+"""More of ``jax.lax``'s primitives, with the strictness of :mod:`ctrainstate._src.numpy_lax.lax_ops` (one
 dtype for all operands, no rank broadcasting, jax's accepted dtypes and messages):
 comparisons (``eq`` ... ``ge``), bitwise and shift ops, ``population_count`` / ``clz``, the
 logical reductions, the remaining float functions (``tan``, ``asin`` ... ``atanh``, ``exp2``,
@@ -24,11 +24,11 @@ import operator
 
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from ._abstract import ShapeDtypeStruct
-from ._lax_ops import (ANY, FLOAT, _BOOL, _I32, _INTS, _U32, _abstract, _binary, _meta,
-                       _np_ops, _placed, _unary)
-from ._lax_ops import dot_general, integer_pow
+from ..base import dtypes as _dtypes
+from ..array.abstract import ShapeDtypeStruct
+from .lax_ops import (ANY, FLOAT, _BOOL, _I32, _INTS, _U32, _abstract, _binary, _meta, _np_ops,
+                      _placed, _unary)
+from .lax_ops import dot_general, integer_pow
 
 __all__ = ["RoundingMethod", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or",
            "bitwise_xor", "bitwise_not", "shift_left", "shift_right_logical",

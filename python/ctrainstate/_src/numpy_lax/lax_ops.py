@@ -7,8 +7,8 @@ lax differs from jnp in what it accepts, not in what it computes: no implicit dt
 broadcasting (binary operands have one rank, each dimension equal or 1, or are 0-d), each op
 its own set of dtypes (``exp`` only floats, ``add`` no bools, ...), and non-negative axes.
 The checks and messages follow jax 0.10's (measured with live jax). The values come from the
-differentiable ops of :mod:`ctrainstate._ops`, :mod:`ctrainstate._elementwise`,
-:mod:`ctrainstate._slicing` and :mod:`ctrainstate._move`, so sharding propagation and
+differentiable ops of :mod:`ctrainstate._src.ops.ops`, :mod:`ctrainstate._src.ops.elementwise`,
+:mod:`ctrainstate._src.ops.slicing` and :mod:`ctrainstate._src.ops.move`, so sharding propagation and
 gradients are theirs. Inside ``eval_shape`` every op here returns a ``ShapeDtypeStruct``.
 
 >>> import numpy as np
@@ -26,14 +26,16 @@ import operator
 
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from ._abstract import ShapeDtypeStruct, is_abstract
-from .array import Array
-from . import _elementwise as ew, _ops as o, numpy as cnp
-from ._move import _argsort_host, _placed_like, _prod_f32, _sort_keys, flip, prod, take_along_axis
-from ._slicing import _fresh as fresh, concatenate as join, getitem
-from .array import device_put
-from ._src.base.hooks import upper as _upper
+from ..base import dtypes as _dtypes
+from ..array.abstract import ShapeDtypeStruct, is_abstract
+from ...array import Array
+from ..ops import elementwise as ew, ops as o
+from ... import numpy as cnp
+from ..ops.move import (_argsort_host, _placed_like, _prod_f32, _sort_keys, flip, prod,
+                        take_along_axis)
+from ..ops.slicing import _fresh as fresh, concatenate as join, getitem
+from ...array import device_put
+from ..base.hooks import upper as _upper
 
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16
 _I32, _U32, _BOOL = _dtypes.int32, _dtypes.uint32, _dtypes.bool_

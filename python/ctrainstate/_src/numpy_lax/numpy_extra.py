@@ -1,8 +1,8 @@
 """The rest of ``jax.numpy``'s everyday names: dtype introspection, creation helpers,
 comparisons and small utilities, NaN-skipping reductions and order statistics.
 
-Everything here is built from the differentiable ops of :mod:`ctrainstate._ops`,
-:mod:`ctrainstate._elementwise`, :mod:`ctrainstate._slicing` and :mod:`ctrainstate._move`
+Everything here is built from the differentiable ops of :mod:`ctrainstate._src.ops.ops`,
+:mod:`ctrainstate._src.ops.elementwise`, :mod:`ctrainstate._src.ops.slicing` and :mod:`ctrainstate._src.ops.move`
 (``where``, ``sum``, ``max``, ``sort``, ``take``, ``concatenate``, ...), so the results keep
 those ops' sharding rules (a reduced dimension sharded over mesh axes ends in their
 all-reduce) and their gradients are the ones jax's compositions give: ``nansum``'s gradient
@@ -34,13 +34,13 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from . import _ops
-from ._move import (_axes, _axis, _int, _operand as op, flip, moveaxis, sort, swapaxes, take,
-                    take_along_axis)
-from ._slicing import getitem
-from .array import Array, device_put
-from ._src.base.hooks import upper as _upper
+from ..base import dtypes as _dtypes
+from ..ops import ops as _ops
+from ..ops.move import (_axes, _axis, _int, _operand as op, flip, moveaxis, sort, swapaxes, take,
+                        take_along_axis)
+from ..ops.slicing import getitem
+from ...array import Array, device_put
+from ..base.hooks import upper as _upper
 
 __all__ = [
     # dtypes and introspection
@@ -1247,7 +1247,7 @@ def flatnonzero(a, *, size=None, fill_value=None):
 
 
 def where(condition, x=None, y=None, /, *, size=None, fill_value=None):
-    """``jnp.where``: with ``x`` and ``y``, the select of :func:`ctrainstate._ops.where`
+    """``jnp.where``: with ``x`` and ``y``, the select of :func:`ctrainstate._src.ops.ops.where`
     (``x`` where ``condition``, else ``y``; differentiable in both); with neither,
     :func:`nonzero` of ``condition`` (``size=`` / ``fill_value=`` as there)."""
     if x is None and y is None:

@@ -2,7 +2,7 @@
 helpers, integer number theory, array-API reductions and products, set operations, binning,
 insertion / deletion, convolution, statistics and polynomials.
 
-As :mod:`ctrainstate._numpy_extra`, everything is composed from the differentiable ops
+As :mod:`ctrainstate._src.numpy_lax.numpy_extra`, everything is composed from the differentiable ops
 (``where``, ``take``, ``take_along_axis``, ``concatenate``, ``matmul``, ``sum``, ...), so the
 results keep those ops' sharding rules and jax's gradients where jax has them: ``interp`` is
 differentiable in ``x``, ``xp`` and ``fp``, ``convolve`` in both operands, ``partition``
@@ -29,7 +29,7 @@ operand, ``imag`` its zeros.
 [5.0, 25.0]
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_numpy_more', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -39,13 +39,13 @@ import operator
 
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from ._numpy_extra import _cnp, _o, _operand   # the lazy module accessors, shared
-from . import _elementwise, _math_extra
-from ._move import _axes, _axis as a, _int as i, take_along_axis
-from ._slicing import getitem
-from .array import Array
-from ._src.base.hooks import upper as _upper
+from ..base import dtypes as _dtypes
+from .numpy_extra import _cnp, _o, _operand  # the lazy module accessors, shared
+from ..ops import elementwise as _elementwise, math_extra as _math_extra
+from ..ops.move import _axes, _axis as a, _int as i, take_along_axis
+from ..ops.slicing import getitem
+from ...array import Array
+from ..base.hooks import upper as _upper
 
 __all__ = [
     # NumPy-2 / array-API aliases

@@ -1,6 +1,6 @@
 """Comparisons, boolean logic and integer arithmetic on (sharded) Arrays.
 
-The float ops of :mod:`ctrainstate._ops` compute in float32. The ops here run one typed
+The float ops of :mod:`ctrainstate._src.ops.ops` compute in float32. The ops here run one typed
 kernel (``_C.op_ewise``: csrc/core/ct_ewise_math.h, the same element code on CPUs and GPUs)
 on every device's own blocks, for any stored dtype (float32, bfloat16, float16, int32,
 uint32, int16, uint16, int8, uint8, bool), with jax's semantics:
@@ -42,7 +42,7 @@ differentiable: their results are bool or integer Arrays that carry no gradient,
 ([44, 103], 'uint32', 'int16')
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_elementwise', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -50,14 +50,14 @@ import functools
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from .array import Array, device_put
-from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
-from ._abstract import ShapeDtypeStruct
-from ._src.base.devices import Device, devices
-from ._slicing import concatenate, split, stack
-from ._src.base.hooks import upper as _upper
+from ... import _C
+from ..base import dtypes as _dtypes
+from ...array import Array, device_put
+from ...sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
+from ..array.abstract import ShapeDtypeStruct
+from ..base.devices import Device, devices
+from .slicing import concatenate, split, stack
+from ..base.hooks import upper as _upper
 
 # ct_ewise_op and the reductions (csrc/core/ct_ops.h), read from _C.op_codes
 (EQ, NE, LT, LE, GT, GE, ADD, SUB, MUL, MAX, MIN, FLOORDIV, REM, AND, OR, XOR, SHL, SHR,
@@ -714,7 +714,7 @@ def _scan(x, axis, name) -> Array:
 
 def _assoc_scan(x: Array, ax: int, combine) -> Array:
     """The inclusive scan of ``combine`` along ``ax`` in the grouping of jax's
-    ``lax.associative_scan`` (:func:`ctrainstate._lax_control._prefix_scan`). The halves are
+    ``lax.associative_scan`` (:func:`ctrainstate._src.numpy_lax.lax_control._prefix_scan`). The halves are
     interleaved by stacking, so the values are exactly ``combine``'s (a ``-0.0`` stays): the
     same binary tree gives the same gradient where ``combine``'s depends on the grouping
     (``maximum`` at ties)."""

@@ -21,9 +21,9 @@ import math
 
 import numpy as np
 
-from . import _ops
-from ._abstract import ShapeDtypeStruct
-from ._move import _axis
+from . import ops as _ops
+from ..array.abstract import ShapeDtypeStruct
+from .move import _axis
 
 __all__ = ["norm", "vector_norm", "matrix_norm"]
 

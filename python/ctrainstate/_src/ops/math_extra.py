@@ -50,12 +50,12 @@ import functools
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from . import _elementwise as _ew
-from . import _ops as _o
-from .array import Array
-from ._abstract import ShapeDtypeStruct
+from ... import _C
+from ..base import dtypes as _dtypes
+from . import elementwise as _ew
+from . import ops as _o
+from ...array import Array
+from ..array.abstract import ShapeDtypeStruct
 
 # the ABI 7 kernels' codes (csrc/core/ct_ops.h), read from _C.op_codes
 (U_SINH, U_COSH, U_TAN, U_ASIN, U_ACOS, U_ATAN, U_ASINH, U_ACOSH, U_ATANH, U_CBRT, U_EXP2,

@@ -3,9 +3,9 @@
 ``pad``, ``tril`` / ``triu``, ``eye``, ``diag`` / ``diagonal``, ``moveaxis``, ``swapaxes``,
 ``atleast_1d`` / ``atleast_2d`` / ``atleast_3d`` and ``prod``.
 
-They are built from the indexing and joining of :mod:`ctrainstate._slicing` (basic slices,
+They are built from the indexing and joining of :mod:`ctrainstate._src.ops.slicing` (basic slices,
 row gathers with host-planned index arrays, ``concatenate``) and the layout ops of
-:mod:`ctrainstate._ops` (``reshape``, ``transpose``), so they move the bits of every stored
+:mod:`ctrainstate._src.ops.ops` (``reshape``, ``transpose``), so they move the bits of every stored
 dtype (the floats, the ints, bool) as they are, run on each device's own
 block, and differentiate as those do (a gather's cotangent is scatter-added back, duplicates
 adding up; a join's is sliced). Index arrays are derived on the host from the shapes (and, for
@@ -34,7 +34,7 @@ the argument and the shapes.
 [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_move', __name__)   # lower layers call into this module through _hooks.upper
 
 import math
@@ -42,14 +42,14 @@ import operator
 
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from ._slicing import concatenate, getitem
-from .array import Array
-from . import _ops
-from ._abstract import ShapeDtypeStruct
-from ._elementwise import sum_dtype
-from ._slicing import _layout_of as lo
-from .array import device_put
+from ..base import dtypes as _dtypes
+from .slicing import concatenate, getitem
+from ...array import Array
+from . import ops as _ops
+from ..array.abstract import ShapeDtypeStruct
+from .elementwise import sum_dtype
+from .slicing import _layout_of as lo
+from ...array import device_put
 
 __all__ = [
     "take", "take_along_axis", "repeat", "tile", "flip", "fliplr", "flipud", "roll", "pad",

@@ -19,11 +19,11 @@ vector-Jacobian product on the tape. Arithmetic is float32 (bfloat16 / float16 o
 converted, computed in float32 and rounded back per op: see "dtypes" below); matrix products
 take a ``precision`` (float32, TF32 or bfloat16 inputs: :mod:`ctrainstate._src.base.precision`).
 Integer and bool operands (``add``, ``sum``, ``where``, ... when jax's promotion is not a
-float) go to the typed kernels of :mod:`ctrainstate._elementwise`, which also holds the
+float) go to the typed kernels of :mod:`ctrainstate._src.ops.elementwise`, which also holds the
 comparisons and boolean ops.
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_ops', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
@@ -35,20 +35,20 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from ._src.base.devices import Device
-from ._src.base.precision import resolve_precision as _resolve_precision
-from .array import Array, _as_sharding, device_put
-from .sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
-from . import _elementwise
-from . import _elementwise as ew
-from ._abstract import ShapeDtypeStruct
-from ._src.base.devices import devices
-from ._elementwise import result_type, sum_dtype
-from .array import _alloc_blocks
-from .tree_util import tree_flatten, tree_map, tree_unflatten
-from ._src.base.hooks import upper as _upper
+from ... import _C
+from ..base import dtypes as _dtypes
+from ..base.devices import Device
+from ..base.precision import resolve_precision as _resolve_precision
+from ...array import Array, _as_sharding, device_put
+from ...sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
+from . import elementwise as _elementwise
+from . import elementwise as ew
+from ..array.abstract import ShapeDtypeStruct
+from ..base.devices import devices
+from .elementwise import result_type, sum_dtype
+from ...array import _alloc_blocks
+from ...tree_util import tree_flatten, tree_map, tree_unflatten
+from ..base.hooks import upper as _upper
 
 # the kernels' op codes (csrc/core/ct_ops.h), read from _C.op_codes
 _UN, _BIN = _C.op_codes["unary"], _C.op_codes["binary"]
@@ -1232,7 +1232,7 @@ def _check_broadcast_to(xshape, shape) -> None:
 
 def broadcast_to(x, shape) -> Array:
     """Broadcast to ``shape`` (materialised; int and bool Arrays too, see
-    :func:`ctrainstate._elementwise.int_broadcast_to`)."""
+    :func:`ctrainstate._src.ops.elementwise.int_broadcast_to`)."""
     x = _lift(x)
     shape = _shape_arg(shape, "broadcast_to")
     if x.shape == shape:
@@ -1813,7 +1813,7 @@ def ones_like(x: Array) -> Array:
     return _filled_like(x, 1.0)
 
 
-# --- shape rules (abstract evaluation, see ctrainstate._abstract) -----------------------------
+# --- shape rules (abstract evaluation, see ctrainstate._src.array.abstract) -----------------------------
 
 def _shp(x):
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
@@ -2139,7 +2139,7 @@ _INT_UNARY = ("floor", "ceil", "trunc", "round", "sign", "square")
 
 
 def _int_dispatch(fn, name, pos):
-    """Route op ``fn`` to the integer / bool kernels (:mod:`ctrainstate._elementwise`) when an
+    """Route op ``fn`` to the integer / bool kernels (:mod:`ctrainstate._src.ops.elementwise`) when an
     operand is an integer or bool Array (or numpy value) and jax's promotion of the data
     operands is not a float dtype; float results keep the float path."""
     import functools

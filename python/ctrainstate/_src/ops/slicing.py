@@ -66,7 +66,7 @@ updates run on the float32 widening and round back (exact for gathers and sets).
 [[0.0, 1.0, 2.0, 3.0], [8.0, 9.0, 10.0, 11.0]]
 """
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('_slicing', __name__)   # lower layers call into this module through _hooks.upper
 
 import math
@@ -74,12 +74,12 @@ import operator
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from .array import Array, _alloc_blocks
-from ._abstract import ShapeDtypeStruct
-from .array import device_put
-from ._src.base.hooks import upper as _upper
+from ... import _C
+from ..base import dtypes as _dtypes
+from ...array import Array, _alloc_blocks
+from ..array.abstract import ShapeDtypeStruct
+from ...array import device_put
+from ..base.hooks import upper as _upper
 
 __all__ = ["getitem", "concatenate", "stack", "split", "array_split"]
 

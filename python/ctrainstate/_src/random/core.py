@@ -9,12 +9,12 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from . import _ops
-from ._abstract import is_abstract, ShapeDtypeStruct
-from .array import _fill_array, Array, device_put
-from .sharding import Sharding
+from ... import _C
+from ..base import dtypes as _dtypes
+from ..ops import ops as _ops
+from ..array.abstract import is_abstract, ShapeDtypeStruct
+from ...array import _fill_array, Array, device_put
+from ...sharding import Sharding
 
 __all__ = [
     "PRNGKey", "key", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform",

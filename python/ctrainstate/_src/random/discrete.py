@@ -72,13 +72,13 @@ import operator
 import ml_dtypes
 import numpy as np
 
-from ._src.base import dtypes as _dtypes
-from ._random_dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_of,
-                           _fma, _log, _log1p, _param, _rounder, _to_int)
-from ._random_core import _UNIFORM, _key_words, split
-from ._abstract import is_abstract, ShapeDtypeStruct
-from ._random_dist import _elementwise
-from .array import device_put
+from ..base import dtypes as _dtypes
+from .dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_of, _fma, _log,
+                   _log1p, _param, _rounder, _to_int)
+from .core import _UNIFORM, _key_words, split
+from ..array.abstract import is_abstract, ShapeDtypeStruct
+from .dist import _elementwise
+from ...array import device_put
 
 __all__ = ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
 
@@ -320,7 +320,7 @@ def poisson(key, lam, shape=None, dtype=None, *, out_sharding=None):
 
     >>> import numpy as np
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_discrete import poisson
+    >>> from ctrainstate._src.random.discrete import poisson
     >>> x = poisson(random.PRNGKey(0), np.float32([0.5, 3.0, 50.0]), (10000, 3))
     >>> x.dtype, x.shape
     (dtype('int32'), (10000, 3))
@@ -543,7 +543,7 @@ def binomial(key, n, p, shape=None, dtype=None, *, out_sharding=None):
 
     >>> import numpy as np
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_discrete import binomial
+    >>> from ctrainstate._src.random.discrete import binomial
     >>> x = binomial(random.PRNGKey(0), np.float32([4.0, 1000.0]), 0.3, (10000, 2))
     >>> x.dtype, bool((x >= 0).all() and (x[:, 0] <= 4).all())
     (dtype('float32'), True)
@@ -641,7 +641,7 @@ def multinomial(key, n, p, *, shape=None, dtype=None, unroll=1, out_sharding=Non
 
     >>> import numpy as np
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_discrete import multinomial
+    >>> from ctrainstate._src.random.discrete import multinomial
     >>> c = multinomial(random.PRNGKey(0), 100.0, np.float32([0.2, 0.3, 0.5]), shape=(4, 3))
     >>> c.shape, c.sum(-1).tolist()
     ((4, 3), [100.0, 100.0, 100.0, 100.0])
@@ -708,7 +708,7 @@ def clone(key):
     jax key is returned as it is (jax arrays are immutable).
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_discrete import clone
+    >>> from ctrainstate._src.random.discrete import clone
     >>> k = random.PRNGKey(0)
     >>> c = clone(k)
     >>> c.tolist(), c is k
@@ -729,7 +729,7 @@ def key_impl(keys):
     ``'threefry2x32'`` for ctrainstate's raw ``uint32[..., 2]`` keys (and jax's legacy ones).
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_discrete import key_impl
+    >>> from ctrainstate._src.random.discrete import key_impl
     >>> key_impl(random.PRNGKey(0)), key_impl(random.split(random.PRNGKey(0), 4))
     ('threefry2x32', 'threefry2x32')
     """
@@ -757,7 +757,7 @@ def key_dtype(impl_spec=None) -> np.dtype:
     legacy keys.) ``impl_spec``: None or ``'threefry2x32'``; jax's other PRNGs raise
     ``ValueError``, unknown names and types jax's errors.
 
-    >>> from ctrainstate._random_discrete import key_dtype
+    >>> from ctrainstate._src.random.discrete import key_dtype
     >>> key_dtype(), key_dtype("threefry2x32")
     (dtype('uint32'), dtype('uint32'))
     """

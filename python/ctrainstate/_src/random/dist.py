@@ -34,13 +34,13 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from ._random_core import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _produce,
-                     _shape, _xla_log, split)
-from ._abstract import is_abstract, ShapeDtypeStruct
-from ._random_core import normal
-from .array import device_put
+from ... import _C
+from ..base import dtypes as _dtypes
+from .core import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _produce, _shape,
+                   _xla_log, split)
+from ..array.abstract import is_abstract, ShapeDtypeStruct
+from .core import normal
+from ...array import device_put
 
 __all__ = [
     "exponential", "laplace", "logistic", "cauchy", "rademacher", "lognormal", "maxwell",

@@ -57,14 +57,13 @@ import operator
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from ._random_dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma,
-                           _elementwise, _float_of, _is_weak, _log, _log1p, _param,
-                           _result_shape, _rounder)
-from ._random_core import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
-from . import _ops
-from .array import Array
+from ... import _C
+from ..base import dtypes as _dtypes
+from .dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma, _elementwise,
+                   _float_of, _is_weak, _log, _log1p, _param, _result_shape, _rounder)
+from .core import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
+from ..ops import ops as _ops
+from ...array import Array
 
 __all__ = ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
            "generalized_normal", "ball"]
@@ -305,7 +304,7 @@ def gamma(key, a, shape=None, dtype=None, *, out_sharding=None):
     implemented: a traced ``a`` raises NotImplementedError.
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import gamma
+    >>> from ctrainstate._src.random.gamma import gamma
     >>> x = gamma(random.PRNGKey(0), 2.0, (10000,))
     >>> bool(x.min() > 0) and abs(float(x.mean()) - 2) < 0.1
     True
@@ -333,7 +332,7 @@ def loggamma(key, a, shape=None, dtype=None, *, out_sharding=None):
 
     >>> import numpy as np
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import loggamma
+    >>> from ctrainstate._src.random.gamma import loggamma
     >>> x = loggamma(random.PRNGKey(0), 1e-3, (1000,))
     >>> bool(np.isfinite(x).all()) and float(np.median(x)) < -100
     True
@@ -361,7 +360,7 @@ def beta(key, a, b, shape=None, dtype=None, *, out_sharding=None):
     relative).
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import beta
+    >>> from ctrainstate._src.random.gamma import beta
     >>> x = beta(random.PRNGKey(0), 2.0, 3.0, (10000,))
     >>> bool(x.min() >= 0 and x.max() <= 1) and abs(float(x.mean()) - 0.4) < 0.02
     True
@@ -400,7 +399,7 @@ def dirichlet(key, alpha, shape=None, dtype=None, *, out_sharding=None):
 
     >>> import numpy as np
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import dirichlet
+    >>> from ctrainstate._src.random.gamma import dirichlet
     >>> x = dirichlet(random.PRNGKey(0), np.array([1.0, 2.0, 3.0]), (4,))
     >>> x.shape, bool(np.allclose(x.sum(-1), 1, atol=1e-6))
     ((4, 3), True)
@@ -445,7 +444,7 @@ def chisquare(key, df, shape=None, dtype=None, *, out_sharding=None):
     :func:`gamma`'s float32 ``c`` differs (then within 6e-6 relative).
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import chisquare
+    >>> from ctrainstate._src.random.gamma import chisquare
     >>> x = chisquare(random.PRNGKey(0), 3.0, (10000,))
     >>> bool(x.min() > 0) and abs(float(x.mean()) - 3) < 0.15
     True
@@ -472,7 +471,7 @@ def f(key, dfnum, dfden, shape=None, dtype=None, *, out_sharding=None):
     on array parameters of lower rank than ``shape``; these broadcast here.)
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import f
+    >>> from ctrainstate._src.random.gamma import f
     >>> x = f(random.PRNGKey(0), 4.0, 10.0, (10000,))
     >>> bool(x.min() > 0) and abs(float(x.mean()) - 1.25) < 0.1
     True
@@ -508,7 +507,7 @@ def t(key, df, shape=None, dtype=None, *, out_sharding=None):
     :func:`gamma`'s float32 ``c`` differs (then within 2e-6 relative).
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import t
+    >>> from ctrainstate._src.random.gamma import t
     >>> x = t(random.PRNGKey(0), 5.0, (10000,))
     >>> abs(float(x.mean())) < 0.1
     True
@@ -573,7 +572,7 @@ def generalized_normal(key, p, shape=(), dtype=None, *, out_sharding=None):
     relative.
 
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import generalized_normal
+    >>> from ctrainstate._src.random.gamma import generalized_normal
     >>> x = generalized_normal(random.PRNGKey(0), 2.0, (10000,))
     >>> abs(float((x ** 2).mean()) - 0.5) < 0.05     # p = 2: normal with variance 1/2
     True
@@ -607,7 +606,7 @@ def ball(key, d, p=2, shape=(), dtype=None, *, out_sharding=None):
 
     >>> import numpy as np
     >>> from ctrainstate import random
-    >>> from ctrainstate._random_gamma import ball
+    >>> from ctrainstate._src.random.gamma import ball
     >>> x = ball(random.PRNGKey(0), 3, shape=(1000,))
     >>> x.shape, bool((np.linalg.norm(x, axis=-1) <= 1).all())
     ((1000, 3), True)

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 from ctrainstate import nn  # noqa: E402
 from ctrainstate import partitioning as nn_partitioning  # noqa: E402
-from ctrainstate.nn import spmd  # noqa: E402
+from ctrainstate._src.nn import spmd  # noqa: E402
 from ctrainstate.nn.scope import Scope, ScopeVariableNotFoundError  # noqa: E402
 from ctrainstate.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 

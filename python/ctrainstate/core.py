@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .nn.scope import DenyList
+from ._src.nn.scope import DenyList
 from .tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
 
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]

@@ -34,8 +34,8 @@ import numpy as np
 from ._src.array.abstract import ShapeDtypeStruct
 from ._src.base.dtypes import bfloat16
 from .array import Array, device_put
-from .nn.meta import Partitioned
-from .nn.spmd import LogicallyPartitioned
+from ._src.nn.meta import Partitioned
+from ._src.nn.spmd import LogicallyPartitioned
 from .t5x.serialization import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
 from .core import FrozenDict

@@ -32,8 +32,8 @@ from . import tree_util as _tu
 from .array import Array as _Array
 from .sharding import Mesh as _Mesh, NamedSharding as _NamedSharding
 from .sharding import PartitionSpec as _P, Sharding as _Sharding, get_mesh as _get_mesh
-from .nn.meta import Partitioned
-from .nn.spmd import logical_to_mesh_axes, LogicallyPartitioned
+from ._src.nn.meta import Partitioned
+from ._src.nn.spmd import logical_to_mesh_axes, LogicallyPartitioned
 
 __all__ = ["assert_trees_all_close", "assert_trees_all_equal", "assert_shape",
            "assert_sharding", "assert_tree_shardings", "assert_mesh_invariant"]

@@ -24,7 +24,7 @@ from .._src.partitioning.rules import set_partitions
 from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view
 from ..sharding import Mesh, NamedSharding, PartitionSpec
 from . import _io, _store
-from ..nn.meta import unbox
+from .._src.nn.meta import unbox
 from ..serialization import _unpack_ext, to_state_dict
 
 __all__ = ["load_pretrained_params", "read_pretrained_shapes"]

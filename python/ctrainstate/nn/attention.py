@@ -60,9 +60,9 @@ from . import initializers
 from .activation import softmax
 from .dtypes import canonicalize_dtype
 from .linear import DenseGeneral, _check_dtype, default_kernel_init
-from .module import Module, compact
+from .._src.nn.module import Module, compact
 from .normalization import LayerNorm
-from .scope import ScopeVariableNotFoundError
+from .._src.nn.scope import ScopeVariableNotFoundError
 from .stochastic import merge_param
 from .._src.ops import elementwise as _elementwise
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .module import Module
+from .._src.nn.module import Module
 
 __all__ = ["Sequential"]
 

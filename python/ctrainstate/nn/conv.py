@@ -21,7 +21,7 @@ from .. import numpy as cnp
 from . import initializers
 from .dtypes import promote_dtype
 from .linear import _check_dtype, _precision, default_kernel_init
-from .module import Module, compact
+from .._src.nn.module import Module, compact
 from .._src.numpy_lax.conv import _explicit_pads, _out_sizes
 
 __all__ = ["Conv", "ConvLocal", "ConvTranspose", "canonicalize_padding"]

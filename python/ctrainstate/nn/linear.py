@@ -20,11 +20,11 @@ from .._src.ops.move import _int
 from ..array import Array, device_put
 from . import initializers
 from .dtypes import _check_dtype, promote_dtype
-from .module import Module, compact
+from .._src.nn.module import Module, compact
 from .._src.array.abstract import ShapeDtypeStruct
 from .._src.base.precision import resolve_precision
-from ..nn.module import _accepts_out_sharding, sharded_initializer
-from ..nn.spmd import _replicate_uneven
+from .._src.nn.module import _accepts_out_sharding, sharded_initializer
+from .._src.nn.spmd import _replicate_uneven
 from ..nn.stochastic import merge_param
 from ..partitioning import param_with_axes
 from ..sharding import NamedSharding, PartitionSpec

@@ -32,7 +32,7 @@ from ..array import Array
 from . import initializers
 from .dtypes import canonicalize_dtype, promote_dtype
 from .dtypes import _check_dtype
-from .module import Module, compact
+from .._src.nn.module import Module, compact
 from .. import random as _random
 from .._src.ops.ops import stop_gradient
 from .._src.numpy_lax.pmap import _bound, pmean

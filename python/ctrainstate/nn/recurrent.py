@@ -42,8 +42,8 @@ from . import initializers
 from .conv import Conv
 from .dtypes import promote_dtype
 from .linear import Dense, default_kernel_init
-from .lifted import scan as _scan
-from .module import Module, compact, nowrap
+from .._src.nn.lifted import scan as _scan
+from .._src.nn.module import Module, compact, nowrap
 from .._src.array.abstract import eval_shape
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell", "MGUCell",

@@ -28,7 +28,7 @@ from .._src.ops import ops as _ops
 from .. import random as _random
 from ..array import Array
 from ..sharding import NamedSharding, PartitionSpec
-from .module import Module, compact
+from .._src.nn.module import Module, compact
 from .. import numpy as cnp
 from .._src.array.abstract import ShapeDtypeStruct
 

@@ -39,11 +39,11 @@ import numpy as np
 
 from .._src.ops import ops as _ops
 from ..tree_util import tree_flatten, tree_unflatten
-from . import module as _module
-from .lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
-                     _no_adopt, _no_tape, _present, _seed_store, _write_back)
-from .module import Module
-from .scope import DenyList, in_filter
+from .._src.nn import module as _module
+from .._src.nn.lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
+                              _no_adopt, _no_tape, _present, _seed_store, _write_back)
+from .._src.nn.module import Module
+from .._src.nn.scope import DenyList, in_filter
 from .._src.numpy_lax.lax_control import (_check_carry, _check_same_outputs, _host_scalar,
                                           _predicate)
 

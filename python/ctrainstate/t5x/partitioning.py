@@ -36,7 +36,7 @@ from ..mesh_utils import create_device_mesh
 from ..sharding import Mesh, PartitionSpec
 from ..tree_util import tree_map
 from ..array import device_put
-from ..nn.spmd import _replicate_uneven
+from .._src.nn.spmd import _replicate_uneven
 from ..numpy import with_sharding
 from ..sharding import get_mesh as _active, NamedSharding
 

@@ -1,30 +1,18 @@
-"""Boxed axis metadata (mirror of ``flax.core.meta``).
-
-A box wraps a parameter value together with how it is partitioned. Boxes are
-pytree nodes whose only child is the value, so tree functions map *through*
-them; the names (and mesh, rules) are static.
-
->>> import numpy as np
->>> from ctrainstate.nn import meta
->>> params = {'kernel': meta.Partitioned(np.zeros((3, 2)), ('in', 'out')), 'bias': np.zeros(2)}
->>> meta.get_partition_spec(params)
-{'bias': PartitionSpec(), 'kernel': PartitionSpec('in', 'out')}
->>> meta.unbox(params)['kernel'].shape
-(3, 2)
-"""
+"""The implementation of :mod:`ctrainstate.nn.meta` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import abc
 import functools
 from typing import Any, Callable
 
-from .. import tree_util
-from ..sharding import NamedSharding, PartitionSpec
-from .. import sharding as _sh
-from .._src.ops.ops import with_sharding
-from ..array import Array, device_put
-from ..sharding import get_mesh
-from .._src.base.hooks import upper as _upper
+from ... import tree_util
+from ...sharding import NamedSharding, PartitionSpec
+from ... import sharding as _sh
+from ..ops.ops import with_sharding
+from ...array import Array, device_put
+from ...sharding import get_mesh
+from ..base.hooks import upper as _upper
 
 PARTITION_NAME = 'partition_name'
 
@@ -305,6 +293,6 @@ def get_sharding(tree: Any, mesh) -> Any:
     return tree_util.tree_map(f, tree, is_leaf=is_axis_metadata)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,22 +1,7 @@
-"""Logical axis rules and logical sharding constraints (mirror of ``flax.linen.spmd``).
-
-Resolution and the thread-local rules context live in C (``ctrainstate._C``:
-``csrc/core/ct_rules.c`` and ``csrc/python/py_rules.c``); this module only
-wraps results in ``PartitionSpec`` and walks pytrees.
-
-Version profile: current Flax (0.12.3+). Rules are tried in order; a mesh axis
-serves one dimension per array; a tuple rule is all-or-nothing; ``(name, None)``
-claims a dimension; unmatched names resolve to ``None``; non-string entries
-(``None``, ``PartitionSpec.UNCONSTRAINED``, ...) are kept verbatim; ``None`` and
-``UNCONSTRAINED`` in a rule's value never count as used mesh axes.
-
->>> from ctrainstate.nn import spmd
->>> rules = (('batch', 'data'), ('embed', 'model'), ('mlp', 'model'))
->>> spmd.logical_to_mesh_axes(('batch', 'embed', 'mlp'), rules)
-PartitionSpec('data', 'model', None)
-"""
+"""The implementation of :mod:`ctrainstate.nn.spmd` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
-from .._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('nn.spmd', __name__)   # lower layers call into this module through _hooks.upper
 
 import contextlib
@@ -27,14 +12,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import _C
-from .. import tree_util
-from ..sharding import NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims  # noqa: F401
+from ... import _C
+from ... import tree_util
+from ...sharding import NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims  # noqa: F401
 from . import meta
-from .._src.ops.ops import with_sharding
-from ..array import Array, device_put
-from ..sharding import get_mesh
-from .._src.base.hooks import upper as _upper
+from ..ops.ops import with_sharding
+from ...array import Array, device_put
+from ...sharding import get_mesh
+from ..base.hooks import upper as _upper
 
 _C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)
 
@@ -496,6 +481,6 @@ def with_logical_partitioning(fn: Callable[..., Any], names, mesh=None, rules=No
     return wrapper
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

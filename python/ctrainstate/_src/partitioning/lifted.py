@@ -33,11 +33,11 @@ import functools
 from typing import Any, Callable, Mapping
 
 from ... import tree_util
-from ...nn import lifted as _lifted
-from ...nn import transforms as _transforms
-from ...nn.lifted import In as ScanIn, Out as ScanOut  # noqa: N814  (Flax's names)
+from ..nn import lifted as _lifted
+from ..nn import transforms as _transforms
+from ..nn.lifted import In as ScanIn, Out as ScanOut  # noqa: N814  (Flax's names)
 from ..autodiff import remat as _remat
-from ...nn.spmd import _is_logical_spec as f, with_logical_constraint
+from ..nn.spmd import _is_logical_spec as f, with_logical_constraint
 from ..base.hooks import upper as _upper
 
 __all__ = ['scan_with_axes', 'vmap_with_axes', 'remat', 'core_remat_static', 'ScanIn',

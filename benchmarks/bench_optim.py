@@ -84,7 +84,7 @@ def make_tree(shapes, rng):
 def copy_steps(nbytes):
     """Three copies of nbytes (label -> step); GB/s = 2 * nbytes / time (read + write)."""
     from ctrainstate import _C
-    from ctrainstate.array import _buffer_view
+    from ctrainstate._src.array.array import _buffer_view
     n = nbytes // 4
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)

@@ -11,12 +11,12 @@ from ._src.base.devices import (Device, default_backend, device_count, devices, 
                                 local_device_count, local_devices, process_count, process_index,
                                 reset_peak_memory_stats)
 from . import tree_util, tree, sharding, mesh_utils
-from .sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh,
-                       set_mesh)
-from .sharding import PartitionSpec as P
-from .mesh_utils import make_mesh
-from .array import (Array, Shard, block_until_ready, device_get, device_put, from_dlpack,
-                    visualize_array_sharding)
+from ._src.array.sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding,
+                                  get_mesh, set_mesh)
+from ._src.array.sharding import PartitionSpec as P
+from ._src.array.mesh_utils import make_mesh
+from ._src.array.array import (Array, Shard, block_until_ready, device_get, device_put,
+                               from_dlpack, visualize_array_sharding)
 from . import numpy
 from ._src.ops.ops import grad, value_and_grad
 from ._src.autodiff.custom import custom_vjp, jacobian, jacrev, vjp
@@ -34,7 +34,7 @@ from . import distributed
 from .checkpoint import CheckpointManager as _CheckpointManager  # noqa: F401
 from . import checkpoint  # noqa: E402
 remat = checkpoint
-from .lax import with_sharding_constraint
+from ._src.numpy_lax.lax import with_sharding_constraint
 
 __version__ = "0.1.0"
 

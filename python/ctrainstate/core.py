@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ._src.nn.scope import DenyList
-from .tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
+from ._src.base.tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
 
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import builtins
 from typing import Callable
 
-from .array import visualize_array_sharding, visualize_sharding
-from .array import Array
-from .tree_util import tree_map
+from ._src.array.array import visualize_array_sharding, visualize_sharding
+from ._src.array.array import Array
+from ._src.base.tree_util import tree_map
 
 __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding",
            "inspect_array_sharding"]

@@ -38,7 +38,7 @@ import typing as _typing
 
 import numpy as _np
 
-from . import tree_util as _tree_util
+from ._src.base import tree_util as _tree_util
 from .core import FrozenDict as _FrozenDict
 from ._src.nn import spmd as _spmd
 from ._src.nn.scope import Variable as _Variable
@@ -46,11 +46,11 @@ from ._src.nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundE
 from ._src.nn.scope import current_scope as _current_scope
 from ._src.nn.spmd import (LogicalRules, RulesFallback, logical_to_mesh, logical_to_mesh_axes,
                            logical_to_mesh_sharding, _is_logical_spec)
-from .sharding import PartitionSpec as _PartitionSpec
+from ._src.array.sharding import PartitionSpec as _PartitionSpec
 from ._src.base.trace_state import in_jit as _in_jit
 from ._src.nn.module import current_module as _current_module
 from ._src.nn.module import sharded_initializer as _sharded_initializer
-from .sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
+from ._src.array.sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
 
 axis_rules = _spmd.logical_axis_rules
 set_axis_rules = _spmd.set_logical_axis_rules

@@ -33,14 +33,14 @@ import numpy as np
 
 from ._src.array.abstract import ShapeDtypeStruct
 from ._src.base.dtypes import bfloat16
-from .array import Array, device_put
+from ._src.array.array import Array, device_put
 from ._src.nn.meta import Partitioned
 from ._src.nn.spmd import LogicallyPartitioned
 from .t5x.serialization import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
 from .core import FrozenDict
-from .tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
-                        tree_flatten_with_path, tree_unflatten)
+from ._src.base.tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
+                                  tree_flatten_with_path, tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
            "msgpack_restore", "register_serialization_state", "is_serializable", "current_path"]

@@ -28,10 +28,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as _np
 
-from . import tree_util as _tu
-from .array import Array as _Array
-from .sharding import Mesh as _Mesh, NamedSharding as _NamedSharding
-from .sharding import PartitionSpec as _P, Sharding as _Sharding, get_mesh as _get_mesh
+from ._src.base import tree_util as _tu
+from ._src.array.array import Array as _Array
+from ._src.array.sharding import Mesh as _Mesh, NamedSharding as _NamedSharding
+from ._src.array.sharding import PartitionSpec as _P, Sharding as _Sharding, get_mesh as _get_mesh
 from ._src.nn.meta import Partitioned
 from ._src.nn.spmd import logical_to_mesh_axes, LogicallyPartitioned
 

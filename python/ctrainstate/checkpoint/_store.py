@@ -33,9 +33,9 @@ import numpy as np
 
 from .. import _C
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
-from ..sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
-from ..tree_util import tree_leaves
+from .._src.array.array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
+from .._src.array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from .._src.base.tree_util import tree_leaves
 from . import _io
 from .._src.base.devices import process_index as _process_index
 

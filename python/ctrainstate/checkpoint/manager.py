@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import Array
+from .._src.array.array import Array
 from ..serialization import from_state_dict, to_state_dict
 from . import _io, _store
 

@@ -21,8 +21,8 @@ import numpy as np
 from .. import _C
 from .._src.array.abstract import ShapeDtypeStruct
 from .._src.partitioning.rules import set_partitions
-from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view
-from ..sharding import Mesh, NamedSharding, PartitionSpec
+from .._src.array.array import Array, _alloc_blocks, _as_sharding, _buffer_view
+from .._src.array.sharding import Mesh, NamedSharding, PartitionSpec
 from . import _io, _store
 from .._src.nn.meta import unbox
 from ..serialization import _unpack_ext, to_state_dict

@@ -7,6 +7,6 @@
 [2.0]
 """
 from .._src.jit.jit import pjit
-from ..lax import with_sharding_constraint
+from .._src.numpy_lax.lax import with_sharding_constraint
 
 __all__ = ["pjit", "with_sharding_constraint"]

@@ -18,8 +18,8 @@ import numpy as np
 
 from .._src.base import dtypes as _dtypes
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import Array
-from ..tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
+from .._src.array.array import Array
+from .._src.base.tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
 from .._src.ops.ops import astype
 
 __all__ = ['cast', 'to_bf16', 'to_fp16', 'to_fp32']

@@ -16,7 +16,7 @@ empty states get None (see :func:`ctrainstate.t5x.optimizers.derive_optax_logica
 from __future__ import annotations
 
 from ..t5x.optimizers import derive_optax_logical_axes
-from ..tree_util import tree_map
+from .._src.base.tree_util import tree_map
 
 __all__ = ['opt_state_spec', 'train_state_spec']
 

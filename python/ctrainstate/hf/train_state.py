@@ -24,13 +24,13 @@ import numpy as np
 
 from .. import random
 from .._src.base.devices import local_device_count, local_devices
-from ..array import Array, device_put
+from .._src.array.array import Array, device_put
 from ..train_state import TrainState as _FlaxTrainState
-from ..tree_util import tree_map
-from .. import numpy as jnp
+from .._src.base.tree_util import tree_map
+from .._src.numpy_lax import numpy as jnp
 from .._src.numpy_lax.pmap import device_put_replicated, device_put_sharded
-from ..array import device_get
-from ..tree_util import keystr, tree_leaves, tree_map_with_path
+from .._src.array.array import device_get
+from .._src.base.tree_util import keystr, tree_leaves, tree_map_with_path
 
 __all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key', 'onehot',
            'get_metrics', 'stack_forest', 'prefetch_to_device', 'pad_shard_unpad']

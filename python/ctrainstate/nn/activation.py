@@ -30,9 +30,9 @@ from typing import Any
 
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
-from ..array import device_put
+from .._src.array.array import device_put
 from .._src.nn.module import Module as _Module, compact as _compact
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from .._src.array.abstract import ShapeDtypeStruct
 from .._src.ops.slicing import split
 

@@ -50,12 +50,12 @@ import numpy as np
 
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
-from .. import lax as _lax
-from .. import numpy as cnp
+from .._src.numpy_lax import lax as _lax
+from .._src.numpy_lax import numpy as cnp
 from .. import random as _random
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import Array
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.array import Array
+from .._src.array.sharding import NamedSharding, PartitionSpec
 from . import initializers
 from .activation import softmax
 from .dtypes import canonicalize_dtype

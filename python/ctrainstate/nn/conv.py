@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import lax
-from .. import numpy as cnp
+from .._src.numpy_lax import lax
+from .._src.numpy_lax import numpy as cnp
 from . import initializers
 from .dtypes import promote_dtype
 from .linear import _check_dtype, _precision, default_kernel_init

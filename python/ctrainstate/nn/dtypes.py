@@ -22,7 +22,7 @@ import numpy as np
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import Array
+from .._src.array.array import Array
 
 bfloat16 = _dtypes.bfloat16
 float16 = _dtypes.float16

@@ -30,7 +30,7 @@ import numpy as np
 from .._src.base import dtypes as _dtypes
 from .._src.random import core as _random
 from .._src.array.abstract import is_abstract, ShapeDtypeStruct
-from ..array import _fill_array, device_put
+from .._src.array.array import _fill_array, device_put
 
 __all__ = [
     "zeros", "ones", "constant", "normal", "uniform", "truncated_normal", "variance_scaling",

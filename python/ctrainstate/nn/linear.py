@@ -15,9 +15,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .._src.base import dtypes as _dtypes
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from .._src.ops.move import _int
-from ..array import Array, device_put
+from .._src.array.array import Array, device_put
 from . import initializers
 from .dtypes import _check_dtype, promote_dtype
 from .._src.nn.module import Module, compact
@@ -27,7 +27,7 @@ from .._src.nn.module import _accepts_out_sharding, sharded_initializer
 from .._src.nn.spmd import _replicate_uneven
 from ..nn.stochastic import merge_param
 from ..partitioning import param_with_axes
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.sharding import NamedSharding, PartitionSpec
 
 default_kernel_init = initializers.lecun_normal()
 

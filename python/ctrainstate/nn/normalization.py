@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import numpy as cnp
-from ..array import Array
+from .._src.numpy_lax import numpy as cnp
+from .._src.array.array import Array
 from . import initializers
 from .dtypes import canonicalize_dtype, promote_dtype
 from .dtypes import _check_dtype

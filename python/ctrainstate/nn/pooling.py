@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import lax
-from .. import numpy as cnp
+from .._src.numpy_lax import lax
+from .._src.numpy_lax import numpy as cnp
 
 __all__ = ["pool", "avg_pool", "max_pool", "min_pool"]
 

@@ -34,10 +34,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from .. import random as _random
 from ..core import FrozenDict
-from ..tree_util import tree_flatten, tree_map
+from .._src.base.tree_util import tree_flatten, tree_map
 from . import initializers
 from .conv import Conv
 from .dtypes import promote_dtype

@@ -26,10 +26,10 @@ import numpy as np
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
 from .. import random as _random
-from ..array import Array
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.array import Array
+from .._src.array.sharding import NamedSharding, PartitionSpec
 from .._src.nn.module import Module, compact
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from .._src.array.abstract import ShapeDtypeStruct
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16), _dtypes.bfloat16, np.dtype(np.float64))

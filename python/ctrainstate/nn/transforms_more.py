@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .._src.ops import ops as _ops
-from ..tree_util import tree_flatten, tree_unflatten
+from .._src.base.tree_util import tree_flatten, tree_unflatten
 from .._src.nn import module as _module
 from .._src.nn.lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
                               _no_adopt, _no_tape, _present, _seed_store, _write_back)

@@ -39,10 +39,10 @@ import optree
 
 from .. import _C
 from .._src.base import dtypes as _dtypes
-from ..array import Array, DonatedBufferError, device_put
-from ..sharding import NamedSharding, PartitionSpec, default_sharding
-from ..tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
-                         tree_map, tree_structure, tree_unflatten)
+from .._src.array.array import Array, DonatedBufferError, device_put
+from .._src.array.sharding import NamedSharding, PartitionSpec, default_sharding
+from .._src.base.tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path,
+                                   tree_leaves, tree_map, tree_structure, tree_unflatten)
 from .._src.array.abstract import ShapeDtypeStruct
 
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",

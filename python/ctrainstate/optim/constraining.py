@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._src.ops import ops as _ops
-from ..tree_util import tree_map
+from .._src.base.tree_util import tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs, scalar
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 
 __all__ = ["NonNegativeParamsState", "keep_params_nonnegative", "ZeroNansState", "zero_nans"]
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..array import Array
+from .._src.array.array import Array
 from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
                    read_scalar, safe_increment, scalar)
 

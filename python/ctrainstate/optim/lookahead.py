@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._src.ops import ops as _ops
-from ..tree_util import tree_map
+from .._src.base.tree_util import tree_map
 from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
                    read_scalar, scalar)
 

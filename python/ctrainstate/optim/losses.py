@@ -29,7 +29,7 @@ from .._src.ops import ops as _ops
 from .utils import (l2_loss, softmax_cross_entropy, softmax_cross_entropy_with_integer_labels,
                     squared_error)
 from .._src.base import dtypes as _dtypes
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from ..nn.activation import log_sigmoid, log_softmax, softmax
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",

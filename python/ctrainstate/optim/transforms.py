@@ -19,21 +19,21 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .._src.base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .._src.base import dtypes as _dtypes
-from ..array import Array
+from .._src.array.array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
                    GradientTransformationExtraArgs, Stage, CONST, _scalar_sharding, full_like, identity,
                    safe_increment, scalar, to_array, zeros_like)
 from .._src.ops import ops as _ops
 from .._src.random import core as _random
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import device_put as _put
+from .._src.array.array import device_put as _put
 from ..optim.base import read_scalar
 from ..optim.utils import safe_norm
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.sharding import NamedSharding, PartitionSpec
 from .._src.base.hooks import upper as _upper
 
 __all__ = [

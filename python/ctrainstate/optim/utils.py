@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .._src.ops import ops as _ops
-from ..tree_util import tree_leaves, tree_map
+from .._src.base.tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from ..nn.activation import log_softmax
-from ..tree_util import register_pytree_node
+from .._src.base.tree_util import register_pytree_node
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",

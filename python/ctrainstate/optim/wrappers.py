@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..array import Array
-from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .._src.array.array import Array
+from .._src.base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .base import (ACCUM, GradientTransformation, GradientTransformationExtraArgs, Stage,
                    call_update, read_scalar, safe_increment, scalar, zeros_like)
 from .._src.array.abstract import ShapeDtypeStruct

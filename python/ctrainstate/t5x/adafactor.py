@@ -27,9 +27,9 @@ import numpy as np
 
 from .._src.base import dtypes as _dtypes
 from .._src.array.abstract import ShapeDtypeStruct, is_abstract
-from ..array import device_put
+from .._src.array.array import device_put
 from ..optim.base import full_like
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.sharding import NamedSharding, PartitionSpec
 from ..train_state import PyTreeNode
 from .optimizers import OptimizerDef, OptimizerState, Optimizer, _next_step, scalar
 from ..core import FrozenDict, freeze

@@ -27,15 +27,15 @@ import numpy as np
 
 from .. import optim
 from .._src.array.abstract import ShapeDtypeStruct
-from ..array import Array, device_put
+from .._src.array.array import Array, device_put
 from ..core import FrozenDict, freeze
 from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
-from ..sharding import PartitionSpec
+from .._src.array.sharding import PartitionSpec
 from ..train_state import PyTreeNode, field
-from ..traverse_util import ModelParamTraversal
-from ..tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
+from .._src.base.traverse_util import ModelParamTraversal
+from .._src.base.tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
 from .serialization import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
-from ..tree_util import _flatten_up_to as f
+from .._src.base.tree_util import _flatten_up_to as f
 
 __all__ = [
     'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',

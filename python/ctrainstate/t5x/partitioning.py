@@ -32,13 +32,13 @@ import numpy as np
 from .._src.base import devices as _devices
 from .. import partitioning as flax_partitioning
 from .._src.jit.jit import pjit as _pjit
-from ..mesh_utils import create_device_mesh
-from ..sharding import Mesh, PartitionSpec
-from ..tree_util import tree_map
-from ..array import device_put
+from .._src.array.mesh_utils import create_device_mesh
+from .._src.array.sharding import Mesh, PartitionSpec
+from .._src.base.tree_util import tree_map
+from .._src.array.array import device_put
 from .._src.nn.spmd import _replicate_uneven
-from ..numpy import with_sharding
-from ..sharding import get_mesh as _active, NamedSharding
+from .._src.numpy_lax.numpy import with_sharding
+from .._src.array.sharding import get_mesh as _active, NamedSharding
 
 __all__ = [
     'AxisNames', 'DataLayout', 'LocalChunkInfo', 'LocalChunker', 'PartitionSpec',

@@ -20,8 +20,8 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
-from ..sharding import PartitionSpec
-from ..tree_util import Partial
+from .._src.array.sharding import PartitionSpec
+from .._src.base.tree_util import Partial
 
 __all__ = ['to_state_dict', 'from_state_dict', 'flatten_dict', 'unflatten_dict',
            'register_serialization_state', 'is_serializable', 'current_path']

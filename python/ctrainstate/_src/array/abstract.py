@@ -20,10 +20,10 @@ import numpy as np
 
 from .operators import OperatorsMixin
 from ..base.trace_state import Depth
-from ...tree_util import register_leaf_type
+from ..base.tree_util import register_leaf_type
 from ..base import dtypes as _dtypes
 from ..base.trace_state import jit_scope
-from ...tree_util import tree_map
+from ..base.tree_util import tree_map
 from ..base.hooks import upper as _upper
 
 __all__ = ["ShapeDtypeStruct", "eval_shape", "is_abstract"]

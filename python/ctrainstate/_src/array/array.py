@@ -1,19 +1,7 @@
-"""Sharded arrays: :class:`Array`, :class:`Shard`, :func:`device_put`.
-
-An Array is a global shape and dtype, a sharding, and one buffer per device of
-the sharding holding that device's block (replicas are separate buffers). No
-device ever holds more than its block; ``np.asarray(array)`` is the one place a
-full copy is made, on the host, because the user asked for it.
-
->>> import numpy as np, ctrainstate as cts
->>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
->>> x.shape, str(x.dtype)
-((2, 3), 'float32')
->>> float(np.asarray(x)[1, 2])
-5.0
-"""
+"""The implementation of :mod:`ctrainstate.array` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('array', __name__)   # lower layers call into this module through _hooks.upper
 
 import html
@@ -21,18 +9,18 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from ._src.base.devices import Device
-from ._src.array.operators import OperatorsMixin
+from ... import _C
+from ..base import dtypes as _dtypes
+from ..base.devices import Device
+from .operators import OperatorsMixin
 from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
                        default_sharding, shard_index)
-from .tree_util import register_leaf_type, tree_leaves, tree_map
-from ._src.array.abstract import is_abstract, ShapeDtypeStruct
-from ._src.base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
+from ..base.tree_util import register_leaf_type, tree_leaves, tree_map
+from .abstract import is_abstract, ShapeDtypeStruct
+from ..base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
 from .sharding import get_mesh, Mesh
-from .tree_util import _flatten_up_to, tree_flatten, tree_unflatten
-from ._src.base.hooks import upper as _upper
+from ..base.tree_util import _flatten_up_to, tree_flatten, tree_unflatten
+from ..base.hooks import upper as _upper
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
            "visualize_sharding",
@@ -890,6 +878,6 @@ def _sharding_html(a: Array) -> str:
             f"{''.join(body)}</table></div>")
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,4 +1,5 @@
-"""Helpers to build device meshes (mirror of ``jax.experimental.mesh_utils``)."""
+"""The implementation of :mod:`ctrainstate.mesh_utils` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import math
@@ -6,8 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ._src.base.devices import Device, devices as _devices
-from ._src.base import dtypes as _dtypes
+from ..base.devices import Device, devices as _devices
+from ..base import dtypes as _dtypes
 from .sharding import Mesh
 
 __all__ = ["create_device_mesh", "make_mesh"]
@@ -96,6 +97,6 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
     return Mesh(create_device_mesh(shape, devs[:need]), tuple(axis_names))
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,16 +1,5 @@
-"""Meshes, partition specs and shardings (mirror of ``jax.sharding``).
-
-A :class:`Mesh` names the axes of an n-d grid of devices; a
-:class:`PartitionSpec` says which mesh axes split each array dimension; a
-:class:`NamedSharding` joins the two. Validation and the shard layout are
-computed in C (csrc/core/ct_layout.c); this module only holds the objects.
-
->>> import numpy as np, ctrainstate as cts
->>> mesh = cts.Mesh(np.array(cts.devices()[:1]).reshape(1, 1), ('data', 'model'))
->>> s = cts.NamedSharding(mesh, cts.P('data', None))
->>> s.shard_shape((4, 6))
-(4, 6)
-"""
+"""The implementation of :mod:`ctrainstate.sharding` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import math
@@ -22,10 +11,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import _C
-from ._src.base import dtypes as _dtypes
-from ._src.base.devices import Device, devices as _all_devices
-from ._src.base.trace_state import in_jit
+from ... import _C
+from ..base import dtypes as _dtypes
+from ..base.devices import Device, devices as _all_devices
+from ..base.trace_state import in_jit
 
 __all__ = [
     "Mesh",
@@ -531,6 +520,6 @@ def _uneven_dims(sharding, shape) -> list:
     return out
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -22,11 +22,11 @@ from typing import Callable
 
 import numpy as np
 
-from ...array import Array
+from ..array.array import Array
 from ..ops import ops as o
-from ... import numpy as cnp
+from ..numpy_lax import numpy as cnp
 from ..ops.slicing import stack
-from ...tree_util import tree_flatten, tree_unflatten
+from ..base.tree_util import tree_flatten, tree_unflatten
 
 __all__ = ["vjp", "custom_vjp", "jacrev", "jacobian"]
 

@@ -26,10 +26,10 @@ import threading
 import types
 from typing import Callable
 
-from ...array import Array
-from ...tree_util import tree_flatten
+from ..array.array import Array
+from ..base.tree_util import tree_flatten
 from ..ops import ops as _ops
-from ... import sharding
+from ..array import sharding
 from ..base.precision import current_default, default_mode
 from ..base.hooks import upper as _upper
 

@@ -10,7 +10,7 @@ imports every layer, so by the time any function runs every provider is register
 
 >>> from ctrainstate._src.base import hooks as _hooks
 >>> _hooks.upper("numpy").__name__
-'ctrainstate.numpy'
+'ctrainstate._src.numpy_lax.numpy'
 """
 from __future__ import annotations
 

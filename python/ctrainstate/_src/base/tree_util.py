@@ -1,17 +1,5 @@
-"""Pytrees: nested containers whose leaves are arrays (mirror of ``jax.tree_util``), built on
-optree (the C++ pytree library whose flattening order and None handling are jax's).
-
-Containers: dict (keys sorted, like JAX), OrderedDict (insertion order), defaultdict (keys
-sorted), list, tuple, namedtuple, ``None`` (a node with no children) and any class
-registered with :func:`register_pytree_node` (kept in optree's ``"ctrainstate"``
-namespace). Everything else is a leaf. Key paths use jax's key classes (``DictKey``,
-``SequenceKey``, ``GetAttrKey``, ``FlattenedIndexKey``). A treedef is optree's
-``PyTreeSpec`` (``PyTreeDef`` here), whose flatten, unflatten and comparison run in C++.
-
->>> from ctrainstate import tree_util
->>> tree_util.tree_map(lambda x: x * 2, {'b': [1, 2], 'a': (3,)})
-{'a': (6,), 'b': [2, 4]}
-"""
+"""The implementation of :mod:`ctrainstate.tree_util` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import collections
@@ -679,6 +667,6 @@ def tree_reduce_associative(operation: Callable, tree, *, identity: Any = _UNSPE
     return reduce(tree_leaves(tree, is_leaf=is_leaf))
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from .exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

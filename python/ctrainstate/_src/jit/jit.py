@@ -26,11 +26,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
-from ... import config as _config, tree_util
+from ... import config as _config
+from ..base import tree_util
 from ..array.abstract import ShapeDtypeStruct
 from ..base.trace_state import jit_scope
-from ...array import Array, device_put
-from ...sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
+from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 from ..base.devices import _normalize_backend
 
 __all__ = ["jit", "pjit"]

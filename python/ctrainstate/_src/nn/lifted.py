@@ -13,8 +13,8 @@ import numpy as np
 
 from ..array import abstract as _abstract
 from ... import random as _random
-from ...array import Array
-from ...tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..array.array import Array
+from ..base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from . import meta
 from . import module as _module
 from .module import Module, ModuleScope
@@ -22,7 +22,7 @@ from .scope import in_filter
 from ..ops import ops as _ops, slicing as _slicing
 from ..ops.slicing import getitem
 from . import spmd
-from ...sharding import get_mesh, PartitionSpec
+from ..array.sharding import get_mesh, PartitionSpec
 
 __all__ = ["scan", "vmap", "broadcast", "In", "Out"]
 

@@ -6,12 +6,12 @@ import abc
 import functools
 from typing import Any, Callable
 
-from ... import tree_util
-from ...sharding import NamedSharding, PartitionSpec
-from ... import sharding as _sh
+from ..base import tree_util
+from ..array.sharding import NamedSharding, PartitionSpec
+from ..array import sharding as _sh
 from ..ops.ops import with_sharding
-from ...array import Array, device_put
-from ...sharding import get_mesh
+from ..array.array import Array, device_put
+from ..array.sharding import get_mesh
 from ..base.hooks import upper as _upper
 
 PARTITION_NAME = 'partition_name'

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ... import random as _random
-from ...array import Array, device_put
-from ...sharding import NamedSharding, get_mesh
+from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding, get_mesh
 from . import meta
 from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters

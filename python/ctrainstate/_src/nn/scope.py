@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 from . import meta
 from ..array.abstract import abstract_mode
-from ...tree_util import tree_leaves
+from ..base.tree_util import tree_leaves
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
            'ScopeParamShapeError',

@@ -13,12 +13,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ... import _C
-from ... import tree_util
-from ...sharding import NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims  # noqa: F401
+from ..base import tree_util
+from ..array.sharding import (NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims)  # noqa: F401
 from . import meta
 from ..ops.ops import with_sharding
-from ...array import Array, device_put
-from ...sharding import get_mesh
+from ..array.array import Array, device_put
+from ..array.sharding import get_mesh
 from ..base.hooks import upper as _upper
 
 _C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)

@@ -9,7 +9,7 @@ import numpy as np
 from ..array.abstract import eval_shape
 from ...core import FrozenDict
 from .meta import AxisMetadata
-from ...tree_util import tree_leaves
+from ..base.tree_util import tree_leaves
 from ..base.hooks import upper as _upper
 
 __all__ = ["tabulate"]

@@ -39,8 +39,8 @@ import operator
 import numpy as np
 
 from ..base import dtypes as _dtypes
-from ... import numpy as cnp
-from ...array import Array
+from . import numpy as cnp
+from ..array.array import Array
 from ..ops.move import flip, pad
 from ..base.precision import resolve_precision
 from ..ops.slicing import concatenate, stack

@@ -1,53 +1,28 @@
-"""The ``jax.lax`` names a sharded training script uses: ``with_sharding_constraint``,
-``stop_gradient``, ``Precision`` (the ``precision=`` of matrix products: DEFAULT and HIGHEST
-are float32 here, HIGH is TF32; see :mod:`ctrainstate._src.base.precision`), and ``dynamic_slice`` /
-``dynamic_update_slice`` (a region at start indices known at run time, e.g. a decoding
-cache's position; see :func:`dynamic_update_slice`), and the elementwise ``erf``, ``erfc``,
-``log1p``, ``expm1``, ``floor``, ``ceil`` and ``sign`` (those of :mod:`ctrainstate.numpy`).
-
-Control flow (``fori_loop``, ``while_loop``, ``cond``, ``switch``, ``scan``, ``map``) runs
-eagerly on the host, differentiably, with jax's carry checks (:mod:`ctrainstate._src.numpy_lax.lax_control`).
-The primitives (``add`` ... ``dot_general``, ``pad``, ``slice``, ``select``, ``reduce_*``,
-``cum*``, ``sort``, ``top_k``, ...) keep lax's strictness: one dtype, no rank broadcasting,
-non-negative axes, jax's error messages (:mod:`ctrainstate._src.numpy_lax.lax_ops`).
-
-``with_sharding_constraint(x, shardings)`` reshards every Array of ``x`` to the given
-sharding (eagerly: there is no compiler to hand a constraint to). ``shardings`` is a
-``NamedSharding``, a ``SingleDeviceSharding``, a ``PartitionSpec`` (resolved against the
-active ``with mesh:``), or a pytree of them that is a prefix of ``x``; anything else (a
-bare ``Device``, a string) is a ``TypeError``, as in JAX. The reshard is differentiable: the cotangent goes
-back to the input's sharding. numpy leaves are placed like Arrays.
-
->>> import numpy as np, ctrainstate as cts
->>> from ctrainstate.lax import with_sharding_constraint
->>> mesh = cts.make_mesh((1,), ('data',))
->>> y = with_sharding_constraint(np.ones((4, 2), np.float32), cts.NamedSharding(mesh, cts.P('data')))
->>> y.sharding.spec
-PartitionSpec('data',)
-"""
+"""The implementation of :mod:`ctrainstate.lax` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
-from ._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('lax', __name__)   # lower layers call into this module through _hooks.upper
 
 import builtins
 
 import numpy as np
 
-from . import tree_util
-from ._src.array.abstract import ShapeDtypeStruct
-from ._src.base.devices import Device
-from .array import Array, device_put
-from .sharding import NamedSharding, PartitionSpec, Sharding, _replicate_uneven, get_mesh
+from ..base import tree_util
+from ..array.abstract import ShapeDtypeStruct
+from ..base.devices import Device
+from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, Sharding, _replicate_uneven, get_mesh
 
-from ._src.ops.ops import stop_gradient  # noqa: E402,F401
+from ..ops.ops import stop_gradient  # noqa: E402,F401
 # jax.lax's elementwise functions that ctrainstate.numpy also has (the same kernels; lax.round,
 # whose default rounds halves away from zero unlike jnp.round, is not among them)
-from ._src.ops.ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
-from ._src.base import dtypes as _dtypes
-from ._src.ops import ops as _ops, slicing as _slicing
-from ._src.array.abstract import is_abstract
-from ._src.ops.move import _axis as one_axis
-from ._src.ops.ops import with_sharding
+from ..ops.ops import ceil, erf, erfc, expm1, floor, log1p, sign  # noqa: E402,F401
+from ..base import dtypes as _dtypes
+from ..ops import ops as _ops, slicing as _slicing
+from ..array.abstract import is_abstract
+from ..ops.move import _axis as one_axis
+from ..ops.ops import with_sharding
 
 
 def _abstract_dtype(operand):
@@ -55,28 +30,23 @@ def _abstract_dtype(operand):
     if isinstance(operand, (Array, ShapeDtypeStruct)):
         return operand.dtype
     return _dtypes.canonicalize(np.asarray(operand).dtype)
-from ._src.base.precision import Precision  # noqa: E402,F401
-from ._src.numpy_lax.lax_more import (RoundingMethod, acos, acosh, asin, asinh, atan, atan2, atanh,
-                                      batch_matmul, bitwise_and, bitwise_not, bitwise_or,
-                                      bitwise_xor, cbrt, clz, cosh, dot, eq, exp2, ge, gt,
-                                      is_finite, le, lt, ne, nextafter, population_count,
-                                      reciprocal, reduce_and, reduce_or, reduce_xor, round,
-                                      shift_left, shift_right_arithmetic, shift_right_logical,
-                                      sinh, split, tan)
+from ..base.precision import Precision  # noqa: E402,F401
+from .lax_more import (RoundingMethod, acos, acosh, asin, asinh, atan, atan2, atanh, batch_matmul,
+                       bitwise_and, bitwise_not, bitwise_or, bitwise_xor, cbrt, clz, cosh, dot, eq,
+                       exp2, ge, gt, is_finite, le, lt, ne, nextafter, population_count,
+                       reciprocal, reduce_and, reduce_or, reduce_xor, round, shift_left,
+                       shift_right_arithmetic, shift_right_logical, sinh, split, tan)
 
 # control flow, run eagerly (see ctrainstate._src.numpy_lax.lax_control), and the strict primitives
 # (no implicit promotion or rank broadcasting; see ctrainstate._src.numpy_lax.lax_ops)
-from ._src.numpy_lax.lax_control import (associative_scan, cond, fori_loop, map, scan, switch,
-                                         while_loop)
-from ._src.numpy_lax.lax_ops import (abs, add, argmax, argmin, broadcast, broadcast_in_dim,
-                                     broadcasted_iota, clamp, concatenate, convert_element_type,
-                                     cos, cummax, cummin, cumprod, cumsum, div, dot_general, exp,
-                                     expand_dims, full, full_like, index_in_dim, integer_pow, iota,
-                                     log, logistic, max, min, mul, neg, pad, pow, reduce_max,
-                                     reduce_min, reduce_prod, reduce_sum, rem, reshape, rev, rsqrt,
-                                     select, select_n, sin, slice, slice_in_dim, sort,
-                                     sort_key_val, sqrt, square, squeeze, sub, tanh, top_k,
-                                     transpose)
+from .lax_control import associative_scan, cond, fori_loop, map, scan, switch, while_loop
+from .lax_ops import (abs, add, argmax, argmin, broadcast, broadcast_in_dim, broadcasted_iota,
+                      clamp, concatenate, convert_element_type, cos, cummax, cummin, cumprod,
+                      cumsum, div, dot_general, exp, expand_dims, full, full_like, index_in_dim,
+                      integer_pow, iota, log, logistic, max, min, mul, neg, pad, pow, reduce_max,
+                      reduce_min, reduce_prod, reduce_sum, rem, reshape, rev, rsqrt, select,
+                      select_n, sin, slice, slice_in_dim, sort, sort_key_val, sqrt, square,
+                      squeeze, sub, tanh, top_k, transpose)
 
 __all__ = ["with_sharding_constraint", "stop_gradient", "Precision", "dynamic_slice",
            "dynamic_update_slice", "dynamic_slice_in_dim", "dynamic_index_in_dim",
@@ -435,23 +405,21 @@ def dynamic_update_index_in_dim(operand, update, index, axis: int, *,
     return dynamic_update_slice_in_dim(operand, update, index, ax,
                                        allow_negative_indices=allow_negative_indices)
 
-from ._src.numpy_lax.conv import (ConvDimensionNumbers, conv, conv_dimension_numbers,
-                                  conv_general_dilated, conv_general_dilated_local,
-                                  conv_general_dilated_patches, conv_transpose,
-                                  conv_with_general_padding, padtype_to_pads, reduce_window)
+from .conv import (ConvDimensionNumbers, conv, conv_dimension_numbers, conv_general_dilated,
+                   conv_general_dilated_local, conv_general_dilated_patches, conv_transpose,
+                   conv_with_general_padding, padtype_to_pads, reduce_window)
 
 __all__ += ["ConvDimensionNumbers", "conv", "conv_dimension_numbers", "conv_general_dilated",
             "conv_general_dilated_local", "conv_general_dilated_patches",
             "conv_transpose", "conv_with_general_padding", "padtype_to_pads", "reduce_window"]
 
 # the collectives over a pmap axis (ctrainstate._src.numpy_lax.pmap)
-from ._src.numpy_lax.pmap import (all_gather, axis_index, pmax, pmean, pmin, ppermute, psum,
-                                  psum_scatter)
+from .pmap import all_gather, axis_index, pmax, pmean, pmin, ppermute, psum, psum_scatter
 
 __all__ += ["all_gather", "axis_index", "pmax", "pmean", "pmin", "ppermute", "psum",
             "psum_scatter"]
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

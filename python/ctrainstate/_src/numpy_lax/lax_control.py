@@ -35,9 +35,9 @@ import numpy as np
 
 from ..base import dtypes as _dtypes
 from ..array.abstract import ShapeDtypeStruct, is_abstract
-from ...array import Array
-from ...tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
-from ... import numpy as cnp
+from ..array.array import Array
+from ..base.tree_util import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
+from . import numpy as cnp
 from ..array.abstract import eval_shape
 from .lax_ops import pad, rev
 from ..ops.slicing import concatenate, getitem, stack

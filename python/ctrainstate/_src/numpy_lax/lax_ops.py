@@ -28,13 +28,13 @@ import numpy as np
 
 from ..base import dtypes as _dtypes
 from ..array.abstract import ShapeDtypeStruct, is_abstract
-from ...array import Array
+from ..array.array import Array
 from ..ops import elementwise as ew, ops as o
-from ... import numpy as cnp
+from . import numpy as cnp
 from ..ops.move import (_argsort_host, _placed_like, _prod_f32, _sort_keys, flip, prod,
                         take_along_axis)
 from ..ops.slicing import _fresh as fresh, concatenate as join, getitem
-from ...array import device_put
+from ..array.array import device_put
 from ..base.hooks import upper as _upper
 
 _F32, _BF16, _F16 = _dtypes.float32, _dtypes.bfloat16, _dtypes.float16

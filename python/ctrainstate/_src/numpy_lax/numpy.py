@@ -1,44 +1,25 @@
-"""``ctrainstate.numpy``: array ops on (sharded) Arrays, differentiable.
-
-The names follow ``jax.numpy``. Operands may be Arrays, numpy arrays or Python
-scalars (placed replicated on the Arrays' mesh). Sharding propagation, the
-collectives it implies and the autodiff rules are described in
-:mod:`ctrainstate._src.ops.ops`. Arithmetic is float32; bfloat16 / float16 Arrays follow jax's
-dtype promotion and are computed in float32 and rounded once per op (``astype`` converts
-on the devices). Comparisons (``equal``, ``greater``, ... and ``== < >`` on Arrays) return bool
-Arrays; ``logical_*``, ``bitwise_*`` / ``& | ^ ~``, shifts, ``floor_divide`` / ``remainder``
-(``// %``), ``isnan`` / ``isinf`` / ``isfinite``, ``any`` / ``all``, ``cumsum`` / ``cumprod`` (any dtype), and
-``add`` / ``subtract`` / ``multiply`` / ``maximum`` / ``minimum`` / ``negative`` / ``abs`` /
-``sum`` / ``max`` / ``min`` / ``where`` on int32 / uint32 / int16 / uint16 / int8 / uint8 /
-bool Arrays compute in the operands' own (jax-promoted) dtype on each device's blocks, with
-jax's results (:mod:`ctrainstate._src.ops.elementwise`).
-
->>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
->>> x = cts.device_put(np.arange(6, dtype=np.float32).reshape(2, 3))
->>> np.asarray(cnp.sum(x * 2.0, axis=0)).tolist()
-[6.0, 10.0, 14.0]
-"""
-from ._src.base.hooks import provide as _provide
+"""The implementation of :mod:`ctrainstate.numpy` (which re-exports its API; the module
+docstring is there)."""
+from ..base.hooks import provide as _provide
 _provide('numpy', __name__)   # lower layers call into this module through _hooks.upper
 import numpy as _np
 
-from ._src.ops.ops import (abs, add, around, ceil, expm1, floor, log1p, reciprocal, round, sign,
-                           trunc, argmax, argmin, astype, broadcast_to, cos, divide, dot, einsum,
-                           exp, expand_dims, gelu, log, matmul, max, maximum, min, minimum,
-                           multiply, negative, power, relu, reshape, rsqrt, sigmoid, sin, sqrt,
-                           square, subtract, take_rows, tanh, where, transpose, with_sharding)
-from ._src.ops.math_extra import (arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, cbrt,
-                                  copysign, cosh, deg2rad, degrees, exp2, float_power, fmax, fmin,
-                                  fmod, heaviside, hypot, ldexp, log10, log2, logaddexp,
-                                  logaddexp2, nextafter, rad2deg, radians, signbit, sinc, sinh,
-                                  tan)
-from . import _C
-from ._src.ops import ops as _o
-from ._src.array.operators import reduce_operand as _reduce_operand
-from ._src.base import dtypes as _dtypes
-from ._src.array.abstract import is_abstract, ShapeDtypeStruct, ShapeDtypeStruct as _SDS
-from ._src.ops.slicing import getitem
-from .array import _buffer_view, _fill_array, Array, check_python_ints, device_put
+from ..ops.ops import (abs, add, around, ceil, expm1, floor, log1p, reciprocal, round, sign, trunc,
+                       argmax, argmin, astype, broadcast_to, cos, divide, dot, einsum, exp,
+                       expand_dims, gelu, log, matmul, max, maximum, min, minimum, multiply,
+                       negative, power, relu, reshape, rsqrt, sigmoid, sin, sqrt, square, subtract,
+                       take_rows, tanh, where, transpose, with_sharding)
+from ..ops.math_extra import (arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, cbrt,
+                              copysign, cosh, deg2rad, degrees, exp2, float_power, fmax, fmin,
+                              fmod, heaviside, hypot, ldexp, log10, log2, logaddexp, logaddexp2,
+                              nextafter, rad2deg, radians, signbit, sinc, sinh, tan)
+from ... import _C
+from ..ops import ops as _o
+from ..array.operators import reduce_operand as _reduce_operand
+from ..base import dtypes as _dtypes
+from ..array.abstract import is_abstract, ShapeDtypeStruct, ShapeDtypeStruct as _SDS
+from ..ops.slicing import getitem
+from ..array.array import _buffer_view, _fill_array, Array, check_python_ints, device_put
 
 
 def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # noqa: A001
@@ -94,16 +75,16 @@ def _masked(a, where, who):
         raise ValueError(f"{who}: where= of shape {tuple(_np.shape(where))} does not broadcast "
                          f"to the operand's shape {shape}")
     return _o.where(where, a, False if getattr(a, "dtype", None) == _np.bool_ else 0)
-from ._src.ops import linalg  # noqa: F401
-from ._src.ops.elementwise import (all, any, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
-                                   cumprod, cumsum, equal, floor_divide, greater, greater_equal,
-                                   invert, isfinite, isinf, isnan, left_shift, less, less_equal,
-                                   logical_and, logical_not, logical_or, logical_xor, mod,
-                                   not_equal, remainder, result_type, right_shift)
-from ._src.ops.slicing import array_split, concatenate, split, stack  # noqa: F401
-from ._src.ops.move import (atleast_1d, atleast_2d, atleast_3d, diag, diagonal, eye, flip, fliplr,
-                            flipud, moveaxis, pad, prod, repeat, roll, swapaxes, take,
-                            take_along_axis, sort, argsort, tile, tril, triu)
+from ..ops import linalg  # noqa: F401
+from ..ops.elementwise import (all, any, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
+                               cumprod, cumsum, equal, floor_divide, greater, greater_equal,
+                               invert, isfinite, isinf, isnan, left_shift, less, less_equal,
+                               logical_and, logical_not, logical_or, logical_xor, mod, not_equal,
+                               remainder, result_type, right_shift)
+from ..ops.slicing import array_split, concatenate, split, stack  # noqa: F401
+from ..ops.move import (atleast_1d, atleast_2d, atleast_3d, diag, diagonal, eye, flip, fliplr,
+                        flipud, moveaxis, pad, prod, repeat, roll, swapaxes, take, take_along_axis,
+                        sort, argsort, tile, tril, triu)
 
 amax, amin = max, min
 
@@ -308,7 +289,7 @@ def squeeze(x, axis=None):
 # Sharding) when given, else replicated over the active mesh, else on the default device.
 # Without ``dtype``, floats are float32 and integers int32 (JAX without x64).
 
-from ._src.base import dtypes as _dt  # noqa: E402
+from ..base import dtypes as _dt  # noqa: E402
 
 class _ScalarMeta(type):
     """jnp's scalar types: ``jnp.float32`` is a dtype (``np.dtype(jnp.float32)``,
@@ -354,7 +335,7 @@ float64 = _scalar_type(_np.float64)
 int64 = _scalar_type(_np.int64)
 uint64 = _scalar_type(_np.uint64)
 
-from .array import Array as ndarray  # noqa: E402 - jnp.ndarray is jax.Array
+from ..array.array import Array as ndarray  # noqa: E402 - jnp.ndarray is jax.Array
 pi = _np.pi
 e = _np.e
 inf = _np.inf
@@ -609,12 +590,12 @@ def _operator_index(v, what):
 # --- the rest of jax.numpy's utility, creation, NaN-reduction and order-statistic names ---------
 # (ctrainstate/_numpy_extra.py, names in its __all__; its ``where`` replaces the select-only one
 # above and takes the one-argument form)
-from ._src.numpy_lax import numpy_extra as _extra  # noqa: E402
+from . import numpy_extra as _extra  # noqa: E402
 globals().update({_n: getattr(_extra, _n) for _n in _extra.__all__})
 __all__ += _extra.__all__
 
 # --- NumPy-2 aliases, set operations, binning, insertion / deletion, convolution, statistics,
 # polynomials (ctrainstate/_numpy_more.py, names in its __all__)
-from ._src.numpy_lax import numpy_more as _more  # noqa: E402
+from . import numpy_more as _more  # noqa: E402
 globals().update({_n: getattr(_more, _n) for _n in _more.__all__})
 __all__ += _more.__all__

@@ -39,7 +39,7 @@ from ..ops import ops as _ops
 from ..ops.move import (_axes, _axis, _int, _operand as op, flip, moveaxis, sort, swapaxes, take,
                         take_along_axis)
 from ..ops.slicing import getitem
-from ...array import Array, device_put
+from ..array.array import Array, device_put
 from ..base.hooks import upper as _upper
 
 __all__ = [

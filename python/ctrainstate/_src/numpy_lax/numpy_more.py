@@ -44,7 +44,7 @@ from .numpy_extra import _cnp, _o, _operand  # the lazy module accessors, shared
 from ..ops import elementwise as _elementwise, math_extra as _math_extra
 from ..ops.move import _axes, _axis as a, _int as i, take_along_axis
 from ..ops.slicing import getitem
-from ...array import Array
+from ..array.array import Array
 from ..base.hooks import upper as _upper
 
 __all__ = [

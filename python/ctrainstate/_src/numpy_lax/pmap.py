@@ -42,12 +42,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ... import _C, tree_util
-from ...array import Array, device_put
-from ...sharding import Mesh, NamedSharding, PartitionSpec
+from ... import _C
+from ..base import tree_util
+from ..array.array import Array, device_put
+from ..array.sharding import Mesh, NamedSharding, PartitionSpec
 from ..base import dtypes as _dtypes, precision as _precision
 from ..ops import ops as _ops
-from ... import numpy as cnp
+from . import numpy as cnp
 from ..base.devices import local_devices
 
 __all__ = ["pmap", "device_put_sharded", "device_put_replicated", "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",

@@ -31,10 +31,10 @@ from typing import Callable
 
 import numpy as np
 
-from ... import tree_util
+from ..base import tree_util
 from .pmap import _axes_of, _map_size, _tls
-from ...array import Array
-from ... import numpy as cnp
+from ..array.array import Array
+from . import numpy as cnp
 from ..array.abstract import eval_shape, ShapeDtypeStruct
 
 __all__ = ["vmap"]

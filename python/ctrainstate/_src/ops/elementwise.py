@@ -52,8 +52,8 @@ import numpy as np
 
 from ... import _C
 from ..base import dtypes as _dtypes
-from ...array import Array, device_put
-from ...sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
+from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
 from ..array.abstract import ShapeDtypeStruct
 from ..base.devices import Device, devices
 from .slicing import concatenate, split, stack

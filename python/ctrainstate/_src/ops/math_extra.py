@@ -54,7 +54,7 @@ from ... import _C
 from ..base import dtypes as _dtypes
 from . import elementwise as _ew
 from . import ops as _o
-from ...array import Array
+from ..array.array import Array
 from ..array.abstract import ShapeDtypeStruct
 
 # the ABI 7 kernels' codes (csrc/core/ct_ops.h), read from _C.op_codes

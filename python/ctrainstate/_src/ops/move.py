@@ -44,12 +44,12 @@ import numpy as np
 
 from ..base import dtypes as _dtypes
 from .slicing import concatenate, getitem
-from ...array import Array
+from ..array.array import Array
 from . import ops as _ops
 from ..array.abstract import ShapeDtypeStruct
 from .elementwise import sum_dtype
 from .slicing import _layout_of as lo
-from ...array import device_put
+from ..array.array import device_put
 
 __all__ = [
     "take", "take_along_axis", "repeat", "tile", "flip", "fliplr", "flipud", "roll", "pad",

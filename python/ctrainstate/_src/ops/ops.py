@@ -39,15 +39,15 @@ from ... import _C
 from ..base import dtypes as _dtypes
 from ..base.devices import Device
 from ..base.precision import resolve_precision as _resolve_precision
-from ...array import Array, _as_sharding, device_put
-from ...sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
+from ..array.array import Array, _as_sharding, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, Sharding, get_mesh
 from . import elementwise as _elementwise
 from . import elementwise as ew
 from ..array.abstract import ShapeDtypeStruct
 from ..base.devices import devices
 from .elementwise import result_type, sum_dtype
-from ...array import _alloc_blocks
-from ...tree_util import tree_flatten, tree_map, tree_unflatten
+from ..array.array import _alloc_blocks
+from ..base.tree_util import tree_flatten, tree_map, tree_unflatten
 from ..base.hooks import upper as _upper
 
 # the kernels' op codes (csrc/core/ct_ops.h), read from _C.op_codes

@@ -76,9 +76,9 @@ import numpy as np
 
 from ... import _C
 from ..base import dtypes as _dtypes
-from ...array import Array, _alloc_blocks
+from ..array.array import Array, _alloc_blocks
 from ..array.abstract import ShapeDtypeStruct
-from ...array import device_put
+from ..array.array import device_put
 from ..base.hooks import upper as _upper
 
 __all__ = ["getitem", "concatenate", "stack", "split", "array_split"]

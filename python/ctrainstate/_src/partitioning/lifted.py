@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from ... import tree_util
+from ..base import tree_util
 from ..nn import lifted as _lifted
 from ..nn import transforms as _transforms
 from ..nn.lifted import In as ScanIn, Out as ScanOut  # noqa: N814  (Flax's names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from ...sharding import PartitionSpec as P
+from ..array.sharding import PartitionSpec as P
 
 __all__ = ['match', 'set_partitions', 'gpt_neo_rules', 'gptj_rules', 'Rules']
 

@@ -13,8 +13,8 @@ from ... import _C
 from ..base import dtypes as _dtypes
 from ..ops import ops as _ops
 from ..array.abstract import is_abstract, ShapeDtypeStruct
-from ...array import _fill_array, Array, device_put
-from ...sharding import Sharding
+from ..array.array import _fill_array, Array, device_put
+from ..array.sharding import Sharding
 
 __all__ = [
     "PRNGKey", "key", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform",

@@ -78,7 +78,7 @@ from .dist import (_F32, _HALF, _block, _broadcast, _check_shape, _draw, _float_
 from .core import _UNIFORM, _key_words, split
 from ..array.abstract import is_abstract, ShapeDtypeStruct
 from .dist import _elementwise
-from ...array import device_put
+from ..array.array import device_put
 
 __all__ = ["poisson", "binomial", "multinomial", "clone", "key_impl", "key_dtype"]
 

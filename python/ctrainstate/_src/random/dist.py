@@ -40,7 +40,7 @@ from .core import (_BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _pro
                    _xla_log, split)
 from ..array.abstract import is_abstract, ShapeDtypeStruct
 from .core import normal
-from ...array import device_put
+from ..array.array import device_put
 
 __all__ = [
     "exponential", "laplace", "logistic", "cauchy", "rademacher", "lognormal", "maxwell",

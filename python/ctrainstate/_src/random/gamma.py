@@ -63,7 +63,7 @@ from .dist import (_F32, _HALF, _block, _check_cast, _check_shape, _draw, _fma, 
                    _float_of, _is_weak, _log, _log1p, _param, _result_shape, _rounder)
 from .core import _BERNOULLI, _NORMAL, _UNIFORM, _float_dtype, _key_words, _shape, split
 from ..ops import ops as _ops
-from ...array import Array
+from ..array.array import Array
 
 __all__ = ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
            "generalized_normal", "ball"]

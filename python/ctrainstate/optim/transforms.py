@@ -539,8 +539,7 @@ def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
                 lambda advance=True: state)
     tx = GradientTransformationExtraArgs(init, fuse=fuse)
     if mask is not None:
-        masked = _upper('optim.combine').masked
-        return masked(tx, mask)
+        return _upper('optim.combine').masked(tx, mask)
     return tx
 
 

@@ -54,30 +54,24 @@ class ShapeDtypeStruct(OperatorsMixin):
         if isinstance(other, ShapeDtypeStruct) or other is None or isinstance(other, str):
             return (isinstance(other, ShapeDtypeStruct) and self.shape == other.shape
                     and self.dtype == other.dtype and self.sharding == other.sharding)
-        _elementwise = _upper('_elementwise')
-        return _elementwise.equal(self, other)
+        return _upper('_elementwise').equal(self, other)
 
     def __ne__(self, other):
         if isinstance(other, ShapeDtypeStruct) or other is None or isinstance(other, str):
             return not self.__eq__(other)
-        _elementwise = _upper('_elementwise')
-        return _elementwise.not_equal(self, other)
+        return _upper('_elementwise').not_equal(self, other)
 
     def __lt__(self, other):
-        _elementwise = _upper('_elementwise')
-        return _elementwise.less(self, other)
+        return _upper('_elementwise').less(self, other)
 
     def __le__(self, other):
-        _elementwise = _upper('_elementwise')
-        return _elementwise.less_equal(self, other)
+        return _upper('_elementwise').less_equal(self, other)
 
     def __gt__(self, other):
-        _elementwise = _upper('_elementwise')
-        return _elementwise.greater(self, other)
+        return _upper('_elementwise').greater(self, other)
 
     def __ge__(self, other):
-        _elementwise = _upper('_elementwise')
-        return _elementwise.greater_equal(self, other)
+        return _upper('_elementwise').greater_equal(self, other)
 
     def __hash__(self):
         return hash((self.shape, self.dtype.str))
@@ -92,19 +86,16 @@ class ShapeDtypeStruct(OperatorsMixin):
         return self.shape[0]
 
     def __getitem__(self, idx):
-        getitem = _upper('_slicing').getitem
-        return getitem(self, idx)
+        return _upper('_slicing').getitem(self, idx)
 
     @property
     def at(self):
-        _IndexUpdateHelper = _upper('_slicing')._IndexUpdateHelper
-        return _IndexUpdateHelper(self)
+        return _upper('_slicing')._IndexUpdateHelper(self)
 
     # the Array methods a model's __call__ uses, so eval_shape(model.init, ...) runs it
     def astype(self, dtype):
         """The struct of ``x.astype(dtype)`` (as the Array method, under eval_shape)."""
-        cnp = _upper('numpy')
-        return cnp.astype(self, dtype)
+        return _upper('numpy').astype(self, dtype)
 
     def copy(self):
         return ShapeDtypeStruct(self.shape, self.dtype, self.sharding)

@@ -355,8 +355,7 @@ class _ArrayMethods(OperatorsMixin):
         clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
         Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see
         :mod:`ctrainstate._src.ops.slicing`)."""
-        getitem = _upper('_slicing').getitem
-        return getitem(self, idx)
+        return _upper('_slicing').getitem(self, idx)
 
     @property
     def at(self):
@@ -364,8 +363,7 @@ class _ArrayMethods(OperatorsMixin):
         ``.multiply(v)``, ``.divide(v)``, ``.get()`` for any index ``x[idx]`` takes (float32
         Arrays; duplicate indices accumulate in add/multiply, the last value wins in set;
         out-of-range index entries are dropped, as in jax)."""
-        _IndexUpdateHelper = _upper('_slicing')._IndexUpdateHelper
-        return _IndexUpdateHelper(self)
+        return _upper('_slicing')._IndexUpdateHelper(self)
 
     def __iter__(self):
         if not self._shape:
@@ -383,24 +381,20 @@ class _ArrayMethods(OperatorsMixin):
         (nothing is gathered): :func:`ctrainstate.numpy.astype` (jax's conversion rules;
         differentiable between float dtypes). An Array already of ``dtype`` is returned as
         it is."""
-        astype = _upper('_ops').astype
-        return astype(self, dtype)
+        return _upper('_ops').astype(self, dtype)
 
     def conj(self) -> "Array":
         """``jnp.conj(x)``: for the real dtypes ctrainstate stores, the Array itself."""
-        conj = _upper('_numpy_more').conj
-        return conj(self)
+        return _upper('_numpy_more').conj(self)
 
     def conjugate(self) -> "Array":
         """``jnp.conjugate(x)``: for real dtypes, the Array itself."""
-        conjugate = _upper('_numpy_more').conjugate
-        return conjugate(self)
+        return _upper('_numpy_more').conjugate(self)
 
     @property
     def real(self) -> "Array":
         """``jnp.real(x)``: for real dtypes, the Array itself."""
-        real = _upper('_numpy_more').real
-        return real(self)
+        return _upper('_numpy_more').real(self)
 
     @property
     def imag(self) -> "Array":
@@ -412,13 +406,11 @@ class _ArrayMethods(OperatorsMixin):
         >>> x.real.tolist(), x.imag.tolist(), x.conj().tolist()
         ([1.0, -2.0], [0.0, 0.0], [1.0, -2.0])
         """
-        imag = _upper('_numpy_more').imag
-        return imag(self)
+        return _upper('_numpy_more').imag(self)
 
     def copy(self) -> "Array":
         """A new Array with the same sharding and a copy of every block."""
-        copy_array = _upper('optim.base').copy_array
-        return copy_array(self)
+        return _upper('optim.base').copy_array(self)
 
     def __copy__(self) -> "Array":
         """``copy.copy``: :meth:`copy` (a new Array with the same sharding)."""

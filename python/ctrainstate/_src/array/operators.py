@@ -132,20 +132,17 @@ class OperatorsMixin:
     @property
     def mT(self):
         """The last two dimensions swapped (``jax.Array.mT``)."""
-        cnp = _upper('numpy')
-        return cnp.swapaxes(self, -1, -2)
+        return _upper('numpy').swapaxes(self, -1, -2)
 
     def transpose(self, *axes):
         """``jnp.transpose(x, axes)``: ``x.transpose()``, ``x.transpose(1, 0)`` or
         ``x.transpose((1, 0))``."""
         if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
             axes = axes[0]
-        cnp = _upper('numpy')
-        return cnp.transpose(self, axes if axes else None)
+        return _upper('numpy').transpose(self, axes if axes else None)
 
     def squeeze(self, axis=None):
-        cnp = _upper('numpy')
-        return cnp.squeeze(self, axis)
+        return _upper('numpy').squeeze(self, axis)
 
     def flatten(self):
         return _ops().reshape(self, (-1,))
@@ -154,8 +151,7 @@ class OperatorsMixin:
         return _ops().reshape(self, (-1,))
 
     def clip(self, min=None, max=None):  # noqa: A002 - jax's parameter names
-        cnp = _upper('numpy')
-        return cnp.clip(self, min, max)
+        return _upper('numpy').clip(self, min, max)
 
     def __pos__(self):
         return self
@@ -175,8 +171,7 @@ class OperatorsMixin:
     # dtype/out: what np.sum(x) / np.mean(x) pass to the method
     def sum(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
         if where is not None:
-            cnp = _upper('numpy')
-            return cnp.sum(self, axis, dtype, out, keepdims, where=where)
+            return _upper('numpy').sum(self, axis, dtype, out, keepdims, where=where)
         res = _ops().sum(reduce_operand("sum", self, dtype, out), axis=axis, keepdims=keepdims)
         if dtype is not None and res.dtype != np.dtype(dtype):
             res = _ops().astype(res, dtype)    # a narrow int dtype= wraps (cnp.sum's rule)
@@ -184,8 +179,7 @@ class OperatorsMixin:
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
         if where is not None:
-            cnp = _upper('numpy')
-            return cnp.mean(self, axis, dtype, out, keepdims, where=where)
+            return _upper('numpy').mean(self, axis, dtype, out, keepdims, where=where)
         return _ops().mean(reduce_operand("mean", self, dtype, out), axis=axis,
                            keepdims=keepdims)
 
@@ -207,18 +201,15 @@ class OperatorsMixin:
         return _ops().argmin(self, axis=axis, keepdims=keepdims)
 
     def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        cnp = _upper('numpy')
-        return cnp.var(reduce_operand("var", self, dtype, out), axis=axis, keepdims=keepdims,
+        return _upper('numpy').var(reduce_operand("var", self, dtype, out), axis=axis, keepdims=keepdims,
                        ddof=ddof)
 
     def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
-        cnp = _upper('numpy')
-        return cnp.std(reduce_operand("std", self, dtype, out), axis=axis, keepdims=keepdims,
+        return _upper('numpy').std(reduce_operand("std", self, dtype, out), axis=axis, keepdims=keepdims,
                        ddof=ddof)
 
     def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        cnp = _upper('numpy')
-        return cnp.prod(reduce_operand("prod", self, dtype, out), axis=axis, keepdims=keepdims)
+        return _upper('numpy').prod(reduce_operand("prod", self, dtype, out), axis=axis, keepdims=keepdims)
 
     def cumsum(self, axis=None, dtype=None, out=None):
         return _ew().cumsum(reduce_operand("cumsum", self, dtype, out), axis)
@@ -234,26 +225,21 @@ class OperatorsMixin:
         return _ops().dot(self, b, precision=precision)
 
     def swapaxes(self, axis1, axis2):
-        cnp = _upper('numpy')
-        return cnp.swapaxes(self, axis1, axis2)
+        return _upper('numpy').swapaxes(self, axis1, axis2)
 
     def take(self, indices, axis=None, out=None, mode=None, unique_indices=False,
              indices_are_sorted=False, fill_value=None):
         _check_reduce_args("take", None, out)
-        cnp = _upper('numpy')
-        return cnp.take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
+        return _upper('numpy').take(self, indices, axis=axis, mode=mode, fill_value=fill_value)
 
     def repeat(self, repeats, axis=None, *, total_repeat_length=None):
-        cnp = _upper('numpy')
-        return cnp.repeat(self, repeats, axis, total_repeat_length=total_repeat_length)
+        return _upper('numpy').repeat(self, repeats, axis, total_repeat_length=total_repeat_length)
 
     def sort(self, axis=-1, *, kind=None, order=None, stable=True, descending=False):
-        cnp = _upper('numpy')
-        return cnp.sort(self, axis, kind=kind, order=order, stable=stable, descending=descending)
+        return _upper('numpy').sort(self, axis, kind=kind, order=order, stable=stable, descending=descending)
 
     def argsort(self, axis=-1, *, kind=None, order=None, stable=True, descending=False):
-        cnp = _upper('numpy')
-        return cnp.argsort(self, axis, kind=kind, order=order, stable=stable,
+        return _upper('numpy').argsort(self, axis, kind=kind, order=order, stable=stable,
                            descending=descending)
 
     def any(self, axis=None, out=None, keepdims=False):

@@ -1593,8 +1593,7 @@ def dot(a, b, *, precision=None) -> Array:
     _resolve_precision(precision, "matmul")
     if not na or not nb:
         return multiply(a, b)
-    tensordot = _upper('numpy').tensordot
-    return tensordot(a, b, ([na - 1], [nb - 2]), precision=precision)
+    return _upper('numpy').tensordot(a, b, ([na - 1], [nb - 2]), precision=precision)
 
 
 def einsum(subscripts: str, *operands, precision=None) -> Array:

@@ -1,5 +1,5 @@
 """ctrainstate.numpy's utility, creation, NaN-reduction and order-statistic names
-(ctrainstate/_numpy_extra.py): values against numpy (an independent implementation) and,
+(ctrainstate/_src/numpy_lax/numpy_extra.py): values against numpy (an independent implementation) and,
 jax (recorded; live in the twins marked `parity`: values and result dtypes); sharded operands against the
 single-device result; gradients against jax.grad and against gradients derived by hand;
 bad arguments raise clear errors (jax's error type where jax raises)."""

@@ -14,19 +14,19 @@ return JAX's values too.
 :func:`exponential`, :func:`laplace`, :func:`logistic`, :func:`cauchy`, :func:`rademacher`,
 :func:`lognormal`, :func:`maxwell`, :func:`double_sided_maxwell`, :func:`weibull_min`,
 :func:`pareto`, :func:`rayleigh`, :func:`wald`, :func:`triangular`, :func:`geometric`,
-:func:`multivariate_normal` and :func:`orthogonal` (``_random_dist.py``) apply JAX's formulas
+:func:`multivariate_normal` and :func:`orthogonal` (``_src/random/dist.py``) apply JAX's formulas
 to these draws: bit-identical where the formula has only correctly rounded ops and log/log1p,
 within a few ulp where it uses exp, tan or pow (each docstring says which).
 
 :func:`gamma`, :func:`loggamma`, :func:`beta`, :func:`dirichlet`, :func:`chisquare`, :func:`f`,
-:func:`t`, :func:`generalized_normal` and :func:`ball` (``_random_gamma.py``) run JAX's
+:func:`t`, :func:`generalized_normal` and :func:`ball` (``_src/random/gamma.py``) run JAX's
 Marsaglia-Tsang rejection loop with JAX's per-element keys: float16 / bfloat16 bit-identical,
 float32 bit-identical except where XLA's CPU-specific ``rsqrt`` estimate differs from the
 correctly rounded one (within a few 1e-6 relative there; the module docstring has the table).
 Differentiating through their parameters raises (JAX's implicit-reparameterisation gradient is
 not implemented).
 
-:func:`poisson`, :func:`binomial` and :func:`multinomial` (``_random_discrete.py``) run JAX's
+:func:`poisson`, :func:`binomial` and :func:`multinomial` (``_src/random/discrete.py``) run JAX's
 Knuth / transformed-rejection / inversion loops with JAX's key splits and round counts: the
 same integers as JAX on CPUs with FMA. :func:`clone`, :func:`key_impl` and :func:`key_dtype`
 answer for ctrainstate's raw keys.
@@ -50,7 +50,7 @@ from ._src.random.core import __all__ as _core_all
 
 __all__ = list(_core_all)
 
-# --- more samplers (transforms of uniform / normal draws; see _random_dist.py) --------------
+# --- more samplers (transforms of uniform / normal draws; see _src/random/dist.py) --------------
 
 from ._src.random.dist import (cauchy, double_sided_maxwell, exponential, geometric, laplace,
                                logistic, lognormal, maxwell, multivariate_normal, orthogonal,
@@ -62,7 +62,7 @@ __all__ += [
     "geometric", "multivariate_normal", "orthogonal",
 ]
 
-# --- the gamma family (Marsaglia-Tsang rejection per element; see _random_gamma.py) ---------
+# --- the gamma family (Marsaglia-Tsang rejection per element; see _src/random/gamma.py) ---------
 
 from ._src.random.gamma import (ball, beta, chisquare, dirichlet, f, gamma, generalized_normal,
                                 loggamma, t)
@@ -70,7 +70,7 @@ from ._src.random.gamma import (ball, beta, chisquare, dirichlet, f, gamma, gene
 __all__ += ["gamma", "loggamma", "beta", "dirichlet", "chisquare", "f", "t",
             "generalized_normal", "ball"]
 
-# --- discrete rejection samplers and key helpers (see _random_discrete.py) -------------------
+# --- discrete rejection samplers and key helpers (see _src/random/discrete.py) -------------------
 
 from ._src.random.discrete import binomial, clone, key_dtype, key_impl, multinomial, poisson
 

@@ -588,14 +588,14 @@ def _operator_index(v, what):
 
 
 # --- the rest of jax.numpy's utility, creation, NaN-reduction and order-statistic names ---------
-# (ctrainstate/_numpy_extra.py, names in its __all__; its ``where`` replaces the select-only one
+# (ctrainstate/_src/numpy_lax/numpy_extra.py, names in its __all__; its ``where`` replaces the select-only one
 # above and takes the one-argument form)
 from . import numpy_extra as _extra  # noqa: E402
 globals().update({_n: getattr(_extra, _n) for _n in _extra.__all__})
 __all__ += _extra.__all__
 
 # --- NumPy-2 aliases, set operations, binning, insertion / deletion, convolution, statistics,
-# polynomials (ctrainstate/_numpy_more.py, names in its __all__)
+# polynomials (ctrainstate/_src/numpy_lax/numpy_more.py, names in its __all__)
 from . import numpy_more as _more  # noqa: E402
 globals().update({_n: getattr(_more, _n) for _n in _more.__all__})
 __all__ += _more.__all__

@@ -25,7 +25,7 @@ values are the same on every mesh. ``multivariate_normal`` and ``orthogonal`` fa
 matrices (numpy LAPACK, within rounding of JAX's) and are placed with ``device_put``.
 
 The gamma family (gamma, loggamma, beta, dirichlet, chisquare, f, t, generalized_normal, ball)
-is in _random_gamma.py; poisson, binomial and multinomial in _random_discrete.py.
+is in gamma.py; poisson, binomial and multinomial in discrete.py.
 """
 from __future__ import annotations
 

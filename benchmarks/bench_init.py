@@ -31,7 +31,8 @@ import numpy as np
 
 import _timing
 import ctrainstate as cts
-from ctrainstate import _C, _dtypes
+from ctrainstate import _C
+from ctrainstate._src.base import dtypes as _dtypes
 from ctrainstate import random as R
 
 
@@ -134,7 +135,7 @@ def main():
     rng = np.random.default_rng(0)
     copies = {"np.copyto, 1 thread": best(lambda: np.copyto(out, src), reps)}
     if n % 64 == 0:  # the OpenMP copy of a (64, n/64) block, as bench_optim times it
-        from ctrainstate.array import _buffer_view
+        from ctrainstate._src.array.array import _buffer_view
         shape = (64, n // 64)
         sb, db = _C.Buffer(0, shape, 0), _C.Buffer(0, shape, 0)
         _buffer_view(sb, shape, np.float32)[...] = 1

@@ -84,7 +84,7 @@ def make_tree(shapes, rng):
 def copy_steps(nbytes):
     """Three copies of nbytes (label -> step); GB/s = 2 * nbytes / time (read + write)."""
     from ctrainstate import _C
-    from ctrainstate.array import _buffer_view
+    from ctrainstate._src.array.array import _buffer_view
     n = nbytes // 4
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
@@ -487,7 +487,8 @@ def _kernel_adamw(n, dts, rng):
     """One AdamW step of the fused kernel itself (_C.optim_step, apply mode) on a flat block of
     n params on CPU device 0, each array (p, g, m, v) in its dtype of dts. Returns (step,
     bytes the step must move per param: p, m, v read and written, g read)."""
-    from ctrainstate import _C, _dtypes
+    from ctrainstate import _C
+    from ctrainstate._src.base import dtypes as _dtypes
     from ctrainstate.optim import base
     dev = cts.devices("cpu")[0]
     bufs = []

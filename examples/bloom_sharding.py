@@ -134,7 +134,7 @@ def main(argv=None):
     for path, leaf in cts.tree_util.tree_flatten_with_path(sharded)[0]:
         assert str(leaf.dtype) == "bfloat16", path
     ok = all(np.array_equal(np.asarray(s).astype(np.float32),
-                            h.astype(cts._dtypes.bfloat16).astype(np.float32))
+                            h.astype(cts._src.base.dtypes.bfloat16).astype(np.float32))
              for s, h in zip(cts.tree_util.tree_leaves(sharded), cts.tree_util.tree_leaves(params)))
     per_dev = per_device_bytes(sharded)
     print(f"{total} params -> bfloat16, values exact: {ok}")

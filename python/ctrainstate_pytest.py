@@ -57,7 +57,7 @@ def _wanted(item):
 
 def _process_count():
     """This process's CPU device count once its devices exist, else None."""
-    from ctrainstate import _devices
+    from ctrainstate._src.base import devices as _devices
     if not _devices._created:
         return None
     import ctrainstate as cts

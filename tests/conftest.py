@@ -88,7 +88,7 @@ import ctrainstate as cts  # noqa: E402
 
 def _has_gpu():
     try:
-        return len(cts._devices._ids("gpu")) > 0
+        return len(cts._src.base.devices._ids("gpu")) > 0
     except Exception:
         return False
 

@@ -7,34 +7,25 @@ True
 """
 from . import _C, config
 from ._C import DonatedBufferError, ResourceExhaustedError
-from ._devices import (
-    Device,
-    default_backend,
-    device_count,
-    devices,
-    gpu_status,
-    local_device_count,
-    local_devices,
-    process_count,
-    process_index,
-    reset_peak_memory_stats,
-)
+from ._src.base.devices import (Device, default_backend, device_count, devices, gpu_status,
+                                local_device_count, local_devices, process_count, process_index,
+                                reset_peak_memory_stats)
 from . import tree_util, tree, sharding, mesh_utils
-from .sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh,
-                       set_mesh)
-from .sharding import PartitionSpec as P
-from .mesh_utils import make_mesh
-from .array import (Array, Shard, block_until_ready, device_get, device_put, from_dlpack,
-                    visualize_array_sharding)
+from ._src.array.sharding import (Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding,
+                                  get_mesh, set_mesh)
+from ._src.array.sharding import PartitionSpec as P
+from ._src.array.mesh_utils import make_mesh
+from ._src.array.array import (Array, Shard, block_until_ready, device_get, device_put,
+                               from_dlpack, visualize_array_sharding)
 from . import numpy
-from ._ops import grad, value_and_grad
-from ._custom import custom_vjp, jacobian, jacrev, vjp
-from ._remat import checkpoint, checkpoint_policies, remat
-from ._precision import default_matmul_precision
-from ._abstract import ShapeDtypeStruct, eval_shape
-from ._jit import jit, pjit
-from ._pmap import device_put_replicated, device_put_sharded, pmap
-from ._vmap import vmap
+from ._src.ops.ops import grad, value_and_grad
+from ._src.autodiff.custom import custom_vjp, jacobian, jacrev, vjp
+from ._src.autodiff.remat import checkpoint, checkpoint_policies, remat
+from ._src.base.precision import default_matmul_precision
+from ._src.array.abstract import ShapeDtypeStruct, eval_shape
+from ._src.jit.jit import jit, pjit
+from ._src.numpy_lax.pmap import device_put_replicated, device_put_sharded, pmap
+from ._src.numpy_lax.vmap import vmap
 from . import optim, train_state, lax, serialization, struct, traverse_util, core, debug
 from . import distributed
 # `checkpoint` names the checkpoint package, which is also callable as jax.checkpoint (remat);
@@ -43,7 +34,7 @@ from . import distributed
 from .checkpoint import CheckpointManager as _CheckpointManager  # noqa: F401
 from . import checkpoint  # noqa: E402
 remat = checkpoint
-from .lax import with_sharding_constraint
+from ._src.numpy_lax.lax import with_sharding_constraint
 
 __version__ = "0.1.0"
 

@@ -53,7 +53,9 @@ from __future__ import annotations
 
 import os as _os
 
-from . import _devices
+from ._src.base import devices as _devices
+from . import _C as C
+from ._src.base import precision as _precision
 
 __all__ = ["update", "read"]
 
@@ -95,7 +97,6 @@ def _int_option(name, value, minimum, allow_none=False):
 
 
 def _created_count(platform: str) -> int:
-    import ctrainstate._C as C
     return len(C.device_ids(platform))
 
 
@@ -173,7 +174,6 @@ def update(name: str, value) -> None:
     elif key == "jax_disable_jit":
         _values[key] = bool(value)
     elif key == "jax_default_matmul_precision":
-        from . import _precision
         _precision.set_process_default(value)
     elif key in ("jax_debug_nans", "jax_debug_infs"):
         if value:
@@ -205,7 +205,6 @@ def read(name: str):
     if key == "jax_platforms":
         return None if _devices._platforms is None else ",".join(_devices._platforms)
     if key == "jax_default_matmul_precision":
-        from . import _precision
         return _precision.process_default_name()
     if key in _values:
         return _values[key]

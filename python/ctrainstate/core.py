@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .nn.scope import DenyList
-from .tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
+from ._src.nn.scope import DenyList
+from ._src.base.tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
 
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]
 
@@ -159,6 +159,6 @@ def pretty_repr(x: Any, num_spaces: int = 4) -> str:
     return rec(x)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

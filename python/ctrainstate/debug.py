@@ -14,7 +14,9 @@ from __future__ import annotations
 import builtins
 from typing import Callable
 
-from .array import visualize_array_sharding, visualize_sharding
+from ._src.array.array import visualize_array_sharding, visualize_sharding
+from ._src.array.array import Array
+from ._src.base.tree_util import tree_map
 
 __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding",
            "inspect_array_sharding"]
@@ -22,8 +24,6 @@ __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding"
 
 def _host(tree):
     import numpy as np
-    from .array import Array
-    from .tree_util import tree_map
     return tree_map(lambda v: np.asarray(v) if isinstance(v, Array) else v, tree)
 
 
@@ -51,7 +51,6 @@ def inspect_array_sharding(value, *, callback: Callable) -> None:
     >>> seen
     [SingleDeviceSharding(device=CpuDevice(id=0))]
     """
-    from .array import Array
     if not callable(callback):
         raise TypeError(f"inspect_array_sharding: callback must be callable, got "
                         f"{type(callback).__name__}")
@@ -60,6 +59,6 @@ def inspect_array_sharding(value, *, callback: Callable) -> None:
     callback(value.sharding)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

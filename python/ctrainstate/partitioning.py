@@ -28,6 +28,8 @@ True
 {'wi': PartitionSpec(None, 'model')}
 """
 from __future__ import annotations
+from ._src.base.hooks import provide as _provide
+_provide('partitioning', __name__)   # lower layers call into this module through _hooks.upper
 
 # Non-API names are imported under private aliases: this module's public names are
 # exactly its __all__ (the API of flax.linen.partitioning).
@@ -36,21 +38,19 @@ import typing as _typing
 
 import numpy as _np
 
-from . import tree_util as _tree_util
+from ._src.base import tree_util as _tree_util
 from .core import FrozenDict as _FrozenDict
-from .nn import spmd as _spmd
-from .nn.scope import Variable as _Variable
-from .nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundError
-from .nn.scope import current_scope as _current_scope
-from .nn.spmd import (  # noqa: F401  (re-exports)
-    LogicalRules,
-    RulesFallback,
-    logical_to_mesh,
-    logical_to_mesh_axes,
-    logical_to_mesh_sharding,
-    _is_logical_spec,
-)
-from .sharding import PartitionSpec as _PartitionSpec
+from ._src.nn import spmd as _spmd
+from ._src.nn.scope import Variable as _Variable
+from ._src.nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundError
+from ._src.nn.scope import current_scope as _current_scope
+from ._src.nn.spmd import (LogicalRules, RulesFallback, logical_to_mesh, logical_to_mesh_axes,
+                           logical_to_mesh_sharding, _is_logical_spec)
+from ._src.array.sharding import PartitionSpec as _PartitionSpec
+from ._src.base.trace_state import in_jit as _in_jit
+from ._src.nn.module import current_module as _current_module
+from ._src.nn.module import sharded_initializer as _sharded_initializer
+from ._src.array.sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
 
 axis_rules = _spmd.logical_axis_rules
 set_axis_rules = _spmd.set_logical_axis_rules
@@ -125,8 +125,7 @@ def _param_with_axes_sow_reduce_fn(x, y):
 
 def _resolve_module(module):
     if module is None:
-        from .nn.module import current_module
-        module = current_module()
+        module = _current_module()
     if module is None:
         module = _current_scope()
         if module is None:
@@ -160,9 +159,8 @@ def _check_born_shape(where: str, axes, sharding, shape) -> None:
     """A parameter born with ``sharding`` (resolved from ``axes``) fits it: its rank is
     the axes' and, outside ``jit`` (where such a dimension is replicated instead), its mesh
     axes divide their dimensions."""
-    from ._trace_state import in_jit
     _check_spec_rank(where, axes, shape)
-    if in_jit():
+    if _in_jit():
         return
     for i, mesh_axes, parts in _spmd._uneven_dims(sharding, shape):
         raise ValueError(
@@ -216,10 +214,9 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
         sharding = _born_sharding(axes)
         init = init_fn
         if sharding is not None:
-            from .nn.module import sharded_initializer
             # rank and divisibility are checked before the sharded value is laid out, so a
             # wrong one is reported with the parameter's path rather than by the layout
-            init = sharded_initializer(
+            init = _sharded_initializer(
                 init_fn, sharding,
                 check_shape=lambda shape: _check_born_shape(where, axes, sharding, shape))
         value = module.param(name, init, *init_args, **init_kwargs)
@@ -234,14 +231,13 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
 def _born_sharding(axes):
     """The NamedSharding a parameter with logical ``axes`` is created with: under an active
     mesh, the axes resolved through the active rules; otherwise None (default placement)."""
-    from .sharding import NamedSharding, get_mesh
-    mesh = get_mesh()
+    mesh = _get_mesh()
     if mesh is None or axes is None or not _is_logical_spec(axes):
         return None
     spec = logical_to_mesh_axes(tuple(axes))
     if spec is None or any(e is _PartitionSpec.UNCONSTRAINED for e in spec):
         return None
-    return NamedSharding(mesh, spec)
+    return _NamedSharding(mesh, spec)
 
 
 class PartitionedVariable(_Variable):
@@ -372,16 +368,10 @@ def get_axis_names(axes_metadata) -> _FrozenDict:
     return _FrozenDict(out)
 
 
-from ._partitioning_lifted import (  # noqa: E402  (they use AxisMetadata above)
-    ScanIn,
-    ScanOut,
-    core_remat_static,
-    remat,
-    scan_with_axes,
-    vmap_with_axes,
-)
+from ._src.partitioning.lifted import (ScanIn, ScanOut, core_remat_static, remat, scan_with_axes,
+                                       vmap_with_axes)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -31,16 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from ._abstract import ShapeDtypeStruct
-from ._dtypes import bfloat16
-from .array import Array, device_put
-from .nn.meta import Partitioned
-from .nn.spmd import LogicallyPartitioned
+from ._src.array.abstract import ShapeDtypeStruct
+from ._src.base.dtypes import bfloat16
+from ._src.array.array import Array, device_put
+from ._src.nn.meta import Partitioned
+from ._src.nn.spmd import LogicallyPartitioned
 from .t5x.serialization import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
 from .core import FrozenDict
-from .tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
-                        tree_flatten_with_path, tree_unflatten)
+from ._src.base.tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
+                                  tree_flatten_with_path, tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
            "msgpack_restore", "register_serialization_state", "is_serializable", "current_path"]
@@ -214,6 +214,6 @@ def _in_order(td, x, like):
     return node.unflatten(kids)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -28,10 +28,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as _np
 
-from . import tree_util as _tu
-from .array import Array as _Array
-from .sharding import Mesh as _Mesh, NamedSharding as _NamedSharding
-from .sharding import PartitionSpec as _P, Sharding as _Sharding, get_mesh as _get_mesh
+from ._src.base import tree_util as _tu
+from ._src.array.array import Array as _Array
+from ._src.array.sharding import Mesh as _Mesh, NamedSharding as _NamedSharding
+from ._src.array.sharding import PartitionSpec as _P, Sharding as _Sharding, get_mesh as _get_mesh
+from ._src.nn.meta import Partitioned
+from ._src.nn.spmd import logical_to_mesh_axes, LogicallyPartitioned
 
 __all__ = ["assert_trees_all_close", "assert_trees_all_equal", "assert_shape",
            "assert_sharding", "assert_tree_shardings", "assert_mesh_invariant"]
@@ -231,7 +233,6 @@ def assert_sharding(x, spec_or_sharding, *, path: str = "") -> None:
 
 
 def _is_box(x) -> bool:
-    from .nn.meta import Partitioned
     return isinstance(x, Partitioned)
 
 
@@ -266,8 +267,6 @@ def assert_tree_shardings(tree, axes=None, rules=None, *, mesh: _Mesh | None = N
     >>> w = cts.device_put(np.zeros((4, 2)), cts.NamedSharding(mesh, cts.P(None, 'model')))
     >>> assert_tree_shardings({'w': w}, {'w': cts.P('embed', 'mlp')}, (('mlp', 'model'),))
     """
-    from .nn.meta import Partitioned
-    from .nn.spmd import LogicallyPartitioned, logical_to_mesh_axes
     if axes is None:
         pl, _ = _tu.tree_flatten_with_path(tree, is_leaf=_is_box)
         items = []
@@ -350,6 +349,6 @@ def assert_mesh_invariant(fn: Callable[[], Any], meshes: Sequence[_Mesh]) -> lis
     return outs
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

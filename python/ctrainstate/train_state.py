@@ -29,9 +29,9 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
-from .array import Array, device_put
+from ._src.array.array import Array, device_put
 from .optim.base import apply_updates, mark_borrowed, run_fused
-from .tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
+from ._src.base.tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
 
 try:   # signal's C module: signal.signal's enum conversions cost ~20 us a step
     import _signal as _sig
@@ -327,6 +327,6 @@ class TrainState(PyTreeNode):
                    opt_state=tx.init(params_for_opt), **kwargs)
 
 
-from ._exports import module_dir as _module_dir  # noqa: E402
+from ._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

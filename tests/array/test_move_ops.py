@@ -6,7 +6,7 @@ Table-driven: every case runs the same call on ``numpy`` (the independent refere
 ``ctrainstate.numpy`` and, when installed, on ``jax.numpy``; for every stored dtype the bits
 moved equal numpy's; gradients equal jax.grad's and central finite differences; on meshes
 (8,) and (2, 4) with sharded operands the values and gradients are those of one device and
-the output shardings those documented in ``ctrainstate._move``; eval_shape; errors.
+the output shardings those documented in ``ctrainstate._src.ops.move``; eval_shape; errors.
 Out-of-range indices follow jax's defaults ("fill" for take / take_along_axis), checked
 against a numpy construction of those rules and against live jax."""
 import doctest
@@ -461,7 +461,7 @@ def _spec(a):
     return tuple(a.sharding.spec) + (None,) * (a.ndim - len(a.sharding.spec))
 
 
-# the output shardings documented in ctrainstate._move, for x of shape (8, 4, 6) laid out
+# the output shardings documented in ctrainstate._src.ops.move, for x of shape (8, 4, 6) laid out
 # P('data', 'model') on the (2, 4) mesh
 D, M = "data", "model"
 LAYOUTS = [
@@ -633,7 +633,7 @@ def test_errors_in_eval_shape_too():
 
 
 def test_exported_and_documented():
-    from ctrainstate import _move
+    from ctrainstate._src.ops import move as _move
     for name in _move.__all__:
         assert getattr(cnp, name) is getattr(_move, name), name
         assert name in cnp.__all__, name

@@ -463,7 +463,7 @@ _SET_MESH_SEEN = [("x",), (), ("d", "m"), ("d", "m"), ("d", "m"), (), ("x",), ()
 
 
 def test_set_mesh_setter_replaces_and_nests_with_mesh_blocks():
-    from ctrainstate import sharding
+    from ctrainstate._src.array import sharding
     names = lambda: tuple(cts.get_mesh().axis_names) if cts.get_mesh() is not None else ()
     try:
         assert _set_mesh_sequence(cts.make_mesh, cts.set_mesh, names) == _SET_MESH_SEEN

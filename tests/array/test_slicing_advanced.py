@@ -274,7 +274,7 @@ def test_sharded_float32_lookups_never_gather_the_table():
 
 @pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.bool_, np.float16, "bfloat16"])
 def test_other_dtypes(dtype):
-    from ctrainstate import _dtypes
+    from ctrainstate._src.base import dtypes as _dtypes
     dt = _dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     h = (np.arange(8 * 4 * 6).reshape(SHAPE) % 7).astype(dt)
     mesh = cts.make_mesh((2, 4), ("data", "model"))

@@ -112,7 +112,7 @@ def test_config_threefry_partitionable_and_prng_impl():
 
 
 def test_config_disable_jit_runs_outside_jit_scope():
-    from ctrainstate import _trace_state
+    from ctrainstate._src.base import trace_state as _trace_state
     seen = []
     f = cts.jit(lambda: seen.append(_trace_state.in_jit()))
     try:

@@ -8,6 +8,7 @@ from ctrainstate import tree_util as tu
 import dataclasses
 from typing import Any
 import ctrainstate as cts
+from ctrainstate._src.base import tree_util as tu_impl
 from ctrainstate import core
 from ctrainstate import serialization
 from ctrainstate import struct
@@ -225,19 +226,19 @@ def test_metadata_mismatch_is_named_in_tree_map_but_not_in_prefix_trees():
     with pytest.raises(ValueError, match=r"at \['o'\]: the Opt nodes differ in their metadata"):
         tu.tree_map(lambda x, y: x + y, a, b)
     # a prefix tree (shardings, masks) pairs nodes by type and keys only
-    assert tu._flatten_up_to(tu.tree_structure(a), b) == [2]
+    assert tu_impl._flatten_up_to(tu.tree_structure(a), b) == [2]
 
 
 def test_leaves_as_a_known_structure():
     # the hot paths' check-and-flatten against a known treedef: the leaves when the tree has
     # exactly that structure and leaf type, None otherwise (they then take the general path)
     td = tu.tree_structure({"a": 1, "b": [2, 3]})
-    assert tu._leaves_as(td, {"b": [5, 6], "a": 4}, int) == [4, 5, 6]
-    assert tu._leaves_as(td, {"a": 4, "b": [5, (6,)]}, int) is None        # deeper
-    assert tu._leaves_as(td, {"a": 4, "b": (5, 6)}, int) is None           # another node type
-    assert tu._leaves_as(td, {"a": 4, "c": [5, 6]}, int) is None           # other keys
-    assert tu._leaves_as(td, {"a": 4, "b": [5, 6.0]}, int) is None         # another leaf type
-    assert tu._leaves_as(td, 7, int) is None
+    assert tu_impl._leaves_as(td, {"b": [5, 6], "a": 4}, int) == [4, 5, 6]
+    assert tu_impl._leaves_as(td, {"a": 4, "b": [5, (6,)]}, int) is None        # deeper
+    assert tu_impl._leaves_as(td, {"a": 4, "b": (5, 6)}, int) is None           # another node type
+    assert tu_impl._leaves_as(td, {"a": 4, "c": [5, 6]}, int) is None           # other keys
+    assert tu_impl._leaves_as(td, {"a": 4, "b": [5, 6.0]}, int) is None         # another leaf type
+    assert tu_impl._leaves_as(td, 7, int) is None
 
 
 # --- pytree parity with jax.tree_util (found against live jax / flax): the parity tests compare

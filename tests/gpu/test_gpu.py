@@ -126,7 +126,7 @@ def test_abi6_unary_ops_match_cpu(name):
     same bits (signs of zeros, NaN, halves to even); log1p / expm1 / erf / erfc are each
     backend's libm: CUDA documents log1pf and expm1f within 1 ulp, erff 2 and erfcf 4 of the
     true value, glibc's are within 2 here, so they differ by at most 4 ulp (erfc: 6)."""
-    from ctrainstate import _ops
+    from ctrainstate._src.ops import ops as _ops
     rng = np.random.default_rng(3)
     x = np.r_[rng.uniform(-6, 6, 4000), [0.5, 1.5, 2.5, -0.5, -2.5, 0.0, -0.0, np.nan, np.inf,
                                          -np.inf, 1e-7, -1e-30, 2.0 ** 23 - 0.5]]
@@ -306,7 +306,7 @@ def _emulated_cublas():
     mock_backend.so / cuda_backend_emu.so): both round the inputs exactly as the CPU backend
     does (core/ct_prec_math.h). A real GPU's tensor cores convert float32 inputs in a way
     cuBLAS does not document (nearest or truncation; and FAST_16BF allows TF32 instead of
-    bfloat16), so there only bounds are checked. ctrainstate._devices sets
+    bfloat16), so there only bounds are checked. ctrainstate._src.base.devices sets
     CTRAINSTATE_CUDA_BACKEND itself to the package's own _cuda_backend*.so: that one is the
     real backend, not an emulation."""
     import glob
@@ -419,7 +419,7 @@ def test_allreduce_over_every_group_shape(op):
     if len(g) < 2:
         pytest.skip("needs 2 GPU devices (set CTRAINSTATE_GPU_SPLIT)")
     rng = np.random.default_rng(11)
-    code = cts._dtypes.code(np.dtype(np.float32))
+    code = cts._src.base.dtypes.code(np.dtype(np.float32))
     shape = (37, 5)
     # all devices; the first two; every other one (a strided mesh axis); the last three
     groups = [list(range(len(g))), [0, 1], list(range(0, len(g), 2)), list(range(len(g)))[-3:]]
@@ -808,7 +808,7 @@ def _gpu_shardings():
 
 
 def test_gpu_buffers_are_filled_on_the_device():
-    buf = cts._C.Buffer(gpus()[0].id, (8,), cts._dtypes.code(np.float32))
+    buf = cts._C.Buffer(gpus()[0].id, (8,), cts._src.base.dtypes.code(np.float32))
     assert cts._C.random_on_device(buf)
 
 
@@ -837,9 +837,9 @@ def test_random_on_gpu_is_bit_identical_to_cpu(name, dt, shape):
 @pytest.mark.parametrize("dt", _RAND_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_random_fill_gpu_blocks_past_2_32_and_odd_offsets(dist, dt):
     """Counters past 2^32 (JAX's high word), a strided (column) block, odd sizes."""
-    code = cts._dtypes.code(np.dtype(dt))
+    code = cts._src.base.dtypes.code(np.dtype(dt))
     out_dt = np.uint8 if dist == 3 else np.dtype(dt)
-    out_code = cts._dtypes.code(np.bool_) if dist == 3 else code
+    out_code = cts._src.base.dtypes.code(np.bool_) if dist == 3 else code
     cases = [((3, 2 ** 31 + 5), (1, 2 ** 31 - 35), (2, 40)),
              ((5, 77, 13), (1, 3, 2), (3, 70, 11)),
              ((1001,), (0,), (1001,)),
@@ -1252,7 +1252,7 @@ def _ew_values(dt, shape, seed):
 
 def _ew_cases(dt):
     """(name, fn) of the typed ops that accept operands of dtype dt."""
-    import ctrainstate._elementwise as ew
+    import ctrainstate._src.ops.elementwise as ew
     cases = [(n, getattr(ew, n)) for n in ("equal", "not_equal", "less", "less_equal",
                                            "greater", "greater_equal", "logical_and",
                                            "logical_xor")]
@@ -1274,7 +1274,7 @@ def test_typed_elementwise_on_gpu_matches_cpu(dt):
     """The CUDA ewise kernel gives the CPU kernel's bits for every op and dtype, dense and
     broadcast (zero divisors, shifts past the width, NaN, subnormals, wraparound), except
     a NaN result's sign and payload (CUDA's canonical NaN: conftest.assert_same_bits)."""
-    import ctrainstate._elementwise as ew
+    import ctrainstate._src.ops.elementwise as ew
     a, b = _ew_values(dt, (37, 19), 1), _ew_values(dt, (19,), 2)
     b2 = _ew_values(dt, (37, 19), 3)
     cpu = cts.devices("cpu")[0]
@@ -1301,7 +1301,7 @@ def test_typed_elementwise_on_gpu_matches_cpu(dt):
 def test_int_reductions_and_cumsum_on_a_gpu_mesh_match_cpu(dt):
     """Integer sums (wrapping), max, min, any/all and cumsum on a GPU mesh, the reduced axis
     sharded (partial results combined across devices), give the single CPU device's bits."""
-    import ctrainstate._elementwise as ew
+    import ctrainstate._src.ops.elementwise as ew
     n = min(4, len(gpus()))
     m = gpu_mesh((n,), ("x",))
     x = _ew_values(dt, (8 * n, 13), 4)

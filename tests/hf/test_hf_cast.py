@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ctrainstate as cts
-from ctrainstate import _dtypes
+from ctrainstate._src.base import dtypes as _dtypes
 from ctrainstate import hf
 
 

@@ -120,7 +120,7 @@ def test_bf16_cast_keeps_shards(mem_baseline):
     assert str(b['k'].dtype) == 'bfloat16' and b['k'].sharding == a.sharding
     assert b['i'].dtype == np.int32
     np.testing.assert_array_equal(np.asarray(b['k']).astype(np.float32),
-                                  x.astype(cts._dtypes.bfloat16).astype(np.float32))
+                                  x.astype(cts._src.base.dtypes.bfloat16).astype(np.float32))
     for sa, sb in zip(a.addressable_shards, b['k'].addressable_shards):
         assert sa.device == sb.device and sa.index == sb.index
         assert sb.data.nbytes == sa.data.nbytes // 2

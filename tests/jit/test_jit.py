@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import ctrainstate as cts
-from ctrainstate import P, _trace_state
+from ctrainstate import P
+from ctrainstate._src.base import trace_state as _trace_state
 
 
 def test_jit_rejects_unknown_keywords_naming_them():

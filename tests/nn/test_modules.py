@@ -610,7 +610,7 @@ def test_param_shape_check_keys_closures_by_what_they_compute(monkeypatch):
     closure made anew at every call (as examples/siren.py does) is keyed by its code and the
     values it closes over, so a second apply reruns nothing, and a closure over another size
     is another key, whose mismatch is still caught."""
-    from ctrainstate.nn import scope as S
+    from ctrainstate._src.nn import scope as S
 
     def sized_zeros(n):   # a new closure per call; its shape comes from the closed-over n
         def init(key):

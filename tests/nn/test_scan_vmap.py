@@ -14,6 +14,7 @@ import ctrainstate.numpy as cnp
 from ctrainstate import nn, random
 from ctrainstate import partitioning as nn_partitioning
 from ctrainstate.partitioning import AxisMetadata
+from ctrainstate._src.nn import lifted as nn_lifted_impl
 from ctrainstate.sharding import PartitionSpec as P
 
 
@@ -343,7 +344,7 @@ def test_scan_matches_flax_init_apply_and_grads(reverse, axis, act):
     k = v['params']['ScanBlock_0']['Dense_0']['kernel']
     assert k.shape == ((5, 9, 16) if axis == 0 else (9, 5, 16))
     _assert_trees_close(v, fv)
-    assert nn.lifted._MEMO[CBlock]['__call__'].get('concrete', False) == (act == 'softmax')
+    assert nn_lifted_impl._MEMO[CBlock]['__call__'].get('concrete', False) == (act == 'softmax')
 
     (fo, fys), fst = FNet().apply(fv, c, xs, scale, rngs={'dropout': jax.random.PRNGKey(5)},
                                  mutable=['intermediates'])
@@ -882,7 +883,8 @@ def test_scan_under_eval_shape():
     assert shapes['params_axes']['layers']['wi_axes'] == AxisMetadata(('layers', 'embed', 'mlp'))
 
 
-@pytest.mark.parametrize("name", ["ctrainstate.nn.lifted", "ctrainstate._partitioning_lifted",
+@pytest.mark.parametrize("name", ["ctrainstate.nn.lifted", "ctrainstate._src.nn.lifted",
+                                  "ctrainstate._src.partitioning.lifted",
                                   "ctrainstate.nn.stochastic"])
 def test_doctests(name):
     res = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)

@@ -121,7 +121,7 @@ def test_depth_show_repeated_methods_and_errors():
 
 
 def test_sizes_use_flax_units_and_partitioned_names():
-    from ctrainstate.nn.summary import _bytes_repr
+    from ctrainstate._src.nn.summary import _bytes_repr
     assert [_bytes_repr(b) for b in (999, 1000, 1001, 1_500_000, 2_000_000_001)] == \
         ["999 B", "1,000 B", "1.0 KB", "1.5 MB", "2.0 GB"]
     m = nn.Dense(8, kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),

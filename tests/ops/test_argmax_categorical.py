@@ -8,8 +8,10 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate import _C, _ops
+from ctrainstate import _C
+from ctrainstate._src.ops import ops as _ops
 from ctrainstate import random as R
+from ctrainstate._src.random import core as _random_core
 from recorded import bits_digest
 
 NAN, INF = np.nan, np.inf
@@ -453,15 +455,15 @@ def test_cumsum_and_searchsorted_follow_jax(jax_ref):
     rng = np.random.default_rng(5)
     for n in (1, 16, 17, 255, 257, 4100):
         x = rng.random(n).astype(np.float32)
-        np.testing.assert_array_equal(R._xla_cumsum(x), jax_ref(
+        np.testing.assert_array_equal(_random_core._xla_cumsum(x), jax_ref(
             f"cumsum/{n}", lambda jax: jax.numpy.cumsum(x)))
     a = np.array([0.0, 1.0, 1.0, 2.5, NAN, 3.0], np.float32)     # NaN: jax's sort order
     v = np.array([-1.0, 0.0, -0.0, 1.0, 2.0, 3.0, INF, NAN], np.float32)
-    np.testing.assert_array_equal(R._searchsorted_left(a, v), jax_ref(
+    np.testing.assert_array_equal(_random_core._searchsorted_left(a, v), jax_ref(
         "searchsorted/nan", lambda jax: jax.numpy.searchsorted(a, v)))
     u = rng.random(9).astype(np.float32)                        # unsorted: the same bisection
     q = rng.random(20).astype(np.float32)
-    np.testing.assert_array_equal(R._searchsorted_left(u, q), jax_ref(
+    np.testing.assert_array_equal(_random_core._searchsorted_left(u, q), jax_ref(
         "searchsorted/unsorted", lambda jax: jax.numpy.searchsorted(u, q)))
 
 

@@ -10,7 +10,8 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate import _C, _ops
+from ctrainstate import _C
+from ctrainstate._src.ops import ops as _ops
 
 UNARY = sorted(_ops._UNARY_PRIMS)
 BINARY = sorted(_ops._BINARY_PRIMS)
@@ -445,7 +446,9 @@ def test_kernel_codes_are_read_from_C_not_copied():
     ``A, B, ... = range(N)`` copies of a C enum anywhere in the package."""
     import ast
     import pathlib
-    from ctrainstate import _elementwise, _math_extra, _precision
+    from ctrainstate._src.ops import elementwise as _elementwise
+    from ctrainstate._src.ops import math_extra as _math_extra
+    from ctrainstate._src.base import precision as _precision
     codes = _C.op_codes
     assert _ops.U_ERFC == codes["unary"]["ERFC"] and _ops.B_PICK == codes["binary"]["PICK"]
     assert _math_extra.U_SIGNBIT == codes["unary"]["SIGNBIT"]

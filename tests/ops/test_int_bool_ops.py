@@ -1,4 +1,4 @@
-"""Comparisons, boolean logic and integer arithmetic on Arrays (ctrainstate._elementwise).
+"""Comparisons, boolean logic and integer arithmetic on Arrays (ctrainstate._src.ops.elementwise).
 
 Expected values come from numpy (on values cast as jax's promotion says, the promotion table
 written out below), from a table of what jax 0.10 returns where numpy differs or has no

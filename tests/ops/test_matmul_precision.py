@@ -25,7 +25,8 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate import NamedSharding, P, _C, _ops, nn, random
+from ctrainstate import NamedSharding, P, _C, nn, random
+from ctrainstate._src.ops import ops as _ops
 from ctrainstate.lax import Precision
 
 MANTISSA = {"float32": 23, "tensorfloat32": 10, "bfloat16": 7}
@@ -229,7 +230,7 @@ def test_transposed_operands(mode, ta, tb, cpu_kernel):
     opa, opb = exact_data((17, 24), 1), exact_data((24, 19), 2)
     a = np.ascontiguousarray(opa.T) if ta else opa      # the stored operands
     b = np.ascontiguousarray(opb.T) if tb else opb
-    code = cts._precision.resolve_precision(mode)
+    code = cts._src.base.precision.resolve_precision(mode)
     got = _ops._matmul(cts.device_put(a), cts.device_put(b), bool(ta), bool(tb), code)
     want = product_ref(opa, opb, mode)
     if mode == "float32":  # the perturbations are kept: exact up to float32 accumulation
@@ -624,5 +625,5 @@ def test_against_jax_on_cpu():
 def test_module_doctests():
     import doctest
 
-    import ctrainstate._precision as mod
+    import ctrainstate._src.base.precision as mod
     assert doctest.testmod(mod).failed == 0

@@ -146,7 +146,7 @@ def test_where_selects_exactly():
         cts.device_put(np.ones((2, 3), np.float32)), cts.device_put(np.ones(3, np.float32)))
     np.testing.assert_array_equal(np.asarray(gx), [[2.0, 0.0, 2.0], [0.0, 0.0, 2.0]])
     np.testing.assert_array_equal(np.asarray(gy), [2.0, 4.0, 0.0])
-    # the one-argument form is jnp's nonzero (ctrainstate/_numpy_extra.py)
+    # the one-argument form is jnp's nonzero (ctrainstate/_src/numpy_lax/numpy_extra.py)
     np.testing.assert_array_equal(np.stack([np.asarray(i) for i in cnp.where(c)]),
                                   np.stack(np.nonzero(np.asarray(c))))
     s = cts.eval_shape(lambda a: cnp.where(c, a, 0.0), cts.ShapeDtypeStruct((2, 3), np.float32))

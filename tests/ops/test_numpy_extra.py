@@ -1,5 +1,5 @@
 """ctrainstate.numpy's utility, creation, NaN-reduction and order-statistic names
-(ctrainstate/_numpy_extra.py): values against numpy (an independent implementation) and,
+(ctrainstate/_src/numpy_lax/numpy_extra.py): values against numpy (an independent implementation) and,
 jax (recorded; live in the twins marked `parity`: values and result dtypes); sharded operands against the
 single-device result; gradients against jax.grad and against gradients derived by hand;
 bad arguments raise clear errors (jax's error type where jax raises)."""
@@ -644,7 +644,7 @@ def test_where_one_argument_and_docstrings():
     idx = cnp.where(cts.device_put(I32) > 0)
     assert isinstance(idx, tuple) and all(i.dtype == np.int32 for i in idx)
     np.testing.assert_array_equal(np.stack([np.asarray(i) for i in idx]), np.stack(np.nonzero(I32 > 0)))
-    from ctrainstate import _numpy_extra
+    from ctrainstate._src.numpy_lax import numpy_extra as _numpy_extra
     for n in _numpy_extra.__all__:
         f = getattr(cnp, n)
         assert f is getattr(_numpy_extra, n), n
@@ -655,7 +655,7 @@ def test_where_one_argument_and_docstrings():
 
 def test_docstring_examples_run():
     import doctest
-    from ctrainstate import _numpy_extra
+    from ctrainstate._src.numpy_lax import numpy_extra as _numpy_extra
     res = doctest.testmod(_numpy_extra, optionflags=doctest.ELLIPSIS)
     assert res.attempted >= 10 and res.failed == 0, res
 

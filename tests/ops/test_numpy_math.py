@@ -1,4 +1,4 @@
-"""The elementwise math functions of ctrainstate._math_extra (sinh ... fmin) against numpy
+"""The elementwise math functions of ctrainstate._src.ops.math_extra (sinh ... fmin) against numpy
 float64 references (ulp bounds over a dense sample of float32 inputs with ±0, ±inf, NaN and
 the domain edges), against live jax where it is installed (skipped without), gradients
 against float64 central differences and jax.grad, special values, bfloat16 / float16,
@@ -583,7 +583,7 @@ def test_sharded_operands_give_the_single_device_result(mesh_shape, spec):
 
 
 def test_eval_shape_structs():
-    from ctrainstate._abstract import ShapeDtypeStruct
+    from ctrainstate._src.array.abstract import ShapeDtypeStruct
     s = ShapeDtypeStruct((3, 1), np.int32)
     t = ShapeDtypeStruct((4,), BF16)
     assert cnp.sinh(s).shape == (3, 1) and cnp.sinh(s).dtype == np.float32
@@ -603,6 +603,6 @@ def test_docstrings():
 def test_module_doctests():
     import doctest
 
-    from ctrainstate import _math_extra
+    from ctrainstate._src.ops import math_extra as _math_extra
     res = doctest.testmod(_math_extra)
     assert res.failed == 0 and res.attempted >= 3

@@ -1,5 +1,5 @@
 """ctrainstate.numpy's NumPy-2 aliases, set operations, binning, insertion / deletion,
-convolution, statistics and polynomials (ctrainstate/_numpy_more.py): values against numpy
+convolution, statistics and polynomials (ctrainstate/_src/numpy_lax/numpy_more.py): values against numpy
 (an independent implementation; overrides where jax's conventions differ, said in a
 comment) and jax (recorded; live in the twins marked `parity`: values and dtypes, one pass over the same table);
 sharded operands on a (2, 4) mesh against the single-device result; gradients against
@@ -666,7 +666,7 @@ def test_empty_and_0d_operands():
 
 
 def test_names_exported_with_docstrings():
-    from ctrainstate import _numpy_more
+    from ctrainstate._src.numpy_lax import numpy_more as _numpy_more
     for n in _numpy_more.__all__:
         assert n in cnp.__all__, n
         f = getattr(cnp, n)

@@ -130,7 +130,7 @@ def test_max_eval_shape():
 
 
 def test_reduce_and_allreduce_reject_unknown_ops():
-    code = cts._dtypes.code(np.dtype(np.float32))
+    code = cts._src.base.dtypes.code(np.dtype(np.float32))
     b = _C.Buffer(0, (4,), code)
     o = _C.Buffer(0, (1,), code)
     with pytest.raises(ValueError, match="unknown reduction"):
@@ -143,7 +143,7 @@ def test_allreduce_max_over_cpu_devices():
     devs = cts.devices("cpu")
     if len(devs) < 2:
         pytest.skip("needs 2 CPU devices (CTRAINSTATE_NUM_CPU_DEVICES)")
-    code = cts._dtypes.code(np.dtype(np.float32))
+    code = cts._src.base.dtypes.code(np.dtype(np.float32))
     xs = [np.array([1.0, -5.0, np.nan, 2.0], np.float32), np.array([3.0, -7.0, 0.0, 2.0], np.float32)]
     bufs = []
     for d, x in zip(devs[:2], xs):

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import ctrainstate as cts
-from ctrainstate import _C, _dtypes
+from ctrainstate import _C
+from ctrainstate._src.base import dtypes as _dtypes
 from ctrainstate.optim import base
 from conftest import assert_same_bits
 

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 from ctrainstate import nn  # noqa: E402
 from ctrainstate import partitioning as nn_partitioning  # noqa: E402
-from ctrainstate.nn import spmd  # noqa: E402
+from ctrainstate._src.nn import spmd  # noqa: E402
 from ctrainstate.nn.scope import Scope, ScopeVariableNotFoundError  # noqa: E402
 from ctrainstate.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -479,7 +479,7 @@ def test_param_with_axes_rank_mismatch_under_a_mesh_names_the_param():
 # --- under jit a non-dividing mesh axis replicates its dimension -----------------------------
 
 def test_logical_constraint_under_jit_replicates_a_dimension_the_axis_does_not_divide():
-    from ctrainstate._trace_state import jit_scope
+    from ctrainstate._src.base.trace_state import jit_scope
     mesh = cts.make_mesh((4, 2), ('data', 'model'))
     x = cts.device_put(np.arange(28, dtype=np.float32).reshape(7, 4))
     rules = (('vocab', 'model'), ('embed', 'data'))
@@ -493,7 +493,7 @@ def test_logical_constraint_under_jit_replicates_a_dimension_the_axis_does_not_d
 
 
 def test_param_with_axes_under_jit_is_born_replicated_on_a_non_dividing_axis():
-    from ctrainstate._trace_state import jit_scope
+    from ctrainstate._src.base.trace_state import jit_scope
     mesh = cts.make_mesh((4, 2), ('data', 'mp'))
     rules = (('vocab', 'mp'), ('embed', 'data'))
     for init in (nn.initializers.ones, lambda k, shape: np.ones(shape, np.float32)):

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from ctrainstate import nn
-from ctrainstate.nn import spmd
+from ctrainstate._src.nn import spmd
 from ctrainstate.sharding import PartitionSpec as P
 
 LOGICAL = ['a', 'b', 'c', 'd', 'e']

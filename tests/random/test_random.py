@@ -8,6 +8,7 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import random as R
 from ctrainstate import random
+from ctrainstate._src.random import core as _random_core
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
@@ -49,14 +50,14 @@ def _run(head, out_sharding=None):
     sc = scale if has_scale else None
     if dist == "bernoulli":
         return R.bernoulli(key, dt.type(p), shape, out_sharding=out_sharding), shape
-    code = {"uniform": R._UNIFORM, "normal": R._NORMAL, "truncated_normal": R._TRUNCATED_NORMAL}
+    code = {"uniform": _random_core._UNIFORM, "normal": _random_core._NORMAL, "truncated_normal": _random_core._TRUNCATED_NORMAL}
     if sc is None and dist == "uniform":
         return R.uniform(key, shape, dt, mn, mx, out_sharding=out_sharding), shape
     if sc is None and dist == "normal":
         return R.normal(key, shape, dt, out_sharding=out_sharding), shape
     if sc is None:
         return R.truncated_normal(key, lo, hi, shape, dt, out_sharding=out_sharding), shape
-    return R._sample(key, shape, dt, out_sharding, code[dist], minval=mn, maxval=mx, lower=lo,
+    return _random_core._sample(key, shape, dt, out_sharding, code[dist], minval=mn, maxval=mx, lower=lo,
                      upper=hi, scale=sc), shape
 
 
@@ -230,7 +231,8 @@ def test_memory_bound_for_sharded_normal():
 
 def test_random_on_device_is_false_for_cpu_buffers():
     """CPU buffers are filled by the core on the host; only GPU backends have a kernel."""
-    from ctrainstate import _C, _dtypes
+    from ctrainstate import _C
+    from ctrainstate._src.base import dtypes as _dtypes
     buf = _C.Buffer(cts.devices("cpu")[0].id, (4,), _dtypes.code(np.float32))
     assert _C.random_on_device(buf) is False
     with pytest.raises(TypeError):

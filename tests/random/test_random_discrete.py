@@ -14,9 +14,9 @@ import pytest
 
 import ctrainstate as cts
 from ctrainstate import random as R
-from ctrainstate._random_discrete import (_fma, _lgamma, _reverse_cumsum, binomial, clone,
+from ctrainstate._src.random.discrete import (_fma, _lgamma, _reverse_cumsum, binomial, clone,
                                           key_dtype, key_impl, multinomial, poisson)
-from ctrainstate._random_dist import _rounder
+from ctrainstate._src.random.dist import _rounder
 from sampler_checks import mean_ok, sharded_like_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -372,7 +372,7 @@ def test_key_helpers():
 def test_docstring_examples():
     import doctest
 
-    from ctrainstate import _random_discrete
+    from ctrainstate._src.random import discrete as _random_discrete
     res = doctest.testmod(_random_discrete)
     assert res.attempted >= 6 and res.failed == 0
 

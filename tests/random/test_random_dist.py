@@ -11,7 +11,7 @@ import pytest
 
 import ctrainstate as cts
 from ctrainstate import random as R
-from ctrainstate._random_dist import _log1p, _log
+from ctrainstate._src.random.dist import _log1p, _log
 from sampler_checks import cdf_ok, mean_ok, sharded_like_host
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -319,7 +319,7 @@ def test_parity_matrix_samplers(jax_ref):
 def test_docstring_examples():
     import doctest
 
-    from ctrainstate import _random_dist
+    from ctrainstate._src.random import dist as _random_dist
     res = doctest.testmod(_random_dist, extraglobs={"PRNGKey": R.PRNGKey})
     assert res.attempted >= 16 and res.failed == 0
 

@@ -17,8 +17,9 @@ import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import lax
 from ctrainstate import random as R
-from ctrainstate import _random_gamma as G
-from ctrainstate._random_gamma import (ball, beta, chisquare, dirichlet, f, gamma,
+from ctrainstate._src.random import core as _random_core
+from ctrainstate._src.random import gamma as G
+from ctrainstate._src.random.gamma import (ball, beta, chisquare, dirichlet, f, gamma,
                                        generalized_normal, loggamma, t)
 from recorded import bits_digest
 from sampler_checks import cdf_ok, mean_ok
@@ -148,7 +149,8 @@ def test_generalized_normal_and_ball():
 # --- the numpy PRNG pieces, against the C core and exact arithmetic --------------------------
 
 def test_keyed_bindings_check_their_arguments():
-    from ctrainstate import _C, _dtypes
+    from ctrainstate import _C
+    from ctrainstate._src.base import dtypes as _dtypes
     keys = R.split(KEY, 6)
     k0, k1 = keys[:, 0].copy(), keys[:, 1].copy()
     out = np.empty(6, F32)
@@ -184,7 +186,7 @@ def test_scalar_draws_of_many_keys_match_the_core():
         want_u = np.array([R.uniform(k, (), dt) for k in keys]).astype(np.float32)
         assert (nrm == want_n).all() and (uni == want_u).all(), dt
     # split(key, n)[i] is the 64-bit random word i of the key: the element keys
-    ek = G._elem_keys(R._key_words(KEY), (20, 15), (0, 0), (20, 15))
+    ek = G._elem_keys(_random_core._key_words(KEY), (20, 15), (0, 0), (20, 15))
     assert (np.stack(ek, 1) == keys).all()
     s3 = G._split_n(kk, 3)
     want = np.stack([R.split(k, 3) for k in keys[:5]])

@@ -9,7 +9,7 @@ from ctrainstate.optim import EmptyState, MaskedNode, ScaleByAdamState
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, optimizers, partitioning, utils
 from ctrainstate.t5x.train_state import FlaxOptimTrainState
-from ctrainstate import _dtypes
+from ctrainstate._src.base import dtypes as _dtypes
 
 PARAMS = {'dense': {'bias': np.zeros(4, np.float32), 'kernel': np.ones((2, 4), np.float32)}}
 AX = {'dense': {'bias': P('embed'), 'kernel': P('vocab', 'embed')}}

@@ -48,6 +48,7 @@ from .manager import (AsyncCheckpointer, AsyncManager, CheckpointManager,
                       PyTreeCheckpointer, StandardCheckpointer, StepAlreadyExistsError,
                       available_steps, latest_checkpoint, restore_checkpoint, save_checkpoint)
 from .pretrained import load_pretrained_params, read_pretrained_shapes
+from .._src.autodiff.remat import checkpoint as _remat_checkpoint
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "args", "StandardCheckpointer",
            "AsyncCheckpointer", "PyTreeCheckpointer", "Checkpointer", "AsyncManager",
@@ -62,7 +63,6 @@ class _CallableModule(_types.ModuleType):
     was ``jax.checkpoint``'s name before."""
 
     def __call__(self, *args, **kwargs):
-        from .._remat import checkpoint as _remat_checkpoint
         return _remat_checkpoint(*args, **kwargs)
 
 

@@ -32,11 +32,12 @@ import uuid
 import numpy as np
 
 from .. import _C
-from .._abstract import ShapeDtypeStruct
-from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
-from ..sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
-from ..tree_util import tree_leaves
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
+from .._src.array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from .._src.base.tree_util import tree_leaves
 from . import _io
+from .._src.base.devices import process_index as _process_index
 
 FORMAT = "ctrainstate.checkpoint"
 VERSION = 1
@@ -141,7 +142,6 @@ class SavePlan:
     def __init__(self, state_dict, *, snapshot: bool, process_index: int | None = None,
                  cast=None):
         if process_index is None:
-            from .._devices import process_index as _process_index
             process_index = _process_index()
         self.leaves = []     # the index's leaf entries, in tree order
         self.arrays = []     # (array leaf entry, [_Block]): what goes into the file

@@ -10,6 +10,6 @@ from .manager import PyTreeRestore, PyTreeSave, StandardRestore, StandardSave
 __all__ = ["StandardSave", "StandardRestore", "PyTreeSave", "PyTreeRestore"]
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._abstract import ShapeDtypeStruct
-from ..array import Array
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import Array
 from ..serialization import from_state_dict, to_state_dict
 from . import _io, _store
 
@@ -629,6 +629,6 @@ def _cast_floats(tree, dtype):
     return tree
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

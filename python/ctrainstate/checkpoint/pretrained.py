@@ -19,10 +19,13 @@ import threading
 import numpy as np
 
 from .. import _C
-from .._abstract import ShapeDtypeStruct
-from ..array import Array, _alloc_blocks, _as_sharding, _buffer_view
-from ..sharding import Mesh, NamedSharding, PartitionSpec
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.partitioning.rules import set_partitions
+from .._src.array.array import Array, _alloc_blocks, _as_sharding, _buffer_view
+from .._src.array.sharding import Mesh, NamedSharding, PartitionSpec
 from . import _io, _store
+from .._src.nn.meta import unbox
+from ..serialization import _unpack_ext, to_state_dict
 
 __all__ = ["load_pretrained_params", "read_pretrained_shapes"]
 
@@ -150,7 +153,6 @@ class _Walker:
             dtype = _io.np_dtype(name)
             return _Stored(self.fd, [(data, length)], shape, dtype, self.path), p + n[1]
         if kind == "ext":   # numpy scalars and complex numbers: small
-            from ..serialization import _unpack_ext
             return _unpack_ext(n[0], self.bytes(p, n[1])), p + n[1]
         return self.skip_small(pos)
 
@@ -344,8 +346,6 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
         tree = _open_any(path, fds, sep)
         stored = dict(_flat(tree))
         if target is not None:
-            from ..nn.meta import unbox
-            from ..serialization import to_state_dict
             tflat = dict(_store.flatten(to_state_dict(unbox(target))))
             missing = sorted("/".join(k) for k in tflat if k not in stored
                              and not (isinstance(tflat[k], dict) and not tflat[k]))
@@ -359,7 +359,6 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
         elif rules is not None:
             if mesh is None:
                 raise ValueError("load_pretrained_params: rules need a mesh")
-            from ..hf.partitions import set_partitions
             shapes = _map(tree, lambda s: ShapeDtypeStruct(s.shape, s.dtype))
             specs = dict(_flat(set_partitions(shapes, rules)))
         out = []
@@ -395,6 +394,6 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
             os.close(fd)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

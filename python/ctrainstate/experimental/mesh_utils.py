@@ -6,6 +6,6 @@
 >>> Mesh(mesh_utils.create_device_mesh((1,)), ('data',)).shape['data']
 1
 """
-from ..mesh_utils import create_device_mesh
+from .._src.array.mesh_utils import create_device_mesh
 
 __all__ = ["create_device_mesh"]

@@ -25,7 +25,7 @@ import numpy as _np
 
 from .. import _C
 from .. import distributed as _dist
-from .. import tree_util as _tree_util
+from .._src.base import tree_util as _tree_util
 
 __all__ = ["sync_global_devices", "process_allgather", "broadcast_one_to_all", "assert_equal"]
 

@@ -6,7 +6,7 @@
 >>> pjit(lambda a: a * 2)(np.float32([1])).tolist()
 [2.0]
 """
-from .._jit import pjit
-from ..lax import with_sharding_constraint
+from .._src.jit.jit import pjit
+from .._src.numpy_lax.lax import with_sharding_constraint
 
 __all__ = ["pjit", "with_sharding_constraint"]

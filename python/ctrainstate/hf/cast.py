@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes
-from .._abstract import ShapeDtypeStruct
-from ..array import Array
-from ..tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
+from .._src.base import dtypes as _dtypes
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import Array
+from .._src.base.tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
+from .._src.ops.ops import astype
 
 __all__ = ['cast', 'to_bf16', 'to_fp16', 'to_fp32']
 
@@ -31,7 +32,6 @@ def cast(x, dtype):
         return ShapeDtypeStruct(x.shape, dtype, x.sharding)
     if not isinstance(x, Array):
         return np.asarray(x).astype(dtype)
-    from .._ops import astype
     return astype(x, dtype)
 
 
@@ -70,6 +70,6 @@ def to_fp32(params, mask=None):
     return _floats_to(params, np.float32, mask)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -16,7 +16,7 @@ empty states get None (see :func:`ctrainstate.t5x.optimizers.derive_optax_logica
 from __future__ import annotations
 
 from ..t5x.optimizers import derive_optax_logical_axes
-from ..tree_util import tree_map
+from .._src.base.tree_util import tree_map
 
 __all__ = ['opt_state_spec', 'train_state_spec']
 
@@ -35,6 +35,6 @@ def train_state_spec(state, param_spec):
                         opt_state=opt_state_spec(state.opt_state, params, param_spec))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

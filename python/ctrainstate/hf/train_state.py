@@ -23,10 +23,14 @@ from typing import Any
 import numpy as np
 
 from .. import random
-from .._devices import local_device_count, local_devices
-from ..array import Array, device_put
+from .._src.base.devices import local_device_count, local_devices
+from .._src.array.array import Array, device_put
 from ..train_state import TrainState as _FlaxTrainState
-from ..tree_util import tree_map
+from .._src.base.tree_util import tree_map
+from .._src.numpy_lax import numpy as jnp
+from .._src.numpy_lax.pmap import device_put_replicated, device_put_sharded
+from .._src.array.array import device_get
+from .._src.base.tree_util import keystr, tree_leaves, tree_map_with_path
 
 __all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key', 'onehot',
            'get_metrics', 'stack_forest', 'prefetch_to_device', 'pad_shard_unpad']
@@ -41,7 +45,6 @@ def _host(x):
 def replicate(tree, devices=None):
     """One copy of each leaf per device, stacked on a new leading axis (flax.jax_utils):
     :func:`ctrainstate.device_put_replicated` over ``devices`` (default: the local ones)."""
-    from .._pmap import device_put_replicated
     return device_put_replicated(tree, list(devices) if devices is not None else local_devices())
 
 
@@ -64,7 +67,6 @@ def unreplicate(tree):
 
 def shard(xs):
     """Reshape every leaf to ``(local_device_count, -1, *rest)`` (flax.training.common_utils)."""
-    from ..tree_util import keystr, tree_map_with_path
     n = local_device_count()
 
     def split(path, x):
@@ -91,7 +93,6 @@ def prefetch_to_device(iterator, size: int, devices=None):
     import collections
     import itertools
 
-    from .._pmap import device_put_sharded
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
         raise ValueError(f"prefetch_to_device: size must be a non-negative int, got {size!r}")
     devs = list(devices) if devices is not None else local_devices()
@@ -133,9 +134,6 @@ def pad_shard_unpad(wrapped, static_argnums=(0,), static_argnames=(), static_ret
     """
     import functools
 
-    from .._devices import local_device_count
-    from ..array import device_get
-    from ..tree_util import tree_leaves
     static_argnums = tuple(static_argnums) if not isinstance(static_argnums, int) else (
         static_argnums,)
     static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
@@ -203,7 +201,6 @@ def get_metrics(device_metrics):
 def onehot(labels, num_classes, on_value=1.0, off_value=0.0):
     """float32 one-hot vectors of length ``num_classes`` on a new last axis, ``on_value``
     where ``labels`` holds the index (flax.training.common_utils.onehot)."""
-    from .. import numpy as jnp
     labels = jnp.asarray(labels)
     x = labels[..., None] == jnp.arange(num_classes).reshape((1,) * labels.ndim + (-1,))
     return jnp.where(x, jnp.full(x.shape, on_value), jnp.full(x.shape, off_value)).astype(
@@ -223,6 +220,6 @@ class TrainState(_FlaxTrainState):
         return replicate(self).replace(dropout_rng=shard_prng_key(self.dropout_rng))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -53,8 +53,8 @@ from .transforms_more import (apply, cond, disable_named_call, enable_named_call
                               while_loop)
 from .scope import Variable
 from ..core import FrozenDict
-from ..numpy import gelu, relu, sigmoid, tanh
-from ..numpy import sin, cos, exp, log
+from .._src.numpy_lax.numpy import gelu, relu, sigmoid, tanh
+from .._src.numpy_lax.numpy import sin, cos, exp, log
 from .activation import leaky_relu, log_softmax, logsumexp, one_hot, silu, softmax, swish
 from .activation import (celu, elu, glu, hard_sigmoid, hard_silu, hard_swish, hard_tanh,
                          log_sigmoid, normalize, PReLU, relu6, selu, soft_sign, softplus,

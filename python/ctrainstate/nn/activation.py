@@ -28,9 +28,13 @@ import numpy as np
 
 from typing import Any
 
-from .. import _dtypes, _ops
-from ..array import device_put
-from .module import Module as _Module, compact as _compact
+from .._src.base import dtypes as _dtypes
+from .._src.ops import ops as _ops
+from .._src.array.array import device_put
+from .._src.nn.module import Module as _Module, compact as _compact
+from .._src.numpy_lax import numpy as cnp
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.ops.slicing import split
 
 __all__ = ["silu", "swish", "leaky_relu", "one_hot", "softmax", "log_softmax", "logsumexp",
            "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
@@ -229,7 +233,6 @@ hard_swish = hard_silu
 def glu(x, axis: int = -1):
     """Gated linear unit: ``x1 * sigmoid(x2)`` with ``x1, x2`` the two halves of ``x`` along
     ``axis`` (jax.nn.glu); that dimension must be even."""
-    from .._slicing import split
     x = _ops._lift(x)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"glu: axis must be an int, got {axis!r}")
@@ -268,7 +271,7 @@ def standardize(x, axis=-1, mean=None, variance=None, epsilon: float = 1e-5, whe
 
 
 # 16-bit float inputs: computed in float32, the result rounded once to the input's dtype
-# (ctrainstate._ops's dtype policy)
+# (ctrainstate._src.ops.ops's dtype policy)
 silu = _ops._with_dtype_policy(silu)
 swish = silu
 softplus = _ops._with_dtype_policy(softplus)
@@ -297,7 +300,6 @@ soft_sign = _ops._with_dtype_policy(soft_sign)
 
 def _abstract_rules():
     """Inside ``eval_shape`` (ShapeDtypeStruct arguments) these return ShapeDtypeStructs."""
-    from .._abstract import ShapeDtypeStruct
     g = globals()
     for name in ("silu", "softplus", "log_sigmoid", "elu", "celu", "selu", "relu6", "hard_tanh",
                  "hard_sigmoid", "hard_silu", "standardize", "soft_sign"):
@@ -338,7 +340,6 @@ class PReLU(_Module):
 
     @_compact
     def __call__(self, inputs):
-        from .. import numpy as cnp
         slope = self.param("negative_slope",
                            lambda k: device_put(np.asarray(self.negative_slope_init,
                                                            self.param_dtype)))
@@ -347,6 +348,6 @@ class PReLU(_Module):
         return cnp.where(cnp.greater_equal(x, 0.0), x, cnp.multiply(slope, x))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

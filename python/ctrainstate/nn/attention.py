@@ -48,21 +48,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import _dtypes, _ops
-from .. import lax as _lax
-from .. import numpy as cnp
+from .._src.base import dtypes as _dtypes
+from .._src.ops import ops as _ops
+from .._src.numpy_lax import lax as _lax
+from .._src.numpy_lax import numpy as cnp
 from .. import random as _random
-from .._abstract import ShapeDtypeStruct
-from ..array import Array
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import Array
+from .._src.array.sharding import NamedSharding, PartitionSpec
 from . import initializers
 from .activation import softmax
 from .dtypes import canonicalize_dtype
 from .linear import DenseGeneral, _check_dtype, default_kernel_init
-from .module import Module, compact
+from .._src.nn.module import Module, compact
 from .normalization import LayerNorm
-from .scope import ScopeVariableNotFoundError
+from .._src.nn.scope import ScopeVariableNotFoundError
 from .stochastic import merge_param
+from .._src.ops import elementwise as _elementwise
 
 __all__ = ["dot_product_attention_weights", "dot_product_attention",
            "MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention",
@@ -155,7 +157,7 @@ def dot_product_attention_weights(query, key, bias=None, mask=None, broadcast_dr
     is False and ``dropout_rate > 0``) needs ``dropout_rng``. ``module``: sow the weights
     into its ``'intermediates'``. ``dtype``: the compute dtype (Flax's ``promote_dtype`` of
     query and key; 16-bit floats run per op in float32 and round back, see
-    :mod:`ctrainstate._ops`); ``force_fp32_for_softmax`` keeps float32 weights;
+    :mod:`ctrainstate._src.ops.ops`); ``force_fp32_for_softmax`` keeps float32 weights;
     ``einsum``: a callable used instead of the einsum (called with Flax's ``...``
     subscripts); ``einsum_dot_general`` is not supported.
 
@@ -638,7 +640,6 @@ def make_attention_mask(query_input, key_input, pairwise_fn: Callable = np.multi
                 f"can: {sorted(_PAIRWISE)}); build the mask from host arrays, e.g. "
                 f"make_attention_mask(np.asarray(q), np.asarray(k), ...)")
         if not _is_multiply(pairwise_fn):   # a comparison (segment ids, positions): any dtypes
-            from .. import _elementwise
             place = next(_ops._place_of(v) for v in (query_input, key_input) if isinstance(v, Array))
             q, k = (v if isinstance(v, Array) else _ops._lift_any(v, place)
                     for v in (query_input, key_input))
@@ -712,6 +713,6 @@ def combine_masks(*masks, dtype=np.float32):
     return out if dt == np.float32 else out.astype(dt)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

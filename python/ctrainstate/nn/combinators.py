@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .module import Module
+from .._src.nn.module import Module
 
 __all__ = ["Sequential"]
 
@@ -37,6 +37,6 @@ class Sequential(Module):
         return out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -16,12 +16,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import lax
-from .. import numpy as cnp
+from .._src.numpy_lax import lax
+from .._src.numpy_lax import numpy as cnp
 from . import initializers
 from .dtypes import promote_dtype
 from .linear import _check_dtype, _precision, default_kernel_init
-from .module import Module, compact
+from .._src.nn.module import Module, compact
+from .._src.numpy_lax.conv import _explicit_pads, _out_sizes
 
 __all__ = ["Conv", "ConvLocal", "ConvTranspose", "canonicalize_padding"]
 
@@ -170,7 +171,6 @@ class Conv(_Conv):
 def _local_out_spatial(module, x, ks, strides, padding, idil, kdil):
     """The output's spatial sizes of the convolution ``module`` computes on ``x`` (Flax's
     ``eval_shape`` of a shared convolution, as arithmetic)."""
-    from .._conv import _explicit_pads, _out_sizes
     sizes = [int(d) for d in np.shape(x)[1:-1]]
     if isinstance(padding, str):
         if any(d != 1 for d in idil):
@@ -336,6 +336,6 @@ class ConvTranspose(Module):
         return _finish(y, bias, batch_shape)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _dtypes, _ops
-from .._abstract import ShapeDtypeStruct
-from ..array import Array
+from .._src.base import dtypes as _dtypes
+from .._src.ops import ops as _ops
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import Array
 
 bfloat16 = _dtypes.bfloat16
 float16 = _dtypes.float16
@@ -88,6 +89,22 @@ def promote_dtype(*args, dtype=None, inexact: bool = True) -> list:
     return [_cast(x, dt) for x in args]
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+def _check_dtype(module) -> None:
+    """A layer's ``dtype`` / ``param_dtype`` fields checked now, so a bad value names the
+    layer: a float dtype ctrainstate stores (float32, bfloat16, float16) or ``None``."""
+    for field in ("dtype", "param_dtype"):
+        dt = getattr(module, field, None)
+        if dt is None:
+            continue
+        try:
+            ok = _dtypes.canonicalize(dt) in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{type(module).__name__}({field}={dt!r}): expected float32, "
+                            f"bfloat16 or float16 (or None)")
+
+
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

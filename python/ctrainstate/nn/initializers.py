@@ -27,8 +27,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .. import _dtypes
-from .. import random as _random
+from .._src.base import dtypes as _dtypes
+from .._src.random import core as _random
+from .._src.array.abstract import is_abstract, ShapeDtypeStruct
+from .._src.array.array import _fill_array, device_put
 
 __all__ = [
     "zeros", "ones", "constant", "normal", "uniform", "truncated_normal", "variance_scaling",
@@ -48,11 +50,9 @@ def _full(shape, dtype, value, out_sharding):
     shape = _random._shape(shape)
     dt = _dtypes.canonicalize(dtype)
     if out_sharding is None:
-        from .._abstract import ShapeDtypeStruct, is_abstract
         if is_abstract():
             return ShapeDtypeStruct(shape, dt)
         return np.full(shape, value, dt)
-    from ..array import _fill_array
 
     def fill(buf, start, shard_shape):
         np.frombuffer(buf, dtype=np.uint8).view(dt)[...] = value
@@ -252,7 +252,6 @@ def orthogonal(scale=1.0, column_axis: int = -1, dtype=np.float32) -> Initialize
             raise ValueError("orthogonal initializer requires at least a 2D shape")
         if any(d == 0 for d in shape):
             return zeros(key, shape, dt, out_sharding)
-        from .._abstract import ShapeDtypeStruct, is_abstract
         if is_abstract():
             return ShapeDtypeStruct(shape, dt, out_sharding)
         n_rows, n_cols = math.prod(shape) // shape[column_axis], shape[column_axis]
@@ -266,11 +265,10 @@ def orthogonal(scale=1.0, column_axis: int = -1, dtype=np.float32) -> Initialize
         out = (np.array(scale, dt) * q).astype(dt)
         if out_sharding is None:
             return out
-        from ..array import device_put
         return device_put(out, out_sharding)
     return init
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

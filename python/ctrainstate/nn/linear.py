@@ -14,13 +14,20 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import _dtypes
-from .. import numpy as cnp
-from .._move import _int
-from ..array import Array, device_put
+from .._src.base import dtypes as _dtypes
+from .._src.numpy_lax import numpy as cnp
+from .._src.ops.move import _int
+from .._src.array.array import Array, device_put
 from . import initializers
-from .dtypes import promote_dtype
-from .module import Module, compact
+from .dtypes import _check_dtype, promote_dtype
+from .._src.nn.module import Module, compact
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.base.precision import resolve_precision
+from .._src.nn.module import _accepts_out_sharding, sharded_initializer
+from .._src.nn.spmd import _replicate_uneven
+from ..nn.stochastic import merge_param
+from ..partitioning import param_with_axes
+from .._src.array.sharding import NamedSharding, PartitionSpec
 
 default_kernel_init = initializers.lecun_normal()
 
@@ -31,26 +38,9 @@ def _in_features(x) -> int:
     return int(np.shape(x)[-1])
 
 
-def _check_dtype(module) -> None:
-    """A layer's ``dtype`` / ``param_dtype`` fields checked now, so a bad value names the
-    layer: a float dtype ctrainstate stores (float32, bfloat16, float16) or ``None``."""
-    for field in ("dtype", "param_dtype"):
-        dt = getattr(module, field, None)
-        if dt is None:
-            continue
-        try:
-            ok = _dtypes.canonicalize(dt) in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
-        except TypeError:
-            ok = False
-        if not ok:
-            raise TypeError(f"{type(module).__name__}({field}={dt!r}): expected float32, "
-                            f"bfloat16 or float16 (or None)")
-
-
 def _precision(module):
     """``module.precision``, checked now so a bad value names the module (the product
-    resolves it again: ``None`` is the thread's default, see :mod:`ctrainstate._precision`)."""
-    from .._precision import resolve_precision
+    resolves it again: ``None`` is the thread's default, see :mod:`ctrainstate._src.base.precision`)."""
     resolve_precision(module.precision, f"{type(module).__name__}(precision=...)")
     return module.precision
 
@@ -62,7 +52,7 @@ class Dense(Module):
     (``promote_dtype``) and the output has it, e.g. ``dtype=jnp.bfloat16`` for mixed
     precision with float32 parameters (``param_dtype``); ``None`` promotes the operands'
     dtypes. 16-bit products accumulate in float32 and round once (see
-    :mod:`ctrainstate._ops`).
+    :mod:`ctrainstate._src.ops.ops`).
 
     ``precision`` is the product's (``jnp.matmul``'s ``precision=``, Flax's field): ``None``
     (the thread's default: float32 unless ``default_matmul_precision`` says otherwise),
@@ -240,7 +230,6 @@ class DenseGeneral(Module):
 
     def _declare(self, name, init, shape, axes):
         if axes:
-            from ..partitioning import param_with_axes
             return param_with_axes(name, init, shape, self.param_dtype, axes=axes, module=self)
         return self.param(name, init, shape, self.param_dtype)
 
@@ -255,8 +244,6 @@ def _flat_init(init_fn, flat_shape):
     initializer boxed by ``with_partitioning`` / ``with_logical_partitioning`` gets its
     names applied to the requested (not the flat) shape, as Flax's ``replace_boxed`` does:
     under a mesh the parameter is born sharded as those names say."""
-    from .module import _accepts_out_sharding, sharded_initializer
-    from .spmd import _replicate_uneven
     boxing = getattr(init_fn, "_ct_boxing", None)
 
     def init(key, shape, dtype=np.float32, out_sharding=None):
@@ -276,7 +263,6 @@ def _flat_init(init_fn, flat_shape):
             v = sharded_initializer(init_fn, flat_sharding)(key, tuple(flat_shape), dtype)
         else:
             v = init_fn(key, tuple(flat_shape), dtype)
-        from .._abstract import ShapeDtypeStruct
         if isinstance(v, ShapeDtypeStruct):
             return ShapeDtypeStruct(shape, v.dtype, out_sharding)
         if isinstance(v, Array) and v.dtype == np.float32:
@@ -296,7 +282,6 @@ def _flat_sharding(sharding, shape, flat_shape):
     """The sharding of the flat (2-d) initializer output whose blocks, reshaped, are the
     blocks of ``sharding`` on ``shape``; None when there is none (a sharded dimension not
     leading its flattened group, or not divisible) or no sharding is asked."""
-    from ..sharding import NamedSharding, PartitionSpec
     if not isinstance(sharding, NamedSharding):
         return None
     spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
@@ -383,7 +368,6 @@ class Einsum(Module):
 
     @compact
     def __call__(self, inputs, einsum_str=None):
-        from .stochastic import merge_param
         _check_dtype(self)
         precision = _precision(self)
         if self.preferred_element_type is not None:
@@ -438,7 +422,6 @@ class Embed(Module):
         _check_dtype(self)
         shape = (self.num_embeddings, self.features)
         if self.embedding_axes:
-            from ..partitioning import param_with_axes
             self.embedding = param_with_axes("embedding", self.embedding_init, shape,
                                              self.param_dtype, axes=tuple(self.embedding_axes),
                                              module=self)
@@ -447,7 +430,6 @@ class Embed(Module):
 
     def __call__(self, inputs):
         _check_dtype(self)
-        from .._abstract import ShapeDtypeStruct
         if isinstance(inputs, ShapeDtypeStruct):     # eval_shape: ids without values
             if not np.issubdtype(np.dtype(inputs.dtype), np.integer):
                 raise TypeError(f"Embed expects integer inputs, got {inputs.dtype}")
@@ -481,6 +463,6 @@ class Embed(Module):
 from .normalization import LayerNorm  # noqa: E402,F401
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

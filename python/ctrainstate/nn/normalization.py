@@ -27,12 +27,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import numpy as cnp
-from ..array import Array
+from .._src.numpy_lax import numpy as cnp
+from .._src.array.array import Array
 from . import initializers
 from .dtypes import canonicalize_dtype, promote_dtype
-from .linear import _check_dtype
-from .module import Module, compact
+from .dtypes import _check_dtype
+from .._src.nn.module import Module, compact
+from .. import random as _random
+from .._src.ops.ops import stop_gradient
+from .._src.numpy_lax.pmap import _bound, pmean
+from ..nn.stochastic import merge_param
+from ..nn.transforms_more import map_variables
 
 __all__ = ["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "WeightNorm",
            "SpectralNorm"]
@@ -58,7 +63,6 @@ def _no_axis_name(module):
             f"{type(module).__name__}(axis_index_groups=...): statistics over groups of pmap "
             f"replicas are not supported (axis_name alone is: the whole axis)")
     if module.axis_name is not None:
-        from .._pmap import _bound
         names = module.axis_name if isinstance(module.axis_name, (tuple, list)) else (module.axis_name,)
         missing = [nm for nm in names if nm not in _bound()]
         if missing:
@@ -94,7 +98,6 @@ def _compute_stats(x, axes, use_mean: bool, use_fast_variance: bool, mask, axis_
     def dmean(*vals):
         mus = tuple(_masked_mean(v, axes, mask) for v in vals)
         if axis_name is not None:
-            from .._pmap import pmean
             mus = tuple(pmean(mus, axis_name))
         return mus if len(mus) > 1 else mus[0]
 
@@ -275,7 +278,6 @@ class BatchNorm(Module):
 
     @compact
     def __call__(self, x, use_running_average=None, *, mask=None):
-        from .stochastic import merge_param
         _check_dtype(self)
         _no_axis_name(self)
         use_ra = merge_param("use_running_average", self.use_running_average,
@@ -480,7 +482,6 @@ class WeightNorm(Module):
 
     @compact
     def __call__(self, *args, **kwargs):
-        from .transforms_more import map_variables
         return map_variables(lambda layer: layer(*args, **kwargs),
                              trans_in_fn=lambda vs: _map_leaves(self._normalize_leaf, vs),
                              init=self.is_initializing())(self.layer_instance)
@@ -548,7 +549,6 @@ class SpectralNorm(Module):
 
     @compact
     def __call__(self, *args, update_stats: bool, **kwargs):
-        from .transforms_more import map_variables
         return map_variables(
             lambda layer: layer(*args, **kwargs),
             trans_in_fn=lambda vs: _map_leaves(
@@ -556,8 +556,6 @@ class SpectralNorm(Module):
             init=self.is_initializing(), mutable=True)(self.layer_instance)
 
     def _spectral_normalize(self, path, vs, update_stats):
-        from .. import random as _random
-        from .._ops import stop_gradient
         value = vs
         value_shape = tuple(np.shape(value))
         if len(value_shape) <= 1 or self.n_steps < 1:
@@ -591,6 +589,6 @@ class SpectralNorm(Module):
         return _as_dtype(value_bar, canonicalize_dtype(vs, u0, v0, sigma, dtype=self.dtype))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

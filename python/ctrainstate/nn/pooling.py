@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import lax
-from .. import numpy as cnp
+from .._src.numpy_lax import lax
+from .._src.numpy_lax import numpy as cnp
 
 __all__ = ["pool", "avg_pool", "max_pool", "min_pool"]
 
@@ -87,6 +87,6 @@ def min_pool(inputs, window_shape, strides=None, padding="VALID"):
     return pool(inputs, np.inf, cnp.minimum, window_shape, strides, padding)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

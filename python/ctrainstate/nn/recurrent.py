@@ -34,16 +34,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .. import numpy as cnp
+from .._src.numpy_lax import numpy as cnp
 from .. import random as _random
 from ..core import FrozenDict
-from ..tree_util import tree_flatten, tree_map
+from .._src.base.tree_util import tree_flatten, tree_map
 from . import initializers
 from .conv import Conv
 from .dtypes import promote_dtype
 from .linear import Dense, default_kernel_init
-from .lifted import scan as _scan
-from .module import Module, compact, nowrap
+from .._src.nn.lifted import scan as _scan
+from .._src.nn.module import Module, compact, nowrap
+from .._src.array.abstract import eval_shape
 
 __all__ = ["RNNCellBase", "LSTMCell", "OptimizedLSTMCell", "GRUCell", "SimpleCell", "MGUCell",
            "ConvLSTMCell", "RNN", "Bidirectional", "flip_sequences", "DenseParams"]
@@ -685,7 +686,6 @@ class RNN(Module):
 def _check_initial_carry(cell, carry, input_shape, who):
     """A given ``initial_carry`` against the structure and shapes ``initialize_carry`` makes
     (skipped for a cell without ``initialize_carry``)."""
-    from .._abstract import eval_shape
     try:
         want = eval_shape(lambda: cell.initialize_carry(_random.key(0), input_shape))
     except NotImplementedError:
@@ -756,6 +756,6 @@ class Bidirectional(Module):
 
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

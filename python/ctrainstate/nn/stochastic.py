@@ -23,11 +23,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import _dtypes, _ops
+from .._src.base import dtypes as _dtypes
+from .._src.ops import ops as _ops
 from .. import random as _random
-from ..array import Array
-from ..sharding import NamedSharding, PartitionSpec
-from .module import Module, compact
+from .._src.array.array import Array
+from .._src.array.sharding import NamedSharding, PartitionSpec
+from .._src.nn.module import Module, compact
+from .._src.numpy_lax import numpy as cnp
+from .._src.array.abstract import ShapeDtypeStruct
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float16), _dtypes.bfloat16, np.dtype(np.float64))
 
@@ -64,7 +67,6 @@ class Dropout(Module):
         deterministic = merge_param("deterministic", self.deterministic, deterministic)
         if self.rate == 0.0 or deterministic:
             return inputs
-        from .._abstract import ShapeDtypeStruct
         if isinstance(inputs, ShapeDtypeStruct):  # eval_shape / a scan's first trace
             if self.rate != 1.0 and rng is None:
                 self.make_rng(self.rng_collection)  # the key is drawn, as in Flax's trace
@@ -107,10 +109,9 @@ class Dropout(Module):
 
 def _host_input(inputs):
     """A host input placed with its own float dtype (bfloat16 / float16 kept, as Flax)."""
-    from .. import numpy as cnp
     return cnp.asarray(inputs)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -37,13 +37,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import _ops
-from ..tree_util import tree_flatten, tree_unflatten
-from . import module as _module
-from .lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
-                     _no_adopt, _no_tape, _present, _seed_store, _write_back)
-from .module import Module
-from .scope import DenyList, in_filter
+from .._src.ops import ops as _ops
+from .._src.base.tree_util import tree_flatten, tree_unflatten
+from .._src.nn import module as _module
+from .._src.nn.lifted import (_Intersection, _LiftedScope, _Union, _clone_on, _copy_dicts, _nest,
+                              _no_adopt, _no_tape, _present, _seed_store, _write_back)
+from .._src.nn.module import Module
+from .._src.nn.scope import DenyList, in_filter
+from .._src.numpy_lax.lax_control import (_check_carry, _check_same_outputs, _host_scalar,
+                                          _predicate)
 
 __all__ = ["map_variables", "vjp", "value_and_grad", "grad", "jvp", "cond", "switch",
            "while_loop", "jit", "apply", "init", "init_with_output", "share_scope",
@@ -366,7 +368,6 @@ def _branches(who, branches, mdl, operands, pick: int, variables):
     """Run every branch in order (as lax.cond / lax.switch trace them, so the RNG counters
     advance as Flax's); only ``pick``'s run is recorded and its writes published."""
     S = _bound(mdl, who)
-    from .._lax_control import _check_same_outputs
     outs, writes = [], []
     mut = _Intersection(S.mutable, variables)
     result = None
@@ -405,7 +406,6 @@ def cond(pred, true_fun: Callable, false_fun: Callable, mdl: Module, *operands, 
     >>> bool((np.asarray(Foo().apply(v, x, True)) == -np.asarray(Foo().apply(v, x, False))).all())
     True
     """
-    from .._lax_control import _host_scalar
     h = _host_scalar(pred, "nn.cond", "Pred")
     if h is None:
         raise TypeError("nn.cond: the predicate must be concrete (ctrainstate runs eagerly)")
@@ -416,7 +416,6 @@ def cond(pred, true_fun: Callable, false_fun: Callable, mdl: Module, *operands, 
 def switch(index, branches, mdl: Module, *operands, variables=True, rngs=True):
     """``flax.linen.switch``: ``branches[index](mdl, *operands)``, ``index`` clamped to the
     branches as ``lax.switch`` does; every branch runs, as in :func:`cond`."""
-    from .._lax_control import _host_scalar
     branches = tuple(branches)
     if not branches:
         raise ValueError("Empty branch sequence")
@@ -435,7 +434,6 @@ def while_loop(cond_fn: Callable, body_fn: Callable, mdl: Module, init, carry_va
     Flax no variable can be created inside (call ``body_fn`` once before, at init). Every
     iteration sees the RNG counters as they were before the loop (Flax traces each function
     once); ``split_rngs`` that split a stream are not supported."""
-    from .._lax_control import _check_carry, _predicate
     S = _bound(mdl, "while_loop")
     if any(bool(v) for v in dict(split_rngs).values()):
         raise NotImplementedError("nn.while_loop: split_rngs={...: True} (a key folded with "
@@ -638,6 +636,6 @@ def override_named_call(enable: bool = True):
         _NAMED_CALL[0] = prev
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

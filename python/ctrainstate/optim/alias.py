@@ -331,6 +331,6 @@ __all__ += ["adadelta", "novograd", "rprop", "adan", "optimistic_gradient_descen
             "optimistic_adam"]
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -24,6 +24,8 @@ registers, and what the step writes is rounded once to the array's dtype (optax'
 ``mu_dtype`` state, 16-bit params updated as ``(p + u).astype(p.dtype)``).
 """
 from __future__ import annotations
+from .._src.base.hooks import provide as _provide
+_provide('optim.base', __name__)   # lower layers call into this module through _hooks.upper
 
 import inspect
 import operator
@@ -35,11 +37,13 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import optree
 
-from .. import _C, _dtypes
-from ..array import Array, DonatedBufferError, device_put
-from ..sharding import NamedSharding, PartitionSpec, default_sharding
-from ..tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path, tree_leaves,
-                         tree_map, tree_structure, tree_unflatten)
+from .. import _C
+from .._src.base import dtypes as _dtypes
+from .._src.array.array import Array, DonatedBufferError, device_put
+from .._src.array.sharding import NamedSharding, PartitionSpec, default_sharding
+from .._src.base.tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path,
+                                   tree_leaves, tree_map, tree_structure, tree_unflatten)
+from .._src.array.abstract import ShapeDtypeStruct
 
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
            "identity", "apply_updates", "safe_increment", "with_extra_args_support"]
@@ -201,7 +205,6 @@ def with_extra_args_support(tx: GradientTransformation) -> GradientTransformatio
 
 def _scalar_sharding(ref):
     """Where scalar counters live: replicated over the mesh of the first Array in ``ref``."""
-    from .._abstract import ShapeDtypeStruct
     for leaf in tree_leaves(ref):
         if isinstance(leaf, (Array, ShapeDtypeStruct)) and leaf.sharding is not None:
             s = leaf.sharding
@@ -224,7 +227,6 @@ def scalar(value, dtype, ref=None, sharding=None) -> Array:
 def full_like(x, value, dtype=None) -> Array:
     """An Array of x's shape and sharding, of ``dtype`` (default: x's), filled with ``value``
     (numpy inputs are placed like ``device_put``)."""
-    from .._abstract import ShapeDtypeStruct
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(x.shape, x.dtype if dtype is None else np.dtype(dtype),
                                 x.sharding)
@@ -242,8 +244,8 @@ def full_like(x, value, dtype=None) -> Array:
     return Array._create(x.shape, dtype, x.sharding, blocks)
 
 
-_B_ADD = 0  # ct_ops.h CT_BIN_ADD (ctrainstate._ops.B_ADD)
-_U_AFFINE = 0  # ct_ops.h CT_UN_AFFINE (ctrainstate._ops.U_AFFINE): alpha*x + beta, x unread at alpha 0
+_B_ADD = 0  # ct_ops.h CT_BIN_ADD (ctrainstate._src.ops.ops.B_ADD)
+_U_AFFINE = 0  # ct_ops.h CT_UN_AFFINE (ctrainstate._src.ops.ops.U_AFFINE): alpha*x + beta, x unread at alpha 0
 
 
 def _fill(buf, shape, dtype, value) -> None:
@@ -570,7 +572,6 @@ class FuseContext:
         before, and stepped the wrong arrays silently. Raises before anything runs."""
         for td, tree in self._slot_defs:
             if td != pdef:
-                from ..tree_util import keystr, tree_flatten_with_path
                 want = [keystr(p) for p, _ in tree_flatten_with_path(self.tree)[0]]
                 got = [keystr(p) for p, _ in tree_flatten_with_path(tree)[0]]
                 diff = next(((g, w) for g, w in zip(got, want) if g != w), None)
@@ -1060,6 +1061,6 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves, pde
     return out + (plan,) if want_plan else out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -10,18 +10,21 @@ pass counts non-finite updates; when rejected the inner stages are skipped,
 their state is left untouched and the updates are zero).
 """
 from __future__ import annotations
+from .._src.base.hooks import provide as _provide
+_provide('optim.combine', __name__)   # lower layers call into this module through _hooks.upper
 
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..tree_util import (_flatten_up_to, tree_flatten, tree_leaves, tree_map, tree_structure,
-                         tree_unflatten)
+from .._src.base.tree_util import (_flatten_up_to, tree_flatten, tree_leaves, tree_map,
+                                   tree_structure, tree_unflatten)
 from .base import (FINITE_GATE, ZERO, GradientTransformation, GradientTransformationExtraArgs,
                    MaskedNode, Stage, call_update, read_scalar, safe_increment, scalar, to_array,
                    zeros_like)
 from .transforms import _expect_state, set_to_zero
 from .utils import _ParamsPlaceholder
+from ..optim.base import run_fused
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
            "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState",
@@ -391,7 +394,6 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
         _expect_state(state, ConditionallyMaskState, "conditionally_mask")
         step = int(read_scalar(state.step))
         if fuse is not None and not extra_args:
-            from .base import run_fused
             return run_fused(tx, updates, state, params, inplace=False)
         if decide(step, extra_args if forward_extra_args else {}):
             updates, inner_state = call_update(inner, updates, state.inner_state, params,
@@ -406,6 +408,6 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
     return tx
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

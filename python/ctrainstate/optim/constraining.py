@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _ops
-from ..tree_util import tree_map
+from .._src.ops import ops as _ops
+from .._src.base.tree_util import tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs, scalar
+from .._src.numpy_lax import numpy as cnp
 
 __all__ = ["NonNegativeParamsState", "keep_params_nonnegative", "ZeroNansState", "zero_nans"]
 
@@ -51,7 +52,6 @@ class ZeroNansState(NamedTuple):
 def zero_nans() -> GradientTransformation:
     """Replace NaN updates by 0 and record, per leaf, whether there was one
     (optax.zero_nans; infinities pass). State: ZeroNansState(found_nan)."""
-    from .. import numpy as cnp
 
     def init(params):
         return ZeroNansState(found_nan=tree_map(
@@ -65,6 +65,6 @@ def zero_nans() -> GradientTransformation:
     return GradientTransformationExtraArgs(init, update)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..array import Array
+from .._src.array.array import Array
 from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
                    read_scalar, safe_increment, scalar)
 
@@ -178,6 +178,6 @@ def inject_hyperparams(inner_factory: Callable[..., GradientTransformation], sta
     return wrapped
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

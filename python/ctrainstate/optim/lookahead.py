@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import _ops
-from ..tree_util import tree_map
+from .._src.ops import ops as _ops
+from .._src.base.tree_util import tree_map
 from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
                    read_scalar, scalar)
 
@@ -99,6 +99,6 @@ def lookahead(fast_optimizer: GradientTransformation, sync_period, slow_step_siz
     return GradientTransformationExtraArgs(init, update)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

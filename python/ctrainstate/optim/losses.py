@@ -5,7 +5,7 @@ optax uses a stable formula (``log_sigmoid``, ``logsumexp`` with weights, a cust
 the same formula, and so the same gradient, is used here.
 
 16-bit float inputs are computed in float32 and the loss rounded once to their dtype (the
-``ctrainstate._ops`` dtype policy); optax's sigmoid losses cast the labels to the logits'
+``ctrainstate._src.ops.ops`` dtype policy); optax's sigmoid losses cast the labels to the logits'
 dtype first, and so do these.
 
 Differences from optax, all on inputs optax silently accepts: ``huber_loss``, ``log_cosh``
@@ -25,9 +25,12 @@ import warnings
 
 import numpy as np
 
-from .. import _ops
+from .._src.ops import ops as _ops
 from .utils import (l2_loss, softmax_cross_entropy, softmax_cross_entropy_with_integer_labels,
                     squared_error)
+from .._src.base import dtypes as _dtypes
+from .._src.numpy_lax import numpy as cnp
+from ..nn.activation import log_sigmoid, log_softmax, softmax
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "sigmoid_binary_cross_entropy",
@@ -42,7 +45,6 @@ __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
 
 
 def _dtype(x):
-    from .. import _dtypes
     return _dtypes.canonicalize(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
 
 
@@ -52,7 +54,6 @@ def _shape(x):
 
 def _check_float(x, who, what):
     """optax's ``check_subdtype(x, jnp.floating)``: a TypeError for int / bool inputs."""
-    from .. import _dtypes
     dt = _dtype(x)
     if dt not in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16):
         raise TypeError(f"{who}: {what} must be a floating-point array, got dtype {dt}")
@@ -118,7 +119,6 @@ def _one_hot(lab, n, like):
 
 
 def _sigmoid_bce(logits, labels):
-    from ..nn.activation import log_sigmoid
     log_p = log_sigmoid(logits)
     log_not_p = log_sigmoid(_ops.negative(logits))
     return _ops.subtract(_ops.multiply(_ops.negative(labels), log_p),
@@ -142,7 +142,6 @@ def sigmoid_binary_cross_entropy(logits, labels):
 
 
 def _focal(logits, labels, alpha, gamma):
-    from ..nn.activation import log_sigmoid
     ce = _sigmoid_bce(logits, labels)
     log_p = log_sigmoid(logits)
     log_q = log_sigmoid(_ops.negative(logits))
@@ -167,7 +166,6 @@ def _focal(logits, labels, alpha, gamma):
 
 
 def _isfinite(x):
-    from .. import numpy as cnp
     return cnp.isfinite(x)
 
 
@@ -289,7 +287,6 @@ def convex_kl_divergence(log_predictions, targets, axis=-1, where=None):
 
 
 def _safe_ce(logits, labels):
-    from ..nn.activation import log_softmax, softmax
     x = _ops._lift(logits)
     w = _ops._lift(labels, _ops._place_of(x))
     ls = log_softmax(x, axis=-1)
@@ -320,7 +317,6 @@ def safe_softmax_cross_entropy(logits, labels):
 
 
 def _poly(logits, labels, epsilon, axis):
-    from ..nn.activation import softmax
     p = softmax(logits, axis=axis)
     one_minus_pt = _ops.sum(_ops.multiply(labels, _ops.subtract(1.0, p)), axis=axis)
     ce = softmax_cross_entropy(logits, labels, axis=axis)
@@ -443,7 +439,6 @@ def triplet_margin_loss(anchors, positives, negatives, axis=-1, norm_degree=2, m
 
 
 def _ntxent(embeddings, labels, temperature):
-    from .. import numpy as cnp
     e = _ops._lift(embeddings)
     n = e.shape[0]
     eps = float(np.finfo(np.float32).eps)
@@ -489,6 +484,6 @@ def ntxent(embeddings, labels, temperature=0.07):
     return _ntxent_p(embeddings, lab, temperature)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -242,6 +242,6 @@ def cosine_onecycle_schedule(transition_steps, peak_value, pct_start=0.3, div_fa
          int(transition_steps): 1.0 / (div_factor * final_div_factor)})
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

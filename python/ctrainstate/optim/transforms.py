@@ -19,13 +19,22 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .. import _dtypes
-from ..array import Array
+from .._src.base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .._src.base import dtypes as _dtypes
+from .._src.array.array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
                    GradientTransformationExtraArgs, Stage, CONST, _scalar_sharding, full_like, identity,
                    safe_increment, scalar, to_array, zeros_like)
+from .._src.ops import ops as _ops
+from .._src.random import core as _random
+from .._src.numpy_lax import numpy as cnp
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import device_put as _put
+from ..optim.base import read_scalar
+from ..optim.utils import safe_norm
+from .._src.array.sharding import NamedSharding, PartitionSpec
+from .._src.base.hooks import upper as _upper
 
 __all__ = [
     "ScaleByAdamState", "ScaleByLionState", "ScaleByRmsState", "ScaleByRmsWithCountState",
@@ -370,7 +379,6 @@ def scale_by_lion(b1=0.9, b2=0.99, mu_dtype=None, *, mode="hard", smooth_beta=1.
         def update(updates, state, params=None, **extra_args):
             del params
             _expect_state(state, ScaleByLionState, "scale_by_lion")
-            from .base import read_scalar
             cnp = _cnp()
 
             def comb(g, m):
@@ -531,8 +539,7 @@ def add_decayed_weights(weight_decay=0.0, mask=None) -> GradientTransformation:
                 lambda advance=True: state)
     tx = GradientTransformationExtraArgs(init, fuse=fuse)
     if mask is not None:
-        from .combine import masked
-        return masked(tx, mask)
+        return _upper('optim.combine').masked(tx, mask)
     return tx
 
 
@@ -598,7 +605,6 @@ def _factored_dims(shape, factored, min_dim_size_to_factor):
 def _without_dim(sharding, ndim, d):
     """The sharding of a statistic of an array (rank ``ndim``) reduced over dim ``d``: the
     array's PartitionSpec without entry ``d``; the result is replicated over that mesh axis."""
-    from ..sharding import NamedSharding, PartitionSpec
     if isinstance(sharding, NamedSharding):
         spec = tuple(sharding.spec) + (None,) * (ndim - len(tuple(sharding.spec)))
         return NamedSharding(sharding.mesh, PartitionSpec(*(spec[:d] + spec[d + 1:])))
@@ -620,8 +626,6 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
                    min_dim_size_to_factor=min_dim_size_to_factor, epsilon=epsilon)
 
     def init(params):
-        from ..array import device_put
-        from .._abstract import ShapeDtypeStruct
 
         def _init(p):
             # under eval_shape the params are ShapeDtypeStructs: the statistics are too
@@ -709,7 +713,6 @@ def add_noise(eta, gamma, key=None, *, seed=None) -> GradientTransformation:
     generates only its shard and the noise equals optax's bit for bit. Not fused: the
     noise is generated, then added by a separate elementwise op per leaf.
     """
-    from .. import random as _random
     _check_numbers("add_noise", eta=eta, gamma=gamma)
     if seed is not None:
         if key is not None:
@@ -770,7 +773,6 @@ def scale_by_sign() -> GradientTransformation:
     >>> np.asarray(u['w']).tolist()
     [-1.0, 0.0, 1.0]
     """
-    from .. import _ops
     return _unfused_map(_ops.sign)
 
 
@@ -779,7 +781,6 @@ def centralize() -> GradientTransformation:
     dims but the first subtracted (``g - g.mean(range(1, ndim), keepdims=True)``); vectors
     and scalars pass unchanged. State: EmptyState(). Not fused (a reduction per leaf, an
     all-reduce where the reduced dims are sharded)."""
-    from .. import _ops
 
     def sub_mean(g):
         g = to_array(g) if not isinstance(g, Array) else g
@@ -802,7 +803,6 @@ def apply_every(k=1) -> GradientTransformation:
     params. As optax, the accumulator restarts by multiplying it by 0 (a NaN in it stays
     NaN) and the emitted updates are ``emit * grad_acc``. Not fused. ``k`` must be an int
     >= 1 (optax would take the step count modulo 0)."""
-    from .. import _ops
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise TypeError(f"apply_every: k must be an int, got {k!r}")
     if k < 1:
@@ -815,7 +815,6 @@ def apply_every(k=1) -> GradientTransformation:
     def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ApplyEvery, "apply_every")
-        from .base import read_scalar
         count = int(read_scalar(state.count))
         c = count % k
         acc = float(c != 0)
@@ -882,12 +881,10 @@ class ScaleByDistanceOverGradientsState(NamedTuple):
 
 
 def _cnp():
-    from .. import numpy as cnp
     return cnp
 
 
 def device_put(x, sharding):
-    from .. import device_put as _put
     return _put(x, sharding)
 
 
@@ -968,7 +965,6 @@ def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=0.0,
     def update(updates, state, params=None, **extra_args):
         _expect_state(state, ScaleByNovogradState, "scale_by_novograd")
         _need_params(params, "scale_by_novograd")
-        from .base import read_scalar
         cnp = _cnp()
         t = safe_increment(int(read_scalar(state.count)))
         grads = tree_map(lambda g, m: _like(g, m), updates, state.mu)
@@ -1053,7 +1049,6 @@ def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0) -> Gradient
     def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByAdanState, "scale_by_adan")
-        from .base import read_scalar
         cnp = _cnp()
         t0 = int(read_scalar(state.t))
         g = tree_map(_like, updates, state.g)
@@ -1089,7 +1084,6 @@ def scale_by_optimistic_gradient(alpha=1.0, beta=1.0) -> GradientTransformation:
     def update(updates, state, params=None, **extra_args):
         del params
         _expect_state(state, ScaleByOptimisticGradientState, "scale_by_optimistic_gradient")
-        from .base import read_scalar
         first = bool(read_scalar(state.is_initial_step))
         g = tree_map(_like, updates, state.previous_gradient)
         prev = g if first else state.previous_gradient
@@ -1127,7 +1121,6 @@ def scale_by_param_block_norm(min_scale=1e-3) -> GradientTransformation:
 
     def update(updates, state, params=None, **extra_args):
         _need_params(params, "scale_by_param_block_norm")
-        from .utils import safe_norm
         return tree_map(lambda u, p: _like(u, to_array(p)) * safe_norm(to_array(p), min_scale),
                         updates, params), state
     return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
@@ -1181,6 +1174,6 @@ __all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",
             "ScaleByDistanceOverGradientsState", "scale_by_distance_over_gradients"]
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import _ops
-from ..tree_util import tree_leaves, tree_map
+from .._src.ops import ops as _ops
+from .._src.base.tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
+from .._src.numpy_lax import numpy as cnp
+from ..nn.activation import log_softmax
+from .._src.base.tree_util import register_pytree_node
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
@@ -57,7 +60,6 @@ def softmax_cross_entropy(logits, labels, axis=-1, where=None):
     """``-sum(labels * log_softmax(logits), axis)`` (optax's, stable: the log-softmax is
     shifted by the maximum). ``labels`` are probabilities of ``logits``' shape; over a class
     dimension sharded on mesh axes the reductions end in all-reduces over them."""
-    from ..nn.activation import log_softmax
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy: where= is not supported; weight the "
                                   "per-example losses instead")
@@ -160,7 +162,6 @@ def safe_norm(x, min_norm, ord=None, axis=None, keepdims=False):  # noqa: A002 -
     """``maximum(linalg.norm(x, ord, axis), min_norm)`` with a gradient of 0, not NaN, where
     the norm is at most ``min_norm`` (optax.safe_norm: ``x`` is replaced by ones there before
     the norm that is differentiated)."""
-    from .. import numpy as cnp
     x = _ops._lift(x) if not hasattr(x, "_blocks") else x
     norm = cnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
     x = _ops.where(norm <= min_norm, _ops.ones_like(x), x)
@@ -185,7 +186,6 @@ class _ParamsPlaceholder:
 
 
 def _register_placeholder():
-    from ..tree_util import register_pytree_node
     register_pytree_node(_ParamsPlaceholder, lambda _: ((), None),
                          lambda aux, children: _ParamsPlaceholder())
 
@@ -218,12 +218,12 @@ def tree_map_params(initable, f, state, /, *rest, transform_non_params=None, is_
 
 
 # 16-bit float logits: computed in float32, the loss rounded once to their dtype
-# (ctrainstate._ops's dtype policy)
+# (ctrainstate._src.ops.ops's dtype policy)
 softmax_cross_entropy = _ops._with_dtype_policy(softmax_cross_entropy, (0, 1))
 softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
     softmax_cross_entropy_with_integer_labels, (0,))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

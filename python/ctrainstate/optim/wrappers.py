@@ -17,10 +17,12 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..array import Array
-from ..tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .._src.array.array import Array
+from .._src.base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .base import (ACCUM, GradientTransformation, GradientTransformationExtraArgs, Stage,
                    call_update, read_scalar, safe_increment, scalar, zeros_like)
+from .._src.array.abstract import ShapeDtypeStruct
+from ..optim.transforms import _state_dtype
 
 __all__ = ["MultiSteps", "MultiStepsState", "skip_not_finite", "skip_large_updates"]
 
@@ -40,12 +42,10 @@ def _host(x):
 def _abstract(updates) -> bool:
     """Whether ``updates`` are ShapeDtypeStructs (MultiSteps.init under eval_shape calls the
     skip function on zeros like the params, to get the skip state's structure)."""
-    from .._abstract import ShapeDtypeStruct
     return any(isinstance(u, ShapeDtypeStruct) for u in tree_leaves(updates))
 
 
 def _struct(dtype):
-    from .._abstract import ShapeDtypeStruct
     return ShapeDtypeStruct((), dtype)
 
 
@@ -102,7 +102,6 @@ class MultiSteps:
         if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))):
             raise TypeError(f"MultiSteps: opt must be a GradientTransformation, got "
                             f"{type(opt).__name__}")
-        from .transforms import _state_dtype
         self._acc_dtype = _state_dtype(accumulator_dtype, "MultiSteps: accumulator_dtype")
         if isinstance(every_k_schedule, (int, np.integer)) and not isinstance(every_k_schedule, bool):
             if every_k_schedule < 1:
@@ -253,6 +252,6 @@ class MultiSteps:
         return GradientTransformationExtraArgs(init, update)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -8,6 +8,6 @@ the correctly rounded value, so CPU and GPU bits may differ by an ulp or two).
 >>> [round(float(v), 6) for v in np.asarray(erf(np.array([0.0, 1.0], np.float32)))]
 [0.0, 0.842701]
 """
-from .._ops import erf, erfc  # noqa: F401
+from .._src.ops.ops import erf, erfc  # noqa: F401
 
 __all__ = ["erf", "erfc"]

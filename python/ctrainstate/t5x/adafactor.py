@@ -25,11 +25,11 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from .. import _dtypes
-from .._abstract import ShapeDtypeStruct, is_abstract
-from ..array import device_put
+from .._src.base import dtypes as _dtypes
+from .._src.array.abstract import ShapeDtypeStruct, is_abstract
+from .._src.array.array import device_put
 from ..optim.base import full_like
-from ..sharding import NamedSharding, PartitionSpec
+from .._src.array.sharding import NamedSharding, PartitionSpec
 from ..train_state import PyTreeNode
 from .optimizers import OptimizerDef, OptimizerState, Optimizer, _next_step, scalar
 from ..core import FrozenDict, freeze
@@ -365,6 +365,6 @@ class Adafactor(OptimizerDef):
                          param_logical_axes)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -26,15 +26,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import optim
-from .._abstract import ShapeDtypeStruct
-from ..array import Array, device_put
+from .._src.array.abstract import ShapeDtypeStruct
+from .._src.array.array import Array, device_put
 from ..core import FrozenDict, freeze
 from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
-from ..sharding import PartitionSpec
+from .._src.array.sharding import PartitionSpec
 from ..train_state import PyTreeNode, field
-from ..traverse_util import ModelParamTraversal
-from ..tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
+from .._src.base.traverse_util import ModelParamTraversal
+from .._src.base.tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
 from .serialization import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
+from .._src.base.tree_util import _flatten_up_to as f
 
 __all__ = [
     'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',
@@ -106,7 +107,6 @@ class OptimizerDef:
 
 
 def _flatten_up_to(td, tree):
-    from ..tree_util import _flatten_up_to as f
     return f(td, tree)
 
 
@@ -526,6 +526,6 @@ def _per_param(param_states, sub_params, opt) -> dict:
     return out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -29,12 +29,16 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _devices
+from .._src.base import devices as _devices
 from .. import partitioning as flax_partitioning
-from .._jit import pjit as _pjit
-from ..mesh_utils import create_device_mesh
-from ..sharding import Mesh, PartitionSpec
-from ..tree_util import tree_map
+from .._src.jit.jit import pjit as _pjit
+from .._src.array.mesh_utils import create_device_mesh
+from .._src.array.sharding import Mesh, PartitionSpec
+from .._src.base.tree_util import tree_map
+from .._src.array.array import device_put
+from .._src.nn.spmd import _replicate_uneven
+from .._src.numpy_lax.numpy import with_sharding
+from .._src.array.sharding import get_mesh as _active, NamedSharding
 
 __all__ = [
     'AxisNames', 'DataLayout', 'LocalChunkInfo', 'LocalChunker', 'PartitionSpec',
@@ -145,7 +149,6 @@ def get_coords(device) -> tuple:
 
 def global_mesh_defined() -> bool:
     """True inside ``with mesh:`` (a non-empty mesh is active on this thread)."""
-    from ..sharding import get_mesh as _active
     m = _active()
     return m is not None and m.size > 0
 
@@ -156,9 +159,6 @@ def with_sharding_constraint(x, axis_resources):
     dimension those mesh axes do not divide is replicated, as XLA keeps such a constraint."""
     if not global_mesh_defined() or axis_resources is None:
         return x
-    from ..nn.spmd import _replicate_uneven
-    from ..numpy import with_sharding
-    from ..sharding import NamedSharding, get_mesh as _active
     shape = getattr(x, 'shape', None)
     target = NamedSharding(_active(), axis_resources)
     return with_sharding(x, _replicate_uneven(target, np.shape(x) if shape is None else shape))
@@ -613,8 +613,6 @@ def _map_state_dict(fn, sd, prefix=''):
 
 def host_local_array_to_global_array(arr_tree, mesh, pspecs):
     """Single process: place each host array by its spec on ``mesh`` (None = replicated)."""
-    from ..array import device_put
-    from ..sharding import NamedSharding
 
     def put(spec, sub):
         s = NamedSharding(mesh, PartitionSpec() if spec is None else spec)
@@ -623,6 +621,6 @@ def host_local_array_to_global_array(arr_tree, mesh, pspecs):
                     is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -20,7 +20,8 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
-from ..sharding import PartitionSpec
+from .._src.array.sharding import PartitionSpec
+from .._src.base.tree_util import Partial
 
 __all__ = ['to_state_dict', 'from_state_dict', 'flatten_dict', 'unflatten_dict',
            'register_serialization_state', 'is_serializable', 'current_path']
@@ -78,7 +79,6 @@ def _is_leaf(x) -> bool:
 
 
 def _register_partial():
-    from ..tree_util import Partial   # Flax registers jax.tree_util.Partial likewise
     register_serialization_state(
         Partial, lambda x: {'args': to_state_dict(x.args), 'keywords': to_state_dict(x.keywords)},
         lambda x, sd: Partial(x.func, *from_state_dict(x.args, sd['args']),
@@ -206,6 +206,6 @@ def unflatten_dict(flat: dict, sep: str | None = None) -> dict:
     return out
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

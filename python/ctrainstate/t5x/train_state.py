@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from .. import partitioning as flax_partitioning
-from ..array import device_put
+from .._src.array.array import device_put
 from ..core import FrozenDict, freeze, unfreeze
-from ..sharding import PartitionSpec
+from .._src.array.sharding import PartitionSpec
 from ..train_state import PyTreeNode, field
-from ..tree_util import tree_map
+from .._src.base.tree_util import tree_map
 from .optimizers import Optimizer, _place
 from .serialization import flatten_dict, from_state_dict, to_state_dict
 
@@ -262,6 +262,6 @@ class InferenceState(PyTreeNode):
             flax_mutables=flax_partitioning.get_axis_names(self.flax_mutables_axes or EMPTY_DICT))
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -12,9 +12,10 @@ FrozenDict({
 """
 from __future__ import annotations
 
-from .._abstract import eval_shape
+from .._src.array.abstract import eval_shape
 from ..core import freeze
 from .train_state import FlaxOptimTrainState, InferenceState
+from .. import partitioning as flax_partitioning, random
 
 __all__ = ['TrainStateInitializer']
 
@@ -41,9 +42,7 @@ class TrainStateInitializer:
             return FlaxOptimTrainState.create(optimizer_def, variables)
 
         self._initialize_train_state = initialize_train_state
-        from .. import random
         with partitioner.mesh:
-            from .. import partitioning as flax_partitioning
             with flax_partitioning.axis_rules(partitioner.logical_axis_rules):
                 self.global_train_state_shape = eval_shape(initialize_train_state,
                                                            random.PRNGKey(0))
@@ -56,6 +55,6 @@ class TrainStateInitializer:
         return p(init_rng)
 
 
-from .._exports import module_dir as _module_dir  # noqa: E402
+from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,0 +1,1 @@
+"""The array layer: Array helpers, abstract values, the operator methods."""

@@ -1,0 +1,875 @@
+"""The implementation of :mod:`ctrainstate.array` (which re-exports its API; the module
+docstring is there)."""
+from __future__ import annotations
+from ..base.hooks import provide as _provide
+_provide('array', __name__)   # lower layers call into this module through _hooks.upper
+
+import html
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from ... import _C
+from ..base import dtypes as _dtypes
+from ..base.devices import Device
+from .operators import OperatorsMixin
+from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding,
+                       default_sharding, shard_index)
+from ..base.tree_util import register_leaf_type, tree_leaves, tree_map
+from .abstract import is_abstract, ShapeDtypeStruct
+from ..base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
+from .sharding import get_mesh, Mesh
+from ..base.tree_util import _flatten_up_to, tree_flatten, tree_unflatten
+from ..base.hooks import upper as _upper
+
+__all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
+           "visualize_sharding",
+           "visualize_array_sharding"]
+
+DonatedBufferError = _C.DonatedBufferError
+
+
+class Shard(NamedTuple):
+    """One device's block of an Array."""
+
+    device: Device
+    index: tuple          # tuple of slices into the global array
+    replica_id: int
+    data: Any             # numpy view of the block (CPU devices); on GPUs a single-device
+                          # Array sharing the device buffer (np.asarray copies it to the host;
+                          # __dlpack__ hands it to torch/cupy/jax without a copy)
+
+
+def _buffer_view(buf, shape, dtype) -> np.ndarray:
+    """Zero-copy numpy view of a CPU buffer."""
+    return np.frombuffer(buf, dtype=np.uint8).view(dtype).reshape(shape)
+
+
+class _ArrayMethods(OperatorsMixin):
+    """A global array stored as per-device shards.
+
+    Attributes mirror ``jax.Array``: ``shape``, ``dtype``, ``ndim``, ``size``,
+    ``nbytes`` (of the global array), ``sharding``, ``addressable_shards``,
+    ``is_fully_replicated``. ``np.asarray(a)`` gathers.
+
+    ``Array`` is a C type (``ctrainstate._C.Array``): its fields, ``shape``, ``dtype``,
+    ``ndim``, ``sharding``, the arithmetic operators (through the ops' C plan caches),
+    ``_create``, ``_moved`` and ``_check_alive`` are C; the methods below are attached to it
+    once at import (``_C.array_type_extend``), after which the type is immutable.
+    """
+
+    __slots__ = ()
+
+    # As jax.Array: numpy's operators defer to ours (``ndarray @ Array`` is ctrainstate's
+    # matmul, differentiated and sharded) because the priority is higher than ndarray's, while
+    # numpy functions and ufuncs called on an Array (``np.sqrt(x)``, ``np.isfinite(x)``) read
+    # it with ``__array__`` (a gather to the host) and return numpy arrays.
+    __array_priority__ = 100
+
+    # --- metadata (shape, dtype, ndim, sharding: C) ------------------------------------
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        return self._sharding.is_fully_replicated
+
+    def __len__(self):
+        if not self._shape:
+            raise TypeError("len() of a 0-d Array")
+        return self._shape[0]
+
+    # --- liveness -----------------------------------------------------------------
+    def is_deleted(self) -> bool:
+        return self._donated or any(b.is_deleted for _, b, _, _ in self._blocks)
+
+    def delete(self) -> None:
+        """Free the device memory now; later use raises ``DonatedBufferError``. A view of
+        another Array's shard (a GPU ``Shard.data``) only becomes unusable itself. All
+        shards are freed or none: ``RuntimeError`` (nothing freed) while a numpy view of a
+        shard is alive or an operation in another thread is using one."""
+        if self._base is not None:
+            self._donated = True
+            return
+        _C.delete_buffers([buf for _, buf, _, _ in self._blocks])
+
+    def _check_not_view(self):
+        if self._base is not None:
+            raise ValueError(
+                "this Array is a view of another Array's shard (Shard.data): it cannot be "
+                "donated or updated in place (e.g. as TrainState params); pass a copy, "
+                "cts.device_put(np.asarray(x), x.sharding)")
+
+    def _donate(self):
+        """Hand the buffers to a new owner; this Array becomes unusable."""
+        self._check_alive()
+        self._check_not_view()
+        self._donated = True
+        return self._blocks
+
+    @staticmethod
+    def _moved_all(arrays) -> list:
+        """``[a._moved() for a in arrays]`` in one C loop (``_C.move_arrays``: the optimizer
+        step moves every param and state Array, 444 of them for a 148-leaf AdamW state).
+        If an Array is a view or already donated, none is moved and ``_moved`` raises for
+        it."""
+        arrays = arrays if type(arrays) is list else list(arrays)
+        out = _C.move_arrays(arrays)
+        if type(out) is int:
+            arrays[out]._moved()   # raises DonatedBufferError / ValueError
+            raise AssertionError(f"move_arrays refused Array {out}, which _moved accepted")
+        return out
+
+    # --- data -----------------------------------------------------------------
+    @property
+    def addressable_shards(self) -> list:
+        self._check_alive()
+        out = []
+        parts = self._sharding._dim_parts(len(self._shape))
+        for dev, buf, start, rid in self._blocks:
+            index = shard_index(start, self._shard_shape, parts)
+            if dev.platform == "cpu":
+                data = _buffer_view(buf, self._shard_shape, self._dtype)
+            else:  # the same buffer, as an Array of its own (as jax's Shard.data): a view
+                data = Array._create(self._shard_shape, self._dtype, SingleDeviceSharding(dev),
+                                     [(dev, buf, (0,) * len(self._shard_shape), 0)])
+                data._base = self
+            out.append(Shard(dev, index, rid, data))
+        return out
+
+    @property
+    def global_shards(self) -> list:
+        return self.addressable_shards
+
+    def __array__(self, dtype=None, copy=None):
+        self._check_alive()
+        out = np.empty(self._shape, dtype=self._dtype)
+        for _, buf, start, rid in self._blocks:
+            if rid == 0:
+                _C.copy_to_host(buf, out, start)
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            out = out.astype(dtype)
+        return out
+
+    # --- DLPack -------------------------------------------------------------------------
+    def _single_buffer(self):
+        self._check_alive()
+        starts = {start for _, _, start, _ in self._blocks}
+        if len(starts) != 1:
+            raise BufferError(
+                "a sharded Array has no single buffer to export; export a shard instead: "
+                "array.addressable_shards[i].data")
+        return self._blocks[0][1]
+
+    def __dlpack__(self, stream=None, **kwargs):
+        """Export (no copy) when the Array is held whole by each device (one device, or
+        replicated): the first device's buffer."""
+        return self._single_buffer().__dlpack__(stream, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._single_buffer().__dlpack_device__()
+
+    def devices(self) -> set:
+        """The devices holding a shard (``jax.Array.devices()``)."""
+        return {d for d, _, _, _ in self._blocks}
+
+    def block_until_ready(self) -> "Array":
+        self._check_alive()
+        for dev in {d for d, _, _, _ in self._blocks}:
+            dev.synchronize()
+        return self
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError("item() needs an Array of one element")
+        return np.asarray(self).item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        # `if loss < 1.0:` reads the one element; a larger Array has no single truth value
+        if self.size != 1:
+            raise ValueError("The truth value of an array with more than one element is "
+                             "ambiguous. Use a.any() or a.all()")
+        return bool(self.item())
+
+    def __repr__(self):
+        """``Array([1., 2.], dtype=float32)`` as jax prints it (numpy's layout, summarised
+        with ``...`` beyond numpy's print threshold), followed by
+        ``sharding=P(...) on Mesh(...)`` when more than one device holds the Array. A large
+        Array reads only the edge items the summary shows (see :meth:`_host_preview`)."""
+        gone = self._gone_text()
+        if gone:
+            return gone
+        prefix, dtype_str = "Array(", f"dtype={self._dtype.name}"
+        sharded = self._sharding_text()
+        if not self._shape:
+            text = f"{prefix}{_scalar_text(self._scalar_value())}, {dtype_str}"
+        else:   # jax's ArrayImpl.__repr__ layout
+            line_width = np.get_printoptions()["linewidth"]
+            if self.size == 0:
+                s = f"[], shape={self._shape}"
+            else:
+                host, summarise = self._host_preview()
+                with np.printoptions(**({"threshold": 0} if summarise else {})):
+                    s = np.array2string(host, prefix=prefix, suffix=",", separator=", ",
+                                        max_line_width=line_width)
+            last_line_len = len(s) - s.rfind("\n") + 1
+            sep = " " * len(prefix) if last_line_len + len(dtype_str) + 2 > line_width else " "
+            text = f"{prefix}{s},{sep}{dtype_str}"
+        if sharded:
+            sharded = f"sharding={sharded}"
+            last = len(text) - text.rfind("\n")
+            text += (f",\n{' ' * len(prefix)}{sharded}"
+                     if last + len(sharded) + 3 > np.get_printoptions()["linewidth"]
+                     else f", {sharded}")
+        return text + ")"
+
+    def __str__(self):
+        """The values as numpy prints them (``[1. 2.]``), as ``str(jax_array)``."""
+        gone = self._gone_text()
+        if gone:
+            return gone
+        if not self._shape:
+            return _scalar_text(self._scalar_value())
+        if self.size == 0:
+            return "[]"
+        host, summarise = self._host_preview()
+        with np.printoptions(**({"threshold": 0} if summarise else {})):
+            return np.array2string(host, separator=" ")
+
+    def _gone_text(self) -> str:
+        if self._donated:
+            return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
+        if self.is_deleted():
+            return f"Array(<deleted>, shape={self._shape}, dtype={self._dtype})"
+        return ""
+
+    def _sharding_text(self) -> str:
+        """'' on one device; ``P('x', None) on Mesh('x': 4)`` for a NamedSharding."""
+        if len(self._blocks) <= 1:
+            return ""
+        s = self._sharding
+        if isinstance(s, NamedSharding):
+            return f"P{tuple.__repr__(s.spec)} on {s.mesh!r}"
+        return repr(s)
+
+    def _host_preview(self):
+        """(host array, summarise). Up to numpy's print threshold, the whole Array. Beyond
+        it, only what numpy's summary shows: along each dimension longer than twice
+        ``edgeitems``, the first and last ``edgeitems`` indices plus one more (a stand-in
+        for the elided middle, never printed), read from each device's block; printed with
+        ``threshold=0`` so that numpy elides exactly those dimensions, as it would for the
+        whole array (numpy formats a summary from the shown items only)."""
+        opts = np.get_printoptions()
+        if self.size <= opts["threshold"]:
+            return np.asarray(self), False
+        e = opts["edgeitems"]
+        idx = [np.r_[0:e, n - e - 1:n] if n > 2 * e + 1 else np.arange(n)
+               for n in self._shape]
+        if any(dev.platform != "cpu" for dev, _, _, _ in self._blocks):
+            return self._gather_items(idx), True
+        return self._read_items(idx), True
+
+    def _gather_items(self, idx) -> np.ndarray:
+        """``np.asarray(self)[np.ix_(*idx)]`` by a gather on the devices (only the selected
+        items reach the host)."""
+        return np.asarray(self[np.ix_(*idx)])
+
+    def _read_items(self, idx) -> np.ndarray:
+        """``np.asarray(self)[np.ix_(*idx)]`` read from the blocks' host views (CPU devices):
+        each block gives the selected items it holds."""
+        out = np.empty(tuple(len(i) for i in idx), self._dtype)
+        for dev, buf, start, rid in self._blocks:
+            if rid != 0:
+                continue
+            view = _buffer_view(buf, self._shard_shape, self._dtype)
+            pos, local = [], []
+            for i, s0, n in zip(idx, start, self._shard_shape):
+                inside = (i >= s0) & (i < s0 + n)
+                pos.append(np.nonzero(inside)[0])
+                local.append(i[inside] - s0)
+            if all(len(p) for p in pos):
+                out[np.ix_(*pos)] = view[np.ix_(*local)]
+        return out
+
+    def _scalar_value(self):
+        """The value of a 0-d Array as a numpy scalar (from the host copy a counter keeps,
+        else read from the device)."""
+        if self._host_scalar is not None:
+            return np.asarray(self._host_scalar, self._dtype)[()]
+        return np.asarray(self)[()]
+
+    def __format__(self, spec):
+        # f"{loss:.4f}": a scalar formats like its value (jax.Array does the same)
+        if not self._shape:
+            v = self._scalar_value()
+            return format(_py_scalar(v), spec) if spec else _scalar_text(v)
+        if not spec:
+            return str(self)
+        raise TypeError(f"format spec {spec!r} applies to scalars; this Array has shape "
+                        f"{self._shape}: format np.asarray(x) (gathers to the host) instead")
+
+    # --- comparisons: elementwise, bool Arrays (ctrainstate.numpy.equal, ...) -------------
+    def _compare(self, other, name):
+        if not isinstance(other, (Array, int, float, bool, np.generic, np.ndarray)):
+            return NotImplemented
+        _elementwise = _upper('_elementwise')
+        return getattr(_elementwise, name)(self, other)
+
+    def __eq__(self, other):
+        return self._compare(other, "equal")
+
+    def __ne__(self, other):
+        return self._compare(other, "not_equal")
+
+    def __lt__(self, other):
+        return self._compare(other, "less")
+
+    def __le__(self, other):
+        return self._compare(other, "less_equal")
+
+    def __gt__(self, other):
+        return self._compare(other, "greater")
+
+    def __ge__(self, other):
+        return self._compare(other, "greater_equal")
+
+    __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
+
+    # --- indexing (numpy's basic and advanced indices): ctrainstate._src.ops.slicing ------------------
+    def __getitem__(self, idx):
+        """``x[idx]`` with numpy's indexing, as ``jax.Array`` (any dtype; differentiable for
+        float32): ints, slices of any step, ``None``, ``...``, integer arrays (numpy arrays,
+        lists, integer Arrays; broadcast together and placed as numpy places them) and
+        boolean masks with concrete values. Out-of-range entries of an index array are
+        clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
+        Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see
+        :mod:`ctrainstate._src.ops.slicing`)."""
+        return _upper('_slicing').getitem(self, idx)
+
+    @property
+    def at(self):
+        """Functional updates, as in jax: ``x.at[idx].set(v)``, ``.add(v)``,
+        ``.multiply(v)``, ``.divide(v)``, ``.get()`` for any index ``x[idx]`` takes (float32
+        Arrays; duplicate indices accumulate in add/multiply, the last value wins in set;
+        out-of-range index entries are dropped, as in jax)."""
+        return _upper('_slicing')._IndexUpdateHelper(self)
+
+    def __iter__(self):
+        if not self._shape:
+            raise TypeError("iteration over a 0-d Array")
+        raise TypeError("iterating over an Array is not supported (no slice ops): iterate "
+                        "over np.asarray(x) (gathers to the host)")
+
+    # --- host conversions and copies ---------------------------------------------------------
+    def tolist(self):
+        """The values as nested Python lists (gathers to the host, like ``jax.Array.tolist``)."""
+        return np.asarray(self).tolist()
+
+    def astype(self, dtype) -> "Array":
+        """A copy converted to ``dtype`` with the same sharding, on each device's own block
+        (nothing is gathered): :func:`ctrainstate.numpy.astype` (jax's conversion rules;
+        differentiable between float dtypes). An Array already of ``dtype`` is returned as
+        it is."""
+        return _upper('_ops').astype(self, dtype)
+
+    def conj(self) -> "Array":
+        """``jnp.conj(x)``: for the real dtypes ctrainstate stores, the Array itself."""
+        return _upper('_numpy_more').conj(self)
+
+    def conjugate(self) -> "Array":
+        """``jnp.conjugate(x)``: for real dtypes, the Array itself."""
+        return _upper('_numpy_more').conjugate(self)
+
+    @property
+    def real(self) -> "Array":
+        """``jnp.real(x)``: for real dtypes, the Array itself."""
+        return _upper('_numpy_more').real(self)
+
+    @property
+    def imag(self) -> "Array":
+        """``jnp.imag(x)``: for real dtypes, zeros with the Array's shape, dtype and
+        sharding.
+
+        >>> import numpy as np, ctrainstate as cts
+        >>> x = cts.device_put(np.float32([1, -2]))
+        >>> x.real.tolist(), x.imag.tolist(), x.conj().tolist()
+        ([1.0, -2.0], [0.0, 0.0], [1.0, -2.0])
+        """
+        return _upper('_numpy_more').imag(self)
+
+    def copy(self) -> "Array":
+        """A new Array with the same sharding and a copy of every block."""
+        return _upper('optim.base').copy_array(self)
+
+    def __copy__(self) -> "Array":
+        """``copy.copy``: :meth:`copy` (a new Array with the same sharding)."""
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> "Array":
+        """``copy.deepcopy``: :meth:`copy`, device to device (each device copies its own
+        block; nothing is gathered), so the copy keeps the sharding.
+
+        >>> import copy, numpy as np, ctrainstate as cts
+        >>> a = cts.device_put(np.float32([1, 2]))
+        >>> b = copy.deepcopy(a)
+        >>> b is not a and b.sharding == a.sharding and b.tolist() == [1.0, 2.0]
+        True
+        """
+        return self.copy()
+
+    def __reduce__(self):
+        """``pickle``: the values (gathered to the host, as ``np.asarray``) and a description
+        of the sharding by device ids. Unpickling places the values with that sharding when
+        this process has those devices; otherwise (a process with fewer devices) on the
+        first device, with a ``UserWarning`` naming the missing devices, as jax unpickles an
+        Array onto a single device.
+
+        >>> import pickle, numpy as np, ctrainstate as cts
+        >>> a = cts.device_put(np.float32([1, 2]))
+        >>> pickle.loads(pickle.dumps(a))
+        Array([1., 2.], dtype=float32)
+        """
+        self._check_alive()
+        return (_unpickle_array, (np.asarray(self), _sharding_state(self._sharding)))
+
+    def _repr_html_(self):
+        """The notebook view: the repr (values, dtype, sharding) and, for a 1-d or 2-d
+        Array on more than one device, a table of which devices hold which block."""
+        return _sharding_html(self)
+
+
+Array = _C.Array
+
+
+def _extend_array_type():
+    """Attach _ArrayMethods (with OperatorsMixin's methods) to the C type, once."""
+    ns: dict = {}
+    for klass in reversed(_ArrayMethods.__mro__[:-1]):
+        ns.update(vars(klass))
+    for name, v in ns.items():
+        f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+        if hasattr(f, "__qualname__") and getattr(f, "__module__", None) in (
+                __name__, "ctrainstate._src.array.operators"):
+            try:
+                f.__qualname__ = f"Array.{name}"
+            except (AttributeError, TypeError):
+                pass
+    _C.array_type_extend(ns)
+
+
+_extend_array_type()
+register_leaf_type(Array)
+
+def _sharding_state(s: Sharding):
+    """A sharding as plain data (device ids, axis names, spec) for pickling; None for a
+    sharding kind that has no such description (the value is then placed by default)."""
+    if isinstance(s, NamedSharding):
+        return ("named", s.mesh.device_ids.tolist(), tuple(s.mesh.axis_names), tuple(s.spec))
+    if isinstance(s, SingleDeviceSharding):
+        return ("single", s.device.id)
+    return None
+
+
+def _unpickle_array(host: np.ndarray, state) -> Array:
+    """Place the values of a pickled Array by ``state`` (see :meth:`Array.__reduce__`)."""
+    import warnings
+    if state is None:
+        return device_put(host, devices()[0])
+    kind, rest = state[0], state[1:]
+    ids = np.asarray(rest[0]).reshape(-1).tolist() if kind == "named" else [rest[0]]
+    known = {d.id for d in devices("cpu")} | {d.id for d in _gpu_devices()}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        warnings.warn(f"unpickling an Array that was on devices {ids}: this process has no "
+                      f"device {missing[0]} ({len(known)} devices); it is placed on "
+                      f"{devices()[0]!r} instead", UserWarning, stacklevel=2)
+        return device_put(host, devices()[0])
+    if kind == "single":
+        return device_put(host, _device_by_id(rest[0]))
+    id_grid, names, spec = rest
+    devs = np.empty(len(ids), dtype=object)
+    devs[:] = [_device_by_id(i) for i in ids]
+    mesh = Mesh(devs.reshape(np.shape(id_grid)), names)
+    return device_put(host, NamedSharding(mesh, PartitionSpec(*spec)))
+
+
+def _gpu_devices() -> list:
+    return [_by_id[i] for i in _ids("gpu")]
+
+
+def _scalar_text(v) -> str:
+    """A scalar as jax prints it, which is numpy's ``str`` of the scalar: float32 and float16
+    in shortest round-trip digits (0.9 for float32(0.9)), bfloat16 as ml_dtypes prints it
+    (6 significant digits: 0.100098 for bfloat16(0.1), 1 for 1.0)."""
+    if isinstance(v, (np.bool_, np.integer)):
+        return str(v.item())
+    return str(np.float32(v)) if v.dtype == np.float32 else str(v)
+
+
+def _py_scalar(v):
+    """A numpy scalar as a Python bool/int/float (bfloat16 included) for printing."""
+    if isinstance(v, (np.bool_, np.integer)):
+        return v.item()
+    return float(v)
+
+
+# --- device_put ------------------------------------------------------------------
+
+
+def _as_sharding(s) -> Sharding:
+    if s is None:
+        return default_sharding()
+    if isinstance(s, Sharding):
+        return s
+    if isinstance(s, Device):
+        return SingleDeviceSharding(s)
+    raise TypeError(
+        f"device_put: expected a NamedSharding, SingleDeviceSharding or Device, got "
+        f"{type(s).__name__}")
+
+
+def _alloc_blocks(shape, dtype, sharding):
+    shard_shape, layout, _ = sharding._layout(shape)
+    code = _dtypes.code(dtype)
+    return shard_shape, [
+        (dev, _C.Buffer(dev.id, shard_shape, code), start, rid) for dev, start, rid in layout
+    ]
+
+
+def _from_host(x: np.ndarray, sharding: Sharding) -> Array:
+    dtype = x.dtype
+    shard_shape, blocks = _alloc_blocks(x.shape, dtype, sharding)
+    if dtype == _dtypes.bool_:
+        x = x.view(np.uint8)
+    for _, buf, start, _ in blocks:
+        _C.copy_from_host(buf, x, start)
+    return Array._create(x.shape, dtype, sharding, blocks)
+
+
+def _reshard(a: Array, sharding: Sharding) -> Array:
+    a._check_alive()
+    shard_shape, blocks = _alloc_blocks(a.shape, a.dtype, sharding)
+    want = int(np.prod(shard_shape, dtype=np.int64))
+    sources = [(dev, buf, start) for dev, buf, start, rid in a._blocks if rid == 0]
+    for dev, buf, start, _ in blocks:
+        # Prefer a source block on the same device that covers ours: no cross-device traffic.
+        local = [s for s in a._blocks if s[0] is dev and all(
+            ss <= ds and ds + n <= ss + m
+            for ss, ds, n, m in zip(s[2], start, shard_shape, a._shard_shape))]
+        srcs = [(d, b, s) for d, b, s, _ in local[:1]] or sources
+        copied = 0
+        for _, sbuf, sstart in srcs:
+            copied += _C.copy_overlap(buf, start, sbuf, sstart)
+            if copied == want:
+                break
+        if copied != want:
+            raise RuntimeError(
+                f"internal error: resharding filled {copied} of {want} elements of a shard")
+    return Array._create(a.shape, a.dtype, sharding, blocks)
+
+
+def _spec_on_active_mesh(spec) -> NamedSharding:
+    mesh = get_mesh()
+    if mesh is None:
+        raise ValueError(f"device_put got {spec!r} with no active mesh: use it inside "
+                         f"`with set_mesh(mesh):` / `with mesh:`, or pass NamedSharding(mesh, spec)")
+    return NamedSharding(mesh, spec)
+
+
+def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool = False):
+    """Place ``x`` (numpy array, Python scalar, list, or Array) on devices.
+
+    ``sharding``: a :class:`NamedSharding`, a :class:`SingleDeviceSharding`, a
+    :class:`Device`, a :class:`PartitionSpec` (on the active mesh, ``with mesh:`` or
+    ``set_mesh``), or None — replicated over the active mesh, else the first
+    device (an Array with ``sharding=None`` is returned as is). An Array with a
+    new sharding is resharded device to device; each device allocates only its
+    block. Pytrees are placed leaf by leaf; as in ``jax.device_put``, ``sharding``
+    may also be a pytree of shardings that is a prefix of ``x``'s (one sharding per
+    leaf, or per subtree).
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> a = cts.device_put(np.ones((4, 2), np.float32))
+    >>> [s.index for s in a.addressable_shards]
+    [(slice(None, None, None), slice(None, None, None))]
+    >>> d = cts.devices()[0]
+    >>> t = cts.device_put({"a": np.zeros(2), "b": [np.ones(3), 1.0]}, {"a": d, "b": d})
+    >>> t["b"][0].shape, t["a"].devices() == {d}
+    ((3,), True)
+    """
+    if isinstance(sharding, PartitionSpec):
+        sharding = _spec_on_active_mesh(sharding)
+    if sharding is not None and not isinstance(sharding, (Sharding, Device)):
+        if not isinstance(sharding, (list, tuple, dict)) and not hasattr(sharding, "__dict__"):
+            raise TypeError(f"device_put: expected a NamedSharding, SingleDeviceSharding, Device "
+                            f"or a pytree of them, got {type(sharding).__name__}")
+        s_leaves, s_td = tree_flatten(
+            sharding, is_leaf=lambda v: v is None or isinstance(v, (Sharding, Device,
+                                                                   PartitionSpec)))
+        s_leaves = [_spec_on_active_mesh(v) if isinstance(v, PartitionSpec) else v
+                    for v in s_leaves]
+        for v in s_leaves:
+            if v is not None and not isinstance(v, (Sharding, Device)):
+                raise TypeError(f"device_put: a sharding tree holds a {type(v).__name__}, "
+                                f"not a sharding or device")
+        subtrees = _flatten_up_to(s_td, x)  # x's subtrees at the sharding tree's leaves
+        return tree_unflatten(s_td, [device_put(xs, sv, may_alias=may_alias, donate=donate)
+                                     for xs, sv in zip(subtrees, s_leaves)])
+    if isinstance(x, ShapeDtypeStruct) or (is_abstract() and isinstance(
+            x, (Array, np.ndarray, np.generic, int, float, bool))):
+        s = _as_sharding(sharding) if sharding is not None else getattr(x, "sharding", None)
+        if s is not None:
+            s.shard_shape(np.shape(x) if not isinstance(x, (ShapeDtypeStruct, Array)) else x.shape)
+        shape = x.shape if isinstance(x, (ShapeDtypeStruct, Array)) else np.shape(x)
+        dtype = x.dtype if isinstance(x, (ShapeDtypeStruct, Array)) else _dtypes.canonicalize(np.asarray(x).dtype)
+        return ShapeDtypeStruct(shape, dtype, s)
+    if not isinstance(x, (Array, np.ndarray, np.generic, int, float, bool)) and not (
+            isinstance(x, (list, tuple, dict)) and _is_numeric_list(x)):
+        leaves, _ = tree_flatten(x)
+        if not (len(leaves) == 1 and leaves[0] is x):
+            return tree_map(lambda leaf: device_put(leaf, sharding), x)  # pytrees of arrays
+        x = _foreign_array(x)   # a leaf of another type: a jax/torch array, a buffer
+    if isinstance(x, Array):
+        if sharding is None:
+            x._check_alive()
+            return x
+        s = _as_sharding(sharding)
+        if s == x.sharding:
+            x._check_alive()
+            return x
+        return _reshard(x, s)
+    s = _as_sharding(sharding)
+    arr = np.asarray(x)
+    check_python_ints(x, arr)
+    dtype = _dtypes.canonicalize(arr.dtype)
+    if arr.dtype != dtype:
+        arr = arr.astype(dtype)
+    return _from_host(arr, s)
+
+
+def _foreign_array(x) -> np.ndarray:
+    """A leaf that is neither an Array, numpy data nor a Python scalar, as a host array: a jax
+    or torch (CPU) array, anything with ``__array__`` or the buffer protocol."""
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"device_put: cannot place a {type(x).__name__} ({x!r:.40}): expected "
+                        f"an array, a Python scalar or a pytree of them")
+    try:
+        return np.asarray(x)
+    except Exception as e:
+        raise TypeError(f"device_put: cannot place a {type(x).__name__}: expected an array "
+                        f"(numpy, jax, torch, or with __array__ / the buffer protocol), a Python "
+                        f"scalar or a pytree of them ({e})") from None
+
+
+def check_python_ints(x, arr) -> None:
+    """Python ints (a scalar, or in lists / tuples; ``arr`` is ``np.asarray(x)``) that int32,
+    their dtype without x64, cannot hold raise OverflowError, as in jax; numpy int64 data is
+    narrowed as jax narrows it. Beyond int64 numpy holds them as objects."""
+    if isinstance(x, (bool, np.ndarray, np.generic)) or not isinstance(x, (int, list, tuple)):
+        return
+    if arr.dtype == object:
+        vals = [v for v in arr.flat if isinstance(v, int) and not isinstance(v, bool)]
+    elif arr.dtype.kind in "iu" and arr.size:
+        vals = arr[(arr < -2 ** 31) | (arr >= 2 ** 31)].tolist()
+    else:
+        return
+    bad = [v for v in vals if not -2 ** 31 <= v < 2 ** 31]
+    if bad:
+        raise OverflowError(f"Python int {bad[0]} too large to convert to int32")
+
+
+def from_dlpack(x, device=None) -> Array:
+    """An Array holding a copy of a DLPack tensor (numpy, torch, cupy, jax, ...).
+
+    CPU tensors go to ``device`` (default: the first device, or replicated over the
+    active mesh); CUDA tensors go to a device of the same GPU (the first logical
+    device of that GPU unless ``device`` is given), copied device to device.
+    """
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"from_dlpack needs an object with __dlpack__, got {type(x).__name__}")
+    dev_type, dev_id = x.__dlpack_device__()
+    if int(dev_type) in (1, 3):  # kDLCPU, kDLCUDAHost
+        return device_put(np.from_dlpack(x), device)
+    if int(dev_type) not in (2, 13):
+        raise ValueError(f"DLPack device type {dev_type} is not supported")
+    gpus = [d for d in _devices("gpu") if _C.device_ordinal(d.id) == int(dev_id)]
+    if device is None:
+        if not gpus:
+            raise ValueError(f"no ctrainstate device on GPU {dev_id}")
+        device = gpus[0]
+    if not isinstance(device, Device) or device.platform != "gpu":
+        raise ValueError("a CUDA tensor is imported onto a GPU device of the same GPU")
+    shape = tuple(int(s) for s in getattr(x, "shape"))
+    dtype = _dtypes.canonicalize(str(getattr(x, "dtype")).replace("torch.", ""))
+    buf = _C.Buffer(device.id, shape, _dtypes.code(dtype))
+    _C.dlpack_copy_into(buf, x.__dlpack__(stream=1))  # ordered after the producer's default stream
+    sharding = SingleDeviceSharding(device)
+    shard_shape, layout, _ = sharding._layout(shape)
+    return Array._create(shape, dtype, sharding, [(device, buf, layout[0][1], 0)])
+
+
+def _is_numeric_list(x):
+    return isinstance(x, list) and all(isinstance(v, (int, float, bool, list)) for v in x)
+
+
+def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
+                device_fill: bool = False) -> Array:
+    """Create an Array whose shards are written in place by ``fill(target, start, shard_shape)``.
+
+    The building block for sharded initialisers: each device's buffer is
+    allocated on that device and filled with its own block only. ``target`` is
+    the device's ``_C.Buffer`` on CPU devices, and on GPU devices too when
+    ``device_fill`` (``fill`` is a ``_C.random_fill``) and the device's backend
+    has a random kernel (``_C.random_on_device``); otherwise, on GPU devices, a
+    host numpy block of the shard's shape that is copied to the device afterwards.
+    """
+    dtype = _dtypes.canonicalize(dtype)
+    sharding = _as_sharding(sharding)
+    if is_abstract():
+        sharding.shard_shape(tuple(shape))  # validate
+        return ShapeDtypeStruct(shape, dtype, sharding)
+    shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
+    for dev, buf, start, _ in blocks:
+        if dev.platform == "cpu" or (device_fill and _C.random_on_device(buf)):
+            fill(buf, start, shard_shape)
+        else:  # devices without host-addressable memory: fill a host block, then copy it over
+            host = np.empty(shard_shape, dtype)
+            fill(host, start, shard_shape)
+            _C.copy_from_host(buf, host.view(np.uint8) if dtype == _dtypes.bool_ else host,
+                              (0,) * len(shard_shape))
+    return Array._create(tuple(shape), dtype, sharding, blocks)
+
+
+def device_get(tree):
+    """Every Array of ``tree`` gathered to a host ``numpy.ndarray`` (jax.device_get); other
+    leaves are returned as they are.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> cts.device_get({'w': cts.device_put(np.ones(2, np.float32)), 'step': 3})
+    {'step': 3, 'w': array([1., 1.], dtype=float32)}
+    """
+    return tree_map(lambda x: np.asarray(x) if isinstance(x, Array) else x, tree)
+
+
+def block_until_ready(tree):
+    """Wait for every Array in a pytree; returns the tree."""
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, Array):
+            leaf.block_until_ready()
+    return tree
+
+
+# --- visualisation -------------------------------------------------------------------
+
+
+def _grid(a, sharding=None):
+    """{row block: {column block: [devices]}} of an Array, or of a shape under ``sharding``."""
+    shape = tuple(a.shape) if sharding is None else tuple(a)
+    sharding = a.sharding if sharding is None else sharding
+    if len(shape) not in (1, 2):
+        raise ValueError(
+            f"visualize_array_sharding supports 1-d and 2-d arrays, got rank {len(shape)}")
+    shard_shape, layout, _ = sharding._layout(shape)
+    parts = sharding._dim_parts(len(shape))
+    rows = {}
+    for dev, start, _ in layout:
+        index = shard_index(start, shard_shape, parts)
+        # 1-d arrays are drawn as one row of column blocks, like jax; an unsplit dimension
+        # (slice(None)) is one block spanning it
+        r = index[0].indices(shape[0])[:2] if len(shape) == 2 else (0, 1)
+        c = index[-1].indices(shape[-1])[:2]
+        rows.setdefault(r, {}).setdefault(c, []).append(dev)
+    return rows
+
+
+def _label(devs):
+    plat = "CPU" if devs[0].platform == "cpu" else "GPU"
+    return f"{plat} " + ",".join(str(d.id) for d in sorted(devs, key=lambda d: d.id))
+
+
+def visualize_array_sharding(arr: Array, *, use_color: bool = False, scale: float = 1.0,
+                             min_width: int = 9, max_width: int = 80, color_map=None) -> None:
+    """Print a text grid of which devices hold which block of a 1-d or 2-d Array; returns
+    None, as ``jax.debug.visualize_array_sharding`` (a notebook shows the grid once).
+    ``use_color``, ``scale``, ``min_width``, ``max_width`` and ``color_map`` are jax's
+    keywords, accepted with no effect: the grid is plain text, one cell per block.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> cts.visualize_array_sharding(cts.device_put(np.zeros(4, np.float32)))
+    ┌───────┐
+    │ CPU 0 │
+    └───────┘
+    """
+    if not isinstance(arr, Array):
+        raise TypeError(f"visualize_array_sharding needs an Array, got {type(arr).__name__}")
+    arr._check_alive()
+    print(_grid_text(_grid(arr)))
+
+
+def visualize_sharding(shape, sharding, *, use_color: bool = False, scale: float = 1.0,
+                       min_width: int = 9, max_width: int = 80, color_map=None) -> None:
+    """``jax.debug.visualize_sharding``: the grid :func:`visualize_array_sharding` prints, for
+    an array of ``shape`` placed by ``sharding`` (nothing is allocated); returns None. The
+    keywords are jax's, with no effect (see :func:`visualize_array_sharding`).
+
+    >>> import ctrainstate as cts
+    >>> from ctrainstate import NamedSharding, P
+    >>> mesh = cts.make_mesh((1,), ('x',))
+    >>> cts.debug.visualize_sharding((4, 2), NamedSharding(mesh, P('x')))
+    ┌───────┐
+    │ CPU 0 │
+    └───────┘
+    """
+    if not isinstance(sharding, Sharding):
+        raise TypeError(f"visualize_sharding: sharding must be a Sharding, got "
+                        f"{type(sharding).__name__}")
+    shape = _dtypes.int_tuple(shape, "visualize_sharding: shape")
+    print(_grid_text(_grid(shape, sharding)))
+
+
+def _grid_text(rows) -> str:
+    row_keys = sorted(rows)
+    col_keys = sorted({c for r in rows.values() for c in r})
+    labels = [[_label(rows[r][c]) for c in col_keys] for r in row_keys]
+    width = max(len(lab) for line in labels for lab in line) + 2
+    ncol = len(col_keys)
+    top = "┌" + "┬".join("─" * width for _ in range(ncol)) + "┐"
+    mid = "├" + "┼".join("─" * width for _ in range(ncol)) + "┤"
+    bot = "└" + "┴".join("─" * width for _ in range(ncol)) + "┘"
+    lines = [top]
+    for i, line in enumerate(labels):
+        lines.append("│" + "│".join(lab.center(width) for lab in line) + "│")
+        lines.append(mid if i + 1 < len(labels) else bot)
+    return "\n".join(lines)
+
+
+def _sharding_html(a: Array) -> str:
+    head = html.escape(repr(a))
+    if a.is_deleted() or a.ndim not in (1, 2) or len(a._blocks) < 2:
+        return f"<pre>{head}</pre>"
+    rows = _grid(a)
+    col_keys = sorted({c for r in rows.values() for c in r})
+    body = []
+    for r in sorted(rows):
+        cells = "".join(
+            f"<td style='border:1px solid #888;padding:4px 10px;text-align:center'>"
+            f"{html.escape(_label(rows[r][c]))}</td>" for c in col_keys)
+        body.append(f"<tr>{cells}</tr>")
+    return (f"<div><pre>{head}</pre><table style='border-collapse:collapse'>"
+            f"{''.join(body)}</table></div>")
+
+
+from ..base.exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,0 +1,1 @@
+"""The autodiff layer: custom_vjp, jacobians, remat."""

@@ -1,0 +1,1 @@
+"""The base layer: dtypes, devices, config helpers, trace state, the hooks registry."""

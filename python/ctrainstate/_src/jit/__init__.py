@@ -1,0 +1,1 @@
+"""The jit layer."""

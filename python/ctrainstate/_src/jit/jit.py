@@ -1,0 +1,306 @@
+"""``jit`` / ``pjit`` with sharding arguments (mirror of ``jax.jit`` and the legacy
+``jax.experimental.pjit.pjit``), executed eagerly.
+
+ctrainstate runs ops eagerly, so there is nothing to compile: the wrappers place
+the inputs by ``in_shardings`` / ``in_axis_resources``, call the function (inside
+the active mesh), and place the outputs by ``out_shardings`` /
+``out_axis_resources``. Specs may be pytree prefixes of the arguments/outputs; a
+``PartitionSpec`` resolves against the active mesh (``with mesh:``); a box
+(``nn.Partitioned``) takes the spec of its value. Parameters created under
+``with mesh, axis_rules(rules):`` are already born sharded, so placing them by
+their own specs costs nothing; anything else is resharded device to device.
+Host outputs come back as Arrays; keywords jax accepts but that
+change nothing here are listed in :func:`jit`'s docstring, and unknown keywords raise
+``TypeError``.
+
+>>> import numpy as np, ctrainstate as cts
+>>> from ctrainstate import P
+>>> mesh = cts.make_mesh((1,), ('x',))
+>>> with mesh:
+...     y = cts.pjit(lambda a: a * 2.0, in_axis_resources=P('x'), out_axis_resources=P())(np.ones(4, np.float32))
+>>> y.sharding.spec
+PartitionSpec()
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+from ... import config as _config
+from ..base import tree_util
+from ..array.abstract import ShapeDtypeStruct
+from ..base.trace_state import jit_scope
+from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
+from ..base.devices import _normalize_backend
+
+__all__ = ["jit", "pjit"]
+
+
+def _is_spec_leaf(x) -> bool:
+    return x is None or isinstance(x, (PartitionSpec, Sharding))
+
+
+def _resolve(spec, *, none_means_replicated: bool, what: str):
+    if isinstance(spec, Sharding):
+        return spec
+    if spec is None and not none_means_replicated:
+        return None
+    mesh = get_mesh()
+    if mesh is None:
+        raise RuntimeError(
+            f"{what}: a PartitionSpec needs an active mesh: call inside `with mesh:` or pass "
+            f"NamedSharding objects")
+    return NamedSharding(mesh, PartitionSpec() if spec is None else spec)
+
+
+def _place(spec_tree, tree, *, none_means_replicated: bool, what: str):
+    if spec_tree is None and not none_means_replicated:
+        return tree
+
+    def put(spec, sub, prefix):
+        s = _resolve(spec, none_means_replicated=none_means_replicated, what=what)
+        if s is None:
+            return sub
+
+        def place(path, leaf):
+            if not (isinstance(leaf, (Array, ShapeDtypeStruct)) or _is_array_like(leaf)):
+                return leaf
+            try:
+                return device_put(leaf, s)
+            except ValueError as e:   # name the value in a tree that does not fit its spec
+                where = tree_util.keystr(prefix + tuple(path))
+                if not where:
+                    raise
+                raise ValueError(f"{where} (shape {tuple(leaf.shape)}, spec {s.spec}): "
+                                 f"{e}") from None
+        return tree_util.tree_map_with_path(place, sub)
+
+    s_items, s_td = tree_util.tree_flatten_with_path(spec_tree, is_leaf=_is_spec_leaf)
+    try:   # only a structure mismatch is reported as one (a placement error is its own)
+        subtrees = tree_util._flatten_up_to(s_td, tree)
+    except ValueError as e:
+        raise ValueError(f"{what}: the sharding tree does not match the values: {e}") from None
+    out = []
+    for (sp_path, sp), sub in zip(s_items, subtrees):
+        try:
+            out.append(put(sp, sub, tuple(sp_path)))
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+    return tree_util.tree_unflatten(s_td, out)
+
+
+def _is_array_like(x) -> bool:
+    import numpy as np
+    return isinstance(x, (np.ndarray, np.generic))
+
+
+def _to_arrays(tree):
+    """Host leaves of a function's outputs (numpy arrays and scalars, Python numbers) as
+    Arrays placed as ``device_put`` places them, as ``jax.jit`` returns ``jax.Array``s."""
+    def conv(leaf):
+        if _is_array_like(leaf) or (isinstance(leaf, (bool, int, float))):
+            return device_put(leaf)
+        return leaf
+    return tree_util.tree_map(conv, tree)
+
+
+def _argnums(value, what: str) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, bool) or not isinstance(value, (int, tuple, list)):
+        raise TypeError(f"jit: {what} must be an int or a sequence of ints, got "
+                        f"{type(value).__name__}")
+    vals = (value,) if isinstance(value, int) else tuple(value)
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"jit: {what} must be an int or a sequence of ints, got "
+                            f"{v!r} in {value!r}")
+    return vals
+
+
+def _argnames(value, what: str) -> tuple:
+    if value is None:
+        return ()
+    vals = (value,) if isinstance(value, str) else value
+    try:
+        vals = tuple(vals)
+    except TypeError:
+        raise TypeError(f"jit: {what} must be a str or a sequence of str, got "
+                        f"{type(value).__name__}") from None
+    for v in vals:
+        if not isinstance(v, str):
+            raise TypeError(f"jit: {what} must be a str or a sequence of str, got {v!r} in "
+                            f"{value!r}")
+    return vals
+
+
+def _positional_params(fun):
+    """(names of positional parameters, whether fun takes *args, whether it takes
+    **kwargs, all parameter names) or None when the signature is unknown."""
+    import inspect
+    try:
+        sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None
+    names, var, var_kw = [], False, False
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL:
+            var = True
+        elif p.kind == p.VAR_KEYWORD:
+            var_kw = True
+    return names, var, var_kw, set(sig.parameters)
+
+
+def _static_positions(fun, static_argnums, static_argnames) -> tuple:
+    """Positions of static arguments: ``static_argnums`` plus the positions of
+    ``static_argnames`` (jax infers one from the other through the signature)."""
+    nums = _argnums(static_argnums, "static_argnums")
+    names = _argnames(static_argnames, "static_argnames")
+    params = _positional_params(fun)
+    if params is None:
+        return nums
+    pos, var, var_kw, all_names = params
+    bad = set(names) - all_names
+    if bad and not var_kw:   # a function taking **kwargs takes any name, as in jax
+        raise ValueError(f"jit: static_argnames {sorted(bad)} are not parameters of "
+                         f"{getattr(fun, '__qualname__', fun)!r}")
+    if not var:
+        over = [i for i in nums if not -len(pos) <= i < len(pos)]
+        if over:
+            raise ValueError(f"jit: static_argnums={nums} but the function takes only "
+                             f"{len(pos)} positional arguments")
+    nums = tuple(i % len(pos) if i < 0 and pos else i for i in nums)
+    return tuple(sorted(set(nums) | {pos.index(n) for n in names if n in pos}))
+
+
+def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_replicated,
+          names):
+    if not callable(fun):
+        raise TypeError(f"{names[0].split()[0]}: expected a function, got "
+                        f"{type(fun).__name__}")
+    static = _static_positions(fun, static_argnums, static_argnames)
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        args = list(args)
+        dyn = [i for i in range(len(args)) if i not in static]
+        if in_specs is not None:
+            specs = in_specs
+            if type(specs) is not tuple:  # one spec (or prefix) for every argument
+                specs = (specs,) * len(dyn)
+            if len(specs) != len(dyn):
+                if len(specs) == len(args):  # specs given for every argument (jax allows None for statics)
+                    specs = tuple(s for i, s in enumerate(specs) if i not in static)
+                else:
+                    raise ValueError(
+                        f"{names[0]}: {len(specs)} input shardings for {len(dyn)} non-static "
+                        f"arguments")
+            for i, spec in zip(dyn, specs):
+                args[i] = _place(spec, args[i], none_means_replicated=none_means_replicated,
+                                 what=names[0])
+        if _config._values["jax_disable_jit"]:
+            out = fun(*args, **kwargs)
+        else:
+            with jit_scope():   # inside jit, a non-dividing sharding replicates that dimension
+                out = fun(*args, **kwargs)
+        if out_specs is not None:
+            out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])
+        return _to_arrays(out)
+
+    wrapped.lower = lambda *a, **k: wrapped  # `.lower(...).compile()` chains keep working
+    wrapped.compile = lambda *a, **k: wrapped
+    return wrapped
+
+
+# jax.jit keywords that change nothing here; accepted (and type-checked) so ported code runs.
+_NO_EFFECT = ("donate_argnums", "donate_argnames", "keep_unused", "device", "backend", "inline",
+              "abstracted_axes", "compiler_options")
+
+
+def _check_no_effect(who, donate_argnums, donate_argnames, keep_unused, device, backend,
+                     inline, compiler_options):
+    _argnums(donate_argnums, "donate_argnums")
+    _argnames(donate_argnames, "donate_argnames")
+    if backend is not None:
+        _normalize_backend(backend)
+    if compiler_options is not None and not isinstance(compiler_options, dict):
+        raise TypeError(f"{who}: compiler_options must be a dict, got "
+                        f"{type(compiler_options).__name__}")
+
+
+def jit(fun: Callable | None = None, in_shardings=None, out_shardings=None, *,
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+        device=None, backend: str | None = None, inline: bool = False,
+        abstracted_axes=None, compiler_options: dict | None = None) -> Callable:
+    """``jax.jit`` with shardings: ``None`` leaves a value where it is.
+
+    The function runs eagerly. Inputs are placed by ``in_shardings`` (positional,
+    non-static arguments), outputs by ``out_shardings``; host outputs (numpy arrays,
+    Python numbers) come back as :class:`Array` objects, as from ``jax.jit``.
+    ``static_argnums`` / ``static_argnames`` name arguments that are passed through
+    as they are (never placed); one is inferred from the other through the
+    function's signature, as in jax. ``jit(static_argnums=...)`` without a function
+    returns a decorator.
+
+    Accepted for compatibility, with no effect here: ``donate_argnums`` /
+    ``donate_argnames`` (``TrainState.apply_gradients`` already updates in place),
+    ``keep_unused``, ``device``, ``backend``, ``inline``, ``abstracted_axes``,
+    ``compiler_options``. Any other keyword raises ``TypeError``, as in jax.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> f = cts.jit(lambda x, n: x * n, static_argnames='n')
+    >>> y = f(np.float32([1, 2]), n=3)
+    >>> type(y).__name__, y.tolist()
+    ('Array', [3.0, 6.0])
+    """
+    if fun is None:
+        return functools.partial(
+            jit, in_shardings=in_shardings, out_shardings=out_shardings,
+            static_argnums=static_argnums, static_argnames=static_argnames,
+            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+            keep_unused=keep_unused, device=device, backend=backend, inline=inline,
+            abstracted_axes=abstracted_axes, compiler_options=compiler_options)
+    _check_no_effect("jit", donate_argnums, donate_argnames, keep_unused, device, backend,
+                     inline, compiler_options)
+    return _wrap(fun, in_shardings, out_shardings, static_argnums, static_argnames, False,
+                 ("jit in_shardings", "jit out_shardings"))
+
+
+def pjit(fun: Callable, in_axis_resources=None, out_axis_resources=None,
+         static_argnums: int | Sequence[int] | None = None,
+         donate_argnums: int | Sequence[int] | None = None, in_shardings=None,
+         out_shardings=None, *, static_argnames: str | Sequence[str] | None = None,
+         donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+         device=None, backend: str | None = None, inline: bool = False,
+         abstracted_axes=None, compiler_options: dict | None = None) -> Callable:
+    """Legacy ``pjit``: PartitionSpecs against the active mesh; ``None`` means replicated.
+
+    ``in_axis_resources`` / ``out_axis_resources`` are the legacy names of
+    ``in_shardings`` / ``out_shardings`` (give one of each pair). The other keywords are
+    those of :func:`jit`, with the same effect (or none); unknown keywords raise
+    ``TypeError``.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import P
+    >>> with cts.make_mesh((1,), ('x',)):
+    ...     y = cts.pjit(lambda a: a + 1, in_shardings=P('x'), out_shardings=P())(np.zeros(2))
+    >>> y.sharding.spec
+    PartitionSpec()
+    """
+    if in_axis_resources is not None and in_shardings is not None:
+        raise ValueError("pjit: give in_shardings or its legacy name in_axis_resources, not both")
+    if out_axis_resources is not None and out_shardings is not None:
+        raise ValueError("pjit: give out_shardings or its legacy name out_axis_resources, "
+                         "not both")
+    _check_no_effect("pjit", donate_argnums, donate_argnames, keep_unused, device, backend,
+                     inline, compiler_options)
+    ins = in_axis_resources if in_axis_resources is not None else in_shardings
+    outs = out_axis_resources if out_axis_resources is not None else out_shardings
+    return _wrap(fun, ins, outs, static_argnums, static_argnames, True,
+                 ("pjit in_axis_resources", "pjit out_axis_resources"))

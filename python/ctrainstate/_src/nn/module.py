@@ -1,0 +1,894 @@
+"""The implementation of :mod:`ctrainstate.nn.module` (which re-exports its API; the module
+docstring is there)."""
+from __future__ import annotations
+from ..base.hooks import provide as _provide
+_provide('nn.module', __name__)   # lower layers call into this module through _hooks.upper
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import inspect
+import threading
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ... import random as _random
+from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding, get_mesh
+from . import meta
+from . import spmd as _spmd
+from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
+from ...core import FrozenDict
+from .spmd import _replicate_uneven
+from .summary import tabulate
+
+__all__ = ["Module", "compact", "nowrap", "ModuleScope", "current_module", "fold_in_static",
+           "sharded_initializer"]
+
+
+# --- RNG derivation (Flax's LazyRng / _fold_in_static) ------------------------------------
+
+def fold_in_static(key, data) -> np.ndarray:
+    """Fold static data (str / int items) into ``key`` via the first 4 bytes of their SHA-1.
+
+    >>> from ctrainstate import random
+    >>> fold_in_static(random.PRNGKey(0), ()).tolist()
+    [0, 0]
+    """
+    if not data:
+        return np.asarray(key, dtype=np.uint32)
+    m = hashlib.sha1()
+    for x in data:
+        if isinstance(x, str):
+            m.update(x.encode("utf-8"))
+        elif isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            x = int(x)
+            m.update(x.to_bytes((x.bit_length() + 7) // 8, byteorder="big"))
+        else:
+            raise ValueError(f"Expected int or string, got: {x!r}")
+    h = int.from_bytes(m.digest()[:4], byteorder="big")
+    return _random.fold_in(key, h)
+
+
+class ModuleScope(Scope):
+    """A :class:`Scope` whose ``make_rng`` derives keys like Flax: per-scope counters."""
+
+    def __init__(self, variables=None, root_rngs=None, mutable=False, path=()):
+        super().__init__(variables, rngs=None, mutable=mutable, path=path)
+        self.root_rngs = dict(root_rngs or {})
+        self.rng_counters: dict = {k: 0 for k in self.root_rngs}
+        self.rngs = {k: None for k in self.root_rngs}  # for has-stream checks
+        self.initializing = False
+        # unbound modules adopted in this run, shared by the whole tree (Flax's per-root cache):
+        # id(user's instance) -> (instance, its bound clone), so one instance used twice is one
+        # submodule with one parameter set
+        self.adopted: dict = {}
+
+
+    def push(self, name: str) -> "ModuleScope":
+        if name not in self._children:
+            child = ModuleScope(self._variables, self.root_rngs, self.mutable,
+                                self.path + (name,))
+            child.initializing = self.initializing
+            child.adopted = self.adopted
+            self._children[name] = child
+        return self._children[name]
+
+    def has_rng(self, name: str) -> bool:
+        return name in self.root_rngs
+
+    def make_rng(self, name: str = "params"):
+        if name not in self.root_rngs:
+            if "params" in self.root_rngs:
+                name = "params"
+            else:
+                raise ValueError(
+                    f'No RNG stream "{name}" in scope "{self.path_text}"; pass rngs={{"{name}": key}}'
+                    f" to init/apply")
+        self.rng_counters[name] = self.rng_counters.get(name, 0) + 1
+        return fold_in_static(self.root_rngs[name], self.path + (self.rng_counters[name],))
+
+
+# --- binding state ----------------------------------------------------------------------------
+
+_ctx = threading.local()
+
+
+def _module_stack() -> list:
+    s = getattr(_ctx, "stack", None)
+    if s is None:
+        s = _ctx.stack = []
+    return s
+
+
+def _map_modules(v, fn):
+    """``v`` with every Module inside its dicts, lists and tuples (namedtuples included)
+    replaced by ``fn(module)``; the containers are rebuilt with their own types (a dict
+    subclass that cannot be built from a dict becomes a dict)."""
+    if isinstance(v, Module):
+        return fn(v)
+    if isinstance(v, dict):
+        d = {k: _map_modules(x, fn) for k, x in v.items()}
+        try:
+            return d if type(v) is dict else type(v)(d)
+        except TypeError:
+            return d
+    if isinstance(v, (list, tuple)):
+        items = [_map_modules(x, fn) for x in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+    return v
+
+
+class _Frame:
+    """A module method being executed: where new submodules attach."""
+
+    def __init__(self, module: "Module", compact: bool):
+        self.module = module
+        self.compact = compact
+
+
+def current_module() -> "Module | None":
+    """The module whose method is executing on this thread (innermost), or None."""
+    stack = _module_stack()
+    return stack[-1].module if stack else None
+
+
+def compact(fn: Callable) -> Callable:
+    """Mark a method whose body may create submodules and params inline (``@nn.compact``)."""
+    fn._ct_compact = True
+    return fn
+
+
+def nowrap(fn: Callable) -> Callable:
+    """Leave a method unwrapped (``@nn.nowrap``, Flax's): it runs in its caller's context, so
+    a helper that builds submodules makes them for the method (setup / @compact) calling it.
+
+    >>> import numpy as np
+    >>> from ctrainstate import nn, random
+    >>> class M(nn.Module):
+    ...     @nn.nowrap
+    ...     def make(self, n):
+    ...         return nn.Dense(n)
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return self.make(2)(x)
+    >>> sorted(M().init(random.PRNGKey(0), np.ones((1, 3), np.float32))['params'])
+    ['Dense_0']
+    """
+    fn._ct_nowrap = True
+    return fn
+
+
+def _require_bound(module, hint: str = "call it through .init(...) or .apply(...) (or from "
+                                        "another module's method)") -> None:
+    """Raise the unbound-module error (``hint``: what the user should do) if ``module`` has
+    no scope."""
+    if module._scope is None:
+        raise RuntimeError(f"{type(module).__name__} is unbound: {hint}")
+
+
+def _wrap_method(fn: Callable) -> Callable:
+    """Run a user method with the module's frame active (so submodules attach to it)."""
+    if getattr(fn, "_ct_wrapped", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(self, *args, **kwargs):
+        orphan = self.__dict__.get("_orphan_of")
+        if orphan is not None and self._scope is None:
+            _require_bound(self, f"submodules must be defined in `setup()` or in a method "
+                                 f"wrapped in `@compact`; this one was created in another "
+                                 f"method of {orphan}")
+        _require_bound(self)
+        self._try_setup()
+        is_compact = getattr(fn, "_ct_compact", False)
+        stack = _module_stack()
+        if is_compact and not any(f.module is self for f in stack):
+            # A new call of this module: auto names restart and its names may be declared
+            # again (so a module called twice reuses its submodules and params, as in Flax).
+            object.__setattr__(self, "_auto_counts", {})
+            object.__setattr__(self, "_call_names", set(self._field_names) | self._setup_names)
+            self._scope._reserved.clear()
+            self._scope._reserved.update(self._setup_reserved)   # setup()'s params stay taken
+        stack.append(_Frame(self, is_compact))
+        recorders = getattr(_ctx, "recorders", None)
+        call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
+        try:
+            out = fn(self, *args, **kwargs)
+            if call is not None:
+                call.outputs = out     # nn.tabulate's outputs column
+            capture = _capture_stack()
+            if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
+                # apply(..., capture_intermediates=...): the method's return value, sown as
+                # Flax does (a tuple per method name, one entry per call)
+                self.sow("intermediates", fn.__name__, out)
+            return out
+        finally:
+            stack.pop()
+    wrapped._ct_wrapped = True
+    return wrapped
+
+
+@contextlib.contextmanager
+def _recording(recorder):
+    """Within: every wrapped module method call on this thread is reported to ``recorder``
+    (``enter(module, method_name, args, kwargs)`` returns the record; its ``outputs`` is set
+    on return). Used by :func:`ctrainstate.nn.tabulate`."""
+    stack = getattr(_ctx, "recorders", None)
+    if stack is None:
+        stack = _ctx.recorders = []
+    stack.append(recorder)
+    try:
+        yield recorder
+    finally:
+        stack.pop()
+
+
+def _capture_stack() -> list:
+    """Filters of the capture_intermediates runs on this thread (innermost last)."""
+    s = getattr(_ctx, "capture", None)
+    if s is None:
+        s = _ctx.capture = []
+    return s
+
+
+def _capture_filter(capture_intermediates):
+    """Flax's capture_intermediates: False, True (every ``__call__``), or a function of
+    ``(module, method_name)`` choosing which return values are kept."""
+    if capture_intermediates is False or capture_intermediates is None:
+        return None
+    if capture_intermediates is True:
+        return lambda mdl, method_name: method_name == "__call__"
+    if callable(capture_intermediates):
+        return capture_intermediates
+    raise TypeError(f"capture_intermediates must be a bool or a function (module, method_name) "
+                    f"-> bool, got {type(capture_intermediates).__name__}")
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def _detached():
+    """Construct modules as if no module method were running: they attach to no parent (a
+    free module, adopted where it is passed or assigned, as Flax's ``parent=None``)."""
+    stack = _module_stack()
+    saved = list(stack)
+    stack.clear()
+    try:
+        yield
+    finally:
+        stack.extend(saved)
+
+
+def _accept_parent(init: Callable) -> Callable:
+    """The dataclass ``__init__`` taking Flax's keyword ``parent``: ``parent=None`` makes a
+    free (unbound) module even inside ``setup()`` or an ``@compact`` method."""
+    @functools.wraps(init)
+    def __init__(self, *args, parent=_UNSET, **kwargs):
+        if parent is _UNSET:
+            return init(self, *args, **kwargs)
+        if parent is not None:
+            raise TypeError(f"{type(self).__name__}(parent={type(parent).__name__}): only "
+                            f"parent=None (a free module) is supported; a module created in "
+                            f"setup() or an @compact method gets its parent by itself")
+        with _detached():
+            init(self, *args, **kwargs)
+    return __init__
+
+
+_RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
+             "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
+             "is_initializing", "bind"}
+
+
+class Module:
+    """Base class of modules; subclasses are dataclasses (see the module docstring)."""
+
+    name: str | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        ann = cls.__dict__.get("__annotations__", {})
+        for f in ann:
+            if f in _RESERVED and f != "name":
+                raise TypeError(f"{cls.__name__}.{f}: '{f}' is a reserved Module attribute")
+        # wrap user methods so submodules created inside attach to this module
+        for k, v in list(cls.__dict__.items()):
+            if k in ann or (k.startswith("__") and k != "__call__"):
+                continue  # field defaults (e.g. kernel_init) are values, not methods
+            if getattr(v, "_ct_nowrap", False):
+                continue
+            if inspect.isfunction(v) and k not in ("setup",) and not k.startswith("_"):
+                setattr(cls, k, _wrap_method(v))
+            elif k == "__call__" and inspect.isfunction(v):
+                setattr(cls, k, _wrap_method(v))
+        # `name` is keyword-only so positional fields work in subclasses of subclasses
+        if "name" in ann:
+            ann = {k: v for k, v in ann.items() if k != "name"}
+        cls.__annotations__ = {**ann, "name": "str | None"}
+        cls.name = dataclasses.field(default=None, kw_only=True)
+        dataclasses.dataclass(cls, eq=False, repr=False)
+        cls.__setattr__ = Module.__setattr__  # keep our setattr after dataclass
+        cls.__init__ = _accept_parent(cls.__init__)
+
+    # dataclass calls __post_init__ after field assignment
+    def __post_init__(self):
+        object.__setattr__(self, "_scope", None)
+        object.__setattr__(self, "_parent", None)
+        object.__setattr__(self, "_setup_done", False)
+        object.__setattr__(self, "_in_setup", False)
+        object.__setattr__(self, "_auto_counts", {})
+        object.__setattr__(self, "_call_names", set())
+        object.__setattr__(self, "_field_names", ())
+        object.__setattr__(self, "_setup_names", set())   # submodules setup() defined
+        object.__setattr__(self, "_setup_reserved", set())  # and its variables' reservations
+        object.__setattr__(self, "_fields_adopted", False)
+        object.__setattr__(self, "_children", {})
+        if self.name is not None and not isinstance(self.name, str):
+            raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
+        stack = _module_stack()
+        if stack:
+            frame = stack[-1]
+            parent = frame.module
+            if frame.compact or any(f.compact and f.module is parent for f in stack):
+                # in an @compact method, or in a helper method it calls on the same module
+                # (Flax: the parent is still in its compact method)
+                parent._attach(self, self.name)
+            elif parent._in_setup:
+                object.__setattr__(self, "_parent", parent)  # named on attribute assignment
+            else:
+                # created in another method: it stays unbound, and calling it says why (Flax
+                # raises AssignSubModuleError here)
+                object.__setattr__(self, "_orphan_of", type(parent).__name__)
+
+    def __setattr__(self, key, value):
+        if getattr(self, "_scope", None) is not None and not getattr(self, "_in_setup", False) \
+                and not key.startswith("_"):
+            raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
+        if getattr(self, "_in_setup", False) and not key.startswith("_"):
+            field = type(self).__dataclass_fields__.get(key)
+            if field is not None and field.init:
+                # Flax's SetAttributeInModuleSetupError: a field is the module's hyperparameter
+                raise AttributeError(f"{type(self).__name__}.{key}: module construction "
+                                     f"attributes are frozen; pass {key}= when constructing "
+                                     f"the module instead of setting it in setup()")
+            value = _freeze_attr(self._adopt(key, value))
+        object.__setattr__(self, key, value)
+
+    # --- tree position -----------------------------------------------------------------------
+    def _attach(self, child: "Module", name: str | None):
+        if name is None:
+            cls = type(child).__name__
+            n = self._auto_counts.get(cls, 0)
+            self._auto_counts[cls] = n + 1
+            name = f"{cls}_{n}"
+        if name in self._call_names:
+            raise NameInUseError(
+                f'A submodule named "{name}" already exists in "{self._scope.path_text}"; '
+                f"give submodules distinct names")
+        self._scope.check_submodule_name(name)
+        self._call_names.add(name)
+        if self._in_setup:
+            self._setup_names.add(name)   # an @compact call may not reuse it
+        object.__setattr__(child, "name", name)
+        object.__setattr__(child, "_parent", self)
+        scope = self._scope.push(name)
+        # a new instance at this path (the submodule re-created by a later call of this
+        # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
+        # object is kept for its RNG counters
+        scope._reserved.clear()
+        object.__setattr__(child, "_scope", scope)
+        self._children[name] = child
+        child._adopt_fields()  # eagerly, as Flax registers a bound module's field submodules
+
+    # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
+    def _adopt(self, name: str, value):
+        """Bind the unbound modules in ``value`` (a module, or lists, tuples and dicts of them,
+        nested) as children of this module, named as Flax names them: ``name`` for a module,
+        ``name_<key>_<key>...`` for one inside containers (``layers_0``, ``blocks_1_0``,
+        ``table_a``), adopted in the order of those keys sorted as strings. Returns ``value``
+        with each adopted module replaced by its bound child.
+
+        A module created by this module's ``setup()`` is bound itself; any other (passed from
+        outside) is cloned, so the user's instance stays unbound and can be passed to several
+        parents or calls. One instance met twice in one ``init``/``apply`` (``Sequential([d,
+        d])``, ``W(a=d, b=d)``) is adopted once, at its first place, and shared: one submodule,
+        one parameter set, as in Flax."""
+        leaves = []
+
+        def walk(v, path):
+            if isinstance(v, Module):
+                leaves.append((path, v))
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    walk(x, path + (str(k),))
+            elif isinstance(v, (list, tuple)):
+                keys = v._fields if hasattr(v, "_fields") else range(len(v))
+                for k, x in zip(keys, v):
+                    walk(x, path + (str(k),))
+
+        walk(value, ())
+        if not any(m._scope is None for _, m in leaves):
+            return value
+        cache = getattr(self._scope, "adopted", None)
+        if cache is None:
+            cache = {}
+        new = {}
+        for path, m in sorted(leaves, key=lambda t: t[0]):
+            if m._scope is not None:
+                continue
+            if m._parent is self and self._in_setup:
+                child = m             # created by this setup(): bind it, as Flax does
+                if m.name is not None:
+                    self._attach(child, m.name)
+                    cache[id(m)] = (m, child)
+                    new[id(m)] = child
+                    continue
+            elif id(m) in cache:
+                new[id(m)] = cache[id(m)][1]
+                continue
+            else:
+                child = m._unbound_clone()
+            self._attach(child, "_".join((name,) + path))
+            cache[id(m)] = (m, child)
+            new[id(m)] = child
+
+        return _map_modules(value, lambda v: new.get(id(v), v))
+
+    def _adopt_fields(self):
+        """Adopt the unbound modules held by dataclass fields (see :meth:`_adopt`: ``inner``,
+        ``layers_0``, ``blocks_1_0``, ``table_a``), once, when the module is bound."""
+        if self._fields_adopted:
+            return
+        object.__setattr__(self, "_fields_adopted", True)
+        before = set(self._children)
+        for f in dataclasses.fields(self):
+            if f.name == "name":
+                continue
+            v = getattr(self, f.name)
+            nv = _freeze_attr(self._adopt(f.name, v))
+            if nv is not v:
+                object.__setattr__(self, f.name, nv)
+        object.__setattr__(self, "_field_names",
+                           tuple(n for n in self._children if n not in before))
+
+    def _unbound_clone(self) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        with _detached():  # a free clone: it must not attach to the module being set up
+            return type(self)(**fields)
+
+    def clone(self, *, parent=None, **updates) -> "Module":
+        """A free copy of this module with ``updates`` to its fields (Flax's ``clone``): no
+        parent (``parent=None``, the only parent supported), so it is unbound until passed to
+        ``init``/``apply``/``bind`` or adopted by a module. Submodules among the fields that
+        are bound are copied free too (one copy per instance).
+
+        >>> from ctrainstate import nn
+        >>> d = nn.Dense(3, use_bias=False).clone(features=4)
+        >>> d.features, d.use_bias, d.scope is None
+        (4, False, True)
+        """
+        if parent is not None:
+            raise TypeError(f"{type(self).__name__}.clone(parent=...): only parent=None (a "
+                            f"free module) is supported")
+        with _detached():
+            return self._copy_with(updates)
+
+    def copy(self, *, parent=_UNSET, name=None, **updates) -> "Module":
+        """A copy with ``updates`` (Flax's ``copy``): ``name`` reset (``None``: an auto name),
+        and created where it is called, so inside an ``@compact`` method it is a new
+        submodule of that module (``parent=None``: a free module, as :meth:`clone`)."""
+        if parent is _UNSET:
+            return self._copy_with({**updates, "name": name})
+        return self.clone(parent=parent, name=name, **updates)
+
+    def _copy_with(self, updates: dict) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        fields.update(updates)
+        cache: dict = {}
+
+        def free(v):
+            if v._scope is None:
+                return v
+            if id(v) not in cache:
+                cache[id(v)] = v.clone()
+            return cache[id(v)]
+
+        return type(self)(**{k: _map_modules(v, free) for k, v in fields.items()})
+
+    def unbind(self) -> "tuple[Module, dict]":
+        """``(a free copy without its name, its variables)`` of a bound module (Flax's
+        ``unbind``), e.g. a submodule defined in ``setup()`` taken out of ``model.bind(v)``."""
+        if self._scope is None:
+            raise ValueError(f"{type(self).__name__}.unbind: the module is not bound (bind "
+                             f"it with .bind(variables) first)")
+        return self.clone(name=None), self.variables
+
+    def _try_setup(self):
+        if self._setup_done:
+            return
+        self._adopt_fields()
+        object.__setattr__(self, "_setup_done", True)
+        object.__setattr__(self, "_in_setup", True)
+        stack = _module_stack()
+        stack.append(_Frame(self, False))
+        try:
+            self.setup()
+        finally:
+            stack.pop()
+            object.__setattr__(self, "_in_setup", False)
+            object.__setattr__(self, "_setup_reserved", set(self._scope._reserved))
+
+    def setup(self):
+        """Override to define submodules and params lazily (called once, when first used)."""
+
+    def __getattr__(self, item):
+        # setup-defined attributes are created lazily on first access
+        if not item.startswith("_") and self.__dict__.get("_scope") is not None \
+                and not self.__dict__.get("_setup_done", True):
+            self._try_setup()
+            try:
+                return object.__getattribute__(self, item)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{item}'")
+
+    # --- variables ---------------------------------------------------------------------------
+    @property
+    def scope(self) -> ModuleScope:
+        return self._scope
+
+    @property
+    def parent(self) -> "Module | None":
+        """The module this one is a submodule of (None for a root or a free module)."""
+        return self._parent
+
+    @property
+    def path(self) -> tuple:
+        return self._scope.path if self._scope is not None else ()
+
+    def _need_scope(self, what):
+        if self._scope is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: the module is unbound; use "
+                               f".init(...) or .apply(...)")
+        return self._scope
+
+    def _check_declaring(self, what: str) -> None:
+        """Flax's rule: variables are declared in ``setup()`` or while the module is in an
+        ``@compact`` method (a helper it calls included), not in another method."""
+        if self._in_setup or any(f.compact and f.module is self for f in _module_stack()):
+            return
+        raise ValueError(f"{what} must be initialized in `setup()` or in a method wrapped in "
+                         f"`@compact` ({type(self).__name__} at {self._scope.path_text})")
+
+    def param(self, name: str, init_fn: Callable, *init_args, unbox: bool = True, **init_kwargs):
+        """Declare/fetch a parameter (``init_fn(key, *init_args)`` on init).
+
+        The value becomes an Array: a sharded one when ``init_fn`` returns a box
+        (``with_partitioning``/``with_logical_partitioning``) under an active mesh, else
+        replicated over the active mesh or on the default device.
+        """
+        scope = self._need_scope("param")
+        self._check_declaring("Parameters")
+        if _spmd._strict.rules is None:
+            return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+        with _spmd._declaring(f"parameter {'/'.join(tuple(scope.path) + (name,))!r}"):
+            return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
+
+    def variable(self, col: str, name: str, init_fn: Callable | None = None, *init_args,
+                 unbox: bool = True, **init_kwargs):
+        scope = self._need_scope("variable")
+        self._check_declaring("Variables")
+        return scope.variable(col, name, init_fn, *init_args, unbox=unbox, **init_kwargs)
+
+    def has_variable(self, col: str, name: str) -> bool:
+        return self._need_scope("has_variable").has_variable(col, name)
+
+    def get_variable(self, col: str, name: str, default=None):
+        """The value of variable ``col/name`` of this module, or ``default`` (Flax's)."""
+        return self._need_scope("get_variable").get_variable(col, name, default)
+
+    def put_variable(self, col: str, name: str, value) -> None:
+        """Set variable ``col/name`` of this module; its collection must be mutable."""
+        self._need_scope("put_variable").put_variable(col, name, value)
+
+    def has_rng(self, name: str) -> bool:
+        """Whether an RNG stream ``name`` was given to ``init``/``apply`` (Flax's)."""
+        return self._need_scope("has_rng").has_rng(name)
+
+    def is_mutable_collection(self, col: str) -> bool:
+        return self._need_scope("is_mutable_collection").is_mutable_collection(col)
+
+    def sow(self, col: str, name: str, value, reduce_fn=lambda xs, x: xs + (x,), init_fn=lambda: ()):
+        return self._need_scope("sow").sow(col, name, value, reduce_fn, init_fn)
+
+    def make_rng(self, name: str = "params"):
+        return self._need_scope("make_rng").make_rng(name)
+
+    def is_initializing(self) -> bool:
+        """True while the module runs under ``init``/``init_with_output`` (flax's
+        ``Module.is_initializing``)."""
+        return bool(getattr(self._need_scope("is_initializing"), "initializing", False))
+
+    @property
+    def variables(self) -> dict:
+        return self._need_scope("variables").variables()
+
+    # --- entry points --------------------------------------------------------------------------
+    def _clone_bound(self, scope: ModuleScope) -> "Module":
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        stack = _module_stack()
+        saved = list(stack)
+        stack.clear()  # the clone is a root: it must not attach to a caller's module
+        try:
+            m = type(self)(**fields)
+        finally:
+            stack.extend(saved)
+        object.__setattr__(m, "_scope", scope)
+        return m
+
+    def _run(self, variables, rngs, mutable, method, args, kwargs, initializing=False,
+             capture=None):
+        if rngs is not None and not isinstance(rngs, dict):
+            rngs = {"params": rngs}
+        root_rngs = {}
+        for k, v in (rngs or {}).items():
+            key = np.asarray(v)
+            if key.shape != (2,):
+                raise TypeError(f"rngs['{k}'] must be a PRNG key (uint32[2]); got shape {key.shape}")
+            root_rngs[k] = key.astype(np.uint32)
+        scope = ModuleScope(variables, root_rngs, mutable)
+        scope.initializing = initializing
+        bound = self._clone_bound(scope)
+        fn = method if method is not None else type(bound).__call__
+        if isinstance(fn, str):
+            fn = getattr(type(bound), fn)
+        elif inspect.ismethod(fn) and isinstance(fn.__self__, Module):
+            fn = fn.__func__   # method=model.encode: run it on the bound clone, as Flax does
+        stack = _capture_stack()
+        stack.append(capture)
+        try:
+            with scope:
+                out = fn(bound, *args, **kwargs)
+        finally:
+            stack.pop()
+        return out, scope.variables()
+
+    def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
+                         capture_intermediates=False, **kwargs):
+        """``(output, variables)`` of running the model with fresh variables."""
+        check_filter(mutable, "init: mutable")
+        capture = _capture_filter(capture_intermediates)
+        if capture is not None:
+            mutable = union_filters(mutable, "intermediates")
+        out, variables = self._run({}, rngs, mutable, method, args, kwargs, initializing=True,
+                                   capture=capture)
+        return out, {k: v for k, v in variables.items() if in_filter(mutable, k)}
+
+    def init(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
+             capture_intermediates=False, **kwargs) -> dict:
+        """Create the variables: ``{'params': ..., 'params_axes': ..., ...}``.
+
+        ``rngs`` is a key (the ``'params'`` stream) or ``{'params': key, 'dropout': key}``.
+        As in Flax, every collection is mutable except ``'intermediates'`` (values sown
+        there during init are dropped; pass ``mutable=True`` to keep them).
+        ``capture_intermediates``: as :meth:`apply`'s.
+        """
+        return self.init_with_output(rngs, *args, method=method, mutable=mutable,
+                                     capture_intermediates=capture_intermediates, **kwargs)[1]
+
+    def apply(self, variables: dict, *args, rngs=None, method=None, mutable=False,
+              capture_intermediates=False, **kwargs):
+        """Run the model with ``variables``; with ``mutable`` also return the updated ones.
+
+        ``capture_intermediates`` (Flax's): ``True`` sows the return value of every module's
+        ``__call__`` into ``'intermediates'`` under the name ``'__call__'`` (a tuple, one
+        entry per call), a function ``(module, method_name) -> bool`` chooses the methods
+        instead; ``'intermediates'`` is then mutable, so the result is ``(output, variables)``.
+        """
+        if not isinstance(variables, dict):
+            raise TypeError(f"apply: variables must be a dict of collections, got {type(variables).__name__}")
+        check_filter(mutable, "apply: mutable")
+        capture = _capture_filter(capture_intermediates)
+        if capture is not None:
+            mutable = union_filters(mutable, "intermediates")
+        vs = {k: _copy_tree(v) for k, v in variables.items()}
+        out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs, capture=capture)
+        if mutable is False:
+            return out
+        keep = {k: v for k, v in new_vars.items() if in_filter(mutable, k)}
+        return out, keep
+
+    def bind(self, variables: dict, *args, rngs=None, mutable=False) -> "Module":
+        """A copy of this module bound to ``variables`` (flax's ``Module.bind``): its
+        methods can be called directly, e.g. ``model.bind({'params': p}).encode(x)``."""
+        if not isinstance(variables, dict):
+            raise TypeError(f"bind: variables must be a dict of collections, got "
+                            f"{type(variables).__name__}")
+        check_filter(mutable, "bind: mutable")
+        if rngs is not None and not isinstance(rngs, dict):
+            rngs = {"params": rngs}
+        root_rngs = {k: np.asarray(v).astype(np.uint32) for k, v in (rngs or {}).items()}
+        scope = ModuleScope({k: _copy_tree(v) for k, v in variables.items()}, root_rngs, mutable)
+        return self._clone_bound(scope)
+
+    def __repr__(self):
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                           if f.name != "name")
+        return f"{type(self).__name__}({fields})"
+
+    def tabulate(self, rngs, *args, depth=None, show_repeated=False, mutable=None,
+                 console_kwargs=None, table_kwargs=None, column_kwargs=None,
+                 compute_flops=False, compute_vjp_flops=False, **kwargs) -> str:
+        """Flax's ``Module.tabulate``: the summary table of ``self.init(rngs, *args,
+        **kwargs)`` as a string (:func:`ctrainstate.nn.tabulate`: the module calls, their
+        inputs and outputs, each module's variables and Flax's parameter counts).
+
+        >>> import numpy as np
+        >>> from ctrainstate import nn, random
+        >>> print(nn.Dense(3).tabulate(random.PRNGKey(0), np.ones((2, 4), np.float32)).strip().splitlines()[-1].strip())
+        Total Parameters: 15 (60 B)
+        """
+        return tabulate(self, rngs, depth=depth, show_repeated=show_repeated, mutable=mutable,
+                        console_kwargs=console_kwargs, table_kwargs=table_kwargs,
+                        column_kwargs=column_kwargs, compute_flops=compute_flops,
+                        compute_vjp_flops=compute_vjp_flops)(*args, **kwargs)
+
+    # --- equality and hashing: Flax's dataclass semantics ------------------------------------
+    def _eq_key(self) -> tuple:
+        """What two modules of one class are compared and hashed by, as Flax's dataclasses:
+        every field (``name`` included) and the parent module. The parent counts by identity
+        (Flax compares it as a field, which recurses without end between a parent and the
+        children among its fields); it is the same object for siblings anyway."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self)) + (
+            _Identity(self._parent),)
+
+    def __eq__(self, other):
+        """Flax's: modules of the same class with equal fields (hyperparameters and ``name``)
+        and the same parent are equal, so ``nn.Dense(3) == nn.Dense(3)`` and a module equals
+        its ``clone()``; two submodules of one parent differ by their names.
+
+        >>> from ctrainstate import nn
+        >>> nn.Dense(3) == nn.Dense(3), nn.Dense(3) == nn.Dense(4), nn.Dense(3).clone() == nn.Dense(3)
+        (True, False, True)
+        """
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._eq_key() == other._eq_key()
+
+    def __hash__(self):
+        """The hash of :meth:`__eq__`'s key (Flax's ``unsafe_hash``), so modules can be the
+        static arguments of ``jit`` or dictionary keys; a module holding an unhashable
+        attribute (a list, an array) raises ``TypeError`` saying which."""
+        key = self._eq_key()
+        try:
+            return hash(key)
+        except TypeError:
+            names = [f.name for f in dataclasses.fields(self)] + ["parent"]
+            bad = []
+            for n, v in zip(names, key):
+                try:
+                    hash(v)
+                except TypeError:
+                    bad.append(f"{n} ({type(v).__name__})")
+            raise TypeError(f"Failed to hash {type(self).__name__}: its attribute(s) "
+                            f"{', '.join(bad)} are unhashable; pass tuples instead of lists, "
+                            f"or leave the module out of static arguments") from None
+
+
+class _Identity:
+    """A value that compares and hashes by the identity of what it holds."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def _freeze_attr(val):
+    """A bound module's attribute as Flax keeps it (``_freeze_attr``): lists become tuples and
+    dicts ``FrozenDict``, recursively (namedtuples and PartitionSpecs keep their type)."""
+    if isinstance(val, dict):
+        return FrozenDict({k: _freeze_attr(v) for k, v in val.items()})
+    if isinstance(val, tuple):
+        if hasattr(val, "_fields") or type(val).__name__ == "PartitionSpec":
+            return type(val)(*[_freeze_attr(v) for v in val])
+        return tuple(_freeze_attr(v) for v in val)
+    if isinstance(val, list):
+        return tuple(_freeze_attr(v) for v in val)
+    return val
+
+
+def _copy_tree(d):
+    if isinstance(d, dict):
+        return {k: _copy_tree(v) for k, v in d.items()}
+    return d
+
+
+# --- parameter placement ---------------------------------------------------------------------
+
+def _accepts_out_sharding(fn) -> bool:
+    if getattr(fn, "_ct_out_sharding", False):
+        return True
+    try:
+        return "out_sharding" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _placing(init_fn: Callable) -> Callable:
+    """Wrap an initializer so the parameter it makes is an Array placed as described above."""
+    def init(key, *args, **kwargs):
+        value = init_fn(key, *args, **kwargs)
+        return _place(value)
+    return init
+
+
+def _place(value):
+    if meta.is_axis_metadata(value):
+        return value  # boxes (with_partitioning...) place themselves when created
+    if isinstance(value, Array):
+        return value
+    if isinstance(value, (np.ndarray, np.generic, float, int)):
+        return device_put(np.asarray(value))
+    return value
+
+
+def sharded_initializer(init_fn: Callable, sharding, check_shape: Callable | None = None
+                        ) -> Callable:
+    """``init_fn`` producing its value directly with ``sharding``.
+
+    ctrainstate initializers generate each device's block in place
+    (``out_sharding=``); other callables run on the host and their result is
+    scattered with ``device_put`` (never gathered on one device). Under ``jit``
+    a dimension the sharding's mesh axes do not divide is replicated (see
+    :func:`ctrainstate.nn.spmd._replicate_uneven`). ``check_shape(shape)``, when
+    given, sees the value's shape before anything is placed (it raises to refuse it).
+    """
+    if sharding is None:
+        return init_fn
+
+    def init(key, *args, **kwargs):
+        if _accepts_out_sharding(init_fn):
+            shape = _shape_argument(args, kwargs)
+            target = sharding
+            if shape is not None:
+                if check_shape is not None:
+                    check_shape(shape)
+                target = _replicate_uneven(sharding, shape)
+            return init_fn(key, *args, out_sharding=target, **kwargs)
+        value = init_fn(key, *args, **kwargs)
+        if not isinstance(value, Array):
+            value = np.asarray(value)
+        if check_shape is not None:
+            check_shape(tuple(value.shape))
+        return device_put(value, _replicate_uneven(sharding, tuple(value.shape)))
+    return init
+
+
+def _shape_argument(args, kwargs):
+    """The shape an initializer of the ``init(key, shape, dtype, out_sharding=None)``
+    convention was asked for, as a tuple of ints; None when the call does not have one."""
+    shape = kwargs["shape"] if "shape" in kwargs else (args[0] if args else None)
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        return (int(shape),)
+    if not isinstance(shape, (tuple, list)):
+        return None
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
+from ..base.exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

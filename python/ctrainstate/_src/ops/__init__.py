@@ -1,0 +1,1 @@
+"""The ops layer: primitive wrappers and their composites (elementwise, math, linalg, slicing, data movement)."""

@@ -1,0 +1,1 @@
+"""Partitioning helpers (the models layer): lifted transforms of flax.linen.partitioning, regex partition rules."""

@@ -1,0 +1,1 @@
+"""ctrainstate.random's implementation (the models layer)."""

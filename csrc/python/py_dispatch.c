@@ -46,6 +46,7 @@ enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COUNT };
 enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
 #define NCACHE 32
+#define MAXSTATIC 6
 #define MAXB CT_MAX_DEVICES
 /* Kernels on fewer elements than this (all blocks together) run with the GIL held: on tiny
  * arrays releasing and taking it back costs more than the kernel. */
@@ -57,6 +58,7 @@ typedef struct {
      * and `side` says which (1: b is the scalar, 2: a is) */
     PyObject *ka_shape, *ka_dtype, *ka_sharding;
     PyObject *kb_shape, *kb_dtype, *kb_sharding;
+    PyObject *kstatics; /* the static arguments (a tuple), or NULL */
     int side;
     /* plan */
     int kind, op, red_op, out_dt, out_ndim, nblk, ngroups;
@@ -77,7 +79,8 @@ typedef struct {
     PyObject *vjp; /* the tape rule (g, out, *operands) -> cotangents of the Array operands;
                     * NULL: a recording tape sends calls to the fallback */
     PyObject *none_kw; /* keyword names whose None value is the default (a tuple), or NULL */
-    int nin;
+    PyObject *statics, *defaults; /* static parameters after the operands (names, defaults) */
+    int nin, nstatic;
     int next; /* the cache entry replaced at the next miss */
     unsigned long long hits, misses, falls;
     plan_entry cache[NCACHE];
@@ -101,6 +104,7 @@ static void entry_clear(plan_entry *e) {
     Py_CLEAR(e->kb_shape);
     Py_CLEAR(e->kb_dtype);
     Py_CLEAR(e->kb_sharding);
+    Py_CLEAR(e->kstatics);
     Py_CLEAR(e->out_shape);
     Py_CLEAR(e->out_dtype);
     Py_CLEAR(e->out_sharding);
@@ -219,6 +223,21 @@ static int same_layout(PyObject *s, PyObject *t) {
         same = 0;
     }
     return same;
+}
+
+/* Whether static argument values are the same: the same type and equal (True is not 1). */
+static int same_static(PyObject *x, PyObject *y) {
+    if (x == y) return 1;
+    if (Py_TYPE(x) != Py_TYPE(y)) return 0;
+    int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+    if (eq < 0) PyErr_Clear();
+    return eq == 1;
+}
+
+static int statics_match(const plan_entry *e, PyObject *const *st, int n) {
+    for (int j = 0; j < n; j++)
+        if (!same_static(PyTuple_GET_ITEM(e->kstatics, j), st[j])) return 0;
+    return 1;
 }
 
 static int key_match(const plan_entry *e, const ct_py_array *a, const ct_py_array *b, int side) {
@@ -364,23 +383,32 @@ static int entry_set_plan(plan_entry *e, PyObject *t) {
 static plan_entry *lookup(prim *p, ct_py_array *a, ct_py_array *b, int side, PyObject *const *args) {
     for (int i = 0; i < NCACHE; i++) {
         plan_entry *e = &p->cache[i];
-        if (key_match(e, a, b, side)) {
+        if (key_match(e, a, b, side) && statics_match(e, args + p->nin, p->nstatic)) {
             p->hits++;
             return e->fast ? e : NULL;
         }
     }
     p->misses++;
-    PyObject *plan = PyObject_Vectorcall(p->planner, args, (size_t)p->nin, NULL);
+    PyObject *kst = PyTuple_New(p->nstatic);
+    if (kst == NULL) return NULL;
+    for (int j = 0; j < p->nstatic; j++) PyTuple_SET_ITEM(kst, j, Py_NewRef(args[p->nin + j]));
+    PyObject *plan = PyObject_Vectorcall(p->planner, args, (size_t)(p->nin + p->nstatic), NULL);
+    if (plan == NULL) {
+        Py_DECREF(kst);
+        return NULL;
+    }
     if (plan == NULL) return NULL;
     plan_entry *e = &p->cache[p->next];
     p->next = (p->next + 1) % NCACHE;
     entry_clear(e);
     if (plan != Py_None && entry_set_plan(e, plan) < 0) {
         Py_DECREF(plan);
+        Py_DECREF(kst);
         entry_clear(e);
         return NULL;
     }
     Py_DECREF(plan);
+    e->kstatics = kst;
     e->ka_shape = Py_NewRef(a->shape);
     e->ka_dtype = Py_NewRef(a->dtype);
     e->ka_sharding = Py_NewRef(a->sharding);
@@ -512,7 +540,7 @@ static PyObject *node_vjp_call(PyObject *self, PyObject *const *args, size_t nar
     node_vjp *v = (node_vjp *)self;
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 1)
         return PyErr_Format(PyExc_TypeError, "a tape node's vjp takes one cotangent");
-    PyObject *call[4];
+    PyObject *call[2 + 2 + MAXSTATIC];
     const Py_ssize_t n = PyTuple_GET_SIZE(v->args);
     call[0] = args[0];
     call[1] = v->out;
@@ -606,9 +634,9 @@ static int record(prim *p, PyObject *tape, PyObject *out, PyObject *const *args,
     v->vectorcall = node_vjp_call;
     v->rule = Py_NewRef(p->vjp);
     v->out = Py_NewRef(out);
-    v->args = PyTuple_New(p->nin);
+    v->args = PyTuple_New(p->nin + p->nstatic);
     if (v->args == NULL) goto out;
-    for (int i = 0; i < p->nin; i++) PyTuple_SET_ITEM(v->args, i, Py_NewRef(args[i]));
+    for (int i = 0; i < p->nin + p->nstatic; i++) PyTuple_SET_ITEM(v->args, i, Py_NewRef(args[i]));
     PyObject_GC_Track(v);
     node = PyTuple_Pack(3, out, inputs, (PyObject *)v);
     if (node == NULL || PySet_Add(tracked, id) < 0 || PyList_Append(keep, out) < 0 ||
@@ -791,12 +819,58 @@ static int none_keywords(const prim *p, PyObject *const *args, size_t nargsf, Py
     return 1;
 }
 
+/* A static argument the plans can key on: None, a bool, an int, or a tuple of ints. */
+static int static_value(PyObject *v) {
+    if (v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v)) return 1;
+    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) > 32) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++)
+        if (!PyLong_CheckExact(PyTuple_GET_ITEM(v, i))) return 0;
+    return 1;
+}
+
+/* The operands and static arguments of a call, in order, into bound[]: positional ones,
+ * then keywords naming a static parameter, then the defaults; keywords in none_kw must be
+ * None. 0 when the call binds that way, -1 when it is the Python op's. */
+static int bind(const prim *p, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                PyObject **bound) {
+    const Py_ssize_t npos = PyVectorcall_NARGS(nargsf);
+    if (npos < p->nin || npos > p->nin + p->nstatic) return -1;
+    for (Py_ssize_t i = 0; i < npos; i++) bound[i] = args[i];
+    for (int j = (int)(npos - p->nin); j < p->nstatic; j++) bound[p->nin + j] = NULL;
+    if (kwnames != NULL) {
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, k), *v = args[npos + k];
+            int j = 0;
+            for (; j < p->nstatic; j++)
+                if (PyUnicode_Compare(PyTuple_GET_ITEM(p->statics, j), name) == 0) break;
+            if (j < p->nstatic) {
+                if (bound[p->nin + j] != NULL) return -1; /* given twice: the op raises */
+                bound[p->nin + j] = v;
+                continue;
+            }
+            if (v != Py_None || p->none_kw == NULL) return -1;
+            int found = PySequence_Contains(p->none_kw, name);
+            if (found != 1) {
+                if (found < 0) PyErr_Clear();
+                return -1;
+            }
+        }
+    }
+    for (int j = 0; j < p->nstatic; j++) {
+        if (bound[p->nin + j] == NULL) bound[p->nin + j] = PyTuple_GET_ITEM(p->defaults, j);
+        if (!static_value(bound[p->nin + j])) return -1;
+    }
+    return 0;
+}
+
 static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
                                  PyObject *kwnames) {
     prim *p = (prim *)self;
-    if (PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin &&
-        none_keywords(p, args, nargsf, kwnames)) {
-        PyObject *r = fast_call(p, args);
+    PyObject *bound[2 + MAXSTATIC];
+    if (p->nstatic == 0 ? (PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin &&
+                           none_keywords(p, args, nargsf, kwnames))
+                        : bind(p, args, nargsf, kwnames, bound) == 0) {
+        PyObject *r = fast_call(p, p->nstatic == 0 ? args : bound);
         if (r != NULL || PyErr_Occurred()) return r;
     }
     p->falls++;
@@ -805,12 +879,24 @@ static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t n
 
 static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"name", "nin", "fallback", "planner", "doc", "vjp", "none_keywords",
-                             NULL};
+                             "statics", "defaults", NULL};
     PyObject *name, *fallback, *planner, *doc = Py_None, *vjp = Py_None, *none_kw = NULL;
+    PyObject *statics = NULL, *defaults = NULL;
     int nin;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|OOO!:Primitive", kwlist, &name, &nin,
-                                     &fallback, &planner, &doc, &vjp, &PyTuple_Type, &none_kw))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UiOO|OOO!O!O!:Primitive", kwlist, &name, &nin,
+                                     &fallback, &planner, &doc, &vjp, &PyTuple_Type, &none_kw,
+                                     &PyTuple_Type, &statics, &PyTuple_Type, &defaults))
         return NULL;
+    const Py_ssize_t nst = statics != NULL ? PyTuple_GET_SIZE(statics) : 0;
+    if (nst > MAXSTATIC || (defaults != NULL ? PyTuple_GET_SIZE(defaults) : 0) != nst)
+        return PyErr_Format(PyExc_ValueError,
+                            "Primitive: at most %d statics, each with a default", MAXSTATIC);
+    for (Py_ssize_t j = 0; j < nst; j++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(statics, j)) ||
+            !static_value(PyTuple_GET_ITEM(defaults, j)))
+            return PyErr_Format(PyExc_TypeError,
+                                "Primitive: statics are names, defaults None, bools, ints or "
+                                "tuples of ints");
     if (vjp != Py_None && !PyCallable_Check(vjp))
         return PyErr_Format(PyExc_TypeError, "Primitive: vjp must be callable or None");
     if (nin != 1 && nin != 2)
@@ -827,6 +913,9 @@ static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     p->vjp = vjp != Py_None ? Py_NewRef(vjp) : NULL;
     p->none_kw = none_kw != NULL && PyTuple_GET_SIZE(none_kw) > 0 ? Py_NewRef(none_kw) : NULL;
     p->nin = nin;
+    p->nstatic = (int)nst;
+    p->statics = nst > 0 ? Py_NewRef(statics) : NULL;
+    p->defaults = nst > 0 ? Py_NewRef(defaults) : NULL;
     return (PyObject *)p;
 }
 
@@ -859,6 +948,8 @@ static void prim_dealloc(prim *p) {
     Py_CLEAR(p->name);
     Py_CLEAR(p->doc);
     Py_CLEAR(p->none_kw);
+    Py_CLEAR(p->statics);
+    Py_CLEAR(p->defaults);
     PyTypeObject *tp = Py_TYPE(p);
     tp->tp_free((PyObject *)p);
     Py_DECREF(tp);

@@ -220,6 +220,52 @@ def test_matmul_precision_decides_per_call():
     assert (x @ eye).tolist() == exact.tolist()
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1, (0,), (0, 1), (), None])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_sum_over_axes_c_path_equals_python_op(axis, where):
+    """sum's axis is a static argument of its plans (positional or keyword); keepdims,
+    dtype= and where= take the Python op."""
+    rng = np.random.default_rng(8)
+    sh = dict(_placements())[where]
+    x = cts.device_put(rng.standard_normal((8, 16)).astype(np.float32), sh)
+    for prim in (_ops.sum, cnp.sum):
+        _same(_run_fast(prim, x, axis), prim.__wrapped__(x, axis))
+        prim(x, axis=axis)
+        before = prim.cache_info()
+        fast = prim(x, axis=axis)
+        assert prim.cache_info()["hits"] == before["hits"] + 1
+        _same(fast, prim.__wrapped__(x, axis=axis))
+        np.testing.assert_allclose(np.asarray(fast), np.asarray(x).sum(axis=axis), rtol=1e-5,
+                                   atol=1e-5)
+        before = prim.cache_info()["fallbacks"]
+        kept = prim(x, axis=axis, keepdims=True)
+        assert prim.cache_info()["fallbacks"] == before + 1
+        assert kept.shape == np.asarray(x).sum(axis=axis, keepdims=True).shape
+    before = cnp.sum.cache_info()["fallbacks"]
+    cnp.sum(x, axis=axis, where=np.ones((8, 16), bool))
+    cnp.sum(x, axis, np.float32)
+    assert cnp.sum.cache_info()["fallbacks"] == before + 2
+    with pytest.raises(ValueError):
+        cnp.sum(x, axis=5)
+
+
+def test_static_arguments_are_keyed_by_type_and_value():
+    x = cts.device_put(np.ones((2, 3), np.float32))
+    _ops.sum.cache_clear()
+    _ops.sum(x, 0), _ops.sum(x, (0,)), _ops.sum(x, axis=0), _ops.sum(x, 1)
+    info = _ops.sum.cache_info()
+    assert info["misses"] == 3 and info["hits"] == 1      # 0 and (0,) are two keys
+    before = _ops.sum.cache_info()["fallbacks"]
+    _ops.sum(x, [0])                                       # a list: not a static value
+    assert _ops.sum.cache_info()["fallbacks"] == before + 1
+    with pytest.raises(TypeError):
+        _ops.sum(x, 0, axis=0)                             # given twice: the op's error
+    with pytest.raises(ValueError, match="statics"):
+        _C.Primitive("p", 1, print, print, None, None, (), ("a",), ())
+    with pytest.raises(TypeError, match="statics"):
+        _C.Primitive("p", 1, print, print, None, None, (), ("a",), ([0],))
+
+
 def _python_calls(f):
     calls = []
 
@@ -248,6 +294,8 @@ def test_no_python_runs_below_the_public_function_on_a_plan_hit():
              "mesh mul": lambda: am * am, "mesh sum": lambda: cnp.sum(am),
              "2.0 * a": lambda: 2.0 * a, "1 - a": lambda: 1 - a, "-a": lambda: -a,
              "maximum": lambda: cnp.maximum(a, b), "tanh": lambda: cnp.tanh(am),
+             "sum(a, axis=0)": lambda: cnp.sum(a, axis=0), "mesh sum(axis=1)":
+                 lambda: cnp.sum(am, 1),
              "a @ w": lambda: a @ w, "matmul(a, w, precision=None)":
                  lambda: cnp.matmul(a, w, precision=None), "mesh @": lambda: am @ wm}
     for name, f in cases.items():
@@ -268,7 +316,8 @@ def _loss_with(ops):
             arg = ops["add"](ops["abs"](v), 0.5) if name in ("sqrt", "rsqrt", "log") else v
             v = ops["add"](v, ops["multiply"](ops[name](arg), 0.01))
         k = cts.device_put(np.linspace(-1, 1, 16 * 4, dtype=np.float32).reshape(16, 4))
-        return ops["sum"](ops["matmul"](ops["multiply"](v, v), k))
+        rows = ops["sum"](ops["matmul"](ops["multiply"](v, v), k), axis=1)
+        return ops["sum"](ops["multiply"](rows, ops["sum"](v, 0)[:8]))
     return loss
 
 

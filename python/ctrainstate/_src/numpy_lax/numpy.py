@@ -44,7 +44,16 @@ def sum(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):  # n
 
 
 # sum(x) of a float32 Array runs from a plan cached in C (ctrainstate._src.ops.ops' primitives)
-sum = _C.Primitive("sum", 1, sum, _o._plan_sum, sum.__doc__, _o._rule_sum)  # noqa: A001
+def _plan_sum(a, axis, dtype, out, keepdims):
+    return None if dtype is not None or out is not None else _o._plan_sum(a, axis, keepdims)
+
+
+def _rule_sum(g, res, a, axis, dtype, out, keepdims):
+    return _o._rule_sum(g, res, a, axis, keepdims)
+
+
+sum = _C.Primitive("sum", 1, sum, _plan_sum, sum.__doc__, _rule_sum, ("where",),  # noqa: A001
+                   ("axis", "dtype", "out", "keepdims"), (None, None, None, False))
 sum.__module__ = __name__
 
 

@@ -2487,22 +2487,40 @@ def _plan_binary(name, op_f32, rules):
     return plan
 
 
-def _plan_sum(x):
-    """``sum(x)`` over every axis of a float32 Array: as :func:`_reduce_raw`."""
-    if x._dtype is not _DT_F32:
+def _plan_sum(x, axis=None, keepdims=False):
+    """``sum(x, axis)`` of a float32 Array: as :func:`_reduce_raw` (each device reduces its
+    block, then an all-reduce over the mesh axes of the reduced dims); ``keepdims`` runs the
+    Python op."""
+    if x._dtype is not _DT_F32 or keepdims:
         return None
     nd = len(x._shape)
+    try:
+        axes = _axes(axis, nd)
+    except (TypeError, ValueError):   # the Python op raises its error
+        return None
     xn = _norm(x._sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
     place = _place_of(x)
     groups: list = []
-    axes = tuple(m for d in range(nd) for m in xn[d])
-    if axes and isinstance(x._sharding, NamedSharding):
+    mesh_axes = tuple(m for d in axes for m in xn[d])
+    if mesh_axes and isinstance(x._sharding, NamedSharding):
         mesh = x._sharding.mesh
-        groups = _id_cached(_AR_GROUPS, (id(mesh), axes), mesh, None, _allreduce_groups,
-                            mesh, axes)
-    p = _plan_out(_K["REDUCE"], _RED_SUM, (), _DT_F32, place, [], red_mask=(1 << nd) - 1,
-                  groups=groups, red_op=_RED_SUM)
+        groups = _id_cached(_AR_GROUPS, (id(mesh), mesh_axes), mesh, None, _allreduce_groups,
+                            mesh, mesh_axes)
+    kept_shape = [s for d, s in enumerate(x._shape) if d not in axes]
+    kept_norm = [xn[d] for d in range(nd) if d not in axes]
+    mask = 0
+    for d in axes:
+        mask |= 1 << d
+    p = _plan_out(_K["REDUCE"], _RED_SUM, kept_shape, _DT_F32, place, kept_norm,
+                  red_mask=mask, groups=groups, red_op=_RED_SUM)
     return p if _same_devices(x, p) else None
+
+
+def _rule_sum(g, out, x, axis=None, keepdims=False):
+    """The tape rule of ``sum(x, axis)`` on the C path: as :func:`sum` records it."""
+    axes = _axes(axis, x.ndim)
+    keep_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
+    return (broadcast_to(reshape(g, keep_shape), x.shape),)
 
 
 def _plan_matmul_t(ta: bool, tb: bool):
@@ -2605,11 +2623,6 @@ def _d_rdiv_s(g, x, s, out):          # s / x
     return _d_rdiv(g, x, out)
 
 
-def _rule_sum(g, out, x):
-    """The tape rule of ``sum(x)`` over every axis: as :func:`sum` records it."""
-    return (broadcast_to(reshape(g, [1] * x.ndim), x.shape),)
-
-
 _UNARY_VJPS = {"negative": _d_negative, "sin": _d_sin, "cos": _d_cos, "tanh": _d_tanh,
                "relu": _d_relu, "gelu": _d_gelu, "exp": _d_exp, "log": _d_log,
                "sqrt": _d_sqrt, "rsqrt": _d_rsqrt, "square": _d_square,
@@ -2624,9 +2637,12 @@ _BINARY_VJPS = {"add": (_d_pass, _d_pass, _d_pass, _d_pass),
                 "minimum": (_d_max_b, _d_max_a, None, None)}
 
 
-def _primitive(name, nin, planner, vjp=None, none_keywords=()):
+def _primitive(name, nin, planner, vjp=None, none_keywords=(), statics=()):
+    """Make op ``name`` of this module a primitive; ``statics``: (name, default) of its static
+    parameters after the operands, in their positional order."""
     f = globals()[name]
-    p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp, tuple(none_keywords))
+    p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp, tuple(none_keywords),
+                     tuple(n for n, _ in statics), tuple(d for _, d in statics))
     p.__module__ = f.__module__
     p.__dict__.update({k: v for k, v in getattr(f, "__dict__", {}).items()
                        if k != "__wrapped__"})
@@ -2639,7 +2655,7 @@ def _make_primitives():
         _primitive(name, 1, _plan_unary(op), _rule_unary(_UNARY_VJPS[name]))
     for name, (op, rules) in _BINARY_PRIMS.items():
         _primitive(name, 2, _plan_binary(name, op, rules), _rule_binary(*_BINARY_VJPS[name]))
-    _primitive("sum", 1, _plan_sum, _rule_sum)
+    _primitive("sum", 1, _plan_sum, _rule_sum, statics=(("axis", None), ("keepdims", False)))
     _primitive("matmul", 2, _plan_matmul_t(False, False), _rule_matmul,
                none_keywords=("precision",))
     g = globals()

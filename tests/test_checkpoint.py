@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 import random as pyrandom
+import re
 import shutil
 import signal
 import sys
@@ -335,6 +336,60 @@ def test_a_flipped_byte_in_any_array_raises_naming_it(tmp_path):
     os.remove(bad / "arrays.p00000.safetensors")
     with pytest.raises(ocp.CorruptCheckpointError, match="is missing"):
         ocp.StandardCheckpointer().restore(bad, state)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_checked_beside_the_reads_a_flipped_byte_still_raises(tmp_path, monkeypatch, threads):
+    """Slices of ``_Reader.INLINE`` bytes or more are read on the I/O thread(s) and checked
+    on the checker thread, either where they landed (a run of the target block) or from a
+    scratch buffer it then copies into the blocks: both ways a restore is bit-exact, a
+    flipped byte in any slice raises naming the array (early slices, middle ones, the
+    last), a truncated file raises too, and no checker thread outlives a restore."""
+    import threading
+    monkeypatch.setenv("CTRAINSTATE_CHECKPOINT_THREADS", threads)
+    monkeypatch.setattr(_io, "SLICE_BYTES", 512 << 10)    # 2 slices a block, each >= INLINE
+    assert _io.SLICE_BYTES >= _store._Reader.INLINE
+    x = np.random.default_rng(3).standard_normal((2048, 1024)).astype(np.float32)
+    a = cts.device_put(x, NamedSharding(mesh24(), P("data", "model")))
+    src = tmp_path / "c"
+    ocp.StandardCheckpointer().save(src, {"w": a, "n": 5})
+    w = next(e for e in json.load(open(src / "index.json"))["leaves"] if e["keys"] == ["w"])
+    assert len(w["slices"]) == 16
+    mesh8 = cts.make_mesh((8,), ("x",))
+    targets = {   # straight into the blocks / through scratch buffers / into a host array
+        "same": {"w": cts.ShapeDtypeStruct(x.shape, x.dtype, a.sharding), "n": 0},
+        "cols": {"w": cts.ShapeDtypeStruct(x.shape, x.dtype,
+                                           NamedSharding(mesh8, P(None, "x"))), "n": 0},
+        "host": {"w": np.zeros_like(x), "n": 0}}
+
+    def checkers():
+        return [t for t in threading.enumerate() if t.name == "ctrainstate-ckpt-check"]
+    for t in targets.values():
+        r = ocp.StandardCheckpointer().restore(src, t)
+        assert np.asarray(r["w"]).tobytes() == x.tobytes() and r["n"] == 5
+    assert not checkers()
+    for k in (0, 1, 7, 15):
+        sl = w["slices"][k]
+        bad = tmp_path / f"bad{k}"
+        shutil.copytree(src, bad)
+        pos = (sl["offsets"][0] + sl["offsets"][1]) // 2 if k != 15 else sl["offsets"][1] - 1
+        with open(bad / sl["file"], "r+b") as f:
+            f.seek(pos)
+            byte = f.read(1)[0]
+            f.seek(pos)
+            f.write(bytes([byte ^ 0x04]))
+        for t in targets.values():
+            with pytest.raises(ocp.CorruptCheckpointError,
+                               match="checksum mismatch in array 'w': slice "
+                                     + re.escape(str(sl["index"]))):
+                ocp.StandardCheckpointer().restore(bad, t)
+        assert not checkers()
+    f = src / w["slices"][0]["file"]
+    os.truncate(f, w["slices"][15]["offsets"][0] + 100)
+    for t in targets.values():
+        with pytest.raises(ocp.CorruptCheckpointError, match="array 'w'.*truncated"):
+            ocp.StandardCheckpointer().restore(src, t)
+    assert not checkers()
 
 
 # --- crash safety ------------------------------------------------------------------------------
@@ -787,8 +842,10 @@ def test_save_and_restore_never_hold_the_array_on_the_host(tmp_path):
     assert p_same < 1 << 20 and np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
     cols = {"a": cts.ShapeDtypeStruct(a.shape, a.dtype, NamedSharding(mesh8, P(None, "x")))}
     p_cols, r = peak(lambda: m.restore(1, cols))
-    # a scratch buffer of one slice per I/O thread
-    assert p_cols <= _io.workers() * _io.SLICE_BYTES + (1 << 20) < a.nbytes // 8
+    # the scratch buffers of a few slices (one per I/O thread, two with the checker thread):
+    # a fraction of the array, within #34's bound of the largest shard + 64 MiB
+    assert p_cols <= _store._Reader.scratch_buffers() * _io.SLICE_BYTES + (1 << 20) \
+        < a.nbytes // 4
     assert np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import shutil
 import threading
 import time
@@ -349,10 +350,21 @@ class _Files:
 
 
 class _Reader:
-    """Reads array entries of one index onto shardings, slice by slice (on ``_io.workers()``
-    threads), checking each slice's checksum. A slice that is not
-    read straight into its destination goes through its thread's scratch buffer (at most
-    SLICE_BYTES)."""
+    """Reads array entries of one index onto shardings, slice by slice, checking each
+    slice's checksum. Slices are read on ``_io.workers()`` threads (one by default) and
+    checked on a second thread, the ``_io.Checker``, so reading and checking overlap: a
+    slice that is a contiguous run of one destination block is read straight into it (and
+    checked there); any other goes into one of a few scratch buffers (at most SLICE_BYTES
+    each, ``workers() + 2`` of them), which the checker verifies and copies into every block
+    the slice meets. Slices under INLINE bytes are read, checked and copied on the reading
+    thread (a thread hand-off costs more than they do)."""
+
+    #: Slices smaller than this are handled on the reading thread alone.
+    INLINE = 256 << 10
+    #: Direct reads whose destination the checker faults in ahead of the reader.
+    AHEAD = 2
+    #: Jobs the checker may have waiting before a reading thread runs the oldest itself.
+    BACKLOG = AHEAD + 2
 
     def __init__(self, directory, checksum: str):
         self.files = _Files(directory)
@@ -361,6 +373,8 @@ class _Reader:
         _io.hasher(checksum)   # an unknown checksum, or xxhash missing, fails before reading
         self._local = threading.local()
         self._lock = threading.Lock()
+        self.checker = _io.Checker()
+        self._pool = None
 
     def scratch(self, n):
         buf = getattr(self._local, "scratch", None)
@@ -368,16 +382,39 @@ class _Reader:
             buf = self._local.scratch = np.empty(n, np.uint8)
         return buf[:n]
 
-    def _read_slice(self, sl, name, mv):
+    @staticmethod
+    def scratch_buffers() -> int:
+        """Scratch buffers of the pool: one being read into by each I/O thread, and two with
+        the checker (one it checks, one waiting)."""
+        return _io.workers() + 2
+
+    def _take(self, n):
+        """A scratch buffer of the pool (blocks until the checker hands one back)."""
+        if self._pool is None:
+            self._pool = queue.SimpleQueue()
+            for _ in range(self.scratch_buffers()):
+                self._pool.put(None)
+        try:
+            buf = self._pool.get_nowait()
+        except queue.Empty:   # all with the checker: run its oldest jobs here, or wait
+            self.checker.help(0)
+            buf = self._pool.get()
+        if buf is None or len(buf) < n:
+            buf = np.empty(max(n, _io.SLICE_BYTES), np.uint8)
+        return buf
+
+    def _open(self, sl, name, n):
+        """The slice's file descriptor and offset, once its length is checked."""
         lo, hi = sl["offsets"]
-        if hi - lo != len(mv):
+        if hi - lo != n:
             raise CorruptCheckpointError(f"array '{name}': slice {sl['index']} has "
-                                         f"{hi - lo} bytes in the index, {len(mv)} expected")
+                                         f"{hi - lo} bytes in the index, {n} expected")
         with self._lock:
-            fd = self.files.fd(sl["file"], f"array '{name}'")
-        h = _io.hasher(self.checksum)
-        _io.read_hashed(fd, mv, lo, h, f"array '{name}' in {sl['file']}")
-        if h.intdigest() != sl["checksum"]:
+            return self.files.fd(sl["file"], f"array '{name}'"), lo
+
+    def _verify(self, sl, name, data):
+        if _io.digest(self.checksum, data) != sl["checksum"]:
+            lo, hi = sl["offsets"]
             raise CorruptCheckpointError(
                 f"checksum mismatch in array '{name}': slice {sl['index']} "
                 f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "
@@ -390,7 +427,7 @@ class _Reader:
         (cast to ``dtype`` when it differs from the saved one) into every block it meets."""
         saved = _io.np_dtype(entry["dtype"])
         covered = [0] * len(targets)
-        tasks = []
+        jobs = []   # (slice, bytes, destination (uint8) or None, scatter(buf) or None)
         for sl in entry["slices"]:
             slo = tuple(a for a, _ in sl["index"])
             shi = tuple(b for _, b in sl["index"])
@@ -410,25 +447,72 @@ class _Reader:
                 off = _io.contiguous_offset(slo, shi, tlo, tshape)
                 if off is not None:
                     b0 = off * saved.itemsize
-                    mv = memoryview(arr.reshape(-1).view(np.uint8)[b0:b0 + nbytes])
-                    tasks.append(lambda sl=sl, mv=mv: self._read_slice(sl, name, mv))
+                    jobs.append((sl, nbytes, arr.reshape(-1).view(np.uint8)[b0:b0 + nbytes],
+                                 None))
                     continue
 
-            def via_scratch(sl=sl, hits=hits, slo=slo, sshape=sshape, nbytes=nbytes):
-                buf = self.scratch(nbytes)
-                self._read_slice(sl, name, memoryview(buf))
+            def scatter(buf, hits=hits, slo=slo, sshape=sshape):
                 src = buf.view(saved).reshape(sshape)
                 for i, (lo, hi) in hits:
                     tlo, tshape, arr = targets[i]
                     arr[_io.slices_of(lo, hi, tlo)] = src[_io.slices_of(lo, hi, slo)]
-            tasks.append(via_scratch)
+            jobs.append((sl, nbytes, None, scatter))
         for (tlo, tshape, _), c in zip(targets, covered):
             if c != math.prod(tshape):
                 raise CorruptCheckpointError(
                     f"array '{name}': the checkpoint's slices cover {c} of the "
                     f"{math.prod(tshape)} elements of the block at {list(tlo)} (slices are "
                     f"missing or overlap)")
-        _io.run_parallel(tasks)
+        big = [j[2] if j[2] is not None and j[1] >= self.INLINE else None for j in jobs]
+        for d in big[1:1 + self.AHEAD]:
+            if d is not None:
+                self.checker.submit(lambda d=d: _io.populate(d))
+
+        def task(i):
+            if self.checker.error is not None:
+                return   # a slice failed its check: the restore stops here
+            if i + self.AHEAD + 1 < len(big) and big[i + self.AHEAD + 1] is not None:
+                d = big[i + self.AHEAD + 1]
+                self.checker.submit(lambda: _io.populate(d))
+            self._read(jobs[i], name)
+            self.checker.help(self.BACKLOG)
+        try:
+            _io.run_parallel([lambda i=i: task(i) for i in range(len(jobs))])
+        finally:
+            self.checker.wait()
+
+    def _pread(self, sl, name, buf):
+        fd, lo = self._open(sl, name, len(buf))
+        try:
+            _io.pread_into(fd, memoryview(buf), lo, f"array '{name}' in {sl['file']}")
+        except ValueError as e:   # the file is shorter than the index says
+            raise CorruptCheckpointError(str(e)) from None
+
+    def _read(self, job, name):
+        """Read one slice (on an I/O thread); check it here or hand it to the checker."""
+        sl, nbytes, dest, scatter = job
+        if nbytes < self.INLINE:
+            buf = dest if dest is not None else self.scratch(nbytes)
+            self._pread(sl, name, buf)
+            self._verify(sl, name, buf)
+            if scatter is not None:
+                scatter(buf)
+            return
+        if dest is not None:
+            self._pread(sl, name, dest)
+            self.checker.submit(lambda: self._verify(sl, name, dest))
+            return
+        buf = self._take(nbytes)
+        try:
+            self._pread(sl, name, buf[:nbytes])
+        except BaseException:
+            self._pool.put(buf)
+            raise
+
+        def check():
+            self._verify(sl, name, buf[:nbytes])
+            scatter(buf[:nbytes])
+        self.checker.submit(check, always=lambda: self._pool.put(buf))
 
     def host(self, entry, name, dtype=None):
         """The whole array on the host (a numpy array)."""
@@ -463,6 +547,7 @@ class _Reader:
         return Array._create(shape, dtype, sharding, blocks)
 
     def close(self):
+        self.checker.close()
         self.files.close()
 
 

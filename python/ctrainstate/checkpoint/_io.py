@@ -11,7 +11,6 @@ needs, so no file is ever mapped or read whole.
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -99,20 +98,17 @@ def hasher(name: str):
     raise ValueError(f"unknown checksum {name!r} (known: 'xxh3_64', 'crc32')")
 
 
-def digest(name: str, data) -> int:
-    """The checksum of kind ``name`` of ``data`` (a buffer) in one call. Both kinds release
-    the GIL while they hash, so a restore hashes on one thread while it reads on another."""
-    if name == "xxh3_64":
-        import xxhash
-        return xxhash.xxh3_64_intdigest(data)
-    if name == "crc32":
-        return zlib.crc32(data)
-    raise ValueError(f"unknown checksum {name!r} (known: 'xxh3_64', 'crc32')")
-
-
-#: Bytes moved between a write and its checksum update: small enough to stay in the CPU's
-#: cache, so the checksum reads them from there rather than from memory again.
+#: Bytes moved between a read or write and its checksum update: small enough to stay in the
+#: CPU's cache, so the checksum reads them from there rather than from memory again.
 HASH_CHUNK = 1 << 20
+
+
+def read_hashed(fd: int, mv: memoryview, offset: int, h, what) -> None:
+    """Fill ``mv`` from ``fd`` at ``offset`` and feed every byte to the checksum ``h``."""
+    for a in range(0, len(mv), HASH_CHUNK):
+        part = mv[a:a + HASH_CHUNK]
+        pread_into(fd, part, offset + a, what)
+        h.update(part)
 
 
 def write_hashed(fd: int, mv: memoryview, offset: int, h) -> None:
@@ -193,9 +189,9 @@ def workers() -> int:
     default 1. Reads, writes and checksums release the GIL, so more threads help where the
     storage serves several requests at once (striped NVMe, network file systems); on one
     virtual disk with 2 vCPUs, one sequential stream measured faster (two threads' reads
-    contended: 0.22-0.45 s against 0.16 s for 1 GiB). A restore checks what these threads
-    read on one more thread, the ``Checker``; its scratch buffers (``workers() + 2`` of at
-    most SLICE_BYTES) are shared by them."""
+    contended: 0.22-0.45 s against 0.16 s for 1 GiB). A restore onto other shardings copies
+    what these threads read out of scratch buffers (``workers() + 2`` of at most
+    SLICE_BYTES) on one more thread, the ``Copier``."""
     v = os.environ.get("CTRAINSTATE_CHECKPOINT_THREADS", "1")
     try:
         n = int(v)
@@ -222,17 +218,17 @@ def run_parallel(tasks) -> None:
         f.result()
 
 
-class Checker:
-    """A thread beside the reading one(s): it checks what they have read (the checksum of a
-    slice, then its copy out of a scratch buffer into the blocks it meets), so reading the
-    next slice and checking this one go on at once, on two cores (the file read, the
-    checksum and numpy's copies all release the GIL). After the first error the remaining
-    jobs are skipped (their ``always`` part still runs: it hands back a scratch buffer).
+class Copier:
+    """A thread beside the reading one(s) that copies slices, read and checked, out of their
+    scratch buffers into the blocks they meet (a restore onto other shardings), so the next
+    slice is read while this one is copied, on two cores (file reads and numpy's copies
+    release the GIL). After the first error the remaining jobs are skipped (their ``always``
+    part still runs: it hands back a scratch buffer).
 
-    When the checker falls behind (another process has the second core), a reading thread
-    runs the oldest jobs itself (``help``), so on a busy machine a restore does the work
-    of one thread, in about the order one thread would, rather than waiting for the
-    checker to be scheduled. Started on the first job, stopped by ``close``."""
+    When the copier falls behind (another process has the second core), a reading thread
+    runs the oldest jobs itself (``help``), so on a busy machine a restore does the work of
+    one thread rather than wait for the copier to be scheduled. Started on the first job,
+    stopped by ``close``."""
 
     def __init__(self):
         import collections
@@ -248,7 +244,7 @@ class Checker:
     def submit(self, job, always=None) -> None:
         if self._thread is None:
             import threading
-            self._thread = threading.Thread(target=self._run, name="ctrainstate-ckpt-check",
+            self._thread = threading.Thread(target=self._run, name="ctrainstate-ckpt-copy",
                                             daemon=True)
             self._thread.start()
         with self._cond:
@@ -306,41 +302,6 @@ class Checker:
             self._wake.put(False)
             self._thread.join()
             self._thread = None
-
-
-_MADV_POPULATE_WRITE = 23   # Linux 5.14+
-_madvise = None
-
-
-def populate(arr: np.ndarray) -> None:
-    """Fault in the pages of ``arr`` (C-contiguous) now, as a write would, keeping their
-    contents: the checking thread does this for the blocks a restore is about to read into,
-    so the reading thread does not stop to zero new pages. Best effort: nothing happens
-    where madvise(MADV_POPULATE_WRITE) is missing."""
-    global _madvise
-    if _madvise is None:
-        try:
-            import ctypes
-            f = ctypes.CDLL(None, use_errno=True).madvise
-            f.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            f.restype = ctypes.c_int
-            _madvise = f
-        except (OSError, AttributeError):
-            _madvise = False
-    if not _madvise:
-        return
-    page = mmap_page()
-    addr = arr.__array_interface__["data"][0]
-    lo = (addr + page - 1) // page * page
-    hi = (addr + arr.nbytes) // page * page
-    if hi > lo and _madvise(lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
-        import ctypes
-        if ctypes.get_errno() == errno.EINVAL:   # an older kernel: never again
-            _madvise = False
-
-
-def mmap_page() -> int:
-    return os.sysconf("SC_PAGE_SIZE")
 
 
 def pwrite_all(fd: int, mv: memoryview, offset: int) -> None:

@@ -350,21 +350,16 @@ class _Files:
 
 
 class _Reader:
-    """Reads array entries of one index onto shardings, slice by slice, checking each
-    slice's checksum. Slices are read on ``_io.workers()`` threads (one by default) and
-    checked on a second thread, the ``_io.Checker``, so reading and checking overlap: a
-    slice that is a contiguous run of one destination block is read straight into it (and
-    checked there); any other goes into one of a few scratch buffers (at most SLICE_BYTES
-    each, ``workers() + 2`` of them), which the checker verifies and copies into every block
-    the slice meets. Slices under INLINE bytes are read, checked and copied on the reading
-    thread (a thread hand-off costs more than they do)."""
+    """Reads array entries of one index onto shardings, slice by slice (on
+    ``_io.workers()`` threads), checking each slice's checksum as it is read. A slice that is
+    a contiguous run of one destination block is read straight into it. Any other goes into
+    a scratch buffer, to be copied into every block it meets: a slice of INLINE bytes or more
+    into one of a few (at most SLICE_BYTES each, ``scratch_buffers()`` of them), copied out
+    on the ``_io.Copier`` thread while the next slice is read; a smaller one into its I/O
+    thread's own, copied out there (a hand-off would cost more than the copy)."""
 
-    #: Slices smaller than this are handled on the reading thread alone.
+    #: Slices smaller than this are copied out on their I/O thread.
     INLINE = 256 << 10
-    #: Direct reads whose destination the checker faults in ahead of the reader.
-    AHEAD = 2
-    #: Jobs the checker may have waiting before a reading thread runs the oldest itself.
-    BACKLOG = AHEAD + 2
 
     def __init__(self, directory, checksum: str):
         self.files = _Files(directory)
@@ -373,7 +368,7 @@ class _Reader:
         _io.hasher(checksum)   # an unknown checksum, or xxhash missing, fails before reading
         self._local = threading.local()
         self._lock = threading.Lock()
-        self.checker = _io.Checker()
+        self.copier = _io.Copier()
         self._pool = None
 
     def scratch(self, n):
@@ -385,19 +380,19 @@ class _Reader:
     @staticmethod
     def scratch_buffers() -> int:
         """Scratch buffers of the pool: one being read into by each I/O thread, and two with
-        the checker (one it checks, one waiting)."""
+        the copier (one it copies out, one waiting)."""
         return _io.workers() + 2
 
     def _take(self, n):
-        """A scratch buffer of the pool (blocks until the checker hands one back)."""
+        """A scratch buffer of the pool (blocks until the copier hands one back)."""
         if self._pool is None:
             self._pool = queue.SimpleQueue()
             for _ in range(self.scratch_buffers()):
                 self._pool.put(None)
         try:
             buf = self._pool.get_nowait()
-        except queue.Empty:   # all with the checker: run its oldest jobs here, or wait
-            self.checker.help(0)
+        except queue.Empty:   # all with the copier: run its oldest jobs here, or wait
+            self.copier.help(0)
             buf = self._pool.get()
         if buf is None or len(buf) < n:
             buf = np.empty(max(n, _io.SLICE_BYTES), np.uint8)
@@ -411,14 +406,6 @@ class _Reader:
                                          f"{hi - lo} bytes in the index, {n} expected")
         with self._lock:
             return self.files.fd(sl["file"], f"array '{name}'"), lo
-
-    def _verify(self, sl, name, data):
-        if _io.digest(self.checksum, data) != sl["checksum"]:
-            lo, hi = sl["offsets"]
-            raise CorruptCheckpointError(
-                f"checksum mismatch in array '{name}': slice {sl['index']} "
-                f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "
-                f"corrupted")
 
     def fill(self, entry, name, targets, dtype):
         """Fill ``targets`` — a list of (lo, shape, writable ndarray of ``dtype``) blocks of
@@ -463,56 +450,50 @@ class _Reader:
                     f"array '{name}': the checkpoint's slices cover {c} of the "
                     f"{math.prod(tshape)} elements of the block at {list(tlo)} (slices are "
                     f"missing or overlap)")
-        big = [j[2] if j[2] is not None and j[1] >= self.INLINE else None for j in jobs]
-        for d in big[1:1 + self.AHEAD]:
-            if d is not None:
-                self.checker.submit(lambda d=d: _io.populate(d))
 
         def task(i):
-            if self.checker.error is not None:
-                return   # a slice failed its check: the restore stops here
-            if i + self.AHEAD + 1 < len(big) and big[i + self.AHEAD + 1] is not None:
-                d = big[i + self.AHEAD + 1]
-                self.checker.submit(lambda: _io.populate(d))
+            if self.copier.error is not None:
+                return   # a copy failed: the restore stops here
             self._read(jobs[i], name)
-            self.checker.help(self.BACKLOG)
         try:
             _io.run_parallel([lambda i=i: task(i) for i in range(len(jobs))])
         finally:
-            self.checker.wait()
+            self.copier.wait()
 
-    def _pread(self, sl, name, buf):
+    def _read_checked(self, sl, name, buf):
+        """Read the slice into ``buf`` and check it (on the calling, I/O thread): it is read
+        a HASH_CHUNK at a time, each piece hashed while it is in the CPU's cache."""
         fd, lo = self._open(sl, name, len(buf))
+        h = _io.hasher(self.checksum)
         try:
-            _io.pread_into(fd, memoryview(buf), lo, f"array '{name}' in {sl['file']}")
+            _io.read_hashed(fd, memoryview(buf), lo, h, f"array '{name}' in {sl['file']}")
         except ValueError as e:   # the file is shorter than the index says
             raise CorruptCheckpointError(str(e)) from None
+        if h.intdigest() != sl["checksum"]:
+            hi = sl["offsets"][1]
+            raise CorruptCheckpointError(
+                f"checksum mismatch in array '{name}': slice {sl['index']} "
+                f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "
+                f"corrupted")
 
     def _read(self, job, name):
-        """Read one slice (on an I/O thread); check it here or hand it to the checker."""
+        """One slice, on an I/O thread: read and checked there; copied out of a scratch
+        buffer there too when it is small, else by the copier."""
         sl, nbytes, dest, scatter = job
-        if nbytes < self.INLINE:
-            buf = dest if dest is not None else self.scratch(nbytes)
-            self._pread(sl, name, buf)
-            self._verify(sl, name, buf)
-            if scatter is not None:
-                scatter(buf)
-            return
         if dest is not None:
-            self._pread(sl, name, dest)
-            self.checker.submit(lambda: self._verify(sl, name, dest))
-            return
-        buf = self._take(nbytes)
-        try:
-            self._pread(sl, name, buf[:nbytes])
-        except BaseException:
-            self._pool.put(buf)
-            raise
-
-        def check():
-            self._verify(sl, name, buf[:nbytes])
-            scatter(buf[:nbytes])
-        self.checker.submit(check, always=lambda: self._pool.put(buf))
+            self._read_checked(sl, name, dest)
+        elif nbytes < self.INLINE:
+            buf = self.scratch(nbytes)
+            self._read_checked(sl, name, buf)
+            scatter(buf)
+        else:
+            buf = self._take(nbytes)
+            try:
+                self._read_checked(sl, name, buf[:nbytes])
+            except BaseException:
+                self._pool.put(buf)
+                raise
+            self.copier.submit(lambda: scatter(buf[:nbytes]), always=lambda: self._pool.put(buf))
 
     def host(self, entry, name, dtype=None):
         """The whole array on the host (a numpy array)."""
@@ -547,7 +528,7 @@ class _Reader:
         return Array._create(shape, dtype, sharding, blocks)
 
     def close(self):
-        self.checker.close()
+        self.copier.close()
         self.files.close()
 
 

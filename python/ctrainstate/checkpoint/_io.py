@@ -30,8 +30,7 @@ ST_CODE = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF
 _FROM_CODE = {v: k for k, v in ST_CODE.items()}
 
 #: Slices are cut so that each holds at most this many bytes: a restore onto another sharding
-#: reads a slice into a scratch buffer of this size (its checksum covers it whole) and copies
-#: it out from there.
+#: reads one slice at a time into a scratch buffer of this size (its checksum covers it whole).
 #: At 4 MiB the scratch is still in cache when it is copied out (a 1 GiB restore onto other
 #: shardings took 0.22-0.26 s, against 0.29-0.31 s with 16 MiB slices).
 SLICE_BYTES = 4 << 20
@@ -189,9 +188,8 @@ def workers() -> int:
     default 1. Reads, writes and checksums release the GIL, so more threads help where the
     storage serves several requests at once (striped NVMe, network file systems); on one
     virtual disk with 2 vCPUs, one sequential stream measured faster (two threads' reads
-    contended: 0.22-0.45 s against 0.16 s for 1 GiB). A restore onto other shardings copies
-    what these threads read out of scratch buffers (``workers() + 2`` of at most
-    SLICE_BYTES) on one more thread, the ``Copier``."""
+    contended: 0.22-0.45 s against 0.16 s for 1 GiB). Each thread holds at most one
+    SLICE_BYTES scratch buffer."""
     v = os.environ.get("CTRAINSTATE_CHECKPOINT_THREADS", "1")
     try:
         n = int(v)
@@ -216,92 +214,6 @@ def run_parallel(tasks) -> None:
         futures = [pool.submit(t) for t in tasks]
     for f in futures:
         f.result()
-
-
-class Copier:
-    """A thread beside the reading one(s) that copies slices, read and checked, out of their
-    scratch buffers into the blocks they meet (a restore onto other shardings), so the next
-    slice is read while this one is copied, on two cores (file reads and numpy's copies
-    release the GIL). After the first error the remaining jobs are skipped (their ``always``
-    part still runs: it hands back a scratch buffer).
-
-    When the copier falls behind (another process has the second core), a reading thread
-    runs the oldest jobs itself (``help``), so on a busy machine a restore does the work of
-    one thread rather than wait for the copier to be scheduled. Started on the first job,
-    stopped by ``close``."""
-
-    def __init__(self):
-        import collections
-        import queue
-        import threading
-        self._jobs = collections.deque()
-        self._wake = queue.SimpleQueue()
-        self._cond = threading.Condition()
-        self._submitted = self._finished = 0
-        self._thread = None
-        self.error = None
-
-    def submit(self, job, always=None) -> None:
-        if self._thread is None:
-            import threading
-            self._thread = threading.Thread(target=self._run, name="ctrainstate-ckpt-copy",
-                                            daemon=True)
-            self._thread.start()
-        with self._cond:
-            self._submitted += 1
-        self._jobs.append((job, always))
-        self._wake.put(True)
-
-    def _one(self, item) -> None:
-        job, always = item
-        try:
-            if self.error is None:
-                job()
-        except BaseException as e:   # noqa: BLE001 - raised again by wait()
-            if self.error is None:
-                self.error = e
-        finally:
-            try:
-                if always is not None:
-                    always()
-            finally:
-                with self._cond:
-                    self._finished += 1
-                    self._cond.notify_all()
-
-    def _run(self) -> None:
-        while self._wake.get():
-            try:
-                item = self._jobs.popleft()
-            except IndexError:   # a reading thread took it
-                continue
-            self._one(item)
-
-    def help(self, backlog: int) -> None:
-        """Run the oldest jobs on the calling thread while more than ``backlog`` wait."""
-        while len(self._jobs) > backlog:
-            try:
-                item = self._jobs.popleft()
-            except IndexError:
-                return
-            self._one(item)
-
-    def wait(self) -> None:
-        """Run or wait for every job submitted so far; raise the first error (once)."""
-        if self._thread is None:
-            return
-        self.help(0)
-        with self._cond:
-            self._cond.wait_for(lambda: self._finished == self._submitted)
-        err, self.error = self.error, None
-        if err is not None:
-            raise err
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._wake.put(False)
-            self._thread.join()
-            self._thread = None
 
 
 def pwrite_all(fd: int, mv: memoryview, offset: int) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import queue
 import shutil
 import threading
 import time
@@ -350,16 +349,10 @@ class _Files:
 
 
 class _Reader:
-    """Reads array entries of one index onto shardings, slice by slice (on
-    ``_io.workers()`` threads), checking each slice's checksum as it is read. A slice that is
-    a contiguous run of one destination block is read straight into it. Any other goes into
-    a scratch buffer, to be copied into every block it meets: a slice of INLINE bytes or more
-    into one of a few (at most SLICE_BYTES each, ``scratch_buffers()`` of them), copied out
-    on the ``_io.Copier`` thread while the next slice is read; a smaller one into its I/O
-    thread's own, copied out there (a hand-off would cost more than the copy)."""
-
-    #: Slices smaller than this are copied out on their I/O thread.
-    INLINE = 256 << 10
+    """Reads array entries of one index onto shardings, slice by slice (on ``_io.workers()``
+    threads), checking each slice's checksum. A slice that is not
+    read straight into its destination goes through its thread's scratch buffer (at most
+    SLICE_BYTES)."""
 
     def __init__(self, directory, checksum: str):
         self.files = _Files(directory)
@@ -368,8 +361,6 @@ class _Reader:
         _io.hasher(checksum)   # an unknown checksum, or xxhash missing, fails before reading
         self._local = threading.local()
         self._lock = threading.Lock()
-        self.copier = _io.Copier()
-        self._pool = None
 
     def scratch(self, n):
         buf = getattr(self._local, "scratch", None)
@@ -377,35 +368,23 @@ class _Reader:
             buf = self._local.scratch = np.empty(n, np.uint8)
         return buf[:n]
 
-    @staticmethod
-    def scratch_buffers() -> int:
-        """Scratch buffers of the pool: one being read into by each I/O thread, and two with
-        the copier (one it copies out, one waiting)."""
-        return _io.workers() + 2
-
-    def _take(self, n):
-        """A scratch buffer of the pool (blocks until the copier hands one back)."""
-        if self._pool is None:
-            self._pool = queue.SimpleQueue()
-            for _ in range(self.scratch_buffers()):
-                self._pool.put(None)
-        try:
-            buf = self._pool.get_nowait()
-        except queue.Empty:   # all with the copier: run its oldest jobs here, or wait
-            self.copier.help(0)
-            buf = self._pool.get()
-        if buf is None or len(buf) < n:
-            buf = np.empty(max(n, _io.SLICE_BYTES), np.uint8)
-        return buf
-
-    def _open(self, sl, name, n):
-        """The slice's file descriptor and offset, once its length is checked."""
+    def _read_slice(self, sl, name, mv):
         lo, hi = sl["offsets"]
-        if hi - lo != n:
+        if hi - lo != len(mv):
             raise CorruptCheckpointError(f"array '{name}': slice {sl['index']} has "
-                                         f"{hi - lo} bytes in the index, {n} expected")
+                                         f"{hi - lo} bytes in the index, {len(mv)} expected")
         with self._lock:
-            return self.files.fd(sl["file"], f"array '{name}'"), lo
+            fd = self.files.fd(sl["file"], f"array '{name}'")
+        h = _io.hasher(self.checksum)
+        try:
+            _io.read_hashed(fd, mv, lo, h, f"array '{name}' in {sl['file']}")
+        except ValueError as e:   # the file is shorter than the index says
+            raise CorruptCheckpointError(str(e)) from None
+        if h.intdigest() != sl["checksum"]:
+            raise CorruptCheckpointError(
+                f"checksum mismatch in array '{name}': slice {sl['index']} "
+                f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "
+                f"corrupted")
 
     def fill(self, entry, name, targets, dtype):
         """Fill ``targets`` — a list of (lo, shape, writable ndarray of ``dtype``) blocks of
@@ -414,7 +393,7 @@ class _Reader:
         (cast to ``dtype`` when it differs from the saved one) into every block it meets."""
         saved = _io.np_dtype(entry["dtype"])
         covered = [0] * len(targets)
-        jobs = []   # (slice, bytes, destination (uint8) or None, scatter(buf) or None)
+        tasks = []
         for sl in entry["slices"]:
             slo = tuple(a for a, _ in sl["index"])
             shi = tuple(b for _, b in sl["index"])
@@ -434,66 +413,25 @@ class _Reader:
                 off = _io.contiguous_offset(slo, shi, tlo, tshape)
                 if off is not None:
                     b0 = off * saved.itemsize
-                    jobs.append((sl, nbytes, arr.reshape(-1).view(np.uint8)[b0:b0 + nbytes],
-                                 None))
+                    mv = memoryview(arr.reshape(-1).view(np.uint8)[b0:b0 + nbytes])
+                    tasks.append(lambda sl=sl, mv=mv: self._read_slice(sl, name, mv))
                     continue
 
-            def scatter(buf, hits=hits, slo=slo, sshape=sshape):
+            def via_scratch(sl=sl, hits=hits, slo=slo, sshape=sshape, nbytes=nbytes):
+                buf = self.scratch(nbytes)
+                self._read_slice(sl, name, memoryview(buf))
                 src = buf.view(saved).reshape(sshape)
                 for i, (lo, hi) in hits:
                     tlo, tshape, arr = targets[i]
                     arr[_io.slices_of(lo, hi, tlo)] = src[_io.slices_of(lo, hi, slo)]
-            jobs.append((sl, nbytes, None, scatter))
+            tasks.append(via_scratch)
         for (tlo, tshape, _), c in zip(targets, covered):
             if c != math.prod(tshape):
                 raise CorruptCheckpointError(
                     f"array '{name}': the checkpoint's slices cover {c} of the "
                     f"{math.prod(tshape)} elements of the block at {list(tlo)} (slices are "
                     f"missing or overlap)")
-
-        def task(i):
-            if self.copier.error is not None:
-                return   # a copy failed: the restore stops here
-            self._read(jobs[i], name)
-        try:
-            _io.run_parallel([lambda i=i: task(i) for i in range(len(jobs))])
-        finally:
-            self.copier.wait()
-
-    def _read_checked(self, sl, name, buf):
-        """Read the slice into ``buf`` and check it (on the calling, I/O thread): it is read
-        a HASH_CHUNK at a time, each piece hashed while it is in the CPU's cache."""
-        fd, lo = self._open(sl, name, len(buf))
-        h = _io.hasher(self.checksum)
-        try:
-            _io.read_hashed(fd, memoryview(buf), lo, h, f"array '{name}' in {sl['file']}")
-        except ValueError as e:   # the file is shorter than the index says
-            raise CorruptCheckpointError(str(e)) from None
-        if h.intdigest() != sl["checksum"]:
-            hi = sl["offsets"][1]
-            raise CorruptCheckpointError(
-                f"checksum mismatch in array '{name}': slice {sl['index']} "
-                f"({sl['file']}, bytes {lo}-{hi}) of the checkpoint {self.directory} is "
-                f"corrupted")
-
-    def _read(self, job, name):
-        """One slice, on an I/O thread: read and checked there; copied out of a scratch
-        buffer there too when it is small, else by the copier."""
-        sl, nbytes, dest, scatter = job
-        if dest is not None:
-            self._read_checked(sl, name, dest)
-        elif nbytes < self.INLINE:
-            buf = self.scratch(nbytes)
-            self._read_checked(sl, name, buf)
-            scatter(buf)
-        else:
-            buf = self._take(nbytes)
-            try:
-                self._read_checked(sl, name, buf[:nbytes])
-            except BaseException:
-                self._pool.put(buf)
-                raise
-            self.copier.submit(lambda: scatter(buf[:nbytes]), always=lambda: self._pool.put(buf))
+        _io.run_parallel(tasks)
 
     def host(self, entry, name, dtype=None):
         """The whole array on the host (a numpy array)."""
@@ -528,7 +466,6 @@ class _Reader:
         return Array._create(shape, dtype, sharding, blocks)
 
     def close(self):
-        self.copier.close()
         self.files.close()
 
 

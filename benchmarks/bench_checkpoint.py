@@ -29,8 +29,12 @@ ctrainstate:
 * an async save: how long ``save`` blocks the caller, against a bare device-to-host copy of
   every block (np.empty + _C.copy_to_host), the snapshot it needs, timed alternately.
 
-Times are the best of --reps (a fresh checkpoint directory each). The checkpoint I/O uses
-CTRAINSTATE_CHECKPOINT_THREADS threads (default 1).
+Times are the best of --reps (a fresh checkpoint directory each), and the ratios are of
+those best times. Each rep also gives its own ratios (a peer and the ctrainstate step of the
+same rep, a second or so apart, meet about the same load from other processes); their
+median is printed beside, as a check on a busy machine. The checkpoint I/O uses
+CTRAINSTATE_CHECKPOINT_THREADS threads (default 1); a restore checks what it reads on one
+more thread.
 """
 import argparse
 import os
@@ -183,6 +187,10 @@ def run(a, root):
                             assert s0.data.tobytes() == s1.data.tobytes(), k
             del r
         shutil.rmtree(d)
+    # each rep's own ratios: the peer against the ctrainstate step of the same rep
+    paired = {"save": np.median([w / s for w, s in zip(t_w, t_save)]),
+              "same": np.median([r / x for r, x in zip(t_r, t_rest)]),
+              "other": np.median([r / x for r, x in zip(t_r, t_resh)])}
     t_w, t_r, t_rn = min(t_w), min(t_r), min(t_rn)
     del host, into
     # peak extra host memory, in untimed passes: what Python and numpy allocate (scratch
@@ -218,13 +226,16 @@ def run(a, root):
     gb = nbytes / 1e9
     rows = [
         ("disk write + fsync (peer)", t_w, gb / t_w, ""),
-        ("save (sync)", min(t_save), gb / min(t_save), f"{t_w / min(t_save):.2f}x write"),
+        ("save (sync)", min(t_save), gb / min(t_save),
+         f"{t_w / min(t_save):.2f}x write (reps' median {paired['save']:.2f}x)"),
         ("disk read, cold (peer)", t_r, gb / t_r, ""),
         ("disk read, cold, into new memory", t_rn, gb / t_rn, ""),
         ("restore, same shardings", min(t_rest), gb / min(t_rest),
-         f"{t_r / min(t_rest):.2f}x read ({t_rn / min(t_rest):.2f}x into new memory)"),
+         f"{t_r / min(t_rest):.2f}x read ({t_rn / min(t_rest):.2f}x into new memory; "
+         f"reps' median {paired['same']:.2f}x read)"),
         ("restore onto (8,), other specs", min(t_resh), gb / min(t_resh),
-         f"{t_r / min(t_resh):.2f}x read ({t_rn / min(t_resh):.2f}x into new memory)"),
+         f"{t_r / min(t_resh):.2f}x read ({t_rn / min(t_resh):.2f}x into new memory; "
+         f"reps' median {paired['other']:.2f}x read)"),
     ]
     print(f"\n{'':34s} {'seconds':>8s} {'GB/s':>7s}  ratio")
     for name, t, bw, ratio in rows:

@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 import random as pyrandom
+import re
 import shutil
 import signal
 import sys
@@ -335,6 +336,61 @@ def test_a_flipped_byte_in_any_array_raises_naming_it(tmp_path):
     os.remove(bad / "arrays.p00000.safetensors")
     with pytest.raises(ocp.CorruptCheckpointError, match="is missing"):
         ocp.StandardCheckpointer().restore(bad, state)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_slices_of_a_big_array_each_way_a_flipped_byte_or_truncation_raises(tmp_path,
+                                                                            monkeypatch,
+                                                                            threads):
+    """Many slices of a big array, read each way (straight into a run of the target block,
+    through a scratch buffer copied into the blocks, into a host array) on 1 and 2 I/O
+    threads: a restore is bit-exact, a flipped byte in any slice (early, middle, last) raises
+    naming the array and the slice, a truncated file raises CorruptCheckpointError, and no
+    I/O thread outlives a restore."""
+    import threading
+    monkeypatch.setenv("CTRAINSTATE_CHECKPOINT_THREADS", threads)
+    monkeypatch.setattr(_io, "SLICE_BYTES", 512 << 10)    # 2 slices a block
+    x = np.random.default_rng(3).standard_normal((2048, 1024)).astype(np.float32)
+    a = cts.device_put(x, NamedSharding(mesh24(), P("data", "model")))
+    src = tmp_path / "c"
+    ocp.StandardCheckpointer().save(src, {"w": a, "n": 5})
+    w = next(e for e in json.load(open(src / "index.json"))["leaves"] if e["keys"] == ["w"])
+    assert len(w["slices"]) == 16
+    mesh8 = cts.make_mesh((8,), ("x",))
+    targets = {   # straight into the blocks / through scratch buffers / into a host array
+        "same": {"w": cts.ShapeDtypeStruct(x.shape, x.dtype, a.sharding), "n": 0},
+        "cols": {"w": cts.ShapeDtypeStruct(x.shape, x.dtype,
+                                           NamedSharding(mesh8, P(None, "x"))), "n": 0},
+        "host": {"w": np.zeros_like(x), "n": 0}}
+
+    def io_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("ctrainstate-ckpt")]
+    for t in targets.values():
+        r = ocp.StandardCheckpointer().restore(src, t)
+        assert np.asarray(r["w"]).tobytes() == x.tobytes() and r["n"] == 5
+    assert not io_threads()
+    for k in (0, 1, 7, 15):
+        sl = w["slices"][k]
+        bad = tmp_path / f"bad{k}"
+        shutil.copytree(src, bad)
+        pos = (sl["offsets"][0] + sl["offsets"][1]) // 2 if k != 15 else sl["offsets"][1] - 1
+        with open(bad / sl["file"], "r+b") as f:
+            f.seek(pos)
+            byte = f.read(1)[0]
+            f.seek(pos)
+            f.write(bytes([byte ^ 0x04]))
+        for t in targets.values():
+            with pytest.raises(ocp.CorruptCheckpointError,
+                               match="checksum mismatch in array 'w': slice "
+                                     + re.escape(str(sl["index"]))):
+                ocp.StandardCheckpointer().restore(bad, t)
+        assert not io_threads()
+    f = src / w["slices"][0]["file"]
+    os.truncate(f, w["slices"][15]["offsets"][0] + 100)
+    for t in targets.values():
+        with pytest.raises(ocp.CorruptCheckpointError, match="array 'w'.*truncated"):
+            ocp.StandardCheckpointer().restore(src, t)
+    assert not io_threads()
 
 
 # --- crash safety ------------------------------------------------------------------------------

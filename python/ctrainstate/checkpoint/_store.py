@@ -376,7 +376,10 @@ class _Reader:
         with self._lock:
             fd = self.files.fd(sl["file"], f"array '{name}'")
         h = _io.hasher(self.checksum)
-        _io.read_hashed(fd, mv, lo, h, f"array '{name}' in {sl['file']}")
+        try:
+            _io.read_hashed(fd, mv, lo, h, f"array '{name}' in {sl['file']}")
+        except ValueError as e:   # the file is shorter than the index says
+            raise CorruptCheckpointError(str(e)) from None
         if h.intdigest() != sl["checksum"]:
             raise CorruptCheckpointError(
                 f"checksum mismatch in array '{name}': slice {sl['index']} "

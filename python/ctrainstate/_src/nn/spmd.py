@@ -330,12 +330,36 @@ def _constrain_array(x, axis_resources, mesh):
             return left if left else None
         spec = PartitionSpec(*[keep(i) if e is PartitionSpec.UNCONSTRAINED else e
                                for i, e in enumerate(spec)])
-    target = _replicate_uneven(NamedSharding(mesh, spec), x.shape)
-    if x.sharding == target:
+    target = _replicate_uneven(_named_sharding(mesh, spec), x.shape)
+    cur = x.sharding
+    if cur is target or cur == target:
         return x
     if x.dtype == np.float32:
         return with_sharding(x, target)
     return device_put(x, target)
+
+
+# NamedSharding(mesh, spec) per (mesh, spec): a constraint inside a model resolves to the same
+# few shardings at every call, and a NamedSharding validates its layout when it is made. Keyed
+# on the mesh's identity (the entry keeps the mesh, so the id is not reused while it is in the
+# table) and the spec's value; a spec or mesh that is refused raises and is not stored. Bounded:
+# a full table is cleared. Holds no Array.
+_SHARDINGS: dict = {}
+_SHARDINGS_MAX = 1024
+
+
+def _named_sharding(mesh, spec):
+    try:
+        entry = _SHARDINGS.get((id(mesh), spec))
+    except TypeError:   # an unhashable entry in the spec: made every time
+        return NamedSharding(mesh, spec)
+    if entry is not None and entry[0] is mesh:
+        return entry[1]
+    sharding = NamedSharding(mesh, spec)
+    if len(_SHARDINGS) >= _SHARDINGS_MAX:
+        _SHARDINGS.clear()
+    _SHARDINGS[(id(mesh), spec)] = (mesh, sharding)
+    return sharding
 
 
 def _with_sharding_constraint_one_fallback(axis_resources, x, fallback=RulesFallback.AXIS_IS_UNSHARDED,
@@ -381,6 +405,11 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
         rules = get_logical_axis_rules()
     if not rules or logical_axis_resources is None:
         return x
+    if _is_logical_spec(logical_axis_resources):
+        # one spec for the whole of x (the common case): what the prefix map below does for
+        # a spec leaf at the root, without the map
+        return _with_sharding_constraint_one_fallback(logical_axis_resources, x,
+                                                      fallback=fallback, rules=rules, mesh=mesh)
     fn = functools.partial(_with_sharding_constraint_one_fallback, fallback=fallback, rules=rules,
                            mesh=mesh)
     return _tree_map_prefix(fn, logical_axis_resources, x, _is_logical_spec)

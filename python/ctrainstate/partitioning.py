@@ -237,7 +237,9 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
         # of the same shape, under the same rules and mesh, passes them again
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.clear()
-        _CHECKED[key] = (_get_mesh(), _PartitionSpec(*axes))
+        rules = key[4]
+        _CHECKED[key] = (_get_mesh(), _spmd._resolved_spec(
+            _PartitionSpec(*axes), RulesFallback.AXIS_IS_UNSHARDED, rules) if rules else None)
     return value
 
 
@@ -305,7 +307,8 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
     if scope is not module:
         module._check_declaring('Parameters')
     scope.reserve(name, 'params')
-    value = with_sharding_constraint(value, entry[1])
+    if key[4]:   # with_sharding_constraint(value, PartitionSpec(*axes)), resolved before
+        value = _spmd._with_sharding_constraint(value, entry[1], mesh=None)
     if scope.is_mutable_collection('params_axes'):
         module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
                    reduce_fn=_param_with_axes_sow_reduce_fn)

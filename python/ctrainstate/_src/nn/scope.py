@@ -208,10 +208,12 @@ def _plain_fn_key(f, depth=0):
 
 def _plain_value(v, depth):
     t = type(v)
+    if t is int or t is str or v is None:
+        return v          # no value of another type keys equal to these (bool, float are tagged)
+    if t is tuple:
+        return tuple([_plain_value(e, depth) for e in v])
     if t in _PLAIN:
         return (t, v)
-    if t is tuple:
-        return tuple(_plain_value(e, depth) for e in v)
     if t is types.FunctionType or t is functools.partial:
         return _plain_fn_key(v, depth + 1)
     if isinstance(v, _np_dtype):

@@ -313,7 +313,7 @@ def _with_sharding_constraint(x, axis_resources, mesh=None):
 
 def _constrain_array(x, axis_resources, mesh):
     spec = PartitionSpec() if axis_resources is None else axis_resources
-    if any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+    if PartitionSpec.UNCONSTRAINED in spec:   # (compared by identity: it defines no __eq__)
         cur = x.sharding
         cur_spec = tuple(cur.spec) if isinstance(cur, NamedSharding) and cur.mesh == mesh else ()
         # an unconstrained dimension keeps its current split, less the mesh axes the
@@ -364,6 +364,53 @@ def _named_sharding(mesh, spec):
 
 def _with_sharding_constraint_one_fallback(axis_resources, x, fallback=RulesFallback.AXIS_IS_UNSHARDED,
                                            rules=None, mesh=None):
+    if rules is not None and _strict.rules is None:
+        spec = _resolved_spec(axis_resources, fallback, rules)
+        if spec is _NO_CONSTRAINT:
+            return x
+        return _with_sharding_constraint(x, spec, mesh=mesh)
+    return _with_sharding_constraint_one_fallback_uncached(axis_resources, x, fallback, rules, mesh)
+
+
+# The mesh-axis spec per (logical spec, rules, fallback), as _with_sharding_constraint_one_fallback
+# resolves it (_NO_CONSTRAINT: the constraint is skipped); for rules given by value and no strict
+# rules installed (a strict error names the variable being declared). A resolution that raises
+# is not stored. Bounded: a full table is cleared.
+_RESOLVED: dict = {}
+_RESOLVED_MAX = 4096
+_NO_CONSTRAINT = object()
+
+
+def _resolved_spec(axis_resources, fallback, rules):
+    try:
+        key = (axis_resources, rules, fallback)
+        spec = _RESOLVED.get(key, _RESOLVED)
+    except TypeError:   # unhashable rules or spec
+        return _resolve_one(axis_resources, fallback, rules)
+    if spec is _RESOLVED:
+        spec = _resolve_one(axis_resources, fallback, rules)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = spec
+    return spec
+
+
+def _resolve_one(axis_resources, fallback, rules):
+    """The spec _with_sharding_constraint_one_fallback_uncached constrains to: a PartitionSpec,
+    None (replicated) or _NO_CONSTRAINT."""
+    mesh_axes = _logical_to_mesh_axes(axis_resources, rules)
+    if mesh_axes is None:
+        return None
+    if fallback == RulesFallback.AXIS_IS_UNSHARDED:
+        mesh_axes = [None if a is _unassigned_axis else a for a in mesh_axes]
+    elif any(a is _unassigned_axis for a in mesh_axes):
+        if fallback == RulesFallback.RAISE_ERROR:
+            raise ValueError(f'Axis names {axis_resources} did not match a rule')
+        return _NO_CONSTRAINT
+    return PartitionSpec(*mesh_axes)
+
+
+def _with_sharding_constraint_one_fallback_uncached(axis_resources, x, fallback, rules, mesh):
     mesh_axes = _logical_to_mesh_axes(axis_resources, rules)
     if mesh_axes is None:
         return _with_sharding_constraint(x, None, mesh=mesh)

@@ -42,6 +42,10 @@ from ._src.base import tree_util as _tree_util
 from .core import FrozenDict as _FrozenDict
 from ._src.nn import spmd as _spmd
 from ._src.nn.scope import Variable as _Variable
+from ._src.nn.scope import Scope as _Scope
+from ._src.nn.scope import _plain_fn_key, _plain_value
+from ._src.nn.module import Module as _Module
+from ._src.array.array import Array as _Array
 from ._src.nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundError
 from ._src.nn.scope import current_scope as _current_scope
 from ._src.nn.spmd import (LogicalRules, RulesFallback, logical_to_mesh, logical_to_mesh_axes,
@@ -209,6 +213,9 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
     module = _resolve_module(module)
+    value, key = _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes)
+    if key is None:
+        return value
     where = '/'.join(_path_of(module) + (name,))
     with _spmd._declaring(f'parameter {where!r}'):
         sharding = _born_sharding(axes)
@@ -225,7 +232,87 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
             value = with_sharding_constraint(value, _PartitionSpec(*axes))
             module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
                        reduce_fn=_param_with_axes_sow_reduce_fn)
+    if key is not _NO_KEY:
+        # an existing parameter passed every check above: the same declaration of a value
+        # of the same shape, under the same rules and mesh, passes them again
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        rules = key[4]
+        _CHECKED[key] = (_get_mesh(), _spmd._resolved_spec(
+            _PartitionSpec(*axes), RulesFallback.AXIS_IS_UNSHARDED, rules) if rules else None)
     return value
+
+
+# The declarations of existing parameters that passed param_with_axes' checks (the born
+# sharding's resolution, the shape the initializer would make, the axes' rank), keyed by
+# everything those checks read: the initializer (its code and plain closed-over values, see
+# scope._plain_fn_key), its arguments, the axes, the active rules (by value), the active
+# mesh (by identity: the entry keeps the mesh, so the id is not reused while it is stored),
+# whether a jit trace is active, and the value's shape. `model.apply` declares the same
+# parameters at every call; a declaration found here skips the pure checks and still does
+# what has effects or depends on the module's state (the declaration rule, the name's
+# reservation, the sharding constraint, the sow where 'params_axes' is mutable). Holds no
+# Array; strict rules, boxed or non-array values, other initializers take the full path.
+# Bounded: a full table is cleared.
+_CHECKED: dict = {}
+_CHECKED_MAX = 4096
+_NO_KEY = object()
+
+
+_SCOPE_METHODS = ('param', 'reserve', 'sow', '_collection', 'is_mutable_collection',
+                  'has_variable', 'get_variable')
+_PLAIN_CLASSES: dict = {}
+
+
+def _plain_class(cls, base, methods) -> bool:
+    """Whether ``cls`` keeps ``base``'s ``methods`` (which the shortcut stands for)."""
+    plain = _PLAIN_CLASSES.get(cls)
+    if plain is None:
+        plain = _PLAIN_CLASSES[cls] = all(getattr(cls, m) is getattr(base, m) for m in methods)
+    return plain
+
+
+def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes):
+    """``(value, None)`` for a declaration found in ``_CHECKED`` (done here), else ``(None,
+    key)``: the key under which the full path records it, or ``_NO_KEY``."""
+    if type(axes) is not tuple or _spmd._strict.rules is not None:
+        return None, _NO_KEY
+    if isinstance(module, _Module):
+        if not _plain_class(type(module), _Module, ('param', 'sow')):
+            return None, _NO_KEY
+        scope = module._scope
+    else:
+        scope = module
+    if not isinstance(scope, _Scope) or not _plain_class(type(scope), _Scope, _SCOPE_METHODS):
+        return None, _NO_KEY
+    d = scope._collection('params', create=False)
+    if d is None or name not in d:
+        return None, _NO_KEY        # a new parameter: made (and checked) by the full path
+    value = d[name]
+    tv = type(value)
+    if tv is not _Array and tv is not _np.ndarray:
+        return None, _NO_KEY
+    mesh = _get_mesh()
+    try:
+        key = (_plain_fn_key(init_fn), _plain_value(init_args, 0),
+               tuple(sorted((k, _plain_value(v, 0)) for k, v in init_kwargs.items()))
+               if init_kwargs else (),
+               axes, _spmd.get_logical_axis_rules(), id(mesh), _in_jit(), value.shape)
+        entry = _CHECKED.get(key)
+    except (TypeError, ValueError):
+        return None, _NO_KEY
+    if entry is None or entry[0] is not mesh:
+        return None, key
+    # as the full path does, less the checks this declaration passed before
+    if scope is not module:
+        module._check_declaring('Parameters')
+    scope.reserve(name, 'params')
+    if key[4]:   # with_sharding_constraint(value, PartitionSpec(*axes)), resolved before
+        value = _spmd._with_sharding_constraint(value, entry[1], mesh=None)
+    if scope.is_mutable_collection('params_axes'):
+        module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
+                   reduce_fn=_param_with_axes_sow_reduce_fn)
+    return value, None
 
 
 def _born_sharding(axes):

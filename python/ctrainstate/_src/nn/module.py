@@ -316,17 +316,12 @@ class Module:
 
     # dataclass calls __post_init__ after field assignment
     def __post_init__(self):
-        object.__setattr__(self, "_scope", None)
-        object.__setattr__(self, "_parent", None)
-        object.__setattr__(self, "_setup_done", False)
-        object.__setattr__(self, "_in_setup", False)
-        object.__setattr__(self, "_auto_counts", {})
-        object.__setattr__(self, "_call_names", set())
-        object.__setattr__(self, "_field_names", ())
-        object.__setattr__(self, "_setup_names", set())   # submodules setup() defined
-        object.__setattr__(self, "_setup_reserved", set())  # and its variables' reservations
-        object.__setattr__(self, "_fields_adopted", False)
-        object.__setattr__(self, "_children", {})
+        self.__dict__.update(
+            _scope=None, _parent=None, _setup_done=False, _in_setup=False, _auto_counts={},
+            _call_names=set(), _field_names=(),
+            _setup_names=set(),      # submodules setup() defined
+            _setup_reserved=set(),   # and its variables' reservations
+            _fields_adopted=False, _children={})
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
         stack = _module_stack()
@@ -345,10 +340,13 @@ class Module:
                 object.__setattr__(self, "_orphan_of", type(parent).__name__)
 
     def __setattr__(self, key, value):
-        if getattr(self, "_scope", None) is not None and not getattr(self, "_in_setup", False) \
-                and not key.startswith("_"):
+        # (the instance's own state: __getattr__ raises for a missing private name, so a
+        # plain dict lookup sees the same, without an exception per field in __init__)
+        d = self.__dict__
+        in_setup = d.get("_in_setup", False)
+        if d.get("_scope") is not None and not in_setup and not key.startswith("_"):
             raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
-        if getattr(self, "_in_setup", False) and not key.startswith("_"):
+        if in_setup and not key.startswith("_"):
             field = type(self).__dataclass_fields__.get(key)
             if field is not None and field.init:
                 # Flax's SetAttributeInModuleSetupError: a field is the module's hyperparameter
@@ -449,6 +447,8 @@ class Module:
             if f.name == "name":
                 continue
             v = getattr(self, f.name)
+            if type(v) in _SCALARS:
+                continue          # no module inside, and _freeze_attr keeps it
             nv = _freeze_attr(self._adopt(f.name, v))
             if nv is not v:
                 object.__setattr__(self, f.name, nv)
@@ -793,6 +793,9 @@ class _Identity:
 
     def __hash__(self):
         return id(self.obj)
+
+
+_SCALARS = frozenset({int, float, complex, str, bytes, bool, type(None)})
 
 
 def _freeze_attr(val):

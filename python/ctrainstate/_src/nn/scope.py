@@ -7,6 +7,8 @@ import threading
 import types
 from typing import Any, Callable, Iterable
 
+from numpy import dtype as _np_dtype
+
 from . import meta
 from ..array.abstract import abstract_mode
 from ..base.tree_util import tree_leaves
@@ -179,6 +181,44 @@ def _value_key(v, depth):
         return _fn_key(v, depth + 1)
     hash(v)
     return v
+
+
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), type})
+
+
+def _plain_fn_key(f, depth=0):
+    """:func:`_fn_key` for an initializer whose defaults and closed-over values are all
+    plain values (numbers, strings, None, classes, numpy dtypes, tuples of those, other such
+    functions): a key holding nothing else (no Array, no object hashed by identity), each
+    value with its type (``1`` and ``1.0`` are different keys). Raises TypeError otherwise."""
+    if depth > 4:
+        raise TypeError('initializer nested too deeply to key')
+    t = type(f)
+    if t is types.FunctionType:
+        cells = f.__closure__
+        kwd = f.__kwdefaults__
+        return (f.__code__, _plain_value(f.__defaults__, depth) if f.__defaults__ else (),
+                tuple(sorted((k, _plain_value(v, depth)) for k, v in kwd.items())) if kwd else (),
+                tuple(_plain_value(c.cell_contents, depth) for c in cells) if cells else ())
+    if t is functools.partial:
+        return ('partial', _plain_fn_key(f.func, depth + 1), _plain_value(f.args, depth),
+                tuple(sorted((k, _plain_value(v, depth)) for k, v in f.keywords.items())))
+    raise TypeError('not a plain initializer')
+
+
+def _plain_value(v, depth):
+    t = type(v)
+    if t is int or t is str or v is None:
+        return v          # no value of another type keys equal to these (bool, float are tagged)
+    if t is tuple:
+        return tuple([_plain_value(e, depth) for e in v])
+    if t in _PLAIN:
+        return (t, v)
+    if t is types.FunctionType or t is functools.partial:
+        return _plain_fn_key(v, depth + 1)
+    if isinstance(v, _np_dtype):
+        return (_np_dtype, v)
+    raise TypeError('not a plain value')
 
 
 def _expected_shapes_cached(init_fn, init_args, init_kwargs):

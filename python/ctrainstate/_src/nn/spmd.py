@@ -313,7 +313,7 @@ def _with_sharding_constraint(x, axis_resources, mesh=None):
 
 def _constrain_array(x, axis_resources, mesh):
     spec = PartitionSpec() if axis_resources is None else axis_resources
-    if any(e is PartitionSpec.UNCONSTRAINED for e in spec):
+    if PartitionSpec.UNCONSTRAINED in spec:   # (compared by identity: it defines no __eq__)
         cur = x.sharding
         cur_spec = tuple(cur.spec) if isinstance(cur, NamedSharding) and cur.mesh == mesh else ()
         # an unconstrained dimension keeps its current split, less the mesh axes the
@@ -330,16 +330,87 @@ def _constrain_array(x, axis_resources, mesh):
             return left if left else None
         spec = PartitionSpec(*[keep(i) if e is PartitionSpec.UNCONSTRAINED else e
                                for i, e in enumerate(spec)])
-    target = _replicate_uneven(NamedSharding(mesh, spec), x.shape)
-    if x.sharding == target:
+    target = _replicate_uneven(_named_sharding(mesh, spec), x.shape)
+    cur = x.sharding
+    if cur is target or cur == target:
         return x
     if x.dtype == np.float32:
         return with_sharding(x, target)
     return device_put(x, target)
 
 
+# NamedSharding(mesh, spec) per (mesh, spec): a constraint inside a model resolves to the same
+# few shardings at every call, and a NamedSharding validates its layout when it is made. Keyed
+# on the mesh's identity (the entry keeps the mesh, so the id is not reused while it is in the
+# table) and the spec's value; a spec or mesh that is refused raises and is not stored. Bounded:
+# a full table is cleared. Holds no Array.
+_SHARDINGS: dict = {}
+_SHARDINGS_MAX = 1024
+
+
+def _named_sharding(mesh, spec):
+    try:
+        entry = _SHARDINGS.get((id(mesh), spec))
+    except TypeError:   # an unhashable entry in the spec: made every time
+        return NamedSharding(mesh, spec)
+    if entry is not None and entry[0] is mesh:
+        return entry[1]
+    sharding = NamedSharding(mesh, spec)
+    if len(_SHARDINGS) >= _SHARDINGS_MAX:
+        _SHARDINGS.clear()
+    _SHARDINGS[(id(mesh), spec)] = (mesh, sharding)
+    return sharding
+
+
 def _with_sharding_constraint_one_fallback(axis_resources, x, fallback=RulesFallback.AXIS_IS_UNSHARDED,
                                            rules=None, mesh=None):
+    if rules is not None and _strict.rules is None:
+        spec = _resolved_spec(axis_resources, fallback, rules)
+        if spec is _NO_CONSTRAINT:
+            return x
+        return _with_sharding_constraint(x, spec, mesh=mesh)
+    return _with_sharding_constraint_one_fallback_uncached(axis_resources, x, fallback, rules, mesh)
+
+
+# The mesh-axis spec per (logical spec, rules, fallback), as _with_sharding_constraint_one_fallback
+# resolves it (_NO_CONSTRAINT: the constraint is skipped); for rules given by value and no strict
+# rules installed (a strict error names the variable being declared). A resolution that raises
+# is not stored. Bounded: a full table is cleared.
+_RESOLVED: dict = {}
+_RESOLVED_MAX = 4096
+_NO_CONSTRAINT = object()
+
+
+def _resolved_spec(axis_resources, fallback, rules):
+    try:
+        key = (axis_resources, rules, fallback)
+        spec = _RESOLVED.get(key, _RESOLVED)
+    except TypeError:   # unhashable rules or spec
+        return _resolve_one(axis_resources, fallback, rules)
+    if spec is _RESOLVED:
+        spec = _resolve_one(axis_resources, fallback, rules)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = spec
+    return spec
+
+
+def _resolve_one(axis_resources, fallback, rules):
+    """The spec _with_sharding_constraint_one_fallback_uncached constrains to: a PartitionSpec,
+    None (replicated) or _NO_CONSTRAINT."""
+    mesh_axes = _logical_to_mesh_axes(axis_resources, rules)
+    if mesh_axes is None:
+        return None
+    if fallback == RulesFallback.AXIS_IS_UNSHARDED:
+        mesh_axes = [None if a is _unassigned_axis else a for a in mesh_axes]
+    elif any(a is _unassigned_axis for a in mesh_axes):
+        if fallback == RulesFallback.RAISE_ERROR:
+            raise ValueError(f'Axis names {axis_resources} did not match a rule')
+        return _NO_CONSTRAINT
+    return PartitionSpec(*mesh_axes)
+
+
+def _with_sharding_constraint_one_fallback_uncached(axis_resources, x, fallback, rules, mesh):
     mesh_axes = _logical_to_mesh_axes(axis_resources, rules)
     if mesh_axes is None:
         return _with_sharding_constraint(x, None, mesh=mesh)
@@ -381,6 +452,11 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
         rules = get_logical_axis_rules()
     if not rules or logical_axis_resources is None:
         return x
+    if _is_logical_spec(logical_axis_resources):
+        # one spec for the whole of x (the common case): what the prefix map below does for
+        # a spec leaf at the root, without the map
+        return _with_sharding_constraint_one_fallback(logical_axis_resources, x,
+                                                      fallback=fallback, rules=rules, mesh=mesh)
     fn = functools.partial(_with_sharding_constraint_one_fallback, fallback=fallback, rules=rules,
                            mesh=mesh)
     return _tree_map_prefix(fn, logical_axis_resources, x, _is_logical_spec)

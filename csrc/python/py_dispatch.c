@@ -54,6 +54,9 @@ enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
 typedef struct {
     int used, fast;
+    int busy; /* calls running from this plan: it is neither replaced nor cleared meanwhile
+               * (a call releases the GIL around large kernels, and allocating may run a
+               * garbage collection, whose finalizers may call primitives) */
     /* key: the operands' (shape, dtype, sharding); for a scalar operand the shape is NULL
      * and `side` says which (1: b is the scalar, 2: a is) */
     PyObject *ka_shape, *ka_dtype, *ka_sharding;
@@ -398,8 +401,17 @@ static plan_entry *lookup(prim *p, ct_py_array *a, ct_py_array *b, int side, PyO
         return NULL;
     }
     if (plan == NULL) return NULL;
-    plan_entry *e = &p->cache[p->next];
-    p->next = (p->next + 1) % NCACHE;
+    plan_entry *e = NULL; /* the next entry no call is running from */
+    for (int t = 0; t < NCACHE && e == NULL; t++) {
+        plan_entry *c = &p->cache[(p->next + t) % NCACHE];
+        if (c->busy == 0) e = c;
+    }
+    if (e == NULL) { /* every plan in use (threads): this call is the Python op's */
+        Py_DECREF(plan);
+        Py_DECREF(kst);
+        return NULL;
+    }
+    p->next = (int)(e - p->cache + 1) % NCACHE;
     entry_clear(e);
     if (plan != Py_None && entry_set_plan(e, plan) < 0) {
         Py_DECREF(plan);
@@ -717,10 +729,22 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
 }
 
 /* The plan and kernels of fast_call; NULL without an exception: the Python op's call. */
+static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
+                           int track);
+
 static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *scalar, int side,
                           PyObject *const *args, int track) {
     plan_entry *e = lookup(p, a, b, side, args);
     if (e == NULL) return NULL; /* the planner's exception, if any, propagates */
+    e->busy++;
+    PyObject *res = run_entry(e, a, b, scalar, track);
+    e->busy--;
+    return res;
+}
+
+/* The call from plan e (held busy by the caller). */
+static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
+                           int track) {
     if (track && e->kind == K_EWISE) return NULL; /* (16-bit and int ops record in Python) */
     float alpha = 0.0f, beta = 0.0f;
     if (e->kind == K_SCALAR) {
@@ -920,7 +944,8 @@ static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static void prim_clear_cache(prim *p) {
-    for (int i = 0; i < NCACHE; i++) entry_clear(&p->cache[i]);
+    for (int i = 0; i < NCACHE; i++)
+        if (p->cache[i].busy == 0) entry_clear(&p->cache[i]); /* (one in use stays) */
     p->next = 0;
 }
 

@@ -513,3 +513,36 @@ def test_kernel_codes_are_read_from_C_not_copied():
                     and getattr(node.value.func, "id", None) == "range"):
                 copies.append(f"{path.relative_to(root)}:{node.lineno}")
     assert copies == []
+
+
+def test_threads_replacing_plans_while_a_call_runs_without_the_gil():
+    """A call on a large Array releases the GIL around its kernels; other threads planning
+    many new kinds meanwhile do not replace or clear the plan it runs from."""
+    big = cts.device_put(np.full((512, 256), 0.25, np.float32), _mesh_sharding(("x", "y")))
+    want = np.asarray(_ops.exp.__wrapped__(big))      # the Python op, alone
+    assert np.allclose(want, np.exp(0.25))
+    smalls = [cts.device_put(np.ones((n,), np.float32)) for n in range(1, 41)]
+    errors, stop = [], threading.Event()
+
+    def churn():
+        try:
+            while not stop.is_set():
+                for a in smalls:
+                    _ops.exp(a)
+                _ops.exp.cache_clear()
+        except BaseException as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(30):
+            out = _ops.exp(big)
+            assert out.sharding == big.sharding and out.shape == big.shape
+            np.testing.assert_array_equal(np.asarray(out), want)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert errors == []

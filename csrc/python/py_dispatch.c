@@ -1024,7 +1024,15 @@ static PyObject *prim_get_wrapped(prim *p, void *c) {
     return Py_NewRef(p->fallback);
 }
 
+/* Pickled (and copied) by reference, as a function: its name in its module. */
+static PyObject *prim_reduce(prim *p, PyObject *noargs) {
+    (void)noargs;
+    return Py_NewRef(p->name);
+}
+
 static PyMethodDef prim_methods[] = {
+    {"__reduce__", (PyCFunction)prim_reduce, METH_NOARGS,
+     "__reduce__($self, /)\n--\n\nBy reference: the primitive's name in its module."},
     {"cache_info", (PyCFunction)prim_cache_info, METH_NOARGS,
      "cache_info($self, /)\n--\n\nPlan-cache counters: hits, misses (planned), fallbacks (calls "
      "that ran the Python op), entries, size."},

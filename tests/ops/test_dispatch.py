@@ -429,6 +429,11 @@ def test_primitive_objects_look_like_the_functions_they_replace():
     assert Holder().f is cnp.sin       # not bound as a method, as a builtin function
     info = p.cache_info()
     assert set(info) == {"hits", "misses", "fallbacks", "entries", "size"}
+    import copy
+    import pickle
+    for prim in (cnp.sin, cnp.add, cnp.sum, cnp.matmul, _ops.sum):
+        assert pickle.loads(pickle.dumps(prim)) is prim     # by reference, as a function
+        assert copy.deepcopy(prim) is prim
 
 
 def test_a_planner_that_says_no_or_returns_a_bad_plan():

@@ -5,6 +5,8 @@ optimizers in a C extension, on CPU virtual devices and NVIDIA GPUs, without JAX
 >>> cts.device_count() >= 1
 True
 """
+import functools as _functools
+
 from . import _C, config
 from ._C import DonatedBufferError, ResourceExhaustedError
 from ._src.base.devices import (Device, default_backend, device_count, devices, gpu_status,
@@ -88,9 +90,8 @@ class disable_jit:
         return False
 
     def __call__(self, fn):
-        import functools
 
-        @functools.wraps(fn)
+        @_functools.wraps(fn)
         def wrapped(*args, **kwargs):
             with disable_jit(self._disable):
                 return fn(*args, **kwargs)

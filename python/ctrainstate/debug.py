@@ -11,6 +11,7 @@ x = [1. 2.]
 """
 from __future__ import annotations
 
+import numpy as np
 import builtins
 from typing import Callable
 
@@ -23,7 +24,6 @@ __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding"
 
 
 def _host(tree):
-    import numpy as np
     return tree_map(lambda v: np.asarray(v) if isinstance(v, Array) else v, tree)
 
 

@@ -196,6 +196,43 @@ def test_no_function_level_import_of_the_package(package_graph):
         f"{m}:{line} imports {t}" for m, t, line in in_functions)
 
 
+# packages a function may import on use: optional dependencies (extras, peers, launchers)
+OPTIONAL = {"jax", "jaxlib", "flax", "optax", "orbax", "t5x", "transformers", "scipy",
+            "matplotlib", "tqdm", "safetensors", "msgpack", "xxhash", "mpi4py", "torch", "cupy",
+            "IPython", "nbformat", "nbclient", "ipywidgets", "tensorflow"}
+
+
+def function_level_imports(root: Path, optional=OPTIONAL) -> list:
+    """'path:line: statement' of every import inside a function of a module under ``root``
+    that is not of an optional dependency (a relative import counts)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(node):
+                if isinstance(n, ast.Import):
+                    tops = {a.name.split(".")[0] for a in n.names}
+                elif isinstance(n, ast.ImportFrom):
+                    tops = {"." if n.level else n.module.split(".")[0]}
+                else:
+                    continue
+                if tops - optional:
+                    found.append(f"{path.relative_to(root.parent)}:{n.lineno}: {ast.unparse(n)}")
+    return found
+
+
+def test_no_function_level_import_but_optional_dependencies():
+    """Standard-library, numpy and package imports are at module level; only optional
+    dependencies are imported where they are used."""
+    assert function_level_imports(ROOT) == []
+
+
+def test_self_test_function_level_imports(tmp_path):
+    _write(tmp_path / "pkg", {"__init__.py": "", "a.py": "def f():\n    import os\n    import jax\n"})
+    assert [x.split(": ", 1)[1] for x in function_level_imports(tmp_path / "pkg")] == ["import os"]
+
+
 def test_no_import_cycle_through_package_inits():
     """Importing ``a.b.c`` runs ``a/b/__init__.py`` first: a module that imports from a package
     whose ``__init__`` imports it back is in a cycle too (why nn's core is in _src)."""

@@ -11,6 +11,8 @@ needs, so no file is ever mapped or read whole.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+import ml_dtypes
 import json
 import math
 import os
@@ -44,7 +46,6 @@ def np_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         return np.dtype(_dtypes.bfloat16)
     if name.startswith("float8"):
-        import ml_dtypes
         return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
@@ -209,7 +210,6 @@ def run_parallel(tasks) -> None:
         for t in tasks:
             t()
         return
-    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(n, thread_name_prefix="ctrainstate-ckpt-io") as pool:
         futures = [pool.submit(t) for t in tasks]
     for f in futures:

@@ -18,6 +18,9 @@ True
 """
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 from typing import Any
 
 import numpy as np
@@ -90,8 +93,6 @@ def prefetch_to_device(iterator, size: int, devices=None):
     ``i`` on ``devices[i]``, the layout :func:`ctrainstate.pmap` takes without a gather).
     ``devices`` defaults to the local devices. Placement is synchronous here, so the lookahead
     bounds memory (``size`` placed batches) rather than hiding transfer time."""
-    import collections
-    import itertools
 
     if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 0:
         raise ValueError(f"prefetch_to_device: size must be a non-negative int, got {size!r}")
@@ -132,7 +133,6 @@ def pad_shard_unpad(wrapped, static_argnums=(0,), static_argnames=(), static_ret
     >>> f(replicate(np.float32(2.0)), np.arange(3, dtype=np.float32)).tolist()
     [0.0, 2.0, 4.0]
     """
-    import functools
 
     static_argnums = tuple(static_argnums) if not isinstance(static_argnums, int) else (
         static_argnums,)

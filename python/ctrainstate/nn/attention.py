@@ -41,6 +41,7 @@ like the projected keys); see the class.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import functools
 import inspect
 import warnings
@@ -72,7 +73,6 @@ __all__ = ["dot_product_attention_weights", "dot_product_attention",
 
 def _big_neg(dtype) -> float:
     """Flax's ``big_neg``: ``jnp.finfo(dtype).min`` of the compute dtype."""
-    import ml_dtypes
     return float(ml_dtypes.finfo(dtype).min)
 
 

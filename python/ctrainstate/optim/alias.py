@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -312,7 +313,6 @@ def optimistic_adam(learning_rate: float, optimism: float | None = None,
     optimistic_adam_v2, and so warning here too): chain(scale_by_adam(..., nesterov),
     scale_by_optimistic_gradient(alpha=learning_rate, beta=optimism or learning_rate),
     scale_by_learning_rate(1.0)). ``learning_rate`` must be a number (optax's ValueError)."""
-    import warnings
     warnings.warn("`optimistic_adam` is deprecated, please use `optimistic_adam_v2` instead.",
                   category=DeprecationWarning, stacklevel=2)
     if callable(learning_rate):

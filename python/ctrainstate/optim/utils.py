@@ -15,6 +15,7 @@ are differentiable. ``stateless`` transforms run through ``tx.update`` (not fuse
 """
 from __future__ import annotations
 
+import numpy as np
 from typing import Any, Callable
 
 from .._src.ops import ops as _ops
@@ -37,7 +38,6 @@ ScalarOrSchedule = Any
 
 
 def _shape(x):
-    import numpy as np
     return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
 
 
@@ -75,7 +75,6 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     The label's logit is selected (not multiplied) with a one-hot built on the host and
     placed like ``logits``, so a ``-inf`` logit of another class (a masked-out class) leaves
     the loss finite, as optax's gather does; this works on any device and sharding."""
-    import numpy as np
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
                                   "supported; weight the per-example losses instead")

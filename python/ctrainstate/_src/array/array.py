@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..base.hooks import provide as _provide
 _provide('array', __name__)   # lower layers call into this module through _hooks.upper
 
+import warnings
 import html
 from typing import Any, Callable, NamedTuple
 
@@ -483,7 +484,6 @@ def _sharding_state(s: Sharding):
 
 def _unpickle_array(host: np.ndarray, state) -> Array:
     """Place the values of a pickled Array by ``state`` (see :meth:`Array.__reduce__`)."""
-    import warnings
     if state is None:
         return device_put(host, devices()[0])
     kind, rest = state[0], state[1:]

@@ -9,6 +9,8 @@ refuses to change them after it.
 """
 from __future__ import annotations
 
+import importlib.util
+import warnings
 import glob
 import os
 import threading
@@ -28,7 +30,6 @@ def _warn_forked_single_threaded() -> None:
     they run on one thread here: OpenMP's thread pool does not survive fork, and a kernel
     that waited for it would hang (the C core runs such a child's kernels on one thread)."""
     if _C.forked_single_threaded():
-        import warnings
         warnings.warn(
             "ctrainstate: this process was fork()ed after CPU kernels had started OpenMP "
             "threads, which do not survive fork; kernels run on one thread in this process. "
@@ -42,7 +43,6 @@ os.register_at_fork(after_in_child=_warn_forked_single_threaded)
 
 def _nccl_from_wheel() -> str | None:
     """libnccl.so.2 of the nvidia-nccl-cu13 (or -cu12) wheel, if one is installed."""
-    import importlib.util
     try:
         spec = importlib.util.find_spec("nvidia.nccl")
     except (ImportError, ValueError):

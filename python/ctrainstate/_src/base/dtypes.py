@@ -6,6 +6,7 @@ uint32); complex and other dtypes raise ``TypeError`` naming the dtype.
 """
 from __future__ import annotations
 
+import operator
 import ml_dtypes
 import numpy as np
 
@@ -84,7 +85,6 @@ def int_tuple(seq, what: str, scalar: bool = False, expected: str | None = None)
     dtypes are: integers only (``operator.index``, so ``(2.5,)`` is refused rather than
     truncated, as jax refuses it). ``scalar``: a lone integer is a 1-tuple. Otherwise a
     TypeError saying "<what> must be <expected>, got <seq>"."""
-    import operator
     try:
         if scalar and (not hasattr(seq, "__iter__") or getattr(seq, "ndim", None) == 0):
             return (operator.index(seq),)   # an int, a numpy integer, a 0-d array

@@ -2,6 +2,7 @@
 docstring is there)."""
 from __future__ import annotations
 
+import dataclasses
 import collections
 import functools
 from typing import Any, Callable, NamedTuple
@@ -230,7 +231,6 @@ def register_dataclass(nodetype, data_fields=None, meta_fields=None, drop_fields
     >>> tree_leaves(P(1.0)), tree_map(lambda v: v * 2, P(1.0, 'u'))
     ([1.0], P(x=2.0, tag='u'))
     """
-    import dataclasses
     if data_fields is None or meta_fields is None:
         if (data_fields is None) != (meta_fields is None):
             raise TypeError(f"register_dataclass: data_fields and meta_fields must both be given "

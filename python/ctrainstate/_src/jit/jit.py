@@ -23,6 +23,8 @@ PartitionSpec()
 """
 from __future__ import annotations
 
+import inspect
+import numpy as np
 import functools
 from typing import Any, Callable, Sequence
 
@@ -91,7 +93,6 @@ def _place(spec_tree, tree, *, none_means_replicated: bool, what: str):
 
 
 def _is_array_like(x) -> bool:
-    import numpy as np
     return isinstance(x, (np.ndarray, np.generic))
 
 
@@ -138,7 +139,6 @@ def _argnames(value, what: str) -> tuple:
 def _positional_params(fun):
     """(names of positional parameters, whether fun takes *args, whether it takes
     **kwargs, all parameter names) or None when the signature is unknown."""
-    import inspect
     try:
         sig = inspect.signature(fun)
     except (TypeError, ValueError):

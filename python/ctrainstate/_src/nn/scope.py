@@ -2,6 +2,7 @@
 docstring is there)."""
 from __future__ import annotations
 
+import numpy as np
 import functools
 import threading
 import types
@@ -138,7 +139,6 @@ def _leaves(value) -> list:
 def _expected_shapes(init_fn, init_args, init_kwargs):
     """The leaf shapes of ``init_fn(key, *init_args, **init_kwargs)`` made abstractly (Flax's
     ``jax.eval_shape`` of the initializer), or None when it cannot run abstractly."""
-    import numpy as np
     try:
         with abstract_mode():
             value = init_fn(np.zeros(2, np.uint32), *init_args, **init_kwargs)
@@ -415,7 +415,6 @@ class Scope:
         """Flax's check that an existing parameter has the shape its initializer makes (the
         module's hyperparameters match the variables given to ``apply``): compared leaf by
         leaf, dtypes not (a half-precision copy for inference is fine)."""
-        import numpy as np
         expected = _expected_shapes_cached(init_fn, init_args, init_kwargs)
         if expected is None:
             return

@@ -33,6 +33,7 @@ generic two-argument ``computation`` is applied as given (its own gradient).
 """
 from __future__ import annotations
 
+import operator as _op
 import math
 import operator
 
@@ -576,7 +577,6 @@ def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numb
 
 def _reducer_kind(computation):
     """'add', 'max', 'min' or 'mul' for the known monoid functions, else None."""
-    import operator as _op
     _lax = _upper('lax')
     for mod, names in ((cnp, {"add": "add", "maximum": "max", "minimum": "min",
                               "multiply": "mul"}),

@@ -2,6 +2,8 @@
 docstring is there)."""
 from ..base.hooks import provide as _provide
 _provide('numpy', __name__)   # lower layers call into this module through _hooks.upper
+import math as _math
+import operator
 import numpy as _np
 
 from ..ops.ops import (abs, add, around, ceil, expm1, floor, log1p, reciprocal, round, sign, trunc,
@@ -233,7 +235,6 @@ vdot = _o._with_dtype_policy(vdot, (0, 1))
 
 def _products_abstract_rules():
     """Inside ``eval_shape`` these return ShapeDtypeStructs of jnp's result shapes."""
-    import math as _math
 
     def size(x):
         return _math.prod(_o._shp(x))
@@ -589,7 +590,6 @@ def diff(a, n=1, axis=-1):
 
 
 def _operator_index(v, what):
-    import operator
     try:
         return operator.index(v)
     except TypeError:

@@ -26,6 +26,10 @@ from __future__ import annotations
 from ..base.hooks import provide as _provide
 _provide('_ops', __name__)   # lower layers call into this module through _hooks.upper
 
+import ctypes
+import functools
+import inspect
+import os
 import builtins
 import math
 import operator
@@ -75,7 +79,6 @@ def _ensure_blas():
     if _blas_checked:
         return
     _blas_checked = True
-    import os
     if os.environ.get("CTRAINSTATE_NO_BLAS"):
         return
     try:
@@ -91,7 +94,6 @@ def _single_thread_scipy_blas() -> bool:
     """Ask scipy's own OpenBLAS copy for one thread: our OpenMP loop splits GEMMs across the
     cores, and two thread pools spinning on the same cores slow each other down. numpy's
     OpenBLAS (a separate library) is left alone. False if that library cannot be found."""
-    import ctypes
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "scipy.libs" in line and "openblas" in line}
@@ -981,7 +983,6 @@ around = round
 
 
 def _int_arg(v, who: str) -> int:
-    import operator
     if isinstance(v, bool):
         raise TypeError(f"{who} must be an int, got {v!r}")
     try:
@@ -2153,7 +2154,6 @@ def _int_in(v, rdt):
 def _data_args(fn, args, kwargs, pos, rest_from):
     """The positions (ints) and keyword names of ``fn``'s data operands in this call (a
     data operand passed by keyword counts by its parameter's name)."""
-    import inspect
     idx = [i for i in pos if i < len(args)]
     if rest_from is not None:
         idx += list(range(rest_from, len(args)))
@@ -2170,7 +2170,6 @@ def _data_args(fn, args, kwargs, pos, rest_from):
 def _with_dtype_policy(fn, pos=(0,), rest_from=None):
     """Wrap op ``fn`` with the 16-bit float policy above (``pos``: the positions of its data
     operands; ``rest_from``: all positions from there on, einsum's operands)."""
-    import functools
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -2250,7 +2249,6 @@ def _int_dispatch(fn, name, pos):
     """Route op ``fn`` to the integer / bool kernels (:mod:`ctrainstate._src.ops.elementwise`) when an
     operand is an integer or bool Array (or numpy value) and jax's promotion of the data
     operands is not a float dtype; float results keep the float path."""
-    import functools
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -2335,7 +2333,6 @@ def _abstract_rules():
 
 
 def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
-    import functools
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
@@ -2359,7 +2356,6 @@ def _fast_f32(outer, inner):
     would pass such a call through unchanged (no ShapeDtypeStruct, no integer or bool
     operand, no 16-bit one), so its result is the same; it saves their three argument scans
     (about 2 us of a 10 us ``a + b``)."""
-    import functools
     f32 = _DT_F32
 
     @functools.wraps(outer)
@@ -2389,7 +2385,6 @@ def _lowp_integer_power(outer):
     """``power`` with 16-bit floats raised to an integer going to :func:`_integer_pow` in
     their own dtype (the dtype policy would compute the whole power in float32 and round
     once, which is not what jax's integer_pow does)."""
-    import functools
 
     @functools.wraps(outer)
     def wrapped(x, p):

@@ -3,6 +3,7 @@ on them); :mod:`ctrainstate.random` re-exports it with the samplers of ``_random
 ``_random_gamma`` and ``_random_discrete``, which import this module."""
 from __future__ import annotations
 
+from collections.abc import Sequence as _Seq
 import math
 from typing import Sequence
 
@@ -683,7 +684,6 @@ def choice(k, a, shape=(), replace: bool = True, p=None, axis: int = 0, mode=Non
     >>> choice(PRNGKey(1), np.array([10, 20, 30]), (4,), p=np.array([0., 1., 0.])).tolist()
     [20, 20, 20, 20]
     """
-    from collections.abc import Sequence as _Seq
     _key_words(k)
     if not isinstance(shape, _Seq):
         raise TypeError(f"shape argument of jax.random.choice must be a sequence, got {shape}")

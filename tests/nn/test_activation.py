@@ -10,6 +10,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import nn
+from float_checks import assert_ulps as _assert_ulps, ord_f32 as _ord
 
 
 def _jax():
@@ -50,26 +51,6 @@ def test_activations_match_jax():
 # --- the activations built on the float functions (softplus ... standardize,
 # gelu(approximate=False)): values against float64 numpy, gradients against finite differences and
 # jax (recorded; live in each test's twin marked `parity`: `jax_ref`)
-
-def _ord(a):
-    i = np.asarray(a, np.float32).view(np.int32).astype(np.int64)
-    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
-
-
-def _assert_ulps(got, want, n, what=""):
-    """``got`` within ``n`` ulps of ``want`` (float32) elementwise; NaN where ``want`` is NaN;
-    +0.0 and -0.0 count as equal."""
-    got = np.asarray(got, np.float32)
-    want = np.asarray(want, np.float32)
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan), (what, got[np.isnan(got) != nan])
-    d = np.abs(_ord(got[~nan]) - _ord(want[~nan]))
-    if d.size:
-        i = int(np.argmax(d))
-        assert d[i] <= n, (what, f"{d[i]} ulps at x-index {i}: got {got[~nan][i]!r}, "
-                                 f"want {want[~nan][i]!r}")
-
 
 _vec_erfc = np.vectorize(math.erfc)
 _RNG = np.random.default_rng(0)

@@ -20,30 +20,11 @@ from conftest import assert_same_bits
 from conftest import on_gpu
 from recorded import assert_exact
 from recorded import exact_record
+from float_checks import assert_ulps as _assert_ulps, ord_f32 as _ord
 
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
-
-
-def _ord(a):
-    i = np.asarray(a, np.float32).view(np.int32).astype(np.int64)
-    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
-
-
-def _assert_ulps(got, want, n, what=""):
-    """``got`` within ``n`` ulps of ``want`` (float32) elementwise; NaN where ``want`` is NaN;
-    +0.0 and -0.0 count as equal."""
-    got = np.asarray(got, np.float32)
-    want = np.asarray(want, np.float32)
-    assert got.shape == want.shape, (what, got.shape, want.shape)
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan), (what, got[np.isnan(got) != nan])
-    d = np.abs(_ord(got[~nan]) - _ord(want[~nan]))
-    if d.size:
-        i = int(np.argmax(d))
-        assert d[i] <= n, (what, f"{d[i]} ulps at x-index {i}: got {got[~nan][i]!r}, "
-                                 f"want {want[~nan][i]!r}")
 
 
 def _normal(x):

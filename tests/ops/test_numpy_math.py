@@ -17,6 +17,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import P
+from float_checks import ord_f32 as _ord
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
@@ -29,11 +30,6 @@ def _jax():
 
 
 # --- ulp distance ---------------------------------------------------------------------------
-
-def _ord(a):
-    i = np.asarray(a, np.float32).view(np.int32).astype(np.int64)
-    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
-
 
 def _ulps(got, want):
     """float32 steps between got and want (float32); 0 where both are NaN, a huge number

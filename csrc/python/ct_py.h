@@ -112,6 +112,8 @@ PyObject *ct_py_array_new(PyObject *shape, PyObject *dtype, PyObject *sharding, 
 /* 0 when the Array is neither donated nor holds a deleted buffer, else -1 with
  * DonatedBufferError. */
 int ct_py_array_check_alive(PyObject *a);
+/* Write a buffer's block into the host numpy array `host` at `start` (_C.copy_to_host). */
+PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start);
 /* New Arrays owning items[i]'s blocks, the old ones marked donated (Array._moved_all).
  * Every item must be an Array that is neither donated nor a view: otherwise nothing
  * changes, *bad is its index and NULL is returned without an exception (TypeError for a

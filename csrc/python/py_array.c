@@ -291,6 +291,138 @@ static PyObject *array_get_ndim(ct_py_array *self, void *c) {
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }
 
+/* --- host conversions ------------------------------------------------------------------ */
+
+/* The Array gathered into a new numpy array of its dtype: each block with replica id 0
+ * written at its start. */
+static PyObject *array_gather(PyObject *self) {
+    ct_py_array *a = (ct_py_array *)self;
+    if (ct_py_array_check_alive(self) < 0) return NULL;
+    if (a->shape == NULL || !PyTuple_Check(a->shape) || a->dtype == NULL ||
+        !PyArray_DescrCheck(a->dtype) || !PyList_Check(a->blocks)) {
+        PyErr_SetString(PyExc_TypeError, "Array: shape, dtype or blocks of the wrong type");
+        return NULL;
+    }
+    const Py_ssize_t nd = PyTuple_GET_SIZE(a->shape);
+    if (nd > CT_MAX_NDIM) return PyErr_Format(PyExc_ValueError, "Array: rank %zd", nd);
+    npy_intp dims[CT_MAX_NDIM];
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(a->shape, d));
+        if (dims[d] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_INCREF(a->dtype); /* (PyArray_Empty steals the descriptor) */
+    PyObject *out = PyArray_Empty((int)nd, dims, (PyArray_Descr *)a->dtype, 0);
+    if (out == NULL) return NULL;
+    PyObject *blocks = Py_NewRef(a->blocks);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
+        PyObject *b = PyList_GET_ITEM(blocks, i);
+        if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 4) {
+            PyErr_SetString(PyExc_TypeError, "Array: a block is not (device, buffer, start, rid)");
+            goto fail;
+        }
+        long rid = PyLong_AsLong(PyTuple_GET_ITEM(b, 3));
+        if (rid == -1 && PyErr_Occurred()) goto fail;
+        if (rid != 0) continue; /* a replica: its primary block has the same bytes */
+        PyObject *r = ct_py_copy_to_host(PyTuple_GET_ITEM(b, 1), out, PyTuple_GET_ITEM(b, 2));
+        if (r == NULL) goto fail;
+        Py_DECREF(r);
+    }
+    Py_DECREF(blocks);
+    return out;
+fail:
+    Py_DECREF(blocks);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *array_array(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+    static const char *const names[] = {"dtype", "copy"};
+    PyObject *vals[2] = {Py_None, Py_None};
+    const Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) return PyErr_Format(PyExc_TypeError, "__array__ takes at most 2 arguments");
+    for (Py_ssize_t i = 0; i < nargs; i++) vals[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < 2 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) j++;
+        if (j == 2 || j < nargs)
+            return PyErr_Format(PyExc_TypeError, "__array__() got an unexpected keyword %R", key);
+        vals[j] = args[nargs + k];
+    }
+    /* (copy: the result is always a new array, which every value of copy allows) */
+    PyArray_Descr *want = NULL;
+    if (vals[0] != Py_None && !PyArray_DescrConverter(vals[0], &want)) return NULL;
+    PyObject *out = array_gather(self);
+    if (out == NULL || want == NULL) {
+        Py_XDECREF(want);
+        return out;
+    }
+    if (PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)out), want)) {
+        Py_DECREF(want);
+        return out;
+    }
+    PyObject *cast = PyArray_CastToType((PyArrayObject *)out, want, 0); /* (steals want) */
+    Py_DECREF(out);
+    return cast;
+}
+
+/* The one element as a Python scalar (item()); ValueError for any other size. */
+static PyObject *array_item(PyObject *self, PyObject *noargs) {
+    (void)noargs;
+    ct_py_array *a = (ct_py_array *)self;
+    if (a->shape == NULL || !PyTuple_Check(a->shape)) {
+        PyErr_SetString(PyExc_TypeError, "Array: shape is not a tuple");
+        return NULL;
+    }
+    int64_t n = 1;
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(a->shape); d++) {
+        long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(a->shape, d));
+        if (s == -1 && PyErr_Occurred()) return NULL;
+        n *= s;
+    }
+    if (n != 1) {
+        PyErr_SetString(PyExc_ValueError, "item() needs an Array of one element");
+        return NULL;
+    }
+    PyObject *host = array_gather(self);
+    if (host == NULL) return NULL;
+    PyObject *v = PyArray_GETITEM((PyArrayObject *)host, PyArray_DATA((PyArrayObject *)host));
+    Py_DECREF(host);
+    return v;
+}
+
+static PyObject *array_float(PyObject *self) {
+    PyObject *v = array_item(self, NULL);
+    if (v == NULL) return NULL;
+    PyObject *f = PyNumber_Float(v);
+    Py_DECREF(v);
+    return f;
+}
+
+static PyObject *array_int(PyObject *self) {
+    PyObject *v = array_item(self, NULL);
+    if (v == NULL) return NULL;
+    PyObject *i = PyNumber_Long(v);
+    Py_DECREF(v);
+    return i;
+}
+
+/* `if loss < 1.0:` reads the one element; a larger Array has no single truth value. */
+static int array_bool(PyObject *self) {
+    PyObject *v = array_item(self, NULL);
+    if (v == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError))
+            PyErr_SetString(PyExc_ValueError,
+                            "The truth value of an array with more than one element is "
+                            "ambiguous. Use a.any() or a.all()");
+        return -1;
+    }
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
 static PyMemberDef array_members[] = {
     {"_shape", T_OBJECT_EX, offsetof(ct_py_array, shape), 0, "The global shape (a tuple)."},
     {"_dtype", T_OBJECT_EX, offsetof(ct_py_array, dtype), 0, "The numpy dtype."},
@@ -326,6 +458,12 @@ static PyMethodDef array_type_methods[] = {
     {"_moved", array_moved, METH_NOARGS,
      "_moved($self, /)\n--\n\n"
      "A new Array owning this one's buffers (the same blocks); this one becomes donated."},
+    {"__array__", (PyCFunction)(void (*)(void))array_array, METH_FASTCALL | METH_KEYWORDS,
+     "__array__($self, dtype=None, copy=None)\n--\n\n"
+     "The Array gathered to a new numpy array (of `dtype` when given): the bytes of each\n"
+     "block, replicas read once."},
+    {"item", array_item, METH_NOARGS,
+     "item($self, /)\n--\n\nThe one element as a Python scalar (ValueError for another size)."},
     {"_check_alive", array_check_alive, METH_NOARGS,
      "_check_alive($self, /)\n--\n\n"
      "DonatedBufferError if the Array was donated or a buffer deleted."},
@@ -345,6 +483,9 @@ static PyType_Slot array_slots[] = {
     {Py_nb_true_divide, ct_py_array_nb_true_divide},
     {Py_nb_negative, ct_py_array_nb_negative},
     {Py_nb_matrix_multiply, ct_py_array_nb_matmul},
+    {Py_nb_float, array_float},
+    {Py_nb_int, array_int},
+    {Py_nb_bool, array_bool},
     {0, NULL},
 };
 

@@ -29,7 +29,10 @@
  *   kind   K_UNARY (ct_op_unary op), K_BINARY (ct_op_binary op, float32), K_EWISE (ct_op_ewise
  *          op in the operands' dtype), K_REDUCE (ct_op_reduce op over red_mask; a copy when
  *          0), K_SCALAR (an Array and a Python scalar: `op` is a S_* rule giving the affine or
- *          reciprocal kernel's constants from the scalar at each call)
+ *          reciprocal kernel's constants from the scalar at each call), K_COPY (each block's
+ *          bytes copied into an output block of another shape: a reshape that keeps every
+ *          block; any dtype), K_BCAST (the first operand's block broadcast to the output block,
+ *          any dtype the kernels have; a second operand, if any, only gives the plan's key)
  *   blocks a list of (device, start, replica_id), the output's blocks in the operands' block
  *          order; groups: lists of block positions to all-reduce with red_op after the kernels.
  */
@@ -41,7 +44,7 @@
 
 #include "../core/ct_ops.h"
 
-enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COUNT };
+enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COPY, K_BCAST, K_COUNT };
 /* K_SCALAR rules: the constants of `array (op) s` / `s (op) array` */
 enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
@@ -479,6 +482,18 @@ static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_bu
         if (e->red_mask == 0)
             return ct_op_unary(dev, CT_UN_AFFINE, 1.0f, 0.0f, nelem(o), x->data, o->data);
         return ct_op_reduce(dev, e->op, x->ndim, x->shape, e->red_mask, x->data, o->data);
+    case K_COPY: { /* a reshape: the same elements in the same order */
+        int64_t nbytes = (int64_t)o->nbytes, one = 1;
+        return dev->backend->copy_block(dev, dev, 1, &nbytes, 1, o->data, &one, x->data, &one);
+    }
+    case K_BCAST: /* max(v, v) is v, bit for bit (ct_ops_math.h, ct_ewise_math.h): with x
+                   * broadcast on both sides the kernel is a broadcasting copy */
+        st = ct_broadcast_strides(o->ndim, o->shape, x->ndim, x->shape, sa);
+        if (st != CT_OK) return st;
+        if (x->dtype == CT_F32)
+            return ct_op_binary(dev, CT_BIN_MAX, o->ndim, o->shape, o->data, x->data, sa, x->data, sa);
+        return ct_op_ewise(dev, CT_EW_MAX, (int)x->dtype, o->ndim, o->shape, o->data, x->data, sa,
+                           x->data, sa);
     case K_MATMUL: { /* op: bit 0 transposes the stored a (k x m), bit 1 the stored b (n x k) */
         const int64_t m = e->mnk[0], n = e->mnk[1], k = e->mnk[2];
         const int ta = e->op & 1, tb = (e->op >> 1) & 1;
@@ -752,7 +767,8 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
         int r = scalar_consts(e->op, scalar, &alpha, &beta);
         if (r != 0) return NULL; /* (an error stays set and propagates) */
     } else if (scalar != NULL ||
-               (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != (b != NULL)) {
+               (e->kind != K_BCAST &&
+                (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != (b != NULL))) {
         return NULL;
     }
     ct_py_buffer *xs[MAXB], *ys[MAXB], *os[MAXB];
@@ -770,7 +786,13 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
                 return NULL;
     }
     for (int i = 0; i < e->nblk; i++) { /* the kernels' operand dtypes and sizes */
-        if (e->kind == K_EWISE) {
+        if (e->kind == K_COPY || e->kind == K_BCAST) { /* (b: the key only) */
+            if ((int)xs[i]->dtype != e->out_dt) return NULL;
+            if (e->kind == K_COPY && nelem(xs[i]) != e->out_elems) return NULL;
+            if (e->kind == K_BCAST && xs[i]->dtype != CT_F32 &&
+                !ct_ewise_supported(CT_EW_MAX, (int)xs[i]->dtype))
+                return NULL;
+        } else if (e->kind == K_EWISE) {
             if (ys[i]->dtype != xs[i]->dtype) return NULL;
         } else if (xs[i]->dtype != CT_F32 || (b != NULL && ys[i]->dtype != CT_F32)) {
             return NULL;
@@ -1132,6 +1154,163 @@ static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_
     Py_RETURN_NONE;
 }
 
+/* --- the backward pass ------------------------------------------------------------------ */
+
+/* cot.pop(key) as a new reference, NULL without an exception when absent. */
+static PyObject *dict_pop(PyObject *cot, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(cot, key);
+    if (v == NULL) return NULL;
+    Py_INCREF(v);
+    if (PyDict_DelItem(cot, key) < 0) Py_CLEAR(v);
+    return v;
+}
+
+/* cot[key] = value, or cot[key] + value (the add primitive) when cot has key already. */
+static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
+    PyObject *prev = PyDict_GetItemWithError(cot, key);
+    if (prev == NULL) return PyErr_Occurred() ? -1 : PyDict_SetItem(cot, key, value);
+    if (slot_prims[0] == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "tape_backward: dispatch_register was not called");
+        return -1;
+    }
+    PyObject *args[2] = {prev, value};
+    Py_INCREF(prev); /* (the addition may run Python code that changes cot) */
+    PyObject *sum = PyObject_Vectorcall(slot_prims[0], args, 2, NULL);
+    Py_DECREF(prev);
+    if (sum == NULL) return -1;
+    int rc = PyDict_SetItem(cot, key, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* One (out, inputs, vjp) node: its output's cotangent through vjp into those of its tracked
+ * Array inputs. */
+static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTypeObject *at) {
+    if (!PyTuple_CheckExact(node) || PyTuple_GET_SIZE(node) != 3 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(node, 1))) {
+        PyErr_SetString(PyExc_TypeError, "tape_backward: a node is not (out, inputs, vjp)");
+        return -1;
+    }
+    PyObject *key = PyLong_FromVoidPtr(PyTuple_GET_ITEM(node, 0));
+    if (key == NULL) return -1;
+    PyObject *g = dict_pop(cot, key);
+    Py_DECREF(key);
+    if (g == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *gs = PyObject_CallOneArg(PyTuple_GET_ITEM(node, 2), g);
+    Py_DECREF(g);
+    if (gs == NULL) return -1;
+    PyObject *seq = PySequence_Fast(gs, "tape_backward: a vjp returns a sequence of cotangents");
+    Py_DECREF(gs);
+    if (seq == NULL) return -1;
+    PyObject *inputs = PyTuple_GET_ITEM(node, 1);
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    if (PySequence_Fast_GET_SIZE(seq) < n) n = PySequence_Fast_GET_SIZE(seq);
+    int rc = 0;
+    for (Py_ssize_t j = 0; j < n && rc == 0; j++) {
+        PyObject *x = PyTuple_GET_ITEM(inputs, j), *gx = PySequence_Fast_GET_ITEM(seq, j);
+        if (gx == Py_None || !Py_IS_TYPE(x, at)) continue;
+        PyObject *kx = PyLong_FromVoidPtr(x);
+        if (kx == NULL) {
+            rc = -1;
+            break;
+        }
+        int in = PySet_Contains(tracked, kx);
+        if (in < 0) rc = -1;
+        else if (in) rc = accumulate(cot, kx, gx);
+        Py_DECREF(kx);
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* A group node (outs, inputs, vjp attributes): vjp(output cotangents, the inputs' so far)
+ * gives the inputs' new cotangents, which replace theirs. */
+static int backward_group(PyObject *node, PyObject *cot) {
+    PyObject *outs = PyObject_GetAttrString(node, "outs");
+    PyObject *inputs = outs ? PyObject_GetAttrString(node, "inputs") : NULL;
+    PyObject *vjp = inputs ? PyObject_GetAttrString(node, "vjp") : NULL;
+    PyObject *gs = NULL, *prevs = NULL, *news = NULL, *seq = NULL;
+    int rc = -1, any = 0;
+    if (vjp == NULL) goto done;
+    if (!PyTuple_Check(outs) || !PyTuple_Check(inputs)) {
+        PyErr_SetString(PyExc_TypeError, "tape_backward: a group's outs and inputs are tuples");
+        goto done;
+    }
+    gs = PyList_New(PyTuple_GET_SIZE(outs));
+    if (gs == NULL) goto done;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
+        PyObject *k = PyLong_FromVoidPtr(PyTuple_GET_ITEM(outs, j));
+        if (k == NULL) goto done;
+        PyObject *g = dict_pop(cot, k);
+        Py_DECREF(k);
+        if (g == NULL && PyErr_Occurred()) goto done;
+        any |= g != NULL;
+        PyList_SET_ITEM(gs, j, g != NULL ? g : Py_NewRef(Py_None));
+    }
+    if (!any) {
+        rc = 0;
+        goto done;
+    }
+    prevs = PyList_New(PyTuple_GET_SIZE(inputs));
+    if (prevs == NULL) goto done;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
+        PyObject *k = PyLong_FromVoidPtr(PyTuple_GET_ITEM(inputs, j));
+        if (k == NULL) goto done;
+        PyObject *v = PyDict_GetItemWithError(cot, k);
+        Py_DECREF(k);
+        if (v == NULL && PyErr_Occurred()) goto done;
+        PyList_SET_ITEM(prevs, j, Py_NewRef(v != NULL ? v : Py_None));
+    }
+    news = PyObject_CallFunctionObjArgs(vjp, gs, prevs, NULL);
+    if (news == NULL) goto done;
+    seq = PySequence_Fast(news, "tape_backward: a group's vjp returns a sequence");
+    if (seq == NULL) goto done;
+    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    if (PySequence_Fast_GET_SIZE(seq) < n) n = PySequence_Fast_GET_SIZE(seq);
+    rc = 0;
+    for (Py_ssize_t j = 0; j < n && rc == 0; j++) {
+        PyObject *gx = PySequence_Fast_GET_ITEM(seq, j);
+        if (gx == Py_None) continue;
+        PyObject *k = PyLong_FromVoidPtr(PyTuple_GET_ITEM(inputs, j));
+        rc = k == NULL ? -1 : PyDict_SetItem(cot, k, gx);
+        Py_XDECREF(k);
+    }
+done:
+    Py_XDECREF(outs);
+    Py_XDECREF(inputs);
+    Py_XDECREF(vjp);
+    Py_XDECREF(gs);
+    Py_XDECREF(prevs);
+    Py_XDECREF(news);
+    Py_XDECREF(seq);
+    return rc;
+}
+
+static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 4)
+        return PyErr_Format(PyExc_TypeError, "tape_backward takes 4 arguments (%zd given)", n);
+    PyObject *nodes = args[0], *tracked = args[1], *cot = args[2], *group = args[3];
+    if (!PyList_Check(nodes) || !PyAnySet_Check(tracked) || !PyDict_Check(cot) ||
+        !PyType_Check(group))
+        return PyErr_Format(PyExc_TypeError,
+                            "tape_backward(nodes: list, tracked: set, cot: dict, group_type)");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    for (Py_ssize_t i = PyList_GET_SIZE(nodes) - 1; i >= 0; i--) {
+        if (i >= PyList_GET_SIZE(nodes)) { /* (a vjp shortened the list) */
+            i = PyList_GET_SIZE(nodes);
+            continue;
+        }
+        PyObject *node = Py_NewRef(PyList_GET_ITEM(nodes, i));
+        int rc = Py_IS_TYPE(node, (PyTypeObject *)group) ? backward_group(node, cot)
+                                                          : backward_node(node, tracked, cot, at);
+        Py_DECREF(node);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef dispatch_methods[] = {
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
      "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
@@ -1140,6 +1319,13 @@ static PyMethodDef dispatch_methods[] = {
      "C path records on, the thread-local of the matmul precision (`default`, `process`), the\n"
      "NamedSharding class (equal ones share plans), and the primitives behind the Array's\n"
      "+ - * / @ and unary -."},
+    {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,
+     "tape_backward(nodes, tracked, cot, group_type, /)\n--\n\n"
+     "The backward pass over a tape's nodes, last to first: each (out, inputs, vjp) node takes\n"
+     "cot[id(out)] (popped; a node without one is skipped), calls vjp on it, and adds each\n"
+     "cotangent of a tracked Array input (id in `tracked`) into cot[id(input)] with the add\n"
+     "primitive; a group_type node (outs, inputs, vjp) calls vjp(output cotangents, the inputs'\n"
+     "so far) and stores the inputs' new ones. `cot` (id -> Array) is updated in place."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1163,9 +1349,9 @@ int ct_py_init_dispatch(PyObject *m) {
     if (t == NULL) return -1;
     prim_type = (PyTypeObject *)t;
     if (PyModule_AddObjectRef(m, "Primitive", t) < 0) return -1;
-    PyObject *kinds = Py_BuildValue("{sisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY, "EWISE",
-                                    K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR, "MATMUL",
-                                    K_MATMUL);
+    PyObject *kinds = Py_BuildValue("{sisisisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY,
+                                    "EWISE", K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR,
+                                    "MATMUL", K_MATMUL, "COPY", K_COPY, "BCAST", K_BCAST);
     if (kinds == NULL || PyModule_AddObject(m, "dispatch_kinds", kinds) < 0) {
         Py_XDECREF(kinds);
         return -1;

@@ -265,9 +265,19 @@ static PyArrayObject *host_arg(PyObject *obj, ct_py_buffer *buf, const int64_t *
     return a;
 }
 
+static PyObject *copy_host(PyObject *bobj, PyObject *hobj, PyObject *sobj, int to_host);
+
 static PyObject *py_copy_host(PyObject *args, int to_host) {
     PyObject *bobj, *hobj, *sobj;
     if (!PyArg_ParseTuple(args, "OOO", &bobj, &hobj, &sobj)) return NULL;
+    return copy_host(bobj, hobj, sobj, to_host);
+}
+
+PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start) {
+    return copy_host(buffer, host, start, 1);
+}
+
+static PyObject *copy_host(PyObject *bobj, PyObject *hobj, PyObject *sobj, int to_host) {
     /* the start first: reading it may run Python code (__index__), which could delete the
      * buffer after its check */
     int64_t start[CT_MAX_NDIM];

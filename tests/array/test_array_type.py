@@ -100,3 +100,67 @@ def test_move_arrays_all_or_nothing():
     assert c._donated is False
     with pytest.raises(TypeError, match="not an Array"):
         _C.move_arrays([c, object()])
+
+
+def _mesh(shape=(2, 4)):
+    return cts.Mesh(np.array(cts.devices()[:8]).reshape(shape), ("x", "y"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, cts.numpy.bfloat16, np.int32, np.bool_])
+def test_array_gathers_every_layout_in_c(dtype):
+    """__array__ (C) writes each block once (replicas skipped) into a new numpy array of the
+    Array's dtype, or of the dtype asked for."""
+    h = (np.arange(64).reshape(8, 8) % 7 - 3).astype(dtype)
+    for spec in ((), ("x",), (None, "y"), ("x", "y"), ("y", "x")):
+        a = cts.device_put(h, cts.NamedSharding(_mesh(), cts.P(*spec)))
+        out = a.__array__()
+        assert type(out) is np.ndarray and out.dtype == h.dtype and out.flags.writeable
+        np.testing.assert_array_equal(out, h)
+        assert out is not a.__array__()                      # a new array each time
+        np.testing.assert_array_equal(np.asarray(a, np.float64), h.astype(np.float64))
+        assert np.asarray(a, dtype=np.float64).dtype == np.float64
+        assert np.array(a, copy=True).dtype == h.dtype
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        a.__array__(order="C")
+    with pytest.raises(TypeError):
+        a.__array__("not a dtype")
+
+
+def test_item_float_int_bool_read_the_one_element():
+    for v, dt in ((2.5, np.float32), (-3, np.int32), (1.5, cts.numpy.bfloat16), (True, np.bool_)):
+        x = cts.device_put(np.array(v, dt))
+        assert x.item() == v and type(x.item()) is type(np.array(v, dt).item())
+        assert float(x) == float(v) and int(x) == int(v) and bool(x) is bool(v)
+    one = cts.device_put(np.float32([[0.0]]), cts.NamedSharding(_mesh(), cts.P()))
+    assert one.item() == 0.0 and not one
+    many = cts.device_put(np.float32([1.0, 2.0]))
+    with pytest.raises(ValueError, match="one element"):
+        many.item()
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(many)
+    with pytest.raises(ValueError, match="one element"):
+        float(many)
+
+
+def test_host_reads_of_a_donated_or_deleted_array_raise():
+    x = cts.device_put(np.float32([1.0]))
+    y = cts.device_put(np.float32(4.0))
+    x._moved()
+    y.delete()
+    for f in (np.asarray, float, bool, lambda a: a.item()):
+        with pytest.raises(cts.DonatedBufferError):
+            f(x)
+        with pytest.raises(cts.DonatedBufferError, match="deleted"):
+            f(y)
+
+
+def test_numpy_ufuncs_give_numpy_and_ndarray_operators_give_arrays():
+    """As with jax.Array (no __array_ufunc__): np.sin(x) converts x and returns numpy;
+    `ndarray + x` is x's reflected operator, an Array."""
+    x = cts.device_put(np.float32([0.5, 1.0]))
+    s = np.sin(x)
+    assert type(s) is np.ndarray
+    np.testing.assert_array_equal(s, np.sin(np.float32([0.5, 1.0])))
+    r = np.float32([1.0, 2.0]) + x
+    assert type(r) is cts.Array
+    np.testing.assert_array_equal(np.asarray(r), [1.5, 3.0])

@@ -551,3 +551,130 @@ def test_threads_replacing_plans_while_a_call_runs_without_the_gil():
         for t in threads:
             t.join(30)
     assert errors == []
+
+
+# --- layout primitives: reshape, broadcast_to, the reductions' broadcast back ---------------
+
+def _finite(rng, shape, dtype):
+    v = rng.standard_normal(shape).astype(np.float32) * 30
+    v.reshape(-1)[:2] = [-0.0, 0.0]
+    return v.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, cnp.bfloat16, np.float16, np.int32, np.bool_])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_reshape_c_path_equals_python_op(dtype, where):
+    """A reshape that keeps every block (any dtype: bytes are copied) runs from its plan; the
+    result and its sharding are the Python op's."""
+    rng = np.random.default_rng(7)
+    sh = dict(_placements())[where]
+    x = cts.device_put(_finite(rng, (8, 12), dtype), sh)
+    # (on the mesh, 8 = 2 x 4 and 12 = 4 x 3 split along 'x' (2) and 'y' (4): blocks kept)
+    for shape in ((8, 4, 3), (2, 4, 12), (8, 12, 1)):
+        _same(_run_fast(_ops.reshape, x, shape), _ops.reshape.__wrapped__(x, shape))
+    # -1 is resolved per call of the same static value
+    _same(_run_fast(_ops.reshape, x, (8, -1, 3)), _ops.reshape.__wrapped__(x, (8, 4, 3)))
+
+
+def test_reshape_that_gathers_or_keeps_the_shape_takes_the_python_op():
+    x = cts.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), _mesh_sharding(("x", "y")))
+    before = _ops.reshape.cache_info()
+    y = _ops.reshape(x, (32,))            # ('x','y') both sharded in one group: gathered
+    assert _ops.reshape(x, (8, 4)) is x  # the same shape: x itself, as the Python op
+    assert _ops.reshape.cache_info()["fallbacks"] == before["fallbacks"] + 2
+    np.testing.assert_array_equal(np.asarray(y), np.arange(32, dtype=np.float32))
+    with pytest.raises(ValueError, match="cannot reshape"):
+        _ops.reshape(x, (5, 7))
+    with pytest.raises(ValueError, match="cannot reshape"):
+        _ops.reshape(x, (5, 7))           # (a refused plan is cached: the same error again)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, cnp.bfloat16, np.int32])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_broadcast_to_c_path_equals_python_op(dtype, where):
+    rng = np.random.default_rng(8)
+    sh = dict(_placements())[where]
+    x = cts.device_put(_finite(rng, (8, 1, 4), dtype),
+                       None if sh is None else _mesh_sharding(("x", None, "y")))
+    for shape in ((8, 6, 4), (3, 8, 5, 4)):
+        fast = _run_fast(_ops.broadcast_to, x, shape)
+        _same(fast, _ops.broadcast_to.__wrapped__(x, shape))
+        np.testing.assert_array_equal(np.asarray(fast), np.broadcast_to(np.asarray(x), shape))
+
+
+def test_broadcast_to_keeps_negative_zero_inf_and_nan():
+    """A broadcast is a copy: -0.0 stays -0.0 on both paths (jnp.broadcast_to's bits)."""
+    v = np.float32([-0.0, 0.0, np.inf, -np.inf, np.nan, 1.5])
+    for dt in (np.float32, cnp.bfloat16, np.float16):
+        x = cts.device_put(v.astype(dt))
+        for out in (_run_fast(_ops.broadcast_to, x, (3, 6)),
+                    _ops.broadcast_to.__wrapped__(x, (3, 6))):
+            h = np.asarray(out).astype(np.float32)
+            assert np.signbit(h[:, 0]).all() and not np.signbit(h[:, 1]).any(), dt
+            np.testing.assert_array_equal(h, np.broadcast_to(v, (3, 6)))
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, (0, 1)])
+def test_the_cotangent_of_a_sum_is_laid_out_as_its_operand(axis):
+    """sum's tape rule broadcasts the cotangent back in the operand's sharding from a plan
+    (_broadcast_like), bit for bit the Python ops' gradient."""
+    rng = np.random.default_rng(9)
+    x = cts.device_put(_values(rng, (8, 16)), _mesh_sharding(("x", "y")))
+    x = cts.device_put(np.nan_to_num(np.asarray(x), nan=1.0, posinf=2.0, neginf=-2.0),
+                       x.sharding)
+
+    def loss(ops):
+        return lambda x: ops["sum"](ops["multiply"](ops["sum"](ops["sin"](x), axis=axis), 2.0))
+    prims = {n: getattr(_ops, n) for n in ("sum", "multiply", "sin")}
+    python = {n: p.__wrapped__ for n, p in prims.items()}
+    cts.value_and_grad(loss(prims))(x)
+    before = _ops._broadcast_like.cache_info()
+    v1, g1 = cts.value_and_grad(loss(prims))(x)
+    after = _ops._broadcast_like.cache_info()   # (the outer sum's too, but of a scalar)
+    assert after["hits"] == before["hits"] + (1 if axis in (None, (0, 1)) else 2)
+    assert after["fallbacks"] == before["fallbacks"]
+    v2, g2 = cts.value_and_grad(loss(python))(x)
+    _same(g1, g2)
+    assert g1.sharding == x.sharding
+    np.testing.assert_allclose(np.asarray(g1), 2 * np.cos(np.asarray(x)), rtol=1e-6)
+
+
+def test_layout_primitives_record_on_the_tape():
+    """reshape and broadcast_to record their nodes from C; the gradients are the Python ops'."""
+    rng = np.random.default_rng(10)
+    x = cts.device_put(rng.standard_normal((4, 6)).astype(np.float32))
+
+    def loss(ops):
+        def f(x):
+            y = ops["broadcast_to"](ops["reshape"](x, (4, 1, 6)), (4, 3, 6))
+            return ops["sum"](ops["multiply"](ops["sin"](y), ops["reshape"](y, (12, 6))[:4, None]))
+        return f
+    prims = {n: getattr(_ops, n) for n in ("broadcast_to", "reshape", "sum", "multiply", "sin")}
+    python = {n: p.__wrapped__ for n, p in prims.items()}
+    cts.value_and_grad(loss(prims))(x)
+    before = {n: prims[n].cache_info()["hits"] for n in ("broadcast_to", "reshape")}
+    v1, g1 = cts.value_and_grad(loss(prims))(x)
+    assert all(prims[n].cache_info()["hits"] > before[n] for n in before)
+    v2, g2 = cts.value_and_grad(loss(python))(x)
+    assert _bits(v1) == _bits(v2)
+    _same(g1, g2)
+
+
+def test_tape_backward_validates_its_arguments():
+    with pytest.raises(TypeError, match="tape_backward"):
+        _C.tape_backward([], set(), {}, None)
+    with pytest.raises(TypeError, match="not \\(out, inputs, vjp\\)"):
+        x = cts.device_put(np.float32([1.0]))
+        _C.tape_backward([(x, x)], {id(x)}, {id(x): x}, _ops._Group)
+
+
+def test_tape_backward_adds_cotangents_of_an_input_read_twice_and_skips_untracked():
+    x = cts.device_put(np.float32([1.0, 2.0]))
+    c = cts.device_put(np.float32([5.0, 7.0]))
+    y = x + 0.0
+    # y = f(x, x, c): the vjp gives (g, 2g, g); x tracked, c not, a scalar input ignored
+    node = (y, (x, x, c, 3.0), lambda g: (g, g * 2.0, g, g))
+    cot = {id(y): cts.device_put(np.float32([1.0, 10.0]))}
+    _C.tape_backward([node], {id(x), id(y)}, cot, _ops._Group)
+    assert id(y) not in cot and id(c) not in cot
+    np.testing.assert_array_equal(np.asarray(cot[id(x)]), [3.0, 30.0])

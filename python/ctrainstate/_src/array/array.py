@@ -147,15 +147,10 @@ class _ArrayMethods(OperatorsMixin):
     def global_shards(self) -> list:
         return self.addressable_shards
 
-    def __array__(self, dtype=None, copy=None):
-        self._check_alive()
-        out = np.empty(self._shape, dtype=self._dtype)
-        for _, buf, start, rid in self._blocks:
-            if rid == 0:
-                _C.copy_to_host(buf, out, start)
-        if dtype is not None and np.dtype(dtype) != out.dtype:
-            out = out.astype(dtype)
-        return out
+    # __array__(dtype=None, copy=None): C (csrc/python/py_array.c), the Array gathered to a
+    # new numpy array. There is no __array_ufunc__, as on jax.Array: a numpy ufunc of an
+    # Array converts it with __array__ and returns numpy, while `ndarray (op) Array` runs the
+    # Array's reflected operator (__array_priority__), an Array.
 
     # --- DLPack -------------------------------------------------------------------------
     def _single_buffer(self):
@@ -185,23 +180,8 @@ class _ArrayMethods(OperatorsMixin):
             dev.synchronize()
         return self
 
-    def item(self):
-        if self.size != 1:
-            raise ValueError("item() needs an Array of one element")
-        return np.asarray(self).item()
-
-    def __float__(self):
-        return float(self.item())
-
-    def __int__(self):
-        return int(self.item())
-
-    def __bool__(self):
-        # `if loss < 1.0:` reads the one element; a larger Array has no single truth value
-        if self.size != 1:
-            raise ValueError("The truth value of an array with more than one element is "
-                             "ambiguous. Use a.any() or a.all()")
-        return bool(self.item())
+    # item(), __float__, __int__, __bool__: C (py_array.c), the one element read through
+    # __array__'s gather (ValueError for another size).
 
     def __repr__(self):
         """``Array([1., 2.], dtype=float32)`` as jax prints it (numpy's layout, summarised

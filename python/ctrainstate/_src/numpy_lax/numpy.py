@@ -51,7 +51,7 @@ def _plan_sum(a, axis, dtype, out, keepdims):
 
 
 def _rule_sum(g, res, a, axis, dtype, out, keepdims):
-    return _o._rule_sum(g, res, a, axis, keepdims)
+    return _o._vjp_sum(g, res, a, axis, keepdims)
 
 
 sum = _C.Primitive("sum", 1, sum, _plan_sum, sum.__doc__, _rule_sum, ("where",),  # noqa: A001

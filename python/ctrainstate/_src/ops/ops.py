@@ -497,7 +497,7 @@ def _unbroadcast(g: Array, shape: tuple) -> Array:
     lead = nd - len(shape)
     axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
     r = sum(g, axis=tuple(axes), keepdims=False)
-    return reshape(r, shape)
+    return r if r.shape == tuple(shape) else reshape(r, tuple(shape))
 
 
 def _lift_pair(a, b):
@@ -1344,8 +1344,9 @@ def broadcast_to(x, shape) -> Array:
         return x
     _check_broadcast_to(x.shape, shape)
     zero = _new(shape, _place_of(x), [()] * len(shape))
-    # zeros + x: the output takes x's sharding where x is not broadcast
-    _C.op_unary(U_AFFINE, 0.0, 0.0, _bufs(zero), _bufs(zero))
+    # x + -0.0 is x for every x (-0.0, inf and NaN included): a broadcasting copy, whose
+    # output takes x's sharding where x is not broadcast
+    _C.op_unary(U_AFFINE, 0.0, -0.0, _bufs(zero), _bufs(zero))
     res = _binary_raw(B_ADD, x, zero)
     _record(res, (x,), lambda g: (_unbroadcast(g, x.shape),))
     return res
@@ -1407,6 +1408,35 @@ def _groups(old, new):
     return groups
 
 
+def _reshape_layout(x: Array, shape: tuple, place):
+    """``x``'s per-dimension mesh axes, those it keeps before a reshape to ``shape`` (a
+    group of merged or split dimensions keeps its sharding when its sharded dimension leads
+    it and the new leading dimension divides; any other sharded group is gathered), and the
+    result's."""
+    nd = x.ndim
+    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    keep_old = list(xn)
+    new_norm = [()] * len(shape)
+    sizes = dict(zip(place.axis_names, place.devices.shape)) if not isinstance(place, Device) else {}
+    for od, ndims in _groups([s for s in x.shape], list(shape)):
+        sharded = [d for d in od if xn[d]]
+        ok = False
+        if not sharded:
+            ok = True
+        elif sharded == [od[0]] and ndims:
+            # the group's leading new dimension of more than one element (size-1 ones before
+            # it hold no data) takes the sharding when the mesh axes divide it
+            lead = next((d for d in ndims if shape[d] != 1), ndims[0])
+            parts = math.prod(sizes[a] for a in xn[od[0]])
+            if shape[lead] % parts == 0:
+                new_norm[lead] = xn[od[0]]
+                ok = True
+        if not ok:
+            for d in od:
+                keep_old[d] = ()
+    return xn, keep_old, new_norm
+
+
 def reshape(x, shape) -> Array:
     """Reshape. Sharding is kept where it maps onto whole blocks (a sharded dimension leading
     its merged/split group, with the new leading dimension divisible); otherwise that group is
@@ -1426,28 +1456,11 @@ def reshape(x, shape) -> Array:
     shape = tuple(shape)
     if shape == x.shape:
         return x
-    nd = x.ndim
-    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
     place = _place_of(x)
     if 0 in shape or 0 in x.shape:
         out = _new(shape, place, [()] * len(shape), x.dtype)
         return out
-    keep_old = list(xn)
-    new_norm = [()] * len(shape)
-    sizes = dict(zip(place.axis_names, place.devices.shape)) if not isinstance(place, Device) else {}
-    for od, ndims in _groups([s for s in x.shape], list(shape)):
-        sharded = [d for d in od if xn[d]]
-        ok = False
-        if not sharded:
-            ok = True
-        elif sharded == [od[0]] and ndims:
-            parts = math.prod(sizes[a] for a in xn[od[0]])
-            if shape[ndims[0]] % parts == 0:
-                new_norm[ndims[0]] = xn[od[0]]
-                ok = True
-        if not ok:
-            for d in od:
-                keep_old[d] = ()
+    xn, keep_old, new_norm = _reshape_layout(x, shape, place)
     src = _to(x, place, keep_old)
     out = _new(shape, place, new_norm, x.dtype)
     for (_, ob, _, _), (_, ib, _, _) in zip(out._blocks, src._blocks):
@@ -1825,7 +1838,7 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
                 g = grads.get(id(x))
                 if g is None:
                     g = zeros_like(x)
-                elif g.sharding != x.sharding:
+                elif g._sharding is not x._sharding and g._sharding != x._sharding:
                     g = device_put(g, x.sharding)
                 gl.append(g)
             outs.append(tree_unflatten(td, gl))
@@ -1869,37 +1882,12 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
         if id(out) not in tape.tracked:
             return {}
         if g is None:
-            g = _lift(np.ones((), np.float32), _place_of(out))
-            if isinstance(out.sharding, NamedSharding):
-                g = device_put(g, out.sharding)
-            if out.dtype != np.float32:
-                g = _convert(g, out.dtype)
+            g = _filled_like(out, 1.0)   # out's dtype and sharding
         cot = {id(out): g}
-    for node in reversed(tape.nodes):
-        if type(node) is _Group:
-            gs = [cot.pop(id(o), None) for o in node.outs]
-            if all(x is None for x in gs):
-                continue
-            new = node.vjp(gs, [cot.get(id(x)) for x in node.inputs])
-            for x, gx in zip(node.inputs, new):
-                if gx is not None:
-                    cot[id(x)] = gx
-            continue
-        node_out, inputs, vjp = node
-        g = cot.pop(id(node_out), None)
-        if g is None:
-            continue
-        gs = vjp(g)
-        for x, gx in zip(inputs, gs):
-            if gx is None or not isinstance(x, Array) or id(x) not in tape.tracked:
-                continue
-            prev = cot.get(id(x))
-            if prev is None:
-                cot[id(x)] = gx
-            elif prev.dtype == np.float32 and gx.dtype == np.float32:
-                cot[id(x)] = _binary_raw(B_ADD, prev, gx)
-            else:  # 16-bit float cotangents accumulate in their dtype, as in jax
-                cot[id(x)] = add(prev, gx)
+    # last node to first, in C: each node's vjp on its output's cotangent, the results added
+    # into its tracked inputs' (by the add primitive: 16-bit float cotangents accumulate in
+    # their dtype, as in jax); a _Group continues its inputs' accumulation itself
+    _C.tape_backward(tape.nodes, tape.tracked, cot, _Group)
     return cot
 
 
@@ -2511,11 +2499,100 @@ def _plan_sum(x, axis=None, keepdims=False):
     return p if _same_devices(x, p) else None
 
 
-def _rule_sum(g, out, x, axis=None, keepdims=False):
-    """The tape rule of ``sum(x, axis)`` on the C path: as :func:`sum` records it."""
+def _vjp_sum(g, out, x, axis=None, keepdims=False):
+    """The tape rule of ``sum(x, axis)`` on the C path: ``g`` broadcast back over the summed
+    dimensions, laid out as ``x``."""
     axes = _axes(axis, x.ndim)
-    keep_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
-    return (broadcast_to(reshape(g, keep_shape), x.shape),)
+    if not axes:    # (a scalar's sum, or over no axis)
+        return (g,)
+    keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    return (_broadcast_like(reshape(g, keep_shape), x),)
+
+
+def _broadcast_like(g, x) -> Array:
+    """``g`` broadcast to ``x``'s shape, with ``x``'s sharding (the cotangent of a reduction
+    of ``x``)."""
+    out = broadcast_to(g, x.shape)
+    if not isinstance(x, Array) or out.sharding == x.sharding:
+        return out
+    return device_put(out, x.sharding)
+
+
+def _plan_reshape(x, shape):
+    """``reshape(x, shape)`` where every block keeps its elements (no dimension group is
+    gathered): each device copies its block's bytes; any dtype. ``shape`` is a tuple of ints
+    (other forms, a shape equal to ``x``'s, sizes 0: the Python op)."""
+    if type(shape) is not tuple:
+        return None
+    try:
+        shape = _rule_reshape(x, shape)
+    except ValueError:
+        return None
+    if shape == x._shape or 0 in shape or 0 in x._shape:
+        return None
+    place = _place_of(x)
+    xn, keep_old, new_norm = _reshape_layout(x, shape, place)
+    if keep_old != list(xn):
+        return None
+    p = _plan_out(_K["COPY"], 0, shape, x._dtype, place, new_norm)
+    return p if _same_devices(x, p) else None
+
+
+_BCAST_DTYPES = (_DT_F32,) + _EW_DTYPES
+
+
+def _plan_bcast(x, shape, like=None):
+    """A broadcasting copy of ``x`` to ``shape`` with ``x``'s mesh axes on its dimensions that
+    are not broadcast (``like``: with ``like``'s instead, where ``x``'s agree with them)."""
+    if x._dtype not in _BCAST_DTYPES or x._donated is not False or shape == x._shape:
+        return None
+    try:
+        _check_broadcast_to(x._shape, shape)
+    except ValueError:
+        return None
+    off = len(shape) - len(x._shape)
+    xn = _norm(x._sharding, len(x._shape)) if _mesh_key(x)[0] == "mesh" else [()] * len(x._shape)
+    place = _place_of(x)
+    out = [()] * off + [xn[d] if x._shape[d] == shape[d + off] else () for d in range(len(xn))]
+    if builtins.any(xn[d] and x._shape[d] != shape[d + off] for d in range(len(xn))):
+        return None
+    if like is not None:
+        ln = _norm(like._sharding, len(shape)) if _mesh_key(like)[0] == "mesh" else [()] * len(shape)
+        # each block of x meets the block of like's layout on the same device: x's mesh
+        # axes are like's on every dimension x does not broadcast
+        if _place_of(like) is not place or builtins.any(
+                x._shape[d] == shape[d + off] and xn[d] != ln[d + off] for d in range(len(xn))):
+            return None
+        out = list(ln)
+    p = _plan_out(_K["BCAST"], 0, shape, x._dtype, place, out)
+    return p if _same_devices(x, p) else None
+
+
+def _plan_broadcast_to(x, shape):
+    return _plan_bcast(x, shape) if type(shape) is tuple else None
+
+
+def _plan_broadcast_like(g, x):
+    if type(x) is not Array or x._dtype is not g._dtype:
+        return None
+    p = _plan_bcast(g, x._shape, x)
+    return p if p is None or _same_devices(x, p) else None
+
+
+def _vjp_reshape(g, out, x, shape):
+    """The tape rule of :func:`reshape` on the C path."""
+    return (reshape(g, x.shape),)
+
+
+def _vjp_broadcast_to(g, out, x, shape):
+    """The tape rule of :func:`broadcast_to` on the C path."""
+    return (_unbroadcast(g, x.shape),)
+
+
+def _vjp_broadcast_like(g, out, x, like):
+    """The tape rule of :func:`_broadcast_like` on the C path (``like`` only gives the shape
+    and layout)."""
+    return (_unbroadcast(g, x.shape), None)
 
 
 def _plan_matmul_t(ta: bool, tb: bool):
@@ -2550,7 +2627,7 @@ def _plan_matmul_t(ta: bool, tb: bool):
     return plan
 
 
-def _rule_matmul(g, out, a, b):
+def _vjp_matmul(g, out, a, b):
     """The tape rule of ``a @ b`` on the C path (float32 products)."""
     return _matmul_grads(g, a, b, False, False, _precision_F32)
 
@@ -2650,8 +2727,12 @@ def _make_primitives():
         _primitive(name, 1, _plan_unary(op), _rule_unary(_UNARY_VJPS[name]))
     for name, (op, rules) in _BINARY_PRIMS.items():
         _primitive(name, 2, _plan_binary(name, op, rules), _rule_binary(*_BINARY_VJPS[name]))
-    _primitive("sum", 1, _plan_sum, _rule_sum, statics=(("axis", None), ("keepdims", False)))
-    _primitive("matmul", 2, _plan_matmul_t(False, False), _rule_matmul,
+    _primitive("sum", 1, _plan_sum, _vjp_sum, statics=(("axis", None), ("keepdims", False)))
+    _primitive("reshape", 1, _plan_reshape, _vjp_reshape, statics=(("shape", None),))
+    _primitive("broadcast_to", 1, _plan_broadcast_to, _vjp_broadcast_to,
+               statics=(("shape", None),))
+    _primitive("_broadcast_like", 2, _plan_broadcast_like, _vjp_broadcast_like)
+    _primitive("matmul", 2, _plan_matmul_t(False, False), _vjp_matmul,
                none_keywords=("precision",))
     g = globals()
     g["around"] = g["round"]

@@ -423,6 +423,63 @@ static int array_bool(PyObject *self) {
     return t;
 }
 
+/* --- DLPack ----------------------------------------------------------------------------- */
+
+/* The buffer a whole-Array export hands out (a new reference): the first block's, when every
+ * block starts at the origin (one device, or replicated); BufferError otherwise. */
+static PyObject *single_buffer(PyObject *self) {
+    ct_py_array *a = (ct_py_array *)self;
+    if (ct_py_array_check_alive(self) < 0) return NULL;
+    if (!PyList_Check(a->blocks) || PyList_GET_SIZE(a->blocks) < 1) {
+        PyErr_SetString(PyExc_TypeError, "Array: no blocks");
+        return NULL;
+    }
+    PyObject *first = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(a->blocks); i++) {
+        PyObject *b = PyList_GET_ITEM(a->blocks, i);
+        if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 4) {
+            PyErr_SetString(PyExc_TypeError, "Array: a block is not (device, buffer, start, rid)");
+            return NULL;
+        }
+        if (first == NULL) {
+            first = b;
+            continue;
+        }
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(b, 2), PyTuple_GET_ITEM(first, 2), Py_EQ);
+        if (same < 0) return NULL;
+        if (!same) {
+            PyErr_SetString(PyExc_BufferError,
+                            "a sharded Array has no single buffer to export; export a shard "
+                            "instead: array.addressable_shards[i].data");
+            return NULL;
+        }
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(first, 1));
+}
+
+static PyObject *array_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    PyObject *buf = single_buffer(self);
+    if (buf == NULL) return NULL;
+    PyObject *name = PyUnicode_InternFromString("__dlpack__");
+    PyObject *meth = name != NULL ? PyObject_GetAttr(buf, name) : NULL;
+    Py_XDECREF(name);
+    Py_DECREF(buf);
+    if (meth == NULL) return NULL;
+    PyObject *r = PyObject_Vectorcall(meth, args, (size_t)nargs, kwnames);
+    Py_DECREF(meth);
+    return r;
+}
+
+static PyObject *array_dlpack_device(PyObject *self, PyObject *noargs) {
+    (void)noargs;
+    PyObject *buf = single_buffer(self);
+    if (buf == NULL) return NULL;
+    PyObject *r = PyObject_CallMethod(buf, "__dlpack_device__", NULL);
+    Py_DECREF(buf);
+    return r;
+}
+
 static PyMemberDef array_members[] = {
     {"_shape", T_OBJECT_EX, offsetof(ct_py_array, shape), 0, "The global shape (a tuple)."},
     {"_dtype", T_OBJECT_EX, offsetof(ct_py_array, dtype), 0, "The numpy dtype."},
@@ -462,6 +519,13 @@ static PyMethodDef array_type_methods[] = {
      "__array__($self, dtype=None, copy=None)\n--\n\n"
      "The Array gathered to a new numpy array (of `dtype` when given): the bytes of each\n"
      "block, replicas read once."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_FASTCALL | METH_KEYWORDS,
+     "__dlpack__($self, stream=None, **kwargs)\n--\n\n"
+     "Export (no copy) when the Array is held whole by each device (one device, or\n"
+     "replicated): the first device's buffer (Buffer.__dlpack__, whose arguments these are);\n"
+     "BufferError for a sharded Array."},
+    {"__dlpack_device__", array_dlpack_device, METH_NOARGS,
+     "__dlpack_device__($self, /)\n--\n\n(device type, device id) of the buffer __dlpack__ exports."},
     {"item", array_item, METH_NOARGS,
      "item($self, /)\n--\n\nThe one element as a Python scalar (ValueError for another size)."},
     {"_check_alive", array_check_alive, METH_NOARGS,

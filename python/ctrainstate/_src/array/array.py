@@ -152,23 +152,8 @@ class _ArrayMethods(OperatorsMixin):
     # Array converts it with __array__ and returns numpy, while `ndarray (op) Array` runs the
     # Array's reflected operator (__array_priority__), an Array.
 
-    # --- DLPack -------------------------------------------------------------------------
-    def _single_buffer(self):
-        self._check_alive()
-        starts = {start for _, _, start, _ in self._blocks}
-        if len(starts) != 1:
-            raise BufferError(
-                "a sharded Array has no single buffer to export; export a shard instead: "
-                "array.addressable_shards[i].data")
-        return self._blocks[0][1]
-
-    def __dlpack__(self, stream=None, **kwargs):
-        """Export (no copy) when the Array is held whole by each device (one device, or
-        replicated): the first device's buffer."""
-        return self._single_buffer().__dlpack__(stream, **kwargs)
-
-    def __dlpack_device__(self):
-        return self._single_buffer().__dlpack_device__()
+    # --- DLPack: __dlpack__ and __dlpack_device__ are C (py_array.c): the first device's
+    # buffer when the Array is held whole by each device, BufferError when sharded.
 
     def devices(self) -> set:
         """The devices holding a shard (``jax.Array.devices()``)."""

@@ -294,9 +294,9 @@ class Scope:
     def __init__(self, variables: dict | None = None, rngs: dict | None = None,
                  mutable: bool | str | Iterable[str] = False, path: tuple = ()):
         self._variables = variables if variables is not None else {}
-        self.rngs = dict(rngs or {})
+        self.rngs = dict(rngs) if rngs else {}
         self.mutable = mutable
-        self.path = tuple(path)
+        self.path = path if type(path) is tuple else tuple(path)
         self._reserved: set = set()
         self._children: dict = {}
 

@@ -26,6 +26,11 @@ def test_named_sharding_eq_same_mesh_and_equal_specs():
     assert a == a
     assert a == NamedSharding(m, P("data", None))
     assert a == NamedSharding(m, P("data"))             # trailing None: the same split
+    assert NamedSharding(m, P("data")) == a
+    assert NamedSharding(m, P(None, None)) == NamedSharding(m, P())
+    assert NamedSharding(m, P("data", "model")) != NamedSharding(m, P("data"))
+    assert NamedSharding(m, P("data")) != NamedSharding(m, P("data", "model"))
+    assert NamedSharding(m, P(None, "model")) != NamedSharding(m, P())
     assert a != NamedSharding(m, P(None, "data"))
     assert a != NamedSharding(m, P("model"))
     assert (a == "x") is False

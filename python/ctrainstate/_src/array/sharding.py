@@ -432,8 +432,14 @@ class NamedSharding(Sharding):
             return True
         if not isinstance(other, NamedSharding):
             return False
-        if other.mesh is self.mesh and other._norm == self._norm:
-            return True   # what _key() compares, without building the keys
+        if other.mesh is self.mesh:
+            # what _key() compares, without building the keys: the splits, less trailing
+            # unsplit dimensions
+            a, b = self._norm, other._norm
+            if a == b:
+                return True
+            n = min(len(a), len(b))
+            return a[:n] == b[:n] and not any(a[n:]) and not any(b[n:])
         return self._key() == other._key()
 
     def __hash__(self):

@@ -94,14 +94,20 @@ class ModuleScope(Scope):
 
 # --- binding state ----------------------------------------------------------------------------
 
-_ctx = threading.local()
+class _Context(threading.local):
+    """This thread's module state: ``stack``, the frames of the module methods running
+    (innermost last), made for each thread when it first looks; ``recorders`` and
+    ``capture`` (below) are added when first used."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_ctx = _Context()
 
 
 def _module_stack() -> list:
-    s = getattr(_ctx, "stack", None)
-    if s is None:
-        s = _ctx.stack = []
-    return s
+    return _ctx.stack
 
 
 def _map_modules(v, fn):
@@ -134,7 +140,7 @@ class _Frame:
 
 def current_module() -> "Module | None":
     """The module whose method is executing on this thread (innermost), or None."""
-    stack = _module_stack()
+    stack = _ctx.stack
     return stack[-1].module if stack else None
 
 
@@ -190,7 +196,7 @@ def _wrap_method(fn: Callable) -> Callable:
         if not self._setup_done:
             self._try_setup()
         is_compact = getattr(fn, "_ct_compact", False)
-        stack = _module_stack()
+        stack = _ctx.stack
         if is_compact:
             for f in stack:
                 if f.module is self:
@@ -354,7 +360,7 @@ class Module:
             _fields_adopted=False, _children={})
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
-        stack = _module_stack()
+        stack = _ctx.stack
         if stack:
             frame = stack[-1]
             parent = frame.module
@@ -393,17 +399,19 @@ class Module:
             n = self._auto_counts.get(cls, 0)
             self._auto_counts[cls] = n + 1
             name = f"{cls}_{n}"
+        parent_scope = self._scope
         if name in self._call_names:
             raise NameInUseError(
-                f'A submodule named "{name}" already exists in "{self._scope.path_text}"; '
+                f'A submodule named "{name}" already exists in "{parent_scope.path_text}"; '
                 f"give submodules distinct names")
-        self._scope.check_submodule_name(name)
+        if parent_scope._reserved:      # (with nothing declared there is nothing to clash)
+            parent_scope.check_submodule_name(name)
         self._call_names.add(name)
         if self._in_setup:
             self._setup_names.add(name)   # an @compact call may not reuse it
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "_parent", self)
-        scope = self._scope.push(name)
+        scope = parent_scope.push(name)
         # a new instance at this path (the submodule re-created by a later call of this
         # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
         # object is kept for its RNG counters
@@ -606,7 +614,7 @@ class Module:
         ``@compact`` method (a helper it calls included), not in another method."""
         if self._in_setup:
             return
-        for f in _module_stack():
+        for f in _ctx.stack:
             if f.compact and f.module is self:
                 return
         raise ValueError(f"{what} must be initialized in `setup()` or in a method wrapped in "
@@ -668,7 +676,7 @@ class Module:
     # --- entry points --------------------------------------------------------------------------
     def _clone_bound(self, scope: ModuleScope) -> "Module":
         fields = {n: getattr(self, n) for n in _field_info(type(self))[1]}
-        stack = _module_stack()
+        stack = _ctx.stack
         if not stack:
             m = type(self)(**fields)
         else:

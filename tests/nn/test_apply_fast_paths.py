@@ -216,3 +216,91 @@ def test_setup_skipped_module_keeps_its_setup_reservations_rule():
 
     with pytest.raises(NameInUseError, match='"w" is already in use'):
         Twice().init(random.PRNGKey(0), np.ones((3,), np.float32))
+
+
+# --- the storing __init__ (a frozen twin's dataclass __init__) ----------------------------------
+
+def test_storing_init_keeps_the_dataclass_signature_and_semantics():
+    import inspect
+
+    class M(nn.Module):
+        a: int
+        b: tuple = (1, 2)
+        c: list = dataclasses.field(default_factory=list)
+        d: int = dataclasses.field(default=4, init=False)
+        e: float = dataclasses.field(default=0.5, kw_only=True)
+
+    class Sub(M):
+        f: str = "x"
+
+    for cls in (M, Sub):
+        assert not cls.__dataclass_params__.frozen           # the class itself is not frozen
+        params = list(inspect.signature(cls).parameters)
+        assert params == [f.name for f in dataclasses.fields(cls) if f.init and not f.kw_only] \
+            + [f.name for f in dataclasses.fields(cls) if f.init and f.kw_only]
+    m1, m2 = M(1), M(2, e=1.5)
+    assert (m1.a, m1.b, m1.d, m1.e, m2.e) == (1, (1, 2), 4, 0.5, 1.5)
+    assert m1.c == [] and m1.c is not m2.c                   # a factory per instance
+    assert Sub(1, f="y").f == "y" and Sub(1).name is None and Sub(1, name="n").name == "n"
+    m1.a = 7                                                 # an unbound module may be set
+    assert m1.a == 7
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'a'"):
+        M()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'd'"):
+        M(1, d=3)
+    with pytest.raises(TypeError, match="only parent=None"):
+        M(1, parent=m2)
+
+
+def test_storing_init_runs_a_user_post_init_and_initvars_keep_the_generated_init():
+    seen = []
+
+    class P(nn.Module):
+        a: int = 1
+
+        def __post_init__(self):
+            seen.append(self.a)
+            super().__post_init__()
+
+    class IV(nn.Module):
+        a: int = 1
+        scale: dataclasses.InitVar[int] = 2
+
+        def __post_init__(self, scale):
+            object.__setattr__(self, "scaled", self.a * scale)
+            super().__post_init__()
+
+    assert P(3).a == 3 and seen == [3]
+    assert IV(3, 4).scaled == 12 and IV(3).scaled == 6
+
+
+def test_storing_init_bound_modules_still_frozen():
+    class M(nn.Module):
+        a: int = 1
+
+        @nn.compact
+        def __call__(self, x):
+            self.a = 2
+            return x
+
+    with pytest.raises(AttributeError, match="frozen"):
+        M().init(random.PRNGKey(0), np.ones((2,), np.float32))
+
+
+def test_storing_init_is_used_where_it_mirrors_the_class():
+    def stores_directly(cls):
+        code = cls.__init__.__wrapped__.__code__        # under _accept_parent's wrapper
+        return "__dataclass_builtins_object__" in code.co_names + code.co_freevars
+
+    class M(nn.Module):
+        a: int = 1
+        c: list = dataclasses.field(default_factory=list)
+
+    class IV(nn.Module):
+        scale: dataclasses.InitVar[int] = 2
+
+        def __post_init__(self, scale):
+            super().__post_init__()
+
+    assert stores_directly(M) and stores_directly(nn.Dense)
+    assert not stores_directly(IV)

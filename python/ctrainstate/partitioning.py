@@ -54,6 +54,7 @@ from ._src.nn.spmd import (LogicalRules, RulesFallback, logical_to_mesh, logical
 from ._src.array.sharding import PartitionSpec as _PartitionSpec
 from ._src.base.trace_state import in_jit as _in_jit
 from ._src.nn.module import current_module as _current_module
+from ._src.nn.module import _ctx as _module_ctx
 from ._src.nn.module import sharded_initializer as _sharded_initializer
 from ._src.array.sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
 
@@ -214,9 +215,8 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
     if module is None:
-        module = _current_module()
-        if module is None:
-            module = _resolve_module(None)
+        stack = _module_ctx.stack    # _current_module(), inline
+        module = stack[-1].module if stack else _resolve_module(None)
     value, key = _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes)
     if key is None:
         return value
@@ -320,10 +320,18 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
         return None, _NO_KEY
     mesh = _get_mesh()
     try:
-        for a in init_args:          # _plain_value(init_args) (ints: the args themselves)
-            if type(a) is not int:
-                init_args = _plain_value(init_args, 0)
-                break
+        for a in init_args:   # _plain_value(init_args): the args themselves where they are
+            ta = type(a)      # ints and tuples of ints (a shape)
+            if ta is tuple:
+                for e in a:
+                    if type(e) is not int:
+                        break
+                else:
+                    continue
+            elif ta is int:
+                continue
+            init_args = _plain_value(init_args, 0)
+            break
         key = (_plain_fn_key(init_fn), init_args,
                tuple(sorted((k, _plain_value(v, 0)) for k, v in init_kwargs.items()))
                if init_kwargs else (),
@@ -335,7 +343,11 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
         return None, key
     # as the full path does, less the checks this declaration passed before
     if scope is not module and not module._in_setup:
-        module._check_declaring('Parameters')   # (raises unless a frame of module is compact)
+        for f in _module_ctx.stack:      # module._check_declaring('Parameters'), inline
+            if f.compact and f.module is module:
+                break
+        else:
+            module._check_declaring('Parameters')   # raises
     reserved = scope._reserved      # scope.reserve(name, 'params') where it cannot raise
     rkey = ('params', name)
     if type(name) is str and rkey not in reserved and name not in reserved \

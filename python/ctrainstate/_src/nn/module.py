@@ -536,7 +536,8 @@ class Module:
             if nv is not v:
                 object.__setattr__(self, name, nv)
         object.__setattr__(self, "_field_names",
-                           tuple(n for n in children if n not in before))
+                           tuple(n for n in children if n not in before) if before
+                           else tuple(children))
 
     def _unbound_clone(self) -> "Module":
         fields = {n: getattr(self, n) for n in _field_info(type(self))[1]}
@@ -909,8 +910,10 @@ def _freeze_attr(val):
 
 def _copy_tree(d):
     if isinstance(d, dict):
-        # (a leaf is returned as it is: recurse into dicts only)
-        return {k: _copy_tree(v) if isinstance(v, dict) else v for k, v in d.items()}
+        out = {}
+        for k, v in d.items():   # (a leaf is kept as it is: recurse into dicts only)
+            out[k] = _copy_tree(v) if isinstance(v, dict) else v
+        return out
     return d
 
 

@@ -44,6 +44,7 @@ from ._src.nn import spmd as _spmd
 from ._src.nn.scope import Variable as _Variable
 from ._src.nn.scope import Scope as _Scope
 from ._src.nn.scope import _plain_fn_key, _plain_value
+from . import _C as _C
 from ._src.nn.module import Module as _Module
 from ._src.array.array import Array as _Array
 from ._src.nn.scope import ScopeVariableNotFoundError as _ScopeVariableNotFoundError
@@ -53,6 +54,7 @@ from ._src.nn.spmd import (LogicalRules, RulesFallback, logical_to_mesh, logical
 from ._src.array.sharding import PartitionSpec as _PartitionSpec
 from ._src.base.trace_state import in_jit as _in_jit
 from ._src.nn.module import current_module as _current_module
+from ._src.nn.module import _ctx as _module_ctx
 from ._src.nn.module import sharded_initializer as _sharded_initializer
 from ._src.array.sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
 
@@ -212,7 +214,9 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
     >>> s.variables()['params_axes']
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
-    module = _resolve_module(module)
+    if module is None:
+        stack = _module_ctx.stack    # _current_module(), inline
+        module = stack[-1].module if stack else _resolve_module(None)
     value, key = _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes)
     if key is None:
         return value
@@ -237,9 +241,14 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
         # of the same shape, under the same rules and mesh, passes them again
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.clear()
-        rules = key[4]
-        _CHECKED[key] = (_get_mesh(), _spmd._resolved_spec(
-            _PartitionSpec(*axes), RulesFallback.AXIS_IS_UNSHARDED, rules) if rules else None)
+        rules, mesh = key[4], _get_mesh()
+        spec = _PartitionSpec(*axes)
+        try:
+            target = _spmd._constraint_target(spec, rules, RulesFallback.AXIS_IS_UNSHARDED,
+                                              mesh) if rules else None
+        except (TypeError, ValueError):
+            return value    # (a constraint the value's type skipped and an Array would not)
+        _CHECKED[key] = [mesh, spec, target, None]
     return value
 
 
@@ -251,21 +260,30 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
 # whether a jit trace is active, and the value's shape. `model.apply` declares the same
 # parameters at every call; a declaration found here skips the pure checks and still does
 # what has effects or depends on the module's state (the declaration rule, the name's
-# reservation, the sharding constraint, the sow where 'params_axes' is mutable). Holds no
-# Array; strict rules, boxed or non-array values, other initializers take the full path.
-# Bounded: a full table is cleared.
+# reservation, the sharding constraint, the sow where 'params_axes' is mutable). An entry is
+# [mesh, PartitionSpec(*axes), the constraint's target (spmd._constraint_target's, a pure
+# function of the key), the last sharding object seen equal to that target]: a parameter's
+# Array keeps its sharding object, so at the next call `value.sharding is entry[3]` says what
+# the comparison would (shardings are immutable; the target, less the dimensions jit
+# replicates, is fixed by the key's shape and jit flag). Holds no Array; strict rules, boxed
+# or non-array values, other initializers take the full path. Bounded: a full table is
+# cleared.
 _CHECKED: dict = {}
 _CHECKED_MAX = 4096
+_get_axis_rules = _C.get_axis_rules     # spmd.get_logical_axis_rules, one call less
 _NO_KEY = object()
 
 
 _SCOPE_METHODS = ('param', 'reserve', 'sow', '_collection', 'is_mutable_collection',
                   'has_variable', 'get_variable')
+_MODULE_METHODS = ('param', 'sow', '_check_declaring')
 _PLAIN_CLASSES: dict = {}
 
 
 def _plain_class(cls, base, methods) -> bool:
-    """Whether ``cls`` keeps ``base``'s ``methods`` (which the shortcut stands for)."""
+    """Whether ``cls`` keeps ``base``'s ``methods`` (which the shortcut stands for). (A
+    class's methods are taken as fixed once it is used: a method patched onto a class
+    afterwards is not seen.)"""
     plain = _PLAIN_CLASSES.get(cls)
     if plain is None:
         plain = _PLAIN_CLASSES[cls] = all(getattr(cls, m) is getattr(base, m) for m in methods)
@@ -278,14 +296,22 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
     if type(axes) is not tuple or _spmd._strict.rules is not None:
         return None, _NO_KEY
     if isinstance(module, _Module):
-        if not _plain_class(type(module), _Module, ('param', 'sow')):
+        plain = _PLAIN_CLASSES.get(type(module))
+        if not (plain or plain is None and _plain_class(type(module), _Module, _MODULE_METHODS)):
             return None, _NO_KEY
         scope = module._scope
     else:
         scope = module
-    if not isinstance(scope, _Scope) or not _plain_class(type(scope), _Scope, _SCOPE_METHODS):
+    plain = _PLAIN_CLASSES.get(type(scope))
+    if not (plain or plain is None and isinstance(scope, _Scope)
+            and _plain_class(type(scope), _Scope, _SCOPE_METHODS)):
         return None, _NO_KEY
-    d = scope._collection('params', create=False)
+    # scope._collection('params', create=False) (the class keeps Scope's)
+    d = scope._variables.get('params')
+    for p in scope.path:
+        if d is None:
+            break
+        d = d.get(p)
     if d is None or name not in d:
         return None, _NO_KEY        # a new parameter: made (and checked) by the full path
     value = d[name]
@@ -294,22 +320,53 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
         return None, _NO_KEY
     mesh = _get_mesh()
     try:
-        key = (_plain_fn_key(init_fn), _plain_value(init_args, 0),
+        for a in init_args:   # _plain_value(init_args): the args themselves where they are
+            ta = type(a)      # ints and tuples of ints (a shape)
+            if ta is tuple:
+                for e in a:
+                    if type(e) is not int:
+                        break
+                else:
+                    continue
+            elif ta is int:
+                continue
+            init_args = _plain_value(init_args, 0)
+            break
+        key = (_plain_fn_key(init_fn), init_args,
                tuple(sorted((k, _plain_value(v, 0)) for k, v in init_kwargs.items()))
                if init_kwargs else (),
-               axes, _spmd.get_logical_axis_rules(), id(mesh), _in_jit(), value.shape)
+               axes, _get_axis_rules(), id(mesh), _in_jit(), value.shape)
         entry = _CHECKED.get(key)
     except (TypeError, ValueError):
         return None, _NO_KEY
     if entry is None or entry[0] is not mesh:
         return None, key
     # as the full path does, less the checks this declaration passed before
-    if scope is not module:
-        module._check_declaring('Parameters')
-    scope.reserve(name, 'params')
-    if key[4]:   # with_sharding_constraint(value, PartitionSpec(*axes)), resolved before
-        value = _spmd._with_sharding_constraint(value, entry[1], mesh=None)
-    if scope.is_mutable_collection('params_axes'):
+    if scope is not module and not module._in_setup:
+        for f in _module_ctx.stack:      # module._check_declaring('Parameters'), inline
+            if f.compact and f.module is module:
+                break
+        else:
+            module._check_declaring('Parameters')   # raises
+    reserved = scope._reserved      # scope.reserve(name, 'params') where it cannot raise
+    rkey = ('params', name)
+    if type(name) is str and rkey not in reserved and name not in reserved \
+            and name not in scope._children:
+        reserved.add(rkey)
+    else:
+        scope.reserve(name, 'params')
+    target = entry[2]   # with_sharding_constraint(value, PartitionSpec(*axes)), resolved before
+    if target is not None:
+        if tv is _Array and target is not _spmd._LONG_PATH:
+            cur = value.sharding
+            if cur is not entry[3]:
+                out = _spmd._constrain_to(value, target)
+                if out is value:
+                    entry[3] = cur       # equal to the target (see _CHECKED)
+                value = out
+        else:
+            value = with_sharding_constraint(value, entry[1])
+    if scope.mutable is not False and scope.is_mutable_collection('params_axes'):
         module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
                    reduce_fn=_param_with_axes_sow_reduce_fn)
     return value, None

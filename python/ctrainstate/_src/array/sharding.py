@@ -232,11 +232,15 @@ class Mesh:
         return "Mesh(%s)" % ", ".join(f"{n!r}: {s}" for n, s in self._shape.items())
 
 
+_NO_SET = (_UNSET, -1)
+
+
 def get_mesh() -> Mesh | None:
     """The active mesh of this thread, or None: the innermost ``with mesh:`` block or the
     last :func:`set_mesh`, whichever came later."""
-    stack = _mesh_stack()
-    mesh, tick = _set_slot()
+    # (_mesh_stack() and _set_slot() read inline: this runs several times per module call)
+    stack = getattr(_mesh_tls, "stack", None)
+    mesh, tick = getattr(_mesh_tls, "set", _NO_SET)
     if stack and stack[-1][1] > tick:
         return stack[-1][0]
     return None if mesh is _UNSET else mesh
@@ -424,7 +428,19 @@ class NamedSharding(Sharding):
         return (self.mesh, tuple(norm))
 
     def __eq__(self, other):
-        return isinstance(other, NamedSharding) and self._key() == other._key()
+        if other is self:
+            return True
+        if not isinstance(other, NamedSharding):
+            return False
+        if other.mesh is self.mesh:
+            # what _key() compares, without building the keys: the splits, less trailing
+            # unsplit dimensions
+            a, b = self._norm, other._norm
+            if a == b:
+                return True
+            n = min(len(a), len(b))
+            return a[:n] == b[:n] and not any(a[n:]) and not any(b[n:])
+        return self._key() == other._key()
 
     def __hash__(self):
         return hash(self._key())

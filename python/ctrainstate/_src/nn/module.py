@@ -57,9 +57,9 @@ class ModuleScope(Scope):
 
     def __init__(self, variables=None, root_rngs=None, mutable=False, path=()):
         super().__init__(variables, rngs=None, mutable=mutable, path=path)
-        self.root_rngs = dict(root_rngs or {})
-        self.rng_counters: dict = {k: 0 for k in self.root_rngs}
-        self.rngs = {k: None for k in self.root_rngs}  # for has-stream checks
+        self.root_rngs = dict(root_rngs) if root_rngs else {}
+        self.rng_counters: dict = dict.fromkeys(self.root_rngs, 0)
+        self.rngs = dict.fromkeys(self.root_rngs)  # for has-stream checks
         self.initializing = False
         # unbound modules adopted in this run, shared by the whole tree (Flax's per-root cache):
         # id(user's instance) -> (instance, its bound clone), so one instance used twice is one
@@ -68,13 +68,14 @@ class ModuleScope(Scope):
 
 
     def push(self, name: str) -> "ModuleScope":
-        if name not in self._children:
+        child = self._children.get(name)
+        if child is None:
             child = ModuleScope(self._variables, self.root_rngs, self.mutable,
                                 self.path + (name,))
             child.initializing = self.initializing
             child.adopted = self.adopted
             self._children[name] = child
-        return self._children[name]
+        return child
 
     def has_rng(self, name: str) -> bool:
         return name in self.root_rngs
@@ -93,14 +94,20 @@ class ModuleScope(Scope):
 
 # --- binding state ----------------------------------------------------------------------------
 
-_ctx = threading.local()
+class _Context(threading.local):
+    """This thread's module state: ``stack``, the frames of the module methods running
+    (innermost last), made for each thread when it first looks; ``recorders`` and
+    ``capture`` (below) are added when first used."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_ctx = _Context()
 
 
 def _module_stack() -> list:
-    s = getattr(_ctx, "stack", None)
-    if s is None:
-        s = _ctx.stack = []
-    return s
+    return _ctx.stack
 
 
 def _map_modules(v, fn):
@@ -124,6 +131,8 @@ def _map_modules(v, fn):
 class _Frame:
     """A module method being executed: where new submodules attach."""
 
+    __slots__ = ("module", "compact")
+
     def __init__(self, module: "Module", compact: bool):
         self.module = module
         self.compact = compact
@@ -131,7 +140,7 @@ class _Frame:
 
 def current_module() -> "Module | None":
     """The module whose method is executing on this thread (innermost), or None."""
-    stack = _module_stack()
+    stack = _ctx.stack
     return stack[-1].module if stack else None
 
 
@@ -176,22 +185,32 @@ def _wrap_method(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapped(self, *args, **kwargs):
-        orphan = self.__dict__.get("_orphan_of")
-        if orphan is not None and self._scope is None:
-            _require_bound(self, f"submodules must be defined in `setup()` or in a method "
-                                 f"wrapped in `@compact`; this one was created in another "
-                                 f"method of {orphan}")
-        _require_bound(self)
-        self._try_setup()
+        scope = self._scope
+        if scope is None:
+            orphan = self.__dict__.get("_orphan_of")
+            if orphan is not None:
+                _require_bound(self, f"submodules must be defined in `setup()` or in a method "
+                                     f"wrapped in `@compact`; this one was created in another "
+                                     f"method of {orphan}")
+            _require_bound(self)
+        if not self._setup_done:
+            self._try_setup()
         is_compact = getattr(fn, "_ct_compact", False)
-        stack = _module_stack()
-        if is_compact and not any(f.module is self for f in stack):
-            # A new call of this module: auto names restart and its names may be declared
-            # again (so a module called twice reuses its submodules and params, as in Flax).
-            object.__setattr__(self, "_auto_counts", {})
-            object.__setattr__(self, "_call_names", set(self._field_names) | self._setup_names)
-            self._scope._reserved.clear()
-            self._scope._reserved.update(self._setup_reserved)   # setup()'s params stay taken
+        stack = _ctx.stack
+        if is_compact:
+            for f in stack:
+                if f.module is self:
+                    break
+            else:
+                # A new call of this module: auto names restart and its names may be declared
+                # again (so a module called twice reuses its submodules and params, as in
+                # Flax).
+                object.__setattr__(self, "_auto_counts", {})
+                object.__setattr__(self, "_call_names",
+                                   set(self._field_names) | self._setup_names)
+                reserved = self._scope._reserved
+                reserved.clear()
+                reserved.update(self._setup_reserved)   # setup()'s params stay taken
         stack.append(_Frame(self, is_compact))
         recorders = getattr(_ctx, "recorders", None)
         call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
@@ -199,7 +218,7 @@ def _wrap_method(fn: Callable) -> Callable:
             out = fn(self, *args, **kwargs)
             if call is not None:
                 call.outputs = out     # nn.tabulate's outputs column
-            capture = _capture_stack()
+            capture = getattr(_ctx, "capture", None)      # _capture_stack(), read inline
             if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
                 # apply(..., capture_intermediates=...): the method's return value, sown as
                 # Flax does (a tuple per method name, one entry per call)
@@ -279,6 +298,55 @@ def _accept_parent(init: Callable) -> Callable:
     return __init__
 
 
+def _field_info(cls) -> tuple:
+    """``(dataclass fields dict, names of the fields, names of the init fields)`` of a Module
+    class, in ``dataclasses.fields`` order: computed once per class instead of at every
+    construction, adoption and comparison. Stored on the class with the class itself and
+    its ``__dataclass_fields__``, and recomputed when either is not the one it was made for
+    (a subclass reads its parent's entry through inheritance; a class decorated again gets
+    a new fields dict), so it cannot go stale. A class that is not a dataclass raises
+    ``TypeError`` as ``dataclasses.fields`` does."""
+    info = cls.__dict__.get("_ct_field_info")
+    fields = getattr(cls, "__dataclass_fields__", None)
+    if info is None or info[0] is not fields:
+        fs = dataclasses.fields(cls)
+        info = (fields, tuple(f.name for f in fs), tuple(f.name for f in fs if f.init))
+        type.__setattr__(cls, "_ct_field_info", info)
+    return info
+
+
+def _storing_init(cls) -> Callable:
+    """The dataclass ``__init__`` of ``cls``, made to store the fields with
+    ``object.__setattr__`` (as dataclasses does for a frozen class) instead of through
+    :meth:`Module.__setattr__`, which for a module being constructed (no scope, not in
+    setup) does just that: five to ten Python calls fewer per submodule created at every
+    ``apply``. It is dataclasses' own ``__init__`` for a frozen twin of ``cls`` (the same
+    fields, defaults, factories, ``init=``/``kw_only=``, name and module; ``cls`` itself
+    stays a plain dataclass); the twin's signature must be the generated one's, and a class
+    with ``InitVar`` or ``ClassVar`` fields keeps its generated ``__init__``."""
+    init = cls.__init__
+    fields = dataclasses.fields(cls)
+    if len(fields) != len(cls.__dataclass_fields__):
+        return init        # InitVar / ClassVar pseudo-fields: left to dataclasses
+    ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+          "__annotations__": {f.name: f.type for f in fields},
+          "__post_init__": Module.__post_init__}     # (so the twin's __init__ calls it)
+    for f in fields:
+        ns[f.name] = dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                       init=f.init, kw_only=f.kw_only)
+    try:
+        twin = dataclasses.dataclass(type(cls.__name__, (), ns), eq=False, repr=False,
+                                     frozen=True, match_args=False)
+        a = inspect.signature(init).parameters
+        b = inspect.signature(twin.__init__).parameters
+        same = list(a) == list(b) and all(
+            a[k].kind == b[k].kind and a[k].default is b[k].default
+            and a[k].annotation == b[k].annotation for k in a)
+    except Exception:   # noqa: BLE001 -- whatever the twin cannot mirror keeps its __init__
+        return init
+    return twin.__init__ if same else init
+
+
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
              "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
              "is_initializing", "bind"}
@@ -310,8 +378,11 @@ class Module:
             ann = {k: v for k, v in ann.items() if k != "name"}
         cls.__annotations__ = {**ann, "name": "str | None"}
         cls.name = dataclasses.field(default=None, kw_only=True)
+        own_init = "__init__" in cls.__dict__
         dataclasses.dataclass(cls, eq=False, repr=False)
         cls.__setattr__ = Module.__setattr__  # keep our setattr after dataclass
+        if not own_init:
+            cls.__init__ = _storing_init(cls)
         cls.__init__ = _accept_parent(cls.__init__)
 
     # dataclass calls __post_init__ after field assignment
@@ -324,7 +395,7 @@ class Module:
             _fields_adopted=False, _children={})
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
-        stack = _module_stack()
+        stack = _ctx.stack
         if stack:
             frame = stack[-1]
             parent = frame.module
@@ -363,17 +434,19 @@ class Module:
             n = self._auto_counts.get(cls, 0)
             self._auto_counts[cls] = n + 1
             name = f"{cls}_{n}"
+        parent_scope = self._scope
         if name in self._call_names:
             raise NameInUseError(
-                f'A submodule named "{name}" already exists in "{self._scope.path_text}"; '
+                f'A submodule named "{name}" already exists in "{parent_scope.path_text}"; '
                 f"give submodules distinct names")
-        self._scope.check_submodule_name(name)
+        if parent_scope._reserved:      # (with nothing declared there is nothing to clash)
+            parent_scope.check_submodule_name(name)
         self._call_names.add(name)
         if self._in_setup:
             self._setup_names.add(name)   # an @compact call may not reuse it
         object.__setattr__(child, "name", name)
         object.__setattr__(child, "_parent", self)
-        scope = self._scope.push(name)
+        scope = parent_scope.push(name)
         # a new instance at this path (the submodule re-created by a later call of this
         # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
         # object is kept for its RNG counters
@@ -442,21 +515,32 @@ class Module:
         if self._fields_adopted:
             return
         object.__setattr__(self, "_fields_adopted", True)
-        before = set(self._children)
-        for f in dataclasses.fields(self):
-            if f.name == "name":
+        children = self._children
+        before = set(children) if children else ()
+        for name in _field_info(type(self))[1]:
+            if name == "name":
                 continue
-            v = getattr(self, f.name)
-            if type(v) in _SCALARS:
+            v = getattr(self, name)
+            tv = type(v)
+            if tv in _SCALARS:
                 continue          # no module inside, and _freeze_attr keeps it
-            nv = _freeze_attr(self._adopt(f.name, v))
+            if tv is tuple:
+                for e in v:
+                    if type(e) not in _SCALARS:
+                        break
+                else:
+                    continue      # a plain tuple of scalars: _freeze_attr keeps it (an equal tuple)
+            elif not isinstance(v, (Module, dict, list, tuple)):
+                continue          # _adopt finds no module in it, _freeze_attr returns it
+            nv = _freeze_attr(self._adopt(name, v))
             if nv is not v:
-                object.__setattr__(self, f.name, nv)
+                object.__setattr__(self, name, nv)
         object.__setattr__(self, "_field_names",
-                           tuple(n for n in self._children if n not in before))
+                           tuple(n for n in children if n not in before) if before
+                           else tuple(children))
 
     def _unbound_clone(self) -> "Module":
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields = {n: getattr(self, n) for n in _field_info(type(self))[1]}
         with _detached():  # a free clone: it must not attach to the module being set up
             return type(self)(**fields)
 
@@ -486,7 +570,7 @@ class Module:
         return self.clone(parent=parent, name=name, **updates)
 
     def _copy_with(self, updates: dict) -> "Module":
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        fields = {n: getattr(self, n) for n in _field_info(type(self))[2]}
         fields.update(updates)
         cache: dict = {}
 
@@ -510,8 +594,14 @@ class Module:
     def _try_setup(self):
         if self._setup_done:
             return
-        self._adopt_fields()
+        if not self._fields_adopted:
+            self._adopt_fields()
         object.__setattr__(self, "_setup_done", True)
+        if type(self).setup is Module.setup and "setup" not in self.__dict__:
+            # no setup() to run (Module.setup does nothing): what the frame and the
+            # _in_setup flag below would bracket is empty
+            object.__setattr__(self, "_setup_reserved", set(self._scope._reserved))
+            return
         object.__setattr__(self, "_in_setup", True)
         stack = _module_stack()
         stack.append(_Frame(self, False))
@@ -559,8 +649,11 @@ class Module:
     def _check_declaring(self, what: str) -> None:
         """Flax's rule: variables are declared in ``setup()`` or while the module is in an
         ``@compact`` method (a helper it calls included), not in another method."""
-        if self._in_setup or any(f.compact and f.module is self for f in _module_stack()):
+        if self._in_setup:
             return
+        for f in _ctx.stack:
+            if f.compact and f.module is self:
+                return
         raise ValueError(f"{what} must be initialized in `setup()` or in a method wrapped in "
                          f"`@compact` ({type(self).__name__} at {self._scope.path_text})")
 
@@ -619,14 +712,17 @@ class Module:
 
     # --- entry points --------------------------------------------------------------------------
     def _clone_bound(self, scope: ModuleScope) -> "Module":
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        stack = _module_stack()
-        saved = list(stack)
-        stack.clear()  # the clone is a root: it must not attach to a caller's module
-        try:
+        fields = {n: getattr(self, n) for n in _field_info(type(self))[1]}
+        stack = _ctx.stack
+        if not stack:
             m = type(self)(**fields)
-        finally:
-            stack.extend(saved)
+        else:
+            saved = list(stack)
+            stack.clear()  # the clone is a root: it must not attach to a caller's module
+            try:
+                m = type(self)(**fields)
+            finally:
+                stack.extend(saved)
         object.__setattr__(m, "_scope", scope)
         return m
 
@@ -716,8 +812,8 @@ class Module:
         return self._clone_bound(scope)
 
     def __repr__(self):
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                           if f.name != "name")
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _field_info(type(self))[1]
+                           if n != "name")
         return f"{type(self).__name__}({fields})"
 
     def tabulate(self, rngs, *args, depth=None, show_repeated=False, mutable=None,
@@ -743,7 +839,7 @@ class Module:
         every field (``name`` included) and the parent module. The parent counts by identity
         (Flax compares it as a field, which recurses without end between a parent and the
         children among its fields); it is the same object for siblings anyway."""
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self)) + (
+        return tuple([getattr(self, n) for n in _field_info(type(self))[1]]) + (
             _Identity(self._parent),)
 
     def __eq__(self, other):
@@ -769,7 +865,7 @@ class Module:
         try:
             return hash(key)
         except TypeError:
-            names = [f.name for f in dataclasses.fields(self)] + ["parent"]
+            names = list(_field_info(type(self))[1]) + ["parent"]
             bad = []
             for n, v in zip(names, key):
                 try:
@@ -814,7 +910,10 @@ def _freeze_attr(val):
 
 def _copy_tree(d):
     if isinstance(d, dict):
-        return {k: _copy_tree(v) for k, v in d.items()}
+        out = {}
+        for k, v in d.items():   # (a leaf is kept as it is: recurse into dicts only)
+            out[k] = _copy_tree(v) if isinstance(v, dict) else v
+        return out
     return d
 
 

@@ -197,9 +197,40 @@ def _plain_fn_key(f, depth=0):
     if t is types.FunctionType:
         cells = f.__closure__
         kwd = f.__kwdefaults__
-        return (f.__code__, _plain_value(f.__defaults__, depth) if f.__defaults__ else (),
+        if cells:
+            # _plain_value of each cell, its common cases inline (an initializer made per call,
+            # siren_uniform(bound) or normal(0.02), closes over a number or two)
+            ck = []
+            for c in cells:
+                v = c.cell_contents
+                tv = type(v)
+                if tv is int or tv is str or v is None:
+                    ck.append(v)
+                elif tv is float:
+                    ck.append((float, v))
+                else:
+                    ck.append(_plain_value(v, depth))
+            ck = tuple(ck)
+        else:
+            ck = ()
+        defaults = f.__defaults__
+        if defaults:
+            # _plain_value(defaults), its common cases inline (dtype=np.float32, out_sharding=None)
+            dk = []
+            for v in defaults:
+                tv = type(v)
+                if tv is int or tv is str or v is None:
+                    dk.append(v)
+                elif tv is type or tv is float or tv is bool:
+                    dk.append((tv, v))
+                else:
+                    dk.append(_plain_value(v, depth))
+            defaults = tuple(dk)
+        else:
+            defaults = ()
+        return (f.__code__, defaults,
                 tuple(sorted((k, _plain_value(v, depth)) for k, v in kwd.items())) if kwd else (),
-                tuple(_plain_value(c.cell_contents, depth) for c in cells) if cells else ())
+                ck)
     if t is functools.partial:
         return ('partial', _plain_fn_key(f.func, depth + 1), _plain_value(f.args, depth),
                 tuple(sorted((k, _plain_value(v, depth)) for k, v in f.keywords.items())))
@@ -211,7 +242,22 @@ def _plain_value(v, depth):
     if t is int or t is str or v is None:
         return v          # no value of another type keys equal to these (bool, float are tagged)
     if t is tuple:
-        return tuple([_plain_value(e, depth) for e in v])
+        for e in v:
+            te = type(e)
+            if not (te is int or te is str or e is None):
+                break
+        else:
+            return v      # ints, strings and None only: each is its own key
+        out = []          # the cases below, the common ones inline
+        for e in v:
+            te = type(e)
+            if te is int or te is str or e is None:
+                out.append(e)
+            elif te in _PLAIN:
+                out.append((te, e))
+            else:
+                out.append(_plain_value(e, depth))
+        return tuple(out)
     if t in _PLAIN:
         return (t, v)
     if t is types.FunctionType or t is functools.partial:
@@ -294,9 +340,9 @@ class Scope:
     def __init__(self, variables: dict | None = None, rngs: dict | None = None,
                  mutable: bool | str | Iterable[str] = False, path: tuple = ()):
         self._variables = variables if variables is not None else {}
-        self.rngs = dict(rngs or {})
+        self.rngs = dict(rngs) if rngs else {}
         self.mutable = mutable
-        self.path = tuple(path)
+        self.path = path if type(path) is tuple else tuple(path)
         self._reserved: set = set()
         self._children: dict = {}
 

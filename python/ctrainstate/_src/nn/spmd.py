@@ -20,6 +20,7 @@ from ..ops.ops import with_sharding
 from ..array.array import Array, device_put
 from ..array.sharding import get_mesh
 from ..base.hooks import upper as _upper
+from ..base.trace_state import in_jit
 
 _C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)
 
@@ -330,7 +331,13 @@ def _constrain_array(x, axis_resources, mesh):
             return left if left else None
         spec = PartitionSpec(*[keep(i) if e is PartitionSpec.UNCONSTRAINED else e
                                for i, e in enumerate(spec)])
-    target = _replicate_uneven(_named_sharding(mesh, spec), x.shape)
+    return _constrain_to(x, _named_sharding(mesh, spec))
+
+
+def _constrain_to(x, sharding):
+    """An Array ``x`` constrained to the NamedSharding ``sharding`` (less the dimensions its
+    mesh axes do not divide, under jit): ``x`` itself when it is placed so already."""
+    target = _replicate_uneven(sharding, x.shape) if in_jit() else sharding
     cur = x.sharding
     if cur is target or cur == target:
         return x
@@ -431,6 +438,49 @@ def _is_logical_spec(x):
     return x is None or (isinstance(x, tuple) and all(_is_axis_spec(e) for e in x))
 
 
+# What a logical constraint of an Array does, per (logical spec, rules, fallback, mesh): the
+# NamedSharding it constrains to (before _replicate_uneven, which depends on the shape and on
+# jit), None when it leaves the value as it is (no mesh, or the NO_CONSTRAINT fallback), or
+# _LONG_PATH when the spec keeps an UNCONSTRAINED dimension (its target depends on the value's
+# current sharding). Everything these depend on is in the key: the spec and rules by value
+# (the resolution is a pure function of them, see _RESOLVED), the fallback (the default one
+# as a sentinel: the enum hashes in Python), the mesh by identity (the entry keeps the mesh,
+# so its id is not reused while the entry is stored; a mesh is immutable). Filled only for
+# logical specs (a tuple of names / None / UNCONSTRAINED) while no strict rules are installed
+# (their error names the variable being declared); a resolution or sharding that raises is
+# not stored, so it raises again. Holds no Array. Bounded: a full table is cleared.
+_TARGETS: dict = {}
+_TARGETS_MAX = 4096
+_LONG_PATH = object()
+_DEFAULT_FALLBACK = object()
+
+
+def _constraint_target(logical, rules, fallback, mesh):
+    """The target of _TARGETS for these (computed on a miss; ``_LONG_PATH`` when the key is
+    unhashable, e.g. rules in lists)."""
+    fb = _DEFAULT_FALLBACK if fallback is RulesFallback.AXIS_IS_UNSHARDED else fallback
+    key = (logical, rules, fb, id(mesh))
+    try:
+        entry = _TARGETS.get(key)
+    except TypeError:
+        return _LONG_PATH
+    if entry is not None and entry[0] is mesh:
+        return entry[1]
+    spec = _resolved_spec(logical, fallback, rules)
+    if spec is _NO_CONSTRAINT or mesh is None:
+        target = None
+    else:
+        spec = PartitionSpec() if spec is None else spec
+        if PartitionSpec.UNCONSTRAINED in spec:
+            target = _LONG_PATH
+        else:
+            target = _named_sharding(mesh, spec)
+    if len(_TARGETS) >= _TARGETS_MAX:
+        _TARGETS.clear()
+    _TARGETS[key] = (mesh, target)
+    return target
+
+
 def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalRules | None = None,
                             mesh=None, fallback: RulesFallback = RulesFallback.AXIS_IS_UNSHARDED):
     """Constrain ``x`` to the sharding its logical axis names resolve to.
@@ -449,9 +499,29 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
     True
     """
     if rules is None:
-        rules = get_logical_axis_rules()
+        rules = _C.get_axis_rules()    # get_logical_axis_rules()
     if not rules or logical_axis_resources is None:
         return x
+    if isinstance(x, Array) and _strict.rules is None:
+        # one Array, one spec (a model's activations): what the long way below does, through
+        # the per-(spec, rules, fallback, mesh) target (_TARGETS, looked up here first)
+        m = get_mesh() if mesh is None else mesh
+        try:
+            entry = _TARGETS.get((logical_axis_resources, rules, _DEFAULT_FALLBACK
+                                  if fallback is RulesFallback.AXIS_IS_UNSHARDED else fallback,
+                                  id(m)))
+        except TypeError:   # an unhashable spec or rules: the long way
+            entry = None
+        if entry is not None and entry[0] is m:
+            target = entry[1]     # (only a logical spec is stored, see _constraint_target)
+        elif _is_logical_spec(logical_axis_resources):
+            target = _constraint_target(logical_axis_resources, rules, fallback, m)
+        else:
+            target = _LONG_PATH
+        if target is None:
+            return x
+        if target is not _LONG_PATH:
+            return _constrain_to(x, target)
     if _is_logical_spec(logical_axis_resources):
         # one spec for the whole of x (the common case): what the prefix map below does for
         # a spec leaf at the root, without the map

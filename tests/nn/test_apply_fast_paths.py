@@ -1,0 +1,306 @@
+"""The shortcuts `model.apply` takes on its hot path (module/field caches, skipped empty
+setup(), cached constraint targets, NamedSharding equality): each gives what the long way
+gives, its cache cannot go stale, and the error paths still raise."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import NamedSharding, P, nn, random
+from ctrainstate._src.array.sharding import get_mesh, set_mesh
+from ctrainstate._src.base.trace_state import in_jit, jit_scope
+from ctrainstate._src.nn import module as _module
+from ctrainstate.nn.scope import NameInUseError
+
+
+def _mesh(names=("data", "model")):
+    return cts.Mesh(np.array(cts.devices()[:1], dtype=object).reshape((1,) * len(names)), names)
+
+
+# --- NamedSharding equality -------------------------------------------------------------------
+
+def test_named_sharding_eq_same_mesh_and_equal_specs():
+    m = _mesh()
+    a = NamedSharding(m, P("data", None))
+    assert a == a
+    assert a == NamedSharding(m, P("data", None))
+    assert a == NamedSharding(m, P("data"))             # trailing None: the same split
+    assert NamedSharding(m, P("data")) == a
+    assert NamedSharding(m, P(None, None)) == NamedSharding(m, P())
+    assert NamedSharding(m, P("data", "model")) != NamedSharding(m, P("data"))
+    assert NamedSharding(m, P("data")) != NamedSharding(m, P("data", "model"))
+    assert NamedSharding(m, P(None, "model")) != NamedSharding(m, P())
+    assert a != NamedSharding(m, P(None, "data"))
+    assert a != NamedSharding(m, P("model"))
+    assert (a == "x") is False
+
+
+def test_named_sharding_eq_equal_meshes_that_are_different_objects():
+    a = NamedSharding(_mesh(), P("data"))
+    b = NamedSharding(_mesh(), P("data"))
+    assert a.mesh is not b.mesh and a == b and hash(a) == hash(b)
+    assert a != NamedSharding(_mesh(("x", "y")), P("x"))
+
+
+# --- get_mesh / in_jit (read inline) ----------------------------------------------------------
+
+def test_get_mesh_order_of_with_blocks_and_set_mesh():
+    m1, m2 = _mesh(), _mesh(("x", "y"))
+    assert get_mesh() is None
+    with m1:
+        assert get_mesh() is m1
+        with set_mesh(m2):
+            assert get_mesh() is m2           # the later of the two wins
+            with m1:
+                assert get_mesh() is m1
+            assert get_mesh() is m2
+        assert get_mesh() is m1
+    assert get_mesh() is None
+
+
+def test_in_jit_nests():
+    assert not in_jit()
+    with jit_scope():
+        assert in_jit()
+        with jit_scope():
+            assert in_jit()
+        assert in_jit()
+    assert not in_jit()
+
+
+# --- per-class field info ---------------------------------------------------------------------
+
+class _Base(nn.Module):
+    a: int = 1
+
+    @nn.compact
+    def __call__(self, x):
+        return x * self.a
+
+
+class _Sub(_Base):
+    b: int = 2
+
+
+def _names(cls):
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def test_field_info_per_class_not_inherited():
+    assert _module._field_info(_Base)[1] == _names(_Base) == ("a", "name")
+    assert _module._field_info(_Sub)[1] == _names(_Sub)        # not the parent's entry
+    assert set(_names(_Sub)) == {"a", "b", "name"}
+    assert _module._field_info(_Base)[1] == ("a", "name")
+    assert repr(_Sub(3, 4)) == "_Sub(a=3, b=4)"
+    assert _Sub(3, 4) == _Sub(3, 4) and _Sub(3, 4) != _Sub(3, 5)
+
+
+def test_field_info_follows_a_new_dataclass_fields_dict():
+    class M(nn.Module):
+        a: int = 1
+
+    assert _module._field_info(M)[1] == ("a", "name")
+    # a class whose fields change (decorated again with a new field) gets a new entry
+    M.__annotations__["c"] = int
+    M.c = 5
+    dataclasses.dataclass(M, eq=False, repr=False)
+    assert _module._field_info(M)[1] == _names(M) and "c" in _names(M)
+
+
+def test_field_info_of_a_non_dataclass_raises_as_dataclasses_fields():
+    with pytest.raises(TypeError):
+        _module._field_info(nn.Module)
+
+
+def test_field_info_init_false_fields_left_out_of_copies():
+    class M(nn.Module):
+        a: int = 1
+        k: int = dataclasses.field(default=7, init=False)
+
+    info = _module._field_info(M)
+    assert info[1] == _names(M) and set(info[1]) == {"a", "k", "name"}
+    assert set(info[2]) == {"a", "name"}
+    assert M(3).copy().a == 3
+
+
+# --- field adoption shortcuts -----------------------------------------------------------------
+
+class _Holder(nn.Module):
+    inner: object = None
+    axes: tuple = ("a", "b")
+    table: object = None
+
+    @nn.compact
+    def __call__(self, x):
+        if isinstance(self.inner, (tuple, list)):
+            for m in self.inner:
+                x = m(x)
+            return x
+        return self.inner(x) if self.inner is not None else x
+
+
+def test_adopt_fields_still_finds_modules_in_containers():
+    x = np.ones((1, 3), np.float32)
+    for inner in (nn.Dense(2), [nn.Dense(2)], (nn.Dense(2), nn.Dense(2))):
+        v = _Holder(inner).init(random.PRNGKey(0), x)
+        want = ["inner"] if isinstance(inner, nn.Module) else \
+            [f"inner_{i}" for i in range(len(inner))]
+        assert sorted(v["params"]) == want
+
+
+def test_adopt_fields_freezes_lists_and_dicts_keeps_plain_tuples():
+    seen = {}
+
+    class M(nn.Module):
+        axes: object = None
+        table: object = None
+
+        @nn.compact
+        def __call__(self, x):
+            seen["axes"], seen["table"] = self.axes, self.table
+            return x
+
+    x = np.ones((1, 3), np.float32)
+    axes = ("a", "b")
+    M(axes, {"k": [1, 2]}).init(random.PRNGKey(0), x)
+    assert seen["axes"] == axes and type(seen["axes"]) is tuple
+    assert seen["table"] == {"k": (1, 2)} and type(seen["table"]["k"]) is tuple
+    M(["a", "b"], None).init(random.PRNGKey(0), x)
+    assert seen["axes"] == ("a", "b") and type(seen["axes"]) is tuple   # a list is frozen
+    M(("a", ["b"]), None).init(random.PRNGKey(0), x)
+    assert seen["axes"] == ("a", ("b",))     # a tuple holding a list: frozen inside
+
+
+# --- setup() skipped only when there is none ---------------------------------------------------
+
+def test_setup_still_runs_when_defined_and_skipped_when_not():
+    calls = []
+
+    class WithSetup(nn.Module):
+        def setup(self):
+            calls.append("setup")
+            self.d = nn.Dense(2)
+
+        def __call__(self, x):
+            return self.d(x)
+
+    class WithoutSetup(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    x = np.ones((1, 3), np.float32)
+    class Inherits(WithSetup):      # an inherited setup() is a setup()
+        pass
+
+    v = WithSetup().init(random.PRNGKey(0), x)
+    WithSetup().apply(v, x)
+    assert calls == ["setup", "setup"]      # once per init / apply: never skipped
+    Inherits().apply(v, x)
+    assert calls == ["setup"] * 3
+    v2 = WithoutSetup().init(random.PRNGKey(0), x)
+    np.testing.assert_array_equal(np.asarray(WithoutSetup().apply(v2, x)),
+                                  np.asarray(WithoutSetup().apply(v2, x)))
+
+
+def test_setup_skipped_module_keeps_its_setup_reservations_rule():
+    """A module without setup() reserves nothing before its call: a compact module may
+    declare a parameter of any name, once per call, and twice still raises."""
+    class Twice(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            self.param("w", nn.initializers.ones, (3,))
+            self.param("w", nn.initializers.ones, (3,))
+            return x
+
+    with pytest.raises(NameInUseError, match='"w" is already in use'):
+        Twice().init(random.PRNGKey(0), np.ones((3,), np.float32))
+
+
+# --- the storing __init__ (a frozen twin's dataclass __init__) ----------------------------------
+
+def test_storing_init_keeps_the_dataclass_signature_and_semantics():
+    import inspect
+
+    class M(nn.Module):
+        a: int
+        b: tuple = (1, 2)
+        c: list = dataclasses.field(default_factory=list)
+        d: int = dataclasses.field(default=4, init=False)
+        e: float = dataclasses.field(default=0.5, kw_only=True)
+
+    class Sub(M):
+        f: str = "x"
+
+    for cls in (M, Sub):
+        assert not cls.__dataclass_params__.frozen           # the class itself is not frozen
+        params = list(inspect.signature(cls).parameters)
+        assert params == [f.name for f in dataclasses.fields(cls) if f.init and not f.kw_only] \
+            + [f.name for f in dataclasses.fields(cls) if f.init and f.kw_only]
+    m1, m2 = M(1), M(2, e=1.5)
+    assert (m1.a, m1.b, m1.d, m1.e, m2.e) == (1, (1, 2), 4, 0.5, 1.5)
+    assert m1.c == [] and m1.c is not m2.c                   # a factory per instance
+    assert Sub(1, f="y").f == "y" and Sub(1).name is None and Sub(1, name="n").name == "n"
+    m1.a = 7                                                 # an unbound module may be set
+    assert m1.a == 7
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'a'"):
+        M()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'd'"):
+        M(1, d=3)
+    with pytest.raises(TypeError, match="only parent=None"):
+        M(1, parent=m2)
+
+
+def test_storing_init_runs_a_user_post_init_and_initvars_keep_the_generated_init():
+    seen = []
+
+    class P(nn.Module):
+        a: int = 1
+
+        def __post_init__(self):
+            seen.append(self.a)
+            super().__post_init__()
+
+    class IV(nn.Module):
+        a: int = 1
+        scale: dataclasses.InitVar[int] = 2
+
+        def __post_init__(self, scale):
+            object.__setattr__(self, "scaled", self.a * scale)
+            super().__post_init__()
+
+    assert P(3).a == 3 and seen == [3]
+    assert IV(3, 4).scaled == 12 and IV(3).scaled == 6
+
+
+def test_storing_init_bound_modules_still_frozen():
+    class M(nn.Module):
+        a: int = 1
+
+        @nn.compact
+        def __call__(self, x):
+            self.a = 2
+            return x
+
+    with pytest.raises(AttributeError, match="frozen"):
+        M().init(random.PRNGKey(0), np.ones((2,), np.float32))
+
+
+def test_storing_init_is_used_where_it_mirrors_the_class():
+    def stores_directly(cls):
+        code = cls.__init__.__wrapped__.__code__        # under _accept_parent's wrapper
+        return "__dataclass_builtins_object__" in code.co_names + code.co_freevars
+
+    class M(nn.Module):
+        a: int = 1
+        c: list = dataclasses.field(default_factory=list)
+
+    class IV(nn.Module):
+        scale: dataclasses.InitVar[int] = 2
+
+        def __post_init__(self, scale):
+            super().__post_init__()
+
+    assert stores_directly(M) and stores_directly(nn.Dense)
+    assert not stores_directly(IV)

@@ -1,0 +1,288 @@
+"""The caches behind a repeated `model.apply`: param_with_axes' table of checked declarations
+(partitioning._CHECKED), the logical constraint's targets (spmd._TARGETS) and the
+initializer keys (scope._plain_fn_key). A declaration found in them does what the long way
+does; whatever the long way reads that is not in their keys makes a miss; errors still raise
+on every call."""
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+from ctrainstate import NamedSharding, P, nn, random
+from ctrainstate import partitioning as nn_partitioning
+from ctrainstate._src.base.trace_state import jit_scope
+from ctrainstate._src.nn import spmd
+from ctrainstate._src.nn.scope import NameInUseError, ScopeParamShapeError, _plain_fn_key
+
+RULES = (("batch", "data"), ("hidden", "model"))
+
+
+def _mesh(shape=(1, 1), names=("data", "model")):
+    n = int(np.prod(shape))
+    return cts.Mesh(np.array(cts.devices()[:n], dtype=object).reshape(shape), names)
+
+
+def _uniform(bound):
+    def init(key, shape, dtype=np.float32, out_sharding=None):
+        return random.uniform(key, shape, dtype, -bound, bound, out_sharding=out_sharding)
+    return init
+
+
+class Layer(nn.Module):
+    features: int
+    axes: tuple = ("feature", "hidden")
+
+    @nn.compact
+    def __call__(self, x):
+        k = nn_partitioning.param_with_axes("kernel", _uniform(0.5), (x.shape[-1], self.features),
+                                            axes=self.axes)
+        b = nn_partitioning.param_with_axes("bias", _uniform(0.1), (self.features,),
+                                            axes=self.axes[1:])
+        y = x @ k + b
+        return nn_partitioning.with_sharding_constraint(y, ("batch", self.axes[1]))
+
+
+def _init(model, x, mesh, rules=RULES):
+    with mesh, nn_partitioning.axis_rules(rules):
+        xs = cts.device_put(x, NamedSharding(mesh, P("data", None)))
+        return xs, model.init(random.PRNGKey(0), xs)
+
+
+# --- partitioning._CHECKED ------------------------------------------------------------------
+
+def test_repeated_apply_gives_the_same_values_and_shardings():
+    mesh = _mesh()
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    xs, v = _init(Layer(8), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        outs = [Layer(8).apply(v, xs) for _ in range(3)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(np.asarray(o), np.asarray(outs[0]))
+        assert o.sharding == outs[0].sharding == NamedSharding(mesh, P("data", "model"))
+
+
+def test_cached_declaration_still_checks_the_shape_of_other_params():
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Layer(8), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        Layer(8).apply(v, xs)
+        Layer(8).apply(v, xs)                         # cached now
+        wrong = {"params": dict(v["params"], bias=np.zeros((5,), np.float32))}
+        with pytest.raises(ScopeParamShapeError, match='"bias"'):
+            Layer(8).apply(wrong, xs)                 # another shape: another key
+        with pytest.raises(ScopeParamShapeError, match='"kernel"'):
+            Layer(6).apply(v, xs)                     # another declaration: another key
+        Layer(8).apply(v, xs)
+
+
+def test_cached_declaration_reshards_a_param_placed_otherwise():
+    """The last sharding seen equal to the target is remembered per declaration: a param
+    Array placed differently (here replicated instead of split over 'model') is still
+    constrained."""
+    mesh = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Layer(8), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        Layer(8).apply(v, xs)
+        Layer(8).apply(v, xs)
+        seen = []
+        real = spmd._constrain_to
+
+        def spy(a, target):
+            out = real(a, target)
+            seen.append((a.sharding, out.sharding, target))
+            return out
+        spmd._constrain_to = spy
+        try:
+            moved = {"params": {k: cts.device_put(np.asarray(a), NamedSharding(mesh, P()))
+                                for k, a in v["params"].items()}}
+            Layer(8).apply(moved, xs)
+        finally:
+            spmd._constrain_to = real
+    kernel = [s for s in seen if s[2].spec == P(None, "model")]
+    assert kernel, seen                                 # the new Array was constrained
+    assert kernel[0][1] == NamedSharding(mesh, P(None, "model"))
+
+
+def test_cached_declaration_keeps_the_declaration_rule():
+    class Helper(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn_partitioning.param_with_axes("w", _uniform(0.5), (x.shape[-1],),
+                                                   axes=("hidden",))
+
+        def not_compact(self, x):
+            return nn_partitioning.param_with_axes("w", _uniform(0.5), (x.shape[-1],),
+                                                   axes=("hidden",), module=self)
+
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Helper(), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        Helper().apply(v, xs)
+        Helper().apply(v, xs)
+        with pytest.raises(ValueError, match="must be initialized in `setup\\(\\)`"):
+            Helper().apply(v, xs, method="not_compact")
+
+
+def test_cached_declaration_keeps_name_collisions():
+    class Twice(nn.Module):
+        twice: bool = False
+
+        @nn.compact
+        def __call__(self, x):
+            w = nn_partitioning.param_with_axes("w", _uniform(0.5), (x.shape[-1],),
+                                                axes=("hidden",))
+            if self.twice:
+                nn_partitioning.param_with_axes("w", _uniform(0.5), (x.shape[-1],),
+                                                axes=("hidden",))
+            return w
+
+    class SubNamedW(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            w = nn_partitioning.param_with_axes("w", _uniform(0.5), (x.shape[-1],),
+                                                axes=("hidden",))
+            nn.Dense(2, name="w")
+            return w
+
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Twice(), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        Twice().apply(v, xs)
+        Twice().apply(v, xs)
+        with pytest.raises(NameInUseError, match='"w" is already in use'):
+            Twice(twice=True).apply(v, xs)
+        with pytest.raises(NameInUseError, match='Could not create submodule "w"'):
+            SubNamedW().apply(v, xs)
+
+
+def test_cached_declaration_still_sows_axes_where_mutable():
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Layer(8), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        Layer(8).apply(v, xs)
+        _, new = Layer(8).apply({"params": v["params"]}, xs, mutable=["params_axes"])
+    assert new["params_axes"] == v["params_axes"]
+
+
+def test_cached_declaration_misses_on_other_rules_mesh_and_jit():
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Layer(8), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        Layer(8).apply(v, xs)
+    other_rules = (("batch", "data"), ("hidden", None))
+    with mesh, nn_partitioning.axis_rules(other_rules):
+        out = Layer(8).apply(v, xs)
+    assert out.sharding == NamedSharding(mesh, P("data", None))
+    # strict rules: the unmatched name raises on every call, cached or not
+    with mesh, nn_partitioning.axis_rules(RULES, strict=True):
+        for _ in range(2):
+            with pytest.raises(ValueError, match="feature"):
+                Layer(8).apply(v, xs)
+    mesh2 = _mesh()
+    with mesh2, nn_partitioning.axis_rules(RULES):
+        assert Layer(8).apply(v, xs).sharding == NamedSharding(mesh2, P("data", "model"))
+    assert any(e[0] is mesh2 for e in spmd._TARGETS.values())   # its own entry
+    with mesh, nn_partitioning.axis_rules(RULES), jit_scope():
+        Layer(8).apply(v, xs)
+
+
+# --- spmd._TARGETS ----------------------------------------------------------------------------
+
+def _arr(mesh, spec=P()):
+    return cts.device_put(np.arange(8, dtype=np.float32).reshape(2, 4), NamedSharding(mesh, spec))
+
+
+def test_constraint_target_cached_per_rules_fallback_and_mesh():
+    m = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()
+    a = _arr(m)
+    wlc = nn_partitioning.with_sharding_constraint
+    with m:
+        for _ in range(2):
+            assert wlc(a, ("batch", "hidden"), rules=RULES).sharding == \
+                NamedSharding(m, P("data", "model"))
+            assert wlc(a, ("batch", "hidden"), rules=(("hidden", "data"),)).sharding == \
+                NamedSharding(m, P(None, "data"))
+            assert wlc(a, ("batch", "nope"), rules=RULES,
+                       fallback=nn_partitioning.RulesFallback.NO_CONSTRAINT) is a
+            with pytest.raises(ValueError, match="did not match a rule"):
+                wlc(a, ("batch", "nope"), rules=RULES,
+                    fallback=nn_partitioning.RulesFallback.RAISE_ERROR)
+            with pytest.raises(ValueError, match="more than once"):
+                wlc(a, ("batch", "batch"), rules=RULES)
+            # rules in lists (unhashable): the long way, same result
+            assert wlc(a, ("batch", "hidden"), rules=[["batch", "data"], ["hidden", "model"]]
+                       ).sharding == NamedSharding(m, P("data", "model"))
+    m2 = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()
+    with m2:
+        assert wlc(a, ("batch", "hidden"), rules=RULES).sharding == \
+            NamedSharding(m2, P("data", "model"))
+    assert any(e[0] is m2 for e in spmd._TARGETS.values())
+    # no mesh: the value as it is, resolution errors still raised
+    assert wlc(a, ("batch", "hidden"), rules=RULES) is a
+    with pytest.raises(ValueError, match="more than once"):
+        wlc(a, ("batch", "batch"), rules=RULES)
+
+
+def test_constraint_target_unconstrained_takes_the_long_way():
+    if len(cts.devices()) < 2:
+        pytest.skip("needs 2 devices")
+    m = _mesh((1, 2))
+    a = _arr(m, P(None, "model"))
+    unc = P.UNCONSTRAINED
+    with m:
+        for _ in range(2):
+            out = nn_partitioning.with_sharding_constraint(a, ("batch", unc), rules=RULES)
+            assert out.sharding == NamedSharding(m, P("data", "model"))   # kept its split
+
+
+def test_constraint_target_strict_rules_not_cached():
+    m = _mesh()
+    a = _arr(m)
+    with m, nn_partitioning.axis_rules(RULES):
+        nn_partitioning.with_sharding_constraint(a, ("batch", "typo"))   # fills the table
+    with m, nn_partitioning.axis_rules(RULES, strict=True):
+        with pytest.raises(ValueError, match="typo"):
+            nn_partitioning.with_sharding_constraint(a, ("batch", "typo"))
+
+
+# --- scope._plain_fn_key ----------------------------------------------------------------------
+
+def test_plain_fn_key_tells_apart_what_the_initializer_computes():
+    assert _plain_fn_key(_uniform(0.5)) == _plain_fn_key(_uniform(0.5))
+    assert _plain_fn_key(_uniform(0.5)) != _plain_fn_key(_uniform(0.25))
+    assert _plain_fn_key(_uniform(1)) != _plain_fn_key(_uniform(1.0))      # int vs float
+    assert _plain_fn_key(_uniform(True)) != _plain_fn_key(_uniform(1))     # bool vs int
+
+    def with_default(dtype):
+        def init(key, shape, dtype=dtype, scale=1):
+            return np.zeros(shape, dtype) * scale
+        return init
+
+    assert _plain_fn_key(with_default(np.float32)) == _plain_fn_key(with_default(np.float32))
+    assert _plain_fn_key(with_default(np.float32)) != _plain_fn_key(with_default(np.float16))
+    assert _plain_fn_key(with_default(np.dtype("float32"))) != \
+        _plain_fn_key(with_default(np.float32))
+    with pytest.raises(TypeError):
+        _plain_fn_key(with_default([1]))            # not a plain value: no key
+    with pytest.raises(TypeError):
+        _plain_fn_key(_uniform(np.ones(2)))
+
+
+def test_constraint_target_entry_of_a_reused_mesh_id_is_not_used():
+    """An entry is keyed by id(mesh) and keeps its mesh: one whose mesh is not the active one
+    (an id reused after the mesh it was made for was freed) is recomputed, not used."""
+    if len(cts.devices()) < 2:
+        pytest.skip("needs 2 devices")
+    m, other = _mesh((1, 2)), _mesh((2, 1))
+    a = _arr(m)
+    spec = ("batch", "hidden")
+    spmd._TARGETS[(spec, RULES, spmd._DEFAULT_FALLBACK, id(m))] = (
+        other, NamedSharding(other, P("data", None)))
+    with m:
+        out = nn_partitioning.with_sharding_constraint(a, spec, rules=RULES)
+    assert out.sharding == NamedSharding(m, P("data", "model"))

@@ -619,6 +619,249 @@ static PyType_Spec node_vjp_spec = {
     .slots = node_vjp_slots,
 };
 
+/* --- derivative programs ----------------------------------------------------------------
+ * A primitive's tape rule as data: VjpProgram(cases, rule, unbroadcast, flags) is called as the
+ * rule is, (g, out, *operands), and runs, for the operands' case (0: all Arrays; 1: an Array
+ * and a Python scalar; 2: a scalar and an Array), that case's program — or `rule` (Python)
+ * when the case has none, when a tape records on this thread (a nested differentiation:
+ * the rule decides what it records), or when a flag's condition fails. A program is
+ * (steps, outs): registers 0 = g, 1 = out, 2 and 3 = the operands (None for a one-operand
+ * primitive; a call with static arguments takes the rule); each
+ * step (f, arg, ...) calls f on registers (ints) and constants (floats) and appends the result
+ * as the next register; outs names the register of each Array operand's cotangent, in order
+ * (None: no cotangent). In case 0 a cotangent whose shape is not its operand's goes through
+ * unbroadcast(cotangent, shape), as the Python rules do. The steps call the same primitives
+ * in the same order as the Python rule, so both give the same bits. */
+enum { VP_MAXREG = 12, VP_FLAG_2D = 1 /* every Array operand has rank 2 */ };
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *cases, *rule, *unbroadcast;
+    int flags;
+} vjp_program;
+
+static PyTypeObject *vjp_program_type;
+
+static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *const *ops, int nops,
+                        int unbroadcast, PyObject *ub) {
+    PyObject *steps = PyTuple_GET_ITEM(prog, 0), *outs = PyTuple_GET_ITEM(prog, 1);
+    PyObject *made[VP_MAXREG];
+    int nmade = 0, n = nreg;
+    PyObject *res = NULL;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(steps); k++) {
+        PyObject *st = PyTuple_GET_ITEM(steps, k);
+        PyObject *call[4];
+        const Py_ssize_t na = PyTuple_GET_SIZE(st) - 1;
+        for (Py_ssize_t j = 0; j < na; j++) {
+            PyObject *a = PyTuple_GET_ITEM(st, j + 1);
+            if (PyLong_CheckExact(a)) {
+                long r = PyLong_AsLong(a);
+                if (r < 0 || r >= n) {
+                    PyErr_SetString(PyExc_ValueError, "VjpProgram: a register out of range");
+                    goto done;
+                }
+                call[j] = regs[r];
+            } else {
+                call[j] = a;
+            }
+        }
+        PyObject *v = PyObject_Vectorcall(PyTuple_GET_ITEM(st, 0), call, (size_t)na, NULL);
+        if (v == NULL) goto done;
+        regs[n++] = made[nmade++] = v;
+    }
+    res = PyTuple_New(PyTuple_GET_SIZE(outs));
+    if (res == NULL) goto done;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
+        PyObject *o = PyTuple_GET_ITEM(outs, j), *v = Py_None;
+        if (o != Py_None) {
+            long r = PyLong_AsLong(o);
+            if (r < 0 || r >= n) {
+                PyErr_SetString(PyExc_ValueError, "VjpProgram: an output register out of range");
+                Py_CLEAR(res);
+                goto done;
+            }
+            v = regs[r];
+        }
+        Py_INCREF(v);
+        if (unbroadcast && v != Py_None && j < nops) { /* the cotangent of operand j */
+            PyTypeObject *at = ct_py_array_type();
+            if (at != NULL && Py_IS_TYPE(v, at) && Py_IS_TYPE(ops[j], at)) {
+                PyObject *want = ((ct_py_array *)ops[j])->shape;
+                int eq = PyObject_RichCompareBool(((ct_py_array *)v)->shape, want, Py_EQ);
+                if (eq == 0) {
+                    PyObject *args[2] = {v, want};
+                    PyObject *u = PyObject_Vectorcall(ub, args, 2, NULL);
+                    Py_SETREF(v, u);
+                }
+                if (eq < 0 || v == NULL) {
+                    Py_XDECREF(v);
+                    Py_CLEAR(res);
+                    goto done;
+                }
+            }
+        }
+        PyTuple_SET_ITEM(res, j, v);
+    }
+done:
+    for (int i = 0; i < nmade; i++) Py_DECREF(made[i]);
+    return res;
+}
+
+static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    vjp_program *vp = (vjp_program *)self;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || n < 3)
+        return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    /* the case: which operands are Arrays (operands: args[2], and args[3] for two) */
+    const int nops = (int)PyTuple_GET_SIZE(vp->cases) > 1 ? 2 : 1;
+    if (n < 2 + nops) return PyErr_Format(PyExc_TypeError, "a derivative program: too few operands");
+    int c = 0;
+    if (nops == 2) {
+        const int a_arr = Py_IS_TYPE(args[2], at), b_arr = Py_IS_TYPE(args[3], at);
+        c = a_arr && b_arr ? 0 : a_arr ? 1 : b_arr ? 2 : -1;
+    } else if (!Py_IS_TYPE(args[2], at)) {
+        c = -1;
+    }
+    PyObject *prog = c >= 0 && c < PyTuple_GET_SIZE(vp->cases) ? PyTuple_GET_ITEM(vp->cases, c)
+                                                              : Py_None;
+    int use_rule = prog == Py_None;
+    if (!use_rule && (vp->flags & VP_FLAG_2D)) {
+        for (int j = 0; j < nops && !use_rule; j++) {
+            PyObject *x = args[2 + j];
+            use_rule = Py_IS_TYPE(x, at) &&
+                       (!PyTuple_Check(((ct_py_array *)x)->shape) ||
+                        PyTuple_GET_SIZE(((ct_py_array *)x)->shape) != 2);
+        }
+    }
+    if (!use_rule) { /* a tape recording on this thread: the rule decides what it records */
+        PyObject *tape;
+        int tr = top_tape(&tape);
+        if (tr < 0) return NULL;
+        use_rule = tr != 0 || tape != NULL;
+        Py_XDECREF(tape);
+    }
+    if (use_rule || n > 4) return PyObject_Vectorcall(vp->rule, args, nargsf, NULL);
+    PyObject *regs[VP_MAXREG];
+    for (Py_ssize_t i = 0; i < 4; i++) regs[i] = i < n ? args[i] : Py_None; /* steps from 4 */
+    /* the Array operands, in order, as the node's inputs are */
+    PyObject *arrs[2];
+    int narr = 0;
+    for (int j = 0; j < nops; j++)
+        if (Py_IS_TYPE(args[2 + j], at)) arrs[narr++] = args[2 + j];
+    return vp_run(prog, regs, 4, arrs, narr, c == 0 && nops == 2, vp->unbroadcast);
+}
+
+static int vp_check_program(PyObject *prog) {
+    if (prog == Py_None) return 0;
+    if (!PyTuple_Check(prog) || PyTuple_GET_SIZE(prog) != 2 ||
+        !PyTuple_Check(PyTuple_GET_ITEM(prog, 0)) || !PyTuple_Check(PyTuple_GET_ITEM(prog, 1)))
+        goto bad;
+    PyObject *steps = PyTuple_GET_ITEM(prog, 0);
+    if (PyTuple_GET_SIZE(steps) > VP_MAXREG - 4) goto bad;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(steps); k++) {
+        PyObject *st = PyTuple_GET_ITEM(steps, k);
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) < 1 || PyTuple_GET_SIZE(st) > 5 ||
+            !PyCallable_Check(PyTuple_GET_ITEM(st, 0)))
+            goto bad;
+        for (Py_ssize_t j = 1; j < PyTuple_GET_SIZE(st); j++) {
+            PyObject *a = PyTuple_GET_ITEM(st, j);
+            if (!PyLong_CheckExact(a) && !PyFloat_CheckExact(a)) goto bad;
+        }
+    }
+    PyObject *outs = PyTuple_GET_ITEM(prog, 1);
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
+        PyObject *o = PyTuple_GET_ITEM(outs, j);
+        if (o != Py_None && !PyLong_CheckExact(o)) goto bad;
+    }
+    return 0;
+bad:
+    PyErr_SetString(PyExc_TypeError,
+                    "VjpProgram: a program is ((step, ...), (out register or None, ...)), a step "
+                    "(callable, register int or float constant, ...) with at most 4 arguments");
+    return -1;
+}
+
+static PyObject *vp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *cases, *rule, *ub;
+    int flags = 0;
+    static char *kw[] = {"cases", "rule", "unbroadcast", "flags", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|i:VjpProgram", kw, &cases, &rule, &ub, &flags))
+        return NULL;
+    if (!PyTuple_Check(cases) || PyTuple_GET_SIZE(cases) < 1 || PyTuple_GET_SIZE(cases) > 3)
+        return PyErr_Format(PyExc_TypeError, "VjpProgram: cases is a tuple of 1 (one operand) or "
+                                             "3 (two operands: arrays, array-scalar, scalar-array)");
+    if (PyTuple_GET_SIZE(cases) == 2)
+        return PyErr_Format(PyExc_TypeError, "VjpProgram: two cases (give 1 or 3)");
+    if (!PyCallable_Check(rule) || !PyCallable_Check(ub))
+        return PyErr_Format(PyExc_TypeError, "VjpProgram: rule and unbroadcast must be callable");
+    if (flags & ~VP_FLAG_2D) return PyErr_Format(PyExc_ValueError, "VjpProgram: unknown flags");
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cases); i++)
+        if (vp_check_program(PyTuple_GET_ITEM(cases, i)) < 0) return NULL;
+    vjp_program *vp = (vjp_program *)type->tp_alloc(type, 0);
+    if (vp == NULL) return NULL;
+    vp->vectorcall = vp_call;
+    vp->cases = Py_NewRef(cases);
+    vp->rule = Py_NewRef(rule);
+    vp->unbroadcast = Py_NewRef(ub);
+    vp->flags = flags;
+    return (PyObject *)vp;
+}
+
+static int vp_traverse(vjp_program *v, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(v));
+    Py_VISIT(v->cases);
+    Py_VISIT(v->rule);
+    Py_VISIT(v->unbroadcast);
+    return 0;
+}
+
+static int vp_clear(vjp_program *v) {
+    Py_CLEAR(v->cases);
+    Py_CLEAR(v->rule);
+    Py_CLEAR(v->unbroadcast);
+    return 0;
+}
+
+static void vp_dealloc(vjp_program *v) {
+    PyObject_GC_UnTrack(v);
+    vp_clear(v);
+    PyTypeObject *tp = Py_TYPE(v);
+    tp->tp_free((PyObject *)v);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef vp_members[] = {
+    {"cases", T_OBJECT, offsetof(vjp_program, cases), READONLY, "The programs, per operand case."},
+    {"rule", T_OBJECT, offsetof(vjp_program, rule), READONLY, "The Python rule it stands for."},
+    {"flags", T_INT, offsetof(vjp_program, flags), READONLY, "1: every Array operand of rank 2."},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(vjp_program, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot vp_slots[] = {
+    {Py_tp_new, vp_new},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_traverse, vp_traverse},
+    {Py_tp_clear, vp_clear},
+    {Py_tp_dealloc, vp_dealloc},
+    {Py_tp_members, vp_members},
+    {Py_tp_doc, "VjpProgram(cases, rule, unbroadcast, flags=0)\n--\n\n"
+                "A primitive's tape rule as a program of primitive calls, run in C: see "
+                "csrc/python/py_dispatch.c."},
+    {0, NULL},
+};
+
+static PyType_Spec vp_spec = {
+    .name = "ctrainstate._C.VjpProgram",
+    .basicsize = sizeof(vjp_program),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = vp_slots,
+};
+
 /* Whether the C path may record on `tape`: a plain _Tape of no enclosing differentiated call
  * (an op of a nested value_and_grad is checked by the Python op). 1 yes, 0 no, -1 error. */
 static int tape_recordable(PyObject *tape) {
@@ -1063,7 +1306,26 @@ static PyMethodDef prim_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *prim_get_vjp(prim *p, void *c) {
+    (void)c;
+    return Py_NewRef(p->vjp != NULL ? p->vjp : Py_None);
+}
+
+/* (set once the primitives its program calls exist: a rule may call the primitive itself) */
+static int prim_set_vjp(prim *p, PyObject *v, void *c) {
+    (void)c;
+    if (v == NULL || (v != Py_None && !PyCallable_Check(v))) {
+        PyErr_SetString(PyExc_TypeError, "a primitive's vjp is a callable or None");
+        return -1;
+    }
+    Py_XSETREF(p->vjp, v == Py_None ? NULL : Py_NewRef(v));
+    return 0;
+}
+
 static PyGetSetDef prim_getset[] = {
+    {"vjp", (getter)prim_get_vjp, (setter)prim_set_vjp,
+     "The tape rule (g, out, *operands) -> cotangents of the Array operands, or None (a\n"
+     "recording tape then sends calls to the Python op).", NULL},
     {"__doc__", (getter)prim_get_doc, (setter)prim_set_doc, NULL, NULL},
     {"__name__", (getter)prim_get_name, NULL, NULL, NULL},
     {"__qualname__", (getter)prim_get_name, NULL, NULL, NULL},
@@ -1076,8 +1338,6 @@ static PyMemberDef prim_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(prim, vectorcall), READONLY, NULL},
     {"__dictoffset__", T_PYSSIZET, offsetof(prim, dict), READONLY, NULL},
     {"planner", T_OBJECT, offsetof(prim, planner), READONLY, "The planner (Python)."},
-    {"vjp", T_OBJECT, offsetof(prim, vjp), READONLY,
-     "The tape rule (g, out, *operands) -> cotangents of the Array operands, or None."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1342,6 +1602,9 @@ int ct_py_init_dispatch(PyObject *m) {
     if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
         !default_name || !process_name || !mesh_name || !norm_name)
         return -1;
+    PyObject *vpt = PyType_FromSpec(&vp_spec);
+    if (vpt == NULL || PyModule_AddObjectRef(m, "VjpProgram", vpt) < 0) return -1;
+    vjp_program_type = (PyTypeObject *)vpt;
     node_vjp_type = (PyTypeObject *)PyType_FromSpec(&node_vjp_spec);
     if (node_vjp_type == NULL) return -1;
     if (PyModule_AddFunctions(m, dispatch_methods) < 0) return -1;

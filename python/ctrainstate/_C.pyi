@@ -103,6 +103,14 @@ class Primitive:
     def cache_info(self) -> dict[str, int]: ...
     def cache_clear(self) -> None: ...
 
+class VjpProgram:
+    cases: tuple[Any, ...]
+    rule: Callable[..., Any]
+    flags: int
+    def __init__(self, cases: tuple[Any, ...], rule: Callable[..., Any],
+                 unbroadcast: Callable[..., Any], flags: int = ...) -> None: ...
+    def __call__(self, g: Any, out: Any, *operands: Any) -> tuple[Any, ...]: ...
+
 op_codes: dict[str, dict[str, int]]
 dispatch_kinds: dict[str, int]
 dispatch_scalar_rules: dict[str, int]

@@ -232,6 +232,7 @@ SIGS = {
     # the step of a plan built by a real TrainState step (plan_parts below)
     "OptimPlan.step": ["arrays", "arrays", "any", "int", "arrays"],
     "tape_backward": ["any", "any", "any", "any"],
+    "VjpProgram": ["any", "any", "any", "int"],
     "dist_shutdown": [], "dist_info": [], "dist_allreduce": ["host", "host", "op", "float"],
     "dist_allgather": ["host", "host", "float"],
     "dist_reduce_scatter": ["host", "host", "op", "float"],

@@ -678,3 +678,94 @@ def test_tape_backward_adds_cotangents_of_an_input_read_twice_and_skips_untracke
     _C.tape_backward([node], {id(x), id(y)}, cot, _ops._Group)
     assert id(y) not in cot and id(c) not in cot
     np.testing.assert_array_equal(np.asarray(cot[id(x)]), [3.0, 30.0])
+
+
+# --- derivative programs (_C.VjpProgram): tape rules run in C ---------------------------------
+
+_PROGRAM_PRIMS = sorted(n for n in UNARY + BINARY + ["matmul"]
+                        if isinstance(getattr(_ops, n).vjp, _C.VjpProgram))
+
+
+def test_the_common_rules_are_programs():
+    assert {"sin", "cos", "tanh", "exp", "log", "sqrt", "square", "sigmoid", "negative", "add",
+            "subtract", "multiply", "divide", "matmul"} <= set(_PROGRAM_PRIMS)
+
+
+def _program_cases(name, rng, sh):
+    """(g, out, *operands) calls of the rule of primitive `name`: every case its program has."""
+    prim = getattr(_ops, name)
+    pos = lambda shape: cts.device_put(np.abs(rng.standard_normal(shape)).astype(np.float32) + 0.5,
+                                       sh(len(shape)))
+    if name == "matmul":
+        pairs = [(pos((8, 16)), pos((16, 4)))]
+    elif name in BINARY:
+        a, b, bias = pos((8, 16)), pos((8, 16)), pos((16,))
+        pairs = [(a, b), (a, bias), (bias, a), (a, 2.5), (3.0, a), (a, 2)]
+    else:
+        pairs = [(pos((8, 16)),)]
+    for ops in pairs:
+        out = prim(*ops)
+        yield (cts.device_put(rng.standard_normal(out.shape).astype(np.float32),
+                              out.sharding), out, *ops)
+
+
+@pytest.mark.parametrize("name", _PROGRAM_PRIMS)
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_a_program_gives_its_python_rules_bits(name, where):
+    rng = np.random.default_rng(11)
+    m = _mesh_sharding(("x", "y"))
+    sh = (lambda nd: None) if where == "one device" else (
+        lambda nd: cts.NamedSharding(m.mesh, cts.P(*(("x", "y") if nd == 2 else ("y",)))))
+    prog = getattr(_ops, name).vjp
+    for call in _program_cases(name, rng, sh):
+        fast, slow = prog(*call), prog.rule(*call)
+        assert len(fast) == len(slow)
+        for f, s in zip(fast, slow):
+            assert (f is None) == (s is None)
+            if f is not None:
+                _same(f, s)
+
+
+def test_a_program_defers_to_its_rule_under_a_tape_and_for_other_ranks():
+    seen = []
+
+    def rule(g, out, a, b):
+        seen.append((a.ndim, b.ndim))
+        return _ops.matmul.vjp.rule(g, out, a, b)
+    prog = _C.VjpProgram(_ops.matmul.vjp.cases, rule, _ops._unbroadcast, 1)
+    a3 = cts.device_put(np.ones((2, 4, 3), np.float32))
+    a2 = cts.device_put(np.ones((4, 3), np.float32))
+    b = cts.device_put(np.ones((3, 5), np.float32))
+    prog(_ops.matmul(a3, b), _ops.matmul(a3, b), a3, b)      # rank 3: the rule
+    assert seen == [(3, 2)]
+    prog(_ops.matmul(a2, b), _ops.matmul(a2, b), a2, b)      # rank 2: the program
+    assert seen == [(3, 2)]
+    cts.value_and_grad(lambda x: (prog(x, x, a2, b), cnp.sum(x))[1])(a2 @ b)  # a tape records
+    assert seen == [(3, 2), (2, 2)]
+
+
+def test_vjp_program_validates_and_reports_bad_registers():
+    rule = lambda *a: a
+    with pytest.raises(TypeError, match="cases"):
+        _C.VjpProgram([], rule, rule)
+    with pytest.raises(TypeError, match="two cases"):
+        _C.VjpProgram((None, None), rule, rule)
+    with pytest.raises(TypeError, match="a program is"):
+        _C.VjpProgram((((("not callable", 0),), (4,)),), rule, rule)
+    with pytest.raises(TypeError, match="a program is"):
+        _C.VjpProgram((((((_ops.sin, "x"),), (4,))),), rule, rule)
+    with pytest.raises(TypeError, match="callable"):
+        _C.VjpProgram(((((), (0,))),), None, rule)
+    with pytest.raises(ValueError, match="flags"):
+        _C.VjpProgram(((((), (0,))),), rule, rule, 2)
+    x = cts.device_put(np.float32([1.0]))
+    bad = _C.VjpProgram(((((_ops.sin, 9),), (4,)),), rule, rule)
+    with pytest.raises(ValueError, match="register out of range"):
+        bad(x, x, x)
+    bad_out = _C.VjpProgram((((), (7,)),), rule, rule)
+    with pytest.raises(ValueError, match="output register"):
+        bad_out(x, x, x)
+    with pytest.raises(TypeError, match="takes"):
+        bad_out(x, x)
+    with pytest.raises(TypeError, match="callable or None"):
+        _ops.sin.vjp = 3

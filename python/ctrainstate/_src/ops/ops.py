@@ -2738,6 +2738,64 @@ def _make_primitives():
     g["around"] = g["round"]
     _C.dispatch_register(_tls, _Tape, _precision._tls, NamedSharding, g["add"], g["subtract"],
                          g["multiply"], g["divide"], g["negative"], g["matmul"])
+    _derivative_programs()
+
+
+# --- derivative programs: tape rules run in C (_C.VjpProgram, csrc/python/py_dispatch.c) ----
+# The rules below are the Python rules above (_d_*, _vjp_matmul) written as the primitive
+# calls they make, in the same order, so the C backward pass calls no Python for them. A
+# program's registers: g, the output, the operands; each step's result is the next register.
+
+_G, _OUT, _A, _B = 0, 1, 2, 3
+
+
+def _t(k):
+    """The register of a program's k-th step's result."""
+    return 4 + k
+
+
+def _program(*steps, outs):
+    return (tuple(steps), tuple(outs))
+
+
+def _derivative_programs():
+    g = globals()
+    P = _program
+    mul, neg, sub, div = g["multiply"], g["negative"], g["subtract"], g["divide"]
+    unary = {
+        "negative": P((neg, _G), outs=(_t(0),)),                                  # _d_negative
+        "sin": P((g["cos"], _A), (mul, _G, _t(0)), outs=(_t(1),)),                # _d_sin
+        "cos": P((g["sin"], _A), (mul, _G, _t(0)), (neg, _t(1)), outs=(_t(2),)),  # _d_cos
+        "tanh": P((g["square"], _OUT), (sub, 1.0, _t(0)), (mul, _G, _t(1)),       # _d_tanh
+                  outs=(_t(2),)),
+        "exp": P((mul, _G, _OUT), outs=(_t(0),)),                                 # _d_exp
+        "log": P((div, _G, _A), outs=(_t(0),)),                                   # _d_log
+        "sqrt": P((mul, _G, 0.5), (div, _t(0), _OUT), outs=(_t(1),)),             # _d_sqrt
+        "square": P((mul, _A, 2.0), (mul, _G, _t(0)), outs=(_t(1),)),             # _d_square
+        "sigmoid": P((sub, 1.0, _OUT), (mul, _OUT, _t(0)), (mul, _G, _t(1)),      # _d_sigmoid
+                     outs=(_t(2),)),
+    }
+    # (both Arrays, un-broadcast after; Array (op) scalar; scalar (op) Array): _BINARY_VJPS
+    binary = {
+        "add": (P(outs=(_G, _G)), P(outs=(_G,)), P(outs=(_G,))),
+        "subtract": (P((neg, _G), outs=(_G, _t(0))), P(outs=(_G,)), P((neg, _G), outs=(_t(0),))),
+        "multiply": (P((mul, _G, _B), (mul, _G, _A), outs=(_t(0), _t(1))),
+                     P((float, _B), (mul, _G, _t(0)), outs=(_t(1),)),          # _d_scaled
+                     P((float, _A), (mul, _G, _t(0)), outs=(_t(1),))),
+        "divide": (P((div, _G, _B), (div, _OUT, _B), (mul, _G, _t(1)), (neg, _t(2)),
+                     outs=(_t(0), _t(3))),
+                   None,                                                        # _d_over
+                   P((div, -1.0, _B), (mul, _OUT, _t(0)), (mul, _G, _t(1)),    # _d_rdiv
+                     outs=(_t(2),))),
+        # _vjp_matmul of 2-d operands: g @ b^T and a^T @ g (_matmul_grads)
+        "matmul": (P((_MM_T[False, True], _G, _B), (_MM_T[True, False], _A, _G),
+                     outs=(_t(0), _t(1))), None, None),
+    }
+    for name, prog in unary.items():
+        g[name].vjp = _C.VjpProgram((prog,), g[name].vjp, _unbroadcast)
+    for name, cases in binary.items():
+        g[name].vjp = _C.VjpProgram(cases, g[name].vjp, _unbroadcast,
+                                    1 if name == "matmul" else 0)
 
 
 _make_primitives()

@@ -112,6 +112,9 @@ PyObject *ct_py_array_new(PyObject *shape, PyObject *dtype, PyObject *sharding, 
 /* 0 when the Array is neither donated nor holds a deleted buffer, else -1 with
  * DonatedBufferError. */
 int ct_py_array_check_alive(PyObject *a);
+/* A kernel or copy is about to use this Buffer: while a program records (ctrainstate.jit), one
+ * that holds a traced value breaks the program (py_dispatch.c). Never raises. */
+void ct_py_trace_touch(const void *buffer, const char *what);
 /* Write a buffer's block into the host numpy array `host` at `start` (_C.copy_to_host). */
 PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start);
 /* New Arrays owning items[i]'s blocks, the old ones marked donated (Array._moved_all).

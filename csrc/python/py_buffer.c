@@ -22,6 +22,7 @@ ct_py_buffer *ct_py_buffer_check(PyObject *obj, const char *what) {
         PyErr_Format(ct_py_DonatedBufferError, "%s: the buffer was deleted or donated", what);
         return NULL;
     }
+    ct_py_trace_touch(b, what);
     return b;
 }
 

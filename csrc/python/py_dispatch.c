@@ -926,6 +926,10 @@ out:
 
 static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *scalar, int side,
                           PyObject *const *args, int track);
+typedef struct program program;
+static program *recorder; /* the program recording on recorder_thread, or NULL */
+static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array *b,
+                      PyObject *scalar, PyObject *res);
 
 /* The C path; NULL without an exception when the call is the Python op's. */
 static PyObject *fast_call(prim *p, PyObject *const *args) {
@@ -997,6 +1001,7 @@ static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *sca
     e->busy++;
     PyObject *res = run_entry(e, a, b, scalar, track);
     e->busy--;
+    if (res != NULL && recorder != NULL && trace_note(p, e, a, b, scalar, res) < 0) Py_CLEAR(res);
     return res;
 }
 
@@ -1571,6 +1576,547 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* --- programs: a function's primitive calls recorded once, replayed from C -------------------
+ * ctrainstate.jit traces a function by running it once with a program recording: every
+ * primitive call that runs from a plan appends a step (a copy of the plan, its operand values,
+ * a scalar operand). Values are the arguments, constants (Arrays that exist before the trace,
+ * or are made during it from nothing traced: a seed of ones) and the steps' results, told
+ * apart by their first block's Buffer. Anything else that touches a traced buffer — a kernel
+ * called by a Python op, a host read (float(x), np.asarray), a copy, an optimizer step in
+ * place — marks the program broken (ct_py_trace_touch, from ct_py_buffer_check): such a
+ * function runs eagerly on every call. A finished program replays its steps for new
+ * arguments of the same shapes, dtypes and shardings: per step the plan's kernels (run_entry,
+ * as the dispatcher runs them), each intermediate released after its last use. */
+enum { V_ARG = 0, V_CONST, V_STEP };
+
+typedef struct {
+    plan_entry e;     /* a copy of the plan; its references are owned */
+    PyObject *name;   /* the primitive's name */
+    PyObject *scalar; /* K_SCALAR's Python scalar, or NULL */
+    int a, b, out;    /* operand values (b: -1) and the result's */
+} pstep;
+
+struct program {
+    PyObject_HEAD
+    int nargs, nsteps, scap, nvals, vcap, finished, nouts;
+    pstep *steps;
+    int *vkind, *vref, *last_use, *out_vals;
+    PyObject **vobj;  /* V_CONST: the Array; else NULL */
+    PyObject **vmeta; /* (shape, dtype, sharding) of each value */
+    PyObject *out_objs; /* per output: a non-Array leaf, or None where out_vals names a value */
+    PyObject *broken; /* why the function cannot be replayed (str), or NULL */
+    PyObject *bufmap; /* while recording: id(first buffer) -> value */
+    PyObject *traced; /* while recording: ids of the arguments' and the steps' buffers */
+    unsigned long thread;
+};
+
+static PyTypeObject *program_type;
+
+static void program_break(program *pr, const char *why) {
+    if (pr->broken == NULL) pr->broken = PyUnicode_FromString(why);
+    if (pr->broken == NULL) PyErr_Clear();
+}
+
+void ct_py_trace_touch(const void *buffer, const char *what) {
+    program *pr = recorder;
+    if (pr == NULL || pr->broken != NULL || pr->traced == NULL ||
+        pr->thread != PyThread_get_thread_ident())
+        return;
+    PyObject *et, *ev, *etb; /* (a pending exception, if any, is kept) */
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *k = PyLong_FromVoidPtr((void *)buffer);
+    int in = k != NULL ? PySet_Contains(pr->traced, k) : -1;
+    Py_XDECREF(k);
+    if (in != 0) {
+        char why[200];
+        snprintf(why, sizeof why, "%s of a traced value (only primitive calls with C plans are recorded)",
+                 what != NULL ? what : "a kernel");
+        program_break(pr, in > 0 ? why : "a buffer could not be checked");
+    }
+    PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
+}
+
+static int grow_values(program *pr) {
+    if (pr->nvals < pr->vcap) return 0;
+    int cap = pr->vcap ? 2 * pr->vcap : 16;
+    int *k = PyMem_Realloc(pr->vkind, cap * sizeof(int));
+    if (k) pr->vkind = k;
+    int *r = k ? PyMem_Realloc(pr->vref, cap * sizeof(int)) : NULL;
+    if (r) pr->vref = r;
+    PyObject **o = r ? PyMem_Realloc(pr->vobj, cap * sizeof(PyObject *)) : NULL;
+    if (o) pr->vobj = o;
+    PyObject **m = o ? PyMem_Realloc(pr->vmeta, cap * sizeof(PyObject *)) : NULL;
+    if (m) pr->vmeta = m;
+    if (m == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pr->vcap = cap;
+    return 0;
+}
+
+/* The first block's Buffer of Array x (borrowed), or NULL. */
+static PyObject *first_buffer(ct_py_array *x) {
+    if (x->blocks == NULL || !PyList_Check(x->blocks) || PyList_GET_SIZE(x->blocks) < 1) return NULL;
+    PyObject *t = PyList_GET_ITEM(x->blocks, 0);
+    return PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 2 ? PyTuple_GET_ITEM(t, 1) : NULL;
+}
+
+/* A new value of Array x (kind, ref, the Array for a constant), mapped by its first buffer;
+ * with its buffers traced unless it is a constant. */
+static int add_value(program *pr, ct_py_array *x, int kind, int ref) {
+    PyObject *buf = first_buffer(x);
+    if (buf == NULL) {
+        program_break(pr, "an Array without blocks");
+        return -2;
+    }
+    if (grow_values(pr) < 0) return -1;
+    PyObject *meta = PyTuple_Pack(3, x->shape, x->dtype, x->sharding);
+    PyObject *key = meta ? PyLong_FromVoidPtr(buf) : NULL;
+    PyObject *idx = key ? PyLong_FromLong(pr->nvals) : NULL;
+    int rc = idx ? PyDict_SetItem(pr->bufmap, key, idx) : -1;
+    for (Py_ssize_t i = 0; rc == 0 && kind != V_CONST && i < PyList_GET_SIZE(x->blocks); i++) {
+        PyObject *t = PyList_GET_ITEM(x->blocks, i);
+        PyObject *k = PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 2
+                          ? PyLong_FromVoidPtr(PyTuple_GET_ITEM(t, 1)) : NULL;
+        rc = k != NULL ? PySet_Add(pr->traced, k) : -1;
+        Py_XDECREF(k);
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(idx);
+    if (rc < 0) {
+        Py_XDECREF(meta);
+        return -1;
+    }
+    const int v = pr->nvals++;
+    pr->vkind[v] = kind;
+    pr->vref[v] = ref;
+    pr->vobj[v] = kind == V_CONST ? Py_NewRef((PyObject *)x) : NULL;
+    pr->vmeta[v] = meta;
+    return v;
+}
+
+/* Whether Array x has the metadata `meta` (shape, dtype, sharding) records. */
+static int meta_match(PyObject *meta, ct_py_array *x) {
+    if (x->shape == NULL || x->dtype == NULL || x->sharding == NULL) return 0;
+    int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(meta, 0), x->shape, Py_EQ);
+    if (eq <= 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyTuple_GET_ITEM(meta, 1) != x->dtype) {
+        eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(meta, 1), x->dtype, Py_EQ);
+        if (eq <= 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return same_layout(PyTuple_GET_ITEM(meta, 2), x->sharding);
+}
+
+/* The value of an operand or output x: known by its first buffer, or a new constant.
+ * -1 with an exception; -2 when it broke the program. */
+static int value_of(program *pr, ct_py_array *x) {
+    PyObject *buf = first_buffer(x);
+    if (buf == NULL) {
+        program_break(pr, "an Array without blocks");
+        return -2;
+    }
+    PyObject *key = PyLong_FromVoidPtr(buf);
+    if (key == NULL) return -1;
+    PyObject *idx = PyDict_GetItemWithError(pr->bufmap, key);
+    if (idx != NULL) {
+        Py_DECREF(key);
+        const int v = (int)PyLong_AsLong(idx);
+        if (!meta_match(pr->vmeta[v], x)) {
+            program_break(pr, "an Array over a traced value's buffers with another shape, "
+                              "dtype or sharding (a view)");
+            return -2;
+        }
+        return v;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    /* a constant, unless it shares a traced buffer */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(x->blocks); i++) {
+        PyObject *t = PyList_GET_ITEM(x->blocks, i);
+        PyObject *k = PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 2
+                          ? PyLong_FromVoidPtr(PyTuple_GET_ITEM(t, 1)) : NULL;
+        int in = k != NULL ? PySet_Contains(pr->traced, k) : -1;
+        Py_XDECREF(k);
+        if (in != 0) {
+            Py_DECREF(key);
+            if (in < 0) return -1;
+            program_break(pr, "an Array sharing a traced value's buffers");
+            return -2;
+        }
+    }
+    Py_DECREF(key);
+    return add_value(pr, x, V_CONST, 0);
+}
+
+static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array *b,
+                      PyObject *scalar, PyObject *res) {
+    program *pr = recorder;
+    if (pr->broken != NULL || pr->thread != PyThread_get_thread_ident()) return 0;
+    int va = value_of(pr, a);
+    int vb = va >= 0 && b != NULL ? value_of(pr, b) : -1;
+    if (va == -1 || (b != NULL && vb == -1)) return -1;
+    if (va == -2 || (b != NULL && vb == -2)) return 0;
+    if (pr->nsteps == pr->scap) {
+        int cap = pr->scap ? 2 * pr->scap : 16;
+        pstep *st = PyMem_Realloc(pr->steps, cap * sizeof(pstep));
+        if (st == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        pr->steps = st;
+        pr->scap = cap;
+    }
+    const int vo = add_value(pr, (ct_py_array *)res, V_STEP, pr->nsteps);
+    if (vo == -1) return -1;
+    if (vo == -2) return 0;
+    pstep *st = &pr->steps[pr->nsteps++];
+    memcpy(&st->e, e, sizeof *e);
+    st->e.ka_shape = st->e.ka_dtype = st->e.ka_sharding = NULL; /* (the key is the cache's) */
+    st->e.kb_shape = st->e.kb_dtype = st->e.kb_sharding = st->e.kstatics = NULL;
+    st->e.busy = 0;
+    Py_XINCREF(st->e.out_shape);
+    Py_XINCREF(st->e.out_dtype);
+    Py_XINCREF(st->e.out_sharding);
+    Py_XINCREF(st->e.out_shard_shape);
+    for (int i = 0; i < st->e.nblk; i++) {
+        Py_XINCREF(st->e.bdev[i]);
+        Py_XINCREF(st->e.bstart[i]);
+        Py_XINCREF(st->e.brid[i]);
+    }
+    st->name = Py_NewRef(p->name);
+    st->scalar = Py_XNewRef(scalar);
+    st->a = va;
+    st->b = vb;
+    st->out = vo;
+    return 0;
+}
+
+static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0))
+        return PyErr_Format(PyExc_TypeError, "Program() takes no arguments");
+    program *pr = (program *)type->tp_alloc(type, 0);
+    return (PyObject *)pr; /* (tp_alloc zeroes every field) */
+}
+
+static void program_free_values(program *pr) {
+    for (int v = 0; v < pr->nvals; v++) {
+        Py_CLEAR(pr->vobj[v]);
+        Py_CLEAR(pr->vmeta[v]);
+    }
+}
+
+static int program_clear(program *pr) {
+    for (int k = 0; k < pr->nsteps; k++) {
+        entry_clear(&pr->steps[k].e);
+        Py_CLEAR(pr->steps[k].name);
+        Py_CLEAR(pr->steps[k].scalar);
+    }
+    pr->nsteps = 0;
+    program_free_values(pr);
+    pr->nvals = 0;
+    Py_CLEAR(pr->out_objs);
+    Py_CLEAR(pr->broken);
+    Py_CLEAR(pr->bufmap);
+    Py_CLEAR(pr->traced);
+    return 0;
+}
+
+static int program_traverse(program *pr, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(pr));
+    for (int v = 0; v < pr->nvals; v++) Py_VISIT(pr->vobj[v]);
+    Py_VISIT(pr->out_objs);
+    Py_VISIT(pr->bufmap);
+    Py_VISIT(pr->traced);
+    return 0;
+}
+
+static void program_dealloc(program *pr) {
+    PyObject_GC_UnTrack(pr);
+    if (recorder == pr) recorder = NULL;
+    program_clear(pr);
+    PyMem_Free(pr->steps);
+    PyMem_Free(pr->vkind);
+    PyMem_Free(pr->vref);
+    PyMem_Free(pr->vobj);
+    PyMem_Free(pr->vmeta);
+    PyMem_Free(pr->last_use);
+    PyMem_Free(pr->out_vals);
+    PyTypeObject *tp = Py_TYPE(pr);
+    tp->tp_free((PyObject *)pr);
+    Py_DECREF(tp);
+}
+
+/* trace_begin(program, args): record on this thread; args are the Arrays the function's
+ * arguments flatten to (the values a replay takes, in this order). */
+static PyObject *py_trace_begin(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 2 || !Py_IS_TYPE(args[0], program_type) || !PyList_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "trace_begin(program: Program, args: list)");
+    program *pr = (program *)args[0];
+    if (recorder != NULL)
+        return PyErr_Format(PyExc_RuntimeError, "trace_begin: a program is already recording");
+    if (pr->finished || pr->nsteps || pr->nvals || pr->bufmap)
+        return PyErr_Format(PyExc_RuntimeError, "trace_begin: the program was recorded before");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    pr->bufmap = PyDict_New();
+    pr->traced = PySet_New(NULL);
+    if (pr->bufmap == NULL || pr->traced == NULL) return NULL;
+    pr->nargs = (int)PyList_GET_SIZE(args[1]);
+    for (int i = 0; i < pr->nargs; i++) {
+        PyObject *x = PyList_GET_ITEM(args[1], i);
+        if (!Py_IS_TYPE(x, at)) return PyErr_Format(PyExc_TypeError, "trace_begin: argument %d is not an Array", i);
+        PyObject *buf = first_buffer((ct_py_array *)x);
+        PyObject *key = buf != NULL ? PyLong_FromVoidPtr(buf) : NULL;
+        int seen = key != NULL ? PyDict_Contains(pr->bufmap, key) : -1;
+        Py_XDECREF(key);
+        if (seen < 0) return NULL;
+        if (seen) program_break(pr, "one Array passed as two arguments");
+        if (add_value(pr, (ct_py_array *)x, V_ARG, i) == -1) return NULL;
+    }
+    pr->thread = PyThread_get_thread_ident();
+    recorder = pr;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_trace_end(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    recorder = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_trace_active(PyObject *self, PyObject *noargs) {
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(recorder != NULL && recorder->thread == PyThread_get_thread_ident());
+}
+
+/* program.finish(outputs): the function's output leaves (Arrays become values, anything else
+ * is returned as it is), then the values' last uses. */
+static PyObject *program_finish(program *pr, PyObject *outs) {
+    if (pr->finished || pr->bufmap == NULL || recorder == pr)
+        return PyErr_Format(PyExc_RuntimeError, "Program.finish: record it first (trace_begin, "
+                                                "the function, trace_end), once");
+    if (!PyList_Check(outs)) return PyErr_Format(PyExc_TypeError, "Program.finish takes a list");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    const int n = (int)PyList_GET_SIZE(outs);
+    pr->out_vals = PyMem_Calloc(n > 0 ? n : 1, sizeof(int));
+    pr->out_objs = PyList_New(n);
+    if (pr->out_vals == NULL || pr->out_objs == NULL) return PyErr_NoMemory();
+    pr->nouts = n;
+    for (int j = 0; j < n; j++) {
+        PyObject *x = PyList_GET_ITEM(outs, j);
+        pr->out_vals[j] = -1;
+        if (Py_IS_TYPE(x, at)) {
+            int v = pr->broken == NULL ? value_of(pr, (ct_py_array *)x) : -2;
+            if (v == -1) return NULL;
+            pr->out_vals[j] = v;
+            PyList_SET_ITEM(pr->out_objs, j, Py_NewRef(Py_None));
+        } else {
+            PyList_SET_ITEM(pr->out_objs, j, Py_NewRef(x));
+        }
+    }
+    pr->last_use = PyMem_Malloc((pr->nvals > 0 ? pr->nvals : 1) * sizeof(int));
+    if (pr->last_use == NULL) return PyErr_NoMemory();
+    /* dead steps (their results reach no output: a cotangent nobody asked for) are dropped */
+    for (int v = 0; v < pr->nvals; v++) pr->last_use[v] = 0;
+    for (int j = 0; j < n; j++)
+        if (pr->out_vals[j] >= 0) pr->last_use[pr->out_vals[j]] = 1;
+    int kept = 0;
+    for (int k = pr->nsteps - 1; k >= 0; k--) {
+        pstep *st = &pr->steps[k];
+        if (!pr->last_use[st->out]) {
+            entry_clear(&st->e);
+            Py_CLEAR(st->name);
+            Py_CLEAR(st->scalar);
+            st->out = -1;
+            continue;
+        }
+        kept++;
+        pr->last_use[st->a] = 1;
+        if (st->b >= 0) pr->last_use[st->b] = 1;
+    }
+    int w = 0;
+    for (int k = 0; k < pr->nsteps; k++)
+        if (pr->steps[k].out >= 0) pr->steps[w++] = pr->steps[k];
+    pr->nsteps = kept;
+    for (int v = 0; v < pr->nvals; v++) {
+        if (!pr->last_use[v] && pr->vkind[v] == V_CONST) Py_CLEAR(pr->vobj[v]); /* unused */
+        pr->last_use[v] = -1;
+    }
+    for (int k = 0; k < pr->nsteps; k++) {
+        pr->last_use[pr->steps[k].a] = k;
+        if (pr->steps[k].b >= 0) pr->last_use[pr->steps[k].b] = k;
+    }
+    for (int j = 0; j < n; j++)
+        if (pr->out_vals[j] >= 0) pr->last_use[pr->out_vals[j]] = INT32_MAX;
+    Py_CLEAR(pr->bufmap);
+    Py_CLEAR(pr->traced);
+    pr->finished = 1;
+    if (pr->broken != NULL) { /* nothing to replay: drop the steps and constants */
+        PyObject *why = pr->broken;
+        pr->broken = NULL;
+        program_clear(pr);
+        pr->broken = why;
+    }
+    Py_RETURN_NONE;
+}
+
+/* program.run(args): the outputs for new arguments (a list), or None when an argument's
+ * shape, dtype or sharding is not the recorded one. */
+static PyObject *program_run(program *pr, PyObject *args) {
+    if (!pr->finished || pr->broken != NULL)
+        return PyErr_Format(PyExc_RuntimeError, "Program.run: %s",
+                            pr->broken != NULL ? "the program is broken" : "not finished");
+    if (!PyList_Check(args)) return PyErr_Format(PyExc_TypeError, "Program.run takes a list");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    if (PyList_GET_SIZE(args) != pr->nargs) Py_RETURN_NONE;
+    for (int i = 0; i < pr->nargs; i++) {
+        PyObject *x = PyList_GET_ITEM(args, i);
+        if (!Py_IS_TYPE(x, at) || !meta_match(pr->vmeta[i], (ct_py_array *)x)) Py_RETURN_NONE;
+    }
+    for (int i = 0; i < pr->nargs; i++)
+        if (ct_py_array_check_alive(PyList_GET_ITEM(args, i)) < 0) return NULL;
+    PyObject **vals = PyMem_Calloc(pr->nvals > 0 ? pr->nvals : 1, sizeof(PyObject *));
+    if (vals == NULL) return PyErr_NoMemory();
+    PyObject *res = NULL;
+    for (int v = 0; v < pr->nvals; v++) {
+        if (pr->vkind[v] == V_ARG) vals[v] = Py_NewRef(PyList_GET_ITEM(args, pr->vref[v]));
+        else if (pr->vkind[v] == V_CONST) vals[v] = Py_XNewRef(pr->vobj[v]);
+    }
+    for (int k = 0; k < pr->nsteps; k++) {
+        pstep *st = &pr->steps[k];
+        PyObject *y = run_entry(&st->e, (ct_py_array *)vals[st->a],
+                                st->b >= 0 ? (ct_py_array *)vals[st->b] : NULL, st->scalar, 0);
+        if (y == NULL) {
+            if (!PyErr_Occurred()) {
+                if (pr->vkind[st->a] == V_CONST || (st->b >= 0 && pr->vkind[st->b] == V_CONST))
+                    ct_py_array_check_alive(vals[pr->vkind[st->a] == V_CONST ? st->a : st->b]);
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_RuntimeError,
+                                 "jit: step %d (%U) of the traced program no longer runs from its "
+                                 "plan (another matmul precision than at the trace?)", k, st->name);
+            }
+            goto done;
+        }
+        vals[st->out] = y;
+        if (pr->last_use[st->a] == k && pr->vkind[st->a] == V_STEP) Py_CLEAR(vals[st->a]);
+        if (st->b >= 0 && pr->last_use[st->b] == k && pr->vkind[st->b] == V_STEP)
+            Py_CLEAR(vals[st->b]);
+    }
+    res = PyList_New(pr->nouts);
+    if (res == NULL) goto done;
+    for (int j = 0; j < pr->nouts; j++) {
+        PyObject *o = pr->out_vals[j] >= 0 ? vals[pr->out_vals[j]] : PyList_GET_ITEM(pr->out_objs, j);
+        PyList_SET_ITEM(res, j, Py_NewRef(o != NULL ? o : Py_None));
+    }
+done:
+    for (int v = 0; v < pr->nvals; v++) Py_XDECREF(vals[v]);
+    PyMem_Free(vals);
+    return res;
+}
+
+static const char *const kind_names[K_COUNT] = {"unary", "binary", "ewise", "reduce", "scalar",
+                                                "matmul", "copy", "bcast"};
+
+/* The program as text: one line per step. */
+static PyObject *program_as_text(program *pr, PyObject *noargs) {
+    (void)noargs;
+    if (pr->broken != NULL) return PyUnicode_FromFormat("# not replayable: %U\n", pr->broken);
+    PyObject *lines = PyList_New(0);
+    if (lines == NULL) return NULL;
+    for (int k = 0; k < pr->nsteps; k++) {
+        pstep *st = &pr->steps[k];
+        PyObject *line = st->b >= 0
+            ? PyUnicode_FromFormat("%%%d = %U[%s] %%%d, %%%d  -> %R %S", st->out, st->name,
+                                   kind_names[st->e.kind], st->a, st->b, st->e.out_shape,
+                                   st->e.out_dtype)
+            : st->scalar != NULL
+            ? PyUnicode_FromFormat("%%%d = %U[%s] %%%d, %R  -> %R %S", st->out, st->name,
+                                   kind_names[st->e.kind], st->a, st->scalar, st->e.out_shape,
+                                   st->e.out_dtype)
+            : PyUnicode_FromFormat("%%%d = %U[%s] %%%d  -> %R %S", st->out, st->name,
+                                   kind_names[st->e.kind], st->a, st->e.out_shape, st->e.out_dtype);
+        if (line == NULL || PyList_Append(lines, line) < 0) {
+            Py_XDECREF(line);
+            Py_DECREF(lines);
+            return NULL;
+        }
+        Py_DECREF(line);
+    }
+    PyObject *sep = PyUnicode_FromString("\n");
+    PyObject *body = sep ? PyUnicode_Join(sep, lines) : NULL;
+    Py_XDECREF(sep);
+    Py_DECREF(lines);
+    if (body == NULL) return NULL;
+    int nconst = 0;
+    for (int v = 0; v < pr->nvals; v++) nconst += pr->vkind[v] == V_CONST;
+    PyObject *t = PyUnicode_FromFormat("# %d arguments (%%0..%%%d), %d constants, %d steps\n%U\n",
+                                       pr->nargs, pr->nargs - 1, nconst, pr->nsteps, body);
+    Py_DECREF(body);
+    return t;
+}
+
+static PyObject *program_get_broken(program *pr, void *c) {
+    (void)c;
+    return Py_NewRef(pr->broken != NULL ? pr->broken : Py_None);
+}
+
+static PyObject *program_get_nsteps(program *pr, void *c) {
+    (void)c;
+    return PyLong_FromLong(pr->nsteps);
+}
+
+static PyMethodDef program_methods[] = {
+    {"finish", (PyCFunction)program_finish, METH_O,
+     "finish($self, outputs, /)\n--\n\nEnd the recording with the function's output leaves."},
+    {"run", (PyCFunction)program_run, METH_O,
+     "run($self, args, /)\n--\n\nThe outputs for new argument Arrays, or None when one does not "
+     "have the recorded shape, dtype and sharding."},
+    {"as_text", (PyCFunction)program_as_text, METH_NOARGS,
+     "as_text($self, /)\n--\n\nThe steps, one per line, or why the function is not replayable."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef program_getset[] = {
+    {"broken", (getter)program_get_broken, NULL,
+     "Why the traced function cannot be replayed (it then runs eagerly), or None.", NULL},
+    {"nsteps", (getter)program_get_nsteps, NULL, "The number of recorded steps.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot program_slots[] = {
+    {Py_tp_new, program_new},
+    {Py_tp_dealloc, program_dealloc},
+    {Py_tp_traverse, program_traverse},
+    {Py_tp_clear, program_clear},
+    {Py_tp_methods, program_methods},
+    {Py_tp_getset, program_getset},
+    {Py_tp_doc, "Program()\n--\n\nA traced function's primitive calls, replayed from C "
+                "(ctrainstate.jit; csrc/python/py_dispatch.c)."},
+    {0, NULL},
+};
+
+static PyType_Spec program_spec = {
+    .name = "ctrainstate._C.Program",
+    .basicsize = sizeof(program),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = program_slots,
+};
+
 static PyMethodDef dispatch_methods[] = {
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
      "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
@@ -1579,6 +2125,12 @@ static PyMethodDef dispatch_methods[] = {
      "C path records on, the thread-local of the matmul precision (`default`, `process`), the\n"
      "NamedSharding class (equal ones share plans), and the primitives behind the Array's\n"
      "+ - * / @ and unary -."},
+    {"trace_begin", (PyCFunction)(void (*)(void))py_trace_begin, METH_FASTCALL,
+     "trace_begin(program, args, /)\n--\n\nRecord the primitive calls of this thread into "
+     "`program`; `args`: the traced function's argument Arrays, in the order run() takes them."},
+    {"trace_end", py_trace_end, METH_NOARGS, "trace_end()\n--\n\nStop recording."},
+    {"trace_active", py_trace_active, METH_NOARGS,
+     "trace_active()\n--\n\nWhether a program records on this thread."},
     {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,
      "tape_backward(nodes, tracked, cot, group_type, /)\n--\n\n"
      "The backward pass over a tape's nodes, last to first: each (out, inputs, vjp) node takes\n"
@@ -1602,6 +2154,9 @@ int ct_py_init_dispatch(PyObject *m) {
     if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
         !default_name || !process_name || !mesh_name || !norm_name)
         return -1;
+    PyObject *pgt = PyType_FromSpec(&program_spec);
+    if (pgt == NULL || PyModule_AddObjectRef(m, "Program", pgt) < 0) return -1;
+    program_type = (PyTypeObject *)pgt;
     PyObject *vpt = PyType_FromSpec(&vp_spec);
     if (vpt == NULL || PyModule_AddObjectRef(m, "VjpProgram", vpt) < 0) return -1;
     vjp_program_type = (PyTypeObject *)vpt;

@@ -278,6 +278,8 @@ PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start) 
 }
 
 static PyObject *copy_host(PyObject *bobj, PyObject *hobj, PyObject *sobj, int to_host) {
+    ct_py_trace_touch(bobj, to_host ? "a host read (float(x), np.asarray(x), printing)"
+                                    : "a host write");
     /* the start first: reading it may run Python code (__index__), which could delete the
      * buffer after its check */
     int64_t start[CT_MAX_NDIM];

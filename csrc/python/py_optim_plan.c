@@ -137,7 +137,9 @@ static PyObject *array_block(PyObject *a, Py_ssize_t i) {
 }
 
 static int is_live_buffer(PyObject *o) {
-    return Py_IS_TYPE(o, &ct_py_BufferType) && !((ct_py_buffer *)o)->deleted;
+    if (!Py_IS_TYPE(o, &ct_py_BufferType) || ((ct_py_buffer *)o)->deleted) return 0;
+    ct_py_trace_touch(o, "an optimizer step"); /* (a traced parameter: not replayable) */
+    return 1;
 }
 
 /* The params' structure when it is made of plain dicts only (the usual Flax params): a

@@ -99,7 +99,7 @@ def test_disable_jit_runs_jitted_functions_outside_jit_scope():
         with cts.disable_jit(False):
             f()
         f()
-    f()
+    f()        # the traced program replays: the function itself does not run (as jax's cache)
     cts.disable_jit()(f)()
-    assert seen == [False, True, False, True, False]
+    assert seen == [False, True, False, False]
     assert cts.config.jax_disable_jit is False

@@ -1,7 +1,13 @@
 """``jit`` / ``pjit`` with sharding arguments (mirror of ``jax.jit`` and the legacy
-``jax.experimental.pjit.pjit``), executed eagerly.
+``jax.experimental.pjit.pjit``): traced once, replayed from C.
 
-ctrainstate runs ops eagerly, so there is nothing to compile: the wrappers place
+The first call with given argument shapes, dtypes, shardings and static values runs the
+function and records its primitive calls (:class:`ctrainstate._C.Program`,
+csrc/python/py_dispatch.c); later calls replay the recorded plans from C, with no Python
+per op. A function that does anything else to its traced values (a Python op without a C
+plan, a host read such as ``float(x)``, an optimizer step in place) cannot be replayed and
+runs eagerly on every call, with the same results; ``f.lower(*args).as_text()`` shows the
+program or the reason. The wrappers place
 the inputs by ``in_shardings`` / ``in_axis_resources``, call the function (inside
 the active mesh), and place the outputs by ``out_shardings`` /
 ``out_axis_resources``. Specs may be pytree prefixes of the arguments/outputs; a
@@ -28,6 +34,7 @@ import numpy as np
 import functools
 from typing import Any, Callable, Sequence
 
+from ... import _C
 from ... import config as _config
 from ..base import tree_util
 from ..array.abstract import ShapeDtypeStruct
@@ -202,17 +209,120 @@ def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_
                 args[i] = _place(spec, args[i], none_means_replicated=none_means_replicated,
                                  what=names[0])
         if _config._values["jax_disable_jit"]:
-            out = fun(*args, **kwargs)
-        else:
-            with jit_scope():   # inside jit, a non-dividing sharding replicates that dimension
-                out = fun(*args, **kwargs)
+            return finish(fun(*args, **kwargs))
+        if _C.trace_active():   # inside another jit's trace: inlined, as in jax
+            return run(args, kwargs)
+        return programs.call(args, kwargs)
+
+    def run(args, kwargs):
+        with jit_scope():   # inside jit, a non-dividing sharding replicates that dimension
+            return finish(fun(*args, **kwargs))
+
+    def finish(out):
         if out_specs is not None:
             out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])
         return _to_arrays(out)
 
-    wrapped.lower = lambda *a, **k: wrapped  # `.lower(...).compile()` chains keep working
+    programs = _Programs(run, static)
+    wrapped.lower = lambda *a, **k: _Lowered(wrapped, programs, a, k)
     wrapped.compile = lambda *a, **k: wrapped
+    wrapped._programs = programs
     return wrapped
+
+
+_MAX_PROGRAMS = 8   # traced programs kept per jitted function (the least recently used go)
+
+
+class _Programs:
+    """A jitted function's traced programs, by the static part of its arguments (static
+    arguments, the pytree structure, non-Array leaves by value); the Array leaves' shapes,
+    dtypes and shardings are checked by ``Program.run``."""
+
+    def __init__(self, run: Callable, static: tuple):
+        self._run, self._static = run, static
+        self._cache: dict = {}   # key -> [(program, output treedef)], most recent first
+        self.traces = 0          # (the number of traces so far, for tests)
+
+    def _key(self, args, kwargs):
+        """(key, argument Arrays) or (None, reason) when the call cannot be replayed."""
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+        leaves, td = tree_util.tree_flatten((dyn, kwargs))
+        arrays, parts = [], []
+        for leaf in leaves:
+            if type(leaf) is Array:
+                arrays.append(leaf)
+                parts.append(None)
+            elif leaf is None or type(leaf) in (bool, int, float, str):
+                parts.append((type(leaf), leaf))   # a Python value: a constant of the program
+            else:
+                return None, (f"an argument of type {type(leaf).__name__} (pass Arrays, or mark "
+                              f"it static)")
+        key = (tuple((i, args[i]) for i in self._static if i < len(args)), td, tuple(parts))
+        try:
+            hash(key)
+        except TypeError:
+            return None, "an unhashable static argument"
+        return key, arrays
+
+    def call(self, args, kwargs):
+        key, arrays = self._key(args, kwargs)
+        if key is None:
+            return self._run(args, kwargs)
+        entries = self._cache.get(key)
+        if entries:
+            for prog, out_td in entries:
+                if prog.broken is not None:
+                    return self._run(args, kwargs)
+                outs = prog.run(arrays)
+                if outs is not None:
+                    return tree_util.tree_unflatten(out_td, outs)
+        return self._trace(key, arrays, args, kwargs)[0]
+
+    def _trace(self, key, arrays, args, kwargs):
+        prog = _C.Program()
+        try:
+            _C.trace_begin(prog, arrays)
+        except RuntimeError:     # another thread is tracing: this call runs eagerly
+            return self._run(args, kwargs), None
+        try:
+            out = self._run(args, kwargs)
+        finally:
+            _C.trace_end()
+        leaves, out_td = tree_util.tree_flatten(out)
+        prog.finish(list(leaves))
+        self.traces += 1
+        entries = self._cache.setdefault(key, [])
+        entries.insert(0, (prog, out_td))
+        del entries[_MAX_PROGRAMS:]
+        return out, prog
+
+    def program(self, args, kwargs):
+        """(the program of a call with these arguments, traced now, or None; why not)."""
+        key, arrays = self._key(args, kwargs)
+        if key is None:
+            return None, arrays
+        prog = self._trace(key, arrays, args, kwargs)[1]
+        return prog, ("another thread was tracing" if prog is None else None)
+
+
+class _Lowered:
+    """``f.lower(*args)``: the traced program of this call (tracing runs the function once)
+    and ``compile()`` (itself), ``as_text()``; calling it calls ``f``."""
+
+    def __init__(self, f, programs, args, kwargs):
+        self._f = f
+        self._prog, self._why = programs.program(list(args), kwargs)
+
+    def compile(self, *a, **k):
+        return self
+
+    def as_text(self) -> str:
+        if self._prog is None:
+            return f"# not replayable: {self._why}\n"
+        return self._prog.as_text()
+
+    def __call__(self, *args, **kwargs):
+        return self._f(*args, **kwargs)
 
 
 # jax.jit keywords that change nothing here; accepted (and type-checked) so ported code runs.

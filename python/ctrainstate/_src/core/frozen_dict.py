@@ -1,26 +1,11 @@
-"""``flax.core``'s dict helpers: ``FrozenDict``, ``freeze``, ``unfreeze``, ``copy``, ``pop``,
-``pretty_repr`` (and ``DenyList``).
-
-``FrozenDict`` is an immutable dict (a ``dict`` subclass, so code that checks for dicts
-accepts it; nested dicts are frozen too) and a pytree node with sorted keys, as in Flax.
-``unfreeze`` returns plain nested dicts (a copy of the structure; leaves are shared).
-ctrainstate's ``init`` returns plain dicts, as current Flax does, so ``freeze``/``unfreeze``
-calls in a ported script are only needed where the script relies on them.
-
->>> from ctrainstate.core import freeze, unfreeze
->>> f = freeze({'a': {'b': 1}, 'c': 2})
->>> type(f['a']).__name__, f == {'a': {'b': 1}, 'c': 2}
-('FrozenDict', True)
->>> rest, c = f.pop('c')
->>> c, unfreeze(rest)
-(2, {'a': {'b': 1}})
-"""
+"""The implementation of :mod:`ctrainstate.core` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ._src.nn.scope import DenyList
-from ._src.base.tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
+from ..nn.scope import DenyList
+from ..base.tree_util import DictKey, _sorted_keys, register_pytree_with_keys, tree_map
 
 __all__ = ["FrozenDict", "freeze", "unfreeze", "copy", "pop", "pretty_repr", "DenyList"]
 
@@ -159,6 +144,6 @@ def pretty_repr(x: Any, num_spaces: int = 4) -> str:
     return rec(x)
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -30,7 +30,7 @@ LAYERS = [
     ("numpy_lax", "numpy lax _src.numpy_lax _src.numpy_lax.*"),
     ("autodiff", "_src.autodiff _src.autodiff.*"),
     ("models", "random nn nn.* optim optim.* partitioning core _src.random _src.random.* "
-               "_src.partitioning _src.partitioning.* _src.nn _src.nn.* _src.core _src.core.*"),
+               "_src.partitioning _src.partitioning.* _src.nn _src.nn.* _src.core _src.core.* _src.optim _src.optim.*"),
     ("jit", "_src.jit _src.jit.*"),
     ("app", "t5x.serialization train_state struct checkpoint checkpoint.* distributed "
             "serialization debug experimental experimental.*"),

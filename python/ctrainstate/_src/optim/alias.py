@@ -1,10 +1,5 @@
-"""Optimizers with optax's names, arguments, defaults and state structure.
-
->>> import numpy as np, ctrainstate.optim as optim
->>> tx = optim.adamw(1e-3, weight_decay=0.01)
->>> [type(s).__name__ for s in tx.init({'w': np.zeros(2, np.float32)})]
-['ScaleByAdamState', 'EmptyState', 'EmptyState']
-"""
+"""The implementation of :mod:`ctrainstate.optim.alias` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import warnings
@@ -331,6 +326,6 @@ __all__ += ["adadelta", "novograd", "rprop", "adan", "optimistic_gradient_descen
             "optimistic_adam"]
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,30 +1,7 @@
-"""GradientTransformation, optax-structured empty states, and the fused step.
-
-Every transform is a :class:`GradientTransformation` with optax's ``init`` and
-``update``. Elementwise transforms (and the reductions clip_by_global_norm,
-scale_by_trust_ratio, apply_if_finite) also know how to *fuse*: they describe
-themselves as stages of ``ctrainstate._C.optim_step`` (see
-csrc/core/ct_optim.h), so a whole chain runs as one pass per device over all
-leaves, in C, with the GIL released.
-
-Two entry points run the fused kernel:
-
-* ``tx.update(updates, state, params)`` — functional, like optax: the state
-  is copied first, updates are written to new Arrays, nothing is donated.
-* ``TrainState.apply_gradients`` — in place: params and optimizer state are
-  updated in their buffers and the old state's Arrays are marked donated. Arrays
-  the caller still holds (the params given to ``TrainState.create``, see
-  :func:`mark_borrowed`) are copied first instead (copy on write), and a step
-  claims its buffers before the kernel (:func:`_claim`), so the same state is
-  never stepped twice at once.
-
-The kernel computes in float32. bfloat16 / float16 params, grads, updates and state are
-loaded and stored by the kernel in their own dtypes: each is widened to float32 in
-registers, and what the step writes is rounded once to the array's dtype (optax's
-``mu_dtype`` state, 16-bit params updated as ``(p + u).astype(p.dtype)``).
-"""
+"""The implementation of :mod:`ctrainstate.optim.base` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
-from .._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('optim.base', __name__)   # lower layers call into this module through _hooks.upper
 
 import inspect
@@ -37,13 +14,13 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import optree
 
-from .. import _C
-from .._src.base import dtypes as _dtypes
-from .._src.array.array import Array, DonatedBufferError, device_put
-from .._src.array.sharding import NamedSharding, PartitionSpec, default_sharding
-from .._src.base.tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path,
+from ... import _C
+from ..base import dtypes as _dtypes
+from ..array.array import Array, DonatedBufferError, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, default_sharding
+from ..base.tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path,
                                    tree_leaves, tree_map, tree_structure, tree_unflatten)
-from .._src.array.abstract import ShapeDtypeStruct
+from ..array.abstract import ShapeDtypeStruct
 
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",
            "identity", "apply_updates", "safe_increment", "with_extra_args_support"]
@@ -1061,6 +1038,6 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves, pde
     return out + (plan,) if want_plan else out
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

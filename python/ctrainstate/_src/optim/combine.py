@@ -1,30 +1,21 @@
-"""Combinators: chain, masked, partition (multi_transform), freeze, apply_if_finite
-(optax names, states and semantics).
-
-A combinator of fusable transforms is itself fusable: ``chain`` concatenates
-stages, ``masked`` restricts its inner stages to the unmasked leaves (and
-``partition`` is one ``masked`` per label, ``freeze`` a masked
-``set_to_zero``), and
-``apply_if_finite`` puts a gate stage before its inner stages (one read-only
-pass counts non-finite updates; when rejected the inner stages are skipped,
-their state is left untouched and the updates are zero).
-"""
+"""The implementation of :mod:`ctrainstate.optim.combine` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
-from .._src.base.hooks import provide as _provide
+from ..base.hooks import provide as _provide
 _provide('optim.combine', __name__)   # lower layers call into this module through _hooks.upper
 
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._src.base.tree_util import (_flatten_up_to, tree_flatten, tree_leaves, tree_map,
+from ..base.tree_util import (_flatten_up_to, tree_flatten, tree_leaves, tree_map,
                                    tree_structure, tree_unflatten)
 from .base import (FINITE_GATE, ZERO, GradientTransformation, GradientTransformationExtraArgs,
                    MaskedNode, Stage, call_update, read_scalar, safe_increment, scalar, to_array,
                    zeros_like)
 from .transforms import _expect_state, set_to_zero
 from .utils import _ParamsPlaceholder
-from ..optim.base import run_fused
+from .base import run_fused
 
 __all__ = ["chain", "masked", "partition", "multi_transform", "freeze", "apply_if_finite",
            "MaskedState", "PartitionState", "MultiTransformState", "ApplyIfFiniteState",
@@ -408,6 +399,6 @@ def conditionally_mask(inner: GradientTransformation, should_transform_fn,
     return tx
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,23 +1,15 @@
-"""optax's constraining transforms (optax.transforms._constraining): ``keep_params_nonnegative``
-and ``zero_nans``, with optax's states. Not fused: elementwise ctrainstate.numpy ops per
-leaf through ``tx.update`` (sharded leaves stay sharded).
-
->>> import numpy as np, ctrainstate.optim as optim
->>> u, st = optim.zero_nans().update({'w': np.array([1., np.nan], np.float32)},
-...                                  optim.zero_nans().init({'w': np.zeros(2, np.float32)}))
->>> np.asarray(u['w']).tolist(), bool(st.found_nan['w'])
-([1.0, 0.0], True)
-"""
+"""The implementation of :mod:`ctrainstate.optim.constraining` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._src.ops import ops as _ops
-from .._src.base.tree_util import tree_map
+from ..ops import ops as _ops
+from ..base.tree_util import tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs, scalar
-from .._src.numpy_lax import numpy as cnp
+from ..numpy_lax import numpy as cnp
 
 __all__ = ["NonNegativeParamsState", "keep_params_nonnegative", "ZeroNansState", "zero_nans"]
 
@@ -65,6 +57,6 @@ def zero_nans() -> GradientTransformation:
     return GradientTransformationExtraArgs(init, update)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,14 +1,5 @@
-"""inject_hyperparams (optax.inject_hyperparams): hyper-parameters kept in the optimizer state,
-where a training loop can read them (the current learning rate) or change them between steps.
-
->>> import numpy as np, ctrainstate.optim as optim
->>> tx = optim.inject_hyperparams(optim.adam)(learning_rate=optim.linear_schedule(0.1, 0.0, 10))
->>> st = tx.init({'w': np.ones(2, np.float32)})
->>> type(st).__name__, sorted(st.hyperparams)
-('InjectStatefulHyperparamsState', ['b1', 'b2', 'eps', 'eps_root', 'learning_rate'])
->>> float(np.asarray(st.hyperparams['learning_rate']))
-0.10000000149011612
-"""
+"""The implementation of :mod:`ctrainstate.optim.inject` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +8,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .._src.array.array import Array
+from ..array.array import Array
 from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
                    read_scalar, safe_increment, scalar)
 
@@ -178,6 +169,6 @@ def inject_hyperparams(inner_factory: Callable[..., GradientTransformation], sta
     return wrapped
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,18 +1,5 @@
-"""optax's lookahead optimizer (optax.lookahead): fast params stepped by an inner optimizer,
-slow params pulled toward them every ``sync_period`` steps. Not fused: the fast optimizer
-runs through its own ``update`` (fused there when it is), the lookahead arithmetic is
-elementwise ctrainstate.numpy ops per leaf.
-
->>> import numpy as np, ctrainstate.optim as optim
->>> opt = optim.lookahead(optim.sgd(0.5), sync_period=2, slow_step_size=0.5)
->>> params = optim.LookaheadParams.init_synced({'w': np.ones(2, np.float32)})
->>> state = opt.init(params)
->>> for _ in range(2):
-...     updates, state = opt.update({'w': np.ones(2, np.float32)}, state, params)
-...     params = optim.apply_updates(params, updates)
->>> np.asarray(params.fast['w']).tolist(), np.asarray(params.slow['w']).tolist()
-([0.5, 0.5], [0.5, 0.5])
-"""
+"""The implementation of :mod:`ctrainstate.optim.lookahead` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import logging
@@ -20,8 +7,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._src.ops import ops as _ops
-from .._src.base.tree_util import tree_map
+from ..ops import ops as _ops
+from ..base.tree_util import tree_map
 from .base import (GradientTransformation, GradientTransformationExtraArgs, call_update,
                    read_scalar, scalar)
 
@@ -99,6 +86,6 @@ def lookahead(fast_optimizer: GradientTransformation, sync_period, slow_step_siz
     return GradientTransformationExtraArgs(init, update)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

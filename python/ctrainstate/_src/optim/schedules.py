@@ -1,15 +1,5 @@
-"""Learning-rate schedules (optax names and formulas): plain functions count -> float.
-
-A schedule is evaluated once per step on the host (scalar math, never per
-element) and its value handed to the fused kernel. Given an array of counts (to plot
-or tabulate a schedule, as with optax) a schedule returns a float32 array of the
-counts' shape, each value the one its count gives.
-
->>> import ctrainstate.optim as optim
->>> s = optim.linear_schedule(1.0, 0.0, transition_steps=4)
->>> [round(s(i), 3) for i in range(6)]
-[1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
-"""
+"""The implementation of :mod:`ctrainstate.optim.schedules` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import functools
@@ -242,6 +232,6 @@ def cosine_onecycle_schedule(transition_steps, peak_value, pct_start=0.3, div_fa
          int(transition_steps): 1.0 / (div_factor * final_div_factor)})
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

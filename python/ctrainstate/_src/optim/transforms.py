@@ -1,17 +1,5 @@
-"""optax's gradient transformations, with optax's names, arguments, states and numerics.
-
-Elementwise transforms and the reductions (clip_by_global_norm,
-scale_by_trust_ratio) are *fused*: in a chain they become stages of one C pass
-per device (see :mod:`ctrainstate.optim.base`). So are the adafactor pieces
-(scale_by_factored_rms, clip_by_block_rms, scale_by_param_block_rms): their
-statistics are read-only passes before the fused pass, sharded like the params.
-
->>> import numpy as np, ctrainstate.optim as optim
->>> tx = optim.scale_by_adam()
->>> st = tx.init({'w': np.zeros(2, np.float32)})
->>> type(st).__name__, st._fields
-('ScaleByAdamState', ('count', 'mu', 'nu'))
-"""
+"""The implementation of :mod:`ctrainstate.optim.transforms` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import numbers
@@ -19,22 +7,22 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._src.base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .._src.base import dtypes as _dtypes
-from .._src.array.array import Array
+from ..base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..base import dtypes as _dtypes
+from ..array.array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
                    GradientTransformationExtraArgs, Stage, CONST, _scalar_sharding, full_like, identity,
                    safe_increment, scalar, to_array, zeros_like)
-from .._src.ops import ops as _ops
-from .._src.random import core as _random
-from .._src.numpy_lax import numpy as cnp
-from .._src.array.abstract import ShapeDtypeStruct
-from .._src.array.array import device_put as _put
-from ..optim.base import read_scalar
-from ..optim.utils import safe_norm
-from .._src.array.sharding import NamedSharding, PartitionSpec
-from .._src.base.hooks import upper as _upper
+from ..ops import ops as _ops
+from ..random import core as _random
+from ..numpy_lax import numpy as cnp
+from ..array.abstract import ShapeDtypeStruct
+from ..array.array import device_put as _put
+from .base import read_scalar
+from .utils import safe_norm
+from ..array.sharding import NamedSharding, PartitionSpec
+from ..base.hooks import upper as _upper
 
 __all__ = [
     "ScaleByAdamState", "ScaleByLionState", "ScaleByRmsState", "ScaleByRmsWithCountState",
@@ -1174,6 +1162,6 @@ __all__ += ["ScaleByAdaDeltaState", "scale_by_adadelta", "ScaleByNovogradState",
             "ScaleByDistanceOverGradientsState", "scale_by_distance_over_gradients"]
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

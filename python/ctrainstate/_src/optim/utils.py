@@ -1,29 +1,16 @@
-"""optax's helpers outside the transforms: losses (``l2_loss``, ``squared_error``,
-``softmax_cross_entropy``, ``softmax_cross_entropy_with_integer_labels``),
-``global_norm``, target-network updates (``incremental_update``, ``periodic_update``),
-user transforms from plain functions (``stateless``, ``stateless_with_tree_map``) and the
-type aliases scripts annotate with (``Params``, ``Updates``, ``OptState``, ``Schedule``).
-
-The losses and ``global_norm`` are ctrainstate.numpy ops: they run on sharded Arrays and
-are differentiable. ``stateless`` transforms run through ``tx.update`` (not fused).
-
->>> import numpy as np, ctrainstate.optim as optim
->>> float(optim.global_norm({'a': np.full(4, 0.5, np.float32), 'b': np.ones(3, np.float32)}))
-2.0
->>> np.asarray(optim.l2_loss(np.array([1.0, 3.0], np.float32), np.array([0.0, 1.0], np.float32))).tolist()
-[0.5, 2.0]
-"""
+"""The implementation of :mod:`ctrainstate.optim.utils` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import numpy as np
 from typing import Any, Callable
 
-from .._src.ops import ops as _ops
-from .._src.base.tree_util import tree_leaves, tree_map
+from ..ops import ops as _ops
+from ..base.tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
-from .._src.numpy_lax import numpy as cnp
-from ..nn.activation import log_softmax
-from .._src.base.tree_util import register_pytree_node
+from ..numpy_lax import numpy as cnp
+from ...nn.activation import log_softmax
+from ..base.tree_util import register_pytree_node
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
            "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
@@ -223,6 +210,6 @@ softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
     softmax_cross_entropy_with_integer_labels, (0,))
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,28 +1,17 @@
-"""MultiSteps: gradient accumulation (optax.MultiSteps), with optax's state and semantics.
-
->>> import numpy as np, ctrainstate.optim as optim
->>> ms = optim.MultiSteps(optim.sgd(1.0), every_k_schedule=2)
->>> p = {'w': np.zeros(2, np.float32)}
->>> st = ms.init(p)
->>> u, st = ms.update({'w': np.full(2, 1.0, np.float32)}, st, p)   # accumulates, no step
->>> np.asarray(u['w']).tolist(), bool(ms.has_updated(st))
-([0.0, 0.0], False)
->>> u, st = ms.update({'w': np.full(2, 3.0, np.float32)}, st, p)   # mean of 1 and 3, applied
->>> np.asarray(u['w']).tolist(), bool(ms.has_updated(st))
-([-2.0, -2.0], True)
-"""
+"""The implementation of :mod:`ctrainstate.optim.wrappers` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .._src.array.array import Array
-from .._src.base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from ..array.array import Array
+from ..base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .base import (ACCUM, GradientTransformation, GradientTransformationExtraArgs, Stage,
                    call_update, read_scalar, safe_increment, scalar, zeros_like)
-from .._src.array.abstract import ShapeDtypeStruct
-from ..optim.transforms import _state_dtype
+from ..array.abstract import ShapeDtypeStruct
+from .transforms import _state_dtype
 
 __all__ = ["MultiSteps", "MultiStepsState", "skip_not_finite", "skip_large_updates"]
 
@@ -252,6 +241,6 @@ class MultiSteps:
         return GradientTransformationExtraArgs(init, update)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

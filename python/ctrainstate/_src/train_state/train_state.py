@@ -1,37 +1,14 @@
-"""TrainState (mirror of ``flax.training.train_state.TrainState``) and a small ``struct``.
-
-``TrainState`` is a frozen dataclass registered as a pytree: children
-``step, params, opt_state`` (+ data fields of subclasses), static ``apply_fn``
-and ``tx``. ``apply_gradients`` runs the optimizer as one fused C pass per
-device over all leaves, with the GIL released, **in place**: params and
-optimizer-state buffers are updated where they are (what t5x gets from
-``donate_argnums``), the returned state owns them, and the Arrays of the old
-state are marked *donated* — using them afterwards raises
-``ctrainstate.DonatedBufferError``. Keep only the returned state::
-
-    state = state.apply_gradients(grads=grads)   # old `state` is now donated
-
->>> import numpy as np, ctrainstate.optim as optim
->>> from ctrainstate.train_state import TrainState
->>> s = TrainState.create(apply_fn=None, params={'w': np.ones(2, np.float32)}, tx=optim.sgd(0.5))
->>> s2 = s.apply_gradients(grads={'w': np.ones(2, np.float32)})
->>> s2.step, np.asarray(s2.params['w']).tolist()
-(1, [0.5, 0.5])
->>> try:
-...     np.asarray(s.params['w'])
-... except Exception as e:
-...     print(type(e).__name__)
-DonatedBufferError
-"""
+"""The implementation of :mod:`ctrainstate.train_state` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import dataclasses
 import threading
 from typing import Any, Callable
 
-from ._src.array.array import Array, device_put
-from .optim.base import apply_updates, mark_borrowed, run_fused
-from ._src.base.tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
+from ..array.array import Array, device_put
+from ..optim.base import apply_updates, mark_borrowed, run_fused
+from ..base.tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
 
 try:   # signal's C module: signal.signal's enum conversions cost ~20 us a step
     import _signal as _sig
@@ -327,6 +304,6 @@ class TrainState(PyTreeNode):
                    opt_state=tx.init(params_for_opt), **kwargs)
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

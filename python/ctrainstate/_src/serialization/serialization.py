@@ -1,45 +1,20 @@
-"""State dicts and msgpack bytes (mirror of ``flax.serialization``).
-
-``to_state_dict`` / ``from_state_dict`` turn a TrainState (or any pytree of dicts,
-tuples, NamedTuples, structs, ``nn.Partitioned`` boxes and ``tree_util.Partial``) into
-nested dicts with string keys and back; ``register_serialization_state`` adds a class.
-``to_bytes`` / ``from_bytes`` write and read them in Flax's msgpack format — the same
-bytes Flax reads and writes (arrays as ``(shape, dtype name, C-order buffer)``, numpy
-scalars likewise, arrays over 1 GiB split into chunks) — so a checkpoint passes between
-Flax and ctrainstate. Writing gathers each Array to the host (it is a full copy by
-nature). Reading places every leaf whose target is an Array (or a ``ShapeDtypeStruct``
-from ``eval_shape``) with the target's sharding, one block per device (Flax returns host
-numpy arrays); other leaves come back as read. A saved value that does not fit its target
-(another structure, an array of another shape) is a ``ValueError`` naming the path, and
-the target is left as it was.
-The bytes functions use the ``msgpack`` package, a dependency of ctrainstate (imported at
-the first call).
-
->>> import numpy as np, ctrainstate as cts, ctrainstate.optim as optim
->>> from ctrainstate import serialization
->>> from ctrainstate.train_state import TrainState
->>> s = TrainState.create(apply_fn=None, params={'w': np.ones(2, np.float32)}, tx=optim.adam(0.1))
->>> sorted(serialization.to_state_dict(s))
-['opt_state', 'params', 'step']
->>> r = serialization.from_bytes(s, serialization.to_bytes(s))
->>> r.step, np.asarray(r.params['w']).tolist(), r.params['w'].sharding == s.params['w'].sharding
-(0, [1.0, 1.0], True)
-"""
+"""The implementation of :mod:`ctrainstate.serialization` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-from ._src.array.abstract import ShapeDtypeStruct
-from ._src.base.dtypes import bfloat16
-from ._src.array.array import Array, device_put
-from ._src.nn.meta import Partitioned
-from ._src.nn.spmd import LogicallyPartitioned
-from .t5x.serialization import (current_path, from_state_dict, is_serializable,
+from ..array.abstract import ShapeDtypeStruct
+from ..base.dtypes import bfloat16
+from ..array.array import Array, device_put
+from ..nn.meta import Partitioned
+from ..nn.spmd import LogicallyPartitioned
+from .state_dict import (current_path, from_state_dict, is_serializable,
                                 register_serialization_state, to_state_dict)
-from .core import FrozenDict
-from ._src.base.tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
+from ..core.frozen_dict import FrozenDict
+from ..base.tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
                                   tree_flatten_with_path, tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
@@ -214,6 +189,6 @@ def _in_order(td, x, like):
     return node.unflatten(kids)
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

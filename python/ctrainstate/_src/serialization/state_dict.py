@@ -1,18 +1,5 @@
-"""State dicts (mirror of ``flax.serialization.to_state_dict`` / ``from_state_dict``).
-
-A state dict is nested plain dicts with string keys: dicts keep their keys,
-tuples and lists become ``{'0': ..., '1': ...}``, NamedTuples ``{field: ...}``
-and ctrainstate structs (``PyTreeNode``) ``{data field: ...}``. Anything else —
-Arrays, numbers, ``PartitionSpec`` — is a leaf, unless its type was registered with
-:func:`register_serialization_state` (Flax's hook for custom classes).
-
->>> from ctrainstate.t5x.serialization import to_state_dict, from_state_dict
->>> sd = to_state_dict({'opt': (1, {'mu': 2})})
->>> sd
-{'opt': {'0': 1, '1': {'mu': 2}}}
->>> from_state_dict({'opt': (0, {'mu': 0})}, sd)
-{'opt': (1, {'mu': 2})}
-"""
+"""The implementation of :mod:`ctrainstate.t5x.serialization` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import collections
@@ -20,8 +7,8 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
-from .._src.array.sharding import PartitionSpec
-from .._src.base.tree_util import Partial
+from ..array.sharding import PartitionSpec
+from ..base.tree_util import Partial
 
 __all__ = ['to_state_dict', 'from_state_dict', 'flatten_dict', 'unflatten_dict',
            'register_serialization_state', 'is_serializable', 'current_path']
@@ -206,6 +193,6 @@ def unflatten_dict(flat: dict, sep: str | None = None) -> dict:
     return out
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

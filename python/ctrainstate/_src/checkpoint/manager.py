@@ -1,8 +1,5 @@
-"""Checkpoint front ends with the names ported scripts use: orbax's ``CheckpointManager``,
-``StandardCheckpointer`` and ``args``; ``flax.training.checkpoints``' ``save_checkpoint`` /
-``restore_checkpoint`` / ``latest_checkpoint`` / ``AsyncManager``; t5x's ``Checkpointer``.
-All of them write and read the directory format of :mod:`ctrainstate.checkpoint._store`.
-"""
+"""The implementation of :mod:`ctrainstate.checkpoint.manager` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,10 +11,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._src.array.abstract import ShapeDtypeStruct
-from .._src.array.array import Array
-from ..serialization import from_state_dict, to_state_dict
-from . import _io, _store
+from ..array.abstract import ShapeDtypeStruct
+from ..array.array import Array
+from ..serialization.serialization import from_state_dict, to_state_dict
+from . import fileio as _io, store as _store
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "StandardCheckpointer",
            "PyTreeCheckpointer", "AsyncCheckpointer", "Checkpointer", "StandardSave",
@@ -629,6 +626,6 @@ def _cast_floats(tree, dtype):
     return tree
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

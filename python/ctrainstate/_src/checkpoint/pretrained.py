@@ -1,15 +1,5 @@
-"""Pretrained weights from HuggingFace files, born sharded: ``flax_model.msgpack``,
-``model.safetensors`` and their sharded ``*.index.json`` forms.
-
-No file is read whole. A safetensors header gives each tensor's byte range; a Flax msgpack
-file is walked for the positions of its arrays' raw bytes (Flax stores an array as a msgpack
-extension holding ``(shape, dtype name, raw C-order bytes)``; arrays over 1 GiB are split into
-chunks). The walk reads only the structure (map keys, extension and binary headers) through
-``pread``: the ``msgpack`` package's unpacker can only hand an array's bytes over as one
-``bytes`` object, a host copy of the whole array, so the few container and header codes are
-decoded here (small values, such as shapes and dtype names, are still decoded by ``msgpack``).
-Each device then reads the byte runs of its own block into its buffer.
-"""
+"""The implementation of :mod:`ctrainstate.checkpoint.pretrained` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import json
@@ -18,14 +8,14 @@ import struct
 import threading
 import numpy as np
 
-from .. import _C
-from .._src.array.abstract import ShapeDtypeStruct
-from .._src.partitioning.rules import set_partitions
-from .._src.array.array import Array, _alloc_blocks, _as_sharding, _buffer_view
-from .._src.array.sharding import Mesh, NamedSharding, PartitionSpec
-from . import _io, _store
-from .._src.nn.meta import unbox
-from ..serialization import _unpack_ext, to_state_dict
+from ... import _C
+from ..array.abstract import ShapeDtypeStruct
+from ..partitioning.rules import set_partitions
+from ..array.array import Array, _alloc_blocks, _as_sharding, _buffer_view
+from ..array.sharding import Mesh, NamedSharding, PartitionSpec
+from . import fileio as _io, store as _store
+from ..nn.meta import unbox
+from ..serialization.serialization import _unpack_ext, to_state_dict
 
 __all__ = ["load_pretrained_params", "read_pretrained_shapes"]
 
@@ -394,6 +384,6 @@ def load_pretrained_params(path, target=None, *, mesh: Mesh | None = None, rules
             os.close(fd)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,38 +1,5 @@
-"""Multi-process runs (``jax.distributed``): one process per host, started by a launcher.
-
-:func:`initialize` joins the processes of a job, as ``jax.distributed.initialize`` does. The
-processes talk through MPI (Open MPI), which ctrainstate loads when ``initialize`` is called,
-so ``import ctrainstate`` never needs it. Start every process with an MPI launcher::
-
-    mpirun -n 2 python train.py            # Open MPI (Debian: apt-get install openmpi-bin)
-    srun -n 2 --mpi=pmix python train.py   # Slurm with Open MPI
-
-and call ``ctrainstate.distributed.initialize()`` first thing in the script: the process id
-and count come from the launcher's environment (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's
-``PMI_RANK``/``PMI_SIZE``, Slurm's ``SLURM_PROCID``/``SLURM_NTASKS``, torchrun-style
-``RANK``/``WORLD_SIZE``/``MASTER_ADDR``), or from the arguments, which take precedence.
-MPI must agree: a process started without an MPI launcher is a world of one, and
-``initialize`` then raises instead of waiting for peers that will never come.
-
-What works so far: the job (:func:`process_index`, :func:`process_count`), host collectives
-on numpy data between processes (:func:`allreduce`, :func:`allgather`,
-:func:`reduce_scatter`, :func:`broadcast`, :func:`barrier`; these are ctrainstate's, jax has
-no such functions) and ``ctrainstate.experimental.multihost_utils``. Each collective waits
-at most ``timeout`` seconds: a peer that died or never arrives makes the others raise
-``TimeoutError`` instead of hanging. What does not work yet: devices of other processes
-(``ctrainstate.devices()`` lists this process's devices only, and ``ctrainstate.
-process_count()`` stays 1), meshes and Arrays spanning processes, and NCCL across
-processes.
-
-Open MPI only: MPICH, Intel MPI and other libraries on MPICH's ABI use integer handles,
-which the engine does not support yet (``initialize`` says so). ``CTRAINSTATE_MPI_LIBRARY``
-names the library to load (default: ``libmpi.so.40``, then ``libmpi.so``);
-``CTRAINSTATE_DIST_TIMEOUT`` the default timeout in seconds.
-
->>> import ctrainstate.distributed as dist
->>> dist.is_initialized(), dist.process_count()
-(False, 1)
-"""
+"""The implementation of :mod:`ctrainstate.distributed` (which re-exports its API; the module
+docstring is there)."""
 import atexit as _atexit
 import math as _math
 import os as _os
@@ -41,7 +8,7 @@ import threading as _threading
 
 import numpy as _np
 
-from . import _C
+from ... import _C
 
 __all__ = [
     "initialize", "shutdown", "is_initialized", "process_index", "process_count",

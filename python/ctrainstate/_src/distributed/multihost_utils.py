@@ -1,31 +1,12 @@
-"""``jax.experimental.multihost_utils``: data between the processes of a job, for scripts
-that use jax's path to it.
-
-:func:`sync_global_devices`, :func:`process_allgather`, :func:`broadcast_one_to_all` and
-:func:`assert_equal` work on pytrees of host data (numpy arrays, scalars, lists) and of
-ctrainstate Arrays that live in this process (their values are copied to the host first),
-through the MPI engine of :mod:`ctrainstate.distributed`. Without
-``ctrainstate.distributed.initialize()`` they treat the process as a job of one, as jax
-does. Results are numpy arrays, also where jax returns jax Arrays (``broadcast_one_to_all``).
-
-Not supported yet: Arrays that span processes (ctrainstate has none yet: every Array is
-fully addressable), and so ``host_local_array_to_global_array`` /
-``global_array_to_host_local_array``.
-
->>> import numpy as np
->>> from ctrainstate.experimental import multihost_utils
->>> multihost_utils.process_allgather(np.arange(3))  # one process: a stack of one
-array([[0, 1, 2]])
->>> multihost_utils.process_allgather({'a': np.ones(2, np.float32)}, tiled=True)
-{'a': array([1., 1.], dtype=float32)}
-"""
+"""The implementation of :mod:`ctrainstate.experimental.multihost_utils` (which re-exports its API; the module
+docstring is there)."""
 import hashlib as _hashlib
 
 import numpy as _np
 
-from .. import _C
-from .. import distributed as _dist
-from .._src.base import tree_util as _tree_util
+from ... import _C
+from . import distributed as _dist
+from ..base import tree_util as _tree_util
 
 __all__ = ["sync_global_devices", "process_allgather", "broadcast_one_to_all", "assert_equal"]
 

@@ -32,7 +32,7 @@ LAYERS = [
     ("models", "random nn nn.* optim optim.* partitioning core _src.random _src.random.* "
                "_src.partitioning _src.partitioning.* _src.nn _src.nn.* _src.core _src.core.* _src.optim _src.optim.*"),
     ("jit", "_src.jit _src.jit.*"),
-    ("app", "train_state struct _src.train_state _src.train_state.* _src.serialization _src.serialization.* _src.checkpoint _src.checkpoint.* _src.distributed _src.distributed.* checkpoint checkpoint.* distributed "
+    ("app", "train_state struct _src.train_state _src.train_state.* _src.serialization _src.serialization.* _src.checkpoint _src.checkpoint.* _src.distributed _src.distributed.* _src.debug _src.debug.* checkpoint checkpoint.* distributed "
             "serialization debug experimental experimental.*"),
     ("ports", "t5x t5x.* hf hf.* testing"),
     ("facade", PKG),

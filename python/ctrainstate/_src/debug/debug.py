@@ -1,23 +1,14 @@
-"""``jax.debug``'s host-side helpers. ctrainstate runs eagerly, so these run at once, in
-program order: ``print`` formats its arguments (Arrays read to the host as numpy arrays, as
-jax's ``debug.print`` shows them) with ``str.format`` and prints; ``callback`` calls a
-function with the numpy values of its arguments. ``ordered=`` is accepted (every call here is
-ordered). ``visualize_array_sharding`` / ``visualize_sharding`` print which devices hold
-which block; ``inspect_array_sharding`` hands an Array's sharding to a callback.
-
->>> import numpy as np, ctrainstate as cts
->>> cts.debug.print("x = {x}", x=cts.device_put(np.float32([1, 2])))
-x = [1. 2.]
-"""
+"""The implementation of :mod:`ctrainstate.debug` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import numpy as np
 import builtins
 from typing import Callable
 
-from ._src.array.array import visualize_array_sharding, visualize_sharding
-from ._src.array.array import Array
-from ._src.base.tree_util import tree_map
+from ..array.array import visualize_array_sharding, visualize_sharding
+from ..array.array import Array
+from ..base.tree_util import tree_map
 
 __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding",
            "inspect_array_sharding"]
@@ -59,6 +50,6 @@ def inspect_array_sharding(value, *, callback: Callable) -> None:
     callback(value.sharding)
 
 
-from ._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ..base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,22 +1,5 @@
-"""t5x's Adafactor (mirror of ``t5x.adafactor``): factorisation chosen by logical axis names.
-
-``Adafactor(learning_rate, ..., logical_factor_rules={'embed': ROW, 'mlp': COLUMN, ...})``
-is an ``OptimizerDef``. ``FlaxOptimTrainState.create`` calls ``set_param_axes``
-with the params' logical axes, which turns the rules into a per-param
-``factor_map`` (``{'dense/kernel': (COLUMN, ROW)}``). Each param keeps an
-``_AdafactorParamState(v_row, v_col, v, m)``; unused entries are ``zeros((1,))``.
-``derive_logical_axes`` gives ``v`` (when unfactored) and ``m`` (with momentum) the
-param's axes, so they are sharded like the param; ``v_row``/``v_col`` are replicated.
-
-The step runs per param on the host in float32 (factored means need the whole
-array) and writes results back with each array's sharding.
-
->>> import numpy as np
->>> from ctrainstate.t5x.adafactor import Adafactor
->>> opt = Adafactor(0.1).create({'w': np.ones((2, 4), np.float32)})
->>> sorted(opt.state_dict()['state']['param_states']['w'])
-['m', 'v', 'v_col', 'v_row']
-"""
+"""The implementation of :mod:`ctrainstate.t5x.adafactor` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import enum
@@ -25,15 +8,15 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from .._src.base import dtypes as _dtypes
-from .._src.array.abstract import ShapeDtypeStruct, is_abstract
-from .._src.array.array import device_put
-from ..optim.base import full_like
-from .._src.array.sharding import NamedSharding, PartitionSpec
-from ..train_state import PyTreeNode
+from ...base import dtypes as _dtypes
+from ...array.abstract import ShapeDtypeStruct, is_abstract
+from ...array.array import device_put
+from ...optim.base import full_like
+from ...array.sharding import NamedSharding, PartitionSpec
+from ...train_state.train_state import PyTreeNode
 from .optimizers import OptimizerDef, OptimizerState, Optimizer, _next_step, scalar
-from ..core import FrozenDict, freeze
-from .serialization import flatten_dict, unflatten_dict
+from ...core.frozen_dict import FrozenDict, freeze
+from ...serialization.state_dict import flatten_dict, unflatten_dict
 
 
 def _restore(target, flat):
@@ -365,6 +348,6 @@ class Adafactor(OptimizerDef):
                          param_logical_axes)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,41 +1,22 @@
-"""t5x's optimizer layer (mirror of ``t5x.optimizers``) over :mod:`ctrainstate.optim`.
-
-``OptimizerDef`` / ``Optimizer`` / ``OptimizerState`` are the legacy flax.optim
-interface t5x's ``FlaxOptimTrainState`` drives. ``OptaxWrapper(tx)`` adapts any
-ctrainstate.optim transformation; ``adam``, ``adamw``, ``sgd``, ... are the
-wrapped constructors. ``derive_logical_axes`` gives the optimizer state the
-logical axes of the params it tracks, so optimizer state is sharded exactly like
-the params (:func:`derive_optax_logical_axes`; no per-optimizer tree surgery).
-
-As in t5x, ``OptaxWrapper.apply_gradient`` ignores the ``learning_rate`` passed to
-it: the rate lives in the optax transformation (a schedule). A fusable
-transformation runs ctrainstate's fused kernel in place, donating the old
-params and state (what t5x's ``donate_argnums=(0,)`` train step does).
-
->>> import numpy as np
->>> from ctrainstate.t5x import optimizers
->>> opt = optimizers.sgd(0.5).create({'w': np.ones(2, np.float32)})
->>> opt = opt.apply_gradient({'w': np.ones(2, np.float32)}, learning_rate=123.0)
->>> int(opt.state.step), np.asarray(opt.target['w']).tolist()
-(1, [0.5, 0.5])
-"""
+"""The implementation of :mod:`ctrainstate.t5x.optimizers` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import optim
-from .._src.array.abstract import ShapeDtypeStruct
-from .._src.array.array import Array, device_put
-from ..core import FrozenDict, freeze
-from ..optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
-from .._src.array.sharding import PartitionSpec
-from ..train_state import PyTreeNode, field
-from .._src.base.traverse_util import ModelParamTraversal
-from .._src.base.tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
-from .serialization import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
-from .._src.base.tree_util import _flatten_up_to as f
+from .... import optim
+from ...array.abstract import ShapeDtypeStruct
+from ...array.array import Array, device_put
+from ...core.frozen_dict import FrozenDict, freeze
+from ...optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
+from ...array.sharding import PartitionSpec
+from ...train_state.train_state import PyTreeNode, field
+from ...base.traverse_util import ModelParamTraversal
+from ...base.tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
+from ...serialization.state_dict import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
+from ...base.tree_util import _flatten_up_to as f
 
 __all__ = [
     'OptimizerState', 'OptimizerDef', 'Optimizer', 'OptaxWrapper', 'OptaxStatePartitionRules',
@@ -526,6 +507,6 @@ def _per_param(param_states, sub_params, opt) -> dict:
     return out
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

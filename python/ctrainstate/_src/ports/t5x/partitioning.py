@@ -1,25 +1,5 @@
-"""t5x's partitioner (mirror of ``t5x.partitioning``): meshes, rule tables, ``PjitPartitioner``.
-
-A ported t5x script changes only the import::
-
-    from ctrainstate.t5x import partitioning
-
-``PjitPartitioner(num_partitions=...)`` builds t5x's ``('data', 'model')`` mesh
-(on CPU: ``data=1, model=<all devices>`` whatever ``num_partitions`` is, as in
-t5x; on GPUs: ``model=num_partitions``), resolves logical axis names with the
-rules of :func:`standard_logical_axis_rules` (or yours), and ``partition(fn,
-in_axis_resources, out_axis_resources)`` runs ``fn`` eagerly inside the mesh
-and rules contexts, placing inputs and outputs by the given specs.
-
->>> from ctrainstate.t5x import partitioning
->>> p = partitioning.PjitPartitioner(num_partitions=1)
->>> tuple(p.mesh.shape)
-('data', 'model')
->>> p.data_partition_spec
-PartitionSpec('data',)
->>> len(partitioning.standard_logical_axis_rules())
-13
-"""
+"""The implementation of :mod:`ctrainstate.t5x.partitioning` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import collections
@@ -29,16 +9,16 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._src.base import devices as _devices
-from .. import partitioning as flax_partitioning
-from .._src.jit.jit import pjit as _pjit
-from .._src.array.mesh_utils import create_device_mesh
-from .._src.array.sharding import Mesh, PartitionSpec
-from .._src.base.tree_util import tree_map
-from .._src.array.array import device_put
-from .._src.nn.spmd import _replicate_uneven
-from .._src.numpy_lax.numpy import with_sharding
-from .._src.array.sharding import get_mesh as _active, NamedSharding
+from ...base import devices as _devices
+from .... import partitioning as flax_partitioning
+from ...jit.jit import pjit as _pjit
+from ...array.mesh_utils import create_device_mesh
+from ...array.sharding import Mesh, PartitionSpec
+from ...base.tree_util import tree_map
+from ...array.array import device_put
+from ...nn.spmd import _replicate_uneven
+from ...numpy_lax.numpy import with_sharding
+from ...array.sharding import get_mesh as _active, NamedSharding
 
 __all__ = [
     'AxisNames', 'DataLayout', 'LocalChunkInfo', 'LocalChunker', 'PartitionSpec',
@@ -621,6 +601,6 @@ def host_local_array_to_global_array(arr_tree, mesh, pspecs):
                     is_leaf=lambda x: x is None or isinstance(x, PartitionSpec))
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,23 +1,5 @@
-"""t5x's train states (mirror of ``t5x.train_state``): ``FlaxOptimTrainState``, ``InferenceState``.
-
-``FlaxOptimTrainState.create(optimizer_def, model_variables)`` splits the
-variables of ``model.init``: ``params``, their ``params_axes`` (checked: every
-param needs axis names), other ``<name>_axes`` collections, and the remaining
-collections (``flax_mutables``). ``apply_gradient(grads, learning_rate,
-flax_mutables=...)`` runs one optimizer step and — as in t5x — resets the
-mutables to empty when they are not passed. As in t5x, the mutables, their axes and
-the trees of ``as_logical_axes`` are ``FrozenDict`` objects; params keep the kind they
-were given. ``as_logical_axes()`` is the same
-state with logical ``PartitionSpec`` leaves, which ``PjitPartitioner.get_mesh_axes``
-resolves to mesh specs.
-
->>> import numpy as np
->>> from ctrainstate.t5x import optimizers
->>> from ctrainstate.t5x.train_state import FlaxOptimTrainState
->>> s = FlaxOptimTrainState.create(optimizers.sgd(0.1), {'params': {'w': np.ones(2, np.float32)}})
->>> int(s.step), s.params_axes, s.flax_mutables
-(0, None, FrozenDict({}))
-"""
+"""The implementation of :mod:`ctrainstate.t5x.train_state` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -25,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import partitioning as flax_partitioning
-from .._src.array.array import device_put
-from ..core import FrozenDict, freeze, unfreeze
-from .._src.array.sharding import PartitionSpec
-from ..train_state import PyTreeNode, field
-from .._src.base.tree_util import tree_map
+from .... import partitioning as flax_partitioning
+from ...array.array import device_put
+from ...core.frozen_dict import FrozenDict, freeze, unfreeze
+from ...array.sharding import PartitionSpec
+from ...train_state.train_state import PyTreeNode, field
+from ...base.tree_util import tree_map
 from .optimizers import Optimizer, _place
-from .serialization import flatten_dict, from_state_dict, to_state_dict
+from ...serialization.state_dict import flatten_dict, from_state_dict, to_state_dict
 
 __all__ = ['TrainState', 'FlaxOptimTrainState', 'InferenceState', 'EMPTY_DICT']
 
@@ -262,6 +244,6 @@ class InferenceState(PyTreeNode):
             flax_mutables=flax_partitioning.get_axis_names(self.flax_mutables_axes or EMPTY_DICT))
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

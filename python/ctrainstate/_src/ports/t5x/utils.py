@@ -1,21 +1,11 @@
-"""t5x's ``TrainStateInitializer``: the abstract state, its mesh axes, and a state born sharded.
-
->>> import numpy as np
->>> from ctrainstate.t5x import optimizers, partitioning, utils
->>> init_fn = lambda rng, input_shapes, input_types=None: {'params': {'w': np.ones(4, np.float32)}}
->>> p = partitioning.PjitPartitioner(num_partitions=1)
->>> i = utils.TrainStateInitializer(optimizers.sgd(0.1), init_fn, {}, p)
->>> i.train_state_axes.params
-FrozenDict({
-    w: None,
-})
-"""
+"""The implementation of :mod:`ctrainstate.t5x.utils` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
-from .._src.array.abstract import eval_shape
-from ..core import freeze
+from ...array.abstract import eval_shape
+from ...core.frozen_dict import freeze
 from .train_state import FlaxOptimTrainState, InferenceState
-from .. import partitioning as flax_partitioning, random
+from .... import partitioning as flax_partitioning, random
 
 __all__ = ['TrainStateInitializer']
 
@@ -55,6 +45,6 @@ class TrainStateInitializer:
         return p(init_rng)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

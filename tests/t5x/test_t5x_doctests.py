@@ -11,7 +11,9 @@ MODULES = ["ctrainstate.t5x", "ctrainstate.t5x.partitioning", "ctrainstate.t5x.t
            "ctrainstate.hf.cast", "ctrainstate.hf.train_state", "ctrainstate.hf.model_parallel",
            "ctrainstate._src.ports.t5x.partitioning", "ctrainstate._src.ports.t5x.train_state",
            "ctrainstate._src.ports.t5x.optimizers", "ctrainstate._src.ports.t5x.adafactor",
-           "ctrainstate._src.serialization.state_dict", "ctrainstate._src.ports.t5x.utils"]
+           "ctrainstate._src.serialization.state_dict", "ctrainstate._src.ports.t5x.utils",
+           "ctrainstate._src.ports.hf.cast", "ctrainstate._src.ports.hf.train_state",
+           "ctrainstate._src.ports.hf.model_parallel"]
 
 
 @pytest.mark.parametrize("name", MODULES)

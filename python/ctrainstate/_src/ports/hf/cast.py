@@ -1,26 +1,14 @@
-"""dtype casts of sharded params, block by block (HF ``model.to_bf16(params)``/``to_fp32``).
-
-Each device converts its own block into a new buffer on the same device (the core's
-convert kernel, :func:`ctrainstate.numpy.astype`), so no device ever holds more than its
-own block and nothing goes through the host. Arrays keep their shardings; numpy leaves
-are cast on the host.
-
->>> import numpy as np, ctrainstate as cts
->>> from ctrainstate.hf.cast import to_bf16
->>> x = cts.device_put(np.arange(4, dtype=np.float32))
->>> y = to_bf16({'w': x})['w']
->>> str(y.dtype), y.sharding == x.sharding
-('bfloat16', True)
-"""
+"""The implementation of :mod:`ctrainstate.hf.cast` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .._src.base import dtypes as _dtypes
-from .._src.array.abstract import ShapeDtypeStruct
-from .._src.array.array import Array
-from .._src.base.tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
-from .._src.ops.ops import astype
+from ...base import dtypes as _dtypes
+from ...array.abstract import ShapeDtypeStruct
+from ...array.array import Array
+from ...base.tree_util import _flatten_up_to, tree_flatten, tree_map, tree_unflatten
+from ...ops.ops import astype
 
 __all__ = ['cast', 'to_bf16', 'to_fp16', 'to_fp32']
 
@@ -70,6 +58,6 @@ def to_fp32(params, mask=None):
     return _floats_to(params, np.float32, mask)
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

@@ -1,21 +1,5 @@
-"""HuggingFace Flax example helpers: the dropout-rng ``TrainState`` of run_clm_flax.py and
-flax's pmap-style helpers (``replicate``, ``unreplicate``, ``shard``, ``shard_prng_key``,
-``onehot``, ``get_metrics``, ``stack_forest``).
-
-``replicate(tree)`` puts one copy of every leaf on each local device, as a
-leading axis of size ``local_device_count`` sharded over a 1-D ``('batch',)``
-mesh (pmap's layout: each device holds exactly its copy). ``unreplicate`` takes
-copy 0 from device 0 without gathering the others.
-
->>> import numpy as np, ctrainstate as cts
->>> from ctrainstate.hf import train_state as hts
->>> n = cts.local_device_count()
->>> r = hts.replicate({'w': np.ones(3, np.float32)})
->>> r['w'].shape == (n, 3), np.asarray(hts.unreplicate(r)['w']).tolist()
-(True, [1.0, 1.0, 1.0])
->>> hts.shard(np.zeros((2 * n, 5))).shape == (n, 2, 5)
-True
-"""
+"""The implementation of :mod:`ctrainstate.hf.train_state` (which re-exports its API; the module
+docstring is there)."""
 from __future__ import annotations
 
 import collections
@@ -25,15 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import random
-from .._src.base.devices import local_device_count, local_devices
-from .._src.array.array import Array, device_put
-from ..train_state import TrainState as _FlaxTrainState
-from .._src.base.tree_util import tree_map
-from .._src.numpy_lax import numpy as jnp
-from .._src.numpy_lax.pmap import device_put_replicated, device_put_sharded
-from .._src.array.array import device_get
-from .._src.base.tree_util import keystr, tree_leaves, tree_map_with_path
+from .... import random
+from ...base.devices import local_device_count, local_devices
+from ...array.array import Array, device_put
+from ...train_state.train_state import TrainState as _FlaxTrainState
+from ...base.tree_util import tree_map
+from ...numpy_lax import numpy as jnp
+from ...numpy_lax.pmap import device_put_replicated, device_put_sharded
+from ...array.array import device_get
+from ...base.tree_util import keystr, tree_leaves, tree_map_with_path
 
 __all__ = ['TrainState', 'replicate', 'unreplicate', 'shard', 'shard_prng_key', 'onehot',
            'get_metrics', 'stack_forest', 'prefetch_to_device', 'pad_shard_unpad']
@@ -220,6 +204,6 @@ class TrainState(_FlaxTrainState):
         return replicate(self).replace(dropout_rng=shard_prng_key(self.dropout_rng))
 
 
-from .._src.base.exports import module_dir as _module_dir  # noqa: E402
+from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

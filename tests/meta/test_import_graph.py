@@ -34,7 +34,7 @@ LAYERS = [
     ("jit", "_src.jit _src.jit.*"),
     ("app", "train_state struct _src.train_state _src.train_state.* _src.serialization _src.serialization.* _src.checkpoint _src.checkpoint.* _src.distributed _src.distributed.* _src.debug _src.debug.* checkpoint checkpoint.* distributed "
             "serialization debug experimental experimental.*"),
-    ("ports", "t5x t5x.* hf hf.* testing _src.ports _src.ports.*"),
+    ("ports", "t5x t5x.* hf hf.* testing _src.ports _src.ports.* _src.testing _src.testing.*"),
     ("facade", PKG),
 ]
 

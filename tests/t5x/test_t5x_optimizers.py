@@ -8,7 +8,7 @@ from ctrainstate import P, nn, optim, random
 from ctrainstate.optim import EmptyState, MaskedNode, ScaleByAdamState
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, optimizers, partitioning, utils
-from ctrainstate._src.ports.t5x import optimizers as _t5x_optimizers   # its private _OptaxHyperParams
+from ctrainstate._src.ports.t5x import optimizers as _t5x_optimizers   # _OptaxHyperParams
 from ctrainstate.t5x.train_state import FlaxOptimTrainState
 from ctrainstate._src.base import dtypes as _dtypes
 

@@ -8,7 +8,8 @@ import ctrainstate as cts
 from ctrainstate import P
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, partitioning
-from ctrainstate._src.ports.t5x import partitioning as _impl   # the module whose globals the tests patch
+# the module whose globals (device queries) the tests patch
+from ctrainstate._src.ports.t5x import partitioning as _impl
 from ctrainstate.t5x.train_state import FlaxOptimTrainState
 from ctrainstate.t5x import optimizers
 

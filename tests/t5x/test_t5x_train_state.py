@@ -7,7 +7,7 @@ from ctrainstate import P
 from ctrainstate.core import FrozenDict, freeze, unfreeze
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, optimizers
-from ctrainstate._src.ports.t5x import optimizers as _t5x_optimizers   # its private _OptaxHyperParams
+from ctrainstate._src.ports.t5x import optimizers as _t5x_optimizers   # _OptaxHyperParams
 from ctrainstate.t5x.train_state import EMPTY_DICT, FlaxOptimTrainState, InferenceState
 
 

@@ -1,2 +1,3 @@
-"""Processes in the app layer: jax.distributed's initialize / shutdown over MPI and NCCL, and
-jax.experimental.multihost_utils (ctrainstate.distributed and ctrainstate.experimental re-export them)."""
+"""Processes in the app layer: jax.distributed over MPI and NCCL, and
+jax.experimental.multihost_utils (ctrainstate.distributed and ctrainstate.experimental
+re-export them)."""

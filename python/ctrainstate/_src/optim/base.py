@@ -19,7 +19,7 @@ from ..base import dtypes as _dtypes
 from ..array.array import Array, DonatedBufferError, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, default_sharding
 from ..base.tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path,
-                                   tree_leaves, tree_map, tree_structure, tree_unflatten)
+                              tree_leaves, tree_map, tree_structure, tree_unflatten)
 from ..array.abstract import ShapeDtypeStruct
 
 __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptyState", "MaskedNode",

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..base.tree_util import (_flatten_up_to, tree_flatten, tree_leaves, tree_map,
-                                   tree_structure, tree_unflatten)
+                              tree_structure, tree_unflatten)
 from .base import (FINITE_GATE, ZERO, GradientTransformation, GradientTransformationExtraArgs,
                    MaskedNode, Stage, call_update, read_scalar, safe_increment, scalar, to_array,
                    zeros_like)

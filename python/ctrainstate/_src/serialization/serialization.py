@@ -12,10 +12,10 @@ from ..array.array import Array, device_put
 from ..nn.meta import Partitioned
 from ..nn.spmd import LogicallyPartitioned
 from .state_dict import (current_path, from_state_dict, is_serializable,
-                                register_serialization_state, to_state_dict)
+                         register_serialization_state, to_state_dict)
 from ..core.frozen_dict import FrozenDict
 from ..base.tree_util import (_flatten_up_to, _one_level, _sorted_keys, keystr,
-                                  tree_flatten_with_path, tree_unflatten)
+                              tree_flatten_with_path, tree_unflatten)
 
 __all__ = ["to_state_dict", "from_state_dict", "to_bytes", "from_bytes", "msgpack_serialize",
            "msgpack_restore", "register_serialization_state", "is_serializable", "current_path"]

@@ -15,7 +15,8 @@ from ...array.sharding import PartitionSpec
 from ...train_state.train_state import PyTreeNode, field
 from ...base.traverse_util import ModelParamTraversal
 from ...base.tree_util import tree_flatten, tree_leaves, tree_structure, tree_unflatten
-from ...serialization.state_dict import flatten_dict, from_state_dict, to_state_dict, unflatten_dict
+from ...serialization.state_dict import (flatten_dict, from_state_dict, to_state_dict,
+                                        unflatten_dict)
 from ...base.tree_util import _flatten_up_to as f
 
 __all__ = [

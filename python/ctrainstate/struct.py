@@ -14,6 +14,6 @@ those declared ``struct.field(pytree_node=False)`` (static, kept in the tree str
 >>> tree_util.tree_leaves(m), m.replace(params={'w': 2.0}).params
 ([1.0], {'w': 2.0})
 """
-from .train_state import PyTreeNode, dataclass, field
+from ._src.train_state.train_state import PyTreeNode, dataclass, field
 
 __all__ = ["dataclass", "field", "PyTreeNode"]

@@ -17,7 +17,7 @@ import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, SingleDeviceSharding, checkpoint as ocp, optim
 from ctrainstate import random as crandom
-from ctrainstate.checkpoint import _io, _store
+from ctrainstate._src.checkpoint import fileio as _io, store as _store
 from ctrainstate.train_state import TrainState
 from recorded import bits_digest
 

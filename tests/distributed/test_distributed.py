@@ -12,6 +12,7 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import _C
 from ctrainstate import distributed as dist
+from ctrainstate._src.distributed import distributed as _impl
 from ctrainstate.experimental import multihost_utils as mhu
 from conftest import run_python
 
@@ -52,7 +53,7 @@ DETECT = [
 
 @pytest.mark.parametrize("env,want", DETECT)
 def test_detect_environment(env, want):
-    got = dist._detect_environment(env)
+    got = _impl._detect_environment(env)
     if want is None:
         assert got is None
         return
@@ -72,14 +73,14 @@ def test_detect_environment(env, want):
 ])
 def test_detect_environment_rejects_bad_values(env, match):
     with pytest.raises(ValueError, match=match):
-        dist._detect_environment(env)
+        _impl._detect_environment(env)
 
 
 def test_detect_environment_reads_os_environ(no_launcher):
-    assert dist._detect_environment() is None
+    assert _impl._detect_environment() is None
     no_launcher.setenv("SLURM_PROCID", "1")
     no_launcher.setenv("SLURM_NTASKS", "3")
-    assert dist._detect_environment()["process_id"] == 1
+    assert _impl._detect_environment()["process_id"] == 1
 
 
 # --- initialize: argument checks (each raises before MPI is loaded) -------------------
@@ -212,7 +213,7 @@ def test_binding_checks_of_the_other_collectives():
     with pytest.raises(OverflowError):
         _C.dist_broadcast(np.ones(2), 2 ** 40, 1.0)
     with pytest.raises(TypeError, match="Python objects"):
-        dist._host(np.array([object()]), "x")
+        _impl._host(np.array([object()]), "x")
 
 
 def test_library_missing_names_the_package():

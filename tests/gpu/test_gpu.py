@@ -1458,7 +1458,7 @@ def test_optim_steady_state_runs_from_the_persistent_plan(name, monkeypatch):
     persistent plan (optim.base.FastPlan over _C.OptimPlan: one C call, the GPU kernels'
     launches inside it), with the bits of the same steps on CPU devices."""
     from ctrainstate.train_state import TrainState
-    import ctrainstate.train_state as ts
+    from ctrainstate._src.train_state import train_state as ts
     n = min(2, len(gpus()))
     m = gpu_mesh((n,), ("x",))
     cm = Mesh(np.array(cts.devices("cpu")[:n], dtype=object).reshape(n), ("x",))

@@ -30,11 +30,14 @@ LAYERS = [
     ("numpy_lax", "numpy lax _src.numpy_lax _src.numpy_lax.*"),
     ("autodiff", "_src.autodiff _src.autodiff.*"),
     ("models", "random nn nn.* optim optim.* partitioning core _src.random _src.random.* "
-               "_src.partitioning _src.partitioning.* _src.nn _src.nn.*"),
+               "_src.partitioning _src.partitioning.* _src.nn _src.nn.* _src.core _src.core.* "
+               "_src.optim _src.optim.*"),
     ("jit", "_src.jit _src.jit.*"),
-    ("app", "t5x.serialization train_state struct checkpoint checkpoint.* distributed "
-            "serialization debug experimental experimental.*"),
-    ("ports", "t5x t5x.* hf hf.* testing"),
+    ("app", "train_state struct checkpoint checkpoint.* distributed serialization debug "
+            "experimental experimental.* _src.train_state _src.train_state.* "
+            "_src.serialization _src.serialization.* _src.checkpoint _src.checkpoint.* "
+            "_src.distributed _src.distributed.* _src.debug _src.debug.*"),
+    ("ports", "t5x t5x.* hf hf.* testing _src.ports _src.ports.* _src.testing _src.testing.*"),
     ("facade", PKG),
 ]
 

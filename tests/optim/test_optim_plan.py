@@ -71,7 +71,7 @@ def test_plan_steps_equal_the_functional_steps(name, monkeypatch):
     params, opt_state = _place(host, specs), tx.init(_place(host, specs))
     calls = []
     real = base.run_fused
-    monkeypatch.setattr("ctrainstate.train_state.run_fused",
+    monkeypatch.setattr("ctrainstate._src.train_state.train_state.run_fused",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     for i, g in enumerate(grads):
         state = state.apply_gradients(grads=g)

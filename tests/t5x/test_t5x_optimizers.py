@@ -8,6 +8,7 @@ from ctrainstate import P, nn, optim, random
 from ctrainstate.optim import EmptyState, MaskedNode, ScaleByAdamState
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, optimizers, partitioning, utils
+from ctrainstate._src.ports.t5x import optimizers as _t5x_optimizers   # _OptaxHyperParams
 from ctrainstate.t5x.train_state import FlaxOptimTrainState
 from ctrainstate._src.base import dtypes as _dtypes
 
@@ -453,7 +454,7 @@ class _PlainSGD(optimizers.OptimizerDef):
     """A per-param OptimizerDef without derive_logical_axes (a user's own, or flax.optim's)."""
 
     def __init__(self, lr):
-        super().__init__(optimizers._OptaxHyperParams(lr))
+        super().__init__(_t5x_optimizers._OptaxHyperParams(lr))
 
     def init_param_state(self, param):
         return {}

@@ -8,6 +8,8 @@ import ctrainstate as cts
 from ctrainstate import P
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, partitioning
+# the module whose globals (device queries) the tests patch
+from ctrainstate._src.ports.t5x import partitioning as _impl
 from ctrainstate.t5x.train_state import FlaxOptimTrainState
 from ctrainstate.t5x import optimizers
 
@@ -112,10 +114,10 @@ def test_bounds_and_coords(monkeypatch):  # F-P1, F-P2
     tpu = types.SimpleNamespace(coords=(3, 3, 3), core_on_chip=1)
     assert partitioning.bounds_from_last_device(tpu) == (4, 4, 4, 2)
     assert partitioning.get_coords(types.SimpleNamespace(coords=(1, 0, 1), core_on_chip=1)) == (1, 0, 1, 1)
-    monkeypatch.setattr(partitioning, 'process_count', lambda: 1)
-    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 4)
+    monkeypatch.setattr(_impl, 'process_count', lambda: 1)
+    monkeypatch.setattr(_impl, 'local_device_count', lambda *a: 4)
     assert partitioning.bounds_from_last_device(types.SimpleNamespace(id=3)) == (1, 4)
-    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 8)
+    monkeypatch.setattr(_impl, 'local_device_count', lambda *a: 8)
     assert partitioning.get_coords(types.SimpleNamespace(process_index=1, id=9)) == (1, 1)
 
 
@@ -136,7 +138,7 @@ def test_mock_tpu_v3_32_mesh_and_chunks():  # F-P3, F-P4
     devs = _mock_v3_32()
     sub = partitioning.default_submesh(4, devs[-1])
     assert sub == (2, 1, 1, 2)
-    grid = partitioning._device_grid(sub, devs, [d for d in devs if d.process_index == 0])
+    grid = _impl._device_grid(sub, devs, [d for d in devs if d.process_index == 0])
     assert grid.shape == (8, 4) and grid.size == 32
     mesh = types.SimpleNamespace(devices=grid, axis_names=('data', 'model'))
     # process 0's local mesh, as listed in t5x's test_default_mesh
@@ -172,17 +174,17 @@ def test_tpu_default_submesh_table():  # §2.3
 
 def test_gpu_mesh_rules(monkeypatch):  # F-P9 and the single-GPU notes of §4
     fake = [types.SimpleNamespace(id=i, platform='gpu') for i in range(8)]
-    monkeypatch.setattr(partitioning, 'devices', lambda *a: fake)
-    monkeypatch.setattr(partitioning, 'Mesh', lambda grid, names: (grid, names))
-    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 8)
-    monkeypatch.setattr(partitioning, 'process_count', lambda: 1)
+    monkeypatch.setattr(_impl, 'devices', lambda *a: fake)
+    monkeypatch.setattr(_impl, 'Mesh', lambda grid, names: (grid, names))
+    monkeypatch.setattr(_impl, 'local_device_count', lambda *a: 8)
+    monkeypatch.setattr(_impl, 'process_count', lambda: 1)
     grid, names = partitioning.get_gpu_mesh(2)
     assert grid.shape == (4, 2) and names == ('data', 'model')
     assert [[d.id for d in r] for r in grid] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     with pytest.raises(AssertionError, match='factor or multiple of the number of local devices'):
         partitioning.get_gpu_mesh(3)
-    monkeypatch.setattr(partitioning, 'devices', lambda *a: fake[:1])
-    monkeypatch.setattr(partitioning, 'local_device_count', lambda *a: 1)
+    monkeypatch.setattr(_impl, 'devices', lambda *a: fake[:1])
+    monkeypatch.setattr(_impl, 'local_device_count', lambda *a: 1)
     assert partitioning.get_gpu_mesh(1)[0].shape == (1, 1)
     with pytest.raises(ValueError):
         partitioning.get_gpu_mesh(2)

@@ -7,6 +7,7 @@ from ctrainstate import P
 from ctrainstate.core import FrozenDict, freeze, unfreeze
 from ctrainstate.partitioning import AxisMetadata
 from ctrainstate.t5x import adafactor, optimizers
+from ctrainstate._src.ports.t5x import optimizers as _t5x_optimizers   # _OptaxHyperParams
 from ctrainstate.t5x.train_state import EMPTY_DICT, FlaxOptimTrainState, InferenceState
 
 
@@ -91,7 +92,7 @@ def test_replace_params_and_step():  # F-T7, F-T8
 
 class _RecordingDef(optimizers.OptimizerDef):
     def __init__(self):
-        super().__init__(optimizers._OptaxHyperParams())
+        super().__init__(_t5x_optimizers._OptaxHyperParams())
         self.calls = []
 
     def init_state(self, params):

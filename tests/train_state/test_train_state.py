@@ -580,7 +580,7 @@ def _sigint_at(monkeypatch, where):
     stages are prepared (before the kernel), 'kernel' right after the kernel wrote the
     buffers, before the step is committed."""
     import signal
-    from ctrainstate.optim import base
+    from ctrainstate._src.optim import base
     real = base._C.optim_step
 
     def kernel(*args):

@@ -41,13 +41,15 @@ True
 import sys as _sys
 import types as _types
 
-from . import args
-from ._store import CorruptCheckpointError
-from .manager import (AsyncCheckpointer, AsyncManager, CheckpointManager,
-                      CheckpointManagerOptions, Checkpointer, InvalidCheckpointError,
-                      PyTreeCheckpointer, StandardCheckpointer, StepAlreadyExistsError,
-                      available_steps, latest_checkpoint, restore_checkpoint, save_checkpoint)
-from .pretrained import load_pretrained_params, read_pretrained_shapes
+from . import args, manager, pretrained
+from .._src.checkpoint.store import CorruptCheckpointError
+from .._src.checkpoint.manager import (AsyncCheckpointer, AsyncManager, CheckpointManager,
+                                      CheckpointManagerOptions, Checkpointer,
+                                      InvalidCheckpointError, PyTreeCheckpointer,
+                                      StandardCheckpointer, StepAlreadyExistsError,
+                                      available_steps, latest_checkpoint, restore_checkpoint,
+                                      save_checkpoint)
+from .._src.checkpoint.pretrained import load_pretrained_params, read_pretrained_shapes
 from .._src.autodiff.remat import checkpoint as _remat_checkpoint
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "args", "StandardCheckpointer",

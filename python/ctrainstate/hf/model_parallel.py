@@ -13,27 +13,8 @@ empty states get None (see :func:`ctrainstate.t5x.optimizers.derive_optax_logica
 >>> opt_state_spec(optim.adamw(1e-3).init(params), params, {'w': P('mp', None)})
 (ScaleByAdamState(count=None, mu={'w': PartitionSpec('mp', None)}, nu={'w': PartitionSpec('mp', None)}), None, None)
 """
-from __future__ import annotations
-
-from ..t5x.optimizers import derive_optax_logical_axes
-from .._src.base.tree_util import tree_map
-
-__all__ = ['opt_state_spec', 'train_state_spec']
-
-
-def opt_state_spec(opt_state, params, param_spec):
-    """The pjit spec tree of ``opt_state`` (real or from ``eval_shape``) given the params'."""
-    return derive_optax_logical_axes(opt_state, params, param_spec, empty_as_none=True)
-
-
-def train_state_spec(state, param_spec):
-    """A spec tree for a (HF or flax) ``TrainState``: params by ``param_spec``, the optimizer
-    state derived from it, and every other field (step, dropout_rng, ...) replicated (None)."""
-    params = state.params
-    spec = tree_map(lambda x: None, state)
-    return spec.replace(params=param_spec,
-                        opt_state=opt_state_spec(state.opt_state, params, param_spec))
-
+from .._src.ports.hf.model_parallel import *  # noqa: F401,F403
+from .._src.ports.hf.model_parallel import __all__  # noqa: F401
 
 from .._src.base.exports import module_dir as _module_dir  # noqa: E402
 

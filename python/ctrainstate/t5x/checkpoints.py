@@ -5,7 +5,7 @@
 >>> checkpoints.Checkpointer.__name__
 'T5xCheckpointer'
 """
-from ..checkpoint.manager import T5xCheckpointer as Checkpointer
-from ..checkpoint.manager import available_steps, latest_checkpoint
+from .._src.checkpoint.manager import T5xCheckpointer as Checkpointer
+from .._src.checkpoint.manager import available_steps, latest_checkpoint
 
 __all__ = ["Checkpointer", "latest_checkpoint", "available_steps"]

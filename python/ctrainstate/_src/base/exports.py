@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import types
 
-__all__ = ["module_dir"]
+__all__ = ["module_dir", "forward_settings"]
 
 
 def module_dir(name: str):
@@ -31,3 +31,24 @@ def module_dir(name: str):
                      and v.__name__.startswith(name + ".") and not n.startswith("_"))
         return sorted(names)
     return __dir__
+
+
+def forward_settings(name: str, impl: types.ModuleType, settings) -> None:
+    """Make the facade module ``name`` read and assign the module-level ``settings`` of its
+    implementation ``impl`` (values the code reads at call time, such as flax's
+    ``serialization.MAX_CHUNK_SIZE``): ``facade.X = v`` and ``monkeypatch.setattr(facade,
+    "X", v)`` change what ``impl`` uses, as they did when the code lived in the facade.
+
+    >>> m = types.ModuleType("ctrainstate.example2"); impl = types.ModuleType("impl")
+    >>> sys.modules[m.__name__] = m; impl.LIMIT = 1
+    >>> forward_settings(m.__name__, impl, ["LIMIT"])
+    >>> m.LIMIT = 5; impl.LIMIT, m.LIMIT
+    (5, 5)
+    >>> del sys.modules[m.__name__]
+    """
+    mod = sys.modules[name]
+    ns = {n: property(lambda self, n=n: getattr(impl, n),
+                      lambda self, value, n=n: setattr(impl, n, value)) for n in settings}
+    for n in settings:
+        vars(mod).pop(n, None)
+    mod.__class__ = type("FacadeModule", (type(mod),), ns)

@@ -35,7 +35,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 from ... import _C
-from ... import config as _config
+from ..base import config as _config
 from ..base import tree_util
 from ..array.abstract import ShapeDtypeStruct
 from ..base.trace_state import jit_scope

@@ -31,13 +31,13 @@ import uuid
 
 import numpy as np
 
-from .. import _C
-from .._src.array.abstract import ShapeDtypeStruct
-from .._src.array.array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
-from .._src.array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
-from .._src.base.tree_util import tree_leaves
-from . import _io
-from .._src.base.devices import process_index as _process_index
+from ... import _C
+from ..array.abstract import ShapeDtypeStruct
+from ..array.array import Array, _alloc_blocks, _as_sharding, _buffer_view, device_put
+from ..array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from ..base.tree_util import tree_leaves
+from . import fileio as _io
+from ..base.devices import process_index as _process_index
 
 FORMAT = "ctrainstate.checkpoint"
 VERSION = 1

@@ -21,7 +21,7 @@ import zlib
 
 import numpy as np
 
-from .._src.base import dtypes as _dtypes
+from ..base import dtypes as _dtypes
 
 # numpy dtype name -> safetensors dtype code (the package's table; 64-bit and 8-bit types
 # occur in host-array leaves and in pretrained files)

@@ -1,0 +1,631 @@
+"""The implementation of :mod:`ctrainstate.checkpoint.manager` (which re-exports its API; the module
+docstring is there)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..array.abstract import ShapeDtypeStruct
+from ..array.array import Array
+from ..serialization.serialization import from_state_dict, to_state_dict
+from . import fileio as _io, store as _store
+
+__all__ = ["CheckpointManager", "CheckpointManagerOptions", "StandardCheckpointer",
+           "PyTreeCheckpointer", "AsyncCheckpointer", "Checkpointer", "StandardSave",
+           "StandardRestore", "PyTreeSave", "PyTreeRestore", "AsyncManager", "save_checkpoint",
+           "restore_checkpoint", "latest_checkpoint", "available_steps",
+           "StepAlreadyExistsError", "InvalidCheckpointError"]
+
+
+class StepAlreadyExistsError(ValueError):
+    """A checkpoint of this step exists already (orbax's error of the same name)."""
+
+
+class InvalidCheckpointError(ValueError):
+    """``save_checkpoint`` was asked to write a step not after the latest (Flax's error)."""
+
+
+# --- the background writer --------------------------------------------------------------------
+
+class AsyncManager:
+    """Runs one save at a time in a background thread (``flax.training.checkpoints.AsyncManager``).
+
+    ``save_async(fn)`` waits for the previous save, then runs ``fn()`` in a new thread; an
+    exception it raised is re-raised by the next ``save_async`` or ``wait_previous_save``.
+
+    >>> from ctrainstate.checkpoint import AsyncManager
+    >>> m = AsyncManager(); out = []
+    >>> m.save_async(lambda: out.append(1)); m.wait_previous_save(); out
+    [1]
+    """
+
+    def __init__(self, max_workers: int = 1):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _run(self, fn):
+        try:
+            fn()
+        except BaseException as e:   # kept for the caller's next call
+            self._error = e
+
+    def wait_previous_save(self) -> None:
+        """Block until the running save ends; raise what it raised, once."""
+        t = self._thread
+        if t is not None:
+            t.join()
+            self._thread = None
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
+
+    def save_async(self, fn: Callable[[], Any]) -> None:
+        self.wait_previous_save()
+        # not a daemon: an interpreter that exits mid-save finishes the save first
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="ctrainstate-ckpt")
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+# --- step directories ------------------------------------------------------------------------
+
+def _step_re(prefix: str):
+    return re.compile(re.escape(prefix) + r"(\d+)$")
+
+
+def available_steps(directory, prefix: str = "checkpoint_") -> list[int]:
+    """Steps of the committed checkpoints ``<directory>/<prefix><step>`` in increasing order
+    (temporary and half-deleted directories are not checkpoints)."""
+    directory = os.fspath(directory)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    pat, out = _step_re(prefix), []
+    for n in names:
+        m = pat.match(n)
+        if m and os.path.isfile(os.path.join(directory, n, _store.INDEX)):
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def _cleanup_partial(directory, prefix: str) -> None:
+    """Remove what interrupted saves and deletions left (temporary names)."""
+    pat = re.compile(re.escape(prefix) + r"\d+\.(tmp|delete)-[0-9a-f]+$")
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for n in names:
+        if pat.match(n):
+            shutil.rmtree(os.path.join(directory, n), ignore_errors=True)
+
+
+def _metadata(step, custom=None) -> dict:
+    md = {"step": int(step), "time": _store.now()}
+    if custom:
+        md["custom"] = dict(custom)
+    return md
+
+
+def _restore(path: str, target, cast: bool):
+    if target is None:
+        return _store.restore_dir(path, None, cast=cast)
+    restored = _store.restore_dir(path, to_state_dict(target), cast=cast)
+    return from_state_dict(target, restored)
+
+
+# --- orbax ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CheckpointManagerOptions:
+    """Options of :class:`CheckpointManager` (orbax's names).
+
+    ``save_interval_steps``: ``save(step)`` writes only when ``step`` is a multiple of it (or
+    ``force=True``). ``max_to_keep``: keep the newest N checkpoints (None: all).
+    ``keep_period``: steps that are multiples of it are never deleted. ``step_prefix``:
+    directories are ``<prefix>_<step>`` (None: ``<step>``). ``enable_async_checkpointing``:
+    ``save`` returns after copying the state to the host and writes in the background.
+    """
+    save_interval_steps: int = 1
+    max_to_keep: int | None = None
+    keep_period: int | None = None
+    step_prefix: str | None = None
+    create: bool = True
+    enable_async_checkpointing: bool = True
+    read_only: bool = False
+    cleanup_tmp_directories: bool = True
+
+    def __post_init__(self):
+        for name in ("save_interval_steps", "max_to_keep", "keep_period"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"CheckpointManagerOptions.{name} must be a positive int or "
+                                 f"None, got {v!r}")
+
+
+@dataclasses.dataclass
+class StandardSave:
+    """``args=StandardSave(state)`` for :meth:`CheckpointManager.save` (orbax.args)."""
+    item: Any
+
+
+@dataclasses.dataclass
+class StandardRestore:
+    """``args=StandardRestore(target)`` for :meth:`CheckpointManager.restore`: a state or an
+    abstract state (``eval_shape``) whose shardings the arrays are restored onto; None gives
+    host numpy arrays in nested dicts."""
+    item: Any = None
+
+
+PyTreeSave, PyTreeRestore = StandardSave, StandardRestore
+
+
+class CheckpointManager:
+    """Numbered checkpoints of a training run in one directory (orbax's ``CheckpointManager``).
+
+    ``save(step, state)`` writes ``<directory>/<step>`` (see :mod:`ctrainstate.checkpoint` for
+    the format); with ``enable_async_checkpointing`` (the default) it returns once the
+    state is copied to the host, and the files are written by a background thread. An error
+    there is raised by the next ``save`` or by ``wait_until_finished``. ``restore(step,
+    target)`` reads onto the shardings of ``target`` (a state, or ``eval_shape`` of one).
+    ``checkpointers``, orbax's older second argument (``CheckpointManager(dir,
+    PyTreeCheckpointer(), options)``), is accepted and has no effect: there is one format.
+    ``metadata`` (JSON values) is stored with every step.
+
+    >>> import tempfile, numpy as np, ctrainstate as cts
+    >>> from ctrainstate import checkpoint as ocp
+    >>> d = tempfile.mkdtemp()
+    >>> state = {'w': cts.device_put(np.arange(4, dtype=np.float32)), 'step': 1}
+    >>> with ocp.CheckpointManager(d, options=ocp.CheckpointManagerOptions(max_to_keep=2)) as m:
+    ...     for step in (1, 2, 3):
+    ...         _ = m.save(step, args=ocp.args.StandardSave(state))
+    ...     m.wait_until_finished()
+    ...     print(m.all_steps(), m.latest_step())
+    ...     r = m.restore(3, args=ocp.args.StandardRestore(state))
+    [2, 3] 3
+    >>> np.asarray(r['w']).tolist(), r['step']
+    ([0.0, 1.0, 2.0, 3.0], 1)
+    """
+
+    def __init__(self, directory, checkpointers=None,
+                 options: CheckpointManagerOptions | None = None, metadata=None):
+        self._directory = os.path.abspath(os.fspath(directory))
+        self._options = options or CheckpointManagerOptions()
+        o = self._options
+        self._prefix = f"{o.step_prefix}_" if o.step_prefix else ""
+        if o.create and not o.read_only:
+            os.makedirs(self._directory, exist_ok=True)
+        self._async = AsyncManager()
+        self._pending: int | None = None
+        self._metadata = metadata
+
+    # -- queries --
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    def _path(self, step: int) -> str:
+        return os.path.join(self._directory, f"{self._prefix}{int(step)}")
+
+    def all_steps(self, read: bool = False) -> list[int]:
+        """Steps of the committed checkpoints, plus the one being written in the background."""
+        steps = available_steps(self._directory, self._prefix)
+        if self._pending is not None and self._pending not in steps:
+            steps = sorted(steps + [self._pending])
+        return steps
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``save(step)`` would write: a step after the latest that is a multiple of
+        ``save_interval_steps``."""
+        if self._options.read_only:
+            return False
+        latest = self.latest_step()
+        if latest is not None and latest >= step:
+            return False
+        return step % self._options.save_interval_steps == 0
+
+    # -- saving --
+    def save(self, step: int, items=None, *, args=None, metrics=None, force: bool = False,
+             custom_metadata: dict | None = None) -> bool:
+        """Save ``items`` (or ``args.item``) as ``step``; returns whether it was saved.
+
+        Waits for the previous background save (raising its error, if any), removes what
+        interrupted saves left, and, unless ``force``, skips steps :meth:`should_save` refuses.
+        A step that already exists raises :class:`StepAlreadyExistsError`. ``metrics`` (a dict
+        of scalars) and ``custom_metadata`` are stored in the step's metadata."""
+        if args is not None:
+            if items is not None:
+                raise ValueError("CheckpointManager.save: pass the state as items or as args, "
+                                 "not both")
+            items = args.item
+        if items is None:
+            raise ValueError("CheckpointManager.save: nothing to save (items / args is None)")
+        if self._options.read_only:
+            raise ValueError(f"CheckpointManager on {self._directory} is read-only")
+        step = int(step)
+        self.wait_until_finished()
+        if not force and not self.should_save(step):
+            return False
+        if step in self.all_steps():
+            raise StepAlreadyExistsError(f"a checkpoint of step {step} exists already in "
+                                         f"{self._directory}")
+        if self._options.cleanup_tmp_directories:
+            _cleanup_partial(self._directory, self._prefix)
+        md = _metadata(step, custom_metadata)
+        if self._metadata is not None:
+            md["manager"] = self._metadata
+        if metrics is not None:   # kept with the step (orbax's best_fn retention is not done)
+            md["metrics"] = {str(k): float(np.asarray(v)) for k, v in dict(metrics).items()}
+        plan = _store.SavePlan(to_state_dict(items),
+                               snapshot=self._options.enable_async_checkpointing)
+        final = self._path(step)
+
+        def write():
+            tmp = _store.tmp_name(final)
+            try:
+                _store.write_plan(plan, tmp, md)
+                _store.commit(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            self._garbage_collect()
+
+        if self._options.enable_async_checkpointing:
+            self._pending = step
+            self._async.save_async(write)
+        else:
+            write()
+        return True
+
+    def _garbage_collect(self) -> None:
+        o = self._options
+        if o.max_to_keep is None:
+            return
+        steps = available_steps(self._directory, self._prefix)
+        for s in steps[:-o.max_to_keep] if len(steps) > o.max_to_keep else []:
+            if o.keep_period is not None and s % o.keep_period == 0:
+                continue
+            _store.remove(self._path(s))
+
+    def wait_until_finished(self) -> None:
+        """Block until the background save is written; raise its error, if it failed."""
+        try:
+            self._async.wait_previous_save()
+        finally:
+            self._pending = None
+
+    def check_for_errors(self) -> None:
+        """Raise the error of a finished background save (without waiting for a running one)."""
+        if not self._async.running:
+            self.wait_until_finished()
+
+    # -- restoring --
+    def restore(self, step: int | None = None, items=None, *, args=None, directory=None,
+                cast: bool = False):
+        """The state saved at ``step`` (default: the latest) placed like ``items`` /
+        ``args.item``: each array on its target's sharding (any mesh, any layout), checked
+        against its target's shape and dtype (``cast=True`` converts dtypes instead of
+        raising). Without a target: nested dicts of host numpy arrays and values."""
+        if args is not None:
+            items = args.item
+        self.wait_until_finished()
+        root = os.path.abspath(os.fspath(directory)) if directory is not None else None
+        if step is None:
+            steps = (available_steps(root, self._prefix) if root else self.all_steps())
+            if not steps:
+                raise FileNotFoundError(f"no checkpoint in {root or self._directory}")
+            step = steps[-1]
+        path = (os.path.join(root, f"{self._prefix}{int(step)}") if root else self._path(step))
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no checkpoint of step {step} in "
+                                    f"{root or self._directory} (steps: {self.all_steps()})")
+        return _restore(path, items, cast)
+
+    def item_metadata(self, step: int):
+        """The saved tree with each array as a ``ShapeDtypeStruct`` (no sharding) and other
+        leaves as saved; a target for ``restore`` once shardings are attached."""
+        index = _store.read_index(self._path(step))
+        items = []
+        for e in index["leaves"]:
+            keys = tuple(e["keys"])
+            if e["kind"] == "array":
+                items.append((keys, ShapeDtypeStruct(e["shape"], _io.np_dtype(e["dtype"]))))
+            elif e["kind"] == "value":
+                items.append((keys, e["value"]))
+            else:
+                items.append((keys, {}))
+        return _store.unflatten(items)
+
+    def metadata(self, step: int | None = None) -> dict:
+        """The step's metadata: ``step``, ``time`` (seconds since the epoch), ``custom``."""
+        step = self.latest_step() if step is None else step
+        return _store.step_metadata(self._path(step))
+
+    def delete(self, step: int) -> None:
+        """Remove the checkpoint of ``step``."""
+        self.wait_until_finished()
+        if step not in self.all_steps():
+            raise FileNotFoundError(f"no checkpoint of step {step} in {self._directory}")
+        _store.remove(self._path(step))
+
+    def reload(self) -> None:
+        """Nothing is cached: steps are read from the directory at each call."""
+
+    def close(self) -> None:
+        """Wait for the background save (raising its error)."""
+        self.wait_until_finished()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class StandardCheckpointer:
+    """One checkpoint at a path of your choice (orbax's ``StandardCheckpointer`` /
+    ``PyTreeCheckpointer``). ``save(path, state)``; ``restore(path, target)``. The async
+    variant (:class:`AsyncCheckpointer`) returns from ``save`` after the host snapshot.
+
+    >>> import os, tempfile, numpy as np
+    >>> from ctrainstate.checkpoint import StandardCheckpointer
+    >>> p = os.path.join(tempfile.mkdtemp(), 'ckpt')
+    >>> c = StandardCheckpointer(); c.save(p, {'a': np.arange(3)})
+    >>> c.restore(p)['a'].tolist()
+    [0, 1, 2]
+    """
+
+    _async_default = False
+
+    def __init__(self):
+        self._async = AsyncManager()
+
+    def save(self, directory, item=None, *, args=None, force: bool = False) -> None:
+        item = args.item if args is not None else item
+        final = os.path.abspath(os.fspath(directory))
+        self._async.wait_previous_save()
+        if os.path.exists(final) and not force:
+            raise StepAlreadyExistsError(f"{final} exists; pass force=True to replace it")
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        plan = _store.SavePlan(to_state_dict(item), snapshot=self._async_default)
+
+        def write():
+            tmp = _store.tmp_name(final)
+            try:
+                _store.write_plan(plan, tmp, _metadata(0))
+                _store.commit(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        if self._async_default:
+            self._async.save_async(write)
+        else:
+            write()
+
+    def restore(self, directory, item=None, *, args=None, cast: bool = False):
+        item = args.item if args is not None else item
+        self._async.wait_previous_save()
+        return _restore(os.path.abspath(os.fspath(directory)), item, cast)
+
+    def wait_until_finished(self) -> None:
+        self._async.wait_previous_save()
+
+    def close(self) -> None:
+        self.wait_until_finished()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncCheckpointer(StandardCheckpointer):
+    """:class:`StandardCheckpointer` whose ``save`` writes in the background."""
+    _async_default = True
+
+
+PyTreeCheckpointer = Checkpointer = StandardCheckpointer
+
+
+# --- flax.training.checkpoints ------------------------------------------------------------------
+
+def latest_checkpoint(ckpt_dir, prefix: str = "checkpoint_") -> str | None:
+    """Path of the newest committed checkpoint ``<ckpt_dir>/<prefix><step>``, or None."""
+    steps = available_steps(ckpt_dir, prefix)
+    return os.path.join(os.fspath(ckpt_dir), f"{prefix}{steps[-1]}") if steps else None
+
+
+def save_checkpoint(ckpt_dir, target, step, prefix: str = "checkpoint_", keep: int = 1,
+                    overwrite: bool = False, keep_every_n_steps: int | None = None,
+                    async_manager: AsyncManager | None = None, orbax_checkpointer=None) -> str:
+    """Save ``target`` as ``<ckpt_dir>/<prefix><step>`` (``flax.training.checkpoints``).
+
+    Keeps the newest ``keep`` checkpoints, and every one whose step is a multiple of
+    ``keep_every_n_steps``. A step not after the latest raises :class:`InvalidCheckpointError`
+    unless ``overwrite`` (which replaces it and removes the newer ones). With an
+    ``async_manager`` the call returns after the host snapshot. Returns the path.
+
+    >>> import tempfile, numpy as np
+    >>> from ctrainstate.checkpoint import save_checkpoint, restore_checkpoint
+    >>> d = tempfile.mkdtemp()
+    >>> p = save_checkpoint(d, {'w': np.ones(2, np.float32)}, step=10)
+    >>> os.path.basename(p), restore_checkpoint(d, None)['w'].tolist()
+    ('checkpoint_10', [1.0, 1.0])
+    """
+    ckpt_dir = os.path.abspath(os.fspath(ckpt_dir))
+    step = int(step)
+    if async_manager is not None:
+        async_manager.wait_previous_save()
+    os.makedirs(ckpt_dir, exist_ok=True)
+    steps = available_steps(ckpt_dir, prefix)
+    if steps and step <= steps[-1] and not overwrite:
+        raise InvalidCheckpointError(
+            f"trying to save an outdated checkpoint at step {step}: the latest in {ckpt_dir} "
+            f"is step {steps[-1]} (pass overwrite=True to replace it)")
+    _cleanup_partial(ckpt_dir, prefix)
+    final = os.path.join(ckpt_dir, f"{prefix}{step}")
+    plan = _store.SavePlan(to_state_dict(target), snapshot=async_manager is not None)
+    md = _metadata(step)
+
+    def write():
+        tmp = _store.tmp_name(final)
+        try:
+            _store.write_plan(plan, tmp, md)
+            _store.commit(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        have = available_steps(ckpt_dir, prefix)
+        newer = [s for s in have if s > step]
+        for s in newer:   # overwrite: later steps belong to the run being replaced
+            _store.remove(os.path.join(ckpt_dir, f"{prefix}{s}"))
+        have = [s for s in have if s <= step]
+        for s in have[:-keep] if keep and len(have) > keep else []:
+            if keep_every_n_steps and s % keep_every_n_steps == 0:
+                continue
+            _store.remove(os.path.join(ckpt_dir, f"{prefix}{s}"))
+
+    if async_manager is not None:
+        async_manager.save_async(write)
+    else:
+        write()
+    return final
+
+
+def restore_checkpoint(ckpt_dir, target, step=None, prefix: str = "checkpoint_",
+                       parallel: bool = True, gda_manager=None,
+                       allow_partial_mpa_restoration: bool = False, orbax_checkpointer=None,
+                       orbax_transforms=None, *, cast: bool = False):
+    """The checkpoint in ``ckpt_dir`` (the latest, or ``step``; ``ckpt_dir`` may also be a
+    checkpoint directory itself) placed like ``target``; with no checkpoint there,
+    ``target`` itself, as in Flax. ``target=None`` gives nested dicts of host arrays."""
+    ckpt_dir = os.fspath(ckpt_dir)
+    if os.path.isfile(os.path.join(ckpt_dir, _store.INDEX)):
+        path = ckpt_dir
+    elif step is not None:
+        path = os.path.join(ckpt_dir, f"{prefix}{int(step)}")
+        if not os.path.isfile(os.path.join(path, _store.INDEX)):
+            raise ValueError(f"Matching checkpoint not found: {path}")
+    else:
+        path = latest_checkpoint(ckpt_dir, prefix)
+        if path is None:
+            return target
+    return _restore(path, target, cast)
+
+
+# --- t5x ------------------------------------------------------------------------------------------
+
+class T5xCheckpointer:
+    """t5x's ``checkpoints.Checkpointer``: ``save(train_state)`` writes
+    ``<checkpoints_dir>/checkpoint_<step>`` (float params cast to ``save_dtype``, float32 by
+    default, as t5x does); ``restore(step=None, path=None)`` returns ``train_state`` with the
+    saved values, each array on its sharding in the ``train_state`` given here (a state or
+    ``eval_shape`` of one), cast to its dtype, then to ``restore_dtype`` if given.
+    ``state_transformation_fns`` are called ``fn(state_dict, target_state_dict)`` in order on
+    restore (before saving, on the state dict to be written). Dataset iterators are not
+    checkpointed (``dataset_iterator`` must be None); ``fallback_state``,
+    ``lazy_parameters`` and ``concurrent_gb`` are accepted and have no effect (every array is
+    read onto its sharding when ``restore`` runs, one slice at a time).
+    """
+
+    def __init__(self, train_state, partitioner=None, checkpoints_dir="",
+                 dataset_iterator=None, *, keep: int | None = None,
+                 save_dtype=np.float32, restore_dtype=None, keep_dataset_checkpoints=None):
+        if dataset_iterator is not None:
+            raise ValueError("ctrainstate's t5x Checkpointer does not checkpoint dataset "
+                             "iterators: pass dataset_iterator=None")
+        self._train_state = train_state
+        self._partitioner = partitioner
+        self.checkpoints_dir = os.path.abspath(os.fspath(checkpoints_dir))
+        self.keep = keep
+        self.save_dtype = np.dtype(save_dtype) if save_dtype is not None else None
+        self.restore_dtype = np.dtype(restore_dtype) if restore_dtype is not None else None
+
+    @staticmethod
+    def _state_dict(train_state):
+        if hasattr(train_state, "state_dict"):
+            return train_state.state_dict()
+        return to_state_dict(train_state)
+
+    def _save_cast(self, keys, leaf):
+        if self.save_dtype is None or not keys or keys[0] != "target":
+            return None
+        dt = np.dtype(getattr(leaf, "dtype", np.asarray(leaf).dtype))
+        if dt.kind == "f" or dt.name == "bfloat16":
+            return self.save_dtype if dt != self.save_dtype else None
+        return None
+
+    def save(self, train_state, state_transformation_fns: Sequence[Callable] = (), *,
+             concurrent_gb: int = 128) -> str:
+        """Write ``train_state`` as ``checkpoint_<step>``; returns the path."""
+        step = int(np.asarray(train_state.step))
+        sd = self._state_dict(train_state)
+        for fn in state_transformation_fns:
+            sd = fn(sd, sd)
+        os.makedirs(self.checkpoints_dir, exist_ok=True)
+        _cleanup_partial(self.checkpoints_dir, "checkpoint_")
+        final = os.path.join(self.checkpoints_dir, f"checkpoint_{step}")
+        plan = _store.SavePlan(sd, snapshot=False, cast=self._save_cast)
+        tmp = _store.tmp_name(final)
+        try:
+            _store.write_plan(plan, tmp, _metadata(step))
+            _store.commit(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if self.keep:
+            steps = available_steps(self.checkpoints_dir, "checkpoint_")
+            for s in steps[:-self.keep]:
+                _store.remove(os.path.join(self.checkpoints_dir, f"checkpoint_{s}"))
+        return final
+
+    def restore(self, step: int | None = None, path: str | None = None,
+                state_transformation_fns: Sequence[Callable] = (), fallback_state=None,
+                lazy_parameters: bool = False):
+        """The train state of ``path`` (a checkpoint directory), or of ``step`` (default: the
+        latest) under ``checkpoints_dir``."""
+        if path is None:
+            steps = available_steps(self.checkpoints_dir, "checkpoint_")
+            if step is None:
+                if not steps:
+                    raise ValueError(f"no checkpoint in {self.checkpoints_dir}")
+                step = steps[-1]
+            path = os.path.join(self.checkpoints_dir, f"checkpoint_{int(step)}")
+        target_sd = self._state_dict(self._train_state)
+        sd = _store.restore_dir(os.fspath(path), target_sd, cast=True)
+        for fn in state_transformation_fns:
+            sd = fn(sd, target_sd)
+        if self.restore_dtype is not None and "target" in sd:
+            sd["target"] = _cast_floats(sd["target"], self.restore_dtype)
+        if hasattr(self._train_state, "restore_state"):
+            return self._train_state.restore_state(sd)
+        return from_state_dict(self._train_state, sd)
+
+
+def _cast_floats(tree, dtype):
+    if isinstance(tree, dict):
+        return {k: _cast_floats(v, dtype) for k, v in tree.items()}
+    if isinstance(tree, (Array, np.ndarray)) and (tree.dtype.kind == "f"
+                                                  or tree.dtype.name == "bfloat16"):
+        return tree.astype(dtype)
+    return tree
+
+
+from ..base.exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

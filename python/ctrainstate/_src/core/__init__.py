@@ -1,0 +1,1 @@
+"""flax.core's dict helpers in the models layer (ctrainstate.core re-exports them)."""

@@ -1,0 +1,1 @@
+"""jax.debug in the app layer (ctrainstate.debug re-exports it)."""

@@ -1,0 +1,215 @@
+"""The implementation of :mod:`ctrainstate.optim.utils` (which re-exports its API; the module
+docstring is there)."""
+from __future__ import annotations
+
+import numpy as np
+from typing import Any, Callable
+
+from ..ops import ops as _ops
+from ..base.tree_util import tree_leaves, tree_map
+from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
+from ..numpy_lax import numpy as cnp
+from ...nn.activation import log_softmax
+from ..base.tree_util import register_pytree_node
+
+__all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
+           "softmax_cross_entropy_with_integer_labels", "global_norm", "incremental_update", "periodic_update",
+           "stateless", "stateless_with_tree_map", "Params", "Updates", "OptState", "Schedule",
+           "ScalarOrSchedule", "tree_map_params", "safe_norm", "safe_root_mean_squares"]
+
+Params = Any
+Updates = Any
+OptState = Any
+Schedule = Callable[[Any], Any]
+ScalarOrSchedule = Any
+
+
+def _shape(x):
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def squared_error(predictions, targets=None):
+    """Elementwise ``(predictions - targets) ** 2`` (``targets=None``: zeros). As optax,
+    ``targets`` must have the shape of ``predictions`` (no broadcasting: a ValueError)."""
+    if targets is not None and _shape(predictions) != _shape(targets):
+        raise ValueError(f"Shape mismatch: got {_shape(predictions)} and {_shape(targets)}.")
+    d = predictions if targets is None else _ops.subtract(predictions, targets)
+    return _ops.square(d)
+
+
+def l2_loss(predictions, targets=None):
+    """Elementwise ``0.5 * (predictions - targets) ** 2``, optax's convention (no mean);
+    ``targets`` of another shape than ``predictions`` raise ValueError, as in optax."""
+    return _ops.multiply(squared_error(predictions, targets), 0.5)
+
+
+def softmax_cross_entropy(logits, labels, axis=-1, where=None):
+    """``-sum(labels * log_softmax(logits), axis)`` (optax's, stable: the log-softmax is
+    shifted by the maximum). ``labels`` are probabilities of ``logits``' shape; over a class
+    dimension sharded on mesh axes the reductions end in all-reduces over them."""
+    if where is not None:
+        raise NotImplementedError("softmax_cross_entropy: where= is not supported; weight the "
+                                  "per-example losses instead")
+    return _ops.negative(_ops.sum(_ops.multiply(labels, log_softmax(logits, axis=axis)), axis=axis))
+
+
+def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=None):
+    """optax's: ``log(sum(exp(z))) - z[label]`` with ``z = logits - max(logits)`` (the maximum
+    a constant for the gradient). ``labels`` are integers of ``logits``' shape without the
+    class ``axis``, each in ``[0, num_classes)`` (a label outside it raises ValueError: optax
+    would silently return a meaningless loss). ``axis`` may be a tuple of class axes, as in
+    optax: a label is then the row-major index into those axes taken in the order given.
+    The label's logit is selected (not multiplied) with a one-hot built on the host and
+    placed like ``logits``, so a ``-inf`` logit of another class (a masked-out class) leaves
+    the loss finite, as optax's gather does; this works on any device and sharding."""
+    if where is not None:
+        raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
+                                  "supported; weight the per-example losses instead")
+    logits = _ops._lift(logits)
+    if logits.ndim == 0:
+        raise ValueError("softmax_cross_entropy_with_integer_labels: logits need a class axis")
+    if isinstance(axis, (tuple, list)):
+        cls = tuple(_ops._axes(a, logits.ndim)[0] for a in axis)   # in the order given
+        if not cls or len(set(cls)) != len(cls):
+            raise ValueError(f"softmax_cross_entropy_with_integer_labels: axis {axis!r} needs "
+                             f"one or more distinct class axes")
+    else:
+        cls = _ops._axes(axis, logits.ndim)
+    lab = np.asarray(labels)
+    if not np.issubdtype(lab.dtype, np.integer):
+        raise TypeError(f"softmax_cross_entropy_with_integer_labels: labels must be integers, "
+                        f"got {lab.dtype}")
+    batch = tuple(d for d in range(logits.ndim) if d not in cls)
+    want = tuple(logits.shape[d] for d in batch)
+    if lab.shape != want:
+        raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels of shape "
+                         f"{lab.shape} for logits of shape {logits.shape} (axis {axis}); "
+                         f"expected {want}")
+    cshape = tuple(logits.shape[d] for d in cls)
+    n = int(np.prod(cshape))
+    if lab.size and (lab.min() < 0 or lab.max() >= n):
+        raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels must be in "
+                         f"[0, {n}); got values in [{lab.min()}, {lab.max()}]")
+    z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=cls, keepdims=True)))
+    # a host one-hot (batch dims, then the class dims in axis' order), moved to logits' layout
+    # and placed on the logits' own device or mesh by the selection
+    order = batch + cls
+    onehot = (lab[..., None] == np.arange(n)).astype(np.float32).reshape(want + cshape)
+    onehot = onehot.transpose([order.index(d) for d in range(logits.ndim)])
+    picked = _ops.sum(_ops._keep(z, onehot), axis=cls)
+    return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=cls)), picked)
+
+
+def global_norm(updates):
+    """``sqrt`` of the sum of squares of every leaf: a 0-d Array (each global element counted
+    once, whatever the sharding)."""
+    leaves = [x for x in tree_leaves(updates) if x is not None]
+    if not leaves:
+        return _ops._lift(0.0)
+    total = None
+    for x in leaves:
+        s = _ops.sum(_ops.square(x))
+        total = s if total is None else _ops.add(total, s)
+    return _ops.sqrt(total)
+
+
+def incremental_update(new_tensors, old_tensors, step_size):
+    """``step_size * new + (1 - step_size) * old`` leaf by leaf (Polyak averaging of target
+    networks)."""
+    a = float(step_size)
+    return tree_map(lambda new, old: _ops.add(_ops.multiply(new, a), _ops.multiply(old, 1.0 - a)),
+                    new_tensors, old_tensors)
+
+
+def periodic_update(new_tensors, old_tensors, steps, update_period: int):
+    """``new_tensors`` when ``steps`` is a multiple of ``update_period``, else ``old_tensors``."""
+    return new_tensors if int(steps) % int(update_period) == 0 else old_tensors
+
+
+def stateless(f: Callable) -> GradientTransformation:
+    """A transform with no state: ``update(updates, state, params)`` returns
+    ``f(updates, params)``."""
+    def update(updates, state, params=None, **extra_args):
+        return f(updates, params), EmptyState()
+    return GradientTransformationExtraArgs(lambda params: EmptyState(), update)
+
+
+def stateless_with_tree_map(f: Callable) -> GradientTransformation:
+    """Like :func:`stateless`, with ``f(g, p)`` applied leaf by leaf (``p`` is None without
+    params)."""
+    def apply(updates, params):
+        if params is None:
+            return tree_map(lambda g: f(g, None), updates)
+        return tree_map(f, updates, params)
+    return stateless(apply)
+
+
+def safe_norm(x, min_norm, ord=None, axis=None, keepdims=False):  # noqa: A002 - optax's name
+    """``maximum(linalg.norm(x, ord, axis), min_norm)`` with a gradient of 0, not NaN, where
+    the norm is at most ``min_norm`` (optax.safe_norm: ``x`` is replaced by ones there before
+    the norm that is differentiated)."""
+    x = _ops._lift(x) if not hasattr(x, "_blocks") else x
+    norm = cnp.linalg.norm(x, ord=ord, axis=axis, keepdims=True)
+    x = _ops.where(norm <= min_norm, _ops.ones_like(x), x)
+    masked_norm = cnp.linalg.norm(x, ord=ord, axis=axis, keepdims=keepdims)
+    small = _ops.reshape(norm, masked_norm.shape) <= min_norm   # optax's squeeze
+    return _ops.where(small, min_norm, masked_norm)
+
+
+def safe_root_mean_squares(x, min_rms):
+    """``maximum(sqrt(mean(x**2)), min_rms)`` with a gradient of 0, not NaN, where the RMS is
+    at most ``min_rms`` (optax.safe_root_mean_squares)."""
+    x = _ops._lift(x) if not hasattr(x, "_blocks") else x
+    rms = _ops.sqrt(_ops.mean(_ops.square(x)))
+    small = rms <= min_rms
+    x = _ops.where(small, _ops.ones_like(x), x)
+    return _ops.where(small, min_rms, _ops.sqrt(_ops.mean(_ops.square(x))))
+
+
+class _ParamsPlaceholder:
+    """Stands in for the params in ``tree_map_params``: a pytree node without children, so
+    an ``init`` maps over it to itself (optax's _ParamsPlaceholder)."""
+
+
+def _register_placeholder():
+    register_pytree_node(_ParamsPlaceholder, lambda _: ((), None),
+                         lambda aux, children: _ParamsPlaceholder())
+
+
+_register_placeholder()
+
+
+def tree_map_params(initable, f, state, /, *rest, transform_non_params=None, is_leaf=None):
+    """Apply ``f`` to every params-shaped tree inside an optimizer state
+    (optax.tree_map_params), e.g. to build the state's PartitionSpecs from the params'.
+    ``initable``: a GradientTransformation (or any object with ``init``) or an init
+    function; it is called on a placeholder to find where the params-shaped trees are.
+    ``rest``: trees like the params given to ``f`` too; ``transform_non_params``: applied
+    to the other leaves (counts, ...)."""
+    placeholder = _ParamsPlaceholder()
+    init = initable.init if hasattr(initable, "init") else initable
+    if not callable(init):
+        raise TypeError(f"tree_map_params: initable must be a GradientTransformation or an "
+                        f"init function, got {type(initable).__name__}")
+    with_placeholders = init(placeholder)
+
+    def map_params(maybe_placeholder, value):
+        if isinstance(maybe_placeholder, _ParamsPlaceholder):
+            return tree_map(f, value, *rest, is_leaf=is_leaf)
+        if transform_non_params is not None:
+            return transform_non_params(value)
+        return value
+    return tree_map(map_params, with_placeholders, state,
+                    is_leaf=lambda v: isinstance(v, _ParamsPlaceholder))
+
+
+# 16-bit float logits: computed in float32, the loss rounded once to their dtype
+# (ctrainstate._src.ops.ops's dtype policy)
+softmax_cross_entropy = _ops._with_dtype_policy(softmax_cross_entropy, (0, 1))
+softmax_cross_entropy_with_integer_labels = _ops._with_dtype_policy(
+    softmax_cross_entropy_with_integer_labels, (0,))
+
+
+from ..base.exports import module_dir as _module_dir  # noqa: E402
+
+__dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

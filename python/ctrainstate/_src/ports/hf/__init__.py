@@ -1,0 +1,1 @@
+"""HuggingFace's Flax example helpers (ctrainstate.hf's modules re-export them)."""

@@ -69,6 +69,31 @@ def test_in_jit_nests():
     assert not in_jit()
 
 
+def test_thread_local_defaults_in_a_fresh_thread():
+    # the thread-local states read their class defaults on a thread that never set them
+    # (no AttributeError raised and caught); what one thread sets another does not see
+    import threading
+    from ctrainstate.nn.scope import Scope, current_scope
+    m = _mesh()
+    seen = {}
+
+    def other():
+        seen["mesh"], seen["jit"], seen["scope"] = get_mesh(), in_jit(), current_scope()
+        seen["module"], seen["capture"] = _module.current_module(), list(_module._capture_stack())
+        with m, jit_scope(), Scope() as s:
+            seen["inside"] = (get_mesh() is m, in_jit(), current_scope() is s)
+        seen["after"] = (get_mesh(), in_jit(), current_scope())
+
+    with set_mesh(_mesh(("x", "y"))), jit_scope(), Scope():
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert get_mesh() is not None and in_jit() and current_scope() is not None
+    assert (seen["mesh"], seen["jit"], seen["scope"], seen["module"]) == (None, False, None, None)
+    assert seen["capture"] == [] and seen["inside"] == (True, True, True)
+    assert seen["after"] == (None, False, None)
+
+
 # --- per-class field info ---------------------------------------------------------------------
 
 class _Base(nn.Module):

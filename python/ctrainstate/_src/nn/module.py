@@ -97,7 +97,11 @@ class ModuleScope(Scope):
 class _Context(threading.local):
     """This thread's module state: ``stack``, the frames of the module methods running
     (innermost last), made for each thread when it first looks; ``recorders`` and
-    ``capture`` (below) are added when first used."""
+    ``capture`` (below) are set when first used, None before (the class attributes: a
+    read of a missing thread-local attribute would raise and catch an AttributeError)."""
+
+    recorders = None
+    capture = None
 
     def __init__(self):
         self.stack = []
@@ -212,13 +216,13 @@ def _wrap_method(fn: Callable) -> Callable:
                 reserved.clear()
                 reserved.update(self._setup_reserved)   # setup()'s params stay taken
         stack.append(_Frame(self, is_compact))
-        recorders = getattr(_ctx, "recorders", None)
+        recorders = _ctx.recorders
         call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
         try:
             out = fn(self, *args, **kwargs)
             if call is not None:
                 call.outputs = out     # nn.tabulate's outputs column
-            capture = getattr(_ctx, "capture", None)      # _capture_stack(), read inline
+            capture = _ctx.capture      # _capture_stack(), read inline
             if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
                 # apply(..., capture_intermediates=...): the method's return value, sown as
                 # Flax does (a tuple per method name, one entry per call)
@@ -235,7 +239,7 @@ def _recording(recorder):
     """Within: every wrapped module method call on this thread is reported to ``recorder``
     (``enter(module, method_name, args, kwargs)`` returns the record; its ``outputs`` is set
     on return). Used by :func:`ctrainstate.nn.tabulate`."""
-    stack = getattr(_ctx, "recorders", None)
+    stack = _ctx.recorders
     if stack is None:
         stack = _ctx.recorders = []
     stack.append(recorder)
@@ -247,7 +251,7 @@ def _recording(recorder):
 
 def _capture_stack() -> list:
     """Filters of the capture_intermediates runs on this thread (innermost last)."""
-    s = getattr(_ctx, "capture", None)
+    s = _ctx.capture
     if s is None:
         s = _ctx.capture = []
     return s

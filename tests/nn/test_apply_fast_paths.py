@@ -312,9 +312,12 @@ def test_storing_init_bound_modules_still_frozen():
         M().init(random.PRNGKey(0), np.ones((2,), np.float32))
 
 
-def test_storing_init_is_used_where_it_mirrors_the_class():
-    def stores_directly(cls):
-        code = cls.__init__.__wrapped__.__code__        # under _accept_parent's wrapper
+def test_generated_init_is_used_where_it_mirrors_the_class():
+    def generated(cls):
+        return getattr(cls.__init__, "_ct_generated", False)
+
+    def stores_directly(cls):                          # the twin's, under _accept_parent
+        code = cls.__init__.__wrapped__.__code__
         return "__dataclass_builtins_object__" in code.co_names + code.co_freevars
 
     class M(nn.Module):
@@ -327,5 +330,105 @@ def test_storing_init_is_used_where_it_mirrors_the_class():
         def __post_init__(self, scale):
             super().__post_init__()
 
-    assert stores_directly(M) and stores_directly(nn.Dense)
-    assert not stores_directly(IV)
+    class _Desc:                                       # a descriptor-typed field
+        def __set_name__(self, owner, name):
+            self.attr = "_" + name
+
+        def __get__(self, obj, owner=None):
+            return 5 if obj is None else getattr(obj, self.attr) * 10
+
+        def __set__(self, obj, value):
+            object.__setattr__(obj, self.attr, value)
+
+    class D(nn.Module):
+        v: int = _Desc()
+
+    assert generated(M) and generated(nn.Dense)
+    assert not generated(IV) and not stores_directly(IV)
+    assert not generated(D) and stores_directly(D)     # the twin calls the descriptor
+    assert D(3).v == 30 and D().v == 50
+
+
+def test_generated_init_fields_named_like_builtins_and_its_own_names():
+    class M(nn.Module):
+        type: str = "relu"
+        dict: int = 2
+        set: tuple = ()
+        stack: int = 3
+        isinstance: int = 4
+
+        @nn.compact
+        def __call__(self, x):
+            return x * self.dict
+
+    m = M("gelu", 5, (1,))
+    assert (m.type, m.dict, m.set, m.stack, m.isinstance) == ("gelu", 5, (1,), 3, 4)
+    assert getattr(M.__init__, "_ct_generated", False)
+    x = np.ones((2,), np.float32)
+    np.testing.assert_array_equal(np.asarray(M().apply({}, x)), 2 * x)
+
+
+def test_generated_init_runs_the_post_init_of_the_instance_class():
+    # the inline Module.__post_init__ only stands for the instance's own class keeping it: a
+    # subclass with its own __init__ (which calls the generated one) and __post_init__, or a
+    # __post_init__ set on the class afterwards, runs
+    seen = []
+
+    class A(nn.Module):
+        a: int = 1
+
+    class B(A):
+        def __init__(self, a=1, name=None):
+            super().__init__(a, name=name)
+
+        def __post_init__(self):
+            seen.append(("B", self.a))
+            super().__post_init__()
+
+    assert getattr(A.__init__, "_ct_generated", False)
+    b = B(4)
+    assert seen == [("B", 4)] and b.a == 4 and b.scope is None and b.parent is None
+
+    class C(nn.Module):
+        a: int = 1
+
+    def post(self):
+        seen.append(("C", self.a))
+        nn.Module.__post_init__(self)
+
+    C.__post_init__ = post
+    try:
+        c = C(7)
+    finally:
+        del C.__post_init__
+    assert seen[-1] == ("C", 7) and c.scope is None
+    C(8)
+    assert seen[-1] == ("C", 7)
+
+
+def test_generated_init_parent_none_and_binding():
+    class Leaf(nn.Module):
+        f: int = 2
+
+        @nn.compact
+        def __call__(self, x):
+            return x * self.f
+
+    free = {}
+
+    class Root(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a = Leaf(3)
+            free["m"] = Leaf(5, parent=None)
+            assert a.name == "Leaf_0" and a.parent is self and a.scope is not None
+            assert free["m"].scope is None and free["m"].parent is None
+            return a(x)
+
+    x = np.ones((2,), np.float32)
+    np.testing.assert_array_equal(np.asarray(Root().apply({}, x)), 3 * x)
+    assert free["m"].name is None and free["m"].f == 5
+    with pytest.raises(TypeError, match="name must be a string"):
+        Leaf(name=3)
+    with pytest.raises(TypeError, match="only parent=None"):
+        Leaf(parent=Leaf())

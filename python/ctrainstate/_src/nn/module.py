@@ -611,14 +611,15 @@ class Module:
         call_names.add(name)
         if d["_in_setup"]:
             d["_setup_names"].add(name)   # an @compact call may not reuse it
-        object.__setattr__(child, "name", name)
-        object.__setattr__(child, "_parent", self)
+        cd = child.__dict__     # (object.__setattr__: no data descriptor has these names)
+        cd["name"] = name
+        cd["_parent"] = self
         scope = parent_scope.push(name)
         # a new instance at this path (the submodule re-created by a later call of this
         # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
         # object is kept for its RNG counters
         scope._reserved.clear()
-        object.__setattr__(child, "_scope", scope)
+        cd["_scope"] = scope
         d["_children"][name] = child
         child._adopt_fields()  # eagerly, as Flax registers a bound module's field submodules
 

@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import operator
 import threading
+import types
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -912,19 +913,24 @@ class Module:
         scope = ModuleScope(variables, root_rngs, mutable)
         scope.initializing = initializing
         bound = self._clone_bound(scope)
-        fn = method if method is not None else type(bound).__call__
-        if isinstance(fn, str):
-            fn = getattr(type(bound), fn)
-        elif inspect.ismethod(fn) and isinstance(fn.__self__, Module):
-            fn = fn.__func__   # method=model.encode: run it on the bound clone, as Flax does
-        stack = _capture_stack()
+        if method is None:
+            fn = type(bound).__call__
+        elif isinstance(method, str):
+            fn = getattr(type(bound), method)
+        elif isinstance(method, types.MethodType) and isinstance(method.__self__, Module):
+            fn = method.__func__   # method=model.encode: run it on the bound clone, as Flax does
+        else:
+            fn = method
+        stack = _ctx.capture        # _capture_stack(), inline
+        if stack is None:
+            stack = _capture_stack()
         stack.append(capture)
         try:
             with scope:
                 out = fn(bound, *args, **kwargs)
         finally:
             stack.pop()
-        return out, scope.variables()
+        return out, scope._variables    # scope.variables() (the root's: path ())
 
     def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
                          capture_intermediates=False, **kwargs):
@@ -1082,10 +1088,17 @@ def _freeze_attr(val):
 
 
 def _copy_tree(d):
+    """``d`` with every dict in it copied (a plain dict; leaves kept as they are)."""
     if isinstance(d, dict):
         out = {}
         for k, v in d.items():   # (a leaf is kept as it is: recurse into dicts only)
-            out[k] = _copy_tree(v) if isinstance(v, dict) else v
+            if isinstance(v, dict):
+                # the next level inline (a model's variables: collection -> module -> leaf)
+                sub = {}
+                for k2, v2 in v.items():
+                    sub[k2] = _copy_tree(v2) if isinstance(v2, dict) else v2
+                v = sub
+            out[k] = v
         return out
     return d
 

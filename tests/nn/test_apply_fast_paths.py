@@ -432,3 +432,24 @@ def test_generated_init_parent_none_and_binding():
         Leaf(name=3)
     with pytest.raises(TypeError, match="only parent=None"):
         Leaf(parent=Leaf())
+
+def test_module_scope_push_builds_what_the_constructor_builds():
+    # ModuleScope.push makes its child without the __init__ calls: the same attributes (an
+    # attribute added to Scope.__init__ or ModuleScope.__init__ and not to push fails here)
+    root = _module.ModuleScope({"params": {}}, {"params": np.zeros(2, np.uint32)}, "params")
+    root.initializing = True
+    child = root.push("Dense_0")
+    made = _module.ModuleScope(root._variables, root.root_rngs, root.mutable, ("Dense_0",))
+    made.initializing, made.adopted = root.initializing, root.adopted
+    assert type(child) is _module.ModuleScope and root.push("Dense_0") is child
+    assert list(vars(child)) == list(vars(made))
+    for k, v in vars(made).items():
+        got = vars(child)[k]
+        if k in ("_variables", "adopted"):
+            assert got is v                                   # shared with the parent
+        elif k == "root_rngs":
+            assert got is not root.root_rngs and list(got) == list(v)   # a copy per scope
+            assert all(got[n] is v[n] for n in v)
+        else:
+            assert type(got) is type(v) and got == v
+    assert child.path == ("Dense_0",) and child.push("x").path == ("Dense_0", "x")

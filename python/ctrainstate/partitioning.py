@@ -53,6 +53,7 @@ from ._src.nn.spmd import (LogicalRules, RulesFallback, logical_to_mesh, logical
                            logical_to_mesh_sharding, _is_logical_spec)
 from ._src.array.sharding import PartitionSpec as _PartitionSpec
 from ._src.base.trace_state import in_jit as _in_jit
+from ._src.base.trace_state import _jit_tls
 from ._src.nn.module import current_module as _current_module
 from ._src.nn.module import _ctx as _module_ctx
 from ._src.nn.module import sharded_initializer as _sharded_initializer
@@ -216,10 +217,43 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
     """
     if module is None:
         stack = _module_ctx.stack    # _current_module(), inline
-        module = stack[-1].module if stack else _resolve_module(None)
-    value, key = _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes)
-    if key is None:
-        return value
+        module = stack[-1][0] if stack else _resolve_module(None)
+    key = _NO_KEY
+    if type(axes) is tuple and _strict.rules is None:
+        # The hit path: a declaration of an existing parameter found in _CHECKED is done
+        # here, less the checks it passed before (see _CHECKED); what it reads and calls is
+        # inline where the classes keep the base methods (_plain_class).
+        if isinstance(module, _Module):
+            plain = _PLAIN_CLASSES.get(type(module))
+            if plain is None:
+                plain = _plain_class(type(module), _Module, _MODULE_METHODS)
+            scope = module._scope if plain else None
+        else:
+            scope = module
+        plain = _PLAIN_CLASSES.get(type(scope))
+        if plain is None:
+            plain = isinstance(scope, _Scope) and _plain_class(type(scope), _Scope, _SCOPE_METHODS)
+        if plain:
+            # scope._collection('params', create=False)
+            d = scope._variables.get('params')
+            for p in scope.path:
+                if d is None:
+                    break
+                d = d.get(p)
+            if d is not None and name in d:
+                value = d[name]
+                tv = type(value)
+                if tv is _Array or tv is _np.ndarray:
+                    mesh = _get_mesh()
+                    key = _checked_key(init_fn, init_args, init_kwargs, axes, value, mesh)
+                    try:
+                        entry = _CHECKED.get(key)
+                    except TypeError:        # unhashable axes or rules
+                        key = entry = None
+                    if entry is not None and entry[0] is mesh:
+                        return _checked_declaration(module, scope, name, axes, value, tv, entry)
+                    if key is None:
+                        key = _NO_KEY
     where = '/'.join(_path_of(module) + (name,))
     with _spmd._declaring(f'parameter {where!r}'):
         sharding = _born_sharding(axes)
@@ -271,6 +305,7 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
 _CHECKED: dict = {}
 _CHECKED_MAX = 4096
 _get_axis_rules = _C.get_axis_rules     # spmd.get_logical_axis_rules, one call less
+_strict = _spmd._strict                 # (the thread-local object itself: fixed)
 _NO_KEY = object()
 
 
@@ -290,35 +325,10 @@ def _plain_class(cls, base, methods) -> bool:
     return plain
 
 
-def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes):
-    """``(value, None)`` for a declaration found in ``_CHECKED`` (done here), else ``(None,
-    key)``: the key under which the full path records it, or ``_NO_KEY``."""
-    if type(axes) is not tuple or _spmd._strict.rules is not None:
-        return None, _NO_KEY
-    if isinstance(module, _Module):
-        plain = _PLAIN_CLASSES.get(type(module))
-        if not (plain or plain is None and _plain_class(type(module), _Module, _MODULE_METHODS)):
-            return None, _NO_KEY
-        scope = module._scope
-    else:
-        scope = module
-    plain = _PLAIN_CLASSES.get(type(scope))
-    if not (plain or plain is None and isinstance(scope, _Scope)
-            and _plain_class(type(scope), _Scope, _SCOPE_METHODS)):
-        return None, _NO_KEY
-    # scope._collection('params', create=False) (the class keeps Scope's)
-    d = scope._variables.get('params')
-    for p in scope.path:
-        if d is None:
-            break
-        d = d.get(p)
-    if d is None or name not in d:
-        return None, _NO_KEY        # a new parameter: made (and checked) by the full path
-    value = d[name]
-    tv = type(value)
-    if tv is not _Array and tv is not _np.ndarray:
-        return None, _NO_KEY
-    mesh = _get_mesh()
+def _checked_key(init_fn, init_args, init_kwargs, axes, value, mesh):
+    """The key of a param_with_axes declaration in ``_CHECKED`` (see there) under ``mesh``
+    (the active one), or ``_NO_KEY`` where its initializer or arguments have none (not plain
+    values)."""
     try:
         for a in init_args:   # _plain_value(init_args): the args themselves where they are
             ta = type(a)      # ints and tuples of ints (a shape)
@@ -332,19 +342,21 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
                 continue
             init_args = _plain_value(init_args, 0)
             break
-        key = (_plain_fn_key(init_fn), init_args,
-               tuple(sorted((k, _plain_value(v, 0)) for k, v in init_kwargs.items()))
-               if init_kwargs else (),
-               axes, _get_axis_rules(), id(mesh), _in_jit(), value.shape)
-        entry = _CHECKED.get(key)
+        return (_plain_fn_key(init_fn), init_args,
+                tuple(sorted((k, _plain_value(v, 0)) for k, v in init_kwargs.items()))
+                if init_kwargs else (),
+                axes, _get_axis_rules(), id(mesh), _jit_tls.depth > 0, value.shape)
     except (TypeError, ValueError):
-        return None, _NO_KEY
-    if entry is None or entry[0] is not mesh:
-        return None, key
-    # as the full path does, less the checks this declaration passed before
+        return _NO_KEY
+
+
+def _checked_declaration(module, scope, name, axes, value, tv, entry):
+    """What param_with_axes does for the existing parameter ``value`` (of type ``tv``, an
+    Array or an ndarray) of a declaration found in ``_CHECKED`` (its ``entry``), less the
+    checks it passed before."""
     if scope is not module and not module._in_setup:
         for f in _module_ctx.stack:      # module._check_declaring('Parameters'), inline
-            if f.compact and f.module is module:
+            if f[1] and f[0] is module:  # (f.compact, f.module)
                 break
         else:
             module._check_declaring('Parameters')   # raises
@@ -369,7 +381,7 @@ def _param_with_axes_checked(module, name, init_fn, init_args, init_kwargs, axes
     if scope.mutable is not False and scope.is_mutable_collection('params_axes'):
         module.sow('params_axes', f'{name}_axes', AxisMetadata(axes),
                    reduce_fn=_param_with_axes_sow_reduce_fn)
-    return value, None
+    return value
 
 
 def _born_sharding(axes):

@@ -69,6 +69,31 @@ def test_in_jit_nests():
     assert not in_jit()
 
 
+def test_thread_local_defaults_in_a_fresh_thread():
+    # the thread-local states read their class defaults on a thread that never set them
+    # (no AttributeError raised and caught); what one thread sets another does not see
+    import threading
+    from ctrainstate.nn.scope import Scope, current_scope
+    m = _mesh()
+    seen = {}
+
+    def other():
+        seen["mesh"], seen["jit"], seen["scope"] = get_mesh(), in_jit(), current_scope()
+        seen["module"], seen["capture"] = _module.current_module(), list(_module._capture_stack())
+        with m, jit_scope(), Scope() as s:
+            seen["inside"] = (get_mesh() is m, in_jit(), current_scope() is s)
+        seen["after"] = (get_mesh(), in_jit(), current_scope())
+
+    with set_mesh(_mesh(("x", "y"))), jit_scope(), Scope():
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert get_mesh() is not None and in_jit() and current_scope() is not None
+    assert (seen["mesh"], seen["jit"], seen["scope"], seen["module"]) == (None, False, None, None)
+    assert seen["capture"] == [] and seen["inside"] == (True, True, True)
+    assert seen["after"] == (None, False, None)
+
+
 # --- per-class field info ---------------------------------------------------------------------
 
 class _Base(nn.Module):
@@ -287,9 +312,12 @@ def test_storing_init_bound_modules_still_frozen():
         M().init(random.PRNGKey(0), np.ones((2,), np.float32))
 
 
-def test_storing_init_is_used_where_it_mirrors_the_class():
-    def stores_directly(cls):
-        code = cls.__init__.__wrapped__.__code__        # under _accept_parent's wrapper
+def test_generated_init_is_used_where_it_mirrors_the_class():
+    def generated(cls):
+        return getattr(cls.__init__, "_ct_generated", False)
+
+    def stores_directly(cls):                          # the twin's, under _accept_parent
+        code = cls.__init__.__wrapped__.__code__
         return "__dataclass_builtins_object__" in code.co_names + code.co_freevars
 
     class M(nn.Module):
@@ -302,5 +330,126 @@ def test_storing_init_is_used_where_it_mirrors_the_class():
         def __post_init__(self, scale):
             super().__post_init__()
 
-    assert stores_directly(M) and stores_directly(nn.Dense)
-    assert not stores_directly(IV)
+    class _Desc:                                       # a descriptor-typed field
+        def __set_name__(self, owner, name):
+            self.attr = "_" + name
+
+        def __get__(self, obj, owner=None):
+            return 5 if obj is None else getattr(obj, self.attr) * 10
+
+        def __set__(self, obj, value):
+            object.__setattr__(obj, self.attr, value)
+
+    class D(nn.Module):
+        v: int = _Desc()
+
+    assert generated(M) and generated(nn.Dense)
+    assert not generated(IV) and not stores_directly(IV)
+    assert not generated(D) and stores_directly(D)     # the twin calls the descriptor
+    assert D(3).v == 30 and D().v == 50
+
+
+def test_generated_init_fields_named_like_builtins_and_its_own_names():
+    class M(nn.Module):
+        type: str = "relu"
+        dict: int = 2
+        set: tuple = ()
+        stack: int = 3
+        isinstance: int = 4
+
+        @nn.compact
+        def __call__(self, x):
+            return x * self.dict
+
+    m = M("gelu", 5, (1,))
+    assert (m.type, m.dict, m.set, m.stack, m.isinstance) == ("gelu", 5, (1,), 3, 4)
+    assert getattr(M.__init__, "_ct_generated", False)
+    x = np.ones((2,), np.float32)
+    np.testing.assert_array_equal(np.asarray(M().apply({}, x)), 2 * x)
+
+
+def test_generated_init_runs_the_post_init_of_the_instance_class():
+    # the inline Module.__post_init__ only stands for the instance's own class keeping it: a
+    # subclass with its own __init__ (which calls the generated one) and __post_init__, or a
+    # __post_init__ set on the class afterwards, runs
+    seen = []
+
+    class A(nn.Module):
+        a: int = 1
+
+    class B(A):
+        def __init__(self, a=1, name=None):
+            super().__init__(a, name=name)
+
+        def __post_init__(self):
+            seen.append(("B", self.a))
+            super().__post_init__()
+
+    assert getattr(A.__init__, "_ct_generated", False)
+    b = B(4)
+    assert seen == [("B", 4)] and b.a == 4 and b.scope is None and b.parent is None
+
+    class C(nn.Module):
+        a: int = 1
+
+    def post(self):
+        seen.append(("C", self.a))
+        nn.Module.__post_init__(self)
+
+    C.__post_init__ = post
+    try:
+        c = C(7)
+    finally:
+        del C.__post_init__
+    assert seen[-1] == ("C", 7) and c.scope is None
+    C(8)
+    assert seen[-1] == ("C", 7)
+
+
+def test_generated_init_parent_none_and_binding():
+    class Leaf(nn.Module):
+        f: int = 2
+
+        @nn.compact
+        def __call__(self, x):
+            return x * self.f
+
+    free = {}
+
+    class Root(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            a = Leaf(3)
+            free["m"] = Leaf(5, parent=None)
+            assert a.name == "Leaf_0" and a.parent is self and a.scope is not None
+            assert free["m"].scope is None and free["m"].parent is None
+            return a(x)
+
+    x = np.ones((2,), np.float32)
+    np.testing.assert_array_equal(np.asarray(Root().apply({}, x)), 3 * x)
+    assert free["m"].name is None and free["m"].f == 5
+    with pytest.raises(TypeError, match="name must be a string"):
+        Leaf(name=3)
+    with pytest.raises(TypeError, match="only parent=None"):
+        Leaf(parent=Leaf())
+
+def test_module_scope_push_builds_what_the_constructor_builds():
+    # ModuleScope.push makes its child without the __init__ calls: the same attributes (an
+    # attribute added to Scope.__init__ or ModuleScope.__init__ and not to push fails here)
+    root = _module.ModuleScope({"params": {}}, {"params": np.zeros(2, np.uint32)}, "params")
+    root.initializing = True
+    child = root.push("Dense_0")
+    made = _module.ModuleScope(root._variables, root.root_rngs, root.mutable, ("Dense_0",))
+    made.initializing, made.adopted = root.initializing, root.adopted
+    assert type(child) is _module.ModuleScope and root.push("Dense_0") is child
+    assert list(vars(child)) == list(vars(made))
+    for k, v in vars(made).items():
+        got = vars(child)[k]
+        if k in ("_variables", "adopted"):
+            assert got is v                                   # shared with the parent
+        elif k == "root_rngs":
+            assert got is not root.root_rngs and list(got) == list(v)   # a copy per scope
+            assert all(got[n] is v[n] for n in v)
+        else:
+            assert type(got) is type(v) and got == v
+    assert child.path == ("Dense_0",) and child.push("x").path == ("Dense_0", "x")

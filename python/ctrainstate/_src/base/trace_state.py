@@ -12,6 +12,13 @@ import contextlib
 import threading
 
 
+class _DepthLocal(threading.local):
+    """One thread's depth; the class attribute is what a thread that never entered reads
+    (a plain read, where a missing attribute would raise and catch an AttributeError)."""
+
+    depth = 0
+
+
 class Depth:
     """A nesting depth per thread: ``with depth.scope():`` enters the mode (blocks nest and
     leave it on exceptions too), ``depth.active()`` asks whether this thread is in it."""
@@ -19,14 +26,14 @@ class Depth:
     __slots__ = ("_tls",)
 
     def __init__(self):
-        self._tls = threading.local()
+        self._tls = _DepthLocal()
 
     def active(self) -> bool:
-        return getattr(self._tls, "depth", 0) > 0
+        return self._tls.depth > 0
 
     @contextlib.contextmanager
     def scope(self):
-        self._tls.depth = getattr(self._tls, "depth", 0) + 1
+        self._tls.depth += 1
         try:
             yield
         finally:
@@ -39,7 +46,7 @@ _jit_tls = _jit._tls
 
 def in_jit() -> bool:
     """True while this thread runs a function called through ``jit`` / ``pjit``."""
-    return getattr(_jit_tls, "depth", 0) > 0     # _jit.active(), one call less
+    return _jit_tls.depth > 0     # _jit.active(), one call less
 
 
 def jit_scope():

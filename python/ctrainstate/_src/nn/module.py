@@ -9,7 +9,9 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import operator
 import threading
+import types
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -70,8 +72,19 @@ class ModuleScope(Scope):
     def push(self, name: str) -> "ModuleScope":
         child = self._children.get(name)
         if child is None:
-            child = ModuleScope(self._variables, self.root_rngs, self.mutable,
-                                self.path + (name,))
+            # ModuleScope(self._variables, self.root_rngs, self.mutable, self.path + (name,))
+            # with the two __init__ bodies inline: the same attributes, in the same order
+            child = _object_new(ModuleScope)
+            child._variables = self._variables
+            child.rngs = {}
+            child.mutable = self.mutable
+            child.path = self.path + (name,)
+            child._reserved = set()
+            child._children = {}
+            root = self.root_rngs
+            root = child.root_rngs = dict(root) if root else {}
+            child.rng_counters = dict.fromkeys(root, 0)
+            child.rngs = dict.fromkeys(root)
             child.initializing = self.initializing
             child.adopted = self.adopted
             self._children[name] = child
@@ -97,7 +110,11 @@ class ModuleScope(Scope):
 class _Context(threading.local):
     """This thread's module state: ``stack``, the frames of the module methods running
     (innermost last), made for each thread when it first looks; ``recorders`` and
-    ``capture`` (below) are added when first used."""
+    ``capture`` (below) are set when first used, None before (the class attributes: a
+    read of a missing thread-local attribute would raise and catch an AttributeError)."""
+
+    recorders = None
+    capture = None
 
     def __init__(self):
         self.stack = []
@@ -128,14 +145,22 @@ def _map_modules(v, fn):
     return v
 
 
-class _Frame:
-    """A module method being executed: where new submodules attach."""
+class _Frame(tuple):
+    """A module method being executed: where new submodules attach. ``_Frame(module,
+    compact)``; a tuple with named fields made by ``tuple.__new__`` (no Python ``__init__``
+    call per method call). Frames are compared by identity only (``f.module is self``)."""
 
-    __slots__ = ("module", "compact")
+    __slots__ = ()
 
-    def __init__(self, module: "Module", compact: bool):
-        self.module = module
-        self.compact = compact
+    def __new__(cls, module: "Module", compact: bool):
+        return _tuple_new(cls, (module, compact))
+
+    module = property(operator.itemgetter(0), doc="the module whose method runs")
+    compact = property(operator.itemgetter(1), doc="whether the method is @compact")
+
+
+_tuple_new = tuple.__new__
+_object_new = object.__new__
 
 
 def current_module() -> "Module | None":
@@ -193,32 +218,39 @@ def _wrap_method(fn: Callable) -> Callable:
                                      f"wrapped in `@compact`; this one was created in another "
                                      f"method of {orphan}")
             _require_bound(self)
-        if not self._setup_done:
+        d = self.__dict__       # (the module's own state: see _attach)
+        if not d["_setup_done"]:
             self._try_setup()
         is_compact = getattr(fn, "_ct_compact", False)
-        stack = _ctx.stack
+        ctx = _ctx
+        stack = ctx.stack
         if is_compact:
             for f in stack:
-                if f.module is self:
+                if f[0] is self:            # (f.module)
                     break
             else:
                 # A new call of this module: auto names restart and its names may be declared
                 # again (so a module called twice reuses its submodules and params, as in
                 # Flax).
-                object.__setattr__(self, "_auto_counts", {})
-                object.__setattr__(self, "_call_names",
-                                   set(self._field_names) | self._setup_names)
-                reserved = self._scope._reserved
+                d["_auto_counts"] = {}
+                names = set(d["_field_names"])
+                setup_names = d["_setup_names"]
+                if setup_names:
+                    names |= setup_names
+                d["_call_names"] = names
+                reserved = scope._reserved
                 reserved.clear()
-                reserved.update(self._setup_reserved)   # setup()'s params stay taken
-        stack.append(_Frame(self, is_compact))
-        recorders = getattr(_ctx, "recorders", None)
+                setup_reserved = d["_setup_reserved"]
+                if setup_reserved:
+                    reserved.update(setup_reserved)   # setup()'s params stay taken
+        stack.append(_tuple_new(_Frame, (self, is_compact)))    # _Frame(self, is_compact)
+        recorders = ctx.recorders
         call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
         try:
             out = fn(self, *args, **kwargs)
             if call is not None:
                 call.outputs = out     # nn.tabulate's outputs column
-            capture = getattr(_ctx, "capture", None)      # _capture_stack(), read inline
+            capture = ctx.capture      # _capture_stack(), read inline
             if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
                 # apply(..., capture_intermediates=...): the method's return value, sown as
                 # Flax does (a tuple per method name, one entry per call)
@@ -235,7 +267,7 @@ def _recording(recorder):
     """Within: every wrapped module method call on this thread is reported to ``recorder``
     (``enter(module, method_name, args, kwargs)`` returns the record; its ``outputs`` is set
     on return). Used by :func:`ctrainstate.nn.tabulate`."""
-    stack = getattr(_ctx, "recorders", None)
+    stack = _ctx.recorders
     if stack is None:
         stack = _ctx.recorders = []
     stack.append(recorder)
@@ -247,7 +279,7 @@ def _recording(recorder):
 
 def _capture_stack() -> list:
     """Filters of the capture_intermediates runs on this thread (innermost last)."""
-    s = getattr(_ctx, "capture", None)
+    s = _ctx.capture
     if s is None:
         s = _ctx.capture = []
     return s
@@ -347,6 +379,144 @@ def _storing_init(cls) -> Callable:
     return twin.__init__ if same else init
 
 
+def _generated_init(cls, init: Callable) -> Callable | None:
+    """The ``__init__`` of a Module class whose fields are plain (no ``InitVar`` /
+    ``ClassVar``, no data descriptor under a field's name, no ``__slots__``), or None: the
+    dataclass ``__init__`` ``init`` (its signature, defaults, factories, ``init=`` and
+    ``kw_only=``) taking Flax's keyword ``parent`` too, written so a module made at every
+    ``apply`` costs a few dictionary stores: the fields and the module's own state go into
+    the instance ``__dict__`` (what ``object.__setattr__`` does for names without a data
+    descriptor), and :meth:`Module.__post_init__`'s work is done inline (its state, the name
+    check, attaching to the module whose method runs) where the instance's class keeps
+    ``Module.__post_init__``; elsewhere ``self.__post_init__()`` runs, as dataclasses does.
+    ``parent=None`` builds a free module (see :func:`_accept_parent`). The function carries
+    ``init`` as ``__wrapped__`` (so ``inspect.signature`` shows the dataclass signature, as
+    under :func:`_accept_parent`), and is used only when its own signature, less ``parent``,
+    is ``init``'s."""
+    fields = dataclasses.fields(cls)
+    factory = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", None)
+    if len(fields) != len(cls.__dataclass_fields__) or factory is None:
+        return None
+    for f in fields:
+        for klass in cls.__mro__:
+            if f.name in klass.__dict__:
+                attr = type(klass.__dict__[f.name])
+                if hasattr(attr, "__set__") or hasattr(attr, "__delete__"):
+                    return None      # a descriptor-typed field: dataclasses calls its __set__
+                break
+    if any("__slots__" in klass.__dict__ for klass in cls.__mro__[:-1]):
+        return None
+    # the generated code's own names: none may be a field's (a field `type` or `dict`
+    # would shadow the builtin)
+    ns = {"__ct_UNSET": _UNSET, "__ct_FACTORY": factory, "__ct_ctx": _ctx,
+          "__ct_bind_new": _bind_new, "__ct_post_init": Module.__post_init__,
+          "__ct_free_init": _free_init, "__ct_bad_name": _bad_name, "__ct_str": str,
+          "__ct_type": type, "__ct_isinstance": isinstance, "__ct_set": set, "__ct_dict": dict}
+    if any(f.name.startswith("__ct_") or f.name in ("self", "parent", "__init__")
+           for f in fields):
+        return None
+    pos, kw, body, call_pos, call_kw = [], [], [], [], []
+    for i, f in enumerate(fields):
+        has_default = f.default is not dataclasses.MISSING
+        has_factory = f.default_factory is not dataclasses.MISSING
+        if has_default:
+            ns[f"__ct_dflt_{i}"] = f.default
+        if has_factory:
+            ns[f"__ct_factory_{i}"] = f.default_factory
+        if f.init:
+            param = f.name + (f"=__ct_dflt_{i}" if has_default else
+                              "=__ct_FACTORY" if has_factory else "")
+            (kw if f.kw_only else pos).append(param)
+            (call_kw.append(f"{f.name}={f.name}") if f.kw_only else call_pos.append(f.name))
+            value = f"__ct_factory_{i}() if {f.name} is __ct_FACTORY else {f.name}" \
+                if has_factory else f.name
+        elif has_factory:
+            value = f"__ct_factory_{i}()"
+        elif has_default:
+            value = f"__ct_dflt_{i}"
+        else:
+            continue
+        body.append(f"    __ct_d[{f.name!r}] = {value}")
+    kw.append("parent=__ct_UNSET")
+    src = "\n".join([
+        f"def __init__(self, {', '.join(pos + ['*'] + kw)}):",
+        "    if parent is not __ct_UNSET:",
+        f"        return __ct_free_init(self, parent, __init__, "
+        f"({''.join(a + ', ' for a in call_pos)}), __ct_dict({', '.join(call_kw)}))",
+        "    __ct_d = self.__dict__",
+        *body,
+        "    if __ct_type(self).__post_init__ is not __ct_post_init:",
+        "        self.__post_init__()",
+        "        return",
+        "    # Module.__post_init__, inline (the same state, in the same order)",
+        "    __ct_d['_scope'] = None",
+        "    __ct_d['_parent'] = None",
+        "    __ct_d['_setup_done'] = False",
+        "    __ct_d['_in_setup'] = False",
+        "    __ct_d['_auto_counts'] = {}",
+        "    __ct_d['_call_names'] = __ct_set()",
+        "    __ct_d['_field_names'] = ()",
+        "    __ct_d['_setup_names'] = __ct_set()",
+        "    __ct_d['_setup_reserved'] = __ct_set()",
+        "    __ct_d['_fields_adopted'] = False",
+        "    __ct_d['_children'] = {}",
+        "    __ct_name = __ct_d['name']",
+        "    if __ct_name is not None and not __ct_isinstance(__ct_name, __ct_str):",
+        "        __ct_bad_name(self)",
+        "    __ct_stack = __ct_ctx.stack",
+        "    if __ct_stack:",
+        "        __ct_bind_new(self, __ct_stack)",
+    ])
+    try:
+        exec(compile(src, f"<{cls.__qualname__}.__init__ (ctrainstate)>", "exec"), ns)
+        gen = ns["__init__"]
+        gen.__annotations__ = dict(getattr(init, "__annotations__", {}))
+        a = inspect.signature(init).parameters
+        b = dict(inspect.signature(gen, follow_wrapped=False).parameters)
+        b.pop("parent")
+        same = list(a) == list(b) and all(
+            a[k].kind == b[k].kind and a[k].default is b[k].default
+            and a[k].annotation == b[k].annotation for k in a)
+    except Exception:   # noqa: BLE001 -- whatever it cannot mirror keeps the dataclass __init__
+        return None
+    if not same:
+        return None
+    functools.update_wrapper(gen, init)
+    gen._ct_generated = True
+    return gen
+
+
+def _free_init(self, parent, init, args, kwargs):
+    """``init(self, *args, **kwargs)`` for ``parent=``: None (a free module) only."""
+    if parent is not None:
+        raise TypeError(f"{type(self).__name__}(parent={type(parent).__name__}): only "
+                        f"parent=None (a free module) is supported; a module created in "
+                        f"setup() or an @compact method gets its parent by itself")
+    with _detached():
+        init(self, *args, **kwargs)
+
+
+def _bad_name(module):
+    raise TypeError(f"{type(module).__name__}: name must be a string, got {module.name!r}")
+
+
+def _bind_new(module, stack):
+    """A module just constructed while a module method runs (``stack``, not empty): attach
+    it to that module (see :meth:`Module.__post_init__`)."""
+    frame = stack[-1]
+    parent = frame[0]                   # (frame.module, frame.compact)
+    if frame[1] or any(f[1] and f[0] is parent for f in stack):
+        # in an @compact method, or in a helper method it calls on the same module
+        # (Flax: the parent is still in its compact method)
+        parent._attach(module, module.__dict__["name"])
+    elif parent._in_setup:
+        object.__setattr__(module, "_parent", parent)  # named on attribute assignment
+    else:
+        # created in another method: it stays unbound, and calling it says why (Flax
+        # raises AssignSubModuleError here)
+        object.__setattr__(module, "_orphan_of", type(parent).__name__)
+
+
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
              "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
              "is_initializing", "bind"}
@@ -381,6 +551,10 @@ class Module:
         own_init = "__init__" in cls.__dict__
         dataclasses.dataclass(cls, eq=False, repr=False)
         cls.__setattr__ = Module.__setattr__  # keep our setattr after dataclass
+        gen = None if own_init else _generated_init(cls, cls.__init__)
+        if gen is not None:
+            cls.__init__ = gen
+            return
         if not own_init:
             cls.__init__ = _storing_init(cls)
         cls.__init__ = _accept_parent(cls.__init__)
@@ -394,21 +568,10 @@ class Module:
             _setup_reserved=set(),   # and its variables' reservations
             _fields_adopted=False, _children={})
         if self.name is not None and not isinstance(self.name, str):
-            raise TypeError(f"{type(self).__name__}: name must be a string, got {self.name!r}")
+            _bad_name(self)
         stack = _ctx.stack
         if stack:
-            frame = stack[-1]
-            parent = frame.module
-            if frame.compact or any(f.compact and f.module is parent for f in stack):
-                # in an @compact method, or in a helper method it calls on the same module
-                # (Flax: the parent is still in its compact method)
-                parent._attach(self, self.name)
-            elif parent._in_setup:
-                object.__setattr__(self, "_parent", parent)  # named on attribute assignment
-            else:
-                # created in another method: it stays unbound, and calling it says why (Flax
-                # raises AssignSubModuleError here)
-                object.__setattr__(self, "_orphan_of", type(parent).__name__)
+            _bind_new(self, stack)
 
     def __setattr__(self, key, value):
         # (the instance's own state: __getattr__ raises for a missing private name, so a
@@ -429,30 +592,36 @@ class Module:
 
     # --- tree position -----------------------------------------------------------------------
     def _attach(self, child: "Module", name: str | None):
+        # (the modules' own state read from their __dict__: Module.__getattr__ leaves
+        # attribute reads on modules unspecialized)
+        d = self.__dict__
         if name is None:
             cls = type(child).__name__
-            n = self._auto_counts.get(cls, 0)
-            self._auto_counts[cls] = n + 1
+            counts = d["_auto_counts"]
+            n = counts.get(cls, 0)
+            counts[cls] = n + 1
             name = f"{cls}_{n}"
-        parent_scope = self._scope
-        if name in self._call_names:
+        parent_scope = d["_scope"]
+        call_names = d["_call_names"]
+        if name in call_names:
             raise NameInUseError(
                 f'A submodule named "{name}" already exists in "{parent_scope.path_text}"; '
                 f"give submodules distinct names")
         if parent_scope._reserved:      # (with nothing declared there is nothing to clash)
             parent_scope.check_submodule_name(name)
-        self._call_names.add(name)
-        if self._in_setup:
-            self._setup_names.add(name)   # an @compact call may not reuse it
-        object.__setattr__(child, "name", name)
-        object.__setattr__(child, "_parent", self)
+        call_names.add(name)
+        if d["_in_setup"]:
+            d["_setup_names"].add(name)   # an @compact call may not reuse it
+        cd = child.__dict__     # (object.__setattr__: no data descriptor has these names)
+        cd["name"] = name
+        cd["_parent"] = self
         scope = parent_scope.push(name)
         # a new instance at this path (the submodule re-created by a later call of this
         # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
         # object is kept for its RNG counters
         scope._reserved.clear()
-        object.__setattr__(child, "_scope", scope)
-        self._children[name] = child
+        cd["_scope"] = scope
+        d["_children"][name] = child
         child._adopt_fields()  # eagerly, as Flax registers a bound module's field submodules
 
     # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
@@ -512,12 +681,17 @@ class Module:
     def _adopt_fields(self):
         """Adopt the unbound modules held by dataclass fields (see :meth:`_adopt`: ``inner``,
         ``layers_0``, ``blocks_1_0``, ``table_a``), once, when the module is bound."""
-        if self._fields_adopted:
+        d = self.__dict__       # (see _attach)
+        if d["_fields_adopted"]:
             return
-        object.__setattr__(self, "_fields_adopted", True)
-        children = self._children
+        d["_fields_adopted"] = True
+        children = d["_children"]
         before = set(children) if children else ()
-        for name in _field_info(type(self))[1]:
+        cls = type(self)
+        info = cls.__dict__.get("_ct_field_info")   # _field_info(cls), inline
+        if info is None or info[0] is not getattr(cls, "__dataclass_fields__", None):
+            info = _field_info(cls)
+        for name in info[1]:
             if name == "name":
                 continue
             v = getattr(self, name)
@@ -535,9 +709,8 @@ class Module:
             nv = _freeze_attr(self._adopt(name, v))
             if nv is not v:
                 object.__setattr__(self, name, nv)
-        object.__setattr__(self, "_field_names",
-                           tuple(n for n in children if n not in before) if before
-                           else tuple(children))
+        d["_field_names"] = tuple(n for n in children if n not in before) if before \
+            else tuple(children)
 
     def _unbound_clone(self) -> "Module":
         fields = {n: getattr(self, n) for n in _field_info(type(self))[1]}
@@ -592,15 +765,16 @@ class Module:
         return self.clone(name=None), self.variables
 
     def _try_setup(self):
-        if self._setup_done:
+        d = self.__dict__       # (see _attach)
+        if d["_setup_done"]:
             return
-        if not self._fields_adopted:
+        if not d["_fields_adopted"]:
             self._adopt_fields()
-        object.__setattr__(self, "_setup_done", True)
-        if type(self).setup is Module.setup and "setup" not in self.__dict__:
+        d["_setup_done"] = True
+        if type(self).setup is Module.setup and "setup" not in d:
             # no setup() to run (Module.setup does nothing): what the frame and the
             # _in_setup flag below would bracket is empty
-            object.__setattr__(self, "_setup_reserved", set(self._scope._reserved))
+            d["_setup_reserved"] = set(d["_scope"]._reserved)
             return
         object.__setattr__(self, "_in_setup", True)
         stack = _module_stack()
@@ -739,19 +913,24 @@ class Module:
         scope = ModuleScope(variables, root_rngs, mutable)
         scope.initializing = initializing
         bound = self._clone_bound(scope)
-        fn = method if method is not None else type(bound).__call__
-        if isinstance(fn, str):
-            fn = getattr(type(bound), fn)
-        elif inspect.ismethod(fn) and isinstance(fn.__self__, Module):
-            fn = fn.__func__   # method=model.encode: run it on the bound clone, as Flax does
-        stack = _capture_stack()
+        if method is None:
+            fn = type(bound).__call__
+        elif isinstance(method, str):
+            fn = getattr(type(bound), method)
+        elif isinstance(method, types.MethodType) and isinstance(method.__self__, Module):
+            fn = method.__func__   # method=model.encode: run it on the bound clone, as Flax does
+        else:
+            fn = method
+        stack = _ctx.capture        # _capture_stack(), inline
+        if stack is None:
+            stack = _capture_stack()
         stack.append(capture)
         try:
             with scope:
                 out = fn(bound, *args, **kwargs)
         finally:
             stack.pop()
-        return out, scope.variables()
+        return out, scope._variables    # scope.variables() (the root's: path ())
 
     def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
                          capture_intermediates=False, **kwargs):
@@ -909,10 +1088,17 @@ def _freeze_attr(val):
 
 
 def _copy_tree(d):
+    """``d`` with every dict in it copied (a plain dict; leaves kept as they are)."""
     if isinstance(d, dict):
         out = {}
         for k, v in d.items():   # (a leaf is kept as it is: recurse into dicts only)
-            out[k] = _copy_tree(v) if isinstance(v, dict) else v
+            if isinstance(v, dict):
+                # the next level inline (a model's variables: collection -> module -> leaf)
+                sub = {}
+                for k2, v2 in v.items():
+                    sub[k2] = _copy_tree(v2) if isinstance(v2, dict) else v2
+                v = sub
+            out[k] = v
         return out
     return d
 

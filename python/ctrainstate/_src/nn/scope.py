@@ -283,7 +283,17 @@ def _expected_shapes_cached(init_fn, init_args, init_kwargs):
     return shapes
 
 
-_stack = threading.local()
+class _ScopeLocal(threading.local):
+    """This thread's ``scopes`` (entered with ``with scope:``, innermost last; None before
+    the first) and ``writes`` (variable writes so far, for nn.remat). The class attributes
+    are what a thread that never set them reads, without an AttributeError raised and
+    caught."""
+
+    scopes = None
+    writes = 0
+
+
+_stack = _ScopeLocal()
 
 
 def current_scope():
@@ -297,7 +307,7 @@ def current_scope():
     >>> current_scope() is None
     True
     """
-    st = getattr(_stack, 'scopes', None)
+    st = _stack.scopes
     return st[-1] if st else None
 
 
@@ -433,7 +443,7 @@ class Scope:
             raise ValueError(f'Cannot update variable "{name}" in "{self.path_text}" because '
                              f'collection "{col}" is immutable.')
         self._collection(col, create=True)[name] = value
-        _stack.writes = getattr(_stack, 'writes', 0) + 1  # seen by nn.remat (state it cannot replay)
+        _stack.writes += 1  # seen by nn.remat (state it cannot replay)
 
     # -- RNG
     def make_rng(self, name: str = 'params'):
@@ -490,7 +500,7 @@ class Scope:
 
     # -- current-scope context
     def __enter__(self):
-        st = getattr(_stack, 'scopes', None)
+        st = _stack.scopes
         if st is None:
             st = _stack.scopes = []
         st.append(self)

@@ -20,7 +20,7 @@ from ..ops.ops import with_sharding
 from ..array.array import Array, device_put
 from ..array.sharding import get_mesh
 from ..base.hooks import upper as _upper
-from ..base.trace_state import in_jit
+from ..base.trace_state import _jit_tls     # (in_jit(), read inline in _constrain_to)
 
 _C._rules_set_unconstrained(PartitionSpec.UNCONSTRAINED)
 
@@ -337,7 +337,7 @@ def _constrain_array(x, axis_resources, mesh):
 def _constrain_to(x, sharding):
     """An Array ``x`` constrained to the NamedSharding ``sharding`` (less the dimensions its
     mesh axes do not divide, under jit): ``x`` itself when it is placed so already."""
-    target = _replicate_uneven(sharding, x.shape) if in_jit() else sharding
+    target = _replicate_uneven(sharding, x.shape) if _jit_tls.depth > 0 else sharding  # in_jit()
     cur = x.sharding
     if cur is target or cur == target:
         return x

@@ -5,7 +5,9 @@ against the same model in Flax on jax-cpu (jit), in the same process.
     python benchmarks/bench_siren.py --gpu     # GPU devices vs Flax on jax-gpu
     python benchmarks/bench_siren.py --gpu --profile   # and where the host time per step goes
 
-Prints a table with ms/step and the ratio to Flax (>1 means ctrainstate is slower).
+Prints a table with ms/step and the ratio to Flax (>1 means ctrainstate is slower): ctrainstate
+eager, and with the gradient step under ``cts.jit`` (traced once, replayed from C;
+``apply_gradients`` runs eagerly in both).
 """
 import argparse
 import math
@@ -33,7 +35,7 @@ from ctrainstate.train_state import TrainState  # noqa: E402
 import siren  # noqa: E402
 
 
-def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps, profile=False):
+def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps, profile=False, jit=False):
     devs = cts.devices("gpu" if GPU else "cpu")[: math.prod(mesh_shape)]
     if len(devs) < math.prod(mesh_shape):
         raise RuntimeError(f"needs {math.prod(mesh_shape)} devices (CTRAINSTATE_GPU_SPLIT)")
@@ -48,6 +50,8 @@ def time_ctrainstate(mesh_shape, coords, target, hidden, layers, steps, profile=
         def loss_fn(p):
             return cnp.mean(cnp.square(state.apply_fn({"params": p}, c) - t))
         grad_fn = cts.value_and_grad(loss_fn)
+        if jit:   # the gradient step traced once, replayed from C; apply_gradients eager
+            grad_fn = cts.jit(grad_fn)
         times = []
         prof = None
         for i in range(steps + 2):
@@ -153,14 +157,20 @@ def main():
     print(f"SIREN {a.layers}x{a.hidden}, {h}x{w} image ({coords.shape[0]} pixels), "
           f"median of {a.steps} steps, load average {os.getloadavg()[0]:.2f}")
     kind = "GPU" if GPU else "CPU"
-    rows = [(f"ctrainstate, 1 {kind} device", time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps))]
-    if a.profile:
-        time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps, profile=True)
-    try:
-        rows.append((f"ctrainstate, 2x4 mesh (8 {kind} devices)",
-                     time_ctrainstate((2, 4), coords, target, a.hidden, a.layers, a.steps)))
-    except RuntimeError as e:
-        print(f"2x4 mesh skipped: {e}")
+    rows = []
+    for jit in (False, True):
+        how = "jit" if jit else "eager"
+        rows.append((f"ctrainstate {how}, 1 {kind} device",
+                     time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps, jit=jit)))
+        if a.profile:
+            time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps, profile=True,
+                             jit=jit)
+        try:
+            rows.append((f"ctrainstate {how}, 2x4 mesh (8 {kind})",
+                         time_ctrainstate((2, 4), coords, target, a.hidden, a.layers, a.steps,
+                                          jit=jit)))
+        except RuntimeError as e:
+            print(f"2x4 mesh skipped: {e}")
     try:
         import jax
         backend = jax.default_backend()  # the label says where the peer really ran

@@ -7,7 +7,9 @@ so inside ``with mesh, axis_rules(rules):`` the parameters are born sharded
 (each device generates only its block) and the matrix products follow the
 Megatron pattern: column-parallel layers need no communication, row-parallel
 ones end in an all-reduce over ``model``. Training uses
-``TrainState.create(..., tx=optim.adam(1e-4))`` and ``value_and_grad``.
+``TrainState.create(..., tx=optim.adam(1e-4))`` and ``value_and_grad``, the gradient step
+under ``cts.jit`` (traced at the first step, then replayed from C; ``--eager`` runs it
+eagerly, with the same values).
 
     python examples/siren.py                       # 8 CPU devices, mesh data=2 x model=4
     python examples/siren.py --steps 500 --mesh 1x8 --image photo.png --out recon.png
@@ -51,6 +53,9 @@ def parse_args(argv=None):
                         "matplotlib is installed (default: siren_training.png beside --out; "
                         "'' for none)")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--eager", action="store_true",
+                   help="run the gradient step eagerly (default: cts.jit, traced once and "
+                        "replayed from C; the same values)")
     args = p.parse_args(argv)
     if args.plot is None:
         args.plot = os.path.join(os.path.dirname(args.out), "siren_training.png")
@@ -286,6 +291,8 @@ def main(args):
             return cnp.mean(cnp.square(pred - target_d))
 
         grad_fn = cts.value_and_grad(loss_fn)
+        if not args.eager:
+            grad_fn = cts.jit(grad_fn)   # traced at the first step, then replayed from C
         losses = []
         bar = Progress(args.steps)
         t_train = time.perf_counter()

@@ -201,9 +201,18 @@ static Py_ssize_t norm_len(PyObject *norm) {
  * but equal object every step. Compared without running Python code. */
 static int same_layout(PyObject *s, PyObject *t) {
     if (s == t) return 1;
-    if (Py_TYPE(s) != Py_TYPE(t) || named_sharding_type == NULL ||
-        (PyObject *)Py_TYPE(s) != named_sharding_type)
-        return 0;
+    if (Py_TYPE(s) != Py_TYPE(t) || named_sharding_type == NULL) return 0;
+    if ((PyObject *)Py_TYPE(s) != named_sharding_type) {
+        /* one device's sharding (SingleDeviceSharding): the same `device` object */
+        PyObject *ds = PyObject_GenericGetDict(s, NULL), *dt = PyObject_GenericGetDict(t, NULL);
+        PyObject *vs = ds != NULL ? PyDict_GetItemString(ds, "device") : NULL;
+        PyObject *vt = dt != NULL ? PyDict_GetItemString(dt, "device") : NULL;
+        const int same = vs != NULL && vs == vt && PyDict_GET_SIZE(ds) <= 2 && PyDict_GET_SIZE(dt) <= 2;
+        Py_XDECREF(ds);
+        Py_XDECREF(dt);
+        PyErr_Clear();
+        return same;
+    }
     PyObject *ds = PyObject_GenericGetDict(s, NULL), *dt = PyObject_GenericGetDict(t, NULL);
     int same = 0;
     if (ds != NULL && dt != NULL) {
@@ -1869,13 +1878,15 @@ static PyObject *py_trace_begin(PyObject *self, PyObject *const *args, Py_ssize_
         return PyErr_Format(PyExc_RuntimeError, "trace_begin: the program was recorded before");
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[1]); i++)
+        if (!Py_IS_TYPE(PyList_GET_ITEM(args[1], i), at))
+            return PyErr_Format(PyExc_TypeError, "trace_begin: argument %zd is not an Array", i);
     pr->bufmap = PyDict_New();
     pr->traced = PySet_New(NULL);
     if (pr->bufmap == NULL || pr->traced == NULL) return NULL;
     pr->nargs = (int)PyList_GET_SIZE(args[1]);
     for (int i = 0; i < pr->nargs; i++) {
         PyObject *x = PyList_GET_ITEM(args[1], i);
-        if (!Py_IS_TYPE(x, at)) return PyErr_Format(PyExc_TypeError, "trace_begin: argument %d is not an Array", i);
         PyObject *buf = first_buffer((ct_py_array *)x);
         PyObject *key = buf != NULL ? PyLong_FromVoidPtr(buf) : NULL;
         int seen = key != NULL ? PyDict_Contains(pr->bufmap, key) : -1;
@@ -2020,8 +2031,17 @@ static PyObject *program_run(program *pr, PyObject *args) {
     res = PyList_New(pr->nouts);
     if (res == NULL) goto done;
     for (int j = 0; j < pr->nouts; j++) {
-        PyObject *o = pr->out_vals[j] >= 0 ? vals[pr->out_vals[j]] : PyList_GET_ITEM(pr->out_objs, j);
-        PyList_SET_ITEM(res, j, Py_NewRef(o != NULL ? o : Py_None));
+        const int v = pr->out_vals[j];
+        PyObject *o = v >= 0 ? vals[v] : PyList_GET_ITEM(pr->out_objs, j);
+        /* a constant comes back as a copy, as each call of a jitted function returns new
+         * Arrays (one given away, e.g. donated, must not take the program's with it) */
+        o = v >= 0 && pr->vkind[v] == V_CONST ? PyObject_CallMethod(o, "copy", NULL)
+                                               : Py_NewRef(o != NULL ? o : Py_None);
+        if (o == NULL) {
+            Py_CLEAR(res);
+            goto done;
+        }
+        PyList_SET_ITEM(res, j, o);
     }
 done:
     for (int v = 0; v < pr->nvals; v++) Py_XDECREF(vals[v]);

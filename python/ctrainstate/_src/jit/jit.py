@@ -42,6 +42,7 @@ from ..base.trace_state import jit_scope
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 from ..base.devices import _normalize_backend
+from ..ops.ops import _tape
 
 __all__ = ["jit", "pjit"]
 
@@ -265,6 +266,8 @@ class _Programs:
         return key, arrays
 
     def call(self, args, kwargs):
+        if _tape() is not None:   # differentiated from outside: the ops must reach the tape
+            return self._run(args, kwargs)
         key, arrays = self._key(args, kwargs)
         if key is None:
             return self._run(args, kwargs)

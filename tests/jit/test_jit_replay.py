@@ -1,0 +1,249 @@
+"""jit's traced programs (_C.Program, csrc/python/py_dispatch.c): a function's primitive calls
+recorded at the first call of a signature and replayed from C, with eager's bits; anything
+else runs eagerly."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import _C
+
+
+def _mesh():
+    return cts.Mesh(np.array(cts.devices()[:8]).reshape(2, 4), ("x", "y"))
+
+
+def _mlp_params(rng, sh=None):
+    shapes = [(2, 16), (16, 16), (16, 3)]
+    put = lambda a, spec: cts.device_put(a, None if sh is None else cts.NamedSharding(sh, cts.P(*spec)))
+    # column-parallel, row-parallel (a K all-reduce), replicated
+    specs = [((None, "y"), ("y",)), (("y", None), (None,)), ((None, None), (None,))]
+    return {f"l{i}": {"w": put(rng.standard_normal(s).astype(np.float32) * 0.5, specs[i][0]),
+                      "b": put(rng.standard_normal(s[1:]).astype(np.float32) * 0.1, specs[i][1])}
+            for i, s in enumerate(shapes)}
+
+
+def _loss(p, x, t):
+    h = x
+    for i in range(3):
+        y = h @ p[f"l{i}"]["w"] + p[f"l{i}"]["b"]
+        h = y if i == 2 else cnp.sin(y * 3.0)
+    return cnp.mean(cnp.square(h - t))
+
+
+def _bits(tree):
+    return [np.asarray(a).tobytes() for a in cts.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_a_replayed_value_and_grad_gives_the_eager_bits(where):
+    rng = np.random.default_rng(0)
+    mesh = None if where == "one device" else _mesh()
+    p = _mlp_params(rng, mesh)
+    put = lambda a: cts.device_put(a, None if mesh is None else cts.NamedSharding(mesh, cts.P("x")))
+    x = put(rng.standard_normal((16, 2)).astype(np.float32))
+    t = put(rng.standard_normal((16, 3)).astype(np.float32))
+    vg = cts.value_and_grad(_loss)
+    jvg = cts.jit(vg)
+    eager = vg(p, x, t)
+    first = jvg(p, x, t)      # traced (and run)
+    again = jvg(p, x, t)      # replayed
+    assert jvg._programs.traces == 1
+    assert _bits(first) == _bits(eager) == _bits(again)
+    for a, b in zip(cts.tree_util.tree_leaves(again[1]), cts.tree_util.tree_leaves(p)):
+        assert a.sharding == b.sharding
+    # new argument values replay the same program
+    p2 = cts.tree_util.tree_map(lambda a: a * 2.0, p)
+    assert _bits(jvg(p2, x, t)) == _bits(vg(p2, x, t)) and jvg._programs.traces == 1
+    text = jvg.lower(p, x, t).as_text()
+    assert "matmul" in text and "sin" in text and "not replayable" not in text
+
+
+def _python_calls(f):
+    n = [0]
+
+    def prof(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+    sys.setprofile(prof)
+    try:
+        f()
+    finally:
+        sys.setprofile(None)
+    return n[0]
+
+
+def test_a_replay_makes_a_few_python_calls_whatever_the_number_of_ops():
+    x = cts.device_put(np.float32([0.5, 1.0, 1.5]))
+
+    def chain(n):
+        def f(x):
+            for _ in range(n):
+                x = cnp.sin(x) * 1.5 + 0.25
+            return x
+        return cts.jit(f)
+    counts = []
+    for n in (4, 64):
+        f = chain(n)
+        f(x)
+        f(x)
+        counts.append(_python_calls(lambda: f(x)))
+    assert counts[0] == counts[1] and counts[0] <= 20, counts
+
+
+def test_new_shapes_dtypes_shardings_and_static_values_retrace():
+    f = cts.jit(lambda x, k: cnp.sum(x * float(k)), static_argnums=1)
+    a = cts.device_put(np.ones(4, np.float32))
+    f(a, 2)
+    f(a + 1.0, 2)
+    assert f._programs.traces == 1
+    f(cts.device_put(np.ones(5, np.float32)), 2)                       # shape
+    f(a, 3)                                                             # static value
+    f(cts.device_put(np.ones(4, np.float32), cts.NamedSharding(_mesh(), cts.P("y"))), 2)
+    assert f._programs.traces == 4
+    assert float(f(a, 3)) == 12.0 and float(f(a, 2)) == 8.0 and f._programs.traces == 4
+    g = cts.jit(lambda x, s: x * s)                                    # a Python scalar argument
+    np.testing.assert_array_equal(np.asarray(g(a, 2.0)), 2.0)
+    np.testing.assert_array_equal(np.asarray(g(a, 3.0)), 3.0)          # its value is in the key
+    assert g._programs.traces == 2
+
+
+def test_what_is_not_a_primitive_runs_eagerly_every_call():
+    calls = []
+
+    def host_read(x):
+        calls.append(1)
+        return cnp.sum(x) * float(cnp.sum(x))          # float() of a traced value
+    x = cts.device_put(np.float32([1.0, 2.0]))
+    f = cts.jit(host_read)
+    assert float(f(x)) == 9.0 and float(f(x)) == 9.0 and float(f(x + 1.0)) == 25.0
+    assert len(calls) == 3                              # not replayed: the function ran each time
+    assert "host read" in f.lower(x).as_text()
+
+    g = cts.jit(lambda x: cnp.cumsum(x) * 2.0)          # an op without a C plan
+    np.testing.assert_array_equal(np.asarray(g(x)), [2.0, 6.0])
+    np.testing.assert_array_equal(np.asarray(g(x * 2.0)), [4.0, 12.0])
+    assert "not replayable" in g.lower(x).as_text()
+
+    h = cts.jit(lambda a: cnp.sum(a))                   # numpy arguments run eagerly
+    assert float(h(np.float32([1.0, 2.0]))) == 3.0
+    assert "ndarray" in h.lower(np.float32([1.0])).as_text()
+
+
+def test_side_effects_happen_when_tracing_only():
+    seen = []
+
+    def f(x):
+        seen.append(x.shape)
+        return x * 2.0
+    j = cts.jit(f)
+    x = cts.device_put(np.ones(3, np.float32))
+    j(x)
+    j(x)
+    j(x)
+    assert seen == [(3,)]
+
+
+def test_nested_jit_inlines_and_grad_of_jit_differentiates():
+    inner = cts.jit(lambda x: cnp.sin(x) * 2.0)
+    outer = cts.jit(lambda x: cnp.sum(inner(x) + x))
+    x = cts.device_put(np.float32([0.5, 1.0]))
+    for _ in range(3):
+        v = outer(x)
+    assert outer._programs.traces == 1 and inner._programs.traces == 0
+    np.testing.assert_allclose(float(v), np.sum(2 * np.sin([0.5, 1.0]) + [0.5, 1.0]), rtol=1e-6)
+    f = cts.jit(lambda x: cnp.sum(cnp.sin(x)))
+    f(x)
+    f(x)
+    for _ in range(2):   # a recording tape outside: the ops run (and record), not the replay
+        np.testing.assert_allclose(np.asarray(cts.grad(f)(x)), np.cos([0.5, 1.0]), rtol=1e-6)
+
+
+def test_constants_and_outputs():
+    w = cts.device_put(np.float32([1.0, 2.0]))
+    f = cts.jit(lambda x: (x * w, w, 3.0, None))
+    x = cts.device_put(np.float32([2.0, 2.0]))
+    f(x)
+    a = f(x)
+    b = f(x)
+    np.testing.assert_array_equal(np.asarray(a[0]), [2.0, 4.0])
+    assert a[1] is not w and a[1] is not b[1]          # a constant output comes back as a copy
+    np.testing.assert_array_equal(np.asarray(b[1]), [1.0, 2.0])
+    assert type(a[2]) is cts.Array and float(a[2]) == 3.0 and a[3] is None
+    a[1]._moved()                                       # giving an output away
+    np.testing.assert_array_equal(np.asarray(f(x)[1]), [1.0, 2.0])
+    w._moved()                                          # a constant donated since the trace
+    with pytest.raises(cts.DonatedBufferError):
+        f(x)
+
+
+def test_a_donated_argument_raises_as_eagerly():
+    f = cts.jit(lambda x: x + 1.0)
+    x = cts.device_put(np.float32([1.0]))
+    f(x)
+    f(x)
+    x._moved()
+    with pytest.raises(cts.DonatedBufferError, match="donated"):
+        f(x)
+
+
+def test_unrequested_cotangents_are_not_computed():
+    w = cts.device_put(np.ones((4, 3), np.float32))
+    x = cts.device_put(np.ones((5, 4), np.float32))
+    g = cts.jit(cts.grad(lambda w, x: cnp.sum(x @ w)))   # the gradient of w only
+    text = g.lower(w, x).as_text()
+    assert "_matmul_tn" in text and "_matmul_nt" not in text, text
+
+
+def test_program_binding_errors():
+    p = _C.Program()
+    x = cts.device_put(np.float32([1.0]))
+    with pytest.raises(TypeError):
+        _C.trace_begin(p, [1.0])
+    with pytest.raises(RuntimeError, match="record it first"):
+        p.finish([])
+    with pytest.raises(RuntimeError, match="not finished"):
+        p.run([x])
+    q = _C.Program()
+    _C.trace_begin(q, [x])
+    try:
+        assert _C.trace_active()
+        with pytest.raises(RuntimeError, match="already recording"):
+            _C.trace_begin(_C.Program(), [x])
+        y = x * 2.0
+    finally:
+        _C.trace_end()
+    assert not _C.trace_active()
+    q.finish([y])
+    with pytest.raises(RuntimeError, match="record it first"):
+        q.finish([y])
+    with pytest.raises(RuntimeError, match="recorded before"):
+        _C.trace_begin(q, [x])
+    assert q.run([cts.device_put(np.float32([1.0, 2.0]))]) is None   # another shape
+    np.testing.assert_array_equal(np.asarray(q.run([x + 1.0])[0]), [4.0])
+    assert q.nsteps == 1 and q.broken is None
+
+
+def test_another_thread_tracing_makes_this_call_eager():
+    started, release = threading.Event(), threading.Event()
+
+    def slow(x):
+        started.set()
+        release.wait(10)
+        return x * 2.0
+    f = cts.jit(slow)
+    g = cts.jit(lambda x: x + 1.0)
+    x = cts.device_put(np.float32([1.0]))
+    t = threading.Thread(target=lambda: f(x))
+    t.start()
+    try:
+        assert started.wait(10)
+        np.testing.assert_array_equal(np.asarray(g(x)), [2.0])    # ran eagerly, not traced
+        assert g._programs.traces == 0
+    finally:
+        release.set()
+        t.join(10)
+    assert f._programs.traces == 1

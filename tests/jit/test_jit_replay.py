@@ -1,7 +1,6 @@
 """jit's traced programs (_C.Program, csrc/python/py_dispatch.c): a function's primitive calls
 recorded at the first call of a signature and replayed from C, with eager's bits; anything
 else runs eagerly."""
-import sys
 import threading
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import _C
+from call_counts import python_calls
 
 
 def _mesh():
@@ -62,20 +62,6 @@ def test_a_replayed_value_and_grad_gives_the_eager_bits(where):
     assert "matmul" in text and "sin" in text and "not replayable" not in text
 
 
-def _python_calls(f):
-    n = [0]
-
-    def prof(frame, event, arg):
-        if event == "call":
-            n[0] += 1
-    sys.setprofile(prof)
-    try:
-        f()
-    finally:
-        sys.setprofile(None)
-    return n[0]
-
-
 def test_a_replay_makes_a_few_python_calls_whatever_the_number_of_ops():
     x = cts.device_put(np.float32([0.5, 1.0, 1.5]))
 
@@ -90,7 +76,7 @@ def test_a_replay_makes_a_few_python_calls_whatever_the_number_of_ops():
         f = chain(n)
         f(x)
         f(x)
-        counts.append(_python_calls(lambda: f(x)))
+        counts.append(python_calls(lambda: f(x)))
     assert counts[0] == counts[1] and counts[0] <= 20, counts
 
 

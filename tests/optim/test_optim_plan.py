@@ -3,7 +3,6 @@ general step, TrainState.apply_gradients (and t5x's OptaxWrapper) run each step 
 call. These tests check that the plan is used, that it gives the general path's bits, that
 it declines (and the general path decides) whenever the state or the grads are not what it
 recorded, and that a step makes a constant number of Python calls."""
-import sys
 import threading
 
 import numpy as np
@@ -13,6 +12,7 @@ import ctrainstate as cts
 from ctrainstate import optim
 from ctrainstate.optim import base
 from ctrainstate.train_state import TrainState
+from call_counts import python_calls
 
 
 def _mesh_params(rng):
@@ -257,20 +257,6 @@ def test_t5x_optax_wrapper_uses_the_plan_and_checks_the_target():
     assert not np.array_equal(np.asarray(opt2.target["w"]), np.asarray(p_ref["w"]))
 
 
-def _python_calls(fn) -> int:
-    n = [0]
-
-    def prof(frame, event, arg):
-        if event == "call":
-            n[0] += 1
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return n[0]
-
-
 @pytest.mark.parametrize("leaves", [16, 1024])
 def test_python_calls_per_plan_step_are_few_and_independent_of_the_leaves(leaves):
     params = {f"l{i:04d}": np.ones(4, np.float32) for i in range(leaves)}
@@ -282,12 +268,12 @@ def test_python_calls_per_plan_step_are_few_and_independent_of_the_leaves(leaves
 
     def step():
         state[0] = state[0].apply_gradients(grads=g)
-    calls = _python_calls(step)
+    calls = python_calls(step)
     assert calls <= 30, calls
     assert state[0].step == 4
     # the general path makes hundreds (it walks the trees): the count measures the plan
     state[0].__dict__.pop("_ct_cur")
-    assert _python_calls(step) > 60
+    assert python_calls(step) > 60
 
 
 def test_dict_params_are_flattened_and_rebuilt_by_the_plan():

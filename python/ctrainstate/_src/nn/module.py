@@ -321,12 +321,7 @@ def _accept_parent(init: Callable) -> Callable:
     def __init__(self, *args, parent=_UNSET, **kwargs):
         if parent is _UNSET:
             return init(self, *args, **kwargs)
-        if parent is not None:
-            raise TypeError(f"{type(self).__name__}(parent={type(parent).__name__}): only "
-                            f"parent=None (a free module) is supported; a module created in "
-                            f"setup() or an @compact method gets its parent by itself")
-        with _detached():
-            init(self, *args, **kwargs)
+        _free_init(self, parent, init, args, kwargs)
     return __init__
 
 

@@ -194,6 +194,9 @@ static PyObject *array_moved(PyObject *self, PyObject *noargs) {
         if (t) return donated_error();
     }
     if (a->base != Py_None) return view_error();
+    if (PyList_Check(a->blocks) && PyList_GET_SIZE(a->blocks) > 0 &&
+        PyTuple_Check(PyList_GET_ITEM(a->blocks, 0)) && PyTuple_GET_SIZE(PyList_GET_ITEM(a->blocks, 0)) > 1)
+        ct_py_trace_touch(PyTuple_GET_ITEM(PyList_GET_ITEM(a->blocks, 0), 1), "donating a value");
     ct_py_array *nw = (ct_py_array *)array_type->tp_alloc(array_type, 0);
     if (nw == NULL) return NULL;
     nw->shape = Py_XNewRef(a->shape);

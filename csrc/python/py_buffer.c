@@ -145,6 +145,7 @@ static PyObject *py_delete_buffers(PyObject *self, PyObject *seq) {
             Py_DECREF(fast);
             return NULL;
         }
+        ct_py_trace_touch(o, "deleting a buffer");
     }
     /* nothing below runs Python code: the checks still hold */
     for (Py_ssize_t i = 0; i < n; i++)
@@ -162,6 +163,7 @@ static PyMethodDef buffer_module_methods[] = {
 };
 
 static int buffer_getbuffer(ct_py_buffer *self, Py_buffer *view, int flags) {
+    ct_py_trace_touch(self, "a view of a buffer (the buffer protocol)");
     if (self->deleted) {
         PyErr_SetString(ct_py_DonatedBufferError, "the buffer was deleted or donated");
         view->obj = NULL;

@@ -233,3 +233,19 @@ def test_another_thread_tracing_makes_this_call_eager():
         release.set()
         t.join(10)
     assert f._programs.traces == 1
+
+
+def test_donating_or_deleting_a_traced_value_is_not_replayed():
+    x = cts.device_put(np.float32([1.0, 2.0]))
+    f = cts.jit(lambda a: (a * 2.0)._moved())
+    np.testing.assert_array_equal(np.asarray(f(x)), [2.0, 4.0])
+    assert "donating" in f.lower(x).as_text()
+
+    def drop(a):
+        y = a * 2.0
+        z = y + 1.0
+        y.delete()
+        return z
+    g = cts.jit(drop)
+    np.testing.assert_array_equal(np.asarray(g(x)), [3.0, 5.0])
+    assert "deleting" in g.lower(x).as_text()

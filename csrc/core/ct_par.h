@@ -27,4 +27,34 @@ int ct_par_threads(int par);
 /* Whether this process is a forked child that runs every region on one thread. */
 int ct_par_forked_single(void);
 
+/* `for (int64_t var = 0; var < n; var++) { body }` on `nt` threads (an OpenMP parallel for,
+ * static schedule) when nt > 1, else as a plain loop in this thread: libgomp makes and frees
+ * a team for every region it enters, even a region of one thread (~150 ns, more than a
+ * small array's whole kernel). The body must not hold a #pragma (it is a macro argument):
+ * put such a body in a function. CT_PAR_FOR_SIMD: the same with `simd` on both loops. */
+#include <stdint.h>
+#define CT_PAR_FOR(nt, var, n, ...)                                                         \
+    do {                                                                                   \
+        const int ct_par_nt_ = (nt);                                                       \
+        const int64_t ct_par_n_ = (n);                                                     \
+        if (ct_par_nt_ > 1) {                                                              \
+            _Pragma("omp parallel for schedule(static) num_threads(ct_par_nt_)")           \
+            for (int64_t var = 0; var < ct_par_n_; var++) { __VA_ARGS__; }                 \
+        } else {                                                                           \
+            for (int64_t var = 0; var < ct_par_n_; var++) { __VA_ARGS__; }                 \
+        }                                                                                  \
+    } while (0)
+#define CT_PAR_FOR_SIMD(nt, var, n, ...)                                                    \
+    do {                                                                                   \
+        const int ct_par_nt_ = (nt);                                                       \
+        const int64_t ct_par_n_ = (n);                                                     \
+        if (ct_par_nt_ > 1) {                                                              \
+            _Pragma("omp parallel for simd schedule(static) num_threads(ct_par_nt_)")      \
+            for (int64_t var = 0; var < ct_par_n_; var++) { __VA_ARGS__; }                 \
+        } else {                                                                           \
+            _Pragma("omp simd")                                                            \
+            for (int64_t var = 0; var < ct_par_n_; var++) { __VA_ARGS__; }                 \
+        }                                                                                  \
+    } while (0)
+
 #endif /* CT_PAR_H */

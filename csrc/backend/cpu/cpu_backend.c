@@ -84,12 +84,67 @@ static int cache_put(void *p, size_t size) {
     return kept;
 }
 
+/* Small blocks (under CACHE_MIN_BYTES): a free list per rounded size (a multiple of
+ * CT_CPU_ALIGN), bounded in blocks per size and in bytes. An eager op or a replayed program
+ * allocates and frees a few small blocks per call; glibc's aligned_alloc of them splits and
+ * merges chunks (malloc_consolidate) at a cost comparable to the kernels themselves. A cached
+ * block holds the next one's address in its first bytes. */
+#define SMALL_CLASSES (CACHE_MIN_BYTES / CT_CPU_ALIGN)
+#define SMALL_KEEP 64
+#define SMALL_MAX_BYTES ((size_t)32 << 20)
+
+static struct {
+    void *head[SMALL_CLASSES];
+    unsigned short n[SMALL_CLASSES];
+    size_t bytes;
+    pthread_mutex_t lock;
+} g_small = {.bytes = 0, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *small_take(size_t size) {
+    const size_t c = size / CT_CPU_ALIGN - 1;
+    pthread_mutex_lock(&g_small.lock);
+    void *p = g_small.head[c];
+    if (p != NULL) {
+        g_small.head[c] = *(void **)p;
+        g_small.n[c]--;
+        g_small.bytes -= size;
+    }
+    pthread_mutex_unlock(&g_small.lock);
+    return p;
+}
+
+static int small_put(void *p, size_t size) {
+    const size_t c = size / CT_CPU_ALIGN - 1;
+    int kept = 0;
+    pthread_mutex_lock(&g_small.lock);
+    if (g_small.n[c] < SMALL_KEEP && g_small.bytes + size <= SMALL_MAX_BYTES) {
+        *(void **)p = g_small.head[c];
+        g_small.head[c] = p;
+        g_small.n[c]++;
+        g_small.bytes += size;
+        kept = 1;
+    }
+    pthread_mutex_unlock(&g_small.lock);
+    return kept;
+}
+
 void ct_cpu_release_cached(void) {
     pthread_mutex_lock(&g_cache.lock);
     for (int i = 0; i < g_cache.n; i++) free(g_cache.ptr[i]);
     g_cache.n = 0;
     g_cache.bytes = 0;
     pthread_mutex_unlock(&g_cache.lock);
+    pthread_mutex_lock(&g_small.lock);
+    for (size_t c = 0; c < SMALL_CLASSES; c++) {
+        while (g_small.head[c] != NULL) {
+            void *p = g_small.head[c];
+            g_small.head[c] = *(void **)p;
+            free(p);
+        }
+        g_small.n[c] = 0;
+    }
+    g_small.bytes = 0;
+    pthread_mutex_unlock(&g_small.lock);
 }
 
 static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
@@ -97,7 +152,8 @@ static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
      * zero-byte buffer still gets a unique pointer. */
     size_t rounded = round_size(nbytes);
     const size_t align = rounded >= CT_CPU_HUGE_MIN ? CT_CPU_HUGE_ALIGN : CT_CPU_ALIGN;
-    void *p = cache_take(rounded); /* same size: allocated with the same alignment and advice */
+    void *p = rounded < CACHE_MIN_BYTES ? small_take(rounded)
+                                        : cache_take(rounded); /* same size, alignment, advice */
     if (p == NULL) {
         p = aligned_alloc(align, rounded);
         if (p == NULL) {
@@ -122,11 +178,22 @@ static ct_status cpu_alloc(struct ct_device *dev, size_t nbytes, void **out) {
 
 static void cpu_free(struct ct_device *dev, void *ptr, size_t nbytes) {
     (void)dev;
-    if (ptr != NULL && !cache_put(ptr, round_size(nbytes))) free(ptr);
+    if (ptr == NULL) return;
+    const size_t rounded = round_size(nbytes);
+    if (!(rounded < CACHE_MIN_BYTES ? small_put(ptr, rounded) : cache_put(ptr, rounded))) free(ptr);
 }
 
 /* Copy rows of the innermost dimension; the outer dimensions are flattened
  * into one row index so the parallel loop has enough iterations. */
+static inline void copy_row(char *drow, const char *srow, int contiguous, int64_t inner,
+                            size_t itemsize, int64_t dstride, int64_t sstride) {
+    if (contiguous) {
+        memcpy(drow, srow, (size_t)inner * itemsize);
+    } else {
+        for (int64_t i = 0; i < inner; i++) memcpy(drow + i * dstride, srow + i * sstride, itemsize);
+    }
+}
+
 static ct_status cpu_copy_block(struct ct_device *dst_dev, struct ct_device *src_dev, int ndim,
                                 const int64_t *shape, size_t itemsize, void *dst,
                                 const int64_t *dst_strides, const void *src,
@@ -147,20 +214,11 @@ static ct_status cpu_copy_block(struct ct_device *dst_dev, struct ct_device *src
     char *d0 = (char *)dst;
     const char *s0 = (const char *)src;
     const size_t bytes = (size_t)total * itemsize;
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(bytes > (1u << 20)))
-    for (int64_t r = 0; r < rows; r++) {
-        /* Decompose r into outer coordinates (row-major). */
-        int64_t doff, soff; /* outer coordinates of row r */
-        ct_offsets2(r, ndim - 1, shape, dst_strides, src_strides, &doff, &soff);
-        char *drow = d0 + doff;
-        const char *srow = s0 + soff;
-        if (contiguous_rows) {
-            memcpy(drow, srow, (size_t)inner * itemsize);
-        } else {
-            for (int64_t i = 0; i < inner; i++)
-                memcpy(drow + i * dst_strides[ndim - 1], srow + i * src_strides[ndim - 1], itemsize);
-        }
-    }
+    CT_PAR_FOR(ct_par_threads(bytes > (1u << 20)), r, rows,
+               int64_t doff; int64_t soff; /* the outer coordinates of row r (row-major) */
+               ct_offsets2(r, ndim - 1, shape, dst_strides, src_strides, &doff, &soff);
+               copy_row(d0 + doff, s0 + soff, contiguous_rows, inner, itemsize,
+                        dst_strides[ndim - 1], src_strides[ndim - 1]));
     return CT_OK;
 }
 

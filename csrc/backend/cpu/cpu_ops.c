@@ -40,19 +40,12 @@ static inline float gelu_tanh_grad(float x) {
 ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
                        float *y) {
     (void)dev;
-#define LOOP(expr)                                                   \
-    do {                                                             \
-        _Pragma("omp parallel for simd schedule(static) num_threads(ct_par_threads(n > PAR_MIN))") \
-        for (int64_t i = 0; i < n; i++) {                            \
-            float v = x[i];                                          \
-            y[i] = (expr);                                           \
-        }                                                            \
-    } while (0)
+#define LOOP(expr) \
+    CT_PAR_FOR_SIMD(ct_par_threads(n > PAR_MIN), i, n, const float v = x[i]; y[i] = (expr))
     switch (op) {
     case CT_UN_AFFINE:
         if (alpha == 0.0f) { /* a fill: must not read x (it may be uninitialised) */
-            _Pragma("omp parallel for simd schedule(static) num_threads(ct_par_threads(n > PAR_MIN))")
-            for (int64_t i = 0; i < n; i++) y[i] = beta;
+            CT_PAR_FOR_SIMD(ct_par_threads(n > PAR_MIN), i, n, y[i] = beta);
         } else {
             LOOP(alpha * v + beta);
         }
@@ -161,12 +154,10 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
     const int64_t inner = shape[ndim - 1];
     const int64_t rows = total / inner;
     const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(total > PAR_MIN))
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t ao, bo; /* outer coordinates of row r */
-        ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
-        bin_row(op, inner, out + r * inner, a + ao, sa, b + bo, sb);
-    }
+    CT_PAR_FOR(ct_par_threads(total > PAR_MIN), r, rows,
+               int64_t ao; int64_t bo; /* outer coordinates of row r */
+               ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
+               bin_row(op, inner, out + r * inner, a + ao, sa, b + bo, sb));
     return CT_OK;
 }
 
@@ -182,13 +173,57 @@ static inline int64_t unravel_offset(int64_t t, int n, const int64_t *dims, cons
     return base;
 }
 
+/* Output row o (inner elements of a kept innermost dim) of a reduction: the rows of x at
+ * base + each reduced offset, combined elementwise. */
+static void red_row(float *o, const float *x, int64_t inner, int64_t base, int64_t nred, int nr,
+                    const int64_t *red, const int64_t *rstride, int op) {
+    for (int64_t i = 0; i < inner; i++) o[i] = ct_red_identity(op);
+    for (int64_t t = 0; t < nred; t++) {
+        const float *src = x + unravel_offset(t, nr, red, rstride, base);
+        if (op == CT_RED_MAX) {
+#pragma omp simd
+            for (int64_t i = 0; i < inner; i++) o[i] = ct_red_combine(CT_RED_MAX, o[i], src[i]);
+        } else {
+#pragma omp simd
+            for (int64_t i = 0; i < inner; i++) o[i] += src[i];
+        }
+    }
+}
+
+/* One output element of a reduction: x's elements at base + each reduced offset (sums in
+ * float runs of the innermost contiguous dim, added in double; maxima exact in float). */
+static float red_one(const float *x, int64_t base, int64_t nred, int nr, const int64_t *red,
+                     const int64_t *rstride, int op) {
+    if (op == CT_RED_MAX) { /* exact in float: no wider accumulator, any order */
+        float m = ct_red_identity(CT_RED_MAX);
+        for (int64_t t = 0; t < nred; t++)
+            m = ct_red_combine(CT_RED_MAX, m, x[unravel_offset(t, nr, red, rstride, base)]);
+        return m;
+    }
+    double acc = 0.0;
+    if (nr >= 1 && rstride[nr - 1] == 1 && red[nr - 1] > 0) {
+        /* innermost reduced dim is contiguous (and not empty): sum rows */
+        int64_t inner = red[nr - 1];
+        int64_t outer = nred / inner;
+        for (int64_t t = 0; t < outer; t++) {
+            const int64_t off = unravel_offset(t, nr - 1, red, rstride, base);
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = 0; i < inner; i++) s += x[off + i];
+            acc += s;
+        }
+    } else {
+        for (int64_t t = 0; t < nred; t++) acc += x[unravel_offset(t, nr, red, rstride, base)];
+    }
+    return (float)acc;
+}
+
 ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, uint32_t axes,
                         const float *x, float *out) {
     (void)dev;
     /* Output index space: the kept dims in order. For each output element,
      * combine the reduced dims (sums in double past the innermost run); when the
      * innermost dim is kept, accumulate whole rows so the inner loop stays contiguous. */
-    const int max = op == CT_RED_MAX;
     int64_t kept[CT_MAX_NDIM], kstride[CT_MAX_NDIM], red[CT_MAX_NDIM], rstride[CT_MAX_NDIM];
     int nk = 0, nr = 0;
     int64_t stride = 1, xs[CT_MAX_NDIM];
@@ -214,51 +249,14 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
         /* rows of the innermost (kept) dim */
         int64_t inner = shape[ndim - 1];
         int64_t orows = nout / inner;
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nout * nred > PAR_MIN))
-        for (int64_t r = 0; r < orows; r++) {
-            float *o = out + r * inner;
-            const int64_t base = unravel_offset(r, nk - 1, kept, kstride, 0);
-            for (int64_t i = 0; i < inner; i++) o[i] = ct_red_identity(op);
-            for (int64_t t = 0; t < nred; t++) {
-                const float *src = x + unravel_offset(t, nr, red, rstride, base);
-                if (max) {
-#pragma omp simd
-                    for (int64_t i = 0; i < inner; i++) o[i] = ct_red_combine(CT_RED_MAX, o[i], src[i]);
-                } else {
-#pragma omp simd
-                    for (int64_t i = 0; i < inner; i++) o[i] += src[i];
-                }
-            }
-        }
+        CT_PAR_FOR(ct_par_threads(nout * nred > PAR_MIN), r, orows,
+                   red_row(out + r * inner, x, inner, unravel_offset(r, nk - 1, kept, kstride, 0),
+                           nred, nr, red, rstride, op));
         return CT_OK;
     }
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nout * nred > PAR_MIN))
-    for (int64_t q = 0; q < nout; q++) {
-        const int64_t base = unravel_offset(q, nk, kept, kstride, 0);
-        if (max) { /* exact in float: no wider accumulator, any order */
-            float m = ct_red_identity(CT_RED_MAX);
-            for (int64_t t = 0; t < nred; t++)
-                m = ct_red_combine(CT_RED_MAX, m, x[unravel_offset(t, nr, red, rstride, base)]);
-            out[q] = m;
-            continue;
-        }
-        double acc = 0.0;
-        if (nr >= 1 && rstride[nr - 1] == 1 && red[nr - 1] > 0) {
-            /* innermost reduced dim is contiguous (and not empty): sum rows */
-            int64_t inner = red[nr - 1];
-            int64_t outer = nred / inner;
-            for (int64_t t = 0; t < outer; t++) {
-                const int64_t off = unravel_offset(t, nr - 1, red, rstride, base);
-                float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                for (int64_t i = 0; i < inner; i++) s += x[off + i];
-                acc += s;
-            }
-        } else {
-            for (int64_t t = 0; t < nred; t++) acc += x[unravel_offset(t, nr, red, rstride, base)];
-        }
-        out[q] = (float)acc;
-    }
+    CT_PAR_FOR(ct_par_threads(nout * nred > PAR_MIN), q, nout,
+               out[q] = red_one(x, unravel_offset(q, nk, kept, kstride, 0), nred, nr, red,
+                                rstride, op));
     return CT_OK;
 }
 
@@ -414,29 +412,34 @@ ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int6
 
 // --- in-process all-reduce -----------------------------------------------------------
 
+enum { AR_CHUNK = 4096 };
+
+/* Elements [lo, hi) (at most AR_CHUNK) of every buffer: combined in buffer order, written back
+ * to each. */
+static void allreduce_chunk(float **bufs, int nbufs, int64_t lo, int64_t hi, int op) {
+    float acc[AR_CHUNK];
+    for (int64_t i = lo; i < hi; i++) acc[i - lo] = bufs[0][i];
+    for (int j = 1; j < nbufs; j++) {
+        const float *src = bufs[j];
+        if (op == CT_RED_MAX) {
+#pragma omp simd
+            for (int64_t i = lo; i < hi; i++)
+                acc[i - lo] = ct_red_combine(CT_RED_MAX, acc[i - lo], src[i]);
+        } else {
+#pragma omp simd
+            for (int64_t i = lo; i < hi; i++) acc[i - lo] += src[i];
+        }
+    }
+    for (int j = 0; j < nbufs; j++) memcpy(bufs[j] + lo, acc, (size_t)(hi - lo) * sizeof(float));
+}
+
 ct_status ct_cpu_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op) {
     (void)devs;
     if (nbufs == 1) return CT_OK;
-    enum { CH = 4096 };
+    enum { CH = AR_CHUNK };
     int64_t nch = (count + CH - 1) / CH;
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(count * nbufs > PAR_MIN))
-    for (int64_t ch = 0; ch < nch; ch++) {
-        int64_t lo = ch * CH, hi = lo + CH < count ? lo + CH : count;
-        float acc[CH];
-        for (int64_t i = lo; i < hi; i++) acc[i - lo] = bufs[0][i];
-        for (int j = 1; j < nbufs; j++) {
-            const float *src = bufs[j];
-            if (op == CT_RED_MAX) {
-#pragma omp simd
-                for (int64_t i = lo; i < hi; i++)
-                    acc[i - lo] = ct_red_combine(CT_RED_MAX, acc[i - lo], src[i]);
-            } else {
-#pragma omp simd
-                for (int64_t i = lo; i < hi; i++) acc[i - lo] += src[i];
-            }
-        }
-        for (int j = 0; j < nbufs; j++) memcpy(bufs[j] + lo, acc, (size_t)(hi - lo) * sizeof(float));
-    }
+    CT_PAR_FOR(ct_par_threads(count * nbufs > PAR_MIN), ch, nch,
+               allreduce_chunk(bufs, nbufs, ch * CH, ch * CH + CH < count ? ch * CH + CH : count, op));
     return CT_OK;
 }
 
@@ -599,12 +602,10 @@ ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_
     const int64_t inner = shape[ndim - 1];
     const int64_t rows = total / inner;
     const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(total > PAR_MIN))
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t ao, bo;
-        ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
-        ew_row(op, dtype, inner, out, r * inner, a, ao, sa, b, bo, sb);
-    }
+    CT_PAR_FOR(ct_par_threads(total > PAR_MIN), r, rows,
+               int64_t ao; int64_t bo;
+               ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
+               ew_row(op, dtype, inner, out, r * inner, a, ao, sa, b, bo, sb));
     return CT_OK;
 }
 
@@ -616,8 +617,8 @@ ct_status ct_cpu_reduce_typed(ct_device *dev, int op, int dtype, int ndim, const
     int64_t nout = 1;
     for (int j = 0; j < p.nk; j++) nout *= p.kdim[j];
     if (nout >= ct_par_max_threads() || nout * p.nred <= PAR_MIN) {
-#pragma omp parallel for schedule(static) num_threads(ct_par_threads(nout * p.nred > PAR_MIN))
-        for (int64_t q = 0; q < nout; q++) ct_ew_reduce_one(op, dtype, &p, x, out, q);
+        CT_PAR_FOR(ct_par_threads(nout * p.nred > PAR_MIN), q, nout,
+                   ct_ew_reduce_one(op, dtype, &p, x, out, q));
         return CT_OK;
     }
     /* few outputs, many elements each (a full reduction): the threads split each output's

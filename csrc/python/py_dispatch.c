@@ -1593,7 +1593,10 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
  * apart by their first block's Buffer. Anything else that touches a traced buffer — a kernel
  * called by a Python op, a host read (float(x), np.asarray), a copy, an optimizer step in
  * place — marks the program broken (ct_py_trace_touch, from ct_py_buffer_check): such a
- * function runs eagerly on every call. A finished program replays its steps for new
+ * function runs eagerly on every call. While recording, the program keeps the arguments and
+ * every step's result alive (a freed Buffer's address, reused by a new one, would alias a
+ * traced value), so a trace holds its intermediates until it ends. A finished program
+ * replays its steps for new
  * arguments of the same shapes, dtypes and shardings: per step the plan's kernels (run_entry,
  * as the dispatcher runs them), each intermediate released after its last use. */
 enum { V_ARG = 0, V_CONST, V_STEP };
@@ -1616,6 +1619,8 @@ struct program {
     PyObject *broken; /* why the function cannot be replayed (str), or NULL */
     PyObject *bufmap; /* while recording: id(first buffer) -> value */
     PyObject *traced; /* while recording: ids of the arguments' and the steps' buffers */
+    PyObject *keep;   /* while recording: the arguments and results, alive so that no new
+                       * Buffer takes the address of one of theirs (the maps' keys) */
     unsigned long thread;
 };
 
@@ -1694,6 +1699,7 @@ static int add_value(program *pr, ct_py_array *x, int kind, int ref) {
     }
     Py_XDECREF(key);
     Py_XDECREF(idx);
+    if (rc == 0 && kind != V_CONST) rc = PyList_Append(pr->keep, (PyObject *)x);
     if (rc < 0) {
         Py_XDECREF(meta);
         return -1;
@@ -1837,6 +1843,7 @@ static int program_clear(program *pr) {
     Py_CLEAR(pr->broken);
     Py_CLEAR(pr->bufmap);
     Py_CLEAR(pr->traced);
+    Py_CLEAR(pr->keep);
     return 0;
 }
 
@@ -1846,6 +1853,7 @@ static int program_traverse(program *pr, visitproc visit, void *arg) {
     Py_VISIT(pr->out_objs);
     Py_VISIT(pr->bufmap);
     Py_VISIT(pr->traced);
+    Py_VISIT(pr->keep);
     return 0;
 }
 
@@ -1883,7 +1891,8 @@ static PyObject *py_trace_begin(PyObject *self, PyObject *const *args, Py_ssize_
             return PyErr_Format(PyExc_TypeError, "trace_begin: argument %zd is not an Array", i);
     pr->bufmap = PyDict_New();
     pr->traced = PySet_New(NULL);
-    if (pr->bufmap == NULL || pr->traced == NULL) return NULL;
+    pr->keep = PyList_New(0);
+    if (pr->bufmap == NULL || pr->traced == NULL || pr->keep == NULL) return NULL;
     pr->nargs = (int)PyList_GET_SIZE(args[1]);
     for (int i = 0; i < pr->nargs; i++) {
         PyObject *x = PyList_GET_ITEM(args[1], i);
@@ -1975,6 +1984,7 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
         if (pr->out_vals[j] >= 0) pr->last_use[pr->out_vals[j]] = INT32_MAX;
     Py_CLEAR(pr->bufmap);
     Py_CLEAR(pr->traced);
+    Py_CLEAR(pr->keep);
     pr->finished = 1;
     if (pr->broken != NULL) { /* nothing to replay: drop the steps and constants */
         PyObject *why = pr->broken;

@@ -1,7 +1,9 @@
 """jit's traced programs (_C.Program, csrc/python/py_dispatch.c): a function's primitive calls
 recorded at the first call of a signature and replayed from C, with eager's bits; anything
 else runs eagerly."""
+import gc
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -249,3 +251,26 @@ def test_donating_or_deleting_a_traced_value_is_not_replayed():
     g = cts.jit(drop)
     np.testing.assert_array_equal(np.asarray(g(x)), [3.0, 5.0])
     assert "deleting" in g.lower(x).as_text()
+
+
+def test_a_trace_keeps_its_values_alive_until_it_ends():
+    """A Buffer made during the trace (a constant from the host) could take the address of a
+    freed intermediate's and be mistaken for it: the trace keeps every value alive until it
+    ends, and lets them go then."""
+    refs = []
+
+    def f(x):
+        y = x * 2.0
+        refs.append(weakref.ref(y))
+        del y
+        gc.collect()
+        refs.append(refs[0]() is not None)       # alive inside the trace
+        c = cts.device_put(np.float32([5.0, 5.0]))
+        return x + c
+    j = cts.jit(f)
+    x = cts.device_put(np.float32([1.0, 2.0]))
+    np.testing.assert_array_equal(np.asarray(j(x)), [6.0, 7.0])
+    gc.collect()
+    assert refs[1] is True and refs[0]() is None  # kept while tracing, released after
+    np.testing.assert_array_equal(np.asarray(j(x * 3.0)), [8.0, 11.0])
+    assert j._programs.traces == 1

@@ -32,7 +32,10 @@
  *          reciprocal kernel's constants from the scalar at each call), K_COPY (each block's
  *          bytes copied into an output block of another shape: a reshape that keeps every
  *          block; any dtype), K_BCAST (the first operand's block broadcast to the output block,
- *          any dtype the kernels have; a second operand, if any, only gives the plan's key)
+ *          any dtype the kernels have; a second operand, if any, only gives the plan's key),
+ *          K_CONVERT (each block converted to the output's dtype, ct_op_convert), K_TRANSPOSE
+ *          (each block's dimensions permuted, any dtype: the permutation packed 4 bits a
+ *          dimension in the plan's first mnk field)
  *   blocks a list of (device, start, replica_id), the output's blocks in the operands' block
  *          order; groups: lists of block positions to all-reduce with red_op after the kernels.
  */
@@ -44,7 +47,8 @@
 
 #include "../core/ct_ops.h"
 
-enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COPY, K_BCAST, K_COUNT };
+enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COPY, K_BCAST, K_CONVERT,
+       K_TRANSPOSE, K_COUNT };
 /* K_SCALAR rules: the constants of `array (op) s` / `s (op) array` */
 enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
@@ -503,6 +507,14 @@ static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_bu
             return ct_op_binary(dev, CT_BIN_MAX, o->ndim, o->shape, o->data, x->data, sa, x->data, sa);
         return ct_op_ewise(dev, CT_EW_MAX, (int)x->dtype, o->ndim, o->shape, o->data, x->data, sa,
                            x->data, sa);
+    case K_CONVERT:
+        return ct_op_convert(dev, nelem(x), (int)x->dtype, x->data, e->out_dt, o->data);
+    case K_TRANSPOSE: {
+        int perm[CT_MAX_NDIM];
+        for (int d = 0; d < x->ndim; d++) perm[d] = (int)((e->mnk[0] >> (4 * d)) & 15);
+        return ct_op_transpose(dev, x->ndim, x->shape, perm, ct_dtype_size(x->dtype), x->data,
+                               o->data);
+    }
     case K_MATMUL: { /* op: bit 0 transposes the stored a (k x m), bit 1 the stored b (n x k) */
         const int64_t m = e->mnk[0], n = e->mnk[1], k = e->mnk[2];
         const int ta = e->op & 1, tb = (e->op >> 1) & 1;
@@ -1043,9 +1055,14 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
                 return NULL;
     }
     for (int i = 0; i < e->nblk; i++) { /* the kernels' operand dtypes and sizes */
-        if (e->kind == K_COPY || e->kind == K_BCAST) { /* (b: the key only) */
+        if (e->kind == K_CONVERT) {
+            if (nelem(xs[i]) != e->out_elems) return NULL;
+        } else if (e->kind == K_COPY || e->kind == K_BCAST || e->kind == K_TRANSPOSE) {
+            /* (K_BCAST's b: the key only) */
             if ((int)xs[i]->dtype != e->out_dt) return NULL;
-            if (e->kind == K_COPY && nelem(xs[i]) != e->out_elems) return NULL;
+            if ((e->kind == K_COPY || e->kind == K_TRANSPOSE) && nelem(xs[i]) != e->out_elems)
+                return NULL;
+            if (e->kind == K_TRANSPOSE && xs[i]->ndim != e->out_ndim) return NULL;
             if (e->kind == K_BCAST && xs[i]->dtype != CT_F32 &&
                 !ct_ewise_supported(CT_EW_MAX, (int)xs[i]->dtype))
                 return NULL;
@@ -1122,9 +1139,9 @@ static int none_keywords(const prim *p, PyObject *const *args, size_t nargsf, Py
     return 1;
 }
 
-/* A static argument the plans can key on: None, a bool, an int, or a tuple of ints. */
+/* A static argument the plans can key on: None, a bool, an int, a tuple of ints or a numpy dtype. */
 static int static_value(PyObject *v) {
-    if (v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v)) return 1;
+    if (v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyArray_DescrCheck(v)) return 1;
     if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) > 32) return 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++)
         if (!PyLong_CheckExact(PyTuple_GET_ITEM(v, i))) return 0;
@@ -2059,8 +2076,9 @@ done:
     return res;
 }
 
-static const char *const kind_names[K_COUNT] = {"unary", "binary", "ewise", "reduce", "scalar",
-                                                "matmul", "copy", "bcast"};
+static const char *const kind_names[K_COUNT] = {"unary", "binary", "ewise",  "reduce",
+                                                "scalar", "matmul", "copy", "bcast",
+                                                "convert", "transpose"};
 
 /* The program as text: one line per step. */
 static PyObject *program_as_text(program *pr, PyObject *noargs) {
@@ -2197,9 +2215,10 @@ int ct_py_init_dispatch(PyObject *m) {
     if (t == NULL) return -1;
     prim_type = (PyTypeObject *)t;
     if (PyModule_AddObjectRef(m, "Primitive", t) < 0) return -1;
-    PyObject *kinds = Py_BuildValue("{sisisisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY,
+    PyObject *kinds = Py_BuildValue("{sisisisisisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY,
                                     "EWISE", K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR,
-                                    "MATMUL", K_MATMUL, "COPY", K_COPY, "BCAST", K_BCAST);
+                                    "MATMUL", K_MATMUL, "COPY", K_COPY, "BCAST", K_BCAST,
+                                    "CONVERT", K_CONVERT, "TRANSPOSE", K_TRANSPOSE);
     if (kinds == NULL || PyModule_AddObject(m, "dispatch_kinds", kinds) < 0) {
         Py_XDECREF(kinds);
         return -1;

@@ -769,3 +769,60 @@ def test_vjp_program_validates_and_reports_bad_registers():
         bad_out(x, x)
     with pytest.raises(TypeError, match="callable or None"):
         _ops.sin.vjp = 3
+
+
+# --- transpose and conversions -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, cnp.bfloat16, np.int32, np.bool_])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_transpose_c_path_equals_python_op(dtype, where):
+    rng = np.random.default_rng(12)
+    sh = None if where == "one device" else _mesh_sharding(("x", None, "y"))
+    x = cts.device_put(_finite(rng, (4, 3, 8), dtype), sh)
+    for axes in (None, (2, 0, 1), (0, 1, 2), (1, 2, 0)):
+        fast = _run_fast(_ops.transpose, x, axes)
+        _same(fast, _ops.transpose.__wrapped__(x, axes))
+        np.testing.assert_array_equal(np.asarray(fast), np.transpose(np.asarray(x), axes))
+    with pytest.raises(ValueError, match="permutation"):
+        _ops.transpose(x, (0, 0, 1))     # (the planner says no; the Python op raises)
+
+
+@pytest.mark.parametrize("src,dst", [(np.float32, cnp.bfloat16), (np.float32, np.float16),
+                                     (cnp.bfloat16, np.float32), (np.float32, np.int32),
+                                     (np.int32, np.float32), (np.float32, np.bool_)])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_conversions_c_path_equals_python_op(src, dst, where):
+    """astype runs a C plan per block (the dtype a static argument); the bits and the
+    sharding are the Python op's (jax's roundings: ct_convert_math.h)."""
+    rng = np.random.default_rng(13)
+    sh = None if where == "one device" else _mesh_sharding(("x", "y"))
+    v = _values(rng, (8, 16)) if np.dtype(src).kind == "f" else _finite(rng, (8, 16), src)
+    x = cts.device_put(np.nan_to_num(v, nan=0.0).astype(src) if np.dtype(src).kind != "f"
+                       else v.astype(src), sh)
+    d = np.dtype(dst)
+    fast = _run_fast(_ops._convert_to, x, d)
+    _same(fast, _ops._convert_to.__wrapped__(x, d))
+    assert cnp.astype(x, dst).dtype == d
+    before = _ops._convert_to.cache_info()["hits"]
+    cnp.astype(x, dst)
+    assert _ops._convert_to.cache_info()["hits"] == before + 1    # astype goes through it
+
+
+def test_conversions_and_transposes_record_on_the_tape():
+    rng = np.random.default_rng(14)
+    x = cts.device_put(rng.standard_normal((4, 8)).astype(np.float32), _mesh_sharding(("x", "y")))
+
+    def loss(x):
+        y = cnp.astype(cnp.transpose(x) * 3.0, cnp.bfloat16)
+        return cnp.sum(cnp.astype(cnp.sin(cnp.astype(y, np.float32)), np.float32))
+    cts.value_and_grad(loss)(x)
+    before = (_ops.transpose.cache_info()["hits"], _ops._convert_to.cache_info()["hits"])
+    v, g = cts.value_and_grad(loss)(x)
+    assert _ops.transpose.cache_info()["hits"] > before[0]
+    assert _ops._convert_to.cache_info()["hits"] > before[1]
+    xb = np.asarray(x).T * 3.0
+    yb = np.asarray(cts.device_put(xb.astype(np.float32)).astype(cnp.bfloat16)).astype(np.float32)
+    # the cotangent crosses the bfloat16 value as a bfloat16 (rounded), as in jax
+    cb = np.cos(yb).astype(np.float32).astype(cnp.bfloat16).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(g), (3.0 * cb).T, rtol=1e-6)
+    assert g.sharding == x.sharding

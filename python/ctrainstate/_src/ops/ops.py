@@ -1354,6 +1354,12 @@ def broadcast_to(x, shape) -> Array:
 
 # --- layout ops -------------------------------------------------------------------------------
 
+def _transpose_norm(x: Array) -> list:
+    """``x``'s mesh axes per dimension (none on one device)."""
+    nd = len(x._shape)
+    return _norm(x._sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+
+
 def transpose(x, axes=None) -> Array:
     """Permute dimensions; the spec entries move with them. Any dtype (bytes are moved)."""
     x = _lift_any(x)
@@ -1372,7 +1378,7 @@ def transpose(x, axes=None) -> Array:
         axes = tuple(a % nd for a in axes)
     if sorted(axes) != list(range(nd)):
         raise ValueError(f"transpose: {axes} is not a permutation of the {nd} dimensions")
-    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    xn = _transpose_norm(x)
     out = _new([x.shape[a] for a in axes], _place_of(x), [xn[a] for a in axes], x.dtype)
     _C.op_transpose(_bufs(x), list(axes), _bufs(out))
     inv = [0] * nd
@@ -2058,11 +2064,24 @@ def astype(x, dtype) -> Array:
     x._check_alive()
     if x.dtype == dtype:
         return x
+    return _convert_to(x, np.dtype(dtype))
+
+
+def _convert_to(x: Array, dtype: np.dtype) -> Array:
+    """``x`` (a live Array) converted to another ``dtype``, differentiable between float
+    dtypes: :func:`astype` after its checks (a primitive: a C plan per block)."""
     out = _convert(x, dtype)
     if x.dtype in _FLOATS and dtype in _FLOATS:
-        src = x.dtype
-        _record(out, (x,), lambda g: (g if g.dtype == src else astype(g, src),))
+        _record(out, (x,), lambda g: _vjp_convert(g, out, x, dtype))
     return out
+
+
+def _vjp_convert(g, out, x, dtype):
+    """The tape rule of a conversion: the cotangent converted back to ``x``'s dtype (none
+    between a float and a non-float dtype)."""
+    if x.dtype not in _FLOATS or dtype not in _FLOATS:
+        return (None,)
+    return (g if g.dtype == x.dtype else astype(g, x.dtype),)
 
 
 def _operand_dtype(v):
@@ -2579,6 +2598,45 @@ def _plan_broadcast_like(g, x):
     return p if p is None or _same_devices(x, p) else None
 
 
+def _plan_convert(x, dtype):
+    """``_convert_to(x, dtype)``: each device converts its block (ct_op_convert); the sharding
+    is kept."""
+    if not isinstance(dtype, np.dtype) or dtype == x._dtype or x._donated is not False:
+        return None
+    try:
+        p = _plan_out(_K["CONVERT"], 0, x._shape, dtype, _place_of(x), _transpose_norm(x))
+    except (TypeError, ValueError, KeyError):   # a dtype the kernels do not have
+        return None
+    return p if _same_devices(x, p) else None
+
+
+def _plan_transpose(x, axes=None):
+    """``transpose(x, axes)`` (``axes`` None or a tuple permutation of the dimensions, at most
+    15 of them): each device permutes its block, the mesh axes move with the dimensions."""
+    nd = len(x._shape)
+    if axes is None:
+        axes = tuple(reversed(range(nd)))
+    if type(axes) is not tuple or nd > 15 or sorted(axes) != list(range(nd)):
+        return None
+    xn = _transpose_norm(x)
+    packed = 0
+    for d, a in enumerate(axes):
+        packed |= a << (4 * d)
+    p = _plan_out(_K["TRANSPOSE"], 0, [x._shape[a] for a in axes], x._dtype, _place_of(x),
+                  [xn[a] for a in axes], mnk=(packed, 0, 0))
+    return p if _same_devices(x, p) else None
+
+
+def _vjp_transpose(g, out, x, axes=None):
+    """The tape rule of :func:`transpose` on the C path: the inverse permutation."""
+    nd = x.ndim
+    axes = tuple(reversed(range(nd))) if axes is None else axes
+    inv = [0] * nd
+    for i, a in enumerate(axes):
+        inv[a] = i
+    return (transpose(g, tuple(inv)),)
+
+
 def _vjp_reshape(g, out, x, shape):
     """The tape rule of :func:`reshape` on the C path."""
     return (reshape(g, x.shape),)
@@ -2732,6 +2790,8 @@ def _make_primitives():
     _primitive("broadcast_to", 1, _plan_broadcast_to, _vjp_broadcast_to,
                statics=(("shape", None),))
     _primitive("_broadcast_like", 2, _plan_broadcast_like, _vjp_broadcast_like)
+    _primitive("_convert_to", 1, _plan_convert, _vjp_convert, statics=(("dtype", None),))
+    _primitive("transpose", 1, _plan_transpose, _vjp_transpose, statics=(("axes", None),))
     _primitive("matmul", 2, _plan_matmul_t(False, False), _vjp_matmul,
                none_keywords=("precision",))
     g = globals()

@@ -227,6 +227,12 @@ def _mesh_key(a: Array):
     return ("device", s.device)
 
 
+def _axes_of(a: Array) -> list:
+    """``a``'s mesh axes per dimension (``()`` each off a mesh)."""
+    nd = len(a._shape)
+    return _norm(a._sharding, nd) if isinstance(a._sharding, NamedSharding) else [()] * nd
+
+
 def _common_placement(arrays: Sequence[Array]):
     """The mesh all operands can live on (moving single-device operands onto it)."""
     meshes = {_mesh_key(a) for a in arrays}
@@ -1025,7 +1031,7 @@ def _reduce_raw(op: int, x: Array, axes: tuple, keepdims: bool = False) -> Array
     """Reduction ``op`` (_RED_SUM / _RED_MAX) of ``x`` over ``axes`` (kept dims only, or with
     ``keepdims`` size-1 dims in their place), not recorded on the tape: each device reduces
     its block, then an all-reduce with the same op over the mesh axes of the reduced dims."""
-    xn = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
+    xn = _axes_of(x)
     if keepdims:  # the same elements per device: the reduced dims become 1, unsharded
         kept_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
         kept_norm = [() if d in axes else xn[d] for d in range(x.ndim)]
@@ -1216,7 +1222,7 @@ def _arg_reduce(a, axis, keepdims: bool, name: str) -> Array:
     if total > np.iinfo(np.int32).max:
         raise ValueError(f"{name}: {total} positions do not fit the int32 result")
     place = _place_of(x)
-    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    xn = _axes_of(x)
     out_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape)) if keepdims else \
         tuple(s for d, s in enumerate(x.shape) if d not in axes)
     out_norm = [() if d in axes else xn[d] for d in range(nd)] if keepdims else \
@@ -1354,12 +1360,6 @@ def broadcast_to(x, shape) -> Array:
 
 # --- layout ops -------------------------------------------------------------------------------
 
-def _transpose_norm(x: Array) -> list:
-    """``x``'s mesh axes per dimension (none on one device)."""
-    nd = len(x._shape)
-    return _norm(x._sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
-
-
 def transpose(x, axes=None) -> Array:
     """Permute dimensions; the spec entries move with them. Any dtype (bytes are moved)."""
     x = _lift_any(x)
@@ -1378,7 +1378,7 @@ def transpose(x, axes=None) -> Array:
         axes = tuple(a % nd for a in axes)
     if sorted(axes) != list(range(nd)):
         raise ValueError(f"transpose: {axes} is not a permutation of the {nd} dimensions")
-    xn = _transpose_norm(x)
+    xn = _axes_of(x)
     out = _new([x.shape[a] for a in axes], _place_of(x), [xn[a] for a in axes], x.dtype)
     _C.op_transpose(_bufs(x), list(axes), _bufs(out))
     inv = [0] * nd
@@ -1420,7 +1420,7 @@ def _reshape_layout(x: Array, shape: tuple, place):
     it and the new leading dimension divides; any other sharded group is gathered), and the
     result's."""
     nd = x.ndim
-    xn = _norm(x.sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    xn = _axes_of(x)
     keep_old = list(xn)
     new_norm = [()] * len(shape)
     sizes = dict(zip(place.axis_names, place.devices.shape)) if not isinstance(place, Device) else {}
@@ -1900,7 +1900,7 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
 # --- creation helpers -----------------------------------------------------------------------------
 
 def _filled_like(x: Array, value: float) -> Array:
-    norm = _norm(x.sharding, x.ndim) if _mesh_key(x)[0] == "mesh" else [()] * x.ndim
+    norm = _axes_of(x)
     out = _new(x.shape, _place_of(x), norm)
     _C.op_unary(U_AFFINE, 0.0, float(value), _bufs(out), _bufs(out))
     return out if x.dtype == np.float32 else _convert(out, x.dtype)
@@ -2500,7 +2500,7 @@ def _plan_sum(x, axis=None, keepdims=False):
         axes = _axes(axis, nd)
     except (TypeError, ValueError):   # the Python op raises its error
         return None
-    xn = _norm(x._sharding, nd) if _mesh_key(x)[0] == "mesh" else [()] * nd
+    xn = _axes_of(x)
     place = _place_of(x)
     groups: list = []
     mesh_axes = tuple(m for d in axes for m in xn[d])
@@ -2570,13 +2570,13 @@ def _plan_bcast(x, shape, like=None):
     except ValueError:
         return None
     off = len(shape) - len(x._shape)
-    xn = _norm(x._sharding, len(x._shape)) if _mesh_key(x)[0] == "mesh" else [()] * len(x._shape)
+    xn = _axes_of(x)
     place = _place_of(x)
     out = [()] * off + [xn[d] if x._shape[d] == shape[d + off] else () for d in range(len(xn))]
     if builtins.any(xn[d] and x._shape[d] != shape[d + off] for d in range(len(xn))):
         return None
     if like is not None:
-        ln = _norm(like._sharding, len(shape)) if _mesh_key(like)[0] == "mesh" else [()] * len(shape)
+        ln = _axes_of(like)
         # each block of x meets the block of like's layout on the same device: x's mesh
         # axes are like's on every dimension x does not broadcast
         if _place_of(like) is not place or builtins.any(
@@ -2604,7 +2604,7 @@ def _plan_convert(x, dtype):
     if not isinstance(dtype, np.dtype) or dtype == x._dtype or x._donated is not False:
         return None
     try:
-        p = _plan_out(_K["CONVERT"], 0, x._shape, dtype, _place_of(x), _transpose_norm(x))
+        p = _plan_out(_K["CONVERT"], 0, x._shape, dtype, _place_of(x), _axes_of(x))
     except (TypeError, ValueError, KeyError):   # a dtype the kernels do not have
         return None
     return p if _same_devices(x, p) else None
@@ -2618,7 +2618,7 @@ def _plan_transpose(x, axes=None):
         axes = tuple(reversed(range(nd)))
     if type(axes) is not tuple or nd > 15 or sorted(axes) != list(range(nd)):
         return None
-    xn = _transpose_norm(x)
+    xn = _axes_of(x)
     packed = 0
     for d, a in enumerate(axes):
         packed |= a << (4 * d)

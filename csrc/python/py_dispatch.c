@@ -1926,6 +1926,43 @@ static PyObject *py_trace_begin(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+/* split_args(leaves): a jitted call's argument leaves as (the Arrays, in order; the rest of
+ * the key: None for an Array, (type, value) for None / bool / int / float / str), or
+ * (None, the name of the first other leaf's type) when the call cannot be replayed. */
+static PyObject *py_split_args(PyObject *self, PyObject *leaves) {
+    (void)self;
+    if (!PyList_Check(leaves)) return PyErr_Format(PyExc_TypeError, "split_args takes a list");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(leaves);
+    PyObject *arrays = PyList_New(0), *parts = PyTuple_New(n);
+    if (arrays == NULL || parts == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(leaves, i), *part;
+        if (Py_IS_TYPE(x, at)) {
+            if (PyList_Append(arrays, x) < 0) goto fail;
+            part = Py_NewRef(Py_None);
+        } else if (x == Py_None || PyBool_Check(x) || PyLong_CheckExact(x) ||
+                   PyFloat_CheckExact(x) || PyUnicode_CheckExact(x)) {
+            part = PyTuple_Pack(2, (PyObject *)Py_TYPE(x), x);
+            if (part == NULL) goto fail;
+        } else {
+            Py_DECREF(arrays);
+            Py_DECREF(parts);
+            return Py_BuildValue("(Os)", Py_None, Py_TYPE(x)->tp_name);
+        }
+        PyTuple_SET_ITEM(parts, i, part);
+    }
+    PyObject *r = PyTuple_Pack(2, arrays, parts);
+    Py_DECREF(arrays);
+    Py_DECREF(parts);
+    return r;
+fail:
+    Py_XDECREF(arrays);
+    Py_XDECREF(parts);
+    return NULL;
+}
+
 static PyObject *py_trace_end(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -2177,6 +2214,9 @@ static PyMethodDef dispatch_methods[] = {
      "trace_begin(program, args, /)\n--\n\nRecord the primitive calls of this thread into "
      "`program`; `args`: the traced function's argument Arrays, in the order run() takes them."},
     {"trace_end", py_trace_end, METH_NOARGS, "trace_end()\n--\n\nStop recording."},
+    {"split_args", py_split_args, METH_O,
+     "split_args(leaves, /)\n--\n\nA jitted call's argument leaves as (Arrays, key parts), or "
+     "(None, the type name of a leaf that is neither an Array nor None/bool/int/float/str)."},
     {"trace_active", py_trace_active, METH_NOARGS,
      "trace_active()\n--\n\nWhether a program records on this thread."},
     {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,

@@ -234,6 +234,7 @@ SIGS = {
     "tape_backward": ["any", "any", "any", "any"],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],
+    "split_args": ["any"],
     "dist_shutdown": [], "dist_info": [], "dist_allreduce": ["host", "host", "op", "float"],
     "dist_allgather": ["host", "host", "float"],
     "dist_reduce_scatter": ["host", "host", "op", "float"],

@@ -246,19 +246,14 @@ class _Programs:
 
     def _key(self, args, kwargs):
         """(key, argument Arrays) or (None, reason) when the call cannot be replayed."""
-        dyn = tuple(a for i, a in enumerate(args) if i not in self._static)
+        dyn = tuple(a for i, a in enumerate(args) if i not in self._static) if self._static \
+            else tuple(args)
         leaves, td = tree_util.tree_flatten((dyn, kwargs))
-        arrays, parts = [], []
-        for leaf in leaves:
-            if type(leaf) is Array:
-                arrays.append(leaf)
-                parts.append(None)
-            elif leaf is None or type(leaf) in (bool, int, float, str):
-                parts.append((type(leaf), leaf))   # a Python value: a constant of the program
-            else:
-                return None, (f"an argument of type {type(leaf).__name__} (pass Arrays, or mark "
-                              f"it static)")
-        key = (tuple((i, args[i]) for i in self._static if i < len(args)), td, tuple(parts))
+        # (C: the Arrays, and the other leaves by value, constants of the program)
+        arrays, parts = _C.split_args(leaves)
+        if arrays is None:
+            return None, f"an argument of type {parts} (pass Arrays, or mark it static)"
+        key = (tuple((i, args[i]) for i in self._static if i < len(args)), td, parts)
         try:
             hash(key)
         except TypeError:

@@ -7,9 +7,9 @@ so inside ``with mesh, axis_rules(rules):`` the parameters are born sharded
 (each device generates only its block) and the matrix products follow the
 Megatron pattern: column-parallel layers need no communication, row-parallel
 ones end in an all-reduce over ``model``. Training uses
-``TrainState.create(..., tx=optim.adam(1e-4))`` and ``value_and_grad``, the gradient step
-under ``cts.jit`` (traced at the first step, then replayed from C; ``--eager`` runs it
-eagerly, with the same values).
+``TrainState.create(..., tx=optim.adam(1e-4))``, ``value_and_grad`` and ``apply_gradients``
+in one ``train_step`` under ``cts.jit`` (traced at the first step, then replayed from C;
+``--eager`` runs it eagerly, with the same values).
 
     python examples/siren.py                       # 8 CPU devices, mesh data=2 x model=4
     python examples/siren.py --steps 500 --mesh 1x8 --image photo.png --out recon.png
@@ -54,7 +54,7 @@ def parse_args(argv=None):
                         "'' for none)")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--eager", action="store_true",
-                   help="run the gradient step eagerly (default: cts.jit, traced once and "
+                   help="run the training step eagerly (default: cts.jit, traced once and "
                         "replayed from C; the same values)")
     args = p.parse_args(argv)
     if args.plot is None:
@@ -286,19 +286,20 @@ def main(args):
             print(f"  {name:12s} kernel {str(k.shape):12s} logical {str(axes[name]['kernel']):38s} "
                   f"-> {k.sharding.spec}")
 
-        def loss_fn(params):
-            pred = state.apply_fn({"params": params}, coords_d)
-            return cnp.mean(cnp.square(pred - target_d))
+        def train_step(state, coords, target):
+            def loss_fn(params):
+                pred = state.apply_fn({"params": params}, coords)
+                return cnp.mean(cnp.square(pred - target))
+            loss, grads = cts.value_and_grad(loss_fn)(state.params)
+            return state.apply_gradients(grads=grads), loss
 
-        grad_fn = cts.value_and_grad(loss_fn)
-        if not args.eager:
-            grad_fn = cts.jit(grad_fn)   # traced at the first step, then replayed from C
+        if not args.eager:   # traced at the first step, then replayed from C (the optimizer
+            train_step = cts.jit(train_step)   # step one node of the program)
         losses = []
         bar = Progress(args.steps)
         t_train = time.perf_counter()
         for step in range(1, args.steps + 1):
-            loss_v, grads = grad_fn(state.params)
-            state = state.apply_gradients(grads=grads)
+            state, loss_v = train_step(state, coords_d, target_d)
             losses.append(float(loss_v))
             bar.update(step, losses[-1])
         bar.close()

@@ -1619,10 +1619,14 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
 enum { V_ARG = 0, V_CONST, V_STEP };
 
 typedef struct {
-    plan_entry e;     /* a copy of the plan; its references are owned */
-    PyObject *name;   /* the primitive's name */
+    plan_entry e;     /* a copy of the plan; its references are owned (a node: zeroed) */
+    PyObject *name;   /* the primitive's name (a node: its kind, e.g. "optimizer_step") */
     PyObject *scalar; /* K_SCALAR's Python scalar, or NULL */
-    int a, b, out;    /* operand values (b: -1) and the result's */
+    int a, b, out;    /* operand values (b: -1) and the result's (a node: -1 each) */
+    PyObject *fn;     /* a node (trace_node): the callable run on replay, else NULL */
+    int nin, nout;    /* a node: its input and output values, in io[0..nin+nout) */
+    int *io;
+    int dead;         /* (finish: a step whose result reaches no output) */
 } pstep;
 
 struct program {
@@ -1790,6 +1794,19 @@ static int value_of(program *pr, ct_py_array *x) {
     return add_value(pr, x, V_CONST, 0);
 }
 
+static int grow_steps(program *pr) {
+    if (pr->nsteps < pr->scap) return 0;
+    int cap = pr->scap ? 2 * pr->scap : 16;
+    pstep *st = PyMem_Realloc(pr->steps, cap * sizeof(pstep));
+    if (st == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pr->steps = st;
+    pr->scap = cap;
+    return 0;
+}
+
 static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array *b,
                       PyObject *scalar, PyObject *res) {
     program *pr = recorder;
@@ -1798,16 +1815,7 @@ static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array 
     int vb = va >= 0 && b != NULL ? value_of(pr, b) : -1;
     if (va == -1 || (b != NULL && vb == -1)) return -1;
     if (va == -2 || (b != NULL && vb == -2)) return 0;
-    if (pr->nsteps == pr->scap) {
-        int cap = pr->scap ? 2 * pr->scap : 16;
-        pstep *st = PyMem_Realloc(pr->steps, cap * sizeof(pstep));
-        if (st == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        pr->steps = st;
-        pr->scap = cap;
-    }
+    if (grow_steps(pr) < 0) return -1;
     const int vo = add_value(pr, (ct_py_array *)res, V_STEP, pr->nsteps);
     if (vo == -1) return -1;
     if (vo == -2) return 0;
@@ -1830,6 +1838,10 @@ static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array 
     st->a = va;
     st->b = vb;
     st->out = vo;
+    st->fn = NULL;
+    st->io = NULL;
+    st->nin = st->nout = 0;
+    st->dead = 0;
     return 0;
 }
 
@@ -1847,12 +1859,17 @@ static void program_free_values(program *pr) {
     }
 }
 
+static void step_clear(pstep *st) {
+    entry_clear(&st->e);
+    Py_CLEAR(st->name);
+    Py_CLEAR(st->scalar);
+    Py_CLEAR(st->fn);
+    PyMem_Free(st->io);
+    st->io = NULL;
+}
+
 static int program_clear(program *pr) {
-    for (int k = 0; k < pr->nsteps; k++) {
-        entry_clear(&pr->steps[k].e);
-        Py_CLEAR(pr->steps[k].name);
-        Py_CLEAR(pr->steps[k].scalar);
-    }
+    for (int k = 0; k < pr->nsteps; k++) step_clear(&pr->steps[k]);
     pr->nsteps = 0;
     program_free_values(pr);
     pr->nvals = 0;
@@ -1866,6 +1883,7 @@ static int program_clear(program *pr) {
 
 static int program_traverse(program *pr, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(pr));
+    for (int k = 0; k < pr->nsteps; k++) Py_VISIT(pr->steps[k].fn);
     for (int v = 0; v < pr->nvals; v++) Py_VISIT(pr->vobj[v]);
     Py_VISIT(pr->out_objs);
     Py_VISIT(pr->bufmap);
@@ -1926,21 +1944,169 @@ static PyObject *py_trace_begin(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-/* split_args(leaves): a jitted call's argument leaves as (the Arrays, in order; the rest of
- * the key: None for an Array, (type, value) for None / bool / int / float / str), or
- * (None, the name of the first other leaf's type) when the call cannot be replayed. */
-static PyObject *py_split_args(PyObject *self, PyObject *leaves) {
+/* trace_node(name, fn, ins): fn(ins) (a list of Arrays in, a list of Arrays out), run with
+ * the recording paused; while a program records on this thread, the call becomes one step of
+ * it that replays by calling fn again with that step's input Arrays (an optimizer step that
+ * updates its inputs in place: TrainState.apply_gradients under jit). An input the trace
+ * does not know (an Array made outside the traced function) breaks the program: the step
+ * would change it in place on every replay. */
+static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (!PyList_Check(leaves)) return PyErr_Format(PyExc_TypeError, "split_args takes a list");
+    if (n != 3 || !PyUnicode_Check(args[0]) || !PyCallable_Check(args[1]) || !PyList_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "trace_node(name: str, fn: callable, ins: list)");
+    PyObject *fn = args[1], *ins = args[2];
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
+    const Py_ssize_t nin = PyList_GET_SIZE(ins);
+    program *pr = recorder;
+    if (pr != NULL && pr->thread != PyThread_get_thread_ident()) pr = NULL;
+    program *paused = pr;
+    if (pr != NULL && pr->broken != NULL) pr = NULL;
+    int *io = NULL;
+    if (pr != NULL) {
+        io = PyMem_Calloc(nin > 0 ? (size_t)nin : 1, sizeof(int));
+        if (io == NULL) return PyErr_NoMemory();
+        for (Py_ssize_t i = 0; pr != NULL && i < nin; i++) {
+            PyObject *x = PyList_GET_ITEM(ins, i);
+            if (!Py_IS_TYPE(x, at)) {
+                program_break(pr, "a step in place on a value that is not an Array");
+                pr = NULL;
+                break;
+            }
+            int v = value_of(pr, (ct_py_array *)x);
+            if (v == -1) {
+                PyMem_Free(io);
+                return NULL;
+            }
+            if (v >= 0 && pr->vkind[v] == V_CONST)
+                program_break(pr, "a step in place (an optimizer step) on an Array that is not an "
+                                  "argument of the jitted function nor computed in it: pass the "
+                                  "train state as an argument");
+            if (v < 0 || pr->broken != NULL) pr = NULL;
+            else io[i] = v;
+        }
+    }
+    if (paused != NULL) recorder = NULL; /* fn's own calls are not steps */
+    PyObject *outs = PyObject_CallOneArg(fn, ins);
+    if (paused != NULL) recorder = paused;
+    if (outs == NULL || pr == NULL) {
+        PyMem_Free(io);
+        return outs;
+    }
+    if (!PyList_Check(outs)) {
+        PyMem_Free(io);
+        Py_DECREF(outs);
+        return PyErr_Format(PyExc_TypeError, "trace_node: fn must return a list of Arrays");
+    }
+    const Py_ssize_t nout = PyList_GET_SIZE(outs);
+    int *io2 = PyMem_Realloc(io, (size_t)(nin + nout > 0 ? nin + nout : 1) * sizeof(int));
+    if (io2 == NULL || grow_steps(pr) < 0) {
+        PyMem_Free(io2 != NULL ? io2 : io);
+        Py_DECREF(outs);
+        return io2 == NULL ? PyErr_NoMemory() : NULL;
+    }
+    io = io2;
+    for (Py_ssize_t j = 0; j < nout; j++) {
+        PyObject *y = PyList_GET_ITEM(outs, j);
+        int v = Py_IS_TYPE(y, at) ? add_value(pr, (ct_py_array *)y, V_STEP, pr->nsteps) : -2;
+        if (v == -1) {
+            PyMem_Free(io);
+            Py_DECREF(outs);
+            return NULL;
+        }
+        if (v == -2) {
+            program_break(pr, "a step in place that returned something other than Arrays");
+            PyMem_Free(io);
+            return outs;
+        }
+        io[nin + j] = v;
+    }
+    pstep *st = &pr->steps[pr->nsteps++];
+    memset(st, 0, sizeof *st);
+    st->name = Py_NewRef(args[0]);
+    st->fn = Py_NewRef(fn);
+    st->a = st->b = st->out = -1;
+    st->nin = (int)nin;
+    st->nout = (int)nout;
+    st->io = io;
+    return outs;
+}
+
+/* A new 0-d int32 Array of value v placed as `tmpl` (a 0-d int32 Array on one device). */
+static PyObject *int_array(ct_py_array *tmpl, int32_t v) {
+    PyObject *t0 = PyList_GET_ITEM(tmpl->blocks, 0);
+    ct_py_buffer *tb = (ct_py_buffer *)PyTuple_GET_ITEM(t0, 1);
+    ct_py_buffer *b = ct_py_buffer_alloc(tb->dev, 0, NULL, CT_I32);
+    if (b == NULL) return NULL;
+    const int64_t one = 1, st = 4;
+    ct_status cs = b->dev->backend->copy_block(b->dev, NULL, 1, &one, 4, b->data, &st, &v, &st);
+    if (cs != CT_OK) {
+        Py_DECREF(b);
+        return ct_py_raise(cs);
+    }
+    PyObject *t = PyTuple_Pack(4, PyTuple_GET_ITEM(t0, 0), (PyObject *)b, PyTuple_GET_ITEM(t0, 2),
+                               PyTuple_GET_ITEM(t0, 3));
+    Py_DECREF(b);
+    PyObject *bl = t != NULL ? PyList_New(1) : NULL;
+    if (bl == NULL) {
+        Py_XDECREF(t);
+        return NULL;
+    }
+    PyList_SET_ITEM(bl, 0, t);
+    return ct_py_array_new(Py_NewRef(tmpl->shape), Py_NewRef(tmpl->dtype), Py_NewRef(tmpl->sharding),
+                           bl, Py_NewRef(tmpl->shard_shape));
+}
+
+/* split_args(leaves, int_template=None): a jitted call's argument leaves as (the Arrays, in
+ * order; the rest of the key: None for an Array, (type, value) for None / bool / int / float /
+ * str; the leaves the function is traced with, or None when they are `leaves`), or (None, the
+ * name of the first other leaf's type, None) when the call cannot be replayed. With
+ * int_template (a 0-d int32 Array on one device), a Python int in the int32 range becomes a
+ * new int32 Array placed as the template (its key part None: traced, as jax traces a Python
+ * int as a weakly typed int32), so that a counter passed as an int (TrainState.step) does not
+ * make a new program per value. */
+static PyObject *py_split_args(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 1 || nargs > 2 || !PyList_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "split_args(leaves: list, int_template=None)");
+    PyObject *leaves = args[0];
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    ct_py_array *tmpl = NULL;
+    if (nargs == 2 && args[1] != Py_None) {
+        ct_py_array *t = (ct_py_array *)args[1];
+        if (!Py_IS_TYPE(args[1], at) || !PyList_Check(t->blocks) ||
+            PyList_GET_SIZE(t->blocks) != 1 || !PyTuple_Check(t->shape) ||
+            PyTuple_GET_SIZE(t->shape) != 0 || ((ct_py_buffer *)PyTuple_GET_ITEM(
+                PyList_GET_ITEM(t->blocks, 0), 1))->dtype != CT_I32)
+            return PyErr_Format(PyExc_TypeError, "split_args: int_template must be a 0-d int32 "
+                                                 "Array on one device");
+        tmpl = t;
+    }
     const Py_ssize_t n = PyList_GET_SIZE(leaves);
-    PyObject *arrays = PyList_New(0), *parts = PyTuple_New(n);
+    PyObject *arrays = PyList_New(0), *parts = PyTuple_New(n), *traced = NULL;
     if (arrays == NULL || parts == NULL) goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *x = PyList_GET_ITEM(leaves, i), *part;
+        int overflow = 0;
+        long long v = tmpl != NULL && PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow)
+                                                          : 0;
+        if (v == -1 && PyErr_Occurred()) goto fail;
         if (Py_IS_TYPE(x, at)) {
             if (PyList_Append(arrays, x) < 0) goto fail;
+            part = Py_NewRef(Py_None);
+        } else if (tmpl != NULL && PyLong_CheckExact(x) && !overflow && v >= INT32_MIN &&
+                   v <= INT32_MAX) {
+            PyObject *a = int_array(tmpl, (int32_t)v);
+            if (a == NULL) goto fail;
+            if (traced == NULL && (traced = PyList_GetSlice(leaves, 0, n)) == NULL) {
+                Py_DECREF(a);
+                goto fail;
+            }
+            PyList_SetItem(traced, i, Py_NewRef(a)); /* (steals; the old item released) */
+            int rc = PyList_Append(arrays, a);
+            Py_DECREF(a);
+            if (rc < 0) goto fail;
             part = Py_NewRef(Py_None);
         } else if (x == Py_None || PyBool_Check(x) || PyLong_CheckExact(x) ||
                    PyFloat_CheckExact(x) || PyUnicode_CheckExact(x)) {
@@ -1949,18 +2115,41 @@ static PyObject *py_split_args(PyObject *self, PyObject *leaves) {
         } else {
             Py_DECREF(arrays);
             Py_DECREF(parts);
-            return Py_BuildValue("(Os)", Py_None, Py_TYPE(x)->tp_name);
+            Py_XDECREF(traced);
+            return Py_BuildValue("(OsO)", Py_None, Py_TYPE(x)->tp_name, Py_None);
         }
         PyTuple_SET_ITEM(parts, i, part);
     }
-    PyObject *r = PyTuple_Pack(2, arrays, parts);
+    PyObject *r = PyTuple_Pack(3, arrays, parts, traced != NULL ? traced : Py_None);
     Py_DECREF(arrays);
     Py_DECREF(parts);
+    Py_XDECREF(traced);
     return r;
 fail:
     Py_XDECREF(arrays);
     Py_XDECREF(parts);
+    Py_XDECREF(traced);
     return NULL;
+}
+
+/* int_like(template, value): a new 0-d int32 Array of `value` placed as `template`. */
+static PyObject *py_int_like(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    ct_py_array *t = nargs == 2 && Py_IS_TYPE(args[0], at) ? (ct_py_array *)args[0] : NULL;
+    if (t == NULL || !PyList_Check(t->blocks) || PyList_GET_SIZE(t->blocks) != 1 ||
+        !PyTuple_Check(t->shape) || PyTuple_GET_SIZE(t->shape) != 0 ||
+        ((ct_py_buffer *)PyTuple_GET_ITEM(PyList_GET_ITEM(t->blocks, 0), 1))->dtype != CT_I32 ||
+        !PyLong_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "int_like(template: a 0-d int32 Array on one "
+                                             "device, value: int)");
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (overflow || v < INT32_MIN || v > INT32_MAX)
+        return PyErr_Format(PyExc_OverflowError, "int_like: %R is not an int32", args[1]);
+    return int_array(t, (int32_t)v);
 }
 
 static PyObject *py_trace_end(PyObject *self, PyObject *noargs) {
@@ -2011,11 +2200,14 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
     int kept = 0;
     for (int k = pr->nsteps - 1; k >= 0; k--) {
         pstep *st = &pr->steps[k];
+        if (st->fn != NULL) { /* a node changes its inputs in place: always kept */
+            kept++;
+            for (int i = 0; i < st->nin; i++) pr->last_use[st->io[i]] = 1;
+            continue;
+        }
         if (!pr->last_use[st->out]) {
-            entry_clear(&st->e);
-            Py_CLEAR(st->name);
-            Py_CLEAR(st->scalar);
-            st->out = -1;
+            step_clear(st);
+            st->dead = 1;
             continue;
         }
         kept++;
@@ -2024,15 +2216,20 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
     }
     int w = 0;
     for (int k = 0; k < pr->nsteps; k++)
-        if (pr->steps[k].out >= 0) pr->steps[w++] = pr->steps[k];
+        if (!pr->steps[k].dead) pr->steps[w++] = pr->steps[k];
     pr->nsteps = kept;
     for (int v = 0; v < pr->nvals; v++) {
         if (!pr->last_use[v] && pr->vkind[v] == V_CONST) Py_CLEAR(pr->vobj[v]); /* unused */
         pr->last_use[v] = -1;
     }
     for (int k = 0; k < pr->nsteps; k++) {
-        pr->last_use[pr->steps[k].a] = k;
-        if (pr->steps[k].b >= 0) pr->last_use[pr->steps[k].b] = k;
+        pstep *st = &pr->steps[k];
+        if (st->fn != NULL) {
+            for (int i = 0; i < st->nin; i++) pr->last_use[st->io[i]] = k;
+            continue;
+        }
+        pr->last_use[st->a] = k;
+        if (st->b >= 0) pr->last_use[st->b] = k;
     }
     for (int j = 0; j < n; j++)
         if (pr->out_vals[j] >= 0) pr->last_use[pr->out_vals[j]] = INT32_MAX;
@@ -2047,6 +2244,45 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
         pr->broken = why;
     }
     Py_RETURN_NONE;
+}
+
+/* Step k, a node: its callable on a list of its input Arrays, which returns the output Arrays
+ * (checked against the recorded shapes, dtypes and shardings); inputs at their last use are
+ * released. 0, or -1 with an exception. */
+static int run_node(program *pr, pstep *st, int k, PyObject **vals) {
+    PyObject *ins = PyList_New(st->nin);
+    if (ins == NULL) return -1;
+    for (int i = 0; i < st->nin; i++) PyList_SET_ITEM(ins, i, Py_NewRef(vals[st->io[i]]));
+    PyObject *outs = PyObject_CallOneArg(st->fn, ins);
+    Py_DECREF(ins);
+    if (outs == NULL) return -1;
+    PyTypeObject *at = ct_py_array_type();
+    if (!PyList_Check(outs) || PyList_GET_SIZE(outs) != st->nout) {
+        PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the traced program returned "
+                     "%zd values, not the %d of the trace", k, st->name,
+                     PyList_Check(outs) ? PyList_GET_SIZE(outs) : (Py_ssize_t)-1, st->nout);
+        Py_DECREF(outs);
+        return -1;
+    }
+    for (int j = 0; j < st->nout; j++) {
+        PyObject *y = PyList_GET_ITEM(outs, j);
+        const int v = st->io[st->nin + j];
+        if (!Py_IS_TYPE(y, at) || !meta_match(pr->vmeta[v], (ct_py_array *)y)) {
+            PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the traced program returned "
+                         "an output %d of another type, shape, dtype or sharding than at the "
+                         "trace", k, st->name, j);
+            Py_DECREF(outs);
+            return -1;
+        }
+    }
+    for (int j = 0; j < st->nout; j++)
+        Py_XSETREF(vals[st->io[st->nin + j]], Py_NewRef(PyList_GET_ITEM(outs, j)));
+    Py_DECREF(outs);
+    for (int i = 0; i < st->nin; i++) {
+        const int v = st->io[i];
+        if (pr->last_use[v] == k && pr->vkind[v] == V_STEP) Py_CLEAR(vals[v]);
+    }
+    return 0;
 }
 
 /* program.run(args): the outputs for new arguments (a list), or None when an argument's
@@ -2074,6 +2310,10 @@ static PyObject *program_run(program *pr, PyObject *args) {
     }
     for (int k = 0; k < pr->nsteps; k++) {
         pstep *st = &pr->steps[k];
+        if (st->fn != NULL) {
+            if (run_node(pr, st, k, vals) < 0) goto done;
+            continue;
+        }
         PyObject *y = run_entry(&st->e, (ct_py_array *)vals[st->a],
                                 st->b >= 0 ? (ct_py_array *)vals[st->b] : NULL, st->scalar, 0);
         if (y == NULL) {
@@ -2117,6 +2357,37 @@ static const char *const kind_names[K_COUNT] = {"unary", "binary", "ewise",  "re
                                                 "scalar", "matmul", "copy", "bcast",
                                                 "convert", "transpose"};
 
+/* "%o, ... = name(%i, ...)  [n in, m out]" for a node step. */
+static PyObject *node_text(const pstep *st) {
+    PyObject *parts = PyList_New(0), *sep = PyUnicode_FromString(", "), *r = NULL;
+    PyObject *lhs = NULL, *rhs = NULL;
+    if (parts == NULL || sep == NULL) goto out;
+    for (int half = 0; half < 2; half++) {
+        const int lo = half ? 0 : st->nin, n = half ? st->nin : st->nout;
+        if (PyList_SetSlice(parts, 0, PyList_GET_SIZE(parts), NULL) < 0) goto out;
+        for (int i = 0; i < n; i++) {
+            PyObject *t = PyUnicode_FromFormat("%%%d", st->io[lo + i]);
+            if (t == NULL || PyList_Append(parts, t) < 0) {
+                Py_XDECREF(t);
+                goto out;
+            }
+            Py_DECREF(t);
+        }
+        PyObject *j = PyUnicode_Join(sep, parts);
+        if (j == NULL) goto out;
+        if (half) rhs = j;
+        else lhs = j;
+    }
+    r = PyUnicode_FromFormat("%U = %U[node] %U  (%d inputs, %d outputs)", lhs, st->name, rhs,
+                             st->nin, st->nout);
+out:
+    Py_XDECREF(parts);
+    Py_XDECREF(sep);
+    Py_XDECREF(lhs);
+    Py_XDECREF(rhs);
+    return r;
+}
+
 /* The program as text: one line per step. */
 static PyObject *program_as_text(program *pr, PyObject *noargs) {
     (void)noargs;
@@ -2125,7 +2396,8 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
     if (lines == NULL) return NULL;
     for (int k = 0; k < pr->nsteps; k++) {
         pstep *st = &pr->steps[k];
-        PyObject *line = st->b >= 0
+        PyObject *line = st->fn != NULL ? node_text(st)
+            : st->b >= 0
             ? PyUnicode_FromFormat("%%%d = %U[%s] %%%d, %%%d  -> %R %S", st->out, st->name,
                                    kind_names[st->e.kind], st->a, st->b, st->e.out_shape,
                                    st->e.out_dtype)
@@ -2214,9 +2486,18 @@ static PyMethodDef dispatch_methods[] = {
      "trace_begin(program, args, /)\n--\n\nRecord the primitive calls of this thread into "
      "`program`; `args`: the traced function's argument Arrays, in the order run() takes them."},
     {"trace_end", py_trace_end, METH_NOARGS, "trace_end()\n--\n\nStop recording."},
-    {"split_args", py_split_args, METH_O,
-     "split_args(leaves, /)\n--\n\nA jitted call's argument leaves as (Arrays, key parts), or "
-     "(None, the type name of a leaf that is neither an Array nor None/bool/int/float/str)."},
+    {"split_args", (PyCFunction)(void (*)(void))py_split_args, METH_FASTCALL,
+     "split_args(leaves, int_template=None, /)\n--\n\nA jitted call's argument leaves as "
+     "(Arrays, key parts, the leaves to trace with or None), or (None, the type name of a leaf "
+     "that is neither an Array nor None/bool/int/float/str, None); with int_template, ints in "
+     "the int32 range become int32 Arrays placed as it."},
+    {"trace_node", (PyCFunction)(void (*)(void))py_trace_node, METH_FASTCALL,
+     "trace_node(name, fn, ins, /)\n--\n\nfn(ins) (Arrays in, Arrays out) with the recording "
+     "paused; while a program records on this thread, one step of it that calls fn again on "
+     "replay (a step in place, such as an optimizer's)."},
+    {"int_like", (PyCFunction)(void (*)(void))py_int_like, METH_FASTCALL,
+     "int_like(template, value, /)\n--\n\nA new 0-d int32 Array of `value` placed as "
+     "`template` (a 0-d int32 Array on one device)."},
     {"trace_active", py_trace_active, METH_NOARGS,
      "trace_active()\n--\n\nWhether a program records on this thread."},
     {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,

@@ -570,6 +570,28 @@ static PyObject *plan_step_tree(optim_plan *self, PyObject *args) {
     return r;
 }
 
+/* step_list(values, scalars, count): the step of a jitted program's node (TrainState.
+ * apply_gradients under jit): `values` holds the state's Arrays (identical to the plan's
+ * current ones, in its order) followed by the grads' leaves. Returns the new Arrays (the
+ * plan's new current list) or None (another state or grads: nothing done). */
+static PyObject *plan_step_list(optim_plan *self, PyObject *args) {
+    PyObject *values, *scalars, *count;
+    if (!PyArg_ParseTuple(args, "O!OO:step_list", &PyList_Type, &values, &scalars, &count))
+        return NULL;
+    if (self->cur == NULL) return PyErr_Format(PyExc_RuntimeError, "OptimPlan is not initialised");
+    const Py_ssize_t na = PyList_GET_SIZE(self->cur);
+    if (PyList_GET_SIZE(values) != na + self->nleaves) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < na; i++)
+        if (PyList_GET_ITEM(values, i) != PyList_GET_ITEM(self->cur, i)) Py_RETURN_NONE;
+    PyObject *grads = PyList_GetSlice(values, na, na + self->nleaves);
+    if (grads == NULL) return NULL;
+    PyObject *cur = Py_NewRef(self->cur); /* (step_core replaces self->cur) */
+    PyObject *r = step_core(self, cur, grads, scalars, count, Py_None);
+    Py_DECREF(cur);
+    Py_DECREF(grads);
+    return r;
+}
+
 static PyObject *plan_set_structure(optim_plan *self, PyObject *prog) {
     if (prog_leaves(prog) != self->nparams || prog == Py_None)
         return PyErr_Format(PyExc_ValueError, "OptimPlan.set_structure: not a dict structure "
@@ -732,6 +754,10 @@ static PyMethodDef plan_methods[] = {
      "step_tree(arrays, grads, scalars, count, params=None, /)\n--\n\n"
      "step() with the grads (and params) as trees of the structure set_structure gave;\n"
      "returns (arrays, params tree), or None when a tree has another structure."},
+    {"step_list", (PyCFunction)plan_step_list, METH_VARARGS,
+     "step_list($self, values, scalars, count, /)\n--\n\nA step of the state whose Arrays "
+     "(this plan's current ones) lead `values`, followed by the grads' leaves: the new Arrays, "
+     "or None (nothing done)."},
     {"set_structure", (PyCFunction)plan_set_structure, METH_O,
      "set_structure(program, /)\n--\n\n"
      "The params' structure when it is plain dicts: None for a leaf, else a tuple of\n"

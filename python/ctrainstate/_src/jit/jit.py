@@ -41,7 +41,7 @@ from ..array.abstract import ShapeDtypeStruct
 from ..base.trace_state import jit_scope
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
-from ..base.devices import _normalize_backend
+from ..base.devices import _normalize_backend, devices
 from ..ops.ops import _tape
 
 __all__ = ["jit", "pjit"]
@@ -232,6 +232,65 @@ def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_
 
 
 _MAX_PROGRAMS = 8   # traced programs kept per jitted function (the least recently used go)
+_INT_TEMPLATE: list = []
+
+
+def _int_template():
+    """A 0-d int32 Array on the first device: how a Python int argument is placed (C copies
+    its placement for each int it converts)."""
+    if not _INT_TEMPLATE:
+        _INT_TEMPLATE.append(device_put(np.int32(0), devices()[0]))
+    return _INT_TEMPLATE[0]
+
+
+_SK = _C.spec_kinds
+
+
+class _NoSpec(Exception):
+    pass
+
+
+def _spec_of(x, depth: int = 0):
+    """The structure of ``x`` as a spec for ``_C.flatten_spec`` (csrc/python/py_tree.c), or
+    :class:`_NoSpec` where a node is not one the spec describes (any other registered pytree
+    node, a leaf a jitted call cannot take)."""
+    t = type(x)
+    if depth > 60:
+        raise _NoSpec
+    if t is Array or t is int or t is float or t is bool or t is str:
+        return (_SK["LEAF"], t)
+    if x is None:
+        return (_SK["NONE"],)
+    if t is dict:
+        keys = tuple(tree_util._sorted_keys(x))
+        return (_SK["DICT"], keys, tuple(_spec_of(x[k], depth + 1) for k in keys))
+    if t is tuple or t is list:
+        return (_SK["TUPLE" if t is tuple else "LIST"], len(x),
+                tuple(_spec_of(v, depth + 1) for v in x))
+    if isinstance(x, tuple) and isinstance(getattr(t, "_fields", None), tuple):
+        return (_SK["NAMED"], t, tuple(_spec_of(v, depth + 1) for v in x))
+    fields = t.__dict__.get("_ct_fields") if "_ct_struct" in t.__dict__ else None
+    if fields is not None:
+        data, meta = fields
+        return (_SK["STRUCT"], t, data, tuple(_spec_of(getattr(x, n), depth + 1) for n in data),
+                meta, tuple(getattr(x, n) for n in meta))
+    raise _NoSpec
+
+
+def _checked_spec(x, leaves):
+    """A spec of ``x`` that flattens it to exactly ``leaves`` (optree's, object for object),
+    or None."""
+    try:
+        spec = _spec_of(x)
+    except _NoSpec:
+        return None
+    got = _C.flatten_spec(spec, x)
+    if got is None or len(got) != len(leaves) or any(a is not b for a, b in zip(got, leaves)):
+        return None
+    return spec
+
+
+_MAX_SPECS = 8   # argument structures a jitted function keys in C (the most recent first)
 
 
 class _Programs:
@@ -241,40 +300,71 @@ class _Programs:
 
     def __init__(self, run: Callable, static: tuple):
         self._run, self._static = run, static
-        self._cache: dict = {}   # key -> [(program, output treedef)], most recent first
+        # key -> [(program, output treedef, output spec or None)], most recent first
+        self._cache: dict = {}
+        # argument structures seen (without static arguments): [(spec, key, parts, treedef)]
+        self._specs: list = []
+        self._nospec: set = set()   # keys whose structure has no spec
         self.traces = 0          # (the number of traces so far, for tests)
 
     def _key(self, args, kwargs):
-        """(key, argument Arrays) or (None, reason) when the call cannot be replayed."""
-        dyn = tuple(a for i, a in enumerate(args) if i not in self._static) if self._static \
-            else tuple(args)
-        leaves, td = tree_util.tree_flatten((dyn, kwargs))
-        # (C: the Arrays, and the other leaves by value, constants of the program)
-        arrays, parts = _C.split_args(leaves)
+        """(key, argument Arrays, the (args, kwargs) to trace with) or (None, reason, None)
+        when the call cannot be replayed."""
+        tree = (tuple(a for i, a in enumerate(args) if i not in self._static), kwargs) \
+            if self._static else (tuple(args), kwargs)
+        tmpl = _int_template()
+        for spec, key, parts, td in self._specs:   # a structure seen before: keyed in C
+            leaves = _C.flatten_spec(spec, tree)
+            if leaves is not None:
+                arrays, got, traced = _C.split_args(leaves, tmpl)
+                if arrays is not None and got == parts:
+                    return key, arrays, self._traced(args, kwargs, td, traced)
+                break
+        leaves, td = tree_util.tree_flatten(tree)
+        # (C: the Arrays, and the other leaves by value, constants of the program; Python
+        # ints become int32 Arrays, traced as jax traces them)
+        arrays, parts, traced = _C.split_args(leaves, tmpl)
         if arrays is None:
-            return None, f"an argument of type {parts} (pass Arrays, or mark it static)"
+            return None, f"an argument of type {parts} (pass Arrays, or mark it static)", None
         key = (tuple((i, args[i]) for i in self._static if i < len(args)), td, parts)
         try:
             hash(key)
         except TypeError:
-            return None, "an unhashable static argument"
-        return key, arrays
+            return None, "an unhashable static argument", None
+        if not self._static and key not in self._nospec:
+            spec = _checked_spec(tree, leaves)
+            if spec is None:
+                self._nospec.add(key)
+            else:
+                self._specs.insert(0, (spec, key, parts, td))
+                del self._specs[_MAX_SPECS:]
+        return key, arrays, self._traced(args, kwargs, td, traced)
+
+    def _traced(self, args, kwargs, td, traced):
+        """The (args, kwargs) a trace runs with: the ints replaced by their Arrays."""
+        if traced is None:
+            return args, kwargs
+        t_dyn, kwargs = tree_util.tree_unflatten(td, traced)
+        t_dyn = iter(t_dyn)
+        return [a if i in self._static else next(t_dyn) for i, a in enumerate(args)], kwargs
 
     def call(self, args, kwargs):
         if _tape() is not None:   # differentiated from outside: the ops must reach the tape
             return self._run(args, kwargs)
-        key, arrays = self._key(args, kwargs)
+        key, arrays, traced = self._key(args, kwargs)
         if key is None:
             return self._run(args, kwargs)
         entries = self._cache.get(key)
         if entries:
-            for prog, out_td in entries:
+            for prog, out_td, out_spec in entries:
                 if prog.broken is not None:
                     return self._run(args, kwargs)
                 outs = prog.run(arrays)
                 if outs is not None:
+                    if out_spec is not None:
+                        return _C.unflatten_spec(out_spec, outs)
                     return tree_util.tree_unflatten(out_td, outs)
-        return self._trace(key, arrays, args, kwargs)[0]
+        return self._trace(key, arrays, *traced)[0]
 
     def _trace(self, key, arrays, args, kwargs):
         prog = _C.Program()
@@ -290,16 +380,16 @@ class _Programs:
         prog.finish(list(leaves))
         self.traces += 1
         entries = self._cache.setdefault(key, [])
-        entries.insert(0, (prog, out_td))
+        entries.insert(0, (prog, out_td, _checked_spec(out, leaves)))
         del entries[_MAX_PROGRAMS:]
         return out, prog
 
     def program(self, args, kwargs):
         """(the program of a call with these arguments, traced now, or None; why not)."""
-        key, arrays = self._key(args, kwargs)
+        key, arrays, traced = self._key(args, kwargs)
         if key is None:
             return None, arrays
-        prog = self._trace(key, arrays, args, kwargs)[1]
+        prog = self._trace(key, arrays, *traced)[1]
         return prog, ("another thread was tracing" if prog is None else None)
 
 

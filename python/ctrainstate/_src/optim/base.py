@@ -764,6 +764,70 @@ class FastPlan:
         return new, self.pdef.unflatten(new[:n]), self.sdef.unflatten(new[n:])
 
 
+    def step_list(self, values):
+        """The new state Arrays after one step of the state whose Arrays lead ``values``
+        (followed by the grads' leaves in the params' order): the step of a jitted program's
+        :class:`JitStep` node, or None (nothing changed) when the general path must decide."""
+        if self.epoch != _BORROW_EPOCH[0]:
+            return None
+        c = self.count
+        if c is None:
+            return self.cplan.step_list(values, [s for s, _ in self.scalars], 0)
+        if c >= _INT32_MAX - 1:   # a saturating counter: the general path
+            return None
+        new = self.cplan.step_list(values, [s if f is None else f(c) for s, f in self.scalars],
+                                   np.int32(c + 1))
+        if new is not None:
+            self.count = c + 1
+        return new
+
+
+class JitStep:
+    """An in-place optimizer step as one node of a jitted program (``_C.trace_node``):
+    ``TrainState.apply_gradients`` (and t5x's ``apply_gradient``) inside ``ctrainstate.jit``.
+    Called with the state's Arrays (the params' leaves, then the optimizer state's), the
+    grads' leaves and, with ``has_step``, the train state's step (a 0-d int32 Array), it steps
+    the state in place and returns the new state's Arrays in the same order, then the new
+    step (step + 1, a new Array). The step's scalars (bias corrections, a schedule's value)
+    follow the optimizer's own counter on every call: nothing of the traced step is a
+    constant of the program. The first call (at the trace) and any call the persistent plan
+    declines run the general path (:func:`run_fused`), which validates and raises as eager
+    ``apply_gradients`` does."""
+
+    __slots__ = ("tx", "pdef", "sdef", "nparams", "nstate", "plan", "has_step", "_step")
+
+    def __init__(self, tx, pdef, sdef, nparams: int, nstate: int, plan=None,
+                 has_step: bool = False):
+        self.tx, self.pdef, self.sdef = tx, pdef, sdef
+        self.nparams, self.nstate, self.plan = nparams, nstate, plan
+        self.has_step = has_step
+        self._step = (None, 0)   # the last step Array this node returned, and its value
+
+    def __call__(self, values: list) -> list:
+        if self.has_step:
+            step = values[-1]
+            values = values[:-1]
+        plan = self.plan
+        new = None
+        if plan is not None and plan.fast is not None:
+            new = plan.fast.step_list(values)
+        if new is None:
+            n, m = self.nparams, self.nstate
+            p = self.pdef.unflatten(values[:n])
+            s = self.sdef.unflatten(values[n:n + m])
+            g = self.pdef.unflatten(values[n + m:])
+            new_p, new_s, self.plan = run_fused(self.tx, g, s, p, inplace=True, want_plan=True,
+                                                plan=plan)
+            new = list(self.pdef.flatten_up_to(new_p)) + list(self.sdef.flatten_up_to(new_s))
+        if self.has_step:   # step + 1, the host value kept while the state is this node's
+            last, v = self._step
+            v = (v if step is last else int(step)) + 1
+            nxt = _C.int_like(step, v)
+            self._step = (nxt, v)
+            return new + [nxt]   # (a new list: the plan keeps `new` as its current Arrays)
+        return new
+
+
 def _dict_program(td):
     """The structure of a tree of plain dicts as nested ``((key, program), ...)`` tuples in
     the treedef's key order (None for a leaf), or None when another node type is in it."""

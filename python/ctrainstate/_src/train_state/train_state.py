@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+
+import numpy as np
 from typing import Any, Callable
 
+from ... import _C
 from ..array.array import Array, device_put
-from ..optim.base import apply_updates, mark_borrowed, run_fused
-from ..base.tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
+from ..optim.base import JitStep, apply_updates, mark_borrowed, run_fused
+from ..base.tree_util import GetAttrKey, register_pytree_with_keys, tree_flatten, tree_leaves
 
 try:   # signal's C module: signal.signal's enum conversions cost ~20 us a step
     import _signal as _sig
@@ -66,6 +69,9 @@ def dataclass(cls=None, **kwargs):
 
     register_pytree_with_keys(cls, flatten_with_keys, unflatten)
     cls._ct_struct = True
+    # (data fields, static fields): ctrainstate.jit flattens a state of this class in C by them
+    # (csrc/python/py_tree.c), where unflatten is object.__new__ and the fields set
+    cls._ct_fields = None if hasattr(cls, "__post_init__") else (data, meta)
     cls._flax_dataclass = True   # flax.struct's marker, which libraries test for
     cls.replace = lambda self, **kw: dataclasses.replace(self, **kw)
     return cls
@@ -218,6 +224,10 @@ class TrainState(PyTreeNode):
         """
         if kwargs:   # checked before the in-place kernel: a failing replace after it would
             _check_replace(self, kwargs)   # leave this state donated and no new one
+        if _C.trace_active():   # inside a jit trace: the step becomes one node of the program
+            new = self._traced_step(grads, kwargs)
+            if new is not None:
+                return new
         d = getattr(self, "__dict__", None)
         last = d.get("_ct_plan") if d is not None else None
         if last is not None and last.fast is not None and "_ct_cur" in d:
@@ -246,6 +256,39 @@ class TrainState(PyTreeNode):
             guard.release()
             raise
         return guard.commit(self, new)
+
+    def _traced_step(self, grads, kwargs):
+        """The step as a node of the program a jit trace records (``optim.base.JitStep``), or
+        None where it cannot be one (a functional ``tx``, leaves that are not Arrays): then the
+        eager step runs and the traced function replays eagerly."""
+        if not getattr(self.tx, "fusable", False):
+            return None
+        if _OWG in (grads if isinstance(grads, dict) else {}):
+            g, p = grads["params"], self.params["params"]
+        else:
+            g, p = grads, self.params
+        p_leaves, pdef = tree_flatten(p)
+        s_leaves, sdef = tree_flatten(self.opt_state)
+        try:
+            g_leaves = pdef.flatten_up_to(g)
+        except (ValueError, TypeError):
+            return None   # (the eager step raises with the paths)
+        values = p_leaves + s_leaves + list(g_leaves)
+        if any(type(x) is not Array for x in values):
+            return None
+        step = self.step   # a traced int32 Array (jit makes an int argument one): in the node
+        has_step = (type(step) is Array and step.shape == () and step.dtype == np.int32
+                    and len(step._blocks) == 1)
+        if has_step:
+            values.append(step)
+        d = getattr(self, "__dict__", None)
+        node = JitStep(self.tx, pdef, sdef, len(p_leaves), len(s_leaves),
+                       d.get("_ct_plan") if d is not None else None, has_step)
+        out = _C.trace_node("optimizer_step", node, values)
+        n, m = len(p_leaves), len(s_leaves)
+        new_step = out[n + m] if has_step else step + 1
+        return self._stepped(grads, new_step, pdef.unflatten(out[:n]),
+                             sdef.unflatten(out[n:n + m]), None, kwargs)
 
     def _fast_step(self, fast, d, grads, kwargs):
         """The step through ``fast`` (optim.base.FastPlan), or None when it declines (nothing

@@ -1,0 +1,202 @@
+"""A whole training step under jit: value_and_grad and TrainState.apply_gradients traced once and
+replayed from C, the optimizer step one node of the program (optim.base.JitStep,
+_C.trace_node); Python int arguments traced as int32 Arrays; argument trees keyed in C
+(_C.flatten_spec, csrc/python/py_tree.c)."""
+import collections
+
+import numpy as np
+import pytest
+
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import _C, optim
+from ctrainstate.train_state import TrainState
+from call_counts import python_calls
+
+
+def _mesh():
+    return cts.Mesh(np.array(cts.devices()[:8]).reshape(2, 4), ("x", "y"))
+
+
+def _setup(mesh, tx, seed=0):
+    rng = np.random.default_rng(seed)
+    put = lambda a, *spec: cts.device_put(
+        a, None if mesh is None else cts.NamedSharding(mesh, cts.P(*spec)))
+    params = {"l0": {"w": put(rng.standard_normal((2, 16)).astype(np.float32) * 0.5, None, "y"),
+                     "b": put(np.zeros(16, np.float32), "y")},
+              "l1": {"w": put(rng.standard_normal((16, 3)).astype(np.float32) * 0.5, "y", None),
+                     "b": put(np.zeros(3, np.float32), None)}}
+    x = put(rng.standard_normal((16, 2)).astype(np.float32), "x")
+    t = put(rng.standard_normal((16, 3)).astype(np.float32), "x")
+    return TrainState.create(apply_fn=None, params=params, tx=tx), x, t
+
+
+def _train_step(state, x, t):
+    def loss_fn(p):
+        h = cnp.sin(x @ p["l0"]["w"] + p["l0"]["b"])
+        return cnp.mean(cnp.square(h @ p["l1"]["w"] + p["l1"]["b"] - t))
+    loss, g = cts.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=g), loss
+
+
+def _bits(tree):
+    return [np.asarray(a).tobytes() for a in cts.tree_util.tree_leaves(tree)]
+
+
+def _run(step, state, x, t, n):
+    losses = []
+    for _ in range(n):
+        state, loss = step(state, x, t)
+        losses.append(np.asarray(loss).tobytes())
+    return state, losses
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+@pytest.mark.parametrize("tx", ["adam", "adamw+schedule", "sgd momentum"])
+def test_a_jitted_train_step_replays_with_the_eager_bits(where, tx):
+    mesh = None if where == "one device" else _mesh()
+    make = {"adam": lambda: optim.adam(1e-2),
+            "adamw+schedule": lambda: optim.adamw(optim.linear_schedule(1e-2, 1e-3, 5),
+                                                  weight_decay=0.1),
+            "sgd momentum": lambda: optim.sgd(1e-2, momentum=0.9)}[tx]
+    eager, e_losses = _run(_train_step, *_setup(mesh, make()), n=8)
+    j = cts.jit(_train_step)
+    jitted, j_losses = _run(j, *_setup(mesh, make()), n=8)
+    assert j._programs.traces == 1                 # traced at the first call only
+    assert j_losses == e_losses                    # the schedule follows the counter: no constant
+    assert _bits(jitted.params) == _bits(eager.params)
+    assert _bits(jitted.opt_state) == _bits(eager.opt_state)
+    assert int(jitted.step) == int(eager.step) == 8
+    for a, b in zip(cts.tree_util.tree_leaves(jitted.params),
+                    cts.tree_util.tree_leaves(eager.params)):
+        assert a.sharding == b.sharding
+
+
+def test_the_program_holds_one_optimizer_node_and_the_old_state_is_donated():
+    state, x, t = _setup(None, optim.adam(1e-2))
+    j = cts.jit(_train_step)
+    s1, _ = j(state, x, t)
+    s2, _ = j(s1, x, t)
+    text = j.lower(s2, x, t).as_text()   # (tracing runs the step: s2 is donated after it)
+    assert text.count("optimizer_step[node]") == 1 and "not replayable" not in text
+    with pytest.raises(cts.DonatedBufferError):   # as eagerly: the step updates in place
+        np.asarray(s1.params["l0"]["w"])
+    with pytest.raises(cts.DonatedBufferError):
+        j(s1, x, t)
+
+
+def test_a_replayed_train_step_makes_a_few_python_calls():
+    counts = []
+    for width in (4, 64):   # more leaves and ops, the same Python calls
+        rng = np.random.default_rng(0)
+        params = {f"l{i}": {"w": cts.device_put(rng.standard_normal((width, width)).astype(
+            np.float32) * 0.1), "b": cts.device_put(np.zeros(width, np.float32))}
+            for i in range(3 if width == 4 else 6)}
+        state = TrainState.create(apply_fn=None, params=params, tx=optim.adam(1e-3))
+        x = cts.device_put(rng.standard_normal((8, width)).astype(np.float32))
+
+        def step(state, x):
+            def loss_fn(p):
+                h = x
+                for k in sorted(p):
+                    h = cnp.tanh(h @ p[k]["w"] + p[k]["b"])
+                return cnp.mean(cnp.square(h))
+            loss, g = cts.value_and_grad(loss_fn)(state.params)
+            return state.apply_gradients(grads=g), loss
+        j = cts.jit(step)
+        for _ in range(3):
+            state, _ = j(state, x)
+        box = [state]
+
+        def one():
+            box[0], _ = j(box[0], x)
+        counts.append(python_calls(one))
+        assert j._programs.traces == 1
+    assert counts[0] == counts[1] and counts[0] <= 20, counts
+
+
+def test_a_state_not_passed_as_an_argument_is_not_replayed():
+    state, x, t = _setup(None, optim.adam(1e-2))
+    box = [state]
+
+    def step(x, t):   # the state is closed over: the node would step a constant
+        box[0], loss = _train_step(box[0], x, t)
+        return loss
+    j = cts.jit(step)
+    ref_state, _ = _setup(None, optim.adam(1e-2))[0], None
+    ref = []
+    for _ in range(3):
+        ref_state, loss = _train_step(ref_state, x, t)
+        ref.append(float(loss))
+    got = [float(j(x, t)) for _ in range(3)]
+    assert got == ref
+    assert "pass the train state as an argument" in j.lower(x, t).as_text()
+
+
+def test_python_int_arguments_are_traced_as_int32():
+    x = cts.device_put(np.float32([1.0, 2.0]))
+    f = cts.jit(lambda x, n: x * n)
+    np.testing.assert_array_equal(np.asarray(f(x, 2)), [2.0, 4.0])
+    np.testing.assert_array_equal(np.asarray(f(x, 5)), [5.0, 10.0])
+    assert f._programs.traces == 1 and f(x, 3).dtype == np.float32
+    g = cts.jit(lambda n: n + 1)          # an int comes back as an int32 Array, as in jax
+    r = g(41)
+    assert type(r) is cts.Array and r.dtype == np.int32 and int(r) == 42
+    big = cts.jit(lambda x, n: x + float(n))   # beyond int32: by value, as before
+    assert np.asarray(big(x, 2 ** 40)).tobytes() == np.asarray(x + float(2 ** 40)).tobytes()
+    assert np.asarray(big(x, 2 ** 41)).tobytes() == np.asarray(x + float(2 ** 41)).tobytes()
+    assert big._programs.traces == 2
+    h = cts.jit(lambda x, flag: x * 2.0 if flag else x)   # bools stay values of the key
+    assert float(h(x, True)[0]) == 2.0 and float(h(x, False)[0]) == 1.0
+    assert h._programs.traces == 2
+
+    def loop(x, n):   # an int in Python control flow: a host read, so eager every call
+        for _ in range(n):
+            x = x * 2.0
+        return x
+    j = cts.jit(loop)
+    assert float(j(x, 2)[0]) == 4.0 and float(j(x, 3)[0]) == 8.0
+    assert "host read" in j.lower(x, 2).as_text()
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_flatten_spec_matches_only_the_same_structure():
+    a = cts.device_put(np.ones(2, np.float32))
+    state, _, _ = _setup(None, optim.adam(1e-2))
+    tree = ((state, {"k": a, "p": Pair(a, None), "l": [a, 3]}), {"kw": 1.5})
+    from ctrainstate._src.jit.jit import _checked_spec
+    leaves = cts.tree_util.tree_leaves(tree)
+    spec = _checked_spec(tree, leaves)
+    assert spec is not None
+    got = _C.flatten_spec(spec, tree)
+    assert len(got) == len(leaves) and all(g is l for g, l in zip(got, leaves))
+    back = _C.unflatten_spec(spec, got)
+    assert cts.tree_util.tree_structure(back) == cts.tree_util.tree_structure(tree)
+    assert type(back[0][0]) is TrainState and back[0][0].tx is state.tx
+    # each of these differs from the spec in one node: no match (None), nothing raised
+    other_tx = state.replace(tx=optim.adam(1e-2))
+    for bad in [((state, {"k": a, "p": Pair(a, None), "l": [a, 3], "extra": a}), {"kw": 1.5}),
+                ((state, {"k": a, "p": (a, None), "l": [a, 3]}), {"kw": 1.5}),
+                ((state, {"k": a, "p": Pair(a, None), "l": (a, 3)}), {"kw": 1.5}),
+                ((state, {"k": a, "p": Pair(a, a), "l": [a, 3]}), {"kw": 1.5}),
+                ((state, {"k": np.ones(2), "p": Pair(a, None), "l": [a, 3]}), {"kw": 1.5}),
+                ((other_tx, {"k": a, "p": Pair(a, None), "l": [a, 3]}), {"kw": 1.5}),
+                ((state, {"k": a, "p": Pair(a, None), "l": [a, 3]}),)]:
+        assert _C.flatten_spec(spec, bad) is None
+    with pytest.raises(ValueError, match="leaves"):
+        _C.unflatten_spec(spec, got[:-1])
+    with pytest.raises(ValueError, match="not a spec"):
+        _C.unflatten_spec(("nonsense",), [])
+    assert _C.flatten_spec(("nonsense",), tree) is None
+
+
+def test_a_call_with_another_structure_retraces_and_gives_the_right_values():
+    f = cts.jit(lambda d: sum(cnp.sum(v) for v in d.values()))
+    a = cts.device_put(np.ones(3, np.float32))
+    assert float(f({"x": a})) == 3.0
+    assert float(f({"x": a, "y": a * 2.0})) == 9.0
+    assert float(f({"x": a * 3.0})) == 9.0
+    assert float(f({"y": a})) == 3.0
+    assert f._programs.traces == 3

@@ -44,6 +44,7 @@
 #include <math.h>
 #include <string.h>
 #include <structmember.h>
+#include <time.h>
 
 #include "../core/ct_ops.h"
 
@@ -1643,6 +1644,8 @@ struct program {
     PyObject *keep;   /* while recording: the arguments and results, alive so that no new
                        * Buffer takes the address of one of theirs (the maps' keys) */
     unsigned long thread;
+    double *step_ns;  /* with timing on (set_timing): nanoseconds spent in each step so far */
+    long long timed_runs;
 };
 
 static PyTypeObject *program_type;
@@ -1698,6 +1701,22 @@ static PyObject *first_buffer(ct_py_array *x) {
     return PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 2 ? PyTuple_GET_ITEM(t, 1) : NULL;
 }
 
+/* ((device id, bytes), ...) of Array x's blocks (memory_plan). */
+static PyObject *block_bytes(ct_py_array *x) {
+    const Py_ssize_t n = PyList_GET_SIZE(x->blocks);
+    PyObject *r = PyTuple_New(n);
+    for (Py_ssize_t i = 0; r != NULL && i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(x->blocks, i);
+        PyObject *b = PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 2 ? PyTuple_GET_ITEM(t, 1) : NULL;
+        PyObject *e = b != NULL && Py_IS_TYPE(b, &ct_py_BufferType)
+            ? Py_BuildValue("(in)", ((ct_py_buffer *)b)->dev->id, (Py_ssize_t)((ct_py_buffer *)b)->nbytes)
+            : Py_BuildValue("(in)", -1, (Py_ssize_t)0);
+        if (e == NULL) Py_CLEAR(r);
+        else PyTuple_SET_ITEM(r, i, e);
+    }
+    return r;
+}
+
 /* A new value of Array x (kind, ref, the Array for a constant), mapped by its first buffer;
  * with its buffers traced unless it is a constant. */
 static int add_value(program *pr, ct_py_array *x, int kind, int ref) {
@@ -1707,7 +1726,9 @@ static int add_value(program *pr, ct_py_array *x, int kind, int ref) {
         return -2;
     }
     if (grow_values(pr) < 0) return -1;
-    PyObject *meta = PyTuple_Pack(3, x->shape, x->dtype, x->sharding);
+    PyObject *bytes = block_bytes(x);
+    PyObject *meta = bytes != NULL ? PyTuple_Pack(4, x->shape, x->dtype, x->sharding, bytes) : NULL;
+    Py_XDECREF(bytes);
     PyObject *key = meta ? PyLong_FromVoidPtr(buf) : NULL;
     PyObject *idx = key ? PyLong_FromLong(pr->nvals) : NULL;
     int rc = idx ? PyDict_SetItem(pr->bufmap, key, idx) : -1;
@@ -1903,6 +1924,7 @@ static void program_dealloc(program *pr) {
     PyMem_Free(pr->vmeta);
     PyMem_Free(pr->last_use);
     PyMem_Free(pr->out_vals);
+    PyMem_Free(pr->step_ns);
     PyTypeObject *tp = Py_TYPE(pr);
     tp->tp_free((PyObject *)pr);
     Py_DECREF(tp);
@@ -2308,8 +2330,18 @@ static PyObject *program_run(program *pr, PyObject *args) {
         if (pr->vkind[v] == V_ARG) vals[v] = Py_NewRef(PyList_GET_ITEM(args, pr->vref[v]));
         else if (pr->vkind[v] == V_CONST) vals[v] = Py_XNewRef(pr->vobj[v]);
     }
+    struct timespec t0, t1;
+    if (pr->step_ns != NULL) {
+        pr->timed_runs++;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+    }
     for (int k = 0; k < pr->nsteps; k++) {
         pstep *st = &pr->steps[k];
+        if (pr->step_ns != NULL && k > 0) { /* (step k - 1 ended here) */
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            pr->step_ns[k - 1] += (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+            t0 = t1;
+        }
         if (st->fn != NULL) {
             if (run_node(pr, st, k, vals) < 0) goto done;
             continue;
@@ -2331,6 +2363,11 @@ static PyObject *program_run(program *pr, PyObject *args) {
         if (pr->last_use[st->a] == k && pr->vkind[st->a] == V_STEP) Py_CLEAR(vals[st->a]);
         if (st->b >= 0 && pr->last_use[st->b] == k && pr->vkind[st->b] == V_STEP)
             Py_CLEAR(vals[st->b]);
+    }
+    if (pr->step_ns != NULL && pr->nsteps > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        pr->step_ns[pr->nsteps - 1] +=
+            (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
     }
     res = PyList_New(pr->nouts);
     if (res == NULL) goto done;
@@ -2427,6 +2464,120 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
     return t;
 }
 
+/* memory_plan(): what a replay holds, for memory_analysis (python/ctrainstate/_src/jit/jit.py):
+ * (values, steps, outputs): values [(kind 'arg'/'const'/'step', ((device id, bytes), ...),
+ * last use: a step index, -1 never read, or None for an output)], steps [(input values,
+ * output values, whether the step is a node whose outputs take over its inputs' buffers)],
+ * outputs: the output values (-1: not an Array). */
+static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
+    (void)noargs;
+    if (!pr->finished || pr->broken != NULL)
+        return PyErr_Format(PyExc_RuntimeError, "Program.memory_plan: %s",
+                            pr->broken != NULL ? "the program is broken" : "not finished");
+    static const char *const kinds[] = {"arg", "const", "step"};
+    PyObject *vals = PyList_New(pr->nvals), *steps = PyList_New(pr->nsteps),
+             *outs = PyList_New(pr->nouts);
+    if (vals == NULL || steps == NULL || outs == NULL) goto fail;
+    for (int v = 0; v < pr->nvals; v++) {
+        PyObject *lu = pr->last_use[v] == INT32_MAX ? Py_NewRef(Py_None)
+                                                    : PyLong_FromLong(pr->last_use[v]);
+        PyObject *t = lu != NULL ? Py_BuildValue("(sON)", kinds[pr->vkind[v]],
+                                                 PyTuple_GET_ITEM(pr->vmeta[v], 3), lu)
+                                 : NULL;
+        if (t == NULL) goto fail;
+        PyList_SET_ITEM(vals, v, t);
+    }
+    for (int k = 0; k < pr->nsteps; k++) {
+        pstep *st = &pr->steps[k];
+        PyObject *t;
+        if (st->fn != NULL) {
+            PyObject *in = PyTuple_New(st->nin), *out = PyTuple_New(st->nout);
+            if (in == NULL || out == NULL) {
+                Py_XDECREF(in);
+                Py_XDECREF(out);
+                goto fail;
+            }
+            int bad = 0;
+            for (int i = 0; i < st->nin + st->nout; i++) {
+                PyObject *o = PyLong_FromLong(st->io[i]);
+                bad |= o == NULL;
+                if (i < st->nin) PyTuple_SET_ITEM(in, i, o != NULL ? o : Py_NewRef(Py_None));
+                else PyTuple_SET_ITEM(out, i - st->nin, o != NULL ? o : Py_NewRef(Py_None));
+            }
+            if (bad) {
+                Py_DECREF(in);
+                Py_DECREF(out);
+                goto fail;
+            }
+            t = Py_BuildValue("(NNO)", in, out, Py_True);
+        } else {
+            t = st->b >= 0 ? Py_BuildValue("((ii)(i)O)", st->a, st->b, st->out, Py_False)
+                           : Py_BuildValue("((i)(i)O)", st->a, st->out, Py_False);
+        }
+        if (t == NULL) goto fail;
+        PyList_SET_ITEM(steps, k, t);
+    }
+    for (int j = 0; j < pr->nouts; j++) {
+        PyObject *o = PyLong_FromLong(pr->out_vals[j]);
+        if (o == NULL) goto fail;
+        PyList_SET_ITEM(outs, j, o);
+    }
+    return Py_BuildValue("(NNN)", vals, steps, outs);
+fail:
+    Py_XDECREF(vals);
+    Py_XDECREF(steps);
+    Py_XDECREF(outs);
+    return NULL;
+}
+
+/* matches(args): whether run(args) would replay this program (the argument Arrays' count,
+ * shapes, dtypes and shardings are the recorded ones); runs nothing. */
+static PyObject *program_matches(program *pr, PyObject *args) {
+    if (!PyList_Check(args)) return PyErr_Format(PyExc_TypeError, "Program.matches takes a list");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    if (!pr->finished || PyList_GET_SIZE(args) != pr->nargs || pr->vmeta == NULL ||
+        pr->broken != NULL)
+        Py_RETURN_FALSE;
+    for (int i = 0; i < pr->nargs; i++) {
+        PyObject *x = PyList_GET_ITEM(args, i);
+        if (!Py_IS_TYPE(x, at) || !meta_match(pr->vmeta[i], (ct_py_array *)x)) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* set_timing(on): time every step of later runs (step_times), or stop and forget. */
+static PyObject *program_set_timing(program *pr, PyObject *on) {
+    int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    PyMem_Free(pr->step_ns);
+    pr->step_ns = NULL;
+    pr->timed_runs = 0;
+    if (v && pr->finished && pr->broken == NULL) {
+        pr->step_ns = PyMem_Calloc(pr->nsteps > 0 ? (size_t)pr->nsteps : 1, sizeof(double));
+        if (pr->step_ns == NULL) return PyErr_NoMemory();
+    }
+    Py_RETURN_NONE;
+}
+
+/* step_times: [(step index, name, mean microseconds per run)] since set_timing(True). */
+static PyObject *program_get_step_times(program *pr, void *c) {
+    (void)c;
+    PyObject *out = PyList_New(0);
+    if (out == NULL || pr->step_ns == NULL || pr->timed_runs == 0) return out;
+    for (int k = 0; k < pr->nsteps; k++) {
+        PyObject *t = Py_BuildValue("(iOd)", k, pr->steps[k].name,
+                                    pr->step_ns[k] / 1e3 / (double)pr->timed_runs);
+        if (t == NULL || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return out;
+}
+
 static PyObject *program_get_broken(program *pr, void *c) {
     (void)c;
     return Py_NewRef(pr->broken != NULL ? pr->broken : Py_None);
@@ -2443,6 +2594,13 @@ static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_O,
      "run($self, args, /)\n--\n\nThe outputs for new argument Arrays, or None when one does not "
      "have the recorded shape, dtype and sharding."},
+    {"matches", (PyCFunction)program_matches, METH_O,
+     "matches($self, args, /)\n--\n\nWhether run(args) would replay this program (runs nothing)."},
+    {"memory_plan", (PyCFunction)program_memory_plan, METH_NOARGS,
+     "memory_plan($self, /)\n--\n\n(values, steps, outputs): every value's kind, bytes per device "
+     "and last use, each step's input and output values, the outputs (for memory_analysis)."},
+    {"set_timing", (PyCFunction)program_set_timing, METH_O,
+     "set_timing($self, on, /)\n--\n\nTime each step of later runs (step_times), or stop."},
     {"as_text", (PyCFunction)program_as_text, METH_NOARGS,
      "as_text($self, /)\n--\n\nThe steps, one per line, or why the function is not replayable."},
     {NULL, NULL, 0, NULL},
@@ -2452,6 +2610,8 @@ static PyGetSetDef program_getset[] = {
     {"broken", (getter)program_get_broken, NULL,
      "Why the traced function cannot be replayed (it then runs eagerly), or None.", NULL},
     {"nsteps", (getter)program_get_nsteps, NULL, "The number of recorded steps.", NULL},
+    {"step_times", (getter)program_get_step_times, NULL,
+     "[(step, name, mean microseconds per run)] of the runs since set_timing(True).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

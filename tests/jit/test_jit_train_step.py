@@ -200,3 +200,56 @@ def test_a_call_with_another_structure_retraces_and_gives_the_right_values():
     assert float(f({"x": a * 3.0})) == 9.0
     assert float(f({"y": a})) == 3.0
     assert f._programs.traces == 3
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_memory_analysis_predicts_the_peak_a_replay_reaches(where):
+    mesh = None if where == "one device" else _mesh()
+    state, x, t = _setup(mesh, optim.adam(1e-2))
+    j = cts.jit(_train_step)
+    for _ in range(2):
+        state, _ = j(state, x, t)
+    traces = j._programs.traces
+    ma = j.lower(state, x, t).compile().memory_analysis()   # the existing program: no trace
+    assert j._programs.traces == traces
+    devs = cts.devices()[:1 if mesh is None else 8]
+    assert sorted(ma.per_device) == sorted(d.id for d in devs)
+    n_params = sum(a.size for a in cts.tree_util.tree_leaves(state.params))
+    # arguments: the state (params, mu, nu: 3 x n_params floats, the counters) and x, t
+    one = ma.per_device[devs[0].id]
+    assert one["argument_size_in_bytes"] > 0 and one["temp_size_in_bytes"] > 0
+    if mesh is None:
+        assert ma.argument_size_in_bytes == 4 * (3 * n_params + x.size + t.size) + 4 + 4
+        assert ma.alias_size_in_bytes >= 4 * 3 * n_params   # the new state takes the old's buffers
+    cts.reset_peak_memory_stats()
+    before = {d.id: d.memory_stats()["bytes_in_use"] for d in devs}
+    state, _ = j(state, x, t)
+    for d in devs:
+        p = ma.per_device[d.id]
+        predicted = p["peak_size_in_bytes"] - p["argument_size_in_bytes"] - p["constant_size_in_bytes"]
+        measured = d.memory_stats()["peak_bytes_in_use"] - before[d.id]
+        assert abs(measured - predicted) <= 0.05 * predicted, (d.id, measured, predicted)
+
+
+def test_memory_analysis_of_a_function_that_runs_eagerly_raises():
+    x = cts.device_put(np.float32([1.0, 2.0]))
+    f = cts.jit(lambda x: x * float(cnp.sum(x)))
+    f(x)
+    with pytest.raises(RuntimeError, match="not replayable.*host read"):
+        f.lower(x).compile().memory_analysis()
+
+
+def test_step_times_time_each_step_of_the_replays():
+    x = cts.device_put(np.ones((64, 64), np.float32))
+    f = cts.jit(lambda x: cnp.sin(x @ x) * 2.0)
+    f(x)
+    prog = f._programs.program([x], {})[0]
+    assert prog.step_times == []
+    prog.set_timing(True)
+    for _ in range(3):
+        f(x)
+    times = prog.step_times
+    assert [name for _, name, _ in times] == ["matmul", "sin", "multiply"]
+    assert all(us > 0 for _, _, us in times)
+    prog.set_timing(False)
+    assert prog.step_times == []

@@ -7,7 +7,10 @@ csrc/python/py_dispatch.c); later calls replay the recorded plans from C, with n
 per op. A function that does anything else to its traced values (a Python op without a C
 plan, a host read such as ``float(x)``, an optimizer step in place) cannot be replayed and
 runs eagerly on every call, with the same results; ``f.lower(*args).as_text()`` shows the
-program or the reason. The wrappers place
+program or the reason, and ``f.lower(*args).compile().memory_analysis()`` the bytes a replay
+holds per device (:class:`MemoryAnalysis`). ``TrainState.apply_gradients`` inside the function
+is one node of the program (the fused optimizer step, in place); Python int arguments are
+traced as int32 Arrays, as jax traces them. The wrappers place
 the inputs by ``in_shardings`` / ``in_axis_resources``, call the function (inside
 the active mesh), and place the outputs by ``out_shardings`` /
 ``out_axis_resources``. Specs may be pytree prefixes of the arguments/outputs; a
@@ -44,7 +47,7 @@ from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 from ..base.devices import _normalize_backend, devices
 from ..ops.ops import _tape
 
-__all__ = ["jit", "pjit"]
+__all__ = ["jit", "pjit", "MemoryAnalysis"]
 
 
 def _is_spec_leaf(x) -> bool:
@@ -385,17 +388,107 @@ class _Programs:
         return out, prog
 
     def program(self, args, kwargs):
-        """(the program of a call with these arguments, traced now, or None; why not)."""
+        """(the program of a call with these arguments — the one traced before, else traced
+        now — or None; why not)."""
         key, arrays, traced = self._key(args, kwargs)
         if key is None:
             return None, arrays
+        for prog, _, _ in self._cache.get(key, ()):
+            if prog.broken is not None or prog.matches(arrays):
+                return prog, None
         prog = self._trace(key, arrays, *traced)[1]
         return prog, ("another thread was tracing" if prog is None else None)
 
 
+class MemoryAnalysis:
+    """What one replay of a jitted program holds on each device, from its recorded program
+    (``f.lower(*args).compile().memory_analysis()``), computed without running it. The
+    attributes are ``jax.stages.Compiled.memory_analysis()``'s, each the largest over the
+    devices; ``per_device`` maps a device id to the same figures for that device.
+
+    - ``argument_size_in_bytes``: the arguments' buffers;
+    - ``output_size_in_bytes``: the outputs' (an output that is an argument counts here too);
+    - ``alias_size_in_bytes``: outputs that take over an argument's buffers (an optimizer
+      step in place: ``apply_gradients``), so they need no memory of their own;
+    - ``temp_size_in_bytes``: the most memory the replay's intermediates (not outputs) hold at
+      once, each freed after its last use;
+    - ``constant_size_in_bytes``: Arrays the function closes over that the program reads;
+    - ``peak_size_in_bytes``: arguments, constants, and the most the intermediates and the
+      new outputs hold at once — what a replay needs on that device;
+    - ``generated_code_size_in_bytes``: 0 (plans, no generated code).
+
+    Scratch memory inside a kernel (a BLAS's packing buffers) is not counted."""
+
+    _FIELDS = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+               "temp_size_in_bytes", "constant_size_in_bytes", "peak_size_in_bytes")
+
+    def __init__(self, per_device: dict):
+        self.per_device = per_device
+        for f in self._FIELDS:
+            setattr(self, f, max((d[f] for d in per_device.values()), default=0))
+        self.generated_code_size_in_bytes = 0
+        self.host_argument_size_in_bytes = self.host_output_size_in_bytes = 0
+        self.host_alias_size_in_bytes = self.host_temp_size_in_bytes = 0
+
+    def __repr__(self):
+        return ("MemoryAnalysis(" + ", ".join(f"{f}={getattr(self, f)}" for f in self._FIELDS)
+                + f", devices={len(self.per_device)})")
+
+
+def _memory_analysis(plan) -> MemoryAnalysis:
+    """A :class:`MemoryAnalysis` of ``Program.memory_plan()``: replays the program's
+    allocations and frees (as ``Program.run`` does them) on byte counters."""
+    values, steps, outs = plan
+    per = {}
+
+    def dev(d):
+        if d not in per:
+            per[d] = dict.fromkeys(MemoryAnalysis._FIELDS, 0)
+            per[d]["_live"] = per[d]["_temp"] = per[d]["_new"] = 0
+        return per[d]
+    out_set = {v for v in outs if v >= 0}
+    for v, (kind, nbytes, last) in enumerate(values):
+        if kind == "arg":
+            for d, b in nbytes:
+                dev(d)["argument_size_in_bytes"] += b
+        elif kind == "const" and (last != -1 or v in out_set):
+            for d, b in nbytes:
+                dev(d)["constant_size_in_bytes"] += b
+    for v in out_set:
+        for d, b in values[v][1]:
+            dev(d)["output_size_in_bytes"] += b
+    held = set()   # step values holding memory of their own now
+    for k, (ins, outs_k, node) in enumerate(steps):
+        for o in outs_k:
+            if node:   # takes over an input's buffers: no new memory
+                if o in out_set:
+                    for d, b in values[o][1]:
+                        dev(d)["alias_size_in_bytes"] += b
+                continue
+            held.add(o)
+            for d, b in values[o][1]:
+                s = dev(d)
+                s["_live"] += b
+                s["_new" if o in out_set else "_temp"] += b
+        for s in per.values():
+            s["peak_size_in_bytes"] = max(s["peak_size_in_bytes"], s["_live"])
+            s["temp_size_in_bytes"] = max(s["temp_size_in_bytes"], s["_temp"])
+        for i in set(ins):   # each input freed after its last use (outputs stay)
+            if i in held and values[i][2] == k and i not in out_set:
+                held.discard(i)
+                for d, b in values[i][1]:
+                    dev(d)["_live"] -= b
+                    dev(d)["_temp"] -= b
+    for s in per.values():
+        s["peak_size_in_bytes"] += s["argument_size_in_bytes"] + s["constant_size_in_bytes"]
+        del s["_live"], s["_temp"], s["_new"]
+    return MemoryAnalysis(per)
+
+
 class _Lowered:
-    """``f.lower(*args)``: the traced program of this call (tracing runs the function once)
-    and ``compile()`` (itself), ``as_text()``; calling it calls ``f``."""
+    """``f.lower(*args)``: the program of this call — the one an earlier call traced, else
+    traced now (tracing runs the function once) — and ``compile()`` (itself), ``as_text()``,
+    ``memory_analysis()``; calling it calls ``f``."""
 
     def __init__(self, f, programs, args, kwargs):
         self._f = f
@@ -408,6 +501,16 @@ class _Lowered:
         if self._prog is None:
             return f"# not replayable: {self._why}\n"
         return self._prog.as_text()
+
+    def memory_analysis(self) -> MemoryAnalysis:
+        """Bytes per device a replay holds (:class:`MemoryAnalysis`), from the program alone.
+        Raises ``RuntimeError`` naming the reason when the function is not replayable (it
+        runs eagerly: there is no program to analyse)."""
+        if self._prog is None or self._prog.broken is not None:
+            why = self._why if self._prog is None else self._prog.broken
+            raise RuntimeError(f"memory_analysis: the function is not replayable ({why}); it "
+                               f"runs eagerly, so there is no program to analyse")
+        return _memory_analysis(self._prog.memory_plan())
 
     def __call__(self, *args, **kwargs):
         return self._f(*args, **kwargs)

@@ -73,7 +73,9 @@ static inline float ct_vexp_core(float x) {
 /* exp(x) for any float x (overflow to inf, underflow to 0, NaN kept). */
 static inline float ct_vexp(float x) {
     const float hi = 88.7228317f, lo = -103.972084f;
-    float xc = fminf(fmaxf(x, lo), hi);
+    /* (comparisons, not fminf/fmaxf, which gcc does not vectorise: the same values for every
+     * x but NaN, whose result is decided below) */
+    float xc = x < lo ? lo : (x > hi ? hi : x);
     float out = ct_vexp_core(xc);
     out = x > hi ? INFINITY : out;
     out = x < lo ? 0.0f : out;
@@ -87,7 +89,7 @@ static inline float ct_vtanh(float x) {
     float z = x * x;
     float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z +
                     1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
-    float e = ct_vexp_core(2.0f * fminf(ax, 10.0f));
+    float e = ct_vexp_core(2.0f * (ax < 10.0f ? ax : 10.0f)); /* (fminf: 10 for NaN too) */
     float big = 1.0f - 2.0f / (e + 1.0f);
     big = x < 0.0f ? -big : big;
     float out = ax < 0.625f ? copysignf(small, x) : big;

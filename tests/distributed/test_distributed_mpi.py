@@ -74,6 +74,27 @@ def test_every_collective_across_processes(n, tmp_path):
     assert len(counts) == 1 and counts.pop() > 150  # the same checks ran everywhere
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_global_devices_meshes_arrays_and_init_across_processes(n, tmp_path):
+    # tests/mpi/global_arrays.py: global devices, Arrays spanning processes, the
+    # make_array_from_* placements, multihost_utils on them, and born-sharded params gathered
+    # and compared bit for bit with one process of 2 * n devices (the reference run)
+    ref = tmp_path / "ref.npz"
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, "global_arrays.py"), "--reference",
+                        str(ref)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=_env(CTRAINSTATE_NUM_CPU_DEVICES=str(2 * n)))
+    assert r.returncode == 0 and f"REFERENCE {n} " in r.stdout, r.stdout + r.stderr[-4000:]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, "global_arrays.py"), str(ref), out=out_dir)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
+    assert oks == list(range(n)), out[-6000:]
+    counts = [int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)]
+    assert min(counts) > 80, counts   # the checks ran (processes 0 and 1 check one more)
+
+
 TIMEOUT = 3.0
 SLACK = 2.5  # a loaded 2-core machine: scheduling, and the poll interval
 

@@ -9,6 +9,7 @@ import threading as _threading
 import numpy as _np
 
 from ... import _C
+from ..base import devices as _devices
 
 __all__ = [
     "initialize", "shutdown", "is_initialized", "process_index", "process_count",
@@ -195,6 +196,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         if process_id >= num_processes:
             raise ValueError(f"process_id {process_id} is not below num_processes "
                              f"{num_processes}")
+        if num_processes > 1 and _devices._devices_used() and _devices.process_count() == 1:
+            raise RuntimeError(
+                "ctrainstate.distributed.initialize() must be called before ctrainstate uses "
+                "devices (devices(), device_put, a Mesh, ...): in a job of several processes "
+                "the devices get global ids, as jax.distributed.initialize must come before "
+                "any computation")
         library = _os.environ.get("CTRAINSTATE_MPI_LIBRARY") or None
         try:
             got_id, got_n = _C.dist_initialize(library, process_id, num_processes)
@@ -209,9 +216,20 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                       coordinator_address=coordinator_address, local_device_ids=local_device_ids,
                       local_rank=detected["local_rank"] if detected else None, timeout=timeout,
                       source=source)
+        if got_n > 1:
+            _join_devices(got_id, got_n, timeout)
         if not _state["atexit"]:
             _atexit.register(_at_exit)
             _state["atexit"] = True
+
+
+def _join_devices(me: int, n: int, timeout: float) -> None:
+    """Every process's device counts, gathered, make the devices global
+    (:func:`ctrainstate._src.base.devices._set_processes`)."""
+    mine = _np.array([len(_C.device_ids("cpu")), len(_C.device_ids("gpu"))], _np.int64)
+    counts = _np.empty((n, 2), _np.int64)
+    _C.dist_allgather(mine, counts, timeout)
+    _devices._set_processes(me, [tuple(int(v) for v in row) for row in counts])
 
 
 def _at_exit() -> None:

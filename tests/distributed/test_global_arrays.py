@@ -3,7 +3,8 @@
 global_shards and multihost_utils' host-local <-> global conversions in a job of one process;
 and, in a child process, the view of process 1 of a job of two (the device layout that
 ctrainstate.distributed.initialize sets, set directly): global ids, Arrays that hold only
-this process's shards, and the errors for what needs the other process. The same under
+this process's shards, operations that need no other process, and the errors for what
+needs it (without MPI). The same under
 mpirun is tests/mpi/global_arrays.py (test_distributed_mpi.py)."""
 import numpy as np
 import pytest
@@ -202,11 +203,18 @@ assert x.devices() == set(devs)
 raises(RuntimeError, "multihost_utils.process_allgather", lambda: np.asarray(x))
 raises(RuntimeError, "multihost_utils.process_allgather", lambda: str(x))
 assert "is_fully_addressable=False" in repr(x)
-for op in (lambda: x + 1, lambda: -x, lambda: jnp.exp(x), lambda: jnp.sum(x),
-           lambda: x @ x, lambda: x.astype(np.int32), lambda: x[0], lambda: x.T):
-    raises(ValueError, "process", op)
-raises(ValueError, "needs values held by other processes",
-       lambda: cts.device_put(x, NamedSharding(mesh, P("model"))))
+# operations that need no other process run on this process's blocks
+for got, want in ((x * 2 + 1, g * 2 + 1), (-x, -g), (x.astype(np.int32), g.astype(np.int32)),
+                  (x.T, g.T), (jnp.maximum(x, 9.0), np.maximum(g, 9)), (x.reshape(8, 2, 4), g.reshape(8, 2, 4))):
+    assert not got.is_fully_addressable
+    assert [s.device for s in got.addressable_shards] == devs[4:]
+    for s in got.addressable_shards:
+        assert np.array_equal(np.asarray(s.data), want[s.index]), s.index
+rows = jnp.sum(x, axis=1)                         # over 'model': within this process
+assert all(np.allclose(np.asarray(s.data), g.sum(axis=1)[s.index]) for s in rows.addressable_shards)
+# those that need the other process's blocks communicate: without MPI they raise
+raises(RuntimeError, "not initialized", lambda: jnp.sum(x))
+raises(RuntimeError, "not initialized", lambda: cts.device_put(x, NamedSharding(mesh, P("model"))))
 r = cts.device_put(g, NamedSharding(mesh, P(None, "model")))   # replicated over processes
 assert np.array_equal(np.asarray(r), g) and not r.is_fully_addressable
 assert float(cts.device_put(np.float32(3), NamedSharding(mesh, P()))) == 3.0

@@ -601,6 +601,10 @@ def _reshard(a: Array, sharding: Sharding) -> Array:
     (ValueError where those do not hold the values: that would need data of another
     process)."""
     a._check_alive()
+    if not a.is_fully_addressable and not _each_process_holds(a.sharding, sharding, a.shape):
+        # a block of some process needs values of another: every process gathers the whole
+        # value (a host all-gather; every process runs this same reshard) and places its part
+        return _from_host(_upper('distributed')._gather_global(a), sharding)
     shard_shape, blocks = _alloc_blocks(a.shape, a.dtype, sharding, addressable=True)
     want = int(np.prod(shard_shape, dtype=np.int64))
     if a.is_fully_addressable:
@@ -633,6 +637,37 @@ def _reshard(a: Array, sharding: Sharding) -> Array:
             raise RuntimeError(
                 f"internal error: resharding filled {copied} of {want} elements of a shard")
     return Array._create(a.shape, a.dtype, sharding, blocks)
+
+
+_HOLDS: dict = {}
+
+
+def _each_process_holds(src: Sharding, dst: Sharding, shape) -> bool:
+    """Whether every process's blocks under ``dst`` are covered by that process's own
+    blocks under ``src`` (so resharding needs no data from another process). The same
+    answer on every process: it reads the layouts only."""
+    key = (src, dst, tuple(shape))
+    hit = _HOLDS.get(key)
+    if hit is None:
+        s_shape, s_layout, _ = src._layout(tuple(shape))
+        d_shape, d_layout, _ = dst._layout(tuple(shape))
+        starts: dict = {}
+        for dev, start, _ in s_layout:
+            starts.setdefault(dev.process_index, set()).add(start)
+        want = int(np.prod(d_shape, dtype=np.int64))
+        hit = True
+        for dev, start, _ in d_layout:
+            have = 0
+            for ss in starts.get(dev.process_index, ()):
+                have += int(np.prod([max(0, min(d0 + n, s0 + m) - max(d0, s0)) for d0, n, s0, m
+                                     in zip(start, d_shape, ss, s_shape)], dtype=np.int64))
+            if have < want:
+                hit = False
+                break
+        if len(_HOLDS) > 256:
+            _HOLDS.clear()
+        _HOLDS[key] = hit
+    return hit
 
 
 def _spec_on_active_mesh(spec) -> NamedSharding:

@@ -73,47 +73,6 @@ def _global_sig(x) -> str:
     return f"global {x.dtype.name}{list(x.shape)} on {where}"
 
 
-def _allgather_padded(buf: _np.ndarray, sizes) -> list:
-    """Every process's bytes, where process p sends ``sizes[p]`` bytes (``buf`` holds this
-    process's): a list of uint8 arrays, one per process. The sends are padded to the
-    largest and moved in pieces of at most ``_MAX_BYTES`` bytes a process."""
-    n = len(sizes)
-    width = int(max(sizes)) if n else 0
-    mine = _np.zeros(width, _np.uint8)
-    mine[:buf.size] = buf
-    out = _np.empty((n, width), _np.uint8)
-    for off in range(0, max(width, 1), _MAX_BYTES):
-        end = min(off + _MAX_BYTES, width)
-        piece = _np.empty((n, end - off), _np.uint8)
-        _C.dist_allgather(_np.ascontiguousarray(mine[off:end]), piece,
-                          _dist.default_timeout())
-        out[:, off:end] = piece
-    return [out[p, :int(sizes[p])] for p in range(n)]
-
-
-def _gather_global(x) -> _np.ndarray:
-    """The whole value of an Array that spans processes, on every process: each block is
-    sent by the process of its primary device (replica id 0)."""
-    x._check_alive()
-    shard_shape, layout, _ = x.sharding._layout(x.shape)
-    primaries = [(dev, start) for dev, start, rid in layout if rid == 0]
-    n = _dist.process_count()
-    nbytes = int(_np.prod(shard_shape, dtype=_np.int64)) * x.dtype.itemsize
-    per = [[(d, st) for d, st in primaries if d.process_index == p] for p in range(n)]
-    held = {dev: shard.data for dev, shard in ((s.device, s) for s in x.addressable_shards)}
-    me = _dist.process_index()
-    mine = [_np.ascontiguousarray(_np.asarray(held[d])).reshape(-1).view(_np.uint8)
-            for d, _ in per[me]]
-    buf = _np.concatenate(mine) if mine else _np.zeros(0, _np.uint8)
-    got = _allgather_padded(buf, [len(v) * nbytes for v in per])
-    out = _np.empty(x.shape, x.dtype)
-    for p in range(n):
-        for k, (_, start) in enumerate(per[p]):
-            block = got[p][k * nbytes:(k + 1) * nbytes].view(x.dtype).reshape(shard_shape)
-            out[tuple(slice(s0, s0 + m) for s0, m in zip(start, shard_shape))] = block
-    return out
-
-
 def _pack(arrays) -> _np.ndarray:
     """The leaves' bytes, one after another, in a new uint8 array."""
     if not arrays:
@@ -154,7 +113,7 @@ def process_allgather(in_tree, tiled: bool = False):
                              "concatenated along axis 0; use tiled=False")
         _same_everywhere(sig, "process_allgather: tree structure, shapes, dtypes or "
                               "shardings differ")
-        gathered = [_gather_global(leaves[i]) for i in glob]
+        gathered = [_dist._gather_global(leaves[i]) for i in glob]
         rest = iter(_tree_util.tree_leaves(process_allgather(local, tiled)) if local else [])
         whole = iter(gathered)
         out = [next(whole) if _is_global(x) else next(rest) for x in leaves]

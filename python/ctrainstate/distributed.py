@@ -25,8 +25,11 @@ the devices global: ``ctrainstate.devices()`` lists every process's (ids ordered
 can span processes and an Array over it holds this process's shards only (placed with
 ``ctrainstate.make_array_from_process_local_data`` and its kin, gathered with
 ``multihost_utils.process_allgather``). It must therefore come before anything uses devices.
-What does not work yet: operations on Arrays that span processes (they raise), and NCCL
-across processes.
+Operations on such Arrays communicate where their plans reduce or reshard over processes,
+with the one-process run's results bit for bit, so a training step (``value_and_grad``,
+``apply_gradients`` with elementwise optimizers) runs across processes. What does not work
+yet: indexing and other gathers of such Arrays, the fused optimizer's norms over them, and
+NCCL across processes.
 
 Open MPI only: MPICH, Intel MPI and other libraries on MPICH's ABI use integer handles,
 which the engine does not support yet (``initialize`` says so). ``CTRAINSTATE_MPI_LIBRARY``

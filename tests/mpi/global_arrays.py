@@ -11,12 +11,13 @@ in CT_TEST_OUT); any failure raises (non-zero exit).
 """
 import os
 import sys
+import tempfile
 
 import numpy as np
 
 import ctrainstate as cts
 from ctrainstate import NamedSharding, P
-from ctrainstate import nn, random, partitioning as nn_partitioning
+from ctrainstate import checkpoint as ocp, nn, random, partitioning as nn_partitioning
 import ctrainstate.numpy as jnp
 
 
@@ -281,6 +282,10 @@ def main(ref_path):
                                   want[sh.index].view(np.uint8)), k
         checks += 1
     assert not params["w1"].is_fully_addressable   # 'embed' -> 'data' spans processes
+    # checkpoints of Arrays that span processes: refused (never a part saved as the whole)
+    with ocp.CheckpointManager(tempfile.mkdtemp()) as mngr:
+        raises(ValueError, "spans processes", lambda: mngr.save(
+            1, args=ocp.args.StandardSave({"w1": params["w1"]})))
     dist.shutdown()
     line = f"OK {me} {n} {checks}"
     print(line, flush=True)

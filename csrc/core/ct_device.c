@@ -19,6 +19,10 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static ct_status g_init_status = CT_OK;
 static char g_init_error[CT_ERRMSG_MAX];
 static char g_gpu_status[CT_ERRMSG_MAX] = "GPU backend not probed yet";
+/* Global ids (ct_devices_set_id_offset): this process's first id and the job's device count
+ * (0: one process, ids are local indices). */
+static int g_id_offset;
+static int g_id_total;
 
 /* Parse a positive integer environment variable; returns 0 when unset. */
 static ct_status env_u64(const char *name, uint64_t min, uint64_t max, uint64_t *out) {
@@ -181,16 +185,45 @@ ct_device *ct_device_get(ct_platform platform, int index) {
 
 ct_device *ct_device_by_id(int id) {
     if (ct_devices_init() != CT_OK) return NULL;
-    if (id < 0 || id >= g_num_devices) {
-        ct_set_error(CT_EINVAL, "no device with id %d (there are %d devices)", id, g_num_devices);
+    const int local = id - g_id_offset;
+    if (local < 0 || local >= g_num_devices) {
+        if (g_id_total > 0 && id >= 0 && id < g_id_total)
+            ct_set_error(CT_EINVAL,
+                         "device %d belongs to another process (this process has devices "
+                         "%d..%d): an operation on an Array that spans processes is not "
+                         "supported yet; gather it with "
+                         "ctrainstate.experimental.multihost_utils.process_allgather(x), or "
+                         "work on x.addressable_shards",
+                         id, g_id_offset, g_id_offset + g_num_devices - 1);
+        else
+            ct_set_error(CT_EINVAL, "no device with id %d (there are %d devices)", id,
+                         g_id_total > 0 ? g_id_total : g_num_devices);
         return NULL;
     }
-    return &g_devices[id];
+    return &g_devices[local];
+}
+
+int ct_device_global_id(const ct_device *dev) { return dev->id + g_id_offset; }
+
+ct_status ct_devices_set_id_offset(int offset, int total) {
+    ct_status st = ct_devices_init();
+    if (st != CT_OK) return st;
+    if (offset < 0 || total < offset + g_num_devices)
+        return ct_set_error(CT_EINVAL,
+                            "device id offset %d and total %d do not fit this process's %d "
+                            "devices", offset, total, g_num_devices);
+    if (g_id_total > 0 && (offset != g_id_offset || total != g_id_total))
+        return ct_set_error(CT_EINVAL,
+                            "the global device ids were already set (offset %d of %d devices)",
+                            g_id_offset, g_id_total);
+    g_id_offset = offset;
+    g_id_total = total;
+    return CT_OK;
 }
 
 void ct_device_name(const ct_device *dev, char *buf, size_t n) {
     snprintf(buf, n, "%s(id=%d)", dev->platform == CT_PLATFORM_CPU ? "CpuDevice" : "CudaDevice",
-             dev->id);
+             ct_device_global_id(dev));
 }
 
 ct_status ct_device_alloc(ct_device *dev, size_t nbytes, void **out) {

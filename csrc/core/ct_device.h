@@ -12,7 +12,11 @@
  *   CTRAINSTATE_NO_GPU=1         do not load it
  *   CTRAINSTATE_GPU_SPLIT=k      k logical devices per GPU (own stream and
  *                                accounting), to test model parallelism on one GPU
- * Global ids: CPU devices first, then GPU devices.
+ * Ids: CPU devices first, then GPU devices. In a job of several processes
+ * (ctrainstate.distributed.initialize) every id this file hands out or accepts is
+ * global: the local index plus this process's offset (the devices of the processes
+ * before it), set once by ct_devices_set_id_offset. `ct_device.id` stays the local
+ * index, which the backends use to index their per-device tables.
  * Every allocation goes through ct_device_alloc so that bytes_in_use and the
  * peak are exact; an allocation past the limit fails with CT_EOOM and a
  * message naming the device, the bytes asked and the bytes in use.
@@ -39,7 +43,7 @@ typedef _Atomic size_t ct_atomic_size;
 #endif
 
 typedef struct ct_device {
-    int id;                      /* global id, unique across platforms of this process */
+    int id;                      /* local index, unique across platforms of this process */
     ct_platform platform;
     const ct_backend *backend;
     int ordinal;                 /* physical device index within the backend (GPU number) */
@@ -61,8 +65,17 @@ int ct_device_count(ct_platform platform);
 /* The i-th device of a platform, or NULL (with CT_EINVAL set) if out of range. */
 ct_device *ct_device_get(ct_platform platform, int index);
 
-/* Device by global id, or NULL (with CT_EINVAL set). */
+/* Device by global id, or NULL (with CT_EINVAL set; for the id of another process's
+ * device the message says so). */
 ct_device *ct_device_by_id(int id);
+
+/* The global id of a device: its local index plus the offset. */
+int ct_device_global_id(const ct_device *dev);
+
+/* Set the offset of this process's ids (the number of devices of the processes before
+ * it) and the number of devices of the whole job, once, before anything reads global
+ * ids: CT_EINVAL when already set to another value or out of range. */
+ct_status ct_devices_set_id_offset(int offset, int total);
 
 /* Display name like "CpuDevice(id=3)" written into buf. */
 void ct_device_name(const ct_device *dev, char *buf, size_t n);

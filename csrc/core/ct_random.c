@@ -472,7 +472,7 @@ ct_status ct_random_fill_block_device(struct ct_device *dev, const uint32_t key[
                                       const int64_t *block_shape, void *out) {
     if (!ct_random_device_supported(dev))
         return ct_set_error(CT_EINVAL, "random: device %d's backend has no random fill kernel",
-                            dev ? dev->id : -1);
+                            dev ? ct_device_global_id(dev) : -1);
     CT_TRY(fill_check(key, s, ndim, global_shape, start, block_shape, out));
     ct_random_consts c = make_consts(s);
     ct_rm_block blk;

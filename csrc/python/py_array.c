@@ -296,8 +296,39 @@ static PyObject *array_get_ndim(ct_py_array *self, void *c) {
 
 /* --- host conversions ------------------------------------------------------------------ */
 
+/* The product of a tuple of ints (-1 with an exception set). */
+static long long tuple_prod(PyObject *t) {
+    long long n = 1;
+    for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(t); d++) {
+        long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(t, d));
+        if (s == -1 && PyErr_Occurred()) return -1;
+        n *= s;
+    }
+    return n;
+}
+
+/* Whether the bytes of block i (a replica) are copied from another block of `blocks`:
+ * a primary (replica id 0) anywhere, or an earlier replica, with the same start (-1 on
+ * error). */
+static int copied_elsewhere(PyObject *blocks, Py_ssize_t i) {
+    PyObject *start = PyTuple_GET_ITEM(PyList_GET_ITEM(blocks, i), 2);
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(blocks); j++) {
+        PyObject *b = PyList_GET_ITEM(blocks, j);
+        if (j == i || !PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 4) continue;
+        long rid = PyLong_AsLong(PyTuple_GET_ITEM(b, 3));
+        if (rid == -1 && PyErr_Occurred()) return -1;
+        if (rid != 0 && j > i) continue;
+        int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(b, 2), start, Py_EQ);
+        if (same != 0) return same;
+    }
+    return 0;
+}
+
 /* The Array gathered into a new numpy array of its dtype: each block with replica id 0
- * written at its start. */
+ * written at its start. An Array of several processes holds only this process's blocks:
+ * where their primaries (replica id 0) do not cover it, a replica of each missing block
+ * is read instead (a value replicated across processes), and where no block covers it
+ * RuntimeError names the fix (jax's message). */
 static PyObject *array_gather(PyObject *self) {
     ct_py_array *a = (ct_py_array *)self;
     if (ct_py_array_check_alive(self) < 0) return NULL;
@@ -317,6 +348,14 @@ static PyObject *array_gather(PyObject *self) {
     PyObject *out = PyArray_Empty((int)nd, dims, (PyArray_Descr *)a->dtype, 0);
     if (out == NULL) return NULL;
     PyObject *blocks = Py_NewRef(a->blocks);
+    long long total = 1, each = 0, covered = 0;
+    for (Py_ssize_t d = 0; d < nd; d++) total *= (long long)dims[d];
+    if (a->shard_shape == NULL || !PyTuple_Check(a->shard_shape)) {
+        PyErr_SetString(PyExc_TypeError, "Array: shard shape is not a tuple");
+        goto fail;
+    }
+    each = tuple_prod(a->shard_shape);
+    if (each < 0) goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
         PyObject *b = PyList_GET_ITEM(blocks, i);
         if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 4) {
@@ -329,6 +368,31 @@ static PyObject *array_gather(PyObject *self) {
         PyObject *r = ct_py_copy_to_host(PyTuple_GET_ITEM(b, 1), out, PyTuple_GET_ITEM(b, 2));
         if (r == NULL) goto fail;
         Py_DECREF(r);
+        covered += each;
+    }
+    if (covered < total) { /* this process's part of an Array of several processes */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks) && covered < total; i++) {
+            PyObject *b = PyList_GET_ITEM(blocks, i);
+            long rid = PyLong_AsLong(PyTuple_GET_ITEM(b, 3));
+            if (rid == -1 && PyErr_Occurred()) goto fail;
+            if (rid == 0) continue; /* copied above */
+            int seen = copied_elsewhere(blocks, i);
+            if (seen < 0) goto fail;
+            if (seen) continue;
+            PyObject *r = ct_py_copy_to_host(PyTuple_GET_ITEM(b, 1), out, PyTuple_GET_ITEM(b, 2));
+            if (r == NULL) goto fail;
+            Py_DECREF(r);
+            covered += each;
+        }
+        if (covered < total) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "Fetching the value of an Array that spans devices of other "
+                            "processes (not fully addressable) is not possible: use "
+                            "ctrainstate.experimental.multihost_utils.process_allgather(x) to "
+                            "gather it to every process, or x.addressable_shards to read this "
+                            "process's shards");
+            goto fail;
+        }
     }
     Py_DECREF(blocks);
     return out;

@@ -193,7 +193,7 @@ static PyBufferProcs buffer_as_buffer = {
 
 static PyObject *buffer_get_device_id(ct_py_buffer *self, void *c) {
     (void)c;
-    return PyLong_FromLong(self->dev->id);
+    return PyLong_FromLong(ct_device_global_id(self->dev));
 }
 static PyObject *buffer_get_nbytes(ct_py_buffer *self, void *c) {
     (void)c;

@@ -30,7 +30,7 @@ static PyObject *py_device_ids(PyObject *self, PyObject *arg) {
     if (out == NULL) return NULL;
     for (int i = 0; i < n; i++) {
         ct_device *d = ct_device_get(p, i);
-        PyObject *v = PyLong_FromLong(d->id);
+        PyObject *v = PyLong_FromLong(ct_device_global_id(d));
         if (v == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -99,7 +99,19 @@ static PyObject *py_forked_single_threaded(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(ct_par_forked_single());
 }
 
+static PyObject *py_devices_set_id_offset(PyObject *self, PyObject *args) {
+    (void)self;
+    int offset, total;
+    if (!PyArg_ParseTuple(args, "ii:devices_set_id_offset", &offset, &total)) return NULL;
+    if (ct_devices_set_id_offset(offset, total) != CT_OK) return ct_py_raise(CT_EINVAL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef device_methods[] = {
+    {"devices_set_id_offset", py_devices_set_id_offset, METH_VARARGS,
+     "devices_set_id_offset($module, offset, total, /)\n--\n\nMake this process's device ids "
+     "global, once: local index + offset, in a job of `total` devices "
+     "(ctrainstate.distributed.initialize). ValueError when already set otherwise."},
     {"forked_single_threaded", py_forked_single_threaded, METH_NOARGS,
      "forked_single_threaded($module, /)\n--\n\nWhether this process is a fork()ed child of a "
      "process that had started the OpenMP thread pool: CPU kernels run on one thread here "

@@ -18,7 +18,9 @@ from ._src.array.sharding import (Mesh, NamedSharding, PartitionSpec, SingleDevi
 from ._src.array.sharding import PartitionSpec as P
 from ._src.array.mesh_utils import make_mesh
 from ._src.array.array import (Array, Shard, block_until_ready, device_get, device_put,
-                               from_dlpack, visualize_array_sharding)
+                               from_dlpack, make_array_from_callback,
+                               make_array_from_process_local_data,
+                               make_array_from_single_device_arrays, visualize_array_sharding)
 from . import numpy
 from ._src.ops.ops import grad, value_and_grad
 from ._src.autodiff.custom import custom_vjp, jacobian, jacrev, vjp
@@ -110,5 +112,6 @@ __all__ = [
     "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "jacrev", "jacobian", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
     "device_put_replicated",
     "default_matmul_precision", "debug", "named_scope", "disable_jit",
-    "ensure_compile_time_eval", "config", "distributed",
+    "ensure_compile_time_eval", "config", "distributed", "make_array_from_callback",
+    "make_array_from_process_local_data", "make_array_from_single_device_arrays",
 ]

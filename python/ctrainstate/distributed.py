@@ -19,10 +19,17 @@ on numpy data between processes (:func:`allreduce`, :func:`allgather`,
 :func:`reduce_scatter`, :func:`broadcast`, :func:`barrier`; these are ctrainstate's, jax has
 no such functions) and ``ctrainstate.experimental.multihost_utils``. Each collective waits
 at most ``timeout`` seconds: a peer that died or never arrives makes the others raise
-``TimeoutError`` instead of hanging. What does not work yet: devices of other processes
-(``ctrainstate.devices()`` lists this process's devices only, and ``ctrainstate.
-process_count()`` stays 1), meshes and Arrays spanning processes, and NCCL across
-processes.
+``TimeoutError`` instead of hanging. In a job of several processes ``initialize`` also makes
+the devices global: ``ctrainstate.devices()`` lists every process's (ids ordered by process,
+``Device.process_index``), ``ctrainstate.local_devices()`` this process's, so a ``Mesh``
+can span processes and an Array over it holds this process's shards only (placed with
+``ctrainstate.make_array_from_process_local_data`` and its kin, gathered with
+``multihost_utils.process_allgather``). It must therefore come before anything uses devices.
+Operations on such Arrays communicate where their plans reduce or reshard over processes,
+with the one-process run's results bit for bit, so a training step (``value_and_grad``,
+``apply_gradients`` with elementwise optimizers) runs across processes. What does not work
+yet: indexing and other gathers of such Arrays, the fused optimizer's norms over them, and
+NCCL across processes.
 
 Open MPI only: MPICH, Intel MPI and other libraries on MPICH's ABI use integer handles,
 which the engine does not support yet (``initialize`` says so). ``CTRAINSTATE_MPI_LIBRARY``

@@ -74,6 +74,30 @@ def test_every_collective_across_processes(n, tmp_path):
     assert len(counts) == 1 and counts.pop() > 150  # the same checks ran everywhere
 
 
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("script, least", [("global_arrays.py", 70), ("global_ops.py", 40)])
+def test_global_arrays_and_training_across_processes(script, least, n, tmp_path):
+    # tests/mpi/global_arrays.py: global devices, Arrays spanning processes, the
+    # make_array_from_* placements, multihost_utils on them, born-sharded params;
+    # tests/mpi/global_ops.py: operations on such Arrays and training steps. Both compare
+    # what they computed (gathered) bit for bit with one process of 2 * n devices (the
+    # reference run of the same script)
+    ref = tmp_path / "ref.npz"
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--reference", str(ref)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=_env(CTRAINSTATE_NUM_CPU_DEVICES=str(2 * n)))
+    assert r.returncode == 0 and f"REFERENCE {n} " in r.stdout, r.stdout + r.stderr[-4000:]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, script), str(ref), out=out_dir)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
+    assert oks == list(range(n)), out[-6000:]
+    counts = [int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)]
+    assert min(counts) > least, counts   # the checks ran
+
+
 TIMEOUT = 3.0
 SLACK = 2.5  # a loaded 2-core machine: scheduling, and the poll interval
 

@@ -248,10 +248,12 @@ SIGS = {
 # starts MPI (once per process: tests/distributed/test_distributed.py checks its arguments); the other
 # dist_* bindings are fuzzed with the engine not initialized
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError", "Buffer",
-        "axis_rules", "dist_initialize", "Array", "dispatch_register"}
+        "axis_rules", "dist_initialize", "Array", "dispatch_register", "devices_set_id_offset"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
 # dispatch_register: replaces the primitives behind the Array's operators, which the fuzz
-# itself uses; its argument checks are tested in tests/ops/test_dispatch.py)
+# itself uses; its argument checks are tested in tests/ops/test_dispatch.py;
+# devices_set_id_offset: renumbers the devices once per process, under the fuzz's Arrays;
+# its argument checks are tested in tests/distributed/test_global_arrays.py)
 
 class SlotsLike:  # an Array-like class with the Array's field names (move_arrays refuses it)
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",

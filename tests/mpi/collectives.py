@@ -131,7 +131,7 @@ for call, err in [(lambda: _C.dist_allgather(np.zeros(3), np.zeros(3 * n + 1), 5
 
 # multihost_utils: a pytree of numpy data, scalars and an Array sharded over this process's
 # two CPU devices
-mesh = cts.sharding.Mesh(np.array(cts.devices()[:2]), ("x",))
+mesh = cts.sharding.Mesh(np.array(cts.local_devices()), ("x",))
 arr = cts.device_put(np.arange(8, dtype=np.float32) + 10 * me,
                      cts.sharding.NamedSharding(mesh, cts.sharding.PartitionSpec("x")))
 tree = {"a": np.full((2, 3), me, np.int32), "b": [np.float32(me + 0.5), arr],

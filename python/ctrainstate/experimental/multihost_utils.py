@@ -8,9 +8,11 @@ through the MPI engine of :mod:`ctrainstate.distributed`. Without
 ``ctrainstate.distributed.initialize()`` they treat the process as a job of one, as jax
 does. Results are numpy arrays, also where jax returns jax Arrays (``broadcast_one_to_all``).
 
-Not supported yet: Arrays that span processes (ctrainstate has none yet: every Array is
-fully addressable), and so ``host_local_array_to_global_array`` /
-``global_array_to_host_local_array``.
+Arrays that span processes (over a mesh of several processes' devices,
+``is_fully_addressable`` False): :func:`process_allgather` returns their whole value on
+every process; :func:`host_local_array_to_global_array` makes them from each process's
+host-local values and :func:`global_array_to_host_local_array` takes this process's part
+back, as jax's.
 
 >>> import numpy as np
 >>> from ctrainstate.experimental import multihost_utils

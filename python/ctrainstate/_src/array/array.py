@@ -19,13 +19,15 @@ from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceShard
 from ..base.tree_util import register_leaf_type, tree_leaves, tree_map
 from .abstract import is_abstract, ShapeDtypeStruct
 from ..base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
+from ..base.devices import _process as _devices_process
 from .sharding import get_mesh, Mesh
 from ..base.tree_util import _flatten_up_to, tree_flatten, tree_unflatten
 from ..base.hooks import upper as _upper
 
 __all__ = ["Array", "Shard", "device_put", "device_get", "from_dlpack", "block_until_ready",
            "visualize_sharding",
-           "visualize_array_sharding"]
+           "visualize_array_sharding", "make_array_from_callback",
+           "make_array_from_single_device_arrays", "make_array_from_process_local_data"]
 
 DonatedBufferError = _C.DonatedBufferError
 
@@ -79,6 +81,12 @@ class _ArrayMethods(OperatorsMixin):
     @property
     def is_fully_replicated(self) -> bool:
         return self._sharding.is_fully_replicated
+
+    @property
+    def is_fully_addressable(self) -> bool:
+        """Whether this process holds every shard (always, in a job of one process); an
+        Array over a mesh of several processes holds only this process's shards."""
+        return self._sharding.is_fully_addressable
 
     def __len__(self):
         if not self._shape:
@@ -145,7 +153,41 @@ class _ArrayMethods(OperatorsMixin):
 
     @property
     def global_shards(self) -> list:
-        return self.addressable_shards
+        """A :class:`Shard` for every device of the sharding, in mesh order (jax's
+        ``global_shards``): this process's as :attr:`addressable_shards` gives them, other
+        processes' with ``data=None``."""
+        self._check_alive()
+        if self.is_fully_addressable:
+            return self.addressable_shards
+        mine = {s.device: s for s in self.addressable_shards}
+        shard_shape, layout, _ = self._sharding._layout(self._shape)
+        parts = self._sharding._dim_parts(len(self._shape))
+        return [mine[dev] if dev in mine else
+                Shard(dev, shard_index(start, shard_shape, parts), rid, None)
+                for dev, start, rid in layout]
+
+    def addressable_data(self, index: int) -> "Array":
+        """This process's shard ``index`` (in :attr:`addressable_shards`' order) as an
+        Array on its one device (``jax.Array.addressable_data``), sharing the shard's buffer:
+        a view, which cannot be donated.
+
+        >>> import numpy as np, ctrainstate as cts
+        >>> a = cts.device_put(np.float32([1, 2]))
+        >>> a.addressable_data(0).tolist()
+        [1.0, 2.0]
+        """
+        self._check_alive()
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"addressable_data: index must be an int, got {index!r}")
+        n = len(self._blocks)
+        if not -n <= index < n:
+            raise IndexError(f"addressable_data: index {index} out of range for {n} "
+                             f"addressable shards")
+        dev, buf, _, _ = self._blocks[index]
+        view = Array._create(self._shard_shape, self._dtype, SingleDeviceSharding(dev),
+                             [(dev, buf, (0,) * len(self._shard_shape), 0)])
+        view._base = self
+        return view
 
     # __array__(dtype=None, copy=None): C (csrc/python/py_array.c), the Array gathered to a
     # new numpy array. There is no __array_ufunc__, as on jax.Array: a numpy ufunc of an
@@ -156,7 +198,10 @@ class _ArrayMethods(OperatorsMixin):
     # buffer when the Array is held whole by each device, BufferError when sharded.
 
     def devices(self) -> set:
-        """The devices holding a shard (``jax.Array.devices()``)."""
+        """The devices holding a shard (``jax.Array.devices()``): of every process, for an
+        Array that spans processes."""
+        if not self.is_fully_addressable:
+            return self._sharding.device_set
         return {d for d, _, _, _ in self._blocks}
 
     def block_until_ready(self) -> "Array":
@@ -177,6 +222,9 @@ class _ArrayMethods(OperatorsMixin):
         if gone:
             return gone
         prefix, dtype_str = "Array(", f"dtype={self._dtype.name}"
+        if not self._has_full_value():   # (jax prints no values for such an Array)
+            return (f"{prefix}shape={self._shape}, {dtype_str}, "
+                    f"sharding={self._sharding_text()}, is_fully_addressable=False)")
         sharded = self._sharding_text()
         if not self._shape:
             text = f"{prefix}{_scalar_text(self._scalar_value())}, {dtype_str}"
@@ -213,6 +261,14 @@ class _ArrayMethods(OperatorsMixin):
         with np.printoptions(**({"threshold": 0} if summarise else {})):
             return np.array2string(host, separator=" ")
 
+    def _has_full_value(self) -> bool:
+        """Whether this process holds every element: a fully addressable Array, or one
+        whose shards here cover it (replicated across processes)."""
+        if self._sharding.is_fully_addressable:
+            return True
+        starts = {start for _, _, start, _ in self._blocks}
+        return len(starts) * int(np.prod(self._shard_shape, dtype=np.int64)) == self.size
+
     def _gone_text(self) -> str:
         if self._donated:
             return f"Array(<donated>, shape={self._shape}, dtype={self._dtype})"
@@ -222,7 +278,7 @@ class _ArrayMethods(OperatorsMixin):
 
     def _sharding_text(self) -> str:
         """'' on one device; ``P('x', None) on Mesh('x': 4)`` for a NamedSharding."""
-        if len(self._blocks) <= 1:
+        if len(self._blocks) <= 1 and self._sharding.is_fully_addressable:
             return ""
         s = self._sharding
         if isinstance(s, NamedSharding):
@@ -242,7 +298,8 @@ class _ArrayMethods(OperatorsMixin):
         e = opts["edgeitems"]
         idx = [np.r_[0:e, n - e - 1:n] if n > 2 * e + 1 else np.arange(n)
                for n in self._shape]
-        if any(dev.platform != "cpu" for dev, _, _, _ in self._blocks):
+        if any(dev.platform != "cpu" for dev, _, _, _ in self._blocks) or (
+                not self._sharding.is_fully_addressable):
             return self._gather_items(idx), True
         return self._read_items(idx), True
 
@@ -504,8 +561,22 @@ def _as_sharding(s) -> Sharding:
         f"{type(s).__name__}")
 
 
-def _alloc_blocks(shape, dtype, sharding):
-    shard_shape, layout, _ = sharding._layout(shape)
+def _alloc_blocks(shape, dtype, sharding, *, addressable: bool = False):
+    """(shard_shape, [(device, new Buffer, start, replica_id)]): a buffer for every block of
+    ``sharding``'s layout of ``shape``. A sharding with devices of other processes raises
+    ``ValueError`` (the caller would compute on blocks it does not have), unless
+    ``addressable``: then only this process's blocks, for the callers that make each
+    process fill its own (placement from the host, initializers)."""
+    if addressable:
+        shard_shape, layout = sharding._addressable_layout(shape)
+    else:
+        shard_shape, layout, _ = sharding._layout(shape)
+        if not sharding.is_fully_addressable:
+            raise ValueError(
+                f"this operation does not support Arrays that span processes yet (the "
+                f"sharding {sharding!r} has devices of other processes); gather such an Array "
+                f"with ctrainstate.experimental.multihost_utils.process_allgather(x), or work "
+                f"on x.addressable_shards")
     code = _dtypes.code(dtype)
     return shard_shape, [
         (dev, _C.Buffer(dev.id, shard_shape, code), start, rid) for dev, start, rid in layout
@@ -513,8 +584,10 @@ def _alloc_blocks(shape, dtype, sharding):
 
 
 def _from_host(x: np.ndarray, sharding: Sharding) -> Array:
+    """An Array of ``sharding`` holding ``x``; with devices of other processes, this
+    process's blocks of ``x`` (every process passes the same global value)."""
     dtype = x.dtype
-    shard_shape, blocks = _alloc_blocks(x.shape, dtype, sharding)
+    shard_shape, blocks = _alloc_blocks(x.shape, dtype, sharding, addressable=True)
     if dtype == _dtypes.bool_:
         x = x.view(np.uint8)
     for _, buf, start, _ in blocks:
@@ -523,10 +596,25 @@ def _from_host(x: np.ndarray, sharding: Sharding) -> Array:
 
 
 def _reshard(a: Array, sharding: Sharding) -> Array:
+    """``a`` copied device to device into ``sharding``'s blocks. With devices of other
+    processes, each process fills its own blocks from the blocks of ``a`` it holds
+    (ValueError where those do not hold the values: that would need data of another
+    process)."""
     a._check_alive()
-    shard_shape, blocks = _alloc_blocks(a.shape, a.dtype, sharding)
+    if not a.is_fully_addressable and not _each_process_holds(a.sharding, sharding, a.shape):
+        # a block of some process needs values of another: every process gathers the whole
+        # value (a host all-gather; every process runs this same reshard) and places its part
+        return _from_host(_upper('distributed')._gather_global(a), sharding)
+    shard_shape, blocks = _alloc_blocks(a.shape, a.dtype, sharding, addressable=True)
     want = int(np.prod(shard_shape, dtype=np.int64))
-    sources = [(dev, buf, start) for dev, buf, start, rid in a._blocks if rid == 0]
+    if a.is_fully_addressable:
+        sources = [(dev, buf, start) for dev, buf, start, rid in a._blocks if rid == 0]
+    else:   # this process's blocks, one per start (its primaries may be on other processes)
+        seen = {}
+        for dev, buf, start, rid in a._blocks:
+            if rid == 0 or start not in seen:
+                seen[start] = (dev, buf, start)
+        sources = list(seen.values())
     for dev, buf, start, _ in blocks:
         # Prefer a source block on the same device that covers ours: no cross-device traffic.
         local = [s for s in a._blocks if s[0] is dev and all(
@@ -539,9 +627,47 @@ def _reshard(a: Array, sharding: Sharding) -> Array:
             if copied == want:
                 break
         if copied != want:
+            if not a.is_fully_addressable:
+                raise ValueError(
+                    f"device_put: resharding an Array that spans processes from "
+                    f"{a.sharding!r} to {sharding!r} needs values held by other processes, "
+                    f"which is not supported yet; gather it with "
+                    f"ctrainstate.experimental.multihost_utils.process_allgather(x) and place "
+                    f"the host value instead")
             raise RuntimeError(
                 f"internal error: resharding filled {copied} of {want} elements of a shard")
     return Array._create(a.shape, a.dtype, sharding, blocks)
+
+
+_HOLDS: dict = {}
+
+
+def _each_process_holds(src: Sharding, dst: Sharding, shape) -> bool:
+    """Whether every process's blocks under ``dst`` are covered by that process's own
+    blocks under ``src`` (so resharding needs no data from another process). The same
+    answer on every process: it reads the layouts only."""
+    key = (src, dst, tuple(shape))
+    hit = _HOLDS.get(key)
+    if hit is None:
+        s_shape, s_layout, _ = src._layout(tuple(shape))
+        d_shape, d_layout, _ = dst._layout(tuple(shape))
+        starts: dict = {}
+        for dev, start, _ in s_layout:
+            starts.setdefault(dev.process_index, set()).add(start)
+        want = int(np.prod(d_shape, dtype=np.int64))
+        hit = True
+        for dev, start, _ in d_layout:
+            have = 0
+            for ss in starts.get(dev.process_index, ()):
+                have += int(np.prod([max(0, min(d0 + n, s0 + m) - max(d0, s0)) for d0, n, s0, m
+                                     in zip(start, d_shape, ss, s_shape)], dtype=np.int64))
+            if have < want:
+                hit = False
+                break
+        if len(_HOLDS) > 256:
+            _HOLDS.clear()
+        _HOLDS[key] = hit
+    return hit
 
 
 def _spec_on_active_mesh(spec) -> NamedSharding:
@@ -704,7 +830,7 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
     if is_abstract():
         sharding.shard_shape(tuple(shape))  # validate
         return ShapeDtypeStruct(shape, dtype, sharding)
-    shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
+    shard_shape, blocks = _alloc_blocks(tuple(shape), dtype, sharding, addressable=True)
     for dev, buf, start, _ in blocks:
         if dev.platform == "cpu" or (device_fill and _C.random_on_device(buf)):
             fill(buf, start, shard_shape)
@@ -714,6 +840,246 @@ def _fill_array(shape, dtype, sharding: Sharding, fill: Callable, *,
             _C.copy_from_host(buf, host.view(np.uint8) if dtype == _dtypes.bool_ else host,
                               (0,) * len(shard_shape))
     return Array._create(tuple(shape), dtype, sharding, blocks)
+
+
+# --- global Arrays from this process's data (jax.make_array_from_*) ----------------------
+
+
+def _check_sharding(sharding, who: str) -> Sharding:
+    if not isinstance(sharding, Sharding):
+        raise TypeError(f"{who}: sharding must be a NamedSharding or SingleDeviceSharding, got "
+                        f"{type(sharding).__name__}")
+    return sharding
+
+
+def make_array_from_callback(shape, sharding, data_callback: Callable, dtype=None) -> Array:
+    """An Array of ``shape`` and ``sharding`` whose shards come from ``data_callback``
+    (``jax.make_array_from_callback``): for each of this process's blocks,
+    ``data_callback(index)`` gets the block's tuple of slices into the global array
+    (``slice(None)`` for a dimension that is not split) and returns its values (a numpy
+    array, anything ``np.asarray`` takes, or an Array) of the shard's shape. The callback
+    runs once per distinct index (replicas share its result) and only for this process's
+    devices, so in a job of several processes each process supplies its own part.
+
+    ``dtype`` (default: the dtype of the first result, canonicalized as ``device_put``
+    does) converts every result.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import NamedSharding, P
+    >>> mesh = cts.make_mesh((1,), ('x',))
+    >>> data = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+    >>> a = cts.make_array_from_callback((4, 2), NamedSharding(mesh, P('x')), lambda i: data[i])
+    >>> np.array_equal(np.asarray(a), data)
+    True
+    """
+    shape = _dtypes.int_tuple(shape, "make_array_from_callback: shape")
+    sharding = _check_sharding(sharding, "make_array_from_callback")
+    if not callable(data_callback):
+        raise TypeError(f"make_array_from_callback: data_callback must be callable, got "
+                        f"{type(data_callback).__name__}")
+    shard_shape, layout = sharding._addressable_layout(shape)
+    parts = sharding._dim_parts(len(shape))
+    want = None if dtype is None else _dtypes.canonicalize(dtype)
+    values: dict = {}
+    for _, start, _ in layout:
+        if start in values:
+            continue
+        index = shard_index(start, shard_shape, parts)
+        v = data_callback(index)
+        host = np.asarray(v)
+        if host.dtype.hasobject:
+            raise TypeError(f"make_array_from_callback: data_callback({index}) returned "
+                            f"{type(v).__name__} that is not numeric data")
+        if tuple(host.shape) != shard_shape:
+            raise ValueError(f"make_array_from_callback: data_callback({index}) returned shape "
+                             f"{tuple(host.shape)}; the shard at that index has shape "
+                             f"{shard_shape} (global shape {shape}, {sharding!r})")
+        if want is None:
+            want = _dtypes.canonicalize(host.dtype)
+        values[start] = host
+    if want is None:   # this process has no block: the dtype only matters for metadata
+        want = _dtypes.canonicalize(np.float32)
+    _, blocks = _alloc_blocks(shape, want, sharding, addressable=True)
+    for _, buf, start, _ in blocks:
+        host = np.ascontiguousarray(values[start], dtype=want)
+        _C.copy_from_host(buf, host.view(np.uint8) if want == _dtypes.bool_ else host,
+                          (0,) * len(shape))
+    return Array._create(shape, want, sharding, blocks)
+
+
+def make_array_from_single_device_arrays(shape, sharding, arrays, *, dtype=None) -> Array:
+    """An Array of ``shape`` and ``sharding`` from one single-device Array per device of
+    ``sharding`` that belongs to this process (``jax.make_array_from_single_device_arrays``):
+    each of ``arrays`` lives on one such device, every device has exactly one, and each
+    has the shard shape. In a job of several processes each process passes its own.
+
+    Unlike jax, the values are copied (device to device, each on its own device) into
+    buffers the new Array owns, so that donating either Array later never changes the
+    other.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import NamedSharding, P
+    >>> s = NamedSharding(cts.make_mesh((1,), ('x',)), P('x'))
+    >>> parts = [cts.device_put(np.float32([1, 2]), d) for d in s.addressable_devices]
+    >>> cts.make_array_from_single_device_arrays((2,), s, parts).tolist()
+    [1.0, 2.0]
+    """
+    who = "make_array_from_single_device_arrays"
+    shape = _dtypes.int_tuple(shape, f"{who}: shape")
+    sharding = _check_sharding(sharding, who)
+    try:
+        arrays = list(arrays)
+    except TypeError:
+        raise TypeError(f"{who}: arrays must be a sequence of Arrays, got "
+                        f"{type(arrays).__name__}") from None
+    shard_shape, layout = sharding._addressable_layout(shape)
+    if len(arrays) != len(layout):
+        raise ValueError(f"{who}: got {len(arrays)} arrays; {sharding!r} has {len(layout)} "
+                         f"devices in this process, and each needs one")
+    by_device: dict = {}
+    dt = None if dtype is None else _dtypes.canonicalize(dtype)
+    for k, a in enumerate(arrays):
+        if not isinstance(a, Array):
+            raise TypeError(f"{who}: arrays[{k}] is a {type(a).__name__}, not an Array (place "
+                            f"host data with make_array_from_callback or device_put)")
+        a._check_alive()
+        devs = {d for d, _, _, _ in a._blocks}
+        if len(devs) != 1 or not a.is_fully_addressable:
+            raise ValueError(f"{who}: arrays[{k}] is on {len(a.devices())} devices; each must "
+                             f"be on one")
+        dev = devs.pop()
+        if tuple(a.shape) != shard_shape:
+            raise ValueError(f"{who}: arrays[{k}] has shape {tuple(a.shape)}; the shards of "
+                             f"shape {shape} under {sharding!r} have shape {shard_shape}")
+        if dt is None:
+            dt = a.dtype
+        if a.dtype != dt:
+            raise ValueError(f"{who}: arrays[{k}] has dtype {a.dtype}, not {dt}")
+        if dev in by_device:
+            raise ValueError(f"{who}: arrays[{by_device[dev][0]}] and arrays[{k}] are both on "
+                             f"{dev!r}")
+        by_device[dev] = (k, a)
+    missing = [d for d, _, _ in layout if d not in by_device]
+    if missing:
+        extra = [by_device[d][0] for d in by_device if d not in {b[0] for b in layout}]
+        raise ValueError(f"{who}: no array on {missing[0]!r} of {sharding!r}"
+                         + (f" (arrays[{extra[0]}] is on a device outside it)" if extra else ""))
+    _, blocks = _alloc_blocks(shape, dt, sharding, addressable=True)
+    zero = (0,) * len(shard_shape)
+    for dev, buf, _, _ in blocks:
+        src = by_device[dev][1]._blocks[0]
+        _C.copy_overlap(buf, zero, src[1], src[2])
+    return Array._create(shape, dt, sharding, blocks)
+
+
+def _piece_positions(sharding, ndim: int) -> list:
+    """Per process, per dimension: the sorted piece numbers (0 .. parts-1) of the
+    dimension that the process's devices hold."""
+    parts = sharding._dim_parts(ndim)
+    _, layout, _ = sharding._layout(tuple(parts))   # one element per piece: start = piece
+    out: dict = {}
+    for dev, start, _ in layout:
+        per = out.setdefault(dev.process_index, [set() for _ in range(ndim)])
+        for d in range(ndim):
+            per[d].add(start[d])
+    return {p: [sorted(x) for x in v] for p, v in out.items()}
+
+
+def make_array_from_process_local_data(sharding, local_data, global_shape=None) -> Array:
+    """A global Array of ``sharding`` from the data of this process
+    (``jax.make_array_from_process_local_data``): along each dimension, ``local_data``
+    either holds the whole global dimension, or the consecutive pieces this process's
+    devices hold, in order (the usual case: each process loads its own rows of a batch
+    sharded over a mesh axis that spans processes).
+
+    ``global_shape`` defaults to what this assumes for every dimension: the local size
+    times the number of pieces of the dimension over the number this process holds
+    (processes that hold different numbers of pieces of a dimension need
+    ``global_shape``). Each dimension of ``local_data`` must equal ``global_shape``'s or
+    the size of this process's pieces. Processes that hold the same pieces (replicas)
+    must pass the same values. In a job of one process it is ``device_put(local_data,
+    sharding)``.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import NamedSharding, P
+    >>> s = NamedSharding(cts.make_mesh((1,), ('batch',)), P('batch'))
+    >>> cts.make_array_from_process_local_data(s, np.float32([1, 2, 3])).shape
+    (3,)
+    """
+    who = "make_array_from_process_local_data"
+    sharding = _check_sharding(sharding, who)
+    if isinstance(local_data, Array):
+        local_data = np.asarray(local_data)
+    local = np.asarray(local_data)
+    if local.dtype.hasobject:
+        raise TypeError(f"{who}: local_data must be numeric array data, got "
+                        f"{type(local_data).__name__}")
+    dtype = _dtypes.canonicalize(local.dtype)
+    if global_shape is not None:
+        global_shape = _dtypes.int_tuple(global_shape, f"{who}: global_shape")
+        if len(global_shape) != local.ndim:
+            raise ValueError(f"{who}: global_shape {global_shape} has {len(global_shape)} "
+                             f"dimensions; local_data has {local.ndim} (shape {local.shape})")
+    from_process = _piece_positions(sharding, local.ndim)
+    me = _process_index()
+    if me not in from_process:   # none of this process's devices: an Array of no shards
+        if global_shape is None:
+            raise ValueError(f"{who}: {sharding!r} has no device of this process (process "
+                             f"{me}); pass global_shape")
+        return make_array_from_callback(global_shape, sharding, lambda index: None, dtype)
+    if sharding.is_fully_addressable:
+        if global_shape is not None and global_shape != local.shape:
+            raise ValueError(f"{who}: this process holds every piece of {sharding!r}, so "
+                             f"local_data is the global value; its shape {local.shape} "
+                             f"differs from global_shape {global_shape}")
+        return device_put(local.astype(dtype, copy=False), sharding)
+    parts = sharding._dim_parts(local.ndim)
+    mine = from_process[me]
+    if global_shape is None:
+        inferred = []
+        for d in range(local.ndim):
+            counts = {len(v[d]) for v in from_process.values()}
+            if len(counts) != 1:
+                raise ValueError(
+                    f"{who}: the processes hold different numbers of pieces of dimension {d} "
+                    f"under {sharding!r}, so the global shape cannot be inferred; pass "
+                    f"global_shape")
+            held = len(mine[d])
+            if local.shape[d] % held:
+                raise ValueError(
+                    f"{who}: dimension {d} of local_data ({local.shape[d]}) does not split "
+                    f"into the {held} pieces this process holds")
+            inferred.append(local.shape[d] // held * parts[d])
+        global_shape = tuple(inferred)
+    shard_shape = sharding.shard_shape(global_shape)
+    full = []
+    for d in range(local.ndim):
+        if local.shape[d] == global_shape[d]:
+            full.append(True)
+            continue
+        held = len(mine[d]) * shard_shape[d]
+        if local.shape[d] != held:
+            raise ValueError(
+                f"{who}: dimension {d} of local_data has {local.shape[d]} elements; it must "
+                f"be the global size {global_shape[d]} or the {held} elements this process's "
+                f"devices hold (global_shape {global_shape}, {sharding!r})")
+        full.append(False)
+
+    def piece(index):
+        out = []
+        for d, sl in enumerate(index):
+            if full[d] or parts[d] == 1:
+                out.append(sl)
+                continue
+            k = mine[d].index(sl.start // shard_shape[d]) if shard_shape[d] else 0
+            out.append(slice(k * shard_shape[d], (k + 1) * shard_shape[d]))
+        return local[tuple(out)]
+
+    return make_array_from_callback(global_shape, sharding, piece, dtype)
+
+
+def _process_index() -> int:
+    return _devices_process["index"]
 
 
 def device_get(tree):

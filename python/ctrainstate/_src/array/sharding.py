@@ -13,7 +13,7 @@ import numpy as np
 
 from ... import _C
 from ..base import dtypes as _dtypes
-from ..base.devices import Device, devices as _all_devices
+from ..base.devices import Device, devices as _all_devices, _process
 from ..base.trace_state import in_jit
 
 __all__ = [
@@ -213,7 +213,43 @@ class Mesh:
 
     @property
     def local_devices(self) -> list:
-        return list(self._devices.flat)
+        """This process's devices of the mesh, in mesh order."""
+        if _process["count"] == 1:
+            return list(self._devices.flat)
+        return [d for d in self._devices.flat if d._is_local()]
+
+    @property
+    def is_multi_process(self) -> bool:
+        """Whether the mesh holds devices of more than one process."""
+        return len({d.process_index for d in self._devices.flat}) > 1
+
+    @property
+    def local_mesh(self) -> "Mesh":
+        """The sub-mesh of this process's devices, with the same axis names (jax's
+        ``Mesh.local_mesh``): along each axis, the positions where this process has
+        devices. ``ValueError`` when those devices do not form such a block (then the
+        positions hold another process's devices too) or when the mesh has none of them.
+
+        >>> import ctrainstate as cts
+        >>> m = cts.make_mesh((1,), ('x',))
+        >>> m.local_mesh == m   # one process
+        True
+        """
+        if _process["count"] == 1:
+            return self
+        mine = np.vectorize(lambda d: d._is_local(), otypes=[bool])(self._devices)
+        if not mine.any():
+            raise ValueError(f"{self!r} has none of this process's devices "
+                             f"(process {_process['index']})")
+        idx = [np.flatnonzero(mine.any(axis=tuple(a for a in range(mine.ndim) if a != k)))
+               for k in range(mine.ndim)]
+        block = np.ix_(*idx)
+        if not mine[block].all():
+            raise ValueError(
+                f"{self!r}: the devices of process {_process['index']} do not form a block of "
+                f"the mesh (along each axis, the positions where it has devices hold other "
+                f"processes' devices too), so it has no local mesh")
+        return Mesh(self._devices[block], self._axis_names)
 
     @property
     def empty(self) -> bool:
@@ -357,7 +393,31 @@ class Sharding:
 
     @property
     def addressable_devices(self) -> set:
-        return self.device_set
+        """The devices of the sharding that belong to this process."""
+        if _process["count"] == 1:
+            return self.device_set
+        return {d for d in self._mesh_devices if d._is_local()}
+
+    @property
+    def is_fully_addressable(self) -> bool:
+        """Whether every device of the sharding belongs to this process (always, in a job
+        of one process)."""
+        if _process["count"] == 1:
+            return True
+        return all(d._is_local() for d in self._mesh_devices)
+
+    def _addressable_layout(self, shape: tuple):
+        """:meth:`_layout`'s blocks of this process's devices: (shard_shape, [(device,
+        start, replica_id)]), in mesh order."""
+        shard_shape, layout, _ = self._layout(shape)
+        if _process["count"] == 1:
+            return shard_shape, layout
+        return shard_shape, [b for b in layout if b[0]._is_local()]
+
+    def addressable_devices_indices_map(self, global_shape) -> dict:
+        """:meth:`devices_indices_map` for this process's devices only."""
+        return {d: i for d, i in self.devices_indices_map(global_shape).items()
+                if d._is_local()}
 
     @property
     def num_devices(self) -> int:

@@ -65,6 +65,11 @@ if _cuda_libs and not os.environ.get("CTRAINSTATE_NCCL_LIB"):
 _lock = threading.Lock()
 _by_id: dict[int, "Device"] = {}
 _platform_ids: dict[str, list[int]] = {}
+# The devices of every process of a job (set once by _set_processes, from
+# ctrainstate.distributed.initialize): this process's index, the number of processes, and
+# per platform the global ids of this process's devices. Before that: one process.
+_process = {"index": 0, "count": 1}
+_local_ids: dict[str, list[int]] = {}
 # Whether the core has created its devices (it reads its environment settings then, once).
 _created = False
 # The CPU device count ctrainstate.config asked for (None: not set through config).
@@ -98,11 +103,12 @@ class Device:
     ('cpu', 0)
     """
 
-    __slots__ = ("id", "platform", "__weakref__")
+    __slots__ = ("id", "platform", "_process_index", "__weakref__")
 
-    def __init__(self, id: int, platform: str):  # noqa: A002 - jax's attribute name
+    def __init__(self, id: int, platform: str, process_index: int = 0):  # noqa: A002
         self.id = id
         self.platform = platform
+        self._process_index = process_index
 
     @property
     def device_kind(self) -> str:
@@ -110,12 +116,16 @@ class Device:
 
     @property
     def process_index(self) -> int:
-        """The process that owns the device: always 0 (ctrainstate runs in one process)."""
-        return 0
+        """The process that owns the device (0 in a job of one process)."""
+        return self._process_index
 
     @property
     def host_id(self) -> int:
-        return 0
+        """``process_index`` (jax's older name)."""
+        return self._process_index
+
+    def _is_local(self) -> bool:
+        return self._process_index == _process["index"]
 
     def memory_stats(self) -> dict:
         """Bytes in use, the peak since the last reset, and the limit of this device.
@@ -130,6 +140,8 @@ class Device:
 
     def __repr__(self) -> str:
         kind = "CpuDevice" if self.platform == "cpu" else "CudaDevice"
+        if _process["count"] > 1:
+            return f"{kind}(id={self.id}, process_index={self._process_index})"
         return f"{kind}(id={self.id})"
 
     def __reduce__(self):
@@ -137,15 +149,64 @@ class Device:
 
 
 def _ids(platform: str) -> list[int]:
+    """The global ids of ``platform``'s devices, of every process."""
     with _lock:
         ids = _platform_ids.get(platform)
         if ids is None:
             _mark_created()
             ids = list(_C.device_ids(platform))
             _platform_ids[platform] = ids
+            _local_ids[platform] = ids
             for i in ids:
                 _by_id.setdefault(i, Device(i, platform))
         return ids
+
+
+def _local_platform_ids(platform: str) -> list[int]:
+    """The global ids of this process's devices of ``platform``."""
+    _ids(platform)
+    return _local_ids[platform]
+
+
+def _devices_used() -> bool:
+    """Whether Device objects exist in this process (they carry ids that a job of several
+    processes would change)."""
+    return bool(_by_id)
+
+
+def _set_processes(index: int, counts) -> None:
+    """Make the devices global: ``counts[p]`` is ``(CPU devices, GPU devices)`` of process
+    ``p``. Process ``p``'s devices get the ids after those of the processes before it (its
+    CPU devices, then its GPUs), so ids are unique and ordered by process; ``devices()``
+    lists every process's, ``local_devices()`` this process's. Called once, by
+    ``ctrainstate.distributed.initialize``, before any Device of this process exists
+    (RuntimeError otherwise)."""
+    with _lock:
+        if _by_id and _process["count"] == 1 and len(counts) > 1:
+            raise RuntimeError(
+                "ctrainstate.distributed.initialize() must be called before ctrainstate uses "
+                "devices (devices(), device_put, a Mesh, ...) in a job of several processes: "
+                "the devices get global ids then")
+        if _process["count"] > 1:
+            raise RuntimeError("the devices of a job of several processes are set once")
+        offsets, total = [], 0
+        for cpu, gpu in counts:
+            offsets.append(total)
+            total += int(cpu) + int(gpu)
+        ncpu, ngpu = (int(c) for c in counts[index])
+        if len(_C.device_ids("cpu")) != ncpu or len(_C.device_ids("gpu")) != ngpu:
+            raise RuntimeError("internal error: this process's device counts changed")
+        _C.devices_set_id_offset(offsets[index], total)
+        _process.update(index=int(index), count=len(counts))
+        for platform, col in (("cpu", 0), ("gpu", 1)):
+            ids = []
+            for p, (off, c) in enumerate(zip(offsets, counts)):
+                first = off + (0 if col == 0 else int(c[0]))
+                for i in range(first, first + int(c[col])):
+                    ids.append(i)
+                    _by_id.setdefault(i, Device(i, platform, p))
+            _platform_ids[platform] = ids
+            _local_ids[platform] = [i for i in ids if _by_id[i]._process_index == index]
 
 
 def _device_by_id(i: int) -> Device:
@@ -200,27 +261,46 @@ def devices(backend: str | None = None) -> list[Device]:
 
 
 def local_devices(process_index: int | None = None, backend: str | None = None) -> list[Device]:
-    """Devices of this process (all of them: ctrainstate runs in one process)."""
-    if process_index not in (None, 0):
-        raise ValueError(f"process_index {process_index} does not exist; there is one process (0)")
-    return devices(backend)
+    """The devices of process ``process_index`` (default: this process) of ``backend``.
+    In a job of one process, all devices.
+
+    >>> import ctrainstate
+    >>> ctrainstate.local_devices() == ctrainstate.devices()   # one process
+    True
+    """
+    n = _process["count"]
+    if process_index is not None:
+        if isinstance(process_index, bool) or not isinstance(process_index, int):
+            raise TypeError(f"process_index must be an int, got {process_index!r}")
+        if not 0 <= process_index < n:
+            raise ValueError(f"process_index {process_index} does not exist; there "
+                             f"{'is one process (0)' if n == 1 else f'are {n} processes'}")
+    if n == 1:
+        return devices(backend)
+    p = _process["index"] if process_index is None else process_index
+    return [d for d in devices(backend) if d._process_index == p]
 
 
 def device_count(backend: str | None = None) -> int:
-    """Number of devices of ``backend`` (default backend when None)."""
+    """Number of devices of ``backend`` (default backend when None), of every process."""
     return len(devices(backend))
 
 
 def local_device_count(backend: str | None = None) -> int:
-    return device_count(backend)
+    """Number of this process's devices of ``backend`` (default backend when None)."""
+    return len(local_devices(backend=backend))
 
 
 def process_index() -> int:
-    return 0
+    """This process's index in the job (``jax.process_index``): 0 in a job of one process;
+    set by ``ctrainstate.distributed.initialize``."""
+    return _process["index"]
 
 
 def process_count() -> int:
-    return 1
+    """The number of processes of the job (``jax.process_count``): 1 unless
+    ``ctrainstate.distributed.initialize`` joined several."""
+    return _process["count"]
 
 
 def gpu_status() -> str:

@@ -163,6 +163,12 @@ class SavePlan:
             want = cast(keys, leaf) if cast is not None else None
             if isinstance(leaf, Array):
                 leaf._check_alive()
+                if not leaf.is_fully_addressable:   # each process would commit its part alone
+                    raise ValueError(
+                        f"checkpoint: {name} spans processes; saving such Arrays (one index "
+                        f"for the files of every process) is not supported yet: gather it "
+                        f"with ctrainstate.experimental.multihost_utils.process_allgather and "
+                        f"save the host value from one process")
                 dtype = np.dtype(want or leaf.dtype)
                 blocks = []
                 for dev, buf, start, rid in leaf._blocks:

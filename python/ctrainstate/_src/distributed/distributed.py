@@ -1,5 +1,8 @@
 """The implementation of :mod:`ctrainstate.distributed` (which re-exports its API; the module
 docstring is there)."""
+from ..base.hooks import provide as _provide
+_provide('distributed', __name__)   # the ops' all-reduces and reshards across processes
+
 import atexit as _atexit
 import math as _math
 import os as _os
@@ -9,6 +12,7 @@ import threading as _threading
 import numpy as _np
 
 from ... import _C
+from ..base import devices as _devices
 
 __all__ = [
     "initialize", "shutdown", "is_initialized", "process_index", "process_count",
@@ -195,6 +199,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         if process_id >= num_processes:
             raise ValueError(f"process_id {process_id} is not below num_processes "
                              f"{num_processes}")
+        if num_processes > 1 and _devices._devices_used() and _devices.process_count() == 1:
+            raise RuntimeError(
+                "ctrainstate.distributed.initialize() must be called before ctrainstate uses "
+                "devices (devices(), device_put, a Mesh, ...): in a job of several processes "
+                "the devices get global ids, as jax.distributed.initialize must come before "
+                "any computation")
         library = _os.environ.get("CTRAINSTATE_MPI_LIBRARY") or None
         try:
             got_id, got_n = _C.dist_initialize(library, process_id, num_processes)
@@ -209,9 +219,20 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                       coordinator_address=coordinator_address, local_device_ids=local_device_ids,
                       local_rank=detected["local_rank"] if detected else None, timeout=timeout,
                       source=source)
+        if got_n > 1:
+            _join_devices(got_id, got_n, timeout)
         if not _state["atexit"]:
             _atexit.register(_at_exit)
             _state["atexit"] = True
+
+
+def _join_devices(me: int, n: int, timeout: float) -> None:
+    """Every process's device counts, gathered, make the devices global
+    (:func:`ctrainstate._src.base.devices._set_processes`)."""
+    mine = _np.array([len(_C.device_ids("cpu")), len(_C.device_ids("gpu"))], _np.int64)
+    counts = _np.empty((n, 2), _np.int64)
+    _C.dist_allgather(mine, counts, timeout)
+    _devices._set_processes(me, [tuple(int(v) for v in row) for row in counts])
 
 
 def _at_exit() -> None:
@@ -335,3 +356,50 @@ def barrier(*, timeout: float | None = None) -> None:
     """Return once every process has called ``barrier``."""
     _require("barrier")
     _C.dist_barrier(_timeout(timeout))
+
+
+_MAX_ALLGATHER_BYTES = (1 << 31) - 1  # one MPI call moves at most this many bytes a process
+
+
+def _allgather_padded(buf: _np.ndarray, sizes) -> list:
+    """Every process's bytes, where process p sends ``sizes[p]`` bytes (``buf`` holds this
+    process's): a list of uint8 arrays, one per process. The sends are padded to the
+    largest and moved in pieces of at most ``_MAX_ALLGATHER_BYTES`` bytes a process."""
+    _require("a collective across processes")
+    n = len(sizes)
+    width = int(max(sizes)) if n else 0
+    mine = _np.zeros(width, _np.uint8)
+    mine[:buf.size] = buf
+    out = _np.empty((n, width), _np.uint8)
+    for off in range(0, max(width, 1), _MAX_ALLGATHER_BYTES):
+        end = min(off + _MAX_ALLGATHER_BYTES, width)
+        piece = _np.empty((n, end - off), _np.uint8)
+        _C.dist_allgather(_np.ascontiguousarray(mine[off:end]), piece,
+                          default_timeout())
+        out[:, off:end] = piece
+    return [out[p, :int(sizes[p])] for p in range(n)]
+
+
+def _gather_global(x) -> _np.ndarray:
+    """The whole value of an Array that spans processes, as a numpy array, on every process
+    (every process calls it): each block is sent by the process of its primary device
+    (replica id 0), in one host all-gather."""
+    _require("an operation on an Array that spans processes")
+    x._check_alive()
+    shard_shape, layout, _ = x.sharding._layout(x.shape)
+    primaries = [(dev, start) for dev, start, rid in layout if rid == 0]
+    n = _devices.process_count()
+    nbytes = int(_np.prod(shard_shape, dtype=_np.int64)) * x.dtype.itemsize
+    per = [[(d, st) for d, st in primaries if d.process_index == p] for p in range(n)]
+    held = {dev: shard.data for dev, shard in ((s.device, s) for s in x.addressable_shards)}
+    me = _devices.process_index()
+    mine = [_np.ascontiguousarray(_np.asarray(held[d])).reshape(-1).view(_np.uint8)
+            for d, _ in per[me]]
+    buf = _np.concatenate(mine) if mine else _np.zeros(0, _np.uint8)
+    got = _allgather_padded(buf, [len(v) * nbytes for v in per])
+    out = _np.empty(x.shape, x.dtype)
+    for p in range(n):
+        for k, (_, start) in enumerate(per[p]):
+            block = got[p][k * nbytes:(k + 1) * nbytes].view(x.dtype).reshape(shard_shape)
+            out[tuple(slice(s0, s0 + m) for s0, m in zip(start, shard_shape))] = block
+    return out

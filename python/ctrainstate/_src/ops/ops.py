@@ -50,6 +50,7 @@ from . import elementwise as _elementwise
 from . import elementwise as ew
 from ..array.abstract import ShapeDtypeStruct
 from ..base.devices import devices
+from ..base.devices import _process as _devices_process
 from .elementwise import result_type, sum_dtype
 from ..array.array import _alloc_blocks
 from ..base.tree_util import tree_flatten, tree_map, tree_unflatten
@@ -364,9 +365,10 @@ def _lift_any(x, place=None) -> Array:
 
 
 def _new(shape, place, norm, dtype=_dtypes.float32) -> Array:
-    """Allocate an output Array (uninitialised buffers)."""
+    """Allocate an output Array (uninitialised buffers): a block per device of this process
+    (every device, in a job of one process), in mesh order, as the operands' blocks are."""
     sharding = _sharding_for(place, norm)
-    shard_shape, layout, _ = sharding._layout(tuple(shape))
+    shard_shape, layout = sharding._addressable_layout(tuple(shape))
     code = _dtypes.code(dtype)
     blocks = [(dev, _C.Buffer(dev.id, shard_shape, code), start, rid) for dev, start, rid in layout]
     return Array._create(tuple(shape), np.dtype(dtype), sharding, blocks)
@@ -409,7 +411,63 @@ def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
     if not groups:
         return
     bufs = _bufs(a)
+    if not a._sharding.is_fully_addressable:
+        _allreduce_processes(a, mesh, groups, op)
+        return
     _C.op_allreduce([[bufs[p] for p in g] for g in groups], op)
+
+
+def _allreduce_processes(a: Array, mesh, groups, op: int) -> None:
+    """:func:`_allreduce` of an Array over a mesh of several processes, whose blocks here
+    are this process's, in mesh order. Every process of the job calls it (as it runs every
+    op). A group within one process is reduced by the device all-reduce; the groups that
+    span processes by every process at once: their members' blocks are gathered from their
+    processes (one host all-gather for all such groups, ``distributed._allgather_padded``)
+    and combined in group order as the device all-reduce combines them (element by
+    element: the first member's value, then each next one's), so each member gets the bits
+    of the one-process run on the same mesh."""
+    bufs = _bufs(a)
+    devs = list(mesh.devices.flat)
+    local = {p: i for i, p in enumerate(p for p, d in enumerate(devs) if d._is_local())}
+    inside = [g for g in groups if all(p in local for p in g)]
+    if inside:
+        _C.op_allreduce([[bufs[local[p]] for p in g] for g in inside], op)
+    spans = [g for g in groups if len({devs[p].process_index for p in g}) > 1]
+    if not spans:
+        return
+    shard_shape = tuple(a._shard_shape)
+    nb = int(np.prod(shard_shape, dtype=np.int64)) * 4
+    # each process sends its members of the spanning groups, group by group, in mesh order
+    sends = [[(gi, p) for gi, g in enumerate(spans) for p in g if devs[p].process_index == q]
+             for q in range(_devices_process["count"])]
+    me = _devices_process["index"]
+    mine = [_host_block(bufs[local[p]], shard_shape).reshape(-1).view(np.uint8)
+            for _, p in sends[me]]
+    payload = np.concatenate(mine) if mine else np.zeros(0, np.uint8)
+    got = _upper('distributed')._allgather_padded(payload, [len(v) * nb for v in sends])
+    blocks = {key: got[q][k * nb:(k + 1) * nb].view(np.float32)
+              for q in range(len(sends)) for k, key in enumerate(sends[q])}
+    for gi, g in enumerate(spans):
+        here = [p for p in g if p in local]
+        if not here:
+            continue
+        acc = blocks[(gi, g[0])].copy()
+        for p in g[1:]:
+            v = blocks[(gi, p)]
+            if op == _RED_SUM:
+                acc += v
+            else:   # ct_red_combine's max: (acc > v or acc is NaN) ? acc : v
+                acc = np.where((acc > v) | np.isnan(acc), acc, v)
+        acc = acc.reshape(shard_shape)
+        for p in here:
+            _C.copy_from_host(bufs[local[p]], acc, (0,) * len(shard_shape))
+
+
+def _host_block(buf, shard_shape) -> np.ndarray:
+    """A float32 block's values on the host (a copy)."""
+    out = np.empty(shard_shape, np.float32)
+    _C.copy_to_host(buf, out, (0,) * len(shard_shape))
+    return out
 
 
 def _axes_used(norm) -> set:
@@ -2022,7 +2080,7 @@ _LOWP = (_dtypes.bfloat16, _dtypes.float16)
 
 def _convert(x: Array, dtype) -> Array:
     """``x`` converted to ``dtype`` on its own devices (same sharding), not recorded."""
-    _, blocks = _alloc_blocks(x.shape, dtype, x.sharding)
+    _, blocks = _alloc_blocks(x.shape, dtype, x.sharding, addressable=True)
     out = Array._create(x.shape, np.dtype(dtype), x.sharding, blocks)
     _C.op_convert(_bufs(x), _bufs(out))
     return out
@@ -2434,6 +2492,21 @@ def _plan_out(kind, op, shape, dtype, place, norm, red_mask=0, groups=(), red_op
             [list(g) for g in groups], red_op, tuple(mnk))
 
 
+def _in_process(planner):
+    """``planner``, for operands this process holds whole: an Array that spans processes
+    gets no C plan (None), so its calls run the Python op, whose blocks are this process's
+    and whose all-reduces cross processes (:func:`_allreduce_processes`). The planners run
+    on a plan-cache miss only."""
+    def plan(*args):
+        for x in args:
+            if type(x) is Array and not x._sharding.is_fully_addressable:
+                return None
+        return planner(*args)
+    plan.__name__ = plan.__qualname__ = getattr(planner, "__name__", "plan")
+    plan.__doc__ = planner.__doc__
+    return plan
+
+
 def _same_devices(a: Array, plan) -> bool:
     """Whether ``a``'s blocks are on the plan's output devices, in the same order (the C
     path pairs blocks by position)."""
@@ -2701,7 +2774,7 @@ def _mm_python(ta: bool, tb: bool):
 
 # the transposed float32 products of matmul's gradients (_matmul_grads): from C plans
 _MM_T = {(ta, tb): _C.Primitive(f"_matmul_{'t' if ta else 'n'}{'t' if tb else 'n'}", 2,
-                                _mm_python(ta, tb), _plan_matmul_t(ta, tb))
+                                _mm_python(ta, tb), _in_process(_plan_matmul_t(ta, tb)))
          for ta in (False, True) for tb in (False, True) if ta or tb}
 
 
@@ -2771,6 +2844,7 @@ def _primitive(name, nin, planner, vjp=None, none_keywords=(), statics=()):
     """Make op ``name`` of this module a primitive; ``statics``: (name, default) of its static
     parameters after the operands, in their positional order."""
     f = globals()[name]
+    planner = _in_process(planner)
     p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp, tuple(none_keywords),
                      tuple(n for n, _ in statics), tuple(d for _, d in statics))
     p.__module__ = f.__module__

@@ -36,6 +36,7 @@ __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptySt
 NSLOTS = dict(enumerate(_C.optim_nslots))
 _INT32_MAX = 2**31 - 1
 _NEEDS_PARAMS = (DECAY, TRUST_RATIO, PARAM_RMS)   # kind_needs_params in csrc/core/ct_optim.c
+_ACROSS_BLOCKS = (GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, FACTORED, BLOCK_RMS, PARAM_RMS)  # (#33)
 
 
 class EmptyState(NamedTuple):
@@ -934,6 +935,12 @@ def _check_no_shared_buffers(p_leaves, stages, paths):
 
 def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params):
     """Per device: the block tuples of the kernel, and (leaf, block) of each."""
+    # (#33) the kernel's reductions over the tree would see this process's blocks only
+    if any(s.kind in _ACROSS_BLOCKS for s in stages) and not all(
+            p.is_fully_addressable for p in p_leaves):
+        raise ValueError("the optimizer's norms, finite gate or factored statistics over params "
+                         "that span processes are not supported yet; use elementwise "
+                         "transforms (adam, adamw, sgd, clip, ...) on such params")
     nslots = [NSLOTS[s.kind] for s in stages]
     groups: dict[int, list] = {}
     order: dict[int, list] = {}

@@ -14,6 +14,8 @@
 
 #include "py_optim.h"
 
+#include <math.h>
+
 int ct_py_optim_parse_stages(PyObject *seq, ct_opt_stage *st, int *nst) {
     PyObject *fast = PySequence_Fast(seq, "stages must be a sequence");
     if (fast == NULL) return -1;
@@ -355,7 +357,23 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* f32_bias_correction(decay, t): 1 - decay**t computed in float32 (powf, then a float32
+ * subtraction), as numpy's float32 scalars compute it; a Python float. */
+static PyObject *py_f32_bias_correction(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 2) return PyErr_Format(PyExc_TypeError, "f32_bias_correction(decay, t)");
+    const double d = PyFloat_AsDouble(args[0]);
+    if (d == -1.0 && PyErr_Occurred()) return NULL;
+    const double t = PyFloat_AsDouble(args[1]);
+    if (t == -1.0 && PyErr_Occurred()) return NULL;
+    volatile float p = powf((float)d, (float)t); /* (no contraction with the subtraction) */
+    return PyFloat_FromDouble((double)(1.0f - p));
+}
+
 static PyMethodDef optim_methods[] = {
+    {"f32_bias_correction", (PyCFunction)(void (*)(void))py_f32_bias_correction, METH_FASTCALL,
+     "f32_bias_correction(decay, t, /)\n--\n\n1 - decay**t in float32 (powf), as numpy's "
+     "float32 scalars compute it: optax's bias correction."},
     {"optim_step", py_optim_step, METH_VARARGS,
      "optim_step(stages, groups, nleaves, grads=None, /)\n--\n\n"
      "Run one fused optimizer step (GIL released); each group on one device, all groups on CPU\n"

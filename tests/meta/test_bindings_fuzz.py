@@ -234,7 +234,7 @@ SIGS = {
     "tape_backward": ["any", "any", "any", "any"],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],
-    "split_args": ["any", "any"], "int_like": ["any", "int"],
+    "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],
     "trace_node": ["str", "any", "arrays"], "flatten_spec": ["any", "any"],
     "unflatten_spec": ["any", "arrays"],
     "dist_shutdown": [], "dist_info": [], "dist_allreduce": ["host", "host", "op", "float"],

@@ -44,7 +44,7 @@ from ..array.abstract import ShapeDtypeStruct
 from ..base.trace_state import jit_scope
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
-from ..base.devices import _normalize_backend, devices
+from ..base.devices import _normalize_backend, local_devices
 from ..ops.ops import _tape
 
 __all__ = ["jit", "pjit", "MemoryAnalysis"]
@@ -239,10 +239,10 @@ _INT_TEMPLATE: list = []
 
 
 def _int_template():
-    """A 0-d int32 Array on the first device: how a Python int argument is placed (C copies
-    its placement for each int it converts)."""
+    """A 0-d int32 Array on this process's first device: how a Python int argument is placed
+    (C copies its placement for each int it converts)."""
     if not _INT_TEMPLATE:
-        _INT_TEMPLATE.append(device_put(np.int32(0), devices()[0]))
+        _INT_TEMPLATE.append(device_put(np.int32(0), local_devices()[0]))
     return _INT_TEMPLATE[0]
 
 

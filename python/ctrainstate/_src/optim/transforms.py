@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ... import _C
+
 from ..base.tree_util import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from ..base import dtypes as _dtypes
 from ..array.array import Array
@@ -126,8 +128,9 @@ def _zeros_tree(params, dtype=None):
 
 
 def _bc(decay, t) -> float:
-    """1 - decay**t in float32, like optax's bias correction."""
-    return float(_f32(1) - _f32(decay) ** _f32(t))
+    """1 - decay**t in float32, like optax's bias correction (C: powf and a float32
+    subtraction, the bits of numpy's float32 scalars, without their per-operation cost)."""
+    return _C.f32_bias_correction(decay, t)
 
 
 def _expect_state(state, cls, who):

@@ -185,7 +185,7 @@ def main():
     print(f"{'implementation':40s} {'ms/step':>9s} {'vs flax':>8s}")
     for name, (ms, _) in rows:
         ratio = f"{ms / ref:7.2f}x" if ref else "   n/a"
-        print(f"{name:40s} {ms:9.2f} {ratio}")
+        print(f"{name:40s} {ms:9.2f} {ratio}" if ms >= 1.0 else f"{name:40s} {ms:9.4f} {ratio}")
 
 
 if __name__ == "__main__":

@@ -47,11 +47,18 @@ enum { VK_SIN = 0, VK_COS, VK_EXP, VK_TANH, VK_SIGMOID };
 CT_VCLONES static void vmath_run(int kind, int64_t n, const float *restrict x, float *restrict y) {
     switch (kind) {
     case VK_SIN:
-        for (int64_t i = 0; i < n; i++) y[i] = ct_vsincos(x[i], 0);
+    case VK_COS: {
+        const int want_cos = kind == VK_COS;
+        int huge = 0;
+        for (int64_t i = 0; i < n; i++) {
+            y[i] = ct_vsincos(x[i], want_cos);
+            huge |= !(fabsf(x[i]) < CT_VSIN_MAX);
+        }
+        if (huge) /* the rare huge arguments (and NaN/inf): libm's full range reduction */
+            for (int64_t i = 0; i < n; i++)
+                if (!(fabsf(x[i]) < CT_VSIN_MAX)) y[i] = want_cos ? cosf(x[i]) : sinf(x[i]);
         break;
-    case VK_COS:
-        for (int64_t i = 0; i < n; i++) y[i] = ct_vsincos(x[i], 1);
-        break;
+    }
     case VK_EXP:
         for (int64_t i = 0; i < n; i++) y[i] = ct_vexp(x[i]);
         break;
@@ -110,9 +117,6 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     case CT_UN_SIN:
     case CT_UN_COS:
         vmath(op == CT_UN_SIN ? VK_SIN : VK_COS, n, x, y);
-        /* the rare huge arguments (and NaN/inf): libm's full range reduction */
-        for (int64_t i = 0; i < n; i++)
-            if (!(fabsf(x[i]) < CT_VSIN_MAX)) y[i] = op == CT_UN_COS ? cosf(x[i]) : sinf(x[i]);
         break;
     case CT_UN_TANH: vmath(VK_TANH, n, x, y); break;
     case CT_UN_RELU: LOOP((v > 0.0f || v != v) ? v : 0.0f); break; /* NaN stays NaN (jnp) */

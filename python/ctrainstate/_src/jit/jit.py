@@ -315,13 +315,14 @@ class _Programs:
         when the call cannot be replayed."""
         tree = (tuple(a for i, a in enumerate(args) if i not in self._static), kwargs) \
             if self._static else (tuple(args), kwargs)
-        tmpl = _int_template()
+        tmpl = _INT_TEMPLATE[0] if _INT_TEMPLATE else _int_template()
         for spec, key, parts, td in self._specs:   # a structure seen before: keyed in C
             leaves = _C.flatten_spec(spec, tree)
             if leaves is not None:
                 arrays, got, traced = _C.split_args(leaves, tmpl)
                 if arrays is not None and got == parts:
-                    return key, arrays, self._traced(args, kwargs, td, traced)
+                    return key, arrays, ((args, kwargs) if traced is None
+                                         else self._traced(args, kwargs, td, traced))
                 break
         leaves, td = tree_util.tree_flatten(tree)
         # (C: the Arrays, and the other leaves by value, constants of the program; Python

@@ -242,10 +242,12 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
         return state_cls(count=_count0(params), mu=tree_map(lambda p: full_like(p, initial), params),
                          nu=tree_map(lambda p: full_like(p, initial), params))
 
+    bc = _C.f32_bias_correction   # (_bc, called directly: this runs at every step)
+
     def scalars_at(c):   # the stage's scalars for the step whose count reads c before it
         t = safe_increment(c)
-        return [b1, b2, eps, eps_root, _bc(b1, t), _bc(b2, t), mode_fn(t),
-                _bc(b1, safe_increment(t))]
+        return [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode_fn(t),
+                bc(b1, safe_increment(t))]
 
     def fuse(state, ctx):
         _expect_state(state, state_cls, who)

@@ -11,6 +11,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
+from report import report
+
 import ctrainstate as cts
 from ctrainstate import _C
 from ctrainstate import distributed as dist
@@ -180,8 +182,5 @@ except RuntimeError as e:
     assert "cannot be initialized twice" in str(e), e
 else:
     raise AssertionError("initialize after shutdown")
-print(f"OK {me} {n} {checked}", flush=True)
-if os.environ.get("CT_TEST_OUT"):  # (mpirun's forwarding of output may merge lines)
-    with open(os.path.join(os.environ["CT_TEST_OUT"], str(me)), "w") as f:
-        f.write(f"OK {me} {n} {checked}\n")
+report(me, f"OK {me} {n} {checked}")
 sys.exit(0)

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from report import report as _report
+
 from ctrainstate import _C
 from ctrainstate import distributed as dist
 
@@ -34,12 +36,7 @@ me, n = dist.process_index(), dist.process_count()
 
 
 def report(line):
-    """Print a line and, where CT_TEST_OUT names a folder, add it to the file of this process
-    there (mpirun's forwarding of the processes' output may merge their lines)."""
-    print(line, flush=True)
-    if os.environ.get("CT_TEST_OUT"):
-        with open(os.path.join(os.environ["CT_TEST_OUT"], str(me)), "a") as f:
-            f.write(line + "\n")
+    _report(me, line)
 
 
 x = np.full(1000, me, np.float32)

@@ -15,6 +15,8 @@ import tempfile
 
 import numpy as np
 
+from report import report
+
 import ctrainstate as cts
 from ctrainstate import NamedSharding, P
 from ctrainstate import checkpoint as ocp, nn, random, partitioning as nn_partitioning
@@ -287,11 +289,7 @@ def main(ref_path):
         raises(ValueError, "spans processes", lambda: mngr.save(
             1, args=ocp.args.StandardSave({"w1": params["w1"]})))
     dist.shutdown()
-    line = f"OK {me} {n} {checks}"
-    print(line, flush=True)
-    if os.environ.get("CT_TEST_OUT"):
-        with open(os.path.join(os.environ["CT_TEST_OUT"], str(me)), "w") as f:
-            f.write(line + "\n")
+    report(me, f"OK {me} {n} {checks}")
 
 
 if __name__ == "__main__":

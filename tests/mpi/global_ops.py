@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 
+from report import report
+
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
 from ctrainstate import NamedSharding, P, nn, optim, random, partitioning as nn_partitioning
@@ -138,11 +140,7 @@ def main(ref_path):
         else:
             raise AssertionError("no ValueError")
     dist.shutdown()
-    line = f"OK {me} {n} {checks}"
-    print(line, flush=True)
-    if os.environ.get("CT_TEST_OUT"):
-        with open(os.path.join(os.environ["CT_TEST_OUT"], str(me)), "w") as f:
-            f.write(line + "\n")
+    report(me, f"OK {me} {n} {checks}")
 
 
 if __name__ == "__main__":

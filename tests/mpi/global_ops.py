@@ -9,7 +9,6 @@ as many devices as the whole job (the reference run writes what it computed).
 Each process prints "OK <process> <count> <checks>" at the end (and writes it to a file in
 CT_TEST_OUT); any failure raises (non-zero exit).
 """
-import os
 import sys
 
 import numpy as np

@@ -116,9 +116,13 @@ def test_what_is_not_a_primitive_runs_eagerly_every_call():
     np.testing.assert_array_equal(np.asarray(g(x * 2.0)), [4.0, 12.0])
     assert "not replayable" in g.lower(x).as_text()
 
-    h = cts.jit(lambda a: cnp.sum(a))                   # numpy arguments run eagerly
+    h = cts.jit(lambda a: cnp.sum(a))                   # numpy arguments are placed and replay
     assert float(h(np.float32([1.0, 2.0]))) == 3.0
-    assert "ndarray" in h.lower(np.float32([1.0])).as_text()
+    assert float(h(np.float32([3.0, 2.0]))) == 5.0 and h._programs.traces == 1
+    assert "sum" in h.lower(np.float32([1.0, 0.0])).as_text()
+    k = cts.jit(lambda a: a)                            # other host objects run eagerly
+    assert k([1, 2]) is not None and "list" not in k.lower(np.float32([1.0])).as_text()
+    assert "Fraction" in k.lower(__import__("fractions").Fraction(1, 2)).as_text()
 
 
 def test_side_effects_happen_when_tracing_only():

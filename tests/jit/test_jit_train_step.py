@@ -253,3 +253,19 @@ def test_step_times_time_each_step_of_the_replays():
     assert all(us > 0 for _, _, us in times)
     prog.set_timing(False)
     assert prog.step_times == []
+
+
+def test_numpy_arguments_are_placed_at_each_call_and_replay():
+    f = cts.jit(lambda x, y: cnp.sum(x * y))
+    a = np.float32([1.0, 2.0, 3.0])
+    b = np.float32([4.0, 5.0, 6.0])
+    assert float(f(a, b)) == 32.0
+    assert float(f(a * 2.0, b)) == 64.0          # new values: the same program, replayed
+    assert float(f(a, cts.device_put(b))) == 32.0  # an Array in the same place: the same key
+    assert f._programs.traces == 1
+    assert float(f(np.float32([1.0, 2.0]), np.float32([1.0, 1.0]))) == 3.0   # new shape
+    assert float(f(a.astype(np.float16), b)) == 32.0                           # new dtype
+    assert f._programs.traces == 3
+    g = cts.jit(lambda x, s: x * s)              # a numpy scalar is a 0-d Array, as in jax
+    out = g(cts.device_put(a), np.float32(3.0))
+    assert out.dtype == np.float32 and np.asarray(out).tolist() == [3.0, 6.0, 9.0]

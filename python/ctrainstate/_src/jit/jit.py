@@ -227,7 +227,7 @@ def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_
             out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])
         return _to_arrays(out)
 
-    programs = _Programs(run, static)
+    programs = _Programs(run, static, _argnames(static_argnames, "static_argnames"))
     wrapped.lower = lambda *a, **k: _Lowered(wrapped, programs, a, k)
     wrapped.compile = lambda *a, **k: wrapped
     wrapped._programs = programs
@@ -260,7 +260,8 @@ def _spec_of(x, depth: int = 0):
     t = type(x)
     if depth > 60:
         raise _NoSpec
-    if t is Array or t is int or t is float or t is bool or t is str:
+    if t is Array or t is int or t is float or t is bool or t is str or t is np.ndarray \
+            or isinstance(x, np.generic):
         return (_SK["LEAF"], t)
     if x is None:
         return (_SK["NONE"],)
@@ -278,6 +279,21 @@ def _spec_of(x, depth: int = 0):
         return (_SK["STRUCT"], t, data, tuple(_spec_of(getattr(x, n), depth + 1) for n in data),
                 meta, tuple(getattr(x, n) for n in meta))
     raise _NoSpec
+
+
+def _split(leaves, tmpl):
+    """``_C.split_args``, with numpy arrays and scalars among the leaves placed as Arrays first
+    (``device_put``: the default device, or replicated over the active mesh), as ``jax.jit``
+    transfers them at each call: such a call replays too."""
+    arrays, parts, traced = _C.split_args(leaves, tmpl)
+    if arrays is not None or not any(isinstance(x, _HOST) for x in leaves):
+        return arrays, parts, traced
+    placed = [device_put(x) if isinstance(x, _HOST) else x for x in leaves]
+    arrays, parts, traced = _C.split_args(placed, tmpl)
+    return arrays, parts, (placed if traced is None else traced)
+
+
+_HOST = (np.ndarray, np.generic)
 
 
 def _checked_spec(x, leaves):
@@ -301,8 +317,8 @@ class _Programs:
     arguments, the pytree structure, non-Array leaves by value); the Array leaves' shapes,
     dtypes and shardings are checked by ``Program.run``."""
 
-    def __init__(self, run: Callable, static: tuple):
-        self._run, self._static = run, static
+    def __init__(self, run: Callable, static: tuple, static_names: tuple = ()):
+        self._run, self._static, self._static_names = run, static, frozenset(static_names)
         # key -> [(program, output treedef, output spec or None)], most recent first
         self._cache: dict = {}
         # argument structures seen (without static arguments): [(spec, key, parts, treedef)]
@@ -313,29 +329,36 @@ class _Programs:
     def _key(self, args, kwargs):
         """(key, argument Arrays, the (args, kwargs) to trace with) or (None, reason, None)
         when the call cannot be replayed."""
-        tree = (tuple(a for i, a in enumerate(args) if i not in self._static), kwargs) \
-            if self._static else (tuple(args), kwargs)
+        skw = ()
+        if self._static_names and kwargs and not self._static_names.isdisjoint(kwargs):
+            # static arguments given by name: keys by value, never traced
+            skw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names))
+            dkw = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        else:
+            dkw = kwargs
+        tree = (tuple(a for i, a in enumerate(args) if i not in self._static), dkw) \
+            if self._static else (tuple(args), dkw)
         tmpl = _INT_TEMPLATE[0] if _INT_TEMPLATE else _int_template()
-        for spec, key, parts, td in self._specs:   # a structure seen before: keyed in C
+        for spec, key, parts, td in (self._specs if not skw else ()):   # keyed in C
             leaves = _C.flatten_spec(spec, tree)
             if leaves is not None:
-                arrays, got, traced = _C.split_args(leaves, tmpl)
+                arrays, got, traced = _split(leaves, tmpl)
                 if arrays is not None and got == parts:
                     return key, arrays, ((args, kwargs) if traced is None
                                          else self._traced(args, kwargs, td, traced))
                 break
         leaves, td = tree_util.tree_flatten(tree)
         # (C: the Arrays, and the other leaves by value, constants of the program; Python
-        # ints become int32 Arrays, traced as jax traces them)
-        arrays, parts, traced = _C.split_args(leaves, tmpl)
+        # ints become int32 Arrays and numpy arrays Arrays, traced as jax traces them)
+        arrays, parts, traced = _split(leaves, tmpl)
         if arrays is None:
             return None, f"an argument of type {parts} (pass Arrays, or mark it static)", None
-        key = (tuple((i, args[i]) for i in self._static if i < len(args)), td, parts)
+        key = (tuple((i, args[i]) for i in self._static if i < len(args)), skw, td, parts)
         try:
             hash(key)
         except TypeError:
             return None, "an unhashable static argument", None
-        if not self._static and key not in self._nospec:
+        if not self._static and not skw and key not in self._nospec:
             spec = _checked_spec(tree, leaves)
             if spec is None:
                 self._nospec.add(key)
@@ -345,10 +368,12 @@ class _Programs:
         return key, arrays, self._traced(args, kwargs, td, traced)
 
     def _traced(self, args, kwargs, td, traced):
-        """The (args, kwargs) a trace runs with: the ints replaced by their Arrays."""
+        """The (args, kwargs) a trace runs with: the ints (and numpy arrays) replaced by their
+        Arrays; static arguments as they are."""
         if traced is None:
             return args, kwargs
-        t_dyn, kwargs = tree_util.tree_unflatten(td, traced)
+        t_dyn, t_kw = tree_util.tree_unflatten(td, traced)
+        kwargs = {**kwargs, **t_kw}
         t_dyn = iter(t_dyn)
         return [a if i in self._static else next(t_dyn) for i, a in enumerate(args)], kwargs
 

@@ -1660,6 +1660,8 @@ typedef struct {
     int nin, nout;    /* a node: its input and output values, in io[0..nin+nout) */
     int *io;
     int dead;         /* (finish: a step whose result reaches no output) */
+    int chain;        /* the first step of a fused chain: its length (>= 2), else 0 */
+    int chain_side;   /* a later step of a chain: which operand is the previous result (0: a) */
 } pstep;
 
 struct program {
@@ -1676,6 +1678,7 @@ struct program {
     PyObject *keep;   /* while recording: the arguments and results, alive so that no new
                        * Buffer takes the address of one of theirs (the maps' keys) */
     unsigned long thread;
+    int fuse;         /* whether chains run fused (set_fusion; on by default) */
     double *step_ns;  /* with timing on (set_timing): nanoseconds spent in each step so far */
     long long timed_runs;
 };
@@ -1902,7 +1905,8 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0))
         return PyErr_Format(PyExc_TypeError, "Program() takes no arguments");
     program *pr = (program *)type->tp_alloc(type, 0);
-    return (PyObject *)pr; /* (tp_alloc zeroes every field) */
+    if (pr != NULL) pr->fuse = 1; /* (tp_alloc zeroes every other field) */
+    return (PyObject *)pr;
 }
 
 static void program_free_values(program *pr) {
@@ -2219,6 +2223,194 @@ static PyObject *py_trace_active(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(recorder != NULL && recorder->thread == PyThread_get_thread_ident());
 }
 
+/* --- fused chains ---------------------------------------------------------------------------
+ * Consecutive elementwise float32 steps (unary, scalar, binary) where each result is read only
+ * by the next step, on the same blocks, run as one chain: the first step writes the last
+ * step's output buffers, every later step updates them in place (the other operand of a
+ * binary step read as before), so the intermediates are never allocated. Each kernel is the
+ * one the unfused step runs, on the same elements in the same order: the same bits. */
+#define MAX_CHAIN 16
+
+static int is_ewise_f32(const pstep *st) {
+    return st->fn == NULL &&
+           (st->e.kind == K_UNARY || st->e.kind == K_SCALAR || st->e.kind == K_BINARY) &&
+           st->e.ngroups == 0 && st->e.out_dt == CT_F32;
+}
+
+/* Whether step q (= p + 1) can continue a chain through step p; *side: q's operand that is
+ * p's result. */
+static int chainable(const program *pr, int p, int q, int *side) {
+    const pstep *sp = &pr->steps[p], *sq = &pr->steps[q];
+    if (!is_ewise_f32(sp) || !is_ewise_f32(sq)) return 0;
+    const int v = sp->out;
+    if (pr->vkind[v] != V_STEP || pr->last_use[v] != q || (sq->a == v && sq->b == v)) return 0;
+    if (sq->a == v) *side = 0;
+    else if (sq->b == v && sq->e.kind == K_BINARY) *side = 1;
+    else return 0;
+    const plan_entry *ep = &sp->e, *eq = &sq->e;
+    if (ep->nblk != eq->nblk || ep->out_elems != eq->out_elems || ep->out_ndim != eq->out_ndim)
+        return 0;
+    for (int d = 0; d < ep->out_ndim; d++)
+        if (ep->out_sdims[d] != eq->out_sdims[d]) return 0;
+    for (int i = 0; i < ep->nblk; i++)
+        if (ep->cdev[i] != eq->cdev[i] || ep->rep_of[i] != eq->rep_of[i]) return 0;
+    return 1;
+}
+
+static void find_chains(program *pr) {
+    for (int k = 0; k < pr->nsteps; k++) pr->steps[k].chain = pr->steps[k].chain_side = 0;
+    for (int k = 0; k < pr->nsteps;) {
+        int len = 1, side;
+        while (k + len < pr->nsteps && len < MAX_CHAIN && chainable(pr, k + len - 1, k + len, &side))
+            pr->steps[k + len++].chain_side = side;
+        if (len >= 2) pr->steps[k].chain = len;
+        k += len;
+    }
+}
+
+/* The non-chained operand of chain step st (a later step: the one that is not the previous
+ * result; the first step: a, then b through *second). */
+static int chain_other(const pstep *st, int first) {
+    if (first) return st->a;
+    return st->chain_side == 0 ? st->b : st->a;
+}
+
+/* The kernels of a chain, block by block (no Python: may run without the GIL). */
+static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer **ops,
+                               ct_py_buffer **os, const float *alpha, const float *beta) {
+    const pstep *head = &pr->steps[k0];
+    const int nblk = head->e.nblk;
+    ct_status cst = CT_OK;
+    for (int i = 0; i < nblk && cst == CT_OK; i++) {
+        const int r = head->e.rep_of[i];
+        if (r >= 0 && os[r]->nbytes == os[i]->nbytes) { /* a replica: the same bits, copied */
+            memcpy(os[i]->data, os[r]->data, os[i]->nbytes);
+            continue;
+        }
+        cst = run_block(&head->e, i, ops[i], head->b >= 0 ? ops[(size_t)nblk + i] : NULL, os[i],
+                        alpha[0], beta[0], 0);
+        for (int j = 1; j < len && cst == CT_OK; j++) {
+            const pstep *st = &pr->steps[k0 + j];
+            ct_py_buffer *other = st->e.kind == K_BINARY ? ops[(size_t)(j + 1) * nblk + i] : NULL;
+            cst = st->chain_side == 0 ? run_block(&st->e, i, os[i], other, os[i], alpha[j], beta[j], 0)
+                                      : run_block(&st->e, i, other, os[i], os[i], alpha[j], beta[j], 0);
+        }
+    }
+    return cst;
+}
+
+/* Run the chain of steps k0 .. k0 + len - 1 (see above); its result is the last step's value.
+ * 0, or -1 with an exception. */
+static int run_chain(program *pr, int k0, int len, PyObject **vals) {
+    const pstep *tail = &pr->steps[k0 + len - 1];
+    const plan_entry *et = &tail->e;
+    const int nblk = et->nblk;
+    float alpha[MAX_CHAIN], beta[MAX_CHAIN];
+    ct_py_buffer **ops = PyMem_Calloc((size_t)(len + 1) * (size_t)(nblk > 0 ? nblk : 1),
+                                      sizeof *ops);
+    ct_py_buffer **os = PyMem_Calloc((size_t)(nblk > 0 ? nblk : 1), sizeof *os);
+    PyObject *blocks = NULL;
+    int made = 0, rc = -1;
+    if (ops == NULL || os == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    /* operands: row 0 the head's a, row 1 the head's b (if any), row j + 1 step j's other */
+    for (int j = 0; j < len; j++) {
+        const pstep *st = &pr->steps[k0 + j];
+        alpha[j] = beta[j] = 0.0f;
+        if (st->e.kind == K_SCALAR &&
+            (st->scalar == NULL || scalar_consts(st->e.op, st->scalar, &alpha[j], &beta[j]) != 0)) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the "
+                                                "traced program no longer runs from its plan",
+                                                k0 + j, st->name);
+            goto out;
+        }
+        for (int r = 0; r < 2; r++) {
+            const int v = j == 0 ? (r == 0 ? st->a : st->b) : (r == 0 ? chain_other(st, 0) : -1);
+            if (v < 0 || (j > 0 && st->e.kind != K_BINARY)) continue;
+            ct_py_buffer **row = &ops[(size_t)(j == 0 ? r : j + 1) * (size_t)nblk];
+            if (vals[v] == NULL || operand_buffers((ct_py_array *)vals[v], &st->e, row) != 0) {
+                if (vals[v] != NULL && ct_py_array_check_alive(vals[v]) < 0) goto out;
+                PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the traced program no "
+                             "longer runs from its plan", k0 + j, st->name);
+                goto out;
+            }
+            for (int i = 0; i < nblk; i++)
+                if (row[i]->dtype != CT_F32 ||
+                    (st->e.kind != K_BINARY && nelem(row[i]) != st->e.out_elems)) {
+                    PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U): an operand of another "
+                                 "dtype or size than at the trace", k0 + j, st->name);
+                    goto out;
+                }
+        }
+    }
+    for (; made < nblk; made++) {
+        os[made] = ct_py_buffer_alloc(et->cdev[made], et->out_ndim, et->out_sdims, CT_F32);
+        if (os[made] == NULL) goto out;
+    }
+    ct_status cst;
+    const int64_t work = et->out_elems * nblk * len;
+    if (work < CT_DISPATCH_GIL_ELEMS) {
+        cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
+    } else { /* pinned: another thread may drop or delete the operands meanwhile */
+        for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
+            if (ops[q] != NULL) ct_py_pin(ops[q]);
+        Py_BEGIN_ALLOW_THREADS
+        cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
+        Py_END_ALLOW_THREADS
+        for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
+            if (ops[q] != NULL) ct_py_unpin(ops[q]);
+    }
+    if (cst != CT_OK) {
+        ct_py_raise(cst);
+        goto out;
+    }
+    blocks = PyList_New(nblk);
+    if (blocks == NULL) goto out;
+    for (int i = 0; i < nblk; i++) {
+        PyObject *t = PyTuple_New(4);
+        if (t == NULL) goto out;
+        PyTuple_SET_ITEM(t, 0, Py_NewRef(et->bdev[i]));
+        PyTuple_SET_ITEM(t, 1, (PyObject *)os[i]);
+        PyTuple_SET_ITEM(t, 2, Py_NewRef(et->bstart[i]));
+        PyTuple_SET_ITEM(t, 3, Py_NewRef(et->brid[i]));
+        os[i] = NULL;
+        PyList_SET_ITEM(blocks, i, t);
+    }
+    PyObject *y = ct_py_array_new(Py_NewRef(et->out_shape), Py_NewRef(et->out_dtype),
+                                  Py_NewRef(et->out_sharding), blocks, Py_NewRef(et->out_shard_shape));
+    blocks = NULL;
+    if (y == NULL) goto out;
+    Py_XSETREF(vals[tail->out], y);
+    /* the operands whose last use is in the chain: released now */
+    for (int j = 0; j < len; j++) {
+        const pstep *st = &pr->steps[k0 + j];
+        const int vs[2] = {j == 0 ? st->a : chain_other(st, 0), j == 0 ? st->b : -1};
+        for (int r = 0; r < 2; r++) {
+            const int v = vs[r];
+            if (v >= 0 && pr->vkind[v] == V_STEP && pr->last_use[v] >= k0 &&
+                pr->last_use[v] < k0 + len)
+                Py_CLEAR(vals[v]);
+        }
+    }
+    rc = 0;
+out:
+    Py_XDECREF(blocks);
+    if (os != NULL)
+        for (int i = 0; i < made; i++) Py_XDECREF(os[i]);
+    PyMem_Free(os);
+    PyMem_Free(ops);
+    return rc;
+}
+
+/* Whether step k runs inside a fused chain that starts before it. */
+static int chain_inner(const program *pr, int k) {
+    for (int j = k - 1; j >= 0 && j >= k - MAX_CHAIN; j--)
+        if (pr->steps[j].chain >= 2) return j + pr->steps[j].chain > k;
+    return 0;
+}
+
 /* program.finish(outputs): the function's output leaves (Arrays become values, anything else
  * is returned as it is), then the values' last uses. */
 static PyObject *program_finish(program *pr, PyObject *outs) {
@@ -2287,6 +2479,7 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
     }
     for (int j = 0; j < n; j++)
         if (pr->out_vals[j] >= 0) pr->last_use[pr->out_vals[j]] = INT32_MAX;
+    if (pr->broken == NULL) find_chains(pr);
     Py_CLEAR(pr->bufmap);
     Py_CLEAR(pr->traced);
     Py_CLEAR(pr->keep);
@@ -2376,6 +2569,11 @@ static PyObject *program_run(program *pr, PyObject *args) {
         }
         if (st->fn != NULL) {
             if (run_node(pr, st, k, vals) < 0) goto done;
+            continue;
+        }
+        if (st->chain >= 2 && pr->fuse) {
+            if (run_chain(pr, k, st->chain, vals) < 0) goto done;
+            k += st->chain - 1; /* (timed as the chain's last step) */
             continue;
         }
         PyObject *y = run_entry(&st->e, (ct_py_array *)vals[st->a],
@@ -2488,10 +2686,12 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
     Py_XDECREF(sep);
     Py_DECREF(lines);
     if (body == NULL) return NULL;
-    int nconst = 0;
+    int nconst = 0, nchains = 0;
     for (int v = 0; v < pr->nvals; v++) nconst += pr->vkind[v] == V_CONST;
-    PyObject *t = PyUnicode_FromFormat("# %d arguments (%%0..%%%d), %d constants, %d steps\n%U\n",
-                                       pr->nargs, pr->nargs - 1, nconst, pr->nsteps, body);
+    for (int k = 0; k < pr->nsteps; k++) nchains += pr->steps[k].chain >= 2;
+    PyObject *t = PyUnicode_FromFormat("# %d arguments (%%0..%%%d), %d constants, %d steps, %d fused "
+                                       "elementwise chains\n%U\n", pr->nargs, pr->nargs - 1,
+                                       nconst, pr->nsteps, nchains, body);
     Py_DECREF(body);
     return t;
 }
@@ -2542,6 +2742,14 @@ static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
                 goto fail;
             }
             t = Py_BuildValue("(NNO)", in, out, Py_True);
+        } else if (st->chain >= 2 && pr->fuse) { /* a fused chain: its first makes the last's result */
+            const int out = pr->steps[k + st->chain - 1].out;
+            t = st->b >= 0 ? Py_BuildValue("((ii)(i)O)", st->a, st->b, out, Py_False)
+                           : Py_BuildValue("((i)(i)O)", st->a, out, Py_False);
+        } else if (pr->fuse && k > 0 && chain_inner(pr, k)) { /* later steps: in place */
+            const int other = st->e.kind == K_BINARY ? chain_other(st, 0) : -1;
+            t = other >= 0 ? Py_BuildValue("((i)()O)", other, Py_False)
+                           : Py_BuildValue("(()()O)", Py_False);
         } else {
             t = st->b >= 0 ? Py_BuildValue("((ii)(i)O)", st->a, st->b, st->out, Py_False)
                            : Py_BuildValue("((i)(i)O)", st->a, st->out, Py_False);
@@ -2576,6 +2784,27 @@ static PyObject *program_matches(program *pr, PyObject *args) {
         if (!Py_IS_TYPE(x, at) || !meta_match(pr->vmeta[i], (ct_py_array *)x)) Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
+}
+
+/* set_fusion(on): run the fused chains as chains (the default) or step by step. */
+static PyObject *program_set_fusion(program *pr, PyObject *on) {
+    int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    pr->fuse = v;
+    Py_RETURN_NONE;
+}
+
+/* chains: [(first step, length)] of the fused chains. */
+static PyObject *program_get_chains(program *pr, void *c) {
+    (void)c;
+    PyObject *out = PyList_New(0);
+    for (int k = 0; out != NULL && k < pr->nsteps; k++) {
+        if (pr->steps[k].chain < 2) continue;
+        PyObject *t = Py_BuildValue("(ii)", k, pr->steps[k].chain);
+        if (t == NULL || PyList_Append(out, t) < 0) Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+    return out;
 }
 
 /* set_timing(on): time every step of later runs (step_times), or stop and forget. */
@@ -2631,6 +2860,9 @@ static PyMethodDef program_methods[] = {
     {"memory_plan", (PyCFunction)program_memory_plan, METH_NOARGS,
      "memory_plan($self, /)\n--\n\n(values, steps, outputs): every value's kind, bytes per device "
      "and last use, each step's input and output values, the outputs (for memory_analysis)."},
+    {"set_fusion", (PyCFunction)program_set_fusion, METH_O,
+     "set_fusion($self, on, /)\n--\n\nRun the fused elementwise chains as chains (the default) "
+     "or step by step (the same bits)."},
     {"set_timing", (PyCFunction)program_set_timing, METH_O,
      "set_timing($self, on, /)\n--\n\nTime each step of later runs (step_times), or stop."},
     {"as_text", (PyCFunction)program_as_text, METH_NOARGS,
@@ -2642,6 +2874,8 @@ static PyGetSetDef program_getset[] = {
     {"broken", (getter)program_get_broken, NULL,
      "Why the traced function cannot be replayed (it then runs eagerly), or None.", NULL},
     {"nsteps", (getter)program_get_nsteps, NULL, "The number of recorded steps.", NULL},
+    {"chains", (getter)program_get_chains, NULL,
+     "[(first step, length)] of the chains of elementwise steps that run fused.", NULL},
     {"step_times", (getter)program_get_step_times, NULL,
      "[(step, name, mean microseconds per run)] of the runs since set_timing(True).", NULL},
     {NULL, NULL, NULL, NULL, NULL},

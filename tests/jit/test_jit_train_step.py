@@ -245,6 +245,8 @@ def test_step_times_time_each_step_of_the_replays():
     f(x)
     prog = f._programs.program([x], {})[0]
     assert prog.step_times == []
+    assert prog.chains == [(1, 2)]   # sin and the product run fused: timed as one step
+    prog.set_fusion(False)
     prog.set_timing(True)
     for _ in range(3):
         f(x)
@@ -269,3 +271,36 @@ def test_numpy_arguments_are_placed_at_each_call_and_replay():
     g = cts.jit(lambda x, s: x * s)              # a numpy scalar is a 0-d Array, as in jax
     out = g(cts.device_put(a), np.float32(3.0))
     assert out.dtype == np.float32 and np.asarray(out).tolist() == [3.0, 6.0, 9.0]
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_fused_chains_give_the_unfused_bits(where):
+    mesh = None if where == "one device" else _mesh()
+    rng = np.random.default_rng(5)
+    put = lambda a, *spec: cts.device_put(
+        a, None if mesh is None else cts.NamedSharding(mesh, cts.P(*spec)))
+    x = put(rng.standard_normal((32, 16)).astype(np.float32), "x", "y")
+    b = put(rng.standard_normal((16,)).astype(np.float32), "y")
+    y = put(rng.standard_normal((32, 16)).astype(np.float32), "x", "y")
+
+    def f(x, b, y):   # chains: (x + b) * 3 -> tanh -> - y -> exp; 2 / (.) * y; sum
+        h = cnp.exp(cnp.tanh((x + b) * 3.0) - y)
+        g = 2.0 / (h + 1.0) * y
+        return cnp.sum(g), h
+    j = cts.jit(f)
+    j(x, b, y)
+    prog = j._programs.program([x, b, y], {})[0]
+    assert prog.chains and max(n for _, n in prog.chains) >= 4
+    fused = j(x, b, y)
+    prog.set_fusion(False)
+    unfused = j(x, b, y)
+    eager = f(x, b, y)
+    for a, u, e in zip(fused, unfused, eager):
+        assert np.asarray(a).tobytes() == np.asarray(u).tobytes() == np.asarray(e).tobytes()
+        assert a.sharding == e.sharding
+    # fused, the chain's intermediates are never allocated: the predicted peak is lower
+    prog.set_fusion(True)
+    lo = j.lower(x, b, y).compile().memory_analysis().temp_size_in_bytes
+    prog.set_fusion(False)
+    hi = j.lower(x, b, y).compile().memory_analysis().temp_size_in_bytes
+    assert lo < hi

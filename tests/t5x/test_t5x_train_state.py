@@ -310,3 +310,35 @@ def test_replace_params_of_another_tree_is_an_error():
         {'w': np.ones(4, np.float32)}, learning_rate=0.1)
     # by hand: adam's first step moves each weight by -lr (unit gradients)
     np.testing.assert_allclose(np.asarray(s2.params['w']), -0.1, rtol=1e-5)
+
+
+def test_apply_gradient_under_jit_is_one_node_with_the_eager_bits():
+    import ctrainstate.numpy as cnp
+    rng = np.random.default_rng(2)
+    variables = {'params': {'w': rng.standard_normal((3, 4)).astype(np.float32),
+                            'b': np.zeros(4, np.float32)}}
+    x = cts.device_put(rng.standard_normal((5, 3)).astype(np.float32))
+
+    def make():
+        v = cts.tree_util.tree_map(cts.device_put, variables)
+        return FlaxOptimTrainState.create(optimizers.OptaxWrapper(
+            cts.optim.adamw(1e-2, weight_decay=0.1)), v)
+
+    def step(st, x):
+        def loss_fn(p):
+            return cnp.mean(cnp.square(cnp.tanh(x @ p['w'] + p['b'])))
+        loss, grads = cts.value_and_grad(loss_fn)(st.params)
+        return st.apply_gradient(grads, learning_rate=1e-2), loss   # (ignored by optax)
+
+    e, j = make(), make()
+    jstep = cts.jit(step)
+    for _ in range(4):
+        e, le = step(e, x)
+        j, lj = jstep(j, x)
+        assert np.asarray(le).tobytes() == np.asarray(lj).tobytes()
+    assert jstep._programs.traces == 1
+    eq(e.params, j.params)
+    eq(e.param_states, j.param_states)
+    assert int(np.asarray(j.step)) == int(np.asarray(e.step)) == 4
+    text = jstep.lower(j, x).as_text()
+    assert "optimizer_step[node]" in text and "not replayable" not in text

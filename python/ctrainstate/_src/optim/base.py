@@ -795,13 +795,15 @@ class JitStep:
     declines run the general path (:func:`run_fused`), which validates and raises as eager
     ``apply_gradients`` does."""
 
-    __slots__ = ("tx", "pdef", "sdef", "nparams", "nstate", "plan", "has_step", "_step")
+    __slots__ = ("tx", "pdef", "sdef", "nparams", "nstate", "plan", "has_step", "step_fn",
+                 "_step")
 
     def __init__(self, tx, pdef, sdef, nparams: int, nstate: int, plan=None,
-                 has_step: bool = False):
+                 has_step: bool = False, step_fn=None):
         self.tx, self.pdef, self.sdef = tx, pdef, sdef
         self.nparams, self.nstate, self.plan = nparams, nstate, plan
         self.has_step = has_step
+        self.step_fn = step_fn   # the new step from the old (None: a 0-d int32 Array, + 1)
         self._step = (None, 0)   # the last step Array this node returned, and its value
 
     def __call__(self, values: list) -> list:
@@ -820,6 +822,8 @@ class JitStep:
             new_p, new_s, self.plan = run_fused(self.tx, g, s, p, inplace=True, want_plan=True,
                                                 plan=plan)
             new = list(self.pdef.flatten_up_to(new_p)) + list(self.sdef.flatten_up_to(new_s))
+        if self.has_step and self.step_fn is not None:
+            return new + [self.step_fn(step)]
         if self.has_step:   # step + 1, the host value kept while the state is this node's
             last, v = self._step
             v = (v if step is last else int(step)) + 1

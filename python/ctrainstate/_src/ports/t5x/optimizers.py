@@ -10,7 +10,8 @@ from .... import optim
 from ...array.abstract import ShapeDtypeStruct
 from ...array.array import Array, device_put
 from ...core.frozen_dict import FrozenDict, freeze
-from ...optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar
+from .... import _C
+from ...optim.base import EmptyState, JitStep, MaskedNode, apply_updates, run_fused, scalar
 from ...array.sharding import PartitionSpec
 from ...train_state.train_state import PyTreeNode, field
 from ...base.traverse_util import ModelParamTraversal
@@ -284,6 +285,10 @@ class OptaxWrapper(OptimizerDef):
         """One optax step; ``hyper_params`` (and so ``learning_rate``) are ignored."""
         del hyper_params
         tx = self.optax_optimizer
+        if _C.trace_active() and getattr(tx, 'fusable', False):   # inside a jit trace
+            r = _traced_apply(tx, params, state, grads)
+            if r is not None:
+                return r
         plan = None
         d = getattr(state, '__dict__', {})
         last = d.get('_ct_plan')
@@ -327,6 +332,32 @@ class OptaxWrapper(OptimizerDef):
     def restore_state(self, opt_target, opt_state, state_dict):
         """Restore from a state dict (empty states come back from the target structure)."""
         return super().restore_state(opt_target, opt_state, state_dict)
+
+
+def _traced_apply(tx, params, state, grads):
+    """The step as one node of the program a jit trace records (``optim.base.JitStep``: the
+    params' and optimizer state's Arrays stepped in place, the step counter advanced), or None
+    where it cannot be one (leaves that are not Arrays): the eager step then runs, and the
+    traced function replays eagerly."""
+    p_leaves, pdef = tree_flatten(params)
+    s_leaves, sdef = tree_flatten(state.param_states)
+    try:
+        g_leaves = pdef.flatten_up_to(grads)
+    except (ValueError, TypeError):
+        return None   # (the eager step raises with the paths)
+    values = p_leaves + s_leaves + list(g_leaves)
+    if any(type(x) is not Array for x in values):
+        return None
+    has_step = type(state.step) is Array
+    if has_step:
+        values.append(state.step)
+    d = getattr(state, '__dict__', {})
+    node = JitStep(tx, pdef, sdef, len(p_leaves), len(s_leaves), d.get('_ct_plan'), has_step,
+                   _next_step)
+    out = _C.trace_node('optimizer_step', node, values)
+    n, m = len(p_leaves), len(s_leaves)
+    new_step = out[n + m] if has_step else _next_step(state.step)
+    return pdef.unflatten(out[:n]), OptimizerState(new_step, sdef.unflatten(out[n:n + m]))
 
 
 def _abstract_tree(t) -> bool:

@@ -520,12 +520,14 @@ def restore_checkpoint(ckpt_dir, target, step=None, prefix: str = "checkpoint_",
 # --- t5x ------------------------------------------------------------------------------------------
 
 def _remove_on_process_0(path: str) -> None:
-    """Delete a checkpoint directory: by process 0 alone in a job of several processes, the
-    others waiting until it is gone (an error there raises on every process)."""
+    """Delete a checkpoint directory: by process 0 alone in a job of several processes, once
+    every process has reached the call (none still reads the steps), the others waiting
+    until it is gone (an error there raises on every process)."""
     me, n = _procs.job()
     if n == 1:
         _store.remove(path)
         return
+    _procs.agree(None, f"deleting the checkpoint {path}")   # a barrier
     err = None
     if me == 0:
         try:

@@ -208,6 +208,19 @@ def main(path, path1):
         assert m.all_steps() == [3], m.all_steps()
     checks += check_equal(restore_onto(path, mesh_1d(), SPECS_1D), known)   # another spec
     checks += check_equal(restore_onto(path, mesh, SPECS_2D), known)
+    # the other front ends: flax's save_checkpoint (with an AsyncManager), orbax's
+    # StandardCheckpointer, t5x's Checkpointer
+    target = build_state(mesh, SPECS_2D, seed=7)
+    flax_dir = os.path.join(path, "flax")
+    am = ocp.AsyncManager()
+    for step in (1, 2):
+        ocp.save_checkpoint(flax_dir, state, step, keep=1, async_manager=am)
+    am.wait_previous_save()
+    assert ocp.available_steps(flax_dir) == [2], ocp.available_steps(flax_dir)
+    checks += check_equal(values(ocp.restore_checkpoint(flax_dir, target)), known)
+    single = os.path.join(path, "single")
+    ocp.StandardCheckpointer().save(single, state)
+    checks += check_equal(values(ocp.StandardCheckpointer().restore(single, target)), known)
     # saved by one process, restored by every process onto the global mesh
     known1 = np.load(os.path.join(path1, "known.npz"))
     checks += check_equal(restore_onto(path1, mesh, SPECS_2D), known1)

@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, SingleDeviceSharding, checkpoint as ocp, optim
 from ctrainstate import random as crandom
-from ctrainstate._src.checkpoint import fileio as _io, store as _store
+from ctrainstate._src.checkpoint import fileio as _io, processes as _procs, store as _store
 from ctrainstate.train_state import TrainState
 from recorded import bits_digest
 
@@ -891,3 +892,73 @@ def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path):
     y = MLP().apply({"params": params}, cts.device_put(x))
     want = FlaxMLP().apply({"params": ref}, x)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+# --- the pieces of a save by several processes (tests/mpi/checkpoint.py runs them for real) -----
+
+def test_a_process_other_than_0_writes_only_blocks_of_arrays_that_span_processes(tmp_path):
+    # in one process every Array is fully addressable: as process 1 of a job, the plan
+    # holds no block (process 0 writes such leaves), writes no file, and still records
+    # every leaf, so the processes' plans agree
+    mesh = mesh24()
+    sd = {"w": cts.device_put(np.arange(32, dtype=np.float32).reshape(8, 4),
+                              NamedSharding(mesh, P("data", "model"))),
+          "h": np.ones(3, np.int32), "step": 7}
+    p0 = _store.SavePlan(sd, snapshot=False, process_index=0)
+    p1 = _store.SavePlan(sd, snapshot=True, process_index=1)
+    assert p1.file == "arrays.p00001.safetensors" and not p1.spans_processes
+    assert [len(blocks) for _, blocks in p1.arrays] == [0, 0]
+    assert [len(blocks) for _, blocks in p0.arrays] == [8, 1]
+    assert p0.signature() == p1.signature()
+    d = tmp_path / "step"
+    d.mkdir()
+    _store.write_file(p1, str(d))
+    assert os.listdir(d) == [] and p1.slices() == []
+    _store.write_file(p0, str(d))
+    assert os.listdir(d) == ["arrays.p00000.safetensors"]
+    assert [pos for pos, _ in p0.slices()] == [0, 1]   # leaf positions of w and h
+    _store.write_index(str(d), p0.leaves, {"step": 7})
+    r = _store.restore_dir(str(d))
+    assert np.array_equal(r["w"], np.arange(32, dtype=np.float32).reshape(8, 4))
+    assert r["h"].tolist() == [1, 1, 1] and r["step"] == 7
+
+
+def test_plan_signatures_differ_where_processes_would_disagree():
+    a = _store.SavePlan({"w": np.zeros((2, 3), np.float32), "s": 1}, snapshot=False)
+    same_but_value = _store.SavePlan({"w": np.ones((2, 3), np.float32), "s": 2},
+                                     snapshot=False)
+    other_shape = _store.SavePlan({"w": np.zeros((3, 2), np.float32), "s": 1}, snapshot=False)
+    other_keys = _store.SavePlan({"v": np.zeros((2, 3), np.float32), "s": 1}, snapshot=False)
+    assert a.signature() == same_but_value.signature()   # values are process 0's
+    assert a.signature() != other_shape.signature()
+    assert a.signature() != other_keys.signature()
+
+
+def test_async_manager_runs_then_in_the_waiting_thread_after_fn():
+    m = ocp.AsyncManager()
+    seen = []
+    m.save_async(lambda: seen.append(("fn", threading.current_thread().name)),
+                 lambda: seen.append(("then", threading.current_thread().name)))
+    m.wait_previous_save()
+    assert seen == [("fn", "ctrainstate-ckpt"), ("then", threading.current_thread().name)]
+    m.wait_previous_save()   # once
+    assert len(seen) == 2
+
+    def boom():
+        raise OSError("disk full")
+    m.save_async(boom, lambda: seen.append("then"))
+    with pytest.raises(OSError, match="disk full"):
+        m.wait_previous_save()
+    assert len(seen) == 2   # a failed write is not finished
+
+
+def test_one_process_save_needs_no_collective(tmp_path, monkeypatch):
+    # without distributed.initialize(), a save runs in one thread and never reaches the
+    # exchange between processes
+    assert _procs.job() == (0, 1)
+    monkeypatch.setattr(_procs, "exchange", lambda obj: pytest.fail("a collective"))
+    with ocp.CheckpointManager(tmp_path) as m:
+        m.save(1, {"a": np.arange(3)})
+        m.wait_until_finished()
+        m.delete(1)
+        assert m.all_steps() == []

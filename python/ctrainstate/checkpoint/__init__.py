@@ -14,6 +14,12 @@ its block (``pread``, straight into CPU device buffers), checks each slice's che
 mismatch raises :class:`CorruptCheckpointError` naming the array) and checks shapes and dtypes
 against the target (``cast=True`` converts dtypes).
 
+In a job of several processes (``ctrainstate.distributed.initialize()``) every process calls
+the same functions with the same state: each writes the unique blocks it holds into its own
+file, process 0 gathers the index and commits once every file is fsync'd (a failure on any
+process commits nothing and raises on every process), and each restores only its devices'
+blocks, onto any global mesh and number of processes (``_src/checkpoint/processes.py``).
+
 Front ends, with the names of the libraries ported scripts use:
 
 * orbax: :class:`CheckpointManager` (+ :class:`CheckpointManagerOptions`, ``args``),

@@ -14,7 +14,7 @@ import numpy as np
 from ..array.abstract import ShapeDtypeStruct
 from ..array.array import Array
 from ..serialization.serialization import from_state_dict, to_state_dict
-from . import fileio as _io, store as _store
+from . import fileio as _io, processes as _procs, store as _store
 
 __all__ = ["CheckpointManager", "CheckpointManagerOptions", "StandardCheckpointer",
            "PyTreeCheckpointer", "AsyncCheckpointer", "Checkpointer", "StandardSave",
@@ -38,6 +38,9 @@ class AsyncManager:
 
     ``save_async(fn)`` waits for the previous save, then runs ``fn()`` in a new thread; an
     exception it raised is re-raised by the next ``save_async`` or ``wait_previous_save``.
+    ``save_async(fn, then)`` also runs ``then()`` in the thread that waits, once ``fn`` has
+    ended (a save across processes commits there: its collectives stay in the caller's
+    thread, in the same order on every process).
 
     >>> from ctrainstate.checkpoint import AsyncManager
     >>> m = AsyncManager(); out = []
@@ -48,6 +51,7 @@ class AsyncManager:
     def __init__(self, max_workers: int = 1):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._then: Callable[[], Any] | None = None
 
     def _run(self, fn):
         try:
@@ -62,11 +66,15 @@ class AsyncManager:
             t.join()
             self._thread = None
         err, self._error = self._error, None
+        then, self._then = self._then, None
         if err is not None:
             raise err
+        if then is not None:
+            then()
 
-    def save_async(self, fn: Callable[[], Any]) -> None:
+    def save_async(self, fn: Callable[[], Any], then: Callable[[], Any] | None = None) -> None:
         self.wait_previous_save()
+        self._then = then
         # not a daemon: an interpreter that exits mid-save finishes the save first
         self._thread = threading.Thread(target=self._run, args=(fn,), name="ctrainstate-ckpt")
         self._thread.start()
@@ -263,8 +271,6 @@ class CheckpointManager:
         if step in self.all_steps():
             raise StepAlreadyExistsError(f"a checkpoint of step {step} exists already in "
                                          f"{self._directory}")
-        if self._options.cleanup_tmp_directories:
-            _cleanup_partial(self._directory, self._prefix)
         md = _metadata(step, custom_metadata)
         if self._metadata is not None:
             md["manager"] = self._metadata
@@ -272,23 +278,16 @@ class CheckpointManager:
             md["metrics"] = {str(k): float(np.asarray(v)) for k, v in dict(metrics).items()}
         plan = _store.SavePlan(to_state_dict(items),
                                snapshot=self._options.enable_async_checkpointing)
-        final = self._path(step)
-
-        def write():
-            tmp = _store.tmp_name(final)
-            try:
-                _store.write_plan(plan, tmp, md)
-                _store.commit(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            self._garbage_collect()
-
+        cleanup = ((lambda: _cleanup_partial(self._directory, self._prefix))
+                   if self._options.cleanup_tmp_directories else None)
+        save = _procs.Save(plan, self._path(step), md, before=cleanup,
+                           after=self._garbage_collect)
         if self._options.enable_async_checkpointing:
             self._pending = step
-            self._async.save_async(write)
+            self._async.save_async(save.write, save.finish)
         else:
-            write()
+            save.write()
+            save.finish()
         return True
 
     def _garbage_collect(self) -> None:
@@ -309,8 +308,11 @@ class CheckpointManager:
             self._pending = None
 
     def check_for_errors(self) -> None:
-        """Raise the error of a finished background save (without waiting for a running one)."""
-        if not self._async.running:
+        """Raise the error of a finished background save (without waiting for a running one).
+        In a job of several processes, a save's errors surface at ``wait_until_finished``
+        (and the next ``save``, ``restore``, ``close``), which every process calls: this
+        returns at once there."""
+        if _procs.job()[1] == 1 and not self._async.running:
             self.wait_until_finished()
 
     # -- restoring --
@@ -360,7 +362,7 @@ class CheckpointManager:
         self.wait_until_finished()
         if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint of step {step} in {self._directory}")
-        _store.remove(self._path(step))
+        _remove_on_process_0(self._path(step))
 
     def reload(self) -> None:
         """Nothing is cached: steps are read from the directory at each call."""
@@ -402,19 +404,12 @@ class StandardCheckpointer:
             raise StepAlreadyExistsError(f"{final} exists; pass force=True to replace it")
         os.makedirs(os.path.dirname(final), exist_ok=True)
         plan = _store.SavePlan(to_state_dict(item), snapshot=self._async_default)
-
-        def write():
-            tmp = _store.tmp_name(final)
-            try:
-                _store.write_plan(plan, tmp, _metadata(0))
-                _store.commit(tmp, final)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        save = _procs.Save(plan, final, _metadata(0))
         if self._async_default:
-            self._async.save_async(write)
+            self._async.save_async(save.write, save.finish)
         else:
-            write()
+            save.write()
+            save.finish()
 
     def restore(self, directory, item=None, *, args=None, cast: bool = False):
         item = args.item if args is not None else item
@@ -477,19 +472,10 @@ def save_checkpoint(ckpt_dir, target, step, prefix: str = "checkpoint_", keep: i
         raise InvalidCheckpointError(
             f"trying to save an outdated checkpoint at step {step}: the latest in {ckpt_dir} "
             f"is step {steps[-1]} (pass overwrite=True to replace it)")
-    _cleanup_partial(ckpt_dir, prefix)
     final = os.path.join(ckpt_dir, f"{prefix}{step}")
     plan = _store.SavePlan(to_state_dict(target), snapshot=async_manager is not None)
-    md = _metadata(step)
 
-    def write():
-        tmp = _store.tmp_name(final)
-        try:
-            _store.write_plan(plan, tmp, md)
-            _store.commit(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    def retain():
         have = available_steps(ckpt_dir, prefix)
         newer = [s for s in have if s > step]
         for s in newer:   # overwrite: later steps belong to the run being replaced
@@ -500,10 +486,13 @@ def save_checkpoint(ckpt_dir, target, step, prefix: str = "checkpoint_", keep: i
                 continue
             _store.remove(os.path.join(ckpt_dir, f"{prefix}{s}"))
 
+    save = _procs.Save(plan, final, _metadata(step),
+                       before=lambda: _cleanup_partial(ckpt_dir, prefix), after=retain)
     if async_manager is not None:
-        async_manager.save_async(write)
+        async_manager.save_async(save.write, save.finish)
     else:
-        write()
+        save.write()
+        save.finish()
     return final
 
 
@@ -529,6 +518,24 @@ def restore_checkpoint(ckpt_dir, target, step=None, prefix: str = "checkpoint_",
 
 
 # --- t5x ------------------------------------------------------------------------------------------
+
+def _remove_on_process_0(path: str) -> None:
+    """Delete a checkpoint directory: by process 0 alone in a job of several processes, once
+    every process has reached the call (none still reads the steps), the others waiting
+    until it is gone (an error there raises on every process)."""
+    me, n = _procs.job()
+    if n == 1:
+        _store.remove(path)
+        return
+    _procs.agree(None, f"deleting the checkpoint {path}")   # a barrier
+    err = None
+    if me == 0:
+        try:
+            _store.remove(path)
+        except Exception as e:   # noqa: BLE001 - raised on every process
+            err = f"{type(e).__name__}: {e}"
+    _procs.agree(err, f"deleting the checkpoint {path}")
+
 
 class T5xCheckpointer:
     """t5x's ``checkpoints.Checkpointer``: ``save(train_state)`` writes
@@ -578,20 +585,19 @@ class T5xCheckpointer:
         for fn in state_transformation_fns:
             sd = fn(sd, sd)
         os.makedirs(self.checkpoints_dir, exist_ok=True)
-        _cleanup_partial(self.checkpoints_dir, "checkpoint_")
         final = os.path.join(self.checkpoints_dir, f"checkpoint_{step}")
         plan = _store.SavePlan(sd, snapshot=False, cast=self._save_cast)
-        tmp = _store.tmp_name(final)
-        try:
-            _store.write_plan(plan, tmp, _metadata(step))
-            _store.commit(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if self.keep:
-            steps = available_steps(self.checkpoints_dir, "checkpoint_")
-            for s in steps[:-self.keep]:
-                _store.remove(os.path.join(self.checkpoints_dir, f"checkpoint_{s}"))
+
+        def retain():
+            if self.keep:
+                steps = available_steps(self.checkpoints_dir, "checkpoint_")
+                for s in steps[:-self.keep]:
+                    _store.remove(os.path.join(self.checkpoints_dir, f"checkpoint_{s}"))
+        save = _procs.Save(plan, final, _metadata(step),
+                           before=lambda: _cleanup_partial(self.checkpoints_dir, "checkpoint_"),
+                           after=retain)
+        save.write()
+        save.finish()
         return final
 
     def restore(self, step: int | None = None, path: str | None = None,

@@ -15,6 +15,13 @@ mesh finds the bytes of its own block. Each unique block is written once (replic
 ``replica_id`` is not 0, write nothing), cut into C-contiguous slices of at most
 ``SLICE_BYTES``. Other leaves (ints, floats, bools, strings, None) are stored in the JSON.
 
+In a job of several processes (``ctrainstate.distributed.initialize()``) every process
+writes the blocks of replica 0 it holds of each Array that spans processes into its own
+file (``arrays.p<process>.safetensors``; a process holding none writes no file); a leaf
+that does not span processes (a numpy array, a number, an Array on one process's devices)
+is written by process 0 alone, as every process is expected to hold the same value.
+``processes.py`` says how the processes agree on the directory, gather the index and commit.
+
 A directory is written under a temporary name in the same parent, every file fsync'd, the
 directory fsync'd, then renamed to its final name (the commit) and the parent fsync'd. A
 reader ignores temporary names; the next save removes them.
@@ -143,9 +150,12 @@ class SavePlan:
                  cast=None):
         if process_index is None:
             process_index = _process_index()
+        self.process_index = process_index
         self.leaves = []     # the index's leaf entries, in tree order
         self.arrays = []     # (array leaf entry, [_Block]): what goes into the file
         self.file = f"arrays.p{process_index:05d}.safetensors"
+        self.spans_processes = False   # an Array leaf spans processes
+        self._spanning = []            # the entries of such leaves
         for keys, leaf in flatten(state_dict):
             name = path_name(keys)
             if isinstance(leaf, dict):
@@ -163,17 +173,16 @@ class SavePlan:
             want = cast(keys, leaf) if cast is not None else None
             if isinstance(leaf, Array):
                 leaf._check_alive()
-                if not leaf.is_fully_addressable:   # each process would commit its part alone
-                    raise ValueError(
-                        f"checkpoint: {name} spans processes; saving such Arrays (one index "
-                        f"for the files of every process) is not supported yet: gather it "
-                        f"with ctrainstate.experimental.multihost_utils.process_allgather and "
-                        f"save the host value from one process")
+                spans = not leaf.is_fully_addressable
+                self.spans_processes |= spans
                 dtype = np.dtype(want or leaf.dtype)
                 blocks = []
                 for dev, buf, start, rid in leaf._blocks:
-                    if rid != 0:
-                        continue   # a replica: its first copy is written instead
+                    # a replica writes nothing: the block's replica 0 (the first device of
+                    # the mesh holding it, on whichever process) is written instead; a leaf
+                    # that does not span processes is process 0's to write
+                    if rid != 0 or (not spans and process_index != 0):
+                        continue
                     b = _Block(start, leaf._shard_shape, dtype, buf=buf, device=dev,
                                src_dtype=leaf.dtype)
                     if snapshot:   # the device-to-host copy, before save returns
@@ -198,18 +207,47 @@ class SavePlan:
                 if snapshot and (a is leaf or a.base is not None):
                     a = a.copy()
                 dtype, shape, sharding = a.dtype, a.shape, None
-                blocks = [_Block((0,) * a.ndim, a.shape, a.dtype, host=a)]
+                blocks = ([_Block((0,) * a.ndim, a.shape, a.dtype, host=a)]
+                          if process_index == 0 else [])
             _io.st_code(dtype)   # an unsupported dtype fails here, before anything is written
             entry = {"keys": list(keys), "kind": "array", "shape": list(shape),
                      "dtype": np.dtype(dtype).name, "sharding": sharding, "slices": []}
             self.leaves.append(entry)
             self.arrays.append((entry, blocks))
+            if isinstance(leaf, Array) and not leaf.is_fully_addressable:
+                self._spanning.append(entry)
+
+
+    def signature(self) -> str:
+        """The tree as the index records it, without data or slices (what every process of
+        a save must agree on): keys, kinds, shapes, dtypes, shardings, JSON values."""
+        spanning = {id(e) for e in self._spanning}
+        out = []
+        for e in self.leaves:
+            skip = {"slices", "value"} | (set() if id(e) in spanning else {"sharding"})
+            out.append({k: v for k, v in e.items() if k not in skip})
+        return json.dumps(out, sort_keys=True)
+
+    def slices(self) -> list:
+        """[[leaf position, [slice entry]]] of the array leaves this process wrote."""
+        pos = {id(e): i for i, e in enumerate(self.leaves)}
+        return [[pos[id(entry)], entry["slices"]] for entry, _ in self.arrays
+                if entry["slices"]]
 
 
 def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
     """Write ``plan`` into ``directory`` (created here; its parent exists): the safetensors
     file, fsync'd, then ``index.json``, fsync'd, then the directory fsync'd."""
     os.mkdir(directory)
+    write_file(plan, directory)
+    write_index(directory, plan.leaves, metadata)
+
+
+def write_file(plan: SavePlan, directory: str) -> None:
+    """Write this process's blocks of ``plan`` into its safetensors file in ``directory``
+    (which exists), fsync'd, filling the slices' offsets and checksums into the plan's
+    leaf entries. Nothing is written when the plan holds no block (a process whose
+    blocks are all replicas)."""
     tensors, pieces = [], []
     for entry, blocks in plan.arrays:
         name = path_name(entry["keys"])
@@ -225,6 +263,8 @@ def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
                 entry["slices"].append(sl)
                 tensors.append((tname, _io.st_code(b.dtype), pshape, nbytes))
                 pieces.append((b, boff, nbytes, sl))
+    if not tensors:
+        return
     header = _io.safetensors_header(tensors, {"format": FORMAT})
     pos = len(header)
     by_block: dict = {}
@@ -259,8 +299,13 @@ def write_plan(plan: SavePlan, directory: str, metadata: dict) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_index(directory: str, leaves: list, metadata: dict) -> None:
+    """Write ``index.json`` (fsync'd) into ``directory``, then fsync the directory (which
+    makes the entries of every file written there durable)."""
     index = {"format": FORMAT, "version": VERSION, "checksum": _io.DEFAULT_CHECKSUM,
-             "metadata": metadata, "leaves": plan.leaves}
+             "metadata": metadata, "leaves": leaves}
     _io.write_json(os.path.join(directory, INDEX), index)
     _io.fsync_dir(directory)
 
@@ -450,12 +495,13 @@ class _Reader:
     def array(self, entry, name, shape, dtype, sharding) -> Array:
         """An Array of ``sharding``: each device's block read from the slices it overlaps.
         On CPU devices the slices land in the device buffers; on others one block at a time
-        is staged on the host and copied over."""
-        shard_shape, blocks = _alloc_blocks(shape, dtype, sharding)
+        is staged on the host and copied over. With devices of other processes, this
+        process reads the blocks of its own devices only (each distinct block once, copied
+        to the local devices holding a replica of it)."""
+        shard_shape, blocks = _alloc_blocks(shape, dtype, sharding, addressable=True)
         firsts = {}
         for dev, buf, start, rid in blocks:
-            if rid == 0:
-                firsts[tuple(start)] = (dev, buf)
+            firsts.setdefault(tuple(start), (dev, buf))   # mesh order: replica 0 first
         cpu = [(lo, shard_shape, _buffer_view(buf, shard_shape, dtype))
                for lo, (dev, buf) in firsts.items() if dev.platform == "cpu"]
         if cpu:
@@ -467,8 +513,9 @@ class _Reader:
                 _C.copy_from_host(buf, host.view(np.uint8) if dtype == np.bool_ else host,
                                   (0,) * len(shard_shape))
         for dev, buf, start, rid in blocks:
-            if rid != 0:
-                _C.copy_bytes(buf, firsts[tuple(start)][1])
+            src = firsts[tuple(start)][1]
+            if buf is not src:
+                _C.copy_bytes(buf, src)
         return Array._create(shape, dtype, sharding, blocks)
 
     def close(self):

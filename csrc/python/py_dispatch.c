@@ -2534,7 +2534,46 @@ static int run_node(program *pr, pstep *st, int k, PyObject **vals) {
 
 /* program.run(args): the outputs for new arguments (a list), or None when an argument's
  * shape, dtype or sharding is not the recorded one. */
-static PyObject *program_run(program *pr, PyObject *args) {
+static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate);
+
+static PyObject *program_run(program *pr, PyObject *args) { return run_impl(pr, args, NULL); }
+
+/* run_donating(args, donate): run(args), then the arguments at the positions `donate` (a
+ * tuple of ints) are donated: each is given up at its last use in the program (its buffers
+ * freed there, unless something else still holds them), and the caller's Array raises
+ * DonatedBufferError afterwards, as jax.jit(donate_argnums=...) makes it. An argument that is
+ * also an output is not donated. */
+static PyObject *program_run_donating(program *pr, PyObject *const *a, Py_ssize_t n) {
+    if (n != 2 || !PyTuple_Check(a[1]))
+        return PyErr_Format(PyExc_TypeError, "run_donating(args: list, donate: tuple of ints)");
+    return run_impl(pr, a[0], a[1]);
+}
+
+static PyObject *delete_name;
+
+/* Give up Array x (a donated argument): its buffers freed now (Array.delete: all or none; a
+ * numpy view of one keeps them all), x marked donated. */
+static void give_up(PyObject *x) {
+    if (x == NULL || ((ct_py_array *)x)->donated != Py_False) return;
+    PyObject *et, *ev, *tb; /* (nothing pending is lost) */
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *r = PyObject_CallMethodNoArgs(x, delete_name);
+    if (r == NULL) PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XSETREF(((ct_py_array *)x)->donated, Py_NewRef(Py_True));
+    PyErr_Restore(et, ev, tb);
+}
+
+typedef struct {
+    int last, v;
+} donated_val;
+
+static int cmp_donated(const void *x, const void *y) {
+    const donated_val *a = x, *b = y;
+    return (a->last > b->last) - (a->last < b->last);
+}
+
+static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
     if (!pr->finished || pr->broken != NULL)
         return PyErr_Format(PyExc_RuntimeError, "Program.run: %s",
                             pr->broken != NULL ? "the program is broken" : "not finished");
@@ -2555,6 +2594,29 @@ static PyObject *program_run(program *pr, PyObject *args) {
         if (pr->vkind[v] == V_ARG) vals[v] = Py_NewRef(PyList_GET_ITEM(args, pr->vref[v]));
         else if (pr->vkind[v] == V_CONST) vals[v] = Py_XNewRef(pr->vobj[v]);
     }
+    /* donated arguments, by their last use (-1: unused, given up at once) */
+    donated_val *dv = NULL;
+    Py_ssize_t nd = 0, di = 0;
+    if (donate != NULL && PyTuple_GET_SIZE(donate) > 0) {
+        dv = PyMem_Calloc((size_t)PyTuple_GET_SIZE(donate), sizeof *dv);
+        if (dv == NULL) {
+            PyMem_Free(vals);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(donate); j++) {
+            long i = PyLong_AsLong(PyTuple_GET_ITEM(donate, j));
+            if (i == -1 && PyErr_Occurred()) {
+                PyMem_Free(dv);
+                PyMem_Free(vals);
+                return NULL;
+            }
+            if (i < 0 || i >= pr->nargs || pr->last_use[i] == INT32_MAX) continue; /* (an output) */
+            dv[nd].last = pr->last_use[i];
+            dv[nd++].v = (int)i; /* (argument i is value i) */
+        }
+        qsort(dv, (size_t)nd, sizeof *dv, cmp_donated);
+        for (; di < nd && dv[di].last < 0; di++) give_up(vals[dv[di].v]);
+    }
     struct timespec t0, t1;
     if (pr->step_ns != NULL) {
         pr->timed_runs++;
@@ -2569,11 +2631,13 @@ static PyObject *program_run(program *pr, PyObject *args) {
         }
         if (st->fn != NULL) {
             if (run_node(pr, st, k, vals) < 0) goto done;
+            for (; di < nd && dv[di].last <= k; di++) give_up(vals[dv[di].v]);
             continue;
         }
         if (st->chain >= 2 && pr->fuse) {
             if (run_chain(pr, k, st->chain, vals) < 0) goto done;
             k += st->chain - 1; /* (timed as the chain's last step) */
+            for (; di < nd && dv[di].last <= k; di++) give_up(vals[dv[di].v]);
             continue;
         }
         PyObject *y = run_entry(&st->e, (ct_py_array *)vals[st->a],
@@ -2593,7 +2657,9 @@ static PyObject *program_run(program *pr, PyObject *args) {
         if (pr->last_use[st->a] == k && pr->vkind[st->a] == V_STEP) Py_CLEAR(vals[st->a]);
         if (st->b >= 0 && pr->last_use[st->b] == k && pr->vkind[st->b] == V_STEP)
             Py_CLEAR(vals[st->b]);
+        for (; di < nd && dv[di].last <= k; di++) give_up(vals[dv[di].v]);
     }
+    for (; di < nd; di++) give_up(vals[dv[di].v]); /* (after a chain or a node at the end) */
     if (pr->step_ns != NULL && pr->nsteps > 0) {
         clock_gettime(CLOCK_MONOTONIC, &t1);
         pr->step_ns[pr->nsteps - 1] +=
@@ -2617,6 +2683,7 @@ static PyObject *program_run(program *pr, PyObject *args) {
 done:
     for (int v = 0; v < pr->nvals; v++) Py_XDECREF(vals[v]);
     PyMem_Free(vals);
+    PyMem_Free(dv);
     return res;
 }
 
@@ -2855,6 +2922,9 @@ static PyMethodDef program_methods[] = {
     {"run", (PyCFunction)program_run, METH_O,
      "run($self, args, /)\n--\n\nThe outputs for new argument Arrays, or None when one does not "
      "have the recorded shape, dtype and sharding."},
+    {"run_donating", (PyCFunction)(void (*)(void))program_run_donating, METH_FASTCALL,
+     "run_donating($self, args, donate, /)\n--\n\nrun(args), the arguments at the positions "
+     "`donate` given up at their last use (their Arrays donated afterwards)."},
     {"matches", (PyCFunction)program_matches, METH_O,
      "matches($self, args, /)\n--\n\nWhether run(args) would replay this program (runs nothing)."},
     {"memory_plan", (PyCFunction)program_memory_plan, METH_NOARGS,
@@ -2946,6 +3016,8 @@ int ct_py_init_dispatch(PyObject *m) {
     process_name = PyUnicode_InternFromString("process");
     mesh_name = PyUnicode_InternFromString("mesh");
     norm_name = PyUnicode_InternFromString("_norm");
+    delete_name = PyUnicode_InternFromString("delete");
+    if (delete_name == NULL) return -1;
     if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
         !default_name || !process_name || !mesh_name || !norm_name)
         return -1;

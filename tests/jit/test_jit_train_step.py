@@ -304,3 +304,55 @@ def test_fused_chains_give_the_unfused_bits(where):
     prog.set_fusion(False)
     hi = j.lower(x, b, y).compile().memory_analysis().temp_size_in_bytes
     assert lo < hi
+
+
+def test_donated_arguments_are_given_up_and_raise_afterwards():
+    f = cts.jit(lambda x, y: cnp.sin(x) * y + 1.0, donate_argnums=0)
+    for _ in range(3):   # traced, then replayed: each call donates its x
+        x = cts.device_put(np.full(8, 0.5, np.float32))
+        y = cts.device_put(np.full(8, 2.0, np.float32))
+        out = f(x, y)
+        np.testing.assert_array_equal(np.asarray(out), np.sin(np.float32(0.5)) * 2.0 + 1.0)
+        assert x.is_deleted() and not y.is_deleted()
+        with pytest.raises(cts.DonatedBufferError):
+            np.asarray(x)
+    assert f._programs.traces == 1
+    ident = cts.jit(lambda x: x, donate_argnums=0)   # returned: the output is the argument
+    x = cts.device_put(np.ones(3, np.float32))
+    for _ in range(2):
+        r = ident(x)
+        assert np.asarray(r).tolist() == [1.0, 1.0, 1.0] and not x.is_deleted()
+    g = cts.jit(lambda x, *, y: x * y, donate_argnames="y")   # by name
+    x = cts.device_put(np.ones(3, np.float32))
+    for _ in range(2):
+        y = cts.device_put(np.full(3, 3.0, np.float32))
+        assert np.asarray(g(x, y=y)).tolist() == [3.0, 3.0, 3.0]
+        assert y.is_deleted() and not x.is_deleted()
+    with pytest.raises(ValueError, match="both static and donated"):
+        cts.jit(lambda x, n: x * n, static_argnums=1, donate_argnums=1)
+
+
+def test_donation_lowers_the_peak_as_memory_analysis_predicts():
+    n = 1 << 16
+    def f(x, y):
+        h = cnp.sin(x) * y   # x and y are last read here
+        return cnp.sum(cnp.exp(h) + h)
+    for donate in ((), (0, 1)):
+        j = cts.jit(f, donate_argnums=donate)
+        mk = lambda: (cts.device_put(np.full(n, 0.5, np.float32)),
+                      cts.device_put(np.full(n, 0.25, np.float32)))
+        j(*mk())
+        x, y = mk()
+        ma = j.lower(x, y).compile().memory_analysis()
+        dev = cts.devices()[0]
+        cts.reset_peak_memory_stats()
+        before = dev.memory_stats()["bytes_in_use"]
+        j(x, y)
+        measured = dev.memory_stats()["peak_bytes_in_use"] - before
+        p = ma.per_device[dev.id]
+        predicted = p["peak_size_in_bytes"] - p["argument_size_in_bytes"] - p["constant_size_in_bytes"]
+        assert abs(measured - predicted) <= 0.05 * abs(predicted) + 64, (donate, measured, predicted)
+        if donate:
+            assert measured < undonated and x.is_deleted() and y.is_deleted()
+        else:
+            undonated = measured

@@ -188,7 +188,7 @@ def _static_positions(fun, static_argnums, static_argnames) -> tuple:
 
 
 def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_replicated,
-          names):
+          names, donate_argnums=None, donate_argnames=None):
     if not callable(fun):
         raise TypeError(f"{names[0].split()[0]}: expected a function, got "
                         f"{type(fun).__name__}")
@@ -227,7 +227,13 @@ def _wrap(fun, in_specs, out_specs, static_argnums, static_argnames, none_means_
             out = _place(out_specs, out, none_means_replicated=none_means_replicated, what=names[1])
         return _to_arrays(out)
 
-    programs = _Programs(run, static, _argnames(static_argnames, "static_argnames"))
+    donate = _static_positions(fun, donate_argnums, donate_argnames)
+    both = sorted(set(donate) & set(static))
+    if both:
+        raise ValueError(f"{names[0].split()[0]}: argument(s) {both} are both static and "
+                         f"donated; a static argument is not an Array and cannot be donated")
+    programs = _Programs(run, static, _argnames(static_argnames, "static_argnames"), donate,
+                         _argnames(donate_argnames, "donate_argnames"))
     wrapped.lower = lambda *a, **k: _Lowered(wrapped, programs, a, k)
     wrapped.compile = lambda *a, **k: wrapped
     wrapped._programs = programs
@@ -317,13 +323,16 @@ class _Programs:
     arguments, the pytree structure, non-Array leaves by value); the Array leaves' shapes,
     dtypes and shardings are checked by ``Program.run``."""
 
-    def __init__(self, run: Callable, static: tuple, static_names: tuple = ()):
+    def __init__(self, run: Callable, static: tuple, static_names: tuple = (),
+                 donate: tuple = (), donate_names: tuple = ()):
         self._run, self._static, self._static_names = run, static, frozenset(static_names)
+        self._donate, self._donate_names = frozenset(donate), frozenset(donate_names)
         # key -> [(program, output treedef, output spec or None)], most recent first
         self._cache: dict = {}
         # argument structures seen (without static arguments): [(spec, key, parts, treedef)]
         self._specs: list = []
         self._nospec: set = set()   # keys whose structure has no spec
+        self.donated: tuple = ()    # the last keyed call's donated argument Arrays
         self.traces = 0          # (the number of traces so far, for tests)
 
     def _key(self, args, kwargs):
@@ -339,11 +348,12 @@ class _Programs:
         tree = (tuple(a for i, a in enumerate(args) if i not in self._static), dkw) \
             if self._static else (tuple(args), dkw)
         tmpl = _INT_TEMPLATE[0] if _INT_TEMPLATE else _int_template()
-        for spec, key, parts, td in (self._specs if not skw else ()):   # keyed in C
+        for spec, key, parts, td, don in (self._specs if not skw else ()):   # keyed in C
             leaves = _C.flatten_spec(spec, tree)
             if leaves is not None:
                 arrays, got, traced = _split(leaves, tmpl)
                 if arrays is not None and got == parts:
+                    self.donated = don
                     return key, arrays, ((args, kwargs) if traced is None
                                          else self._traced(args, kwargs, td, traced))
                 break
@@ -358,14 +368,36 @@ class _Programs:
             hash(key)
         except TypeError:
             return None, "an unhashable static argument", None
+        self.donated = self._donated_arrays(tree, leaves) if self._donate or \
+            self._donate_names else ()
         if not self._static and not skw and key not in self._nospec:
             spec = _checked_spec(tree, leaves)
             if spec is None:
                 self._nospec.add(key)
             else:
-                self._specs.insert(0, (spec, key, parts, td))
+                self._specs.insert(0, (spec, key, parts, td, self.donated))
                 del self._specs[_MAX_SPECS:]
         return key, arrays, self._traced(args, kwargs, td, traced)
+
+    def _donated_arrays(self, tree, leaves) -> tuple:
+        """The positions, among the call's argument Arrays, of the leaves of donated
+        arguments (``donate_argnums`` / ``donate_argnames``)."""
+        dyn, kw = tree
+        positions = [i for i in range(len(dyn) + len(self._static)) if i not in self._static]
+        owners = []   # per leaf: donated or not
+        for pos, arg in zip(positions, dyn):
+            owners += [pos in self._donate] * len(tree_util.tree_leaves(arg))
+        for name in tree_util._sorted_keys(kw):
+            owners += [name in self._donate_names] * len(tree_util.tree_leaves(kw[name]))
+        out, k = [], 0
+        for leaf, donated in zip(leaves, owners):
+            t = type(leaf)
+            if t is Array or isinstance(leaf, _HOST) or (
+                    t is int and -2 ** 31 <= leaf < 2 ** 31):   # (the leaves split_args keeps)
+                if donated:
+                    out.append(k)
+                k += 1
+        return tuple(out)
 
     def _traced(self, args, kwargs, td, traced):
         """The (args, kwargs) a trace runs with: the ints (and numpy arrays) replaced by their
@@ -388,14 +420,15 @@ class _Programs:
             for prog, out_td, out_spec in entries:
                 if prog.broken is not None:
                     return self._run(args, kwargs)
-                outs = prog.run(arrays)
+                outs = prog.run_donating(arrays, self.donated) if self.donated else \
+                    prog.run(arrays)
                 if outs is not None:
                     if out_spec is not None:
                         return _C.unflatten_spec(out_spec, outs)
                     return tree_util.tree_unflatten(out_td, outs)
-        return self._trace(key, arrays, *traced)[0]
+        return self._trace(key, arrays, *traced, donate=self.donated)[0]
 
-    def _trace(self, key, arrays, args, kwargs):
+    def _trace(self, key, arrays, args, kwargs, donate=()):
         prog = _C.Program()
         try:
             _C.trace_begin(prog, arrays)
@@ -407,6 +440,16 @@ class _Programs:
             _C.trace_end()
         leaves, out_td = tree_util.tree_flatten(out)
         prog.finish(list(leaves))
+        if donate:   # the traced call donates too (not an argument it returns)
+            returned = {id(x) for x in leaves}
+            for i in donate:
+                x = arrays[i]
+                if id(x) not in returned and not x._donated:
+                    try:
+                        x.delete()
+                    except RuntimeError:   # (a numpy view of a shard keeps the buffers)
+                        pass
+                    x._donated = True
         self.traces += 1
         entries = self._cache.setdefault(key, [])
         entries.insert(0, (prog, out_td, _checked_spec(out, leaves)))
@@ -461,9 +504,10 @@ class MemoryAnalysis:
                 + f", devices={len(self.per_device)})")
 
 
-def _memory_analysis(plan) -> MemoryAnalysis:
+def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
     """A :class:`MemoryAnalysis` of ``Program.memory_plan()``: replays the program's
-    allocations and frees (as ``Program.run`` does them) on byte counters."""
+    allocations and frees (as ``Program.run`` does them) on byte counters; ``donated``: the
+    arguments given up at their last use (``donate_argnums``)."""
     values, steps, outs = plan
     per = {}
 
@@ -483,7 +527,20 @@ def _memory_analysis(plan) -> MemoryAnalysis:
     for v in out_set:
         for d, b in values[v][1]:
             dev(d)["output_size_in_bytes"] += b
-    held = set()   # step values holding memory of their own now
+    held = set()   # step values (and donated arguments) holding memory of their own now
+    gone = {}      # donated arguments, by the step after which they are given up
+    for v in donated:
+        if values[v][2] is None:   # (an output: not donated)
+            continue
+        gone.setdefault(values[v][2], []).append(v)
+        for d, b in values[v][1]:   # counted as live memory from the start, not as a base
+            s = dev(d)
+            s["argument_size_in_bytes"] -= b
+            s["_live"] += b
+            s["_donated"] = s.get("_donated", 0) + b
+    for v in gone.pop(-1, ()):   # never read: given up at once
+        for d, b in values[v][1]:
+            dev(d)["_live"] -= b
     for k, (ins, outs_k, node) in enumerate(steps):
         for o in outs_k:
             if node:   # takes over an input's buffers: no new memory
@@ -505,8 +562,12 @@ def _memory_analysis(plan) -> MemoryAnalysis:
                 for d, b in values[i][1]:
                     dev(d)["_live"] -= b
                     dev(d)["_temp"] -= b
+        for v in gone.pop(k, ()):
+            for d, b in values[v][1]:
+                dev(d)["_live"] -= b
     for s in per.values():
         s["peak_size_in_bytes"] += s["argument_size_in_bytes"] + s["constant_size_in_bytes"]
+        s["argument_size_in_bytes"] += s.pop("_donated", 0)   # (reported whole, as jax does)
         del s["_live"], s["_temp"], s["_new"]
     return MemoryAnalysis(per)
 
@@ -519,6 +580,7 @@ class _Lowered:
     def __init__(self, f, programs, args, kwargs):
         self._f = f
         self._prog, self._why = programs.program(list(args), kwargs)
+        self._donated = programs.donated if self._prog is not None else ()
 
     def compile(self, *a, **k):
         return self
@@ -536,15 +598,15 @@ class _Lowered:
             why = self._why if self._prog is None else self._prog.broken
             raise RuntimeError(f"memory_analysis: the function is not replayable ({why}); it "
                                f"runs eagerly, so there is no program to analyse")
-        return _memory_analysis(self._prog.memory_plan())
+        return _memory_analysis(self._prog.memory_plan(), self._donated)
 
     def __call__(self, *args, **kwargs):
         return self._f(*args, **kwargs)
 
 
 # jax.jit keywords that change nothing here; accepted (and type-checked) so ported code runs.
-_NO_EFFECT = ("donate_argnums", "donate_argnames", "keep_unused", "device", "backend", "inline",
-              "abstracted_axes", "compiler_options")
+_NO_EFFECT = ("keep_unused", "device", "backend", "inline", "abstracted_axes",
+              "compiler_options")
 
 
 def _check_no_effect(who, donate_argnums, donate_argnames, keep_unused, device, backend,
@@ -567,7 +629,8 @@ def jit(fun: Callable | None = None, in_shardings=None, out_shardings=None, *,
         abstracted_axes=None, compiler_options: dict | None = None) -> Callable:
     """``jax.jit`` with shardings: ``None`` leaves a value where it is.
 
-    The function runs eagerly. Inputs are placed by ``in_shardings`` (positional,
+    The function is traced at the first call of each signature and replayed from C (see the
+    module docstring). Inputs are placed by ``in_shardings`` (positional,
     non-static arguments), outputs by ``out_shardings``; host outputs (numpy arrays,
     Python numbers) come back as :class:`Array` objects, as from ``jax.jit``.
     ``static_argnums`` / ``static_argnames`` name arguments that are passed through
@@ -575,10 +638,15 @@ def jit(fun: Callable | None = None, in_shardings=None, out_shardings=None, *,
     function's signature, as in jax. ``jit(static_argnums=...)`` without a function
     returns a decorator.
 
-    Accepted for compatibility, with no effect here: ``donate_argnums`` /
-    ``donate_argnames`` (``TrainState.apply_gradients`` already updates in place),
-    ``keep_unused``, ``device``, ``backend``, ``inline``, ``abstracted_axes``,
-    ``compiler_options``. Any other keyword raises ``TypeError``, as in jax.
+    ``donate_argnums`` / ``donate_argnames`` donate arguments as jax does: a replay frees
+    each at its last use in the program (``memory_analysis`` counts it so), and the
+    caller's Array raises ``DonatedBufferError`` afterwards; an argument the function
+    returns is not donated. ``TrainState.apply_gradients`` inside updates the state in
+    place whether or not it is donated.
+
+    Accepted for compatibility, with no effect here: ``keep_unused``, ``device``,
+    ``backend``, ``inline``, ``abstracted_axes``, ``compiler_options``. Any other keyword
+    raises ``TypeError``, as in jax.
 
     >>> import numpy as np, ctrainstate as cts
     >>> f = cts.jit(lambda x, n: x * n, static_argnames='n')
@@ -596,7 +664,7 @@ def jit(fun: Callable | None = None, in_shardings=None, out_shardings=None, *,
     _check_no_effect("jit", donate_argnums, donate_argnames, keep_unused, device, backend,
                      inline, compiler_options)
     return _wrap(fun, in_shardings, out_shardings, static_argnums, static_argnames, False,
-                 ("jit in_shardings", "jit out_shardings"))
+                 ("jit in_shardings", "jit out_shardings"), donate_argnums, donate_argnames)
 
 
 def pjit(fun: Callable, in_axis_resources=None, out_axis_resources=None,
@@ -630,4 +698,5 @@ def pjit(fun: Callable, in_axis_resources=None, out_axis_resources=None,
     ins = in_axis_resources if in_axis_resources is not None else in_shardings
     outs = out_axis_resources if out_axis_resources is not None else out_shardings
     return _wrap(fun, ins, outs, static_argnums, static_argnames, True,
-                 ("pjit in_axis_resources", "pjit out_axis_resources"))
+                 ("pjit in_axis_resources", "pjit out_axis_resources"), donate_argnums,
+                 donate_argnames)

@@ -833,6 +833,33 @@ class JitStep:
         return new
 
 
+def traced_step(tx, params, opt_state, grads, step, plan=None, step_fn=None):
+    """An in-place optimizer step inside a jit trace as one node of the program
+    (:class:`JitStep` through ``_C.trace_node``): ``(new params, new optimizer state, new
+    step)``, or None where it cannot be one (grads of another structure, leaves that are not
+    Arrays: the caller's eager step then runs, and raises where it must). ``step`` is the
+    train state's step: an Array is advanced inside the node (by ``step_fn``, or + 1 for a
+    0-d int32 Array on one device), anything else is returned + 1 as it is."""
+    p_leaves, pdef = tree_flatten(params)
+    s_leaves, sdef = tree_flatten(opt_state)
+    try:
+        g_leaves = pdef.flatten_up_to(grads)
+    except (ValueError, TypeError):
+        return None
+    values = p_leaves + s_leaves + list(g_leaves)
+    if any(type(x) is not Array for x in values):
+        return None
+    has_step = type(step) is Array and (step_fn is not None or (
+        step.shape == () and step.dtype == np.int32 and len(step._blocks) == 1))
+    if has_step:
+        values.append(step)
+    node = JitStep(tx, pdef, sdef, len(p_leaves), len(s_leaves), plan, has_step, step_fn)
+    out = _C.trace_node("optimizer_step", node, values)
+    n, m = len(p_leaves), len(s_leaves)
+    new_step = out[n + m] if has_step else (step_fn(step) if step_fn is not None else step + 1)
+    return pdef.unflatten(out[:n]), sdef.unflatten(out[n:n + m]), new_step
+
+
 def _dict_program(td):
     """The structure of a tree of plain dicts as nested ``((key, program), ...)`` tuples in
     the treedef's key order (None for a leaf), or None when another node type is in it."""

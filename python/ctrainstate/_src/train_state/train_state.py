@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-
-import numpy as np
 from typing import Any, Callable
 
 from ... import _C
 from ..array.array import Array, device_put
-from ..optim.base import JitStep, apply_updates, mark_borrowed, run_fused
-from ..base.tree_util import GetAttrKey, register_pytree_with_keys, tree_flatten, tree_leaves
+from ..optim.base import apply_updates, mark_borrowed, run_fused, traced_step
+from ..base.tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
 
 try:   # signal's C module: signal.signal's enum conversions cost ~20 us a step
     import _signal as _sig
@@ -258,37 +256,22 @@ class TrainState(PyTreeNode):
         return guard.commit(self, new)
 
     def _traced_step(self, grads, kwargs):
-        """The step as a node of the program a jit trace records (``optim.base.JitStep``), or
-        None where it cannot be one (a functional ``tx``, leaves that are not Arrays): then the
-        eager step runs and the traced function replays eagerly."""
+        """The step as a node of the program a jit trace records (``optim.base.traced_step``),
+        or None where it cannot be one (a functional ``tx``, leaves that are not Arrays): then
+        the eager step runs and the traced function replays eagerly."""
         if not getattr(self.tx, "fusable", False):
             return None
         if _OWG in (grads if isinstance(grads, dict) else {}):
             g, p = grads["params"], self.params["params"]
         else:
             g, p = grads, self.params
-        p_leaves, pdef = tree_flatten(p)
-        s_leaves, sdef = tree_flatten(self.opt_state)
-        try:
-            g_leaves = pdef.flatten_up_to(g)
-        except (ValueError, TypeError):
-            return None   # (the eager step raises with the paths)
-        values = p_leaves + s_leaves + list(g_leaves)
-        if any(type(x) is not Array for x in values):
-            return None
-        step = self.step   # a traced int32 Array (jit makes an int argument one): in the node
-        has_step = (type(step) is Array and step.shape == () and step.dtype == np.int32
-                    and len(step._blocks) == 1)
-        if has_step:
-            values.append(step)
         d = getattr(self, "__dict__", None)
-        node = JitStep(self.tx, pdef, sdef, len(p_leaves), len(s_leaves),
-                       d.get("_ct_plan") if d is not None else None, has_step)
-        out = _C.trace_node("optimizer_step", node, values)
-        n, m = len(p_leaves), len(s_leaves)
-        new_step = out[n + m] if has_step else step + 1
-        return self._stepped(grads, new_step, pdef.unflatten(out[:n]),
-                             sdef.unflatten(out[n:n + m]), None, kwargs)
+        r = traced_step(self.tx, p, self.opt_state, g, self.step,
+                        d.get("_ct_plan") if d is not None else None)
+        if r is None:
+            return None
+        new_p, new_opt_state, new_step = r
+        return self._stepped(grads, new_step, new_p, new_opt_state, None, kwargs)
 
     def _fast_step(self, fast, d, grads, kwargs):
         """The step through ``fast`` (optim.base.FastPlan), or None when it declines (nothing

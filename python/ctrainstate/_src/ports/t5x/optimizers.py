@@ -11,7 +11,7 @@ from ...array.abstract import ShapeDtypeStruct
 from ...array.array import Array, device_put
 from ...core.frozen_dict import FrozenDict, freeze
 from .... import _C
-from ...optim.base import EmptyState, JitStep, MaskedNode, apply_updates, run_fused, scalar
+from ...optim.base import EmptyState, MaskedNode, apply_updates, run_fused, scalar, traced_step
 from ...array.sharding import PartitionSpec
 from ...train_state.train_state import PyTreeNode, field
 from ...base.traverse_util import ModelParamTraversal
@@ -335,29 +335,16 @@ class OptaxWrapper(OptimizerDef):
 
 
 def _traced_apply(tx, params, state, grads):
-    """The step as one node of the program a jit trace records (``optim.base.JitStep``: the
-    params' and optimizer state's Arrays stepped in place, the step counter advanced), or None
-    where it cannot be one (leaves that are not Arrays): the eager step then runs, and the
-    traced function replays eagerly."""
-    p_leaves, pdef = tree_flatten(params)
-    s_leaves, sdef = tree_flatten(state.param_states)
-    try:
-        g_leaves = pdef.flatten_up_to(grads)
-    except (ValueError, TypeError):
-        return None   # (the eager step raises with the paths)
-    values = p_leaves + s_leaves + list(g_leaves)
-    if any(type(x) is not Array for x in values):
-        return None
-    has_step = type(state.step) is Array
-    if has_step:
-        values.append(state.step)
+    """The step as one node of the program a jit trace records (``optim.base.traced_step``:
+    the params' and optimizer state's Arrays stepped in place, the step advanced by
+    :func:`_next_step`), or None where it cannot be one: the eager step then runs."""
     d = getattr(state, '__dict__', {})
-    node = JitStep(tx, pdef, sdef, len(p_leaves), len(s_leaves), d.get('_ct_plan'), has_step,
-                   _next_step)
-    out = _C.trace_node('optimizer_step', node, values)
-    n, m = len(p_leaves), len(s_leaves)
-    new_step = out[n + m] if has_step else _next_step(state.step)
-    return pdef.unflatten(out[:n]), OptimizerState(new_step, sdef.unflatten(out[n:n + m]))
+    r = traced_step(tx, params, state.param_states, grads, state.step, d.get('_ct_plan'),
+                    _next_step)
+    if r is None:
+        return None
+    new_params, new_ps, new_step = r
+    return new_params, OptimizerState(new_step, new_ps)
 
 
 def _abstract_tree(t) -> bool:

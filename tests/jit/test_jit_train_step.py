@@ -356,3 +356,14 @@ def test_donation_lowers_the_peak_as_memory_analysis_predicts():
             assert measured < undonated and x.is_deleted() and y.is_deleted()
         else:
             undonated = measured
+
+
+def test_random_draws_follow_keys_passed_as_arguments():
+    from ctrainstate import random
+    x = cts.device_put(np.zeros(4, np.float32))
+    f = cts.jit(lambda key, x: x + random.normal(key, (4,)))
+    k1, k2 = random.PRNGKey(1), random.PRNGKey(2)
+    a, b, a2 = f(k1, x), f(k2, x), f(k1, x)
+    assert np.asarray(a).tobytes() != np.asarray(b).tobytes()         # not a constant
+    assert np.asarray(a).tobytes() == np.asarray(a2).tobytes()
+    assert np.asarray(a).tobytes() == np.asarray(x + random.normal(k1, (4,))).tobytes()

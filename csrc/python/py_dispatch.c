@@ -1673,6 +1673,7 @@ struct program {
     PyObject **vmeta; /* (shape, dtype, sharding) of each value */
     PyObject *out_objs; /* per output: a non-Array leaf, or None where out_vals names a value */
     PyObject *broken; /* why the function cannot be replayed (str), or NULL */
+    PyObject *broken_at; /* the Python stack's last frames where it broke (str), or NULL */
     PyObject *bufmap; /* while recording: id(first buffer) -> value */
     PyObject *traced; /* while recording: ids of the arguments' and the steps' buffers */
     PyObject *keep;   /* while recording: the arguments and results, alive so that no new
@@ -1685,9 +1686,42 @@ struct program {
 
 static PyTypeObject *program_type;
 
+/* Where the Python code was when the program broke: the innermost frames of the stack (file,
+ * line, function), as text, or NULL. Read once per trace, when it breaks. */
+static PyObject *traceback_mod; /* (imported at module init: no import runs at a break) */
+
+static PyObject *break_site(void) {
+    if (traceback_mod == NULL) return NULL;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    /* the garbage collector off meanwhile: the caller may hold borrowed references that a
+     * collection's finalizers could drop */
+    const int gc_was = PyGC_Disable();
+    PyObject *r = NULL, *mod = Py_NewRef(traceback_mod);
+    PyObject *lines = PyObject_CallMethod(mod, "format_stack", NULL);
+    if (lines != NULL && PyList_Check(lines)) {
+        const Py_ssize_t n = PyList_GET_SIZE(lines), lo = n > 6 ? n - 6 : 0;
+        PyObject *tail = PyList_GetSlice(lines, lo, n), *sep = PyUnicode_FromString("");
+        r = tail != NULL && sep != NULL ? PyUnicode_Join(sep, tail) : NULL;
+        Py_XDECREF(tail);
+        Py_XDECREF(sep);
+    }
+    Py_XDECREF(lines);
+    Py_XDECREF(mod);
+    PyErr_Clear();
+    if (gc_was) PyGC_Enable();
+    PyErr_Restore(et, ev, tb);
+    return r;
+}
+
 static void program_break(program *pr, const char *why) {
-    if (pr->broken == NULL) pr->broken = PyUnicode_FromString(why);
-    if (pr->broken == NULL) PyErr_Clear();
+    if (pr->broken != NULL) return;
+    pr->broken = PyUnicode_FromString(why);
+    if (pr->broken == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    Py_XSETREF(pr->broken_at, break_site());
 }
 
 void ct_py_trace_touch(const void *buffer, const char *what) {
@@ -1932,6 +1966,7 @@ static int program_clear(program *pr) {
     pr->nvals = 0;
     Py_CLEAR(pr->out_objs);
     Py_CLEAR(pr->broken);
+    Py_CLEAR(pr->broken_at);
     Py_CLEAR(pr->bufmap);
     Py_CLEAR(pr->traced);
     Py_CLEAR(pr->keep);
@@ -2485,10 +2520,11 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
     Py_CLEAR(pr->keep);
     pr->finished = 1;
     if (pr->broken != NULL) { /* nothing to replay: drop the steps and constants */
-        PyObject *why = pr->broken;
-        pr->broken = NULL;
+        PyObject *why = pr->broken, *at = pr->broken_at;
+        pr->broken = pr->broken_at = NULL;
         program_clear(pr);
         pr->broken = why;
+        pr->broken_at = at;
     }
     Py_RETURN_NONE;
 }
@@ -2725,7 +2761,11 @@ out:
 /* The program as text: one line per step. */
 static PyObject *program_as_text(program *pr, PyObject *noargs) {
     (void)noargs;
-    if (pr->broken != NULL) return PyUnicode_FromFormat("# not replayable: %U\n", pr->broken);
+    if (pr->broken != NULL)
+        return pr->broken_at != NULL
+                   ? PyUnicode_FromFormat("# not replayable: %U\n# where it broke (the innermost "
+                                          "frames last):\n%U", pr->broken, pr->broken_at)
+                   : PyUnicode_FromFormat("# not replayable: %U\n", pr->broken);
     PyObject *lines = PyList_New(0);
     if (lines == NULL) return NULL;
     for (int k = 0; k < pr->nsteps; k++) {
@@ -3018,6 +3058,8 @@ int ct_py_init_dispatch(PyObject *m) {
     norm_name = PyUnicode_InternFromString("_norm");
     delete_name = PyUnicode_InternFromString("delete");
     if (delete_name == NULL) return -1;
+    traceback_mod = PyImport_ImportModule("traceback");
+    if (traceback_mod == NULL) return -1;
     if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
         !default_name || !process_name || !mesh_name || !norm_name)
         return -1;

@@ -19,6 +19,11 @@ multiplier in it too, as FlaxGPTNeo does) while params and AdamW state stay floa
 loss is taken on the logits cast to float32.
 
     python examples/hf_model_parallel.py [--steps 30] [--layers 2] [--embed 32] [--dtype bfloat16]
+    mpirun -n 2 python examples/hf_model_parallel.py --print-losses   # mp spans 2 processes
+
+Under a launcher the processes join (``ctrainstate.distributed.initialize``), the ``mp`` axis
+spans every process's devices (8 in all by default, split over the processes), and process 0
+prints; the losses are the one-process run's with as many devices, bit for bit.
 """
 from __future__ import annotations
 

@@ -13,6 +13,11 @@ in one ``train_step`` under ``cts.jit`` (traced at the first step, then replayed
 
     python examples/siren.py                       # 8 CPU devices, mesh data=2 x model=4
     python examples/siren.py --steps 500 --mesh 1x8 --image photo.png --out recon.png
+    mpirun -n 2 python examples/siren.py --mesh 2x2 --print-losses   # 2 processes, 2 devices each
+
+Under a launcher (``mpirun``, ``srun``) the processes join (``ctrainstate.distributed.initialize``),
+the mesh spans every process's devices (each gets the mesh's size / processes CPU devices), and
+process 0 prints and writes the files; the losses are the one-process run's, bit for bit.
 
 The default image is generated (no download). The reconstruction goes to
 ``out/siren_reconstruction.png`` under the current directory (the folder is made if

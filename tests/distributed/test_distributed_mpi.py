@@ -74,6 +74,20 @@ def test_every_collective_across_processes(n, tmp_path):
     assert len(counts) == 1 and counts.pop() > 150  # the same checks ran everywhere
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_reductions_add_in_process_order_in_every_path(n, tmp_path):
+    # tests/mpi/reductions.py: real-valued data, compared bytewise with numpy adding the
+    # processes' buffers in process order: small and large all-reduces, in place and not,
+    # reduce-scatter, NaN through max / min, sizes growing and shrinking between calls
+    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, "reductions.py"), out=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
+    assert oks == list(range(n)), out[-6000:]
+    counts = {int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)}
+    assert counts == {324}, counts   # every check ran everywhere
+
+
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("script, least", [("global_arrays.py", 70), ("global_ops.py", 40)])
 def test_global_arrays_and_training_across_processes(script, least, n, tmp_path):

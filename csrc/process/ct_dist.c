@@ -753,10 +753,12 @@ static void keep_free(void *p) {
 /* Reduce-scatter of element blocks: process q's result, the reduction of every process's
  * `send[off[q] .. off[q] + len[q])`, lands at `out` of process q. Segment by segment: the
  * process receives its block's segment from every other process, sends theirs, and reduces
- * in process order. */
+ * in process order: straight into `out` where the dtype allows it, `out` does not overlap
+ * `send` and this process's segment has at least `direct_min` bytes, else through an
+ * accumulator copied to `out`. */
 static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
                                const size_t *off, const size_t *len, ct_dist_dtype dt,
-                               ct_dist_op op) {
+                               ct_dist_op op, size_t direct_min) {
     int n = g.size, me = g.rank;
     size_t es = ct_dist_dtype_size(dt), seg = CT_DIST_SEG / es, most = 0;
     for (int q = 0; q < n; q++) most = len[q] > most ? len[q] : most;
@@ -765,7 +767,7 @@ static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
     /* wide dtypes reduce straight into `out` (no accumulator, no copy), unless `out` overlaps
      * the send buffer (an all-reduce in place), whose terms it would overwrite */
     size_t send_bytes = (off[n - 1] + len[n - 1]) * es;
-    int direct = n >= 2 && !narrow(dt) &&
+    int direct = n >= 2 && !narrow(dt) && mine * es >= direct_min &&
                  (out + len[me] * es <= send || send + send_bytes <= out);
     void *acc = direct ? NULL : scratch(mine * acc_size(dt), w->what);
     const char **xs = direct ? calloc((size_t)n, sizeof *xs) : NULL;
@@ -818,6 +820,12 @@ static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
  * and reduce it locally; larger ones reduce-scatter, then all-gather (each process sends and
  * receives 2 (n - 1) / n of the buffer). Both reduce in process order: same results. */
 #define CT_DIST_SMALL ((size_t)64 << 10)
+/* A large all-reduce reduces its block straight into recv from this many bytes of block on,
+ * below through an accumulator then copied: measured with benchmarks/bench_collectives.py
+ * (2 processes, 2-core VM), the copy was faster for blocks up to 512 KiB (1 MiB all-reduce:
+ * 86 us against 122 us) and slower from 1 MiB (64 MiB all-reduce: 19-38 ms against 5.6-15
+ * ms). A reduce-scatter was faster reducing straight into recv at every size. */
+#define CT_DIST_DIRECT_MIN ((size_t)1 << 20)
 
 ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_dtype dt,
                             ct_dist_op op, double timeout_s, ct_dist_poll_fn poll, void *ctx) {
@@ -863,7 +871,8 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
             len[q] = count * (size_t)(q + 1) / (size_t)n - off[q];
         }
         int tag = next_tag(TAG_ALLREDUCE_RS);
-        st = reduce_blocks(&w, tag, send, (char *)recv + off[g.rank] * es, off, len, dt, op);
+        st = reduce_blocks(&w, tag, send, (char *)recv + off[g.rank] * es, off, len, dt, op,
+                           CT_DIST_DIRECT_MIN);
         if (st == CT_OK) {
             for (int q = 0; q < n; q++) {
                 off[q] *= es;
@@ -925,7 +934,7 @@ ct_status ct_dist_reduce_scatter(const void *send, void *recv, size_t count, ct_
             off[q] = (size_t)q * count;
             len[q] = count;
         }
-        st = reduce_blocks(&w, next_tag(TAG_REDUCE_SCATTER), send, recv, off, len, dt, op);
+        st = reduce_blocks(&w, next_tag(TAG_REDUCE_SCATTER), send, recv, off, len, dt, op, 0);
     }
     free(off);
     free(len);

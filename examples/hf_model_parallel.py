@@ -19,6 +19,11 @@ multiplier in it too, as FlaxGPTNeo does) while params and AdamW state stay floa
 loss is taken on the logits cast to float32.
 
     python examples/hf_model_parallel.py [--steps 30] [--layers 2] [--embed 32] [--dtype bfloat16]
+    mpirun -n 2 python examples/hf_model_parallel.py --print-losses   # mp spans 2 processes
+
+Under a launcher the processes join (``ctrainstate.distributed.initialize``), the ``mp`` axis
+spans every process's devices (8 in all by default, split over the processes), and process 0
+prints; the losses are the one-process run's with as many devices, bit for bit.
 """
 from __future__ import annotations
 
@@ -26,15 +31,22 @@ import argparse
 import math
 from typing import Any
 import os
+import sys
 import time
 
-os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", "8")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launcher  # noqa: E402  (reads the launcher's environment; imports no ctrainstate)
+
+if "CTRAINSTATE_NUM_CPU_DEVICES" not in os.environ:
+    # 8 CPU devices in all: one process has them all, under mpirun -n N each has 8 / N
+    os.environ["CTRAINSTATE_NUM_CPU_DEVICES"] = str(launcher.devices_per_process(8, "the mesh"))
 
 import numpy as np  # noqa: E402
 
 import ctrainstate as cts  # noqa: E402
 import ctrainstate.numpy as cnp  # noqa: E402
 from ctrainstate import hf, nn, optim, random  # noqa: E402
+from ctrainstate.experimental import multihost_utils  # noqa: E402
 from ctrainstate.lax import stop_gradient  # noqa: E402
 from ctrainstate.hf.partitions import gpt_neo_rules, set_partitions  # noqa: E402
 
@@ -176,14 +188,18 @@ class GPTNeoForCausalLM(nn.Module):
 def loss_fn(logits, labels, vocab, z_loss=0.0):
     """run_clm_mp's loss: position i predicts token i + 1 (``logits[..., :-1, :]`` against
     ``labels[..., 1:]``), cross-entropy plus ``z_loss * 1e-4 * log_z**2``, with the logits
-    shifted by their (gradient-stopped) maximum as there, so large logits stay finite."""
-    shift_logits = logits[..., :-1, :]
-    shift_labels = np.asarray(labels)[..., 1:]
-    onehot = np.asarray(nn.one_hot(shift_labels, vocab))
-    shifted = shift_logits - stop_gradient(cnp.max(shift_logits, axis=-1, keepdims=True))
+    shifted by their (gradient-stopped) maximum as there, so large logits stay finite.
+    The last position, which predicts nothing, is weighted 0 instead of sliced off: the
+    same loss, and no slice of logits whose vocabulary spans processes under mpirun."""
+    labels = np.asarray(labels)
+    next_labels = np.concatenate([labels[..., 1:], labels[..., :1]], axis=-1)
+    weights = np.ones(labels.shape, np.float32)
+    weights[..., -1] = 0.0
+    onehot = np.asarray(nn.one_hot(next_labels, vocab))
+    shifted = logits - stop_gradient(cnp.max(logits, axis=-1, keepdims=True))
     log_z = cnp.log(cnp.sum(cnp.exp(shifted), axis=-1))
     nll = log_z - cnp.sum(shifted * onehot, axis=-1)
-    return cnp.mean(nll + (z_loss * 1e-4) * cnp.square(log_z))
+    return cnp.sum((nll + (z_loss * 1e-4) * cnp.square(log_z)) * weights) / float(weights.sum())
 
 
 def synthetic_corpus(vocab, n_tokens, seed=0):
@@ -211,17 +227,26 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                     help="run_clm_mp's --dtype: the computation dtype (params stay float32)")
+    ap.add_argument("--print-losses", action="store_true",
+                    help="print every step's loss exactly ('loss STEP VALUE', repr of the "
+                         "float): runs under mpirun and in one process compare bit for bit")
     a = ap.parse_args(argv)
 
-    n = cts.local_device_count()
+    me, nproc = launcher.initialize()   # under mpirun: join the processes (global devices)
+    say = print if me == 0 else (lambda *a, **k: None)   # process 0 prints
+    n = cts.device_count()   # every process's devices: the mp axis spans the processes
     vocab = int(math.ceil(a.vocab / n) * n)  # HF pads 50257 -> 50264 for the same reason
     batch = a.per_device_batch * cts.device_count()
     rng, dropout_rng = random.split(random.PRNGKey(a.seed))
 
     dtype = {"float32": cnp.float32, "bfloat16": cnp.bfloat16, "float16": cnp.float16}[a.dtype]
     model = GPTNeoForCausalLM(vocab, a.block_size, a.layers, a.embed, a.heads, dtype=dtype)
-    params = model.init(rng, np.zeros((1, a.block_size), np.int32))["params"]
-    params = cts.tree_util.tree_map(np.asarray, params)  # host params, like from_pretrained
+    mesh = cts.Mesh(np.array(cts.devices()).reshape(1, n), ("dp", "mp"))
+    with mesh:   # replicated over the mesh (across processes too), then read whole
+        params = model.init(rng, np.zeros((1, a.block_size), np.int32))["params"]
+    # host params, like from_pretrained
+    params = (multihost_utils.process_allgather(params) if nproc > 1
+              else cts.tree_util.tree_map(np.asarray, params))
     param_spec = set_partitions(params, gpt_neo_rules())
 
     warmup = optim.linear_schedule(0.0, a.lr, a.warmup_steps)
@@ -229,7 +254,6 @@ def main(argv=None):
     schedule = optim.join_schedules([warmup, decay], [a.warmup_steps])
     tx = optim.adamw(schedule, b1=0.9, b2=0.98, eps=1e-8, weight_decay=a.weight_decay)
 
-    mesh = cts.Mesh(np.array(cts.devices()).reshape(1, n), ("dp", "mp"))
     with mesh:
         # params placed by their specs; the AdamW moments are then born sharded
         params = cts.pjit(lambda p: p, in_axis_resources=(param_spec,),
@@ -237,8 +261,8 @@ def main(argv=None):
         state = hf.TrainState.create(apply_fn=model.apply, params=params, tx=tx,
                                      dropout_rng=dropout_rng)
         state_spec = hf.train_state_spec(state, param_spec)
-        print(f"mesh {dict(mesh.shape)}, vocab {vocab}, global batch {batch}, compute {a.dtype}")
-        print("c_fc kernel spec", param_spec["transformer"]["h"]["0"]["mlp"]["c_fc"]["kernel"],
+        say(f"mesh {dict(mesh.shape)}{f' ({nproc} processes)' if nproc > 1 else ''}, vocab {vocab}, global batch {batch}, compute {a.dtype}")
+        say("c_fc kernel spec", param_spec["transformer"]["h"]["0"]["mlp"]["c_fc"]["kernel"],
               "| opt-state mu spec", state_spec.opt_state[0].mu["transformer"]["h"]["0"]["mlp"]["c_fc"]["kernel"],
               "| count", state_spec.opt_state[0].count, "| schedule", state_spec.opt_state[2])
 
@@ -276,16 +300,20 @@ def main(argv=None):
                 idx = order[:batch]
             b = {"input_ids": train_blocks[idx], "labels": train_blocks[idx]}
             state, metrics = p_train_step(state, b)
-            print(f"step {step + 1}: loss {float(np.asarray(metrics['loss'])):.4f} "
-                  f"lr {float(metrics['learning_rate']):.2e}")
+            loss = float(np.asarray(metrics["loss"]))   # replicated: every process holds it
+            say(f"step {step + 1}: loss {loss:.4f} lr {float(metrics['learning_rate']):.2e}")
+            if a.print_losses:
+                say(f"loss {step + 1} {loss!r}")
         dt = time.time() - t0
         eval1 = float(np.asarray(p_eval_step(state.params, eval_batch)))
         k = state.params["transformer"]["h"]["0"]["attn"]["attention"]["q_proj"]["kernel"]
         mu = state.opt_state[0].mu["transformer"]["h"]["0"]["attn"]["attention"]["q_proj"]["kernel"]
         assert k.sharding.spec == cts.P(None, "mp") and mu.sharding == k.sharding
-        print(f"{a.steps} steps in {dt:.1f}s; eval loss {eval0:.4f} -> {eval1:.4f}, "
+        say(f"{a.steps} steps in {dt:.1f}s; eval loss {eval0:.4f} -> {eval1:.4f}, "
               f"perplexity {math.exp(min(eval1, 50)):.2f}")
-        host_params = cts.tree_util.tree_map(np.asarray, state.params)  # jax.device_get
+        # jax.device_get; across processes the sharded params are gathered first
+        host_params = (multihost_utils.process_allgather(state.params, tiled=True) if nproc > 1
+                       else cts.tree_util.tree_map(np.asarray, state.params))
         assert all(np.all(np.isfinite(v)) for v in cts.tree_util.tree_leaves(host_params))
     return eval0, eval1
 

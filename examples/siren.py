@@ -13,6 +13,11 @@ in one ``train_step`` under ``cts.jit`` (traced at the first step, then replayed
 
     python examples/siren.py                       # 8 CPU devices, mesh data=2 x model=4
     python examples/siren.py --steps 500 --mesh 1x8 --image photo.png --out recon.png
+    mpirun -n 2 python examples/siren.py --mesh 2x2 --print-losses   # 2 processes, 2 devices each
+
+Under a launcher (``mpirun``, ``srun``) the processes join (``ctrainstate.distributed.initialize``),
+the mesh spans every process's devices (each gets the mesh's size / processes CPU devices), and
+process 0 prints and writes the files; the losses are the one-process run's, bit for bit.
 
 The default image is generated (no download). The reconstruction goes to
 ``out/siren_reconstruction.png`` under the current directory (the folder is made if
@@ -53,6 +58,9 @@ def parse_args(argv=None):
                         "matplotlib is installed (default: siren_training.png beside --out; "
                         "'' for none)")
     p.add_argument("--backend", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--print-losses", action="store_true",
+                   help="print every step's loss exactly ('loss STEP VALUE', repr of the float): "
+                        "runs on other meshes or under mpirun compare bit for bit")
     p.add_argument("--eager", action="store_true",
                    help="run the training step eagerly (default: cts.jit, traced once and "
                         "replayed from C; the same values)")
@@ -70,9 +78,14 @@ def parse_args(argv=None):
     return args
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import launcher  # noqa: E402  (reads the launcher's environment; imports no ctrainstate)
+
 ARGS = parse_args() if __name__ == "__main__" else None
-if ARGS is not None:
-    os.environ.setdefault("CTRAINSTATE_NUM_CPU_DEVICES", str(ARGS.data * ARGS.model))
+if ARGS is not None and "CTRAINSTATE_NUM_CPU_DEVICES" not in os.environ:
+    # one process: the whole mesh; under mpirun -n N: the mesh's share of each process
+    os.environ["CTRAINSTATE_NUM_CPU_DEVICES"] = str(
+        launcher.devices_per_process(ARGS.data * ARGS.model, f"--mesh {ARGS.mesh}"))
 
 import numpy as np  # noqa: E402
 
@@ -82,7 +95,7 @@ from ctrainstate import NamedSharding, P, nn, optim, random  # noqa: E402
 from ctrainstate import partitioning as nn_partitioning  # noqa: E402
 from ctrainstate.train_state import TrainState  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ctrainstate.experimental import multihost_utils  # noqa: E402
 from png import read_png, write_png  # noqa: E402
 
 OMEGA_0 = 30.0
@@ -242,6 +255,11 @@ def figure(img: np.ndarray, recon: np.ndarray, losses):
 
 
 def pick_devices(args):
+    if cts.process_count() > 1:   # several processes: their CPU devices (global ids)
+        if args.backend == "gpu":
+            raise SystemExit("--backend gpu: GPUs across processes (NCCL) are not supported "
+                             "yet; run one process, or --backend cpu")
+        return cts.devices("cpu")
     if args.backend in ("auto", "gpu"):
         try:
             gpus = cts.devices("gpu")
@@ -255,11 +273,14 @@ def pick_devices(args):
 
 
 def main(args):
+    me, nproc = launcher.initialize()   # under mpirun: join the processes (global devices)
+    say = print if me == 0 else (lambda *a, **k: None)   # process 0 prints and writes files
     devs = pick_devices(args)
     n = args.data * args.model
     if len(devs) < n:
+        per = f"{n // nproc} per process" if nproc > 1 else f"{n}"
         raise SystemExit(f"mesh {args.data}x{args.model} needs {n} devices, {len(devs)} available "
-                         f"(set CTRAINSTATE_NUM_CPU_DEVICES={n})")
+                         f"(set CTRAINSTATE_NUM_CPU_DEVICES={per})")
     mesh = cts.Mesh(np.array(devs[:n], dtype=object).reshape(args.data, args.model), ("data", "model"))
     img = load_image(args.image, args.size)
     h, w, c = img.shape
@@ -279,11 +300,12 @@ def main(args):
         state = TrainState.create(apply_fn=model.apply, params=variables["params"],
                                   tx=optim.adam(args.lr))
         axes = nn_partitioning.get_axis_names(variables["params_axes"])
-        print(f"mesh {dict(mesh.shape)} on {devs[0].platform}; image {h}x{w}x{c}; "
+        say(f"mesh {dict(mesh.shape)} on {devs[0].platform}"
+            f"{f' ({nproc} processes)' if nproc > 1 else ''}; image {h}x{w}x{c}; "
               f"{sum(int(np.prod(p.shape)) for p in cts.tree_util.tree_leaves(state.params)):,} params")
         for name in sorted(state.params):
             k = state.params[name]["kernel"]
-            print(f"  {name:12s} kernel {str(k.shape):12s} logical {str(axes[name]['kernel']):38s} "
+            say(f"  {name:12s} kernel {str(k.shape):12s} logical {str(axes[name]['kernel']):38s} "
                   f"-> {k.sharding.spec}")
 
         def train_step(state, coords, target):
@@ -296,15 +318,24 @@ def main(args):
         if not args.eager:   # traced at the first step, then replayed from C (the optimizer
             train_step = cts.jit(train_step)   # step one node of the program)
         losses = []
-        bar = Progress(args.steps)
+        bar = Progress(args.steps) if me == 0 else None
         t_train = time.perf_counter()
         for step in range(1, args.steps + 1):
             state, loss_v = train_step(state, coords_d, target_d)
-            losses.append(float(loss_v))
-            bar.update(step, losses[-1])
-        bar.close()
+            losses.append(float(loss_v))   # a replicated scalar: every process holds it
+            if bar is not None:
+                bar.update(step, losses[-1])
+            if args.print_losses:
+                say(f"loss {step} {losses[-1]!r}")
+        if bar is not None:
+            bar.close()
         t_train = time.perf_counter() - t_train
-        pred = np.asarray(state.apply_fn({"params": state.params}, coords_d))
+        pred = state.apply_fn({"params": state.params}, coords_d)
+        # sharded over processes: gathered whole on every process (jax's process_allgather)
+        pred = multihost_utils.process_allgather(pred, tiled=True) if nproc > 1 \
+            else np.asarray(pred)
+    if me != 0:
+        return None
     recon = np.clip((pred + 1.0) / 2.0, 0.0, 1.0).reshape(h, w, c)
     mse01 = float(np.mean((recon - img) ** 2))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -16,7 +16,9 @@
  *                   reduction locally (one round); above: reduce-scatter of n near-equal
  *                   blocks, then all-gather of the results. Every size reduces in process
  *                   order, so results do not depend on the size or the MPI's tuning.
- * float16 / bfloat16 are accumulated in float32 and rounded once; max / min propagate NaN;
+ * Other dtypes reduce straight into the result (the first two terms in one pass), the
+ * receive buffer kept from one collective to the next (no page faults of a fresh mmap per
+ * call); float16 / bfloat16 are accumulated in float32 and rounded once; max / min propagate NaN;
  * integer sums wrap. Each receive's byte count is checked against what this process
  * expects, so processes that passed different shapes raise instead of leaving results
  * partly written.
@@ -94,6 +96,14 @@ static struct {
     ct_dist_failure_kind failure;
     char broken[CT_ERRMSG_MAX];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .rank = -1, .size = -1, .level = -1};
+
+/* The reductions' receive buffer kept between collectives, up to CT_DIST_KEEP bytes
+ * (keep_scratch below); used under g.lock only. */
+#define CT_DIST_KEEP ((size_t)64 << 20)
+static struct {
+    void *p;
+    size_t cap;
+} g_keep;
 
 size_t ct_dist_dtype_size(ct_dist_dtype dt) {
     switch (dt) {
@@ -350,6 +360,11 @@ ct_status ct_dist_finalize(void) {
              * and cannot be used, nor started again */
             g.mpi_finalized_here = 1;
         }
+        if (g.state == ST_READY) { /* broken: MPI may still write into it; leaked */
+            free(g_keep.p);
+        }
+        g_keep.p = NULL;
+        g_keep.cap = 0;
     }
     g.state = ST_UNINIT;
     g.comm = NULL;
@@ -652,6 +667,44 @@ static void accumulate(ct_dist_dtype dt, ct_dist_op op, void *acc, const void *x
 
 static int narrow(ct_dist_dtype dt) { return dt == CT_DIST_F16 || dt == CT_DIST_BF16; }
 
+/* out = x0 op x1 elementwise for the dtypes that are accumulated in their own type (not
+ * float16 / bfloat16): the first two terms of ((x_0 op x_1) op x_2) ... in one pass, the same
+ * expressions as accumulate(). `out` may be x0 or x1. */
+static void combine(ct_dist_dtype dt, ct_dist_op op, void *out, const void *x0, const void *x1,
+                    size_t n) {
+#define CT_RED3(T, U, FLOAT)                                                                \
+    do {                                                                                   \
+        T *o = out;                                                                        \
+        const T *a = x0, *b = x1;                                                          \
+        if (op == CT_DIST_SUM)                                                             \
+            for (size_t i = 0; i < n; i++) o[i] = (T)((U)a[i] + (U)b[i]);                  \
+        else if (op == CT_DIST_MAX)                                                        \
+            for (size_t i = 0; i < n; i++)                                                 \
+                o[i] = (a[i] > b[i] || (FLOAT && a[i] != a[i])) ? a[i] : b[i];             \
+        else                                                                               \
+            for (size_t i = 0; i < n; i++)                                                 \
+                o[i] = (a[i] < b[i] || (FLOAT && a[i] != a[i])) ? a[i] : b[i];             \
+    } while (0)
+    switch (dt) {
+    case CT_DIST_F32: CT_RED3(float, float, 1); break;
+    case CT_DIST_F64: CT_RED3(double, double, 1); break;
+    case CT_DIST_I32: CT_RED3(int32_t, uint32_t, 0); break;
+    case CT_DIST_I64: CT_RED3(int64_t, uint64_t, 0); break;
+    case CT_DIST_U32: CT_RED3(uint32_t, uint32_t, 0); break;
+    case CT_DIST_U64: CT_RED3(uint64_t, uint64_t, 0); break;
+    default: break;
+    }
+#undef CT_RED3
+}
+
+/* out = ((x[0] op x[1]) op x[2]) ... op x[n-1] (n >= 2, a dtype accumulated in its own type),
+ * written straight into `out`, which may be x[0] but no other term. */
+static void reduce_into(ct_dist_dtype dt, ct_dist_op op, void *out, const char *const *x,
+                        int n, size_t count) {
+    combine(dt, op, out, x[0], x[1], count);
+    for (int p = 2; p < n; p++) accumulate(dt, op, out, x[p], count, 0);
+}
+
 /* out = acc, rounded once to float16 / bfloat16 where the dtype is one of them. */
 static void finish(ct_dist_dtype dt, const void *acc, void *out, size_t n) {
     if (!narrow(dt)) {
@@ -673,21 +726,55 @@ static void *scratch(size_t bytes, const char *what) {
     return p;
 }
 
+/* The receive buffer of a reduction, kept from one collective to the next (they run one at a
+ * time, under g.lock) up to CT_DIST_KEEP bytes: a fresh malloc of MiBs is a fresh mmap whose
+ * pages fault on first touch, on every call (measured: a 64 MiB all-reduce of 2 processes
+ * 1.5-2x slower). Larger ones are allocated per call (keep_free frees them). g_keep (above)
+ * holds it; ct_dist_finalize frees it, unless the engine broke: MPI may still write into it. */
+
+static void *keep_scratch(size_t bytes, const char *what) {
+    if (bytes > CT_DIST_KEEP) return scratch(bytes, what);
+    if (bytes == 0) bytes = 1;
+    if (g_keep.cap < bytes) {
+        void *p = scratch(bytes, what);
+        if (p == NULL) return NULL;
+        free(g_keep.p);
+        g_keep.p = p;
+        g_keep.cap = bytes;
+    }
+    return g_keep.p;
+}
+
+/* Release a keep_scratch buffer after a collective: only those allocated per call. */
+static void keep_free(void *p) {
+    if (p != g_keep.p) free(p);
+}
+
 /* Reduce-scatter of element blocks: process q's result, the reduction of every process's
  * `send[off[q] .. off[q] + len[q])`, lands at `out` of process q. Segment by segment: the
  * process receives its block's segment from every other process, sends theirs, and reduces
- * in process order. */
+ * in process order: straight into `out` where the dtype allows it, `out` does not overlap
+ * `send` and this process's segment has at least `direct_min` bytes, else through an
+ * accumulator copied to `out`. */
 static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
                                const size_t *off, const size_t *len, ct_dist_dtype dt,
-                               ct_dist_op op) {
+                               ct_dist_op op, size_t direct_min) {
     int n = g.size, me = g.rank;
     size_t es = ct_dist_dtype_size(dt), seg = CT_DIST_SEG / es, most = 0;
     for (int q = 0; q < n; q++) most = len[q] > most ? len[q] : most;
     size_t mine = len[me] < seg ? len[me] : seg;
-    char *tmp = scratch((size_t)(n - 1) * mine * es, w->what);
-    void *acc = scratch(mine * acc_size(dt), w->what);
+    char *tmp = keep_scratch((size_t)(n - 1) * mine * es, w->what);
+    /* wide dtypes reduce straight into `out` (no accumulator, no copy), unless `out` overlaps
+     * the send buffer (an all-reduce in place), whose terms it would overwrite */
+    size_t send_bytes = (off[n - 1] + len[n - 1]) * es;
+    int direct = n >= 2 && !narrow(dt) && mine * es >= direct_min &&
+                 (out + len[me] * es <= send || send + send_bytes <= out);
+    void *acc = direct ? NULL : scratch(mine * acc_size(dt), w->what);
+    const char **xs = direct ? calloc((size_t)n, sizeof *xs) : NULL;
     ct_round r = {0};
-    ct_status st = (tmp == NULL || acc == NULL) ? CT_EOOM : round_new(&r, 2 * n, w->what);
+    ct_status st = (tmp == NULL || (direct ? xs == NULL : acc == NULL))
+                       ? ct_set_error(CT_EOOM, "%s: out of host memory", w->what)
+                       : round_new(&r, 2 * n, w->what);
     size_t rounds = (most + seg - 1) / seg;
     for (size_t k = 0; st == CT_OK && k < rounds; k++) {
         size_t m = seg_len(len[me], k, seg);
@@ -703,6 +790,13 @@ static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
         }
         if (st == CT_OK) st = round_wait(w, &r);
         if (st != CT_OK || m == 0) continue;
+        if (direct) {
+            for (int p = 0; p < n; p++)
+                xs[p] = p == me ? send + (off[me] + k * seg) * es
+                                : tmp + (size_t)(p < me ? p : p - 1) * mine * es;
+            reduce_into(dt, op, out + k * seg * es, xs, n, m);
+            continue;
+        }
         for (int p = 0; p < n; p++) {
             const char *x = p == me ? send + (off[me] + k * seg) * es
                                     : tmp + (size_t)(p < me ? p : p - 1) * mine * es;
@@ -713,9 +807,10 @@ static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
     int failed = st != CT_OK && ct_dist_failure() != CT_DIST_FAIL_NONE;
     round_free(&r, failed);
     if (!failed) { /* after a failure MPI may still write tmp */
-        free(tmp);
+        keep_free(tmp);
     }
     free(acc);
+    free(xs);
     return st;
 }
 
@@ -725,6 +820,12 @@ static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
  * and reduce it locally; larger ones reduce-scatter, then all-gather (each process sends and
  * receives 2 (n - 1) / n of the buffer). Both reduce in process order: same results. */
 #define CT_DIST_SMALL ((size_t)64 << 10)
+/* A large all-reduce reduces its block straight into recv from this many bytes of block on,
+ * below through an accumulator then copied: measured with benchmarks/bench_collectives.py
+ * (2 processes, 2-core VM), the copy was faster for blocks up to 512 KiB (1 MiB all-reduce:
+ * 86 us against 122 us) and slower from 1 MiB (64 MiB all-reduce: 19-38 ms against 5.6-15
+ * ms). A reduce-scatter was faster reducing straight into recv at every size. */
+#define CT_DIST_DIRECT_MIN ((size_t)1 << 20)
 
 ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_dtype dt,
                             ct_dist_op op, double timeout_s, ct_dist_poll_fn poll, void *ctx) {
@@ -741,27 +842,37 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
         st = ct_set_error(CT_EOOM, "allreduce: out of host memory");
     } else if (bytes <= CT_DIST_SMALL || n == 1) {
         int tag = next_tag(TAG_ALLREDUCE_SMALL);
-        char *all = scratch((size_t)n * bytes, "allreduce");
-        void *acc = scratch(count * acc_size(dt), "allreduce");
-        if (all == NULL || acc == NULL) st = CT_EOOM;
+        /* every process's buffer lands in `all` (this one's copied), so wide dtypes reduce
+         * straight into recv even in place */
+        int direct = n >= 2 && !narrow(dt);
+        char *all = keep_scratch((size_t)n * bytes, "allreduce");
+        void *acc = direct ? NULL : scratch(count * acc_size(dt), "allreduce");
+        const char **xs = direct ? calloc((size_t)n, sizeof *xs) : NULL;
+        if (all == NULL || (direct ? xs == NULL : acc == NULL))
+            st = ct_set_error(CT_EOOM, "allreduce: out of host memory");
         for (int q = 0; q < n; q++) {
             off[q] = (size_t)q * bytes;
             len[q] = bytes;
         }
         if (st == CT_OK) st = gather_blocks(&w, tag, send, all, off, len);
-        if (st == CT_OK) {
+        if (st == CT_OK && direct) {
+            for (int p = 0; p < n; p++) xs[p] = all + off[p];
+            reduce_into(dt, op, recv, xs, n, count);
+        } else if (st == CT_OK) {
             for (int p = 0; p < n; p++) accumulate(dt, op, acc, all + off[p], count, p == 0);
             finish(dt, acc, recv, count);
         }
-        if (st == CT_OK || ct_dist_failure() == CT_DIST_FAIL_NONE) free(all);
+        if (st == CT_OK || ct_dist_failure() == CT_DIST_FAIL_NONE) keep_free(all);
         free(acc);
+        free(xs);
     } else {
         for (int q = 0; q < n; q++) {
             off[q] = count * (size_t)q / (size_t)n;
             len[q] = count * (size_t)(q + 1) / (size_t)n - off[q];
         }
         int tag = next_tag(TAG_ALLREDUCE_RS);
-        st = reduce_blocks(&w, tag, send, (char *)recv + off[g.rank] * es, off, len, dt, op);
+        st = reduce_blocks(&w, tag, send, (char *)recv + off[g.rank] * es, off, len, dt, op,
+                           CT_DIST_DIRECT_MIN);
         if (st == CT_OK) {
             for (int q = 0; q < n; q++) {
                 off[q] *= es;
@@ -823,7 +934,7 @@ ct_status ct_dist_reduce_scatter(const void *send, void *recv, size_t count, ct_
             off[q] = (size_t)q * count;
             len[q] = count;
         }
-        st = reduce_blocks(&w, next_tag(TAG_REDUCE_SCATTER), send, recv, off, len, dt, op);
+        st = reduce_blocks(&w, next_tag(TAG_REDUCE_SCATTER), send, recv, off, len, dt, op, 0);
     }
     free(off);
     free(len);

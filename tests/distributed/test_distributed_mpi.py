@@ -74,6 +74,20 @@ def test_every_collective_across_processes(n, tmp_path):
     assert len(counts) == 1 and counts.pop() > 150  # the same checks ran everywhere
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_reductions_add_in_process_order_in_every_path(n, tmp_path):
+    # tests/mpi/reductions.py: real-valued data, compared bytewise with numpy adding the
+    # processes' buffers in process order: small and large all-reduces, in place and not,
+    # reduce-scatter, NaN through max / min, sizes growing and shrinking between calls
+    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, "reductions.py"), out=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
+    assert oks == list(range(n)), out[-6000:]
+    counts = {int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)}
+    assert counts == {324}, counts   # every check ran everywhere
+
+
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("script, least", [("global_arrays.py", 70), ("global_ops.py", 40)])
 def test_global_arrays_and_training_across_processes(script, least, n, tmp_path):
@@ -331,3 +345,69 @@ def test_a_process_that_dies_mid_save_commits_nothing(tmp_path):
                        text=True, timeout=120, cwd=SCRIPTS,
                        env=_env(CTRAINSTATE_NUM_CPU_DEVICES="4"))
     assert r.returncode == 0 and "OK 0 1 " in r.stdout, r.stdout + r.stderr[-4000:]
+
+
+# --- the examples under mpirun -n 2, against one process with as many devices -----------
+
+def _losses(out):
+    """{step: loss} from an example's --print-losses lines ('loss STEP repr(float)')."""
+    got = {}
+    for m in re.finditer(r"^loss (\d+) (\S+)$", out, re.M):
+        step = int(m.group(1))
+        assert step not in got, f"step {step} printed twice (only process 0 prints):\n{out}"
+        got[step] = float(m.group(2))
+    return got
+
+
+def _one_process(args, devices, tmp_path):
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env=_env(CTRAINSTATE_NUM_CPU_DEVICES=str(devices)))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+def _two_processes(args, tmp_path):
+    cmd = ["mpirun", "-n", "2", "--oversubscribe", sys.executable, *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize("mesh", ["2x2", "1x4"])
+def test_siren_example_under_mpirun_matches_one_process(mesh, tmp_path):
+    # 2x2: the data axis spans the processes (the loss's mean and the gradients' sums reduce
+    # over them); 1x4: the model axis does (the row-parallel layers' all-reduces cross them).
+    # The losses of every step, the PSNR and the written image are the one-process run's,
+    # bit for bit; only process 0 prints and writes
+    steps = 4
+    args = [os.path.join(ROOT, "examples", "siren.py"), "--steps", str(steps), "--mesh", mesh,
+            "--size", "24", "--hidden", "32", "--print-losses", "--plot", ""]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = _one_process(args + ["--out", "one.png"], 4, tmp_path / "one")
+    two = _two_processes(args + ["--out", "two.png"], tmp_path / "two")
+    want, got = _losses(one), _losses(two)
+    assert sorted(want) == list(range(1, steps + 1)), one
+    assert got == want, (want, got)
+    assert len(set(want.values())) == steps   # it trains: every step's loss differs
+    assert two.count("mesh {") == 1 and f"(2 processes)" in two, two
+    assert one.strip().splitlines()[-1] == two.strip().splitlines()[-1], (one, two)  # PSNR
+    assert (tmp_path / "one" / "one.png").read_bytes() == (tmp_path / "two" / "two.png").read_bytes()
+
+
+def test_hf_example_under_mpirun_matches_one_process(tmp_path):
+    # the ('dp', 'mp') = (1, 4) mesh: the mp axis, and so every sharded kernel and its AdamW
+    # moments, spans the processes; dropout on. The losses of every step and the eval
+    # losses are the one-process run's, bit for bit
+    steps = 3
+    args = [os.path.join(ROOT, "examples", "hf_model_parallel.py"), "--steps", str(steps),
+            "--layers", "1", "--print-losses"]
+    one = _one_process(args, 4, tmp_path)
+    two = _two_processes(args, tmp_path)
+    want, got = _losses(one), _losses(two)
+    assert sorted(want) == list(range(1, steps + 1)), one
+    assert got == want, (want, got)
+    assert "mesh {'dp': 1, 'mp': 4} (2 processes)" in two and two.count("mesh {") == 1, two
+    evals = [re.search(r"eval loss (\S+) -> (\S+),", out).groups() for out in (one, two)]
+    assert evals[0] == evals[1], evals

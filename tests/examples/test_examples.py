@@ -75,3 +75,35 @@ def test_siren_rejects_bad_flags():
 def test_flax_guide_mlp_small():
     out = run(["examples/flax_guide_mlp.py", "--depth", "128", "--layers", "2", "--steps", "2"])
     assert "logical variant shards exactly like the mesh-axis variant: OK" in out
+
+
+def test_examples_launcher_reads_the_launchers_environment():
+    # examples/launcher.py: how many processes a launcher started, before ctrainstate is
+    # imported (the examples size each process's CPU devices by it)
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        import launcher
+    finally:
+        sys.path.pop(0)
+    n = launcher.launched_processes
+    assert n({}) == 1
+    assert n({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}) == 2
+    assert n({"PMI_SIZE": "4", "PMI_RANK": "0"}) == 4
+    # a batch script's own shell has SLURM_NTASKS but is one process; srun's steps have a step id
+    assert n({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}) == 1
+    assert n({"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_STEP_ID": "0"}) == 4
+    with pytest.raises(SystemExit, match="OMPI_COMM_WORLD_SIZE='x'"):
+        n({"OMPI_COMM_WORLD_SIZE": "x", "OMPI_COMM_WORLD_RANK": "0"})
+    with pytest.raises(SystemExit, match="OMPI_COMM_WORLD_SIZE='0'"):
+        n({"OMPI_COMM_WORLD_SIZE": "0", "OMPI_COMM_WORLD_RANK": "0"})
+
+
+def test_siren_under_a_launcher_refuses_a_mesh_that_does_not_split():
+    # 3 processes cannot share a 2x4 mesh: the example says so before starting MPI
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMPI_COMM_WORLD_SIZE="3",
+               OMPI_COMM_WORLD_RANK="0")
+    env.pop("CTRAINSTATE_NUM_CPU_DEVICES", None)
+    r = subprocess.run([sys.executable, "examples/siren.py", "--mesh", "2x4"], cwd=ROOT,
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0
+    assert "--mesh 2x4 needs 8 devices, which do not split over 3 processes" in r.stderr, r.stderr

@@ -88,6 +88,13 @@ def main(ref_path):
                        int(os.environ["OMPI_COMM_WORLD_SIZE"])), (me, n)
     assert (me, n) == (dist.process_index(), dist.process_count())
 
+    # --- 0. a value made without a sharding outside a mesh: on this process's first device
+    one = cts.numpy.ones(3) + 1.0
+    assert one.sharding.device == cts.local_devices()[0], one.sharding
+    assert one.sharding.device.process_index == me and one.is_fully_addressable
+    assert np.asarray(one).tolist() == [2.0, 2.0, 2.0]
+    checks += 1
+
     # --- 1. global devices -----------------------------------------------------------
     devs = cts.devices()
     assert [d.id for d in devs] == list(range(2 * n)), devs

@@ -18,7 +18,7 @@ from .sharding import (NamedSharding, PartitionSpec, Sharding, SingleDeviceShard
                        default_sharding, shard_index)
 from ..base.tree_util import register_leaf_type, tree_leaves, tree_map
 from .abstract import is_abstract, ShapeDtypeStruct
-from ..base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices
+from ..base.devices import _by_id, _device_by_id, _ids, devices, devices as _devices, local_devices
 from ..base.devices import _process as _devices_process
 from .sharding import get_mesh, Mesh
 from ..base.tree_util import _flatten_up_to, tree_flatten, tree_unflatten
@@ -507,7 +507,7 @@ def _sharding_state(s: Sharding):
 def _unpickle_array(host: np.ndarray, state) -> Array:
     """Place the values of a pickled Array by ``state`` (see :meth:`Array.__reduce__`)."""
     if state is None:
-        return device_put(host, devices()[0])
+        return device_put(host, local_devices()[0])
     kind, rest = state[0], state[1:]
     ids = np.asarray(rest[0]).reshape(-1).tolist() if kind == "named" else [rest[0]]
     known = {d.id for d in devices("cpu")} | {d.id for d in _gpu_devices()}
@@ -515,8 +515,8 @@ def _unpickle_array(host: np.ndarray, state) -> Array:
     if missing:
         warnings.warn(f"unpickling an Array that was on devices {ids}: this process has no "
                       f"device {missing[0]} ({len(known)} devices); it is placed on "
-                      f"{devices()[0]!r} instead", UserWarning, stacklevel=2)
-        return device_put(host, devices()[0])
+                      f"{local_devices()[0]!r} instead", UserWarning, stacklevel=2)
+        return device_put(host, local_devices()[0])
     if kind == "single":
         return device_put(host, _device_by_id(rest[0]))
     id_grid, names, spec = rest
@@ -694,7 +694,7 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
     >>> a = cts.device_put(np.ones((4, 2), np.float32))
     >>> [s.index for s in a.addressable_shards]
     [(slice(None, None, None), slice(None, None, None))]
-    >>> d = cts.devices()[0]
+    >>> d = cts.local_devices()[0]
     >>> t = cts.device_put({"a": np.zeros(2), "b": [np.ones(3), 1.0]}, {"a": d, "b": d})
     >>> t["b"][0].shape, t["a"].devices() == {d}
     ((3,), True)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ... import _C
 from ..base import dtypes as _dtypes
-from ..base.devices import Device, devices as _all_devices, _process
+from ..base.devices import Device, local_devices as _local_devices, _process
 from ..base.trace_state import in_jit
 
 __all__ = [
@@ -556,7 +556,7 @@ def default_sharding() -> Sharding:
     m = get_mesh()
     if m is not None:
         return NamedSharding(m, PartitionSpec())
-    return SingleDeviceSharding(_all_devices()[0])
+    return SingleDeviceSharding(_local_devices()[0])   # (this process's first, as jax)
 
 
 def _replicate_uneven(sharding, shape):

@@ -55,7 +55,7 @@ from ..base import dtypes as _dtypes
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding, get_mesh
 from ..array.abstract import ShapeDtypeStruct
-from ..base.devices import Device, devices
+from ..base.devices import Device, devices, local_devices
 from .slicing import concatenate, split, stack
 from ..base.hooks import upper as _upper
 
@@ -144,7 +144,7 @@ def _place_for(vals):
     if place is None:
         place = get_mesh()
     if place is None:
-        place = devices()[0]
+        place = local_devices()[0]
     return place
 
 

@@ -49,7 +49,7 @@ from ..array.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding,
 from . import elementwise as _elementwise
 from . import elementwise as ew
 from ..array.abstract import ShapeDtypeStruct
-from ..base.devices import devices
+from ..base.devices import devices, local_devices
 from ..base.devices import _process as _devices_process
 from .elementwise import result_type, sum_dtype
 from ..array.array import _alloc_blocks
@@ -337,7 +337,7 @@ def _lift(x, place=None) -> Array:
     if place is None:
         place = get_mesh()
     if place is None:
-        place = devices()[0]
+        place = local_devices()[0]
     if isinstance(place, Device):
         return device_put(arr, SingleDeviceSharding(place))
     return device_put(arr, NamedSharding(place, PartitionSpec()))
@@ -358,7 +358,7 @@ def _lift_any(x, place=None) -> Array:
     if place is None:
         place = get_mesh()
     if place is None:
-        return device_put(arr, SingleDeviceSharding(devices()[0]))
+        return device_put(arr, SingleDeviceSharding(local_devices()[0]))
     if isinstance(place, Device):
         return device_put(arr, SingleDeviceSharding(place))
     return device_put(arr, NamedSharding(place, PartitionSpec()))
@@ -1220,7 +1220,7 @@ def _arg_operand(a, name) -> Array:
     host = host.astype(_dtypes.canonicalize(host.dtype), copy=False)
     place = get_mesh()
     if place is None:
-        place = devices()[0]
+        place = local_devices()[0]
     return device_put(host, _sharding_for(place, [()] * host.ndim))
 
 
@@ -2116,7 +2116,7 @@ def astype(x, dtype) -> Array:
         place = get_mesh()
         if place is None:
             x = device_put(np.asarray(x, dtype=_dtypes.canonicalize(np.asarray(x).dtype)),
-                           devices()[0])
+                           local_devices()[0])
         else:
             x = device_put(np.asarray(x), NamedSharding(place, PartitionSpec()))
     x._check_alive()

@@ -63,14 +63,24 @@ def _mpirun(n, *args, flags=(), timeout=120, out=None):
     return r, time.monotonic() - t0, lines
 
 
+def _oks(lines, n):
+    """The processes that reported OK (their index), in order."""
+    return sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
+
+
+def _run_checks(n, *args, out):
+    """A tests/mpi script under mpirun -n n: every process must exit 0 and report OK; the
+    number of checks each ran."""
+    r, _, lines = _mpirun(n, *args, out=out)
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-6000:]
+    assert _oks(lines, n) == list(range(n)), text[-6000:]
+    return [int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)]
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_collective_across_processes(n, tmp_path):
-    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, "collectives.py"), out=tmp_path)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
-    assert oks == list(range(n)), out[-6000:]
-    counts = {int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)}
+    counts = set(_run_checks(n, os.path.join(SCRIPTS, "collectives.py"), out=tmp_path))
     assert len(counts) == 1 and counts.pop() > 150  # the same checks ran everywhere
 
 
@@ -79,12 +89,7 @@ def test_reductions_add_in_process_order_in_every_path(n, tmp_path):
     # tests/mpi/reductions.py: real-valued data, compared bytewise with numpy adding the
     # processes' buffers in process order: small and large all-reduces, in place and not,
     # reduce-scatter, NaN through max / min, sizes growing and shrinking between calls
-    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, "reductions.py"), out=tmp_path)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
-    assert oks == list(range(n)), out[-6000:]
-    counts = {int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)}
+    counts = set(_run_checks(n, os.path.join(SCRIPTS, "reductions.py"), out=tmp_path))
     assert counts == {324}, counts   # every check ran everywhere
 
 
@@ -103,12 +108,7 @@ def test_global_arrays_and_training_across_processes(script, least, n, tmp_path)
     assert r.returncode == 0 and f"REFERENCE {n} " in r.stdout, r.stdout + r.stderr[-4000:]
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    r, _, lines = _mpirun(n, os.path.join(SCRIPTS, script), str(ref), out=out_dir)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    oks = sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
-    assert oks == list(range(n)), out[-6000:]
-    counts = [int(m.group(1)) for m in re.finditer(r"^OK \d+ \d+ (\d+)$", lines, re.M)]
+    counts = _run_checks(n, os.path.join(SCRIPTS, script), str(ref), out=out_dir)
     assert min(counts) > least, counts   # the checks ran
 
 
@@ -298,10 +298,6 @@ def test_bench_collectives_runs():
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     rows = [l for l in r.stdout.splitlines() if re.match(r"\s*(all_reduce|all_gather|reduce_scatter)\s", l)]
     assert len(rows) == 3 * 7, r.stdout  # 1 KiB .. 64 KiB, three collectives
-
-
-def _oks(lines, n):
-    return sorted(int(m.group(1)) for m in re.finditer(rf"^OK (\d+) {n} (\d+)$", lines, re.M))
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -161,9 +161,9 @@ class GPTNeoModule(nn.Module):
         wte = nn.Embed(self.vocab, self.embed, embedding_init=init, dtype=self.dtype, name="wte")
         wpe = nn.Embed(self.positions, self.embed, embedding_init=init, dtype=self.dtype,
                        name="wpe")
-        ids = np.asarray(input_ids)
-        pos = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        x = dropout(self, wte(ids) + wpe(pos), self.dropout, deterministic)
+        # the positions from the static shape (no host read of the ids: under jit they are traced)
+        pos = np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
+        x = dropout(self, wte(input_ids) + wpe(pos), self.dropout, deterministic)
         x = GPTNeoBlockCollection(self.layers, self.embed, self.heads, self.dropout, self.dtype,
                                   name="h")(x, deterministic)
         x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="ln_f")(x)

@@ -1635,6 +1635,106 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* value_and_grad's per-call bookkeeping of its differentiated leaves, in C (the Python
+ * wrapper in ops.py takes the general path for anything else):
+ *
+ * grad_track(leaves, tape, floats) -> list | None: for leaves that are all Arrays of a dtype
+ * in `floats` (a set) and alive, a new Array object over each one's buffers (so one Array
+ * passed twice gets two slots, and a closed-over original stays a constant), each tracked on
+ * `tape` (id in tape.tracked, the object in tape.keep). None, with nothing tracked, when a
+ * leaf is anything else or the tape has enclosing tapes (the Python path raises or lifts).
+ *
+ * grad_collect(leaves, cot) -> (grads, nfix): each leaf's cotangent cot[id(leaf)] where it
+ * has the leaf's layout; None where there is none or its layout differs (nfix counts them:
+ * the Python path makes zeros or reshards). */
+static PyObject *py_grad_track(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 3 || !PyList_Check(args[0]) || !PyAnySet_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "grad_track(leaves: list, tape, floats: set)");
+    PyObject *leaves = args[0], *tape = args[1], *floats = args[2];
+    if (tape_type == NULL || (PyObject *)Py_TYPE(tape) != tape_type)
+        Py_RETURN_NONE; /* (another kind of tape: the Python path) */
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    PyObject *outer = PyObject_GetAttr(tape, outer_name);
+    if (outer == NULL) return NULL;
+    const int nested = !PyTuple_CheckExact(outer) || PyTuple_GET_SIZE(outer) != 0;
+    Py_DECREF(outer);
+    const Py_ssize_t m = PyList_GET_SIZE(leaves);
+    if (nested) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < m; i++) { /* everything checked before anything is tracked */
+        ct_py_array *x = (ct_py_array *)PyList_GET_ITEM(leaves, i);
+        if (!Py_IS_TYPE((PyObject *)x, at) || x->donated != Py_False || x->blocks == NULL ||
+            !PyList_Check(x->blocks) || x->dtype == NULL)
+            Py_RETURN_NONE;
+        const int isf = PySet_Contains(floats, x->dtype);
+        if (isf < 0) return NULL;
+        if (!isf) Py_RETURN_NONE;
+        if (ct_py_array_check_alive((PyObject *)x) < 0) {
+            PyErr_Clear(); /* (the Python path raises it with the same message) */
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *tracked = PyObject_GetAttr(tape, tracked_name);
+    PyObject *keep = tracked != NULL ? PyObject_GetAttr(tape, keep_name) : NULL;
+    PyObject *out = keep != NULL ? PyList_New(m) : NULL;
+    if (out != NULL && (!PySet_Check(tracked) || !PyList_Check(keep))) {
+        PyErr_SetString(PyExc_TypeError, "grad_track: a tape's tracked/keep changed type");
+        Py_CLEAR(out);
+    }
+    for (Py_ssize_t i = 0; out != NULL && i < m; i++) {
+        ct_py_array *x = (ct_py_array *)PyList_GET_ITEM(leaves, i);
+        PyObject *blocks = PyList_GetSlice(x->blocks, 0, PyList_GET_SIZE(x->blocks));
+        PyObject *y = blocks != NULL
+            ? ct_py_array_new(Py_NewRef(x->shape), Py_NewRef(x->dtype), Py_NewRef(x->sharding),
+                              blocks, Py_XNewRef(x->shard_shape))
+            : NULL;
+        PyObject *id = y != NULL ? PyLong_FromVoidPtr(y) : NULL;
+        const int rc = id != NULL && PySet_Add(tracked, id) == 0 && PyList_Append(keep, y) == 0;
+        Py_XDECREF(id);
+        if (!rc) {
+            Py_XDECREF(y);
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, y);
+    }
+    Py_XDECREF(tracked);
+    Py_XDECREF(keep);
+    return out;
+}
+
+static PyObject *py_grad_collect(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "grad_collect(leaves: list, cot: dict)");
+    PyObject *leaves = args[0], *cot = args[1];
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    const Py_ssize_t m = PyList_GET_SIZE(leaves);
+    PyObject *out = PyList_New(m);
+    long nfix = 0;
+    for (Py_ssize_t i = 0; out != NULL && i < m; i++) {
+        PyObject *x = PyList_GET_ITEM(leaves, i);
+        PyObject *id = PyLong_FromVoidPtr(x);
+        PyObject *g = id != NULL ? PyDict_GetItemWithError(cot, id) : NULL;
+        Py_XDECREF(id);
+        if (g == NULL && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (g != NULL && Py_IS_TYPE(g, at) && Py_IS_TYPE(x, at) &&
+            same_layout(((ct_py_array *)g)->sharding, ((ct_py_array *)x)->sharding)) {
+            PyList_SET_ITEM(out, i, Py_NewRef(g));
+        } else {
+            PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
+            nfix++;
+        }
+    }
+    if (out == NULL) return NULL;
+    return Py_BuildValue("(Nl)", out, nfix);
+}
+
 /* --- programs: a function's primitive calls recorded once, replayed from C -------------------
  * ctrainstate.jit traces a function by running it once with a program recording: every
  * primitive call that runs from a plan appends a step (a copy of the plan, its operand values,
@@ -3036,6 +3136,13 @@ static PyMethodDef dispatch_methods[] = {
      "`template` (a 0-d int32 Array on one device)."},
     {"trace_active", py_trace_active, METH_NOARGS,
      "trace_active()\n--\n\nWhether a program records on this thread."},
+    {"grad_track", (PyCFunction)(void (*)(void))py_grad_track, METH_FASTCALL,
+     "grad_track(leaves, tape, floats, /)\n--\n\n"
+     "value_and_grad's differentiated leaves as new Arrays over their buffers, tracked on the "
+     "tape; None (nothing tracked) where the Python path must run."},
+    {"grad_collect", (PyCFunction)(void (*)(void))py_grad_collect, METH_FASTCALL,
+     "grad_collect(leaves, cot, /)\n--\n\n"
+     "(each leaf's cotangent where it has the leaf's layout, else None; how many are None)."},
     {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,
      "tape_backward(nodes, tracked, cot, group_type, /)\n--\n\n"
      "The backward pass over a tape's nodes, last to first: each (out, inputs, vjp) node takes\n"

@@ -1867,6 +1867,11 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
             if i >= len(args):
                 raise TypeError(f"value_and_grad: argnums {i} but only {len(args)} positional arguments")
             leaves, td = tree_flatten(args[i])
+            new = _grad_track(leaves, tape, _FLOAT_SET)   # Arrays only, not nested: in C
+            if new is not None:
+                flat_in[i] = (new, td)
+                args[i] = tree_unflatten(td, new)
+                continue
             new = []
             for leaf in leaves:
                 x = _lift(leaf) if not isinstance(leaf, Array) else leaf
@@ -1897,14 +1902,12 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         outs = []
         for i in nums:
             leaves, td = flat_in[i]
-            gl = []
-            for x in leaves:
-                g = grads.get(id(x))
-                if g is None:
-                    g = zeros_like(x)
-                elif g._sharding is not x._sharding and g._sharding != x._sharding:
-                    g = device_put(g, x.sharding)
-                gl.append(g)
+            gl, nfix = _grad_collect(leaves, grads)
+            if nfix:   # no cotangent (zeros), or one of another layout (resharded)
+                for k, x in enumerate(leaves):
+                    if gl[k] is None:
+                        g = grads.get(id(x))
+                        gl[k] = zeros_like(x) if g is None else device_put(g, x.sharding)
             outs.append(tree_unflatten(td, gl))
         g = outs[0] if single else tuple(outs)
         return ((val, aux), g) if has_aux else (val, g)
@@ -2075,6 +2078,9 @@ def _rule_arg(x, axis=None, keepdims=False):
 # own dtype, as in jax.
 
 _FLOATS = (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
+_FLOAT_SET = frozenset(np.dtype(d) for d in _FLOATS)
+_grad_track = _C.grad_track
+_grad_collect = _C.grad_collect
 _LOWP = (_dtypes.bfloat16, _dtypes.float16)
 
 

@@ -394,12 +394,282 @@ static PyObject *py_set_unconstrained(PyObject *self, PyObject *obj) {
     Py_RETURN_NONE;
 }
 
+// ---------------------------------------------------------------------------
+// param_with_axes' hit path
+//
+// partitioning.param_with_axes declares the same parameters at every model.apply; a
+// declaration that passed its checks before is found in partitioning._CHECKED (see there)
+// and only has its effects left to do. param_hit does that in C for the common case and
+// answers the parameter's value, or the `miss` object (set with param_hit_setup) when any
+// condition of the case does not hold — the Python path then runs, unchanged, so it raises
+// and handles everything else. Nothing is changed before the answer is known.
+//
+// The case: the current module (the innermost frame of nn.module._ctx.stack) is a Module
+// whose class and scope's class keep the base methods (partitioning._PLAIN_CLASSES says
+// True); the parameter exists in the scope's 'params' (plain dicts along the path) as an
+// Array; the initializer is a plain function whose closed-over values and defaults are
+// ints, strings, None, floats, bools or classes, its arguments ints or tuples of ints, no
+// keyword arguments; the key built as partitioning._checked_key builds it is in _CHECKED
+// under the active mesh; the module is declaring in its @compact method or setup(); the
+// name is free in the scope; the value already has the constraint's sharding object
+// (entry[3]) or there is no constraint; the scope's collections are immutable.
+
+enum { PH_CTX, PH_PLAIN, PH_MODULE, PH_CHECKED, PH_GET_MESH, PH_JIT_TLS, PH_ARRAY, PH_MISS,
+       PH_LONG_PATH, PH_N };
+static PyObject *ph_env[PH_N];
+static PyObject *ph_names[16];
+enum { N_STACK, N_SCOPE, N_VARIABLES, N_PATH, N_DEPTH, N_IN_SETUP, N_RESERVED, N_CHILDREN,
+       N_MUTABLE, N_SHARDING, N_SHAPE, N_PARAMS, N_COUNT };
+
+static PyObject *py_param_hit_setup(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *env[PH_N];
+    if (!PyArg_ParseTuple(args, "OO!OO!OOOOO:param_hit_setup", &env[PH_CTX], &PyDict_Type,
+                          &env[PH_PLAIN], &env[PH_MODULE], &PyDict_Type, &env[PH_CHECKED],
+                          &env[PH_GET_MESH], &env[PH_JIT_TLS], &env[PH_ARRAY], &env[PH_MISS],
+                          &env[PH_LONG_PATH]))
+        return NULL;
+    static const char *const names[N_COUNT] = {"stack", "_scope", "_variables", "path", "depth",
+                                               "_in_setup", "_reserved", "_children", "mutable",
+                                               "sharding", "shape", "params"};
+    for (int i = 0; i < N_COUNT; i++)
+        if (ph_names[i] == NULL && (ph_names[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return NULL;
+    for (int i = 0; i < PH_N; i++) Py_XSETREF(ph_env[i], Py_NewRef(env[i]));
+    Py_RETURN_NONE;
+}
+
+/* A closed-over value or default as partitioning's key holds it (scope._plain_fn_key's inline
+ * cases): a new reference, or NULL without an exception for anything else. Cells: int, str
+ * and None as they are, float as (float, v); defaults: the same, and class, float and bool as
+ * (type, v). */
+static PyObject *ph_plain(PyObject *v, int is_default) {
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || v == Py_None) return Py_NewRef(v);
+    if (t == &PyFloat_Type || (is_default && (t == &PyBool_Type || t == &PyType_Type)))
+        return PyTuple_Pack(2, (PyObject *)t, v);
+    return NULL;
+}
+
+/* scope._plain_fn_key(f) for a plain function (no keyword-only defaults), or NULL (with an
+ * exception only on a real error). */
+static PyObject *ph_fn_key(PyObject *f) {
+    if (!PyFunction_Check(f)) return NULL;
+    if (PyFunction_GetKwDefaults(f) != NULL && PyFunction_GetKwDefaults(f) != Py_None) return NULL;
+    PyObject *cells = PyFunction_GetClosure(f), *defs = PyFunction_GetDefaults(f);
+    PyObject *ck = NULL, *dk = NULL, *r = NULL;
+    const Py_ssize_t nc = cells != NULL && cells != Py_None ? PyTuple_GET_SIZE(cells) : 0;
+    const Py_ssize_t nd = defs != NULL && defs != Py_None ? PyTuple_GET_SIZE(defs) : 0;
+    ck = PyTuple_New(nc);
+    dk = ck != NULL ? PyTuple_New(nd) : NULL;
+    if (dk == NULL) goto out;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *v = PyCell_GET(PyTuple_GET_ITEM(cells, i));
+        PyObject *k = v != NULL ? ph_plain(v, 0) : NULL;
+        if (k == NULL) goto out;
+        PyTuple_SET_ITEM(ck, i, k);
+    }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *k = ph_plain(PyTuple_GET_ITEM(defs, i), 1);
+        if (k == NULL) goto out;
+        PyTuple_SET_ITEM(dk, i, k);
+    }
+    PyObject *kwd = PyTuple_New(0);
+    r = kwd != NULL ? PyTuple_Pack(4, PyFunction_GetCode(f), dk, kwd, ck) : NULL;
+    Py_XDECREF(kwd);
+out:
+    Py_XDECREF(ck);
+    Py_XDECREF(dk);
+    return r;
+}
+
+/* Whether every init argument is an int or a tuple of ints (the key holds them as they are). */
+static int ph_plain_args(PyObject *args) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
+        PyObject *a = PyTuple_GET_ITEM(args, i);
+        if (PyLong_CheckExact(a)) continue;
+        if (!PyTuple_CheckExact(a)) return 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(a); j++)
+            if (!PyLong_CheckExact(PyTuple_GET_ITEM(a, j))) return 0;
+    }
+    return 1;
+}
+
+/* dict.get(key) of a dict (or a subclass that keeps dict.get, as FrozenDict), borrowed; NULL
+ * when absent or anything else. */
+static PyObject *ph_get(PyObject *d, PyObject *key) {
+    if (d == NULL || !PyDict_Check(d)) return NULL;
+    if (!PyDict_CheckExact(d)) {
+        static PyObject *get_name, *dict_get;
+        if (get_name == NULL && (get_name = PyUnicode_InternFromString("get")) == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        if (dict_get == NULL) dict_get = _PyType_Lookup(&PyDict_Type, get_name);
+        if (dict_get == NULL || _PyType_Lookup(Py_TYPE(d), get_name) != dict_get) return NULL;
+    }
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL) PyErr_Clear();
+    return v;
+}
+
+static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 4)
+        return PyErr_Format(PyExc_TypeError, "param_hit(name, init_fn, init_args, axes)");
+    PyObject *name = args[0], *init_fn = args[1], *init_args = args[2], *axes = args[3];
+    if (ph_env[PH_MISS] == NULL) return PyErr_Format(PyExc_RuntimeError, "param_hit_setup first");
+    PyObject *miss = ph_env[PH_MISS];
+    PyObject *stack = NULL, *module = NULL, *scope = NULL, *vars = NULL, *path = NULL;
+    PyObject *mesh = NULL, *fkey = NULL, *rules = NULL, *depth = NULL, *shape = NULL;
+    PyObject *key = NULL, *reserved = NULL, *children = NULL, *mutable = NULL, *rkey = NULL;
+    PyObject *cur = NULL, *in_setup = NULL, *result = NULL;
+    PyObject *value;
+    if (!PyUnicode_CheckExact(name) || !PyTuple_CheckExact(init_args) || !PyTuple_CheckExact(axes) ||
+        !ph_plain_args(init_args))
+        goto miss;
+    stack = PyObject_GetAttr(ph_env[PH_CTX], ph_names[N_STACK]);
+    if (stack == NULL) goto error;
+    if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto miss;
+    PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) < 2) goto miss;
+    module = Py_NewRef(PyTuple_GET_ITEM(top, 0));
+    const int ism = PyObject_IsInstance(module, ph_env[PH_MODULE]);
+    if (ism < 0) goto error;
+    if (!ism || ph_get(ph_env[PH_PLAIN], (PyObject *)Py_TYPE(module)) != Py_True) goto miss;
+    scope = PyObject_GetAttr(module, ph_names[N_SCOPE]);
+    if (scope == NULL) goto error;
+    if (ph_get(ph_env[PH_PLAIN], (PyObject *)Py_TYPE(scope)) != Py_True) goto miss;
+    vars = PyObject_GetAttr(scope, ph_names[N_VARIABLES]);
+    path = vars != NULL ? PyObject_GetAttr(scope, ph_names[N_PATH]) : NULL;
+    if (path == NULL) goto error;
+    if (!PyTuple_CheckExact(path)) goto miss;
+    PyObject *d = ph_get(vars, ph_names[N_PARAMS]);
+    for (Py_ssize_t i = 0; d != NULL && i < PyTuple_GET_SIZE(path); i++)
+        d = ph_get(d, PyTuple_GET_ITEM(path, i));
+    value = ph_get(d, name);
+    if (value == NULL || (PyObject *)Py_TYPE(value) != ph_env[PH_ARRAY]) goto miss;
+    Py_INCREF(value); /* (held while Python code below runs) */
+    mesh = PyObject_CallNoArgs(ph_env[PH_GET_MESH]);
+    if (mesh == NULL) goto error_v;
+    fkey = ph_fn_key(init_fn);
+    if (fkey == NULL) {
+        if (PyErr_Occurred()) goto error_v;
+        goto miss_v;
+    }
+    rules = py_get_axis_rules(NULL, NULL);
+    depth = rules != NULL ? PyObject_GetAttr(ph_env[PH_JIT_TLS], ph_names[N_DEPTH]) : NULL;
+    shape = depth != NULL ? PyObject_GetAttr(value, ph_names[N_SHAPE]) : NULL;
+    if (shape == NULL) goto error_v;
+    const long dv = PyLong_Check(depth) ? PyLong_AsLong(depth) : -1;
+    if (dv == -1 && PyErr_Occurred()) goto error_v;
+    if (dv < 0) goto miss_v;
+    const int in_jit = dv > 0;
+    PyObject *mid = PyLong_FromVoidPtr(mesh);
+    PyObject *empty = PyTuple_New(0);
+    key = mid != NULL && empty != NULL
+        ? PyTuple_Pack(8, fkey, init_args, empty, axes, rules, mid, in_jit ? Py_True : Py_False,
+                       shape)
+        : NULL;
+    Py_XDECREF(mid);
+    Py_XDECREF(empty);
+    if (key == NULL) goto error_v;
+    PyObject *entry = PyDict_GetItemWithError(ph_env[PH_CHECKED], key);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) { /* unhashable rules: the Python path keys nothing either */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error_v;
+            PyErr_Clear();
+        }
+        goto miss_v;
+    }
+    if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) < 4 ||
+        PyList_GET_ITEM(entry, 0) != mesh)
+        goto miss_v;
+    Py_INCREF(entry);
+    /* the declaration rule: in setup(), or the module's @compact frame is on the stack */
+    in_setup = PyObject_GetAttr(module, ph_names[N_IN_SETUP]);
+    if (in_setup == NULL) goto error_ve;
+    if (in_setup != Py_True) {
+        int found = 0;
+        for (Py_ssize_t i = 0; !found && i < PyList_GET_SIZE(stack); i++) {
+            PyObject *f = PyList_GET_ITEM(stack, i);
+            found = PyTuple_Check(f) && PyTuple_GET_SIZE(f) >= 2 && PyTuple_GET_ITEM(f, 0) == module &&
+                    PyObject_IsTrue(PyTuple_GET_ITEM(f, 1)) == 1;
+        }
+        if (!found) goto miss_ve;
+    }
+    reserved = PyObject_GetAttr(scope, ph_names[N_RESERVED]);
+    children = reserved != NULL ? PyObject_GetAttr(scope, ph_names[N_CHILDREN]) : NULL;
+    mutable = children != NULL ? PyObject_GetAttr(scope, ph_names[N_MUTABLE]) : NULL;
+    if (mutable == NULL) goto error_ve;
+    if (mutable != Py_False || !PySet_CheckExact(reserved) || !PyDict_CheckExact(children))
+        goto miss_ve;
+    rkey = PyTuple_Pack(2, ph_names[N_PARAMS], name);
+    if (rkey == NULL) goto error_ve;
+    int taken = PySet_Contains(reserved, rkey);
+    if (taken == 0) taken = PySet_Contains(reserved, name);
+    if (taken == 0) taken = PyDict_Contains(children, name);
+    if (taken < 0) goto error_ve;
+    if (taken) goto miss_ve;
+    PyObject *target = PyList_GET_ITEM(entry, 2);
+    if (target != Py_None) {
+        if (target == ph_env[PH_LONG_PATH]) goto miss_ve;
+        cur = PyObject_GetAttr(value, ph_names[N_SHARDING]);
+        if (cur == NULL) goto error_ve;
+        if (cur != PyList_GET_ITEM(entry, 3)) goto miss_ve;
+    }
+    if (PySet_Add(reserved, rkey) < 0) goto error_ve;
+    result = value;
+    Py_DECREF(entry);
+    goto done;
+miss_ve:
+    Py_DECREF(entry);
+miss_v:
+    Py_DECREF(value);
+miss:
+    result = Py_NewRef(miss);
+    goto done;
+error_ve:
+    Py_DECREF(entry);
+error_v:
+    Py_DECREF(value);
+error:
+    result = NULL;
+done:
+    Py_XDECREF(stack);
+    Py_XDECREF(module);
+    Py_XDECREF(scope);
+    Py_XDECREF(vars);
+    Py_XDECREF(path);
+    Py_XDECREF(mesh);
+    Py_XDECREF(fkey);
+    Py_XDECREF(rules);
+    Py_XDECREF(depth);
+    Py_XDECREF(shape);
+    Py_XDECREF(key);
+    Py_XDECREF(reserved);
+    Py_XDECREF(children);
+    Py_XDECREF(mutable);
+    Py_XDECREF(rkey);
+    Py_XDECREF(cur);
+    Py_XDECREF(in_setup);
+    return result;
+}
+
 static PyMethodDef rules_methods[] = {
     {"get_axis_rules", py_get_axis_rules, METH_NOARGS, get_axis_rules_doc},
     {"set_axis_rules", py_set_axis_rules, METH_O, set_axis_rules_doc},
     {"resolve_logical_axes", (PyCFunction)(void (*)(void))py_resolve,
      METH_VARARGS | METH_KEYWORDS, resolve_doc},
     {"_rules_set_unconstrained", py_set_unconstrained, METH_O, set_unconstrained_doc},
+    {"param_hit_setup", py_param_hit_setup, METH_VARARGS,
+     "param_hit_setup(ctx, plain_classes, module_type, checked, get_mesh, jit_tls, array_type, "
+     "miss, long_path, /)\n--\n\nThe objects param_hit reads (set once by "
+     "ctrainstate.partitioning)."},
+    {"param_hit", (PyCFunction)(void (*)(void))py_param_hit, METH_FASTCALL,
+     "param_hit(name, init_fn, init_args, axes, /)\n--\n\n"
+     "param_with_axes' hit path (see partitioning._CHECKED): the existing parameter's value, "
+     "or the miss object where the Python path must run."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -216,6 +216,12 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
     {'w_axes': AxisMetadata(names=('a', 'b'))}
     """
     if module is None:
+        if type(axes) is tuple and _strict.rules is None and not init_kwargs:
+            # the hit path of an existing parameter's declaration, in C (see _CHECKED and
+            # py_rules.c's param_hit); _NO_KEY where the path below must run
+            value = _param_hit(name, init_fn, init_args, axes)
+            if value is not _NO_KEY:
+                return value
         stack = _module_ctx.stack    # _current_module(), inline
         module = stack[-1][0] if stack else _resolve_module(None)
     key = _NO_KEY
@@ -307,12 +313,15 @@ _CHECKED_MAX = 4096
 _get_axis_rules = _C.get_axis_rules     # spmd.get_logical_axis_rules, one call less
 _strict = _spmd._strict                 # (the thread-local object itself: fixed)
 _NO_KEY = object()
+_param_hit = _C.param_hit
 
 
 _SCOPE_METHODS = ('param', 'reserve', 'sow', '_collection', 'is_mutable_collection',
                   'has_variable', 'get_variable')
 _MODULE_METHODS = ('param', 'sow', '_check_declaring')
 _PLAIN_CLASSES: dict = {}
+_C.param_hit_setup(_module_ctx, _PLAIN_CLASSES, _Module, _CHECKED, _get_mesh, _jit_tls, _Array,
+                   _NO_KEY, _spmd._LONG_PATH)
 
 
 def _plain_class(cls, base, methods) -> bool:

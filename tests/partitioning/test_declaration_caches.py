@@ -197,6 +197,52 @@ def _arr(mesh, spec=P()):
     return cts.device_put(np.arange(8, dtype=np.float32).reshape(2, 4), NamedSharding(mesh, spec))
 
 
+def _python_calls(fn):
+    """The Python functions (file, name) entered while ``fn()`` runs."""
+    import sys
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_cached_declaration_is_found_in_c():
+    """A repeated apply finds each declaration in C (py_rules.c's param_hit): no Python
+    frame of the long way (the key, the declaration's effects) runs; a declaration the C
+    path does not cover (keyword arguments to the initializer) takes the Python path."""
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Layer(8), x, mesh)
+    long_way = {"_checked_key", "_checked_declaration", "_plain_fn_key", "_born_sharding"}
+    with mesh, nn_partitioning.axis_rules(RULES):
+        ref = np.asarray(Layer(8).apply(v, xs))   # declarations checked and stored
+        Layer(8).apply(v, xs)                      # their sharding seen equal to the target
+        calls = _python_calls(lambda: Layer(8).apply(v, xs))
+        assert any(name == "param_with_axes" for _, name in calls)
+        assert not [c for c in calls if c[1] in long_way], calls
+
+        class KwLayer(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                k = nn_partitioning.param_with_axes("kernel", _uniform(0.5), (4, 8),
+                                                    np.float32, axes=("feature", "hidden"))
+                b = nn_partitioning.param_with_axes("bias", _uniform(0.1), shape=(8,),
+                                                    axes=("hidden",))
+                return x @ k + b
+        KwLayer().apply(v, xs)
+        KwLayer().apply(v, xs)
+        calls = _python_calls(lambda: KwLayer().apply(v, xs))
+        assert [c for c in calls if c[1] == "_checked_declaration"], calls   # the positional dtype
+        np.testing.assert_array_equal(np.asarray(KwLayer().apply(v, xs)), ref)
+
+
 def test_constraint_target_cached_per_rules_fallback_and_mesh():
     m = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()
     a = _arr(m)

@@ -2933,3 +2933,9 @@ def _derivative_programs():
 
 
 _make_primitives()
+
+
+# ops without a C plan that read host values: single nodes of a jitted program (node.py)
+from .node import op_node as _op_node  # noqa: E402
+
+take_rows = _op_node("take_rows")(take_rows)

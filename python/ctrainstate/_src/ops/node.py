@@ -29,7 +29,14 @@ from typing import Callable
 from ... import _C
 from ..array.array import Array
 from ..base.tree_util import tree_flatten, tree_unflatten
-from . import ops as _ops   # (attributes read at call time: ops.py imports this module)
+# the tape's helpers (_Tape, _tape, _tls, _record, _backward, _no_tape, _alias, zeros_like):
+# the ops module, set by ops.py when it imports this one (no import back: no cycle)
+_ops = None
+
+
+def _bind(ops_module) -> None:
+    global _ops
+    _ops = ops_module
 
 __all__ = ["op_node"]
 

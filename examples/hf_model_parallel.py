@@ -55,7 +55,8 @@ def dropout(module, x, rate, deterministic):
     if deterministic or rate == 0.0:
         return x
     keep = random.bernoulli(module.make_rng("dropout"), 1.0 - rate, tuple(x.shape))
-    return x * (np.asarray(keep).astype(x.dtype) / np.asarray(1.0 - rate, x.dtype))
+    # (under jit the key and so `keep` are traced Arrays: no host read, Array ops only)
+    return x * (keep.astype(x.dtype) / (1.0 - rate))
 
 
 class GPTNeoSelfAttention(nn.Module):
@@ -191,11 +192,12 @@ def loss_fn(logits, labels, vocab, z_loss=0.0):
     shifted by their (gradient-stopped) maximum as there, so large logits stay finite.
     The last position, which predicts nothing, is weighted 0 instead of sliced off: the
     same loss, and no slice of logits whose vocabulary spans processes under mpirun."""
-    labels = np.asarray(labels)
-    next_labels = np.concatenate([labels[..., 1:], labels[..., :1]], axis=-1)
+    # (no host read of the labels: under jit they are traced; slicing, concatenate and
+    # one_hot run as nodes of the program)
+    next_labels = cnp.concatenate([labels[..., 1:], labels[..., :1]], axis=-1)
     weights = np.ones(labels.shape, np.float32)
     weights[..., -1] = 0.0
-    onehot = np.asarray(nn.one_hot(next_labels, vocab))
+    onehot = nn.one_hot(next_labels, vocab)
     shifted = logits - stop_gradient(cnp.max(logits, axis=-1, keepdims=True))
     log_z = cnp.log(cnp.sum(cnp.exp(shifted), axis=-1))
     nll = log_z - cnp.sum(shifted * onehot, axis=-1)

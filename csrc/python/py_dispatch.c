@@ -1758,6 +1758,8 @@ typedef struct {
     int a, b, out;    /* operand values (b: -1) and the result's (a node: -1 each) */
     PyObject *fn;     /* a node (trace_node): the callable run on replay, else NULL */
     int nin, nout;    /* a node: its input and output values, in io[0..nin+nout) */
+    int pure;         /* a node that makes new outputs (an op without a C plan), not one that
+                       * updates its inputs in place (an optimizer step) */
     int *io;
     int dead;         /* (finish: a step whose result reaches no output) */
     int chain;        /* the first step of a fused chain: its length (>= 2), else 0 */
@@ -2137,17 +2139,25 @@ static PyObject *py_trace_begin(PyObject *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-/* trace_node(name, fn, ins): fn(ins) (a list of Arrays in, a list of Arrays out), run with
- * the recording paused; while a program records on this thread, the call becomes one step of
- * it that replays by calling fn again with that step's input Arrays (an optimizer step that
- * updates its inputs in place: TrainState.apply_gradients under jit). An input the trace
- * does not know (an Array made outside the traced function) breaks the program: the step
- * would change it in place on every replay. */
+/* trace_node(name, fn, ins, pure=False): fn(ins) (a list of Arrays in, a list of Arrays out),
+ * run with the recording paused; while a program records on this thread, the call becomes one
+ * step of it that replays by calling fn again with that step's input Arrays. Without `pure`:
+ * an optimizer step that updates its inputs in place (TrainState.apply_gradients under jit);
+ * an input the trace does not know (an Array made outside the traced function) breaks the
+ * program, since the step would change it in place on every replay. With `pure`: an op
+ * without a C plan (a gather, a random draw from a key Array: python/ctrainstate/_src/ops/
+ * node.py) that makes new outputs from its inputs, constants included; it is dropped when no
+ * output is used, and its outputs are new memory in the memory plan. Host reads inside fn
+ * are the op computing on concrete values and do not break the program. */
 static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (n != 3 || !PyUnicode_Check(args[0]) || !PyCallable_Check(args[1]) || !PyList_Check(args[2]))
-        return PyErr_Format(PyExc_TypeError, "trace_node(name: str, fn: callable, ins: list)");
+    if (n < 3 || n > 4 || !PyUnicode_Check(args[0]) || !PyCallable_Check(args[1]) ||
+        !PyList_Check(args[2]))
+        return PyErr_Format(PyExc_TypeError, "trace_node(name: str, fn: callable, ins: list, "
+                                             "pure: bool = False)");
     PyObject *fn = args[1], *ins = args[2];
+    const int pure = n == 4 ? PyObject_IsTrue(args[3]) : 0;
+    if (pure < 0) return NULL;
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
     const Py_ssize_t nin = PyList_GET_SIZE(ins);
@@ -2162,7 +2172,8 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
         for (Py_ssize_t i = 0; pr != NULL && i < nin; i++) {
             PyObject *x = PyList_GET_ITEM(ins, i);
             if (!Py_IS_TYPE(x, at)) {
-                program_break(pr, "a step in place on a value that is not an Array");
+                program_break(pr, pure ? "a node's input that is not an Array"
+                                       : "a step in place on a value that is not an Array");
                 pr = NULL;
                 break;
             }
@@ -2171,7 +2182,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
                 PyMem_Free(io);
                 return NULL;
             }
-            if (v >= 0 && pr->vkind[v] == V_CONST)
+            if (v >= 0 && pr->vkind[v] == V_CONST && !pure)
                 program_break(pr, "a step in place (an optimizer step) on an Array that is not an "
                                   "argument of the jitted function nor computed in it: pass the "
                                   "train state as an argument");
@@ -2208,7 +2219,8 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
             return NULL;
         }
         if (v == -2) {
-            program_break(pr, "a step in place that returned something other than Arrays");
+            program_break(pr, pure ? "a node that returned something other than Arrays"
+                                   : "a step in place that returned something other than Arrays");
             PyMem_Free(io);
             return outs;
         }
@@ -2222,6 +2234,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
     st->nin = (int)nin;
     st->nout = (int)nout;
     st->io = io;
+    st->pure = pure;
     return outs;
 }
 
@@ -2581,7 +2594,16 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
     int kept = 0;
     for (int k = pr->nsteps - 1; k >= 0; k--) {
         pstep *st = &pr->steps[k];
-        if (st->fn != NULL) { /* a node changes its inputs in place: always kept */
+        if (st->fn != NULL && st->pure) { /* kept where an output is used */
+            int used = 0;
+            for (int j = 0; j < st->nout; j++) used |= pr->last_use[st->io[st->nin + j]];
+            if (!used) {
+                step_clear(st);
+                st->dead = 1;
+                continue;
+            }
+        }
+        if (st->fn != NULL) { /* (a node in place changes its inputs: always kept) */
             kept++;
             for (int i = 0; i < st->nin; i++) pr->last_use[st->io[i]] = 1;
             continue;
@@ -2658,8 +2680,12 @@ static int run_node(program *pr, pstep *st, int k, PyObject **vals) {
             return -1;
         }
     }
-    for (int j = 0; j < st->nout; j++)
-        Py_XSETREF(vals[st->io[st->nin + j]], Py_NewRef(PyList_GET_ITEM(outs, j)));
+    for (int j = 0; j < st->nout; j++) {
+        const int v = st->io[st->nin + j];
+        /* (an output nothing reads, of a node kept for its others: released at once) */
+        if (st->pure && pr->last_use[v] < k) Py_CLEAR(vals[v]);
+        else Py_XSETREF(vals[v], Py_NewRef(PyList_GET_ITEM(outs, j)));
+    }
     Py_DECREF(outs);
     for (int i = 0; i < st->nin; i++) {
         const int v = st->io[i];
@@ -2848,8 +2874,8 @@ static PyObject *node_text(const pstep *st) {
         if (half) rhs = j;
         else lhs = j;
     }
-    r = PyUnicode_FromFormat("%U = %U[node] %U  (%d inputs, %d outputs)", lhs, st->name, rhs,
-                             st->nin, st->nout);
+    r = PyUnicode_FromFormat("%U = %U[%s] %U  (%d inputs, %d outputs)", lhs, st->name,
+                             st->pure ? "op node" : "node", rhs, st->nin, st->nout);
 out:
     Py_XDECREF(parts);
     Py_XDECREF(sep);
@@ -2948,7 +2974,7 @@ static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
                 Py_DECREF(out);
                 goto fail;
             }
-            t = Py_BuildValue("(NNO)", in, out, Py_True);
+            t = Py_BuildValue("(NNO)", in, out, st->pure ? Py_False : Py_True);
         } else if (st->chain >= 2 && pr->fuse) { /* a fused chain: its first makes the last's result */
             const int out = pr->steps[k + st->chain - 1].out;
             t = st->b >= 0 ? Py_BuildValue("((ii)(i)O)", st->a, st->b, out, Py_False)
@@ -3128,9 +3154,10 @@ static PyMethodDef dispatch_methods[] = {
      "that is neither an Array nor None/bool/int/float/str, None); with int_template, ints in "
      "the int32 range become int32 Arrays placed as it."},
     {"trace_node", (PyCFunction)(void (*)(void))py_trace_node, METH_FASTCALL,
-     "trace_node(name, fn, ins, /)\n--\n\nfn(ins) (Arrays in, Arrays out) with the recording "
-     "paused; while a program records on this thread, one step of it that calls fn again on "
-     "replay (a step in place, such as an optimizer's)."},
+     "trace_node(name, fn, ins, pure=False, /)\n--\n\nfn(ins) (Arrays in, Arrays out) with the "
+     "recording paused; while a program records on this thread, one step of it that calls fn "
+     "again on replay: a step in place, such as an optimizer's, or with `pure` an op that makes "
+     "new outputs (dropped when no output is used; its outputs counted as new memory)."},
     {"int_like", (PyCFunction)(void (*)(void))py_int_like, METH_FASTCALL,
      "int_like(template, value, /)\n--\n\nA new 0-d int32 Array of `value` placed as "
      "`template` (a 0-d int32 Array on one device)."},

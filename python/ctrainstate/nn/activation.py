@@ -31,6 +31,7 @@ from typing import Any
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
 from .._src.array.array import device_put
+from .._src.ops.node import op_node
 from .._src.nn.module import Module as _Module, compact as _compact
 from .._src.numpy_lax import numpy as cnp
 from .._src.array.abstract import ShapeDtypeStruct
@@ -119,6 +120,7 @@ def leaky_relu(x, negative_slope: float = 1e-2):
     return _ops._record(out, (x,), vjp)
 
 
+@op_node("one_hot")
 def one_hot(x, num_classes: int, *, dtype=np.float32, axis: int = -1):
     """``x[..., None] == arange(num_classes)`` as ``dtype`` (float32), the new axis at ``axis``;
     an index outside ``[0, num_classes)`` gives a row of zeros. Built on the host from the

@@ -17,6 +17,7 @@ import numpy as np
 from .._src.base import dtypes as _dtypes
 from .._src.numpy_lax import numpy as cnp
 from .._src.ops.move import _int
+from .._src.ops.node import op_node
 from .._src.array.array import Array, device_put
 from . import initializers
 from .dtypes import _check_dtype, promote_dtype
@@ -401,6 +402,28 @@ class Einsum(Module):
         return y
 
 
+@op_node("embed")
+def _embed_lookup(embedding, inputs, n: int):
+    """``embedding[inputs]`` for integer ids in ``[-n, n)`` (Embed's lookup): the ids read on
+    the host and checked, the rows gathered (take_rows). Under jit one op node, so the ids are
+    read at each replay, not at the trace."""
+    idx = np.asarray(inputs)
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"Embed expects integer inputs, got {idx.dtype}")
+    # Flax reads jnp.take(embedding, ids, axis=0): an id in [-n, 0) counts from the end,
+    # as in numpy; with one row Flax compares ids with 0, so only 0 is a row. Flax returns
+    # NaN rows for the other ids without a word; here they are an error.
+    lo = -n if n > 1 else 0
+    if idx.size and (idx.min() < lo or idx.max() >= n):
+        bad = idx[(idx < lo) | (idx >= n)]
+        raise ValueError(f"Embed: ids must be in [{lo}, {n}) for num_embeddings={n} (a "
+                         f"negative id counts from the end), got {bad.size} outside, e.g. "
+                         f"{bad.reshape(-1)[0]} (ids span [{idx.min()}, {idx.max()}])")
+    if idx.size and idx.min() < 0:    # (in int64: int8 ids + n would wrap)
+        idx = np.where(idx < 0, idx.astype(np.int64) + n, idx)
+    return cnp.take_rows(embedding, idx)
+
+
 class Embed(Module):
     """Embedding lookup: ``embedding[inputs]`` with ``embedding`` of shape
     ``(num_embeddings, features)``; ``attend(query)`` is ``query @ embedding.T``.
@@ -435,23 +458,8 @@ class Embed(Module):
                 raise TypeError(f"Embed expects integer inputs, got {inputs.dtype}")
             embedding, = promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
             return ShapeDtypeStruct(tuple(inputs.shape) + (self.features,), embedding.dtype)
-        idx = np.asarray(inputs)
-        if not np.issubdtype(idx.dtype, np.integer):
-            raise TypeError(f"Embed expects integer inputs, got {idx.dtype}")
-        n = self.num_embeddings
-        # Flax reads jnp.take(embedding, ids, axis=0): an id in [-n, 0) counts from the end,
-        # as in numpy; with one row Flax compares ids with 0, so only 0 is a row. Flax returns
-        # NaN rows for the other ids without a word; here they are an error.
-        lo = -n if n > 1 else 0
-        if idx.size and (idx.min() < lo or idx.max() >= n):
-            bad = idx[(idx < lo) | (idx >= n)]
-            raise ValueError(f"Embed: ids must be in [{lo}, {n}) for num_embeddings={n} (a "
-                             f"negative id counts from the end), got {bad.size} outside, e.g. "
-                             f"{bad.reshape(-1)[0]} (ids span [{idx.min()}, {idx.max()}])")
-        if idx.size and idx.min() < 0:    # (in int64: int8 ids + n would wrap)
-            idx = np.where(idx < 0, idx.astype(np.int64) + n, idx)
         embedding, = promote_dtype(self.embedding, dtype=self.dtype, inexact=False)
-        return cnp.take_rows(embedding, idx)
+        return _embed_lookup(embedding, inputs, self.num_embeddings)
 
     def attend(self, query):
         _check_dtype(self)

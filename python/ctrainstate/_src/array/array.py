@@ -391,8 +391,7 @@ class _ArrayMethods(OperatorsMixin):
     def __iter__(self):
         if not self._shape:
             raise TypeError("iteration over a 0-d Array")
-        raise TypeError("iterating over an Array is not supported (no slice ops): iterate "
-                        "over np.asarray(x) (gathers to the host)")
+        return (self[i] for i in range(self._shape[0]))   # (as jax.Array: x[0], x[1], ...)
 
     # --- host conversions and copies ---------------------------------------------------------
     def tolist(self):

@@ -556,6 +556,12 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
         for s in per.values():
             s["peak_size_in_bytes"] = max(s["peak_size_in_bytes"], s["_live"])
             s["temp_size_in_bytes"] = max(s["temp_size_in_bytes"], s["_temp"])
+        for o in outs_k:   # an output nothing reads (of an op node kept for another): freed
+            if not node and values[o][2] == -1 and o not in out_set and o in held:
+                held.discard(o)
+                for d, b in values[o][1]:
+                    dev(d)["_live"] -= b
+                    dev(d)["_temp"] -= b
         for i in set(ins):   # each input freed after its last use (outputs stay)
             if i in held and values[i][2] == k and i not in out_set:
                 held.discard(i)

@@ -1032,3 +1032,10 @@ def sort(a, axis=-1, *, kind=None, order=None, stable=True, descending=False):
     if descending:
         idx = np.flip(idx, ax)
     return take_along_axis(a, np.ascontiguousarray(idx), axis=ax)
+
+
+# ops that read host values: under jit, single nodes of the program (node.py)
+from .node import op_node as _op_node  # noqa: E402
+
+take = _op_node("take")(take)
+take_along_axis = _op_node("take_along_axis")(take_along_axis)

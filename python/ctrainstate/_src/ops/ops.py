@@ -26,6 +26,7 @@ from __future__ import annotations
 from ..base.hooks import provide as _provide
 _provide('_ops', __name__)   # lower layers call into this module through _hooks.upper
 
+import sys
 import ctypes
 import functools
 import inspect
@@ -2939,3 +2940,12 @@ def _derivative_programs():
 
 
 _make_primitives()
+
+
+# ops without a C plan that read host values: single nodes of a jitted program (node.py)
+from . import node as _node  # noqa: E402
+from .node import op_node as _op_node  # noqa: E402
+
+_node._bind(sys.modules[__name__])
+
+take_rows = _op_node("take_rows")(take_rows)

@@ -1443,3 +1443,11 @@ def _split(x, indices_or_sections, axis, who, even):
     bounds = [0] + [min(max(c if c >= 0 else c + n, 0), n) for c in cuts] + [n]
     pre = (slice(None),) * axis
     return [getitem(x, pre + (slice(a, max(a, b)),)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# ops that read host values: under jit, single nodes of the program (node.py)
+from .node import op_node as _op_node  # noqa: E402
+
+getitem = _op_node("getitem")(getitem)
+concatenate = _op_node("concatenate")(concatenate)
+split = _op_node("split")(split)

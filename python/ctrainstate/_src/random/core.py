@@ -15,7 +15,8 @@ from ..base import dtypes as _dtypes
 from ..ops import ops as _ops
 from ..array.abstract import is_abstract, ShapeDtypeStruct
 from ..array.array import _fill_array, Array, device_put
-from ..array.sharding import Sharding
+from ..array.sharding import NamedSharding, PartitionSpec, Sharding
+from ..ops.node import op_node as _op_node
 
 __all__ = [
     "PRNGKey", "key", "key_data", "wrap_key_data", "split", "fold_in", "bits", "uniform",
@@ -737,3 +738,24 @@ def _placed(x: np.ndarray, out_sharding):
     if out_sharding is None:
         return x
     return device_put(x, out_sharding)
+
+
+# --- under jit: a draw from a key Array is one node of the program (ops/node.py) -------------
+
+def _on_key_placement(r, ins):
+    """A draw's result as an Array: an Array as it is, a numpy array placed replicated where
+    the key (the first input Array) lives."""
+    if type(r) is Array:
+        return r
+    if isinstance(r, tuple):
+        return tuple(_on_key_placement(x, ins) for x in r)
+    sh = ins[0].sharding
+    if isinstance(sh, NamedSharding):
+        sh = NamedSharding(sh.mesh, PartitionSpec())
+    return device_put(np.asarray(r), sh)
+
+
+for _name in ("split", "fold_in", "bits", "uniform", "normal", "truncated_normal", "bernoulli",
+              "randint", "gumbel", "categorical", "permutation", "choice"):
+    globals()[_name] = _op_node("random." + _name, _on_key_placement)(globals()[_name])
+del _name

@@ -11,7 +11,10 @@ a few steps with AdamW (warmup + linear decay) and a dropout-rng ``TrainState``
 * the optimizer-state spec comes from ``hf.train_state_spec(state, param_spec)``
   (derived from the param specs; no adamw-specific tree surgery);
 * the state is created from params already placed by their specs, so the AdamW
-  moments are born sharded.
+  moments are born sharded;
+* ``p_train_step`` (forward, backward and the AdamW step) is traced once and replayed from C;
+  ops without a C plan (the embedding gather, dropout's random bits, the batched attention
+  products) replay as op nodes of the program.
 
 ``--dtype bfloat16`` (or ``float16``) is run_clm_mp's ``--dtype``: the modules compute in that
 dtype (``dtype=`` on every Dense, Embed and LayerNorm, the causal bias and the dropout
@@ -19,6 +22,7 @@ multiplier in it too, as FlaxGPTNeo does) while params and AdamW state stay floa
 loss is taken on the logits cast to float32.
 
     python examples/hf_model_parallel.py [--steps 30] [--layers 2] [--embed 32] [--dtype bfloat16]
+    python examples/hf_model_parallel.py --eager     # the same steps op by op (no replay)
     mpirun -n 2 python examples/hf_model_parallel.py --print-losses   # mp spans 2 processes
 
 Under a launcher the processes join (``ctrainstate.distributed.initialize``), the ``mp`` axis
@@ -232,6 +236,9 @@ def main(argv=None):
     ap.add_argument("--print-losses", action="store_true",
                     help="print every step's loss exactly ('loss STEP VALUE', repr of the "
                          "float): runs under mpirun and in one process compare bit for bit")
+    ap.add_argument("--eager", action="store_true",
+                    help="run the pjit'd steps eagerly, op by op (cts.disable_jit); by default "
+                         "each is traced once and replayed from C, with the same losses")
     a = ap.parse_args(argv)
 
     me, nproc = launcher.initialize()   # under mpirun: join the processes (global devices)
@@ -256,7 +263,7 @@ def main(argv=None):
     schedule = optim.join_schedules([warmup, decay], [a.warmup_steps])
     tx = optim.adamw(schedule, b1=0.9, b2=0.98, eps=1e-8, weight_decay=a.weight_decay)
 
-    with mesh:
+    with mesh, cts.disable_jit(a.eager):
         # params placed by their specs; the AdamW moments are then born sharded
         params = cts.pjit(lambda p: p, in_axis_resources=(param_spec,),
                           out_axis_resources=param_spec)(params)

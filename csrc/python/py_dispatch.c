@@ -1761,6 +1761,9 @@ typedef struct {
     int pure;         /* a node that makes new outputs (an op without a C plan), not one that
                        * updates its inputs in place (an optimizer step) */
     int *io;
+    PyObject *scratch; /* a pure node: ((device id, bytes, kept), ...): the most it allocated
+                        * above what was in use when it started, and what it still held after
+                        * besides its outputs, measured at the trace; or NULL */
     int dead;         /* (finish: a step whose result reaches no output) */
     int chain;        /* the first step of a fused chain: its length (>= 2), else 0 */
     int chain_side;   /* a later step of a chain: which operand is the previous result (0: a) */
@@ -2032,6 +2035,7 @@ static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array 
     st->out = vo;
     st->fn = NULL;
     st->io = NULL;
+    st->scratch = NULL;
     st->nin = st->nout = 0;
     st->dead = 0;
     return 0;
@@ -2054,6 +2058,7 @@ static void program_free_values(program *pr) {
 
 static void step_clear(pstep *st) {
     entry_clear(&st->e);
+    Py_CLEAR(st->scratch);
     Py_CLEAR(st->name);
     Py_CLEAR(st->scalar);
     Py_CLEAR(st->fn);
@@ -2191,14 +2196,82 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
         }
     }
     if (paused != NULL) recorder = NULL; /* fn's own calls are not steps */
+    /* a pure node's own allocations (its outputs, and the temporaries of its Python code):
+     * each device's peak restarted at what is in use, read after, and restored */
+    enum { MAXDEV = 256 };
+    size_t used0[MAXDEV], peak0[MAXDEV];
+    ct_device *devs[MAXDEV];
+    int ndev = 0;
+    if (pure && pr != NULL) {
+        for (int pl = 0; pl < CT_NUM_PLATFORMS; pl++) {
+            const int c = ct_device_count((ct_platform)pl);
+            for (int i = 0; i < c && ndev < MAXDEV; i++) {
+                ct_device *d = ct_device_get((ct_platform)pl, i);
+                if (d == NULL) continue;
+                devs[ndev] = d;
+                used0[ndev] = atomic_load(&d->bytes_in_use);
+                peak0[ndev] = atomic_exchange(&d->peak_bytes_in_use, used0[ndev]);
+                ndev++;
+            }
+        }
+        ct_clear_error();
+    }
     PyObject *outs = PyObject_CallOneArg(fn, ins);
     if (paused != NULL) recorder = paused;
+    PyObject *scratch = NULL;
+    if (ndev > 0) {
+        int nz = 0;
+        size_t extra[MAXDEV], kept[MAXDEV], outb[MAXDEV] = {0};
+        /* what it keeps besides its outputs (a differentiated op's tape: residuals that live
+         * until its backward node) */
+        for (Py_ssize_t j = 0; outs != NULL && PyList_Check(outs) && j < PyList_GET_SIZE(outs); j++) {
+            ct_py_array *y = (ct_py_array *)PyList_GET_ITEM(outs, j);
+            if (!Py_IS_TYPE((PyObject *)y, at) || y->blocks == NULL || !PyList_Check(y->blocks))
+                continue;
+            for (Py_ssize_t q = 0; q < PyList_GET_SIZE(y->blocks); q++) {
+                PyObject *t = PyList_GET_ITEM(y->blocks, q);
+                PyObject *b = PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 2 ? PyTuple_GET_ITEM(t, 1) : NULL;
+                if (b == NULL || !Py_IS_TYPE(b, &ct_py_BufferType)) continue;
+                for (int i = 0; i < ndev; i++)
+                    if (devs[i] == ((ct_py_buffer *)b)->dev) outb[i] += ((ct_py_buffer *)b)->nbytes;
+            }
+        }
+        for (int i = 0; i < ndev; i++) {
+            const size_t p1 = atomic_load(&devs[i]->peak_bytes_in_use);
+            const size_t u1 = atomic_load(&devs[i]->bytes_in_use);
+            extra[i] = p1 > used0[i] ? p1 - used0[i] : 0;
+            kept[i] = u1 > used0[i] + outb[i] ? u1 - used0[i] - outb[i] : 0;
+            nz += extra[i] > 0 || kept[i] > 0;
+            size_t cur = p1; /* the peak as it would have been: the larger of both */
+            while (peak0[i] > cur &&
+                   !atomic_compare_exchange_weak(&devs[i]->peak_bytes_in_use, &cur, peak0[i])) {
+            }
+        }
+        scratch = outs != NULL ? PyTuple_New(nz) : NULL;
+        for (int i = 0, j = 0; scratch != NULL && i < ndev; i++) {
+            if (extra[i] == 0 && kept[i] == 0) continue;
+            PyObject *e = Py_BuildValue("(inn)", devs[i]->id, (Py_ssize_t)extra[i],
+                                        (Py_ssize_t)kept[i]);
+            if (e == NULL) {
+                Py_CLEAR(scratch);
+                break;
+            }
+            PyTuple_SET_ITEM(scratch, j++, e);
+        }
+        if (outs != NULL && scratch == NULL) {
+            Py_DECREF(outs);
+            PyMem_Free(io);
+            return NULL;
+        }
+    }
     if (outs == NULL || pr == NULL) {
         PyMem_Free(io);
+        Py_XDECREF(scratch);
         return outs;
     }
     if (!PyList_Check(outs)) {
         PyMem_Free(io);
+        Py_XDECREF(scratch);
         Py_DECREF(outs);
         return PyErr_Format(PyExc_TypeError, "trace_node: fn must return a list of Arrays");
     }
@@ -2206,6 +2279,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
     int *io2 = PyMem_Realloc(io, (size_t)(nin + nout > 0 ? nin + nout : 1) * sizeof(int));
     if (io2 == NULL || grow_steps(pr) < 0) {
         PyMem_Free(io2 != NULL ? io2 : io);
+        Py_XDECREF(scratch);
         Py_DECREF(outs);
         return io2 == NULL ? PyErr_NoMemory() : NULL;
     }
@@ -2215,6 +2289,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
         int v = Py_IS_TYPE(y, at) ? add_value(pr, (ct_py_array *)y, V_STEP, pr->nsteps) : -2;
         if (v == -1) {
             PyMem_Free(io);
+            Py_XDECREF(scratch);
             Py_DECREF(outs);
             return NULL;
         }
@@ -2222,6 +2297,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
             program_break(pr, pure ? "a node that returned something other than Arrays"
                                    : "a step in place that returned something other than Arrays");
             PyMem_Free(io);
+            Py_XDECREF(scratch);
             return outs;
         }
         io[nin + j] = v;
@@ -2235,6 +2311,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
     st->nout = (int)nout;
     st->io = io;
     st->pure = pure;
+    st->scratch = scratch;
     return outs;
 }
 
@@ -2932,7 +3009,9 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
 /* memory_plan(): what a replay holds, for memory_analysis (python/ctrainstate/_src/jit/jit.py):
  * (values, steps, outputs): values [(kind 'arg'/'const'/'step', ((device id, bytes), ...),
  * last use: a step index, -1 never read, or None for an output)], steps [(input values,
- * output values, whether the step is a node whose outputs take over its inputs' buffers)],
+ * output values, whether the step is a node whose outputs take over its inputs' buffers,
+ * an op node's ((device id, bytes, kept), ...): allocated at most while it ran, held after
+ * besides its outputs (until its first output's last use); or None)],
  * outputs: the output values (-1: not an Array). */
 static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
     (void)noargs;
@@ -2974,18 +3053,19 @@ static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
                 Py_DECREF(out);
                 goto fail;
             }
-            t = Py_BuildValue("(NNO)", in, out, st->pure ? Py_False : Py_True);
+            t = Py_BuildValue("(NNOO)", in, out, st->pure ? Py_False : Py_True,
+                              st->scratch != NULL ? st->scratch : Py_None);
         } else if (st->chain >= 2 && pr->fuse) { /* a fused chain: its first makes the last's result */
             const int out = pr->steps[k + st->chain - 1].out;
-            t = st->b >= 0 ? Py_BuildValue("((ii)(i)O)", st->a, st->b, out, Py_False)
-                           : Py_BuildValue("((i)(i)O)", st->a, out, Py_False);
+            t = st->b >= 0 ? Py_BuildValue("((ii)(i)OO)", st->a, st->b, out, Py_False, Py_None)
+                           : Py_BuildValue("((i)(i)OO)", st->a, out, Py_False, Py_None);
         } else if (pr->fuse && k > 0 && chain_inner(pr, k)) { /* later steps: in place */
             const int other = st->e.kind == K_BINARY ? chain_other(st, 0) : -1;
-            t = other >= 0 ? Py_BuildValue("((i)()O)", other, Py_False)
-                           : Py_BuildValue("(()()O)", Py_False);
+            t = other >= 0 ? Py_BuildValue("((i)()OO)", other, Py_False, Py_None)
+                           : Py_BuildValue("(()()OO)", Py_False, Py_None);
         } else {
-            t = st->b >= 0 ? Py_BuildValue("((ii)(i)O)", st->a, st->b, st->out, Py_False)
-                           : Py_BuildValue("((i)(i)O)", st->a, st->out, Py_False);
+            t = st->b >= 0 ? Py_BuildValue("((ii)(i)OO)", st->a, st->b, st->out, Py_False, Py_None)
+                           : Py_BuildValue("((i)(i)OO)", st->a, st->out, Py_False, Py_None);
         }
         if (t == NULL) goto fail;
         PyList_SET_ITEM(steps, k, t);

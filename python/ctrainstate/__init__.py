@@ -66,8 +66,8 @@ class named_scope(_NoOpContext):
 
 
 class disable_jit:
-    """``jax.disable_jit(disable=True)``: ctrainstate's ``jit`` runs eagerly either way; inside
-    the block (or the decorated function) a jitted function also runs as outside ``jit``, as
+    """``jax.disable_jit(disable=True)``: inside the block (or the decorated function) a
+    jitted function runs eagerly, op by op, as outside ``jit`` (no trace, no replay), as
     ``config.update("jax_disable_jit", True)`` makes it (process-wide, restored on exit).
 
     >>> import ctrainstate as cts

@@ -45,7 +45,7 @@ from ..base.trace_state import jit_scope
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, Sharding, get_mesh
 from ..base.devices import _normalize_backend, local_devices
-from ..ops.ops import _tape
+from ..ops.ops import _tape, _put
 
 __all__ = ["jit", "pjit", "MemoryAnalysis"]
 
@@ -80,7 +80,8 @@ def _place(spec_tree, tree, *, none_means_replicated: bool, what: str):
             if not (isinstance(leaf, (Array, ShapeDtypeStruct)) or _is_array_like(leaf)):
                 return leaf
             try:
-                return device_put(leaf, s)
+                # (an Array inside a trace: resharded by an op node of the program)
+                return _put(leaf, s) if type(leaf) is Array else device_put(leaf, s)
             except ValueError as e:   # name the value in a tree that does not fit its spec
                 where = tree_util.keystr(prefix + tuple(path))
                 if not where:
@@ -541,7 +542,24 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
     for v in gone.pop(-1, ()):   # never read: given up at once
         for d, b in values[v][1]:
             dev(d)["_live"] -= b
-    for k, (ins, outs_k, node) in enumerate(steps):
+    kept = {}      # an op node's first output -> what the node holds besides its outputs
+    last_read = {}   # value -> the last step that reads it (outputs included)
+    for k, (ins, _, _, _) in enumerate(steps):
+        for i in ins:
+            last_read[i] = k
+    for k, (ins, outs_k, node, scratch) in enumerate(steps):
+        # an op node's own allocations while it runs (its outputs and its Python code's
+        # temporaries), and what it holds after besides its outputs (a differentiated op's
+        # residuals, until its backward node: its first output's last use), measured at the
+        # trace
+        for d, b, keep in scratch or ():
+            s = dev(d)
+            s["peak_size_in_bytes"] = max(s["peak_size_in_bytes"], s["_live"] + b)
+            s["temp_size_in_bytes"] = max(s["temp_size_in_bytes"], s["_temp"] + b)
+            if keep and outs_k:
+                kept.setdefault(outs_k[0], []).append((d, keep))
+                s["_live"] += keep
+                s["_temp"] += keep
         for o in outs_k:
             if node:   # takes over an input's buffers: no new memory
                 if o in out_set:
@@ -568,6 +586,10 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
                 for d, b in values[i][1]:
                     dev(d)["_live"] -= b
                     dev(d)["_temp"] -= b
+        for v in [v for v in kept if last_read.get(v, -1) <= k]:   # read for the last time
+            for d, b in kept.pop(v):
+                dev(d)["_live"] -= b
+                dev(d)["_temp"] -= b
         for v in gone.pop(k, ()):
             for d, b in values[v][1]:
                 dev(d)["_live"] -= b

@@ -901,10 +901,16 @@ class Module:
             rngs = {"params": rngs}
         root_rngs = {}
         for k, v in (rngs or {}).items():
-            key = np.asarray(v)
-            if key.shape != (2,):
-                raise TypeError(f"rngs['{k}'] must be a PRNG key (uint32[2]); got shape {key.shape}")
-            root_rngs[k] = key.astype(np.uint32)
+            # an Array key stays on its device (under jit it is traced: make_rng's fold_in
+            # reads it in an op node at each call), a host key becomes uint32[2]
+            key = v if type(v) is Array else np.asarray(v)
+            if tuple(key.shape) != (2,):
+                raise TypeError(f"rngs['{k}'] must be a PRNG key (uint32[2]); got shape "
+                                f"{tuple(key.shape)}")
+            if type(key) is Array and key.dtype == np.uint32:
+                root_rngs[k] = key
+            else:
+                root_rngs[k] = np.asarray(key).astype(np.uint32)
         scope = ModuleScope(variables, root_rngs, mutable)
         scope.initializing = initializing
         bound = self._clone_bound(scope)

@@ -749,3 +749,5 @@ def _fill_like_block(x: Array, shape, value):
 from .node import op_node as _op_node  # noqa: E402
 
 cumsum = _op_node("cumsum")(cumsum)
+_ewise_raw = _op_node("_ewise_raw", raw=True)(_ewise_raw)
+_reduce_typed_raw = _op_node("_reduce_typed_raw", raw=True)(_reduce_typed_raw)

@@ -569,3 +569,9 @@ def logaddexp2(x1, x2, /) -> Array:
     log(2)``, as :func:`logaddexp`); gradient ``2 ** (x - out)`` (jax's custom rule)."""
     return _logaddexp_impl(x1, x2, True)
 
+
+# the select kernel call under jit: one node of the program (node.py; its callers record the
+# derivative)
+from .node import op_node as _op_node  # noqa: E402
+
+_select_raw = _op_node("_select_raw", raw=True)(_select_raw)

@@ -123,14 +123,14 @@ class _Backward:
             return [cot[id(x)] if id(x) in cot else _ops.zeros_like(x) for x in ins]
 
 
-def _as_node(name: str, fn: Callable, args, kwargs, to_arrays):
+def _as_node(name: str, fn: Callable, args, kwargs, to_arrays, raw: bool = False):
     leaves, td = tree_flatten((args, kwargs))
     pos = [i for i, x in enumerate(leaves) if type(x) is Array]
     if not pos:   # nothing traced can reach it: the op as it is
         return fn(*args, **kwargs)
     ins = [leaves[i] for i in pos]
     static = [None if type(x) is Array else x for x in leaves]
-    t = _ops._tape()
+    t = None if raw else _ops._tape()
     diff = () if t is None else tuple(j for j, x in enumerate(ins) if id(x) in t.tracked)
     fwd = _Forward(name, fn, static, td, pos, to_arrays, diff)
     outs = _C.trace_node(name, fwd, ins, True)
@@ -143,22 +143,27 @@ def _as_node(name: str, fn: Callable, args, kwargs, to_arrays):
     inputs = tuple(ins[j] for j in diff)
 
     def vjp(g):
-        return tuple(_C.trace_node(name + ".vjp", bwd, [g], True))
+        # the forward node's inputs and output ride along as inputs the backward node does
+        # not read: its kept tape holds them until then, so the program (and memory_analysis)
+        # keeps them alive as long
+        return tuple(_C.trace_node(name + ".vjp", bwd, [g, *ins, out], True))
     return _ops._record(out, inputs, vjp)
 
 
-def op_node(name: str, to_arrays: Callable | None = None):
+def op_node(name: str, to_arrays: Callable | None = None, raw: bool = False):
     """Decorator: the op, called while a program records on this thread, runs as one op node
     of it (see the module's docstring). ``to_arrays(result, input Arrays)``: the result as an
     Array or a tuple of Arrays, for an op that returns something else (a random draw's numpy
     array). The op must return the same kinds of outputs for inputs of the traced shapes,
-    dtypes and shardings."""
+    dtypes and shardings. ``raw``: the op records nothing on a tape (a kernel call whose
+    caller records the derivative, as ``ops._reduce_raw``'s callers do), so the node is not
+    differentiated itself."""
     def deco(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if not _C.trace_active():
                 return fn(*args, **kwargs)
-            return _as_node(name, fn, args, kwargs, to_arrays)
+            return _as_node(name, fn, args, kwargs, to_arrays, raw)
         wrapper.__wrapped_op__ = fn
         return wrapper
     return deco

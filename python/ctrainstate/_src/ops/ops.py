@@ -1908,7 +1908,7 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
                 for k, x in enumerate(leaves):
                     if gl[k] is None:
                         g = grads.get(id(x))
-                        gl[k] = zeros_like(x) if g is None else device_put(g, x.sharding)
+                        gl[k] = zeros_like(x) if g is None else _put(g, x.sharding)
             outs.append(tree_unflatten(td, gl))
         g = outs[0] if single else tuple(outs)
         return ((val, aux), g) if has_aux else (val, g)
@@ -2852,7 +2852,8 @@ def _primitive(name, nin, planner, vjp=None, none_keywords=(), statics=()):
     parameters after the operands, in their positional order."""
     f = globals()[name]
     planner = _in_process(planner)
-    p = _C.Primitive(name, nin, f, planner, f.__doc__, vjp, tuple(none_keywords),
+    # the fallback (any call the C path does not plan) inside a jit trace: one op node
+    p = _C.Primitive(name, nin, _op_node(name)(f), planner, f.__doc__, vjp, tuple(none_keywords),
                      tuple(n for n, _ in statics), tuple(d for _, d in statics))
     p.__module__ = f.__module__
     p.__dict__.update({k: v for k, v in getattr(f, "__dict__", {}).items()
@@ -2939,13 +2940,30 @@ def _derivative_programs():
                                     1 if name == "matmul" else 0)
 
 
-_make_primitives()
-
-
 # ops without a C plan that read host values: single nodes of a jitted program (node.py)
 from . import node as _node  # noqa: E402
 from .node import op_node as _op_node  # noqa: E402
 
 _node._bind(sys.modules[__name__])
 
+_make_primitives()
+
 take_rows = _op_node("take_rows")(take_rows)
+_matmul = _op_node("_matmul")(_matmul)   # batched and transposed products (no C plan)
+# the kernel calls the Python ops are made of (their callers record the derivatives)
+_unary_raw = _op_node("_unary_raw", raw=True)(_unary_raw)
+_binary_raw = _op_node("_binary_raw", raw=True)(_binary_raw)
+_reduce_raw = _op_node("_reduce_raw", raw=True)(_reduce_raw)
+_integer_pow_raw = _op_node("_integer_pow_raw", raw=True)(_integer_pow_raw)
+_convert = _op_node("_convert", raw=True)(_convert)
+_copy = _op_node("_copy", raw=True)(_copy)
+_put_node = _op_node("device_put", raw=True)(device_put)
+
+
+def _put(x: Array, sharding) -> Array:
+    """``device_put(x, sharding)`` of an Array; inside a jit trace a reshard is an op node of
+    the program, and an Array already placed so is ``x`` itself (no node, no copy)."""
+    cur = x._sharding
+    if cur is sharding or (type(sharding) is type(cur) and cur == sharding):
+        return x
+    return _put_node(x, sharding)

@@ -13,6 +13,10 @@ __all__ = ["constant_schedule", "linear_schedule", "polynomial_schedule",
            "linear_onecycle_schedule", "cosine_onecycle_schedule", "warmup_constant_schedule",
            "warmup_exponential_decay_schedule", "sgdr_schedule"]
 
+from ... import _C
+from ..array.array import Array, device_put
+from ..ops.node import op_node
+
 _f32 = np.float32
 
 
@@ -20,11 +24,22 @@ def _c(count) -> float:
     return float(np.asarray(count))
 
 
+def _on_count_placement(r, ins):
+    """A schedule's value under jit: a float32 Array placed as the count Array is."""
+    return device_put(np.asarray(r, np.float32), ins[0].sharding)
+
+
 def _elementwise(schedule):
     """``schedule`` (of a scalar count) also taking an array of counts: a float32 array of
-    the counts' shape, as optax's schedules give for an array step."""
+    the counts' shape, as optax's schedules give for an array step. Under jit, a schedule of
+    a traced count (``schedule(state.step)``) is one op node of the program: its value is
+    computed from each call's count and comes back as a float32 Array."""
+    node = op_node("schedule", _on_count_placement)(lambda count: wrapped(count))
+
     @functools.wraps(schedule)
     def wrapped(count):
+        if type(count) is Array and _C.trace_active():
+            return node(count)
         if np.ndim(count) == 0:
             return schedule(count)
         counts = np.asarray(count)

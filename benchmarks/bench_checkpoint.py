@@ -15,7 +15,9 @@ Peers, on the same disk and in the same run:
 * read: the same file, dropped from the page cache (posix_fadvise DONTNEED after the
   fsync), read with preadv in 64 MiB pieces into a host buffer allocated and touched
   beforehand — the sequential read bandwidth; and into a new buffer, its allocation timed
-  too, as a restore's is (new arrays).
+  too, as a restore's is (new arrays); and in pieces of one slice (SLICE_BYTES, 4 MiB), the
+  size a restore reads at a time, nothing else done — what the request size alone costs
+  on this disk (the kernel reads ahead less for smaller requests).
 
 ctrainstate:
 
@@ -51,6 +53,7 @@ import numpy as np  # noqa: E402
 import ctrainstate as cts  # noqa: E402
 from ctrainstate import NamedSharding, P, _C  # noqa: E402
 from ctrainstate import checkpoint as ocp  # noqa: E402
+from ctrainstate._src.checkpoint.fileio import SLICE_BYTES  # noqa: E402
 
 MiB = 1 << 20
 
@@ -82,9 +85,10 @@ def disk_write(path, buf):
     return time.perf_counter() - t
 
 
-def disk_read(path, out):
+def disk_read(path, out, piece=64 * MiB):
     """Seconds to read the file into ``out`` (allocated and touched beforehand, so only the
-    read is timed), or with ``out=None`` into a new buffer (its allocation timed too)."""
+    read is timed), or with ``out=None`` into a new buffer (its allocation timed too), in
+    preads of ``piece`` bytes."""
     drop_cache(path)
     nbytes = os.path.getsize(path)
     t = time.perf_counter()
@@ -94,7 +98,7 @@ def disk_read(path, out):
     mv = memoryview(out)
     off = 0
     while off < nbytes:
-        off += os.preadv(fd, [mv[off:off + 64 * MiB]], off)
+        off += os.preadv(fd, [mv[off:off + piece]], off)
     os.close(fd)
     return time.perf_counter() - t
 
@@ -153,7 +157,7 @@ def run(a, root):
     host = np.random.default_rng(1).integers(0, 255, nbytes, dtype=np.uint8)
     into = np.ones(nbytes, np.uint8)
     raw = os.path.join(root, "raw.bin")
-    t_w, t_r, t_rn = [], [], []
+    t_w, t_r, t_rn, t_rs = [], [], [], []
 
     opts = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
     t_save, t_rest, t_resh = [], [], []
@@ -169,6 +173,7 @@ def run(a, root):
         t_w.append(disk_write(raw, host))
         t_r.append(disk_read(raw, into))
         t_rn.append(disk_read(raw, None))
+        t_rs.append(disk_read(raw, into, SLICE_BYTES))
         os.remove(raw)
         d = os.path.join(root, f"m{rep}")
         m = ocp.CheckpointManager(d, options=opts)
@@ -191,7 +196,7 @@ def run(a, root):
     paired = {"save": np.median([w / s for w, s in zip(t_w, t_save)]),
               "same": np.median([r / x for r, x in zip(t_r, t_rest)]),
               "other": np.median([r / x for r, x in zip(t_r, t_resh)])}
-    t_w, t_r, t_rn = min(t_w), min(t_r), min(t_rn)
+    t_w, t_r, t_rn, t_rs = min(t_w), min(t_r), min(t_rn), min(t_rs)
     del host, into
     # peak extra host memory, in untimed passes: what Python and numpy allocate (scratch
     # buffers, snapshots, the index), which tracemalloc follows; device buffers (the state
@@ -230,6 +235,7 @@ def run(a, root):
          f"{t_w / min(t_save):.2f}x write (reps' median {paired['save']:.2f}x)"),
         ("disk read, cold (peer)", t_r, gb / t_r, ""),
         ("disk read, cold, into new memory", t_rn, gb / t_rn, ""),
+        ("disk read, cold, 4 MiB preads", t_rs, gb / t_rs, f"{t_r / t_rs:.2f}x read"),
         ("restore, same shardings", min(t_rest), gb / min(t_rest),
          f"{t_r / min(t_rest):.2f}x read ({t_rn / min(t_rest):.2f}x into new memory; "
          f"reps' median {paired['same']:.2f}x read)"),

@@ -107,7 +107,7 @@ class Encoder(nn.Module):
 def cross_entropy(logits, targets, vocab):
     """Mean softmax cross-entropy over the vocabulary (stable: shifted by the maximum)."""
     assert logits.shape[-1] == vocab, (logits.shape, vocab)
-    return cnp.mean(optim.softmax_cross_entropy_with_integer_labels(logits, np.asarray(targets)))
+    return cnp.mean(optim.softmax_cross_entropy_with_integer_labels(logits, targets))
 
 
 def describe(tree, prefix=""):

@@ -27,6 +27,7 @@
 /* Exceptions (created in module.c). */
 extern PyObject *ct_py_ResourceExhaustedError;
 extern PyObject *ct_py_DonatedBufferError;
+extern PyObject *ct_py_ConcretizationTypeError;
 
 /* Raise the Python exception for the core's last error on this thread; returns NULL. */
 PyObject *ct_py_raise(ct_status st);
@@ -115,6 +116,10 @@ int ct_py_array_check_alive(PyObject *a);
 /* A kernel or copy is about to use this Buffer: while a program records (ctrainstate.jit), one
  * that holds a traced value breaks the program (py_dispatch.c). Never raises. */
 void ct_py_trace_touch(const void *buffer, const char *what);
+/* A host read of `buffer` (a copy to the host, a view of its memory): -1 with
+ * ConcretizationTypeError when it is a value traced by the program recording on this thread
+ * (jit's semantics: a traced value is not known on the host), else 0. */
+int ct_py_trace_host_read(const void *buffer, const char *what);
 /* Write a buffer's block into the host numpy array `host` at `start` (_C.copy_to_host). */
 PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start);
 /* New Arrays owning items[i]'s blocks, the old ones marked donated (Array._moved_all).

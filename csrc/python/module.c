@@ -7,6 +7,7 @@
 
 PyObject *ct_py_ResourceExhaustedError;
 PyObject *ct_py_DonatedBufferError;
+PyObject *ct_py_ConcretizationTypeError;
 
 PyObject *ct_py_raise(ct_status st) {
     const char *msg = ct_last_error();
@@ -153,6 +154,17 @@ PyMODINIT_FUNC PyInit__C(void) {
         "An Array was used after its buffers were donated (e.g. to TrainState.apply_gradients) "
         "or deleted.",
         PyExc_RuntimeError, NULL);
+    ct_py_ConcretizationTypeError = PyErr_NewExceptionWithDoc(
+        "ctrainstate.errors.ConcretizationTypeError",
+        "A value traced by jit was read on the host (float(x), int(x), bool(x), `if x:`, "
+        "np.asarray(x), printing): while tracing, a value computed from the function's "
+        "arguments is not known (jax.errors.ConcretizationTypeError). Mark the argument static "
+        "(static_argnums / static_argnames), compute with ops (cnp.where, lax.cond), or read the "
+        "value outside the jitted function.",
+        PyExc_TypeError, NULL);
+    if (ct_py_ConcretizationTypeError == NULL ||
+        PyModule_AddObjectRef(m, "ConcretizationTypeError", ct_py_ConcretizationTypeError) < 0)
+        goto fail;
     if (ct_py_ResourceExhaustedError == NULL || ct_py_DonatedBufferError == NULL ||
         PyModule_AddObjectRef(m, "ResourceExhaustedError", ct_py_ResourceExhaustedError) < 0 ||
         PyModule_AddObjectRef(m, "DonatedBufferError", ct_py_DonatedBufferError) < 0)

@@ -163,7 +163,10 @@ static PyMethodDef buffer_module_methods[] = {
 };
 
 static int buffer_getbuffer(ct_py_buffer *self, Py_buffer *view, int flags) {
-    ct_py_trace_touch(self, "a view of a buffer (the buffer protocol)");
+    if (ct_py_trace_host_read(self, "a host view (the buffer protocol, np.asarray(x))") < 0) {
+        view->obj = NULL;
+        return -1;
+    }
     if (self->deleted) {
         PyErr_SetString(ct_py_DonatedBufferError, "the buffer was deleted or donated");
         view->obj = NULL;

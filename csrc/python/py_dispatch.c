@@ -1849,6 +1849,27 @@ void ct_py_trace_touch(const void *buffer, const char *what) {
     PyErr_Restore(et, ev, etb);
 }
 
+int ct_py_trace_host_read(const void *buffer, const char *what) {
+    program *pr = recorder;
+    /* (a program that cannot be replayed anyway, trace_break: the function runs eagerly, and
+     * its host reads are reads of concrete values) */
+    if (pr == NULL || pr->traced == NULL || pr->broken != NULL ||
+        pr->thread != PyThread_get_thread_ident())
+        return 0;
+    PyObject *k = PyLong_FromVoidPtr((void *)buffer);
+    const int in = k != NULL ? PySet_Contains(pr->traced, k) : -1;
+    Py_XDECREF(k);
+    if (in <= 0) return in;
+    PyErr_Format(ct_py_ConcretizationTypeError,
+                 "%s of a value traced by jit: while tracing, a value computed from the jitted "
+                 "function's arguments is not known on the host (as in jax: "
+                 "ConcretizationTypeError). Mark the argument static (static_argnums / "
+                 "static_argnames), compute with ops instead of Python control flow (cnp.where, "
+                 "lax.cond, lax.fori_loop), or read the value outside the jitted function.",
+                 what != NULL ? what : "a host read");
+    return -1;
+}
+
 static int grow_values(program *pr) {
     if (pr->nvals < pr->vcap) return 0;
     int cap = pr->vcap ? 2 * pr->vcap : 16;
@@ -2440,6 +2461,35 @@ static PyObject *py_trace_end(PyObject *self, PyObject *noargs) {
     (void)noargs;
     recorder = NULL;
     Py_RETURN_NONE;
+}
+
+/* trace_break(reason, x=None): the program recording on this thread (if any) cannot be
+ * replayed, for `reason` — when x is None, or x is an Array over traced buffers. Returns
+ * whether it broke it. For what reads traced values on purpose and runs eagerly instead (lax
+ * control flow on a traced predicate, debug.print of a traced value). */
+static PyObject *py_trace_break(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n < 1 || n > 2 || !PyUnicode_Check(args[0]))
+        return PyErr_Format(PyExc_TypeError, "trace_break(reason: str, x=None)");
+    program *pr = recorder;
+    if (pr == NULL || pr->traced == NULL || pr->thread != PyThread_get_thread_ident())
+        Py_RETURN_FALSE;
+    if (n == 2 && args[1] != Py_None) {
+        PyTypeObject *at = ct_py_array_type();
+        if (at == NULL) return NULL;
+        if (!Py_IS_TYPE(args[1], at)) Py_RETURN_FALSE;
+        PyObject *buf = first_buffer((ct_py_array *)args[1]);
+        if (buf == NULL) Py_RETURN_FALSE;
+        PyObject *k = PyLong_FromVoidPtr(buf);
+        const int in = k != NULL ? PySet_Contains(pr->traced, k) : -1;
+        Py_XDECREF(k);
+        if (in < 0) return NULL;
+        if (!in) Py_RETURN_FALSE;
+    }
+    const char *why = PyUnicode_AsUTF8(args[0]);
+    if (why == NULL) return NULL;
+    program_break(pr, why);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *py_trace_active(PyObject *self, PyObject *noargs) {
@@ -3241,6 +3291,9 @@ static PyMethodDef dispatch_methods[] = {
     {"int_like", (PyCFunction)(void (*)(void))py_int_like, METH_FASTCALL,
      "int_like(template, value, /)\n--\n\nA new 0-d int32 Array of `value` placed as "
      "`template` (a 0-d int32 Array on one device)."},
+    {"trace_break", (PyCFunction)(void (*)(void))py_trace_break, METH_FASTCALL,
+     "trace_break(reason, x=None, /)\n--\n\nMark the program recording on this thread as not "
+     "replayable (when x is None or an Array over traced buffers); whether it did."},
     {"trace_active", py_trace_active, METH_NOARGS,
      "trace_active()\n--\n\nWhether a program records on this thread."},
     {"grad_track", (PyCFunction)(void (*)(void))py_grad_track, METH_FASTCALL,

@@ -278,8 +278,13 @@ PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start) 
 }
 
 static PyObject *copy_host(PyObject *bobj, PyObject *hobj, PyObject *sobj, int to_host) {
-    ct_py_trace_touch(bobj, to_host ? "a host read (float(x), np.asarray(x), printing)"
-                                    : "a host write");
+    if (to_host) {
+        if (ct_py_trace_host_read(bobj, "a host read (float(x), int(x), bool(x), `if x:`, "
+                                        "np.asarray(x), printing)") < 0)
+            return NULL;
+    } else {
+        ct_py_trace_touch(bobj, "a host write");
+    }
     /* the start first: reading it may run Python code (__index__), which could delete the
      * buffer after its check */
     int64_t start[CT_MAX_NDIM];

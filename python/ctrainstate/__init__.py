@@ -31,7 +31,7 @@ from ._src.jit.jit import jit, pjit
 from ._src.numpy_lax.pmap import device_put_replicated, device_put_sharded, pmap
 from ._src.numpy_lax.vmap import vmap
 from . import optim, train_state, lax, serialization, struct, traverse_util, core, debug
-from . import distributed
+from . import distributed, errors
 # `checkpoint` names the checkpoint package, which is also callable as jax.checkpoint (remat);
 # `remat` names the same object, as jax.remat is jax.checkpoint. (`from . import checkpoint`
 # alone would find _remat's function under that name and import nothing.)
@@ -112,6 +112,6 @@ __all__ = [
     "numpy", "grad", "value_and_grad", "vjp", "custom_vjp", "jacrev", "jacobian", "checkpoint", "checkpoint_policies", "remat", "lax", "with_sharding_constraint", "device_get", "serialization", "struct", "traverse_util", "core", "from_dlpack", "ShapeDtypeStruct", "eval_shape", "jit", "pjit", "pmap", "vmap", "device_put_sharded",
     "device_put_replicated",
     "default_matmul_precision", "debug", "named_scope", "disable_jit",
-    "ensure_compile_time_eval", "config", "distributed", "make_array_from_callback",
+    "ensure_compile_time_eval", "config", "distributed", "errors", "make_array_from_callback",
     "make_array_from_process_local_data", "make_array_from_single_device_arrays",
 ]

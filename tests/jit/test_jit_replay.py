@@ -99,20 +99,38 @@ def test_new_shapes_dtypes_shardings_and_static_values_retrace():
     assert g._programs.traces == 2
 
 
-def test_what_is_not_a_primitive_runs_eagerly_every_call():
+def test_a_host_read_of_a_traced_value_raises_as_in_jax():
+    """float(), int(), bool() / `if`, np.asarray() and a Python loop count of a traced value
+    raise ConcretizationTypeError (a TypeError) naming the fix, at every call (nothing
+    half-traced is kept); the same function with the value static, or reading a constant it
+    closes over, runs."""
     calls = []
-
-    def host_read(x):
-        calls.append(1)
-        return cnp.sum(x) * float(cnp.sum(x))          # float() of a traced value
     x = cts.device_put(np.float32([1.0, 2.0]))
-    f = cts.jit(host_read)
-    assert float(f(x)) == 9.0 and float(f(x)) == 9.0 and float(f(x + 1.0)) == 25.0
-    assert len(calls) == 3                              # not replayed: the function ran each time
-    text = f.lower(x).as_text()
-    assert "host read" in text
-    # where it broke: the line of the host read in this file
-    assert "where it broke" in text and "in host_read" in text and "float(cnp.sum(x))" in text
+    const = cts.device_put(np.float32(3.0))
+
+    def host_float(x):
+        calls.append(1)
+        return cnp.sum(x) * float(cnp.sum(x))
+    reads = [host_float,
+             lambda x: x * 2.0 if cnp.sum(x) > 0 else x,                   # bool()
+             lambda x: x * int(cnp.sum(x)),
+             lambda x: x + np.asarray(x),
+             lambda x: x * len(range(cnp.sum(x).astype(np.int32)))]       # __index__
+    for fn in reads:
+        f = cts.jit(fn)
+        for _ in range(2):
+            with pytest.raises(cts.errors.ConcretizationTypeError,
+                               match=r"host read.*traced by jit.*static_argnums"):
+                f(x)
+        assert f._programs.traces == 0 or all(
+            e[0].broken is not None for es in f._programs._cache.values() for e in es)
+    assert len(calls) == 2
+    assert isinstance(cts.errors.ConcretizationTypeError("x"), TypeError)
+    # a value closed over (a constant of the program) may be read; a static argument too
+    g = cts.jit(lambda x: x * float(const))
+    assert np.asarray(g(x)).tolist() == [3.0, 6.0] and "not replayable" not in g.lower(x).as_text()
+    s = cts.jit(lambda x, k: x * float(k), static_argnums=1)
+    assert np.asarray(s(x, 2)).tolist() == [2.0, 4.0]
 
     g = cts.jit(lambda x: cnp.cumsum(x) * 2.0)          # an op without a C plan: a node
     np.testing.assert_array_equal(np.asarray(g(x)), [2.0, 6.0])
@@ -281,3 +299,38 @@ def test_a_trace_keeps_its_values_alive_until_it_ends():
     assert refs[1] is True and refs[0]() is None  # kept while tracing, released after
     np.testing.assert_array_equal(np.asarray(j(x * 3.0)), [8.0, 11.0])
     assert j._programs.traces == 1
+
+
+def test_control_flow_and_debug_prints_on_traced_values_run_eagerly(capsys):
+    """lax.cond / switch / while_loop / fori_loop on a traced value, and debug.print of one,
+    read it on purpose: the function is not replayed (as_text says why) and runs eagerly at
+    every call, with the right branch and a print per call; a host read after them is a read
+    of a concrete value."""
+    from ctrainstate import lax
+    x = cts.device_put(np.float32([1.0, -2.0]))
+    fns = {
+        "cond": lambda x: lax.cond(cnp.sum(x) > 0, lambda v: v * 2.0, lambda v: v - 1.0, x),
+        "switch": lambda x: lax.switch((cnp.sum(x) > 0).astype(np.int32),
+                                       [lambda v: v - 1.0, lambda v: v * 2.0], x),
+        "while_loop": lambda x: lax.while_loop(lambda v: cnp.sum(v) < 10.0, lambda v: v + 4.0, x),
+        "fori_loop": lambda x: lax.fori_loop(0, (cnp.sum(x) > 0).astype(np.int32) + 1,
+                                             lambda i, v: v * 2.0, x),
+    }
+    want = {"cond": (lambda v: v * 2 if v.sum() > 0 else v - 1),
+            "switch": (lambda v: v * 2 if v.sum() > 0 else v - 1),
+            "while_loop": (lambda v: v + 4 * max(0, int(np.ceil((10 - v.sum()) / 8)))),
+            "fori_loop": (lambda v: v * (4 if v.sum() > 0 else 2))}
+    for name, fn in fns.items():
+        f = cts.jit(fn)
+        for v in (np.float32([1.0, -2.0]), np.float32([3.0, 1.0])):
+            np.testing.assert_array_equal(np.asarray(f(cts.device_put(v))), want[name](v))
+        assert f"lax.{name} on a traced value" in f.lower(x).as_text(), name
+
+    def show(x):
+        cts.debug.print("sum {}", cnp.sum(x))
+        return x * float(cnp.sum(x))            # after the print: a concrete value
+    g = cts.jit(show)
+    g(x)
+    g(x * 2.0)
+    assert capsys.readouterr().out.split() == ["sum", "-1.0", "sum", "-2.0"]
+    assert "debug.print" in g.lower(x).as_text()

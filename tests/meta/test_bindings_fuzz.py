@@ -233,7 +233,7 @@ SIGS = {
     "OptimPlan.step": ["arrays", "arrays", "any", "int", "arrays"],
     "tape_backward": ["any", "any", "any", "any"],
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any"],
-    "param_hit": ["any", "any", "any", "any"],
+    "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],
     "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],
@@ -249,7 +249,8 @@ SIGS = {
 # for PartitionSpec.UNCONSTRAINED (any object is valid there), and dist_initialize, which
 # starts MPI (once per process: tests/distributed/test_distributed.py checks its arguments); the other
 # dist_* bindings are fuzzed with the engine not initialized
-SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError", "Buffer",
+SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError",
+        "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register", "devices_set_id_offset",
         "param_hit_setup"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);

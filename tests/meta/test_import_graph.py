@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2] / "python" / PKG
 # bottom to top; a module may import modules of its own layer or of a layer listed before it.
 # Patterns name modules relative to the package ("nn.*": nn's submodules).
 LAYERS = [
-    ("base", "_C _cuda_backend config tree_util tree traverse_util _src _src.base _src.base.*"),
+    ("base", "_C _cuda_backend config errors tree_util tree traverse_util _src _src.base "
+             "_src.base.*"),
     ("array", "sharding mesh_utils array _src.array _src.array.*"),
     ("ops", "scipy scipy.* _src.ops _src.ops.*"),
     ("numpy_lax", "numpy lax _src.numpy_lax _src.numpy_lax.*"),

@@ -7,6 +7,7 @@ import builtins
 from typing import Callable
 
 from ..array.array import visualize_array_sharding, visualize_sharding
+from ... import _C
 from ..array.array import Array
 from ..base.tree_util import tree_map
 
@@ -14,8 +15,15 @@ __all__ = ["print", "callback", "visualize_array_sharding", "visualize_sharding"
            "inspect_array_sharding"]
 
 
+def _read(v):
+    # under jit, a traced value: printed at every call, so the function runs eagerly (it
+    # cannot be replayed)
+    _C.trace_break("debug.print / debug.callback of a traced value (runs eagerly)", v)
+    return np.asarray(v)
+
+
 def _host(tree):
-    return tree_map(lambda v: np.asarray(v) if isinstance(v, Array) else v, tree)
+    return tree_map(lambda v: _read(v) if isinstance(v, Array) else v, tree)
 
 
 def print(fmt: str, *args, ordered: bool = False, **kwargs) -> None:  # noqa: A001 - jax's name

@@ -33,6 +33,7 @@ import operator
 
 import numpy as np
 
+from ... import _C
 from ..base import dtypes as _dtypes
 from ..array.abstract import ShapeDtypeStruct, is_abstract
 from ..array.array import Array
@@ -125,6 +126,9 @@ def _host_scalar(v, who: str, what: str):
     if isinstance(v, Array):
         if v.shape != ():
             raise TypeError(f"{what} must be a scalar, got an Array of shape {tuple(v.shape)}.")
+        # under jit, a traced value: control flow runs on the host, so the function cannot be
+        # replayed (it runs eagerly at every call, with the same results)
+        _C.trace_break(f"lax.{who} on a traced value (control flow runs eagerly)", v)
         return np.asarray(v)
     if isinstance(v, (str, bytes)) or v is None:
         raise TypeError(f"{what} must be a scalar, got {v!r} of type {type(v)}")
@@ -198,6 +202,8 @@ def _predicate(p, who: str) -> bool:
         raise TypeError(f"{who}: cond_fun returned an abstract value (inside eval_shape); "
                         f"ctrainstate's while_loop runs on the host and needs a concrete "
                         f"predicate each iteration")
+    if isinstance(p, Array):
+        _C.trace_break(f"lax.{who} on a traced value (control flow runs eagerly)", p)
     return bool(np.asarray(p))
 
 

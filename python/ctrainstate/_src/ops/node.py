@@ -41,12 +41,21 @@ def _bind(ops_module) -> None:
 __all__ = ["op_node"]
 
 
-def _outs(r, name: str) -> list:
+def _outs(r, name: str, fwd=None) -> list:
+    """The op's result as the node's list of output Arrays: an Array, a tuple or list of
+    them, or any pytree of Arrays (its structure kept on ``fwd`` to rebuild the result)."""
     if type(r) is Array:
         return [r]
     if isinstance(r, (tuple, list)) and all(type(x) is Array for x in r):
         return list(r)
-    raise TypeError(f"{name}: an op node must return Arrays, got {type(r).__name__}")
+    leaves, td = tree_flatten(r)
+    bad = [type(x).__name__ for x in leaves if type(x) is not Array]
+    if bad or not leaves:
+        raise TypeError(f"{name}: an op node must return Arrays (or a pytree of them), got "
+                        f"{type(r).__name__}" + (f" holding {bad[0]}" if bad else ""))
+    if fwd is not None:
+        fwd.td_out = td
+    return leaves
 
 
 def _fresh(outs: list, vals: list) -> list:
@@ -64,12 +73,13 @@ def _fresh(outs: list, vals: list) -> list:
 class _Forward:
     """The node's callable: the op on its input Arrays (``vals``), the static rest bound."""
 
-    __slots__ = ("name", "fn", "leaves", "td", "pos", "to_arrays", "diff", "pending")
+    __slots__ = ("name", "fn", "leaves", "td", "pos", "to_arrays", "diff", "pending", "td_out")
 
     def __init__(self, name, fn, leaves, td, pos, to_arrays, diff):
         self.name, self.fn, self.leaves, self.td, self.pos = name, fn, leaves, td, pos
         self.to_arrays, self.diff = to_arrays, diff
         self.pending = None   # (tape, outs, tracked input aliases) for the backward node
+        self.td_out = None    # a pytree result's structure
 
     def _call(self, vals):
         leaves = list(self.leaves)
@@ -82,7 +92,7 @@ class _Forward:
     def __call__(self, vals: list) -> list:
         if not self.diff:
             with _ops._no_tape():
-                return _fresh(_outs(self._call(vals), self.name), vals)
+                return _fresh(_outs(self._call(vals), self.name, self), vals)
         tape = _ops._Tape()   # the op's own (no outer tapes: nothing nested is differentiated)
         vals = list(vals)
         ins = []
@@ -95,7 +105,7 @@ class _Forward:
             stack = _ops._tls.tapes = []
         stack.append(tape)
         try:
-            raw = _outs(self._call(vals), self.name)
+            raw = _outs(self._call(vals), self.name, self)
         finally:
             stack.pop()
         self.pending = (tape, raw, ins)   # (a copy's cotangent is its original's)
@@ -135,6 +145,8 @@ def _as_node(name: str, fn: Callable, args, kwargs, to_arrays, raw: bool = False
     fwd = _Forward(name, fn, static, td, pos, to_arrays, diff)
     outs = _C.trace_node(name, fwd, ins, True)
     if not diff:
+        if fwd.td_out is not None:
+            return tree_unflatten(fwd.td_out, outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
     if len(outs) != 1:
         raise TypeError(f"{name}: a differentiated op node must have one output")

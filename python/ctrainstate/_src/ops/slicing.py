@@ -79,6 +79,7 @@ from ..base import dtypes as _dtypes
 from ..array.array import Array, _alloc_blocks
 from ..array.abstract import ShapeDtypeStruct
 from ..array.array import device_put
+from ..array.sharding import NamedSharding, PartitionSpec
 from ..base.hooks import upper as _upper
 
 __all__ = ["getitem", "concatenate", "stack", "split", "array_split"]
@@ -430,6 +431,8 @@ def getitem(x, idx):
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(out_shape, x.dtype)
     x._check_alive()
+    if not x.sharding.is_fully_addressable and x.sharding.is_fully_replicated:
+        return _replicated_basic(x, idx)
     y = _slice(x, starts, sizes)
     if y is x:
         y = _fresh(x)  # x[:], x[...]: a new Array, as in jax (deleting x leaves it intact)
@@ -437,6 +440,35 @@ def getitem(x, idx):
         return y
     _, norm = _layout_of(y)
     return _relabel(y, out_shape, [() if k is None else norm[k] for k in keep])
+
+
+def _replicated_basic(x: Array, idx) -> Array:
+    """Basic indexing of an Array replicated over a mesh that spans processes (every process
+    holds all of it, e.g. a batch of labels placed with ``P()``): sliced on the host from this
+    process's copy, the result replicated over the same mesh (each process places its own
+    devices' copies). Not differentiable (a tracked float Array raises, naming the fix)."""
+    t = _o()._tape()
+    if t is not None and id(x) in t.tracked:
+        raise ValueError("slicing a differentiated Array that spans processes is not supported "
+                         "yet; slice it before value_and_grad, or gather it with "
+                         "ctrainstate.experimental.multihost_utils.process_allgather(x)")
+    part = np.asarray(x.addressable_shards[0].data)[idx]
+    return device_put(np.ascontiguousarray(part), NamedSharding(x.sharding.mesh, PartitionSpec()))
+
+
+def _replicated_concatenate(arrays, axis: int, lead: Array) -> Array:
+    """:func:`concatenate` of Arrays replicated over a mesh that spans processes (and host or
+    other replicated values): joined on the host from this process's copies, the result
+    replicated over ``lead``'s mesh (see :func:`_replicated_basic`)."""
+    t = _o()._tape()
+    if t is not None and any(isinstance(a, Array) and id(a) in t.tracked for a in arrays):
+        raise ValueError("concatenating differentiated Arrays that span processes is not "
+                         "supported yet; gather them with ctrainstate.experimental."
+                         "multihost_utils.process_allgather(x)")
+    parts = [np.asarray(a.addressable_shards[0].data) if isinstance(a, Array) and
+             not a.sharding.is_fully_addressable else np.asarray(a) for a in arrays]
+    out = np.concatenate(parts, axis)
+    return device_put(out, NamedSharding(lead.sharding.mesh, PartitionSpec()))
 
 
 # --- advanced indexing: a row gather -------------------------------------------------------
@@ -1360,6 +1392,9 @@ def concatenate(arrays, axis: int = 0):
         return ShapeDtypeStruct(shape, arrays[0].dtype)
     if len(arrays) == 1:
         return _fresh(arrays[0])
+    spans = [a for a in arrays if isinstance(a, Array) and not a.sharding.is_fully_addressable]
+    if spans and all(a.sharding.is_fully_replicated for a in spans):
+        return _replicated_concatenate(arrays, axis, spans[0])
     o = _o()
     lead = next((a for a in arrays if o._mesh_key(a)[0] == "mesh"), arrays[0])
     place, norm = _layout_of(lead)

@@ -6,6 +6,7 @@ import numpy as np
 from typing import Any, Callable
 
 from ..ops import ops as _ops
+from ..ops.node import op_node
 from ..base.tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
 from ..numpy_lax import numpy as cnp
@@ -75,29 +76,38 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
                              f"one or more distinct class axes")
     else:
         cls = _ops._axes(axis, logits.ndim)
+    z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=cls, keepdims=True)))
+    onehot = _label_onehot(labels, z, cls, axis)
+    picked = _ops.sum(_ops._keep(z, onehot), axis=cls)
+    return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=cls)), picked)
+
+
+def _label_onehot_host(labels, z, cls, axis):
+    """The labels checked and as a one-hot of ``z``'s shape (batch dims, then the class dims in
+    ``axis``' order, moved to ``z``'s layout), built on the host and placed like ``z`` (as the
+    selection would place it). Under jit, one op node: the labels are read at each call."""
     lab = np.asarray(labels)
     if not np.issubdtype(lab.dtype, np.integer):
         raise TypeError(f"softmax_cross_entropy_with_integer_labels: labels must be integers, "
                         f"got {lab.dtype}")
-    batch = tuple(d for d in range(logits.ndim) if d not in cls)
-    want = tuple(logits.shape[d] for d in batch)
+    batch = tuple(d for d in range(z.ndim) if d not in cls)
+    want = tuple(z.shape[d] for d in batch)
     if lab.shape != want:
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels of shape "
-                         f"{lab.shape} for logits of shape {logits.shape} (axis {axis}); "
+                         f"{lab.shape} for logits of shape {z.shape} (axis {axis}); "
                          f"expected {want}")
-    cshape = tuple(logits.shape[d] for d in cls)
+    cshape = tuple(z.shape[d] for d in cls)
     n = int(np.prod(cshape))
     if lab.size and (lab.min() < 0 or lab.max() >= n):
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels must be in "
                          f"[0, {n}); got values in [{lab.min()}, {lab.max()}]")
-    z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=cls, keepdims=True)))
-    # a host one-hot (batch dims, then the class dims in axis' order), moved to logits' layout
-    # and placed on the logits' own device or mesh by the selection
     order = batch + cls
     onehot = (lab[..., None] == np.arange(n)).astype(np.float32).reshape(want + cshape)
-    onehot = onehot.transpose([order.index(d) for d in range(logits.ndim)])
-    picked = _ops.sum(_ops._keep(z, onehot), axis=cls)
-    return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=cls)), picked)
+    onehot = onehot.transpose([order.index(d) for d in range(z.ndim)])
+    return _ops._lift(onehot, _ops._place_of(z))
+
+
+_label_onehot = op_node("softmax_cross_entropy.onehot")(_label_onehot_host)
 
 
 def global_norm(updates):

@@ -756,6 +756,7 @@ def _on_key_placement(r, ins):
 
 
 for _name in ("split", "fold_in", "bits", "uniform", "normal", "truncated_normal", "bernoulli",
-              "randint", "gumbel", "categorical", "permutation", "choice"):
+              "randint", "gumbel", "categorical", "permutation", "choice",
+              "_sample"):   # (_sample: the initializers' draws, nn.initializers)
     globals()[_name] = _op_node("random." + _name, _on_key_placement)(globals()[_name])
 del _name

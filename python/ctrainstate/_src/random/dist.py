@@ -682,3 +682,13 @@ def orthogonal(k, n: int, shape=(), dtype=None, m: int | None = None, *, out_sha
 
 
 del math
+
+
+# under jit, each draw given a traced key is one op node of the program (ops/node.py): its key
+# is read at each call, and a numpy result comes back as an Array where the key lives
+from ..ops.node import op_node as _op_node  # noqa: E402
+from .core import _on_key_placement  # noqa: E402
+
+for _name in __all__:
+    globals()[_name] = _op_node("random." + _name, _on_key_placement)(globals()[_name])
+del _name

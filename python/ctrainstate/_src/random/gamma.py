@@ -644,3 +644,13 @@ def ball(key, d, p=2, shape=(), dtype=None, *, out_sharding=None):
             # XLA rewrites g / pow(x, 1 / p) as g * pow(x, -(1 / p))
             return ro(gn * ro(_pow(tot, -ro(inv)))[..., None])
     return _elementwise(full, odt, out_sharding, _whole_rows(compute))
+
+
+# under jit, each draw given a traced key is one op node of the program (ops/node.py): its key
+# is read at each call, and a numpy result comes back as an Array where the key lives
+from ..ops.node import op_node as _op_node  # noqa: E402
+from .core import _on_key_placement  # noqa: E402
+
+for _name in __all__:
+    globals()[_name] = _op_node("random." + _name, _on_key_placement)(globals()[_name])
+del _name

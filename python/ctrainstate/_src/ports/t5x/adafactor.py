@@ -348,6 +348,12 @@ class Adafactor(OptimizerDef):
                          param_logical_axes)
 
 
+# t5x's Adafactor computes on the host (numpy, in float32, as t5x's jnp code rounds): under jit
+# its update is one op node of the program, run on each call's params, state and gradients
+from ...ops.node import op_node as _op_node  # noqa: E402
+
+Adafactor.apply_gradient = _op_node("t5x.Adafactor.apply_gradient")(Adafactor.apply_gradient)
+
 from ...base.exports import module_dir as _module_dir  # noqa: E402
 
 __dir__ = _module_dir(__name__)   # dir(): the API (__all__), not the imports

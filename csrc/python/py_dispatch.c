@@ -47,6 +47,7 @@
 #include <time.h>
 
 #include "../core/ct_ops.h"
+#include "../core/ct_par.h"
 
 enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COPY, K_BCAST, K_CONVERT,
        K_TRANSPOSE, K_COUNT };
@@ -1785,6 +1786,7 @@ struct program {
                        * Buffer takes the address of one of theirs (the maps' keys) */
     unsigned long thread;
     int fuse;         /* whether chains run fused (set_fusion; on by default) */
+    int tile;         /* whether a fused chain runs tiled on CPU devices (set_fusion; on) */
     double *step_ns;  /* with timing on (set_timing): nanoseconds spent in each step so far */
     long long timed_runs;
 };
@@ -2066,7 +2068,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0))
         return PyErr_Format(PyExc_TypeError, "Program() takes no arguments");
     program *pr = (program *)type->tp_alloc(type, 0);
-    if (pr != NULL) pr->fuse = 1; /* (tp_alloc zeroes every other field) */
+    if (pr != NULL) pr->fuse = pr->tile = 1; /* (tp_alloc zeroes every other field) */
     return (PyObject *)pr;
 }
 
@@ -2550,6 +2552,72 @@ static int chain_other(const pstep *st, int first) {
     return st->chain_side == 0 ? st->b : st->a;
 }
 
+/* Rows [r0, r1) (along dimension 0 of the output block o) of a chain step's kernel: the same
+ * kernel run_block calls, on that part of the elements (a unary or scalar step: the elements
+ * of those rows; a binary step: those rows of the output and the matching rows of each
+ * operand, by its broadcast strides). */
+static ct_status run_rows(const plan_entry *e, ct_device *dev, const ct_py_buffer *x,
+                          const ct_py_buffer *y, ct_py_buffer *o, int64_t r0, int64_t r1,
+                          float alpha, float beta) {
+    const int64_t inner = o->ndim > 0 && o->shape[0] > 0 ? nelem(o) / o->shape[0] : 1;
+    float *out = (float *)o->data + r0 * inner;
+    if (e->kind == K_UNARY || e->kind == K_SCALAR)
+        return ct_op_unary(dev, e->op == S_DIV_L && e->kind == K_SCALAR ? CT_UN_RDIV :
+                                e->kind == K_SCALAR ? CT_UN_AFFINE : e->op,
+                           alpha, beta, (r1 - r0) * inner, (const float *)x->data + r0 * inner, out);
+    int64_t sa[CT_MAX_NDIM], sb[CT_MAX_NDIM], shape[CT_MAX_NDIM];
+    ct_status st = ct_broadcast_strides(o->ndim, o->shape, x->ndim, x->shape, sa);
+    if (st == CT_OK) st = ct_broadcast_strides(o->ndim, o->shape, y->ndim, y->shape, sb);
+    if (st != CT_OK) return st;
+    memcpy(shape, o->shape, (size_t)o->ndim * sizeof *shape);
+    shape[0] = r1 - r0;
+    return ct_op_binary(dev, e->op, o->ndim, shape, out, (const float *)x->data + r0 * sa[0], sa,
+                        (const float *)y->data + r0 * sb[0], sb);
+}
+
+/* A chain's elements per tile on a CPU device: each thread takes tiles of rows and runs every
+ * step of the chain on its tile before the next, so the tile stays in cache between steps
+ * (one pass over memory instead of one per step). At most the kernels' own parallel threshold,
+ * so the kernels run single-threaded inside the chain's parallel loop. */
+#define CHAIN_TILE 16384
+
+/* Block i of a chain on a CPU device, tiled (see CHAIN_TILE); CT_EINVAL-free kernels set
+ * their error on the thread that fails, so a failed tile is reported by running the block
+ * again step by step on this thread. Returns 1 when the block does not tile (the caller runs
+ * it step by step). */
+static int chain_block_tiled(const program *pr, int k0, int len, int i, ct_py_buffer **ops,
+                             ct_py_buffer **os, const float *alpha, const float *beta,
+                             ct_status *cst) {
+    const pstep *head = &pr->steps[k0];
+    const int nblk = head->e.nblk;
+    ct_py_buffer *o = os[i];
+    ct_device *dev = head->e.cdev[i];
+    if (dev->platform != CT_PLATFORM_CPU || o->ndim < 1) return 1;
+    const int64_t rows = o->shape[0], total = nelem(o);
+    const int64_t inner = rows > 0 ? total / rows : 0;
+    if (rows < 2 || inner <= 0 || total < 2 * CHAIN_TILE) return 1;
+    const int64_t trows = inner >= CHAIN_TILE ? 1 : CHAIN_TILE / inner;
+    const int64_t ntiles = (rows + trows - 1) / trows;
+    int failed = 0;
+    CT_PAR_FOR(ct_par_threads(1), t, ntiles, {
+        const int64_t r0 = t * trows, r1 = r0 + trows < rows ? r0 + trows : rows;
+        ct_status ts = run_rows(&head->e, dev, ops[i], head->b >= 0 ? ops[(size_t)nblk + i] : NULL,
+                                o, r0, r1, alpha[0], beta[0]);
+        for (int j = 1; j < len && ts == CT_OK; j++) {
+            const pstep *st = &pr->steps[k0 + j];
+            const ct_py_buffer *other = st->e.kind == K_BINARY ? ops[(size_t)(j + 1) * nblk + i] : NULL;
+            ts = st->chain_side == 0 ? run_rows(&st->e, dev, o, other, o, r0, r1, alpha[j], beta[j])
+                                     : run_rows(&st->e, dev, other, o, o, r0, r1, alpha[j], beta[j]);
+        }
+        if (ts != CT_OK) {
+            _Pragma("omp atomic write")
+            failed = 1;
+        }
+    });
+    *cst = CT_OK;
+    return failed; /* (a failure: run again step by step, which reports it here) */
+}
+
 /* The kernels of a chain, block by block (no Python: may run without the GIL). */
 static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer **ops,
                                ct_py_buffer **os, const float *alpha, const float *beta) {
@@ -2562,6 +2630,8 @@ static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer 
             memcpy(os[i]->data, os[r]->data, os[i]->nbytes);
             continue;
         }
+        if (pr->tile && chain_block_tiled(pr, k0, len, i, ops, os, alpha, beta, &cst) == 0)
+            continue;
         cst = run_block(&head->e, i, ops[i], head->b >= 0 ? ops[(size_t)nblk + i] : NULL, os[i],
                         alpha[0], beta[0], 0);
         for (int j = 1; j < len && cst == CT_OK; j++) {
@@ -3150,10 +3220,11 @@ static PyObject *program_matches(program *pr, PyObject *args) {
 }
 
 /* set_fusion(on): run the fused chains as chains (the default) or step by step. */
-static PyObject *program_set_fusion(program *pr, PyObject *on) {
-    int v = PyObject_IsTrue(on);
-    if (v < 0) return NULL;
-    pr->fuse = v;
+static PyObject *program_set_fusion(program *pr, PyObject *args) {
+    int on, tiled = 1;
+    if (!PyArg_ParseTuple(args, "p|p:set_fusion", &on, &tiled)) return NULL;
+    pr->fuse = on;
+    pr->tile = tiled;
     Py_RETURN_NONE;
 }
 
@@ -3226,9 +3297,11 @@ static PyMethodDef program_methods[] = {
     {"memory_plan", (PyCFunction)program_memory_plan, METH_NOARGS,
      "memory_plan($self, /)\n--\n\n(values, steps, outputs): every value's kind, bytes per device "
      "and last use, each step's input and output values, the outputs (for memory_analysis)."},
-    {"set_fusion", (PyCFunction)program_set_fusion, METH_O,
-     "set_fusion($self, on, /)\n--\n\nRun the fused elementwise chains as chains (the default) "
-     "or step by step (the same bits)."},
+    {"set_fusion", (PyCFunction)program_set_fusion, METH_VARARGS,
+     "set_fusion($self, on, tiled=True, /)\n--\n\nRun the fused elementwise chains as chains "
+     "(the default) or step by step; a chain on a CPU device tiled (each thread runs every step "
+     "on its tile of rows before the next tile: one pass over memory) or step after step over "
+     "the whole block. The same bits every way."},
     {"set_timing", (PyCFunction)program_set_timing, METH_O,
      "set_timing($self, on, /)\n--\n\nTime each step of later runs (step_times), or stop."},
     {"as_text", (PyCFunction)program_as_text, METH_NOARGS,

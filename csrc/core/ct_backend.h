@@ -21,6 +21,7 @@ struct ct_device;
 struct ct_opt_pass;
 struct ct_random_consts; /* ct_random_math.h */
 struct ct_rm_block;
+struct ct_chain_step_; /* ct_ops.h */
 
 typedef struct ct_backend {
     const char *name;       /* "cpu", "cuda" */
@@ -104,6 +105,11 @@ typedef struct ct_backend {
     /* optim_pass implements adafactor's FACTORED stage (statistics pass reduce = 4 and the
      * factors in later passes, see ct_opt_pass); 0: such steps are staged through the host. */
     int optim_factored;
+    /* A fused chain of float32 elementwise steps as one kernel (ct_op_chain, ct_ops.h),
+     * queued on the device's stream. NULL: the steps run one by one. */
+    ct_status (*chain)(struct ct_device *dev, int ndim, const int64_t *shape, const float *a,
+                       const int64_t *a_strides, int nsteps, const struct ct_chain_step_ *steps,
+                       float *out);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */
@@ -123,8 +129,9 @@ typedef struct {
  * (CT_PREC_*: float32, TF32 or bfloat16 inputs); 5: convert (dtype conversions); 6: unary
  * CT_UN_LOG1P .. CT_UN_ERFC, binary CT_BIN_POW, CT_UN_SIGN keeps -0.0 and NaN; ewise and
  * reduce_typed (comparisons, booleans, integer arithmetic and reductions); 7: unary CT_UN_SINH ..
- * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP; 8: binary CT_BIN_PICK (where keeps -0.0) */
-#define CT_BACKEND_ABI_VERSION 8
+ * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP; 8: binary CT_BIN_PICK (where keeps -0.0);
+ * 9: chain (fused elementwise chains) */
+#define CT_BACKEND_ABI_VERSION 9
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

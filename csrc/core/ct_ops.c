@@ -58,6 +58,21 @@ ct_status ct_op_unary(ct_device *dev, int op, float alpha, float beta, int64_t n
     return dev->backend->unary(dev, op, alpha, beta, n, x, y);
 }
 
+ct_status ct_op_chain(ct_device *dev, int ndim, const int64_t *shape, const float *a,
+                      const int64_t *a_strides, int nsteps, const ct_chain_step *steps, float *out) {
+    if (ndim < 1 || ndim > CT_CHAIN_NDIM) return ct_set_error(CT_EINVAL, "chain: rank %d", ndim);
+    if (nsteps < 1 || nsteps > CT_CHAIN_MAX)
+        return ct_set_error(CT_EINVAL, "chain: %d steps", nsteps);
+    for (int j = 0; j < nsteps; j++) {
+        const ct_chain_step *st = &steps[j];
+        if (st->binary ? (st->op < 0 || st->op >= CT_BIN_COUNT || st->other == NULL)
+                       : (st->op < 0 || st->op >= CT_UN_COUNT))
+            return ct_set_error(CT_EINVAL, "chain: step %d: op %d", j, st->op);
+    }
+    CT_TRY(need(dev, (const void *)dev->backend->chain, "fused chains"));
+    return dev->backend->chain(dev, ndim, shape, a, a_strides, nsteps, steps, out);
+}
+
 ct_status ct_op_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
                        const float *a, const int64_t *a_strides, const float *b,
                        const int64_t *b_strides) {

@@ -133,6 +133,29 @@ ct_status ct_broadcast_strides(int out_ndim, const int64_t *out, int in_ndim, co
 ct_status ct_op_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
                       float *y);
 
+/* --- fused elementwise chains ---------------------------------------------------------------
+ * A chain of float32 elementwise ops run as one kernel: per output element, the value starts
+ * as a[offset by a_strides] and each step replaces it — a unary step by op(value) (CT_UN_*,
+ * with alpha and beta as ct_op_unary's), a binary step by op(value, other) or op(other, value)
+ * (CT_BIN_*, `other` read by its broadcast strides) — and the last value is written. Each step
+ * computes what the step's own kernel computes (the same formulas): the same bits as the ops
+ * run one by one. Backends without a chain kernel (the CPU, which tiles chains instead): NULL,
+ * and the caller runs the steps one by one. At most CT_CHAIN_MAX steps over at most
+ * CT_CHAIN_NDIM dimensions. */
+#define CT_CHAIN_MAX 16
+#define CT_CHAIN_NDIM 8
+typedef struct ct_chain_step_ {
+    int binary;                       /* 0: unary op, 1: binary op */
+    int op;                           /* CT_UN_* or CT_BIN_* */
+    float alpha, beta;                /* a unary step's constants */
+    int side;                         /* a binary step: 0 op(value, other), 1 op(other, value) */
+    const float *other;               /* a binary step's other operand */
+    int64_t strides[CT_CHAIN_NDIM];   /* its element strides over the output (0: broadcast) */
+} ct_chain_step;
+
+ct_status ct_op_chain(ct_device *dev, int ndim, const int64_t *shape, const float *a,
+                      const int64_t *a_strides, int nsteps, const ct_chain_step *steps, float *out);
+
 ct_status ct_op_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
                        const float *a, const int64_t *a_strides, const float *b,
                        const int64_t *b_strides);

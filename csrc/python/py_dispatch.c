@@ -2618,6 +2618,55 @@ static int chain_block_tiled(const program *pr, int k0, int len, int i, ct_py_bu
     return failed; /* (a failure: run again step by step, which reports it here) */
 }
 
+/* Block i of a chain as one kernel of its device's backend (ct_op_chain: a GPU), the steps
+ * described by their ops, constants and other operands. Returns 1 when the block does not fit
+ * a chain kernel (rank, steps; the caller runs the steps one by one), else 0 with *cst. */
+static int chain_block_kernel(const program *pr, int k0, int len, int i, ct_py_buffer **ops,
+                              ct_py_buffer **os, const float *alpha, const float *beta,
+                              ct_status *cst) {
+    const pstep *head = &pr->steps[k0];
+    const int nblk = head->e.nblk;
+    ct_py_buffer *o = os[i];
+    *cst = CT_OK;
+    if (o->ndim < 1 || o->ndim > CT_CHAIN_NDIM || len > CT_CHAIN_MAX) return 1;
+    ct_chain_step steps[CT_CHAIN_MAX];
+    int64_t as[CT_MAX_NDIM], tmp[CT_MAX_NDIM];
+    memset(steps, 0, sizeof steps);
+    for (int j = 0; j < len; j++) {
+        const pstep *st = &pr->steps[k0 + j];
+        ct_chain_step *cs = &steps[j];
+        if (st->e.kind == K_BINARY) {
+            const ct_py_buffer *other = j == 0 ? ops[(size_t)nblk + i] : ops[(size_t)(j + 1) * nblk + i];
+            cs->binary = 1;
+            cs->op = st->e.op;
+            cs->side = j == 0 ? 0 : st->chain_side;
+            cs->other = (const float *)other->data;
+            *cst = ct_broadcast_strides(o->ndim, o->shape, other->ndim, other->shape, tmp);
+            if (*cst != CT_OK) return 0;
+            memcpy(cs->strides, tmp, (size_t)o->ndim * sizeof *tmp);
+        } else {
+            cs->op = st->e.op == S_DIV_L && st->e.kind == K_SCALAR ? CT_UN_RDIV :
+                     st->e.kind == K_SCALAR ? CT_UN_AFFINE : st->e.op;
+            cs->alpha = alpha[j];
+            cs->beta = beta[j];
+        }
+    }
+    if (head->e.kind == K_BINARY) {
+        *cst = ct_broadcast_strides(o->ndim, o->shape, ops[i]->ndim, ops[i]->shape, as);
+        if (*cst != CT_OK) return 0;
+    } else { /* a unary head reads its operand element for element */
+        if (nelem(ops[i]) != nelem(o)) return 1;
+        int64_t stride = 1;
+        for (int d = o->ndim - 1; d >= 0; d--) {
+            as[d] = stride;
+            stride *= o->shape[d];
+        }
+    }
+    *cst = ct_op_chain(head->e.cdev[i], o->ndim, o->shape, (const float *)ops[i]->data, as, len,
+                       steps, (float *)o->data);
+    return 0;
+}
+
 /* The kernels of a chain, block by block (no Python: may run without the GIL). */
 static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer **ops,
                                ct_py_buffer **os, const float *alpha, const float *beta) {
@@ -2632,6 +2681,10 @@ static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer 
         }
         if (pr->tile && chain_block_tiled(pr, k0, len, i, ops, os, alpha, beta, &cst) == 0)
             continue;
+        if (pr->tile && head->e.cdev[i]->backend->chain != NULL) {
+            const int r2 = chain_block_kernel(pr, k0, len, i, ops, os, alpha, beta, &cst);
+            if (r2 == 0 || cst != CT_OK) continue;
+        }
         cst = run_block(&head->e, i, ops[i], head->b >= 0 ? ops[(size_t)nblk + i] : NULL, os[i],
                         alpha[0], beta[0], 0);
         for (int j = 1; j < len && cst == CT_OK; j++) {

@@ -18,6 +18,7 @@
 #include "cuda_common.cuh"
 
 extern "C" {
+#include "../../core/ct_ops.h"
 #include "../../core/ct_ops_math.h"
 }
 
@@ -26,6 +27,9 @@ const ct_core_services *ct_cuda_core = NULL;
 /* cuda_ops.cu */
 extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float beta, int64_t n,
                                    const float *x, float *y);
+extern "C" ct_status ct_cuda_chain(ct_device *dev, int ndim, const int64_t *shape, const float *a,
+                                   const int64_t *a_strides, int nsteps, const ct_chain_step *steps,
+                                   float *out);
 extern "C" ct_status ct_cuda_binary(ct_device *dev, int op, int ndim, const int64_t *shape,
                                     float *out, const float *a, const int64_t *as, const float *b,
                                     const int64_t *bs);
@@ -463,6 +467,7 @@ static const ct_backend g_cuda_backend = {
     /* ewise */ ct_cuda_ewise,
     /* reduce_typed */ ct_cuda_reduce_typed,
     /* optim_factored */ 1,
+    /* chain */ ct_cuda_chain,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

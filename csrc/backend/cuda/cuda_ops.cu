@@ -40,10 +40,8 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
     return ct_gelu_grad_from_tanh(x, tanhf(ct_gelu_inner(x)));
 }
 
-__global__ void unary_kernel(int op, float alpha, float beta, long long n, const float *x, float *y) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        float v = op == CT_UN_AFFINE && alpha == 0.0f ? 0.0f : x[i];
+/* One unary op on one value (the unary kernel's and the chain kernel's: the same formulas). */
+__device__ __forceinline__ float unary_apply(int op, float alpha, float beta, float v) {
         float r;
         switch (op) {
         case CT_UN_AFFINE: r = alpha == 0.0f ? beta : alpha * v + beta; break;
@@ -67,7 +65,14 @@ __global__ void unary_kernel(int op, float alpha, float beta, long long n, const
         case CT_UN_RDIV: r = alpha / v; break;
         default: r = ct_unary_ext(op, v); break; /* CT_UN_LOG1P .. CT_UN_SIGNBIT */
         }
-        y[i] = r;
+        return r;
+}
+
+__global__ void unary_kernel(int op, float alpha, float beta, long long n, const float *x, float *y) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float v = op == CT_UN_AFFINE && alpha == 0.0f ? 0.0f : x[i];
+        y[i] = unary_apply(op, alpha, beta, v);
     }
 }
 
@@ -76,6 +81,67 @@ extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float be
     if (n == 0) return CT_OK;
     CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
     unary_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(op, alpha, beta, n, x, y);
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
+}
+
+// --- fused chains ----------------------------------------------------------------------
+// One thread per output element (grid-stride): its coordinates once, then the value through
+// every step, each step the formula of its own kernel (unary_apply, ct_binary_apply), the
+// operands read by their broadcast strides: the bits of the steps run one by one, with one
+// pass over memory and one launch.
+
+struct chain_args {
+    int ndim, nsteps;
+    int64_t shape[CT_CHAIN_NDIM];
+    int64_t as[CT_CHAIN_NDIM];
+    ct_chain_step steps[CT_CHAIN_MAX];
+};
+
+__global__ void chain_kernel(long long n, const float *a, float *out, chain_args g) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        int64_t c[CT_CHAIN_NDIM];
+        long long rem = i;
+        int64_t ao = 0;
+        for (int d = g.ndim - 1; d >= 0; d--) {
+            c[d] = rem % g.shape[d];
+            rem /= g.shape[d];
+            ao += c[d] * g.as[d];
+        }
+        float v = a[ao];
+        for (int j = 0; j < g.nsteps; j++) {
+            const ct_chain_step &st = g.steps[j];
+            if (!st.binary) {
+                v = st.op == CT_UN_AFFINE && st.alpha == 0.0f ? st.beta
+                                                              : unary_apply(st.op, st.alpha, st.beta, v);
+                continue;
+            }
+            int64_t bo = 0;
+            for (int d = 0; d < g.ndim; d++) bo += c[d] * st.strides[d];
+            const float w = st.other[bo];
+            v = st.side == 0 ? ct_binary_apply(st.op, v, w) : ct_binary_apply(st.op, w, v);
+        }
+        out[i] = v;
+    }
+}
+
+extern "C" ct_status ct_cuda_chain(ct_device *dev, int ndim, const int64_t *shape, const float *a,
+                                   const int64_t *a_strides, int nsteps, const ct_chain_step *steps,
+                                   float *out) {
+    chain_args g;
+    g.ndim = ndim;
+    g.nsteps = nsteps;
+    long long n = 1;
+    for (int d = 0; d < ndim; d++) {
+        g.shape[d] = shape[d];
+        g.as[d] = a_strides[d];
+        n *= shape[d];
+    }
+    for (int j = 0; j < nsteps; j++) g.steps[j] = steps[j];
+    if (n == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    chain_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(n, a, out, g);
     CT_CUDA_TRY(cudaGetLastError());
     return CT_OK;
 }

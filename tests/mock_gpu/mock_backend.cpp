@@ -439,6 +439,7 @@ static const ct_backend g_mock = {
     m_unary, m_binary, m_reduce, m_gemm, m_allreduce, m_gather_rows, m_scatter_add_rows, m_optim, m_random,
     m_convert, m_ewise, m_reduce_typed,
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
+    NULL, /* chain: fused chains run step by step (the CUDA chain kernel runs in tools/cuda_emu.sh) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }
 

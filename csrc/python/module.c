@@ -95,12 +95,7 @@ int ct_py_conv_int(PyObject *obj, void *out) {
     return 1;
 }
 
-static struct PyModuleDef ct_module = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "ctrainstate._C",
-    .m_doc = "C core of ctrainstate: devices, buffers, shard layout and kernels.",
-    .m_size = -1,
-};
+/* (the module definition: at the end, after its exec slot) */
 
 /* _C.dtype_names: ct_dtype_name of every core dtype code, in code order, so the Python
  * layer maps numpy dtypes to codes without a copy of the enum. */
@@ -140,10 +135,28 @@ static const ct_py_init_fn ct_py_parts[] = {
     ct_py_init_dist,
 };
 
-PyMODINIT_FUNC PyInit__C(void) {
-    import_array();
-    PyObject *m = PyModule_Create(&ct_module);
-    if (m == NULL) return NULL;
+/* --- the module: multi-phase initialisation, its state ------------------------------------
+ * The module's state owns what the binding parts create once: the exception types and the
+ * heap types (Array, Program, Primitive, ...) it exposes, visited by the garbage collector
+ * through the module. The C layer itself is one per process (the device registry, the
+ * allocators' counters, the MPI engine), so the module executes once per process: a second
+ * execution (a sub-interpreter, a reload) raises ImportError instead of registering the same
+ * devices twice. The binding files keep fast process-wide pointers to the same objects. */
+typedef struct {
+    PyObject *owned; /* list: the module's types and exceptions */
+} ct_module_state;
+
+static int ct_module_executed;
+
+static int ct_module_exec(PyObject *m) {
+    if (ct_module_executed) {
+        PyErr_SetString(PyExc_ImportError,
+                        "ctrainstate._C is already initialised in this process (its device "
+                        "registry and allocators are per process): it cannot be loaded again in "
+                        "a sub-interpreter or reloaded");
+        return -1;
+    }
+    if (_import_array() < 0) return -1;
     ct_py_ResourceExhaustedError = PyErr_NewExceptionWithDoc(
         "ctrainstate.ResourceExhaustedError",
         "A device ran out of memory (its limit or the backend's). The message names the device, "
@@ -162,17 +175,61 @@ PyMODINIT_FUNC PyInit__C(void) {
         "(static_argnums / static_argnames), compute with ops (cnp.where, lax.cond), or read the "
         "value outside the jitted function.",
         PyExc_TypeError, NULL);
-    if (ct_py_ConcretizationTypeError == NULL ||
-        PyModule_AddObjectRef(m, "ConcretizationTypeError", ct_py_ConcretizationTypeError) < 0)
-        goto fail;
     if (ct_py_ResourceExhaustedError == NULL || ct_py_DonatedBufferError == NULL ||
+        ct_py_ConcretizationTypeError == NULL ||
         PyModule_AddObjectRef(m, "ResourceExhaustedError", ct_py_ResourceExhaustedError) < 0 ||
-        PyModule_AddObjectRef(m, "DonatedBufferError", ct_py_DonatedBufferError) < 0)
-        goto fail;
+        PyModule_AddObjectRef(m, "DonatedBufferError", ct_py_DonatedBufferError) < 0 ||
+        PyModule_AddObjectRef(m, "ConcretizationTypeError", ct_py_ConcretizationTypeError) < 0)
+        return -1;
     for (size_t i = 0; i < sizeof ct_py_parts / sizeof ct_py_parts[0]; i++)
-        if (ct_py_parts[i](m) < 0) goto fail;
-    return m;
-fail:
-    Py_DECREF(m);
-    return NULL;
+        if (ct_py_parts[i](m) < 0) return -1;
+    /* the state takes a reference to every type the parts registered */
+    ct_module_state *st = PyModule_GetState(m);
+    PyObject *owned = PyList_New(0), *d = PyModule_GetDict(m);
+    if (owned == NULL || d == NULL) {
+        Py_XDECREF(owned);
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &value))
+        if (PyType_Check(value) && PyList_Append(owned, value) < 0) {
+            Py_DECREF(owned);
+            return -1;
+        }
+    st->owned = owned;
+    ct_module_executed = 1;
+    return 0;
 }
+
+static int ct_module_traverse(PyObject *m, visitproc visit, void *arg) {
+    ct_module_state *st = PyModule_GetState(m);
+    if (st != NULL) Py_VISIT(st->owned);
+    return 0;
+}
+
+static int ct_module_clear(PyObject *m) {
+    ct_module_state *st = PyModule_GetState(m);
+    if (st != NULL) Py_CLEAR(st->owned);
+    return 0;
+}
+
+static void ct_module_free(void *m) { ct_module_clear((PyObject *)m); }
+
+static PyModuleDef_Slot ct_module_slots[] = {
+    {Py_mod_exec, (void *)ct_module_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef ct_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ctrainstate._C",
+    .m_doc = "C core of ctrainstate: devices, buffers, shard layout and kernels.",
+    .m_size = sizeof(ct_module_state),
+    .m_slots = ct_module_slots,
+    .m_traverse = ct_module_traverse,
+    .m_clear = ct_module_clear,
+    .m_free = ct_module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&ct_module); }

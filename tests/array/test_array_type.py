@@ -164,3 +164,18 @@ def test_numpy_ufuncs_give_numpy_and_ndarray_operators_give_arrays():
     r = np.float32([1.0, 2.0]) + x
     assert type(r) is cts.Array
     np.testing.assert_array_equal(np.asarray(r), [1.5, 3.0])
+
+
+def test_the_extension_uses_multi_phase_init_and_runs_once_per_process():
+    """ctrainstate._C is a multi-phase module (PyModuleDef_Init, its state owning its types):
+    executing it a second time in the process — what a reload or a sub-interpreter does —
+    raises ImportError naming why, and the Array type is a heap type (PyType_FromSpec)."""
+    import importlib.util
+    from ctrainstate import _C
+    spec = importlib.util.find_spec("ctrainstate._C")
+    again = importlib.util.module_from_spec(spec)
+    with pytest.raises(ImportError, match="already initialised in this process"):
+        spec.loader.exec_module(again)
+    heap = 1 << 9   # Py_TPFLAGS_HEAPTYPE
+    assert _C.Array.__flags__ & heap and _C.Program.__flags__ & heap
+    assert (cts.numpy.ones(2) + 1.0).tolist() == [2.0, 2.0]   # the loaded module is unaffected

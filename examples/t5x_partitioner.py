@@ -21,6 +21,7 @@ parameters and Adafactor state, the layers computing in bfloat16 (``dtype=`` on 
 DenseGeneral; the RMS norm in float32, cast back), the logits cast to float32 for the loss.
 
     python examples/t5x_partitioner.py [--steps 30] [--layers 2] [--embed 32] [--dtype bfloat16]
+    python examples/t5x_partitioner.py --eager   # the same steps op by op (no replay)
 """
 from __future__ import annotations
 
@@ -134,6 +135,9 @@ def main(argv=None):
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--num-partitions", type=int, default=4)
+    ap.add_argument("--eager", action="store_true",
+                    help="run the partitioned train step eagerly, op by op (cts.disable_jit); by "
+                         "default it is traced once and replayed from C, with the same losses")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="activation (compute) dtype; params and optimizer state stay float32")
     a = ap.parse_args(argv)
@@ -191,13 +195,15 @@ def main(argv=None):
     for step in range(a.steps):
         inputs = rng.integers(0, a.vocab, (layout.batch_size, a.length)).astype(np.int32)
         targets = (inputs * 5 + 3) % a.vocab  # a fixed token mapping to learn
-        state, loss = p_train_step(state, {"inputs": inputs, "targets": targets})
+        with cts.disable_jit(a.eager):
+            state, loss = p_train_step(state, {"inputs": inputs, "targets": targets})
         losses.append(float(np.asarray(loss)))
     dt = time.time() - t0
     print("loss curve: " + " ".join(f"{v:.3f}" for v in losses))
     print(f"{a.steps} steps in {dt:.1f}s; step {int(np.asarray(state.step))}")
     assert state.params["layers_0"]["wi"]["kernel"].sharding.spec == axes.params["layers_0"]["wi"]["kernel"]
     print(f"final loss {losses[-1]:.4f} (initial {losses[0]:.4f})")
+    return losses
     return losses
 
 

@@ -131,3 +131,44 @@ def test_hf_example_loss_is_run_clm_mp_loss():
         want = np.mean(nll + z * 1e-4 * log_z ** 2)
         got = float(np.asarray(mod.loss_fn(logits, labels, v, z_loss=z)))
         np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def _example_main(name, argv):
+    """examples/<name>.py's main run in this process, its printed lines captured."""
+    import contextlib
+    import importlib
+    import io
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        mod = importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        out = mod.main(argv)
+    return out, buf.getvalue()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_t5x_example_jitted_and_eager_give_the_same_losses(dtype):
+    """The t5x example's partitioned train step (Adafactor on the host: an op node) replays from
+    C and gives the eager run's losses bit for bit."""
+    from ctrainstate.t5x import partitioning as t5p
+    seen = []
+    real = t5p.PjitPartitioner.partition
+
+    def spy(self, fn, *a, **k):
+        p = real(self, fn, *a, **k)
+        seen.append(p)
+        return p
+    argv = ["--steps", "3", "--layers", "1", "--dtype", dtype]
+    t5p.PjitPartitioner.partition = spy
+    try:
+        jitted, _ = _example_main("t5x_partitioner", argv)
+    finally:
+        t5p.PjitPartitioner.partition = real
+    eager, _ = _example_main("t5x_partitioner", argv + ["--eager"])
+    assert len(jitted) == 3 and jitted == eager
+    (step,) = [p for p in seen if p._fn.__name__ == "train_step"]
+    (((prog, *_),),) = step._pjitted._programs._cache.values()
+    assert prog.broken is None and "t5x.Adafactor.apply_gradient[op node]" in prog.as_text()

@@ -16,7 +16,7 @@ from ... import _C
 from ..base import tree_util
 from ..array.sharding import (NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims)  # noqa: F401
 from . import meta
-from ..ops.ops import with_sharding
+from ..ops.ops import with_sharding, _put
 from ..array.array import Array, device_put
 from ..array.sharding import get_mesh
 from ..base.hooks import upper as _upper
@@ -343,7 +343,7 @@ def _constrain_to(x, sharding):
         return x
     if x.dtype == np.float32:
         return with_sharding(x, target)
-    return device_put(x, target)
+    return _put(x, target)   # (device_put; under a jit trace an op node of the program)
 
 
 # NamedSharding(mesh, spec) per (mesh, spec): a constraint inside a model resolves to the same

@@ -301,9 +301,10 @@ def _to(a: Array, place, norm) -> Array:
     """``a`` with the given per-dimension mesh axes on ``place`` (resharding if needed)."""
     if _stays(a, place, norm):
         return a
+    # (_put: under a jit trace, the reshard is an op node of the program)
     if isinstance(place, Device):
-        return device_put(a, SingleDeviceSharding(place))
-    return device_put(a, NamedSharding(place, _spec_of(norm)))
+        return _put(a, SingleDeviceSharding(place))
+    return _put(a, NamedSharding(place, _spec_of(norm)))
 
 
 def _check_host_operand(x) -> None:
@@ -1552,11 +1553,11 @@ def with_sharding(x, sharding) -> Array:
     if not isinstance(x, Array):
         x = _lift(x)
     x._check_alive()
-    out = device_put(x, _as_sharding(sharding))
+    out = _put(x, _as_sharding(sharding))   # (a jit trace: an op node)
     if out is x:
         return x
     src = x.sharding
-    return _record(out, (x,), lambda g: (device_put(g, src),))
+    return _record(out, (x,), lambda g: (_put(g, src),))
 
 
 # --- matmul ----------------------------------------------------------------------------------
@@ -2614,7 +2615,7 @@ def _broadcast_like(g, x) -> Array:
     out = broadcast_to(g, x.shape)
     if not isinstance(x, Array) or out.sharding == x.sharding:
         return out
-    return device_put(out, x.sharding)
+    return _put(out, x.sharding)
 
 
 def _plan_reshape(x, shape):

@@ -395,8 +395,11 @@ class PjittedFnWithContext:
             return self._pjitted(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
-        """``lower(...).compile()`` gives a callable (ctrainstate runs eagerly)."""
-        return _Lowered(self)
+        """The traced program of this call (``jit``'s ``lower``, inside the partitioner's mesh
+        and rules): ``.compile()`` gives a callable with ``as_text()`` and
+        ``memory_analysis()``."""
+        with self._mesh, flax_partitioning.axis_rules(self._rules):
+            return _Lowered(self, self._pjitted.lower(*args, **kwargs))
 
     def lower_and_compile(self, *args, **kwargs):
         """``lower(...).compile()`` in one call (what t5x's ``PjitPartitioner.compile`` uses)."""
@@ -404,12 +407,24 @@ class PjittedFnWithContext:
 
 
 class _Lowered:
-    def __init__(self, fn):
+    """A partitioned function's lowered program (see ``jit``'s ``lower``); calling it (or what
+    ``compile()`` returns) calls the partitioned function."""
+
+    def __init__(self, fn, lowered):
         self._fn = fn
+        self._lowered = lowered
 
     def compile(self):
-        """A callable with the same arguments (execution is eager)."""
-        return self._fn
+        return self
+
+    def as_text(self) -> str:
+        return self._lowered.as_text()
+
+    def memory_analysis(self):
+        return self._lowered.memory_analysis()
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
 
 
 class PjitPartitioner:
@@ -426,7 +441,7 @@ class PjitPartitioner:
                  params_on_devices: bool = True, backend: Optional[str] = None,
                  ici_mesh_shape=None, dcn_mesh_shape=None, logical_axis_rules=None, *,
                  use_cpu_pjit: bool = False):
-        # use_cpu_pjit (t5x 2022-08..2023-03) is accepted and ignored: execution is eager.
+        # use_cpu_pjit (t5x 2022-08..2023-03) is accepted and ignored.
         if not num_partitions and not model_parallel_submesh:
             raise ValueError('At least one of `num_partitions` or `model_parallel_submesh` must '
                              'be set.')

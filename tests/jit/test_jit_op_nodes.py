@@ -201,3 +201,18 @@ def test_hf_example_step_replays_with_the_eager_losses_and_its_memory_known():
     assert len(got) == len(cts.devices())
     for dev, (measured, predicted) in got.items():
         assert abs(measured - predicted) <= 0.05 * predicted, (dev, measured, predicted)
+
+
+def test_device_put_inside_jit_reshards_at_each_call():
+    """cts.device_put(x, other_sharding) in a jitted function (jax allows it) is an op node:
+    each call's values are resharded (not a constant of the program)."""
+    mesh = cts.Mesh(np.array(cts.devices()[:4], dtype=object).reshape(2, 2), ("x", "y"))
+    row = cts.NamedSharding(mesh, cts.P("x", None))
+    col = cts.NamedSharding(mesh, cts.P(None, "y"))
+    f = cts.jit(lambda a: cts.device_put(a * 2.0, col) + 1.0)
+    for v in (T, T * 3.0):
+        a = cts.device_put(v, row)
+        out = f(a)
+        assert out.sharding == col and np.asarray(out).tolist() == (v * 2.0 + 1.0).tolist()
+    assert "device_put[op node]" in f.lower(cts.device_put(T, row)).as_text()
+    assert f._programs.traces == 1

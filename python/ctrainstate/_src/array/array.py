@@ -738,6 +738,8 @@ def device_put(x, sharding=None, *, may_alias: bool | None = None, donate: bool 
         if s == x.sharding:
             x._check_alive()
             return x
+        if _C.trace_active():   # inside a jit trace: the reshard is an op node of the program
+            return _upper('_ops')._put_node(x, s)
         return _reshard(x, s)
     s = _as_sharding(sharding)
     arr = np.asarray(x)

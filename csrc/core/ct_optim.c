@@ -1147,6 +1147,9 @@ typedef struct {
     float *rcm;    /* row_col_mean (P*M*Q) */
     int on;        /* active and factored */
     int stat;      /* on and counts: computes statistics (a replica uses its peers') */
+    int remote;    /* another process's block: part / nohi / t come from the exchanges */
+    float *vn;     /* across processes: the new v_row / v_col (nolo, nohi layouts), stored
+                    * into the state once every exchange of the step is done */
 } fblock;
 
 typedef struct {
@@ -1162,10 +1165,95 @@ typedef struct {
     double *leaf_acc;         /* 3 per leaf */
     double *leaf_n;           /* elements per leaf (counting blocks) */
     fblock *fb[CT_OPT_MAX_STAGES];
+    const ct_opt_procs *pr;   /* params spanning processes (NULL: one process) */
+    int *blk_proc;            /* with pr: the process of each block (by global index) */
 } step_env;
+
+/* Whether group gi / global block i belongs to another process (ct_opt_procs). */
+static inline int grp_remote(const step_env *e, int gi) {
+    return e->pr != NULL && e->pr->group_proc[gi] != e->pr->rank;
+}
+static inline int blk_remote(const step_env *e, int64_t i) {
+    return e->blk_proc != NULL && e->blk_proc[i] != e->pr->rank;
+}
+
+/* Every process's doubles, process p sending per[p] of them (every process knows per[]) and
+ * this one `mine`: *out (nproc * *width doubles, width the largest per[p]; free it) holds
+ * process p's at p * width. No call when every process sends nothing. */
+static ct_status xchg(const step_env *e, const double *mine, const size_t *per, double **out,
+                      size_t *width) {
+    const ct_opt_procs *pr = e->pr;
+    size_t w = 0;
+    for (int p = 0; p < pr->nproc; p++) w = per[p] > w ? per[p] : w;
+    double *send = calloc(w > 0 ? w : 1, sizeof *send);
+    double *recv = malloc((size_t)pr->nproc * (w > 0 ? w : 1) * sizeof *recv);
+    if (send == NULL || recv == NULL) {
+        free(send);
+        free(recv);
+        return ct_set_error(CT_EOOM, "optimizer step: out of host memory for an exchange");
+    }
+    if (per[pr->rank] > 0) memcpy(send, mine, per[pr->rank] * sizeof *send);
+    ct_status st = w > 0 ? pr->allgather(pr->ctx, send, recv, w) : CT_OK;
+    free(send);
+    if (st != CT_OK) {
+        free(recv);
+        return st;
+    }
+    *out = recv;
+    *width = w;
+    return CT_OK;
+}
+
+/* Per-process counts and cursors of an exchange (nproc each), zeroed. */
+static ct_status xchg_counts(const step_env *e, size_t **per, size_t **cur) {
+    *per = calloc((size_t)e->pr->nproc, sizeof **per);
+    *cur = calloc((size_t)e->pr->nproc, sizeof **cur);
+    if (*per == NULL || *cur == NULL) {
+        free(*per);
+        free(*cur);
+        return ct_set_error(CT_EOOM, "optimizer step: out of host memory for an exchange");
+    }
+    return CT_OK;
+}
+
+/* A reduce pass across processes: the sums of every counting task of every process's groups
+ * (3 doubles each, group after group, task after task), into the tasks' acc lines of the
+ * other processes' groups. */
+static ct_status xchg_tasks(step_env *e) {
+    const ct_opt_procs *pr = e->pr;
+    size_t *per, *cur;
+    CT_TRY(xchg_counts(e, &per, &cur));
+    for (int gi = 0; gi < e->ngroups; gi++)
+        for (int64_t j = 0; j < e->tt[gi].n; j++)
+            if (e->groups[gi].blocks[e->tt[gi].t[j].block].counts) per[pr->group_proc[gi]] += 3;
+    double *mine = malloc((per[pr->rank] > 0 ? per[pr->rank] : 1) * sizeof *mine), *all = NULL;
+    size_t w = 0, m = 0;
+    ct_status st = mine != NULL ? CT_OK
+                                : ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+    for (int gi = 0; st == CT_OK && gi < e->ngroups; gi++) {
+        if (grp_remote(e, gi)) continue;
+        for (int64_t j = 0; j < e->tt[gi].n; j++)
+            if (e->groups[gi].blocks[e->tt[gi].t[j].block].counts)
+                for (int q = 0; q < 3; q++) mine[m++] = e->acc[gi][j].v[q];
+    }
+    if (st == CT_OK) st = xchg(e, mine, per, &all, &w);
+    for (int gi = 0; st == CT_OK && gi < e->ngroups; gi++) {
+        if (!grp_remote(e, gi)) continue;
+        const int p = pr->group_proc[gi];
+        for (int64_t j = 0; j < e->tt[gi].n; j++)
+            if (e->groups[gi].blocks[e->tt[gi].t[j].block].counts)
+                for (int q = 0; q < 3; q++) e->acc[gi][j].v[q] = all[(size_t)p * w + cur[p]++];
+    }
+    free(all);
+    free(mine);
+    free(per);
+    free(cur);
+    return st;
+}
 
 static void run_apply(const step_env *e) {
     for (int gi = 0; gi < e->ngroups; gi++) {
+        if (grp_remote(e, gi)) continue;
         const task_table *tt = &e->tt[gi];
         const ct_opt_group *grp = &e->groups[gi];
         if (tt->nelem < CT_OPT_PAR_MIN) { /* one thread: no parallel region to open */
@@ -1184,10 +1272,13 @@ static void run_apply(const step_env *e) {
 }
 
 /* One read-only pass: per-leaf sums of the u entering stage k (only blocks
- * that count; in task order, so deterministic). */
-static void reduce_pass(step_env *e, int k, int p_only) {
+ * that count; the tasks' sums added in group order, then task order, so
+ * deterministic). Across processes, the other processes' tasks' sums come from
+ * an exchange and are added at their groups' places. */
+static ct_status reduce_pass(step_env *e, int k, int p_only) {
     memset(e->leaf_acc, 0, (size_t)(e->nleaves > 0 ? e->nleaves : 1) * 3 * sizeof(double));
     for (int gi = 0; gi < e->ngroups; gi++) {
+        if (grp_remote(e, gi)) continue;
         const task_table *tt = &e->tt[gi];
         const ct_opt_group *grp = &e->groups[gi];
         acc_line *acc = e->acc[gi];
@@ -1198,12 +1289,19 @@ static void reduce_pass(step_env *e, int k, int p_only) {
             task_reduce(&e->c, &grp->blocks[t->block], tt->base + t->block, t->off, t->n, k,
                         p_only, acc[j].v);
         }
+    }
+    if (e->pr != NULL) CT_TRY(xchg_tasks(e));
+    for (int gi = 0; gi < e->ngroups; gi++) {
+        const task_table *tt = &e->tt[gi];
+        const ct_opt_group *grp = &e->groups[gi];
+        const acc_line *acc = e->acc[gi];
         for (int64_t j = 0; j < tt->n; j++) {
             const ct_opt_block *b = &grp->blocks[tt->t[j].block];
             if (!b->counts) continue;
             for (int q = 0; q < 3; q++) e->leaf_acc[3 * b->leaf + q] += acc[j].v[q];
         }
     }
+    return CT_OK;
 }
 
 /* Whether stage k is active on leaf l (every block of a leaf has the leaf's mask). */
@@ -1219,12 +1317,111 @@ static int same_start(const ct_opt_geom *a, const ct_opt_geom *b, int skip1, int
 }
 
 /* FACTORED stage k: statistics pass, cross-block sums, new v_row / v_col
- * (written to the state), factors for the fused pass. Cannot fail. */
-static void factored_combine(step_env *e, int k);
+ * (written to the state), factors for the fused pass. Fails only on a failed
+ * exchange across processes, before writing the state. */
+static ct_status factored_combine(step_env *e, int k);
 
-static void factored_pass(step_env *e, int k) {
+/* Across processes: whether block i of FACTORED stage k gives its row sums t to the
+ * row_col_mean of its peers (factored_combine's step C). */
+static inline int gives_t(const step_env *e, const fblock *fb, int64_t i) {
+    const ct_opt_block *b = e->blk[i];
+    return fb[i].on && b->counts && b->geom.start[b->geom.d0] == 0;
+}
+
+/* Across processes: the statistics of stage k's counting factored blocks (nolo sums, then
+ * nohi sums) of every process, in global block order, into the other processes' blocks. */
+static ct_status xchg_stats(step_env *e, int k) {
+    fblock *fb = e->fb[k];
+    size_t *per, *cur;
+    CT_TRY(xchg_counts(e, &per, &cur));
+    const int me = e->pr->rank;
+    for (int64_t i = 0; i < e->nb; i++)
+        if (fb[i].stat) per[e->blk_proc[i]] += (size_t)(fb[i].f.n_nolo + fb[i].f.n_nohi);
+    double *mine = malloc((per[me] > 0 ? per[me] : 1) * sizeof *mine), *all = NULL;
+    size_t w = 0, m = 0;
+    ct_status st = mine != NULL ? CT_OK
+                                : ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+    for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
+        const fblock *x = &fb[i];
+        if (!x->stat || x->remote) continue;
+        memcpy(mine + m, x->part, (size_t)x->f.n_nolo * sizeof *mine);
+        memcpy(mine + m + x->f.n_nolo, x->nohi, (size_t)x->f.n_nohi * sizeof *mine);
+        m += (size_t)(x->f.n_nolo + x->f.n_nohi);
+    }
+    if (st == CT_OK) st = xchg(e, mine, per, &all, &w);
+    for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
+        fblock *x = &fb[i];
+        if (!x->stat || !x->remote) continue;
+        const int p = e->blk_proc[i];
+        const double *src = all + (size_t)p * w + cur[p];
+        memcpy(x->part, src, (size_t)x->f.n_nolo * sizeof *src);
+        memcpy(x->nohi, src + x->f.n_nolo, (size_t)x->f.n_nohi * sizeof *src);
+        cur[p] += (size_t)(x->f.n_nolo + x->f.n_nohi);
+    }
+    free(all);
+    free(mine);
+    free(per);
+    free(cur);
+    return st;
+}
+
+/* Across processes: the row sums t (factored_combine's step B) of the blocks that give them
+ * (gives_t), of every process, into the other processes' blocks. */
+static ct_status xchg_t(step_env *e, int k) {
+    fblock *fb = e->fb[k];
+    size_t *per, *cur;
+    CT_TRY(xchg_counts(e, &per, &cur));
+    const int me = e->pr->rank;
+    for (int64_t i = 0; i < e->nb; i++)
+        if (gives_t(e, fb, i)) per[e->blk_proc[i]] += (size_t)(fb[i].f.P * fb[i].f.M * fb[i].f.Q);
+    double *mine = malloc((per[me] > 0 ? per[me] : 1) * sizeof *mine), *all = NULL;
+    size_t w = 0, m = 0;
+    ct_status st = mine != NULL ? CT_OK
+                                : ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+    for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
+        const fblock *x = &fb[i];
+        if (!gives_t(e, fb, i) || x->remote) continue;
+        const size_t nt = (size_t)(x->f.P * x->f.M * x->f.Q);
+        memcpy(mine + m, x->t, nt * sizeof *mine);
+        m += nt;
+    }
+    if (st == CT_OK) st = xchg(e, mine, per, &all, &w);
+    for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
+        fblock *x = &fb[i];
+        if (!gives_t(e, fb, i) || !x->remote) continue;
+        const int p = e->blk_proc[i];
+        const size_t nt = (size_t)(x->f.P * x->f.M * x->f.Q);
+        memcpy(x->t, all + (size_t)p * w + cur[p], nt * sizeof *x->t);
+        cur[p] += nt;
+    }
+    free(all);
+    free(mine);
+    free(per);
+    free(cur);
+    return st;
+}
+
+/* Across processes: store stage k's new v_row / v_col (kept in vn) into the state. */
+static void factored_commit(step_env *e, int k) {
+    const fblock *fb = e->fb[k];
+    const int o = e->c.slot_off[k];
+    for (int64_t i = 0; i < e->nb; i++) {
+        const fblock *x = &fb[i];
+        if (!x->on || x->remote) continue;
+        const ct_opt_block *b = e->blk[i];
+        const fgeom *f = &x->f;
+        const float *lo = x->vn, *hi = x->vn + f->n_nolo;
+        cvt_store(b->slot_dt[o], f->d0_is_lo ? lo : hi, f->d0_is_lo ? f->n_nolo : f->n_nohi,
+                  b->slot[o], 0);
+        cvt_store(b->slot_dt[o + 1], f->d0_is_lo ? hi : lo, f->d0_is_lo ? f->n_nohi : f->n_nolo,
+                  b->slot[o + 1], 0);
+    }
+}
+
+static ct_status factored_pass(step_env *e, int k) {
     fblock *fb = e->fb[k];
     for (int gi = 0; gi < e->ngroups; gi++) { /* the statistics: (block, segment) tasks */
+        if (grp_remote(e, gi)) continue;
         const ct_opt_group *grp = &e->groups[gi];
         const int64_t base = e->tt[gi].base;
         int64_t ntask = 0, nelem = 0;
@@ -1254,12 +1451,15 @@ static void factored_pass(step_env *e, int k) {
         for (int r = 1; r < x->nseg; r++)
             for (int64_t q = 0; q < x->f.n_nolo; q++) x->part[q] += x->part[r * x->f.n_nolo + q];
     }
-    factored_combine(e, k);
+    if (e->pr != NULL) CT_TRY(xchg_stats(e, k));
+    return factored_combine(e, k);
 }
 
 /* FACTORED stage k from its statistics (fb[k][i].part[0, n_nolo) and .nohi of the blocks
- * that count): new v_row / v_col (written to the state), factors for the fused pass. */
-static void factored_combine(step_env *e, int k) {
+ * that count): new v_row / v_col (written to the state; across processes kept in vn until
+ * factored_commit), factors for the fused pass. Another process's blocks (remote) lend
+ * their statistics and row sums and are otherwise skipped. */
+static ct_status factored_combine(step_env *e, int k) {
     fblock *fb = e->fb[k];
     ffac *fac = e->c.fac[k];
     const ct_opt_stage *s = &e->c.st[k];
@@ -1269,7 +1469,7 @@ static void factored_combine(step_env *e, int k) {
      * every global element once), means, new v_row / v_col. */
     for (int64_t i = 0; i < e->nb; i++) {
         fblock *x = &fb[i];
-        if (!x->on) continue;
+        if (!x->on || x->remote) continue;
         const ct_opt_block *b = e->blk[i];
         const ct_opt_geom *g = &b->geom;
         int np_lo = 0;
@@ -1303,13 +1503,15 @@ static void factored_combine(step_env *e, int k) {
         for (int64_t q = 0; q < ncol; q++)
             colbuf[q] = drt * ct_cv_load_f(dc, vc, q) + cdrt * colbuf[q];
         /* stored in the slots' dtypes; the factors below use the float32 values */
-        cvt_store(dr, rowbuf, nrow, vr, 0);
-        cvt_store(dc, colbuf, ncol, vc, 0);
+        if (e->pr == NULL) {
+            cvt_store(dr, rowbuf, nrow, vr, 0);
+            cvt_store(dc, colbuf, ncol, vc, 0);
+        }
     }
     /* B: each block's new v_row summed over its part of d1. */
     for (int64_t i = 0; i < e->nb; i++) {
         fblock *x = &fb[i];
-        if (!x->on) continue;
+        if (!x->on || x->remote) continue;
         const fgeom *f = &x->f;
         const float *rowbuf = f->d0_is_lo ? fac[i].nolo : fac[i].nohi;
         const int64_t S1 = f->d0_is_lo ? f->Shi : f->Slo;
@@ -1323,11 +1525,20 @@ static void factored_combine(step_env *e, int k) {
                         x->t[(p * f->M + m) * f->Q + q] += (double)rowbuf[ei];
                     }
     }
+    if (e->pr != NULL) {
+        CT_TRY(xchg_t(e, k));
+        for (int64_t i = 0; i < e->nb; i++) { /* the new v_row / v_col, for factored_commit */
+            fblock *x = &fb[i];
+            if (!x->on || x->remote) continue;
+            memcpy(x->vn, fac[i].nolo, (size_t)x->f.n_nolo * sizeof *x->vn);
+            memcpy(x->vn + x->f.n_nolo, fac[i].nohi, (size_t)x->f.n_nohi * sizeof *x->vn);
+        }
+    }
     /* C: row_col_mean over the blocks along d1 (one per distinct v_row box),
      * row factor (v_row / row_col_mean)^-1/2, column factor v_col^-1/2. */
     for (int64_t i = 0; i < e->nb; i++) {
         fblock *x = &fb[i];
-        if (!x->on) continue;
+        if (!x->on || x->remote) continue;
         const ct_opt_block *b = e->blk[i];
         const ct_opt_geom *g = &b->geom;
         const fgeom *f = &x->f;
@@ -1360,6 +1571,7 @@ static void factored_combine(step_env *e, int k) {
         const int64_t ncol = f->d0_is_lo ? f->n_nohi : f->n_nolo;
         for (int64_t q = 0; q < ncol; q++) colbuf[q] = 1.0f / sqrtf(colbuf[q]);
     }
+    return CT_OK;
 }
 
 ct_status ct_optim_check(const ct_opt_stage *stages, int nstages) {
@@ -1385,10 +1597,11 @@ ct_status ct_optim_check(const ct_opt_stage *stages, int nstages) {
     return CT_OK;
 }
 
-static ct_status check_geom(const ct_opt_block *b, int k, int o) {
+/* local: the block's own (its state arrays are checked too); else another process's. */
+static ct_status check_geom(const ct_opt_block *b, int k, int o, int local) {
     const ct_opt_geom *g = &b->geom;
     if (g->ndim == 0) {
-        if (b->slot_n[o + 2] != b->n)
+        if (local && b->slot_n[o + 2] != b->n)
             return ct_set_error(CT_EINVAL, "optimizer: stage %d: state v of leaf %d has %lld elements, expected %lld",
                                 k, b->leaf, (long long)b->slot_n[o + 2], (long long)b->n);
         return CT_OK;
@@ -1405,7 +1618,7 @@ static ct_status check_geom(const ct_opt_block *b, int k, int o) {
     if (n != b->n)
         return ct_set_error(CT_EINVAL, "optimizer: stage %d: block shape of leaf %d has %lld elements, the block %lld",
                             k, b->leaf, (long long)n, (long long)b->n);
-    if (b->slot_n[o] != n / g->bshape[g->d0] || b->slot_n[o + 1] != n / g->bshape[g->d1])
+    if (local && (b->slot_n[o] != n / g->bshape[g->d0] || b->slot_n[o + 1] != n / g->bshape[g->d1]))
         return ct_set_error(CT_EINVAL, "optimizer: stage %d: v_row/v_col of leaf %d have %lld/%lld elements, expected %lld/%lld",
                             k, b->leaf, (long long)b->slot_n[o], (long long)b->slot_n[o + 1],
                             (long long)(n / g->bshape[g->d0]), (long long)(n / g->bshape[g->d1]));
@@ -1431,12 +1644,19 @@ static ct_status check_dtypes(const ct_opt_block *b, const char *where) {
 }
 
 static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, int ngroups,
-                              int nleaves) {
+                              int nleaves, const ct_opt_procs *pr) {
     for (int gi = 0; gi < ngroups; gi++) {
+        const int remote = pr != NULL && pr->group_proc[gi] != pr->rank;
         for (int i = 0; i < groups[gi].nblocks; i++) {
             const ct_opt_block *b = &groups[gi].blocks[i];
             if (b->n < 0 || b->leaf < 0 || b->leaf >= nleaves)
                 return ct_set_error(CT_EINVAL, "optimizer: block %d of group %d is malformed", i, gi);
+            if (remote) { /* another process's: no buffers; its factored geometry is used */
+                for (int k = 0; k < c->nstages; k++)
+                    if (((b->active >> k) & 1u) && c->st[k].kind == CT_OPT_FACTORED && b->n > 0)
+                        CT_TRY(check_geom(b, k, c->slot_off[k], 0));
+                continue;
+            }
             CT_TRY(check_dtypes(b, ""));
             if (b->n == 0) continue;
             if (b->g == NULL || (b->out == NULL && b->p == NULL))
@@ -1450,7 +1670,7 @@ static ct_status check_blocks(const ct_opt_ctx *c, const ct_opt_group *groups, i
                     if (b->slot[c->slot_off[k] + q] == NULL)
                         return ct_set_error(CT_EINVAL, "optimizer: stage %d has no state array for leaf %d", k, b->leaf);
                 if (kind == CT_OPT_FACTORED) {
-                    CT_TRY(check_geom(b, k, c->slot_off[k]));
+                    CT_TRY(check_geom(b, k, c->slot_off[k], 1));
                 } else {
                     for (int q = 0; q < kind_nslots[kind]; q++)
                         if (b->slot_n[c->slot_off[k] + q] != b->n)
@@ -1476,6 +1696,7 @@ static void env_free(step_env *e) {
                 free(e->fb[k][i].nohi);
                 free(e->fb[k][i].t);
                 free(e->fb[k][i].rcm);
+                free(e->fb[k][i].vn);
                 if (e->c.fac[k] != NULL) {
                     free(e->c.fac[k][i].nolo);
                     free(e->c.fac[k][i].nohi);
@@ -1491,6 +1712,7 @@ static void env_free(step_env *e) {
     free(e->leaf_head);
     free(e->leaf_acc);
     free(e->leaf_n);
+    free(e->blk_proc);
 }
 
 #define OOM() ct_set_error(CT_EOOM, "optimizer step: out of host memory")
@@ -1516,12 +1738,15 @@ static ct_status env_init(step_env *e) {
     e->blk = malloc((size_t)nb * sizeof *e->blk);
     e->leaf_next = malloc((size_t)nb * sizeof *e->leaf_next);
     if (!e->blk || !e->leaf_next) return OOM();
+    if (e->pr != NULL && (e->blk_proc = malloc((size_t)nb * sizeof *e->blk_proc)) == NULL)
+        return OOM();
     for (int l = 0; l < nl; l++) e->leaf_head[l] = -1;
     for (int gi = ng - 1; gi >= 0; gi--) /* lists in global block order */
         for (int i = e->groups[gi].nblocks - 1; i >= 0; i--) {
             const int64_t id = e->tt[gi].base + i;
             const ct_opt_block *b = &e->groups[gi].blocks[i];
             e->blk[id] = b;
+            if (e->blk_proc != NULL) e->blk_proc[id] = e->pr->group_proc[gi];
             e->leaf_next[id] = e->leaf_head[b->leaf];
             e->leaf_head[b->leaf] = (int)id;
             if (b->counts) e->leaf_n[b->leaf] += (double)b->n;
@@ -1549,10 +1774,22 @@ static ct_status env_init(step_env *e) {
             x->on = 1;
             x->stat = b->counts != 0;
             x->f = fgeom_of(&b->geom);
+            const int64_t nt = x->f.P * x->f.M * x->f.Q;
+            if ((x->remote = blk_remote(e, i))) { /* what the exchanges bring */
+                x->nseg = 1;
+                if (x->stat && ((x->part = malloc((size_t)x->f.n_nolo * sizeof(double))) == NULL ||
+                                (x->nohi = malloc((size_t)x->f.n_nohi * sizeof(double))) == NULL))
+                    return OOM();
+                if (gives_t(e, e->fb[k], i) && (x->t = malloc((size_t)nt * sizeof(double))) == NULL)
+                    return OOM();
+                continue;
+            }
+            if (e->pr != NULL &&
+                (x->vn = malloc((size_t)(x->f.n_nolo + x->f.n_nohi) * sizeof(float))) == NULL)
+                return OOM();
             int64_t nseg = x->f.nlines < CT_OPT_MAX_SEG ? x->f.nlines : CT_OPT_MAX_SEG;
             int64_t cap = x->f.Slo / 8 > 1 ? x->f.Slo / 8 : 1; /* partials <= n bytes */
             x->nseg = (int)(nseg < cap ? nseg : cap);
-            const int64_t nt = x->f.P * x->f.M * x->f.Q;
             x->part = calloc((size_t)(x->nseg * x->f.n_nolo), sizeof(double));
             x->nohi = calloc((size_t)x->f.n_nohi, sizeof(double));
             x->t = malloc((size_t)nt * sizeof(double));
@@ -1612,7 +1849,11 @@ static ct_status run_passes(step_env *e, ct_opt_stage *stages, int nstages, int 
         const int kind = stages[k].kind;
         if (!kind_is_reduction(kind) || ((c->skip >> k) & 1u)) continue;
         if (kind == CT_OPT_FACTORED) {
-            factored_pass(e, k);
+            ct_status fs = factored_pass(e, k);
+            if (fs != CT_OK) {
+                free(p2);
+                return fs;
+            }
             continue;
         }
         /* p is not changed before the fused pass, so per-leaf sum p^2 (PARAM_RMS)
@@ -1624,7 +1865,11 @@ static ct_status run_passes(step_env *e, ct_opt_stage *stages, int nstages, int 
             memcpy(e->leaf_acc, p2, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
         } else {
             c->acc_p = kind == CT_OPT_TRUST_RATIO || p_only || (want_p2 && !have_p2);
-            reduce_pass(e, k, p_only);
+            ct_status rs = reduce_pass(e, k, p_only);
+            if (rs != CT_OK) {
+                free(p2);
+                return rs;
+            }
             if (c->acc_p && want_p2 && !have_p2) {
                 memcpy(p2, e->leaf_acc, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof *p2);
                 have_p2 = 1;
@@ -1655,6 +1900,9 @@ static ct_status run_passes(step_env *e, ct_opt_stage *stages, int nstages, int 
             }
         }
     }
+    if (e->pr != NULL) /* every exchange done: the new factored statistics */
+        for (int k = 0; k < nstages; k++)
+            if (stages[k].kind == CT_OPT_FACTORED && !((c->skip >> k) & 1u)) factored_commit(e, k);
     run_apply(e);
     free(p2);
     return CT_OK;
@@ -1663,10 +1911,25 @@ static ct_status run_passes(step_env *e, ct_opt_stage *stages, int nstages, int 
 /* Check a step's stages and blocks and make its driver tables (e, on CPU devices); *gpu:
  * 1 when every group is on GPU devices (e is then not made). */
 static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
-                            const ct_opt_group *groups, int ngroups, int nleaves, int *gpu) {
+                            const ct_opt_group *groups, int ngroups, int nleaves, int *gpu,
+                            const ct_opt_procs *pr) {
     CT_TRY(ct_optim_check(stages, nstages));
     if (nleaves < 0) return ct_set_error(CT_EINVAL, "optimizer: negative leaf count");
     if (ngroups < 0) return ct_set_error(CT_EINVAL, "optimizer: negative group count");
+    if (pr != NULL) {
+        if (pr->nproc < 1 || pr->rank < 0 || pr->rank >= pr->nproc || pr->allgather == NULL ||
+            (ngroups > 0 && pr->group_proc == NULL))
+            return ct_set_error(CT_EINVAL, "optimizer: bad processes (%d of %d)", pr->rank, pr->nproc);
+        for (int gi = 0; gi < ngroups; gi++) {
+            if (pr->group_proc[gi] < 0 || pr->group_proc[gi] >= pr->nproc)
+                return ct_set_error(CT_EINVAL, "optimizer: group %d belongs to process %d of %d",
+                                    gi, pr->group_proc[gi], pr->nproc);
+            if (groups[gi].dev != NULL && groups[gi].dev->platform != CT_PLATFORM_CPU)
+                return ct_set_error(CT_EINVAL, "the optimizer's norms, finite gate or factored "
+                                    "statistics over params that span processes run on CPU "
+                                    "devices only; on GPUs they are not supported yet");
+        }
+    }
     memset(e, 0, sizeof *e);
     ct_opt_ctx *c = &e->c;
     c->st = stages;
@@ -1676,7 +1939,7 @@ static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
         c->slot_off[k] = off;
         off += kind_nslots[stages[k].kind];
     }
-    CT_TRY(check_blocks(c, groups, ngroups, nleaves));
+    CT_TRY(check_blocks(c, groups, ngroups, nleaves, pr));
     int ngpu = 0;
     for (int gi = 0; gi < ngroups; gi++)
         ngpu += groups[gi].dev != NULL && groups[gi].dev->platform != CT_PLATFORM_CPU;
@@ -1688,6 +1951,7 @@ static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
     e->groups = groups;
     e->ngroups = ngroups;
     e->nleaves = nleaves;
+    e->pr = pr;
     ct_status st = env_init(e);
     if (st != CT_OK) env_free(e);
     return st;
@@ -1695,9 +1959,14 @@ static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
 
 ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                         int ngroups, int nleaves) {
+    return ct_optim_step_procs(stages, nstages, groups, ngroups, nleaves, NULL);
+}
+
+ct_status ct_optim_step_procs(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                              int ngroups, int nleaves, const ct_opt_procs *procs) {
     step_env e;
     int gpu = 0;
-    CT_TRY(step_setup(&e, stages, nstages, groups, ngroups, nleaves, &gpu));
+    CT_TRY(step_setup(&e, stages, nstages, groups, ngroups, nleaves, &gpu, procs));
     if (gpu) return ct_optim_step_device(stages, nstages, groups, ngroups);
     ct_status st = run_passes(&e, stages, nstages, nleaves);
     env_free(&e);
@@ -1718,7 +1987,7 @@ ct_status ct_optim_prepare(ct_opt_stage *stages, int nstages, const ct_opt_group
     ct_optim_prepared *p = calloc(1, sizeof *p);
     if (p == NULL) return OOM();
     int gpu = 0;
-    ct_status st = step_setup(&p->e, stages, nstages, groups, ngroups, nleaves, &gpu);
+    ct_status st = step_setup(&p->e, stages, nstages, groups, ngroups, nleaves, &gpu, NULL);
     if (st != CT_OK) {
         free(p);
         return st;
@@ -1826,7 +2095,7 @@ ct_status ct_opt_factored_combine(const ct_opt_stage *stages, int nstages, int k
     if (st == CT_OK) {
         e.fb[k] = fb;
         e.c.fac[k] = ff;
-        factored_combine(&e, k);
+        st = factored_combine(&e, k); /* (one process: cannot fail) */
     }
     for (int64_t i = 0; fb != NULL && i < nb; i++) {
         free(fb[i].t);

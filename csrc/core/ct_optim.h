@@ -80,6 +80,7 @@
 #ifndef CT_OPTIM_H
 #define CT_OPTIM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ct_dtype.h"
@@ -244,6 +245,30 @@ ct_status ct_optim_check(const ct_opt_stage *stages, int nstages);
  * or allocation failure, before writing anything. */
 ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
                         int ngroups, int nleaves);
+
+/* A step over params that span processes (ct_optim_step_procs; each process runs it with
+ * the same arguments but its own buffers). `groups` are the groups of the one-process step on
+ * the same global devices, in its order: group gi belongs to process group_proc[gi]. This
+ * process's groups (group_proc[gi] == rank) hold its blocks as in ct_optim_step; another
+ * process's blocks carry only what the reductions must know of them (n, active, leaf, counts
+ * and, for factored leaves, geom; no buffers: they are never read or written here). Each
+ * reduction computes this process's partial results (the per-task sums of a reduce pass,
+ * adafactor's per-block statistics and row sums), exchanges them with every process through
+ * `allgather`, and combines the partials of every group in the one-process step's order: so
+ * every process gets the norms, gates, trust ratios and factors of the one-process step bit
+ * for bit, a replicated block counted once (its replica 0, wherever it lives). Every process
+ * calls `allgather` the same number of times with the same n. CPU devices only. A failed
+ * exchange fails the step before anything is written. */
+typedef ct_status (*ct_opt_allgather_fn)(void *ctx, const double *send, double *recv, size_t n);
+typedef struct {
+    int rank, nproc;
+    const int *group_proc;          /* per group: the process that holds it */
+    ct_opt_allgather_fn allgather;  /* recv[p * n + i] = send[i] of process p, i < n */
+    void *ctx;
+} ct_opt_procs;
+
+ct_status ct_optim_step_procs(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
+                              int ngroups, int nleaves, const ct_opt_procs *procs);
 
 /* A step prepared once and run many times over the same blocks (a persistent plan,
  * csrc/python/py_optim_plan.c): ct_optim_prepare checks the stages and the blocks and, on

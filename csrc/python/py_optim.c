@@ -6,7 +6,9 @@
  * tuples and lists every device's blocks; this file converts them once per
  * call into the core's ct_opt_stage / ct_opt_group arrays, pins the buffers
  * (a pinned buffer refuses delete()), releases the GIL and runs
- * ct_optim_step. No math here.
+ * ct_optim_step. Over params that span processes (`procs`) it runs
+ * ct_optim_step_procs, whose exchanges go through the MPI engine (ct_dist):
+ * waiting at most the timeout, stopped by Ctrl-C. No math here.
  */
 #include "ct_py.h"
 
@@ -15,6 +17,8 @@
 #include "py_optim.h"
 
 #include <math.h>
+
+#include "../process/ct_dist.h"
 
 int ct_py_optim_parse_stages(PyObject *seq, ct_opt_stage *st, int *nst) {
     PyObject *fast = PySequence_Fast(seq, "stages must be a sequence");
@@ -230,6 +234,122 @@ int ct_py_optim_parse_block(PyObject *t, PyObject *g_override, ct_opt_block *b, 
     return 0;
 }
 
+/* Another process's block (a step across processes): (n, active, leaf, counts[, geom]), no
+ * buffers. */
+static int parse_remote_block(PyObject *t, ct_opt_block *b) {
+    PyObject *geom = Py_None;
+    long long n;
+    uint32_t active;
+    int leaf, counts;
+    if (!PyTuple_Check(t)) {
+        PyErr_Format(PyExc_TypeError, "another process's optimizer block must be an (n, active, "
+                     "leaf, counts[, geometry]) tuple, got %.100s", Py_TYPE(t)->tp_name);
+        return -1;
+    }
+    if (!PyArg_ParseTuple(t, "LO&ip|O:remote block", &n, ct_py_conv_u32, &active, &leaf, &counts,
+                          &geom))
+        return -1;
+    memset(b, 0, sizeof *b);
+    if (parse_geom(geom, &b->geom) < 0) return -1;
+    b->n = (int64_t)n;
+    b->active = active;
+    b->leaf = leaf;
+    b->counts = counts;
+    b->g_dt = b->p_dt = b->out_dt = CT_F32;
+    return 0;
+}
+
+/* ---- exchanges of a step across processes (ct_opt_procs), through the MPI engine ----- */
+
+typedef struct {
+    PyThreadState *ts; /* the step's thread, its GIL released */
+    double timeout;
+} xchg_ctx;
+
+static int xchg_poll(void *p) { /* Ctrl-C stops a waiting exchange */
+    xchg_ctx *c = p;
+    PyEval_RestoreThread(c->ts);
+    int stop = PyErr_CheckSignals() < 0; /* the handler's exception stays set */
+    c->ts = PyEval_SaveThread();
+    return stop;
+}
+
+static ct_status xchg_allgather(void *ctx, const double *send, double *recv, size_t n) {
+    xchg_ctx *c = ctx;
+    const int np = ct_dist_size();
+    if (np < 1)
+        return ct_set_error(CT_EINVAL, "optimizer: a step across processes needs "
+                            "ctrainstate.distributed.initialize()");
+    /* buffers of the engine's own: after a failed collective MPI may still write them, so
+     * they are then never freed */
+    double *s = malloc(n * sizeof *s), *r = malloc((size_t)np * n * sizeof *r);
+    if (s == NULL || r == NULL) {
+        free(s);
+        free(r);
+        return ct_set_error(CT_EOOM, "optimizer: out of host memory for an exchange");
+    }
+    memcpy(s, send, n * sizeof *s);
+    ct_status st = ct_dist_allgather(s, r, n, sizeof(double), c->timeout, xchg_poll, c);
+    if (st != CT_OK && ct_dist_failure() != CT_DIST_FAIL_NONE) return st; /* s, r kept */
+    if (st == CT_OK) memcpy(recv, r, (size_t)np * n * sizeof *r);
+    free(s);
+    free(r);
+    return st;
+}
+
+/* procs: None, or (rank, nproc, [process of each group], timeout). */
+static int parse_procs(PyObject *obj, Py_ssize_t ng, ct_opt_procs *pr, int **gp, xchg_ctx *xc) {
+    PyObject *lst;
+    *gp = NULL;
+    if (!PyTuple_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "procs must be None or a (rank, nproc, group_procs, "
+                     "timeout) tuple, got %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    memset(pr, 0, sizeof *pr);
+    if (!PyArg_ParseTuple(obj, "iiOd:procs", &pr->rank, &pr->nproc, &lst, &xc->timeout)) return -1;
+    if (pr->nproc < 1 || pr->rank < 0 || pr->rank >= pr->nproc) {
+        PyErr_Format(PyExc_ValueError, "procs: process %d of %d", pr->rank, pr->nproc);
+        return -1;
+    }
+    if (!(xc->timeout > 0)) {
+        PyErr_Format(PyExc_ValueError, "procs: timeout must be positive, got %g", xc->timeout);
+        return -1;
+    }
+    PyObject *f = PySequence_Fast(lst, "procs: group_procs must be a sequence");
+    if (f == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(f) != ng) {
+        PyErr_Format(PyExc_ValueError, "procs: %zd group processes for %zd groups",
+                     PySequence_Fast_GET_SIZE(f), ng);
+        Py_DECREF(f);
+        return -1;
+    }
+    *gp = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof **gp);
+    if (*gp == NULL) {
+        Py_DECREF(f);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(f, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(f);
+            return -1;
+        }
+        if (v < 0 || v >= pr->nproc) {
+            PyErr_Format(PyExc_ValueError, "procs: group %zd on process %ld of %d", i, v, pr->nproc);
+            Py_DECREF(f);
+            return -1;
+        }
+        (*gp)[i] = (int)v;
+    }
+    Py_DECREF(f);
+    pr->group_proc = *gp;
+    pr->allgather = xchg_allgather;
+    pr->ctx = xc;
+    return 0;
+}
+
 static void free_groups(ct_opt_group *gr, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) PyMem_Free(gr[i].blocks);
     PyMem_Free(gr);
@@ -237,9 +357,10 @@ static void free_groups(ct_opt_group *gr, Py_ssize_t n) {
 
 static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *stages_obj, *groups_obj, *grads_obj = Py_None;
+    PyObject *stages_obj, *groups_obj, *grads_obj = Py_None, *procs_obj = Py_None;
     int nleaves;
-    if (!PyArg_ParseTuple(args, "OOi|O:optim_step", &stages_obj, &groups_obj, &nleaves, &grads_obj))
+    if (!PyArg_ParseTuple(args, "OOi|OO:optim_step", &stages_obj, &groups_obj, &nleaves,
+                          &grads_obj, &procs_obj))
         return NULL;
     ct_opt_stage st[CT_OPT_MAX_STAGES];
     int nst = 0;
@@ -255,9 +376,16 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     ct_opt_group *gr = PyMem_Calloc((size_t)(ng > 0 ? ng : 1), sizeof *gr);
     ct_py_pin_list pl = {0};
     PyObject *result = NULL, *gdf = NULL;
+    ct_opt_procs procs, *pr = NULL;
+    xchg_ctx xc = {NULL, 0.0};
+    int *gproc = NULL;
     if (gr == NULL) {
         PyErr_NoMemory();
         goto done;
+    }
+    if (procs_obj != Py_None) {
+        if (parse_procs(procs_obj, ng, &procs, &gproc, &xc) < 0) goto done;
+        pr = &procs;
     }
     if (grads_obj != Py_None) {
         gdf = PySequence_Fast(grads_obj, "grads must be a sequence (one per group)");
@@ -273,7 +401,8 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
         if (bf == NULL) goto done;
         Py_ssize_t nb = PySequence_Fast_GET_SIZE(bf);
         PyObject *ggf = NULL; /* this group's grads, one per block */
-        if (gdf != NULL) {
+        const int remote = pr != NULL && gproc[i] != pr->rank;
+        if (gdf != NULL && !remote) {
             ggf = PySequence_Fast(PySequence_Fast_GET_ITEM(gdf, i), "grads of a group must be a sequence");
             if (ggf == NULL) {
                 Py_DECREF(bf);
@@ -296,6 +425,13 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
             goto done;
         }
         for (Py_ssize_t j = 0; j < nb; j++) {
+            if (remote) {
+                if (parse_remote_block(PySequence_Fast_GET_ITEM(bf, j), &gr[i].blocks[j]) < 0) {
+                    Py_DECREF(bf);
+                    goto done;
+                }
+                continue;
+            }
             if (ct_py_optim_parse_block(PySequence_Fast_GET_ITEM(bf, j),
                             ggf != NULL ? PySequence_Fast_GET_ITEM(ggf, j) : NULL,
                             &gr[i].blocks[j], nslots, &pl, &gr[i].dev) < 0) {
@@ -307,9 +443,28 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
         Py_XDECREF(ggf);
         Py_DECREF(bf);
     }
-    Py_BEGIN_ALLOW_THREADS
-    cs = ct_optim_step(st, nst, gr, (int)ng, nleaves);
-    Py_END_ALLOW_THREADS
+    if (pr == NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        cs = ct_optim_step(st, nst, gr, (int)ng, nleaves);
+        Py_END_ALLOW_THREADS
+    } else {
+        const ct_dist_failure_kind before = ct_dist_failure();
+        xc.ts = PyEval_SaveThread();
+        cs = ct_optim_step_procs(st, nst, gr, (int)ng, nleaves, pr);
+        PyEval_RestoreThread(xc.ts);
+        const ct_dist_failure_kind now = ct_dist_failure();
+        if (cs != CT_OK && before == CT_DIST_FAIL_NONE && now != CT_DIST_FAIL_NONE) {
+            if (now == CT_DIST_FAIL_INTERRUPTED && PyErr_Occurred()) { /* Ctrl-C's exception */
+                ct_clear_error();
+                goto done;
+            }
+            if (now == CT_DIST_FAIL_TIMEOUT) {
+                PyErr_SetString(PyExc_TimeoutError, ct_last_error());
+                ct_clear_error();
+                goto done;
+            }
+        }
+    }
     if (cs != CT_OK) {
         ct_py_raise(cs);
         goto done;
@@ -326,6 +481,7 @@ static PyObject *py_optim_step(PyObject *self, PyObject *args) {
     }
 done:
     ct_py_pin_release(&pl);
+    PyMem_Free(gproc);
     if (gr != NULL) free_groups(gr, ng);
     Py_XDECREF(gdf);
     Py_DECREF(gf);
@@ -375,7 +531,7 @@ static PyMethodDef optim_methods[] = {
      "f32_bias_correction(decay, t, /)\n--\n\n1 - decay**t in float32 (powf), as numpy's "
      "float32 scalars compute it: optax's bias correction."},
     {"optim_step", py_optim_step, METH_VARARGS,
-     "optim_step(stages, groups, nleaves, grads=None, /)\n--\n\n"
+     "optim_step(stages, groups, nleaves, grads=None, procs=None, /)\n--\n\n"
      "Run one fused optimizer step (GIL released); each group on one device, all groups on CPU\n"
      "devices (the OpenMP driver) or all on GPU devices (the CUDA kernel). stages: [(kind, scalars)]; groups: one list\n"
      "per device of block tuples (p, g, out, slots, active, leaf, counts[, geom]) of float32,\n"
@@ -383,7 +539,13 @@ static PyMethodDef optim_methods[] = {
      "factored (adafactor) leaves: (d0, d1, shape, start, block_shape). grads: one list per\n"
      "group of grads buffers, one per block, replacing the blocks' g (a cached plan). p += u in place when\n"
      "out is None, else u is written to out. State slots are updated in place. Returns the\n"
-     "per-stage results (global norm, finite flag)."},
+     "per-stage results (global norm, finite flag).\n"
+     "procs: None, or (rank, nproc, group_procs, timeout) for params that span processes:\n"
+     "groups are the one-process step's (every process's devices, in its order), group i\n"
+     "on process group_procs[i]; another process's blocks are (n, active, leaf, counts[, geom])\n"
+     "tuples (no buffers; grads lists of such groups are ignored). The reductions' partials are\n"
+     "exchanged through the MPI engine (waiting at most timeout seconds) and combined in the\n"
+     "one-process order."},
     {"optim_reference", py_optim_reference, METH_VARARGS,
      "optim_reference(stages, block, /)\n--\n\n"
      "The plain one-element-at-a-time reference of a step on one block (elementwise stages only)."},

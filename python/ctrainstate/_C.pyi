@@ -212,8 +212,15 @@ _Block = (tuple[Buffer | None, Buffer | None, Buffer | None, Sequence[Buffer | N
           | tuple[Buffer | None, Buffer | None, Buffer | None, Sequence[Buffer | None], int, int, bool,
                   _Geom])
 
-def optim_step(stages: Sequence[tuple[int, Sequence[float]]], groups: Sequence[Sequence[_Block]],
-               nleaves: int, grads: Sequence[Sequence[Buffer]] | None = None, /) -> list[float]: ...
+# another process's block in a step across processes: (n, active, leaf, counts[, geometry])
+_RemoteBlock = tuple[int, int, int, bool] | tuple[int, int, int, bool, _Geom]
+# procs: (rank, nproc, process of each group, timeout in seconds)
+_Procs = tuple[int, int, Sequence[int], float]
+
+def optim_step(stages: Sequence[tuple[int, Sequence[float]]],
+               groups: Sequence[Sequence[_Block | _RemoteBlock]],
+               nleaves: int, grads: Sequence[Sequence[Buffer]] | None = None,
+               procs: _Procs | None = None, /) -> list[float]: ...
 def optim_reference(stages: Sequence[tuple[int, Sequence[float]]], block: _Block, /) -> None: ...
 def f32_bias_correction(decay: float, t: float, /) -> float: ...
 optim_kinds: dict[str, int]   # ct_opt_kind: stage kind codes by name

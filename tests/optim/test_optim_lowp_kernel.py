@@ -286,6 +286,30 @@ def test_binding_takes_16bit_buffers_and_refuses_others():
                                                   True)]], 1)
 
 
+def test_binding_checks_a_step_across_processes():
+    # procs: (rank, nproc, process of each group, timeout); another process's blocks are
+    # (n, active, leaf, counts) without buffers. Without ctrainstate.distributed the exchange
+    # fails, before anything is written
+    dev = cts.devices("cpu")[0]
+    g = _buf(dev, np.ones(8, F32))
+    p = _buf(dev, np.ones(8, F32))
+    stages = [(base.GLOBAL_NORM, (1.0,)), (base.SCALE, (-1.0,))]
+    groups = [[(p, g, None, [], 3, 0, True)], [(8, 3, 0, False)]]
+    with pytest.raises(TypeError, match="procs must be None or"):
+        _C.optim_step(stages, groups, 1, None, [0, 2])
+    with pytest.raises(ValueError, match="process 2 of 2"):
+        _C.optim_step(stages, groups, 1, None, (2, 2, [0, 1], 5.0))
+    with pytest.raises(ValueError, match="1 group processes for 2 groups"):
+        _C.optim_step(stages, groups, 1, None, (0, 2, [0], 5.0))
+    with pytest.raises(ValueError, match="group 1 on process 3 of 2"):
+        _C.optim_step(stages, groups, 1, None, (0, 2, [0, 3], 5.0))
+    with pytest.raises(TypeError, match="another process's optimizer block"):
+        _C.optim_step(stages, [groups[0], [[8, 3, 0, False]]], 1, None, (0, 2, [0, 1], 5.0))
+    with pytest.raises(ValueError, match="distributed.initialize"):
+        _C.optim_step(stages, groups, 1, None, (0, 2, [0, 1], 5.0))
+    np.testing.assert_array_equal(_read(p, np.zeros(8, F32)), np.ones(8, F32))
+
+
 def test_reference_takes_16bit_buffers():
     """optim_reference (the plain scalar loop) and optim_step agree on 16-bit buffers."""
     rng = np.random.default_rng(8)

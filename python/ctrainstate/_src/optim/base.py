@@ -1,7 +1,7 @@
 """The implementation of :mod:`ctrainstate.optim.base` (which re-exports its API; the module
 docstring is there)."""
 from __future__ import annotations
-from ..base.hooks import provide as _provide
+from ..base.hooks import provide as _provide, upper as _upper
 _provide('optim.base', __name__)   # lower layers call into this module through _hooks.upper
 
 import inspect
@@ -16,6 +16,7 @@ import optree
 
 from ... import _C
 from ..base import dtypes as _dtypes
+from ..base.devices import _process
 from ..array.array import Array, DonatedBufferError, device_put
 from ..array.sharding import NamedSharding, PartitionSpec, default_sharding
 from ..base.tree_util import (_leaves_as, keystr, tree_flatten, tree_flatten_with_path,
@@ -36,7 +37,9 @@ __all__ = ["GradientTransformation", "GradientTransformationExtraArgs", "EmptySt
 NSLOTS = dict(enumerate(_C.optim_nslots))
 _INT32_MAX = 2**31 - 1
 _NEEDS_PARAMS = (DECAY, TRUST_RATIO, PARAM_RMS)   # kind_needs_params in csrc/core/ct_optim.c
-_ACROSS_BLOCKS = (GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, FACTORED, BLOCK_RMS, PARAM_RMS)  # (#33)
+# stages that reduce over the blocks of a leaf or over the tree: over params that span
+# processes they exchange their partial results (ct_opt_procs)
+_ACROSS_BLOCKS = (GLOBAL_NORM, TRUST_RATIO, FINITE_GATE, FACTORED, BLOCK_RMS, PARAM_RMS)
 
 
 class EmptyState(NamedTuple):
@@ -673,10 +676,11 @@ class Plan:
     A plan lives on the TrainState that a step returns (``TrainState._ct_plan``), so it
     keeps no buffer alive longer than the state that owns them."""
 
-    __slots__ = ("key", "ident", "groups", "order", "gshard", "fast")
+    __slots__ = ("key", "ident", "groups", "order", "gshard", "fast", "gprocs")
 
-    def __init__(self, key, ident, groups, order):
+    def __init__(self, key, ident, groups, order, gprocs=None):
         self.key, self.ident, self.groups, self.order = key, ident, groups, order
+        self.gprocs = gprocs   # params spanning processes: the process of each group
         self.gshard = None   # the last step's (grads' shardings, params' shardings): equal
         self.fast = None     # a FastPlan of the state the last step returned, when it has one
 
@@ -880,6 +884,8 @@ def _build_fast_plan(stages, ctx, plan, pdef, new_p, new_state, g_leaves):
     another value than its counter's next one, leaves that are not Arrays...)."""
     if any(s.at is None for s in stages) or any(s.result is None for s in stages):
         return None
+    if plan.gprocs is not None:   # the persistent C plan runs one process's step
+        return None
     values = set(ctx._counted)
     if len(values) > 1:
         return None
@@ -964,15 +970,41 @@ def _check_no_shared_buffers(p_leaves, stages, paths):
             n += 1
 
 
-def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params):
-    """Per device: the block tuples of the kernel, and (leaf, block) of each."""
-    # (#33) the kernel's reductions over the tree would see this process's blocks only
-    if any(s.kind in _ACROSS_BLOCKS for s in stages) and not all(
+def _across_processes(stages, p_leaves, paths) -> bool:
+    """Whether the step's reductions (norms, finite gate, trust ratios, factored statistics)
+    combine blocks of several processes: then the kernel gets every process's groups
+    (:func:`_build_groups`) and exchanges its partial results. Every leaf must then live on
+    devices of the whole job (a value of this process's devices alone is not the same value
+    on every process)."""
+    if not any(s.kind in _ACROSS_BLOCKS for s in stages) or all(
             p.is_fully_addressable for p in p_leaves):
-        raise ValueError("the optimizer's norms, finite gate or factored statistics over params "
-                         "that span processes are not supported yet; use elementwise "
-                         "transforms (adam, adamw, sgd, clip, ...) on such params")
+        return False
+    nproc = _process["count"]
+    for i, p in enumerate(p_leaves):
+        procs = {d.process_index for d in p._sharding._mesh_devices}
+        if len(procs) != nproc:
+            raise ValueError(
+                f"params{keystr(paths()[i])} lives on the devices of process(es) "
+                f"{sorted(procs)} while other params span processes: the optimizer's norms, "
+                f"finite gate or factored statistics combine every param over the whole job. "
+                f"Put it on the global mesh (cts.device_put(x, NamedSharding(mesh, P())))")
+        if any(b[0].platform != "cpu" for b in p._blocks):
+            raise ValueError(
+                "the optimizer's norms, finite gate or factored statistics over params that "
+                "span processes run on CPU devices only; on GPUs they are not supported yet: "
+                "use elementwise transforms (adam, adamw, sgd, clip, ...) on such params")
+    return True
+
+
+def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params):
+    """Per device: the block tuples of the kernel, and (leaf, block) of each; third, None, or,
+    where the reductions combine blocks of several processes (:func:`_across_processes`),
+    the process of each group. Then the groups are those of the one-process step on the same
+    global devices, in its order (each leaf's global layout), another process's blocks as
+    ``(n, active, leaf, counts, geom)`` (what the kernel must know of them)."""
+    across = _across_processes(stages, p_leaves, paths)
     nslots = [NSLOTS[s.kind] for s in stages]
+    gproc: dict[int, int] = {}
     groups: dict[int, list] = {}
     order: dict[int, list] = {}
     for i, p in enumerate(p_leaves):
@@ -994,7 +1026,21 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
                 # a factored statistic (v_row q=0, v_col q=1) is the param less dim d0 / d1
                 g = s.geom[i] if (on and s.geom is not None and q < 2) else None
                 drops_i.append(None if g is None else g[q])
-        for b, (dev, pbuf, start, rid) in enumerate(p._blocks):
+        if across:
+            blocks = _global_blocks(p, paths, i)
+        else:
+            blocks = enumerate(p._blocks)
+        for b, blk in blocks:
+            if b is None:   # another process's block
+                dev, start, rid = blk
+                geom = None if dims is None else (dims[0], dims[1], tuple(p.shape), tuple(start),
+                                                  tuple(p._shard_shape))
+                groups.setdefault(dev.id, []).append(
+                    (int(np.prod(p._shard_shape, dtype=np.int64)), bits, i, rid == 0, geom))
+                order.setdefault(dev.id, [])
+                gproc[dev.id] = dev.process_index
+                continue
+            dev, pbuf, start, rid = blk
             sb = []
             for a, drop in zip(slots_i, drops_i):
                 if a is None:
@@ -1022,7 +1068,39 @@ def _build_groups(stages, p_leaves, g_leaves, paths, outs, inplace, have_params)
                 (pbuf if (inplace or have_params) else None, gbuf,
                  None if inplace else outs[i]._blocks[b][1], sb, bits, i, rid == 0, geom))
             order.setdefault(dev.id, []).append((i, b))
-    return list(groups.values()), list(order.values())
+            gproc[dev.id] = dev.process_index
+    return (list(groups.values()), list(order.values()),
+            [gproc[d] for d in groups] if across else None)
+
+
+def _global_blocks(p, paths, i):
+    """``(b, (dev, buf, start, rid))`` for each of this process's blocks of ``p`` (its index
+    in ``p._blocks``) and ``(None, (dev, start, rid))`` for another process's, in the order
+    of the global layout (mesh order: the order of ``_blocks`` in one process)."""
+    _, layout, _ = p._sharding._layout(p._shape)
+    mine = p._blocks
+    out, b = [], 0
+    for dev, start, rid in layout:
+        if dev._is_local():
+            if b >= len(mine) or mine[b][0] is not dev:
+                raise ValueError(f"params{keystr(paths()[i])}: its blocks are not in its "
+                                 f"sharding's device order")
+            out.append((b, mine[b]))
+            b += 1
+        else:
+            out.append((None, (dev, start, rid)))
+    if b != len(mine):
+        raise ValueError(f"params{keystr(paths()[i])}: its blocks are not its sharding's")
+    return out
+
+
+def _procs(gprocs):
+    """optim_step's ``procs`` of a step whose groups are on processes ``gprocs`` (None: a
+    step of this process's devices)."""
+    if gprocs is None:
+        return None
+    dist = _upper("distributed")
+    return (_process["index"], _process["count"], gprocs, dist.default_timeout())
 
 
 _FLOATS = (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)
@@ -1112,10 +1190,11 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves, pde
     nleaves = len(p_leaves)
     if inplace:
         if not reuse:
-            groups, order = _build_groups(stages, p_leaves, None, paths, None, True, have_params)
-            plan = Plan(key, ident, groups, order)
+            groups, order, gprocs = _build_groups(stages, p_leaves, None, paths, None, True,
+                                                  have_params)
+            plan = Plan(key, ident, groups, order, gprocs)
         grads = [[g_leaves[i]._blocks[b][1] for i, b in o] for o in plan.order]
-        results = _C.optim_step(stage_args, plan.groups, nleaves, grads)
+        results = _C.optim_step(stage_args, plan.groups, nleaves, grads, _procs(plan.gprocs))
         plan.gshard = ([g._sharding for g in g_leaves], [p._sharding for p in p_leaves])
     else:
         plan = None
@@ -1123,8 +1202,9 @@ def _kernel_and_commit(stages, stage_args, ctx, rebuild, p_leaves, g_leaves, pde
                               [(d, _C.Buffer(d.id, p._shard_shape, _dtypes.code(dt)), st, r)
                                for d, _, st, r in p._blocks])
                 for p, dt in zip(p_leaves, out_dt)]
-        groups, _ = _build_groups(stages, p_leaves, g_leaves, paths, outs, False, have_params)
-        results = _C.optim_step(stage_args, groups, nleaves)
+        groups, _, gprocs = _build_groups(stages, p_leaves, g_leaves, paths, outs, False,
+                                          have_params)
+        results = _C.optim_step(stage_args, groups, nleaves, None, _procs(gprocs))
     for s, r in zip(stages, results):
         s.result = r
     for f in ctx._finish:

@@ -1328,71 +1328,59 @@ static inline int gives_t(const step_env *e, const fblock *fb, int64_t i) {
     return fb[i].on && b->counts && b->geom.start[b->geom.d0] == 0;
 }
 
-/* Across processes: the statistics of stage k's counting factored blocks (nolo sums, then
- * nohi sums) of every process, in global block order, into the other processes' blocks. */
-static ct_status xchg_stats(step_env *e, int k) {
-    fblock *fb = e->fb[k];
-    size_t *per, *cur;
-    CT_TRY(xchg_counts(e, &per, &cur));
-    const int me = e->pr->rank;
-    for (int64_t i = 0; i < e->nb; i++)
-        if (fb[i].stat) per[e->blk_proc[i]] += (size_t)(fb[i].f.n_nolo + fb[i].f.n_nohi);
-    double *mine = malloc((per[me] > 0 ? per[me] : 1) * sizeof *mine), *all = NULL;
-    size_t w = 0, m = 0;
-    ct_status st = mine != NULL ? CT_OK
-                                : ct_set_error(CT_EOOM, "optimizer step: out of host memory");
-    for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
-        const fblock *x = &fb[i];
-        if (!x->stat || x->remote) continue;
-        memcpy(mine + m, x->part, (size_t)x->f.n_nolo * sizeof *mine);
-        memcpy(mine + m + x->f.n_nolo, x->nohi, (size_t)x->f.n_nohi * sizeof *mine);
-        m += (size_t)(x->f.n_nolo + x->f.n_nohi);
+/* Across processes: the runs of doubles block i of FACTORED stage k adds to an exchange, into
+ * p[] / n[] (their number; 0 when it adds none). kind 0: its statistics (nolo sums, then nohi
+ * sums) when it counts; kind 1: its row sums t when it gives them (gives_t). */
+static int xchg_runs(const step_env *e, int k, int kind, int64_t i, double **p, size_t *n) {
+    fblock *x = &e->fb[k][i];
+    if (kind == 0) {
+        if (!x->stat) return 0;
+        p[0] = x->part;
+        n[0] = (size_t)x->f.n_nolo;
+        p[1] = x->nohi;
+        n[1] = (size_t)x->f.n_nohi;
+        return 2;
     }
-    if (st == CT_OK) st = xchg(e, mine, per, &all, &w);
-    for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
-        fblock *x = &fb[i];
-        if (!x->stat || !x->remote) continue;
-        const int p = e->blk_proc[i];
-        const double *src = all + (size_t)p * w + cur[p];
-        memcpy(x->part, src, (size_t)x->f.n_nolo * sizeof *src);
-        memcpy(x->nohi, src + x->f.n_nolo, (size_t)x->f.n_nohi * sizeof *src);
-        cur[p] += (size_t)(x->f.n_nolo + x->f.n_nohi);
-    }
-    free(all);
-    free(mine);
-    free(per);
-    free(cur);
-    return st;
+    if (!gives_t(e, e->fb[k], i)) return 0;
+    p[0] = x->t;
+    n[0] = (size_t)(x->f.P * x->f.M * x->f.Q);
+    return 1;
 }
 
-/* Across processes: the row sums t (factored_combine's step B) of the blocks that give them
- * (gives_t), of every process, into the other processes' blocks. */
-static ct_status xchg_t(step_env *e, int k) {
-    fblock *fb = e->fb[k];
+/* Across processes: the runs (xchg_runs, `kind`) of stage k's blocks of every process, in
+ * global block order, into the other processes' blocks: the statistics (kind 0, before
+ * factored_combine's sums) or the row sums t (kind 1, its step C). */
+static ct_status xchg_blocks(step_env *e, int k, int kind) {
+    const fblock *fb = e->fb[k];
     size_t *per, *cur;
     CT_TRY(xchg_counts(e, &per, &cur));
     const int me = e->pr->rank;
-    for (int64_t i = 0; i < e->nb; i++)
-        if (gives_t(e, fb, i)) per[e->blk_proc[i]] += (size_t)(fb[i].f.P * fb[i].f.M * fb[i].f.Q);
+    double *p[2];
+    size_t n[2];
+    for (int64_t i = 0; i < e->nb; i++) {
+        const int r = xchg_runs(e, k, kind, i, p, n);
+        for (int q = 0; q < r; q++) per[e->blk_proc[i]] += n[q];
+    }
     double *mine = malloc((per[me] > 0 ? per[me] : 1) * sizeof *mine), *all = NULL;
     size_t w = 0, m = 0;
     ct_status st = mine != NULL ? CT_OK
                                 : ct_set_error(CT_EOOM, "optimizer step: out of host memory");
     for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
-        const fblock *x = &fb[i];
-        if (!gives_t(e, fb, i) || x->remote) continue;
-        const size_t nt = (size_t)(x->f.P * x->f.M * x->f.Q);
-        memcpy(mine + m, x->t, nt * sizeof *mine);
-        m += nt;
+        if (fb[i].remote) continue;
+        const int r = xchg_runs(e, k, kind, i, p, n);
+        for (int q = 0; q < r; q++) {
+            memcpy(mine + m, p[q], n[q] * sizeof *mine);
+            m += n[q];
+        }
     }
     if (st == CT_OK) st = xchg(e, mine, per, &all, &w);
     for (int64_t i = 0; st == CT_OK && i < e->nb; i++) {
-        fblock *x = &fb[i];
-        if (!gives_t(e, fb, i) || !x->remote) continue;
-        const int p = e->blk_proc[i];
-        const size_t nt = (size_t)(x->f.P * x->f.M * x->f.Q);
-        memcpy(x->t, all + (size_t)p * w + cur[p], nt * sizeof *x->t);
-        cur[p] += nt;
+        if (!fb[i].remote) continue;
+        const int pi = e->blk_proc[i], r = xchg_runs(e, k, kind, i, p, n);
+        for (int q = 0; q < r; q++) {
+            memcpy(p[q], all + (size_t)pi * w + cur[pi], n[q] * sizeof *p[q]);
+            cur[pi] += n[q];
+        }
     }
     free(all);
     free(mine);
@@ -1451,7 +1439,7 @@ static ct_status factored_pass(step_env *e, int k) {
         for (int r = 1; r < x->nseg; r++)
             for (int64_t q = 0; q < x->f.n_nolo; q++) x->part[q] += x->part[r * x->f.n_nolo + q];
     }
-    if (e->pr != NULL) CT_TRY(xchg_stats(e, k));
+    if (e->pr != NULL) CT_TRY(xchg_blocks(e, k, 0));
     return factored_combine(e, k);
 }
 
@@ -1526,7 +1514,7 @@ static ct_status factored_combine(step_env *e, int k) {
                     }
     }
     if (e->pr != NULL) {
-        CT_TRY(xchg_t(e, k));
+        CT_TRY(xchg_blocks(e, k, 1));
         for (int64_t i = 0; i < e->nb; i++) { /* the new v_row / v_col, for factored_commit */
             fblock *x = &fb[i];
             if (!x->on || x->remote) continue;

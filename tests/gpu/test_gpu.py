@@ -1490,26 +1490,10 @@ def test_jit_fused_chain_is_one_kernel_with_the_step_by_step_bits(where):
     """A jitted chain of float32 elementwise steps on GPU devices runs as one chain kernel per
     device (ct_op_chain; broadcast operands, a scalar on the left, a chained right operand) and
     gives the bits of the steps run one by one and of the eager ops."""
-    import ctrainstate.numpy as cnp
-    rng = np.random.default_rng(11)
+    from chain_checks import assert_chain_bits
     if where == "one device":
         put = lambda a, *spec: cts.device_put(a, gpus()[0])
     else:
         m = gpu_mesh((2, 2), ("x", "y"))
         put = lambda a, *spec: cts.device_put(a, cts.NamedSharding(m, cts.P(*spec)))
-    x = put(rng.standard_normal((64, 48)).astype(np.float32), "x", "y")
-    b = put(rng.standard_normal((48,)).astype(np.float32), "y")
-    y = put(rng.standard_normal((64, 48)).astype(np.float32), "x", "y")
-
-    def f(x, b, y):
-        h = cnp.sin(cnp.tanh((x + b) * 30.0) - y)
-        return y - 2.0 / (cnp.exp(h) + 1.0)
-    j = cts.jit(f)
-    j(x, b, y)
-    prog = j._programs.program([x, b, y], {})[0]
-    assert prog.chains and max(n for _, n in prog.chains) >= 5
-    runs = []
-    for fuse, tiled in ((True, True), (True, False), (False, False)):
-        prog.set_fusion(fuse, tiled)
-        runs.append(np.asarray(j(x, b, y)).tobytes())
-    assert runs[0] == runs[1] == runs[2] == np.asarray(f(x, b, y)).tobytes()
+    assert_chain_bits(put, (64, 48), seed=11)

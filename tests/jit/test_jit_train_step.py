@@ -319,26 +319,10 @@ def test_tiled_chains_give_the_step_by_step_bits(where, shape):
     """A chain on a CPU device large enough to tile (each thread runs every step on its tile of
     rows: a partial last tile, one row per tile, broadcast operands, a scalar on the left)
     gives the bits of the untiled chain, of the unfused steps and of the eager ops."""
+    from chain_checks import assert_chain_bits
     mesh = None if where == "one device" else _mesh()
-    rng = np.random.default_rng(7)
-    put = lambda a, *spec: cts.device_put(
-        a, None if mesh is None else cts.NamedSharding(mesh, cts.P(*spec)))
-    x = put(rng.standard_normal(shape).astype(np.float32), "x", "y")
-    b = put(rng.standard_normal(shape[1:]).astype(np.float32), "y")
-    y = put(rng.standard_normal(shape).astype(np.float32), "x", "y")
-
-    def f(x, b, y):
-        h = cnp.sin(cnp.tanh((x + b) * 30.0) - y)
-        return 2.0 / (cnp.exp(h) + 1.0) * y
-    j = cts.jit(f)
-    j(x, b, y)
-    prog = j._programs.program([x, b, y], {})[0]
-    assert prog.chains and max(n for _, n in prog.chains) >= 5
-    runs = []
-    for fuse, tiled in ((True, True), (True, False), (False, False)):
-        prog.set_fusion(fuse, tiled)
-        runs.append(np.asarray(j(x, b, y)).tobytes())
-    assert runs[0] == runs[1] == runs[2] == np.asarray(f(x, b, y)).tobytes()
+    assert_chain_bits(lambda a, *spec: cts.device_put(
+        a, None if mesh is None else cts.NamedSharding(mesh, cts.P(*spec))), shape)
 
 
 def test_donated_arguments_are_given_up_and_raise_afterwards():

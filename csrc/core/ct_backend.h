@@ -110,6 +110,11 @@ typedef struct ct_backend {
     ct_status (*chain)(struct ct_device *dev, int ndim, const int64_t *shape, const float *a,
                        const int64_t *a_strides, int nsteps, const struct ct_chain_step_ *steps,
                        float *out);
+    /* A unary op (ct_op_unary's) on n bfloat16 or float16 elements in one kernel: each
+     * widened to float32, the float32 formula, rounded back (ct_op_unary_typed), queued on the
+     * device's stream. NULL: unsupported. */
+    ct_status (*unary_typed)(struct ct_device *dev, int op, float alpha, float beta, int64_t n,
+                             int dtype, const void *x, void *y);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */
@@ -130,8 +135,8 @@ typedef struct {
  * CT_UN_LOG1P .. CT_UN_ERFC, binary CT_BIN_POW, CT_UN_SIGN keeps -0.0 and NaN; ewise and
  * reduce_typed (comparisons, booleans, integer arithmetic and reductions); 7: unary CT_UN_SINH ..
  * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP; 8: binary CT_BIN_PICK (where keeps -0.0);
- * 9: chain (fused elementwise chains) */
-#define CT_BACKEND_ABI_VERSION 9
+ * 9: chain (fused elementwise chains); 10: unary_typed (16-bit float unary ops) */
+#define CT_BACKEND_ABI_VERSION 10
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

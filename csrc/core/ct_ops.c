@@ -58,6 +58,16 @@ ct_status ct_op_unary(ct_device *dev, int op, float alpha, float beta, int64_t n
     return dev->backend->unary(dev, op, alpha, beta, n, x, y);
 }
 
+ct_status ct_op_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n, int dtype,
+                            const void *x, void *y) {
+    if (op < 0 || op >= CT_UN_COUNT) return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
+    if (n < 0) return ct_set_error(CT_EINVAL, "negative element count");
+    if (dtype != CT_BF16 && dtype != CT_F16)
+        return ct_set_error(CT_ETYPE, "a 16-bit unary op on dtype %s", ct_dtype_name((ct_dtype)dtype));
+    CT_TRY(need(dev, (const void *)dev->backend->unary_typed, "16-bit float unary ops"));
+    return dev->backend->unary_typed(dev, op, alpha, beta, n, dtype, x, y);
+}
+
 ct_status ct_op_chain(ct_device *dev, int ndim, const int64_t *shape, const float *a,
                       const int64_t *a_strides, int nsteps, const ct_chain_step *steps, float *out) {
     if (ndim < 1 || ndim > CT_CHAIN_NDIM) return ct_set_error(CT_EINVAL, "chain: rank %d", ndim);

@@ -133,6 +133,12 @@ ct_status ct_broadcast_strides(int out_ndim, const int64_t *out, int in_ndim, co
 ct_status ct_op_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
                       float *y);
 
+/* y = op(x) on n elements of a 16-bit float dtype (CT_BF16 or CT_F16): each element widened to
+ * float32 (exactly), ct_op_unary's float32 formula, rounded back to nearest even — the bits of
+ * converting, running ct_op_unary and converting back, in one kernel. */
+ct_status ct_op_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n, int dtype,
+                            const void *x, void *y);
+
 /* --- fused elementwise chains ---------------------------------------------------------------
  * A chain of float32 elementwise ops run as one kernel: per output element, the value starts
  * as a[offset by a_strides] and each step replaces it — a unary step by op(value) (CT_UN_*,

@@ -35,7 +35,8 @@
  *          any dtype the kernels have; a second operand, if any, only gives the plan's key),
  *          K_CONVERT (each block converted to the output's dtype, ct_op_convert), K_TRANSPOSE
  *          (each block's dimensions permuted, any dtype: the permutation packed 4 bits a
- *          dimension in the plan's first mnk field)
+ *          dimension in the plan's first mnk field), K_UNARY16 (ct_op_unary_typed op on a 16-bit
+ *          float Array: the bits of the Python path's convert / float32 op / round)
  *   blocks a list of (device, start, replica_id), the output's blocks in the operands' block
  *          order; groups: lists of block positions to all-reduce with red_op after the kernels.
  */
@@ -50,7 +51,7 @@
 #include "../core/ct_par.h"
 
 enum { K_UNARY = 0, K_BINARY, K_EWISE, K_REDUCE, K_SCALAR, K_MATMUL, K_COPY, K_BCAST, K_CONVERT,
-       K_TRANSPOSE, K_COUNT };
+       K_TRANSPOSE, K_UNARY16, K_COUNT };
 /* K_SCALAR rules: the constants of `array (op) s` / `s (op) array` */
 enum { S_ADD = 0, S_SUB_R, S_SUB_L, S_MUL, S_DIV_R, S_DIV_L, S_COUNT };
 
@@ -538,6 +539,8 @@ static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_bu
                            x->data, sa);
     case K_CONVERT:
         return ct_op_convert(dev, nelem(x), (int)x->dtype, x->data, e->out_dt, o->data);
+    case K_UNARY16:
+        return ct_op_unary_typed(dev, e->op, alpha, beta, nelem(o), (int)o->dtype, x->data, o->data);
     case K_TRANSPOSE: {
         int perm[CT_MAX_NDIM];
         for (int d = 0; d < x->ndim; d++) perm[d] = (int)((e->mnk[0] >> (4 * d)) & 15);
@@ -1063,7 +1066,8 @@ static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *sca
 /* The call from plan e (held busy by the caller). */
 static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
                            int track) {
-    if (track && e->kind == K_EWISE) return NULL; /* (16-bit and int ops record in Python) */
+    if (track && (e->kind == K_EWISE || e->kind == K_UNARY16))
+        return NULL; /* (16-bit and int ops record in Python) */
     float alpha = 0.0f, beta = 0.0f;
     if (e->kind == K_SCALAR) {
         if (scalar == NULL) return NULL;
@@ -1102,6 +1106,8 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
                 return NULL;
         } else if (e->kind == K_EWISE) {
             if (ys[i]->dtype != xs[i]->dtype) return NULL;
+        } else if (e->kind == K_UNARY16) {
+            if ((int)xs[i]->dtype != e->out_dt || nelem(xs[i]) != e->out_elems) return NULL;
         } else if (xs[i]->dtype != CT_F32 || (b != NULL && ys[i]->dtype != CT_F32)) {
             return NULL;
         }
@@ -3469,10 +3475,10 @@ int ct_py_init_dispatch(PyObject *m) {
     if (t == NULL) return -1;
     prim_type = (PyTypeObject *)t;
     if (PyModule_AddObjectRef(m, "Primitive", t) < 0) return -1;
-    PyObject *kinds = Py_BuildValue("{sisisisisisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY,
+    PyObject *kinds = Py_BuildValue("{sisisisisisisisisisisi}", "UNARY", K_UNARY, "BINARY", K_BINARY,
                                     "EWISE", K_EWISE, "REDUCE", K_REDUCE, "SCALAR", K_SCALAR,
                                     "MATMUL", K_MATMUL, "COPY", K_COPY, "BCAST", K_BCAST,
-                                    "CONVERT", K_CONVERT, "TRANSPOSE", K_TRANSPOSE);
+                                    "CONVERT", K_CONVERT, "TRANSPOSE", K_TRANSPOSE, "UNARY16", K_UNARY16);
     if (kinds == NULL || PyModule_AddObject(m, "dispatch_kinds", kinds) < 0) {
         Py_XDECREF(kinds);
         return -1;

@@ -1497,3 +1497,18 @@ def test_jit_fused_chain_is_one_kernel_with_the_step_by_step_bits(where):
         m = gpu_mesh((2, 2), ("x", "y"))
         put = lambda a, *spec: cts.device_put(a, cts.NamedSharding(m, cts.P(*spec)))
     assert_chain_bits(put, (64, 48), seed=11)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_unary_ops_are_one_kernel_with_the_float32_bits_rounded(dtype):
+    """A unary op on a 16-bit float Array on a GPU runs the typed kernel (widen, the float32
+    formula, round back): the bits of the float32 op on the widened values, rounded."""
+    import ctrainstate.numpy as cnp
+    from ctrainstate import nn
+    dt = getattr(cnp, dtype)
+    v = (np.random.default_rng(5).standard_normal(4099) * 4).astype(np.float32)
+    v[:3] = [np.inf, np.nan, -0.0]
+    x = cts.device_put(v, gpus()[0]).astype(dt)
+    for f in (cnp.sin, cnp.exp, cnp.tanh, cnp.log, cnp.sqrt, cnp.negative, nn.gelu, nn.sigmoid):
+        got, ref = f(x), f(x.astype(np.float32)).astype(dt)
+        assert got.dtype == dt and np.asarray(got).tobytes() == np.asarray(ref).tobytes(), f

@@ -112,6 +112,22 @@ static ct_status m_unary(ct_device *dev, int op, float alpha, float beta, int64_
     return CT_OK;
 }
 
+/* A 16-bit float unary op: widened, m_unary's float32 formula, rounded back (ct_rm_*). */
+static ct_status m_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n, int dtype,
+                               const void *x, void *y) {
+    const uint16_t *xs = (const uint16_t *)R(x);
+    uint16_t *ys = (uint16_t *)R(y);
+    std::vector<float> buf((size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        buf[(size_t)i] = dtype == CT_BF16 ? ct_rm_bf16_to_f32(xs[i]) : ct_rm_f16_to_f32(xs[i]);
+    /* (m_unary takes "device" pointers: the host scratch at its device address) */
+    float *dbuf = (float *)((uintptr_t)buf.data() + OFF);
+    ct_status st = m_unary(dev, op, alpha, beta, n, dbuf, dbuf);
+    for (int64_t i = 0; st == CT_OK && i < n; i++)
+        ys[i] = dtype == CT_BF16 ? ct_rm_f32_to_bf16(buf[(size_t)i]) : ct_rm_f32_to_f16(buf[(size_t)i]);
+    return st;
+}
+
 static ct_status m_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,
                           const float *a, const int64_t *as, const float *b, const int64_t *bs) {
     (void)dev;
@@ -440,6 +456,7 @@ static const ct_backend g_mock = {
     m_convert, m_ewise, m_reduce_typed,
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
     NULL, /* chain: fused chains run step by step (the CUDA chain kernel runs in tools/cuda_emu.sh) */
+    m_unary_typed,
 };
 static const ct_backend *self_backend(void) { return &g_mock; }
 

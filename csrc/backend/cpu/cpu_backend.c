@@ -236,6 +236,7 @@ const ct_backend ct_cpu_backend = {
     .synchronize = cpu_synchronize,
     .init_device = NULL,
     .unary = ct_cpu_unary,
+    .unary_typed = ct_cpu_unary_typed,
     .binary = ct_cpu_binary,
     .reduce = ct_cpu_reduce,
     .gemm = ct_cpu_gemm,

@@ -569,6 +569,35 @@ static int cv_narrow_f32(int sdt, int ddt, int64_t n, const void *x, void *y) {
     return 0;
 }
 
+/* A unary op on 16-bit floats: chunks of UT_CHUNK elements widened into a float32 scratch on
+ * the stack, the float32 kernel (single-threaded on a chunk: ct_cpu_unary's own loop, the same
+ * formula and bits), rounded back with the conversion kernel's functions; chunks in parallel. */
+#define UT_CHUNK 2048
+ct_status ct_cpu_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n, int dtype,
+                             const void *x, void *y) {
+    const uint16_t *xs = (const uint16_t *)x;
+    uint16_t *ys = (uint16_t *)y;
+    const int64_t nch = (n + UT_CHUNK - 1) / UT_CHUNK;
+    int failed = 0;
+    CT_PAR_FOR(ct_par_threads(n > PAR_MIN), c, nch, {
+        float buf[UT_CHUNK];
+        const int64_t i0 = c * UT_CHUNK, m = n - i0 < UT_CHUNK ? n - i0 : UT_CHUNK;
+        if (dtype == CT_BF16)
+            for (int64_t i = 0; i < m; i++) buf[i] = ct_rm_bf16_to_f32(xs[i0 + i]);
+        else
+            for (int64_t i = 0; i < m; i++) buf[i] = ct_rm_f16_to_f32(xs[i0 + i]);
+        if (ct_cpu_unary(dev, op, alpha, beta, m, buf, buf) != CT_OK) {
+            _Pragma("omp atomic write")
+            failed = 1;
+        }
+        if (dtype == CT_BF16)
+            for (int64_t i = 0; i < m; i++) ys[i0 + i] = ct_rm_f32_to_bf16(buf[i]);
+        else
+            for (int64_t i = 0; i < m; i++) ys[i0 + i] = ct_rm_f32_to_f16(buf[i]);
+    });
+    return failed ? ct_set_error(CT_EINVAL, "unknown unary op %d", op) : CT_OK;
+}
+
 ct_status ct_cpu_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
                          void *y) {
     (void)dev;

@@ -7,6 +7,8 @@
 
 #include "../../core/ct_device.h"
 
+ct_status ct_cpu_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n, int dtype,
+                             const void *x, void *y);
 ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
                        float *y);
 ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, float *out,

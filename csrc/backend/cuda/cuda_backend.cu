@@ -27,6 +27,8 @@ const ct_core_services *ct_cuda_core = NULL;
 /* cuda_ops.cu */
 extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float beta, int64_t n,
                                    const float *x, float *y);
+extern "C" ct_status ct_cuda_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n,
+                                         int dtype, const void *x, void *y);
 extern "C" ct_status ct_cuda_chain(ct_device *dev, int ndim, const int64_t *shape, const float *a,
                                    const int64_t *a_strides, int nsteps, const ct_chain_step *steps,
                                    float *out);
@@ -468,6 +470,7 @@ static const ct_backend g_cuda_backend = {
     /* reduce_typed */ ct_cuda_reduce_typed,
     /* optim_factored */ 1,
     /* chain */ ct_cuda_chain,
+    /* unary_typed */ ct_cuda_unary_typed,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

@@ -20,6 +20,7 @@ extern "C" {
 #include "../../core/ct_ops.h"
 #include "../../core/ct_ops_math.h"
 }
+#include "../../core/ct_convert_math.h"
 
 #define MAX_ND 16
 
@@ -74,6 +75,29 @@ __global__ void unary_kernel(int op, float alpha, float beta, long long n, const
         const float v = op == CT_UN_AFFINE && alpha == 0.0f ? 0.0f : x[i];
         y[i] = unary_apply(op, alpha, beta, v);
     }
+}
+
+/* A unary op on 16-bit floats: widened, the float32 formula (unary_apply, as unary_kernel),
+ * rounded back with the conversion kernels' functions: one kernel. */
+__global__ void unary_typed_kernel(int op, float alpha, float beta, long long n, int bf16,
+                                   const uint16_t *x, uint16_t *y) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const float v = op == CT_UN_AFFINE && alpha == 0.0f ? 0.0f
+                        : bf16 ? ct_rm_bf16_to_f32(x[i]) : ct_rm_f16_to_f32(x[i]);
+        const float r = unary_apply(op, alpha, beta, v);
+        y[i] = bf16 ? ct_rm_f32_to_bf16(r) : ct_rm_f32_to_f16(r);
+    }
+}
+
+extern "C" ct_status ct_cuda_unary_typed(ct_device *dev, int op, float alpha, float beta, int64_t n,
+                                         int dtype, const void *x, void *y) {
+    if (n == 0) return CT_OK;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    unary_typed_kernel<<<grid_for(n, 256), 256, 0, ct_cuda_stream(dev)>>>(
+        op, alpha, beta, n, dtype == CT_BF16, (const uint16_t *)x, (uint16_t *)y);
+    CT_CUDA_TRY(cudaGetLastError());
+    return CT_OK;
 }
 
 extern "C" ct_status ct_cuda_unary(ct_device *dev, int op, float alpha, float beta, int64_t n,

@@ -2524,11 +2524,20 @@ def _same_devices(a: Array, plan) -> bool:
 
 
 def _plan_unary(op):
+    """Planner of a unary op: a float32 Array (the float32 kernel), or a bfloat16 / float16 one
+    (the typed kernel: widened, the float32 formula, rounded back — the bits of the Python
+    path's convert / float32 op / round; recorded on a tape by the Python path)."""
     def plan(x):
-        if x._dtype is not _DT_F32 or x._donated is not False:
+        dt = x._dtype
+        if x._donated is not False:
             return None
-        p = _plan_out(_K["UNARY"], op, x._shape, _DT_F32, _place_of(x),
-                      _norm(x._sharding, len(x._shape)))
+        if dt is _DT_F32:
+            kind = _K["UNARY"]
+        elif dt in _LOWP:
+            kind = _K["UNARY16"]
+        else:
+            return None
+        p = _plan_out(kind, op, x._shape, dt, _place_of(x), _norm(x._sharding, len(x._shape)))
         return p if _same_devices(x, p) else None
     return plan
 

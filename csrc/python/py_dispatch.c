@@ -3105,9 +3105,10 @@ done:
     return res;
 }
 
-static const char *const kind_names[K_COUNT] = {"unary", "binary", "ewise",  "reduce",
+static const char *const kind_names[] = {"unary", "binary", "ewise",  "reduce",
                                                 "scalar", "matmul", "copy", "bcast",
-                                                "convert", "transpose"};
+                                                "convert", "transpose", "unary16"};
+_Static_assert(sizeof kind_names / sizeof kind_names[0] == K_COUNT, "a name for every plan kind");
 
 /* "%o, ... = name(%i, ...)  [n in, m out]" for a node step. */
 static PyObject *node_text(const pstep *st) {

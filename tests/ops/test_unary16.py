@@ -52,3 +52,13 @@ def test_under_value_and_grad_the_python_path_records_them():
     # the Python path: sin in float32, its cotangent cos(x) * 1 in float32, rounded to bfloat16
     want = np.cos(np.asarray(x).astype(np.float32)).astype(cnp.bfloat16)
     assert g.dtype == cnp.bfloat16 and np.asarray(g).tobytes() == want.tobytes()
+
+
+def test_a_jitted_16_bit_unary_op_is_a_step_of_the_program():
+    x = cts.device_put(np.linspace(-2, 2, 16, dtype=np.float32)).astype(cnp.bfloat16)
+    f = cts.jit(lambda v: cnp.exp(cnp.sin(v)))
+    for v in (x, x * 2):
+        assert np.asarray(f(v)).tobytes() == np.asarray(cnp.exp(cnp.sin(v))).tobytes()
+    text = f.lower(x).as_text()
+    assert text.count("[unary16]") == 2 and "op node" not in text, text
+    assert f._programs.traces == 1

@@ -434,11 +434,99 @@ static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, 
     return CT_OK;
 }
 
+/* Small products: op(B) (k x n, n padded to a multiple of SMALL_W) fits SMALL_TILE floats.
+ * op(B) is packed (rounded to the precision) into a zero-padded tile on the stack, and C is
+ * computed SMALL_ROWS rows by SMALL_W columns at a time, accumulated in registers over k in
+ * order: every element of C is ((a0*b0 + a1*b1) + a2*b2) + ..., rounded at each step (no FMA:
+ * the file's pragma), times alpha, plus beta*C when beta is not 0. That sum depends on
+ * nothing but its own row and column, so any split of the rows or columns (a sharded
+ * matmul on any mesh) and every vector width gives the same bits. It replaces the BLAS call
+ * for these sizes, where the call and its parallel region cost several times the product. */
+enum { SMALL_W = 16, SMALL_ROWS = 4, SMALL_TILE = 4096, SMALL_CHUNK = 64 };
+
+typedef float small_vec __attribute__((vector_size(SMALL_W * sizeof(float))));
+
+/* `rows` rows of C (from c) from their packed, rounded elements of op(A) (ap[p * rows + r])
+ * and the tile: each SMALL_W columns held in registers while k runs in order. */
+static inline __attribute__((always_inline)) void gemm_small_block(
+    const int rows, int64_t n, int64_t np, int64_t k, float alpha, const float *restrict ap,
+    const float *restrict bs, float beta, float *c, int64_t ldc) {
+    for (int64_t j0 = 0; j0 < np; j0 += SMALL_W) {
+        small_vec acc[SMALL_ROWS];
+        for (int r = 0; r < rows; r++) acc[r] = (small_vec){0};
+        for (int64_t p = 0; p < k; p++) {
+            const small_vec bv = *(const small_vec *)(bs + p * np + j0);
+            for (int r = 0; r < rows; r++) acc[r] += ap[p * rows + r] * bv;
+        }
+        const int nb = n - j0 < SMALL_W ? (int)(n - j0) : SMALL_W;
+        for (int r = 0; r < rows; r++) {
+            float *cr = c + r * ldc + j0;
+            const small_vec v = alpha * acc[r];
+            if (beta == 0.0f)
+                for (int jj = 0; jj < nb; jj++) cr[jj] = v[jj];
+            else
+                for (int jj = 0; jj < nb; jj++) cr[jj] = v[jj] + beta * cr[jj];
+        }
+    }
+}
+
+/* Rows [r0, r1) of C from the packed tile: groups of SMALL_ROWS, then single rows, each
+ * group's elements of op(A) packed and rounded first (k <= SMALL_TILE / SMALL_W). */
+CT_VCLONES static void gemm_small_rows(int ta, int64_t r0, int64_t r1, int64_t n, int64_t np,
+                                       int64_t k, float alpha, const float *a, int64_t lda,
+                                       const float *restrict bs, float beta, float *c,
+                                       int64_t ldc, int drop) {
+    float ap[SMALL_TILE / SMALL_W * SMALL_ROWS];
+    int64_t i = r0;
+    for (; i + SMALL_ROWS <= r1; i += SMALL_ROWS) {
+        for (int64_t p = 0; p < k; p++)
+            for (int r = 0; r < SMALL_ROWS; r++)
+                ap[p * SMALL_ROWS + r] =
+                    ct_prec_round(ta ? a[p * lda + i + r] : a[(i + r) * lda + p], drop);
+        gemm_small_block(SMALL_ROWS, n, np, k, alpha, ap, bs, beta, c + i * ldc, ldc);
+    }
+    for (; i < r1; i++) {
+        for (int64_t p = 0; p < k; p++) ap[p] = ct_prec_round(ta ? a[p * lda + i] : a[i * lda + p], drop);
+        gemm_small_block(1, n, np, k, alpha, ap, bs, beta, c + i * ldc, ldc);
+    }
+}
+
+static void gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc, int drop) {
+    const int64_t np = (n + SMALL_W - 1) / SMALL_W * SMALL_W;
+    float bs[SMALL_TILE] __attribute__((aligned(64)));
+    for (int64_t p = 0; p < k; p++) {
+        float *row = bs + p * np;
+        for (int64_t j = 0; j < n; j++) row[j] = ct_prec_round(tb ? b[j * ldb + p] : b[p * ldb + j], drop);
+        for (int64_t j = n; j < np; j++) row[j] = 0.0f;
+    }
+    const int64_t chunks = (m + SMALL_CHUNK - 1) / SMALL_CHUNK;
+    CT_PAR_FOR(ct_par_threads(chunks > 1 && m * np * k >= (1 << 20)), t, chunks,
+               gemm_small_rows(ta, t * SMALL_CHUNK,
+                               (t + 1) * SMALL_CHUNK < m ? (t + 1) * SMALL_CHUNK : m, n, np, k,
+                               alpha, a, lda, bs, beta, c, ldc, drop));
+}
+
+/* Whether C = op(A) op(B) goes to the small kernel: decided by op(B)'s size alone, so the
+ * rows of a product split over devices take the path of the whole. A narrow op(B) (fewer
+ * than SMALL_W / 2 columns, computed as SMALL_W) only with a short k, where the padding
+ * costs less than the BLAS call. */
+static int gemm_is_small(int64_t n, int64_t k) {
+    return k > 0 && n <= SMALL_TILE && k <= SMALL_TILE &&
+           (n + SMALL_W - 1) / SMALL_W * SMALL_W * k <= SMALL_TILE &&
+           (n >= SMALL_W / 2 || k <= 64);
+}
+
 ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc, int prec) {
     (void)dev;
     if (m == 0 || n == 0) return CT_OK;
+    if (gemm_is_small(n, k)) {
+        gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ct_prec_drop_bits(prec));
+        return CT_OK;
+    }
     ct_sgemm_fn blas = ct_get_blas_sgemm();
     if (blas != NULL && m < INT32_MAX && n < INT32_MAX && k < INT32_MAX && lda < INT32_MAX &&
         ldb < INT32_MAX && ldc < INT32_MAX && k > 0) {

@@ -38,6 +38,7 @@ typedef struct {
     /* what a step reads of every buffer first, in the refcount's cache line */
     Py_ssize_t busy;    /* calls using the memory without the GIL (ct_py_pin) */
     int deleted;
+    int borrowed;       /* the memory is another's (a jitted program's arena): never freed here */
     ct_dtype dtype;
     Py_ssize_t plan_refs; /* persistent optimizer plans holding it (py_optim_plan.c) */
     ct_device *dev;
@@ -130,6 +131,10 @@ PyObject *ct_py_move_arrays(PyObject *const *items, Py_ssize_t n, Py_ssize_t *ba
 
 /* A new Buffer of `shape` and `dtype` on `dev` (uninitialised); NULL with an exception. */
 ct_py_buffer *ct_py_buffer_alloc(ct_device *dev, int ndim, const int64_t *shape, ct_dtype dtype);
+/* A Buffer of that shape and dtype on `dev` whose memory is borrowed (data NULL until the
+ * owner points it somewhere): dealloc never frees it. Only for memory that its owner keeps
+ * alive while the Buffer is used, and never handed to Python code. */
+ct_py_buffer *ct_py_buffer_borrowed(ct_device *dev, int ndim, const int64_t *shape, ct_dtype dtype);
 
 /* The Array's arithmetic slots (py_dispatch.c): the primitives add, subtract, multiply,
  * divide, negative, matmul, each with its C plan cache, the Python op on a miss. */

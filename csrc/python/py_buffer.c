@@ -87,7 +87,26 @@ ct_py_buffer *ct_py_buffer_alloc(ct_device *dev, int ndim, const int64_t *shape,
     return buffer_make(&ct_py_BufferType, dev, ndim, shape, dtype, n);
 }
 
+ct_py_buffer *ct_py_buffer_borrowed(ct_device *dev, int ndim, const int64_t *shape, ct_dtype dtype) {
+    ct_py_buffer *self = (ct_py_buffer *)ct_py_BufferType.tp_alloc(&ct_py_BufferType, 0);
+    if (self == NULL) return NULL;
+    size_t n = ct_dtype_size(dtype);
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    self->dev = dev;
+    self->borrowed = 1;
+    self->nbytes = n;
+    self->dtype = dtype;
+    self->ndim = ndim;
+    if (ndim > 0) memcpy(self->shape, shape, (size_t)ndim * sizeof shape[0]);
+    return self;
+}
+
 static void buffer_release_memory(ct_py_buffer *self) {
+    if (self->borrowed) { /* (not this Buffer's to free) */
+        self->data = NULL;
+        self->deleted = 1;
+        return;
+    }
     if (!self->deleted && self->dev != NULL) {
         ct_device_free(self->dev, self->data, self->nbytes);
         self->data = NULL;

@@ -1052,6 +1052,15 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
 static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
                            int track);
 
+/* A replayed step's operands and result in a program's arena (plan_memory): each operand's
+ * block buffers (NULL: the Array's own), the result's (NULL: a new Array is made). */
+typedef struct {
+    ct_py_buffer **xa, **xb, **out;
+} arena_io;
+
+static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
+                              int track, const arena_io *io);
+
 static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *scalar, int side,
                           PyObject *const *args, int track) {
     plan_entry *e = lookup(p, a, b, side, args);
@@ -1066,6 +1075,14 @@ static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *sca
 /* The call from plan e (held busy by the caller). */
 static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
                            int track) {
+    return run_entry_in(e, a, b, scalar, track, NULL);
+}
+
+/* run_entry, with operands or the result in an arena (io, or NULL): a result written there
+ * returns None (a new reference), not an Array. */
+static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
+                              int track, const arena_io *io) {
+    const int has_b = b != NULL || (io != NULL && io->xb != NULL);
     if (track && (e->kind == K_EWISE || e->kind == K_UNARY16))
         return NULL; /* (16-bit and int ops record in Python) */
     float alpha = 0.0f, beta = 0.0f;
@@ -1075,12 +1092,14 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
         if (r != 0) return NULL; /* (an error stays set and propagates) */
     } else if (scalar != NULL ||
                (e->kind != K_BCAST &&
-                (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != (b != NULL))) {
+                (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != has_b)) {
         return NULL;
     }
     ct_py_buffer *xs[MAXB], *ys[MAXB], *os[MAXB];
-    if (operand_buffers(a, e, xs) != 0 || (b != NULL && operand_buffers(b, e, ys) != 0))
-        return NULL;
+    if (io != NULL && io->xa != NULL) memcpy(xs, io->xa, (size_t)e->nblk * sizeof *xs);
+    else if (a == NULL || operand_buffers(a, e, xs) != 0) return NULL;
+    if (io != NULL && io->xb != NULL) memcpy(ys, io->xb, (size_t)e->nblk * sizeof *ys);
+    else if (b != NULL && operand_buffers(b, e, ys) != 0) return NULL;
     int prec = 0;
     if (e->kind == K_MATMUL) { /* the product's precision: float32 only on this path */
         prec = current_precision();
@@ -1108,40 +1127,46 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
             if (ys[i]->dtype != xs[i]->dtype) return NULL;
         } else if (e->kind == K_UNARY16) {
             if ((int)xs[i]->dtype != e->out_dt || nelem(xs[i]) != e->out_elems) return NULL;
-        } else if (xs[i]->dtype != CT_F32 || (b != NULL && ys[i]->dtype != CT_F32)) {
+        } else if (xs[i]->dtype != CT_F32 || (has_b && ys[i]->dtype != CT_F32)) {
             return NULL;
         }
         if ((e->kind == K_UNARY || e->kind == K_SCALAR) && nelem(xs[i]) != e->out_elems)
             return NULL;
     }
     int made = 0;
-    for (; made < e->nblk; made++) {
-        os[made] = ct_py_buffer_alloc(e->cdev[made], e->out_ndim, e->out_sdims, (ct_dtype)e->out_dt);
-        if (os[made] == NULL) break;
-    }
     PyObject *blocks = NULL;
-    if (made < e->nblk) goto fail;
+    if (io != NULL && io->out != NULL) { /* (the arena's: nothing to allocate or release) */
+        memcpy(os, io->out, (size_t)e->nblk * sizeof *os);
+    } else {
+        for (; made < e->nblk; made++) {
+            os[made] = ct_py_buffer_alloc(e->cdev[made], e->out_ndim, e->out_sdims,
+                                          (ct_dtype)e->out_dt);
+            if (os[made] == NULL) break;
+        }
+        if (made < e->nblk) goto fail;
+    }
     ct_status st;
     const int64_t work = e->out_elems * e->nblk * (e->kind == K_MATMUL ? e->mnk[2] : 1);
     if (work < CT_DISPATCH_GIL_ELEMS) {
-        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta, prec);
+        st = run_plan(e, xs, has_b ? ys : NULL, os, alpha, beta, prec);
     } else { /* pinned: another thread may drop or delete the operands meanwhile */
         for (int i = 0; i < e->nblk; i++) {
             ct_py_pin(xs[i]);
-            if (b != NULL) ct_py_pin(ys[i]);
+            if (has_b) ct_py_pin(ys[i]);
         }
         Py_BEGIN_ALLOW_THREADS
-        st = run_plan(e, xs, b != NULL ? ys : NULL, os, alpha, beta, prec);
+        st = run_plan(e, xs, has_b ? ys : NULL, os, alpha, beta, prec);
         Py_END_ALLOW_THREADS
         for (int i = 0; i < e->nblk; i++) {
             ct_py_unpin(xs[i]);
-            if (b != NULL) ct_py_unpin(ys[i]);
+            if (has_b) ct_py_unpin(ys[i]);
         }
     }
     if (st != CT_OK) {
         ct_py_raise(st);
         goto fail;
     }
+    if (io != NULL && io->out != NULL) return Py_NewRef(Py_None);
     blocks = PyList_New(e->nblk);
     if (blocks == NULL) goto fail;
     for (int i = 0; i < e->nblk; i++) {
@@ -1783,6 +1808,9 @@ struct program {
     int *vkind, *vref, *last_use, *out_vals;
     PyObject **vobj;  /* V_CONST: the Array; else NULL */
     PyObject **vmeta; /* (shape, dtype, sharding) of each value */
+    PyObject **arg_sh; /* per argument: a sharding object found equal to its recorded one at
+                        * an earlier run (so the same object again needs no comparison), or
+                        * NULL */
     PyObject *out_objs; /* per output: a non-Array leaf, or None where out_vals names a value */
     PyObject *broken; /* why the function cannot be replayed (str), or NULL */
     PyObject *broken_at; /* the Python stack's last frames where it broke (str), or NULL */
@@ -1795,6 +1823,24 @@ struct program {
     int tile;         /* whether a fused chain runs tiled on CPU devices (set_fusion; on) */
     double *step_ns;  /* with timing on (set_timing): nanoseconds spent in each step so far */
     long long timed_runs;
+    /* The static memory plan (plan_memory): values that only plain steps and chains make and
+     * read (no node, not an output) live in one arena per device, allocated once a run, at
+     * offsets that values whose lifetimes do not overlap share. */
+    int planned, plan_fuse;   /* a plan exists, made for this fusion setting */
+    unsigned char *internal;  /* per value: in the arenas */
+    int *vfirst;              /* per internal value: its first block's index in views / boff */
+    int nviews;
+    ct_py_buffer **views;     /* per block of an internal value: a Buffer on the arena */
+    int64_t *boff;            /* per block: its offset in the arena */
+    int *barena;              /* per block: its arena */
+    int *blive;               /* per block: the first and last step it is live (2 ints) */
+    int narenas;
+    ct_device **arena_dev;    /* per arena: its device */
+    int64_t *arena_bytes;     /* per arena: its size */
+    void **arena_mem;         /* per arena, while a run holds it: the memory */
+    int arena_busy;           /* a run holds the arenas (another, meanwhile, runs without) */
+    int arena_first, arena_last; /* the steps a run holds the arenas over (from the first
+                                  * value in them made to the last read) */
 };
 
 static PyTypeObject *program_type;
@@ -1960,11 +2006,14 @@ static int add_value(program *pr, ct_py_array *x, int kind, int ref) {
 /* Whether Array x has the metadata `meta` (shape, dtype, sharding) records. */
 static int meta_match(PyObject *meta, ct_py_array *x) {
     if (x->shape == NULL || x->dtype == NULL || x->sharding == NULL) return 0;
-    int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(meta, 0), x->shape, Py_EQ);
-    if (eq <= 0) {
-        PyErr_Clear();
-        return 0;
+    /* (shapes: tuples of ints, compared as C integers; anything else by Python's ==) */
+    PyObject *ms = PyTuple_GET_ITEM(meta, 0);
+    int eq = same_shape(ms, x->shape);
+    if (!eq && (!PyTuple_CheckExact(ms) || !PyTuple_CheckExact(x->shape))) {
+        eq = PyObject_RichCompareBool(ms, x->shape, Py_EQ);
+        if (eq < 0) PyErr_Clear();
     }
+    if (eq <= 0) return 0;
     if (PyTuple_GET_ITEM(meta, 1) != x->dtype) {
         eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(meta, 1), x->dtype, Py_EQ);
         if (eq <= 0) {
@@ -1973,6 +2022,23 @@ static int meta_match(PyObject *meta, ct_py_array *x) {
         }
     }
     return same_layout(PyTuple_GET_ITEM(meta, 2), x->sharding);
+}
+
+/* meta_match for argument i of a run: a sharding object seen equal at an earlier run is
+ * not compared again (shardings are immutable), only the shape and dtype. */
+static int arg_match(program *pr, int i, ct_py_array *x) {
+    PyObject *meta = pr->vmeta[i];
+    if (pr->arg_sh != NULL && x->sharding != NULL && pr->arg_sh[i] == x->sharding &&
+        x->shape != NULL && same_shape(PyTuple_GET_ITEM(meta, 0), x->shape) &&
+        PyTuple_GET_ITEM(meta, 1) == x->dtype)
+        return 1;
+    if (!meta_match(meta, x)) return 0;
+    if (pr->arg_sh == NULL) {
+        pr->arg_sh = PyMem_Calloc(pr->nargs > 0 ? pr->nargs : 1, sizeof(PyObject *));
+        if (pr->arg_sh == NULL) return 1; /* (no cache: compared every time) */
+    }
+    Py_XSETREF(pr->arg_sh[i], Py_NewRef(x->sharding));
+    return 1;
 }
 
 /* The value of an operand or output x: known by its first buffer, or a new constant.
@@ -2083,6 +2149,10 @@ static void program_free_values(program *pr) {
         Py_CLEAR(pr->vobj[v]);
         Py_CLEAR(pr->vmeta[v]);
     }
+    if (pr->arg_sh != NULL)
+        for (int i = 0; i < pr->nargs; i++) Py_CLEAR(pr->arg_sh[i]);
+    PyMem_Free(pr->arg_sh);
+    pr->arg_sh = NULL;
 }
 
 static void step_clear(pstep *st) {
@@ -2095,7 +2165,10 @@ static void step_clear(pstep *st) {
     st->io = NULL;
 }
 
+static void plan_free(program *pr);
+
 static int program_clear(program *pr) {
+    plan_free(pr);
     for (int k = 0; k < pr->nsteps; k++) step_clear(&pr->steps[k]);
     pr->nsteps = 0;
     program_free_values(pr);
@@ -2113,6 +2186,8 @@ static int program_traverse(program *pr, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(pr));
     for (int k = 0; k < pr->nsteps; k++) Py_VISIT(pr->steps[k].fn);
     for (int v = 0; v < pr->nvals; v++) Py_VISIT(pr->vobj[v]);
+    if (pr->arg_sh != NULL)
+        for (int i = 0; i < pr->nargs; i++) Py_VISIT(pr->arg_sh[i]);
     Py_VISIT(pr->out_objs);
     Py_VISIT(pr->bufmap);
     Py_VISIT(pr->traced);
@@ -2705,7 +2780,7 @@ static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer 
 
 /* Run the chain of steps k0 .. k0 + len - 1 (see above); its result is the last step's value.
  * 0, or -1 with an exception. */
-static int run_chain(program *pr, int k0, int len, PyObject **vals) {
+static int run_chain(program *pr, int k0, int len, PyObject **vals, int arena) {
     const pstep *tail = &pr->steps[k0 + len - 1];
     const plan_entry *et = &tail->e;
     const int nblk = et->nblk;
@@ -2734,7 +2809,10 @@ static int run_chain(program *pr, int k0, int len, PyObject **vals) {
             const int v = j == 0 ? (r == 0 ? st->a : st->b) : (r == 0 ? chain_other(st, 0) : -1);
             if (v < 0 || (j > 0 && st->e.kind != K_BINARY)) continue;
             ct_py_buffer **row = &ops[(size_t)(j == 0 ? r : j + 1) * (size_t)nblk];
-            if (vals[v] == NULL || operand_buffers((ct_py_array *)vals[v], &st->e, row) != 0) {
+            if (arena && pr->internal[v]) {
+                memcpy(row, &pr->views[pr->vfirst[v]], (size_t)nblk * sizeof *row);
+            } else if (vals[v] == NULL ||
+                       operand_buffers((ct_py_array *)vals[v], &st->e, row) != 0) {
                 if (vals[v] != NULL && ct_py_array_check_alive(vals[v]) < 0) goto out;
                 PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the traced program no "
                              "longer runs from its plan", k0 + j, st->name);
@@ -2749,7 +2827,10 @@ static int run_chain(program *pr, int k0, int len, PyObject **vals) {
                 }
         }
     }
-    for (; made < nblk; made++) {
+    const int in_arena = arena && pr->internal[tail->out];
+    if (in_arena) /* (the arena's: nothing to allocate or release) */
+        memcpy(os, &pr->views[pr->vfirst[tail->out]], (size_t)nblk * sizeof *os);
+    for (; !in_arena && made < nblk; made++) {
         os[made] = ct_py_buffer_alloc(et->cdev[made], et->out_ndim, et->out_sdims, CT_F32);
         if (os[made] == NULL) goto out;
     }
@@ -2770,6 +2851,7 @@ static int run_chain(program *pr, int k0, int len, PyObject **vals) {
         ct_py_raise(cst);
         goto out;
     }
+    if (in_arena) goto release;
     blocks = PyList_New(nblk);
     if (blocks == NULL) goto out;
     for (int i = 0; i < nblk; i++) {
@@ -2787,6 +2869,7 @@ static int run_chain(program *pr, int k0, int len, PyObject **vals) {
     blocks = NULL;
     if (y == NULL) goto out;
     Py_XSETREF(vals[tail->out], y);
+release:
     /* the operands whose last use is in the chain: released now */
     for (int j = 0; j < len; j++) {
         const pstep *st = &pr->steps[k0 + j];
@@ -2907,6 +2990,232 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
     Py_RETURN_NONE;
 }
 
+/* --- the static memory plan -------------------------------------------------------------
+ * plan_memory lays out the internal values (see `program`) of each device in one arena. A
+ * value is live from the step (or fused chain) that makes it to the end of the step or chain
+ * that reads it last, both included (a kernel never writes over what it reads). The values
+ * are placed in decreasing size, each at the lowest offset where it overlaps no placed value
+ * live at the same time (best fit by size, as XLA's heap simulator's global decreasing-size
+ * order): the arena is about the most bytes ever live at once. A run allocates each arena
+ * once and points the values' Buffers into it; memory_plan reports the arenas, so
+ * memory_analysis counts what the run allocates. */
+#define ARENA_ALIGN 256 /* (a GPU kernel's loads stay aligned) */
+
+typedef struct {
+    int j;           /* index in views / boff / barena */
+    int arena;
+    int64_t size;    /* aligned */
+    int first, last; /* live over steps first..last */
+} mblock;
+
+static int cmp_mblock(const void *x, const void *y) {
+    const mblock *a = x, *b = y;
+    if (a->arena != b->arena) return a->arena < b->arena ? -1 : 1;
+    if (a->size != b->size) return a->size > b->size ? -1 : 1;
+    if (a->first != b->first) return a->first < b->first ? -1 : 1;
+    return a->j < b->j ? -1 : a->j > b->j;
+}
+
+typedef struct {
+    int64_t off, end;
+} mspan;
+
+static int cmp_mspan(const void *x, const void *y) {
+    const mspan *a = x, *b = y;
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+static void plan_free(program *pr) {
+    for (int j = 0; j < pr->nviews; j++) Py_XDECREF(pr->views[j]);
+    PyMem_Free(pr->views);
+    PyMem_Free(pr->internal);
+    PyMem_Free(pr->vfirst);
+    PyMem_Free(pr->boff);
+    PyMem_Free(pr->barena);
+    PyMem_Free(pr->blive);
+    pr->blive = NULL;
+    PyMem_Free(pr->arena_dev);
+    PyMem_Free(pr->arena_bytes);
+    PyMem_Free(pr->arena_mem);
+    pr->views = NULL;
+    pr->internal = NULL;
+    pr->vfirst = pr->barena = NULL;
+    pr->boff = pr->arena_bytes = NULL;
+    pr->arena_dev = NULL;
+    pr->arena_mem = NULL;
+    pr->nviews = pr->narenas = 0;
+    pr->planned = 0;
+}
+
+/* The step whose plan entry makes value v's blocks in a run: a plain step's own, a fused
+ * chain's last (the chain's first step runs it); -1 for anything else. */
+static int producer_step(const program *pr, int k) {
+    const pstep *st = &pr->steps[k];
+    if (st->fn != NULL) return -1;
+    if (pr->fuse && st->chain >= 2) return k + st->chain - 1;
+    if (pr->fuse && k > 0 && chain_inner(pr, k)) return -1; /* (updated in place) */
+    return k;
+}
+
+/* The plan for the current fusion setting (see above). 0, or -1 with an exception. */
+static int plan_memory(program *pr) {
+    plan_free(pr);
+    const int nv = pr->nvals > 0 ? pr->nvals : 1, ns = pr->nsteps > 0 ? pr->nsteps : 1;
+    int *vstep = PyMem_Malloc((size_t)nv * sizeof(int));
+    int *grp_start = PyMem_Malloc((size_t)ns * sizeof(int)), *grp_end = PyMem_Malloc((size_t)ns * sizeof(int));
+    unsigned char *by_node = PyMem_Calloc((size_t)nv, 1);
+    mblock *blk = NULL;
+    mspan *spans = NULL;
+    int rc = -1, nblocks = 0;
+    pr->internal = PyMem_Calloc((size_t)nv, 1);
+    pr->vfirst = PyMem_Malloc((size_t)nv * sizeof(int));
+    if (vstep == NULL || grp_start == NULL || grp_end == NULL || by_node == NULL ||
+        pr->internal == NULL || pr->vfirst == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (int v = 0; v < pr->nvals; v++) vstep[v] = pr->vfirst[v] = -1;
+    for (int k = 0; k < pr->nsteps; k++) grp_start[k] = grp_end[k] = k;
+    for (int k = 0; k < pr->nsteps; k++) {
+        const pstep *st = &pr->steps[k];
+        if (st->fn != NULL) {
+            for (int i = 0; i < st->nin + st->nout; i++) by_node[st->io[i]] = 1;
+            continue;
+        }
+        const int p = producer_step(pr, k);
+        if (p >= 0) vstep[pr->steps[p].out] = p;
+        if (p > k) /* a fused chain k..p: one group */
+            for (int q = k; q <= p; q++) {
+                grp_start[q] = k;
+                grp_end[q] = p;
+            }
+    }
+    for (int v = 0; v < pr->nvals; v++) {
+        if (pr->vkind[v] != V_STEP || vstep[v] < 0 || by_node[v] || pr->last_use[v] < 0 ||
+            pr->last_use[v] == INT32_MAX)
+            continue;
+        pr->internal[v] = 1;
+        pr->vfirst[v] = nblocks;
+        nblocks += pr->steps[vstep[v]].e.nblk;
+    }
+    const size_t nb = (size_t)(nblocks > 0 ? nblocks : 1);
+    pr->views = PyMem_Calloc(nb, sizeof *pr->views);
+    pr->boff = PyMem_Calloc(nb, sizeof *pr->boff);
+    pr->barena = PyMem_Calloc(nb, sizeof *pr->barena);
+    pr->blive = PyMem_Calloc(2 * nb, sizeof *pr->blive);
+    pr->arena_dev = PyMem_Calloc(CT_MAX_DEVICES, sizeof *pr->arena_dev);
+    pr->arena_bytes = PyMem_Calloc(CT_MAX_DEVICES, sizeof *pr->arena_bytes);
+    pr->arena_mem = PyMem_Calloc(CT_MAX_DEVICES, sizeof *pr->arena_mem);
+    blk = PyMem_Calloc(nb, sizeof *blk);
+    spans = PyMem_Calloc(nb, sizeof *spans);
+    if (pr->views == NULL || pr->boff == NULL || pr->barena == NULL || pr->blive == NULL || pr->arena_dev == NULL ||
+        pr->arena_bytes == NULL || pr->arena_mem == NULL || blk == NULL || spans == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    pr->nviews = nblocks; /* (Buffers made below; NULL until then) */
+    for (int v = 0; v < pr->nvals; v++) {
+        if (!pr->internal[v]) continue;
+        const int p = vstep[v];
+        const plan_entry *e = &pr->steps[p].e;
+        for (int i = 0; i < e->nblk; i++) {
+            int a = 0;
+            while (a < pr->narenas && pr->arena_dev[a] != e->cdev[i]) a++;
+            if (a == pr->narenas) {
+                if (a == CT_MAX_DEVICES) {
+                    PyErr_SetString(PyExc_RuntimeError, "jit: more devices than arenas");
+                    goto out;
+                }
+                pr->arena_dev[pr->narenas++] = e->cdev[i];
+            }
+            ct_py_buffer *b = ct_py_buffer_borrowed(e->cdev[i], e->out_ndim, e->out_sdims,
+                                                    (ct_dtype)e->out_dt);
+            if (b == NULL) goto out;
+            b->deleted = 1; /* (until a run points it into its arena) */
+            const int j = pr->vfirst[v] + i;
+            pr->views[j] = b;
+            pr->barena[j] = a;
+            const int64_t n = ((int64_t)b->nbytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+            blk[j] = (mblock){j, a, n > 0 ? n : ARENA_ALIGN, grp_start[p], grp_end[pr->last_use[v]]};
+            pr->blive[2 * j] = blk[j].first;
+            pr->blive[2 * j + 1] = blk[j].last;
+        }
+    }
+    pr->arena_first = INT32_MAX;
+    pr->arena_last = -1;
+    for (int j = 0; j < nblocks; j++) {
+        if (blk[j].first < pr->arena_first) pr->arena_first = blk[j].first;
+        if (blk[j].last > pr->arena_last) pr->arena_last = blk[j].last;
+    }
+    qsort(blk, (size_t)nblocks, sizeof *blk, cmp_mblock);
+    for (int x = 0; x < nblocks; x++) {
+        /* the placed blocks of this arena live at the same time: the lowest gap past them */
+        int n = 0;
+        for (int y = x - 1; y >= 0 && blk[y].arena == blk[x].arena; y--)
+            if (blk[y].first <= blk[x].last && blk[x].first <= blk[y].last)
+                spans[n++] = (mspan){pr->boff[blk[y].j], pr->boff[blk[y].j] + blk[y].size};
+        qsort(spans, (size_t)n, sizeof *spans, cmp_mspan);
+        int64_t off = 0;
+        for (int t = 0; t < n; t++) {
+            if (spans[t].off >= off + blk[x].size) break; /* fits below this one */
+            if (spans[t].end > off) off = spans[t].end;
+        }
+        pr->boff[blk[x].j] = off;
+        if (off + blk[x].size > pr->arena_bytes[blk[x].arena])
+            pr->arena_bytes[blk[x].arena] = off + blk[x].size;
+    }
+    pr->planned = 1;
+    pr->plan_fuse = pr->fuse;
+    rc = 0;
+out:
+    PyMem_Free(blk);
+    PyMem_Free(spans);
+    PyMem_Free(vstep);
+    PyMem_Free(grp_start);
+    PyMem_Free(grp_end);
+    PyMem_Free(by_node);
+    if (rc < 0) {
+        if (pr->views == NULL) pr->nviews = 0;
+        plan_free(pr);
+    }
+    return rc;
+}
+
+/* Allocates the arenas for a run (which reserved them: arena_busy) and points the internal
+ * values' Buffers into them: 1, or -1 with an exception (out of memory). */
+static int arenas_take(program *pr) {
+    for (int a = 0; a < pr->narenas; a++) {
+        pr->arena_mem[a] = NULL;
+        if (pr->arena_bytes[a] == 0) continue;
+        ct_status st = ct_device_alloc(pr->arena_dev[a], (size_t)pr->arena_bytes[a], &pr->arena_mem[a]);
+        if (st != CT_OK) {
+            for (int b = 0; b < a; b++)
+                if (pr->arena_mem[b] != NULL)
+                    ct_device_free(pr->arena_dev[b], pr->arena_mem[b], (size_t)pr->arena_bytes[b]);
+            ct_py_raise(st);
+            return -1;
+        }
+    }
+    for (int j = 0; j < pr->nviews; j++) {
+        ct_py_buffer *b = pr->views[j];
+        b->data = (char *)pr->arena_mem[pr->barena[j]] + pr->boff[j];
+        b->deleted = 0;
+    }
+    return 1;
+}
+
+static void arenas_give_back(program *pr) {
+    for (int j = 0; j < pr->nviews; j++) {
+        pr->views[j]->data = NULL;
+        pr->views[j]->deleted = 1;
+    }
+    for (int a = 0; a < pr->narenas; a++) {
+        if (pr->arena_mem[a] != NULL)
+            ct_device_free(pr->arena_dev[a], pr->arena_mem[a], (size_t)pr->arena_bytes[a]);
+        pr->arena_mem[a] = NULL;
+    }
+}
+
 /* Step k, a node: its callable on a list of its input Arrays, which returns the output Arrays
  * (checked against the recorded shapes, dtypes and shardings); inputs at their last use are
  * released. 0, or -1 with an exception. */
@@ -3001,7 +3310,7 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
     if (PyList_GET_SIZE(args) != pr->nargs) Py_RETURN_NONE;
     for (int i = 0; i < pr->nargs; i++) {
         PyObject *x = PyList_GET_ITEM(args, i);
-        if (!Py_IS_TYPE(x, at) || !meta_match(pr->vmeta[i], (ct_py_array *)x)) Py_RETURN_NONE;
+        if (!Py_IS_TYPE(x, at) || !arg_match(pr, i, (ct_py_array *)x)) Py_RETURN_NONE;
     }
     for (int i = 0; i < pr->nargs; i++)
         if (ct_py_array_check_alive(PyList_GET_ITEM(args, i)) < 0) return NULL;
@@ -3035,6 +3344,14 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
         qsort(dv, (size_t)nd, sizeof *dv, cmp_donated);
         for (; di < nd && dv[di].last < 0; di++) give_up(vals[dv[di].v]);
     }
+    /* the static memory plan: made at the first run (and again for another fusion setting,
+     * unless a run on another thread holds the arenas: this one then runs without) */
+    int arena = 0;      /* this run holds the arenas now */
+    int with_arena = 0; /* it takes them (at step arena_first; given back after arena_last) */
+    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
+        goto done;
+    with_arena = pr->planned && pr->plan_fuse == pr->fuse && pr->nviews > 0 && !pr->arena_busy;
+    if (with_arena) pr->arena_busy = 1; /* (reserved: a run on another thread runs without) */
     struct timespec t0, t1;
     if (pr->step_ns != NULL) {
         pr->timed_runs++;
@@ -3042,6 +3359,14 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
     }
     for (int k = 0; k < pr->nsteps; k++) {
         pstep *st = &pr->steps[k];
+        if (with_arena && k == pr->arena_first) {
+            if (arenas_take(pr) < 0) goto done;
+            arena = 1;
+        }
+        if (arena && k > pr->arena_last) { /* (every value in them read for the last time) */
+            arenas_give_back(pr);
+            arena = 0;
+        }
         if (pr->step_ns != NULL && k > 0) { /* (step k - 1 ended here) */
             clock_gettime(CLOCK_MONOTONIC, &t1);
             pr->step_ns[k - 1] += (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
@@ -3053,13 +3378,21 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
             continue;
         }
         if (st->chain >= 2 && pr->fuse) {
-            if (run_chain(pr, k, st->chain, vals) < 0) goto done;
+            if (run_chain(pr, k, st->chain, vals, arena) < 0) goto done;
             k += st->chain - 1; /* (timed as the chain's last step) */
             for (; di < nd && dv[di].last <= k; di++) give_up(vals[dv[di].v]);
             continue;
         }
-        PyObject *y = run_entry(&st->e, (ct_py_array *)vals[st->a],
-                                st->b >= 0 ? (ct_py_array *)vals[st->b] : NULL, st->scalar, 0);
+        arena_io io = {NULL, NULL, NULL};
+        if (arena) {
+            if (pr->internal[st->a]) io.xa = &pr->views[pr->vfirst[st->a]];
+            if (st->b >= 0 && pr->internal[st->b]) io.xb = &pr->views[pr->vfirst[st->b]];
+            if (pr->internal[st->out]) io.out = &pr->views[pr->vfirst[st->out]];
+        }
+        PyObject *y = run_entry_in(&st->e, io.xa != NULL ? NULL : (ct_py_array *)vals[st->a],
+                                   st->b >= 0 && io.xb == NULL ? (ct_py_array *)vals[st->b] : NULL,
+                                   st->scalar, 0,
+                                   io.xa != NULL || io.xb != NULL || io.out != NULL ? &io : NULL);
         if (y == NULL) {
             if (!PyErr_Occurred()) {
                 if (pr->vkind[st->a] == V_CONST || (st->b >= 0 && pr->vkind[st->b] == V_CONST))
@@ -3071,7 +3404,8 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
             }
             goto done;
         }
-        vals[st->out] = y;
+        if (io.out != NULL) Py_DECREF(y); /* (None: the result is in the arena) */
+        else vals[st->out] = y;
         if (pr->last_use[st->a] == k && pr->vkind[st->a] == V_STEP) Py_CLEAR(vals[st->a]);
         if (st->b >= 0 && pr->last_use[st->b] == k && pr->vkind[st->b] == V_STEP)
             Py_CLEAR(vals[st->b]);
@@ -3099,6 +3433,8 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
         PyList_SET_ITEM(res, j, o);
     }
 done:
+    if (arena) arenas_give_back(pr);
+    if (with_arena) pr->arena_busy = 0;
     for (int v = 0; v < pr->nvals; v++) Py_XDECREF(vals[v]);
     PyMem_Free(vals);
     PyMem_Free(dv);
@@ -3186,8 +3522,36 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
     return t;
 }
 
+/* arena_layout(): the static memory plan, [(value, device id, offset, bytes, first step,
+ * last step)] per block of each value in the arenas (for tests and as_text). */
+static PyObject *program_arena_layout(program *pr, PyObject *noargs) {
+    (void)noargs;
+    if (!pr->finished || pr->broken != NULL)
+        return PyErr_Format(PyExc_RuntimeError, "Program.arena_layout: %s",
+                            pr->broken != NULL ? "the program is broken" : "not finished");
+    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (int v = 0; out != NULL && pr->planned && v < pr->nvals; v++) {
+        if (!pr->internal[v]) continue;
+        int end = pr->nviews; /* (blocks are numbered value by value: up to the next value's) */
+        for (int u = v + 1; u < pr->nvals && end == pr->nviews; u++)
+            if (pr->internal[u]) end = pr->vfirst[u];
+        for (int j = pr->vfirst[v]; out != NULL && j < end; j++) {
+            PyObject *t = Py_BuildValue("(iinnii)", v, pr->arena_dev[pr->barena[j]]->id,
+                                        (Py_ssize_t)pr->boff[j], (Py_ssize_t)pr->views[j]->nbytes,
+                                        pr->blive[2 * j], pr->blive[2 * j + 1]);
+            if (t == NULL || PyList_Append(out, t) < 0) Py_CLEAR(out);
+            Py_XDECREF(t);
+        }
+    }
+    return out;
+}
+
 /* memory_plan(): what a replay holds, for memory_analysis (python/ctrainstate/_src/jit/jit.py):
- * (values, steps, outputs): values [(kind 'arg'/'const'/'step', ((device id, bytes), ...),
+ * (values, steps, outputs, arenas): arenas (first step, last step, ((device id, bytes), ...)):
+ * held from before the first step to after the last (-1, -1, (): none); values [(kind
+ * 'arg'/'const'/'step'/'arena' (a step's, in the arenas), ((device id, bytes), ...),
  * last use: a step index, -1 never read, or None for an output)], steps [(input values,
  * output values, whether the step is a node whose outputs take over its inputs' buffers,
  * an op node's ((device id, bytes, kept), ...): allocated at most while it ran, held after
@@ -3198,14 +3562,18 @@ static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
     if (!pr->finished || pr->broken != NULL)
         return PyErr_Format(PyExc_RuntimeError, "Program.memory_plan: %s",
                             pr->broken != NULL ? "the program is broken" : "not finished");
+    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
+        return NULL;
+    const int planned = pr->planned && pr->plan_fuse == pr->fuse;
     static const char *const kinds[] = {"arg", "const", "step"};
     PyObject *vals = PyList_New(pr->nvals), *steps = PyList_New(pr->nsteps),
-             *outs = PyList_New(pr->nouts);
+             *outs = PyList_New(pr->nouts), *arenas = NULL;
     if (vals == NULL || steps == NULL || outs == NULL) goto fail;
     for (int v = 0; v < pr->nvals; v++) {
         PyObject *lu = pr->last_use[v] == INT32_MAX ? Py_NewRef(Py_None)
                                                     : PyLong_FromLong(pr->last_use[v]);
-        PyObject *t = lu != NULL ? Py_BuildValue("(sON)", kinds[pr->vkind[v]],
+        PyObject *t = lu != NULL ? Py_BuildValue("(sON)",
+                                                 planned && pr->internal[v] ? "arena" : kinds[pr->vkind[v]],
                                                  PyTuple_GET_ITEM(pr->vmeta[v], 3), lu)
                                  : NULL;
         if (t == NULL) goto fail;
@@ -3255,11 +3623,25 @@ static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
         if (o == NULL) goto fail;
         PyList_SET_ITEM(outs, j, o);
     }
-    return Py_BuildValue("(NNN)", vals, steps, outs);
+    const int na = planned && pr->nviews > 0 ? pr->narenas : 0;
+    PyObject *sizes = PyTuple_New(na);
+    if (sizes == NULL) goto fail;
+    for (int a = 0; a < na; a++) {
+        PyObject *t = Py_BuildValue("(iL)", pr->arena_dev[a]->id, (long long)pr->arena_bytes[a]);
+        if (t == NULL) {
+            Py_DECREF(sizes);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(sizes, a, t);
+    }
+    arenas = Py_BuildValue("(iiN)", na ? pr->arena_first : -1, na ? pr->arena_last : -1, sizes);
+    if (arenas == NULL) goto fail;
+    return Py_BuildValue("(NNNN)", vals, steps, outs, arenas);
 fail:
     Py_XDECREF(vals);
     Py_XDECREF(steps);
     Py_XDECREF(outs);
+    Py_XDECREF(arenas);
     return NULL;
 }
 
@@ -3274,7 +3656,7 @@ static PyObject *program_matches(program *pr, PyObject *args) {
         Py_RETURN_FALSE;
     for (int i = 0; i < pr->nargs; i++) {
         PyObject *x = PyList_GET_ITEM(args, i);
-        if (!Py_IS_TYPE(x, at) || !meta_match(pr->vmeta[i], (ct_py_array *)x)) Py_RETURN_FALSE;
+        if (!Py_IS_TYPE(x, at) || !arg_match(pr, i, (ct_py_array *)x)) Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
 }
@@ -3354,6 +3736,9 @@ static PyMethodDef program_methods[] = {
      "`donate` given up at their last use (their Arrays donated afterwards)."},
     {"matches", (PyCFunction)program_matches, METH_O,
      "matches($self, args, /)\n--\n\nWhether run(args) would replay this program (runs nothing)."},
+    {"arena_layout", (PyCFunction)program_arena_layout, METH_NOARGS,
+     "arena_layout($self, /)\n--\n\nThe static memory plan: [(value, device id, offset, bytes, "
+     "first step, last step)] for each block of the values that live in the arenas."},
     {"memory_plan", (PyCFunction)program_memory_plan, METH_NOARGS,
      "memory_plan($self, /)\n--\n\n(values, steps, outputs): every value's kind, bytes per device "
      "and last use, each step's input and output values, the outputs (for memory_analysis)."},

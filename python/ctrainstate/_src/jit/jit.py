@@ -509,7 +509,7 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
     """A :class:`MemoryAnalysis` of ``Program.memory_plan()``: replays the program's
     allocations and frees (as ``Program.run`` does them) on byte counters; ``donated``: the
     arguments given up at their last use (``donate_argnums``)."""
-    values, steps, outs = plan
+    values, steps, outs, arenas = plan
     per = {}
 
     def dev(d):
@@ -542,12 +542,26 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
     for v in gone.pop(-1, ()):   # never read: given up at once
         for d, b in values[v][1]:
             dev(d)["_live"] -= b
+    # the static memory plan: one arena per device, held from before step a_first to after
+    # step a_last, holding every value that only plain steps make and read ("arena" values:
+    # no memory of their own)
+    a_first, a_last, a_sizes = arenas
+
+    def arena(sign):
+        for d, b in a_sizes:
+            s = dev(d)
+            s["_live"] += sign * b
+            s["_temp"] += sign * b
+            s["peak_size_in_bytes"] = max(s["peak_size_in_bytes"], s["_live"])
+            s["temp_size_in_bytes"] = max(s["temp_size_in_bytes"], s["_temp"])
     kept = {}      # an op node's first output -> what the node holds besides its outputs
     last_read = {}   # value -> the last step that reads it (outputs included)
     for k, (ins, _, _, _) in enumerate(steps):
         for i in ins:
             last_read[i] = k
     for k, (ins, outs_k, node, scratch) in enumerate(steps):
+        if k == a_first:
+            arena(+1)
         # an op node's own allocations while it runs (its outputs and its Python code's
         # temporaries), and what it holds after besides its outputs (a differentiated op's
         # residuals, until its backward node: its first output's last use), measured at the
@@ -561,6 +575,8 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
                 s["_live"] += keep
                 s["_temp"] += keep
         for o in outs_k:
+            if values[o][0] == "arena":   # (in the arena, counted from the start)
+                continue
             if node:   # takes over an input's buffers: no new memory
                 if o in out_set:
                     for d, b in values[o][1]:
@@ -593,6 +609,8 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
         for v in gone.pop(k, ()):
             for d, b in values[v][1]:
                 dev(d)["_live"] -= b
+        if k == a_last:
+            arena(-1)
     for s in per.values():
         s["peak_size_in_bytes"] += s["argument_size_in_bytes"] + s["constant_size_in_bytes"]
         s["argument_size_in_bytes"] += s.pop("_donated", 0)   # (reported whole, as jax does)

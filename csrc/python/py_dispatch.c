@@ -2999,7 +2999,9 @@ static PyObject *program_finish(program *pr, PyObject *outs) {
  * order): the arena is about the most bytes ever live at once. A run allocates each arena
  * once and points the values' Buffers into it; memory_plan reports the arenas, so
  * memory_analysis counts what the run allocates. */
-#define ARENA_ALIGN 256 /* (a GPU kernel's loads stay aligned) */
+/* Offsets in an arena are multiples of 64 bytes on CPU devices (a cache line: no two
+ * values share one), 256 on others (a GPU kernel's loads stay aligned, as cudaMalloc's). */
+static int64_t arena_align(const ct_device *dev) { return dev->platform == CT_PLATFORM_CPU ? 64 : 256; }
 
 typedef struct {
     int j;           /* index in views / boff / barena */
@@ -3135,8 +3137,9 @@ static int plan_memory(program *pr) {
             const int j = pr->vfirst[v] + i;
             pr->views[j] = b;
             pr->barena[j] = a;
-            const int64_t n = ((int64_t)b->nbytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-            blk[j] = (mblock){j, a, n > 0 ? n : ARENA_ALIGN, grp_start[p], grp_end[pr->last_use[v]]};
+            const int64_t al = arena_align(e->cdev[i]);
+            const int64_t n = ((int64_t)b->nbytes + al - 1) / al * al;
+            blk[j] = (mblock){j, a, n > 0 ? n : al, grp_start[p], grp_end[pr->last_use[v]]};
             pr->blive[2 * j] = blk[j].first;
             pr->blive[2 * j + 1] = blk[j].last;
         }

@@ -55,7 +55,7 @@ def check_layout(prog, fused=True):
     per_dev = collections.defaultdict(list)
     for v, dev, off, nbytes, first, last in layout:
         assert (first, last) == life[v], (v, (first, last), life[v])
-        assert off % 256 == 0 and 0 <= off and off + nbytes <= arenas[dev]
+        assert off % 64 == 0 and 0 <= off and off + nbytes <= arenas[dev]
         per_dev[dev].append((v, off, nbytes))
     for dev, blocks in per_dev.items():
         for i, (u, ou, nu) in enumerate(blocks):

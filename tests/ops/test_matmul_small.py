@@ -1,4 +1,4 @@
-"""The CPU kernel for small products (csrc/backend/cpu/cpu_ops.c, gemm_small).
+"""The CPU kernels for small products (csrc/backend/cpu/cpu_ops.c, gemm_small).
 
 A product whose op(B) fits a 16 KiB tile (n rounded up to 16, times k, at most 4096 floats;
 fewer than 8 columns only with k <= 64) skips the BLAS: each element of C is the float32 sum
@@ -59,9 +59,12 @@ def run(a, b, ta=False, tb=False, alpha=1.0, beta=0.0, c=None, prec=0):
 
 
 # (m, k, n): padding of n, rows not a multiple of 4, a single row or column, k = 1, the tile's
-# edge (16 * 256 and 64 * 64 floats), a narrow B with k <= 64, many rows (the parallel loop)
+# edge (16 * 256 and 64 * 64 floats), a narrow B (fewer than 8 columns: the kernel that runs
+# down 16 rows at once) with k <= 64 and rows not a multiple of 16, many rows (the parallel
+# loop, both kernels)
 SHAPES = [(64, 16, 16), (64, 2, 16), (63, 16, 3), (1, 7, 5), (5, 1, 33), (13, 256, 16),
-          (9, 64, 64), (7, 64, 1), (64, 16, 17), (4096, 16, 16), (3000, 3, 256), (37, 36, 100)]
+          (9, 64, 64), (7, 64, 1), (64, 16, 17), (4096, 16, 16), (3000, 3, 256), (37, 36, 100),
+          (100, 64, 7), (5000, 33, 2), (17, 5, 8)]
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)

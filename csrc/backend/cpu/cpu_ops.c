@@ -491,10 +491,43 @@ CT_VCLONES static void gemm_small_rows(int ta, int64_t r0, int64_t r1, int64_t n
     }
 }
 
+/* Rows [r0, r1) of C for a narrow op(B) (n < SMALL_W / 2 columns, k <= SMALL_NARROW_K,
+ * packed without padding): SMALL_W rows at a time, their elements of op(A) packed transposed
+ * (at[p * SMALL_W + r]), each column of C one vector over those rows, accumulated over k in
+ * order: the same sums, so the same bits, as gemm_small_rows. */
+enum { SMALL_NARROW_K = 64 };
+
+CT_VCLONES static void gemm_narrow_rows(int ta, int64_t r0, int64_t r1, int64_t n, int64_t k,
+                                        float alpha, const float *a, int64_t lda,
+                                        const float *restrict bs, float beta, float *c,
+                                        int64_t ldc, int drop) {
+    float at[SMALL_NARROW_K * SMALL_W] __attribute__((aligned(64)));
+    for (int64_t i = r0; i < r1; i += SMALL_W) {
+        const int rows = r1 - i < SMALL_W ? (int)(r1 - i) : SMALL_W;
+        for (int64_t p = 0; p < k; p++) {
+            for (int r = 0; r < rows; r++)
+                at[p * SMALL_W + r] = ct_prec_round(ta ? a[p * lda + i + r] : a[(i + r) * lda + p], drop);
+            for (int r = rows; r < SMALL_W; r++) at[p * SMALL_W + r] = 0.0f;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            small_vec acc = (small_vec){0};
+            for (int64_t p = 0; p < k; p++) acc += bs[p * n + j] * *(const small_vec *)(at + p * SMALL_W);
+            const small_vec v = alpha * acc;
+            float *cj = c + i * ldc + j;
+            if (beta == 0.0f)
+                for (int r = 0; r < rows; r++) cj[r * ldc] = v[r];
+            else
+                for (int r = 0; r < rows; r++) cj[r * ldc] = v[r] + beta * cj[r * ldc];
+        }
+    }
+}
+
 static void gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc, int drop) {
-    const int64_t np = (n + SMALL_W - 1) / SMALL_W * SMALL_W;
+    /* (gemm_is_small: a narrow op(B) comes with k <= SMALL_NARROW_K) */
+    const int narrow = n < SMALL_W / 2;
+    const int64_t np = narrow ? n : (n + SMALL_W - 1) / SMALL_W * SMALL_W;
     float bs[SMALL_TILE] __attribute__((aligned(64)));
     for (int64_t p = 0; p < k; p++) {
         float *row = bs + p * np;
@@ -502,20 +535,26 @@ static void gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
         for (int64_t j = n; j < np; j++) row[j] = 0.0f;
     }
     const int64_t chunks = (m + SMALL_CHUNK - 1) / SMALL_CHUNK;
-    CT_PAR_FOR(ct_par_threads(chunks > 1 && m * np * k >= (1 << 20)), t, chunks,
-               gemm_small_rows(ta, t * SMALL_CHUNK,
-                               (t + 1) * SMALL_CHUNK < m ? (t + 1) * SMALL_CHUNK : m, n, np, k,
-                               alpha, a, lda, bs, beta, c, ldc, drop));
+    const int nt = ct_par_threads(chunks > 1 && m * (narrow ? SMALL_W : np) * k >= (1 << 20));
+    if (narrow)
+        CT_PAR_FOR(nt, t, chunks,
+                   gemm_narrow_rows(ta, t * SMALL_CHUNK,
+                                    (t + 1) * SMALL_CHUNK < m ? (t + 1) * SMALL_CHUNK : m, n, k,
+                                    alpha, a, lda, bs, beta, c, ldc, drop));
+    else
+        CT_PAR_FOR(nt, t, chunks,
+                   gemm_small_rows(ta, t * SMALL_CHUNK,
+                                   (t + 1) * SMALL_CHUNK < m ? (t + 1) * SMALL_CHUNK : m, n, np, k,
+                                   alpha, a, lda, bs, beta, c, ldc, drop));
 }
 
 /* Whether C = op(A) op(B) goes to the small kernel: decided by op(B)'s size alone, so the
  * rows of a product split over devices take the path of the whole. A narrow op(B) (fewer
- * than SMALL_W / 2 columns, computed as SMALL_W) only with a short k, where the padding
- * costs less than the BLAS call. */
+ * than SMALL_W / 2 columns: gemm_narrow_rows) only with k <= SMALL_NARROW_K. */
 static int gemm_is_small(int64_t n, int64_t k) {
     return k > 0 && n <= SMALL_TILE && k <= SMALL_TILE &&
            (n + SMALL_W - 1) / SMALL_W * SMALL_W * k <= SMALL_TILE &&
-           (n >= SMALL_W / 2 || k <= 64);
+           (n >= SMALL_W / 2 || k <= SMALL_NARROW_K);
 }
 
 ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,

@@ -45,7 +45,14 @@ jax's conventions, checked against jax 0.10.2:
 - a bare list is an index array (numpy >= 1.23; jax refuses it, ``x[np.array(seq)]`` works
   in both).
 
-Index values are read to the host (an Array index is copied there) to plan the copies.
+Arrays that span processes (a mesh over several processes' devices) take the same paths:
+every process allocates and fills only its own devices' blocks, from its blocks of the operand
+laid out as above (a reshard that needs another process's blocks gathers them: for a sliced
+or joined dimension sharded over processes, the whole operand reaches every process), so the
+result has the one-process run's sharding and bits.
+
+Index values are read to the host (an Array index is copied there; one sharded over processes
+is gathered to every process) to plan the copies.
 Gradients (float dtypes): the cotangent of a read is scatter-added back (duplicates
 accumulate, in index order: the same bits on any mesh); the transpose of a row gather is a
 row scatter-add and back, so updates differentiate in ``x`` and ``v``. Basic slices and joins
@@ -79,7 +86,6 @@ from ..base import dtypes as _dtypes
 from ..array.array import Array, _alloc_blocks
 from ..array.abstract import ShapeDtypeStruct
 from ..array.array import device_put
-from ..array.sharding import NamedSharding, PartitionSpec
 from ..base.hooks import upper as _upper
 
 __all__ = ["getitem", "concatenate", "stack", "split", "array_split"]
@@ -98,8 +104,13 @@ def _layout_of(x: Array):
 
 
 def _alloc(shape, dtype, place, norm) -> Array:
+    """An output Array laid out as ``norm`` on ``place`` (uninitialised): a block per device
+    of this process, in mesh order, as the operands' blocks are (every device, in a job of
+    one process). Every copy here runs device by device from the operand's block on the same
+    device (resharded first where needed: ``_to``), so on a mesh that spans processes each
+    process fills its own blocks."""
     sharding = _o()._sharding_for(place, norm)
-    _, blocks = _alloc_blocks(tuple(shape), dtype, sharding)
+    _, blocks = _alloc_blocks(tuple(shape), dtype, sharding, addressable=True)
     return Array._create(tuple(shape), np.dtype(dtype), sharding, blocks)
 
 
@@ -330,7 +341,10 @@ def _normalize(idx) -> tuple:
             out.append(_Abstract(i.shape, i.dtype))
         elif isinstance(i, Array):
             i._check_alive()
-            out.append(_from_host(np.asarray(i), i))
+            if i.is_fully_addressable or i.sharding.is_fully_replicated:
+                out.append(_from_host(np.asarray(i), i))
+            else:   # sharded over processes: every process gathers it (as every one indexes)
+                out.append(_from_host(_upper('distributed')._gather_global(i), i))
         elif isinstance(i, (list, np.ndarray)):
             try:
                 a = np.asarray(i)
@@ -431,8 +445,6 @@ def getitem(x, idx):
     if isinstance(x, ShapeDtypeStruct):
         return ShapeDtypeStruct(out_shape, x.dtype)
     x._check_alive()
-    if not x.sharding.is_fully_addressable and x.sharding.is_fully_replicated:
-        return _replicated_basic(x, idx)
     y = _slice(x, starts, sizes)
     if y is x:
         y = _fresh(x)  # x[:], x[...]: a new Array, as in jax (deleting x leaves it intact)
@@ -440,35 +452,6 @@ def getitem(x, idx):
         return y
     _, norm = _layout_of(y)
     return _relabel(y, out_shape, [() if k is None else norm[k] for k in keep])
-
-
-def _replicated_basic(x: Array, idx) -> Array:
-    """Basic indexing of an Array replicated over a mesh that spans processes (every process
-    holds all of it, e.g. a batch of labels placed with ``P()``): sliced on the host from this
-    process's copy, the result replicated over the same mesh (each process places its own
-    devices' copies). Not differentiable (a tracked float Array raises, naming the fix)."""
-    t = _o()._tape()
-    if t is not None and id(x) in t.tracked:
-        raise ValueError("slicing a differentiated Array that spans processes is not supported "
-                         "yet; slice it before value_and_grad, or gather it with "
-                         "ctrainstate.experimental.multihost_utils.process_allgather(x)")
-    part = np.asarray(x.addressable_shards[0].data)[idx]
-    return device_put(np.ascontiguousarray(part), NamedSharding(x.sharding.mesh, PartitionSpec()))
-
-
-def _replicated_concatenate(arrays, axis: int, lead: Array) -> Array:
-    """:func:`concatenate` of Arrays replicated over a mesh that spans processes (and host or
-    other replicated values): joined on the host from this process's copies, the result
-    replicated over ``lead``'s mesh (see :func:`_replicated_basic`)."""
-    t = _o()._tape()
-    if t is not None and any(isinstance(a, Array) and id(a) in t.tracked for a in arrays):
-        raise ValueError("concatenating differentiated Arrays that span processes is not "
-                         "supported yet; gather them with ctrainstate.experimental."
-                         "multihost_utils.process_allgather(x)")
-    parts = [np.asarray(a.addressable_shards[0].data) if isinstance(a, Array) and
-             not a.sharding.is_fully_addressable else np.asarray(a) for a in arrays]
-    out = np.concatenate(parts, axis)
-    return device_put(out, NamedSharding(lead.sharding.mesh, PartitionSpec()))
 
 
 # --- advanced indexing: a row gather -------------------------------------------------------
@@ -699,7 +682,9 @@ class _Advanced:
         y = _slice(x, starts, sizes)
         _, ynorm = _layout_of(y)
         gnorm = [() if d in indexed and d not in owned else e for d, e in enumerate(ynorm)]
-        shard, blocks, _ = _o()._sharding_for(place, gnorm)._layout(tuple(y.shape))
+        # the plans of this process's blocks (all of them, in a job of one process), in the
+        # order of the blocks _alloc makes
+        shard, blocks = _o()._sharding_for(place, gnorm)._addressable_layout(tuple(y.shape))
         sels, q, rows, ok = self.plan(rel, shard, [st for _, st, _ in blocks], owned)
         axes = tuple(a for d in sorted(owned) for a in gnorm[d])
         return y, gnorm, place, starts, sels, q, rows, ok, self.layout(rel, gnorm), axes
@@ -1392,9 +1377,6 @@ def concatenate(arrays, axis: int = 0):
         return ShapeDtypeStruct(shape, arrays[0].dtype)
     if len(arrays) == 1:
         return _fresh(arrays[0])
-    spans = [a for a in arrays if isinstance(a, Array) and not a.sharding.is_fully_addressable]
-    if spans and all(a.sharding.is_fully_replicated for a in spans):
-        return _replicated_concatenate(arrays, axis, spans[0])
     o = _o()
     lead = next((a for a in arrays if o._mesh_key(a)[0] == "mesh"), arrays[0])
     place, norm = _layout_of(lead)

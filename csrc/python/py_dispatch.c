@@ -3184,6 +3184,21 @@ out:
     return rc;
 }
 
+/* A finished, replayable program's memory plan for the current fusion setting, made now if
+ * there is none (unless a run on another thread holds the arenas): 1 when it is there, 0
+ * when not now, -1 with an exception (`who`, the method: for an unfinished or broken
+ * program; NULL: not checked). */
+static int plan_current(program *pr, const char *who) {
+    if (who != NULL && (!pr->finished || pr->broken != NULL)) {
+        PyErr_Format(PyExc_RuntimeError, "Program.%s: %s", who,
+                     pr->broken != NULL ? "the program is broken" : "not finished");
+        return -1;
+    }
+    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
+        return -1;
+    return pr->planned && pr->plan_fuse == pr->fuse;
+}
+
 /* Allocates the arenas for a run (which reserved them: arena_busy) and points the internal
  * values' Buffers into them: 1, or -1 with an exception (out of memory). */
 static int arenas_take(program *pr) {
@@ -3351,9 +3366,12 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
      * unless a run on another thread holds the arenas: this one then runs without) */
     int arena = 0;      /* this run holds the arenas now */
     int with_arena = 0; /* it takes them (at step arena_first; given back after arena_last) */
-    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
+    with_arena = plan_current(pr, NULL);
+    if (with_arena < 0) {
+        with_arena = 0;
         goto done;
-    with_arena = pr->planned && pr->plan_fuse == pr->fuse && pr->nviews > 0 && !pr->arena_busy;
+    }
+    with_arena = with_arena && pr->nviews > 0 && !pr->arena_busy;
     if (with_arena) pr->arena_busy = 1; /* (reserved: a run on another thread runs without) */
     struct timespec t0, t1;
     if (pr->step_ns != NULL) {
@@ -3529,13 +3547,10 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
  * last step)] per block of each value in the arenas (for tests and as_text). */
 static PyObject *program_arena_layout(program *pr, PyObject *noargs) {
     (void)noargs;
-    if (!pr->finished || pr->broken != NULL)
-        return PyErr_Format(PyExc_RuntimeError, "Program.arena_layout: %s",
-                            pr->broken != NULL ? "the program is broken" : "not finished");
-    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
-        return NULL;
+    const int planned = plan_current(pr, "arena_layout");
+    if (planned < 0) return NULL;
     PyObject *out = PyList_New(0);
-    for (int v = 0; out != NULL && pr->planned && v < pr->nvals; v++) {
+    for (int v = 0; out != NULL && planned && v < pr->nvals; v++) {
         if (!pr->internal[v]) continue;
         int end = pr->nviews; /* (blocks are numbered value by value: up to the next value's) */
         for (int u = v + 1; u < pr->nvals && end == pr->nviews; u++)
@@ -3562,12 +3577,8 @@ static PyObject *program_arena_layout(program *pr, PyObject *noargs) {
  * outputs: the output values (-1: not an Array). */
 static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
     (void)noargs;
-    if (!pr->finished || pr->broken != NULL)
-        return PyErr_Format(PyExc_RuntimeError, "Program.memory_plan: %s",
-                            pr->broken != NULL ? "the program is broken" : "not finished");
-    if ((!pr->planned || pr->plan_fuse != pr->fuse) && !pr->arena_busy && plan_memory(pr) < 0)
-        return NULL;
-    const int planned = pr->planned && pr->plan_fuse == pr->fuse;
+    const int planned = plan_current(pr, "memory_plan");
+    if (planned < 0) return NULL;
     static const char *const kinds[] = {"arg", "const", "step"};
     PyObject *vals = PyList_New(pr->nvals), *steps = PyList_New(pr->nsteps),
              *outs = PyList_New(pr->nouts), *arenas = NULL;

@@ -15,6 +15,7 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
+from memory_checks import measured_vs_predicted
 
 rng = np.random.default_rng(7)
 
@@ -66,20 +67,6 @@ def check_layout(prog, fused=True):
     return arenas
 
 
-def measured_vs_predicted(j, *args):
-    ma = j.lower(*args).compile().memory_analysis()
-    devs = [d for d in cts.devices() if d.id in ma.per_device]
-    cts.reset_peak_memory_stats()
-    before = {d.id: d.memory_stats()["bytes_in_use"] for d in devs}
-    out = j(*args)
-    got = {}
-    for d in devs:
-        p = ma.per_device[d.id]
-        predicted = p["peak_size_in_bytes"] - p["argument_size_in_bytes"] - p["constant_size_in_bytes"]
-        got[d.id] = (d.memory_stats()["peak_bytes_in_use"] - before[d.id], predicted)
-    return got, out, ma
-
-
 def test_values_of_one_size_reuse_the_arena_by_lifetime():
     """Eight products, each read only by the next: two are live at once, so the arena holds
     two (16 KiB each), not eight; the run allocates exactly what the plan says."""
@@ -99,8 +86,8 @@ def test_values_of_one_size_reuse_the_arena_by_lifetime():
     arenas = check_layout(prog)
     assert arenas == {cts.devices()[0].id: 2 * n * n * 4}
     assert len(lifetimes(prog)) == 8   # (the last product too: the sum reads it)
-    got, out, ma = measured_vs_predicted(j, x, w)
-    assert ma.temp_size_in_bytes == 2 * n * n * 4
+    assert j.lower(x, w).compile().memory_analysis().temp_size_in_bytes == 2 * n * n * 4
+    got, out = measured_vs_predicted(j, x, w)
     ((measured, predicted),) = got.values()
     assert measured == predicted == 2 * n * n * 4 + 4   # the arena, then the sum's output
     assert np.asarray(out).tobytes() == np.asarray(eager).tobytes()
@@ -125,7 +112,7 @@ def test_sizes_are_placed_largest_first_around_each_other():
     j(x, w1, w2, w3)
     prog = _program(j, x, w1, w2, w3)
     assert check_layout(prog) == {cts.devices()[0].id: (64 * 16 + 64 * 80) * 4}
-    got, out, _ = measured_vs_predicted(j, x, w1, w2, w3)
+    got, out = measured_vs_predicted(j, x, w1, w2, w3)
     ((measured, predicted),) = got.values()
     assert measured == predicted
     assert np.asarray(out).tobytes() == np.asarray(eager).tobytes()
@@ -167,7 +154,7 @@ def test_layout_of_a_training_step_with_chains_on_a_mesh(fuse):
         prog.set_fusion(fuse)
         assert bool(prog.chains) and len(lifetimes(prog, fuse)) > 10
         check_layout(prog, fuse)
-        got, (s_jit, loss), _ = measured_vs_predicted(j, s_jit, x, t)
+        got, (s_jit, loss) = measured_vs_predicted(j, s_jit, x, t)
         for measured, predicted in got.values():
             assert 0 < measured <= predicted
         for _ in range(2):

@@ -6,6 +6,7 @@ import pytest
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import nn, random
+from memory_checks import measured_vs_predicted
 
 
 def _same(a, b):
@@ -106,24 +107,8 @@ def test_a_replay_whose_node_output_differs_raises_and_memory_counts_node_output
     # the gather's own temporaries, measured at the trace, come on top of its output
     assert ma.temp_size_in_bytes >= 64 and ma.output_size_in_bytes == 64
     assert ma.argument_size_in_bytes == T.nbytes + I1.nbytes
-    ((measured, predicted),) = _measured_vs_predicted(g, t, i)[0].values()
+    ((measured, predicted),) = measured_vs_predicted(g, t, i)[0].values()
     assert measured == predicted >= 128
-
-
-def _measured_vs_predicted(j, *args):
-    """(measured, predicted) extra bytes of one replay of ``j`` per device (memory_analysis
-    against the devices' peaks, as tests/jit/test_jit_train_step.py measures SIREN)."""
-    ma = j.lower(*args).compile().memory_analysis()
-    devs = [d for d in cts.devices() if d.id in ma.per_device]
-    cts.reset_peak_memory_stats()
-    before = {d.id: d.memory_stats()["bytes_in_use"] for d in devs}
-    out = j(*args)
-    got = {}
-    for d in devs:
-        p = ma.per_device[d.id]
-        predicted = p["peak_size_in_bytes"] - p["argument_size_in_bytes"] - p["constant_size_in_bytes"]
-        got[d.id] = (d.memory_stats()["peak_bytes_in_use"] - before[d.id], predicted)
-    return got, out
 
 
 @pytest.mark.parametrize("dtype", [np.float32, cnp.bfloat16])
@@ -138,7 +123,7 @@ def test_memory_analysis_counts_op_nodes_temporaries_and_residuals(dtype):
                                                     .astype(np.float32)))(w)
     j = cts.jit(step)
     j(x)
-    got, (loss, g) = _measured_vs_predicted(j, x)
+    got, (loss, g) = measured_vs_predicted(j, x)
     assert "[op node]" in j.lower(x).as_text()
     for dev, (measured, predicted) in got.items():
         assert measured == predicted, (dev, measured, predicted)
@@ -174,7 +159,7 @@ def _hf_example(argv, measure=True):
             if len(calls) != 3:
                 return j(state, batch)
             assert "[op node]" in j.lower(state, batch).as_text()
-            got, out = _measured_vs_predicted(j, state, batch)
+            got, out = measured_vs_predicted(j, state, batch)
             seen.append(got)
             return out
         return step

@@ -248,14 +248,21 @@ class Prefetch:
         self._ranges = list(ranges)
         self._cond = threading.Condition()
         self._done = 0
+        self._pending = 0   # read by the caller, not yet told to the helper
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="ctrainstate-ckpt-io-prefetch",
                                         daemon=True)
         self._thread.start()
 
     def advance(self, nbytes: int) -> None:
+        """The caller has read ``nbytes`` more (called from one thread); the helper is woken
+        once a chunk's worth has been read, not on every slice."""
+        self._pending += nbytes
+        if self._pending < PREFETCH_CHUNK:
+            return
         with self._cond:
-            self._done += nbytes
+            self._done += self._pending
+            self._pending = 0
             self._cond.notify()
 
     def close(self) -> None:

@@ -339,16 +339,32 @@ def test_a_flipped_byte_in_any_array_raises_naming_it(tmp_path):
         ocp.StandardCheckpointer().restore(bad, state)
 
 
-@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("threads", ["1", "2", "1+prefetch"])
 def test_slices_of_a_big_array_each_way_a_flipped_byte_or_truncation_raises(tmp_path,
                                                                             monkeypatch,
                                                                             threads):
     """Many slices of a big array, read each way (straight into a run of the target block,
     through a scratch buffer copied into the blocks, into a host array) on 1 and 2 I/O
-    threads: a restore is bit-exact, a flipped byte in any slice (early, middle, last) raises
-    naming the array and the slice, a truncated file raises CorruptCheckpointError, and no
-    I/O thread outlives a restore."""
+    threads, and on 1 with the disk read ahead of it (prefetch chunks made small enough
+    for this array): a restore is bit-exact, a flipped byte in any slice (early, middle,
+    last) raises naming the array and the slice, a truncated file raises
+    CorruptCheckpointError, and no I/O thread outlives a restore."""
     import threading
+    prefetches, read_ahead = [], threads == "1+prefetch"
+    if read_ahead:
+        if not _io.can_prefetch():
+            pytest.skip("read-ahead needs Linux's sendfile")
+        threads = "1"
+        monkeypatch.setattr(_io, "PREFETCH_CHUNK", 64 << 10)
+        monkeypatch.setattr(_io, "PREFETCH_AHEAD", 256 << 10)
+        real_prefetch = _io.Prefetch
+
+        def counted(ranges):
+            prefetches.append(list(ranges))
+            return real_prefetch(ranges)
+        monkeypatch.setattr(_io, "Prefetch", counted)
+    else:   # no read-ahead: this array is below two prefetch chunks
+        assert 2048 * 1024 * 4 < 2 * _io.PREFETCH_CHUNK
     monkeypatch.setenv("CTRAINSTATE_CHECKPOINT_THREADS", threads)
     monkeypatch.setattr(_io, "SLICE_BYTES", 512 << 10)    # 2 slices a block
     x = np.random.default_rng(3).standard_normal((2048, 1024)).astype(np.float32)
@@ -370,6 +386,11 @@ def test_slices_of_a_big_array_each_way_a_flipped_byte_or_truncation_raises(tmp_
         r = ocp.StandardCheckpointer().restore(src, t)
         assert np.asarray(r["w"]).tobytes() == x.tobytes() and r["n"] == 5
     assert not io_threads()
+    if read_ahead:   # each restore read its array's bytes ahead: one range, the whole file's
+        assert len(prefetches) == len(targets)
+        ends = (w["slices"][0]["offsets"][0], w["slices"][-1]["offsets"][1])
+        assert all([(os.path.basename(p), lo, hi) for p, lo, hi in r_] ==
+                   [(w["slices"][0]["file"], *ends)] for r_ in prefetches)
     for k in (0, 1, 7, 15):
         sl = w["slices"][k]
         bad = tmp_path / f"bad{k}"
@@ -962,3 +983,30 @@ def test_one_process_save_needs_no_collective(tmp_path, monkeypatch):
         m.wait_until_finished()
         m.delete(1)
         assert m.all_steps() == []
+
+
+def test_prefetch_is_best_effort_and_stops_with_its_reader(tmp_path):
+    """A missing or short file stops the read-ahead thread quietly (the reader's own reads
+    raise), close joins it; a slice naming a file outside the checkpoint, or slices too
+    small to be worth a thread, get no read-ahead; adjacent slices make one range."""
+    if not _io.can_prefetch():
+        pytest.skip("read-ahead needs Linux's sendfile")
+    f = tmp_path / "data.bin"
+    f.write_bytes(bytes(1 << 20))
+    pre = _io.Prefetch([(str(tmp_path / "missing"), 0, 100), (str(f), 0, 1 << 20)])
+    pre.close()
+    assert not pre._thread.is_alive()
+    pre = _io.Prefetch([(str(f), 0, 64 << 20)])   # the file ends early
+    pre.advance(64 << 20)
+    pre._thread.join(10)
+    assert not pre._thread.is_alive()
+    pre.close()
+    reader = _store._Reader(str(tmp_path), _io.DEFAULT_CHECKSUM)
+    big = 4 * _io.PREFETCH_CHUNK
+    assert reader._prefetch([{"file": "../data.bin", "offsets": [0, big]}]) is None
+    assert reader._prefetch([{"file": "data.bin", "offsets": [0, 100]}]) is None   # small
+    pre = reader._prefetch([{"file": "data.bin", "offsets": [0, big // 2]},
+                            {"file": "data.bin", "offsets": [big // 2, big]}])
+    assert pre._ranges == [[str(tmp_path / "data.bin"), 0, big]]
+    pre.close()
+    reader.close()

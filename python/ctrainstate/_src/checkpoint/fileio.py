@@ -17,6 +17,8 @@ import json
 import math
 import os
 import struct
+import sys
+import threading
 import zlib
 
 import numpy as np
@@ -214,6 +216,89 @@ def run_parallel(tasks) -> None:
         futures = [pool.submit(t) for t in tasks]
     for f in futures:
         f.result()
+
+
+#: A restore on one I/O thread has the disk read ahead of it: a helper thread pulls the
+#: byte ranges it is about to read into the page cache, PREFETCH_CHUNK at a time and at most
+#: PREFETCH_AHEAD bytes ahead of it, while it checks and copies what it has read (on one
+#: virtual disk with 2 vCPUs, a 1 GiB restore onto other shardings went from 0.58x to
+#: 0.90x the cold sequential read, onto the same shardings from 0.51x to 0.95x,
+#: load about 2; medians of 8 interleaved reps, each against a cold read in 64 MiB
+#: pieces just before it). The helper uses sendfile to /dev/null: the pages are read,
+#: nothing is copied to user memory (no buffer; reading into one took CPU the restore
+#: needed: 0.83x). posix_fadvise(WILLNEED) instead was slower than no read-ahead at all
+#: here (0.36-0.51x). With several I/O threads (CHECKPOINT_THREADS > 1) nothing reads ahead.
+PREFETCH_CHUNK = 8 << 20
+PREFETCH_AHEAD = 32 << 20
+
+
+def can_prefetch() -> bool:
+    return sys.platform.startswith("linux") and hasattr(os, "sendfile")
+
+
+class Prefetch:
+    """Reads ``ranges`` — (path, lo, hi) byte ranges in the order the caller will read them —
+    into the page cache on a thread of its own (its own file descriptors, so it does not
+    disturb the caller's read-ahead), staying at most PREFETCH_AHEAD bytes ahead of the
+    bytes the caller reports done (``advance``). Best effort: any error (a missing or short
+    file) stops it quietly, and the caller's own reads meet and raise it. ``close`` stops
+    it and waits for it, so no thread outlives the caller's reads."""
+
+    def __init__(self, ranges):
+        self._ranges = list(ranges)
+        self._cond = threading.Condition()
+        self._done = 0
+        self._pending = 0   # read by the caller, not yet told to the helper
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="ctrainstate-ckpt-io-prefetch",
+                                        daemon=True)
+        self._thread.start()
+
+    def advance(self, nbytes: int) -> None:
+        """The caller has read ``nbytes`` more (called from one thread); the helper is woken
+        once a chunk's worth has been read, not on every slice."""
+        self._pending += nbytes
+        if self._pending < PREFETCH_CHUNK:
+            return
+        with self._cond:
+            self._done += self._pending
+            self._pending = 0
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self):
+        fds = {}
+        fetched = 0
+        try:
+            null = fds[None] = os.open(os.devnull, os.O_WRONLY)
+            for path, lo, hi in self._ranges:
+                if path not in fds:
+                    fds[path] = os.open(path, os.O_RDONLY)
+                fd = fds[path]
+                for a in range(lo, hi, PREFETCH_CHUNK):
+                    with self._cond:
+                        while not self._stop and fetched - self._done > PREFETCH_AHEAD:
+                            self._cond.wait()
+                        if self._stop:
+                            return
+                    n = min(PREFETCH_CHUNK, hi - a)
+                    got = 0
+                    while got < n:
+                        k = os.sendfile(null, fd, a + got, n - got)
+                        if k <= 0:   # the file ends early: the caller's read says so
+                            return
+                        got += k
+                    fetched += n
+        except (OSError, ValueError):
+            return
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
 
 def pwrite_all(fd: int, mv: memoryview, offset: int) -> None:

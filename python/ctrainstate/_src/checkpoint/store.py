@@ -444,7 +444,7 @@ class _Reader:
         (cast to ``dtype`` when it differs from the saved one) into every block it meets."""
         saved = _io.np_dtype(entry["dtype"])
         covered = [0] * len(targets)
-        tasks = []
+        tasks, reads = [], []   # a task for each slice read, and its slice
         for sl in entry["slices"]:
             slo = tuple(a for a, _ in sl["index"])
             shi = tuple(b for _, b in sl["index"])
@@ -466,6 +466,7 @@ class _Reader:
                     b0 = off * saved.itemsize
                     mv = memoryview(arr.reshape(-1).view(np.uint8)[b0:b0 + nbytes])
                     tasks.append(lambda sl=sl, mv=mv: self._read_slice(sl, name, mv))
+                    reads.append(sl)
                     continue
 
             def via_scratch(sl=sl, hits=hits, slo=slo, sshape=sshape, nbytes=nbytes):
@@ -476,13 +477,48 @@ class _Reader:
                     tlo, tshape, arr = targets[i]
                     arr[_io.slices_of(lo, hi, tlo)] = src[_io.slices_of(lo, hi, slo)]
             tasks.append(via_scratch)
+            reads.append(sl)
         for (tlo, tshape, _), c in zip(targets, covered):
             if c != math.prod(tshape):
                 raise CorruptCheckpointError(
                     f"array '{name}': the checkpoint's slices cover {c} of the "
                     f"{math.prod(tshape)} elements of the block at {list(tlo)} (slices are "
                     f"missing or overlap)")
-        _io.run_parallel(tasks)
+        pre = self._prefetch(reads)
+        if pre is None:
+            _io.run_parallel(tasks)
+            return
+        try:   # one I/O thread: the slices in order, the disk reading ahead of them
+            for task, sl in zip(tasks, reads):
+                task()
+                pre.advance(sl["offsets"][1] - sl["offsets"][0])
+        finally:
+            pre.close()
+
+    def _prefetch(self, reads):
+        """A :class:`fileio.Prefetch` of the byte ranges of ``reads`` (slices, in the order
+        they are read), when they are read on one thread and are big enough to be worth a
+        thread (at least two prefetch chunks); else None. The ranges come from files the
+        index names inside the checkpoint only (anything else is left to the reads, which
+        raise)."""
+        if _io.workers() != 1 or not _io.can_prefetch():
+            return None
+        ranges = []
+        try:
+            for sl in reads:
+                f, (lo, hi) = sl["file"], sl["offsets"]
+                if os.path.basename(f) != f or not (0 <= lo <= hi):
+                    return None
+                path = os.path.join(self.directory, f)
+                if ranges and ranges[-1][0] == path and ranges[-1][2] == lo:
+                    ranges[-1][2] = hi
+                else:
+                    ranges.append([path, lo, hi])
+        except (KeyError, TypeError, ValueError):   # a malformed entry: the reads raise
+            return None
+        if sum(hi - lo for _, lo, hi in ranges) < 2 * _io.PREFETCH_CHUNK:
+            return None
+        return _io.Prefetch(ranges)
 
     def host(self, entry, name, dtype=None):
         """The whole array on the host (a numpy array)."""

@@ -3536,9 +3536,27 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
     int nconst = 0, nchains = 0;
     for (int v = 0; v < pr->nvals; v++) nconst += pr->vkind[v] == V_CONST;
     for (int k = 0; k < pr->nsteps; k++) nchains += pr->steps[k].chain >= 2;
-    PyObject *t = PyUnicode_FromFormat("# %d arguments (%%0..%%%d), %d constants, %d steps, %d fused "
-                                       "elementwise chains\n%U\n", pr->nargs, pr->nargs - 1,
-                                       nconst, pr->nsteps, nchains, body);
+    /* the static memory plan, in one line */
+    const int planned = plan_current(pr, NULL);
+    if (planned < 0) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    int ninternal = 0;
+    long long most = 0;
+    for (int v = 0; planned && v < pr->nvals; v++) ninternal += pr->internal[v];
+    for (int a = 0; planned && a < pr->narenas; a++)
+        if (pr->arena_bytes[a] > most) most = pr->arena_bytes[a];
+    PyObject *plan = ninternal > 0
+        ? PyUnicode_FromFormat("# static memory plan: %d values in one arena per device (at most "
+                               "%lld bytes), held over steps %d..%d\n", ninternal, most,
+                               pr->arena_first, pr->arena_last)
+        : PyUnicode_FromString("");
+    PyObject *t = plan == NULL ? NULL
+        : PyUnicode_FromFormat("# %d arguments (%%0..%%%d), %d constants, %d steps, %d fused "
+                               "elementwise chains\n%U%U\n", pr->nargs, pr->nargs - 1, nconst,
+                               pr->nsteps, nchains, plan, body);
+    Py_XDECREF(plan);
     Py_DECREF(body);
     return t;
 }

@@ -85,6 +85,8 @@ def test_values_of_one_size_reuse_the_arena_by_lifetime():
     prog = _program(j, x, w)
     arenas = check_layout(prog)
     assert arenas == {cts.devices()[0].id: 2 * n * n * 4}
+    assert (f"# static memory plan: 8 values in one arena per device (at most {2 * n * n * 4} "
+            f"bytes)") in prog.as_text()
     assert len(lifetimes(prog)) == 8   # (the last product too: the sum reads it)
     assert j.lower(x, w).compile().memory_analysis().temp_size_in_bytes == 2 * n * n * 4
     got, out = measured_vs_predicted(j, x, w)

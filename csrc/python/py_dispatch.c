@@ -1793,6 +1793,8 @@ typedef struct {
     int pure;         /* a node that makes new outputs (an op without a C plan), not one that
                        * updates its inputs in place (an optimizer step) */
     int *io;
+    int *alias;       /* a pure node: per output, the input value whose buffers it returned as
+                       * they were at the trace (its memory is that input's), else -1 */
     PyObject *scratch; /* a pure node: ((device id, bytes, kept), ...): the most it allocated
                         * above what was in use when it started, and what it still held after
                         * besides its outputs, measured at the trace; or NULL */
@@ -2130,6 +2132,7 @@ static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array 
     st->out = vo;
     st->fn = NULL;
     st->io = NULL;
+    st->alias = NULL;
     st->scratch = NULL;
     st->nin = st->nout = 0;
     st->dead = 0;
@@ -2162,7 +2165,9 @@ static void step_clear(pstep *st) {
     Py_CLEAR(st->scalar);
     Py_CLEAR(st->fn);
     PyMem_Free(st->io);
+    PyMem_Free(st->alias);
     st->io = NULL;
+    st->alias = NULL;
 }
 
 static void plan_free(program *pr);
@@ -2388,11 +2393,27 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
         return io2 == NULL ? PyErr_NoMemory() : NULL;
     }
     io = io2;
+    int *alias = pure ? PyMem_Malloc((size_t)(nout > 0 ? nout : 1) * sizeof(int)) : NULL;
+    if (pure && alias == NULL) {
+        PyMem_Free(io);
+        Py_XDECREF(scratch);
+        Py_DECREF(outs);
+        return PyErr_NoMemory();
+    }
     for (Py_ssize_t j = 0; j < nout; j++) {
         PyObject *y = PyList_GET_ITEM(outs, j);
+        if (alias != NULL) { /* an output over an input's buffers (a vjp passing g through) */
+            alias[j] = -1;
+            PyObject *yb = Py_IS_TYPE(y, at) ? first_buffer((ct_py_array *)y) : NULL;
+            for (Py_ssize_t i = 0; yb != NULL && i < nin && alias[j] < 0; i++) {
+                PyObject *x = PyList_GET_ITEM(ins, i);
+                if (Py_IS_TYPE(x, at) && first_buffer((ct_py_array *)x) == yb) alias[j] = io[i];
+            }
+        }
         int v = Py_IS_TYPE(y, at) ? add_value(pr, (ct_py_array *)y, V_STEP, pr->nsteps) : -2;
         if (v == -1) {
             PyMem_Free(io);
+            PyMem_Free(alias);
             Py_XDECREF(scratch);
             Py_DECREF(outs);
             return NULL;
@@ -2401,6 +2422,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
             program_break(pr, pure ? "a node that returned something other than Arrays"
                                    : "a step in place that returned something other than Arrays");
             PyMem_Free(io);
+            PyMem_Free(alias);
             Py_XDECREF(scratch);
             return outs;
         }
@@ -2414,6 +2436,7 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
     st->nin = (int)nin;
     st->nout = (int)nout;
     st->io = io;
+    st->alias = alias;
     st->pure = pure;
     st->scratch = scratch;
     return outs;
@@ -3591,7 +3614,9 @@ static PyObject *program_arena_layout(program *pr, PyObject *noargs) {
  * last use: a step index, -1 never read, or None for an output)], steps [(input values,
  * output values, whether the step is a node whose outputs take over its inputs' buffers,
  * an op node's ((device id, bytes, kept), ...): allocated at most while it ran, held after
- * besides its outputs (until its first output's last use); or None)],
+ * besides its outputs (until its first output's last use); or None, and ((output value, input
+ * value), ...): a pure node's outputs that are its inputs' buffers (their memory is that
+ * input's))],
  * outputs: the output values (-1: not an Array). */
 static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
     (void)noargs;
@@ -3633,19 +3658,33 @@ static PyObject *program_memory_plan(program *pr, PyObject *noargs) {
                 Py_DECREF(out);
                 goto fail;
             }
-            t = Py_BuildValue("(NNOO)", in, out, st->pure ? Py_False : Py_True,
-                              st->scratch != NULL ? st->scratch : Py_None);
+            int na = 0;
+            for (int j = 0; st->alias != NULL && j < st->nout; j++) na += st->alias[j] >= 0;
+            PyObject *al = PyTuple_New(na);
+            for (int j = 0, q = 0; al != NULL && st->alias != NULL && j < st->nout; j++) {
+                if (st->alias[j] < 0) continue;
+                PyObject *pair = Py_BuildValue("(ii)", st->io[st->nin + j], st->alias[j]);
+                if (pair == NULL) Py_CLEAR(al);
+                else PyTuple_SET_ITEM(al, q++, pair);
+            }
+            if (al == NULL) {
+                Py_DECREF(in);
+                Py_DECREF(out);
+                goto fail;
+            }
+            t = Py_BuildValue("(NNOON)", in, out, st->pure ? Py_False : Py_True,
+                              st->scratch != NULL ? st->scratch : Py_None, al);
         } else if (st->chain >= 2 && pr->fuse) { /* a fused chain: its first makes the last's result */
             const int out = pr->steps[k + st->chain - 1].out;
-            t = st->b >= 0 ? Py_BuildValue("((ii)(i)OO)", st->a, st->b, out, Py_False, Py_None)
-                           : Py_BuildValue("((i)(i)OO)", st->a, out, Py_False, Py_None);
+            t = st->b >= 0 ? Py_BuildValue("((ii)(i)OO())", st->a, st->b, out, Py_False, Py_None)
+                           : Py_BuildValue("((i)(i)OO())", st->a, out, Py_False, Py_None);
         } else if (pr->fuse && k > 0 && chain_inner(pr, k)) { /* later steps: in place */
             const int other = st->e.kind == K_BINARY ? chain_other(st, 0) : -1;
-            t = other >= 0 ? Py_BuildValue("((i)()OO)", other, Py_False, Py_None)
-                           : Py_BuildValue("(()()OO)", Py_False, Py_None);
+            t = other >= 0 ? Py_BuildValue("((i)()OO())", other, Py_False, Py_None)
+                           : Py_BuildValue("(()()OO())", Py_False, Py_None);
         } else {
-            t = st->b >= 0 ? Py_BuildValue("((ii)(i)OO)", st->a, st->b, st->out, Py_False, Py_None)
-                           : Py_BuildValue("((i)(i)OO)", st->a, st->out, Py_False, Py_None);
+            t = st->b >= 0 ? Py_BuildValue("((ii)(i)OO())", st->a, st->b, st->out, Py_False, Py_None)
+                           : Py_BuildValue("((i)(i)OO())", st->a, st->out, Py_False, Py_None);
         }
         if (t == NULL) goto fail;
         PyList_SET_ITEM(steps, k, t);

@@ -32,10 +32,12 @@ PartitionSpec()
 """
 from __future__ import annotations
 
-import inspect
-import numpy as np
+import collections
 import functools
+import inspect
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from ... import _C
 from ..base import config as _config
@@ -556,10 +558,24 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
             s["temp_size_in_bytes"] = max(s["temp_size_in_bytes"], s["_temp"])
     kept = {}      # an op node's first output -> what the node holds besides its outputs
     last_read = {}   # value -> the last step that reads it (outputs included)
-    for k, (ins, _, _, _) in enumerate(steps):
+    for k, (ins, *_) in enumerate(steps):
         for i in ins:
             last_read[i] = k
-    for k, (ins, outs_k, node, scratch) in enumerate(steps):
+    # a node's output over an input's buffers (a vjp passing its cotangent through) holds that
+    # input's memory: memory is freed when the last value over it is
+    owner = {}     # held value -> the value whose allocation it is
+    users = collections.Counter()   # allocation -> held values over it
+
+    def release(v):
+        held.discard(v)
+        t = owner.pop(v)
+        users[t] -= 1
+        if not users[t]:
+            for d, b in values[t][1]:
+                dev(d)["_live"] -= b
+                dev(d)["_temp"] -= b
+    for k, (ins, outs_k, node, scratch, aliases) in enumerate(steps):
+        over = dict(aliases)
         if k == a_first:
             arena(+1)
         # an op node's own allocations while it runs (its outputs and its Python code's
@@ -582,7 +598,16 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
                     for d, b in values[o][1]:
                         dev(d)["alias_size_in_bytes"] += b
                 continue
+            if o in over:   # an input's buffers (no memory of its own)
+                i = over[o]
+                if i in held:
+                    held.add(o)
+                    owner[o] = owner[i]
+                    users[owner[i]] += 1
+                continue
             held.add(o)
+            owner[o] = o
+            users[o] = 1
             for d, b in values[o][1]:
                 s = dev(d)
                 s["_live"] += b
@@ -592,16 +617,10 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
             s["temp_size_in_bytes"] = max(s["temp_size_in_bytes"], s["_temp"])
         for o in outs_k:   # an output nothing reads (of an op node kept for another): freed
             if not node and values[o][2] == -1 and o not in out_set and o in held:
-                held.discard(o)
-                for d, b in values[o][1]:
-                    dev(d)["_live"] -= b
-                    dev(d)["_temp"] -= b
+                release(o)
         for i in set(ins):   # each input freed after its last use (outputs stay)
             if i in held and values[i][2] == k and i not in out_set:
-                held.discard(i)
-                for d, b in values[i][1]:
-                    dev(d)["_live"] -= b
-                    dev(d)["_temp"] -= b
+                release(i)
         for v in [v for v in kept if last_read.get(v, -1) <= k]:   # read for the last time
             for d, b in kept.pop(v):
                 dev(d)["_live"] -= b

@@ -1,9 +1,10 @@
 """Run under mpirun (tests/distributed/test_distributed_mpi.py), each process with 2 CPU
 devices: indexing, slicing, ``concatenate`` / ``stack`` / ``split`` and ``.at[]`` updates of
 Arrays *sharded* over a mesh that spans processes (and of Arrays replicated over it), their
-gradients and a jitted use, compared bit for bit with a run of one process that has as many
-devices as the whole job (the reference run writes its values and its results' shardings),
-and the basic indices and joins also with numpy on the global value.
+gradients and a jitted use, and argmax / argmin, sorts and nonzero of such Arrays, compared bit
+for bit with a run of one process that has as many devices as the whole job (the reference run
+writes its values and its results' shardings), and the basic indices and joins also with
+numpy on the global value.
 
     python tests/mpi/global_slicing.py --reference ref.npz   # one process, 2 * N devices
     mpirun -n N python tests/mpi/global_slicing.py ref.npz   # N processes, 2 devices each
@@ -92,6 +93,24 @@ def advanced_cases(n, idx_array, mask_array):
     ]
 
 
+def order_cases(a, c):
+    """(name, fn()): argmax / argmin and the sorts of ``a`` (sharded over ('data', 'model'))
+    and the 3-d ``c`` (('data', None, 'model'))."""
+    return [
+        ("argmax0", lambda: jnp.argmax(a, 0)),
+        ("argmax1", lambda: jnp.argmax(a, axis=1)),
+        ("argmin0_keep", lambda: jnp.argmin(a, 0, keepdims=True)),
+        ("argmax_all", lambda: jnp.argmax(a)),
+        ("argmin_3d", lambda: jnp.argmin(c, 2)),
+        ("sort0", lambda: jnp.sort(a, 0)),
+        ("sort_desc", lambda: jnp.sort(a, 1, descending=True)),
+        ("sort_flat", lambda: jnp.sort(c, axis=None)),
+        ("argsort0", lambda: jnp.argsort(a, 0)),
+        ("argsort_desc", lambda: jnp.argsort(c, 0, descending=True)),
+        ("lax_sort", lambda: cts.lax.sort(a, dimension=0)),
+    ]
+
+
 def typed(v, dt):
     """``v`` as dtype ``dt`` (ints: ten times the values, 99 for inf; bool: v > 0)."""
     if dt == np.int32:
@@ -152,6 +171,36 @@ def computed(mesh, host):
     }
     for name, f in others.items():
         keep(f"other_{name}", f())
+    # the index and order ops: argmax / argmin along (and over) dimensions sharded over
+    # processes, sort / argsort / lax.sort, nonzero and one-argument where (NaNs, -0.0, inf
+    # and ties included; bool values are mostly ties)
+    gn = g.copy()
+    gn[3, 0], gn[-1, 1] = np.nan, np.nan
+    for dt in (np.float32, np.int32, BF16, np.bool_):
+        an = cts.device_put(typed(gn, dt), NamedSharding(mesh, P("data", "model")))
+        cn = cts.device_put(typed(h, dt), NamedSharding(mesh, P("data", None, "model")))
+        tag = np.dtype(dt).name
+        for name, f in order_cases(an, cn):
+            y = f()
+            for i, yi in enumerate(y if isinstance(y, tuple) else (y,)):
+                keep(f"{tag}_{name}_{i}", yi)
+    x = cts.device_put(gn, NamedSharding(mesh, P("data", "model")))
+    xs = cts.device_put(np.sort(gn[:, 0]), NamedSharding(mesh, P("data")))
+    for name, f in (("nonzero", lambda: jnp.nonzero(x > 0.5)),
+                    ("nonzero_size", lambda: jnp.nonzero(x > 0.5, size=5, fill_value=-1)),
+                    ("where1", lambda: jnp.where(x < -0.5)),
+                    ("argwhere", lambda: (jnp.argwhere(x > 1.0),)),
+                    ("flatnonzero", lambda: (jnp.flatnonzero(x > 1.0),)),
+                    ("lax_sort_pair", lambda: cts.lax.sort((a, x), dimension=0, num_keys=2)),
+                    ("top_k", lambda: cts.lax.top_k(x, 2)),
+                    ("searchsorted", lambda: (jnp.searchsorted(xs, x[:, 1]),
+                                              jnp.searchsorted(xs, x[:, 1], side="right")))):
+        for i, yi in enumerate(f()):
+            keep(f"index_{name}_{i}", yi)
+    ws = np.linspace(-1, 1, 8 * n * n, dtype=np.float32).reshape(4 * n, 2 * n)
+    val, gr = cts.value_and_grad(lambda v: jnp.sum(jnp.sort(v, 0) * ws))(x)
+    out["grad_sort_value"] = np.float32(float(val))
+    keep("grad_sort", gr)
     # gradients (float32 and bfloat16): the cotangents of slices, joins and updates
     w = np.linspace(-1, 1, 8 * n * n, dtype=np.float32).reshape(4 * n, 2 * n)
     grads = {

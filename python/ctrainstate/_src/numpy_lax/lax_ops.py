@@ -1021,7 +1021,7 @@ def sort(operand, dimension=-1, is_stable=True, num_keys=1):
     if _abstract(*ops_):
         return tuple(ShapeDtypeStruct(s, dt) for s, dt in metas)
     placed = [_placed(v, dt) for v, (_, dt) in zip(ops_, metas)]
-    keys = [np.moveaxis(_sort_keys(np.asarray(placed[i])), d, -1) for i in range(k)]
+    keys = [np.moveaxis(_sort_keys(_ops()._host_value(placed[i])), d, -1) for i in range(k)]
     perm = np.lexsort(keys[::-1], axis=-1) if k > 1 else np.argsort(keys[0], axis=-1,
                                                                     kind="stable")
     perm = np.ascontiguousarray(np.moveaxis(perm, -1, d).astype(np.int32))

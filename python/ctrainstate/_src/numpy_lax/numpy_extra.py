@@ -40,6 +40,7 @@ from ..ops.move import (_axes, _axis, _int, _operand as op, flip, moveaxis, sort
                         take_along_axis)
 from ..ops.slicing import getitem
 from ..array.array import Array, device_put
+from ..array.sharding import NamedSharding
 from ..base.hooks import upper as _upper
 
 __all__ = [
@@ -1154,8 +1155,10 @@ def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
 
 
 def _host_values(x, who, name):
+    """(``x`` as an Array, its whole value on the host: gathered to every process when it
+    is sharded over processes)."""
     x = _operand(x, who, name)
-    return x, np.asarray(x)
+    return x, _o()._host_value(x)
 
 
 def searchsorted(a, v, side="left", sorter=None, *, method="scan"):
@@ -1175,7 +1178,7 @@ def searchsorted(a, v, side="left", sorter=None, *, method="scan"):
         raise ValueError("a should be 1-dimensional")
     vx, vh = _host_values(v, who, "v")
     if sorter is not None:
-        sh = np.asarray(sorter)
+        sh = _o()._host_value(sorter)
         if sh.shape != ah.shape or sh.dtype.kind not in "iu":
             raise ValueError(f"{who}: sorter must be an integer array of a's shape {ah.shape}")
         ah = ah[sh]
@@ -1190,6 +1193,14 @@ def searchsorted(a, v, side="left", sorter=None, *, method="scan"):
     return _host_place(idx)
 
 
+def _mesh_of(x):
+    """Where an index result of ``x`` goes: replicated over ``x``'s mesh when it has one (the
+    same placement in every process, ``x`` sharded over processes included), else None
+    (placed as ``device_put`` places it)."""
+    return _o()._place_of(x) if isinstance(x, Array) and isinstance(x.sharding, NamedSharding) \
+        else None
+
+
 def _size_arg(size, who):
     s = _int(size, who, "size")
     if s < 0:
@@ -1201,9 +1212,11 @@ def nonzero(a, *, size=None, fill_value=None):
     """``jnp.nonzero``: a tuple of int32 Arrays, the indices of the nonzero elements (row
     major), one per dimension. The count is found on the host; jax's ``size=`` pads (with
     ``fill_value``, 0 by default; a tuple gives one per dimension) or truncates to that
-    length. A 0-d ``a`` raises ``ValueError``, as jnp."""
+    length. A 0-d ``a`` raises ``ValueError``, as jnp. The indices are replicated over
+    ``a``'s mesh when it has one (an ``a`` sharded over processes is gathered to every
+    process); else placed as ``device_put`` places them."""
     who = "nonzero"
-    _, h = _host_values(a, who, "a")
+    x, h = _host_values(a, who, "a")
     if h.ndim == 0:
         raise ValueError("Calling nonzero on 0d arrays is not allowed. Use "
                          "jnp.atleast_1d(scalar).nonzero() instead.")
@@ -1223,7 +1236,7 @@ def nonzero(a, *, size=None, fill_value=None):
                 i = np.concatenate([i, pad])
             out.append(i)
         idx = out
-    return tuple(_host_place(i) for i in idx)
+    return tuple(_o()._lift_any(np.array(i, order="C"), _mesh_of(x)) for i in idx)
 
 
 def argwhere(a, *, size=None, fill_value=None):
@@ -1234,16 +1247,18 @@ def argwhere(a, *, size=None, fill_value=None):
     x, h = _host_values(a, who, "a")
     if h.ndim == 0:
         cols = nonzero(np.atleast_1d(h), size=size, fill_value=fill_value)
-        return _host_place(np.zeros((cols[0].shape[0], 0), np.int32))
+        return _o()._lift_any(np.zeros((cols[0].shape[0], 0), np.int32), _mesh_of(x))
     cols = nonzero(h, size=size, fill_value=fill_value)
-    return _host_place(np.stack([np.asarray(c) for c in cols], axis=1).reshape(-1, h.ndim))
+    return _o()._lift_any(np.ascontiguousarray(
+        np.stack([np.asarray(c) for c in cols], axis=1).reshape(-1, h.ndim)), _mesh_of(x))
 
 
 def flatnonzero(a, *, size=None, fill_value=None):
     """``jnp.flatnonzero``: the flat (row-major) indices of the nonzero elements, int32
     (``size=`` / ``fill_value=`` as :func:`nonzero`)."""
-    _, h = _host_values(a, "flatnonzero", "a")
-    return nonzero(h.reshape(-1), size=size, fill_value=fill_value)[0]
+    x, h = _host_values(a, "flatnonzero", "a")
+    i = nonzero(h.reshape(-1), size=size, fill_value=fill_value)[0]
+    return i if _mesh_of(x) is None else _o()._lift_any(np.asarray(i), _mesh_of(x))
 
 
 def where(condition, x=None, y=None, /, *, size=None, fill_value=None):

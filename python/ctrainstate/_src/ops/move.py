@@ -50,6 +50,7 @@ from ..array.abstract import ShapeDtypeStruct
 from .elementwise import sum_dtype
 from .slicing import _layout_of as lo
 from ..array.array import device_put
+from ..array.sharding import NamedSharding
 
 __all__ = [
     "take", "take_along_axis", "repeat", "tile", "flip", "fliplr", "flipud", "roll", "pad",
@@ -981,7 +982,7 @@ def _argsort_host(a, axis: int, descending: bool) -> np.ndarray:
     """jax's argsort (stable): ascending by :func:`_sort_keys`, ties in index order;
     descending reverses the array and its positions, sorts, and reverses the result (so ties
     also keep index order). Computed on the host from the gathered values."""
-    keys = _sort_keys(np.asarray(a))
+    keys = _sort_keys(_o()._host_value(a))
     n = keys.shape[axis]
     if descending:
         keys = np.flip(keys, axis)
@@ -998,7 +999,9 @@ def argsort(a, axis=-1, *, kind=None, order=None, stable=True, descending=False)
     stable). Floats sort in jax's order: NaNs last, ``-0.0`` and ``0.0`` equal (ties).
 
     Computed on the host: the array is gathered there once (a sort compares every element
-    of the axis with the others). No gradient (integer output).
+    of the axis with the others; an Array sharded over processes is gathered to every
+    process). The result is replicated over ``a``'s mesh when ``a`` has one (else placed as
+    ``device_put`` places it). No gradient (integer output).
 
     >>> import numpy as np, ctrainstate.numpy as cnp
     >>> np.asarray(cnp.argsort(np.array([3.0, np.nan, -1.0, 3.0], np.float32))).tolist()
@@ -1008,7 +1011,9 @@ def argsort(a, axis=-1, *, kind=None, order=None, stable=True, descending=False)
     a, ax = _sort_args(a, axis, kind, order, "argsort")
     if _is_abstract(a):
         return _sds()(a.shape, np.dtype(np.int32))
-    return _o()._lift_any(_argsort_host(a, ax, bool(descending)))
+    # on a's mesh (replicated) when a has one, so that it is placed alike in every process
+    place = _o()._place_of(a) if isinstance(a.sharding, NamedSharding) else None
+    return _o()._lift_any(_argsort_host(a, ax, bool(descending)), place)
 
 
 def sort(a, axis=-1, *, kind=None, order=None, stable=True, descending=False):

@@ -385,6 +385,15 @@ def _place_of(a: Array):
     return s.mesh if isinstance(s, NamedSharding) else s.device
 
 
+def _host_value(a) -> np.ndarray:
+    """The whole value of ``a`` on the host. An Array sharded over processes is gathered to
+    every process (a collective: every process calls this, as every one computes the same
+    result from it)."""
+    if isinstance(a, Array) and not (a.is_fully_addressable or a.sharding.is_fully_replicated):
+        return _upper('distributed')._gather_global(a)
+    return np.asarray(a)
+
+
 # _allreduce's device groups by (mesh, axes) (_id_cached)
 _AR_GROUPS: dict = {}
 
@@ -1326,8 +1335,11 @@ def _arg_reduce(a, axis, keepdims: bool, name: str) -> Array:
             if si == len(stages) - 1:
                 break
             eq = _unary_raw(U_AFFINE, _binary_raw(B_GT, m, v), -1.0, 1.0)  # 1 where v == max
-            if si == 0 and may_nan and np.isnan(np.asarray(m)).any():
-                # slices holding a NaN: max is NaN, and only the NaNs are candidates
+            if si == 0 and may_nan and (not m.is_fully_addressable
+                                        or np.isnan(np.asarray(m)).any()):
+                # slices holding a NaN: max is NaN, and only the NaNs are candidates (taken
+                # without looking when m spans other processes: where no slice holds a NaN
+                # it leaves eq as it is)
                 inf, zero = _lift(np.float32(np.inf), place), _lift(np.float32(0.0), place)
                 not_nan = _binary_raw(B_GT, inf, _binary_raw(B_MIN, v, zero))
                 nan_slice = _unary_raw(U_AFFINE, _binary_raw(B_GT, inf, _binary_raw(B_MIN, m, zero)),
@@ -1340,14 +1352,16 @@ def _arg_reduce(a, axis, keepdims: bool, name: str) -> Array:
 def _arg_assemble(shape, sharding, found) -> Array:
     """The int32 Array sum(weight * (radix - max)) over ``found``, one block per device (on
     the host: the kernels write float32 only). ``found``'s Arrays have the same blocks."""
-    shard_shape, layout, _ = sharding._layout(tuple(shape))
+    # this process's blocks only (an Array sharded over processes holds just those)
+    shard_shape, layout = sharding._addressable_layout(tuple(shape))
     code = _dtypes.code(_dtypes.int32)
+    by_dev = [{b[0]: b[1] for b in m._blocks} for m, _, _ in found]
     blocks = []
-    for bi, (dev, start, rid) in enumerate(layout):
+    for dev, start, rid in layout:
         acc = np.zeros(shard_shape, np.int64)
-        for m, radix, w in found:
-            mdev, mbuf, _, _ = m._blocks[bi]
-            if mdev is not dev:
+        for (m, radix, w), mbufs in zip(found, by_dev):
+            mbuf = mbufs.get(dev)
+            if mbuf is None:
                 raise RuntimeError("internal error: argmax blocks are out of order")
             h = np.empty(m._shard_shape, np.float32)
             _C.copy_to_host(mbuf, h, (0,) * h.ndim)

@@ -10,11 +10,10 @@ Each process prints "OK <process> <count> <checks>" at the end (and writes it to
 in CT_TEST_OUT); any failure raises (non-zero exit).
 """
 import os
-import sys
 
 import numpy as np
 
-from report import report
+from report import finish, report, run
 
 import ctrainstate as cts
 from ctrainstate import NamedSharding, P
@@ -290,12 +289,8 @@ def main(ref_path):
                                   want[sh.index].view(np.uint8)), k
         checks += 1
     assert not params["w1"].is_fully_addressable   # 'embed' -> 'data' spans processes
-    dist.shutdown()
-    report(me, f"OK {me} {n} {checks}")
+    finish(dist, me, n, checks)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--reference":
-        reference(sys.argv[2])
-    else:
-        main(sys.argv[1])
+    run(main, reference)

@@ -11,11 +11,10 @@ as many devices as the whole job (the reference run writes what it computed).
 Each process prints "OK <process> <count> <checks>" at the end (and writes it to a file in
 CT_TEST_OUT); any failure raises (non-zero exit).
 """
-import sys
 
 import numpy as np
 
-from report import report
+from report import finish, report, run
 
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
@@ -195,12 +194,8 @@ def main(ref_path):
         checks += 1
     else:
         raise AssertionError("no ValueError for a global norm over a process-local param")
-    dist.shutdown()
-    report(me, f"OK {me} {n} {checks}")
+    finish(dist, me, n, checks)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--reference":
-        reference(sys.argv[2])
-    else:
-        main(sys.argv[1])
+    run(main, reference)

@@ -13,11 +13,10 @@ Each process prints "OK <process> <count> <checks>" at the end (and writes it to
 CT_TEST_OUT); any failure raises (non-zero exit).
 """
 import json
-import sys
 
 import numpy as np
 
-from report import report
+from report import finish, report, run
 
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
@@ -299,12 +298,8 @@ def main(ref_path):
         assert not y.is_fully_addressable
         assert {d for d, _, _, _ in y._blocks} == set(cts.local_devices())
         checks += 1
-    dist.shutdown()
-    report(me, f"OK {me} {n} {checks}")
+    finish(dist, me, n, checks)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--reference":
-        reference(sys.argv[2])
-    else:
-        main(sys.argv[1])
+    run(main, reference)

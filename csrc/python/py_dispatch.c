@@ -3585,7 +3585,7 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
 }
 
 /* arena_layout(): the static memory plan, [(value, device id, offset, bytes, first step,
- * last step)] per block of each value in the arenas (for tests and as_text). */
+ * last step)] per block of each value in the arenas (what tests check the plan by). */
 static PyObject *program_arena_layout(program *pr, PyObject *noargs) {
     (void)noargs;
     const int planned = plan_current(pr, "arena_layout");

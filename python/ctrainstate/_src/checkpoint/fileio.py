@@ -220,14 +220,12 @@ def run_parallel(tasks) -> None:
 
 #: A restore on one I/O thread has the disk read ahead of it: a helper thread pulls the
 #: byte ranges it is about to read into the page cache, PREFETCH_CHUNK at a time and at most
-#: PREFETCH_AHEAD bytes ahead of it, while it checks and copies what it has read (on one
-#: virtual disk with 2 vCPUs, a 1 GiB restore onto other shardings went from 0.58x to
-#: 0.90x the cold sequential read, onto the same shardings from 0.51x to 0.95x,
-#: load about 2; medians of 8 interleaved reps, each against a cold read in 64 MiB
-#: pieces just before it). The helper uses sendfile to /dev/null: the pages are read,
-#: nothing is copied to user memory (no buffer; reading into one took CPU the restore
-#: needed: 0.83x). posix_fadvise(WILLNEED) instead was slower than no read-ahead at all
-#: here (0.36-0.51x). With several I/O threads (CHECKPOINT_THREADS > 1) nothing reads ahead.
+#: PREFETCH_AHEAD bytes ahead of it, so the disk keeps reading while the reader checks and
+#: copies (benchmarks/bench_checkpoint.py; figures in benchmarks/RESULTS.md). The helper
+#: uses sendfile to /dev/null: the pages are read and nothing is copied to user memory, so
+#: it takes no CPU time or host memory the restore needs (posix_fadvise(WILLNEED) was slower
+#: than no read-ahead at all on the disk measured). With several I/O threads
+#: (CHECKPOINT_THREADS > 1) nothing reads ahead.
 PREFETCH_CHUNK = 8 << 20
 PREFETCH_AHEAD = 32 << 20
 

@@ -136,7 +136,8 @@ def cases(a, b, ai, bi, v, f, c):
         ("compress_size", lambda: jnp.compress(v > 1, b, axis=0, size=3, fill_value=-2.0)),
         ("extract", lambda: jnp.extract(a > 0, a)),
         ("trim_zeros", lambda: jnp.trim_zeros(v)),
-        ("choose", lambda: jnp.choose((ai % 2 == 0).astype(np.int32) * 3 - 1, [a, b * 2.0], mode="clip")),
+        ("choose", lambda: jnp.choose((ai % 2 == 0).astype(np.int32) * 3 - 1, [a, b * 2.0],
+                                      mode="clip")),
         ("choose_raise", lambda: jnp.choose(jnp.abs(ai) % 2, [ai, bi])),
         ("put_along_axis", lambda: jnp.put_along_axis(
             a, jnp.argmin(jnp.nan_to_num(a), 0, keepdims=True), 9.0, axis=0, inplace=False)),

@@ -95,14 +95,17 @@ def test_reductions_add_in_process_order_in_every_path(n, tmp_path):
 
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("script, least", [("global_arrays.py", 70), ("global_ops.py", 180),
-                                           ("global_slicing.py", 250)])
+                                           ("global_slicing.py", 400)])
 def test_global_arrays_and_training_across_processes(script, least, n, tmp_path):
     # tests/mpi/global_arrays.py: global devices, Arrays spanning processes, the
     # make_array_from_* placements, multihost_utils on them, born-sharded params;
     # tests/mpi/global_ops.py: operations on such Arrays and training steps (the fused
     # optimizer's global norm, finite gate, trust ratios and adafactor included);
     # tests/mpi/global_slicing.py: indexing, slicing, joins and .at[] updates of Arrays
-    # sharded over processes, their gradients and jit. Each compares what it computed
+    # sharded over processes, their gradients and jit, and argmax / sorts / nonzero; it runs
+    # tests/mpi/global_numpy.py's cases too (unique, quantiles, histogram, the set
+    # operations, scans: the jax.numpy functions that plan on the host), in the same
+    # reference run and mpirun. Each compares what it computed
     # (gathered) bit for bit with one process of 2 * n devices (the reference run of the
     # same script)
     ref = tmp_path / "ref.npz"

@@ -4,7 +4,9 @@ Arrays *sharded* over a mesh that spans processes (and of Arrays replicated over
 gradients and a jitted use, and argmax / argmin, sorts and nonzero of such Arrays, compared bit
 for bit with a run of one process that has as many devices as the whole job (the reference run
 writes its values and its results' shardings), and the basic indices and joins also with
-numpy on the global value.
+numpy on the global value. The same runs check tests/mpi/global_numpy.py's cases (the
+jax.numpy functions that plan on the host: unique, quantiles, histogram, sets, ...): one
+reference run and one mpirun for both scripts.
 
     python tests/mpi/global_slicing.py --reference ref.npz   # one process, 2 * N devices
     mpirun -n N python tests/mpi/global_slicing.py ref.npz   # N processes, 2 devices each
@@ -16,6 +18,7 @@ import json
 
 import numpy as np
 
+import global_numpy
 from report import finish, report, run
 
 import ctrainstate as cts
@@ -236,9 +239,19 @@ def computed(mesh, host):
     return out, specs
 
 
+def everything(mesh, host):
+    """:func:`computed`'s values and shardings, and those of tests/mpi/global_numpy.py (named
+    ``numpy_...``)."""
+    out, specs = computed(mesh, host)
+    more, more_specs = global_numpy.computed(mesh, host)
+    out.update({f"numpy_{k}": v for k, v in more.items()})
+    specs.update({f"numpy_{k}": v for k, v in more_specs.items()})
+    return out, specs
+
+
 def reference(path):
     n = cts.device_count() // 2
-    out, specs = computed(cts.make_mesh((n, 2), ("data", "model")), np.asarray)
+    out, specs = everything(cts.make_mesh((n, 2), ("data", "model")), np.asarray)
     np.savez(path, __specs__=np.array(json.dumps(specs)), **out)
     print("REFERENCE", n, len(out))
 
@@ -278,8 +291,11 @@ def main(ref_path):
         assert y.sharding == NamedSharding(mesh, spec), (y.sharding, spec)
         checks += 1
 
+    # global_numpy.py's integer and exact results, against numpy on the global value
+    checks += global_numpy.numpy_checks(mesh, mhu.process_allgather)
+
     # everything, against the one-process run: values and shardings
-    out, specs = computed(mesh, mhu.process_allgather)
+    out, specs = everything(mesh, mhu.process_allgather)
     ref = np.load(ref_path)
     ref_specs = json.loads(str(ref["__specs__"]))
     assert sorted(f for f in ref.files if f != "__specs__") == sorted(out), (

@@ -263,7 +263,7 @@ def reduce_operand(name, x, dtype, out):
     if dtype is None:
         return x
     dt = _dtypes.canonicalize(dtype)
-    if np.dtype(getattr(x, "dtype", np.asarray(x).dtype)) == dt:
+    if np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype) == dt:
         return x
     ShapeDtypeStruct = _upper('_abstract').ShapeDtypeStruct
     if isinstance(x, ShapeDtypeStruct):

@@ -142,7 +142,7 @@ def _index_value(i, who: str, abstract: bool):
         val = None
     elif isinstance(i, Array):
         dt = np.dtype(i.dtype)
-        val = None if abstract else np.asarray(i)
+        val = None if abstract else _ops._host_value(i)
     else:
         if isinstance(i, bool):
             dt, val = np.dtype(np.bool_), np.asarray(i)

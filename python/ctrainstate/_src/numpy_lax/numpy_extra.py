@@ -959,7 +959,7 @@ _METHODS = ("linear", "lower", "higher", "midpoint", "nearest", "inverted_cdf")
 
 def _host_q(q, who):
     if hasattr(q, "shape") and not isinstance(q, np.ndarray):
-        q = np.asarray(q)   # an Array: read to the host (it plans the gather)
+        q = _o()._host_value(q)   # an Array: read to the host (it plans the gather)
     qh = np.asarray(q)
     if qh.dtype.kind not in "biuf" and qh.dtype not in _ML_FLOATS:
         raise TypeError(f"{who}: q must be a real number or array, got dtype {qh.dtype}")
@@ -1091,7 +1091,7 @@ def _nan_order_statistics(s, qh, method, n):
     to the host (one number per row) to plan the gathers."""
     cnp = _cnp()
     rows = tuple(s.shape[:-1])
-    cnt = np.asarray(cnp.sum(cnp.logical_not(cnp.isnan(s)), axis=-1)).astype(np.float32)
+    cnt = _o()._host_value(cnp.sum(cnp.logical_not(cnp.isnan(s)), axis=-1)).astype(np.float32)
     cnt = np.reshape(cnt, rows)
     q = qh.reshape(-1).astype(np.float32)                       # (k,)
     lo_i, hi_i, hw = _order_positions(q, cnt[..., None], n, method)  # rows + (k,)

@@ -40,11 +40,12 @@ import operator
 import numpy as np
 
 from ..base import dtypes as _dtypes
-from .numpy_extra import _cnp, _o, _operand  # the lazy module accessors, shared
+from .numpy_extra import _cnp, _mesh_of, _o, _operand  # the lazy module accessors, shared
 from ..ops import elementwise as _elementwise, math_extra as _math_extra
 from ..ops.move import _axes, _axis as a, _int as i, take_along_axis
 from ..ops.slicing import getitem
 from ..array.array import Array
+from ..array.sharding import NamedSharding, PartitionSpec
 from ..base.hooks import upper as _upper
 
 __all__ = [
@@ -83,20 +84,36 @@ def _axis(axis, nd, who, shape=None, name="axis"):
     return a(axis, nd, who, shape, name)
 
 
-def _host_place(host):
-    """A host result placed as ``device_put`` places it, with its canonical dtype."""
-    return _o()._lift_any(np.array(host, order="C"))
+def _host_place(host, like=None):
+    """A host result with its canonical dtype, replicated over ``like``'s mesh when ``like``
+    is an Array on one (the same placement in every process, ``like`` sharded over
+    processes included), else placed as ``device_put`` places it."""
+    return _o()._lift_any(np.array(host, order="C"), _mesh_of(like))
 
 
-def _idx(host):
-    """Host positions as an int32 Array (jax's index dtype without x64)."""
-    return _host_place(np.asarray(host, np.int64).astype(np.int32))
+def _idx(host, like=None):
+    """Host positions as an int32 Array (jax's index dtype without x64), placed as
+    :func:`_host_place` places them."""
+    return _host_place(np.asarray(host, np.int64).astype(np.int32), like)
+
+
+def _replicated(like):
+    """The sharding that replicates over ``like``'s mesh (None where ``like`` has none): a
+    new Array's ``device=`` placement beside a host result of ``like``."""
+    m = _mesh_of(like)
+    return None if m is None else NamedSharding(m, PartitionSpec())
+
+
+def _hv(x):
+    """The whole value of ``x`` on the host: an Array sharded over processes is gathered to
+    every process (each computes the same result from it)."""
+    return _o()._host_value(x)
 
 
 def _host(x):
     """The values of an operand on the host (16-bit floats as float32, which orders and
-    compares them exactly)."""
-    h = np.asarray(x)
+    compares them exactly); gathered to every process as :func:`_hv`."""
+    h = _hv(x)
     return h.astype(np.float32) if h.dtype == _dtypes.bfloat16 or h.dtype == np.float16 else h
 
 
@@ -537,7 +554,7 @@ def ravel_multi_index(multi_index, dims, mode="raise", order="C"):
                          f"flattened index for dims={dims}")
     if mode == "raise":
         for a, d in zip(arrs, dims):
-            h = np.asarray(a).astype(np.int64)
+            h = _hv(a).astype(np.int64)
             if np.any((h < 0) | (h >= d)):
                 raise ValueError("invalid entry in coordinates array")
     elif mode == "clip":
@@ -605,7 +622,7 @@ def _scatter_set(arr, flat_pos, values):
     if n == 0 or flat_pos.size == 0:
         return arr
     vals = cnp.reshape(_take(cnp.ravel(_as(values, arr.dtype)), src, 0), tuple(arr.shape))
-    return cnp.where(_host_place(mask.reshape(arr.shape)), vals, arr)
+    return cnp.where(_host_place(mask.reshape(arr.shape), arr), vals, arr)
 
 
 def fill_diagonal(a, val, wrap=False, *, inplace=True):
@@ -650,7 +667,7 @@ def put_along_axis(arr, indices, values, axis, inplace=True, *, mode=None):
     shape0 = tuple(a.shape)
     if axis is None:
         a, axis = cnp.ravel(a), 0
-    ih = np.asarray(indices)
+    ih = _hv(indices)
     if ih.dtype.kind not in "iu":
         raise TypeError(f"{who}: indices must be integers, got dtype {ih.dtype}")
     if ih.ndim != len(a.shape):
@@ -748,7 +765,7 @@ def delete(arr, obj, axis=None, *, assume_unique_indices=False):
         try:
             i = operator.index(obj)
         except TypeError:
-            oh = np.asarray(obj)
+            oh = _hv(obj)
             if oh.dtype.kind in "iu":
                 if np.any((oh < -n) | (oh >= n)):
                     raise IndexError(f"delete: index out of bounds for axis {ax} of size {n}")
@@ -785,7 +802,7 @@ def insert(arr, obj, values, axis=None):
     if isinstance(obj, slice):
         ih = np.arange(*obj.indices(n_input))
     else:
-        ih = np.asarray(obj)
+        ih = _hv(obj)
     if ih.ndim > 1:
         raise ValueError(f"jnp.insert(): obj must be a slice, a one-dimensional array, or a "
                          f"scalar; got {obj}")
@@ -830,7 +847,7 @@ def compress(condition, a, axis=None, *, size=None, fill_value=0, out=None):
     if out is not None:
         raise NotImplementedError("The 'out' argument to jnp.compress is not supported.")
     cnp = _cnp()
-    ch = np.asarray(condition)
+    ch = _hv(condition)
     ch = (ch.astype(np.float32) != 0) if ch.dtype.kind not in "biu" else ch.astype(bool)
     if ch.ndim != 1:
         raise ValueError("condition must be a 1D array")
@@ -854,13 +871,13 @@ def compress(condition, a, axis=None, *, size=None, fill_value=0, out=None):
     got = _take(x, perm, ax)
     keep = cond[perm].reshape((1,) * ax + (size,) + (1,) * (len(x.shape) - ax - 1))
     fv = np.asarray(fill_value).astype(got.dtype)
-    return cnp.where(_host_place(keep), got, fv) if not keep.all() else got
+    return cnp.where(_host_place(keep, got), got, fv) if not keep.all() else got
 
 
 def extract(condition, arr, *, size=None, fill_value=0):
     """``jnp.extract``: :func:`compress` of the flattened ``arr`` by the flattened
     ``condition``."""
-    ch = np.ravel(np.asarray(condition))
+    ch = np.ravel(_hv(condition))
     return compress(ch, _cnp().ravel(_operand(arr, "extract", "arr")), size=size,
                     fill_value=fill_value)
 
@@ -881,7 +898,7 @@ def choose(a, choices, out=None, mode="raise"):
     if N == 0:
         raise ValueError("choose: choices must not be empty")
     if mode == "raise":
-        h = np.asarray(idx).astype(np.int64)
+        h = _hv(idx).astype(np.int64)
         if np.any((h < 0) | (h >= N)):
             raise ValueError("invalid entry in choice array")
     elif mode == "wrap":
@@ -905,15 +922,16 @@ def choose(a, choices, out=None, mode="raise"):
 def lexsort(keys, axis=-1):
     """``jnp.lexsort``: the int32 indices that sort by the last key, then the one before, ...
     (stable; NaNs last), along ``axis``. Computed on the host."""
-    ks = [np.asarray(_host(_operand(k, "lexsort", "keys"))) for k in keys]
-    if not ks:
+    xs = [_operand(k, "lexsort", "keys") for k in keys]
+    if not xs:
         raise TypeError("need sequence of keys with len > 0 in lexsort")
+    ks = [np.asarray(_host(k)) for k in xs]
     if len({k.shape for k in ks}) > 1:
         raise ValueError("all keys need to be the same shape")
     if ks[0].ndim == 0:
-        return _host_place(np.int32(0))
+        return _host_place(np.int32(0), xs[0])
     ax = _axis(axis, ks[0].ndim, "lexsort", ks[0].shape)
-    return _idx(np.lexsort(ks, axis=ax))
+    return _idx(np.lexsort(ks, axis=ax), xs[0])
 
 
 def _stable_desc(h, axis):
@@ -958,7 +976,7 @@ def argpartition(a, kth, axis=-1):
     np.put_along_axis(rest, rows, False, axis=1)
     top = np.nonzero(rest)[1].reshape(rows.shape[0], n - k - 1)
     out = np.concatenate([rows, top], 1).reshape(b.shape[:-1] + (n,))
-    return _idx(np.moveaxis(out, -1, ax))
+    return _idx(np.moveaxis(out, -1, ax), a)
 
 
 def _neq(x, y, equal_nan):
@@ -1034,21 +1052,21 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
             valid = np.arange(size) < mask.sum()
             if not valid.all():
                 vshape = (1,) * ax + (size,) + (1,) * (len(x.shape) - ax - 1)
-                result = cnp.where(_host_place(valid.reshape(vshape)), result, fv)
+                result = cnp.where(_host_place(valid.reshape(vshape), x), result, fv)
         else:
             rs = list(result.shape)
             rs[ax] = size
             result = cnp.full(tuple(rs), fv, result.dtype)
     ret = [result]
     if return_index:
-        ret.append(_idx(perm[ind] if x.size else perm))
+        ret.append(_idx(perm[ind] if x.size else perm, x))
     if return_inverse:
         if x.size:
             inv = np.zeros(mask.shape, np.int64)
             inv[perm] = np.cumsum(mask) - 1
         else:
             inv = np.zeros(n, np.int64)
-        ret.append(_idx(inv.reshape(shape0) if axis is None else inv))
+        ret.append(_idx(inv.reshape(shape0) if axis is None else inv, x))
     if return_counts:
         if x.size:
             if size is None:
@@ -1056,11 +1074,11 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
             else:
                 idx = _nonzero_sized(mask, size + 1)
                 idx[1:] = np.where(idx[1:], idx[1:], mask.size)
-            ret.append(_idx(np.diff(idx)))
+            ret.append(_idx(np.diff(idx), x))
         elif n:
-            ret.append(_idx(np.full(1, n)))
+            ret.append(_idx(np.full(1, n), x))
         else:
-            ret.append(_idx(np.zeros(0)))
+            ret.append(_idx(np.zeros(0), x))
     return ret[0] if len(ret) == 1 else tuple(ret)
 
 
@@ -1097,19 +1115,20 @@ def unique_all(x, /, *, size=None, fill_value=None):
                                    fill_value=fill_value))
 
 
-def _sized(vals, size, fill, dt, who):
+def _sized(vals, size, fill, dt, who, like=None):
     """A host result of the set operations cut or padded to ``size`` with ``fill`` (None:
-    the first value, as jax's unique padding; 0 for an empty result)."""
+    the first value, as jax's unique padding; 0 for an empty result), placed as
+    :func:`_host_place` places it by ``like``."""
     vals = np.asarray(vals)
     if size is None:
-        return _host_place(vals.astype(dt))
+        return _host_place(vals.astype(dt), like)
     size = _int(size, who, "size")
     if fill is None:
         fill = vals[0] if vals.size else 0
     out = np.full(size, np.asarray(fill).astype(dt), dt)
     k = builtins.min(size, vals.size)
     out[:k] = vals[:k].astype(dt)
-    return _host_place(out)
+    return _host_place(out, like)
 
 
 def _set_operands(ar1, ar2, who, promote=True):
@@ -1133,7 +1152,7 @@ def setdiff1d(ar1, ar2, assume_unique=False, *, size=None, fill_value=None):
     ha, hb = _host(a), _host(b)
     u = ha if assume_unique else _uniq_host(ha)
     vals = u[~np.isin(u, hb)]
-    return _sized(vals, size, 0 if fill_value is None else fill_value, dt, "setdiff1d")
+    return _sized(vals, size, 0 if fill_value is None else fill_value, dt, "setdiff1d", a)
 
 
 def union1d(ar1, ar2, *, size=None, fill_value=None):
@@ -1162,14 +1181,14 @@ def intersect1d(ar1, ar2, assume_unique=False, return_indices=False, *, size=Non
         ua, ia = np.unique(ha, return_index=True)
         ub, ib = np.unique(hb, return_index=True)
     vals, i1, i2 = np.intersect1d(ua, ub, assume_unique=True, return_indices=True)
-    out = _sized(vals, size, fill_value, dt, who)
+    out = _sized(vals, size, fill_value, dt, who, a)
     if not return_indices:
         return out
     j1, j2 = ia[i1], ib[i2]
     if size is not None:
-        return out, _sized(j1, size, ha.size, np.int32, who), \
-            _sized(j2, size, hb.size, np.int32, who)
-    return out, _idx(j1), _idx(j2)
+        return out, _sized(j1, size, ha.size, np.int32, who, a), \
+            _sized(j2, size, hb.size, np.int32, who, a)
+    return out, _idx(j1, a), _idx(j2, a)
 
 
 def setxor1d(ar1, ar2, assume_unique=False, *, size=None, fill_value=None):
@@ -1188,7 +1207,7 @@ def setxor1d(ar1, ar2, assume_unique=False, *, size=None, fill_value=None):
     else:
         flag = np.concatenate([[True], aux[1:] != aux[:-1], [True]])
         vals = aux[flag[1:] & flag[:-1]]
-    return _sized(vals, size, fill_value, dt, who)
+    return _sized(vals, size, fill_value, dt, who, a)
 
 
 def digitize(x, bins, right=False, *, method=None):
@@ -1210,27 +1229,30 @@ def digitize(x, bins, right=False, *, method=None):
                                                                 **kw))
 
 
-def _scatter_add(length, pos, weights, wdt):
+def _scatter_add(length, pos, weights, wdt, like=None):
     """``zeros(length, wdt).at[pos].add(weights)`` with out-of-range positions dropped:
-    float weights through the differentiable scatter-add, ints and bools on the host."""
+    float weights through the differentiable scatter-add, ints and bools on the host (a
+    host result placed by ``like`` as :func:`_host_place` places it)."""
     cnp = _cnp()
     pos = np.asarray(pos, np.int64).reshape(-1)
     keep = np.flatnonzero((pos >= 0) & (pos < length))
     if weights is None:
-        return _host_place(np.bincount(pos[keep], minlength=length)[:length].astype(wdt))
+        return _host_place(np.bincount(pos[keep], minlength=length)[:length].astype(wdt),
+                           like)
     w = cnp.ravel(weights)
     if np.dtype(wdt) in _o()._FLOATS:
+        zeros = cnp.zeros((length,), wdt, device=_replicated(like))
         if keep.size == 0:
-            return cnp.zeros((length,), wdt)
-        return cnp.zeros((length,), wdt).at[pos[keep]].add(_take(w, keep, 0))
-    hw = np.asarray(w).reshape(-1)[keep]
+            return zeros
+        return zeros.at[pos[keep]].add(_take(w, keep, 0))
+    hw = _hv(w).reshape(-1)[keep]
     if np.dtype(wdt) == np.bool_:
         out = np.zeros(length, bool)
         out[pos[keep][hw]] = True
-        return _host_place(out)
+        return _host_place(out, like)
     out = np.zeros(length, np.int64)
     np.add.at(out, pos[keep], hw.astype(np.int64))
-    return _host_place(out.astype(wdt))
+    return _host_place(out.astype(wdt), like)
 
 
 def bincount(x, weights=None, minlength=0, *, length=None):
@@ -1241,7 +1263,7 @@ def bincount(x, weights=None, minlength=0, *, length=None):
     as 0, as jax clips them. ``x`` is read to the host."""
     who = "bincount"
     xv = _operand(x, who, "x")
-    h = np.asarray(xv)
+    h = _hv(xv)
     if h.dtype == np.bool_:
         h = h.astype(np.int32)
     if h.dtype.kind not in "iu":
@@ -1255,12 +1277,12 @@ def bincount(x, weights=None, minlength=0, *, length=None):
         length = _int(length, who, "length")
     pos = np.clip(h.astype(np.int64), 0, None)
     if weights is None:
-        return _scatter_add(length, pos, None, np.int32)
+        return _scatter_add(length, pos, None, np.int32, xv)
     w = _operand(weights, who, "weights")
     if tuple(w.shape) != h.shape:
         raise ValueError(f"type of weights must match type of x. Got x of shape {h.shape} and "
                          f"weights of shape {tuple(w.shape)}")
-    return _scatter_add(length, pos, w, w.dtype)
+    return _scatter_add(length, pos, w, w.dtype, xv)
 
 
 def histogram_bin_edges(a, bins=10, range=None, weights=None):  # noqa: A002
@@ -1274,7 +1296,7 @@ def histogram_bin_edges(a, bins=10, range=None, weights=None):  # noqa: A002
     x = _operand(a, "histogram_bin_edges")
     dt = _inexact(x).dtype if x.dtype not in _o()._FLOATS else x.dtype
     if np.ndim(bins) == 1:
-        return cnp.asarray(np.asarray(bins), dtype=dt)
+        return cnp.asarray(_hv(bins), dtype=dt, device=_replicated(x))
     nb = _int(bins, "histogram_bin_edges", "bins")
     if range is None:
         h = _host(x)
@@ -1291,7 +1313,7 @@ def histogram_bin_edges(a, bins=10, range=None, weights=None):  # noqa: A002
     lo, hi = float(rng[0]), float(rng[1])
     if hi - lo == 0:
         lo, hi = lo - 0.5, hi + 0.5
-    return cnp.linspace(lo, hi, nb + 1, dtype=dt)
+    return cnp.linspace(lo, hi, nb + 1, dtype=dt, device=_replicated(x))
 
 
 def histogram(a, bins=10, range=None, weights=None, density=None):  # noqa: A002
@@ -1324,7 +1346,7 @@ def histogram(a, bins=10, range=None, weights=None, density=None):  # noqa: A002
     if w is None:
         counts = cnp.zeros((eh.size - 1,), wdt)
     else:
-        counts = _scatter_add(eh.size, idx, w, wdt)
+        counts = _scatter_add(eh.size, idx, w, wdt, x)
         counts = _getitem(counts, slice(1, None))
     if density:
         widths = cnp.diff(edges)

@@ -511,28 +511,34 @@ def int_where(c, x, y):
 def _allreduce_typed(a: Array, axes, op: int):
     """Combine ``a``'s shards over the devices that differ only in mesh ``axes`` (in place):
     each group's first buffer accumulates the others (copied to its device) with the typed
-    kernel, then is copied back to them. Wrapping sums and maxima are exact in any order."""
+    kernel, then is copied back to them. Wrapping sums and maxima are exact in any order. A
+    group that spans processes is combined on the host (``ops._allreduce_processes``)."""
     o = _o()
-    axes = list(axes)
+    axes = tuple(axes)
     if not axes or not isinstance(a.sharding, NamedSharding):
         return
     mesh = a.sharding.mesh
-    idx = [mesh.axis_names.index(x) for x in axes]
-    groups: dict = {}
-    bufs = o._bufs(a)
-    for pos in range(mesh.size):
-        coord = np.unravel_index(pos, mesh.devices.shape)
-        groups.setdefault(tuple(c for i, c in enumerate(coord) if i not in idx), []).append(bufs[pos])
     code = _dtypes.code(a.dtype)
     kop = ADD if op == _RED_SUM else MAX
-    for g in groups.values():
-        acc = g[0]
-        tmp = _C.Buffer(acc.device_id, tuple(acc.shape), code)
-        for b in g[1:]:
-            _C.copy_bytes(tmp, b)
-            _C.op_ewise(kop, [acc], [acc], [tmp])
-        for b in g[1:]:
-            _C.copy_bytes(b, acc)
+
+    def combine(groups):
+        for g in groups:
+            acc = g[0]
+            tmp = _C.Buffer(acc.device_id, tuple(acc.shape), code)
+            for b in g[1:]:
+                _C.copy_bytes(tmp, b)
+                _C.op_ewise(kop, [acc], [acc], [tmp])
+            for b in g[1:]:
+                _C.copy_bytes(b, acc)
+
+    positions = o._allreduce_groups(mesh, axes)
+    if not positions:
+        return
+    if not a._sharding.is_fully_addressable:
+        o._allreduce_processes(a, mesh, positions, op, inside=combine)
+        return
+    bufs = o._bufs(a)
+    combine([[bufs[p] for p in g] for g in positions])
 
 
 def _reduce_typed_raw(op, x: Array, axes: tuple) -> Array:

@@ -428,35 +428,43 @@ def _allreduce(a: Array, axes: Sequence[str], op: int = _RED_SUM):
     _C.op_allreduce([[bufs[p] for p in g] for g in groups], op)
 
 
-def _allreduce_processes(a: Array, mesh, groups, op: int) -> None:
+def _allreduce_processes(a: Array, mesh, groups, op: int, inside=None) -> None:
     """:func:`_allreduce` of an Array over a mesh of several processes, whose blocks here
     are this process's, in mesh order. Every process of the job calls it (as it runs every
-    op). A group within one process is reduced by the device all-reduce; the groups that
-    span processes by every process at once: their members' blocks are gathered from their
+    op). A group within one process is reduced by the device all-reduce (or by
+    ``inside(groups of buffers)``: the typed reductions' combine); the groups that span
+    processes by every process at once: their members' blocks are gathered from their
     processes (one host all-gather for all such groups, ``distributed._allgather_padded``)
     and combined in group order as the device all-reduce combines them (element by
     element: the first member's value, then each next one's), so each member gets the bits
-    of the one-process run on the same mesh."""
+    of the one-process run on the same mesh. float32 blocks combine as the float kernel
+    (max keeps NaN); integer and bool blocks as the typed kernels (wrapping sums, maxima),
+    which are exact in any order."""
     bufs = _bufs(a)
     devs = list(mesh.devices.flat)
     local = {p: i for i, p in enumerate(p for p, d in enumerate(devs) if d._is_local())}
-    inside = [g for g in groups if all(p in local for p in g)]
-    if inside:
-        _C.op_allreduce([[bufs[local[p]] for p in g] for g in inside], op)
+    inside_groups = [g for g in groups if all(p in local for p in g)]
+    if inside_groups:
+        grouped = [[bufs[local[p]] for p in g] for g in inside_groups]
+        if inside is None:
+            _C.op_allreduce(grouped, op)
+        else:
+            inside(grouped)
     spans = [g for g in groups if len({devs[p].process_index for p in g}) > 1]
     if not spans:
         return
+    dt = np.dtype(a.dtype)
     shard_shape = tuple(a._shard_shape)
-    nb = int(np.prod(shard_shape, dtype=np.int64)) * 4
+    nb = int(np.prod(shard_shape, dtype=np.int64)) * dt.itemsize
     # each process sends its members of the spanning groups, group by group, in mesh order
     sends = [[(gi, p) for gi, g in enumerate(spans) for p in g if devs[p].process_index == q]
              for q in range(_devices_process["count"])]
     me = _devices_process["index"]
-    mine = [_host_block(bufs[local[p]], shard_shape).reshape(-1).view(np.uint8)
+    mine = [_host_block(bufs[local[p]], shard_shape, dt).reshape(-1).view(np.uint8)
             for _, p in sends[me]]
     payload = np.concatenate(mine) if mine else np.zeros(0, np.uint8)
     got = _upper('distributed')._allgather_padded(payload, [len(v) * nb for v in sends])
-    blocks = {key: got[q][k * nb:(k + 1) * nb].view(np.float32)
+    blocks = {key: got[q][k * nb:(k + 1) * nb].view(dt)
               for q in range(len(sends)) for k, key in enumerate(sends[q])}
     for gi, g in enumerate(spans):
         here = [p for p in g if p in local]
@@ -466,17 +474,19 @@ def _allreduce_processes(a: Array, mesh, groups, op: int) -> None:
         for p in g[1:]:
             v = blocks[(gi, p)]
             if op == _RED_SUM:
-                acc += v
-            else:   # ct_red_combine's max: (acc > v or acc is NaN) ? acc : v
+                acc += v     # integers wrap, as the typed kernel's sum
+            elif dt.kind == "f":   # ct_red_combine's max: (acc > v or acc is NaN) ? acc : v
                 acc = np.where((acc > v) | np.isnan(acc), acc, v)
+            else:
+                acc = np.maximum(acc, v)
         acc = acc.reshape(shard_shape)
         for p in here:
             _C.copy_from_host(bufs[local[p]], acc, (0,) * len(shard_shape))
 
 
-def _host_block(buf, shard_shape) -> np.ndarray:
-    """A float32 block's values on the host (a copy)."""
-    out = np.empty(shard_shape, np.float32)
+def _host_block(buf, shard_shape, dtype=np.float32) -> np.ndarray:
+    """A block's values on the host (a copy)."""
+    out = np.empty(shard_shape, dtype)
     _C.copy_to_host(buf, out, (0,) * len(shard_shape))
     return out
 

@@ -2071,10 +2071,21 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
 # --- creation helpers -----------------------------------------------------------------------------
 
 def _filled_like(x: Array, value: float) -> Array:
+    if x.dtype == np.float32 and type(x) is Array:
+        # x's sharding and block layout, a new float32 buffer per block (what _new makes for
+        # x's placement and axes, without resolving them again)
+        blocks = [(dev, _C.Buffer(dev.id, buf.shape, _F32_CODE), start, rid)
+                  for dev, buf, start, rid in x._blocks]
+        out = Array._create(x.shape, x.dtype, x.sharding, blocks)
+        _C.op_unary(U_AFFINE, 0.0, float(value), _bufs(out), _bufs(out))
+        return out
     norm = _axes_of(x)
     out = _new(x.shape, _place_of(x), norm)
     _C.op_unary(U_AFFINE, 0.0, float(value), _bufs(out), _bufs(out))
     return out if x.dtype == np.float32 else _convert(out, x.dtype)
+
+
+_F32_CODE = _dtypes.code(_dtypes.float32)
 
 
 def zeros_like(x: Array) -> Array:

@@ -22,6 +22,7 @@ from ..array.sharding import NamedSharding, get_mesh
 from . import meta
 from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
+from .scope import _stack as _scope_tls
 from ...core import FrozenDict
 from .spmd import _replicate_uneven
 from .summary import tabulate
@@ -72,22 +73,7 @@ class ModuleScope(Scope):
     def push(self, name: str) -> "ModuleScope":
         child = self._children.get(name)
         if child is None:
-            # ModuleScope(self._variables, self.root_rngs, self.mutable, self.path + (name,))
-            # with the two __init__ bodies inline: the same attributes, in the same order
-            child = _object_new(ModuleScope)
-            child._variables = self._variables
-            child.rngs = {}
-            child.mutable = self.mutable
-            child.path = self.path + (name,)
-            child._reserved = set()
-            child._children = {}
-            root = self.root_rngs
-            root = child.root_rngs = dict(root) if root else {}
-            child.rng_counters = dict.fromkeys(root, 0)
-            child.rngs = dict.fromkeys(root)
-            child.initializing = self.initializing
-            child.adopted = self.adopted
-            self._children[name] = child
+            child = _new_child_scope(self, name)
         return child
 
     def has_rng(self, name: str) -> bool:
@@ -103,6 +89,28 @@ class ModuleScope(Scope):
                     f" to init/apply")
         self.rng_counters[name] = self.rng_counters.get(name, 0) + 1
         return fold_in_static(self.root_rngs[name], self.path + (self.rng_counters[name],))
+
+
+def _new_child_scope(scope: ModuleScope, name: str) -> ModuleScope:
+    """The new child ``name`` of ``scope`` (ModuleScope.push's): ModuleScope(scope._variables,
+    scope.root_rngs, scope.mutable, scope.path + (name,)) with the two __init__ bodies inline
+    (the same attributes, in the same order), sharing ``initializing`` and ``adopted``."""
+    child = _object_new(ModuleScope)
+    root = scope.root_rngs
+    if root:
+        root = dict(root)
+        child.__dict__.update(
+            _variables=scope._variables, rngs=dict.fromkeys(root), mutable=scope.mutable,
+            path=scope.path + (name,), _reserved=set(), _children={}, root_rngs=root,
+            rng_counters=dict.fromkeys(root, 0), initializing=scope.initializing,
+            adopted=scope.adopted)
+    else:
+        child.__dict__.update(
+            _variables=scope._variables, rngs={}, mutable=scope.mutable,
+            path=scope.path + (name,), _reserved=set(), _children={}, root_rngs={},
+            rng_counters={}, initializing=scope.initializing, adopted=scope.adopted)
+    scope._children[name] = child
+    return child
 
 
 # --- binding state ----------------------------------------------------------------------------
@@ -220,7 +228,13 @@ def _wrap_method(fn: Callable) -> Callable:
             _require_bound(self)
         d = self.__dict__       # (the module's own state: see _attach)
         if not d["_setup_done"]:
-            self._try_setup()
+            if d["_fields_adopted"] and type(self).setup is _base_setup and "setup" not in d \
+                    and type(self)._try_setup is _base_try_setup:
+                # self._try_setup() where there is no setup() to run (its first branch)
+                d["_setup_done"] = True
+                d["_setup_reserved"] = set(scope._reserved)
+            else:
+                self._try_setup()
         is_compact = getattr(fn, "_ct_compact", False)
         ctx = _ctx
         stack = ctx.stack
@@ -339,6 +353,18 @@ def _field_info(cls) -> tuple:
         fs = dataclasses.fields(cls)
         info = (fields, tuple(f.name for f in fs), tuple(f.name for f in fs if f.init))
         type.__setattr__(cls, "_ct_field_info", info)
+    return info
+
+
+def _plain_fields_info(cls) -> tuple:
+    """``(the class's __dataclass_fields__, names of its fields but name)``, or with ``()``
+    where the class does not keep :meth:`Module._adopt_fields` (Module._attach's fast check):
+    computed once per class, recomputed as ``_field_info`` is."""
+    names = tuple(n for n in _field_info(cls)[1] if n != "name")
+    if cls._adopt_fields is not Module._adopt_fields or not names:
+        names = ()
+    info = (cls.__dataclass_fields__, names)
+    type.__setattr__(cls, "_ct_plain_fields", info)
     return info
 
 
@@ -610,14 +636,47 @@ class Module:
         cd = child.__dict__     # (object.__setattr__: no data descriptor has these names)
         cd["name"] = name
         cd["_parent"] = self
-        scope = parent_scope.push(name)
+        if type(parent_scope) is ModuleScope:
+            # parent_scope.push(name), inline (ModuleScope.push)
+            scope = parent_scope._children.get(name)
+            if scope is None:
+                scope = _new_child_scope(parent_scope, name)
+        else:
+            scope = parent_scope.push(name)
         # a new instance at this path (the submodule re-created by a later call of this
         # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
         # object is kept for its RNG counters
         scope._reserved.clear()
         cd["_scope"] = scope
         d["_children"][name] = child
-        child._adopt_fields()  # eagerly, as Flax registers a bound module's field submodules
+        # eagerly, as Flax registers a bound module's field submodules: child._adopt_fields(),
+        # skipped where the class keeps the base method and every field holds a scalar or a
+        # tuple of scalars (no module inside, _freeze_attr keeps it): what it would do then
+        # is mark the fields adopted, with no field submodule
+        if cd["_fields_adopted"]:
+            return
+        cls = type(child)
+        plain = cls.__dict__.get("_ct_plain_fields")
+        if plain is None or plain[0] is not cls.__dataclass_fields__:
+            plain = _plain_fields_info(cls)
+        if plain[1]:
+            for n in plain[1]:
+                v = cd[n]
+                tv = type(v)
+                if tv in _SCALARS:
+                    continue
+                if tv is tuple:
+                    for e in v:
+                        if type(e) not in _SCALARS:
+                            break
+                    else:
+                        continue
+                break
+            else:
+                cd["_fields_adopted"] = True
+                cd["_field_names"] = ()
+                return
+        child._adopt_fields()
 
     # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
     def _adopt(self, name: str, value):
@@ -911,8 +970,14 @@ class Module:
                 root_rngs[k] = key
             else:
                 root_rngs[k] = np.asarray(key).astype(np.uint32)
-        scope = ModuleScope(variables, root_rngs, mutable)
-        scope.initializing = initializing
+        # ModuleScope(variables, root_rngs, mutable) with its __init__ bodies inline (the same
+        # attributes, in the same order; root_rngs is this call's own dict)
+        scope = _object_new(ModuleScope)
+        scope.__dict__.update(
+            _variables=variables if variables is not None else {},
+            rngs=dict.fromkeys(root_rngs), mutable=mutable, path=(), _reserved=set(),
+            _children={}, root_rngs=root_rngs, rng_counters=dict.fromkeys(root_rngs, 0),
+            initializing=initializing, adopted={})
         bound = self._clone_bound(scope)
         if method is None:
             fn = type(bound).__call__
@@ -926,10 +991,14 @@ class Module:
         if stack is None:
             stack = _capture_stack()
         stack.append(capture)
+        scopes = _scope_tls.scopes      # `with scope:` (Scope.__enter__/__exit__), inline
+        if scopes is None:
+            scopes = _scope_tls.scopes = []
+        scopes.append(scope)
         try:
-            with scope:
-                out = fn(bound, *args, **kwargs)
+            out = fn(bound, *args, **kwargs)
         finally:
+            scopes.pop()
             stack.pop()
         return out, scope._variables    # scope.variables() (the root's: path ())
 
@@ -967,11 +1036,16 @@ class Module:
         """
         if not isinstance(variables, dict):
             raise TypeError(f"apply: variables must be a dict of collections, got {type(variables).__name__}")
-        check_filter(mutable, "apply: mutable")
-        capture = _capture_filter(capture_intermediates)
-        if capture is not None:
-            mutable = union_filters(mutable, "intermediates")
-        vs = {k: _copy_tree(v) for k, v in variables.items()}
+        if mutable is False and capture_intermediates is False:
+            capture = None      # (what the checks below give for these)
+        else:
+            check_filter(mutable, "apply: mutable")
+            capture = _capture_filter(capture_intermediates)
+            if capture is not None:
+                mutable = union_filters(mutable, "intermediates")
+        vs = {}
+        for k, v in variables.items():
+            vs[k] = _copy_tree(v)
         out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs, capture=capture)
         if mutable is False:
             return out
@@ -1055,6 +1129,10 @@ class Module:
             raise TypeError(f"Failed to hash {type(self).__name__}: its attribute(s) "
                             f"{', '.join(bad)} are unhashable; pass tuples instead of lists, "
                             f"or leave the module out of static arguments") from None
+
+
+_base_setup = Module.setup
+_base_try_setup = Module._try_setup
 
 
 class _Identity:

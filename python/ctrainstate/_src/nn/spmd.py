@@ -521,6 +521,13 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
         if target is None:
             return x
         if target is not _LONG_PATH:
+            if _jit_tls.depth <= 0:
+                # _constrain_to(x, target) outside jit where x is placed so already (its
+                # first return; NamedSharding.__eq__'s same-mesh case inline)
+                cur = x.sharding
+                if cur is target or (type(cur) is NamedSharding and cur.mesh is target.mesh
+                                     and cur._norm == target._norm):
+                    return x
             return _constrain_to(x, target)
     if _is_logical_spec(logical_axis_resources):
         # one spec for the whole of x (the common case): what the prefix map below does for

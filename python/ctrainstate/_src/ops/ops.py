@@ -576,13 +576,26 @@ def _binary_plan(a: Array, b: Array):
 
 def _unbroadcast(g: Array, shape: tuple) -> Array:
     """Sum ``g`` down to ``shape`` (the vjp of broadcasting)."""
-    if g.shape == tuple(shape):
+    if type(shape) is not tuple:
+        shape = tuple(shape)
+    gshape = g.shape
+    if gshape == shape:
         return g
-    nd = g.ndim
-    lead = nd - len(shape)
-    axes = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and g.shape[lead + i] != 1]
-    r = sum(g, axis=tuple(axes), keepdims=False)
-    return r if r.shape == tuple(shape) else reshape(r, tuple(shape))
+    key = (gshape, shape)
+    axes = _UNBROADCAST_AXES.get(key)
+    if axes is None:
+        lead = len(gshape) - len(shape)
+        axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
+                                          if s == 1 and gshape[lead + i] != 1)
+        if len(_UNBROADCAST_AXES) >= 1024:
+            _UNBROADCAST_AXES.clear()
+        _UNBROADCAST_AXES[key] = axes
+    r = sum(g, axis=axes, keepdims=False)
+    return r if r.shape == shape else reshape(r, shape)
+
+
+# the summed axes of _unbroadcast per (cotangent shape, operand shape)
+_UNBROADCAST_AXES: dict = {}
 
 
 def _lift_pair(a, b):
@@ -1892,12 +1905,23 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         for i in nums:
             if i >= len(args):
                 raise TypeError(f"value_and_grad: argnums {i} but only {len(args)} positional arguments")
-            leaves, td = tree_flatten(args[i])
-            new = _grad_track(leaves, tape, _FLOAT_SET)   # Arrays only, not nested: in C
-            if new is not None:
-                flat_in[i] = (new, td)
-                args[i] = tree_unflatten(td, new)
-                continue
+            hit = _arg_spec(args[i])
+            if hit is not None:   # a structure seen before (nested dicts of Arrays): in C
+                leaves, td = hit
+                new = _grad_track(leaves, tape, _FLOAT_SET)   # Arrays only, not nested: in C
+                if new is not None:
+                    flat_in[i] = (new, td)
+                    args[i] = _C.unflatten_spec(td, new)
+                    continue
+                leaves, td = tree_flatten(args[i])   # (the general path below: a treedef)
+            else:
+                leaves, td = tree_flatten(args[i])
+                new = _grad_track(leaves, tape, _FLOAT_SET)
+                if new is not None:
+                    _remember_spec(args[i], leaves, td)
+                    flat_in[i] = (new, td)
+                    args[i] = tree_unflatten(td, new)
+                    continue
             new = []
             for leaf in leaves:
                 x = _lift(leaf) if not isinstance(leaf, Array) else leaf
@@ -1934,10 +1958,80 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
                     if gl[k] is None:
                         g = grads.get(id(x))
                         gl[k] = zeros_like(x) if g is None else _put(g, x.sharding)
-            outs.append(tree_unflatten(td, gl))
+            outs.append(_C.unflatten_spec(td, gl) if type(td) is tuple else
+                        tree_unflatten(td, gl))
         g = outs[0] if single else tuple(outs)
         return ((val, aux), g) if has_aux else (val, g)
     return wrapped
+
+
+# The structures of the trees value_and_grad differentiated lately, as specs for
+# _C.flatten_spec (csrc/python/py_tree.c): a differentiated argument that has one exactly (the
+# same dict keys, list and tuple lengths, Array leaves) is flattened and rebuilt in C, not by
+# optree (which costs more than the rest of a small model's bookkeeping). Only nested plain
+# dicts, lists, tuples and None with Array leaves are described, and a spec is kept only if it
+# flattens the tree it was made from to optree's leaves, object for object; its unflatten
+# builds dicts in sorted key order, as the canonical treedef does. Most recent first; bounded.
+_ARG_SPECS: list = []
+_ARG_SPECS_MAX = 8
+
+
+class _NoArgSpec(Exception):
+    pass
+
+
+def _arg_spec(tree):
+    """``(leaves, spec)`` of ``tree`` by a remembered spec, or None."""
+    for k, spec in enumerate(_ARG_SPECS):
+        leaves = _C.flatten_spec(spec, tree)
+        if leaves is not None:
+            if k:
+                _ARG_SPECS.insert(0, _ARG_SPECS.pop(k))
+            return leaves, spec
+    return None
+
+
+def _spec_tree(x, depth=0):
+    t = type(x)
+    if t is Array:
+        return (_SPEC_KINDS["LEAF"], t)
+    if x is None:
+        return (_SPEC_KINDS["NONE"],)
+    if depth > 60:
+        raise _NoArgSpec
+    if t is dict:
+        try:
+            keys = tuple(sorted(x))
+        except TypeError:
+            raise _NoArgSpec from None
+        return (_SPEC_KINDS["DICT"], keys, tuple(_spec_tree(x[k], depth + 1) for k in keys))
+    if t is tuple or t is list:
+        return (_SPEC_KINDS["TUPLE" if t is tuple else "LIST"], len(x),
+                tuple(_spec_tree(v, depth + 1) for v in x))
+    raise _NoArgSpec
+
+
+def _remember_spec(tree, leaves, td) -> None:
+    """Keep a spec of ``tree`` (flattened by optree to ``leaves``, ``td``) for _arg_spec."""
+    try:
+        spec = _spec_tree(tree)
+    except _NoArgSpec:
+        return
+    got = _C.flatten_spec(spec, tree)
+    if got is None or len(got) != len(leaves) or any(a is not b for a, b in zip(got, leaves)):
+        return
+    try:
+        if _C.unflatten_spec(spec, list(leaves)) != td.unflatten(list(leaves)):
+            return
+    except Exception:   # noqa: BLE001 -- leaves that do not compare: not kept
+        return
+    if spec in _ARG_SPECS:
+        return
+    _ARG_SPECS.insert(0, spec)
+    del _ARG_SPECS[_ARG_SPECS_MAX:]
+
+
+_SPEC_KINDS = _C.spec_kinds
 
 
 def grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
@@ -1987,10 +2081,21 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
 # --- creation helpers -----------------------------------------------------------------------------
 
 def _filled_like(x: Array, value: float) -> Array:
+    if x.dtype == np.float32 and type(x) is Array:
+        # x's sharding and block layout, a new float32 buffer per block (what _new makes for
+        # x's placement and axes, without resolving them again)
+        blocks = [(dev, _C.Buffer(dev.id, buf.shape, _F32_CODE), start, rid)
+                  for dev, buf, start, rid in x._blocks]
+        out = Array._create(x.shape, x.dtype, x.sharding, blocks)
+        _C.op_unary(U_AFFINE, 0.0, float(value), _bufs(out), _bufs(out))
+        return out
     norm = _axes_of(x)
     out = _new(x.shape, _place_of(x), norm)
     _C.op_unary(U_AFFINE, 0.0, float(value), _bufs(out), _bufs(out))
     return out if x.dtype == np.float32 else _convert(out, x.dtype)
+
+
+_F32_CODE = _dtypes.code(_dtypes.float32)
 
 
 def zeros_like(x: Array) -> Array:

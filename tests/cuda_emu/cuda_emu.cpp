@@ -139,11 +139,29 @@ struct Op {
     std::function<void()> fn;
     unsigned long long seq;
 };
+/* A captured operation: what it runs, what it is (a kernel's launch site, "cublas", "copy",
+ * "memset": an update keeps the kinds), and the device memory its pointer arguments named at
+ * the capture. */
+struct Node {
+    std::shared_ptr<std::function<void()>> fn;
+    const char *kind;
+    std::vector<const void *> ptrs;
+};
+struct CUgraph_st {
+    int dev;
+    std::vector<Node> nodes;
+};
+struct CUgraphExec_st {
+    int dev;
+    std::vector<Node> nodes;
+};
 struct CUstream_st {
     int dev;
     std::deque<Op> q;
     unsigned long long issued = 0, done = 0; /* sequence numbers of operations */
     unsigned long long executing = 0;        /* the operation running now, or 0 */
+    CUgraph_st *capture = nullptr;           /* capturing into this graph */
+    bool capture_bad = false;                /* the capture was invalidated */
 };
 struct CUevent_st {
     int dev;
@@ -182,10 +200,44 @@ void flush_device(int dev) {
         if (dev < 0 || g_streams[i]->dev == dev) flush(g_streams[i]);
 }
 
+thread_local std::vector<CUstream_st *> t_captures; /* streams this thread captures */
+thread_local std::vector<const void *> t_note;      /* the next launch's pointer arguments */
+thread_local const char *t_kind = "operation";      /* the next captured node's kind */
+long long n_captures = 0, n_instantiated = 0, n_updated = 0, n_launched = 0, n_node_runs = 0;
+
+/* A call CUDA refuses while this thread captures (cudaStreamCaptureModeThreadLocal): every
+ * capture of the thread is invalidated, and the call fails. */
+bool refused_in_capture(const char *what) {
+    if (t_captures.empty()) return false;
+    for (CUstream_st *c : t_captures) c->capture_bad = true;
+    violation(cudaErrorStreamCaptureUnsupported, "%s while this thread captures a stream", what);
+    return true;
+}
+
 /* Queue fn on s. The legacy default stream (s == nullptr) is ordered after all work on the
- * current device's streams (they are blocking streams) and runs at once. Caller holds g_mu. */
+ * current device's streams (they are blocking streams) and runs at once. On a capturing
+ * stream fn becomes the graph's next node instead (with t_kind and t_note). Caller holds
+ * g_mu. */
 void enqueue(cudaStream_t s, std::function<void()> fn, bool may_run = true) {
+    if (s != nullptr && s->capture != nullptr) {
+        std::vector<const void *> dev_ptrs; /* (the arguments that are device memory now) */
+        for (const void *p : t_note)
+            if (p != nullptr && find_locked(p, 1) != nullptr) dev_ptrs.push_back(p);
+        s->capture->nodes.push_back(Node{std::make_shared<std::function<void()>>(std::move(fn)),
+                                         t_kind, std::move(dev_ptrs)});
+        t_note.clear();
+        t_kind = "operation";
+        return;
+    }
+    t_note.clear();
+    t_kind = "operation";
     if (s == nullptr) {
+        if (!t_captures.empty()) { /* an implicit synchronisation with the capturing streams */
+            for (CUstream_st *c : t_captures) c->capture_bad = true;
+            violation(cudaErrorStreamCaptureImplicit, "work on the legacy stream while this "
+                      "thread captures a stream");
+            return;
+        }
         flush_device(t_dev);
         if (fn) fn();
         return;
@@ -215,6 +267,11 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
     case cudaErrorPeerAccessNotEnabled: return "peer access has not been enabled";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalState: return "the operation is not permitted in this state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorGraphExecUpdateFailure: return "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update";
     }
     return "unknown error";
 }
@@ -266,6 +323,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
 cudaError_t cudaDeviceSynchronize(void) {
     Locked l;
     n_sync++;
+    if (refused_in_capture("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
     flush_device(t_dev);
     return cudaSuccess;
 }
@@ -280,13 +338,27 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 /* --- memory ---------------------------------------------------------------------------------- */
 
 namespace {
-cudaError_t alloc_device_locked(void **p, size_t n, int dev) {
+/* The default pools' cached blocks, per (GPU, rounded size): a cudaFreeAsync puts its block
+ * here when the free runs, and cudaMallocAsync takes the block freed last of its size on its
+ * GPU, as a caching pool hands recently freed memory back (a loop that frees and allocates the
+ * same sizes gets the same addresses). A cached block is no allocation: a use of it is a use
+ * of freed memory. */
+std::map<std::pair<int, size_t>, std::vector<void *>> g_pool_free;
+
+cudaError_t alloc_device_locked(void **p, size_t n, int dev, bool pooled = false) {
     if (p == nullptr) return violation(cudaErrorInvalidValue, "cudaMalloc: null result pointer");
     *p = nullptr;
     if (n == 0) return cudaSuccess;
     if (g_used[(size_t)dev] + n > g_total) return set_err(cudaErrorMemoryAllocation);
     size_t rounded = (n + 255) / 256 * 256;
-    void *m = aligned_alloc(256, rounded);
+    void *m = nullptr;
+    auto cached = pooled ? g_pool_free.find({dev, rounded}) : g_pool_free.end();
+    if (cached != g_pool_free.end() && !cached->second.empty()) {
+        m = cached->second.back();
+        cached->second.pop_back();
+    } else {
+        m = aligned_alloc(256, rounded);
+    }
     if (m == nullptr) return set_err(cudaErrorMemoryAllocation);
     memset(m, 0xAB, rounded); /* fresh device memory holds garbage */
     g_allocs[(uintptr_t)m] = Alloc{n, dev, KIND_DEVICE, 0, false};
@@ -305,12 +377,15 @@ cudaError_t check_free_locked(void *p, int kind, const char *what) {
     return cudaSuccess;
 }
 
-void release_locked(void *p) {
+void release_locked(void *p, bool pooled = false) {
     auto it = g_allocs.find((uintptr_t)p);
     if (it->second.kind == KIND_DEVICE) g_used[(size_t)it->second.dev] -= it->second.n;
     memset(p, 0xCD, it->second.n); /* a use after free reads garbage */
+    const int dev = it->second.dev;
+    const size_t rounded = (it->second.n + 255) / 256 * 256;
     g_allocs.erase(it);
-    free(p);
+    if (pooled) g_pool_free[{dev, rounded}].push_back(p);
+    else free(p);
 }
 
 /* cudaFree and cudaFreeHost wait for all work on the GPUs first. */
@@ -326,30 +401,43 @@ cudaError_t free_locked(void *p, int kind, const char *what) {
 
 cudaError_t cudaMalloc(void **p, size_t n) {
     Locked l;
+    if (refused_in_capture("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
     return alloc_device_locked(p, n, t_dev);
 }
 
 cudaError_t cudaFree(void *p) {
     Locked l;
+    if (refused_in_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
     return free_locked(p, KIND_DEVICE, "cudaFree");
 }
 
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s) {
     Locked l; /* from the pool of the stream's device */
-    return alloc_device_locked(p, n, stream_dev(s));
+    if (s != nullptr && s->capture != nullptr) { /* (CUDA would add a memory node) */
+        s->capture_bad = true;
+        return violation(cudaErrorStreamCaptureUnsupported, "cudaMallocAsync on a capturing "
+                         "stream: memory nodes are not emulated (the backend captures none)");
+    }
+    return alloc_device_locked(p, n, stream_dev(s), true);
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
     Locked l;
     if (p == nullptr) return cudaSuccess;
+    if (s != nullptr && s->capture != nullptr) {
+        s->capture_bad = true;
+        return violation(cudaErrorStreamCaptureUnsupported, "cudaFreeAsync on a capturing "
+                         "stream: memory nodes are not emulated (the backend captures none)");
+    }
     cudaError_t e = check_free_locked(p, KIND_DEVICE, "cudaFreeAsync");
     if (e) return e;
-    enqueue(s, [p] { release_locked(p); }); /* after the work queued before it */
+    enqueue(s, [p] { release_locked(p, true); }); /* after the work queued before it */
     return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
     Locked l;
+    if (refused_in_capture("cudaHostAlloc")) return cudaErrorStreamCaptureUnsupported;
     size_t rounded = ((n ? n : 1) + 255) / 256 * 256;
     void *m = aligned_alloc(256, rounded);
     if (m == nullptr) return set_err(cudaErrorMemoryAllocation);
@@ -363,6 +451,7 @@ cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, cuda
 
 cudaError_t cudaFreeHost(void *p) {
     Locked l;
+    if (refused_in_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
     return free_locked(p, KIND_PINNED, "cudaFreeHost");
 }
 
@@ -483,6 +572,8 @@ cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyKind kin
     default:
         return violation(cudaErrorInvalidMemcpyDirection, "%s: kind %d", what, (int)kind);
     }
+    t_kind = "copy";
+    t_note = {dst, src};
     if (stage_src) {
         auto copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
         enqueue(s, [dst, copy] { memcpy(dst, copy->data(), copy->size()); });
@@ -496,6 +587,10 @@ cudaError_t memcpy_impl(void *dst, const void *src, size_t n, cudaMemcpyKind kin
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     n_sync++;
+    {
+        Locked l;
+        if (refused_in_capture("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
+    }
     return memcpy_impl(dst, src, n, kind, nullptr, "cudaMemcpy");
 }
 
@@ -522,6 +617,8 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
     Locked l;
     cudaError_t e = need_device_locked(p, n, -1, "cudaMemsetAsync", "destination");
     if (e) return e;
+    t_kind = "memset";
+    t_note = {p};
     enqueue(s, [p, value, n] { memset(p, value, n); });
     return cudaSuccess;
 }
@@ -548,6 +645,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     Locked l;
     n_sync++;
+    if (refused_in_capture("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
     if (s == nullptr) flush_device(t_dev);
     else flush(s);
     return cudaSuccess;
@@ -558,6 +656,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) 
     if (ev == nullptr || flags != 0)
         return violation(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event or flags");
     /* waits for the event's most recent record at the time of this call */
+    if ((s != nullptr && s->capture != nullptr) || (ev->stream && ev->stream->capture)) {
+        if (s != nullptr && s->capture != nullptr) s->capture_bad = true;
+        return violation(cudaErrorStreamCaptureUnsupported, "cudaStreamWaitEvent during a "
+                         "capture: not emulated (the backend captures no events)");
+    }
     CUstream_st *from = ev->stream;
     const unsigned long long seq = ev->seq;
     if (from == nullptr || from == s) return cudaSuccess;
@@ -587,9 +690,16 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
                          "cudaEventRecord: event of GPU %d recorded on a stream of GPU %d", ev->dev,
                          stream_dev(s));
     if (s == nullptr) {
+        if (refused_in_capture("cudaEventRecord on the legacy stream"))
+            return cudaErrorStreamCaptureImplicit;
         flush_device(t_dev);
         ev->stream = nullptr;
         return cudaSuccess;
+    }
+    if (s->capture != nullptr) {
+        s->capture_bad = true;
+        return violation(cudaErrorStreamCaptureUnsupported, "cudaEventRecord on a capturing "
+                         "stream: not emulated (the backend captures no events)");
     }
     enqueue(s, std::function<void()>()); /* a marker */
     ev->stream = s;
@@ -601,6 +711,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     Locked l;
     if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(null)");
     n_sync++;
+    if (refused_in_capture("cudaEventSynchronize")) return cudaErrorStreamCaptureUnsupported;
     if (ev->stream != nullptr) run_until(ev->stream, ev->seq);
     return cudaSuccess;
 }
@@ -609,6 +720,144 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
     Locked l;
     if (ev == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaEventQuery(null)");
     return event_done(ev) ? cudaSuccess : cudaErrorNotReady;
+}
+
+/* --- stream capture and graphs ----------------------------------------------------------------- */
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    Locked l;
+    if (s == nullptr)
+        return violation(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture on the legacy stream");
+    if (mode != cudaStreamCaptureModeThreadLocal)
+        return violation(cudaErrorInvalidValue, "cudaStreamBeginCapture: only "
+                         "cudaStreamCaptureModeThreadLocal is emulated (got %d)", (int)mode);
+    if (s->capture != nullptr)
+        return violation(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream captures already");
+    s->capture = new CUgraph_st{s->dev, {}};
+    s->capture_bad = false;
+    t_captures.push_back(s);
+    n_captures++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    Locked l;
+    *graph = nullptr;
+    if (s == nullptr || s->capture == nullptr)
+        return violation(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not capturing");
+    bool mine = false;
+    for (size_t i = 0; i < t_captures.size(); i++)
+        if (t_captures[i] == s) {
+            t_captures.erase(t_captures.begin() + (long)i);
+            mine = true;
+            break;
+        }
+    if (!mine)
+        return violation(cudaErrorIllegalState, "cudaStreamEndCapture from another thread than "
+                         "the capture's");
+    CUgraph_st *g = s->capture;
+    s->capture = nullptr;
+    if (s->capture_bad) {
+        delete g;
+        s->capture_bad = false;
+        return set_err(cudaErrorStreamCaptureInvalidated);
+    }
+    *graph = g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+    Locked l;
+    *status = s == nullptr || s->capture == nullptr ? cudaStreamCaptureStatusNone
+              : s->capture_bad                      ? cudaStreamCaptureStatusInvalidated
+                                                    : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags) {
+    Locked l;
+    if (graph == nullptr || flags != 0)
+        return violation(cudaErrorInvalidValue, "cudaGraphInstantiate: null graph or flags");
+    *exec = new CUgraphExec_st{graph->dev, graph->nodes};
+    n_instantiated++;
+    return cudaSuccess;
+}
+
+/* An update keeps the executable graph's topology: the same number of nodes, each of the same
+ * kind (launch site); their arguments may differ. */
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo *info) {
+    Locked l;
+    if (exec == nullptr || graph == nullptr)
+        return violation(cudaErrorInvalidValue, "cudaGraphExecUpdate: null graph");
+    bool same = exec->dev == graph->dev && exec->nodes.size() == graph->nodes.size();
+    for (size_t i = 0; same && i < graph->nodes.size(); i++)
+        same = strcmp(exec->nodes[i].kind, graph->nodes[i].kind) == 0;
+    if (info != nullptr) {
+        info->result = same ? cudaGraphExecUpdateSuccess : cudaGraphExecUpdateErrorTopologyChanged;
+        info->errorNode = info->errorFromNode = nullptr;
+    }
+    if (!same) return set_err(cudaErrorGraphExecUpdateFailure);
+    exec->nodes = graph->nodes;
+    n_updated++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    Locked l;
+    if (exec == nullptr || s == nullptr)
+        return violation(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: null graph or the "
+                         "legacy stream");
+    if (s->dev != exec->dev || s->dev != t_dev)
+        return violation(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: a graph of GPU %d "
+                         "into a stream of GPU %d while GPU %d is current", exec->dev, s->dev, t_dev);
+    if (s->capture != nullptr)
+        return violation(cudaErrorStreamCaptureUnsupported, "cudaGraphLaunch into a capturing "
+                         "stream: not emulated");
+    n_launched++;
+    for (size_t i = 0; i < exec->nodes.size(); i++) {
+        /* the pointers that were device memory at the capture: still allocated when it runs */
+        const std::vector<const void *> dev_ptrs = exec->nodes[i].ptrs;
+        auto fn = exec->nodes[i].fn;
+        const char *kind = exec->nodes[i].kind;
+        enqueue(s, [fn, kind, dev_ptrs, i] {
+            for (const void *p : dev_ptrs)
+                if (find_locked(p, 1) == nullptr) {
+                    fprintf(stderr, "cuda_emu: a graph's node %zu (%s) uses %p, device memory "
+                            "at the capture that has been freed since: the graph replays a "
+                            "stale address\n", i, kind, p);
+                    abort();
+                }
+            n_node_runs++;
+            (*fn)();
+        });
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    if (exec == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaGraphExecDestroy(null)");
+    delete exec; /* (queued launches hold their nodes' functions) */
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    if (graph == nullptr) return violation(cudaErrorInvalidResourceHandle, "cudaGraphDestroy(null)");
+    delete graph;
+    return cudaSuccess;
+}
+
+void ct_emu_note_begin(void) { t_note.clear(); }
+void ct_emu_note_arg(const void *p) { t_note.push_back(p); }
+
+/* (stream captures begun, graphs instantiated, updated in place, launched; nodes run) */
+extern "C" __attribute__((visibility("default"))) void cuda_emu_graph_stats(long long *out) {
+    Locked l;
+    out[0] = n_captures;
+    out[1] = n_instantiated;
+    out[2] = n_updated;
+    out[3] = n_launched;
+    out[4] = n_node_runs;
 }
 
 /* --- kernels ----------------------------------------------------------------------------------- */
@@ -847,6 +1096,7 @@ void ct_emu_enqueue_kernel(std::function<void()> body, int *site_mode, const cha
     }
     auto b = std::make_shared<std::function<void()>>(std::move(body));
     g_site_launches[site]++;
+    t_kind = site;
     enqueue(s, [b, site_mode, site, grid, block] { run_kernel(*b, site_mode, site, grid, block); });
 }
 
@@ -918,6 +1168,8 @@ static cublasStatus_t gemm_emu(const char *fn, cublasHandle_t h, cublasOperation
     }
     const float al = *alpha, be = *beta; /* host scalars: read at the call */
     Locked l;
+    t_kind = "cublas";
+    t_note = {a, b, c};
     enqueue(h->stream, [=] {
         std::vector<float> out((size_t)m * n);
         for (int j = 0; j < n; j++)
@@ -1126,6 +1378,11 @@ ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, ncc
     if (stream == nullptr || stream->dev != comm->dev)
         return nccl_violation(ncclInvalidArgument, "ncclAllReduce: rank %d (GPU %d) given a stream "
                               "of GPU %d", comm->rank, comm->dev, stream ? stream->dev : t_dev);
+    if (stream->capture != nullptr) {
+        stream->capture_bad = true;
+        return nccl_violation(ncclInvalidUsage, "ncclAllReduce on a capturing stream: not "
+                              "emulated (the backend captures no collective)");
+    }
     if (count > 0 && (need_device_locked(send, count * 4, comm->dev, "ncclAllReduce", "send buffer") ||
                       need_device_locked(recv, count * 4, comm->dev, "ncclAllReduce", "receive buffer"))) {
         t_err = cudaSuccess;

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 /* --- qualifiers ------------------------------------------------------------------- */
@@ -90,10 +91,15 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorPeerAccessAlreadyEnabled = 704,
     cudaErrorPeerAccessNotEnabled = 705,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorGraphExecUpdateFailure = 910,
 } cudaError_t;
 
 typedef enum cudaMemcpyKind {
@@ -118,6 +124,27 @@ struct cudaMemAccessDesc { cudaMemLocation location; cudaMemAccessFlags flags; }
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+} cudaStreamCaptureMode;
+typedef enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2,
+} cudaStreamCaptureStatus;
+typedef enum cudaGraphExecUpdateResult {
+    cudaGraphExecUpdateSuccess = 0,
+    cudaGraphExecUpdateError = 1,
+    cudaGraphExecUpdateErrorTopologyChanged = 2,
+} cudaGraphExecUpdateResult;
+typedef struct cudaGraphExecUpdateResultInfo_st {
+    cudaGraphExecUpdateResult result;
+    void *errorNode, *errorFromNode;
+} cudaGraphExecUpdateResultInfo;
 
 #define cudaEventDefault 0x00u
 #define cudaEventDisableTiming 0x02u
@@ -167,6 +194,25 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t ev);
 cudaError_t cudaEventQuery(cudaEvent_t ev);
 
+/* Stream capture and graphs. Work queued on a capturing stream becomes the graph's nodes, in
+ * order (one chain: the backend captures one stream at a time); a launch queues them again
+ * with the arguments of the capture. While this thread captures, the calls CUDA forbids
+ * during a capture in cudaStreamCaptureModeThreadLocal (synchronisations, cudaMalloc/Free,
+ * synchronous copies, work on the legacy stream) fail and invalidate it; what CUDA allows but
+ * this emulation does not model (events, memory nodes from cudaMallocAsync / cudaFreeAsync,
+ * NCCL) fails too. A launched node whose pointer arguments were device memory at the capture
+ * checks, when it runs, that they still are: a graph replaying freed memory aborts the run. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph,
+                                cudaGraphExecUpdateResultInfo *info);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
 /* CTAs of a kernel resident per SM: the emulation says 2 (CT_EMU_SMS SMs, default 4), so a
  * launch sized to "what the GPU holds" has few CTAs, each looping over many work items. */
 template <typename F>
@@ -187,8 +233,18 @@ static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, 
 void ct_emu_enqueue_kernel(std::function<void()> body, int *site_mode, const char *site,
                            dim3 grid, dim3 block, size_t shmem, cudaStream_t s);
 
+/* The launch's pointer arguments, noted for a capture (checked when a graph replays it). */
+void ct_emu_note_begin(void);
+void ct_emu_note_arg(const void *p);
+template <typename T>
+static inline void ct_emu_note(const T &v) {
+    if constexpr (std::is_pointer<T>::value) ct_emu_note_arg((const void *)v);
+}
+
 template <typename G, typename... A>
 static inline auto ct_emu_bind(G g, A... a) {
+    ct_emu_note_begin();
+    (ct_emu_note(a), ...);
     return [g, t = std::make_tuple(a...)]() { std::apply(g, t); };
 }
 

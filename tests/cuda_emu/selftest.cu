@@ -57,6 +57,9 @@ __global__ void maybe_barrier(int use, float *x) {
 
 static void launch_maybe(int use, float *x) { maybe_barrier<<<1, 32>>>(use, x); }
 
+// One launch site (the emulation tells a graph's kernels apart by their launch sites).
+static void launch_fill(cudaStream_t s, float *x, float v) { fill<<<1, 32, 0, s>>>(x, 64, v); }
+
 // A barrier two calls down: found through the call graph.
 __device__ void sync_inner() { __syncthreads(); }
 __device__ void sync_outer(float *x) {
@@ -301,6 +304,55 @@ int main() {
         bad = 0;
         for (int i = 0; i < 64; i++) bad += hy[i] != (float)(63 - i);
         EXPECT(bad == 0);
+    }
+
+    // stream capture and graphs
+    {
+        cudaStream_t s;
+        EXPECT(cudaSetDevice(0) == cudaSuccess && cudaStreamCreate(&s) == cudaSuccess);
+        float *g1 = nullptr, *g2 = nullptr, h[64];
+        EXPECT(cudaMalloc((void **)&g1, sizeof h) == cudaSuccess);
+        EXPECT(cudaMalloc((void **)&g2, sizeof h) == cudaSuccess);
+        fill<<<1, 32, 0, s>>>(g1, 64, 1.0f);
+        EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        launch_fill(s, g1, 3.0f); // recorded, not run
+        cudaGraph_t graph = nullptr;
+        EXPECT(cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr);
+        EXPECT(cudaMemcpy(h, g1, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 1.0f);
+        cudaGraphExec_t exec = nullptr;
+        EXPECT(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphDestroy(graph) == cudaSuccess);
+        EXPECT(cudaGraphLaunch(exec, s) == cudaSuccess);
+        EXPECT(cudaMemcpy(h, g1, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[63] == 3.0f);
+        // an update with the same kernel on another buffer; another topology is refused
+        EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        launch_fill(s, g2, 4.0f);
+        EXPECT(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+        cudaGraphExecUpdateResultInfo info;
+        EXPECT(cudaGraphExecUpdate(exec, graph, &info) == cudaSuccess && cudaGraphDestroy(graph) == cudaSuccess);
+        EXPECT(cudaGraphLaunch(exec, s) == cudaSuccess);
+        EXPECT(cudaMemcpy(h, g2, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[0] == 4.0f);
+        EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        launch_fill(s, g2, 5.0f);
+        launch_fill(s, g1, 5.0f);
+        EXPECT(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+        EXPECT(cudaGraphExecUpdate(exec, graph, &info) == cudaErrorGraphExecUpdateFailure);
+        cudaGetLastError();
+        EXPECT(cudaGraphDestroy(graph) == cudaSuccess);
+        // a synchronisation while capturing is refused and invalidates the capture
+        EXPECT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+        EXPECT(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+        EXPECT(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated && graph == nullptr);
+        cudaGetLastError();
+        // a graph replaying memory freed since its capture aborts the run
+        EXPECT(cudaFree(g2) == cudaSuccess);
+        EXPECT(aborts([&] { cudaGraphLaunch(exec, s); cudaStreamSynchronize(s); }));
+        EXPECT(cudaGraphExecDestroy(exec) == cudaSuccess);
+        // the pool hands a freed block of the same size back
+        float *p1 = nullptr, *p2 = nullptr;
+        EXPECT(cudaMallocAsync((void **)&p1, 1000, s) == cudaSuccess);
+        EXPECT(cudaFreeAsync(p1, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess);
+        EXPECT(cudaMallocAsync((void **)&p2, 1000, s) == cudaSuccess && p2 == p1);
+        EXPECT(cudaFreeAsync(p2, s) == cudaSuccess && cudaFree(g1) == cudaSuccess);
     }
 
     if (failures) {

@@ -33,7 +33,8 @@ typedef struct ct_backend {
     /* Strided n-d block copy. `dst_dev`/`src_dev` name the device that owns
      * each side, or NULL for host memory (so one entry covers h2d, d2h, d2d
      * and host-to-host). Strides are in bytes. The copy is complete when the
-     * call returns. */
+     * call returns, except one within a single device: that is queued on its
+     * stream, ordered before anything queued there later, as a kernel is. */
     ct_status (*copy_block)(struct ct_device *dst_dev, struct ct_device *src_dev, int ndim,
                             const int64_t *shape, size_t itemsize, void *dst,
                             const int64_t *dst_strides, const void *src,
@@ -115,6 +116,19 @@ typedef struct ct_backend {
      * device's stream. NULL: unsupported. */
     ct_status (*unary_typed)(struct ct_device *dev, int op, float alpha, float beta, int64_t n,
                              int dtype, const void *x, void *y);
+    /* Graphs of queued work (CUDA graphs; jit's replays, py_dispatch.c). graph_begin starts
+     * capturing what this thread queues on dev's stream: from then on the kernels are
+     * recorded, not run, and nothing that synchronises or allocates may be called for the
+     * device. graph_end stops the capture. With keep, *exec runs what was captured: made when
+     * *exec is NULL, else updated in place when the capture has the same kernels in the same
+     * order (other arguments: *updated = 1), else destroyed and made again. Without keep (a
+     * failed capture) the capture is dropped and *exec left as it is. graph_launch queues
+     * exec on dev's stream, as the captured work would have been; graph_free destroys it
+     * (a launch in flight completes). NULL: the backend has no graphs. */
+    ct_status (*graph_begin)(struct ct_device *dev);
+    ct_status (*graph_end)(struct ct_device *dev, int keep, void **exec, int *updated);
+    ct_status (*graph_launch)(struct ct_device *dev, void *exec);
+    void (*graph_free)(struct ct_device *dev, void *exec);
 } ct_backend;
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */
@@ -135,8 +149,9 @@ typedef struct {
  * CT_UN_LOG1P .. CT_UN_ERFC, binary CT_BIN_POW, CT_UN_SIGN keeps -0.0 and NaN; ewise and
  * reduce_typed (comparisons, booleans, integer arithmetic and reductions); 7: unary CT_UN_SINH ..
  * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP; 8: binary CT_BIN_PICK (where keeps -0.0);
- * 9: chain (fused elementwise chains); 10: unary_typed (16-bit float unary ops) */
-#define CT_BACKEND_ABI_VERSION 10
+ * 9: chain (fused elementwise chains); 10: unary_typed (16-bit float unary ops); 11: graph_begin,
+ * graph_end, graph_launch, graph_free (CUDA graphs) */
+#define CT_BACKEND_ABI_VERSION 11
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

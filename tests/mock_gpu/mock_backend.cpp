@@ -457,6 +457,7 @@ static const ct_backend g_mock = {
     0, /* optim_factored: adafactor steps are staged through the host (the CPU driver) */
     NULL, /* chain: fused chains run step by step (the CUDA chain kernel runs in tools/cuda_emu.sh) */
     m_unary_typed,
+    NULL, NULL, NULL, NULL, /* graphs: replays run kernel by kernel (CUDA graphs run in tools/cuda_emu.sh) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }
 

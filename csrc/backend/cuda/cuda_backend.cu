@@ -270,7 +270,10 @@ static ct_status cuda_copy_block(ct_device *dst_dev, ct_device *src_dev, int ndi
             if (gd->ordinal != gs->ordinal) CT_TRY(ct_cuda_enable_peer(gd->ordinal, gs->ordinal));
             CT_TRY(launch_strided(gd, ndim, shape, itemsize, dst, dst_strides, src, src_strides, n));
         }
-        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(gd)));
+        /* Within one device the copy is ordered on its stream with everything that later
+         * reads or frees either buffer (a host read synchronises first), so it completes
+         * without a wait here; between two devices the source's stream does not see it. */
+        if (gs != gd) CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(gd)));
         return CT_OK;
     }
     ct_device *g = gd ? gd : gs;
@@ -445,6 +448,59 @@ static ct_status cuda_copy_segments(ct_device *dst_dev, ct_device *src_dev, int 
     return CT_OK;
 }
 
+// --- graphs -------------------------------------------------------------------------
+
+/* ThreadLocal mode: only this thread's calls that would break the capture are refused; other
+ * threads may use their devices meanwhile (a kernel releasing the GIL lets them run). */
+static ct_status cuda_graph_begin(ct_device *dev) {
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    CT_CUDA_TRY(cudaStreamBeginCapture(ct_cuda_stream(dev), cudaStreamCaptureModeThreadLocal));
+    return CT_OK;
+}
+
+static ct_status cuda_graph_end(ct_device *dev, int keep, void **exec, int *updated) {
+    *updated = 0;
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(ct_cuda_stream(dev), &g);
+    if (e != cudaSuccess || !keep) {
+        if (g != nullptr) cudaGraphDestroy(g);
+        if (e == cudaSuccess) return CT_OK;
+        cudaGetLastError();
+        return ct_cuda_core->set_error(CT_EDEVICE, "CUDA graph capture on CudaDevice(id=%d) "
+                                       "failed: %s", dev->id, cudaGetErrorString(e));
+    }
+    cudaGraphExec_t x = (cudaGraphExec_t)*exec;
+    if (x != nullptr) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(x, g, &info) == cudaSuccess) {
+            cudaGraphDestroy(g);
+            *updated = 1;
+            return CT_OK;
+        }
+        cudaGetLastError(); /* (another topology: made again) */
+        cudaGraphExecDestroy(x);
+        *exec = nullptr;
+    }
+    const cudaError_t ei = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    CT_CUDA_TRY(ei);
+    *exec = (void *)x;
+    return CT_OK;
+}
+
+static ct_status cuda_graph_launch(ct_device *dev, void *exec) {
+    CT_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    CT_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)exec, ct_cuda_stream(dev)));
+    return CT_OK;
+}
+
+static void cuda_graph_free(ct_device *dev, void *exec) {
+    if (exec == nullptr) return;
+    cudaSetDevice(dev->ordinal);
+    cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 // --- the table and the entry point ------------------------------------------------
 
 static const ct_backend g_cuda_backend = {
@@ -471,6 +527,10 @@ static const ct_backend g_cuda_backend = {
     /* optim_factored */ 1,
     /* chain */ ct_cuda_chain,
     /* unary_typed */ ct_cuda_unary_typed,
+    /* graph_begin */ cuda_graph_begin,
+    /* graph_end */ cuda_graph_end,
+    /* graph_launch */ cuda_graph_launch,
+    /* graph_free */ cuda_graph_free,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

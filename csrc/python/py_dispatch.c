@@ -1843,6 +1843,15 @@ struct program {
     int arena_busy;           /* a run holds the arenas (another, meanwhile, runs without) */
     int arena_first, arena_last; /* the steps a run holds the arenas over (from the first
                                   * value in them made to the last read) */
+    /* CUDA graphs (graph_plan): runs of steps on GPU devices captured once per device and
+     * relaunched. With any, the arenas stay allocated between runs (arena_held), so that the
+     * graphs' addresses in them stay valid. */
+    int graphs;               /* replays use graphs (set_graphs; on unless
+                               * CTRAINSTATE_CUDA_GRAPHS=0 at the trace) */
+    int nsegs;
+    struct gseg *segs;
+    int *seg_at;              /* per step: the segment that starts there, or -1 */
+    int arena_held;           /* arena_mem holds the arenas between runs */
 };
 
 static PyTypeObject *program_type;
@@ -2143,7 +2152,11 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0))
         return PyErr_Format(PyExc_TypeError, "Program() takes no arguments");
     program *pr = (program *)type->tp_alloc(type, 0);
-    if (pr != NULL) pr->fuse = pr->tile = 1; /* (tp_alloc zeroes every other field) */
+    if (pr != NULL) { /* (tp_alloc zeroes every other field) */
+        const char *g = getenv("CTRAINSTATE_CUDA_GRAPHS");
+        pr->fuse = pr->tile = 1;
+        pr->graphs = g == NULL || strcmp(g, "0") != 0;
+    }
     return (PyObject *)pr;
 }
 
@@ -2801,13 +2814,50 @@ static ct_status chain_kernels(const program *pr, int k0, int len, ct_py_buffer 
     return cst;
 }
 
+/* The chain of steps k0 .. k0 + len - 1 on operand rows `ops` (see run_chain) into the
+ * result's blocks `os`: its constants, then its kernels (without the GIL when large, the
+ * operands pinned). 0, or -1 with an exception. */
+static int chain_run_bufs(const program *pr, int k0, int len, ct_py_buffer **ops,
+                          ct_py_buffer **os) {
+    const int nblk = pr->steps[k0].e.nblk;
+    float alpha[MAX_CHAIN], beta[MAX_CHAIN];
+    for (int j = 0; j < len; j++) {
+        const pstep *st = &pr->steps[k0 + j];
+        alpha[j] = beta[j] = 0.0f;
+        if (st->e.kind == K_SCALAR &&
+            (st->scalar == NULL || scalar_consts(st->e.op, st->scalar, &alpha[j], &beta[j]) != 0)) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the "
+                                                "traced program no longer runs from its plan",
+                                                k0 + j, st->name);
+            return -1;
+        }
+    }
+    ct_status cst;
+    const int64_t work = pr->steps[k0].e.out_elems * nblk * len;
+    if (work < CT_DISPATCH_GIL_ELEMS) {
+        cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
+    } else { /* pinned: another thread may drop or delete the operands meanwhile */
+        for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
+            if (ops[q] != NULL) ct_py_pin(ops[q]);
+        Py_BEGIN_ALLOW_THREADS
+        cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
+        Py_END_ALLOW_THREADS
+        for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
+            if (ops[q] != NULL) ct_py_unpin(ops[q]);
+    }
+    if (cst != CT_OK) {
+        ct_py_raise(cst);
+        return -1;
+    }
+    return 0;
+}
+
 /* Run the chain of steps k0 .. k0 + len - 1 (see above); its result is the last step's value.
  * 0, or -1 with an exception. */
 static int run_chain(program *pr, int k0, int len, PyObject **vals, int arena) {
     const pstep *tail = &pr->steps[k0 + len - 1];
     const plan_entry *et = &tail->e;
     const int nblk = et->nblk;
-    float alpha[MAX_CHAIN], beta[MAX_CHAIN];
     ct_py_buffer **ops = PyMem_Calloc((size_t)(len + 1) * (size_t)(nblk > 0 ? nblk : 1),
                                       sizeof *ops);
     ct_py_buffer **os = PyMem_Calloc((size_t)(nblk > 0 ? nblk : 1), sizeof *os);
@@ -2820,14 +2870,6 @@ static int run_chain(program *pr, int k0, int len, PyObject **vals, int arena) {
     /* operands: row 0 the head's a, row 1 the head's b (if any), row j + 1 step j's other */
     for (int j = 0; j < len; j++) {
         const pstep *st = &pr->steps[k0 + j];
-        alpha[j] = beta[j] = 0.0f;
-        if (st->e.kind == K_SCALAR &&
-            (st->scalar == NULL || scalar_consts(st->e.op, st->scalar, &alpha[j], &beta[j]) != 0)) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the "
-                                                "traced program no longer runs from its plan",
-                                                k0 + j, st->name);
-            goto out;
-        }
         for (int r = 0; r < 2; r++) {
             const int v = j == 0 ? (r == 0 ? st->a : st->b) : (r == 0 ? chain_other(st, 0) : -1);
             if (v < 0 || (j > 0 && st->e.kind != K_BINARY)) continue;
@@ -2857,23 +2899,7 @@ static int run_chain(program *pr, int k0, int len, PyObject **vals, int arena) {
         os[made] = ct_py_buffer_alloc(et->cdev[made], et->out_ndim, et->out_sdims, CT_F32);
         if (os[made] == NULL) goto out;
     }
-    ct_status cst;
-    const int64_t work = et->out_elems * nblk * len;
-    if (work < CT_DISPATCH_GIL_ELEMS) {
-        cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
-    } else { /* pinned: another thread may drop or delete the operands meanwhile */
-        for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
-            if (ops[q] != NULL) ct_py_pin(ops[q]);
-        Py_BEGIN_ALLOW_THREADS
-        cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
-        Py_END_ALLOW_THREADS
-        for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
-            if (ops[q] != NULL) ct_py_unpin(ops[q]);
-    }
-    if (cst != CT_OK) {
-        ct_py_raise(cst);
-        goto out;
-    }
+    if (chain_run_bufs(pr, k0, len, ops, os) < 0) goto out;
     if (in_arena) goto release;
     blocks = PyList_New(nblk);
     if (blocks == NULL) goto out;
@@ -3050,7 +3076,56 @@ static int cmp_mspan(const void *x, const void *y) {
     return a->off < b->off ? -1 : a->off > b->off;
 }
 
+/* A run of steps replayed as one CUDA graph per device (graph_plan): plain steps and fused
+ * chains whose blocks are all on GPU devices of a backend with graphs, with no all-reduce
+ * between devices. A run allocates the values it makes that leave it (read by a node or
+ * after, or outputs) before its kernels, then launches the graphs when every buffer the
+ * kernels use is where it was at the capture; otherwise it captures them again (the
+ * backend updates the graphs in place). */
+#define GRAPH_CACHE 4 /* graphs kept per segment, for as many sets of addresses: a loop whose
+                       * new state is made while the old one is alive alternates two */
+typedef struct {
+    void **exec;              /* per device: the graph, or NULL before its first capture */
+    void **sig;               /* the addresses of the buffers the captured kernels use */
+    int nsig;
+    unsigned long long used;  /* when it was last launched (0: never) */
+} gentry;
+
+#define GRAPH_STAGE_BYTES 4096 /* a small value leaving a segment (a loss) is staged */
+
+/* A small value that leaves a segment: the graphs write it into buffers of their own (held
+ * with them), copied into a new Array after each launch. Such values' new blocks (a loss the
+ * caller still holds while the next step runs) would otherwise come at other addresses at
+ * each run, and so would the graphs' arguments. */
+typedef struct {
+    int v, k;           /* the value, and the step that makes it */
+    ct_py_buffer **b;   /* per block (allocated at the first run) */
+} gstage;
+
+typedef struct gseg {
+    int k0, k1;        /* its steps, k0 .. k1 - 1 */
+    int ndev;
+    ct_device **dev;   /* its devices */
+    int nstage;
+    gstage *stage;
+    gentry ent[GRAPH_CACHE];
+    unsigned long long clock;
+    int matmul;        /* it has a matmul step (the precision is checked at each run) */
+    int off;           /* a capture failed: its steps run one by one from then on */
+    long long captures, updates, launches;
+} gseg;
+
+static void graphs_free(program *pr);
+static int graph_plan(program *pr);
+
 static void plan_free(program *pr) {
+    graphs_free(pr);
+    if (pr->arena_held) { /* (no run holds them: plan_free runs only then) */
+        for (int a = 0; a < pr->narenas; a++)
+            if (pr->arena_mem[a] != NULL)
+                ct_device_free(pr->arena_dev[a], pr->arena_mem[a], (size_t)pr->arena_bytes[a]);
+        pr->arena_held = 0;
+    }
     for (int j = 0; j < pr->nviews; j++) Py_XDECREF(pr->views[j]);
     PyMem_Free(pr->views);
     PyMem_Free(pr->internal);
@@ -3192,7 +3267,7 @@ static int plan_memory(program *pr) {
     }
     pr->planned = 1;
     pr->plan_fuse = pr->fuse;
-    rc = 0;
+    rc = graph_plan(pr);
 out:
     PyMem_Free(blk);
     PyMem_Free(spans);
@@ -3255,6 +3330,383 @@ static void arenas_give_back(program *pr) {
             ct_device_free(pr->arena_dev[a], pr->arena_mem[a], (size_t)pr->arena_bytes[a]);
         pr->arena_mem[a] = NULL;
     }
+}
+
+/* --- CUDA graphs ------------------------------------------------------------------------
+ * graph_plan finds the segments (see gseg); run_segment runs one. A graph replays the
+ * addresses of its capture, so a run first puts every buffer its kernels will use in place:
+ * the arenas (held between runs), the operands from outside the segment (arguments,
+ * constants, nodes' results, earlier steps' values), and new blocks for the values leaving it.
+ * When the addresses are those of the capture, the graphs are launched; in a training loop
+ * whose state is updated in place (an optimizer node) and whose inputs and outputs are freed
+ * before the next step, the pool hands back the same blocks, so the graphs are launched as
+ * they are. Otherwise the steps are captured again with the new addresses. */
+
+static void graphs_free(program *pr) {
+    for (int s = 0; s < pr->nsegs; s++) {
+        gseg *g = &pr->segs[s];
+        for (int c = 0; c < GRAPH_CACHE; c++) {
+            gentry *en = &g->ent[c];
+            for (int d = 0; d < g->ndev; d++)
+                if (en->exec != NULL && en->exec[d] != NULL)
+                    g->dev[d]->backend->graph_free(g->dev[d], en->exec[d]);
+            PyMem_Free(en->exec);
+            PyMem_Free(en->sig);
+        }
+        for (int t = 0; t < g->nstage; t++) {
+            for (int i = 0; g->stage[t].b != NULL && i < pr->steps[g->stage[t].k].e.nblk; i++)
+                Py_XDECREF((PyObject *)g->stage[t].b[i]);
+            PyMem_Free(g->stage[t].b);
+        }
+        PyMem_Free(g->stage);
+        PyMem_Free(g->dev);
+    }
+    PyMem_Free(pr->segs);
+    PyMem_Free(pr->seg_at);
+    pr->segs = NULL;
+    pr->seg_at = NULL;
+    pr->nsegs = 0;
+}
+
+/* Steps in one unit from step k: a fused chain's length, else 1. */
+static int unit_len(const program *pr, int k) {
+    const pstep *st = &pr->steps[k];
+    return pr->fuse && st->chain >= 2 ? st->chain : 1;
+}
+
+/* Whether step k may be in a graph: a plain step whose blocks are all on GPU devices of a
+ * backend with graphs, with no all-reduce between devices. */
+static int step_graphable(const program *pr, int k) {
+    const pstep *st = &pr->steps[k];
+    const plan_entry *e = &st->e;
+    if (st->fn != NULL || e->nblk < 1) return 0;
+    for (int i = 0; i < e->nblk; i++)
+        if (e->cdev[i]->platform != CT_PLATFORM_GPU || e->cdev[i]->backend->graph_begin == NULL)
+            return 0;
+    for (int g = 0; g < e->ngroups; g++)
+        if (e->gstart[g + 1] - e->gstart[g] > 1) return 0;
+    return 1;
+}
+
+/* The segments for the current fusion setting (none with graphs off): runs of at least two
+ * graphable units. 0, or -1 with an exception. */
+static int graph_plan(program *pr) {
+    graphs_free(pr);
+    if (!pr->graphs || pr->nsteps < 2) return 0;
+    pr->seg_at = PyMem_Malloc((size_t)pr->nsteps * sizeof(int));
+    pr->segs = PyMem_Calloc((size_t)pr->nsteps, sizeof(gseg));
+    if (pr->seg_at == NULL || pr->segs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int k = 0; k < pr->nsteps; k++) pr->seg_at[k] = -1;
+    for (int k = 0; k < pr->nsteps;) {
+        int end = k, units = 0;
+        while (end < pr->nsteps) {
+            const int n = unit_len(pr, end);
+            int ok = 1;
+            for (int q = end; q < end + n && ok; q++) ok = step_graphable(pr, q);
+            if (!ok) break;
+            end += n;
+            units++;
+        }
+        if (units >= 2) {
+            gseg *g = &pr->segs[pr->nsegs];
+            g->k0 = k;
+            g->k1 = end;
+            int most = 0; /* (at most this many devices) */
+            for (int q = k; q < end; q++) most += pr->steps[q].e.nblk;
+            pr->nsegs++; /* (freed by graphs_free from here on) */
+            g->dev = PyMem_Calloc((size_t)most, sizeof *g->dev);
+            int ok = g->dev != NULL;
+            for (int c = 0; c < GRAPH_CACHE; c++) {
+                g->ent[c].exec = PyMem_Calloc((size_t)most, sizeof *g->ent[c].exec);
+                ok &= g->ent[c].exec != NULL;
+            }
+            if (!ok) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            g->stage = PyMem_Calloc((size_t)(end - k), sizeof *g->stage);
+            if (g->stage == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            for (int q = k; q < end; q += unit_len(pr, q)) {
+                const int t = q + unit_len(pr, q) - 1, v = pr->steps[t].out;
+                const plan_entry *e = &pr->steps[t].e;
+                const int64_t bytes = e->out_elems * (int64_t)ct_dtype_size((ct_dtype)e->out_dt);
+                if (!pr->internal[v] && bytes <= GRAPH_STAGE_BYTES)
+                    g->stage[g->nstage++] = (gstage){v, t, NULL};
+            }
+            for (int q = k; q < end; q++) {
+                const plan_entry *e = &pr->steps[q].e;
+                g->matmul |= e->kind == K_MATMUL;
+                for (int i = 0; i < e->nblk; i++) {
+                    int d = 0;
+                    while (d < g->ndev && g->dev[d] != e->cdev[i]) d++;
+                    if (d == g->ndev) g->dev[g->ndev++] = e->cdev[i];
+                }
+            }
+            pr->seg_at[k] = pr->nsegs - 1;
+        }
+        k = end > k ? end : k + unit_len(pr, k);
+    }
+    return 0;
+}
+
+/* A new Array for the result of plan e, its blocks allocated (the kernels write them later). */
+static PyObject *new_result(const plan_entry *e) {
+    PyObject *blocks = PyList_New(e->nblk);
+    if (blocks == NULL) return NULL;
+    for (int i = 0; i < e->nblk; i++) {
+        ct_py_buffer *b = ct_py_buffer_alloc(e->cdev[i], e->out_ndim, e->out_sdims, (ct_dtype)e->out_dt);
+        PyObject *t = b != NULL ? PyTuple_New(4) : NULL;
+        if (t == NULL) {
+            Py_XDECREF((PyObject *)b);
+            Py_DECREF(blocks);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, 0, Py_NewRef(e->bdev[i]));
+        PyTuple_SET_ITEM(t, 1, (PyObject *)b);
+        PyTuple_SET_ITEM(t, 2, Py_NewRef(e->bstart[i]));
+        PyTuple_SET_ITEM(t, 3, Py_NewRef(e->brid[i]));
+        PyList_SET_ITEM(blocks, i, t);
+    }
+    return ct_py_array_new(Py_NewRef(e->out_shape), Py_NewRef(e->out_dtype),
+                           Py_NewRef(e->out_sharding), blocks, Py_NewRef(e->out_shard_shape));
+}
+
+/* Value v's blocks for plan e into row: segment g's own (staged values), the arena's
+ * (internal values), else its Array's.
+ * 0, or -1 with an exception naming step k. */
+static int value_blocks(const program *pr, const gseg *g, PyObject **vals, int v,
+                        const plan_entry *e, int k, ct_py_buffer **row) {
+    for (int t = 0; t < g->nstage; t++)
+        if (g->stage[t].v == v) {
+            memcpy(row, g->stage[t].b, (size_t)e->nblk * sizeof *row);
+            return 0;
+        }
+    if (pr->internal[v]) {
+        memcpy(row, &pr->views[pr->vfirst[v]], (size_t)e->nblk * sizeof *row);
+        return 0;
+    }
+    if (vals[v] != NULL && operand_buffers((ct_py_array *)vals[v], e, row) == 0) return 0;
+    if (vals[v] != NULL && ct_py_array_check_alive(vals[v]) < 0) return -1;
+    PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the traced program no longer runs "
+                 "from its plan", k, pr->steps[k].name);
+    return -1;
+}
+
+/* The buffers of segment g's units, per unit the rows of run_chain's operands (a plain step:
+ * a, then b) and then the result's, each row nblk long (rows a unit does not read: NULL);
+ * a result leaving the segment is made here (new_result, into vals). *n: how many (a first
+ * call, with bufs NULL, only counts). 0, or -1 with an exception. */
+static int segment_buffers(program *pr, const gseg *g, PyObject **vals, ct_py_buffer **bufs,
+                           size_t *n) {
+    size_t o = 0;
+    for (int k = g->k0; k < g->k1; k += unit_len(pr, k)) {
+        const int len = unit_len(pr, k);
+        const pstep *head = &pr->steps[k], *tail = &pr->steps[k + len - 1];
+        const int nblk = head->e.nblk;
+        for (int j = 0; j < len; j++) { /* operand rows: as run_chain orders them */
+            const pstep *st = &pr->steps[k + j];
+            for (int q = 0; q < 2; q++) {
+                const int v = j == 0 ? (q == 0 ? st->a : st->b) : (q == 0 ? chain_other(st, 0) : -1);
+                if (j > 0 && q == 1) continue;
+                ct_py_buffer **row = bufs != NULL ? &bufs[o] : NULL;
+                o += (size_t)nblk;
+                if (row == NULL) continue;
+                if (v < 0 || (j > 0 && st->e.kind != K_BINARY)) {
+                    memset(row, 0, (size_t)nblk * sizeof *row);
+                    continue;
+                }
+                if (value_blocks(pr, g, vals, v, &st->e, k + j, row) < 0) return -1;
+            }
+        }
+        ct_py_buffer **row = bufs != NULL ? &bufs[o] : NULL;
+        o += (size_t)nblk;
+        if (row == NULL) continue;
+        const int out = tail->out;
+        if (!pr->internal[out]) { /* (leaves the segment: a new Array now) */
+            PyObject *y = new_result(&tail->e);
+            if (y == NULL) return -1;
+            Py_XSETREF(vals[out], y);
+        }
+        if (value_blocks(pr, g, vals, out, &tail->e, k + len - 1, row) < 0) return -1;
+    }
+    *n = o;
+    return 0;
+}
+
+/* Segment g's kernels, queued unit by unit on the buffers segment_buffers gave. 0, or -1 with
+ * an exception. */
+static int segment_kernels(program *pr, const gseg *g, ct_py_buffer **bufs) {
+    size_t o = 0;
+    for (int k = g->k0; k < g->k1; k += unit_len(pr, k)) {
+        const int len = unit_len(pr, k);
+        pstep *st = &pr->steps[k];
+        const size_t nblk = (size_t)st->e.nblk;
+        if (len >= 2) { /* (rows 0 .. len: run_chain's operand rows, as it lays them out) */
+            if (chain_run_bufs(pr, k, len, &bufs[o], &bufs[o + (size_t)(len + 1) * nblk]) < 0)
+                return -1;
+            o += (size_t)(len + 2) * nblk;
+            continue;
+        }
+        arena_io io = {&bufs[o], st->b >= 0 ? &bufs[o + nblk] : NULL, &bufs[o + 2 * nblk]};
+        PyObject *y = run_entry_in(&st->e, NULL, NULL, st->scalar, 0, &io);
+        if (y == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_RuntimeError, "jit: step %d (%U) of the traced program no "
+                             "longer runs from its plan (another matmul precision than at the "
+                             "trace?)", k, st->name);
+            return -1;
+        }
+        Py_DECREF(y);
+        o += 3 * nblk;
+    }
+    return 0;
+}
+
+/* Capture segment g's kernels as one graph per device (made or updated): 0, or 1 when the
+ * capture failed (nothing captured, no exception: the caller runs the kernels itself). */
+static int segment_capture(program *pr, gseg *g, ct_py_buffer **bufs, void **exec) {
+    int begun = 0, rc = 0;
+    for (; begun < g->ndev; begun++)
+        if (g->dev[begun]->backend->graph_begin(g->dev[begun]) != CT_OK) break;
+    /* (a kernel that fails while captured fails again when run: the caller reports it then) */
+    if (begun < g->ndev || segment_kernels(pr, g, bufs) < 0) rc = 1;
+    int updated_all = 1;
+    for (int d = 0; d < begun; d++) {
+        int updated = 0;
+        const ct_status st = g->dev[d]->backend->graph_end(g->dev[d], rc == 0, &exec[d], &updated);
+        if (st != CT_OK && rc == 0) rc = 1;
+        updated_all &= updated;
+    }
+    if (rc > 0) {
+        PyErr_Clear();
+        ct_clear_error();
+        return 1;
+    }
+    if (updated_all) g->updates++;
+    else g->captures++;
+    return 0;
+}
+
+/* Run segment g (see above): its results into vals, its operands last read in it released.
+ * 0, or -1 with an exception. */
+static int run_segment(program *pr, gseg *g, PyObject **vals) {
+    if (g->matmul) {
+        const int prec = current_precision();
+        if (prec != CT_PREC_F32) {
+            if (prec >= 0 || !PyErr_Occurred())
+                PyErr_Format(PyExc_RuntimeError, "jit: step %d of the traced program no longer "
+                             "runs from its plan (another matmul precision than at the trace?)",
+                             g->k0);
+            return -1;
+        }
+    }
+    for (int t = 0; t < g->nstage; t++) { /* (the first run: the staged values' buffers) */
+        gstage *sv = &g->stage[t];
+        const plan_entry *e = &pr->steps[sv->k].e;
+        if (sv->b != NULL) continue;
+        sv->b = PyMem_Calloc((size_t)e->nblk, sizeof *sv->b);
+        if (sv->b == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int i = 0; i < e->nblk; i++) {
+            sv->b[i] = ct_py_buffer_alloc(e->cdev[i], e->out_ndim, e->out_sdims, (ct_dtype)e->out_dt);
+            if (sv->b[i] == NULL) {
+                for (int j = 0; j < i; j++) Py_DECREF((PyObject *)sv->b[j]);
+                PyMem_Free(sv->b);
+                sv->b = NULL;
+                return -1;
+            }
+        }
+    }
+    size_t n = 0;
+    int rc = -1;
+    if (segment_buffers(pr, g, vals, NULL, &n) < 0) return -1;
+    ct_py_buffer **bufs = PyMem_Calloc(n + 1, sizeof *bufs);
+    void **sig = PyMem_Malloc((n + 1) * sizeof *sig);
+    if (bufs == NULL || sig == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (segment_buffers(pr, g, vals, bufs, &n) < 0) goto out;
+    int nsig = 0;
+    for (size_t q = 0; q < n; q++)
+        if (bufs[q] != NULL) sig[nsig++] = bufs[q]->data;
+    gentry *en = NULL, *oldest = &g->ent[0];
+    for (int c = 0; c < GRAPH_CACHE && en == NULL; c++) {
+        gentry *e = &g->ent[c];
+        if (e->used < oldest->used) oldest = e;
+        if (e->used == 0 || e->nsig != nsig || memcmp(sig, e->sig, (size_t)nsig * sizeof *sig) != 0)
+            continue;
+        en = e;
+        for (int d = 0; d < g->ndev; d++)
+            if (e->exec[d] == NULL) en = NULL;
+    }
+    if (en == NULL) { /* (captured again: into the graphs launched longest ago) */
+        en = oldest;
+        en->used = 0;
+        if (segment_capture(pr, g, bufs, en->exec) > 0) { /* (the capture failed: kernel by kernel, now and from now on) */
+            g->off = 1;
+            if (segment_kernels(pr, g, bufs) < 0) goto out;
+            goto release;
+        }
+        PyMem_Free(en->sig);
+        en->sig = sig;
+        en->nsig = nsig;
+        sig = NULL;
+    }
+    en->used = ++g->clock;
+    for (int d = 0; d < g->ndev; d++) {
+        const ct_status st = g->dev[d]->backend->graph_launch(g->dev[d], en->exec[d]);
+        if (st != CT_OK) {
+            ct_py_raise(st);
+            goto out;
+        }
+    }
+    g->launches++;
+release:
+    /* the staged values into their Arrays (queued on each device's stream, after the graph) */
+    for (int t = 0; t < g->nstage; t++) {
+        const gstage *sv = &g->stage[t];
+        const plan_entry *e = &pr->steps[sv->k].e;
+        ct_py_buffer *dst[MAXB];
+        if (operand_buffers((ct_py_array *)vals[sv->v], e, dst) != 0) {
+            PyErr_Format(PyExc_RuntimeError, "jit: step %d of the traced program: its result "
+                         "lost its blocks", sv->k);
+            goto out;
+        }
+        for (int i = 0; i < e->nblk; i++) {
+            int64_t nbytes = (int64_t)dst[i]->nbytes, one = 1;
+            const ct_status st = e->cdev[i]->backend->copy_block(
+                e->cdev[i], e->cdev[i], 1, &nbytes, 1, dst[i]->data, &one, sv->b[i]->data, &one);
+            if (st != CT_OK) {
+                ct_py_raise(st);
+                goto out;
+            }
+        }
+    }
+    /* the operands read for the last time in the segment (queued frees: after the graphs) */
+    for (int k = g->k0; k < g->k1; k++) {
+        const pstep *st = &pr->steps[k];
+        const int vs[2] = {st->a, st->b};
+        for (int q = 0; q < 2; q++) {
+            const int v = vs[q];
+            if (v >= 0 && pr->vkind[v] == V_STEP && pr->last_use[v] >= g->k0 &&
+                pr->last_use[v] < g->k1 && !pr->internal[v])
+                Py_CLEAR(vals[v]);
+        }
+    }
+    rc = 0;
+out:
+    PyMem_Free(bufs);
+    PyMem_Free(sig);
+    return rc;
 }
 
 /* Step k, a node: its callable on a list of its input Arrays, which returns the output Arrays
@@ -3389,13 +3841,20 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
      * unless a run on another thread holds the arenas: this one then runs without) */
     int arena = 0;      /* this run holds the arenas now */
     int with_arena = 0; /* it takes them (at step arena_first; given back after arena_last) */
-    with_arena = plan_current(pr, NULL);
-    if (with_arena < 0) {
-        with_arena = 0;
+    int mine = plan_current(pr, NULL); /* the arenas and graphs are this run's */
+    if (mine < 0) {
+        mine = 0;
         goto done;
     }
-    with_arena = with_arena && pr->nviews > 0 && !pr->arena_busy;
-    if (with_arena) pr->arena_busy = 1; /* (reserved: a run on another thread runs without) */
+    mine = mine && !pr->arena_busy;
+    if (mine) pr->arena_busy = 1; /* (reserved: a run on another thread runs without) */
+    with_arena = mine && pr->nviews > 0;
+    const int graphs = mine && pr->nsegs > 0;
+    if (graphs && with_arena && !pr->arena_held) { /* (held from now on: the graphs' addresses) */
+        if (arenas_take(pr) < 0) goto done;
+        pr->arena_held = 1;
+    }
+    if (graphs && with_arena) arena = 1;
     struct timespec t0, t1;
     if (pr->step_ns != NULL) {
         pr->timed_runs++;
@@ -3403,11 +3862,11 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
     }
     for (int k = 0; k < pr->nsteps; k++) {
         pstep *st = &pr->steps[k];
-        if (with_arena && k == pr->arena_first) {
+        if (with_arena && !pr->arena_held && k == pr->arena_first) {
             if (arenas_take(pr) < 0) goto done;
             arena = 1;
         }
-        if (arena && k > pr->arena_last) { /* (every value in them read for the last time) */
+        if (arena && !pr->arena_held && k > pr->arena_last) { /* (every value read for the last time) */
             arenas_give_back(pr);
             arena = 0;
         }
@@ -3418,6 +3877,13 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
         }
         if (st->fn != NULL) {
             if (run_node(pr, st, k, vals) < 0) goto done;
+            for (; di < nd && dv[di].last <= k; di++) give_up(vals[dv[di].v]);
+            continue;
+        }
+        if (graphs && pr->seg_at[k] >= 0 && !pr->segs[pr->seg_at[k]].off) {
+            gseg *g = &pr->segs[pr->seg_at[k]];
+            if (run_segment(pr, g, vals) < 0) goto done;
+            k = g->k1 - 1; /* (timed as its last step) */
             for (; di < nd && dv[di].last <= k; di++) give_up(vals[dv[di].v]);
             continue;
         }
@@ -3477,8 +3943,8 @@ static PyObject *run_impl(program *pr, PyObject *args, PyObject *donate) {
         PyList_SET_ITEM(res, j, o);
     }
 done:
-    if (arena) arenas_give_back(pr);
-    if (with_arena) pr->arena_busy = 0;
+    if (arena && !pr->arena_held) arenas_give_back(pr);
+    if (mine) pr->arena_busy = 0;
     for (int v = 0; v < pr->nvals; v++) Py_XDECREF(vals[v]);
     PyMem_Free(vals);
     PyMem_Free(dv);
@@ -3572,14 +4038,27 @@ static PyObject *program_as_text(program *pr, PyObject *noargs) {
         if (pr->arena_bytes[a] > most) most = pr->arena_bytes[a];
     PyObject *plan = ninternal > 0
         ? PyUnicode_FromFormat("# static memory plan: %d values in one arena per device (at most "
-                               "%lld bytes), held over steps %d..%d\n", ninternal, most,
-                               pr->arena_first, pr->arena_last)
+                               "%lld bytes), held over steps %d..%d%s\n", ninternal, most,
+                               pr->arena_first, pr->arena_last,
+                               planned && pr->nsegs > 0 ? " and between runs (CUDA graphs)" : "")
         : PyUnicode_FromString("");
-    PyObject *t = plan == NULL ? NULL
+    PyObject *graphs = PyUnicode_FromString("");
+    for (int g = 0; planned && graphs != NULL && g < pr->nsegs; g++) {
+        const gseg *sg = &pr->segs[g];
+        PyObject *line = PyUnicode_FromFormat("# CUDA graph: steps %d..%d, one per device on %d "
+                                              "device%s%s\n", sg->k0, sg->k1 - 1, sg->ndev,
+                                              sg->ndev == 1 ? "" : "s",
+                                              sg->off ? " (its capture failed: run step by step)" : "");
+        PyObject *joined = line != NULL ? PyUnicode_Concat(graphs, line) : NULL;
+        Py_XDECREF(line);
+        Py_SETREF(graphs, joined);
+    }
+    PyObject *t = plan == NULL || graphs == NULL ? NULL
         : PyUnicode_FromFormat("# %d arguments (%%0..%%%d), %d constants, %d steps, %d fused "
-                               "elementwise chains\n%U%U\n", pr->nargs, pr->nargs - 1, nconst,
-                               pr->nsteps, nchains, plan, body);
+                               "elementwise chains\n%U%U%U\n", pr->nargs, pr->nargs - 1, nconst,
+                               pr->nsteps, nchains, plan, graphs, body);
     Py_XDECREF(plan);
+    Py_XDECREF(graphs);
     Py_DECREF(body);
     return t;
 }
@@ -3741,6 +4220,36 @@ static PyObject *program_set_fusion(program *pr, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_graphs(on): replay runs of GPU steps as CUDA graphs (the default unless
+ * CTRAINSTATE_CUDA_GRAPHS=0) or kernel by kernel; the graphs and the arenas held for them are
+ * released now (made again at the next run). */
+static PyObject *program_set_graphs(program *pr, PyObject *on) {
+    const int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    if (pr->arena_busy)
+        return PyErr_Format(PyExc_RuntimeError, "Program.set_graphs: a run on another thread "
+                            "holds the program's arenas");
+    pr->graphs = v;
+    if (pr->planned) plan_free(pr);
+    Py_RETURN_NONE;
+}
+
+/* graph_stats(): per segment (first step, last step, devices, captures, updates in place,
+ * launches, whether its capture failed). */
+static PyObject *program_graph_stats(program *pr, PyObject *noargs) {
+    (void)noargs;
+    if (plan_current(pr, "graph_stats") < 0) return NULL;
+    PyObject *r = PyList_New(pr->nsegs);
+    for (int g = 0; r != NULL && g < pr->nsegs; g++) {
+        const gseg *sg = &pr->segs[g];
+        PyObject *t = Py_BuildValue("(iiiLLLO)", sg->k0, sg->k1 - 1, sg->ndev, sg->captures,
+                                    sg->updates, sg->launches, sg->off ? Py_True : Py_False);
+        if (t == NULL) Py_CLEAR(r);
+        else PyList_SET_ITEM(r, g, t);
+    }
+    return r;
+}
+
 /* chains: [(first step, length)] of the fused chains. */
 static PyObject *program_get_chains(program *pr, void *c) {
     (void)c;
@@ -3818,6 +4327,12 @@ static PyMethodDef program_methods[] = {
      "(the default) or step by step; a chain on a CPU device tiled (each thread runs every step "
      "on its tile of rows before the next tile: one pass over memory) or step after step over "
      "the whole block. The same bits every way."},
+    {"set_graphs", (PyCFunction)program_set_graphs, METH_O,
+     "set_graphs($self, on, /)\n--\n\nReplay runs of steps on GPU devices as CUDA graphs (the "
+     "default unless CTRAINSTATE_CUDA_GRAPHS=0) or kernel by kernel. The same bits either way."},
+    {"graph_stats", (PyCFunction)program_graph_stats, METH_NOARGS,
+     "graph_stats($self, /)\n--\n\n[(first step, last step, devices, captures, updates, "
+     "launches, capture failed)] per run of steps replayed as CUDA graphs."},
     {"set_timing", (PyCFunction)program_set_timing, METH_O,
      "set_timing($self, on, /)\n--\n\nTime each step of later runs (step_times), or stop."},
     {"as_text", (PyCFunction)program_as_text, METH_NOARGS,

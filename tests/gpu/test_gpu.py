@@ -1512,3 +1512,137 @@ def test_16_bit_unary_ops_are_one_kernel_with_the_float32_bits_rounded(dtype):
     for f in (cnp.sin, cnp.exp, cnp.tanh, cnp.log, cnp.sqrt, cnp.negative, nn.gelu, nn.sigmoid):
         got, ref = f(x), f(x.astype(np.float32)).astype(dt)
         assert got.dtype == dt and np.asarray(got).tobytes() == np.asarray(ref).tobytes(), f
+
+
+# --- CUDA graphs: jit's replays on GPU devices -------------------------------------------------
+
+def _graphs_expected():
+    """Whether the backend captures graphs: the CUDA backend (a GPU, or the emulated runtime of
+    tools/cuda_emu.sh), not the mock backend of tools/mock_gpu.sh (no graph entries)."""
+    import os
+    return not os.environ.get("CTRAINSTATE_CUDA_BACKEND") or _emu_launches("") is not None
+
+
+def _graph_train(put, steps, *, graphs=True, new_inputs=False, donate=False):
+    """A jitted MLP training step (value_and_grad, then TrainState.apply_gradients with AdamW:
+    an optimizer node after the differentiated steps), `steps` calls, the loss read after
+    each as a training loop does. Returns (losses, params' bits, the program)."""
+    from ctrainstate.train_state import TrainState
+    rng = np.random.default_rng(3)
+    params = {"w1": put(rng.standard_normal((8, 32)).astype(np.float32) * 0.3, None, "y"),
+              "w2": put(rng.standard_normal((32, 4)).astype(np.float32) * 0.3, "y", None)}
+    xs = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(steps)]
+    ys = [rng.standard_normal((16, 4)).astype(np.float32) for _ in range(steps)]
+    x0, y0 = put(xs[0], "x", None), put(ys[0], "x", None)
+
+    def loss(p, x, y):
+        h = cnp.tanh(x @ p["w1"]) * 2.0 - 0.5
+        return cnp.mean((cnp.sin(h) @ p["w2"] - y) ** 2)
+
+    def step(s, x, y):
+        l, g = cts.value_and_grad(loss)(s.params, x, y)
+        return s.apply_gradients(grads=g), l
+
+    state = TrainState.create(apply_fn=None, params=params, tx=optim.adamw(1e-2))
+    j = cts.jit(step, donate_argnums=0 if donate else None)
+    losses = []
+    for i in range(steps):
+        x, y = (put(xs[i], "x", None), put(ys[i], "x", None)) if new_inputs else (x0, y0)
+        if i == 1:
+            prog = j._programs.program([state, x, y], {})[0]
+            assert prog is not None and prog.broken is None, prog
+            prog.set_graphs(graphs)
+        state, l = j(state, x, y)
+        losses.append(float(l))
+    bits = [np.asarray(v).tobytes() for v in cts.tree_util.tree_leaves(state.params)]
+    return losses, bits, prog
+
+
+@pytest.mark.parametrize("where", ["one device", "mesh"])
+def test_jit_replays_as_cuda_graphs_with_the_kernel_by_kernel_bits(where):
+    """A jitted training step on GPU devices replays its runs of GPU steps as CUDA graphs, one
+    per device, captured once per set of buffer addresses and relaunched: the losses and the
+    parameters are those of the same replays run kernel by kernel, and new input Arrays at
+    every call (other addresses: captured again, or updated in place) give them too. The
+    emulated runtime aborts a launch whose graph uses memory freed since its capture."""
+    if where == "one device":
+        put = lambda a, *spec: cts.device_put(a, gpus()[0])  # noqa: E731
+    else:
+        m = gpu_mesh((2, 2), ("x", "y"))
+        put = lambda a, *spec: cts.device_put(a, NamedSharding(m, P(*spec)))  # noqa: E731
+    steps = 6
+    ref_l, ref_p, off = _graph_train(put, steps, graphs=False)
+    assert off.graph_stats() == []
+    got_l, got_p, prog = _graph_train(put, steps)
+    assert got_l == ref_l and got_p == ref_p
+    ref2_l, ref2_p, _ = _graph_train(put, steps, graphs=False, new_inputs=True)
+    new_l, new_p, prog2 = _graph_train(put, steps, new_inputs=True)
+    assert new_l == ref2_l and new_p == ref2_p and new_l != ref_l
+    if not _graphs_expected():
+        assert prog.graph_stats() == []
+        return
+    segs = prog.graph_stats()
+    assert segs and "# CUDA graph: steps" in prog.as_text()
+    ndev = 1 if where == "one device" else 4
+    for first, last, nd, captures, updates, launches, failed in segs:
+        assert last > first and nd == ndev and not failed
+        assert launches == steps - 1   # (the first call traced the step, eagerly)
+        assert 1 <= captures + updates <= launches
+    assert [s[:3] for s in prog2.graph_stats()] == [s[:3] for s in segs]
+
+
+@pytest.mark.parametrize("where", ["one device", "mesh"])
+@pytest.mark.parametrize("donate", [False, True])
+def test_jit_cuda_graphs_are_relaunched_as_they_are_in_a_steady_loop(where, donate):
+    """A training loop on one batch: the optimizer node updates the state in place, the
+    values the graphs pass on (the gradients) come back from the pool at the addresses they
+    had, and the loss is staged (written by the graph into a buffer of its own, then copied
+    into a new Array), so each graph is captured once and relaunched as it is. The emulated
+    pool hands back the block freed last of a size, as CUDA's caching pool does; with another
+    pool the graphs are captured again where addresses differ (checked on a GPU: same bits)."""
+    import os
+    if not _graphs_expected():
+        pytest.skip("the backend has no graphs (the mock backend)")
+    if where == "one device":
+        put = lambda a, *spec: cts.device_put(a, gpus()[0])  # noqa: E731
+    else:
+        m = gpu_mesh((2, 2), ("x", "y"))
+        put = lambda a, *spec: cts.device_put(a, NamedSharding(m, P(*spec)))  # noqa: E731
+    steps = 8
+    ref_l, ref_p, _ = _graph_train(put, steps, graphs=False, donate=donate)
+    got_l, got_p, prog = _graph_train(put, steps, donate=donate)
+    assert got_l == ref_l and got_p == ref_p
+    emulated = bool(os.environ.get("CTRAINSTATE_CUDA_BACKEND"))
+    for *_, captures, updates, launches, failed in prog.graph_stats():
+        assert launches == steps - 1 and not failed
+        assert not emulated or (captures, updates) == (1, 0), prog.graph_stats()
+
+
+def test_cuda_graphs_off_by_environment(monkeypatch):
+    """CTRAINSTATE_CUDA_GRAPHS=0 at the trace: the program replays kernel by kernel."""
+    monkeypatch.setenv("CTRAINSTATE_CUDA_GRAPHS", "0")
+    x = cts.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), gpus()[0])
+    j = cts.jit(lambda a: cnp.sin(a @ a) * 2.0 + a)
+    j(x)
+    prog = j._programs.program([x], {})[0]
+    assert prog.graph_stats() == [] and "CUDA graph" not in prog.as_text()
+    assert j.lower(x).compile().graph_stats() == []
+    np.testing.assert_array_equal(np.asarray(j(x)), np.asarray(cnp.sin(x @ x) * 2.0 + x))
+
+
+def test_graph_stats_through_lower():
+    """``f.lower(*args).compile().graph_stats()``: the runs of steps replayed as graphs, as
+    dicts (none with the mock backend, which has no graphs)."""
+    x = cts.device_put(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), gpus()[0])
+    j = cts.jit(lambda a: cnp.tanh(a @ a) * 3.0 - a)
+    for _ in range(3):
+        y = j(x)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(cnp.tanh(x @ x) * 3.0 - x))
+    stats = j.lower(x).compile().graph_stats()
+    if not _graphs_expected():
+        assert stats == []
+        return
+    last = j._programs.program([x], {})[0].nsteps - 1   # (one run: every step)
+    assert [(s["steps"], s["devices"], s["launches"], s["capture_failed"]) for s in stats] == \
+        [((0, last), 1, 2, False)]
+    assert stats[0]["captures"] + stats[0]["updates"] >= 1

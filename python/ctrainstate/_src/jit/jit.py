@@ -640,7 +640,7 @@ def _memory_analysis(plan, donated=()) -> MemoryAnalysis:
 class _Lowered:
     """``f.lower(*args)``: the program of this call — the one an earlier call traced, else
     traced now (tracing runs the function once) — and ``compile()`` (itself), ``as_text()``,
-    ``memory_analysis()``; calling it calls ``f``."""
+    ``memory_analysis()``, ``graph_stats()``; calling it calls ``f``."""
 
     def __init__(self, f, programs, args, kwargs):
         self._f = f
@@ -664,6 +664,18 @@ class _Lowered:
             raise RuntimeError(f"memory_analysis: the function is not replayable ({why}); it "
                                f"runs eagerly, so there is no program to analyse")
         return _memory_analysis(self._prog.memory_plan(), self._donated)
+
+    def graph_stats(self) -> list:
+        """The runs of steps replayed as CUDA graphs (GPU devices; README, "How jit replays a
+        function"): per run a dict of its ``steps`` (first, last), ``devices``, and the
+        ``captures``, in-place ``updates`` and ``launches`` so far; ``capture_failed`` when it
+        runs kernel by kernel instead. Empty on CPU devices, for a function that is not
+        replayable, and with graphs off (``CTRAINSTATE_CUDA_GRAPHS=0``)."""
+        if self._prog is None or self._prog.broken is not None:
+            return []
+        keys = ("devices", "captures", "updates", "launches", "capture_failed")
+        return [dict(steps=(a, b), **dict(zip(keys, rest)))
+                for a, b, *rest in self._prog.graph_stats()]
 
     def __call__(self, *args, **kwargs):
         return self._f(*args, **kwargs)

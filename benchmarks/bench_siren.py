@@ -7,7 +7,9 @@ against the same model in Flax on jax-cpu (jit), in the same process.
 
 Prints a table with ms/step and the ratio to Flax (>1 means ctrainstate is slower): ctrainstate
 eager, and with the whole training step (``value_and_grad`` + ``apply_gradients``) under
-``cts.jit`` (traced once, replayed from C), as Flax's step is under ``jax.jit``.
+``cts.jit`` (traced once, replayed from C), as Flax's step is under ``jax.jit``. With ``--gpu``
+one more row: the jitted step on one device kernel by kernel (``CTRAINSTATE_CUDA_GRAPHS=0`` at
+the trace), beside the default, whose runs of GPU steps replay as CUDA graphs.
 """
 import argparse
 import math
@@ -172,6 +174,11 @@ def main():
                                           jit=jit)))
         except RuntimeError as e:
             print(f"2x4 mesh skipped: {e}")
+    if GPU:   # the jitted step kernel by kernel (CUDA graphs off when it is traced)
+        os.environ["CTRAINSTATE_CUDA_GRAPHS"] = "0"
+        rows.append((f"ctrainstate jit, no CUDA graphs, 1 {kind}",
+                     time_ctrainstate((1, 1), coords, target, a.hidden, a.layers, a.steps, jit=True)))
+        del os.environ["CTRAINSTATE_CUDA_GRAPHS"]
     try:
         import jax
         backend = jax.default_backend()  # the label says where the peer really ran

@@ -985,6 +985,9 @@ out:
 static PyObject *fast_run(prim *p, ct_py_array *a, ct_py_array *b, PyObject *scalar, int side,
                           PyObject *const *args, int track);
 typedef struct program program;
+/* A CUDA graph capture is under way (segment_capture): kernels keep the GIL, so that no other
+ * thread queues work on a capturing stream (it would land in the graph). */
+static int capturing;
 static program *recorder; /* the program recording on recorder_thread, or NULL */
 static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array *b,
                       PyObject *scalar, PyObject *res);
@@ -1147,7 +1150,7 @@ static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyO
     }
     ct_status st;
     const int64_t work = e->out_elems * e->nblk * (e->kind == K_MATMUL ? e->mnk[2] : 1);
-    if (work < CT_DISPATCH_GIL_ELEMS) {
+    if (work < CT_DISPATCH_GIL_ELEMS || capturing) {
         st = run_plan(e, xs, has_b ? ys : NULL, os, alpha, beta, prec);
     } else { /* pinned: another thread may drop or delete the operands meanwhile */
         for (int i = 0; i < e->nblk; i++) {
@@ -2834,7 +2837,7 @@ static int chain_run_bufs(const program *pr, int k0, int len, ct_py_buffer **ops
     }
     ct_status cst;
     const int64_t work = pr->steps[k0].e.out_elems * nblk * len;
-    if (work < CT_DISPATCH_GIL_ELEMS) {
+    if (work < CT_DISPATCH_GIL_ELEMS || capturing) {
         cst = chain_kernels(pr, k0, len, ops, os, alpha, beta);
     } else { /* pinned: another thread may drop or delete the operands meanwhile */
         for (size_t q = 0; q < (size_t)(len + 1) * (size_t)nblk; q++)
@@ -3575,7 +3578,9 @@ static int segment_capture(program *pr, gseg *g, ct_py_buffer **bufs, void **exe
     for (; begun < g->ndev; begun++)
         if (g->dev[begun]->backend->graph_begin(g->dev[begun]) != CT_OK) break;
     /* (a kernel that fails while captured fails again when run: the caller reports it then) */
+    capturing = 1;
     if (begun < g->ndev || segment_kernels(pr, g, bufs) < 0) rc = 1;
+    capturing = 0;
     int updated_all = 1;
     for (int d = 0; d < begun; d++) {
         int updated = 0;

@@ -430,7 +430,8 @@ static ct_status wait_reqs(ct_wait *w, mpi_h *reqs, int n, void *status, int *in
         if (rc != 0) return break_engine(CT_DIST_FAIL_MPI, mpi_fail(rc, w->what));
         if (done) return CT_OK;
         if ((spins & 63) == 0) {
-            /* let a collective of the other channel run its MPI calls (another thread) */
+            /* let a collective of the other channel run its MPI calls (another thread); the
+             * poll function (which takes the GIL) runs without g.lock too */
             pthread_mutex_unlock(&g.lock);
             if (spins > 4096 && w->ch == CT_DIST_CHECKPOINT) {
                 struct timespec nap = {0, 200000}; /* no hurry: leave the cores to training */
@@ -438,11 +439,23 @@ static ct_status wait_reqs(ct_wait *w, mpi_h *reqs, int n, void *status, int *in
             } else if (spins > 4096) {
                 sched_yield();
             }
+            double t = now_s();
+            int stop = 0;
+            if (w->poll != NULL && t >= next_poll) {
+                next_poll = t + 0.1;
+                stop = w->poll(w->ctx);
+            }
             pthread_mutex_lock(&g.lock);
             if (g.state == ST_BROKEN)
                 return ct_set_error(CT_EDEVICE, "%s: ctrainstate.distributed is unusable after a "
                                     "failure in another thread: %s", w->what, g.broken);
-            double t = now_s();
+            if (stop)
+                return break_engine(
+                    CT_DIST_FAIL_INTERRUPTED,
+                    ct_set_error(CT_EDEVICE, "%s on process %d of %d was interrupted; the "
+                                 "collective cannot be cancelled: ctrainstate.distributed is "
+                                 "unusable in this process from now on", w->what, g.rank,
+                                 g.size));
             if (t >= w->deadline)
                 return break_engine(
                     CT_DIST_FAIL_TIMEOUT,
@@ -452,16 +465,6 @@ static ct_status wait_reqs(ct_wait *w, mpi_h *reqs, int n, void *status, int *in
                                  "order). The collective cannot be cancelled: ctrainstate."
                                  "distributed is unusable in this process from now on; end the "
                                  "job", w->what, g.rank, g.size, w->timeout));
-            if (w->poll != NULL && t >= next_poll) {
-                next_poll = t + 0.1;
-                if (w->poll(w->ctx))
-                    return break_engine(
-                        CT_DIST_FAIL_INTERRUPTED,
-                        ct_set_error(CT_EDEVICE, "%s on process %d of %d was interrupted; the "
-                                     "collective cannot be cancelled: ctrainstate.distributed is "
-                                     "unusable in this process from now on", w->what, g.rank,
-                                     g.size));
-            }
         }
     }
     return CT_OK;

@@ -90,15 +90,27 @@ static struct {
     ct_mpi_api api;
     char path[4096];
     char version[512];
-    mpi_h comm;
     int rank, size, owns, level;
     pid_t pid;
     ct_dist_failure_kind failure;
     char broken[CT_ERRMSG_MAX];
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .rank = -1, .size = -1, .level = -1};
 
+/* The channels (ct_dist.h): a duplicate of MPI_COMM_WORLD each, with its own tag sequence. A
+ * collective holds its channel's lock from start to end (one collective at a time per channel,
+ * in the caller's order) and g.lock around its MPI calls only: the wait loop lets go of g.lock
+ * between tests, so that a collective of the other channel, in another thread, starts and
+ * progresses meanwhile (MPI_THREAD_SERIALIZED: MPI calls never overlap). Lock order: a
+ * channel's lock, then g.lock. */
+static struct {
+    pthread_mutex_t lock;
+    mpi_h comm;
+    unsigned seq;
+} g_ch[CT_DIST_NUM_CHANNELS] = {{.lock = PTHREAD_MUTEX_INITIALIZER},
+                                {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
 /* The reductions' receive buffer kept between collectives, up to CT_DIST_KEEP bytes
- * (keep_scratch below); used under g.lock only. */
+ * (keep_scratch below); reductions run on CT_DIST_MAIN only, under its lock. */
 #define CT_DIST_KEEP ((size_t)64 << 20)
 static struct {
     void *p;
@@ -294,16 +306,18 @@ ct_status ct_dist_init(const char *library, int expect_rank, int expect_size) {
         st = mpi_fail(rc, "MPI_Query_thread");
         goto out;
     }
-    mpi_h comm = NULL;
+    mpi_h comm = NULL, comm_ckpt = NULL;
     int rank = -1, size = -1;
     if (provided < CT_MPI_THREAD_SERIALIZED) {
         st = ct_set_error(CT_EDEVICE, "MPI provides thread level %d; ctrainstate.distributed "
                           "needs MPI_THREAD_SERIALIZED (2) or more%s", provided,
                           owns ? "" : " (MPI was initialised before, e.g. by mpi4py: initialise "
                           "it with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE)");
-    } else if ((rc = a->Comm_dup(a->comm_world, &comm)) != 0) {
+    } else if ((rc = a->Comm_dup(a->comm_world, &comm)) != 0 ||
+               (rc = a->Comm_dup(a->comm_world, &comm_ckpt)) != 0) {
         st = mpi_fail(rc, "MPI_Comm_dup(MPI_COMM_WORLD)");
-    } else if ((rc = a->Comm_set_errhandler(comm, a->errors_return)) != 0) {
+    } else if ((rc = a->Comm_set_errhandler(comm, a->errors_return)) != 0 ||
+               (rc = a->Comm_set_errhandler(comm_ckpt, a->errors_return)) != 0) {
         st = mpi_fail(rc, "MPI_Comm_set_errhandler");
     } else if ((rc = a->Comm_rank(comm, &rank)) != 0 || (rc = a->Comm_size(comm, &size)) != 0) {
         st = mpi_fail(rc, "MPI_Comm_rank / MPI_Comm_size");
@@ -321,13 +335,16 @@ ct_status ct_dist_init(const char *library, int expect_rank, int expect_size) {
         /* leave nothing half made: no communicator, and MPI finalised if this call started it
          * (a process that failed here cannot initialise MPI again either way) */
         if (comm != NULL) a->Comm_free(&comm);
+        if (comm_ckpt != NULL) a->Comm_free(&comm_ckpt);
         if (owns) {
             a->Finalize();
             g.mpi_finalized_here = 1;
         }
         goto out;
     }
-    g.comm = comm;
+    g_ch[CT_DIST_MAIN].comm = comm;
+    g_ch[CT_DIST_CHECKPOINT].comm = comm_ckpt;
+    for (int c = 0; c < CT_DIST_NUM_CHANNELS; c++) g_ch[c].seq = 0;
     g.rank = rank;
     g.size = size;
     g.owns = owns;
@@ -342,12 +359,14 @@ out:
 }
 
 ct_status ct_dist_finalize(void) {
+    for (int c = 0; c < CT_DIST_NUM_CHANNELS; c++) pthread_mutex_lock(&g_ch[c].lock);
     pthread_mutex_lock(&g.lock);
     ct_status st = CT_OK;
     if (g.state == ST_UNINIT) goto out;
     if (g.pid == getpid()) {
         if (g.state == ST_READY) {
-            int rc = g.api.Comm_free(&g.comm);
+            int rc = g.api.Comm_free(&g_ch[CT_DIST_CHECKPOINT].comm);
+            if (rc == 0) rc = g.api.Comm_free(&g_ch[CT_DIST_MAIN].comm);
             if (rc == 0 && g.owns) {
                 rc = g.api.Finalize();
                 g.mpi_finalized_here = 1;
@@ -367,12 +386,13 @@ ct_status ct_dist_finalize(void) {
         g_keep.cap = 0;
     }
     g.state = ST_UNINIT;
-    g.comm = NULL;
+    for (int c = 0; c < CT_DIST_NUM_CHANNELS; c++) g_ch[c].comm = NULL;
     g.rank = g.size = g.level = -1;
     g.owns = 0;
     g.failure = CT_DIST_FAIL_NONE;
 out:
     pthread_mutex_unlock(&g.lock);
+    for (int c = CT_DIST_NUM_CHANNELS - 1; c >= 0; c--) pthread_mutex_unlock(&g_ch[c].lock);
     return st;
 }
 
@@ -389,6 +409,8 @@ typedef struct {
     double start, deadline, timeout;
     ct_dist_poll_fn poll;
     void *ctx;
+    ct_dist_channel ch;
+    mpi_h comm;
 } ct_wait;
 
 /* Wait for `n` requests (MPI_Testall polled against the deadline, the poll function called
@@ -408,7 +430,32 @@ static ct_status wait_reqs(ct_wait *w, mpi_h *reqs, int n, void *status, int *in
         if (rc != 0) return break_engine(CT_DIST_FAIL_MPI, mpi_fail(rc, w->what));
         if (done) return CT_OK;
         if ((spins & 63) == 0) {
+            /* let a collective of the other channel run its MPI calls (another thread); the
+             * poll function (which takes the GIL) runs without g.lock too */
+            pthread_mutex_unlock(&g.lock);
+            if (spins > 4096 && w->ch == CT_DIST_CHECKPOINT) {
+                struct timespec nap = {0, 200000}; /* no hurry: leave the cores to training */
+                nanosleep(&nap, NULL);
+            } else if (spins > 4096) {
+                sched_yield();
+            }
             double t = now_s();
+            int stop = 0;
+            if (w->poll != NULL && t >= next_poll) {
+                next_poll = t + 0.1;
+                stop = w->poll(w->ctx);
+            }
+            pthread_mutex_lock(&g.lock);
+            if (g.state == ST_BROKEN)
+                return ct_set_error(CT_EDEVICE, "%s: ctrainstate.distributed is unusable after a "
+                                    "failure in another thread: %s", w->what, g.broken);
+            if (stop)
+                return break_engine(
+                    CT_DIST_FAIL_INTERRUPTED,
+                    ct_set_error(CT_EDEVICE, "%s on process %d of %d was interrupted; the "
+                                 "collective cannot be cancelled: ctrainstate.distributed is "
+                                 "unusable in this process from now on", w->what, g.rank,
+                                 g.size));
             if (t >= w->deadline)
                 return break_engine(
                     CT_DIST_FAIL_TIMEOUT,
@@ -418,17 +465,6 @@ static ct_status wait_reqs(ct_wait *w, mpi_h *reqs, int n, void *status, int *in
                                  "order). The collective cannot be cancelled: ctrainstate."
                                  "distributed is unusable in this process from now on; end the "
                                  "job", w->what, g.rank, g.size, w->timeout));
-            if (w->poll != NULL && t >= next_poll) {
-                next_poll = t + 0.1;
-                if (w->poll(w->ctx))
-                    return break_engine(
-                        CT_DIST_FAIL_INTERRUPTED,
-                        ct_set_error(CT_EDEVICE, "%s on process %d of %d was interrupted; the "
-                                     "collective cannot be cancelled: ctrainstate.distributed is "
-                                     "unusable in this process from now on", w->what, g.rank,
-                                     g.size));
-            }
-            if (spins > 4096) sched_yield();
         }
     }
     return CT_OK;
@@ -438,7 +474,9 @@ static ct_status wait_request(ct_wait *w, mpi_h *req) { return wait_reqs(w, req,
 
 /* Take the engine for one collective: lock, check the state. */
 static ct_status enter(ct_wait *w, const char *what, double timeout_s, ct_dist_poll_fn poll,
-                       void *ctx) {
+                       void *ctx, ct_dist_channel ch) {
+    if ((unsigned)ch >= CT_DIST_NUM_CHANNELS)
+        return ct_set_error(CT_EINVAL, "%s: unknown channel %d", what, (int)ch);
     if (!(timeout_s > 0)) /* also NaN */
         return ct_set_error(CT_EINVAL, "%s: timeout must be a positive number of seconds "
                             "(inf: no timeout), got %g", what, timeout_s);
@@ -448,7 +486,10 @@ static ct_status enter(ct_wait *w, const char *what, double timeout_s, ct_dist_p
     w->ctx = ctx;
     w->start = now_s();
     w->deadline = isinf(timeout_s) ? INFINITY : w->start + timeout_s;
+    w->ch = ch;
+    pthread_mutex_lock(&g_ch[ch].lock);
     pthread_mutex_lock(&g.lock);
+    w->comm = g_ch[ch].comm;
     ct_status st = CT_OK;
     if (g.state == ST_UNINIT)
         st = ct_set_error(CT_EDEVICE, "%s: ctrainstate.distributed is not initialized; call "
@@ -459,11 +500,17 @@ static ct_status enter(ct_wait *w, const char *what, double timeout_s, ct_dist_p
     else if (g.state == ST_BROKEN)
         st = ct_set_error(CT_EDEVICE, "%s: ctrainstate.distributed is unusable after an earlier "
                           "failure: %s", what, g.broken);
-    if (st != CT_OK) pthread_mutex_unlock(&g.lock);
+    if (st != CT_OK) {
+        pthread_mutex_unlock(&g.lock);
+        pthread_mutex_unlock(&g_ch[ch].lock);
+    }
     return st;
 }
 
-static void leave(void) { pthread_mutex_unlock(&g.lock); }
+static void leave(const ct_wait *w) {
+    pthread_mutex_unlock(&g.lock);
+    pthread_mutex_unlock(&g_ch[w->ch].lock);
+}
 
 /* The MPI type of `elem_size`-byte elements for moves, and how many of them one element is. */
 static ct_status move_type(size_t elem_size, mpi_h *type, size_t *per, const char *what) {
@@ -499,10 +546,13 @@ typedef struct {
     int *peer;     /* the process of each request */
     size_t *bytes; /* what a receive expects (SIZE_MAX for a send) */
     int n;
+    mpi_h comm;
 } ct_round;
 
-static ct_status round_new(ct_round *r, int cap, const char *what) {
+static ct_status round_new(ct_round *r, int cap, const ct_wait *w) {
+    const char *what = w->what;
     r->n = 0;
+    r->comm = w->comm;
     r->reqs = calloc((size_t)cap, sizeof(mpi_h));
     r->status = calloc((size_t)cap, CT_OMPI_STATUS_SIZE);
     r->peer = calloc((size_t)cap, sizeof(int));
@@ -525,8 +575,8 @@ static ct_status post(ct_round *r, int recv, void *buf, size_t bytes, int peer, 
                       const char *what) {
     const ct_mpi_api *a = &g.api;
     mpi_h *req = &r->reqs[r->n];
-    int rc = recv ? a->Irecv(buf, (int)bytes, a->t_byte, peer, tag, g.comm, req)
-                  : a->Isend(buf, (int)bytes, a->t_byte, peer, tag, g.comm, req);
+    int rc = recv ? a->Irecv(buf, (int)bytes, a->t_byte, peer, tag, r->comm, req)
+                  : a->Isend(buf, (int)bytes, a->t_byte, peer, tag, r->comm, req);
     if (rc != 0) return break_engine(CT_DIST_FAIL_MPI, mpi_fail(rc, recv ? "MPI_Irecv" : "MPI_Isend"));
     (void)what;
     r->peer[r->n] = peer;
@@ -578,11 +628,9 @@ static ct_status round_wait(ct_wait *w, ct_round *r) {
  * its collectives alike), so that processes in different collectives do not match. */
 enum { TAG_ALLGATHER = 1, TAG_REDUCE_SCATTER = 2, TAG_ALLREDUCE_SMALL = 3, TAG_ALLREDUCE_RS = 4,
        TAG_ALLREDUCE_AG = 5 };
-static unsigned g_seq;
-
-static int next_tag(int kind) {
-    g_seq++;
-    return (int)((g_seq & 0xfffu) << 3) | kind; /* < 32768, MPI's least MPI_TAG_UB */
+static int next_tag(const ct_wait *w, int kind) {
+    unsigned seq = ++g_ch[w->ch].seq;
+    return (int)((seq & 0xfffu) << 3) | kind; /* < 32768, MPI's least MPI_TAG_UB */
 }
 
 static size_t seg_len(size_t len, size_t k, size_t seg) {
@@ -599,7 +647,7 @@ static ct_status gather_blocks(ct_wait *w, int tag, const void *mine, char *out,
     if (mine != out + off[me] && len[me] > 0) memcpy(out + off[me], mine, len[me]);
     if (n == 1) return CT_OK;
     ct_round r;
-    ct_status st = round_new(&r, 2 * (n - 1), w->what);
+    ct_status st = round_new(&r, 2 * (n - 1), w);
     size_t rounds = (most + CT_DIST_SEG - 1) / CT_DIST_SEG;
     for (size_t k = 0; st == CT_OK && k < rounds; k++) {
         /* receives first, then sends in ring order from the next process on, so that every
@@ -774,7 +822,7 @@ static ct_status reduce_blocks(ct_wait *w, int tag, const char *send, char *out,
     ct_round r = {0};
     ct_status st = (tmp == NULL || (direct ? xs == NULL : acc == NULL))
                        ? ct_set_error(CT_EOOM, "%s: out of host memory", w->what)
-                       : round_new(&r, 2 * n, w->what);
+                       : round_new(&r, 2 * n, w);
     size_t rounds = (most + seg - 1) / seg;
     for (size_t k = 0; st == CT_OK && k < rounds; k++) {
         size_t m = seg_len(len[me], k, seg);
@@ -833,7 +881,7 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
     if (count > 0 && (send == NULL || recv == NULL))
         return ct_set_error(CT_EINVAL, "allreduce: NULL buffer");
     ct_wait w;
-    CT_TRY(enter(&w, "allreduce", timeout_s, poll, ctx));
+    CT_TRY(enter(&w, "allreduce", timeout_s, poll, ctx, CT_DIST_MAIN));
     int n = g.size;
     size_t es = ct_dist_dtype_size(dt), bytes = count * es;
     size_t *off = calloc((size_t)n, sizeof(size_t)), *len = calloc((size_t)n, sizeof(size_t));
@@ -841,7 +889,7 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
     if (off == NULL || len == NULL) {
         st = ct_set_error(CT_EOOM, "allreduce: out of host memory");
     } else if (bytes <= CT_DIST_SMALL || n == 1) {
-        int tag = next_tag(TAG_ALLREDUCE_SMALL);
+        int tag = next_tag(&w, TAG_ALLREDUCE_SMALL);
         /* every process's buffer lands in `all` (this one's copied), so wide dtypes reduce
          * straight into recv even in place */
         int direct = n >= 2 && !narrow(dt);
@@ -870,7 +918,7 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
             off[q] = count * (size_t)q / (size_t)n;
             len[q] = count * (size_t)(q + 1) / (size_t)n - off[q];
         }
-        int tag = next_tag(TAG_ALLREDUCE_RS);
+        int tag = next_tag(&w, TAG_ALLREDUCE_RS);
         st = reduce_blocks(&w, tag, send, (char *)recv + off[g.rank] * es, off, len, dt, op,
                            CT_DIST_DIRECT_MIN);
         if (st == CT_OK) {
@@ -878,25 +926,31 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
                 off[q] *= es;
                 len[q] *= es;
             }
-            tag = next_tag(TAG_ALLREDUCE_AG);
+            tag = next_tag(&w, TAG_ALLREDUCE_AG);
             st = gather_blocks(&w, tag, (char *)recv + off[g.rank], recv, off, len);
         }
     }
     free(off);
     free(len);
-    leave();
+    leave(&w);
     return st;
 }
 
 ct_status ct_dist_allgather(const void *send, void *recv, size_t count, size_t elem_size,
                             double timeout_s, ct_dist_poll_fn poll, void *ctx) {
+    return ct_dist_allgather_on(CT_DIST_MAIN, send, recv, count, elem_size, timeout_s, poll, ctx);
+}
+
+ct_status ct_dist_allgather_on(ct_dist_channel ch, const void *send, void *recv, size_t count,
+                               size_t elem_size, double timeout_s, ct_dist_poll_fn poll,
+                               void *ctx) {
     if (elem_size == 0 || elem_size > 16 || (elem_size & (elem_size - 1)) != 0)
         return ct_set_error(CT_EINVAL, "allgather: elements of %zu bytes are not supported (1, "
                             "2, 4, 8 or 16)", elem_size);
     if (count > 0 && (send == NULL || recv == NULL))
         return ct_set_error(CT_EINVAL, "allgather: NULL buffer");
     ct_wait w;
-    CT_TRY(enter(&w, "allgather", timeout_s, poll, ctx));
+    CT_TRY(enter(&w, ch == CT_DIST_CHECKPOINT ? "allgather (checkpoint channel)" : "allgather", timeout_s, poll, ctx, ch));
     int n = g.size;
     size_t bytes = count * elem_size;
     size_t *off = calloc((size_t)n, sizeof(size_t)), *len = calloc((size_t)n, sizeof(size_t));
@@ -908,11 +962,11 @@ ct_status ct_dist_allgather(const void *send, void *recv, size_t count, size_t e
             off[q] = (size_t)q * bytes;
             len[q] = bytes;
         }
-        st = gather_blocks(&w, next_tag(TAG_ALLGATHER), send, recv, off, len);
+        st = gather_blocks(&w, next_tag(&w, TAG_ALLGATHER), send, recv, off, len);
     }
     free(off);
     free(len);
-    leave();
+    leave(&w);
     return st;
 }
 
@@ -923,7 +977,7 @@ ct_status ct_dist_reduce_scatter(const void *send, void *recv, size_t count, ct_
     if (count > 0 && (send == NULL || recv == NULL))
         return ct_set_error(CT_EINVAL, "reduce_scatter: NULL buffer");
     ct_wait w;
-    CT_TRY(enter(&w, "reduce_scatter", timeout_s, poll, ctx));
+    CT_TRY(enter(&w, "reduce_scatter", timeout_s, poll, ctx, CT_DIST_MAIN));
     int n = g.size;
     size_t *off = calloc((size_t)n, sizeof(size_t)), *len = calloc((size_t)n, sizeof(size_t));
     ct_status st;
@@ -934,11 +988,11 @@ ct_status ct_dist_reduce_scatter(const void *send, void *recv, size_t count, ct_
             off[q] = (size_t)q * count;
             len[q] = count;
         }
-        st = reduce_blocks(&w, next_tag(TAG_REDUCE_SCATTER), send, recv, off, len, dt, op, 0);
+        st = reduce_blocks(&w, next_tag(&w, TAG_REDUCE_SCATTER), send, recv, off, len, dt, op, 0);
     }
     free(off);
     free(len);
-    leave();
+    leave(&w);
     return st;
 }
 
@@ -952,12 +1006,12 @@ ct_status ct_dist_broadcast(void *buf, size_t count, size_t elem_size, int root,
     CT_TRY(move_type(elem_size, &type, &per, "broadcast"));
     if (count > 0 && buf == NULL) return ct_set_error(CT_EINVAL, "broadcast: NULL buffer");
     ct_wait w;
-    CT_TRY(enter(&w, "broadcast", timeout_s, poll, ctx));
+    CT_TRY(enter(&w, "broadcast", timeout_s, poll, ctx, CT_DIST_MAIN));
     ct_status st = CT_OK;
     if (root < 0 || root >= g.size) {
         st = ct_set_error(CT_EINVAL, "broadcast: root %d is not a process (there are %d)", root,
                           g.size);
-        leave();
+        leave(&w);
         return st;
     }
     size_t total = count * per;
@@ -965,23 +1019,23 @@ ct_status ct_dist_broadcast(void *buf, size_t count, size_t elem_size, int root,
     do {
         size_t n = total - off < CT_DIST_CHUNK ? total - off : CT_DIST_CHUNK;
         mpi_h req = NULL;
-        int rc = g.api.Ibcast((char *)buf + off * (elem_size / per), (int)n, type, root, g.comm,
+        int rc = g.api.Ibcast((char *)buf + off * (elem_size / per), (int)n, type, root, w.comm,
                               &req);
         st = rc != 0 ? break_engine(CT_DIST_FAIL_MPI, mpi_fail(rc, "MPI_Ibcast"))
                      : wait_request(&w, &req);
         off += n;
     } while (st == CT_OK && off < total);
-    leave();
+    leave(&w);
     return st;
 }
 
 ct_status ct_dist_barrier(double timeout_s, ct_dist_poll_fn poll, void *ctx) {
     ct_wait w;
-    CT_TRY(enter(&w, "barrier", timeout_s, poll, ctx));
+    CT_TRY(enter(&w, "barrier", timeout_s, poll, ctx, CT_DIST_MAIN));
     mpi_h req = NULL;
-    int rc = g.api.Ibarrier(g.comm, &req);
+    int rc = g.api.Ibarrier(w.comm, &req);
     ct_status st = rc != 0 ? break_engine(CT_DIST_FAIL_MPI, mpi_fail(rc, "MPI_Ibarrier"))
                            : wait_request(&w, &req);
-    leave();
+    leave(&w);
     return st;
 }

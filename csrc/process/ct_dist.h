@@ -25,10 +25,15 @@
  * whatever the size, so results are reproducible run to run and do not depend on MPI's
  * tuning.
  *
- * One engine per process; calls are serialised by a mutex (the caller needs no lock, but every
- * process must issue the same collectives in the same order, as MPI requires). The
- * communicator is a duplicate of MPI_COMM_WORLD, so MPI code of the user's (mpi4py) in the
- * same process does not mix with ours. Where MPI was initialised before ct_dist_init (mpi4py
+ * One engine per process, with two channels, each a duplicate of MPI_COMM_WORLD (so MPI code of
+ * the user's, mpi4py, in the same process does not mix with ours): CT_DIST_MAIN carries every
+ * collective, CT_DIST_CHECKPOINT the all-gathers of checkpoints committed in a background
+ * thread. The collectives of one channel run one at a time (a mutex each; the caller needs no
+ * lock, but every process must issue a channel's collectives in the same order, as MPI
+ * requires); the two channels' collectives may run at once in two threads: their MPI calls
+ * are serialised (MPI_THREAD_SERIALIZED is enough) and the waits interleave, so a background
+ * checkpoint that waits for the other processes never holds up the training loop's
+ * collectives, nor they it. Where MPI was initialised before ct_dist_init (mpi4py
  * imported first), the engine uses it and leaves MPI_Finalize to its owner. A forked child
  * of an initialised process cannot use MPI: its calls fail with CT_EDEVICE.
  */
@@ -56,6 +61,9 @@ typedef enum {
 
 typedef enum { CT_DIST_SUM = 0, CT_DIST_MAX, CT_DIST_MIN, CT_DIST_NUM_OPS } ct_dist_op;
 
+/* The communicators (above): the training loop's, and a background checkpoint's. */
+typedef enum { CT_DIST_MAIN = 0, CT_DIST_CHECKPOINT, CT_DIST_NUM_CHANNELS } ct_dist_channel;
+
 /* Why the engine is broken (ct_dist_failure): none, a collective ran past its deadline, the
  * caller's poll callback asked to stop (Ctrl-C), or MPI returned an error. */
 typedef enum {
@@ -75,7 +83,7 @@ const char *ct_dist_op_name(ct_dist_op op);
 
 /* Load MPI (`library`: a path or soname; NULL or "" searches libmpi.so.40 then libmpi.so),
  * initialise it (MPI_THREAD_SERIALIZED at least) unless already initialised, and duplicate
- * MPI_COMM_WORLD. `expect_rank` / `expect_size` (-1: unchecked) are what the launcher's
+ * MPI_COMM_WORLD once per channel. `expect_rank` / `expect_size` (-1: unchecked) are what the launcher's
  * environment or the caller said; a world that differs fails with CT_EINVAL naming both (e.g.
  * a process started without mpirun, which MPI makes a world of one). Fails with CT_EINVAL if
  * the engine is initialised, or if this process finalised MPI before (MPI cannot restart). */
@@ -108,6 +116,10 @@ ct_status ct_dist_allreduce(const void *send, void *recv, size_t count, ct_dist_
                             ct_dist_op op, double timeout_s, ct_dist_poll_fn poll, void *ctx);
 ct_status ct_dist_allgather(const void *send, void *recv, size_t count, size_t elem_size,
                             double timeout_s, ct_dist_poll_fn poll, void *ctx);
+/* ct_dist_allgather on channel `ch` (the others run on CT_DIST_MAIN). */
+ct_status ct_dist_allgather_on(ct_dist_channel ch, const void *send, void *recv, size_t count,
+                               size_t elem_size, double timeout_s, ct_dist_poll_fn poll,
+                               void *ctx);
 ct_status ct_dist_reduce_scatter(const void *send, void *recv, size_t count, ct_dist_dtype dt,
                                  ct_dist_op op, double timeout_s, ct_dist_poll_fn poll,
                                  void *ctx);

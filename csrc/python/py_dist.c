@@ -281,16 +281,25 @@ static PyObject *py_dist_allreduce(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(dist_allgather_doc,
-             "dist_allgather($module, send, recv, timeout, /)\n--\n\n"
+             "dist_allgather($module, send, recv, timeout, channel=0, /)\n--\n\n"
              "recv[p * send.size + i] = send of process p [i]: recv holds send.size * "
-             "num_processes elements of send's dtype (any dtype of 1, 2, 4, 8 or 16 bytes).");
+             "num_processes elements of send's dtype (any dtype of 1, 2, 4, 8 or 16 bytes). "
+             "channel 1 is the checkpoint channel (its own communicator, for a background "
+             "thread's collectives; 0 carries every other collective).");
 
 static PyObject *py_dist_allgather(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *so, *ro;
     double timeout;
-    if (!PyArg_ParseTuple(args, "OOO&:dist_allgather", &so, &ro, conv_timeout, &timeout))
+    int channel = CT_DIST_MAIN;
+    if (!PyArg_ParseTuple(args, "OOO&|i:dist_allgather", &so, &ro, conv_timeout, &timeout,
+                          &channel))
         return NULL;
+    if (channel < 0 || channel >= CT_DIST_NUM_CHANNELS) {
+        PyErr_Format(PyExc_ValueError, "allgather: channel must be 0 (main) or 1 (checkpoint), "
+                     "got %d", channel);
+        return NULL;
+    }
     host_arg s, r;
     if (get_host(so, &s, "allgather: send", 0) < 0 || get_host(ro, &r, "allgather: recv", 1) < 0 ||
         same_dtype(&s, &r, "allgather") < 0)
@@ -308,8 +317,8 @@ static PyObject *py_dist_allgather(PyObject *self, PyObject *args) {
     }
     ct_dist_failure_kind before = ct_dist_failure();
     ct_status st;
-    CT_DIST_WAIT(ct_dist_allgather(s.data, r.data, s.count, s.itemsize, timeout, poll_signals,
-                                   &pc_));
+    CT_DIST_WAIT(ct_dist_allgather_on((ct_dist_channel)channel, s.data, r.data, s.count,
+                                      s.itemsize, timeout, poll_signals, &pc_));
     if (st != CT_OK) return collective_failed(st, before, so, ro);
     Py_RETURN_NONE;
 }

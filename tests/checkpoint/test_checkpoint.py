@@ -541,6 +541,71 @@ def test_manager_policies(tmp_path):
         assert os.listdir(tmp_path / "prefixed") == ["ckpt_3"] and m.all_steps() == [3]
 
 
+def test_best_fn_keeps_the_best_steps_by_their_metrics(tmp_path):
+    s = {"x": np.arange(3)}
+    o = ocp.CheckpointManagerOptions(max_to_keep=2, best_fn=lambda m: m["acc"])
+    with ocp.CheckpointManager(tmp_path, options=o) as m:
+        assert m.best_step() is None
+        for step, acc in zip(range(1, 6), (0.5, 0.9, 0.1, 0.7, 0.8)):
+            m.save(step, s, metrics={"acc": np.float64(acc) if step == 3 else acc})
+            assert m.best_step() == (2 if step >= 2 else 1)   # the pending step counts
+        m.wait_until_finished()
+        assert m.all_steps() == [2, 5] and m.best_step() == 2
+        with pytest.warns(UserWarning, match="without metrics"):
+            m.save(6, s)   # kept: keep_checkpoints_without_metrics
+        m.save(7, s, metrics={"acc": 0.8})   # a tie: the later step ranks better
+        m.wait_until_finished()
+        assert m.all_steps() == [2, 6, 7] and m.best_step() == 2
+        m.save(8, s, metrics={"acc": float("nan")})   # NaN ranks worst
+        m.wait_until_finished()
+        assert m.all_steps() == [2, 6, 7]
+    # the metrics are in the steps' metadata: a new manager ranks them alike
+    with ocp.CheckpointManager(tmp_path, options=o) as m:
+        assert m.best_step() == 2 and m.metadata(7)["metrics"] == {"acc": 0.8}
+        m.save(9, s, metrics={"acc": 0.95})
+        m.wait_until_finished()
+        assert m.all_steps() == [2, 6, 9] and m.best_step() == 9
+    with ocp.CheckpointManager(tmp_path) as m:   # without best_fn: the latest
+        assert m.best_step() == 9
+    # best_mode='min'; steps without metrics deleted first; keep_period still kept
+    o = ocp.CheckpointManagerOptions(max_to_keep=2, best_fn=lambda m: m["eval"]["loss"],
+                                     best_mode="min", keep_checkpoints_without_metrics=False,
+                                     keep_period=10, enable_async_checkpointing=False)
+    with ocp.CheckpointManager(tmp_path / "min", options=o) as m, \
+            pytest.warns(UserWarning, match="deleted first"):
+        m.save(1, s)
+        m.save(2, s, metrics={"eval": {"loss": 0.3}})
+        m.save(3, s, metrics={"eval": {"loss": np.array(0.1)}})
+        assert m.all_steps() == [2, 3]
+        m.save(4, s, metrics={"eval": {"loss": 0.2}})
+        assert m.all_steps() == [3, 4] and m.best_step() == 3
+        m.save(10, s, metrics={"eval": {"loss": 9.0}})
+        m.save(11, s, metrics={"eval": {"loss": 0.05}})
+        assert m.all_steps() == [3, 10, 11] and m.best_step() == 11
+
+
+def test_best_fn_options_and_metrics_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="best_mode must be 'min' or 'max', got 'avg'"):
+        ocp.CheckpointManagerOptions(best_mode="avg")
+    with pytest.raises(TypeError, match="best_fn must be a function"):
+        ocp.CheckpointManagerOptions(best_fn="loss")
+    with pytest.raises(TypeError, match="keep_checkpoints_without_metrics must be a bool"):
+        ocp.CheckpointManagerOptions(keep_checkpoints_without_metrics="yes")
+    s = {"x": np.arange(3)}
+    o = ocp.CheckpointManagerOptions(best_fn=lambda m: m["loss"])
+    with ocp.CheckpointManager(tmp_path, options=o) as m:
+        with pytest.raises(TypeError, match="metrics must be a dict"):
+            m.save(1, s, metrics=0.5)
+        with pytest.raises(TypeError, match=r"metrics\['loss'\] must be a number"):
+            m.save(1, s, metrics={"loss": np.ones(3)})
+        with pytest.raises(KeyError, match="best_fn raised on the metrics of step 1"):
+            m.save(1, s, metrics={"acc": 1.0})
+        o.best_fn = lambda m: str(m["loss"])
+        with pytest.raises(TypeError, match="best_fn must return a number.*step 1.*str"):
+            m.save(1, s, metrics={"loss": 1.0})
+        assert m.all_steps() == []   # nothing was saved
+
+
 def test_async_save_snapshots_then_writes_in_the_background(tmp_path):
     state = siren_state()
     before = cts.device_get(state.params)
@@ -955,29 +1020,109 @@ def test_plan_signatures_differ_where_processes_would_disagree():
     assert a.signature() != other_keys.signature()
 
 
-def test_async_manager_runs_then_in_the_waiting_thread_after_fn():
+def test_async_manager_raises_the_error_of_its_thread_once():
     m = ocp.AsyncManager()
     seen = []
-    m.save_async(lambda: seen.append(("fn", threading.current_thread().name)),
-                 lambda: seen.append(("then", threading.current_thread().name)))
+    m.save_async(lambda: seen.append(threading.current_thread().name))
     m.wait_previous_save()
-    assert seen == [("fn", "ctrainstate-ckpt"), ("then", threading.current_thread().name)]
-    m.wait_previous_save()   # once
-    assert len(seen) == 2
+    assert seen == ["ctrainstate-ckpt"]
 
     def boom():
         raise OSError("disk full")
-    m.save_async(boom, lambda: seen.append("then"))
+    m.save_async(boom)
     with pytest.raises(OSError, match="disk full"):
         m.wait_previous_save()
-    assert len(seen) == 2   # a failed write is not finished
+    m.wait_previous_save()   # once
+
+
+def test_background_saves_run_in_the_order_they_were_started():
+    # every process must issue the checkpoint channel's collectives in one order: a
+    # background save waits for those started before it, whichever thread is faster
+    out, gate = [], threading.Event()
+    first = _procs.in_order(lambda: (gate.wait(10), out.append(1)))
+    second = _procs.in_order(lambda: out.append(2))
+    t2 = threading.Thread(target=second)
+    t2.start()
+    t1 = threading.Thread(target=first)
+    t1.start()
+    time.sleep(0.05)
+    assert out == []   # the second waits for the first
+    gate.set()
+    t1.join(10)
+    t2.join(10)
+    assert out == [1, 2]
+
+
+def _fake_job_of_two(monkeypatch, peer_error=None):
+    """This process as process 0 of 2, the exchanges answered for a process 1 that
+    passes the same tree (and fails its write with ``peer_error``); records each
+    exchange's (kind, thread, channel)."""
+    calls = []
+
+    def exchange(obj, channel=_procs.MAIN):
+        kind = ("prepare" if isinstance(obj, dict) and "signature" in obj
+                else "commit" if isinstance(obj, dict) else "agree")
+        calls.append((kind, threading.current_thread().name, channel))
+        if kind == "prepare":
+            return [obj, {"tmp": None, "error": None, "signature": obj["signature"]}]
+        if kind == "commit":
+            return [obj, {"error": peer_error, "slices": []}]
+        return [obj, None]
+    monkeypatch.setattr(_procs, "job", lambda: (0, 2))
+    monkeypatch.setattr(_procs, "exchange", exchange)
+    return calls
+
+
+def test_a_save_of_several_processes_commits_in_the_background(tmp_path, monkeypatch):
+    # async: save() returns after the snapshot, with no collective; directory, write,
+    # gather, commit and agreement run in the background thread on the checkpoint channel
+    calls = _fake_job_of_two(monkeypatch)
+    release = threading.Event()
+    real = _store.write_file
+
+    def slow(plan, directory):
+        assert release.wait(30)
+        real(plan, directory)
+    monkeypatch.setattr(_store, "write_file", slow)
+    state = _small_state(1)
+    opts = ocp.CheckpointManagerOptions(max_to_keep=1)
+    with ocp.CheckpointManager(tmp_path, options=opts) as m:
+        assert m.save(1, state)
+        assert m.all_steps() == [1] and not os.path.isdir(tmp_path / "1")
+        assert all(k == "prepare" for k, *_ in calls), calls   # nothing committed yet
+        release.set()
+        m.wait_until_finished()
+        assert [k for k, *_ in calls] == ["prepare", "commit", "agree"]
+        assert {(t, c) for _, t, c in calls} == {("ctrainstate-ckpt", _procs.CHECKPOINT)}
+        assert m.all_steps() == [1] and os.path.isdir(tmp_path / "1")
+        m.save(2, state)
+        m.wait_until_finished()
+        assert m.all_steps() == [2]   # retention by process 0, in the background too
+    r = ocp.CheckpointManager(tmp_path).restore(2)
+    assert_bit_exact(cts.device_get(state["params"]), r["params"])
+    # a synchronous save runs in the caller's thread on the main channel
+    calls.clear()
+    sync = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    with ocp.CheckpointManager(tmp_path / "sync", options=sync) as m:
+        m.save(1, state)
+    assert {(t, c) for _, t, c in calls} == {(threading.current_thread().name, _procs.MAIN)}
+
+
+def test_a_failed_process_in_a_background_commit_commits_nothing(tmp_path, monkeypatch):
+    _fake_job_of_two(monkeypatch, peer_error="OSError: injected")
+    with ocp.CheckpointManager(tmp_path) as m:
+        assert m.save(1, _small_state(1))   # returns; the failure surfaces at the wait
+        with pytest.raises(RuntimeError, match=r"process 1 failed: OSError: injected"):
+            m.wait_until_finished()
+        assert m.all_steps() == [] and os.listdir(tmp_path) == []
+        m.check_for_errors()   # raised once
 
 
 def test_one_process_save_needs_no_collective(tmp_path, monkeypatch):
     # without distributed.initialize(), a save runs in one thread and never reaches the
     # exchange between processes
     assert _procs.job() == (0, 1)
-    monkeypatch.setattr(_procs, "exchange", lambda obj: pytest.fail("a collective"))
+    monkeypatch.setattr(_procs, "exchange", lambda *a: pytest.fail("a collective"))
     with ocp.CheckpointManager(tmp_path) as m:
         m.save(1, {"a": np.arange(3)})
         m.wait_until_finished()

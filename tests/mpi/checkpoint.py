@@ -9,7 +9,8 @@
 ``main`` saves the state (async, max_to_keep=2) on a (N, 2) mesh into D, writes the state's
 values to D/known.npz (gathered), checks the index and the safetensors files
 (``safetensors.numpy.load_file``), makes process N-1 fail mid-save (nothing is committed,
-every process raises, the last checkpoint restores), restores D onto another mesh and spec,
+every process raises, the last checkpoint restores), commits in the background while the
+main thread runs all-reduces (best_fn retention), restores D onto another mesh and spec,
 and restores D1 (saved by one process) onto the global mesh. ``restore`` restores D onto
 this job's devices in two layouts. Every restore is compared bit for bit with the known
 values, into a target whose values differ. Each process prints "OK <process> <count>
@@ -18,6 +19,7 @@ values, into a target whose values differ. Each process prints "OK <process> <co
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -206,6 +208,40 @@ def main(path, path1):
         assert m.all_steps() == [3, 5], m.all_steps()
         m.delete(5)
         assert m.all_steps() == [3], m.all_steps()
+    # the commit runs in the background: process n-1 writes only once its save() has
+    # returned (a save that waited for its write would time out), the training loop's
+    # all-reduces go on, and the step appears with no call of ours; best_fn retention by
+    # process 0, the same best_step() on every process
+    import threading
+    slow_write, gate = _store.write_file, threading.Event()
+    if me == n - 1:
+        def gated(plan, directory):
+            assert gate.wait(10), "save() waited for its write"
+            slow_write(plan, directory)
+        _store.write_file = gated
+    best = os.path.join(path, "best")
+    opts = ocp.CheckpointManagerOptions(max_to_keep=2, best_fn=lambda m: m["acc"])
+    with ocp.CheckpointManager(best, options=opts) as m:
+        for step, acc in ((1, 0.5), (2, 0.1), (3, 0.9)):
+            gate.clear()
+            assert m.save(step, args=ocp.args.StandardSave(state), metrics={"acc": acc})
+            gate.set()
+            deadline = time.time() + 20
+            while True:   # the loop's collectives: every process stops once all see the step
+                got = dist.allreduce(np.full(4, me + step, np.float32))
+                assert (got == sum(p + step for p in range(n))).all(), got
+                seen = os.path.isdir(os.path.join(best, str(step)))
+                if dist.allreduce(np.array([seen], np.int32), op="min")[0]:
+                    break
+                assert time.time() < deadline, f"step {step} was not committed in the background"
+                time.sleep(0.01)
+        m.wait_until_finished()
+        assert m.all_steps() == [1, 3] and m.best_step() == 3, (m.all_steps(), m.best_step())
+    _store.write_file = slow_write
+    dist.barrier()
+    with ocp.CheckpointManager(best, options=opts) as m:   # the metrics are on disk
+        assert m.best_step() == 3
+    checks += 1
     checks += check_equal(restore_onto(path, mesh_1d(), SPECS_1D), known)   # another spec
     checks += check_equal(restore_onto(path, mesh, SPECS_2D), known)
     # the other front ends: flax's save_checkpoint (with an AsyncManager), orbax's

@@ -18,7 +18,9 @@ In a job of several processes (``ctrainstate.distributed.initialize()``) every p
 the same functions with the same state: each writes the unique blocks it holds into its own
 file, process 0 gathers the index and commits once every file is fsync'd (a failure on any
 process commits nothing and raises on every process), and each restores only its devices'
-blocks, onto any global mesh and number of processes (``_src/checkpoint/processes.py``).
+blocks, onto any global mesh and number of processes (``_src/checkpoint/processes.py``). An
+async save's writes and commit run in a background thread on every process, its collectives
+on a communicator of their own.
 
 Front ends, with the names of the libraries ported scripts use:
 

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import threading
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,10 +38,9 @@ class AsyncManager:
     """Runs one save at a time in a background thread (``flax.training.checkpoints.AsyncManager``).
 
     ``save_async(fn)`` waits for the previous save, then runs ``fn()`` in a new thread; an
-    exception it raised is re-raised by the next ``save_async`` or ``wait_previous_save``.
-    ``save_async(fn, then)`` also runs ``then()`` in the thread that waits, once ``fn`` has
-    ended (a save across processes commits there: its collectives stay in the caller's
-    thread, in the same order on every process).
+    exception it raised is re-raised by the next ``save_async`` or ``wait_previous_save``
+    (in a job of several processes, on every process: the save's commit, in that thread,
+    makes them agree).
 
     >>> from ctrainstate.checkpoint import AsyncManager
     >>> m = AsyncManager(); out = []
@@ -51,7 +51,6 @@ class AsyncManager:
     def __init__(self, max_workers: int = 1):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._then: Callable[[], Any] | None = None
 
     def _run(self, fn):
         try:
@@ -66,15 +65,11 @@ class AsyncManager:
             t.join()
             self._thread = None
         err, self._error = self._error, None
-        then, self._then = self._then, None
         if err is not None:
             raise err
-        if then is not None:
-            then()
 
-    def save_async(self, fn: Callable[[], Any], then: Callable[[], Any] | None = None) -> None:
+    def save_async(self, fn: Callable[[], Any]) -> None:
         self.wait_previous_save()
-        self._then = then
         # not a daemon: an interpreter that exits mid-save finishes the save first
         self._thread = threading.Thread(target=self._run, args=(fn,), name="ctrainstate-ckpt")
         self._thread.start()
@@ -139,14 +134,22 @@ class CheckpointManagerOptions:
     """Options of :class:`CheckpointManager` (orbax's names).
 
     ``save_interval_steps``: ``save(step)`` writes only when ``step`` is a multiple of it (or
-    ``force=True``). ``max_to_keep``: keep the newest N checkpoints (None: all).
-    ``keep_period``: steps that are multiples of it are never deleted. ``step_prefix``:
-    directories are ``<prefix>_<step>`` (None: ``<step>``). ``enable_async_checkpointing``:
-    ``save`` returns after copying the state to the host and writes in the background.
+    ``force=True``). ``max_to_keep``: keep the newest N checkpoints (None: all), or with
+    ``best_fn`` the N best. ``keep_period``: steps that are multiples of it are never
+    deleted. ``best_fn``: a function of a step's ``metrics`` (``save(step, state,
+    metrics=...)``) returning a number, its quality; ``best_mode``: whether ``'max'``
+    (default) or ``'min'`` is best. ``keep_checkpoints_without_metrics``: steps saved
+    without metrics are never deleted (default); False: they count among the
+    ``max_to_keep`` and are deleted first. ``step_prefix``: directories are
+    ``<prefix>_<step>`` (None: ``<step>``). ``enable_async_checkpointing``: ``save``
+    returns after copying the state to the host and writes in the background.
     """
     save_interval_steps: int = 1
     max_to_keep: int | None = None
     keep_period: int | None = None
+    best_fn: Callable[[Any], float] | None = None
+    best_mode: str = "max"
+    keep_checkpoints_without_metrics: bool = True
     step_prefix: str | None = None
     create: bool = True
     enable_async_checkpointing: bool = True
@@ -159,6 +162,54 @@ class CheckpointManagerOptions:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"CheckpointManagerOptions.{name} must be a positive int or "
                                  f"None, got {v!r}")
+        if self.best_fn is not None and not callable(self.best_fn):
+            raise TypeError(f"CheckpointManagerOptions.best_fn must be a function of a step's "
+                            f"metrics returning a number, or None; got "
+                            f"{type(self.best_fn).__name__} {self.best_fn!r}")
+        if self.best_mode not in ("min", "max"):
+            raise ValueError(f"CheckpointManagerOptions.best_mode must be 'min' or 'max', got "
+                             f"{self.best_mode!r}")
+        if not isinstance(self.keep_checkpoints_without_metrics, bool):
+            raise TypeError(f"CheckpointManagerOptions.keep_checkpoints_without_metrics must be "
+                            f"a bool, got {self.keep_checkpoints_without_metrics!r}")
+
+
+def _metrics_json(metrics, path: str = "metrics"):
+    """``metrics`` (a dict of numbers, 0-d arrays or nested dicts) as JSON values."""
+    if isinstance(metrics, dict):
+        return {str(k): _metrics_json(v, f"{path}[{k!r}]") for k, v in metrics.items()}
+    if isinstance(metrics, (bool, int, float, np.integer, np.floating)):
+        return metrics.item() if isinstance(metrics, np.generic) else metrics
+    if isinstance(metrics, (Array, np.ndarray)) and metrics.size == 1:
+        v = np.asarray(metrics).reshape(())
+        if v.dtype.kind in "biuf" or v.dtype.name == "bfloat16":
+            return v.item() if v.dtype.kind in "biu" else float(v)
+    raise TypeError(f"CheckpointManager.save: {path} must be a number or a one-element "
+                    f"array (metrics are a dict of them, nested dicts allowed); got "
+                    f"{type(metrics).__name__} {metrics!r}"[:300])
+
+
+def _score(best_fn, metrics, step) -> float:
+    """``best_fn(metrics)`` as a float, or an error naming the step."""
+    try:
+        v = best_fn(metrics)
+    except Exception as e:
+        msg = f"CheckpointManagerOptions.best_fn raised on the metrics of step {step} " \
+              f"({metrics!r}): {type(e).__name__}: {e}"
+        try:
+            err = type(e)(msg)
+        except Exception:   # noqa: BLE001 - an exception type that takes other arguments
+            err = RuntimeError(msg)
+        raise err from e
+    if isinstance(v, (Array, np.ndarray)) and v.size == 1:
+        v = np.asarray(v).reshape(())
+    if isinstance(v, (bool, np.bool_)) or not isinstance(
+            v, (int, float, np.integer, np.floating, np.ndarray)) or (
+            isinstance(v, np.ndarray) and v.dtype.kind not in "iuf"):
+        raise TypeError(f"CheckpointManagerOptions.best_fn must return a number; on the "
+                        f"metrics of step {step} ({metrics!r}) it returned "
+                        f"{type(v).__name__} {v!r}")
+    return float(v)
 
 
 @dataclasses.dataclass
@@ -215,6 +266,9 @@ class CheckpointManager:
             os.makedirs(self._directory, exist_ok=True)
         self._async = AsyncManager()
         self._pending: int | None = None
+        self._pending_metrics = None
+        self._metrics: dict[int, Any] = {}   # committed steps' metrics, as read (immutable)
+        self._warned_no_metrics = False
         self._metadata = metadata
 
     # -- queries --
@@ -236,6 +290,38 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def _step_metrics(self, step: int):
+        """The metrics saved with ``step`` (None: saved without)."""
+        if step == self._pending and step not in self._metrics:
+            return self._pending_metrics
+        if step not in self._metrics:
+            try:
+                md = _store.step_metadata(self._path(step))
+            except FileNotFoundError:   # deleted meanwhile
+                return None
+            self._metrics[step] = md.get("metrics")
+        return self._metrics[step]
+
+    def _ranked(self, steps):
+        """(steps without metrics, steps with metrics from worst to best): by ``best_fn``
+        under ``best_mode``, ties by step (the later is better), NaN worst of all."""
+        o = self._options
+        metrics = {s: self._step_metrics(s) for s in steps}
+        without = [s for s in steps if metrics[s] is None]
+
+        def quality(s):
+            v = _score(o.best_fn, metrics[s], s)
+            return (0, 0.0) if v != v else (1, v if o.best_mode == "max" else -v)
+        return without, sorted((s for s in steps if metrics[s] is not None), key=quality)
+
+    def best_step(self) -> int | None:
+        """The step whose metrics ``best_fn`` ranks best (orbax's): the latest step without
+        ``best_fn``; None when no step has metrics."""
+        if self._options.best_fn is None:
+            return self.latest_step()
+        _, ranked = self._ranked(self.all_steps())
+        return ranked[-1] if ranked else None
+
     def should_save(self, step: int) -> bool:
         """Whether ``save(step)`` would write: a step after the latest that is a multiple of
         ``save_interval_steps``."""
@@ -254,7 +340,8 @@ class CheckpointManager:
         Waits for the previous background save (raising its error, if any), removes what
         interrupted saves left, and, unless ``force``, skips steps :meth:`should_save` refuses.
         A step that already exists raises :class:`StepAlreadyExistsError`. ``metrics`` (a dict
-        of scalars) and ``custom_metadata`` are stored in the step's metadata."""
+        of numbers, nested dicts allowed) and ``custom_metadata`` are stored in the step's
+        metadata; with ``best_fn``, retention keeps the ``max_to_keep`` best steps by them."""
         if args is not None:
             if items is not None:
                 raise ValueError("CheckpointManager.save: pass the state as items or as args, "
@@ -271,48 +358,69 @@ class CheckpointManager:
         if step in self.all_steps():
             raise StepAlreadyExistsError(f"a checkpoint of step {step} exists already in "
                                          f"{self._directory}")
+        self._metrics.pop(step, None)
         md = _metadata(step, custom_metadata)
         if self._metadata is not None:
             md["manager"] = self._metadata
-        if metrics is not None:   # kept with the step (orbax's best_fn retention is not done)
-            md["metrics"] = {str(k): float(np.asarray(v)) for k, v in dict(metrics).items()}
-        plan = _store.SavePlan(to_state_dict(items),
-                               snapshot=self._options.enable_async_checkpointing)
+        if metrics is not None:
+            if not isinstance(metrics, dict):
+                raise TypeError(f"CheckpointManager.save: metrics must be a dict of numbers, "
+                                f"got {type(metrics).__name__}")
+            md["metrics"] = _metrics_json(metrics)
+            if self._options.best_fn is not None:
+                _score(self._options.best_fn, md["metrics"], step)   # raises here, not later
+        elif self._options.best_fn is not None and not self._warned_no_metrics:
+            self._warned_no_metrics = True
+            warnings.warn(f"CheckpointManager.save({step}) without metrics, but best_fn is set: "
+                          f"the step is {'never deleted' if self._options.keep_checkpoints_without_metrics else 'deleted first'} "
+                          f"by retention (keep_checkpoints_without_metrics="
+                          f"{self._options.keep_checkpoints_without_metrics})", stacklevel=2)
+        async_ = self._options.enable_async_checkpointing
+        plan = _store.SavePlan(to_state_dict(items), snapshot=async_)
         cleanup = ((lambda: _cleanup_partial(self._directory, self._prefix))
                    if self._options.cleanup_tmp_directories else None)
         save = _procs.Save(plan, self._path(step), md, before=cleanup,
-                           after=self._garbage_collect)
-        if self._options.enable_async_checkpointing:
-            self._pending = step
-            self._async.save_async(save.write, save.finish)
+                           after=self._garbage_collect, background=async_)
+        if async_:
+            self._pending, self._pending_metrics = step, md.get("metrics")
+            self._async.save_async(save.background())
         else:
-            save.write()
-            save.finish()
+            save.run()
         return True
 
     def _garbage_collect(self) -> None:
+        """Retention after a commit (orbax's): beyond ``max_to_keep`` steps, delete the oldest,
+        or with ``best_fn`` the worst (and, unless ``keep_checkpoints_without_metrics``, those
+        without metrics first); never a multiple of ``keep_period``."""
         o = self._options
         if o.max_to_keep is None:
             return
         steps = available_steps(self._directory, self._prefix)
-        for s in steps[:-o.max_to_keep] if len(steps) > o.max_to_keep else []:
+        if len(steps) <= o.max_to_keep:
+            return
+        if o.best_fn is None:
+            maybe = steps[:-o.max_to_keep]
+        else:
+            without, ranked = self._ranked(steps)
+            maybe = (ranked if o.keep_checkpoints_without_metrics
+                     else without + ranked)[:-o.max_to_keep]
+        for s in maybe:
             if o.keep_period is not None and s % o.keep_period == 0:
                 continue
             _store.remove(self._path(s))
+            self._metrics.pop(s, None)
 
     def wait_until_finished(self) -> None:
         """Block until the background save is written; raise its error, if it failed."""
         try:
             self._async.wait_previous_save()
         finally:
-            self._pending = None
+            self._pending = self._pending_metrics = None
 
     def check_for_errors(self) -> None:
-        """Raise the error of a finished background save (without waiting for a running one).
-        In a job of several processes, a save's errors surface at ``wait_until_finished``
-        (and the next ``save``, ``restore``, ``close``), which every process calls: this
-        returns at once there."""
-        if _procs.job()[1] == 1 and not self._async.running:
+        """Raise the error of a finished background save (without waiting for a running one;
+        in a job of several processes, each process sees its own background thread)."""
+        if not self._async.running:
             self.wait_until_finished()
 
     # -- restoring --
@@ -363,9 +471,12 @@ class CheckpointManager:
         if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint of step {step} in {self._directory}")
         _remove_on_process_0(self._path(step))
+        self._metrics.pop(int(step), None)
 
     def reload(self) -> None:
-        """Nothing is cached: steps are read from the directory at each call."""
+        """Steps are read from the directory at each call; this forgets the steps' metrics
+        read so far (for a directory changed by others)."""
+        self._metrics = {}
 
     def close(self) -> None:
         """Wait for the background save (raising its error)."""
@@ -404,12 +515,11 @@ class StandardCheckpointer:
             raise StepAlreadyExistsError(f"{final} exists; pass force=True to replace it")
         os.makedirs(os.path.dirname(final), exist_ok=True)
         plan = _store.SavePlan(to_state_dict(item), snapshot=self._async_default)
-        save = _procs.Save(plan, final, _metadata(0))
+        save = _procs.Save(plan, final, _metadata(0), background=self._async_default)
         if self._async_default:
-            self._async.save_async(save.write, save.finish)
+            self._async.save_async(save.background())
         else:
-            save.write()
-            save.finish()
+            save.run()
 
     def restore(self, directory, item=None, *, args=None, cast: bool = False):
         item = args.item if args is not None else item
@@ -487,12 +597,12 @@ def save_checkpoint(ckpt_dir, target, step, prefix: str = "checkpoint_", keep: i
             _store.remove(os.path.join(ckpt_dir, f"{prefix}{s}"))
 
     save = _procs.Save(plan, final, _metadata(step),
-                       before=lambda: _cleanup_partial(ckpt_dir, prefix), after=retain)
+                       before=lambda: _cleanup_partial(ckpt_dir, prefix), after=retain,
+                       background=async_manager is not None)
     if async_manager is not None:
-        async_manager.save_async(save.write, save.finish)
+        async_manager.save_async(save.background())
     else:
-        save.write()
-        save.finish()
+        save.run()
     return final
 
 
@@ -596,8 +706,7 @@ class T5xCheckpointer:
         save = _procs.Save(plan, final, _metadata(step),
                            before=lambda: _cleanup_partial(self.checkpoints_dir, "checkpoint_"),
                            after=retain)
-        save.write()
-        save.finish()
+        save.run()
         return final
 
     def restore(self, step: int | None = None, path: str | None = None,

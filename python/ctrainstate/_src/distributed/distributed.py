@@ -361,10 +361,11 @@ def barrier(*, timeout: float | None = None) -> None:
 _MAX_ALLGATHER_BYTES = (1 << 31) - 1  # one MPI call moves at most this many bytes a process
 
 
-def _allgather_padded(buf: _np.ndarray, sizes) -> list:
+def _allgather_padded(buf: _np.ndarray, sizes, channel: int = 0) -> list:
     """Every process's bytes, where process p sends ``sizes[p]`` bytes (``buf`` holds this
     process's): a list of uint8 arrays, one per process. The sends are padded to the
-    largest and moved in pieces of at most ``_MAX_ALLGATHER_BYTES`` bytes a process."""
+    largest and moved in pieces of at most ``_MAX_ALLGATHER_BYTES`` bytes a process, on the
+    engine's ``channel`` (1: the background checkpoints' communicator)."""
     _require("a collective across processes")
     n = len(sizes)
     width = int(max(sizes)) if n else 0
@@ -375,7 +376,7 @@ def _allgather_padded(buf: _np.ndarray, sizes) -> list:
         end = min(off + _MAX_ALLGATHER_BYTES, width)
         piece = _np.empty((n, end - off), _np.uint8)
         _C.dist_allgather(_np.ascontiguousarray(mine[off:end]), piece,
-                          default_timeout())
+                          default_timeout(), channel)
         out[:, off:end] = piece
     return [out[p, :int(sizes[p])] for p in range(n)]
 

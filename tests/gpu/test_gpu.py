@@ -1523,6 +1523,14 @@ def _graphs_expected():
     return not os.environ.get("CTRAINSTATE_CUDA_BACKEND") or _emu_launches("") is not None
 
 
+def _graph_put(where):
+    """``put(array, *spec)``: onto the first GPU device, or by ``spec`` over a 2x2 mesh."""
+    if where == "one device":
+        return lambda a, *spec: cts.device_put(a, gpus()[0])
+    m = gpu_mesh((2, 2), ("x", "y"))
+    return lambda a, *spec: cts.device_put(a, NamedSharding(m, P(*spec)))
+
+
 def _graph_train(put, steps, *, graphs=True, new_inputs=False, donate=False):
     """A jitted MLP training step (value_and_grad, then TrainState.apply_gradients with AdamW:
     an optimizer node after the differentiated steps), `steps` calls, the loss read after
@@ -1565,11 +1573,7 @@ def test_jit_replays_as_cuda_graphs_with_the_kernel_by_kernel_bits(where):
     parameters are those of the same replays run kernel by kernel, and new input Arrays at
     every call (other addresses: captured again, or updated in place) give them too. The
     emulated runtime aborts a launch whose graph uses memory freed since its capture."""
-    if where == "one device":
-        put = lambda a, *spec: cts.device_put(a, gpus()[0])  # noqa: E731
-    else:
-        m = gpu_mesh((2, 2), ("x", "y"))
-        put = lambda a, *spec: cts.device_put(a, NamedSharding(m, P(*spec)))  # noqa: E731
+    put = _graph_put(where)
     steps = 6
     ref_l, ref_p, off = _graph_train(put, steps, graphs=False)
     assert off.graph_stats() == []
@@ -1603,11 +1607,7 @@ def test_jit_cuda_graphs_are_relaunched_as_they_are_in_a_steady_loop(where, dona
     import os
     if not _graphs_expected():
         pytest.skip("the backend has no graphs (the mock backend)")
-    if where == "one device":
-        put = lambda a, *spec: cts.device_put(a, gpus()[0])  # noqa: E731
-    else:
-        m = gpu_mesh((2, 2), ("x", "y"))
-        put = lambda a, *spec: cts.device_put(a, NamedSharding(m, P(*spec)))  # noqa: E731
+    put = _graph_put(where)
     steps = 8
     ref_l, ref_p, _ = _graph_train(put, steps, graphs=False, donate=donate)
     got_l, got_p, prog = _graph_train(put, steps, donate=donate)

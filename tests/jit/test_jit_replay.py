@@ -334,3 +334,20 @@ def test_control_flow_and_debug_prints_on_traced_values_run_eagerly(capsys):
     g(x * 2.0)
     assert capsys.readouterr().out.split() == ["sum", "-1.0", "sum", "-2.0"]
     assert "debug.print" in g.lower(x).as_text()
+
+
+def test_cpu_programs_have_no_cuda_graphs():
+    """CUDA graphs are for runs of GPU steps (tests/gpu): a program on CPU devices has none,
+    and set_graphs switches the setting either way with the same bits."""
+    x = cts.device_put(np.linspace(-1, 1, 48, dtype=np.float32).reshape(6, 8))
+    j = cts.jit(lambda a: cnp.tanh(a @ a.T) * 2.0 + 1.0)
+    want = np.asarray(j(x))
+    low = j.lower(x).compile()
+    assert low.graph_stats() == [] and "CUDA graph" not in low.as_text()
+    prog = low._prog
+    for on in (False, True):
+        prog.set_graphs(on)
+        assert prog.graph_stats() == []
+        assert np.asarray(j(x)).tobytes() == want.tobytes()
+    with pytest.raises(RuntimeError, match="not finished"):
+        _C.Program().graph_stats()

@@ -94,6 +94,9 @@ typedef struct {
     PyObject *name, *fallback, *planner, *doc, *dict;
     PyObject *vjp; /* the tape rule (g, out, *operands) -> cotangents of the Array operands;
                     * NULL: a recording tape sends calls to the fallback */
+    PyObject *vjp16; /* the rule of a call on bfloat16 / float16 operands (its plan computes in
+                      * float32 and rounds), or NULL: a recording tape sends those calls to the
+                      * fallback */
     PyObject *none_kw; /* keyword names whose None value is the default (a tuple), or NULL */
     PyObject *statics, *defaults; /* static parameters after the operands (names, defaults) */
     int nin, nstatic;
@@ -941,8 +944,8 @@ static int is_tracked(PyObject *tracked, PyObject *x) {
 }
 
 /* As _ops._record: the node (out, inputs, vjp) on the tape and out tracked. */
-static int record(prim *p, PyObject *tape, PyObject *out, PyObject *const *args, PyObject *a,
-                  PyObject *b) {
+static int record(prim *p, PyObject *rule, PyObject *tape, PyObject *out, PyObject *const *args,
+                  PyObject *a, PyObject *b) {
     PyObject *tracked = PyObject_GetAttr(tape, tracked_name);
     PyObject *keep = PyObject_GetAttr(tape, keep_name);
     PyObject *nodes = PyObject_GetAttr(tape, nodes_name);
@@ -960,7 +963,7 @@ static int record(prim *p, PyObject *tape, PyObject *out, PyObject *const *args,
     if (v != NULL) v->rule = v->out = v->args = NULL;
     if (id == NULL || inputs == NULL || v == NULL) goto out;
     v->vectorcall = node_vjp_call;
-    v->rule = Py_NewRef(p->vjp);
+    v->rule = Py_NewRef(rule);
     v->out = Py_NewRef(out);
     v->args = PyTuple_New(p->nin + p->nstatic);
     if (v->args == NULL) goto out;
@@ -991,6 +994,18 @@ static int capturing;
 static program *recorder; /* the program recording on recorder_thread, or NULL */
 static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array *b,
                       PyObject *scalar, PyObject *res);
+
+/* Whether Array x (a result of the C path) holds bfloat16 or float16 blocks. */
+static int array_is16(PyObject *x) {
+    PyObject *bl = ((ct_py_array *)x)->blocks;
+    if (bl == NULL || !PyList_CheckExact(bl) || PyList_GET_SIZE(bl) == 0) return 0;
+    PyObject *t = PyList_GET_ITEM(bl, 0);
+    if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4) return 0;
+    PyObject *b = PyTuple_GET_ITEM(t, 1);
+    if (!Py_IS_TYPE(b, &ct_py_BufferType)) return 0;
+    const ct_dtype dt = ((ct_py_buffer *)b)->dtype;
+    return dt == CT_BF16 || dt == CT_F16;
+}
 
 /* The C path; NULL without an exception when the call is the Python op's. */
 static PyObject *fast_call(prim *p, PyObject *const *args) {
@@ -1044,8 +1059,11 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
         }
         if (!track) Py_CLEAR(tape); /* nothing to record: as without a tape */
     }
+    if (track && p->vjp16 != NULL) track = 2; /* (a 16-bit call may record too) */
     PyObject *res = fast_run(p, a, b, scalar, side, args, track);
-    if (res != NULL && tape != NULL && record(p, tape, res, args, (PyObject *)a, (PyObject *)b) < 0)
+    if (res != NULL && tape != NULL &&
+        record(p, p->vjp16 != NULL && array_is16(res) ? p->vjp16 : p->vjp, tape, res, args, (PyObject *)a,
+               (PyObject *)b) < 0)
         Py_CLEAR(res);
     Py_XDECREF(tape);
     return res;
@@ -1086,8 +1104,11 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
 static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
                               int track, const arena_io *io) {
     const int has_b = b != NULL || (io != NULL && io->xb != NULL);
-    if (track && (e->kind == K_EWISE || e->kind == K_UNARY16))
-        return NULL; /* (16-bit and int ops record in Python) */
+    /* integer and boolean ops record in Python; 16-bit float ones in C with the primitive's
+     * vjp16 (track 2), else in Python */
+    if (track && (e->kind == K_EWISE || e->kind == K_UNARY16) &&
+        (track != 2 || (e->out_dt != CT_BF16 && e->out_dt != CT_F16)))
+        return NULL;
     float alpha = 0.0f, beta = 0.0f;
     if (e->kind == K_SCALAR) {
         if (scalar == NULL) return NULL;
@@ -1318,6 +1339,7 @@ static int prim_traverse(prim *p, visitproc visit, void *arg) {
     Py_VISIT(p->fallback);
     Py_VISIT(p->planner);
     Py_VISIT(p->vjp);
+    Py_VISIT(p->vjp16);
     Py_VISIT(p->dict);
     return 0;
 }
@@ -1326,6 +1348,7 @@ static int prim_clear(prim *p) {
     Py_CLEAR(p->fallback);
     Py_CLEAR(p->planner);
     Py_CLEAR(p->vjp);
+    Py_CLEAR(p->vjp16);
     Py_CLEAR(p->dict);
     prim_clear_cache(p);
     return 0;
@@ -1421,7 +1444,27 @@ static int prim_set_vjp(prim *p, PyObject *v, void *c) {
     return 0;
 }
 
+static PyObject *prim_get_vjp16(prim *p, void *c) {
+    (void)c;
+    return Py_NewRef(p->vjp16 != NULL ? p->vjp16 : Py_None);
+}
+
+static int prim_set_vjp16(prim *p, PyObject *v, void *c) {
+    (void)c;
+    if (v == NULL || (v != Py_None && !PyCallable_Check(v))) {
+        PyErr_SetString(PyExc_TypeError, "a primitive's vjp16 is a callable or None");
+        return -1;
+    }
+    Py_XSETREF(p->vjp16, v == Py_None ? NULL : Py_NewRef(v));
+    return 0;
+}
+
 static PyGetSetDef prim_getset[] = {
+    {"vjp16", (getter)prim_get_vjp16, (setter)prim_set_vjp16,
+     "The tape rule of a call on bfloat16 / float16 operands, which its plan runs as one kernel\n"
+     "(widened, the float32 op, rounded): (g, out, *operands) -> cotangents, as the Python op's\n"
+     "float32 policy records them; or None (a recording tape sends such calls to the Python op).",
+     NULL},
     {"vjp", (getter)prim_get_vjp, (setter)prim_set_vjp,
      "The tape rule (g, out, *operands) -> cotangents of the Array operands, or None (a\n"
      "recording tape then sends calls to the Python op).", NULL},

@@ -345,13 +345,22 @@ def test_the_c_path_records_on_the_tape_with_the_python_ops_gradients():
         assert np.isfinite(np.asarray(g1[0])).all() and np.abs(np.asarray(g1[0])).sum() > 0
 
 
-def test_a_tape_rule_less_primitive_or_a_nested_tape_takes_the_python_op():
+def test_a_16_bit_op_records_by_its_vjp16_and_a_nested_tape_takes_the_python_op():
     x = cts.device_put(np.float32([0.5, -1.0, 2.0]))
     bf = cnp.astype(x, cnp.bfloat16)
     before = _ops.add.cache_info()["fallbacks"]
     v, g = cts.value_and_grad(lambda x: cnp.sum(cnp.astype(cnp.astype(x, cnp.bfloat16) + bf,
                                                            np.float32)))(x)
-    assert _ops.add.cache_info()["fallbacks"] == before + 1   # a 16-bit op records in Python
+    assert _ops.add.cache_info()["fallbacks"] == before   # recorded in C (tests/ops/test_unary16.py)
+    np.testing.assert_array_equal(np.asarray(g), [1.0, 1.0, 1.0])
+    before = _ops.add.cache_info()["fallbacks"]
+    _ops.add.vjp16 = None   # without a 16-bit rule: the Python op records it
+    try:
+        v, g = cts.value_and_grad(lambda x: cnp.sum(cnp.astype(cnp.astype(x, cnp.bfloat16) + bf,
+                                                               np.float32)))(x)
+    finally:
+        _ops.add.vjp16 = _ops._rule16(_ops.add)
+    assert _ops.add.cache_info()["fallbacks"] == before + 1
     np.testing.assert_array_equal(np.asarray(g), [1.0, 1.0, 1.0])
 
     def outer(x):

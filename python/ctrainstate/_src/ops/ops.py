@@ -3020,6 +3020,25 @@ def _make_primitives():
     _C.dispatch_register(_tls, _Tape, _precision._tls, NamedSharding, g["add"], g["subtract"],
                          g["multiply"], g["divide"], g["negative"], g["matmul"])
     _derivative_programs()
+    for name in (*_UNARY_PRIMS, *_BINARY_PRIMS):
+        g[name].vjp16 = _rule16(g[name])
+
+
+def _rule16(p):
+    """The tape rule of primitive ``p`` called on 16-bit float operands, which its C plan
+    runs as one kernel (widened, the float32 op, rounded back). It gives the bits of what the
+    Python op's float32 policy records (each operand converted to float32, the float32 op, its
+    result converted back), run backwards: the cotangent converted to float32, ``p``'s float32
+    rule (on the float32 result, computed again: the same kernel, the same bits), each
+    operand's cotangent converted back to the operand's dtype."""
+    f32 = _dtypes.float32
+
+    def rule(g, out, *ops):
+        ops32 = [astype(o, f32) if type(o) is Array and o.dtype != f32 else o for o in ops]
+        gs = p.vjp(g if g.dtype == f32 else astype(g, f32), p(*ops32), *ops32)
+        return tuple(c if c is None or type(o) is not Array or c.dtype == o.dtype
+                     else astype(c, o.dtype) for c, o in zip(gs, ops))
+    return rule
 
 
 # --- derivative programs: tape rules run in C (_C.VjpProgram, csrc/python/py_dispatch.c) ----

@@ -29,8 +29,8 @@
  * has CPUs, or the launcher does not say, it yields the CPU after the first few thousand
  * tests; otherwise it never does, as MPI's blocking collectives (Open MPI yields only when
  * oversubscribed): a yield hands the core to any other runnable task, and the peers then
- * wait for this process to be scheduled again (measured: an 8 MiB all-gather of 2 processes
- * called back to back on a loaded 2-core VM, 1.07 ms against MPI_Allgather's 0.24 ms).
+ * wait for this process to be scheduled again (benchmarks/bench_collectives.py on a loaded
+ * 2-core VM: all-gathers of 8-64 MiB below 0.9x MPI_Allgather's bandwidth about half as often).
  */
 #include "ct_dist.h"
 

@@ -24,9 +24,13 @@
  * partly written.
  *
  * The waiting loop spins on MPI_Testall (Open MPI progresses messages inside MPI calls, as its
- * blocking calls do in their own loop), yields the CPU after the first few thousand tests
- * (other processes may share the cores), and every ~100 ms calls the caller's poll function
- * (the binding checks for Ctrl-C there).
+ * blocking calls do in their own loop) and every ~100 ms calls the caller's poll function (the
+ * binding checks for Ctrl-C there). Where the node runs more of the job's processes than it
+ * has CPUs, or the launcher does not say, it yields the CPU after the first few thousand
+ * tests; otherwise it never does, as MPI's blocking collectives (Open MPI yields only when
+ * oversubscribed): a yield hands the core to any other runnable task, and the peers then
+ * wait for this process to be scheduled again (benchmarks/bench_collectives.py on a loaded
+ * 2-core VM: all-gathers of 8-64 MiB below 0.9x MPI_Allgather's bandwidth about half as often).
  */
 #include "ct_dist.h"
 
@@ -91,6 +95,7 @@ static struct {
     char path[4096];
     char version[512];
     int rank, size, owns, level;
+    int yield; /* the waiting loop yields the CPU (node_oversubscribed) */
     pid_t pid;
     ct_dist_failure_kind failure;
     char broken[CT_ERRMSG_MAX];
@@ -270,6 +275,33 @@ const char *ct_dist_library(void) { return g.path; }
 const char *ct_dist_version(void) { return g.version; }
 ct_dist_failure_kind ct_dist_failure(void) { return g.state == ST_BROKEN ? g.failure : CT_DIST_FAIL_NONE; }
 
+/* A positive integer in environment variable `name`, else -1. */
+static long env_count(const char *name) {
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0') return -1;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    return errno == 0 && *end == '\0' && x > 0 ? x : -1;
+}
+
+/* Whether this node runs more processes of the job than it has CPUs online: Open MPI's own
+ * verdict where mpirun gives it (OMPI_MCA_mpi_yield_when_idle, OMPI_MCA_mpi_oversubscribe),
+ * else the launcher's count of processes on this node (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE,
+ * MPICH's MPI_LOCALNRANKS) against the CPUs. Unknown: oversubscribed (the waits yield). */
+static int node_oversubscribed(void) {
+    const char *v = getenv("OMPI_MCA_mpi_yield_when_idle");
+    if (v != NULL && *v != '\0')
+        return strchr("1tTyY", v[0]) != NULL;
+    v = getenv("OMPI_MCA_mpi_oversubscribe");
+    if (v != NULL && *v != '\0')
+        return strchr("1tTyY", v[0]) != NULL;
+    long local = env_count("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (local < 0) local = env_count("MPI_LOCALNRANKS");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return local < 0 || cpus < 1 || local > cpus;
+}
+
 ct_status ct_dist_init(const char *library, int expect_rank, int expect_size) {
     if (expect_size == 0 || expect_size < -1 || expect_rank < -1 ||
         (expect_size > 0 && expect_rank >= expect_size))
@@ -349,6 +381,7 @@ ct_status ct_dist_init(const char *library, int expect_rank, int expect_size) {
     g.size = size;
     g.owns = owns;
     g.level = provided;
+    g.yield = node_oversubscribed();
     g.pid = getpid();
     g.failure = CT_DIST_FAIL_NONE;
     g.broken[0] = '\0';
@@ -436,7 +469,7 @@ static ct_status wait_reqs(ct_wait *w, mpi_h *reqs, int n, void *status, int *in
             if (spins > 4096 && w->ch == CT_DIST_CHECKPOINT) {
                 struct timespec nap = {0, 200000}; /* no hurry: leave the cores to training */
                 nanosleep(&nap, NULL);
-            } else if (spins > 4096) {
+            } else if (g.yield && spins > 4096) { /* (an oversubscribed node: node_oversubscribed) */
                 sched_yield();
             }
             double t = now_s();
@@ -638,30 +671,44 @@ static size_t seg_len(size_t len, size_t k, size_t seg) {
 }
 
 /* Allgather of byte blocks of (possibly) different lengths: process q's `len[q]` bytes land at
- * `out + off[q]`; this process's come from `mine` (copied unless already in place). */
+ * `out + off[q]`; this process's come from `mine` (copied unless already in place). Every
+ * message is posted at once (segments of CT_DIST_SEG bytes: MPI counts are ints), and this
+ * process's block is copied while they fly, as MPI_Allgather does: one wait, no step between
+ * segments at which a process waits for a peer that is not running. */
 static ct_status gather_blocks(ct_wait *w, int tag, const void *mine, char *out,
                                const size_t *off, const size_t *len) {
     int n = g.size, me = g.rank;
+    int copy = mine != out + off[me] && len[me] > 0;
     size_t most = 0;
     for (int q = 0; q < n; q++) most = len[q] > most ? len[q] : most;
-    if (mine != out + off[me] && len[me] > 0) memcpy(out + off[me], mine, len[me]);
-    if (n == 1) return CT_OK;
+    size_t segs = (most + CT_DIST_SEG - 1) / CT_DIST_SEG;
+    if (n == 1 || segs == 0) {
+        if (copy) memcpy(out + off[me], mine, len[me]);
+        return CT_OK;
+    }
+    if (segs > (size_t)INT_MAX / (2 * (size_t)(n - 1)))
+        return ct_set_error(CT_EINVAL, "%s: %zu bytes per process is too many to gather",
+                            w->what, most);
     ct_round r;
-    ct_status st = round_new(&r, 2 * (n - 1), w);
-    size_t rounds = (most + CT_DIST_SEG - 1) / CT_DIST_SEG;
-    for (size_t k = 0; st == CT_OK && k < rounds; k++) {
-        /* receives first, then sends in ring order from the next process on, so that every
-         * process does not send to process 0 first */
-        for (int i = 1; i < n && st == CT_OK; i++) {
-            int q = (me - i + n) % n;
+    ct_status st = round_new(&r, (int)(2 * (size_t)(n - 1) * segs), w);
+    /* receives first, then sends in ring order from the next process on, so that every
+     * process does not send to process 0 first; a peer's segments in order (MPI matches
+     * messages of one sender and tag in the order they were posted) */
+    for (int i = 1; i < n && st == CT_OK; i++) {
+        int q = (me - i + n) % n;
+        for (size_t k = 0; st == CT_OK && k < segs; k++) {
             size_t b = seg_len(len[q], k, CT_DIST_SEG);
             if (b) st = post(&r, 1, out + off[q] + k * CT_DIST_SEG, b, q, tag, w->what);
         }
-        size_t b = seg_len(len[me], k, CT_DIST_SEG);
-        for (int i = 1; i < n && st == CT_OK && b; i++)
-            st = post(&r, 0, (char *)mine + k * CT_DIST_SEG, b, (me + i) % n, tag, w->what);
-        if (st == CT_OK) st = round_wait(w, &r);
     }
+    for (int i = 1; i < n && st == CT_OK; i++) {
+        for (size_t k = 0; st == CT_OK && k < segs; k++) {
+            size_t b = seg_len(len[me], k, CT_DIST_SEG);
+            if (b) st = post(&r, 0, (char *)mine + k * CT_DIST_SEG, b, (me + i) % n, tag, w->what);
+        }
+    }
+    if (st == CT_OK && copy) memcpy(out + off[me], mine, len[me]);
+    if (st == CT_OK) st = round_wait(w, &r);
     round_free(&r, st != CT_OK);
     return st;
 }

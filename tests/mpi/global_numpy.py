@@ -3,7 +3,8 @@ own), each process with 2 CPU devices: the jax.numpy functions that read their o
 host or plan on it -- nanargmax / nanargmin, median / quantile / percentile and their nan
 forms, unique and its array-API kin, the set operations, isin, histogram, bincount,
 digitize, lexsort, partition / argpartition, delete / insert / compress / extract /
-trim_zeros / choose / put_along_axis, interp -- and the scans and differences along a
+trim_zeros / choose / put_along_axis, interp -- nn.one_hot of labels sharded over processes
+(eager, differentiated through and under jit), and the scans and differences along a
 dimension that spans processes (cumsum, cumprod, nancumsum, diff, ediff1d), of Arrays
 sharded over a mesh that spans processes. Each is compared bit for bit, shardings included,
 with a run of one process that has as many devices as the whole job (the reference run
@@ -24,7 +25,7 @@ from report import finish, run
 
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
-from ctrainstate import NamedSharding, P
+from ctrainstate import NamedSharding, P, nn
 
 BF16 = jnp.bfloat16
 
@@ -146,6 +147,10 @@ def cases(a, b, ai, bi, v, f, c):
         ("interp_sharded_xp", lambda: jnp.interp(f, jnp.sort(f[:-1]), jnp.cos(f[:-1]))),
         ("ravel_multi_index", lambda: jnp.ravel_multi_index((v, v), (4 * n, 4 * n))),
         ("one_arg_where", lambda: jnp.where(ai > 2)),
+        # one_hot of labels sharded over processes: compared on their devices
+        ("one_hot", lambda: nn.one_hot(v, 7)),
+        ("one_hot_2d_axis1", lambda: nn.one_hot(bi, 6, axis=1, dtype=BF16)),
+        ("one_hot_int8_axis0", lambda: nn.one_hot(ai.astype(np.int8), 5, axis=0)),
     ]
 
 
@@ -202,6 +207,7 @@ def computed(mesh, host):
         "cumsum": lambda x: jnp.sum(jnp.cumsum(x, 0) * w),
         "diff": lambda x: jnp.sum(jnp.diff(x, axis=0) ** 2),
         "histogram_w": lambda x: jnp.sum(jnp.histogram(x[:, 0], bins=3, weights=x[:, 1])[0]),
+        "xent_one_hot": lambda x: -jnp.sum(nn.log_softmax(x) * nn.one_hot(v, x.shape[1])),
     }
     for name, fn in grads.items():
         val, gr = cts.value_and_grad(fn)(fin)
@@ -213,6 +219,11 @@ def computed(mesh, host):
     for i in range(2):
         for k, yk in enumerate(jf(fin * float(i + 1))):
             keep(f"jit_{i}_{k}", yk)
+    # one_hot under jit: the labels' compare recorded, replayed on new labels
+    jh = cts.jit(lambda x, i: (nn.one_hot(i, 7) * 2.0, nn.one_hot(i[:, None], x.shape[1]) + x))
+    for i, lab in enumerate((v, (v + 3) % 7)):
+        for k, yk in enumerate(jh(fin, lab)):
+            keep(f"jit_one_hot_{i}_{k}", yk)
     return out, specs
 
 
@@ -248,6 +259,9 @@ def numpy_checks(mesh, gather) -> int:
         (np.sum(gi, 0), jnp.sum(bi, 0)),
         (np.max(gi, 1), jnp.max(ai, 1)),
         (np.nonzero(gi > 2), jnp.where(bi > 2)),
+        ((vh[:, None] == np.arange(7)).astype(np.float32), nn.one_hot(v, 7)),
+        (np.moveaxis(gi[..., None] == np.arange(4), -1, 0).astype(np.float32),
+         nn.one_hot(bi, 4, axis=0)),
     ]
     checks = 0
     for k, (want, got) in enumerate(want_got):

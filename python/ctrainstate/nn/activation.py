@@ -30,8 +30,7 @@ from typing import Any
 
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
-from .._src.array.array import device_put
-from .._src.ops.node import op_node
+from .._src.array.array import Array as _Array, device_put
 from .._src.nn.module import Module as _Module, compact as _compact
 from .._src.numpy_lax import numpy as cnp
 from .._src.array.abstract import ShapeDtypeStruct
@@ -120,22 +119,51 @@ def leaky_relu(x, negative_slope: float = 1e-2):
     return _ops._record(out, (x,), vjp)
 
 
-@op_node("one_hot")
 def one_hot(x, num_classes: int, *, dtype=np.float32, axis: int = -1):
     """``x[..., None] == arange(num_classes)`` as ``dtype`` (float32), the new axis at ``axis``;
-    an index outside ``[0, num_classes)`` gives a row of zeros. Built on the host from the
-    integer labels and placed like ``device_put`` (the labels of a batch are small)."""
-    idx = np.asarray(x)
-    if not np.issubdtype(idx.dtype, np.integer):
-        raise TypeError(f"one_hot expects integer labels, got {idx.dtype}")
+    an index outside ``[0, num_classes)`` gives a row of zeros.
+
+    Labels given as an Array are compared on their own devices (jax's compare against an
+    iota): the result keeps their sharding, the new axis unsharded, and nothing is read to
+    the host -- labels sharded over processes (data-parallel batches) included, and under
+    ``jit`` the compare is recorded as any elementwise op. Host labels (numpy, lists) are
+    compared on the host and placed like ``device_put``.
+
+    >>> import numpy as np, ctrainstate as cts
+    >>> from ctrainstate import nn
+    >>> nn.one_hot(cts.device_put(np.array([1, -1], np.int32)), 3).tolist()
+    [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    """
     try:
         num_classes = operator.index(num_classes)   # jax: 2.5 classes is a TypeError
     except TypeError:
         raise TypeError(f"one_hot: num_classes must be an int, got {num_classes!r}") from None
-    out = (idx[..., None] == np.arange(num_classes)).astype(_dtypes.canonicalize(dtype))
+    dtype = _dtypes.canonicalize(dtype)
+    if isinstance(x, _Array):
+        return _one_hot_array(x, num_classes, dtype, axis)
+    idx = np.asarray(x)
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"one_hot expects integer labels, got {idx.dtype}")
+    out = (idx[..., None] == np.arange(num_classes)).astype(dtype)
     if axis != -1:
         out = np.moveaxis(out, -1, axis)
     return device_put(out)
+
+
+def _one_hot_array(x, num_classes: int, dtype, axis: int):
+    """one_hot of an integer Array: ``expand_dims(x, -1) == iota`` on each device's own
+    blocks (the iota a small replicated constant; compared in int32, or uint32 for uint32
+    labels, so no class number wraps in a narrow dtype), converted to ``dtype``."""
+    if not np.issubdtype(x.dtype, np.integer):
+        raise TypeError(f"one_hot expects integer labels, got {x.dtype}")
+    nd = x.ndim + 1
+    if not -nd <= axis < nd:
+        raise ValueError(f"one_hot: axis {axis} is out of range for {nd} dimensions")
+    iota = np.arange(num_classes, dtype=np.uint32 if x.dtype == np.uint32 else np.int32)
+    if x.dtype.itemsize < 4:
+        x = cnp.astype(x, np.int32)
+    out = cnp.astype(cnp.equal(cnp.expand_dims(x, -1), iota), dtype)
+    return out if axis in (-1, nd - 1) else cnp.moveaxis(out, -1, axis)
 
 
 def _const(v, like):

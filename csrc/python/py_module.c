@@ -26,6 +26,12 @@
  * and its fields are marked adopted where they hold no module (scalars and tuples of
  * scalars, the class keeping Module._adopt_fields); otherwise nn.module._adopt_tail does
  * the rest.
+ *
+ * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold
+ * their children in `_children`, children their parent in `_parent`), so each apply left its
+ * modules, scopes and their dicts to the cycle collector, whose collections then ran every
+ * few applies. Where nothing outside the tree references it any more, the cycle is cut and
+ * the tree is freed at once (see py_module_release).
  */
 #include "ct_py.h"
 
@@ -534,6 +540,63 @@ done:
     return result;
 }
 
+
+/* module_release: see the header. The tree is the modules reachable through `_children`
+ * dicts. A module's references from the tree itself are its entry in its parent's
+ * `_children` (for the root: `holder`'s item) and its children's `_parent`; where every
+ * module's reference count is exactly that, nothing else can reach any of them (the tree's
+ * links are the only way in), so cutting the `_parent` links changes nothing anyone can
+ * observe, and frees the tree by reference counting instead of leaving it to the cycle
+ * collector. Anything else (another reference, a dict subclass, a tree deeper than
+ * MS_RELEASE_DEPTH) leaves the tree as it is. */
+#define MS_RELEASE_DEPTH 64
+
+/* 1 when every module of the tree under `m` is referenced by the tree only, 0 when not. */
+static int ms_tree_private(PyObject *m, int depth) {
+    if (depth > MS_RELEASE_DEPTH) return 0;
+    PyObject *d = ms_dict(m);
+    PyObject *kids = d != NULL ? ms_get(d, S(_children)) : NULL;
+    if (kids == NULL || !PyDict_CheckExact(kids)) return 0;
+    Py_ssize_t internal = 1, pos = 0;
+    PyObject *k, *c;
+    while (PyDict_Next(kids, &pos, &k, &c)) {
+        PyObject *cd = ms_dict(c);
+        if (cd == NULL || ms_get(cd, S(_parent)) != m) return 0;
+        internal++;
+    }
+    if (Py_REFCNT(m) != internal) return 0;
+    pos = 0;
+    while (PyDict_Next(kids, &pos, &k, &c))
+        if (!ms_tree_private(c, depth + 1)) return 0;
+    return 1;
+}
+
+/* Set `_parent` = None in every module of the tree under `m` but `m`. */
+static int ms_cut_parents(PyObject *m) {
+    PyObject *kids = ms_get(ms_dict(m), S(_children));
+    Py_ssize_t pos = 0;
+    PyObject *k, *c;
+    while (PyDict_Next(kids, &pos, &k, &c)) {
+        if (ms_cut_parents(c) < 0) return -1;
+        if (PyDict_SetItem(ms_dict(c), S(_parent), Py_None) < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_module_release(PyObject *mod, PyObject *holder) {
+    (void)mod;
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    if (!PyList_CheckExact(holder) || PyList_GET_SIZE(holder) != 1)
+        return PyErr_Format(PyExc_TypeError, "module_release(holder): a list of one module");
+    PyObject *root = PyList_GET_ITEM(holder, 0);
+    const int ism = PyObject_IsInstance(root, ms_env[MS_MODULE]);
+    if (ism < 0) return NULL;
+    if (!ism || !ms_tree_private(root, 0)) Py_RETURN_FALSE;
+    /* (the walk above read dicts only: the tree is as it was checked) */
+    if (ms_cut_parents(root) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef module_methods[] = {
     {"module_setup", py_module_setup, METH_VARARGS,
      "module_setup(ctx, module_type, frame_type, scope_type, base_attach, base_adopt_fields, "
@@ -547,6 +610,11 @@ static PyMethodDef module_methods[] = {
      "module_bind_new(module, stack, /)\n--\n\n"
      "Attach a module just constructed while a module method runs (nn.module._bind_new's "
      "common case in C; the rest goes to it)."},
+    {"module_release", py_module_release, METH_O,
+     "module_release(holder, /)\n--\n\n"
+     "Cut the child-to-parent links of the module tree under holder[0] (a list of one module) "
+     "where nothing but holder and the tree's own links references its modules, so that it is "
+     "freed by reference counting; True when cut, False when left as it is."},
     {NULL, NULL, 0, NULL},
 };
 

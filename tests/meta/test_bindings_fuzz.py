@@ -235,6 +235,7 @@ SIGS = {
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any"],
     "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
+    "module_release": ["any"],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],
     "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],

@@ -304,3 +304,70 @@ def test_common_case_stays_in_c_and_the_rest_goes_to_python():
         assert counts["tail"] == 2
     finally:
         _setup_c(_module._call_method, _module._bind_new, _module._adopt_tail)
+
+
+# --- module_release: the end of an apply -----------------------------------------------------
+
+def test_apply_leaves_no_cyclic_garbage():
+    import gc
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    m = Tree()
+    m.apply(v, X)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(5):
+            m.apply(v, X)
+            m.init(random.PRNGKey(0), X)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []             # (the modules, scopes and their dicts: about 50 per apply)
+
+
+def test_release_keeps_trees_something_else_references():
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    kept = []
+
+    class Keeps(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            d = Leaf(2)
+            kept.append(d)
+            return d(x)
+
+    class ReturnsSelf(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            Leaf(2)(x)
+            return self
+
+    Keeps().init(random.PRNGKey(0), X)
+    assert kept[0].parent is not None and type(kept[0].parent).__name__ == "Keeps"
+    m = ReturnsSelf().init_with_output(random.PRNGKey(0), X)[0]
+    child = m.scope and m._children["Leaf_0"]
+    assert child.parent is m
+    # a bound module the caller holds: its tree stays linked
+    out, bound = _bound_after_apply(Tree(), v)
+    assert all(c.parent is bound for c in bound._children.values())
+
+
+def test_module_release_cuts_only_private_trees():
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    _, bound = _bound_after_apply(Tree(), v)
+    kids = list(bound._children.values())
+    assert _C.module_release([bound]) is False        # `bound` and `kids` reference it
+    del kids
+    holder = [bound]
+    del bound
+    assert _C.module_release(holder) is True
+    assert all(c.parent is None for c in holder[0]._children.values())
+    for bad in (None, [], [1, 2], (holder[0],)):
+        with pytest.raises(TypeError, match="module_release"):
+            _C.module_release(bad)
+    assert _C.module_release([3]) is False and _C.module_release([nn.Dense(2)]) is True

@@ -172,6 +172,7 @@ _tuple_new = tuple.__new__
 _object_new = object.__new__
 _module_call = _C.module_call
 _module_bind_new = _C.module_bind_new
+_module_release = _C.module_release
 
 
 def current_module() -> "Module | None":
@@ -1018,6 +1019,12 @@ class Module:
         finally:
             scopes.pop()
             stack.pop()
+        # the bound tree is a cycle (parents hold children, children their parent): where
+        # nothing references it any more, the cycle is cut so it is freed now rather than by
+        # the cycle collector (py_module.c's module_release)
+        holder = [bound]
+        del bound
+        _module_release(holder)
         return out, scope._variables    # scope.variables() (the root's: path ())
 
     def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),

@@ -332,3 +332,47 @@ def test_constraint_target_entry_of_a_reused_mesh_id_is_not_used():
     with m:
         out = nn_partitioning.with_sharding_constraint(a, spec, rules=RULES)
     assert out.sharding == NamedSharding(m, P("data", "model"))
+
+
+def test_c_memo_of_a_call_site_follows_what_it_declares():
+    """param_hit keeps, per call site, the last key it found (py_rules.c's memo): a call whose
+    initializer closes over another value, or whose axes differ, is not taken for it (the
+    long way keys it), and equal values found in other objects are."""
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+
+    class Site(nn.Module):
+        bound: float
+        axes: tuple = ("feature", "hidden")
+
+        @nn.compact
+        def __call__(self, x):
+            k = nn_partitioning.param_with_axes("kernel", _uniform(self.bound), (4, 8),
+                                                axes=self.axes)
+            return x @ k
+
+    xs, v = _init(Site(0.5), x, mesh)
+    long_way = {"_checked_key", "_born_sharding"}
+
+    def runs_long_way(model, rules=RULES):
+        with mesh, nn_partitioning.axis_rules(rules):
+            calls = _python_calls(lambda: model.apply(v, xs))
+        return bool([c for c in calls if c[1] in long_way])
+
+    for _ in range(2):
+        runs_long_way(Site(0.5))
+    assert not runs_long_way(Site(0.5))
+    assert runs_long_way(Site(0.25))                    # another closed-over value
+    runs_long_way(Site(0.25))
+    assert not runs_long_way(Site(0.25))
+    assert not runs_long_way(Site(float("0.5")))        # an equal float, another object
+    assert runs_long_way(Site(0.5, axes=("embed", "hidden")))   # other axes, the same sharding
+    runs_long_way(Site(0.5, axes=("embed", "hidden")))
+    assert not runs_long_way(Site(0.5, axes=("embed", "hidden")))
+    assert not runs_long_way(Site(0.5))
+    # equal rules in other objects: the same key
+    assert not runs_long_way(Site(0.5), rules=tuple(tuple(r) for r in RULES))
+    assert runs_long_way(Site(0.5), rules=(("batch", "data"), ("hidden", None)))
+    with mesh, nn_partitioning.axis_rules(RULES):
+        np.testing.assert_array_equal(np.asarray(Site(0.5).apply(v, xs)),
+                                      np.asarray(Site(0.25).apply(v, xs)))

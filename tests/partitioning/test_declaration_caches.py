@@ -376,3 +376,23 @@ def test_c_memo_of_a_call_site_follows_what_it_declares():
     with mesh, nn_partitioning.axis_rules(RULES):
         np.testing.assert_array_equal(np.asarray(Site(0.5).apply(v, xs)),
                                       np.asarray(Site(0.25).apply(v, xs)))
+
+
+def test_constraint_of_an_equal_sharding_remembered_per_target():
+    """An Array whose sharding equals the constraint's target without being it (here: a spec
+    without the trailing None) is returned as it is, and the pair is remembered
+    (spmd._SEEN_EQUAL); another sharding is still moved."""
+    m = _mesh()
+    spec = ("batch", "feature")                       # -> P('data', None)
+    a = _arr(m, P("data"))
+    with m:
+        target = spmd._constraint_target(spec, RULES, spmd.RulesFallback.AXIS_IS_UNSHARDED, m)
+        assert a.sharding is not target and a.sharding == target
+        for _ in range(2):
+            assert nn_partitioning.with_sharding_constraint(a, spec, rules=RULES) is a
+        assert spmd._SEEN_EQUAL[id(target)] == (target, a.sharding)
+        assert spmd._SEEN_EQUAL[id(target)][1] is a.sharding
+        if len(cts.devices()) >= 2:
+            b = _arr(_mesh((1, 2)), P("data"))       # equal specs, another mesh: moved
+            out = nn_partitioning.with_sharding_constraint(b, spec, rules=RULES)
+            assert out is not b and out.sharding == target

@@ -222,12 +222,13 @@ static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n)
     PyObject *fn = a[0], *self = a[1], *args = a[2], *kwargs = a[3];
     if (ms_check_module(self, "module_call: self") < 0) return NULL;
     PyObject *stack = NULL, *rec = NULL, *cap = NULL, *reserved = NULL, *frame = NULL;
-    PyObject *out = NULL, *compact = NULL;
+    PyObject *out = NULL, *compact = NULL, *scope = NULL;
     PyObject *d = ms_dict(self);
     if (d == NULL) goto slow;
-    PyObject *scope = ms_get(d, S(_scope));
+    PyObject *sc = ms_get(d, S(_scope));
     PyObject *done = ms_get(d, S(_setup_done));
-    if (scope == NULL || scope == Py_None || done == NULL) goto slow;
+    if (sc == NULL || sc == Py_None || done == NULL) goto slow;
+    scope = Py_NewRef(sc);   /* (held: its attributes are read below) */
     int adopt = 0;
     if (done != Py_True) {
         /* _try_setup where there is nothing to set up: fields adopted (or holding no module),
@@ -325,6 +326,7 @@ done:
     Py_XDECREF(reserved);
     Py_XDECREF(frame);
     Py_XDECREF(compact);
+    Py_XDECREF(scope);
     return out;
 }
 

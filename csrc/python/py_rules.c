@@ -513,6 +513,121 @@ static PyObject *ph_get(PyObject *d, PyObject *key) {
     return v;
 }
 
+
+/* getattr(obj, name) (a new reference): read from the instance dict where the class has no
+ * attribute of that name (so no descriptor can take precedence), else the generic way. The
+ * modules and scopes param_hit reads are plain instances whose state is in their dict. */
+static PyObject *ph_attr(PyObject *obj, PyObject *name) {
+    if (_PyType_Lookup(Py_TYPE(obj), name) == NULL) {
+        PyObject **dp = _PyObject_GetDictPtr(obj);
+        if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp)) {
+            PyObject *v = PyDict_GetItemWithError(*dp, name);
+            if (v != NULL) return Py_NewRef(v);
+            if (PyErr_Occurred()) return NULL;
+        }
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* The keys of recent hits, so that a declaration seen before finds its _CHECKED key without
+ * building and hashing it: a key (code object, defaults, closure, arguments, axes, rules,
+ * mesh, jit flag, shape) is a nest of tuples whose hash (the code object's included) is
+ * computed anew at every lookup. A slot, chosen by the initializer's code, the parameter's
+ * name and its scope's path, keeps the last key found there and its hash; a later call whose
+ * every component equals that key's (ph_same_key: the equality the dict lookup would use)
+ * looks the stored key up by its stored hash, where the dict finds it by identity. A slot
+ * is only a guess: a component that differs builds the key as before. */
+#define PH_MEMO 64
+static struct { PyObject *key; Py_hash_t hash; } ph_memo[PH_MEMO];
+
+/* Whether ph_plain(v, is_default) would equal `k` (a component of a stored key): 1, 0, -1. */
+static int ph_same_plain(PyObject *k, PyObject *v, int is_default) {
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyLong_Type || t == &PyUnicode_Type || v == Py_None)
+        return k == v ? 1 : PyObject_RichCompareBool(k, v, Py_EQ);
+    if (t == &PyFloat_Type || (is_default && (t == &PyBool_Type || t == &PyType_Type))) {
+        if (!PyTuple_CheckExact(k) || PyTuple_GET_SIZE(k) != 2 ||
+            PyTuple_GET_ITEM(k, 0) != (PyObject *)t)
+            return 0;
+        PyObject *kv = PyTuple_GET_ITEM(k, 1);
+        return kv == v ? 1 : PyObject_RichCompareBool(kv, v, Py_EQ);
+    }
+    return 0;
+}
+
+/* Whether ph_fn_key(f) would equal `fk` (a stored key's first item): 1, 0 or -1. */
+static int ph_same_fn_key(PyObject *fk, PyObject *f) {
+    if (!PyFunction_Check(f) || !PyTuple_CheckExact(fk) || PyTuple_GET_SIZE(fk) != 4 ||
+        PyTuple_GET_ITEM(fk, 0) != PyFunction_GetCode(f))
+        return 0;
+    if (PyFunction_GetKwDefaults(f) != NULL && PyFunction_GetKwDefaults(f) != Py_None) return 0;
+    PyObject *dk = PyTuple_GET_ITEM(fk, 1), *kwd = PyTuple_GET_ITEM(fk, 2);
+    PyObject *ck = PyTuple_GET_ITEM(fk, 3);
+    PyObject *cells = PyFunction_GetClosure(f), *defs = PyFunction_GetDefaults(f);
+    const Py_ssize_t nc = cells != NULL && cells != Py_None ? PyTuple_GET_SIZE(cells) : 0;
+    const Py_ssize_t nd = defs != NULL && defs != Py_None ? PyTuple_GET_SIZE(defs) : 0;
+    if (!PyTuple_CheckExact(dk) || !PyTuple_CheckExact(kwd) || !PyTuple_CheckExact(ck) ||
+        PyTuple_GET_SIZE(kwd) != 0 || PyTuple_GET_SIZE(dk) != nd || PyTuple_GET_SIZE(ck) != nc)
+        return 0;
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *v = PyCell_GET(PyTuple_GET_ITEM(cells, i));
+        if (v == NULL) return 0;
+        const int r = ph_same_plain(PyTuple_GET_ITEM(ck, i), v, 0);
+        if (r != 1) return r;
+    }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        const int r = ph_same_plain(PyTuple_GET_ITEM(dk, i), PyTuple_GET_ITEM(defs, i), 1);
+        if (r != 1) return r;
+    }
+    return 1;
+}
+
+/* x == y as the key comparison does it (identity first): 1, 0 or -1. */
+static int ph_eq(PyObject *x, PyObject *y) {
+    return x == y ? 1 : PyObject_RichCompareBool(x, y, Py_EQ);
+}
+
+/* Whether the key param_hit would build equals the stored `key`: 1, 0 or -1. */
+static int ph_same_key(PyObject *key, PyObject *init_fn, PyObject *init_args, PyObject *axes,
+                       PyObject *rules, PyObject *mesh, int in_jit, PyObject *shape) {
+    if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 8) return 0;
+    PyObject *mid = PyTuple_GET_ITEM(key, 5), *kw = PyTuple_GET_ITEM(key, 2);
+    if (!PyLong_CheckExact(mid) || PyLong_AsVoidPtr(mid) != (void *)mesh) {
+        if (PyErr_Occurred()) PyErr_Clear();
+        return 0;
+    }
+    if (PyTuple_GET_ITEM(key, 6) != (in_jit ? Py_True : Py_False) || !PyTuple_CheckExact(kw) ||
+        PyTuple_GET_SIZE(kw) != 0)
+        return 0;
+    int r = ph_same_fn_key(PyTuple_GET_ITEM(key, 0), init_fn);
+    if (r == 1) r = ph_eq(PyTuple_GET_ITEM(key, 1), init_args);
+    if (r == 1) r = ph_eq(PyTuple_GET_ITEM(key, 3), axes);
+    if (r == 1) r = ph_eq(PyTuple_GET_ITEM(key, 4), rules);
+    if (r == 1) r = ph_eq(PyTuple_GET_ITEM(key, 7), shape);
+    return r;
+}
+
+/* The memo slot of a declaration: its initializer's code, its name and its scope's path (by
+ * the strings' hashes: a path's names are made anew at every call). */
+static size_t ph_slot(PyObject *init_fn, PyObject *name, PyObject *path) {
+    size_t h = (size_t)(PyFunction_Check(init_fn) ? PyFunction_GetCode(init_fn) : init_fn) >> 4;
+    h = h * 1000003u + (size_t)PyObject_Hash(name);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(path); i++)
+        h = h * 1000003u + (size_t)PyObject_Hash(PyTuple_GET_ITEM(path, i));
+    if (PyErr_Occurred()) PyErr_Clear();   /* (an unhashable item: a slot all the same) */
+    return (h ^ (h >> 29)) % PH_MEMO;
+}
+
+/* dict[key] by a known hash (borrowed; NULL without an exception when absent). */
+static PyObject *ph_get_known_hash(PyObject *d, PyObject *key, Py_hash_t hash) {
+#if PY_VERSION_HEX < 0x030D0000
+    return _PyDict_GetItem_KnownHash(d, key, hash);
+#else
+    (void)hash;
+    return PyDict_GetItemWithError(d, key);
+#endif
+}
+
 static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
     if (n != 4)
@@ -537,11 +652,11 @@ static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t 
     const int ism = PyObject_IsInstance(module, ph_env[PH_MODULE]);
     if (ism < 0) goto error;
     if (!ism || ph_get(ph_env[PH_PLAIN], (PyObject *)Py_TYPE(module)) != Py_True) goto miss;
-    scope = PyObject_GetAttr(module, ph_names[N_SCOPE]);
+    scope = ph_attr(module, ph_names[N_SCOPE]);
     if (scope == NULL) goto error;
     if (ph_get(ph_env[PH_PLAIN], (PyObject *)Py_TYPE(scope)) != Py_True) goto miss;
-    vars = PyObject_GetAttr(scope, ph_names[N_VARIABLES]);
-    path = vars != NULL ? PyObject_GetAttr(scope, ph_names[N_PATH]) : NULL;
+    vars = ph_attr(scope, ph_names[N_VARIABLES]);
+    path = vars != NULL ? ph_attr(scope, ph_names[N_PATH]) : NULL;
     if (path == NULL) goto error;
     if (!PyTuple_CheckExact(path)) goto miss;
     PyObject *d = ph_get(vars, ph_names[N_PARAMS]);
@@ -552,11 +667,6 @@ static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_INCREF(value); /* (held while Python code below runs) */
     mesh = PyObject_CallNoArgs(ph_env[PH_GET_MESH]);
     if (mesh == NULL) goto error_v;
-    fkey = ph_fn_key(init_fn);
-    if (fkey == NULL) {
-        if (PyErr_Occurred()) goto error_v;
-        goto miss_v;
-    }
     rules = py_get_axis_rules(NULL, NULL);
     depth = rules != NULL ? PyObject_GetAttr(ph_env[PH_JIT_TLS], ph_names[N_DEPTH]) : NULL;
     shape = depth != NULL ? PyObject_GetAttr(value, ph_names[N_SHAPE]) : NULL;
@@ -565,29 +675,57 @@ static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (dv == -1 && PyErr_Occurred()) goto error_v;
     if (dv < 0) goto miss_v;
     const int in_jit = dv > 0;
-    PyObject *mid = PyLong_FromVoidPtr(mesh);
-    PyObject *empty = PyTuple_New(0);
-    key = mid != NULL && empty != NULL
-        ? PyTuple_Pack(8, fkey, init_args, empty, axes, rules, mid, in_jit ? Py_True : Py_False,
-                       shape)
-        : NULL;
-    Py_XDECREF(mid);
-    Py_XDECREF(empty);
-    if (key == NULL) goto error_v;
-    PyObject *entry = PyDict_GetItemWithError(ph_env[PH_CHECKED], key);
+    const size_t slot = ph_slot(init_fn, name, path);
+    Py_hash_t hash = -1;
+    if (ph_memo[slot].key != NULL) {
+        const int same = ph_same_key(ph_memo[slot].key, init_fn, init_args, axes, rules, mesh,
+                                     in_jit, shape);
+        if (same < 0) goto error_v;
+        if (same) {
+            key = Py_NewRef(ph_memo[slot].key);
+            hash = ph_memo[slot].hash;
+        }
+    }
+    if (key == NULL) {
+        fkey = ph_fn_key(init_fn);
+        if (fkey == NULL) {
+            if (PyErr_Occurred()) goto error_v;
+            goto miss_v;
+        }
+        PyObject *mid = PyLong_FromVoidPtr(mesh);
+        PyObject *empty = PyTuple_New(0);
+        key = mid != NULL && empty != NULL
+            ? PyTuple_Pack(8, fkey, init_args, empty, axes, rules, mid,
+                           in_jit ? Py_True : Py_False, shape)
+            : NULL;
+        Py_XDECREF(mid);
+        Py_XDECREF(empty);
+        if (key == NULL) goto error_v;
+        hash = PyObject_Hash(key);
+        if (hash == -1) { /* unhashable rules: the Python path keys nothing either */
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error_v;
+            PyErr_Clear();
+            goto miss_v;
+        }
+    }
+    PyObject *entry = ph_get_known_hash(ph_env[PH_CHECKED], key, hash);
     if (entry == NULL) {
-        if (PyErr_Occurred()) { /* unhashable rules: the Python path keys nothing either */
+        if (PyErr_Occurred()) {
             if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error_v;
             PyErr_Clear();
         }
         goto miss_v;
+    }
+    if (ph_memo[slot].key != key) {
+        Py_XSETREF(ph_memo[slot].key, Py_NewRef(key));
+        ph_memo[slot].hash = hash;
     }
     if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) < 4 ||
         PyList_GET_ITEM(entry, 0) != mesh)
         goto miss_v;
     Py_INCREF(entry);
     /* the declaration rule: in setup(), or the module's @compact frame is on the stack */
-    in_setup = PyObject_GetAttr(module, ph_names[N_IN_SETUP]);
+    in_setup = ph_attr(module, ph_names[N_IN_SETUP]);
     if (in_setup == NULL) goto error_ve;
     if (in_setup != Py_True) {
         int found = 0;
@@ -598,9 +736,9 @@ static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         if (!found) goto miss_ve;
     }
-    reserved = PyObject_GetAttr(scope, ph_names[N_RESERVED]);
-    children = reserved != NULL ? PyObject_GetAttr(scope, ph_names[N_CHILDREN]) : NULL;
-    mutable = children != NULL ? PyObject_GetAttr(scope, ph_names[N_MUTABLE]) : NULL;
+    reserved = ph_attr(scope, ph_names[N_RESERVED]);
+    children = reserved != NULL ? ph_attr(scope, ph_names[N_CHILDREN]) : NULL;
+    mutable = children != NULL ? ph_attr(scope, ph_names[N_MUTABLE]) : NULL;
     if (mutable == NULL) goto error_ve;
     if (mutable != Py_False || !PySet_CheckExact(reserved) || !PyDict_CheckExact(children))
         goto miss_ve;

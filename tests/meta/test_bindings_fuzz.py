@@ -234,6 +234,8 @@ SIGS = {
     "tape_backward": ["any", "any", "any", "any"],
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any"],
     "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
+    "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
+    "module_release": ["any"],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],
     "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],
@@ -252,14 +254,15 @@ SIGS = {
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError",
         "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register", "devices_set_id_offset",
-        "param_hit_setup"}
+        "param_hit_setup", "module_setup"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
 # dispatch_register: replaces the primitives behind the Array's operators, which the fuzz
 # itself uses; its argument checks are tested in tests/ops/test_dispatch.py;
 # devices_set_id_offset: renumbers the devices once per process, under the fuzz's Arrays;
 # its argument checks are tested in tests/distributed/test_global_arrays.py;
 # param_hit_setup: replaces the objects partitioning.param_with_axes' C hit path reads, set
-# once at import; param_hit itself is fuzzed)
+# once at import; param_hit itself is fuzzed; module_setup likewise, for nn.module's
+# module_call and module_bind_new)
 
 class SlotsLike:  # an Array-like class with the Array's field names (move_arrays refuses it)
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",

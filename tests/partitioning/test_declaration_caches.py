@@ -332,3 +332,67 @@ def test_constraint_target_entry_of_a_reused_mesh_id_is_not_used():
     with m:
         out = nn_partitioning.with_sharding_constraint(a, spec, rules=RULES)
     assert out.sharding == NamedSharding(m, P("data", "model"))
+
+
+def test_c_memo_of_a_call_site_follows_what_it_declares():
+    """param_hit keeps, per call site, the last key it found (py_rules.c's memo): a call whose
+    initializer closes over another value, or whose axes differ, is not taken for it (the
+    long way keys it), and equal values found in other objects are."""
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+
+    class Site(nn.Module):
+        bound: float
+        axes: tuple = ("feature", "hidden")
+
+        @nn.compact
+        def __call__(self, x):
+            k = nn_partitioning.param_with_axes("kernel", _uniform(self.bound), (4, 8),
+                                                axes=self.axes)
+            return x @ k
+
+    xs, v = _init(Site(0.5), x, mesh)
+    long_way = {"_checked_key", "_born_sharding"}
+
+    def runs_long_way(model, rules=RULES):
+        with mesh, nn_partitioning.axis_rules(rules):
+            calls = _python_calls(lambda: model.apply(v, xs))
+        return bool([c for c in calls if c[1] in long_way])
+
+    for _ in range(2):
+        runs_long_way(Site(0.5))
+    assert not runs_long_way(Site(0.5))
+    assert runs_long_way(Site(0.25))                    # another closed-over value
+    runs_long_way(Site(0.25))
+    assert not runs_long_way(Site(0.25))
+    assert not runs_long_way(Site(float("0.5")))        # an equal float, another object
+    assert runs_long_way(Site(0.5, axes=("embed", "hidden")))   # other axes, the same sharding
+    runs_long_way(Site(0.5, axes=("embed", "hidden")))
+    assert not runs_long_way(Site(0.5, axes=("embed", "hidden")))
+    assert not runs_long_way(Site(0.5))
+    # equal rules in other objects: the same key
+    assert not runs_long_way(Site(0.5), rules=tuple(tuple(r) for r in RULES))
+    assert runs_long_way(Site(0.5), rules=(("batch", "data"), ("hidden", None)))
+    with mesh, nn_partitioning.axis_rules(RULES):
+        np.testing.assert_array_equal(np.asarray(Site(0.5).apply(v, xs)),
+                                      np.asarray(Site(0.25).apply(v, xs)))
+
+
+def test_constraint_of_an_equal_sharding_remembered_per_target():
+    """An Array whose sharding equals the constraint's target without being it (here: a spec
+    without the trailing None) is returned as it is, and the pair is remembered
+    (spmd._SEEN_EQUAL); another sharding is still moved."""
+    m = _mesh()
+    spec = ("batch", "feature")                       # -> P('data', None)
+    a = _arr(m, P("data"))
+    with m:
+        target = spmd._constraint_target(spec, RULES, spmd.RulesFallback.AXIS_IS_UNSHARDED, m)
+        assert a.sharding is not target and a.sharding == target
+        for _ in range(2):
+            assert nn_partitioning.with_sharding_constraint(a, spec, rules=RULES) is a
+        assert spmd._SEEN_EQUAL[id(target)] == (target, a.sharding)
+        assert spmd._SEEN_EQUAL[id(target)][1] is a.sharding
+        if len(cts.devices()) >= 2:
+            b = _arr(_mesh((1, 2)), P("data"))       # equal specs, another mesh: moved
+            out = nn_partitioning.with_sharding_constraint(b, spec, rules=RULES)
+            assert out is not b and out.sharding == target

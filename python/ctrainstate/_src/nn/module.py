@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ... import _C
 from ... import random as _random
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, get_mesh
@@ -169,6 +170,9 @@ class _Frame(tuple):
 
 _tuple_new = tuple.__new__
 _object_new = object.__new__
+_module_call = _C.module_call
+_module_bind_new = _C.module_bind_new
+_module_release = _C.module_release
 
 
 def current_module() -> "Module | None":
@@ -212,68 +216,78 @@ def _require_bound(module, hint: str = "call it through .init(...) or .apply(...
 
 
 def _wrap_method(fn: Callable) -> Callable:
-    """Run a user method with the module's frame active (so submodules attach to it)."""
+    """Run a user method with the module's frame active (so submodules attach to it): the
+    call is ``_call_method(fn, self, args, kwargs)``, its common case in C
+    (``_C.module_call``, py_module.c)."""
     if getattr(fn, "_ct_wrapped", False):
         return fn
 
     @functools.wraps(fn)
     def wrapped(self, *args, **kwargs):
-        scope = self._scope
-        if scope is None:
-            orphan = self.__dict__.get("_orphan_of")
-            if orphan is not None:
-                _require_bound(self, f"submodules must be defined in `setup()` or in a method "
-                                     f"wrapped in `@compact`; this one was created in another "
-                                     f"method of {orphan}")
-            _require_bound(self)
-        d = self.__dict__       # (the module's own state: see _attach)
-        if not d["_setup_done"]:
-            if d["_fields_adopted"] and type(self).setup is _base_setup and "setup" not in d \
-                    and type(self)._try_setup is _base_try_setup:
-                # self._try_setup() where there is no setup() to run (its first branch)
-                d["_setup_done"] = True
-                d["_setup_reserved"] = set(scope._reserved)
-            else:
-                self._try_setup()
-        is_compact = getattr(fn, "_ct_compact", False)
-        ctx = _ctx
-        stack = ctx.stack
-        if is_compact:
-            for f in stack:
-                if f[0] is self:            # (f.module)
-                    break
-            else:
-                # A new call of this module: auto names restart and its names may be declared
-                # again (so a module called twice reuses its submodules and params, as in
-                # Flax).
-                d["_auto_counts"] = {}
-                names = set(d["_field_names"])
-                setup_names = d["_setup_names"]
-                if setup_names:
-                    names |= setup_names
-                d["_call_names"] = names
-                reserved = scope._reserved
-                reserved.clear()
-                setup_reserved = d["_setup_reserved"]
-                if setup_reserved:
-                    reserved.update(setup_reserved)   # setup()'s params stay taken
-        stack.append(_tuple_new(_Frame, (self, is_compact)))    # _Frame(self, is_compact)
-        recorders = ctx.recorders
-        call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
-        try:
-            out = fn(self, *args, **kwargs)
-            if call is not None:
-                call.outputs = out     # nn.tabulate's outputs column
-            capture = ctx.capture      # _capture_stack(), read inline
-            if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
-                # apply(..., capture_intermediates=...): the method's return value, sown as
-                # Flax does (a tuple per method name, one entry per call)
-                self.sow("intermediates", fn.__name__, out)
-            return out
-        finally:
-            stack.pop()
+        return _module_call(fn, self, args, kwargs)
     wrapped._ct_wrapped = True
     return wrapped
+
+
+def _call_method(fn: Callable, self, args: tuple, kwargs: dict):
+    """``fn(self, *args, **kwargs)`` with the module's frame active: its setup done first, a
+    new call of an ``@compact`` method restarting its auto names and declarations, the call
+    reported to nn.tabulate's recorders and its result sown for ``capture_intermediates``.
+    (``_C.module_call`` does the same for the common case, and calls this for the rest.)"""
+    scope = self._scope
+    if scope is None:
+        orphan = self.__dict__.get("_orphan_of")
+        if orphan is not None:
+            _require_bound(self, f"submodules must be defined in `setup()` or in a method "
+                                 f"wrapped in `@compact`; this one was created in another "
+                                 f"method of {orphan}")
+        _require_bound(self)
+    d = self.__dict__       # (the module's own state: see _attach)
+    if not d["_setup_done"]:
+        if d["_fields_adopted"] and type(self).setup is _base_setup and "setup" not in d \
+                and type(self)._try_setup is _base_try_setup:
+            # self._try_setup() where there is no setup() to run (its first branch)
+            d["_setup_done"] = True
+            d["_setup_reserved"] = set(scope._reserved)
+        else:
+            self._try_setup()
+    is_compact = getattr(fn, "_ct_compact", False)
+    ctx = _ctx
+    stack = ctx.stack
+    if is_compact:
+        for f in stack:
+            if f[0] is self:            # (f.module)
+                break
+        else:
+            # A new call of this module: auto names restart and its names may be declared
+            # again (so a module called twice reuses its submodules and params, as in
+            # Flax).
+            d["_auto_counts"] = {}
+            names = set(d["_field_names"])
+            setup_names = d["_setup_names"]
+            if setup_names:
+                names |= setup_names
+            d["_call_names"] = names
+            reserved = scope._reserved
+            reserved.clear()
+            setup_reserved = d["_setup_reserved"]
+            if setup_reserved:
+                reserved.update(setup_reserved)   # setup()'s params stay taken
+    stack.append(_tuple_new(_Frame, (self, is_compact)))    # _Frame(self, is_compact)
+    recorders = ctx.recorders
+    call = recorders[-1].enter(self, fn.__name__, args, kwargs) if recorders else None
+    try:
+        out = fn(self, *args, **kwargs)
+        if call is not None:
+            call.outputs = out     # nn.tabulate's outputs column
+        capture = ctx.capture      # _capture_stack(), read inline
+        if capture and capture[-1] is not None and capture[-1](self, fn.__name__):
+            # apply(..., capture_intermediates=...): the method's return value, sown as
+            # Flax does (a tuple per method name, one entry per call)
+            self.sow("intermediates", fn.__name__, out)
+        return out
+    finally:
+        stack.pop()
 
 
 @contextlib.contextmanager
@@ -430,7 +444,7 @@ def _generated_init(cls, init: Callable) -> Callable | None:
     # the generated code's own names: none may be a field's (a field `type` or `dict`
     # would shadow the builtin)
     ns = {"__ct_UNSET": _UNSET, "__ct_FACTORY": factory, "__ct_ctx": _ctx,
-          "__ct_bind_new": _bind_new, "__ct_post_init": Module.__post_init__,
+          "__ct_bind_new": _module_bind_new, "__ct_post_init": Module.__post_init__,
           "__ct_free_init": _free_init, "__ct_bad_name": _bad_name, "__ct_str": str,
           "__ct_type": type, "__ct_isinstance": isinstance, "__ct_set": set, "__ct_dict": dict}
     if any(f.name.startswith("__ct_") or f.name in ("self", "parent", "__init__")
@@ -538,6 +552,36 @@ def _bind_new(module, stack):
         object.__setattr__(module, "_orphan_of", type(parent).__name__)
 
 
+def _adopt_tail(child: "Module") -> None:
+    """The end of :meth:`Module._attach` for a child whose fields are not adopted yet:
+    ``child._adopt_fields()``, skipped where the class keeps the base method and every field
+    holds a scalar or a tuple of scalars (no module inside, _freeze_attr keeps it): what it
+    would do then is mark the fields adopted, with no field submodule."""
+    cd = child.__dict__
+    cls = type(child)
+    plain = cls.__dict__.get("_ct_plain_fields")
+    if plain is None or plain[0] is not cls.__dataclass_fields__:
+        plain = _plain_fields_info(cls)
+    if plain[1]:
+        for n in plain[1]:
+            v = cd[n]
+            tv = type(v)
+            if tv in _SCALARS:
+                continue
+            if tv is tuple:
+                for e in v:
+                    if type(e) not in _SCALARS:
+                        break
+                else:
+                    continue
+            break
+        else:
+            cd["_fields_adopted"] = True
+            cd["_field_names"] = ()
+            return
+    child._adopt_fields()
+
+
 _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "variable",
              "setup", "make_rng", "is_mutable_collection", "has_variable", "sow", "path",
              "is_initializing", "bind"}
@@ -592,7 +636,7 @@ class Module:
             _bad_name(self)
         stack = _ctx.stack
         if stack:
-            _bind_new(self, stack)
+            _module_bind_new(self, stack)
 
     def __setattr__(self, key, value):
         # (the instance's own state: __getattr__ raises for a missing private name, so a
@@ -649,34 +693,9 @@ class Module:
         scope._reserved.clear()
         cd["_scope"] = scope
         d["_children"][name] = child
-        # eagerly, as Flax registers a bound module's field submodules: child._adopt_fields(),
-        # skipped where the class keeps the base method and every field holds a scalar or a
-        # tuple of scalars (no module inside, _freeze_attr keeps it): what it would do then
-        # is mark the fields adopted, with no field submodule
-        if cd["_fields_adopted"]:
-            return
-        cls = type(child)
-        plain = cls.__dict__.get("_ct_plain_fields")
-        if plain is None or plain[0] is not cls.__dataclass_fields__:
-            plain = _plain_fields_info(cls)
-        if plain[1]:
-            for n in plain[1]:
-                v = cd[n]
-                tv = type(v)
-                if tv in _SCALARS:
-                    continue
-                if tv is tuple:
-                    for e in v:
-                        if type(e) not in _SCALARS:
-                            break
-                    else:
-                        continue
-                break
-            else:
-                cd["_fields_adopted"] = True
-                cd["_field_names"] = ()
-                return
-        child._adopt_fields()
+        # eagerly, as Flax registers a bound module's field submodules (see _adopt_tail)
+        if not cd["_fields_adopted"]:
+            _adopt_tail(child)
 
     # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
     def _adopt(self, name: str, value):
@@ -1000,6 +1019,12 @@ class Module:
         finally:
             scopes.pop()
             stack.pop()
+        # the bound tree is a cycle (parents hold children, children their parent): where
+        # nothing references it any more, the cycle is cut so it is freed now rather than by
+        # the cycle collector (py_module.c's module_release)
+        holder = [bound]
+        del bound
+        _module_release(holder)
         return out, scope._variables    # scope.variables() (the root's: path ())
 
     def init_with_output(self, rngs, *args, method=None, mutable=DenyList("intermediates"),
@@ -1133,6 +1158,10 @@ class Module:
 
 _base_setup = Module.setup
 _base_try_setup = Module._try_setup
+# the common cases of a method call and of a submodule's attach, in C (py_module.c); what
+# they decline goes to _call_method and _bind_new
+_C.module_setup(_ctx, Module, _Frame, ModuleScope, Module._attach, Module._adopt_fields, _base_setup,
+                _base_try_setup, _plain_fields_info, _call_method, _bind_new, _adopt_tail)
 
 
 class _Identity:

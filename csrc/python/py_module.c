@@ -1,0 +1,623 @@
+/*
+ * py_module.c — ctrainstate._C.module_call / module_bind_new: the common case of an nn.Module
+ * method call and of a submodule's construction inside an @compact method, in C.
+ *
+ * A model's apply runs every module method through nn.module's wrapper (the module's frame
+ * pushed, its setup done, a new @compact call's names reset) and attaches every submodule
+ * it constructs to its parent (a name, a child scope, the fields' adoption). In Python that
+ * is most of a small model's host time besides the ops. These two functions do the same in
+ * C for the common case and hand everything else to the Python functions they were set up
+ * with (module_setup), which stay the reference: each C path first checks every condition
+ * of its case, and only then changes state, so a call the C path declines reaches the
+ * Python one unchanged (and raises, or handles the rare case, there). Hand-written for
+ * speed: no library does this.
+ *
+ * module_call(fn, self, args, kwargs): nn.module._call_method's common case (see there):
+ * `self` is bound, its setup is done or trivially done (no setup() to run, fields adopted),
+ * no nn.tabulate recorder and no capture_intermediates filter is active; the frame is
+ * pushed, a new @compact call resets the module's names and its scope's reservations, fn
+ * runs, the frame is popped.
+ *
+ * module_bind_new(module, stack): nn.module._bind_new's common case: the innermost frame is
+ * an @compact frame of a module whose class keeps Module._attach, whose scope is exactly a
+ * ModuleScope and which is not in setup(); the name (given, or the next auto name) is free
+ * (no submodule and no variable of the scope has it). Module._attach's work follows: the
+ * child is named, parented and given its child scope (made as _new_child_scope makes it),
+ * and its fields are marked adopted where they hold no module (scalars and tuples of
+ * scalars, the class keeping Module._adopt_fields); otherwise nn.module._adopt_tail does
+ * the rest.
+ *
+ * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold
+ * their children in `_children`, children their parent in `_parent`), so each apply left its
+ * modules, scopes and their dicts to the cycle collector, whose collections then ran every
+ * few applies. Where nothing outside the tree references it any more, the cycle is cut and
+ * the tree is freed at once (see py_module_release).
+ */
+#include "ct_py.h"
+
+enum { MS_CTX, MS_MODULE, MS_FRAME, MS_SCOPE, MS_ATTACH, MS_ADOPT_FIELDS, MS_SETUP, MS_TRY_SETUP,
+       MS_PLAIN_INFO, MS_CALL_SLOW, MS_BIND_SLOW, MS_ADOPT_TAIL, MS_N };
+static PyObject *ms_env[MS_N];
+
+#define MS_NAMES(X)                                                                         \
+    X(stack) X(recorders) X(capture) X(_scope) X(_setup_done) X(_fields_adopted) X(setup)   \
+    X(_try_setup) X(_attach) X(_ct_compact) X(_auto_counts) X(_field_names) X(_setup_names) \
+    X(_call_names) X(_reserved) X(_setup_reserved) X(_in_setup) X(name) X(_parent)          \
+    X(_children) X(_variables) X(rngs) X(mutable) X(path) X(root_rngs) X(rng_counters)      \
+    X(initializing) X(adopted) X(_ct_plain_fields) X(__dataclass_fields__) X(__name__)   \
+    X(_adopt_fields)
+#define MS_ENUM(n) S_##n,
+enum { MS_NAMES(MS_ENUM) S_COUNT };
+#define MS_STR(n) #n,
+static const char *const ms_name_text[S_COUNT] = {MS_NAMES(MS_STR)};
+static PyObject *ms_str[S_COUNT];
+#define S(n) ms_str[S_##n]
+
+static PyObject *py_module_setup(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *env[MS_N];
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOOOOOO:module_setup", &env[MS_CTX], &PyType_Type,
+                          &env[MS_MODULE], &PyType_Type, &env[MS_FRAME], &PyType_Type,
+                          &env[MS_SCOPE], &env[MS_ATTACH], &env[MS_ADOPT_FIELDS], &env[MS_SETUP],
+                          &env[MS_TRY_SETUP], &env[MS_PLAIN_INFO], &env[MS_CALL_SLOW],
+                          &env[MS_BIND_SLOW], &env[MS_ADOPT_TAIL]))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)env[MS_FRAME], &PyTuple_Type))
+        return PyErr_Format(PyExc_TypeError, "module_setup: the frame type must subclass tuple");
+    for (int i = 0; i < S_COUNT; i++)
+        if (ms_str[i] == NULL && (ms_str[i] = PyUnicode_InternFromString(ms_name_text[i])) == NULL)
+            return NULL;
+    for (int i = 0; i < MS_N; i++) Py_XSETREF(ms_env[i], Py_NewRef(env[i]));
+    Py_RETURN_NONE;
+}
+
+/* The instance dict of `obj` (borrowed), or NULL without an exception where it has none. */
+static PyObject *ms_dict(PyObject *obj) {
+    PyObject **p = _PyObject_GetDictPtr(obj);
+    if (p == NULL) return NULL;
+    if (*p == NULL) {
+        /* (a managed dict not made yet: the generic getter makes it) */
+        PyObject *d = PyObject_GenericGetDict(obj, NULL);
+        if (d == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return *p != NULL && PyDict_CheckExact(*p) ? *p : NULL;
+}
+
+/* d[key], borrowed; NULL (no exception) when absent. Keys are interned strings. */
+static PyObject *ms_get(PyObject *d, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(d, key);
+    if (v == NULL) PyErr_Clear();
+    return v;
+}
+
+/* The class attribute `name` of type(obj) as the MRO finds it (borrowed, may be NULL). */
+static PyObject *ms_class_attr(PyObject *obj, PyObject *name) {
+    return _PyType_Lookup(Py_TYPE(obj), name);
+}
+
+/* getattr(fn, name, False), a new reference (NULL with an exception): a function's own
+ * attribute read from its __dict__. */
+static PyObject *ms_fn_attr(PyObject *fn, PyObject *name) {
+    PyObject *v;
+    if (PyFunction_Check(fn)) {
+        PyObject *d = ((PyFunctionObject *)fn)->func_dict;
+        v = d != NULL ? PyDict_GetItemWithError(d, name) : NULL;
+        if (v == NULL && PyErr_Occurred()) return NULL;
+        return Py_NewRef(v != NULL ? v : Py_False);
+    }
+    if (_PyObject_LookupAttr(fn, name, &v) < 0) return NULL;
+    return v != NULL ? v : Py_NewRef(Py_False);
+}
+
+/* The thread's module context attribute `name` (a new reference; NULL with an exception). */
+static PyObject *ms_ctx(PyObject *name) { return PyObject_GetAttr(ms_env[MS_CTX], name); }
+
+/* Remove the last item of `list` (list.pop() without the result), keeping any exception. */
+static void ms_pop(PyObject *list) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n > 0 && PyList_SetSlice(list, n - 1, n, NULL) < 0) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+}
+
+/* fn(self, *args, **kwargs) */
+static PyObject *ms_call(PyObject *fn, PyObject *self, PyObject *args, PyObject *kwargs) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (kwargs == NULL || PyDict_GET_SIZE(kwargs) == 0) {
+        PyObject *small[8];
+        PyObject **argv = n < 7 ? small : PyMem_New(PyObject *, n + 2);
+        if (argv == NULL) return PyErr_NoMemory();
+        argv[1] = self;
+        for (Py_ssize_t i = 0; i < n; i++) argv[i + 2] = PyTuple_GET_ITEM(args, i);
+        PyObject *r = PyObject_Vectorcall(fn, argv + 1, (size_t)(n + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                          NULL);
+        if (argv != small) PyMem_Free(argv);
+        return r;
+    }
+    PyObject *all = PyTuple_New(n + 1);
+    if (all == NULL) return NULL;
+    PyTuple_SET_ITEM(all, 0, Py_NewRef(self));
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(all, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    PyObject *r = PyObject_Call(fn, all, kwargs);
+    Py_DECREF(all);
+    return r;
+}
+
+/* Whether `obj` is an nn.Module; raises TypeError naming `what` where it is not. */
+static int ms_check_module(PyObject *obj, const char *what) {
+    const int r = PyObject_IsInstance(obj, ms_env[MS_MODULE]);
+    if (r == 0)
+        PyErr_Format(PyExc_TypeError, "%s must be an nn.Module, got %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+    return r == 1 ? 0 : -1;
+}
+
+static PyObject *ms_call_slow(PyObject *fn, PyObject *self, PyObject *args, PyObject *kwargs) {
+    PyObject *a[4] = {fn, self, args, kwargs};
+    return PyObject_Vectorcall(ms_env[MS_CALL_SLOW], a, 4, NULL);
+}
+
+static int ms_is_scalar(PyObject *v) {
+    PyTypeObject *t = Py_TYPE(v);
+    return t == &PyLong_Type || t == &PyFloat_Type || t == &PyComplex_Type ||
+           t == &PyUnicode_Type || t == &PyBytes_Type || t == &PyBool_Type || v == Py_None;
+}
+
+/* Whether adopting the fields of `obj` (a module whose fields are not adopted yet) would only
+ * mark them adopted: its class keeps Module._adopt_fields and every field but name holds a
+ * scalar or a tuple of scalars (no module inside; _freeze_attr keeps it), as nn.module's
+ * _adopt_tail checks, with the class's field names from _plain_fields_info (stored on the
+ * class as _ct_plain_fields; computed there where missing or stale). 1, 0 or -1. */
+static int ms_plain_fields(PyObject *obj, PyObject *d) {
+    if (ms_class_attr(obj, S(_adopt_fields)) != ms_env[MS_ADOPT_FIELDS]) return 0;
+    PyTypeObject *cls = Py_TYPE(obj);
+    PyObject *info = PyDict_GetItemWithError(cls->tp_dict, S(_ct_plain_fields));
+    if (info == NULL && PyErr_Occurred()) return -1;
+    PyObject *dc_fields = ms_class_attr(obj, S(__dataclass_fields__));
+    if (info == NULL || !PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != 2 ||
+        PyTuple_GET_ITEM(info, 0) != dc_fields) {
+        PyObject *made = PyObject_CallOneArg(ms_env[MS_PLAIN_INFO], (PyObject *)cls);
+        if (made == NULL) return -1;
+        Py_DECREF(made);
+        info = PyDict_GetItemWithError(cls->tp_dict, S(_ct_plain_fields));
+        if (info == NULL && PyErr_Occurred()) return -1;
+        if (info == NULL || !PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != 2) return 0;
+    }
+    PyObject *fields = PyTuple_GET_ITEM(info, 1);
+    if (!PyTuple_CheckExact(fields)) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); i++) {
+        PyObject *v = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(fields, i));
+        if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+        if (PyTuple_CheckExact(v)) {
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(v); j++)
+                if (!ms_is_scalar(PyTuple_GET_ITEM(v, j))) return 0;
+        } else if (!ms_is_scalar(v)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The fields of a module marked adopted (what _adopt_fields does where ms_plain_fields
+ * holds): 0, or -1 with an exception. */
+static int ms_mark_adopted(PyObject *d) {
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL) return -1;
+    const int rc = PyDict_SetItem(d, S(_fields_adopted), Py_True) < 0 ||
+                   PyDict_SetItem(d, S(_field_names), empty) < 0;
+    Py_DECREF(empty);
+    return rc ? -1 : 0;
+}
+
+static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 4 || !PyTuple_CheckExact(a[2]) || !PyDict_Check(a[3]))
+        return PyErr_Format(PyExc_TypeError, "module_call(fn, self, args: tuple, kwargs: dict)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *fn = a[0], *self = a[1], *args = a[2], *kwargs = a[3];
+    if (ms_check_module(self, "module_call: self") < 0) return NULL;
+    PyObject *stack = NULL, *rec = NULL, *cap = NULL, *reserved = NULL, *frame = NULL;
+    PyObject *out = NULL, *compact = NULL, *scope = NULL;
+    PyObject *d = ms_dict(self);
+    if (d == NULL) goto slow;
+    PyObject *sc = ms_get(d, S(_scope));
+    PyObject *done = ms_get(d, S(_setup_done));
+    if (sc == NULL || sc == Py_None || done == NULL) goto slow;
+    scope = Py_NewRef(sc);   /* (held: its attributes are read below) */
+    int adopt = 0;
+    if (done != Py_True) {
+        /* _try_setup where there is nothing to set up: fields adopted (or holding no module),
+         * no setup() of the class's own or in the instance */
+        PyObject *adopted = ms_get(d, S(_fields_adopted));
+        if (done != Py_False || adopted == NULL ||
+            ms_class_attr(self, S(setup)) != ms_env[MS_SETUP] || ms_get(d, S(setup)) != NULL ||
+            ms_class_attr(self, S(_try_setup)) != ms_env[MS_TRY_SETUP])
+            goto slow;
+        if (adopted != Py_True) {
+            adopt = ms_plain_fields(self, d);
+            if (adopt < 0) goto error;
+            if (!adopt) goto slow;
+        }
+    }
+    compact = ms_fn_attr(fn, S(_ct_compact));
+    const int is_compact = compact != NULL ? PyObject_IsTrue(compact) : -1;
+    if (is_compact < 0) goto error;
+    stack = ms_ctx(S(stack));
+    rec = stack != NULL ? ms_ctx(S(recorders)) : NULL;
+    cap = rec != NULL ? ms_ctx(S(capture)) : NULL;
+    if (cap == NULL) goto error;
+    if (!PyList_CheckExact(stack) || (rec != Py_None && PyObject_IsTrue(rec) != 0)) goto slow;
+    if (cap != Py_None) {
+        if (!PyList_CheckExact(cap)) goto slow;
+        const Py_ssize_t nc = PyList_GET_SIZE(cap);
+        if (nc > 0 && PyList_GET_ITEM(cap, nc - 1) != Py_None) goto slow;
+    }
+    reserved = PyObject_GetAttr(scope, S(_reserved));
+    if (reserved == NULL) goto error;
+    if (!PySet_CheckExact(reserved)) goto slow;
+    int fresh = 0;
+    if (is_compact) {
+        fresh = 1;
+        for (Py_ssize_t i = 0; fresh && i < PyList_GET_SIZE(stack); i++) {
+            PyObject *f = PyList_GET_ITEM(stack, i);
+            if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) < 1) goto slow;
+            fresh = PyTuple_GET_ITEM(f, 0) != self;
+        }
+    }
+    PyObject *field_names = NULL, *setup_names = NULL, *setup_reserved = NULL;
+    if (fresh) {
+        field_names = ms_get(d, S(_field_names));
+        setup_names = ms_get(d, S(_setup_names));
+        setup_reserved = ms_get(d, S(_setup_reserved));
+        if (field_names == NULL || setup_names == NULL || setup_reserved == NULL ||
+            !PyTuple_CheckExact(field_names) || !PySet_CheckExact(setup_names) ||
+            !PySet_CheckExact(setup_reserved))
+            goto slow;
+    }
+    /* every condition holds: the state changes from here */
+    if (adopt && ms_mark_adopted(d) < 0) goto error;
+    if (done != Py_True) {
+        PyObject *r = PySet_New(reserved);
+        if (r == NULL) goto error;
+        const int rc = PyDict_SetItem(d, S(_setup_done), Py_True) < 0 ||
+                       PyDict_SetItem(d, S(_setup_reserved), r) < 0;
+        Py_DECREF(r);
+        if (rc) goto error;
+        if (fresh) setup_reserved = ms_get(d, S(_setup_reserved));
+    }
+    if (fresh) {
+        /* a new call of this module: auto names restart, its names may be declared again */
+        PyObject *counts = PyDict_New();
+        PyObject *names = counts != NULL ? PySet_New(field_names) : NULL;
+        int rc = names == NULL || PyDict_SetItem(d, S(_auto_counts), counts) < 0;
+        if (!rc && PySet_GET_SIZE(setup_names) > 0)
+            rc = _PySet_Update(names, setup_names) < 0;
+        if (!rc) rc = PyDict_SetItem(d, S(_call_names), names) < 0;
+        Py_XDECREF(counts);
+        Py_XDECREF(names);
+        if (rc || PySet_Clear(reserved) < 0) goto error;
+        if (PySet_GET_SIZE(setup_reserved) > 0 && _PySet_Update(reserved, setup_reserved) < 0)
+            goto error;
+    }
+    PyTypeObject *ft = (PyTypeObject *)ms_env[MS_FRAME];
+    frame = ft->tp_alloc(ft, 2);    /* _Frame(self, fn._ct_compact), as tuple.__new__ makes it */
+    if (frame == NULL) goto error;
+    PyTuple_SET_ITEM(frame, 0, Py_NewRef(self));
+    PyTuple_SET_ITEM(frame, 1, Py_NewRef(compact));
+    if (PyList_Append(stack, frame) < 0) goto error;
+    out = ms_call(fn, self, args, kwargs);
+    ms_pop(stack);
+    goto done;
+slow:
+    if (PyErr_Occurred()) goto error;
+    out = ms_call_slow(fn, self, args, kwargs);
+    goto done;
+error:
+    out = NULL;
+done:
+    Py_XDECREF(stack);
+    Py_XDECREF(rec);
+    Py_XDECREF(cap);
+    Py_XDECREF(reserved);
+    Py_XDECREF(frame);
+    Py_XDECREF(compact);
+    Py_XDECREF(scope);
+    return out;
+}
+
+/* dict.fromkeys(keys, value) of a dict `keys` (a new dict). */
+static PyObject *ms_fromkeys(PyObject *keys, PyObject *value) {
+    PyObject *r = PyDict_New();
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (r != NULL && PyDict_Next(keys, &pos, &k, &v))
+        if (PyDict_SetItem(r, k, value) < 0) Py_CLEAR(r);
+    return r;
+}
+
+/* _new_child_scope(scope, name) for a ModuleScope `scope` (see nn.module): a new reference. */
+static PyObject *ms_new_child_scope(PyObject *scope, PyObject *scope_children, PyObject *name) {
+    PyObject *vars = NULL, *root = NULL, *mutable = NULL, *path = NULL, *init = NULL;
+    PyObject *adopted = NULL, *child = NULL, *newpath = NULL, *tail = NULL, *rngs = NULL;
+    PyObject *counters = NULL, *reserved = NULL, *children = NULL, *result = NULL;
+    vars = PyObject_GetAttr(scope, S(_variables));
+    root = vars != NULL ? PyObject_GetAttr(scope, S(root_rngs)) : NULL;
+    mutable = root != NULL ? PyObject_GetAttr(scope, S(mutable)) : NULL;
+    path = mutable != NULL ? PyObject_GetAttr(scope, S(path)) : NULL;
+    init = path != NULL ? PyObject_GetAttr(scope, S(initializing)) : NULL;
+    adopted = init != NULL ? PyObject_GetAttr(scope, S(adopted)) : NULL;
+    if (adopted == NULL) goto out;
+    if (!PyDict_Check(root)) {
+        PyErr_Format(PyExc_TypeError, "ModuleScope.root_rngs must be a dict");
+        goto out;
+    }
+    const int has_root = PyDict_GET_SIZE(root) > 0;
+    PyObject *own_root = has_root ? PyDict_Copy(root) : PyDict_New();
+    Py_SETREF(root, own_root);
+    if (root == NULL) goto out;
+    rngs = ms_fromkeys(root, Py_None);
+    PyObject *zero = rngs != NULL ? PyLong_FromLong(0) : NULL;
+    counters = zero != NULL ? ms_fromkeys(root, zero) : NULL;
+    Py_XDECREF(zero);
+    tail = counters != NULL ? PyTuple_Pack(1, name) : NULL;
+    newpath = tail != NULL ? PySequence_Concat(path, tail) : NULL;
+    reserved = newpath != NULL ? PySet_New(NULL) : NULL;
+    children = reserved != NULL ? PyDict_New() : NULL;
+    PyTypeObject *st = (PyTypeObject *)ms_env[MS_SCOPE];
+    PyObject *empty = children != NULL ? PyTuple_New(0) : NULL;
+    child = empty != NULL ? PyBaseObject_Type.tp_new(st, empty, NULL) : NULL;  /* object.__new__ */
+    Py_XDECREF(empty);
+    PyObject *d = child != NULL ? ms_dict(child) : NULL;
+    if (d == NULL) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "ModuleScope without a __dict__");
+        goto out;
+    }
+    /* the attributes of ModuleScope.__init__, in its order */
+    if (PyDict_SetItem(d, S(_variables), vars) < 0 || PyDict_SetItem(d, S(rngs), rngs) < 0 ||
+        PyDict_SetItem(d, S(mutable), mutable) < 0 || PyDict_SetItem(d, S(path), newpath) < 0 ||
+        PyDict_SetItem(d, S(_reserved), reserved) < 0 ||
+        PyDict_SetItem(d, S(_children), children) < 0 ||
+        PyDict_SetItem(d, S(root_rngs), root) < 0 ||
+        PyDict_SetItem(d, S(rng_counters), counters) < 0 ||
+        PyDict_SetItem(d, S(initializing), init) < 0 || PyDict_SetItem(d, S(adopted), adopted) < 0 ||
+        PyDict_SetItem(scope_children, name, child) < 0)
+        goto out;
+    result = Py_NewRef(child);
+out:
+    Py_XDECREF(vars);
+    Py_XDECREF(root);
+    Py_XDECREF(mutable);
+    Py_XDECREF(path);
+    Py_XDECREF(init);
+    Py_XDECREF(adopted);
+    Py_XDECREF(child);
+    Py_XDECREF(newpath);
+    Py_XDECREF(tail);
+    Py_XDECREF(rngs);
+    Py_XDECREF(counters);
+    Py_XDECREF(reserved);
+    Py_XDECREF(children);
+    return result;
+}
+
+/* Whether `reserved` (an exact set) holds a variable named `name`: (collection, name). 1, 0
+ * or -1. */
+static int ms_variable_named(PyObject *reserved, PyObject *name) {
+    Py_ssize_t pos = 0;
+    PyObject *k;
+    Py_hash_t h;
+    while (_PySet_NextEntry(reserved, &pos, &k, &h)) {
+        if (!PyTuple_Check(k)) continue;
+        if (PyTuple_GET_SIZE(k) < 2) return 1;   /* (the Python check decides, and raises) */
+        const int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(k, 1), name, Py_EQ);
+        if (eq != 0) return eq;
+    }
+    return 0;
+}
+
+static PyObject *ms_bind_slow(PyObject *module, PyObject *stack) {
+    PyObject *a[2] = {module, stack};
+    return PyObject_Vectorcall(ms_env[MS_BIND_SLOW], a, 2, NULL);
+}
+
+static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 2 || !PyList_Check(a[1]) || PyList_GET_SIZE(a[1]) == 0)
+        return PyErr_Format(PyExc_TypeError, "module_bind_new(module, stack: a list, not empty)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *child = a[0], *stack = a[1];
+    PyObject *name = NULL, *cls_name = NULL, *reserved = NULL, *pchildren = NULL;
+    PyObject *scope = NULL, *result = NULL;
+    PyObject *frame = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    if (ms_check_module(child, "module_bind_new: module") < 0) return NULL;
+    if (!PyTuple_Check(frame) || PyTuple_GET_SIZE(frame) != 2)
+        return PyErr_Format(PyExc_TypeError, "module_bind_new: the stack's frames must be "
+                            "(module, compact) tuples");
+    PyObject *parent = PyTuple_GET_ITEM(frame, 0);
+    if (ms_check_module(parent, "module_bind_new: a frame's module") < 0) return NULL;
+    if (PyTuple_GET_ITEM(frame, 1) != Py_True) goto slow;
+    PyObject *pd = ms_dict(parent), *cd = ms_dict(child);
+    if (pd == NULL || cd == NULL || ms_class_attr(parent, S(_attach)) != ms_env[MS_ATTACH])
+        goto slow;
+    PyObject *pscope = ms_get(pd, S(_scope)), *call_names = ms_get(pd, S(_call_names));
+    PyObject *counts = ms_get(pd, S(_auto_counts)), *pkids = ms_get(pd, S(_children));
+    PyObject *given = ms_get(cd, S(name)), *adopted = ms_get(cd, S(_fields_adopted));
+    if (pscope == NULL || (PyObject *)Py_TYPE(pscope) != ms_env[MS_SCOPE] || call_names == NULL ||
+        !PySet_CheckExact(call_names) || counts == NULL || !PyDict_CheckExact(counts) ||
+        pkids == NULL || !PyDict_CheckExact(pkids) || ms_get(pd, S(_in_setup)) != Py_False ||
+        given == NULL || adopted == NULL)
+        goto slow;
+    Py_ssize_t auto_n = -1;
+    if (given == Py_None) {
+        cls_name = PyObject_GetAttr((PyObject *)Py_TYPE(child), S(__name__));
+        if (cls_name == NULL) goto error;
+        PyObject *c = PyDict_GetItemWithError(counts, cls_name);
+        if (c == NULL && PyErr_Occurred()) goto error;
+        if (c != NULL && !PyLong_CheckExact(c)) goto slow;
+        auto_n = c != NULL ? PyLong_AsSsize_t(c) : 0;
+        if (auto_n < 0) goto slow;    /* (an overflow, or a count the Python path handles) */
+        name = PyUnicode_FromFormat("%U_%zd", cls_name, auto_n);
+        if (name == NULL) goto error;
+    } else if (PyUnicode_CheckExact(given)) {
+        name = Py_NewRef(given);
+    } else {
+        goto slow;
+    }
+    const int used = PySet_Contains(call_names, name);
+    if (used != 0) goto slow_or_error;
+    reserved = PyObject_GetAttr(pscope, S(_reserved));
+    pchildren = reserved != NULL ? PyObject_GetAttr(pscope, S(_children)) : NULL;
+    if (pchildren == NULL) goto error;
+    if (!PySet_CheckExact(reserved) || !PyDict_CheckExact(pchildren)) goto slow;
+    if (PySet_GET_SIZE(reserved) > 0) {
+        const int clash = ms_variable_named(reserved, name);
+        if (clash != 0) goto slow_or_error;
+    }
+    /* the child's fields: marked adopted here where none can hold a module */
+    int plain_fields = 0;
+    if (adopted != Py_True) {
+        plain_fields = ms_plain_fields(child, cd);
+        if (plain_fields < 0) goto error;
+    }
+    /* every condition holds: Module._attach's changes, in its order */
+    if (auto_n >= 0) {
+        PyObject *next = PyLong_FromSsize_t(auto_n + 1);
+        const int rc = next == NULL || PyDict_SetItem(counts, cls_name, next) < 0;
+        Py_XDECREF(next);
+        if (rc) goto error;
+    }
+    if (PySet_Add(call_names, name) < 0 || PyDict_SetItem(cd, S(name), name) < 0 ||
+        PyDict_SetItem(cd, S(_parent), parent) < 0)
+        goto error;
+    scope = PyDict_GetItemWithError(pchildren, name);
+    if (scope != NULL) {
+        Py_INCREF(scope);
+    } else {
+        if (PyErr_Occurred()) goto error;
+        scope = ms_new_child_scope(pscope, pchildren, name);
+        if (scope == NULL) goto error;
+    }
+    {
+        PyObject *sres = PyObject_GetAttr(scope, S(_reserved));
+        if (sres == NULL) goto error;
+        int rc = PySet_Check(sres) ? PySet_Clear(sres) : -2;
+        if (rc == -2) {
+            PyObject *r = PyObject_CallMethod(sres, "clear", NULL);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(sres);
+        if (rc < 0) goto error;
+    }
+    if (PyDict_SetItem(cd, S(_scope), scope) < 0 || PyDict_SetItem(pkids, name, child) < 0)
+        goto error;
+    if (adopted == Py_True) {
+        result = Py_NewRef(Py_None);
+    } else if (plain_fields) {
+        if (ms_mark_adopted(cd) < 0) goto error;
+        result = Py_NewRef(Py_None);
+    } else {
+        result = PyObject_CallOneArg(ms_env[MS_ADOPT_TAIL], child);
+    }
+    goto done;
+slow_or_error:
+    if (PyErr_Occurred()) goto error;
+slow:
+    if (PyErr_Occurred()) goto error;
+    result = ms_bind_slow(child, stack);
+    goto done;
+error:
+    result = NULL;
+done:
+    Py_XDECREF(name);
+    Py_XDECREF(cls_name);
+    Py_XDECREF(reserved);
+    Py_XDECREF(pchildren);
+    Py_XDECREF(scope);
+    return result;
+}
+
+
+/* module_release: see the header. The tree is the modules reachable through `_children`
+ * dicts. A module's references from the tree itself are its entry in its parent's
+ * `_children` (for the root: `holder`'s item) and its children's `_parent`; where every
+ * module's reference count is exactly that, nothing else can reach any of them (the tree's
+ * links are the only way in), so cutting the `_parent` links changes nothing anyone can
+ * observe, and frees the tree by reference counting instead of leaving it to the cycle
+ * collector. Anything else (another reference, a dict subclass, a tree deeper than
+ * MS_RELEASE_DEPTH) leaves the tree as it is. */
+#define MS_RELEASE_DEPTH 64
+
+/* 1 when every module of the tree under `m` is referenced by the tree only, 0 when not. */
+static int ms_tree_private(PyObject *m, int depth) {
+    if (depth > MS_RELEASE_DEPTH) return 0;
+    PyObject *d = ms_dict(m);
+    PyObject *kids = d != NULL ? ms_get(d, S(_children)) : NULL;
+    if (kids == NULL || !PyDict_CheckExact(kids)) return 0;
+    Py_ssize_t internal = 1, pos = 0;
+    PyObject *k, *c;
+    while (PyDict_Next(kids, &pos, &k, &c)) {
+        PyObject *cd = ms_dict(c);
+        if (cd == NULL || ms_get(cd, S(_parent)) != m) return 0;
+        internal++;
+    }
+    if (Py_REFCNT(m) != internal) return 0;
+    pos = 0;
+    while (PyDict_Next(kids, &pos, &k, &c))
+        if (!ms_tree_private(c, depth + 1)) return 0;
+    return 1;
+}
+
+/* Set `_parent` = None in every module of the tree under `m` but `m`. */
+static int ms_cut_parents(PyObject *m) {
+    PyObject *kids = ms_get(ms_dict(m), S(_children));
+    Py_ssize_t pos = 0;
+    PyObject *k, *c;
+    while (PyDict_Next(kids, &pos, &k, &c)) {
+        if (ms_cut_parents(c) < 0) return -1;
+        if (PyDict_SetItem(ms_dict(c), S(_parent), Py_None) < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_module_release(PyObject *mod, PyObject *holder) {
+    (void)mod;
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    if (!PyList_CheckExact(holder) || PyList_GET_SIZE(holder) != 1)
+        return PyErr_Format(PyExc_TypeError, "module_release(holder): a list of one module");
+    PyObject *root = PyList_GET_ITEM(holder, 0);
+    const int ism = PyObject_IsInstance(root, ms_env[MS_MODULE]);
+    if (ism < 0) return NULL;
+    if (!ism || !ms_tree_private(root, 0)) Py_RETURN_FALSE;
+    /* (the walk above read dicts only: the tree is as it was checked) */
+    if (ms_cut_parents(root) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"module_setup", py_module_setup, METH_VARARGS,
+     "module_setup(ctx, module_type, frame_type, scope_type, base_attach, base_adopt_fields, "
+     "base_setup, base_try_setup, plain_fields_info, call_slow, bind_slow, adopt_tail, /)\n--\n\n"
+     "The objects module_call and module_bind_new read (set once by nn.module)."},
+    {"module_call", (PyCFunction)(void (*)(void))py_module_call, METH_FASTCALL,
+     "module_call(fn, self, args, kwargs, /)\n--\n\n"
+     "A module method call, fn(self, *args, **kwargs), with the module's frame active (nn.module"
+     "._call_method's common case in C; the rest goes to it)."},
+    {"module_bind_new", (PyCFunction)(void (*)(void))py_module_bind_new, METH_FASTCALL,
+     "module_bind_new(module, stack, /)\n--\n\n"
+     "Attach a module just constructed while a module method runs (nn.module._bind_new's "
+     "common case in C; the rest goes to it)."},
+    {"module_release", py_module_release, METH_O,
+     "module_release(holder, /)\n--\n\n"
+     "Cut the child-to-parent links of the module tree under holder[0] (a list of one module) "
+     "where nothing but holder and the tree's own links references its modules, so that it is "
+     "freed by reference counting; True when cut, False when left as it is."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ct_py_init_module(PyObject *m) { return PyModule_AddFunctions(m, module_methods); }

@@ -1,0 +1,373 @@
+"""The C paths of nn.Module method calls and submodule attach (csrc/python/py_module.c:
+_C.module_call, _C.module_bind_new): each leaves what the Python reference
+(nn.module._call_method, _bind_new, Module._attach) leaves, the cases it declines reach the
+Python path unchanged, and its arguments are checked."""
+import numpy as np
+import pytest
+
+from ctrainstate import _C, nn, random
+from ctrainstate._src.nn import module as _module
+from ctrainstate.nn.scope import NameInUseError
+
+X = np.ones((2, 3), np.float32)
+
+
+def _python_paths(monkeypatch):
+    """Route module method calls and (for classes defined afterwards) submodule attach through
+    the Python reference instead of C."""
+    monkeypatch.setattr(_module, "_module_call",
+                        lambda fn, self, a, k: _module._call_method(fn, self, a, k))
+    monkeypatch.setattr(_module, "_module_bind_new", _module._bind_new)
+
+
+def _make_classes():
+    class Leaf(nn.Module):
+        features: int
+        axes: tuple = ("a", "b")
+
+        @nn.compact
+        def __call__(self, x, scale=1.0):
+            w = self.param("w", nn.initializers.ones, (x.shape[-1], self.features))
+            return (x @ w) * scale
+
+    class Tree(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = Leaf(4)(x)
+            x = Leaf(3, name="named")(x, scale=2.0)
+            return Leaf(2)(x) + Leaf(2)(x)
+
+    return Leaf, Tree
+
+
+def _tree_state(module):
+    """Every module's own state and its scope's, below and including ``module``: names,
+    key order, values (scopes and parents by path)."""
+    out = []
+
+    def norm(v):
+        if isinstance(v, nn.Module):
+            return ("module", v.scope.path if v.scope is not None else None)
+        if isinstance(v, _module.ModuleScope):
+            return ("scope", v.path)
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()}
+        if isinstance(v, (set, frozenset)):
+            return sorted(map(repr, v))
+        if isinstance(v, np.ndarray) or hasattr(v, "shape"):
+            return np.asarray(v).tolist()
+        return v
+
+    def walk(m):
+        d = m.__dict__
+        out.append((type(m).__name__, list(d), {k: norm(v) for k, v in d.items()}))
+        sd = vars(m.scope)
+        out.append(("scope", list(sd), {k: norm(v) for k, v in sd.items()
+                                         if k not in ("_variables", "adopted")}))
+        for c in d["_children"].values():
+            walk(c)
+
+    walk(module)
+    return out
+
+
+def _bound_after_apply(model, variables, **kw):
+    captured = {}
+    cls = type(model)
+    orig = cls.__call__
+
+    def spy(self, *a, **k):
+        captured["m"] = self
+        return orig(self, *a, **k)
+
+    cls.__call__ = spy
+    try:
+        out = model.apply(variables, X, **kw)
+    finally:
+        cls.__call__ = orig
+    return out, captured["m"]
+
+
+@pytest.mark.parametrize("rngs", [False, True])
+def test_c_paths_leave_the_python_paths_state(monkeypatch, rngs):
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    kw = {"rngs": {"dropout": random.PRNGKey(1)}} if rngs else {}
+    out_c, m_c = _bound_after_apply(Tree(), v, **kw)
+    state_c = _tree_state(m_c)
+    _python_paths(monkeypatch)
+    Leaf, Tree = _make_classes()          # (their __init__ now calls the Python _bind_new)
+    v_py = Tree().init(random.PRNGKey(0), X)
+    out_py, m_py = _bound_after_apply(Tree(), v_py, **kw)
+    assert np.array_equal(np.asarray(out_c), np.asarray(out_py))
+    assert _tree_state(m_py) == state_c
+    assert list(m_c.scope._children) == ["Leaf_0", "named", "Leaf_1", "Leaf_2"]
+
+
+def test_init_through_c_paths_matches_python(monkeypatch):
+    Leaf, Tree = _make_classes()
+    a = Tree().init(random.PRNGKey(3), X)
+    _python_paths(monkeypatch)
+    Leaf, Tree = _make_classes()
+    b = Tree().init(random.PRNGKey(3), X)
+    assert list(a["params"]) == list(b["params"])
+    for k in a["params"]:
+        assert np.array_equal(np.asarray(a["params"][k]["w"]), np.asarray(b["params"][k]["w"]))
+
+
+def test_frame_popped_and_state_kept_when_the_method_raises():
+    class Bad(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            nn.Dense(2)(x)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        Bad().init(random.PRNGKey(0), X)
+    assert _module._ctx.stack == []
+
+
+def test_frame_holds_the_methods_compact_value():
+    seen = []
+
+    class M(nn.Module):
+        def __call__(self, x):
+            seen.append(tuple(_module._ctx.stack[-1]))
+            return x
+
+    def marked(self, x):
+        seen.append(tuple(_module._ctx.stack[-1]))
+        return x
+    marked._ct_compact = 1          # truthy, not a bool: kept as it is, as in Python
+    M.other = _module._wrap_method(marked)
+    m = M()
+    m.apply({}, X)
+    m.apply({}, X, method="other")
+    assert [f[1] for f in seen] == [False, 1]
+
+
+def test_declined_cases_reach_the_python_paths():
+    calls = []
+
+    class OwnAttach(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+        def _attach(self, child, name):      # a class of its own: _attach is not Module's
+            calls.append(name)
+            return super()._attach(child, name)
+
+    class WithSetup(nn.Module):
+        def setup(self):
+            self.d = nn.Dense(2)
+
+        def __call__(self, x):
+            return self.d(x)
+
+    class Holder(nn.Module):
+        inner: nn.Module
+
+        @nn.compact
+        def __call__(self, x):
+            return self.inner(x) + nn.Dense(2)(x)
+
+    v = OwnAttach().init(random.PRNGKey(0), X)
+    assert calls == [None] and list(v["params"]) == ["Dense_0"]
+    assert list(WithSetup().init(random.PRNGKey(0), X)["params"]) == ["d"]
+    assert list(Holder(nn.Dense(2)).init(random.PRNGKey(0), X)["params"]) == ["inner", "Dense_0"]
+    # capture_intermediates and tabulate: the Python path, with their effects
+    _, st = nn.Dense(2).apply(nn.Dense(2).init(random.PRNGKey(0), X), X,
+                              capture_intermediates=True)
+    assert list(st["intermediates"]) == ["__call__"]
+    assert "Dense_0" in OwnAttach().tabulate(random.PRNGKey(0), X)
+
+
+def test_name_clashes_raise_as_in_python():
+    class Twice(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            nn.Dense(2, name="d")(x)
+            return nn.Dense(2, name="d")(x)
+
+    class LikeParam(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            self.param("d", nn.initializers.ones, (1,))
+            return nn.Dense(2, name="d")(x)
+
+    with pytest.raises(NameInUseError, match='submodule named "d" already exists'):
+        Twice().init(random.PRNGKey(0), X)
+    with pytest.raises(NameInUseError, match='a variable .* is named "d"'):
+        LikeParam().init(random.PRNGKey(0), X)
+    assert _module._ctx.stack == []
+
+
+def test_unbound_and_orphan_calls_raise():
+    with pytest.raises(RuntimeError, match="unbound"):
+        nn.Dense(2)(X)
+
+    class Orphan(nn.Module):
+        def make(self):
+            return nn.Dense(2)
+
+        def __call__(self, x):
+            return self.make()(x)
+
+    with pytest.raises(RuntimeError, match="created in another method of Orphan"):
+        Orphan().init(random.PRNGKey(0), X)
+
+
+def test_module_call_checks_its_arguments():
+    with pytest.raises(TypeError, match="module_call"):
+        _C.module_call(len, object(), (), {})
+    with pytest.raises(TypeError, match="module_call"):
+        _C.module_call(len, nn.Dense(2), [], {})
+    with pytest.raises(TypeError, match="module_call"):
+        _C.module_call(len, nn.Dense(2), (), None)
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        _C.module_call(len, 3, (), {})
+    with pytest.raises(RuntimeError, match="unbound"):      # the Python path's error
+        _C.module_call(len, nn.Dense(2), (), {})
+
+
+def test_module_bind_new_checks_its_arguments():
+    d = nn.Dense(2)
+    for bad in ([], (), None, "x"):
+        with pytest.raises(TypeError, match="module_bind_new"):
+            _C.module_bind_new(d, bad)
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        _C.module_bind_new(3, [(d, True)])
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        _C.module_bind_new(d, [(None, True)])
+    with pytest.raises(TypeError, match=r"\(module, compact\) tuples"):
+        _C.module_bind_new(d, [("a",)])
+    with pytest.raises(TypeError, match=r"\(module, compact\) tuples"):
+        _C.module_bind_new(d, [None])
+    # a frame of an unbound parent: the Python path's error (no scope to attach to)
+    with pytest.raises(AttributeError):
+        _C.module_bind_new(d, [(nn.Dense(3), True)])
+
+
+def _setup_c(call_slow, bind_slow, adopt_tail):
+    _C.module_setup(_module._ctx, _module.Module, _module._Frame, _module.ModuleScope,
+                    _module.Module._attach, _module.Module._adopt_fields, _module._base_setup,
+                    _module._base_try_setup, _module._plain_fields_info, call_slow, bind_slow,
+                    adopt_tail)
+
+
+def test_common_case_stays_in_c_and_the_rest_goes_to_python():
+    counts = {"call": 0, "bind": 0, "tail": 0}
+
+    def count(key, fn):
+        def f(*a):
+            counts[key] += 1
+            return fn(*a)
+        return f
+
+    Leaf, Tree = _make_classes()
+
+    class WithSetup(nn.Module):
+        def setup(self):
+            self.d = nn.Dense(2)
+
+        def __call__(self, x):
+            return self.d(x)
+
+    class Holder(nn.Module):
+        inner: nn.Module
+
+        @nn.compact
+        def __call__(self, x):
+            return self.inner(x)
+
+    v = Tree().init(random.PRNGKey(0), X)
+    vs = WithSetup().init(random.PRNGKey(0), X)
+    _setup_c(count("call", _module._call_method), count("bind", _module._bind_new),
+             count("tail", _module._adopt_tail))
+    try:
+        Tree().apply(v, X)
+        assert counts == {"call": 0, "bind": 0, "tail": 0}
+        WithSetup().apply(vs, X)          # setup() to run: the Python call path
+        assert counts["call"] == 1 and counts["bind"] == 1    # (attached in setup)
+        Holder(nn.Dense(2)).init(random.PRNGKey(0), X)   # a field holding a module
+        assert counts["tail"] == 0        # (a root's fields are adopted by _try_setup)
+
+        class Outer(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return Holder(nn.Dense(2))(x)
+
+        Outer().init(random.PRNGKey(0), X)
+        # the Dense made in Outer's method (its initializer fields are functions) and Holder
+        # (a field holding a module)
+        assert counts["tail"] == 2
+    finally:
+        _setup_c(_module._call_method, _module._bind_new, _module._adopt_tail)
+
+
+# --- module_release: the end of an apply -----------------------------------------------------
+
+def test_apply_leaves_no_cyclic_garbage():
+    import gc
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    m = Tree()
+    m.apply(v, X)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(5):
+            m.apply(v, X)
+            m.init(random.PRNGKey(0), X)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []             # (the modules, scopes and their dicts: about 50 per apply)
+
+
+def test_release_keeps_trees_something_else_references():
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    kept = []
+
+    class Keeps(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            d = Leaf(2)
+            kept.append(d)
+            return d(x)
+
+    class ReturnsSelf(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            Leaf(2)(x)
+            return self
+
+    Keeps().init(random.PRNGKey(0), X)
+    assert kept[0].parent is not None and type(kept[0].parent).__name__ == "Keeps"
+    m = ReturnsSelf().init_with_output(random.PRNGKey(0), X)[0]
+    child = m.scope and m._children["Leaf_0"]
+    assert child.parent is m
+    # a bound module the caller holds: its tree stays linked
+    out, bound = _bound_after_apply(Tree(), v)
+    assert all(c.parent is bound for c in bound._children.values())
+
+
+def test_module_release_cuts_only_private_trees():
+    Leaf, Tree = _make_classes()
+    v = Tree().init(random.PRNGKey(0), X)
+    _, bound = _bound_after_apply(Tree(), v)
+    kids = list(bound._children.values())
+    assert _C.module_release([bound]) is False        # `bound` and `kids` reference it
+    del kids
+    holder = [bound]
+    del bound
+    assert _C.module_release(holder) is True
+    assert all(c.parent is None for c in holder[0]._children.values())
+    for bad in (None, [], [1, 2], (holder[0],)):
+        with pytest.raises(TypeError, match="module_release"):
+            _C.module_release(bad)
+    assert _C.module_release([3]) is False and _C.module_release([nn.Dense(2)]) is True

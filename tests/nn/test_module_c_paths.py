@@ -71,6 +71,16 @@ def _tree_state(module):
     return out
 
 
+class _WithSetup(nn.Module):
+    """A module with setup(): its calls take the Python path."""
+
+    def setup(self):
+        self.d = nn.Dense(2)
+
+    def __call__(self, x):
+        return self.d(x)
+
+
 def _bound_after_apply(model, variables, **kw):
     captured = {}
     cls = type(model)
@@ -158,13 +168,6 @@ def test_declined_cases_reach_the_python_paths():
             calls.append(name)
             return super()._attach(child, name)
 
-    class WithSetup(nn.Module):
-        def setup(self):
-            self.d = nn.Dense(2)
-
-        def __call__(self, x):
-            return self.d(x)
-
     class Holder(nn.Module):
         inner: nn.Module
 
@@ -174,7 +177,7 @@ def test_declined_cases_reach_the_python_paths():
 
     v = OwnAttach().init(random.PRNGKey(0), X)
     assert calls == [None] and list(v["params"]) == ["Dense_0"]
-    assert list(WithSetup().init(random.PRNGKey(0), X)["params"]) == ["d"]
+    assert list(_WithSetup().init(random.PRNGKey(0), X)["params"]) == ["d"]
     assert list(Holder(nn.Dense(2)).init(random.PRNGKey(0), X)["params"]) == ["inner", "Dense_0"]
     # capture_intermediates and tabulate: the Python path, with their effects
     _, st = nn.Dense(2).apply(nn.Dense(2).init(random.PRNGKey(0), X), X,
@@ -267,13 +270,6 @@ def test_common_case_stays_in_c_and_the_rest_goes_to_python():
 
     Leaf, Tree = _make_classes()
 
-    class WithSetup(nn.Module):
-        def setup(self):
-            self.d = nn.Dense(2)
-
-        def __call__(self, x):
-            return self.d(x)
-
     class Holder(nn.Module):
         inner: nn.Module
 
@@ -282,13 +278,13 @@ def test_common_case_stays_in_c_and_the_rest_goes_to_python():
             return self.inner(x)
 
     v = Tree().init(random.PRNGKey(0), X)
-    vs = WithSetup().init(random.PRNGKey(0), X)
+    vs = _WithSetup().init(random.PRNGKey(0), X)
     _setup_c(count("call", _module._call_method), count("bind", _module._bind_new),
              count("tail", _module._adopt_tail))
     try:
         Tree().apply(v, X)
         assert counts == {"call": 0, "bind": 0, "tail": 0}
-        WithSetup().apply(vs, X)          # setup() to run: the Python call path
+        _WithSetup().apply(vs, X)          # setup() to run: the Python call path
         assert counts["call"] == 1 and counts["bind"] == 1    # (attached in setup)
         Holder(nn.Dense(2)).init(random.PRNGKey(0), X)   # a field holding a module
         assert counts["tail"] == 0        # (a root's fields are adopted by _try_setup)

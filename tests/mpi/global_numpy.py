@@ -17,11 +17,9 @@ global value.
 Each process prints "OK <process> <count> <checks>" at the end (and writes it to a file in
 CT_TEST_OUT); any failure raises (non-zero exit).
 """
-import json
-
 import numpy as np
 
-from report import finish, run
+from report import compare, finish, raw, run, save_reference
 
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
@@ -154,12 +152,6 @@ def cases(a, b, ai, bi, v, f, c):
     ]
 
 
-def raw(a):
-    """A host array numpy can save (bfloat16 as its 16-bit words)."""
-    a = np.asarray(a)
-    return a.view(np.uint16) if a.dtype == BF16 else a
-
-
 def operands(mesh):
     n = mesh.shape["data"]
     g, gi = values(n)
@@ -276,27 +268,9 @@ def numpy_checks(mesh, gather) -> int:
     return checks
 
 
-def compare(out, specs, ref) -> int:
-    """``out`` / ``specs`` against the reference run's file: the same names, shardings and
-    bytes; the number of checks."""
-    ref_specs = json.loads(str(ref["__specs__"]))
-    assert sorted(f for f in ref.files if f != "__specs__") == sorted(out), (
-        sorted(set(ref.files) ^ set(out)))
-    assert specs == ref_specs, {k: (specs[k], ref_specs.get(k)) for k in specs
-                                if specs[k] != ref_specs.get(k)}
-    for k, v in out.items():
-        want = ref[k]
-        v = np.asarray(v)
-        assert v.dtype == want.dtype and v.shape == want.shape, (k, v.dtype, v.shape)
-        assert v.tobytes() == want.tobytes(), k
-    return len(out)
-
-
 def reference(path):
     n = cts.device_count() // 2
-    out, specs = computed(cts.make_mesh((n, 2), ("data", "model")), np.asarray)
-    np.savez(path, __specs__=np.array(json.dumps(specs)), **out)
-    print("REFERENCE", n, len(out))
+    save_reference(path, n, *computed(cts.make_mesh((n, 2), ("data", "model")), np.asarray))
 
 
 def main(ref_path):

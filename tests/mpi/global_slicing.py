@@ -14,12 +14,10 @@ reference run and one mpirun for both scripts.
 Each process prints "OK <process> <count> <checks>" at the end (and writes it to a file in
 CT_TEST_OUT); any failure raises (non-zero exit).
 """
-import json
-
 import numpy as np
 
 import global_numpy
-from report import finish, report, run
+from report import compare, finish, raw, run, save_reference
 
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
@@ -118,12 +116,6 @@ def typed(v, dt):
     if dt == np.int32:
         return np.where(np.isfinite(v), v * 10, 99).astype(np.int32)
     return v > 0 if dt == np.bool_ else v.astype(dt)
-
-
-def raw(a):
-    """A host array numpy can save (bfloat16 as its 16-bit words)."""
-    a = np.asarray(a)
-    return a.view(np.uint16) if a.dtype == BF16 else a
 
 
 def computed(mesh, host):
@@ -251,9 +243,7 @@ def everything(mesh, host):
 
 def reference(path):
     n = cts.device_count() // 2
-    out, specs = everything(cts.make_mesh((n, 2), ("data", "model")), np.asarray)
-    np.savez(path, __specs__=np.array(json.dumps(specs)), **out)
-    print("REFERENCE", n, len(out))
+    save_reference(path, n, *everything(cts.make_mesh((n, 2), ("data", "model")), np.asarray))
 
 
 def main(ref_path):
@@ -295,19 +285,7 @@ def main(ref_path):
     checks += global_numpy.numpy_checks(mesh, mhu.process_allgather)
 
     # everything, against the one-process run: values and shardings
-    out, specs = everything(mesh, mhu.process_allgather)
-    ref = np.load(ref_path)
-    ref_specs = json.loads(str(ref["__specs__"]))
-    assert sorted(f for f in ref.files if f != "__specs__") == sorted(out), (
-        sorted(set(ref.files) ^ set(out)))
-    assert specs == ref_specs, {k: (specs[k], ref_specs.get(k)) for k in specs
-                                if specs[k] != ref_specs.get(k)}
-    for k, v in out.items():
-        want = ref[k]
-        v = np.asarray(v)
-        assert v.dtype == want.dtype and v.shape == want.shape, (k, v.dtype, v.shape)
-        assert v.tobytes() == want.tobytes(), k
-        checks += 1
+    checks += compare(*everything(mesh, mhu.process_allgather), np.load(ref_path))
     # a sharded Array spanning processes: the result holds only this process's blocks
     if n > 1:
         y = a[1:]

@@ -1,8 +1,11 @@
 """The result line of a script run under mpirun: printed, and where CT_TEST_OUT names a folder,
 also added to that folder's file of this process (mpirun's forwarding of the processes'
 output may merge their lines), which the pytest wrappers read."""
+import json
 import os
 import sys
+
+import numpy as np
 
 
 def report(me: int, line: str) -> None:
@@ -26,3 +29,32 @@ def run(main, reference) -> None:
         reference(sys.argv[2])
     else:
         main(sys.argv[1])
+
+
+def raw(a):
+    """A host array numpy can save (bfloat16 as its 16-bit words)."""
+    a = np.asarray(a)
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
+def save_reference(path, n, out, specs) -> None:
+    """The reference run's file: the values ``out`` (name -> host array) and their shardings
+    ``specs`` (name -> a JSON-able description)."""
+    np.savez(path, __specs__=np.array(json.dumps(specs)), **out)
+    print("REFERENCE", n, len(out))
+
+
+def compare(out, specs, ref) -> int:
+    """``out`` / ``specs`` against the reference run's file ``ref``: the same names, shardings
+    and bytes; the number of values checked."""
+    ref_specs = json.loads(str(ref["__specs__"]))
+    assert sorted(f for f in ref.files if f != "__specs__") == sorted(out), (
+        sorted(set(ref.files) ^ set(out)))
+    assert specs == ref_specs, {k: (specs[k], ref_specs.get(k)) for k in specs
+                                if specs[k] != ref_specs.get(k)}
+    for k, v in out.items():
+        want = ref[k]
+        v = np.asarray(v)
+        assert v.dtype == want.dtype and v.shape == want.shape, (k, v.dtype, v.shape)
+        assert v.tobytes() == want.tobytes(), k
+    return len(out)

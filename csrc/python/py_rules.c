@@ -411,8 +411,8 @@ static PyObject *py_set_unconstrained(PyObject *self, PyObject *obj) {
 // ints, strings, None, floats, bools or classes, its arguments ints or tuples of ints, no
 // keyword arguments; the key built as partitioning._checked_key builds it is in _CHECKED
 // under the active mesh; the module is declaring in its @compact method or setup(); the
-// name is free in the scope; the value already has the constraint's sharding object
-// (entry[3]) or there is no constraint; the scope's collections are immutable.
+// name is free in the scope; the value already has one of the sharding objects seen equal to
+// the constraint's target (the tuple entry[3]) or there is no constraint; the scope's collections are immutable.
 
 enum { PH_CTX, PH_PLAIN, PH_MODULE, PH_CHECKED, PH_GET_MESH, PH_JIT_TLS, PH_ARRAY, PH_MISS,
        PH_LONG_PATH, PH_N };
@@ -754,7 +754,11 @@ static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (target == ph_env[PH_LONG_PATH]) goto miss_ve;
         cur = PyObject_GetAttr(value, ph_names[N_SHARDING]);
         if (cur == NULL) goto error_ve;
-        if (cur != PyList_GET_ITEM(entry, 3)) goto miss_ve;
+        PyObject *seen = PyList_GET_ITEM(entry, 3); /* the sharding objects seen equal */
+        if (!PyTuple_CheckExact(seen)) goto miss_ve;
+        Py_ssize_t i = 0;
+        while (i < PyTuple_GET_SIZE(seen) && PyTuple_GET_ITEM(seen, i) != cur) i++;
+        if (i == PyTuple_GET_SIZE(seen)) goto miss_ve;
     }
     if (PySet_Add(reserved, rkey) < 0) goto error_ve;
     result = value;

@@ -288,7 +288,7 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
                                               mesh) if rules else None
         except (TypeError, ValueError):
             return value    # (a constraint the value's type skipped and an Array would not)
-        _CHECKED[key] = [mesh, spec, target, None]
+        _CHECKED[key] = [mesh, spec, target, ()]
     return value
 
 
@@ -302,14 +302,16 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
 # what has effects or depends on the module's state (the declaration rule, the name's
 # reservation, the sharding constraint, the sow where 'params_axes' is mutable). An entry is
 # [mesh, PartitionSpec(*axes), the constraint's target (spmd._constraint_target's, a pure
-# function of the key), the last sharding object seen equal to that target]: a parameter's
-# Array keeps its sharding object, so at the next call `value.sharding is entry[3]` says what
-# the comparison would (shardings are immutable; the target, less the dimensions jit
+# function of the key), the sharding objects last seen equal to that target (a tuple, the
+# newest first, at most _SEEN_MAX: the parameters of repeated layers share a key, each with
+# its own sharding object)]: a parameter's Array keeps its sharding object, so at the next
+# call `value.sharding` being one of entry[3] says what the comparison would (shardings are immutable; the target, less the dimensions jit
 # replicates, is fixed by the key's shape and jit flag). Holds no Array; strict rules, boxed
 # or non-array values, other initializers take the full path. Bounded: a full table is
 # cleared.
 _CHECKED: dict = {}
 _CHECKED_MAX = 4096
+_SEEN_MAX = 32
 _get_axis_rules = _C.get_axis_rules     # spmd.get_logical_axis_rules, one call less
 _strict = _spmd._strict                 # (the thread-local object itself: fixed)
 _NO_KEY = object()
@@ -380,10 +382,13 @@ def _checked_declaration(module, scope, name, axes, value, tv, entry):
     if target is not None:
         if tv is _Array and target is not _spmd._LONG_PATH:
             cur = value.sharding
-            if cur is not entry[3]:
+            for seen in entry[3]:
+                if seen is cur:
+                    break
+            else:
                 out = _spmd._constrain_to(value, target)
-                if out is value:
-                    entry[3] = cur       # equal to the target (see _CHECKED)
+                if out is value:         # equal to the target (see _CHECKED)
+                    entry[3] = (cur,) + entry[3][:_SEEN_MAX - 1]
                 value = out
         else:
             value = with_sharding_constraint(value, entry[1])

@@ -243,6 +243,45 @@ def test_cached_declaration_is_found_in_c():
         np.testing.assert_array_equal(np.asarray(KwLayer().apply(v, xs)), ref)
 
 
+class Stack(nn.Module):
+    """``depth`` identical layers: their declarations share one _CHECKED key (same
+    initializer, shape, axes), each parameter with its own sharding object."""
+    depth: int
+
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(self.depth):
+            x = cts.numpy.tanh(Layer(4, axes=("hidden", "hidden2"))(x))
+        return x
+
+
+@pytest.mark.parametrize("depth, in_c", [(2, True), (12, True), (40, False)])
+def test_repeated_layers_are_found_in_c(depth, in_c):
+    """Layers whose declarations share a key (a stack of equal layers, as a transformer's
+    blocks) stay on the C path at every apply: the entry remembers each parameter's sharding
+    object seen equal to the target, not only the last one, so they do not evict one another
+    (up to partitioning._SEEN_MAX of them; more take the Python path, with the same
+    values)."""
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    rules = RULES + (("hidden2", None),)
+    xs, v = _init(Stack(depth), x, mesh, rules)
+    kernels = [v["params"][f"Layer_{i}"]["kernel"] for i in range(depth)]
+    assert len({id(k.sharding) for k in kernels}) == depth        # one object per parameter
+    long_way = {"_checked_key", "_checked_declaration", "_plain_fn_key", "_born_sharding"}
+    with mesh, nn_partitioning.axis_rules(rules):
+        ref = np.asarray(Stack(depth).apply(v, xs))
+        Stack(depth).apply(v, xs)
+        calls = _python_calls(lambda: Stack(depth).apply(v, xs))
+        slow = [c for c in calls if c[1] == "_checked_declaration"]
+        assert (depth <= nn_partitioning._SEEN_MAX) == in_c
+        if in_c:
+            assert not [c for c in calls if c[1] in long_way], calls
+        else:
+            assert slow     # more parameters per key than the entry remembers
+        np.testing.assert_array_equal(np.asarray(Stack(depth).apply(v, xs)), ref)
+
+
 def test_constraint_target_cached_per_rules_fallback_and_mesh():
     m = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()
     a = _arr(m)

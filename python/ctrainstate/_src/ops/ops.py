@@ -2554,24 +2554,35 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
 def _fast_f32(outer, inner):
     """``outer`` (an op under its abstract-shape, integer-dispatch and 16-bit policy wrappers),
     calling ``inner`` (the float32 implementation) straight away when every operand is a
-    float32 Array or a Python float / int and there are no keyword arguments: each wrapper
+    float32 Array or a Python float / int and every keyword argument is None, a bool, an int
+    or a tuple of ints (``axis=``, ``keepdims=``: no wrapper reads those): each wrapper
     would pass such a call through unchanged (no ShapeDtypeStruct, no integer or bool
     operand, no 16-bit one), so its result is the same; it saves their three argument scans
-    (about 2 us of a 10 us ``a + b``)."""
+    (about 2 us of a 10 us ``a + b``, and of a ``mean(x, axis=0)``)."""
     f32 = _DT_F32
 
     @functools.wraps(outer)
     def wrapped(*args, **kwargs):
-        if not kwargs:
-            for a in args:
-                t = type(a)
-                if t is Array:
-                    if a._dtype is not f32:
-                        break
-                elif t is not float and t is not int:
+        for a in args:
+            t = type(a)
+            if t is Array:
+                if a._dtype is not f32:
+                    break
+            elif t is not float and t is not int:
+                break
+        else:
+            if not kwargs:
+                return inner(*args)
+            for v in kwargs.values():
+                t = type(v)
+                if t is tuple:
+                    for e in v:
+                        if type(e) is not int:
+                            return outer(*args, **kwargs)
+                elif v is not None and t is not bool and t is not int:
                     break
             else:
-                return inner(*args)
+                return inner(*args, **kwargs)
         return outer(*args, **kwargs)
     wrapped._policy = getattr(outer, "_policy", None)
     return wrapped

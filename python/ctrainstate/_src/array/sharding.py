@@ -519,13 +519,30 @@ class NamedSharding(Sharding):
 
 
 class SingleDeviceSharding(Sharding):
-    """The whole array on one device."""
+    """The whole array on one device.
+
+    One object per device: ``SingleDeviceSharding(d) is SingleDeviceSharding(d)``, so the
+    Arrays placed on a device (``device_put(numpy_value)``, numpy operands of ops) share
+    their sharding, and the ops' plan caches, keyed by sharding object, hit for them as
+    for the Arrays an op makes. (A sharding is immutable; a subclass gets new objects.)
+    """
+
+    def __new__(cls, device: Device):
+        if cls is SingleDeviceSharding:
+            s = _SINGLE.get(id(device))
+            if s is not None and s.device is device:
+                return s
+        return super().__new__(cls)
 
     def __init__(self, device: Device):
+        if self.__dict__.get("device") is device:
+            return      # the device's object, made before
         if not isinstance(device, Device):
             raise TypeError(f"SingleDeviceSharding needs a Device, got {device!r}")
         self.device = device
         self._cache = {}
+        if type(self) is SingleDeviceSharding:
+            _SINGLE[id(device)] = self   # (devices live as long as the process)
 
     def _mesh_args(self):
         return ((1,), ("__single__",), (self.device.id,))
@@ -549,6 +566,10 @@ class SingleDeviceSharding(Sharding):
 
     def __repr__(self):
         return f"SingleDeviceSharding(device={self.device!r})"
+
+
+# SingleDeviceSharding's object per device (by the device's id(); the entry keeps the device)
+_SINGLE: dict = {}
 
 
 def default_sharding() -> Sharding:

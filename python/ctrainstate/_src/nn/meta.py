@@ -99,6 +99,8 @@ def unbox(tree: Any) -> Any:
     >>> unbox({'k': Partitioned(Partitioned(3, ()), ('a',))})
     {'k': 3}
     """
+    if type(tree) is Array:   # (a parameter's value, the common case: nothing to walk)
+        return tree
     return map_axis_meta(lambda x: unbox(x.unbox()), tree)
 
 

@@ -1223,11 +1223,26 @@ def _accepts_out_sharding(fn) -> bool:
 
 
 def _placing(init_fn: Callable) -> Callable:
-    """Wrap an initializer so the parameter it makes is an Array placed as described above."""
+    """Wrap an initializer so the parameter it makes is an Array placed as described above.
+    One wrapper per initializer object (kept in _PLACING while it is stored): a module's
+    initializer is the same object at every call (a field's default, ``nn.Dense``'s
+    ``kernel_init``), and so is its wrapper, which the scope's shape check then finds by
+    identity (scope._expected_shapes_cached) instead of building its key again."""
+    entry = _PLACING.get(id(init_fn))
+    if entry is not None and entry[0] is init_fn:
+        return entry[1]
+
     def init(key, *args, **kwargs):
         value = init_fn(key, *args, **kwargs)
         return _place(value)
+    if len(_PLACING) >= _PLACING_MAX:
+        _PLACING.clear()
+    _PLACING[id(init_fn)] = (init_fn, init)   # (holds init_fn: its id is not reused)
     return init
+
+
+_PLACING: dict = {}
+_PLACING_MAX = 1024
 
 
 def _place(value):

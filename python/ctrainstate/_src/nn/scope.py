@@ -268,6 +268,15 @@ def _plain_value(v, depth):
 
 
 def _expected_shapes_cached(init_fn, init_args, init_kwargs):
+    if not init_kwargs:
+        # the same initializer object with the same arguments as before: its entry in
+        # _SHAPES_BY_ID, without building _fn_key (a walk of its closure) again
+        try:
+            entry = _SHAPES_BY_ID.get((id(init_fn), init_args))
+        except TypeError:     # unhashable arguments
+            entry = None
+        if entry is not None and entry[0] is init_fn:
+            return entry[1]
     try:
         key = (_fn_key(init_fn), init_args,
                tuple(sorted(init_kwargs.items())) if init_kwargs else ())
@@ -280,7 +289,19 @@ def _expected_shapes_cached(init_fn, init_args, init_kwargs):
         if len(_SHAPES_CACHE) >= _SHAPES_CACHE_MAX:
             _SHAPES_CACHE.clear()
         _SHAPES_CACHE[key] = shapes
+    if not init_kwargs:
+        if len(_SHAPES_BY_ID) >= _SHAPES_CACHE_MAX:
+            _SHAPES_BY_ID.clear()
+        _SHAPES_BY_ID[(id(init_fn), init_args)] = (init_fn, shapes)
     return shapes
+
+
+# _SHAPES_CACHE's answers per (initializer object by id, arguments) for calls without keyword
+# arguments: the entry holds the initializer, so its id is not reused while stored; an
+# initializer is taken as fixed once used, as _fn_key takes a closed-over object hashed by
+# identity (one whose closed-over values are rebound is not seen). Bounded: a full table is
+# cleared.
+_SHAPES_BY_ID: dict = {}
 
 
 class _ScopeLocal(threading.local):

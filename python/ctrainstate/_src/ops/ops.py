@@ -2997,13 +2997,53 @@ _BINARY_VJPS = {"add": (_d_pass, _d_pass, _d_pass, _d_pass),
                 "minimum": (_d_max_b, _d_max_a, None, None)}
 
 
+_HOST_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _host_operand_first(fallback, prim):
+    """The fallback of a two-operand primitive, which first places a numpy float32 / float64
+    operand next to a float32 Array one, as the op would (:func:`_lift_pair`: replicated where
+    the Array lives, as float32), and calls the primitive (``prim()``) again, so the C plan
+    runs the op: a model applied to a numpy batch takes the C path from its first op on,
+    not the Python op. The placed operand's sharding is the op outputs' object for that
+    placement (:func:`_sharding_for`), so the plan cache finds it at the next call. Keyword
+    arguments pass along where they are None (``precision=None``). Any other call (and
+    every call inside a jit trace) goes to ``fallback``."""
+    def call(*args, **kwargs):
+        if len(args) == 2 and not _C.trace_active() and (
+                not kwargs or all(v is None for v in kwargs.values())):
+            a, b = args
+            ta, tb = type(a), type(b)
+            if ta is Array and tb is np.ndarray:
+                if a._dtype is _DT_F32 and b.dtype in _HOST_FLOATS:
+                    return prim()(a, _lift_host(b, _place_of(a)), **kwargs)
+            elif tb is Array and ta is np.ndarray:
+                if b._dtype is _DT_F32 and a.dtype in _HOST_FLOATS:
+                    return prim()(_lift_host(a, _place_of(b)), b, **kwargs)
+        return fallback(*args, **kwargs)
+    call.__name__ = call.__qualname__ = getattr(fallback, "__name__", "fallback")
+    call.__doc__ = fallback.__doc__
+    call.__wrapped__ = fallback
+    return call
+
+
+def _lift_host(x: np.ndarray, place) -> Array:
+    """:func:`_lift` of a numpy float array onto ``place``, with the op outputs' sharding
+    object for it (replicated)."""
+    arr = np.asarray(x, dtype=np.float32)
+    return device_put(arr, _sharding_for(place, ((),) * arr.ndim))
+
+
 def _primitive(name, nin, planner, vjp=None, none_keywords=(), statics=()):
     """Make op ``name`` of this module a primitive; ``statics``: (name, default) of its static
     parameters after the operands, in their positional order."""
     f = globals()[name]
     planner = _in_process(planner)
     # the fallback (any call the C path does not plan) inside a jit trace: one op node
-    p = _C.Primitive(name, nin, _op_node(name)(f), planner, f.__doc__, vjp, tuple(none_keywords),
+    fallback = _op_node(name)(f)
+    if nin == 2:
+        fallback = _host_operand_first(fallback, lambda: p)
+    p = _C.Primitive(name, nin, fallback, planner, f.__doc__, vjp, tuple(none_keywords),
                      tuple(n for n, _ in statics), tuple(d for _, d in statics))
     p.__module__ = f.__module__
     p.__dict__.update({k: v for k, v in getattr(f, "__dict__", {}).items()

@@ -269,10 +269,9 @@ def _run_hooks_at_exit() -> None:
     try:
         _run_hooks()
     except BaseException:  # noqa: BLE001 - reported, as an exception of a thread would be
-        import traceback
         print("ctrainstate: a background checkpoint save failed (found at exit):",
               file=_sys.stderr)
-        traceback.print_exc()
+        _sys.excepthook(*_sys.exc_info())
 
 
 def _at_exit() -> None:

@@ -260,7 +260,17 @@ def main(path, path1):
     # saved by one process, restored by every process onto the global mesh
     known1 = np.load(os.path.join(path1, "known.npz"))
     checks += check_equal(restore_onto(path1, mesh, SPECS_2D), known1)
+    # shutdown() with a background save in flight commits it before MPI goes
+    def slowed(plan, directory):
+        time.sleep(0.3)
+        slow_write(plan, directory)
+    _store.write_file = slowed
+    late = ocp.CheckpointManager(os.path.join(path, "late"))
+    late.save(5, args=ocp.args.StandardSave(state))
     dist.shutdown()
+    _store.write_file = slow_write
+    assert ocp.available_steps(os.path.join(path, "late"), "") == [5]
+    checks += 1
     report(me, f"OK {me} {n} {checks}")
 
 

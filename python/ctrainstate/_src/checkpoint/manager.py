@@ -3,17 +3,20 @@ docstring is there)."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import re
 import shutil
 import threading
 import warnings
-from typing import Any, Callable, Sequence
+import weakref
+from typing import Any, Callable, Container, Sequence
 
 import numpy as np
 
 from ..array.abstract import ShapeDtypeStruct
 from ..array.array import Array
+from ..distributed import distributed as _dist
 from ..serialization.serialization import from_state_dict, to_state_dict
 from . import fileio as _io, processes as _procs, store as _store
 
@@ -34,6 +37,28 @@ class InvalidCheckpointError(ValueError):
 
 # --- the background writer --------------------------------------------------------------------
 
+# Every object that may have a background save running (weakly: a manager with a running
+# save stays alive through its thread). ctrainstate.distributed.shutdown() and interpreter
+# exit finish them first (_finish_background_saves), while the process engine still runs.
+_live: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _finish_background_saves() -> None:
+    """Wait for every background save; raise the first error (after waiting for all)."""
+    error = None
+    for obj in list(_live):
+        try:
+            obj._finish()
+        except BaseException as e:   # noqa: BLE001 - raised once every save has ended
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
+_dist._before_shutdown(_finish_background_saves)
+
+
 class AsyncManager:
     """Runs one save at a time in a background thread (``flax.training.checkpoints.AsyncManager``).
 
@@ -51,6 +76,13 @@ class AsyncManager:
     def __init__(self, max_workers: int = 1):
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        _live.add(self)
+
+    def _owned(self) -> "AsyncManager":
+        """This manager as the writer of an object that finishes it itself (its own
+        ``wait_until_finished``), not on its own at shutdown."""
+        _live.discard(self)
+        return self
 
     def _run(self, fn):
         try:
@@ -77,6 +109,9 @@ class AsyncManager:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def _finish(self) -> None:
+        self.wait_previous_save()
 
 
 # --- step directories ------------------------------------------------------------------------
@@ -131,47 +166,125 @@ def _restore(path: str, target, cast: bool):
 
 @dataclasses.dataclass
 class CheckpointManagerOptions:
-    """Options of :class:`CheckpointManager` (orbax's names).
+    """Options of :class:`CheckpointManager` (orbax's names and meanings).
 
-    ``save_interval_steps``: ``save(step)`` writes only when ``step`` is a multiple of it (or
-    ``force=True``). ``max_to_keep``: keep the newest N checkpoints (None: all), or with
-    ``best_fn`` the N best. ``keep_period``: steps that are multiples of it are never
-    deleted. ``best_fn``: a function of a step's ``metrics`` (``save(step, state,
-    metrics=...)``) returning a number, its quality; ``best_mode``: whether ``'max'``
-    (default) or ``'min'`` is best. ``keep_checkpoints_without_metrics``: steps saved
-    without metrics are never deleted (default); False: they count among the
-    ``max_to_keep`` and are deleted first. ``step_prefix``: directories are
-    ``<prefix>_<step>`` (None: ``<step>``). ``enable_async_checkpointing``: ``save``
-    returns after copying the state to the host and writes in the background.
+    ``save_interval_steps``: ``save(step)`` writes the first step, then only steps that are
+    a multiple of it or in ``save_on_steps`` (a set of steps), or with ``force=True``.
+    ``should_save_fn(step, latest_step)``, if set, decides instead of those two.
+    ``max_to_keep``: keep the newest N checkpoints (None: all), or with ``best_fn`` the N
+    best. Of the others, these are kept too: every step that is a multiple of
+    ``keep_period``, and with ``keep_time_interval`` (a ``datetime.timedelta``) the oldest
+    step and each later one saved at least that long after the previous one so kept.
+    ``best_fn``: a function of a step's ``metrics`` (``save(step, state, metrics=...)``)
+    returning a number, its quality; ``best_mode``: whether ``'max'`` (default) or
+    ``'min'`` is best. ``keep_checkpoints_without_metrics``: steps saved without metrics
+    are never deleted (default); False: they count among the ``max_to_keep`` and are
+    deleted first. ``step_prefix``: directories are ``<prefix>_<step>`` (None:
+    ``<step>``); ``step_format_fixed_length``: the step with that many digits (leading
+    zeros). ``create``: create the directory. ``cleanup_tmp_directories``: remove what
+    interrupted saves left (before each save). ``todelete_subdir``: deleted steps are
+    moved into this subdirectory instead of removed. ``read_only``: ``save`` and
+    ``delete`` raise. ``enable_async_checkpointing``: ``save`` returns after copying the
+    state to the host and writes in the background.
+    ``single_host_load_and_broadcast`` and ``enable_background_delete`` are accepted and
+    change nothing (every process reads the step list; with async saves, old steps are
+    deleted in the save's background thread). ``step_name_format``, ``async_options``,
+    non-default ``multiprocessing_options`` and ``file_options``,
+    ``save_decision_policy`` and ``preservation_policy`` are not supported: setting them
+    raises.
     """
     save_interval_steps: int = 1
     max_to_keep: int | None = None
+    keep_time_interval: datetime.timedelta | None = None
     keep_period: int | None = None
     best_fn: Callable[[Any], float] | None = None
     best_mode: str = "max"
     keep_checkpoints_without_metrics: bool = True
     step_prefix: str | None = None
+    step_format_fixed_length: int | None = None
+    step_name_format: Any = None
     create: bool = True
-    enable_async_checkpointing: bool = True
-    read_only: bool = False
     cleanup_tmp_directories: bool = True
+    save_on_steps: Container[int] | None = None
+    single_host_load_and_broadcast: bool = False
+    todelete_subdir: str | None = None
+    enable_background_delete: bool = False
+    read_only: bool = False
+    enable_async_checkpointing: bool = True
+    async_options: Any = None
+    multiprocessing_options: Any = None
+    should_save_fn: Callable[[int, int | None], bool] | None = None
+    file_options: Any = None
+    save_decision_policy: Any = None
+    preservation_policy: Any = None
 
     def __post_init__(self):
-        for name in ("save_interval_steps", "max_to_keep", "keep_period"):
-            v = getattr(self, name)
+        name = "CheckpointManagerOptions"
+        for field in ("save_interval_steps", "max_to_keep", "keep_period",
+                      "step_format_fixed_length"):
+            v = getattr(self, field)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"CheckpointManagerOptions.{name} must be a positive int or "
-                                 f"None, got {v!r}")
-        if self.best_fn is not None and not callable(self.best_fn):
-            raise TypeError(f"CheckpointManagerOptions.best_fn must be a function of a step's "
-                            f"metrics returning a number, or None; got "
-                            f"{type(self.best_fn).__name__} {self.best_fn!r}")
+                raise ValueError(f"{name}.{field} must be a positive int or None, got {v!r}")
+        if self.keep_time_interval is not None:
+            if not isinstance(self.keep_time_interval, datetime.timedelta):
+                raise TypeError(
+                    f"{name}.keep_time_interval must be a datetime.timedelta or None, got "
+                    f"{type(self.keep_time_interval).__name__} {self.keep_time_interval!r} "
+                    f"(e.g. datetime.timedelta(hours=1))")
+            if self.keep_time_interval <= datetime.timedelta(0):
+                raise ValueError(f"{name}.keep_time_interval must be positive, got "
+                                 f"{self.keep_time_interval!r}")
+        for field in ("best_fn", "should_save_fn"):
+            v = getattr(self, field)
+            if v is not None and not callable(v):
+                what = ("a function of a step's metrics returning a number" if field == "best_fn"
+                        else "a function (step, latest_step) -> bool")
+                raise TypeError(f"{name}.{field} must be {what}, or None; got "
+                                f"{type(v).__name__} {v!r}")
         if self.best_mode not in ("min", "max"):
-            raise ValueError(f"CheckpointManagerOptions.best_mode must be 'min' or 'max', got "
-                             f"{self.best_mode!r}")
-        if not isinstance(self.keep_checkpoints_without_metrics, bool):
-            raise TypeError(f"CheckpointManagerOptions.keep_checkpoints_without_metrics must be "
-                            f"a bool, got {self.keep_checkpoints_without_metrics!r}")
+            raise ValueError(f"{name}.best_mode must be 'min' or 'max', got {self.best_mode!r}")
+        for field in ("keep_checkpoints_without_metrics", "create", "cleanup_tmp_directories",
+                      "single_host_load_and_broadcast", "enable_background_delete",
+                      "read_only", "enable_async_checkpointing"):
+            v = getattr(self, field)
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"{name}.{field} must be a bool, got {type(v).__name__} {v!r}")
+        for field in ("step_prefix", "todelete_subdir"):
+            v = getattr(self, field)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise TypeError(f"{name}.{field} must be a non-empty str or None, got {v!r}")
+        t = self.todelete_subdir
+        if t is not None and (t in (".", "..") or "/" in t or os.sep in t):
+            raise ValueError(f"{name}.todelete_subdir must be the name of a subdirectory of "
+                             f"the checkpoint directory (one path component), got {t!r}")
+        steps = self.save_on_steps
+        if steps is not None:
+            try:
+                steps = list(steps)
+            except TypeError:
+                raise TypeError(f"{name}.save_on_steps must be a set of steps (ints) or None, "
+                                f"got {type(steps).__name__} {steps!r}") from None
+            bad = [v for v in steps if isinstance(v, (bool, np.bool_))
+                   or not isinstance(v, (int, np.integer)) or v < 0]
+            if bad:
+                raise ValueError(f"{name}.save_on_steps must hold non-negative int steps; got "
+                                 f"{bad[0]!r}")
+        self.save_on_steps = frozenset(int(v) for v in steps or ())
+        unsupported = [f for f in ("step_name_format", "async_options", "save_decision_policy",
+                                   "preservation_policy") if getattr(self, f) is not None]
+        mp = self.multiprocessing_options
+        if mp is not None and (getattr(mp, "primary_host", 0) != 0
+                               or getattr(mp, "active_processes", None) is not None):
+            unsupported.append("multiprocessing_options (a primary_host other than 0, or "
+                               "active_processes)")
+        fo = self.file_options
+        if fo is not None and getattr(fo, "path_permission_mode", None) is not None:
+            unsupported.append("file_options.path_permission_mode")
+        if unsupported:
+            raise ValueError(f"{name}: {', '.join(unsupported)} not supported by ctrainstate's "
+                             f"CheckpointManager (leave them at their defaults); directories "
+                             f"are named by step_prefix and step_format_fixed_length, every "
+                             f"process of the job takes part, process 0 commits")
 
 
 def _metrics_json(metrics, path: str = "metrics"):
@@ -262,12 +375,14 @@ class CheckpointManager:
         self._options = options or CheckpointManagerOptions()
         o = self._options
         self._prefix = f"{o.step_prefix}_" if o.step_prefix else ""
+        self._digits = o.step_format_fixed_length or 0
         if o.create and not o.read_only:
             os.makedirs(self._directory, exist_ok=True)
-        self._async = AsyncManager()
+        self._async = AsyncManager()._owned()
+        _live.add(self)   # finished by ctrainstate.distributed.shutdown() and at exit
         self._pending: int | None = None
-        self._pending_metrics = None
-        self._metrics: dict[int, Any] = {}   # committed steps' metrics, as read (immutable)
+        self._pending_md: dict | None = None
+        self._infos: dict[int, tuple] = {}   # committed steps' (metrics, time), as read
         self._warned_no_metrics = False
         self._metadata = metadata
 
@@ -276,8 +391,11 @@ class CheckpointManager:
     def directory(self) -> str:
         return self._directory
 
+    def _name(self, step: int) -> str:
+        return f"{self._prefix}{int(step):0{self._digits}d}"
+
     def _path(self, step: int) -> str:
-        return os.path.join(self._directory, f"{self._prefix}{int(step)}")
+        return os.path.join(self._directory, self._name(step))
 
     def all_steps(self, read: bool = False) -> list[int]:
         """Steps of the committed checkpoints, plus the one being written in the background."""
@@ -290,17 +408,22 @@ class CheckpointManager:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    def _step_metrics(self, step: int):
-        """The metrics saved with ``step`` (None: saved without)."""
-        if step == self._pending and step not in self._metrics:
-            return self._pending_metrics
-        if step not in self._metrics:
+    def _step_info(self, step: int) -> tuple:
+        """(the metrics saved with ``step`` or None, the time it was saved)."""
+        if step == self._pending and step not in self._infos and self._pending_md:
+            md = self._pending_md
+            return md.get("metrics"), md.get("time", 0.0)
+        if step not in self._infos:
             try:
                 md = _store.step_metadata(self._path(step))
             except FileNotFoundError:   # deleted meanwhile
-                return None
-            self._metrics[step] = md.get("metrics")
-        return self._metrics[step]
+                return None, 0.0
+            self._infos[step] = (md.get("metrics"), float(md.get("time", 0.0)))
+        return self._infos[step]
+
+    def _step_metrics(self, step: int):
+        """The metrics saved with ``step`` (None: saved without)."""
+        return self._step_info(step)[0]
 
     def _ranked(self, steps):
         """(steps without metrics, steps with metrics from worst to best): by ``best_fn``
@@ -323,14 +446,19 @@ class CheckpointManager:
         return ranked[-1] if ranked else None
 
     def should_save(self, step: int) -> bool:
-        """Whether ``save(step)`` would write: a step after the latest that is a multiple of
-        ``save_interval_steps``."""
-        if self._options.read_only:
+        """Whether ``save(step)`` would write (orbax's rule): never in a read-only manager
+        nor for a step not after the latest; then ``should_save_fn(step, latest_step)`` if
+        set; otherwise the first step, a multiple of ``save_interval_steps``, or one of
+        ``save_on_steps``."""
+        o = self._options
+        if o.read_only:
             return False
         latest = self.latest_step()
         if latest is not None and latest >= step:
             return False
-        return step % self._options.save_interval_steps == 0
+        if o.should_save_fn is not None:
+            return bool(o.should_save_fn(step, latest))
+        return latest is None or step % o.save_interval_steps == 0 or step in o.save_on_steps
 
     # -- saving --
     def save(self, step: int, items=None, *, args=None, metrics=None, force: bool = False,
@@ -353,12 +481,16 @@ class CheckpointManager:
             raise ValueError(f"CheckpointManager on {self._directory} is read-only")
         step = int(step)
         self.wait_until_finished()
+        if not os.path.isdir(self._directory):
+            raise FileNotFoundError(f"CheckpointManager.save: the directory {self._directory} "
+                                    f"does not exist (CheckpointManagerOptions(create=True) "
+                                    f"creates it)")
         if not force and not self.should_save(step):
             return False
         if step in self.all_steps():
             raise StepAlreadyExistsError(f"a checkpoint of step {step} exists already in "
                                          f"{self._directory}")
-        self._metrics.pop(step, None)
+        self._infos.pop(step, None)
         md = _metadata(step, custom_metadata)
         if self._metadata is not None:
             md["manager"] = self._metadata
@@ -382,7 +514,7 @@ class CheckpointManager:
         save = _procs.Save(plan, self._path(step), md, before=cleanup,
                            after=self._garbage_collect, background=async_)
         if async_:
-            self._pending, self._pending_metrics = step, md.get("metrics")
+            self._pending, self._pending_md = step, md
             self._async.save_async(save.background())
         else:
             save.run()
@@ -391,7 +523,9 @@ class CheckpointManager:
     def _garbage_collect(self) -> None:
         """Retention after a commit (orbax's): beyond ``max_to_keep`` steps, delete the oldest,
         or with ``best_fn`` the worst (and, unless ``keep_checkpoints_without_metrics``, those
-        without metrics first); never a multiple of ``keep_period``."""
+        without metrics first); never one ``keep_time_interval`` keeps (the oldest step and,
+        in step order, each saved at least that long after the previous one kept so), nor a
+        multiple of ``keep_period``."""
         o = self._options
         if o.max_to_keep is None:
             return
@@ -404,18 +538,47 @@ class CheckpointManager:
             without, ranked = self._ranked(steps)
             maybe = (ranked if o.keep_checkpoints_without_metrics
                      else without + ranked)[:-o.max_to_keep]
+        chain, interval = None, None
+        if o.keep_time_interval is not None:
+            interval = o.keep_time_interval.total_seconds()
+            chain = [steps[0]]
+            for s in steps[1:]:
+                if self._step_info(s)[1] >= self._step_info(chain[-1])[1] + interval:
+                    chain.append(s)
         for s in maybe:
+            if chain is not None:
+                if s in chain:
+                    continue
+                if self._step_info(s)[1] >= self._step_info(chain[-1])[1] + interval:
+                    chain.append(s)
+                    continue
             if o.keep_period is not None and s % o.keep_period == 0:
                 continue
-            _store.remove(self._path(s))
-            self._metrics.pop(s, None)
+            self._remove(self._path(s))
+            self._infos.pop(s, None)
+
+    def _remove(self, path: str) -> None:
+        """Delete a step's directory, or with ``todelete_subdir`` move it there."""
+        sub = self._options.todelete_subdir
+        if sub is None:
+            _store.remove(path)
+            return
+        where = os.path.join(self._directory, sub)
+        os.makedirs(where, exist_ok=True)
+        dest = os.path.join(where, os.path.basename(path))
+        if os.path.exists(dest):   # a step deleted before under the same name
+            _store.remove(dest)
+        os.rename(path, dest)
+        _io.fsync_dir(self._directory)
 
     def wait_until_finished(self) -> None:
         """Block until the background save is written; raise its error, if it failed."""
         try:
             self._async.wait_previous_save()
         finally:
-            self._pending = self._pending_metrics = None
+            self._pending = self._pending_md = None
+
+    _finish = wait_until_finished
 
     def check_for_errors(self) -> None:
         """Raise the error of a finished background save (without waiting for a running one;
@@ -439,7 +602,7 @@ class CheckpointManager:
             if not steps:
                 raise FileNotFoundError(f"no checkpoint in {root or self._directory}")
             step = steps[-1]
-        path = (os.path.join(root, f"{self._prefix}{int(step)}") if root else self._path(step))
+        path = os.path.join(root, self._name(step)) if root else self._path(step)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no checkpoint of step {step} in "
                                     f"{root or self._directory} (steps: {self.all_steps()})")
@@ -466,17 +629,19 @@ class CheckpointManager:
         return _store.step_metadata(self._path(step))
 
     def delete(self, step: int) -> None:
-        """Remove the checkpoint of ``step``."""
+        """Remove the checkpoint of ``step`` (with ``todelete_subdir``: move it there)."""
+        if self._options.read_only:
+            raise ValueError(f"CheckpointManager on {self._directory} is read-only")
         self.wait_until_finished()
         if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint of step {step} in {self._directory}")
-        _remove_on_process_0(self._path(step))
-        self._metrics.pop(int(step), None)
+        _remove_on_process_0(self._path(step), self._remove)
+        self._infos.pop(int(step), None)
 
     def reload(self) -> None:
         """Steps are read from the directory at each call; this forgets the steps' metrics
         read so far (for a directory changed by others)."""
-        self._metrics = {}
+        self._infos = {}
 
     def close(self) -> None:
         """Wait for the background save (raising its error)."""
@@ -505,7 +670,8 @@ class StandardCheckpointer:
     _async_default = False
 
     def __init__(self):
-        self._async = AsyncManager()
+        self._async = AsyncManager()._owned()
+        _live.add(self)   # finished by ctrainstate.distributed.shutdown() and at exit
 
     def save(self, directory, item=None, *, args=None, force: bool = False) -> None:
         item = args.item if args is not None else item
@@ -528,6 +694,8 @@ class StandardCheckpointer:
 
     def wait_until_finished(self) -> None:
         self._async.wait_previous_save()
+
+    _finish = wait_until_finished
 
     def close(self) -> None:
         self.wait_until_finished()
@@ -629,19 +797,19 @@ def restore_checkpoint(ckpt_dir, target, step=None, prefix: str = "checkpoint_",
 
 # --- t5x ------------------------------------------------------------------------------------------
 
-def _remove_on_process_0(path: str) -> None:
+def _remove_on_process_0(path: str, remove=_store.remove) -> None:
     """Delete a checkpoint directory: by process 0 alone in a job of several processes, once
     every process has reached the call (none still reads the steps), the others waiting
     until it is gone (an error there raises on every process)."""
     me, n = _procs.job()
     if n == 1:
-        _store.remove(path)
+        remove(path)
         return
     _procs.agree(None, f"deleting the checkpoint {path}")   # a barrier
     err = None
     if me == 0:
         try:
-            _store.remove(path)
+            remove(path)
         except Exception as e:   # noqa: BLE001 - raised on every process
             err = f"{type(e).__name__}: {e}"
     _procs.agree(err, f"deleting the checkpoint {path}")

@@ -235,15 +235,55 @@ def _join_devices(me: int, n: int, timeout: float) -> None:
     _devices._set_processes(me, [tuple(int(v) for v in row) for row in counts])
 
 
+_before_shutdown_hooks: list = []   # run first by shutdown() and at exit (_before_shutdown)
+_hooks_at_exit_registered = False
+
+
+def _before_shutdown(fn) -> None:
+    """Register ``fn()`` to run at the start of every :func:`shutdown` and at interpreter
+    exit, before the engine shuts down: how a layer above (checkpoints) finishes its
+    background work that still uses the engine. ``fn`` may raise; it runs each time."""
+    global _hooks_at_exit_registered
+    with _lock:
+        if fn not in _before_shutdown_hooks:
+            _before_shutdown_hooks.append(fn)
+        if not _hooks_at_exit_registered:   # also for a process that never initializes
+            _atexit.register(_run_hooks_at_exit)
+            _hooks_at_exit_registered = True
+
+
+def _run_hooks() -> None:
+    """Every hook, in registration order; the first error raised once all have run."""
+    error = None
+    for fn in list(_before_shutdown_hooks):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - raised after the other hooks ran
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
+def _run_hooks_at_exit() -> None:
+    try:
+        _run_hooks()
+    except BaseException:  # noqa: BLE001 - reported, as an exception of a thread would be
+        print("ctrainstate: a background checkpoint save failed (found at exit):",
+              file=_sys.stderr)
+        _sys.excepthook(*_sys.exc_info())
+
+
 def _at_exit() -> None:
     # A process that ends on an unhandled exception leaves MPI unfinalized on purpose:
     # MPI_Finalize would wait for the other processes (which may be waiting for this one in
     # a collective), while a process that exits without it makes mpirun end the whole job
-    # at once. A clean exit finalizes.
+    # at once. A clean exit finalizes, after the hooks (background checkpoint commits).
     if not _state["initialized"]:
         return
     if getattr(_sys, "last_value", None) is not None or getattr(_sys, "last_exc", None):
         return
+    _run_hooks_at_exit()
     try:
         shutdown()
     except Exception:  # noqa: BLE001 - nothing to report to at exit
@@ -254,11 +294,20 @@ def shutdown() -> None:
     """Leave the job (``jax.distributed.shutdown``): finalizes MPI if :func:`initialize`
     started it. Does nothing when not initialized. After a collective timed out MPI is not
     finalized (it would wait for the missing process); either way MPI cannot be started
-    again in this process."""
-    with _lock:
-        _C.dist_shutdown()
-        _state.update(initialized=False, process_id=0, num_processes=1, coordinator_address=None,
-                      local_device_ids=None, local_rank=None, timeout=None, source=None)
+    again in this process.
+
+    First every background checkpoint save still running (of a ``CheckpointManager``,
+    ``AsyncCheckpointer`` or ``AsyncManager``) is finished, its commit included; an error
+    of one is raised here, as ``wait_until_finished()`` would raise it, once the engine is
+    shut down."""
+    try:
+        _run_hooks()
+    finally:
+        with _lock:
+            _C.dist_shutdown()
+            _state.update(initialized=False, process_id=0, num_processes=1,
+                          coordinator_address=None, local_device_ids=None, local_rank=None,
+                          timeout=None, source=None)
 
 
 def is_initialized() -> bool:

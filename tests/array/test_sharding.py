@@ -503,3 +503,25 @@ def test_device_put_partition_spec_on_active_mesh():
     assert t["a"].sharding == cts.NamedSharding(m, cts.P())
     assert t["b"].sharding == cts.NamedSharding(m, cts.P("model"))
     np.testing.assert_array_equal(np.asarray(t["b"]), a)
+
+
+def test_single_device_sharding_is_one_object_per_device():
+    """SingleDeviceSharding(d) is the same object for the same device (the ops' plan caches
+    key by sharding object, so Arrays placed from numpy values share their plans); equal
+    to, and hashed as, before; a subclass makes new objects; a non-device still raises."""
+    d0, d1 = cts.devices()[0], cts.devices()[1]
+    s = cts.SingleDeviceSharding(d0)
+    assert cts.SingleDeviceSharding(d0) is s and cts.SingleDeviceSharding(d1) is not s
+    assert cts.SingleDeviceSharding(d1) == cts.SingleDeviceSharding(d1) != s
+    assert hash(s) == hash(cts.SingleDeviceSharding(d0))
+    x, y = cts.device_put(np.ones(3, np.float32)), cts.device_put(np.zeros(3, np.float32))
+    assert x.sharding is y.sharding is cts.device_put(np.ones(2), d0).sharding
+    assert s._layout((4, 3))[0] == (4, 3)        # its layout cache works as before
+
+    class Mine(cts.SingleDeviceSharding):
+        pass
+    m = Mine(d0)
+    assert type(m) is Mine and Mine(d0) is not m and m == s
+    assert cts.SingleDeviceSharding(d0) is s     # a subclass does not replace the device's
+    with pytest.raises(TypeError, match="needs a Device"):
+        cts.SingleDeviceSharding("cpu:0")

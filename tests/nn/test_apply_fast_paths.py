@@ -453,3 +453,47 @@ def test_module_scope_push_builds_what_the_constructor_builds():
         else:
             assert type(got) is type(v) and got == v
     assert child.path == ("Dense_0",) and child.push("x").path == ("Dense_0", "x")
+
+
+# --- Module.param's shape check by initializer identity ----------------------------------------
+
+def test_param_shape_check_finds_a_module_initializer_by_identity():
+    """nn.Dense's initializers are the same objects at every apply (field defaults), so the
+    shape check finds their expected shapes by identity (scope._SHAPES_BY_ID) without
+    building their key (_fn_key) again; a parameter of the wrong shape still raises, the
+    cache warm or not, and an initializer made anew per call is still checked."""
+    import sys
+    from ctrainstate.nn.scope import ScopeParamShapeError
+    x = np.ones((2, 3), np.float32)
+    model = nn.Dense(4)
+    v = model.init(random.PRNGKey(0), x)
+    model.apply(v, x)
+    model.apply(v, x)
+    seen = []
+    sys.setprofile(lambda frame, event, arg: seen.append(frame.f_code.co_name)
+                   if event == "call" else None)
+    try:
+        y = model.apply(v, x)
+    finally:
+        sys.setprofile(None)
+    assert "_check_param_shape" in seen and "_fn_key" not in seen, seen
+    np.testing.assert_allclose(np.asarray(y), x @ np.asarray(v["params"]["kernel"]) +
+                               np.asarray(v["params"]["bias"]), rtol=1e-6)
+    bad = {"params": {"kernel": cts.device_put(np.ones((3, 5), np.float32)),
+                      "bias": v["params"]["bias"]}}
+    with pytest.raises(ScopeParamShapeError, match="kernel"):
+        model.apply(bad, x)
+
+    class PerCall(nn.Module):
+        n: int
+
+        @nn.compact
+        def __call__(self, x):
+            def init(key, shape):         # a new function object at every call
+                return np.zeros(shape, np.float32)
+            return x @ self.param("w", init, (x.shape[-1], self.n))
+    vp = PerCall(2).init(random.PRNGKey(0), x)
+    for _ in range(3):
+        PerCall(2).apply(vp, x)
+    with pytest.raises(ScopeParamShapeError, match="w"):
+        PerCall(5).apply(vp, x)

@@ -425,6 +425,54 @@ def test_other_operands_and_keywords_take_the_python_op():
     assert z.dtype == np.float32
 
 
+def test_a_numpy_float_operand_is_placed_and_the_c_plan_runs_the_op():
+    """A numpy float32 / float64 operand beside a float32 Array (a model applied to a numpy
+    batch) is placed where the Array lives and the op runs on its C plan: the same bits and
+    sharding as with the operand placed by hand, on one device and on a mesh, and, on one
+    device, no Python op below the primitive (only the placing, device_put). Integer numpy
+    operands keep the Python op (jax's promotion)."""
+    rng = np.random.default_rng(3)
+    a = cts.device_put(rng.standard_normal((8, 16)).astype(np.float32))
+    am = cts.device_put(np.asarray(a), _mesh_sharding(("x", "y")))
+    w = rng.standard_normal((16, 4)).astype(np.float32)
+    bias = rng.standard_normal((16,))                                  # float64
+    for x in (a, am):
+        cases = [(lambda x=x: x @ w, lambda x=x: x @ cts.device_put(w, _replicated(x))),
+                 (lambda x=x: w.T @ x.T, lambda x=x: cts.device_put(w.T, _replicated(x)) @ x.T),
+                 (lambda x=x: x + bias, lambda x=x: x + cts.device_put(
+                     bias.astype(np.float32), _replicated(x))),
+                 (lambda x=x: cnp.matmul(x, w, precision=None),
+                  lambda x=x: x @ cts.device_put(w, _replicated(x)))]
+        for fast, ref in cases:
+            got, want = fast(), ref()
+            _same(got, want)
+            assert got.sharding == want.sharding
+            calls = _python_calls(fast)
+            assert any(c.endswith(":_lift_host") for c in calls), calls
+            if x is a:   # (on the mesh, a product that reshards runs the Python op either way)
+                assert _op_calls(calls) == [], calls
+    # the placed operand's sharding is one object per placement: the plan cache hits
+    before = _ops.add.cache_info()
+    for _ in range(3):
+        a + bias
+    after = _ops.add.cache_info()
+    assert after["hits"] - before["hits"] == 3 and after["misses"] == before["misses"]
+    ints = np.arange(16, dtype=np.int32)
+    np.testing.assert_array_equal(np.asarray(a + ints), np.asarray(a) + ints.astype(np.float32))
+
+
+def _op_calls(calls):
+    """The calls of ops.py's functions, less the placing of a host operand."""
+    return [c for c in calls if "/ops/ops.py:" in c and c.rsplit(":", 1)[1] not in
+            ("call", "<lambda>", "_lift_host", "_place_of", "_sharding_for", "_id_cached",
+             "<genexpr>")]
+
+
+def _replicated(x):
+    s = x.sharding
+    return cts.NamedSharding(s.mesh, cts.P()) if isinstance(s, cts.NamedSharding) else s
+
+
 def test_primitive_objects_look_like_the_functions_they_replace():
     import inspect
     p = cnp.sin

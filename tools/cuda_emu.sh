@@ -25,14 +25,15 @@
 # What it cannot check: two streams truly running at once (one schedule at a
 # time), the device's own float rounding of libm calls, performance, a real
 # NCCL (its calls are emulated, with NCCL's rules: one rank per GPU, calls
-# grouped, every rank in every collective).
+# grouped, every rank in every collective; across processes too, through shared
+# memory: the mpi_gpu2 run, under mpirun).
 #
 #   bash tools/cuda_emu.sh [pytest args...]      build, self-test, then every run below
 #
 #   CT_EMU_KEEP=DIR   keep the build in DIR; a later call reuses it (no rebuild, no self-test)
 #                     while no file under csrc/, tests/cuda_emu/ or this script is newer
 #   CT_EMU_RUNS=...   only these runs, in this order (default: all, the order below):
-#                     split1 split4 eager cpu8 scan8 examples8 ngpu2_split1 ngpu2_split2 bench;
+#                     split1 split4 eager cpu8 scan8 examples8 ngpu2_split1 ngpu2_split2 mpi_gpu2 bench;
 #                     "none" builds and self-tests only. .ci/run builds once (CT_EMU_KEEP, "none")
 #                     and then runs each run as its own stage, two at a time on its two cores.
 set -euo pipefail
@@ -131,6 +132,19 @@ run() {  # run NAME [pytest args...]
         echo "-- two emulated GPUs, NCCL between them (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split};"
         echo "   without the launch-settings case${skip[2]:+ and the examples})"
         CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=${name#ngpu2_split} "${pt[@]}" tests/gpu/test_gpu.py "${skip[@]}" "$@" ;;
+    mpi_gpu2)
+        # two processes, one emulated GPU each: all-reduces across processes through NCCL
+        # communicators across processes (the emulation's ranks meet in shared memory), against
+        # the host path in the same job (tests/mpi/gpu_nccl.py)
+        if ! command -v mpirun > /dev/null; then
+            echo "-- mpi_gpu2 skipped: mpirun not found (install Open MPI: apt-get install openmpi-bin)"
+            return 0
+        fi
+        echo "-- two processes (mpirun -n 2), one emulated GPU each, NCCL across processes"
+        (cd tests/mpi && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+            CTRAINSTATE_NUM_CPU_DEVICES=1 CT_EMU_NGPU=1 CTRAINSTATE_GPU_SPLIT=1 CT_EMU_NCCL_TIMEOUT=60 \
+            PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+            timeout 120 mpirun -n 2 --oversubscribe python gpu_nccl.py) ;;
     bench)
         echo "-- the GPU benchmarks of benchmarks/gpu_check.sh at toy sizes (that they run; times mean nothing here)"
         PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" bench ;;
@@ -149,6 +163,6 @@ bench() {
         --steps 3 | tail -n 4
 }
 
-for name in ${CT_EMU_RUNS:-split1 split4 eager cpu8 scan8 examples8 ngpu2_split1 ngpu2_split2 bench}; do
+for name in ${CT_EMU_RUNS:-split1 split4 eager cpu8 scan8 examples8 ngpu2_split1 ngpu2_split2 mpi_gpu2 bench}; do
     run "$name" "$@"
 done

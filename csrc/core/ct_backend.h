@@ -129,7 +129,24 @@ typedef struct ct_backend {
     ct_status (*graph_end)(struct ct_device *dev, int keep, void **exec, int *updated);
     ct_status (*graph_launch)(struct ct_device *dev, void *exec);
     void (*graph_free)(struct ct_device *dev, void *exec);
+    /* NCCL across processes. nccl_unique_id writes a new ncclUniqueId (CT_NCCL_ID_BYTES
+     * bytes) into id; the process that holds rank 0 of a communicator makes it, and the caller
+     * broadcasts it to the others through the MPI engine (ct_dist_broadcast).
+     * allreduce_ranks all-reduces (in place, float32, op CT_RED_*) a group of buffers whose
+     * members live in several processes: devs/bufs are this process's members (nbufs >= 1),
+     * ranks[i] the rank (0 .. nranks-1) in the group's communicator of the GPU bufs[i] lives
+     * on (logical devices of one GPU share a rank: they are combined on their GPU first). The
+     * communicator of `id` is created at the first call with it (ncclCommInitRank, every rank
+     * of every process calling together) and cached; every process calls with the same id,
+     * count and op, collectives in the same order. NULL: no such engine (the caller gathers
+     * through the host instead). */
+    ct_status (*nccl_unique_id)(struct ct_device *dev, unsigned char *id);
+    ct_status (*allreduce_ranks)(struct ct_device **devs, float **bufs, int nbufs, int64_t count,
+                                 int op, const unsigned char *id, int nranks, const int *ranks);
 } ct_backend;
+
+/* The size of an ncclUniqueId (nccl.h: NCCL_UNIQUE_ID_BYTES). */
+#define CT_NCCL_ID_BYTES 128
 
 /* The CPU backend (csrc/backend/cpu/cpu_backend.c). */
 extern const ct_backend ct_cpu_backend;
@@ -150,8 +167,9 @@ typedef struct {
  * reduce_typed (comparisons, booleans, integer arithmetic and reductions); 7: unary CT_UN_SINH ..
  * CT_UN_SIGNBIT, binary CT_BIN_ATAN2 .. CT_BIN_LDEXP; 8: binary CT_BIN_PICK (where keeps -0.0);
  * 9: chain (fused elementwise chains); 10: unary_typed (16-bit float unary ops); 11: graph_begin,
- * graph_end, graph_launch, graph_free (CUDA graphs) */
-#define CT_BACKEND_ABI_VERSION 11
+ * graph_end, graph_launch, graph_free (CUDA graphs); 12: nccl_unique_id, allreduce_ranks (NCCL
+ * across processes) */
+#define CT_BACKEND_ABI_VERSION 12
 #define CT_CUDA_ENTRY_POINT "ct_cuda_backend_open"
 
 /* Entry point of a loadable backend: fills *backend and *num_physical (GPUs

@@ -186,6 +186,32 @@ ct_status ct_op_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t cou
     return devs[0]->backend->allreduce(devs, bufs, nbufs, count, op);
 }
 
+int ct_op_has_allreduce_ranks(const ct_device *dev) {
+    return dev->backend->nccl_unique_id != NULL && dev->backend->allreduce_ranks != NULL;
+}
+
+ct_status ct_op_nccl_unique_id(ct_device *dev, unsigned char *id) {
+    CT_TRY(need(dev, (const void *)dev->backend->nccl_unique_id, "NCCL across processes"));
+    return dev->backend->nccl_unique_id(dev, id);
+}
+
+ct_status ct_op_allreduce_ranks(ct_device **devs, float **bufs, int nbufs, int64_t count, int op,
+                                const unsigned char *id, int nranks, const int *ranks) {
+    if (op < 0 || op >= CT_RED_COUNT) return ct_set_error(CT_EINVAL, "unknown reduction %d", op);
+    if (nbufs < 1) return ct_set_error(CT_EINVAL, "all-reduce over no buffers");
+    if (nranks < 1) return ct_set_error(CT_EINVAL, "all-reduce across processes over no ranks");
+    for (int i = 1; i < nbufs; i++)
+        if (devs[i]->backend != devs[0]->backend)
+            return ct_set_error(CT_EINVAL, "all-reduce across different backends");
+    for (int i = 0; i < nbufs; i++)
+        if (ranks[i] < 0 || ranks[i] >= nranks)
+            return ct_set_error(CT_EINVAL, "all-reduce across processes: rank %d of %d", ranks[i],
+                                nranks);
+    CT_TRY(need(devs[0], (const void *)devs[0]->backend->allreduce_ranks,
+                "all-reduce across processes"));
+    return devs[0]->backend->allreduce_ranks(devs, bufs, nbufs, count, op, id, nranks, ranks);
+}
+
 ct_status ct_op_convert(ct_device *dev, int64_t n, int src_dtype, const void *x, int dst_dtype,
                         void *y) {
     if (src_dtype < 0 || src_dtype >= CT_NUM_DTYPES || dst_dtype < 0 || dst_dtype >= CT_NUM_DTYPES)

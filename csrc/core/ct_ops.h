@@ -202,6 +202,14 @@ ct_status ct_op_gemm(ct_device *dev, int trans_a, int trans_b, int64_t m, int64_
  * all of them (combined in buffer order, so the result is deterministic). */
 ct_status ct_op_allreduce(ct_device **devs, float **bufs, int nbufs, int64_t count, int op);
 
+/* NCCL across processes (ct_backend's nccl_unique_id / allreduce_ranks): a new unique id
+ * (CT_NCCL_ID_BYTES) made by dev's backend, and an all-reduce of this process's members of
+ * a group that spans processes. ct_op_has_allreduce_ranks: whether dev's backend has them. */
+int ct_op_has_allreduce_ranks(const ct_device *dev);
+ct_status ct_op_nccl_unique_id(ct_device *dev, unsigned char *id);
+ct_status ct_op_allreduce_ranks(ct_device **devs, float **bufs, int nbufs, int64_t count, int op,
+                                const unsigned char *id, int nranks, const int *ranks);
+
 /* An optimized single-precision GEMM with the Fortran BLAS signature (column
  * major), e.g. scipy's OpenBLAS; NULL restores the built-in kernel. */
 typedef void (*ct_sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,

@@ -549,6 +549,76 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* NCCL across processes: op_nccl_unique_id(buf) -> bytes (None when buf's backend has no
+ * such engine); op_allreduce_ranks(bufs, op, id, nranks, ranks). */
+static PyObject *py_op_nccl_unique_id(PyObject *self, PyObject *arg) {
+    (void)self;
+    ct_py_buffer *b = ct_py_buffer_check(arg, "op_nccl_unique_id");
+    if (b == NULL) return NULL;
+    if (!ct_op_has_allreduce_ranks(b->dev)) Py_RETURN_NONE;
+    unsigned char id[CT_NCCL_ID_BYTES];
+    ct_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ct_op_nccl_unique_id(b->dev, id);
+    Py_END_ALLOW_THREADS
+    if (st != CT_OK) return ct_py_raise(st);
+    return PyBytes_FromStringAndSize((const char *)id, CT_NCCL_ID_BYTES);
+}
+
+static PyObject *py_op_allreduce_ranks(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *bo, *ro;
+    int op, nranks;
+    Py_buffer id;
+    if (!PyArg_ParseTuple(args, "Oiy*iO:op_allreduce_ranks", &bo, &op, &id, &nranks, &ro))
+        return NULL;
+    PyObject *ret = NULL;
+    BUF_LIST(bl);
+    int ranks[MAX_SHARDS];
+    if (id.len != CT_NCCL_ID_BYTES) {
+        PyErr_Format(PyExc_ValueError, "op_allreduce_ranks: an id of %zd bytes (not %d)", id.len,
+                     CT_NCCL_ID_BYTES);
+        goto out;
+    }
+    if (get_buffers(bo, &bl, "all-reduce group", 1) < 0) goto out;
+    if (allreduce_group_check(&bl) < 0) goto out;
+    PyObject *rf = PySequence_Fast(ro, "op_allreduce_ranks: ranks");
+    if (rf == NULL) goto out;
+    if (PySequence_Fast_GET_SIZE(rf) != bl.n) {
+        Py_DECREF(rf);
+        PyErr_SetString(PyExc_ValueError, "op_allreduce_ranks: a rank per buffer");
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < bl.n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(rf, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(rf);
+            goto out;
+        }
+        ranks[i] = (int)v;
+    }
+    Py_DECREF(rf);
+    {
+        ct_device *devs[MAX_SHARDS];
+        float *bufs[MAX_SHARDS];
+        for (Py_ssize_t i = 0; i < bl.n; i++) {
+            devs[i] = bl.b[i]->dev;
+            bufs[i] = bl.b[i]->data;
+        }
+        ct_status st;
+        Py_BEGIN_ALLOW_THREADS
+        st = ct_op_allreduce_ranks(devs, bufs, (int)bl.n, nelem(bl.b[0]), op,
+                                   (const unsigned char *)id.buf, nranks, ranks);
+        Py_END_ALLOW_THREADS
+        if (st != CT_OK) ct_py_raise(st);
+        else ret = Py_NewRef(Py_None);
+    }
+out:
+    put_buffers(&bl);
+    PyBuffer_Release(&id);
+    return ret;
+}
+
 /* Row gathers / scatter-adds over shards: tables[i] (2-d float32 block of global rows
  * row0s[i] ..), rows[i] (float32, n x ncols), and on the same device int32 indices: for a
  * gather the n ids; for a scatter-add the ids grouped by row, one buffer
@@ -779,6 +849,13 @@ static PyMethodDef ops_methods[] = {
     {"op_allreduce", py_op_allreduce, METH_VARARGS,
      "op_allreduce($module, groups, op=0, /)\n--\n\nIn every group of shards, replace each shard "
      "by the sum (op 0) or the maximum (op 1) of the group."},
+    {"op_nccl_unique_id", py_op_nccl_unique_id, METH_O,
+     "op_nccl_unique_id($module, buf, /)\n--\n\nA new ncclUniqueId (bytes) from buf's backend, "
+     "or None where that backend has no NCCL across processes."},
+    {"op_allreduce_ranks", py_op_allreduce_ranks, METH_VARARGS,
+     "op_allreduce_ranks($module, bufs, op, id, nranks, ranks, /)\n--\n\nAll-reduce (in place, "
+     "sum op 0 or max op 1) of this process's members bufs of a group spanning processes, "
+     "through the NCCL communicator of `id`: ranks[i] is bufs[i]'s GPU's rank of nranks."},
     {"op_gather_rows", py_op_gather_rows, METH_VARARGS,
      "op_gather_rows($module, tables, ids, outs, row0s, words=0, /)\n--\n\nFor every shard: out[i] = "
      "table[ids[i] - row0] when that row is in the shard's block, else 0. words >= 1: rows "

@@ -22,15 +22,24 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 #include <ucontext.h>
 
+#include <errno.h>
+#include <string.h>
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 thread_local uint3 ct_emu_threadIdx, ct_emu_blockIdx;
@@ -1229,12 +1238,26 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
  * driven from one thread grouped between ncclGroupStart/End, every rank of the communicator
  * taking part in each collective with the same count, type and operation, the stream and the
  * buffers on the rank's GPU. A collective runs when the first of its ranks' streams reaches
- * it, after everything queued before it on every rank's stream. */
+ * it, after everything queued before it on every rank's stream.
+ *
+ * Across processes (ncclGetUniqueId, ncclCommInitRank): the unique id is 128 random bytes and
+ * names a POSIX shared memory object (/ct_emu_nccl_<hex>) in which the ranks of every process
+ * meet: a header (ranks joined, each rank's GPU identity, collectives' arrival and departure
+ * counts, each rank's count and operation) and one slot per rank. A collective copies each of
+ * the process's ranks' send buffers into their slots, waits (spinning with sched_yield) until
+ * every rank has arrived, reduces the slots in rank order into each receive buffer and
+ * departs; the next collective writes its slots once every rank has departed the last one.
+ * Large collectives run in slot-sized pieces. A wait longer than CT_EMU_NCCL_TIMEOUT seconds
+ * (default 60) aborts the process with what it waited for. A GPU's identity is its ordinal
+ * plus CT_EMU_GPU_ID_BASE (0 by default; a test launching several processes gives each its
+ * own): two ranks of one communicator on one identity fail the init ("Duplicate GPU").
+ */
 
 typedef int ncclResult_t;
 enum { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5 };
 
 namespace {
+struct ShmComm;
 struct Coll {
     size_t count;
     int dtype, op;
@@ -1244,8 +1267,13 @@ struct Coll {
     std::vector<unsigned long long> seqs;
     int posted = 0;
     bool done = false;
+    std::shared_ptr<ShmComm> shm; /* across processes (the group's) */
+    std::vector<int> granks;
 };
 struct CommGroup {
+    std::shared_ptr<ShmComm> shm; /* across processes: the shared memory; the ranks below are
+                                     this process's (granks: their ranks in the communicator) */
+    std::vector<int> granks;
     std::vector<int> devs;
     std::vector<unsigned long long> issued; /* collectives posted per rank */
     std::map<unsigned long long, std::shared_ptr<Coll>> open;
@@ -1265,9 +1293,118 @@ ncclResult_t nccl_violation(ncclResult_t r, const char *fmt, ...) {
     return r;
 }
 
+/* --- across processes ---------------------------------------------------------------------- */
+enum { SHM_MAX_RANKS = 64, SHM_SLOT_FLOATS = 1 << 16 };
+struct ShmHdr {                      /* zero-filled when the object is created */
+    long long joined;                /* ranks that called ncclCommInitRank */
+    long long arrived, departed;     /* rank-collectives begun / finished, over all collectives */
+    long long ident[SHM_MAX_RANKS];  /* each rank's GPU identity + 1 (0: not joined) */
+    long long count[SHM_MAX_RANKS], op[SHM_MAX_RANKS]; /* each rank's current piece */
+};
+struct ShmComm {
+    std::string name;
+    int nranks = 0;
+    void *base = nullptr;
+    size_t size = 0;
+    long long rounds = 0; /* pieces this process has run (the same in every process) */
+    ShmHdr *hdr() const { return (ShmHdr *)base; }
+    float *slot(int r) const { return (float *)((char *)base + 4096) + (size_t)r * SHM_SLOT_FLOATS; }
+    ~ShmComm() {
+        if (base != nullptr) munmap(base, size);
+    }
+};
+std::map<std::string, std::shared_ptr<ShmComm>> g_shm;        /* this process's, by name */
+std::map<std::string, std::shared_ptr<CommGroup>> g_shm_groups; /* their local ranks */
+thread_local std::vector<std::pair<std::shared_ptr<ShmComm>, int>> t_pending_inits;
+std::atomic<long long> n_proc_comm_init{0}, n_proc_collectives{0};
+
+long long shm_load(const long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+/* Spin until *p >= want, or abort after CT_EMU_NCCL_TIMEOUT seconds saying what was awaited. */
+void shm_wait(const ShmComm *sc, const long long *p, long long want, const char *what) {
+    if (shm_load(p) >= want) return;
+    const char *e = getenv("CT_EMU_NCCL_TIMEOUT");
+    const double limit = e && atof(e) > 0 ? atof(e) : 60.0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned long spins = 1; shm_load(p) < want; spins++) {
+        sched_yield();
+        if (spins % 1024 == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            const double waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            if (waited > limit) {
+                fprintf(stderr, "cuda_emu: NCCL across processes (%s, %d ranks): waited %.0f s "
+                        "for %s (%lld of %lld): a process did not take part; aborting (raise "
+                        "CT_EMU_NCCL_TIMEOUT to wait longer)\n", sc->name.c_str(), sc->nranks,
+                        waited, what, shm_load(p), want);
+                abort();
+            }
+        }
+    }
+}
+
+/* Every rank has joined: check one rank per GPU identity. */
+ncclResult_t nccl_violation(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+ncclResult_t shm_joined(ShmComm *sc) {
+    shm_wait(sc, &sc->hdr()->joined, sc->nranks, "every rank to call ncclCommInitRank");
+    shm_unlink(sc->name.c_str()); /* every rank has it mapped (a second unlink fails: fine) */
+    const long long *id = sc->hdr()->ident;
+    for (int i = 0; i < sc->nranks; i++)
+        for (int j = i + 1; j < sc->nranks; j++)
+            if (id[i] == id[j])
+                return nccl_violation(5, "ncclCommInitRank: Duplicate GPU detected: ranks %d and "
+                                      "%d on one GPU (emulated identity %lld; give each process its "
+                                      "own CT_EMU_GPU_ID_BASE)", i, j, id[i] - 1);
+    return 0;
+}
+
+/* One collective of this process's ranks of c (in place allowed), piece by piece. */
+void shm_perform(Coll *c) {
+    ShmComm *sc = c->shm.get();
+    ShmHdr *h = sc->hdr();
+    const long long nr = sc->nranks, nl = (long long)c->granks.size();
+    std::vector<float> acc;
+    for (size_t off = 0; off < c->count || (off == 0 && c->count == 0); off += SHM_SLOT_FLOATS) {
+        const size_t n = std::min((size_t)SHM_SLOT_FLOATS, c->count - off);
+        const long long k = ++sc->rounds;
+        shm_wait(sc, &h->departed, nr * (k - 1), "the ranks to finish the last collective");
+        for (long long l = 0; l < nl; l++) {
+            const int g = c->granks[(size_t)l];
+            memcpy(sc->slot(g), (const float *)c->send[(size_t)l] + off, n * 4);
+            h->count[g] = (long long)c->count;
+            h->op[g] = c->op;
+        }
+        __atomic_add_fetch(&h->arrived, nl, __ATOMIC_ACQ_REL);
+        shm_wait(sc, &h->arrived, nr * k, "the other ranks to post this collective");
+        for (int g = 1; g < nr; g++)
+            if (h->count[g] != h->count[0] || h->op[g] != h->op[0]) {
+                fprintf(stderr, "cuda_emu: NCCL across processes: rank %d posts count %lld op %lld "
+                        "where rank 0 posted count %lld op %lld: NCCL would hang or corrupt; "
+                        "aborting\n", g, h->count[g], h->op[g], h->count[0], h->op[0]);
+                abort();
+            }
+        acc.assign(sc->slot(0), sc->slot(0) + n);
+        for (int g = 1; g < nr; g++) {
+            const float *x = sc->slot(g);
+            for (size_t i = 0; i < n; i++)
+                acc[i] = c->op == 0 ? acc[i] + x[i] : ((acc[i] > x[i] || acc[i] != acc[i]) ? acc[i] : x[i]);
+        }
+        __atomic_add_fetch(&h->departed, nl, __ATOMIC_ACQ_REL);
+        for (long long l = 0; l < nl; l++)
+            if (n > 0) memcpy((float *)c->recv[(size_t)l] + off, acc.data(), n * 4);
+        if (c->count == 0) break;
+    }
+    n_proc_collectives++;
+}
+
 void perform(Coll *c) {
     if (c->done) return;
     for (size_t r = 0; r < c->streams.size(); r++) run_until(c->streams[r], c->seqs[r] - 1);
+    if (c->shm) {
+        shm_perform(c);
+        c->done = true;
+        return;
+    }
     std::vector<float> sum(c->count);
     for (size_t i = 0; i < c->count; i++) {
         float acc = ((const float *)c->send[0])[i];
@@ -1363,7 +1500,89 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t ncclGroupEnd(void
     Locked l;
     if (t_nccl_depth == 0) return nccl_violation(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--t_nccl_depth > 0) return ncclSuccess;
+    std::vector<std::pair<std::shared_ptr<ShmComm>, int>> inits;
+    inits.swap(t_pending_inits);
+    for (auto &pi : inits)
+        if (ncclResult_t r = shm_joined(pi.first.get())) return r;
     return launch_pending();
+}
+
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    if (id == nullptr) return nccl_violation(ncclInvalidArgument, "ncclGetUniqueId: null id");
+    size_t got = 0;
+    while (got < sizeof id->internal) {
+        ssize_t r = getrandom(id->internal + got, sizeof id->internal - got, 0);
+        if (r <= 0) return nccl_violation(ncclInvalidUsage, "ncclGetUniqueId: getrandom failed");
+        got += (size_t)r;
+    }
+    return ncclSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t
+ncclCommInitRank(ncclComm **comm, int nranks, ncclUniqueId id, int rank) {
+    Locked l;
+    if (comm == nullptr || nranks < 1 || nranks > SHM_MAX_RANKS || rank < 0 || rank >= nranks)
+        return nccl_violation(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d ranks (at most "
+                              "%d emulated)", rank, nranks, (int)SHM_MAX_RANKS);
+    if (t_dev < 0 || t_dev >= g_ngpu)
+        return nccl_violation(ncclInvalidArgument, "ncclCommInitRank: no GPU %d", t_dev);
+    char name[64];
+    int len = snprintf(name, sizeof name, "/ct_emu_nccl_");
+    for (int i = 0; i < 16; i++)
+        len += snprintf(name + len, sizeof name - (size_t)len, "%02x", (unsigned char)id.internal[i]);
+    std::shared_ptr<ShmComm> &sc = g_shm[name];
+    if (!sc) {
+        auto made = std::make_shared<ShmComm>();
+        made->name = name;
+        made->nranks = nranks;
+        made->size = 4096 + (size_t)nranks * SHM_SLOT_FLOATS * 4;
+        static_assert(sizeof(ShmHdr) <= 4096, "the header fits its page");
+        int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+        if (fd < 0 || ftruncate(fd, (off_t)made->size) != 0) {
+            if (fd >= 0) close(fd);
+            g_shm.erase(name);
+            return nccl_violation(ncclInvalidUsage, "ncclCommInitRank: shared memory %s: %s", name,
+                                  strerror(errno));
+        }
+        made->base = mmap(nullptr, made->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (made->base == MAP_FAILED) {
+            made->base = nullptr;
+            g_shm.erase(name);
+            return nccl_violation(ncclInvalidUsage, "ncclCommInitRank: mmap of %s failed", name);
+        }
+        sc = made;
+    } else if (sc->nranks != nranks) {
+        return nccl_violation(ncclInvalidArgument, "ncclCommInitRank: %d ranks where another rank "
+                              "of this process said %d", nranks, sc->nranks);
+    }
+    ShmHdr *h = sc->hdr();
+    const char *e = getenv("CT_EMU_GPU_ID_BASE");
+    const long long ident = (e ? atoll(e) : 0) + t_dev;
+    long long none = 0;
+    if (!__atomic_compare_exchange_n(&h->ident[rank], &none, ident + 1, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return nccl_violation(ncclInvalidUsage, "ncclCommInitRank: rank %d joined twice", rank);
+    std::shared_ptr<CommGroup> &g = g_shm_groups[name];
+    if (!g) {
+        g = std::make_shared<CommGroup>();
+        g->shm = sc;
+    }
+    g->devs.push_back(t_dev);
+    g->granks.push_back(rank);
+    g->issued.push_back(0);
+    *comm = new ncclComm{(int)g->devs.size() - 1, t_dev, g};
+    __atomic_add_fetch(&h->joined, 1, __ATOMIC_ACQ_REL);
+    n_proc_comm_init++;
+    if (t_nccl_depth > 0) {
+        t_pending_inits.emplace_back(sc, rank);
+        return ncclSuccess;
+    }
+    return shm_joined(sc.get());
 }
 
 extern "C" __attribute__((visibility("default"))) ncclResult_t
@@ -1403,6 +1622,8 @@ ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, ncc
         c->recv.assign(nranks, nullptr);
         c->streams.assign(nranks, nullptr);
         c->seqs.assign(nranks, 0);
+        c->shm = comm->group->shm;
+        c->granks = comm->group->granks;
         t_nccl_pending.push_back(c);
     } else if (c->count != count || c->dtype != dtype || c->op != op) {
         return nccl_violation(ncclInvalidUsage, "ncclAllReduce: rank %d posts count %zu where rank "
@@ -1420,6 +1641,12 @@ ncclAllReduce(const void *send, void *recv, size_t count, int dtype, int op, ncc
 extern "C" __attribute__((visibility("default"))) void cuda_emu_nccl_stats(long long *out) {
     out[0] = n_comm_init.load();
     out[1] = n_collectives.load();
+}
+
+/* (communicator ranks made with ncclCommInitRank, collectives run across processes) */
+extern "C" __attribute__((visibility("default"))) void cuda_emu_nccl_proc_stats(long long *out) {
+    out[0] = n_proc_comm_init.load();
+    out[1] = n_proc_collectives.load();
 }
 
 /* --- what a test may ask ------------------------------------------------------------------------ */

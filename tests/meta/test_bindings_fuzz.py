@@ -213,6 +213,7 @@ SIGS = {
     "op_matmul": ["bufs", "bufs", "bufs", "count", "count", "count", "count", "count", "count",
                   "bool", "bool", "float", "float", "int"],
     "op_allreduce": ["groups", "int"],
+    "op_nccl_unique_id": ["buf"], "op_allreduce_ranks": ["bufs", "int", "any", "int", "ints"],
     "op_gather_rows": ["bufs", "bufs", "bufs", "ints", "count"],
     "op_scatter_add_rows": ["bufs", "bufs", "bufs", "ints", "count"],
     "op_transpose": ["bufs", "ints", "bufs"], "set_blas_sgemm": ["capsule"], "has_blas": [],

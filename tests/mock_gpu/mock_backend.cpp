@@ -458,6 +458,8 @@ static const ct_backend g_mock = {
     NULL, /* chain: fused chains run step by step (the CUDA chain kernel runs in tools/cuda_emu.sh) */
     m_unary_typed,
     NULL, NULL, NULL, NULL, /* graphs: replays run kernel by kernel (CUDA graphs run in tools/cuda_emu.sh) */
+    NULL, NULL, /* NCCL across processes: spanning all-reduces go through the host (the emulated
+                   NCCL runs them in tools/cuda_emu.sh's mpi_gpu2) */
 };
 static const ct_backend *self_backend(void) { return &g_mock; }
 

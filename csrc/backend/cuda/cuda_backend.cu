@@ -40,6 +40,10 @@ extern "C" ct_status ct_cuda_reduce(ct_device *dev, int op, int ndim, const int6
 extern "C" ct_status ct_cuda_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   int64_t ldb, float beta, float *c, int64_t ldc, int prec);
+extern "C" ct_status ct_cuda_nccl_unique_id(ct_device *dev, unsigned char *id);
+extern "C" ct_status ct_cuda_allreduce_ranks(ct_device **devs, float **bufs, int nbufs,
+                                             int64_t count, int op, const unsigned char *id,
+                                             int nranks, const int *ranks);
 extern "C" ct_status ct_cuda_allreduce(ct_device **devs, float **bufs, int nbufs,
                                        int64_t count, int op);
 extern "C" ct_status ct_cuda_gather_rows(ct_device *dev, const float *table, int64_t nrows,
@@ -531,6 +535,8 @@ static const ct_backend g_cuda_backend = {
     /* graph_end */ cuda_graph_end,
     /* graph_launch */ cuda_graph_launch,
     /* graph_free */ cuda_graph_free,
+    /* nccl_unique_id */ ct_cuda_nccl_unique_id,
+    /* allreduce_ranks */ ct_cuda_allreduce_ranks,
 };
 
 static const ct_backend *self_backend(void) { return &g_cuda_backend; }

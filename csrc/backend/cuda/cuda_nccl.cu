@@ -17,6 +17,14 @@
  * refuses two ranks on one GPU, hence the first step); each GPU's other logical
  * devices then copy their rank's result. The host waits for the group's streams
  * before and after, like the single-GPU path.
+ *
+ * Across processes (ct_cuda_allreduce_ranks): a communicator per ncclUniqueId, which the
+ * process holding the group's first GPU makes (ct_cuda_nccl_unique_id) and the Python layer
+ * broadcasts through the MPI engine; each process creates its ranks with ncclCommInitRank
+ * (grouped when it holds several) the first time, and caches them. A collective then runs as
+ * above: each GPU's logical devices combined first, one rank per GPU through NCCL, the result
+ * copied back to the GPU's other logical devices. ncclCommInitRank and ncclGetUniqueId are
+ * looked up only then: an NCCL without them still serves the collectives within a process.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -35,6 +43,9 @@ extern "C" {
 /* --- the NCCL ABI used here ------------------------------------------------------------------ */
 typedef struct ncclComm *ncclComm_t;
 typedef int ncclResult_t; /* ncclSuccess = 0 */
+typedef struct {
+    char internal[CT_NCCL_ID_BYTES]; /* ncclUniqueId: passed by value to ncclCommInitRank */
+} ncclUniqueIdBytes;
 enum { CT_NCCL_FLOAT32 = 7, CT_NCCL_SUM = 0, CT_NCCL_MAX = 2 }; /* nccl.h: ncclFloat32, ncclSum, ncclMax */
 
 struct nccl_api {
@@ -46,6 +57,9 @@ struct nccl_api {
     const char *(*GetErrorString)(ncclResult_t r);
     ncclResult_t (*GetVersion)(int *version);
     ncclResult_t (*CommAbort)(ncclComm_t comm); /* optional */
+    /* across processes (optional: ct_cuda_allreduce_ranks says which is missing) */
+    ncclResult_t (*GetUniqueId)(void *id);
+    ncclResult_t (*CommInitRank)(ncclComm_t *comm, int nranks, ncclUniqueIdBytes id, int rank);
 };
 
 static std::mutex g_nccl_mu;
@@ -92,6 +106,8 @@ static bool nccl_try_load(const nccl_api **out) {
             *(void **)&a.GetErrorString = dlsym(h, "ncclGetErrorString");
             *(void **)&a.GetVersion = dlsym(h, "ncclGetVersion");
             *(void **)&a.CommAbort = dlsym(h, "ncclCommAbort");
+            *(void **)&a.GetUniqueId = dlsym(h, "ncclGetUniqueId");
+            *(void **)&a.CommInitRank = dlsym(h, "ncclCommInitRank");
             if (!a.CommInitAll || !a.AllReduce || !a.GroupStart || !a.GroupEnd ||
                 !a.GetErrorString || !a.GetVersion) {
                 snprintf(g_nccl_why, sizeof g_nccl_why,
@@ -244,6 +260,171 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
                                             cudaMemcpyDeviceToDevice, ct_cuda_stream(d)));
     }
     for (size_t r = 0; r < gpus.size(); r++) {
+        ct_device *d = devs[leader[r]];
+        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
+        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d)));
+    }
+    return CT_OK;
+}
+
+/* --- across processes ------------------------------------------------------------------------- */
+
+static ct_status nccl_load_procs(const nccl_api **out, const char *what) {
+    if (!nccl_try_load(out))
+        return ct_cuda_core->set_error(CT_EDEVICE, "%s: %s", what, g_nccl_why);
+    const char *miss = (*out)->GetUniqueId == NULL    ? "ncclGetUniqueId"
+                       : (*out)->CommInitRank == NULL ? "ncclCommInitRank"
+                                                      : NULL;
+    if (miss != NULL)
+        return ct_cuda_core->set_error(CT_EDEVICE, "%s: the NCCL library loaded lacks %s (needed "
+                                       "for communicators across processes; set "
+                                       "CTRAINSTATE_NO_NCCL=1 to reduce through the host)", what,
+                                       miss);
+    return CT_OK;
+}
+
+extern "C" ct_status ct_cuda_nccl_unique_id(ct_device *dev, unsigned char *id) {
+    (void)dev;
+    const nccl_api *api = NULL;
+    CT_TRY(nccl_load_procs(&api, "NCCL across processes"));
+    CT_NCCL_TRY(api, api->GetUniqueId(id));
+    return CT_OK;
+}
+
+/* This process's ranks of the communicator of one unique id. */
+struct proc_comm {
+    std::vector<unsigned char> id;
+    std::vector<int> ranks, gpus;
+    std::vector<ncclComm_t> comms;
+};
+static std::vector<proc_comm> g_proc_comms;
+
+static ct_status proc_comms_for(const nccl_api *api, const unsigned char *id, int nranks,
+                                const std::vector<int> &ranks, const std::vector<int> &gpus,
+                                const ncclComm_t **out) {
+    std::lock_guard<std::mutex> lock(g_comm_mu);
+    for (const proc_comm &c : g_proc_comms)
+        if (memcmp(c.id.data(), id, CT_NCCL_ID_BYTES) == 0) {
+            if (c.ranks != ranks)
+                return ct_cuda_core->set_error(CT_EINVAL, "NCCL across processes: a communicator "
+                                               "used with other ranks than it was made with");
+            *out = c.comms.data();
+            return CT_OK;
+        }
+    proc_comm c;
+    c.id.assign(id, id + CT_NCCL_ID_BYTES);
+    c.ranks = ranks;
+    c.gpus = gpus;
+    c.comms.assign(ranks.size(), nullptr);
+    ncclUniqueIdBytes uid;
+    memcpy(uid.internal, id, CT_NCCL_ID_BYTES);
+    /* several ranks in this process: created together (each waits for all the others) */
+    CT_NCCL_TRY(api, api->GroupStart());
+    ncclResult_t first = 0;
+    for (size_t r = 0; r < ranks.size(); r++) {
+        cudaError_t e = cudaSetDevice(gpus[r]);
+        if (e != cudaSuccess) {
+            api->GroupEnd();
+            return ct_cuda_core->set_error(CT_EDEVICE, "cudaSetDevice(%d): %s", gpus[r],
+                                           cudaGetErrorString(e));
+        }
+        ncclResult_t nr = api->CommInitRank(&c.comms[r], nranks, uid, ranks[r]);
+        if (nr != 0 && first == 0) first = nr;
+    }
+    ncclResult_t ge = api->GroupEnd();
+    if (first != 0 || ge != 0)
+        return ct_cuda_core->set_error(CT_EDEVICE, "ncclCommInitRank (%d ranks, this process's: "
+                                       "%zu): %s", nranks, ranks.size(),
+                                       api->GetErrorString(first != 0 ? first : ge));
+    g_proc_comms.push_back(c);
+    *out = g_proc_comms.back().comms.data();
+    return CT_OK;
+}
+
+extern "C" ct_status ct_cuda_allreduce_ranks(ct_device **devs, float **bufs, int nbufs,
+                                             int64_t count, int op, const unsigned char *id,
+                                             int nranks, const int *ranks) {
+    const nccl_api *api = NULL;
+    CT_TRY(nccl_load_procs(&api, "all-reduce across processes"));
+    if (nbufs < 1 || nranks < 1) return ct_cuda_core->set_error(CT_EINVAL, "all-reduce across "
+                                                                "processes: no ranks");
+    /* this process's ranks in order of first appearance; the first device of each leads */
+    std::vector<int> myranks, gpus, leader;
+    std::vector<std::vector<int>> members;
+    for (int j = 0; j < nbufs; j++) {
+        if (ranks[j] < 0 || ranks[j] >= nranks)
+            return ct_cuda_core->set_error(CT_EINVAL, "all-reduce across processes: rank %d of %d",
+                                           ranks[j], nranks);
+        size_t r = 0;
+        while (r < myranks.size() && myranks[r] != ranks[j]) r++;
+        if (r == myranks.size()) {
+            for (size_t q = 0; q < gpus.size(); q++)
+                if (gpus[q] == devs[j]->ordinal)
+                    return ct_cuda_core->set_error(CT_EINVAL, "all-reduce across processes: "
+                                                   "ranks %d and %d on one GPU (%d)", myranks[q],
+                                                   ranks[j], gpus[q]);
+            myranks.push_back(ranks[j]);
+            gpus.push_back(devs[j]->ordinal);
+            leader.push_back(j);
+            members.emplace_back();
+        } else if (gpus[r] != devs[j]->ordinal) {
+            return ct_cuda_core->set_error(CT_EINVAL, "all-reduce across processes: rank %d given "
+                                           "buffers on GPUs %d and %d", ranks[j], gpus[r],
+                                           devs[j]->ordinal);
+        }
+        members[r].push_back(j);
+    }
+    /* 1. within each GPU (this waits for every member's stream) */
+    for (size_t r = 0; r < myranks.size(); r++) {
+        std::vector<ct_device *> d;
+        std::vector<float *> b;
+        for (int j : members[r]) {
+            d.push_back(devs[j]);
+            b.push_back(bufs[j]);
+        }
+        if (d.size() > 1)
+            CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count, op));
+        else {
+            CT_CUDA_TRY(cudaSetDevice(d[0]->ordinal));
+            CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d[0])));
+        }
+    }
+    /* 2. across processes: this process's ranks, in place (grouped: each rank waits for all) */
+    std::lock_guard<std::mutex> post(g_post_mu);
+    const ncclComm_t *comms = NULL;
+    CT_TRY(proc_comms_for(api, id, nranks, myranks, gpus, &comms));
+    CT_NCCL_TRY(api, api->GroupStart());
+    ct_status st = CT_OK;
+    for (size_t r = 0; r < myranks.size() && st == CT_OK; r++) {
+        ct_device *d = devs[leader[r]];
+        cudaError_t e = cudaSetDevice(d->ordinal);
+        if (e != cudaSuccess) {
+            st = ct_cuda_core->set_error(CT_EDEVICE, "cudaSetDevice(%d): %s", d->ordinal,
+                                         cudaGetErrorString(e));
+            break;
+        }
+        ncclResult_t nr = api->AllReduce(bufs[leader[r]], bufs[leader[r]], (size_t)count,
+                                         CT_NCCL_FLOAT32, op == CT_RED_MAX ? CT_NCCL_MAX : CT_NCCL_SUM,
+                                         comms[r], ct_cuda_stream(d));
+        if (nr != 0)
+            st = ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce across processes (rank %d, "
+                                         "GPU %d): %s", myranks[r], d->ordinal,
+                                         api->GetErrorString(nr));
+    }
+    ncclResult_t ge = api->GroupEnd();
+    if (st != CT_OK) return st;
+    if (ge != 0)
+        return ct_cuda_core->set_error(CT_EDEVICE, "ncclGroupEnd: %s", api->GetErrorString(ge));
+    /* 3. each GPU's other logical devices take their rank's result */
+    for (size_t r = 0; r < myranks.size(); r++) {
+        ct_device *d = devs[leader[r]];
+        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
+        for (int j : members[r])
+            if (j != leader[r])
+                CT_CUDA_TRY(cudaMemcpyAsync(bufs[j], bufs[leader[r]], (size_t)count * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, ct_cuda_stream(d)));
+    }
+    for (size_t r = 0; r < myranks.size(); r++) {
         ct_device *d = devs[leader[r]];
         CT_CUDA_TRY(cudaSetDevice(d->ordinal));
         CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d)));

@@ -451,6 +451,8 @@ def _allreduce_processes(a: Array, mesh, groups, op: int, inside=None) -> None:
         else:
             inside(grouped)
     spans = [g for g in groups if len({devs[p].process_index for p in g}) > 1]
+    if spans and a.dtype == np.float32 and all(devs[p].platform == "gpu" for g in spans for p in g):
+        spans = _allreduce_nccl_processes(spans, devs, bufs, local, op)
     if not spans:
         return
     dt = np.dtype(a.dtype)
@@ -482,6 +484,104 @@ def _allreduce_processes(a: Array, mesh, groups, op: int, inside=None) -> None:
         acc = acc.reshape(shard_shape)
         for p in here:
             _C.copy_from_host(bufs[local[p]], acc, (0,) * len(shard_shape))
+
+
+# NCCL across processes (_allreduce_nccl_processes): "ok" whether every process can (None:
+# not asked yet), "why" this process's reason when not, "ordinals" each GPU device's physical
+# GPU (global device id -> ordinal, every process's), "ids" the unique id of each ordered set
+# of (process, GPU); "comms" and "allreduces" count what ran here (tests read them through
+# nccl_process_stats()).
+_NCCL_PROCS: dict = {"ok": None, "why": "", "ordinals": {}, "ids": {}, "comms": 0,
+                     "allreduces": 0}
+
+
+def nccl_process_stats() -> dict:
+    """What the NCCL engine across processes did in this process: ``available`` (None until
+    a float32 all-reduce over GPU blocks of several processes asked), ``why`` (the reason when
+    not), ``communicators`` (unique ids made or received) and ``allreduces`` (group
+    all-reduces this process took part in)."""
+    st = _NCCL_PROCS
+    return {"available": st["ok"], "why": st["why"], "communicators": st["comms"],
+            "allreduces": st["allreduces"]}
+
+
+def _nccl_processes_ok(probe_buf) -> bool:
+    """Whether every process can all-reduce through NCCL across processes: asked once per
+    job, by every process together (one host all-gather, which also shares each process's
+    GPU devices' physical GPUs). Off in every process where CTRAINSTATE_NO_NCCL=1 is set in
+    any (each process then gathers through the host, as they must agree)."""
+    st = _NCCL_PROCS
+    if st["ok"] is not None:
+        return st["ok"]
+    ok, why = 1, ""
+    if os.environ.get("CTRAINSTATE_NO_NCCL", "") not in ("", "0"):
+        ok, why = 0, "CTRAINSTATE_NO_NCCL is set"
+    elif probe_buf is None:
+        ok, why = 0, "this process has no GPU block to ask its backend with"
+    else:
+        try:
+            if _C.op_nccl_unique_id(probe_buf) is None:
+                ok, why = 0, "the GPU backend has no NCCL across processes"
+        except Exception as e:   # NCCL missing, or lacking ncclCommInitRank: say which
+            ok, why = 0, str(e)
+    mine = [ok]
+    for d in local_devices():
+        if d.platform == "gpu":
+            mine += [d.id, _C.device_ordinal(d.id)]
+    mine = np.asarray(mine, np.int64).view(np.uint8)
+    n = _devices_process["count"]
+    dist = _upper('distributed')
+    sizes = [int(v) for v in dist.allgather(np.asarray([mine.size], np.int64))[:, 0]]
+    got = dist._allgather_padded(mine, sizes)
+    every = True
+    for q in range(n):
+        v = np.asarray(got[q]).view(np.int64)
+        every = every and bool(v[0])
+        for i in range(1, len(v) - 1, 2):
+            st["ordinals"][int(v[i])] = int(v[i + 1])
+    if ok and not every:
+        why = "another process cannot"
+    st["ok"], st["why"] = every, why
+    return every
+
+
+def _allreduce_nccl_processes(spans, devs, bufs, local, op) -> list:
+    """All-reduce the float32 groups ``spans`` (positions in the mesh's device order, every
+    member a GPU device) that span processes through NCCL communicators across processes,
+    every process calling it together; the groups left for the host path ([] when NCCL ran
+    them all). A group's communicator has a rank per distinct GPU of the group, in order of
+    first appearance; the process holding rank 0 makes its unique id and broadcasts it
+    through the MPI engine, once per ordered set of GPUs. The logical devices of one GPU are
+    combined on it first, then the GPUs in rank order (NCCL's own order: see the README)."""
+    probe = next((bufs[local[p]] for g in spans for p in g if p in local), None)
+    if not _nccl_processes_ok(probe):
+        return spans
+    st = _NCCL_PROCS
+    me = _devices_process["index"]
+    for g in spans:
+        gpus, rank = [], {}
+        for p in g:
+            key = (devs[p].process_index, st["ordinals"][devs[p].id])
+            if key not in gpus:
+                gpus.append(key)
+            rank[p] = gpus.index(key)
+        gpus = tuple(gpus)
+        uid = st["ids"].get(gpus)
+        if uid is None:
+            root = gpus[0][0]
+            if me == root:
+                lead = next(p for p in g if rank[p] == 0)
+                uid = _C.op_nccl_unique_id(bufs[local[lead]])
+            buf = np.frombuffer(uid, np.uint8).copy() if me == root else np.zeros(128, np.uint8)
+            uid = _upper('distributed').broadcast(buf, root).tobytes()
+            st["ids"][gpus] = uid
+            st["comms"] += 1
+        here = [p for p in g if p in local]
+        if here:
+            _C.op_allreduce_ranks([bufs[local[p]] for p in here], op, uid, len(gpus),
+                                  [rank[p] for p in here])
+            st["allreduces"] += 1
+    return []
 
 
 def _host_block(buf, shard_shape, dtype=np.float32) -> np.ndarray:

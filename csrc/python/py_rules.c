@@ -415,23 +415,25 @@ static PyObject *py_set_unconstrained(PyObject *self, PyObject *obj) {
 // the constraint's target (the tuple entry[3]) or there is no constraint; the scope's collections are immutable.
 
 enum { PH_CTX, PH_PLAIN, PH_MODULE, PH_CHECKED, PH_GET_MESH, PH_JIT_TLS, PH_ARRAY, PH_MISS,
-       PH_LONG_PATH, PH_N };
+       PH_LONG_PATH, PH_MESH_TLS, PH_UNSET, PH_STRICT, PH_N };
 static PyObject *ph_env[PH_N];
 static PyObject *ph_names[16];
 enum { N_STACK, N_SCOPE, N_VARIABLES, N_PATH, N_DEPTH, N_IN_SETUP, N_RESERVED, N_CHILDREN,
-       N_MUTABLE, N_SHARDING, N_SHAPE, N_PARAMS, N_COUNT };
+       N_MUTABLE, N_SHARDING, N_SHAPE, N_PARAMS, N_SET, N_RULES, N_AXES, N_COUNT };
 
 static PyObject *py_param_hit_setup(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *env[PH_N];
-    if (!PyArg_ParseTuple(args, "OO!OO!OOOOO:param_hit_setup", &env[PH_CTX], &PyDict_Type,
+    env[PH_MESH_TLS] = env[PH_UNSET] = env[PH_STRICT] = Py_None;
+    if (!PyArg_ParseTuple(args, "OO!OO!OOOOO|OOO:param_hit_setup", &env[PH_CTX], &PyDict_Type,
                           &env[PH_PLAIN], &env[PH_MODULE], &PyDict_Type, &env[PH_CHECKED],
                           &env[PH_GET_MESH], &env[PH_JIT_TLS], &env[PH_ARRAY], &env[PH_MISS],
-                          &env[PH_LONG_PATH]))
+                          &env[PH_LONG_PATH], &env[PH_MESH_TLS], &env[PH_UNSET], &env[PH_STRICT]))
         return NULL;
     static const char *const names[N_COUNT] = {"stack", "_scope", "_variables", "path", "depth",
                                                "_in_setup", "_reserved", "_children", "mutable",
-                                               "sharding", "shape", "params"};
+                                               "sharding", "shape", "params", "set", "rules",
+                                               "axes"};
     for (int i = 0; i < N_COUNT; i++)
         if (ph_names[i] == NULL && (ph_names[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
@@ -587,6 +589,45 @@ static int ph_eq(PyObject *x, PyObject *y) {
     return x == y ? 1 : PyObject_RichCompareBool(x, y, Py_EQ);
 }
 
+/* The active mesh (sharding.get_mesh(), a new reference): read from its thread-local state in
+ * C where param_hit_setup was given it (sharding._mesh_tls and _UNSET), else by calling
+ * get_mesh. get_mesh's rule: the innermost `with mesh:` block, or the set_mesh value, whichever
+ * came later (their ticks); None when neither. */
+static PyObject *ph_mesh(void) {
+    PyObject *tls = ph_env[PH_MESH_TLS];
+    if (tls == NULL || tls == Py_None) return PyObject_CallNoArgs(ph_env[PH_GET_MESH]);
+    PyObject *stack = PyObject_GetAttr(tls, ph_names[N_STACK]);
+    if (stack == NULL) return NULL;
+    PyObject *set = PyObject_GetAttr(tls, ph_names[N_SET]);
+    PyObject *r = NULL;
+    if (set == NULL) goto out;
+    if (!PyTuple_CheckExact(set) || PyTuple_GET_SIZE(set) != 2 ||
+        (stack != Py_None && !PyList_CheckExact(stack))) {
+        r = PyObject_CallNoArgs(ph_env[PH_GET_MESH]); /* (not the shapes get_mesh writes) */
+        goto out;
+    }
+    if (stack != Py_None && PyList_GET_SIZE(stack) > 0) {
+        PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+        if (!PyTuple_CheckExact(top) || PyTuple_GET_SIZE(top) != 2) {
+            r = PyObject_CallNoArgs(ph_env[PH_GET_MESH]);
+            goto out;
+        }
+        const int later = PyObject_RichCompareBool(PyTuple_GET_ITEM(top, 1),
+                                                   PyTuple_GET_ITEM(set, 1), Py_GT);
+        if (later < 0) goto out;
+        if (later) {
+            r = Py_NewRef(PyTuple_GET_ITEM(top, 0));
+            goto out;
+        }
+    }
+    r = PyTuple_GET_ITEM(set, 0) == ph_env[PH_UNSET] ? Py_NewRef(Py_None)
+                                                    : Py_NewRef(PyTuple_GET_ITEM(set, 0));
+out:
+    Py_DECREF(stack);
+    Py_XDECREF(set);
+    return r;
+}
+
 /* Whether the key param_hit would build equals the stored `key`: 1, 0 or -1. */
 static int ph_same_key(PyObject *key, PyObject *init_fn, PyObject *init_args, PyObject *axes,
                        PyObject *rules, PyObject *mesh, int in_jit, PyObject *shape) {
@@ -628,12 +669,7 @@ static PyObject *ph_get_known_hash(PyObject *d, PyObject *key, Py_hash_t hash) {
 #endif
 }
 
-static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    (void)self;
-    if (n != 4)
-        return PyErr_Format(PyExc_TypeError, "param_hit(name, init_fn, init_args, axes)");
-    PyObject *name = args[0], *init_fn = args[1], *init_args = args[2], *axes = args[3];
-    if (ph_env[PH_MISS] == NULL) return PyErr_Format(PyExc_RuntimeError, "param_hit_setup first");
+static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, PyObject *axes) {
     PyObject *miss = ph_env[PH_MISS];
     PyObject *stack = NULL, *module = NULL, *scope = NULL, *vars = NULL, *path = NULL;
     PyObject *mesh = NULL, *fkey = NULL, *rules = NULL, *depth = NULL, *shape = NULL;
@@ -665,7 +701,7 @@ static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t 
     value = ph_get(d, name);
     if (value == NULL || (PyObject *)Py_TYPE(value) != ph_env[PH_ARRAY]) goto miss;
     Py_INCREF(value); /* (held while Python code below runs) */
-    mesh = PyObject_CallNoArgs(ph_env[PH_GET_MESH]);
+    mesh = ph_mesh();
     if (mesh == NULL) goto error_v;
     rules = py_get_axis_rules(NULL, NULL);
     depth = rules != NULL ? PyObject_GetAttr(ph_env[PH_JIT_TLS], ph_names[N_DEPTH]) : NULL;
@@ -798,6 +834,125 @@ done:
     return result;
 }
 
+static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 4)
+        return PyErr_Format(PyExc_TypeError, "param_hit(name, init_fn, init_args, axes)");
+    if (ph_env[PH_MISS] == NULL) return PyErr_Format(PyExc_RuntimeError, "param_hit_setup first");
+    return ph_hit(args[0], args[1], args[2], args[3]);
+}
+
+/* --- partitioning.param_with_axes as a callable whose hit path is C ----------------------
+ * ParamWithAxes(fallback): a call (name, init_fn, *init_args, axes=<tuple>) with no other
+ * keyword, while no strict rules are installed (partitioning's condition for param_hit), is
+ * param_hit's; anything else, and a miss, calls `fallback` (the Python function) with the same
+ * arguments. It carries a __dict__, so the function's __doc__, __name__, __module__ and
+ * __wrapped__ can be set on it (inspect.signature and doctest read them). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fallback;
+    PyObject *dict;
+} pwa_object;
+
+static PyObject *pwa_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames) {
+    pwa_object *f = (pwa_object *)self;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n >= 2 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 && ph_env[PH_MISS] != NULL &&
+        ph_env[PH_STRICT] != NULL && ph_env[PH_STRICT] != Py_None) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, 0);
+        int is_axes = kw == ph_names[N_AXES];
+        if (!is_axes && PyUnicode_Check(kw)) is_axes = PyUnicode_Compare(kw, ph_names[N_AXES]) == 0;
+        if (is_axes && PyTuple_CheckExact(args[n]) && PyUnicode_CheckExact(args[0])) {
+            PyObject *strict = PyObject_GetAttr(ph_env[PH_STRICT], ph_names[N_RULES]);
+            if (strict == NULL) return NULL;
+            const int plain = strict == Py_None;
+            Py_DECREF(strict);
+            if (plain) {
+                PyObject *init_args = PyTuple_New(n - 2);
+                if (init_args == NULL) return NULL;
+                for (Py_ssize_t i = 2; i < n; i++)
+                    PyTuple_SET_ITEM(init_args, i - 2, Py_NewRef(args[i]));
+                PyObject *r = ph_hit(args[0], args[1], init_args, args[n]);
+                Py_DECREF(init_args);
+                if (r == NULL || r != ph_env[PH_MISS]) return r;
+                Py_DECREF(r);
+            }
+        }
+    }
+    return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *pwa_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fallback;
+    if (!PyArg_ParseTuple(args, "O:ParamWithAxes", &fallback)) return NULL;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
+        return PyErr_Format(PyExc_TypeError, "ParamWithAxes takes no keyword arguments");
+    if (!PyCallable_Check(fallback))
+        return PyErr_Format(PyExc_TypeError, "ParamWithAxes: the fallback must be callable");
+    pwa_object *f = (pwa_object *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    f->vectorcall = pwa_vectorcall;
+    f->fallback = Py_NewRef(fallback);
+    return (PyObject *)f;
+}
+
+static int pwa_traverse(pwa_object *f, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(f));
+    Py_VISIT(f->fallback);
+    Py_VISIT(f->dict);
+    return 0;
+}
+
+static int pwa_clear(pwa_object *f) {
+    Py_CLEAR(f->fallback);
+    Py_CLEAR(f->dict);
+    return 0;
+}
+
+static void pwa_dealloc(pwa_object *f) {
+    PyTypeObject *tp = Py_TYPE(f);
+    PyObject_GC_UnTrack(f);
+    pwa_clear(f);
+    tp->tp_free((PyObject *)f);
+    Py_DECREF(tp);
+}
+
+static PyObject *pwa_repr(pwa_object *f) {
+    return PyUnicode_FromFormat("<ctrainstate function param_with_axes (C hit path over %R)>",
+                                f->fallback);
+}
+
+static PyMemberDef pwa_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(pwa_object, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(pwa_object, dict), READONLY, NULL},
+    {"fallback", T_OBJECT, offsetof(pwa_object, fallback), READONLY,
+     "The Python function every other call goes to."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot pwa_slots[] = {
+    {Py_tp_new, pwa_new},
+    {Py_tp_dealloc, pwa_dealloc},
+    {Py_tp_traverse, pwa_traverse},
+    {Py_tp_clear, pwa_clear},
+    {Py_tp_repr, pwa_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, pwa_members},
+    {Py_tp_doc, "ParamWithAxes(fallback)\n--\n\n"
+                "partitioning.param_with_axes with its hit path in C (param_hit); every other "
+                "call, and a miss, goes to `fallback`."},
+    {0, NULL},
+};
+
+static PyType_Spec pwa_spec = {
+    .name = "ctrainstate._C.ParamWithAxes",
+    .basicsize = sizeof(pwa_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = pwa_slots,
+};
+
 static PyMethodDef rules_methods[] = {
     {"get_axis_rules", py_get_axis_rules, METH_NOARGS, get_axis_rules_doc},
     {"set_axis_rules", py_set_axis_rules, METH_O, set_axis_rules_doc},
@@ -806,8 +961,10 @@ static PyMethodDef rules_methods[] = {
     {"_rules_set_unconstrained", py_set_unconstrained, METH_O, set_unconstrained_doc},
     {"param_hit_setup", py_param_hit_setup, METH_VARARGS,
      "param_hit_setup(ctx, plain_classes, module_type, checked, get_mesh, jit_tls, array_type, "
-     "miss, long_path, /)\n--\n\nThe objects param_hit reads (set once by "
-     "ctrainstate.partitioning)."},
+     "miss, long_path, mesh_tls=None, unset=None, strict=None, /)\n--\n\nThe objects "
+     "param_hit reads (set once by ctrainstate.partitioning): mesh_tls and unset "
+     "(sharding._mesh_tls, _UNSET) let it read the active mesh in C, strict (spmd._strict) "
+     "lets ParamWithAxes take its hit path."},
     {"param_hit", (PyCFunction)(void (*)(void))py_param_hit, METH_FASTCALL,
      "param_hit(name, init_fn, init_args, axes, /)\n--\n\n"
      "param_with_axes' hit path (see partitioning._CHECKED): the existing parameter's value, "
@@ -816,6 +973,11 @@ static PyMethodDef rules_methods[] = {
 };
 
 int ct_py_init_rules(PyObject *m) {
+    PyObject *pwa = PyType_FromSpec(&pwa_spec);
+    if (pwa == NULL || PyModule_AddObject(m, "ParamWithAxes", pwa) < 0) {
+        Py_XDECREF(pwa);
+        return -1;
+    }
     if (PyType_Ready(&AxisRulesType) < 0) return -1;
     if (PyModule_AddFunctions(m, rules_methods) < 0) return -1;
     Py_INCREF(&AxisRulesType);

@@ -58,6 +58,7 @@ from ._src.nn.module import current_module as _current_module
 from ._src.nn.module import _ctx as _module_ctx
 from ._src.nn.module import sharded_initializer as _sharded_initializer
 from ._src.array.sharding import NamedSharding as _NamedSharding, get_mesh as _get_mesh
+from ._src.array import sharding as _sharding
 
 axis_rules = _spmd.logical_axis_rules
 set_axis_rules = _spmd.set_logical_axis_rules
@@ -292,6 +293,17 @@ def param_with_axes(name: str, init_fn: _typing.Callable[..., _typing.Any], *ini
     return value
 
 
+
+def _c_hit_path(fn):
+    """``fn`` (param_with_axes) as a ``_C.ParamWithAxes``: its hit path (a declaration found
+    in _CHECKED, what ``_param_hit`` answers) runs in C without entering the Python function;
+    every other call runs ``fn``. The object carries ``fn``'s name, docstring and signature."""
+    c = _C.ParamWithAxes(fn)
+    for attr in ('__module__', '__name__', '__qualname__', '__doc__'):
+        setattr(c, attr, getattr(fn, attr))
+    c.__wrapped__ = fn
+    return c
+
 # The declarations of existing parameters that passed param_with_axes' checks (the born
 # sharding's resolution, the shape the initializer would make, the axes' rank), keyed by
 # everything those checks read: the initializer (its code and plain closed-over values, see
@@ -323,7 +335,8 @@ _SCOPE_METHODS = ('param', 'reserve', 'sow', '_collection', 'is_mutable_collecti
 _MODULE_METHODS = ('param', 'sow', '_check_declaring')
 _PLAIN_CLASSES: dict = {}
 _C.param_hit_setup(_module_ctx, _PLAIN_CLASSES, _Module, _CHECKED, _get_mesh, _jit_tls, _Array,
-                   _NO_KEY, _spmd._LONG_PATH)
+                   _NO_KEY, _spmd._LONG_PATH, _sharding._mesh_tls, _sharding._UNSET, _strict)
+param_with_axes = _c_hit_path(param_with_axes)
 
 
 def _plain_class(cls, base, methods) -> bool:

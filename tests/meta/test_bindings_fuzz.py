@@ -235,6 +235,7 @@ SIGS = {
     "tape_backward": ["any", "any", "any", "any"],
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any"],
     "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
+    "ParamWithAxes": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "module_release": ["any"],
     "VjpProgram": ["any", "any", "any", "int"],

@@ -214,9 +214,10 @@ def _python_calls(fn):
 
 
 def test_cached_declaration_is_found_in_c():
-    """A repeated apply finds each declaration in C (py_rules.c's param_hit): no Python
-    frame of the long way (the key, the declaration's effects) runs; a declaration the C
-    path does not cover (keyword arguments to the initializer) takes the Python path."""
+    """A repeated apply finds each declaration in C (py_rules.c's param_hit, called by the
+    C object param_with_axes is, ParamWithAxes): no Python frame of param_with_axes or of
+    the long way (the key, the declaration's effects) runs; a declaration the C path does
+    not cover (keyword arguments to the initializer) takes the Python path."""
     mesh = _mesh()
     x = np.ones((2, 4), np.float32)
     xs, v = _init(Layer(8), x, mesh)
@@ -225,8 +226,8 @@ def test_cached_declaration_is_found_in_c():
         ref = np.asarray(Layer(8).apply(v, xs))   # declarations checked and stored
         Layer(8).apply(v, xs)                      # their sharding seen equal to the target
         calls = _python_calls(lambda: Layer(8).apply(v, xs))
-        assert any(name == "param_with_axes" for _, name in calls)
-        assert not [c for c in calls if c[1] in long_way], calls
+        assert any(name == "__call__" for _, name in calls)      # (the profile sees the call)
+        assert not [c for c in calls if c[1] in long_way | {"param_with_axes"}], calls
 
         class KwLayer(nn.Module):
             @nn.compact
@@ -240,6 +241,7 @@ def test_cached_declaration_is_found_in_c():
         KwLayer().apply(v, xs)
         calls = _python_calls(lambda: KwLayer().apply(v, xs))
         assert [c for c in calls if c[1] == "_checked_declaration"], calls   # the positional dtype
+        assert [c for c in calls if c[1] == "param_with_axes"], calls        # (the fallback)
         np.testing.assert_array_equal(np.asarray(KwLayer().apply(v, xs)), ref)
 
 
@@ -435,3 +437,41 @@ def test_constraint_of_an_equal_sharding_remembered_per_target():
             b = _arr(_mesh((1, 2)), P("data"))       # equal specs, another mesh: moved
             out = nn_partitioning.with_sharding_constraint(b, spec, rules=RULES)
             assert out is not b and out.sharding == target
+
+
+def test_param_with_axes_object_falls_back_to_the_python_function():
+    """param_with_axes is a _C.ParamWithAxes: its hit path runs in C, every other call (the
+    module passed, other keyword arguments, axes not a tuple, strict rules, a miss) runs the
+    Python function with the same arguments, so the same errors and values; it keeps the
+    function's name, docstring and signature."""
+    import inspect
+    from ctrainstate import _C
+    pwa = nn_partitioning.param_with_axes
+    assert type(pwa) is _C.ParamWithAxes and pwa.__name__ == "param_with_axes"
+    assert "axes" in inspect.signature(pwa).parameters and "logical axes" in pwa.__doc__
+    with pytest.raises(TypeError, match="callable"):
+        _C.ParamWithAxes(3)
+    seen = []
+
+    def fallback(*args, **kwargs):
+        seen.append((args, kwargs))
+        return "python"
+    f = _C.ParamWithAxes(fallback)
+    assert f("w", _uniform(0.5), (2, 2), axes=("a", "b")) == "python"      # no module: a miss
+    assert f("w", _uniform(0.5), axes=["a"]) == "python"                    # axes not a tuple
+    assert f("w", _uniform(0.5), (2,), axes=("a",), module=None) == "python"  # another keyword
+    assert f() == "python" and f("w") == "python"
+    assert [s[1] for s in seen] == [{"axes": ("a", "b")}, {"axes": ["a"]},
+                                    {"axes": ("a",), "module": None}, {}, {}]
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+    xs, v = _init(Layer(8), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        ref = np.asarray(Layer(8).apply(v, xs))
+        Layer(8).apply(v, xs)
+    # strict rules: the Python function, whose strict path names a missing rule
+    with mesh, nn_partitioning.axis_rules((("batch", "data"),), strict=True):
+        with pytest.raises(ValueError, match="hidden"):
+            Layer(8).apply(v, xs)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        np.testing.assert_array_equal(np.asarray(Layer(8).apply(v, xs)), ref)

@@ -953,6 +953,172 @@ static PyType_Spec pwa_spec = {
     .slots = pwa_slots,
 };
 
+/* --- spmd.with_logical_constraint's hit path -------------------------------------------
+ * LogicalConstraint(fallback): a call (x, logical_spec) — no rules, mesh or fallback given —
+ * of an Array outside jit while no strict rules are installed, whose constraint target is in
+ * spmd._TARGETS (keyed (spec, rules, _DEFAULT_FALLBACK, id(mesh)) with the active rules and
+ * mesh) and whose sharding is that target or was seen equal to it (spmd._SEEN_EQUAL), is x
+ * itself, as the Python function answers; so is a call whose target is None (no mesh, or the
+ * spec resolves to no constraint). Every other call runs `fallback`, the Python function. */
+enum { LC_TARGETS, LC_SEEN, LC_DEFAULT_FALLBACK, LC_LONG_PATH, LC_STRICT, LC_JIT_TLS, LC_ARRAY,
+       LC_N };
+static PyObject *lc_env[LC_N];
+
+static PyObject *py_constraint_setup(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *env[LC_N];
+    if (!PyArg_ParseTuple(args, "O!O!OOOOO!:constraint_setup", &PyDict_Type, &env[LC_TARGETS],
+                          &PyDict_Type, &env[LC_SEEN], &env[LC_DEFAULT_FALLBACK],
+                          &env[LC_LONG_PATH], &env[LC_STRICT], &env[LC_JIT_TLS], &PyType_Type,
+                          &env[LC_ARRAY]))
+        return NULL;
+    for (int i = 0; i < LC_N; i++) Py_XSETREF(lc_env[i], Py_NewRef(env[i]));
+    Py_RETURN_NONE;
+}
+
+/* x when the hit path answers it (a new reference), the `miss` sentinel (borrowed, not a new
+ * reference: compared by the caller) when the Python function must run, NULL on an error. */
+static PyObject *lc_hit(PyObject *x, PyObject *logical) {
+    static char miss;
+    PyObject *const MISS = (PyObject *)&miss;
+    if ((PyObject *)Py_TYPE(x) != lc_env[LC_ARRAY] || !PyTuple_CheckExact(logical)) return MISS;
+    PyObject *strict = PyObject_GetAttr(lc_env[LC_STRICT], ph_names[N_RULES]);
+    if (strict == NULL) return NULL;
+    const int plain = strict == Py_None;
+    Py_DECREF(strict);
+    if (!plain) return MISS;
+    PyObject *rules = py_get_axis_rules(NULL, NULL);
+    if (rules == NULL) return NULL;
+    PyObject *mesh = NULL, *mid = NULL, *key = NULL, *r = MISS;
+    if (!PyTuple_CheckExact(rules) || PyTuple_GET_SIZE(rules) == 0) goto out; /* (empty: Python) */
+    mesh = ph_mesh();
+    if (mesh == NULL) goto error;
+    mid = PyLong_FromVoidPtr(mesh);
+    key = mid != NULL ? PyTuple_Pack(4, logical, rules, lc_env[LC_DEFAULT_FALLBACK], mid) : NULL;
+    if (key == NULL) goto error;
+    PyObject *entry = PyDict_GetItemWithError(lc_env[LC_TARGETS], key);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error;
+            PyErr_Clear(); /* (an unhashable spec: the Python function's long way) */
+        }
+        goto out;
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+        PyTuple_GET_ITEM(entry, 0) != mesh)
+        goto out;
+    PyObject *target = PyTuple_GET_ITEM(entry, 1);
+    if (target == Py_None) {
+        r = Py_NewRef(x);
+        goto out;
+    }
+    if (target == lc_env[LC_LONG_PATH]) goto out;
+    PyObject *depth = PyObject_GetAttr(lc_env[LC_JIT_TLS], ph_names[N_DEPTH]);
+    if (depth == NULL) goto error;
+    const long dv = PyLong_Check(depth) ? PyLong_AsLong(depth) : 1;
+    Py_DECREF(depth);
+    if (dv == -1 && PyErr_Occurred()) goto error;
+    if (dv > 0) goto out;
+    PyObject *cur = PyObject_GetAttr(x, ph_names[N_SHARDING]);
+    if (cur == NULL) goto error;
+    int same = cur == target;
+    if (!same) {
+        PyObject *tid = PyLong_FromVoidPtr(target);
+        if (tid == NULL) {
+            Py_DECREF(cur);
+            goto error;
+        }
+        PyObject *seen = PyDict_GetItemWithError(lc_env[LC_SEEN], tid);
+        Py_DECREF(tid);
+        if (seen == NULL && PyErr_Occurred()) {
+            Py_DECREF(cur);
+            goto error;
+        }
+        same = seen != NULL && PyTuple_CheckExact(seen) && PyTuple_GET_SIZE(seen) == 2 &&
+               PyTuple_GET_ITEM(seen, 0) == target && PyTuple_GET_ITEM(seen, 1) == cur;
+    }
+    Py_DECREF(cur);
+    if (same) r = Py_NewRef(x);
+    goto out;
+error:
+    r = NULL;
+out:
+    Py_DECREF(rules);
+    Py_XDECREF(mesh);
+    Py_XDECREF(mid);
+    Py_XDECREF(key);
+    return r;
+}
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fallback;
+    PyObject *dict;
+} lc_object;
+
+static PyObject *lc_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    lc_object *f = (lc_object *)self;
+    if (PyVectorcall_NARGS(nargsf) == 2 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) &&
+        lc_env[LC_TARGETS] != NULL && ph_env[PH_MESH_TLS] != NULL &&
+        ph_env[PH_MESH_TLS] != Py_None) {
+        PyObject *r = lc_hit(args[0], args[1]);
+        if (r == NULL) return NULL;
+        if (r == args[0]) return r;    /* (a new reference to x) */
+    }
+    return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *lc_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fallback;
+    if (!PyArg_ParseTuple(args, "O:LogicalConstraint", &fallback)) return NULL;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
+        return PyErr_Format(PyExc_TypeError, "LogicalConstraint takes no keyword arguments");
+    if (!PyCallable_Check(fallback))
+        return PyErr_Format(PyExc_TypeError, "LogicalConstraint: the fallback must be callable");
+    lc_object *f = (lc_object *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    f->vectorcall = lc_vectorcall;
+    f->fallback = Py_NewRef(fallback);
+    return (PyObject *)f;
+}
+
+static PyObject *lc_repr(lc_object *f) {
+    return PyUnicode_FromFormat("<ctrainstate function with_logical_constraint (C hit path over "
+                                "%R)>", f->fallback);
+}
+
+static PyMemberDef lc_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(lc_object, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(lc_object, dict), READONLY, NULL},
+    {"fallback", T_OBJECT, offsetof(lc_object, fallback), READONLY,
+     "The Python function every other call goes to."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot lc_slots[] = {
+    {Py_tp_new, lc_new},
+    {Py_tp_dealloc, pwa_dealloc}, /* (the same layout as ParamWithAxes) */
+    {Py_tp_traverse, pwa_traverse},
+    {Py_tp_clear, pwa_clear},
+    {Py_tp_repr, lc_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, lc_members},
+    {Py_tp_doc, "LogicalConstraint(fallback)\n--\n\n"
+                "spmd.with_logical_constraint with its hit path in C (an Array already placed "
+                "as its logical spec resolves: the Array itself); every other call goes to "
+                "`fallback`."},
+    {0, NULL},
+};
+
+static PyType_Spec lc_spec = {
+    .name = "ctrainstate._C.LogicalConstraint",
+    .basicsize = sizeof(lc_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = lc_slots,
+};
+
 static PyMethodDef rules_methods[] = {
     {"get_axis_rules", py_get_axis_rules, METH_NOARGS, get_axis_rules_doc},
     {"set_axis_rules", py_set_axis_rules, METH_O, set_axis_rules_doc},
@@ -965,6 +1131,10 @@ static PyMethodDef rules_methods[] = {
      "param_hit reads (set once by ctrainstate.partitioning): mesh_tls and unset "
      "(sharding._mesh_tls, _UNSET) let it read the active mesh in C, strict (spmd._strict) "
      "lets ParamWithAxes take its hit path."},
+    {"constraint_setup", py_constraint_setup, METH_VARARGS,
+     "constraint_setup(targets, seen_equal, default_fallback, long_path, strict, jit_tls, "
+     "array_type, /)\n--\n\nThe objects LogicalConstraint's hit path reads (set once by "
+     "ctrainstate._src.nn.spmd)."},
     {"param_hit", (PyCFunction)(void (*)(void))py_param_hit, METH_FASTCALL,
      "param_hit(name, init_fn, init_args, axes, /)\n--\n\n"
      "param_with_axes' hit path (see partitioning._CHECKED): the existing parameter's value, "
@@ -976,6 +1146,11 @@ int ct_py_init_rules(PyObject *m) {
     PyObject *pwa = PyType_FromSpec(&pwa_spec);
     if (pwa == NULL || PyModule_AddObject(m, "ParamWithAxes", pwa) < 0) {
         Py_XDECREF(pwa);
+        return -1;
+    }
+    PyObject *lc = PyType_FromSpec(&lc_spec);
+    if (lc == NULL || PyModule_AddObject(m, "LogicalConstraint", lc) < 0) {
+        Py_XDECREF(lc);
         return -1;
     }
     if (PyType_Ready(&AxisRulesType) < 0) return -1;

@@ -235,7 +235,7 @@ SIGS = {
     "tape_backward": ["any", "any", "any", "any"],
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any"],
     "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
-    "ParamWithAxes": ["any"],
+    "ParamWithAxes": ["any"], "LogicalConstraint": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "module_release": ["any"],
     "VjpProgram": ["any", "any", "any", "int"],
@@ -256,7 +256,7 @@ SIGS = {
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError",
         "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register", "devices_set_id_offset",
-        "param_hit_setup", "module_setup"}
+        "param_hit_setup", "module_setup", "constraint_setup"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
 # dispatch_register: replaces the primitives behind the Array's operators, which the fuzz
 # itself uses; its argument checks are tested in tests/ops/test_dispatch.py;
@@ -264,7 +264,7 @@ SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferErro
 # its argument checks are tested in tests/distributed/test_global_arrays.py;
 # param_hit_setup: replaces the objects partitioning.param_with_axes' C hit path reads, set
 # once at import; param_hit itself is fuzzed; module_setup likewise, for nn.module's
-# module_call and module_bind_new)
+# module_call and module_bind_new; constraint_setup likewise, for LogicalConstraint)
 
 class SlotsLike:  # an Array-like class with the Array's field names (move_arrays refuses it)
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",

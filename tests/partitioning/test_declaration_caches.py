@@ -475,3 +475,41 @@ def test_param_with_axes_object_falls_back_to_the_python_function():
             Layer(8).apply(v, xs)
     with mesh, nn_partitioning.axis_rules(RULES):
         np.testing.assert_array_equal(np.asarray(Layer(8).apply(v, xs)), ref)
+
+
+def test_logical_constraint_hit_path_runs_in_c():
+    """with_sharding_constraint(x, spec) of an Array already placed as the spec resolves is
+    answered in C (_C.LogicalConstraint): x itself, no Python frame of the function; a value
+    placed otherwise, keyword arguments, strict rules and jit run the Python function, with
+    its results."""
+    import sys
+    from ctrainstate import _C
+    wlc = nn_partitioning.with_sharding_constraint
+    assert type(wlc) is _C.LogicalConstraint and wlc.__name__ == "with_logical_constraint"
+    with pytest.raises(TypeError, match="callable"):
+        _C.LogicalConstraint(None)
+    m = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()
+    want = NamedSharding(m, P("data", "model"))
+    a = _arr(m)                               # replicated: the constraint reshards it
+    with m, nn_partitioning.axis_rules(RULES):
+        b = wlc(a, ("batch", "hidden"))
+        assert b is not a and b.sharding == want
+        assert wlc(b, ("batch", "hidden")) is b                     # target stored, b placed so
+        seen = []
+        sys.setprofile(lambda f, e, arg: seen.append(f.f_code.co_name) if e == "call" else None)
+        try:
+            same = wlc(b, ("batch", "hidden"))
+        finally:
+            sys.setprofile(None)
+        assert same is b and seen == [], seen
+        c = wlc(a, ("batch", "hidden"))                             # other placement: reshards
+        assert c is not a and c.sharding == want
+        np.testing.assert_array_equal(np.asarray(c), np.asarray(a))
+        assert wlc(b, ("batch", "hidden"), rules=RULES) is b        # keywords: the function
+        assert wlc(b, None) is b
+        with jit_scope():                                           # under jit: the function
+            assert wlc(b, ("batch", "hidden")).sharding == want
+    with m, nn_partitioning.axis_rules((("batch", "data"),), strict=True):
+        with pytest.raises(ValueError, match="hidden"):
+            wlc(b, ("batch", "hidden"))
+    assert wlc(b, ("batch", "hidden")) is b                          # no rules: unchanged

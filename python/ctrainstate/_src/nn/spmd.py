@@ -555,6 +555,22 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
     return _tree_map_prefix(fn, logical_axis_resources, x, _is_logical_spec)
 
 
+
+def _c_hit_path(fn):
+    """``fn`` (with_logical_constraint) as a ``_C.LogicalConstraint``: a call ``(x, spec)``
+    that the fast path above would answer with ``x`` (its target found in _TARGETS, ``x``
+    placed so already) is answered in C without entering the Python function; every other
+    call runs ``fn``. The object carries ``fn``'s name, docstring and signature."""
+    c = _C.LogicalConstraint(fn)
+    for attr in ('__module__', '__name__', '__qualname__', '__doc__'):
+        setattr(c, attr, getattr(fn, attr))
+    c.__wrapped__ = fn
+    return c
+
+
+_C.constraint_setup(_TARGETS, _SEEN_EQUAL, _DEFAULT_FALLBACK, _LONG_PATH, _strict, _jit_tls, Array)
+with_logical_constraint = _c_hit_path(with_logical_constraint)
+
 def _tree_map_prefix(fn, prefix_tree, tree, is_leaf):
     """Map ``fn(prefix_leaf, subtree)`` where ``prefix_tree`` is a pytree prefix of ``tree``."""
     return tree_util.tree_map(fn, prefix_tree, tree, is_leaf=is_leaf)

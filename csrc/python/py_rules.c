@@ -1034,8 +1034,12 @@ static PyObject *lc_hit(PyObject *x, PyObject *logical) {
             Py_DECREF(cur);
             goto error;
         }
-        same = seen != NULL && PyTuple_CheckExact(seen) && PyTuple_GET_SIZE(seen) == 2 &&
-               PyTuple_GET_ITEM(seen, 0) == target && PyTuple_GET_ITEM(seen, 1) == cur;
+        if (seen != NULL && PyTuple_CheckExact(seen) && PyTuple_GET_SIZE(seen) == 2 &&
+            PyTuple_GET_ITEM(seen, 0) == target && PyTuple_CheckExact(PyTuple_GET_ITEM(seen, 1))) {
+            PyObject *curs = PyTuple_GET_ITEM(seen, 1); /* (the shardings seen equal) */
+            for (Py_ssize_t i = 0; !same && i < PyTuple_GET_SIZE(curs); i++)
+                same = PyTuple_GET_ITEM(curs, i) == cur;
+        }
     }
     Py_DECREF(cur);
     if (same) r = Py_NewRef(x);

@@ -431,8 +431,19 @@ def test_constraint_of_an_equal_sharding_remembered_per_target():
         assert a.sharding is not target and a.sharding == target
         for _ in range(2):
             assert nn_partitioning.with_sharding_constraint(a, spec, rules=RULES) is a
-        assert spmd._SEEN_EQUAL[id(target)] == (target, a.sharding)
-        assert spmd._SEEN_EQUAL[id(target)][1] is a.sharding
+        assert spmd._SEEN_EQUAL[id(target)][0] is target
+        assert spmd._SEEN_EQUAL[id(target)][1] == (a.sharding,)
+        assert spmd._SEEN_EQUAL[id(target)][1][0] is a.sharding
+        # a second equal sharding object is remembered beside the first (repeated layers'
+        # activations, each an op's output sharding): neither evicts the other
+        c = _arr(m, P("data", None))
+        assert c.sharding is not a.sharding and c.sharding is not target
+        with nn_partitioning.axis_rules(RULES):
+            for _ in range(2):
+                assert nn_partitioning.with_sharding_constraint(c, spec) is c
+                assert nn_partitioning.with_sharding_constraint(a, spec) is a
+        seen = spmd._SEEN_EQUAL[id(target)][1]
+        assert any(s is a.sharding for s in seen) and any(s is c.sharding for s in seen)
         if len(cts.devices()) >= 2:
             b = _arr(_mesh((1, 2)), P("data"))       # equal specs, another mesh: moved
             out = nn_partitioning.with_sharding_constraint(b, spec, rules=RULES)

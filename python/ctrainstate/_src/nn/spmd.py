@@ -453,14 +453,16 @@ _TARGETS: dict = {}
 _TARGETS_MAX = 4096
 _LONG_PATH = object()
 _DEFAULT_FALLBACK = object()
-# Per constraint target (by id; the entry keeps it, so the id is not reused while stored): the
-# last sharding of a constrained Array found equal to it that is not the same object, e.g. a
-# SingleDeviceSharding or a spec naming size-1 mesh axes. An op's output sharding is one
+# Per constraint target (by id; the entry keeps it, so the id is not reused while stored):
+# (target, the shardings of constrained Arrays found equal to it that are not the same object,
+# newest first, at most _SEEN_EQUAL_PER), e.g. an op's output sharding, a SingleDeviceSharding
+# or a spec naming size-1 mesh axes. The C hit path (py_rules.c, LogicalConstraint) reads it. An op's output sharding is one
 # object per placement (ops._SHARDINGS), so a model's activations meet the same one at every
 # call; shardings are immutable, so the comparison's answer holds. Bounded: a full table is
 # cleared.
 _SEEN_EQUAL: dict = {}
 _SEEN_EQUAL_MAX = 1024
+_SEEN_EQUAL_PER = 8
 
 
 def _constraint_target(logical, rules, fallback, mesh):
@@ -533,16 +535,19 @@ def with_logical_constraint(x: Any, logical_axis_resources: Any, rules: LogicalR
                 # _constrain_to(x, target) outside jit where x is placed so already (its
                 # first return; NamedSharding.__eq__'s same-mesh case inline)
                 cur = x.sharding
-                if cur is target or (type(cur) is NamedSharding and cur.mesh is target.mesh
-                                     and cur._norm == target._norm):
+                if cur is target:
                     return x
                 seen = _SEEN_EQUAL.get(id(target))
-                if seen is not None and seen[0] is target and seen[1] is cur:
-                    return x      # found equal before (shardings are immutable)
-                if cur == target:
+                if seen is not None and seen[0] is target:
+                    for s in seen[1]:
+                        if s is cur:
+                            return x      # found equal before (shardings are immutable)
+                if (type(cur) is NamedSharding and cur.mesh is target.mesh
+                        and cur._norm == target._norm) or cur == target:
                     if len(_SEEN_EQUAL) >= _SEEN_EQUAL_MAX:
                         _SEEN_EQUAL.clear()
-                    _SEEN_EQUAL[id(target)] = (target, cur)
+                    prev = seen[1] if seen is not None and seen[0] is target else ()
+                    _SEEN_EQUAL[id(target)] = (target, (cur,) + prev[:_SEEN_EQUAL_PER - 1])
                     return x
             return _constrain_to(x, target)
     if _is_logical_spec(logical_axis_resources):

@@ -525,3 +525,9 @@ def test_single_device_sharding_is_one_object_per_device():
     assert cts.SingleDeviceSharding(d0) is s     # a subclass does not replace the device's
     with pytest.raises(TypeError, match="needs a Device"):
         cts.SingleDeviceSharding("cpu:0")
+    import copy
+    import pickle
+    for clone in (copy.copy, copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))):
+        assert clone(s) is s                      # made by the constructor: the device's object
+        c = clone(m)
+        assert type(c) is Mine and c == m

@@ -544,6 +544,10 @@ class SingleDeviceSharding(Sharding):
         if type(self) is SingleDeviceSharding:
             _SINGLE[id(device)] = self   # (devices live as long as the process)
 
+    def __reduce__(self):
+        # (copies and pickles are made by the constructor: the device's object)
+        return type(self), (self.device,)
+
     def _mesh_args(self):
         return ((1,), ("__single__",), (self.device.id,))
 

@@ -919,6 +919,17 @@ static void pwa_dealloc(pwa_object *f) {
     Py_DECREF(tp);
 }
 
+/* pickle by name, as functions are: the module attribute it was set as (__module__, __name__) */
+static PyObject *pwa_reduce(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(self, "__name__");
+}
+
+static PyMethodDef pwa_methods[] = {
+    {"__reduce__", pwa_reduce, METH_NOARGS, "Pickled by name, as a function is."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *pwa_repr(pwa_object *f) {
     return PyUnicode_FromFormat("<ctrainstate function param_with_axes (C hit path over %R)>",
                                 f->fallback);
@@ -940,6 +951,7 @@ static PyType_Slot pwa_slots[] = {
     {Py_tp_repr, pwa_repr},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_members, pwa_members},
+    {Py_tp_methods, pwa_methods},
     {Py_tp_doc, "ParamWithAxes(fallback)\n--\n\n"
                 "partitioning.param_with_axes with its hit path in C (param_hit); every other "
                 "call, and a miss, goes to `fallback`."},
@@ -1109,6 +1121,7 @@ static PyType_Slot lc_slots[] = {
     {Py_tp_repr, lc_repr},
     {Py_tp_call, PyVectorcall_Call},
     {Py_tp_members, lc_members},
+    {Py_tp_methods, pwa_methods},
     {Py_tp_doc, "LogicalConstraint(fallback)\n--\n\n"
                 "spmd.with_logical_constraint with its hit path in C (an Array already placed "
                 "as its logical spec resolves: the Array itself); every other call goes to "

@@ -459,6 +459,9 @@ def test_param_with_axes_object_falls_back_to_the_python_function():
     from ctrainstate import _C
     pwa = nn_partitioning.param_with_axes
     assert type(pwa) is _C.ParamWithAxes and pwa.__name__ == "param_with_axes"
+    import copy
+    import pickle
+    assert pickle.loads(pickle.dumps(pwa)) is pwa and copy.deepcopy(pwa) is pwa   # by name
     assert "axes" in inspect.signature(pwa).parameters and "logical axes" in pwa.__doc__
     with pytest.raises(TypeError, match="callable"):
         _C.ParamWithAxes(3)
@@ -497,6 +500,8 @@ def test_logical_constraint_hit_path_runs_in_c():
     from ctrainstate import _C
     wlc = nn_partitioning.with_sharding_constraint
     assert type(wlc) is _C.LogicalConstraint and wlc.__name__ == "with_logical_constraint"
+    import pickle
+    assert pickle.loads(pickle.dumps(wlc)) is wlc
     with pytest.raises(TypeError, match="callable"):
         _C.LogicalConstraint(None)
     m = _mesh((1, 2)) if len(cts.devices()) >= 2 else _mesh()

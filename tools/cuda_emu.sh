@@ -140,9 +140,16 @@ run() {  # run NAME [pytest args...]
             echo "-- mpi_gpu2 skipped: mpirun not found (install Open MPI: apt-get install openmpi-bin)"
             return 0
         fi
+        # (and the fused optimizer's reductions across processes, against the CPU devices);
+        # then two emulated GPUs per process, two logical devices each (four NCCL ranks)
         echo "-- two processes (mpirun -n 2), one emulated GPU each, NCCL across processes"
         (cd tests/mpi && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
             CTRAINSTATE_NUM_CPU_DEVICES=1 CT_EMU_NGPU=1 CTRAINSTATE_GPU_SPLIT=1 CT_EMU_NCCL_TIMEOUT=60 \
+            PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+            timeout 120 mpirun -n 2 --oversubscribe python gpu_nccl.py)
+        echo "-- two processes, two emulated GPUs each split in two (CT_EMU_NGPU=2, CTRAINSTATE_GPU_SPLIT=2)"
+        (cd tests/mpi && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+            CTRAINSTATE_NUM_CPU_DEVICES=4 CT_EMU_NGPU=2 CTRAINSTATE_GPU_SPLIT=2 CT_EMU_NCCL_TIMEOUT=60 \
             PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
             timeout 120 mpirun -n 2 --oversubscribe python gpu_nccl.py) ;;
     bench)

@@ -1912,10 +1912,6 @@ static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
             if (pr->group_proc[gi] < 0 || pr->group_proc[gi] >= pr->nproc)
                 return ct_set_error(CT_EINVAL, "optimizer: group %d belongs to process %d of %d",
                                     gi, pr->group_proc[gi], pr->nproc);
-            if (groups[gi].dev != NULL && groups[gi].dev->platform != CT_PLATFORM_CPU)
-                return ct_set_error(CT_EINVAL, "the optimizer's norms, finite gate or factored "
-                                    "statistics over params that span processes run on CPU "
-                                    "devices only; on GPUs they are not supported yet");
         }
     }
     memset(e, 0, sizeof *e);
@@ -1928,12 +1924,15 @@ static ct_status step_setup(step_env *e, ct_opt_stage *stages, int nstages,
         off += kind_nslots[stages[k].kind];
     }
     CT_TRY(check_blocks(c, groups, ngroups, nleaves, pr));
-    int ngpu = 0;
-    for (int gi = 0; gi < ngroups; gi++)
+    int ngpu = 0, nmine = 0; /* this process's groups (another's have no device here) */
+    for (int gi = 0; gi < ngroups; gi++) {
+        if (pr != NULL && pr->group_proc[gi] != pr->rank) continue;
+        nmine++;
         ngpu += groups[gi].dev != NULL && groups[gi].dev->platform != CT_PLATFORM_CPU;
-    if (ngpu > 0 && ngpu < ngroups)
+    }
+    if (ngpu > 0 && ngpu < nmine)
         return ct_set_error(CT_EINVAL, "optimizer: a step mixes CPU and GPU devices (%d of %d "
-                            "device groups on GPUs); keep a train state on one platform", ngpu, ngroups);
+                            "device groups on GPUs); keep a train state on one platform", ngpu, nmine);
     *gpu = ngpu > 0;
     if (*gpu) return CT_OK;
     e->groups = groups;
@@ -1955,7 +1954,7 @@ ct_status ct_optim_step_procs(ct_opt_stage *stages, int nstages, const ct_opt_gr
     step_env e;
     int gpu = 0;
     CT_TRY(step_setup(&e, stages, nstages, groups, ngroups, nleaves, &gpu, procs));
-    if (gpu) return ct_optim_step_device(stages, nstages, groups, ngroups);
+    if (gpu) return ct_optim_step_device(stages, nstages, groups, ngroups, procs);
     ct_status st = run_passes(&e, stages, nstages, nleaves);
     env_free(&e);
     return st;

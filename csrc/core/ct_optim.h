@@ -257,8 +257,9 @@ ct_status ct_optim_step(ct_opt_stage *stages, int nstages, const ct_opt_group *g
  * `allgather`, and combines the partials of every group in the one-process step's order: so
  * every process gets the norms, gates, trust ratios and factors of the one-process step bit
  * for bit, a replicated block counted once (its replica 0, wherever it lives). Every process
- * calls `allgather` the same number of times with the same n. CPU devices only. A failed
- * exchange fails the step before anything is written. */
+ * calls `allgather` the same number of times with the same n. On GPU devices (every group of
+ * this process on GPUs) the step is ct_optim_step_device's, its reductions host round trips
+ * exchanged the same way. A failed exchange fails the step before anything is written. */
 typedef ct_status (*ct_opt_allgather_fn)(void *ctx, const double *send, double *recv, size_t n);
 typedef struct {
     int rank, nproc;
@@ -284,9 +285,10 @@ ct_status ct_optim_run(ct_optim_prepared *p, ct_opt_stage *stages, int nstages);
 void ct_optim_prepared_free(ct_optim_prepared *p);
 
 /* ct_optim_step for groups on GPU devices (ct_optim_device.c): the stages
- * and blocks were checked by ct_optim_step. */
+ * and blocks were checked by ct_optim_step_procs. procs: NULL, or a step across processes
+ * (ct_opt_procs; another process's groups have no device). */
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                               int ngroups);
+                               int ngroups, const ct_opt_procs *procs);
 
 /* For GPU drivers: FACTORED stage k of a step from statistics computed elsewhere (the CPU
  * driver's own combine step). blocks: the step's nb blocks in global order (group after group)

@@ -60,6 +60,21 @@
  * (the CPU driver writes them at the same point); an error while they are
  * written back leaves the devices already written one step ahead, the others
  * not. A device-resident norm is not read back: stages[k].result is NaN for it.
+ *
+ * Across processes (ct_optim_step_procs with GPU groups; another process's
+ * groups carry no device and no buffers): the same passes run over this
+ * process's groups, and every reduction is a host round trip. GLOBAL_NORM
+ * and FINITE_GATE take reduce = 1 (no device-resident norm: the board is
+ * this process's); the per-device sums of every process are exchanged
+ * (ct_opt_procs.allgather, one call per reduction) and added in group order,
+ * so every process gets the one-process step's norm, verdict and per-leaf
+ * factors bit for bit (reduce = 1's sums are reduce = 2's). The per-leaf
+ * stages exchange their per-block sums the same way. A step with a FACTORED
+ * stage is staged whole (host_staged_step): the CPU driver's step across
+ * processes (ct_optim_step_procs on the host copies) combines the statistics,
+ * so adafactor gives the one-process run's results under
+ * CTRAINSTATE_STAGE_FACTORED=1 (the CPU driver's arithmetic, not the GPU
+ * statistics pass's order of sums).
  */
 #include <limits.h>
 #include <math.h>
@@ -90,10 +105,16 @@ static size_t dt_bytes(int64_t n, int dt) {
     return (size_t)(n > 0 ? n : 1) * ct_dtype_size((ct_dtype)dt);
 }
 
+/* Whether group gi is this process's (always, in a step of one process). */
+static int mine(const ct_opt_procs *pr, int gi) {
+    return pr == NULL || pr->group_proc[gi] == pr->rank;
+}
+
 /* A step with a stage the GPU passes do not implement: through host memory and the CPU
- * driver (see the top of the file). */
+ * driver (see the top of the file); across processes (pr) the CPU driver's step across
+ * processes, another process's groups as they are (no buffers). */
 static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                                  int ngroups) {
+                                  int ngroups, const ct_opt_procs *pr) {
     int64_t nblk = 0;
     int nleaves = 0;
     for (int gi = 0; gi < ngroups; gi++) {
@@ -114,6 +135,7 @@ static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_op
         for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
             const ct_opt_block *b = &groups[gi].blocks[i];
             hb[j] = *b; /* the dtypes too */
+            if (!mine(pr, gi)) continue; /* another process's: no buffers */
             if (b->p) st = (sb[j].p = malloc(dt_bytes(b->n, b->p_dt))) ? st : CT_EOOM;
             if (b->g) st = (sb[j].g = malloc(dt_bytes(b->n, b->g_dt))) ? st : CT_EOOM;
             if (b->out) st = (sb[j].out = malloc(dt_bytes(b->n, b->out_dt))) ? st : CT_EOOM;
@@ -131,6 +153,7 @@ static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_op
     j = 0;
     for (int gi = 0; gi < ngroups && st == CT_OK; gi++)
         for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
+            if (!mine(pr, gi)) continue;
             const ct_opt_block *b = &groups[gi].blocks[i];
             ct_device *dev = groups[gi].dev;
             st = stage_copy(NULL, dev, sb[j].p, b->p, b->n, b->p_dt, dev);
@@ -139,11 +162,12 @@ static ct_status host_staged_step(ct_opt_stage *stages, int nstages, const ct_op
                 st = stage_copy(NULL, dev, sb[j].slot[q], b->slot[q], b->slot_n[q], b->slot_dt[q],
                                 dev);
         }
-    if (st == CT_OK) st = ct_optim_step(stages, nstages, hg, ngroups, nleaves);
+    if (st == CT_OK) st = ct_optim_step_procs(stages, nstages, hg, ngroups, nleaves, pr);
     /* up: what it wrote (params or updates, and the state) */
     j = 0;
     for (int gi = 0; gi < ngroups && st == CT_OK; gi++)
         for (int i = 0; i < groups[gi].nblocks && st == CT_OK; i++, j++) {
+            if (!mine(pr, gi)) continue;
             const ct_opt_block *b = &groups[gi].blocks[i];
             ct_device *dev = groups[gi].dev;
             if (b->out) st = stage_copy(dev, NULL, b->out, sb[j].out, b->n, b->out_dt, dev);
@@ -276,21 +300,66 @@ static void free_leaf_bufs(leaf_bufs *lb) {
 }
 
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                             int ngroups, int nleaves, leaf_bufs *lb, fact_bufs *fb);
+                             int ngroups, int nleaves, leaf_bufs *lb, fact_bufs *fb,
+                             const ct_opt_procs *pr);
 static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *groups,
                              int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps,
-                             float *const *ffac);
+                             float *const *ffac, const ct_opt_procs *pr);
+
+/* Across processes: v holds per_group + per_block * nblocks doubles per group, group after
+ * group; this process's groups' values go to every process, and another process's groups'
+ * values come from it (one allgather, the same width on every process). */
+static ct_status xchg_groups(const ct_opt_procs *pr, const ct_opt_group *groups, int ngroups,
+                             size_t per_group, size_t per_block, double *v) {
+    size_t *per = calloc((size_t)pr->nproc, sizeof *per);
+    size_t *cur = calloc((size_t)pr->nproc, sizeof *cur);
+    double *send = NULL, *recv = NULL;
+    size_t w = 0, m = 0, off = 0;
+    ct_status st = (per && cur) ? CT_OK : ct_set_error(CT_EOOM, "optimizer step: out of host "
+                                                       "memory for an exchange");
+    for (int gi = 0; st == CT_OK && gi < ngroups; gi++)
+        per[pr->group_proc[gi]] += per_group + per_block * (size_t)groups[gi].nblocks;
+    for (int p = 0; st == CT_OK && p < pr->nproc; p++) w = per[p] > w ? per[p] : w;
+    if (st == CT_OK && w > 0) {
+        send = calloc(w, sizeof *send);
+        recv = malloc((size_t)pr->nproc * w * sizeof *recv);
+        if (send == NULL || recv == NULL)
+            st = ct_set_error(CT_EOOM, "optimizer step: out of host memory for an exchange");
+        for (int gi = 0; st == CT_OK && gi < ngroups; gi++) {
+            const size_t n = per_group + per_block * (size_t)groups[gi].nblocks;
+            if (mine(pr, gi)) {
+                memcpy(send + m, v + off, n * sizeof *v);
+                m += n;
+            }
+            off += n;
+        }
+        if (st == CT_OK) st = pr->allgather(pr->ctx, send, recv, w);
+        off = 0;
+        for (int gi = 0; st == CT_OK && gi < ngroups; gi++) {
+            const int p = pr->group_proc[gi];
+            const size_t n = per_group + per_block * (size_t)groups[gi].nblocks;
+            if (!mine(pr, gi)) memcpy(v + off, recv + (size_t)p * w + cur[p], n * sizeof *v);
+            cur[p] += n;
+            off += n;
+        }
+    }
+    free(send);
+    free(recv);
+    free(per);
+    free(cur);
+    return st;
+}
 
 ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                               int ngroups) {
+                               int ngroups, const ct_opt_procs *pr) {
     /* FACTORED runs on the devices when every backend has the passes and the step has one
      * such stage; otherwise (and for kinds with no GPU pass at all) the step is staged */
     int staged = 0, nfact = 0, kfact = -1, fact_ok = 1;
     const char *force = getenv("CTRAINSTATE_STAGE_FACTORED"); /* debugging: the host path */
     if (force != NULL && *force != '\0' && strcmp(force, "0") != 0) fact_ok = 0;
     for (int gi = 0; gi < ngroups; gi++)
-        fact_ok &= groups[gi].dev != NULL && groups[gi].dev->backend != NULL &&
-                   groups[gi].dev->backend->optim_factored;
+        fact_ok &= !mine(pr, gi) || (groups[gi].dev != NULL && groups[gi].dev->backend != NULL &&
+                                     groups[gi].dev->backend->optim_factored);
     for (int k = 0; k < nstages; k++) {
         if (stages[k].kind == CT_OPT_FACTORED) {
             nfact++;
@@ -299,8 +368,9 @@ ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_g
         }
         staged |= !gpu_kind(stages[k].kind);
     }
-    staged |= nfact > 1 || (nfact == 1 && !fact_ok);
+    staged |= nfact > 1 || (nfact == 1 && (!fact_ok || pr != NULL));
     for (int gi = 0; gi < ngroups; gi++) {
+        if (!mine(pr, gi)) continue;
         const ct_device *d = groups[gi].dev;
         if (d == NULL || d->backend == NULL ||
             (staged ? d->backend->copy_block == NULL : d->backend->optim_pass == NULL))
@@ -308,7 +378,7 @@ ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_g
                                 staged ? "copies (host staging of a factored step)"
                                        : "fused optimizer kernel");
     }
-    if (staged) return host_staged_step(stages, nstages, groups, ngroups);
+    if (staged) return host_staged_step(stages, nstages, groups, ngroups, pr);
     if (ngroups > CT_MAX_DEVICES)
         return ct_set_error(CT_EINVAL, "optimizer: %d device groups (at most %d)", ngroups,
                             CT_MAX_DEVICES);
@@ -349,7 +419,7 @@ ct_status ct_optim_step_device(ct_opt_stage *stages, int nstages, const ct_opt_g
         }
     }
     pthread_mutex_lock(&step_mu);
-    ct_status st = step_locked(stages, nstages, groups, ngroups, nleaves, &lb, &fb);
+    ct_status st = step_locked(stages, nstages, groups, ngroups, nleaves, &lb, &fb, pr);
     pthread_mutex_unlock(&step_mu);
     free_fact_bufs(&fb); /* device buffers: freed in stream order after the passes */
     free_leaf_bufs(&lb);
@@ -370,17 +440,20 @@ static void set_group(ct_opt_pass *ps, const ct_opt_group *groups, int gi, const
  * sums and factors, then every block's factor for later passes. */
 static ct_status leaf_reduce(ct_opt_stage *stages, int k, const ct_opt_group *groups,
                              int ngroups, int nleaves, leaf_bufs *lb, ct_opt_pass *ps,
-                             float *const *ffac) {
+                             float *const *ffac, const ct_opt_procs *pr) {
     ps->upto = k;
     ps->reduce = 3;
     int64_t base = 0;
     for (int gi = 0; gi < ngroups; gi++) {
-        set_group(ps, groups, gi, lb, ffac, NULL);
-        ps->blk_acc = lb->acc + 3 * base;
-        CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, NULL));
+        if (mine(pr, gi)) {
+            set_group(ps, groups, gi, lb, ffac, NULL);
+            ps->blk_acc = lb->acc + 3 * base;
+            CT_TRY(groups[gi].dev->backend->optim_pass(groups[gi].dev, ps, NULL));
+        }
         base += groups[gi].nblocks;
     }
     ps->blk_acc = NULL;
+    if (pr != NULL) CT_TRY(xchg_groups(pr, groups, ngroups, 0, 3, lb->acc));
     memset(lb->leaf, 0, (size_t)(nleaves > 0 ? nleaves : 1) * 3 * sizeof(double));
     base = 0;
     for (int gi = 0; gi < ngroups; gi++) {
@@ -515,10 +588,11 @@ static ct_status factored_device(ct_opt_stage *stages, int nstages, int k,
 }
 
 static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_group *groups,
-                             int ngroups, int nleaves, leaf_bufs *lb, fact_bufs *fb) {
+                             int ngroups, int nleaves, leaf_bufs *lb, fact_bufs *fb,
+                             const ct_opt_procs *pr) {
     int group_dev[CT_MAX_DEVICES];
-    for (int gi = 0; gi < ngroups; gi++) group_dev[gi] = groups[gi].dev->id;
-    const int device_norms = !host_norm();
+    for (int gi = 0; gi < ngroups; gi++) group_dev[gi] = mine(pr, gi) ? groups[gi].dev->id : -1;
+    const int device_norms = !host_norm() && pr == NULL;
     ct_opt_pass ps;
     memset(&ps, 0, sizeof ps);
     ps.nstages = nstages;
@@ -537,7 +611,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
         const int kind = stages[k].kind;
         if ((ps.skip >> k) & 1u) continue;
         if (ct_om_is_leafwise(kind)) {
-            CT_TRY(leaf_reduce(stages, k, groups, ngroups, nleaves, lb, &ps, ffac));
+            CT_TRY(leaf_reduce(stages, k, groups, ngroups, nleaves, lb, &ps, ffac, pr));
             continue;
         }
         if (kind == CT_OPT_FACTORED) {
@@ -558,13 +632,19 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
             continue;
         }
         ps.reduce = 1;
-        double ss = 0.0, bad = 0.0;
-        for (int gi = 0; gi < ngroups; gi++) {
-            double acc[2] = {0.0, 0.0};
-            CT_TRY(run_pass(&ps, groups, gi, lb, ffac, acc));
-            ss += acc[0];
-            bad += acc[1];
+        double ss = 0.0, bad = 0.0, *accs = calloc((size_t)(ngroups > 0 ? ngroups : 1) * 2,
+                                                   sizeof *accs);
+        if (accs == NULL) return ct_set_error(CT_EOOM, "optimizer step: out of host memory");
+        ct_status st = CT_OK;
+        for (int gi = 0; st == CT_OK && gi < ngroups; gi++)
+            if (mine(pr, gi)) st = run_pass(&ps, groups, gi, lb, ffac, accs + 2 * gi);
+        if (st == CT_OK && pr != NULL) st = xchg_groups(pr, groups, ngroups, 2, 0, accs);
+        for (int gi = 0; gi < ngroups; gi++) { /* in group order, whoever computed them */
+            ss += accs[2 * gi];
+            bad += accs[2 * gi + 1];
         }
+        free(accs);
+        CT_TRY(st);
         if (kind == CT_OPT_GLOBAL_NORM) {
             const float nrm = (float)sqrt(ss), mx = (float)stages[k].s[0];
             ct_om_set_norm(ps.c[k], !(nrm < mx), nrm, mx);
@@ -580,6 +660,7 @@ static ct_status step_locked(ct_opt_stage *stages, int nstages, const ct_opt_gro
     }
     ps.upto = nstages;
     ps.reduce = 0;
-    for (int gi = 0; gi < ngroups; gi++) CT_TRY(run_pass(&ps, groups, gi, lb, ffac, NULL));
+    for (int gi = 0; gi < ngroups; gi++)
+        if (mine(pr, gi)) CT_TRY(run_pass(&ps, groups, gi, lb, ffac, NULL));
     return CT_OK;
 }

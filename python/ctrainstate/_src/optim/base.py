@@ -973,9 +973,10 @@ def _check_no_shared_buffers(p_leaves, stages, paths):
 def _across_processes(stages, p_leaves, paths) -> bool:
     """Whether the step's reductions (norms, finite gate, trust ratios, factored statistics)
     combine blocks of several processes: then the kernel gets every process's groups
-    (:func:`_build_groups`) and exchanges its partial results. Every leaf must then live on
-    devices of the whole job (a value of this process's devices alone is not the same value
-    on every process)."""
+    (:func:`_build_groups`) and exchanges its partial results (on CPU and on GPU devices:
+    each device's partial sums come to the host and travel through the MPI engine). Every
+    leaf must then live on devices of the whole job (a value of this process's devices
+    alone is not the same value on every process)."""
     if not any(s.kind in _ACROSS_BLOCKS for s in stages) or all(
             p.is_fully_addressable for p in p_leaves):
         return False
@@ -988,11 +989,6 @@ def _across_processes(stages, p_leaves, paths) -> bool:
                 f"{sorted(procs)} while other params span processes: the optimizer's norms, "
                 f"finite gate or factored statistics combine every param over the whole job. "
                 f"Put it on the global mesh (cts.device_put(x, NamedSharding(mesh, P())))")
-        if any(b[0].platform != "cpu" for b in p._blocks):
-            raise ValueError(
-                "the optimizer's norms, finite gate or factored statistics over params that "
-                "span processes run on CPU devices only; on GPUs they are not supported yet: "
-                "use elementwise transforms (adam, adamw, sgd, clip, ...) on such params")
     return True
 
 

@@ -458,10 +458,12 @@ def test_module_scope_push_builds_what_the_constructor_builds():
 # --- Module.param's shape check by initializer identity ----------------------------------------
 
 def test_param_shape_check_finds_a_module_initializer_by_identity():
-    """nn.Dense's initializers are the same objects at every apply (field defaults), so the
-    shape check finds their expected shapes by identity (scope._SHAPES_BY_ID) without
-    building their key (_fn_key) again; a parameter of the wrong shape still raises, the
-    cache warm or not, and an initializer made anew per call is still checked."""
+    """An existing parameter's declaration (nn.Dense's self.param at every apply) takes
+    module._existing_param: no scope.param, reserve or shape-check frames, and the
+    initializer, the same object at every apply (a field default), found by identity
+    (scope._SHAPES_BY_ID) without building its key (_fn_key) again; a parameter of the wrong
+    shape still raises, the cache warm or not, an initializer made anew per call is still
+    checked, and a name declared twice still raises."""
     import sys
     from ctrainstate.nn.scope import ScopeParamShapeError
     x = np.ones((2, 3), np.float32)
@@ -476,7 +478,8 @@ def test_param_shape_check_finds_a_module_initializer_by_identity():
         y = model.apply(v, x)
     finally:
         sys.setprofile(None)
-    assert "_check_param_shape" in seen and "_fn_key" not in seen, seen
+    assert "_existing_param" in seen, seen      # the existing parameter's short path
+    assert not {"_fn_key", "_check_param_shape", "_placing", "reserve"} & set(seen), seen
     np.testing.assert_allclose(np.asarray(y), x @ np.asarray(v["params"]["kernel"]) +
                                np.asarray(v["params"]["bias"]), rtol=1e-6)
     bad = {"params": {"kernel": cts.device_put(np.ones((3, 5), np.float32)),
@@ -497,3 +500,11 @@ def test_param_shape_check_finds_a_module_initializer_by_identity():
         PerCall(2).apply(vp, x)
     with pytest.raises(ScopeParamShapeError, match="w"):
         PerCall(5).apply(vp, x)
+
+    class Twice(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            w = self.param("w", nn.initializers.zeros_init(), (x.shape[-1], 2))
+            return x @ w + self.param("w", nn.initializers.zeros_init(), (x.shape[-1], 2))
+    with pytest.raises(NameInUseError, match="w"):
+        Twice().apply(vp, x)

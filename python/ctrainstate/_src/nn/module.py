@@ -23,7 +23,9 @@ from ..array.sharding import NamedSharding, get_mesh
 from . import meta
 from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
+from .scope import ScopeParamShapeError
 from .scope import _stack as _scope_tls
+from .scope import _expected_shapes_cached, _leaves as _param_leaves
 from ...core import FrozenDict
 from .spmd import _replicate_uneven
 from .summary import tabulate
@@ -914,6 +916,10 @@ class Module:
         scope = self._need_scope("param")
         self._check_declaring("Parameters")
         if _spmd._strict.rules is None:
+            if not init_kwargs:
+                value = _existing_param(scope, name, init_fn, init_args)
+                if value is not _MISS:
+                    return meta.unbox(value) if unbox else value
             return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
         with _spmd._declaring(f"parameter {'/'.join(tuple(scope.path) + (name,))!r}"):
             return scope.param(name, _placing(init_fn), *init_args, unbox=unbox, **init_kwargs)
@@ -1220,6 +1226,49 @@ def _accepts_out_sharding(fn) -> bool:
         return "out_sharding" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+_MISS = object()
+# Per scope class: whether it keeps Scope's methods that _existing_param stands for
+_PLAIN_SCOPES: dict = {}
+_SCOPE_PARAM_METHODS = ("param", "reserve", "_collection", "has_variable", "get_variable",
+                        "_check_param_shape")
+
+
+def _existing_param(scope, name, init_fn, init_args):
+    """``scope.param(name, _placing(init_fn), *init_args)`` for a parameter that exists and
+    passes the checks (the name free, the shape the initializer makes), less its Python calls
+    (the declaration at every ``apply`` of ``nn.Dense`` and kin): the value, its name now
+    reserved, or ScopeParamShapeError as scope.param raises it; or ``_MISS``, having changed
+    nothing, where ``scope.param`` must run (its class overrides one of the methods this
+    stands for, a new parameter, a name in use: it creates or raises). The expected shapes are those of ``init_fn`` itself (placing a
+    value does not change its shape), found by identity where it was seen before."""
+    cls = type(scope)
+    plain = _PLAIN_SCOPES.get(cls)
+    if plain is None:
+        plain = _PLAIN_SCOPES[cls] = isinstance(scope, Scope) and all(
+            getattr(cls, m) is getattr(Scope, m) for m in _SCOPE_PARAM_METHODS)
+    if not plain or type(name) is not str:
+        return _MISS
+    reserved = scope._reserved
+    rkey = ("params", name)
+    if rkey in reserved or name in reserved or name in scope._children:
+        return _MISS
+    d = scope._variables.get("params")      # scope._collection("params", create=False)
+    for p in scope.path:
+        if d is None:
+            break
+        d = d.get(p)
+    if d is None or name not in d:
+        return _MISS
+    value = d[name]
+    expected = _expected_shapes_cached(init_fn, init_args, {})
+    reserved.add(rkey)                          # (scope.reserve: the name was free)
+    if expected is not None:                    # scope._check_param_shape
+        for got, want in zip(_param_leaves(value), expected):
+            if tuple(np.shape(got)) != want:
+                raise ScopeParamShapeError(name, scope.path_text, want, tuple(np.shape(got)))
+    return value
 
 
 def _placing(init_fn: Callable) -> Callable:

@@ -30,6 +30,8 @@ float32 = _dtypes.float32
 
 __all__ = ["canonicalize_dtype", "promote_dtype"]
 
+_F32 = np.dtype(np.float32)   # (builtin dtypes are singletons: `is` compares them)
+
 
 def _dtype_of(x):
     if isinstance(x, (Array, ShapeDtypeStruct)):
@@ -85,6 +87,14 @@ def _cast(x, dtype):
 def promote_dtype(*args, dtype=None, inexact: bool = True) -> list:
     """``args`` cast to one dtype (:func:`canonicalize_dtype`'s), ``None`` entries kept:
     Arrays on their devices (differentiable, nothing gathered), host values on the host."""
+    if dtype is None and inexact:
+        # every argument a float32 Array or None (a float32 layer's inputs, kernel and bias):
+        # float32, and each argument as it is (what the general path below gives for these)
+        for x in args:
+            if x is not None and (type(x) is not Array or x._dtype is not _F32):
+                break
+        else:
+            return list(args)
     dt = canonicalize_dtype(*args, dtype=dtype, inexact=inexact)
     return [_cast(x, dt) for x in args]
 
@@ -94,7 +104,7 @@ def _check_dtype(module) -> None:
     layer: a float dtype ctrainstate stores (float32, bfloat16, float16) or ``None``."""
     for field in ("dtype", "param_dtype"):
         dt = getattr(module, field, None)
-        if dt is None:
+        if dt is None or dt is np.float32 or dt is _F32:
             continue
         try:
             ok = _dtypes.canonicalize(dt) in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16)

@@ -36,6 +36,8 @@ __all__ = ["Dense", "DenseGeneral", "Einsum", "Embed", "LayerNorm"]
 
 
 def _in_features(x) -> int:
+    if type(x) is Array:
+        return x.shape[-1]
     return int(np.shape(x)[-1])
 
 

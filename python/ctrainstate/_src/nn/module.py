@@ -1265,6 +1265,9 @@ def _existing_param(scope, name, init_fn, init_args):
     expected = _expected_shapes_cached(init_fn, init_args, {})
     reserved.add(rkey)                          # (scope.reserve: the name was free)
     if expected is not None:                    # scope._check_param_shape
+        if type(value) is Array and len(expected) == 1:
+            if value.shape == expected[0]:      # (one Array: its shape, a tuple)
+                return value
         for got, want in zip(_param_leaves(value), expected):
             if tuple(np.shape(got)) != want:
                 raise ScopeParamShapeError(name, scope.path_text, want, tuple(np.shape(got)))

@@ -79,3 +79,24 @@ def test_embed_dtype():
     np.testing.assert_array_equal(np.asarray(out)[0], want)
     with pytest.raises(TypeError, match="param_dtype=.*expected float32"):
         nn.Embed(5, 3, param_dtype=np.int32).init(random.PRNGKey(0), ids)
+
+
+def test_promote_dtype_float32_arrays_as_they_are_others_promoted():
+    """nn.dtypes.promote_dtype: float32 Arrays (and None) come back as they are, the same
+    objects; a bfloat16 Array among them, numpy values, an explicit dtype or inexact=False
+    take the general path (Flax's promotion)."""
+    import ctrainstate as cts
+    from ctrainstate.nn.dtypes import promote_dtype
+    a = cts.device_put(np.ones((2, 3), np.float32))
+    k = cts.device_put(np.ones((3, 4), np.float32))
+    out = promote_dtype(a, k, None)
+    assert out[0] is a and out[1] is k and out[2] is None
+    b16 = cts.numpy.astype(k, cts.numpy.bfloat16)
+    assert [x.dtype for x in promote_dtype(b16, b16)] == [cts.numpy.bfloat16] * 2
+    mixed = promote_dtype(a, b16)
+    assert [x.dtype for x in mixed] == [np.float32, np.float32] and mixed[0] is a
+    assert [x.dtype for x in promote_dtype(a, k, dtype=cts.numpy.bfloat16)] == \
+        [cts.numpy.bfloat16] * 2
+    host = promote_dtype(a, np.ones(3, np.float64))
+    assert host[0] is a and isinstance(host[1], np.ndarray) and host[1].dtype == np.float32
+    assert promote_dtype(a, k, inexact=False)[0] is a

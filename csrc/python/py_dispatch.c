@@ -693,7 +693,76 @@ static PyType_Spec node_vjp_spec = {
  * (None: no cotangent). In case 0 a cotangent whose shape is not its operand's goes through
  * unbroadcast(cotangent, shape), as the Python rules do. The steps call the same primitives
  * in the same order as the Python rule, so both give the same bits. */
-enum { VP_MAXREG = 12, VP_FLAG_2D = 1 /* every Array operand has rank 2 */ };
+enum { VP_MAXREG = 12, VP_FLAG_2D = 1 /* every Array operand has rank 2 */,
+       VP_FLAG_SUM = 2 /* the rule of a sum (vp_sum): no programs */ };
+
+/* The primitives the backward pass's C rules call (vjp_register): sum, reshape and
+ * _broadcast_like of ctrainstate._src.ops.ops, or NULL before registration (the Python rules
+ * run). */
+static PyObject *bw_sum, *bw_reshape, *bw_bcast_like;
+
+/* _unbroadcast(g, shape) of ops.py (its caller knows g's shape is not `shape`): g summed over
+ * its leading dimensions and those where `shape` has 1 and g not, by the sum primitive, then
+ * reshaped to `shape` if the sum's shape is not it: the same primitive calls, so the same
+ * bits. `ub` (the Python function) takes shapes that are not tuples of ints. */
+static PyObject *unbroadcast_c(PyObject *g, PyObject *shape, PyObject *ub) {
+    PyObject *gshape = ((ct_py_array *)g)->shape;
+    const Py_ssize_t gn = PyTuple_CheckExact(gshape) ? PyTuple_GET_SIZE(gshape) : -1;
+    const Py_ssize_t n = PyTuple_CheckExact(shape) ? PyTuple_GET_SIZE(shape) : -1;
+    int ok = bw_sum != NULL && bw_reshape != NULL && gn >= 0 && n >= 0 && n <= gn;
+    Py_ssize_t nax = gn - n;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        PyObject *s = PyTuple_GET_ITEM(shape, i), *t = PyTuple_GET_ITEM(gshape, gn - n + i);
+        ok = PyLong_CheckExact(s) && PyLong_CheckExact(t);
+        if (ok) {
+            int o1, o2;
+            const long sv = PyLong_AsLongAndOverflow(s, &o1), tv = PyLong_AsLongAndOverflow(t, &o2);
+            ok = !o1 && !o2 && !(sv == -1 && PyErr_Occurred()) && !(tv == -1 && PyErr_Occurred());
+            nax += ok && sv == 1 && tv != 1;
+        }
+    }
+    if (!ok) {
+        PyErr_Clear();
+        PyObject *args[2] = {g, shape};
+        return PyObject_Vectorcall(ub, args, 2, NULL);
+    }
+    PyObject *axes = PyTuple_New(nax);
+    if (axes == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t d = 0; d < gn; d++) {
+        int take = d < gn - n;
+        if (!take) {
+            const long sv = PyLong_AsLong(PyTuple_GET_ITEM(shape, d - (gn - n)));
+            const long tv = PyLong_AsLong(PyTuple_GET_ITEM(gshape, d));
+            take = sv == 1 && tv != 1;
+        }
+        if (take) {
+            PyObject *v = PyLong_FromSsize_t(d);
+            if (v == NULL) {
+                Py_DECREF(axes);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(axes, k++, v);
+        }
+    }
+    PyObject *args[3] = {g, axes, Py_False};
+    PyObject *r = PyObject_Vectorcall(bw_sum, args, 3, NULL);
+    Py_DECREF(axes);
+    if (r == NULL) return NULL;
+    PyTypeObject *at = ct_py_array_type();
+    PyObject *rs = at != NULL && Py_IS_TYPE(r, at) ? Py_NewRef(((ct_py_array *)r)->shape)
+                                                   : PyObject_GetAttrString(r, "shape");
+    const int eq = rs != NULL ? PyObject_RichCompareBool(rs, shape, Py_EQ) : -1;
+    Py_XDECREF(rs);
+    if (eq != 0) {
+        if (eq < 0) Py_CLEAR(r);
+        return r;
+    }
+    PyObject *rargs[2] = {r, shape};
+    PyObject *out = PyObject_Vectorcall(bw_reshape, rargs, 2, NULL);
+    Py_DECREF(r);
+    return out;
+}
 
 typedef struct {
     PyObject_HEAD
@@ -750,11 +819,7 @@ static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *con
             if (at != NULL && Py_IS_TYPE(v, at) && Py_IS_TYPE(ops[j], at)) {
                 PyObject *want = ((ct_py_array *)ops[j])->shape;
                 int eq = PyObject_RichCompareBool(((ct_py_array *)v)->shape, want, Py_EQ);
-                if (eq == 0) {
-                    PyObject *args[2] = {v, want};
-                    PyObject *u = PyObject_Vectorcall(ub, args, 2, NULL);
-                    Py_SETREF(v, u);
-                }
+                if (eq == 0) Py_SETREF(v, unbroadcast_c(v, want, ub));
                 if (eq < 0 || v == NULL) {
                     Py_XDECREF(v);
                     Py_CLEAR(res);
@@ -769,11 +834,82 @@ done:
     return res;
 }
 
+/* VP_FLAG_SUM: _vjp_sum(g, out, x, axis=None, ...) of ops.py in C, for an Array x and an axis
+ * that is None, an int or a tuple or list of ints (in range, no repeats): g (when any axis is
+ * summed) reshaped to x's shape with 1 for each summed dimension (the reshape primitive), then
+ * broadcast like x (_broadcast_like: x's shape and sharding). The Python rule runs for
+ * anything else (it raises the errors), under a recording tape, or before vjp_register. */
+static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf) {
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    PyObject *xs = Py_IS_TYPE(args[2], at) ? ((ct_py_array *)args[2])->shape : NULL;
+    const Py_ssize_t nd = xs != NULL && PyTuple_CheckExact(xs) ? PyTuple_GET_SIZE(xs) : -1;
+    int use_rule = bw_reshape == NULL || bw_bcast_like == NULL || nd < 0 || nd > 63;
+    uint64_t mask = 0;
+    PyObject *axis = n > 3 ? args[3] : Py_None;
+    if (!use_rule && axis == Py_None) {
+        mask = (((uint64_t)1) << nd) - 1;
+    } else if (!use_rule) {
+        const int one = PyLong_CheckExact(axis);
+        if (!one && !PyTuple_CheckExact(axis) && !PyList_CheckExact(axis)) use_rule = 1;
+        const Py_ssize_t na = use_rule ? 0 : one ? 1 : PySequence_Fast_GET_SIZE(axis);
+        for (Py_ssize_t k = 0; k < na && !use_rule; k++) {
+            PyObject *a = one ? axis : PySequence_Fast_GET_ITEM(axis, k);
+            int over = 0;
+            long v = PyLong_CheckExact(a) ? PyLong_AsLongAndOverflow(a, &over) : 0;
+            if (!PyLong_CheckExact(a) || over || (v == -1 && PyErr_Occurred()) || v < -nd || v >= nd) {
+                PyErr_Clear();
+                use_rule = 1;
+                break;
+            }
+            if (v < 0) v += nd;
+            if (mask & ((uint64_t)1 << v)) use_rule = 1; /* a repeated axis: the rule raises */
+            mask |= (uint64_t)1 << v;
+        }
+    }
+    if (!use_rule) { /* a tape recording on this thread: the rule decides what it records */
+        PyObject *tape;
+        int tr = top_tape(&tape);
+        if (tr < 0) return NULL;
+        use_rule = tr != 0 || tape != NULL;
+        Py_XDECREF(tape);
+    }
+    if (use_rule) return PyObject_Vectorcall(vp->rule, args, nargsf, NULL);
+    if (mask == 0) return PyTuple_Pack(1, args[0]); /* (a scalar's sum, or over no axis) */
+    PyObject *keep = PyTuple_New(nd);
+    if (keep == NULL) return NULL;
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        PyObject *v = mask & ((uint64_t)1 << d) ? PyLong_FromLong(1) : Py_NewRef(PyTuple_GET_ITEM(xs, d));
+        if (v == NULL) {
+            Py_DECREF(keep);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(keep, d, v);
+    }
+    PyObject *rargs[2] = {args[0], keep};
+    PyObject *r = PyObject_Vectorcall(bw_reshape, rargs, 2, NULL);
+    Py_DECREF(keep);
+    if (r == NULL) return NULL;
+    PyObject *bargs[2] = {r, args[2]};
+    PyObject *b = PyObject_Vectorcall(bw_bcast_like, bargs, 2, NULL);
+    Py_DECREF(r);
+    if (b == NULL) return NULL;
+    PyObject *res = PyTuple_New(1);
+    if (res == NULL) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(res, 0, b);
+    return res;
+}
+
 static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     vjp_program *vp = (vjp_program *)self;
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (kwnames != NULL || n < 3)
         return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    if (vp->flags & VP_FLAG_SUM) return vp_sum(vp, args, nargsf);
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
     /* the case: which operands are Arrays (operands: args[2], and args[3] for two) */
@@ -858,7 +994,10 @@ static PyObject *vp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return PyErr_Format(PyExc_TypeError, "VjpProgram: two cases (give 1 or 3)");
     if (!PyCallable_Check(rule) || !PyCallable_Check(ub))
         return PyErr_Format(PyExc_TypeError, "VjpProgram: rule and unbroadcast must be callable");
-    if (flags & ~VP_FLAG_2D) return PyErr_Format(PyExc_ValueError, "VjpProgram: unknown flags");
+    if (flags & ~(VP_FLAG_2D | VP_FLAG_SUM))
+        return PyErr_Format(PyExc_ValueError, "VjpProgram: unknown flags");
+    if ((flags & VP_FLAG_SUM) && (PyTuple_GET_SIZE(cases) != 1 || PyTuple_GET_ITEM(cases, 0) != Py_None))
+        return PyErr_Format(PyExc_ValueError, "VjpProgram: a sum's rule (flag 2) has cases (None,)");
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cases); i++)
         if (vp_check_program(PyTuple_GET_ITEM(cases, i)) < 0) return NULL;
     vjp_program *vp = (vjp_program *)type->tp_alloc(type, 0);
@@ -897,7 +1036,8 @@ static void vp_dealloc(vjp_program *v) {
 static PyMemberDef vp_members[] = {
     {"cases", T_OBJECT, offsetof(vjp_program, cases), READONLY, "The programs, per operand case."},
     {"rule", T_OBJECT, offsetof(vjp_program, rule), READONLY, "The Python rule it stands for."},
-    {"flags", T_INT, offsetof(vjp_program, flags), READONLY, "1: every Array operand of rank 2."},
+    {"flags", T_INT, offsetof(vjp_program, flags), READONLY,
+     "1: every Array operand of rank 2; 2: a sum's rule, in C (no programs)."},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(vjp_program, vectorcall), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
@@ -1713,6 +1853,99 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* _filled_like(x, value) of ops.py for an Array x of float32 blocks: a new float32 buffer per
+ * block of x (its device and block shape), every element set by the affine kernel with alpha 0
+ * (beta stored without reading the buffer), in an Array of x's shape, dtype, sharding, block
+ * starts and replica ids. NULL without an exception when x is anything else (the Python
+ * function runs), NULL with one on an error. */
+static PyObject *filled_like_c(PyObject *x, float value) {
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    if (!Py_IS_TYPE(x, at)) return NULL;
+    ct_py_array *a = (ct_py_array *)x;
+    PyObject *bl = a->blocks;
+    if (bl == NULL || !PyList_CheckExact(bl) || a->shape == NULL || a->dtype == NULL ||
+        a->sharding == NULL)
+        return NULL;
+    const Py_ssize_t nb = PyList_GET_SIZE(bl);
+    if (nb == 0 || nb > MAXB) return NULL;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *t = PyList_GET_ITEM(bl, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
+            !Py_IS_TYPE(PyTuple_GET_ITEM(t, 1), &ct_py_BufferType))
+            return NULL;
+        const ct_py_buffer *b = (const ct_py_buffer *)PyTuple_GET_ITEM(t, 1);
+        if (b->dtype != CT_F32 || b->dev == NULL) return NULL;
+        total += nelem(b);
+    }
+    PyObject *blocks = PyList_New(nb);
+    if (blocks == NULL) return NULL;
+    ct_py_buffer *made[MAXB];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *t = PyList_GET_ITEM(bl, i);
+        const ct_py_buffer *b = (const ct_py_buffer *)PyTuple_GET_ITEM(t, 1);
+        ct_py_buffer *nbuf = ct_py_buffer_alloc(b->dev, b->ndim, b->shape, CT_F32);
+        PyObject *nt = nbuf != NULL ? PyTuple_New(4) : NULL;
+        if (nt == NULL) {
+            Py_XDECREF((PyObject *)nbuf);
+            Py_DECREF(blocks);
+            return NULL;
+        }
+        ct_py_trace_touch(nbuf, "op_unary output"); /* (as _C.op_unary does) */
+        made[i] = nbuf;
+        PyTuple_SET_ITEM(nt, 0, Py_NewRef(PyTuple_GET_ITEM(t, 0)));
+        PyTuple_SET_ITEM(nt, 1, (PyObject *)nbuf);
+        PyTuple_SET_ITEM(nt, 2, Py_NewRef(PyTuple_GET_ITEM(t, 2)));
+        PyTuple_SET_ITEM(nt, 3, Py_NewRef(PyTuple_GET_ITEM(t, 3)));
+        PyList_SET_ITEM(blocks, i, nt);
+    }
+    ct_status st = CT_OK;
+    /* (the buffers are new: no other thread can reach them while the GIL is released) */
+    if (total >= CT_DISPATCH_GIL_ELEMS && !capturing) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < nb && st == CT_OK; i++)
+            st = ct_op_unary(made[i]->dev, CT_UN_AFFINE, 0.0f, value, nelem(made[i]),
+                             made[i]->data, made[i]->data);
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t i = 0; i < nb && st == CT_OK; i++)
+            st = ct_op_unary(made[i]->dev, CT_UN_AFFINE, 0.0f, value, nelem(made[i]),
+                             made[i]->data, made[i]->data);
+    }
+    if (st != CT_OK) {
+        Py_DECREF(blocks);
+        ct_py_raise(st);
+        return NULL;
+    }
+    return ct_py_array_new(Py_NewRef(a->shape), Py_NewRef(a->dtype), Py_NewRef(a->sharding), blocks,
+                           Py_XNewRef(a->shard_shape));
+}
+
+/* filled_like(x, value): filled_like_c, or None where the Python function must run. */
+static PyObject *py_filled_like(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 2 || !PyFloat_CheckExact(args[1]))
+        return PyErr_Format(PyExc_TypeError, "filled_like(x: Array, value: float)");
+    PyObject *r = filled_like_c(args[0], (float)PyFloat_AS_DOUBLE(args[1]));
+    if (r == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return r;
+}
+
+/* vjp_register(sum, reshape, broadcast_like): the primitives the C rules of the backward pass
+ * call (unbroadcast_c, vp_sum). */
+static PyObject *py_vjp_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 3) return PyErr_Format(PyExc_TypeError, "vjp_register takes 3 arguments (%zd given)", n);
+    for (int i = 0; i < 3; i++)
+        if (!PyCallable_Check(args[i]))
+            return PyErr_Format(PyExc_TypeError, "vjp_register: argument %d is not callable", i);
+    Py_XSETREF(bw_sum, Py_NewRef(args[0]));
+    Py_XSETREF(bw_reshape, Py_NewRef(args[1]));
+    Py_XSETREF(bw_bcast_like, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
 /* value_and_grad's per-call bookkeeping of its differentiated leaves, in C (the Python
  * wrapper in ops.py takes the general path for anything else):
  *
@@ -1722,9 +1955,10 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
  * `tape` (id in tape.tracked, the object in tape.keep). None, with nothing tracked, when a
  * leaf is anything else or the tape has enclosing tapes (the Python path raises or lifts).
  *
- * grad_collect(leaves, cot) -> (grads, nfix): each leaf's cotangent cot[id(leaf)] where it
- * has the leaf's layout; None where there is none or its layout differs (nfix counts them:
- * the Python path makes zeros or reshards). */
+ * grad_collect(leaves, cot, zeros=False) -> (grads, nfix): each leaf's cotangent cot[id(leaf)]
+ * where it has the leaf's layout; with `zeros`, where it has none and the leaf has float32
+ * blocks, zeros_like(leaf) (filled_like_c); None for the rest (nfix counts them: the Python
+ * path makes zeros or reshards). */
 static PyObject *py_grad_track(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
     if (n != 3 || !PyList_Check(args[0]) || !PyAnySet_Check(args[2]))
@@ -1784,9 +2018,11 @@ static PyObject *py_grad_track(PyObject *self, PyObject *const *args, Py_ssize_t
 
 static PyObject *py_grad_collect(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (n != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1]))
-        return PyErr_Format(PyExc_TypeError, "grad_collect(leaves: list, cot: dict)");
+    if (n < 2 || n > 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "grad_collect(leaves: list, cot: dict, zeros=False)");
     PyObject *leaves = args[0], *cot = args[1];
+    const int zeros = n > 2 ? PyObject_IsTrue(args[2]) : 0;
+    if (zeros < 0) return NULL;
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
     const Py_ssize_t m = PyList_GET_SIZE(leaves);
@@ -1801,9 +2037,15 @@ static PyObject *py_grad_collect(PyObject *self, PyObject *const *args, Py_ssize
             Py_CLEAR(out);
             break;
         }
+        PyObject *z = NULL;
         if (g != NULL && Py_IS_TYPE(g, at) && Py_IS_TYPE(x, at) &&
             same_layout(((ct_py_array *)g)->sharding, ((ct_py_array *)x)->sharding)) {
             PyList_SET_ITEM(out, i, Py_NewRef(g));
+        } else if (g == NULL && zeros && (z = filled_like_c(x, 0.0f)) != NULL) {
+            PyList_SET_ITEM(out, i, z); /* (zeros_like(x): no cotangent reached x) */
+        } else if (PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
         } else {
             PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
             nfix++;
@@ -4453,8 +4695,17 @@ static PyMethodDef dispatch_methods[] = {
      "value_and_grad's differentiated leaves as new Arrays over their buffers, tracked on the "
      "tape; None (nothing tracked) where the Python path must run."},
     {"grad_collect", (PyCFunction)(void (*)(void))py_grad_collect, METH_FASTCALL,
-     "grad_collect(leaves, cot, /)\n--\n\n"
-     "(each leaf's cotangent where it has the leaf's layout, else None; how many are None)."},
+     "grad_collect(leaves, cot, zeros=False, /)\n--\n\n"
+     "(each leaf's cotangent where it has the leaf's layout, else None; how many are None); "
+     "with `zeros`, a leaf of float32 blocks without a cotangent gets zeros of its layout."},
+    {"filled_like", (PyCFunction)(void (*)(void))py_filled_like, METH_FASTCALL,
+     "filled_like(x, value, /)\n--\n\n"
+     "ops._filled_like(x, value) in C for an Array of float32 blocks: new buffers of x's "
+     "layout, every element `value`; None for anything else (the Python function's)."},
+    {"vjp_register", (PyCFunction)(void (*)(void))py_vjp_register, METH_FASTCALL,
+     "vjp_register(sum, reshape, broadcast_like, /)\n--\n\n"
+     "The primitives the backward pass's C rules call (un-broadcasting a cotangent, sum's "
+     "rule)."},
     {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,
      "tape_backward(nodes, tracked, cot, group_type, /)\n--\n\n"
      "The backward pass over a tape's nodes, last to first: each (out, inputs, vjp) node takes\n"

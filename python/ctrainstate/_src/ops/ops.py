@@ -2052,7 +2052,7 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         outs = []
         for i in nums:
             leaves, td = flat_in[i]
-            gl, nfix = _grad_collect(leaves, grads)
+            gl, nfix = _grad_collect(leaves, grads, True)   # (float32 zeros made in C)
             if nfix:   # no cotangent (zeros), or one of another layout (resharded)
                 for k, x in enumerate(leaves):
                     if gl[k] is None:
@@ -2169,7 +2169,9 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
         if id(out) not in tape.tracked:
             return {}
         if g is None:
-            g = _filled_like(out, 1.0)   # out's dtype and sharding
+            g = _C.filled_like(out, 1.0)   # out's dtype and sharding (float32: in C)
+            if g is None:
+                g = _filled_like(out, 1.0)
         cot = {id(out): g}
     # last node to first, in C: each node's vjp on its output's cotangent, the results added
     # into its tracked inputs' (by the add primitive: 16-bit float cotangents accumulate in
@@ -3247,6 +3249,13 @@ def _derivative_programs():
     for name, cases in binary.items():
         g[name].vjp = _C.VjpProgram(cases, g[name].vjp, _unbroadcast,
                                     1 if name == "matmul" else 0)
+    # un-broadcasting a two-Array program's cotangent (_unbroadcast) and sum's rule
+    # (_vjp_sum, flag 2) call these primitives from C
+    _C.vjp_register(g["sum"], g["reshape"], g["_broadcast_like"])
+    g["sum"].vjp = _C.VjpProgram((None,), g["sum"].vjp, _unbroadcast, _VP_SUM)
+
+
+_VP_SUM = 2   # VjpProgram's flag: the rule of a sum (axis the 4th argument), in C
 
 
 # ops without a C plan that read host values: single nodes of a jitted program (node.py)

@@ -700,6 +700,7 @@ enum { VP_MAXREG = 12, VP_FLAG_2D = 1 /* every Array operand has rank 2 */,
  * _broadcast_like of ctrainstate._src.ops.ops, or NULL before registration (the Python rules
  * run). */
 static PyObject *bw_sum, *bw_reshape, *bw_bcast_like;
+static PyObject *call_notape(PyObject *f, PyObject *const *args, size_t nargs);
 
 /* _unbroadcast(g, shape) of ops.py (its caller knows g's shape is not `shape`): g summed over
  * its leading dimensions and those where `shape` has 1 and g not, by the sum primitive, then
@@ -746,7 +747,7 @@ static PyObject *unbroadcast_c(PyObject *g, PyObject *shape, PyObject *ub) {
         }
     }
     PyObject *args[3] = {g, axes, Py_False};
-    PyObject *r = PyObject_Vectorcall(bw_sum, args, 3, NULL);
+    PyObject *r = call_notape(bw_sum, args, 3);
     Py_DECREF(axes);
     if (r == NULL) return NULL;
     PyTypeObject *at = ct_py_array_type();
@@ -759,7 +760,7 @@ static PyObject *unbroadcast_c(PyObject *g, PyObject *shape, PyObject *ub) {
         return r;
     }
     PyObject *rargs[2] = {r, shape};
-    PyObject *out = PyObject_Vectorcall(bw_reshape, rargs, 2, NULL);
+    PyObject *out = call_notape(bw_reshape, rargs, 2);
     Py_DECREF(r);
     return out;
 }
@@ -796,7 +797,7 @@ static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *con
                 call[j] = a;
             }
         }
-        PyObject *v = PyObject_Vectorcall(PyTuple_GET_ITEM(st, 0), call, (size_t)na, NULL);
+        PyObject *v = call_notape(PyTuple_GET_ITEM(st, 0), call, (size_t)na);
         if (v == NULL) goto done;
         regs[n++] = made[nmade++] = v;
     }
@@ -839,7 +840,7 @@ done:
  * summed) reshaped to x's shape with 1 for each summed dimension (the reshape primitive), then
  * broadcast like x (_broadcast_like: x's shape and sharding). The Python rule runs for
  * anything else (it raises the errors), under a recording tape, or before vjp_register. */
-static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf) {
+static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf, int notape) {
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
@@ -868,7 +869,7 @@ static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf) {
             mask |= (uint64_t)1 << v;
         }
     }
-    if (!use_rule) { /* a tape recording on this thread: the rule decides what it records */
+    if (!use_rule && !notape) { /* a tape recording on this thread: the rule decides */
         PyObject *tape;
         int tr = top_tape(&tape);
         if (tr < 0) return NULL;
@@ -888,11 +889,11 @@ static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf) {
         PyTuple_SET_ITEM(keep, d, v);
     }
     PyObject *rargs[2] = {args[0], keep};
-    PyObject *r = PyObject_Vectorcall(bw_reshape, rargs, 2, NULL);
+    PyObject *r = call_notape(bw_reshape, rargs, 2);
     Py_DECREF(keep);
     if (r == NULL) return NULL;
     PyObject *bargs[2] = {r, args[2]};
-    PyObject *b = PyObject_Vectorcall(bw_bcast_like, bargs, 2, NULL);
+    PyObject *b = call_notape(bw_bcast_like, bargs, 2);
     Py_DECREF(r);
     if (b == NULL) return NULL;
     PyObject *res = PyTuple_New(1);
@@ -904,12 +905,12 @@ static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf) {
     return res;
 }
 
-static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    vjp_program *vp = (vjp_program *)self;
+/* The call of a derivative program; `notape`: the caller knows no tape records on this
+ * thread (call_notape's condition). */
+static PyObject *vp_invoke(vjp_program *vp, PyObject *const *args, size_t nargsf, int notape) {
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || n < 3)
-        return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
-    if (vp->flags & VP_FLAG_SUM) return vp_sum(vp, args, nargsf);
+    if (n < 3) return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    if (vp->flags & VP_FLAG_SUM) return vp_sum(vp, args, nargsf, notape);
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
     /* the case: which operands are Arrays (operands: args[2], and args[3] for two) */
@@ -933,7 +934,7 @@ static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, P
                         PyTuple_GET_SIZE(((ct_py_array *)x)->shape) != 2);
         }
     }
-    if (!use_rule) { /* a tape recording on this thread: the rule decides what it records */
+    if (!use_rule && !notape) { /* a tape recording on this thread: the rule decides */
         PyObject *tape;
         int tr = top_tape(&tape);
         if (tr < 0) return NULL;
@@ -949,6 +950,12 @@ static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     for (int j = 0; j < nops; j++)
         if (Py_IS_TYPE(args[2 + j], at)) arrs[narr++] = args[2 + j];
     return vp_run(prog, regs, 4, arrs, narr, c == 0 && nops == 2, vp->unbroadcast);
+}
+
+static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames != NULL)
+        return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    return vp_invoke((vjp_program *)self, args, nargsf, 0);
 }
 
 static int vp_check_program(PyObject *prog) {
@@ -1147,8 +1154,9 @@ static int array_is16(PyObject *x) {
     return dt == CT_BF16 || dt == CT_F16;
 }
 
-/* The C path; NULL without an exception when the call is the Python op's. */
-static PyObject *fast_call(prim *p, PyObject *const *args) {
+/* The C path; NULL without an exception when the call is the Python op's. `notape`: the
+ * caller knows no tape records on this thread (see call_notape), so top_tape is not read. */
+static PyObject *fast_call(prim *p, PyObject *const *args, int notape) {
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) {
         PyErr_Clear();
@@ -1173,8 +1181,8 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
         return NULL;
     }
     if (a->donated != Py_False || (b != NULL && b->donated != Py_False)) return NULL;
-    PyObject *tape;
-    int tr = top_tape(&tape);
+    PyObject *tape = NULL;
+    int tr = notape ? 0 : top_tape(&tape);
     if (tr != 0) {
         if (tr < 0) PyErr_Clear();
         return NULL;
@@ -1412,18 +1420,32 @@ static int bind(const prim *p, PyObject *const *args, size_t nargsf, PyObject *k
     return 0;
 }
 
-static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                                 PyObject *kwnames) {
-    prim *p = (prim *)self;
+static PyObject *prim_call(prim *p, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                           int notape) {
     PyObject *bound[2 + MAXSTATIC];
     if (p->nstatic == 0 ? (PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin &&
                            none_keywords(p, args, nargsf, kwnames))
                         : bind(p, args, nargsf, kwnames, bound) == 0) {
-        PyObject *r = fast_call(p, p->nstatic == 0 ? args : bound);
+        PyObject *r = fast_call(p, p->nstatic == 0 ? args : bound, notape);
         if (r != NULL || PyErr_Occurred()) return r;
     }
     p->falls++;
     return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    return prim_call((prim *)self, args, nargsf, kwnames, 0);
+}
+
+/* f(*args) where the caller has read this thread's tape stack and found no tape recording
+ * (top_tape: 0 and NULL) since when only calls that returned have run (Python code that
+ * pushes a tape pops it before it returns: _no_tape, value_and_grad, pmap's reduction): a
+ * primitive then skips reading the stack again. The backward pass's C rules call through
+ * this. */
+static PyObject *call_notape(PyObject *f, PyObject *const *args, size_t nargs) {
+    if (Py_IS_TYPE(f, prim_type)) return prim_call((prim *)f, args, nargs, NULL, 1);
+    return PyObject_Vectorcall(f, args, nargs, NULL);
 }
 
 static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -1708,7 +1730,7 @@ static PyObject *dict_pop(PyObject *cot, PyObject *key) {
 }
 
 /* cot[key] = value, or cot[key] + value (the add primitive) when cot has key already. */
-static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
+static int accumulate(PyObject *cot, PyObject *key, PyObject *value, int notape) {
     PyObject *prev = PyDict_GetItemWithError(cot, key);
     if (prev == NULL) return PyErr_Occurred() ? -1 : PyDict_SetItem(cot, key, value);
     if (slot_prims[0] == NULL) {
@@ -1717,7 +1739,8 @@ static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
     }
     PyObject *args[2] = {prev, value};
     Py_INCREF(prev); /* (the addition may run Python code that changes cot) */
-    PyObject *sum = PyObject_Vectorcall(slot_prims[0], args, 2, NULL);
+    PyObject *sum = notape ? call_notape(slot_prims[0], args, 2)
+                           : PyObject_Vectorcall(slot_prims[0], args, 2, NULL);
     Py_DECREF(prev);
     if (sum == NULL) return -1;
     int rc = PyDict_SetItem(cot, key, sum);
@@ -1727,7 +1750,8 @@ static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
 
 /* One (out, inputs, vjp) node: its output's cotangent through vjp into those of its tracked
  * Array inputs. */
-static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTypeObject *at) {
+static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTypeObject *at,
+                         int notape) {
     if (!PyTuple_CheckExact(node) || PyTuple_GET_SIZE(node) != 3 ||
         !PyTuple_Check(PyTuple_GET_ITEM(node, 1))) {
         PyErr_SetString(PyExc_TypeError, "tape_backward: a node is not (out, inputs, vjp)");
@@ -1738,7 +1762,21 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
     PyObject *g = dict_pop(cot, key);
     Py_DECREF(key);
     if (g == NULL) return PyErr_Occurred() ? -1 : 0;
-    PyObject *gs = PyObject_CallOneArg(PyTuple_GET_ITEM(node, 2), g);
+    PyObject *vjp = PyTuple_GET_ITEM(node, 2), *gs;
+    node_vjp *nv = (node_vjp *)vjp;
+    if (notape && Py_IS_TYPE(vjp, node_vjp_type) && nv->rule != NULL && nv->args != NULL &&
+        nv->out != NULL && Py_IS_TYPE(nv->rule, vjp_program_type) &&
+        PyTuple_GET_SIZE(nv->args) <= 2 + MAXSTATIC) {
+        /* node_vjp_call's call of a derivative program, the tape stack known empty */
+        PyObject *call[2 + 2 + MAXSTATIC];
+        const Py_ssize_t na = PyTuple_GET_SIZE(nv->args);
+        call[0] = g;
+        call[1] = nv->out;
+        for (Py_ssize_t i = 0; i < na; i++) call[2 + i] = PyTuple_GET_ITEM(nv->args, i);
+        gs = vp_invoke((vjp_program *)nv->rule, call, (size_t)(2 + na), 1);
+    } else {
+        gs = PyObject_CallOneArg(vjp, g);
+    }
     Py_DECREF(g);
     if (gs == NULL) return -1;
     PyObject *seq = PySequence_Fast(gs, "tape_backward: a vjp returns a sequence of cotangents");
@@ -1758,7 +1796,7 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
         }
         int in = PySet_Contains(tracked, kx);
         if (in < 0) rc = -1;
-        else if (in) rc = accumulate(cot, kx, gx);
+        else if (in) rc = accumulate(cot, kx, gx, notape);
         Py_DECREF(kx);
     }
     Py_DECREF(seq);
@@ -1839,6 +1877,13 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
                             "tape_backward(nodes: list, tracked: set, cot: dict, group_type)");
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
+    /* no tape recording on this thread now: none while the loop runs either (the vjps' Python
+     * code pops what it pushes before it returns), so the C rules skip reading the stack */
+    PyObject *tape;
+    const int tr = top_tape(&tape);
+    if (tr < 0) return NULL;
+    const int notape = tr == 0 && tape == NULL;
+    Py_XDECREF(tape);
     for (Py_ssize_t i = PyList_GET_SIZE(nodes) - 1; i >= 0; i--) {
         if (i >= PyList_GET_SIZE(nodes)) { /* (a vjp shortened the list) */
             i = PyList_GET_SIZE(nodes);
@@ -1846,7 +1891,7 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
         }
         PyObject *node = Py_NewRef(PyList_GET_ITEM(nodes, i));
         int rc = Py_IS_TYPE(node, (PyTypeObject *)group) ? backward_group(node, cot)
-                                                          : backward_node(node, tracked, cot, at);
+                                                          : backward_node(node, tracked, cot, at, notape);
         Py_DECREF(node);
         if (rc < 0) return NULL;
     }

@@ -992,3 +992,11 @@ def test_no_python_rule_runs_in_a_small_models_backward():
                         "rule", "_rule_sum", "zeros_like", "_put"}, sorted(names)
     v, g = vag(p)
     np.testing.assert_array_equal(np.asarray(g["unused"]), np.zeros((16, 4), np.float32))
+
+
+def test_vjp_register_checks_its_arguments():
+    with pytest.raises(TypeError, match="3 arguments"):
+        _C.vjp_register(_ops.sum, _ops.reshape)
+    with pytest.raises(TypeError, match="not callable"):
+        _C.vjp_register(_ops.sum, 3, _ops._broadcast_like)
+    _C.vjp_register(_ops.sum, _ops.reshape, _ops._broadcast_like)   # (what ops.py registers)

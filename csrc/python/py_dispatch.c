@@ -774,13 +774,40 @@ typedef struct {
 
 static PyTypeObject *vjp_program_type;
 
+/* want: bit j set for each output j the caller uses (~0u: all); the others are None, and the
+ * steps only they need do not run. */
 static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *const *ops, int nops,
-                        int unbroadcast, PyObject *ub) {
+                        int unbroadcast, PyObject *ub, unsigned want) {
     PyObject *steps = PyTuple_GET_ITEM(prog, 0), *outs = PyTuple_GET_ITEM(prog, 1);
     PyObject *made[VP_MAXREG];
     int nmade = 0, n = nreg;
     PyObject *res = NULL;
+    unsigned run = ~0u; /* the steps to run: bit k */
+    if (want != ~0u) {  /* the registers the wanted outputs read, back through the steps */
+        unsigned need = 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs) && j < 32; j++) {
+            PyObject *o = PyTuple_GET_ITEM(outs, j);
+            const long r = (want >> j & 1u) && o != Py_None ? PyLong_AsLong(o) : -1;
+            if (r >= 0 && r < VP_MAXREG) need |= 1u << r;
+        }
+        run = 0;
+        for (Py_ssize_t k = PyTuple_GET_SIZE(steps) - 1; k >= 0; k--) {
+            if (!(need >> (nreg + k) & 1u)) continue;
+            run |= 1u << k;
+            PyObject *st = PyTuple_GET_ITEM(steps, k);
+            for (Py_ssize_t j = 1; j < PyTuple_GET_SIZE(st); j++) {
+                PyObject *a = PyTuple_GET_ITEM(st, j);
+                const long r = PyLong_CheckExact(a) ? PyLong_AsLong(a) : -1;
+                if (r >= 0 && r < VP_MAXREG) need |= 1u << r;
+            }
+        }
+        PyErr_Clear(); /* (registers are small ints: vp_check_program) */
+    }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(steps); k++) {
+        if (!(run >> k & 1u)) { /* no wanted output reads it */
+            regs[n++] = Py_None;
+            continue;
+        }
         PyObject *st = PyTuple_GET_ITEM(steps, k);
         PyObject *call[4];
         const Py_ssize_t na = PyTuple_GET_SIZE(st) - 1;
@@ -805,7 +832,7 @@ static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *con
     if (res == NULL) goto done;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
         PyObject *o = PyTuple_GET_ITEM(outs, j), *v = Py_None;
-        if (o != Py_None) {
+        if (o != Py_None && (j >= 32 || (want >> j & 1u))) {
             long r = PyLong_AsLong(o);
             if (r < 0 || r >= n) {
                 PyErr_SetString(PyExc_ValueError, "VjpProgram: an output register out of range");
@@ -907,7 +934,8 @@ static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf, i
 
 /* The call of a derivative program; `notape`: the caller knows no tape records on this
  * thread (call_notape's condition). */
-static PyObject *vp_invoke(vjp_program *vp, PyObject *const *args, size_t nargsf, int notape) {
+static PyObject *vp_invoke(vjp_program *vp, PyObject *const *args, size_t nargsf, int notape,
+                           unsigned want) {
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (n < 3) return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
     if (vp->flags & VP_FLAG_SUM) return vp_sum(vp, args, nargsf, notape);
@@ -949,13 +977,13 @@ static PyObject *vp_invoke(vjp_program *vp, PyObject *const *args, size_t nargsf
     int narr = 0;
     for (int j = 0; j < nops; j++)
         if (Py_IS_TYPE(args[2 + j], at)) arrs[narr++] = args[2 + j];
-    return vp_run(prog, regs, 4, arrs, narr, c == 0 && nops == 2, vp->unbroadcast);
+    return vp_run(prog, regs, 4, arrs, narr, c == 0 && nops == 2, vp->unbroadcast, want);
 }
 
 static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (kwnames != NULL)
         return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
-    return vp_invoke((vjp_program *)self, args, nargsf, 0);
+    return vp_invoke((vjp_program *)self, args, nargsf, 0, ~0u);
 }
 
 static int vp_check_program(PyObject *prog) {
@@ -1773,7 +1801,26 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
         call[0] = g;
         call[1] = nv->out;
         for (Py_ssize_t i = 0; i < na; i++) call[2 + i] = PyTuple_GET_ITEM(nv->args, i);
-        gs = vp_invoke((vjp_program *)nv->rule, call, (size_t)(2 + na), 1);
+        /* only the cotangents of tracked inputs are computed (an input's is its program
+         * output of the same position: a matmul by a batch of data, `y - target`) */
+        PyObject *ins = PyTuple_GET_ITEM(node, 1);
+        unsigned want = 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ins); j++) {
+            PyObject *x = PyTuple_GET_ITEM(ins, j);
+            if (j >= 32) {
+                want = ~0u;
+                break;
+            }
+            if (!Py_IS_TYPE(x, at)) continue;
+            const int in = is_tracked(tracked, x);
+            if (in < 0) {
+                Py_DECREF(g);
+                return -1;
+            }
+            if (in) want |= 1u << j;
+        }
+        if (PyTuple_GET_SIZE(ins) < 32 && want == (1u << PyTuple_GET_SIZE(ins)) - 1u) want = ~0u;
+        gs = vp_invoke((vjp_program *)nv->rule, call, (size_t)(2 + na), 1, want);
     } else {
         gs = PyObject_CallOneArg(vjp, g);
     }

@@ -1000,3 +1000,23 @@ def test_vjp_register_checks_its_arguments():
     with pytest.raises(TypeError, match="not callable"):
         _C.vjp_register(_ops.sum, 3, _ops._broadcast_like)
     _C.vjp_register(_ops.sum, _ops.reshape, _ops._broadcast_like)   # (what ops.py registers)
+
+
+def test_the_backward_pass_skips_the_cotangents_of_untracked_inputs():
+    rng = np.random.default_rng(8)
+    dev = lambda *s: cts.device_put(rng.standard_normal(s).astype(np.float32))
+    x, t, w = dev(8, 4), dev(8, 3), dev(4, 3)
+    g_of_x = _ops._MM_T[(False, True)]      # g @ w^T: the data's cotangent
+    calls = lambda p: (lambda i: i["hits"] + i["misses"] + i["fallbacks"])(p.cache_info())
+    f = cts.value_and_grad(lambda w: cnp.sum(cnp.square(x @ w - t)))
+    f(w)
+    before, negs = calls(g_of_x), calls(_ops.negative)
+    v, g = f(w)
+    assert calls(g_of_x) == before and calls(_ops.negative) == negs   # none for x, t
+    want = 2 * np.asarray(x).T @ (np.asarray(x) @ np.asarray(w) - np.asarray(t))
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-5, atol=1e-5)
+    # both operands differentiated: both products run
+    v2, (gx, gw) = cts.value_and_grad(lambda x, w: cnp.sum(cnp.square(x @ w - t)),
+                                      argnums=(0, 1))(x, w)
+    assert calls(g_of_x) == before + 1
+    np.testing.assert_array_equal(np.asarray(gw), np.asarray(g))

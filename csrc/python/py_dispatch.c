@@ -1098,15 +1098,50 @@ static PyType_Spec vp_spec = {
     .slots = vp_slots,
 };
 
-/* Whether the C path may record on `tape`: a plain _Tape of no enclosing differentiated call
- * (an op of a nested value_and_grad is checked by the Python op). 1 yes, 0 no, -1 error. */
-static int tape_recordable(PyObject *tape) {
+/* A plain _Tape's containers, read from its instance dict (all held: tape_view_clear), where the C path may record on it: a tape of no enclosing differentiated call (an
+ * op of a nested value_and_grad is checked by the Python op), its `tracked` a set and `keep`
+ * and `nodes` lists. 1 yes, 0 no, -1 error. (The dict is made once per tape; a dict lookup is
+ * about half an attribute lookup, and an op on a tape reads four.) */
+typedef struct {
+    PyObject *dict, *tracked, *keep, *nodes;
+} tape_view;
+
+static int tape_view_get(PyObject *tape, tape_view *tv) {
+    tv->dict = tv->tracked = tv->keep = tv->nodes = NULL;
     if ((PyObject *)Py_TYPE(tape) != tape_type) return 0;
-    PyObject *outer = PyObject_GetAttr(tape, outer_name);
-    if (outer == NULL) return -1;
-    int ok = PyTuple_CheckExact(outer) && PyTuple_GET_SIZE(outer) == 0;
-    Py_DECREF(outer);
-    return ok;
+    PyObject *d = PyObject_GenericGetDict(tape, NULL);
+    if (d == NULL) return -1;
+    if (!PyDict_CheckExact(d)) {
+        Py_DECREF(d);
+        return 0;
+    }
+    /* `outer`: the instance's, else the class's (a plain attribute of _Tape, ()) */
+    PyObject *outer = PyDict_GetItemWithError(d, outer_name);
+    if (outer == NULL && !PyErr_Occurred())
+        outer = PyDict_GetItemWithError(((PyTypeObject *)tape_type)->tp_dict, outer_name);
+    tv->tracked = PyDict_GetItemWithError(d, tracked_name);
+    tv->keep = tv->tracked != NULL ? PyDict_GetItemWithError(d, keep_name) : NULL;
+    tv->nodes = tv->keep != NULL ? PyDict_GetItemWithError(d, nodes_name) : NULL;
+    const int err = PyErr_Occurred() != NULL;
+    if (err || outer == NULL || !PyTuple_CheckExact(outer) || PyTuple_GET_SIZE(outer) != 0 ||
+        tv->nodes == NULL || !PySet_Check(tv->tracked) || !PyList_Check(tv->keep) ||
+        !PyList_Check(tv->nodes)) {
+        Py_DECREF(d);
+        tv->tracked = tv->keep = tv->nodes = NULL; /* (borrowed: not held) */
+        return err ? -1 : 0;
+    }
+    tv->dict = d;
+    Py_INCREF(tv->tracked); /* (a planner's Python code runs before record reads them) */
+    Py_INCREF(tv->keep);
+    Py_INCREF(tv->nodes);
+    return 1;
+}
+
+static void tape_view_clear(tape_view *tv) {
+    Py_CLEAR(tv->dict);
+    Py_CLEAR(tv->tracked);
+    Py_CLEAR(tv->keep);
+    Py_CLEAR(tv->nodes);
 }
 
 /* 1 if id(x) is in the tape's tracked set, 0 if not, -1 on error. */
@@ -1118,20 +1153,12 @@ static int is_tracked(PyObject *tracked, PyObject *x) {
     return r;
 }
 
-/* As _ops._record: the node (out, inputs, vjp) on the tape and out tracked. */
-static int record(prim *p, PyObject *rule, PyObject *tape, PyObject *out, PyObject *const *args,
+/* As _ops._record: the node (out, inputs, vjp) on the tape (tv) and out tracked. */
+static int record(prim *p, PyObject *rule, const tape_view *tv, PyObject *out, PyObject *const *args,
                   PyObject *a, PyObject *b) {
-    PyObject *tracked = PyObject_GetAttr(tape, tracked_name);
-    PyObject *keep = PyObject_GetAttr(tape, keep_name);
-    PyObject *nodes = PyObject_GetAttr(tape, nodes_name);
     PyObject *id = NULL, *inputs = NULL, *node = NULL;
     node_vjp *v = NULL;
     int rc = -1;
-    if (tracked == NULL || keep == NULL || nodes == NULL) goto out;
-    if (!PySet_Check(tracked) || !PyList_Check(keep) || !PyList_Check(nodes)) {
-        PyErr_SetString(PyExc_TypeError, "dispatch: a tape's tracked/keep/nodes changed type");
-        goto out;
-    }
     id = PyLong_FromVoidPtr(out);
     inputs = b != NULL ? PyTuple_Pack(2, a, b) : PyTuple_Pack(1, a);
     v = PyObject_GC_New(node_vjp, node_vjp_type); /* (it takes a reference to the type) */
@@ -1145,14 +1172,11 @@ static int record(prim *p, PyObject *rule, PyObject *tape, PyObject *out, PyObje
     for (int i = 0; i < p->nin + p->nstatic; i++) PyTuple_SET_ITEM(v->args, i, Py_NewRef(args[i]));
     PyObject_GC_Track(v);
     node = PyTuple_Pack(3, out, inputs, (PyObject *)v);
-    if (node == NULL || PySet_Add(tracked, id) < 0 || PyList_Append(keep, out) < 0 ||
-        PyList_Append(nodes, node) < 0)
+    if (node == NULL || PySet_Add(tv->tracked, id) < 0 || PyList_Append(tv->keep, out) < 0 ||
+        PyList_Append(tv->nodes, node) < 0)
         goto out;
     rc = 0;
 out:
-    Py_XDECREF(tracked);
-    Py_XDECREF(keep);
-    Py_XDECREF(nodes);
     Py_XDECREF(id);
     Py_XDECREF(inputs);
     Py_XDECREF((PyObject *)v);
@@ -1218,30 +1242,29 @@ static PyObject *fast_call(prim *p, PyObject *const *args, int notape) {
     /* with a tape recording: the C path records the node itself when the primitive has a
      * tape rule and the tape is a plain one; otherwise the Python op runs */
     int track = 0;
+    tape_view tv = {NULL, NULL, NULL, NULL};
     if (tape != NULL) {
-        int ok = p->vjp != NULL ? tape_recordable(tape) : 0;
-        PyObject *tracked = ok > 0 ? PyObject_GetAttr(tape, tracked_name) : NULL;
-        if (tracked != NULL && PySet_Check(tracked)) {
-            track = is_tracked(tracked, (PyObject *)a);
-            if (track == 0 && b != NULL) track = is_tracked(tracked, (PyObject *)b);
+        int ok = p->vjp != NULL ? tape_view_get(tape, &tv) : 0;
+        Py_DECREF(tape); /* (tv holds what record needs) */
+        if (ok > 0) {
+            track = is_tracked(tv.tracked, (PyObject *)a);
+            if (track == 0 && b != NULL) track = is_tracked(tv.tracked, (PyObject *)b);
         } else {
             track = -1;
         }
-        Py_XDECREF(tracked);
+        if (track <= 0) tape_view_clear(&tv); /* none tracked: nothing to record, as without a tape */
         if (track < 0) {
             PyErr_Clear();
-            Py_DECREF(tape);
             return NULL;
         }
-        if (!track) Py_CLEAR(tape); /* nothing to record: as without a tape */
     }
     if (track && p->vjp16 != NULL) track = 2; /* (a 16-bit call may record too) */
     PyObject *res = fast_run(p, a, b, scalar, side, args, track);
-    if (res != NULL && tape != NULL &&
-        record(p, p->vjp16 != NULL && array_is16(res) ? p->vjp16 : p->vjp, tape, res, args, (PyObject *)a,
+    if (res != NULL && tv.dict != NULL &&
+        record(p, p->vjp16 != NULL && array_is16(res) ? p->vjp16 : p->vjp, &tv, res, args, (PyObject *)a,
                (PyObject *)b) < 0)
         Py_CLEAR(res);
-    Py_XDECREF(tape);
+    tape_view_clear(&tv);
     return res;
 }
 

@@ -1813,52 +1813,60 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
     PyObject *g = dict_pop(cot, key);
     Py_DECREF(key);
     if (g == NULL) return PyErr_Occurred() ? -1 : 0;
-    PyObject *vjp = PyTuple_GET_ITEM(node, 2), *gs;
+    PyObject *inputs = PyTuple_GET_ITEM(node, 1);
+    const Py_ssize_t nin = PyTuple_GET_SIZE(inputs);
+    PyObject *vjp = PyTuple_GET_ITEM(node, 2), *gs = NULL, *seq = NULL;
+    PyObject *keys[4] = {NULL, NULL, NULL, NULL}; /* the tracked Array inputs' ids (known) */
+    int known = 0, rc = -1;
     node_vjp *nv = (node_vjp *)vjp;
-    if (notape && Py_IS_TYPE(vjp, node_vjp_type) && nv->rule != NULL && nv->args != NULL &&
-        nv->out != NULL && Py_IS_TYPE(nv->rule, vjp_program_type) &&
+    if (notape && nin <= 4 && Py_IS_TYPE(vjp, node_vjp_type) && nv->rule != NULL &&
+        nv->args != NULL && nv->out != NULL && Py_IS_TYPE(nv->rule, vjp_program_type) &&
         PyTuple_GET_SIZE(nv->args) <= 2 + MAXSTATIC) {
-        /* node_vjp_call's call of a derivative program, the tape stack known empty */
+        /* node_vjp_call's call of a derivative program, the tape stack known empty; it
+         * computes only the cotangents of tracked inputs (an input's is its program output of
+         * the same position: a matmul by a batch of data, `y - target`) */
+        known = 1;
+        unsigned want = 0;
+        for (Py_ssize_t j = 0; j < nin; j++) {
+            PyObject *x = PyTuple_GET_ITEM(inputs, j);
+            if (!Py_IS_TYPE(x, at)) continue;
+            PyObject *k = PyLong_FromVoidPtr(x);
+            const int in = k != NULL ? PySet_Contains(tracked, k) : -1;
+            if (in < 0) {
+                Py_XDECREF(k);
+                goto done;
+            }
+            if (in) {
+                keys[j] = k;
+                want |= 1u << j;
+            } else {
+                Py_DECREF(k);
+            }
+        }
+        if (want == (1u << nin) - 1u) want = ~0u;
         PyObject *call[2 + 2 + MAXSTATIC];
         const Py_ssize_t na = PyTuple_GET_SIZE(nv->args);
         call[0] = g;
         call[1] = nv->out;
         for (Py_ssize_t i = 0; i < na; i++) call[2 + i] = PyTuple_GET_ITEM(nv->args, i);
-        /* only the cotangents of tracked inputs are computed (an input's is its program
-         * output of the same position: a matmul by a batch of data, `y - target`) */
-        PyObject *ins = PyTuple_GET_ITEM(node, 1);
-        unsigned want = 0;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ins); j++) {
-            PyObject *x = PyTuple_GET_ITEM(ins, j);
-            if (j >= 32) {
-                want = ~0u;
-                break;
-            }
-            if (!Py_IS_TYPE(x, at)) continue;
-            const int in = is_tracked(tracked, x);
-            if (in < 0) {
-                Py_DECREF(g);
-                return -1;
-            }
-            if (in) want |= 1u << j;
-        }
-        if (PyTuple_GET_SIZE(ins) < 32 && want == (1u << PyTuple_GET_SIZE(ins)) - 1u) want = ~0u;
         gs = vp_invoke((vjp_program *)nv->rule, call, (size_t)(2 + na), 1, want);
     } else {
         gs = PyObject_CallOneArg(vjp, g);
     }
-    Py_DECREF(g);
-    if (gs == NULL) return -1;
-    PyObject *seq = PySequence_Fast(gs, "tape_backward: a vjp returns a sequence of cotangents");
-    Py_DECREF(gs);
-    if (seq == NULL) return -1;
-    PyObject *inputs = PyTuple_GET_ITEM(node, 1);
-    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    Py_CLEAR(g); /* (no longer needed: its buffers go as soon as nothing else holds them) */
+    if (gs == NULL) goto done;
+    seq = PySequence_Fast(gs, "tape_backward: a vjp returns a sequence of cotangents");
+    if (seq == NULL) goto done;
+    Py_ssize_t n = nin;
     if (PySequence_Fast_GET_SIZE(seq) < n) n = PySequence_Fast_GET_SIZE(seq);
-    int rc = 0;
+    rc = 0;
     for (Py_ssize_t j = 0; j < n && rc == 0; j++) {
         PyObject *x = PyTuple_GET_ITEM(inputs, j), *gx = PySequence_Fast_GET_ITEM(seq, j);
         if (gx == Py_None || !Py_IS_TYPE(x, at)) continue;
+        if (known) {
+            if (keys[j] != NULL) rc = accumulate(cot, keys[j], gx, notape);
+            continue;
+        }
         PyObject *kx = PyLong_FromVoidPtr(x);
         if (kx == NULL) {
             rc = -1;
@@ -1869,7 +1877,11 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
         else if (in) rc = accumulate(cot, kx, gx, notape);
         Py_DECREF(kx);
     }
-    Py_DECREF(seq);
+done:
+    Py_XDECREF(g);
+    Py_XDECREF(gs);
+    Py_XDECREF(seq);
+    for (int j = 0; j < 4; j++) Py_XDECREF(keys[j]);
     return rc;
 }
 

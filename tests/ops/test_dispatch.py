@@ -1020,3 +1020,30 @@ def test_the_backward_pass_skips_the_cotangents_of_untracked_inputs():
                                       argnums=(0, 1))(x, w)
     assert calls(g_of_x) == before + 1
     np.testing.assert_array_equal(np.asarray(gw), np.asarray(g))
+
+
+def test_max_min_kernels_keep_their_formula_in_every_broadcast_form():
+    # (x > y || x != x) ? x : y and (x < y || x != x) ? x : y, bit for bit: NaN payloads,
+    # signed zeros, each operand dense or broadcast along rows, both broadcast (one value per row)
+    vals = np.array([np.nan, -np.nan, 0.0, -0.0, 1.0, -1.0, np.inf, -np.inf], np.float32)
+    vals = np.concatenate([vals, np.frombuffer(np.uint32([0x7fc00001, 0xffc12345]).tobytes(),
+                                               np.float32)])
+    x = np.repeat(vals[:, None], len(vals), 1)        # (10, 10): x[i, j] = vals[i]
+    y = x.T.copy()                                     # y[i, j] = vals[j]
+
+    def want(op, a, b):
+        a, b = np.broadcast_arrays(a, b)
+        pick = ((a > b) if op == "maximum" else (a < b)) | np.isnan(a)
+        return np.where(pick, a, b)
+    for op in ("maximum", "minimum"):
+        for a, b in ((x, y), (x, y[:1]), (x[:, :1], y), (x[:, :1], y[:, :1] * 0 + vals[3]),
+                     (x[:, :1], np.full((10, 1), np.nan, np.float32))):
+            got = getattr(_ops, op)(cts.device_put(a), cts.device_put(b))
+            if got.shape != np.broadcast_shapes(a.shape, b.shape):
+                got = _ops.broadcast_to(got, np.broadcast_shapes(a.shape, b.shape))
+            assert np.asarray(got).tobytes() == want(op, a, b).astype(np.float32).tobytes(), op
+    # the broadcasting copy (max(v, v)) of a sum's cotangent: the value in every element
+    s = cts.device_put(vals[:1].reshape(1, 1))
+    like = cts.device_put(np.zeros((64, 16), np.float32))
+    out = np.asarray(_ops._broadcast_like(s, like))
+    assert out.tobytes() == np.full((64, 16), vals[0], np.float32).tobytes()

@@ -137,6 +137,27 @@ static void entry_clear(plan_entry *e) {
     e->nblk = e->ngroups = 0;
 }
 
+/* This thread's instance dict of tape_tls (a threading.local has one per thread: what
+ * `_tls.tapes = ...` writes), cached for the last thread that asked, by its thread state's
+ * dict (held, so that no later thread's can have its address): a dict lookup instead of the
+ * thread-local's attribute lookup at every primitive call. NULL, no exception, if unknown. */
+static PyObject *tls_key, *tls_ldict;
+
+static PyObject *tape_tls_dict(void) {
+    PyObject *ts = PyThreadState_GetDict(); /* (borrowed) */
+    if (ts == NULL) return NULL;
+    if (ts == tls_key && tls_ldict != NULL) return tls_ldict;
+    PyObject *d = PyObject_GetAttrString(tape_tls, "__dict__");
+    if (d == NULL || !PyDict_CheckExact(d)) {
+        Py_XDECREF(d);
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_XSETREF(tls_key, Py_NewRef(ts));
+    Py_XSETREF(tls_ldict, d);
+    return tls_ldict;
+}
+
 /* The tape recording on this thread: ctrainstate._ops._tape(), the last entry of
  * `_tls.tapes` when that is a non-empty list. Returns 0 with *tape NULL (none) or a new
  * reference; 1 when the stack is something else (the Python op reads it); -1 on error. */
@@ -145,8 +166,15 @@ static int top_tape(PyObject **tape) {
     if (tape_tls == NULL) return 1; /* not registered: never take the C path */
     /* (the thread-local's class has `tapes = None`: a thread that never opened a tape
      * reads that, and no AttributeError is made) */
-    PyObject *stack = PyObject_GetAttr(tape_tls, tapes_name);
-    if (stack == NULL) return -1;
+    PyObject *d = tape_tls_dict();
+    PyObject *stack = d != NULL ? PyDict_GetItemWithError(d, tapes_name) : NULL;
+    if (stack != NULL) {
+        Py_INCREF(stack);
+    } else { /* (unset on this thread: the class's None) */
+        if (PyErr_Occurred()) return -1;
+        stack = PyObject_GetAttr(tape_tls, tapes_name);
+        if (stack == NULL) return -1;
+    }
     int rc = 0;
     if (stack == Py_None) {
     } else if (PyList_CheckExact(stack)) {
@@ -1762,6 +1790,8 @@ static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
+    Py_CLEAR(tls_key); /* (tape_tls_dict's cache was another object's) */
+    Py_CLEAR(tls_ldict);
     Py_XSETREF(tape_type, Py_NewRef(args[1]));
     Py_XSETREF(prec_tls, Py_NewRef(args[2]));
     Py_XSETREF(named_sharding_type, Py_NewRef(args[3]));

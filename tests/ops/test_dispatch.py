@@ -1047,3 +1047,55 @@ def test_max_min_kernels_keep_their_formula_in_every_broadcast_form():
     like = cts.device_put(np.zeros((64, 16), np.float32))
     out = np.asarray(_ops._broadcast_like(s, like))
     assert out.tobytes() == np.full((64, 16), vals[0], np.float32).tobytes()
+
+
+def test_each_thread_reads_its_own_tape_stack_as_threads_come_and_go():
+    """The C path's read of this thread's tape stack (cached per thread state) follows the
+    calling thread: threads that record interleaved with ones that do not, threads that end
+    and new ones (which may reuse a thread state's memory), pmap's reassigned stack."""
+    x = cts.device_put(np.float32([1.0, 2.0, 3.0]))
+    f = cts.value_and_grad(lambda x: cnp.sum(cnp.sin(x) * x))
+    want = np.asarray(f(x)[1])
+    errors = []
+
+    def vag(n):
+        try:
+            for _ in range(n):
+                g = np.asarray(f(x)[1])
+                if g.tobytes() != want.tobytes():
+                    errors.append(g)
+        except Exception as e:   # noqa: BLE001
+            errors.append(e)
+    for _ in range(20):          # one after another: thread states come and go
+        t = threading.Thread(target=vag, args=(3,))
+        t.start()
+        t.join(10)
+        vag(1)
+        assert cnp.sin(x) is not None and _ops._tape() is None
+    # interleaved: a thread in the middle of a recording while others compute and record
+    entered, release = threading.Event(), threading.Event()
+
+    def held(x):
+        entered.set()
+        release.wait(10)
+        return cnp.sum(cnp.sin(x) * x)
+    out = []
+    t = threading.Thread(target=lambda: out.append(np.asarray(cts.value_and_grad(held)(x)[1])))
+    t.start()
+    assert entered.wait(10)
+    try:
+        others = [threading.Thread(target=vag, args=(5,)) for _ in range(3)]
+        for o in others:
+            o.start()
+        vag(5)
+        _ops.exp(x)
+        before = _ops.exp.cache_info()["hits"]
+        _ops.exp(x)                               # not recorded: runs from its plan
+        assert _ops.exp.cache_info()["hits"] == before + 1
+        for o in others:
+            o.join(10)
+    finally:
+        release.set()
+        t.join(10)
+    assert not errors, errors[:3]
+    assert out and out[0].tobytes() == want.tobytes()

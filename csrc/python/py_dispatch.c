@@ -137,6 +137,27 @@ static void entry_clear(plan_entry *e) {
     e->nblk = e->ngroups = 0;
 }
 
+/* This thread's instance dict of tape_tls (a threading.local has one per thread: what
+ * `_tls.tapes = ...` writes), cached for the last thread that asked, by its thread state's
+ * dict (held, so that no later thread's can have its address): a dict lookup instead of the
+ * thread-local's attribute lookup at every primitive call. NULL, no exception, if unknown. */
+static PyObject *tls_key, *tls_ldict;
+
+static PyObject *tape_tls_dict(void) {
+    PyObject *ts = PyThreadState_GetDict(); /* (borrowed) */
+    if (ts == NULL) return NULL;
+    if (ts == tls_key && tls_ldict != NULL) return tls_ldict;
+    PyObject *d = PyObject_GetAttrString(tape_tls, "__dict__");
+    if (d == NULL || !PyDict_CheckExact(d)) {
+        Py_XDECREF(d);
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_XSETREF(tls_key, Py_NewRef(ts));
+    Py_XSETREF(tls_ldict, d);
+    return tls_ldict;
+}
+
 /* The tape recording on this thread: ctrainstate._ops._tape(), the last entry of
  * `_tls.tapes` when that is a non-empty list. Returns 0 with *tape NULL (none) or a new
  * reference; 1 when the stack is something else (the Python op reads it); -1 on error. */
@@ -145,8 +166,15 @@ static int top_tape(PyObject **tape) {
     if (tape_tls == NULL) return 1; /* not registered: never take the C path */
     /* (the thread-local's class has `tapes = None`: a thread that never opened a tape
      * reads that, and no AttributeError is made) */
-    PyObject *stack = PyObject_GetAttr(tape_tls, tapes_name);
-    if (stack == NULL) return -1;
+    PyObject *d = tape_tls_dict();
+    PyObject *stack = d != NULL ? PyDict_GetItemWithError(d, tapes_name) : NULL;
+    if (stack != NULL) {
+        Py_INCREF(stack);
+    } else { /* (unset on this thread: the class's None) */
+        if (PyErr_Occurred()) return -1;
+        stack = PyObject_GetAttr(tape_tls, tapes_name);
+        if (stack == NULL) return -1;
+    }
     int rc = 0;
     if (stack == Py_None) {
     } else if (PyList_CheckExact(stack)) {
@@ -693,7 +721,77 @@ static PyType_Spec node_vjp_spec = {
  * (None: no cotangent). In case 0 a cotangent whose shape is not its operand's goes through
  * unbroadcast(cotangent, shape), as the Python rules do. The steps call the same primitives
  * in the same order as the Python rule, so both give the same bits. */
-enum { VP_MAXREG = 12, VP_FLAG_2D = 1 /* every Array operand has rank 2 */ };
+enum { VP_MAXREG = 12, VP_FLAG_2D = 1 /* every Array operand has rank 2 */,
+       VP_FLAG_SUM = 2 /* the rule of a sum (vp_sum): no programs */ };
+
+/* The primitives the backward pass's C rules call (vjp_register): sum, reshape and
+ * _broadcast_like of ctrainstate._src.ops.ops, or NULL before registration (the Python rules
+ * run). */
+static PyObject *bw_sum, *bw_reshape, *bw_bcast_like;
+static PyObject *call_notape(PyObject *f, PyObject *const *args, size_t nargs);
+
+/* _unbroadcast(g, shape) of ops.py (its caller knows g's shape is not `shape`): g summed over
+ * its leading dimensions and those where `shape` has 1 and g not, by the sum primitive, then
+ * reshaped to `shape` if the sum's shape is not it: the same primitive calls, so the same
+ * bits. `ub` (the Python function) takes shapes that are not tuples of ints. */
+static PyObject *unbroadcast_c(PyObject *g, PyObject *shape, PyObject *ub) {
+    PyObject *gshape = ((ct_py_array *)g)->shape;
+    const Py_ssize_t gn = PyTuple_CheckExact(gshape) ? PyTuple_GET_SIZE(gshape) : -1;
+    const Py_ssize_t n = PyTuple_CheckExact(shape) ? PyTuple_GET_SIZE(shape) : -1;
+    int ok = bw_sum != NULL && bw_reshape != NULL && gn >= 0 && n >= 0 && n <= gn;
+    Py_ssize_t nax = gn - n;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        PyObject *s = PyTuple_GET_ITEM(shape, i), *t = PyTuple_GET_ITEM(gshape, gn - n + i);
+        ok = PyLong_CheckExact(s) && PyLong_CheckExact(t);
+        if (ok) {
+            int o1, o2;
+            const long sv = PyLong_AsLongAndOverflow(s, &o1), tv = PyLong_AsLongAndOverflow(t, &o2);
+            ok = !o1 && !o2 && !(sv == -1 && PyErr_Occurred()) && !(tv == -1 && PyErr_Occurred());
+            nax += ok && sv == 1 && tv != 1;
+        }
+    }
+    if (!ok) {
+        PyErr_Clear();
+        PyObject *args[2] = {g, shape};
+        return PyObject_Vectorcall(ub, args, 2, NULL);
+    }
+    PyObject *axes = PyTuple_New(nax);
+    if (axes == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t d = 0; d < gn; d++) {
+        int take = d < gn - n;
+        if (!take) {
+            const long sv = PyLong_AsLong(PyTuple_GET_ITEM(shape, d - (gn - n)));
+            const long tv = PyLong_AsLong(PyTuple_GET_ITEM(gshape, d));
+            take = sv == 1 && tv != 1;
+        }
+        if (take) {
+            PyObject *v = PyLong_FromSsize_t(d);
+            if (v == NULL) {
+                Py_DECREF(axes);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(axes, k++, v);
+        }
+    }
+    PyObject *args[3] = {g, axes, Py_False};
+    PyObject *r = call_notape(bw_sum, args, 3);
+    Py_DECREF(axes);
+    if (r == NULL) return NULL;
+    PyTypeObject *at = ct_py_array_type();
+    PyObject *rs = at != NULL && Py_IS_TYPE(r, at) ? Py_NewRef(((ct_py_array *)r)->shape)
+                                                   : PyObject_GetAttrString(r, "shape");
+    const int eq = rs != NULL ? PyObject_RichCompareBool(rs, shape, Py_EQ) : -1;
+    Py_XDECREF(rs);
+    if (eq != 0) {
+        if (eq < 0) Py_CLEAR(r);
+        return r;
+    }
+    PyObject *rargs[2] = {r, shape};
+    PyObject *out = call_notape(bw_reshape, rargs, 2);
+    Py_DECREF(r);
+    return out;
+}
 
 typedef struct {
     PyObject_HEAD
@@ -704,13 +802,40 @@ typedef struct {
 
 static PyTypeObject *vjp_program_type;
 
+/* want: bit j set for each output j the caller uses (~0u: all); the others are None, and the
+ * steps only they need do not run. */
 static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *const *ops, int nops,
-                        int unbroadcast, PyObject *ub) {
+                        int unbroadcast, PyObject *ub, unsigned want) {
     PyObject *steps = PyTuple_GET_ITEM(prog, 0), *outs = PyTuple_GET_ITEM(prog, 1);
     PyObject *made[VP_MAXREG];
     int nmade = 0, n = nreg;
     PyObject *res = NULL;
+    unsigned run = ~0u; /* the steps to run: bit k */
+    if (want != ~0u) {  /* the registers the wanted outputs read, back through the steps */
+        unsigned need = 0;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs) && j < 32; j++) {
+            PyObject *o = PyTuple_GET_ITEM(outs, j);
+            const long r = (want >> j & 1u) && o != Py_None ? PyLong_AsLong(o) : -1;
+            if (r >= 0 && r < VP_MAXREG) need |= 1u << r;
+        }
+        run = 0;
+        for (Py_ssize_t k = PyTuple_GET_SIZE(steps) - 1; k >= 0; k--) {
+            if (!(need >> (nreg + k) & 1u)) continue;
+            run |= 1u << k;
+            PyObject *st = PyTuple_GET_ITEM(steps, k);
+            for (Py_ssize_t j = 1; j < PyTuple_GET_SIZE(st); j++) {
+                PyObject *a = PyTuple_GET_ITEM(st, j);
+                const long r = PyLong_CheckExact(a) ? PyLong_AsLong(a) : -1;
+                if (r >= 0 && r < VP_MAXREG) need |= 1u << r;
+            }
+        }
+        PyErr_Clear(); /* (registers are small ints: vp_check_program) */
+    }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(steps); k++) {
+        if (!(run >> k & 1u)) { /* no wanted output reads it */
+            regs[n++] = Py_None;
+            continue;
+        }
         PyObject *st = PyTuple_GET_ITEM(steps, k);
         PyObject *call[4];
         const Py_ssize_t na = PyTuple_GET_SIZE(st) - 1;
@@ -727,7 +852,7 @@ static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *con
                 call[j] = a;
             }
         }
-        PyObject *v = PyObject_Vectorcall(PyTuple_GET_ITEM(st, 0), call, (size_t)na, NULL);
+        PyObject *v = call_notape(PyTuple_GET_ITEM(st, 0), call, (size_t)na);
         if (v == NULL) goto done;
         regs[n++] = made[nmade++] = v;
     }
@@ -735,7 +860,7 @@ static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *con
     if (res == NULL) goto done;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
         PyObject *o = PyTuple_GET_ITEM(outs, j), *v = Py_None;
-        if (o != Py_None) {
+        if (o != Py_None && (j >= 32 || (want >> j & 1u))) {
             long r = PyLong_AsLong(o);
             if (r < 0 || r >= n) {
                 PyErr_SetString(PyExc_ValueError, "VjpProgram: an output register out of range");
@@ -750,11 +875,7 @@ static PyObject *vp_run(PyObject *prog, PyObject **regs, int nreg, PyObject *con
             if (at != NULL && Py_IS_TYPE(v, at) && Py_IS_TYPE(ops[j], at)) {
                 PyObject *want = ((ct_py_array *)ops[j])->shape;
                 int eq = PyObject_RichCompareBool(((ct_py_array *)v)->shape, want, Py_EQ);
-                if (eq == 0) {
-                    PyObject *args[2] = {v, want};
-                    PyObject *u = PyObject_Vectorcall(ub, args, 2, NULL);
-                    Py_SETREF(v, u);
-                }
+                if (eq == 0) Py_SETREF(v, unbroadcast_c(v, want, ub));
                 if (eq < 0 || v == NULL) {
                     Py_XDECREF(v);
                     Py_CLEAR(res);
@@ -769,11 +890,83 @@ done:
     return res;
 }
 
-static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    vjp_program *vp = (vjp_program *)self;
+/* VP_FLAG_SUM: _vjp_sum(g, out, x, axis=None, ...) of ops.py in C, for an Array x and an axis
+ * that is None, an int or a tuple or list of ints (in range, no repeats): g (when any axis is
+ * summed) reshaped to x's shape with 1 for each summed dimension (the reshape primitive), then
+ * broadcast like x (_broadcast_like: x's shape and sharding). The Python rule runs for
+ * anything else (it raises the errors), under a recording tape, or before vjp_register. */
+static PyObject *vp_sum(vjp_program *vp, PyObject *const *args, size_t nargsf, int notape) {
     const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || n < 3)
-        return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    PyObject *xs = Py_IS_TYPE(args[2], at) ? ((ct_py_array *)args[2])->shape : NULL;
+    const Py_ssize_t nd = xs != NULL && PyTuple_CheckExact(xs) ? PyTuple_GET_SIZE(xs) : -1;
+    int use_rule = bw_reshape == NULL || bw_bcast_like == NULL || nd < 0 || nd > 63;
+    uint64_t mask = 0;
+    PyObject *axis = n > 3 ? args[3] : Py_None;
+    if (!use_rule && axis == Py_None) {
+        mask = (((uint64_t)1) << nd) - 1;
+    } else if (!use_rule) {
+        const int one = PyLong_CheckExact(axis);
+        if (!one && !PyTuple_CheckExact(axis) && !PyList_CheckExact(axis)) use_rule = 1;
+        const Py_ssize_t na = use_rule ? 0 : one ? 1 : PySequence_Fast_GET_SIZE(axis);
+        for (Py_ssize_t k = 0; k < na && !use_rule; k++) {
+            PyObject *a = one ? axis : PySequence_Fast_GET_ITEM(axis, k);
+            int over = 0;
+            long v = PyLong_CheckExact(a) ? PyLong_AsLongAndOverflow(a, &over) : 0;
+            if (!PyLong_CheckExact(a) || over || (v == -1 && PyErr_Occurred()) || v < -nd || v >= nd) {
+                PyErr_Clear();
+                use_rule = 1;
+                break;
+            }
+            if (v < 0) v += nd;
+            if (mask & ((uint64_t)1 << v)) use_rule = 1; /* a repeated axis: the rule raises */
+            mask |= (uint64_t)1 << v;
+        }
+    }
+    if (!use_rule && !notape) { /* a tape recording on this thread: the rule decides */
+        PyObject *tape;
+        int tr = top_tape(&tape);
+        if (tr < 0) return NULL;
+        use_rule = tr != 0 || tape != NULL;
+        Py_XDECREF(tape);
+    }
+    if (use_rule) return PyObject_Vectorcall(vp->rule, args, nargsf, NULL);
+    if (mask == 0) return PyTuple_Pack(1, args[0]); /* (a scalar's sum, or over no axis) */
+    PyObject *keep = PyTuple_New(nd);
+    if (keep == NULL) return NULL;
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        PyObject *v = mask & ((uint64_t)1 << d) ? PyLong_FromLong(1) : Py_NewRef(PyTuple_GET_ITEM(xs, d));
+        if (v == NULL) {
+            Py_DECREF(keep);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(keep, d, v);
+    }
+    PyObject *rargs[2] = {args[0], keep};
+    PyObject *r = call_notape(bw_reshape, rargs, 2);
+    Py_DECREF(keep);
+    if (r == NULL) return NULL;
+    PyObject *bargs[2] = {r, args[2]};
+    PyObject *b = call_notape(bw_bcast_like, bargs, 2);
+    Py_DECREF(r);
+    if (b == NULL) return NULL;
+    PyObject *res = PyTuple_New(1);
+    if (res == NULL) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(res, 0, b);
+    return res;
+}
+
+/* The call of a derivative program; `notape`: the caller knows no tape records on this
+ * thread (call_notape's condition). */
+static PyObject *vp_invoke(vjp_program *vp, PyObject *const *args, size_t nargsf, int notape,
+                           unsigned want) {
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 3) return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    if (vp->flags & VP_FLAG_SUM) return vp_sum(vp, args, nargsf, notape);
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
     /* the case: which operands are Arrays (operands: args[2], and args[3] for two) */
@@ -797,7 +990,7 @@ static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, P
                         PyTuple_GET_SIZE(((ct_py_array *)x)->shape) != 2);
         }
     }
-    if (!use_rule) { /* a tape recording on this thread: the rule decides what it records */
+    if (!use_rule && !notape) { /* a tape recording on this thread: the rule decides */
         PyObject *tape;
         int tr = top_tape(&tape);
         if (tr < 0) return NULL;
@@ -812,7 +1005,13 @@ static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     int narr = 0;
     for (int j = 0; j < nops; j++)
         if (Py_IS_TYPE(args[2 + j], at)) arrs[narr++] = args[2 + j];
-    return vp_run(prog, regs, 4, arrs, narr, c == 0 && nops == 2, vp->unbroadcast);
+    return vp_run(prog, regs, 4, arrs, narr, c == 0 && nops == 2, vp->unbroadcast, want);
+}
+
+static PyObject *vp_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (kwnames != NULL)
+        return PyErr_Format(PyExc_TypeError, "a derivative program takes (g, out, *operands)");
+    return vp_invoke((vjp_program *)self, args, nargsf, 0, ~0u);
 }
 
 static int vp_check_program(PyObject *prog) {
@@ -858,7 +1057,10 @@ static PyObject *vp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return PyErr_Format(PyExc_TypeError, "VjpProgram: two cases (give 1 or 3)");
     if (!PyCallable_Check(rule) || !PyCallable_Check(ub))
         return PyErr_Format(PyExc_TypeError, "VjpProgram: rule and unbroadcast must be callable");
-    if (flags & ~VP_FLAG_2D) return PyErr_Format(PyExc_ValueError, "VjpProgram: unknown flags");
+    if (flags & ~(VP_FLAG_2D | VP_FLAG_SUM))
+        return PyErr_Format(PyExc_ValueError, "VjpProgram: unknown flags");
+    if ((flags & VP_FLAG_SUM) && (PyTuple_GET_SIZE(cases) != 1 || PyTuple_GET_ITEM(cases, 0) != Py_None))
+        return PyErr_Format(PyExc_ValueError, "VjpProgram: a sum's rule (flag 2) has cases (None,)");
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(cases); i++)
         if (vp_check_program(PyTuple_GET_ITEM(cases, i)) < 0) return NULL;
     vjp_program *vp = (vjp_program *)type->tp_alloc(type, 0);
@@ -897,7 +1099,8 @@ static void vp_dealloc(vjp_program *v) {
 static PyMemberDef vp_members[] = {
     {"cases", T_OBJECT, offsetof(vjp_program, cases), READONLY, "The programs, per operand case."},
     {"rule", T_OBJECT, offsetof(vjp_program, rule), READONLY, "The Python rule it stands for."},
-    {"flags", T_INT, offsetof(vjp_program, flags), READONLY, "1: every Array operand of rank 2."},
+    {"flags", T_INT, offsetof(vjp_program, flags), READONLY,
+     "1: every Array operand of rank 2; 2: a sum's rule, in C (no programs)."},
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(vjp_program, vectorcall), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
@@ -923,15 +1126,50 @@ static PyType_Spec vp_spec = {
     .slots = vp_slots,
 };
 
-/* Whether the C path may record on `tape`: a plain _Tape of no enclosing differentiated call
- * (an op of a nested value_and_grad is checked by the Python op). 1 yes, 0 no, -1 error. */
-static int tape_recordable(PyObject *tape) {
+/* A plain _Tape's containers, read from its instance dict (all held: tape_view_clear), where the C path may record on it: a tape of no enclosing differentiated call (an
+ * op of a nested value_and_grad is checked by the Python op), its `tracked` a set and `keep`
+ * and `nodes` lists. 1 yes, 0 no, -1 error. (The dict is made once per tape; a dict lookup is
+ * about half an attribute lookup, and an op on a tape reads four.) */
+typedef struct {
+    PyObject *dict, *tracked, *keep, *nodes;
+} tape_view;
+
+static int tape_view_get(PyObject *tape, tape_view *tv) {
+    tv->dict = tv->tracked = tv->keep = tv->nodes = NULL;
     if ((PyObject *)Py_TYPE(tape) != tape_type) return 0;
-    PyObject *outer = PyObject_GetAttr(tape, outer_name);
-    if (outer == NULL) return -1;
-    int ok = PyTuple_CheckExact(outer) && PyTuple_GET_SIZE(outer) == 0;
-    Py_DECREF(outer);
-    return ok;
+    PyObject *d = PyObject_GenericGetDict(tape, NULL);
+    if (d == NULL) return -1;
+    if (!PyDict_CheckExact(d)) {
+        Py_DECREF(d);
+        return 0;
+    }
+    /* `outer`: the instance's, else the class's (a plain attribute of _Tape, ()) */
+    PyObject *outer = PyDict_GetItemWithError(d, outer_name);
+    if (outer == NULL && !PyErr_Occurred())
+        outer = PyDict_GetItemWithError(((PyTypeObject *)tape_type)->tp_dict, outer_name);
+    tv->tracked = PyDict_GetItemWithError(d, tracked_name);
+    tv->keep = tv->tracked != NULL ? PyDict_GetItemWithError(d, keep_name) : NULL;
+    tv->nodes = tv->keep != NULL ? PyDict_GetItemWithError(d, nodes_name) : NULL;
+    const int err = PyErr_Occurred() != NULL;
+    if (err || outer == NULL || !PyTuple_CheckExact(outer) || PyTuple_GET_SIZE(outer) != 0 ||
+        tv->nodes == NULL || !PySet_Check(tv->tracked) || !PyList_Check(tv->keep) ||
+        !PyList_Check(tv->nodes)) {
+        Py_DECREF(d);
+        tv->tracked = tv->keep = tv->nodes = NULL; /* (borrowed: not held) */
+        return err ? -1 : 0;
+    }
+    tv->dict = d;
+    Py_INCREF(tv->tracked); /* (a planner's Python code runs before record reads them) */
+    Py_INCREF(tv->keep);
+    Py_INCREF(tv->nodes);
+    return 1;
+}
+
+static void tape_view_clear(tape_view *tv) {
+    Py_CLEAR(tv->dict);
+    Py_CLEAR(tv->tracked);
+    Py_CLEAR(tv->keep);
+    Py_CLEAR(tv->nodes);
 }
 
 /* 1 if id(x) is in the tape's tracked set, 0 if not, -1 on error. */
@@ -943,20 +1181,12 @@ static int is_tracked(PyObject *tracked, PyObject *x) {
     return r;
 }
 
-/* As _ops._record: the node (out, inputs, vjp) on the tape and out tracked. */
-static int record(prim *p, PyObject *rule, PyObject *tape, PyObject *out, PyObject *const *args,
+/* As _ops._record: the node (out, inputs, vjp) on the tape (tv) and out tracked. */
+static int record(prim *p, PyObject *rule, const tape_view *tv, PyObject *out, PyObject *const *args,
                   PyObject *a, PyObject *b) {
-    PyObject *tracked = PyObject_GetAttr(tape, tracked_name);
-    PyObject *keep = PyObject_GetAttr(tape, keep_name);
-    PyObject *nodes = PyObject_GetAttr(tape, nodes_name);
     PyObject *id = NULL, *inputs = NULL, *node = NULL;
     node_vjp *v = NULL;
     int rc = -1;
-    if (tracked == NULL || keep == NULL || nodes == NULL) goto out;
-    if (!PySet_Check(tracked) || !PyList_Check(keep) || !PyList_Check(nodes)) {
-        PyErr_SetString(PyExc_TypeError, "dispatch: a tape's tracked/keep/nodes changed type");
-        goto out;
-    }
     id = PyLong_FromVoidPtr(out);
     inputs = b != NULL ? PyTuple_Pack(2, a, b) : PyTuple_Pack(1, a);
     v = PyObject_GC_New(node_vjp, node_vjp_type); /* (it takes a reference to the type) */
@@ -970,14 +1200,11 @@ static int record(prim *p, PyObject *rule, PyObject *tape, PyObject *out, PyObje
     for (int i = 0; i < p->nin + p->nstatic; i++) PyTuple_SET_ITEM(v->args, i, Py_NewRef(args[i]));
     PyObject_GC_Track(v);
     node = PyTuple_Pack(3, out, inputs, (PyObject *)v);
-    if (node == NULL || PySet_Add(tracked, id) < 0 || PyList_Append(keep, out) < 0 ||
-        PyList_Append(nodes, node) < 0)
+    if (node == NULL || PySet_Add(tv->tracked, id) < 0 || PyList_Append(tv->keep, out) < 0 ||
+        PyList_Append(tv->nodes, node) < 0)
         goto out;
     rc = 0;
 out:
-    Py_XDECREF(tracked);
-    Py_XDECREF(keep);
-    Py_XDECREF(nodes);
     Py_XDECREF(id);
     Py_XDECREF(inputs);
     Py_XDECREF((PyObject *)v);
@@ -1007,8 +1234,9 @@ static int array_is16(PyObject *x) {
     return dt == CT_BF16 || dt == CT_F16;
 }
 
-/* The C path; NULL without an exception when the call is the Python op's. */
-static PyObject *fast_call(prim *p, PyObject *const *args) {
+/* The C path; NULL without an exception when the call is the Python op's. `notape`: the
+ * caller knows no tape records on this thread (see call_notape), so top_tape is not read. */
+static PyObject *fast_call(prim *p, PyObject *const *args, int notape) {
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) {
         PyErr_Clear();
@@ -1033,8 +1261,8 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
         return NULL;
     }
     if (a->donated != Py_False || (b != NULL && b->donated != Py_False)) return NULL;
-    PyObject *tape;
-    int tr = top_tape(&tape);
+    PyObject *tape = NULL;
+    int tr = notape ? 0 : top_tape(&tape);
     if (tr != 0) {
         if (tr < 0) PyErr_Clear();
         return NULL;
@@ -1042,30 +1270,29 @@ static PyObject *fast_call(prim *p, PyObject *const *args) {
     /* with a tape recording: the C path records the node itself when the primitive has a
      * tape rule and the tape is a plain one; otherwise the Python op runs */
     int track = 0;
+    tape_view tv = {NULL, NULL, NULL, NULL};
     if (tape != NULL) {
-        int ok = p->vjp != NULL ? tape_recordable(tape) : 0;
-        PyObject *tracked = ok > 0 ? PyObject_GetAttr(tape, tracked_name) : NULL;
-        if (tracked != NULL && PySet_Check(tracked)) {
-            track = is_tracked(tracked, (PyObject *)a);
-            if (track == 0 && b != NULL) track = is_tracked(tracked, (PyObject *)b);
+        int ok = p->vjp != NULL ? tape_view_get(tape, &tv) : 0;
+        Py_DECREF(tape); /* (tv holds what record needs) */
+        if (ok > 0) {
+            track = is_tracked(tv.tracked, (PyObject *)a);
+            if (track == 0 && b != NULL) track = is_tracked(tv.tracked, (PyObject *)b);
         } else {
             track = -1;
         }
-        Py_XDECREF(tracked);
+        if (track <= 0) tape_view_clear(&tv); /* none tracked: nothing to record, as without a tape */
         if (track < 0) {
             PyErr_Clear();
-            Py_DECREF(tape);
             return NULL;
         }
-        if (!track) Py_CLEAR(tape); /* nothing to record: as without a tape */
     }
     if (track && p->vjp16 != NULL) track = 2; /* (a 16-bit call may record too) */
     PyObject *res = fast_run(p, a, b, scalar, side, args, track);
-    if (res != NULL && tape != NULL &&
-        record(p, p->vjp16 != NULL && array_is16(res) ? p->vjp16 : p->vjp, tape, res, args, (PyObject *)a,
+    if (res != NULL && tv.dict != NULL &&
+        record(p, p->vjp16 != NULL && array_is16(res) ? p->vjp16 : p->vjp, &tv, res, args, (PyObject *)a,
                (PyObject *)b) < 0)
         Py_CLEAR(res);
-    Py_XDECREF(tape);
+    tape_view_clear(&tv);
     return res;
 }
 
@@ -1272,18 +1499,32 @@ static int bind(const prim *p, PyObject *const *args, size_t nargsf, PyObject *k
     return 0;
 }
 
-static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
-                                 PyObject *kwnames) {
-    prim *p = (prim *)self;
+static PyObject *prim_call(prim *p, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                           int notape) {
     PyObject *bound[2 + MAXSTATIC];
     if (p->nstatic == 0 ? (PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin &&
                            none_keywords(p, args, nargsf, kwnames))
                         : bind(p, args, nargsf, kwnames, bound) == 0) {
-        PyObject *r = fast_call(p, p->nstatic == 0 ? args : bound);
+        PyObject *r = fast_call(p, p->nstatic == 0 ? args : bound, notape);
         if (r != NULL || PyErr_Occurred()) return r;
     }
     p->falls++;
     return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *prim_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    return prim_call((prim *)self, args, nargsf, kwnames, 0);
+}
+
+/* f(*args) where the caller has read this thread's tape stack and found no tape recording
+ * (top_tape: 0 and NULL) since when only calls that returned have run (Python code that
+ * pushes a tape pops it before it returns: _no_tape, value_and_grad, pmap's reduction): a
+ * primitive then skips reading the stack again. The backward pass's C rules call through
+ * this. */
+static PyObject *call_notape(PyObject *f, PyObject *const *args, size_t nargs) {
+    if (Py_IS_TYPE(f, prim_type)) return prim_call((prim *)f, args, nargs, NULL, 1);
+    return PyObject_Vectorcall(f, args, nargs, NULL);
 }
 
 static PyObject *prim_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -1549,6 +1790,8 @@ static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
+    Py_CLEAR(tls_key); /* (tape_tls_dict's cache was another object's) */
+    Py_CLEAR(tls_ldict);
     Py_XSETREF(tape_type, Py_NewRef(args[1]));
     Py_XSETREF(prec_tls, Py_NewRef(args[2]));
     Py_XSETREF(named_sharding_type, Py_NewRef(args[3]));
@@ -1568,7 +1811,7 @@ static PyObject *dict_pop(PyObject *cot, PyObject *key) {
 }
 
 /* cot[key] = value, or cot[key] + value (the add primitive) when cot has key already. */
-static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
+static int accumulate(PyObject *cot, PyObject *key, PyObject *value, int notape) {
     PyObject *prev = PyDict_GetItemWithError(cot, key);
     if (prev == NULL) return PyErr_Occurred() ? -1 : PyDict_SetItem(cot, key, value);
     if (slot_prims[0] == NULL) {
@@ -1577,7 +1820,8 @@ static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
     }
     PyObject *args[2] = {prev, value};
     Py_INCREF(prev); /* (the addition may run Python code that changes cot) */
-    PyObject *sum = PyObject_Vectorcall(slot_prims[0], args, 2, NULL);
+    PyObject *sum = notape ? call_notape(slot_prims[0], args, 2)
+                           : PyObject_Vectorcall(slot_prims[0], args, 2, NULL);
     Py_DECREF(prev);
     if (sum == NULL) return -1;
     int rc = PyDict_SetItem(cot, key, sum);
@@ -1587,7 +1831,8 @@ static int accumulate(PyObject *cot, PyObject *key, PyObject *value) {
 
 /* One (out, inputs, vjp) node: its output's cotangent through vjp into those of its tracked
  * Array inputs. */
-static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTypeObject *at) {
+static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTypeObject *at,
+                         int notape) {
     if (!PyTuple_CheckExact(node) || PyTuple_GET_SIZE(node) != 3 ||
         !PyTuple_Check(PyTuple_GET_ITEM(node, 1))) {
         PyErr_SetString(PyExc_TypeError, "tape_backward: a node is not (out, inputs, vjp)");
@@ -1598,19 +1843,60 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
     PyObject *g = dict_pop(cot, key);
     Py_DECREF(key);
     if (g == NULL) return PyErr_Occurred() ? -1 : 0;
-    PyObject *gs = PyObject_CallOneArg(PyTuple_GET_ITEM(node, 2), g);
-    Py_DECREF(g);
-    if (gs == NULL) return -1;
-    PyObject *seq = PySequence_Fast(gs, "tape_backward: a vjp returns a sequence of cotangents");
-    Py_DECREF(gs);
-    if (seq == NULL) return -1;
     PyObject *inputs = PyTuple_GET_ITEM(node, 1);
-    Py_ssize_t n = PyTuple_GET_SIZE(inputs);
+    const Py_ssize_t nin = PyTuple_GET_SIZE(inputs);
+    PyObject *vjp = PyTuple_GET_ITEM(node, 2), *gs = NULL, *seq = NULL;
+    PyObject *keys[4] = {NULL, NULL, NULL, NULL}; /* the tracked Array inputs' ids (known) */
+    int known = 0, rc = -1;
+    node_vjp *nv = (node_vjp *)vjp;
+    if (notape && nin <= 4 && Py_IS_TYPE(vjp, node_vjp_type) && nv->rule != NULL &&
+        nv->args != NULL && nv->out != NULL && Py_IS_TYPE(nv->rule, vjp_program_type) &&
+        PyTuple_GET_SIZE(nv->args) <= 2 + MAXSTATIC) {
+        /* node_vjp_call's call of a derivative program, the tape stack known empty; it
+         * computes only the cotangents of tracked inputs (an input's is its program output of
+         * the same position: a matmul by a batch of data, `y - target`) */
+        known = 1;
+        unsigned want = 0;
+        for (Py_ssize_t j = 0; j < nin; j++) {
+            PyObject *x = PyTuple_GET_ITEM(inputs, j);
+            if (!Py_IS_TYPE(x, at)) continue;
+            PyObject *k = PyLong_FromVoidPtr(x);
+            const int in = k != NULL ? PySet_Contains(tracked, k) : -1;
+            if (in < 0) {
+                Py_XDECREF(k);
+                goto done;
+            }
+            if (in) {
+                keys[j] = k;
+                want |= 1u << j;
+            } else {
+                Py_DECREF(k);
+            }
+        }
+        if (want == (1u << nin) - 1u) want = ~0u;
+        PyObject *call[2 + 2 + MAXSTATIC];
+        const Py_ssize_t na = PyTuple_GET_SIZE(nv->args);
+        call[0] = g;
+        call[1] = nv->out;
+        for (Py_ssize_t i = 0; i < na; i++) call[2 + i] = PyTuple_GET_ITEM(nv->args, i);
+        gs = vp_invoke((vjp_program *)nv->rule, call, (size_t)(2 + na), 1, want);
+    } else {
+        gs = PyObject_CallOneArg(vjp, g);
+    }
+    Py_CLEAR(g); /* (no longer needed: its buffers go as soon as nothing else holds them) */
+    if (gs == NULL) goto done;
+    seq = PySequence_Fast(gs, "tape_backward: a vjp returns a sequence of cotangents");
+    if (seq == NULL) goto done;
+    Py_ssize_t n = nin;
     if (PySequence_Fast_GET_SIZE(seq) < n) n = PySequence_Fast_GET_SIZE(seq);
-    int rc = 0;
+    rc = 0;
     for (Py_ssize_t j = 0; j < n && rc == 0; j++) {
         PyObject *x = PyTuple_GET_ITEM(inputs, j), *gx = PySequence_Fast_GET_ITEM(seq, j);
         if (gx == Py_None || !Py_IS_TYPE(x, at)) continue;
+        if (known) {
+            if (keys[j] != NULL) rc = accumulate(cot, keys[j], gx, notape);
+            continue;
+        }
         PyObject *kx = PyLong_FromVoidPtr(x);
         if (kx == NULL) {
             rc = -1;
@@ -1618,10 +1904,14 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
         }
         int in = PySet_Contains(tracked, kx);
         if (in < 0) rc = -1;
-        else if (in) rc = accumulate(cot, kx, gx);
+        else if (in) rc = accumulate(cot, kx, gx, notape);
         Py_DECREF(kx);
     }
-    Py_DECREF(seq);
+done:
+    Py_XDECREF(g);
+    Py_XDECREF(gs);
+    Py_XDECREF(seq);
+    for (int j = 0; j < 4; j++) Py_XDECREF(keys[j]);
     return rc;
 }
 
@@ -1699,6 +1989,13 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
                             "tape_backward(nodes: list, tracked: set, cot: dict, group_type)");
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
+    /* no tape recording on this thread now: none while the loop runs either (the vjps' Python
+     * code pops what it pushes before it returns), so the C rules skip reading the stack */
+    PyObject *tape;
+    const int tr = top_tape(&tape);
+    if (tr < 0) return NULL;
+    const int notape = tr == 0 && tape == NULL;
+    Py_XDECREF(tape);
     for (Py_ssize_t i = PyList_GET_SIZE(nodes) - 1; i >= 0; i--) {
         if (i >= PyList_GET_SIZE(nodes)) { /* (a vjp shortened the list) */
             i = PyList_GET_SIZE(nodes);
@@ -1706,10 +2003,103 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
         }
         PyObject *node = Py_NewRef(PyList_GET_ITEM(nodes, i));
         int rc = Py_IS_TYPE(node, (PyTypeObject *)group) ? backward_group(node, cot)
-                                                          : backward_node(node, tracked, cot, at);
+                                                          : backward_node(node, tracked, cot, at, notape);
         Py_DECREF(node);
         if (rc < 0) return NULL;
     }
+    Py_RETURN_NONE;
+}
+
+/* _filled_like(x, value) of ops.py for an Array x of float32 blocks: a new float32 buffer per
+ * block of x (its device and block shape), every element set by the affine kernel with alpha 0
+ * (beta stored without reading the buffer), in an Array of x's shape, dtype, sharding, block
+ * starts and replica ids. NULL without an exception when x is anything else (the Python
+ * function runs), NULL with one on an error. */
+static PyObject *filled_like_c(PyObject *x, float value) {
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    if (!Py_IS_TYPE(x, at)) return NULL;
+    ct_py_array *a = (ct_py_array *)x;
+    PyObject *bl = a->blocks;
+    if (bl == NULL || !PyList_CheckExact(bl) || a->shape == NULL || a->dtype == NULL ||
+        a->sharding == NULL)
+        return NULL;
+    const Py_ssize_t nb = PyList_GET_SIZE(bl);
+    if (nb == 0 || nb > MAXB) return NULL;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *t = PyList_GET_ITEM(bl, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
+            !Py_IS_TYPE(PyTuple_GET_ITEM(t, 1), &ct_py_BufferType))
+            return NULL;
+        const ct_py_buffer *b = (const ct_py_buffer *)PyTuple_GET_ITEM(t, 1);
+        if (b->dtype != CT_F32 || b->dev == NULL) return NULL;
+        total += nelem(b);
+    }
+    PyObject *blocks = PyList_New(nb);
+    if (blocks == NULL) return NULL;
+    ct_py_buffer *made[MAXB];
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *t = PyList_GET_ITEM(bl, i);
+        const ct_py_buffer *b = (const ct_py_buffer *)PyTuple_GET_ITEM(t, 1);
+        ct_py_buffer *nbuf = ct_py_buffer_alloc(b->dev, b->ndim, b->shape, CT_F32);
+        PyObject *nt = nbuf != NULL ? PyTuple_New(4) : NULL;
+        if (nt == NULL) {
+            Py_XDECREF((PyObject *)nbuf);
+            Py_DECREF(blocks);
+            return NULL;
+        }
+        ct_py_trace_touch(nbuf, "op_unary output"); /* (as _C.op_unary does) */
+        made[i] = nbuf;
+        PyTuple_SET_ITEM(nt, 0, Py_NewRef(PyTuple_GET_ITEM(t, 0)));
+        PyTuple_SET_ITEM(nt, 1, (PyObject *)nbuf);
+        PyTuple_SET_ITEM(nt, 2, Py_NewRef(PyTuple_GET_ITEM(t, 2)));
+        PyTuple_SET_ITEM(nt, 3, Py_NewRef(PyTuple_GET_ITEM(t, 3)));
+        PyList_SET_ITEM(blocks, i, nt);
+    }
+    ct_status st = CT_OK;
+    /* (the buffers are new: no other thread can reach them while the GIL is released) */
+    if (total >= CT_DISPATCH_GIL_ELEMS && !capturing) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < nb && st == CT_OK; i++)
+            st = ct_op_unary(made[i]->dev, CT_UN_AFFINE, 0.0f, value, nelem(made[i]),
+                             made[i]->data, made[i]->data);
+        Py_END_ALLOW_THREADS
+    } else {
+        for (Py_ssize_t i = 0; i < nb && st == CT_OK; i++)
+            st = ct_op_unary(made[i]->dev, CT_UN_AFFINE, 0.0f, value, nelem(made[i]),
+                             made[i]->data, made[i]->data);
+    }
+    if (st != CT_OK) {
+        Py_DECREF(blocks);
+        ct_py_raise(st);
+        return NULL;
+    }
+    return ct_py_array_new(Py_NewRef(a->shape), Py_NewRef(a->dtype), Py_NewRef(a->sharding), blocks,
+                           Py_XNewRef(a->shard_shape));
+}
+
+/* filled_like(x, value): filled_like_c, or None where the Python function must run. */
+static PyObject *py_filled_like(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 2 || !PyFloat_CheckExact(args[1]))
+        return PyErr_Format(PyExc_TypeError, "filled_like(x: Array, value: float)");
+    PyObject *r = filled_like_c(args[0], (float)PyFloat_AS_DOUBLE(args[1]));
+    if (r == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return r;
+}
+
+/* vjp_register(sum, reshape, broadcast_like): the primitives the C rules of the backward pass
+ * call (unbroadcast_c, vp_sum). */
+static PyObject *py_vjp_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 3) return PyErr_Format(PyExc_TypeError, "vjp_register takes 3 arguments (%zd given)", n);
+    for (int i = 0; i < 3; i++)
+        if (!PyCallable_Check(args[i]))
+            return PyErr_Format(PyExc_TypeError, "vjp_register: argument %d is not callable", i);
+    Py_XSETREF(bw_sum, Py_NewRef(args[0]));
+    Py_XSETREF(bw_reshape, Py_NewRef(args[1]));
+    Py_XSETREF(bw_bcast_like, Py_NewRef(args[2]));
     Py_RETURN_NONE;
 }
 
@@ -1722,9 +2112,10 @@ static PyObject *py_tape_backward(PyObject *self, PyObject *const *args, Py_ssiz
  * `tape` (id in tape.tracked, the object in tape.keep). None, with nothing tracked, when a
  * leaf is anything else or the tape has enclosing tapes (the Python path raises or lifts).
  *
- * grad_collect(leaves, cot) -> (grads, nfix): each leaf's cotangent cot[id(leaf)] where it
- * has the leaf's layout; None where there is none or its layout differs (nfix counts them:
- * the Python path makes zeros or reshards). */
+ * grad_collect(leaves, cot, zeros=False) -> (grads, nfix): each leaf's cotangent cot[id(leaf)]
+ * where it has the leaf's layout; with `zeros`, where it has none and the leaf has float32
+ * blocks, zeros_like(leaf) (filled_like_c); None for the rest (nfix counts them: the Python
+ * path makes zeros or reshards). */
 static PyObject *py_grad_track(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
     if (n != 3 || !PyList_Check(args[0]) || !PyAnySet_Check(args[2]))
@@ -1784,9 +2175,11 @@ static PyObject *py_grad_track(PyObject *self, PyObject *const *args, Py_ssize_t
 
 static PyObject *py_grad_collect(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     (void)self;
-    if (n != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1]))
-        return PyErr_Format(PyExc_TypeError, "grad_collect(leaves: list, cot: dict)");
+    if (n < 2 || n > 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1]))
+        return PyErr_Format(PyExc_TypeError, "grad_collect(leaves: list, cot: dict, zeros=False)");
     PyObject *leaves = args[0], *cot = args[1];
+    const int zeros = n > 2 ? PyObject_IsTrue(args[2]) : 0;
+    if (zeros < 0) return NULL;
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
     const Py_ssize_t m = PyList_GET_SIZE(leaves);
@@ -1801,9 +2194,15 @@ static PyObject *py_grad_collect(PyObject *self, PyObject *const *args, Py_ssize
             Py_CLEAR(out);
             break;
         }
+        PyObject *z = NULL;
         if (g != NULL && Py_IS_TYPE(g, at) && Py_IS_TYPE(x, at) &&
             same_layout(((ct_py_array *)g)->sharding, ((ct_py_array *)x)->sharding)) {
             PyList_SET_ITEM(out, i, Py_NewRef(g));
+        } else if (g == NULL && zeros && (z = filled_like_c(x, 0.0f)) != NULL) {
+            PyList_SET_ITEM(out, i, z); /* (zeros_like(x): no cotangent reached x) */
+        } else if (PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
         } else {
             PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
             nfix++;
@@ -4453,8 +4852,17 @@ static PyMethodDef dispatch_methods[] = {
      "value_and_grad's differentiated leaves as new Arrays over their buffers, tracked on the "
      "tape; None (nothing tracked) where the Python path must run."},
     {"grad_collect", (PyCFunction)(void (*)(void))py_grad_collect, METH_FASTCALL,
-     "grad_collect(leaves, cot, /)\n--\n\n"
-     "(each leaf's cotangent where it has the leaf's layout, else None; how many are None)."},
+     "grad_collect(leaves, cot, zeros=False, /)\n--\n\n"
+     "(each leaf's cotangent where it has the leaf's layout, else None; how many are None); "
+     "with `zeros`, a leaf of float32 blocks without a cotangent gets zeros of its layout."},
+    {"filled_like", (PyCFunction)(void (*)(void))py_filled_like, METH_FASTCALL,
+     "filled_like(x, value, /)\n--\n\n"
+     "ops._filled_like(x, value) in C for an Array of float32 blocks: new buffers of x's "
+     "layout, every element `value`; None for anything else (the Python function's)."},
+    {"vjp_register", (PyCFunction)(void (*)(void))py_vjp_register, METH_FASTCALL,
+     "vjp_register(sum, reshape, broadcast_like, /)\n--\n\n"
+     "The primitives the backward pass's C rules call (un-broadcasting a cotangent, sum's "
+     "rule)."},
     {"tape_backward", (PyCFunction)(void (*)(void))py_tape_backward, METH_FASTCALL,
      "tape_backward(nodes, tracked, cot, group_type, /)\n--\n\n"
      "The backward pass over a tape's nodes, last to first: each (out, inputs, vjp) node takes\n"

@@ -233,7 +233,8 @@ SIGS = {
     # the step of a plan built by a real TrainState step (plan_parts below)
     "OptimPlan.step": ["arrays", "arrays", "any", "int", "arrays"],
     "tape_backward": ["any", "any", "any", "any"],
-    "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any"],
+    "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any", "any"],
+    "filled_like": ["any", "float"],
     "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
     "ParamWithAxes": ["any"], "LogicalConstraint": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
@@ -256,10 +257,11 @@ SIGS = {
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError",
         "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register", "devices_set_id_offset",
-        "param_hit_setup", "module_setup", "constraint_setup"}
+        "param_hit_setup", "module_setup", "constraint_setup", "vjp_register"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
 # dispatch_register: replaces the primitives behind the Array's operators, which the fuzz
-# itself uses; its argument checks are tested in tests/ops/test_dispatch.py;
+# itself uses; its argument checks are tested in tests/ops/test_dispatch.py (vjp_register's
+# too: it replaces the primitives the backward pass's C rules call);
 # devices_set_id_offset: renumbers the devices once per process, under the fuzz's Arrays;
 # its argument checks are tested in tests/distributed/test_global_arrays.py;
 # param_hit_setup: replaces the objects partitioning.param_with_axes' C hit path reads, set

@@ -814,7 +814,9 @@ def test_vjp_program_validates_and_reports_bad_registers():
     with pytest.raises(TypeError, match="callable"):
         _C.VjpProgram(((((), (0,))),), None, rule)
     with pytest.raises(ValueError, match="flags"):
-        _C.VjpProgram(((((), (0,))),), rule, rule, 2)
+        _C.VjpProgram(((((), (0,))),), rule, rule, 4)
+    with pytest.raises(ValueError, match="sum's rule"):
+        _C.VjpProgram(((((), (0,))),), rule, rule, 2)     # (a sum's rule has no programs)
     x = cts.device_put(np.float32([1.0]))
     bad = _C.VjpProgram(((((_ops.sin, 9),), (4,)),), rule, rule)
     with pytest.raises(ValueError, match="register out of range"):
@@ -883,3 +885,217 @@ def test_conversions_and_transposes_record_on_the_tape():
     cb = np.cos(yb).astype(np.float32).astype(cnp.bfloat16).astype(np.float32)
     np.testing.assert_allclose(np.asarray(g), (3.0 * cb).T, rtol=1e-6)
     assert g.sharding == x.sharding
+
+
+# --- the backward pass's C rules: un-broadcasting, sum's rule, the seed and zeros ----------------
+
+def _blocks_meta(x):
+    return [(b[0], b[1].shape, b[2], b[3]) for b in x._blocks]
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_unbroadcast_in_c_gives_the_python_rules_bits(where):
+    rng = np.random.default_rng(5)
+    m = _mesh_sharding(("x", "y"))
+
+    def sh(shape):   # the last two dimensions on ("x", "y") where not of size 1
+        if where == "one device":
+            return None
+        spec = [None] * len(shape)
+        for d, name in zip(range(len(shape) - 1, -1, -1), ("y", "x")):
+            spec[d] = name if shape[d] > 1 else None
+        return cts.NamedSharding(m.mesh, cts.P(*spec))
+    put = lambda shape: cts.device_put(rng.standard_normal(shape).astype(np.float32) + 0.5,
+                                       sh(shape))
+    shapes = [((8, 16), (16,)), ((8, 16), (1, 16)), ((8, 16), (8, 1)), ((2, 8, 16), (16,)),
+              ((2, 8, 16), (8, 1)), ((2, 8, 16), (1, 1, 16)), ((8, 16), ()), ((2, 8, 16), (2, 1, 1))]
+    for big, small in shapes:
+        for name in ("add", "subtract", "multiply", "divide"):
+            prim = getattr(_ops, name)
+            for a, b in ((put(big), put(small)), (put(small), put(big))):
+                out = prim(a, b)
+                g = cts.device_put(rng.standard_normal(out.shape).astype(np.float32), out.sharding)
+                fast, slow = prim.vjp(g, out, a, b), prim.vjp.rule(g, out, a, b)
+                for f, s, x in zip(fast, slow, (a, b)):
+                    _same(f, s)
+                    assert f.shape == x.shape
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sums_rule_in_c_gives_the_python_rules_bits(where, dtype):
+    rng = np.random.default_rng(6)
+    m = _mesh_sharding(("x", "y"))
+    sh = None if where == "one device" else cts.NamedSharding(m.mesh, cts.P("x", "y"))
+    x = cts.device_put(rng.standard_normal((8, 16)).astype(np.float32), sh)
+    if dtype == "bfloat16":
+        x = cnp.astype(x, cnp.bfloat16)
+    assert _ops.sum.vjp.flags == 2 and cnp.sum.vjp.flags == 2
+    for axis in (None, 0, 1, -1, (0, 1), (1, 0), [0], (), (-2,)):
+        for keep in (False, True):
+            out = _ops.sum(x, axis=axis, keepdims=keep)
+            g = cts.device_put(rng.standard_normal(out.shape).astype(np.float32), out.sharding)
+            if dtype == "bfloat16":
+                g = cnp.astype(g, cnp.bfloat16)
+            for fast, slow in ((_ops.sum.vjp(g, out, x, axis, keep),
+                                _ops.sum.vjp.rule(g, out, x, axis, keep)),
+                               (cnp.sum.vjp(g, out, x, axis, None, None, keep),
+                                cnp.sum.vjp.rule(g, out, x, axis, None, None, keep))):
+                assert len(fast) == len(slow) == 1
+                _same(fast[0], slow[0])
+                assert _blocks_meta(fast[0]) == _blocks_meta(slow[0])
+    s = _ops.sum(x)
+    for bad in ((0, 0), 2, -3, 1.0, "x"):      # the rule's errors
+        with pytest.raises((ValueError, TypeError)) as fast_err:
+            _ops.sum.vjp(s, s, x, bad)
+        with pytest.raises(type(fast_err.value)):
+            _ops.sum.vjp.rule(s, s, x, bad)
+
+
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_filled_like_in_c_is_the_python_ones(where):
+    m = _mesh_sharding(("x", "y"))
+    for sh in ((None,) if where == "one device" else
+               (cts.NamedSharding(m.mesh, cts.P("x", "y")), cts.NamedSharding(m.mesh, cts.P()),
+                cts.NamedSharding(m.mesh, cts.P(None, "y")))):
+        for shape in ((8, 16), (), (4, 8, 2)):
+            if shape == () and sh is not None and sh.spec != cts.P():
+                continue
+            x = cts.device_put(np.ones(shape, np.float32), sh)
+            for v in (1.0, 0.0, -0.0, 2.5):
+                fast, slow = _C.filled_like(x, v), _ops._filled_like(x, v)
+                _same(fast, slow)
+                assert _blocks_meta(fast) == _blocks_meta(slow)
+                assert fast._shard_shape == slow._shard_shape and fast.dtype == slow.dtype
+                assert all(fb[1] is not xb[1] for fb, xb in zip(fast._blocks, x._blocks))
+    assert _C.filled_like(cnp.astype(x, cnp.bfloat16), 1.0) is None    # the Python function's
+    assert _C.filled_like(np.ones(3, np.float32), 1.0) is None
+    with pytest.raises(TypeError):
+        _C.filled_like(x, 1)
+
+
+def test_no_python_rule_runs_in_a_small_models_backward():
+    rng = np.random.default_rng(7)
+    dev = lambda *s: cts.device_put(rng.standard_normal(s).astype(np.float32))
+    x, t = dev(64, 16), dev(64, 16)
+    p = {"w": [dev(16, 16), dev(16, 16)], "b": [dev(16), dev(16)], "unused": dev(16, 4)}
+
+    def loss(p):
+        h = x
+        for w, b in zip(p["w"], p["b"]):
+            h = cnp.sin(h @ w + b)
+        return cnp.mean(cnp.square(h - t)) + cnp.sum(cnp.sum(h, axis=0))
+    vag = cts.value_and_grad(loss)
+    calls = _python_calls(lambda: vag(p))
+    names = {c.rsplit(":", 1)[1] for c in calls}
+    assert not names & {"_unbroadcast", "_vjp_sum", "_broadcast_like", "_filled_like",
+                        "rule", "_rule_sum", "zeros_like", "_put"}, sorted(names)
+    v, g = vag(p)
+    np.testing.assert_array_equal(np.asarray(g["unused"]), np.zeros((16, 4), np.float32))
+
+
+def test_vjp_register_checks_its_arguments():
+    with pytest.raises(TypeError, match="3 arguments"):
+        _C.vjp_register(_ops.sum, _ops.reshape)
+    with pytest.raises(TypeError, match="not callable"):
+        _C.vjp_register(_ops.sum, 3, _ops._broadcast_like)
+    _C.vjp_register(_ops.sum, _ops.reshape, _ops._broadcast_like)   # (what ops.py registers)
+
+
+def test_the_backward_pass_skips_the_cotangents_of_untracked_inputs():
+    rng = np.random.default_rng(8)
+    dev = lambda *s: cts.device_put(rng.standard_normal(s).astype(np.float32))
+    x, t, w = dev(8, 4), dev(8, 3), dev(4, 3)
+    g_of_x = _ops._MM_T[(False, True)]      # g @ w^T: the data's cotangent
+    calls = lambda p: (lambda i: i["hits"] + i["misses"] + i["fallbacks"])(p.cache_info())
+    f = cts.value_and_grad(lambda w: cnp.sum(cnp.square(x @ w - t)))
+    f(w)
+    before, negs = calls(g_of_x), calls(_ops.negative)
+    v, g = f(w)
+    assert calls(g_of_x) == before and calls(_ops.negative) == negs   # none for x, t
+    want = 2 * np.asarray(x).T @ (np.asarray(x) @ np.asarray(w) - np.asarray(t))
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-5, atol=1e-5)
+    # both operands differentiated: both products run
+    v2, (gx, gw) = cts.value_and_grad(lambda x, w: cnp.sum(cnp.square(x @ w - t)),
+                                      argnums=(0, 1))(x, w)
+    assert calls(g_of_x) == before + 1
+    np.testing.assert_array_equal(np.asarray(gw), np.asarray(g))
+
+
+def test_max_min_kernels_keep_their_formula_in_every_broadcast_form():
+    # (x > y || x != x) ? x : y and (x < y || x != x) ? x : y, bit for bit: NaN payloads,
+    # signed zeros, each operand dense or broadcast along rows, both broadcast (one value per row)
+    vals = np.array([np.nan, -np.nan, 0.0, -0.0, 1.0, -1.0, np.inf, -np.inf], np.float32)
+    vals = np.concatenate([vals, np.frombuffer(np.uint32([0x7fc00001, 0xffc12345]).tobytes(),
+                                               np.float32)])
+    x = np.repeat(vals[:, None], len(vals), 1)        # (10, 10): x[i, j] = vals[i]
+    y = x.T.copy()                                     # y[i, j] = vals[j]
+
+    def want(op, a, b):
+        a, b = np.broadcast_arrays(a, b)
+        pick = ((a > b) if op == "maximum" else (a < b)) | np.isnan(a)
+        return np.where(pick, a, b)
+    for op in ("maximum", "minimum"):
+        for a, b in ((x, y), (x, y[:1]), (x[:, :1], y), (x[:, :1], y[:, :1] * 0 + vals[3]),
+                     (x[:, :1], np.full((10, 1), np.nan, np.float32))):
+            got = getattr(_ops, op)(cts.device_put(a), cts.device_put(b))
+            if got.shape != np.broadcast_shapes(a.shape, b.shape):
+                got = _ops.broadcast_to(got, np.broadcast_shapes(a.shape, b.shape))
+            assert np.asarray(got).tobytes() == want(op, a, b).astype(np.float32).tobytes(), op
+    # the broadcasting copy (max(v, v)) of a sum's cotangent: the value in every element
+    s = cts.device_put(vals[:1].reshape(1, 1))
+    like = cts.device_put(np.zeros((64, 16), np.float32))
+    out = np.asarray(_ops._broadcast_like(s, like))
+    assert out.tobytes() == np.full((64, 16), vals[0], np.float32).tobytes()
+
+
+def test_each_thread_reads_its_own_tape_stack_as_threads_come_and_go():
+    """The C path's read of this thread's tape stack (cached per thread state) follows the
+    calling thread: threads that record interleaved with ones that do not, threads that end
+    and new ones (which may reuse a thread state's memory), pmap's reassigned stack."""
+    x = cts.device_put(np.float32([1.0, 2.0, 3.0]))
+    f = cts.value_and_grad(lambda x: cnp.sum(cnp.sin(x) * x))
+    want = np.asarray(f(x)[1])
+    errors = []
+
+    def vag(n):
+        try:
+            for _ in range(n):
+                g = np.asarray(f(x)[1])
+                if g.tobytes() != want.tobytes():
+                    errors.append(g)
+        except Exception as e:   # noqa: BLE001
+            errors.append(e)
+    for _ in range(20):          # one after another: thread states come and go
+        t = threading.Thread(target=vag, args=(3,))
+        t.start()
+        t.join(10)
+        vag(1)
+        assert cnp.sin(x) is not None and _ops._tape() is None
+    # interleaved: a thread in the middle of a recording while others compute and record
+    entered, release = threading.Event(), threading.Event()
+
+    def held(x):
+        entered.set()
+        release.wait(10)
+        return cnp.sum(cnp.sin(x) * x)
+    out = []
+    t = threading.Thread(target=lambda: out.append(np.asarray(cts.value_and_grad(held)(x)[1])))
+    t.start()
+    assert entered.wait(10)
+    try:
+        others = [threading.Thread(target=vag, args=(5,)) for _ in range(3)]
+        for o in others:
+            o.start()
+        vag(5)
+        _ops.exp(x)
+        before = _ops.exp.cache_info()["hits"]
+        _ops.exp(x)                               # not recorded: runs from its plan
+        assert _ops.exp.cache_info()["hits"] == before + 1
+        for o in others:
+            o.join(10)
+    finally:
+        release.set()
+        t.join(10)
+    assert not errors, errors[:3]
+    assert out and out[0].tobytes() == want.tobytes()

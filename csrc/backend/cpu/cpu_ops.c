@@ -183,6 +183,9 @@ static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, con
                 float y = b[i];                                                    \
                 o[i] = (expr);                                                     \
             }                                                                      \
+        } else if (sa == 0 && sb == 0) { /* one value along the row */             \
+            const float x = a[0], y = b[0], v = (expr);                            \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = v;          \
         } else {                                                                   \
             for (int64_t i = 0; i < n; i++) {                                      \
                 float x = a[i * sa], y = b[i * sb];                                \
@@ -195,6 +198,10 @@ static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, con
     case CT_BIN_SUB: ROW(x - y); break;
     case CT_BIN_MUL: ROW(x * y); break;
     case CT_BIN_DIV: ROW(x / y); break;
+    /* (ct_binary_apply's expressions, inline so that the loops vectorise: max(v, v) is the
+     * broadcasting copy of the dispatcher's K_BCAST plans, a reduction's cotangent) */
+    case CT_BIN_MAX: ROW((x > y || x != x) ? x : y); break;
+    case CT_BIN_MIN: ROW((x < y || x != x) ? x : y); break;
     default: ROW(ct_binary_apply(op, x, y)); break;
     }
 #undef ROW

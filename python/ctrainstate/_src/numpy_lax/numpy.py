@@ -54,7 +54,9 @@ def _rule_sum(g, res, a, axis, dtype, out, keepdims):
     return _o._vjp_sum(g, res, a, axis, keepdims)
 
 
-sum = _C.Primitive("sum", 1, sum, _plan_sum, sum.__doc__, _rule_sum, ("where",),  # noqa: A001
+# (the rule run in C: _vjp_sum's primitive calls, see ops._derivative_programs)
+sum = _C.Primitive("sum", 1, sum, _plan_sum, sum.__doc__,  # noqa: A001
+                   _C.VjpProgram((None,), _rule_sum, _o._unbroadcast, _o._VP_SUM), ("where",),
                    ("axis", "dtype", "out", "keepdims"), (None, None, None, False))
 sum.__module__ = __name__
 

@@ -1999,13 +1999,21 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
 
     def wrapped(*args, **kwargs):
         args = list(args)
-        tape, stack = _open_tape()
+        stack = _tls.tapes
+        if stack:   # (inside another differentiated call, or a _no_tape)
+            tape, stack = _open_tape()
+        else:       # _open_tape's, for the common case: no enclosing tape
+            tape = _Tape()
+            if stack is None:
+                stack = _tls.tapes = []
         enclosing = tape.outer
         flat_in = {}
         for i in nums:
             if i >= len(args):
                 raise TypeError(f"value_and_grad: argnums {i} but only {len(args)} positional arguments")
-            hit = _arg_spec(args[i])
+            # (_arg_spec's first try: the most recent spec)
+            leaves = _C.flatten_spec(_ARG_SPECS[0], args[i]) if _ARG_SPECS else None
+            hit = (leaves, _ARG_SPECS[0]) if leaves is not None else _arg_spec(args[i])
             if hit is not None:   # a structure seen before (nested dicts of Arrays): in C
                 leaves, td = hit
                 new = _grad_track(leaves, tape, _FLOAT_SET)   # Arrays only, not nested: in C
@@ -2048,11 +2056,16 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0, has_aux: boo
         if not isinstance(val, Array) or val.shape != ():
             raise TypeError(f"value_and_grad: the function must return a scalar Array, got "
                             f"{type(val).__name__} {getattr(val, 'shape', '')}")
-        grads = _backward(tape, val)
+        if id(val) in tape.tracked:   # (_backward's, inlined)
+            seed = _C.filled_like(val, 1.0)   # val's dtype and sharding (float32: in C)
+            grads = {id(val): _filled_like(val, 1.0) if seed is None else seed}
+            _C.tape_backward(tape.nodes, tape.tracked, grads, _Group)
+        else:
+            grads = {}
         outs = []
         for i in nums:
             leaves, td = flat_in[i]
-            gl, nfix = _grad_collect(leaves, grads)
+            gl, nfix = _grad_collect(leaves, grads, True)   # (float32 zeros made in C)
             if nfix:   # no cotangent (zeros), or one of another layout (resharded)
                 for k, x in enumerate(leaves):
                     if gl[k] is None:
@@ -2169,7 +2182,9 @@ def _backward(tape: _Tape, out: Array | None, g: Array | None = None,
         if id(out) not in tape.tracked:
             return {}
         if g is None:
-            g = _filled_like(out, 1.0)   # out's dtype and sharding
+            g = _C.filled_like(out, 1.0)   # out's dtype and sharding (float32: in C)
+            if g is None:
+                g = _filled_like(out, 1.0)
         cot = {id(out): g}
     # last node to first, in C: each node's vjp on its output's cotangent, the results added
     # into its tracked inputs' (by the add primitive: 16-bit float cotangents accumulate in
@@ -3247,6 +3262,13 @@ def _derivative_programs():
     for name, cases in binary.items():
         g[name].vjp = _C.VjpProgram(cases, g[name].vjp, _unbroadcast,
                                     1 if name == "matmul" else 0)
+    # un-broadcasting a two-Array program's cotangent (_unbroadcast) and sum's rule
+    # (_vjp_sum, flag 2) call these primitives from C
+    _C.vjp_register(g["sum"], g["reshape"], g["_broadcast_like"])
+    g["sum"].vjp = _C.VjpProgram((None,), g["sum"].vjp, _unbroadcast, _VP_SUM)
+
+
+_VP_SUM = 2   # VjpProgram's flag: the rule of a sum (axis the 4th argument), in C
 
 
 # ops without a C plan that read host values: single nodes of a jitted program (node.py)

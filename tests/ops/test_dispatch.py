@@ -596,6 +596,10 @@ def test_threads_replacing_plans_while_a_call_runs_without_the_gil():
             errors.append(e)
 
     threads = [threading.Thread(target=churn) for _ in range(2)]
+    # a short switch interval: the threads interleave more often, and the main thread gets
+    # the GIL back from the churning ones in well under the default 5 ms
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
     for t in threads:
         t.start()
     try:
@@ -607,6 +611,7 @@ def test_threads_replacing_plans_while_a_call_runs_without_the_gil():
         stop.set()
         for t in threads:
             t.join(30)
+        sys.setswitchinterval(interval)
     assert errors == []
 
 

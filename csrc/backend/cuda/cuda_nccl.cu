@@ -186,6 +186,29 @@ static std::mutex g_post_mu;
 extern "C" ct_status ct_cuda_allreduce_local(ct_device **devs, float **bufs, int nbufs,
                                             int64_t count, int op);
 
+/* The first step of both NCCL all-reduces: the blocks of each GPU (members[r]: their
+ * positions in devs / bufs) combined on it by the single-GPU all-reduce, or, for a GPU with one
+ * block, its stream waited for; either way every member's queued work is done after it. */
+static ct_status combine_within_gpus(ct_device **devs, float **bufs,
+                                     const std::vector<std::vector<int>> &members, int64_t count,
+                                     int op) {
+    for (const std::vector<int> &m : members) {
+        std::vector<ct_device *> d;
+        std::vector<float *> b;
+        for (int j : m) {
+            d.push_back(devs[j]);
+            b.push_back(bufs[j]);
+        }
+        if (d.size() > 1)
+            CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count, op));
+        else {
+            CT_CUDA_TRY(cudaSetDevice(d[0]->ordinal));
+            CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d[0])));
+        }
+    }
+    return CT_OK;
+}
+
 extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs,
                                            int64_t count, int op) {
     const nccl_api *api = NULL;
@@ -204,20 +227,7 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
         members[r].push_back(j);
     }
     /* 1. within each GPU (this waits for every member's stream) */
-    for (size_t r = 0; r < gpus.size(); r++) {
-        std::vector<ct_device *> d;
-        std::vector<float *> b;
-        for (int j : members[r]) {
-            d.push_back(devs[j]);
-            b.push_back(bufs[j]);
-        }
-        if (d.size() > 1)
-            CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count, op));
-        else {
-            CT_CUDA_TRY(cudaSetDevice(d[0]->ordinal));
-            CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d[0])));
-        }
-    }
+    CT_TRY(combine_within_gpus(devs, bufs, members, count, op));
     /* 2. across GPUs: one rank per GPU, in place */
     std::lock_guard<std::mutex> post(g_post_mu);
     const ncclComm_t *comms = NULL;
@@ -375,20 +385,7 @@ extern "C" ct_status ct_cuda_allreduce_ranks(ct_device **devs, float **bufs, int
         members[r].push_back(j);
     }
     /* 1. within each GPU (this waits for every member's stream) */
-    for (size_t r = 0; r < myranks.size(); r++) {
-        std::vector<ct_device *> d;
-        std::vector<float *> b;
-        for (int j : members[r]) {
-            d.push_back(devs[j]);
-            b.push_back(bufs[j]);
-        }
-        if (d.size() > 1)
-            CT_TRY(ct_cuda_allreduce_local(d.data(), b.data(), (int)d.size(), count, op));
-        else {
-            CT_CUDA_TRY(cudaSetDevice(d[0]->ordinal));
-            CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d[0])));
-        }
-    }
+    CT_TRY(combine_within_gpus(devs, bufs, members, count, op));
     /* 2. across processes: this process's ranks, in place (grouped: each rank waits for all) */
     std::lock_guard<std::mutex> post(g_post_mu);
     const ncclComm_t *comms = NULL;

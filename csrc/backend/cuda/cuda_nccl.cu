@@ -209,6 +209,27 @@ static ct_status combine_within_gpus(ct_device **devs, float **bufs,
     return CT_OK;
 }
 
+/* The last step of both NCCL all-reduces: each GPU's other blocks (members[r], leader[r] the
+ * block NCCL reduced into) take the leader's result, then every GPU's stream is waited for. */
+static ct_status spread_from_leaders(ct_device **devs, float **bufs,
+                                     const std::vector<int> &leader,
+                                     const std::vector<std::vector<int>> &members, int64_t count) {
+    for (size_t r = 0; r < leader.size(); r++) {
+        ct_device *d = devs[leader[r]];
+        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
+        for (int j : members[r])
+            if (j != leader[r])
+                CT_CUDA_TRY(cudaMemcpyAsync(bufs[j], bufs[leader[r]], (size_t)count * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, ct_cuda_stream(d)));
+    }
+    for (size_t r = 0; r < leader.size(); r++) {
+        ct_device *d = devs[leader[r]];
+        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
+        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d)));
+    }
+    return CT_OK;
+}
+
 extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs,
                                            int64_t count, int op) {
     const nccl_api *api = NULL;
@@ -261,20 +282,7 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
         return ct_cuda_core->set_error(CT_EDEVICE, "ncclGroupEnd: %s", api->GetErrorString(ge));
     }
     /* 3. each GPU's other logical devices take their rank's result */
-    for (size_t r = 0; r < gpus.size(); r++) {
-        ct_device *d = devs[leader[r]];
-        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
-        for (int j : members[r])
-            if (j != leader[r])
-                CT_CUDA_TRY(cudaMemcpyAsync(bufs[j], bufs[leader[r]], (size_t)count * sizeof(float),
-                                            cudaMemcpyDeviceToDevice, ct_cuda_stream(d)));
-    }
-    for (size_t r = 0; r < gpus.size(); r++) {
-        ct_device *d = devs[leader[r]];
-        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
-        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d)));
-    }
-    return CT_OK;
+    return spread_from_leaders(devs, bufs, leader, members, count);
 }
 
 /* --- across processes ------------------------------------------------------------------------- */
@@ -413,20 +421,7 @@ extern "C" ct_status ct_cuda_allreduce_ranks(ct_device **devs, float **bufs, int
     if (ge != 0)
         return ct_cuda_core->set_error(CT_EDEVICE, "ncclGroupEnd: %s", api->GetErrorString(ge));
     /* 3. each GPU's other logical devices take their rank's result */
-    for (size_t r = 0; r < myranks.size(); r++) {
-        ct_device *d = devs[leader[r]];
-        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
-        for (int j : members[r])
-            if (j != leader[r])
-                CT_CUDA_TRY(cudaMemcpyAsync(bufs[j], bufs[leader[r]], (size_t)count * sizeof(float),
-                                            cudaMemcpyDeviceToDevice, ct_cuda_stream(d)));
-    }
-    for (size_t r = 0; r < myranks.size(); r++) {
-        ct_device *d = devs[leader[r]];
-        CT_CUDA_TRY(cudaSetDevice(d->ordinal));
-        CT_CUDA_TRY(cudaStreamSynchronize(ct_cuda_stream(d)));
-    }
-    return CT_OK;
+    return spread_from_leaders(devs, bufs, leader, members, count);
 }
 
 /* NCCL's version code (22809 for 2.28.9), or 0 with the reason in why; needs no GPU (tests). */

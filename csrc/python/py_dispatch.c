@@ -1669,46 +1669,32 @@ static PyMethodDef prim_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *prim_get_vjp(prim *p, void *c) {
-    (void)c;
-    return Py_NewRef(p->vjp != NULL ? p->vjp : Py_None);
+/* A primitive's tape rules (vjp, vjp16): a callable or None; `c` is the field's offset. The
+ * vjp is set once the primitives its program calls exist (a rule may call the primitive). */
+static PyObject *prim_get_rule(prim *p, void *c) {
+    PyObject *r = *(PyObject **)((char *)p + (size_t)c);
+    return Py_NewRef(r != NULL ? r : Py_None);
 }
 
-/* (set once the primitives its program calls exist: a rule may call the primitive itself) */
-static int prim_set_vjp(prim *p, PyObject *v, void *c) {
-    (void)c;
+static int prim_set_rule(prim *p, PyObject *v, void *c) {
     if (v == NULL || (v != Py_None && !PyCallable_Check(v))) {
-        PyErr_SetString(PyExc_TypeError, "a primitive's vjp is a callable or None");
+        PyErr_Format(PyExc_TypeError, "a primitive's %s is a callable or None",
+                     (size_t)c == offsetof(prim, vjp) ? "vjp" : "vjp16");
         return -1;
     }
-    Py_XSETREF(p->vjp, v == Py_None ? NULL : Py_NewRef(v));
-    return 0;
-}
-
-static PyObject *prim_get_vjp16(prim *p, void *c) {
-    (void)c;
-    return Py_NewRef(p->vjp16 != NULL ? p->vjp16 : Py_None);
-}
-
-static int prim_set_vjp16(prim *p, PyObject *v, void *c) {
-    (void)c;
-    if (v == NULL || (v != Py_None && !PyCallable_Check(v))) {
-        PyErr_SetString(PyExc_TypeError, "a primitive's vjp16 is a callable or None");
-        return -1;
-    }
-    Py_XSETREF(p->vjp16, v == Py_None ? NULL : Py_NewRef(v));
+    Py_XSETREF(*(PyObject **)((char *)p + (size_t)c), v == Py_None ? NULL : Py_NewRef(v));
     return 0;
 }
 
 static PyGetSetDef prim_getset[] = {
-    {"vjp16", (getter)prim_get_vjp16, (setter)prim_set_vjp16,
+    {"vjp16", (getter)prim_get_rule, (setter)prim_set_rule,
      "The tape rule of a call on bfloat16 / float16 operands, which its plan runs as one kernel\n"
      "(widened, the float32 op, rounded): (g, out, *operands) -> cotangents, as the Python op's\n"
      "float32 policy records them; or None (a recording tape sends such calls to the Python op).",
-     NULL},
-    {"vjp", (getter)prim_get_vjp, (setter)prim_set_vjp,
+     (void *)offsetof(prim, vjp16)},
+    {"vjp", (getter)prim_get_rule, (setter)prim_set_rule,
      "The tape rule (g, out, *operands) -> cotangents of the Array operands, or None (a\n"
-     "recording tape then sends calls to the Python op).", NULL},
+     "recording tape then sends calls to the Python op).", (void *)offsetof(prim, vjp)},
     {"__doc__", (getter)prim_get_doc, (setter)prim_set_doc, NULL, NULL},
     {"__name__", (getter)prim_get_name, NULL, NULL, NULL},
     {"__qualname__", (getter)prim_get_name, NULL, NULL, NULL},

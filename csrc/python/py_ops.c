@@ -32,6 +32,14 @@ static void put_buffers(buf_list *l) {
     l->n = 0;
 }
 
+/* The devices and float32 data of a list's buffers, for the all-reduces. */
+static void f32_blocks(const buf_list *l, ct_device **devs, float **bufs) {
+    for (Py_ssize_t i = 0; i < l->n; i++) {
+        devs[i] = l->b[i]->dev;
+        bufs[i] = (float *)l->b[i]->data;
+    }
+}
+
 /* Read and pin the buffers of `seq` into `out` (empty on entry); on failure none stays
  * pinned. */
 static int get_buffers(PyObject *seq, buf_list *out, const char *what, int f32_only) {
@@ -530,10 +538,7 @@ static PyObject *py_op_allreduce(PyObject *self, PyObject *args) {
             }
             ct_device *devs[MAX_SHARDS];
             float *bufs[MAX_SHARDS];
-            for (Py_ssize_t i = 0; i < bl.n; i++) {
-                devs[i] = bl.b[i]->dev;
-                bufs[i] = bl.b[i]->data;
-            }
+            f32_blocks(&bl, devs, bufs);
             ct_status st;
             Py_BEGIN_ALLOW_THREADS
             st = ct_op_allreduce(devs, bufs, (int)bl.n, nelem(bl.b[0]), op);
@@ -601,10 +606,7 @@ static PyObject *py_op_allreduce_ranks(PyObject *self, PyObject *args) {
     {
         ct_device *devs[MAX_SHARDS];
         float *bufs[MAX_SHARDS];
-        for (Py_ssize_t i = 0; i < bl.n; i++) {
-            devs[i] = bl.b[i]->dev;
-            bufs[i] = bl.b[i]->data;
-        }
+        f32_blocks(&bl, devs, bufs);
         ct_status st;
         Py_BEGIN_ALLOW_THREADS
         st = ct_op_allreduce_ranks(devs, bufs, (int)bl.n, nelem(bl.b[0]), op,

@@ -230,6 +230,25 @@ static ct_status spread_from_leaders(ct_device **devs, float **bufs,
     return CT_OK;
 }
 
+/* One rank's in-place float32 all-reduce posted on its GPU's stream, inside the caller's
+ * group; `rank` >= 0 names the rank across processes in the error. */
+static ct_status post_rank(const nccl_api *api, ct_device *d, float *buf, int64_t count, int op,
+                           ncclComm_t comm, int rank) {
+    cudaError_t e = cudaSetDevice(d->ordinal);
+    if (e != cudaSuccess)
+        return ct_cuda_core->set_error(CT_EDEVICE, "cudaSetDevice(%d): %s", d->ordinal,
+                                       cudaGetErrorString(e));
+    ncclResult_t nr = api->AllReduce(buf, buf, (size_t)count, CT_NCCL_FLOAT32,
+                                     op == CT_RED_MAX ? CT_NCCL_MAX : CT_NCCL_SUM, comm,
+                                     ct_cuda_stream(d));
+    if (nr == 0) return CT_OK;
+    if (rank >= 0)
+        return ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce across processes (rank %d, GPU "
+                                       "%d): %s", rank, d->ordinal, api->GetErrorString(nr));
+    return ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce on GPU %d: %s", d->ordinal,
+                                   api->GetErrorString(nr));
+}
+
 extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int nbufs,
                                            int64_t count, int op) {
     const nccl_api *api = NULL;
@@ -259,21 +278,8 @@ extern "C" ct_status ct_cuda_allreduce_nccl(ct_device **devs, float **bufs, int 
     ct_status st = CT_OK;
     size_t posted = 0;
     for (size_t r = 0; r < gpus.size() && st == CT_OK; r++) {
-        ct_device *d = devs[leader[r]];
-        cudaError_t e = cudaSetDevice(d->ordinal);
-        if (e != cudaSuccess) {
-            st = ct_cuda_core->set_error(CT_EDEVICE, "cudaSetDevice(%d): %s", d->ordinal,
-                                         cudaGetErrorString(e));
-            break;
-        }
-        ncclResult_t nr = api->AllReduce(bufs[leader[r]], bufs[leader[r]], (size_t)count,
-                                         CT_NCCL_FLOAT32, op == CT_RED_MAX ? CT_NCCL_MAX : CT_NCCL_SUM,
-                                         comms[r], ct_cuda_stream(d));
-        if (nr != 0)
-            st = ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce on GPU %d: %s", d->ordinal,
-                                         api->GetErrorString(nr));
-        else
-            posted++;
+        st = post_rank(api, devs[leader[r]], bufs[leader[r]], count, op, comms[r], -1);
+        if (st == CT_OK) posted++;
     }
     ncclResult_t ge = api->GroupEnd(); /* always close the group */
     if (st != CT_OK || ge != 0) {
@@ -400,22 +406,8 @@ extern "C" ct_status ct_cuda_allreduce_ranks(ct_device **devs, float **bufs, int
     CT_TRY(proc_comms_for(api, id, nranks, myranks, gpus, &comms));
     CT_NCCL_TRY(api, api->GroupStart());
     ct_status st = CT_OK;
-    for (size_t r = 0; r < myranks.size() && st == CT_OK; r++) {
-        ct_device *d = devs[leader[r]];
-        cudaError_t e = cudaSetDevice(d->ordinal);
-        if (e != cudaSuccess) {
-            st = ct_cuda_core->set_error(CT_EDEVICE, "cudaSetDevice(%d): %s", d->ordinal,
-                                         cudaGetErrorString(e));
-            break;
-        }
-        ncclResult_t nr = api->AllReduce(bufs[leader[r]], bufs[leader[r]], (size_t)count,
-                                         CT_NCCL_FLOAT32, op == CT_RED_MAX ? CT_NCCL_MAX : CT_NCCL_SUM,
-                                         comms[r], ct_cuda_stream(d));
-        if (nr != 0)
-            st = ct_cuda_core->set_error(CT_EDEVICE, "ncclAllReduce across processes (rank %d, "
-                                         "GPU %d): %s", myranks[r], d->ordinal,
-                                         api->GetErrorString(nr));
-    }
+    for (size_t r = 0; r < myranks.size() && st == CT_OK; r++)
+        st = post_rank(api, devs[leader[r]], bufs[leader[r]], count, op, comms[r], myranks[r]);
     ncclResult_t ge = api->GroupEnd();
     if (st != CT_OK) return st;
     if (ge != 0)

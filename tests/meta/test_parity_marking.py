@@ -264,6 +264,9 @@ def test_recordings_are_of_the_pinned_versions():
         meta = recorded.read_meta(os.path.join(recorded.DIR, f))
         assert meta.get("jax") == pins["jax"], (f, meta)
         for k, v in meta.items():
+            if k == "cpu":   # the CPU model it was made on (recorded.CROSS_CPU_ULPS)
+                assert isinstance(v, str) and len(v.split()) == 3, (f, v)
+                continue
             assert v == pins_of[k], (f, k, v, pins)
     with np.load(os.path.join(HERE, "data", "optax_vectors.npz")) as z:
         assert str(z["meta/optax_version"]) == pins["optax"]
@@ -287,3 +290,40 @@ def test_every_recording_belongs_to_a_test():
                      if k not in (recorded.META, recorded.SHARED) and not k.endswith("#")}
         for t in tests:
             assert re.search(rf"^def {re.escape(t)}\(", src, re.M), f"{f}: no test {t}"
+
+
+def test_recording_check_across_cpu_models():
+    """recorded._same: bit for bit on the recording's CPU model; on another model, float leaves
+    within CROSS_CPU_ULPS ulps of each value or of the leaf's largest magnitude, and nothing
+    else; which model made a recording ("cpu" in its __meta__, the vendor for older ones)."""
+    import numpy as np
+    import recorded
+    n = recorded.CROSS_CPU_ULPS
+    x = np.float32([1.0, -2.5, 3e-3, 0.0, np.nan])
+    up = x.copy()
+    up[:3] = [np.float32(v) for v in (1.0 + n * 2.0 ** -23, -2.5 - n * 2.0 ** -22,
+                                       np.nextafter(np.float32(3e-3), np.float32(1)))]
+    assert list(recorded.ulps_apart(x[:4], up[:4])) == [n, n, 1, 0]
+    recorded._same(x, x.copy(), 0, 0, "w")                    # the bits
+    with pytest.raises(AssertionError, match="bits"):
+        recorded._same(x, up, 0, 0, "w")                      # same model: one ulp is too many
+    recorded._same({"a": x, "b": [np.int32(3)]}, {"a": up, "b": [np.int32(3)]}, 0, 0, "w",
+                   cross_cpu=True)
+    far = up.copy()
+    far[1] = np.nextafter(far[1], np.float32(-9))             # n + 1 ulps of -2.5
+    with pytest.raises(AssertionError, match=r"recorded np.float32\(-2.5\)"):
+        recorded._same(x, far, 0, 0, "w", cross_cpu=True)
+    # a value cancelled toward zero: ulps of the leaf's largest magnitude (3.0)
+    small = np.float32([3.0, 1e-7])
+    near = np.float32([3.0, 1e-7 + 8 * np.spacing(np.float32(3.0))])
+    recorded._same(small, near, 0, 0, "w", cross_cpu=True)
+    with pytest.raises(AssertionError, match="bits"):
+        recorded._same(small, near, 0, 0, "w")
+    for other in (np.int32([1, 3]), np.float32([1.0, np.nan])):   # integers, NaN: exact
+        with pytest.raises(AssertionError):
+            recorded._same(np.int32([1, 2]) if other.dtype.kind == "i" else np.float32([1, 2]),
+                           other, 0, 0, "w", cross_cpu=True)
+    host = "GenuineIntel 6 207"
+    assert recorded.same_cpu(host, host) and not recorded.same_cpu("AuthenticAMD 25 17", host)
+    assert recorded.same_cpu(None, "AuthenticAMD 25 17")      # no model kept: the vendor
+    assert not recorded.same_cpu(None, host) and not recorded.same_cpu(host, "")

@@ -568,7 +568,9 @@ def test_parity(monkeypatch, jax_ref):
         return [prog(jax.random.PRNGKey(seed), params[F32], params[F16], params[BF16])
                 for seed in seeds]
 
-    rsqrt = _xla_rsqrt(jax_ref.jax) if jax_ref.live else None
+    # (checked on the CPU model the recording was made on; XLA's other float32 functions,
+    # pow's among them, round differently on some other models: the documented closeness then)
+    rsqrt = _xla_rsqrt(jax_ref.jax) if jax_ref.live and jax_ref.same_cpu else None
     for seed, outs in zip(seeds, jax_ref("samplers", run_jax)):
         kk = R.PRNGKey(seed)
         for dt, theirs, which in zip((F32, F16, BF16), outs, (_samplers, _samplers16,

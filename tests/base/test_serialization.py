@@ -320,8 +320,8 @@ def test_msgpack_is_a_declared_dependency():
     with open(os.path.join(root, "pyproject.toml")) as f:
         text = f.read()
     deps = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.M | re.S).group(1)
-    names = [re.match(r"\s*[\"']([A-Za-z0-9_.-]+)", d).group(1).lower()
-             for d in deps.split(",") if d.strip()]
+    # (each requirement is one quoted string; a version range has commas inside it)
+    names = [n.lower() for n in re.findall(r"[\"']([A-Za-z0-9_.-]+)", deps)]
     assert "msgpack" in names, names
     import numpy as np
     from ctrainstate import serialization

@@ -438,7 +438,14 @@ def test_16bit_floats_keep_their_dtype(jax_ref):
                                        atol=6e-2, err_msg=name)
             if name not in ("vecdot", "convolve", "interp"):
                 continue
-            w = jax_ref(f"{name} {np.dtype(dt).name}", lambda jnp: _jax_16bit(jnp, name, x))
+            key = f"{name} {np.dtype(dt).name}"
+            if jax_ref.live:
+                # (None: jax cannot compute it with the installed ml_dtypes -- interp of
+                # bfloat16 before 0.7 --, and the recording is not checked against it then)
+                live = _jax_16bit(jax_ref.jax.numpy, name, x)
+                w = None if live is None else jax_ref(key, lambda jax: live)
+            else:
+                w = jax_ref(key, lambda jnp: _jax_16bit(jnp, name, x))
             if w is not None:
                 assert w.dtype == got.dtype, name
                 np.testing.assert_allclose(np.asarray(got).astype(np.float64),

@@ -1,6 +1,7 @@
 /*
- * py_module.c — ctrainstate._C.module_call / module_bind_new: the common case of an nn.Module
- * method call and of a submodule's construction inside an @compact method, in C.
+ * py_module.c — ctrainstate._C.module_call / ModuleMethod / module_bind_new: the common case
+ * of an nn.Module method call and of a submodule's construction inside an @compact method, in
+ * C.
  *
  * A model's apply runs every module method through nn.module's wrapper (the module's frame
  * pushed, its setup done, a new @compact call's names reset) and attaches every submodule
@@ -18,6 +19,9 @@
  * pushed, a new @compact call resets the module's names and its scope's reservations, fn
  * runs, the frame is popped.
  *
+ * ModuleMethod(fn): the wrapper nn.module puts in place of a user method, a C callable whose
+ * call (self, *args, **kwargs) is module_call's without a Python frame (see below).
+ *
  * module_bind_new(module, stack): nn.module._bind_new's common case: the innermost frame is
  * an @compact frame of a module whose class keeps Module._attach, whose scope is exactly a
  * ModuleScope and which is not in setup(); the name (given, or the next auto name) is free
@@ -34,6 +38,8 @@
  * the tree is freed at once (see py_module_release).
  */
 #include "ct_py.h"
+
+#include <structmember.h>
 
 enum { MS_CTX, MS_MODULE, MS_FRAME, MS_SCOPE, MS_ATTACH, MS_ADOPT_FIELDS, MS_SETUP, MS_TRY_SETUP,
        MS_PLAIN_INFO, MS_CALL_SLOW, MS_BIND_SLOW, MS_ADOPT_TAIL, MS_N };
@@ -214,15 +220,14 @@ static int ms_mark_adopted(PyObject *d) {
     return rc ? -1 : 0;
 }
 
-static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    (void)mod;
-    if (n != 4 || !PyTuple_CheckExact(a[2]) || !PyDict_Check(a[3]))
-        return PyErr_Format(PyExc_TypeError, "module_call(fn, self, args: tuple, kwargs: dict)");
-    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
-    PyObject *fn = a[0], *self = a[1], *args = a[2], *kwargs = a[3];
-    if (ms_check_module(self, "module_call: self") < 0) return NULL;
+/* The common case of a method call up to fn's call: its conditions checked, then the
+ * module's state changed and its frame pushed. 1 with *stack_out the frame stack (a new
+ * reference: the caller calls fn, then pops the frame with ms_pop), 0 where the Python path
+ * must run (nothing changed), -1 with an exception. `self` is an nn.Module. */
+static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
     PyObject *stack = NULL, *rec = NULL, *cap = NULL, *reserved = NULL, *frame = NULL;
-    PyObject *out = NULL, *compact = NULL, *scope = NULL;
+    PyObject *compact = NULL, *scope = NULL;
+    int status = -1;
     PyObject *d = ms_dict(self);
     if (d == NULL) goto slow;
     PyObject *sc = ms_get(d, S(_scope));
@@ -310,15 +315,15 @@ static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n)
     PyTuple_SET_ITEM(frame, 0, Py_NewRef(self));
     PyTuple_SET_ITEM(frame, 1, Py_NewRef(compact));
     if (PyList_Append(stack, frame) < 0) goto error;
-    out = ms_call(fn, self, args, kwargs);
-    ms_pop(stack);
+    *stack_out = Py_NewRef(stack);
+    status = 1;
     goto done;
 slow:
     if (PyErr_Occurred()) goto error;
-    out = ms_call_slow(fn, self, args, kwargs);
+    status = 0;
     goto done;
 error:
-    out = NULL;
+    status = -1;
 done:
     Py_XDECREF(stack);
     Py_XDECREF(rec);
@@ -327,8 +332,191 @@ done:
     Py_XDECREF(frame);
     Py_XDECREF(compact);
     Py_XDECREF(scope);
+    return status;
+}
+
+static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 4 || !PyTuple_CheckExact(a[2]) || !PyDict_Check(a[3]))
+        return PyErr_Format(PyExc_TypeError, "module_call(fn, self, args: tuple, kwargs: dict)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *fn = a[0], *self = a[1], *args = a[2], *kwargs = a[3];
+    if (ms_check_module(self, "module_call: self") < 0) return NULL;
+    PyObject *stack = NULL;
+    const int entered = ms_enter(fn, self, &stack);
+    if (entered <= 0) return entered < 0 ? NULL : ms_call_slow(fn, self, args, kwargs);
+    PyObject *out = ms_call(fn, self, args, kwargs);
+    ms_pop(stack);
+    Py_DECREF(stack);
     return out;
 }
+
+/* --- ModuleMethod: a module method wrapper whose call is C ---------------------------------
+ * ModuleMethod(fn) is what nn.module._wrap_method makes of a user method: calling it with
+ * (self, *args, **kwargs) is module_call(fn, self, args, kwargs), without the Python frame of
+ * a wrapper function, the args tuple and the kwargs dict: the common case (ms_enter) calls fn
+ * with the caller's argument vector as it came, the rest goes to nn.module._call_method as
+ * module_call's does. It is a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as functions
+ * are: `module(x)` (type slot __call__) and `module.method(x)` where the attribute lookup is
+ * the generic one call it with self prepended, without a bound-method object; __get__ gives
+ * the bound method otherwise (a Module class has __getattr__) and itself on the class. It
+ * carries a __dict__ for what functools.update_wrapper copies (__name__, __qualname__,
+ * __doc__, __module__, __wrapped__, the function's own attributes such as _ct_compact), is
+ * pickled by reference (its __qualname__ in its __module__), as functions are, and supports
+ * weak references. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn;
+    PyObject *dict;
+    PyObject *weakrefs;
+} mm_object;
+
+static PyObject *mm_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    PyObject *fn = ((mm_object *)callable)->fn;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 1) {
+        PyObject *qn = PyObject_GetAttrString(callable, "__qualname__");
+        if (qn == NULL) PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%S() missing 1 required positional argument: 'self'",
+                     qn != NULL ? qn : Py_None);
+        Py_XDECREF(qn);
+        return NULL;
+    }
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *self = args[0];
+    if (ms_check_module(self, "a module method's self") < 0) return NULL;
+    PyObject *stack = NULL;
+    const int entered = ms_enter(fn, self, &stack);
+    if (entered < 0) return NULL;
+    if (entered) {
+        /* (the vector as given: self first, then the arguments; the offset flag kept) */
+        PyObject *out = PyObject_Vectorcall(fn, args, nargsf, kwnames);
+        ms_pop(stack);
+        Py_DECREF(stack);
+        return out;
+    }
+    /* the Python path: _call_method(fn, self, args, kwargs) */
+    const Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *rest = PyTuple_New(n - 1);
+    PyObject *kwargs = rest != NULL ? PyDict_New() : NULL;
+    PyObject *out = NULL;
+    if (kwargs == NULL) goto out;
+    for (Py_ssize_t i = 1; i < n; i++) PyTuple_SET_ITEM(rest, i - 1, Py_NewRef(args[i]));
+    for (Py_ssize_t i = 0; i < nkw; i++)
+        if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0) goto out;
+    out = ms_call_slow(fn, self, rest, kwargs);
+out:
+    Py_XDECREF(rest);
+    Py_XDECREF(kwargs);
+    return out;
+}
+
+static PyObject *mm_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O:ModuleMethod", &fn)) return NULL;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
+        return PyErr_Format(PyExc_TypeError, "ModuleMethod takes no keyword arguments");
+    if (!PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "ModuleMethod: the method must be callable, got "
+                            "%.100s", Py_TYPE(fn)->tp_name);
+    mm_object *m = (mm_object *)type->tp_alloc(type, 0);
+    if (m == NULL) return NULL;
+    m->vectorcall = mm_vectorcall;
+    m->fn = Py_NewRef(fn);
+    return (PyObject *)m;
+}
+
+static int mm_traverse(mm_object *m, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(m));
+    Py_VISIT(m->fn);
+    Py_VISIT(m->dict);
+    return 0;
+}
+
+static int mm_clear(mm_object *m) {
+    Py_CLEAR(m->fn);
+    Py_CLEAR(m->dict);
+    return 0;
+}
+
+static void mm_dealloc(mm_object *m) {
+    PyTypeObject *tp = Py_TYPE(m);
+    PyObject_GC_UnTrack(m);
+    if (m->weakrefs != NULL) PyObject_ClearWeakRefs((PyObject *)m);
+    mm_clear(m);
+    tp->tp_free((PyObject *)m);
+    Py_DECREF(tp);
+}
+
+/* As a function: itself on the class, a bound method on an instance. */
+static PyObject *mm_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+/* pickle by reference, as functions are: the attribute __qualname__ of module __module__ */
+static PyObject *mm_reduce(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyObject *mm_repr(mm_object *m) {
+    PyObject *qn = PyObject_GetAttrString((PyObject *)m, "__qualname__");
+    if (qn == NULL) {
+        PyErr_Clear();
+        return PyUnicode_FromFormat("<ctrainstate module method of %R>", m->fn);
+    }
+    PyObject *r = PyUnicode_FromFormat("<ctrainstate module method %S>", qn);
+    Py_DECREF(qn);
+    return r;
+}
+
+static PyMethodDef mm_methods[] = {
+    {"__reduce__", mm_reduce, METH_NOARGS, "Pickled by reference, as a function is."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef mm_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(mm_object, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(mm_object, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(mm_object, weakrefs), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef mm_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot mm_slots[] = {
+    {Py_tp_new, mm_new},
+    {Py_tp_getset, mm_getset},
+    {Py_tp_dealloc, mm_dealloc},
+    {Py_tp_traverse, mm_traverse},
+    {Py_tp_clear, mm_clear},
+    {Py_tp_repr, mm_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, mm_descr_get},
+    {Py_tp_members, mm_members},
+    {Py_tp_methods, mm_methods},
+    {Py_tp_doc, "ModuleMethod(fn)\n--\n\n"
+                "An nn.Module method: calling it with (self, *args, **kwargs) runs "
+                "fn(self, *args, **kwargs) with the module's frame active, as "
+                "module_call(fn, self, args, kwargs) (the common case in C, the rest in "
+                "nn.module._call_method). A method descriptor, as a function is."},
+    {0, NULL},
+};
+
+static PyType_Spec mm_spec = {
+    .name = "ctrainstate._C.ModuleMethod",
+    .basicsize = sizeof(mm_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = mm_slots,
+};
 
 /* dict.fromkeys(keys, value) of a dict `keys` (a new dict). */
 static PyObject *ms_fromkeys(PyObject *keys, PyObject *value) {
@@ -620,4 +808,11 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ct_py_init_module(PyObject *m) { return PyModule_AddFunctions(m, module_methods); }
+int ct_py_init_module(PyObject *m) {
+    PyObject *mm = PyType_FromSpec(&mm_spec);
+    if (mm == NULL || PyModule_AddObject(m, "ModuleMethod", mm) < 0) {
+        Py_XDECREF(mm);
+        return -1;
+    }
+    return PyModule_AddFunctions(m, module_methods);
+}

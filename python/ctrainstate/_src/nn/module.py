@@ -172,7 +172,6 @@ class _Frame(tuple):
 
 _tuple_new = tuple.__new__
 _object_new = object.__new__
-_module_call = _C.module_call
 _module_bind_new = _C.module_bind_new
 _module_release = _C.module_release
 
@@ -219,16 +218,35 @@ def _require_bound(module, hint: str = "call it through .init(...) or .apply(...
 
 def _wrap_method(fn: Callable) -> Callable:
     """Run a user method with the module's frame active (so submodules attach to it): the
-    call is ``_call_method(fn, self, args, kwargs)``, its common case in C
-    (``_C.module_call``, py_module.c)."""
+    call ``wrapped(self, *args, **kwargs)`` is ``_call_method(fn, self, args, kwargs)``, its
+    common case in C. ``wrapped`` is a ``_C.ModuleMethod`` (py_module.c): a C callable
+    without a Python frame of its own, a method descriptor as a function is (itself on the
+    class, a bound method on an instance), carrying what ``functools.wraps`` copies
+    (``__name__``, ``__qualname__``, ``__doc__``, ``__module__``, ``__wrapped__``, so
+    ``inspect.signature`` shows ``fn``'s, and ``fn``'s own attributes such as
+    ``_ct_compact``) and pickled by reference. A method already wrapped is returned as it
+    is.
+
+    >>> from ctrainstate import nn
+    >>> class M(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         "Doubles x."
+    ...         return 2 * x
+    >>> M.__call__.__name__, M.__call__.__doc__, M.__call__._ct_compact, M.__call__._ct_wrapped
+    ('__call__', 'Doubles x.', True, True)
+    """
     if getattr(fn, "_ct_wrapped", False):
         return fn
-
-    @functools.wraps(fn)
-    def wrapped(self, *args, **kwargs):
-        return _module_call(fn, self, args, kwargs)
+    wrapped = functools.update_wrapper(_C.ModuleMethod(fn), fn)
     wrapped._ct_wrapped = True
     return wrapped
+
+
+def _is_module_method(obj) -> bool:
+    """Whether ``obj`` is a Module method as its class holds it (``Model.__call__``): a
+    function wrapped by :func:`_wrap_method`, a ``_C.ModuleMethod``."""
+    return type(obj) is _C.ModuleMethod
 
 
 def _call_method(fn: Callable, self, args: tuple, kwargs: dict):

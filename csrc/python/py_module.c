@@ -31,6 +31,11 @@
  * scalars, the class keeping Module._adopt_fields); otherwise nn.module._adopt_tail does
  * the rest.
  *
+ * module_post_init(module, d): the end of nn.module's generated __init__ (Module.__post_init__'s
+ * work, module_bind_new's where a module method runs) in one call.
+ *
+ * copy_tree(tree): the copy of the caller's variables that apply and bind make.
+ *
  * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold
  * their children in `_children`, children their parent in `_parent`), so each apply left its
  * modules, scopes and their dicts to the cycle collector, whose collections then ran every
@@ -731,6 +736,120 @@ done:
 }
 
 
+/* copy_tree(tree): nn.module._copy_tree's result: `tree` with every dict in it copied, at any
+ * depth, into a plain dict (a dict subclass's items as its items() gives them), every other
+ * value kept as it is; a tree that is not a dict is returned as it is. What apply and bind
+ * copy the caller's variables with. */
+static PyObject *ms_copy_tree(PyObject *d) {
+    if (!PyDict_Check(d)) return Py_NewRef(d);
+    if (Py_EnterRecursiveCall(" in copy_tree")) return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL) goto error;
+    if (PyDict_CheckExact(d)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(d, &pos, &k, &v)) {
+            Py_INCREF(k);
+            Py_INCREF(v);   /* (held: a copy below may run code that changes d) */
+            PyObject *c = ms_copy_tree(v);
+            const int rc = c == NULL ? -1 : PyDict_SetItem(out, k, c);
+            Py_XDECREF(c);
+            Py_DECREF(k);
+            Py_DECREF(v);
+            if (rc < 0) goto error;
+        }
+    } else {
+        PyObject *items = PyObject_CallMethod(d, "items", NULL);
+        PyObject *it = items != NULL ? PyObject_GetIter(items) : NULL;
+        Py_XDECREF(items);
+        if (it == NULL) goto error;
+        PyObject *item;
+        while ((item = PyIter_Next(it)) != NULL) {
+            PyObject *pair = PySequence_Tuple(item);
+            Py_DECREF(item);
+            if (pair != NULL && PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_Format(PyExc_ValueError, "copy_tree: %.100s.items() must give (key, "
+                             "value) pairs", Py_TYPE(d)->tp_name);
+                Py_CLEAR(pair);
+            }
+            PyObject *c = pair != NULL ? ms_copy_tree(PyTuple_GET_ITEM(pair, 1)) : NULL;
+            const int rc = c == NULL ? -1 : PyDict_SetItem(out, PyTuple_GET_ITEM(pair, 0), c);
+            Py_XDECREF(c);
+            Py_XDECREF(pair);
+            if (rc < 0) break;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) goto error;
+    }
+    Py_LeaveRecursiveCall();
+    return out;
+error:
+    Py_LeaveRecursiveCall();
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *py_copy_tree(PyObject *mod, PyObject *tree) {
+    (void)mod;
+    return ms_copy_tree(tree);
+}
+
+/* module_post_init(module, d): the end of the generated __init__ of a Module class keeping
+ * Module.__post_init__ (nn.module._generated_init), `d` the module's __dict__ with its fields
+ * stored: Module.__post_init__'s work, the same state in the same order (the module's own
+ * state, the name check, module_bind_new where a module method runs). */
+static PyObject *py_module_post_init(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 2 || !PyDict_CheckExact(a[1]))
+        return PyErr_Format(PyExc_TypeError, "module_post_init(module, d: its __dict__)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *self = a[0], *d = a[1];
+    if (ms_check_module(self, "module_post_init: module") < 0) return NULL;
+    if (ms_dict(self) != d)
+        return PyErr_Format(PyExc_TypeError, "module_post_init: d must be the module's __dict__");
+    PyObject *v[9] = {PyDict_New(), PySet_New(NULL), PyTuple_New(0), PySet_New(NULL),
+                      PySet_New(NULL), PyDict_New(), NULL, NULL, NULL};
+    PyObject *result = NULL;
+    for (int i = 0; i < 6; i++)
+        if (v[i] == NULL) goto out;
+    /* _scope, _parent, _setup_done, _in_setup, _auto_counts, _call_names, _field_names,
+     * _setup_names, _setup_reserved, _fields_adopted, _children: Module.__post_init__'s */
+    if (PyDict_SetItem(d, S(_scope), Py_None) < 0 || PyDict_SetItem(d, S(_parent), Py_None) < 0 ||
+        PyDict_SetItem(d, S(_setup_done), Py_False) < 0 ||
+        PyDict_SetItem(d, S(_in_setup), Py_False) < 0 ||
+        PyDict_SetItem(d, S(_auto_counts), v[0]) < 0 ||
+        PyDict_SetItem(d, S(_call_names), v[1]) < 0 ||
+        PyDict_SetItem(d, S(_field_names), v[2]) < 0 ||
+        PyDict_SetItem(d, S(_setup_names), v[3]) < 0 ||
+        PyDict_SetItem(d, S(_setup_reserved), v[4]) < 0 ||
+        PyDict_SetItem(d, S(_fields_adopted), Py_False) < 0 ||
+        PyDict_SetItem(d, S(_children), v[5]) < 0)
+        goto out;
+    PyObject *name = ms_get(d, S(name));
+    if (name == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, S(name));
+        goto out;
+    }
+    if (name != Py_None && !PyUnicode_Check(name)) {
+        v[6] = PyType_GetName(Py_TYPE(self));
+        if (v[6] != NULL)
+            PyErr_Format(PyExc_TypeError, "%U: name must be a string, got %R", v[6], name);
+        goto out;
+    }
+    v[7] = ms_ctx(S(stack));
+    if (v[7] == NULL) goto out;
+    if (PyList_Check(v[7]) ? PyList_GET_SIZE(v[7]) > 0 : PyObject_IsTrue(v[7]) != 0) {
+        if (PyErr_Occurred()) goto out;
+        PyObject *args[2] = {self, v[7]};
+        result = py_module_bind_new(NULL, args, 2);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+out:
+    for (int i = 0; i < 9; i++) Py_XDECREF(v[i]);
+    return result;
+}
+
 /* module_release: see the header. The tree is the modules reachable through `_children`
  * dicts. A module's references from the tree itself are its entry in its parent's
  * `_children` (for the root: `holder`'s item) and its children's `_parent`; where every
@@ -800,6 +919,15 @@ static PyMethodDef module_methods[] = {
      "module_bind_new(module, stack, /)\n--\n\n"
      "Attach a module just constructed while a module method runs (nn.module._bind_new's "
      "common case in C; the rest goes to it)."},
+    {"module_post_init", (PyCFunction)(void (*)(void))py_module_post_init, METH_FASTCALL,
+     "module_post_init(module, d, /)\n--\n\n"
+     "Module.__post_init__'s work for a module whose __dict__ d holds its fields (the end of "
+     "nn.module's generated __init__): its state, the name check, and module_bind_new's "
+     "attach where a module method runs."},
+    {"copy_tree", py_copy_tree, METH_O,
+     "copy_tree(tree, /)\n--\n\n"
+     "tree with every dict in it copied into a plain dict, at any depth (a dict subclass's "
+     "items as its items() gives them), other values kept as they are (nn.module._copy_tree)."},
     {"module_release", py_module_release, METH_O,
      "module_release(holder, /)\n--\n\n"
      "Cut the child-to-parent links of the module tree under holder[0] (a list of one module) "

@@ -37,6 +37,9 @@ def _python_paths(monkeypatch):
     of C, for classes defined afterwards."""
     monkeypatch.setattr(_module, "_wrap_method", _python_wrap_method)
     monkeypatch.setattr(_module, "_module_bind_new", _module._bind_new)
+    # (the generated __init__'s end: Module.__post_init__, whose attach is _bind_new)
+    monkeypatch.setattr(_module, "_module_post_init",
+                        lambda self, d: _module.Module.__post_init__(self))
 
 
 def _make_classes():
@@ -413,6 +416,122 @@ def test_module_bind_new_checks_its_arguments():
     # a frame of an unbound parent: the Python path's error (no scope to attach to)
     with pytest.raises(AttributeError):
         _C.module_bind_new(d, [(nn.Dense(3), True)])
+
+
+# --- module_post_init: the end of the generated __init__ ------------------------------------
+
+def test_generated_init_ends_in_module_post_init():
+    """The generated __init__ of a plain Module class does Module.__post_init__'s work in
+    one C call (its state is the Python path's: test_c_paths_leave_the_python_paths_state)."""
+    Leaf, _ = _make_classes()
+    assert Leaf.__init__._ct_generated
+    assert Leaf.__init__.__globals__["__ct_post_init_c"] is _C.module_post_init
+    free = Leaf(3)
+    ref = object.__new__(Leaf)
+    ref.__dict__.update(features=3, axes=("a", "b"), name=None)
+    _module.Module.__post_init__(ref)
+    assert list(free.__dict__) == list(ref.__dict__)
+    assert {k: v for k, v in free.__dict__.items()} == ref.__dict__
+    assert free.__dict__["_call_names"] is not Leaf(3).__dict__["_call_names"]  # its own
+
+
+def test_module_post_init_name_check_and_arguments():
+    Leaf, _ = _make_classes()
+    for bad in (3, b"x", ("a",)):
+        with pytest.raises(TypeError, match=rf"^Leaf: name must be a string, got {bad!r}".replace(
+                "(", r"\(").replace(")", r"\)")):
+            Leaf(2, name=bad)
+
+    class Maker(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Leaf(2, name=7)(x)
+
+    with pytest.raises(TypeError, match="Leaf: name must be a string, got 7"):
+        Maker().init(random.PRNGKey(0), X)
+    assert _module._ctx.stack == []
+    d = Leaf(2)
+    with pytest.raises(TypeError, match="module_post_init"):
+        _C.module_post_init(d)
+    with pytest.raises(TypeError, match="module_post_init"):
+        _C.module_post_init(d, None)
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        _C.module_post_init(3, {})
+    with pytest.raises(TypeError, match="the module's __dict__"):
+        _C.module_post_init(d, dict(d.__dict__))
+
+
+# --- copy_tree: the variables apply and bind copy ---------------------------------------------
+
+def test_copy_tree_matches_the_python_reference():
+    import collections
+    from ctrainstate.core import FrozenDict
+    leaf = np.ones(2)
+    od = collections.OrderedDict(a=1, b={"c": leaf})
+    od.move_to_end("a")                      # its items() order is not the dict's own
+    trees = [{"params": {"D_0": {"kernel": leaf, "bias": 2}, "x": 3}, "stats": {}},
+             FrozenDict({"params": FrozenDict({"k": leaf})}), od, {"a": {"b": {"c": {"d": {}}}}},
+             {}, leaf, 3, None, [{"a": 1}]]
+    def same(a, b):     # equal structure, identical leaves
+        if isinstance(a, dict):
+            return type(a) is type(b) and list(a) == list(b) and all(
+                same(a[k], b[k]) for k in a)
+        return a is b
+
+    for t in trees:
+        got, want = _C.copy_tree(t), _module._copy_tree(t)
+        assert same(got, want)
+        if isinstance(t, dict):
+            assert type(got) is dict and got is not t
+        else:
+            assert got is t
+    got = _C.copy_tree(od)
+    assert list(got) == ["b", "a"] and got["b"]["c"] is leaf and got["b"] is not od["b"]
+    got = _C.copy_tree(trees[0])
+    assert got["params"]["D_0"] is not trees[0]["params"]["D_0"]
+    assert got["params"]["D_0"]["kernel"] is leaf
+    deep = {}
+    for _ in range(100000):
+        deep = {"a": deep}
+    with pytest.raises(RecursionError):
+        _C.copy_tree(deep)
+
+    class Pairs(dict):
+        def items(self):
+            return [(1, 2, 3)]
+
+    with pytest.raises(ValueError, match="pairs"):
+        _C.copy_tree(Pairs(a=1))
+
+
+def test_apply_copies_the_variables_in_c():
+    """apply runs no Python frame of _copy_tree, and what it writes (a mutable collection)
+    never reaches the caller's dicts."""
+    class Counter(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            c = self.variable("stats", "n", lambda: 0)
+            c.value = c.value + 1
+            return nn.Dense(2)(x)
+
+    v = Counter().init(random.PRNGKey(0), X)
+    before = {k: dict(t) for k, t in v.items()}
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        _, new = Counter().apply(v, X, mutable=["stats"])
+    finally:
+        sys.setprofile(None)
+    assert "_copy_tree" not in seen and "apply" in seen
+    assert new["stats"]["n"] == v["stats"]["n"] + 1
+    assert {k: dict(t) for k, t in v.items()} == before
+    b = Counter().bind(v, mutable=["stats"])
+    b(X)
+    assert {k: dict(t) for k, t in v.items()} == before
 
 
 def _setup_c(call_slow, bind_slow, adopt_tail):

@@ -1,6 +1,7 @@
 /*
- * py_module.c — ctrainstate._C.module_call / module_bind_new: the common case of an nn.Module
- * method call and of a submodule's construction inside an @compact method, in C.
+ * py_module.c — ctrainstate._C.module_call / ModuleMethod / module_bind_new: the common case
+ * of an nn.Module method call and of a submodule's construction inside an @compact method, in
+ * C.
  *
  * A model's apply runs every module method through nn.module's wrapper (the module's frame
  * pushed, its setup done, a new @compact call's names reset) and attaches every submodule
@@ -18,6 +19,9 @@
  * pushed, a new @compact call resets the module's names and its scope's reservations, fn
  * runs, the frame is popped.
  *
+ * ModuleMethod(fn): the wrapper nn.module puts in place of a user method, a C callable whose
+ * call (self, *args, **kwargs) is module_call's without a Python frame (see below).
+ *
  * module_bind_new(module, stack): nn.module._bind_new's common case: the innermost frame is
  * an @compact frame of a module whose class keeps Module._attach, whose scope is exactly a
  * ModuleScope and which is not in setup(); the name (given, or the next auto name) is free
@@ -27,6 +31,11 @@
  * scalars, the class keeping Module._adopt_fields); otherwise nn.module._adopt_tail does
  * the rest.
  *
+ * module_post_init(module, d): the end of nn.module's generated __init__ (Module.__post_init__'s
+ * work, module_bind_new's where a module method runs) in one call.
+ *
+ * copy_tree(tree): the copy of the caller's variables that apply and bind make.
+ *
  * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold
  * their children in `_children`, children their parent in `_parent`), so each apply left its
  * modules, scopes and their dicts to the cycle collector, whose collections then ran every
@@ -34,6 +43,8 @@
  * the tree is freed at once (see py_module_release).
  */
 #include "ct_py.h"
+
+#include <structmember.h>
 
 enum { MS_CTX, MS_MODULE, MS_FRAME, MS_SCOPE, MS_ATTACH, MS_ADOPT_FIELDS, MS_SETUP, MS_TRY_SETUP,
        MS_PLAIN_INFO, MS_CALL_SLOW, MS_BIND_SLOW, MS_ADOPT_TAIL, MS_N };
@@ -214,15 +225,14 @@ static int ms_mark_adopted(PyObject *d) {
     return rc ? -1 : 0;
 }
 
-static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    (void)mod;
-    if (n != 4 || !PyTuple_CheckExact(a[2]) || !PyDict_Check(a[3]))
-        return PyErr_Format(PyExc_TypeError, "module_call(fn, self, args: tuple, kwargs: dict)");
-    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
-    PyObject *fn = a[0], *self = a[1], *args = a[2], *kwargs = a[3];
-    if (ms_check_module(self, "module_call: self") < 0) return NULL;
+/* The common case of a method call up to fn's call: its conditions checked, then the
+ * module's state changed and its frame pushed. 1 with *stack_out the frame stack (a new
+ * reference: the caller calls fn, then pops the frame with ms_pop), 0 where the Python path
+ * must run (nothing changed), -1 with an exception. `self` is an nn.Module. */
+static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
     PyObject *stack = NULL, *rec = NULL, *cap = NULL, *reserved = NULL, *frame = NULL;
-    PyObject *out = NULL, *compact = NULL, *scope = NULL;
+    PyObject *compact = NULL, *scope = NULL;
+    int status = -1;
     PyObject *d = ms_dict(self);
     if (d == NULL) goto slow;
     PyObject *sc = ms_get(d, S(_scope));
@@ -310,15 +320,15 @@ static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n)
     PyTuple_SET_ITEM(frame, 0, Py_NewRef(self));
     PyTuple_SET_ITEM(frame, 1, Py_NewRef(compact));
     if (PyList_Append(stack, frame) < 0) goto error;
-    out = ms_call(fn, self, args, kwargs);
-    ms_pop(stack);
+    *stack_out = Py_NewRef(stack);
+    status = 1;
     goto done;
 slow:
     if (PyErr_Occurred()) goto error;
-    out = ms_call_slow(fn, self, args, kwargs);
+    status = 0;
     goto done;
 error:
-    out = NULL;
+    status = -1;
 done:
     Py_XDECREF(stack);
     Py_XDECREF(rec);
@@ -327,8 +337,191 @@ done:
     Py_XDECREF(frame);
     Py_XDECREF(compact);
     Py_XDECREF(scope);
+    return status;
+}
+
+static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 4 || !PyTuple_CheckExact(a[2]) || !PyDict_Check(a[3]))
+        return PyErr_Format(PyExc_TypeError, "module_call(fn, self, args: tuple, kwargs: dict)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *fn = a[0], *self = a[1], *args = a[2], *kwargs = a[3];
+    if (ms_check_module(self, "module_call: self") < 0) return NULL;
+    PyObject *stack = NULL;
+    const int entered = ms_enter(fn, self, &stack);
+    if (entered <= 0) return entered < 0 ? NULL : ms_call_slow(fn, self, args, kwargs);
+    PyObject *out = ms_call(fn, self, args, kwargs);
+    ms_pop(stack);
+    Py_DECREF(stack);
     return out;
 }
+
+/* --- ModuleMethod: a module method wrapper whose call is C ---------------------------------
+ * ModuleMethod(fn) is what nn.module._wrap_method makes of a user method: calling it with
+ * (self, *args, **kwargs) is module_call(fn, self, args, kwargs), without the Python frame of
+ * a wrapper function, the args tuple and the kwargs dict: the common case (ms_enter) calls fn
+ * with the caller's argument vector as it came, the rest goes to nn.module._call_method as
+ * module_call's does. It is a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as functions
+ * are: `module(x)` (type slot __call__) and `module.method(x)` where the attribute lookup is
+ * the generic one call it with self prepended, without a bound-method object; __get__ gives
+ * the bound method otherwise (a Module class has __getattr__) and itself on the class. It
+ * carries a __dict__ for what functools.update_wrapper copies (__name__, __qualname__,
+ * __doc__, __module__, __wrapped__, the function's own attributes such as _ct_compact), is
+ * pickled by reference (its __qualname__ in its __module__), as functions are, and supports
+ * weak references. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn;
+    PyObject *dict;
+    PyObject *weakrefs;
+} mm_object;
+
+static PyObject *mm_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    PyObject *fn = ((mm_object *)callable)->fn;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 1) {
+        PyObject *qn = PyObject_GetAttrString(callable, "__qualname__");
+        if (qn == NULL) PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%S() missing 1 required positional argument: 'self'",
+                     qn != NULL ? qn : Py_None);
+        Py_XDECREF(qn);
+        return NULL;
+    }
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *self = args[0];
+    if (ms_check_module(self, "a module method's self") < 0) return NULL;
+    PyObject *stack = NULL;
+    const int entered = ms_enter(fn, self, &stack);
+    if (entered < 0) return NULL;
+    if (entered) {
+        /* (the vector as given: self first, then the arguments; the offset flag kept) */
+        PyObject *out = PyObject_Vectorcall(fn, args, nargsf, kwnames);
+        ms_pop(stack);
+        Py_DECREF(stack);
+        return out;
+    }
+    /* the Python path: _call_method(fn, self, args, kwargs) */
+    const Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *rest = PyTuple_New(n - 1);
+    PyObject *kwargs = rest != NULL ? PyDict_New() : NULL;
+    PyObject *out = NULL;
+    if (kwargs == NULL) goto out;
+    for (Py_ssize_t i = 1; i < n; i++) PyTuple_SET_ITEM(rest, i - 1, Py_NewRef(args[i]));
+    for (Py_ssize_t i = 0; i < nkw; i++)
+        if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0) goto out;
+    out = ms_call_slow(fn, self, rest, kwargs);
+out:
+    Py_XDECREF(rest);
+    Py_XDECREF(kwargs);
+    return out;
+}
+
+static PyObject *mm_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "O:ModuleMethod", &fn)) return NULL;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
+        return PyErr_Format(PyExc_TypeError, "ModuleMethod takes no keyword arguments");
+    if (!PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "ModuleMethod: the method must be callable, got "
+                            "%.100s", Py_TYPE(fn)->tp_name);
+    mm_object *m = (mm_object *)type->tp_alloc(type, 0);
+    if (m == NULL) return NULL;
+    m->vectorcall = mm_vectorcall;
+    m->fn = Py_NewRef(fn);
+    return (PyObject *)m;
+}
+
+static int mm_traverse(mm_object *m, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(m));
+    Py_VISIT(m->fn);
+    Py_VISIT(m->dict);
+    return 0;
+}
+
+static int mm_clear(mm_object *m) {
+    Py_CLEAR(m->fn);
+    Py_CLEAR(m->dict);
+    return 0;
+}
+
+static void mm_dealloc(mm_object *m) {
+    PyTypeObject *tp = Py_TYPE(m);
+    PyObject_GC_UnTrack(m);
+    if (m->weakrefs != NULL) PyObject_ClearWeakRefs((PyObject *)m);
+    mm_clear(m);
+    tp->tp_free((PyObject *)m);
+    Py_DECREF(tp);
+}
+
+/* As a function: itself on the class, a bound method on an instance. */
+static PyObject *mm_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+/* pickle by reference, as functions are: the attribute __qualname__ of module __module__ */
+static PyObject *mm_reduce(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyObject *mm_repr(mm_object *m) {
+    PyObject *qn = PyObject_GetAttrString((PyObject *)m, "__qualname__");
+    if (qn == NULL) {
+        PyErr_Clear();
+        return PyUnicode_FromFormat("<ctrainstate module method of %R>", m->fn);
+    }
+    PyObject *r = PyUnicode_FromFormat("<ctrainstate module method %S>", qn);
+    Py_DECREF(qn);
+    return r;
+}
+
+static PyMethodDef mm_methods[] = {
+    {"__reduce__", mm_reduce, METH_NOARGS, "Pickled by reference, as a function is."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef mm_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(mm_object, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(mm_object, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(mm_object, weakrefs), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef mm_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot mm_slots[] = {
+    {Py_tp_new, mm_new},
+    {Py_tp_getset, mm_getset},
+    {Py_tp_dealloc, mm_dealloc},
+    {Py_tp_traverse, mm_traverse},
+    {Py_tp_clear, mm_clear},
+    {Py_tp_repr, mm_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, mm_descr_get},
+    {Py_tp_members, mm_members},
+    {Py_tp_methods, mm_methods},
+    {Py_tp_doc, "ModuleMethod(fn)\n--\n\n"
+                "An nn.Module method: calling it with (self, *args, **kwargs) runs "
+                "fn(self, *args, **kwargs) with the module's frame active, as "
+                "module_call(fn, self, args, kwargs) (the common case in C, the rest in "
+                "nn.module._call_method). A method descriptor, as a function is."},
+    {0, NULL},
+};
+
+static PyType_Spec mm_spec = {
+    .name = "ctrainstate._C.ModuleMethod",
+    .basicsize = sizeof(mm_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = mm_slots,
+};
 
 /* dict.fromkeys(keys, value) of a dict `keys` (a new dict). */
 static PyObject *ms_fromkeys(PyObject *keys, PyObject *value) {
@@ -543,6 +736,120 @@ done:
 }
 
 
+/* copy_tree(tree): nn.module._copy_tree's result: `tree` with every dict in it copied, at any
+ * depth, into a plain dict (a dict subclass's items as its items() gives them), every other
+ * value kept as it is; a tree that is not a dict is returned as it is. What apply and bind
+ * copy the caller's variables with. */
+static PyObject *ms_copy_tree(PyObject *d) {
+    if (!PyDict_Check(d)) return Py_NewRef(d);
+    if (Py_EnterRecursiveCall(" in copy_tree")) return NULL;
+    PyObject *out = PyDict_New();
+    if (out == NULL) goto error;
+    if (PyDict_CheckExact(d)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(d, &pos, &k, &v)) {
+            Py_INCREF(k);
+            Py_INCREF(v);   /* (held: a copy below may run code that changes d) */
+            PyObject *c = ms_copy_tree(v);
+            const int rc = c == NULL ? -1 : PyDict_SetItem(out, k, c);
+            Py_XDECREF(c);
+            Py_DECREF(k);
+            Py_DECREF(v);
+            if (rc < 0) goto error;
+        }
+    } else {
+        PyObject *items = PyObject_CallMethod(d, "items", NULL);
+        PyObject *it = items != NULL ? PyObject_GetIter(items) : NULL;
+        Py_XDECREF(items);
+        if (it == NULL) goto error;
+        PyObject *item;
+        while ((item = PyIter_Next(it)) != NULL) {
+            PyObject *pair = PySequence_Tuple(item);
+            Py_DECREF(item);
+            if (pair != NULL && PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_Format(PyExc_ValueError, "copy_tree: %.100s.items() must give (key, "
+                             "value) pairs", Py_TYPE(d)->tp_name);
+                Py_CLEAR(pair);
+            }
+            PyObject *c = pair != NULL ? ms_copy_tree(PyTuple_GET_ITEM(pair, 1)) : NULL;
+            const int rc = c == NULL ? -1 : PyDict_SetItem(out, PyTuple_GET_ITEM(pair, 0), c);
+            Py_XDECREF(c);
+            Py_XDECREF(pair);
+            if (rc < 0) break;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) goto error;
+    }
+    Py_LeaveRecursiveCall();
+    return out;
+error:
+    Py_LeaveRecursiveCall();
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *py_copy_tree(PyObject *mod, PyObject *tree) {
+    (void)mod;
+    return ms_copy_tree(tree);
+}
+
+/* module_post_init(module, d): the end of the generated __init__ of a Module class keeping
+ * Module.__post_init__ (nn.module._generated_init), `d` the module's __dict__ with its fields
+ * stored: Module.__post_init__'s work, the same state in the same order (the module's own
+ * state, the name check, module_bind_new where a module method runs). */
+static PyObject *py_module_post_init(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 2 || !PyDict_CheckExact(a[1]))
+        return PyErr_Format(PyExc_TypeError, "module_post_init(module, d: its __dict__)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *self = a[0], *d = a[1];
+    if (ms_check_module(self, "module_post_init: module") < 0) return NULL;
+    if (ms_dict(self) != d)
+        return PyErr_Format(PyExc_TypeError, "module_post_init: d must be the module's __dict__");
+    PyObject *v[9] = {PyDict_New(), PySet_New(NULL), PyTuple_New(0), PySet_New(NULL),
+                      PySet_New(NULL), PyDict_New(), NULL, NULL, NULL};
+    PyObject *result = NULL;
+    for (int i = 0; i < 6; i++)
+        if (v[i] == NULL) goto out;
+    /* _scope, _parent, _setup_done, _in_setup, _auto_counts, _call_names, _field_names,
+     * _setup_names, _setup_reserved, _fields_adopted, _children: Module.__post_init__'s */
+    if (PyDict_SetItem(d, S(_scope), Py_None) < 0 || PyDict_SetItem(d, S(_parent), Py_None) < 0 ||
+        PyDict_SetItem(d, S(_setup_done), Py_False) < 0 ||
+        PyDict_SetItem(d, S(_in_setup), Py_False) < 0 ||
+        PyDict_SetItem(d, S(_auto_counts), v[0]) < 0 ||
+        PyDict_SetItem(d, S(_call_names), v[1]) < 0 ||
+        PyDict_SetItem(d, S(_field_names), v[2]) < 0 ||
+        PyDict_SetItem(d, S(_setup_names), v[3]) < 0 ||
+        PyDict_SetItem(d, S(_setup_reserved), v[4]) < 0 ||
+        PyDict_SetItem(d, S(_fields_adopted), Py_False) < 0 ||
+        PyDict_SetItem(d, S(_children), v[5]) < 0)
+        goto out;
+    PyObject *name = ms_get(d, S(name));
+    if (name == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, S(name));
+        goto out;
+    }
+    if (name != Py_None && !PyUnicode_Check(name)) {
+        v[6] = PyType_GetName(Py_TYPE(self));
+        if (v[6] != NULL)
+            PyErr_Format(PyExc_TypeError, "%U: name must be a string, got %R", v[6], name);
+        goto out;
+    }
+    v[7] = ms_ctx(S(stack));
+    if (v[7] == NULL) goto out;
+    if (PyList_Check(v[7]) ? PyList_GET_SIZE(v[7]) > 0 : PyObject_IsTrue(v[7]) != 0) {
+        if (PyErr_Occurred()) goto out;
+        PyObject *args[2] = {self, v[7]};
+        result = py_module_bind_new(NULL, args, 2);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+out:
+    for (int i = 0; i < 9; i++) Py_XDECREF(v[i]);
+    return result;
+}
+
 /* module_release: see the header. The tree is the modules reachable through `_children`
  * dicts. A module's references from the tree itself are its entry in its parent's
  * `_children` (for the root: `holder`'s item) and its children's `_parent`; where every
@@ -612,6 +919,15 @@ static PyMethodDef module_methods[] = {
      "module_bind_new(module, stack, /)\n--\n\n"
      "Attach a module just constructed while a module method runs (nn.module._bind_new's "
      "common case in C; the rest goes to it)."},
+    {"module_post_init", (PyCFunction)(void (*)(void))py_module_post_init, METH_FASTCALL,
+     "module_post_init(module, d, /)\n--\n\n"
+     "Module.__post_init__'s work for a module whose __dict__ d holds its fields (the end of "
+     "nn.module's generated __init__): its state, the name check, and module_bind_new's "
+     "attach where a module method runs."},
+    {"copy_tree", py_copy_tree, METH_O,
+     "copy_tree(tree, /)\n--\n\n"
+     "tree with every dict in it copied into a plain dict, at any depth (a dict subclass's "
+     "items as its items() gives them), other values kept as they are (nn.module._copy_tree)."},
     {"module_release", py_module_release, METH_O,
      "module_release(holder, /)\n--\n\n"
      "Cut the child-to-parent links of the module tree under holder[0] (a list of one module) "
@@ -620,4 +936,11 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ct_py_init_module(PyObject *m) { return PyModule_AddFunctions(m, module_methods); }
+int ct_py_init_module(PyObject *m) {
+    PyObject *mm = PyType_FromSpec(&mm_spec);
+    if (mm == NULL || PyModule_AddObject(m, "ModuleMethod", mm) < 0) {
+        Py_XDECREF(mm);
+        return -1;
+    }
+    return PyModule_AddFunctions(m, module_methods);
+}

@@ -1,7 +1,14 @@
 """The C paths of nn.Module method calls and submodule attach (csrc/python/py_module.c:
-_C.module_call, _C.module_bind_new): each leaves what the Python reference
+_C.module_call, _C.ModuleMethod, _C.module_bind_new): each leaves what the Python reference
 (nn.module._call_method, _bind_new, Module._attach) leaves, the cases it declines reach the
 Python path unchanged, and its arguments are checked."""
+import copy
+import functools
+import inspect
+import pickle
+import sys
+import weakref
+
 import numpy as np
 import pytest
 
@@ -12,12 +19,27 @@ from ctrainstate.nn.scope import NameInUseError
 X = np.ones((2, 3), np.float32)
 
 
+def _python_wrap_method(fn):
+    """nn.module._wrap_method with a Python wrapper calling the Python reference
+    (_call_method) instead of a _C.ModuleMethod."""
+    if getattr(fn, "_ct_wrapped", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(self, *args, **kwargs):
+        return _module._call_method(fn, self, args, kwargs)
+    wrapped._ct_wrapped = True
+    return wrapped
+
+
 def _python_paths(monkeypatch):
-    """Route module method calls and (for classes defined afterwards) submodule attach through
-    the Python reference instead of C."""
-    monkeypatch.setattr(_module, "_module_call",
-                        lambda fn, self, a, k: _module._call_method(fn, self, a, k))
+    """Route module method calls and submodule attach through the Python reference instead
+    of C, for classes defined afterwards."""
+    monkeypatch.setattr(_module, "_wrap_method", _python_wrap_method)
     monkeypatch.setattr(_module, "_module_bind_new", _module._bind_new)
+    # (the generated __init__'s end: Module.__post_init__, whose attach is _bind_new)
+    monkeypatch.setattr(_module, "_module_post_init",
+                        lambda self, d: _module.Module.__post_init__(self))
 
 
 def _make_classes():
@@ -234,6 +256,150 @@ def test_module_call_checks_its_arguments():
         _C.module_call(len, nn.Dense(2), (), {})
 
 
+# --- ModuleMethod: the method wrapper ------------------------------------------------------
+
+class _Doc(nn.Module):
+    """A module with a documented method besides __call__."""
+    features: int = 2
+
+    @nn.compact
+    def __call__(self, x, *, scale=1.0):
+        """Dense, scaled."""
+        return nn.Dense(self.features)(x) * scale
+
+    def double(self, x):
+        return 2 * self(x)
+
+
+def test_module_method_is_a_c_method_carrying_what_wraps_copies():
+    f = _Doc.__call__
+    assert type(f) is _C.ModuleMethod and f._ct_wrapped and f._ct_compact
+    raw = f.__wrapped__
+    assert inspect.isfunction(raw) and not hasattr(raw, "_ct_wrapped")
+    assert (f.__name__, f.__qualname__, f.__module__, f.__doc__) == (
+        "__call__", "_Doc.__call__", __name__, "Dense, scaled.")
+    assert f.__annotations__ == raw.__annotations__
+    assert str(inspect.signature(f)) == "(self, x, *, scale=1.0)"
+    assert str(inspect.signature(_Doc().__call__)) == "(x, *, scale=1.0)"
+    assert "_Doc.__call__" in repr(f)
+    # a descriptor as a function is: itself on the class, a bound method on an instance
+    assert _Doc.__dict__["__call__"] is f and f.__get__(None, _Doc) is f
+    m = _Doc()
+    assert m.double.__func__ is _Doc.double and m.double.__self__ is m
+    # pickled and deep-copied by reference; weak references work
+    assert pickle.loads(pickle.dumps(f)) is f
+    assert copy.deepcopy(f) is f and copy.copy(f) is f
+    assert weakref.ref(f)() is f
+    # a method wrapped again stays as it is
+    assert _module._wrap_method(f) is f
+
+
+def test_module_method_calls_match_the_python_wrapper():
+    v = _Doc().init(random.PRNGKey(0), X)
+    ref = _python_wrap_method(_Doc.__call__.__wrapped__)
+    want = np.asarray(_Doc().apply(v, X, scale=3.0, method=ref))
+    assert np.array_equal(np.asarray(_Doc().apply(v, X, scale=3.0)), want)
+    assert np.array_equal(np.asarray(_Doc().apply(v, X, method="double")), 2 * np.asarray(
+        _Doc().apply(v, X)))
+    assert np.array_equal(np.asarray(_Doc().bind(v).double(X)), 2 * np.asarray(
+        _Doc().apply(v, X)))
+    # the unbound form, and a bound method passed as `method`
+    assert np.array_equal(np.asarray(_Doc().apply(
+        v, X, method=lambda m, x: _Doc.__call__(m, x, scale=3.0))), want)
+    assert np.array_equal(np.asarray(_Doc().apply(v, X, method=_Doc().double)), 2 * np.asarray(
+        _Doc().apply(v, X)))
+
+
+def test_module_method_makes_no_python_frame():
+    """An apply of a two-layer nn.Dense model enters no Python frame of a method wrapper:
+    the three method calls are the _C.ModuleMethod's, the methods' own frames only."""
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(nn.Dense(4)(x))
+
+    v = MLP().init(random.PRNGKey(0), X)
+    MLP().apply(v, X)
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
+    sys.setprofile(prof)
+    try:
+        MLP().apply(v, X)
+    finally:
+        sys.setprofile(None)
+    assert [n for f, n in seen if n == "__call__" and f.endswith("linear.py")] == ["__call__"] * 2
+    assert not [c for c in seen if c[0] == _module.__file__ and c[1] in ("wrapped",
+                                                                         "_call_method")], seen
+
+
+def test_module_method_declined_calls_reach_the_python_path_with_their_arguments():
+    got = []
+
+    def call_slow(fn, self, args, kwargs):
+        got.append((fn, type(self).__name__, args, dict(kwargs)))
+        return _module._call_method(fn, self, args, kwargs)
+
+    class WithSetup(nn.Module):
+        def setup(self):
+            self.d = nn.Dense(2)
+
+        def __call__(self, x, *, scale=1.0):
+            return self.d(x) * scale
+
+    v = WithSetup().init(random.PRNGKey(0), X)
+    want = np.asarray(WithSetup().apply(v, X, scale=2.0))
+    _setup_c(call_slow, _module._bind_new, _module._adopt_tail)
+    try:
+        out = WithSetup().apply(v, X, scale=2.0)       # setup() to run: the Python path
+    finally:
+        _setup_c(_module._call_method, _module._bind_new, _module._adopt_tail)
+    assert np.array_equal(np.asarray(out), want)
+    assert got[0][0] is WithSetup.__call__.__wrapped__
+    assert got[0][1:] == ("WithSetup", (X,), {"scale": 2.0})
+
+
+def test_lifted_transforms_take_a_wrapped_method():
+    """nn.remat and nn.jit over a module class's method (a _C.ModuleMethod), as over the
+    function it wraps."""
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.remat(nn.Dense.__call__)(nn.Dense(2), x) + nn.jit(
+                _Doc.__call__)(_Doc(), x)
+
+    v = Outer().init(random.PRNGKey(0), X)
+    assert sorted(v["params"]) == ["Dense_0", "_Doc_0"]
+    d = v["params"]["Dense_0"]
+    want = X @ np.asarray(d["kernel"]) + np.asarray(d["bias"])
+    got = np.asarray(Outer().apply(v, X)) - np.asarray(_Doc().apply(
+        {"params": v["params"]["_Doc_0"]}, X))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_module_method_checks_its_arguments():
+    with pytest.raises(TypeError, match="callable"):
+        _C.ModuleMethod(3)
+    with pytest.raises(TypeError, match="keyword"):
+        _C.ModuleMethod(len, x=1)
+    with pytest.raises(TypeError):
+        _C.ModuleMethod()
+    with pytest.raises(TypeError, match=r"_Doc.__call__\(\) missing 1 required positional "
+                                        r"argument: 'self'"):
+        _Doc.__call__()
+    with pytest.raises(TypeError, match="must be an nn.Module, got int"):
+        _Doc.__call__(3, X)
+    with pytest.raises(RuntimeError, match="unbound"):      # the Python path's error
+        _Doc()(X)
+    bare = _C.ModuleMethod(lambda self: self)               # no wraps: no names to show
+    assert "module method" in repr(bare)
+    with pytest.raises(TypeError, match="missing 1 required"):
+        bare()
+    assert _module._ctx.stack == []
+
+
 def test_module_bind_new_checks_its_arguments():
     d = nn.Dense(2)
     for bad in ([], (), None, "x"):
@@ -250,6 +416,122 @@ def test_module_bind_new_checks_its_arguments():
     # a frame of an unbound parent: the Python path's error (no scope to attach to)
     with pytest.raises(AttributeError):
         _C.module_bind_new(d, [(nn.Dense(3), True)])
+
+
+# --- module_post_init: the end of the generated __init__ ------------------------------------
+
+def test_generated_init_ends_in_module_post_init():
+    """The generated __init__ of a plain Module class does Module.__post_init__'s work in
+    one C call (its state is the Python path's: test_c_paths_leave_the_python_paths_state)."""
+    Leaf, _ = _make_classes()
+    assert Leaf.__init__._ct_generated
+    assert Leaf.__init__.__globals__["__ct_post_init_c"] is _C.module_post_init
+    free = Leaf(3)
+    ref = object.__new__(Leaf)
+    ref.__dict__.update(features=3, axes=("a", "b"), name=None)
+    _module.Module.__post_init__(ref)
+    assert list(free.__dict__) == list(ref.__dict__)
+    assert {k: v for k, v in free.__dict__.items()} == ref.__dict__
+    assert free.__dict__["_call_names"] is not Leaf(3).__dict__["_call_names"]  # its own
+
+
+def test_module_post_init_name_check_and_arguments():
+    Leaf, _ = _make_classes()
+    for bad in (3, b"x", ("a",)):
+        with pytest.raises(TypeError, match=rf"^Leaf: name must be a string, got {bad!r}".replace(
+                "(", r"\(").replace(")", r"\)")):
+            Leaf(2, name=bad)
+
+    class Maker(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Leaf(2, name=7)(x)
+
+    with pytest.raises(TypeError, match="Leaf: name must be a string, got 7"):
+        Maker().init(random.PRNGKey(0), X)
+    assert _module._ctx.stack == []
+    d = Leaf(2)
+    with pytest.raises(TypeError, match="module_post_init"):
+        _C.module_post_init(d)
+    with pytest.raises(TypeError, match="module_post_init"):
+        _C.module_post_init(d, None)
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        _C.module_post_init(3, {})
+    with pytest.raises(TypeError, match="the module's __dict__"):
+        _C.module_post_init(d, dict(d.__dict__))
+
+
+# --- copy_tree: the variables apply and bind copy ---------------------------------------------
+
+def test_copy_tree_matches_the_python_reference():
+    import collections
+    from ctrainstate.core import FrozenDict
+    leaf = np.ones(2)
+    od = collections.OrderedDict(a=1, b={"c": leaf})
+    od.move_to_end("a")                      # its items() order is not the dict's own
+    trees = [{"params": {"D_0": {"kernel": leaf, "bias": 2}, "x": 3}, "stats": {}},
+             FrozenDict({"params": FrozenDict({"k": leaf})}), od, {"a": {"b": {"c": {"d": {}}}}},
+             {}, leaf, 3, None, [{"a": 1}]]
+    def same(a, b):     # equal structure, identical leaves
+        if isinstance(a, dict):
+            return type(a) is type(b) and list(a) == list(b) and all(
+                same(a[k], b[k]) for k in a)
+        return a is b
+
+    for t in trees:
+        got, want = _C.copy_tree(t), _module._copy_tree(t)
+        assert same(got, want)
+        if isinstance(t, dict):
+            assert type(got) is dict and got is not t
+        else:
+            assert got is t
+    got = _C.copy_tree(od)
+    assert list(got) == ["b", "a"] and got["b"]["c"] is leaf and got["b"] is not od["b"]
+    got = _C.copy_tree(trees[0])
+    assert got["params"]["D_0"] is not trees[0]["params"]["D_0"]
+    assert got["params"]["D_0"]["kernel"] is leaf
+    deep = {}
+    for _ in range(100000):
+        deep = {"a": deep}
+    with pytest.raises(RecursionError):
+        _C.copy_tree(deep)
+
+    class Pairs(dict):
+        def items(self):
+            return [(1, 2, 3)]
+
+    with pytest.raises(ValueError, match="pairs"):
+        _C.copy_tree(Pairs(a=1))
+
+
+def test_apply_copies_the_variables_in_c():
+    """apply runs no Python frame of _copy_tree, and what it writes (a mutable collection)
+    never reaches the caller's dicts."""
+    class Counter(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            c = self.variable("stats", "n", lambda: 0)
+            c.value = c.value + 1
+            return nn.Dense(2)(x)
+
+    v = Counter().init(random.PRNGKey(0), X)
+    before = {k: dict(t) for k, t in v.items()}
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        _, new = Counter().apply(v, X, mutable=["stats"])
+    finally:
+        sys.setprofile(None)
+    assert "_copy_tree" not in seen and "apply" in seen
+    assert new["stats"]["n"] == v["stats"]["n"] + 1
+    assert {k: dict(t) for k, t in v.items()} == before
+    b = Counter().bind(v, mutable=["stats"])
+    b(X)
+    assert {k: dict(t) for k, t in v.items()} == before
 
 
 def _setup_c(call_slow, bind_slow, adopt_tail):

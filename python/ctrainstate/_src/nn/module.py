@@ -172,9 +172,10 @@ class _Frame(tuple):
 
 _tuple_new = tuple.__new__
 _object_new = object.__new__
-_module_call = _C.module_call
 _module_bind_new = _C.module_bind_new
+_module_post_init = _C.module_post_init
 _module_release = _C.module_release
+_copy_tree_c = _C.copy_tree
 
 
 def current_module() -> "Module | None":
@@ -219,16 +220,35 @@ def _require_bound(module, hint: str = "call it through .init(...) or .apply(...
 
 def _wrap_method(fn: Callable) -> Callable:
     """Run a user method with the module's frame active (so submodules attach to it): the
-    call is ``_call_method(fn, self, args, kwargs)``, its common case in C
-    (``_C.module_call``, py_module.c)."""
+    call ``wrapped(self, *args, **kwargs)`` is ``_call_method(fn, self, args, kwargs)``, its
+    common case in C. ``wrapped`` is a ``_C.ModuleMethod`` (py_module.c): a C callable
+    without a Python frame of its own, a method descriptor as a function is (itself on the
+    class, a bound method on an instance), carrying what ``functools.wraps`` copies
+    (``__name__``, ``__qualname__``, ``__doc__``, ``__module__``, ``__wrapped__``, so
+    ``inspect.signature`` shows ``fn``'s, and ``fn``'s own attributes such as
+    ``_ct_compact``) and pickled by reference. A method already wrapped is returned as it
+    is.
+
+    >>> from ctrainstate import nn
+    >>> class M(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         "Doubles x."
+    ...         return 2 * x
+    >>> M.__call__.__name__, M.__call__.__doc__, M.__call__._ct_compact, M.__call__._ct_wrapped
+    ('__call__', 'Doubles x.', True, True)
+    """
     if getattr(fn, "_ct_wrapped", False):
         return fn
-
-    @functools.wraps(fn)
-    def wrapped(self, *args, **kwargs):
-        return _module_call(fn, self, args, kwargs)
+    wrapped = functools.update_wrapper(_C.ModuleMethod(fn), fn)
     wrapped._ct_wrapped = True
     return wrapped
+
+
+def _is_module_method(obj) -> bool:
+    """Whether ``obj`` is a Module method as its class holds it (``Model.__call__``): a
+    function wrapped by :func:`_wrap_method`, a ``_C.ModuleMethod``."""
+    return type(obj) is _C.ModuleMethod
 
 
 def _call_method(fn: Callable, self, args: tuple, kwargs: dict):
@@ -423,8 +443,9 @@ def _generated_init(cls, init: Callable) -> Callable | None:
     ``kw_only=``) taking Flax's keyword ``parent`` too, written so a module made at every
     ``apply`` costs a few dictionary stores: the fields and the module's own state go into
     the instance ``__dict__`` (what ``object.__setattr__`` does for names without a data
-    descriptor), and :meth:`Module.__post_init__`'s work is done inline (its state, the name
-    check, attaching to the module whose method runs) where the instance's class keeps
+    descriptor), and :meth:`Module.__post_init__`'s work (its state, the name check,
+    attaching to the module whose method runs) is one C call, ``_C.module_post_init(self,
+    self.__dict__)`` (py_module.c), where the instance's class keeps
     ``Module.__post_init__``; elsewhere ``self.__post_init__()`` runs, as dataclasses does.
     ``parent=None`` builds a free module (see :func:`_accept_parent`). The function carries
     ``init`` as ``__wrapped__`` (so ``inspect.signature`` shows the dataclass signature, as
@@ -445,10 +466,9 @@ def _generated_init(cls, init: Callable) -> Callable | None:
         return None
     # the generated code's own names: none may be a field's (a field `type` or `dict`
     # would shadow the builtin)
-    ns = {"__ct_UNSET": _UNSET, "__ct_FACTORY": factory, "__ct_ctx": _ctx,
-          "__ct_bind_new": _module_bind_new, "__ct_post_init": Module.__post_init__,
-          "__ct_free_init": _free_init, "__ct_bad_name": _bad_name, "__ct_str": str,
-          "__ct_type": type, "__ct_isinstance": isinstance, "__ct_set": set, "__ct_dict": dict}
+    ns = {"__ct_UNSET": _UNSET, "__ct_FACTORY": factory,
+          "__ct_post_init_c": _module_post_init, "__ct_post_init": Module.__post_init__,
+          "__ct_free_init": _free_init, "__ct_type": type, "__ct_dict": dict}
     if any(f.name.startswith("__ct_") or f.name in ("self", "parent", "__init__")
            for f in fields):
         return None
@@ -485,24 +505,8 @@ def _generated_init(cls, init: Callable) -> Callable | None:
         "    if __ct_type(self).__post_init__ is not __ct_post_init:",
         "        self.__post_init__()",
         "        return",
-        "    # Module.__post_init__, inline (the same state, in the same order)",
-        "    __ct_d['_scope'] = None",
-        "    __ct_d['_parent'] = None",
-        "    __ct_d['_setup_done'] = False",
-        "    __ct_d['_in_setup'] = False",
-        "    __ct_d['_auto_counts'] = {}",
-        "    __ct_d['_call_names'] = __ct_set()",
-        "    __ct_d['_field_names'] = ()",
-        "    __ct_d['_setup_names'] = __ct_set()",
-        "    __ct_d['_setup_reserved'] = __ct_set()",
-        "    __ct_d['_fields_adopted'] = False",
-        "    __ct_d['_children'] = {}",
-        "    __ct_name = __ct_d['name']",
-        "    if __ct_name is not None and not __ct_isinstance(__ct_name, __ct_str):",
-        "        __ct_bad_name(self)",
-        "    __ct_stack = __ct_ctx.stack",
-        "    if __ct_stack:",
-        "        __ct_bind_new(self, __ct_stack)",
+        "    # Module.__post_init__'s work (the same state, in the same order), in C",
+        "    __ct_post_init_c(self, __ct_d)",
     ])
     try:
         exec(compile(src, f"<{cls.__qualname__}.__init__ (ctrainstate)>", "exec"), ns)
@@ -1074,9 +1078,7 @@ class Module:
             capture = _capture_filter(capture_intermediates)
             if capture is not None:
                 mutable = union_filters(mutable, "intermediates")
-        vs = {}
-        for k, v in variables.items():
-            vs[k] = _copy_tree(v)
+        vs = _copy_tree_c(variables)    # ({k: _copy_tree(v) for k, v in variables.items()})
         out, new_vars = self._run(vs, rngs, mutable, method, args, kwargs, capture=capture)
         if mutable is False:
             return out
@@ -1093,7 +1095,7 @@ class Module:
         if rngs is not None and not isinstance(rngs, dict):
             rngs = {"params": rngs}
         root_rngs = {k: np.asarray(v).astype(np.uint32) for k, v in (rngs or {}).items()}
-        scope = ModuleScope({k: _copy_tree(v) for k, v in variables.items()}, root_rngs, mutable)
+        scope = ModuleScope(_copy_tree_c(variables), root_rngs, mutable)
         return self._clone_bound(scope)
 
     def __repr__(self):
@@ -1202,7 +1204,8 @@ def _freeze_attr(val):
 
 
 def _copy_tree(d):
-    """``d`` with every dict in it copied (a plain dict; leaves kept as they are)."""
+    """``d`` with every dict in it copied (a plain dict; leaves kept as they are). The
+    reference of ``_C.copy_tree`` (py_module.c), which apply and bind use."""
     if isinstance(d, dict):
         out = {}
         for k, v in d.items():   # (a leaf is kept as it is: recurse into dicts only)

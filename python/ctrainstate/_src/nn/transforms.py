@@ -121,7 +121,8 @@ def remat(target, variables=True, rngs=True, concrete: bool = False, prevent_cse
     differentiated (batch statistics, ``sow``) raises ``NotImplementedError``.
     """
     is_class = isinstance(target, type) and issubclass(target, Module)
-    if not is_class and not inspect.isfunction(target):
+    # (a module method, Model.__call__, is a function wrapped as a _C.ModuleMethod)
+    if not is_class and not (inspect.isfunction(target) or _module._is_module_method(target)):
         raise TypeError(
             f"nn.remat: expected a Module class (e.g. nn.remat(nn.Dense)) or a function whose "
             f"first argument is a Module (a method), got {target!r}; for a function of arrays "

@@ -16,3 +16,21 @@ def python_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return n[0]
+
+
+def python_frames(fn, result=None) -> list:
+    """The (file, function name) of each Python function call ``fn()`` makes, in order (C
+    functions not listed); ``result``, a list, gets ``fn()``'s return value appended."""
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
+    sys.setprofile(prof)
+    try:
+        r = fn()
+    finally:
+        sys.setprofile(None)
+    if result is not None:
+        result.append(r)
+    return seen

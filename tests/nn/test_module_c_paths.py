@@ -6,7 +6,6 @@ import copy
 import functools
 import inspect
 import pickle
-import sys
 import weakref
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from ctrainstate import _C, nn, random
 from ctrainstate._src.nn import module as _module
 from ctrainstate.nn.scope import NameInUseError
+from call_counts import python_frames
 
 X = np.ones((2, 3), np.float32)
 
@@ -320,16 +320,7 @@ def test_module_method_makes_no_python_frame():
 
     v = MLP().init(random.PRNGKey(0), X)
     MLP().apply(v, X)
-    seen = []
-
-    def prof(frame, event, arg):
-        if event == "call":
-            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
-    sys.setprofile(prof)
-    try:
-        MLP().apply(v, X)
-    finally:
-        sys.setprofile(None)
+    seen = python_frames(lambda: MLP().apply(v, X))
     assert [n for f, n in seen if n == "__call__" and f.endswith("linear.py")] == ["__call__"] * 2
     assert not [c for c in seen if c[0] == _module.__file__ and c[1] in ("wrapped",
                                                                          "_call_method")], seen
@@ -516,16 +507,10 @@ def test_apply_copies_the_variables_in_c():
 
     v = Counter().init(random.PRNGKey(0), X)
     before = {k: dict(t) for k, t in v.items()}
-    seen = []
-
-    def prof(frame, event, arg):
-        if event == "call":
-            seen.append(frame.f_code.co_name)
-    sys.setprofile(prof)
-    try:
-        _, new = Counter().apply(v, X, mutable=["stats"])
-    finally:
-        sys.setprofile(None)
+    out = []
+    seen = [name for _, name in python_frames(
+        lambda: Counter().apply(v, X, mutable=["stats"]), out)]
+    _, new = out[0]
     assert "_copy_tree" not in seen and "apply" in seen
     assert new["stats"]["n"] == v["stats"]["n"] + 1
     assert {k: dict(t) for k, t in v.items()} == before

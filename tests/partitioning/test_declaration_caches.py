@@ -12,6 +12,7 @@ from ctrainstate import partitioning as nn_partitioning
 from ctrainstate._src.base.trace_state import jit_scope
 from ctrainstate._src.nn import spmd
 from ctrainstate._src.nn.scope import NameInUseError, ScopeParamShapeError, _plain_fn_key
+from call_counts import python_frames
 
 RULES = (("batch", "data"), ("hidden", "model"))
 
@@ -199,18 +200,7 @@ def _arr(mesh, spec=P()):
 
 def _python_calls(fn):
     """The Python functions (file, name) entered while ``fn()`` runs."""
-    import sys
-    seen = []
-
-    def prof(frame, event, arg):
-        if event == "call":
-            seen.append((frame.f_code.co_filename, frame.f_code.co_name))
-    sys.setprofile(prof)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return seen
+    return python_frames(fn)
 
 
 def test_cached_declaration_is_found_in_c():

@@ -181,8 +181,8 @@ static int ms_is_scalar(PyObject *v) {
 
 /* Whether adopting the fields of `obj` (a module whose fields are not adopted yet) would only
  * mark them adopted: its class keeps Module._adopt_fields and every field but name holds a
- * scalar or a tuple of scalars (no module inside; _freeze_attr keeps it), as nn.module's
- * _adopt_tail checks, with the class's field names from _plain_fields_info (stored on the
+ * scalar, a tuple of scalars or another value that is no module, dict, list or tuple (no
+ * module inside; _freeze_attr keeps it), as nn.module's _adopt_tail checks, with the class's field names from _plain_fields_info (stored on the
  * class as _ct_plain_fields; computed there where missing or stale). 1, 0 or -1. */
 static int ms_plain_fields(PyObject *obj, PyObject *d) {
     if (ms_class_attr(obj, S(_adopt_fields)) != ms_env[MS_ADOPT_FIELDS]) return 0;
@@ -204,12 +204,17 @@ static int ms_plain_fields(PyObject *obj, PyObject *d) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(fields); i++) {
         PyObject *v = PyDict_GetItemWithError(d, PyTuple_GET_ITEM(fields, i));
         if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+        if (ms_is_scalar(v)) continue;
         if (PyTuple_CheckExact(v)) {
             for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(v); j++)
                 if (!ms_is_scalar(PyTuple_GET_ITEM(v, j))) return 0;
-        } else if (!ms_is_scalar(v)) {
-            return 0;
+            continue;
         }
+        /* any other value but a module, dict, list or tuple (an initializer function, a
+         * dtype, an activation): _adopt finds no module in it and _freeze_attr returns it */
+        if (PyDict_Check(v) || PyList_Check(v) || PyTuple_Check(v)) return 0;
+        const int r = PyObject_IsInstance(v, ms_env[MS_MODULE]);
+        if (r != 0) return r < 0 ? -1 : 0;
     }
     return 1;
 }

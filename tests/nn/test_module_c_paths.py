@@ -2,6 +2,7 @@
 _C.module_call, _C.ModuleMethod, _C.module_bind_new): each leaves what the Python reference
 (nn.module._call_method, _bind_new, Module._attach) leaves, the cases it declines reach the
 Python path unchanged, and its arguments are checked."""
+import collections
 import copy
 import functools
 import inspect
@@ -562,11 +563,56 @@ def test_common_case_stays_in_c_and_the_rest_goes_to_python():
                 return Holder(nn.Dense(2))(x)
 
         Outer().init(random.PRNGKey(0), X)
-        # the Dense made in Outer's method (its initializer fields are functions) and Holder
-        # (a field holding a module)
-        assert counts["tail"] == 2
+        # Holder (a field holding a module); not the Dense made in Outer's method (its
+        # initializer fields are functions, its dtype fields None: no module inside)
+        assert counts["tail"] == 1
+
+        class Keyed(nn.Module):
+            table: object
+
+            @nn.compact
+            def __call__(self, x):
+                return x
+
+        class Outer2(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return Keyed({"a": 1})(Keyed([1])(Keyed(_Pair(1, 2))(x)))
+
+        Outer2().init(random.PRNGKey(0), X)   # a dict, a list, a namedtuple: _adopt_fields
+        assert counts["tail"] == 4
     finally:
         _setup_c(_module._call_method, _module._bind_new, _module._adopt_tail)
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
+
+
+def test_fields_without_modules_are_kept_as_they_are():
+    """A submodule whose fields hold functions, dtypes or other values with no module inside
+    is bound on the C path; its fields keep their objects (a namedtuple keeps its type)."""
+    init = nn.initializers.normal(0.5)
+    seen = {}
+
+    class Probe(nn.Module):
+        fn: object
+        dtype: object
+        pair: object
+
+        @nn.compact
+        def __call__(self, x):
+            seen.update(fn=self.fn, dtype=self.dtype, pair=self.pair)
+            return nn.Dense(2, kernel_init=self.fn)(x)
+
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Probe(init, np.float32, _Pair(1, (2,)))(x)
+
+    v = Outer().init(random.PRNGKey(0), X)
+    Outer().apply(v, X)
+    assert seen["fn"] is init and seen["dtype"] is np.float32
+    assert type(seen["pair"]) is _Pair and seen["pair"] == (1, (2,))
 
 
 # --- module_release: the end of an apply -----------------------------------------------------

@@ -561,8 +561,9 @@ def _bind_new(module, stack):
 def _adopt_tail(child: "Module") -> None:
     """The end of :meth:`Module._attach` for a child whose fields are not adopted yet:
     ``child._adopt_fields()``, skipped where the class keeps the base method and every field
-    holds a scalar or a tuple of scalars (no module inside, _freeze_attr keeps it): what it
-    would do then is mark the fields adopted, with no field submodule."""
+    holds a scalar, a tuple of scalars or another value that is no module, dict, list or
+    tuple (no module inside, _freeze_attr keeps it): what it would do then is mark the fields
+    adopted, with no field submodule."""
     cd = child.__dict__
     cls = type(child)
     plain = cls.__dict__.get("_ct_plain_fields")
@@ -580,7 +581,10 @@ def _adopt_tail(child: "Module") -> None:
                         break
                 else:
                     continue
-            break
+                break
+            if isinstance(v, (Module, dict, list, tuple)):
+                break
+            # (an initializer function, a dtype, an activation: no module inside)
         else:
             cd["_fields_adopted"] = True
             cd["_field_names"] = ()

@@ -35,10 +35,11 @@
 int ct_device_global_id(const ct_device *dev) { return dev->id; }
 
 /* The float32 sweeps below feed every one of the 2^23 mantissas. The sanitizer build
- * (tests/c/Makefile) defines CT_SWEEP_STRIDE=16: there the sweeps take every 16th mantissa
- * with a varying low part, and the first and last, so that the fast path's packing sees
- * the same mix of branches; what the sanitizers check (buffer bounds, undefined behaviour)
- * does not need every value, and the full sweeps run in the plain -O3 builds. */
+ * (tests/c/Makefile) defines CT_SWEEP_STRIDE=64: there the sweeps take every 64th mantissa
+ * with a varying low part (k * 5 mod 64: every residue), and the first and last, so that
+ * the fast path's packing sees the same mix of branches; what the sanitizers check (buffer
+ * bounds, undefined behaviour) does not need every value, and the full sweeps run in the
+ * plain -O3 builds. */
 #ifndef CT_SWEEP_STRIDE
 #define CT_SWEEP_STRIDE 1
 #endif

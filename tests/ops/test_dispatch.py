@@ -999,6 +999,28 @@ def test_no_python_rule_runs_in_a_small_models_backward():
     np.testing.assert_array_equal(np.asarray(g["unused"]), np.zeros((16, 4), np.float32))
 
 
+@pytest.mark.parametrize("kind", ["array", "tuple", "dict"])
+def test_value_and_grad_of_a_bare_array_keeps_its_structure_after_the_first_call(kind):
+    """A differentiated argument's structure is remembered at the first call (_remember_spec)
+    and flattened in C at the next: for a lone Array too, whose check once compared Array
+    values (an elementwise comparison, ambiguous truth) and so was never kept: every call
+    then ran optree and that comparison again."""
+    rng = np.random.default_rng(3)
+    x = cts.device_put(rng.standard_normal((8, 4)).astype(np.float32))
+    arg = {"array": x, "tuple": (x, x), "dict": {"b": x, "a": [x]}}[kind]
+    vag = cts.value_and_grad(lambda a: sum(cnp.sum(cnp.sin(v)) for v in
+                                           cts.tree_util.tree_leaves(a)))
+    v1, g1 = vag(arg)
+    names = {c.rsplit(":", 1)[1] for c in _python_calls(lambda: vag(arg))}
+    assert not names & {"_remember_spec", "_spec_tree", "_compare", "tree_flatten"}, sorted(names)
+    v2, g2 = vag(arg)
+    assert float(v1) == float(v2)
+    for a, b in zip(cts.tree_util.tree_leaves(g1), cts.tree_util.tree_leaves(g2)):
+        np.testing.assert_allclose(np.asarray(a), np.cos(np.asarray(x)), rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert type(g2) is type(arg)
+
+
 def test_vjp_register_checks_its_arguments():
     with pytest.raises(TypeError, match="3 arguments"):
         _C.vjp_register(_ops.sum, _ops.reshape)

@@ -2133,10 +2133,14 @@ def _remember_spec(tree, leaves, td) -> None:
     got = _C.flatten_spec(spec, tree)
     if got is None or len(got) != len(leaves) or any(a is not b for a, b in zip(got, leaves)):
         return
-    try:
-        if _C.unflatten_spec(spec, list(leaves)) != td.unflatten(list(leaves)):
-            return
-    except Exception:   # noqa: BLE001 -- leaves that do not compare: not kept
+    # the tree the spec rebuilds must be the one optree rebuilds: the same treedef (dict keys
+    # in the same order), the same leaf objects. (Not `rebuilt != td.unflatten(...)`: that
+    # compares the leaves' values, an Array comparison per leaf, and a lone Array leaf's
+    # answers an Array whose truth is ambiguous, so a bare Array argument was never kept and
+    # took this path, ~100 us, at every call.)
+    rebuilt, rtd = tree_flatten(_C.unflatten_spec(spec, list(leaves)))
+    if rtd != td or len(rebuilt) != len(leaves) or any(
+            a is not b for a, b in zip(rebuilt, leaves)):
         return
     if spec in _ARG_SPECS:
         return

@@ -222,31 +222,77 @@ def test_matmul_precision_decides_per_call():
 
 @pytest.mark.parametrize("axis", [0, 1, -1, (0,), (0, 1), (), None])
 @pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
-def test_sum_over_axes_c_path_equals_python_op(axis, where):
-    """sum's axis is a static argument of its plans (positional or keyword); keepdims,
-    dtype= and where= take the Python op."""
+@pytest.mark.parametrize("name", ["sum", "max"])
+def test_reductions_over_axes_c_path_equals_python_op(name, axis, where):
+    """sum's and max's axis and keepdims are static arguments of their plans (positional or
+    keyword): the C plan gives the Python op's bits, shape and sharding, keepdims=True too
+    (the reduced dims kept as size-1 unsharded ones); sum's dtype= and where= take the
+    Python op."""
     rng = np.random.default_rng(8)
     sh = dict(_placements())[where]
-    x = cts.device_put(rng.standard_normal((8, 16)).astype(np.float32), sh)
-    for prim in (_ops.sum, cnp.sum):
+    x = cts.device_put(_values(rng, (8, 16)), sh)
+    ref = getattr(np, name)
+    prims = (_ops.sum, cnp.sum) if name == "sum" else (_ops.max,)
+    for prim in prims:
+        assert isinstance(prim, _C.Primitive)
         _same(_run_fast(prim, x, axis), prim.__wrapped__(x, axis))
         prim(x, axis=axis)
         before = prim.cache_info()
         fast = prim(x, axis=axis)
         assert prim.cache_info()["hits"] == before["hits"] + 1
         _same(fast, prim.__wrapped__(x, axis=axis))
-        np.testing.assert_allclose(np.asarray(fast), np.asarray(x).sum(axis=axis), rtol=1e-5,
-                                   atol=1e-5)
+        for keep in (True, False):
+            prim(x, axis=axis, keepdims=keep)
+            before = prim.cache_info()
+            kw = prim(x, axis=axis, keepdims=keep)
+            assert prim.cache_info()["hits"] == before["hits"] + 1
+            _same(kw, prim.__wrapped__(x, axis=axis, keepdims=keep))
+            if prim is _ops.sum or prim is _ops.max:      # (cnp.sum's third is dtype)
+                _same(_run_fast(prim, x, axis, keep), kw)
+            with np.errstate(invalid="ignore"):
+                want = ref(np.asarray(x), axis=axis, keepdims=keep)
+            np.testing.assert_allclose(np.asarray(kw), want, rtol=1e-5, atol=1e-5)
+            assert kw.shape == want.shape
         before = prim.cache_info()["fallbacks"]
-        kept = prim(x, axis=axis, keepdims=True)
+        prim(x, axis=axis, keepdims=1)        # not a bool: the Python op (truthiness)
         assert prim.cache_info()["fallbacks"] == before + 1
-        assert kept.shape == np.asarray(x).sum(axis=axis, keepdims=True).shape
-    before = cnp.sum.cache_info()["fallbacks"]
-    cnp.sum(x, axis=axis, where=np.ones((8, 16), bool))
-    cnp.sum(x, axis, np.float32)
-    assert cnp.sum.cache_info()["fallbacks"] == before + 2
+    if name == "sum":
+        before = cnp.sum.cache_info()["fallbacks"]
+        cnp.sum(x, axis=axis, where=np.ones((8, 16), bool))
+        cnp.sum(x, axis, np.float32)
+        assert cnp.sum.cache_info()["fallbacks"] == before + 2
     with pytest.raises(ValueError):
-        cnp.sum(x, axis=5)
+        prims[0](x, axis=5)
+
+
+def test_max_of_an_empty_dimension_raises_as_the_python_op():
+    x = cts.device_put(np.zeros((0, 3), np.float32))
+    with pytest.raises(ValueError, match="zero-size"):
+        _ops.max(x, axis=0, keepdims=True)
+    np.testing.assert_array_equal(np.asarray(_ops.max(x, axis=1)), np.zeros((0,), np.float32))
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+def test_max_gradient_on_the_c_path_splits_among_ties_as_the_python_op(keepdims, where):
+    """max's C path records its own tape rule: the gradient of the Python op's (the maximum's
+    cotangent split equally among the elements equal to it), bit for bit."""
+    sh = dict(_placements())[where]
+    v = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) % 5
+    x = cts.device_put(v, sh)
+    w = cts.device_put(np.linspace(-1, 1, 8, dtype=np.float32).reshape(8, 1), sh and
+                       _mesh_sharding(("x", None)))
+
+    def loss(f):
+        return lambda x: cnp.sum(cnp.reshape(f(x, 1, keepdims), (8, 1)) * w)
+    vf, gf = cts.value_and_grad(loss(_ops.max))(x)
+    vs, gs = cts.value_and_grad(loss(_ops.max.__wrapped__))(x)
+    assert float(vf) == float(vs)
+    _same(gf, gs)
+    # each row's maximum (4) appears 3 or 4 times: its cotangent w[i] split among them
+    hits = (v == v.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(gf), hits / hits.sum(axis=1, keepdims=True) *
+                               np.asarray(w), rtol=1e-6)
 
 
 def test_static_arguments_are_keyed_by_type_and_value():

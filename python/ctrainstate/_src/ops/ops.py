@@ -1248,7 +1248,7 @@ def sum(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     axes = _axes(axis, x.ndim)
     out = _reduce_raw(_RED_SUM, x, axes)
     in_shape = x.shape
-    keep_shape = [1 if d in axes else s for d, s in enumerate(in_shape)]
+    keep_shape = tuple(1 if d in axes else s for d, s in enumerate(in_shape))
     _record(out, (x,), lambda g: (broadcast_to(reshape(g, keep_shape), in_shape),))
     return reshape(out, keep_shape) if keepdims else out
 
@@ -1273,16 +1273,20 @@ def max(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
     axes = _axes(axis, x.ndim)
     _check_nonempty("max", "maximum", x, axes)
     out = _reduce_raw(_RED_MAX, x, axes)
-    keep_shape = [1 if d in axes else s for d, s in enumerate(x.shape)]
-
-    def vjp(g):
-        m = broadcast_to(reshape(out, keep_shape), x.shape)
-        # 1 where x equals the maximum (neither is greater), split among the ties
-        hit = subtract(1.0, add(_binary_raw(B_GT, m, x), _binary_raw(B_GT, x, m)))
-        count = sum(hit, axis=axes, keepdims=True)
-        return (multiply(broadcast_to(reshape(g, keep_shape), x.shape), divide(hit, count)),)
-    _record(out, (x,), vjp)
+    keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    _record(out, (x,), lambda g: (_max_vjp(g, out, x, axes),))
     return reshape(out, keep_shape) if keepdims else out
+
+
+def _max_vjp(g, out, x, axes):
+    """The cotangent of ``x`` in ``out = max(x, axes)`` (``out`` and ``g`` with or without the
+    reduced dimensions kept): ``g`` split equally among the elements equal to the maximum."""
+    keep_shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
+    m = broadcast_to(reshape(out, keep_shape), x.shape)
+    # 1 where x equals the maximum (neither is greater), split among the ties
+    hit = subtract(1.0, add(_binary_raw(B_GT, m, x), _binary_raw(B_GT, x, m)))
+    count = sum(hit, axis=axes, keepdims=True)
+    return multiply(broadcast_to(reshape(g, keep_shape), x.shape), divide(hit, count))
 
 
 def min(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
@@ -2838,16 +2842,22 @@ def _plan_binary(name, op_f32, rules):
     return plan
 
 
-def _plan_sum(x, axis=None, keepdims=False):
-    """``sum(x, axis)`` of a float32 Array: as :func:`_reduce_raw` (each device reduces its
-    block, then an all-reduce over the mesh axes of the reduced dims); ``keepdims`` runs the
-    Python op."""
-    if x._dtype is not _DT_F32 or keepdims:
+def _plan_reduce(op, x, axis, keepdims):
+    """The plan of a float32 reduction ``op`` (_RED_SUM / _RED_MAX) of ``x`` over ``axis``,
+    as :func:`_reduce_raw` runs it (each device reduces its block, then an all-reduce with
+    the same op over the mesh axes of the reduced dims); with ``keepdims`` (True) the
+    reduced dimensions stay as size-1 unsharded ones, the layout the Python op's reshape
+    gives them (the same elements in the same order). None where the Python op must run (it
+    raises the errors: a bad axis; max of an empty dimension; a ``keepdims`` that is not a
+    bool)."""
+    if x._dtype is not _DT_F32 or (keepdims is not False and keepdims is not True):
         return None
     nd = len(x._shape)
     try:
         axes = _axes(axis, nd)
     except (TypeError, ValueError):   # the Python op raises its error
+        return None
+    if op == _RED_MAX and builtins.any(x._shape[d] == 0 for d in axes):
         return None
     xn = _axes_of(x)
     place = _place_of(x)
@@ -2857,14 +2867,35 @@ def _plan_sum(x, axis=None, keepdims=False):
         mesh = x._sharding.mesh
         groups = _id_cached(_AR_GROUPS, (id(mesh), mesh_axes), mesh, None, _allreduce_groups,
                             mesh, mesh_axes)
-    kept_shape = [s for d, s in enumerate(x._shape) if d not in axes]
-    kept_norm = [xn[d] for d in range(nd) if d not in axes]
+    if keepdims:
+        kept_shape = [1 if d in axes else s for d, s in enumerate(x._shape)]
+        kept_norm = [() if d in axes else xn[d] for d in range(nd)]
+    else:
+        kept_shape = [s for d, s in enumerate(x._shape) if d not in axes]
+        kept_norm = [xn[d] for d in range(nd) if d not in axes]
     mask = 0
     for d in axes:
         mask |= 1 << d
-    p = _plan_out(_K["REDUCE"], _RED_SUM, kept_shape, _DT_F32, place, kept_norm,
-                  red_mask=mask, groups=groups, red_op=_RED_SUM)
+    p = _plan_out(_K["REDUCE"], op, kept_shape, _DT_F32, place, kept_norm,
+                  red_mask=mask, groups=groups, red_op=op)
     return p if _same_devices(x, p) else None
+
+
+def _plan_sum(x, axis=None, keepdims=False):
+    """``sum(x, axis, keepdims)`` of a float32 Array (:func:`_plan_reduce`)."""
+    return _plan_reduce(_RED_SUM, x, axis, keepdims)
+
+
+def _plan_max(x, axis=None, keepdims=False):
+    """``max(x, axis, keepdims)`` of a float32 Array (:func:`_plan_reduce`)."""
+    return _plan_reduce(_RED_MAX, x, axis, keepdims)
+
+
+def _vjp_max(g, out, x, axis=None, keepdims=False):
+    """The tape rule of ``max(x, axis, keepdims)`` on the C path: the Python op's (``g``
+    split equally among the elements equal to the maximum)."""
+    axes = _axes(axis, x.ndim)
+    return (_max_vjp(g, out, x, axes),)
 
 
 def _vjp_sum(g, out, x, axis=None, keepdims=False):
@@ -3177,6 +3208,7 @@ def _make_primitives():
     for name, (op, rules) in _BINARY_PRIMS.items():
         _primitive(name, 2, _plan_binary(name, op, rules), _rule_binary(*_BINARY_VJPS[name]))
     _primitive("sum", 1, _plan_sum, _vjp_sum, statics=(("axis", None), ("keepdims", False)))
+    _primitive("max", 1, _plan_max, _vjp_max, statics=(("axis", None), ("keepdims", False)))
     _primitive("reshape", 1, _plan_reshape, _vjp_reshape, statics=(("shape", None),))
     _primitive("broadcast_to", 1, _plan_broadcast_to, _vjp_broadcast_to,
                statics=(("shape", None),))

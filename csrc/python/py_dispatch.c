@@ -1464,11 +1464,26 @@ static int static_value(PyObject *v) {
     return 1;
 }
 
+/* A list of at most 32 ints as the tuple of them (a new reference): a static given as a list
+ * (`reshape(x, [16, 1])`, `sum(x, axis=[0])`, what Flax's norm layers pass) keys the plans as
+ * its tuple does; every op reads such a list as that tuple. NULL, without an exception, for
+ * anything else (and on MemoryError: the Python op runs). */
+static PyObject *static_from_list(PyObject *v) {
+    if (!PyList_CheckExact(v) || PyList_GET_SIZE(v) > 32) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(v, i))) return NULL;
+    PyObject *t = PyList_AsTuple(v);
+    if (t == NULL) PyErr_Clear();
+    return t;
+}
+
 /* The operands and static arguments of a call, in order, into bound[]: positional ones,
  * then keywords naming a static parameter, then the defaults; keywords in none_kw must be
- * None. 0 when the call binds that way, -1 when it is the Python op's. */
+ * None. A static given as a list of ints is bound as its tuple, a new reference kept in
+ * owned[] (*nowned of them), which the caller releases whatever this returns. 0 when the
+ * call binds that way, -1 when it is the Python op's. */
 static int bind(const prim *p, PyObject *const *args, size_t nargsf, PyObject *kwnames,
-                PyObject **bound) {
+                PyObject **bound, PyObject **owned, int *nowned) {
     const Py_ssize_t npos = PyVectorcall_NARGS(nargsf);
     if (npos < p->nin || npos > p->nin + p->nstatic) return -1;
     for (Py_ssize_t i = 0; i < npos; i++) bound[i] = args[i];
@@ -1494,19 +1509,28 @@ static int bind(const prim *p, PyObject *const *args, size_t nargsf, PyObject *k
     }
     for (int j = 0; j < p->nstatic; j++) {
         if (bound[p->nin + j] == NULL) bound[p->nin + j] = PyTuple_GET_ITEM(p->defaults, j);
-        if (!static_value(bound[p->nin + j])) return -1;
+        if (!static_value(bound[p->nin + j])) {
+            PyObject *t = static_from_list(bound[p->nin + j]);
+            if (t == NULL) return -1;
+            owned[(*nowned)++] = t;
+            bound[p->nin + j] = t;
+        }
     }
     return 0;
 }
 
 static PyObject *prim_call(prim *p, PyObject *const *args, size_t nargsf, PyObject *kwnames,
                            int notape) {
-    PyObject *bound[2 + MAXSTATIC];
+    PyObject *bound[2 + MAXSTATIC], *owned[MAXSTATIC];
+    int nowned = 0;
     if (p->nstatic == 0 ? (PyVectorcall_NARGS(nargsf) == (Py_ssize_t)p->nin &&
                            none_keywords(p, args, nargsf, kwnames))
-                        : bind(p, args, nargsf, kwnames, bound) == 0) {
+                        : bind(p, args, nargsf, kwnames, bound, owned, &nowned) == 0) {
         PyObject *r = fast_call(p, p->nstatic == 0 ? args : bound, notape);
+        for (int i = 0; i < nowned; i++) Py_DECREF(owned[i]);
         if (r != NULL || PyErr_Occurred()) return r;
+    } else {
+        for (int i = 0; i < nowned; i++) Py_DECREF(owned[i]);
     }
     p->falls++;
     return PyObject_Vectorcall(p->fallback, args, nargsf, kwnames);

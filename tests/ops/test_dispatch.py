@@ -301,9 +301,18 @@ def test_static_arguments_are_keyed_by_type_and_value():
     _ops.sum(x, 0), _ops.sum(x, (0,)), _ops.sum(x, axis=0), _ops.sum(x, 1)
     info = _ops.sum.cache_info()
     assert info["misses"] == 3 and info["hits"] == 1      # 0 and (0,) are two keys
+    before = _ops.sum.cache_info()
+    got = _ops.sum(x, [0])                  # a list of ints: keyed as its tuple (a plan hit)
+    after = _ops.sum.cache_info()
+    assert after["hits"] == before["hits"] + 1 and after["fallbacks"] == before["fallbacks"]
+    _same(got, _ops.sum.__wrapped__(x, [0]))
+    _same(_ops.reshape(x, [3, 2]), _ops.reshape.__wrapped__(x, (3, 2)))
     before = _ops.sum.cache_info()["fallbacks"]
-    _ops.sum(x, [0])                                       # a list: not a static value
+    with pytest.raises(TypeError, match="axis entries must be ints"):
+        _ops.sum(x, [0.0])                  # a list that is not of ints: the Python op's
     assert _ops.sum.cache_info()["fallbacks"] == before + 1
+    with pytest.raises(ValueError):
+        _ops.sum(x, [0, 0])                 # (planned as (0, 0): the op's error, as before)
     with pytest.raises(TypeError):
         _ops.sum(x, 0, axis=0)                             # given twice: the op's error
     with pytest.raises(ValueError, match="statics"):

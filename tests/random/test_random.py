@@ -431,3 +431,17 @@ def test_permutation_of_an_array_narrows_like_jax(jax_ref):
     want = jax_ref("permutation", lambda jax: jax.random.permutation(jax.random.PRNGKey(42), x))
     assert want.dtype == out.dtype
     np.testing.assert_array_equal(out, want)
+
+
+def test_a_numpy_key_is_read_without_formatting_its_dtype():
+    """_key_words tells a typed jax key by its dtype's class: a numpy key's dtype is not turned
+    into a string (numpy's dtype.__str__ is Python code, ~5 us: as much as the rest of a
+    split), and split / fold_in / normal of a numpy key run none of it."""
+    from call_counts import python_frames
+    k = R.PRNGKey(3)
+    for f in (lambda: R.split(k), lambda: R.fold_in(k, 5), lambda: R.normal(k, (4, 3)),
+              lambda: R.uniform(k, (2,), dtype=ml_dtypes.bfloat16)):
+        f()
+        files = {os.path.basename(fn) for fn, _ in python_frames(f)}
+        assert "_dtype.py" not in files, files
+    np.testing.assert_array_equal(R.split(k), R.split(np.asarray(k).astype(np.int64)))

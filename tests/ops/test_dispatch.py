@@ -1181,3 +1181,56 @@ def test_each_thread_reads_its_own_tape_stack_as_threads_come_and_go():
         t.join(10)
     assert not errors, errors[:3]
     assert out and out[0].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("name", ["maximum", "minimum"])
+@pytest.mark.parametrize("where", ["one device", "2x4 mesh"])
+@pytest.mark.parametrize("s", [0.0, -0.0, 1.5, 3, -2, math.inf])
+def test_maximum_and_minimum_with_a_python_scalar_take_the_two_array_plan(name, where, s):
+    """x (op) s for a Python scalar s: the scalar's 0-d Array is kept (ops._CONSTS), so the
+    call runs the two-Array C plan: the Python op's bits, shape, sharding and gradient (split
+    at ties), scalar on either side; a NaN scalar and a jit trace take the Python op."""
+    rng = np.random.default_rng(11)
+    sh = dict(_placements())[where]
+    v = _values(rng, (8, 16))
+    v[1, :4] = [s, s, -s, s]                         # ties with the scalar
+    x = cts.device_put(v, sh)
+    prim = getattr(_ops, name)
+    slow = getattr(_ops, "_binary")
+    op = _ops.B_MAX if name == "maximum" else _ops.B_MIN
+    da, db = (_ops._d_max_a, _ops._d_max_b) if name == "maximum" else (_ops._d_max_b,
+                                                                       _ops._d_max_a)
+    for args in ((x, s), (s, x)):
+        prim(*args)
+        names = {c.rsplit(":", 1)[1] for c in _python_calls(lambda: prim(*args))}
+        assert not names & {"_binary", "_lift", "device_put", "_binary_raw"}, sorted(names)
+        fast = prim(*args)
+        _same(fast, slow(op, *args, da, db))
+        with np.errstate(invalid="ignore"):
+            want = getattr(np, name)(*(np.float32(a) if not isinstance(a, cts.Array)
+                                       else np.asarray(a) for a in args))
+        np.testing.assert_array_equal(np.asarray(fast), want)
+        f = lambda y: cnp.sum(prim(*((y, s) if args[0] is x else (s, y))) * 1.5)  # noqa: E731
+        g_fast = cts.grad(f)(x)
+        g_slow = cts.grad(lambda y: cnp.sum(slow(op, *((y, s) if args[0] is x else (s, y)),
+                                                 da, db) * 1.5))(x)
+        _same(g_fast, g_slow)
+
+
+def test_scalar_constants_are_not_kept_for_nan_or_inside_a_trace():
+    x = cts.device_put(np.float32([1.0, np.nan, -3.0]))
+    n = len(_ops._CONSTS)
+    out = _ops.maximum(x, float("nan"))
+    assert np.isnan(np.asarray(out)).all() and len(_ops._CONSTS) == n
+    # under jit: the op runs as a node of the program (eagerly, outside the recording, at
+    # the trace and at every replay), so a constant it keeps is no value of the program
+    _ops._CONSTS.clear()
+    f = cts.jit(lambda y: _ops.maximum(y * 2.0, 0.25))
+    for k in range(3):
+        y = cts.device_put(np.float32([1.0, -3.0, 0.1]) * (k - 1))
+        np.testing.assert_array_equal(np.asarray(f(y)), np.maximum(np.asarray(y) * 2,
+                                                                   np.float32(0.25)))
+        np.testing.assert_array_equal(np.asarray(_ops.maximum(y, 0.25)),
+                                      np.maximum(np.asarray(y), np.float32(0.25)))
+    with pytest.raises(OverflowError):
+        _ops.maximum(x, 10 ** 400)

@@ -823,6 +823,9 @@ def maximum(a, b) -> Array:
     """Elementwise maximum, a NaN on either side giving NaN (``jnp.maximum``); the gradient
     goes to the larger operand, split 0.5 / 0.5 at ties, and nowhere where the output is NaN,
     as in jax."""
+    pair = _with_const(a, b)
+    if pair is not None:        # a float32 Array and a Python scalar: the two-Array C plan
+        return globals()["maximum"](*pair)
     return _binary(B_MAX, a, b, _d_max_a, _d_max_b)
 
 
@@ -830,7 +833,49 @@ def minimum(a, b) -> Array:
     """Elementwise minimum, a NaN on either side giving NaN (``jnp.minimum``); the gradient
     goes to the smaller operand, split 0.5 / 0.5 at ties, and nowhere where the output is NaN,
     as in jax."""
+    pair = _with_const(a, b)
+    if pair is not None:
+        return globals()["minimum"](*pair)
     return _binary(B_MIN, a, b, _d_max_b, _d_max_a)
+
+
+# The 0-d float32 Arrays that _lift makes of Python scalars beside float32 Arrays, kept per
+# (placement, value): an op of an Array and a Python scalar that has no scalar kernel
+# (maximum(x, 0.0), clip) then runs the C plan of two Arrays -- the same kernel and
+# broadcast as the Python op's, so the same bits, shape, sharding and gradient -- instead of
+# placing the scalar again at every call (~8 us, more than the op). Bounded; never a NaN (no
+# key equals it), never while a jit trace records (an Array made there is a value of the
+# program). The Arrays are the library's own: no caller holds one, so none is deleted or
+# donated; a tape node may hold one as an untracked input, as it holds any operand.
+_CONSTS: dict = {}
+_CONSTS_MAX = 256
+
+
+def _with_const(a, b):
+    """``(a, b)`` with the Python scalar among them (int or float, not bool) replaced by its
+    kept 0-d Array (:func:`_lift`'s, beside the other, a float32 Array), or None where the
+    Python op runs as it is: other operands, a NaN, a trace recording. A scalar _lift
+    refuses raises its error."""
+    if type(a) is Array:
+        x, s, left = a, b, False
+    elif type(b) is Array:
+        x, s, left = b, a, True
+    else:
+        return None
+    ts = type(s)
+    if (ts is not float and ts is not int) or x._dtype is not _DT_F32 or s != s:
+        return None
+    if _C.trace_active():
+        return None
+    place = _place_of(x)
+    key = (id(place), ts, s, ts is float and math.copysign(1.0, s) < 0)
+    hit = _CONSTS.get(key)
+    if hit is None or hit[0] is not place:
+        c = _lift(s, place)
+        if len(_CONSTS) >= _CONSTS_MAX:
+            _CONSTS.clear()
+        _CONSTS[key] = hit = (place, c)
+    return (hit[1], x) if left else (x, hit[1])
 
 
 def _keep(a, mask) -> Array:

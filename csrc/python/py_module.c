@@ -34,6 +34,11 @@
  * module_post_init(module, d): the end of nn.module's generated __init__ (Module.__post_init__'s
  * work, module_bind_new's where a module method runs) in one call.
  *
+ * ModuleInit(...): that generated __init__ itself in C, the __init__ of a Module class whose
+ * fields are plain: the arguments bound to the dataclass signature, the fields stored, the
+ * post-init work done, without a Python frame; a call it does not bind (an argument error,
+ * Flax's parent=) goes to the Python function (see below).
+ *
  * copy_tree(tree): the copy of the caller's variables that apply and bind make.
  *
  * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold

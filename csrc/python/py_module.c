@@ -34,6 +34,11 @@
  * module_post_init(module, d): the end of nn.module's generated __init__ (Module.__post_init__'s
  * work, module_bind_new's where a module method runs) in one call.
  *
+ * ModuleInit(...): that generated __init__ itself in C, the __init__ of a Module class whose
+ * fields are plain: the arguments bound to the dataclass signature, the fields stored, the
+ * post-init work done, without a Python frame; a call it does not bind (an argument error,
+ * Flax's parent=) goes to the Python function (see below).
+ *
  * copy_tree(tree): the copy of the caller's variables that apply and bind make.
  *
  * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold
@@ -56,7 +61,7 @@ static PyObject *ms_env[MS_N];
     X(_call_names) X(_reserved) X(_setup_reserved) X(_in_setup) X(name) X(_parent)          \
     X(_children) X(_variables) X(rngs) X(mutable) X(path) X(root_rngs) X(rng_counters)      \
     X(initializing) X(adopted) X(_ct_plain_fields) X(__dataclass_fields__) X(__name__)   \
-    X(_adopt_fields)
+    X(_adopt_fields) X(__post_init__) X(__dict__)
 #define MS_ENUM(n) S_##n,
 enum { MS_NAMES(MS_ENUM) S_COUNT };
 #define MS_STR(n) #n,
@@ -105,6 +110,14 @@ static PyObject *ms_get(PyObject *d, PyObject *key) {
     return v;
 }
 
+/* d[key] (borrowed) where it is an object of exactly type `type` that nothing but `d` holds,
+ * so that emptying and refilling it in place is what storing a new one there would be, as
+ * nobody else can see the difference; else NULL (no exception). */
+static PyObject *ms_own(PyObject *d, PyObject *key, PyTypeObject *type) {
+    PyObject *v = ms_get(d, key);
+    return v != NULL && Py_IS_TYPE(v, type) && Py_REFCNT(v) == 1 ? v : NULL;
+}
+
 /* The class attribute `name` of type(obj) as the MRO finds it (borrowed, may be NULL). */
 static PyObject *ms_class_attr(PyObject *obj, PyObject *name) {
     return _PyType_Lookup(Py_TYPE(obj), name);
@@ -124,8 +137,80 @@ static PyObject *ms_fn_attr(PyObject *fn, PyObject *name) {
     return v != NULL ? v : Py_NewRef(Py_False);
 }
 
-/* The thread's module context attribute `name` (a new reference; NULL with an exception). */
-static PyObject *ms_ctx(PyObject *name) { return PyObject_GetAttr(ms_env[MS_CTX], name); }
+/* `obj.name` where `d` is obj's instance dict (may be NULL): d[name] where it is there (no
+ * class of these objects has a data descriptor under the names read so), else the attribute
+ * lookup. A new reference; NULL with an exception. */
+static PyObject *ms_attr(PyObject *obj, PyObject *d, PyObject *name) {
+    PyObject *v = d != NULL ? ms_get(d, name) : NULL;
+    return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(obj, name);
+}
+
+/* The thread's module context (nn.module._ctx, a threading.local): its attributes `stack`,
+ * `recorders` and `capture` (new references in *stack, *rec, *cap; rec and cap may be
+ * NULL where not wanted), read from the thread's dict of the local, which one lookup of
+ * `__dict__` gives (the local makes it, running its __init__, where the thread has none
+ * yet), instead of an attribute lookup each: an attribute missing there is the class's
+ * where that is a plain value, else the attribute lookup's. 0, or -1 with an exception. */
+static int ms_ctx_state(PyObject **stack, PyObject **rec, PyObject **cap) {
+    *stack = NULL;
+    if (rec != NULL) *rec = NULL;
+    if (cap != NULL) *cap = NULL;
+    PyObject *ctx = ms_env[MS_CTX];
+    PyObject *ld = PyObject_GetAttr(ctx, S(__dict__));
+    if (ld == NULL) return -1;
+    PyObject *names[3] = {S(stack), S(recorders), S(capture)};
+    PyObject **out[3] = {stack, rec, cap};
+    for (int i = 0; i < 3; i++) {
+        if (out[i] == NULL) continue;
+        PyObject *v = PyDict_Check(ld) ? ms_get(ld, names[i]) : NULL;
+        if (v == NULL && PyDict_Check(ld)) {
+            PyObject *c = _PyType_Lookup(Py_TYPE(ctx), names[i]);
+            if (c != NULL && Py_TYPE(c)->tp_descr_get == NULL) v = c;
+        }
+        *out[i] = v != NULL ? Py_NewRef(v) : PyObject_GetAttr(ctx, names[i]);
+        if (*out[i] == NULL) {
+            Py_DECREF(ld);
+            for (int j = 0; j < i; j++)
+                if (out[j] != NULL) Py_CLEAR(*out[j]);
+            return -1;
+        }
+    }
+    Py_DECREF(ld);
+    return 0;
+}
+
+/* The auto names of submodules (`Dense_0`, `Dense_1`, ...), made once: class name ->
+ * list of its names so far, the first MS_AUTO_NAMES numbers (interned); the table is
+ * emptied when it holds MS_AUTO_CLASSES class names. */
+#define MS_AUTO_NAMES 256
+#define MS_AUTO_CLASSES 4096
+static PyObject *ms_auto_table;
+
+/* f"{cls_name}_{n}", a new reference (NULL with an exception). */
+static PyObject *ms_auto_name(PyObject *cls_name, Py_ssize_t n) {
+    if (n >= MS_AUTO_NAMES || !PyUnicode_CheckExact(cls_name))
+        return PyUnicode_FromFormat("%U_%zd", cls_name, n);
+    if (ms_auto_table == NULL && (ms_auto_table = PyDict_New()) == NULL) return NULL;
+    PyObject *names = PyDict_GetItemWithError(ms_auto_table, cls_name);
+    if (names == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        if (PyDict_GET_SIZE(ms_auto_table) >= MS_AUTO_CLASSES) PyDict_Clear(ms_auto_table);
+        names = PyList_New(0);
+        const int rc = names == NULL ? -1 : PyDict_SetItem(ms_auto_table, cls_name, names);
+        Py_XDECREF(names);   /* (the table holds it) */
+        if (rc < 0) return NULL;
+    }
+    if (!PyList_CheckExact(names)) return PyUnicode_FromFormat("%U_%zd", cls_name, n);
+    while (PyList_GET_SIZE(names) <= n) {
+        PyObject *name = PyUnicode_FromFormat("%U_%zd", cls_name, PyList_GET_SIZE(names));
+        if (name == NULL) return NULL;
+        PyUnicode_InternInPlace(&name);
+        const int rc = PyList_Append(names, name);
+        Py_DECREF(name);
+        if (rc < 0) return NULL;
+    }
+    return Py_NewRef(PyList_GET_ITEM(names, n));
+}
 
 /* Remove the last item of `list` (list.pop() without the result), keeping any exception. */
 static void ms_pop(PyObject *list) {
@@ -262,17 +347,14 @@ static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
     compact = ms_fn_attr(fn, S(_ct_compact));
     const int is_compact = compact != NULL ? PyObject_IsTrue(compact) : -1;
     if (is_compact < 0) goto error;
-    stack = ms_ctx(S(stack));
-    rec = stack != NULL ? ms_ctx(S(recorders)) : NULL;
-    cap = rec != NULL ? ms_ctx(S(capture)) : NULL;
-    if (cap == NULL) goto error;
+    if (ms_ctx_state(&stack, &rec, &cap) < 0) goto error;
     if (!PyList_CheckExact(stack) || (rec != Py_None && PyObject_IsTrue(rec) != 0)) goto slow;
     if (cap != Py_None) {
         if (!PyList_CheckExact(cap)) goto slow;
         const Py_ssize_t nc = PyList_GET_SIZE(cap);
         if (nc > 0 && PyList_GET_ITEM(cap, nc - 1) != Py_None) goto slow;
     }
-    reserved = PyObject_GetAttr(scope, S(_reserved));
+    reserved = ms_attr(scope, ms_dict(scope), S(_reserved));
     if (reserved == NULL) goto error;
     if (!PySet_CheckExact(reserved)) goto slow;
     int fresh = 0;
@@ -297,24 +379,44 @@ static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
     /* every condition holds: the state changes from here */
     if (adopt && ms_mark_adopted(d) < 0) goto error;
     if (done != Py_True) {
-        PyObject *r = PySet_New(reserved);
-        if (r == NULL) goto error;
-        const int rc = PyDict_SetItem(d, S(_setup_done), Py_True) < 0 ||
-                       PyDict_SetItem(d, S(_setup_reserved), r) < 0;
-        Py_DECREF(r);
+        /* d["_setup_reserved"] = set(reserved) */
+        if (PyDict_SetItem(d, S(_setup_done), Py_True) < 0) goto error;
+        PyObject *r = ms_own(d, S(_setup_reserved), &PySet_Type);
+        int rc;
+        if (r != NULL) {
+            rc = (PySet_GET_SIZE(r) > 0 && PySet_Clear(r) < 0) || _PySet_Update(r, reserved) < 0;
+        } else {
+            r = PySet_New(reserved);
+            rc = r == NULL || PyDict_SetItem(d, S(_setup_reserved), r) < 0;
+            Py_XDECREF(r);
+        }
         if (rc) goto error;
         if (fresh) setup_reserved = ms_get(d, S(_setup_reserved));
     }
     if (fresh) {
-        /* a new call of this module: auto names restart, its names may be declared again */
-        PyObject *counts = PyDict_New();
-        PyObject *names = counts != NULL ? PySet_New(field_names) : NULL;
-        int rc = names == NULL || PyDict_SetItem(d, S(_auto_counts), counts) < 0;
+        /* a new call of this module: auto names restart, its names may be declared again:
+         * d["_auto_counts"] = {}, d["_call_names"] = set(field_names) | setup_names */
+        PyObject *counts = ms_own(d, S(_auto_counts), &PyDict_Type);
+        int rc = 0;
+        if (counts != NULL) {
+            PyDict_Clear(counts);
+        } else {
+            counts = PyDict_New();
+            rc = counts == NULL || PyDict_SetItem(d, S(_auto_counts), counts) < 0;
+            Py_XDECREF(counts);
+        }
+        PyObject *names = rc ? NULL : ms_own(d, S(_call_names), &PySet_Type);
+        if (rc) {
+        } else if (names != NULL) {
+            rc = (PySet_GET_SIZE(names) > 0 && PySet_Clear(names) < 0) ||
+                 (PyTuple_GET_SIZE(field_names) > 0 && _PySet_Update(names, field_names) < 0);
+        } else {
+            names = PySet_New(field_names);
+            rc = names == NULL || PyDict_SetItem(d, S(_call_names), names) < 0;
+            Py_XDECREF(names);   /* (d holds it) */
+        }
         if (!rc && PySet_GET_SIZE(setup_names) > 0)
             rc = _PySet_Update(names, setup_names) < 0;
-        if (!rc) rc = PyDict_SetItem(d, S(_call_names), names) < 0;
-        Py_XDECREF(counts);
-        Py_XDECREF(names);
         if (rc || PySet_Clear(reserved) < 0) goto error;
         if (PySet_GET_SIZE(setup_reserved) > 0 && _PySet_Update(reserved, setup_reserved) < 0)
             goto error;
@@ -543,12 +645,13 @@ static PyObject *ms_new_child_scope(PyObject *scope, PyObject *scope_children, P
     PyObject *vars = NULL, *root = NULL, *mutable = NULL, *path = NULL, *init = NULL;
     PyObject *adopted = NULL, *child = NULL, *newpath = NULL, *tail = NULL, *rngs = NULL;
     PyObject *counters = NULL, *reserved = NULL, *children = NULL, *result = NULL;
-    vars = PyObject_GetAttr(scope, S(_variables));
-    root = vars != NULL ? PyObject_GetAttr(scope, S(root_rngs)) : NULL;
-    mutable = root != NULL ? PyObject_GetAttr(scope, S(mutable)) : NULL;
-    path = mutable != NULL ? PyObject_GetAttr(scope, S(path)) : NULL;
-    init = path != NULL ? PyObject_GetAttr(scope, S(initializing)) : NULL;
-    adopted = init != NULL ? PyObject_GetAttr(scope, S(adopted)) : NULL;
+    PyObject *sd = ms_dict(scope);
+    vars = ms_attr(scope, sd, S(_variables));
+    root = vars != NULL ? ms_attr(scope, sd, S(root_rngs)) : NULL;
+    mutable = root != NULL ? ms_attr(scope, sd, S(mutable)) : NULL;
+    path = mutable != NULL ? ms_attr(scope, sd, S(path)) : NULL;
+    init = path != NULL ? ms_attr(scope, sd, S(initializing)) : NULL;
+    adopted = init != NULL ? ms_attr(scope, sd, S(adopted)) : NULL;
     if (adopted == NULL) goto out;
     if (!PyDict_Check(root)) {
         PyErr_Format(PyExc_TypeError, "ModuleScope.root_rngs must be a dict");
@@ -652,14 +755,16 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
         goto slow;
     Py_ssize_t auto_n = -1;
     if (given == Py_None) {
-        cls_name = PyObject_GetAttr((PyObject *)Py_TYPE(child), S(__name__));
+        cls_name = Py_IS_TYPE(Py_TYPE(child), &PyType_Type)
+                       ? PyType_GetName(Py_TYPE(child))   /* (type.__name__) */
+                       : PyObject_GetAttr((PyObject *)Py_TYPE(child), S(__name__));
         if (cls_name == NULL) goto error;
         PyObject *c = PyDict_GetItemWithError(counts, cls_name);
         if (c == NULL && PyErr_Occurred()) goto error;
         if (c != NULL && !PyLong_CheckExact(c)) goto slow;
         auto_n = c != NULL ? PyLong_AsSsize_t(c) : 0;
         if (auto_n < 0) goto slow;    /* (an overflow, or a count the Python path handles) */
-        name = PyUnicode_FromFormat("%U_%zd", cls_name, auto_n);
+        name = ms_auto_name(cls_name, auto_n);
         if (name == NULL) goto error;
     } else if (PyUnicode_CheckExact(given)) {
         name = Py_NewRef(given);
@@ -668,8 +773,9 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
     }
     const int used = PySet_Contains(call_names, name);
     if (used != 0) goto slow_or_error;
-    reserved = PyObject_GetAttr(pscope, S(_reserved));
-    pchildren = reserved != NULL ? PyObject_GetAttr(pscope, S(_children)) : NULL;
+    PyObject *psd = ms_dict(pscope);
+    reserved = ms_attr(pscope, psd, S(_reserved));
+    pchildren = reserved != NULL ? ms_attr(pscope, psd, S(_children)) : NULL;
     if (pchildren == NULL) goto error;
     if (!PySet_CheckExact(reserved) || !PyDict_CheckExact(pchildren)) goto slow;
     if (PySet_GET_SIZE(reserved) > 0) {
@@ -701,7 +807,7 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
         if (scope == NULL) goto error;
     }
     {
-        PyObject *sres = PyObject_GetAttr(scope, S(_reserved));
+        PyObject *sres = ms_attr(scope, ms_dict(scope), S(_reserved));
         if (sres == NULL) goto error;
         int rc = PySet_Check(sres) ? PySet_Clear(sres) : -2;
         if (rc == -2) {
@@ -799,19 +905,10 @@ static PyObject *py_copy_tree(PyObject *mod, PyObject *tree) {
     return ms_copy_tree(tree);
 }
 
-/* module_post_init(module, d): the end of the generated __init__ of a Module class keeping
- * Module.__post_init__ (nn.module._generated_init), `d` the module's __dict__ with its fields
- * stored: Module.__post_init__'s work, the same state in the same order (the module's own
- * state, the name check, module_bind_new where a module method runs). */
-static PyObject *py_module_post_init(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
-    (void)mod;
-    if (n != 2 || !PyDict_CheckExact(a[1]))
-        return PyErr_Format(PyExc_TypeError, "module_post_init(module, d: its __dict__)");
-    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
-    PyObject *self = a[0], *d = a[1];
-    if (ms_check_module(self, "module_post_init: module") < 0) return NULL;
-    if (ms_dict(self) != d)
-        return PyErr_Format(PyExc_TypeError, "module_post_init: d must be the module's __dict__");
+/* Module.__post_init__'s work for `self`, an nn.Module whose __dict__ `d` holds its fields:
+ * its own state (the same entries, in the same order), the name check, and the attach
+ * (module_bind_new) where a module method runs. None, or NULL with an exception. */
+static PyObject *ms_post_init(PyObject *self, PyObject *d) {
     PyObject *v[9] = {PyDict_New(), PySet_New(NULL), PyTuple_New(0), PySet_New(NULL),
                       PySet_New(NULL), PyDict_New(), NULL, NULL, NULL};
     PyObject *result = NULL;
@@ -841,8 +938,7 @@ static PyObject *py_module_post_init(PyObject *mod, PyObject *const *a, Py_ssize
             PyErr_Format(PyExc_TypeError, "%U: name must be a string, got %R", v[6], name);
         goto out;
     }
-    v[7] = ms_ctx(S(stack));
-    if (v[7] == NULL) goto out;
+    if (ms_ctx_state(&v[7], NULL, NULL) < 0) goto out;
     if (PyList_Check(v[7]) ? PyList_GET_SIZE(v[7]) > 0 : PyObject_IsTrue(v[7]) != 0) {
         if (PyErr_Occurred()) goto out;
         PyObject *args[2] = {self, v[7]};
@@ -854,6 +950,288 @@ out:
     for (int i = 0; i < 9; i++) Py_XDECREF(v[i]);
     return result;
 }
+
+/* module_post_init(module, d): the end of nn.module's generated Python __init__ of a Module
+ * class keeping Module.__post_init__ (nn.module._generated_init), `d` the module's __dict__
+ * with its fields stored: ms_post_init, its arguments checked. */
+static PyObject *py_module_post_init(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 2 || !PyDict_CheckExact(a[1]))
+        return PyErr_Format(PyExc_TypeError, "module_post_init(module, d: its __dict__)");
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    PyObject *self = a[0], *d = a[1];
+    if (ms_check_module(self, "module_post_init: module") < 0) return NULL;
+    if (ms_dict(self) != d)
+        return PyErr_Format(PyExc_TypeError, "module_post_init: d must be the module's __dict__");
+    return ms_post_init(self, d);
+}
+
+/* --- ModuleInit: a Module class's __init__ in C ---------------------------------------------
+ * ModuleInit(slow, params, npos, defaults, stores, missing, factory, post_init) is the
+ * __init__ nn.module gives a Module class whose fields are plain (_generated_init): calling it
+ * with (self, *args, **kwargs) does what `slow`, the Python __init__ generated for the class
+ * (the reference), does, without its frame and the argument tuple and dict:
+ *   - the arguments are bound to `params` (names: the first `npos` positional-or-keyword,
+ *     the rest keyword-only, as the dataclass signature has them); a parameter not passed
+ *     takes its entry of `defaults` (`factory`, dataclasses' _HAS_DEFAULT_FACTORY, for a
+ *     field with a default factory; `missing`, dataclasses.MISSING, where it is required);
+ *   - the fields are stored into the instance __dict__ in field order, `stores` holding per
+ *     field (name, index of its parameter or -1 for a field not in __init__, default or
+ *     `missing`, default factory or `missing`): a factory runs where its parameter holds
+ *     `factory`, a field not in __init__ takes its factory's value or its default;
+ *   - where type(self) keeps `post_init` (Module.__post_init__), its work is ms_post_init's,
+ *     else self.__post_init__() runs.
+ * Every call that is not this common case (too many positional arguments, an unknown,
+ * repeated or non-string keyword, a required argument missing, Flax's `parent=`, a self that
+ * is no nn.Module) goes to `slow` with its arguments as they came, so its errors and its
+ * parent= handling are those of a Python function with the dataclass signature. A method
+ * descriptor as a function is (itself on the class, a bound method on an instance), with a
+ * __dict__ for what functools.update_wrapper copies (so inspect.signature follows
+ * __wrapped__ to the dataclass __init__). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *slow, *params, *defaults, *stores, *missing, *factory, *post_init;
+    Py_ssize_t npos;
+    PyObject *dict;
+    PyObject *weakrefs;
+} mi_object;
+
+#define MI_SMALL 16
+
+static PyObject *mi_call_slow(mi_object *m, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    return PyObject_Vectorcall(m->slow, args, nargsf, kwnames);
+}
+
+static PyObject *mi_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    mi_object *m = (mi_object *)callable;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    const Py_ssize_t np = PyTuple_GET_SIZE(m->params);
+    const Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (n < 1 || n - 1 > m->npos || ms_env[MS_CTX] == NULL)
+        return mi_call_slow(m, args, nargsf, kwnames);
+    PyObject *self = args[0];
+    if (Py_TYPE(self) == (PyTypeObject *)ms_env[MS_MODULE] ||
+        !PyType_IsSubtype(Py_TYPE(self), (PyTypeObject *)ms_env[MS_MODULE]))
+        return mi_call_slow(m, args, nargsf, kwnames);
+    PyObject *small[MI_SMALL];
+    PyObject **vals = np <= MI_SMALL ? small : PyMem_New(PyObject *, np);
+    if (vals == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    int slow = 0;
+    for (Py_ssize_t i = 0; i < np; i++) vals[i] = i < n - 1 ? args[1 + i] : NULL;
+    for (Py_ssize_t k = 0; k < nkw && !slow; k++) {
+        PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
+        Py_ssize_t j = 0;
+        while (j < np && PyTuple_GET_ITEM(m->params, j) != kw) j++;
+        if (j == np && PyUnicode_CheckExact(kw)) {
+            for (j = 0; j < np; j++) {
+                const int eq = PyUnicode_Compare(PyTuple_GET_ITEM(m->params, j), kw);
+                if (eq == 0) break;
+                if (eq == -1 && PyErr_Occurred()) goto done;
+            }
+        }
+        if (j == np || vals[j] != NULL) slow = 1;   /* (unknown, parent=, or given twice) */
+        else vals[j] = args[n + k];
+    }
+    for (Py_ssize_t j = 0; j < np && !slow; j++) {
+        if (vals[j] != NULL) continue;
+        vals[j] = PyTuple_GET_ITEM(m->defaults, j);
+        if (vals[j] == m->missing) slow = 1;       /* (a required argument not passed) */
+    }
+    PyObject *d = slow ? NULL : ms_dict(self);
+    if (d == NULL) {
+        if (PyErr_Occurred()) goto done;
+        result = mi_call_slow(m, args, nargsf, kwnames);
+        goto done;
+    }
+    /* the arguments bind: the fields are stored, in field order */
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(m->stores); i++) {
+        PyObject *st = PyTuple_GET_ITEM(m->stores, i);
+        PyObject *name = PyTuple_GET_ITEM(st, 0);
+        const Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(st, 1));
+        PyObject *dflt = PyTuple_GET_ITEM(st, 2), *fac = PyTuple_GET_ITEM(st, 3);
+        PyObject *v;
+        if (j >= 0 && j < np) {
+            v = vals[j];
+            v = fac != m->missing && v == m->factory ? PyObject_CallNoArgs(fac) : Py_NewRef(v);
+        } else if (fac != m->missing) {
+            v = PyObject_CallNoArgs(fac);
+        } else {
+            v = Py_NewRef(dflt);
+        }
+        const int rc = v == NULL ? -1 : PyDict_SetItem(d, name, v);
+        Py_XDECREF(v);
+        if (rc < 0) goto done;
+    }
+    PyObject *post = _PyType_Lookup(Py_TYPE(self), S(__post_init__));
+    if (post != m->post_init) {
+        result = PyObject_CallMethodNoArgs(self, S(__post_init__));
+        if (result != NULL) Py_SETREF(result, Py_NewRef(Py_None));
+        goto done;
+    }
+    result = ms_post_init(self, d);
+done:
+    if (vals != small) PyMem_Free(vals);
+    return result;
+}
+
+static PyObject *mi_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *slow, *params, *defaults, *stores, *missing, *factory, *post_init;
+    Py_ssize_t npos;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
+        return PyErr_Format(PyExc_TypeError, "ModuleInit takes no keyword arguments");
+    if (!PyArg_ParseTuple(args, "OO!nO!O!OOO:ModuleInit", &slow, &PyTuple_Type, &params, &npos,
+                          &PyTuple_Type, &defaults, &PyTuple_Type, &stores, &missing, &factory,
+                          &post_init))
+        return NULL;
+    if (!PyCallable_Check(slow))
+        return PyErr_Format(PyExc_TypeError, "ModuleInit: slow must be callable, got %.100s",
+                            Py_TYPE(slow)->tp_name);
+    const Py_ssize_t np = PyTuple_GET_SIZE(params);
+    if (npos < 0 || npos > np)
+        return PyErr_Format(PyExc_ValueError, "ModuleInit: npos must be in [0, %zd], got %zd",
+                            np, npos);
+    if (PyTuple_GET_SIZE(defaults) != np)
+        return PyErr_Format(PyExc_ValueError, "ModuleInit: %zd defaults for %zd parameters",
+                            PyTuple_GET_SIZE(defaults), np);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *p = PyTuple_GET_ITEM(params, i);
+        if (!PyUnicode_CheckExact(p))
+            return PyErr_Format(PyExc_TypeError, "ModuleInit: parameter names must be str, "
+                                "got %.100s", Py_TYPE(p)->tp_name);
+    }
+    PyObject *names = PyTuple_New(np);   /* (the names interned, as keyword names are) */
+    if (names == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *p = Py_NewRef(PyTuple_GET_ITEM(params, i));
+        PyUnicode_InternInPlace(&p);
+        PyTuple_SET_ITEM(names, i, p);
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(stores); i++) {
+        PyObject *st = PyTuple_GET_ITEM(stores, i);
+        Py_ssize_t j = -2;
+        if (PyTuple_CheckExact(st) && PyTuple_GET_SIZE(st) == 4 &&
+            PyUnicode_CheckExact(PyTuple_GET_ITEM(st, 0)) &&
+            PyLong_CheckExact(PyTuple_GET_ITEM(st, 1))) {
+            j = PyLong_AsSsize_t(PyTuple_GET_ITEM(st, 1));
+            if (j == -1 && PyErr_Occurred()) {
+                Py_DECREF(names);
+                return NULL;
+            }
+        }
+        if (j < -1 || j >= np) {
+            Py_DECREF(names);
+            return PyErr_Format(PyExc_ValueError, "ModuleInit: stores[%zd] must be (name, "
+                                "parameter index in [-1, %zd), default, factory)", i, np);
+        }
+    }
+    mi_object *m = (mi_object *)type->tp_alloc(type, 0);
+    if (m == NULL) {
+        Py_DECREF(names);
+        return NULL;
+    }
+    m->vectorcall = mi_vectorcall;
+    m->slow = Py_NewRef(slow);
+    m->params = names;
+    m->npos = npos;
+    m->defaults = Py_NewRef(defaults);
+    m->stores = Py_NewRef(stores);
+    m->missing = Py_NewRef(missing);
+    m->factory = Py_NewRef(factory);
+    m->post_init = Py_NewRef(post_init);
+    return (PyObject *)m;
+}
+
+static int mi_traverse(mi_object *m, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(m));
+    Py_VISIT(m->slow);
+    Py_VISIT(m->params);
+    Py_VISIT(m->defaults);
+    Py_VISIT(m->stores);
+    Py_VISIT(m->missing);
+    Py_VISIT(m->factory);
+    Py_VISIT(m->post_init);
+    Py_VISIT(m->dict);
+    return 0;
+}
+
+static int mi_clear(mi_object *m) {
+    Py_CLEAR(m->slow);
+    Py_CLEAR(m->params);
+    Py_CLEAR(m->defaults);
+    Py_CLEAR(m->stores);
+    Py_CLEAR(m->missing);
+    Py_CLEAR(m->factory);
+    Py_CLEAR(m->post_init);
+    Py_CLEAR(m->dict);
+    return 0;
+}
+
+static void mi_dealloc(mi_object *m) {
+    PyTypeObject *tp = Py_TYPE(m);
+    PyObject_GC_UnTrack(m);
+    if (m->weakrefs != NULL) PyObject_ClearWeakRefs((PyObject *)m);
+    mi_clear(m);
+    tp->tp_free((PyObject *)m);
+    Py_DECREF(tp);
+}
+
+static PyObject *mi_repr(mi_object *m) {
+    PyObject *qn = PyObject_GetAttrString((PyObject *)m, "__qualname__");
+    if (qn == NULL) {
+        PyErr_Clear();
+        return PyUnicode_FromFormat("<ctrainstate module __init__ of %R>", m->slow);
+    }
+    PyObject *r = PyUnicode_FromFormat("<ctrainstate module __init__ %S>", qn);
+    Py_DECREF(qn);
+    return r;
+}
+
+static PyMemberDef mi_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(mi_object, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(mi_object, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(mi_object, weakrefs), READONLY, NULL},
+    {"_ct_slow", T_OBJECT, offsetof(mi_object, slow), READONLY,
+     "the generated Python __init__ this one declines to"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef mi_methods[] = {
+    {"__reduce__", mm_reduce, METH_NOARGS, "Pickled by reference, as a function is."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot mi_slots[] = {
+    {Py_tp_new, mi_new},
+    {Py_tp_getset, mm_getset},
+    {Py_tp_dealloc, mi_dealloc},
+    {Py_tp_traverse, mi_traverse},
+    {Py_tp_clear, mi_clear},
+    {Py_tp_repr, mi_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, mm_descr_get},
+    {Py_tp_members, mi_members},
+    {Py_tp_methods, mi_methods},
+    {Py_tp_doc, "ModuleInit(slow, params, npos, defaults, stores, missing, factory, "
+                "post_init)\n--\n\n"
+                "The __init__ of an nn.Module class whose fields are plain: binds its "
+                "arguments to the dataclass parameters, stores the fields in the instance "
+                "__dict__ and does Module.__post_init__'s work, in C; every other call "
+                "(an argument error, parent=) goes to slow, the generated Python __init__. A "
+                "method descriptor, as a function is."},
+    {0, NULL},
+};
+
+static PyType_Spec mi_spec = {
+    .name = "ctrainstate._C.ModuleInit",
+    .basicsize = sizeof(mi_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = mi_slots,
+};
 
 /* module_release: see the header. The tree is the modules reachable through `_children`
  * dicts. A module's references from the tree itself are its entry in its parent's
@@ -945,6 +1323,11 @@ int ct_py_init_module(PyObject *m) {
     PyObject *mm = PyType_FromSpec(&mm_spec);
     if (mm == NULL || PyModule_AddObject(m, "ModuleMethod", mm) < 0) {
         Py_XDECREF(mm);
+        return -1;
+    }
+    PyObject *mi = PyType_FromSpec(&mi_spec);
+    if (mi == NULL || PyModule_AddObject(m, "ModuleInit", mi) < 0) {
+        Py_XDECREF(mi);
         return -1;
     }
     return PyModule_AddFunctions(m, module_methods);

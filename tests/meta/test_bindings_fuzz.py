@@ -239,6 +239,7 @@ SIGS = {
     "ParamWithAxes": ["any"], "LogicalConstraint": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "ModuleMethod": ["any"], "copy_tree": ["any"], "module_post_init": ["any", "any"],
+    "ModuleInit": ["any", "any", "int", "any", "any", "any", "any", "any"],
     "module_release": ["any"],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],

@@ -416,8 +416,8 @@ def test_generated_init_ends_in_module_post_init():
     """The generated __init__ of a plain Module class does Module.__post_init__'s work in
     one C call (its state is the Python path's: test_c_paths_leave_the_python_paths_state)."""
     Leaf, _ = _make_classes()
-    assert Leaf.__init__._ct_generated
-    assert Leaf.__init__.__globals__["__ct_post_init_c"] is _C.module_post_init
+    assert Leaf.__init__._ct_generated and type(Leaf.__init__) is _C.ModuleInit
+    assert Leaf.__init__._ct_slow.__globals__["__ct_post_init_c"] is _C.module_post_init
     free = Leaf(3)
     ref = object.__new__(Leaf)
     ref.__dict__.update(features=3, axes=("a", "b"), name=None)

@@ -450,7 +450,10 @@ def _generated_init(cls, init: Callable) -> Callable | None:
     ``parent=None`` builds a free module (see :func:`_accept_parent`). The function carries
     ``init`` as ``__wrapped__`` (so ``inspect.signature`` shows the dataclass signature, as
     under :func:`_accept_parent`), and is used only when its own signature, less ``parent``,
-    is ``init``'s."""
+    is ``init``'s. What the class gets is that function's twin in C, a ``_C.ModuleInit``
+    (py_module.c: no Python frame, the arguments bound, the fields stored and the post-init
+    work done in one call), which hands every call it does not bind cleanly (an argument
+    error, ``parent=``) to the Python function, kept as its ``_ct_slow``."""
     fields = dataclasses.fields(cls)
     factory = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", None)
     if len(fields) != len(cls.__dataclass_fields__) or factory is None:
@@ -524,7 +527,25 @@ def _generated_init(cls, init: Callable) -> Callable | None:
         return None
     functools.update_wrapper(gen, init)
     gen._ct_generated = True
-    return gen
+    if _module_post_init is not _C.module_post_init:
+        return gen      # (the post-init replaced, as tests route it through Python)
+    # the same __init__ in C for the calls that bind (py_module.c's ModuleInit); the rest
+    # (argument errors, parent=) goes to `gen`
+    params = [f for f in fields if f.init and not f.kw_only] + \
+        [f for f in fields if f.init and f.kw_only]
+    index = {f.name: i for i, f in enumerate(params)}
+    missing = dataclasses.MISSING
+    defaults = tuple(f.default if f.default is not missing else
+                     factory if f.default_factory is not missing else missing for f in params)
+    stores = tuple((f.name, index.get(f.name, -1), f.default, f.default_factory)
+                   for f in fields if f.init or f.default is not missing
+                   or f.default_factory is not missing)
+    fast = _C.ModuleInit(gen, tuple(f.name for f in params),
+                         sum(1 for f in params if not f.kw_only), defaults, stores, missing,
+                         factory, Module.__post_init__)
+    functools.update_wrapper(fast, init)
+    fast._ct_generated = True
+    return fast
 
 
 def _free_init(self, parent, init, args, kwargs):

@@ -335,11 +335,16 @@ def _lift(x, place=None) -> Array:
             raise TypeError(f"ctrainstate ops compute in float32; got an Array of {x.dtype}")
         return x
     _check_host_operand(x)
-    arr = np.asarray(x, dtype=np.float32)
     if place is None:
         place = get_mesh()
     if place is None:
         place = local_devices()[0]
+    return _place_host(x, place)
+
+
+def _place_host(x, place) -> Array:
+    """The numpy array or scalar ``x`` as a float32 Array replicated on ``place``."""
+    arr = np.asarray(x, dtype=np.float32)
     if isinstance(place, Device):
         return device_put(arr, SingleDeviceSharding(place))
     return device_put(arr, NamedSharding(place, PartitionSpec()))
@@ -708,7 +713,8 @@ def _lift_pair(a, b):
 
 
 def _binary(op, a, b, vjp_a=None, vjp_b=None) -> Array:
-    a, b = _lift_pair(a, b)
+    pair = _with_const(a, b)    # a float32 Array and a Python scalar: the scalar's kept Array
+    a, b = _lift_pair(a, b) if pair is None else pair
     out = _binary_raw(op, a, b)
     if vjp_a is not None or vjp_b is not None:
         def vjp(g):
@@ -845,8 +851,10 @@ def minimum(a, b) -> Array:
 # broadcast as the Python op's, so the same bits, shape, sharding and gradient -- instead of
 # placing the scalar again at every call (~8 us, more than the op). Bounded; never a NaN (no
 # key equals it), never while a jit trace records (an Array made there is a value of the
-# program). The Arrays are the library's own: no caller holds one, so none is deleted or
-# donated; a tape node may hold one as an untracked input, as it holds any operand.
+# program). The Arrays are the library's own: their users (maximum, minimum, the Python
+# binary ops' _binary, where's mask) compute a new Array from them and never hand one out, so
+# no caller deletes or donates one; a tape node may hold one as an untracked input, as it
+# holds any operand.
 _CONSTS: dict = {}
 _CONSTS_MAX = 256
 
@@ -867,15 +875,25 @@ def _with_const(a, b):
         return None
     if _C.trace_active():
         return None
-    place = _place_of(x)
+    c = _const(s, _place_of(x))
+    return (c, x) if left else (x, c)
+
+
+def _const(s, place) -> Array:
+    """The kept 0-d float32 Array of the Python float or int ``s`` (not a NaN) on ``place``
+    (what :func:`_place_host` makes of it), made at its first use. Only outside a recording
+    (the callers check)."""
+    ts = type(s)
     key = (id(place), ts, s, ts is float and math.copysign(1.0, s) < 0)
     hit = _CONSTS.get(key)
-    if hit is None or hit[0] is not place:
-        c = _lift(s, place)
+    # (is_deleted: none of the callers hands its constant out, but an Array that was deleted
+    # anyway is made again rather than failing every later call)
+    if hit is None or hit[0] is not place or hit[1].is_deleted():
+        c = _place_host(s, place)
         if len(_CONSTS) >= _CONSTS_MAX:
             _CONSTS.clear()
         _CONSTS[key] = hit = (place, c)
-    return (hit[1], x) if left else (x, hit[1])
+    return hit[1]
 
 
 def _keep(a, mask) -> Array:
@@ -917,7 +935,9 @@ def where(condition, x=None, y=None) -> Array:
             condition = _elementwise.not_equal(condition, 0)
         if condition.dtype != np.float32:   # a bool/int mask Array: its nonzeros, as float32
             condition = condition.astype(np.float32)
-        c = _binary_raw(B_KEEP, _lift(1.0, _place_of(condition)), condition)  # 1 where set
+        place = _place_of(condition)
+        one = _lift(1.0, place) if _C.trace_active() else _const(1.0, place)
+        c = _binary_raw(B_KEEP, one, condition)  # 1 where set
     else:
         c = np.asarray(condition)
         if c.dtype.kind == "f":   # != 0 with float32 subnormals as zero, as jax's

@@ -155,6 +155,12 @@ def _as(v, dt, place) -> Array:
     if isinstance(v, Array):
         v._check_alive()
         return v if v.dtype == dt else _o()._convert(v, dt)
+    t = type(v)
+    if dt == _F32 and (t is float or (t is int and -_EXACT_INT <= v <= _EXACT_INT)) and \
+            v == v and not _C.trace_active():
+        # (a Python scalar beside a float32 operand, `x > 0`: the kept 0-d Array, the same
+        # float32 value; the ops here compute a new Array from it)
+        return _o()._const(v, place)
     if isinstance(v, int) and not isinstance(v, bool) and dt in _INTS:
         host = np.asarray(v, np.int64).astype(dt)   # wraps (result_type bounded it to int32)
     else:
@@ -166,6 +172,9 @@ def _as(v, dt, place) -> Array:
     if isinstance(place, Device):
         return device_put(host, SingleDeviceSharding(place))
     return device_put(host, NamedSharding(place, PartitionSpec()))
+
+
+_EXACT_INT = 2 ** 24   # the ints float32 holds exactly (converted alike from int64 or double)
 
 
 def _out_dtype(op, dt):

@@ -235,38 +235,36 @@ def test_constructing_a_module_runs_no_python_frame():
     assert frames == [(__file__, "<lambda>")]
 
 
+class _Identity(nn.Module):
+    """A submodule that returns its input (the auto-name and call-state tests below)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return x
+
+
 def test_auto_names_are_made_once():
     names = []
-
-    class Leaf(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return x
 
     class Root(nn.Module):
         @nn.compact
         def __call__(self, x):
             for _ in range(3):
-                m = Leaf()
+                m = _Identity()
                 names.append(m.name)
             return x
 
     Root().apply({}, X)
     Root().apply({}, X)
-    assert [n for n in names] == ["Leaf_0", "Leaf_1", "Leaf_2"] * 2
+    assert [n for n in names] == ["_Identity_0", "_Identity_1", "_Identity_2"] * 2
     assert all(a is b for a, b in zip(names[:3], names[3:]))
 
 
 def test_call_state_held_elsewhere_is_replaced_not_changed():
-    class Leaf(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return x
-
     class Root(nn.Module):
         @nn.compact
         def __call__(self, x):
-            return Leaf()(Leaf()(x))
+            return _Identity()(_Identity()(x))
 
     bound = Root().bind({})
     d = bound.__dict__
@@ -275,10 +273,12 @@ def test_call_state_held_elsewhere_is_replaced_not_changed():
     bound(X)
     for k, v in held.items():
         assert v == before[k] and d[k] is not v, k      # a new object, the held one as it was
-    assert d["_auto_counts"] == {"Leaf": 2} and d["_call_names"] == {"Leaf_0", "Leaf_1"}
+    assert d["_auto_counts"] == {"_Identity": 2} and d["_call_names"] == {"_Identity_0",
+                                                                           "_Identity_1"}
     del held, before, v
     call_names = weakref.ref(d["_call_names"])     # (a weak reference: not a holder)
     bound(X)
     # nothing else holds it: the same set, emptied and refilled
-    assert call_names() is d["_call_names"] and d["_call_names"] == {"Leaf_0", "Leaf_1"}
-    assert d["_auto_counts"] == {"Leaf": 2}
+    assert call_names() is d["_call_names"] and d["_call_names"] == {"_Identity_0",
+                                                                      "_Identity_1"}
+    assert d["_auto_counts"] == {"_Identity": 2}

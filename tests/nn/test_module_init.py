@@ -32,16 +32,13 @@ class Plain(nn.Module):
     hidden_f: list = dataclasses.field(default_factory=list, init=False)
 
 
-@dataclasses.dataclass
-class _Twin:
-    a: int
-    b: tuple = ("x", "y")
-    c: list = dataclasses.field(default_factory=_counter)
-    d: float = dataclasses.field(default=2.0, kw_only=True)
-    e: dict = dataclasses.field(default_factory=dict, kw_only=True)
-    hidden: int = dataclasses.field(default=7, init=False)
-    hidden_f: list = dataclasses.field(default_factory=list, init=False)
-    name: "str | None" = dataclasses.field(default=None, kw_only=True)
+# the dataclass Plain's fields make (its own fields, Flax's keyword `name` after them): what
+# Plain's signature must read
+_Twin = dataclasses.make_dataclass("_Twin", [
+    (f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                       init=f.init, kw_only=f.kw_only))
+    for f in dataclasses.fields(Plain) if f.name not in ("name", "parent")] + [
+    ("name", "str | None", dataclasses.field(default=None, kw_only=True))])
 
 
 def _python_made(cls, *args, **kwargs):

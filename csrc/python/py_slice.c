@@ -80,12 +80,12 @@ typedef struct {
 
 enum { IT_INT = 0, IT_SLICE, IT_NONE, IT_ELLIPSIS };
 
-/* The value of an int index (a Python int, not a bool, or a numpy integer): 1, or 0 when it is
- * another kind of index or does not fit (no exception set either way). */
+/* The value of an int index (a Python int or a numpy integer): 1, or 0 when it is another
+ * kind of index (a bool is a 0-d mask; an int subclass, whose int() the Python op calls, is
+ * left to it) or does not fit (no exception set either way). */
 static int int_index(PyObject *o, int64_t *v) {
     PyObject *idx;
-    if (PyLong_Check(o)) {
-        if (PyBool_Check(o)) return 0; /* (a 0-d mask in the Python op) */
+    if (PyLong_CheckExact(o)) {
         idx = Py_NewRef(o);
     } else if (PyArray_IsScalar(o, Integer)) {
         idx = PyNumber_Index(o);

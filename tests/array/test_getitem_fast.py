@@ -173,6 +173,13 @@ def test_index_objects_that_raise_are_the_python_ops():
     _assert_same(x[Seven.SEVEN], _python(x, Seven.SEVEN))   # an int subclass: its value
     _assert_same(x[slice(Seven.SEVEN, None)], _python(x, slice(Seven.SEVEN, None)))
 
+    class Odd(int):   # an int subclass whose int() is not its value: the Python op's int()
+        def __int__(self):
+            return 1
+
+    for idx in [Odd(2), (Odd(3), 0)]:
+        _assert_same(x[idx], _python(x, idx))
+
 
 def test_donated_and_deleted_operands_raise_as_the_python_op():
     x = cts.device_put(np.ones((4, 3), np.float32))

@@ -204,9 +204,13 @@ def run_ops(calls):
               f"<= 4 us on the 2x4 mesh)")
     a = cts.device_put(np.ones((4, 16), np.float32))
     b = cts.device_put(np.ones((16,), np.float32))
+    x = cts.device_put(np.ones((16, 8), np.float32))
     print(f"\n## other single ops: us per call, best of 5 x {calls} calls")
     for name, f in [("a + b (1 device, broadcast)", lambda: a + b),
-                    ("a @ b (1 device)", lambda: a @ b)]:
+                    ("a @ b (1 device)", lambda: a @ b),
+                    ("x[0] (1 device, 16x8)", lambda: x[0]),
+                    ("x[1:3] (1 device, 16x8)", lambda: x[1:3]),
+                    ("x[:, -1] (1 device, 16x8)", lambda: x[:, -1])]:
         print(f"{name:32s} {_best_us(f, calls):8.2f}")
 
 

@@ -157,6 +157,7 @@ int ct_py_init_optim_plan(PyObject *m); /* py_optim_plan.c: the persistent step 
 int ct_py_init_array(PyObject *m);  /* py_array.c: the Array type; moving Arrays' buffers */
 int ct_py_init_dispatch(PyObject *m); /* py_dispatch.c: primitives, their plan caches */
 int ct_py_init_module(PyObject *m); /* py_module.c: nn.Module method calls, submodule attach */
+int ct_py_init_slice(PyObject *m);  /* py_slice.c: basic indexing (Array.__getitem__) */
 int ct_py_init_tree(PyObject *m);   /* py_tree.c: argument trees flattened by a spec (jit) */
 int ct_py_init_dist(PyObject *m);   /* py_dist.c: MPI process engine, host collectives */
 

@@ -131,6 +131,7 @@ static const ct_py_init_fn ct_py_parts[] = {
     ct_py_init_optim_plan,
     ct_py_init_array,
     ct_py_init_dispatch,
+    ct_py_init_slice, /* (after dispatch: it calls _C.trace_active) */
     ct_py_init_tree,
     ct_py_init_module,
     ct_py_init_dist,

@@ -204,6 +204,7 @@ SIGS = {
     "copy_from_host": ["buf", "host", "ints"], "copy_to_host": ["buf", "host", "ints"],
     "copy_overlap": ["buf", "ints", "buf", "ints"], "copy_bytes": ["buf", "buf"],
     "gpu_status": [], "move_arrays": ["arrays"], "array_type_extend": ["any"],
+    "array_getitem": ["any", "any"], "getitem_cache_info": [],
     "Primitive": ["str", "int", "any", "any", "any"],
     "dlpack_copy_into": ["buf", "dlpack"],
     "fill_bits32": ["bufs", "u32"], "op_convert": ["bufs", "bufs"],
@@ -259,11 +260,14 @@ SIGS = {
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError",
         "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register", "devices_set_id_offset",
-        "param_hit_setup", "module_setup", "constraint_setup", "vjp_register"}
+        "param_hit_setup", "module_setup", "constraint_setup", "vjp_register",
+        "getitem_register"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
 # dispatch_register: replaces the primitives behind the Array's operators, which the fuzz
 # itself uses; its argument checks are tested in tests/ops/test_dispatch.py (vjp_register's
 # too: it replaces the primitives the backward pass's C rules call);
+# getitem_register: replaces the Python op and planner behind Array.__getitem__, set once at
+# import; its argument checks are tested in tests/array/test_getitem_fast.py;
 # devices_set_id_offset: renumbers the devices once per process, under the fuzz's Arrays;
 # its argument checks are tested in tests/distributed/test_global_arrays.py;
 # param_hit_setup: replaces the objects partitioning.param_with_axes' C hit path reads, set

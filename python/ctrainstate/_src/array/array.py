@@ -370,15 +370,10 @@ class _ArrayMethods(OperatorsMixin):
     __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
 
     # --- indexing (numpy's basic and advanced indices): ctrainstate._src.ops.slicing ------------------
-    def __getitem__(self, idx):
-        """``x[idx]`` with numpy's indexing, as ``jax.Array`` (any dtype; differentiable for
-        float32): ints, slices of any step, ``None``, ``...``, integer arrays (numpy arrays,
-        lists, integer Arrays; broadcast together and placed as numpy places them) and
-        boolean masks with concrete values. Out-of-range entries of an index array are
-        clamped, as jax's gathers; a Python int out of range raises ``IndexError``.
-        Dimensions taken whole keep their mesh axes; indexed ones come out unsharded (see
-        :mod:`ctrainstate._src.ops.slicing`)."""
-        return _upper('_slicing').getitem(self, idx)
+    # x[idx] (numpy's indexing, as jax.Array; the docstring is C's): basic indices of an Array
+    # every device holds whole run in C (csrc/python/py_slice.c), every other index goes to
+    # ops.slicing.getitem, which registers itself there
+    __getitem__ = _C.array_getitem
 
     @property
     def at(self):

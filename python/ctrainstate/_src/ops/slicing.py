@@ -1468,3 +1468,32 @@ from .node import op_node as _op_node  # noqa: E402
 getitem = _op_node("getitem")(getitem)
 concatenate = _op_node("concatenate")(concatenate)
 split = _op_node("split")(split)
+
+
+def _getitem_plan(x: Array, out_ndim: int):
+    """The plan of ``Array.__getitem__``'s C path (csrc/python/py_slice.c), made once per
+    (``x``'s sharding object, its rank, the result's rank ``out_ndim``): ``(tape_local,
+    sharding, devices, replica_ids)`` when every block of ``x`` holds the whole array,
+    unsharded (one device, or replicated over a mesh with no mesh axis in its spec), so that
+    a basic index's result is each block's region copied on the block's own device, laid
+    out as :func:`getitem` lays it out: ``sharding`` as ``_alloc`` of an unsharded layout of
+    rank ``out_ndim`` gives it, ``devices`` ``x``'s blocks' devices in block order (the same
+    as the result's), ``replica_ids`` the result's blocks'; ``tape_local`` is the thread-local
+    tape stack (the C path leaves a call under a recording tape to :func:`getitem`). None
+    otherwise: :func:`getitem` runs for Arrays of this layout."""
+    o = _o()
+    place, norm = _layout_of(x)
+    if any(norm) or tuple(x._shard_shape) != tuple(x.shape):
+        return None
+    devices = tuple(dev for dev, _, _, _ in x._blocks)
+    sharding = o._sharding_for(place, [()] * out_ndim)
+    _, layout = sharding._addressable_layout((1,) * out_ndim)
+    if not devices or tuple(dev for dev, _, _ in layout) != devices or any(
+            any(start) for _, start, _ in layout):
+        return None
+    return o._tls, sharding, devices, tuple(rid for _, _, rid in layout)
+
+
+# Array.__getitem__ (_C.array_getitem): basic indices of an Array every device holds whole in
+# C, every other call through getitem
+_C.getitem_register(getitem, _getitem_plan)

@@ -933,11 +933,14 @@ def where(condition, x=None, y=None) -> Array:
         if condition.dtype in (_dtypes.float32, _dtypes.bfloat16, _dtypes.float16):
             # a float condition is `condition != 0` as jax's (a subnormal counts as zero)
             condition = _elementwise.not_equal(condition, 0)
-        if condition.dtype != np.float32:   # a bool/int mask Array: its nonzeros, as float32
-            condition = condition.astype(np.float32)
-        place = _place_of(condition)
-        one = _lift(1.0, place) if _C.trace_active() else _const(1.0, place)
-        c = _binary_raw(B_KEEP, one, condition)  # 1 where set
+        if condition.dtype == np.bool_:     # a bool mask Array: exactly 1.0 / 0.0 as float32
+            c = condition.astype(np.float32)
+        else:   # an int mask, or != 0 of a float one: 1 where nonzero
+            if condition.dtype != np.float32:
+                condition = condition.astype(np.float32)
+            place = _place_of(condition)
+            one = _lift(1.0, place) if _C.trace_active() else _const(1.0, place)
+            c = _binary_raw(B_KEEP, one, condition)
     else:
         c = np.asarray(condition)
         if c.dtype.kind == "f":   # != 0 with float32 subnormals as zero, as jax's

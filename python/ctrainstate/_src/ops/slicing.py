@@ -1416,8 +1416,7 @@ def stack(arrays, axis: int = 0):
         s.insert(axis, len(arrays))
         return ShapeDtypeStruct(tuple(s), arrays[0].dtype)
     idx = (slice(None),) * axis + (None,)
-    # (a[idx]: Array.__getitem__'s C path where it applies, else getitem)
-    return concatenate([a[idx] for a in arrays], axis)
+    return concatenate([getitem(a, idx) for a in arrays], axis)
 
 
 def _split_points(n, indices_or_sections, who, even):

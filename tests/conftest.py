@@ -18,10 +18,9 @@ if "xla_force_host_platform_device_count" not in _xla:
     os.environ["XLA_FLAGS"] = (_xla + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # numpy's and scipy's OpenBLAS: one thread. The tests' numpy references are small arrays;
-# after each BLAS call a threaded OpenBLAS keeps its idle threads spinning, which took a core
-# from the rest of the run (measured, README command on a 2-vCPU VM: 108.5 -> 102.4 s of
-# user time; more in CI, where two stages share the two cores). Read when numpy is first
-# imported, below.
+# after each BLAS call a threaded OpenBLAS keeps its idle threads spinning, which takes a
+# core from the rest of the run (and from the other stage CI runs beside it). Read when numpy
+# is first imported, below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 

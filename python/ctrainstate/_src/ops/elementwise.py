@@ -156,8 +156,7 @@ def _as(v, dt, place) -> Array:
         v._check_alive()
         return v if v.dtype == dt else _o()._convert(v, dt)
     t = type(v)
-    if dt == _F32 and (t is float or (t is int and -_EXACT_INT <= v <= _EXACT_INT)) and \
-            v == v and not _C.trace_active():
+    if dt == _F32 and (t is float or (t is int and -_EXACT_INT <= v <= _EXACT_INT)) and v == v:
         # (a Python scalar beside a float32 operand, `x > 0`: the kept 0-d Array, the same
         # float32 value; the ops here compute a new Array from it)
         return _o()._const(v, place)

@@ -873,16 +873,16 @@ def _with_const(a, b):
     ts = type(s)
     if (ts is not float and ts is not int) or x._dtype is not _DT_F32 or s != s:
         return None
-    if _C.trace_active():
-        return None
     c = _const(s, _place_of(x))
     return (c, x) if left else (x, c)
 
 
 def _const(s, place) -> Array:
     """The kept 0-d float32 Array of the Python float or int ``s`` (not a NaN) on ``place``
-    (what :func:`_place_host` makes of it), made at its first use. Only outside a recording
-    (the callers check)."""
+    (what :func:`_place_host` makes of it), made at its first use; while a jit trace records,
+    a new one (an Array made there is a value of the program, not kept)."""
+    if _C.trace_active():
+        return _place_host(s, place)
     ts = type(s)
     key = (id(place), ts, s, ts is float and math.copysign(1.0, s) < 0)
     hit = _CONSTS.get(key)
@@ -939,7 +939,7 @@ def where(condition, x=None, y=None) -> Array:
             if condition.dtype != np.float32:
                 condition = condition.astype(np.float32)
             place = _place_of(condition)
-            one = _lift(1.0, place) if _C.trace_active() else _const(1.0, place)
+            one = _const(1.0, place)
             c = _binary_raw(B_KEEP, one, condition)
     else:
         c = np.asarray(condition)
@@ -2206,10 +2206,8 @@ def _remember_spec(tree, leaves, td) -> None:
     if got is None or len(got) != len(leaves) or any(a is not b for a, b in zip(got, leaves)):
         return
     # the tree the spec rebuilds must be the one optree rebuilds: the same treedef (dict keys
-    # in the same order), the same leaf objects. (Not `rebuilt != td.unflatten(...)`: that
-    # compares the leaves' values, an Array comparison per leaf, and a lone Array leaf's
-    # answers an Array whose truth is ambiguous, so a bare Array argument was never kept and
-    # took this path, ~100 us, at every call.)
+    # in the same order) and the same leaf objects, compared by identity (comparing the
+    # trees would compare the leaves' values: an Array comparison, whose truth is ambiguous)
     rebuilt, rtd = tree_flatten(_C.unflatten_spec(spec, list(leaves)))
     if rtd != td or len(rebuilt) != len(leaves) or any(
             a is not b for a, b in zip(rebuilt, leaves)):

@@ -33,9 +33,9 @@ _FLOATS = (_dtypes.float32, _dtypes.float16, _dtypes.bfloat16)
 def _key_words(k) -> tuple[int, int]:
     """(k0, k1) of a raw key: anything array-like of shape (2,) with uint32 values."""
     dt = getattr(k, "dtype", None)
-    # a typed jax key (its dtype is jax's, not numpy's): unwrap its data. (A numpy dtype is
-    # not one: str() of it costs ~5 us, as much as the rest of a split.)
-    if dt is not None and type(dt).__module__.partition(".")[0] != "numpy" and "key<" in str(dt):
+    # a typed jax key (its dtype is jax's, not a numpy dtype): unwrap its data. (A numpy
+    # dtype is never formatted: its str() costs as much as the rest of a split.)
+    if dt is not None and not isinstance(dt, np.dtype) and "key<" in str(dt):
         import jax  # only reachable when the caller already uses jax
         k = jax.random.key_data(k)
     a = np.asarray(k)

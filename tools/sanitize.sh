@@ -4,6 +4,10 @@
 # do not need our C code and jaxlib is not built for ASan).
 #
 #   bash tools/sanitize.sh [pytest args...]
+#
+# CT_SANITIZE_PYTHON=PATH runs the tests with that interpreter (the build uses `python`): CI
+# runs them in the venv with the oldest numpy / ml_dtypes / scipy that pyproject.toml allows,
+# so one sanitized run also checks those floors.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ctrainstate-asan.XXXXXX)
@@ -26,5 +30,6 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:allocator_m
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$work/python${PYTHONPATH:+:$PYTHONPATH}"
 export CTRAINSTATE_SANITIZED=1
-python -c "import ctrainstate, sys; assert ctrainstate.__file__.startswith('$work'), ctrainstate.__file__; print('sanitized build:', ctrainstate._C.__file__)"
-python -m pytest -x -q -p no:cacheprovider "$@" tests
+py=${CT_SANITIZE_PYTHON:-python}
+"$py" -c "import ctrainstate, sys; assert ctrainstate.__file__.startswith('$work'), ctrainstate.__file__; print('sanitized build:', ctrainstate._C.__file__)"
+"$py" -m pytest -x -q -p no:cacheprovider "$@" tests

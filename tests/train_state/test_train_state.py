@@ -1,6 +1,7 @@
 """TrainState (flax semantics, table 3.6) and the in-place fused step: donation, errors, leaks."""
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import ml_dtypes
@@ -642,15 +643,20 @@ def test_ctrl_c_from_a_timer_never_half_applies_a_step():
     interrupts = 0
     for _ in range(12):
         timer = threading.Timer(rng.uniform(0.0, 0.01), os.kill, (os.getpid(), signal.SIGINT))
+        deadline = time.monotonic() + 60
         try:
             timer.start()
-            while True:   # until the timer's SIGINT
+            # until the timer's SIGINT (a lost one fails the test instead of looping forever)
+            while time.monotonic() < deadline:
                 s = s.apply_gradients(grads=g)
                 # (as a loop reading its loss does: on (emulated) GPU devices a step returns
                 # once its kernels are queued, and a queue of thousands would run at the read)
                 s.params["w"].block_until_ready()
         except KeyboardInterrupt:
             interrupts += 1
+        else:
+            pytest.fail(f"no KeyboardInterrupt within 60 s of the timer's SIGINT (the SIGINT "
+                        f"handler now: {signal.getsignal(signal.SIGINT)!r})")
         timer.join()
         w = np.asarray(s.params["w"])
         np.testing.assert_array_equal(w, -float(s.step))

@@ -23,6 +23,17 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # is first imported, below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# Ctrl-C as Python's default: a run started with SIGINT ignored (a background job of a shell
+# without job control, `(pytest ... &)`, inherits SIG_IGN, and so do the child interpreters
+# the tests start) would otherwise never see the SIGINTs the interrupt tests send (test_array's
+# and test_error_paths' children ran their minutes of work to the 120 s limit,
+# test_train_state's Ctrl-C tests failed). Caught signals, unlike ignored ones, are reset to
+# their default in a child at exec.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def _host_has_native_float16() -> bool:
     """Whether this CPU has AVX512-FP16 (float16 arithmetic in hardware)."""

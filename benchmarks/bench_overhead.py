@@ -162,7 +162,7 @@ def _jax_eager():
         ai = a.astype(jnp.int32)
     return {"f32 add": lambda: jnp.add(a, a), "f32 sin": lambda: jnp.sin(a),
             "f32 sum": lambda: jnp.sum(a), "bf16 add": lambda: jnp.add(ab, ab),
-            "int32 add": lambda: jnp.add(ai, ai)}
+            "int32 add": lambda: jnp.add(ai, ai), "f32 > 0": lambda: a > 0}
 
 
 def run_ops(calls):
@@ -177,11 +177,12 @@ def run_ops(calls):
         ab, ai = cnp.astype(a, cnp.bfloat16), cnp.astype(a, np.int32)
         ours[where] = {"f32 add": lambda a=a: a + a, "f32 sin": lambda a=a: cnp.sin(a),
                        "f32 sum": lambda a=a: cnp.sum(a), "bf16 add": lambda ab=ab: ab + ab,
-                       "int32 add": lambda ai=ai: ai + ai}
+                       "int32 add": lambda ai=ai: ai + ai, "f32 > 0": lambda a=a: a > 0}
     h = np.ones(16, np.float32)
     hb, hi = h.astype(cnp.bfloat16), h.astype(np.int32)
     numpy_ops = {"f32 add": lambda: h + h, "f32 sin": lambda: np.sin(h), "f32 sum": lambda: h.sum(),
-                 "bf16 add": lambda: hb + hb, "int32 add": lambda: hi + hi}
+                 "bf16 add": lambda: hb + hb, "int32 add": lambda: hi + hi,
+                 "f32 > 0": lambda: h > 0}
     jax_ops = _jax_eager()
     print(f"\n## one eager op on a 16-element Array: us per call, best of 5 x {calls} calls")
     print(f"{'op':12s} {'ours 1 dev':>10s} {'2x4 mesh':>9s} {'jax eager':>10s} {'numpy':>7s} "

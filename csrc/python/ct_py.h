@@ -144,6 +144,7 @@ PyObject *ct_py_array_nb_multiply(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_true_divide(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_negative(PyObject *a);
 PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b);
+PyObject *ct_py_array_richcompare(PyObject *a, PyObject *b, int op);
 
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);

@@ -601,7 +601,12 @@ static PyMethodDef array_type_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* Slots from py_dispatch.c: the arithmetic operators go through the primitives. */
+/* Identity hashing, object's (the comparison slot would otherwise leave the type
+ * unhashable): Arrays stay usable as identity keys (plans, caches), as jax.Array. */
+static Py_hash_t array_hash(PyObject *self) { return PyBaseObject_Type.tp_hash(self); }
+
+/* Slots from py_dispatch.c: the arithmetic and comparison operators go through the
+ * primitives. */
 static PyType_Slot array_slots[] = {
     {Py_tp_new, array_tp_new},
     {Py_tp_dealloc, array_dealloc},
@@ -614,6 +619,8 @@ static PyType_Slot array_slots[] = {
     {Py_nb_true_divide, ct_py_array_nb_true_divide},
     {Py_nb_negative, ct_py_array_nb_negative},
     {Py_nb_matrix_multiply, ct_py_array_nb_matmul},
+    {Py_tp_richcompare, ct_py_array_richcompare},
+    {Py_tp_hash, array_hash},
     {Py_nb_float, array_float},
     {Py_nb_int, array_int},
     {Py_nb_bool, array_bool},

@@ -100,6 +100,8 @@ typedef struct {
     PyObject *none_kw; /* keyword names whose None value is the default (a tuple), or NULL */
     PyObject *statics, *defaults; /* static parameters after the operands (names, defaults) */
     int nin, nstatic;
+    int nondiff; /* its results are never differentiable (a comparison's bools): a recording
+                  * tape is not read, nothing is recorded, as in the Python op */
     int next; /* the cache entry replaced at the next miss */
     unsigned long long hits, misses, falls;
     plan_entry cache[NCACHE];
@@ -115,6 +117,7 @@ static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name, *nodes_name
 static PyTypeObject *node_vjp_type;
 #define NSLOT 6
 static PyObject *slot_prims[NSLOT];        /* add, subtract, multiply, divide, negative, matmul */
+static PyObject *cmp_prims[6];             /* the comparisons, by Py_LT .. Py_GE */
 
 static void entry_clear(plan_entry *e) {
     Py_CLEAR(e->ka_shape);
@@ -639,6 +642,40 @@ static int scalar_consts(int rule, PyObject *s, float *alpha, float *beta) {
         return 0;
     }
     case S_DIV_L: *alpha = (float)v; *beta = 0.0f; return 0;
+    }
+    return 1;
+}
+
+/* A typed elementwise op's Python scalar operand, converted as the Python op converts it
+ * (jax's weak types): beside a float32 Array a float (rounded to nearest) or an int of at
+ * most 2^24 in magnitude (exact); beside an int32 Array an int in its range. 1 (no
+ * exception) for any other scalar or dtype: the Python op runs (it promotes, wraps or
+ * raises). */
+typedef union {
+    float f;
+    int32_t i;
+} ew_scalar;
+
+static int ew_scalar_value(PyObject *s, ct_dtype dt, ew_scalar *out) {
+    if (PyFloat_CheckExact(s)) {
+        if (dt != CT_F32) return 1;
+        out->f = (float)PyFloat_AS_DOUBLE(s);
+        return 0;
+    }
+    if (!PyLong_CheckExact(s)) return 1;
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(s, &overflow);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (dt == CT_F32 && v >= -(1LL << 24) && v <= (1LL << 24)) {
+        out->f = (float)v;
+        return 0;
+    }
+    if (dt == CT_I32 && v >= INT32_MIN && v <= INT32_MAX) {
+        out->i = (int32_t)v;
+        return 0;
     }
     return 1;
 }
@@ -1262,7 +1299,7 @@ static PyObject *fast_call(prim *p, PyObject *const *args, int notape) {
     }
     if (a->donated != Py_False || (b != NULL && b->donated != Py_False)) return NULL;
     PyObject *tape = NULL;
-    int tr = notape ? 0 : top_tape(&tape);
+    int tr = notape || p->nondiff ? 0 : top_tape(&tape);
     if (tr != 0) {
         if (tr < 0) PyErr_Clear();
         return NULL;
@@ -1330,17 +1367,25 @@ static PyObject *run_entry(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObje
  * returns None (a new reference), not an Array. */
 static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyObject *scalar,
                               int track, const arena_io *io) {
-    const int has_b = b != NULL || (io != NULL && io->xb != NULL);
+    int has_b = b != NULL || (io != NULL && io->xb != NULL);
     /* integer and boolean ops record in Python; 16-bit float ones in C with the primitive's
      * vjp16 (track 2), else in Python */
     if (track && (e->kind == K_EWISE || e->kind == K_UNARY16) &&
         (track != 2 || (e->out_dt != CT_BF16 && e->out_dt != CT_F16)))
         return NULL;
     float alpha = 0.0f, beta = 0.0f;
+    /* K_EWISE beside a Python scalar (`x > 0`): the scalar as a one-element host operand of
+     * the Array's dtype, broadcast (CPU devices; not in a program being recorded, which
+     * keeps no scalar: the Python op runs there) */
+    ct_py_buffer sbuf;
+    ew_scalar sval;
+    const int ew_s = e->kind == K_EWISE && scalar != NULL;
     if (e->kind == K_SCALAR) {
         if (scalar == NULL) return NULL;
         int r = scalar_consts(e->op, scalar, &alpha, &beta);
         if (r != 0) return NULL; /* (an error stays set and propagates) */
+    } else if (ew_s) {
+        if (io != NULL || recorder != NULL || has_b || (e->side != 1 && e->side != 2)) return NULL;
     } else if (scalar != NULL ||
                (e->kind != K_BCAST &&
                 (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != has_b)) {
@@ -1351,6 +1396,23 @@ static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyO
     else if (a == NULL || operand_buffers(a, e, xs) != 0) return NULL;
     if (io != NULL && io->xb != NULL) memcpy(ys, io->xb, (size_t)e->nblk * sizeof *ys);
     else if (b != NULL && operand_buffers(b, e, ys) != 0) return NULL;
+    if (ew_s) {
+        if (ew_scalar_value(scalar, xs[0]->dtype, &sval) != 0) return NULL;
+        memset(&sbuf, 0, sizeof sbuf);
+        sbuf.dtype = xs[0]->dtype;
+        sbuf.data = &sval;
+        sbuf.nbytes = ct_dtype_size(xs[0]->dtype);
+        for (int i = 0; i < e->nblk; i++) {
+            if (e->cdev[i]->platform != CT_PLATFORM_CPU) return NULL;
+            if (e->side == 1) {
+                ys[i] = &sbuf;
+            } else {
+                ys[i] = xs[i];
+                xs[i] = &sbuf;
+            }
+        }
+        has_b = 1;
+    }
     int prec = 0;
     if (e->kind == K_MATMUL) { /* the product's precision: float32 only on this path */
         prec = current_precision();
@@ -1401,16 +1463,16 @@ static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyO
     if (work < CT_DISPATCH_GIL_ELEMS || capturing) {
         st = run_plan(e, xs, has_b ? ys : NULL, os, alpha, beta, prec);
     } else { /* pinned: another thread may drop or delete the operands meanwhile */
-        for (int i = 0; i < e->nblk; i++) {
-            ct_py_pin(xs[i]);
-            if (has_b) ct_py_pin(ys[i]);
+        for (int i = 0; i < e->nblk; i++) { /* (a scalar's host operand is this frame's) */
+            if (xs[i] != &sbuf) ct_py_pin(xs[i]);
+            if (has_b && ys[i] != &sbuf) ct_py_pin(ys[i]);
         }
         Py_BEGIN_ALLOW_THREADS
         st = run_plan(e, xs, has_b ? ys : NULL, os, alpha, beta, prec);
         Py_END_ALLOW_THREADS
         for (int i = 0; i < e->nblk; i++) {
-            ct_py_unpin(xs[i]);
-            if (has_b) ct_py_unpin(ys[i]);
+            if (xs[i] != &sbuf) ct_py_unpin(xs[i]);
+            if (has_b && ys[i] != &sbuf) ct_py_unpin(ys[i]);
         }
     }
     if (st != CT_OK) {
@@ -1731,6 +1793,9 @@ static PyMemberDef prim_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(prim, vectorcall), READONLY, NULL},
     {"__dictoffset__", T_PYSSIZET, offsetof(prim, dict), READONLY, NULL},
     {"planner", T_OBJECT, offsetof(prim, planner), READONLY, "The planner (Python)."},
+    {"nondiff", T_INT, offsetof(prim, nondiff), 0,
+     "Nonzero: its results are never differentiable (comparisons); a recording autodiff tape\n"
+     "is not read and nothing is recorded, as in its Python op."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1786,6 +1851,35 @@ PyObject *ct_py_array_nb_negative(PyObject *a) {
 PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b) {
     PyObject *args[2] = {a, b};
     return slot_call(5, args, 2);
+}
+
+/* The Array's comparison operators: the registered comparison primitive for an Array, a
+ * Python number or a numpy array / scalar on the other side (the primitive's Python op
+ * handles every case its plans do not), NotImplemented for anything else (Python then tries
+ * the other operand, or compares identities for == and !=). */
+PyObject *ct_py_array_richcompare(PyObject *a, PyObject *b, int op) {
+    PyTypeObject *at = ct_py_array_type();
+    if (at == NULL) return NULL;
+    PyObject *f = op >= Py_LT && op <= Py_GE ? cmp_prims[op] : NULL;
+    if (f == NULL || !(PyObject_TypeCheck(b, at) || PyFloat_Check(b) || PyLong_Check(b) ||
+                       PyArray_Check(b) || PyArray_IsScalar(b, Generic)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *args[2] = {a, b};
+    return PyObject_Vectorcall(f, args, 2, NULL);
+}
+
+static PyObject *py_dispatch_register_compare(PyObject *self, PyObject *const *args,
+                                              Py_ssize_t n) {
+    (void)self;
+    if (n != 6)
+        return PyErr_Format(PyExc_TypeError,
+                            "dispatch_register_compare takes 6 arguments (%zd given)", n);
+    for (int i = 0; i < 6; i++)
+        if (!PyCallable_Check(args[i]))
+            return PyErr_Format(PyExc_TypeError,
+                                "dispatch_register_compare: argument %d is not callable", i);
+    for (int i = 0; i < 6; i++) Py_XSETREF(cmp_prims[i], Py_NewRef(args[i]));
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -4828,6 +4922,12 @@ static PyType_Spec program_spec = {
 };
 
 static PyMethodDef dispatch_methods[] = {
+    {"dispatch_register_compare", (PyCFunction)(void (*)(void))py_dispatch_register_compare,
+     METH_FASTCALL,
+     "dispatch_register_compare(less, less_equal, equal, not_equal, greater, greater_equal, /)\n"
+     "--\n\n"
+     "Register the primitives behind the Array's < <= == != > >= (each called with the Array\n"
+     "and the other operand)."},
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
      "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
      "                  multiply, divide, negative, matmul, /)\n--\n\n"

@@ -352,7 +352,10 @@ def test_no_python_runs_below_the_public_function_on_a_plan_hit():
              "sum(a, axis=0)": lambda: cnp.sum(a, axis=0), "mesh sum(axis=1)":
                  lambda: cnp.sum(am, 1),
              "a @ w": lambda: a @ w, "matmul(a, w, precision=None)":
-                 lambda: cnp.matmul(a, w, precision=None), "mesh @": lambda: am @ wm}
+                 lambda: cnp.matmul(a, w, precision=None), "mesh @": lambda: am @ wm,
+             "a > b": lambda: a > b, "a > 0": lambda: a > 0, "0.5 <= a": lambda: 0.5 <= a,
+             "int32 == 3": lambda: ai == 3, "bf16 <": lambda: ab < bb,
+             "mesh != 1.0": lambda: am != 1.0, "greater_equal": lambda: cnp.greater_equal(a, b)}
     for name, f in cases.items():
         assert _python_calls(f) == [], name
 
@@ -575,6 +578,10 @@ def test_a_planner_that_says_no_or_returns_a_bad_plan():
         _C.dispatch_register(None, 1, None, int, *[_ops.add] * 6)
     with pytest.raises(TypeError, match="10 arguments"):
         _C.dispatch_register(None)
+    with pytest.raises(TypeError, match="6 arguments"):
+        _C.dispatch_register_compare(_ops.add)
+    with pytest.raises(TypeError, match="argument 2 is not callable"):
+        _C.dispatch_register_compare(*[_ops.add] * 2, 3, *[_ops.add] * 3)
 
 
 def test_equal_shardings_share_a_plan():
@@ -1234,3 +1241,111 @@ def test_scalar_constants_are_not_kept_for_nan_or_inside_a_trace():
                                       np.maximum(np.asarray(y), np.float32(0.25)))
     with pytest.raises(OverflowError):
         _ops.maximum(x, 10 ** 400)
+
+
+# --- comparisons: C primitives (bools), also the Array's < <= == != > >= --------------------
+
+_CMP = {"less": np.less, "less_equal": np.less_equal, "equal": np.equal,
+        "not_equal": np.not_equal, "greater": np.greater, "greater_equal": np.greater_equal}
+_CMP_OPS = {"less": lambda x, y: x < y, "less_equal": lambda x, y: x <= y,
+            "equal": lambda x, y: x == y, "not_equal": lambda x, y: x != y,
+            "greater": lambda x, y: x > y, "greater_equal": lambda x, y: x >= y}
+
+
+@pytest.mark.parametrize("name", sorted(_CMP))
+def test_comparisons_on_the_c_path_are_numpys_and_the_python_ops(name):
+    """Every comparison, as a function and as the operator, on the C path (plan hits counted)
+    against numpy and against the Python op (``__wrapped__``): two Arrays of each dtype
+    (broadcasting, a 2x4 mesh), and a float32 / int32 Array beside Python scalars on either
+    side, including the ones the C path converts (floats, ints up to 2^24 beside float32,
+    int32 ints) and those it leaves to the Python op (2^24 + 1, an int beyond int32, a float
+    beside int32: jax promotes those)."""
+    rng = np.random.default_rng(7)
+    prim, ref, op = getattr(cnp, name), _CMP[name], _CMP_OPS[name]
+    assert type(prim) is _C.Primitive and prim.nondiff
+    xf = rng.standard_normal((4, 8)).astype(np.float32)
+    xf[0, :4] = [np.nan, np.inf, -0.0, 0.0]
+    yf = xf.copy()
+    yf[1] = rng.standard_normal(8).astype(np.float32)
+    arrays = [(xf, yf), (xf, yf[0]), (rng.integers(-3, 3, (4, 8)).astype(np.int32),
+                                       rng.integers(-3, 3, (8,)).astype(np.int32)),
+              (rng.integers(0, 2, (4, 8)).astype(bool), rng.integers(0, 2, (4, 8)).astype(bool)),
+              (xf.astype(cnp.bfloat16), yf.astype(cnp.bfloat16)),
+              (rng.integers(0, 255, (4, 8)).astype(np.uint8), rng.integers(0, 255, (4, 8)).astype(np.uint8))]
+    before = prim.cache_info()["hits"]
+    for xn, yn in arrays:
+        for sh in (None, _mesh_sharding(("x", "y"))):
+            x = cts.device_put(xn, sh)
+            y = cts.device_put(yn, sh if yn.ndim == 2 else None)
+            with np.errstate(invalid="ignore"):   # (NaN against bfloat16's NaN)
+                want = ref(xn, yn)
+            for got in (prim(x, y), op(x, y), prim.__wrapped__(x, y)):
+                assert got.dtype == np.bool_ and got.shape == want.shape
+                np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{xn.dtype} {sh}")
+    assert prim.cache_info()["hits"] > before
+    x = cts.device_put(xf)
+    xi = cts.device_put(np.array([-2 ** 31, -5, 0, 7, 2 ** 31 - 1], np.int32))
+    f32_scalars = [0, 3, -1, 0.5, -0.0, 1e40, float("nan"), float("inf"), 2 ** 24, -2 ** 24,
+                   2 ** 24 + 1, 2 ** 40, 0.1]
+    for s in f32_scalars:
+        for got, want in ((op(x, s), ref(xf, np.float32(s))), (op(s, x), ref(np.float32(s), xf)),
+                          (prim(x, s), ref(xf, np.float32(s)))):
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=repr(s))
+            assert got.dtype == np.bool_
+    xin = np.asarray(xi)
+    for s in (0, -5, 7, 2 ** 31 - 1, -2 ** 31, 2.5, -0.5):
+        want_dt = np.float32 if isinstance(s, float) else np.int32
+        for got, want in ((op(xi, s), ref(xin.astype(want_dt), want_dt(s))),
+                          (op(s, xi), ref(want_dt(s), xin.astype(want_dt)))):
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=repr(s))
+    with pytest.raises(OverflowError):   # jax raises for a Python int beyond int32
+        op(xi, 2 ** 31)
+
+
+def test_comparison_operators_of_other_types():
+    """The Array's comparison slot: numpy arrays and scalars compare (the Python op lifts
+    them); any other type gets NotImplemented (== / != then compare identities, < raises),
+    and Arrays hash by identity."""
+    x = cts.device_put(np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(np.asarray(x < np.float32(2)), [True, True, False, False])
+    np.testing.assert_array_equal(np.asarray(x == np.array([0, 9, 2, 9], np.float32)),
+                                  [True, False, True, False])
+    np.testing.assert_array_equal(np.asarray(x >= True), [False, True, True, True])
+    assert (x == "a") is False and (x != None) is True  # noqa: E711
+    assert x.__eq__("a") is NotImplemented
+    with pytest.raises(TypeError):
+        x < "a"  # noqa: B015
+    assert hash(x) == object.__hash__(x) and {x: 1}[x] == 1
+
+
+def test_comparisons_are_not_recorded_and_run_in_c_under_a_tape():
+    """Inside value_and_grad a comparison runs from its plan (nondiff: the tape is not
+    read), records nothing, and the gradient of a where over it is the Python ops'."""
+    w = cts.device_put(np.linspace(-1, 1, 16, dtype=np.float32))
+    before = cnp.greater.cache_info()
+
+    def loss(v):
+        m = v > 0.25
+        assert m.dtype == np.bool_
+        return cnp.sum(cnp.where(m, v * v, 3.0 * v))
+
+    val, g = cts.value_and_grad(loss)(w)
+    after = cnp.greater.cache_info()
+    assert after["hits"] + after["misses"] > before["hits"] + before["misses"]
+    wn = np.asarray(w)
+    np.testing.assert_allclose(np.asarray(g), np.where(wn > 0.25, 2 * wn, 3.0), rtol=1e-6)
+    np.testing.assert_allclose(float(val), np.sum(np.where(wn > 0.25, wn * wn, 3 * wn)),
+                               rtol=1e-5)
+
+
+def test_comparison_with_a_scalar_inside_jit_is_the_python_ops_node():
+    """Under a jit trace a comparison with a Python scalar runs the Python op (a recorded
+    program keeps no scalar); the jitted function gives the eager values, for new inputs
+    too."""
+    f = cts.jit(lambda v, u: cnp.where(v > 0.5, v, u) + (u >= v))
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        vn, un = rng.standard_normal((2, 8)).astype(np.float32)
+        v, u = cts.device_put(vn), cts.device_put(un)
+        want = np.where(vn > 0.5, vn, un) + (un >= vn)
+        np.testing.assert_array_equal(np.asarray(f(v, u)), want)

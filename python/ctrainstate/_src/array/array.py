@@ -342,32 +342,10 @@ class _ArrayMethods(OperatorsMixin):
         raise TypeError(f"format spec {spec!r} applies to scalars; this Array has shape "
                         f"{self._shape}: format np.asarray(x) (gathers to the host) instead")
 
-    # --- comparisons: elementwise, bool Arrays (ctrainstate.numpy.equal, ...) -------------
-    def _compare(self, other, name):
-        if not isinstance(other, (Array, int, float, bool, np.generic, np.ndarray)):
-            return NotImplemented
-        _elementwise = _upper('_elementwise')
-        return getattr(_elementwise, name)(self, other)
-
-    def __eq__(self, other):
-        return self._compare(other, "equal")
-
-    def __ne__(self, other):
-        return self._compare(other, "not_equal")
-
-    def __lt__(self, other):
-        return self._compare(other, "less")
-
-    def __le__(self, other):
-        return self._compare(other, "less_equal")
-
-    def __gt__(self, other):
-        return self._compare(other, "greater")
-
-    def __ge__(self, other):
-        return self._compare(other, "greater_equal")
-
-    __hash__ = object.__hash__   # Arrays stay usable as identity keys (plans, caches)
+    # --- comparisons: elementwise, bool Arrays ------------------------------------------------
+    # x < y, <=, ==, !=, >, >= are the C type's (csrc/python/py_dispatch.c): the primitives
+    # ctrainstate.numpy.less ... greater_equal for an Array, a Python number or a numpy array or
+    # scalar on the other side, NotImplemented for anything else; hashed by identity (C too)
 
     # --- indexing (numpy's basic and advanced indices): ctrainstate._src.ops.slicing ------------------
     # x[idx] (numpy's indexing, as jax.Array; the docstring is C's): basic indices of an Array

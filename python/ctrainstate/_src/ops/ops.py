@@ -2908,6 +2908,41 @@ def _plan_binary(name, op_f32, rules):
     return plan
 
 
+_CMP = {name: _C.op_codes["ewise"][code] for name, code in (
+    ("less", "LT"), ("less_equal", "LE"), ("equal", "EQ"), ("not_equal", "NE"),
+    ("greater", "GT"), ("greater_equal", "GE"))}
+_DT_I32 = np.dtype(np.int32)
+
+
+def _plan_compare(op):
+    """Planner of a comparison (the typed kernel, a bool result): two Arrays of one dtype
+    (broadcasting), or a float32 / int32 Array and a Python scalar (the C path converts the
+    scalar at each call where jax's promotion keeps the Array's dtype: a float or an int of
+    at most 2^24 in magnitude beside float32, an int32 int beside int32; any other scalar
+    runs the Python op)."""
+    def plan(a, b):
+        if type(a) is not Array or type(b) is not Array:
+            x = a if type(a) is Array else b
+            if x._dtype is not _DT_F32 and x._dtype != _DT_I32:
+                return None
+            p = _plan_out(_K["EWISE"], op, x._shape, _dtypes.bool_, _place_of(x),
+                          _norm(x._sharding, len(x._shape)))
+            return p if _same_devices(x, p) else None
+        if a._dtype != b._dtype:
+            return None
+        try:
+            place, shape, out, _, _, stay_a, stay_b = _id_cached(
+                _BIN_LAYOUTS, (a._shape, b._shape, id(a._sharding), id(b._sharding)),
+                a._sharding, b._sharding, _binary_plan, a, b)
+        except ValueError:   # shapes that do not broadcast, operands on two meshes
+            return None
+        if not (stay_a and stay_b):
+            return None
+        p = _plan_out(_K["EWISE"], op, shape, _dtypes.bool_, place, out)
+        return p if _same_devices(a, p) and _same_devices(b, p) else None
+    return plan
+
+
 def _plan_reduce(op, x, axis, keepdims):
     """The plan of a float32 reduction ``op`` (_RED_SUM / _RED_MAX) of ``x`` over ``axis``,
     as :func:`_reduce_raw` runs it (each device reduces its block, then an all-reduce with
@@ -3285,6 +3320,15 @@ def _make_primitives():
                none_keywords=("precision",))
     g = globals()
     g["around"] = g["round"]
+    # the comparisons (ctrainstate._src.ops.elementwise's ops): bools, never recorded on a
+    # tape (nondiff), also the Array's < <= == != > >=
+    for name, op in _CMP.items():
+        f = getattr(ew, name)
+        p = _C.Primitive(name, 2, f, _in_process(_plan_compare(op)), f.__doc__)
+        p.nondiff = True
+        p.__module__ = f.__module__
+        setattr(ew, name, p)
+    _C.dispatch_register_compare(*(getattr(ew, name) for name in _CMP))
     _C.dispatch_register(_tls, _Tape, _precision._tls, NamedSharding, g["add"], g["subtract"],
                          g["multiply"], g["divide"], g["negative"], g["matmul"])
     _derivative_programs()

@@ -206,8 +206,12 @@ def run_ops(calls):
     a = cts.device_put(np.ones((4, 16), np.float32))
     b = cts.device_put(np.ones((16,), np.float32))
     x = cts.device_put(np.ones((16, 8), np.float32))
+    ma, mb = a > 0.5, b < 2.0
     print(f"\n## other single ops: us per call, best of 5 x {calls} calls")
     for name, f in [("a + b (1 device, broadcast)", lambda: a + b),
+                    ("a > b (1 device, broadcast)", lambda: a > b),
+                    ("mask & mask (1 device, broadcast)", lambda: ma & mb),
+                    ("~mask (1 device)", lambda: ~ma),
                     ("a @ b (1 device)", lambda: a @ b),
                     ("x[0] (1 device, 16x8)", lambda: x[0]),
                     ("x[1:3] (1 device, 16x8)", lambda: x[1:3]),

@@ -145,6 +145,10 @@ PyObject *ct_py_array_nb_true_divide(PyObject *a, PyObject *b);
 PyObject *ct_py_array_nb_negative(PyObject *a);
 PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b);
 PyObject *ct_py_array_richcompare(PyObject *a, PyObject *b, int op);
+PyObject *ct_py_array_nb_and(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_or(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_xor(PyObject *a, PyObject *b);
+PyObject *ct_py_array_nb_invert(PyObject *a);
 
 int ct_py_init_devices(PyObject *m);
 int ct_py_init_buffer(PyObject *m);

@@ -117,7 +117,9 @@ static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name, *nodes_name
 static PyTypeObject *node_vjp_type;
 #define NSLOT 6
 static PyObject *slot_prims[NSLOT];        /* add, subtract, multiply, divide, negative, matmul */
-static PyObject *cmp_prims[6];             /* the comparisons, by Py_LT .. Py_GE */
+/* the comparisons by Py_LT .. Py_GE, then bitwise_and, bitwise_or, bitwise_xor, invert */
+#define NTYPED 10
+static PyObject *typed_prims[NTYPED];
 
 static void entry_clear(plan_entry *e) {
     Py_CLEAR(e->ka_shape);
@@ -549,6 +551,9 @@ static ct_status run_block(const plan_entry *e, int i, ct_py_buffer *x, ct_py_bu
     case K_BINARY:
     case K_EWISE:
         st = ct_broadcast_strides(o->ndim, o->shape, x->ndim, x->shape, sa);
+        if (e->kind == K_EWISE && y == NULL) /* a unary typed op (invert): b reads a */
+            return st != CT_OK ? st : ct_op_ewise(dev, e->op, (int)x->dtype, o->ndim, o->shape,
+                                                  o->data, x->data, sa, NULL, NULL);
         if (st == CT_OK) st = ct_broadcast_strides(o->ndim, o->shape, y->ndim, y->shape, sb);
         if (st != CT_OK) return st;
         if (e->kind == K_BINARY)
@@ -1388,7 +1393,8 @@ static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyO
         if (io != NULL || recorder != NULL || has_b || (e->side != 1 && e->side != 2)) return NULL;
     } else if (scalar != NULL ||
                (e->kind != K_BCAST &&
-                (e->kind == K_BINARY || e->kind == K_EWISE || e->kind == K_MATMUL) != has_b)) {
+                (e->kind == K_BINARY || (e->kind == K_EWISE && e->op < CT_EW_NOT) ||
+                 e->kind == K_MATMUL) != has_b)) {
         return NULL;
     }
     ct_py_buffer *xs[MAXB], *ys[MAXB], *os[MAXB];
@@ -1437,7 +1443,7 @@ static PyObject *run_entry_in(plan_entry *e, ct_py_array *a, ct_py_array *b, PyO
                 !ct_ewise_supported(CT_EW_MAX, (int)xs[i]->dtype))
                 return NULL;
         } else if (e->kind == K_EWISE) {
-            if (ys[i]->dtype != xs[i]->dtype) return NULL;
+            if (has_b ? ys[i]->dtype != xs[i]->dtype : nelem(xs[i]) != e->out_elems) return NULL;
         } else if (e->kind == K_UNARY16) {
             if ((int)xs[i]->dtype != e->out_dt || nelem(xs[i]) != e->out_elems) return NULL;
         } else if (xs[i]->dtype != CT_F32 || (has_b && ys[i]->dtype != CT_F32)) {
@@ -1860,7 +1866,7 @@ PyObject *ct_py_array_nb_matmul(PyObject *a, PyObject *b) {
 PyObject *ct_py_array_richcompare(PyObject *a, PyObject *b, int op) {
     PyTypeObject *at = ct_py_array_type();
     if (at == NULL) return NULL;
-    PyObject *f = op >= Py_LT && op <= Py_GE ? cmp_prims[op] : NULL;
+    PyObject *f = op >= Py_LT && op <= Py_GE ? typed_prims[op] : NULL;
     if (f == NULL || !(PyObject_TypeCheck(b, at) || PyFloat_Check(b) || PyLong_Check(b) ||
                        PyArray_Check(b) || PyArray_IsScalar(b, Generic)))
         Py_RETURN_NOTIMPLEMENTED;
@@ -1868,17 +1874,31 @@ PyObject *ct_py_array_richcompare(PyObject *a, PyObject *b, int op) {
     return PyObject_Vectorcall(f, args, 2, NULL);
 }
 
-static PyObject *py_dispatch_register_compare(PyObject *self, PyObject *const *args,
-                                              Py_ssize_t n) {
+/* The Array's & | ^ (either operand the Array) and ~: the registered primitive, whose Python
+ * op handles (and refuses) every other operand. */
+static PyObject *typed_call(int k, PyObject *a, PyObject *b) {
+    PyObject *f = typed_prims[k];
+    if (f == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "ctrainstate ops are not loaded yet");
+    PyObject *args[2] = {a, b};
+    return PyObject_Vectorcall(f, args, b != NULL ? 2 : 1, NULL);
+}
+PyObject *ct_py_array_nb_and(PyObject *a, PyObject *b) { return typed_call(6, a, b); }
+PyObject *ct_py_array_nb_or(PyObject *a, PyObject *b) { return typed_call(7, a, b); }
+PyObject *ct_py_array_nb_xor(PyObject *a, PyObject *b) { return typed_call(8, a, b); }
+PyObject *ct_py_array_nb_invert(PyObject *a) { return typed_call(9, a, NULL); }
+
+static PyObject *py_dispatch_register_typed(PyObject *self, PyObject *const *args,
+                                            Py_ssize_t n) {
     (void)self;
-    if (n != 6)
+    if (n != NTYPED)
         return PyErr_Format(PyExc_TypeError,
-                            "dispatch_register_compare takes 6 arguments (%zd given)", n);
-    for (int i = 0; i < 6; i++)
+                            "dispatch_register_typed takes %d arguments (%zd given)", NTYPED, n);
+    for (int i = 0; i < NTYPED; i++)
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError,
-                                "dispatch_register_compare: argument %d is not callable", i);
-    for (int i = 0; i < 6; i++) Py_XSETREF(cmp_prims[i], Py_NewRef(args[i]));
+                                "dispatch_register_typed: argument %d is not callable", i);
+    for (int i = 0; i < NTYPED; i++) Py_XSETREF(typed_prims[i], Py_NewRef(args[i]));
     Py_RETURN_NONE;
 }
 
@@ -4922,12 +4942,12 @@ static PyType_Spec program_spec = {
 };
 
 static PyMethodDef dispatch_methods[] = {
-    {"dispatch_register_compare", (PyCFunction)(void (*)(void))py_dispatch_register_compare,
+    {"dispatch_register_typed", (PyCFunction)(void (*)(void))py_dispatch_register_typed,
      METH_FASTCALL,
-     "dispatch_register_compare(less, less_equal, equal, not_equal, greater, greater_equal, /)\n"
-     "--\n\n"
+     "dispatch_register_typed(less, less_equal, equal, not_equal, greater, greater_equal,\n"
+     "                        bitwise_and, bitwise_or, bitwise_xor, invert, /)\n--\n\n"
      "Register the primitives behind the Array's < <= == != > >= (each called with the Array\n"
-     "and the other operand)."},
+     "and the other operand), & | ^ (the operands in order) and ~."},
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
      "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
      "                  multiply, divide, negative, matmul, /)\n--\n\n"

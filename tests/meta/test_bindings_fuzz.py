@@ -260,11 +260,11 @@ SIGS = {
 SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferError",
         "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register",
-        "dispatch_register_compare", "devices_set_id_offset",
+        "dispatch_register_typed", "devices_set_id_offset",
         "param_hit_setup", "module_setup", "constraint_setup", "vjp_register",
         "getitem_register"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
-# dispatch_register (and dispatch_register_compare): replaces the primitives behind the Array's
+# dispatch_register (and dispatch_register_typed): replaces the primitives behind the Array's
 # operators, which the fuzz itself uses; its argument checks are tested in
 # tests/ops/test_dispatch.py (vjp_register's too: it replaces the primitives the backward pass's C rules call);
 # getitem_register: replaces the Python op and planner behind Array.__getitem__, set once at

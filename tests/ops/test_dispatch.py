@@ -355,7 +355,9 @@ def test_no_python_runs_below_the_public_function_on_a_plan_hit():
                  lambda: cnp.matmul(a, w, precision=None), "mesh @": lambda: am @ wm,
              "a > b": lambda: a > b, "a > 0": lambda: a > 0, "0.5 <= a": lambda: 0.5 <= a,
              "int32 == 3": lambda: ai == 3, "bf16 <": lambda: ab < bb,
-             "mesh != 1.0": lambda: am != 1.0, "greater_equal": lambda: cnp.greater_equal(a, b)}
+             "mesh != 1.0": lambda: am != 1.0, "greater_equal": lambda: cnp.greater_equal(a, b),
+             "mask & mask": lambda: (a > 0) & (b < 2), "~mask": lambda: ~(a > b),
+             "int32 ^": lambda: ai ^ bi, "logical_or": lambda: cnp.logical_or(a > 0, a < 1)}
     for name, f in cases.items():
         assert _python_calls(f) == [], name
 
@@ -578,10 +580,10 @@ def test_a_planner_that_says_no_or_returns_a_bad_plan():
         _C.dispatch_register(None, 1, None, int, *[_ops.add] * 6)
     with pytest.raises(TypeError, match="10 arguments"):
         _C.dispatch_register(None)
-    with pytest.raises(TypeError, match="6 arguments"):
-        _C.dispatch_register_compare(_ops.add)
+    with pytest.raises(TypeError, match="10 arguments"):
+        _C.dispatch_register_typed(_ops.add)
     with pytest.raises(TypeError, match="argument 2 is not callable"):
-        _C.dispatch_register_compare(*[_ops.add] * 2, 3, *[_ops.add] * 3)
+        _C.dispatch_register_typed(*[_ops.add] * 2, 3, *[_ops.add] * 7)
 
 
 def test_equal_shardings_share_a_plan():
@@ -1349,3 +1351,69 @@ def test_comparison_with_a_scalar_inside_jit_is_the_python_ops_node():
         v, u = cts.device_put(vn), cts.device_put(un)
         want = np.where(vn > 0.5, vn, un) + (un >= vn)
         np.testing.assert_array_equal(np.asarray(f(v, u)), want)
+
+
+_BITS = {"bitwise_and": (np.bitwise_and, lambda x, y: x & y),
+         "bitwise_or": (np.bitwise_or, lambda x, y: x | y),
+         "bitwise_xor": (np.bitwise_xor, lambda x, y: x ^ y),
+         "logical_and": (np.logical_and, None), "logical_or": (np.logical_or, None),
+         "logical_xor": (np.logical_xor, None)}
+
+
+@pytest.mark.parametrize("name", sorted(_BITS))
+def test_bitwise_and_logical_ops_on_the_c_path(name):
+    """& | ^ (and the functions) of two int / bool Arrays of one dtype, and the logical ops of
+    two bool Arrays, run from C plans (hits counted) with numpy's values and the Python
+    op's, broadcasting and on a 2x4 mesh; the other operands take the Python op (which
+    refuses floats for the bitwise ops, converts ints to bools for the logical ones)."""
+    rng = np.random.default_rng(11)
+    prim, (ref, op) = getattr(cnp, name), _BITS[name]
+    assert type(prim) is _C.Primitive and prim.nondiff
+    logical = name.startswith("logical")
+    pairs = [(rng.integers(0, 2, (4, 8)).astype(bool), rng.integers(0, 2, (8,)).astype(bool))]
+    if not logical:
+        pairs += [(rng.integers(-9, 9, (4, 8)).astype(np.int32),
+                   rng.integers(-9, 9, (4, 8)).astype(np.int32)),
+                  (rng.integers(0, 255, (4, 8)).astype(np.uint8),
+                   rng.integers(0, 255, (8,)).astype(np.uint8))]
+    before = prim.cache_info()["hits"]
+    for xn, yn in pairs:
+        for sh in (None, _mesh_sharding(("x", "y"))):
+            x = cts.device_put(xn, sh)
+            y = cts.device_put(yn, sh if yn.ndim == 2 else None)
+            outs = [prim(x, y), prim(x, y), prim.__wrapped__(x, y)] + (
+                [op(x, y), op(y, x)] if op else [])
+            for got in outs:
+                assert got.dtype == ref(xn, yn).dtype
+                np.testing.assert_array_equal(np.asarray(got), ref(xn, yn))
+    assert prim.cache_info()["hits"] > before
+    xi = cts.device_put(np.array([0, 3, -2], np.int32))
+    if logical:   # ints as bools: the Python op
+        np.testing.assert_array_equal(np.asarray(prim(xi, xi > 0)), ref([0, 3, -2], [0, 1, 0]))
+    else:
+        with pytest.raises(TypeError, match="does not accept dtype float32"):
+            prim(cts.device_put(np.ones(3, np.float32)), xi)
+        np.testing.assert_array_equal(np.asarray(prim(xi, 6)), ref(np.array([0, 3, -2]), 6))
+
+
+def test_invert_and_logical_not_on_the_c_path():
+    """~ / invert of int and bool Arrays, logical_not of bool ones: C plans (one kernel,
+    unary), numpy's values; a float Array: invert refuses, logical_not is ``x == 0``."""
+    rng = np.random.default_rng(2)
+    for xn in (rng.integers(-9, 9, (4, 8)).astype(np.int32), rng.integers(0, 2, (4, 8)).astype(bool),
+               rng.integers(0, 255, (4, 8)).astype(np.uint8)):
+        for sh in (None, _mesh_sharding(("x", "y"))):
+            x = cts.device_put(xn, sh)
+            before = cnp.invert.cache_info()["hits"]
+            for got in (~x, ~x, cnp.invert(x), cnp.bitwise_not(x)):
+                assert got.dtype == xn.dtype and got.sharding == x.sharding
+                np.testing.assert_array_equal(np.asarray(got), np.invert(xn))
+            assert cnp.invert.cache_info()["hits"] > before
+            if xn.dtype == bool:
+                np.testing.assert_array_equal(np.asarray(cnp.logical_not(x)), ~xn)
+    assert cnp.invert.nondiff and cnp.logical_not.nondiff
+    with pytest.raises(TypeError, match="does not accept dtype float32"):
+        ~cts.device_put(np.ones(3, np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(cnp.logical_not(cts.device_put(np.array([0.0, 2.0, np.nan], np.float32)))),
+        [True, False, False])

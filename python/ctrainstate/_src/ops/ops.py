@@ -2908,27 +2908,37 @@ def _plan_binary(name, op_f32, rules):
     return plan
 
 
-_CMP = {name: _C.op_codes["ewise"][code] for name, code in (
+_EWC = _C.op_codes["ewise"]
+_CMP = {name: _EWC[code] for name, code in (
     ("less", "LT"), ("less_equal", "LE"), ("equal", "EQ"), ("not_equal", "NE"),
     ("greater", "GT"), ("greater_equal", "GE"))}
+# the bitwise ops of ints and bools, and the logical ops of bool Arrays (each other operand:
+# the Python op)
+_BITS = {name: _EWC[code] for name, code in (
+    ("bitwise_and", "AND"), ("bitwise_or", "OR"), ("bitwise_xor", "XOR"), ("invert", "NOT"))}
+_LOGICAL = {name: _EWC[code] for name, code in (
+    ("logical_and", "AND"), ("logical_or", "OR"), ("logical_xor", "XOR"), ("logical_not", "NOT"))}
 _DT_I32 = np.dtype(np.int32)
+_DT_BOOL = np.dtype(np.bool_)
 
 
-def _plan_compare(op):
-    """Planner of a comparison (the typed kernel, a bool result): two Arrays of one dtype
-    (broadcasting), or a float32 / int32 Array and a Python scalar (the C path converts the
-    scalar at each call where jax's promotion keeps the Array's dtype: a float or an int of
-    at most 2^24 in magnitude beside float32, an int32 int beside int32; any other scalar
+def _plan_typed(op, kinds, compare=False):
+    """Planner of a typed-kernel op (a comparison: ``compare``, a bool result; else the
+    operands' dtype): two Arrays of one dtype whose kind is in ``kinds`` (None: any dtype,
+    the 16-bit floats included; broadcasting), or
+    for a comparison also a float32 / int32 Array beside a Python scalar (the C path converts
+    the scalar at each call where jax's promotion keeps the Array's dtype: a float or an int
+    of at most 2^24 in magnitude beside float32, an int32 int beside int32; any other scalar
     runs the Python op)."""
     def plan(a, b):
         if type(a) is not Array or type(b) is not Array:
             x = a if type(a) is Array else b
-            if x._dtype is not _DT_F32 and x._dtype != _DT_I32:
+            if not compare or (x._dtype is not _DT_F32 and x._dtype != _DT_I32):
                 return None
-            p = _plan_out(_K["EWISE"], op, x._shape, _dtypes.bool_, _place_of(x),
+            p = _plan_out(_K["EWISE"], op, x._shape, _DT_BOOL, _place_of(x),
                           _norm(x._sharding, len(x._shape)))
             return p if _same_devices(x, p) else None
-        if a._dtype != b._dtype:
+        if a._dtype != b._dtype or (kinds is not None and a._dtype.kind not in kinds):
             return None
         try:
             place, shape, out, _, _, stay_a, stay_b = _id_cached(
@@ -2938,8 +2948,20 @@ def _plan_compare(op):
             return None
         if not (stay_a and stay_b):
             return None
-        p = _plan_out(_K["EWISE"], op, shape, _dtypes.bool_, place, out)
+        p = _plan_out(_K["EWISE"], op, shape, _DT_BOOL if compare else a._dtype, place, out)
         return p if _same_devices(a, p) and _same_devices(b, p) else None
+    return plan
+
+
+def _plan_typed_unary(op, kinds):
+    """Planner of a unary typed-kernel op (``invert``, ``logical_not``) of an Array whose
+    dtype's kind is in ``kinds``: the operand's dtype and layout."""
+    def plan(x):
+        if x._dtype.kind not in kinds:
+            return None
+        p = _plan_out(_K["EWISE"], op, x._shape, x._dtype, _place_of(x),
+                      _norm(x._sharding, len(x._shape)))
+        return p if _same_devices(x, p) else None
     return plan
 
 
@@ -3320,15 +3342,22 @@ def _make_primitives():
                none_keywords=("precision",))
     g = globals()
     g["around"] = g["round"]
-    # the comparisons (ctrainstate._src.ops.elementwise's ops): bools, never recorded on a
-    # tape (nondiff), also the Array's < <= == != > >=
-    for name, op in _CMP.items():
+    # ctrainstate._src.ops.elementwise's comparisons, bitwise and logical ops: bools and
+    # ints, never recorded on a tape (nondiff), also the Array's < <= == != > >= & | ^ ~
+    typed = [(name, _plan_typed(op, None, compare=True)) for name, op in _CMP.items()]
+    typed += [(name, _plan_typed_unary(op, "iub") if name == "invert" else
+               _plan_typed(op, "iub")) for name, op in _BITS.items()]
+    typed += [(name, _plan_typed_unary(op, "b") if name == "logical_not" else
+               _plan_typed(op, "b")) for name, op in _LOGICAL.items()]
+    for name, planner in typed:
         f = getattr(ew, name)
-        p = _C.Primitive(name, 2, f, _in_process(_plan_compare(op)), f.__doc__)
+        nin = 1 if name in ("invert", "logical_not") else 2
+        p = _C.Primitive(name, nin, f, _in_process(planner), f.__doc__)
         p.nondiff = True
         p.__module__ = f.__module__
         setattr(ew, name, p)
-    _C.dispatch_register_compare(*(getattr(ew, name) for name in _CMP))
+    ew.bitwise_not = ew.invert
+    _C.dispatch_register_typed(*(getattr(ew, name) for name in (*_CMP, *_BITS)))
     _C.dispatch_register(_tls, _Tape, _precision._tls, NamedSharding, g["add"], g["subtract"],
                          g["multiply"], g["divide"], g["negative"], g["matmul"])
     _derivative_programs()

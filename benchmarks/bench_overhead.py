@@ -212,11 +212,13 @@ def run_ops(calls):
                     ("a > b (1 device, broadcast)", lambda: a > b),
                     ("mask & mask (1 device, broadcast)", lambda: ma & mb),
                     ("~mask (1 device)", lambda: ~ma),
+                    ("where(mask, a, b) (1 device, broadcast)", lambda: cnp.where(ma, a, b)),
+                    ("where(mask, a, 0.0) (1 device)", lambda: cnp.where(ma, a, 0.0)),
                     ("a @ b (1 device)", lambda: a @ b),
                     ("x[0] (1 device, 16x8)", lambda: x[0]),
                     ("x[1:3] (1 device, 16x8)", lambda: x[1:3]),
                     ("x[:, -1] (1 device, 16x8)", lambda: x[:, -1])]:
-        print(f"{name:32s} {_best_us(f, calls):8.2f}")
+        print(f"{name:40s} {_best_us(f, calls):8.2f}")
 
 
 def main():

@@ -37,6 +37,34 @@ def test_activations_derived():
     np.testing.assert_allclose(np.asarray(g), s + x * s * (1 - s), rtol=1e-5)
 
 
+def test_one_hot_of_label_arrays_compares_on_a_c_plan():
+    """one_hot of an integer Array: numpy's values (out-of-range labels a zero row, narrow and
+    uint32 labels, the new axis elsewhere), the labels' sharding kept with the class axis
+    unsharded, and from the second call on the compare with the kept iota runs from its C
+    plan (on one device and on a 2x4 mesh); the iota of a jit trace is the program's."""
+    mesh = cts.make_mesh((2, 4), ("data", "model"))
+    ln = np.array([1, 3, 0, 2, -1, 5, 4, 0], np.int64)
+    for dt in (np.int32, np.uint8, np.uint32, np.int16):
+        h = (ln % 5).astype(dt) if np.dtype(dt).kind == "u" else ln.astype(dt)
+        for sh in (None, cts.NamedSharding(mesh, cts.P("data"))):
+            lab = cts.device_put(h, sh)
+            want = (h.astype(np.int64)[:, None] == np.arange(5)).astype(np.float32)
+            nn.one_hot(lab, 5)
+            before = cnp.equal.cache_info()["hits"]
+            out = nn.one_hot(lab, 5)
+            assert cnp.equal.cache_info()["hits"] == before + 1, (dt, sh)
+            np.testing.assert_array_equal(np.asarray(out), want)
+            if sh is not None:
+                assert tuple(out.sharding.spec) + (None,) * (2 - len(out.sharding.spec)) == \
+                    ("data", None)
+            np.testing.assert_array_equal(np.asarray(nn.one_hot(lab, 5, axis=0)), want.T)
+    f = cts.jit(lambda v: nn.one_hot(v, 4) * 2.0)
+    for v in ([0, 3, 9], [2, 2, 1]):
+        a = np.array(v, np.int32)
+        np.testing.assert_array_equal(np.asarray(f(cts.device_put(a))),
+                                      2.0 * (a[:, None] == np.arange(4)))
+
+
 def test_activations_match_jax():
     jax = _jax()
     np.testing.assert_allclose(np.asarray(nn.silu(_ACT_X)), np.asarray(jax.nn.silu(_ACT_X)), rtol=1e-6)

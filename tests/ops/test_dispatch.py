@@ -1322,9 +1322,11 @@ def test_comparison_operators_of_other_types():
 
 def test_comparisons_are_not_recorded_and_run_in_c_under_a_tape():
     """Inside value_and_grad a comparison runs from its plan (nondiff: the tape is not
-    read), records nothing, and the gradient of a where over it is the Python ops'."""
+    read), records nothing, and the gradient of a where over it (whose picks record their
+    nodes from C) is the expected one."""
     w = cts.device_put(np.linspace(-1, 1, 16, dtype=np.float32))
     before = cnp.greater.cache_info()
+    picks = _ops._pick.cache_info()   # where's select: two picks, from their C plans too
 
     def loss(v):
         m = v > 0.25
@@ -1334,6 +1336,8 @@ def test_comparisons_are_not_recorded_and_run_in_c_under_a_tape():
     val, g = cts.value_and_grad(loss)(w)
     after = cnp.greater.cache_info()
     assert after["hits"] + after["misses"] > before["hits"] + before["misses"]
+    assert _ops._pick.cache_info()["hits"] + _ops._pick.cache_info()["misses"] > \
+        picks["hits"] + picks["misses"]
     wn = np.asarray(w)
     np.testing.assert_allclose(np.asarray(g), np.where(wn > 0.25, 2 * wn, 3.0), rtol=1e-6)
     np.testing.assert_allclose(float(val), np.sum(np.where(wn > 0.25, wn * wn, 3 * wn)),
@@ -1417,3 +1421,40 @@ def test_invert_and_logical_not_on_the_c_path():
     np.testing.assert_array_equal(
         np.asarray(cnp.logical_not(cts.device_put(np.array([0.0, 2.0, np.nan], np.float32)))),
         [True, False, False])
+
+
+@pytest.mark.parametrize("mesh", [False, True])
+def test_where_runs_its_picks_from_c_plans_with_the_python_ops_bits(monkeypatch, mesh):
+    """where's select (two picks and an add) on the C path: numpy's where bit for bit (a -0.0,
+    an inf, a NaN in either branch; Python numbers as branches; broadcasting), and under
+    value_and_grad the value and gradients of the Python picks (their own tape records)."""
+    sh = _mesh_sharding(("x", "y")) if mesh else None
+    xn = np.array([[1.0, -0.0, 0.0, np.inf], [np.nan, -2.0, 3.0, -np.inf]] * 4, np.float32)
+    yn = np.array([0.5, -0.0, np.nan, 2.0], np.float32)
+    x = cts.device_put(xn, sh)
+    y = cts.device_put(yn)
+    m = x > 0.5
+    mn = np.asarray(m)
+    before = _ops._pick.cache_info()["hits"]
+    for args, want in (((m, x, y), np.where(mn, xn, yn)), ((m, x, 0.0), np.where(mn, xn, 0.0)),
+                       ((m, -0.0, x), np.where(mn, -0.0, xn)), ((m, 2, y), np.where(mn, 2.0, yn)),
+                       ((m, x, -1e9), np.where(mn, xn, np.float32(-1e9)))):
+        for _ in range(2):
+            got = cnp.where(*args)
+            assert got.dtype == np.float32
+            assert np.asarray(got).tobytes() == want.astype(np.float32).tobytes()
+    assert _ops._pick.cache_info()["hits"] > before
+
+    def loss(a, b):
+        return cnp.sum(cnp.where(a > 0.5, a * b, -1.5) + cnp.where(b < 1.0, 0.25, a))
+
+    rng = np.random.default_rng(4)
+    an = rng.standard_normal((8, 4)).astype(np.float32)
+    a, b = cts.device_put(an, sh), cts.device_put(rng.standard_normal(4).astype(np.float32))
+    v1, g1 = cts.value_and_grad(loss, argnums=(0, 1))(a, b)
+    monkeypatch.setattr(_ops, "_pick", _ops._pick.__wrapped__)   # the Python picks
+    v2, g2 = cts.value_and_grad(loss, argnums=(0, 1))(a, b)
+    assert _bits(v1) == _bits(v2)
+    for p, q in zip(g1, g2):
+        _same(p, q)
+    assert np.abs(np.asarray(g1[0])).sum() > 0 and np.abs(np.asarray(g1[1])).sum() > 0

@@ -28,6 +28,7 @@ import numpy as np
 
 from typing import Any
 
+from .. import _C
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
 from .._src.array.array import Array as _Array, device_put
@@ -159,11 +160,31 @@ def _one_hot_array(x, num_classes: int, dtype, axis: int):
     nd = x.ndim + 1
     if not -nd <= axis < nd:
         raise ValueError(f"one_hot: axis {axis} is out of range for {nd} dimensions")
-    iota = np.arange(num_classes, dtype=np.uint32 if x.dtype == np.uint32 else np.int32)
     if x.dtype.itemsize < 4:
         x = cnp.astype(x, np.int32)
+    iota = _iota(num_classes, np.uint32 if x.dtype == np.uint32 else np.int32, x)
     out = cnp.astype(cnp.equal(cnp.expand_dims(x, -1), iota), dtype)
     return out if axis in (-1, nd - 1) else cnp.moveaxis(out, -1, axis)
+
+
+_IOTAS: dict = {}
+_IOTAS_MAX = 64
+
+
+def _iota(n: int, dt, like):
+    """``arange(n)`` of dtype ``dt`` as an Array replicated where ``like`` lives, kept per
+    (n, dtype, placement) so that the compare with it runs from its C plan at the next call;
+    while a jit trace records, a new one (a value of the program, not kept)."""
+    place = _ops._place_of(like)
+    if _C.trace_active():
+        return _ops._lift_any(np.arange(n, dtype=dt), place)
+    key = (n, np.dtype(dt), id(place))
+    hit = _IOTAS.get(key)
+    if hit is None or hit[0] is not place or hit[1].is_deleted():
+        if len(_IOTAS) >= _IOTAS_MAX:
+            _IOTAS.clear()
+        hit = _IOTAS[key] = (place, _ops._lift_any(np.arange(n, dtype=dt), place))
+    return hit[1]
 
 
 def _const(v, like):

@@ -934,7 +934,7 @@ def where(condition, x=None, y=None) -> Array:
             # a float condition is `condition != 0` as jax's (a subnormal counts as zero)
             condition = _elementwise.not_equal(condition, 0)
         if condition.dtype == np.bool_:     # a bool mask Array: exactly 1.0 / 0.0 as float32
-            c = condition.astype(np.float32)
+            c = _convert_to(condition, _dtypes.float32)
         else:   # an int mask, or != 0 of a float one: 1 where nonzero
             if condition.dtype != np.float32:
                 condition = condition.astype(np.float32)
@@ -949,12 +949,24 @@ def where(condition, x=None, y=None) -> Array:
         c = c.astype(bool).astype(np.float32)
         place = next((_place_of(v) for v in (x, y) if isinstance(v, Array)), None)
         c = _lift(c, place) if place is not None else _lift(c)
-    not_c = _unary_raw(U_AFFINE, c, -1.0, 1.0)
+    not_c = subtract(1.0, c)    # (1 - c: exactly 0.0 / 1.0, the affine kernel)
+    # a Python number as its kept 0-d Array, as _pick's Python op lifts it (the pick then
+    # runs from its C plan: where(mask, x, 0.0))
+    if type(x) is not Array and type(c) is Array:
+        x = (_with_const(x, c) or (x,))[0]
+    if type(y) is not Array and type(c) is Array:
+        y = (_with_const(y, not_c) or (y,))[0]
     return add(_pick(x, c), _pick(y, not_c))
 
 
 def _d_negative(g, x, y):
     return negative(g)
+
+
+def _vjp_pick(g, out, a, mask):
+    """The tape rule of ``_pick(a, mask)`` on the C path (two float32 Arrays): the Python
+    op's, ``g`` where the mask is set (un-broadcast to ``a``), nothing for the mask."""
+    return (_unbroadcast(_binary_raw(B_KEEP, g, mask), a.shape), None)
 
 
 def negative(x) -> Array:
@@ -2564,7 +2576,11 @@ def _with_dtype_policy(fn, pos=(0,), rest_from=None):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        if not (any(_needs_policy(a) for a in args) or
+        # (only the data operands decide: where's bool condition, take_rows' int indices are
+        # none, and the policy converts none but them)
+        n = len(args)
+        if not (any(_needs_policy(args[i]) for i in pos if i < n) or
+                (rest_from is not None and any(_needs_policy(a) for a in args[rest_from:])) or
                 any(_needs_policy(v) for v in kwargs.values())):
             return fn(*args, **kwargs)
         idx, names = _data_args(fn, args, kwargs, pos, rest_from)
@@ -3337,6 +3353,8 @@ def _make_primitives():
                statics=(("shape", None),))
     _primitive("_broadcast_like", 2, _plan_broadcast_like, _vjp_broadcast_like)
     _primitive("_convert_to", 1, _plan_convert, _vjp_convert, statics=(("dtype", None),))
+    # where's select (two picks and an add): a float32 Array and a float32 mask
+    _primitive("_pick", 2, _plan_binary("_pick", B_PICK, (None, None)), _vjp_pick)
     _primitive("transpose", 1, _plan_transpose, _vjp_transpose, statics=(("axes", None),))
     _primitive("matmul", 2, _plan_matmul_t(False, False), _vjp_matmul,
                none_keywords=("precision",))

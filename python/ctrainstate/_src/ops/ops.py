@@ -2911,17 +2911,24 @@ def _plan_binary(name, op_f32, rules):
             kind, op = _K["EWISE"], ew
         else:
             return None
-        try:
-            place, shape, out, _, _, stay_a, stay_b = _id_cached(
-                _BIN_LAYOUTS, (a._shape, b._shape, id(a._sharding), id(b._sharding)),
-                a._sharding, b._sharding, _binary_plan, a, b)
-        except ValueError:   # shapes that do not broadcast, operands on two meshes
-            return None
-        if not (stay_a and stay_b):
-            return None
-        p = _plan_out(kind, op, shape, dt, place, out)
-        return p if _same_devices(a, p) and _same_devices(b, p) else None
+        return _plan_pair(kind, op, a, b, dt)
     return plan
+
+
+def _plan_pair(kind, op, a, b, dtype):
+    """The plan of an elementwise op of two Arrays (broadcasting, :func:`_binary_plan`'s
+    layout) with an output of ``dtype``; None for shapes that do not broadcast, operands on
+    two meshes, or an operand whose blocks would move."""
+    try:
+        place, shape, out, _, _, stay_a, stay_b = _id_cached(
+            _BIN_LAYOUTS, (a._shape, b._shape, id(a._sharding), id(b._sharding)),
+            a._sharding, b._sharding, _binary_plan, a, b)
+    except ValueError:   # shapes that do not broadcast, operands on two meshes
+        return None
+    if not (stay_a and stay_b):
+        return None
+    p = _plan_out(kind, op, shape, dtype, place, out)
+    return p if _same_devices(a, p) and _same_devices(b, p) else None
 
 
 _EWC = _C.op_codes["ewise"]
@@ -2941,8 +2948,8 @@ _DT_BOOL = np.dtype(np.bool_)
 def _plan_typed(op, kinds, compare=False):
     """Planner of a typed-kernel op (a comparison: ``compare``, a bool result; else the
     operands' dtype): two Arrays of one dtype whose kind is in ``kinds`` (None: any dtype,
-    the 16-bit floats included; broadcasting), or
-    for a comparison also a float32 / int32 Array beside a Python scalar (the C path converts
+    the 16-bit floats included; broadcasting), or for a comparison also a float32 / int32
+    Array beside a Python scalar (the C path converts
     the scalar at each call where jax's promotion keeps the Array's dtype: a float or an int
     of at most 2^24 in magnitude beside float32, an int32 int beside int32; any other scalar
     runs the Python op)."""
@@ -2956,16 +2963,7 @@ def _plan_typed(op, kinds, compare=False):
             return p if _same_devices(x, p) else None
         if a._dtype != b._dtype or (kinds is not None and a._dtype.kind not in kinds):
             return None
-        try:
-            place, shape, out, _, _, stay_a, stay_b = _id_cached(
-                _BIN_LAYOUTS, (a._shape, b._shape, id(a._sharding), id(b._sharding)),
-                a._sharding, b._sharding, _binary_plan, a, b)
-        except ValueError:   # shapes that do not broadcast, operands on two meshes
-            return None
-        if not (stay_a and stay_b):
-            return None
-        p = _plan_out(_K["EWISE"], op, shape, _DT_BOOL if compare else a._dtype, place, out)
-        return p if _same_devices(a, p) and _same_devices(b, p) else None
+        return _plan_pair(_K["EWISE"], op, a, b, _DT_BOOL if compare else a._dtype)
     return plan
 
 

@@ -27,7 +27,8 @@
  *   (kind, op, out_shape, out_dtype, out_dtype_code, out_sharding, out_shard_shape,
  *    blocks, red_mask, groups, red_op)
  *   kind   K_UNARY (ct_op_unary op), K_BINARY (ct_op_binary op, float32), K_EWISE (ct_op_ewise
- *          op in the operands' dtype), K_REDUCE (ct_op_reduce op over red_mask; a copy when
+ *          op in the operands' dtype: two Arrays, one (a unary op: invert), or an Array and a
+ *          Python scalar converted to its dtype at each call, on CPU devices), K_REDUCE (ct_op_reduce op over red_mask; a copy when
  *          0), K_SCALAR (an Array and a Python scalar: `op` is a S_* rule giving the affine or
  *          reciprocal kernel's constants from the scalar at each call), K_COPY (each block's
  *          bytes copied into an output block of another shape: a reshape that keeps every

@@ -81,12 +81,17 @@ typedef struct {
     int64_t out_elems; /* elements of one output block */
     int64_t mnk[3];    /* K_MATMUL: one GEMM per block, (m x k) @ (k x n) */
     PyObject *out_shape, *out_dtype, *out_sharding, *out_shard_shape;
-    PyObject *bdev[MAXB], *bstart[MAXB], *brid[MAXB];
-    ct_device *cdev[MAXB];
-    int gstart[MAXB + 1], gpos[MAXB]; /* group g: gpos[gstart[g] .. gstart[g + 1]) */
-    /* per block: an earlier block holding the same slice on another CPU device (a replica:
-     * the same inputs, so the same result, copied instead of computed again), or -1 */
-    int rep_of[MAXB];
+    /* per block (nblk of each): its device, start and replica id, its C device, and an
+     * earlier block holding the same slice on another CPU device (a replica: the same inputs,
+     * so the same result, copied instead of computed again), or -1 */
+    PyObject **bdev, **bstart, **brid;
+    ct_device **cdev;
+    int *rep_of;
+    int *gstart, *gpos; /* group g: gpos[gstart[g] .. gstart[g + 1]) */
+    /* the one allocation that holds the arrays above, sized for this plan (NULL: none; a
+     * copy of the entry owns a copy of it, see entry_copy_blocks) */
+    void *bmem;
+    int bm_nblk, bm_ng, bm_npos; /* what bmem was laid out for */
 } plan_entry;
 
 typedef struct {
@@ -139,8 +144,56 @@ static void entry_clear(plan_entry *e) {
         Py_CLEAR(e->bstart[i]);
         Py_CLEAR(e->brid[i]);
     }
+    PyMem_Free(e->bmem);
+    e->bmem = NULL;
+    e->bm_nblk = e->bm_ng = e->bm_npos = 0;
+    e->bdev = e->bstart = e->brid = NULL;
+    e->cdev = NULL;
+    e->rep_of = e->gstart = e->gpos = NULL;
     e->used = e->fast = 0;
     e->nblk = e->ngroups = 0;
+}
+
+/* Point e's per-block arrays into mem: nblk blocks, ng groups, npos group positions (the
+ * pointer arrays first, then the ints). Returns the bytes that layout needs; with mem NULL,
+ * nothing is set. */
+static size_t entry_layout(plan_entry *e, void *mem, int nblk, int ng, int npos) {
+    const size_t n = (size_t)nblk;
+    const size_t ptrs = n * (3 * sizeof(PyObject *) + sizeof(ct_device *));
+    const size_t ints = n + (size_t)ng + 1 + (size_t)npos;
+    if (mem != NULL) {
+        e->bdev = (PyObject **)mem;
+        e->bstart = e->bdev + n;
+        e->brid = e->bstart + n;
+        e->cdev = (ct_device **)(e->brid + n);
+        e->rep_of = (int *)((char *)mem + ptrs);
+        e->gstart = e->rep_of + n;
+        e->gpos = e->gstart + ng + 1;
+        e->bmem = mem;
+        e->bm_nblk = nblk;
+        e->bm_ng = ng;
+        e->bm_npos = npos;
+    }
+    return ptrs + ints * sizeof(int);
+}
+
+/* After a memcpy of entry src into dst: dst's own copy of the per-block arrays (their
+ * references are not taken here). -1 with MemoryError set (dst then has none). */
+static int entry_copy_blocks(plan_entry *dst, const plan_entry *src) {
+    dst->bmem = NULL;
+    dst->bdev = dst->bstart = dst->brid = NULL;
+    dst->cdev = NULL;
+    dst->rep_of = dst->gstart = dst->gpos = NULL;
+    if (src->bmem == NULL) return 0;
+    const size_t size = entry_layout(dst, NULL, src->bm_nblk, src->bm_ng, src->bm_npos);
+    void *m = PyMem_Malloc(size);
+    if (m == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(m, src->bmem, size);
+    entry_layout(dst, m, src->bm_nblk, src->bm_ng, src->bm_npos);
+    return 0;
 }
 
 /* This thread's instance dict of tape_tls (a threading.local has one per thread: what
@@ -384,34 +437,62 @@ static int entry_set_plan(plan_entry *e, PyObject *t) {
     unsigned long mask = PyLong_AsUnsignedLongMask(PyTuple_GET_ITEM(t, 8));
     if (mask == (unsigned long)-1 && PyErr_Occurred()) return -1;
     const int nblk = (int)PyList_GET_SIZE(blocks);
-    for (int i = 0; i < nblk; i++) {
-        PyObject *b = PyList_GET_ITEM(blocks, i);
-        if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 3) {
-            plan_error("a block is not (device, start, replica_id)");
-            return -1;
-        }
-        PyObject *devid = PyObject_GetAttrString(PyTuple_GET_ITEM(b, 0), "id");
-        if (devid == NULL) return -1;
-        int id;
-        int r = as_int(devid, &id);
-        Py_DECREF(devid);
-        if (r < 0) return -1;
-        ct_device *cd = ct_device_by_id(id);
-        if (cd == NULL) {
-            ct_py_raise(CT_EINVAL);
-            return -1;
-        }
-        e->cdev[i] = cd;
-    }
-    /* all-reduce groups */
+    /* all-reduce groups: counted first, to size the per-block arrays */
     PyObject *groups = PySequence_Fast(PyTuple_GET_ITEM(t, 9), "plan groups");
     if (groups == NULL) return -1;
-    int ng = (int)PySequence_Fast_GET_SIZE(groups), k = 0;
+    int ng = (int)PySequence_Fast_GET_SIZE(groups), npos = 0;
     if (ng > MAXB) {
         Py_DECREF(groups);
         plan_error("too many groups");
         return -1;
     }
+    for (int g = 0; g < ng; g++) {
+        PyObject *grp = PySequence_Fast(PySequence_Fast_GET_ITEM(groups, g), "plan group");
+        Py_ssize_t len = grp != NULL ? PySequence_Fast_GET_SIZE(grp) : -1;
+        Py_XDECREF(grp);
+        if (len < 0 || len > MAXB - npos) {
+            if (!PyErr_Occurred()) plan_error("group position");
+            Py_DECREF(groups);
+            return -1;
+        }
+        npos += (int)len;
+    }
+    /* (e was cleared: it holds no arrays yet) */
+    void *mem = PyMem_Calloc(1, entry_layout(e, NULL, nblk, ng, npos));
+    if (mem == NULL) {
+        Py_DECREF(groups);
+        PyErr_NoMemory();
+        return -1;
+    }
+    entry_layout(e, mem, nblk, ng, npos);
+    for (int i = 0; i < nblk; i++) {
+        PyObject *b = PyList_GET_ITEM(blocks, i);
+        if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) != 3) {
+            Py_DECREF(groups);
+            plan_error("a block is not (device, start, replica_id)");
+            return -1;
+        }
+        PyObject *devid = PyObject_GetAttrString(PyTuple_GET_ITEM(b, 0), "id");
+        if (devid == NULL) {
+            Py_DECREF(groups);
+            return -1;
+        }
+        int id;
+        int r = as_int(devid, &id);
+        Py_DECREF(devid);
+        if (r < 0) {
+            Py_DECREF(groups);
+            return -1;
+        }
+        ct_device *cd = ct_device_by_id(id);
+        if (cd == NULL) {
+            Py_DECREF(groups);
+            ct_py_raise(CT_EINVAL);
+            return -1;
+        }
+        e->cdev[i] = cd;
+    }
+    int k = 0;
     for (int g = 0; g < ng; g++) {
         PyObject *grp = PySequence_Fast(PySequence_Fast_GET_ITEM(groups, g), "plan group");
         if (grp == NULL) {
@@ -422,7 +503,7 @@ static int entry_set_plan(plan_entry *e, PyObject *t) {
         for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(grp); j++) {
             int pos;
             if (as_int(PySequence_Fast_GET_ITEM(grp, j), &pos) < 0 || pos < 0 || pos >= nblk ||
-                k >= MAXB) {
+                k >= npos) {
                 if (!PyErr_Occurred()) plan_error("group position");
                 Py_DECREF(grp);
                 Py_DECREF(groups);
@@ -2687,11 +2768,16 @@ static int trace_note(prim *p, const plan_entry *e, ct_py_array *a, ct_py_array 
     if (va == -1 || (b != NULL && vb == -1)) return -1;
     if (va == -2 || (b != NULL && vb == -2)) return 0;
     if (grow_steps(pr) < 0) return -1;
+    plan_entry copy;
+    memcpy(&copy, e, sizeof copy);
+    if (entry_copy_blocks(&copy, e) < 0) return -1;
     const int vo = add_value(pr, (ct_py_array *)res, V_STEP, pr->nsteps);
-    if (vo == -1) return -1;
-    if (vo == -2) return 0;
+    if (vo == -1 || vo == -2) {
+        PyMem_Free(copy.bmem);
+        return vo == -1 ? -1 : 0;
+    }
     pstep *st = &pr->steps[pr->nsteps++];
-    memcpy(&st->e, e, sizeof *e);
+    memcpy(&st->e, &copy, sizeof copy);
     st->e.ka_shape = st->e.ka_dtype = st->e.ka_sharding = NULL; /* (the key is the cache's) */
     st->e.kb_shape = st->e.kb_dtype = st->e.kb_sharding = st->e.kstatics = NULL;
     st->e.busy = 0;

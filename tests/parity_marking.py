@@ -118,36 +118,63 @@ def _local_names(fn) -> set[str]:
     return out - declared
 
 
+_SUMMARIES: dict[int, tuple] = {}  # id(node) -> (node, its free names, its free attributes)
+
+
+def _free_refs(node: ast.AST) -> tuple[frozenset, frozenset]:
+    """The names node refers to, and the ``ALIAS.attr`` pairs, that no function's own local
+    of the same name hides (what ``jax_ref(key, fn)`` computes jax's side with left out).
+    Computed once per node (the fixpoints below ask again with more tainted names)."""
+    hit = _SUMMARIES.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1], hit[2]
+    names: set[str] = set()
+    attrs: set[tuple[str, str]] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            attrs.add((n.value.id, n.attr))
+        if isinstance(n, ast.Call) and _callee(n) == "jax_ref":
+            todo.append(n.func)
+            todo.extend(n.args[:1])
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            # decorators and defaults are evaluated outside; the body sees the locals
+            todo.extend(n.args.defaults)
+            todo.extend(d for d in n.args.kw_defaults if d is not None)
+            if not isinstance(n, ast.Lambda):
+                todo.extend(n.decorator_list)
+            local = _local_names(n)
+            for c in ([n.body] if isinstance(n, ast.Lambda) else n.body):
+                inner_names, inner_attrs = _free_refs(c)
+                names |= inner_names - local
+                attrs |= {a for a in inner_attrs if a[0] not in local}
+        else:
+            todo.extend(ast.iter_child_nodes(n))
+    out = frozenset(names), frozenset(attrs)
+    _SUMMARIES[id(node)] = (node, *out)
+    return out
+
+
 def _refs(node: ast.AST, names: set[str], modules: dict[str, set[str]]) -> bool:
     """node refers to one of names, or to ALIAS.attr with attr among modules[ALIAS], where those
     are not hidden by a function's own local of the same name."""
-    todo = [(node, names, modules)]
-    while todo:
-        n, nm, md = todo.pop()
-        if isinstance(n, ast.Name) and n.id in nm:
-            return True
-        if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-                and n.attr in md.get(n.value.id, ())):
-            return True
-        if isinstance(n, ast.Call) and _callee(n) == "jax_ref":
-            children = [n.func] + n.args[:1]
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            # decorators and defaults are evaluated outside; the body sees the locals
-            outer = list(n.args.defaults) + [d for d in n.args.kw_defaults if d is not None]
-            if not isinstance(n, ast.Lambda):
-                outer += n.decorator_list
-            for c in outer:
-                todo.append((c, nm, md))
-            local = _local_names(n)
-            inner_nm = nm - local
-            inner_md = {k: v for k, v in md.items() if k not in local}
-            body = [n.body] if isinstance(n, ast.Lambda) else n.body
-            todo.extend((c, inner_nm, inner_md) for c in body)
-            continue
-        else:
-            children = list(ast.iter_child_nodes(n))
-        todo.extend((c, nm, md) for c in children)
-    return False
+    free, attrs = _free_refs(node)
+    if not free.isdisjoint(names):
+        return True
+    return any(attr in modules.get(alias, ()) for alias, attr in attrs)
+
+
+_LIVE_IMPORTS: dict[int, tuple] = {}  # id(node) -> (node, _imports_live(node))
+
+
+def _imports_live_cached(node: ast.AST) -> bool:
+    hit = _LIVE_IMPORTS.get(id(node))
+    if hit is None or hit[0] is not node:
+        hit = _LIVE_IMPORTS[id(node)] = (node, _imports_live(node))
+    return hit[1]
 
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))  # tests/, where the helper modules are
@@ -212,7 +239,7 @@ class ModuleInfo:
             for name, ss in defs.items():
                 if name in self.tainted:
                     continue
-                if any(_imports_live(s) or _refs(s, self.tainted, modules) for s in ss):
+                if any(_imports_live_cached(s) or _refs(s, self.tainted, modules) for s in ss):
                     self.tainted.add(name)
                     changed = True
         self._modules = modules
@@ -244,7 +271,7 @@ def _class_method_live(c: ast.ClassDef, name: str, tainted, modules) -> bool:
         for n in _bound_names(s):
             members.setdefault(n, []).append(s)
     live = {n for n, ss in members.items()
-            if any(_imports_live(s) or _refs(s, tainted, modules) for s in ss)}
+            if any(_imports_live_cached(s) or _refs(s, tainted, modules) for s in ss)}
 
     def calls_live(s):   # a method's body (where `self` is its parameter) uses self.<live>
         parts = (s.body + s.decorator_list if isinstance(s, (ast.FunctionDef,
@@ -258,7 +285,7 @@ def _class_method_live(c: ast.ClassDef, name: str, tainted, modules) -> bool:
             if n not in live and any(calls_live(s) for s in ss):
                 live.add(n)
                 changed = True
-    return name in live or any(_imports_live(d) or _refs(d, tainted, modules)
+    return name in live or any(_imports_live_cached(d) or _refs(d, tainted, modules)
                                for d in c.decorator_list)
 
 

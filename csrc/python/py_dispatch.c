@@ -2994,7 +2994,11 @@ static PyObject *py_trace_node(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         ct_clear_error();
     }
+    /* (the cyclic GC paused meanwhile: a collection that freed other Arrays during fn would
+     * lower what is in use below the restarted peak and hide that much of fn's temporaries) */
+    const int gc_was = ndev > 0 ? PyGC_Disable() : 0;
     PyObject *outs = PyObject_CallOneArg(fn, ins);
+    if (gc_was) PyGC_Enable();
     if (paused != NULL) recorder = paused;
     PyObject *scratch = NULL;
     if (ndev > 0) {

@@ -28,7 +28,6 @@ import numpy as np
 
 from typing import Any
 
-from .. import _C
 from .._src.base import dtypes as _dtypes
 from .._src.ops import ops as _ops
 from .._src.array.array import Array as _Array, device_put
@@ -173,18 +172,17 @@ _IOTAS_MAX = 64
 
 def _iota(n: int, dt, like):
     """``arange(n)`` of dtype ``dt`` as an Array replicated where ``like`` lives, kept per
-    (n, dtype, placement) so that the compare with it runs from its C plan at the next call;
-    while a jit trace records, a new one (a value of the program, not kept)."""
+    (n, dtype, placement) so that the compare with it runs from its C plan at the next call
+    (a new one while a jit trace records)."""
     place = _ops._place_of(like)
-    if _C.trace_active():
-        return _ops._lift_any(np.arange(n, dtype=dt), place)
-    key = (n, np.dtype(dt), id(place))
-    hit = _IOTAS.get(key)
-    if hit is None or hit[0] is not place or hit[1].is_deleted():
-        if len(_IOTAS) >= _IOTAS_MAX:
-            _IOTAS.clear()
-        hit = _IOTAS[key] = (place, _ops._lift_any(np.arange(n, dtype=dt), place))
-    return hit[1]
+    dt = np.dtype(dt)
+    return _ops.kept_constant(_IOTAS, _IOTAS_MAX, (n, dt, id(place)), place, _arange_on,
+                              (n, dt))
+
+
+def _arange_on(n_dt, place):
+    n, dt = n_dt
+    return _ops._lift_any(np.arange(n, dtype=dt), place)
 
 
 def _const(v, like):

@@ -877,23 +877,30 @@ def _with_const(a, b):
     return (c, x) if left else (x, c)
 
 
+def kept_constant(cache: dict, limit: int, key, place, make, arg) -> Array:
+    """The device constant ``make(arg, place)`` kept in ``cache`` under ``key`` (which holds
+    ``id(place)``; the placement is checked by identity, so a new placement at a reused id
+    makes a new one), made at its first use; at most ``limit`` kept (the cache is emptied
+    when full). While a jit trace records, a new one: an Array made there is a value of the
+    program, not kept. The caller never hands the Array out (it computes a new Array from it),
+    so no user deletes or donates it; one deleted anyway is made again."""
+    if _C.trace_active():
+        return make(arg, place)
+    hit = cache.get(key)
+    if hit is None or hit[0] is not place or hit[1].is_deleted():
+        if len(cache) >= limit:
+            cache.clear()
+        cache[key] = hit = (place, make(arg, place))
+    return hit[1]
+
+
 def _const(s, place) -> Array:
     """The kept 0-d float32 Array of the Python float or int ``s`` (not a NaN) on ``place``
     (what :func:`_place_host` makes of it), made at its first use; while a jit trace records,
-    a new one (an Array made there is a value of the program, not kept)."""
-    if _C.trace_active():
-        return _place_host(s, place)
+    a new one."""
     ts = type(s)
     key = (id(place), ts, s, ts is float and math.copysign(1.0, s) < 0)
-    hit = _CONSTS.get(key)
-    # (is_deleted: none of the callers hands its constant out, but an Array that was deleted
-    # anyway is made again rather than failing every later call)
-    if hit is None or hit[0] is not place or hit[1].is_deleted():
-        c = _place_host(s, place)
-        if len(_CONSTS) >= _CONSTS_MAX:
-            _CONSTS.clear()
-        _CONSTS[key] = hit = (place, c)
-    return hit[1]
+    return kept_constant(_CONSTS, _CONSTS_MAX, key, place, _place_host, s)
 
 
 def _keep(a, mask) -> Array:

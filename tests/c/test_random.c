@@ -35,8 +35,8 @@
 int ct_device_global_id(const ct_device *dev) { return dev->id; }
 
 /* The float32 sweeps below feed every one of the 2^23 mantissas. The sanitizer build
- * (tests/c/Makefile) defines CT_SWEEP_STRIDE=64: there the sweeps take every 64th mantissa
- * with a varying low part (k * 5 mod 64: every residue), and the first and last, so that
+ * (tests/c/Makefile) defines CT_SWEEP_STRIDE=256: there the sweeps take every 256th mantissa
+ * with a varying low part (k * 5 mod 256: every residue), and the first and last, so that
  * the fast path's packing sees the same mix of branches; what the sanitizers check (buffer
  * bounds, undefined behaviour) does not need every value, and the full sweeps run in the
  * plain -O3 builds. */
@@ -44,6 +44,8 @@ int ct_device_global_id(const ct_device *dev) { return dev->id; }
 #define CT_SWEEP_STRIDE 1
 #endif
 #define N_SWEEP32 (((size_t)1 << 23) / CT_SWEEP_STRIDE)
+/* the sweeps' buffers: the float32 sweep's words, or float16's 2^16 if a stride makes fewer */
+#define N_SWEEP_BUF (N_SWEEP32 > 65536 ? N_SWEEP32 : (size_t)65536)
 
 /* The k-th float32 mantissa of a sweep of N_SWEEP32. */
 static uint32_t sweep_mantissa(size_t k) {
@@ -234,8 +236,8 @@ static ct_sampler cfg_sampler(size_t i, int dt) {
  * cases that a random block hits seldom or never. */
 static void test_transforms_exhaustive(void) {
     const size_t n32 = N_SWEEP32;
-    uint32_t *words = malloc(n32 * 4);
-    uint8_t *x = malloc(n32 * 4), *y = malloc(n32 * 4);
+    uint32_t *words = malloc(N_SWEEP_BUF * 4);
+    uint8_t *x = malloc(N_SWEEP_BUF * 4), *y = malloc(N_SWEEP_BUF * 4);
     for (size_t i = 0; i < N_CFG; i++) {
         for (int dt = 0; dt < 3; dt++) {
             ct_sampler s = cfg_sampler(i, dt);
@@ -315,8 +317,8 @@ static uint32_t out_word(const void *buf, size_t esize, size_t k) {
  * bfloat16. */
 static void test_math_header_exhaustive(void) {
     const size_t n32 = N_SWEEP32;
-    uint32_t *words = malloc(n32 * 4);
-    uint8_t *x = malloc(n32 * 4);
+    uint32_t *words = malloc(N_SWEEP_BUF * 4);
+    uint8_t *x = malloc(N_SWEEP_BUF * 4);
     for (size_t i = 0; i < N_CFG; i++) {
         for (int dt = 0; dt < 3; dt++) {
             ct_sampler s = cfg_sampler(i, dt);

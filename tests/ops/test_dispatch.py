@@ -1462,6 +1462,38 @@ def test_where_runs_its_picks_from_c_plans_with_the_python_ops_bits(monkeypatch,
     assert np.abs(np.asarray(g1[0])).sum() > 0 and np.abs(np.asarray(g1[1])).sum() > 0
 
 
+def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
+    """ctrainstate.numpy.where of a bool Array with float32 Array or Python float branches
+    calls the select itself: none of the op's wrappers (16-bit dtype policy, integer
+    dispatch, abstract values), which act on none of those operands, runs; the result is the
+    wrapped op's bit for bit. Other operands still go through them (an int branch: int32)."""
+    xn = np.array([[1.0, -0.0, np.nan, 4.0], [np.inf, 0.25, -3.0, 0.0]], np.float32)
+    x, y = cts.device_put(xn), cts.device_put(np.array([0.5, -0.0, 2.0, np.nan], np.float32))
+    m = x > 0.5
+    names = []
+
+    def prof(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(prof)
+    try:
+        got = [cnp.where(m, x, y), cnp.where(m, 0.25, x), cnp.where(m, x, -0.0)]
+    finally:
+        sys.setprofile(None)
+    assert "wrapped" not in names, names
+    want = [_ops.where(m, x, y), _ops.where(m, 0.25, x), _ops.where(m, x, -0.0)]
+    for g, w in zip(got, want):
+        assert g.dtype == np.float32 and _bits(g) == _bits(w)
+    names.clear()
+    sys.setprofile(prof)
+    try:
+        r = cnp.where(m, 1, 0)
+    finally:
+        sys.setprofile(None)
+    assert r.dtype == np.int32 and "wrapped" in names
+    np.testing.assert_array_equal(np.asarray(r), np.asarray(m).astype(np.int32))
+
 # --- the plan caches' size ---------------------------------------------------------------------
 # A primitive keeps its plans in a fixed cache of entries; an entry's per-block arrays (device,
 # start, replica of each block, the all-reduce groups) are sized for the plan's blocks, not for

@@ -966,6 +966,12 @@ def where(condition, x=None, y=None) -> Array:
     return add(_pick(x, c), _pick(y, not_c))
 
 
+# where itself, before the dtype-policy, integer and abstract-value wrappers (below) replace
+# the module's name: none of them acts on a bool condition Array with float32 Array or Python
+# float branches, which ctrainstate.numpy.where sends here directly
+where_select = where
+
+
 def _d_negative(g, x, y):
     return negative(g)
 

@@ -1497,13 +1497,12 @@ def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
 # --- the plan caches' size ---------------------------------------------------------------------
 # A primitive keeps its plans in a fixed cache of entries; an entry's per-block arrays (device,
 # start, replica of each block, the all-reduce groups) are sized for the plan's blocks, not for
-# the largest device count (4096). With arrays of that size inline, every Primitive was 5.8 MB
-# of zeroed memory: `import ctrainstate` took 357 MB of RSS and a tenth of a second to touch it,
-# and a jit trace copied 180 KB per recorded step.
+# the largest device count (4096): sized for that, each Primitive would be megabytes of zeroed
+# memory touched at import, and each step of a jit trace would copy an entry of that size.
 
 def test_a_primitive_does_not_embed_arrays_for_every_possible_device():
     assert type(cnp.add) is _C.Primitive
-    # 32 entries of a few hundred bytes; 4096 devices' arrays inline were 5.8 MB
+    # 32 entries of a few hundred bytes (4096 devices' arrays inline: 5.8 MB)
     assert _C.Primitive.__basicsize__ < 64 * 1024
 
 
@@ -1523,7 +1522,7 @@ def test_importing_the_package_takes_little_memory():
     r = run_python(code)
     assert r.returncode == 0, r.stderr
     grown = int(r.stdout.split()[-1])
-    # measured: 20 MB (about 330 MB before the entries were sized per plan)
+    # (about 20 MB on x86-64 Linux; per-device arrays in every cache entry: over 300 MB)
     assert grown < 100, f"import ctrainstate grew the RSS by {grown} MB"
 
 

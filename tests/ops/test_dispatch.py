@@ -1494,6 +1494,59 @@ def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
     assert r.dtype == np.int32 and "wrapped" in names
     np.testing.assert_array_equal(np.asarray(r), np.asarray(m).astype(np.int32))
 
+@pytest.mark.parametrize("mesh", [False, True])
+def test_matrix_times_vector_runs_the_2d_products_plan_with_the_python_ops_bits(mesh):
+    """``a @ v`` with a 1-d ``v`` (and precision=None) is the (K, 1) product's primitive,
+    reshaped: values, gradients (value_and_grad) and, under default_matmul_precision, the
+    thread's precision are the Python op's bit for bit; a mismatch keeps its message."""
+    rng = np.random.default_rng(7)
+    sh = _mesh_sharding(("x", None)) if mesh else None
+    cases = [(rng.standard_normal((8, 16)).astype(np.float32), (16,)),
+             (rng.standard_normal((2, 4, 5)).astype(np.float32), (5,))]
+    slow_matmul = _ops._matmul_nd
+
+    def slow(a, b):
+        return slow_matmul(a, b, _ops._resolve_precision(None, "matmul"))
+
+    for an, vshape in cases:
+        a = cts.device_put(an, sh if an.ndim == 2 else None)
+        v = cts.device_put(rng.standard_normal(vshape).astype(np.float32),
+                           _mesh_sharding((None,)) if mesh and an.ndim == 2 else None)
+        w = cts.device_put(rng.standard_normal(an.shape[:-1]).astype(np.float32))
+        _same(a @ v, slow(a, v))
+        _same(cnp.matmul(a, v), slow(a, v))
+        with cts.default_matmul_precision("bfloat16"):
+            _same(a @ v, slow(a, v))
+            assert _bits(a @ v) != _bits(_ops._matmul_nd(a, v, 0))   # (bfloat16 applied)
+
+        def loss(x, y):
+            return cnp.sum((x @ y) * w)
+
+        v1, g1 = cts.value_and_grad(loss, argnums=(0, 1))(a, v)
+        names = []
+
+        def prof(frame, event, arg):
+            if event == "call":
+                names.append(frame.f_code.co_name)
+
+        sys.setprofile(prof)
+        try:
+            a @ v
+        finally:
+            sys.setprofile(None)
+        assert "_matmul_nd" not in names and "_matmul" not in names, names
+        # the Python op's own path for the vector (_matmul_nd: reshapes and _matmul's node)
+        v2, g2 = cts.value_and_grad(lambda x, y: cnp.sum(slow(x, y) * w), argnums=(0, 1))(a, v)
+        assert _bits(v1) == _bits(v2)
+        for p, q in zip(g1, g2):
+            _same(p, q)
+    a0, bad = cts.device_put(cases[0][0]), cts.device_put(np.ones(15, np.float32))
+    with pytest.raises(ValueError, match="contracting dimensions differ") as fast_err:
+        a0 @ bad
+    with pytest.raises(ValueError) as slow_err:
+        slow(a0, bad)
+    assert str(fast_err.value) == str(slow_err.value)
+
 # --- the plan caches' size ---------------------------------------------------------------------
 # A primitive keeps its plans in a fixed cache of entries; an entry's per-block arrays (device,
 # start, replica of each block, the all-reduce groups) are sized for the plan's blocks, not for

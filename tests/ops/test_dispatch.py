@@ -1462,14 +1462,8 @@ def test_where_runs_its_picks_from_c_plans_with_the_python_ops_bits(monkeypatch,
     assert np.abs(np.asarray(g1[0])).sum() > 0 and np.abs(np.asarray(g1[1])).sum() > 0
 
 
-def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
-    """ctrainstate.numpy.where of a bool Array with float32 Array or Python float branches
-    calls the select itself: none of the op's wrappers (16-bit dtype policy, integer
-    dispatch, abstract values), which act on none of those operands, runs; the result is the
-    wrapped op's bit for bit. Other operands still go through them (an int branch: int32)."""
-    xn = np.array([[1.0, -0.0, np.nan, 4.0], [np.inf, 0.25, -3.0, 0.0]], np.float32)
-    x, y = cts.device_put(xn), cts.device_put(np.array([0.5, -0.0, 2.0, np.nan], np.float32))
-    m = x > 0.5
+def _called(fn):
+    """(fn(), the names of the Python functions its call entered, in order)."""
     names = []
 
     def prof(frame, event, arg):
@@ -1478,19 +1472,27 @@ def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
 
     sys.setprofile(prof)
     try:
-        got = [cnp.where(m, x, y), cnp.where(m, 0.25, x), cnp.where(m, x, -0.0)]
+        out = fn()
     finally:
         sys.setprofile(None)
+    return out, names
+
+
+def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
+    """ctrainstate.numpy.where of a bool Array with float32 Array or Python float branches
+    calls the select itself: none of the op's wrappers (16-bit dtype policy, integer
+    dispatch, abstract values), which act on none of those operands, runs; the result is the
+    wrapped op's bit for bit. Other operands still go through them (an int branch: int32)."""
+    xn = np.array([[1.0, -0.0, np.nan, 4.0], [np.inf, 0.25, -3.0, 0.0]], np.float32)
+    x, y = cts.device_put(xn), cts.device_put(np.array([0.5, -0.0, 2.0, np.nan], np.float32))
+    m = x > 0.5
+    got, names = _called(lambda: [cnp.where(m, x, y), cnp.where(m, 0.25, x),
+                                  cnp.where(m, x, -0.0)])
     assert "wrapped" not in names, names
     want = [_ops.where(m, x, y), _ops.where(m, 0.25, x), _ops.where(m, x, -0.0)]
     for g, w in zip(got, want):
         assert g.dtype == np.float32 and _bits(g) == _bits(w)
-    names.clear()
-    sys.setprofile(prof)
-    try:
-        r = cnp.where(m, 1, 0)
-    finally:
-        sys.setprofile(None)
+    r, names = _called(lambda: cnp.where(m, 1, 0))
     assert r.dtype == np.int32 and "wrapped" in names
     np.testing.assert_array_equal(np.asarray(r), np.asarray(m).astype(np.int32))
 
@@ -1523,17 +1525,7 @@ def test_matrix_times_vector_runs_the_2d_products_plan_with_the_python_ops_bits(
             return cnp.sum((x @ y) * w)
 
         v1, g1 = cts.value_and_grad(loss, argnums=(0, 1))(a, v)
-        names = []
-
-        def prof(frame, event, arg):
-            if event == "call":
-                names.append(frame.f_code.co_name)
-
-        sys.setprofile(prof)
-        try:
-            a @ v
-        finally:
-            sys.setprofile(None)
+        names = _called(lambda: a @ v)[1]
         assert "_matmul_nd" not in names and "_matmul" not in names, names
         # the Python op's own path for the vector (_matmul_nd: reshapes and _matmul's node)
         v2, g2 = cts.value_and_grad(lambda x, y: cnp.sum(slow(x, y) * w), argnums=(0, 1))(a, v)

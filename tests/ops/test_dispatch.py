@@ -1499,12 +1499,29 @@ def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
 @pytest.mark.parametrize("mesh", [False, True])
 def test_matrix_times_vector_runs_the_2d_products_plan_with_the_python_ops_bits(mesh):
     """``a @ v`` with a 1-d ``v`` (and precision=None) is the (K, 1) product's primitive,
-    reshaped: values, gradients (value_and_grad) and, under default_matmul_precision, the
-    thread's precision are the Python op's bit for bit; a mismatch keeps its message."""
+    reshaped, ``v @ a`` the (1, K) one's: values, gradients (value_and_grad) and, under
+    default_matmul_precision, the thread's precision are the Python op's bit for bit; a
+    mismatch keeps its message."""
     rng = np.random.default_rng(7)
     sh = _mesh_sharding(("x", None)) if mesh else None
     cases = [(rng.standard_normal((8, 16)).astype(np.float32), (16,)),
              (rng.standard_normal((2, 4, 5)).astype(np.float32), (5,))]
+    for an, vshape in cases[:1]:   # v @ a: the vector first (a's columns sharded)
+        a = cts.device_put(an, _mesh_sharding((None, "x")) if mesh else None)
+        v = cts.device_put(rng.standard_normal(an.shape[0]).astype(np.float32),
+                           _mesh_sharding((None,)) if mesh else None)
+        w = cts.device_put(rng.standard_normal(an.shape[1]).astype(np.float32))
+        want = _ops._matmul_nd(v, a, _ops._resolve_precision(None, "matmul"))
+        got, names = _called(lambda: v @ a)
+        _same(got, want)
+        assert "_matmul_nd" not in names and "_matmul" not in names, names
+        _same(cnp.matmul(v, a), want)
+        v1, g1 = cts.value_and_grad(lambda x, y: cnp.sum((x @ y) * w), argnums=(0, 1))(v, a)
+        v2, g2 = cts.value_and_grad(lambda x, y: cnp.sum(_ops._matmul_nd(x, y, 0) * w),
+                                    argnums=(0, 1))(v, a)
+        assert _bits(v1) == _bits(v2)
+        for p, q in zip(g1, g2):
+            _same(p, q)
     slow_matmul = _ops._matmul_nd
 
     def slow(a, b):

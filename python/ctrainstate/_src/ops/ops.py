@@ -1819,11 +1819,14 @@ def matmul(a, b, *, precision=None) -> Array:
     >>> np.asarray(cnp.matmul(x, np.eye(2, dtype=np.float32), precision='tensorfloat32')).tolist()
     [[1.0, 1.0]]
     """
-    if (precision is None and type(a) is Array and type(b) is Array and b.ndim == 1
-            and a.ndim >= 2 and a.shape[-1] == b.shape[0]):
-        # a matrix times a vector: the (K, 1) product's primitive (its C plan where it has
-        # one; the thread's default precision, as precision=None means), reshaped
-        return reshape(matmul(a, reshape(b, (b.shape[0], 1))), a.shape[:-1])
+    if precision is None and type(a) is Array and type(b) is Array:
+        # a matrix times a vector, a vector times a matrix: the 2-d product's primitive (its
+        # C plan where it has one; the thread's default precision, as precision=None means)
+        # on the vector as a (K, 1) / (1, K) matrix, reshaped back
+        if b.ndim == 1 and a.ndim >= 2 and a.shape[-1] == b.shape[0]:
+            return reshape(matmul(a, reshape(b, (b.shape[0], 1))), a.shape[:-1])
+        if a.ndim == 1 and b.ndim == 2 and a.shape[0] == b.shape[0]:
+            return reshape(matmul(reshape(a, (1, a.shape[0])), b), (b.shape[1],))
     return _matmul_nd(a, b, _resolve_precision(precision, "matmul"))
 
 

@@ -1478,23 +1478,85 @@ def _called(fn):
     return out, names
 
 
-def test_where_of_a_bool_mask_and_float32_branches_skips_the_op_wrappers():
-    """ctrainstate.numpy.where of a bool Array with float32 Array or Python float branches
-    calls the select itself: none of the op's wrappers (16-bit dtype policy, integer
-    dispatch, abstract values), which act on none of those operands, runs; the result is the
-    wrapped op's bit for bit. Other operands still go through them (an int branch: int32)."""
-    xn = np.array([[1.0, -0.0, np.nan, 4.0], [np.inf, 0.25, -3.0, 0.0]], np.float32)
-    x, y = cts.device_put(xn), cts.device_put(np.array([0.5, -0.0, 2.0, np.nan], np.float32))
-    m = x > 0.5
-    got, names = _called(lambda: [cnp.where(m, x, y), cnp.where(m, 0.25, x),
-                                  cnp.where(m, x, -0.0)])
-    assert "wrapped" not in names, names
-    want = [_ops.where(m, x, y), _ops.where(m, 0.25, x), _ops.where(m, x, -0.0)]
-    for g, w in zip(got, want):
-        assert g.dtype == np.float32 and _bits(g) == _bits(w)
-    r, names = _called(lambda: cnp.where(m, 1, 0))
-    assert r.dtype == np.int32 and "wrapped" in names
-    np.testing.assert_array_equal(np.asarray(r), np.asarray(m).astype(np.int32))
+def _fast_path(op):
+    """The float32 fast path (ops._fast_f32) inside public op ``op``, under its primitive,
+    op-node and power wrappers."""
+    f = op
+    while getattr(getattr(f, "__code__", None), "co_name", None) != "fast":
+        f = f.__wrapped__
+    return f
+
+
+def _fast_cases(name, x, y, m, ids):
+    """Calls of op ``name`` whose operands each of its three wrappers passes through."""
+    if name == "where":
+        return [(m, x, y), (m, x, 0.5), (m, 2.0, y), (m, x, 0), (m, 1, 0.5),
+                (np.asarray(m), x, y)]
+    if name == "take_rows":
+        return [(x, ids)]
+    if name == "broadcast_to":
+        return [(x, (3, 4, 4)), (2.5, (3,))]
+    if name in ("sum", "max", "min", "mean"):
+        return [(x,), (x, 0), (x, (0, 1)), (x, None, True)]
+    if name == "matmul":
+        return [(x, y)]
+    if name in _ops._POLICY_BINARY:
+        return [(x, y), (x, 2.0), (3, y), (1.5, 2)]
+    return [(x,), (-0.75,)]
+
+
+def test_the_float32_fast_path_of_every_wrapped_op_passes_only_what_its_wrappers_pass():
+    """Each op under the 16-bit dtype policy, integer dispatch and abstract-value wrappers
+    calls its float32 implementation straight away when every data operand is a float32
+    Array or a Python number, the other positional operands are not ShapeDtypeStructs
+    (where's condition, take_rows' ids, an axis) and the keywords are plain: no wrapper's
+    frame runs before it, and the result is the wrapped op's bit for bit. Operands that a wrapper acts
+    on still reach it: integer results of Python ints alone (where, broadcast_to, positional
+    or by keyword), integer and 16-bit Arrays, ShapeDtypeStructs."""
+    rng = np.random.default_rng(11)
+    x = cts.device_put(rng.standard_normal((4, 4)).astype(np.float32))
+    y = cts.device_put(np.abs(rng.standard_normal((4, 4))).astype(np.float32) + 0.5)
+    m = x > 0.25
+    ids = cts.device_put(np.array([3, 0, 3], np.int32))
+    assert set(_ops._F32_IMPL) >= {"where", "take_rows", "add", "sum", "broadcast_to"}
+    for name, impl in _ops._F32_IMPL.items():
+        inner = impl.__code__.co_name
+        fast = _fast_path(getattr(_ops, name))
+        for args in _fast_cases(name, x, y, m, ids):
+            got, names = _called(lambda: fast(*args))
+            assert names[1:3] == ["fast", inner], (name, args, names)
+            want = fast.__wrapped__(*args)      # the three wrappers, then the same op
+            assert _bits(got) == _bits(want), (name, args)
+        kw = {"sum": ((x,), {"axis": 1, "keepdims": True}), "mean": ((x,), {"axis": (0, 1)}),
+              "where": ((m, x), {"y": 0})}.get(name)
+        if kw:
+            got, names = _called(lambda: fast(*kw[0], **kw[1]))
+            assert names[1:3] == ["fast", inner]
+            assert _bits(got) == _bits(fast.__wrapped__(*kw[0], **kw[1]))
+    # what the wrappers act on still reaches them
+    where, bcast = _fast_path(_ops.where), _fast_path(_ops.broadcast_to)
+    xi = cts.device_put(np.array([[1, -2], [3, 4]], np.int32))
+    xb = x.astype(cnp.bfloat16)
+    sds = cts.ShapeDtypeStruct((4, 4), np.float32)
+    for fn, args, kwargs, dtype in (
+            (where, (m, 1, 0), {}, np.int32), (where, (m,), {"x": 1, "y": 0}, np.int32),
+            (where, (m, xb, xb), {}, cnp.bfloat16),
+            (bcast, (1, (3,)), {}, np.int32), (bcast, (1,), {"shape": (3,)}, np.int32),
+            (bcast, (True, (2,)), {}, np.bool_),
+            (_fast_path(_ops.add), (xi, xi), {}, np.int32),
+            (_fast_path(_ops.sin), (xb,), {}, cnp.bfloat16)):
+        got, names = _called(lambda: fn(*args, **kwargs))
+        assert names[1:3] == ["fast", "wrapped"], (fn, args, names)
+        assert got.dtype == dtype and _bits(got) == _bits(fn.__wrapped__(*args, **kwargs))
+    for fn, args in ((where, (sds, x, y)), (where, (m, sds, 0.0)),
+                     (_fast_path(_ops.sum), (sds,))):
+        got = fn(*args)
+        assert type(got) is cts.ShapeDtypeStruct and got.dtype == np.float32, (fn, args)
+    # ctrainstate.numpy.where is the op's (its fast path included)
+    got, names = _called(lambda: cnp.where(m, x, -0.0))
+    assert names[1:5] == ["where", "_o", "fast", "where"] and "wrapped" not in names
+    assert _bits(got) == _bits(where.__wrapped__(m, x, -0.0))
+
 
 @pytest.mark.parametrize("mesh", [False, True])
 def test_matrix_times_vector_runs_the_2d_products_plan_with_the_python_ops_bits(mesh):

@@ -1273,11 +1273,4 @@ def where(condition, x=None, y=None, /, *, size=None, fill_value=None):
     if size is not None or fill_value is not None:
         raise ValueError("size and fill_value arguments cannot be used in three-term where "
                          "function.")
-    if (type(condition) is Array and condition.dtype == np.bool_ and _f32_branch(x)
-            and _f32_branch(y)):
-        return _ops.where_select(condition, x, y)   # (what the wrapped op would call)
     return _o().where(condition, x, y)
-
-
-def _f32_branch(v) -> bool:
-    return type(v) is float or (type(v) is Array and v.dtype == np.float32)

@@ -966,12 +966,6 @@ def where(condition, x=None, y=None) -> Array:
     return add(_pick(x, c), _pick(y, not_c))
 
 
-# where itself, before the dtype-policy, integer and abstract-value wrappers (below) replace
-# the module's name: none of them acts on a bool condition Array with float32 Array or Python
-# float branches, which ctrainstate.numpy.where sends here directly
-where_select = where
-
-
 def _d_negative(g, x, y):
     return negative(g)
 
@@ -2637,14 +2631,15 @@ _POLICY_UNARY = ("negative", "sin", "cos", "tanh", "relu", "gelu", "exp", "log",
                  "square", "sigmoid", "abs", "sum", "max", "min", "mean", "broadcast_to",
                  "take_rows", "log1p", "expm1", "erf", "erfc", "floor", "ceil", "trunc", "sign",
                  "round", "reciprocal")   # (transpose, reshape, expand_dims move bytes: any dtype, natively)
-# the float32 implementations of the ops above, before their wrappers (_fast_f32_paths)
+# the float32 implementations of the ops above and of where, before their wrappers
+# (_fast_f32_paths)
 _F32_IMPL: dict = {}
 
 
 def _dtype_policies():
     g = globals()
     binary, unary = _POLICY_BINARY, _POLICY_UNARY
-    for name in binary + unary:
+    for name in binary + unary + ("where",):
         _F32_IMPL[name] = g[name]
     for name in binary:
         g[name] = _with_dtype_policy(g[name], (0, 1))
@@ -2669,6 +2664,10 @@ def _intlike(v) -> bool:
     return False
 
 
+# ops whose integer dispatch makes an integer Array of Python ints alone, as jax's weak ints:
+# where(mask, 1, 0) is int32, broadcast_to(True, shape) bool and broadcast_to(1, shape) int32
+_INT_FROM_PY_INTS = ("where", "broadcast_to")
+
 # ops of one operand that jnp computes on integers in their own dtype (ew.int_unary)
 _INT_UNARY = ("floor", "ceil", "trunc", "round", "sign", "square")
 
@@ -2682,11 +2681,9 @@ def _int_dispatch(fn, name, pos):
     def wrapped(*args, **kwargs):
         names = ("x", "y") if name == "where" else ("a", "b") if len(pos) == 2 else ("x",)
         vals = [args[i] if i < len(args) else kwargs.get(nm) for i, nm in zip(pos, names)]
-        if name == "where" and builtins.all(
+        if name in _INT_FROM_PY_INTS and builtins.all(
                 isinstance(v, (int, np.integer, np.bool_)) for v in vals):
-            pass    # where(mask, 1, 0): int32, as jax (weak ints)
-        elif name == "broadcast_to" and isinstance(vals[0], (int, np.bool_)):
-            pass    # broadcast_to(True, shape): bool, broadcast_to(1, shape): int32
+            pass    # typed by the integer path
         elif not builtins.any(_intlike(v) for v in vals):
             return fn(*args, **kwargs)
         if builtins.any(v is None for v in vals):
@@ -2779,39 +2776,53 @@ def _with_rule(fn, rule, SDS, first=0, dtype=np.float32):
 
 def _fast_f32(outer, inner):
     """``outer`` (an op under its abstract-shape, integer-dispatch and 16-bit policy wrappers),
-    calling ``inner`` (the float32 implementation) straight away when every operand is a
-    float32 Array or a Python float / int and every keyword argument is None, a bool, an int
-    or a tuple of ints (``axis=``, ``keepdims=``: no wrapper reads those): each wrapper
-    would pass such a call through unchanged (no ShapeDtypeStruct, no integer or bool
-    operand, no 16-bit one), so its result is the same; it saves their three argument scans
-    (about 2 us of a 10 us ``a + b``, and of a ``mean(x, axis=0)``)."""
+    calling ``inner`` (the float32 implementation) straight away when each wrapper would pass
+    the call through unchanged:
+
+    - every data operand (the policy's positions) is a float32 Array or a Python float / int,
+      and for the ops of ``_INT_FROM_PY_INTS`` at least one of them is not an int;
+    - every other positional operand (where's condition, take_rows' ids, an axis) is anything
+      but a ShapeDtypeStruct;
+    - every keyword argument is None, a bool, an int or a tuple of ints (``axis=``,
+      ``keepdims=``).
+
+    Its result is the same; it saves the wrappers' three argument scans (about 2 us of a 10 us
+    ``a + b``, of a ``mean(x, axis=0)`` and of a ``where(mask, x, 0.0)``)."""
     f32 = _DT_F32
+    pos, rest_from = outer._policy
+    if rest_from is not None:
+        raise ValueError(f"{inner.__name__}: the float32 fast path takes fixed data positions")
+    data = frozenset(pos)
+    typed_ints = inner.__name__ in _INT_FROM_PY_INTS
 
     @functools.wraps(outer)
-    def wrapped(*args, **kwargs):
-        for a in args:
+    def fast(*args, **kwargs):
+        ints_only = typed_ints
+        for i, a in enumerate(args):
             t = type(a)
-            if t is Array:
-                if a._dtype is not f32:
-                    break
-            elif t is not float and t is not int:
-                break
-        else:
-            if not kwargs:
-                return inner(*args)
-            for v in kwargs.values():
-                t = type(v)
-                if t is tuple:
-                    for e in v:
-                        if type(e) is not int:
-                            return outer(*args, **kwargs)
-                elif v is not None and t is not bool and t is not int:
-                    break
-            else:
-                return inner(*args, **kwargs)
-        return outer(*args, **kwargs)
-    wrapped._policy = getattr(outer, "_policy", None)
-    return wrapped
+            if i in data:
+                if t is Array:
+                    if a._dtype is not f32:
+                        return outer(*args, **kwargs)
+                    ints_only = False
+                elif t is float:
+                    ints_only = False
+                elif t is not int:
+                    return outer(*args, **kwargs)
+            elif isinstance(a, ShapeDtypeStruct):
+                return outer(*args, **kwargs)
+        if ints_only:
+            return outer(*args, **kwargs)
+        for v in kwargs.values():
+            t = type(v)
+            if t is tuple:
+                for e in v:
+                    if type(e) is not int:
+                        return outer(*args, **kwargs)
+            elif v is not None and t is not bool and t is not int:
+                return outer(*args, **kwargs)
+        return inner(*args, **kwargs)
+    return fast
 
 
 def _fast_f32_paths():

@@ -7,6 +7,7 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
+from ctrainstate._src.ops import slicing as _slicing
 from ctrainstate import optim
 from conftest import assert_same_bits, on_gpu
 
@@ -110,6 +111,10 @@ def test_concatenate_stack_split(mesh_shape, names):
         np.testing.assert_array_equal(np.asarray(c0), np.concatenate([a, a[:3]], axis=0))
         st = cnp.stack([xa, xa * 2.0], axis=1)
         np.testing.assert_array_equal(np.asarray(st), np.stack([a, a * 2], axis=1))
+        # (the new axis by the Array's indexing: the layout of the Python getitem's join)
+        via = cnp.concatenate([_slicing.getitem(v, (slice(None), None)) for v in (xa, xa * 2.0)],
+                              axis=1)
+        assert st.sharding == via.sharding
         for got, want in zip(cnp.split(xb, 4, axis=1), np.split(b, 4, axis=1)):
             np.testing.assert_array_equal(np.asarray(got), want)
         for got, want in zip(cnp.split(xb, [3, 5, 20], axis=0), np.split(b, [3, 5, 20], axis=0)):

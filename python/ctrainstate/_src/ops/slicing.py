@@ -1416,7 +1416,8 @@ def stack(arrays, axis: int = 0):
         s.insert(axis, len(arrays))
         return ShapeDtypeStruct(tuple(s), arrays[0].dtype)
     idx = (slice(None),) * axis + (None,)
-    return concatenate([getitem(a, idx) for a in arrays], axis)
+    # (a[idx]: the Array's own indexing, whose C path serves a new axis of size 1)
+    return concatenate([a[idx] for a in arrays], axis)
 
 
 def _split_points(n, indices_or_sections, who, even):

@@ -1,7 +1,8 @@
 """Host time of common eager calls beyond single ops -- reductions with ``keepdims``, softmax
 and the losses built on it, LayerNorm, basic indexing, Python scalar operands, random draws,
-``grad`` of a small function -- on a 16x8 float32 Array on one CPU device, against the same
-call in jax's eager mode (jax.numpy / jax.nn / optax / flax.linen) in the same run.
+``grad`` of a small function, argmax, stack and concatenate -- on a 16x8 float32 Array on
+one CPU device, against the same call in jax's eager mode (jax.numpy / jax.nn / optax /
+flax.linen) in the same run.
 
     python benchmarks/bench_eager_calls.py [--calls 1500] [--repeats 5]
 
@@ -63,6 +64,9 @@ def ours():
         "random.split(key)": lambda: random.split(key),
         "random.normal(key, (16, 8))": lambda: random.normal(key, (16, 8)),
         "grad(sum(sin(x)))(x)": lambda: g(x),
+        "argmax(x, -1)": lambda: cnp.argmax(x, axis=-1),
+        "stack([x, x])": lambda: cnp.stack([x, x]),
+        "concatenate([x, x])": lambda: cnp.concatenate([x, x]),
     }
 
 
@@ -102,6 +106,9 @@ def peers():
         "random.split(key)": lambda: jax.random.split(key),
         "random.normal(key, (16, 8))": lambda: jax.random.normal(key, (16, 8)),
         "grad(sum(sin(x)))(x)": lambda: g(x),
+        "argmax(x, -1)": lambda: jnp.argmax(x, axis=-1),
+        "stack([x, x])": lambda: jnp.stack([x, x]),
+        "concatenate([x, x])": lambda: jnp.concatenate([x, x]),
     }
     if optax is not None:
         out["softmax_cross_entropy(x, x)"] = lambda: optax.softmax_cross_entropy(x, x)

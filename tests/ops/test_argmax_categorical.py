@@ -178,6 +178,63 @@ def test_integer_bool_and_half_inputs(jax_ref):
     assert int(cnp.argmin(np.array([3, 7, 0, 0], np.uint16))) == 2
 
 
+@pytest.mark.parametrize("mesh_shape,names", [((1,), ("x",))] + MESHES)
+def test_float_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names):
+    """argmax / argmin of float Arrays whose reduced dimensions hold at most 2**24 positions
+    run on the devices: no block is copied to the host or from it (the maxima, the NaN
+    slices and the position's digits stay in kernels), sharded or not, with NaNs and ties,
+    keepdims or not; inside value_and_grad they record nothing on the tape."""
+    mesh = cts.make_mesh(mesh_shape, names)
+    rng = np.random.default_rng(3)
+    x = _tied(rng, (8, 16))
+    x[5, [3, 11]] = NAN
+    x[2, :] = 4.0
+    arrays = [cts.device_put(x.astype(dt), cts.NamedSharding(mesh, spec))
+              for dt in (np.float32, ml_dtypes.bfloat16)
+              for spec in (cts.P(), cts.P(names[0]), cts.P(None, names[-1]))]
+    wants = {(dt, axis, name, kd): getattr(np, name)(x.astype(dt).astype(np.float32), axis=axis,
+                                                     keepdims=kd)
+             for dt in (np.float32, ml_dtypes.bfloat16) for axis in (None, 0, 1)
+             for name in ("argmax", "argmin") for kd in (False, True)}
+
+    def run():
+        out = {}
+        for k, xs in enumerate(arrays):
+            for axis in (None, 0, 1):
+                for name in ("argmax", "argmin"):
+                    for kd in (False, True):
+                        out[(k, axis, name, kd)] = getattr(cnp, name)(xs, axis=axis, keepdims=kd)
+            (_, aux), _ = cts.value_and_grad(loss, has_aux=True)(xs.astype(np.float32))
+            out[(k, "grad")] = aux
+        return out
+
+    def loss(v):
+        nodes = len(_ops._tape().nodes)
+        i, j = cnp.argmax(v, axis=1), cnp.argmin(v)
+        assert len(_ops._tape().nodes) == nodes     # nothing recorded
+        return cnp.sum(v * 1.0), (i, j)
+
+    run()   # (the digits' constants are made at their first use)
+
+    def refuse(*args):
+        raise AssertionError("a block went through the host")
+
+    for name in ("copy_to_host", "copy_from_host"):
+        monkeypatch.setattr(_C, name, refuse)
+    got = run()
+    monkeypatch.undo()
+    for (k, *rest), out in got.items():
+        dt = np.float32 if arrays[k].dtype == np.float32 else ml_dtypes.bfloat16
+        if rest == ["grad"]:
+            np.testing.assert_array_equal(np.asarray(out[0]), wants[(dt, 1, "argmax", False)])
+            assert int(out[1]) == wants[(dt, None, "argmin", False)]
+            continue
+        axis, name, kd = rest
+        assert out.dtype == np.int32
+        np.testing.assert_array_equal(np.asarray(out), wants[(dt, axis, name, kd)],
+                                      err_msg=f"{arrays[k].sharding} {axis} {name} {kd}")
+
+
 def test_inside_value_and_grad():
     rng = np.random.default_rng(11)
     w = rng.standard_normal((4, 6)).astype(np.float32)

@@ -1394,6 +1394,8 @@ def min(x, axis=None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's 
 
 _ARG_EXACT = 1 << 24   # float32 holds every integer up to 2**24 exactly: the largest radix
 _ARG_BASE = 1 << 12    # the low digit's radix when a dimension is longer than that
+_ARG_WHOLE, _ARG_LOW, _ARG_HIGH = 0, 1, 2   # a digit: a dimension's whole index, or its parts
+_INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 def argmax(a, axis=None, keepdims: bool = False) -> Array:
@@ -1482,8 +1484,8 @@ def _arg_keys(x: Array, negate: bool) -> tuple:
     sign = -1.0 if negate else 1.0
     if dt in (_dtypes.float16, _dtypes.bfloat16, _dtypes.bool_) or dt in _dtypes.NARROW_INTS:
         # (16-bit ints are exact in float32 too: one key)
-        return [_map_blocks(x, lambda b: b.astype(np.float32) * np.float32(sign))], \
-            dt in (_dtypes.float16, _dtypes.bfloat16)
+        k = _convert_to(x, _dtypes.float32)
+        return [_unary_raw(U_NEG, k) if negate else k], dt in (_dtypes.float16, _dtypes.bfloat16)
     if dt in (_dtypes.int32, _dtypes.uint32):
         # v = hi * 65536 + lo with lo in [0, 65535]: both halves are exact in float32
         hi = _map_blocks(x, lambda b: (b.astype(np.int64) >> 16).astype(np.float32) * np.float32(sign))
@@ -1502,7 +1504,7 @@ def _arg_reduce(a, axis, keepdims: bool, name: str) -> Array:
             raise ValueError(f"attempt to get {name} of an empty sequence (dimension {d} of an "
                              f"array of shape {x.shape} has size 0)")
     total = math.prod(x.shape[d] for d in axes)
-    if total > np.iinfo(np.int32).max:
+    if total > _INT32_MAX:
         raise ValueError(f"{name}: {total} positions do not fit the int32 result")
     place = _place_of(x)
     xn = _axes_of(x)
@@ -1510,57 +1512,90 @@ def _arg_reduce(a, axis, keepdims: bool, name: str) -> Array:
         tuple(s for d, s in enumerate(x.shape) if d not in axes)
     out_norm = [() if d in axes else xn[d] for d in range(nd)] if keepdims else \
         [xn[d] for d in range(nd) if d not in axes]
-    # the digits of a position, least significant first: (dim, radix - digit per index along
-    # dim, radix, weight of the digit in the flat index over the reduced dims)
+    # the digits of a position, least significant first: (dim, part of the index along dim
+    # (_ARG_WHOLE, _ARG_LOW, _ARG_HIGH), radix, weight of the digit in the flat index over the
+    # reduced dims)
     digits = []
     weight = 1
     for d in reversed(axes):
         n = x.shape[d]
         if n > 1:
-            i = np.arange(n, dtype=np.int64)
             if n <= _ARG_EXACT:
-                digits.append((d, n - i, n, weight))
+                digits.append((d, _ARG_WHOLE, n, weight))
             else:
-                q = -(-n // _ARG_BASE)
-                digits.append((d, _ARG_BASE - i % _ARG_BASE, _ARG_BASE, weight))
-                digits.append((d, q - i // _ARG_BASE, q, weight * _ARG_BASE))
+                digits.append((d, _ARG_LOW, _ARG_BASE, weight))
+                digits.append((d, _ARG_HIGH, -(-n // _ARG_BASE), weight * _ARG_BASE))
         weight *= n
     digits.reverse()
-    found = []  # (max of radix - digit, radix, weight) per digit, with size-1 reduced dims
-    if digits and math.prod(out_shape):
-        keys, may_nan = _arg_keys(x, name == "argmin")
-        stages = [("key", k) for k in keys] + [("digit", dg) for dg in digits]
-        mask = None
-        for si, (kind, item) in enumerate(stages):
-            if kind == "key":
-                v = item
-            else:
-                d, vals, radix, w = item
-                vshape = [1] * nd
-                vshape[d] = x.shape[d]
-                vnorm = [()] * nd
-                vnorm[d] = xn[d]
-                v = device_put(vals.astype(np.float32).reshape(vshape), _sharding_for(place, vnorm))
-            if mask is not None:
-                v = _binary_raw(B_KEEP, v, mask)  # radix - digit >= 1 where set, 0 elsewhere
-            m = _reduce_raw(_RED_MAX, v, axes, keepdims=True)
-            if kind == "digit":
-                found.append((m, radix, w))
-            if si == len(stages) - 1:
-                break
-            eq = _unary_raw(U_AFFINE, _binary_raw(B_GT, m, v), -1.0, 1.0)  # 1 where v == max
-            if si == 0 and may_nan and (not m.is_fully_addressable
-                                        or np.isnan(np.asarray(m)).any()):
-                # slices holding a NaN: max is NaN, and only the NaNs are candidates (taken
-                # without looking when m spans other processes: where no slice holds a NaN
-                # it leaves eq as it is)
-                inf, zero = _lift(np.float32(np.inf), place), _lift(np.float32(0.0), place)
-                not_nan = _binary_raw(B_GT, inf, _binary_raw(B_MIN, v, zero))
-                nan_slice = _unary_raw(U_AFFINE, _binary_raw(B_GT, inf, _binary_raw(B_MIN, m, zero)),
-                                       -1.0, 1.0)
-                eq = _binary_raw(B_SUB, eq, _binary_raw(B_MUL, not_nan, nan_slice))
-            mask = eq
-    return _arg_assemble(out_shape, _sharding_for(place, out_norm), found)
+    sharding = _sharding_for(place, out_norm)
+    with _no_tape():    # (an int32 position: nothing of it is differentiated)
+        found = _arg_found(x, axes, digits, name == "argmin", xn, place) \
+            if digits and math.prod(out_shape) else []
+        if not found or total > _ARG_EXACT:
+            return _arg_assemble(out_shape, sharding, found)
+        # sum(weight * (radix - max)) on the devices: every partial sum is an integer below
+        # 2**24, exact in float32
+        pos = None
+        for m, radix, w in found:
+            term = multiply(subtract(float(radix), m), float(w))
+            pos = term if pos is None else add(pos, term)
+        if not keepdims:    # (indexing keeps the kept dimensions' layout, as it is)
+            pos = pos[tuple(0 if d in axes else slice(None) for d in range(nd))]
+        out = _convert_to(pos, _dtypes.int32)
+    if out.sharding != sharding:
+        raise RuntimeError(f"internal error: {name}'s result is laid out as {out.sharding}, "
+                           f"not {sharding}")
+    return out
+
+
+def _arg_found(x, axes, digits, negate, xn, place) -> list:
+    """(the maximum of radix - digit over ``axes``, radix, weight) per digit of the first
+    maximum's position (the first minimum's when ``negate``): the keys of :func:`_arg_keys`
+    narrow the candidates lexicographically, then each digit of ``digits`` in turn (masked
+    to the candidates left, its largest radix - digit is its smallest digit)."""
+    keys, may_nan = _arg_keys(x, negate)
+    stages = [("key", k) for k in keys] + [("digit", dg) for dg in digits]
+    found, mask = [], None
+    for si, (kind, item) in enumerate(stages):
+        v = item if kind == "key" else _arg_digit(item, x.shape, xn, place)
+        if mask is not None:
+            # radix - digit (a later key) where set, else 0: both are finite and >= 1, so
+            # the product by the 1.0 / 0.0 mask is that select, exactly
+            v = multiply(v, _convert_to(mask, _dtypes.float32))
+        m = max(v, axis=axes, keepdims=True)
+        if kind == "digit":
+            found.append((m, item[2], item[3]))
+        if si == len(stages) - 1:
+            break
+        mask = v == m
+        if si == 0 and may_nan:
+            # a slice holding a NaN has a NaN maximum: its NaNs are the candidates
+            mask = mask | ((v != v) & (m != m))
+    return found
+
+
+def _arg_digit(digit, shape, xn, place) -> Array:
+    """The float32 values ``radix - digit`` of position digit ``digit`` (dim, part, radix,
+    weight) along its dimension, size 1 along the others, laid out as that dimension of the
+    operand (``xn``: its mesh axes per dimension) on ``place``: a kept constant."""
+    d, part, radix, _ = digit
+    key = (id(place), len(shape), d, shape[d], part, tuple(xn[d]))
+    return kept_constant(_ARG_DIGITS, _CONSTS_MAX, key, place, _place_digit, (digit, shape, xn))
+
+
+def _place_digit(arg, place) -> Array:
+    (d, part, radix, _), shape, xn = arg
+    i = np.arange(shape[d], dtype=np.int64)
+    vals = radix - (i if part == _ARG_WHOLE else i % _ARG_BASE if part == _ARG_LOW
+                    else i // _ARG_BASE)
+    vshape = [1] * len(shape)
+    vshape[d] = shape[d]
+    vnorm = [()] * len(shape)
+    vnorm[d] = xn[d]
+    return device_put(vals.astype(np.float32).reshape(vshape), _sharding_for(place, vnorm))
+
+
+_ARG_DIGITS: dict = {}
 
 
 def _arg_assemble(shape, sharding, found) -> Array:

@@ -275,6 +275,18 @@ def test_reshape_keeps_leading_sharding():
     z = cnp.reshape(cts.device_put(x, NamedSharding(m, P("data"))), (4, 2, 12))
     assert z.sharding.spec == P("data")
     np.testing.assert_array_equal(np.asarray(z), x.reshape(4, 2, 12))
+    # size-1 dimensions hold no data: one before a sharded dimension, dropped, moved or
+    # added, leaves that dimension's mesh axes on it (nothing gathered), as jax does
+    w = _input((1, 8, 4), None)
+    W = cts.device_put(w, NamedSharding(m, P(None, "data", "model")))
+    for y, shape, spec in ((cnp.squeeze(W, 0), (8, 4), P("data", "model")),
+                           (cnp.reshape(W, (8, 4)), (8, 4), P("data", "model")),
+                           (cnp.reshape(W, (8, 1, 4)), (8, 1, 4), P("data", None, "model")),
+                           (cnp.reshape(W, (1, 1, 8, 4)), (1, 1, 8, 4),
+                            P(None, None, "data", "model"))):
+        assert y.sharding.spec == spec, shape
+        np.testing.assert_array_equal(np.asarray(y), w.reshape(shape))
+        assert all(b[1].nbytes == 4 * 4 for b in y._blocks)  # (8 / 2) x (4 / 4) floats each
 
 
 def test_with_sharding_constraint_on_activation_reshards():

@@ -1740,7 +1740,8 @@ def _groups(old, new):
 def _reshape_layout(x: Array, shape: tuple, place):
     """``x``'s per-dimension mesh axes, those it keeps before a reshape to ``shape`` (a
     group of merged or split dimensions keeps its sharding when its sharded dimension leads
-    it and the new leading dimension divides; any other sharded group is gathered), and the
+    it and the new leading dimension divides, size-1 dimensions, which hold no data, not
+    counted as leading on either side; any other sharded group is gathered), and the
     result's."""
     nd = x.ndim
     xn = _axes_of(x)
@@ -1752,13 +1753,13 @@ def _reshape_layout(x: Array, shape: tuple, place):
         ok = False
         if not sharded:
             ok = True
-        elif sharded == [od[0]] and ndims:
+        elif sharded == [next((d for d in od if x.shape[d] != 1), od[0])] and ndims:
             # the group's leading new dimension of more than one element (size-1 ones before
             # it hold no data) takes the sharding when the mesh axes divide it
             lead = next((d for d in ndims if shape[d] != 1), ndims[0])
-            parts = math.prod(sizes[a] for a in xn[od[0]])
-            if shape[lead] % parts == 0:
-                new_norm[lead] = xn[od[0]]
+            axes = xn[sharded[0]]
+            if shape[lead] % math.prod(sizes[a] for a in axes) == 0:
+                new_norm[lead] = axes
                 ok = True
         if not ok:
             for d in od:

@@ -179,11 +179,11 @@ def test_integer_bool_and_half_inputs(jax_ref):
 
 
 @pytest.mark.parametrize("mesh_shape,names", [((1,), ("x",))] + MESHES)
-def test_float_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names):
-    """argmax / argmin of float Arrays whose reduced dimensions hold at most 2**24 positions
-    run on the devices: no block is copied to the host or from it (the maxima, the NaN
-    slices and the position's digits stay in kernels), sharded or not, with NaNs and ties,
-    keepdims or not; inside value_and_grad they record nothing on the tape."""
+def test_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names):
+    """argmax / argmin of float, bool and narrow int Arrays whose reduced dimensions hold at
+    most 2**24 positions run on the devices: no block is copied to the host or from it (the
+    maxima, the NaN slices and the position's digits stay in kernels), sharded or not, with
+    NaNs and ties, keepdims or not; inside value_and_grad they record nothing on the tape."""
     mesh = cts.make_mesh(mesh_shape, names)
     rng = np.random.default_rng(3)
     x = _tied(rng, (8, 16))
@@ -192,8 +192,8 @@ def test_float_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names
     arrays = [cts.device_put(x.astype(dt), cts.NamedSharding(mesh, spec))
               for dt in (np.float32, ml_dtypes.bfloat16)
               for spec in (cts.P(), cts.P(names[0]), cts.P(None, names[-1]))]
-    wants = {(dt, axis, name, kd): getattr(np, name)(x.astype(dt).astype(np.float32), axis=axis,
-                                                     keepdims=kd)
+    wants = {(np.dtype(dt), axis, name, kd): getattr(np, name)(
+                 x.astype(dt).astype(np.float32), axis=axis, keepdims=kd)
              for dt in (np.float32, ml_dtypes.bfloat16) for axis in (None, 0, 1)
              for name in ("argmax", "argmin") for kd in (False, True)}
 
@@ -204,8 +204,9 @@ def test_float_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names
                 for name in ("argmax", "argmin"):
                     for kd in (False, True):
                         out[(k, axis, name, kd)] = getattr(cnp, name)(xs, axis=axis, keepdims=kd)
-            (_, aux), _ = cts.value_and_grad(loss, has_aux=True)(xs.astype(np.float32))
-            out[(k, "grad")] = aux
+            if xs.dtype.kind == "f":
+                (_, aux), _ = cts.value_and_grad(loss, has_aux=True)(xs.astype(np.float32))
+                out[(k, "grad")] = aux
         return out
 
     def loss(v):
@@ -214,6 +215,13 @@ def test_float_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names
         assert len(_ops._tape().nodes) == nodes     # nothing recorded
         return cnp.sum(v * 1.0), (i, j)
 
+    ints = (np.arange(8 * 16).reshape(8, 16) * 7 % 11).astype(np.int64)
+    for dt in (np.bool_, np.int8, np.uint16):
+        h = (ints % 2 if dt is np.bool_ else ints - 3 * (dt is np.int8)).astype(dt)
+        arrays.append(cts.device_put(h, cts.NamedSharding(mesh, cts.P(None, names[-1]))))
+        wants.update({(np.dtype(dt), axis, name, kd): getattr(np, name)(h, axis=axis, keepdims=kd)
+                      for axis in (None, 0, 1) for name in ("argmax", "argmin")
+                      for kd in (False, True)})
     run()   # (the digits' constants are made at their first use)
 
     def refuse(*args):
@@ -224,7 +232,7 @@ def test_float_positions_are_found_on_the_devices(monkeypatch, mesh_shape, names
     got = run()
     monkeypatch.undo()
     for (k, *rest), out in got.items():
-        dt = np.float32 if arrays[k].dtype == np.float32 else ml_dtypes.bfloat16
+        dt = np.dtype(arrays[k].dtype)
         if rest == ["grad"]:
             np.testing.assert_array_equal(np.asarray(out[0]), wants[(dt, 1, "argmax", False)])
             assert int(out[1]) == wants[(dt, None, "argmin", False)]

@@ -1410,9 +1410,11 @@ def argmax(a, axis=None, keepdims: bool = False) -> Array:
     Sharding: the result has ``a``'s sharding on the kept dimensions; a reduced dimension
     sharded over mesh axes ends in all-reduces (max) over them, and gives the same index as
     on one device. Not differentiable: inside :func:`value_and_grad` the result carries no
-    gradient (like jax's integer outputs) and the trace goes on. The int32 result is
-    assembled on the host, block by block (no kernel writes int32), so it synchronises with
-    the devices.
+    gradient (like jax's integer outputs) and the trace goes on. For float, bool and 8/16-bit
+    integer Arrays whose reduced dimensions hold at most 2**24 positions it runs on the
+    devices (maxima, comparisons, masks, the int32 conversion: no copy through the host);
+    32-bit integers are split into their 16-bit halves on the host, and a longer reduction's
+    position is assembled there, block by block.
 
     >>> import numpy as np, ctrainstate as cts, ctrainstate.numpy as cnp
     >>> x = cts.device_put(np.array([[1., 7., 7.], [np.nan, 2., np.nan]], np.float32))

@@ -1359,6 +1359,12 @@ def concatenate(arrays, axis: int = 0):
         return concatenate([o.reshape(a, (-1,)) if isinstance(a, Array) else
                             np.ravel(np.asarray(a)) for a in arrays], 0)
     arrays, abstract = _operands(arrays, "concatenate")
+    return _concatenate(arrays, axis, abstract)
+
+
+def _concatenate(arrays, axis, abstract: bool):
+    """:func:`concatenate` of operands that :func:`_operands` made (``abstract``: its
+    ShapeDtypeStruct flag)."""
     nd = len(arrays[0].shape)
     if nd == 0:
         raise ValueError("concatenate: zero-dimensional arrays cannot be concatenated")
@@ -1417,7 +1423,7 @@ def stack(arrays, axis: int = 0):
         return ShapeDtypeStruct(tuple(s), arrays[0].dtype)
     idx = (slice(None),) * axis + (None,)
     # (a[idx]: the Array's own indexing, whose C path serves a new axis of size 1)
-    return concatenate([a[idx] for a in arrays], axis)
+    return _concatenate([a[idx] for a in arrays], axis, False)
 
 
 def _split_points(n, indices_or_sections, who, even):

@@ -154,6 +154,38 @@ def test_eval_shape():
     assert [o.shape for o in out[4]] == [(4, 3, 8), (4, 3, 8)]
 
 
+@pytest.mark.parametrize("join", ["concatenate", "stack"])
+def test_join_operands_dtypes_placements_and_liveness(join):
+    """concatenate / stack operands: one dtype is kept as it is (bfloat16, int8, bool), mixed
+    ones promote as jax's (bfloat16 with float32 -> float32, int8 with a host int16 ->
+    int16); Arrays on different meshes, or on different devices, and a deleted Array are
+    refused with the element-wise ops' errors, before anything is joined."""
+    f = getattr(cnp, join)
+    h = np.arange(12).reshape(3, 4)
+    for dt in (cnp.bfloat16, np.int8, np.bool_):
+        x = cts.device_put((h % 2 if dt is np.bool_ else h).astype(dt))
+        out = f([x, x])
+        assert out.dtype == np.dtype(dt)
+        np.testing.assert_array_equal(np.asarray(out), getattr(np, join)([np.asarray(x)] * 2))
+    b, w = cts.device_put(h.astype(cnp.bfloat16)), cts.device_put(h.astype(np.float32))
+    assert f([b, w]).dtype == np.float32
+    i8 = cts.device_put(h.astype(np.int8))
+    assert f([i8, h.astype(np.int16)]).dtype == np.int16
+    m1, m2 = cts.make_mesh((8,), ("x",)), cts.make_mesh((2, 4), ("a", "b"))
+    on1 = cts.device_put(np.ones((8, 4), np.float32), cts.NamedSharding(m1, cts.P("x")))
+    on2 = cts.device_put(np.ones((8, 4), np.float32), cts.NamedSharding(m2, cts.P("a")))
+    with pytest.raises(ValueError, match="different meshes"):
+        f([on1, on2])
+    d0 = cts.device_put(np.ones((8, 4), np.float32), cts.devices()[0])
+    d1 = cts.device_put(np.ones((8, 4), np.float32), cts.devices()[1])
+    with pytest.raises(ValueError, match="different devices"):
+        f([d0, d1])
+    gone = cts.device_put(np.ones((8, 4), np.float32))
+    gone.delete()
+    with pytest.raises(RuntimeError, match="deleted"):
+        f([d0, gone])
+
+
 def test_errors():
     x = cts.device_put(np.zeros((4, 5), np.float32))
     # slice steps, integer arrays and boolean masks work now: tests/array/test_slicing_advanced.py

@@ -1324,6 +1324,14 @@ def _operands(arrays, who):
     if any(isinstance(a, ShapeDtypeStruct) for a in arrays):
         return arrays, True
     o = _o()
+    dt0 = arrays[0].dtype if type(arrays[0]) is Array else None
+    if all(type(a) is Array and a.dtype == dt0 for a in arrays):
+        # Arrays of one dtype: nothing to promote, nothing to lift (the placement still has
+        # to be common)
+        o._common_placement(arrays)
+        for a in arrays:
+            a._check_alive()
+        return arrays, False
     hosts = {k: np.asarray(a) for k, a in enumerate(arrays) if not isinstance(a, Array)}
     # the operands' promoted dtype, as jax: with a float among them jax's float promotion
     # (bfloat16 with float16 or float32 -> float32, an integer with a float -> the float);

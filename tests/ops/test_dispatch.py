@@ -1510,9 +1510,9 @@ def test_the_float32_fast_path_of_every_wrapped_op_passes_only_what_its_wrappers
     calls its float32 implementation straight away when every data operand is a float32
     Array or a Python number, the other positional operands are not ShapeDtypeStructs
     (where's condition, take_rows' ids, an axis) and the keywords are plain: no wrapper's
-    frame runs before it, and the result is the wrapped op's bit for bit. Operands that a wrapper acts
-    on still reach it: integer results of Python ints alone (where, broadcast_to, positional
-    or by keyword), integer and 16-bit Arrays, ShapeDtypeStructs."""
+    frame runs before it, and the result is the wrapped op's bit for bit. Operands that a
+    wrapper acts on still reach it: integer results of Python ints alone (where,
+    broadcast_to, positional or by keyword), integer and 16-bit Arrays, ShapeDtypeStructs."""
     rng = np.random.default_rng(11)
     x = cts.device_put(rng.standard_normal((4, 4)).astype(np.float32))
     y = cts.device_put(np.abs(rng.standard_normal((4, 4))).astype(np.float32) + 0.5)

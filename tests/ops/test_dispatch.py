@@ -116,6 +116,34 @@ def test_scalar_operands_c_path_equals_python_op(name, s):
     _same(_run_fast(prim, s, x), prim.__wrapped__(s, x))
 
 
+@pytest.mark.parametrize("name", ["add", "subtract", "multiply", "maximum", "minimum"])
+def test_int32_and_python_int_c_path_equals_python_op(name):
+    """An int32 Array and a Python int, on either side, on one device and a 2x4 mesh: from
+    the C plan (the typed kernel, the int converted at each call), int32 and the Python op's
+    bits (wrapping at int32's ends, as jax); a float, or an int beyond int32, beside the same
+    plan runs the Python op (jax's float32 promotion; its OverflowError)."""
+    vals = np.array([[-2 ** 31, -7, -1, 0, 1, 5, 2 ** 31 - 1, 12345]] * 2, np.int32)
+    prim = getattr(_ops, name)
+    ref = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+           "maximum": np.maximum, "minimum": np.minimum}[name]
+    for sh in (None, _mesh_sharding(("x", "y"))):
+        x = cts.device_put(vals, sh)
+        for s in (0, 3, -2, 2 ** 31 - 1, -2 ** 31):
+            for args, want in (((x, s), (vals, np.int32(s))), ((s, x), (np.int32(s), vals))):
+                fast = _run_fast(prim, *args)
+                assert fast.dtype == np.int32 and fast.sharding == x.sharding
+                _same(fast, prim.__wrapped__(*args))
+                with np.errstate(over="ignore"):
+                    np.testing.assert_array_equal(np.asarray(fast), ref(*want), err_msg=repr(s))
+        before = prim.cache_info()
+        out = prim(x, 1.5)
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(out), ref(vals.astype(np.float32), np.float32(1.5)))
+        assert prim.cache_info()["fallbacks"] == before["fallbacks"] + 1
+        with pytest.raises(OverflowError):
+            prim(x, 2 ** 31)
+
+
 @pytest.mark.parametrize("case", [("multiply", 0.0), ("multiply", -0.0), ("divide", math.inf),
                                   ("divide", 0.0), ("divide", -0.0)])
 def test_value_dependent_scalars_take_the_python_op(case):

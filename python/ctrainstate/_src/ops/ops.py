@@ -2960,16 +2960,23 @@ def _plan_unary(op):
 def _plan_binary(name, op_f32, rules):
     """Planner of a binary op: float32 Arrays (op_f32, broadcasting), two Arrays of one
     16-bit float or int32 dtype (the typed kernel, one rounding: the bits of the Python
-    path's convert / float32 op / round), or a float32 Array and a Python scalar (``rules``:
-    the scalar rule with the scalar on the right, on the left; None: no C path)."""
+    path's convert / float32 op / round), a float32 Array and a Python scalar (``rules``:
+    the scalar rule with the scalar on the right, on the left; None: no C path), or an int32
+    Array and a Python scalar (the typed kernel; the C path converts the scalar at each call
+    where jax's weak typing keeps int32: an int in int32's range; any other runs the Python
+    op)."""
     ew = _EW.get(name)
 
     def plan(a, b):
         if type(a) is not Array or type(b) is not Array:
             x, rule = (a, rules[0]) if type(a) is Array else (b, rules[1])
-            if rule is None or x._dtype is not _DT_F32:
+            if ew is not None and x._dtype == _DT_I32:
+                rule, kind, dt = ew, _K["EWISE"], _DT_I32
+            else:
+                kind, dt = _K["SCALAR"], _DT_F32
+            if rule is None or x._dtype is not dt:
                 return None
-            p = _plan_out(_K["SCALAR"], rule, x._shape, _DT_F32, _place_of(x),
+            p = _plan_out(kind, rule, x._shape, dt, _place_of(x),
                           _norm(x._sharding, len(x._shape)))
             return p if _same_devices(x, p) else None
         dt = a._dtype

@@ -1,8 +1,9 @@
 """Host time of common eager calls beyond single ops -- reductions with ``keepdims``, softmax
 and the losses built on it, LayerNorm, basic indexing, Python scalar operands, random draws,
-``grad`` of a small function, argmax, stack and concatenate -- on a 16x8 float32 Array on
-one CPU device, against the same call in jax's eager mode (jax.numpy / jax.nn / optax /
-flax.linen) in the same run.
+``grad`` of a small function, argmax, stack, concatenate, take_along_axis with int32 Array
+indices, an int32 Array plus a Python int -- on a 16x8 float32 Array on one CPU device,
+against the same call in jax's eager mode (jax.numpy / jax.nn / optax / flax.linen) in the
+same run.
 
     python benchmarks/bench_eager_calls.py [--calls 1500] [--repeats 5]
 
@@ -38,6 +39,13 @@ def best_us(f, calls, repeats):
     return best * 1e6
 
 
+def _indices():
+    """(16, 3) int32 positions along the 8 columns, some negative, one out of range."""
+    i = np.random.default_rng(1).integers(-8, 8, (16, 3)).astype(np.int32)
+    i[0, 0] = 9
+    return i
+
+
 def ours():
     rng = np.random.default_rng(0)
     x = cts.device_put(rng.standard_normal((16, 8)).astype(np.float32))
@@ -45,6 +53,8 @@ def ours():
     ln = nn.LayerNorm()
     v = ln.init(random.PRNGKey(0), x)
     g = cts.grad(lambda a: cnp.sum(cnp.sin(a)))
+    i = cts.device_put(_indices())
+    labels = cts.device_put(_indices()[:, 0])
     return {
         "sum(x, -1, keepdims=True)": lambda: cnp.sum(x, axis=-1, keepdims=True),
         "max(x, -1, keepdims=True)": lambda: cnp.max(x, axis=-1, keepdims=True),
@@ -67,6 +77,8 @@ def ours():
         "argmax(x, -1)": lambda: cnp.argmax(x, axis=-1),
         "stack([x, x])": lambda: cnp.stack([x, x]),
         "concatenate([x, x])": lambda: cnp.concatenate([x, x]),
+        "take_along_axis(x, i, 1)": lambda: cnp.take_along_axis(x, i, axis=1),
+        "labels + 1 (int32)": lambda: labels + 1,
     }
 
 
@@ -89,6 +101,8 @@ def peers():
     x = jnp.asarray(rng.standard_normal((16, 8)).astype(np.float32))
     key = jax.random.PRNGKey(0)
     g = jax.grad(lambda a: jnp.sum(jnp.sin(a)))
+    i = jnp.asarray(_indices())
+    labels = jnp.asarray(_indices()[:, 0])
     out = {
         "sum(x, -1, keepdims=True)": lambda: jnp.sum(x, axis=-1, keepdims=True),
         "max(x, -1, keepdims=True)": lambda: jnp.max(x, axis=-1, keepdims=True),
@@ -109,6 +123,8 @@ def peers():
         "argmax(x, -1)": lambda: jnp.argmax(x, axis=-1),
         "stack([x, x])": lambda: jnp.stack([x, x]),
         "concatenate([x, x])": lambda: jnp.concatenate([x, x]),
+        "take_along_axis(x, i, 1)": lambda: jnp.take_along_axis(x, i, axis=1),
+        "labels + 1 (int32)": lambda: labels + 1,
     }
     if optax is not None:
         out["softmax_cross_entropy(x, x)"] = lambda: optax.softmax_cross_entropy(x, x)

@@ -533,6 +533,96 @@ def test_usage_patterns():
     _assert_same(c, np.concatenate([np.zeros((2, 2, 4, 3), np.float32), k], 1))
 
 
+def _take_along_reference(h, idx, axis, mode=None, fill_value=None, wrap=True):
+    """numpy's take_along_axis under jax's rules: negative entries wrap (``wrap``), then
+    "clip" clamps, "fill" (None) reads ``fill_value`` (NaN / the int's end / True) out of
+    range; also the flat position of every read element in ``h`` (-1: none)."""
+    n = h.shape[axis]
+    w = np.where(idx < 0, idx + n, idx) if wrap else idx
+    ok = np.ones(w.shape, bool) if mode == "clip" else (w >= 0) & (w < n)
+    wc = np.clip(w, 0, n - 1)
+    vals = np.take_along_axis(h, wc, axis)
+    coords = list(np.indices(vals.shape))
+    coords[axis] = np.broadcast_to(wc, vals.shape)
+    coords = [np.where(np.array(h.shape)[d] == 1, 0, c) for d, c in enumerate(coords)]
+    pos = np.where(np.broadcast_to(ok, vals.shape), np.ravel_multi_index(coords, h.shape), -1)
+    if mode != "clip":
+        if fill_value is not None:
+            fill = np.asarray(fill_value).astype(h.dtype)
+        elif h.dtype == np.bool_:
+            fill = np.bool_(True)
+        elif h.dtype.kind in "iu":
+            fill = np.iinfo(h.dtype).min if h.dtype.kind == "i" else np.iinfo(h.dtype).max
+        else:
+            fill = np.asarray(np.nan, h.dtype)
+        vals = np.where(np.broadcast_to(ok, vals.shape), vals, np.asarray(fill, h.dtype))
+    return vals.astype(h.dtype), pos
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)])
+def test_take_along_axis_of_an_array_whole_on_each_device_runs_on_the_devices(monkeypatch,
+                                                                            mesh_shape):
+    """take_along_axis of an Array that every device holds whole (one device; replicated on a
+    mesh) with integer Array indices there: the positions are computed and the elements read
+    on the devices -- no block is copied to or from the host -- for every stored dtype, the
+    index dtypes int8 / uint16 / int32, each mode, negative and out-of-range entries, a given
+    fill value, dimensions of size 1 broadcasting on either side, and axis None; the values
+    are numpy's under jax's rules, the result is placed as the operand, and the gradient
+    scatter-adds the cotangent to the positions read (duplicates adding, out-of-range
+    entries passing none), as numpy's add.at does."""
+    from ctrainstate import _C
+    sh = None if mesh_shape is None else cts.NamedSharding(cts.make_mesh(mesh_shape, (D, M)),
+                                                           cts.P())
+    rng = np.random.default_rng(11)
+    cases = []   # (arr dtype, arr shape, index host array, axis, keywords)
+    for dt in DTYPES + [np.int8, np.uint16]:
+        cases.append((dt, (4, 6), rng.integers(-8, 9, (4, 3)).astype(np.int32), 1, {}))
+    cases += [
+        (np.float32, (4, 6), rng.integers(-8, 9, (4, 3)).astype(np.int8), 1, {"mode": "clip"}),
+        (np.float32, (4, 6), rng.integers(0, 9, (1, 6)).astype(np.uint16), 0,
+         {"fill_value": -2.5}),
+        (np.float32, (4, 1, 5), rng.integers(-5, 5, (4, 3, 2)).astype(np.int32), 2,
+         {"wrap_negative_indices": False}),
+        (np.int32, (3, 5), rng.integers(-6, 6, (3, 5)).astype(np.int32), 0, {"fill_value": 7}),
+        (np.float32, (2, 3, 4), rng.integers(-30, 30, (10,)).astype(np.int32), None, {}),
+    ]
+    arrays = [(cts.device_put(rng.integers(0, 200, shape).astype(dt) if dt in (np.int8, np.uint16)
+                              else _data(shape, dt, seed=k), sh), cts.device_put(idx, sh), axis, kw)
+              for k, (dt, shape, idx, axis, kw) in enumerate(cases)]
+
+    def run():
+        return [cnp.take_along_axis(x, i, axis=axis, **kw) for x, i, axis, kw in arrays]
+    run()   # (the positions' constants are made at their first use)
+
+    def refuse(*args):
+        raise AssertionError("a block went through the host")
+    with monkeypatch.context() as mp:
+        for name in ("copy_to_host", "copy_from_host"):
+            mp.setattr(_C, name, refuse)
+        got = run()
+    for (x, i, axis, kw), out in zip(arrays, got):
+        h, hi = np.asarray(x), np.asarray(i)
+        if axis is None:
+            h, axis = h.reshape(-1), 0
+        want, _ = _take_along_reference(h, hi.astype(np.int64), axis, kw.get("mode"),
+                                        kw.get("fill_value"), kw.get("wrap_negative_indices", True))
+        _assert_same(out, want, f"{x.dtype} {x.shape} {hi.dtype} {kw}")
+        assert out.sharding == (sh or x.sharding)
+    for x, i, axis, kw in arrays:
+        if x.dtype != np.float32 or axis is None:
+            continue
+        h, hi = np.asarray(x), np.asarray(i).astype(np.int64)
+        _, pos = _take_along_reference(h, hi, axis, kw.get("mode"), kw.get("fill_value"),
+                                       kw.get("wrap_negative_indices", True))
+        c = rng.standard_normal(pos.shape).astype(np.float32)
+        g = cts.grad(lambda v: cnp.sum(cnp.take_along_axis(v, i, axis=axis, **kw)
+                                       * cts.device_put(c, sh)))(x)
+        want = np.zeros(h.size, np.float32)
+        np.add.at(want, pos[pos >= 0], c[pos >= 0])
+        np.testing.assert_allclose(np.asarray(g), want.reshape(h.shape), rtol=1e-6, atol=0,
+                                   err_msg=str(kw))
+
+
 # --- eval_shape ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,shape,call", CASES + PROD_CASES, ids=IDS + [c[0] for c in PROD_CASES])

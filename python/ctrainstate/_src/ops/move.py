@@ -9,7 +9,9 @@ row gathers with host-planned index arrays, ``concatenate``) and the layout ops 
 dtype (the floats, the ints, bool) as they are, run on each device's own
 block, and differentiate as those do (a gather's cotangent is scatter-added back, duplicates
 adding up; a join's is sliced). Index arrays are derived on the host from the shapes (and, for
-``take``, from the given indices, which are read to the host as ``x[idx]`` reads them).
+``take``, from the given indices, which are read to the host as ``x[idx]`` reads them), except
+in ``take_along_axis`` of an Array that each device holds whole, which computes its positions
+on the devices.
 
 Sharding follows the slicing rule: a dimension taken whole keeps its mesh axes; a dimension
 that is gathered, padded, rolled, flipped or tiled comes out unsharded (each device first
@@ -49,6 +51,8 @@ from . import ops as _ops
 from ..array.abstract import ShapeDtypeStruct
 from .elementwise import sum_dtype
 from .slicing import _layout_of as lo
+from .slicing import _alloc, _scatter_rows
+from ... import _C
 from ..array.array import device_put
 from ..array.sharding import NamedSharding
 
@@ -268,10 +272,15 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
     cotangent (duplicates add), e.g. the label log-probabilities of a loss,
     ``take_along_axis(logp, labels[..., None], -1)``.
 
-    Sharding: every dimension is indexed (the other dimensions pair with the indices
-    element by element), so the result is unsharded; a float32 ``arr`` is not gathered (each
-    device takes the elements its block holds, and an all-reduce completes the result), other
-    dtypes gather their sharded dimensions first.
+    Where it runs: an ``arr`` that every device holds whole (one device, or replicated) is
+    read on the devices at positions computed there from the indices (an integer Array on
+    the same devices, held whole there, stays there; host indices are placed there first):
+    nothing is copied to the host, and the result is placed as ``arr``. A sharded ``arr`` is
+    gathered from a plan made on the host (the indices read there): every dimension is
+    indexed (the other dimensions pair with the indices element by element), so the result
+    is unsharded; a float32 ``arr`` is not gathered (each device takes the elements its block
+    holds, and an all-reduce completes the result), other dtypes gather their sharded
+    dimensions first.
 
     >>> import numpy as np, ctrainstate.numpy as cnp
     >>> x = np.array([[1., 2., 3.], [4., 5., 6.]], np.float32)
@@ -281,7 +290,8 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
     who = "take_along_axis"
     _check_mode(mode, who, ("fill", "clip"))
     arr = _operand(arr, who, "arr")
-    idx, ishape = _index_host(indices, who)
+    on_devices = _device_indices(indices, arr)
+    idx, ishape = (None, tuple(indices.shape)) if on_devices else _index_host(indices, who)
     if axis is None:
         if len(ishape) != 1:
             raise ValueError(f"{who}: indices must be 1-d when axis is None (arr is "
@@ -303,9 +313,19 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
             raise ValueError(f"{who}: indices of shape {tuple(ishape)} do not broadcast against "
                              f"arr of shape {tuple(arr.shape)} in dimension {d}")
     out_shape = tuple(out_shape)
-    if _is_abstract(arr) or idx is None:
+    if _is_abstract(arr) or (idx is None and not on_devices):
         return _sds()(out_shape, arr.dtype)
     n = arr.shape[axis]
+    if _whole_on_devices(arr) and n and math.prod(out_shape) and math.prod(arr.shape) < _INT32_LIMIT:
+        if not on_devices:  # host indices placed where arr lives (any int64 out of int32
+            # range is out of range of arr too, as its int32 clip)
+            idx = _o()._lift_any(np.clip(idx, -_INT32_LIMIT, _INT32_LIMIT - 1).astype(np.int32),
+                                 _o()._place_of(arr))
+        fill = None if mode == "clip" else _fill_value(arr.dtype, fill_value, who)
+        return _take_along_devices(arr, indices if on_devices else idx, axis, out_shape, fill,
+                                   wrap_negative_indices, who)
+    if on_devices:
+        idx, _ = _index_host(indices, who)
     w = np.where(idx < 0, idx + n, idx) if wrap_negative_indices else idx
     # the gather runs along `axis` of an index that pairs every other dimension elementwise
     # (arange arrays): first the values of `axis` with the mode, as a take on a new axis
@@ -336,6 +356,107 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
             np.zeros(out_shape, np.int64)
     full[axis] = np.broadcast_to(w, out_shape)
     return getitem(src, tuple(np.ascontiguousarray(f) for f in full))
+
+
+# take_along_axis on the devices: when every device holds ``arr`` whole (one device, or
+# replicated), each gathers its result from its own copy at flat positions computed there from
+# the indices (int32 elementwise ops, C plans): nothing is read to the host. A sharded ``arr``
+# takes the host-planned gather above, which keeps its sharded dimensions sharded.
+
+_INT32_LIMIT = 2 ** 31
+# index dtypes converted to int32 exactly on the devices (uint32 is read on the host instead)
+_DEVICE_INDEX_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.uint8,
+                                                       np.uint16))
+
+
+def _whole_on_devices(a) -> bool:
+    """Whether every device ``a`` lives on holds all of it (one device, or replicated)."""
+    return isinstance(a, Array) and not any(lo(a)[1])
+
+
+def _device_indices(indices, arr) -> bool:
+    """Whether ``indices`` is an integer Array, whole on each device of ``arr``'s placement
+    (which is whole there too), that take_along_axis reads on the devices."""
+    if not (isinstance(indices, Array) and isinstance(arr, Array)
+            and indices.dtype in _DEVICE_INDEX_DTYPES):
+        return False
+    indices._check_alive()
+    return (_whole_on_devices(indices) and _whole_on_devices(arr)
+            and _o()._place_of(indices) is _o()._place_of(arr))
+
+
+def _flat_base(arg, place):
+    """The int32 flat position in ``arr`` (shape ``ashape``, C order) of each result element
+    with its ``axis`` coordinate 0 (``arg``: ashape, out_shape, axis), placed on ``place``: an
+    Array of ``out_shape`` with size 1 along ``axis`` (a dimension of size 1 in ``arr``
+    broadcasts: coordinate 0)."""
+    ashape, out_shape, axis = arg
+    nd = len(ashape)
+    base = np.zeros([1 if d == axis else s for d, s in enumerate(out_shape)], np.int64)
+    stride = 1
+    for d in reversed(range(nd)):
+        if d != axis and ashape[d] != 1:
+            k = np.arange(out_shape[d], dtype=np.int64) * stride
+            base = base + k.reshape((1,) * d + (-1,) + (1,) * (nd - d - 1))
+        stride *= ashape[d]
+    return _o()._lift_any(base.astype(np.int32), place)
+
+
+_FLAT_BASES: dict = {}
+_FILLS: dict = {}   # the fill values (NaN by default for floats) as 0-d Arrays
+_FLAT_BASES_MAX = 64
+
+
+def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
+    """take_along_axis of an ``arr`` whole on each device with int Array indices on its
+    placement; ``fill``: the value of out-of-range entries (mode "fill"; None: "clip"). 4-byte
+    elements are gathered as they are, the others through an exact conversion."""
+    o = _o()
+    dt = np.dtype(arr.dtype)
+    if dt.itemsize != 4:
+        wide = np.dtype(np.float32 if dt in o._FLOATS or dt.kind == "f" else np.int32)
+        y = _take_along_devices(o.astype(arr, wide), ind, axis, out_shape,
+                                None if fill is None else fill.astype(wide), wrap, who)
+        return o.astype(y, dt)
+    n = arr.shape[axis]
+    place = o._place_of(arr)
+    i32 = _dtypes.int32
+    with o._no_tape():   # integer positions: nothing of them is differentiated
+        w = ind if ind.dtype == i32 else o._convert_to(ind, i32)
+        if wrap:
+            w = o.add(w, o.multiply(o._convert_to(w < 0, i32), n))
+        ok = None if fill is None else (w >= 0) & (w < n)
+        w = o.minimum(o.maximum(w, 0), n - 1)
+        shapes = (tuple(arr.shape), out_shape, axis)
+        base = o.kept_constant(_FLAT_BASES, _FLAT_BASES_MAX, (id(place),) + shapes, place,
+                               _flat_base, shapes)
+        stride = math.prod(arr.shape[axis + 1:])
+        flat = o.add(o.multiply(w, stride) if stride != 1 else w, base)
+        if ok is not None:   # an out-of-range entry reads position -1: a zero, no cotangent
+            flat = o.subtract(o.multiply(o.add(flat, 1), o._convert_to(ok, i32)), 1)
+    if tuple(flat.shape) != out_shape or flat.dtype != i32:
+        raise RuntimeError(f"internal error: {who}'s positions are {flat.dtype} of shape "
+                           f"{flat.shape}, not int32 of {out_shape}")
+    out = _alloc(out_shape, dt, place, [()] * len(out_shape))
+    if len({tuple(b[0].id for b in a._blocks) for a in (out, arr, flat)}) != 1:
+        raise RuntimeError(f"internal error: {who}'s blocks are out of device order")
+    _C.op_gather_rows([b[1] for b in arr._blocks], [b[1] for b in flat._blocks],
+                      [b[1] for b in out._blocks], [0] * len(out._blocks), 1)
+    if dt == np.float32:
+        norm = [()] * len(arr.shape)
+
+        def vjp(g):   # the cotangent scatter-added back to the positions read (-1: dropped)
+            return (_scatter_rows(g, [()] * len(out_shape), np.asarray(flat).reshape(-1), 1,
+                                  tuple(arr.shape), norm, place, 0.0),)
+        o._record(out, (arr,), vjp)
+    if ok is None:
+        return out
+    fill_at = o.kept_constant(_FILLS, _FLAT_BASES_MAX, (id(place), dt, fill.tobytes()), place,
+                              o._lift_any, fill)
+    if dt == np.float32:
+        return o.where(ok, out, fill_at)
+    with o._no_tape():   # the zeros read at -1 plus the fill there (exact: wrapping ints)
+        return o.add(out, o.multiply(o._convert_to(~ok, dt), fill_at))
 
 
 # --- repeat, tile -----------------------------------------------------------------------------

@@ -1851,30 +1851,32 @@ def matmul(a, b, *, precision=None) -> Array:
     >>> np.asarray(cnp.matmul(x, np.eye(2, dtype=np.float32), precision='tensorfloat32')).tolist()
     [[1.0, 1.0]]
     """
-    if precision is None and type(a) is Array and type(b) is Array:
-        # a matrix times a vector, a vector times a matrix: the 2-d product's primitive (its
-        # C plan where it has one; the thread's default precision, as precision=None means)
-        # on the vector as a (K, 1) / (1, K) matrix, reshaped back
-        if b.ndim == 1 and a.ndim >= 2 and a.shape[-1] == b.shape[0]:
-            return reshape(matmul(a, reshape(b, (b.shape[0], 1))), a.shape[:-1])
-        if a.ndim == 1 and b.ndim == 2 and a.shape[0] == b.shape[0]:
-            return reshape(matmul(reshape(a, (1, a.shape[0])), b), (b.shape[1],))
     return _matmul_nd(a, b, _resolve_precision(precision, "matmul"))
 
 
+def _matmul_of(a, b, prec: int) -> Array:
+    """The product of matrices (or a batch) at precision code ``prec``: the primitive (its C
+    plan where it has one) when ``prec`` is the thread's default, which is what the
+    primitive's precision=None computes; else :func:`_matmul_nd`."""
+    if prec == _precision.current_default():
+        return matmul(a, b)
+    return _matmul_nd(a, b, prec)
+
+
 def _matmul_nd(a, b, prec: int) -> Array:
-    """:func:`matmul` with a resolved precision code (0 float32, 1 TF32, 2 bfloat16)."""
+    """:func:`matmul` with a resolved precision code (0 float32, 1 TF32, 2 bfloat16). A
+    vector operand is a (1, K) / (K, 1) matrix, the product reshaped back."""
     a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
+    if (a.ndim == 1 or b.ndim == 1) and a.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
+        raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
     if a.ndim == 1 and b.ndim == 1:    # an inner product: a scalar
-        if a.shape != b.shape:
-            raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
-        return reshape(_matmul_nd(reshape(a, (1, a.shape[0])), reshape(b, (b.shape[0], 1)), prec), ())
+        return reshape(_matmul_of(reshape(a, (1, a.shape[0])), reshape(b, (b.shape[0], 1)), prec), ())
     if a.ndim == 1:
-        return reshape(_matmul_nd(reshape(a, (1, a.shape[0])), b, prec), b.shape[:-2] + (b.shape[-1],))
+        return reshape(_matmul_of(reshape(a, (1, a.shape[0])), b, prec), b.shape[:-2] + (b.shape[-1],))
     if b.ndim == 1:
-        return reshape(_matmul_nd(a, reshape(b, (b.shape[0], 1)), prec), a.shape[:-1])
+        return reshape(_matmul_of(a, reshape(b, (b.shape[0], 1)), prec), a.shape[:-1])
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"matmul: contracting dimensions differ: {a.shape} @ {b.shape}")
     if b.ndim > 2 and b.shape[:-2] != a.shape[:-2]:

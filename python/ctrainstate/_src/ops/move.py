@@ -402,9 +402,21 @@ def _flat_base(arg, place):
     return _o()._lift_any(base.astype(np.int32), place)
 
 
-_FLAT_BASES: dict = {}
-_FILLS: dict = {}   # the fill values (NaN by default for floats) as 0-d Arrays
-_FLAT_BASES_MAX = 64
+# the flat positions' bases, and the 0-d constants (the index bounds, the fill values), kept
+# per placement
+_KEPT: dict = {}
+_KEPT_MAX = 128
+
+
+def _kept(value, dtype, place):
+    """``value`` (a Python int, or a 0-d numpy array of ``dtype``) as a kept 0-d Array of
+    ``dtype`` on ``place``."""
+    key = (id(place), dtype, value if type(value) is int else value.tobytes())
+    return _o().kept_constant(_KEPT, _KEPT_MAX, key, place, _kept_on, (value, dtype))
+
+
+def _kept_on(value_dtype, place):
+    return _o()._lift_any(np.asarray(*value_dtype), place)
 
 
 def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
@@ -421,19 +433,22 @@ def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
     n = arr.shape[axis]
     place = o._place_of(arr)
     i32 = _dtypes.int32
+
+    def c(v):   # an int32 constant there (no scalar copied from the host at each call)
+        return _kept(v, i32, place)
     with o._no_tape():   # integer positions: nothing of them is differentiated
         w = ind if ind.dtype == i32 else o._convert_to(ind, i32)
         if wrap:
-            w = o.add(w, o.multiply(o._convert_to(w < 0, i32), n))
-        ok = None if fill is None else (w >= 0) & (w < n)
-        w = o.minimum(o.maximum(w, 0), n - 1)
+            w = o.add(w, o.multiply(o._convert_to(w < c(0), i32), c(n)))
+        ok = None if fill is None else (w >= c(0)) & (w < c(n))
+        w = o.minimum(o.maximum(w, c(0)), c(n - 1))
         shapes = (tuple(arr.shape), out_shape, axis)
-        base = o.kept_constant(_FLAT_BASES, _FLAT_BASES_MAX, (id(place),) + shapes, place,
-                               _flat_base, shapes)
+        base = o.kept_constant(_KEPT, _KEPT_MAX, (id(place),) + shapes, place, _flat_base,
+                               shapes)
         stride = math.prod(arr.shape[axis + 1:])
-        flat = o.add(o.multiply(w, stride) if stride != 1 else w, base)
+        flat = o.add(o.multiply(w, c(stride)) if stride != 1 else w, base)
         if ok is not None:   # an out-of-range entry reads position -1: a zero, no cotangent
-            flat = o.subtract(o.multiply(o.add(flat, 1), o._convert_to(ok, i32)), 1)
+            flat = o.subtract(o.multiply(o.add(flat, c(1)), o._convert_to(ok, i32)), c(1))
     if tuple(flat.shape) != out_shape or flat.dtype != i32:
         raise RuntimeError(f"internal error: {who}'s positions are {flat.dtype} of shape "
                            f"{flat.shape}, not int32 of {out_shape}")
@@ -451,8 +466,7 @@ def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
         o._record(out, (arr,), vjp)
     if ok is None:
         return out
-    fill_at = o.kept_constant(_FILLS, _FLAT_BASES_MAX, (id(place), dt, fill.tobytes()), place,
-                              o._lift_any, fill)
+    fill_at = _kept(fill, dt, place)
     if dt == np.float32:
         return o.where(ok, out, fill_at)
     with o._no_tape():   # the zeros read at -1 plus the fill there (exact: wrapping ints)

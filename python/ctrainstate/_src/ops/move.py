@@ -51,8 +51,8 @@ from . import ops as _ops
 from ..array.abstract import ShapeDtypeStruct
 from .elementwise import sum_dtype
 from .slicing import _layout_of as lo
-from .slicing import _alloc, _scatter_rows
-from ... import _C
+from .slicing import (_INT32_LIMIT, _KEPT, _KEPT_MAX, _device_index, _gather_rows_at, _kept,
+                      _rows_in_range, _whole)
 from ..array.array import device_put
 from ..array.sharding import NamedSharding
 
@@ -290,7 +290,8 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
     who = "take_along_axis"
     _check_mode(mode, who, ("fill", "clip"))
     arr = _operand(arr, who, "arr")
-    on_devices = _device_indices(indices, arr)
+    on_devices = isinstance(arr, Array) and _whole(arr) and \
+        _device_index(indices, _o()._place_of(arr))
     idx, ishape = (None, tuple(indices.shape)) if on_devices else _index_host(indices, who)
     if axis is None:
         if len(ishape) != 1:
@@ -316,7 +317,7 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
     if _is_abstract(arr) or (idx is None and not on_devices):
         return _sds()(out_shape, arr.dtype)
     n = arr.shape[axis]
-    if _whole_on_devices(arr) and n and math.prod(out_shape) and math.prod(arr.shape) < _INT32_LIMIT:
+    if _whole(arr) and n and math.prod(out_shape) and math.prod(arr.shape) < _INT32_LIMIT:
         if not on_devices:  # host indices placed where arr lives (any int64 out of int32
             # range is out of range of arr too, as its int32 clip)
             idx = _o()._lift_any(np.clip(idx, -_INT32_LIMIT, _INT32_LIMIT - 1).astype(np.int32),
@@ -358,32 +359,8 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
     return getitem(src, tuple(np.ascontiguousarray(f) for f in full))
 
 
-# take_along_axis on the devices: when every device holds ``arr`` whole (one device, or
-# replicated), each gathers its result from its own copy at flat positions computed there from
-# the indices (int32 elementwise ops, C plans): nothing is read to the host. A sharded ``arr``
-# takes the host-planned gather above, which keeps its sharded dimensions sharded.
-
-_INT32_LIMIT = 2 ** 31
-# index dtypes converted to int32 exactly on the devices (uint32 is read on the host instead)
-_DEVICE_INDEX_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.uint8,
-                                                       np.uint16))
-
-
-def _whole_on_devices(a) -> bool:
-    """Whether every device ``a`` lives on holds all of it (one device, or replicated)."""
-    return isinstance(a, Array) and not any(lo(a)[1])
-
-
-def _device_indices(indices, arr) -> bool:
-    """Whether ``indices`` is an integer Array, whole on each device of ``arr``'s placement
-    (which is whole there too), that take_along_axis reads on the devices."""
-    if not (isinstance(indices, Array) and isinstance(arr, Array)
-            and indices.dtype in _DEVICE_INDEX_DTYPES):
-        return False
-    indices._check_alive()
-    return (_whole_on_devices(indices) and _whole_on_devices(arr)
-            and _o()._place_of(indices) is _o()._place_of(arr))
-
+# take_along_axis on the devices (an ``arr`` each device holds whole: the slicing module's
+# device gathers): the flat position of every element read, computed there from the indices.
 
 def _flat_base(arg, place):
     """The int32 flat position in ``arr`` (shape ``ashape``, C order) of each result element
@@ -402,72 +379,34 @@ def _flat_base(arg, place):
     return _o()._lift_any(base.astype(np.int32), place)
 
 
-# the flat positions' bases, and the 0-d constants (the index bounds, the fill values), kept
-# per placement
-_KEPT: dict = {}
-_KEPT_MAX = 128
-
-
-def _kept(value, dtype, place):
-    """``value`` (a Python int, or a 0-d numpy array of ``dtype``) as a kept 0-d Array of
-    ``dtype`` on ``place``."""
-    key = (id(place), dtype, value if type(value) is int else value.tobytes())
-    return _o().kept_constant(_KEPT, _KEPT_MAX, key, place, _kept_on, (value, dtype))
-
-
-def _kept_on(value_dtype, place):
-    return _o()._lift_any(np.asarray(*value_dtype), place)
-
-
 def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
     """take_along_axis of an ``arr`` whole on each device with int Array indices on its
-    placement; ``fill``: the value of out-of-range entries (mode "fill"; None: "clip"). 4-byte
-    elements are gathered as they are, the others through an exact conversion."""
+    placement; ``fill``: the value of out-of-range entries (mode "fill"; None: "clip")."""
     o = _o()
     dt = np.dtype(arr.dtype)
-    if dt.itemsize != 4:
-        wide = np.dtype(np.float32 if dt in o._FLOATS or dt.kind == "f" else np.int32)
-        y = _take_along_devices(o.astype(arr, wide), ind, axis, out_shape,
-                                None if fill is None else fill.astype(wide), wrap, who)
-        return o.astype(y, dt)
     n = arr.shape[axis]
     place = o._place_of(arr)
     i32 = _dtypes.int32
-
-    def c(v):   # an int32 constant there (no scalar copied from the host at each call)
-        return _kept(v, i32, place)
     with o._no_tape():   # integer positions: nothing of them is differentiated
-        w = ind if ind.dtype == i32 else o._convert_to(ind, i32)
-        if wrap:
-            w = o.add(w, o.multiply(o._convert_to(w < c(0), i32), c(n)))
-        ok = None if fill is None else (w >= c(0)) & (w < c(n))
-        w = o.minimum(o.maximum(w, c(0)), c(n - 1))
+        w, ok = _rows_in_range(ind, n, place, wrap)
+        if fill is None:
+            ok = None
         shapes = (tuple(arr.shape), out_shape, axis)
         base = o.kept_constant(_KEPT, _KEPT_MAX, (id(place),) + shapes, place, _flat_base,
                                shapes)
         stride = math.prod(arr.shape[axis + 1:])
-        flat = o.add(o.multiply(w, c(stride)) if stride != 1 else w, base)
-        if ok is not None:   # an out-of-range entry reads position -1: a zero, no cotangent
-            flat = o.subtract(o.multiply(o.add(flat, c(1)), o._convert_to(ok, i32)), c(1))
-    if tuple(flat.shape) != out_shape or flat.dtype != i32:
-        raise RuntimeError(f"internal error: {who}'s positions are {flat.dtype} of shape "
-                           f"{flat.shape}, not int32 of {out_shape}")
-    out = _alloc(out_shape, dt, place, [()] * len(out_shape))
-    if len({tuple(b[0].id for b in a._blocks) for a in (out, arr, flat)}) != 1:
-        raise RuntimeError(f"internal error: {who}'s blocks are out of device order")
-    _C.op_gather_rows([b[1] for b in arr._blocks], [b[1] for b in flat._blocks],
-                      [b[1] for b in out._blocks], [0] * len(out._blocks), 1)
-    if dt == np.float32:
-        norm = [()] * len(arr.shape)
-
-        def vjp(g):   # the cotangent scatter-added back to the positions read (-1: dropped)
-            return (_scatter_rows(g, [()] * len(out_shape), np.asarray(flat).reshape(-1), 1,
-                                  tuple(arr.shape), norm, place, 0.0),)
-        o._record(out, (arr,), vjp)
+        flat = o.add(o.multiply(w, _kept(stride, i32, place)) if stride != 1 else w, base)
+        if ok is not None:   # an out-of-range entry reads position -1: zeros, no cotangent
+            one = _kept(1, i32, place)
+            flat = o.subtract(o.multiply(o.add(flat, one), o._convert_to(ok, i32)), one)
+    if tuple(flat.shape) != out_shape:
+        raise RuntimeError(f"internal error: {who}'s positions have shape {flat.shape}, not "
+                           f"{out_shape}")
+    out = _gather_rows_at(arr, flat, 1, out_shape)
     if ok is None:
         return out
     fill_at = _kept(fill, dt, place)
-    if dt == np.float32:
+    if dt.kind == "f" or dt in o._FLOATS:
         return o.where(ok, out, fill_at)
     with o._no_tape():   # the zeros read at -1 plus the fill there (exact: wrapping ints)
         return o.add(out, o.multiply(o._convert_to(~ok, dt), fill_at))

@@ -52,7 +52,10 @@ or joined dimension sharded over processes, the whole operand reaches every proc
 result has the one-process run's sharding and bits.
 
 Index values are read to the host (an Array index is copied there; one sharded over processes
-is gathered to every process) to plan the copies.
+is gathered to every process) to plan the copies -- except where an Array that every device
+holds whole (one device, or replicated) is indexed by integer Arrays on the same devices (and
+Python ints) in its leading dimensions, ``logits[rows, labels]``, ``table[ids]``: the row
+numbers are then computed on the devices and the rows read there, nothing copied to the host.
 Gradients (float dtypes): the cotangent of a read is scatter-added back (duplicates
 accumulate, in index order: the same bits on any mesh); the transpose of a row gather is a
 row scatter-add and back, so updates differentiate in ``x`` and ``v``. Basic slices and joins
@@ -431,6 +434,9 @@ def getitem(x, idx):
     """``x[idx]``: numpy indexing -- basic (ints, slices of any step, ``None``, ``...``) and
     advanced (integer arrays, boolean masks) -- with jax's conventions (see the module's
     docstring); differentiable for the float dtypes."""
+    y = _device_getitem(x, idx)
+    if y is not None:
+        return y
     nidx = _normalize(idx)
     if not _is_basic(nidx):
         adv = _Advanced(tuple(x.shape), nidx)
@@ -452,6 +458,150 @@ def getitem(x, idx):
         return y
     _, norm = _layout_of(y)
     return _relabel(y, out_shape, [() if k is None else norm[k] for k in keep])
+
+
+# --- gathers at row numbers computed on the devices -----------------------------------------
+#
+# An Array that every device holds whole (one device, or replicated), indexed by integer
+# Arrays that live whole on the same devices: the row numbers are computed there (int32 ops
+# from C plans, the bounds kept constants), each device reads its rows from its own copy with
+# the row gather, and nothing goes through the host. The gradient scatter-adds at the rows
+# read, planned on the host from them when the backward pass runs. Every other index takes
+# the host-planned gather below.
+
+_INT32_LIMIT = 2 ** 31
+# index dtypes converted to int32 exactly on the devices (uint32 indices are read on the host)
+_DEVICE_INDEX_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.uint8,
+                                                       np.uint16))
+_DT_I32 = np.dtype(np.int32)
+
+
+def _whole(a) -> bool:
+    """Whether every device ``a`` lives on holds all of it (one device, or replicated)."""
+    return isinstance(a, Array) and not any(_layout_of(a)[1])
+
+
+def _device_index(i, place) -> bool:
+    """Whether ``i`` is an integer Array read on the devices of ``place``: whole there."""
+    if type(i) is not Array or i.dtype not in _DEVICE_INDEX_DTYPES:
+        return False
+    i._check_alive()
+    return _whole(i) and _o()._place_of(i) is place
+
+
+# the 0-d constants (index bounds, strides, fill values) and the position bases of the device
+# gathers, kept per placement
+_KEPT: dict = {}
+_KEPT_MAX = 128
+
+
+def _kept(value, dtype, place):
+    """``value`` (a Python int, or a 0-d numpy array of ``dtype``) as a kept 0-d Array of
+    ``dtype`` on ``place``: no scalar is copied from the host at each call."""
+    key = (id(place), dtype, value if type(value) is int else value.tobytes())
+    return _o().kept_constant(_KEPT, _KEPT_MAX, key, place, _kept_on, (value, dtype))
+
+
+def _kept_on(value_dtype, place):
+    return _o()._lift_any(np.asarray(*value_dtype), place)
+
+
+def _rows_in_range(i, n: int, place, wrap: bool = True):
+    """(the int32 Array of the integer Array ``i``'s entries -- negative ones wrapped as numpy
+    wraps them, with ``wrap`` -- clamped to [0, n - 1]; the bool Array of the entries in
+    range before the clamp)."""
+    o = _o()
+
+    def c(v):
+        return _kept(v, _DT_I32, place)
+    w = i if i.dtype == _DT_I32 else o._convert_to(i, _DT_I32)
+    if wrap:
+        w = o.add(w, o.multiply(o._convert_to(w < c(0), _DT_I32), c(n)))
+    ok = (w >= c(0)) & (w < c(n))
+    return o.minimum(o.maximum(w, c(0)), c(n - 1)), ok
+
+
+def _device_getitem(x, idx):
+    """``x[idx]`` read on the devices, or None where that does not apply: ``x`` whole on each
+    device and ``idx`` one integer Array on those devices (whole there) or a tuple of them and
+    Python ints (at least one Array) for leading dimensions. The rows (the dimensions after
+    the indexed ones, taken whole) at the broadcast index are read, out-of-range entries
+    clamped after numpy's wrap (jax's gather), their cotangents dropped."""
+    entries = idx if type(idx) is tuple else (idx,)
+    if type(x) is not Array or len(entries) > len(x.shape):
+        return None
+    arrays = False
+    for i in entries:
+        if type(i) is Array:
+            arrays = True
+        elif type(i) is not int:
+            return None
+    if not arrays:
+        return None
+    place = _o()._place_of(x)
+    if not (_whole(x) and all(type(i) is int or _device_index(i, place) for i in entries)):
+        return None
+    shape = tuple(x.shape)
+    k = len(entries)
+    try:
+        bshape = tuple(np.broadcast_shapes(*(i.shape for i in entries if type(i) is Array)))
+    except ValueError:
+        return None   # (the general path raises numpy's IndexError)
+    nrows, q = math.prod(shape[:k]), math.prod(shape[k:])
+    if not (nrows and q and math.prod(bshape)) or nrows >= _INT32_LIMIT:
+        return None
+    o = _o()
+    rows = ok = None
+    const, stride = 0, nrows
+    with o._no_tape():   # row numbers: nothing of them is differentiated
+        for d, i in enumerate(entries):
+            n = shape[d]
+            stride //= n
+            if type(i) is int:
+                if not -n <= i < n:
+                    return None   # (the general path raises IndexError)
+                const += (i % n) * stride
+                continue
+            w, inb = _rows_in_range(i, n, place)
+            ok = inb if ok is None else ok & inb
+            term = o.multiply(w, _kept(stride, _DT_I32, place)) if stride != 1 else w
+            rows = term if rows is None else o.add(rows, term)
+        if const:
+            rows = o.add(rows, _kept(const, _DT_I32, place))
+    return _gather_rows_at(x, rows, q, bshape + shape[k:], ok)
+
+
+def _gather_rows_at(x, rows, q: int, out_shape, keep=None) -> Array:
+    """The Array of ``out_shape`` whose every ``q`` elements are the row ``rows[...]`` of
+    ``x`` seen as (rows, q) (``x`` whole on each device; ``rows`` an int32 Array there, -1
+    for a row of zeros), placed as ``x``. Rows of whole 4-byte words are moved as they are
+    (any dtype); others, and 16-bit floats being differentiated, through an exact float32 /
+    int32 widening. Float32: the gradient scatter-adds the cotangent at ``rows`` (where the
+    bool Array ``keep``, if any, is set)."""
+    o = _o()
+    dt = np.dtype(x.dtype)
+    if (q * dt.itemsize) % 4 or _lowp_tracked(x):
+        wide = np.dtype(np.float32 if dt.kind == "f" or dt in o._FLOATS else np.int32)
+        return o.astype(_gather_rows_at(o.astype(x, wide), rows, q, out_shape, keep), dt)
+    place = o._place_of(x)
+    out = _alloc(out_shape, dt, place, [()] * len(out_shape))
+    if rows.dtype != _DT_I32 or math.prod(rows.shape) * q != math.prod(out_shape):
+        raise RuntimeError(f"internal error: {rows.dtype} row numbers of shape {rows.shape} "
+                           f"for {out_shape} in rows of {q}")
+    if len({tuple(b[0].id for b in a._blocks) for a in (out, x, rows)}) != 1:
+        raise RuntimeError("internal error: a device gather's blocks are out of device order")
+    _C.op_gather_rows([b[1] for b in x._blocks], [b[1] for b in rows._blocks],
+                      [b[1] for b in out._blocks], [0] * len(out._blocks),
+                      q * dt.itemsize // 4)
+    if dt == np.float32:
+        def vjp(g):   # (the row numbers read to the host when the backward pass runs)
+            pos = np.asarray(rows).reshape(-1)
+            if keep is not None:
+                pos = np.where(np.broadcast_to(np.asarray(keep), rows.shape).reshape(-1), pos, -1)
+            return (_scatter_rows(g, [()] * len(out_shape), pos, q, tuple(x.shape),
+                                  [()] * len(x.shape), place, 0.0),)
+        o._record(out, (x,), vjp)
+    return out
 
 
 # --- advanced indexing: a row gather -------------------------------------------------------

@@ -502,16 +502,18 @@ def int_abs(x):
 
 
 def int_where(c, x, y):
-    """``where`` for integer / bool branches: exact select built from the typed kernel."""
+    """``where`` for integer / bool branches: an exact select of typed ops (from their C
+    plans where they have one): ``c * x + (1 - c) * y`` with the condition as 0 / 1 (exact
+    with wrapping ints), for bools ``(c & x) | (~c & y)``."""
     dt = result_type(x, y, who="where")
     place = _place_for((c, x, y))
     xa, ya = _as(x, dt, place), _as(y, dt, place)
     cb = _as_bool(c, place)
     if dt == _BOOL:
-        return _ewise_raw(OR, _ewise_raw(AND, cb, xa), _ewise_raw(AND, _ewise_raw(NOT, cb, None), ya))
-    ci = _o()._convert(cb, dt)   # 0 / 1: c * x + (1 - c) * y is exact with wrapping ints
-    one = _as(1, dt, place)
-    return _ewise_raw(ADD, _ewise_raw(MUL, ci, xa), _ewise_raw(MUL, _ewise_raw(SUB, one, ci), ya))
+        return bitwise_or(bitwise_and(cb, xa), bitwise_and(invert(cb), ya))
+    o = _o()
+    ci = o._convert_to(cb, dt)
+    return o.add(o.multiply(ci, xa), o.multiply(o.subtract(1, ci), ya))
 
 
 # --- integer reductions -------------------------------------------------------------------------

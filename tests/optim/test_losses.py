@@ -35,6 +35,60 @@ def test_integer_labels_masked_class_gives_a_finite_loss_and_grad():
     assert g[0, 1] == 0.0 and g[1, 2] == 0.0
 
 
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)])
+def test_integer_labels_on_the_logits_devices_select_there(monkeypatch, mesh_shape):
+    """Logits every device holds whole (one device; replicated on a 2x4 mesh) and integer
+    label Arrays on the same devices (int32, int8), the class axis last or first, a masked
+    (-inf) class: the labels are read to the host to be checked, but nothing is copied from
+    the host -- no one-hot is built there -- in the loss or in its value_and_grad; the loss
+    and its gradient (softmax - onehot) are the float64 reference's; under jit, labels out
+    of range still raise at every call."""
+    from ctrainstate import _C
+    sh = None if mesh_shape is None else cts.NamedSharding(cts.make_mesh(mesh_shape, ("a", "b")),
+                                                           cts.P())
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 10)).astype(np.float32)
+    lab = rng.integers(0, 10, 6)
+    x[np.arange(6), (lab + 3) % 10] = -np.inf
+    fin = np.where(np.isfinite(x), x, -1e30)
+    cases = []
+    for dt in (np.int32, np.int8):
+        cases.append((cts.device_put(x, sh), cts.device_put(lab.astype(dt), sh), -1,
+                      -_log_softmax(fin, 1)[np.arange(6), lab],
+                      np.exp(_log_softmax(fin, 1)) - np.eye(10, dtype=np.float32)[lab]))
+    cases.append((cts.device_put(np.ascontiguousarray(x.T), sh),
+                  cts.device_put(lab.astype(np.int32), sh), 0,
+                  -_log_softmax(fin, 1)[np.arange(6), lab],
+                  (np.exp(_log_softmax(fin, 1)) - np.eye(10, dtype=np.float32)[lab]).T))
+
+    def run():
+        out = []
+        for xa, la, axis, _, _ in cases:
+            def loss(v):
+                return cnp.sum(optim.softmax_cross_entropy_with_integer_labels(v, la, axis=axis))
+            out.append((optim.softmax_cross_entropy_with_integer_labels(xa, la, axis=axis),
+                        cts.value_and_grad(loss)(xa)))
+        return out
+    run()   # (the constants are made at their first use)
+
+    def refuse(*args):
+        raise AssertionError("a block was copied from the host")
+    with monkeypatch.context() as mp:
+        mp.setattr(_C, "copy_from_host", refuse)
+        got = run()
+    for (xa, la, axis, want, want_g), (per, (total, g)) in zip(cases, got):
+        np.testing.assert_allclose(np.asarray(per), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(total), want.sum(), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-5, atol=1e-7)
+        assert g.sharding == xa.sharding and np.isfinite(np.asarray(g)).all()
+    f = cts.jit(lambda v, la: optim.softmax_cross_entropy_with_integer_labels(v, la))
+    xa = cases[0][0]
+    np.testing.assert_allclose(np.asarray(f(xa, cases[0][1])), cases[0][3], rtol=1e-5, atol=1e-6)
+    for bad in (10, -1):
+        with pytest.raises(ValueError, match=r"labels must be in \[0, 10\)"):
+            f(xa, cts.device_put(np.where(np.arange(6) == 2, bad, lab).astype(np.int32), sh))
+
+
 @pytest.mark.parametrize("mesh_shape,names,spec", [((8,), ("x",), (None, "x")),
                                                    ((2, 4), ("data", "model"), ("data", "model"))])
 def test_integer_labels_masked_class_on_meshes(mesh_shape, names, spec):

@@ -384,32 +384,40 @@ def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
     placement; ``fill``: the value of out-of-range entries (mode "fill"; None: "clip")."""
     o = _o()
     dt = np.dtype(arr.dtype)
-    n = arr.shape[axis]
     place = o._place_of(arr)
-    i32 = _dtypes.int32
     with o._no_tape():   # integer positions: nothing of them is differentiated
-        w, ok = _rows_in_range(ind, n, place, wrap)
-        if fill is None:
-            ok = None
-        shapes = (tuple(arr.shape), out_shape, axis)
-        base = o.kept_constant(_KEPT, _KEPT_MAX, (id(place),) + shapes, place, _flat_base,
-                               shapes)
-        stride = math.prod(arr.shape[axis + 1:])
-        flat = o.add(o.multiply(w, _kept(stride, i32, place)) if stride != 1 else w, base)
-        if ok is not None:   # an out-of-range entry reads position -1: zeros, no cotangent
-            one = _kept(1, i32, place)
-            flat = o.subtract(o.multiply(o.add(flat, one), o._convert_to(ok, i32)), one)
-    if tuple(flat.shape) != out_shape:
-        raise RuntimeError(f"internal error: {who}'s positions have shape {flat.shape}, not "
-                           f"{out_shape}")
-    out = _gather_rows_at(arr, flat, 1, out_shape)
-    if ok is None:
+        w, ok = _rows_in_range(ind, arr.shape[axis], place, wrap)
+    out = _gather_along(arr, w, axis, out_shape, None if fill is None else ok)
+    if fill is None:
         return out
     fill_at = _kept(fill, dt, place)
     if dt.kind == "f" or dt in o._FLOATS:
         return o.where(ok, out, fill_at)
     with o._no_tape():   # the zeros read at -1 plus the fill there (exact: wrapping ints)
         return o.add(out, o.multiply(o._convert_to(~ok, dt), fill_at))
+
+
+def _gather_along(arr, w, axis: int, out_shape, ok=None):
+    """``arr``'s elements (``arr`` whole on each device) at the int32 positions ``w`` along
+    ``axis``, each in range (``w`` has ``arr``'s rank and broadcasts against it in the other
+    dimensions, to ``out_shape``); where the bool Array ``ok`` is unset, zeros and no
+    cotangent."""
+    o = _o()
+    place = o._place_of(arr)
+    i32 = _dtypes.int32
+    with o._no_tape():
+        shapes = (tuple(arr.shape), tuple(out_shape), axis)
+        base = o.kept_constant(_KEPT, _KEPT_MAX, (id(place),) + shapes, place, _flat_base,
+                               shapes)
+        stride = math.prod(arr.shape[axis + 1:])
+        flat = o.add(o.multiply(w, _kept(stride, i32, place)) if stride != 1 else w, base)
+        if ok is not None:   # an entry not ok reads position -1: zeros, no cotangent
+            one = _kept(1, i32, place)
+            flat = o.subtract(o.multiply(o.add(flat, one), o._convert_to(ok, i32)), one)
+    if tuple(flat.shape) != tuple(out_shape):
+        raise RuntimeError(f"internal error: take_along_axis's positions have shape "
+                           f"{flat.shape}, not {tuple(out_shape)}")
+    return _gather_rows_at(arr, flat, 1, tuple(out_shape))
 
 
 # --- repeat, tile -----------------------------------------------------------------------------

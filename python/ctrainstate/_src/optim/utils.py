@@ -7,10 +7,12 @@ from typing import Any, Callable
 
 from ..ops import ops as _ops
 from ..ops.node import op_node
+from ..ops.move import _gather_along
+from ..ops.slicing import _device_index, _whole
 from ..base.tree_util import tree_leaves, tree_map
 from .base import EmptyState, GradientTransformation, GradientTransformationExtraArgs
 from ..numpy_lax import numpy as cnp
-from ...nn.activation import log_softmax
+from ...nn.activation import _iota, log_softmax
 from ..base.tree_util import register_pytree_node
 
 __all__ = ["l2_loss", "squared_error", "softmax_cross_entropy",
@@ -60,9 +62,15 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     class ``axis``, each in ``[0, num_classes)`` (a label outside it raises ValueError: optax
     would silently return a meaningless loss). ``axis`` may be a tuple of class axes, as in
     optax: a label is then the row-major index into those axes taken in the order given.
-    The label's logit is selected (not multiplied) with a one-hot built on the host and
-    placed like ``logits``, so a ``-inf`` logit of another class (a masked-out class) leaves
-    the loss finite, as optax's gather does; this works on any device and sharding."""
+
+    The label's logit is selected, not multiplied, so a ``-inf`` logit of another class (a
+    masked-out class) leaves the loss finite, as optax's gather does. The labels are read to
+    the host to be checked. Logits that every device holds whole (one device, or replicated)
+    with one class axis: the label's logit is read on the devices (the labels placed there
+    first unless they are an integer Array there already), and its cotangent is a one-hot of
+    the labels made there. Otherwise (sharded logits, several class axes) a one-hot built on
+    the host and placed like the logits selects it, which works on any device and
+    sharding."""
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
                                   "supported; weight the per-example losses instead")
@@ -77,15 +85,13 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     else:
         cls = _ops._axes(axis, logits.ndim)
     z = _ops.subtract(logits, _ops.stop_gradient(_ops.max(logits, axis=cls, keepdims=True)))
-    onehot = _label_onehot(labels, z, cls, axis)
-    picked = _ops.sum(_ops._keep(z, onehot), axis=cls)
+    picked = _label_logits(labels, z, cls, axis)
     return _ops.subtract(_ops.log(_ops.sum(_ops.exp(z), axis=cls)), picked)
 
 
-def _label_onehot_host(labels, z, cls, axis):
-    """The labels checked and as a one-hot of ``z``'s shape (batch dims, then the class dims in
-    ``axis``' order, moved to ``z``'s layout), built on the host and placed like ``z`` (as the
-    selection would place it). Under jit, one op node: the labels are read at each call."""
+def _checked_labels(labels, z, cls, axis):
+    """(the labels read to the host, checked against ``z``'s shape and class count, the batch
+    dimensions of ``z``)."""
     lab = np.asarray(labels)
     if not np.issubdtype(lab.dtype, np.integer):
         raise TypeError(f"softmax_cross_entropy_with_integer_labels: labels must be integers, "
@@ -96,18 +102,48 @@ def _label_onehot_host(labels, z, cls, axis):
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels of shape "
                          f"{lab.shape} for logits of shape {z.shape} (axis {axis}); "
                          f"expected {want}")
-    cshape = tuple(z.shape[d] for d in cls)
-    n = int(np.prod(cshape))
+    n = int(np.prod([z.shape[d] for d in cls]))
     if lab.size and (lab.min() < 0 or lab.max() >= n):
         raise ValueError(f"softmax_cross_entropy_with_integer_labels: labels must be in "
                          f"[0, {n}); got values in [{lab.min()}, {lab.max()}]")
+    return lab, batch
+
+
+def _label_logits_of(labels, z, cls, axis):
+    """The labels checked and ``z``'s entry at each (batch dims): read on the devices where
+    ``z`` is whole there and has one class axis, else selected by a one-hot of ``z``'s shape
+    (batch dims, then the class dims in ``axis``' order, moved to ``z``'s layout) built on the
+    host and placed like ``z``. Under jit, one op node: the labels are read at each call."""
+    lab, batch = _checked_labels(labels, z, cls, axis)
+    place = _ops._place_of(z)
+    if len(cls) == 1 and _whole(z):
+        c = cls[0]
+        if not _device_index(labels, place):
+            labels = _ops._lift_any(lab.astype(np.int32), place)
+        elif labels.dtype != np.int32:
+            labels = _ops._convert_to(labels, np.dtype(np.int32))
+        at = tuple(1 if d == c else s for d, s in enumerate(z.shape))
+        labels = _ops.reshape(labels, at)
+        with _ops._no_tape():   # (the labels are in range: checked above)
+            picked = _ops.reshape(_gather_along(z, labels, c, at), lab.shape)
+
+        def vjp(g):   # g at each label's entry: a one-hot of the labels made on the devices
+            iota = _iota(z.shape[c], np.int32, z)
+            if c != z.ndim - 1:
+                iota = _ops.reshape(iota, tuple(z.shape[c] if d == c else 1
+                                                for d in range(z.ndim)))
+            hit = _ops._convert_to(labels == iota, np.dtype(np.float32))
+            return (_ops.multiply(hit, _ops.reshape(g, at)),)
+        return _ops._record(picked, (z,), vjp)
+    cshape = tuple(z.shape[d] for d in cls)
+    want = tuple(z.shape[d] for d in batch)
     order = batch + cls
-    onehot = (lab[..., None] == np.arange(n)).astype(np.float32).reshape(want + cshape)
-    onehot = onehot.transpose([order.index(d) for d in range(z.ndim)])
-    return _ops._lift(onehot, _ops._place_of(z))
+    onehot = (lab[..., None] == np.arange(int(np.prod(cshape)))).astype(np.float32)
+    onehot = onehot.reshape(want + cshape).transpose([order.index(d) for d in range(z.ndim)])
+    return _ops.sum(_ops._keep(z, _ops._lift(onehot, place)), axis=cls)
 
 
-_label_onehot = op_node("softmax_cross_entropy.onehot")(_label_onehot_host)
+_label_logits = op_node("softmax_cross_entropy.label_logits")(_label_logits_of)
 
 
 def global_norm(updates):

@@ -1257,6 +1257,29 @@ def test_maximum_and_minimum_with_a_python_scalar_take_the_two_array_plan(name, 
         _same(g_fast, g_slow)
 
 
+def test_a_kept_constant_is_reused_until_deleted_or_its_placement_changes():
+    """kept_constant: the same Array at every hit; one deleted (or donated) anyway, or a
+    placement that is not the one it was made for, is made again; a full cache is emptied."""
+    made = []
+
+    def make(arg, place):
+        made.append(arg)
+        return _ops._lift_any(np.float32(arg), place)
+    cache = {}
+    place = _ops._place_of(cts.device_put(np.float32(0)))
+    a = _ops.kept_constant(cache, 2, ("k", id(place)), place, make, 1.0)
+    assert _ops.kept_constant(cache, 2, ("k", id(place)), place, make, 1.0) is a
+    a.delete()
+    b = _ops.kept_constant(cache, 2, ("k", id(place)), place, make, 1.0)
+    assert b is not a and not b.is_deleted() and float(np.asarray(b)) == 1.0
+    other = _mesh_sharding(("x", "y")).mesh
+    c = _ops.kept_constant(cache, 2, ("k", id(place)), other, make, 1.0)
+    assert c is not b and _ops._place_of(c) is other
+    _ops.kept_constant(cache, 2, ("j",), place, make, 2.0)
+    _ops.kept_constant(cache, 2, ("i",), place, make, 3.0)   # full: emptied, then kept
+    assert list(cache) == [("i",)] and made == [1.0, 1.0, 1.0, 2.0, 3.0]
+
+
 def test_scalar_constants_are_not_kept_for_nan_or_inside_a_trace():
     x = cts.device_put(np.float32([1.0, np.nan, -3.0]))
     n = len(_ops._CONSTS)

@@ -387,11 +387,14 @@ def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
     place = o._place_of(arr)
     with o._no_tape():   # integer positions: nothing of them is differentiated
         w, ok = _rows_in_range(ind, arr.shape[axis], place, wrap)
-    out = _gather_along(arr, w, axis, out_shape, None if fill is None else ok)
+    floats = dt.kind == "f" or dt in o._FLOATS
+    # (floats: the select below replaces an out-of-range entry's value and drops its
+    # cotangent; ints: it reads a zero, to which the fill is added)
+    out = _gather_along(arr, w, axis, out_shape, None if fill is None or floats else ok)
     if fill is None:
         return out
     fill_at = _kept(fill, dt, place)
-    if dt.kind == "f" or dt in o._FLOATS:
+    if floats:
         return o.where(ok, out, fill_at)
     with o._no_tape():   # the zeros read at -1 plus the fill there (exact: wrapping ints)
         return o.add(out, o.multiply(o._convert_to(~ok, dt), fill_at))

@@ -887,10 +887,15 @@ def kept_constant(cache: dict, limit: int, key, place, make, arg) -> Array:
     if _C.trace_active():
         return make(arg, place)
     hit = cache.get(key)
-    if hit is None or hit[0] is not place or hit[1].is_deleted():
-        if len(cache) >= limit:
-            cache.clear()
-        cache[key] = hit = (place, make(arg, place))
+    if hit is not None and hit[0] is place:
+        try:
+            hit[1]._check_alive()
+            return hit[1]
+        except _C.DonatedBufferError:
+            pass
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = hit = (place, make(arg, place))
     return hit[1]
 
 

@@ -68,9 +68,10 @@ def softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=Non
     the host to be checked. Logits that every device holds whole (one device, or replicated)
     with one class axis: the label's logit is read on the devices (the labels placed there
     first unless they are an integer Array there already), and its cotangent is a one-hot of
-    the labels made there. Otherwise (sharded logits, several class axes) a one-hot built on
-    the host and placed like the logits selects it, which works on any device and
-    sharding."""
+    the labels made there. Otherwise (sharded logits, several class axes) it is selected by a
+    one-hot laid out as the logits, which each device compares for its own block (the labels
+    placed as the batch dimensions); over a sharded class dimension the sums end in
+    all-reduces."""
     if where is not None:
         raise NotImplementedError("softmax_cross_entropy_with_integer_labels: where= is not "
                                   "supported; weight the per-example losses instead")
@@ -111,9 +112,8 @@ def _checked_labels(labels, z, cls, axis):
 
 def _label_logits_of(labels, z, cls, axis):
     """The labels checked and ``z``'s entry at each (batch dims): read on the devices where
-    ``z`` is whole there and has one class axis, else selected by a one-hot of ``z``'s shape
-    (batch dims, then the class dims in ``axis``' order, moved to ``z``'s layout) built on the
-    host and placed like ``z``. Under jit, one op node: the labels are read at each call."""
+    ``z`` is whole there and has one class axis, else selected by a one-hot laid out as ``z``
+    and compared on the devices. Under jit, one op node: the labels are read at each call."""
     lab, batch = _checked_labels(labels, z, cls, axis)
     place = _ops._place_of(z)
     if len(cls) == 1 and _whole(z):
@@ -135,12 +135,39 @@ def _label_logits_of(labels, z, cls, axis):
             hit = _ops._convert_to(labels == iota, np.dtype(np.float32))
             return (_ops.multiply(hit, _ops.reshape(g, at)),)
         return _ops._record(picked, (z,), vjp)
-    cshape = tuple(z.shape[d] for d in cls)
-    want = tuple(z.shape[d] for d in batch)
-    order = batch + cls
-    onehot = (lab[..., None] == np.arange(int(np.prod(cshape)))).astype(np.float32)
-    onehot = onehot.reshape(want + cshape).transpose([order.index(d) for d in range(z.ndim)])
-    return _ops.sum(_ops._keep(z, _ops._lift(onehot, place)), axis=cls)
+    # a one-hot compared on the devices, laid out as z: the labels (placed as z's batch
+    # dimensions) against each class position's flat index (a kept constant placed as z's
+    # class dimensions), so each device compares its own block
+    norm = _ops._axes_of(z)
+    lab_at = [z.shape[d] if d in batch else 1 for d in range(z.ndim)]
+    labd = _ops.device_put(np.ascontiguousarray(lab.astype(np.int32).reshape(lab_at)),
+                           _ops._sharding_for(place, [norm[d] if d in batch else ()
+                                                      for d in range(z.ndim)]))
+    shapes = (tuple(z.shape), tuple(cls), tuple(tuple(norm[d]) for d in cls))
+    flat = _ops.kept_constant(_CLASS_INDEX, 64, (id(place),) + shapes, place, _class_index,
+                              shapes)
+    return _ops.sum(_ops._keep(z, _ops._convert_to(labd == flat, np.dtype(np.float32))),
+                    axis=cls)
+
+
+_CLASS_INDEX: dict = {}
+
+
+def _class_index(shapes, place):
+    """The int32 row-major flat index over the class dimensions ``cls`` (in that order) of
+    every class position of a ``shape`` Array, size 1 along its other dimensions, placed as
+    the class dimensions' mesh axes ``cnorm``."""
+    shape, cls, cnorm = shapes
+    idx = np.zeros([shape[d] if d in cls else 1 for d in range(len(shape))], np.int64)
+    stride = 1
+    for d in reversed(cls):
+        k = np.arange(shape[d], dtype=np.int64) * stride
+        idx = idx + k.reshape([-1 if e == d else 1 for e in range(len(shape))])
+        stride *= shape[d]
+    norm = [()] * len(shape)
+    for d, axes in zip(cls, cnorm):
+        norm[d] = axes
+    return _ops.device_put(idx.astype(np.int32), _ops._sharding_for(place, norm))
 
 
 _label_logits = op_node("softmax_cross_entropy.label_logits")(_label_logits_of)

@@ -548,16 +548,92 @@ def _take_along_reference(h, idx, axis, mode=None, fill_value=None, wrap=True):
     coords = [np.where(np.array(h.shape)[d] == 1, 0, c) for d, c in enumerate(coords)]
     pos = np.where(np.broadcast_to(ok, vals.shape), np.ravel_multi_index(coords, h.shape), -1)
     if mode != "clip":
-        if fill_value is not None:
-            fill = np.asarray(fill_value).astype(h.dtype)
-        elif h.dtype == np.bool_:
-            fill = np.bool_(True)
-        elif h.dtype.kind in "iu":
-            fill = np.iinfo(h.dtype).min if h.dtype.kind == "i" else np.iinfo(h.dtype).max
-        else:
-            fill = np.asarray(np.nan, h.dtype)
+        fill = _fill_of(h.dtype) if fill_value is None else fill_value
         vals = np.where(np.broadcast_to(ok, vals.shape), vals, np.asarray(fill, h.dtype))
     return vals.astype(h.dtype), pos
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (2, 4)])
+def test_take_of_an_array_whole_on_each_device_runs_on_the_devices(monkeypatch, mesh_shape):
+    """take of an Array that every device holds whole (one device; replicated on a mesh) with
+    integer Array indices there, modes "fill" (a given fill value too) and "clip", along
+    every axis and flattened, for every stored dtype and the index dtypes int8 / uint16 /
+    int32: no block is copied to or from the host; the values are numpy's under jax's rules
+    (fill: negative entries in range wrap, others read the fill; clip: clamped, negative
+    ones to 0); the result is placed as ``a``; the gradient adds the cotangent at the rows
+    read, none for entries out of range in mode "fill"."""
+    from ctrainstate import _C
+    sh = None if mesh_shape is None else cts.NamedSharding(cts.make_mesh(mesh_shape, (D, M)),
+                                                           cts.P())
+    rng = np.random.default_rng(12)
+    shape = (3, 5, 4)
+    cases = []   # (dtype, index host array, axis, keywords)
+    for dt in DTYPES + [np.int8, np.uint16]:
+        cases.append((dt, rng.integers(-7, 7, (2, 3)).astype(np.int32), 1, {}))
+    cases += [(np.float32, rng.integers(-5, 6, (4,)).astype(np.int8), 0, {"mode": "clip"}),
+              (np.float32, rng.integers(0, 7, (3, 2)).astype(np.uint16), 2, {"fill_value": -1.5}),
+              (np.int32, rng.integers(-9, 9, (5,)).astype(np.int32), 2, {"mode": "clip"}),
+              (np.float32, rng.integers(-70, 70, (6,)).astype(np.int32), None, {})]
+    arrays = [(cts.device_put(rng.integers(0, 200, shape).astype(dt) if dt in (np.int8, np.uint16)
+                              else _data(shape, dt, seed=k), sh), cts.device_put(idx, sh), axis, kw)
+              for k, (dt, idx, axis, kw) in enumerate(cases)]
+
+    def run():
+        return [cnp.take(x, i, axis=axis, **kw) for x, i, axis, kw in arrays]
+    # the constants are made at their first use (in a cache emptied when full: emptied
+    # first, so the warm-up's all stay)
+    _slicing._KEPT.clear()
+    run()
+
+    def refuse(*args):
+        raise AssertionError("a block went through the host")
+    with monkeypatch.context() as mp:
+        for name in ("copy_to_host", "copy_from_host"):
+            mp.setattr(_C, name, refuse)
+        got = run()
+
+    def reference(h, hi, axis, kw):
+        if axis is None:
+            h, axis = h.reshape(-1), 0
+        n = h.shape[axis]
+        if kw.get("mode") == "clip":
+            return np.take(h, np.clip(hi, 0, n - 1), axis), np.ones(hi.shape, bool), axis
+        w = np.where(hi < 0, hi + n, hi)
+        ok = (w >= 0) & (w < n)
+        vals = np.take(h, np.clip(w, 0, n - 1), axis)
+        at = (1,) * axis + hi.shape + (1,) * (h.ndim - axis - 1)
+        fill = np.asarray(_fill_of(h.dtype) if "fill_value" not in kw else kw["fill_value"])
+        return np.where(ok.reshape(at), vals, fill.astype(h.dtype)), ok, axis
+    for (x, i, axis, kw), out in zip(arrays, got):
+        want, _, _ = reference(np.asarray(x), np.asarray(i).astype(np.int64), axis, kw)
+        _assert_same(out, want, f"{x.dtype} {axis} {np.asarray(i).dtype} {kw}")
+        assert out.sharding == (sh or x.sharding)
+    for x, i, axis, kw in arrays:
+        if x.dtype != np.float32:
+            continue
+        h, hi = np.asarray(x), np.asarray(i).astype(np.int64)
+        flat = h.reshape(-1) if axis is None else h
+        _, ok, ax = reference(h, hi, axis, kw)
+        n = flat.shape[ax]
+        w = np.clip(hi if kw.get("mode") == "clip" else np.where(hi < 0, hi + n, hi), 0, n - 1)
+        c = rng.standard_normal(np.take(flat, w, ax).shape).astype(np.float32)
+        g = cts.grad(lambda v: cnp.sum(cnp.take(v, i, axis=axis, **kw) * cts.device_put(c, sh)))(x)
+        lead, q = int(np.prod(flat.shape[:ax])), int(np.prod(flat.shape[ax + 1:]))
+        want = np.zeros((n, lead, q), np.float32)
+        cc = c.reshape(lead, hi.size, q).transpose(1, 0, 2)
+        np.add.at(want, w.reshape(-1)[ok.reshape(-1)], cc[ok.reshape(-1)])
+        np.testing.assert_allclose(np.asarray(g).reshape(lead, n, q), want.transpose(1, 0, 2),
+                                   rtol=1e-6, atol=0, err_msg=f"{axis} {kw}")
+
+
+def _fill_of(dtype):
+    """jax's default fill of an out-of-range read: NaN, the int's end, True."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return True
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
+    return np.nan
 
 
 @pytest.mark.parametrize("mesh_shape", [None, (2, 4)])

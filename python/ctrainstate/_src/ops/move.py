@@ -226,8 +226,13 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     most negative int32, the largest uint32, True for bools) and passes no gradient;
     ``"clip"`` -- indices clamped to [0, n - 1] (negative ones to 0: jax's take does not wrap
     them in this mode); ``"wrap"`` -- indices modulo n. (``"raise"`` / ``"promise_in_bounds"``
-    raise ``ValueError``, as jax refuses them.) ``indices`` is read to the host (an Array too).
+    raise ``ValueError``, as jax refuses them.)
 
+    Where it runs: an ``a`` that every device holds whole (one device, or replicated), in
+    modes "fill" and "clip", is read on the devices at row numbers computed there from the
+    indices (an integer Array on the same devices, held whole there, stays there; host
+    indices are placed there first): nothing is copied to the host, and the result is placed
+    as ``a``. Otherwise the indices are read to the host (an Array too) to plan the gather.
     Sharding: the other dimensions keep their mesh axes; ``axis`` comes out unsharded (a
     float32 ``a`` keeps it sharded while gathering: each device takes the rows its block holds
     and an all-reduce completes them). The gradient scatter-adds the cotangent (duplicates
@@ -243,7 +248,8 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
     who = "take"
     _check_mode(mode, who, ("fill", "clip", "wrap"))
     a = _operand(a, who)
-    idx, ishape = _index_host(indices, who)
+    on_devices = isinstance(a, Array) and _whole(a) and _device_index(indices, _o()._place_of(a))
+    idx, ishape = (None, tuple(indices.shape)) if on_devices else _index_host(indices, who)
     if axis is None:
         a = _reshape(a, (math.prod(a.shape),))
         axis = 0
@@ -254,8 +260,16 @@ def take(a, indices, axis=None, mode=None, unique_indices=False, indices_are_sor
         raise IndexError(f"{who}: cannot take a non-empty selection (indices of shape "
                          f"{tuple(ishape)}) from the empty axis {axis} of an array of shape "
                          f"{tuple(a.shape)}")
-    if _is_abstract(a) or idx is None:
+    if _is_abstract(a) or (idx is None and not on_devices):
         return _sds()(out_shape, a.dtype)
+    if (mode != "wrap" and _whole(a) and a.shape[axis] and math.prod(out_shape)
+            and math.prod(a.shape) < _INT32_LIMIT):
+        if not on_devices:
+            indices = _placed_indices(idx, a)
+        fill = None if mode == "clip" else _fill_value(a.dtype, fill_value, who)
+        return _take_devices(a, indices, axis, out_shape, fill)
+    if on_devices:
+        idx, _ = _index_host(indices, who)
     return _read_with_mode(a, idx, axis, mode, fill_value, who, clip_wraps=False)
 
 
@@ -318,13 +332,11 @@ def take_along_axis(arr, indices, axis=-1, mode=None, fill_value=None, *,
         return _sds()(out_shape, arr.dtype)
     n = arr.shape[axis]
     if _whole(arr) and n and math.prod(out_shape) and math.prod(arr.shape) < _INT32_LIMIT:
-        if not on_devices:  # host indices placed where arr lives (any int64 out of int32
-            # range is out of range of arr too, as its int32 clip)
-            idx = _o()._lift_any(np.clip(idx, -_INT32_LIMIT, _INT32_LIMIT - 1).astype(np.int32),
-                                 _o()._place_of(arr))
+        if not on_devices:
+            indices = _placed_indices(idx, arr)
         fill = None if mode == "clip" else _fill_value(arr.dtype, fill_value, who)
-        return _take_along_devices(arr, indices if on_devices else idx, axis, out_shape, fill,
-                                   wrap_negative_indices, who)
+        return _take_along_devices(arr, indices, axis, out_shape, fill, wrap_negative_indices,
+                                   who)
     if on_devices:
         idx, _ = _index_host(indices, who)
     w = np.where(idx < 0, idx + n, idx) if wrap_negative_indices else idx
@@ -379,6 +391,61 @@ def _flat_base(arg, place):
     return _o()._lift_any(base.astype(np.int32), place)
 
 
+def _placed_indices(idx, a):
+    """Host indices (int64) as an int32 Array where ``a`` lives (an entry out of int32's
+    range is out of ``a``'s too, as its int32 clip)."""
+    return _o()._lift_any(np.clip(idx, -_INT32_LIMIT, _INT32_LIMIT - 1).astype(np.int32),
+                          _o()._place_of(a))
+
+
+def _with_fill(out, ok, fill, floats: bool, place):
+    """``out`` where the bool Array ``ok`` (broadcasting) is set, else ``fill``: a select for
+    floats (which drops the cotangents there); for ints, whose ``out`` holds zeros there, the
+    fill added (exact: wrapping ints)."""
+    o = _o()
+    fill_at = _kept(fill, np.dtype(out.dtype), place)
+    if floats:
+        return o.where(ok, out, fill_at)
+    with o._no_tape():
+        return o.add(out, o.multiply(o._convert_to(~ok, np.dtype(out.dtype)), fill_at))
+
+
+def _take_devices(a, ind, axis, out_shape, fill):
+    """take of an ``a`` whole on each device with int Array indices on its placement, in
+    mode "fill" (``fill``: the value of out-of-range entries; negative ones in range wrap) or
+    "clip" (None: clamped, negative ones to 0): each device reads the rows (the dimensions
+    after ``axis``) of its own copy at ``p * n + index`` for every leading position ``p``."""
+    o = _o()
+    dt = np.dtype(a.dtype)
+    place = o._place_of(a)
+    i32 = _dtypes.int32
+    n, lead = a.shape[axis], math.prod(a.shape[:axis])
+    ni = math.prod(ind.shape)
+    floats = dt.kind == "f" or dt in o._FLOATS
+    with o._no_tape():   # integer positions: nothing of them is differentiated
+        w, ok = _rows_in_range(ind, n, place, fill is not None)
+        rows = o.reshape(w, (1, ni))
+        if lead > 1:
+            rows = o.add(rows, o.kept_constant(_KEPT, _KEPT_MAX, (id(place), "take", lead, n),
+                                               place, _lead_rows, (lead, n)))
+        if fill is not None and not floats:   # (a zero read where out of range)
+            one = _kept(1, i32, place)
+            rows = o.subtract(o.multiply(o.add(rows, one),
+                                         o._convert_to(o.reshape(ok, (1, ni)), i32)), one)
+    out = _gather_rows_at(a, rows, math.prod(a.shape[axis + 1:]), out_shape)
+    if fill is None:
+        return out
+    at = (1,) * axis + tuple(ind.shape) + (1,) * (len(a.shape) - axis - 1)
+    return _with_fill(out, o.reshape(ok, at), fill, floats, place)
+
+
+def _lead_rows(lead_n, place):
+    """The first row of every leading position in the (lead * n, q) view: (lead, 1)."""
+    lead, n = lead_n
+    return _o()._lift_any((np.arange(lead, dtype=np.int64) * n).astype(np.int32)
+                          .reshape(lead, 1), place)
+
+
 def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
     """take_along_axis of an ``arr`` whole on each device with int Array indices on its
     placement; ``fill``: the value of out-of-range entries (mode "fill"; None: "clip")."""
@@ -391,13 +458,7 @@ def _take_along_devices(arr, ind, axis, out_shape, fill, wrap, who):
     # (floats: the select below replaces an out-of-range entry's value and drops its
     # cotangent; ints: it reads a zero, to which the fill is added)
     out = _gather_along(arr, w, axis, out_shape, None if fill is None or floats else ok)
-    if fill is None:
-        return out
-    fill_at = _kept(fill, dt, place)
-    if floats:
-        return o.where(ok, out, fill_at)
-    with o._no_tape():   # the zeros read at -1 plus the fill there (exact: wrapping ints)
-        return o.add(out, o.multiply(o._convert_to(~ok, dt), fill_at))
+    return out if fill is None else _with_fill(out, ok, fill, floats, place)
 
 
 def _gather_along(arr, w, axis: int, out_shape, ok=None):

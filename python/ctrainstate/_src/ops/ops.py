@@ -1856,22 +1856,25 @@ def matmul(a, b, *, precision=None) -> Array:
     >>> np.asarray(cnp.matmul(x, np.eye(2, dtype=np.float32), precision='tensorfloat32')).tolist()
     [[1.0, 1.0]]
     """
-    return _matmul_nd(a, b, _resolve_precision(precision, "matmul"))
+    return _matmul_nd(a, b, None if precision is None else
+                      _resolve_precision(precision, "matmul"))
 
 
-def _matmul_of(a, b, prec: int) -> Array:
-    """The product of matrices (or a batch) at precision code ``prec``: the primitive (its C
-    plan where it has one) when ``prec`` is the thread's default, which is what the
-    primitive's precision=None computes; else :func:`_matmul_nd`."""
-    if prec == _precision.current_default():
+def _matmul_of(a, b, prec) -> Array:
+    """The product of matrices (or a batch) at precision code ``prec`` (None: the thread's
+    default): the primitive (its C plan where it has one) at the thread's default precision,
+    which is what the primitive's precision=None computes; else :func:`_matmul_nd`."""
+    if prec is None or prec == _precision.current_default():
         return matmul(a, b)
     return _matmul_nd(a, b, prec)
 
 
-def _matmul_nd(a, b, prec: int) -> Array:
-    """:func:`matmul` with a resolved precision code (0 float32, 1 TF32, 2 bfloat16). A
-    vector operand is a (1, K) / (K, 1) matrix, the product reshaped back."""
-    a, b = _lift_pair(a, b)
+def _matmul_nd(a, b, prec) -> Array:
+    """:func:`matmul` with a resolved precision code (0 float32, 1 TF32, 2 bfloat16; None:
+    the thread's default). A vector operand is a (1, K) / (K, 1) matrix, the product
+    reshaped back."""
+    if type(a) is not Array or type(b) is not Array:
+        a, b = _lift_pair(a, b)
     if a.ndim < 1 or b.ndim < 1:
         raise ValueError("matmul needs arrays of rank >= 1")
     if (a.ndim == 1 or b.ndim == 1) and a.shape[-1] != b.shape[0 if b.ndim == 1 else -2]:
@@ -1887,7 +1890,7 @@ def _matmul_nd(a, b, prec: int) -> Array:
     if b.ndim > 2 and b.shape[:-2] != a.shape[:-2]:
         raise ValueError(f"matmul: batch dimensions differ: {a.shape} @ {b.shape} "
                          f"(b must be 2-d or have a's batch dimensions)")
-    return _matmul(a, b, False, False, prec)
+    return _matmul(a, b, False, False, _resolve_precision(None) if prec is None else prec)
 
 
 def _tview(norm, shape, t):

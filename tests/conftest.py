@@ -437,6 +437,23 @@ def flat_tree(tree, prefix=""):
     return out
 
 
+def without_host_copies(monkeypatch, run):
+    """``run()`` twice: once to make the device constants it keeps (the device gathers' cache
+    emptied first, so that none of the warm-up's is evicted before the second run), then with
+    every copy to or from the host refused (an AssertionError); the second run's result."""
+    from ctrainstate import _C
+    from ctrainstate._src.ops import slicing
+    slicing._KEPT.clear()
+    run()
+
+    def refuse(*args):
+        raise AssertionError("a block went through the host")
+    with monkeypatch.context() as mp:
+        for name in ("copy_to_host", "copy_from_host"):
+            mp.setattr(_C, name, refuse)
+        return run()
+
+
 def on_gpu(*arrays) -> bool:
     """Whether any of these ctrainstate Arrays has a shard on a GPU device."""
     return any(d.platform != "cpu" for a in arrays for d in a.devices())

@@ -16,7 +16,7 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate._src.ops import slicing as _slicing
+from conftest import without_host_copies
 
 BF16 = cnp.bfloat16
 DTYPES = [np.float32, BF16, np.float16, np.int32, np.uint32, np.bool_]
@@ -562,35 +562,23 @@ def test_take_of_an_array_whole_on_each_device_runs_on_the_devices(monkeypatch, 
     (fill: negative entries in range wrap, others read the fill; clip: clamped, negative
     ones to 0); the result is placed as ``a``; the gradient adds the cotangent at the rows
     read, none for entries out of range in mode "fill"."""
-    from ctrainstate import _C
     sh = None if mesh_shape is None else cts.NamedSharding(cts.make_mesh(mesh_shape, (D, M)),
                                                            cts.P())
     rng = np.random.default_rng(12)
     shape = (3, 5, 4)
-    cases = []   # (dtype, index host array, axis, keywords)
+    cases = []   # (dtype, shape, index host array, axis, keywords)
     for dt in DTYPES + [np.int8, np.uint16]:
-        cases.append((dt, rng.integers(-7, 7, (2, 3)).astype(np.int32), 1, {}))
-    cases += [(np.float32, rng.integers(-5, 6, (4,)).astype(np.int8), 0, {"mode": "clip"}),
-              (np.float32, rng.integers(0, 7, (3, 2)).astype(np.uint16), 2, {"fill_value": -1.5}),
-              (np.int32, rng.integers(-9, 9, (5,)).astype(np.int32), 2, {"mode": "clip"}),
-              (np.float32, rng.integers(-70, 70, (6,)).astype(np.int32), None, {})]
-    arrays = [(cts.device_put(rng.integers(0, 200, shape).astype(dt) if dt in (np.int8, np.uint16)
-                              else _data(shape, dt, seed=k), sh), cts.device_put(idx, sh), axis, kw)
-              for k, (dt, idx, axis, kw) in enumerate(cases)]
+        cases.append((dt, shape, rng.integers(-7, 7, (2, 3)).astype(np.int32), 1, {}))
+    cases += [
+        (np.float32, shape, rng.integers(-5, 6, (4,)).astype(np.int8), 0, {"mode": "clip"}),
+        (np.float32, shape, rng.integers(0, 7, (3, 2)).astype(np.uint16), 2, {"fill_value": -1.5}),
+        (np.int32, shape, rng.integers(-9, 9, (5,)).astype(np.int32), 2, {"mode": "clip"}),
+        (np.float32, shape, rng.integers(-70, 70, (6,)).astype(np.int32), None, {})]
+    arrays = _placed_cases(cases, sh, rng)
 
     def run():
         return [cnp.take(x, i, axis=axis, **kw) for x, i, axis, kw in arrays]
-    # the constants are made at their first use (in a cache emptied when full: emptied
-    # first, so the warm-up's all stay)
-    _slicing._KEPT.clear()
-    run()
-
-    def refuse(*args):
-        raise AssertionError("a block went through the host")
-    with monkeypatch.context() as mp:
-        for name in ("copy_to_host", "copy_from_host"):
-            mp.setattr(_C, name, refuse)
-        got = run()
+    got = without_host_copies(monkeypatch, run)
 
     def reference(h, hi, axis, kw):
         if axis is None:
@@ -626,6 +614,14 @@ def test_take_of_an_array_whole_on_each_device_runs_on_the_devices(monkeypatch, 
                                    rtol=1e-6, atol=0, err_msg=f"{axis} {kw}")
 
 
+def _placed_cases(cases, sh, rng):
+    """(operand, indices, axis, keywords) of each (dtype, shape, host indices, axis,
+    keywords), both placed with ``sh``: the operand of _data (int8 / uint16: random ints)."""
+    return [(cts.device_put(rng.integers(0, 200, shape).astype(dt) if dt in (np.int8, np.uint16)
+                            else _data(shape, dt, seed=k), sh), cts.device_put(idx, sh), axis, kw)
+            for k, (dt, shape, idx, axis, kw) in enumerate(cases)]
+
+
 def _fill_of(dtype):
     """jax's default fill of an out-of-range read: NaN, the int's end, True."""
     dtype = np.dtype(dtype)
@@ -647,7 +643,6 @@ def test_take_along_axis_of_an_array_whole_on_each_device_runs_on_the_devices(mo
     are numpy's under jax's rules, the result is placed as the operand, and the gradient
     scatter-adds the cotangent to the positions read (duplicates adding, out-of-range
     entries passing none), as numpy's add.at does."""
-    from ctrainstate import _C
     sh = None if mesh_shape is None else cts.NamedSharding(cts.make_mesh(mesh_shape, (D, M)),
                                                            cts.P())
     rng = np.random.default_rng(11)
@@ -663,23 +658,11 @@ def test_take_along_axis_of_an_array_whole_on_each_device_runs_on_the_devices(mo
         (np.int32, (3, 5), rng.integers(-6, 6, (3, 5)).astype(np.int32), 0, {"fill_value": 7}),
         (np.float32, (2, 3, 4), rng.integers(-30, 30, (10,)).astype(np.int32), None, {}),
     ]
-    arrays = [(cts.device_put(rng.integers(0, 200, shape).astype(dt) if dt in (np.int8, np.uint16)
-                              else _data(shape, dt, seed=k), sh), cts.device_put(idx, sh), axis, kw)
-              for k, (dt, shape, idx, axis, kw) in enumerate(cases)]
+    arrays = _placed_cases(cases, sh, rng)
 
     def run():
         return [cnp.take_along_axis(x, i, axis=axis, **kw) for x, i, axis, kw in arrays]
-    # the constants are made at their first use (in a cache emptied when full: emptied
-    # first, so the warm-up's all stay)
-    _slicing._KEPT.clear()
-    run()
-
-    def refuse(*args):
-        raise AssertionError("a block went through the host")
-    with monkeypatch.context() as mp:
-        for name in ("copy_to_host", "copy_from_host"):
-            mp.setattr(_C, name, refuse)
-        got = run()
+    got = without_host_copies(monkeypatch, run)
     for (x, i, axis, kw), out in zip(arrays, got):
         h, hi = np.asarray(x), np.asarray(i)
         if axis is None:

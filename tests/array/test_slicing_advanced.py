@@ -10,8 +10,7 @@ import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-from ctrainstate._src.ops import slicing as _slicing
-from conftest import assert_same_bits, on_gpu
+from conftest import assert_same_bits, on_gpu, without_host_copies
 
 MESHES = [((1,), ("x",)), ((8,), ("x",)), ((2, 4), ("data", "model"))]
 SHAPE = (8, 4, 6)
@@ -159,7 +158,6 @@ def test_integer_array_indices_of_an_array_whole_on_each_device_are_read_there(m
     for every stored dtype; negative entries wrap and out-of-range ones are clamped (jax's
     gather); the result is placed as ``x``; the gradient adds the cotangent at the entries
     in range, as numpy's add.at."""
-    from ctrainstate import _C
     sh = None if mesh_shape is None else cts.NamedSharding(cts.make_mesh(mesh_shape, ("a", "b")),
                                                            cts.P())
     rng = np.random.default_rng(5)
@@ -181,17 +179,7 @@ def test_integer_array_indices_of_an_array_whole_on_each_device_are_read_there(m
 
     def run():
         return {(dt, e): x[index(e, ia)] for dt, x in xs.items() for e in keys}
-    # the constants are made at their first use (in a cache emptied when full: emptied
-    # first, so the warm-up's all stay)
-    _slicing._KEPT.clear()
-    run()
-
-    def refuse(*args):
-        raise AssertionError("a block went through the host")
-    with monkeypatch.context() as mp:
-        for name in ("copy_to_host", "copy_from_host"):
-            mp.setattr(_C, name, refuse)
-        got = run()
+    got = without_host_copies(monkeypatch, run)
     for (dt, e), y in got.items():
         want, _, _ = _clamped(hs[dt], index(e, ih))
         assert_same_bits(y, want, on_gpu(y), f"{np.dtype(dt)} {e}")

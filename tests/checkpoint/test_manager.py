@@ -233,7 +233,8 @@ _SCRIPT = textwrap.dedent("""
 
     def slow_or_failing(plan, tmp, md):
         time.sleep(0.3)
-        if "bad" in tmp:
+        # (the manager's directory: the temporary name's random hex part may hold "bad" too)
+        if os.path.basename(os.path.dirname(tmp)) == "bad":
             raise OSError(28, "No space left on device")
         real(plan, tmp, md)
     _store.write_plan = slow_or_failing

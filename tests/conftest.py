@@ -148,6 +148,7 @@ class _LiveImportGuard:
 
 _guard = None
 _wholly_live_modules = set()
+_twin_passed: dict[str, bool] = {}   # live twin node id -> no phase of it failed or skipped
 
 
 def pytest_addoption(parser):
@@ -161,6 +162,14 @@ def pytest_addoption(parser):
     g.addoption("--record-vectors", action="store_true", default=False,
                 help="store the live values that `jax_ref` tests compare against in "
                      "tests/data/recorded/ (tools/record_vectors.py)")
+    g.addoption("--live-twins", choices=("all", "changed"), default="all",
+                help="the live twins of `jax_ref` tests to run: all, or (CI) only those of the "
+                     "modules changed since their recordings were last checked against the "
+                     "installed jax (tests/data/recorded/checked.json)")
+    g.addoption("--stamp-recordings", action="store_true", default=False,
+                help="run only the live twins of `jax_ref` tests and note in "
+                     "tests/data/recorded/checked.json each module whose twins all passed "
+                     "(tools/record_vectors.py)")
 
 
 def _live_allowed(config) -> bool:
@@ -169,7 +178,7 @@ def _live_allowed(config) -> bool:
     if live is None:
         live = config._ctrainstate_live = bool(
             config.getoption("--parity") or config.getoption("--record-vectors")
-            or config.option.markexpr or any("::" in str(a) for a in config.args))
+            or config.getoption("--stamp-recordings") or config.option.markexpr or any("::" in str(a) for a in config.args))
     return live
 
 
@@ -240,19 +249,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("parity") is None and uses_jax_live(item):
             item.add_marker(pytest.mark.parity)
-    if config.getoption("--record-vectors"):  # only the live twins of jax_ref tests record
-        keep = [i for i in items if getattr(i, "callspec", None) is not None
-                and i.callspec.params.get("jax_ref") == "live"]
-        drop = [i for i in items if i not in set(keep)]
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-            items[:] = keep
+    twins: dict[str, list] = {}   # module path -> its live twins
+    for i in items:
+        if _is_live_twin(i):
+            twins.setdefault(str(i.path), []).append(i)
+    config._ctrainstate_twins = {p: {i.nodeid for i in its} for p, its in twins.items()}
+    drop = []
+    if config.getoption("--record-vectors") or config.getoption("--stamp-recordings"):
+        drop = [i for i in items if not _is_live_twin(i)]  # only the live twins record / check
+    if config.getoption("--live-twins") == "changed":
+        same = _recorded.unchanged_modules(twins, _recorded.read_checked(),
+                                           _recorded.live_versions())
+        skipped = [i for p in sorted(same) for i in twins[p]]
+        config._ctrainstate_unchanged = (len(same), len(twins), len(skipped))
+        drop += skipped
+    if drop:
+        gone = {id(i) for i in drop}
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if id(i) not in gone]
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _is_live_twin(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("jax_ref") == "live"
 
 
 class _Shard:
@@ -298,6 +323,12 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
+    if _is_live_twin(item):   # (for --stamp-recordings: a twin passed if no phase failed)
+        rep = outcome.get_result()
+        if rep.failed or rep.skipped:
+            _twin_passed[item.nodeid] = False
+        elif rep.when == "call":
+            _twin_passed.setdefault(item.nodeid, True)
     if _guard is None:
         return
     tried = _guard.attempts.pop(item.nodeid, None)
@@ -311,6 +342,14 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    unchanged = getattr(config, "_ctrainstate_unchanged", None)
+    if unchanged is not None:
+        same, modules, n = unchanged
+        terminalreporter.write_line(
+            f"live twins: {n} deselected ({same} of the {modules} modules that have them are "
+            f"unchanged since their recordings were checked against jax "
+            f"{_recorded.live_versions()['jax']}: tests/data/recorded/checked.json; "
+            "`--live-twins=all` runs them)")
     if _live_allowed(config):
         return
     n = len(terminalreporter.stats.get("deselected", ()))
@@ -330,6 +369,16 @@ def pytest_sessionfinish(session, exitstatus):
             for p in written:
                 tr.ensure_newline()
                 tr.write_line(f"recorded: {os.path.relpath(p)}")
+    if config.getoption("--stamp-recordings"):
+        stamped = _recorded.stamp_checked(config._ctrainstate_twins,
+                                          {k for k, v in _twin_passed.items() if v},
+                                          _recorded.live_versions())
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.ensure_newline()
+            tr.write_line(f"recordings checked against jax: {len(stamped)} of "
+                          f"{len(config._ctrainstate_twins)} modules noted in "
+                          f"{os.path.relpath(_recorded.CHECKED)}")
     if _live_allowed(config) or os.environ.get("CTRAINSTATE_SANITIZED") == "1":
         return
     leaked = sorted(m for m in parity_marking.LIVE_ROOTS if sys.modules.get(m) is not None)

@@ -391,6 +391,118 @@ class JaxRef:
         return os.path.relpath(self._store.path(self._module))
 
 
+# --- which modules' recordings were checked against jax ------------------------------------
+#
+# A live twin recomputes jax's side of its test and checks the recording against it. With jax
+# pinned, that can only find something when what jax is asked to compute changed since the
+# recording was checked: the test module, or a helper module of tests/ that it imports. (A
+# recording that no longer fits the test fails its recorded twin too, in the README's command,
+# when ctrainstate's value moves with the new inputs.) CHECKED holds, per test module, the digest
+# of those sources when all of its live twins last passed against the pinned jax
+# (`tools/record_vectors.py`, which also records): CI's parity stage
+# (`--live-twins=changed`) runs the live twins of the modules whose digest differs, and of
+# every module when the installed jax / flax / optax are not the versions checked with.
+CHECKED = os.path.join(DIR, "checked.json")
+# the fixture's own machinery: how values are stored and compared, not what jax computes
+_NOT_INPUTS = frozenset({"conftest", "recorded", "parity_marking"})
+
+
+def _helper_imports(path: str, root: str) -> set[str]:
+    """The helper modules of tests/ (root/<name>.py) that the module at `path` imports."""
+    import ast
+    with open(path, "rb") as f:
+        tree = ast.parse(f.read(), path)
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            names.update(a.name.split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            names.add(n.module.split(".")[0])
+    return {os.path.join(root, m + ".py") for m in names - _NOT_INPUTS
+            if os.path.isfile(os.path.join(root, m + ".py"))}
+
+
+def source_digest(path: str, root: str | None = None) -> str:
+    """sha256 of a test module's source and of the helper modules of tests/ (`root`, this
+    file's directory by default) that it imports, directly or through each other: what its live
+    twins ask jax to compute. conftest.py, recorded.py and parity_marking.py are left out."""
+    import hashlib
+    root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    seen, todo = set(), [os.path.abspath(path)]
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(_helper_imports(p, root) - seen)
+    h = hashlib.sha256()
+    first = os.path.abspath(path)
+    for p in [first] + sorted(seen - {first}):
+        with open(p, "rb") as f:
+            data = f.read()
+        h.update(f"{os.path.relpath(p, root)}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def live_versions() -> dict:
+    """The installed jax, flax and optax versions (not imported; None where missing)."""
+    from importlib import metadata
+    out = {}
+    for m in ("jax", "flax", "optax"):
+        try:
+            out[m] = metadata.version(m)
+        except metadata.PackageNotFoundError:
+            out[m] = None
+    return out
+
+
+def read_checked(path: str | None = None) -> dict:
+    """CHECKED's content: {"versions": {...}, "modules": {relpath: digest}} (empty if none)."""
+    path = CHECKED if path is None else path
+    if not os.path.exists(path):
+        return {"versions": {}, "modules": {}}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if set(data) != {"versions", "modules"}:
+        raise ValueError(f"{path}: expected the keys 'versions' and 'modules', got {sorted(data)}")
+    return data
+
+
+def unchanged_modules(modules, checked: dict, versions: dict, root: str | None = None) -> set:
+    """Those of `modules` (paths of test modules) whose recordings were checked against these
+    jax / flax / optax `versions` with their sources as they are now."""
+    if not versions.get("jax") or checked["versions"] != versions:
+        return set()
+    root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    return {p for p in modules
+            if checked["modules"].get(os.path.relpath(p, root)) == source_digest(p, root)}
+
+
+def stamp_checked(twins: dict, passed: set, versions: dict, path: str | None = None,
+                  root: str | None = None) -> list[str]:
+    """Record in CHECKED the modules all of whose live twins passed. `twins`: module path ->
+    the node ids of its live twins (all of them, before any deselection); `passed`: the node ids
+    that passed. Versions other than the ones stamped so far start the file afresh. Returns the
+    modules stamped (paths relative to `root`)."""
+    path = CHECKED if path is None else path
+    root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    if not versions.get("jax"):
+        raise ValueError("recordings are checked against an installed jax")
+    checked = read_checked(path)
+    if checked["versions"] != versions:
+        checked = {"versions": dict(versions), "modules": {}}
+    done = sorted(p for p, ids in twins.items() if ids and set(ids) <= passed)
+    for p in done:
+        checked["modules"][os.path.relpath(p, root)] = source_digest(p, root)
+    if done:
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(checked, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    return [os.path.relpath(p, root) for p in done]
+
+
 def versions() -> dict:
     """The installed jax, jaxlib, flax and optax versions (those that are imported), and the CPU
     model the recording is made on (see CROSS_CPU_ULPS)."""

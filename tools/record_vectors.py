@@ -3,16 +3,21 @@
     python tools/record_vectors.py            # every recording (the pins of .ci/run required)
     python tools/record_vectors.py -k random  # only the jax_ref tests that -k selects
     python tools/record_vectors.py --no-legacy  # skip the older generators in tests/data
+    python tools/record_vectors.py --check      # record nothing: check the recordings, note them
 
 The README's test command runs without jax: a test that compares with jax through the
 `jax_ref` fixture (tests/conftest.py, tests/recorded.py) reads jax's values from
-tests/data/recorded/<test module>.npz there, and its live twin (marked `parity`, CI's parity
-stage) checks those recordings against jax itself. This script runs the live twins with
-`--record-vectors`, which stores what jax computes instead of comparing, then (unless
---no-legacy) the generators of the older recordings: tests/data/gen_optax_vectors.py
-(optax_vectors.npz), make_flax_module_vectors.py (flax_module_vectors.npz) and
-make_random_vectors.py (random_vectors.txt, also read by the C tests). Recordings hold the
-versions they were made with; tests/meta/test_parity_marking.py checks that they are the pins.
+tests/data/recorded/<test module>.npz there, and its live twin (marked `parity`) checks those
+recordings against jax itself. This script runs the live twins with `--record-vectors`, which
+stores what jax computes instead of comparing, then (unless --no-legacy) the generators of the
+older recordings: tests/data/gen_optax_vectors.py (optax_vectors.npz),
+make_flax_module_vectors.py (flax_module_vectors.npz) and make_random_vectors.py
+(random_vectors.txt, also read by the C tests). Then it runs the live twins again, against
+the recordings, with `--stamp-recordings`: tests/data/recorded/checked.json notes each test
+module whose twins all passed, with the digest of its sources. CI's parity stage runs the live
+twins of the modules whose sources changed since (`--live-twins=changed`), so commit that
+file with the recordings. Recordings hold the versions they were made with;
+tests/meta/test_parity_marking.py checks that they are the pins.
 """
 import argparse
 import os
@@ -43,6 +48,9 @@ def main():
     ap.add_argument("--no-legacy", action="store_true", help="skip tests/data's older generators")
     ap.add_argument("--any-version", action="store_true",
                     help="record with whatever jax is installed (the pin check then fails)")
+    ap.add_argument("--check", action="store_true",
+                    help="record nothing: run the live twins against the recordings and note "
+                         "the modules whose twins all pass in tests/data/recorded/checked.json")
     args = ap.parse_args()
     want = pins()
     import flax
@@ -54,20 +62,30 @@ def main():
                          f"(pip install 'jax[cpu]=={want['jax']}' 'flax=={want['flax']}' "
                          f"'optax=={want['optax']}')")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "parity",
-           "--record-vectors", "tests"]
-    if args.k:
-        cmd[-1:-1] = ["-k", args.k]
-    print("+", " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd, cwd=ROOT, env=env)
-    if rc not in (0, 1):  # 1: a live twin found ours differing from jax; the values are jax's
+
+    def live_twins(option):
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "parity",
+               option, "tests"]
+        if args.k:
+            cmd[-1:-1] = ["-k", args.k]
+        print("+", " ".join(cmd), flush=True)
+        return subprocess.call(cmd, cwd=ROOT, env=env)
+
+    if not args.check:
+        rc = live_twins("--record-vectors")
+        if rc not in (0, 1):  # 1: a live twin found ours differing from jax; the values are jax's
+            raise SystemExit(rc)
+        if not args.no_legacy:
+            for script in ("gen_optax_vectors.py", "make_flax_module_vectors.py",
+                           "make_random_vectors.py"):
+                c = [sys.executable, os.path.join("tests", "data", script)]
+                print("+", " ".join(c), flush=True)
+                subprocess.check_call(c, cwd=ROOT, env=env)
+    # (a twin that fails, ours against jax or a recording against jax, leaves its module
+    # unnoted, so CI keeps running that module's twins)
+    rc = live_twins("--stamp-recordings")
+    if rc not in (0, 1):
         raise SystemExit(rc)
-    if not args.no_legacy:
-        for script in ("gen_optax_vectors.py", "make_flax_module_vectors.py",
-                       "make_random_vectors.py"):
-            c = [sys.executable, os.path.join("tests", "data", script)]
-            print("+", " ".join(c), flush=True)
-            subprocess.check_call(c, cwd=ROOT, env=env)
     print("done: review `git diff --stat tests/data` and rerun the tests")
 
 

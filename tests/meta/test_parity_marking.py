@@ -197,10 +197,10 @@ def test_z_no_jax_was_imported():
 '''
 
 
-def _probe(tmp_path, *args):
+def _probe(tmp_path, *args, source=_PROBE):
     for f in ("conftest.py", "parity_marking.py", "recorded.py"):
         shutil.copy(os.path.join(HERE, f), tmp_path / f)
-    (tmp_path / "test_probe.py").write_text(_PROBE)
+    (tmp_path / "test_probe.py").write_text(source)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.path.join(ROOT, "python")] + ([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ
                                          else [])))
@@ -327,3 +327,105 @@ def test_recording_check_across_cpu_models():
     assert recorded.same_cpu(host, host) and not recorded.same_cpu("AuthenticAMD 25 17", host)
     assert recorded.same_cpu(None, "AuthenticAMD 25 17")      # no model kept: the vendor
     assert not recorded.same_cpu(None, host) and not recorded.same_cpu(host, "")
+
+
+# --- which modules' recordings were checked (recorded.CHECKED, --live-twins=changed) ---------
+
+def test_source_digest_covers_the_module_and_the_helpers_it_imports(tmp_path):
+    """A module's digest changes with its source and with a helper of tests/ that it imports,
+    directly or through another helper; not with conftest.py / recorded.py (the fixture's
+    machinery) or with a helper it does not import."""
+    import recorded
+    files = {"test_a.py": "import helper\nfrom conftest import x\n\ndef test_a(): pass\n",
+             "helper.py": "from helper2 import f\n", "helper2.py": "def f(): return 1\n",
+             "unused.py": "y = 1\n", "conftest.py": "x = 1\n", "recorded.py": "z = 1\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    mod = str(tmp_path / "test_a.py")
+    base = recorded.source_digest(mod, str(tmp_path))
+    assert base == recorded.source_digest(mod, str(tmp_path))
+    for name, moves in (("conftest.py", False), ("recorded.py", False), ("unused.py", False),
+                        ("helper2.py", True), ("helper.py", True), ("test_a.py", True)):
+        (tmp_path / name).write_text(files[name] + "# edited\n")
+        assert (recorded.source_digest(mod, str(tmp_path)) != base) is moves, name
+        (tmp_path / name).write_text(files[name])
+        assert recorded.source_digest(mod, str(tmp_path)) == base
+
+
+def test_stamps_note_only_modules_whose_twins_all_passed(tmp_path):
+    import recorded
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text(f"def test(): pass  # {name}\n")
+    a, b = str(tmp_path / "test_a.py"), str(tmp_path / "test_b.py")
+    path, root = str(tmp_path / "checked.json"), str(tmp_path)
+    v1 = {"jax": "1.0", "flax": "2.0", "optax": "3.0"}
+    twins = {a: {"a::t[live]", "a::u[live]"}, b: {"b::t[live]"}}
+    assert recorded.read_checked(path) == {"versions": {}, "modules": {}}
+    assert recorded.stamp_checked(twins, {"a::t[live]"}, v1, path, root) == []   # none whole
+    assert not os.path.exists(path)
+    assert recorded.stamp_checked(twins, {"a::t[live]", "a::u[live]", "b::x"}, v1, path,
+                                  root) == ["test_a.py"]
+    checked = recorded.read_checked(path)
+    assert checked == {"versions": v1,
+                       "modules": {"test_a.py": recorded.source_digest(a, root)}}
+    assert recorded.unchanged_modules([a, b], checked, v1, root) == {a}
+    assert recorded.unchanged_modules([a, b], checked, dict(v1, jax="1.1"), root) == set()
+    assert recorded.unchanged_modules([a, b], checked, dict(v1, jax=None), root) == set()
+    # b's twin passes later: a keeps its note
+    assert recorded.stamp_checked(twins, {"b::t[live]"}, v1, path, root) == ["test_b.py"]
+    assert recorded.unchanged_modules([a, b], recorded.read_checked(path), v1, root) == {a, b}
+    (tmp_path / "test_a.py").write_text("def test(): pass  # changed\n")
+    assert recorded.unchanged_modules([a, b], recorded.read_checked(path), v1, root) == {b}
+    # other versions start the notes afresh
+    v2 = dict(v1, optax="3.1")
+    assert recorded.stamp_checked(twins, {"a::t[live]", "a::u[live]"}, v2, path, root) == \
+        ["test_a.py"]
+    assert set(recorded.read_checked(path)["modules"]) == {"test_a.py"}
+    with pytest.raises(ValueError, match="installed jax"):
+        recorded.stamp_checked(twins, {"b::t[live]"}, dict(v1, jax=None), path, root)
+    (tmp_path / "bad.json").write_text('{"modules": {}}')
+    with pytest.raises(ValueError, match="'versions' and 'modules'"):
+        recorded.read_checked(str(tmp_path / "bad.json"))
+
+
+def test_live_twins_changed_leaves_out_the_twins_of_checked_modules(tmp_path):
+    """`-m parity --live-twins=changed` (CI's parity stage) deselects the live twins of a
+    module noted as checked with its current sources and the installed jax; the other live
+    tests stay, and so do the twins once the module changes. Without jax installed nothing is
+    noted as checked, so every twin stays."""
+    import json
+    import recorded
+    (tmp_path / "data" / "recorded").mkdir(parents=True)
+    out = _probe(tmp_path, "-m", "parity", "--live-twins=changed", "--collect-only")
+    assert "test_jax_ref_twins[live]" in out and "live twins: 0 deselected" in out, out
+    versions = recorded.live_versions()
+    note = {"versions": versions, "modules": {
+        "test_probe.py": recorded.source_digest(str(tmp_path / "test_probe.py"), str(tmp_path))}}
+    (tmp_path / "data" / "recorded" / "checked.json").write_text(json.dumps(note))
+    out = _probe(tmp_path, "-m", "parity", "--live-twins=changed", "--collect-only")
+    got = sorted(re.findall(r"test_probe.py::(\S+)", out))
+    if versions["jax"] is None:
+        assert "test_jax_ref_twins[live]" in got and "live twins: 0 deselected" in out, out
+    else:
+        assert got == ["test_uses_a_module_level_import", "test_uses_the_jax_fixture"], out
+        assert "live twins: 1 deselected (1 of the 1 modules" in out, out
+    out = _probe(tmp_path, "-m", "parity", "--collect-only")        # --live-twins=all
+    assert "test_jax_ref_twins[live]" in out, out
+    out = _probe(tmp_path, "-m", "parity", "--live-twins=changed", "--collect-only",
+                 source=_PROBE + "\n# a change\n")
+    assert "test_jax_ref_twins[live]" in out and "live twins: 0 deselected" in out, out
+
+
+def test_the_checked_notes_are_of_the_pins_and_name_test_modules():
+    """tests/data/recorded/checked.json (written by tools/record_vectors.py): the versions
+    .ci/run pins, and modules of tests/ that have live twins."""
+    import recorded
+    checked = recorded.read_checked()
+    assert checked["modules"], "no module noted: run `python tools/record_vectors.py --check`"
+    pins = _pins()
+    assert checked["versions"] == {k: pins[k] for k in ("jax", "flax", "optax")}
+    for rel, digest in checked["modules"].items():
+        path = os.path.join(HERE, rel)
+        assert os.path.isfile(path), f"{rel}: no such test module"
+        assert "jax_ref" in open(path, encoding="utf-8").read(), rel
+        assert re.fullmatch(r"[0-9a-f]{64}", digest), (rel, digest)

@@ -775,39 +775,44 @@ static inline __attribute__((always_inline)) void ew_row_t(int op, int dt, int64
     }
 }
 
+/* Each (op, dtype) row loop is a function of its own, called through two switches (once a
+ * row): GCC's time on a function grows faster than its size, and all 240 loops inlined into
+ * one function were most of this file's build time. */
+#define EW_PARAMS int64_t n, void *out, int64_t o0, const void *a, int64_t a0, int64_t sa, \
+                  const void *b, int64_t b0, int64_t sb
 #define EW_ARGS n, out, o0, a, a0, sa, b, b0, sb
-#define EW_CASE(OP, DT) case OP: ew_row_t(OP, DT, EW_ARGS); break
-#define EW_OPS(DT)                                                                          \
-    switch (op) {                                                                           \
-        EW_CASE(CT_EW_EQ, DT); EW_CASE(CT_EW_NE, DT); EW_CASE(CT_EW_LT, DT);                \
-        EW_CASE(CT_EW_LE, DT); EW_CASE(CT_EW_GT, DT); EW_CASE(CT_EW_GE, DT);                \
-        EW_CASE(CT_EW_ADD, DT); EW_CASE(CT_EW_SUB, DT); EW_CASE(CT_EW_MUL, DT);             \
-        EW_CASE(CT_EW_MAX, DT); EW_CASE(CT_EW_MIN, DT); EW_CASE(CT_EW_FLOORDIV, DT);        \
-        EW_CASE(CT_EW_REM, DT); EW_CASE(CT_EW_AND, DT); EW_CASE(CT_EW_OR, DT);              \
-        EW_CASE(CT_EW_XOR, DT); EW_CASE(CT_EW_SHL, DT); EW_CASE(CT_EW_SHR, DT);             \
-        EW_CASE(CT_EW_NOT, DT); EW_CASE(CT_EW_NEG, DT); EW_CASE(CT_EW_ABS, DT);             \
-        EW_CASE(CT_EW_ISNAN, DT); EW_CASE(CT_EW_ISINF, DT); EW_CASE(CT_EW_ISFINITE, DT);    \
-        default: break;                                                                     \
-    }
+#define EW_EACH_OP(X, DT)                                                                   \
+    X(CT_EW_EQ, DT) X(CT_EW_NE, DT) X(CT_EW_LT, DT) X(CT_EW_LE, DT) X(CT_EW_GT, DT)         \
+    X(CT_EW_GE, DT) X(CT_EW_ADD, DT) X(CT_EW_SUB, DT) X(CT_EW_MUL, DT) X(CT_EW_MAX, DT)     \
+    X(CT_EW_MIN, DT) X(CT_EW_FLOORDIV, DT) X(CT_EW_REM, DT) X(CT_EW_AND, DT)                \
+    X(CT_EW_OR, DT) X(CT_EW_XOR, DT) X(CT_EW_SHL, DT) X(CT_EW_SHR, DT) X(CT_EW_NOT, DT)     \
+    X(CT_EW_NEG, DT) X(CT_EW_ABS, DT) X(CT_EW_ISNAN, DT) X(CT_EW_ISINF, DT)                 \
+    X(CT_EW_ISFINITE, DT)
+#define EW_EACH_DTYPE(X)                                                                    \
+    X(CT_F32) X(CT_F16) X(CT_BF16) X(CT_I32) X(CT_U32) X(CT_U8) X(CT_I8) X(CT_I16)          \
+    X(CT_U16) X(CT_BOOL)
+#define EW_DEF(OP, DT) \
+    static __attribute__((noinline)) void ew_##DT##_##OP(EW_PARAMS) { ew_row_t(OP, DT, EW_ARGS); }
+#define EW_DEFS(DT) EW_EACH_OP(EW_DEF, DT)
+EW_EACH_DTYPE(EW_DEFS)
+#define EW_CASE(OP, DT) case OP: ew_##DT##_##OP(EW_ARGS); break;
+#define EW_OPS(DT) \
+    case DT: switch (op) { EW_EACH_OP(EW_CASE, DT) default: break; } break;
 
-static void ew_row(int op, int dt, int64_t n, void *out, int64_t o0, const void *a, int64_t a0,
-                   int64_t sa, const void *b, int64_t b0, int64_t sb) {
-    switch (dt) {
-    case CT_F32: EW_OPS(CT_F32); break;
-    case CT_F16: EW_OPS(CT_F16); break;
-    case CT_BF16: EW_OPS(CT_BF16); break;
-    case CT_I32: EW_OPS(CT_I32); break;
-    case CT_U32: EW_OPS(CT_U32); break;
-    case CT_U8: EW_OPS(CT_U8); break;
-    case CT_I8: EW_OPS(CT_I8); break;
-    case CT_I16: EW_OPS(CT_I16); break;
-    case CT_U16: EW_OPS(CT_U16); break;
-    default: EW_OPS(CT_BOOL); break;
+static void ew_row(int op, int dt, EW_PARAMS) {
+    switch (dt) {   /* (a dtype without a case: none, the caller checked it) */
+        EW_EACH_DTYPE(EW_OPS)
+    default: break;
     }
 }
 #undef EW_OPS
 #undef EW_CASE
+#undef EW_DEFS
+#undef EW_DEF
+#undef EW_EACH_DTYPE
+#undef EW_EACH_OP
 #undef EW_ARGS
+#undef EW_PARAMS
 
 /* Rows of the innermost dimension in parallel, as the float binary op. */
 ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,

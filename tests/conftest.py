@@ -178,7 +178,8 @@ def _live_allowed(config) -> bool:
     if live is None:
         live = config._ctrainstate_live = bool(
             config.getoption("--parity") or config.getoption("--record-vectors")
-            or config.getoption("--stamp-recordings") or config.option.markexpr or any("::" in str(a) for a in config.args))
+            or config.getoption("--stamp-recordings") or config.option.markexpr
+            or any("::" in str(a) for a in config.args))
     return live
 
 
@@ -370,15 +371,14 @@ def pytest_sessionfinish(session, exitstatus):
                 tr.ensure_newline()
                 tr.write_line(f"recorded: {os.path.relpath(p)}")
     if config.getoption("--stamp-recordings"):
-        stamped = _recorded.stamp_checked(config._ctrainstate_twins,
-                                          {k for k, v in _twin_passed.items() if v},
+        twins = getattr(config, "_ctrainstate_twins", {})   # (none if collection failed)
+        stamped = _recorded.stamp_checked(twins, {k for k, v in _twin_passed.items() if v},
                                           _recorded.live_versions())
         tr = config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None:
             tr.ensure_newline()
-            tr.write_line(f"recordings checked against jax: {len(stamped)} of "
-                          f"{len(config._ctrainstate_twins)} modules noted in "
-                          f"{os.path.relpath(_recorded.CHECKED)}")
+            tr.write_line(f"recordings checked against jax: {len(stamped)} of {len(twins)} "
+                          f"modules noted in {os.path.relpath(_recorded.CHECKED)}")
     if _live_allowed(config) or os.environ.get("CTRAINSTATE_SANITIZED") == "1":
         return
     leaked = sorted(m for m in parity_marking.LIVE_ROOTS if sys.modules.get(m) is not None)

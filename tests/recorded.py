@@ -486,20 +486,21 @@ def stamp_checked(twins: dict, passed: set, versions: dict, path: str | None = N
     modules stamped (paths relative to `root`)."""
     path = CHECKED if path is None else path
     root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    done = sorted(p for p, ids in twins.items() if ids and set(ids) <= passed)
+    if not done:
+        return []
     if not versions.get("jax"):
         raise ValueError("recordings are checked against an installed jax")
     checked = read_checked(path)
     if checked["versions"] != versions:
         checked = {"versions": dict(versions), "modules": {}}
-    done = sorted(p for p, ids in twins.items() if ids and set(ids) <= passed)
     for p in done:
         checked["modules"][os.path.relpath(p, root)] = source_digest(p, root)
-    if done:
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(checked, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(checked, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
     return [os.path.relpath(p, root) for p in done]
 
 

@@ -383,6 +383,8 @@ def test_stamps_note_only_modules_whose_twins_all_passed(tmp_path):
     assert set(recorded.read_checked(path)["modules"]) == {"test_a.py"}
     with pytest.raises(ValueError, match="installed jax"):
         recorded.stamp_checked(twins, {"b::t[live]"}, dict(v1, jax=None), path, root)
+    # without jax the twins skip: nothing passed, nothing to note, no error
+    assert recorded.stamp_checked(twins, set(), dict(v1, jax=None), path, root) == []
     (tmp_path / "bad.json").write_text('{"modules": {}}')
     with pytest.raises(ValueError, match="'versions' and 'modules'"):
         recorded.read_checked(str(tmp_path / "bad.json"))

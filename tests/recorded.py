@@ -19,13 +19,17 @@ of bytes; 16-bit and 8-bit float dtypes stored as unsigned integers of their wid
 """
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
 import os
 import sys
+from importlib import metadata
 
 import numpy as np
 
-DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recorded")
+TESTS = os.path.dirname(os.path.abspath(__file__))   # tests/
+DIR = os.path.join(TESTS, "data", "recorded")
 META = "__meta__"
 SHARED = "__shared__"   # the prefix of jax_ref(..., shared=True) keys
 _SCALARS = (bool, int, float, complex, str)
@@ -409,7 +413,6 @@ _NOT_INPUTS = frozenset({"conftest", "recorded", "parity_marking"})
 
 def _helper_imports(path: str, root: str) -> set[str]:
     """The helper modules of tests/ (root/<name>.py) that the module at `path` imports."""
-    import ast
     with open(path, "rb") as f:
         tree = ast.parse(f.read(), path)
     names = set()
@@ -423,11 +426,10 @@ def _helper_imports(path: str, root: str) -> set[str]:
 
 
 def source_digest(path: str, root: str | None = None) -> str:
-    """sha256 of a test module's source and of the helper modules of tests/ (`root`, this
-    file's directory by default) that it imports, directly or through each other: what its live
+    """sha256 of a test module's source and of the helper modules of tests/ (`root`, TESTS by
+    default) that it imports, directly or through each other: what its live
     twins ask jax to compute. conftest.py, recorded.py and parity_marking.py are left out."""
-    import hashlib
-    root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    root = TESTS if root is None else root
     seen, todo = set(), [os.path.abspath(path)]
     while todo:
         p = todo.pop()
@@ -446,7 +448,6 @@ def source_digest(path: str, root: str | None = None) -> str:
 
 def live_versions() -> dict:
     """The installed jax, flax and optax versions (not imported; None where missing)."""
-    from importlib import metadata
     out = {}
     for m in ("jax", "flax", "optax"):
         try:
@@ -473,7 +474,7 @@ def unchanged_modules(modules, checked: dict, versions: dict, root: str | None =
     jax / flax / optax `versions` with their sources as they are now."""
     if not versions.get("jax") or checked["versions"] != versions:
         return set()
-    root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    root = TESTS if root is None else root
     return {p for p in modules
             if checked["modules"].get(os.path.relpath(p, root)) == source_digest(p, root)}
 
@@ -485,7 +486,7 @@ def stamp_checked(twins: dict, passed: set, versions: dict, path: str | None = N
     that passed. Versions other than the ones stamped so far start the file afresh. Returns the
     modules stamped (paths relative to `root`)."""
     path = CHECKED if path is None else path
-    root = os.path.dirname(os.path.abspath(__file__)) if root is None else root
+    root = TESTS if root is None else root
     done = sorted(p for p, ids in twins.items() if ids and set(ids) <= passed)
     if not done:
         return []
@@ -524,7 +525,6 @@ def bits_digest(a) -> str:
     """A digest of an array's dtype, shape and bits, every NaN counted as one (for recording a
     large exact result as a short string). NaNs are replaced in the bits themselves, so the
     digest does not depend on the NaN numpy / ml_dtypes write."""
-    import hashlib
     a = np.asarray(a, order="C")
     head = f"{a.dtype.name}{a.shape}"
     if a.dtype.kind in "fV" or a.dtype.name == "bfloat16":

@@ -412,7 +412,9 @@ _NOT_INPUTS = frozenset({"conftest", "recorded", "parity_marking"})
 
 
 def _helper_imports(path: str, root: str) -> set[str]:
-    """The helper modules of tests/ (root/<name>.py) that the module at `path` imports."""
+    """The helper modules that the module at `path` imports: those beside it (a test module
+    of tests/nn/ importing another's inputs) and those of tests/ (root/<name>.py), looked up
+    in that order, as pytest's sys.path finds them."""
     with open(path, "rb") as f:
         tree = ast.parse(f.read(), path)
     names = set()
@@ -421,13 +423,18 @@ def _helper_imports(path: str, root: str) -> set[str]:
             names.update(a.name.split(".")[0] for a in n.names)
         elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
             names.add(n.module.split(".")[0])
-    return {os.path.join(root, m + ".py") for m in names - _NOT_INPUTS
-            if os.path.isfile(os.path.join(root, m + ".py"))}
+    out = set()
+    for m in names - _NOT_INPUTS:
+        for d in (os.path.dirname(os.path.abspath(path)), root):
+            if os.path.isfile(os.path.join(d, m + ".py")):
+                out.add(os.path.join(d, m + ".py"))
+                break
+    return out
 
 
 def source_digest(path: str, root: str | None = None) -> str:
-    """sha256 of a test module's source and of the helper modules of tests/ (`root`, TESTS by
-    default) that it imports, directly or through each other: what its live
+    """sha256 of a test module's source and of the helper modules (beside it or of tests/:
+    `root`, TESTS by default) that it imports, directly or through each other: what its live
     twins ask jax to compute. conftest.py, recorded.py and parity_marking.py are left out."""
     root = TESTS if root is None else root
     seen, todo = set(), [os.path.abspath(path)]

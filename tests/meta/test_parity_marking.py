@@ -135,8 +135,7 @@ def test_a_module_that_needs_jax_is_live_as_a_whole(tmp_path, src):
 _SUITE_LIVE = [
     ("test_random_discrete.py", "test_live_parity_key_helpers"),   # importorskip in the body
     ("test_softmax.py", "test_max_matches_jax"),                   # a module-level helper
-    ("test_attention_flax.py", "test_mha_init_params_match_flax"),  # a helper importing flax
-    ("test_scan_vmap.py", "test_p9_matches_flax"),
+    ("test_linen.py", "test_einsum_matches_flax"),                 # a helper importing flax
 ]
 _SUITE_PLAIN = [
     ("test_random_dist.py", "test_rademacher_signs"),
@@ -144,6 +143,8 @@ _SUITE_PLAIN = [
     ("test_array.py", "test_replicas_are_separate_buffers"),
     # `import ctrainstate.numpy as jnp` inside: a local, not the module's jax.numpy
     ("test_numpy_more.py", "test_jnp_ndarray_is_the_array_type"),
+    # flax only inside jax_ref's function: the fixture marks the live twin
+    ("test_attention_flax.py", "test_mha_init_params_match_flax"),
 ]
 
 
@@ -332,20 +333,28 @@ def test_recording_check_across_cpu_models():
 # --- which modules' recordings were checked (recorded.CHECKED, --live-twins=changed) ---------
 
 def test_source_digest_covers_the_module_and_the_helpers_it_imports(tmp_path):
-    """A module's digest changes with its source and with a helper of tests/ that it imports,
-    directly or through another helper; not with conftest.py / recorded.py (the fixture's
-    machinery) or with a helper it does not import."""
+    """A module's digest changes with its source and with a helper that it imports, directly
+    or through another helper: one of tests/ or one beside it (tests/nn/test_attention.py's
+    inputs, which tests/nn/test_attention_flax.py imports). It does not change with
+    conftest.py / recorded.py (the fixture's machinery) or with a helper it does not import."""
     import recorded
-    files = {"test_a.py": "import helper\nfrom conftest import x\n\ndef test_a(): pass\n",
-             "helper.py": "from helper2 import f\n", "helper2.py": "def f(): return 1\n",
-             "unused.py": "y = 1\n", "conftest.py": "x = 1\n", "recorded.py": "z = 1\n"}
+    files = {"sub/test_a.py": "import helper\nfrom sibling import s\nfrom conftest import x\n"
+                              "\ndef test_a(): pass\n",
+             "sub/sibling.py": "from helper3 import g\ns = 1\n", "helper.py": "from helper2 import f\n",
+             "helper2.py": "def f(): return 1\n", "helper3.py": "def g(): return 2\n",
+             "sibling.py": "s = 2\n",      # hidden by sub/sibling.py, which pytest finds first
+             "unused.py": "y = 1\n", "sub/unused2.py": "y = 2\n", "conftest.py": "x = 1\n",
+             "recorded.py": "z = 1\n"}
+    (tmp_path / "sub").mkdir()
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    mod = str(tmp_path / "test_a.py")
+    mod = str(tmp_path / "sub" / "test_a.py")
     base = recorded.source_digest(mod, str(tmp_path))
     assert base == recorded.source_digest(mod, str(tmp_path))
     for name, moves in (("conftest.py", False), ("recorded.py", False), ("unused.py", False),
-                        ("helper2.py", True), ("helper.py", True), ("test_a.py", True)):
+                        ("sub/unused2.py", False), ("sibling.py", False), ("helper2.py", True),
+                        ("helper.py", True), ("sub/sibling.py", True), ("helper3.py", True),
+                        ("sub/test_a.py", True)):
         (tmp_path / name).write_text(files[name] + "# edited\n")
         assert (recorded.source_digest(mod, str(tmp_path)) != base) is moves, name
         (tmp_path / name).write_text(files[name])

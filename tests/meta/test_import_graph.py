@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import sys
 from pathlib import Path
 
@@ -53,6 +54,16 @@ def layer_of(module: str, layers=LAYERS, pkg: str = PKG) -> int:
 
 # --- the graph --------------------------------------------------------------------------------
 
+def _parse(path: Path) -> ast.Module:
+    """The module's AST (parsed once per source text: the checks below walk each module)."""
+    return _parse_text(path.read_text(), str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_text(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename)
+
+
 def modules(root: Path, pkg: str) -> dict:
     """``{module name: (path or None for an extension module, is a package)}``."""
     out = {}
@@ -73,7 +84,7 @@ def imports(name: str, path: Path, is_pkg: bool, mods: dict, pkg: str,
     ``__init__`` runs first)."""
     if path is None:
         return []
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parse(path)
     here = name.split(".") if is_pkg else name.split(".")[:-1]
     out = []
 
@@ -125,7 +136,7 @@ def graph(root: Path, pkg: str, packages: bool = False):
             if in_func:
                 in_functions.append((m, t, line))
         if path is not None:
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(_parse(path)):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                         and node.args and isinstance(node.args[0], ast.Constant)):
                     if node.func.id == "_upper":
@@ -211,7 +222,7 @@ def function_level_imports(root: Path, optional=OPTIONAL) -> list:
     that is not of an optional dependency (a relative import counts)."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parse(path)):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for n in ast.walk(node):

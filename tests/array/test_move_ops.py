@@ -3,12 +3,13 @@
 ``eye``, ``diag``/``diagonal``, ``moveaxis``, ``swapaxes``, ``atleast_1d/2d/3d``, ``prod``.
 
 Table-driven: every case runs the same call on ``numpy`` (the independent reference), on
-``ctrainstate.numpy`` and, when installed, on ``jax.numpy``; for every stored dtype the bits
-moved equal numpy's; gradients equal jax.grad's and central finite differences; on meshes
-(8,) and (2, 4) with sharded operands the values and gradients are those of one device and
-the output shardings those documented in ``ctrainstate._src.ops.move``; eval_shape; errors.
+``ctrainstate.numpy`` and on ``jax.numpy`` (jax's values recorded, conftest's ``jax_ref``); for
+every stored dtype the bits moved equal numpy's; gradients equal jax.grad's and central finite
+differences; on meshes (8,) and (2, 4) with sharded operands the values and gradients are those
+of one device and the output shardings those documented in ``ctrainstate._src.ops.move``;
+eval_shape; errors.
 Out-of-range indices follow jax's defaults ("fill" for take / take_along_axis), checked
-against a numpy construction of those rules and against live jax."""
+against a numpy construction of those rules and against jax's values."""
 import doctest
 
 import numpy as np
@@ -167,29 +168,42 @@ def test_host_operands_and_eye():
         _assert_same(cnp.eye(*args, dtype=dt), want, f"eye{args}")
 
 
-def test_jax_parity_values():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+EYE_ARGS = [(3,), (3, 5, 1), (4, 2, -1)]
+
+
+def test_jax_parity_values(jax_ref):
+    inputs = {}   # case -> [(dtype, host operand)]
     for name, shape, call in CASES + PROD_CASES:
         dts = (np.float32, np.int32, BF16) if "prod" not in name else (np.float32,)
-        hs = []
+        inputs[name] = []
         for dt in dts:
             h = _data(shape, dt, seed=3)
             if "prod" in name:
                 h = np.abs(h) + 0.5 if h.size > 2 else h
                 h = np.where(np.isfinite(h), h, 1.5).astype(dt)
-            hs.append(h)
-        # the dtypes of a case in one jax program (one XLA compile, most of this test's time);
-        # data movement is exact, so grouping does not change the bits jax produces
-        wants = jax.jit(lambda vs: tuple(call(jnp, v) for v in vs))(tuple(map(jnp.asarray, hs)))
-        for dt, h, want in zip(dts, hs, wants):
+            inputs[name].append((dt, h))
+
+    def jax_side(jax):
+        jnp = jax.numpy
+        out = {}
+        for name, shape, call in CASES + PROD_CASES:
+            # the dtypes of a case in one jax program (one XLA compile); data movement is
+            # exact, so grouping does not change the bits jax produces
+            hs = tuple(jnp.asarray(h) for _, h in inputs[name])
+            out[name] = list(jax.jit(lambda vs, call=call: tuple(call(jnp, v) for v in vs))(hs))
+        out["eye"] = [jnp.eye(*args) for args in EYE_ARGS]
+        return out
+
+    wants = jax_ref("jax", jax_side)
+    for name, shape, call in CASES + PROD_CASES:
+        for (dt, h), want in zip(inputs[name], wants[name], strict=True):
             got = np.asarray(call(cnp, cts.device_put(h)))
             if "prod" in name:
                 np.testing.assert_allclose(got, np.asarray(want), rtol=1e-5, err_msg=name)
             else:
                 _assert_same(got, want, f"{name} {np.dtype(dt).name}")
-    for args in [(3,), (3, 5, 1), (4, 2, -1)]:
-        _assert_same(cnp.eye(*args), np.asarray(jnp.eye(*args)), f"eye{args}")
+    for args, want in zip(EYE_ARGS, wants["eye"], strict=True):
+        _assert_same(cnp.eye(*args), want, f"eye{args}")
 
 
 @pytest.mark.parametrize("name,shape,call", PROD_CASES, ids=[c[0] for c in PROD_CASES])
@@ -277,14 +291,14 @@ def test_take_out_of_range_fill_clip_wrap(dtype):
                  "wrap_negative_indices=False")
 
 
-def test_jax_parity_out_of_range_and_repeat_length():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_jax_parity_out_of_range_and_repeat_length(jax_ref):
     idx = I([[0, 4, 5, -1], [-5, -6, 100, 2]])
     ti = I([[[1, -2, 7, -8, 3]]]).repeat(3, 0)
     take_kws = ({}, {"mode": "fill"}, {"mode": "clip"}, {"mode": "wrap"}, {"fill_value": 0})
     tal_kws = ({}, {"mode": "clip"}, {"wrap_negative_indices": False}, {"fill_value": 1})
     totals = (0, 4, 9, 12)
+    dts = (np.float32, np.int32, np.uint32, np.bool_, BF16)
+    hs = [_data(O3, dt, seed=2) for dt in dts]
 
     def calls(m, x):
         """(what, value) of every call, in one order for both modules."""
@@ -296,12 +310,18 @@ def test_jax_parity_out_of_range_and_repeat_length():
         out.append(("repeat int total", m.repeat(x, 2, axis=1, total_repeat_length=7)))
         return out
 
-    # each dtype's calls in one jax program (one XLA compile; data movement is exact, so the
-    # bits are those of the calls made one by one)
-    jax_values = jax.jit(lambda j: [v for _, v in calls(jnp, j)])
-    for dt in (np.float32, np.int32, np.uint32, np.bool_, BF16):
-        h = _data(O3, dt, seed=2)
-        for (what, got), want in zip(calls(cnp, cts.device_put(h)), jax_values(jnp.asarray(h))):
+    def jax_side(jax):
+        # each dtype's calls in one jax program (one XLA compile; data movement is exact, so
+        # the bits are those of the calls made one by one)
+        jnp = jax.numpy
+        jax_values = jax.jit(lambda j: [v for _, v in calls(jnp, j)])
+        return [jax_values(jnp.asarray(h)) for h in hs]
+
+    wants = jax_ref("jax", jax_side)
+    for dt, h, want_dt in zip(dts, hs, wants, strict=True):
+        got_dt = calls(cnp, cts.device_put(h))
+        assert len(got_dt) == len(want_dt)
+        for (what, got), want in zip(got_dt, want_dt):
             _assert_same(got, want, f"{what} {np.dtype(dt).name}")
 
 
@@ -355,24 +375,37 @@ def test_gradients_match_finite_differences(name, shape, call):
         np.testing.assert_allclose(np.sum(g * d), fd, rtol=2e-3, atol=2e-3, err_msg=name)
 
 
-def test_gradients_match_jax():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def _jax_grad_weights(out_shape):
+    """The cotangent test_gradients_match_jax weighs a case's output with."""
+    return np.random.default_rng(2).standard_normal(out_shape).astype(np.float32)
+
+
+def test_gradients_match_jax(jax_ref):
+    def jax_side(jax):
+        jnp = jax.numpy
+        out = {}
+        for name, shape, call in GRAD_CASES:
+            out_shape = jax.eval_shape(lambda v, call=call: call(jnp, v),
+                                       _grad_input(shape, name)).shape
+            w = _jax_grad_weights(out_shape)
+
+            def side(v, call=call, w=w, prod="prod" in name):
+                # one jax program per case: the fills' mask (NaN outputs carry no gradient)
+                # and the gradient; jax compiling its side is most of this test's time
+                keep = jnp.ones(out_shape, bool) if prod else ~jnp.isnan(call(jnp, v))
+                return keep, jax.grad(lambda u: jnp.sum(jnp.where(keep, call(jnp, u), 0.0) * w))(v)
+
+            keep, gj = jax.jit(side)(jnp.asarray(_grad_input(shape, name)))
+            out[name] = {"out_shape": tuple(out_shape), "keep": keep, "grad": gj}
+        return out
+
+    wants = jax_ref("jax", jax_side)
     for name, shape, call in GRAD_CASES:
         h = _grad_input(shape, name)
-        out_shape = jax.eval_shape(lambda v: call(jnp, v), h).shape
-        w = np.random.default_rng(2).standard_normal(out_shape).astype(np.float32)
-
-        def jax_side(v, call=call, w=w, prod="prod" in name):
-            # one jax program per case: the fills' mask (NaN outputs carry no gradient) and the
-            # gradient; jax compiling its side is most of this test's time
-            keep = jnp.ones(out_shape, bool) if prod else ~jnp.isnan(call(jnp, v))
-            return keep, jax.grad(lambda u: jnp.sum(jnp.where(keep, call(jnp, u), 0.0) * w))(v)
-
-        keep, gj = jax.jit(jax_side)(jnp.asarray(h))
-        keep = np.asarray(keep)
+        want = wants[name]
+        keep, w = want["keep"], _jax_grad_weights(want["out_shape"])
         g = cts.grad(lambda v: cnp.sum(cnp.where(keep, call(cnp, v), 0.0) * w))(cts.device_put(h))
-        np.testing.assert_allclose(np.asarray(g), np.asarray(gj), rtol=1e-5, atol=1e-6,
+        np.testing.assert_allclose(np.asarray(g), want["grad"], rtol=1e-5, atol=1e-6,
                                    err_msg=name)
 
 

@@ -2,8 +2,9 @@
 without Flax: against independent numpy computations of Flax's formulas, sharded against
 single-device runs on meshes (8,), (2, 4), (4, 2) (outputs, gradients, parameters born
 sharded by logical axis rules), and the errors for bad inputs. Device-generic: also re-run on
-emulated GPUs (tools/cuda_emu.sh, benchmarks/gpu_check.sh). The live Flax parity tests (same
-keys: parameters, outputs with masks and dropout, gradients) are in test_attention_flax.py."""
+emulated GPUs (tools/cuda_emu.sh, benchmarks/gpu_check.sh). The Flax parity tests (same
+keys: parameters, outputs with masks and dropout, gradients; recorded and live) are in
+test_attention_flax.py."""
 import numpy as np
 import pytest
 

@@ -1,8 +1,9 @@
 """nn.recurrent (flax.linen.recurrent): each cell's step against its equations written out in
 numpy from the cell's own parameters, RNN against a Python loop of the cell, seq_lengths /
 reverse / keep_order by construction, gradients against finite differences, clear errors;
-and, where jax and flax are installed, the same parameters for the same key, outputs, carries
-and gradients as flax.linen 0.12.8."""
+and the same parameters for the same key, outputs, carries and gradients as flax.linen 0.12.8
+(flax's values through conftest's jax_ref: recorded in tests/data/recorded/test_recurrent.npz,
+computed live in the parity run)."""
 import doctest
 import importlib
 
@@ -403,14 +404,19 @@ def test_doctests():
     assert res.attempted > 0 and res.failed == 0
 
 
-# --- live parity with flax.linen ---------------------------------------------------------------
+# --- parity with flax.linen (flax's values through jax_ref) ------------------------------------
 
-def _assert_trees_close(ours, theirs, atol, what):
-    jax = pytest.importorskip("jax")
+def _flax_leaves(jax, tree):
+    """A flax tree as [(jax's key path, leaf)], what _assert_trees_close compares with."""
+    return [(jax.tree_util.keystr(p), np.asarray(a))
+            for p, a in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _assert_trees_close(ours, ref, atol, what):
+    """ours (a ctrainstate tree) against ref (_flax_leaves of flax's): the same key paths and
+    shapes, and values within atol times the larger of 1 and the leaf's largest magnitude."""
     mine = [(cts.tree_util.keystr(p), np.asarray(a))
             for p, a in cts.tree_util.tree_leaves_with_path(ours)]
-    ref = [(jax.tree_util.keystr(p), np.asarray(a))
-           for p, a in jax.tree_util.tree_leaves_with_path(theirs)]
     assert [p for p, _ in mine] == [p for p, _ in ref], what
     for (p, a), (_, b) in zip(mine, ref):
         assert a.shape == b.shape, (what, p)
@@ -425,72 +431,82 @@ FLAX_CELLS = {
 
 
 @pytest.mark.parametrize("name", list(FLAX_CELLS))
-def test_flax_parity_cell_and_rnn(name):
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    jnp = jax.numpy
+def test_flax_parity_cell_and_rnn(name, jax_ref):
     kw = FLAX_CELLS[name]
     cls = name.split("-")[0]
     x = _x()
     lengths = np.array([5, 2])
     w = _x((B, T, H), seed=3)
-
-    # the cell alone: parameters for the same key, one step
-    fcell, ccell = getattr(fnn, cls)(H, **kw), getattr(nn, cls)(H, **kw)
-    fcarry = fcell.initialize_carry(jax.random.key(1), x[:, 0].shape)
-    ccarry = ccell.initialize_carry(random.PRNGKey(1), x[:, 0].shape)
-    _assert_trees_close(ccarry, fcarry, 0, f"{name} carry")
-    fv = jax.jit(fcell.init)(jax.random.PRNGKey(2), fcarry, x[:, 0])
-    cv = ccell.init(random.PRNGKey(2), ccarry, x[:, 0])
-    _assert_trees_close(cv, fv, 1e-6, f"{name} params")
+    ccell = getattr(nn, cls)(H, **kw)
     carry = _random_carry(ccell, x[:, 0])
-    _assert_trees_close(ccell.apply(cv, carry, x[:, 0]),
-                        jax.jit(fcell.apply)(fv, carry, x[:, 0]), 1e-5, f"{name} step")
 
-    # RNN: parameters, outputs and carries forward / reversed with seq_lengths, gradients
-    frnn = fnn.RNN(getattr(fnn, cls)(H, **kw), return_carry=True)
-    crnn = nn.RNN(getattr(nn, cls)(H, **kw), return_carry=True)
-    fv = jax.jit(frnn.init)(jax.random.PRNGKey(3), x)
-    cv = crnn.init(random.PRNGKey(3), x)
-    _assert_trees_close(cv, fv, 1e-6, f"RNN({name}) params")
-
-    def run(np_, apply, p, x):
+    def run(np_, tree_util, apply, p, x):
         fw = apply({"params": p}, x, seq_lengths=lengths)
         bw = apply({"params": p}, x, seq_lengths=lengths, reverse=True, keep_order=True)
         loss = np_.sum(fw[1] * w) + np_.sum(bw[1] * w ** 2) + sum(
-            np_.sum(c) for c in jax.tree_util.tree_leaves((fw[0], bw[0])))
+            np_.sum(c) for c in tree_util.tree_leaves((fw[0], bw[0])))
         return loss, (fw, bw)
 
-    floss = jax.jit(jax.value_and_grad(lambda p, x: run(jnp, frnn.apply, p, x), argnums=(0, 1),
-                                       has_aux=True))
-    (fl, fout), fg = floss(fv["params"], x)
-    (cl, cout), cg = cts.value_and_grad(lambda p, x: run(cnp, crnn.apply, p, x), argnums=(0, 1),
-                                        has_aux=True)(cv["params"], x)
-    _assert_trees_close(cout, fout, 1e-5, f"RNN({name}) outputs and carries")
-    np.testing.assert_allclose(float(np.asarray(cl)), float(fl), rtol=1e-5)
-    _assert_trees_close(cg, fg, 1e-5, f"RNN({name}) gradients")
+    def flax_side(jax, fnn):
+        fcell = getattr(fnn, cls)(H, **kw)
+        fcarry = fcell.initialize_carry(jax.random.key(1), x[:, 0].shape)
+        fv = jax.jit(fcell.init)(jax.random.PRNGKey(2), fcarry, x[:, 0])
+        step = jax.jit(fcell.apply)(fv, carry, x[:, 0])
+        frnn = fnn.RNN(getattr(fnn, cls)(H, **kw), return_carry=True)
+        rv = jax.jit(frnn.init)(jax.random.PRNGKey(3), x)
+        floss = jax.jit(jax.value_and_grad(
+            lambda p, x: run(jax.numpy, jax.tree_util, frnn.apply, p, x), argnums=(0, 1),
+            has_aux=True))
+        (fl, fout), fg = floss(rv["params"], x)
+        return {"carry": _flax_leaves(jax, fcarry), "params": _flax_leaves(jax, fv),
+                "step": _flax_leaves(jax, step), "rnn_params": _flax_leaves(jax, rv),
+                "out": _flax_leaves(jax, fout), "loss": float(fl), "grads": _flax_leaves(jax, fg)}
+
+    want = jax_ref("flax", flax_side)
+
+    # the cell alone: parameters for the same key, one step
+    ccarry = ccell.initialize_carry(random.PRNGKey(1), x[:, 0].shape)
+    _assert_trees_close(ccarry, want["carry"], 0, f"{name} carry")
+    cv = ccell.init(random.PRNGKey(2), ccarry, x[:, 0])
+    _assert_trees_close(cv, want["params"], 1e-6, f"{name} params")
+    _assert_trees_close(ccell.apply(cv, carry, x[:, 0]), want["step"], 1e-5, f"{name} step")
+
+    # RNN: parameters, outputs and carries forward / reversed with seq_lengths, gradients
+    crnn = nn.RNN(getattr(nn, cls)(H, **kw), return_carry=True)
+    cv = crnn.init(random.PRNGKey(3), x)
+    _assert_trees_close(cv, want["rnn_params"], 1e-6, f"RNN({name}) params")
+    (cl, cout), cg = cts.value_and_grad(lambda p, x: run(cnp, cts.tree_util, crnn.apply, p, x),
+                                        argnums=(0, 1), has_aux=True)(cv["params"], x)
+    _assert_trees_close(cout, want["out"], 1e-5, f"RNN({name}) outputs and carries")
+    np.testing.assert_allclose(float(np.asarray(cl)), want["loss"], rtol=1e-5)
+    _assert_trees_close(cg, want["grads"], 1e-5, f"RNN({name}) gradients")
 
 
-def test_flax_parity_bidirectional_and_conv_lstm():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
+def test_flax_parity_bidirectional_and_conv_lstm(jax_ref):
     x = _x()
     lengths = np.array([3, 5])
-    fb = fnn.Bidirectional(fnn.RNN(fnn.GRUCell(H)), fnn.RNN(fnn.LSTMCell(3), time_major=True),
-                           return_carry=True)
+    xc = _x((2, 3, 5, 4, D))
+
+    def flax_side(jax, fnn):
+        fb = fnn.Bidirectional(fnn.RNN(fnn.GRUCell(H)), fnn.RNN(fnn.LSTMCell(3), time_major=True),
+                               return_carry=True)
+        fv = jax.jit(fb.init)(jax.random.PRNGKey(4), x)
+        fy = jax.jit(lambda v, x: fb.apply(v, x, seq_lengths=lengths))(fv, x)
+        fr = fnn.RNN(fnn.ConvLSTMCell(H, kernel_size=(3, 3)), return_carry=True)
+        frv = jax.jit(fr.init)(jax.random.PRNGKey(5), xc)
+        return {"bi_params": _flax_leaves(jax, fv), "bi_out": _flax_leaves(jax, fy),
+                "conv_params": _flax_leaves(jax, frv),
+                "conv_out": _flax_leaves(jax, jax.jit(fr.apply)(frv, xc))}
+
+    want = jax_ref("flax", flax_side)
     cb = nn.Bidirectional(nn.RNN(nn.GRUCell(H)), nn.RNN(nn.LSTMCell(3), time_major=True),
                           return_carry=True)
-    fv = jax.jit(fb.init)(jax.random.PRNGKey(4), x)
     cv = cb.init(random.PRNGKey(4), x)
-    _assert_trees_close(cv, fv, 1e-6, "Bidirectional params")
-    f = jax.jit(lambda v, x: fb.apply(v, x, seq_lengths=lengths))
-    _assert_trees_close(cb.apply(cv, x, seq_lengths=lengths), f(fv, x), 1e-5,
+    _assert_trees_close(cv, want["bi_params"], 1e-6, "Bidirectional params")
+    _assert_trees_close(cb.apply(cv, x, seq_lengths=lengths), want["bi_out"], 1e-5,
                         "Bidirectional outputs")
 
-    xc = _x((2, 3, 5, 4, D))
-    fr = fnn.RNN(fnn.ConvLSTMCell(H, kernel_size=(3, 3)), return_carry=True)
     cr = nn.RNN(nn.ConvLSTMCell(H, kernel_size=(3, 3)), return_carry=True)
-    fv = jax.jit(fr.init)(jax.random.PRNGKey(5), xc)
     cv = cr.init(random.PRNGKey(5), xc)
-    _assert_trees_close(cv, fv, 1e-6, "ConvLSTM params")
-    _assert_trees_close(cr.apply(cv, xc), jax.jit(fr.apply)(fv, xc), 1e-5, "ConvLSTM outputs")
+    _assert_trees_close(cv, want["conv_params"], 1e-6, "ConvLSTM params")
+    _assert_trees_close(cr.apply(cv, xc), want["conv_out"], 1e-5, "ConvLSTM outputs")

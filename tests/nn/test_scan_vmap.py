@@ -1,7 +1,9 @@
 """nn.scan / nn.vmap (flax.linen.scan / vmap) and partitioning.scan_with_axes / vmap_with_axes /
 remat: Flax's variable layout, names and metadata (reference table rows P9, P11, M5, M9), the
 same parameter values as flax.linen for the same key (split RNG streams included), the same
-outputs and gradients, the same results on meshes, scan over remat, and clear errors."""
+outputs and gradients (flax's values through conftest's jax_ref: recorded in
+tests/data/recorded/test_scan_vmap.npz), the same results on meshes, scan over remat, and clear
+errors."""
 import doctest
 import functools
 import importlib
@@ -22,10 +24,22 @@ def _leaves_with_paths(tree):
     return [(cts.tree_util.keystr(p), x) for p, x in cts.tree_util.tree_leaves_with_path(tree)]
 
 
-def _assert_trees_close(ours, flax_tree, rtol=1e-6, atol=1e-7):
-    jax = pytest.importorskip("jax")
-    theirs = [(jax.tree_util.keystr(p), x)
-              for p, x in jax.tree_util.tree_leaves_with_path(flax_tree)]
+def _flax_leaves(jax, tree):
+    """A flax tree as [(jax's key path, leaf)], what _assert_trees_close compares with."""
+    return [(jax.tree_util.keystr(p), np.asarray(x))
+            for p, x in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def _flax_partitioning():
+    """flax.linen.partitioning, which jax_ref does not pass by name: call it only inside a
+    jax_ref call (its import would make the test live)."""
+    from flax.linen import partitioning
+    return partitioning
+
+
+def _assert_trees_close(ours, theirs, rtol=1e-6, atol=1e-7):
+    """ours (a ctrainstate tree) against theirs (_flax_leaves of flax's): the same key paths,
+    shapes and values."""
     mine = _leaves_with_paths(ours)
     assert [p for p, _ in mine] == [p for p, _ in theirs]
     for (p, a), (_, b) in zip(mine, theirs):
@@ -103,22 +117,26 @@ def test_p9_scan_with_axes_sindot():
         np.testing.assert_allclose(st[:, i], h, rtol=1e-5, atol=1e-5)
 
 
-def test_p9_matches_flax():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    from flax.linen import partitioning as fP
-    import jax.numpy as jnp
+def _axis_names_as_tuples(axis_names):
+    return {k: {n: tuple(s) for n, s in d.items()} for k, d in axis_names.items()}
+
+
+def test_p9_matches_flax(jax_ref):
     x = np.ones((8, 32), np.float32)
-    with fP.axis_rules(P9_RULES):
-        fv = _sindot(fnn, fP, jnp)(4, 64).init(jax.random.PRNGKey(0), x)
+
+    def flax_side(jax, jnp, fnn, fP):
+        with fP.axis_rules(P9_RULES):
+            fv = _sindot(fnn, fP, jnp)(4, 64).init(jax.random.PRNGKey(0), x)
+        return {"params": _flax_leaves(jax, fv['params']), "stats": _flax_leaves(jax, fv['stats']),
+                "axis_names": _axis_names_as_tuples(fP.get_axis_names(fv['params_axes']))}
+
+    fv = jax_ref("flax", lambda jax, jnp, fnn: flax_side(jax, jnp, fnn, _flax_partitioning()))
     with nn_partitioning.axis_rules(P9_RULES):
         v = _sindot(nn, nn_partitioning, cnp)(4, 64).init(random.PRNGKey(0), x)
     _assert_trees_close(v['params'], fv['params'])
     _assert_trees_close(v['stats'], fv['stats'], rtol=1e-5, atol=1e-5)
-    ours = nn_partitioning.get_axis_names(v['params_axes'])
-    theirs = fP.get_axis_names(fv['params_axes'])
-    assert {k: {n: tuple(s) for n, s in d.items()} for k, d in ours.items()} == \
-        {k: {n: tuple(s) for n, s in d.items()} for k, d in theirs.items()}
+    assert _axis_names_as_tuples(nn_partitioning.get_axis_names(v['params_axes'])) == \
+        fv['axis_names']
     # an unnamed instance gets Flax's auto name
     class Auto(nn.Module):
         @nn.compact
@@ -182,24 +200,25 @@ def test_p10_p11_vmap_with_axes():
                                rtol=1e-6)
 
 
-def test_p11_matches_flax():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    from flax.linen import partitioning as fP
-    import jax.numpy as jnp
+def test_p11_matches_flax(jax_ref):
     x = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
     kw = dict(variable_axes={'params': 1}, split_rngs={'params': True},
               partitioning_axis_names={'params': 'vmap_axis'})
-    with fP.axis_rules(P11_RULES):
-        FV = fP.vmap_with_axes(_foo(fnn, fP, jnp), **kw)
-        fv = FV(name='foo_vmapped').init(jax.random.PRNGKey(3), x)
-        fy = FV(name='foo_vmapped').apply(fv, x)
+
+    def flax_side(jax, jnp, fnn, fP):
+        with fP.axis_rules(P11_RULES):
+            FV = fP.vmap_with_axes(_foo(fnn, fP, jnp), **kw)
+            fv = FV(name='foo_vmapped').init(jax.random.PRNGKey(3), x)
+            fy = FV(name='foo_vmapped').apply(fv, x)
+        return {"params": _flax_leaves(jax, fv['params']), "y": fy}
+
+    want = jax_ref("flax", lambda jax, jnp, fnn: flax_side(jax, jnp, fnn, _flax_partitioning()))
     with nn_partitioning.axis_rules(P11_RULES):
         CV = nn_partitioning.vmap_with_axes(_foo(nn, nn_partitioning, cnp), **kw)
         v = CV(name='foo_vmapped').init(random.PRNGKey(3), x)
         y = CV(name='foo_vmapped').apply(v, x)
-    _assert_trees_close(v['params'], fv['params'])
-    np.testing.assert_allclose(np.asarray(y), np.asarray(fy), rtol=1e-6)
+    _assert_trees_close(v['params'], want['params'])
+    np.testing.assert_allclose(np.asarray(y), want['y'], rtol=1e-6)
 
 
 def _boxed_dense(N, np_):
@@ -292,7 +311,7 @@ def test_m9_dot_relu_dot_scan_specs_and_sharded_apply():
     np.testing.assert_allclose(np.asarray(y), np.asarray(MLP().apply(ref, x)), rtol=1e-5)
 
 
-# --- live parity with flax.linen: scan ------------------------------------------------------------
+# --- parity with flax.linen: scan -----------------------------------------------------------------
 
 def _scan_model(N, np_, *, reverse=False, axis=0, act='gelu'):
     class Block(N.Module):
@@ -327,57 +346,57 @@ def _scan_data():
 
 
 @pytest.mark.parametrize("reverse,axis,act", [(False, 0, 'gelu'), (True, 1, 'softmax')])
-def test_scan_matches_flax_init_apply_and_grads(reverse, axis, act):
+def test_scan_matches_flax_init_apply_and_grads(reverse, axis, act, jax_ref):
     """gelu: the first trace runs abstractly; softmax has no shape rule, so it runs on step
     0's values (and later calls go there directly): the same values either way."""
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    import jax.numpy as jnp
     c, xs, scale = _scan_data()
-    FNet = _scan_model(fnn, jnp, reverse=reverse, axis=axis, act=act)[0]
+
+    def flax_side(jax, jnp, fnn):
+        FNet = _scan_model(fnn, jnp, reverse=reverse, axis=axis, act=act)[0]
+        fv = FNet().init({'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)},
+                         c, xs, scale)
+        (fo, fys), fst = FNet().apply(fv, c, xs, scale, rngs={'dropout': jax.random.PRNGKey(5)},
+                                     mutable=['intermediates'])
+
+        def floss(p, xs):
+            o, ys = FNet().apply({'params': p}, c, xs, scale,
+                                 rngs={'dropout': jax.random.PRNGKey(5)})
+            return jnp.sum(jnp.square(o)) + jnp.sum(jnp.sin(ys))
+
+        fl, fg = jax.value_and_grad(floss, argnums=(0, 1))(fv['params'], xs)
+        return {"v": _flax_leaves(jax, fv), "o": fo, "ys": fys, "st": _flax_leaves(jax, fst),
+                "loss": float(fl), "grad_params": _flax_leaves(jax, fg[0]), "grad_xs": fg[1]}
+
+    want = jax_ref("flax", flax_side)
     CNet, CBlock = _scan_model(nn, cnp, reverse=reverse, axis=axis, act=act)
-    rngs_f = {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}
-    rngs_c = {'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}
-    fv = FNet().init(rngs_f, c, xs, scale)
-    v = CNet().init(rngs_c, c, xs, scale)
+    v = CNet().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, c, xs, scale)
     assert sorted(v['params']) == ['Dense_0', 'ScanBlock_0']
     k = v['params']['ScanBlock_0']['Dense_0']['kernel']
     assert k.shape == ((5, 9, 16) if axis == 0 else (9, 5, 16))
-    _assert_trees_close(v, fv)
+    _assert_trees_close(v, want['v'])
     assert nn_lifted_impl._MEMO[CBlock]['__call__'].get('concrete', False) == (act == 'softmax')
 
-    (fo, fys), fst = FNet().apply(fv, c, xs, scale, rngs={'dropout': jax.random.PRNGKey(5)},
-                                 mutable=['intermediates'])
     (o, ys), st = CNet().apply(v, c, xs, scale, rngs={'dropout': random.PRNGKey(5)},
                                mutable=['intermediates'])
     assert ys.shape == (4, 5, 2)
-    np.testing.assert_allclose(np.asarray(o), np.asarray(fo), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(ys), np.asarray(fys), rtol=1e-5, atol=1e-6)
-    _assert_trees_close(st, fst, rtol=1e-5, atol=1e-6)
-
-    def floss(p, xs):
-        o, ys = FNet().apply({'params': p}, c, xs, scale, rngs={'dropout': jax.random.PRNGKey(5)})
-        return jnp.sum(jnp.square(o)) + jnp.sum(jnp.sin(ys))
+    np.testing.assert_allclose(np.asarray(o), want['o'], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ys), want['ys'], rtol=1e-5, atol=1e-6)
+    _assert_trees_close(st, want['st'], rtol=1e-5, atol=1e-6)
 
     def closs(p, xs):
         o, ys = CNet().apply({'params': p}, c, xs, scale, rngs={'dropout': random.PRNGKey(5)})
         return cnp.sum(cnp.square(o)) + cnp.sum(cnp.sin(ys))
 
-    fl, fg = jax.value_and_grad(floss, argnums=(0, 1))(fv['params'], xs)
     cl, cg = cts.value_and_grad(closs, argnums=(0, 1))(v['params'], xs)
-    np.testing.assert_allclose(float(cl), float(fl), rtol=1e-5)
-    _assert_trees_close(cg[0], fg[0], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(cg[1]), np.asarray(fg[1]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(cl), want['loss'], rtol=1e-5)
+    _assert_trees_close(cg[0], want['grad_params'], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(cg[1]), want['grad_xs'], rtol=1e-4, atol=1e-5)
 
 
-def test_scan_broadcast_params_carry_collection_and_second_call_match_flax():
+def test_scan_broadcast_params_carry_collection_and_second_call_match_flax(jax_ref):
     """Shared (broadcast) params made by the first trace with the unsplit key, a carried
     counter, a stream not named by split_rngs (falls back to 'params'), and one scanned module
     called twice (its RNG counters keep counting)."""
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    import jax.numpy as jnp
-
     def model(N, np_):
         class Cell(N.Module):
             @N.compact
@@ -405,23 +424,30 @@ def test_scan_broadcast_params_carry_collection_and_second_call_match_flax():
     rng = np.random.default_rng(1)
     c = rng.standard_normal((2, 4)).astype(np.float32)
     xs = rng.standard_normal((3, 2, 5)).astype(np.float32)
-    fo, fv = model(fnn, jnp)().init_with_output(
-        {'params': jax.random.PRNGKey(2), 'dropout': jax.random.PRNGKey(3)}, c, xs)
+    counter = {'ScanCell_0': {'n': np.zeros((), np.float32)}}
+
+    def flax_side(jax, jnp, fnn):
+        fo, fv = model(fnn, jnp)().init_with_output(
+            {'params': jax.random.PRNGKey(2), 'dropout': jax.random.PRNGKey(3)}, c, xs)
+        fo2, fst = model(fnn, jnp)().apply({**fv, 'counter': counter}, c, xs,
+                                          rngs={'params': jax.random.PRNGKey(9)},
+                                          mutable=['counter'])
+        return {"o": fo, "v": _flax_leaves(jax, fv), "o2": fo2,
+                "n": float(np.asarray(fst['counter']['ScanCell_0']['n']))}
+
+    want = jax_ref("flax", flax_side)
     o, v = model(nn, cnp)().init_with_output(
         {'params': random.PRNGKey(2), 'dropout': random.PRNGKey(3)}, c, xs)
     assert v['params']['ScanCell_0']['Dense_0']['kernel'].shape == (4, 4)  # not stacked
-    _assert_trees_close(v, fv, rtol=1e-6, atol=1e-6)
-    for a, b in zip(o, fo):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-    counter = {'ScanCell_0': {'n': np.zeros((), np.float32)}}
-    fo2, fst = model(fnn, jnp)().apply({**fv, 'counter': counter}, c, xs,
-                                      rngs={'params': jax.random.PRNGKey(9)}, mutable=['counter'])
+    _assert_trees_close(v, want['v'], rtol=1e-6, atol=1e-6)
+    for a, b in zip(o, want['o'], strict=True):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-6)
     o2, st = model(nn, cnp)().apply({**v, 'counter': counter}, c, xs,
                                     rngs={'params': random.PRNGKey(9)}, mutable=['counter'])
     assert float(np.asarray(st['counter']['ScanCell_0']['n'])) == 6.0
-    assert float(np.asarray(fst['counter']['ScanCell_0']['n'])) == 6.0
-    for a, b in zip(o2, fo2):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert want['n'] == 6.0
+    for a, b in zip(o2, want['o2'], strict=True):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-6)
 
 
 def test_scan_carried_variable_created_inside_raises():
@@ -436,12 +462,7 @@ def test_scan_carried_variable_created_inside_raises():
         S().init(random.PRNGKey(0), np.zeros(2, np.float32), None)
 
 
-def test_nested_scan_with_scan_out_matches_flax():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    from flax.linen import partitioning as fP
-    import jax.numpy as jnp
-
+def test_nested_scan_with_scan_out_matches_flax(jax_ref):
     def model(N, P_):
         class Inner(N.Module):
             @N.compact
@@ -469,21 +490,25 @@ def test_nested_scan_with_scan_out_matches_flax():
 
     c = np.ones((2, 3), np.float32)
     xs = np.linspace(0, 1, 18, dtype=np.float32).reshape(3, 2, 3)
-    fo, fv = model(fnn, fP)().init_with_output(
-        {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, c, xs, mutable=True)
+
+    def flax_side(jax, fnn, fP):
+        fo, fv = model(fnn, fP)().init_with_output(
+            {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, c, xs,
+            mutable=True)
+        return {"o": fo, "v": _flax_leaves(jax, fv)}
+
+    want = jax_ref("flax", lambda jax, fnn: flax_side(jax, fnn, _flax_partitioning()))
     o, v = model(nn, nn_partitioning)().init_with_output(
         {'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, c, xs, mutable=True)
     assert v['params']['ScanMid_0']['ScanInner_0']['Dense_0']['kernel'].shape == (3, 2, 3, 3)
     assert v['intermediates']['ScanMid_0']['ScanInner_0']['h'][0].shape == (3, 2, 2, 3)
-    _assert_trees_close(v, fv, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(o), np.asarray(fo), rtol=1e-6, atol=1e-6)
+    _assert_trees_close(v, want['v'], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(o), want['o'], rtol=1e-6, atol=1e-6)
 
 
-def test_scan_without_constancy_trace_matches_flax():
+def test_scan_without_constancy_trace_matches_flax(jax_ref):
     """check_constancy_invariants=False: Flax traces the body once, so its counters (and the
     keys) differ from the default's; ctrainstate follows."""
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
 
     def scanned(N, **kw):
         class Block(N.Module):
@@ -496,12 +521,17 @@ def test_scan_without_constancy_trace_matches_flax():
 
     c = np.ones((2, 3), np.float32)
     xs = np.linspace(0, 1, 18, dtype=np.float32).reshape(3, 2, 3)
-    fo, fv = scanned(fnn, check_constancy_invariants=False)().init_with_output(
-        {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, c, xs)
+
+    def flax_side(jax, fnn):
+        fo, fv = scanned(fnn, check_constancy_invariants=False)().init_with_output(
+            {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, c, xs)
+        return {"ys": fo[1], "v": _flax_leaves(jax, fv)}
+
+    want = jax_ref("flax", flax_side)
     o, v = scanned(nn, check_constancy_invariants=False)().init_with_output(
         {'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, c, xs)
-    _assert_trees_close(v, fv)
-    np.testing.assert_allclose(np.asarray(o[1]), np.asarray(fo[1]), rtol=1e-6, atol=1e-6)
+    _assert_trees_close(v, want['v'])
+    np.testing.assert_allclose(np.asarray(o[1]), want['ys'], rtol=1e-6, atol=1e-6)
     v_default = scanned(nn)().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)},
                                    c, xs)
     assert not np.array_equal(np.asarray(v['params']['Dense_0']['kernel']),
@@ -512,7 +542,7 @@ def test_scan_without_constancy_trace_matches_flax():
             random.PRNGKey(0), c, xs)
 
 
-# --- live parity with flax.linen: vmap ------------------------------------------------------------
+# --- parity with flax.linen: vmap -----------------------------------------------------------------
 
 def _vmap_model(N, np_, shared: bool):
     class Head(N.Module):
@@ -533,36 +563,42 @@ def _vmap_model(N, np_, shared: bool):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_vmap_matches_flax_init_apply_and_grads(shared):
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    import jax.numpy as jnp
+def test_vmap_matches_flax_init_apply_and_grads(shared, jax_ref):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((5, 4, 6)).astype(np.float32)  # mapped along axis 1
     bias = rng.standard_normal((3,)).astype(np.float32)
-    FNet, CNet = _vmap_model(fnn, jnp, shared), _vmap_model(nn, cnp, shared)
-    fv = FNet().init({'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, x, bias)
+
+    def flax_side(jax, jnp, fnn):
+        FNet = _vmap_model(fnn, jnp, shared)
+        fv = FNet().init({'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)},
+                         x, bias)
+
+        def floss(p, x):
+            y = FNet().apply({'params': p}, x, bias, rngs={'dropout': jax.random.PRNGKey(4)})
+            return jnp.sum(jnp.square(y)), y
+
+        (fl, fy), fg = jax.value_and_grad(floss, argnums=(0, 1), has_aux=True)(fv['params'], x)
+        return {"v": _flax_leaves(jax, fv), "y": fy, "loss": float(fl),
+                "grad_params": _flax_leaves(jax, fg[0]), "grad_x": fg[1]}
+
+    want = jax_ref("flax", flax_side)
+    CNet = _vmap_model(nn, cnp, shared)
     v = CNet().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, x, bias)
     assert list(v['params']) == ['VmapHead_0']
     kshape = v['params']['VmapHead_0']['Dense_0']['kernel'].shape
     assert kshape == ((6, 8) if shared else (4, 6, 8))
-    _assert_trees_close(v, fv)
-
-    def floss(p, x):
-        y = FNet().apply({'params': p}, x, bias, rngs={'dropout': jax.random.PRNGKey(4)})
-        return jnp.sum(jnp.square(y)), y
+    _assert_trees_close(v, want['v'])
 
     def closs(p, x):
         y = CNet().apply({'params': p}, x, bias, rngs={'dropout': random.PRNGKey(4)})
         return cnp.sum(cnp.square(y)), y
 
-    (fl, fy), fg = jax.value_and_grad(floss, argnums=(0, 1), has_aux=True)(fv['params'], x)
     (cl, y), cg = cts.value_and_grad(closs, argnums=(0, 1), has_aux=True)(v['params'], x)
     assert y.shape == (5, 4, 3)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(fy), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(float(cl), float(fl), rtol=1e-5)
-    _assert_trees_close(cg[0], fg[0], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(cg[1]), np.asarray(fg[1]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y), want['y'], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(cl), want['loss'], rtol=1e-5)
+    _assert_trees_close(cg[0], want['grad_params'], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(cg[1]), want['grad_x'], rtol=1e-4, atol=1e-5)
 
 
 # --- meshes ---------------------------------------------------------------------------------------
@@ -698,14 +734,9 @@ def test_remat_around_scan_same_bits():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_scan_over_remat_matches_flax():
+def test_scan_over_remat_matches_flax(jax_ref):
     """t5x's scalable_t5 pattern: remat(BlockLayer) scanned with the params' layer axis at
     position 1, lifted as ScanIn(1) (input only) once the params exist."""
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    from flax.linen import partitioning as fP
-    import jax.numpy as jnp
-
     def model(N, P_, np_):
         class BlockLayer(N.Module):
             @N.compact
@@ -727,20 +758,27 @@ def test_scan_over_remat_matches_flax():
         return Stack
 
     x = np.random.default_rng(6).standard_normal((2, 5)).astype(np.float32)
-    FS, CS = model(fnn, fP, jnp), model(nn, nn_partitioning, cnp)
-    fv = FS().init({'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, x)
+
+    def flax_side(jax, jnp, fnn, fP):
+        FS = model(fnn, fP, jnp)
+        fv = FS().init({'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}, x)
+        fl, fg = jax.value_and_grad(lambda p: jnp.sum(FS().apply(
+            {'params': p, 'params_axes': fv['params_axes']}, x,
+            rngs={'dropout': jax.random.PRNGKey(2)}) ** 2))(fv['params'])
+        return {"params": _flax_leaves(jax, fv['params']), "loss": float(fl),
+                "grads": _flax_leaves(jax, fg)}
+
+    want = jax_ref("flax", lambda jax, jnp, fnn: flax_side(jax, jnp, fnn, _flax_partitioning()))
+    CS = model(nn, nn_partitioning, cnp)
     v = CS().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, x)
     assert v['params']['layers']['wi'].shape == (5, 3, 12)
     assert v['params_axes']['layers']['wi_axes'] == AxisMetadata(('embed', 'layers', 'mlp'))
-    _assert_trees_close(v['params'], fv['params'])
+    _assert_trees_close(v['params'], want['params'])
     axes = v['params_axes']
-    fl, fg = jax.value_and_grad(lambda p: jnp.sum(FS().apply(
-        {'params': p, 'params_axes': fv['params_axes']}, x,
-        rngs={'dropout': jax.random.PRNGKey(2)}) ** 2))(fv['params'])
     cl, cg = cts.value_and_grad(lambda p: cnp.sum(cnp.square(CS().apply(
         {'params': p, 'params_axes': axes}, x, rngs={'dropout': random.PRNGKey(2)}))))(v['params'])
-    np.testing.assert_allclose(float(cl), float(fl), rtol=1e-5)
-    _assert_trees_close(cg, fg, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(cl), want['loss'], rtol=1e-5)
+    _assert_trees_close(cg, want['grads'], rtol=1e-4, atol=1e-5)
 
 
 def test_data_transform_sees_flax_groups():
@@ -963,17 +1001,26 @@ def test_function_form_equals_the_class_form():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=p)
 
 
-def test_function_and_decorator_forms_match_flax():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    ours = dict(zip(("FnRNN", "ClassRNN", "DecoOuter", "VmapFn"), _fn_models(nn)))
-    theirs = dict(zip(("FnRNN", "ClassRNN", "DecoOuter", "VmapFn"), _fn_models(fnn)))
-    for name, args in _fn_inputs().items():
+def test_function_and_decorator_forms_match_flax(jax_ref):
+    names = ("FnRNN", "ClassRNN", "DecoOuter", "VmapFn")
+    inputs = _fn_inputs()
+
+    def flax_side(jax, fnn):
+        theirs = dict(zip(names, _fn_models(fnn)))
+        out = {}
+        for name, args in inputs.items():
+            fv = theirs[name]().init(jax.random.PRNGKey(0), *args)
+            out[name] = {"v": _flax_leaves(jax, fv),
+                         "out": _flax_leaves(jax, theirs[name]().apply(fv, *args))}
+        return out
+
+    want = jax_ref("flax", flax_side)
+    ours = dict(zip(names, _fn_models(nn)))
+    for name, args in inputs.items():
         v = ours[name]().init(random.PRNGKey(0), *args)
-        fv = theirs[name]().init(jax.random.PRNGKey(0), *args)
-        _assert_trees_close(v, fv)
-        _assert_trees_close(ours[name]().apply(v, *args), theirs[name]().apply(fv, *args),
-                            rtol=1e-5, atol=1e-6)
+        _assert_trees_close(v, want[name]["v"])
+        _assert_trees_close(ours[name]().apply(v, *args), want[name]["out"], rtol=1e-5,
+                            atol=1e-6)
 
 
 def test_function_form_errors():

@@ -4,9 +4,9 @@
 Values are checked against a float64 numpy reference written from the definition (loops over
 output positions and window offsets: patch feature ``c * prod(window) + offset``, jax's
 order), gradients through linearity (the op is linear in each operand, so
-``<grad_x f, d> = f(d)`` for ``f(x) = <local(x, w), g>``), and, where jax and flax are
-installed, against ``jax.lax`` (patches bit for bit), ``jax.grad`` and ``flax.linen.ConvLocal``
-with the same keys.
+``<grad_x f, d> = f(d)`` for ``f(x) = <local(x, w), g>``), and against ``jax.lax`` (patches bit
+for bit), ``jax.grad`` and ``flax.linen.ConvLocal`` with the same keys (conftest's ``jax_ref``:
+recorded values, or live jax in the parity run).
 """
 import numpy as np
 import pytest
@@ -16,15 +16,6 @@ import ctrainstate.lax as clax
 import ctrainstate.numpy as cnp
 from ctrainstate import NamedSharding, P, nn, random
 from conv_ref import grown
-
-
-def _jax():
-    return pytest.importorskip("jax")
-
-
-def _fnn():
-    _jax()
-    return pytest.importorskip("flax.linen")
 
 
 # --- a numpy reference from the definition (channels last: x (N, S..., C)) -----------------
@@ -136,51 +127,63 @@ LAYOUTS = [None, ("NHWC", "HWIO", "NHWC"), ("NWHC", "WHIO", "NCWH"), ("HNCW", "I
            ((0, 3, 1, 2), (3, 2, 0, 1), (0, 3, 2, 1)), ((0, 1, 2, 3), (3, 2, 1, 0), (1, 0, 3, 2))]
 
 
+def _jax_layout(lax, layout):
+    """layout as jax takes it: index tuples as its ConvDimensionNumbers (ctrainstate takes
+    them as plain tuples)."""
+    if layout is not None and not isinstance(layout[0], str):
+        return lax.ConvDimensionNumbers(*layout)
+    return layout
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[str(i) for i in range(len(LAYOUTS))])
-def test_patches_bit_for_bit_and_local_with_gradients_match_live_jax(layout):
-    jax = _jax()
-    jnp = jax.numpy
+def test_patches_bit_for_bit_and_local_with_gradients_match_live_jax(layout, jax_ref):
     rng = np.random.default_rng(2)
     fs, st, pad, ld, rd = (2, 3), (2, 1), ((1, 2), (0, 1)), (1, 2), (1, 2)
-    # index tuples: jax takes them as its ConvDimensionNumbers, ctrainstate as plain tuples
-    jlayout = (jax.lax.ConvDimensionNumbers(*layout)
-               if layout is not None and not isinstance(layout[0], str) else layout)
-    dn = jax.lax.conv_dimension_numbers((1, 1, 1, 1), (1, 1) + fs, jlayout)
+    # jax's reading of the layout: (lhs_spec, rhs_spec, out_spec)
+    lhs_spec, rhs_spec, out_spec = jax_ref("dn", lambda lax: tuple(lax.conv_dimension_numbers(
+        (1, 1, 1, 1), (1, 1) + fs, _jax_layout(lax, layout))))
     lhs_shape = [0] * 4
-    lhs_shape[dn.lhs_spec[0]], lhs_shape[dn.lhs_spec[1]] = 2, 3
-    lhs_shape[dn.lhs_spec[2]], lhs_shape[dn.lhs_spec[3]] = 7, 6
+    lhs_shape[lhs_spec[0]], lhs_shape[lhs_spec[1]] = 2, 3
+    lhs_shape[lhs_spec[2]], lhs_shape[lhs_spec[3]] = 7, 6
     lhs = rng.standard_normal(lhs_shape).astype(np.float32)
 
-    def jpatches(a):
-        return jax.lax.conv_general_dilated_patches(a, fs, st, pad, ld, rd, jlayout)
-    pj = np.asarray(jax.jit(jpatches)(lhs))
+    def jpatches(jax):
+        return jax.jit(lambda a: jax.lax.conv_general_dilated_patches(
+            a, fs, st, pad, ld, rd, _jax_layout(jax.lax, layout)))(lhs)
+    pj = jax_ref("patches", jpatches)
     pc = np.asarray(clax.conv_general_dilated_patches(lhs, fs, st, pad, ld, rd, layout))
     assert pc.shape == pj.shape
     np.testing.assert_array_equal(pc, pj)
 
-    osp = [pj.shape[i] for i in dn.out_spec[2:]]
+    osp = [pj.shape[i] for i in out_spec[2:]]
     rshape = [0] * 4
-    rshape[dn.rhs_spec[0]], rshape[dn.rhs_spec[1]] = 5, pj.shape[dn.out_spec[1]]
-    for i, d in enumerate(dn.rhs_spec[2:]):
+    rshape[rhs_spec[0]], rshape[rhs_spec[1]] = 5, pj.shape[out_spec[1]]
+    for i, d in enumerate(rhs_spec[2:]):
         rshape[d] = osp[i]
     rhs = rng.standard_normal(rshape).astype(np.float32)
-    g = rng.standard_normal(jax.eval_shape(
-        lambda a, b: jax.lax.conv_general_dilated_local(a, b, st, pad, fs, ld, rd, jlayout),
-        lhs, rhs).shape).astype(np.float32)
 
-    def jf(a, b):
-        y = jax.lax.conv_general_dilated_local(a, b, st, pad, fs, ld, rd, jlayout,
-                                               precision="highest")
-        return jnp.sum(jnp.sin(y) * g), y
-    (_, yj), gj = jax.jit(jax.value_and_grad(jf, argnums=(0, 1), has_aux=True))(lhs, rhs)
+    def jlocal(jax, a, b, **kw):
+        return jax.lax.conv_general_dilated_local(a, b, st, pad, fs, ld, rd,
+                                                  _jax_layout(jax.lax, layout), **kw)
+    y_shape = jax_ref("y_shape", lambda jax: tuple(jax.eval_shape(
+        lambda a, b: jlocal(jax, a, b), lhs, rhs).shape))
+    g = rng.standard_normal(y_shape).astype(np.float32)
+
+    def jax_side(jax):
+        def jf(a, b):
+            y = jlocal(jax, a, b, precision="highest")
+            return jax.numpy.sum(jax.numpy.sin(y) * g), y
+        (_, yj), gj = jax.jit(jax.value_and_grad(jf, argnums=(0, 1), has_aux=True))(lhs, rhs)
+        return {"y": yj, "grads": gj}
+    want = jax_ref("local", jax_side)
 
     def cf(a, b):
         y = clax.conv_general_dilated_local(a, b, st, pad, fs, ld, rd, layout)
         return cnp.sum(cnp.sin(y) * g), y
     (_, yc), gc = cts.value_and_grad(cf, argnums=(0, 1), has_aux=True)(lhs, rhs)
-    np.testing.assert_allclose(np.asarray(yc), np.asarray(yj), rtol=1e-5, atol=1e-5)
-    for a, b in zip(gc, gj):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(yc), want["y"], rtol=1e-5, atol=1e-5)
+    for a, b in zip(gc, want["grads"]):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-5, atol=1e-5)
 
 
 def test_local_bad_inputs_raise_clear_errors():
@@ -243,35 +246,46 @@ MODULES = [
 ]
 
 
+def _module_params(shapes):
+    """Random parameters of the given shapes ({name: shape}, drawn in that order)."""
+    rng = np.random.default_rng(4)
+    return {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+
+
 @pytest.mark.parametrize("name,kw,shape", MODULES, ids=[m[0] for m in MODULES])
-def test_conv_local_module_matches_live_flax(name, kw, shape):
-    jax = _jax()
-    fnn = _fnn()
+def test_conv_local_module_matches_live_flax(name, kw, shape, jax_ref):
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
-    fm, cm = fnn.ConvLocal(**kw), nn.ConvLocal(**kw)
-    fv = fm.init(jax.random.PRNGKey(3), x)["params"]
+
+    def flax_side(jax, fnn):
+        fm = fnn.ConvLocal(**kw)
+        fv = fm.init(jax.random.PRNGKey(3), x)["params"]
+        params = _module_params({k: v.shape for k, v in fv.items()})
+
+        def floss(p, a):
+            return jax.numpy.sum(jax.numpy.sin(fm.apply({"params": p}, a)))
+        fy = jax.jit(lambda p, a: fm.apply({"params": p}, a))(params, x)
+        fg = jax.jit(jax.grad(floss, argnums=(0, 1)))(params, x)
+        return {"params": fv, "y": fy, "grads": fg}
+    want = jax_ref("flax", flax_side)
+    fv = want["params"]
+    cm = nn.ConvLocal(**kw)
     cv = cm.init(random.PRNGKey(3), x)["params"]
     assert sorted(cv) == sorted(fv)
     for k in fv:
         assert cv[k].shape == fv[k].shape, k
-        np.testing.assert_array_equal(np.asarray(cv[k]), np.asarray(fv[k]), err_msg=k)
-    rng = np.random.default_rng(4)
-    params = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in fv.items()}
-
-    def floss(p, a):
-        return jax.numpy.sum(jax.numpy.sin(fm.apply({"params": p}, a)))
+        np.testing.assert_array_equal(np.asarray(cv[k]), fv[k], err_msg=k)
+    params = _module_params({k: v.shape for k, v in fv.items()})
 
     def closs(p, a):
         return cnp.sum(cnp.sin(cm.apply({"params": p}, a)))
-    fy = jax.jit(lambda p, a: fm.apply({"params": p}, a))(params, x)
-    np.testing.assert_allclose(np.asarray(cm.apply({"params": params}, x)), np.asarray(fy),
+    np.testing.assert_allclose(np.asarray(cm.apply({"params": params}, x)), want["y"],
                                rtol=2e-5, atol=2e-5)
-    fg = jax.jit(jax.grad(floss, argnums=(0, 1)))(params, x)
     cg = cts.grad(closs, argnums=(0, 1))(params, x)
+    fg = want["grads"]
     for k in params:
-        np.testing.assert_allclose(np.asarray(cg[0][k]), np.asarray(fg[0][k]), rtol=2e-5,
-                                   atol=2e-5, err_msg=k)
-    np.testing.assert_allclose(np.asarray(cg[1]), np.asarray(fg[1]), rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(cg[0][k]), fg[0][k], rtol=2e-5, atol=2e-5,
+                                   err_msg=k)
+    np.testing.assert_allclose(np.asarray(cg[1]), fg[1], rtol=2e-5, atol=2e-5)
 
 
 def test_conv_local_module_is_the_local_product_of_its_params():

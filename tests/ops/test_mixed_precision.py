@@ -1,6 +1,7 @@
 """Mixed precision: dtype conversions on devices (the core's convert kernel), ops on
 bfloat16 / float16 Arrays (jax's promotion, float32 compute, one rounding per op), their
-gradients, and the layers' ``dtype=`` (Flax's mixed precision) against live Flax."""
+gradients, and the layers' ``dtype=`` (Flax's mixed precision) against Flax. jax's and Flax's
+values are recorded (conftest's ``jax_ref``: tests/data/recorded/test_mixed_precision.npz)."""
 import math
 
 import ml_dtypes
@@ -99,12 +100,13 @@ def test_astype_every_dtype_pair_matches_the_reference(src):
         _same(_host(y), _reference(x, dst))
 
 
-def test_astype_matches_jax_live():
-    jnp = pytest.importorskip("jax.numpy")
-    for src in DTYPES:
+def test_astype_matches_jax(jax_ref):
+    want = jax_ref("jax", lambda jnp: [[jnp.asarray(_sources(src)).astype(dst) for dst in DTYPES]
+                                       for src in DTYPES])
+    for src, want_src in zip(DTYPES, want, strict=True):
         x = _sources(src)
-        for dst in DTYPES:
-            _same(_host(cts.device_put(x).astype(dst)), np.asarray(jnp.asarray(x).astype(dst)))
+        for dst, w in zip(DTYPES, want_src, strict=True):
+            _same(_host(cts.device_put(x).astype(dst)), w)
 
 
 @pytest.mark.parametrize("half", [F16, BF16], ids=str)
@@ -221,34 +223,35 @@ def test_layout_ops_move_any_dtype_natively(dt, mesh24):
         cts.ShapeDtypeStruct((8, 6), dt)
 
 
-def test_promotion_follows_jax():
-    jnp = pytest.importorskip("jax.numpy")
+def test_promotion_follows_jax(jax_ref):
     vals = {
         "bf16": np.ones(3, BF16), "f16": np.ones(3, F16), "f32": np.ones(3, np.float32),
         "i32": np.ones(3, np.int32), "pyfloat": 2.0, "pyint": 3, "npf32": np.float32(2.0),
     }
     arrays = ("bf16", "f16", "f32", "i32")
-    for a in arrays:
-        for b, v in vals.items():
+    want = jax_ref("jax", lambda jnp: {
+        "sums": [[jnp.add(jnp.asarray(vals[a]), jnp.asarray(v) if b in arrays else v)
+                  for b, v in vals.items()] for a in arrays],
+        "doubled": jnp.multiply(jnp.asarray(vals["i32"]), 2)})
+    for a, want_a in zip(arrays, want["sums"], strict=True):
+        for (b, v), w in zip(vals.items(), want_a, strict=True):
             ours = cnp.add(cts.device_put(vals[a]), cts.device_put(v) if b in arrays else v)
-            want = jnp.add(jnp.asarray(vals[a]), jnp.asarray(v) if b in arrays else v)
-            assert ours.dtype == want.dtype, (a, b, ours.dtype, want.dtype)
-            np.testing.assert_array_equal(_f32(ours), _f32(want))
+            assert ours.dtype == w.dtype, (a, b, ours.dtype, w.dtype)
+            np.testing.assert_array_equal(_f32(ours), _f32(w))
     doubled = cnp.multiply(cts.device_put(vals["i32"]), 2)   # int32 (weak int), as jax
-    assert doubled.dtype == jnp.multiply(jnp.asarray(vals["i32"]), 2).dtype == np.int32
+    assert doubled.dtype == want["doubled"].dtype == np.int32
 
 
-def test_ops_match_jax_within_a_few_ulp():
-    jnp = pytest.importorskip("jax.numpy")
-    jax = pytest.importorskip("jax")
-    for dt in (BF16, F16):
-        x, w = _rand((4, 16), dt, 3), _rand((16, 8), dt, 4, 0.25)
+def test_ops_match_jax_within_a_few_ulp(jax_ref):
+    def f(mod, nnmod, x, w):
+        h = mod.tanh(mod.matmul(x, w) * 2.0 + 1.0)
+        return nnmod.softmax(h) * mod.exp(mod.sin(h))
 
-        def f(mod, nnmod, x, w):
-            h = mod.tanh(mod.matmul(x, w) * 2.0 + 1.0)
-            return nnmod.softmax(h) * mod.exp(mod.sin(h))
+    inputs = [(dt, _rand((4, 16), dt, 3), _rand((16, 8), dt, 4, 0.25)) for dt in (BF16, F16)]
+    wants = jax_ref("jax", lambda jax: [f(jax.numpy, jax.nn, jax.numpy.asarray(x),
+                                          jax.numpy.asarray(w)) for _, x, w in inputs])
+    for (dt, x, w), want in zip(inputs, wants, strict=True):
         ours = f(cnp, nn, cts.device_put(x), cts.device_put(w))
-        want = f(jnp, jax.nn, jnp.asarray(x), jnp.asarray(w))
         assert ours.dtype == want.dtype == dt
         ulp = 2.0 ** -7 if dt == BF16 else 2.0 ** -10
         np.testing.assert_allclose(_f32(ours), _f32(want), rtol=4 * ulp, atol=4 * ulp)
@@ -256,9 +259,7 @@ def test_ops_match_jax_within_a_few_ulp():
 
 # --- gradients ----------------------------------------------------------------------------
 
-def test_gradients_through_bfloat16_compute_match_jax():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_gradients_through_bfloat16_compute_match_jax(jax_ref):
     x = _rand((8, 16), np.float32, 5)
     w1, w2 = _rand((16, 32), np.float32, 6, 0.3), _rand((32, 4), np.float32, 7, 0.3)
 
@@ -266,10 +267,15 @@ def test_gradients_through_bfloat16_compute_match_jax():
         h = act(mod.matmul(x.astype(BF16), params["w1"].astype(BF16)))
         y = mod.matmul(h, params["w2"].astype(BF16))
         return mod.mean(mod.square(y.astype(np.float32)))
+
+    def jax_side(jax):
+        jnp = jax.numpy
+        return jax.value_and_grad(lambda p: loss(jnp, jnp.tanh, p, jnp.asarray(x)))(
+            {"w1": jnp.asarray(w1), "w2": jnp.asarray(w2)})
+
+    jv, jg = jax_ref("jax", jax_side)
     p = {"w1": cts.device_put(w1), "w2": cts.device_put(w2)}
     v, g = cts.value_and_grad(lambda p: loss(cnp, cnp.tanh, p, cts.device_put(x)))(p)
-    jv, jg = jax.value_and_grad(lambda p: loss(jnp, jnp.tanh, p, jnp.asarray(x)))(
-        {"w1": jnp.asarray(w1), "w2": jnp.asarray(w2)})
     assert g["w1"].dtype == np.float32          # the params' dtype, as in jax
     np.testing.assert_allclose(float(v), float(jv), rtol=2 ** -6)
     for k in ("w1", "w2"):
@@ -277,14 +283,13 @@ def test_gradients_through_bfloat16_compute_match_jax():
         np.testing.assert_allclose(_host(g[k]), np.asarray(jg[k]), atol=scale * 2 ** -5)
 
 
-def test_bfloat16_inputs_get_bfloat16_cotangents():
-    jax = pytest.importorskip("jax")
+def test_bfloat16_inputs_get_bfloat16_cotangents(jax_ref):
     x = _rand((5, 3), BF16, 8)
 
     def f(mod, x):
         return mod.sum(mod.sin(x) * x).astype(np.float32)
     g = cts.grad(lambda a: f(cnp, a))(cts.device_put(x))
-    jg = jax.grad(lambda a: f(jax.numpy, a))(jax.numpy.asarray(x))
+    jg = jax_ref("jax", lambda jax: jax.grad(lambda a: f(jax.numpy, a))(jax.numpy.asarray(x)))
     assert g.dtype == jg.dtype == BF16
     np.testing.assert_allclose(_f32(g), _f32(jg), rtol=2 ** -6, atol=2 ** -6)
     # a bfloat16 input used twice: its cotangents add in bfloat16
@@ -302,10 +307,12 @@ def test_astype_between_floats_is_differentiable_and_ints_stop_the_gradient():
 
 # --- layers: Flax's dtype= ------------------------------------------------------------------
 
-def _flax_apply(flax_layer, variables, *args, **kw):
-    jax = pytest.importorskip("jax")
-    fv = jax.tree_util.tree_map(lambda a: np.asarray(a), variables)
-    return flax_layer.apply(fv, *args, **kw)
+def _flax_outputs(jax_ref, layers, inits):
+    """Flax's output of each layer ``make(flax.linen)`` of (make, input) ``layers``, applied to
+    our variables (``inits``, as host arrays) and the input."""
+    host = [cts.tree_util.tree_map(np.asarray, v) for v in inits]
+    return jax_ref("flax", lambda fnn: [make(fnn).apply(hv, inp)
+                                        for (make, inp), hv in zip(layers, host, strict=True)])
 
 
 def _close(ours, want, dt):
@@ -318,59 +325,63 @@ def _close(ours, want, dt):
 
 @pytest.mark.parametrize("dt", [BF16, F16], ids=str)
 @pytest.mark.parametrize("param_dt", [F32, BF16], ids=str)
-def test_layers_with_dtype_match_flax(dt, param_dt):
-    fnn = pytest.importorskip("flax.linen")
+def test_layers_with_dtype_match_flax(dt, param_dt, jax_ref):
     x = _rand((2, 5, 8), np.float32, 9)
     ids = np.array([[1, 4, 0], [3, 3, 2]], np.int32)
-    cases = [
-        (nn.Dense(6, dtype=dt, param_dtype=param_dt),
-         fnn.Dense(6, dtype=dt, param_dtype=param_dt), x),
-        (nn.DenseGeneral((2, 3), axis=(-2, -1), dtype=dt, param_dtype=param_dt),
-         fnn.DenseGeneral((2, 3), axis=(-2, -1), dtype=dt, param_dtype=param_dt), x),
-        (nn.LayerNorm(dtype=dt, param_dtype=param_dt),
-         fnn.LayerNorm(dtype=dt, param_dtype=param_dt), x),
-        (nn.RMSNorm(dtype=dt, param_dtype=param_dt), fnn.RMSNorm(dtype=dt, param_dtype=param_dt), x),
-        (nn.Embed(5, 4, dtype=dt, param_dtype=param_dt),
-         fnn.Embed(5, 4, dtype=dt, param_dtype=param_dt), ids),
-        (nn.MultiHeadDotProductAttention(2, qkv_features=8, dtype=dt, param_dtype=param_dt),
-         fnn.MultiHeadDotProductAttention(2, qkv_features=8, dtype=dt, param_dtype=param_dt), x),
+    layers = [   # (the layer of a module library m: ctrainstate.nn or flax.linen, its input)
+        (lambda m: m.Dense(6, dtype=dt, param_dtype=param_dt), x),
+        (lambda m: m.DenseGeneral((2, 3), axis=(-2, -1), dtype=dt, param_dtype=param_dt), x),
+        (lambda m: m.LayerNorm(dtype=dt, param_dtype=param_dt), x),
+        (lambda m: m.RMSNorm(dtype=dt, param_dtype=param_dt), x),
+        (lambda m: m.Embed(5, 4, dtype=dt, param_dtype=param_dt), ids),
+        (lambda m: m.MultiHeadDotProductAttention(2, qkv_features=8, dtype=dt,
+                                                  param_dtype=param_dt), x),
     ]
-    for ours, theirs, inp in cases:
-        v = ours.init(random.PRNGKey(0), inp)
+    inits = [make(nn).init(random.PRNGKey(0), inp) for make, inp in layers]
+    wants = _flax_outputs(jax_ref, layers, inits)
+    for (make, inp), v, want in zip(layers, inits, wants, strict=True):
+        ours = make(nn)
         assert {a.dtype for a in flat_tree(v["params"]).values()} == {param_dt}
         out = ours.apply(v, inp)
-        want = _flax_apply(theirs, v, inp)
         _close(out, want, dt)
         assert cts.eval_shape(ours.apply, v, inp).dtype == want.dtype
 
 
-def test_layers_without_dtype_promote_inputs_and_params():
-    fnn = pytest.importorskip("flax.linen")
+def test_layers_without_dtype_promote_inputs_and_params(jax_ref):
     xb = _rand((3, 8), BF16, 10)
-    for ours, theirs in ((nn.Dense(4), fnn.Dense(4)), (nn.LayerNorm(), fnn.LayerNorm()),
-                         (nn.Dense(4, param_dtype=BF16), fnn.Dense(4, param_dtype=BF16))):
-        v = ours.init(random.PRNGKey(1), xb)
-        out, want = ours.apply(v, xb), _flax_apply(theirs, v, xb)
+    layers = [(lambda m: m.Dense(4), xb), (lambda m: m.LayerNorm(), xb),
+              (lambda m: m.Dense(4, param_dtype=BF16), xb)]
+    inits = [make(nn).init(random.PRNGKey(1), inp) for make, inp in layers]
+    wants = _flax_outputs(jax_ref, layers, inits)
+    for (make, inp), v, want in zip(layers, inits, wants, strict=True):
+        out = make(nn).apply(v, inp)
         _close(out, want, want.dtype)
 
 
-def test_attention_dropout_and_fp32_softmax_in_bfloat16():
-    fnn = pytest.importorskip("flax.linen")
-    jax = pytest.importorskip("jax")
+def test_attention_dropout_and_fp32_softmax_in_bfloat16(jax_ref):
     q = _rand((2, 4, 2, 8), BF16, 11)
     k = _rand((2, 6, 2, 8), BF16, 12)
     mask = np.tril(np.ones((4, 6), bool))[None, None]
+    key = random.PRNGKey(5)
+    hkey = np.asarray(key)
+
+    def flax_side(jax, fnn):
+        return {"w": fnn.dot_product_attention_weights(q, k, mask=mask),
+                "w32": fnn.dot_product_attention_weights(q, k, mask=mask,
+                                                         force_fp32_for_softmax=True),
+                "dropout": fnn.dot_product_attention_weights(
+                    q, k, dropout_rng=jax.numpy.asarray(hkey), dropout_rate=0.25)}
+
+    want = jax_ref("flax", flax_side)
     w = nn.dot_product_attention_weights(q, k, mask=mask)
-    jw = fnn.dot_product_attention_weights(q, k, mask=mask)
+    jw = want["w"]
     _close(w, jw, BF16)
     w32 = nn.dot_product_attention_weights(q, k, mask=mask, force_fp32_for_softmax=True)
-    jw32 = fnn.dot_product_attention_weights(q, k, mask=mask, force_fp32_for_softmax=True)
+    jw32 = want["w32"]
     assert w32.dtype == jw32.dtype == np.float32
-    np.testing.assert_allclose(_host(w32), np.asarray(jw32), rtol=1e-5, atol=1e-6)
-    key = random.PRNGKey(5)
+    np.testing.assert_allclose(_host(w32), jw32, rtol=1e-5, atol=1e-6)
     d = nn.dot_product_attention_weights(q, k, dropout_rng=key, dropout_rate=0.25)
-    jd = fnn.dot_product_attention_weights(q, k, dropout_rng=jax.numpy.asarray(np.asarray(key)),
-                                           dropout_rate=0.25)
+    jd = want["dropout"]
     np.testing.assert_array_equal(_f32(d) == 0, np.asarray(jd).astype(np.float32) == 0)
     _close(d, jd, BF16)
 
@@ -445,13 +456,13 @@ def test_indexing_of_16_bit_floats_differentiates_like_float32(name, f):
     assert float(v) == float(np.float32(float(v32)).astype(BF16))
 
 
-def test_indexing_of_16_bit_floats_matches_jax():
-    jax = pytest.importorskip("jax")
+def test_indexing_of_16_bit_floats_matches_jax(jax_ref):
     x = (np.arange(12, dtype=np.float32).reshape(3, 4) / 7).astype(BF16)
-    for name, f in _INDEXING:
+    wants = jax_ref("jax", lambda jax: [
+        jax.value_and_grad(lambda a, f=f: f(jax.numpy, a).astype(np.float32))(jax.numpy.asarray(x))
+        for _, f in _INDEXING])
+    for (name, f), (jv, jg) in zip(_INDEXING, wants, strict=True):
         v, g = cts.value_and_grad(lambda a: f(cnp, a).astype(np.float32))(cts.device_put(x))
-        jv, jg = jax.value_and_grad(lambda a: f(jax.numpy, a).astype(np.float32))(
-            jax.numpy.asarray(x))
         assert g.dtype == jg.dtype, name
         assert float(v) == float(jv), name
         np.testing.assert_allclose(_f32(g), _f32(jg), rtol=2 ** -7, atol=2 ** -7, err_msg=name)

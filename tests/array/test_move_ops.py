@@ -145,11 +145,35 @@ PROD_CASES = [
 ]
 
 
+class _NumpyReference:
+    """numpy, the reference, with numpy 2's ``pad(mode="wrap")`` on numpy 1.x too: a pad
+    wider than the array repeats the whole array, as jax pads (numpy 1.x repeated only part of
+    it there; pyproject allows numpy 1.24)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def pad(x, pad_width, mode="constant", **kwargs):
+        if mode != "wrap":
+            return np.pad(x, pad_width, mode=mode, **kwargs)
+        for d, (b, e) in enumerate(np.broadcast_to(np.asarray(pad_width), (x.ndim, 2))):
+            n = x.shape[d]
+            start = -b % n            # the row the padded dimension starts with
+            reps = [1] * x.ndim
+            reps[d] = -(-(start + n + b + e) // n)
+            x = np.take(np.tile(x, reps), np.arange(start, start + n + b + e), axis=d)
+        return x
+
+
+NP = _NumpyReference()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("name,shape,call", CASES, ids=IDS)
 def test_values_equal_numpy_every_dtype(name, shape, call, dtype):
     h = _data(shape, dtype)
-    want = call(np, h)
+    want = call(NP, h)
     got = call(cnp, cts.device_put(h))
     _assert_same(got, want, name)
 
@@ -212,7 +236,7 @@ def test_prod_values(name, shape, call):
     h = (rng.random(shape) + 0.5).astype(np.float32)
     if h.size > 3:
         h.reshape(-1)[2] = 0.0
-    want = call(np, h.astype(np.float64))
+    want = call(NP, h.astype(np.float64))
     got = call(cnp, cts.device_put(h))
     assert got.dtype == np.float32 and got.shape == np.shape(want)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, err_msg=name)
@@ -220,7 +244,7 @@ def test_prod_values(name, shape, call):
         g16 = call(cnp, cts.device_put(h.astype(dt)))
         assert g16.dtype == dt
         np.testing.assert_allclose(np.asarray(g16).astype(np.float32),
-                                   call(np, h.astype(dt).astype(np.float64)), rtol=1e-2)
+                                   call(NP, h.astype(dt).astype(np.float64)), rtol=1e-2)
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32,
@@ -360,13 +384,13 @@ def test_gradients_match_finite_differences(name, shape, call):
     assert g.shape == h.shape
 
     try:
-        call(np, h)
+        call(NP, h)
         numpy_ref = True    # the loss in float64 through numpy (independent, exact)
     except IndexError:
         numpy_ref = False   # jax's out-of-range reads: through ctrainstate, float32
 
     def f64(v):
-        y = call(np, v) if numpy_ref else call(cnp, cts.device_put(v.astype(np.float32)))
+        y = call(NP, v) if numpy_ref else call(cnp, cts.device_put(v.astype(np.float32)))
         return float(np.sum(np.where(keep, np.asarray(y, np.float64), 0.0) * w))
     eps = 1e-3 if numpy_ref else 1e-1
     for k in range(3):
@@ -457,7 +481,7 @@ def test_meshes_same_values_and_gradients_as_one_device(mesh_shape, names):
             continue
         shape = _mesh_shape(shape)
         try:
-            call(np, np.zeros(shape, np.float32))
+            call(NP, np.zeros(shape, np.float32))
         except (ValueError, IndexError):
             continue   # an index that only fits the odd shape
         h = _grad_input(shape, name)
@@ -488,7 +512,7 @@ def test_meshes_same_values_and_gradients_as_one_device(mesh_shape, names):
                     np.testing.assert_allclose(np.asarray(yd).astype(np.float32),
                                                np.asarray(call(cnp, cts.device_put(hd))).astype(np.float32))
                 else:
-                    _assert_same(yd, call(np, hd), f"{name} {spec} {np.dtype(dt).name}")
+                    _assert_same(yd, call(NP, hd), f"{name} {spec} {np.dtype(dt).name}")
 
 
 def _spec(a):
@@ -725,7 +749,7 @@ def test_take_along_axis_of_an_array_whole_on_each_device_runs_on_the_devices(mo
 def test_eval_shape(name, shape, call):
     for dt in (np.float32, np.int32) if "prod" not in name else (np.float32, BF16):
         h = np.zeros(shape, dt)
-        want = call(np, h)
+        want = call(NP, h)
         out = cts.eval_shape(lambda v: call(cnp, v), h)
         assert isinstance(out, cts.ShapeDtypeStruct), name
         assert out.shape == np.shape(want) and out.dtype == np.dtype(dt), (name, out)

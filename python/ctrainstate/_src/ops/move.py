@@ -786,11 +786,29 @@ def pad(array, pad_width, mode="constant", **kwargs):
                 parts.append(_placed_like(y, np.full(shape, np.asarray(value).astype(a.dtype),
                                                      a.dtype), d) if width else None)
         else:
-            src = np.pad(np.arange(n, dtype=np.int64), (b, e), mode=mode)
+            src = _pad_source(n, b, e, mode)
             parts = [_gather(y, src[:b], d) if b else None,
                      _gather(y, src[b + n:], d) if e else None]
         y = concatenate([p for p in (parts[0], y, parts[1]) if p is not None], d)
     return y if y is not a else getitem(a, (slice(None),) * nd)
+
+
+def _pad_source(n, before, after, mode):
+    """For each position of a dimension of length ``n`` padded by (before, after): the index
+    of the row it copies. Periodic for pads wider than the array, as jax and numpy >= 2 pad
+    (numpy 1.x's ``wrap`` repeated only part of the array there, so numpy is not asked)."""
+    p = np.arange(-before, n + after, dtype=np.int64)
+    if mode == "edge":
+        return np.clip(p, 0, n - 1)
+    if mode == "wrap":
+        return p % n
+    if mode == "symmetric":   # period 2n: 0 .. n-1, n-1 .. 0
+        q = p % (2 * n)
+        return np.where(q < n, q, 2 * n - 1 - q)
+    if n == 1:                # reflect: period 2n - 2: 0 .. n-1 .. 1
+        return np.zeros_like(p)
+    q = p % (2 * n - 2)
+    return np.where(q < n, q, 2 * n - 2 - q)
 
 
 def _placed_like(y, host, d):

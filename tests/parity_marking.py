@@ -185,7 +185,8 @@ class ModuleInfo:
 
     def __init__(self, path: str, helper_info=None):
         with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
+            source = f.read()
+        tree = ast.parse(source, path)
         self.path = path
         self.whole = False        # every test of the module uses jax
         self.tainted: set[str] = set()  # module-level names that use jax
@@ -233,14 +234,31 @@ class ModuleInfo:
         for s in stmts:
             for name in _bound_names(s):
                 defs.setdefault(name, []).append(s)
+        # A statement can only import jax, or refer to a tainted name, if its source text holds
+        # that name: the text decides first, and only a statement that names one is analysed
+        # (most tests of a module that uses jax somewhere never name it).
+        lines = source.splitlines()
+        texts = {}
+        for s in stmts:
+            first = min([s.lineno] + [d.lineno for d in getattr(s, "decorator_list", ())])
+            texts[id(s)] = "\n".join(lines[first - 1:s.end_lineno])
+
+        def names_any(s, words):
+            text = texts[id(s)]
+            return any(w in text for w in words)
+
         changed = True
         while changed:  # the fixpoint of "refers to a tainted name"
             changed = False
+            words = self.tainted | {alias for alias, names in modules.items() if names}
             for name, ss in defs.items():
                 if name in self.tainted:
                     continue
-                if any(_imports_live_cached(s) or _refs(s, self.tainted, modules) for s in ss):
+                if any((names_any(s, LIVE_ROOTS) and _imports_live_cached(s))
+                       or (names_any(s, words) and _refs(s, self.tainted, modules))
+                       for s in ss):
                     self.tainted.add(name)
+                    words.add(name)
                     changed = True
         self._modules = modules
         if "pytestmark" in self.tainted:

@@ -441,6 +441,16 @@ def test_jit_init_of_an_embedding_the_model_axis_does_not_divide_is_born_replica
 # --- Flax-parity regressions of the module system (nn/module.py, nn/scope.py): each behaviour
 # checked by hand and against flax's recorded values.
 
+def _with_flax_init_errors(models, jax_ref):
+    """[(what Flax's init of a (2, 3) input raises, ours)] for each model of models(nn_mod)."""
+    errors = jax_ref("flax", lambda jax, fnn: [
+        _raised(lambda: m.init(jax.random.PRNGKey(0), jax.numpy.ones((2, 3))))
+        for m in models(fnn)])
+    ours = models(nn)
+    assert len(errors) == len(ours)
+    return list(zip(errors, ours))
+
+
 def _raised(fn):
     """What ``fn()`` raises, as a recording holds it: the module-qualified names of the
     exception's class and of its bases (an isinstance check reads them) and its message; None
@@ -1177,12 +1187,7 @@ def _field_in_setup_models(nn_mod):
 def test_setting_a_field_in_setup_is_refused(jax_ref):
     # Flax's SetAttributeInModuleSetupError ("Module construction attributes are frozen.")
     x = np.ones((2, 3), np.float32)
-    errors = jax_ref("flax", lambda jax, fnn: [
-        _raised(lambda: m.init(jax.random.PRNGKey(0), jax.numpy.ones((2, 3))))
-        for m in _field_in_setup_models(fnn)])
-    models = _field_in_setup_models(nn)
-    assert len(errors) == len(models)
-    for error, m in zip(errors, models):
+    for error, m in _with_flax_init_errors(_field_in_setup_models, jax_ref):
         assert "flax.errors.SetAttributeInModuleSetupError" in error["classes"], error
         with pytest.raises(AttributeError, match="construction attributes are frozen"):
             m.init(random.PRNGKey(0), x)
@@ -1209,12 +1214,7 @@ def test_declaring_outside_setup_or_compact_is_refused(jax_ref):
     # `@compact`'. Here such a param was created, and a second call of the module then failed
     # with a NameInUseError that did not say why.
     x = np.ones((2, 3), np.float32)
-    errors = jax_ref("flax", lambda jax, fnn: [
-        _raised(lambda: m.init(jax.random.PRNGKey(0), jax.numpy.ones((2, 3))))
-        for m in _declare_outside_models(fnn)])
-    models = _declare_outside_models(nn)
-    assert len(errors) == len(models)
-    for error, m in zip(errors, models):
+    for error, m in _with_flax_init_errors(_declare_outside_models, jax_ref):
         assert "builtins.ValueError" in error["classes"], error
         assert re.search("must be initialized in `setup\\(\\)`", error["message"]), error
         with pytest.raises(ValueError, match="must be initialized in `setup\\(\\)` or in a "

@@ -375,11 +375,12 @@ class JaxRef:
 
     _MODULES = {"jax": "jax", "jnp": "jax.numpy", "lax": "jax.lax", "jlax": "jax.lax",
                 "optax": "optax",
-                "flax": "flax", "linen": "flax.linen", "fnn": "flax.linen"}
+                "flax": "flax", "linen": "flax.linen", "fnn": "flax.linen",
+                "fP": "flax.linen.partitioning"}
 
     def _call(self, fn):
         """fn(jax), or fn with the modules its parameters name (`lambda jnp: ...` gets
-        jax.numpy; jax, jnp, lax / jlax, optax, flax, linen / fnn)."""
+        jax.numpy; jax, jnp, lax / jlax, optax, flax, linen / fnn, fP: flax.linen.partitioning)."""
         import importlib
         import inspect
         try:

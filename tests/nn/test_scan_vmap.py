@@ -30,13 +30,6 @@ def _flax_leaves(jax, tree):
             for p, x in jax.tree_util.tree_leaves_with_path(tree)]
 
 
-def _flax_partitioning():
-    """flax.linen.partitioning, which jax_ref does not pass by name: call it only inside a
-    jax_ref call (its import would make the test live)."""
-    from flax.linen import partitioning
-    return partitioning
-
-
 def _assert_trees_close(ours, theirs, rtol=1e-6, atol=1e-7):
     """ours (a ctrainstate tree) against theirs (_flax_leaves of flax's): the same key paths,
     shapes and values."""
@@ -130,7 +123,7 @@ def test_p9_matches_flax(jax_ref):
         return {"params": _flax_leaves(jax, fv['params']), "stats": _flax_leaves(jax, fv['stats']),
                 "axis_names": _axis_names_as_tuples(fP.get_axis_names(fv['params_axes']))}
 
-    fv = jax_ref("flax", lambda jax, jnp, fnn: flax_side(jax, jnp, fnn, _flax_partitioning()))
+    fv = jax_ref("flax", flax_side)
     with nn_partitioning.axis_rules(P9_RULES):
         v = _sindot(nn, nn_partitioning, cnp)(4, 64).init(random.PRNGKey(0), x)
     _assert_trees_close(v['params'], fv['params'])
@@ -212,7 +205,7 @@ def test_p11_matches_flax(jax_ref):
             fy = FV(name='foo_vmapped').apply(fv, x)
         return {"params": _flax_leaves(jax, fv['params']), "y": fy}
 
-    want = jax_ref("flax", lambda jax, jnp, fnn: flax_side(jax, jnp, fnn, _flax_partitioning()))
+    want = jax_ref("flax", flax_side)
     with nn_partitioning.axis_rules(P11_RULES):
         CV = nn_partitioning.vmap_with_axes(_foo(nn, nn_partitioning, cnp), **kw)
         v = CV(name='foo_vmapped').init(random.PRNGKey(3), x)
@@ -497,7 +490,7 @@ def test_nested_scan_with_scan_out_matches_flax(jax_ref):
             mutable=True)
         return {"o": fo, "v": _flax_leaves(jax, fv)}
 
-    want = jax_ref("flax", lambda jax, fnn: flax_side(jax, fnn, _flax_partitioning()))
+    want = jax_ref("flax", flax_side)
     o, v = model(nn, nn_partitioning)().init_with_output(
         {'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, c, xs, mutable=True)
     assert v['params']['ScanMid_0']['ScanInner_0']['Dense_0']['kernel'].shape == (3, 2, 3, 3)
@@ -768,7 +761,7 @@ def test_scan_over_remat_matches_flax(jax_ref):
         return {"params": _flax_leaves(jax, fv['params']), "loss": float(fl),
                 "grads": _flax_leaves(jax, fg)}
 
-    want = jax_ref("flax", lambda jax, jnp, fnn: flax_side(jax, jnp, fnn, _flax_partitioning()))
+    want = jax_ref("flax", flax_side)
     CS = model(nn, nn_partitioning, cnp)
     v = CS().init({'params': random.PRNGKey(0), 'dropout': random.PRNGKey(1)}, x)
     assert v['params']['layers']['wi'].shape == (5, 3, 12)

@@ -161,6 +161,8 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
 
 // --- binary with broadcasting ----------------------------------------------------------
 
+enum { BIN_PIECE = 16384 }; /* elements of a row one task of ct_cpu_binary runs */
+
 /* Inner row: n elements with element strides sa, sb (0 = broadcast, 1 = dense). */
 static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, const float *b,
                     int64_t sb) {
@@ -217,13 +219,43 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
     int64_t total = 1;
     for (int d = 0; d < ndim; d++) total *= shape[d];
     if (total == 0) return CT_OK;
-    const int64_t inner = shape[ndim - 1];
+    /* Dims merged where both operands step through them as through one (a dense operand,
+     * one broadcast along both, a dim of size 1), so that rows are as long as they can be:
+     * a dense or scalar operand makes one row of the whole. */
+    int64_t sh[CT_MAX_NDIM], sa_[CT_MAX_NDIM], sb_[CT_MAX_NDIM];
+    int nd = 0; /* merged dims, innermost first */
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] == 1) continue;
+        if (nd > 0 && as[d] == sa_[nd - 1] * sh[nd - 1] && bs[d] == sb_[nd - 1] * sh[nd - 1]) {
+            sh[nd - 1] *= shape[d];
+            continue;
+        }
+        sh[nd] = shape[d];
+        sa_[nd] = as[d];
+        sb_[nd] = bs[d];
+        nd++;
+    }
+    if (nd == 0) { /* every dim of size 1 */
+        out[0] = ct_binary_apply(op, a[0], b[0]);
+        return CT_OK;
+    }
+    int64_t mshape[CT_MAX_NDIM], mas[CT_MAX_NDIM], mbs[CT_MAX_NDIM]; /* outermost first */
+    for (int j = 0; j < nd; j++) {
+        mshape[j] = sh[nd - 1 - j];
+        mas[j] = sa_[nd - 1 - j];
+        mbs[j] = sb_[nd - 1 - j];
+    }
+    const int64_t inner = mshape[nd - 1];
     const int64_t rows = total / inner;
-    const int64_t sa = as[ndim - 1], sb = bs[ndim - 1];
-    CT_PAR_FOR(ct_par_threads(total > PAR_MIN), r, rows,
+    const int64_t sa = mas[nd - 1], sb = mbs[nd - 1];
+    /* each row in pieces of at most BIN_PIECE elements, the tasks of the parallel loop */
+    const int64_t pieces = (inner + BIN_PIECE - 1) / BIN_PIECE;
+    CT_PAR_FOR(ct_par_threads(total > PAR_MIN), t, rows * pieces,
+               const int64_t r = t / pieces, i0 = t % pieces * BIN_PIECE;
+               const int64_t len = inner - i0 < BIN_PIECE ? inner - i0 : BIN_PIECE;
                int64_t ao; int64_t bo; /* outer coordinates of row r */
-               ct_offsets2(r, ndim - 1, shape, as, bs, &ao, &bo);
-               bin_row(op, inner, out + r * inner, a + ao, sa, b + bo, sb));
+               ct_offsets2(r, nd - 1, mshape, mas, mbs, &ao, &bo);
+               bin_row(op, len, out + r * inner + i0, a + ao + i0 * sa, sa, b + bo + i0 * sb, sb));
     return CT_OK;
 }
 
@@ -451,24 +483,34 @@ static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, 
  * for these sizes, where the call and its parallel region cost several times the product. */
 enum { SMALL_W = 16, SMALL_ROWS = 4, SMALL_TILE = 4096, SMALL_CHUNK = 64 };
 
-typedef float small_vec __attribute__((vector_size(SMALL_W * sizeof(float))));
+/* Half of SMALL_W columns: a vector AVX2 holds in one register. A SMALL_W-wide vector type
+ * is lowered through the stack where the target has no such register; two halves are not. */
+typedef float small_half __attribute__((vector_size(SMALL_W / 2 * sizeof(float))));
 
-/* `rows` rows of C (from c) from their packed, rounded elements of op(A) (ap[p * rows + r])
- * and the tile: each SMALL_W columns held in registers while k runs in order. */
+/* `rows` rows of C (from c) from their rounded elements of op(A) (row r, column p at
+ * ap[p * sp + r * sr]) and the tile: each SMALL_W columns held in registers (two halves a
+ * row) while k runs in order. */
 static inline __attribute__((always_inline)) void gemm_small_block(
     const int rows, int64_t n, int64_t np, int64_t k, float alpha, const float *restrict ap,
-    const float *restrict bs, float beta, float *c, int64_t ldc) {
+    int64_t sp, int64_t sr, const float *restrict bs, float beta, float *c, int64_t ldc) {
     for (int64_t j0 = 0; j0 < np; j0 += SMALL_W) {
-        small_vec acc[SMALL_ROWS];
-        for (int r = 0; r < rows; r++) acc[r] = (small_vec){0};
+        small_half lo[SMALL_ROWS], hi[SMALL_ROWS];
+        for (int r = 0; r < rows; r++) lo[r] = hi[r] = (small_half){0};
         for (int64_t p = 0; p < k; p++) {
-            const small_vec bv = *(const small_vec *)(bs + p * np + j0);
-            for (int r = 0; r < rows; r++) acc[r] += ap[p * rows + r] * bv;
+            const small_half b0 = *(const small_half *)(bs + p * np + j0);
+            const small_half b1 = *(const small_half *)(bs + p * np + j0 + SMALL_W / 2);
+            for (int r = 0; r < rows; r++) {
+                const float s = ap[p * sp + r * sr];
+                lo[r] += s * b0;
+                hi[r] += s * b1;
+            }
         }
         const int nb = n - j0 < SMALL_W ? (int)(n - j0) : SMALL_W;
         for (int r = 0; r < rows; r++) {
+            float v[SMALL_W];
+            *(small_half *)v = alpha * lo[r];
+            *(small_half *)(v + SMALL_W / 2) = alpha * hi[r];
             float *cr = c + r * ldc + j0;
-            const small_vec v = alpha * acc[r];
             if (beta == 0.0f)
                 for (int jj = 0; jj < nb; jj++) cr[jj] = v[jj];
             else
@@ -477,24 +519,36 @@ static inline __attribute__((always_inline)) void gemm_small_block(
     }
 }
 
-/* Rows [r0, r1) of C from the packed tile: groups of SMALL_ROWS, then single rows, each
- * group's elements of op(A) packed and rounded first (k <= SMALL_TILE / SMALL_W). */
+/* Rows [r0, r1) of C from the packed tile: groups of SMALL_ROWS, then single rows. op(A) is
+ * read in place at full precision; rounded to a lower one, each group's elements are packed
+ * and rounded first (k <= SMALL_TILE / SMALL_W). */
 CT_VCLONES static void gemm_small_rows(int ta, int64_t r0, int64_t r1, int64_t n, int64_t np,
                                        int64_t k, float alpha, const float *a, int64_t lda,
                                        const float *restrict bs, float beta, float *c,
                                        int64_t ldc, int drop) {
     float ap[SMALL_TILE / SMALL_W * SMALL_ROWS];
+    /* op(A)'s element (row i, column p) at a[i * ai + p * ak] */
+    const int64_t ai = ta ? 1 : lda, ak = ta ? lda : 1;
     int64_t i = r0;
+    if (drop == 0) {
+        for (; i + SMALL_ROWS <= r1; i += SMALL_ROWS)
+            gemm_small_block(SMALL_ROWS, n, np, k, alpha, a + i * ai, ak, ai, bs, beta,
+                             c + i * ldc, ldc);
+        for (; i < r1; i++)
+            gemm_small_block(1, n, np, k, alpha, a + i * ai, ak, ai, bs, beta, c + i * ldc, ldc);
+        return;
+    }
     for (; i + SMALL_ROWS <= r1; i += SMALL_ROWS) {
         for (int64_t p = 0; p < k; p++)
             for (int r = 0; r < SMALL_ROWS; r++)
                 ap[p * SMALL_ROWS + r] =
                     ct_prec_round(ta ? a[p * lda + i + r] : a[(i + r) * lda + p], drop);
-        gemm_small_block(SMALL_ROWS, n, np, k, alpha, ap, bs, beta, c + i * ldc, ldc);
+        gemm_small_block(SMALL_ROWS, n, np, k, alpha, ap, SMALL_ROWS, 1, bs, beta, c + i * ldc,
+                         ldc);
     }
     for (; i < r1; i++) {
         for (int64_t p = 0; p < k; p++) ap[p] = ct_prec_round(ta ? a[p * lda + i] : a[i * lda + p], drop);
-        gemm_small_block(1, n, np, k, alpha, ap, bs, beta, c + i * ldc, ldc);
+        gemm_small_block(1, n, np, k, alpha, ap, 1, 1, bs, beta, c + i * ldc, ldc);
     }
 }
 
@@ -517,9 +571,15 @@ CT_VCLONES static void gemm_narrow_rows(int ta, int64_t r0, int64_t r1, int64_t 
             for (int r = rows; r < SMALL_W; r++) at[p * SMALL_W + r] = 0.0f;
         }
         for (int64_t j = 0; j < n; j++) {
-            small_vec acc = (small_vec){0};
-            for (int64_t p = 0; p < k; p++) acc += bs[p * n + j] * *(const small_vec *)(at + p * SMALL_W);
-            const small_vec v = alpha * acc;
+            small_half lo = (small_half){0}, hi = (small_half){0};
+            for (int64_t p = 0; p < k; p++) {
+                const float s = bs[p * n + j];
+                lo += s * *(const small_half *)(at + p * SMALL_W);
+                hi += s * *(const small_half *)(at + p * SMALL_W + SMALL_W / 2);
+            }
+            float v[SMALL_W];
+            *(small_half *)v = alpha * lo;
+            *(small_half *)(v + SMALL_W / 2) = alpha * hi;
             float *cj = c + i * ldc + j;
             if (beta == 0.0f)
                 for (int r = 0; r < rows; r++) cj[r * ldc] = v[r];

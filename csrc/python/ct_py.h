@@ -114,6 +114,9 @@ PyObject *ct_py_array_new(PyObject *shape, PyObject *dtype, PyObject *sharding, 
 /* 0 when the Array is neither donated nor holds a deleted buffer, else -1 with
  * DonatedBufferError. */
 int ct_py_array_check_alive(PyObject *a);
+/* obj.name for the package's threading.local objects read on the hot path (their attributes
+ * plain values, defaults on the class), with one dict lookup; PyObject_GetAttr otherwise. */
+PyObject *ct_py_tls_getattr(PyObject *obj, PyObject *name);
 /* A kernel or copy is about to use this Buffer: while a program records (ctrainstate.jit), one
  * that holds a traced value breaks the program (py_dispatch.c). Never raises. */
 void ct_py_trace_touch(const void *buffer, const char *what);

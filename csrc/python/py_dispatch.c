@@ -196,25 +196,61 @@ static int entry_copy_blocks(plan_entry *dst, const plan_entry *src) {
     return 0;
 }
 
-/* This thread's instance dict of tape_tls (a threading.local has one per thread: what
- * `_tls.tapes = ...` writes), cached for the last thread that asked, by its thread state's
- * dict (held, so that no later thread's can have its address): a dict lookup instead of the
- * thread-local's attribute lookup at every primitive call. NULL, no exception, if unknown. */
-static PyObject *tls_key, *tls_ldict;
+/* Attributes of the package's threading.local objects (the tape stack, the precision, the
+ * mesh and module contexts), read at every primitive call. A threading.local keeps one
+ * instance dict per thread (what `_tls.x = ...` writes); its attribute lookup finds that
+ * dict through the thread's state on every call. Here each local's dict of the last thread
+ * that asked is cached, keyed by that thread's state dict (held, so that no later thread's
+ * can have its address): one dict lookup. A name not in it is the class's attribute (the
+ * package's locals declare their defaults there). Their attributes are plain values: a
+ * data descriptor of the class would be skipped. */
+enum { TLS_SLOTS = 8 };
+static struct {
+    PyObject *local, *key, *dict; /* (all held) */
+} tls_slots[TLS_SLOTS];
+static int tls_next; /* the slot a new local takes when all are used */
+static PyTypeObject *thread_local_type; /* _thread._local */
+static PyObject *dict_name;
 
-static PyObject *tape_tls_dict(void) {
+/* This thread's instance dict of `local` (borrowed), NULL without an exception if unknown. */
+static PyObject *tls_dict(PyObject *local) {
     PyObject *ts = PyThreadState_GetDict(); /* (borrowed) */
     if (ts == NULL) return NULL;
-    if (ts == tls_key && tls_ldict != NULL) return tls_ldict;
-    PyObject *d = PyObject_GetAttrString(tape_tls, "__dict__");
+    int slot = -1;
+    for (int i = 0; i < TLS_SLOTS; i++)
+        if (tls_slots[i].local == local) {
+            if (tls_slots[i].key == ts) return tls_slots[i].dict;
+            slot = i;
+            break;
+        }
+    PyObject *d = PyObject_GetAttr(local, dict_name);
     if (d == NULL || !PyDict_CheckExact(d)) {
         Py_XDECREF(d);
         PyErr_Clear();
         return NULL;
     }
-    Py_XSETREF(tls_key, Py_NewRef(ts));
-    Py_XSETREF(tls_ldict, d);
-    return tls_ldict;
+    if (slot < 0) {
+        slot = tls_next;
+        tls_next = (tls_next + 1) % TLS_SLOTS;
+        Py_XSETREF(tls_slots[slot].local, Py_NewRef(local));
+    }
+    Py_XSETREF(tls_slots[slot].key, Py_NewRef(ts));
+    Py_XSETREF(tls_slots[slot].dict, d);
+    return d;
+}
+
+PyObject *ct_py_tls_getattr(PyObject *local, PyObject *name) {
+    if (thread_local_type == NULL || !PyObject_TypeCheck(local, thread_local_type))
+        return PyObject_GetAttr(local, name);
+    PyObject *d = tls_dict(local);
+    if (d != NULL) {
+        PyObject *v = PyDict_GetItemWithError(d, name);
+        if (v != NULL) return Py_NewRef(v);
+        if (PyErr_Occurred()) return NULL;
+        v = _PyType_Lookup(Py_TYPE(local), name); /* (borrowed: the class's attribute) */
+        if (v != NULL && Py_TYPE(v)->tp_descr_get == NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(local, name);
 }
 
 /* The tape recording on this thread: ctrainstate._ops._tape(), the last entry of
@@ -225,15 +261,8 @@ static int top_tape(PyObject **tape) {
     if (tape_tls == NULL) return 1; /* not registered: never take the C path */
     /* (the thread-local's class has `tapes = None`: a thread that never opened a tape
      * reads that, and no AttributeError is made) */
-    PyObject *d = tape_tls_dict();
-    PyObject *stack = d != NULL ? PyDict_GetItemWithError(d, tapes_name) : NULL;
-    if (stack != NULL) {
-        Py_INCREF(stack);
-    } else { /* (unset on this thread: the class's None) */
-        if (PyErr_Occurred()) return -1;
-        stack = PyObject_GetAttr(tape_tls, tapes_name);
-        if (stack == NULL) return -1;
-    }
+    PyObject *stack = ct_py_tls_getattr(tape_tls, tapes_name);
+    if (stack == NULL) return -1;
     int rc = 0;
     if (stack == Py_None) {
     } else if (PyList_CheckExact(stack)) {
@@ -251,10 +280,10 @@ static int top_tape(PyObject **tape) {
  * current_default()): its `default`, else the process's; -1 on error. */
 static int current_precision(void) {
     if (prec_tls == NULL) return -1;
-    PyObject *d = PyObject_GetAttr(prec_tls, default_name);
+    PyObject *d = ct_py_tls_getattr(prec_tls, default_name);
     if (d == Py_None) {
         Py_DECREF(d);
-        d = PyObject_GetAttr(prec_tls, process_name);
+        d = ct_py_tls_getattr(prec_tls, process_name);
     }
     if (d == NULL) return -1;
     long v = PyLong_Check(d) ? PyLong_AsLong(d) : -1;
@@ -1996,8 +2025,6 @@ static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
-    Py_CLEAR(tls_key); /* (tape_tls_dict's cache was another object's) */
-    Py_CLEAR(tls_ldict);
     Py_XSETREF(tape_type, Py_NewRef(args[1]));
     Py_XSETREF(prec_tls, Py_NewRef(args[2]));
     Py_XSETREF(named_sharding_type, Py_NewRef(args[3]));
@@ -5105,7 +5132,17 @@ int ct_py_init_dispatch(PyObject *m) {
     mesh_name = PyUnicode_InternFromString("mesh");
     norm_name = PyUnicode_InternFromString("_norm");
     delete_name = PyUnicode_InternFromString("delete");
-    if (delete_name == NULL) return -1;
+    dict_name = PyUnicode_InternFromString("__dict__");
+    if (delete_name == NULL || dict_name == NULL) return -1;
+    PyObject *thread_mod = PyImport_ImportModule("_thread");
+    thread_local_type = thread_mod != NULL
+        ? (PyTypeObject *)PyObject_GetAttrString(thread_mod, "_local") : NULL;
+    Py_XDECREF(thread_mod);
+    if (thread_local_type == NULL) return -1;
+    if (!PyType_Check(thread_local_type)) {
+        PyErr_SetString(PyExc_TypeError, "_thread._local is not a type");
+        return -1;
+    }
     traceback_mod = PyImport_ImportModule("traceback");
     if (traceback_mod == NULL) return -1;
     if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||

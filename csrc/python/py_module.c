@@ -147,35 +147,22 @@ static PyObject *ms_attr(PyObject *obj, PyObject *d, PyObject *name) {
 
 /* The thread's module context (nn.module._ctx, a threading.local): its attributes `stack`,
  * `recorders` and `capture` (new references in *stack, *rec, *cap; rec and cap may be
- * NULL where not wanted), read from the thread's dict of the local, which one lookup of
- * `__dict__` gives (the local makes it, running its __init__, where the thread has none
- * yet), instead of an attribute lookup each: an attribute missing there is the class's
- * where that is a plain value, else the attribute lookup's. 0, or -1 with an exception. */
+ * NULL where not wanted), read through ct_py_tls_getattr. 0, or -1 with an exception. */
 static int ms_ctx_state(PyObject **stack, PyObject **rec, PyObject **cap) {
     *stack = NULL;
     if (rec != NULL) *rec = NULL;
     if (cap != NULL) *cap = NULL;
-    PyObject *ctx = ms_env[MS_CTX];
-    PyObject *ld = PyObject_GetAttr(ctx, S(__dict__));
-    if (ld == NULL) return -1;
     PyObject *names[3] = {S(stack), S(recorders), S(capture)};
     PyObject **out[3] = {stack, rec, cap};
     for (int i = 0; i < 3; i++) {
         if (out[i] == NULL) continue;
-        PyObject *v = PyDict_Check(ld) ? ms_get(ld, names[i]) : NULL;
-        if (v == NULL && PyDict_Check(ld)) {
-            PyObject *c = _PyType_Lookup(Py_TYPE(ctx), names[i]);
-            if (c != NULL && Py_TYPE(c)->tp_descr_get == NULL) v = c;
-        }
-        *out[i] = v != NULL ? Py_NewRef(v) : PyObject_GetAttr(ctx, names[i]);
+        *out[i] = ct_py_tls_getattr(ms_env[MS_CTX], names[i]);
         if (*out[i] == NULL) {
-            Py_DECREF(ld);
             for (int j = 0; j < i; j++)
                 if (out[j] != NULL) Py_CLEAR(*out[j]);
             return -1;
         }
     }
-    Py_DECREF(ld);
     return 0;
 }
 

@@ -596,9 +596,9 @@ static int ph_eq(PyObject *x, PyObject *y) {
 static PyObject *ph_mesh(void) {
     PyObject *tls = ph_env[PH_MESH_TLS];
     if (tls == NULL || tls == Py_None) return PyObject_CallNoArgs(ph_env[PH_GET_MESH]);
-    PyObject *stack = PyObject_GetAttr(tls, ph_names[N_STACK]);
+    PyObject *stack = ct_py_tls_getattr(tls, ph_names[N_STACK]);
     if (stack == NULL) return NULL;
-    PyObject *set = PyObject_GetAttr(tls, ph_names[N_SET]);
+    PyObject *set = ct_py_tls_getattr(tls, ph_names[N_SET]);
     PyObject *r = NULL;
     if (set == NULL) goto out;
     if (!PyTuple_CheckExact(set) || PyTuple_GET_SIZE(set) != 2 ||
@@ -679,7 +679,7 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
     if (!PyUnicode_CheckExact(name) || !PyTuple_CheckExact(init_args) || !PyTuple_CheckExact(axes) ||
         !ph_plain_args(init_args))
         goto miss;
-    stack = PyObject_GetAttr(ph_env[PH_CTX], ph_names[N_STACK]);
+    stack = ct_py_tls_getattr(ph_env[PH_CTX], ph_names[N_STACK]);
     if (stack == NULL) goto error;
     if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) goto miss;
     PyObject *top = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
@@ -704,7 +704,7 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
     mesh = ph_mesh();
     if (mesh == NULL) goto error_v;
     rules = py_get_axis_rules(NULL, NULL);
-    depth = rules != NULL ? PyObject_GetAttr(ph_env[PH_JIT_TLS], ph_names[N_DEPTH]) : NULL;
+    depth = rules != NULL ? ct_py_tls_getattr(ph_env[PH_JIT_TLS], ph_names[N_DEPTH]) : NULL;
     shape = depth != NULL ? PyObject_GetAttr(value, ph_names[N_SHAPE]) : NULL;
     if (shape == NULL) goto error_v;
     const long dv = PyLong_Check(depth) ? PyLong_AsLong(depth) : -1;
@@ -865,7 +865,7 @@ static PyObject *pwa_vectorcall(PyObject *self, PyObject *const *args, size_t na
         int is_axes = kw == ph_names[N_AXES];
         if (!is_axes && PyUnicode_Check(kw)) is_axes = PyUnicode_Compare(kw, ph_names[N_AXES]) == 0;
         if (is_axes && PyTuple_CheckExact(args[n]) && PyUnicode_CheckExact(args[0])) {
-            PyObject *strict = PyObject_GetAttr(ph_env[PH_STRICT], ph_names[N_RULES]);
+            PyObject *strict = ct_py_tls_getattr(ph_env[PH_STRICT], ph_names[N_RULES]);
             if (strict == NULL) return NULL;
             const int plain = strict == Py_None;
             Py_DECREF(strict);
@@ -994,7 +994,7 @@ static PyObject *lc_hit(PyObject *x, PyObject *logical) {
     static char miss;
     PyObject *const MISS = (PyObject *)&miss;
     if ((PyObject *)Py_TYPE(x) != lc_env[LC_ARRAY] || !PyTuple_CheckExact(logical)) return MISS;
-    PyObject *strict = PyObject_GetAttr(lc_env[LC_STRICT], ph_names[N_RULES]);
+    PyObject *strict = ct_py_tls_getattr(lc_env[LC_STRICT], ph_names[N_RULES]);
     if (strict == NULL) return NULL;
     const int plain = strict == Py_None;
     Py_DECREF(strict);
@@ -1025,7 +1025,7 @@ static PyObject *lc_hit(PyObject *x, PyObject *logical) {
         goto out;
     }
     if (target == lc_env[LC_LONG_PATH]) goto out;
-    PyObject *depth = PyObject_GetAttr(lc_env[LC_JIT_TLS], ph_names[N_DEPTH]);
+    PyObject *depth = ct_py_tls_getattr(lc_env[LC_JIT_TLS], ph_names[N_DEPTH]);
     if (depth == NULL) goto error;
     const long dv = PyLong_Check(depth) ? PyLong_AsLong(depth) : 1;
     Py_DECREF(depth);

@@ -190,7 +190,7 @@ static int parse_index(PyObject *idx, gi_index *gi) {
 /* Whether a tape records on this thread (_tape() is not None): 0 no, 1 yes or unknown. */
 static int tape_recording(void) {
     if (gi_tls == NULL) return 1;
-    PyObject *stack = PyObject_GetAttr(gi_tls, gi_tapes_name);
+    PyObject *stack = ct_py_tls_getattr(gi_tls, gi_tapes_name);
     if (stack == NULL) {
         PyErr_Clear();
         return 1;

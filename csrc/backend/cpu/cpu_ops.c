@@ -507,7 +507,7 @@ static inline __attribute__((always_inline)) void gemm_small_block(
         }
         const int nb = n - j0 < SMALL_W ? (int)(n - j0) : SMALL_W;
         for (int r = 0; r < rows; r++) {
-            float v[SMALL_W];
+            float v[SMALL_W] __attribute__((aligned(32)));
             *(small_half *)v = alpha * lo[r];
             *(small_half *)(v + SMALL_W / 2) = alpha * hi[r];
             float *cr = c + r * ldc + j0;
@@ -577,7 +577,7 @@ CT_VCLONES static void gemm_narrow_rows(int ta, int64_t r0, int64_t r1, int64_t 
                 lo += s * *(const small_half *)(at + p * SMALL_W);
                 hi += s * *(const small_half *)(at + p * SMALL_W + SMALL_W / 2);
             }
-            float v[SMALL_W];
+            float v[SMALL_W] __attribute__((aligned(32)));
             *(small_half *)v = alpha * lo;
             *(small_half *)(v + SMALL_W / 2) = alpha * hi;
             float *cj = c + i * ldc + j;

@@ -27,12 +27,15 @@ static PyObject *g_unconstrained = NULL;  /* PartitionSpec.UNCONSTRAINED, set at
 // thread-local rules context
 
 /* Borrowed reference to the current thread's rules, () if never set. */
+static PyObject *rules_key; /* RULES_KEY as an interned str (ct_py_init_rules) */
+
 static PyObject *rules_get_borrowed(void) {
     static PyObject *empty = NULL;
     PyObject *d = PyThreadState_GetDict();
     if (d != NULL) {
-        PyObject *r = PyDict_GetItemString(d, RULES_KEY);
+        PyObject *r = PyDict_GetItemWithError(d, rules_key);
         if (r != NULL) return r;
+        if (PyErr_Occurred()) return NULL;
     }
     if (empty == NULL) empty = PyTuple_New(0);
     return empty;
@@ -44,7 +47,7 @@ static int rules_set(PyObject *rules) {
         PyErr_SetString(PyExc_RuntimeError, "no thread state dict for the axis rules context");
         return -1;
     }
-    return PyDict_SetItemString(d, RULES_KEY, rules);
+    return PyDict_SetItem(d, rules_key, rules);
 }
 
 PyDoc_STRVAR(get_axis_rules_doc,
@@ -1160,6 +1163,8 @@ static PyMethodDef rules_methods[] = {
 };
 
 int ct_py_init_rules(PyObject *m) {
+    rules_key = PyUnicode_InternFromString(RULES_KEY);
+    if (rules_key == NULL) return -1;
     PyObject *pwa = PyType_FromSpec(&pwa_spec);
     if (pwa == NULL || PyModule_AddObject(m, "ParamWithAxes", pwa) < 0) {
         Py_XDECREF(pwa);

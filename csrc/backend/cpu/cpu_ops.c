@@ -161,13 +161,16 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
 
 // --- binary with broadcasting ----------------------------------------------------------
 
-enum { BIN_PIECE = 16384 }; /* elements of a row one task of ct_cpu_binary runs */
+enum { BIN_PIECE = 16384 }; /* elements one task of ct_cpu_binary runs (at most) */
 
-/* Inner row: n elements with element strides sa, sb (0 = broadcast, 1 = dense). */
-static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, const float *b,
-                    int64_t sb) {
+/* `rows` inner rows of n elements, row r at o + r * n, a + r * ra and b + r * rb, with
+ * element strides sa, sb (0 = broadcast, 1 = dense): the op chosen once for all of them. */
+static void bin_rows(int op, int64_t rows, int64_t n, float *o0, const float *a0, int64_t ra,
+                     int64_t sa, const float *b0, int64_t rb, int64_t sb) {
 #define ROW(expr)                                                                  \
-    do {                                                                           \
+    for (int64_t r_ = 0; r_ < rows; r_++) {                                        \
+        float *o = o0 + r_ * n;                                                    \
+        const float *a = a0 + r_ * ra, *b = b0 + r_ * rb;                          \
         if (sa == 1 && sb == 1) {                                                  \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                  \
                 float x = a[i], y = b[i];                                          \
@@ -194,7 +197,7 @@ static void bin_row(int op, int64_t n, float *o, const float *a, int64_t sa, con
                 o[i] = (expr);                                                     \
             }                                                                      \
         }                                                                          \
-    } while (0)
+    }
     switch (op) {
     case CT_BIN_ADD: ROW(x + y); break;
     case CT_BIN_SUB: ROW(x - y); break;
@@ -248,14 +251,24 @@ ct_status ct_cpu_binary(ct_device *dev, int op, int ndim, const int64_t *shape, 
     const int64_t inner = mshape[nd - 1];
     const int64_t rows = total / inner;
     const int64_t sa = mas[nd - 1], sb = mbs[nd - 1];
+    const int nt = ct_par_threads(total > PAR_MIN);
+    if (nd == 2 && inner <= BIN_PIECE) { /* blocks of whole rows, each a task */
+        const int64_t ra = mas[0], rb = mbs[0], per = BIN_PIECE / inner;
+        CT_PAR_FOR(nt, t, (rows + per - 1) / per,
+                   const int64_t r0 = t * per;
+                   bin_rows(op, rows - r0 < per ? rows - r0 : per, inner, out + r0 * inner,
+                            a + r0 * ra, ra, sa, b + r0 * rb, rb, sb));
+        return CT_OK;
+    }
     /* each row in pieces of at most BIN_PIECE elements, the tasks of the parallel loop */
     const int64_t pieces = (inner + BIN_PIECE - 1) / BIN_PIECE;
-    CT_PAR_FOR(ct_par_threads(total > PAR_MIN), t, rows * pieces,
+    CT_PAR_FOR(nt, t, rows * pieces,
                const int64_t r = t / pieces, i0 = t % pieces * BIN_PIECE;
                const int64_t len = inner - i0 < BIN_PIECE ? inner - i0 : BIN_PIECE;
                int64_t ao; int64_t bo; /* outer coordinates of row r */
                ct_offsets2(r, nd - 1, mshape, mas, mbs, &ao, &bo);
-               bin_row(op, len, out + r * inner + i0, a + ao + i0 * sa, sa, b + bo + i0 * sb, sb));
+               bin_rows(op, 1, len, out + r * inner + i0, a + ao + i0 * sa, 0, sa,
+                        b + bo + i0 * sb, 0, sb));
     return CT_OK;
 }
 

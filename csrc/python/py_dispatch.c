@@ -212,7 +212,8 @@ static int tls_next; /* the slot a new local takes when all are used */
 static PyTypeObject *thread_local_type; /* _thread._local */
 static PyObject *dict_name;
 
-/* This thread's instance dict of `local` (borrowed), NULL without an exception if unknown. */
+/* This thread's instance dict of `local` (borrowed), NULL without an exception if unknown
+ * or `local` is not a threading.local (checked where it holds no slot yet). */
 static PyObject *tls_dict(PyObject *local) {
     PyObject *ts = PyThreadState_GetDict(); /* (borrowed) */
     if (ts == NULL) return NULL;
@@ -223,6 +224,8 @@ static PyObject *tls_dict(PyObject *local) {
             slot = i;
             break;
         }
+    if (slot < 0 && (thread_local_type == NULL || !PyObject_TypeCheck(local, thread_local_type)))
+        return NULL;
     PyObject *d = PyObject_GetAttr(local, dict_name);
     if (d == NULL || !PyDict_CheckExact(d)) {
         Py_XDECREF(d);
@@ -240,8 +243,6 @@ static PyObject *tls_dict(PyObject *local) {
 }
 
 PyObject *ct_py_tls_getattr(PyObject *local, PyObject *name) {
-    if (thread_local_type == NULL || !PyObject_TypeCheck(local, thread_local_type))
-        return PyObject_GetAttr(local, name);
     PyObject *d = tls_dict(local);
     if (d != NULL) {
         PyObject *v = PyDict_GetItemWithError(d, name);

@@ -756,6 +756,13 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
         goto miss_v;
     }
     if (ph_memo[slot].key != key) {
+        /* the dict's key becomes this one (equal, of the same hash), so that the slot's later
+         * lookups find it by identity instead of comparing the nests of tuples */
+        Py_INCREF(entry);
+        const int swapped = PyDict_DelItem(ph_env[PH_CHECKED], key) == 0 &&
+                            PyDict_SetItem(ph_env[PH_CHECKED], key, entry) == 0;
+        Py_DECREF(entry); /* (the dict's again) */
+        if (!swapped) goto error_v;
         Py_XSETREF(ph_memo[slot].key, Py_NewRef(key));
         ph_memo[slot].hash = hash;
     }

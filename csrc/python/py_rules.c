@@ -26,9 +26,9 @@ static PyObject *g_unconstrained = NULL;  /* PartitionSpec.UNCONSTRAINED, set at
 // ---------------------------------------------------------------------------
 // thread-local rules context
 
-/* Borrowed reference to the current thread's rules, () if never set. */
 static PyObject *rules_key; /* RULES_KEY as an interned str (ct_py_init_rules) */
 
+/* Borrowed reference to the current thread's rules, () if never set (NULL on an error). */
 static PyObject *rules_get_borrowed(void) {
     static PyObject *empty = NULL;
     PyObject *d = PyThreadState_GetDict();

@@ -537,13 +537,22 @@ static PyObject *ph_attr(PyObject *obj, PyObject *name) {
 /* The keys of recent hits, so that a declaration seen before finds its _CHECKED key without
  * building and hashing it: a key (code object, defaults, closure, arguments, axes, rules,
  * mesh, jit flag, shape) is a nest of tuples whose hash (the code object's included) is
- * computed anew at every lookup. A slot, chosen by the initializer's code, the parameter's
- * name and its scope's path, keeps the last key found there and its hash; a later call whose
- * every component equals that key's (ph_same_key: the equality the dict lookup would use)
- * looks the stored key up by its stored hash, where the dict finds it by identity. A slot
- * is only a guess: a component that differs builds the key as before. */
-#define PH_MEMO 64
-static struct { PyObject *key; Py_hash_t hash; } ph_memo[PH_MEMO];
+ * computed anew at every lookup. A declaration's tag (from its initializer's code, the
+ * parameter's name and its scope's path) picks a set of PH_WAYS slots; the slot of that tag
+ * keeps the last key found for it and its hash. A later call whose every component equals
+ * that key's (ph_same_key: the equality the dict lookup would use) looks the stored key up by
+ * its stored hash, where the dict finds it by identity. A slot is only a guess: a component
+ * that differs builds the key as before. Sets of several ways keep the declarations of a
+ * model from evicting each other's keys while their tags share a set (a direct-mapped table
+ * of 64 slots did so for about one model in three of 8 parameters, by the process's string
+ * hashes). */
+#define PH_WAYS 4
+#define PH_SETS 256
+static struct { size_t tag; PyObject *key; Py_hash_t hash; } ph_memo[PH_SETS * PH_WAYS];
+static unsigned ph_victim; /* the way a full set gives up next (round robin) */
+/* the keys param_hit built (its memo had none equal) and swapped into _CHECKED: a repeated
+ * apply of the same model builds none (read by _C.param_hit_stats, for the tests) */
+static Py_ssize_t ph_built, ph_swapped;
 
 /* Whether ph_plain(v, is_default) would equal `k` (a component of a stored key): 1, 0, -1. */
 static int ph_same_plain(PyObject *k, PyObject *v, int is_default) {
@@ -651,15 +660,28 @@ static int ph_same_key(PyObject *key, PyObject *init_fn, PyObject *init_args, Py
     return r;
 }
 
-/* The memo slot of a declaration: its initializer's code, its name and its scope's path (by
- * the strings' hashes: a path's names are made anew at every call). */
-static size_t ph_slot(PyObject *init_fn, PyObject *name, PyObject *path) {
+/* The memo tag of a declaration: its initializer's code, its name and its scope's path (by
+ * the strings' hashes: a path's names are made anew at every call). Never 0 (an empty slot's). */
+static size_t ph_tag(PyObject *init_fn, PyObject *name, PyObject *path) {
     size_t h = (size_t)(PyFunction_Check(init_fn) ? PyFunction_GetCode(init_fn) : init_fn) >> 4;
     h = h * 1000003u + (size_t)PyObject_Hash(name);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(path); i++)
         h = h * 1000003u + (size_t)PyObject_Hash(PyTuple_GET_ITEM(path, i));
-    if (PyErr_Occurred()) PyErr_Clear();   /* (an unhashable item: a slot all the same) */
-    return (h ^ (h >> 29)) % PH_MEMO;
+    if (PyErr_Occurred()) PyErr_Clear();   /* (an unhashable item: a tag all the same) */
+    h ^= h >> 29;
+    return h != 0 ? h : 1;
+}
+
+/* The slot of `tag`: the one of its set that holds it, else an empty one of the set, else the
+ * set's next victim (whose key the caller replaces). */
+static size_t ph_slot(size_t tag) {
+    const size_t base = (tag % PH_SETS) * PH_WAYS;
+    size_t empty = (size_t)-1;
+    for (size_t w = 0; w < PH_WAYS; w++) {
+        if (ph_memo[base + w].tag == tag) return base + w;
+        if (empty == (size_t)-1 && ph_memo[base + w].key == NULL) empty = base + w;
+    }
+    return empty != (size_t)-1 ? empty : base + (ph_victim++ % PH_WAYS);
 }
 
 /* dict[key] by a known hash (borrowed; NULL without an exception when absent). */
@@ -714,9 +736,9 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
     if (dv == -1 && PyErr_Occurred()) goto error_v;
     if (dv < 0) goto miss_v;
     const int in_jit = dv > 0;
-    const size_t slot = ph_slot(init_fn, name, path);
+    const size_t tag = ph_tag(init_fn, name, path), slot = ph_slot(tag);
     Py_hash_t hash = -1;
-    if (ph_memo[slot].key != NULL) {
+    if (ph_memo[slot].tag == tag && ph_memo[slot].key != NULL) {
         const int same = ph_same_key(ph_memo[slot].key, init_fn, init_args, axes, rules, mesh,
                                      in_jit, shape);
         if (same < 0) goto error_v;
@@ -740,6 +762,7 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
         Py_XDECREF(mid);
         Py_XDECREF(empty);
         if (key == NULL) goto error_v;
+        ph_built++;
         hash = PyObject_Hash(key);
         if (hash == -1) { /* unhashable rules: the Python path keys nothing either */
             if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error_v;
@@ -763,8 +786,10 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
                             PyDict_SetItem(ph_env[PH_CHECKED], key, entry) == 0;
         Py_DECREF(entry); /* (the dict's again) */
         if (!swapped) goto error_v;
+        ph_swapped++;
         Py_XSETREF(ph_memo[slot].key, Py_NewRef(key));
         ph_memo[slot].hash = hash;
+        ph_memo[slot].tag = tag;
     }
     if (!PyList_CheckExact(entry) || PyList_GET_SIZE(entry) < 4 ||
         PyList_GET_ITEM(entry, 0) != mesh)
@@ -842,6 +867,12 @@ done:
     Py_XDECREF(cur);
     Py_XDECREF(in_setup);
     return result;
+}
+
+static PyObject *py_param_hit_stats(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("{snsn}", "keys_built", ph_built, "keys_swapped", ph_swapped);
 }
 
 static PyObject *py_param_hit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -1162,6 +1193,10 @@ static PyMethodDef rules_methods[] = {
      "constraint_setup(targets, seen_equal, default_fallback, long_path, strict, jit_tls, "
      "array_type, /)\n--\n\nThe objects LogicalConstraint's hit path reads (set once by "
      "ctrainstate._src.nn.spmd)."},
+    {"param_hit_stats", py_param_hit_stats, METH_NOARGS,
+     "param_hit_stats()\n--\n\nCounts since the process started: the keys param_hit built "
+     "because its memo held none equal (keys_built) and the memo slots it refilled "
+     "(keys_swapped). A repeated apply of a model whose declarations were all seen adds none."},
     {"param_hit", (PyCFunction)(void (*)(void))py_param_hit, METH_FASTCALL,
      "param_hit(name, init_fn, init_args, axes, /)\n--\n\n"
      "param_with_axes' hit path (see partitioning._CHECKED): the existing parameter's value, "

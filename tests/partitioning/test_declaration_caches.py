@@ -519,3 +519,31 @@ def test_logical_constraint_hit_path_runs_in_c():
         with pytest.raises(ValueError, match="hidden"):
             wlc(b, ("batch", "hidden"))
     assert wlc(b, ("batch", "hidden")) is b                          # no rules: unchanged
+
+
+def test_c_memo_keeps_every_declaration_of_a_deep_model():
+    """The memo finds each of 48 declarations' keys again on the next apply: none is built
+    again nor swapped in (param_hit_stats). A direct-mapped memo of 64 slots, picked by the
+    process's string hashes, let two declarations of a model evict each other at every call
+    (for 48 declarations, nearly always)."""
+    from ctrainstate import _C
+    mesh = _mesh()
+    x = np.ones((2, 4), np.float32)
+
+    class Deep(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(24):
+                x = Layer(4)(x)
+            return x
+
+    xs, v = _init(Deep(), x, mesh)
+    with mesh, nn_partitioning.axis_rules(RULES):
+        first = Deep().apply(v, xs)
+        Deep().apply(v, xs)
+        before = _C.param_hit_stats()
+        for _ in range(3):
+            out = Deep().apply(v, xs)
+        after = _C.param_hit_stats()
+    assert after == before
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(first))

@@ -326,6 +326,25 @@ def test_mean_var_std_of_an_empty_axis_are_nan_as_in_jax():
     assert float(cnp.sum(e)) == 0.0
 
 
+def test_mean_of_all_elements_gives_the_general_paths_bits():
+    """``cnp.mean(x)`` of a float32 Array (numpy.mean's direct path: sum, times 1 / n) gives
+    the bits of the general path (an axis naming every dimension), value and gradient, on one
+    device and sharded over a mesh."""
+    x = _input((6, 8), None)
+    r = rng.standard_normal((6, 8)).astype(np.float32)
+    for sharding in (None, _mesh_sharding(P("data", "model"))):
+        X = cts.device_put(x, sharding) if sharding is not None else cts.device_put(x)
+        R = cts.device_put(r, sharding) if sharding is not None else cts.device_put(r)
+        direct, general = cnp.mean(X), cnp.mean(X, axis=(0, 1))
+        assert direct.shape == general.shape == ()
+        assert np.asarray(direct).tobytes() == np.asarray(general).tobytes()
+        gd = cts.grad(lambda v: cnp.mean(v * R))(X)
+        gg = cts.grad(lambda v: cnp.mean(v * R, axis=(0, 1)))(X)
+        assert gd.sharding == gg.sharding
+        assert np.asarray(gd).tobytes() == np.asarray(gg).tobytes()
+        np.testing.assert_allclose(np.asarray(gd), r / x.size, rtol=1e-6)
+
+
 def test_min_of_an_empty_axis_names_min():
     with pytest.raises(ValueError, match="min: zero-size dimension 0 .* has no minimum"):
         cnp.min(cnp.zeros((0, 4)), axis=0)

@@ -3,8 +3,19 @@ test_random_discrete.py): a sample mean or an empirical CDF point against its cl
 within a number of standard errors of the estimate (so a test fails on a wrong distribution,
 not on sampling noise), and a sharded sampler against its unsharded result."""
 import math
+import os
 
 import numpy as np
+
+
+def sample_count(n, sanitized):
+    """`n` samples for a statistical check, or `sanitized` under the sanitizers
+    (tools/sanitize.sh). There the samplers run 15-20x slower, and what the sanitizers check
+    (buffer bounds, undefined behaviour) does not need the sample sizes the statistics do:
+    the README's run checks those at `n`. A `sanitized` count keeps the draws above the CPU
+    kernels' parallel threshold (32768 elements), so the same paths run; the checks' bounds
+    scale with the sample size."""
+    return sanitized if os.environ.get("CTRAINSTATE_SANITIZED") == "1" else n
 
 
 def mean_ok(x, mean, var, sigmas=5.0):

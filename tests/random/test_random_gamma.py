@@ -22,11 +22,12 @@ from ctrainstate._src.random import gamma as G
 from ctrainstate._src.random.gamma import (ball, beta, chisquare, dirichlet, f, gamma,
                                        generalized_normal, loggamma, t)
 from recorded import bits_digest
-from sampler_checks import cdf_ok, mean_ok
+from sampler_checks import cdf_ok, mean_ok, sample_count
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 N = 100_000          # samples for the distribution checks
+N_MOMENTS = sample_count(N, 50_000)   # the (N,) draws of the moment tests below
 KEY = R.PRNGKey(2024)
 
 
@@ -92,13 +93,13 @@ def test_small_alpha_boost():
 
 
 def test_beta_dirichlet_moments():
-    x = beta(KEY, 2.0, 3.0, (N,))
+    x = beta(KEY, 2.0, 3.0, (N_MOMENTS,))
     assert x.dtype == np.float32 and x.min() >= 0 and x.max() <= 1
     mean_ok(x, 0.4, 0.04)
     cdf_ok(x, 0.3, 6 * 0.3 ** 2 - 8 * 0.3 ** 3 + 3 * 0.3 ** 4)
     # tiny a and b: the log-space scaling keeps them finite (no 0 / 0)
     a, b = 0.01, 0.02
-    x = beta(KEY, a, b, (N,))
+    x = beta(KEY, a, b, (N_MOMENTS,))
     assert np.isfinite(x).all() and x.min() >= 0 and x.max() <= 1
     mean_ok(x, a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1)))
     alpha = np.array([1.0, 2.0, 3.0], np.float32)
@@ -114,27 +115,27 @@ def test_beta_dirichlet_moments():
 
 
 def test_chisquare_f_t_moments():
-    x = chisquare(KEY, 3.0, (N,))
+    x = chisquare(KEY, 3.0, (N_MOMENTS,))
     assert x.min() > 0
     mean_ok(x, 3.0, 6.0)
-    cdf_ok(chisquare(KEY, 2.0, (N,)), 1.5, 1 - math.exp(-0.75))
-    x = f(KEY, 4.0, 10.0, (N,))
+    cdf_ok(chisquare(KEY, 2.0, (N_MOMENTS,)), 1.5, 1 - math.exp(-0.75))
+    x = f(KEY, 4.0, 10.0, (N_MOMENTS,))
     assert x.min() > 0
     mean_ok(x, 10 / 8, 2 * 100 * 12 / (4 * 64 * 6))
-    x = t(KEY, 5.0, (N,))
+    x = t(KEY, 5.0, (N_MOMENTS,))
     mean_ok(x, 0.0, 5 / 3)
-    cdf_ok(t(KEY, 1.0, (N,)), 1.0, 0.75)                       # Cauchy
-    cdf_ok(t(KEY, 2.0, (N,)), 1.0, 0.5 + 1 / (2 * math.sqrt(3)))
+    cdf_ok(t(KEY, 1.0, (N_MOMENTS,)), 1.0, 0.75)               # Cauchy
+    cdf_ok(t(KEY, 2.0, (N_MOMENTS,)), 1.0, 0.5 + 1 / (2 * math.sqrt(3)))
 
 
 def test_generalized_normal_and_ball():
-    x = generalized_normal(KEY, 2.0, (N,))                      # N(0, 1/2)
+    x = generalized_normal(KEY, 2.0, (N_MOMENTS,))              # N(0, 1/2)
     mean_ok(x, 0.0, 0.5)
     cdf_ok(x, 0.5, 0.5 * (1 + math.erf(0.5)))
-    x = generalized_normal(KEY, 1.0, (N,))                      # Laplace
+    x = generalized_normal(KEY, 1.0, (N_MOMENTS,))              # Laplace
     mean_ok(x, 0.0, 2.0)
     cdf_ok(x, -1.0, 0.5 * math.exp(-1.0))
-    mean_ok(np.abs(generalized_normal(KEY, 3.0, (N,))) ** 3, 1 / 3, 1 / 3 * (4 / 3) - 1 / 9)
+    mean_ok(np.abs(generalized_normal(KEY, 3.0, (N_MOMENTS,))) ** 3, 1 / 3, 1 / 3 * (4 / 3) - 1 / 9)
     x = ball(KEY, 3, 2, (N // 3,))
     r = np.linalg.norm(x.astype(np.float64), axis=-1)
     assert x.shape == (N // 3, 3) and r.max() <= 1 + 1e-6

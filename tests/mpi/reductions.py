@@ -24,18 +24,31 @@ me, n = dist.process_index(), dist.process_count()
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
+SCALES = 10.0 ** np.arange(-3, 4)   # 10^-3 .. 10^3, looked up instead of a power per element
+_drawn = {}
+
+
 def data(p, count, dtype, salt):
     """Process p's input: normal floats (sums round, so the order shows) with a few NaNs and
-    infinities, or integers that overflow when added (sums wrap)."""
-    rng = np.random.default_rng(7919 * salt + p)
-    if np.dtype(dtype).kind in "iu":
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True)
-    x = (rng.standard_normal(count) * 10.0 ** rng.integers(-3, 4, size=count))
-    if count > 10:
-        x[rng.integers(0, count, 3)] = np.nan
-        x[rng.integers(0, count, 2)] = np.inf * (1 - 2 * (p % 2))
-    return x.astype(dtype)
+    infinities, or integers that overflow when added (sums wrap). A new copy on every call
+    (the in-place all-reduce overwrites its input) of the values drawn once per case: each
+    process draws every process's input for the expected result, and its own again."""
+    key = (p, count, np.dtype(dtype).str, salt)
+    if key not in _drawn:
+        if any(k[3] != salt for k in _drawn):   # a new case: the last one's are done with
+            _drawn.clear()
+        rng = np.random.default_rng(7919 * salt + p)
+        if np.dtype(dtype).kind in "iu":
+            info = np.iinfo(dtype)
+            x = rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True)
+        else:
+            x = rng.standard_normal(count) * SCALES[rng.integers(-3, 4, size=count) + 3]
+            if count > 10:
+                x[rng.integers(0, count, 3)] = np.nan
+                x[rng.integers(0, count, 2)] = np.inf * (1 - 2 * (p % 2))
+            x = x.astype(dtype)
+        _drawn[key] = x
+    return _drawn[key].copy()
 
 
 def in_order(op, count, dtype, salt):

@@ -93,10 +93,32 @@ def test_reductions_add_in_process_order_in_every_path(n, tmp_path):
     assert counts == {324}, counts   # every check ran everywhere
 
 
+@pytest.fixture(scope="module")
+def global_job(tmp_path_factory):
+    """job(n): tests/mpi/global_all.py's reference run (one process of 2 * n devices) and its
+    mpirun -n n, run once for the three scripts it runs (each process's start costs more than
+    most scripts' checks): (the reference run, the mpirun, the result lines)."""
+    jobs = {}
+
+    def job(n):
+        if n not in jobs:
+            d = tmp_path_factory.mktemp(f"global{n}")
+            script = os.path.join(SCRIPTS, "global_all.py")
+            ref = subprocess.run([sys.executable, script, "--reference", str(d / "ref")],
+                                 capture_output=True, text=True, timeout=180, cwd=ROOT,
+                                 env=_env(CTRAINSTATE_NUM_CPU_DEVICES=str(2 * n)))
+            (d / "out").mkdir()
+            run = (_mpirun(n, script, str(d / "ref"), timeout=240, out=d / "out")
+                   if ref.returncode == 0 else None)
+            jobs[n] = ref, run
+        return jobs[n]
+    return job
+
+
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("script, least", [("global_arrays.py", 70), ("global_ops.py", 180),
                                            ("global_slicing.py", 400)])
-def test_global_arrays_and_training_across_processes(script, least, n, tmp_path):
+def test_global_arrays_and_training_across_processes(script, least, n, global_job):
     # tests/mpi/global_arrays.py: global devices, Arrays spanning processes, the
     # make_array_from_* placements, multihost_utils on them, born-sharded params;
     # tests/mpi/global_ops.py: operations on such Arrays and training steps (the fused
@@ -107,16 +129,17 @@ def test_global_arrays_and_training_across_processes(script, least, n, tmp_path)
     # operations, scans: the jax.numpy functions that plan on the host), in the same
     # reference run and mpirun. Each compares what it computed
     # (gathered) bit for bit with one process of 2 * n devices (the reference run of the
-    # same script)
-    ref = tmp_path / "ref.npz"
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--reference", str(ref)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env=_env(CTRAINSTATE_NUM_CPU_DEVICES=str(2 * n)))
-    assert r.returncode == 0 and f"REFERENCE {n} " in r.stdout, r.stdout + r.stderr[-4000:]
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    counts = _run_checks(n, os.path.join(SCRIPTS, script), str(ref), out=out_dir)
-    assert min(counts) > least, counts   # the checks ran
+    # same script). The three run in one job (tests/mpi/global_all.py), each script's checks
+    # counted apart
+    ref, run = global_job(n)
+    assert ref.returncode == 0 and f"REFERENCE {n} " in ref.stdout, ref.stdout + ref.stderr[-4000:]
+    r, _, lines = run
+    text = r.stdout + r.stderr
+    assert r.returncode == 0, text[-6000:]
+    counts = {int(p): int(c) for p, c in
+              re.findall(rf"^OK (\d+) {n} (\d+) {re.escape(script)}$", lines, re.M)}
+    assert sorted(counts) == list(range(n)), text[-6000:]
+    assert min(counts.values()) > least, counts   # the checks ran
 
 
 TIMEOUT = 3.0

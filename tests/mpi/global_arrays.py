@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from report import finish, report, run
+from report import finish, report, run, start
 
 import ctrainstate as cts
 from ctrainstate import NamedSharding, P
@@ -81,7 +81,7 @@ def main(ref_path):
             return
         raise AssertionError(f"no {err.__name__} ({text})")
 
-    dist.initialize(timeout=60)
+    start(dist)
     me, n = cts.process_index(), cts.process_count()
     assert (me, n) == (int(os.environ["OMPI_COMM_WORLD_RANK"]),
                        int(os.environ["OMPI_COMM_WORLD_SIZE"])), (me, n)

@@ -17,7 +17,7 @@ CT_TEST_OUT); any failure raises (non-zero exit).
 import numpy as np
 
 import global_numpy
-from report import compare, finish, raw, run, save_reference
+from report import compare, finish, raw, run, save_reference, start
 
 import ctrainstate as cts
 import ctrainstate.numpy as jnp
@@ -250,7 +250,7 @@ def main(ref_path):
     from ctrainstate import distributed as dist
     from ctrainstate.experimental import multihost_utils as mhu
 
-    dist.initialize(timeout=60)
+    start(dist)
     me, n = cts.process_index(), cts.process_count()
     mesh = cts.make_mesh((n, 2), ("data", "model"))
     checks = 0

@@ -236,7 +236,7 @@ SIGS = {
     "tape_backward": ["any", "any", "any", "any"],
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any", "any"],
     "filled_like": ["any", "float"],
-    "param_hit": ["any", "any", "any", "any"], "trace_break": ["any", "any"],
+    "param_hit": ["any", "any", "any", "any"], "param_hit_stats": [], "trace_break": ["any", "any"],
     "ParamWithAxes": ["any"], "LogicalConstraint": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "ModuleMethod": ["any"], "copy_tree": ["any"], "module_post_init": ["any", "any"],

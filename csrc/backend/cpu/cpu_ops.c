@@ -100,35 +100,31 @@ static inline float gelu_tanh_grad(float x) {
     return ct_gelu_grad_from_tanh(x, ct_vtanh(ct_gelu_inner(x)));
 }
 
-ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
-                       float *y) {
-    (void)dev;
+enum { UN_PIECE = 16384 }; /* elements one task of ct_cpu_unary runs (at most) */
+
+/* y[i] = op(x[i]) for i < n, in the widest clone the CPU runs (elementwise: the same bits in
+ * each); -1 for an op it does not know (the transcendental ones go to vmath). */
+CT_VCLONES static int unary_range(int op, float alpha, float beta, int64_t n,
+                                  const float *x, float *y) {
 #define LOOP(expr) \
-    CT_PAR_FOR_SIMD(ct_par_threads(n > PAR_MIN), i, n, const float v = x[i]; y[i] = (expr))
+    _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { const float v = x[i]; y[i] = (expr); }
     switch (op) {
     case CT_UN_AFFINE:
         if (alpha == 0.0f) { /* a fill: must not read x (it may be uninitialised) */
-            CT_PAR_FOR_SIMD(ct_par_threads(n > PAR_MIN), i, n, y[i] = beta);
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = beta;
         } else {
             LOOP(alpha * v + beta);
         }
         break;
     case CT_UN_NEG: LOOP(-v); break;
-    case CT_UN_SIN:
-    case CT_UN_COS:
-        vmath(op == CT_UN_SIN ? VK_SIN : VK_COS, n, x, y);
-        break;
-    case CT_UN_TANH: vmath(VK_TANH, n, x, y); break;
     case CT_UN_RELU: LOOP((v > 0.0f || v != v) ? v : 0.0f); break; /* NaN stays NaN (jnp) */
     case CT_UN_STEP: LOOP(v > 0.0f ? 1.0f : 0.0f); break;
     case CT_UN_GELU: LOOP(gelu_tanh(v)); break;
     case CT_UN_GELU_GRAD: LOOP(gelu_tanh_grad(v)); break;
-    case CT_UN_EXP: vmath(VK_EXP, n, x, y); break;
     case CT_UN_LOG: LOOP(logf(v)); break;
     case CT_UN_SQRT: LOOP(sqrtf(v)); break;
     case CT_UN_RSQRT: LOOP(1.0f / sqrtf(v)); break;
     case CT_UN_SQUARE: LOOP(v * v); break;
-    case CT_UN_SIGMOID: vmath(VK_SIGMOID, n, x, y); break;
     case CT_UN_ABS: LOOP(fabsf(v)); break;
     case CT_UN_SIGN: LOOP(ct_sign(v)); break;
     case CT_UN_POW: LOOP(ct_pow(v, alpha)); break;
@@ -153,9 +149,34 @@ ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t 
     case CT_UN_CBRT: LOOP(cbrtf(v)); break;
     case CT_UN_EXP2: LOOP(exp2f(v)); break;
     case CT_UN_SIGNBIT: LOOP(ct_signbit(v)); break;
-    default: return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
+    default: return -1;
     }
 #undef LOOP
+    return 0;
+}
+
+ct_status ct_cpu_unary(ct_device *dev, int op, float alpha, float beta, int64_t n, const float *x,
+                       float *y) {
+    (void)dev;
+    switch (op) {
+    case CT_UN_SIN: vmath(VK_SIN, n, x, y); return CT_OK;
+    case CT_UN_COS: vmath(VK_COS, n, x, y); return CT_OK;
+    case CT_UN_TANH: vmath(VK_TANH, n, x, y); return CT_OK;
+    case CT_UN_EXP: vmath(VK_EXP, n, x, y); return CT_OK;
+    case CT_UN_SIGMOID: vmath(VK_SIGMOID, n, x, y); return CT_OK;
+    default: break;
+    }
+    if (n <= UN_PIECE) {
+        if (unary_range(op, alpha, beta, n, x, y) < 0)
+            return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
+        return CT_OK;
+    }
+    if (unary_range(op, alpha, beta, 0, x, y) < 0) /* (the op checked before any task runs) */
+        return ct_set_error(CT_EINVAL, "unknown unary op %d", op);
+    CT_PAR_FOR(ct_par_threads(n > PAR_MIN), t, (n + UN_PIECE - 1) / UN_PIECE,
+               const int64_t i0 = t * UN_PIECE;
+               (void)unary_range(op, alpha, beta, n - i0 < UN_PIECE ? n - i0 : UN_PIECE, x + i0,
+                                 y + i0));
     return CT_OK;
 }
 
@@ -165,7 +186,7 @@ enum { BIN_PIECE = 16384 }; /* elements one task of ct_cpu_binary runs (at most)
 
 /* `rows` inner rows of n elements, row r at o + r * n, a + r * ra and b + r * rb, with
  * element strides sa, sb (0 = broadcast, 1 = dense): the op chosen once for all of them. */
-static void bin_rows(int op, int64_t rows, int64_t n, float *o0, const float *a0, int64_t ra,
+CT_VCLONES static void bin_rows(int op, int64_t rows, int64_t n, float *o0, const float *a0, int64_t ra,
                      int64_t sa, const float *b0, int64_t rb, int64_t sb) {
 #define ROW(expr)                                                                  \
     for (int64_t r_ = 0; r_ < rows; r_++) {                                        \
@@ -290,7 +311,9 @@ static void red_row(float *o, const float *x, int64_t inner, int64_t base, int64
                     const int64_t *red, const int64_t *rstride, int op) {
     for (int64_t i = 0; i < inner; i++) o[i] = ct_red_identity(op);
     for (int64_t t = 0; t < nred; t++) {
-        const float *src = x + unravel_offset(t, nr, red, rstride, base);
+        /* (one reduced dim, a bias gradient's rows: its offset without the divisions) */
+        const float *src = x + (nr == 1 ? base + t * rstride[0]
+                                        : unravel_offset(t, nr, red, rstride, base));
         if (op == CT_RED_MAX) {
 #pragma omp simd
             for (int64_t i = 0; i < inner; i++) o[i] = ct_red_combine(CT_RED_MAX, o[i], src[i]);
@@ -519,6 +542,14 @@ static inline __attribute__((always_inline)) void gemm_small_block(
             }
         }
         const int nb = n - j0 < SMALL_W ? (int)(n - j0) : SMALL_W;
+        if (nb == SMALL_W && beta == 0.0f) { /* whole vectors stored (the same values) */
+            for (int r = 0; r < rows; r++) {
+                const small_half vlo = alpha * lo[r], vhi = alpha * hi[r];
+                memcpy(c + r * ldc + j0, &vlo, sizeof vlo);
+                memcpy(c + r * ldc + j0 + SMALL_W / 2, &vhi, sizeof vhi);
+            }
+            continue;
+        }
         for (int r = 0; r < rows; r++) {
             float v[SMALL_W] __attribute__((aligned(32)));
             *(small_half *)v = alpha * lo[r];
@@ -608,11 +639,18 @@ static void gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     /* (gemm_is_small: a narrow op(B) comes with k <= SMALL_NARROW_K) */
     const int narrow = n < SMALL_W / 2;
     const int64_t np = narrow ? n : (n + SMALL_W - 1) / SMALL_W * SMALL_W;
-    float bs[SMALL_TILE] __attribute__((aligned(64)));
-    for (int64_t p = 0; p < k; p++) {
-        float *row = bs + p * np;
-        for (int64_t j = 0; j < n; j++) row[j] = ct_prec_round(tb ? b[j * ldb + p] : b[p * ldb + j], drop);
-        for (int64_t j = n; j < np; j++) row[j] = 0.0f;
+    float tile[SMALL_TILE] __attribute__((aligned(64)));
+    const float *bs = tile;
+    if (!tb && drop == 0 && np == n && ldb == n && (narrow || (uintptr_t)b % 32 == 0) &&
+        (b + k * n <= c || c + (m - 1) * ldc + n <= b)) {
+        bs = b; /* op(B) is the tile already: dense rows, no padding, vectors aligned; C apart */
+    } else {
+        for (int64_t p = 0; p < k; p++) {
+            float *row = tile + p * np;
+            for (int64_t j = 0; j < n; j++)
+                row[j] = ct_prec_round(tb ? b[j * ldb + p] : b[p * ldb + j], drop);
+            for (int64_t j = n; j < np; j++) row[j] = 0.0f;
+        }
     }
     const int64_t chunks = (m + SMALL_CHUNK - 1) / SMALL_CHUNK;
     const int nt = ct_par_threads(chunks > 1 && m * (narrow ? SMALL_W : np) * k >= (1 << 20));

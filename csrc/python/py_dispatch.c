@@ -324,6 +324,16 @@ static Py_ssize_t norm_len(PyObject *norm) {
     return n;
 }
 
+/* Pairs of distinct sharding objects same_layout found equal (held, so that neither address
+ * can be another object's while it is here): the grads' shardings and the params' (equal specs
+ * written apart, P('model') and P('model', None)), or a plan's key and an operand's, compared
+ * again at every step. A pair found here is equal by identity; a full set gives up its oldest. */
+enum { SAME_PAIRS = 32 };
+static PyObject *same_pairs[SAME_PAIRS][2];
+static unsigned same_pairs_next;
+
+static int same_layout_slow(PyObject *s, PyObject *t);
+
 /* Whether two sharding objects lay an Array out the same way, so a plan made for one serves
  * the other: the same object, or two NamedShardings of the same mesh object whose
  * per-dimension mesh axes (`_norm`) are equal up to trailing unsharded dimensions (as
@@ -331,6 +341,24 @@ static Py_ssize_t norm_len(PyObject *norm) {
  * but equal object every step. Compared without running Python code. */
 static int same_layout(PyObject *s, PyObject *t) {
     if (s == t) return 1;
+    for (int i = 0; i < SAME_PAIRS; i++)
+        if ((same_pairs[i][0] == s && same_pairs[i][1] == t) ||
+            (same_pairs[i][0] == t && same_pairs[i][1] == s))
+            return 1;
+    const int same = same_layout_slow(s, t);
+    if (same) {
+        const unsigned i = same_pairs_next++ % SAME_PAIRS;
+        PyObject *old0 = same_pairs[i][0], *old1 = same_pairs[i][1];
+        same_pairs[i][0] = Py_NewRef(s);
+        same_pairs[i][1] = Py_NewRef(t);
+        Py_XDECREF(old0); /* (after the slot is rewritten: a dealloc may come back here) */
+        Py_XDECREF(old1);
+    }
+    return same;
+}
+
+/* same_layout's comparison of two distinct objects. */
+static int same_layout_slow(PyObject *s, PyObject *t) {
     if (Py_TYPE(s) != Py_TYPE(t) || named_sharding_type == NULL) return 0;
     if ((PyObject *)Py_TYPE(s) != named_sharding_type) {
         /* one device's sharding (SingleDeviceSharding): the same `device` object */

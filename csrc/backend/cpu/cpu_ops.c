@@ -307,7 +307,7 @@ static inline int64_t unravel_offset(int64_t t, int n, const int64_t *dims, cons
 
 /* Output row o (inner elements of a kept innermost dim) of a reduction: the rows of x at
  * base + each reduced offset, combined elementwise. */
-static void red_row(float *o, const float *x, int64_t inner, int64_t base, int64_t nred, int nr,
+CT_VCLONES static void red_row(float *o, const float *x, int64_t inner, int64_t base, int64_t nred, int nr,
                     const int64_t *red, const int64_t *rstride, int op) {
     for (int64_t i = 0; i < inner; i++) o[i] = ct_red_identity(op);
     for (int64_t t = 0; t < nred; t++) {
@@ -610,8 +610,12 @@ CT_VCLONES static void gemm_narrow_rows(int ta, int64_t r0, int64_t r1, int64_t 
     for (int64_t i = r0; i < r1; i += SMALL_W) {
         const int rows = r1 - i < SMALL_W ? (int)(r1 - i) : SMALL_W;
         for (int64_t p = 0; p < k; p++) {
-            for (int r = 0; r < rows; r++)
-                at[p * SMALL_W + r] = ct_prec_round(ta ? a[p * lda + i + r] : a[(i + r) * lda + p], drop);
+            if (ta) /* (op(A)'s column p of these rows is contiguous: a vector copy) */
+                for (int r = 0; r < rows; r++)
+                    at[p * SMALL_W + r] = ct_prec_round(a[p * lda + i + r], drop);
+            else
+                for (int r = 0; r < rows; r++)
+                    at[p * SMALL_W + r] = ct_prec_round(a[(i + r) * lda + p], drop);
             for (int r = rows; r < SMALL_W; r++) at[p * SMALL_W + r] = 0.0f;
         }
         for (int64_t j = 0; j < n; j++) {

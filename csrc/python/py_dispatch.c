@@ -324,12 +324,13 @@ static Py_ssize_t norm_len(PyObject *norm) {
     return n;
 }
 
-/* Pairs of distinct sharding objects same_layout found equal (held, so that neither address
- * can be another object's while it is here): the grads' shardings and the params' (equal specs
- * written apart, P('model') and P('model', None)), or a plan's key and an operand's, compared
- * again at every step. A pair found here is equal by identity; a full set gives up its oldest. */
-enum { SAME_PAIRS = 32 };
-static PyObject *same_pairs[SAME_PAIRS][2];
+/* Pairs of distinct sharding objects same_layout compared, with the answer (held, so that
+ * neither address can be another object's while it is here; shardings do not change): the
+ * grads' shardings and the params' (equal specs written apart, P('model') and
+ * P('model', None)), a plan's key and an operand's, compared again at every step. A full
+ * table gives up its oldest pair. */
+enum { SAME_PAIRS = 64 };
+static struct { PyObject *s, *t; int same; } same_pairs[SAME_PAIRS];
 static unsigned same_pairs_next;
 
 static int same_layout_slow(PyObject *s, PyObject *t);
@@ -342,18 +343,17 @@ static int same_layout_slow(PyObject *s, PyObject *t);
 static int same_layout(PyObject *s, PyObject *t) {
     if (s == t) return 1;
     for (int i = 0; i < SAME_PAIRS; i++)
-        if ((same_pairs[i][0] == s && same_pairs[i][1] == t) ||
-            (same_pairs[i][0] == t && same_pairs[i][1] == s))
-            return 1;
+        if ((same_pairs[i].s == s && same_pairs[i].t == t) ||
+            (same_pairs[i].s == t && same_pairs[i].t == s))
+            return same_pairs[i].same;
     const int same = same_layout_slow(s, t);
-    if (same) {
-        const unsigned i = same_pairs_next++ % SAME_PAIRS;
-        PyObject *old0 = same_pairs[i][0], *old1 = same_pairs[i][1];
-        same_pairs[i][0] = Py_NewRef(s);
-        same_pairs[i][1] = Py_NewRef(t);
-        Py_XDECREF(old0); /* (after the slot is rewritten: a dealloc may come back here) */
-        Py_XDECREF(old1);
-    }
+    const unsigned i = same_pairs_next++ % SAME_PAIRS;
+    PyObject *old_s = same_pairs[i].s, *old_t = same_pairs[i].t;
+    same_pairs[i].s = Py_NewRef(s);
+    same_pairs[i].t = Py_NewRef(t);
+    same_pairs[i].same = same;
+    Py_XDECREF(old_s); /* (after the slot is rewritten: a dealloc may come back here) */
+    Py_XDECREF(old_t);
     return same;
 }
 

@@ -510,7 +510,8 @@ static ct_status gemm_blas_rounded(ct_sgemm_fn blas, int ta, int tb, int64_t m, 
 }
 
 /* Small products: op(B) (k x n, n padded to a multiple of SMALL_W) fits SMALL_TILE floats.
- * op(B) is packed (rounded to the precision) into a zero-padded tile on the stack, and C is
+ * op(B) is packed (rounded to the precision) into a zero-padded tile on the stack (a dense,
+ * aligned op(B) at full precision is that tile already and is read in place), and C is
  * computed SMALL_ROWS rows by SMALL_W columns at a time, accumulated in registers over k in
  * order: every element of C is ((a0*b0 + a1*b1) + a2*b2) + ..., rounded at each step (no FMA:
  * the file's pragma), times alpha, plus beta*C when beta is not 0. That sum depends on

@@ -543,9 +543,8 @@ static PyObject *ph_attr(PyObject *obj, PyObject *name) {
  * that key's (ph_same_key: the equality the dict lookup would use) looks the stored key up by
  * its stored hash, where the dict finds it by identity. A slot is only a guess: a component
  * that differs builds the key as before. Sets of several ways keep the declarations of a
- * model from evicting each other's keys while their tags share a set (a direct-mapped table
- * of 64 slots did so for about one model in three of 8 parameters, by the process's string
- * hashes). */
+ * model from evicting each other's keys when their tags (which depend on the process's string
+ * hashes) share a set. */
 #define PH_WAYS 4
 #define PH_SETS 256
 static struct { size_t tag; PyObject *key; Py_hash_t hash; } ph_memo[PH_SETS * PH_WAYS];

@@ -680,3 +680,42 @@ def test_module_release_cuts_only_private_trees():
         with pytest.raises(TypeError, match="module_release"):
             _C.module_release(bad)
     assert _C.module_release([3]) is False and _C.module_release([nn.Dense(2)]) is True
+
+
+def test_only_classes_with_a_setup_read_attributes_through_getattr():
+    """A class attribute __getattr__ makes CPython read every attribute of an instance the
+    generic slow way, so only classes that can define attributes lazily in setup() get
+    Module's (a subclass adding setup() included); without one, a missing attribute raises
+    the same AttributeError, bound or not."""
+    class Plain(nn.Module):
+        features: int = 2
+
+        @nn.compact
+        def __call__(self, x):
+            assert self.features == 2
+            with pytest.raises(AttributeError, match="'Plain' object has no attribute 'nope'"):
+                self.nope
+            return x
+
+    class WithSetup(Plain):
+        def setup(self):
+            self.scale = 3.0
+
+        def __call__(self, x):
+            return x * self.scale
+
+    class Child(WithSetup):
+        pass
+
+    assert not hasattr(Plain, "__getattr__") and not hasattr(nn.Module, "__getattr__")
+    assert WithSetup.__getattr__ is Child.__getattr__ is _module._lazy_setup_getattr
+    Plain().apply({}, X)
+    with pytest.raises(AttributeError, match="'Plain' object has no attribute 'nope'"):
+        Plain().nope
+    # the attribute setup() defines is made on first access, before any method call
+    for cls in (WithSetup, Child):
+        bound = cls().bind({})
+        assert bound.scale == 3.0
+        np.testing.assert_array_equal(cls().apply({}, X), X * 3.0)
+        with pytest.raises(AttributeError, match=f"'{cls.__name__}' object has no attribute 'nope'"):
+            cls().bind({}).nope

@@ -618,6 +618,30 @@ _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "
              "is_initializing", "bind"}
 
 
+
+def _lazy_setup_getattr(self, item):
+    """``Module.__getattr__`` of a class that can define attributes in ``setup()``: they are
+    created lazily, on the first access to one. Only such classes have it (see
+    ``Module.__init_subclass__``): a class attribute ``__getattr__`` makes CPython read every
+    attribute of every instance through a slower generic path, which the many small modules of
+    a model would pay at each ``apply``; without one, a missing attribute raises the same
+    AttributeError."""
+    if not item.startswith("_") and self.__dict__.get("_scope") is not None \
+            and not self.__dict__.get("_setup_done", True):
+        self._try_setup()
+        try:
+            return object.__getattribute__(self, item)
+        except AttributeError:
+            pass
+    raise AttributeError(f"'{type(self).__name__}' object has no attribute '{item}'")
+
+
+def _can_set_up_lazily(cls) -> bool:
+    """Whether instances of ``cls`` can have a ``setup()`` to run on an attribute access: the
+    class overrides ``setup`` or ``_try_setup``."""
+    return cls.setup is not Module.setup or cls._try_setup is not Module._try_setup
+
+
 class Module:
     """Base class of modules; subclasses are dataclasses (see the module docstring)."""
 
@@ -644,6 +668,8 @@ class Module:
             ann = {k: v for k, v in ann.items() if k != "name"}
         cls.__annotations__ = {**ann, "name": "str | None"}
         cls.name = dataclasses.field(default=None, kw_only=True)
+        if not hasattr(cls, "__getattr__") and _can_set_up_lazily(cls):
+            cls.__getattr__ = _lazy_setup_getattr
         own_init = "__init__" in cls.__dict__
         dataclasses.dataclass(cls, eq=False, repr=False)
         cls.__setattr__ = Module.__setattr__  # keep our setattr after dataclass
@@ -670,7 +696,7 @@ class Module:
             _module_bind_new(self, stack)
 
     def __setattr__(self, key, value):
-        # (the instance's own state: __getattr__ raises for a missing private name, so a
+        # (the instance's own state: a missing private name raises AttributeError, so a
         # plain dict lookup sees the same, without an exception per field in __init__)
         d = self.__dict__
         in_setup = d.get("_in_setup", False)
@@ -688,8 +714,8 @@ class Module:
 
     # --- tree position -----------------------------------------------------------------------
     def _attach(self, child: "Module", name: str | None):
-        # (the modules' own state read from their __dict__: Module.__getattr__ leaves
-        # attribute reads on modules unspecialized)
+        # (the modules' own state read from their __dict__, the cheapest read where a class
+        # has _lazy_setup_getattr)
         d = self.__dict__
         if name is None:
             cls = type(child).__name__
@@ -892,17 +918,6 @@ class Module:
 
     def setup(self):
         """Override to define submodules and params lazily (called once, when first used)."""
-
-    def __getattr__(self, item):
-        # setup-defined attributes are created lazily on first access
-        if not item.startswith("_") and self.__dict__.get("_scope") is not None \
-                and not self.__dict__.get("_setup_done", True):
-            self._try_setup()
-            try:
-                return object.__getattribute__(self, item)
-            except AttributeError:
-                pass
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{item}'")
 
     # --- variables ---------------------------------------------------------------------------
     @property
@@ -1190,6 +1205,7 @@ class Module:
 
 
 _base_setup = Module.setup
+
 _base_try_setup = Module._try_setup
 # the common cases of a method call and of a submodule's attach, in C (py_module.c); what
 # they decline goes to _call_method and _bind_new

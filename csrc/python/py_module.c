@@ -458,7 +458,7 @@ static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n)
  * module_call's does. It is a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as functions
  * are: `module(x)` (type slot __call__) and `module.method(x)` where the attribute lookup is
  * the generic one call it with self prepended, without a bound-method object; __get__ gives
- * the bound method otherwise (a Module class has __getattr__) and itself on the class. It
+ * the bound method otherwise (a Module class with a setup() has __getattr__) and itself on the class. It
  * carries a __dict__ for what functools.update_wrapper copies (__name__, __qualname__,
  * __doc__, __module__, __wrapped__, the function's own attributes such as _ct_compact), is
  * pickled by reference (its __qualname__ in its __module__), as functions are, and supports
@@ -785,15 +785,17 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
     if (PySet_Add(call_names, name) < 0 || PyDict_SetItem(cd, S(name), name) < 0 ||
         PyDict_SetItem(cd, S(_parent), parent) < 0)
         goto error;
+    int fresh_scope = 0;
     scope = PyDict_GetItemWithError(pchildren, name);
     if (scope != NULL) {
         Py_INCREF(scope);
     } else {
         if (PyErr_Occurred()) goto error;
+        fresh_scope = 1;
         scope = ms_new_child_scope(pscope, pchildren, name);
         if (scope == NULL) goto error;
     }
-    {
+    if (fresh_scope == 0) { /* (a scope made just now has nothing reserved to clear) */
         PyObject *sres = ms_attr(scope, ms_dict(scope), S(_reserved));
         if (sres == NULL) goto error;
         int rc = PySet_Check(sres) ? PySet_Clear(sres) : -2;

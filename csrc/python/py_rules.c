@@ -729,8 +729,13 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
     if (mesh == NULL) goto error_v;
     rules = py_get_axis_rules(NULL, NULL);
     depth = rules != NULL ? ct_py_tls_getattr(ph_env[PH_JIT_TLS], ph_names[N_DEPTH]) : NULL;
-    shape = depth != NULL ? PyObject_GetAttr(value, ph_names[N_SHAPE]) : NULL;
-    if (shape == NULL) goto error_v;
+    /* (value is an Array, checked above: its fields are read directly) */
+    shape = depth != NULL ? ((ct_py_array *)value)->shape : NULL;
+    if (shape == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "Array without a shape");
+        goto error_v;
+    }
+    Py_INCREF(shape);
     const long dv = PyLong_Check(depth) ? PyLong_AsLong(depth) : -1;
     if (dv == -1 && PyErr_Occurred()) goto error_v;
     if (dv < 0) goto miss_v;
@@ -822,8 +827,8 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
     PyObject *target = PyList_GET_ITEM(entry, 2);
     if (target != Py_None) {
         if (target == ph_env[PH_LONG_PATH]) goto miss_ve;
-        cur = PyObject_GetAttr(value, ph_names[N_SHARDING]);
-        if (cur == NULL) goto error_ve;
+        cur = Py_XNewRef(((ct_py_array *)value)->sharding);
+        if (cur == NULL) goto miss_ve; /* (an Array not set up: the Python path says so) */
         PyObject *seen = PyList_GET_ITEM(entry, 3); /* the sharding objects seen equal */
         if (!PyTuple_CheckExact(seen)) goto miss_ve;
         Py_ssize_t i = 0;
@@ -1071,8 +1076,8 @@ static PyObject *lc_hit(PyObject *x, PyObject *logical) {
     Py_DECREF(depth);
     if (dv == -1 && PyErr_Occurred()) goto error;
     if (dv > 0) goto out;
-    PyObject *cur = PyObject_GetAttr(x, ph_names[N_SHARDING]);
-    if (cur == NULL) goto error;
+    PyObject *cur = Py_XNewRef(((ct_py_array *)x)->sharding); /* (x is an Array) */
+    if (cur == NULL) goto out; /* (an Array not set up: the Python function says so) */
     int same = cur == target;
     if (!same) {
         PyObject *tid = PyLong_FromVoidPtr(target);

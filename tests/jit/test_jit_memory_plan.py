@@ -227,13 +227,14 @@ def test_runs_on_several_threads_at_once_give_the_eager_bits():
 
 
 def test_an_op_node_returning_an_inputs_buffers_adds_no_memory():
-    """On a (1, 1) mesh an add of two differently-specified Arrays is an op node, and its vjp
-    passes the cotangent through: the gradient is the cotangent's buffer. The plan records
-    that (the output over its input), so the predicted peak is the measured one."""
+    """On a (1, 1) mesh an add of a float32 and an int32 Array (the Python op: a promotion) is
+    an op node, and its vjp passes the float32 operand's cotangent through: the gradient is
+    the cotangent's buffer. The plan records that (the output over its input), so the
+    predicted peak is the measured one."""
     mesh = cts.Mesh(np.array(cts.devices()[:1]).reshape(1, 1), ("x", "y"))
     put = lambda a, *spec: cts.device_put(a, cts.NamedSharding(mesh, cts.P(*spec)))
     a = put(rng.standard_normal((64, 32)).astype(np.float32), None, "y")
-    b = put(rng.standard_normal((64, 32)).astype(np.float32))
+    b = put(rng.integers(-3, 4, (64, 32)).astype(np.int32))
 
     def f(a, b):
         return cts.value_and_grad(lambda a: cnp.sum(cnp.sin(a + b) * 2.0))(a)

@@ -636,6 +636,37 @@ def test_equal_shardings_share_a_plan():
     _same(_ops.exp(w), _ops.exp.__wrapped__(w))
 
 
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 1)])
+def test_size_one_mesh_axes_move_no_operand(mesh_shape):
+    """A mesh axis of size 1 splits nothing: a replicated bias added to an Array split over
+    such an axis has the blocks it would be resharded to, so the op runs from the C plan
+    (before, the bias was copied into a new Array at every call, through the Python op), and
+    the result, its layout and the gradient are the Python op's. Over an axis of size 4 the
+    bias is resharded as before."""
+    n = mesh_shape[0] * mesh_shape[1]
+    mesh = cts.Mesh(np.array(cts.devices()[:n]).reshape(mesh_shape), ("data", "model"))
+    rng = np.random.default_rng(0)
+    a = cts.device_put(_values(rng, (8, 16)), cts.NamedSharding(mesh, cts.P("data", "model")))
+    b = cts.device_put(_values(rng, (16,)), cts.NamedSharding(mesh, cts.P(None)))
+    for op in (_ops.add, _ops.multiply):
+        _same(_run_fast(op, a, b), op.__wrapped__(a, b))
+        _same(_run_fast(op, b, a), op.__wrapped__(b, a))
+    assert _ops._stays(b, mesh, (("model",),))
+    assert _ops._stays(b, mesh, (("data",),)) == (mesh_shape[0] == 1)
+    fn = lambda a, b: cnp.sum(cnp.sin(a * b + b))   # noqa: E731
+    loss, (ga, gb) = cts.value_and_grad(fn, argnums=(0, 1))(a, b)
+    an, bn = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    want_b = (np.cos(an * bn + bn) * (an + 1)).sum(0)
+    np.testing.assert_allclose(np.asarray(gb), want_b, rtol=1e-4, atol=1e-4)
+    assert ga.sharding == a.sharding and gb.sharding.spec == b.sharding.spec
+    # an axis of size 4: the Python op reshards the bias, the C plan says no
+    wide = cts.Mesh(np.array(cts.devices()[:8]).reshape(2, 4), ("data", "model"))
+    a4 = cts.device_put(np.asarray(a), cts.NamedSharding(wide, cts.P("data", "model")))
+    b4 = cts.device_put(np.asarray(b), cts.NamedSharding(wide, cts.P(None)))
+    assert not _ops._stays(b4, wide, (("model",),))
+    np.testing.assert_array_equal(np.asarray(_ops.add(a4, b4)), np.asarray(a) + np.asarray(b))
+
 def test_cache_keeps_at_most_its_size_and_replans():
     x = [cts.device_put(np.ones((n,), np.float32)) for n in range(1, 40)]
     _ops.cos.cache_clear()

@@ -290,11 +290,21 @@ def _sharding_for(place, norm) -> Sharding:
 
 
 def _stays(a: Array, place, norm) -> bool:
-    """Whether ``a`` already has the per-dimension mesh axes ``norm`` on ``place``."""
+    """Whether ``a`` already has the per-dimension mesh axes ``norm`` on ``place``. Mesh axes
+    of size 1 split nothing, so they are not compared: on a 1x1 mesh ``P('model')`` and
+    ``P(None)`` lay out the same blocks on the same devices, and neither operand moves."""
     if isinstance(place, Device):
         return isinstance(a.sharding, SingleDeviceSharding) and a.sharding.device is place
-    return (isinstance(a.sharding, NamedSharding) and a.sharding.mesh == place and
-            [tuple(e) for e in _norm(a.sharding, a.ndim)] == [tuple(e) for e in norm])
+    if not (isinstance(a.sharding, NamedSharding) and a.sharding.mesh == place):
+        return False
+    have = [tuple(e) for e in _norm(a.sharding, a.ndim)]
+    want = [tuple(e) for e in norm]
+    if have == want:
+        return True
+    sizes = place._shape
+    return (len(have) == len(want) and
+            [tuple(x for x in e if sizes.get(x) != 1) for e in have] ==
+            [tuple(x for x in e if sizes.get(x) != 1) for e in want])
 
 
 def _to(a: Array, place, norm) -> Array:

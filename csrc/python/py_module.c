@@ -458,8 +458,8 @@ static PyObject *py_module_call(PyObject *mod, PyObject *const *a, Py_ssize_t n)
  * module_call's does. It is a method descriptor (Py_TPFLAGS_METHOD_DESCRIPTOR), as functions
  * are: `module(x)` (type slot __call__) and `module.method(x)` where the attribute lookup is
  * the generic one call it with self prepended, without a bound-method object; __get__ gives
- * the bound method otherwise (a Module class with a setup() has __getattr__) and itself on the class. It
- * carries a __dict__ for what functools.update_wrapper copies (__name__, __qualname__,
+ * the bound method otherwise (a Module class with a setup() has __getattr__) and itself on
+ * the class. It carries a __dict__ for what functools.update_wrapper copies (__name__, __qualname__,
  * __doc__, __module__, __wrapped__, the function's own attributes such as _ct_compact), is
  * pickled by reference (its __qualname__ in its __module__), as functions are, and supports
  * weak references. */

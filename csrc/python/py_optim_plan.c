@@ -57,6 +57,7 @@ typedef struct {
     Py_ssize_t nparams, narrays;
     Py_ssize_t *counters, ncounters; /* indices into cur of the int32 step counters */
     PyObject *claim_lock, *claimed;  /* optim.base's _CLAIM_LOCK and _CLAIMED */
+    PyObject *lock_acquire, *lock_release; /* its bound acquire and release, looked up once */
     PyObject *prog;          /* the params' dict structure (prog_flatten), or NULL */
     ct_optim_prepared *prep; /* the core's tables of the step (ct_optim_prepare) */
     int busy;
@@ -103,6 +104,8 @@ static void plan_clear_fields(optim_plan *p) {
     ct_py_pin_release(&p->refs);
     Py_CLEAR(p->cur);
     Py_CLEAR(p->claim_lock);
+    Py_CLEAR(p->lock_acquire);
+    Py_CLEAR(p->lock_release);
     Py_CLEAR(p->claimed);
     Py_CLEAR(p->prog);
 }
@@ -118,6 +121,8 @@ static int plan_traverse(optim_plan *p, visitproc visit, void *arg) {
     Py_VISIT(p->cur);
     Py_VISIT(p->prog);
     Py_VISIT(p->claim_lock);
+    Py_VISIT(p->lock_acquire);
+    Py_VISIT(p->lock_release);
     Py_VISIT(p->claimed);
     return 0;
 }
@@ -372,6 +377,19 @@ static int plan_init(optim_plan *self, PyObject *args, PyObject *kw) {
     self->ncounters = nc;
     self->narrays = na;
     self->cur = Py_NewRef(arrays);
+    PyObject *acquire = PyObject_GetAttrString(lock, "acquire");
+    PyObject *release = acquire != NULL ? PyObject_GetAttrString(lock, "release") : NULL;
+    if (release == NULL || !PyCallable_Check(acquire) || !PyCallable_Check(release)) {
+        Py_XDECREF(acquire);
+        Py_XDECREF(release);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "OptimPlan: the claim lock must be a lock (acquire() and "
+                     "release()), got %.100s", Py_TYPE(lock)->tp_name);
+        return -1;
+    }
+    Py_XSETREF(self->lock_acquire, acquire);
+    Py_XSETREF(self->lock_release, release);
     self->claim_lock = Py_NewRef(lock);
     self->claimed = Py_NewRef(claimed);
     return 0;
@@ -392,7 +410,7 @@ static const char MSG_BUSY[] =
 
 /* Claim (add == 1) or release (add == 0) key in the claimed set under the lock. */
 static int claim(optim_plan *self, PyObject *key, int add) {
-    PyObject *r = PyObject_CallMethod(self->claim_lock, "acquire", NULL);
+    PyObject *r = PyObject_CallNoArgs(self->lock_acquire);
     if (r == NULL) return -1;
     Py_DECREF(r);
     int rc = 0;
@@ -409,7 +427,7 @@ static int claim(optim_plan *self, PyObject *key, int add) {
     }
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    r = PyObject_CallMethod(self->claim_lock, "release", NULL);
+    r = PyObject_CallNoArgs(self->lock_release);
     Py_XDECREF(r);
     if (et != NULL) {
         if (r == NULL) PyErr_Clear();

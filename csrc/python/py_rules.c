@@ -424,6 +424,18 @@ static PyObject *ph_names[16];
 enum { N_STACK, N_SCOPE, N_VARIABLES, N_PATH, N_DEPTH, N_IN_SETUP, N_RESERVED, N_CHILDREN,
        N_MUTABLE, N_SHARDING, N_SHAPE, N_PARAMS, N_SET, N_RULES, N_AXES, N_COUNT };
 
+/* ph_names, interned once: 0, or -1 with an exception. */
+static int ph_names_init(void) {
+    static const char *const names[N_COUNT] = {"stack", "_scope", "_variables", "path", "depth",
+                                               "_in_setup", "_reserved", "_children", "mutable",
+                                               "sharding", "shape", "params", "set", "rules",
+                                               "axes"};
+    for (int i = 0; i < N_COUNT; i++)
+        if (ph_names[i] == NULL && (ph_names[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return -1;
+    return 0;
+}
+
 static PyObject *py_param_hit_setup(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *env[PH_N];
@@ -433,13 +445,7 @@ static PyObject *py_param_hit_setup(PyObject *self, PyObject *args) {
                           &env[PH_GET_MESH], &env[PH_JIT_TLS], &env[PH_ARRAY], &env[PH_MISS],
                           &env[PH_LONG_PATH], &env[PH_MESH_TLS], &env[PH_UNSET], &env[PH_STRICT]))
         return NULL;
-    static const char *const names[N_COUNT] = {"stack", "_scope", "_variables", "path", "depth",
-                                               "_in_setup", "_reserved", "_children", "mutable",
-                                               "sharding", "shape", "params", "set", "rules",
-                                               "axes"};
-    for (int i = 0; i < N_COUNT; i++)
-        if (ph_names[i] == NULL && (ph_names[i] = PyUnicode_InternFromString(names[i])) == NULL)
-            return NULL;
+    if (ph_names_init() < 0) return NULL;
     for (int i = 0; i < PH_N; i++) Py_XSETREF(ph_env[i], Py_NewRef(env[i]));
     Py_RETURN_NONE;
 }
@@ -1181,6 +1187,228 @@ static PyType_Spec lc_spec = {
     .slots = lc_slots,
 };
 
+/* --- nn.Module.param's hit path ----------------------------------------------------------
+ * ModuleParam(fallback) is what nn.module puts in place of Module.param: a method descriptor
+ * whose call (self, name, init_fn, *init_args) — no keyword argument — answers the existing
+ * parameter's value in C where nn.module._existing_param would (the module bound and
+ * declaring, no strict rules, its scope of a class keeping Scope's methods (nn.module.
+ * _PLAIN_SCOPES says True), the name free, the parameter in the scope's 'params' (plain
+ * dicts along the path) an Array whose shape is the one the initializer makes, found in
+ * nn.scope._SHAPES_BY_ID by the initializer's identity and arguments); the name is then
+ * reserved, as there. Every other call, and any condition that does not hold (nothing is
+ * changed before all are checked), goes to `fallback`, the Python method, with the same
+ * arguments: it raises, creates or handles the rest. */
+enum { MP_MODULE, MP_CTX, MP_STRICT, MP_PLAIN_SCOPES, MP_SHAPES_BY_ID, MP_ARRAY, MP_N };
+static PyObject *mp_env[MP_N];
+static PyObject *mp_str_params, *mp_str_in_setup, *mp_str_scope;
+
+static PyObject *py_module_param_setup(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *env[MP_N];
+    if (!PyArg_ParseTuple(args, "O!OOO!O!O!:module_param_setup", &PyType_Type, &env[MP_MODULE],
+                          &env[MP_CTX], &env[MP_STRICT], &PyDict_Type, &env[MP_PLAIN_SCOPES],
+                          &PyDict_Type, &env[MP_SHAPES_BY_ID], &PyType_Type, &env[MP_ARRAY]))
+        return NULL;
+    if (ph_names_init() < 0 ||
+        (mp_str_params == NULL && (mp_str_params = PyUnicode_InternFromString("params")) == NULL) ||
+        (mp_str_in_setup == NULL &&
+         (mp_str_in_setup = PyUnicode_InternFromString("_in_setup")) == NULL) ||
+        (mp_str_scope == NULL && (mp_str_scope = PyUnicode_InternFromString("_scope")) == NULL))
+        return NULL;
+    for (int i = 0; i < MP_N; i++) Py_XSETREF(mp_env[i], Py_NewRef(env[i]));
+    Py_RETURN_NONE;
+}
+
+/* The value (a new reference), `miss` (borrowed) where the Python method must run, or NULL
+ * with an exception. */
+static PyObject *mp_hit(PyObject *self, PyObject *name, PyObject *init_fn, PyObject *init_args,
+                        PyObject *miss) {
+    PyObject *stack = NULL, *strict = NULL, *reserved = NULL, *children = NULL, *vars = NULL;
+    PyObject *path = NULL, *rkey = NULL, *key = NULL, *result = miss;
+    if (!PyUnicode_CheckExact(name)) return miss;
+    const int ism = PyObject_IsInstance(self, mp_env[MP_MODULE]);
+    if (ism <= 0) return ism < 0 ? NULL : miss;
+    PyObject **dp = _PyObject_GetDictPtr(self);
+    if (dp == NULL || *dp == NULL || !PyDict_CheckExact(*dp)) return miss;
+    PyObject *scope = PyDict_GetItemWithError(*dp, mp_str_scope); /* (borrowed) */
+    if (scope == NULL || scope == Py_None) return PyErr_Occurred() ? NULL : miss;
+    Py_INCREF(scope);
+    if (ph_get(mp_env[MP_PLAIN_SCOPES], (PyObject *)Py_TYPE(scope)) != Py_True) goto out;
+    strict = ct_py_tls_getattr(mp_env[MP_STRICT], ph_names[N_RULES]);
+    if (strict == NULL) goto error;
+    if (strict != Py_None) goto out;
+    /* the declaration rule: in setup(), or the module's @compact frame is on the stack */
+    PyObject *in_setup = PyDict_GetItemWithError(*dp, mp_str_in_setup);
+    if (in_setup == NULL && PyErr_Occurred()) goto error;
+    if (in_setup != Py_True) {
+        stack = ct_py_tls_getattr(mp_env[MP_CTX], ph_names[N_STACK]);
+        if (stack == NULL) goto error;
+        if (!PyList_CheckExact(stack)) goto out;
+        int found = 0;
+        for (Py_ssize_t i = 0; !found && i < PyList_GET_SIZE(stack); i++) {
+            PyObject *f = PyList_GET_ITEM(stack, i);
+            if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) < 2 || PyTuple_GET_ITEM(f, 0) != self)
+                continue;
+            found = PyObject_IsTrue(PyTuple_GET_ITEM(f, 1));
+            if (found < 0) goto error;
+        }
+        if (!found) goto out;
+    }
+    reserved = ph_attr(scope, ph_names[N_RESERVED]);
+    children = reserved != NULL ? ph_attr(scope, ph_names[N_CHILDREN]) : NULL;
+    vars = children != NULL ? ph_attr(scope, ph_names[N_VARIABLES]) : NULL;
+    path = vars != NULL ? ph_attr(scope, ph_names[N_PATH]) : NULL;
+    if (path == NULL) goto error;
+    if (!PySet_CheckExact(reserved) || !PyDict_CheckExact(children) || !PyTuple_CheckExact(path))
+        goto out;
+    rkey = PyTuple_Pack(2, mp_str_params, name);
+    if (rkey == NULL) goto error;
+    int taken = PySet_Contains(reserved, rkey);
+    if (taken == 0) taken = PySet_Contains(reserved, name);
+    if (taken == 0) taken = PyDict_Contains(children, name);
+    if (taken != 0) {
+        if (taken < 0) goto error;
+        goto out;
+    }
+    PyObject *d = ph_get(vars, mp_str_params);
+    for (Py_ssize_t i = 0; d != NULL && i < PyTuple_GET_SIZE(path); i++)
+        d = ph_get(d, PyTuple_GET_ITEM(path, i));
+    PyObject *value = ph_get(d, name);
+    if (value == NULL || (PyObject *)Py_TYPE(value) != mp_env[MP_ARRAY]) goto out;
+    /* the shapes the initializer makes: its entry by identity, as _expected_shapes_cached */
+    PyObject *fid = PyLong_FromVoidPtr(init_fn);
+    key = fid != NULL ? PyTuple_Pack(2, fid, init_args) : NULL;
+    Py_XDECREF(fid);
+    if (key == NULL) goto error;
+    PyObject *entry = PyDict_GetItemWithError(mp_env[MP_SHAPES_BY_ID], key);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error;
+            PyErr_Clear(); /* (unhashable arguments: the Python method's long way) */
+        }
+        goto out;
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+        PyTuple_GET_ITEM(entry, 0) != init_fn)
+        goto out;
+    PyObject *shapes = PyTuple_GET_ITEM(entry, 1); /* (a list of leaf shapes, or None) */
+    if (shapes != Py_None) {
+        PyObject *have = ((ct_py_array *)value)->shape;
+        if (!PyList_CheckExact(shapes) || PyList_GET_SIZE(shapes) != 1 || have == NULL) goto out;
+        const int same = PyObject_RichCompareBool(have, PyList_GET_ITEM(shapes, 0), Py_EQ);
+        if (same <= 0) {
+            if (same < 0) goto error;
+            goto out; /* (the Python method raises ScopeParamShapeError) */
+        }
+    }
+    Py_INCREF(value); /* (before the set's hash of rkey can run code) */
+    if (PySet_Add(reserved, rkey) < 0) {
+        Py_DECREF(value);
+        goto error;
+    }
+    result = value;
+    goto out;
+error:
+    result = NULL;
+out:
+    Py_DECREF(scope);
+    Py_XDECREF(stack);
+    Py_XDECREF(strict);
+    Py_XDECREF(reserved);
+    Py_XDECREF(children);
+    Py_XDECREF(vars);
+    Py_XDECREF(path);
+    Py_XDECREF(rkey);
+    Py_XDECREF(key);
+    return result;
+}
+
+static PyObject *mp_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    pwa_object *f = (pwa_object *)self;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n >= 3 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) &&
+        mp_env[MP_ARRAY] != NULL) {
+        static char miss_mark;
+        PyObject *const MISS = (PyObject *)&miss_mark;
+        PyObject *init_args = PyTuple_New(n - 3);
+        if (init_args == NULL) return NULL;
+        for (Py_ssize_t i = 3; i < n; i++) PyTuple_SET_ITEM(init_args, i - 3, Py_NewRef(args[i]));
+        PyObject *r = mp_hit(args[0], args[1], args[2], init_args, MISS);
+        Py_DECREF(init_args);
+        if (r != MISS) return r;
+    }
+    return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *fallback;
+    if (!PyArg_ParseTuple(args, "O:ModuleParam", &fallback)) return NULL;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
+        return PyErr_Format(PyExc_TypeError, "ModuleParam takes no keyword arguments");
+    if (!PyCallable_Check(fallback))
+        return PyErr_Format(PyExc_TypeError, "ModuleParam: the fallback must be callable");
+    pwa_object *f = (pwa_object *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    f->vectorcall = mp_vectorcall;
+    f->fallback = Py_NewRef(fallback);
+    return (PyObject *)f;
+}
+
+/* As a function: itself on the class, a bound method on an instance. */
+static PyObject *mp_descr_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+/* pickle by reference, as functions are: the attribute __qualname__ of module __module__ */
+static PyObject *mp_reduce(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef mp_methods[] = {
+    {"__reduce__", mp_reduce, METH_NOARGS, "Pickled by reference, as a function is."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *mp_repr(pwa_object *f) {
+    return PyUnicode_FromFormat("<ctrainstate method Module.param (C hit path over %R)>",
+                                f->fallback);
+}
+
+static PyGetSetDef mp_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot mp_slots[] = {
+    {Py_tp_new, mp_new},
+    {Py_tp_getset, mp_getset},
+    {Py_tp_dealloc, pwa_dealloc},
+    {Py_tp_traverse, pwa_traverse},
+    {Py_tp_clear, pwa_clear},
+    {Py_tp_repr, mp_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, mp_descr_get},
+    {Py_tp_members, pwa_members},
+    {Py_tp_methods, mp_methods},
+    {Py_tp_doc, "ModuleParam(fallback)\n--\n\n"
+                "nn.Module.param with the hit path of an existing parameter in C; every other "
+                "call, and a miss, goes to `fallback` (the Python method). A method "
+                "descriptor, as a function is."},
+    {0, NULL},
+};
+
+static PyType_Spec mp_spec = {
+    .name = "ctrainstate._C.ModuleParam",
+    .basicsize = sizeof(pwa_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = mp_slots,
+};
+
 static PyMethodDef rules_methods[] = {
     {"get_axis_rules", py_get_axis_rules, METH_NOARGS, get_axis_rules_doc},
     {"set_axis_rules", py_set_axis_rules, METH_O, set_axis_rules_doc},
@@ -1197,6 +1425,9 @@ static PyMethodDef rules_methods[] = {
      "constraint_setup(targets, seen_equal, default_fallback, long_path, strict, jit_tls, "
      "array_type, /)\n--\n\nThe objects LogicalConstraint's hit path reads (set once by "
      "ctrainstate._src.nn.spmd)."},
+    {"module_param_setup", py_module_param_setup, METH_VARARGS,
+     "module_param_setup(module_type, ctx, strict, plain_scopes, shapes_by_id, array_type, "
+     "/)\n--\n\nThe objects ModuleParam's hit path reads (set once by nn.module)."},
     {"param_hit_stats", py_param_hit_stats, METH_NOARGS,
      "param_hit_stats()\n--\n\nCounts since the process started: the keys param_hit built "
      "because its memo held none equal (keys_built) and the memo slots it refilled "
@@ -1214,6 +1445,11 @@ int ct_py_init_rules(PyObject *m) {
     PyObject *pwa = PyType_FromSpec(&pwa_spec);
     if (pwa == NULL || PyModule_AddObject(m, "ParamWithAxes", pwa) < 0) {
         Py_XDECREF(pwa);
+        return -1;
+    }
+    PyObject *mp = PyType_FromSpec(&mp_spec);
+    if (mp == NULL || PyModule_AddObject(m, "ModuleParam", mp) < 0) {
+        Py_XDECREF(mp);
         return -1;
     }
     PyObject *lc = PyType_FromSpec(&lc_spec);

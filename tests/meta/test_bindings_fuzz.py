@@ -237,7 +237,7 @@ SIGS = {
     "grad_track": ["any", "any", "any"], "grad_collect": ["any", "any", "any"],
     "filled_like": ["any", "float"],
     "param_hit": ["any", "any", "any", "any"], "param_hit_stats": [], "trace_break": ["any", "any"],
-    "ParamWithAxes": ["any"], "LogicalConstraint": ["any"],
+    "ParamWithAxes": ["any"], "LogicalConstraint": ["any"], "ModuleParam": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "ModuleMethod": ["any"], "copy_tree": ["any"], "module_post_init": ["any", "any"],
     "ModuleInit": ["any", "any", "int", "any", "any", "any", "any", "any"],
@@ -261,7 +261,8 @@ SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferErro
         "ConcretizationTypeError", "Buffer",
         "axis_rules", "dist_initialize", "Array", "dispatch_register",
         "dispatch_register_typed", "devices_set_id_offset",
-        "param_hit_setup", "module_setup", "constraint_setup", "vjp_register",
+        "param_hit_setup", "module_setup", "constraint_setup", "module_param_setup",
+        "vjp_register",
         "getitem_register"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
 # dispatch_register (and dispatch_register_typed): replaces the primitives behind the Array's
@@ -273,7 +274,9 @@ SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferErro
 # its argument checks are tested in tests/distributed/test_global_arrays.py;
 # param_hit_setup: replaces the objects partitioning.param_with_axes' C hit path reads, set
 # once at import; param_hit itself is fuzzed; module_setup likewise, for nn.module's
-# module_call and module_bind_new; constraint_setup likewise, for LogicalConstraint)
+# module_call and module_bind_new; constraint_setup likewise, for LogicalConstraint;
+# module_param_setup likewise, for ModuleParam, whose argument checks are tested in
+# tests/nn/test_apply_fast_paths.py)
 
 class SlotsLike:  # an Array-like class with the Array's field names (move_arrays refuses it)
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",

@@ -457,15 +457,19 @@ def test_module_scope_push_builds_what_the_constructor_builds():
 
 # --- Module.param's shape check by initializer identity ----------------------------------------
 
-def test_param_shape_check_finds_a_module_initializer_by_identity():
-    """An existing parameter's declaration (nn.Dense's self.param at every apply) takes
-    module._existing_param: no scope.param, reserve or shape-check frames, and the
-    initializer, the same object at every apply (a field default), found by identity
+@pytest.mark.parametrize("path", ["C", "Python"])
+def test_param_shape_check_finds_a_module_initializer_by_identity(path, monkeypatch):
+    """An existing parameter's declaration (nn.Dense's self.param at every apply) takes the
+    short path: in C (_C.ModuleParam) no Python frame at all, and with the Python method
+    module._existing_param: no scope.param, reserve or shape-check frames. The initializer,
+    the same object at every apply (a field default), is found by identity
     (scope._SHAPES_BY_ID) without building its key (_fn_key) again; a parameter of the wrong
     shape still raises, the cache warm or not, an initializer made anew per call is still
     checked, and a name declared twice still raises."""
     import sys
     from ctrainstate.nn.scope import ScopeParamShapeError
+    if path == "Python":
+        monkeypatch.setattr(_module.Module, "param", _module._python_param)
     x = np.ones((2, 3), np.float32)
     model = nn.Dense(4)
     v = model.init(random.PRNGKey(0), x)
@@ -478,7 +482,11 @@ def test_param_shape_check_finds_a_module_initializer_by_identity():
         y = model.apply(v, x)
     finally:
         sys.setprofile(None)
-    assert "_existing_param" in seen, seen      # the existing parameter's short path
+    if path == "C":
+        assert not {"param", "_existing_param", "_need_scope", "_check_declaring",
+                    "_expected_shapes_cached", "unbox"} & set(seen), seen
+    else:
+        assert "_existing_param" in seen, seen      # the existing parameter's short path
     assert not {"_fn_key", "_check_param_shape", "_placing", "reserve"} & set(seen), seen
     np.testing.assert_allclose(np.asarray(y), x @ np.asarray(v["params"]["kernel"]) +
                                np.asarray(v["params"]["bias"]), rtol=1e-6)
@@ -508,3 +516,63 @@ def test_param_shape_check_finds_a_module_initializer_by_identity():
             return x @ w + self.param("w", nn.initializers.zeros_init(), (x.shape[-1], 2))
     with pytest.raises(NameInUseError, match="w"):
         Twice().apply(vp, x)
+
+
+
+def test_module_param_in_c_answers_what_the_python_method_answers(monkeypatch):
+    """_C.ModuleParam (Module.param) returns the existing parameter object and reserves its
+    name as the Python method does; a call it does not take (keywords, strict rules, an
+    unbound module, a mis-shaped parameter) reaches the Python method with its arguments and
+    raises or creates there."""
+    import inspect
+    from ctrainstate import _C
+    from ctrainstate.nn import logical_axis_rules
+    from ctrainstate.nn.scope import ScopeParamShapeError
+    assert type(_module.Module.__dict__["param"]) is _C.ModuleParam
+    assert inspect.signature(_module.Module.param) == inspect.signature(_module._python_param)
+    assert _module.Module.param.__doc__ == _module._python_param.__doc__
+    calls = []
+
+    def spy(self, *args, **kwargs):
+        calls.append((args[0], tuple(sorted(kwargs))))
+        return _module._python_param(self, *args, **kwargs)
+    monkeypatch.setattr(_module.Module, "param", _C.ModuleParam(spy))
+    init = nn.initializers.lecun_normal()
+    got = {}
+
+    class M(nn.Module):
+        kw: bool = False
+
+        @nn.compact
+        def __call__(self, x):
+            k = (self.param("k", init, (3, 4), unbox=True) if self.kw else
+                 self.param("k", init, (3, 4)))
+            got["k"] = k
+            got["reserved"] = set(self.scope._reserved)
+            return x @ k
+    x = np.ones((2, 3), np.float32)
+    v = M().init(random.PRNGKey(0), x)
+    M().apply(v, x)          # (the Python method notes the scope class as plain)
+    calls.clear()
+    for _ in range(2):
+        M().apply(v, x)
+    assert calls == [] and got["k"] is v["params"]["k"]
+    assert got["reserved"] == {("params", "k")}
+    M(kw=True).apply(v, x)
+    assert calls == [("k", ("unbox",))]
+    calls.clear()
+    with pytest.raises(ScopeParamShapeError, match="k"):
+        M().apply({"params": {"k": cts.device_put(np.ones((3, 5), np.float32))}}, x)
+    assert calls == [("k", ())]
+    calls.clear()
+    with logical_axis_rules((("a", None),), strict=True):
+        M().apply(v, x)
+    assert calls == [("k", ())]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="unbound"):
+        M().param("k", init, (3, 4))
+    assert calls == [("k", ())]
+    with pytest.raises(TypeError):
+        _C.ModuleParam(3)
+    with pytest.raises(TypeError):
+        _C.module_param_setup(1, 2, 3, 4, 5, 6)

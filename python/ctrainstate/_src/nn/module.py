@@ -25,7 +25,7 @@ from . import spmd as _spmd
 from .scope import DenyList, NameInUseError, Scope, check_filter, in_filter, union_filters
 from .scope import ScopeParamShapeError
 from .scope import _stack as _scope_tls
-from .scope import _expected_shapes_cached, _leaves as _param_leaves
+from .scope import _SHAPES_BY_ID, _expected_shapes_cached, _leaves as _param_leaves
 from ...core import FrozenDict
 from .spmd import _replicate_uneven
 from .summary import tabulate
@@ -1317,6 +1317,15 @@ def _existing_param(scope, name, init_fn, init_args):
                 raise ScopeParamShapeError(name, scope.path_text, want, tuple(np.shape(got)))
     return value
 
+
+
+# Module.param in C for _existing_param's case (py_rules.c: ModuleParam, whose conditions are
+# those above, the module bound and declaring and no strict rules besides): the declaration
+# of an existing parameter at every apply of nn.Dense and kin runs no Python; every other call
+# runs the Python method, which stays the reference.
+_python_param = Module.param
+Module.param = functools.update_wrapper(_C.ModuleParam(_python_param), _python_param)
+_C.module_param_setup(Module, _ctx, _spmd._strict, _PLAIN_SCOPES, _SHAPES_BY_ID, Array)
 
 def _placing(init_fn: Callable) -> Callable:
     """Wrap an initializer so the parameter it makes is an Array placed as described above.

@@ -100,3 +100,29 @@ def test_promote_dtype_float32_arrays_as_they_are_others_promoted():
     host = promote_dtype(a, np.ones(3, np.float64))
     assert host[0] is a and isinstance(host[1], np.ndarray) and host[1].dtype == np.float32
     assert promote_dtype(a, k, inexact=False)[0] is a
+
+
+def test_dense_checks_its_fields_where_they_are_not_the_common_values():
+    """nn.Dense skips its field checks for a float32 layer of the default precision and an
+    int width (the values every apply of such a layer passes), and still refuses every other
+    bad value at init and apply, naming the layer."""
+    x = np.ones((2, 3), np.float32)
+    k = random.PRNGKey(0)
+    v = nn.Dense(4).init(k, x)
+    bad = [(dict(param_dtype=np.int32), TypeError, r"Dense\(param_dtype=.*int32.*expected float32"),
+           (dict(dtype=np.int8), TypeError, r"Dense\(dtype=.*int8.*expected float32"),
+           (dict(precision="nonsense"), ValueError, r"Dense\(precision=...\): unknown precision"),
+           (dict(features=True), TypeError, "features must be an int, got a bool"),
+           (dict(features=(2,)), TypeError, "several output dimensions: DenseGeneral"),
+           (dict(features=-2), ValueError, "non-negative")]
+    for kw, err, msg in bad:
+        kw = {"features": 4, **kw}
+        with pytest.raises(err, match=msg):
+            nn.Dense(**kw).init(k, x)
+        with pytest.raises(err, match=msg):
+            nn.Dense(**kw).apply(v, x)
+    # the checked values that pass: the same result as the defaults
+    want = np.asarray(nn.Dense(4).apply(v, x))
+    for kw in (dict(precision="highest"), dict(dtype=np.float32), dict(features=np.int64(4))):
+        kw = {"features": 4, **kw}
+        np.testing.assert_array_equal(np.asarray(nn.Dense(**kw).apply(v, x)), want)

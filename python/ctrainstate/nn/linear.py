@@ -79,12 +79,19 @@ class Dense(Module):
 
     @compact
     def __call__(self, inputs):
-        _check_dtype(self)
-        precision = _precision(self)
-        if isinstance(self.features, (tuple, list)):
-            raise TypeError(f"Dense: features must be an int, got {self.features!r} (several "
-                            f"output dimensions: DenseGeneral)")
-        (features,) = _features(self.features, "Dense")
+        # (the fields' checks, skipped for the values that always pass them: a float32 layer
+        # with the default precision and an int width, the common case at every apply)
+        if self.dtype is not None or self.param_dtype is not np.float32:
+            _check_dtype(self)
+        precision = self.precision
+        if precision is not None:
+            precision = _precision(self)
+        features = self.features
+        if type(features) is not int or features < 0:
+            if isinstance(features, (tuple, list)):
+                raise TypeError(f"Dense: features must be an int, got {features!r} (several "
+                                f"output dimensions: DenseGeneral)")
+            (features,) = _features(features, "Dense")
         kernel = self.param("kernel", self.kernel_init, (_in_features(inputs), features),
                             self.param_dtype)
         bias = (self.param("bias", self.bias_init, (features,), self.param_dtype)

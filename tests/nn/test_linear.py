@@ -102,6 +102,35 @@ def test_promote_dtype_float32_arrays_as_they_are_others_promoted():
     assert promote_dtype(a, k, inexact=False)[0] is a
 
 
+
+def test_float32_fast_paths_of_promote_and_canonicalize_give_the_general_paths_answers(
+        monkeypatch):
+    """promote_dtype(..., dtype=float32) of float32 Arrays returns the same objects (a norm's
+    input promoted to float32 at every apply); canonicalize_dtype of float32 Arrays (and None)
+    answers float32 without the promotion loop. Each answer is the general path's, found by
+    running the same calls with the fast paths' test made to fail (the dtype objects compared
+    by identity there replaced by an equal non-identical one)."""
+    import ctrainstate as cts
+    from ctrainstate.nn import dtypes as nd
+    a = cts.device_put(np.ones((2, 3), np.float32))
+    k = cts.device_put(np.ones((3, 4), np.float32))
+    b16 = cts.numpy.astype(k, cts.numpy.bfloat16)
+    i32 = cts.device_put(np.ones((3,), np.int32))
+    cases = [((a, k, None), {}), ((a,), {"dtype": np.float32}), ((a, None), {"dtype": nd._F32}),
+             ((None,), {}), ((None,), {"inexact": False}), ((a, b16), {}), ((a, i32), {}),
+             ((i32,), {"inexact": False}), ((a, 2.0), {}), ((a, k), {"inexact": False})]
+    fast = [(nd.canonicalize_dtype(*args, **kw), [getattr(x, "dtype", x) for x in
+             nd.promote_dtype(*args, **kw)] if args != (None,) or kw.get("inexact", True)
+             else None) for args, kw in cases]
+    promoted = nd.promote_dtype(a, k, dtype=np.float32)
+    assert promoted[0] is a and promoted[1] is k
+    monkeypatch.setattr(nd, "_F32", np.dtype(np.float64))   # no float32 Array matches
+    slow = [(nd.canonicalize_dtype(*args, **kw), [getattr(x, "dtype", x) for x in
+             nd.promote_dtype(*args, **kw)] if args != (None,) or kw.get("inexact", True)
+             else None) for args, kw in cases]
+    assert fast == slow
+    assert fast[0][0] == np.float32 and fast[3][0] == np.float32 and fast[4][0] == np.int32
+
 def test_dense_checks_its_fields_where_they_are_not_the_common_values():
     """nn.Dense skips its field checks for a float32 layer of the default precision and an
     int width (the values every apply of such a layer passes), and still refuses every other

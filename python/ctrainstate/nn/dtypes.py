@@ -48,6 +48,17 @@ def canonicalize_dtype(*args, dtype=None, inexact: bool = True) -> np.dtype:
         if inexact and dt not in _ops._FLOATS:
             raise ValueError(f"dtype must be inexact (a float dtype): {dt}")
         return dt
+    # float32 Arrays (and None entries), at least one: float32, what the loop below gives
+    seen = False
+    for x in args:
+        if x is None:
+            continue
+        if type(x) is not Array or x._dtype is not _F32:
+            break
+        seen = True
+    else:
+        if seen:
+            return _F32
     strong, weak_float, others = set(), False, set()
     for x in args:
         if x is None:
@@ -87,9 +98,10 @@ def _cast(x, dtype):
 def promote_dtype(*args, dtype=None, inexact: bool = True) -> list:
     """``args`` cast to one dtype (:func:`canonicalize_dtype`'s), ``None`` entries kept:
     Arrays on their devices (differentiable, nothing gathered), host values on the host."""
-    if dtype is None and inexact:
-        # every argument a float32 Array or None (a float32 layer's inputs, kernel and bias):
-        # float32, and each argument as it is (what the general path below gives for these)
+    if inexact and (dtype is None or dtype is np.float32 or dtype is _F32):
+        # every argument a float32 Array or None (a float32 layer's inputs, kernel and bias;
+        # a norm's input promoted to float32): float32, and each argument as it is (what the
+        # general path below gives for these)
         for x in args:
             if x is not None and (type(x) is not Array or x._dtype is not _F32):
                 break

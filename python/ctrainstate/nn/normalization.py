@@ -113,7 +113,7 @@ def _compute_stats(x, axes, use_mean: bool, use_fast_variance: bool, mask, axis_
 
 def _normalize(mdl: Module, x, mean, var, feature_axes, epsilon, use_bias, use_scale,
                bias_init, scale_init):
-    shape = tuple(np.shape(x))
+    shape = x.shape if type(x) is Array else tuple(np.shape(x))
     feature_shape = [1] * len(shape)
     reduced = []
     for ax in feature_axes:
@@ -141,7 +141,7 @@ def _checked_axes(module, x):
     and feature axes, canonical for ``x``'s rank."""
     _check_dtype(module)
     _no_axis_name(module)
-    nd = len(np.shape(x))
+    nd = len(x.shape if type(x) is Array else np.shape(x))
     name = type(module).__name__
     return (_canon_axes(module.reduction_axes, nd, f"{name}.reduction_axes"),
             _canon_axes(module.feature_axes, nd, f"{name}.feature_axes"))
@@ -228,7 +228,7 @@ class RMSNorm(Module):
 
 def _keep_shape(x, axes):
     """``x``'s shape with 1 on every dimension not in ``axes``."""
-    shape = tuple(np.shape(x))
+    shape = x.shape if type(x) is Array else tuple(np.shape(x))
     return tuple(n if d in axes else 1 for d, n in enumerate(shape))
 
 
@@ -282,7 +282,7 @@ class BatchNorm(Module):
         _no_axis_name(self)
         use_ra = merge_param("use_running_average", self.use_running_average,
                              use_running_average)
-        nd = len(np.shape(x))
+        nd = len(x.shape if type(x) is Array else np.shape(x))
         feat = _canon_axes(self.axis, nd, "BatchNorm.axis")
         red = tuple(d for d in range(nd) if d not in feat)
         fshape = tuple(int(np.shape(x)[d]) for d in feat)
@@ -415,7 +415,7 @@ class InstanceNorm(Module):
     def __call__(self, x, *, mask=None):
         _check_dtype(self)
         _no_axis_name(self)
-        nd = len(np.shape(x))
+        nd = len(x.shape if type(x) is Array else np.shape(x))
         feat = _canon_axes(self.feature_axes, nd, "InstanceNorm.feature_axes")
         if 0 in feat:
             raise ValueError("The channel axes cannot include the leading dimension as this "

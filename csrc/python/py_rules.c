@@ -935,18 +935,25 @@ static PyObject *pwa_vectorcall(PyObject *self, PyObject *const *args, size_t na
     return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
 }
 
-static PyObject *pwa_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+/* A new object of one of the callables with a C hit path over a Python fallback (their
+ * layout is pwa_object's): `name(fallback)`, the fallback checked callable. */
+static PyObject *fallback_new(PyTypeObject *type, PyObject *args, PyObject *kwds,
+                              const char *name, vectorcallfunc call) {
     PyObject *fallback;
-    if (!PyArg_ParseTuple(args, "O:ParamWithAxes", &fallback)) return NULL;
+    if (!PyArg_UnpackTuple(args, name, 1, 1, &fallback)) return NULL;
     if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
-        return PyErr_Format(PyExc_TypeError, "ParamWithAxes takes no keyword arguments");
+        return PyErr_Format(PyExc_TypeError, "%s takes no keyword arguments", name);
     if (!PyCallable_Check(fallback))
-        return PyErr_Format(PyExc_TypeError, "ParamWithAxes: the fallback must be callable");
+        return PyErr_Format(PyExc_TypeError, "%s: the fallback must be callable", name);
     pwa_object *f = (pwa_object *)type->tp_alloc(type, 0);
     if (f == NULL) return NULL;
-    f->vectorcall = pwa_vectorcall;
+    f->vectorcall = call;
     f->fallback = Py_NewRef(fallback);
     return (PyObject *)f;
+}
+
+static PyObject *pwa_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    return fallback_new(type, args, kwds, "ParamWithAxes", pwa_vectorcall);
 }
 
 static int pwa_traverse(pwa_object *f, visitproc visit, void *arg) {
@@ -1137,18 +1144,13 @@ static PyObject *lc_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
 }
 
+_Static_assert(offsetof(lc_object, vectorcall) == offsetof(pwa_object, vectorcall) &&
+                   offsetof(lc_object, fallback) == offsetof(pwa_object, fallback) &&
+                   sizeof(lc_object) == sizeof(pwa_object),
+               "LogicalConstraint has ParamWithAxes' layout (fallback_new makes both)");
+
 static PyObject *lc_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *fallback;
-    if (!PyArg_ParseTuple(args, "O:LogicalConstraint", &fallback)) return NULL;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
-        return PyErr_Format(PyExc_TypeError, "LogicalConstraint takes no keyword arguments");
-    if (!PyCallable_Check(fallback))
-        return PyErr_Format(PyExc_TypeError, "LogicalConstraint: the fallback must be callable");
-    lc_object *f = (lc_object *)type->tp_alloc(type, 0);
-    if (f == NULL) return NULL;
-    f->vectorcall = lc_vectorcall;
-    f->fallback = Py_NewRef(fallback);
-    return (PyObject *)f;
+    return fallback_new(type, args, kwds, "LogicalConstraint", lc_vectorcall);
 }
 
 static PyObject *lc_repr(lc_object *f) {
@@ -1342,17 +1344,7 @@ static PyObject *mp_vectorcall(PyObject *self, PyObject *const *args, size_t nar
 }
 
 static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *fallback;
-    if (!PyArg_ParseTuple(args, "O:ModuleParam", &fallback)) return NULL;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)
-        return PyErr_Format(PyExc_TypeError, "ModuleParam takes no keyword arguments");
-    if (!PyCallable_Check(fallback))
-        return PyErr_Format(PyExc_TypeError, "ModuleParam: the fallback must be callable");
-    pwa_object *f = (pwa_object *)type->tp_alloc(type, 0);
-    if (f == NULL) return NULL;
-    f->vectorcall = mp_vectorcall;
-    f->fallback = Py_NewRef(fallback);
-    return (PyObject *)f;
+    return fallback_new(type, args, kwds, "ModuleParam", mp_vectorcall);
 }
 
 /* As a function: itself on the class, a bound method on an instance. */

@@ -618,7 +618,6 @@ _RESERVED = {"parent", "name", "scope", "variables", "init", "apply", "param", "
              "is_initializing", "bind"}
 
 
-
 def _lazy_setup_getattr(self, item):
     """``Module.__getattr__`` of a class that can define attributes in ``setup()``: they are
     created lazily, on the first access to one. Only such classes have it (see
@@ -1205,7 +1204,6 @@ class Module:
 
 
 _base_setup = Module.setup
-
 _base_try_setup = Module._try_setup
 # the common cases of a method call and of a submodule's attach, in C (py_module.c); what
 # they decline goes to _call_method and _bind_new
@@ -1318,7 +1316,6 @@ def _existing_param(scope, name, init_fn, init_args):
     return value
 
 
-
 # Module.param in C for _existing_param's case (py_rules.c: ModuleParam, whose conditions are
 # those above, the module bound and declaring and no strict rules besides): the declaration
 # of an existing parameter at every apply of nn.Dense and kin runs no Python; every other call
@@ -1326,6 +1323,7 @@ def _existing_param(scope, name, init_fn, init_args):
 _python_param = Module.param
 Module.param = functools.update_wrapper(_C.ModuleParam(_python_param), _python_param)
 _C.module_param_setup(Module, _ctx, _spmd._strict, _PLAIN_SCOPES, _SHAPES_BY_ID, Array)
+
 
 def _placing(init_fn: Callable) -> Callable:
     """Wrap an initializer so the parameter it makes is an Array placed as described above.

@@ -640,10 +640,9 @@ def test_equal_shardings_share_a_plan():
 @pytest.mark.parametrize("mesh_shape", [(1, 1), (2, 1)])
 def test_size_one_mesh_axes_move_no_operand(mesh_shape):
     """A mesh axis of size 1 splits nothing: a replicated bias added to an Array split over
-    such an axis has the blocks it would be resharded to, so the op runs from the C plan
-    (before, the bias was copied into a new Array at every call, through the Python op), and
-    the result, its layout and the gradient are the Python op's. Over an axis of size 4 the
-    bias is resharded as before."""
+    such an axis already has the blocks it would be resharded to, so it is not copied and the
+    op runs from the C plan; the result, its layout and the gradient are the Python op's.
+    Over an axis of size 4 the bias is resharded (the C plan says no)."""
     n = mesh_shape[0] * mesh_shape[1]
     mesh = cts.Mesh(np.array(cts.devices()[:n]).reshape(mesh_shape), ("data", "model"))
     rng = np.random.default_rng(0)

@@ -1,7 +1,11 @@
 """The shortcuts `model.apply` takes on its hot path (module/field caches, skipped empty
 setup(), cached constraint targets, NamedSharding equality): each gives what the long way
 gives, its cache cannot go stale, and the error paths still raise."""
+import ctypes
 import dataclasses
+import dis
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -576,3 +580,49 @@ def test_module_param_in_c_answers_what_the_python_method_answers(monkeypatch):
         _C.ModuleParam(3)
     with pytest.raises(TypeError):
         _C.module_param_setup(1, 2, 3, 4, 5, 6)
+
+
+def _split(d):
+    """Whether the dict `d` is split (its values apart from its keys, the form CPython makes
+    an instance dict in from the instance's inline values): PyDictObject.ma_values, read
+    at its offset in CPython 3.11 and 3.12 (after the object header, ma_used,
+    ma_version_tag and ma_keys)."""
+    return ctypes.c_void_p.from_address(id(d) + 40).value is not None
+
+
+@pytest.mark.skipif(not (3, 11) <= sys.version_info[:2] <= (3, 12),
+                    reason="reads CPython 3.11/3.12's dict layout and specialized bytecode")
+def test_module_made_by_the_c_init_keeps_a_combined_instance_dict():
+    """A module made by its class's C __init__ (ModuleInit) keeps its fields in a combined
+    instance dict, not in the split dict CPython makes from an instance's inline values: on a
+    split dict CPython 3.11 reads attributes the generic way, about twice as long; on a
+    combined one the read below specializes to LOAD_ATTR_WITH_HINT."""
+    class M(nn.Module):
+        width: int = 3
+        scale: float = 2.0
+
+    def read(m):
+        return m.width
+
+    assert getattr(M.__init__, "_ct_generated", False)
+    assert _split(object.__new__(M).__dict__)          # what CPython makes (the control)
+    for m in (M(width=4), M(), M(5, 1.0)):
+        assert not _split(m.__dict__) and m.width == m.__dict__["width"]
+        assert (m.width, m.scale) == (m.__dict__["width"], m.__dict__["scale"])
+    f = types.FunctionType(read.__code__, read.__globals__)   # fresh bytecode
+    ms = [M(width=i) for i in range(200)]
+    assert [f(m) for m in ms] == list(range(200))
+    assert {i.opname for i in dis.get_instructions(f, adaptive=True)
+            if i.opname.startswith("LOAD_ATTR")} == {"LOAD_ATTR_WITH_HINT"}
+
+    # bound children made during an apply too
+    class Outer(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            inner = M(width=2)
+            seen.append(_split(inner.__dict__))
+            return x * inner.width
+
+    seen = []
+    assert float(Outer().apply({}, cts.numpy.ones(()))) == 2.0
+    assert seen == [False]

@@ -666,6 +666,33 @@ def test_ctrl_c_from_a_timer_never_half_applies_a_step():
     assert interrupts == 12
 
 
+def test_interrupt_guard_arms_only_in_the_main_thread():
+    """The guard that holds Ctrl-C back during an in-place step swaps the SIGINT handler in
+    the main thread only (other threads receive no signals, and may not set handlers): armed
+    in a worker thread it changes nothing and its release is a no-op."""
+    import signal
+    from ctrainstate._src.train_state.train_state import _DeferInterrupt
+    before = signal.getsignal(signal.SIGINT)
+    seen = []
+
+    def worker():
+        g = _DeferInterrupt()
+        g.arm()
+        seen.append((g._armed, signal.getsignal(signal.SIGINT)))
+        g.release()
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [(False, before)]
+    g = _DeferInterrupt()
+    g.arm()
+    try:
+        assert g._armed and signal.getsignal(signal.SIGINT) == g._record
+    finally:
+        g.release()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 @pytest.mark.parametrize("borrowed", [False, True])
 def test_apply_gradients_from_two_threads_applies_once(borrowed):
     """Two threads step the same state at once: exactly one wins, the other gets a

@@ -3,7 +3,6 @@ docstring is there)."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any, Callable
 
 from ... import _C
@@ -127,13 +126,14 @@ class _DeferInterrupt:
         self._armed = False
 
     def arm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
         old = _sig.getsignal(_sig.SIGINT)
         if old is None:   # a handler installed outside Python: left alone
             return
+        try:
+            _sig.signal(_sig.SIGINT, self._record)
+        except ValueError:   # not the main thread (of the main interpreter): no signals here
+            return
         self._old = old
-        _sig.signal(_sig.SIGINT, self._record)
         self._armed = True
 
     def _record(self, signum, frame):

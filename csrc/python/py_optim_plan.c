@@ -59,6 +59,8 @@ typedef struct {
     PyObject *claim_lock, *claimed;  /* optim.base's _CLAIM_LOCK and _CLAIMED */
     PyObject *lock_acquire, *lock_release; /* its bound acquire and release, looked up once */
     PyObject *prog;          /* the params' dict structure (prog_flatten), or NULL */
+    PyObject *sprog;         /* the state's template (state_fill), or NULL */
+    PyObject *stypes;        /* the tuple subclasses sprog may hold (a frozenset), or NULL */
     ct_optim_prepared *prep; /* the core's tables of the step (ct_optim_prepare) */
     int busy;
     uint64_t deletions_seen; /* ct_py_plan_deletions when no buffer of refs was deleted */
@@ -108,6 +110,8 @@ static void plan_clear_fields(optim_plan *p) {
     Py_CLEAR(p->lock_release);
     Py_CLEAR(p->claimed);
     Py_CLEAR(p->prog);
+    Py_CLEAR(p->sprog);
+    Py_CLEAR(p->stypes);
 }
 
 static void plan_dealloc(optim_plan *p) {
@@ -120,6 +124,8 @@ static void plan_dealloc(optim_plan *p) {
 static int plan_traverse(optim_plan *p, visitproc visit, void *arg) {
     Py_VISIT(p->cur);
     Py_VISIT(p->prog);
+    Py_VISIT(p->sprog);
+    Py_VISIT(p->stypes);
     Py_VISIT(p->claim_lock);
     Py_VISIT(p->lock_acquire);
     Py_VISIT(p->lock_release);
@@ -200,6 +206,89 @@ static Py_ssize_t prog_leaves(PyObject *prog) {
         n += m;
     }
     return n;
+}
+
+/* The optimizer state's structure as a template: the state tree with each leaf replaced by
+ * its index (an exact int) in the state's part of the Arrays list, built from the treedef by
+ * optim.base. Its nodes are plain dicts (rebuilt with the same keys in the same order), exact
+ * tuples, None, and tuple subclasses listed in `types` (plain namedtuples, whose constructor
+ * is tuple.__new__ with the items, checked by optim.base), so that filling it makes the tree
+ * the treedef's unflatten would make, without calling Python code. */
+static PyObject *state_fill(PyObject *t, PyObject *leaves, Py_ssize_t base) {
+    if (PyLong_CheckExact(t))
+        return Py_NewRef(PyList_GET_ITEM(leaves, base + PyLong_AsSsize_t(t)));
+    if (t == Py_None) return Py_NewRef(Py_None);
+    if (PyDict_CheckExact(t)) {
+#if PY_VERSION_HEX < 0x030D0000
+        PyObject *d = _PyDict_NewPresized(PyDict_GET_SIZE(t));
+#else
+        PyObject *d = PyDict_New();
+#endif
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (d != NULL && PyDict_Next(t, &pos, &k, &v)) {
+            PyObject *x = state_fill(v, leaves, base);
+            if (x == NULL || PyDict_SetItem(d, k, x) < 0) Py_CLEAR(d);
+            Py_XDECREF(x);
+        }
+        return d;
+    }
+    /* a tuple, or a plain namedtuple (tuple_subtype_new copies the items: tuple.__new__) */
+    const Py_ssize_t n = PyTuple_GET_SIZE(t);
+    PyObject *items = PyTuple_New(n);
+    for (Py_ssize_t j = 0; items != NULL && j < n; j++) {
+        PyObject *x = state_fill(PyTuple_GET_ITEM(t, j), leaves, base);
+        if (x == NULL) Py_CLEAR(items);
+        else PyTuple_SET_ITEM(items, j, x);
+    }
+    if (items == NULL || PyTuple_CheckExact(t)) return items;
+    PyObject *args = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (args == NULL) return NULL;
+    PyObject *r = PyTuple_Type.tp_new(Py_TYPE(t), args, NULL);
+    Py_DECREF(args);
+    return r;
+}
+
+/* The number of leaves of a well-formed template whose tuple subclasses are in `types`, each
+ * leaf index in [0, n) used once (seen[]), or -1. */
+static Py_ssize_t state_check(PyObject *t, PyObject *types, char *seen, Py_ssize_t n, int depth) {
+    if (depth > 64) return -1;
+    if (PyLong_CheckExact(t)) {
+        const Py_ssize_t i = PyLong_AsSsize_t(t);
+        if (i < 0 || i >= n || seen[i]) {
+            PyErr_Clear();
+            return -1;
+        }
+        seen[i] = 1;
+        return 1;
+    }
+    if (t == Py_None) return 0;
+    Py_ssize_t m = 0;
+    if (PyDict_CheckExact(t)) {
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(t, &pos, &k, &v)) {
+            const Py_ssize_t c = state_check(v, types, seen, n, depth + 1);
+            if (c < 0) return -1;
+            m += c;
+        }
+        return m;
+    }
+    if (!PyTuple_Check(t)) return -1;
+    if (!PyTuple_CheckExact(t)) {
+        const int ok = PySet_Contains(types, (PyObject *)Py_TYPE(t));
+        if (ok != 1) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(t); j++) {
+        const Py_ssize_t c = state_check(PyTuple_GET_ITEM(t, j), types, seen, n, depth + 1);
+        if (c < 0) return -1;
+        m += c;
+    }
+    return m;
 }
 
 /* OptimPlan(stages, groups, order, nleaves, grads, arrays, nparams, counters, lock, claimed)
@@ -578,13 +667,15 @@ static PyObject *plan_step_tree(optim_plan *self, PyObject *args) {
     if (new == NULL || new == Py_None) return new;
     Py_ssize_t i = 0;
     PyObject *tree = prog_unflatten(self->prog, new, &i);
-    if (tree == NULL) { /* (memory only: the step is committed; its Arrays are in the plan) */
-        Py_DECREF(new);
-        return NULL;
-    }
-    PyObject *r = PyTuple_Pack(2, new, tree);
+    /* (NULL for memory only: the step is committed; its Arrays are in the plan) */
+    PyObject *state = tree != NULL && self->sprog != NULL
+                          ? state_fill(self->sprog, new, self->nparams) : NULL;
+    PyObject *r = tree == NULL || (self->sprog != NULL && state == NULL) ? NULL
+                  : state != NULL ? PyTuple_Pack(3, new, tree, state)
+                                  : PyTuple_Pack(2, new, tree);
     Py_DECREF(new);
-    Py_DECREF(tree);
+    Py_XDECREF(tree);
+    Py_XDECREF(state);
     return r;
 }
 
@@ -610,11 +701,31 @@ static PyObject *plan_step_list(optim_plan *self, PyObject *args) {
     return r;
 }
 
-static PyObject *plan_set_structure(optim_plan *self, PyObject *prog) {
+static PyObject *plan_set_structure(optim_plan *self, PyObject *args) {
+    PyObject *prog, *sprog = Py_None, *types = Py_None;
+    if (!PyArg_ParseTuple(args, "O|OO:set_structure", &prog, &sprog, &types)) return NULL;
     if (prog_leaves(prog) != self->nparams || prog == Py_None)
         return PyErr_Format(PyExc_ValueError, "OptimPlan.set_structure: not a dict structure "
                             "of %zd leaves", self->nparams);
+    if (sprog != Py_None) {
+        if (self->cur == NULL)
+            return PyErr_Format(PyExc_RuntimeError, "OptimPlan is not initialised");
+        const Py_ssize_t n = self->narrays - self->nparams;
+        if (!PyAnySet_CheckExact(types))
+            return PyErr_Format(PyExc_TypeError, "OptimPlan.set_structure: the state's tuple "
+                                "types must be a set or frozenset");
+        char *seen = PyMem_Calloc((size_t)(n > 0 ? n : 1), 1);
+        if (seen == NULL) return PyErr_NoMemory();
+        const Py_ssize_t m = state_check(sprog, types, seen, n, 0);
+        PyMem_Free(seen);
+        if (m != n)
+            return PyErr_Format(PyExc_ValueError, "OptimPlan.set_structure: the state's "
+                                "template must hold each of the %zd state leaf indices once, "
+                                "in dicts, tuples, None and the given tuple types", n);
+    }
     Py_XSETREF(self->prog, Py_NewRef(prog));
+    Py_XSETREF(self->sprog, sprog != Py_None ? Py_NewRef(sprog) : NULL);
+    Py_XSETREF(self->stypes, sprog != Py_None ? Py_NewRef(types) : NULL);
     Py_RETURN_NONE;
 }
 
@@ -771,15 +882,19 @@ static PyMethodDef plan_methods[] = {
     {"step_tree", (PyCFunction)plan_step_tree, METH_VARARGS,
      "step_tree(arrays, grads, scalars, count, params=None, /)\n--\n\n"
      "step() with the grads (and params) as trees of the structure set_structure gave;\n"
-     "returns (arrays, params tree), or None when a tree has another structure."},
+     "returns (arrays, params tree), (arrays, params tree, state tree) where a state\n"
+     "template was set, or None when a tree has another structure."},
     {"step_list", (PyCFunction)plan_step_list, METH_VARARGS,
      "step_list($self, values, scalars, count, /)\n--\n\nA step of the state whose Arrays "
      "(this plan's current ones) lead `values`, followed by the grads' leaves: the new Arrays, "
      "or None (nothing done)."},
-    {"set_structure", (PyCFunction)plan_set_structure, METH_O,
-     "set_structure(program, /)\n--\n\n"
+    {"set_structure", (PyCFunction)plan_set_structure, METH_VARARGS,
+     "set_structure(program, state=None, types=None, /)\n--\n\n"
      "The params' structure when it is plain dicts: None for a leaf, else a tuple of\n"
-     "(key, program) pairs in the params' (sorted) key order."},
+     "(key, program) pairs in the params' (sorted) key order. state: the optimizer state's\n"
+     "template (its tree, each leaf replaced by its index among the state's Arrays; nodes:\n"
+     "dicts, tuples, None and the tuple subclasses in the set `types`, built by\n"
+     "tuple.__new__), or None; with it step_tree also returns the state tree."},
     {"step", (PyCFunction)plan_step, METH_VARARGS,
      "step(arrays, grads, scalars, count, params=None, /)\n--\n\n"
      "One in-place step. arrays: the list the plan returned last (another list: its Arrays\n"

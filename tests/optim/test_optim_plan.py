@@ -11,6 +11,7 @@ import pytest
 import ctrainstate as cts
 from ctrainstate import optim
 from ctrainstate.optim import base
+from ctrainstate._src.optim import base as _obase
 from ctrainstate.train_state import TrainState
 from call_counts import python_calls
 
@@ -321,3 +322,109 @@ def test_plan_steps_of_16_bit_state_equal_the_general_steps(dtype):
         assert (s.__dict__["_ct_plan"].fast is not None) and s.params["w"].dtype == dt
         runs.append(_bits((s.params, s.opt_state)))
     assert runs[0] == runs[1]
+
+
+def _same_tree(a, b, path="state"):
+    """a and b have the same nodes (exact types, dict keys in the same order) and the same
+    leaf objects."""
+    assert type(a) is type(b), (path, type(a), type(b))
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            _same_tree(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_tree(x, y, f"{path}[{i}]")
+    else:
+        assert a is b, path
+
+
+@pytest.mark.parametrize("name", sorted(TXS))
+def test_the_plan_builds_the_state_tree_unflatten_would(name):
+    # the plan step builds the optimizer state's tree in C from its template: node for node
+    # (types, key order) and leaf for leaf what the state's treedef unflattens
+    rng = np.random.default_rng(5)
+    host, specs = _mesh_params(rng)
+    g = _place(cts.tree_util.tree_map(np.ones_like, host), specs)
+    state = TrainState.create(apply_fn=None, params=_place(host, specs), tx=TXS[name]())
+    for _ in range(3):
+        state = state.apply_gradients(grads=g)
+    fast = state.__dict__["_ct_plan"].fast
+    assert fast.dicts and _obase._state_template(fast.sdef) is not None
+    sdef = fast.sdef
+
+    class NoUnflatten:            # the plan step must not need the treedef's unflatten
+        def unflatten(self, leaves):
+            raise AssertionError("unflatten called")
+    fast.sdef = NoUnflatten()
+    state = state.apply_gradients(grads=g)
+    fast.sdef = sdef
+    arrays = state.__dict__["_ct_cur"]
+    _same_tree(state.opt_state, sdef.unflatten(arrays[fast.nparams:]))
+    assert cts.tree_util.tree_structure(state.opt_state) == sdef
+
+
+def test_state_template_only_for_nodes_built_without_python_code():
+    import collections
+    import typing
+    from ctrainstate.core import FrozenDict
+
+    class NT(typing.NamedTuple):
+        a: int
+        b: int
+
+    class Sub(NT):                       # a subclass keeping the generated __new__
+        pass
+
+    class OwnNew(NT):
+        def __new__(cls, a, b):
+            return super().__new__(cls, a, b + 1)
+
+    class OwnInit(NT):
+        def __init__(self, *args):
+            self.extra = 1
+
+    assert _obase._plain_namedtuple(NT) and _obase._plain_namedtuple(Sub)
+    assert _obase._plain_namedtuple(collections.namedtuple("P", "x y"))
+    assert not _obase._plain_namedtuple(OwnNew) and not _obase._plain_namedtuple(OwnInit)
+    assert not _obase._plain_namedtuple(tuple) and not _obase._plain_namedtuple(dict)
+    spec = cts.tree_util.tree_structure
+    t, types = _obase._state_template(spec(({"b": 1, "a": (2, None)}, NT(3, Sub(4, 5)), ())))
+    assert t == ({"a": (0, None), "b": 1}, NT(2, Sub(3, 4)), ()) and types == {NT, Sub}
+    assert type(t[1]) is NT and type(t[1].b) is Sub
+    assert _obase._state_template(spec({"m": FrozenDict({"a": 1})})) is None   # registered node
+    assert _obase._state_template(spec([NT(1, 2)])) is None                     # a list
+    assert _obase._state_template(spec((OwnNew(1, 2),))) is None
+
+
+def test_set_structure_checks_the_state_template():
+    state, g = _stepped(3)
+    fast = state.__dict__["_ct_plan"].fast
+    plan, prog = fast.cplan, _obase._dict_program(fast.pdef)
+    good, types = _obase._state_template(fast.sdef)
+    n = fast.sdef.num_leaves
+
+    def step(arrays):   # one plan step after the state's (its scalars and counter)
+        c = fast.count
+        fast.count += 1
+        return plan.step_tree(arrays, g, [s if f is None else f(c) for s, f in fast.scalars],
+                              np.int32(c + 1))
+    r = step(state.__dict__["_ct_cur"])
+    assert len(r) == 3      # (arrays, params, state): the template is set
+    bad = [
+        (0, types),                                    # n leaves, one given
+        (tuple(range(n)) + (0,), types),              # an index twice
+        (tuple(range(n - 1)) + (n,), types),          # an index out of range
+        ([list(range(n))], types),                     # a list node
+        (good, frozenset()),                           # a namedtuple type not listed
+    ]
+    for template, ts in bad:
+        with pytest.raises(ValueError, match="template"):
+            plan.set_structure(prog, template, ts)
+    with pytest.raises(TypeError, match="set or frozenset"):
+        plan.set_structure(prog, good, list(types))
+    r = step(r[0])
+    assert len(r) == 3 and type(r[2][0]) is type(good[0])   # the good template still set
+    plan.set_structure(prog)                                  # none: (arrays, params)
+    assert len(step(r[0])) == 2

@@ -724,7 +724,8 @@ class FastPlan:
             prog = None
         self.dicts = prog is not None
         if self.dicts:
-            cplan.set_structure(prog)
+            # the state tree built in C too where its nodes allow (_state_template)
+            cplan.set_structure(prog, *(_state_template(sdef) or (None, None)))
 
     def step(self, arrays, grads, params=None):
         """``(arrays, params, opt_state)`` after one step of the state holding ``arrays``
@@ -747,6 +748,8 @@ class FastPlan:
                 return None
             if c is not None:
                 self.count = c + 1
+            if len(r) == 3:
+                return r
             return r[0], r[1], self.sdef.unflatten(r[0][self.nparams:])
         try:
             g = self.pdef.flatten_up_to(grads)
@@ -876,6 +879,43 @@ def _dict_program(td):
 
 class _NotDicts(Exception):
     pass
+
+
+_TEMPLATE_KINDS = frozenset({optree.PyTreeKind.LEAF, optree.PyTreeKind.NONE,
+                             optree.PyTreeKind.TUPLE, optree.PyTreeKind.DICT,
+                             optree.PyTreeKind.NAMEDTUPLE})
+
+
+def _plain_namedtuple(cls) -> bool:
+    """Whether ``cls(*items)`` is ``tuple.__new__(cls, items)``: a namedtuple class (or a
+    subclass) whose ``__new__`` is the one ``collections.namedtuple`` generates and which has
+    no ``__init__`` of its own."""
+    new = getattr(cls, "__new__", None)
+    g = getattr(new, "__globals__", None)
+    return (isinstance(cls, type) and issubclass(cls, tuple) and cls.__init__ is object.__init__
+            and isinstance(g, dict) and g.get("_tuple_new") is tuple.__new__
+            and str(g.get("__name__", "")).startswith("namedtuple_"))
+
+
+def _state_template(sdef):
+    """``(template, types)`` for ``OptimPlan.set_structure``: the optimizer state's tree with
+    each leaf replaced by its index (what ``sdef.unflatten`` makes of ``range(n)``) and the
+    namedtuple classes in it, so that the C step builds the state tree as ``sdef.unflatten``
+    would, without calling Python code. None where a node is not a dict, tuple, None or plain
+    namedtuple (a registered node's unflatten is Python code: optree runs it)."""
+    types = set()
+    todo = [sdef]
+    while todo:
+        td = todo.pop()
+        if td.kind not in _TEMPLATE_KINDS:
+            return None
+        if td.kind == optree.PyTreeKind.NAMEDTUPLE:
+            if not _plain_namedtuple(td.type):
+                return None
+            types.add(td.type)
+        if td.kind != optree.PyTreeKind.LEAF:
+            todo.extend(td.children())
+    return sdef.unflatten(list(range(sdef.num_leaves))), frozenset(types)
 
 
 def _build_fast_plan(stages, ctx, plan, pdef, new_p, new_state, g_leaves):

@@ -176,9 +176,19 @@ static int prog_flatten(PyObject *prog, PyObject *tree, PyObject **out, Py_ssize
     return 1;
 }
 
+/* A new dict presized for n entries (no resize while it is filled). */
+static PyObject *dict_presized(Py_ssize_t n) {
+#if PY_VERSION_HEX < 0x030D0000
+    return _PyDict_NewPresized(n);
+#else
+    (void)n;
+    return PyDict_New();
+#endif
+}
+
 static PyObject *prog_unflatten(PyObject *prog, PyObject *leaves, Py_ssize_t *i) {
     if (prog == Py_None) return Py_NewRef(PyList_GET_ITEM(leaves, (*i)++));
-    PyObject *d = PyDict_New();
+    PyObject *d = dict_presized(PyTuple_GET_SIZE(prog));
     if (d == NULL) return NULL;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(prog); j++) {
         PyObject *kv = PyTuple_GET_ITEM(prog, j);
@@ -219,11 +229,7 @@ static PyObject *state_fill(PyObject *t, PyObject *leaves, Py_ssize_t base) {
         return Py_NewRef(PyList_GET_ITEM(leaves, base + PyLong_AsSsize_t(t)));
     if (t == Py_None) return Py_NewRef(Py_None);
     if (PyDict_CheckExact(t)) {
-#if PY_VERSION_HEX < 0x030D0000
-        PyObject *d = _PyDict_NewPresized(PyDict_GET_SIZE(t));
-#else
-        PyObject *d = PyDict_New();
-#endif
+        PyObject *d = dict_presized(PyDict_GET_SIZE(t));
         PyObject *k, *v;
         Py_ssize_t pos = 0;
         while (d != NULL && PyDict_Next(t, &pos, &k, &v)) {

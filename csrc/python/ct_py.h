@@ -165,6 +165,11 @@ int ct_py_init_optim_plan(PyObject *m); /* py_optim_plan.c: the persistent step 
 int ct_py_init_array(PyObject *m);  /* py_array.c: the Array type; moving Arrays' buffers */
 int ct_py_init_dispatch(PyObject *m); /* py_dispatch.c: primitives, their plan caches */
 int ct_py_init_module(PyObject *m); /* py_module.c: nn.Module method calls, submodule attach */
+/* py_module.c: Module.apply(variables, *args)'s common case (args[0] the variables), the
+ * output, `miss` (returned as it is) where the Python apply must run, or NULL with an
+ * exception (ModuleApply in py_rules.c calls it) */
+PyObject *ct_py_module_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *miss);
 int ct_py_init_slice(PyObject *m);  /* py_slice.c: basic indexing (Array.__getitem__) */
 int ct_py_init_tree(PyObject *m);   /* py_tree.c: argument trees flattened by a spec (jit) */
 int ct_py_init_dist(PyObject *m);   /* py_dist.c: MPI process engine, host collectives */

@@ -61,7 +61,8 @@ static PyObject *ms_env[MS_N];
     X(_call_names) X(_reserved) X(_setup_reserved) X(_in_setup) X(name) X(_parent)          \
     X(_children) X(_variables) X(rngs) X(mutable) X(path) X(root_rngs) X(rng_counters)      \
     X(initializing) X(adopted) X(_ct_plain_fields) X(__dataclass_fields__) X(__name__)   \
-    X(_adopt_fields) X(__post_init__) X(__dict__)
+    X(_adopt_fields) X(__post_init__) X(__dict__) X(scopes) X(_ct_field_info)             \
+    X(_run) X(_clone_bound) X(__call__)
 #define MS_ENUM(n) S_##n,
 enum { MS_NAMES(MS_ENUM) S_COUNT };
 #define MS_STR(n) #n,
@@ -1300,6 +1301,170 @@ static PyObject *py_module_release(PyObject *mod, PyObject *holder) {
     Py_RETURN_TRUE;
 }
 
+/* --- Module.apply's common case -----------------------------------------------------------
+ * module_apply(self, variables, *args): nn.module's Module.apply -> _run -> _clone_bound for
+ * a call without keywords (rngs, method, mutable, capture_intermediates at their defaults, no
+ * keyword argument to the method) in C: `variables` a plain dict, the class keeping
+ * Module._run and Module._clone_bound, its field info cached (nn.module._field_info), no
+ * module method running on this thread (an empty frame stack), the thread's capture stack and
+ * scope stack made already. The variables are copied (copy_tree), the root ModuleScope made
+ * (the attributes of _run's, in its order), the module cloned by its class with its fields,
+ * bound to the scope, its __call__ run with the scope and capture stacks pushed as _run
+ * pushes them, and the bound tree released (module_release). Every other call goes to
+ * nn.module's Python apply (set by module_apply_setup), which stays the reference. */
+enum { MA_SCOPE_TLS, MA_RUN, MA_CLONE, MA_N };
+static PyObject *ma_env[MA_N];
+
+static PyObject *py_module_apply_setup(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *env[MA_N];
+    if (!PyArg_ParseTuple(args, "OOO:module_apply_setup", &env[MA_SCOPE_TLS], &env[MA_RUN],
+                          &env[MA_CLONE]))
+        return NULL;
+    if (ms_env[MS_CTX] == NULL) return PyErr_Format(PyExc_RuntimeError, "module_setup first");
+    for (int i = 0; i < MA_N; i++) Py_XSETREF(ma_env[i], Py_NewRef(env[i]));
+    Py_RETURN_NONE;
+}
+
+/* The root ModuleScope of an apply without rngs (nn.module.Module._run's): a new reference. */
+static PyObject *ma_root_scope(PyObject *variables) {
+    PyTypeObject *st = (PyTypeObject *)ms_env[MS_SCOPE];
+    PyObject *empty = PyTuple_New(0);
+    PyObject *scope = empty != NULL ? PyBaseObject_Type.tp_new(st, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    PyObject *d = scope != NULL ? ms_dict(scope) : NULL;
+    if (d == NULL) {
+        if (scope != NULL && !PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "ModuleScope without a __dict__");
+        Py_XDECREF(scope);
+        return NULL;
+    }
+    /* _variables, rngs, mutable, path, _reserved, _children, root_rngs, rng_counters,
+     * initializing, adopted: in _run's order */
+    PyObject *v[8] = {PyDict_New(), PyTuple_New(0), PySet_New(NULL), PyDict_New(), PyDict_New(),
+                      PyDict_New(), PyDict_New(), NULL};
+    int rc = 0;
+    for (int i = 0; i < 7; i++) rc |= v[i] == NULL;
+    if (!rc)
+        rc = PyDict_SetItem(d, S(_variables), variables) < 0 ||
+             PyDict_SetItem(d, S(rngs), v[0]) < 0 || PyDict_SetItem(d, S(mutable), Py_False) < 0 ||
+             PyDict_SetItem(d, S(path), v[1]) < 0 || PyDict_SetItem(d, S(_reserved), v[2]) < 0 ||
+             PyDict_SetItem(d, S(_children), v[3]) < 0 ||
+             PyDict_SetItem(d, S(root_rngs), v[4]) < 0 ||
+             PyDict_SetItem(d, S(rng_counters), v[5]) < 0 ||
+             PyDict_SetItem(d, S(initializing), Py_False) < 0 ||
+             PyDict_SetItem(d, S(adopted), v[6]) < 0;
+    for (int i = 0; i < 7; i++) Py_XDECREF(v[i]);
+    if (rc) Py_CLEAR(scope);
+    return scope;
+}
+
+/* Pop the last item of a list that the call pushed (it may have been replaced meanwhile:
+ * as list.pop(), whatever is last). */
+static void ma_pop(PyObject *list) {
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n > 0) PyList_SetSlice(list, n - 1, n, NULL);
+}
+
+PyObject *ct_py_module_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *miss) {
+    if (ms_env[MS_CTX] == NULL || ma_env[MA_RUN] == NULL || nargs < 1 ||
+        !PyDict_CheckExact(args[0]))
+        return miss;
+    PyTypeObject *cls = Py_TYPE(self);
+    if (!PyType_IsSubtype(cls, (PyTypeObject *)ms_env[MS_MODULE]) ||
+        _PyType_Lookup(cls, S(_run)) != ma_env[MA_RUN] ||
+        _PyType_Lookup(cls, S(_clone_bound)) != ma_env[MA_CLONE])
+        return miss;
+    /* the class's own _field_info entry, made for its current fields dict */
+    PyObject *info = cls->tp_dict != NULL ? PyDict_GetItemWithError(cls->tp_dict,
+                                                                    S(_ct_field_info)) : NULL;
+    if (info == NULL) return PyErr_Occurred() ? NULL : miss;
+    PyObject *fields = _PyType_Lookup(cls, S(__dataclass_fields__));
+    if (!PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != 3 || fields == NULL ||
+        PyTuple_GET_ITEM(info, 0) != fields || !PyTuple_CheckExact(PyTuple_GET_ITEM(info, 1)))
+        return miss;
+    Py_INCREF(info);   /* (held: the class's entry may be replaced while Python code runs) */
+    PyObject *names = PyTuple_GET_ITEM(info, 1);
+    PyObject *stack = NULL, *cap = NULL, *scopes = NULL, *result = miss;
+    PyObject *vs = NULL, *scope = NULL, *bound = NULL, *fn = NULL, *out = NULL;
+    PyObject *small[16], **vals = NULL;
+    const Py_ssize_t nf = PyTuple_GET_SIZE(names);
+    Py_ssize_t got = 0;
+    if (ms_ctx_state(&stack, NULL, &cap) < 0) goto error;
+    scopes = ct_py_tls_getattr(ma_env[MA_SCOPE_TLS], S(scopes));
+    if (scopes == NULL) goto error;
+    if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) != 0 || !PyList_CheckExact(cap) ||
+        !PyList_CheckExact(scopes))
+        goto out;
+    /* every condition holds: _run's work from here */
+    vals = nf <= 16 ? small : PyMem_New(PyObject *, nf);
+    if (vals == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    vs = ms_copy_tree(args[0]);
+    scope = vs != NULL ? ma_root_scope(vs) : NULL;
+    if (scope == NULL) goto error;
+    for (; got < nf; got++) {   /* {n: getattr(self, n) for n in the field names} */
+        vals[got] = PyObject_GetAttr(self, PyTuple_GET_ITEM(names, got));
+        if (vals[got] == NULL) goto error;
+    }
+    bound = PyObject_Vectorcall((PyObject *)cls, vals, 0, nf > 0 ? names : NULL);
+    if (bound == NULL || PyObject_GenericSetAttr(bound, S(_scope), scope) < 0) goto error;
+    fn = PyObject_GetAttr((PyObject *)Py_TYPE(bound), S(__call__));
+    if (fn == NULL || PyList_Append(cap, Py_None) < 0) goto error;
+    if (PyList_Append(scopes, scope) < 0) {
+        ma_pop(cap);
+        goto error;
+    }
+    {
+        PyObject *a[17], **call = nargs <= 16 ? a : PyMem_New(PyObject *, nargs);
+        if (call == NULL) {
+            PyErr_NoMemory();
+        } else {
+            call[0] = bound;
+            for (Py_ssize_t i = 1; i < nargs; i++) call[i] = args[i];
+            out = PyObject_Vectorcall(fn, call, (size_t)nargs, NULL);
+            if (call != a) PyMem_Free(call);
+        }
+    }
+    /* (finally:) */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    ma_pop(scopes);
+    ma_pop(cap);
+    PyErr_Restore(et, ev, tb);
+    if (out == NULL) goto error;
+    /* holder = [bound]; del bound; _module_release(holder) */
+    PyObject *holder = PyList_New(1);
+    if (holder == NULL) goto error;
+    PyList_SET_ITEM(holder, 0, bound);
+    bound = NULL;
+    PyObject *r = py_module_release(NULL, holder);
+    Py_DECREF(holder);
+    if (r == NULL) goto error;
+    Py_DECREF(r);
+    result = out;
+    out = NULL;
+    goto out;
+error:
+    result = NULL;
+out:
+    for (Py_ssize_t i = 0; i < got; i++) Py_DECREF(vals[i]);
+    if (vals != NULL && vals != small) PyMem_Free(vals);
+    Py_XDECREF(stack);
+    Py_XDECREF(cap);
+    Py_XDECREF(scopes);
+    Py_XDECREF(vs);
+    Py_XDECREF(scope);
+    Py_XDECREF(bound);
+    Py_XDECREF(fn);
+    Py_XDECREF(out);
+    Py_DECREF(info);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"module_setup", py_module_setup, METH_VARARGS,
      "module_setup(ctx, module_type, frame_type, scope_type, base_attach, base_adopt_fields, "
@@ -1322,6 +1487,9 @@ static PyMethodDef module_methods[] = {
      "copy_tree(tree, /)\n--\n\n"
      "tree with every dict in it copied into a plain dict, at any depth (a dict subclass's "
      "items as its items() gives them), other values kept as they are (nn.module._copy_tree)."},
+    {"module_apply_setup", py_module_apply_setup, METH_VARARGS,
+     "module_apply_setup(scope_tls, base_run, base_clone_bound, /)\n--\n\n"
+     "The objects ModuleApply's common case reads (set once by nn.module, after module_setup)."},
     {"module_release", py_module_release, METH_O,
      "module_release(holder, /)\n--\n\n"
      "Cut the child-to-parent links of the module tree under holder[0] (a list of one module) "

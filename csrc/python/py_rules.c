@@ -1401,6 +1401,60 @@ static PyType_Spec mp_spec = {
     .slots = mp_slots,
 };
 
+/* --- nn.Module.apply's common case --------------------------------------------------------
+ * ModuleApply(fallback) is what nn.module puts in place of Module.apply: a method descriptor
+ * whose call (self, variables, *args) without keywords runs ct_py_module_apply (py_module.c:
+ * apply -> _run -> _clone_bound in C where their common case holds); every other call goes
+ * to `fallback`, the Python method, with the same arguments. Its layout and everything but
+ * the call are ModuleParam's. */
+static PyObject *ma_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    pwa_object *f = (pwa_object *)self;
+    const Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n >= 2 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
+        static char miss_mark;
+        PyObject *const MISS = (PyObject *)&miss_mark;
+        PyObject *r = ct_py_module_apply(args[0], args + 1, n - 1, MISS);
+        if (r != MISS) return r;
+    }
+    return PyObject_Vectorcall(f->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *ma_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    return fallback_new(type, args, kwds, "ModuleApply", ma_vectorcall);
+}
+
+static PyObject *ma_repr(pwa_object *f) {
+    return PyUnicode_FromFormat("<ctrainstate method Module.apply (C common case over %R)>",
+                                f->fallback);
+}
+
+static PyType_Slot ma_slots[] = {
+    {Py_tp_new, ma_new},
+    {Py_tp_getset, mp_getset},
+    {Py_tp_dealloc, pwa_dealloc},
+    {Py_tp_traverse, pwa_traverse},
+    {Py_tp_clear, pwa_clear},
+    {Py_tp_repr, ma_repr},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, mp_descr_get},
+    {Py_tp_members, pwa_members},
+    {Py_tp_methods, mp_methods},
+    {Py_tp_doc, "ModuleApply(fallback)\n--\n\n"
+                "nn.Module.apply with its common case (no keyword arguments) in C; every "
+                "other call goes to `fallback` (the Python method). A method descriptor, as "
+                "a function is."},
+    {0, NULL},
+};
+
+static PyType_Spec ma_spec = {
+    .name = "ctrainstate._C.ModuleApply",
+    .basicsize = sizeof(pwa_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = ma_slots,
+};
+
 static PyMethodDef rules_methods[] = {
     {"get_axis_rules", py_get_axis_rules, METH_NOARGS, get_axis_rules_doc},
     {"set_axis_rules", py_set_axis_rules, METH_O, set_axis_rules_doc},
@@ -1442,6 +1496,11 @@ int ct_py_init_rules(PyObject *m) {
     PyObject *mp = PyType_FromSpec(&mp_spec);
     if (mp == NULL || PyModule_AddObject(m, "ModuleParam", mp) < 0) {
         Py_XDECREF(mp);
+        return -1;
+    }
+    PyObject *ma = PyType_FromSpec(&ma_spec);
+    if (ma == NULL || PyModule_AddObject(m, "ModuleApply", ma) < 0) {
+        Py_XDECREF(ma);
         return -1;
     }
     PyObject *lc = PyType_FromSpec(&lc_spec);

@@ -626,3 +626,103 @@ def test_module_made_by_the_c_init_keeps_a_combined_instance_dict():
     seen = []
     assert float(Outer().apply({}, cts.numpy.ones(()))) == 2.0
     assert seen == [False]
+
+
+def test_module_apply_in_c_answers_what_the_python_method_answers(monkeypatch):
+    """_C.ModuleApply (Module.apply) without keywords gives the Python method's output, with
+    no Python frame of apply, _run or _clone_bound; it leaves the thread's scope and capture
+    stacks as they were (also when the model raises) and frees the bound tree. A call it does
+    not take (keywords, variables that are not a plain dict, an apply inside a module method,
+    a class with its own _run or _clone_bound) reaches the Python method with its arguments."""
+    import gc
+    import inspect
+    import weakref
+    from ctrainstate import _C
+    from ctrainstate._src.nn.scope import _stack as scope_tls
+    from call_counts import python_frames
+    assert type(_module.Module.__dict__["apply"]) is _C.ModuleApply
+    assert inspect.signature(_module.Module.apply) == inspect.signature(_module._python_apply)
+    assert _module.Module.apply.__doc__ == _module._python_apply.__doc__
+    calls = []
+
+    def spy(self, *args, **kwargs):
+        calls.append(tuple(sorted(kwargs)))
+        return _module._python_apply(self, *args, **kwargs)
+    monkeypatch.setattr(_module.Module, "apply", _C.ModuleApply(spy))
+    seen = {}
+
+    class Inner(nn.Module):
+        feats: int
+
+        @nn.compact
+        def __call__(self, x, scale=1.0):
+            seen["scope"] = self.scope
+            return nn.Dense(self.feats, name="d")(x) * scale
+
+    class Outer(nn.Module):
+        feats: int = 3
+        fail: bool = False
+
+        @nn.compact
+        def __call__(self, x, scale=1.0):
+            if self.fail:
+                raise ValueError("model failed")
+            seen["ref"] = weakref.ref(self)
+            return Inner(self.feats)(x, scale)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    v = Outer().init(random.PRNGKey(1), x)
+    ref = np.asarray(_module._python_apply(Outer(), v, x, 2.0))
+    Outer().apply(v, x)                       # (the first apply may take the Python method)
+    calls.clear()
+    gc.disable()
+    try:
+        frames = python_frames(lambda: seen.setdefault("out", Outer().apply(v, x, 2.0)))
+    finally:
+        gc.enable()
+    assert calls == [] and np.array_equal(np.asarray(seen["out"]), ref)
+    names = {f for _, f in frames}
+    assert not names & {"apply", "_run", "_clone_bound", "_field_info"}, names
+    # the variables were copied (the caller's dicts are not the scope's), the tree freed
+    # without the cycle collector
+    assert seen["scope"]._variables["params"] is not v["params"]
+    assert seen["ref"]() is None
+    assert scope_tls.scopes == [] and _module._ctx.capture == [] and _module._ctx.stack == []
+    # a model that raises: the same exception, the stacks popped
+    with pytest.raises(ValueError, match="model failed"):
+        Outer(fail=True).apply(v, x)
+    assert scope_tls.scopes == [] and _module._ctx.capture == [] and calls == []
+    # calls the C path does not take
+    out, state = Outer().apply(v, x, mutable=["intermediates"])
+    assert calls == [("mutable",)] and np.array_equal(np.asarray(out), np.asarray(
+        _module._python_apply(Outer(), v, x)))
+    calls.clear()
+    Outer().apply(v, x, scale=2.0)
+    assert calls == [("scale",)]
+    calls.clear()
+    with pytest.raises(TypeError, match="variables must be a dict"):
+        Outer().apply([v], x)
+    assert calls == [()]
+    calls.clear()
+    from ctrainstate.core import FrozenDict
+    assert np.array_equal(np.asarray(Outer().apply(FrozenDict(v), x, 2.0)), ref)
+    assert calls == [()]
+    calls.clear()
+
+    class Caller(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return Outer().apply(v, x, 2.0)      # a module method is running
+    assert np.array_equal(np.asarray(Caller().apply({}, x)), ref)
+    assert calls == [(), ()]
+    calls.clear()
+
+    class OwnRun(Outer):
+        def _run(self, *args, **kwargs):
+            seen["own_run"] = True
+            return super()._run(*args, **kwargs)
+    assert np.array_equal(np.asarray(OwnRun().apply(v, x, 2.0)), ref)
+    assert calls == [()] and seen["own_run"]
+    with pytest.raises(TypeError):
+        _C.ModuleApply(3)
+    with pytest.raises(TypeError):
+        _C.module_apply_setup(1, 2)

@@ -1324,6 +1324,14 @@ _python_param = Module.param
 Module.param = functools.update_wrapper(_C.ModuleParam(_python_param), _python_param)
 _C.module_param_setup(Module, _ctx, _spmd._strict, _PLAIN_SCOPES, _SHAPES_BY_ID, Array)
 
+# Module.apply in C for a call without keywords (py_rules.c: ModuleApply; py_module.c:
+# module_apply does apply -> _run -> _clone_bound's work where the variables are a plain dict,
+# the class keeps _run and _clone_bound and no module method runs on this thread); every other
+# call runs the Python method, which stays the reference.
+_python_apply = Module.apply
+Module.apply = functools.update_wrapper(_C.ModuleApply(_python_apply), _python_apply)
+_C.module_apply_setup(_scope_tls, Module._run, Module._clone_bound)
+
 
 def _placing(init_fn: Callable) -> Callable:
     """Wrap an initializer so the parameter it makes is an Array placed as described above.

@@ -739,9 +739,10 @@ class FastPlan:
             if c is None:
                 r = self.cplan.step_tree(arrays, grads, [s for s, _ in self.scalars], 0, params)
             elif c < _INT32_MAX - 1:
-                r = self.cplan.step_tree(
-                    arrays, grads, [s if f is None else f(c) for s, f in self.scalars],
-                    np.int32(c + 1), params)
+                scalars = []   # (a loop, not a comprehension: no frame of its own)
+                for s, f in self.scalars:
+                    scalars.append(s if f is None else f(c))
+                r = self.cplan.step_tree(arrays, grads, scalars, np.int32(c + 1), params)
             else:
                 return None
             if r is None:

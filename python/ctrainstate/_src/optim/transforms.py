@@ -15,7 +15,7 @@ from ..array.array import Array
 from .base import (ADAM, ADAMAX, AMSGRAD, BELIEF, STDDEV, YOGI, BLOCK_RMS, CLIP, DECAY, EMA, FACTORED, GLOBAL_NORM, LION, PARAM_RMS,
                    RMS, RSS, SCALE, TRACE, TRUST_RATIO, ZERO, EmptyState, GradientTransformation,
                    GradientTransformationExtraArgs, Stage, CONST, _scalar_sharding, full_like, identity,
-                   safe_increment, scalar, to_array, zeros_like)
+                   safe_increment, scalar, to_array, zeros_like, _INT32_MAX)
 from ..ops import ops as _ops
 from ..random import core as _random
 from ..numpy_lax import numpy as cnp
@@ -245,9 +245,9 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
     bc = _C.f32_bias_correction   # (_bc, called directly: this runs at every step)
 
     def scalars_at(c):   # the stage's scalars for the step whose count reads c before it
-        t = safe_increment(c)
+        t = min(int(c) + 1, _INT32_MAX)   # safe_increment(c), inline: this runs at every step
         return [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode_fn(t),
-                bc(b1, safe_increment(t))]
+                bc(b1, min(t + 1, _INT32_MAX))]
 
     def fuse(state, ctx):
         _expect_state(state, state_cls, who)

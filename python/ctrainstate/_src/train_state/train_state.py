@@ -118,12 +118,10 @@ class _DeferInterrupt:
     re-delivers a recorded signal (``KeyboardInterrupt`` with Python's default handler) once
     the step is committed. Other threads never receive signals: nothing to hold back."""
 
-    __slots__ = ("_old", "_pending", "_armed")
-
-    def __init__(self):
-        self._old = None
-        self._pending = False
-        self._armed = False
+    # (class defaults instead of an __init__: one Python call less per step)
+    _old = None
+    _pending = False
+    _armed = False
 
     def arm(self) -> None:
         old = _sig.getsignal(_sig.SIGINT)
@@ -144,24 +142,27 @@ class _DeferInterrupt:
             self.release()
 
     def commit(self, old, new):
-        """:meth:`release` once a step is committed: when it re-raises a held Ctrl-C, the
-        state object ``old`` (whose Arrays the step donated) first becomes ``new``
-        (:func:`_adopt`). Returns ``new``."""
-        try:
-            self.release()
-        except BaseException:
-            _adopt(old, new)
-            raise
+        """Once a step is committed: restore the handler and re-deliver a held Ctrl-C; when
+        that raises, the state object ``old`` (whose Arrays the step donated) first becomes
+        ``new`` (:func:`_adopt`; not with ``new`` None, :meth:`release`'s call). Returns
+        ``new``."""
+        if self._armed:
+            try:
+                self._armed = False
+                _sig.signal(_sig.SIGINT, self._old)
+                if self._pending:
+                    self._pending = False
+                    _sig.raise_signal(_sig.SIGINT)   # runs the restored handler now
+            except BaseException:
+                if new is not None:
+                    _adopt(old, new)
+                raise
         return new
 
     def release(self) -> None:
-        if not self._armed:
-            return
-        self._armed = False
-        _sig.signal(_sig.SIGINT, self._old)
-        if self._pending:
-            self._pending = False
-            _sig.raise_signal(_sig.SIGINT)   # runs the restored handler now
+        """Restore the handler; re-deliver a Ctrl-C that came meanwhile (``KeyboardInterrupt``
+        with Python's default handler)."""
+        self.commit(None, None)
 
 
 def _adopt(old, new) -> None:

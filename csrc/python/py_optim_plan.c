@@ -649,11 +649,19 @@ static PyObject *prog_leaves_list(optim_plan *self, PyObject *tree) {
 /* step_tree(arrays, grads, scalars, count, params=None): step with the grads (and params)
  * given as trees of the plan's dict structure (set_structure); returns (arrays, params tree)
  * or None (another structure: nothing done). */
+static PyObject *step_tree(optim_plan *self, PyObject *arrays, PyObject *gtree,
+                           PyObject *scalars, PyObject *count, PyObject *ptree);
+
 static PyObject *plan_step_tree(optim_plan *self, PyObject *args) {
     PyObject *arrays, *gtree, *scalars, *count, *ptree = Py_None;
     if (!PyArg_ParseTuple(args, "O!OOO|O:step_tree", &PyList_Type, &arrays, &gtree, &scalars,
                           &count, &ptree))
         return NULL;
+    return step_tree(self, arrays, gtree, scalars, count, ptree);
+}
+
+static PyObject *step_tree(optim_plan *self, PyObject *arrays, PyObject *gtree,
+                           PyObject *scalars, PyObject *count, PyObject *ptree) {
     if (self->prog == NULL)
         return PyErr_Format(PyExc_RuntimeError, "OptimPlan.step_tree: no structure was set");
     PyObject *g = prog_leaves_list(self, gtree);
@@ -912,8 +920,16 @@ static PyMethodDef plan_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *plan_get_has_state_template(optim_plan *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(self->sprog != NULL);
+}
+
 static PyGetSetDef plan_getset[] = {
     {"arrays", (getter)plan_get_arrays, NULL, "the Arrays of the latest step", NULL},
+    {"has_state_template", (getter)plan_get_has_state_template, NULL,
+     "whether set_structure gave a state template (step_tree then builds the state tree)",
+     NULL},
     {"nblocks", (getter)plan_get_nblocks, NULL, "blocks of the kernel (all devices)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -936,7 +952,241 @@ static PyTypeObject OptimPlanType = {
     .tp_weaklistoffset = offsetof(optim_plan, weakreflist),
 };
 
+/* --- TrainState.apply_gradients' plan step in one call ---------------------------------------
+ * state_step(state, d, fast, grads, guard): train_state.TrainState._fast_step (the state's
+ * copy with the stepped fields, Ctrl-C held back by `guard`, a train_state._DeferInterrupt,
+ * from before the step to its commit) with optim.base.FastPlan.step's branch for params of
+ * plain dicts whose plan builds the state tree (`fast.dicts`, a state template set), in C:
+ * only the stages' scalar functions (Python) are called. `d` is the state's __dict__; the
+ * caller checked that the plan is the state's and that no field is replaced. Returns the new
+ * state, None where the plan declines (nothing changed, the handler restored: the general
+ * path runs), or NULL with an exception. The Python methods stay the reference. */
+enum { SS_GETSIGNAL, SS_SIGNAL, SS_RAISE, SS_SIGINT, SS_ADOPT, SS_EPOCH, SS_INT32, SS_N };
+static PyObject *ss_env[SS_N];
+#define SS_NAMES(X) X(epoch) X(count) X(scalars) X(cplan) X(_ct_cur) X(params) X(opt_state) \
+    X(step) X(_record) X(_pending)
+#define SS_ENUM(n) SS_S_##n,
+enum { SS_NAMES(SS_ENUM) SS_S_COUNT };
+#define SS_STR(n) #n,
+static const char *const ss_name_text[SS_S_COUNT] = {SS_NAMES(SS_STR)};
+static PyObject *ss_str[SS_S_COUNT];
+static PyObject *ss_one;   /* the int 1 */
+#define SSS(n) ss_str[SS_S_##n]
+
+static PyObject *py_state_step_setup(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *env[SS_N];
+    if (!PyArg_ParseTuple(args, "OOOOOO!O:state_step_setup", &env[SS_GETSIGNAL],
+                          &env[SS_SIGNAL], &env[SS_RAISE], &env[SS_SIGINT], &env[SS_ADOPT],
+                          &PyList_Type, &env[SS_EPOCH], &env[SS_INT32]))
+        return NULL;
+    for (int i = 0; i < SS_N; i++)
+        if (i != SS_SIGINT && i != SS_EPOCH && !PyCallable_Check(env[i]))
+            return PyErr_Format(PyExc_TypeError, "state_step_setup: argument %d is not callable",
+                                i + 1);
+    for (int i = 0; i < SS_S_COUNT; i++)
+        if (ss_str[i] == NULL && (ss_str[i] = PyUnicode_InternFromString(ss_name_text[i])) == NULL)
+            return NULL;
+    if (ss_one == NULL && (ss_one = PyLong_FromLong(1)) == NULL) return NULL;
+    for (int i = 0; i < SS_N; i++) Py_XSETREF(ss_env[i], Py_NewRef(env[i]));
+    Py_RETURN_NONE;
+}
+
+/* The guard's release (_DeferInterrupt.release / commit): the handler `old` restored and a
+ * Ctrl-C recorded meanwhile re-delivered (raising KeyboardInterrupt with Python's default
+ * handler). *armed is cleared. 0, or -1 with an exception. */
+static int ss_release(PyObject *guard, PyObject *old, int *armed) {
+    if (!*armed) return 0;
+    *armed = 0;
+    PyObject *a[2] = {ss_env[SS_SIGINT], old};
+    PyObject *r = PyObject_Vectorcall(ss_env[SS_SIGNAL], a, 2, NULL);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    PyObject *pending = PyObject_GetAttr(guard, SSS(_pending));
+    if (pending == NULL) return -1;
+    const int p = PyObject_IsTrue(pending);
+    Py_DECREF(pending);
+    if (p <= 0) return p;
+    if (PyObject_SetAttr(guard, SSS(_pending), Py_False) < 0) return -1;
+    r = PyObject_Vectorcall(ss_env[SS_RAISE], a, 1, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* FastPlan.step's plain-dict branch: (arrays, params, opt_state) from the plan, None where it
+ * declines, NULL with an exception. */
+static PyObject *ss_plan_step(PyObject *fast, PyObject *arrays, PyObject *grads) {
+    PyObject *epoch = PyObject_GetAttr(fast, SSS(epoch));
+    if (epoch == NULL) return NULL;
+    PyObject *now = PyList_GET_SIZE(ss_env[SS_EPOCH]) > 0 ? PyList_GET_ITEM(ss_env[SS_EPOCH], 0)
+                                                         : Py_None;
+    int same = PyObject_RichCompareBool(epoch, now, Py_EQ);
+    Py_DECREF(epoch);
+    if (same <= 0) return same < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *c = PyObject_GetAttr(fast, SSS(count));
+    PyObject *pairs = c != NULL ? PyObject_GetAttr(fast, SSS(scalars)) : NULL;
+    PyObject *plan = pairs != NULL ? PyObject_GetAttr(fast, SSS(cplan)) : NULL;
+    PyObject *scalars = NULL, *count = NULL, *r = NULL, *next = NULL;
+    if (plan == NULL) goto out;
+    if (!PyObject_TypeCheck(plan, &OptimPlanType) || !PyList_Check(pairs)) {
+        PyErr_SetString(PyExc_TypeError, "state_step: not a FastPlan");
+        goto out;
+    }
+    if (c != Py_None) {   /* c < _INT32_MAX - 1, else the Python path decides (it declines) */
+        int overflow = 0;
+        const long long cv = PyLong_Check(c) ? PyLong_AsLongLongAndOverflow(c, &overflow) : -1;
+        if (cv == -1 && PyErr_Occurred()) goto out;
+        if (!PyLong_Check(c) || overflow || cv >= 2147483647LL - 1) {
+            r = Py_NewRef(Py_None);
+            goto out;
+        }
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(pairs);
+    scalars = PyList_New(n);
+    for (Py_ssize_t i = 0; scalars != NULL && i < n; i++) {   /* s if f is None else f(c) */
+        PyObject *sf = PyList_GET_ITEM(pairs, i);
+        if (!PyTuple_Check(sf) || PyTuple_GET_SIZE(sf) != 2) {
+            PyErr_SetString(PyExc_TypeError, "state_step: FastPlan.scalars holds (s, f) pairs");
+            Py_CLEAR(scalars);
+            break;
+        }
+        PyObject *f = PyTuple_GET_ITEM(sf, 1);
+        PyObject *v = f == Py_None || c == Py_None ? Py_NewRef(PyTuple_GET_ITEM(sf, 0))
+                                                   : PyObject_CallOneArg(f, c);
+        if (v == NULL) Py_CLEAR(scalars);
+        else PyList_SET_ITEM(scalars, i, v);
+    }
+    if (scalars == NULL) goto out;
+    if (c == Py_None) {
+        count = PyLong_FromLong(0);
+    } else {
+        next = PyNumber_Add(c, ss_one);
+        count = next != NULL ? PyObject_CallOneArg(ss_env[SS_INT32], next) : NULL;
+    }
+    if (count == NULL) goto out;
+    r = step_tree((optim_plan *)plan, arrays, grads, scalars, count, Py_None);
+    if (r == NULL || r == Py_None) goto out;
+    if (c != Py_None && PyObject_SetAttr(fast, SSS(count), next) < 0) Py_CLEAR(r);
+    if (r != NULL && PyTuple_GET_SIZE(r) != 3) {   /* (no state template: set_structure's) */
+        PyErr_SetString(PyExc_RuntimeError, "state_step: the plan has no state template");
+        Py_CLEAR(r);
+    }
+out:
+    Py_XDECREF(c);
+    Py_XDECREF(pairs);
+    Py_XDECREF(plan);
+    Py_XDECREF(scalars);
+    Py_XDECREF(count);
+    Py_XDECREF(next);
+    return r;
+}
+
+/* The new state: a copy of `state` (object.__new__ of its class, its __dict__ d copied) with
+ * _ct_cur, params, opt_state from r and step + 1. */
+static PyObject *ss_new_state(PyObject *state, PyObject *d, PyObject *r) {
+    PyObject *empty = PyTuple_New(0);
+    PyObject *new = empty != NULL ? PyBaseObject_Type.tp_new(Py_TYPE(state), empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    PyObject *nd = new != NULL ? PyDict_New() : NULL;
+    PyObject *step = nd != NULL ? PyObject_GetAttr(state, SSS(step)) : NULL;
+    PyObject *next = step != NULL ? PyNumber_Add(step, ss_one) : NULL;
+    int rc = next == NULL || PyDict_Update(nd, d) < 0 ||
+             PyDict_SetItem(nd, SSS(_ct_cur), PyTuple_GET_ITEM(r, 0)) < 0 ||
+             PyDict_SetItem(nd, SSS(params), PyTuple_GET_ITEM(r, 1)) < 0 ||
+             PyDict_SetItem(nd, SSS(opt_state), PyTuple_GET_ITEM(r, 2)) < 0 ||
+             PyDict_SetItem(nd, SSS(step), next) < 0 || PyObject_GenericSetDict(new, nd, NULL) < 0;
+    Py_XDECREF(nd);
+    Py_XDECREF(step);
+    Py_XDECREF(next);
+    if (rc) Py_CLEAR(new);
+    return new;
+}
+
+static PyObject *py_state_step(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
+    (void)mod;
+    if (n != 5 || !PyDict_Check(a[1]))
+        return PyErr_Format(PyExc_TypeError, "state_step(state, d: its __dict__, fast, grads, "
+                            "guard)");
+    if (ss_env[SS_SIGNAL] == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "state_step_setup first");
+    PyObject *state = a[0], *d = a[1], *fast = a[2], *grads = a[3], *guard = a[4];
+    PyObject *cur = PyDict_GetItemWithError(d, SSS(_ct_cur));
+    if (cur == NULL && PyErr_Occurred()) return NULL;
+    if (cur == NULL || !PyList_CheckExact(cur))
+        return PyErr_Format(PyExc_TypeError, "state_step: d must be the __dict__ of a state "
+                            "a plan step made (its _ct_cur a list)");
+    Py_INCREF(cur);
+    /* guard.arm() */
+    int armed = 0;
+    PyObject *old = PyObject_CallOneArg(ss_env[SS_GETSIGNAL], ss_env[SS_SIGINT]);
+    PyObject *r = NULL, *new = NULL;
+    if (old == NULL) goto error;
+    if (old != Py_None) {   /* (None: a handler installed outside Python, left alone) */
+        PyObject *rec = PyObject_GetAttr(guard, SSS(_record));
+        PyObject *sa[2] = {ss_env[SS_SIGINT], rec};
+        PyObject *x = rec != NULL ? PyObject_Vectorcall(ss_env[SS_SIGNAL], sa, 2, NULL) : NULL;
+        Py_XDECREF(rec);
+        if (x != NULL) {
+            armed = 1;
+            Py_DECREF(x);
+        } else if (PyErr_ExceptionMatches(PyExc_ValueError)) {   /* not the main thread */
+            PyErr_Clear();
+        } else {
+            goto error;
+        }
+    }
+    r = ss_plan_step(fast, cur, grads);
+    if (r != NULL && r != Py_None) new = ss_new_state(state, d, r);
+    if (new == NULL) {   /* an error, or the plan declined: release, then raise or decline */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        const int rc = ss_release(guard, old, &armed);
+        if (et != NULL) {
+            if (rc < 0) _PyErr_ChainExceptions(et, ev, tb);
+            else PyErr_Restore(et, ev, tb);
+            goto error;
+        }
+        if (rc < 0) goto error;
+        Py_DECREF(cur);
+        Py_DECREF(old);
+        Py_XDECREF(r);
+        Py_RETURN_NONE;
+    }
+    /* guard.commit(state, new) */
+    if (ss_release(guard, old, &armed) < 0) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *ad[2] = {state, new};
+        PyObject *x = PyObject_Vectorcall(ss_env[SS_ADOPT], ad, 2, NULL);
+        Py_XDECREF(x);
+        if (x == NULL) _PyErr_ChainExceptions(et, ev, tb);
+        else PyErr_Restore(et, ev, tb);
+        Py_CLEAR(new);
+    }
+    Py_DECREF(cur);
+    Py_DECREF(old);
+    Py_DECREF(r);
+    return new;
+error:
+    Py_DECREF(cur);
+    Py_XDECREF(old);
+    Py_XDECREF(r);
+    return NULL;
+}
+
+static PyMethodDef state_step_methods[] = {
+    {"state_step_setup", py_state_step_setup, METH_VARARGS,
+     "state_step_setup(getsignal, signal, raise_signal, sigint, adopt, borrow_epoch, int32, "
+     "/)\n--\n\nThe objects state_step reads (set once by train_state)."},
+    {"state_step", (PyCFunction)(void (*)(void))py_state_step, METH_FASTCALL,
+     "state_step(state, d, fast, grads, guard, /)\n--\n\n"
+     "TrainState._fast_step with FastPlan.step's plain-dict branch in one call: the new state, "
+     "or None where the plan declines (nothing changed)."},
+    {NULL, NULL, 0, NULL},
+};
+
 int ct_py_init_optim_plan(PyObject *m) {
     if (PyType_Ready(&OptimPlanType) < 0) return -1;
+    if (PyModule_AddFunctions(m, state_step_methods) < 0) return -1;
     return PyModule_AddObjectRef(m, "OptimPlan", (PyObject *)&OptimPlanType);
 }

@@ -283,10 +283,13 @@ optim_kinds: dict[str, int]   # ct_opt_kind: stage kind codes by name
 optim_nslots: tuple[int, ...]  # state slots per leaf of each stage kind, by code
 
 
+def state_step_setup(getsignal: Any, signal: Any, raise_signal: Any, sigint: Any, adopt: Any, borrow_epoch: list, int32: Any, /) -> None: ...
+def state_step(state: Any, d: dict, fast: Any, grads: Any, guard: Any, /) -> Any: ...
 class OptimPlan:
     """A persistent in-place fused optimizer step (csrc/python/py_optim_plan.c)."""
     arrays: list | None
     nblocks: int
+    has_state_template: bool
     def __init__(self, stages: Sequence[tuple[int, Sequence[float]]],
                  groups: list[list[_Block]], order: list[list[tuple[int, int]]], nleaves: int,
                  grads: list, arrays: list, nparams: int, counters: list[int], lock: Any,

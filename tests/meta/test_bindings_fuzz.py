@@ -238,7 +238,7 @@ SIGS = {
     "filled_like": ["any", "float"],
     "param_hit": ["any", "any", "any", "any"], "param_hit_stats": [], "trace_break": ["any", "any"],
     "ParamWithAxes": ["any"], "LogicalConstraint": ["any"], "ModuleParam": ["any"],
-    "ModuleApply": ["any"],
+    "ModuleApply": ["any"], "state_step": ["any", "any", "any", "any", "any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "ModuleMethod": ["any"], "copy_tree": ["any"], "module_post_init": ["any", "any"],
     "ModuleInit": ["any", "any", "int", "any", "any", "any", "any", "any"],
@@ -263,7 +263,7 @@ SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferErro
         "axis_rules", "dist_initialize", "Array", "dispatch_register",
         "dispatch_register_typed", "devices_set_id_offset",
         "param_hit_setup", "module_setup", "constraint_setup", "module_param_setup",
-        "module_apply_setup",
+        "module_apply_setup", "state_step_setup",
         "vjp_register",
         "getitem_register"}
 # (Array: the type, not callable as a constructor (tests/array/test_array_type.py);
@@ -278,7 +278,8 @@ SKIP = {"_rules_set_unconstrained", "ResourceExhaustedError", "DonatedBufferErro
 # once at import; param_hit itself is fuzzed; module_setup likewise, for nn.module's
 # module_call and module_bind_new; constraint_setup likewise, for LogicalConstraint;
 # module_param_setup and module_apply_setup likewise, for ModuleParam and ModuleApply, whose
-# argument checks are tested in tests/nn/test_apply_fast_paths.py)
+# argument checks are tested in tests/nn/test_apply_fast_paths.py; state_step_setup likewise,
+# for state_step, tested in tests/optim/test_optim_plan.py)
 
 class SlotsLike:  # an Array-like class with the Array's field names (move_arrays refuses it)
     __slots__ = ("_shape", "_dtype", "_sharding", "_blocks", "_shard_shape", "_host_scalar",

@@ -428,3 +428,78 @@ def test_set_structure_checks_the_state_template():
     assert len(r) == 3 and type(r[2][0]) is type(good[0])   # the good template still set
     plan.set_structure(prog)                                  # none: (arrays, params)
     assert len(step(r[0])) == 2
+
+
+def test_state_step_in_c_makes_the_state_fast_step_makes():
+    # _C.state_step (TrainState.apply_gradients' plan step with FastPlan.step's dict branch)
+    # against the Python reference (_fast_step) on two twin states: fields, bits, structure
+    import signal
+    from ctrainstate import _C
+    from ctrainstate._src.train_state.train_state import _DeferInterrupt
+    a, g = _stepped(3)
+    b, _ = _stepped(3)
+    for _ in range(3):
+        fa, fb = a.__dict__["_ct_plan"].fast, b.__dict__["_ct_plan"].fast
+        assert fa.cplan.has_state_template
+        a2 = _C.state_step(a, a.__dict__, fa, g, _DeferInterrupt())
+        b2 = b._fast_step(fb, b.__dict__, g, {})
+        assert type(a2) is type(b2) and a2.step == b2.step == a.step + 1
+        assert sorted(a2.__dict__) == sorted(b2.__dict__)
+        assert _bits(a2.params) == _bits(b2.params)
+        assert _bits(a2.opt_state) == _bits(b2.opt_state)
+        assert (cts.tree_util.tree_structure(a2.opt_state)
+                == cts.tree_util.tree_structure(b2.opt_state))
+        assert a2.apply_fn is a.apply_fn and a2.tx is a.tx
+        assert a2.__dict__["_ct_plan"] is a.__dict__["_ct_plan"]
+        with pytest.raises(cts.DonatedBufferError):
+            np.asarray(a.params["a"])
+        a, b = a2, b2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert fa.count == 6
+
+
+def test_state_step_in_c_holds_ctrl_c_to_the_commit_and_restores_on_errors(monkeypatch):
+    # a SIGINT during the step (from a stage's scalar function, before the kernel) is held
+    # back: the step is committed, then KeyboardInterrupt is raised and the caller's state
+    # object has become the new state; an error before the kernel leaves the state as it was
+    import signal
+    state, g = _stepped(3)
+    monkeypatch.setattr(TrainState, "_fast_step", lambda *a: pytest.fail("the Python step ran"))
+    fast = state.__dict__["_ct_plan"].fast
+    pairs = list(fast.scalars)
+    s0, f0 = next((s, f) for s, f in pairs if f is not None)
+
+    def interrupting(c):
+        signal.raise_signal(signal.SIGINT)
+        return f0(c)
+    fast.scalars = [(s, interrupting if f is f0 else f) for s, f in pairs]
+    before = np.asarray(state.params["a"]).copy()
+    step = state.step
+    with pytest.raises(KeyboardInterrupt):
+        state.apply_gradients(grads=g)
+    assert state.step == step + 1                      # the caller's object is the new state
+    assert not np.array_equal(np.asarray(state.params["a"]), before)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def failing(c):
+        raise ValueError("scalar failed")
+    fast = state.__dict__["_ct_plan"].fast
+    fast.scalars = [(s, failing if f is not None else f) for s, f in pairs]
+    kept = np.asarray(state.params["a"]).copy()
+    with pytest.raises(ValueError, match="scalar failed"):
+        state.apply_gradients(grads=g)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    np.testing.assert_array_equal(np.asarray(state.params["a"]), kept)   # not donated
+    fast.scalars = pairs
+    s2 = state.apply_gradients(grads=g)
+    assert s2.step == state.step + 1
+
+
+def test_state_step_argument_checks():
+    from ctrainstate import _C
+    with pytest.raises(TypeError, match="state_step"):
+        _C.state_step(1, 2, 3)
+    with pytest.raises(TypeError, match="state_step"):
+        _C.state_step(1, [], 3, 4, 5)
+    with pytest.raises(TypeError, match="not callable"):
+        _C.state_step_setup(1, 2, 3, 4, 5, [0], 7)

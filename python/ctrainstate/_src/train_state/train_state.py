@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import numpy as np
+
 from ... import _C
 from ..array.array import Array, device_put
-from ..optim.base import apply_updates, mark_borrowed, run_fused, traced_step
+from ..optim.base import (_BORROW_EPOCH, apply_updates, mark_borrowed, run_fused,
+                          traced_step)
 from ..base.tree_util import GetAttrKey, register_pytree_with_keys, tree_leaves
 
 try:   # signal's C module: signal.signal's enum conversions cost ~20 us a step
@@ -178,6 +181,10 @@ def _adopt(old, new) -> None:
                 object.__setattr__(old, k, new.__dict__[k])
 
 
+_C.state_step_setup(_sig.getsignal, _sig.signal, _sig.raise_signal, _sig.SIGINT, _adopt,
+                    _BORROW_EPOCH, np.int32)
+
+
 def _plain_fields(cls) -> bool:
     """Whether a state of ``cls`` can be copied by its ``__dict__`` (what
     ``dataclasses.replace`` does but for ``__post_init__`` and fields not in ``__init__``)."""
@@ -230,8 +237,14 @@ class TrainState(PyTreeNode):
         d = getattr(self, "__dict__", None)
         last = d.get("_ct_plan") if d is not None else None
         if last is not None and last.fast is not None and "_ct_cur" in d:
-            # the persistent plan of the last step (optim.base.FastPlan): one C call
-            new = self._fast_step(last.fast, d, grads, kwargs)
+            # the persistent plan of the last step (optim.base.FastPlan): one C call, which
+            # for params of plain dicts (the plan building the state tree) also makes the
+            # new state (_C.state_step: _fast_step's and FastPlan.step's work)
+            fast = last.fast
+            if not kwargs and fast.dicts and fast.cplan.has_state_template:
+                new = _C.state_step(self, d, fast, grads, _DeferInterrupt())
+            else:
+                new = self._fast_step(fast, d, grads, kwargs)
             if new is not None:
                 return new
         new_step = self.step + 1

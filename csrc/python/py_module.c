@@ -647,6 +647,33 @@ static PyObject *ms_fromkeys(PyObject *keys, PyObject *value) {
     return r;
 }
 
+/* A new ModuleScope made as nn.module makes one (object.__new__, then ModuleScope.__init__'s
+ * attributes in its order): v[] holds _variables, rngs, mutable, path, _reserved, _children,
+ * root_rngs, rng_counters, initializing, adopted (each non-NULL). A new reference, or NULL with
+ * an exception. */
+static PyObject *ms_scope_new(PyObject *const v[10]) {
+    static const int names[10] = {S__variables, S_rngs, S_mutable, S_path, S__reserved,
+                                  S__children, S_root_rngs, S_rng_counters, S_initializing,
+                                  S_adopted};
+    PyTypeObject *st = (PyTypeObject *)ms_env[MS_SCOPE];
+    PyObject *empty = PyTuple_New(0);
+    PyObject *scope = empty != NULL ? PyBaseObject_Type.tp_new(st, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    PyObject *d = scope != NULL ? ms_dict(scope) : NULL;
+    if (d == NULL) {
+        if (scope != NULL && !PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "ModuleScope without a __dict__");
+        Py_XDECREF(scope);
+        return NULL;
+    }
+    for (int i = 0; i < 10; i++)
+        if (PyDict_SetItem(d, ms_str[names[i]], v[i]) < 0) {
+            Py_DECREF(scope);
+            return NULL;
+        }
+    return scope;
+}
+
 /* _new_child_scope(scope, name) for a ModuleScope `scope` (see nn.module): a new reference. */
 static PyObject *ms_new_child_scope(PyObject *scope, PyObject *scope_children, PyObject *name) {
     PyObject *vars = NULL, *root = NULL, *mutable = NULL, *path = NULL, *init = NULL;
@@ -676,25 +703,11 @@ static PyObject *ms_new_child_scope(PyObject *scope, PyObject *scope_children, P
     newpath = tail != NULL ? PySequence_Concat(path, tail) : NULL;
     reserved = newpath != NULL ? PySet_New(NULL) : NULL;
     children = reserved != NULL ? PyDict_New() : NULL;
-    PyTypeObject *st = (PyTypeObject *)ms_env[MS_SCOPE];
-    PyObject *empty = children != NULL ? PyTuple_New(0) : NULL;
-    child = empty != NULL ? PyBaseObject_Type.tp_new(st, empty, NULL) : NULL;  /* object.__new__ */
-    Py_XDECREF(empty);
-    PyObject *d = child != NULL ? ms_dict(child) : NULL;
-    if (d == NULL) {
-        if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "ModuleScope without a __dict__");
-        goto out;
-    }
-    /* the attributes of ModuleScope.__init__, in its order */
-    if (PyDict_SetItem(d, S(_variables), vars) < 0 || PyDict_SetItem(d, S(rngs), rngs) < 0 ||
-        PyDict_SetItem(d, S(mutable), mutable) < 0 || PyDict_SetItem(d, S(path), newpath) < 0 ||
-        PyDict_SetItem(d, S(_reserved), reserved) < 0 ||
-        PyDict_SetItem(d, S(_children), children) < 0 ||
-        PyDict_SetItem(d, S(root_rngs), root) < 0 ||
-        PyDict_SetItem(d, S(rng_counters), counters) < 0 ||
-        PyDict_SetItem(d, S(initializing), init) < 0 || PyDict_SetItem(d, S(adopted), adopted) < 0 ||
-        PyDict_SetItem(scope_children, name, child) < 0)
-        goto out;
+    if (children == NULL) goto out;
+    PyObject *const v[10] = {vars, rngs, mutable, newpath, reserved, children, root, counters,
+                             init, adopted};
+    child = ms_scope_new(v);
+    if (child == NULL || PyDict_SetItem(scope_children, name, child) < 0) goto out;
     result = Py_NewRef(child);
 out:
     Py_XDECREF(vars);
@@ -1328,34 +1341,18 @@ static PyObject *py_module_apply_setup(PyObject *mod, PyObject *args) {
 
 /* The root ModuleScope of an apply without rngs (nn.module.Module._run's): a new reference. */
 static PyObject *ma_root_scope(PyObject *variables) {
-    PyTypeObject *st = (PyTypeObject *)ms_env[MS_SCOPE];
-    PyObject *empty = PyTuple_New(0);
-    PyObject *scope = empty != NULL ? PyBaseObject_Type.tp_new(st, empty, NULL) : NULL;
-    Py_XDECREF(empty);
-    PyObject *d = scope != NULL ? ms_dict(scope) : NULL;
-    if (d == NULL) {
-        if (scope != NULL && !PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "ModuleScope without a __dict__");
-        Py_XDECREF(scope);
-        return NULL;
+    /* rngs, path, _reserved, _children, root_rngs, rng_counters, adopted: new, empty */
+    PyObject *e[7] = {PyDict_New(), PyTuple_New(0), PySet_New(NULL), PyDict_New(), PyDict_New(),
+                      PyDict_New(), PyDict_New()};
+    PyObject *scope = NULL;
+    int ok = 1;
+    for (int i = 0; i < 7; i++) ok &= e[i] != NULL;
+    if (ok) {
+        PyObject *const v[10] = {variables, e[0], Py_False, e[1], e[2], e[3], e[4], e[5],
+                                 Py_False, e[6]};
+        scope = ms_scope_new(v);
     }
-    /* _variables, rngs, mutable, path, _reserved, _children, root_rngs, rng_counters,
-     * initializing, adopted: in _run's order */
-    PyObject *v[8] = {PyDict_New(), PyTuple_New(0), PySet_New(NULL), PyDict_New(), PyDict_New(),
-                      PyDict_New(), PyDict_New(), NULL};
-    int rc = 0;
-    for (int i = 0; i < 7; i++) rc |= v[i] == NULL;
-    if (!rc)
-        rc = PyDict_SetItem(d, S(_variables), variables) < 0 ||
-             PyDict_SetItem(d, S(rngs), v[0]) < 0 || PyDict_SetItem(d, S(mutable), Py_False) < 0 ||
-             PyDict_SetItem(d, S(path), v[1]) < 0 || PyDict_SetItem(d, S(_reserved), v[2]) < 0 ||
-             PyDict_SetItem(d, S(_children), v[3]) < 0 ||
-             PyDict_SetItem(d, S(root_rngs), v[4]) < 0 ||
-             PyDict_SetItem(d, S(rng_counters), v[5]) < 0 ||
-             PyDict_SetItem(d, S(initializing), Py_False) < 0 ||
-             PyDict_SetItem(d, S(adopted), v[6]) < 0;
-    for (int i = 0; i < 7; i++) Py_XDECREF(v[i]);
-    if (rc) Py_CLEAR(scope);
+    for (int i = 0; i < 7; i++) Py_XDECREF(e[i]);
     return scope;
 }
 

@@ -97,6 +97,7 @@ typedef struct {
     PyObject *base;        /* the Array this one views, or None */
     PyObject *donated;     /* False, or True once donated */
     PyObject *weakreflist;
+    PyObject *idkey;       /* id(self) as an int, made on first use (ct_py_idkey), or NULL */
 } ct_py_array;
 
 enum {
@@ -126,6 +127,10 @@ void ct_py_trace_touch(const void *buffer, const char *what);
 int ct_py_trace_host_read(const void *buffer, const char *what);
 /* Write a buffer's block into the host numpy array `host` at `start` (_C.copy_to_host). */
 PyObject *ct_py_copy_to_host(PyObject *buffer, PyObject *host, PyObject *start);
+/* id(x) as a new reference. An Array keeps the int it made first and gives that one again,
+ * so that the tape's sets and dicts keyed by ids (autodiff) find it by identity, with no
+ * new int and no comparison of values. */
+PyObject *ct_py_idkey(PyObject *x);
 /* New Arrays owning items[i]'s blocks, the old ones marked donated (Array._moved_all).
  * Every item must be an Array that is neither donated nor a view: otherwise nothing
  * changes, *bad is its index and NULL is returned without an exception (TypeError for a

@@ -65,6 +65,13 @@ PyObject *ct_py_array_new(PyObject *shape, PyObject *dtype, PyObject *sharding, 
     return (PyObject *)a;
 }
 
+PyObject *ct_py_idkey(PyObject *x) {
+    if (!Py_IS_TYPE(x, array_type)) return PyLong_FromVoidPtr(x);
+    ct_py_array *a = (ct_py_array *)x;
+    if (a->idkey == NULL && (a->idkey = PyLong_FromVoidPtr(x)) == NULL) return NULL;
+    return Py_NewRef(a->idkey);
+}
+
 static PyObject *array_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     (void)type;
     (void)args;
@@ -85,6 +92,7 @@ static void array_dealloc(ct_py_array *self) {
     Py_CLEAR(self->host_scalar);
     Py_CLEAR(self->base);
     Py_CLEAR(self->donated);
+    Py_CLEAR(self->idkey);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }

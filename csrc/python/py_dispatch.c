@@ -1308,47 +1308,43 @@ static PyType_Spec vp_spec = {
     .slots = vp_slots,
 };
 
-/* A plain _Tape's containers, read from its instance dict (all held: tape_view_clear), where the C path may record on it: a tape of no enclosing differentiated call (an
- * op of a nested value_and_grad is checked by the Python op), its `tracked` a set and `keep`
- * and `nodes` lists. 1 yes, 0 no, -1 error. (The dict is made once per tape; a dict lookup is
- * about half an attribute lookup, and an op on a tape reads four.) */
+/* A plain _Tape's containers, read from its slots (all held: tape_view_clear), where the C
+ * path may record on it: a tape of no enclosing differentiated call (an op of a nested
+ * value_and_grad is checked by the Python op), its `tracked` a set and `keep` and `nodes`
+ * lists. 1 yes, 0 no, -1 error. `tape` is set when the view holds them. */
 typedef struct {
-    PyObject *dict, *tracked, *keep, *nodes;
+    PyObject *tape, *tracked, *keep, *nodes;
 } tape_view;
 
+/* The offsets of _Tape's slots (its __slots__' member descriptors, found by dispatch_register),
+ * in the order outer, tracked, keep, nodes. */
+enum { TS_OUTER, TS_TRACKED, TS_KEEP, TS_NODES, TS_COUNT };
+static Py_ssize_t tape_slot_offset[TS_COUNT];
+
+static PyObject *tape_slot(PyObject *tape, int s) {
+    return *(PyObject **)((char *)tape + tape_slot_offset[s]);
+}
+
 static int tape_view_get(PyObject *tape, tape_view *tv) {
-    tv->dict = tv->tracked = tv->keep = tv->nodes = NULL;
+    tv->tape = tv->tracked = tv->keep = tv->nodes = NULL;
     if ((PyObject *)Py_TYPE(tape) != tape_type) return 0;
-    PyObject *d = PyObject_GenericGetDict(tape, NULL);
-    if (d == NULL) return -1;
-    if (!PyDict_CheckExact(d)) {
-        Py_DECREF(d);
+    PyObject *outer = tape_slot(tape, TS_OUTER), *tracked = tape_slot(tape, TS_TRACKED),
+             *keep = tape_slot(tape, TS_KEEP), *nodes = tape_slot(tape, TS_NODES);
+    /* (a slot never set is NULL) */
+    if (outer == NULL || !PyTuple_CheckExact(outer) || PyTuple_GET_SIZE(outer) != 0 ||
+        tracked == NULL || !PySet_Check(tracked) || keep == NULL || !PyList_Check(keep) ||
+        nodes == NULL || !PyList_Check(nodes))
         return 0;
-    }
-    /* `outer`: the instance's, else the class's (a plain attribute of _Tape, ()) */
-    PyObject *outer = PyDict_GetItemWithError(d, outer_name);
-    if (outer == NULL && !PyErr_Occurred())
-        outer = PyDict_GetItemWithError(((PyTypeObject *)tape_type)->tp_dict, outer_name);
-    tv->tracked = PyDict_GetItemWithError(d, tracked_name);
-    tv->keep = tv->tracked != NULL ? PyDict_GetItemWithError(d, keep_name) : NULL;
-    tv->nodes = tv->keep != NULL ? PyDict_GetItemWithError(d, nodes_name) : NULL;
-    const int err = PyErr_Occurred() != NULL;
-    if (err || outer == NULL || !PyTuple_CheckExact(outer) || PyTuple_GET_SIZE(outer) != 0 ||
-        tv->nodes == NULL || !PySet_Check(tv->tracked) || !PyList_Check(tv->keep) ||
-        !PyList_Check(tv->nodes)) {
-        Py_DECREF(d);
-        tv->tracked = tv->keep = tv->nodes = NULL; /* (borrowed: not held) */
-        return err ? -1 : 0;
-    }
-    tv->dict = d;
-    Py_INCREF(tv->tracked); /* (a planner's Python code runs before record reads them) */
-    Py_INCREF(tv->keep);
-    Py_INCREF(tv->nodes);
+    /* (held: a planner's Python code runs before record reads them) */
+    tv->tape = Py_NewRef(tape);
+    tv->tracked = Py_NewRef(tracked);
+    tv->keep = Py_NewRef(keep);
+    tv->nodes = Py_NewRef(nodes);
     return 1;
 }
 
 static void tape_view_clear(tape_view *tv) {
-    Py_CLEAR(tv->dict);
+    Py_CLEAR(tv->tape);
     Py_CLEAR(tv->tracked);
     Py_CLEAR(tv->keep);
     Py_CLEAR(tv->nodes);
@@ -1356,7 +1352,7 @@ static void tape_view_clear(tape_view *tv) {
 
 /* 1 if id(x) is in the tape's tracked set, 0 if not, -1 on error. */
 static int is_tracked(PyObject *tracked, PyObject *x) {
-    PyObject *id = PyLong_FromVoidPtr(x);
+    PyObject *id = ct_py_idkey(x);
     if (id == NULL) return -1;
     int r = PySet_Contains(tracked, id);
     Py_DECREF(id);
@@ -1369,7 +1365,7 @@ static int record(prim *p, PyObject *rule, const tape_view *tv, PyObject *out, P
     PyObject *id = NULL, *inputs = NULL, *node = NULL;
     node_vjp *v = NULL;
     int rc = -1;
-    id = PyLong_FromVoidPtr(out);
+    id = ct_py_idkey(out);
     inputs = b != NULL ? PyTuple_Pack(2, a, b) : PyTuple_Pack(1, a);
     v = PyObject_GC_New(node_vjp, node_vjp_type); /* (it takes a reference to the type) */
     if (v != NULL) v->rule = v->out = v->args = NULL;
@@ -1470,7 +1466,7 @@ static PyObject *fast_call(prim *p, PyObject *const *args, int notape) {
     }
     if (track && p->vjp16 != NULL) track = 2; /* (a 16-bit call may record too) */
     PyObject *res = fast_run(p, a, b, scalar, side, args, track);
-    if (res != NULL && tv.dict != NULL &&
+    if (res != NULL && tv.tape != NULL &&
         record(p, p->vjp16 != NULL && array_is16(res) ? p->vjp16 : p->vjp, &tv, res, args, (PyObject *)a,
                (PyObject *)b) < 0)
         Py_CLEAR(res);
@@ -2053,6 +2049,18 @@ static PyObject *py_dispatch_register(PyObject *self, PyObject *const *args, Py_
     for (int i = 4; i < 4 + NSLOT; i++)
         if (!PyCallable_Check(args[i]))
             return PyErr_Format(PyExc_TypeError, "dispatch_register: argument %d is not callable", i);
+    static const char *const slot_names[TS_COUNT] = {"outer", "tracked", "keep", "nodes"};
+    Py_ssize_t offsets[TS_COUNT];
+    for (int i = 0; i < TS_COUNT; i++) {
+        PyObject *d = PyDict_GetItemString(((PyTypeObject *)args[1])->tp_dict, slot_names[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX)
+            return PyErr_Format(PyExc_TypeError,
+                                "dispatch_register: the tape type has no __slots__ entry %s",
+                                slot_names[i]);
+        offsets[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    memcpy(tape_slot_offset, offsets, sizeof offsets);
     Py_XSETREF(tape_tls, Py_NewRef(args[0]));
     Py_XSETREF(tape_type, Py_NewRef(args[1]));
     Py_XSETREF(prec_tls, Py_NewRef(args[2]));
@@ -2100,7 +2108,7 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
         PyErr_SetString(PyExc_TypeError, "tape_backward: a node is not (out, inputs, vjp)");
         return -1;
     }
-    PyObject *key = PyLong_FromVoidPtr(PyTuple_GET_ITEM(node, 0));
+    PyObject *key = ct_py_idkey(PyTuple_GET_ITEM(node, 0));
     if (key == NULL) return -1;
     PyObject *g = dict_pop(cot, key);
     Py_DECREF(key);
@@ -2122,7 +2130,7 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
         for (Py_ssize_t j = 0; j < nin; j++) {
             PyObject *x = PyTuple_GET_ITEM(inputs, j);
             if (!Py_IS_TYPE(x, at)) continue;
-            PyObject *k = PyLong_FromVoidPtr(x);
+            PyObject *k = ct_py_idkey(x);
             const int in = k != NULL ? PySet_Contains(tracked, k) : -1;
             if (in < 0) {
                 Py_XDECREF(k);
@@ -2159,7 +2167,7 @@ static int backward_node(PyObject *node, PyObject *tracked, PyObject *cot, PyTyp
             if (keys[j] != NULL) rc = accumulate(cot, keys[j], gx, notape);
             continue;
         }
-        PyObject *kx = PyLong_FromVoidPtr(x);
+        PyObject *kx = ct_py_idkey(x);
         if (kx == NULL) {
             rc = -1;
             break;
@@ -2193,7 +2201,7 @@ static int backward_group(PyObject *node, PyObject *cot) {
     gs = PyList_New(PyTuple_GET_SIZE(outs));
     if (gs == NULL) goto done;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
-        PyObject *k = PyLong_FromVoidPtr(PyTuple_GET_ITEM(outs, j));
+        PyObject *k = ct_py_idkey(PyTuple_GET_ITEM(outs, j));
         if (k == NULL) goto done;
         PyObject *g = dict_pop(cot, k);
         Py_DECREF(k);
@@ -2208,7 +2216,7 @@ static int backward_group(PyObject *node, PyObject *cot) {
     prevs = PyList_New(PyTuple_GET_SIZE(inputs));
     if (prevs == NULL) goto done;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(inputs); j++) {
-        PyObject *k = PyLong_FromVoidPtr(PyTuple_GET_ITEM(inputs, j));
+        PyObject *k = ct_py_idkey(PyTuple_GET_ITEM(inputs, j));
         if (k == NULL) goto done;
         PyObject *v = PyDict_GetItemWithError(cot, k);
         Py_DECREF(k);
@@ -2225,7 +2233,7 @@ static int backward_group(PyObject *node, PyObject *cot) {
     for (Py_ssize_t j = 0; j < n && rc == 0; j++) {
         PyObject *gx = PySequence_Fast_GET_ITEM(seq, j);
         if (gx == Py_None) continue;
-        PyObject *k = PyLong_FromVoidPtr(PyTuple_GET_ITEM(inputs, j));
+        PyObject *k = ct_py_idkey(PyTuple_GET_ITEM(inputs, j));
         rc = k == NULL ? -1 : PyDict_SetItem(cot, k, gx);
         Py_XDECREF(k);
     }
@@ -2420,7 +2428,7 @@ static PyObject *py_grad_track(PyObject *self, PyObject *const *args, Py_ssize_t
             ? ct_py_array_new(Py_NewRef(x->shape), Py_NewRef(x->dtype), Py_NewRef(x->sharding),
                               blocks, Py_XNewRef(x->shard_shape))
             : NULL;
-        PyObject *id = y != NULL ? PyLong_FromVoidPtr(y) : NULL;
+        PyObject *id = y != NULL ? ct_py_idkey(y) : NULL;
         const int rc = id != NULL && PySet_Add(tracked, id) == 0 && PyList_Append(keep, y) == 0;
         Py_XDECREF(id);
         if (!rc) {
@@ -2449,7 +2457,7 @@ static PyObject *py_grad_collect(PyObject *self, PyObject *const *args, Py_ssize
     long nfix = 0;
     for (Py_ssize_t i = 0; out != NULL && i < m; i++) {
         PyObject *x = PyList_GET_ITEM(leaves, i);
-        PyObject *id = PyLong_FromVoidPtr(x);
+        PyObject *id = ct_py_idkey(x);
         PyObject *g = id != NULL ? PyDict_GetItemWithError(cot, id) : NULL;
         Py_XDECREF(id);
         if (g == NULL && PyErr_Occurred()) {

@@ -609,6 +609,12 @@ def test_a_planner_that_says_no_or_returns_a_bad_plan():
         _C.dispatch_register(None, int, None, int, 1, 2, 3, 4, 5, 6)
     with pytest.raises(TypeError, match="classes"):
         _C.dispatch_register(None, 1, None, int, *[_ops.add] * 6)
+
+    class NoSlots:   # the dispatcher reads a tape's fields at its __slots__' offsets
+        def __init__(self):
+            self.nodes, self.tracked, self.keep, self.outer = [], set(), [], ()
+    with pytest.raises(TypeError, match="no __slots__ entry outer"):
+        _C.dispatch_register(None, NoSlots, None, int, *[_ops.add] * 6)
     with pytest.raises(TypeError, match="10 arguments"):
         _C.dispatch_register(None)
     with pytest.raises(TypeError, match="10 arguments"):

@@ -117,17 +117,19 @@ def _single_thread_scipy_blas() -> bool:
 # --- the tape ------------------------------------------------------------------------
 
 class _Tape:
-    """Records (output, inputs, vjp) for ops whose inputs are tracked."""
+    """Records (output, inputs, vjp) for ops whose inputs are tracked. Its fields are slots:
+    the C dispatcher (py_dispatch.c) reads them at their offsets."""
 
-    # the tapes of enclosing value_and_grad calls (set on a nested value_and_grad's tape):
-    # an op of the inner function that reads an array one of them tracks is refused, since
-    # the inner backward pass is not itself differentiated (no higher-order derivatives)
-    outer: tuple = ()
+    __slots__ = ("nodes", "tracked", "keep", "outer")
 
     def __init__(self):
         self.nodes: list = []
         self.tracked: set = set()
         self.keep: list = []  # keeps tracked arrays alive so ids stay unique
+        # the tapes of enclosing value_and_grad calls (set on a nested value_and_grad's tape):
+        # an op of the inner function that reads an array one of them tracks is refused, since
+        # the inner backward pass is not itself differentiated (no higher-order derivatives)
+        self.outer: tuple = ()
 
     def track(self, a: Array):
         self.tracked.add(id(a))

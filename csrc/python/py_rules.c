@@ -1046,6 +1046,30 @@ static PyObject *py_constraint_setup(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The entries of _TARGETS found last, with their key's spec and rules: a call with the same
+ * rules object, a mesh that is the entry's and an equal spec (ls_same_spec) takes the entry
+ * without building and hashing the key, whose rules are a nest of tuples hashed anew at every
+ * lookup. _TARGETS is a cache of a function of its key, so an entry found once stays right
+ * after the dict drops it. The entries hold their mesh and target, as _TARGETS does. */
+enum { LC_MEMO = 8 };
+static struct { PyObject *logical, *rules, *entry; } lc_memo[LC_MEMO];
+static unsigned lc_memo_next;
+
+/* Whether the spec `a` equals the memo's `b` by identity of their items or equal strings (an
+ * equality that implies the dict's): 1 or 0. */
+static int ls_same_spec(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    const Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (PyTuple_GET_SIZE(b) != n) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *u = PyTuple_GET_ITEM(a, i), *v = PyTuple_GET_ITEM(b, i);
+        if (u != v && (!PyUnicode_CheckExact(u) || !PyUnicode_CheckExact(v) ||
+                       PyUnicode_Compare(u, v) != 0))
+            return 0;
+    }
+    return 1;
+}
+
 /* x when the hit path answers it (a new reference), the `miss` sentinel (borrowed, not a new
  * reference: compared by the caller) when the Python function must run, NULL on an error. */
 static PyObject *lc_hit(PyObject *x, PyObject *logical) {
@@ -1059,24 +1083,37 @@ static PyObject *lc_hit(PyObject *x, PyObject *logical) {
     if (!plain) return MISS;
     PyObject *rules = py_get_axis_rules(NULL, NULL);
     if (rules == NULL) return NULL;
-    PyObject *mesh = NULL, *mid = NULL, *key = NULL, *r = MISS;
+    PyObject *mesh = NULL, *mid = NULL, *key = NULL, *held = NULL, *r = MISS;
     if (!PyTuple_CheckExact(rules) || PyTuple_GET_SIZE(rules) == 0) goto out; /* (empty: Python) */
     mesh = ph_mesh();
     if (mesh == NULL) goto error;
-    mid = PyLong_FromVoidPtr(mesh);
-    key = mid != NULL ? PyTuple_Pack(4, logical, rules, lc_env[LC_DEFAULT_FALLBACK], mid) : NULL;
-    if (key == NULL) goto error;
-    PyObject *entry = PyDict_GetItemWithError(lc_env[LC_TARGETS], key);
+    PyObject *entry = NULL;
+    for (int i = 0; i < LC_MEMO && entry == NULL; i++)
+        if (lc_memo[i].rules == rules && PyTuple_GET_ITEM(lc_memo[i].entry, 0) == mesh &&
+            ls_same_spec(logical, lc_memo[i].logical))
+            entry = lc_memo[i].entry;
     if (entry == NULL) {
-        if (PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error;
-            PyErr_Clear(); /* (an unhashable spec: the Python function's long way) */
+        mid = PyLong_FromVoidPtr(mesh);
+        key = mid != NULL ? PyTuple_Pack(4, logical, rules, lc_env[LC_DEFAULT_FALLBACK], mid)
+                          : NULL;
+        if (key == NULL) goto error;
+        entry = PyDict_GetItemWithError(lc_env[LC_TARGETS], key);
+        if (entry == NULL) {
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_TypeError)) goto error;
+                PyErr_Clear(); /* (an unhashable spec: the Python function's long way) */
+            }
+            goto out;
         }
-        goto out;
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+            PyTuple_GET_ITEM(entry, 0) != mesh)
+            goto out;
+        const unsigned m = lc_memo_next++ % LC_MEMO;
+        Py_XSETREF(lc_memo[m].logical, Py_NewRef(logical));
+        Py_XSETREF(lc_memo[m].rules, Py_NewRef(rules));
+        Py_XSETREF(lc_memo[m].entry, Py_NewRef(entry));
     }
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 ||
-        PyTuple_GET_ITEM(entry, 0) != mesh)
-        goto out;
+    held = Py_NewRef(entry); /* (the memo's may be replaced by a call on another thread) */
     PyObject *target = PyTuple_GET_ITEM(entry, 1);
     if (target == Py_None) {
         r = Py_NewRef(x);
@@ -1121,6 +1158,7 @@ out:
     Py_XDECREF(mesh);
     Py_XDECREF(mid);
     Py_XDECREF(key);
+    Py_XDECREF(held);
     return r;
 }
 

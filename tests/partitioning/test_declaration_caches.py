@@ -521,6 +521,44 @@ def test_logical_constraint_hit_path_runs_in_c():
     assert wlc(b, ("batch", "hidden")) is b                          # no rules: unchanged
 
 
+def test_logical_constraint_memo_matches_spec_rules_and_mesh():
+    """The C hit path remembers the _TARGETS entries it found: an equal spec (a new tuple of
+    the same names) with the same rules and mesh takes the entry with no Python frame, even
+    once _TARGETS was cleared; other rules, another spec or another mesh are not answered by
+    it."""
+    import sys
+    wlc = nn_partitioning.with_sharding_constraint
+    two = len(cts.devices()) >= 2
+    m = _mesh((1, 2)) if two else _mesh()
+    a = _arr(m)
+    with m, nn_partitioning.axis_rules(RULES):
+        b = wlc(a, ("batch", "hidden"))
+        assert wlc(b, ("batch", "hidden")) is b
+        spmd._TARGETS.clear()
+        seen = []
+        sys.setprofile(lambda f, e, arg: seen.append(f.f_code.co_name) if e == "call" else None)
+        try:
+            spec = tuple(["batch", "".join(["hid", "den"])])   # equal, not the same objects
+            same = wlc(b, spec)
+        finally:
+            sys.setprofile(None)
+        assert same is b and seen == [], seen
+        assert not spmd._TARGETS                  # answered by the memo, not the dict
+        c = wlc(b, ("hidden", "batch"))           # another spec: its own target
+        assert c.sharding == NamedSharding(m, P("model", "data"))
+    other = (("batch", "model"), ("hidden", "data"))
+    with m, nn_partitioning.axis_rules(other):    # other rules: not the memo's entry
+        d = wlc(b, ("batch", "hidden"))
+        assert d.sharding == NamedSharding(m, P("model", "data"))
+    if two:   # another mesh (its devices in the other order): its own target, resharded
+        m2 = cts.Mesh(np.array(cts.devices()[1::-1], dtype=object).reshape(1, 2),
+                      ("data", "model"))
+        with m2, nn_partitioning.axis_rules(RULES):
+            e = wlc(b, ("batch", "hidden"))
+            assert e is not b and e.sharding == NamedSharding(m2, P("data", "model"))
+            np.testing.assert_array_equal(np.asarray(e), np.asarray(a))
+
+
 def test_c_memo_keeps_every_declaration_of_a_deep_model():
     """The memo finds each of 48 declarations' keys again on the next apply: none is built
     again nor swapped in (param_hit_stats). A direct-mapped memo of 64 slots, picked by the

@@ -210,17 +210,40 @@ static struct {
 } tls_slots[TLS_SLOTS];
 static int tls_next; /* the slot a new local takes when all are used */
 static PyTypeObject *thread_local_type; /* _thread._local */
-static PyObject *dict_name;
+static PyObject *dict_name, *notifies_name;
+
+/* A memo of the values read last (borrowed), for one thread at a time (the GIL's holder:
+ * another thread's read refills it): valid while no attribute of a local that notifies its
+ * writes has been set or deleted since, on any thread (`tls_version`, bumped by
+ * _C.tls_changed()), for the thread state that filled it (a thread state's id is never
+ * reused, where its address can be: a foreign thread's callbacks each get a new one). Only a
+ * local whose class declares `_ct_notifies_writes = True` (ctrainstate's
+ * base.threadlocal.NotifyingLocal: its instances' and its class's writes call tls_changed)
+ * and that holds a slot (held, so that no other object takes its address) is memoised; a
+ * slot given up bumps the version. A value so memoised is held by that thread's instance
+ * dict or the class until a write replaces it, and a thread's dict goes only with its
+ * thread state. */
+enum { TLS_MEMO_BITS = 6, TLS_MEMO = 1 << TLS_MEMO_BITS };
+static uint64_t tls_version = 1;
+static struct {
+    uint64_t tstate_id, version;
+    struct { PyObject *local, *name, *value; } e[TLS_MEMO];
+} tls_memo;
 
 /* This thread's instance dict of `local` (borrowed), NULL without an exception if unknown
- * or `local` is not a threading.local (checked where it holds no slot yet). */
-static PyObject *tls_dict(PyObject *local) {
+ * or `local` is not a threading.local (checked where it holds no slot yet). *held: whether
+ * `local` holds a slot. */
+static PyObject *tls_dict(PyObject *local, int *held) {
+    *held = 0;
     PyObject *ts = PyThreadState_GetDict(); /* (borrowed) */
     if (ts == NULL) return NULL;
     int slot = -1;
     for (int i = 0; i < TLS_SLOTS; i++)
         if (tls_slots[i].local == local) {
-            if (tls_slots[i].key == ts) return tls_slots[i].dict;
+            if (tls_slots[i].key == ts) {
+                *held = 1;
+                return tls_slots[i].dict;
+            }
             slot = i;
             break;
         }
@@ -235,23 +258,54 @@ static PyObject *tls_dict(PyObject *local) {
     if (slot < 0) {
         slot = tls_next;
         tls_next = (tls_next + 1) % TLS_SLOTS;
+        if (tls_slots[slot].local != NULL) tls_version++; /* (memos of the local given up) */
         Py_XSETREF(tls_slots[slot].local, Py_NewRef(local));
     }
     Py_XSETREF(tls_slots[slot].key, Py_NewRef(ts));
     Py_XSETREF(tls_slots[slot].dict, d);
+    *held = 1;
     return d;
 }
 
 PyObject *ct_py_tls_getattr(PyObject *local, PyObject *name) {
-    PyObject *d = tls_dict(local);
+    const uint64_t tid = PyThreadState_GetID(PyThreadState_Get());
+    if (tls_memo.tstate_id != tid || tls_memo.version != tls_version) {
+        memset(tls_memo.e, 0, sizeof tls_memo.e);
+        tls_memo.tstate_id = tid;
+        tls_memo.version = tls_version;
+    }
+    /* (a multiplicative hash of both addresses: their low bits are alignment) */
+    const size_t h = (size_t)((((uint64_t)(uintptr_t)local * 0x9E3779B97F4A7C15ull) ^
+                               (uint64_t)(uintptr_t)name) * 0xFF51AFD7ED558CCDull >>
+                              (64 - TLS_MEMO_BITS));
+    if (tls_memo.e[h].local == local && tls_memo.e[h].name == name)
+        return Py_NewRef(tls_memo.e[h].value);
+    int held;
+    PyObject *d = tls_dict(local, &held);
     if (d != NULL) {
         PyObject *v = PyDict_GetItemWithError(d, name);
-        if (v != NULL) return Py_NewRef(v);
-        if (PyErr_Occurred()) return NULL;
-        v = _PyType_Lookup(Py_TYPE(local), name); /* (borrowed: the class's attribute) */
-        if (v != NULL && Py_TYPE(v)->tp_descr_get == NULL) return Py_NewRef(v);
+        if (v == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            v = _PyType_Lookup(Py_TYPE(local), name); /* (borrowed: the class's attribute) */
+            if (v != NULL && Py_TYPE(v)->tp_descr_get != NULL) v = NULL;
+        }
+        if (v != NULL) {
+            if (held && _PyType_Lookup(Py_TYPE(local), notifies_name) == Py_True) {
+                tls_memo.e[h].local = local;
+                tls_memo.e[h].name = name;
+                tls_memo.e[h].value = v;
+            }
+            return Py_NewRef(v);
+        }
     }
     return PyObject_GetAttr(local, name);
+}
+
+static PyObject *py_tls_changed(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    tls_version++;
+    Py_RETURN_NONE;
 }
 
 /* The tape recording on this thread: ctrainstate._ops._tape(), the last entry of
@@ -5103,6 +5157,11 @@ static PyMethodDef dispatch_methods[] = {
      "                        bitwise_and, bitwise_or, bitwise_xor, invert, /)\n--\n\n"
      "Register the primitives behind the Array's < <= == != > >= (each called with the Array\n"
      "and the other operand), & | ^ (the operands in order) and ~."},
+    {"tls_changed", py_tls_changed, METH_NOARGS,
+     "tls_changed()\n--\n\n"
+     "Tell the C readers of the package's thread-locals that an attribute of one was set or\n"
+     "deleted (on any thread, or on its class): their per-thread memo of the values read is\n"
+     "dropped. base.threadlocal.NotifyingLocal calls it on every write."},
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
      "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
      "                  multiply, divide, negative, matmul, /)\n--\n\n"
@@ -5170,7 +5229,8 @@ int ct_py_init_dispatch(PyObject *m) {
     norm_name = PyUnicode_InternFromString("_norm");
     delete_name = PyUnicode_InternFromString("delete");
     dict_name = PyUnicode_InternFromString("__dict__");
-    if (delete_name == NULL || dict_name == NULL) return -1;
+    notifies_name = PyUnicode_InternFromString("_ct_notifies_writes");
+    if (delete_name == NULL || dict_name == NULL || notifies_name == NULL) return -1;
     PyObject *thread_mod = PyImport_ImportModule("_thread");
     thread_local_type = thread_mod != NULL
         ? (PyTypeObject *)PyObject_GetAttrString(thread_mod, "_local") : NULL;

@@ -244,7 +244,7 @@ SIGS = {
     "ModuleInit": ["any", "any", "int", "any", "any", "any", "any", "any"],
     "module_release": ["any"],
     "VjpProgram": ["any", "any", "any", "int"],
-    "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [],
+    "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [], "tls_changed": [],
     "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],
     "trace_node": ["str", "any", "arrays"], "flatten_spec": ["any", "any"],
     "unflatten_spec": ["any", "arrays"],

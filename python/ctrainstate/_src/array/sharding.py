@@ -6,7 +6,6 @@ import math
 
 import collections
 import itertools
-import threading
 from typing import Any, Mapping
 
 import numpy as np
@@ -15,6 +14,7 @@ from ... import _C
 from ..base import dtypes as _dtypes
 from ..base.devices import Device, local_devices as _local_devices, _process
 from ..base.trace_state import in_jit
+from ..base.threadlocal import NotifyingLocal
 
 __all__ = [
     "Mesh",
@@ -115,7 +115,7 @@ P = PartitionSpec
 _UNSET = object()
 
 
-class _MeshLocal(threading.local):
+class _MeshLocal(NotifyingLocal):
     """This thread's mesh state: ``stack``, the ``with mesh:`` blocks as ``(mesh, tick)``
     (None until the first), and ``set``, the ``set_mesh`` value and its tick. The class
     attributes are what a thread that never set them reads: without them a read on such a

@@ -139,7 +139,8 @@ def _entered(context):
 
 def _put_mesh_set(sharding, mset):
     if mset is None:
-        sharding._mesh_tls.__dict__.pop("set", None)
+        if "set" in sharding._mesh_tls.__dict__:   # (deleted as an attribute: see threadlocal)
+            del sharding._mesh_tls.set
     else:
         sharding._mesh_tls.set = mset
 

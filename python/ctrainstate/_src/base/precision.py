@@ -66,9 +66,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import threading
 
 from ... import _C
+from .threadlocal import NotifyingLocal
 
 __all__ = ["Precision", "default_matmul_precision", "resolve_precision"]
 
@@ -124,7 +124,7 @@ _ACCEPTED = ("None, ctrainstate.lax.Precision.DEFAULT / HIGH / HIGHEST, one of t
              + ", ".join(repr(s) for s in _STRING_MODE)
              + ", or a pair (lhs, rhs) of these that give the same mode")
 
-class _PrecisionLocal(threading.local):
+class _PrecisionLocal(NotifyingLocal):
     """This thread's ``default`` mode code (None: follow the process default ``process``, a
     class attribute, set by :func:`set_process_default`). Both are attributes so that the C
     dispatcher (py_dispatch.c) reads the effective mode without running Python."""
@@ -216,7 +216,8 @@ def default_mode(code: int):
         yield
     finally:
         if prev is None:
-            _tls.__dict__.pop("default", None)
+            if "default" in _tls.__dict__:   # (deleted as an attribute: see threadlocal)
+                del _tls.default
         else:
             _tls.default = prev
 

@@ -9,10 +9,11 @@ function it runs; other modules ask :func:`in_jit`.
 from __future__ import annotations
 
 import contextlib
-import threading
+
+from .threadlocal import NotifyingLocal
 
 
-class _DepthLocal(threading.local):
+class _DepthLocal(NotifyingLocal):
     """One thread's depth; the class attribute is what a thread that never entered reads
     (a plain read, where a missing attribute would raise and catch an AttributeError)."""
 

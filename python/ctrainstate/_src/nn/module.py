@@ -10,7 +10,6 @@ import functools
 import hashlib
 import inspect
 import operator
-import threading
 import types
 from typing import Any, Callable, Iterable
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from ... import _C
 from ... import random as _random
+from ..base.threadlocal import NotifyingLocal
 from ..array.array import Array, device_put
 from ..array.sharding import NamedSharding, get_mesh
 from . import meta
@@ -118,7 +118,7 @@ def _new_child_scope(scope: ModuleScope, name: str) -> ModuleScope:
 
 # --- binding state ----------------------------------------------------------------------------
 
-class _Context(threading.local):
+class _Context(NotifyingLocal):
     """This thread's module state: ``stack``, the frames of the module methods running
     (innermost last), made for each thread when it first looks; ``recorders`` and
     ``capture`` (below) are set when first used, None before (the class attributes: a

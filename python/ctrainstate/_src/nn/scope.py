@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import functools
-import threading
 import types
 from typing import Any, Callable, Iterable
 
@@ -13,6 +12,7 @@ from numpy import dtype as _np_dtype
 from . import meta
 from ..array.abstract import abstract_mode
 from ..base.tree_util import tree_leaves
+from ..base.threadlocal import NotifyingLocal
 
 __all__ = ['Scope', 'Variable', 'current_scope', 'ScopeVariableNotFoundError', 'NameInUseError',
            'ScopeParamShapeError',
@@ -304,7 +304,7 @@ def _expected_shapes_cached(init_fn, init_args, init_kwargs):
 _SHAPES_BY_ID: dict = {}
 
 
-class _ScopeLocal(threading.local):
+class _ScopeLocal(NotifyingLocal):
     """This thread's ``scopes`` (entered with ``with scope:``, innermost last; None before
     the first) and ``writes`` (variable writes so far, for nn.remat). The class attributes
     are what a thread that never set them reads, without an AttributeError raised and

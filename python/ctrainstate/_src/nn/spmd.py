@@ -14,6 +14,7 @@ import numpy as np
 
 from ... import _C
 from ..base import tree_util
+from ..base.threadlocal import NotifyingLocal
 from ..array.sharding import (NamedSharding, PartitionSpec, _replicate_uneven, _uneven_dims)  # noqa: F401
 from . import meta
 from ..ops.ops import with_sharding, _put
@@ -47,7 +48,7 @@ _unassigned_axis = _UnassignedAxis()
 
 # --- rules context -----------------------------------------------------------
 
-class _StrictState(threading.local):
+class _StrictState(NotifyingLocal):
     """This thread's strict rules: the rules object an ``axis_rules(..., strict=True)``
     installed (strict while it is the active rules object), and the path of the variable
     being declared, for the error."""

@@ -73,7 +73,9 @@ def _checkpointed(method, name: str, static_argnums, lifted_fn: bool = False):
         def before_rerun():
             # the module tree and RNG counters as at the first run: the same names, the
             # same dropout keys
-            mstack, sstack = _module._module_stack(), _scope._stack.__dict__.setdefault("scopes", [])
+            mstack, sstack = _module._module_stack(), _scope._stack.__dict__.get("scopes")
+            if sstack is None:   # (set as an attribute: the C readers' memo hears of it)
+                sstack = _scope._stack.scopes = []
             token = (list(mstack), list(sstack), _rng_counters(self._scope),
                      _compact_state(self) if lifted_fn else None)
             mstack[:] = frames

@@ -739,7 +739,8 @@ def pmap(fun: Callable | None = None, axis_name=None, *, in_axes=0, out_axes=0,
         def body(i):
             try:
                 _C.set_axis_rules(rules)
-                _precision._tls.__dict__.update(prec)
+                for k, v in prec.items():   # (as attributes: see base.threadlocal)
+                    setattr(_precision._tls, k, v)
                 _tls.axes = {group.name: (group, i)}
                 group.start(i)
                 with meshes[i]:

@@ -35,13 +35,13 @@ import builtins
 import math
 import operator
 import contextlib
-import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ... import _C
 from ..base import dtypes as _dtypes
+from ..base.threadlocal import NotifyingLocal
 from ..base.devices import Device
 from ..base import precision as _precision
 from ..base.precision import F32 as _precision_F32, resolve_precision as _resolve_precision
@@ -136,7 +136,7 @@ class _Tape:
         self.keep.append(a)
 
 
-class _TapeLocal(threading.local):
+class _TapeLocal(NotifyingLocal):
     """This thread's stack of tapes (``tapes``: None until a differentiated call opens one).
     The class attribute makes ``_tls.tapes`` None on a thread that never set it, so the C
     dispatcher (py_dispatch.c) reads it without raising AttributeError."""

@@ -1,0 +1,43 @@
+"""Thread-locals whose values the C code reads on the hot path (the tape stack, the module
+and mesh contexts, the matmul precision, the jit depth, strict rules).
+
+``_C`` keeps, per thread, a memo of the values it read from such a local (py_dispatch.c,
+``ct_py_tls_getattr``); every write to one (an instance attribute set or deleted on any
+thread, or a class attribute, which is what a thread that never set it reads) calls
+``_C.tls_changed()``, which drops the memos. Values are stored by attribute assignment only:
+mutating a stored list in place needs no notice (the memo holds the same list).
+"""
+from __future__ import annotations
+
+import threading
+
+from ... import _C
+
+_changed = _C.tls_changed
+
+
+class _NotifyingType(type):
+    """The metaclass: a class attribute set or deleted (a default of every thread) notifies."""
+
+    def __setattr__(cls, name, value):
+        type.__setattr__(cls, name, value)
+        _changed()
+
+    def __delattr__(cls, name):
+        type.__delattr__(cls, name)
+        _changed()
+
+
+class NotifyingLocal(threading.local, metaclass=_NotifyingType):
+    """A ``threading.local`` whose writes notify the C readers (see the module's docstring).
+    Subclasses declare their defaults as class attributes."""
+
+    _ct_notifies_writes = True   # (what the C code checks before it memoises a value)
+
+    def __setattr__(self, name, value):
+        threading.local.__setattr__(self, name, value)
+        _changed()
+
+    def __delattr__(self, name):
+        threading.local.__delattr__(self, name)
+        _changed()

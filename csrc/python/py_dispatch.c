@@ -119,7 +119,7 @@ static PyObject *prec_tls;                 /* ctrainstate._precision._tls */
 static PyObject *default_name, *process_name, *mesh_name, *norm_name;
 static PyObject *named_sharding_type;      /* ctrainstate.sharding.NamedSharding */
 static PyObject *tape_type;                /* ctrainstate._ops._Tape */
-static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name, *nodes_name;
+static PyObject *tapes_name, *outer_name, *tracked_name, *keep_name;
 static PyTypeObject *node_vjp_type;
 #define NSLOT 6
 static PyObject *slot_prims[NSLOT];        /* add, subtract, multiply, divide, negative, matmul */
@@ -5160,8 +5160,8 @@ static PyMethodDef dispatch_methods[] = {
     {"tls_changed", py_tls_changed, METH_NOARGS,
      "tls_changed()\n--\n\n"
      "Tell the C readers of the package's thread-locals that an attribute of one was set or\n"
-     "deleted (on any thread, or on its class): their per-thread memo of the values read is\n"
-     "dropped. base.threadlocal.NotifyingLocal calls it on every write."},
+     "deleted (on any thread, or on its class): their memo of the values read is dropped.\n"
+     "base.threadlocal.NotifyingLocal calls it on every write."},
     {"dispatch_register", (PyCFunction)(void (*)(void))py_dispatch_register, METH_FASTCALL,
      "dispatch_register(tls, tape_type, precision_tls, named_sharding, add, subtract,\n"
      "                  multiply, divide, negative, matmul, /)\n--\n\n"
@@ -5222,7 +5222,6 @@ int ct_py_init_dispatch(PyObject *m) {
     outer_name = PyUnicode_InternFromString("outer");
     tracked_name = PyUnicode_InternFromString("tracked");
     keep_name = PyUnicode_InternFromString("keep");
-    nodes_name = PyUnicode_InternFromString("nodes");
     default_name = PyUnicode_InternFromString("default");
     process_name = PyUnicode_InternFromString("process");
     mesh_name = PyUnicode_InternFromString("mesh");
@@ -5242,7 +5241,7 @@ int ct_py_init_dispatch(PyObject *m) {
     }
     traceback_mod = PyImport_ImportModule("traceback");
     if (traceback_mod == NULL) return -1;
-    if (!tapes_name || !outer_name || !tracked_name || !keep_name || !nodes_name ||
+    if (!tapes_name || !outer_name || !tracked_name || !keep_name ||
         !default_name || !process_name || !mesh_name || !norm_name)
         return -1;
     PyObject *pgt = PyType_FromSpec(&program_spec);

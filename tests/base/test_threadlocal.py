@@ -1,6 +1,6 @@
 """The package's thread-locals read by the C code (base.threadlocal.NotifyingLocal): the C
-readers keep a per-thread memo of the values, which every attribute write drops, on any
-thread and on the class. Checked through a C reader: the float32 matmul's C path, which
+readers keep a memo of the values the current thread read, which every attribute write
+drops, on any thread and on the class. Checked through a C reader: the float32 matmul's C path, which
 reads the thread's precision `default` and the process's `process` (base.precision)."""
 import threading
 

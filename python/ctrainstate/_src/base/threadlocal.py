@@ -1,11 +1,12 @@
 """Thread-locals whose values the C code reads on the hot path (the tape stack, the module
 and mesh contexts, the matmul precision, the jit depth, strict rules).
 
-``_C`` keeps, per thread, a memo of the values it read from such a local (py_dispatch.c,
-``ct_py_tls_getattr``); every write to one (an instance attribute set or deleted on any
-thread, or a class attribute, which is what a thread that never set it reads) calls
-``_C.tls_changed()``, which drops the memos. Values are stored by attribute assignment only:
-mutating a stored list in place needs no notice (the memo holds the same list).
+``_C`` keeps a memo of the values the current thread read from such locals (py_dispatch.c,
+``ct_py_tls_getattr``; another thread's read starts it afresh); every write to one (an
+instance attribute set or deleted on any thread, or a class attribute, which is what a
+thread that never set it reads) calls ``_C.tls_changed()``, which drops the memo. So values
+are stored by attribute assignment only, never through the local's ``__dict__``; mutating a
+stored list in place needs no notice (the memo holds the same list).
 """
 from __future__ import annotations
 

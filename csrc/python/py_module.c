@@ -41,6 +41,9 @@
  *
  * copy_tree(tree): the copy of the caller's variables that apply and bind make.
  *
+ * ModuleBase: nn.Module's base class, a module's own state (scope, parent, setup flags, the
+ * names of its submodules, its children) in C fields read here at fixed offsets.
+ *
  * module_release(holder): the end of an apply. A bound module tree is a cycle (parents hold
  * their children in `_children`, children their parent in `_parent`), so each apply left its
  * modules, scopes and their dicts to the cycle collector, whose collections then ran every
@@ -70,6 +73,90 @@ static const char *const ms_name_text[S_COUNT] = {MS_NAMES(MS_STR)};
 static PyObject *ms_str[S_COUNT];
 #define S(n) ms_str[S_##n]
 
+/* --- ModuleBase: a module's own state in C fields -------------------------------------------
+ * nn.Module's base class. What nn.module keeps for each module besides its fields (its scope,
+ * parent, setup flags, the names of its submodules and declarations, its children) lives in
+ * these fields instead of the instance __dict__, read and written as attributes `_scope`,
+ * `_parent`, ... (member descriptors: a field never set reads as None) and here at fixed
+ * offsets: a module made at every apply then stores only its dataclass fields in its dict. */
+enum { MB_SCOPE, MB_PARENT, MB_SETUP_DONE, MB_IN_SETUP, MB_AUTO_COUNTS, MB_CALL_NAMES,
+       MB_FIELD_NAMES, MB_SETUP_NAMES, MB_SETUP_RESERVED, MB_FIELDS_ADOPTED, MB_CHILDREN, MB_N };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *st[MB_N];
+} mb_object;
+
+/* A module's state field i (borrowed; NULL where never set). `o` is an nn.Module. */
+#define MB(o, i) (((mb_object *)(o))->st[i])
+
+/* Field i of `o`, or `dflt` where never set (borrowed). */
+static inline PyObject *mb_get(PyObject *o, int i, PyObject *dflt) {
+    PyObject *v = MB(o, i);
+    return v != NULL ? v : dflt;
+}
+
+/* Field i of `o` = v (a new reference taken; the old one released). */
+static inline void mb_set(PyObject *o, int i, PyObject *v) {
+    Py_XSETREF(MB(o, i), Py_NewRef(v));
+}
+
+static int mb_traverse(PyObject *o, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(o));
+    for (int i = 0; i < MB_N; i++) Py_VISIT(MB(o, i));
+    return 0;
+}
+
+static int mb_clear(PyObject *o) {
+    for (int i = 0; i < MB_N; i++) Py_CLEAR(MB(o, i));
+    return 0;
+}
+
+static void mb_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    mb_clear(o);
+    tp->tp_free(o);
+    Py_DECREF(tp);
+}
+
+#define MB_MEMBER(name, i, doc) \
+    {name, T_OBJECT, offsetof(mb_object, st) + (i) * sizeof(PyObject *), 0, doc}
+static PyMemberDef mb_members[] = {
+    MB_MEMBER("_scope", MB_SCOPE, "the scope of a bound module (None: unbound)"),
+    MB_MEMBER("_parent", MB_PARENT, "the module this one is a submodule of"),
+    MB_MEMBER("_setup_done", MB_SETUP_DONE, "whether setup() ran"),
+    MB_MEMBER("_in_setup", MB_IN_SETUP, "whether setup() runs now"),
+    MB_MEMBER("_auto_counts", MB_AUTO_COUNTS, "class name -> submodules auto-named so far"),
+    MB_MEMBER("_call_names", MB_CALL_NAMES, "names of submodules taken in this call"),
+    MB_MEMBER("_field_names", MB_FIELD_NAMES, "names of the submodules held by fields"),
+    MB_MEMBER("_setup_names", MB_SETUP_NAMES, "names of the submodules setup() defined"),
+    MB_MEMBER("_setup_reserved", MB_SETUP_RESERVED, "setup()'s variable reservations"),
+    MB_MEMBER("_fields_adopted", MB_FIELDS_ADOPTED, "whether the fields' modules are bound"),
+    MB_MEMBER("_children", MB_CHILDREN, "name -> bound submodule"),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot mb_slots[] = {
+    {Py_tp_dealloc, mb_dealloc},
+    {Py_tp_traverse, mb_traverse},
+    {Py_tp_clear, mb_clear},
+    {Py_tp_members, mb_members},
+    {Py_tp_doc, "The base class of nn.Module: a module's own state (its scope, parent, setup "
+                "flags, submodule names and children) in C fields, read and written as the "
+                "attributes _scope, _parent, ...; a field never set reads as None."},
+    {0, NULL},
+};
+
+static PyType_Spec mb_spec = {
+    .name = "ctrainstate._C.ModuleBase",
+    .basicsize = sizeof(mb_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .slots = mb_slots,
+};
+
+static PyTypeObject *mb_type;
+
 static PyObject *py_module_setup(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *env[MS_N];
@@ -79,6 +166,9 @@ static PyObject *py_module_setup(PyObject *self, PyObject *args) {
                           &env[MS_TRY_SETUP], &env[MS_PLAIN_INFO], &env[MS_CALL_SLOW],
                           &env[MS_BIND_SLOW], &env[MS_ADOPT_TAIL]))
         return NULL;
+    if (mb_type == NULL || !PyType_IsSubtype((PyTypeObject *)env[MS_MODULE], mb_type))
+        return PyErr_Format(PyExc_TypeError, "module_setup: the module type must subclass "
+                            "ModuleBase");
     if (!PyType_IsSubtype((PyTypeObject *)env[MS_FRAME], &PyTuple_Type))
         return PyErr_Format(PyExc_TypeError, "module_setup: the frame type must subclass tuple");
     for (int i = 0; i < S_COUNT; i++)
@@ -130,11 +220,11 @@ static PyObject *ms_get(PyObject *d, PyObject *key) {
     return v;
 }
 
-/* d[key] (borrowed) where it is an object of exactly type `type` that nothing but `d` holds,
- * so that emptying and refilling it in place is what storing a new one there would be, as
- * nobody else can see the difference; else NULL (no exception). */
-static PyObject *ms_own(PyObject *d, PyObject *key, PyTypeObject *type) {
-    PyObject *v = ms_get(d, key);
+/* State field i of module `o` (borrowed) where it is an object of exactly type `type` that
+ * nothing but `o` holds, so that emptying and refilling it in place is what storing a new one
+ * there would be, as nobody else can see the difference; else NULL (no exception). */
+static PyObject *mb_own(PyObject *o, int i, PyTypeObject *type) {
+    PyObject *v = MB(o, i);
     return v != NULL && Py_IS_TYPE(v, type) && Py_REFCNT(v) == 1 ? v : NULL;
 }
 
@@ -313,13 +403,13 @@ static int ms_plain_fields(PyObject *obj, PyObject *d) {
 
 /* The fields of a module marked adopted (what _adopt_fields does where ms_plain_fields
  * holds): 0, or -1 with an exception. */
-static int ms_mark_adopted(PyObject *d) {
+static int ms_mark_adopted(PyObject *obj) {
     PyObject *empty = PyTuple_New(0);
     if (empty == NULL) return -1;
-    const int rc = PyDict_SetItem(d, S(_fields_adopted), Py_True) < 0 ||
-                   PyDict_SetItem(d, S(_field_names), empty) < 0;
+    mb_set(obj, MB_FIELDS_ADOPTED, Py_True);
+    mb_set(obj, MB_FIELD_NAMES, empty);
     Py_DECREF(empty);
-    return rc ? -1 : 0;
+    return 0;
 }
 
 /* The common case of a method call up to fn's call: its conditions checked, then the
@@ -332,15 +422,15 @@ static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
     int status = -1;
     PyObject *d = ms_dict(self);
     if (d == NULL) goto slow;
-    PyObject *sc = ms_get(d, S(_scope));
-    PyObject *done = ms_get(d, S(_setup_done));
+    PyObject *sc = MB(self, MB_SCOPE);
+    PyObject *done = MB(self, MB_SETUP_DONE);
     if (sc == NULL || sc == Py_None || done == NULL) goto slow;
     scope = Py_NewRef(sc);   /* (held: its attributes are read below) */
     int adopt = 0;
     if (done != Py_True) {
         /* _try_setup where there is nothing to set up: fields adopted (or holding no module),
          * no setup() of the class's own or in the instance */
-        PyObject *adopted = ms_get(d, S(_fields_adopted));
+        PyObject *adopted = MB(self, MB_FIELDS_ADOPTED);
         if (done != Py_False || adopted == NULL ||
             ms_class_attr(self, S(setup)) != ms_env[MS_SETUP] || ms_get(d, S(setup)) != NULL ||
             ms_class_attr(self, S(_try_setup)) != ms_env[MS_TRY_SETUP])
@@ -375,52 +465,52 @@ static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
     }
     PyObject *field_names = NULL, *setup_names = NULL, *setup_reserved = NULL;
     if (fresh) {
-        field_names = ms_get(d, S(_field_names));
-        setup_names = ms_get(d, S(_setup_names));
-        setup_reserved = ms_get(d, S(_setup_reserved));
+        field_names = MB(self, MB_FIELD_NAMES);
+        setup_names = MB(self, MB_SETUP_NAMES);
+        setup_reserved = MB(self, MB_SETUP_RESERVED);
         if (field_names == NULL || setup_names == NULL || setup_reserved == NULL ||
             !PyTuple_CheckExact(field_names) || !PySet_CheckExact(setup_names) ||
             !PySet_CheckExact(setup_reserved))
             goto slow;
     }
     /* every condition holds: the state changes from here */
-    if (adopt && ms_mark_adopted(d) < 0) goto error;
+    if (adopt && ms_mark_adopted(self) < 0) goto error;
     if (done != Py_True) {
-        /* d["_setup_reserved"] = set(reserved) */
-        if (PyDict_SetItem(d, S(_setup_done), Py_True) < 0) goto error;
-        PyObject *r = ms_own(d, S(_setup_reserved), &PySet_Type);
+        /* self._setup_reserved = set(reserved) */
+        mb_set(self, MB_SETUP_DONE, Py_True);
+        PyObject *r = mb_own(self, MB_SETUP_RESERVED, &PySet_Type);
         int rc;
         if (r != NULL) {
             rc = (PySet_GET_SIZE(r) > 0 && PySet_Clear(r) < 0) || _PySet_Update(r, reserved) < 0;
         } else {
             r = PySet_New(reserved);
-            rc = r == NULL || PyDict_SetItem(d, S(_setup_reserved), r) < 0;
-            Py_XDECREF(r);
+            rc = r == NULL;
+            if (!rc) Py_XSETREF(MB(self, MB_SETUP_RESERVED), r);
         }
         if (rc) goto error;
-        if (fresh) setup_reserved = ms_get(d, S(_setup_reserved));
+        if (fresh) setup_reserved = MB(self, MB_SETUP_RESERVED);
     }
     if (fresh) {
         /* a new call of this module: auto names restart, its names may be declared again:
-         * d["_auto_counts"] = {}, d["_call_names"] = set(field_names) | setup_names */
-        PyObject *counts = ms_own(d, S(_auto_counts), &PyDict_Type);
+         * self._auto_counts = {}, self._call_names = set(field_names) | setup_names */
+        PyObject *counts = mb_own(self, MB_AUTO_COUNTS, &PyDict_Type);
         int rc = 0;
         if (counts != NULL) {
             PyDict_Clear(counts);
         } else {
             counts = PyDict_New();
-            rc = counts == NULL || PyDict_SetItem(d, S(_auto_counts), counts) < 0;
-            Py_XDECREF(counts);
+            rc = counts == NULL;
+            if (!rc) Py_XSETREF(MB(self, MB_AUTO_COUNTS), counts);
         }
-        PyObject *names = rc ? NULL : ms_own(d, S(_call_names), &PySet_Type);
+        PyObject *names = rc ? NULL : mb_own(self, MB_CALL_NAMES, &PySet_Type);
         if (rc) {
         } else if (names != NULL) {
             rc = (PySet_GET_SIZE(names) > 0 && PySet_Clear(names) < 0) ||
                  (PyTuple_GET_SIZE(field_names) > 0 && _PySet_Update(names, field_names) < 0);
         } else {
             names = PySet_New(field_names);
-            rc = names == NULL || PyDict_SetItem(d, S(_call_names), names) < 0;
-            Py_XDECREF(names);   /* (d holds it) */
+            rc = names == NULL;
+            if (!rc) Py_XSETREF(MB(self, MB_CALL_NAMES), names);   /* (self holds it) */
         }
         if (!rc && PySet_GET_SIZE(setup_names) > 0)
             rc = _PySet_Update(names, setup_names) < 0;
@@ -765,12 +855,12 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
     PyObject *pd = ms_dict(parent), *cd = ms_dict(child);
     if (pd == NULL || cd == NULL || ms_class_attr(parent, S(_attach)) != ms_env[MS_ATTACH])
         goto slow;
-    PyObject *pscope = ms_get(pd, S(_scope)), *call_names = ms_get(pd, S(_call_names));
-    PyObject *counts = ms_get(pd, S(_auto_counts)), *pkids = ms_get(pd, S(_children));
-    PyObject *given = ms_get(cd, S(name)), *adopted = ms_get(cd, S(_fields_adopted));
+    PyObject *pscope = MB(parent, MB_SCOPE), *call_names = MB(parent, MB_CALL_NAMES);
+    PyObject *counts = MB(parent, MB_AUTO_COUNTS), *pkids = MB(parent, MB_CHILDREN);
+    PyObject *given = ms_get(cd, S(name)), *adopted = MB(child, MB_FIELDS_ADOPTED);
     if (pscope == NULL || (PyObject *)Py_TYPE(pscope) != ms_env[MS_SCOPE] || call_names == NULL ||
         !PySet_CheckExact(call_names) || counts == NULL || !PyDict_CheckExact(counts) ||
-        pkids == NULL || !PyDict_CheckExact(pkids) || ms_get(pd, S(_in_setup)) != Py_False ||
+        pkids == NULL || !PyDict_CheckExact(pkids) || MB(parent, MB_IN_SETUP) != Py_False ||
         given == NULL || adopted == NULL)
         goto slow;
     Py_ssize_t auto_n = -1;
@@ -815,9 +905,8 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
         Py_XDECREF(next);
         if (rc) goto error;
     }
-    if (PySet_Add(call_names, name) < 0 || PyDict_SetItem(cd, S(name), name) < 0 ||
-        PyDict_SetItem(cd, S(_parent), parent) < 0)
-        goto error;
+    if (PySet_Add(call_names, name) < 0 || PyDict_SetItem(cd, S(name), name) < 0) goto error;
+    mb_set(child, MB_PARENT, parent);
     int fresh_scope = 0;
     scope = PyDict_GetItemWithError(pchildren, name);
     if (scope != NULL) {
@@ -840,12 +929,12 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
         Py_DECREF(sres);
         if (rc < 0) goto error;
     }
-    if (PyDict_SetItem(cd, S(_scope), scope) < 0 || PyDict_SetItem(pkids, name, child) < 0)
-        goto error;
+    mb_set(child, MB_SCOPE, scope);
+    if (PyDict_SetItem(pkids, name, child) < 0) goto error;
     if (adopted == Py_True) {
         result = Py_NewRef(Py_None);
     } else if (plain_fields) {
-        if (ms_mark_adopted(cd) < 0) goto error;
+        if (ms_mark_adopted(child) < 0) goto error;
         result = Py_NewRef(Py_None);
     } else {
         result = PyObject_CallOneArg(ms_env[MS_ADOPT_TAIL], child);
@@ -928,7 +1017,7 @@ static PyObject *py_copy_tree(PyObject *mod, PyObject *tree) {
 }
 
 /* Module.__post_init__'s work for `self`, an nn.Module whose __dict__ `d` holds its fields:
- * its own state (the same entries, in the same order), the name check, and the attach
+ * its own state (its ModuleBase fields, set as __post_init__ sets them), the name check, the attach
  * (module_bind_new) where a module method runs. None, or NULL with an exception. */
 static PyObject *ms_post_init(PyObject *self, PyObject *d) {
     PyObject *v[9] = {PyDict_New(), PySet_New(NULL), PyTuple_New(0), PySet_New(NULL),
@@ -938,17 +1027,9 @@ static PyObject *ms_post_init(PyObject *self, PyObject *d) {
         if (v[i] == NULL) goto out;
     /* _scope, _parent, _setup_done, _in_setup, _auto_counts, _call_names, _field_names,
      * _setup_names, _setup_reserved, _fields_adopted, _children: Module.__post_init__'s */
-    if (PyDict_SetItem(d, S(_scope), Py_None) < 0 || PyDict_SetItem(d, S(_parent), Py_None) < 0 ||
-        PyDict_SetItem(d, S(_setup_done), Py_False) < 0 ||
-        PyDict_SetItem(d, S(_in_setup), Py_False) < 0 ||
-        PyDict_SetItem(d, S(_auto_counts), v[0]) < 0 ||
-        PyDict_SetItem(d, S(_call_names), v[1]) < 0 ||
-        PyDict_SetItem(d, S(_field_names), v[2]) < 0 ||
-        PyDict_SetItem(d, S(_setup_names), v[3]) < 0 ||
-        PyDict_SetItem(d, S(_setup_reserved), v[4]) < 0 ||
-        PyDict_SetItem(d, S(_fields_adopted), Py_False) < 0 ||
-        PyDict_SetItem(d, S(_children), v[5]) < 0)
-        goto out;
+    PyObject *const init[MB_N] = {Py_None, Py_None, Py_False, Py_False, v[0], v[1], v[2],
+                                  v[3], v[4], Py_False, v[5]};
+    for (int i = 0; i < MB_N; i++) mb_set(self, i, init[i]);
     PyObject *name = ms_get(d, S(name));
     if (name == NULL) {
         if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, S(name));
@@ -1069,8 +1150,8 @@ static PyObject *mi_vectorcall(PyObject *callable, PyObject *const *args, size_t
         result = mi_call_slow(m, args, nargsf, kwnames);
         goto done;
     }
-    /* the fields and the post-init state: 12 entries besides the fields */
-    d = ms_combined_dict(self, d, PyTuple_GET_SIZE(m->stores) + 12);
+    /* the fields (the post-init state is in the ModuleBase fields) */
+    d = ms_combined_dict(self, d, PyTuple_GET_SIZE(m->stores) + 1);
     if (d == NULL) goto done;
     /* the arguments bind: the fields are stored, in field order */
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(m->stores); i++) {
@@ -1271,14 +1352,12 @@ static PyType_Spec mi_spec = {
 /* 1 when every module of the tree under `m` is referenced by the tree only, 0 when not. */
 static int ms_tree_private(PyObject *m, int depth) {
     if (depth > MS_RELEASE_DEPTH) return 0;
-    PyObject *d = ms_dict(m);
-    PyObject *kids = d != NULL ? ms_get(d, S(_children)) : NULL;
+    PyObject *kids = MB(m, MB_CHILDREN);
     if (kids == NULL || !PyDict_CheckExact(kids)) return 0;
     Py_ssize_t internal = 1, pos = 0;
     PyObject *k, *c;
     while (PyDict_Next(kids, &pos, &k, &c)) {
-        PyObject *cd = ms_dict(c);
-        if (cd == NULL || ms_get(cd, S(_parent)) != m) return 0;
+        if (!PyObject_TypeCheck(c, mb_type) || MB(c, MB_PARENT) != m) return 0;
         internal++;
     }
     if (Py_REFCNT(m) != internal) return 0;
@@ -1290,12 +1369,12 @@ static int ms_tree_private(PyObject *m, int depth) {
 
 /* Set `_parent` = None in every module of the tree under `m` but `m`. */
 static int ms_cut_parents(PyObject *m) {
-    PyObject *kids = ms_get(ms_dict(m), S(_children));
+    PyObject *kids = MB(m, MB_CHILDREN);
     Py_ssize_t pos = 0;
     PyObject *k, *c;
     while (PyDict_Next(kids, &pos, &k, &c)) {
         if (ms_cut_parents(c) < 0) return -1;
-        if (PyDict_SetItem(ms_dict(c), S(_parent), Py_None) < 0) return -1;
+        mb_set(c, MB_PARENT, Py_None);
     }
     return 0;
 }
@@ -1408,7 +1487,13 @@ PyObject *ct_py_module_apply(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (vals[got] == NULL) goto error;
     }
     bound = PyObject_Vectorcall((PyObject *)cls, vals, 0, nf > 0 ? names : NULL);
-    if (bound == NULL || PyObject_GenericSetAttr(bound, S(_scope), scope) < 0) goto error;
+    if (bound == NULL) goto error;
+    if (!PyObject_TypeCheck(bound, mb_type)) {
+        PyErr_Format(PyExc_TypeError, "%.100s() made a %.100s, not an nn.Module", cls->tp_name,
+                     Py_TYPE(bound)->tp_name);
+        goto error;
+    }
+    mb_set(bound, MB_SCOPE, scope);
     fn = PyObject_GetAttr((PyObject *)Py_TYPE(bound), S(__call__));
     if (fn == NULL || PyList_Append(cap, Py_None) < 0) goto error;
     if (PyList_Append(scopes, scope) < 0) {
@@ -1496,6 +1581,11 @@ static PyMethodDef module_methods[] = {
 };
 
 int ct_py_init_module(PyObject *m) {
+    mb_type = (PyTypeObject *)PyType_FromSpec(&mb_spec);   /* (kept here and in m) */
+    if (mb_type == NULL || PyModule_AddObjectRef(m, "ModuleBase", (PyObject *)mb_type) < 0) {
+        Py_CLEAR(mb_type);
+        return -1;
+    }
     PyObject *mm = PyType_FromSpec(&mm_spec);
     if (mm == NULL || PyModule_AddObject(m, "ModuleMethod", mm) < 0) {
         Py_XDECREF(mm);

@@ -529,12 +529,24 @@ static PyObject *ph_get(PyObject *d, PyObject *key) {
  * attribute of that name (so no descriptor can take precedence), else the generic way. The
  * modules and scopes param_hit reads are plain instances whose state is in their dict. */
 static PyObject *ph_attr(PyObject *obj, PyObject *name) {
-    if (_PyType_Lookup(Py_TYPE(obj), name) == NULL) {
+    PyObject *descr = _PyType_Lookup(Py_TYPE(obj), name);
+    if (descr == NULL) {
         PyObject **dp = _PyObject_GetDictPtr(obj);
         if (dp != NULL && *dp != NULL && PyDict_CheckExact(*dp)) {
             PyObject *v = PyDict_GetItemWithError(*dp, name);
             if (v != NULL) return Py_NewRef(v);
             if (PyErr_Occurred()) return NULL;
+        }
+    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        /* an object field (nn.Module's state, a __slots__ entry): read at its offset, as the
+         * descriptor's __get__ would (T_OBJECT: None where unset; T_OBJECT_EX: the lookup
+         * below raises) */
+        const PyMemberDef *md = ((PyMemberDescrObject *)descr)->d_member;
+        if ((md->type == T_OBJECT || md->type == T_OBJECT_EX) && !(md->flags & PY_AUDIT_READ) &&
+            PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
+            PyObject *v = *(PyObject **)((char *)obj + md->offset);
+            if (v != NULL) return Py_NewRef(v);
+            if (md->type == T_OBJECT) Py_RETURN_NONE;
         }
     }
     return PyObject_GetAttr(obj, name);
@@ -1268,18 +1280,20 @@ static PyObject *mp_hit(PyObject *self, PyObject *name, PyObject *init_fn, PyObj
     if (!PyUnicode_CheckExact(name)) return miss;
     const int ism = PyObject_IsInstance(self, mp_env[MP_MODULE]);
     if (ism <= 0) return ism < 0 ? NULL : miss;
-    PyObject **dp = _PyObject_GetDictPtr(self);
-    if (dp == NULL || *dp == NULL || !PyDict_CheckExact(*dp)) return miss;
-    PyObject *scope = PyDict_GetItemWithError(*dp, mp_str_scope); /* (borrowed) */
-    if (scope == NULL || scope == Py_None) return PyErr_Occurred() ? NULL : miss;
-    Py_INCREF(scope);
+    PyObject *scope = ph_attr(self, mp_str_scope); /* (the module's ModuleBase field) */
+    if (scope == NULL) return NULL;
+    if (scope == Py_None) {
+        Py_DECREF(scope);
+        return miss;
+    }
     if (ph_get(mp_env[MP_PLAIN_SCOPES], (PyObject *)Py_TYPE(scope)) != Py_True) goto out;
     strict = ct_py_tls_getattr(mp_env[MP_STRICT], ph_names[N_RULES]);
     if (strict == NULL) goto error;
     if (strict != Py_None) goto out;
     /* the declaration rule: in setup(), or the module's @compact frame is on the stack */
-    PyObject *in_setup = PyDict_GetItemWithError(*dp, mp_str_in_setup);
-    if (in_setup == NULL && PyErr_Occurred()) goto error;
+    PyObject *in_setup = ph_attr(self, mp_str_in_setup);
+    if (in_setup == NULL) goto error;
+    Py_DECREF(in_setup);     /* (compared by identity only: True stays alive) */
     if (in_setup != Py_True) {
         stack = ct_py_tls_getattr(mp_env[MP_CTX], ph_names[N_STACK]);
         if (stack == NULL) goto error;

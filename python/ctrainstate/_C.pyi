@@ -194,6 +194,19 @@ def module_bind_new(module: Any, stack: list, /) -> None: ...
 def module_release(holder: list, /) -> bool: ...
 def copy_tree(tree: Any, /) -> Any: ...
 def module_post_init(module: Any, d: dict, /) -> None: ...
+class ModuleBase:
+    """nn.Module's base: a module's own state in C fields (None where never set)."""
+    _scope: Any
+    _parent: Any
+    _setup_done: bool | None
+    _in_setup: bool | None
+    _auto_counts: dict | None
+    _call_names: set | None
+    _field_names: tuple | None
+    _setup_names: set | None
+    _setup_reserved: set | None
+    _fields_adopted: bool | None
+    _children: dict | None
 class ModuleInit:
     _ct_slow: Callable[..., None]
     def __init__(self, slow: Callable[..., None], params: tuple, npos: int, defaults: tuple,

@@ -242,7 +242,7 @@ SIGS = {
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "ModuleMethod": ["any"], "copy_tree": ["any"], "module_post_init": ["any", "any"],
     "ModuleInit": ["any", "any", "int", "any", "any", "any", "any", "any"],
-    "module_release": ["any"],
+    "module_release": ["any"], "ModuleBase": [],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [], "tls_changed": [],
     "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],

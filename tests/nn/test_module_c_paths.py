@@ -82,7 +82,7 @@ def _tree_state(module):
         return v
 
     def walk(m):
-        d = m.__dict__
+        d = {**m.__dict__, **_module._module_state(m)}
         out.append((type(m).__name__, list(d), {k: norm(v) for k, v in d.items()}))
         sd = vars(m.scope)
         out.append(("scope", list(sd), {k: norm(v) for k, v in sd.items()
@@ -424,7 +424,8 @@ def test_generated_init_ends_in_module_post_init():
     _module.Module.__post_init__(ref)
     assert list(free.__dict__) == list(ref.__dict__)
     assert {k: v for k, v in free.__dict__.items()} == ref.__dict__
-    assert free.__dict__["_call_names"] is not Leaf(3).__dict__["_call_names"]  # its own
+    assert _module._module_state(free) == _module._module_state(ref)
+    assert free._call_names is not Leaf(3)._call_names  # its own
 
 
 def test_module_post_init_name_check_and_arguments():
@@ -719,3 +720,66 @@ def test_only_classes_with_a_setup_read_attributes_through_getattr():
         np.testing.assert_array_equal(cls().apply({}, X), X * 3.0)
         with pytest.raises(AttributeError, match=f"'{cls.__name__}' object has no attribute 'nope'"):
             cls().bind({}).nope
+
+
+# --- a module's own state in its ModuleBase fields ---------------------------------------------
+
+class _Identity(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return x
+
+
+class _Sized(nn.Module):
+    width: int = 3
+    tag: str = "t"
+
+    @nn.compact
+    def __call__(self, x):
+        return _Identity()(x) * self.width
+
+
+def test_module_state_lives_in_the_c_fields_not_the_instance_dict():
+    members = [k for k, v in vars(_C.ModuleBase).items()
+               if type(v).__name__ == "member_descriptor"]
+    assert members == list(_module._STATE_NAMES)
+    m = _Sized(4)
+    assert list(m.__dict__) == ["width", "tag", "name"]          # the fields only
+    assert _module._module_state(m) == {
+        "_scope": None, "_parent": None, "_setup_done": False, "_in_setup": False,
+        "_auto_counts": {}, "_call_names": set(), "_field_names": (), "_setup_names": set(),
+        "_setup_reserved": set(), "_fields_adopted": False, "_children": {}}
+    bound = _Sized(4).bind({})
+    bound(X)
+    child = bound._children["_Identity_0"]
+    assert child._parent is bound and child._scope.path == ("_Identity_0",)
+    assert "_scope" not in child.__dict__ and "_parent" not in child.__dict__
+
+
+def test_module_state_reads_none_before_post_init():
+    made = []
+
+    class Own(nn.Module):
+        width: int = 1
+
+        def __init__(self, width=1):
+            made.append((self._scope, self._in_setup, self._children))  # before __post_init__
+            self.width = width              # through Module.__setattr__, with no state yet
+            self.name = None
+            self.__post_init__()
+
+    m = Own(5)
+    assert made == [(None, None, None)] and m.width == 5 and m._children == {}
+    assert object.__new__(Own)._scope is None and object.__new__(Own)._setup_done is None
+
+
+def test_modules_copy_and_pickle_with_their_state():
+    m = _Sized(4, "a", name="s")
+    for clone in (copy.copy, copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))):
+        c = clone(m)
+        assert type(c) is _Sized and c is not m
+        assert c.__dict__ == m.__dict__
+        assert _module._module_state(c) == _module._module_state(m)
+        assert clone is copy.copy or c._call_names is not m._call_names
+        v = c.init(random.PRNGKey(0), X)            # a working module
+        np.testing.assert_array_equal(np.asarray(c.apply(v, X)), X * 4)

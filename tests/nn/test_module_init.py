@@ -67,6 +67,7 @@ def test_the_c_init_stores_what_the_python_init_stores(args, kwargs):
     got = Plain(*args, **kwargs)
     want = _python_made(Plain, *args, **kwargs)
     assert list(got.__dict__) == list(want.__dict__)       # the same entries, in order
+    assert _module._module_state(got) == _module._module_state(want)
     factory_ran = len(args) < 3 and kwargs.get("c", dataclasses._HAS_DEFAULT_FACTORY) is \
         dataclasses._HAS_DEFAULT_FACTORY
     for k, v in want.__dict__.items():
@@ -264,7 +265,12 @@ def test_call_state_held_elsewhere_is_replaced_not_changed():
             return _Identity()(_Identity()(x))
 
     bound = Root().bind({})
-    d = bound.__dict__
+
+    class _State:       # the module's own state (its ModuleBase fields), read live
+        def __getitem__(self, k):
+            return getattr(bound, k)
+
+    d = _State()
     held = {k: d[k] for k in ("_call_names", "_auto_counts", "_setup_reserved")}
     before = {k: type(v)(v) for k, v in held.items()}
     bound(X)

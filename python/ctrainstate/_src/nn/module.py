@@ -172,6 +172,17 @@ class _Frame(tuple):
 
 _tuple_new = tuple.__new__
 _object_new = object.__new__
+# writes a module's own state (a ModuleBase field) without Module.__setattr__'s checks
+_state_set = object.__setattr__
+# a module's own state: the _C.ModuleBase fields, in their order (a field never set reads None)
+_STATE_NAMES = ("_scope", "_parent", "_setup_done", "_in_setup", "_auto_counts", "_call_names",
+                "_field_names", "_setup_names", "_setup_reserved", "_fields_adopted",
+                "_children")
+
+
+def _module_state(module) -> dict:
+    """``{name: value}`` of a module's own state (its ``_C.ModuleBase`` fields)."""
+    return {k: getattr(module, k) for k in _STATE_NAMES}
 _module_bind_new = _C.module_bind_new
 _module_post_init = _C.module_post_init
 _module_release = _C.module_release
@@ -264,13 +275,12 @@ def _call_method(fn: Callable, self, args: tuple, kwargs: dict):
                                  f"wrapped in `@compact`; this one was created in another "
                                  f"method of {orphan}")
         _require_bound(self)
-    d = self.__dict__       # (the module's own state: see _attach)
-    if not d["_setup_done"]:
-        if d["_fields_adopted"] and type(self).setup is _base_setup and "setup" not in d \
-                and type(self)._try_setup is _base_try_setup:
+    if not self._setup_done:
+        if self._fields_adopted and type(self).setup is _base_setup \
+                and "setup" not in self.__dict__ and type(self)._try_setup is _base_try_setup:
             # self._try_setup() where there is no setup() to run (its first branch)
-            d["_setup_done"] = True
-            d["_setup_reserved"] = set(scope._reserved)
+            _state_set(self, "_setup_done", True)
+            _state_set(self, "_setup_reserved", set(scope._reserved))
         else:
             self._try_setup()
     is_compact = getattr(fn, "_ct_compact", False)
@@ -284,15 +294,15 @@ def _call_method(fn: Callable, self, args: tuple, kwargs: dict):
             # A new call of this module: auto names restart and its names may be declared
             # again (so a module called twice reuses its submodules and params, as in
             # Flax).
-            d["_auto_counts"] = {}
-            names = set(d["_field_names"])
-            setup_names = d["_setup_names"]
+            _state_set(self, "_auto_counts", {})
+            names = set(self._field_names)
+            setup_names = self._setup_names
             if setup_names:
                 names |= setup_names
-            d["_call_names"] = names
+            _state_set(self, "_call_names", names)
             reserved = scope._reserved
             reserved.clear()
-            setup_reserved = d["_setup_reserved"]
+            setup_reserved = self._setup_reserved
             if setup_reserved:
                 reserved.update(setup_reserved)   # setup()'s params stay taken
     stack.append(_tuple_new(_Frame, (self, is_compact)))    # _Frame(self, is_compact)
@@ -441,9 +451,9 @@ def _generated_init(cls, init: Callable) -> Callable | None:
     ``ClassVar``, no data descriptor under a field's name, no ``__slots__``), or None: the
     dataclass ``__init__`` ``init`` (its signature, defaults, factories, ``init=`` and
     ``kw_only=``) taking Flax's keyword ``parent`` too, written so a module made at every
-    ``apply`` costs a few dictionary stores: the fields and the module's own state go into
-    the instance ``__dict__`` (what ``object.__setattr__`` does for names without a data
-    descriptor), and :meth:`Module.__post_init__`'s work (its state, the name check,
+    ``apply`` costs a few dictionary stores: the fields go into the instance ``__dict__``
+    (what ``object.__setattr__`` does for names without a data descriptor), the module's own
+    state into its ``_C.ModuleBase`` fields, and :meth:`Module.__post_init__`'s work (its state, the name check,
     attaching to the module whose method runs) is one C call, ``_C.module_post_init(self,
     self.__dict__)`` (py_module.c), where the instance's class keeps
     ``Module.__post_init__``; elsewhere ``self.__post_init__()`` runs, as dataclasses does.
@@ -607,8 +617,8 @@ def _adopt_tail(child: "Module") -> None:
                 break
             # (an initializer function, a dtype, an activation: no module inside)
         else:
-            cd["_fields_adopted"] = True
-            cd["_field_names"] = ()
+            _state_set(child, "_fields_adopted", True)
+            _state_set(child, "_field_names", ())
             return
     child._adopt_fields()
 
@@ -625,8 +635,7 @@ def _lazy_setup_getattr(self, item):
     attribute of every instance through a slower generic path, which the many small modules of
     a model would pay at each ``apply``; without one, a missing attribute raises the same
     AttributeError."""
-    if not item.startswith("_") and self.__dict__.get("_scope") is not None \
-            and not self.__dict__.get("_setup_done", True):
+    if not item.startswith("_") and self._scope is not None and self._setup_done is False:
         self._try_setup()
         try:
             return object.__getattribute__(self, item)
@@ -641,8 +650,13 @@ def _can_set_up_lazily(cls) -> bool:
     return cls.setup is not Module.setup or cls._try_setup is not Module._try_setup
 
 
-class Module:
-    """Base class of modules; subclasses are dataclasses (see the module docstring)."""
+class Module(_C.ModuleBase):
+    """Base class of modules; subclasses are dataclasses (see the module docstring).
+
+    A module's own state (``_scope``, ``_parent``, its setup flags, the names of its
+    submodules, ``_children``) lives in the fields of ``_C.ModuleBase``, read and written as
+    attributes (``object.__setattr__``); the instance ``__dict__`` holds the dataclass fields.
+    """
 
     name: str | None = None
 
@@ -682,24 +696,34 @@ class Module:
 
     # dataclass calls __post_init__ after field assignment
     def __post_init__(self):
-        self.__dict__.update(
-            _scope=None, _parent=None, _setup_done=False, _in_setup=False, _auto_counts={},
-            _call_names=set(), _field_names=(),
-            _setup_names=set(),      # submodules setup() defined
-            _setup_reserved=set(),   # and its variables' reservations
-            _fields_adopted=False, _children={})
+        # (the _STATE_NAMES, in their order)
+        for k, v in zip(_STATE_NAMES, (
+                None, None, False, False, {}, set(), (),
+                set(),      # _setup_names: submodules setup() defined
+                set(),      # _setup_reserved: and its variables' reservations
+                False, {})):
+            _state_set(self, k, v)
         if self.name is not None and not isinstance(self.name, str):
             _bad_name(self)
         stack = _ctx.stack
         if stack:
             _module_bind_new(self, stack)
 
+    def __getstate__(self):
+        """``(instance dict, own state)``: what pickle and ``copy`` save of a module (its
+        ``_C.ModuleBase`` fields are not in its ``__dict__``)."""
+        return self.__dict__, _module_state(self)
+
+    def __setstate__(self, state):
+        d, own = state
+        self.__dict__.update(d)
+        for k in _STATE_NAMES:
+            _state_set(self, k, own.get(k))
+
     def __setattr__(self, key, value):
-        # (the instance's own state: a missing private name raises AttributeError, so a
-        # plain dict lookup sees the same, without an exception per field in __init__)
-        d = self.__dict__
-        in_setup = d.get("_in_setup", False)
-        if d.get("_scope") is not None and not in_setup and not key.startswith("_"):
+        # (the instance's own state, in its ModuleBase fields: None until __post_init__)
+        in_setup = self._in_setup
+        if self._scope is not None and not in_setup and not key.startswith("_"):
             raise AttributeError(f"{type(self).__name__} is frozen: cannot set '{key}' outside setup()")
         if in_setup and not key.startswith("_"):
             field = type(self).__dataclass_fields__.get(key)
@@ -713,17 +737,14 @@ class Module:
 
     # --- tree position -----------------------------------------------------------------------
     def _attach(self, child: "Module", name: str | None):
-        # (the modules' own state read from their __dict__, the cheapest read where a class
-        # has _lazy_setup_getattr)
-        d = self.__dict__
         if name is None:
             cls = type(child).__name__
-            counts = d["_auto_counts"]
+            counts = self._auto_counts
             n = counts.get(cls, 0)
             counts[cls] = n + 1
             name = f"{cls}_{n}"
-        parent_scope = d["_scope"]
-        call_names = d["_call_names"]
+        parent_scope = self._scope
+        call_names = self._call_names
         if name in call_names:
             raise NameInUseError(
                 f'A submodule named "{name}" already exists in "{parent_scope.path_text}"; '
@@ -731,11 +752,10 @@ class Module:
         if parent_scope._reserved:      # (with nothing declared there is nothing to clash)
             parent_scope.check_submodule_name(name)
         call_names.add(name)
-        if d["_in_setup"]:
-            d["_setup_names"].add(name)   # an @compact call may not reuse it
-        cd = child.__dict__     # (object.__setattr__: no data descriptor has these names)
-        cd["name"] = name
-        cd["_parent"] = self
+        if self._in_setup:
+            self._setup_names.add(name)   # an @compact call may not reuse it
+        child.__dict__["name"] = name   # (object.__setattr__: no data descriptor has the name)
+        _state_set(child, "_parent", self)
         if type(parent_scope) is ModuleScope:
             # parent_scope.push(name), inline (ModuleScope.push)
             scope = parent_scope._children.get(name)
@@ -747,10 +767,10 @@ class Module:
         # module) declares its variables afresh, as Flax gives it a fresh scope; the scope
         # object is kept for its RNG counters
         scope._reserved.clear()
-        cd["_scope"] = scope
-        d["_children"][name] = child
+        _state_set(child, "_scope", scope)
+        self._children[name] = child
         # eagerly, as Flax registers a bound module's field submodules (see _adopt_tail)
-        if not cd["_fields_adopted"]:
+        if not child._fields_adopted:
             _adopt_tail(child)
 
     # --- submodules passed as attributes (``Wrapper(inner=nn.Dense(3))``, nn.Sequential) ---
@@ -810,11 +830,10 @@ class Module:
     def _adopt_fields(self):
         """Adopt the unbound modules held by dataclass fields (see :meth:`_adopt`: ``inner``,
         ``layers_0``, ``blocks_1_0``, ``table_a``), once, when the module is bound."""
-        d = self.__dict__       # (see _attach)
-        if d["_fields_adopted"]:
+        if self._fields_adopted:
             return
-        d["_fields_adopted"] = True
-        children = d["_children"]
+        _state_set(self, "_fields_adopted", True)
+        children = self._children
         before = set(children) if children else ()
         cls = type(self)
         info = cls.__dict__.get("_ct_field_info")   # _field_info(cls), inline
@@ -838,8 +857,8 @@ class Module:
             nv = _freeze_attr(self._adopt(name, v))
             if nv is not v:
                 object.__setattr__(self, name, nv)
-        d["_field_names"] = tuple(n for n in children if n not in before) if before \
-            else tuple(children)
+        _state_set(self, "_field_names", tuple(n for n in children if n not in before)
+                   if before else tuple(children))
 
     def _unbound_clone(self) -> "Module":
         fields = {n: getattr(self, n) for n in _field_info(type(self))[1]}
@@ -894,16 +913,15 @@ class Module:
         return self.clone(name=None), self.variables
 
     def _try_setup(self):
-        d = self.__dict__       # (see _attach)
-        if d["_setup_done"]:
+        if self._setup_done:
             return
-        if not d["_fields_adopted"]:
+        if not self._fields_adopted:
             self._adopt_fields()
-        d["_setup_done"] = True
-        if type(self).setup is Module.setup and "setup" not in d:
+        _state_set(self, "_setup_done", True)
+        if type(self).setup is Module.setup and "setup" not in self.__dict__:
             # no setup() to run (Module.setup does nothing): what the frame and the
             # _in_setup flag below would bracket is empty
-            d["_setup_reserved"] = set(d["_scope"]._reserved)
+            _state_set(self, "_setup_reserved", set(self._scope._reserved))
             return
         object.__setattr__(self, "_in_setup", True)
         stack = _module_stack()

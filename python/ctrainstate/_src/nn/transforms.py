@@ -38,8 +38,8 @@ def _set_counters(scope, saved: dict):
 def _compact_state(module):
     """What a compact method's run changes in its module (auto-name counts, the names and
     variables declared in this call), to run it again from the same point."""
-    return (dict(module.__dict__.get("_auto_counts", {})),
-            set(module.__dict__.get("_call_names", set())), set(module._scope._reserved))
+    return (dict(module._auto_counts or {}), set(module._call_names or ()),
+            set(module._scope._reserved))
 
 
 def _put_compact_state(module, state):

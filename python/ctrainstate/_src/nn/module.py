@@ -452,10 +452,10 @@ def _generated_init(cls, init: Callable) -> Callable | None:
     dataclass ``__init__`` ``init`` (its signature, defaults, factories, ``init=`` and
     ``kw_only=``) taking Flax's keyword ``parent`` too, written so a module made at every
     ``apply`` costs a few dictionary stores: the fields go into the instance ``__dict__``
-    (what ``object.__setattr__`` does for names without a data descriptor), the module's own
-    state into its ``_C.ModuleBase`` fields, and :meth:`Module.__post_init__`'s work (its state, the name check,
-    attaching to the module whose method runs) is one C call, ``_C.module_post_init(self,
-    self.__dict__)`` (py_module.c), where the instance's class keeps
+    (what ``object.__setattr__`` does for names without a data descriptor), and
+    :meth:`Module.__post_init__`'s work (its state, in its ``_C.ModuleBase`` fields, the name
+    check, attaching to the module whose method runs) is one C call,
+    ``_C.module_post_init(self, self.__dict__)`` (py_module.c), where the instance's class keeps
     ``Module.__post_init__``; elsewhere ``self.__post_init__()`` runs, as dataclasses does.
     ``parent=None`` builds a free module (see :func:`_accept_parent`). The function carries
     ``init`` as ``__wrapped__`` (so ``inspect.signature`` shows the dataclass signature, as

@@ -118,6 +118,10 @@ int ct_py_array_check_alive(PyObject *a);
 /* obj.name for the package's threading.local objects read on the hot path (their attributes
  * plain values, defaults on the class), with one dict lookup; PyObject_GetAttr otherwise. */
 PyObject *ct_py_tls_getattr(PyObject *obj, PyObject *name);
+/* obj.name (a new reference, or NULL with an exception), read straight from the instance
+ * dict where the type has no attribute of that name, and at its offset where the type's is an
+ * object field (a C member, a __slots__ entry); else the attribute lookup (py_rules.c). */
+PyObject *ct_py_attr(PyObject *obj, PyObject *name);
 /* A kernel or copy is about to use this Buffer: while a program records (ctrainstate.jit), one
  * that holds a traced value breaks the program (py_dispatch.c). Never raises. */
 void ct_py_trace_touch(const void *buffer, const char *what);

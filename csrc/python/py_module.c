@@ -57,6 +57,10 @@
 enum { MS_CTX, MS_MODULE, MS_FRAME, MS_SCOPE, MS_ATTACH, MS_ADOPT_FIELDS, MS_SETUP, MS_TRY_SETUP,
        MS_PLAIN_INFO, MS_CALL_SLOW, MS_BIND_SLOW, MS_ADOPT_TAIL, MS_N };
 static PyObject *ms_env[MS_N];
+/* the offsets of the scope type's slots _variables, rngs, mutable, path, _reserved, _children,
+ * root_rngs, rng_counters, initializing, adopted (module_setup finds them) */
+enum { MS_SCOPE_N = 10 };
+static Py_ssize_t ms_scope_off[MS_SCOPE_N];
 
 #define MS_NAMES(X)                                                                         \
     X(stack) X(recorders) X(capture) X(_scope) X(_setup_done) X(_fields_adopted) X(setup)   \
@@ -174,6 +178,22 @@ static PyObject *py_module_setup(PyObject *self, PyObject *args) {
     for (int i = 0; i < S_COUNT; i++)
         if (ms_str[i] == NULL && (ms_str[i] = PyUnicode_InternFromString(ms_name_text[i])) == NULL)
             return NULL;
+    /* the scope type's slots, where ms_scope_new stores a new scope's attributes */
+    static const int slot_names[MS_SCOPE_N] = {S__variables, S_rngs, S_mutable, S_path,
+                                               S__reserved, S__children, S_root_rngs,
+                                               S_rng_counters, S_initializing, S_adopted};
+    Py_ssize_t off[MS_SCOPE_N];
+    for (int i = 0; i < MS_SCOPE_N; i++) {
+        PyObject *descr = _PyType_Lookup((PyTypeObject *)env[MS_SCOPE], ms_str[slot_names[i]]);
+        const PyMemberDef *md = descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                                    ? ((PyMemberDescrObject *)descr)->d_member : NULL;
+        if (md == NULL || md->type != T_OBJECT_EX || (md->flags & READONLY) ||
+            !PyType_IsSubtype((PyTypeObject *)env[MS_SCOPE], PyDescr_TYPE(descr)))
+            return PyErr_Format(PyExc_TypeError, "module_setup: the scope type must have a "
+                                "slot '%U'", ms_str[slot_names[i]]);
+        off[i] = md->offset;
+    }
+    for (int i = 0; i < MS_SCOPE_N; i++) ms_scope_off[i] = off[i];
     for (int i = 0; i < MS_N; i++) Py_XSETREF(ms_env[i], Py_NewRef(env[i]));
     Py_RETURN_NONE;
 }
@@ -247,12 +267,9 @@ static PyObject *ms_fn_attr(PyObject *fn, PyObject *name) {
     return v != NULL ? v : Py_NewRef(Py_False);
 }
 
-/* `obj.name` where `d` is obj's instance dict (may be NULL): d[name] where it is there (no
- * class of these objects has a data descriptor under the names read so), else the attribute
- * lookup. A new reference; NULL with an exception. */
-static PyObject *ms_attr(PyObject *obj, PyObject *d, PyObject *name) {
-    PyObject *v = d != NULL ? ms_get(d, name) : NULL;
-    return v != NULL ? Py_NewRef(v) : PyObject_GetAttr(obj, name);
+/* `obj.name`: ct_py_attr's (a new reference; NULL with an exception). */
+static PyObject *ms_attr(PyObject *obj, PyObject *name) {
+    return ct_py_attr(obj, name);
 }
 
 /* The thread's module context (nn.module._ctx, a threading.local): its attributes `stack`,
@@ -451,7 +468,7 @@ static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
         const Py_ssize_t nc = PyList_GET_SIZE(cap);
         if (nc > 0 && PyList_GET_ITEM(cap, nc - 1) != Py_None) goto slow;
     }
-    reserved = ms_attr(scope, ms_dict(scope), S(_reserved));
+    reserved = ms_attr(scope, S(_reserved));
     if (reserved == NULL) goto error;
     if (!PySet_CheckExact(reserved)) goto slow;
     int fresh = 0;
@@ -737,30 +754,18 @@ static PyObject *ms_fromkeys(PyObject *keys, PyObject *value) {
     return r;
 }
 
-/* A new ModuleScope made as nn.module makes one (object.__new__, then ModuleScope.__init__'s
- * attributes in its order): v[] holds _variables, rngs, mutable, path, _reserved, _children,
+/* A new ModuleScope made as nn.module makes one (object.__new__, then its slots set as
+ * nn.module._scope_made sets them): v[] holds _variables, rngs, mutable, path, _reserved, _children,
  * root_rngs, rng_counters, initializing, adopted (each non-NULL). A new reference, or NULL with
  * an exception. */
-static PyObject *ms_scope_new(PyObject *const v[10]) {
-    static const int names[10] = {S__variables, S_rngs, S_mutable, S_path, S__reserved,
-                                  S__children, S_root_rngs, S_rng_counters, S_initializing,
-                                  S_adopted};
+static PyObject *ms_scope_new(PyObject *const v[MS_SCOPE_N]) {
     PyTypeObject *st = (PyTypeObject *)ms_env[MS_SCOPE];
     PyObject *empty = PyTuple_New(0);
     PyObject *scope = empty != NULL ? PyBaseObject_Type.tp_new(st, empty, NULL) : NULL;
     Py_XDECREF(empty);
-    PyObject *d = scope != NULL ? ms_dict(scope) : NULL;
-    if (d == NULL) {
-        if (scope != NULL && !PyErr_Occurred())
-            PyErr_Format(PyExc_TypeError, "ModuleScope without a __dict__");
-        Py_XDECREF(scope);
-        return NULL;
-    }
-    for (int i = 0; i < 10; i++)
-        if (PyDict_SetItem(d, ms_str[names[i]], v[i]) < 0) {
-            Py_DECREF(scope);
-            return NULL;
-        }
+    if (scope == NULL) return NULL;
+    for (int i = 0; i < MS_SCOPE_N; i++)   /* (the slots of a new object: all unset) */
+        *(PyObject **)((char *)scope + ms_scope_off[i]) = Py_NewRef(v[i]);
     return scope;
 }
 
@@ -769,13 +774,12 @@ static PyObject *ms_new_child_scope(PyObject *scope, PyObject *scope_children, P
     PyObject *vars = NULL, *root = NULL, *mutable = NULL, *path = NULL, *init = NULL;
     PyObject *adopted = NULL, *child = NULL, *newpath = NULL, *tail = NULL, *rngs = NULL;
     PyObject *counters = NULL, *reserved = NULL, *children = NULL, *result = NULL;
-    PyObject *sd = ms_dict(scope);
-    vars = ms_attr(scope, sd, S(_variables));
-    root = vars != NULL ? ms_attr(scope, sd, S(root_rngs)) : NULL;
-    mutable = root != NULL ? ms_attr(scope, sd, S(mutable)) : NULL;
-    path = mutable != NULL ? ms_attr(scope, sd, S(path)) : NULL;
-    init = path != NULL ? ms_attr(scope, sd, S(initializing)) : NULL;
-    adopted = init != NULL ? ms_attr(scope, sd, S(adopted)) : NULL;
+    vars = ms_attr(scope, S(_variables));
+    root = vars != NULL ? ms_attr(scope, S(root_rngs)) : NULL;
+    mutable = root != NULL ? ms_attr(scope, S(mutable)) : NULL;
+    path = mutable != NULL ? ms_attr(scope, S(path)) : NULL;
+    init = path != NULL ? ms_attr(scope, S(initializing)) : NULL;
+    adopted = init != NULL ? ms_attr(scope, S(adopted)) : NULL;
     if (adopted == NULL) goto out;
     if (!PyDict_Check(root)) {
         PyErr_Format(PyExc_TypeError, "ModuleScope.root_rngs must be a dict");
@@ -883,9 +887,8 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
     }
     const int used = PySet_Contains(call_names, name);
     if (used != 0) goto slow_or_error;
-    PyObject *psd = ms_dict(pscope);
-    reserved = ms_attr(pscope, psd, S(_reserved));
-    pchildren = reserved != NULL ? ms_attr(pscope, psd, S(_children)) : NULL;
+    reserved = ms_attr(pscope, S(_reserved));
+    pchildren = reserved != NULL ? ms_attr(pscope, S(_children)) : NULL;
     if (pchildren == NULL) goto error;
     if (!PySet_CheckExact(reserved) || !PyDict_CheckExact(pchildren)) goto slow;
     if (PySet_GET_SIZE(reserved) > 0) {
@@ -918,7 +921,7 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
         if (scope == NULL) goto error;
     }
     if (fresh_scope == 0) { /* (a scope made just now has nothing reserved to clear) */
-        PyObject *sres = ms_attr(scope, ms_dict(scope), S(_reserved));
+        PyObject *sres = ms_attr(scope, S(_reserved));
         if (sres == NULL) goto error;
         int rc = PySet_Check(sres) ? PySet_Clear(sres) : -2;
         if (rc == -2) {

@@ -526,9 +526,9 @@ static PyObject *ph_get(PyObject *d, PyObject *key) {
 
 
 /* getattr(obj, name) (a new reference): read from the instance dict where the class has no
- * attribute of that name (so no descriptor can take precedence), else the generic way. The
- * modules and scopes param_hit reads are plain instances whose state is in their dict. */
-static PyObject *ph_attr(PyObject *obj, PyObject *name) {
+ * attribute of that name (so no descriptor can take precedence), at its offset where the
+ * class's is an object field (nn.Module's state, a scope's slots), else the generic way. */
+PyObject *ct_py_attr(PyObject *obj, PyObject *name) {
     PyObject *descr = _PyType_Lookup(Py_TYPE(obj), name);
     if (descr == NULL) {
         PyObject **dp = _PyObject_GetDictPtr(obj);
@@ -551,6 +551,8 @@ static PyObject *ph_attr(PyObject *obj, PyObject *name) {
     }
     return PyObject_GetAttr(obj, name);
 }
+
+#define ph_attr ct_py_attr
 
 /* The keys of recent hits, so that a declaration seen before finds its _CHECKED key without
  * building and hashing it: a key (code object, defaults, closure, arguments, axes, rules,

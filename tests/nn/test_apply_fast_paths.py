@@ -446,9 +446,10 @@ def test_module_scope_push_builds_what_the_constructor_builds():
     made = _module.ModuleScope(root._variables, root.root_rngs, root.mutable, ("Dense_0",))
     made.initializing, made.adopted = root.initializing, root.adopted
     assert type(child) is _module.ModuleScope and root.push("Dense_0") is child
-    assert list(vars(child)) == list(vars(made))
-    for k, v in vars(made).items():
-        got = vars(child)[k]
+    attrs = _module._scope_state
+    assert len(attrs(made)) == 10 and list(attrs(child)) == list(attrs(made))
+    for k, v in attrs(made).items():
+        got = attrs(child)[k]
         if k in ("_variables", "adopted"):
             assert got is v                                   # shared with the parent
         elif k == "root_rngs":

@@ -84,7 +84,7 @@ def _tree_state(module):
     def walk(m):
         d = {**m.__dict__, **_module._module_state(m)}
         out.append((type(m).__name__, list(d), {k: norm(v) for k, v in d.items()}))
-        sd = vars(m.scope)
+        sd = _module._scope_state(m.scope)
         out.append(("scope", list(sd), {k: norm(v) for k, v in sd.items()
                                          if k not in ("_variables", "adopted")}))
         for c in d["_children"].values():
@@ -783,3 +783,31 @@ def test_modules_copy_and_pickle_with_their_state():
         assert clone is copy.copy or c._call_names is not m._call_names
         v = c.init(random.PRNGKey(0), X)            # a working module
         np.testing.assert_array_equal(np.asarray(c.apply(v, X)), X * 4)
+
+
+def test_module_setup_refuses_types_without_the_c_layout():
+    """module_setup checks what the C paths read at fixed offsets: the module type derives
+    from ModuleBase, the scope type has the ten slots ms_scope_new fills. A refused call
+    changes nothing: the model still runs."""
+    args = [_module._ctx, _module.Module, _module._Frame, _module.ModuleScope,
+            _module.Module._attach, _module.Module._adopt_fields, _module._base_setup,
+            _module._base_try_setup, _module._plain_fields_info, _module._call_method,
+            _module._bind_new, _module._adopt_tail]
+
+    class PlainModule:          # no ModuleBase fields
+        pass
+
+    class DictScope:            # the attributes, but in an instance dict
+        pass
+
+    class PartScope(_module.Scope):     # Scope's slots, not ModuleScope's
+        pass
+
+    for i, bad, what in ((1, PlainModule, "ModuleBase"), (3, DictScope, "slot '_variables'"),
+                         (3, PartScope, "slot 'root_rngs'")):
+        a = list(args)
+        a[i] = bad
+        with pytest.raises(TypeError, match=what):
+            _C.module_setup(*a)
+    v = _Sized(2).init(random.PRNGKey(0), X)
+    np.testing.assert_array_equal(np.asarray(_Sized(2).apply(v, X)), X * 2)

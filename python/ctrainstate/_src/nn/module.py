@@ -61,6 +61,8 @@ def fold_in_static(key, data) -> np.ndarray:
 class ModuleScope(Scope):
     """A :class:`Scope` whose ``make_rng`` derives keys like Flax: per-scope counters."""
 
+    __slots__ = ("root_rngs", "rng_counters", "initializing", "adopted")
+
     def __init__(self, variables=None, root_rngs=None, mutable=False, path=()):
         super().__init__(variables, rngs=None, mutable=mutable, path=path)
         self.root_rngs = dict(root_rngs) if root_rngs else {}
@@ -98,21 +100,29 @@ def _new_child_scope(scope: ModuleScope, name: str) -> ModuleScope:
     """The new child ``name`` of ``scope`` (ModuleScope.push's): ModuleScope(scope._variables,
     scope.root_rngs, scope.mutable, scope.path + (name,)) with the two __init__ bodies inline
     (the same attributes, in the same order), sharing ``initializing`` and ``adopted``."""
-    child = _object_new(ModuleScope)
-    root = scope.root_rngs
-    if root:
-        root = dict(root)
-        child.__dict__.update(
-            _variables=scope._variables, rngs=dict.fromkeys(root), mutable=scope.mutable,
-            path=scope.path + (name,), _reserved=set(), _children={}, root_rngs=root,
-            rng_counters=dict.fromkeys(root, 0), initializing=scope.initializing,
-            adopted=scope.adopted)
-    else:
-        child.__dict__.update(
-            _variables=scope._variables, rngs={}, mutable=scope.mutable,
-            path=scope.path + (name,), _reserved=set(), _children={}, root_rngs={},
-            rng_counters={}, initializing=scope.initializing, adopted=scope.adopted)
+    root = dict(scope.root_rngs)
+    child = _scope_made(scope._variables, dict.fromkeys(root), scope.mutable,
+                        scope.path + (name,), root, dict.fromkeys(root, 0), scope.initializing,
+                        scope.adopted)
     scope._children[name] = child
+    return child
+
+
+def _scope_made(variables, rngs, mutable, path, root_rngs, rng_counters, initializing,
+                adopted) -> ModuleScope:
+    """A ModuleScope with these attributes (and new empty ``_reserved`` and ``_children``)
+    made without its ``__init__`` calls, as the C paths make one (``ms_scope_new``)."""
+    child = _object_new(ModuleScope)
+    child._variables = variables
+    child.rngs = rngs
+    child.mutable = mutable
+    child.path = path
+    child._reserved = set()
+    child._children = {}
+    child.root_rngs = root_rngs
+    child.rng_counters = rng_counters
+    child.initializing = initializing
+    child.adopted = adopted
     return child
 
 
@@ -183,6 +193,18 @@ _STATE_NAMES = ("_scope", "_parent", "_setup_done", "_in_setup", "_auto_counts",
 def _module_state(module) -> dict:
     """``{name: value}`` of a module's own state (its ``_C.ModuleBase`` fields)."""
     return {k: getattr(module, k) for k in _STATE_NAMES}
+
+
+def _scope_state(scope) -> dict:
+    """``{name: value}`` of a scope's attributes: its slots that are set (Scope's, then its
+    subclasses'), then its instance dict."""
+    out = {}
+    for klass in reversed(type(scope).__mro__):
+        for k in klass.__dict__.get("__slots__", ()):
+            if k not in ("__dict__", "__weakref__") and hasattr(scope, k):
+                out[k] = getattr(scope, k)
+    out.update(getattr(scope, "__dict__", {}))
+    return out
 _module_bind_new = _C.module_bind_new
 _module_post_init = _C.module_post_init
 _module_release = _C.module_release
@@ -1058,12 +1080,9 @@ class Module(_C.ModuleBase):
                 root_rngs[k] = np.asarray(key).astype(np.uint32)
         # ModuleScope(variables, root_rngs, mutable) with its __init__ bodies inline (the same
         # attributes, in the same order; root_rngs is this call's own dict)
-        scope = _object_new(ModuleScope)
-        scope.__dict__.update(
-            _variables=variables if variables is not None else {},
-            rngs=dict.fromkeys(root_rngs), mutable=mutable, path=(), _reserved=set(),
-            _children={}, root_rngs=root_rngs, rng_counters=dict.fromkeys(root_rngs, 0),
-            initializing=initializing, adopted={})
+        scope = _scope_made(variables if variables is not None else {},
+                            dict.fromkeys(root_rngs), mutable, (), root_rngs,
+                            dict.fromkeys(root_rngs, 0), initializing, {})
         bound = self._clone_bound(scope)
         if method is None:
             fn = type(bound).__call__

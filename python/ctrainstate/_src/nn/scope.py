@@ -368,6 +368,11 @@ class Scope:
       path: names of the enclosing scopes, outermost first.
     """
 
+    # (slots: a scope made for every module at every apply stores its attributes without an
+    # instance dict; one is made only for an attribute outside them)
+    __slots__ = ("_variables", "rngs", "mutable", "path", "_reserved", "_children", "__dict__",
+                 "__weakref__")
+
     def __init__(self, variables: dict | None = None, rngs: dict | None = None,
                  mutable: bool | str | Iterable[str] = False, path: tuple = ()):
         self._variables = variables if variables is not None else {}

@@ -953,18 +953,38 @@ static PyTypeObject OptimPlanType = {
 };
 
 /* --- TrainState.apply_gradients' plan step in one call ---------------------------------------
- * state_step(state, d, fast, grads, guard): train_state.TrainState._fast_step (the state's
- * copy with the stepped fields, Ctrl-C held back by `guard`, a train_state._DeferInterrupt,
- * from before the step to its commit) with optim.base.FastPlan.step's branch for params of
- * plain dicts whose plan builds the state tree (`fast.dicts`, a state template set), in C:
- * only the stages' scalar functions (Python) are called. `d` is the state's __dict__; the
- * caller checked that the plan is the state's and that no field is replaced. Returns the new
- * state, None where the plan declines (nothing changed, the handler restored: the general
- * path runs), or NULL with an exception. The Python methods stay the reference. */
-enum { SS_GETSIGNAL, SS_SIGNAL, SS_RAISE, SS_SIGINT, SS_ADOPT, SS_EPOCH, SS_INT32, SS_N };
+ * state_step(state, d, fast, grads): train_state.TrainState._fast_step (the state's copy with
+ * the stepped fields) with optim.base.FastPlan.step's branch for params of plain dicts whose
+ * plan builds the state tree (`fast.dicts`, a state template set), in C: only the stages'
+ * scalar functions (Python) are called. `d` is the state's __dict__; the caller checked that
+ * the plan is the state's and that no field is replaced. Returns the new state, None where the
+ * plan declines (nothing changed: the general path runs), or NULL with an exception. The
+ * Python methods stay the reference.
+ *
+ * Ctrl-C needs no handler of its own here (the Python paths swap SIGINT's handler, two
+ * sigaction calls per step, which cost more than a small model's whole step on some
+ * kernels): CPython's C-level handler only records a signal, and its Python handler runs
+ * where bytecode runs or PyErr_CheckSignals is called. A Ctrl-C during the scalar functions
+ * is raised there, before anything is written; one after them is raised by the check just
+ * before the kernel, with nothing written either. From that check to the commit only C code
+ * runs (the cycle collector is paused, so no finalizer runs Python code in between), and a
+ * Ctrl-C in that window is raised by the check after the commit, once this state object has
+ * become the new state (train_state._adopt), as the Python paths' guard does. */
+enum { SS_ADOPT, SS_EPOCH, SS_INT32, SS_N };
 static PyObject *ss_env[SS_N];
+/* state_step_probe's callable (tests): called with no argument between the kernel and the
+ * commit's check, where only C code runs (a C callable keeps it so) */
+static PyObject *ss_probe;
+
+static PyObject *py_state_step_probe(PyObject *mod, PyObject *f) {
+    (void)mod;
+    if (f != Py_None && !PyCallable_Check(f))
+        return PyErr_Format(PyExc_TypeError, "state_step_probe(f): f must be callable or None");
+    Py_XSETREF(ss_probe, f == Py_None ? NULL : Py_NewRef(f));
+    Py_RETURN_NONE;
+}
 #define SS_NAMES(X) X(epoch) X(count) X(scalars) X(cplan) X(_ct_cur) X(params) X(opt_state) \
-    X(step) X(_record) X(_pending)
+    X(step)
 #define SS_ENUM(n) SS_S_##n,
 enum { SS_NAMES(SS_ENUM) SS_S_COUNT };
 #define SS_STR(n) #n,
@@ -976,12 +996,11 @@ static PyObject *ss_one;   /* the int 1 */
 static PyObject *py_state_step_setup(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *env[SS_N];
-    if (!PyArg_ParseTuple(args, "OOOOOO!O:state_step_setup", &env[SS_GETSIGNAL],
-                          &env[SS_SIGNAL], &env[SS_RAISE], &env[SS_SIGINT], &env[SS_ADOPT],
-                          &PyList_Type, &env[SS_EPOCH], &env[SS_INT32]))
+    if (!PyArg_ParseTuple(args, "OO!O:state_step_setup", &env[SS_ADOPT], &PyList_Type,
+                          &env[SS_EPOCH], &env[SS_INT32]))
         return NULL;
     for (int i = 0; i < SS_N; i++)
-        if (i != SS_SIGINT && i != SS_EPOCH && !PyCallable_Check(env[i]))
+        if (i != SS_EPOCH && !PyCallable_Check(env[i]))
             return PyErr_Format(PyExc_TypeError, "state_step_setup: argument %d is not callable",
                                 i + 1);
     for (int i = 0; i < SS_S_COUNT; i++)
@@ -990,27 +1009,6 @@ static PyObject *py_state_step_setup(PyObject *mod, PyObject *args) {
     if (ss_one == NULL && (ss_one = PyLong_FromLong(1)) == NULL) return NULL;
     for (int i = 0; i < SS_N; i++) Py_XSETREF(ss_env[i], Py_NewRef(env[i]));
     Py_RETURN_NONE;
-}
-
-/* The guard's release (_DeferInterrupt.release / commit): the handler `old` restored and a
- * Ctrl-C recorded meanwhile re-delivered (raising KeyboardInterrupt with Python's default
- * handler). *armed is cleared. 0, or -1 with an exception. */
-static int ss_release(PyObject *guard, PyObject *old, int *armed) {
-    if (!*armed) return 0;
-    *armed = 0;
-    PyObject *a[2] = {ss_env[SS_SIGINT], old};
-    PyObject *r = PyObject_Vectorcall(ss_env[SS_SIGNAL], a, 2, NULL);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    PyObject *pending = PyObject_GetAttr(guard, SSS(_pending));
-    if (pending == NULL) return -1;
-    const int p = PyObject_IsTrue(pending);
-    Py_DECREF(pending);
-    if (p <= 0) return p;
-    if (PyObject_SetAttr(guard, SSS(_pending), Py_False) < 0) return -1;
-    r = PyObject_Vectorcall(ss_env[SS_RAISE], a, 1, NULL);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
 }
 
 /* FastPlan.step's plain-dict branch: (arrays, params, opt_state) from the plan, None where it
@@ -1064,6 +1062,8 @@ static PyObject *ss_plan_step(PyObject *fast, PyObject *arrays, PyObject *grads)
         count = next != NULL ? PyObject_CallOneArg(ss_env[SS_INT32], next) : NULL;
     }
     if (count == NULL) goto out;
+    /* a Ctrl-C recorded since the scalar functions ran: raised now, before the kernel */
+    if (PyErr_CheckSignals() < 0) goto out;
     r = step_tree((optim_plan *)plan, arrays, grads, scalars, count, Py_None);
     if (r == NULL || r == Py_None) goto out;
     if (c != Py_None && PyObject_SetAttr(fast, SSS(count), next) < 0) Py_CLEAR(r);
@@ -1104,56 +1104,29 @@ static PyObject *ss_new_state(PyObject *state, PyObject *d, PyObject *r) {
 
 static PyObject *py_state_step(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     (void)mod;
-    if (n != 5 || !PyDict_Check(a[1]))
-        return PyErr_Format(PyExc_TypeError, "state_step(state, d: its __dict__, fast, grads, "
-                            "guard)");
-    if (ss_env[SS_SIGNAL] == NULL)
+    if (n != 4 || !PyDict_Check(a[1]))
+        return PyErr_Format(PyExc_TypeError, "state_step(state, d: its __dict__, fast, grads)");
+    if (ss_env[SS_ADOPT] == NULL)
         return PyErr_Format(PyExc_RuntimeError, "state_step_setup first");
-    PyObject *state = a[0], *d = a[1], *fast = a[2], *grads = a[3], *guard = a[4];
+    PyObject *state = a[0], *d = a[1], *fast = a[2], *grads = a[3];
     PyObject *cur = PyDict_GetItemWithError(d, SSS(_ct_cur));
     if (cur == NULL && PyErr_Occurred()) return NULL;
     if (cur == NULL || !PyList_CheckExact(cur))
         return PyErr_Format(PyExc_TypeError, "state_step: d must be the __dict__ of a state "
                             "a plan step made (its _ct_cur a list)");
     Py_INCREF(cur);
-    /* guard.arm() */
-    int armed = 0;
-    PyObject *old = PyObject_CallOneArg(ss_env[SS_GETSIGNAL], ss_env[SS_SIGINT]);
-    PyObject *r = NULL, *new = NULL;
-    if (old == NULL) goto error;
-    if (old != Py_None) {   /* (None: a handler installed outside Python, left alone) */
-        PyObject *rec = PyObject_GetAttr(guard, SSS(_record));
-        PyObject *sa[2] = {ss_env[SS_SIGINT], rec};
-        PyObject *x = rec != NULL ? PyObject_Vectorcall(ss_env[SS_SIGNAL], sa, 2, NULL) : NULL;
-        Py_XDECREF(rec);
-        if (x != NULL) {
-            armed = 1;
-            Py_DECREF(x);
-        } else if (PyErr_ExceptionMatches(PyExc_ValueError)) {   /* not the main thread */
-            PyErr_Clear();
-        } else {
-            goto error;
-        }
+    PyObject *new = NULL;
+    const int gc_on = PyGC_Disable();   /* (see the header: until the commit's check) */
+    PyObject *r = ss_plan_step(fast, cur, grads);
+    if (r != NULL && r != Py_None && ss_probe != NULL) {
+        PyObject *x = PyObject_CallNoArgs(ss_probe);
+        if (x == NULL) PyErr_WriteUnraisable(ss_probe);
+        Py_XDECREF(x);
     }
-    r = ss_plan_step(fast, cur, grads);
     if (r != NULL && r != Py_None) new = ss_new_state(state, d, r);
-    if (new == NULL) {   /* an error, or the plan declined: release, then raise or decline */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        const int rc = ss_release(guard, old, &armed);
-        if (et != NULL) {
-            if (rc < 0) _PyErr_ChainExceptions(et, ev, tb);
-            else PyErr_Restore(et, ev, tb);
-            goto error;
-        }
-        if (rc < 0) goto error;
-        Py_DECREF(cur);
-        Py_DECREF(old);
-        Py_XDECREF(r);
-        Py_RETURN_NONE;
-    }
-    /* guard.commit(state, new) */
-    if (ss_release(guard, old, &armed) < 0) {
+    if (r != NULL && r != Py_None && new != NULL && PyErr_CheckSignals() < 0) {
+        /* a Ctrl-C during the step, raised once it is committed: this state object, whose
+         * Arrays the step donated, becomes the new state first */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
         PyObject *ad[2] = {state, new};
@@ -1163,23 +1136,23 @@ static PyObject *py_state_step(PyObject *mod, PyObject *const *a, Py_ssize_t n) 
         else PyErr_Restore(et, ev, tb);
         Py_CLEAR(new);
     }
+    if (gc_on) PyGC_Enable();
     Py_DECREF(cur);
-    Py_DECREF(old);
-    Py_DECREF(r);
-    return new;
-error:
-    Py_DECREF(cur);
-    Py_XDECREF(old);
+    if (r == Py_None) return r;   /* the plan declined: nothing changed */
     Py_XDECREF(r);
-    return NULL;
+    return new;
 }
 
 static PyMethodDef state_step_methods[] = {
     {"state_step_setup", py_state_step_setup, METH_VARARGS,
-     "state_step_setup(getsignal, signal, raise_signal, sigint, adopt, borrow_epoch, int32, "
-     "/)\n--\n\nThe objects state_step reads (set once by train_state)."},
+     "state_step_setup(adopt, borrow_epoch, int32, /)\n--\n\n"
+     "The objects state_step reads (set once by train_state)."},
+    {"state_step_probe", py_state_step_probe, METH_O,
+     "state_step_probe(f, /)\n--\n\n"
+     "For tests: state_step calls f() after its kernel, where only C code runs up to the "
+     "commit (None: no call)."},
     {"state_step", (PyCFunction)(void (*)(void))py_state_step, METH_FASTCALL,
-     "state_step(state, d, fast, grads, guard, /)\n--\n\n"
+     "state_step(state, d, fast, grads, /)\n--\n\n"
      "TrainState._fast_step with FastPlan.step's plain-dict branch in one call: the new state, "
      "or None where the plan declines (nothing changed)."},
     {NULL, NULL, 0, NULL},

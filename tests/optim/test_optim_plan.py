@@ -435,13 +435,12 @@ def test_state_step_in_c_makes_the_state_fast_step_makes():
     # against the Python reference (_fast_step) on two twin states: fields, bits, structure
     import signal
     from ctrainstate import _C
-    from ctrainstate._src.train_state.train_state import _DeferInterrupt
     a, g = _stepped(3)
     b, _ = _stepped(3)
     for _ in range(3):
         fa, fb = a.__dict__["_ct_plan"].fast, b.__dict__["_ct_plan"].fast
         assert fa.cplan.has_state_template
-        a2 = _C.state_step(a, a.__dict__, fa, g, _DeferInterrupt())
+        a2 = _C.state_step(a, a.__dict__, fa, g)
         b2 = b._fast_step(fb, b.__dict__, g, {})
         assert type(a2) is type(b2) and a2.step == b2.step == a.step + 1
         assert sorted(a2.__dict__) == sorted(b2.__dict__)
@@ -458,18 +457,20 @@ def test_state_step_in_c_makes_the_state_fast_step_makes():
     assert fa.count == 6
 
 
-def test_state_step_in_c_holds_ctrl_c_to_the_commit_and_restores_on_errors(monkeypatch):
-    # a SIGINT during the step (from a stage's scalar function, before the kernel) is held
-    # back: the step is committed, then KeyboardInterrupt is raised and the caller's state
-    # object has become the new state; an error before the kernel leaves the state as it was
+def test_state_step_in_c_raises_ctrl_c_before_the_kernel_and_restores_on_errors(monkeypatch):
+    # a SIGINT while a stage's scalar function runs (Python code, before the kernel) raises
+    # KeyboardInterrupt there: nothing is written, the state stays usable; an error there
+    # leaves the state as it was too. No handler is installed for the step.
     import signal
     state, g = _stepped(3)
     monkeypatch.setattr(TrainState, "_fast_step", lambda *a: pytest.fail("the Python step ran"))
     fast = state.__dict__["_ct_plan"].fast
     pairs = list(fast.scalars)
     s0, f0 = next((s, f) for s, f in pairs if f is not None)
+    seen = []
 
     def interrupting(c):
+        seen.append(signal.getsignal(signal.SIGINT))
         signal.raise_signal(signal.SIGINT)
         return f0(c)
     fast.scalars = [(s, interrupting if f is f0 else f) for s, f in pairs]
@@ -477,22 +478,50 @@ def test_state_step_in_c_holds_ctrl_c_to_the_commit_and_restores_on_errors(monke
     step = state.step
     with pytest.raises(KeyboardInterrupt):
         state.apply_gradients(grads=g)
-    assert state.step == step + 1                      # the caller's object is the new state
-    assert not np.array_equal(np.asarray(state.params["a"]), before)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert seen == [signal.default_int_handler]        # the step swapped no handler
+    assert state.step == step                           # nothing written, nothing donated
+    np.testing.assert_array_equal(np.asarray(state.params["a"]), before)
 
     def failing(c):
         raise ValueError("scalar failed")
-    fast = state.__dict__["_ct_plan"].fast
     fast.scalars = [(s, failing if f is not None else f) for s, f in pairs]
-    kept = np.asarray(state.params["a"]).copy()
     with pytest.raises(ValueError, match="scalar failed"):
         state.apply_gradients(grads=g)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    np.testing.assert_array_equal(np.asarray(state.params["a"]), kept)   # not donated
+    np.testing.assert_array_equal(np.asarray(state.params["a"]), before)   # not donated
     fast.scalars = pairs
     s2 = state.apply_gradients(grads=g)
-    assert s2.step == state.step + 1
+    assert s2.step == step + 1 and s2.__dict__["_ct_plan"].fast is fast   # the C step again
+
+
+def test_state_step_in_c_raises_ctrl_c_during_the_kernel_after_the_commit(monkeypatch):
+    # a SIGINT that reaches the main thread after the kernel started is raised after the
+    # commit, with the caller's state object become the new state. The probe signals the
+    # main thread right after the kernel, from C (libc's raise() through ctypes runs no
+    # bytecode and, unlike signal.raise_signal, runs no handler), so CPython only records
+    # it there.
+    import ctypes
+    import functools
+    import signal
+    from ctrainstate import _C
+    state, g = _stepped(3)
+    monkeypatch.setattr(TrainState, "_fast_step", lambda *a: pytest.fail("the Python step ran"))
+    before = np.asarray(state.params["a"]).copy()
+    step = state.step
+    _C.state_step_probe(functools.partial(getattr(ctypes.CDLL(None), "raise"),
+                                          int(signal.SIGINT)))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            state.apply_gradients(grads=g)
+    finally:
+        _C.state_step_probe(None)
+    assert state.step == step + 1                      # the caller's object is the new state
+    assert not np.array_equal(np.asarray(state.params["a"]), before)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    s2 = state.apply_gradients(grads=g)                # and it steps on
+    assert s2.step == step + 2
+    with pytest.raises(TypeError, match="callable or None"):
+        _C.state_step_probe(3)
 
 
 def test_state_step_argument_checks():
@@ -500,6 +529,8 @@ def test_state_step_argument_checks():
     with pytest.raises(TypeError, match="state_step"):
         _C.state_step(1, 2, 3)
     with pytest.raises(TypeError, match="state_step"):
-        _C.state_step(1, [], 3, 4, 5)
+        _C.state_step(1, [], 3, 4)
+    with pytest.raises(TypeError, match="state_step"):
+        _C.state_step(1, {}, 3, 4, 5)
     with pytest.raises(TypeError, match="not callable"):
-        _C.state_step_setup(1, 2, 3, 4, 5, [0], 7)
+        _C.state_step_setup(1, [0], 7)

@@ -181,8 +181,7 @@ def _adopt(old, new) -> None:
                 object.__setattr__(old, k, new.__dict__[k])
 
 
-_C.state_step_setup(_sig.getsignal, _sig.signal, _sig.raise_signal, _sig.SIGINT, _adopt,
-                    _BORROW_EPOCH, np.int32)
+_C.state_step_setup(_adopt, _BORROW_EPOCH, np.int32)
 
 
 def _plain_fields(cls) -> bool:
@@ -242,7 +241,7 @@ class TrainState(PyTreeNode):
             # new state (_C.state_step: _fast_step's and FastPlan.step's work)
             fast = last.fast
             if not kwargs and fast.dicts and fast.cplan.has_state_template:
-                new = _C.state_step(self, d, fast, grads, _DeferInterrupt())
+                new = _C.state_step(self, d, fast, grads)
             else:
                 new = self._fast_step(fast, d, grads, kwargs)
             if new is not None:

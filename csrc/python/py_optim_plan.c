@@ -953,13 +953,14 @@ static PyTypeObject OptimPlanType = {
 };
 
 /* --- TrainState.apply_gradients' plan step in one call ---------------------------------------
- * state_step(state, d, fast, grads): train_state.TrainState._fast_step (the state's copy with
- * the stepped fields) with optim.base.FastPlan.step's branch for params of plain dicts whose
- * plan builds the state tree (`fast.dicts`, a state template set), in C: only the stages'
- * scalar functions (Python) are called. `d` is the state's __dict__; the caller checked that
- * the plan is the state's and that no field is replaced. Returns the new state, None where the
- * plan declines (nothing changed: the general path runs), or NULL with an exception. The
- * Python methods stay the reference.
+ * state_step(state, d, fast, grads, kwargs): train_state.TrainState._fast_step (the state's
+ * copy with the stepped fields and the fields `kwargs`, a dict, replaces) with
+ * optim.base.FastPlan.step's branch for params of plain dicts whose plan builds the state
+ * tree (`fast.dicts`, a state template set), in C: only the stages' scalar functions (Python)
+ * are called. `d` is the state's __dict__; the caller checked that the plan is the state's
+ * and the names in `kwargs` (fields, none of step, params, opt_state). Returns the new state,
+ * None where the plan declines (nothing changed: the general path runs), or NULL with an
+ * exception. The Python methods stay the reference.
  *
  * Ctrl-C needs no handler of its own here (the Python paths swap SIGINT's handler, two
  * sigaction calls per step, which cost more than a small model's whole step on some
@@ -1082,8 +1083,8 @@ out:
 }
 
 /* The new state: a copy of `state` (object.__new__ of its class, its __dict__ d copied) with
- * _ct_cur, params, opt_state from r and step + 1. */
-static PyObject *ss_new_state(PyObject *state, PyObject *d, PyObject *r) {
+ * _ct_cur, params, opt_state from r, step + 1 and the fields of `kwargs`. */
+static PyObject *ss_new_state(PyObject *state, PyObject *d, PyObject *r, PyObject *kwargs) {
     PyObject *empty = PyTuple_New(0);
     PyObject *new = empty != NULL ? PyBaseObject_Type.tp_new(Py_TYPE(state), empty, NULL) : NULL;
     Py_XDECREF(empty);
@@ -1094,7 +1095,9 @@ static PyObject *ss_new_state(PyObject *state, PyObject *d, PyObject *r) {
              PyDict_SetItem(nd, SSS(_ct_cur), PyTuple_GET_ITEM(r, 0)) < 0 ||
              PyDict_SetItem(nd, SSS(params), PyTuple_GET_ITEM(r, 1)) < 0 ||
              PyDict_SetItem(nd, SSS(opt_state), PyTuple_GET_ITEM(r, 2)) < 0 ||
-             PyDict_SetItem(nd, SSS(step), next) < 0 || PyObject_GenericSetDict(new, nd, NULL) < 0;
+             PyDict_SetItem(nd, SSS(step), next) < 0 ||
+             (PyDict_GET_SIZE(kwargs) > 0 && PyDict_Update(nd, kwargs) < 0) ||
+             PyObject_GenericSetDict(new, nd, NULL) < 0;
     Py_XDECREF(nd);
     Py_XDECREF(step);
     Py_XDECREF(next);
@@ -1104,11 +1107,12 @@ static PyObject *ss_new_state(PyObject *state, PyObject *d, PyObject *r) {
 
 static PyObject *py_state_step(PyObject *mod, PyObject *const *a, Py_ssize_t n) {
     (void)mod;
-    if (n != 4 || !PyDict_Check(a[1]))
-        return PyErr_Format(PyExc_TypeError, "state_step(state, d: its __dict__, fast, grads)");
+    if (n != 5 || !PyDict_Check(a[1]) || !PyDict_CheckExact(a[4]))
+        return PyErr_Format(PyExc_TypeError, "state_step(state, d: its __dict__, fast, grads, "
+                            "kwargs: a dict)");
     if (ss_env[SS_ADOPT] == NULL)
         return PyErr_Format(PyExc_RuntimeError, "state_step_setup first");
-    PyObject *state = a[0], *d = a[1], *fast = a[2], *grads = a[3];
+    PyObject *state = a[0], *d = a[1], *fast = a[2], *grads = a[3], *kwargs = a[4];
     PyObject *cur = PyDict_GetItemWithError(d, SSS(_ct_cur));
     if (cur == NULL && PyErr_Occurred()) return NULL;
     if (cur == NULL || !PyList_CheckExact(cur))
@@ -1123,7 +1127,7 @@ static PyObject *py_state_step(PyObject *mod, PyObject *const *a, Py_ssize_t n) 
         if (x == NULL) PyErr_WriteUnraisable(ss_probe);
         Py_XDECREF(x);
     }
-    if (r != NULL && r != Py_None) new = ss_new_state(state, d, r);
+    if (r != NULL && r != Py_None) new = ss_new_state(state, d, r, kwargs);
     if (r != NULL && r != Py_None && new != NULL && PyErr_CheckSignals() < 0) {
         /* a Ctrl-C during the step, raised once it is committed: this state object, whose
          * Arrays the step donated, becomes the new state first */
@@ -1152,7 +1156,7 @@ static PyMethodDef state_step_methods[] = {
      "For tests: state_step calls f() after its kernel, where only C code runs up to the "
      "commit (None: no call)."},
     {"state_step", (PyCFunction)(void (*)(void))py_state_step, METH_FASTCALL,
-     "state_step(state, d, fast, grads, /)\n--\n\n"
+     "state_step(state, d, fast, grads, kwargs, /)\n--\n\n"
      "TrainState._fast_step with FastPlan.step's plain-dict branch in one call: the new state, "
      "or None where the plan declines (nothing changed)."},
     {NULL, NULL, 0, NULL},

@@ -238,7 +238,7 @@ SIGS = {
     "filled_like": ["any", "float"],
     "param_hit": ["any", "any", "any", "any"], "param_hit_stats": [], "trace_break": ["any", "any"],
     "ParamWithAxes": ["any"], "LogicalConstraint": ["any"], "ModuleParam": ["any"],
-    "ModuleApply": ["any"], "state_step": ["any", "any", "any", "any"], "state_step_probe": ["any"],
+    "ModuleApply": ["any"], "state_step": ["any", "any", "any", "any", "any"], "state_step_probe": ["any"],
     "module_call": ["any", "any", "any", "any"], "module_bind_new": ["any", "any"],
     "ModuleMethod": ["any"], "copy_tree": ["any"], "module_post_init": ["any", "any"],
     "ModuleInit": ["any", "any", "int", "any", "any", "any", "any", "any"],

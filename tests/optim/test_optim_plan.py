@@ -227,6 +227,32 @@ def test_fields_replaced_by_keyword_arguments_on_the_plan_path():
         state.apply_gradients(grads=g, nope=1)
 
 
+def test_keyword_fields_take_the_c_step_and_match_the_python_step(monkeypatch):
+    # apply_gradients(grads=..., rng=...) on the plan path: the C step (state_step) replaces
+    # the fields as the Python reference (_fast_step) does, on twin states
+    class State(TrainState):
+        rng: object = None
+
+    def make():
+        s = State.create(apply_fn=None, params={"w": np.ones(3, np.float32)},
+                         tx=optim.adam(0.1), rng=0)
+        g = cts.device_put({"w": np.full(3, 0.5, np.float32)})
+        for i in range(2):
+            s = s.apply_gradients(grads=g, rng=i)
+        return s, g
+    a, g = make()
+    b, _ = make()
+    fb = b.__dict__["_ct_plan"].fast
+    b2 = b._fast_step(fb, b.__dict__, g, {"rng": 7})
+    monkeypatch.setattr(State, "_fast_step", lambda *a: pytest.fail("the Python step ran"))
+    a2 = a.apply_gradients(grads=g, rng=7)
+    assert type(a2) is State and a2.rng == b2.rng == 7 and a2.step == b2.step == 3
+    assert sorted(a2.__dict__) == sorted(b2.__dict__)
+    assert _bits(a2.params) == _bits(b2.params) and _bits(a2.opt_state) == _bits(b2.opt_state)
+    a3 = a2.apply_gradients(grads=g)                   # no keywords: rng kept
+    assert a3.rng == 7 and a3.step == 4
+
+
 def test_a_state_with_post_init_keeps_the_general_path():
     class State(TrainState):
         def __post_init__(self):
@@ -440,7 +466,7 @@ def test_state_step_in_c_makes_the_state_fast_step_makes():
     for _ in range(3):
         fa, fb = a.__dict__["_ct_plan"].fast, b.__dict__["_ct_plan"].fast
         assert fa.cplan.has_state_template
-        a2 = _C.state_step(a, a.__dict__, fa, g)
+        a2 = _C.state_step(a, a.__dict__, fa, g, {})
         b2 = b._fast_step(fb, b.__dict__, g, {})
         assert type(a2) is type(b2) and a2.step == b2.step == a.step + 1
         assert sorted(a2.__dict__) == sorted(b2.__dict__)
@@ -529,8 +555,10 @@ def test_state_step_argument_checks():
     with pytest.raises(TypeError, match="state_step"):
         _C.state_step(1, 2, 3)
     with pytest.raises(TypeError, match="state_step"):
-        _C.state_step(1, [], 3, 4)
-    with pytest.raises(TypeError, match="state_step"):
+        _C.state_step(1, [], 3, 4, {})
+    with pytest.raises(TypeError, match="kwargs: a dict"):
         _C.state_step(1, {}, 3, 4, 5)
+    with pytest.raises(TypeError, match="state_step"):
+        _C.state_step(1, {}, 3, 4)
     with pytest.raises(TypeError, match="not callable"):
         _C.state_step_setup(1, [0], 7)

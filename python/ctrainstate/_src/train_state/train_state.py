@@ -240,8 +240,8 @@ class TrainState(PyTreeNode):
             # for params of plain dicts (the plan building the state tree) also makes the
             # new state (_C.state_step: _fast_step's and FastPlan.step's work)
             fast = last.fast
-            if not kwargs and fast.dicts and fast.cplan.has_state_template:
-                new = _C.state_step(self, d, fast, grads)
+            if fast.dicts and fast.cplan.has_state_template:
+                new = _C.state_step(self, d, fast, grads, kwargs)
             else:
                 new = self._fast_step(fast, d, grads, kwargs)
             if new is not None:

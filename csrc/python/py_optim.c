@@ -513,6 +513,12 @@ static PyObject *py_optim_reference(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* 1 - decay**t in float32: powf, then a float32 subtraction (no contraction with it). */
+static double bias_correction(double decay, double t) {
+    volatile float p = powf((float)decay, (float)t);
+    return (double)(1.0f - p);
+}
+
 /* f32_bias_correction(decay, t): 1 - decay**t computed in float32 (powf, then a float32
  * subtraction), as numpy's float32 scalars compute it; a Python float. */
 static PyObject *py_f32_bias_correction(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -522,11 +528,54 @@ static PyObject *py_f32_bias_correction(PyObject *self, PyObject *const *args, P
     if (d == -1.0 && PyErr_Occurred()) return NULL;
     const double t = PyFloat_AsDouble(args[1]);
     if (t == -1.0 && PyErr_Occurred()) return NULL;
-    volatile float p = powf((float)d, (float)t); /* (no contraction with the subtraction) */
-    return PyFloat_FromDouble((double)(1.0f - p));
+    return PyFloat_FromDouble(bias_correction(d, t));
+}
+
+/* adam_scalars(b1, b2, eps, eps_root, mode, c): optim.transforms' two-moment stage scalars for
+ * the step whose count reads c before it, where the stage's mode is the constant `mode`: with
+ * t = min(int(c) + 1, 2**31 - 1), [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode,
+ * bc(b1, min(t + 1, 2**31 - 1))], bc f32_bias_correction. A new list. */
+static PyObject *py_adam_scalars(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    if (n != 6)
+        return PyErr_Format(PyExc_TypeError, "adam_scalars(b1, b2, eps, eps_root, mode, c)");
+    const double b1 = PyFloat_AsDouble(args[0]);
+    if (b1 == -1.0 && PyErr_Occurred()) return NULL;
+    const double b2 = PyFloat_AsDouble(args[1]);
+    if (b2 == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *ci = PyNumber_Long(args[5]);   /* int(c) */
+    if (ci == NULL) return NULL;
+    int overflow = 0;
+    long long c = PyLong_AsLongLongAndOverflow(ci, &overflow);
+    Py_DECREF(ci);
+    if (c == -1 && PyErr_Occurred()) return NULL;
+    const long long imax = 2147483647LL;
+    /* min(c + 1, imax), overflow included (a huge c gives imax; a hugely negative one, no
+     * count a state holds, a t far below) */
+    long long t = overflow > 0 || c >= imax ? imax : overflow < 0 ? -imax : c + 1;
+    const long long t2 = t >= imax ? imax : t + 1;
+    PyObject *out = PyList_New(8);
+    if (out == NULL) return NULL;
+    PyObject *const keep[4] = {args[0], args[1], args[2], args[3]};
+    for (int i = 0; i < 4; i++) PyList_SET_ITEM(out, i, Py_NewRef(keep[i]));
+    PyObject *v[4] = {PyFloat_FromDouble(bias_correction(b1, (double)t)),
+                      PyFloat_FromDouble(bias_correction(b2, (double)t)), Py_NewRef(args[4]),
+                      PyFloat_FromDouble(bias_correction(b1, (double)t2))};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        ok &= v[i] != NULL;
+        PyList_SET_ITEM(out, 4 + i, v[i] != NULL ? v[i] : Py_NewRef(Py_None));
+    }
+    if (!ok) Py_CLEAR(out);
+    return out;
 }
 
 static PyMethodDef optim_methods[] = {
+    {"adam_scalars", (PyCFunction)(void (*)(void))py_adam_scalars, METH_FASTCALL,
+     "adam_scalars(b1, b2, eps, eps_root, mode, c, /)\n--\n\n"
+     "The two-moment stage's scalars for the step after count c, with a constant mode: [b1, "
+     "b2, eps, eps_root, bc(b1, t), bc(b2, t), mode, bc(b1, t + 1)], t = int(c) + 1 (both "
+     "capped at 2**31 - 1), bc f32_bias_correction."},
     {"f32_bias_correction", (PyCFunction)(void (*)(void))py_f32_bias_correction, METH_FASTCALL,
      "f32_bias_correction(decay, t, /)\n--\n\n1 - decay**t in float32 (powf), as numpy's "
      "float32 scalars compute it: optax's bias correction."},

@@ -245,7 +245,7 @@ SIGS = {
     "module_release": ["any"], "ModuleBase": [],
     "VjpProgram": ["any", "any", "any", "int"],
     "Program": [], "trace_begin": ["any", "any"], "trace_end": [], "trace_active": [], "tls_changed": [],
-    "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"],
+    "split_args": ["any", "any"], "int_like": ["any", "int"], "f32_bias_correction": ["float", "any"], "adam_scalars": ["float", "float", "any", "any", "any", "any"],
     "trace_node": ["str", "any", "arrays"], "flatten_spec": ["any", "any"],
     "unflatten_spec": ["any", "arrays"],
     "dist_shutdown": [], "dist_info": [], "dist_allreduce": ["host", "host", "op", "float"],

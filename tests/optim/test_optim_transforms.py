@@ -493,3 +493,37 @@ def test_stateless_transforms_in_train_state(jax_ref):
 
     np.testing.assert_allclose(np.asarray(s.params["w"]), p + jax_ref("optax update", theirs),
                                rtol=1e-6)
+
+
+def test_adam_scalars_in_c_are_the_python_stage_scalars():
+    # _C.adam_scalars (the per-step scalars of a two-moment stage with a constant mode)
+    # against the formula written out with numpy float32 scalars: t = min(int(c) + 1,
+    # 2**31 - 1), bias corrections 1 - b**t in float32
+    from ctrainstate import _C
+    f = np.float32
+    imax = 2**31 - 1
+
+    def bc(d, t):
+        return float(f(1) - f(d) ** f(t))
+
+    for b1, b2, eps, eps_root, mode in ((0.9, 0.999, 1e-8, 0.0, 0.0), (0.5, 0.25, 1e-3, 1e-9, 1.0)):
+        for c in (0, 1, 7, 1000, imax - 2, imax - 1, imax, 2**40, np.int32(41), 12.7, -3):
+            t = min(int(c) + 1, imax)
+            want = [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode, bc(b1, min(t + 1, imax))]
+            got = _C.adam_scalars(b1, b2, eps, eps_root, mode, c)
+            assert got == want, (c, got, want)
+    with pytest.raises(TypeError, match="adam_scalars"):
+        _C.adam_scalars(0.9, 0.999, 1e-8, 0.0, 0.0)
+    with pytest.raises(ValueError):     # int(c)'s errors, as the Python stage's
+        _C.adam_scalars(0.9, 0.999, 1e-8, 0.0, 0.0, "x")
+    with pytest.raises(TypeError):
+        _C.adam_scalars(0.9, 0.999, 1e-8, 0.0, 0.0, None)
+    # the two-moment stages with a constant mode use it (radam's mode follows the step: it
+    # keeps the Python function, and its extra stage keeps it off the step plan)
+    for tx in (optim.adam(0.1), optim.adamw(0.1), optim.yogi(0.1), optim.adamax(0.1)):
+        state = TrainState.create(apply_fn=None, params={"w": np.ones(3, np.float32)}, tx=tx)
+        g = cts.device_put({"w": np.full(3, 0.5, np.float32)})
+        for _ in range(3):
+            state = state.apply_gradients(grads=g)
+        fns = [fn for _, fn in state.__dict__["_ct_plan"].fast.scalars if fn is not None]
+        assert any(getattr(fn, "func", None) is _C.adam_scalars for fn in fns), tx

@@ -2,6 +2,7 @@
 docstring is there)."""
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, NamedTuple
 
@@ -224,15 +225,16 @@ def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *,
     value (as optax).
     """
     mu_dtype = _state_dtype(mu_dtype, "mu_dtype")
-    return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root,
-                      lambda t: float(bool(nesterov)), mu_dtype=mu_dtype)
+    return _adam_like(ADAM, ScaleByAdamState, b1, b2, eps, eps_root, float(bool(nesterov)),
+                      mu_dtype=mu_dtype)
 
 
-def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, extra=None,
+def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode, initial=0.0, extra=None,
                mu_dtype=None, who="scale_by_adam"):
     """A fused two-moment transform (ADAM / BELIEF / YOGI / ADAMAX stages) with optax's
-    ``state_cls(count, mu, nu)``. ``mode_fn(t)`` gives the stage's mode scalar for step t;
-    ``extra(t)`` optional stages after it (radam's rectification factor)."""
+    ``state_cls(count, mu, nu)``. ``mode``: the stage's mode scalar, a float, or a function
+    giving it for step t; ``extra(t)`` optional stages after it (radam's rectification
+    factor)."""
     _check_numbers(who, b1=b1, b2=b2, eps=eps, eps_root=eps_root, initial_accumulator_value=initial)
 
     def init(params):
@@ -246,8 +248,11 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode_fn, initial=0.0, ext
 
     def scalars_at(c):   # the stage's scalars for the step whose count reads c before it
         t = min(int(c) + 1, _INT32_MAX)   # safe_increment(c), inline: this runs at every step
-        return [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode_fn(t),
+        return [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode(t),
                 bc(b1, min(t + 1, _INT32_MAX))]
+
+    if not callable(mode):   # a constant mode: the same list made in C (at every step)
+        scalars_at = functools.partial(_C.adam_scalars, b1, b2, eps, eps_root, mode)
 
     def fuse(state, ctx):
         _expect_state(state, state_cls, who)
@@ -271,21 +276,21 @@ def scale_by_belief(b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16, *,
     """AdaBelief's scaling (optax.scale_by_belief): the second moment tracks the squared
     prediction error (g - mu)^2 (+ eps_root). State: ScaleByBeliefState(count, mu, nu)."""
     return _adam_like(BELIEF, ScaleByBeliefState, b1, b2, eps, eps_root,
-                      lambda t: float(bool(nesterov)), who="scale_by_belief")
+                      float(bool(nesterov)), who="scale_by_belief")
 
 
 def scale_by_yogi(b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0,
                   initial_accumulator_value=1e-6) -> GradientTransformation:
     """Yogi's scaling (optax.scale_by_yogi): nu -= (1 - b2) sign(nu - g^2) g^2, both moments
     start at ``initial_accumulator_value``. State: ScaleByAdamState(count, mu, nu)."""
-    return _adam_like(YOGI, ScaleByAdamState, b1, b2, eps, eps_root, lambda t: 0.0,
+    return _adam_like(YOGI, ScaleByAdamState, b1, b2, eps, eps_root, 0.0,
                       initial=initial_accumulator_value, who="scale_by_yogi")
 
 
 def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8) -> GradientTransformation:
     """Adamax's scaling (optax.scale_by_adamax): the bias-corrected first moment over the
     infinity-norm moment max(|g| + eps, b2 nu). State: ScaleByAdamState(count, mu, nu)."""
-    return _adam_like(ADAMAX, ScaleByAdamState, b1, b2, eps, 0.0, lambda t: 0.0,
+    return _adam_like(ADAMAX, ScaleByAdamState, b1, b2, eps, 0.0, 0.0,
                       who="scale_by_adamax")
 
 

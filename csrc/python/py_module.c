@@ -267,11 +267,6 @@ static PyObject *ms_fn_attr(PyObject *fn, PyObject *name) {
     return v != NULL ? v : Py_NewRef(Py_False);
 }
 
-/* `obj.name`: ct_py_attr's (a new reference; NULL with an exception). */
-static PyObject *ms_attr(PyObject *obj, PyObject *name) {
-    return ct_py_attr(obj, name);
-}
-
 /* The thread's module context (nn.module._ctx, a threading.local): its attributes `stack`,
  * `recorders` and `capture` (new references in *stack, *rec, *cap; rec and cap may be
  * NULL where not wanted), read through ct_py_tls_getattr. 0, or -1 with an exception. */
@@ -468,7 +463,7 @@ static int ms_enter(PyObject *fn, PyObject *self, PyObject **stack_out) {
         const Py_ssize_t nc = PyList_GET_SIZE(cap);
         if (nc > 0 && PyList_GET_ITEM(cap, nc - 1) != Py_None) goto slow;
     }
-    reserved = ms_attr(scope, S(_reserved));
+    reserved = ct_py_attr(scope, S(_reserved));
     if (reserved == NULL) goto error;
     if (!PySet_CheckExact(reserved)) goto slow;
     int fresh = 0;
@@ -774,12 +769,12 @@ static PyObject *ms_new_child_scope(PyObject *scope, PyObject *scope_children, P
     PyObject *vars = NULL, *root = NULL, *mutable = NULL, *path = NULL, *init = NULL;
     PyObject *adopted = NULL, *child = NULL, *newpath = NULL, *tail = NULL, *rngs = NULL;
     PyObject *counters = NULL, *reserved = NULL, *children = NULL, *result = NULL;
-    vars = ms_attr(scope, S(_variables));
-    root = vars != NULL ? ms_attr(scope, S(root_rngs)) : NULL;
-    mutable = root != NULL ? ms_attr(scope, S(mutable)) : NULL;
-    path = mutable != NULL ? ms_attr(scope, S(path)) : NULL;
-    init = path != NULL ? ms_attr(scope, S(initializing)) : NULL;
-    adopted = init != NULL ? ms_attr(scope, S(adopted)) : NULL;
+    vars = ct_py_attr(scope, S(_variables));
+    root = vars != NULL ? ct_py_attr(scope, S(root_rngs)) : NULL;
+    mutable = root != NULL ? ct_py_attr(scope, S(mutable)) : NULL;
+    path = mutable != NULL ? ct_py_attr(scope, S(path)) : NULL;
+    init = path != NULL ? ct_py_attr(scope, S(initializing)) : NULL;
+    adopted = init != NULL ? ct_py_attr(scope, S(adopted)) : NULL;
     if (adopted == NULL) goto out;
     if (!PyDict_Check(root)) {
         PyErr_Format(PyExc_TypeError, "ModuleScope.root_rngs must be a dict");
@@ -887,8 +882,8 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
     }
     const int used = PySet_Contains(call_names, name);
     if (used != 0) goto slow_or_error;
-    reserved = ms_attr(pscope, S(_reserved));
-    pchildren = reserved != NULL ? ms_attr(pscope, S(_children)) : NULL;
+    reserved = ct_py_attr(pscope, S(_reserved));
+    pchildren = reserved != NULL ? ct_py_attr(pscope, S(_children)) : NULL;
     if (pchildren == NULL) goto error;
     if (!PySet_CheckExact(reserved) || !PyDict_CheckExact(pchildren)) goto slow;
     if (PySet_GET_SIZE(reserved) > 0) {
@@ -921,7 +916,7 @@ static PyObject *py_module_bind_new(PyObject *mod, PyObject *const *a, Py_ssize_
         if (scope == NULL) goto error;
     }
     if (fresh_scope == 0) { /* (a scope made just now has nothing reserved to clear) */
-        PyObject *sres = ms_attr(scope, S(_reserved));
+        PyObject *sres = ct_py_attr(scope, S(_reserved));
         if (sres == NULL) goto error;
         int rc = PySet_Check(sres) ? PySet_Clear(sres) : -2;
         if (rc == -2) {

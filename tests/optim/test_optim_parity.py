@@ -40,9 +40,14 @@ def _run_optax(name):
 
 def reference(jax_ref, name):
     """optax's final params for case `name`: recorded, or live (checked against the
-    recording)."""
-    return jax_ref(name, lambda jax: _run_optax(name), recorded=_VEC["case/" + name],
-                   rtol=1e-6, atol=1e-7)
+    recording). Live optax on another CPU can differ from the recording by a few float32
+    roundings compounded over the 100 steps (XLA's code for the CPU it runs on: 3e-7 of a
+    tree of scale 2.5 on an AMD EPYC); the check is relative to the tree's scale, as
+    :func:`assert_close` is, with a tenth of its bound."""
+    rec = _VEC["case/" + name]
+    scale = np.nanmax(np.abs(rec)) if np.isfinite(rec).any() else 1.0
+    return jax_ref(name, lambda jax: _run_optax(name), recorded=rec,
+                   rtol=RTOL / 10, atol=RTOL / 10 * scale)
 
 
 def _specs(mesh_kind):
@@ -63,19 +68,37 @@ def _place(params, mesh_kind):
         is_leaf=lambda x: isinstance(x, cts.PartitionSpec))
 
 
+_GRADS = {}
+
+
+def _grads(gk):
+    """The STEPS grads trees of a case's grads arguments (numpy; drawn once a session)."""
+    key = repr(sorted(gk.items()))
+    if key not in _GRADS:
+        _GRADS[key] = [oc.grads_for(i, **gk) for i in range(oc.STEPS)]
+    return _GRADS[key]
+
+
 def run_ours(name, mesh_kind, functional=False):
+    """Our final params after STEPS steps. On one device the grads are numpy arrays (the step
+    scatters them); on the meshes, Arrays with the params' shardings (what a grad of the
+    model gives: TrainState's steps after the first run as one C call each)."""
     make, gk = oc.CASES[name]
     tx = make(optim)
     params = _place(oc.init_params(), mesh_kind)
+    grads = _grads(gk)
+    if mesh_kind != "single":
+        shard = cts.tree_util.tree_map(lambda p: p.sharding, params)
+        grads = [cts.tree_util.tree_map(cts.device_put, g, shard) for g in grads]
     if functional:
         state = tx.init(params)
-        for i in range(oc.STEPS):
-            updates, state = tx.update(oc.grads_for(i, **gk), state, params)
+        for g in grads:
+            updates, state = tx.update(g, state, params)
             params = optim.apply_updates(params, updates)
         return oc.flat(cts.tree_util.tree_map(np.asarray, params))
     ts = TrainState.create(apply_fn=None, params=params, tx=tx)
-    for i in range(oc.STEPS):
-        ts = ts.apply_gradients(grads=oc.grads_for(i, **gk))
+    for g in grads:
+        ts = ts.apply_gradients(grads=g)
     assert ts.step == oc.STEPS
     return oc.flat(cts.tree_util.tree_map(np.asarray, ts.params))
 

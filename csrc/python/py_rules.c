@@ -552,8 +552,6 @@ PyObject *ct_py_attr(PyObject *obj, PyObject *name) {
     return PyObject_GetAttr(obj, name);
 }
 
-#define ph_attr ct_py_attr
-
 /* The keys of recent hits, so that a declaration seen before finds its _CHECKED key without
  * building and hashing it: a key (code object, defaults, closure, arguments, axes, rules,
  * mesh, jit flag, shape) is a nest of tuples whose hash (the code object's included) is
@@ -732,11 +730,11 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
     const int ism = PyObject_IsInstance(module, ph_env[PH_MODULE]);
     if (ism < 0) goto error;
     if (!ism || ph_get(ph_env[PH_PLAIN], (PyObject *)Py_TYPE(module)) != Py_True) goto miss;
-    scope = ph_attr(module, ph_names[N_SCOPE]);
+    scope = ct_py_attr(module, ph_names[N_SCOPE]);
     if (scope == NULL) goto error;
     if (ph_get(ph_env[PH_PLAIN], (PyObject *)Py_TYPE(scope)) != Py_True) goto miss;
-    vars = ph_attr(scope, ph_names[N_VARIABLES]);
-    path = vars != NULL ? ph_attr(scope, ph_names[N_PATH]) : NULL;
+    vars = ct_py_attr(scope, ph_names[N_VARIABLES]);
+    path = vars != NULL ? ct_py_attr(scope, ph_names[N_PATH]) : NULL;
     if (path == NULL) goto error;
     if (!PyTuple_CheckExact(path)) goto miss;
     PyObject *d = ph_get(vars, ph_names[N_PARAMS]);
@@ -820,7 +818,7 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
         goto miss_v;
     Py_INCREF(entry);
     /* the declaration rule: in setup(), or the module's @compact frame is on the stack */
-    in_setup = ph_attr(module, ph_names[N_IN_SETUP]);
+    in_setup = ct_py_attr(module, ph_names[N_IN_SETUP]);
     if (in_setup == NULL) goto error_ve;
     if (in_setup != Py_True) {
         int found = 0;
@@ -831,9 +829,9 @@ static PyObject *ph_hit(PyObject *name, PyObject *init_fn, PyObject *init_args, 
         }
         if (!found) goto miss_ve;
     }
-    reserved = ph_attr(scope, ph_names[N_RESERVED]);
-    children = reserved != NULL ? ph_attr(scope, ph_names[N_CHILDREN]) : NULL;
-    mutable = children != NULL ? ph_attr(scope, ph_names[N_MUTABLE]) : NULL;
+    reserved = ct_py_attr(scope, ph_names[N_RESERVED]);
+    children = reserved != NULL ? ct_py_attr(scope, ph_names[N_CHILDREN]) : NULL;
+    mutable = children != NULL ? ct_py_attr(scope, ph_names[N_MUTABLE]) : NULL;
     if (mutable == NULL) goto error_ve;
     if (mutable != Py_False || !PySet_CheckExact(reserved) || !PyDict_CheckExact(children))
         goto miss_ve;
@@ -1282,7 +1280,7 @@ static PyObject *mp_hit(PyObject *self, PyObject *name, PyObject *init_fn, PyObj
     if (!PyUnicode_CheckExact(name)) return miss;
     const int ism = PyObject_IsInstance(self, mp_env[MP_MODULE]);
     if (ism <= 0) return ism < 0 ? NULL : miss;
-    PyObject *scope = ph_attr(self, mp_str_scope); /* (the module's ModuleBase field) */
+    PyObject *scope = ct_py_attr(self, mp_str_scope); /* (the module's ModuleBase field) */
     if (scope == NULL) return NULL;
     if (scope == Py_None) {
         Py_DECREF(scope);
@@ -1293,7 +1291,7 @@ static PyObject *mp_hit(PyObject *self, PyObject *name, PyObject *init_fn, PyObj
     if (strict == NULL) goto error;
     if (strict != Py_None) goto out;
     /* the declaration rule: in setup(), or the module's @compact frame is on the stack */
-    PyObject *in_setup = ph_attr(self, mp_str_in_setup);
+    PyObject *in_setup = ct_py_attr(self, mp_str_in_setup);
     if (in_setup == NULL) goto error;
     Py_DECREF(in_setup);     /* (compared by identity only: True stays alive) */
     if (in_setup != Py_True) {
@@ -1310,10 +1308,10 @@ static PyObject *mp_hit(PyObject *self, PyObject *name, PyObject *init_fn, PyObj
         }
         if (!found) goto out;
     }
-    reserved = ph_attr(scope, ph_names[N_RESERVED]);
-    children = reserved != NULL ? ph_attr(scope, ph_names[N_CHILDREN]) : NULL;
-    vars = children != NULL ? ph_attr(scope, ph_names[N_VARIABLES]) : NULL;
-    path = vars != NULL ? ph_attr(scope, ph_names[N_PATH]) : NULL;
+    reserved = ct_py_attr(scope, ph_names[N_RESERVED]);
+    children = reserved != NULL ? ct_py_attr(scope, ph_names[N_CHILDREN]) : NULL;
+    vars = children != NULL ? ct_py_attr(scope, ph_names[N_VARIABLES]) : NULL;
+    path = vars != NULL ? ct_py_attr(scope, ph_names[N_PATH]) : NULL;
     if (path == NULL) goto error;
     if (!PySet_CheckExact(reserved) || !PyDict_CheckExact(children) || !PyTuple_CheckExact(path))
         goto out;

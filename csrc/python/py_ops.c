@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../core/ct_ops.h"
+#include "../backend/cpu/cpu_ops.h"
 
 #define MAX_SHARDS CT_MAX_DEVICES
 
@@ -814,6 +815,17 @@ static PyObject *py_set_blas_sgemm(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_gemm_small(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n, k;
+    if (!PyArg_ParseTuple(args, "LL:gemm_small", &n, &k)) return NULL;
+    if (n < 0 || k < 0) {
+        PyErr_Format(PyExc_ValueError, "gemm_small: negative size (n %lld, k %lld)", n, k);
+        return NULL;
+    }
+    return PyBool_FromLong(ct_cpu_gemm_small((int64_t)n, (int64_t)k));
+}
+
 static PyObject *py_has_blas(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -871,6 +883,9 @@ static PyMethodDef ops_methods[] = {
     {"set_blas_sgemm", py_set_blas_sgemm, METH_O,
      "set_blas_sgemm($module, capsule, /)\n--\n\nUse this Fortran-ABI sgemm (e.g. scipy's) for "
      "CPU matmuls; None restores the built-in kernel."},
+    {"gemm_small", py_gemm_small, METH_VARARGS,
+     "gemm_small($module, n, k, /)\n--\n\nWhether a CPU product whose right operand (after its "
+     "transpose) is k x n runs the small register-blocked kernel, never the BLAS sgemm."},
     {"has_blas", py_has_blas, METH_NOARGS,
      "has_blas($module, /)\n--\n\nWhether an optimized BLAS sgemm is registered."},
     {NULL, NULL, 0, NULL},

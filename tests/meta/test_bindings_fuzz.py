@@ -217,7 +217,7 @@ SIGS = {
     "op_nccl_unique_id": ["buf"], "op_allreduce_ranks": ["bufs", "int", "any", "int", "ints"],
     "op_gather_rows": ["bufs", "bufs", "bufs", "ints", "count"],
     "op_scatter_add_rows": ["bufs", "bufs", "bufs", "ints", "count"],
-    "op_transpose": ["bufs", "ints", "bufs"], "set_blas_sgemm": ["capsule"], "has_blas": [],
+    "op_transpose": ["bufs", "ints", "bufs"], "set_blas_sgemm": ["capsule"], "gemm_small": ["int", "int"], "has_blas": [],
     "get_axis_rules": [], "set_axis_rules": ["rules"],
     "resolve_logical_axes": ["lnames", "rules", "any"],
     "key_split": ["u32", "u32", "count"], "key_fold_in": ["u32", "u32", "u32"],

@@ -12,6 +12,8 @@ from the float64 sum rounded once), so a kernel that summed in another order, or
 multiply-adds, would fail these tests. Because an element's sum depends on nothing but its
 own row and column, any split of the rows or columns over devices gives the same bits.
 """
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -139,3 +141,54 @@ def test_larger_products_still_take_the_blas_path():
     exact = a.astype(np.float64) @ b.astype(np.float64)
     bound = 300 * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b))
     assert np.all(np.abs(got - exact) <= bound)
+
+
+def test_gemm_small_names_the_products_of_the_small_kernel():
+    """``_C.gemm_small(n, k)``, the kernel's own test (op(B) k x n): every shape above, none
+    past the tile or a narrow B with k > 64; bad sizes raise."""
+    for _, k, n in SHAPES:
+        assert _C.gemm_small(n, k), (n, k)
+    for n, k in [(16, 300), (17, 256), (256, 256), (7, 65), (1, 65), (4097, 1), (16, 0)]:
+        assert not _C.gemm_small(n, k), (n, k)
+    with pytest.raises(ValueError, match="negative size"):
+        _C.gemm_small(-1, 4)
+    with pytest.raises(TypeError):
+        _C.gemm_small(4)
+
+
+_SCIPY_ONLY_WHEN_NEEDED = """
+import sys
+import numpy as np
+import ctrainstate as cts
+import ctrainstate.numpy as cnp
+from ctrainstate import _C
+
+def loss(w, x):
+    return cnp.sum(cnp.tanh(x @ w) @ w.T)
+
+x = cts.device_put(np.ones((64, 16), np.float32))
+w = cts.device_put(np.full((16, 16), 0.1, np.float32))
+for _ in range(2):   # a product, its gradient, and the C dispatch's plan hit
+    v, g = cts.value_and_grad(loss)(w, x)
+    float(v)
+print("small", "scipy.linalg" in sys.modules, _C.has_blas())
+big = cts.device_put(np.ones((64, 300), np.float32))
+got = np.asarray(big @ cts.device_put(np.ones((300, 16), np.float32)))
+assert (got == 300).all()
+print("large", "scipy.linalg" in sys.modules, _C.has_blas())
+"""
+
+
+def test_small_products_do_not_load_the_blas(tmp_path):
+    """A process whose products all fit the small kernel never imports scipy.linalg (a
+    quarter of a second) or registers its sgemm; its first larger product does both, before
+    it runs (the BLAS computes it)."""
+    import subprocess
+    import sys
+    pytest.importorskip("scipy.linalg")
+    env = dict(os.environ, CTRAINSTATE_NUM_CPU_DEVICES="1")
+    env.pop("CTRAINSTATE_NO_BLAS", None)
+    r = subprocess.run([sys.executable, "-c", _SCIPY_ONLY_WHEN_NEEDED], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["small False False", "large True True"], r.stdout

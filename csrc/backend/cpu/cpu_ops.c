@@ -680,6 +680,8 @@ static int gemm_is_small(int64_t n, int64_t k) {
            (n >= SMALL_W / 2 || k <= SMALL_NARROW_K);
 }
 
+int ct_cpu_gemm_small(int64_t n, int64_t k) { return gemm_is_small(n, k); }
+
 ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc, int prec) {

@@ -18,6 +18,9 @@ ct_status ct_cpu_reduce(ct_device *dev, int op, int ndim, const int64_t *shape, 
 ct_status ct_cpu_gemm(ct_device *dev, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc, int prec);
+/* Whether ct_cpu_gemm computes a product whose op(B) is k x n with its small kernel (never the
+ * registered BLAS sgemm): op(B)'s size alone decides. */
+int ct_cpu_gemm_small(int64_t n, int64_t k);
 ct_status ct_cpu_ewise(ct_device *dev, int op, int dtype, int ndim, const int64_t *shape,
                        void *out, const void *a, const int64_t *as, const void *b,
                        const int64_t *bs);

@@ -75,10 +75,14 @@ _RED_SUM, _RED_MAX = _C.op_codes["reduce"]["SUM"], _C.op_codes["reduce"]["MAX"]
 _blas_checked = False
 
 
-def _ensure_blas():
-    """Register scipy's OpenBLAS sgemm with the CPU backend once (built-in kernel otherwise)."""
+def _ensure_blas(n: int | None = None, k: int | None = None):
+    """Register scipy's OpenBLAS sgemm with the CPU backend once (built-in kernel otherwise),
+    before the first product that could use it: a product whose right operand is ``k`` x
+    ``n`` (after its transpose) and fits the small kernel (``_C.gemm_small``) never calls the
+    BLAS, so it does not import ``scipy.linalg`` (a quarter of a second) for a process whose
+    products are all small. Without sizes: registered now."""
     global _blas_checked
-    if _blas_checked:
+    if _blas_checked or (n is not None and _C.gemm_small(n, k)):
         return
     _blas_checked = True
     if os.environ.get("CTRAINSTATE_NO_BLAS"):
@@ -1972,7 +1976,7 @@ def _matmul(a: Array, b: Array, ta: bool, tb: bool, prec: int = 0) -> Array:
     a2 = a if stay_a else _to(a, place, wa)
     b2 = b if stay_b else _to(b, place, wb)
     out = _new(out_shape, place, out_norm)
-    _ensure_blas()
+    _ensure_blas(n_loc, k_loc)
     if b2d:  # fold a's batch into M: one GEMM per shard
         _C.op_matmul(_bufs(a2), _bufs(b2), _bufs(out), 1, batch * m_loc, n_loc, k_loc, 0, 0,
                      int(ta), int(tb), 1.0, 0.0, prec)
@@ -3289,7 +3293,7 @@ def _plan_matmul_t(ta: bool, tb: bool):
             return None
         if not (stay_a and stay_b and b2d):
             return None
-        _ensure_blas()
+        _ensure_blas(n_loc, k_loc)
         groups: list = []
         if kax and not isinstance(place, Device):
             groups = _id_cached(_AR_GROUPS, (id(place), tuple(kax)), place, None,

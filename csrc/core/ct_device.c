@@ -19,6 +19,8 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static ct_status g_init_status = CT_OK;
 static char g_init_error[CT_ERRMSG_MAX];
 static char g_gpu_status[CT_ERRMSG_MAX] = "GPU backend not probed yet";
+static char g_cuda_backend[CT_ERRMSG_MAX]; /* the package's own CUDA backend ("" unknown) */
+static int g_probed;                       /* init_once has run */
 /* Global ids (ct_devices_set_id_offset): this process's first id and the job's device count
  * (0: one process, ids are local indices). */
 static int g_id_offset;
@@ -64,6 +66,19 @@ static void probe_gpu(const ct_backend **backend, int *num_physical) {
                  "CTRAINSTATE_NO_CUDA=1)");
         return;
     }
+    if (g_cuda_backend[0] != '\0' && strcmp(path, g_cuda_backend) == 0) {
+        /* the CUDA runtime needs the driver's library: without it no GPU can be used, and
+         * loading the backend (cuBLAS's libraries: a tenth of a second) is skipped. Kept
+         * loaded otherwise: the runtime loads it next. */
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        if (drv == NULL) {
+            const char *e = dlerror();
+            snprintf(g_gpu_status, sizeof g_gpu_status,
+                     "no NVIDIA driver: libcuda.so.1 could not be loaded (%s), so the CUDA "
+                     "backend was not loaded", e ? e : "no reason given");
+            return;
+        }
+    }
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
         const char *e = dlerror();
@@ -102,7 +117,21 @@ static void probe_gpu(const ct_backend **backend, int *num_physical) {
     *num_physical = n;
 }
 
+ct_status ct_devices_set_cuda_backend(const char *path) {
+    if (path == NULL || strlen(path) >= sizeof g_cuda_backend) {
+        ct_set_error(CT_EINVAL, "the CUDA backend's path is missing or too long");
+        return CT_EINVAL;
+    }
+    if (__atomic_load_n(&g_probed, __ATOMIC_ACQUIRE)) {
+        ct_set_error(CT_EINVAL, "devices exist already: the CUDA backend was probed");
+        return CT_EINVAL;
+    }
+    snprintf(g_cuda_backend, sizeof g_cuda_backend, "%s", path);
+    return CT_OK;
+}
+
 static void init_once(void) {
+    __atomic_store_n(&g_probed, 1, __ATOMIC_RELEASE);
     uint64_t ncpu = 0, limit = 0, split = 0;
     ct_status st = env_u64("CTRAINSTATE_NUM_CPU_DEVICES", 1, CT_MAX_DEVICES, &ncpu);
     if (st == CT_OK) st = env_u64("CTRAINSTATE_CPU_DEVICE_MEMORY", 1, UINT64_MAX, &limit);

@@ -86,6 +86,14 @@ void ct_device_free(ct_device *dev, void *ptr, size_t nbytes);
 /* Why there are no GPU devices (or what was loaded): a human-readable line. */
 const char *ct_gpu_status(void);
 
+/* Name the library at `path` as the package's own CUDA backend (nvcc, cudart, cuBLAS), before
+ * devices are first used: when CTRAINSTATE_CUDA_BACKEND names it, the probe first loads the
+ * NVIDIA driver's libcuda.so.1 and, where that fails (no driver: no GPU can be used), reports
+ * so without loading the backend and its CUDA libraries. Other backends (the host emulations
+ * of tools/) are loaded as they are. CT_EINVAL for a path of CT_ERRMSG_MAX bytes or more, or
+ * once devices exist. */
+ct_status ct_devices_set_cuda_backend(const char *path);
+
 /* Reset peak_bytes_in_use to the current bytes_in_use on every device. */
 void ct_devices_reset_peaks(void);
 

@@ -107,7 +107,30 @@ static PyObject *py_devices_set_id_offset(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_devices_set_cuda_backend(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "devices_set_cuda_backend: a path (str), not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t len;
+    const char *path = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (path == NULL) return NULL;
+    if (strlen(path) != (size_t)len) {
+        PyErr_SetString(PyExc_ValueError, "devices_set_cuda_backend: embedded NUL in the path");
+        return NULL;
+    }
+    if (ct_devices_set_cuda_backend(path) != CT_OK) return ct_py_raise(CT_EINVAL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef device_methods[] = {
+    {"devices_set_cuda_backend", py_devices_set_cuda_backend, METH_O,
+     "devices_set_cuda_backend($module, path, /)\n--\n\nName `path` as the package's own CUDA "
+     "backend, before devices are first used: when CTRAINSTATE_CUDA_BACKEND names it, the "
+     "device probe skips loading it where the NVIDIA driver (libcuda.so.1) is missing. "
+     "ValueError once devices exist."},
     {"devices_set_id_offset", py_devices_set_id_offset, METH_VARARGS,
      "devices_set_id_offset($module, offset, total, /)\n--\n\nMake this process's device ids "
      "global, once: local index + offset, in a job of `total` devices "

@@ -238,3 +238,60 @@ def test_device_attributes_match_jax():
     assert n >= 1
     assert [attrs(d) for d in ours[:n]] == [attrs(d) for d in theirs[:n]]
     assert (cts.process_index(), cts.process_count()) == (jax.process_index(), jax.process_count())
+
+
+def _nvidia_driver_loads() -> bool:
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+# what the probe says, and which CUDA libraries the process mapped
+_PROBE_MAPS = ("import ctrainstate as c; c.devices(); print(c.gpu_status())\n"
+               "print(sorted({l.split()[-1].rsplit('/', 1)[-1] for l in open('/proc/self/maps')\n"
+               "              if 'cublas' in l or 'backend' in l}))\n")
+
+
+def test_the_package_backend_is_not_loaded_without_the_nvidia_driver(tmp_path):
+    """Where CTRAINSTATE_CUDA_BACKEND names the package's own CUDA backend (set at import, or
+    inherited from a parent with that path) and the driver's libcuda.so.1 does not load, the
+    probe says so and maps neither the backend nor cuBLAS (a tenth of a second per process);
+    a library named otherwise is loaded as before."""
+    import glob
+    import os
+    import shutil
+    libs = glob.glob(os.path.join(os.path.dirname(cts.__file__), "_cuda_backend*.so"))
+    if not libs:
+        pytest.skip("ctrainstate was built without the CUDA backend")
+    if _nvidia_driver_loads():
+        pytest.skip("the NVIDIA driver is installed here: the backend is loaded")
+    for env in ({"CTRAINSTATE_CUDA_BACKEND": ""}, {"CTRAINSTATE_CUDA_BACKEND": libs[0]}):
+        r = run_python(_PROBE_MAPS, env)
+        assert r.returncode == 0, r.stderr
+        status, maps = r.stdout.splitlines()
+        assert status.startswith("no NVIDIA driver: libcuda.so.1 could not be loaded ("), status
+        assert status.endswith("so the CUDA backend was not loaded"), status
+        assert maps == "[]", maps
+    copy = tmp_path / "backend_copy.so"
+    shutil.copy(libs[0], copy)
+    r = run_python(_PROBE_MAPS, {"CTRAINSTATE_CUDA_BACKEND": str(copy)})
+    assert r.returncode == 0, r.stderr
+    status, maps = r.stdout.splitlines()
+    assert "no NVIDIA driver" not in status, status
+    assert "backend_copy.so" in maps or status.startswith("the CUDA backend could not be loaded"), \
+        (status, maps)
+
+
+def test_devices_set_cuda_backend_checks_its_argument():
+    cts.devices()   # devices exist in this process
+    with pytest.raises(ValueError, match="devices exist already"):
+        cts._C.devices_set_cuda_backend("/some/_cuda_backend.so")
+    with pytest.raises(ValueError, match="missing or too long"):
+        cts._C.devices_set_cuda_backend("x" * 5000)
+    with pytest.raises(ValueError, match="embedded NUL"):
+        cts._C.devices_set_cuda_backend("a\0b")
+    with pytest.raises(TypeError, match="a path"):
+        cts._C.devices_set_cuda_backend(b"/some/path")

@@ -203,7 +203,7 @@ SIGS = {
     "layout": ["ints", "names", "ints", "spec", "ints"],
     "copy_from_host": ["buf", "host", "ints"], "copy_to_host": ["buf", "host", "ints"],
     "copy_overlap": ["buf", "ints", "buf", "ints"], "copy_bytes": ["buf", "buf"],
-    "gpu_status": [], "move_arrays": ["arrays"], "array_type_extend": ["any"],
+    "gpu_status": [], "devices_set_cuda_backend": ["str"], "move_arrays": ["arrays"], "array_type_extend": ["any"],
     "array_getitem": ["any", "any"], "getitem_cache_info": [],
     "Primitive": ["str", "int", "any", "any", "any"],
     "dlpack_copy_into": ["buf", "dlpack"],

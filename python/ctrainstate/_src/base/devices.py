@@ -18,11 +18,17 @@ import threading
 from ... import _C
 
 # The CUDA backend is a separate library that the core loads with dlopen() the
-# first time devices are used; tell it where the library is (if it was built).
+# first time devices are used; tell it where the library is (if it was built). Where the
+# variable names this package's own library (set here, or inherited from a parent process),
+# the core first checks for the NVIDIA driver: on a machine without one it skips loading the
+# backend and its cuBLAS (0.1 s of every process's first device use). A library named
+# otherwise (tools/'s host emulations of the backend) is loaded as it is.
 _cuda_libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                                     "_cuda_backend*.so"))   # in the package directory
 if _cuda_libs and not os.environ.get("CTRAINSTATE_CUDA_BACKEND"):
     os.environ["CTRAINSTATE_CUDA_BACKEND"] = _cuda_libs[0]
+if _cuda_libs and os.environ["CTRAINSTATE_CUDA_BACKEND"] == _cuda_libs[0]:
+    _C.devices_set_cuda_backend(_cuda_libs[0])
 
 
 def _warn_forked_single_threaded() -> None:

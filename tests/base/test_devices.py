@@ -295,3 +295,15 @@ def test_devices_set_cuda_backend_checks_its_argument():
         cts._C.devices_set_cuda_backend("a\0b")
     with pytest.raises(TypeError, match="a path"):
         cts._C.devices_set_cuda_backend(b"/some/path")
+
+
+def test_the_devices_module_run_again_after_the_probe_is_harmless():
+    """A notebook's autoreload runs the module again once devices exist: naming the package's
+    backend is then too late, and is skipped without an error."""
+    r = run_python("import importlib, ctrainstate as c\n"
+                   "from ctrainstate._src.base import devices\n"
+                   "c.devices(); before = c.gpu_status()\n"
+                   "importlib.reload(devices)\n"
+                   "print(c.gpu_status() == before, len(c.devices('cpu')))")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "1"], r.stdout

@@ -28,7 +28,10 @@ _cuda_libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.dirn
 if _cuda_libs and not os.environ.get("CTRAINSTATE_CUDA_BACKEND"):
     os.environ["CTRAINSTATE_CUDA_BACKEND"] = _cuda_libs[0]
 if _cuda_libs and os.environ["CTRAINSTATE_CUDA_BACKEND"] == _cuda_libs[0]:
-    _C.devices_set_cuda_backend(_cuda_libs[0])
+    try:
+        _C.devices_set_cuda_backend(_cuda_libs[0])
+    except ValueError:   # this module re-run (autoreload) after the probe: nothing to name
+        pass
 
 
 def _warn_forked_single_threaded() -> None:

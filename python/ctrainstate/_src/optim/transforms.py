@@ -244,14 +244,16 @@ def _adam_like(kind, state_cls, b1, b2, eps, eps_root, mode, initial=0.0, extra=
         return state_cls(count=_count0(params), mu=tree_map(lambda p: full_like(p, initial), params),
                          nu=tree_map(lambda p: full_like(p, initial), params))
 
-    bc = _C.f32_bias_correction   # (_bc, called directly: this runs at every step)
+    # scalars_at(c): the stage's scalars for the step whose count reads c before it (this
+    # runs at every step); for a constant mode, the list is made in C
+    if callable(mode):
+        bc = _C.f32_bias_correction   # (_bc, called directly)
 
-    def scalars_at(c):   # the stage's scalars for the step whose count reads c before it
-        t = min(int(c) + 1, _INT32_MAX)   # safe_increment(c), inline: this runs at every step
-        return [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode(t),
-                bc(b1, min(t + 1, _INT32_MAX))]
-
-    if not callable(mode):   # a constant mode: the same list made in C (at every step)
+        def scalars_at(c):
+            t = min(int(c) + 1, _INT32_MAX)   # safe_increment(c), inline
+            return [b1, b2, eps, eps_root, bc(b1, t), bc(b2, t), mode(t),
+                    bc(b1, min(t + 1, _INT32_MAX))]
+    else:
         scalars_at = functools.partial(_C.adam_scalars, b1, b2, eps, eps_root, mode)
 
     def fuse(state, ctx):

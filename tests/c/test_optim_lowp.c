@@ -573,11 +573,19 @@ static void errors(void) {
     CHECK(ct_optim_step(st, 2, &grp, 1, 1) == CT_OK, "errors: the unused out dtype was checked");
 }
 
+/* Random trials of each kind (of reference trials, 2 in 5 of that number). The sanitizer
+ * build (tests/c/Makefile) runs 50 of each, where a trial takes 7x as long: the same kinds of
+ * chains and dtypes, fewer draws; the plain runs, on every conversion path, run 150. */
+#ifndef CT_LOWP_TRIALS
+#define CT_LOWP_TRIALS 150
+#endif
+
 int main(void) {
     conversions();
-    for (int trial = 0; trial < 150 && failures < 20; trial++) step_trial(trial, 0);
-    for (int trial = 0; trial < 150 && failures < 20; trial++) step_trial(1000 + trial, 1);
-    for (int trial = 0; trial < 60 && failures < 20; trial++) reference_trial(trial);
+    for (int trial = 0; trial < CT_LOWP_TRIALS && failures < 20; trial++) step_trial(trial, 0);
+    for (int trial = 0; trial < CT_LOWP_TRIALS && failures < 20; trial++) step_trial(1000 + trial, 1);
+    for (int trial = 0; trial < CT_LOWP_TRIALS * 2 / 5 && failures < 20; trial++)
+        reference_trial(trial);
     errors();
     printf("test_optim_lowp: %d checks, %d failures (16-bit steps bit-exact vs float32 + rounding)\n",
            checks, failures);

@@ -1,9 +1,9 @@
 """Slice steps other than 1, integer-array and boolean-mask indexing on sharded Arrays:
-``x[idx]`` and ``x.at[idx].set/add/multiply/divide/get`` equal numpy's (and jax's, live, when
-installed) on meshes (1,), (8,) and (2, 4); the result's dimensions go where numpy puts them;
-dimensions taken whole keep their mesh axes; gradients are scatter-adds of the cotangent
-(checked against np.add.at and jax.grad); out-of-range index entries are clamped in reads and
-dropped in updates and cotangents, as jax; any dtype; eval_shape; clear errors."""
+``x[idx]`` and ``x.at[idx].set/add/multiply/divide/get`` equal numpy's (and jax's: recorded,
+checked live in the parity twins) on meshes (1,), (8,) and (2, 4); the result's dimensions go
+where numpy puts them; dimensions taken whole keep their mesh axes; gradients are scatter-adds of
+the cotangent (checked against np.add.at and jax.grad); out-of-range index entries are clamped in
+reads and dropped in updates and cotangents, as jax; any dtype; eval_shape; clear errors."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -97,9 +97,7 @@ def test_dimensions_taken_whole_keep_their_axes():
     assert spec(ints[:, ::2]) == ("data", None)              # other dtypes too
 
 
-def test_jax_parity_getitem_and_gradients():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_jax_parity_getitem_and_gradients(jax_ref):
     rng = np.random.default_rng(1)
     h = rng.standard_normal(SHAPE).astype(np.float32)
     mesh = cts.make_mesh((2, 4), ("data", "model"))
@@ -109,11 +107,12 @@ def test_jax_parity_getitem_and_gradients():
              np.s_[None, [1, 3], None, 1:3], np.s_[:, MASK84[0], ::2], np.s_[False, 1],
              np.s_[np.array([0, 9, -1, -12])], np.s_[:, np.array([[5, -6]]), 7:0:-3],
              np.s_[np.array([2**31 - 1, -2**31]), 1]]
-    for idx in cases:
-        w = rng.standard_normal(jax.eval_shape(lambda v: v[idx], h).shape).astype(np.float32)
-        # jax's read and gradient in one program (one XLA compile, most of this test's time)
-        want, gj = jax.jit(lambda v: (v[idx], jax.grad(lambda u: jnp.sum(u[idx] * w))(v)))(
-            jnp.asarray(h))
+    for i, idx in enumerate(cases):
+        shape = jax_ref(f"{i}/shape", lambda jax: tuple(jax.eval_shape(lambda v: v[idx], h).shape))
+        w = rng.standard_normal(shape).astype(np.float32)
+        # jax's read and gradient in one program (one XLA compile, most of the live twin's time)
+        want, gj = jax_ref(i, lambda jax, jnp: jax.jit(
+            lambda v: (v[idx], jax.grad(lambda u: jnp.sum(u[idx] * w))(v)))(jnp.asarray(h)))
         np.testing.assert_array_equal(np.asarray(x[idx]), np.asarray(want), err_msg=str(idx))
         g = cts.grad(lambda v: cnp.sum(v[idx] * w))(x)
         np.testing.assert_allclose(np.asarray(g), np.asarray(gj), rtol=1e-6, atol=1e-6,
@@ -257,31 +256,32 @@ def test_at_updates_values_and_gradients(mesh_shape, names):
         np.testing.assert_allclose(np.asarray(gv), want_gv.reshape(shp), rtol=1e-4, atol=1e-6)
 
 
-def test_at_updates_match_jax():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_at_updates_match_jax(jax_ref):
     rng = np.random.default_rng(3)
     h = rng.standard_normal(SHAPE).astype(np.float32)
     mesh = cts.make_mesh((8,), ("x",))
     x = cts.device_put(h, cts.NamedSharding(mesh, cts.P("x")))
     w = rng.standard_normal(SHAPE).astype(np.float32)
-    for idx in [AT_CASES[0], AT_CASES[2], np.s_[np.array([9, -9, 2, 2]), ::2]]:
+    for i, idx in enumerate([AT_CASES[0], AT_CASES[2], np.s_[np.array([9, -9, 2, 2]), ::2]]):
         jdx = np.asarray(idx) if isinstance(idx, list) else idx  # jax refuses a bare list
-        v = (rng.standard_normal(jax.eval_shape(lambda a: a[jdx], h).shape) + 3.0).astype(np.float32)
+        shape = jax_ref(f"{i}/shape", lambda jax: tuple(jax.eval_shape(lambda a: a[jdx], h).shape))
+        v = (rng.standard_normal(shape) + 3.0).astype(np.float32)
         kinds = ("set", "add", "multiply", "divide")
         grad_kinds = ("set", "add")  # jax differentiates scatter_mul only for unique indices
 
         def upd(a, b, kind):
             return a.at[jdx].set(b) if kind == "set" else a.at[jdx].add(b)
 
-        def jax_side(a, b):
-            # every update and gradient of this index in one jax program (one XLA compile)
-            outs = [getattr(a.at[jdx], kind)(b) for kind in kinds]
-            grads = [jax.grad(lambda a_, b_, k=kind: jnp.sum(upd(a_, b_, k) * w), argnums=(0, 1))(a, b)
-                     for kind in grad_kinds]
-            return outs, grads
+        def theirs(jax, jnp):
+            def jax_side(a, b):
+                # every update and gradient of this index in one jax program (one XLA compile)
+                outs = [getattr(a.at[jdx], kind)(b) for kind in kinds]
+                grads = [jax.grad(lambda a_, b_, k=kind: jnp.sum(upd(a_, b_, k) * w),
+                                  argnums=(0, 1))(a, b) for kind in grad_kinds]
+                return outs, grads
+            return jax.jit(jax_side)(jnp.asarray(h), v)
 
-        wants, jgrads = jax.jit(jax_side)(jnp.asarray(h), v)
+        wants, jgrads = jax_ref(i, theirs)
         for kind, want in zip(kinds, wants):
             np.testing.assert_allclose(np.asarray(getattr(x.at[idx], kind)(v)), np.asarray(want),
                                        rtol=1e-6, err_msg=f"{kind} {idx}")
@@ -528,21 +528,23 @@ def test_int_at_updates_cast_like_jax(spec):
 
 
 @pytest.mark.filterwarnings("ignore:scatter inputs have incompatible types:FutureWarning")
-def test_int_at_updates_parity():
-    jnp = pytest.importorskip("jax.numpy")
+def test_int_at_updates_parity(jax_ref):
     rng = np.random.default_rng(5)
     for x in (rng.integers(-5, 5, (4, 8)).astype(np.int32), rng.integers(0, 9, (4, 8)).astype(np.uint32)):
-        for idx in [(0,), (slice(None), 0), (slice(None), slice(1, None)), (Ellipsis, -1), (1, 2)]:
+        for i, idx in enumerate([(0,), (slice(None), 0), (slice(None), slice(1, None)),
+                                 (Ellipsis, -1), (1, 2)]):
             for meth in ("set", "add", "subtract", "multiply", "min", "max"):
-                for v in (3, 2.7, np.int32(2)):
-                    want = getattr(jnp.asarray(x).at[idx], meth)(v)
+                for j, v in enumerate((3, 2.7, np.int32(2))):
+                    want = jax_ref(f"{x.dtype}/{i}/{meth}/{j}",
+                                   lambda jnp: getattr(jnp.asarray(x).at[idx], meth)(v))
                     got = getattr(cts.device_put(x).at[idx], meth)(v)
                     assert got.dtype == want.dtype
                     np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
                                                   err_msg=f"{x.dtype} {idx} {meth} {v}")
     ids = rng.integers(-100, 50, (4, 8)).astype(np.int32)
     np.testing.assert_array_equal(np.asarray(_shift_tokens_right(cts.device_put(ids), cnp)),
-                                  np.asarray(_shift_tokens_right(jnp.asarray(ids), jnp)))
+                                  jax_ref("shift_tokens_right",
+                                          lambda jnp: _shift_tokens_right(jnp.asarray(ids), jnp)))
 
 
 # --- x.at[idx].<op>() of every op (set, add, multiply, divide, power, min, max, apply, get): values

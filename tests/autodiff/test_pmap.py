@@ -2,7 +2,7 @@
 all_gather, ppermute, axis_index): values and gradients (jax's transpose rules), in_axes /
 out_axes / static arguments, the output layout (one slice per device), the thread-local
 contexts inside the replicas, the errors, and run_clm_flax's data-parallel train step against
-a single-device step and, where jax is installed, against jax.pmap."""
+a single-device step and against jax.pmap (live, or its recorded values)."""
 import numpy as np
 import pytest
 
@@ -15,10 +15,6 @@ N = 4
 
 def host(x):
     return np.asarray(x)
-
-
-def _jax():
-    return pytest.importorskip("jax")
 
 
 def _xla_devices(jax, n):
@@ -89,32 +85,34 @@ def test_collective_gradients_follow_jax_transpose_rules():
     np.testing.assert_allclose(host(g), 2 * X[:, None] * np.ones((N, 2)), rtol=1e-6)
 
 
-def test_collectives_match_live_jax():
-    jax = _jax()
+def _collectives_body(L, np_, ring):
+    def f(v):
+        k = L.axis_index("i").astype(np_.float32)
+        y = np_.sin(v) * (k + 1.0)
+        return (L.psum(y, "i"), L.pmean(y * y, "i"), L.pmax(y, "i"),
+                L.all_gather(y, "i", axis=1), L.ppermute(y, "i", ring))
+    return f
+
+
+def _collectives_loss(L, np_):
+    return lambda v: L.psum(np_.sum(np_.tanh(v) * L.all_gather(v, "i", tiled=True)[:3]), "i")
+
+
+def _jax_collectives(jax, x, ring):
     _xla_devices(jax, N)
-    jl = jax.lax
+    return {"values": jax.pmap(_collectives_body(jax.lax, jax.numpy, ring), "i")(x),
+            "grad": jax.pmap(jax.grad(_collectives_loss(jax.lax, jax.numpy)), "i")(x)}
+
+
+def test_collectives_match_live_jax(jax_ref):
     x = (np.arange(N * 3, dtype=np.float32).reshape(N, 3) - 4.0) / 3.0
     ring = [(j, (j + 1) % N) for j in range(N)]
-
-    def body(L, np_):
-        def f(v):
-            k = L.axis_index("i").astype(np_.float32)
-            y = np_.sin(v) * (k + 1.0)
-            return (L.psum(y, "i"), L.pmean(y * y, "i"), L.pmax(y, "i"),
-                    L.all_gather(y, "i", axis=1), L.ppermute(y, "i", ring))
-        return f
-
-    want = jax.pmap(body(jl, jax.numpy), "i")(x)
-    got = cts.pmap(body(lax, cnp), "i")(x)
-    for w, g in zip(want, got):
-        np.testing.assert_allclose(host(g), np.asarray(w), rtol=2e-6, atol=1e-7)
-
-    def loss(L, np_):
-        return lambda v: L.psum(np_.sum(np_.tanh(v) * L.all_gather(v, "i", tiled=True)[:3]),
-                                "i")
-    want = jax.pmap(jax.grad(loss(jl, jax.numpy)), "i")(x)
-    got = cts.pmap(cts.grad(loss(lax, cnp)), "i")(x)
-    np.testing.assert_allclose(host(got), np.asarray(want), rtol=2e-6, atol=1e-6)
+    want = jax_ref("jax.pmap", lambda jax: _jax_collectives(jax, x, ring))
+    got = cts.pmap(_collectives_body(lax, cnp, ring), "i")(x)
+    for w, g in zip(want["values"], got, strict=True):
+        np.testing.assert_allclose(host(g), w, rtol=2e-6, atol=1e-7)
+    got = cts.pmap(cts.grad(_collectives_loss(lax, cnp)), "i")(x)
+    np.testing.assert_allclose(host(got), want["grad"], rtol=2e-6, atol=1e-6)
 
 
 # --- pmap's arguments and layout -----------------------------------------------------------------
@@ -350,19 +348,14 @@ def test_run_clm_flax_pmap_step_equals_one_step_on_the_global_batch():
             np.testing.assert_allclose(rep[j], host(flat_ref[k]), rtol=2e-5, atol=1e-6)
 
 
-def test_run_clm_flax_pmap_step_matches_jax_pmap():
-    """The same script with jax.pmap / flax / optax: per-device dropout keys
-    (shard_prng_key), pmean'd grads and loss; ctrainstate's keys and dropout masks are jax's,
-    so the params after three steps agree to float32 rounding."""
-    jax = _jax()
-    n = cts.local_device_count()
-    _xla_devices(jax, n)
-    flax_nn = pytest.importorskip("flax.linen")
-    optax = pytest.importorskip("optax")
+def _jax_pmap_run(jax, flax_nn, optax, n, steps):
+    """run_clm_flax's loop with jax.pmap / flax / optax: the losses, the params' leaves by
+    path and the replicated dropout keys after `steps` steps."""
     from typing import Any
 
     from flax import jax_utils
     from flax.training import common_utils, train_state
+    _xla_devices(jax, n)
 
     class JState(train_state.TrainState):
         dropout_rng: Any
@@ -383,17 +376,27 @@ def test_run_clm_flax_pmap_step_matches_jax_pmap():
     p_step = jax.pmap(_clm_step(_J, True), "batch", donate_argnums=(0,))
     state = state.replicate()
     losses = []
-    for batch in _batches(3, n):
+    for batch in _batches(steps, n):
         state, m = p_step(state, common_utils.shard(batch))
         losses.append(float(jax_utils.unreplicate(m)["loss"]))
+    return {"losses": losses, "dropout_rng": state.dropout_rng,
+            "params": [[jax.tree_util.keystr(k), w]
+                       for k, w in jax.tree_util.tree_leaves_with_path(state.params)]}
+
+
+def test_run_clm_flax_pmap_step_matches_jax_pmap(jax_ref):
+    """The same script with jax.pmap / flax / optax: per-device dropout keys
+    (shard_prng_key), pmean'd grads and loss; ctrainstate's keys and dropout masks are jax's,
+    so the params after three steps agree to float32 rounding."""
+    n = cts.local_device_count()
+    want = jax_ref(f"jax.pmap-{n}-devices",
+                   lambda jax, fnn, optax: _jax_pmap_run(jax, fnn, optax, n, 3))
     got, got_losses, _ = _ct_pmap_run(3, train=True)
-    np.testing.assert_allclose(got_losses, losses, rtol=1e-5)
-    want = jax.tree_util.tree_leaves_with_path(state.params)
+    np.testing.assert_allclose(got_losses, want["losses"], rtol=1e-5)
     flat = dict((cts.tree_util.keystr(k), v) for k, v in cts.tree_util.tree_leaves_with_path(got.params))
-    for k, w in want:
-        np.testing.assert_allclose(host(flat[jax.tree_util.keystr(k)]), np.asarray(w),
-                                   rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(host(got.dropout_rng), np.asarray(state.dropout_rng))
+    for k, w in want["params"]:
+        np.testing.assert_allclose(host(flat[k]), w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(host(got.dropout_rng), want["dropout_rng"])
 
 
 # --- norm layers with axis_name (Flax's distributed statistics) ---------------------------------
@@ -424,30 +427,36 @@ def test_batchnorm_axis_name_uses_the_global_batch_statistics():
     assert not np.allclose(host(y_local).reshape(n * 3, 5), host(y_all), atol=1e-3)
 
 
-def test_norms_with_axis_name_match_live_flax_pmap():
-    jax = _jax()
+def _norm_builds(m):   # axis_name=None for init: outside a pmap it is unbound in Flax too
+    return [lambda a=None: m.BatchNorm(use_running_average=False, axis_name=a),
+            lambda a=None: m.BatchNorm(use_running_average=False, axis_name=a,
+                                       use_fast_variance=False),
+            lambda a=None: m.LayerNorm(axis_name=a),
+            lambda a=None: m.GroupNorm(num_groups=3, axis_name=a)]
+
+
+def _flax_norm_pmap(jax, fnn, i, x):
+    """Flax's i-th norm of _norm_builds: its init variables, and its output and updated
+    batch_stats under jax.pmap."""
     _xla_devices(jax, N)
-    fnn = pytest.importorskip("flax.linen")
+    make_fx = _norm_builds(fnn)[i]
+    v = make_fx().init(jax.random.PRNGKey(0), x[0])
+    want = jax.pmap(lambda xb: make_fx("batch").apply(v, xb, mutable=["batch_stats"]),
+                    "batch")(x)
+    return {"variables": v, "y": want[0], "batch_stats": dict(want[1].get("batch_stats", {}))}
+
+
+def test_norms_with_axis_name_match_live_flax_pmap(jax_ref):
     x = np.random.RandomState(2).randn(N, 2, 3, 6).astype(np.float32) * 1.5 - 0.25
-
-    def builds(m):   # axis_name=None for init: outside a pmap it is unbound in Flax too
-        return [lambda a=None: m.BatchNorm(use_running_average=False, axis_name=a),
-                lambda a=None: m.BatchNorm(use_running_average=False, axis_name=a,
-                                           use_fast_variance=False),
-                lambda a=None: m.LayerNorm(axis_name=a),
-                lambda a=None: m.GroupNorm(num_groups=3, axis_name=a)]
-
-    for make_ct, make_fx in zip(builds(nn), builds(fnn)):
-        v = make_fx().init(jax.random.PRNGKey(0), x[0])
-        want = jax.pmap(lambda xb: make_fx("batch").apply(v, xb, mutable=["batch_stats"]),
-                        "batch")(x)
+    for i, make_ct in enumerate(_norm_builds(nn)):
+        want = jax_ref(f"norm{i}", lambda jax, fnn: _flax_norm_pmap(jax, fnn, i, x))
+        v = want["variables"]
         got = cts.pmap(lambda xb: make_ct("batch").apply(v, xb, mutable=["batch_stats"]),
                        "batch")(x)
-        np.testing.assert_allclose(host(got[0]), np.asarray(want[0]), rtol=2e-5, atol=2e-6)
-        for k in want[1].get("batch_stats", {}):
-            np.testing.assert_allclose(host(got[1]["batch_stats"][k]),
-                                       np.asarray(want[1]["batch_stats"][k]), rtol=2e-5,
-                                       atol=1e-6)
+        np.testing.assert_allclose(host(got[0]), want["y"], rtol=2e-5, atol=2e-6)
+        for k in want["batch_stats"]:
+            np.testing.assert_allclose(host(got[1]["batch_stats"][k]), want["batch_stats"][k],
+                                       rtol=2e-5, atol=1e-6)
 
 
 # --- device_put_sharded / device_put_replicated / prefetch_to_device --------------------------

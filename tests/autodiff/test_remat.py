@@ -328,11 +328,9 @@ def test_nn_remat_function_form_on_a_submodule():
     assert _bits(ga) == _bits(gb)
 
 
-def test_nn_remat_method_form_matches_flax():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    import jax.numpy as jnp
-
+def _flax_method_form(jax, jnp, fnn, x):
+    """Flax's side of test_nn_remat_method_form_matches_flax: the init's leaf paths and
+    values, and the gradient's leaves."""
     class Block(fnn.Module):
         @fnn.remat
         @fnn.compact
@@ -344,6 +342,14 @@ def test_nn_remat_method_form_matches_flax():
         def __call__(self, x):
             return Block()(x) * Block()(x)
 
+    fv = Net().init(jax.random.PRNGKey(0), x)
+    fl = jax.tree_util.tree_leaves_with_path(fv)
+    fg = jax.grad(lambda p: jnp.sum(Net().apply({"params": p}, x)))(fv["params"])
+    return {"paths": [jax.tree_util.keystr(p) for p, _ in fl], "init": [a for _, a in fl],
+            "grad": jax.tree_util.tree_leaves(fg)}
+
+
+def test_nn_remat_method_form_matches_flax(jax_ref):
     class CBlock(nn.Module):
         @nn.remat
         @nn.compact
@@ -358,26 +364,20 @@ def test_nn_remat_method_form_matches_flax():
             return CBlock()(x) * CBlock()(x)
 
     x = np.random.default_rng(8).standard_normal((4, 5)).astype(np.float32)
-    fv = Net().init(jax.random.PRNGKey(0), x)
+    want = jax_ref("flax", lambda jax, jnp, fnn: _flax_method_form(jax, jnp, fnn, x))
     cv = CNet().init(random.PRNGKey(0), x)
-    fl = jax.tree_util.tree_leaves_with_path(fv)
-    cl = cts.tree_util.tree_leaves(cv)
-    assert [jax.tree_util.keystr(p) for p, _ in fl] == [
-        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
-            jax.tree_util.tree_map(np.asarray, dict(cv)))]
-    for (path, a), b in zip(fl, cl):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), jax.tree_util.keystr(path)
-    fg = jax.grad(lambda p: jnp.sum(Net().apply({"params": p}, x)))(fv["params"])
+    cl = cts.tree_util.tree_leaves_with_path(dict(cv))
+    assert want["paths"] == [cts.tree_util.keystr(p) for p, _ in cl]
+    for path, a, (_, b) in zip(want["paths"], want["init"], cl, strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), path
     cg = cts.grad(lambda p: cnp.sum(CNet().apply({"params": p}, x)))(cv["params"])
-    for a, b in zip(jax.tree_util.tree_leaves(fg), cts.tree_util.tree_leaves(cg)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    for a, b in zip(want["grad"], cts.tree_util.tree_leaves(cg), strict=True):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-4, atol=1e-6)
 
 
-def test_nn_remat_matches_flax():
-    jax = pytest.importorskip("jax")
-    fnn = pytest.importorskip("flax.linen")
-    import jax.numpy as jnp
-
+def _flax_remat(jax, jnp, fnn, x):
+    """Flax's side of test_nn_remat_matches_flax: the init's leaf paths and values, and the
+    loss and gradient leaves with dropout."""
     class Block(fnn.Module):  # the same class name: the same param paths and keys
         @fnn.compact
         def __call__(self, x, train: bool = True):
@@ -392,29 +392,35 @@ def test_nn_remat_matches_flax():
                 x = fnn.remat(Block, static_argnums=(2,))()(x, train)
             return fnn.Dense(2)(x)
 
-    x = np.random.default_rng(4).standard_normal((4, 5)).astype(np.float32)
     fv = FNet().init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}, x)
-    v = _model(True).init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)}, x)
     fleaves = jax.tree_util.tree_leaves_with_path(fv)
-    cleaves = cts.tree_util.tree_leaves(v)
-    assert len(fleaves) == len(cleaves)
-    for (path, a), b in zip(fleaves, cleaves):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-6, atol=1e-7,
-                                   err_msg=jax.tree_util.keystr(path))
 
     def floss(p):
         y = FNet().apply({"params": p}, x, rngs={"dropout": jax.random.PRNGKey(7)})
         return jnp.sum(jnp.square(y))
 
+    fl, fg = jax.value_and_grad(floss)(fv["params"])
+    return {"paths": [jax.tree_util.keystr(p) for p, _ in fleaves],
+            "init": [a for _, a in fleaves], "loss": fl, "grad": jax.tree_util.tree_leaves(fg)}
+
+
+def test_nn_remat_matches_flax(jax_ref):
+    x = np.random.default_rng(4).standard_normal((4, 5)).astype(np.float32)
+    want = jax_ref("flax", lambda jax, jnp, fnn: _flax_remat(jax, jnp, fnn, x))
+    v = _model(True).init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)}, x)
+    cleaves = cts.tree_util.tree_leaves(v)
+    assert len(want["init"]) == len(cleaves)
+    for path, a, b in zip(want["paths"], want["init"], cleaves):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-6, atol=1e-7, err_msg=path)
+
     def closs(p):
         y = _model(True).apply({"params": p}, x, rngs={"dropout": random.PRNGKey(7)})
         return cnp.sum(cnp.square(y))
 
-    fl, fg = jax.value_and_grad(floss)(fv["params"])
     cl, cg = cts.value_and_grad(closs)(v["params"])
-    np.testing.assert_allclose(float(cl), float(fl), rtol=1e-5)
-    for a, b in zip(jax.tree_util.tree_leaves(fg), cts.tree_util.tree_leaves(cg)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(float(cl), float(want["loss"]), rtol=1e-5)
+    for a, b in zip(want["grad"], cts.tree_util.tree_leaves(cg)):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-4, atol=1e-6)
 
 
 def test_nn_remat_refuses_state_it_cannot_replay_and_bad_targets():

@@ -1,10 +1,13 @@
 """ctrainstate.serialization (flax.serialization): state dicts, msgpack bytes, registered classes.
 
 Each test pins a discrepancy that was found against live Flax/JAX: the parity tests compare
-with them (and skip without them), the others hold expectations derived by hand or from the
+with them (their values recorded where they reduce to bytes and arrays, live where the test
+hands jax arrays to ctrainstate), the others hold expectations derived by hand or from the
 msgpack format as Flax documents it."""
 
 import collections
+import importlib
+import re
 from typing import Any
 
 import numpy as np
@@ -33,14 +36,25 @@ def test_from_state_dict_refuses_entries_the_target_lacks(target, state, match):
         serialization.from_state_dict(target, state)
 
 
+def _raised(f, match=""):
+    """[the name of the exception f() raises, whether it is a ValueError, whether its message
+    matches `match`]; None if f() raises nothing. (Not the message itself: Flax's can show a
+    set, in an order that changes from run to run.)"""
+    try:
+        f()
+    except Exception as e:
+        return [type(e).__name__, isinstance(e, ValueError), re.search(match, str(e)) is not None]
+    return None
+
+
 @pytest.mark.parametrize("target,state", [
     ([1, 2], {"0": 5, "1": 6, "2": 7}),
     (Pair(1, 2), {"a": 5, "b": 6, "c": 7}),
 ])
-def test_from_state_dict_extra_entries_raise_as_in_flax(target, state):
-    fser = pytest.importorskip("flax.serialization")
-    with pytest.raises(ValueError):
-        fser.from_state_dict(target, state)
+def test_from_state_dict_extra_entries_raise_as_in_flax(target, state, jax_ref):
+    flax_raised = jax_ref("flax", lambda flax: _raised(
+        lambda: flax.serialization.from_state_dict(target, state)))
+    assert flax_raised is not None and flax_raised[1], flax_raised   # a ValueError in Flax too
     with pytest.raises(ValueError):
         serialization.from_state_dict(target, state)
 
@@ -51,10 +65,15 @@ def test_from_state_dict_reads_flax_s_old_namedtuple_layout():
     assert serialization.from_state_dict(Pair(1, 2), old) == Pair(5, 6)
 
 
-def test_old_namedtuple_layout_matches_flax():
-    fser = pytest.importorskip("flax.serialization")
+def test_old_namedtuple_layout_matches_flax(jax_ref):
     old = {"name": "Pair", "fields": {"0": "b", "1": "a"}, "values": {"0": 5, "1": 6}}
-    assert serialization.from_state_dict(Pair(1, 2), old) == fser.from_state_dict(Pair(1, 2), old)
+    def theirs(fser):
+        r = fser.from_state_dict(Pair(1, 2), old)
+        return type(r).__name__, tuple(r)
+
+    kind, values = jax_ref("flax", lambda flax: theirs(flax.serialization))
+    ours = serialization.from_state_dict(Pair(1, 2), old)
+    assert type(ours).__name__ == kind and ours == values
 
 
 @struct.dataclass
@@ -73,16 +92,16 @@ def test_struct_restore_refuses_unknown_fields(state):
     assert serialization.from_state_dict(_Model(1, 2, fn="f"), {"w": 5, "b": 6}) == _Model(5, 6, "f")
 
 
-def test_struct_restore_unknown_fields_raise_in_flax_too():
-    fst = pytest.importorskip("flax.struct")
-    fser = pytest.importorskip("flax.serialization")
+def test_struct_restore_unknown_fields_raise_in_flax_too(jax_ref):
+    def theirs(flax):
+        @flax.struct.dataclass
+        class M:
+            w: Any
+            fn: Any = flax.struct.field(pytree_node=False, default=None)
+        return _raised(lambda: flax.serialization.from_state_dict(M(1), {"w": 2, "z": 3}),
+                       "Unknown field")
 
-    @fst.dataclass
-    class M:
-        w: Any
-        fn: Any = fst.field(pytree_node=False, default=None)
-    with pytest.raises(ValueError, match="Unknown field"):
-        fser.from_state_dict(M(1), {"w": 2, "z": 3})
+    assert jax_ref("flax", lambda flax: theirs(flax)) == ["ValueError", True, True]
     with pytest.raises(ValueError, match="Unknown field"):
         serialization.from_state_dict(_Model(1), {"w": 2, "b": 0, "z": 3})
 
@@ -195,20 +214,24 @@ def test_register_serialization_state_round_trips_a_custom_class():
         _Box, lambda b: {"v": serialization.to_state_dict(b.v)}, _box_restore, override=True)
 
 
-def test_registered_class_bytes_match_flax():
-    fser = pytest.importorskip("flax.serialization")
-
-    class FBox(_Box):
-        pass
-    fser.register_serialization_state(
-        FBox, lambda b: {"v": fser.to_state_dict(b.v)},
-        lambda b, sd: FBox(fser.from_state_dict(b.v, sd["v"], name="v"), b.tag))
+def test_registered_class_bytes_match_flax(jax_ref):
     t_c = {"b": _Box([np.ones(2, np.float32), 3], "t"), "c": 1}
-    t_f = {"b": FBox([np.ones(2, np.float32), 3], "t"), "c": 1}
-    assert serialization.to_bytes(t_c) == fser.to_bytes(t_f)
-    r = fser.from_bytes({"b": FBox([np.zeros(2, np.float32), 0], "u"), "c": 0},
-                        serialization.to_bytes(t_c))
-    assert r["b"].v[1] == 3 and r["b"].tag == "u"
+    ours = serialization.to_bytes(t_c)
+
+    def theirs(fser):
+        class FBox(_Box):
+            pass
+        fser.register_serialization_state(
+            FBox, lambda b: {"v": fser.to_state_dict(b.v)},
+            lambda b, sd: FBox(fser.from_state_dict(b.v, sd["v"], name="v"), b.tag))
+        t_f = {"b": FBox([np.ones(2, np.float32), 3], "t"), "c": 1}
+        r = fser.from_bytes({"b": FBox([np.zeros(2, np.float32), 0], "u"), "c": 0}, ours)
+        return {"bytes": np.frombuffer(fser.to_bytes(t_f), np.uint8),
+                "read": [r["b"].v[1], r["b"].tag]}     # Flax reading ctrainstate's bytes
+
+    want = jax_ref("flax", lambda flax: theirs(flax.serialization))
+    assert ours == want["bytes"].tobytes()
+    assert want["read"] == [3, "u"]
 
 
 def test_partitioned_boxes_serialize_as_their_value():
@@ -237,19 +260,25 @@ def test_partitioned_boxes_serialize_as_their_value():
         serialization.from_state_dict(target, {"k": {"value": 1, "names": 2}})
 
 
-def test_partitioned_box_bytes_match_flax():
-    fser = pytest.importorskip("flax.serialization")
-    fnn = pytest.importorskip("flax.linen")
+def test_partitioned_box_bytes_match_flax(jax_ref):
     from ctrainstate import nn
-    tf = {"w": fnn.Partitioned(np.ones(2, np.float32), names=("a",)),
-          "l": fnn.LogicallyPartitioned(np.ones(2, np.float32), names=("a",))}
     tc = {"w": nn.Partitioned(np.ones(2, np.float32), names=("a",)),
           "l": nn.LogicallyPartitioned(np.ones(2, np.float32), names=("a",))}
-    assert serialization.to_bytes(tc) == fser.to_bytes(tf)
-    rf = fser.from_bytes(tf, serialization.to_bytes(tc))
-    rc = serialization.from_bytes(tc, fser.to_bytes(tf))
-    assert isinstance(rf["w"], fnn.Partitioned) and isinstance(rc["w"], nn.Partitioned)
-    np.testing.assert_array_equal(np.asarray(rc["l"].value), np.asarray(rf["l"].value))
+    ours = serialization.to_bytes(tc)
+
+    def theirs(fser, fnn):
+        tf = {"w": fnn.Partitioned(np.ones(2, np.float32), names=("a",)),
+              "l": fnn.LogicallyPartitioned(np.ones(2, np.float32), names=("a",))}
+        rf = fser.from_bytes(tf, ours)                 # Flax reading ctrainstate's bytes
+        return {"bytes": np.frombuffer(fser.to_bytes(tf), np.uint8),
+                "w is Partitioned": isinstance(rf["w"], fnn.Partitioned),
+                "l": np.asarray(rf["l"].value)}
+
+    want = jax_ref("flax", lambda flax, linen: theirs(flax.serialization, linen))
+    assert ours == want["bytes"].tobytes()
+    rc = serialization.from_bytes(tc, want["bytes"].tobytes())
+    assert want["w is Partitioned"] and isinstance(rc["w"], nn.Partitioned)
+    np.testing.assert_array_equal(np.asarray(rc["l"].value), want["l"])
 
 
 def test_from_bytes_checks_host_and_jax_array_targets_too(jax_ref):
@@ -287,10 +316,8 @@ def test_from_bytes_keeps_the_target_s_dict_order():
     assert isinstance(f, core.FrozenDict) and list(f) == ["w", "n", "b"]
 
 
-def test_from_bytes_dict_order_matches_flax():
-    fser = pytest.importorskip("flax.serialization")
+def test_from_bytes_dict_order_matches_flax(jax_ref):
     t = {"w": np.zeros((2,), np.float32), "n": 0, "b": {"z": np.zeros(1), "a": None}, "l": [{"y": 1, "x": 2}]}
-    data = fser.to_bytes(t)
 
     def order(x):
         if isinstance(x, dict):
@@ -298,7 +325,13 @@ def test_from_bytes_dict_order_matches_flax():
         if isinstance(x, list):
             return [order(v) for v in x]
         return None
-    assert order(serialization.from_bytes(t, data)) == order(fser.from_bytes(t, data))
+
+    def theirs(fser):
+        data = fser.to_bytes(t)
+        return np.frombuffer(data, np.uint8), order(fser.from_bytes(t, data))
+
+    data, want = jax_ref("flax", lambda flax: theirs(flax.serialization))
+    assert order(serialization.from_bytes(t, data.tobytes())) == want
 
 
 def test_from_state_dict_restores_a_defaultdict():
@@ -331,8 +364,7 @@ def test_msgpack_is_a_declared_dependency():
 
 
 # --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
-# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
-# by hand
+# value Flax/optax/JAX define (recorded, checked live in the parity twins) and derived by hand
 
 def _ser_params():
     r = np.random.RandomState(0)
@@ -404,36 +436,56 @@ def test_serialization_chunks_big_arrays(monkeypatch):
         serialization.msgpack_serialize({"a": a}))["a"], a)
 
 
-def test_serialization_interoperates_with_flax(monkeypatch):
+def test_serialization_interoperates_with_flax(monkeypatch, jax_ref):
     pytest.importorskip("msgpack")
-    fser = pytest.importorskip("flax.serialization")
-    optax = pytest.importorskip("optax")
-    from flax.training import train_state as fts
     from ctrainstate import serialization
     mesh = cts.make_mesh((2, 4), ("data", "model"))
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
-    fs = fts.TrainState.create(apply_fn=None, params=_ser_params(), tx=tx)
-    fs = fs.apply_gradients(grads=_ser_grads())
-    r = serialization.from_bytes(_ct_state(mesh), fser.to_bytes(fs))       # Flax -> ctrainstate
-    assert r.step == 1
-    for a, b in zip(cts.tree_util.tree_leaves((fs.params, fs.opt_state)),
-                    cts.tree_util.tree_leaves((r.params, r.opt_state))):
-        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
-    assert r.params["dense"]["kernel"].sharding.spec == cts.P("data", "model")
     cs = _ct_state(mesh).apply_gradients(grads=_ser_grads())
-    rf = fser.from_bytes(fs, serialization.to_bytes(cs))                   # ctrainstate -> Flax
-    for a, b in zip(cts.tree_util.tree_leaves((cs.params, cs.opt_state)),
-                    cts.tree_util.tree_leaves((rf.params, rf.opt_state))):
-        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    ours = serialization.to_bytes(cs)
     # chunked arrays: written by one, read by the other
     monkeypatch.setattr(serialization, "MAX_CHUNK_SIZE", 64)
-    monkeypatch.setattr(fser, "MAX_CHUNK_SIZE", 64)
     a = np.arange(40, dtype=np.float32).reshape(5, 8)
-    np.testing.assert_array_equal(fser.msgpack_restore(serialization.msgpack_serialize({"a": a}))["a"], a)
-    np.testing.assert_array_equal(serialization.msgpack_restore(fser.msgpack_serialize({"a": a}))["a"], a)
+    ours_chunked = serialization.msgpack_serialize({"a": a})
     vals = {"f": np.float32(1.5), "i": np.arange(3, dtype=np.int32), "s": "x", "n": 2,
             "b": np.ones(2, cnp.bfloat16)}
-    back = fser.msgpack_restore(serialization.msgpack_serialize(vals))
+    ours_vals = serialization.msgpack_serialize(vals)
+
+    def leaves(s):
+        return [np.asarray(v) for v in cts.tree_util.tree_leaves((s.params, s.opt_state))]
+
+    def theirs(fser, fts, optax):
+        # Flax's bytes of its state, and what Flax reads from ctrainstate's bytes (the bytes it
+        # read recorded beside it)
+        tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+        fs = fts.TrainState.create(apply_fn=None, params=_ser_params(), tx=tx)
+        fs = fs.apply_gradients(grads=_ser_grads())
+        out = {"bytes": np.frombuffer(fser.to_bytes(fs), np.uint8), "leaves": leaves(fs),
+               "from": np.frombuffer(ours, np.uint8), "read": leaves(fser.from_bytes(fs, ours))}
+        monkeypatch.setattr(fser, "MAX_CHUNK_SIZE", 64)
+        out["chunked"] = np.frombuffer(fser.msgpack_serialize({"a": a}), np.uint8)
+        out["chunked from"] = np.frombuffer(ours_chunked, np.uint8)
+        out["chunked read"] = fser.msgpack_restore(ours_chunked)["a"]
+        back = fser.msgpack_restore(ours_vals)
+        out["vals from"] = np.frombuffer(ours_vals, np.uint8)
+        out["vals read"] = {k: back[k] for k in ("f", "s", "n", "b", "i")}
+        return out
+
+    want = jax_ref("flax", lambda flax, optax: theirs(
+        flax.serialization, importlib.import_module("flax.training.train_state"), optax))
+    r = serialization.from_bytes(_ct_state(mesh), want["bytes"].tobytes())   # Flax -> ctrainstate
+    assert r.step == 1
+    for a_, b in zip(want["leaves"], leaves(r), strict=True):
+        np.testing.assert_array_equal(np.asarray(b), a_)
+    assert r.params["dense"]["kernel"].sharding.spec == cts.P("data", "model")
+    # ctrainstate -> Flax (recorded for these bytes)
+    assert ours == want["from"].tobytes()
+    for a_, b in zip(leaves(cs), want["read"], strict=True):
+        np.testing.assert_array_equal(b, a_)
+    assert ours_chunked == want["chunked from"].tobytes()
+    np.testing.assert_array_equal(want["chunked read"], a)
+    np.testing.assert_array_equal(serialization.msgpack_restore(want["chunked"].tobytes())["a"], a)
+    assert ours_vals == want["vals from"].tobytes()
+    back = want["vals read"]
     assert back["f"] == np.float32(1.5) and back["s"] == "x" and back["n"] == 2
     assert str(back["b"].dtype) == "bfloat16" and back["i"].tolist() == [0, 1, 2]
 

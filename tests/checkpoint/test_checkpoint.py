@@ -935,21 +935,27 @@ def test_save_and_restore_never_hold_the_array_on_the_host(tmp_path):
     assert np.asarray(r["a"]).tobytes() == np.asarray(a).tobytes()
 
 
-def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path):
+def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path, jax_ref):
     """A Flax (linen, on jax) model's params written by flax.serialization.msgpack_serialize
     load into the same ctrainstate model's params, born with the shardings its init under
     logical axis rules would give them (the target is eval_shape of that init, boxes and
     all)."""
-    jax = pytest.importorskip("jax")
-    flax_nn = pytest.importorskip("flax.linen")
-    flax_ser = pytest.importorskip("flax.serialization")
     from ctrainstate import nn
 
-    class FlaxMLP(flax_nn.Module):
-        @flax_nn.compact
-        def __call__(self, x):
-            x = flax_nn.Dense(64, name="up")(x)
-            return flax_nn.Dense(16, name="down")(flax_nn.relu(x))
+    x = np.ones((2, 16), np.float32)
+
+    def theirs(jax, flax_nn, flax_ser):
+        # Flax's params, their msgpack bytes and its output on them
+        class FlaxMLP(flax_nn.Module):
+            @flax_nn.compact
+            def __call__(self, x):
+                x = flax_nn.Dense(64, name="up")(x)
+                return flax_nn.Dense(16, name="down")(flax_nn.relu(x))
+
+        ref = jax.device_get(FlaxMLP().init(jax.random.PRNGKey(0), x)["params"])
+        return {"params": {k: dict(v) for k, v in ref.items()},
+                "msgpack": np.frombuffer(flax_ser.msgpack_serialize(dict(ref)), np.uint8),
+                "y": FlaxMLP().apply({"params": ref}, x)}
 
     class MLP(nn.Module):
         @nn.compact
@@ -960,9 +966,9 @@ def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path):
             x = nn.Dense(64, kernel_init=k1, bias_init=b1, name="up")(x)
             return nn.Dense(16, kernel_init=k2, name="down")(nn.relu(x))
 
-    x = np.ones((2, 16), np.float32)
-    ref = jax.device_get(FlaxMLP().init(jax.random.PRNGKey(0), x)["params"])
-    (tmp_path / "flax_model.msgpack").write_bytes(flax_ser.msgpack_serialize(dict(ref)))
+    want = jax_ref("flax", lambda jax, linen, flax: theirs(jax, linen, flax.serialization))
+    ref = want["params"]
+    (tmp_path / "flax_model.msgpack").write_bytes(want["msgpack"].tobytes())
     mesh = mesh24()
     with mesh, nn.logical_axis_rules((("mlp", "model"), ("embed", None))):
         target = cts.eval_shape(MLP().init, crandom.PRNGKey(0), x)["params"]
@@ -976,8 +982,7 @@ def test_pretrained_from_a_flax_model_onto_an_abstract_target(tmp_path):
                 np.asarray(ref[layer][name]).tobytes(), (layer, name)
     # and the model runs on them
     y = MLP().apply({"params": params}, cts.device_put(x))
-    want = FlaxMLP().apply({"params": ref}, x)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(y), want["y"], rtol=1e-5, atol=1e-5)
 
 
 # --- the pieces of a save by several processes (tests/mpi/checkpoint.py runs them for real) -----

@@ -134,8 +134,8 @@ def test_a_module_that_needs_jax_is_live_as_a_whole(tmp_path, src):
 # analysis must call each of them live, and the numpy-only neighbours not
 _SUITE_LIVE = [
     ("test_random_discrete.py", "test_live_parity_key_helpers"),   # importorskip in the body
-    ("test_softmax.py", "test_max_matches_jax"),                   # a module-level helper
-    ("test_linen.py", "test_einsum_matches_flax"),                 # a helper importing flax
+    ("test_activation.py", "test_activations_match_jax"),          # a module-level helper
+    ("test_hf_train_state.py", "test_onehot_matches_flax"),        # importorskip of flax.*
 ]
 _SUITE_PLAIN = [
     ("test_random_dist.py", "test_rademacher_signs"),
@@ -145,6 +145,7 @@ _SUITE_PLAIN = [
     ("test_numpy_more.py", "test_jnp_ndarray_is_the_array_type"),
     # flax only inside jax_ref's function: the fixture marks the live twin
     ("test_attention_flax.py", "test_mha_init_params_match_flax"),
+    ("test_linen.py", "test_einsum_matches_flax"),
 ]
 
 

@@ -2,19 +2,16 @@
 SpectralNorm, map_variables, the lifted vjp / grad / value_and_grad, cond / switch /
 while_loop, jit, share_scope, the function forms of init / apply, and the re-exports.
 
-Each behaviour is checked from its definition (numpy), and, when flax is installed, against live
-flax: the same key gives the same variables, and outputs, gradients and updated collections
-agree. The flax side is jitted (one XLA program per model) to keep compile time small."""
+Each behaviour is checked from its definition (numpy), and against flax (`jax_ref`: recorded in
+tests/data/recorded/test_linen.npz, live in the `parity` twins): the same key gives the same
+variables, and outputs, gradients and updated collections agree. The flax side is jitted (one
+XLA program per model) to keep compile time small."""
 import numpy as np
 import pytest
 
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
 from ctrainstate import nn, random
-
-
-def _flax():
-    return pytest.importorskip("flax.linen")
 
 
 def _flat(tree, prefix=()):
@@ -75,18 +72,21 @@ def test_einsum_from_definition():
         nn.Einsum((5, 2), "abc,cd->abd").init(KEY, x, "abc,cd->abd")
 
 
-def test_einsum_matches_flax():
-    fnn = _flax()
-    import jax
+def test_einsum_matches_flax(jax_ref):
     x = np.random.RandomState(1).randn(3, 4, 5).astype(np.float32)
     for shape, eq in EINSUMS:
         init = nn.initializers.normal(1.0)
         v = nn.Einsum(shape, eq, bias_init=init).init(KEY, x)
-        fm = fnn.Einsum(shape, eq, bias_init=fnn.initializers.normal(1.0))
-        fv = fm.init(jax.numpy.asarray(KEY), x)
-        _same(v, fv, 0.0, eq)
+
+        def flax_side(jnp, fnn):
+            fm = fnn.Einsum(shape, eq, bias_init=fnn.initializers.normal(1.0))
+            fv = fm.init(jnp.asarray(KEY), x)
+            return {"vars": _unfreeze(fv), "out": fm.apply(fv, x)}
+
+        want = jax_ref(f"{shape} {eq}", flax_side)
+        _same(v, want["vars"], 0.0, eq)
         np.testing.assert_allclose(np.asarray(nn.Einsum(shape, eq).apply(v, x)),
-                                   np.asarray(fm.apply(fv, x)), rtol=1e-5, atol=1e-5)
+                                   want["out"], rtol=1e-5, atol=1e-5)
 
 
 # --- PReLU, soft_sign, normalize --------------------------------------------------------------
@@ -102,14 +102,15 @@ def test_prelu_soft_sign_normalize():
     assert nn.normalize is nn.standardize
 
 
-def test_prelu_matches_flax():
-    fnn = _flax()
-    import jax
+def test_prelu_matches_flax(jax_ref):
+    def flax_side(jnp, fnn):
+        fv = fnn.PReLU(negative_slope_init=0.3).init(jnp.asarray(KEY), X)
+        return {"vars": _unfreeze(fv), "out": fnn.PReLU().apply(fv, X)}
+
+    want = jax_ref("flax", flax_side)
     v = nn.PReLU(negative_slope_init=0.3).init(KEY, X)
-    fv = fnn.PReLU(negative_slope_init=0.3).init(jax.numpy.asarray(KEY), X)
-    _same(v, fv)
-    np.testing.assert_allclose(np.asarray(nn.PReLU().apply(v, X)),
-                               np.asarray(fnn.PReLU().apply(fv, X)), rtol=1e-6)
+    _same(v, want["vars"])
+    np.testing.assert_allclose(np.asarray(nn.PReLU().apply(v, X)), want["out"], rtol=1e-6)
 
 
 # --- WeightNorm / SpectralNorm --------------------------------------------------------------------
@@ -173,28 +174,30 @@ def test_spectral_norm_sigma_is_the_largest_singular_value():
 
 
 @pytest.mark.parametrize("kind,kw", [("weight", {}), ("spectral", {"n_steps": 3})])
-def test_weight_and_spectral_norm_match_flax(kind, kw):
-    fnn = _flax()
-    import jax
-    import jax.numpy as jnp
-    v = _wrapped(nn, kind, **kw).init(KEY, X)
-    fm = _wrapped(fnn, kind, **kw)
-    fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
-    _same(v, fv, 1e-6, "init")
-    y, upd = _wrapped(nn, kind, **kw).apply(v, X, mutable=True)
+def test_weight_and_spectral_norm_match_flax(kind, kw, jax_ref):
+    def flax_side(jax, jnp, fnn):
+        fm = _wrapped(fnn, kind, **kw)
+        fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
 
-    def fl_loss(p, other):
-        y, upd = fm.apply({**other, "params": p}, X, mutable=["batch_stats"])
-        return jnp.sum(y * y), (y, upd)
-    other = {k: t for k, t in fv.items() if k != "params"}
-    (_, (fy, fupd)), fg = jax.jit(jax.value_and_grad(fl_loss, has_aux=True))(fv["params"], other)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(fy), rtol=1e-5, atol=1e-5)
+        def fl_loss(p, other):
+            y, upd = fm.apply({**other, "params": p}, X, mutable=["batch_stats"])
+            return jnp.sum(y * y), (y, upd)
+        other = {k: t for k, t in fv.items() if k != "params"}
+        (_, (fy, fupd)), fg = jax.jit(jax.value_and_grad(fl_loss, has_aux=True))(
+            fv["params"], other)
+        return _unfreeze({"vars": fv, "y": fy, "upd": fupd, "grad": fg})
+
+    want = jax_ref("flax", flax_side)
+    v = _wrapped(nn, kind, **kw).init(KEY, X)
+    _same(v, want["vars"], 1e-6, "init")
+    y, upd = _wrapped(nn, kind, **kw).apply(v, X, mutable=True)
+    np.testing.assert_allclose(np.asarray(y), want["y"], rtol=1e-5, atol=1e-5)
     if kind == "spectral":
-        _same(upd["batch_stats"], fupd["batch_stats"], 1e-5, "batch_stats")
+        _same(upd["batch_stats"], want["upd"]["batch_stats"], 1e-5, "batch_stats")
     rest = {k: t for k, t in v.items() if k != "params"}
     g = cts.grad(lambda p: cnp.sum(cnp.square(_wrapped(nn, kind, **kw).apply(
         {**rest, "params": p}, X, mutable=["batch_stats"])[0])))(v["params"])
-    _same(g, fg, 1e-5, "grad")
+    _same(g, want["grad"], 1e-5, "grad")
 
 
 def test_map_variables_masks_and_keeps_mutable_rules():
@@ -274,18 +277,20 @@ def test_lifted_grad_inside_cts_grad_sees_the_module_gradient():
                                rtol=1e-6)
 
 
-def test_lifted_autodiff_matches_flax():
-    fnn = _flax()
-    import jax
-    import jax.numpy as jnp
+def test_lifted_autodiff_matches_flax(jax_ref):
+    def flax_side(jax, jnp, fnn):
+        fm = _autodiff_model(fnn, jnp.ones)
+        fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
+        fout = fm.apply(fv, X)   # eager: the aux and len are Python values
+        return _unfreeze({"vars": fv, "out": fout})
+
+    want = jax_ref("flax", flax_side)
     v = _autodiff_model(nn, lambda s: np.ones(s, np.float32)).init(KEY, X)
-    fm = _autodiff_model(fnn, jnp.ones)
-    fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
-    _same(v, fv, 0.0, "init")
+    _same(v, want["vars"], 0.0, "init")
     out = _autodiff_model(nn, lambda s: np.ones(s, np.float32)).apply(v, X)
-    fout = fm.apply(fv, X)   # eager: the aux and len are Python values
+    fout = want["out"]
     for k in ("y", "xg", "g", "val", "g2"):
-        np.testing.assert_allclose(np.asarray(out[k]), np.asarray(fout[k]), rtol=1e-5,
+        np.testing.assert_allclose(np.asarray(out[k]), fout[k], rtol=1e-5,
                                    atol=1e-6, err_msg=k)
     _same(out["pg"], fout["pg"], 1e-5, "vjp params")
     assert out["n"] == fout["n"] and out["aux"] == fout["aux"]
@@ -347,20 +352,22 @@ def test_cond_and_switch_pick_the_branch():
         OneSided().init(KEY, X)
 
 
-def test_cond_and_switch_match_flax():
-    fnn = _flax()
-    import jax
-    import jax.numpy as jnp
+def test_cond_and_switch_match_flax(jax_ref):
+    cases = ((True, 0), (False, 2), (False, 7))
+
+    def flax_side(jax, jnp, fnn):
+        fm = _branch_model(fnn, lambda: jnp.zeros(()))
+        fv = jax.jit(fm.init, static_argnums=(2, 3))(jnp.asarray(KEY), X, True, 1)
+        fapply = jax.jit(lambda v, x, p, i: fm.apply(v, x, p, i, mutable=["state"]))
+        return _unfreeze({"vars": fv, "apply": [fapply(fv, X, pred, idx) for pred, idx in cases]})
+
+    want = jax_ref("flax", flax_side)
     v = _branch_model(nn, _czeros).init(KEY, X, True, 1)
-    fm = _branch_model(fnn, lambda: jnp.zeros(()))
-    fv = jax.jit(fm.init, static_argnums=(2, 3))(jnp.asarray(KEY), X, True, 1)
-    _same(v, fv, 0.0, "init")
-    fapply = jax.jit(lambda v, x, p, i: fm.apply(v, x, p, i, mutable=["state"]))
-    for pred, idx in ((True, 0), (False, 2), (False, 7)):
+    _same(v, want["vars"], 0.0, "init")
+    for (pred, idx), ((fa, fb), fs) in zip(cases, want["apply"]):
         (a, b), s = _branch_model(nn, _czeros).apply(v, X, pred, idx, mutable=["state"])
-        (fa, fb), fs = fapply(fv, X, pred, idx)
-        np.testing.assert_allclose(np.asarray(a), np.asarray(fa), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(b), np.asarray(fb), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(a), fa, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(b), fb, rtol=1e-5, atol=1e-6)
         _same(s, fs, 0.0, "state")
 
 
@@ -394,18 +401,19 @@ def test_while_loop_carries_variables():
     assert float(np.asarray(upd["state"]["acc"])) == float(np.asarray(v["state"]["acc"])) + 3
 
 
-def test_while_loop_matches_flax():
-    fnn = _flax()
-    import jax
-    import jax.numpy as jnp
+def test_while_loop_matches_flax(jax_ref):
+    def flax_side(jax, jnp, fnn):
+        fm = _loop_model(fnn, lambda: jnp.zeros(()))
+        fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
+        (_, fy), fs = jax.jit(lambda v, x: fm.apply(v, x, mutable=["state"]))(fv, X)
+        return _unfreeze({"vars": fv, "y": fy, "state": fs})
+
+    want = jax_ref("flax", flax_side)
     v = _loop_model(nn, _czeros).init(KEY, X)
-    fm = _loop_model(fnn, lambda: jnp.zeros(()))
-    fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
-    _same(v, fv, 0.0, "init")
+    _same(v, want["vars"], 0.0, "init")
     (_, y), s = _loop_model(nn, _czeros).apply(v, X, mutable=["state"])
-    (_, fy), fs = jax.jit(lambda v, x: fm.apply(v, x, mutable=["state"]))(fv, X)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(fy), rtol=1e-5, atol=1e-5)
-    _same(s, fs, 0.0, "state")
+    np.testing.assert_allclose(np.asarray(y), want["y"], rtol=1e-5, atol=1e-5)
+    _same(s, want["state"], 0.0, "state")
 
 
 # --- jit, share_scope, function forms, exports ----------------------------------------------------
@@ -493,17 +501,19 @@ def test_share_scope_and_function_forms():
         pass
 
 
-def test_jit_and_share_scope_and_function_forms_match_flax():
-    fnn = _flax()
-    import jax
-    import jax.numpy as jnp
+def test_jit_and_share_scope_and_function_forms_match_flax(jax_ref):
     for build in (_jit_model, _lora_model):
+        def flax_side(jax, jnp, fnn):
+            fm = build(fnn)
+            fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
+            return {"vars": _unfreeze(fv), "out": jax.jit(fm.apply)(fv, X)}
+
+        want = jax_ref(build.__name__, flax_side)
         v = build(nn).init(KEY, X)
-        fm = build(fnn)
-        fv = jax.jit(fm.init)(jnp.asarray(KEY), X)
-        _same(v, fv, 0.0, build.__name__)
-        np.testing.assert_allclose(np.asarray(build(nn).apply(v, X)),
-                                   np.asarray(jax.jit(fm.apply)(fv, X)), rtol=1e-5, atol=1e-5)
+        _same(v, want["vars"], 0.0, build.__name__)
+        np.testing.assert_allclose(np.asarray(build(nn).apply(v, X)), want["out"], rtol=1e-5,
+                                   atol=1e-5)
     f = lambda m, x: m(x) * 3.0  # noqa: E731
-    _same(nn.init(f, nn.Dense(2))(KEY, X),
-          jax.jit(fnn.init(f, fnn.Dense(2)))(jnp.asarray(KEY), X))
+    _same(nn.init(f, nn.Dense(2))(KEY, X), jax_ref(
+        "init form", lambda jax, jnp, fnn: _unfreeze(jax.jit(fnn.init(f, fnn.Dense(2)))(
+            jnp.asarray(KEY), X))))

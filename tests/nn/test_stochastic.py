@@ -1,5 +1,5 @@
-"""ctrainstate.nn's Dropout (nn/stochastic.py, flax.linen.stochastic): checked by hand and, when flax is
-installed, against live flax."""
+"""ctrainstate.nn's Dropout (nn/stochastic.py, flax.linen.stochastic): checked by hand and against flax
+(`jax_ref`: recorded in tests/data/recorded/test_stochastic.npz, live in the `parity` twins)."""
 
 import numpy as np
 import pytest
@@ -8,10 +8,6 @@ from ctrainstate import nn
 from ctrainstate import random
 import ctrainstate as cts
 import ctrainstate.numpy as cnp
-
-
-def _flax():
-    return pytest.importorskip("flax.linen")
 
 
 def test_dropout_of_integers_is_a_clear_type_error():
@@ -29,21 +25,23 @@ def test_dropout_of_integers_is_a_clear_type_error():
     assert nn.Dropout(0.5, deterministic=True).apply({}, x) is x
 
 
-def test_dropout_of_integers_fails_in_flax_too():
-    jax = pytest.importorskip("jax")
-    fnn = _flax()
+def test_dropout_of_integers_fails_in_flax_too(jax_ref):
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
-    with pytest.raises(TypeError):
-        fnn.Dropout(0.5, deterministic=False).apply({}, x, rngs={"dropout": jax.random.PRNGKey(0)})
+
+    def flax_side(jax, fnn):
+        try:
+            fnn.Dropout(0.5, deterministic=False).apply({}, x, rngs={"dropout": jax.random.PRNGKey(0)})
+        except Exception as e:   # (the error's kind, as pytest.raises(TypeError) would take it)
+            return {"type": type(e).__name__, "TypeError": isinstance(e, TypeError)}
+        return None
+
+    err = jax_ref("error", flax_side)
+    assert err is not None and err["TypeError"], err
 
 
 # --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
 # value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
 # by hand
-
-def _jax():
-    return pytest.importorskip("jax")
-
 
 def _dropout_model(nn_mod):
     class M(nn_mod.Module):
@@ -97,25 +95,30 @@ def test_dropout_sharded_grads_and_train_step():
     assert state.step == 1
 
 
-def test_dropout_matches_flax():
-    fnn, jax = _flax(), _jax()
+def test_dropout_matches_flax(jax_ref):
     x = np.random.RandomState(0).randn(8, 4).astype(np.float32)
-    fv = _dropout_model(fnn).init({"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)},
-                                  x, train=True)
-    cv = _dropout_model(nn).init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)},
-                                 x, train=True)
-    for a, b in zip(jax.tree_util.tree_leaves(fv["params"]), cts.tree_util.tree_leaves(cv["params"])):
-        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
-    fo = _dropout_model(fnn).apply(fv, x, train=True, rngs={"dropout": jax.random.PRNGKey(5)})
-    co = _dropout_model(nn).apply(cv, x, train=True, rngs={"dropout": random.PRNGKey(5)})
-    np.testing.assert_allclose(np.asarray(co), np.asarray(fo), rtol=1e-5, atol=1e-6)
     loss = lambda apply, p, k, jnp: jnp.mean(jnp.square(apply({"params": p}, x, train=True,
                                                                rngs={"dropout": k})))
-    gf = jax.grad(lambda p: loss(_dropout_model(fnn).apply, p, jax.random.PRNGKey(5), jax.numpy))(
-        fv["params"])
+
+    def flax_side(jax, fnn):
+        fv = _dropout_model(fnn).init(
+            {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}, x, train=True)
+        fo = _dropout_model(fnn).apply(fv, x, train=True, rngs={"dropout": jax.random.PRNGKey(5)})
+        gf = jax.grad(lambda p: loss(_dropout_model(fnn).apply, p, jax.random.PRNGKey(5),
+                                     jax.numpy))(fv["params"])
+        return {"params": fv["params"], "out": fo, "grad": gf}
+
+    want = jax_ref("flax", flax_side)
+    cv = _dropout_model(nn).init({"params": random.PRNGKey(0), "dropout": random.PRNGKey(1)},
+                                 x, train=True)
+    for a, b in zip(cts.tree_util.tree_leaves(want["params"]),
+                    cts.tree_util.tree_leaves(cv["params"])):
+        np.testing.assert_array_equal(np.asarray(b), a)
+    co = _dropout_model(nn).apply(cv, x, train=True, rngs={"dropout": random.PRNGKey(5)})
+    np.testing.assert_allclose(np.asarray(co), want["out"], rtol=1e-5, atol=1e-6)
     gc = cts.grad(lambda p: loss(_dropout_model(nn).apply, p, random.PRNGKey(5), cnp))(cv["params"])
-    for a, b in zip(jax.tree_util.tree_leaves(gf), cts.tree_util.tree_leaves(gc)):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    for a, b in zip(cts.tree_util.tree_leaves(want["grad"]), cts.tree_util.tree_leaves(gc)):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-4, atol=1e-6)
 
 
 _NONFINITE = np.tile(np.array([np.inf, -np.inf, np.nan, -2.0, 0.0, 3.0, -0.0, 1e30], np.float32),
@@ -152,21 +155,26 @@ def test_dropout_selects_dropped_are_zero_even_for_inf_nan(bd):
 
 
 @pytest.mark.parametrize("bd", [(), (0,)])
-def test_dropout_inf_nan_matches_flax(bd):
-    fnn, jax = _flax(), _jax()
+def test_dropout_inf_nan_matches_flax(bd, jax_ref):
     x = _NONFINITE
-    fo = fnn.Dropout(0.5, broadcast_dims=bd, deterministic=False).apply(
-        {}, x, rngs={"dropout": jax.random.PRNGKey(15)})
+    w = np.random.RandomState(0).randn(8, 16).astype(np.float32)
+
+    def flax_side(jax, fnn):
+        fo = fnn.Dropout(0.5, broadcast_dims=bd, deterministic=False).apply(
+            {}, x, rngs={"dropout": jax.random.PRNGKey(15)})
+        f1 = fnn.Dropout(1.0, deterministic=False).apply({}, x)
+        gf = jax.grad(lambda v: jax.numpy.sum(jax.numpy.square(fnn.Dropout(
+            0.5, broadcast_dims=bd, deterministic=False).apply(
+                {}, v, rngs={"dropout": jax.random.PRNGKey(15)}))))(w)
+        return {"out": fo, "rate 1": f1, "grad": gf}
+
+    want = jax_ref("flax", flax_side)
     co = nn.Dropout(0.5, broadcast_dims=bd, deterministic=False).apply(
         {}, x, rngs={"dropout": random.PRNGKey(15)})
-    np.testing.assert_array_equal(np.asarray(co), np.asarray(fo))
+    np.testing.assert_array_equal(np.asarray(co), want["out"])
     np.testing.assert_array_equal(
-        np.asarray(nn.Dropout(1.0, deterministic=False).apply({}, x)),
-        np.asarray(fnn.Dropout(1.0, deterministic=False).apply({}, x)))
-    w = np.random.RandomState(0).randn(8, 16).astype(np.float32)
-    gf = jax.grad(lambda v: jax.numpy.sum(jax.numpy.square(fnn.Dropout(
-        0.5, broadcast_dims=bd, deterministic=False).apply({}, v, rngs={"dropout": jax.random.PRNGKey(15)}))))(w)
+        np.asarray(nn.Dropout(1.0, deterministic=False).apply({}, x)), want["rate 1"])
     gc = cts.grad(lambda v: cnp.sum(cnp.square(nn.Dropout(
         0.5, broadcast_dims=bd, deterministic=False).apply({}, v, rngs={"dropout": random.PRNGKey(15)}))))(
         cts.device_put(w))
-    np.testing.assert_allclose(np.asarray(gc), np.asarray(gf), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gc), want["grad"], rtol=1e-6)

@@ -1,6 +1,6 @@
 """The elementwise math functions of ctrainstate._src.ops.math_extra (sinh ... fmin) against numpy
 float64 references (ulp bounds over a dense sample of float32 inputs with ±0, ±inf, NaN and
-the domain edges), against live jax where it is installed (skipped without), gradients
+the domain edges), against jax (recorded values: tests/recorded.py), gradients
 against float64 central differences and jax.grad, special values, bfloat16 / float16,
 sharded operands and integer promotion.
 
@@ -23,10 +23,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 _RNG = np.random.default_rng(20261201)
 TINY = np.finfo(np.float32).tiny
-
-
-def _jax():
-    return pytest.importorskip("jax")
 
 
 # --- ulp distance ---------------------------------------------------------------------------
@@ -269,7 +265,7 @@ def test_degrees_radians_aliases():
     assert "radians" in cnp.__all__ and "logaddexp" in cnp.__all__
 
 
-# --- live jax ------------------------------------------------------------------------------------
+# --- jax ------------------------------------------------------------------------------------
 
 def _jax_ok(x):
     """Points where XLA's CPU (which flushes subnormal inputs) computes the true function."""
@@ -286,15 +282,14 @@ JAX_BINARY = {"arctan2": 1, "hypot": 2, "logaddexp": 3, "logaddexp2": 3, "heavis
               "fmax": 0, "fmin": 0, "copysign": 0, "nextafter": 0, "fmod": 0}
 
 
-def test_against_live_jax():
+def test_against_jax(jax_ref):
     """Our values against jax's: within the bound, or else closer to the float64 value than
     jax's (XLA's CPU sinh / cosh are up to 24 ulp off near |x| = 85, its asin and exp2 flush
     results near the smallest normal: measured with jax 0.10)."""
-    jax = _jax()
-    jnp = jax.numpy
+    rng = np.random.default_rng(20261202)
     for name, ref, x, _ in UNARY:
         x = x[_jax_ok(x)]
-        want = np.asarray(getattr(jnp, name)(x))
+        want = jax_ref(name, lambda jnp: getattr(jnp, name)(x))
         got = np.asarray(getattr(cnp, name)(x))
         r64 = _ref32(ref, x)
         keep = _jax_ok(want) & _jax_ok(r64)   # (and where jax's result is not flushed)
@@ -306,7 +301,7 @@ def test_against_live_jax():
     ok = _jax_ok(P1) & _jax_ok(P2)
     a, b = P1[ok], P2[ok]
     for name, bound in JAX_BINARY.items():
-        want = np.asarray(getattr(jnp, name)(a, b))
+        want = jax_ref(name, lambda jnp: getattr(jnp, name)(a, b))
         got = np.asarray(getattr(cnp, name)(a, b))
         keep = _jax_ok(want) & _jax_ok(got)   # (XLA flushes subnormal results)
         if name in ("logaddexp", "logaddexp2"):   # cancellation near 0: compare by max(|a|, |b|)
@@ -317,16 +312,17 @@ def test_against_live_jax():
         d = _ulps(got[keep], want[keep])
         assert d.max() <= bound, (name, a[keep][np.argmax(d)], b[keep][np.argmax(d)], d.max())
     x = np.linspace(-5, 5, 2001).astype(np.float32)
-    assert np.abs(np.asarray(cnp.sinc(x)) - np.asarray(jnp.sinc(x))).max() <= 2e-7
-    assert np.array_equal(np.asarray(cnp.signbit(P1)), np.asarray(jnp.signbit(P1)))
-    e = _RNG.integers(-120, 120, a.size).astype(np.int32)
-    want = np.asarray(jnp.ldexp(a, e))
+    assert np.abs(np.asarray(cnp.sinc(x)) - jax_ref("sinc", lambda jnp: jnp.sinc(x))).max() <= 2e-7
+    assert np.array_equal(np.asarray(cnp.signbit(P1)), jax_ref("signbit", lambda jnp: jnp.signbit(P1)))
+    e = rng.integers(-120, 120, a.size).astype(np.int32)
+    want = jax_ref("ldexp", lambda jnp: jnp.ldexp(a, e))
     got = np.asarray(cnp.ldexp(a, e))
     keep = _jax_ok(want) & _jax_ok(got)
     assert _ulps(got[keep], want[keep]).max() == 0
-    y = (_RNG.standard_normal(a.size)).astype(np.float32)
+    y = (rng.standard_normal(a.size)).astype(np.float32)
     pw = np.abs(a).clip(1e-3, 1e3)
-    assert _ulps(np.asarray(cnp.float_power(pw, y)), np.asarray(jnp.float_power(pw, y))).max() <= 2
+    want = jax_ref("float_power", lambda jnp: jnp.float_power(pw, y))
+    assert _ulps(np.asarray(cnp.float_power(pw, y)), want).max() <= 2
 
 
 # --- gradients -----------------------------------------------------------------------------------
@@ -426,17 +422,15 @@ def test_gradients_at_domain_edges():
         cts.grad(lambda u: cnp.sum(cnp.nextafter(u, 1.0)))(cts.device_put(np.float32([0.5])))
 
 
-def test_gradients_against_jax_grad():
-    jax = _jax()
-    jnp = jax.numpy
+def test_gradients_against_jax_grad(jax_ref):
     x = np.float32([0.3, -0.6, 0.9])
     for name in ("sinh", "cosh", "tan", "arcsin", "arccos", "arctan", "arcsinh", "arctanh",
                  "cbrt", "exp2", "log2", "log10", "deg2rad", "rad2deg", "sinc"):
         xx = np.abs(x) if name in ("cbrt", "log2", "log10") else x
-        want = np.asarray(jax.grad(lambda v: jnp.sum(getattr(jnp, name)(v)))(xx))
+        want = jax_ref(name, lambda jax, jnp: jax.grad(lambda v: jnp.sum(getattr(jnp, name)(v)))(xx))
         got = np.asarray(cts.grad(lambda v: cnp.sum(getattr(cnp, name)(v)))(cts.device_put(xx)))
         assert _ulps(got, want).max() <= 4, (name, got, want)
-    want = np.asarray(jax.grad(lambda v: jnp.sum(jnp.arccosh(v)))(x + 1.5))
+    want = jax_ref("arccosh", lambda jax, jnp: jax.grad(lambda v: jnp.sum(jnp.arccosh(v)))(x + 1.5))
     got = np.asarray(cts.grad(lambda v: cnp.sum(cnp.arccosh(v)))(cts.device_put(x + 1.5)))
     assert _ulps(got, want).max() <= 4
     a = np.float32([0.3, -2.0, 0.0, np.inf, 1.0, 5.5])
@@ -447,7 +441,8 @@ def test_gradients_against_jax_grad():
             aa, bb = a[[0, 1, 4, 5]], b[[0, 1, 4, 5]]
         else:
             aa, bb = a, b
-        want = jax.grad(lambda u, v: jnp.sum(getattr(jnp, name)(u, v)), argnums=(0, 1))(aa, bb)
+        want = jax_ref(name, lambda jax, jnp: jax.grad(lambda u, v: jnp.sum(getattr(jnp, name)(u, v)),
+                                                       argnums=(0, 1))(aa, bb))
         got = _grad2(name, aa, bb)
         for w, g_ in zip(want, got):
             assert _ulps(g_, np.asarray(w)).max() <= 4, (name, g_, np.asarray(w))
@@ -495,13 +490,11 @@ def test_16bit_floats_compute_in_float32_and_round_once(dt):
     assert g.dtype == dt
 
 
-def test_16bit_against_live_jax():
-    jax = _jax()
-    jnp = jax.numpy
+def test_16bit_against_jax(jax_ref):
     x = np.float32([0.3, -0.6, 0.9, 1.7, 2.5, -3.25, 0.0]).astype(BF16)
     for name in ("sinh", "cosh", "tan", "arctan", "arcsinh", "cbrt", "exp2", "deg2rad"):
         got = np.asarray(getattr(cnp, name)(cts.device_put(x))).astype(np.float32)
-        want = np.asarray(getattr(jnp, name)(x)).astype(np.float32)
+        want = jax_ref(name, lambda jnp: getattr(jnp, name)(x)).astype(np.float32)
         # one bfloat16 ulp at most (jax may round intermediate steps)
         assert (np.abs(got - want) <= np.abs(want) * 2 ** -7 + 1e-30).all(), (name, got, want)
 
@@ -543,11 +536,11 @@ def test_integer_fmod():
     assert np.asarray(cnp.fmod(cts.device_put(a), 4)).tolist() == np.fmod(a, 4).tolist()
 
 
-def test_integer_fmod_against_live_jax():
-    jax = _jax()
-    a = _RNG.integers(-50, 50, 200).astype(np.int32)
-    b = _RNG.integers(-6, 6, 200).astype(np.int32)
-    assert np.asarray(cnp.fmod(a, b)).tolist() == np.asarray(jax.numpy.fmod(a, b)).tolist()
+def test_integer_fmod_against_jax(jax_ref):
+    rng = np.random.default_rng(20261203)
+    a = rng.integers(-50, 50, 200).astype(np.int32)
+    b = rng.integers(-6, 6, 200).astype(np.int32)
+    assert np.asarray(cnp.fmod(a, b)).tolist() == jax_ref("fmod", lambda jnp: jnp.fmod(a, b)).tolist()
 
 
 @pytest.mark.parametrize("mesh_shape,spec", [((8,), P("a")), ((2, 4), P("a", "b"))])

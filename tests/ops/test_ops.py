@@ -52,8 +52,8 @@ UNARY = [
 ]
 
 
-def _input(shape, kind):
-    x = rng.standard_normal(shape)
+def _input(shape, kind, gen=None):
+    x = (rng if gen is None else gen).standard_normal(shape)
     if kind == "pos":
         x = np.abs(x) + 0.5
     else:  # keep away from relu/abs kinks so finite differences are meaningful
@@ -299,20 +299,19 @@ def test_with_sharding_constraint_on_activation_reshards():
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
 
 
-def test_ops_match_jax_when_installed():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
-    x = _input((6, 5), None)
-    w = _input((5, 7), None)
+def test_ops_match_jax(jax_ref):
+    gen = np.random.default_rng(11)     # (not the module's rng: the same inputs in any selection)
+    x = _input((6, 5), None, gen)
+    w = _input((5, 7), None, gen)
 
     def f_ct(w, x):
         return cnp.mean(cnp.gelu(x @ w) * cnp.cos(x @ w))
 
-    def f_jax(w, x):
-        return jnp.mean(jax.nn.gelu(x @ w) * jnp.cos(x @ w))
+    def f_jax(jax, jnp):
+        return jax.value_and_grad(lambda w, x: jnp.mean(jax.nn.gelu(x @ w) * jnp.cos(x @ w)))(w, x)
 
     v, g = cts.value_and_grad(f_ct)(w, x)
-    jv, jg = jax.value_and_grad(f_jax)(w, x)
+    jv, jg = jax_ref("value_and_grad", f_jax)
     np.testing.assert_allclose(float(v), float(jv), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-4, atol=1e-6)
 
@@ -413,8 +412,8 @@ def test_nested_grad_guard_also_covers_checkpointed_inner_functions():
     np.testing.assert_allclose(np.asarray(g), np.sin(w * x) + w * x * np.cos(w * x), rtol=1e-5)
 
 
-# --- jax.numpy parity bugs found by probing ctrainstate.numpy against jax: each test checks against
-# live jax when it is importable and otherwise against a numpy computation.
+# --- jax.numpy parity bugs found by probing ctrainstate.numpy against jax: each checked against
+# a numpy computation and against jax (recorded values: tests/recorded.py).
 
 def _mesh_sharding(spec):
     return cts.NamedSharding(cts.make_mesh((2, 4), ("data", "model")), cts.P(*spec))
@@ -456,16 +455,15 @@ def test_dot_abstract_shape():
     assert tuple(out.shape) == (2, 3, 2, 5)
 
 
-def test_dot_parity_with_jax():
-    jnp = pytest.importorskip("jax.numpy")
+def test_dot_parity_with_jax(jax_ref):
     rng = np.random.default_rng(2)
     for sa, sb in DOT_SHAPES:
         a = rng.standard_normal(sa).astype(np.float32)
         b = rng.standard_normal(sb).astype(np.float32)
-        want = jnp.dot(a, b)
+        want = jax_ref(f"{sa} {sb}", lambda jnp: jnp.dot(a, b))
         got = cnp.dot(a, cts.device_put(b))
         assert got.shape == want.shape and got.dtype == want.dtype
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.bool_])
@@ -488,13 +486,12 @@ def test_float_unaries_of_ints_promote(name):
     np.testing.assert_allclose(np.asarray(got), getattr(np, name)(x.astype(np.float64)), rtol=1e-6)
 
 
-def test_var_std_of_ints_parity():
-    jnp = pytest.importorskip("jax.numpy")
+def test_var_std_of_ints_parity(jax_ref):
     x = (np.arange(32).reshape(4, 8) * 7 % 5).astype(np.int32)
     for f in ("var", "std", "log1p", "expm1"):
-        want, got = getattr(jnp, f)(x), getattr(cnp, f)(cts.device_put(x))
+        want, got = jax_ref(f, lambda jnp: getattr(jnp, f)(x)), getattr(cnp, f)(cts.device_put(x))
         assert got.dtype == want.dtype
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
 def test_pow_by_strong_numpy_float_promotes():
@@ -509,14 +506,14 @@ def test_pow_by_strong_numpy_float_promotes():
     assert got.dtype == np.float32 and np.asarray(got).tolist() == [1.0, 4.0, 9.0]
 
 
-def test_pow_by_numpy_scalar_parity():
-    jnp = pytest.importorskip("jax.numpy")
-    for x in (np.array([1.5, 2.0, -3.0], np.float16), np.array([1.5, 2.0], jnp.bfloat16)):
+def test_pow_by_numpy_scalar_parity(jax_ref):
+    for x in (np.array([1.5, 2.0, -3.0], np.float16), np.array([1.5, 2.0], cnp.bfloat16)):
         for p in (np.float32(2.0), np.float16(2.0), 2.0, 2):
-            want, got = jnp.asarray(x) ** p, cts.device_put(x) ** p
+            want = jax_ref(f"{x.dtype} {type(p).__name__}", lambda jnp: jnp.asarray(x) ** p)
+            got = cts.device_put(x) ** p
             assert got.dtype == want.dtype, (x.dtype, p)
             np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
-                                          np.asarray(want).astype(np.float32))
+                                          want.astype(np.float32))
 
 
 @pytest.mark.parametrize("target", [(4, 1), (1, 8), (8,), (), (2, 4, 1)])
@@ -546,12 +543,13 @@ def test_broadcast_to_int_and_bool(dtype):
     assert cnp.broadcast_to(2, (3,)).dtype == np.int32
 
 
-def test_broadcast_to_parity():
-    jnp = pytest.importorskip("jax.numpy")
-    for x in (np.array([[True], [False], [True]]), np.arange(3, dtype=np.int32)[:, None], True, 3):
-        want, got = jnp.broadcast_to(x, (2, 3, 4)), cnp.broadcast_to(x, (2, 3, 4))
+def test_broadcast_to_parity(jax_ref):
+    for i, x in enumerate((np.array([[True], [False], [True]]), np.arange(3, dtype=np.int32)[:, None],
+                           True, 3)):
+        want = jax_ref(f"case {i}", lambda jnp: jnp.broadcast_to(x, (2, 3, 4)))
+        got = cnp.broadcast_to(x, (2, 3, 4))
         assert got.dtype == want.dtype
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_norms_of_ints_are_float32():
@@ -623,21 +621,21 @@ def test_array_methods_delegate_to_numpy_functions():
     np.testing.assert_array_equal(np.asarray(a.swapaxes(0, 1)), x.T)
 
 
-def test_var_std_ddof_and_methods_parity():
-    jnp = pytest.importorskip("jax.numpy")
+def test_var_std_ddof_and_methods_parity(jax_ref):
     x = np.random.default_rng(8).standard_normal((8, 8)).astype(np.float32)
     for ddof in (0, 1, 8):
         for f in ("var", "std"):
-            want = getattr(jnp, f)(x, axis=0, ddof=ddof)
+            want = jax_ref(f"{f} ddof {ddof}", lambda jnp: getattr(jnp, f)(x, axis=0, ddof=ddof))
             got = getattr(cnp, f)(x, axis=0, ddof=ddof)
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
-    a, j = cts.device_put(x), jnp.asarray(x)
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    a = cts.device_put(x)
     for name, args, kw in (("var", (), {"ddof": 1}), ("std", (0,), {}), ("prod", (1,), {}),
                            ("cumsum", (0,), {}), ("round", (2,), {}), ("dot", (x,), {}),
                            ("sort", (), {}), ("argsort", (0,), {}), ("swapaxes", (0, 1), {})):
-        want, got = getattr(j, name)(*args, **kw), getattr(a, name)(*args, **kw)
+        want = jax_ref(f"method {name}", lambda jnp: getattr(jnp.asarray(x), name)(*args, **kw))
+        got = getattr(a, name)(*args, **kw)
         assert got.dtype == want.dtype and got.shape == want.shape, name
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("axis", [None, 0, 1])
@@ -670,23 +668,22 @@ def test_sum_mean_where(axis):
         cnp.mean(x, where=m[:3])
 
 
-def test_sum_mean_where_parity():
-    jax = pytest.importorskip("jax")
-    jnp = jax.numpy
+def test_sum_mean_where_parity(jax_ref):
     rng = np.random.default_rng(10)
     x = rng.standard_normal((8, 8)).astype(np.float32)
     m = rng.integers(0, 2, (1, 8)).astype(bool)
     for arr in (x, x.astype(np.float16), (x * 4).astype(np.int32), x > 0):
         for f in ("sum", "mean"):
             for axis in (None, 0, -1):
-                want = getattr(jnp, f)(arr, axis=axis, where=m)
+                want = jax_ref(f"{f} {arr.dtype} {axis}",
+                               lambda jnp: getattr(jnp, f)(arr, axis=axis, where=m))
                 got = getattr(cnp, f)(cts.device_put(arr), axis=axis, where=m)
                 assert got.dtype == want.dtype, (f, arr.dtype)
                 np.testing.assert_allclose(np.asarray(got).astype(np.float64),
-                                           np.asarray(want).astype(np.float64), rtol=2e-3)
-    want = jax.grad(lambda u: jnp.mean(u ** 2, where=m))(x)
+                                           want.astype(np.float64), rtol=2e-3)
+    want = jax_ref("grad", lambda jax, jnp: jax.grad(lambda u: jnp.mean(u ** 2, where=m))(x))
     got = cts.grad(lambda u: cnp.mean(u ** 2, where=m))(x)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
 def test_tanh_keeps_nan_and_signed_zero():
@@ -725,12 +722,7 @@ def test_one_hot_num_classes_must_be_an_int():
 
 
 # --- snippets a user ports from Flax / optax / JAX by changing imports: each checked against the
-# value Flax/optax/JAX define, live when installed (those parts skip cleanly otherwise) and derived
-# by hand
-
-def _jax():
-    return pytest.importorskip("jax")
-
+# value Flax/optax/JAX define (recorded: tests/recorded.py) and derived by hand
 
 def _creations(jnp):
     return {
@@ -774,12 +766,11 @@ def test_jnp_creation_functions():
     assert cnp.float32(2.0) == 2.0 and str(np.dtype(cnp.bfloat16)) == "bfloat16"
 
 
-def test_jnp_creation_matches_jax():
-    jax = _jax()
-    got, want = _creations(cnp), _creations(jax.numpy)
+def test_jnp_creation_matches_jax(jax_ref):
+    got, want = _creations(cnp), jax_ref("creations", _creations)
     for k in want:
         assert str(got[k].dtype) == str(want[k].dtype), k
-        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
+        np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=k)
 
 
 def test_minimum_clip_squeeze_std_and_grads():
@@ -811,17 +802,24 @@ def test_squeeze_axis_errors_like_jnp():
         cnp.squeeze(cnp.ones((1, 1)), axis=(0, -2))
 
 
-def test_squeeze_axis_errors_match_jnp():
-    jnp = _jax().numpy
+def _jnp_squeeze_raises_value_error(jnp, shape, axis):
+    try:
+        jnp.squeeze(jnp.ones(shape), axis=axis)
+    except ValueError:
+        return True
+    return False
+
+
+def test_squeeze_axis_errors_match_jnp(jax_ref):
     for shape, axis in (((1, 3), 2), ((1, 3), -3), ((), 0), ((), -1), ((1, 1), (0, -2)),
                         ((2, 3), 0)):
-        with pytest.raises(ValueError):
-            jnp.squeeze(jnp.ones(shape), axis=axis)
+        assert jax_ref(f"raises {shape} {axis}",
+                       lambda jnp: _jnp_squeeze_raises_value_error(jnp, shape, axis)), (shape, axis)
         with pytest.raises(ValueError):
             cnp.squeeze(cnp.ones(shape), axis=axis)
     for shape, axis in (((1, 3, 1), (0, -1)), ((), ()), ((1, 3), -2), ((1, 1), None)):
         assert cnp.squeeze(cnp.ones(shape), axis=axis).shape == \
-            jnp.squeeze(jnp.ones(shape), axis=axis).shape
+            jax_ref(f"shape {shape} {axis}", lambda jnp: jnp.squeeze(jnp.ones(shape), axis=axis).shape)
 
 
 def test_zeros_like_over_param_trees():
@@ -869,49 +867,70 @@ def test_zeros_like_of_shape_dtype_struct_and_array_fill():
         cnp.full_like(x, np.array([1.0, 2.0, 3.0]))      # does not broadcast to (8, 4)
 
 
-def test_zeros_like_matches_jax():
-    jax = _jax()
-    jnp = jax.numpy
+_LIKE_HOST = {"f32": np.ones((8, 4), np.float32), "i32": np.arange(32, dtype=np.int32).reshape(8, 4),
+              "u32": np.arange(8, dtype=np.uint32), "bool": np.ones(8, bool),
+              "f16": np.ones((8, 2), np.float16), "f64": np.ones(2), "i64": np.arange(3)}
+_LIKE_SPECS = {"f32": ("a", "b"), "i32": ("a",), "u32": ("b",), "bool": ("a",), "f16": (None, "a")}
+_LIKE_FNS = (("zeros", "zeros_like", ()), ("ones", "ones_like", ()), ("full 3", "full_like", (3,)),
+             ("full f32", "full_like", (np.float32(2.5),)))
+
+
+def _jnp_like(jax, k, where, fn, args, dtype=None):
+    """jnp.<fn> of host array k as a numpy array, a single-device or a sharded jax Array: its
+    dtype, values and PartitionSpec (None unless NamedSharding)."""
     from jax.sharding import NamedSharding as JNS, PartitionSpec as JP
+    jnp = jax.numpy
+    a = _LIKE_HOST[k]
+    theirs = {"numpy": lambda: a, "device": lambda: jnp.asarray(a),
+              "sharded": lambda: jax.device_put(a, JNS(jax.make_mesh((2, 4), ("a", "b")),
+                                                       JP(*_LIKE_SPECS[k])))}[where]()
+    kw = {} if dtype is None else {"dtype": getattr(jnp, dtype)}
+    want = getattr(jnp, fn)(theirs, *args, **kw)
+    spec = tuple(want.sharding.spec) if isinstance(want.sharding, JNS) else None
+    return {"dtype": str(want.dtype), "value": want, "spec": spec}
+
+
+def test_zeros_like_matches_jax(jax_ref):
     mesh = cts.make_mesh((2, 4), ("a", "b"))
-    jmesh = jax.make_mesh((2, 4), ("a", "b"))
-    host = {"f32": np.ones((8, 4), np.float32), "i32": np.arange(32, dtype=np.int32).reshape(8, 4),
-            "u32": np.arange(8, dtype=np.uint32), "bool": np.ones(8, bool),
-            "f16": np.ones((8, 2), np.float16), "f64": np.ones(2), "i64": np.arange(3)}
-    specs = {"f32": ("a", "b"), "i32": ("a",), "u32": ("b",), "bool": ("a",), "f16": (None, "a")}
     cases = []
-    for k, a in host.items():
-        cases.append((a, a))                                         # numpy inputs
-        cases.append((cts.device_put(a), jnp.asarray(a)))            # single-device Arrays
-        if k in specs:                                               # sharded Arrays
-            cases.append((cts.device_put(a, cts.NamedSharding(mesh, cts.P(*specs[k]))),
-                          jax.device_put(a, JNS(jmesh, JP(*specs[k])))))
-    for ours, theirs in cases:
-        for fn, args in (("zeros_like", ()), ("ones_like", ()), ("full_like", (3,)),
-                         ("full_like", (np.float32(2.5),))):
-            want = getattr(jnp, fn)(theirs, *args)
+    for k, a in _LIKE_HOST.items():
+        cases.append((k, "numpy", a))                                # numpy inputs
+        cases.append((k, "device", cts.device_put(a)))               # single-device Arrays
+        if k in _LIKE_SPECS:                                         # sharded Arrays
+            cases.append((k, "sharded", cts.device_put(a, cts.NamedSharding(mesh, cts.P(*_LIKE_SPECS[k])))))
+    for k, where, ours in cases:
+        for label, fn, args in _LIKE_FNS:
+            want = jax_ref(f"{k} {where} {label}", lambda jax: _jnp_like(jax, k, where, fn, args))
             got = getattr(cnp, fn)(ours, *args)
             assert isinstance(got, cts.Array), (fn, ours)
-            assert str(got.dtype) == str(want.dtype), (fn, ours, got.dtype, want.dtype)
-            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-            if isinstance(want.sharding, JNS):
-                assert tuple(got.sharding.spec) == tuple(want.sharding.spec), (fn, ours)
-        for dt in (jnp.float32, jnp.int32, jnp.bool_):
-            want = jnp.zeros_like(theirs, dtype=dt)
-            got = cnp.zeros_like(ours, dtype=dt)
-            assert str(got.dtype) == str(want.dtype)
-            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            assert str(got.dtype) == want["dtype"], (fn, ours, got.dtype, want["dtype"])
+            np.testing.assert_array_equal(np.asarray(got), want["value"])
+            if want["spec"] is not None:
+                assert tuple(got.sharding.spec) == want["spec"], (fn, ours)
+        for dt in ("float32", "int32", "bool_"):
+            want = jax_ref(f"{k} {where} zeros {dt}",
+                           lambda jax: _jnp_like(jax, k, where, "zeros_like", (), dt))
+            got = cnp.zeros_like(ours, dtype=getattr(cnp, dt))
+            assert str(got.dtype) == want["dtype"]
+            np.testing.assert_array_equal(np.asarray(got), want["value"])
     # ShapeDtypeStructs: an Array, with the struct's sharding
-    sds = jax.ShapeDtypeStruct((8, 4), jnp.int32, sharding=JNS(jmesh, JP("a")))
-    want = jnp.zeros_like(sds)
+    def jax_sds(jax):
+        from jax.sharding import NamedSharding as JNS, PartitionSpec as JP
+        sds = jax.ShapeDtypeStruct((8, 4), jax.numpy.int32,
+                                   sharding=JNS(jax.make_mesh((2, 4), ("a", "b")), JP("a")))
+        want = jax.numpy.zeros_like(sds)
+        return {"type": type(want).__name__, "dtype": str(want.dtype), "value": want,
+                "spec": tuple(want.sharding.spec)}
+    want = jax_ref("ShapeDtypeStruct", jax_sds)
     got = cnp.zeros_like(cts.ShapeDtypeStruct((8, 4), np.int32, cts.NamedSharding(mesh, cts.P("a"))))
-    assert type(want).__name__ == "ArrayImpl" and isinstance(got, cts.Array)
-    assert str(got.dtype) == str(want.dtype) and tuple(got.sharding.spec) == tuple(want.sharding.spec)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert want["type"] == "ArrayImpl" and isinstance(got, cts.Array)
+    assert str(got.dtype) == want["dtype"] and tuple(got.sharding.spec) == want["spec"]
+    np.testing.assert_array_equal(np.asarray(got), want["value"])
     # an array fill value broadcasts
     fill = np.array([1.0, 2.0, 3.0, 4.0])
-    np.testing.assert_array_equal(np.asarray(cnp.full_like(cts.device_put(host["f32"]), fill)),
-                                  np.asarray(jnp.full_like(host["f32"], fill)))
+    np.testing.assert_array_equal(np.asarray(cnp.full_like(cts.device_put(_LIKE_HOST["f32"]), fill)),
+                                  jax_ref("full_like array fill",
+                                          lambda jnp: jnp.full_like(_LIKE_HOST["f32"], fill)))
 
 
 def test_dot_of_vectors_and_einsum_arity():

@@ -1,7 +1,7 @@
 """Max/min reductions, stop_gradient, softmax / log_softmax / logsumexp and the softmax
 cross-entropies: values against float64 numpy references computed here, gradients against
-hand-derived values and (where jax/optax are installed) against jax, and the same results on
-every mesh with the reduced dimension sharded."""
+hand-derived values and against jax / optax (recorded values: tests/recorded.py), and the same
+results on every mesh with the reduced dimension sharded."""
 import numpy as np
 import pytest
 
@@ -11,15 +11,6 @@ from ctrainstate import _C, nn, optim
 from ctrainstate.lax import stop_gradient
 
 MESHES = [((1,), ("x",)), ((8,), ("x",)), ((2, 4), ("data", "model")), ((4, 2), ("data", "model"))]
-
-
-def _jax():
-    try:
-        import jax
-        import jax.numpy as jnp
-        return jax, jnp
-    except Exception:  # noqa: BLE001 - absent, or unusable under the sanitizer run
-        return None, None
 
 
 def _np_log_softmax(x, axis=-1):
@@ -110,17 +101,15 @@ def test_max_gradient_on_meshes_equals_one_device(mesh_shape, names):
                                    err_msg=str(sh.spec))
 
 
-def test_max_matches_jax():
-    jax, jnp = _jax()
-    if jax is None:
-        pytest.skip("jax not installed")
+def test_max_matches_jax(jax_ref):
     rng = np.random.default_rng(3)
     x = np.round(rng.standard_normal((4, 6, 5)), 1).astype(np.float32)  # rounding makes ties
     for axis in (None, 0, (1, 2), -1):
         f = lambda v: cnp.sum(cnp.max(v, axis=axis) * 1.5)  # noqa: E731
-        fj = lambda v: jnp.sum(jnp.max(v, axis=axis) * 1.5)  # noqa: E731
-        np.testing.assert_allclose(np.asarray(cts.grad(f)(cts.device_put(x))),
-                                   np.asarray(jax.grad(fj)(x)), rtol=1e-6, err_msg=str(axis))
+        want = jax_ref(f"grad {axis}", lambda jax, jnp: jax.grad(
+            lambda v: jnp.sum(jnp.max(v, axis=axis) * 1.5))(x))
+        np.testing.assert_allclose(np.asarray(cts.grad(f)(cts.device_put(x))), want, rtol=1e-6,
+                                   err_msg=str(axis))
 
 
 def test_max_eval_shape():
@@ -233,27 +222,31 @@ def test_integer_label_cross_entropy_checks_labels():
     np.testing.assert_allclose(got, -_np_log_softmax(x3, 0)[[2, 0], [0, 1]], rtol=1e-5)
 
 
-def test_softmax_family_matches_jax_and_optax():
-    jax, jnp = _jax()
-    if jax is None:
-        pytest.skip("jax not installed")
-    import optax
+def test_softmax_family_matches_jax_and_optax(jax_ref):
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((5, 3, 11)) * 8).astype(np.float32)
     lab = rng.integers(0, 11, (5, 3))
     for axis in (-1, 1, (0, 2)):
         np.testing.assert_allclose(np.asarray(nn.logsumexp(x, axis=axis)),
-                                   np.asarray(jax.nn.logsumexp(x, axis=axis)), rtol=2e-6, atol=2e-6)
-    np.testing.assert_allclose(np.asarray(nn.softmax(x, axis=1)), np.asarray(jax.nn.softmax(x, axis=1)),
+                                   jax_ref(f"logsumexp {axis}", lambda jax: jax.nn.logsumexp(x, axis=axis)),
+                                   rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(nn.softmax(x, axis=1)),
+                               jax_ref("softmax", lambda jax: jax.nn.softmax(x, axis=1)),
                                rtol=2e-6, atol=1e-7)
-    np.testing.assert_allclose(np.asarray(nn.log_softmax(x)), np.asarray(jax.nn.log_softmax(x)),
+    np.testing.assert_allclose(np.asarray(nn.log_softmax(x)),
+                               jax_ref("log_softmax", lambda jax: jax.nn.log_softmax(x)),
                                rtol=2e-6, atol=2e-6)
+
+    def cej(jnp, optax):
+        return lambda v: jnp.sum(optax.softmax_cross_entropy_with_integer_labels(v, lab))
+
     ce = lambda v: cnp.sum(optim.softmax_cross_entropy_with_integer_labels(v, lab))  # noqa: E731
-    cej = lambda v: jnp.sum(optax.softmax_cross_entropy_with_integer_labels(v, lab))  # noqa: E731
-    np.testing.assert_allclose(float(np.asarray(ce(x))), float(cej(x)), rtol=2e-6)
-    np.testing.assert_allclose(np.asarray(cts.grad(ce)(cts.device_put(x))), np.asarray(jax.grad(cej)(x)),
+    np.testing.assert_allclose(float(np.asarray(ce(x))),
+                               float(jax_ref("ce", lambda jnp, optax: cej(jnp, optax)(x))), rtol=2e-6)
+    np.testing.assert_allclose(np.asarray(cts.grad(ce)(cts.device_put(x))),
+                               jax_ref("ce grad", lambda jax, jnp, optax: jax.grad(cej(jnp, optax))(x)),
                                rtol=1e-5, atol=1e-7)
     sm = lambda v: cnp.sum(nn.softmax(v) * np.arange(11, dtype=np.float32))  # noqa: E731
-    smj = lambda v: jnp.sum(jax.nn.softmax(v) * jnp.arange(11.0))  # noqa: E731
-    np.testing.assert_allclose(np.asarray(cts.grad(sm)(cts.device_put(x))), np.asarray(jax.grad(smj)(x)),
-                               rtol=1e-4, atol=1e-6)
+    want = jax_ref("softmax grad", lambda jax, jnp: jax.grad(
+        lambda v: jnp.sum(jax.nn.softmax(v) * jnp.arange(11.0)))(x))
+    np.testing.assert_allclose(np.asarray(cts.grad(sm)(cts.device_put(x))), want, rtol=1e-4, atol=1e-6)

@@ -56,7 +56,7 @@ else
         python3 tests/cuda_emu/rewrite_launches.py "$src" "$work/backend/$(basename "$src" .cu).cpp"
     done
     python3 tests/cuda_emu/rewrite_launches.py tests/cuda_emu/selftest.cu "$work/selftest.cpp"
-    flags=(-std=c++17 -O1 -g -fPIC -ffp-contract=off -fno-omit-frame-pointer
+    flags=(-std=c++17 -O1 -g1 -fPIC -ffp-contract=off -fno-omit-frame-pointer
            -fsanitize=undefined -fno-sanitize-recover=undefined
            -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unused-function -Wno-unknown-pragmas
            -I tests/cuda_emu -iquote csrc/backend/cuda -I csrc)

@@ -19,7 +19,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/ctrainstate-mockgpu.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$root"
-${CXX:-g++} -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -I csrc \
+${CXX:-g++} -std=c++17 -O1 -g1 -fPIC -shared -Wall -Wextra -Werror -I csrc \
     -o "$work/mock_backend.so" tests/mock_gpu/mock_backend.cpp
 export CTRAINSTATE_CUDA_BACKEND="$work/mock_backend.so"
 # Logical devices sharing a GPU, and two physical GPUs: the layouts whose host-side paths
